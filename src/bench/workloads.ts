@@ -1,0 +1,90 @@
+import { spawn } from 'node:child_process';
+import type { Lab } from '../sdk/lab.js';
+import type { Sandbox } from '../sdk/sandbox.js';
+import type { StorageKind } from '../storage/backend.js';
+import type { TraceSummary } from '../timing/trace.js';
+import { closedLoop, type LoopResult } from './loop.js';
+
+export type Workload = 'raise' | 'exec' | 'snapshot';
+export const WORKLOADS: readonly Workload[] = ['raise', 'exec', 'snapshot'];
+
+export interface BenchSettings {
+  concurrency: number;
+  durationMs: number;
+  count?: number;
+  storage?: StorageKind;
+  argv: string[];
+  /** snapshot workload: bytes written into the sandbox before snapshots are taken */
+  fillBytes?: number;
+}
+
+export function phasesOf(t: TraceSummary | undefined): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const p of t?.phases ?? []) if (p.depth === 0) out[p.name] = (out[p.name] ?? 0) + p.endMs - p.startMs;
+  return out;
+}
+
+/** raise: create a sandbox to usable (the trace's total), then destroy it outside the timing. */
+async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
+  await lab.image('busybox');
+  // one untimed create so that image import and pool mount are not in the samples
+  await (await lab.create({ storage: s.storage })).destroy();
+  return closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
+    const box = await lab.create({ storage: s.storage });
+    const t = box.lastTrace!;
+    await box.destroy();
+    return { latencyMs: t.totalMs, phases: phasesOf(t) };
+  });
+}
+
+/** exec: argv in one existing sandbox, `concurrency` commands in flight over one connection. */
+async function exec(lab: Lab, s: BenchSettings): Promise<LoopResult> {
+  const box = await lab.create({ storage: s.storage });
+  try {
+    await box.exec(s.argv);
+    return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
+      const r = await box.exec(s.argv);
+      if (r.exitCode !== 0) throw new Error(`${s.argv.join(' ')} exited ${r.exitCode}: ${r.stderr.toString().trim()}`);
+    });
+  } finally {
+    await box.destroy();
+  }
+}
+
+/** snapshot: freeze, snapshot, thaw one sandbox (holding fillBytes of data); remove each snapshot untimed. */
+async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
+  const boxes: Sandbox[] = [];
+  try {
+    for (let i = 0; i < s.concurrency; i++) {
+      const box = await lab.create({ storage: s.storage });
+      boxes.push(box);
+      if (s.fillBytes) {
+        const r = await box.exec(['dd', 'if=/dev/zero', 'of=/root/fill', 'bs=1M', `count=${Math.max(1, Math.round(s.fillBytes / 2 ** 20))}`]);
+        if (r.exitCode !== 0) throw new Error(`fill failed: ${r.stderr.toString()}`);
+      }
+    }
+    let n = 0;
+    return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async (w) => {
+      const snap = await boxes[w]!.snapshot(`bench-${process.pid}-${w}-${n++}`);
+      await lab.removeSnapshot(snap.name);
+      return { latencyMs: snap.lastTrace!.totalMs, phases: phasesOf(snap.lastTrace) };
+    });
+  } finally {
+    for (const b of boxes) await b.destroy();
+  }
+}
+
+export function runWorkload(lab: Lab, w: Workload, s: BenchSettings): Promise<LoopResult> {
+  return { raise, exec, snapshot }[w](lab, s);
+}
+
+/** The bare host spawning the same argv with the same concurrency: the floor for `exec`. */
+export function bareSpawn(s: BenchSettings): Promise<LoopResult> {
+  return closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, () =>
+    new Promise<void>((resolve, reject) => {
+      const c = spawn(s.argv[0]!, s.argv.slice(1), { stdio: 'ignore' });
+      c.on('error', reject);
+      c.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`exit ${code}`))));
+    }),
+  );
+}

@@ -1,0 +1,37 @@
+import type { Command } from 'commander';
+import { Lab } from '../sdk/lab.js';
+import type { TraceSummary } from '../timing/trace.js';
+import { renderWaterfall } from '../timing/waterfall.js';
+import { EXIT_USAGE, reportError } from './output.js';
+
+export interface CommonOptions {
+  json?: boolean;
+  trace?: boolean;
+}
+
+/**
+ * Open the lab, run the command, and turn any failure into a clean error and an exit code
+ * (2, or 125 for exec and run). `body` returns the exit code for success paths.
+ */
+export async function withLab(opts: CommonOptions, body: (lab: Lab) => Promise<number | void>, failureCode = EXIT_USAGE): Promise<void> {
+  let lab: Lab | undefined;
+  try {
+    lab = await Lab.open();
+    const code = await body(lab);
+    process.exitCode = code ?? 0;
+  } catch (e) {
+    reportError(e, !!opts.json);
+    process.exitCode = failureCode;
+  } finally {
+    lab?.close();
+  }
+}
+
+/** Print a trace's waterfall on stderr when --trace was given (stdout stays clean for --json). */
+export function showTrace(opts: CommonOptions, trace: TraceSummary | undefined): void {
+  if (opts.trace && trace) process.stderr.write(`${renderWaterfall(trace)}\n`);
+}
+
+export function addTraceOption(cmd: Command): Command {
+  return cmd.option('--trace', 'print the phases of this operation as a waterfall (stderr)');
+}

@@ -1,0 +1,54 @@
+import type { Command } from 'commander';
+import type { StorageKind } from '../storage/backend.js';
+import { addTraceOption, showTrace, withLab, type CommonOptions } from './common.js';
+import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
+import { ms, printJson } from './output.js';
+
+interface CreateCli extends CommonOptions, LimitOptions {
+  image: string;
+  name?: string;
+  storage?: StorageKind;
+  driver?: string;
+}
+
+export function registerCreate(program: Command): void {
+  const cmd = program
+    .command('create')
+    .description('create a sandbox; returns once a command has executed inside it')
+    .option('--image <name>', 'image to start from (busybox is built in)', 'busybox')
+    .option('--name <name>', 'a name for the sandbox (default: generated)')
+    .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
+    .option('--driver <name>', 'machine driver', 'namespaces')
+    .option('--json', 'print the sandbox as JSON');
+  addLimitOptions(cmd);
+  addTraceOption(cmd);
+  cmd.action((o: CreateCli) =>
+    withLab(o, async (lab) => {
+      const box = await lab.create({ image: o.image, name: o.name, storage: o.storage, driver: o.driver, limits: limitsFrom(o) });
+      box.close();
+      if (o.json) printJson({ ...box.toJSON(), operation: box.lastTrace?.id, createMs: box.lastTrace?.totalMs });
+      else process.stdout.write(`created ${box.name} (${box.id}) on ${box.storage} in ${ms(box.lastTrace?.totalMs ?? 0)}\n`);
+      showTrace(o, box.lastTrace);
+    }),
+  );
+}
+
+export function registerRestore(program: Command): void {
+  const cmd = program
+    .command('restore <snapshot>')
+    .description('start a new sandbox whose filesystem is the snapshot\'s')
+    .option('--name <name>', 'a name for the new sandbox')
+    .option('--json', 'print the sandbox as JSON');
+  addLimitOptions(cmd);
+  addTraceOption(cmd);
+  cmd.action((snapshot: string, o: CommonOptions & LimitOptions & { name?: string }) =>
+    withLab(o, async (lab) => {
+      const limits = limitsFrom(o);
+      const box = await lab.restore(snapshot, { name: o.name, limits: Object.keys(limits).length ? limits : undefined });
+      box.close();
+      if (o.json) printJson({ ...box.toJSON(), operation: box.lastTrace?.id, restoreMs: box.lastTrace?.totalMs });
+      else process.stdout.write(`restored ${snapshot} as ${box.name} (${box.id}) in ${ms(box.lastTrace?.totalMs ?? 0)}\n`);
+      showTrace(o, box.lastTrace);
+    }),
+  );
+}

@@ -1,0 +1,53 @@
+import type { Command } from 'commander';
+import { parseSeconds } from '../lab/sizes.js';
+import { withLab, type CommonOptions } from './common.js';
+import { EXIT_EXEC_FAILURE } from './output.js';
+
+interface ExecCli extends CommonOptions {
+  env: string[];
+  cwd?: string;
+  timeout?: string;
+  interactive?: boolean;
+}
+
+const collect = (v: string, prev: string[]): string[] => [...prev, v];
+
+export function registerExec(program: Command): void {
+  program
+    .command('exec <sandbox> <argv...>')
+    .description('run argv in a sandbox (no shell), streaming its output; exits with its exit code')
+    .usage('<sandbox> [options] -- argv...')
+    .option('-e, --env <K=V>', 'set an environment variable (repeatable)', collect, [])
+    .option('--cwd <dir>', 'working directory inside the sandbox')
+    .option('--timeout <seconds>', 'kill the command after this long (exit 124)')
+    .option('-i, --interactive', 'forward stdin to the command')
+    .option('--json', 'errors as JSON')
+    .addHelpText('after', '\nExit codes: the command\'s own; 124 timed out; 127 not found; 128+N killed by signal N; 125 snaplab failed.')
+    .action((sandbox: string, argv: string[], o: ExecCli) =>
+      withLab(
+        o,
+        async (lab) => {
+          const timeoutMs = o.timeout === undefined ? undefined : parseSeconds(o.timeout);
+          if (argv[0] === '--') argv = argv.slice(1);
+          const box = await lab.get(sandbox);
+          try {
+            const r = await box.exec(argv, {
+              env: o.env,
+              cwd: o.cwd,
+              timeoutMs,
+              stdin: o.interactive ? process.stdin : undefined,
+              onStdout: (b) => process.stdout.write(b),
+              onStderr: (b) => process.stderr.write(b),
+            });
+            if (r.oomKilled) process.stderr.write(`snaplab: the command was killed by the OOM killer (sandbox memory limit)\n`);
+            else if (r.timedOut) process.stderr.write(`snaplab: timed out after ${o.timeout} s; killed\n`);
+            return r.exitCode;
+          } finally {
+            box.close();
+            if (o.interactive) process.stdin.destroy();
+          }
+        },
+        EXIT_EXEC_FAILURE,
+      ),
+    );
+}

@@ -1,0 +1,24 @@
+import type { Command } from 'commander';
+import { parseCpus, parsePositiveInt, parseSize } from '../lab/sizes.js';
+import type { Limits } from '../store/records.js';
+
+export interface LimitOptions {
+  memory?: string;
+  pids?: string;
+  cpus?: string;
+}
+
+export function addLimitOptions(cmd: Command): Command {
+  return cmd
+    .option('--memory <size>', 'memory limit, e.g. 256M or 1G (swap is not allowed beyond it)')
+    .option('--pids <n>', 'most processes and threads at once')
+    .option('--cpus <n>', 'CPU time as cores, e.g. 1 or 0.5');
+}
+
+export function limitsFrom(o: LimitOptions): Limits {
+  const l: Limits = {};
+  if (o.memory !== undefined) l.memoryBytes = parseSize(o.memory, 'memory limit');
+  if (o.pids !== undefined) l.pids = parsePositiveInt(o.pids, 'pids limit');
+  if (o.cpus !== undefined) l.cpus = parseCpus(o.cpus);
+  return l;
+}

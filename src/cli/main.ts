@@ -1,0 +1,45 @@
+#!/usr/bin/env node
+import { Command, CommanderError } from 'commander';
+import { registerCreate, registerRestore } from './create.js';
+import { registerDoctor } from './doctor.js';
+import { registerExec } from './exec.js';
+import { registerGc } from './gc.js';
+import { registerImage } from './image.js';
+import { registerLifecycle } from './lifecycle.js';
+import { registerSnapshot } from './snapshot.js';
+import { registerTrace } from './trace.js';
+import { registerBench } from './bench.js';
+import { registerDemo } from './demo.js';
+import { EXIT_USAGE } from './output.js';
+
+const program = new Command('snaplab')
+  .description('isolated Linux sandboxes: fast to raise, snapshot, restore and exec in, every phase timed')
+  .version('0.1.0')
+  .showSuggestionAfterError()
+  .exitOverride()
+  .configureOutput({
+    outputError: (text, write) =>
+      write(`error[BAD_INPUT]: ${text.replace(/^error: /, '').trimEnd()}\nhint: see \`snaplab --help\` or \`snaplab <command> --help\`\n`),
+  });
+
+registerDoctor(program);
+registerImage(program);
+registerCreate(program);
+registerExec(program);
+registerSnapshot(program);
+registerRestore(program);
+registerLifecycle(program);
+registerGc(program);
+registerTrace(program);
+registerBench(program);
+registerDemo(program);
+
+program.parseAsync(process.argv).catch((e: unknown) => {
+  if (e instanceof CommanderError) {
+    // commander already printed its message; help and version are not failures
+    process.exitCode = e.exitCode === 0 ? 0 : EXIT_USAGE;
+    return;
+  }
+  process.stderr.write(`error[INTERNAL]: ${(e as Error).stack ?? String(e)}\n`);
+  process.exitCode = EXIT_USAGE;
+});

@@ -1,0 +1,48 @@
+import type { Command } from 'commander';
+import { SnaplabError } from '../errors.js';
+import { addTraceOption, showTrace, withLab, type CommonOptions } from './common.js';
+import { ms, printJson, printTable } from './output.js';
+
+export function registerSnapshot(program: Command): void {
+  const snap = program
+    .command('snapshot')
+    .description('take, list and remove filesystem snapshots')
+    .argument('[sandbox]', 'sandbox to snapshot')
+    .option('--name <name>', 'name of the new snapshot')
+    .option('--json', 'print the snapshot as JSON');
+  addTraceOption(snap);
+  snap.action((sandbox: string | undefined, o: CommonOptions & { name?: string }) =>
+    withLab(o, async (lab) => {
+      if (!sandbox) throw new SnaplabError('BAD_INPUT', 'which sandbox?', 'snaplab snapshot <sandbox> --name NAME (or `snaplab snapshot ls`)');
+      if (!o.name) throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot ${sandbox} --name NAME`);
+      const box = await lab.get(sandbox);
+      const s = await box.snapshot(o.name);
+      box.close();
+      if (o.json) printJson({ ...s.toJSON(), operation: s.lastTrace?.id, snapshotMs: s.lastTrace?.totalMs });
+      else process.stdout.write(`snapshot ${s.name} of ${box.name} taken in ${ms(s.lastTrace?.totalMs ?? 0)} (processes are not saved)\n`);
+      showTrace(o, s.lastTrace);
+    }),
+  );
+  snap
+    .command('ls')
+    .description('list snapshots')
+    .option('--json', 'print JSON')
+    .action((o: CommonOptions) =>
+      withLab(o, async (lab) => {
+        const all = await lab.snapshots();
+        if (o.json) return printJson(all.map((s) => s.toJSON()));
+        printTable(['NAME', 'FROM', 'IMAGE', 'STORAGE', 'CREATED'], all.map((s) => [s.name, s.record.sandbox, s.record.image, s.storage, new Date(s.record.createdAt).toISOString()]));
+      }),
+    );
+  snap
+    .command('rm <names...>')
+    .description('remove snapshots')
+    .option('--json', 'print JSON')
+    .action((names: string[], o: CommonOptions) =>
+      withLab(o, async (lab) => {
+        for (const n of names) await lab.removeSnapshot(n);
+        if (o.json) printJson({ removed: names });
+        else process.stdout.write(`removed ${names.join(', ')}\n`);
+      }),
+    );
+}

@@ -1,0 +1,58 @@
+import type { Availability } from '../host/probe-types.js';
+import type { AgentClient } from '../agent/client.js';
+import type { Limits } from '../store/records.js';
+import type { Trace } from '../timing/trace.js';
+
+export interface MachineSpec {
+  id: string;
+  hostname: string;
+  limits: Limits;
+  /** directory that becomes the machine's root filesystem */
+  rootfs: string;
+}
+
+/** What a driver needs, persisted in the sandbox record, to find its machine again later. */
+export interface MachineHandle {
+  id: string;
+  /** host pid of the machine's init (the agent for namespaces, QEMU for VMs) */
+  pid: number;
+  /** start time of `pid` (jiffies since boot) so that a reused pid is not mistaken for it */
+  pidStart: number;
+}
+
+export interface RaisedMachine {
+  handle: MachineHandle;
+  agent: AgentClient;
+}
+
+export interface DriverCapabilities {
+  pause: boolean;
+  memorySnapshot: boolean;
+}
+
+/** Why a machine is no longer there, as far as the host can tell. */
+export interface DeathReport {
+  alive: boolean;
+  reason?: string;
+}
+
+/**
+ * The driver contract (DESIGN.md). `raise` returns once the agent inside answers; the lab then
+ * runs a first command before it calls the machine created (principle 1).
+ */
+export interface Driver {
+  readonly name: string;
+  readonly capabilities: DriverCapabilities;
+  probe(): Promise<Availability>;
+  raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine>;
+  connect(handle: MachineHandle, timeoutMs?: number): Promise<AgentClient>;
+  /** Stop every process of the machine from running (its memory stays). */
+  pause(handle: MachineHandle): Promise<void>;
+  resume(handle: MachineHandle): Promise<void>;
+  /** Is the machine alive, and if not, why (OOM, killed)? Never throws. */
+  inspect(handle: MachineHandle): Promise<DeathReport>;
+  /** Kill every process and release host objects other than storage. Idempotent. */
+  destroy(handle: MachineHandle): Promise<void>;
+  /** Host objects this driver made whose ids are not live; remove them, describe each. */
+  gc(liveIds: Set<string>): Promise<string[]>;
+}

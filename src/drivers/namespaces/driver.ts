@@ -1,0 +1,131 @@
+import { mkdir, readdir, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { AgentClient } from '../../agent/client.js';
+import { agentBinaryPath } from '../../agent/binary.js';
+import { SnaplabError } from '../../errors.js';
+import { cgroupFor, createCgroup, destroyCgroup, freeze, listSnaplabCgroups, oomKills, probeCgroups, thaw } from '../../host/cgroups.js';
+import type { Availability } from '../../host/probe-types.js';
+import { processStartTime, sameProcess } from '../../host/procs.js';
+import { which } from '../../host/run.js';
+import { Trace } from '../../timing/trace.js';
+import type { DeathReport, Driver, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
+import { bwrapArgs } from './bwrap-args.js';
+import { launch } from './launch.js';
+
+const RAISE_TIMEOUT_MS = 10_000;
+
+/**
+ * The default driver: a sandbox is a set of Linux namespaces made by bubblewrap around a
+ * copy-on-write root filesystem, held in a cgroup, with the agent as its PID 1.
+ */
+export class NamespacesDriver implements Driver {
+  readonly name = 'namespaces';
+  readonly capabilities = { pause: true, memorySnapshot: false };
+  private bwrap: string | undefined;
+
+  constructor(private readonly home: string) {}
+
+  runDir(id: string): string {
+    return join(this.home, 'run', id);
+  }
+
+  /** the part of the run directory the sandbox sees, at /run/snaplab: the socket and the agent */
+  guestDir(id: string): string {
+    return join(this.runDir(id), 'guest');
+  }
+
+  socketPath(id: string): string {
+    return join(this.guestDir(id), 'agent.sock');
+  }
+
+  async probe(): Promise<Availability> {
+    if (process.getuid?.() !== 0) return { ok: false, reason: 'namespaces, mounts and cgroups need root', fix: 'run snaplab as root (sudo)' };
+    const bwrap = await which('bwrap');
+    if (!bwrap) return { ok: false, reason: 'bwrap (bubblewrap) not found', fix: 'apt-get install bubblewrap' };
+    try {
+      agentBinaryPath();
+    } catch (e) {
+      return { ok: false, reason: (e as Error).message, fix: 'make -C native (needs gcc and libseccomp-dev)' };
+    }
+    const cg = await probeCgroups();
+    if (!cg.ok) return { ok: false, reason: cg.reason, fix: cg.fix };
+    return { ok: true, reason: `bubblewrap at ${bwrap}; ${cg.reason}` };
+  }
+
+  async raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine> {
+    const runDir = this.runDir(spec.id);
+    const cg = await trace.phase('cgroup', async () => {
+      await mkdir(this.guestDir(spec.id), { recursive: true, mode: 0o700 });
+      return createCgroup(spec.id, spec.limits);
+    });
+    const agent = agentBinaryPath();
+    this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
+    const argv = [
+      agent, 'launch',
+      ...cg.procsFiles.flatMap((f) => ['--cgroup-procs', f]),
+      '--', this.bwrap,
+      ...bwrapArgs({ rootfs: spec.rootfs, runDir: this.guestDir(spec.id), agentBinary: agent, hostname: spec.hostname }),
+    ];
+    const t0 = Trace.now();
+    const res = await launch(argv, join(runDir, 'agent.log'), RAISE_TIMEOUT_MS, signal);
+    trace.record('launch', t0, res.namespacesAt);
+    trace.record('namespaces ready → agent listening', res.namespacesAt, res.readyAt);
+    const pidStart = (await processStartTime(res.agentPid)) ?? 0;
+    const handle: MachineHandle = { id: spec.id, pid: res.agentPid, pidStart };
+    const client = await trace.phase('agent connect', () => this.connect(handle));
+    return { handle, agent: client };
+  }
+
+  async connect(handle: MachineHandle, timeoutMs = 5000): Promise<AgentClient> {
+    return AgentClient.connect(this.socketPath(handle.id), { timeoutMs });
+  }
+
+  async pause(handle: MachineHandle): Promise<void> {
+    await freeze(cgroupFor(handle.id));
+  }
+
+  async resume(handle: MachineHandle): Promise<void> {
+    await thaw(cgroupFor(handle.id));
+  }
+
+  async inspect(handle: MachineHandle): Promise<DeathReport> {
+    if (await sameProcess(handle.pid, handle.pidStart)) return { alive: true };
+    let ooms = 0;
+    try {
+      ooms = await oomKills(cgroupFor(handle.id));
+    } catch {
+      /* cgroup gone */
+    }
+    return {
+      alive: false,
+      reason: ooms > 0
+        ? `its init process is gone and its memory cgroup recorded ${ooms} OOM kill(s): it ran out of memory`
+        : 'its init process is gone (killed from outside, or the host rebooted)',
+    };
+  }
+
+  async destroy(handle: MachineHandle): Promise<void> {
+    await destroyCgroup(cgroupFor(handle.id));
+    await rm(this.runDir(handle.id), { recursive: true, force: true });
+  }
+
+  async gc(liveIds: Set<string>): Promise<string[]> {
+    const removed: string[] = [];
+    for (const id of await listSnaplabCgroups()) {
+      if (liveIds.has(id)) continue;
+      await destroyCgroup(cgroupFor(id));
+      removed.push(`cgroup snaplab/${id} (and its processes)`);
+    }
+    const runs = await readdir(join(this.home, 'run')).catch(() => [] as string[]);
+    for (const id of runs) {
+      if (liveIds.has(id)) continue;
+      await rm(join(this.home, 'run', id), { recursive: true, force: true });
+      removed.push(`run directory ${join(this.home, 'run', id)}`);
+    }
+    return removed;
+  }
+}
+
+export function deadError(name: string, reason: string | undefined): SnaplabError {
+  return new SnaplabError('SANDBOX_DEAD', `sandbox ${name} has died: ${reason ?? 'cause unknown'}`, `remove it with \`snaplab rm ${name}\` and create a new one`);
+}

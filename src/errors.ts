@@ -1,0 +1,53 @@
+/**
+ * Every failure a user can cause or meet carries a stable code and a hint that says what to do.
+ * The CLI prints `error[CODE]: message` and `hint: ...`, never a stack trace, for these.
+ */
+export type ErrorCode =
+  | 'NOT_ROOT'
+  | 'BAD_INPUT'
+  | 'BAD_SIZE'
+  | 'BAD_NAME'
+  | 'IMAGE_NOT_FOUND'
+  | 'IMAGE_EXISTS'
+  | 'IMAGE_IN_USE'
+  | 'SANDBOX_NOT_FOUND'
+  | 'SANDBOX_EXISTS'
+  | 'SANDBOX_DEAD'
+  | 'SANDBOX_PAUSED'
+  | 'SNAPSHOT_NOT_FOUND'
+  | 'SNAPSHOT_EXISTS'
+  | 'OPERATION_NOT_FOUND'
+  | 'STORAGE_UNAVAILABLE'
+  | 'STORAGE_FAILED'
+  | 'DRIVER_UNAVAILABLE'
+  | 'LAUNCH_FAILED'
+  | 'AGENT_UNREACHABLE'
+  | 'AGENT_PROTOCOL'
+  | 'AGENT_ERROR'
+  | 'CGROUP_FAILED'
+  | 'HOST_COMMAND_FAILED'
+  | 'TIMEOUT'
+  | 'ABORTED'
+  | 'INTERNAL';
+
+export class SnaplabError extends Error {
+  readonly code: ErrorCode;
+  readonly hint: string | undefined;
+
+  constructor(code: ErrorCode, message: string, hint?: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'SnaplabError';
+    this.code = code;
+    this.hint = hint;
+  }
+
+  toJSON(): { code: ErrorCode; message: string; hint?: string } {
+    return this.hint === undefined
+      ? { code: this.code, message: this.message }
+      : { code: this.code, message: this.message, hint: this.hint };
+  }
+}
+
+export function isSnaplabError(e: unknown, code?: ErrorCode): e is SnaplabError {
+  return e instanceof SnaplabError && (code === undefined || e.code === code);
+}

@@ -1,0 +1,64 @@
+import { spawn } from 'node:child_process';
+import { SnaplabError } from '../errors.js';
+
+export interface RunResult {
+  stdout: string;
+  stderr: string;
+  code: number;
+}
+
+export interface RunOptions {
+  /** do not throw on a non-zero exit; return the code */
+  allowFail?: boolean;
+  input?: string | Buffer;
+  timeoutMs?: number;
+  env?: NodeJS.ProcessEnv;
+  cwd?: string;
+}
+
+/**
+ * Run a host command to completion (mount, btrfs, tar, ...). A missing binary or a non-zero exit
+ * becomes HOST_COMMAND_FAILED carrying the command's stderr, so the user sees what the tool said.
+ */
+export function run(cmd: string, args: string[], opts: RunOptions = {}): Promise<RunResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, {
+      stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+      env: opts.env ?? process.env,
+      cwd: opts.cwd,
+      timeout: opts.timeoutMs,
+      killSignal: 'SIGKILL',
+    });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout!.on('data', (b: Buffer) => out.push(b));
+    child.stderr!.on('data', (b: Buffer) => err.push(b));
+    if (opts.input !== undefined) child.stdin!.end(opts.input);
+    child.on('error', (e: NodeJS.ErrnoException) => {
+      const hint = e.code === 'ENOENT' ? `install the package that provides ${cmd}` : undefined;
+      reject(new SnaplabError('HOST_COMMAND_FAILED', `${cmd}: ${e.message}`, hint, { cause: e }));
+    });
+    child.on('close', (code, signal) => {
+      const res = {
+        stdout: Buffer.concat(out).toString(),
+        stderr: Buffer.concat(err).toString(),
+        code: code ?? 128 + (signal ? 9 : 0),
+      };
+      if (res.code !== 0 && !opts.allowFail) {
+        const what = signal ? `killed by ${signal}` : `exited ${res.code}`;
+        reject(
+          new SnaplabError(
+            'HOST_COMMAND_FAILED',
+            `${cmd} ${args.join(' ')} ${what}: ${res.stderr.trim() || res.stdout.trim()}`,
+          ),
+        );
+      } else resolve(res);
+    });
+  });
+}
+
+/** Is an executable on PATH? */
+export async function which(cmd: string): Promise<string | undefined> {
+  const r = await run('sh', ['-c', `command -v "$1"`, 'sh', cmd], { allowFail: true });
+  return r.code === 0 ? r.stdout.trim() : undefined;
+}

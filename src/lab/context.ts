@@ -1,0 +1,91 @@
+import { SnaplabError } from '../errors.js';
+import type { Driver } from '../drivers/driver.js';
+import { NamespacesDriver } from '../drivers/namespaces/driver.js';
+import { createBackend, pickDefault, type StorageBackend, type StorageKind } from '../storage/index.js';
+import { openDb } from '../store/db.js';
+import { Store } from '../store/store.js';
+import type { TraceSummary } from '../timing/trace.js';
+import { Trace } from '../timing/trace.js';
+import { Images } from './images.js';
+
+export const DEFAULT_HOME = '/var/lib/snaplab';
+export const STORAGE_KINDS: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
+
+/** Everything the lab's operations share: the store, the drivers, the storage backends. */
+export class LabContext {
+  readonly store: Store;
+  readonly images: Images;
+  readonly drivers: Map<string, Driver>;
+  private readonly backends = new Map<StorageKind, StorageBackend>();
+  private readonly ready = new Set<StorageKind>();
+  private defaultKind: StorageKind | undefined;
+
+  constructor(readonly home: string) {
+    if (process.getuid?.() !== 0) {
+      throw new SnaplabError('NOT_ROOT', 'snaplab needs root: it makes namespaces, mounts and cgroups', 'run it as root, e.g. `sudo snaplab ...`');
+    }
+    this.store = new Store(openDb(home));
+    this.images = new Images(home, this.store);
+    this.drivers = new Map([['namespaces', new NamespacesDriver(home)]]);
+  }
+
+  driver(name = 'namespaces'): Driver {
+    const d = this.drivers.get(name);
+    if (!d) {
+      throw new SnaplabError('DRIVER_UNAVAILABLE', `unknown driver ${JSON.stringify(name)}`, `available drivers: ${[...this.drivers.keys()].join(', ')}`);
+    }
+    return d;
+  }
+
+  backend(kind: StorageKind): StorageBackend {
+    if (!STORAGE_KINDS.includes(kind)) {
+      throw new SnaplabError('BAD_INPUT', `unknown storage ${JSON.stringify(kind)}`, `use one of: ${STORAGE_KINDS.join(', ')}`);
+    }
+    let b = this.backends.get(kind);
+    if (!b) this.backends.set(kind, (b = createBackend(kind, this.home)));
+    return b;
+  }
+
+  /** The backend, probed and initialised once per process (pool mounted for btrfs). */
+  async readyBackend(kind: StorageKind): Promise<StorageBackend> {
+    const b = this.backend(kind);
+    if (!this.ready.has(kind)) {
+      const a = await b.probe();
+      if (!a.ok) throw new SnaplabError('STORAGE_UNAVAILABLE', `storage ${kind} does not work here: ${a.reason}`, a.fix ?? 'run `snaplab doctor`');
+      await b.init();
+      this.ready.add(kind);
+    }
+    return b;
+  }
+
+  /** Probe and initialise again on next use (after gc unmounted the pool). */
+  forgetReady(): void {
+    this.ready.clear();
+  }
+
+  async defaultStorage(): Promise<StorageKind> {
+    this.defaultKind ??= (await pickDefault(this.home)).kind;
+    return this.defaultKind;
+  }
+
+  /** Run `fn` under a trace that is stored whatever the outcome (principle 2). */
+  async traced<T>(kind: string, target: string | null, fn: (t: Trace) => Promise<T>, details?: (r: T) => unknown): Promise<{ result: T; trace: TraceSummary }> {
+    const trace = new Trace(kind, target);
+    let result: T;
+    try {
+      result = await fn(trace);
+    } catch (e) {
+      const summary = trace.finish(e);
+      this.store.putOperation(summary);
+      if (e instanceof SnaplabError || (e instanceof Error && 'operationId' in e)) (e as Error & { operationId?: string }).operationId = summary.id;
+      throw e;
+    }
+    const summary = trace.finish();
+    this.store.putOperation(summary, details?.(result));
+    return { result, trace: summary };
+  }
+
+  close(): void {
+    this.store.db.close();
+  }
+}

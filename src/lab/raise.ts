@@ -1,0 +1,68 @@
+import type { AgentClient } from '../agent/client.js';
+import { SnaplabError } from '../errors.js';
+import type { StorageKind, Volume } from '../storage/backend.js';
+import type { Limits, SandboxRecord } from '../store/records.js';
+import type { Trace } from '../timing/trace.js';
+import type { LabContext } from './context.js';
+import { checkName, defaultName, newId } from './names.js';
+import { destroyRecord } from './teardown.js';
+import { DEFAULT_ENV } from './exec.js';
+
+export interface RaiseInput {
+  name?: string;
+  image: string;
+  storage: StorageKind;
+  driver: string;
+  limits: Limits;
+  /** volume to clone the root filesystem from (an image's or a snapshot's) */
+  base: () => Promise<Volume>;
+  origin: string | null;
+}
+
+/**
+ * Make a sandbox: record it first (so a crash leaves a record that reconciliation and gc can
+ * act on), clone its root filesystem, raise the machine, and run a first command in it.
+ * Any failure removes everything made so far.
+ */
+export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Trace, signal?: AbortSignal): Promise<{ record: SandboxRecord; agent: AgentClient }> {
+  const id = newId();
+  const name = input.name === undefined ? defaultName(id) : checkName('sandbox', input.name);
+  if (ctx.store.getSandbox(name)) {
+    throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${name} already exists`, `pick another --name, or remove it with \`snaplab rm ${name}\``);
+  }
+  const driver = ctx.driver(input.driver);
+  const record: SandboxRecord = {
+    id, name, image: input.image, storage: input.storage, driver: driver.name, state: 'creating',
+    reason: `being created by pid ${process.pid}`, volume: null, pid: null, pidStart: null,
+    limits: input.limits, origin: input.origin, createdAt: Date.now(),
+  };
+  trace.target = name;
+  try {
+    ctx.store.insertSandbox(record);
+  } catch (e) {
+    if (/UNIQUE/.test(String(e))) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${name} already exists`, 'pick another --name');
+    throw e;
+  }
+  let agent: AgentClient | undefined;
+  try {
+    const backend = await trace.phase('storage ready', () => ctx.readyBackend(input.storage));
+    const base = await input.base();
+    record.volume = await trace.phase('clone rootfs', () => backend.clone(base));
+    ctx.store.updateSandbox(id, { volume: record.volume });
+    const raised = await driver.raise({ id, hostname: name, limits: input.limits, rootfs: record.volume.path }, trace, signal);
+    agent = raised.agent;
+    record.pid = raised.handle.pid;
+    record.pidStart = raised.handle.pidStart;
+    const first = await trace.phase('first exec', () => raised.agent.exec({ argv: ['true'], env: DEFAULT_ENV }).result);
+    if (first.exitCode !== 0) {
+      throw new SnaplabError('LAUNCH_FAILED', `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`, 'does the image have /bin/true (or `true` on PATH)?');
+    }
+    Object.assign(record, { state: 'running', reason: null });
+    ctx.store.updateSandbox(id, { state: 'running', reason: null, pid: record.pid, pidStart: record.pidStart });
+    return { record, agent };
+  } catch (e) {
+    agent?.close();
+    await destroyRecord(ctx, record).catch(() => undefined);
+    throw e;
+  }
+}

@@ -1,0 +1,39 @@
+import { SnaplabError } from '../errors.js';
+import type { LabContext } from './context.js';
+import type { Trace } from '../timing/trace.js';
+
+export async function removeSnapshot(ctx: LabContext, name: string, trace: Trace): Promise<void> {
+  const snap = ctx.store.getSnapshot(name);
+  if (!snap) throw snapshotNotFound(ctx, name);
+  const backend = await ctx.readyBackend(snap.storage);
+  await trace.phase('delete storage', () => backend.delete(snap.volume));
+  ctx.store.deleteSnapshot(snap.name);
+}
+
+export async function removeImage(ctx: LabContext, name: string, trace: Trace): Promise<void> {
+  const img = ctx.store.getImage(name);
+  if (!img) throw new SnaplabError('IMAGE_NOT_FOUND', `no image named ${JSON.stringify(name)}`, 'list images with `snaplab image ls`');
+  const users = [
+    ...ctx.store.listSandboxes().filter((s) => s.image === name).map((s) => `sandbox ${s.name}`),
+    ...ctx.store.listSnapshots().filter((s) => s.image === name).map((s) => `snapshot ${s.name}`),
+  ];
+  if (users.length) {
+    throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${users.join(', ')}`, 'remove those first (`snaplab rm`, `snaplab snapshot rm`)');
+  }
+  for (const iv of ctx.store.listImageVolumes(name)) {
+    const backend = await ctx.readyBackend(iv.storage);
+    await trace.phase(`delete ${iv.storage} volume`, () => backend.delete(iv.volume));
+  }
+  ctx.store.deleteImage(name);
+  await trace.phase('delete tree', () => ctx.images.removeTree(name));
+}
+
+export function snapshotNotFound(ctx: LabContext, name: string): SnaplabError {
+  const known = ctx.store.listSnapshots().map((s) => s.name);
+  return new SnaplabError('SNAPSHOT_NOT_FOUND', `no snapshot named ${JSON.stringify(name)}`, known.length ? `known snapshots: ${known.slice(0, 10).join(', ')}` : 'take one with `snaplab snapshot <sandbox> --name NAME`');
+}
+
+export function sandboxNotFound(ctx: LabContext, name: string): SnaplabError {
+  const known = ctx.store.listSandboxes().map((s) => s.name);
+  return new SnaplabError('SANDBOX_NOT_FOUND', `no sandbox with id or name ${JSON.stringify(name)}`, known.length ? `known sandboxes: ${known.slice(0, 10).join(', ')} (see \`snaplab ls\`)` : 'create one with `snaplab create --image busybox`');
+}

@@ -1,0 +1,138 @@
+import type { Readable } from 'node:stream';
+import type { AgentClient, ExecResult as AgentExecResult } from '../agent/client.js';
+import { deadError } from '../drivers/namespaces/driver.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
+import { cgroupFor, oomKills } from '../host/cgroups.js';
+import type { SandboxRecord, SnapshotRecord } from '../store/records.js';
+import type { Trace } from '../timing/trace.js';
+import type { LabContext } from './context.js';
+import { mergeEnv } from './exec.js';
+import { checkName } from './names.js';
+
+export interface ExecOptions {
+  /** added to (or replacing) the default environment */
+  env?: Record<string, string> | string[];
+  cwd?: string;
+  /** kill the command (its whole process group) after this long; the result has exitCode 124 */
+  timeoutMs?: number;
+  /** data or a stream to feed to the command's stdin; without it stdin is /dev/null */
+  stdin?: string | Buffer | Readable;
+  /** stream output as it comes; a stream given a callback is not collected into the result */
+  onStdout?: (chunk: Buffer) => void;
+  onStderr?: (chunk: Buffer) => void;
+  signal?: AbortSignal;
+}
+
+export interface ExecResult extends AgentExecResult {
+  /** the command was killed by the kernel's OOM killer inside the sandbox's memory limit */
+  oomKilled: boolean;
+}
+
+function handleOf(s: SandboxRecord): { id: string; pid: number; pidStart: number } {
+  return { id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 };
+}
+
+/** Throw the right error when a sandbox cannot take commands: dead (and why), paused, not ready. */
+export async function ensureUsable(ctx: LabContext, s: SandboxRecord): Promise<void> {
+  if (s.state === 'paused') throw new SnaplabError('SANDBOX_PAUSED', `sandbox ${s.name} is paused`, `resume it with \`snaplab resume ${s.name}\``);
+  if (s.state === 'dead') throw deadError(s.name, s.reason ?? undefined);
+  if (s.state !== 'running') throw new SnaplabError('SANDBOX_DEAD', `sandbox ${s.name} is ${s.state}`, `wait, or remove it with \`snaplab rm ${s.name}\``);
+  const report = await ctx.driver(s.driver).inspect(handleOf(s));
+  if (!report.alive) {
+    ctx.store.updateSandbox(s.id, { state: 'dead', reason: report.reason ?? null });
+    throw deadError(s.name, report.reason);
+  }
+}
+
+export async function connectAgent(ctx: LabContext, s: SandboxRecord): Promise<AgentClient> {
+  await ensureUsable(ctx, s);
+  try {
+    return await ctx.driver(s.driver).connect(handleOf(s));
+  } catch (e) {
+    await ensureUsable(ctx, s); // died meanwhile? say so
+    throw e;
+  }
+}
+
+/** Run argv in the sandbox through an open agent connection; map a lost agent to "it died, because...". */
+export async function execIn(ctx: LabContext, s: SandboxRecord, agent: AgentClient, argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
+  if (argv.length === 0) throw new SnaplabError('BAD_INPUT', 'no command given', 'put the command after --, e.g. `snaplab exec box -- ls -l /`');
+  const env = mergeEnv(opts.env);
+  const limited = s.limits.memoryBytes !== undefined;
+  const oomBefore = limited ? await oomKills(cgroupFor(s.id)).catch(() => 0) : 0;
+  const h = agent.exec(
+    { argv, env, cwd: opts.cwd, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined },
+    { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
+  );
+  if (opts.stdin !== undefined) feedStdin(h, opts.stdin);
+  let r: AgentExecResult;
+  try {
+    r = await h.result;
+  } catch (e) {
+    if (isSnaplabError(e, 'AGENT_UNREACHABLE')) await ensureUsable(ctx, s);
+    throw e;
+  }
+  let oomKilled = false;
+  if (r.signal === 9 && !r.timedOut && limited) {
+    oomKilled = (await oomKills(cgroupFor(s.id)).catch(() => 0)) > oomBefore;
+  }
+  return { ...r, oomKilled };
+}
+
+function feedStdin(h: { write(b: Buffer): void; end(): void }, input: string | Buffer | Readable): void {
+  if (typeof input === 'string' || Buffer.isBuffer(input)) {
+    if (input.length) h.write(Buffer.from(input));
+    h.end();
+    return;
+  }
+  input.on('data', (b: Buffer | string) => h.write(Buffer.from(b)));
+  input.on('end', () => h.end());
+  input.on('error', () => h.end());
+}
+
+/** Freeze the sandbox, snapshot its filesystem, thaw it (even when the snapshot fails). */
+export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace): Promise<SnapshotRecord> {
+  checkName('snapshot', name);
+  if (ctx.store.getSnapshot(name)) {
+    throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
+  }
+  if (s.state !== 'paused') await ensureUsable(ctx, s);
+  if (!s.volume) throw new SnaplabError('INTERNAL', `sandbox ${s.name} has no volume recorded`);
+  const driver = ctx.driver(s.driver);
+  const backend = await ctx.readyBackend(s.storage);
+  const wasPaused = s.state === 'paused';
+  if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s)));
+  let volume;
+  try {
+    volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
+  } finally {
+    if (!wasPaused) await trace.phase('thaw', () => driver.resume(handleOf(s)));
+  }
+  const rec: SnapshotRecord = { name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now() };
+  try {
+    ctx.store.insertSnapshot(rec);
+  } catch (e) {
+    await backend.delete(volume);
+    if (/UNIQUE/.test(String(e))) throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
+    throw e;
+  }
+  return rec;
+}
+
+export async function pauseSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
+  if (s.state === 'paused') return;
+  await ensureUsable(ctx, s);
+  await trace.phase('freeze', () => ctx.driver(s.driver).pause(handleOf(s)));
+  ctx.store.updateSandbox(s.id, { state: 'paused' });
+  s.state = 'paused';
+}
+
+export async function resumeSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
+  if (s.state !== 'paused') {
+    if (s.state === 'running') return;
+    await ensureUsable(ctx, s);
+  }
+  await trace.phase('thaw', () => ctx.driver(s.driver).resume(handleOf(s)));
+  ctx.store.updateSandbox(s.id, { state: 'running' });
+  s.state = 'running';
+}

@@ -1,0 +1,159 @@
+import { LabContext, DEFAULT_HOME } from '../lab/context.js';
+import { collectGarbage } from '../lab/gc.js';
+import { raiseSandbox } from '../lab/raise.js';
+import { reconcile } from '../lab/reconcile.js';
+import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/removals.js';
+import type { StorageKind } from '../storage/backend.js';
+import type { ImageRecord, Limits } from '../store/records.js';
+import type { TraceSummary } from '../timing/trace.js';
+import { Sandbox } from './sandbox.js';
+import { Snapshot } from './snapshot.js';
+
+export interface LabOptions {
+  /** where state, images and volumes live; default $SNAPLAB_HOME or /var/lib/snaplab */
+  home?: string;
+}
+
+export interface CreateOptions {
+  /** image name; `busybox` is built in */
+  image?: string;
+  name?: string;
+  storage?: StorageKind;
+  driver?: string;
+  limits?: Limits;
+  signal?: AbortSignal;
+}
+
+export interface RestoreOptions {
+  name?: string;
+  limits?: Limits;
+  signal?: AbortSignal;
+}
+
+/**
+ * The entry point of the library: `const lab = await Lab.open()`.
+ * Every lifecycle call is traced; `lab.trace(id)` returns a stored trace.
+ */
+export class Lab {
+  private constructor(private readonly ctx: LabContext) {}
+
+  /** Open the lab at `home` (state in SQLite there). Needs root. */
+  static async open(opts: LabOptions = {}): Promise<Lab> {
+    return new Lab(new LabContext(opts.home ?? process.env.SNAPLAB_HOME ?? DEFAULT_HOME));
+  }
+
+  get home(): string {
+    return this.ctx.home;
+  }
+
+  /** Create a sandbox; resolves once a command has executed inside it. */
+  async create(opts: CreateOptions = {}): Promise<Sandbox> {
+    const image = opts.image ?? 'busybox';
+    const { result, trace } = await this.ctx.traced('create', opts.name ?? null, async (t) => {
+      const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
+      const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
+      const base = async () => {
+        const have = this.ctx.store.getImageVolume(img.name, storage);
+        if (have) return have;
+        return t.phase('import image', async () => {
+          const backend = await this.ctx.readyBackend(storage);
+          const v = await backend.importImage(img.path, img.name);
+          const raced = this.ctx.store.getImageVolume(img.name, storage);
+          if (raced) {
+            await backend.delete(v); // another process imported it meanwhile: use theirs
+            return raced;
+          }
+          this.ctx.store.putImageVolume(img.name, storage, v);
+          return v;
+        });
+      };
+      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: opts.limits ?? {}, base, origin: null }, t, opts.signal);
+    });
+    return new Sandbox(this.ctx, result.record, result.agent, trace);
+  }
+
+  /** A new running sandbox whose filesystem is the snapshot's. */
+  async restore(snapshot: string, opts: RestoreOptions = {}): Promise<Sandbox> {
+    const { result, trace } = await this.ctx.traced('restore', opts.name ?? null, async (t) => {
+      const snap = this.ctx.store.getSnapshot(snapshot);
+      if (!snap) throw snapshotNotFound(this.ctx, snapshot);
+      return raiseSandbox(
+        this.ctx,
+        { name: opts.name, image: snap.image, storage: snap.storage, driver: 'namespaces', limits: opts.limits ?? snap.limits, base: async () => snap.volume, origin: snap.name },
+        t,
+        opts.signal,
+      );
+    });
+    return new Sandbox(this.ctx, result.record, result.agent, trace);
+  }
+
+  /** The sandbox with this id or name, its state reconciled with the host. */
+  async get(idOrName: string): Promise<Sandbox> {
+    const rec = this.ctx.store.getSandbox(idOrName);
+    if (!rec) throw sandboxNotFound(this.ctx, idOrName);
+    return new Sandbox(this.ctx, await reconcile(this.ctx, rec));
+  }
+
+  /** Every sandbox, reconciled: one whose processes are gone is reported dead, with the reason. */
+  async list(): Promise<Sandbox[]> {
+    return Promise.all(this.ctx.store.listSandboxes().map(async (r) => new Sandbox(this.ctx, await reconcile(this.ctx, r))));
+  }
+
+  async snapshots(): Promise<Snapshot[]> {
+    return this.ctx.store.listSnapshots().map((r) => new Snapshot(this.ctx, r));
+  }
+
+  async snapshot(name: string): Promise<Snapshot> {
+    const r = this.ctx.store.getSnapshot(name);
+    if (!r) throw snapshotNotFound(this.ctx, name);
+    return new Snapshot(this.ctx, r);
+  }
+
+  async removeSnapshot(name: string): Promise<TraceSummary> {
+    return (await this.ctx.traced('snapshot rm', name, (t) => removeSnapshot(this.ctx, name, t))).trace;
+  }
+
+  async images(): Promise<ImageRecord[]> {
+    return this.ctx.store.listImages();
+  }
+
+  async importImage(source: string, name: string): Promise<ImageRecord> {
+    return (await this.ctx.traced('image import', name, () => this.ctx.images.import(source, name))).result;
+  }
+
+  /** Make sure an image exists (builds the built-in busybox image on first use). */
+  async image(name: string): Promise<ImageRecord> {
+    return this.ctx.images.resolve(name);
+  }
+
+  async removeImage(name: string): Promise<TraceSummary> {
+    return (await this.ctx.traced('image rm', name, (t) => removeImage(this.ctx, name, t))).trace;
+  }
+
+  /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
+  async gc(): Promise<{ removed: string[]; trace: TraceSummary }> {
+    const { result, trace } = await this.ctx.traced('gc', null, (t) => collectGarbage(this.ctx, t), (removed) => ({ removed }));
+    return { removed: result, trace };
+  }
+
+  trace(operationId: string): (TraceSummary & { details: unknown }) | undefined {
+    return this.ctx.store.getOperation(operationId);
+  }
+
+  traces(limit = 20): (TraceSummary & { details: unknown })[] {
+    return this.ctx.store.listOperations(limit);
+  }
+
+  /** @internal for the CLI's doctor and bench */
+  get context(): LabContext {
+    return this.ctx;
+  }
+
+  close(): void {
+    this.ctx.close();
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+}

@@ -1,0 +1,94 @@
+import type { AgentClient } from '../agent/client.js';
+import type { LabContext } from '../lab/context.js';
+import { connectAgent, execIn, pauseSandbox, resumeSandbox, snapshotSandbox, type ExecOptions, type ExecResult } from '../lab/sandbox-ops.js';
+import { destroyRecord } from '../lab/teardown.js';
+import type { SandboxRecord } from '../store/records.js';
+import type { TraceSummary } from '../timing/trace.js';
+import { Snapshot } from './snapshot.js';
+
+/**
+ * A running (or paused) isolated machine. Obtain one from `lab.create()`, `lab.restore()` or
+ * `lab.get()`. Disposable: `await using box = await lab.create(...)` destroys it at scope end.
+ */
+export class Sandbox {
+  /** trace of the operation that produced this object (create or restore), when it did */
+  lastTrace: TraceSummary | undefined;
+  private agent: AgentClient | undefined;
+
+  /** @internal */
+  constructor(private readonly ctx: LabContext, private record: SandboxRecord, agent?: AgentClient, trace?: TraceSummary) {
+    this.agent = agent;
+    this.lastTrace = trace;
+  }
+
+  get id(): string { return this.record.id; }
+  get name(): string { return this.record.name; }
+  get state(): SandboxRecord['state'] { return this.record.state; }
+  get image(): string { return this.record.image; }
+  get storage(): string { return this.record.storage; }
+  get driver(): string { return this.record.driver; }
+  /** the stored record: limits, pid, volume, origin */
+  get info(): Readonly<SandboxRecord> { return this.record; }
+
+  private async connection(): Promise<AgentClient> {
+    this.agent ??= await connectAgent(this.ctx, this.record);
+    return this.agent;
+  }
+
+  /**
+   * Run argv as given (no shell). Resolves with the exit code (127 not found, 124 timed out,
+   * 128+N killed by signal N), collected output and resource use.
+   */
+  async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
+    const agent = await this.connection();
+    return execIn(this.ctx, this.record, agent, argv, opts);
+  }
+
+  /** Write a file inside the sandbox (parent directories are made). */
+  async putFile(path: string, data: Buffer | string, mode = 0o644): Promise<void> {
+    await (await this.connection()).putFile(path, Buffer.from(data), mode);
+  }
+
+  async getFile(path: string): Promise<Buffer> {
+    return (await this.connection()).getFile(path);
+  }
+
+  /** A consistent filesystem snapshot: the sandbox is frozen while it is taken. Processes are not saved. */
+  async snapshot(name: string): Promise<Snapshot> {
+    const { result, trace } = await this.ctx.traced('snapshot', this.name, (t) => snapshotSandbox(this.ctx, this.record, name, t));
+    return new Snapshot(this.ctx, result, trace);
+  }
+
+  /** Freeze every process (cgroup freezer); an idle paused sandbox costs no CPU. */
+  async pause(): Promise<TraceSummary> {
+    return (await this.ctx.traced('pause', this.name, (t) => pauseSandbox(this.ctx, this.record, t))).trace;
+  }
+
+  async resume(): Promise<TraceSummary> {
+    return (await this.ctx.traced('resume', this.name, (t) => resumeSandbox(this.ctx, this.record, t))).trace;
+  }
+
+  /** Close the agent connection; the sandbox keeps running. */
+  close(): void {
+    this.agent?.close();
+    this.agent = undefined;
+  }
+
+  /** Kill every process, delete the filesystem, forget the record. */
+  async destroy(): Promise<TraceSummary> {
+    this.close();
+    const { trace } = await this.ctx.traced('rm', this.name, (t) => t.phase('destroy', () => destroyRecord(this.ctx, this.record)));
+    this.record = { ...this.record, state: 'dead', reason: 'destroyed' };
+    return trace;
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.ctx.store.getSandbox(this.id)) await this.destroy();
+    else this.close();
+  }
+
+  toJSON(): Record<string, unknown> {
+    const r = this.record;
+    return { id: r.id, name: r.name, state: r.state, reason: r.reason, image: r.image, storage: r.storage, driver: r.driver, limits: r.limits, origin: r.origin, pid: r.pid, createdAt: new Date(r.createdAt).toISOString() };
+  }
+}

@@ -1,0 +1,18 @@
+import type { LabContext } from '../lab/context.js';
+import type { SnapshotRecord } from '../store/records.js';
+import type { TraceSummary } from '../timing/trace.js';
+
+/** A read-only point-in-time copy of a sandbox's filesystem; restore it with `lab.restore(name)`. */
+export class Snapshot {
+  /** @internal */
+  constructor(private readonly ctx: LabContext, readonly record: SnapshotRecord, readonly lastTrace?: TraceSummary) {}
+
+  get name(): string { return this.record.name; }
+  get id(): string { return this.record.id; }
+  get storage(): string { return this.record.storage; }
+
+  toJSON(): Record<string, unknown> {
+    const r = this.record;
+    return { name: r.name, id: r.id, sandbox: r.sandbox, image: r.image, storage: r.storage, createdAt: new Date(r.createdAt).toISOString() };
+  }
+}

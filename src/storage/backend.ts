@@ -1,0 +1,56 @@
+import type { Availability } from '../host/probe-types.js';
+
+export type StorageKind = 'btrfs' | 'overlay' | 'dir';
+
+/**
+ * A volume is a root filesystem tree that a backend owns. `path` is the directory a sandbox
+ * uses as its root (for overlay, the merged mount point). `ref` is backend-private state that
+ * must be stored so that the volume can be found again by a later process (JSON-serialisable).
+ */
+export interface Volume {
+  kind: StorageKind;
+  /** unique id chosen by the backend, safe as a file name */
+  id: string;
+  /** directory holding the tree as a sandbox sees it */
+  path: string;
+  readOnly: boolean;
+  /** backend-private, JSON-serialisable; pass back unchanged */
+  ref: Record<string, unknown>;
+}
+
+export interface Usage {
+  /** bytes only this volume holds */
+  exclusiveBytes: number;
+  /** bytes shared with other volumes (images, snapshots) */
+  sharedBytes: number;
+}
+
+/**
+ * The storage contract. Every backend passes the same contract suite
+ * (src/storage/contract.test.ts). All methods are safe to call from a process other than the
+ * one that created the volume: state lives on disk and in `Volume.ref`, never in memory.
+ */
+export interface StorageBackend {
+  readonly kind: StorageKind;
+  /** Does this backend work on this host? Never throws. */
+  probe(): Promise<Availability>;
+  /** Prepare the backend (e.g. create and mount the btrfs pool). Idempotent. */
+  init(): Promise<void>;
+  /** Make a read-only base volume from a plain directory tree (copied; `srcDir` is left as is). */
+  importImage(srcDir: string, name: string): Promise<Volume>;
+  /** A writable volume whose content starts as `base`'s. `base` may be an image or a snapshot. */
+  clone(base: Volume): Promise<Volume>;
+  /**
+   * A read-only point-in-time copy of `volume` (writable or not). The caller freezes writers
+   * first; the backend only has to copy consistently what is on disk.
+   */
+  snapshot(volume: Volume): Promise<Volume>;
+  /** Remove the volume and everything it holds on the host (mounts included). Idempotent. */
+  delete(volume: Volume): Promise<void>;
+  usage(volume: Volume): Promise<Usage>;
+  /**
+   * Host objects this backend made (mount points, loop devices, directories) whose volume ids are
+   * not in `liveIds`; `gc` removes them. Returns a description of each thing it removed.
+   */
+  gc(liveIds: Set<string>): Promise<string[]>;
+}

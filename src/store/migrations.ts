@@ -1,0 +1,59 @@
+/**
+ * Schema migrations, applied in order; `PRAGMA user_version` holds how many have run.
+ * Never edit a migration that has shipped: append a new one.
+ */
+export const migrations: string[] = [
+  `
+  CREATE TABLE images (
+    name        TEXT PRIMARY KEY,
+    source      TEXT NOT NULL,
+    path        TEXT NOT NULL,
+    size_bytes  INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL
+  );
+  CREATE TABLE image_volumes (
+    image    TEXT NOT NULL REFERENCES images(name) ON DELETE CASCADE,
+    storage  TEXT NOT NULL,
+    volume   TEXT NOT NULL,
+    PRIMARY KEY (image, storage)
+  );
+  CREATE TABLE sandboxes (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    image       TEXT NOT NULL,
+    storage     TEXT NOT NULL,
+    driver      TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    reason      TEXT,
+    volume      TEXT,
+    pid         INTEGER,
+    pid_start   INTEGER,
+    limits      TEXT NOT NULL,
+    origin      TEXT,
+    created_at  INTEGER NOT NULL
+  );
+  CREATE TABLE snapshots (
+    name        TEXT PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    sandbox     TEXT,
+    image       TEXT NOT NULL,
+    storage     TEXT NOT NULL,
+    volume      TEXT NOT NULL,
+    limits      TEXT NOT NULL,
+    created_at  INTEGER NOT NULL
+  );
+  CREATE TABLE operations (
+    id               TEXT PRIMARY KEY,
+    kind             TEXT NOT NULL,
+    target           TEXT,
+    started_at       INTEGER NOT NULL,
+    total_ms         REAL NOT NULL,
+    unattributed_ms  REAL NOT NULL,
+    status           TEXT NOT NULL,
+    error            TEXT,
+    phases           TEXT NOT NULL,
+    details          TEXT
+  );
+  CREATE INDEX operations_started ON operations(started_at);
+  `,
+];

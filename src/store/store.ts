@@ -1,0 +1,150 @@
+import type { Db } from './db.js';
+import type { ImageRecord, SandboxRecord, SnapshotRecord } from './records.js';
+import type { TraceSummary } from '../timing/trace.js';
+import type { StorageKind, Volume } from '../storage/backend.js';
+
+type Row = Record<string, unknown>;
+const json = <T>(v: unknown): T => JSON.parse(v as string) as T;
+
+function toSandbox(r: Row): SandboxRecord {
+  return {
+    id: r.id as string,
+    name: r.name as string,
+    image: r.image as string,
+    storage: r.storage as StorageKind,
+    driver: r.driver as string,
+    state: r.state as SandboxRecord['state'],
+    reason: (r.reason as string | null) ?? null,
+    volume: r.volume ? json<Volume>(r.volume) : null,
+    pid: (r.pid as number | null) ?? null,
+    pidStart: (r.pid_start as number | null) ?? null,
+    limits: json(r.limits),
+    origin: (r.origin as string | null) ?? null,
+    createdAt: r.created_at as number,
+  };
+}
+
+function toSnapshot(r: Row): SnapshotRecord {
+  return {
+    name: r.name as string,
+    id: r.id as string,
+    sandbox: (r.sandbox as string | null) ?? null,
+    image: r.image as string,
+    storage: r.storage as StorageKind,
+    volume: json(r.volume),
+    limits: json(r.limits),
+    createdAt: r.created_at as number,
+  };
+}
+
+/** Typed queries over the state database. The only place that writes SQL. */
+export class Store {
+  constructor(readonly db: Db) {}
+
+  // images
+  getImage(name: string): ImageRecord | undefined {
+    const r = this.db.prepare('SELECT * FROM images WHERE name = ?').get(name) as Row | undefined;
+    return r && { name: r.name as string, source: r.source as string, path: r.path as string, sizeBytes: r.size_bytes as number, createdAt: r.created_at as number };
+  }
+  listImages(): ImageRecord[] {
+    return (this.db.prepare('SELECT name FROM images ORDER BY name').all() as Row[]).map((r) => this.getImage(r.name as string)!);
+  }
+  putImage(i: ImageRecord): void {
+    this.db.prepare('INSERT INTO images (name, source, path, size_bytes, created_at) VALUES (?, ?, ?, ?, ?)').run(i.name, i.source, i.path, i.sizeBytes, i.createdAt);
+  }
+  deleteImage(name: string): void {
+    this.db.prepare('DELETE FROM images WHERE name = ?').run(name);
+  }
+  getImageVolume(image: string, storage: StorageKind): Volume | undefined {
+    const r = this.db.prepare('SELECT volume FROM image_volumes WHERE image = ? AND storage = ?').get(image, storage) as Row | undefined;
+    return r && json<Volume>(r.volume);
+  }
+  listImageVolumes(image?: string): { image: string; storage: StorageKind; volume: Volume }[] {
+    const rows = (image === undefined
+      ? this.db.prepare('SELECT * FROM image_volumes').all()
+      : this.db.prepare('SELECT * FROM image_volumes WHERE image = ?').all(image)) as Row[];
+    return rows.map((r) => ({ image: r.image as string, storage: r.storage as StorageKind, volume: json<Volume>(r.volume) }));
+  }
+  putImageVolume(image: string, storage: StorageKind, v: Volume): void {
+    this.db.prepare('INSERT OR REPLACE INTO image_volumes (image, storage, volume) VALUES (?, ?, ?)').run(image, storage, JSON.stringify(v));
+  }
+
+  // sandboxes
+  getSandbox(idOrName: string): SandboxRecord | undefined {
+    const r = this.db.prepare('SELECT * FROM sandboxes WHERE id = ? OR name = ?').get(idOrName, idOrName) as Row | undefined;
+    return r && toSandbox(r);
+  }
+  listSandboxes(): SandboxRecord[] {
+    return (this.db.prepare('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]).map(toSandbox);
+  }
+  insertSandbox(s: SandboxRecord): void {
+    this.db
+      .prepare(
+        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at)
+         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt)`,
+      )
+      .run({ ...s, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits) });
+  }
+  updateSandbox(id: string, patch: Partial<Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart'>>): void {
+    const cols: string[] = [];
+    const vals: unknown[] = [];
+    const map: Record<string, string> = { state: 'state', reason: 'reason', volume: 'volume', pid: 'pid', pidStart: 'pid_start' };
+    for (const [k, v] of Object.entries(patch)) {
+      cols.push(`${map[k]} = ?`);
+      vals.push(k === 'volume' && v ? JSON.stringify(v) : v);
+    }
+    if (cols.length) this.db.prepare(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = ?`).run(...vals, id);
+  }
+  deleteSandbox(id: string): void {
+    this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
+  }
+
+  // snapshots
+  getSnapshot(name: string): SnapshotRecord | undefined {
+    const r = this.db.prepare('SELECT * FROM snapshots WHERE name = ? OR id = ?').get(name, name) as Row | undefined;
+    return r && toSnapshot(r);
+  }
+  listSnapshots(): SnapshotRecord[] {
+    return (this.db.prepare('SELECT * FROM snapshots ORDER BY created_at').all() as Row[]).map(toSnapshot);
+  }
+  insertSnapshot(s: SnapshotRecord): void {
+    this.db
+      .prepare('INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)')
+      .run(s.name, s.id, s.sandbox, s.image, s.storage, JSON.stringify(s.volume), JSON.stringify(s.limits), s.createdAt);
+  }
+  deleteSnapshot(name: string): void {
+    this.db.prepare('DELETE FROM snapshots WHERE name = ?').run(name);
+  }
+
+  // operations (traces)
+  putOperation(t: TraceSummary, details?: unknown): void {
+    this.db
+      .prepare(
+        `INSERT OR REPLACE INTO operations (id, kind, target, started_at, total_ms, unattributed_ms, status, error, phases, details)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+      )
+      .run(t.id, t.kind, t.target, t.startedAt, t.totalMs, t.unattributedMs, t.status, t.error, JSON.stringify(t.phases), details === undefined ? null : JSON.stringify(details));
+  }
+  getOperation(id: string): (TraceSummary & { details: unknown }) | undefined {
+    const r = this.db.prepare('SELECT * FROM operations WHERE id = ?').get(id) as Row | undefined;
+    return r && rowToOperation(r);
+  }
+  listOperations(limit = 20): (TraceSummary & { details: unknown })[] {
+    return (this.db.prepare('SELECT * FROM operations ORDER BY started_at DESC LIMIT ?').all(limit) as Row[]).map(rowToOperation);
+  }
+}
+
+function rowToOperation(r: Row): TraceSummary & { details: unknown } {
+  return {
+    id: r.id as string,
+    kind: r.kind as string,
+    target: (r.target as string | null) ?? null,
+    startedAt: r.started_at as number,
+    totalMs: r.total_ms as number,
+    unattributedMs: r.unattributed_ms as number,
+    status: r.status as 'ok' | 'error',
+    error: (r.error as string | null) ?? null,
+    phases: json(r.phases),
+    details: r.details ? json(r.details) : null,
+  };
+}

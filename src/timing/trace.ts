@@ -1,0 +1,113 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { randomBytes } from 'node:crypto';
+
+/** One timed phase; times are milliseconds from the start of its operation (monotonic clock). */
+export interface Phase {
+  name: string;
+  /** index of the enclosing phase in `phases`, or null at top level */
+  parent: number | null;
+  depth: number;
+  startMs: number;
+  endMs: number;
+}
+
+export interface TraceSummary {
+  id: string;
+  kind: string;
+  target: string | null;
+  startedAt: number;
+  totalMs: number;
+  /** time covered by no top-level phase: work the trace did not attribute */
+  unattributedMs: number;
+  status: 'ok' | 'error';
+  error: string | null;
+  phases: Phase[];
+}
+
+const nowMs = (): number => Number(process.hrtime.bigint()) / 1e6;
+
+/**
+ * A trace of one lifecycle operation (principle 2). Phases nest through AsyncLocalStorage, so
+ * phases started concurrently inside one parent are attributed to that parent correctly.
+ */
+export class Trace {
+  readonly id: string;
+  readonly kind: string;
+  target: string | null;
+  readonly startedAt = Date.now();
+  readonly phases: Phase[] = [];
+  private readonly t0 = nowMs();
+  private readonly current = new AsyncLocalStorage<number>();
+  private endMs: number | undefined;
+
+  constructor(kind: string, target: string | null = null, id?: string) {
+    this.kind = kind;
+    this.target = target;
+    this.id = id ?? `op-${randomBytes(5).toString('hex')}`;
+  }
+
+  /** Time `fn` as a phase named `name`, nested under the phase that is running now. */
+  async phase<T>(name: string, fn: () => Promise<T> | T): Promise<T> {
+    const parent = this.current.getStore() ?? null;
+    const rec: Phase = {
+      name,
+      parent,
+      depth: parent === null ? 0 : this.phases[parent]!.depth + 1,
+      startMs: nowMs() - this.t0,
+      endMs: NaN,
+    };
+    const index = this.phases.push(rec) - 1;
+    try {
+      return await this.current.run(index, fn);
+    } finally {
+      rec.endMs = nowMs() - this.t0;
+    }
+  }
+
+  /** Record a phase measured elsewhere, with absolute monotonic times in ms (see `now()`). */
+  record(name: string, startAbsMs: number, endAbsMs: number): void {
+    const parent = this.current.getStore() ?? null;
+    this.phases.push({
+      name,
+      parent,
+      depth: parent === null ? 0 : this.phases[parent]!.depth + 1,
+      startMs: startAbsMs - this.t0,
+      endMs: endAbsMs - this.t0,
+    });
+  }
+
+  /** Monotonic now in ms, on the same clock as `record`. */
+  static now(): number {
+    return nowMs();
+  }
+
+  elapsedMs(): number {
+    return (this.endMs ?? nowMs() - this.t0);
+  }
+
+  finish(error?: unknown): TraceSummary {
+    this.endMs ??= nowMs() - this.t0;
+    const top = this.phases
+      .filter((p) => p.parent === null && Number.isFinite(p.endMs))
+      .map((p) => [p.startMs, p.endMs] as const)
+      .sort((a, b) => a[0] - b[0]);
+    let covered = 0;
+    let reach = 0;
+    for (const [s, e] of top) {
+      const start = Math.max(s, reach);
+      if (e > start) covered += e - start;
+      reach = Math.max(reach, e);
+    }
+    return {
+      id: this.id,
+      kind: this.kind,
+      target: this.target,
+      startedAt: this.startedAt,
+      totalMs: this.endMs,
+      unattributedMs: Math.max(0, this.endMs - covered),
+      status: error === undefined ? 'ok' : 'error',
+      error: error === undefined ? null : error instanceof Error ? error.message : String(error),
+      phases: this.phases.map((p) => ({ ...p, endMs: Number.isFinite(p.endMs) ? p.endMs : this.endMs! })),
+    };
+  }
+}
