@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
-import { cgroupFor, createCgroup, destroyCgroup, freeze, listSnaplabCgroups, oomKills, probeCgroups, thaw } from '../../host/cgroups.js';
+import { cgroupFor, createCgroup, destroyCgroup, freeze, oomKills, probeCgroups, removeEmptySnaplabParents, snaplabCgroupsOnHost, thaw } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess } from '../../host/procs.js';
 import { which } from '../../host/run.js';
@@ -111,11 +111,12 @@ export class NamespacesDriver implements Driver {
 
   async gc(liveIds: Set<string>): Promise<string[]> {
     const removed: string[] = [];
-    for (const id of await listSnaplabCgroups()) {
-      if (liveIds.has(id)) continue;
-      await destroyCgroup(cgroupFor(id));
-      removed.push(`cgroup snaplab/${id} (and its processes)`);
+    for (const cg of await snaplabCgroupsOnHost()) {
+      if (liveIds.has(cg.id)) continue;
+      await destroyCgroup(cg);
+      removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
     }
+    await removeEmptySnaplabParents();
     const runs = await readdir(join(this.home, 'run')).catch(() => [] as string[]);
     for (const id of runs) {
       if (liveIds.has(id)) continue;

@@ -1,0 +1,91 @@
+import { existsSync } from 'node:fs';
+import { readdir, rmdir } from 'node:fs/promises';
+import type { Availability } from './probe-types.js';
+import { DEFAULT_ROOT, detectCgroups } from './cgroups-detect.js';
+import { errno } from './cgroups-fs.js';
+import { cgroupFor, PARENT } from './cgroups.js';
+import type { Cgroup } from './cgroups-types.js';
+import { listMounts } from './mounts.js';
+
+/** Host-wide views of snaplab's cgroups: what exists (for gc) and whether cgroups work here. */
+
+async function idsUnder(mount: string): Promise<string[]> {
+  try {
+    const entries = await readdir(`${mount}/${PARENT}`, { withFileTypes: true });
+    return entries.filter((e) => e.isDirectory()).map((e) => e.name);
+  } catch (e) {
+    if (errno(e) === 'ENOENT' || errno(e) === 'ENOTDIR') return [];
+    throw e;
+  }
+}
+
+/**
+ * Every snaplab cgroup on the host, under any cgroup mount (v1 hierarchies, the v2 root, and on
+ * hybrid hosts the unified cgroup2 mount too), as Cgroup handles that destroyCgroup accepts.
+ */
+export async function snaplabCgroupsOnHost(): Promise<Cgroup[]> {
+  const mounts = (await listMounts()).filter((m) => m.fstype === 'cgroup' || m.fstype === 'cgroup2');
+  const found = new Map<string, Cgroup>();
+  await Promise.all(
+    mounts.map(async (m) => {
+      // v1 hierarchies belong to the default root; a cgroup2 mount is a root of its own
+      const root = m.fstype === 'cgroup2' ? m.target : DEFAULT_ROOT;
+      for (const id of await idsUnder(m.target)) {
+        const key = `${root}\0${id}`;
+        if (!found.has(key)) found.set(key, cgroupFor(id, { root }));
+      }
+    }),
+  );
+  return [...found.values()];
+}
+
+/** Ids of the sandboxes that have a cgroup on this host, in any hierarchy. */
+export async function listSnaplabCgroups(): Promise<string[]> {
+  return [...new Set((await snaplabCgroupsOnHost()).map((c) => c.id))].sort();
+}
+
+const NEEDED = ['memory', 'pids', 'cpu', 'freezer'] as const;
+
+/** Do cgroups work here for snaplab: root, and the memory, pids, cpu and freezer controllers? */
+export async function probeCgroups(
+  root: string = DEFAULT_ROOT,
+): Promise<Availability & { version: 1 | 2; controllers: string[] }> {
+  const layout = detectCgroups(root);
+  const base = { version: layout.version, controllers: layout.controllers };
+  if (process.getuid?.() !== 0) {
+    return { ...base, ok: false, reason: 'cgroups can only be managed as root', fix: 'run snaplab as root (sudo)' };
+  }
+  const have = (c: string): boolean => (c === 'freezer' && layout.version === 2) || layout.controllers.includes(c);
+  const missing = NEEDED.filter((c) => !have(c));
+  const kind = layout.version === 2 ? 'cgroup v2' : layout.unified ? 'cgroup v1 (hybrid)' : 'cgroup v1';
+  if (missing.length) {
+    const fix =
+      layout.version === 2
+        ? `enable them in the parent cgroup (echo +${missing.join(' +')} > <parent>/cgroup.subtree_control)` +
+          (missing.includes('memory') ? ', or boot with cgroup_enable=memory' : '')
+        : missing.map((c) => `mkdir -p ${layout.root}/${c} && mount -t cgroup -o ${c} cgroup ${layout.root}/${c}`).join('; ');
+    return { ...base, ok: false, reason: `${kind} at ${layout.root} lacks the ${missing.join(', ')} controller(s)`, fix };
+  }
+  const notes: string[] = [];
+  const mem = layout.hierarchies.memory;
+  if (layout.version === 1 && mem && !existsSync(`${mem}/memory.memsw.limit_in_bytes`)) {
+    notes.push('swap accounting off (boot with swapaccount=1 to keep sandboxes out of swap)');
+  }
+  return { ...base, ok: true, reason: [`${kind} at ${layout.root} with ${NEEDED.join(', ')}`, ...notes].join('; ') };
+}
+
+/**
+ * Remove the `snaplab` parent directories that hold no sandbox any more (gc, test teardown).
+ * One still in use is left alone: rmdir of a non-empty cgroup fails with EBUSY. A create racing
+ * with this finds its parent gone and makes it again.
+ */
+export async function removeEmptySnaplabParents(): Promise<void> {
+  const mounts = (await listMounts()).filter((m) => m.fstype === 'cgroup' || m.fstype === 'cgroup2');
+  await Promise.all(
+    mounts.map((m) =>
+      rmdir(`${m.target}/${PARENT}`).catch((e: unknown) => {
+        if (!['ENOENT', 'EBUSY', 'ENOTEMPTY'].includes(errno(e) ?? '')) throw e;
+      }),
+    ),
+  );
+}

@@ -1,0 +1,179 @@
+import { close as fsClose, constants, open as fsOpen, write as fsWrite } from 'node:fs';
+import { mkdir, rmdir } from 'node:fs/promises';
+import { SnaplabError } from '../errors.js';
+import { DEFAULT_ROOT, detectCgroups, type Controller } from './cgroups-detect.js';
+import { cgError, errno, writeText } from './cgroups-fs.js';
+import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './cgroups-types.js';
+import * as v1 from './cgroups-v1.js';
+import * as v2 from './cgroups-v2.js';
+
+export { detectCgroups, forgetCgroupLayouts, type CgroupLayout, type Controller } from './cgroups-detect.js';
+export type { Cgroup, CgroupLimits } from './cgroups-types.js';
+export { destroyCgroup, pids } from './cgroups-destroy.js';
+export { listSnaplabCgroups, snaplabCgroupsOnHost, probeCgroups, removeEmptySnaplabParents } from './cgroups-host.js';
+
+/** Every snaplab cgroup sits below a parent of this name (principle 6: host objects are labelled). */
+export const PARENT = 'snaplab';
+const ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
+
+export interface CgroupOptions {
+  /** cgroup root: default /sys/fs/cgroup; a cgroup2 mount (e.g. /sys/fs/cgroup/unified) for v2 */
+  root?: string;
+}
+
+/** The paths of sandbox `id`'s cgroup. No I/O beyond the (cached) detection. */
+export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
+  if (!ID.test(id)) {
+    throw new SnaplabError('BAD_NAME', `bad cgroup id ${JSON.stringify(id)}`, 'use letters, digits, ".", "_" and "-" (at most 128)');
+  }
+  const layout = detectCgroups(opts.root ?? DEFAULT_ROOT);
+  const controllerDirs: Partial<Record<Controller, string>> = {};
+  const dirs: string[] = [];
+  if (layout.version === 2) {
+    const dir = `${layout.root}/${PARENT}/${id}`;
+    dirs.push(dir);
+    for (const c of v2.V2_LIMIT_CONTROLLERS) if (layout.controllers.includes(c)) controllerDirs[c] = dir;
+    controllerDirs.freezer = dir; // cgroup.freeze is core in v2
+  } else {
+    for (const c of ['memory', 'pids', 'cpu', 'cpuacct', 'freezer'] as const) {
+      const mount = layout.hierarchies[c];
+      if (!mount) continue;
+      const dir = `${mount}/${PARENT}/${id}`;
+      controllerDirs[c] = dir;
+      if (!dirs.includes(dir)) dirs.push(dir); // cpu,cpuacct may share one hierarchy
+    }
+  }
+  return {
+    id,
+    version: layout.version,
+    root: layout.root,
+    dirs,
+    procsFiles: dirs.map((d) => `${d}/cgroup.procs`),
+    controllerDirs,
+    skipped: [],
+  };
+}
+
+function checkLimits(l: CgroupLimits): void {
+  const bad = (what: string, v: unknown): never => {
+    throw new SnaplabError('BAD_INPUT', `bad ${what}: ${String(v)}`, `${what} must be a positive number`);
+  };
+  if (l.memoryBytes !== undefined && !(Number.isSafeInteger(l.memoryBytes) && l.memoryBytes > 0)) bad('memory limit', l.memoryBytes);
+  if (l.pids !== undefined && !(Number.isSafeInteger(l.pids) && l.pids > 0)) bad('pids limit', l.pids);
+  if (l.cpus !== undefined && !(Number.isFinite(l.cpus) && l.cpus > 0)) bad('cpu limit', l.cpus);
+}
+
+/**
+ * Make sandbox `id`'s cgroup with its limits. Hot path of every raise: only mkdirs and writes,
+ * all hierarchies in parallel. A cgroup of that id that already exists is an error (reuse fails
+ * closed); on any failure whatever was made is removed again. Limits whose controller is missing
+ * are skipped; the reasons are in the result's `skipped`.
+ */
+export async function createCgroup(id: string, limits: CgroupLimits = {}, opts: CgroupOptions = {}): Promise<Cgroup> {
+  checkLimits(limits);
+  const cg = cgroupFor(id, opts);
+  if (!cg.dirs.length) throw cgError(`no cgroup hierarchy usable for snaplab under ${cg.root}`);
+  const plan: CgroupPlan = cg.version === 1 ? v1.planV1(cg, limits) : v2.planV2(cg, limits);
+  if (cg.version === 2) await v2.prepareV2Parent(cg);
+  const created: string[] = [];
+  const results = await Promise.allSettled(
+    cg.dirs.map(async (dir) => {
+      await makeDir(cg, dir);
+      created.push(dir);
+      await applyWrites(cg, dir, plan.writes.get(dir) ?? [], plan.skipped);
+    }),
+  );
+  const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (failed) {
+    await Promise.all(created.map((d) => rmdir(d).catch(() => undefined)));
+    throw failed.reason instanceof SnaplabError ? failed.reason : cgError(`cannot create cgroup ${id}`, failed.reason);
+  }
+  cg.skipped = plan.skipped;
+  return cg;
+}
+
+async function makeDir(cg: Cgroup, dir: string): Promise<void> {
+  try {
+    await mkdir(dir);
+  } catch (e) {
+    if (errno(e) === 'EEXIST') {
+      throw new SnaplabError('CGROUP_FAILED', `cgroup ${dir} already exists`, `destroy sandbox ${cg.id} or run snaplab gc`);
+    }
+    if (errno(e) !== 'ENOENT') throw cgError(`cannot create ${dir}`, e);
+    // first sandbox on this host (or after gc): make the snaplab parent, then retry
+    if (cg.version === 2) await v2.prepareV2Parent(cg, true);
+    else await mkdir(dir.slice(0, dir.lastIndexOf('/'))).catch((e2: unknown) => {
+      if (errno(e2) !== 'EEXIST') throw cgError(`cannot create the snaplab parent of ${dir}`, e2);
+    });
+    await mkdir(dir).catch((e2: unknown) => {
+      throw cgError(`cannot create ${dir}`, e2);
+    });
+  }
+}
+
+/**
+ * Open every file of a directory at once, then write in order (memory.memsw after memory), then
+ * close without waiting: two thread-pool round trips instead of three per file. Measured: this is what
+ * keeps a v1 create near half a millisecond.
+ */
+async function applyWrites(cg: Cgroup, dir: string, writes: CgroupWrite[], skipped: string[]): Promise<void> {
+  if (!writes.length) return;
+  const opened = await Promise.all(writes.map((w) => openForWrite(`${dir}/${w.file}`)));
+  try {
+    for (const [i, w] of writes.entries()) {
+      const fd = opened[i]!;
+      if (typeof fd === 'number') {
+        await new Promise<void>((res, rej) => fsWrite(fd, w.value, (e) => (e ? rej(cgError(`cannot write ${w.value} to ${dir}/${w.file}`, e)) : res())));
+      } else {
+        await applyWrite(cg, dir, w, skipped); // rare: missing file (skip, fallback, or v2 re-prepare)
+      }
+    }
+  } finally {
+    // not awaited: closing a cgroupfs file reports nothing, and a round trip costs ~0.05 ms
+    for (const fd of opened) if (typeof fd === 'number') fsClose(fd, () => undefined);
+  }
+}
+
+function openForWrite(path: string): Promise<number | Error> {
+  return new Promise((res) => fsOpen(path, constants.O_WRONLY, (e, fd) => res(e ?? fd)));
+}
+
+async function applyWrite(cg: Cgroup, dir: string, w: CgroupWrite, skipped: string[], retried = false): Promise<void> {
+  try {
+    await writeText(`${dir}/${w.file}`, w.value);
+  } catch (e) {
+    if (errno(e) !== 'ENOENT') throw cgError(`cannot write ${w.value} to ${dir}/${w.file}`, e);
+    if (w.optional) {
+      skipped.push(w.optional);
+      if (w.fallback) await applyWrite(cg, dir, w.fallback, skipped);
+      return;
+    }
+    // v2: the parent lost a controller from its subtree_control since we prepared it
+    if (cg.version === 2 && !retried) {
+      await v2.prepareV2Parent(cg, true);
+      return applyWrite(cg, dir, w, skipped, true);
+    }
+    throw cgError(`cannot write ${dir}/${w.file}`, e);
+  }
+}
+
+const FREEZE_TIMEOUT_MS = 2000;
+
+/** Stop every process of the cgroup; returns once the kernel says the cgroup is frozen. */
+export function freeze(cg: Cgroup, timeoutMs = FREEZE_TIMEOUT_MS): Promise<void> {
+  return cg.version === 1 ? v1.freezeV1(cg, timeoutMs) : v2.freezeV2(cg, timeoutMs);
+}
+export function thaw(cg: Cgroup): Promise<void> {
+  return cg.version === 1 ? v1.thawV1(cg) : v2.thawV2(cg);
+}
+export function isFrozen(cg: Cgroup): Promise<boolean> {
+  return cg.version === 1 ? v1.isFrozenV1(cg) : v2.isFrozenV2(cg);
+}
+/** How many processes the kernel's OOM killer has killed in this cgroup (0 without memory controller). */
+export function oomKills(cg: Cgroup): Promise<number> {
+  return cg.version === 1 ? v1.oomKillsV1(cg) : v2.oomKillsV2(cg);
+}
+/** Memory in use (bytes), processes, CPU time used (µs); a figure is absent when its controller is. */
+export function stats(cg: Cgroup): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {
+  return cg.version === 1 ? v1.statsV1(cg) : v2.statsV2(cg);
+}

@@ -1,0 +1,40 @@
+import { readFileSync, readdirSync, existsSync } from 'node:fs';
+
+/** What the suite must leave behind: nothing of snaplab's in mounts, cgroups, processes or loop devices. */
+function leaks(): string[] {
+  const found: string[] = [];
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    if (line.includes('snaplab')) found.push(`mount: ${line.split(' ')[4]}`);
+  }
+  for (const root of ['/sys/fs/cgroup', ...readdirSync('/sys/fs/cgroup').map((d) => `/sys/fs/cgroup/${d}`)]) {
+    const dir = `${root}/snaplab`;
+    if (!existsSync(dir)) continue;
+    for (const e of readdirSync(dir, { withFileTypes: true })) if (e.isDirectory()) found.push(`cgroup: ${dir}/${e.name}`);
+  }
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      if (readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes('/snaplab/')) found.push(`process: ${pid}`);
+    } catch { /* exited */ }
+  }
+  if (existsSync('/sys/block')) {
+    for (const dev of readdirSync('/sys/block').filter((d) => d.startsWith('loop'))) {
+      try {
+        const file = readFileSync(`/sys/block/${dev}/loop/backing_file`, 'utf8').trim();
+        if (file.includes('snaplab')) found.push(`loop device: /dev/${dev} → ${file}`);
+      } catch { /* not attached */ }
+    }
+  }
+  return found;
+}
+
+let before: Set<string>;
+
+export function setup(): void {
+  before = new Set(leaks());
+}
+
+/** Fails the run when the suite left anything it did not find there at the start. */
+export function teardown(): void {
+  const left = leaks().filter((l) => !before.has(l));
+  if (left.length) throw new Error(`the test suite leaked snaplab host objects:\n  ${left.join('\n  ')}`);
+}

@@ -1,0 +1,90 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Lab } from '../src/sdk/lab.js';
+import type { StorageKind } from '../src/storage/backend.js';
+import { disposeLab, testLab } from './helpers.js';
+
+let lab: Lab;
+beforeAll(async () => {
+  lab = await testLab();
+});
+afterAll(async () => {
+  await disposeLab(lab);
+});
+
+const out = (r: { stdout: Buffer }): string => r.stdout.toString().trim();
+
+describe.each<StorageKind>(['btrfs', 'overlay', 'dir'])('create → exec → snapshot → write → restore on %s', (storage) => {
+  it('restores the snapshot content, not the later write', async () => {
+    await using box = await lab.create({ image: 'busybox', storage });
+    expect(box.state).toBe('running');
+    expect(box.storage).toBe(storage);
+    expect(out(await box.exec(['sh', '-c', 'echo one > /root/f; rm /etc/hosts; cat /root/f']))).toBe('one');
+    const snap = await box.snapshot(`s-${storage}`);
+    await box.exec(['sh', '-c', 'echo two > /root/f; echo new > /root/g']);
+    await using copy = await lab.restore(snap.name);
+    expect(copy.info.origin).toBe(snap.name);
+    expect(out(await copy.exec(['cat', '/root/f']))).toBe('one');
+    expect((await copy.exec(['test', '-e', '/root/g'])).exitCode).toBe(1);
+    expect((await copy.exec(['test', '-e', '/etc/hosts'])).exitCode).toBe(1);
+    // the original keeps its own later state
+    expect(out(await box.exec(['cat', '/root/f']))).toBe('two');
+    await copy.destroy();
+    await lab.removeSnapshot(snap.name);
+  });
+});
+
+describe('traces', () => {
+  it('stores the phases of a create, with the unattributed remainder', async () => {
+    await using box = await lab.create();
+    const t = lab.trace(box.lastTrace!.id)!;
+    expect(t.kind).toBe('create');
+    const names = t.phases.map((p) => p.name);
+    for (const n of ['clone rootfs', 'cgroup', 'launch', 'namespaces ready → agent listening', 'agent connect', 'first exec']) expect(names).toContain(n);
+    for (const p of t.phases) expect(p.endMs).toBeGreaterThanOrEqual(p.startMs);
+    expect(t.unattributedMs).toBeGreaterThanOrEqual(0);
+    expect(t.unattributedMs).toBeLessThanOrEqual(t.totalMs);
+  });
+});
+
+describe('pause and resume', () => {
+  it('freezes the sandbox; exec while paused is refused with a hint; resume brings it back', async () => {
+    await using box = await lab.create();
+    await box.pause();
+    const again = await lab.get(box.name);
+    expect(again.state).toBe('paused');
+    await expect(again.exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_PAUSED' });
+    await again.resume();
+    expect((await again.exec(['echo', 'ok'])).stdout.toString()).toBe('ok\n');
+    again.close();
+  });
+});
+
+describe('a sandbox that died', () => {
+  it('is reported dead with a reason, and exec says so', async () => {
+    const box = await lab.create();
+    process.kill(box.info.pid!, 'SIGKILL');
+    await new Promise((r) => setTimeout(r, 200));
+    const listed = (await lab.list()).find((b) => b.id === box.id)!;
+    expect(listed.state).toBe('dead');
+    expect(listed.info.reason).toMatch(/init process is gone/);
+    await expect((await lab.get(box.id)).exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_DEAD' });
+    await (await lab.get(box.id)).destroy();
+  });
+});
+
+describe('bad input', () => {
+  it('names the problem with a code and a hint', async () => {
+    await expect(lab.create({ image: 'nope' })).rejects.toMatchObject({ code: 'IMAGE_NOT_FOUND', hint: expect.stringContaining('image import') });
+    await expect(lab.get('nope')).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
+    await expect(lab.restore('nope')).rejects.toMatchObject({ code: 'SNAPSHOT_NOT_FOUND' });
+    await expect(lab.create({ name: 'bad name!' })).rejects.toMatchObject({ code: 'BAD_NAME' });
+    await using box = await lab.create({ name: 'taken' });
+    await expect(lab.create({ name: 'taken' })).rejects.toMatchObject({ code: 'SANDBOX_EXISTS' });
+    await box.snapshot('snap-taken');
+    await expect(box.snapshot('snap-taken')).rejects.toMatchObject({ code: 'SNAPSHOT_EXISTS' });
+    await expect(box.exec([])).rejects.toMatchObject({ code: 'BAD_INPUT' });
+    await lab.removeSnapshot('snap-taken');
+    // nothing was lost: the sandbox still works
+    expect((await box.exec(['true'])).exitCode).toBe(0);
+  });
+});
