@@ -16,6 +16,7 @@ const program = new Command('snaplab')
   .description('isolated Linux sandboxes: fast to raise, snapshot, restore and exec in, every phase timed')
   .version('0.1.0')
   .showSuggestionAfterError()
+  .enablePositionalOptions()
   .exitOverride()
   .configureOutput({
     outputError: (text, write) =>

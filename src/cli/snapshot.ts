@@ -9,7 +9,8 @@ export function registerSnapshot(program: Command): void {
     .description('take, list and remove filesystem snapshots')
     .argument('[sandbox]', 'sandbox to snapshot')
     .option('--name <name>', 'name of the new snapshot')
-    .option('--json', 'print the snapshot as JSON');
+    .option('--json', 'print the snapshot as JSON')
+    .enablePositionalOptions();
   addTraceOption(snap);
   snap.action((sandbox: string | undefined, o: CommonOptions & { name?: string }) =>
     withLab(o, async (lab) => {

@@ -109,15 +109,20 @@ export class NamespacesDriver implements Driver {
     await rm(this.runDir(handle.id), { recursive: true, force: true });
   }
 
+  /**
+   * Cgroups are host-wide but several homes (several labs) may share a host, so a cgroup belongs
+   * to this home when this home has its run directory: raise makes the run directory before the
+   * cgroup and destroy removes it after, so a crash at any point leaves it findable.
+   */
   async gc(liveIds: Set<string>): Promise<string[]> {
     const removed: string[] = [];
+    const runs = new Set(await readdir(join(this.home, 'run')).catch(() => [] as string[]));
     for (const cg of await snaplabCgroupsOnHost()) {
-      if (liveIds.has(cg.id)) continue;
+      if (liveIds.has(cg.id) || !runs.has(cg.id)) continue;
       await destroyCgroup(cg);
       removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
     }
     await removeEmptySnaplabParents();
-    const runs = await readdir(join(this.home, 'run')).catch(() => [] as string[]);
     for (const id of runs) {
       if (liveIds.has(id)) continue;
       await rm(join(this.home, 'run', id), { recursive: true, force: true });

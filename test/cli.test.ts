@@ -1,0 +1,123 @@
+import { spawnSync, spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+// End-to-end: the built CLI, as a user runs it (npm test builds first).
+const CLI = join(import.meta.dirname, '..', 'dist', 'cli', 'main.js');
+let home: string;
+
+function snaplab(args: string[], opts: { input?: string; uid?: number } = {}): { code: number; out: string; err: string } {
+  const r = spawnSync(process.execPath, [CLI, ...args], { env: { ...process.env, SNAPLAB_HOME: home }, input: opts.input, encoding: 'utf8', uid: opts.uid, timeout: 60_000 });
+  return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
+}
+
+beforeAll(() => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-cli-'));
+});
+afterAll(() => {
+  snaplab(['rm', '--all']);
+  for (const s of JSON.parse(snaplab(['snapshot', 'ls', '--json']).out || '[]') as { name: string }[]) snaplab(['snapshot', 'rm', s.name]);
+  for (const i of JSON.parse(snaplab(['image', 'ls', '--json']).out || '[]') as { name: string }[]) snaplab(['image', 'rm', i.name]);
+  snaplab(['gc']);
+  rmSync(home, { recursive: true, force: true });
+});
+
+describe('snaplab CLI', () => {
+  it('doctor --json says the default driver and a storage backend work', () => {
+    const r = snaplab(['doctor', '--json']);
+    expect(r.code).toBe(0);
+    const d = JSON.parse(r.out);
+    expect(d.ok).toBe(true);
+    expect(d.defaultStorage).toMatch(/btrfs|overlay|dir/);
+    expect(d.checks.find((c: { name: string }) => c.name === 'namespaces').ok).toBe(true);
+  });
+
+  it('create --json, exec with exit codes, snapshot, restore, trace, ls, rm', () => {
+    const c = snaplab(['create', '--image', 'busybox', '--name', 'cli1', '--memory', '128M', '--pids', '256', '--json']);
+    expect(c.code).toBe(0);
+    const box = JSON.parse(c.out);
+    expect(box).toMatchObject({ name: 'cli1', state: 'running', driver: 'namespaces' });
+    expect(box.id).toMatch(/^[0-9a-f]{12}$/);
+    expect(box.storage).toMatch(/btrfs|overlay|dir/);
+
+    expect(snaplab(['exec', 'cli1', '--', 'sh', '-c', 'echo out; echo err >&2; exit 7'])).toMatchObject({ code: 7, out: 'out\n', err: 'err\n' });
+    expect(snaplab(['exec', 'cli1', '--', 'nosuch']).code).toBe(127);
+    expect(snaplab(['exec', 'cli1', '--timeout', '0.3', '--', 'sleep', '5']).code).toBe(124);
+    expect(snaplab(['exec', 'cli1', '--', 'sh', '-c', 'kill -KILL $$']).code).toBe(137);
+    expect(snaplab(['exec', '-i', 'cli1', '--', 'cat'], { input: 'piped' }).out).toBe('piped');
+    expect(snaplab(['exec', 'cli1', '--env', 'A=1', '--env', 'B=2', '--cwd', '/etc', '--', 'sh', '-c', 'echo $A$B $(pwd)']).out).toBe('12 /etc\n');
+
+    snaplab(['exec', 'cli1', '--', 'sh', '-c', 'echo v1 > /root/v']);
+    const s = snaplab(['snapshot', 'cli1', '--name', 'cli-snap', '--json', '--trace']);
+    expect(s.code).toBe(0);
+    expect(JSON.parse(s.out).name).toBe('cli-snap');
+    expect(s.err).toMatch(/freeze[\s\S]*snapshot storage[\s\S]*thaw[\s\S]*\(unattributed\)/);
+    snaplab(['exec', 'cli1', '--', 'sh', '-c', 'echo v2 > /root/v']);
+    const r = snaplab(['restore', 'cli-snap', '--name', 'cli2', '--json']);
+    expect(r.code).toBe(0);
+    expect(snaplab(['exec', 'cli2', '--', 'cat', '/root/v']).out).toBe('v1\n');
+
+    const op = JSON.parse(r.out).operation as string;
+    const t = snaplab(['trace', op]);
+    expect(t.code).toBe(0);
+    expect(t.out).toMatch(/clone rootfs[\s\S]*cgroup[\s\S]*launch[\s\S]*agent connect[\s\S]*first exec[\s\S]*\(unattributed\)/);
+
+    const ls = JSON.parse(snaplab(['ls', '--json']).out) as { name: string; state: string }[];
+    expect(ls.map((b) => b.name).sort()).toEqual(['cli1', 'cli2']);
+    expect(snaplab(['pause', 'cli2']).code).toBe(0);
+    const paused = snaplab(['exec', 'cli2', '--', 'true']);
+    expect(paused.code).toBe(125);
+    expect(paused.err).toMatch(/SANDBOX_PAUSED[\s\S]*hint: resume/);
+    expect(snaplab(['resume', 'cli2']).code).toBe(0);
+    expect(snaplab(['rm', 'cli1', 'cli2']).code).toBe(0);
+    expect(JSON.parse(snaplab(['ls', '--json']).out)).toEqual([]);
+    expect(snaplab(['snapshot', 'rm', 'cli-snap']).code).toBe(0);
+  });
+
+  it('bad input: a code, a hint, no stack trace, exit 2 (125 from exec)', () => {
+    const cases: [string[], number, RegExp][] = [
+      [['create', '--image', 'nope'], 2, /IMAGE_NOT_FOUND[\s\S]*hint:/],
+      [['create', '--memory', 'lots'], 2, /BAD_SIZE[\s\S]*hint:/],
+      [['create', '--pids', '-1'], 2, /hint:/],
+      [['create', '--storage', 'zfs'], 2, /unknown storage[\s\S]*hint:/],
+      [['exec', 'ghost', '--', 'true'], 125, /SANDBOX_NOT_FOUND[\s\S]*hint:/],
+      [['restore', 'ghost'], 2, /SNAPSHOT_NOT_FOUND/],
+      [['snapshot', 'ghost', '--name', 'x'], 2, /SANDBOX_NOT_FOUND/],
+      [['trace', 'op-none'], 2, /OPERATION_NOT_FOUND/],
+      [['frobnicate'], 2, /unknown command[\s\S]*hint:/],
+      [['create', '--bogus'], 2, /unknown option[\s\S]*hint:/],
+    ];
+    for (const [args, code, re] of cases) {
+      const r = snaplab(args);
+      expect({ args, code: r.code }).toEqual({ args, code });
+      expect(r.err).toMatch(re);
+      expect(r.err).not.toMatch(/\n\s+at /);
+    }
+  });
+
+  it('refuses to run as non-root and says what needs root', () => {
+    const r = snaplab(['ls'], { uid: 65534 });
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(/NOT_ROOT[\s\S]*hint:/);
+  });
+
+  it('a CLI killed in the middle of create leaves no claimed sandbox; gc removes what it made', async () => {
+    const child = spawn(process.execPath, [CLI, 'create', '--name', 'killed'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: 'ignore' });
+    // kill as soon as the record exists: mid-operation
+    for (let i = 0; i < 400; i++) {
+      await new Promise((r) => setTimeout(r, 5));
+      const l = snaplab(['ls', '--json']);
+      if (l.out.includes('killed')) break;
+    }
+    child.kill('SIGKILL');
+    await new Promise((r) => child.on('exit', r));
+    const states = (JSON.parse(snaplab(['ls', '--json']).out) as { name: string; state: string }[]).filter((b) => b.name === 'killed');
+    for (const b of states) expect(['dead', 'running']).toContain(b.state);
+    const gc = snaplab(['gc', '--json']);
+    expect(gc.code).toBe(0);
+    snaplab(['rm', '--all']);
+    expect(JSON.parse(snaplab(['ls', '--json']).out)).toEqual([]);
+  });
+});

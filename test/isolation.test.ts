@@ -1,0 +1,111 @@
+import { existsSync } from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SANDBOX_CAPABILITIES } from '../src/drivers/namespaces/capabilities.js';
+import type { Lab } from '../src/sdk/lab.js';
+import type { Sandbox } from '../src/sdk/sandbox.js';
+import { disposeLab, testLab } from './helpers.js';
+
+const CAP_NUMBERS: Record<string, number> = {
+  CAP_CHOWN: 0, CAP_DAC_OVERRIDE: 1, CAP_FOWNER: 3, CAP_FSETID: 4, CAP_KILL: 5, CAP_SETGID: 6, CAP_SETUID: 7,
+  CAP_SETPCAP: 8, CAP_NET_BIND_SERVICE: 10, CAP_NET_RAW: 13, CAP_SYS_CHROOT: 18, CAP_AUDIT_WRITE: 29, CAP_SETFCAP: 31,
+};
+
+let lab: Lab;
+let box: Sandbox;
+beforeAll(async () => {
+  lab = await testLab();
+  box = await lab.create({ name: 'iso' });
+});
+afterAll(async () => {
+  box.close();
+  await disposeLab(lab);
+});
+
+const sh = async (script: string): Promise<{ code: number; out: string; err: string }> => {
+  const r = await box.exec(['sh', '-c', script]);
+  return { code: r.exitCode, out: r.stdout.toString().trim(), err: r.stderr.toString().trim() };
+};
+
+describe('isolation', () => {
+  it('PID 1 inside is the agent and host processes are invisible', async () => {
+    expect((await sh('tr "\\0" " " < /proc/1/cmdline')).out).toMatch(/^\/run\/snaplab\/agent serve/);
+    const pids = (await sh('ls /proc | grep -E "^[0-9]+$"')).out.split('\n').map(Number);
+    expect(pids).not.toContain(process.pid);
+    expect(pids.length).toBeLessThan(10);
+  });
+
+  it('has its own hostname and only a loopback interface', async () => {
+    expect((await sh('hostname')).out).toBe('iso');
+    const links = (await sh('ip -o link')).out.split('\n');
+    expect(links).toHaveLength(1);
+    expect(links[0]).toMatch(/^1: lo:/);
+  });
+
+  it('keeps exactly the documented capabilities, in every set that matters', async () => {
+    const want = SANDBOX_CAPABILITIES.reduce((m, c) => m | (1n << BigInt(CAP_NUMBERS[c]!)), 0n);
+    const status = (await sh('grep -E "^Cap(Eff|Bnd)" /proc/self/status')).out;
+    for (const line of status.split('\n')) expect(BigInt(`0x${line.split(/\s+/)[1]}`)).toBe(want);
+    expect((await sh('grep NoNewPrivs /proc/self/status')).out).toMatch(/1$/);
+  });
+
+  it('cannot write outside its root filesystem, mount, or reach the host kernel', async () => {
+    const marker = `/snaplab-escape-${process.pid}`;
+    await sh(`echo x > ${marker}`); // lands in the sandbox's own root, not the host's
+    expect(existsSync(marker)).toBe(false);
+    expect((await sh('mount -t tmpfs none /mnt')).code).not.toBe(0);
+    expect((await sh('echo 1 > /proc/sys/kernel/sysrq')).code).not.toBe(0);
+    expect((await sh('mknod /root/sda b 8 0')).code).not.toBe(0);
+    // seccomp: namespace creation is refused even where a capability would allow it
+    const unshare = await sh('unshare -n true');
+    expect(unshare.code).not.toBe(0);
+    expect(unshare.err).toMatch(/Operation not permitted|not permitted/i);
+  });
+});
+
+describe('limits', () => {
+  it('a fork bomb stops at the pids limit and the sandbox survives', async () => {
+    await using small = await lab.create({ limits: { pids: 32 } });
+    const r = await small.exec(['sh', '-c', 'i=0; while [ $i -lt 100 ]; do sleep 5 & i=$((i+1)); done; wait'], { timeoutMs: 3000 });
+    expect(r.stderr.toString()).toMatch(/fork/i);
+    expect((await small.exec(['echo', 'alive'])).stdout.toString()).toBe('alive\n');
+  });
+
+  it('a memory hog is OOM-killed inside its cgroup and exec reports it', async () => {
+    await using small = await lab.create({ limits: { memoryBytes: 32 * 2 ** 20 } });
+    const r = await small.exec(['dd', 'if=/dev/zero', 'of=/dev/null', 'bs=200M', 'count=1']);
+    expect(r.signal).toBe(9);
+    expect(r.exitCode).toBe(137);
+    expect(r.oomKilled).toBe(true);
+    expect((await small.exec(['echo', 'alive'])).stdout.toString()).toBe('alive\n');
+  });
+});
+
+describe('exit codes, timeouts and signals', () => {
+  it('passes the command\'s code through; 127 not found; 128+N for signals', async () => {
+    expect((await box.exec(['sh', '-c', 'exit 42'])).exitCode).toBe(42);
+    const nf = await box.exec(['no-such-binary']);
+    expect(nf.exitCode).toBe(127);
+    expect(nf.stderr.toString()).toMatch(/not found/);
+    expect((await box.exec(['sh', '-c', 'kill -TERM $$'])).exitCode).toBe(143);
+  });
+
+  it('a timeout kills the whole process group: 124, nothing left running', async () => {
+    const r = await box.exec(['sh', '-c', 'sleep 30 & sleep 30'], { timeoutMs: 300 });
+    expect(r.exitCode).toBe(124);
+    expect(r.timedOut).toBe(true);
+    expect((await sh('ps -o comm | grep -c sleep || true')).out).toBe('0');
+  });
+
+  it('feeds stdin, sets env and cwd', async () => {
+    expect((await box.exec(['cat'], { stdin: 'hello' })).stdout.toString()).toBe('hello');
+    expect((await box.exec(['sh', '-c', 'echo $FOO; pwd'], { env: { FOO: 'bar' }, cwd: '/tmp' })).stdout.toString()).toBe('bar\n/tmp\n');
+  });
+
+  it('streams output as it comes', async () => {
+    const chunks: string[] = [];
+    const r = await box.exec(['sh', '-c', 'echo a; sleep 0.3; echo b'], { onStdout: (b) => chunks.push(b.toString()) });
+    expect(r.exitCode).toBe(0);
+    expect(chunks.join('')).toBe('a\nb\n');
+    expect(chunks.length).toBeGreaterThanOrEqual(2);
+  });
+});
