@@ -1,0 +1,47 @@
+import { mkdir, open, readFile, unlink } from 'node:fs/promises';
+import { dirname } from 'node:path';
+import { SnaplabError } from '../errors.js';
+
+const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+};
+
+/**
+ * Run `fn` holding an exclusive lock file (O_EXCL create, holder's pid inside). Serialises steps
+ * that check-then-act on host state (is the pool mounted? mount it) across processes and across
+ * concurrent calls in one process. A lock left by a dead process is taken over.
+ */
+export async function withLock<T>(path: string, fn: () => Promise<T>, timeoutMs = 60_000): Promise<T> {
+  await mkdir(dirname(path), { recursive: true });
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const fh = await open(path, 'wx');
+      await fh.writeFile(String(process.pid));
+      await fh.close();
+      break;
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+      const pid = Number(await readFile(path, 'utf8').catch(() => ''));
+      // An empty file is a holder between open and write: give it time, like a live one.
+      if (pid > 0 && !alive(pid)) {
+        await unlink(path).catch(() => undefined);
+        continue;
+      }
+      if (Date.now() > deadline) {
+        throw new SnaplabError('TIMEOUT', `lock ${path} held by pid ${pid || '?'}`, `if no snaplab process runs, rm ${path}`);
+      }
+      await new Promise((r) => setTimeout(r, 10 + Math.random() * 20));
+    }
+  }
+  try {
+    return await fn();
+  } finally {
+    await unlink(path).catch(() => undefined);
+  }
+}

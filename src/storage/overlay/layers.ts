@@ -1,0 +1,42 @@
+import { join } from 'node:path';
+import { readMeta } from '../meta.js';
+import { overlayLowerDirs, readMounts } from '../mounts.js';
+import { listIds } from '../tree.js';
+
+/**
+ * Layer ownership (the rule delete() relies on):
+ * - a layer is the directory `<root>/<id>/layer` and belongs to volume <id>: an image owns its
+ *   imported tree, a snapshot of a clone owns the copy of the clone's upper dir it made;
+ * - clones, and snapshots of read-only volumes, own no layer: they only name the owners' ids in
+ *   their stack (`Volume.ref.layers`, top first, and meta.json);
+ * - the lab deletes a snapshot or image only when nothing cloned from it is alive; the backend
+ *   enforces it: deleting a layer's owner while another volume still stacks the layer (found in
+ *   meta.json files and in /proc/self/mountinfo) fails with the users named.
+ */
+export interface OverlayMeta {
+  role: 'image' | 'clone' | 'snapshot';
+  /** ids of the layer owners, top first */
+  layers: string[];
+  readOnly: boolean;
+  name?: string;
+}
+
+export const MAX_LAYERS = 32;
+
+export const layerDir = (root: string, id: string): string => join(root, id, 'layer');
+
+/** Volumes other than `self` that stack the layer owned by `owner`. */
+export async function layerUsers(root: string, owner: string, self: string): Promise<string[]> {
+  const users = new Set<string>();
+  for (const id of await listIds(root)) {
+    if (id === self) continue;
+    const meta = await readMeta<OverlayMeta>(join(root, id));
+    if (meta?.layers.includes(owner)) users.add(id);
+  }
+  const layer = layerDir(root, owner);
+  for (const m of await readMounts()) {
+    if (m.fsType !== 'overlay' || m.mountPoint === join(root, self, 'merged')) continue;
+    if (overlayLowerDirs(m).includes(layer)) users.add(m.mountPoint);
+  }
+  return [...users];
+}

@@ -1,0 +1,207 @@
+import { mkdir, readdir, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SnaplabError } from '../../errors.js';
+import type { Availability } from '../../host/probe-types.js';
+import { run } from '../../host/run.js';
+import type { StorageBackend, Usage, Volume } from '../backend.js';
+import { withLock } from '../lock.js';
+import { checkVolume, readMeta, writeMeta } from '../meta.js';
+import { isMountPoint, unmountAll } from '../mounts.js';
+import { copyTree, diskBytes, isVolumeId, listIds, newId, removeTree } from '../tree.js';
+import { layerDir, layerUsers, MAX_LAYERS, type OverlayMeta } from './layers.js';
+import { probeOverlay } from './probe.js';
+
+/**
+ * Copy-on-write with overlayfs on any filesystem. Layout under `${home}/storage/overlay/<id>/`:
+ * `layer/` (images and snapshots of clones: a read-only layer they own), `upper/` + `work/`
+ * (clones), `merged/` (every volume's path: the overlay mount), `meta.json`. Read-only volumes
+ * are overlays without an upper dir, which the kernel mounts read-only. Ownership rules: layers.ts.
+ */
+export class OverlayBackend implements StorageBackend {
+  readonly kind = 'overlay' as const;
+  private readonly root: string;
+  /** overlay wants two lower dirs when there is no upper: a one-layer view adds this empty one */
+  private readonly empty: string;
+
+  constructor(readonly home: string) {
+    this.root = join(home, 'storage', 'overlay');
+    this.empty = join(this.root, '.empty');
+  }
+
+  /** A real test mount: the only honest answer for overlay on whatever fs holds ${home}. */
+  probe(): Promise<Availability> {
+    return probeOverlay(this.home, this.root);
+  }
+
+  /** Also remounts volumes whose overlay mount a reboot took away. */
+  async init(): Promise<void> {
+    await mkdir(this.empty, { recursive: true });
+    for (const id of await listIds(this.root)) {
+      const meta = await readMeta<OverlayMeta>(this.dir(id));
+      // one broken volume (a layer gone) must not stop the others; gc removes it if not live
+      if (meta) await this.mount(id, meta).catch(() => undefined);
+    }
+  }
+
+  async importImage(srcDir: string, name: string): Promise<Volume> {
+    const id = newId();
+    return this.building(id, async () => {
+      await mkdir(this.dir(id), { recursive: true });
+      const meta: OverlayMeta = { role: 'image', layers: [id], readOnly: true, name };
+      // meta.json last, here and in snapshot(): init() must not mount a half-copied layer
+      await copyTree(srcDir, layerDir(this.root, id));
+      await writeMeta(this.dir(id), meta);
+      return this.finish(id, meta);
+    });
+  }
+
+  async clone(base: Volume): Promise<Volume> {
+    const layers = this.layersOf(base);
+    if (!base.readOnly) {
+      // its upper dir is not a layer: cloning it would silently drop the base's changes
+      throw new SnaplabError('BAD_INPUT', `overlay volume ${base.id} is writable: clone a snapshot of it`, 'snapshot the volume, then clone the snapshot');
+    }
+    const id = newId();
+    return this.building(id, async () => {
+      for (const d of ['upper', 'work', 'merged']) await mkdir(join(this.dir(id), d), { recursive: true });
+      const meta: OverlayMeta = { role: 'clone', layers: [...layers], readOnly: false };
+      // meta.json first: from here on a delete of a base layer sees this clone as its user
+      await writeMeta(this.dir(id), meta);
+      return this.finish(id, meta);
+    });
+  }
+
+  async snapshot(volume: Volume): Promise<Volume> {
+    const layers = this.layersOf(volume);
+    const id = newId();
+    return this.building(id, async () => {
+      await mkdir(this.dir(id), { recursive: true });
+      let meta: OverlayMeta;
+      if (volume.readOnly) {
+        // nothing can change under a read-only volume: share its layers, copy nothing
+        meta = { role: 'snapshot', layers: [...layers], readOnly: true };
+        await writeMeta(this.dir(id), meta);
+      } else if (layers.length + 1 > MAX_LAYERS) {
+        // overlay options must fit in a page and stacks slow lookups: flatten deep chains
+        meta = { role: 'snapshot', layers: [id], readOnly: true };
+        await copyTree(volume.path, layerDir(this.root, id));
+        await writeMeta(this.dir(id), meta);
+      } else {
+        // the upper dir holds exactly the clone's changes, whiteouts and opaque marks included
+        meta = { role: 'snapshot', layers: [id, ...layers], readOnly: true };
+        await copyTree(join(this.dir(volume.id), 'upper'), layerDir(this.root, id));
+        await writeMeta(this.dir(id), meta);
+      }
+      return this.finish(id, meta);
+    });
+  }
+
+  async delete(volume: Volume): Promise<void> {
+    checkVolume(volume, 'overlay');
+    const owns = this.layersOf(volume)[0] === volume.id;
+    if (owns) {
+      const users = await layerUsers(this.root, volume.id, volume.id);
+      if (users.length > 0) {
+        throw new SnaplabError(
+          'STORAGE_FAILED',
+          `overlay volume ${volume.id} cannot be deleted: its layer is still stacked by ${users.join(', ')}`,
+          'delete the sandboxes and snapshots made from it first',
+        );
+      }
+    }
+    await unmountAll(this.dir(volume.id));
+    await removeTree(this.dir(volume.id));
+  }
+
+  /**
+   * exclusive = `du` of what only this volume holds: a clone's upper dir, or the layer an image
+   * or snapshot owns (0 for a snapshot that only references layers); shared = `du` of the lower
+   * layers it stacks, which other volumes may stack too.
+   */
+  async usage(volume: Volume): Promise<Usage> {
+    const layers = this.layersOf(volume);
+    const owns = layers[0] === volume.id;
+    const own = volume.readOnly ? (owns ? layerDir(this.root, volume.id) : undefined) : join(this.dir(volume.id), 'upper');
+    const lower = owns ? layers.slice(1) : layers;
+    let sharedBytes = 0;
+    for (const l of lower) sharedBytes += await diskBytes(layerDir(this.root, l));
+    return { exclusiveBytes: own ? await diskBytes(own) : 0, sharedBytes };
+  }
+
+  /**
+   * Removes volumes not in `liveIds`, except owners of layers that a live volume still stacks
+   * (those stay until their last live user is gone). Unmounts first, then removes, so that no
+   * layer is removed under a mount that is about to go.
+   */
+  async gc(liveIds: Set<string>): Promise<string[]> {
+    const removed: string[] = [];
+    const ids = await listIds(this.root);
+    const needed = new Set<string>();
+    for (const id of ids.filter((i) => liveIds.has(i))) {
+      for (const l of (await readMeta<OverlayMeta>(this.dir(id)))?.layers ?? []) needed.add(l);
+    }
+    const doomed = ids.filter((i) => !liveIds.has(i) && !needed.has(i));
+    for (const id of doomed) for (const m of await unmountAll(this.dir(id))) removed.push(`overlay: unmounted ${m}`);
+    for (const id of doomed) {
+      await removeTree(this.dir(id));
+      removed.push(`overlay: removed volume ${id} (${this.dir(id)})`);
+    }
+    // test mounts of a probe that died half-way (not one running now: probes take milliseconds)
+    for (const name of (await readdir(this.root).catch(() => [] as string[])).filter((n) => n.startsWith('.probe-'))) {
+      const age = await stat(join(this.root, name)).then((st) => Date.now() - st.mtimeMs, () => 0);
+      if (age < 60_000) continue;
+      for (const m of await unmountAll(join(this.root, name))) removed.push(`overlay: unmounted ${m}`);
+      await removeTree(join(this.root, name));
+      removed.push(`overlay: removed probe leftover ${join(this.root, name)}`);
+    }
+    return removed;
+  }
+
+  /** Run the steps that make volume `id`; if one fails, leave nothing of it behind. */
+  private async building(id: string, fn: () => Promise<Volume>): Promise<Volume> {
+    try {
+      return await fn();
+    } catch (e) {
+      await unmountAll(this.dir(id)).then(() => removeTree(this.dir(id))).catch(() => undefined);
+      throw e;
+    }
+  }
+
+  private dir(id: string): string {
+    return join(this.root, id);
+  }
+
+  private layersOf(v: Volume): string[] {
+    checkVolume(v, 'overlay');
+    const layers = v.ref['layers'];
+    if (!Array.isArray(layers) || !layers.every((l) => typeof l === 'string' && isVolumeId(l))) {
+      throw new SnaplabError('BAD_INPUT', `overlay volume ${v.id} has no valid ref.layers`, 'pass the Volume record this backend returned, unchanged');
+    }
+    return layers as string[];
+  }
+
+  private async finish(id: string, meta: OverlayMeta): Promise<Volume> {
+    await this.mount(id, meta);
+    const ref = meta.name === undefined ? { layers: meta.layers } : { layers: meta.layers, name: meta.name };
+    return { kind: 'overlay', id, path: join(this.dir(id), 'merged'), readOnly: meta.readOnly, ref };
+  }
+
+  private async mount(id: string, meta: OverlayMeta): Promise<void> {
+    const merged = join(this.dir(id), 'merged');
+    const lowers = meta.layers.map((l) => layerDir(this.root, l));
+    let opts: string;
+    if (meta.readOnly) {
+      if (lowers.length === 1) lowers.push(this.empty);
+      opts = `lowerdir=${lowers.join(':')}`;
+    } else {
+      opts = `lowerdir=${lowers.join(':')},upperdir=${this.dir(id)}/upper,workdir=${this.dir(id)}/work`;
+    }
+    // The lock keeps init() in one process and a create in another from mounting twice.
+    await withLock(join(this.root, '.mount.lock'), async () => {
+      if (await isMountPoint(merged)) return;
+      await mkdir(merged, { recursive: true });
+      await mkdir(this.empty, { recursive: true });
+      await run('mount', ['-t', 'overlay', 'overlay', '-o', opts, merged]);
+    });
+  }
+}
