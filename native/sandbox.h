@@ -1,0 +1,36 @@
+/* Confinement for exec'd commands: seccomp filter, capability bounding set, and the spawn itself. */
+#ifndef SNAPLAB_SANDBOX_H
+#define SNAPLAB_SANDBOX_H
+
+#include <linux/filter.h>
+#include <sys/types.h>
+
+/* Builds the Docker-like deny list once; the child only installs the ready BPF program. */
+int filter_build(struct sock_fprog *out);
+
+/* Drops every capability not named in list (comma separated) from the bounding set. */
+int caps_restrict(const char *list);
+
+enum spawn_stage { STAGE_OK = 0, STAGE_SETUP, STAGE_CHDIR, STAGE_SECCOMP, STAGE_EXEC };
+
+struct spawn_req {
+	char **argv;
+	char **envp;
+	const char *path; /* PATH to search when argv[0] has no slash */
+	char *pathbuf;    /* scratch, strlen(path) + strlen(argv[0]) + 2 bytes */
+	const char *cwd;  /* NULL: keep the agent's */
+	int fd_in, fd_out, fd_err;
+	int reset_oom;
+	const struct sock_fprog *filter;
+	/* written by the child (shared memory, CLONE_VM) before it execs or exits */
+	volatile int stage;
+	volatile int err;
+};
+
+/*
+ * clone(CLONE_VM|CLONE_VFORK): no page-table copy, and when it returns the child has either
+ * exec'd (stage == STAGE_OK) or exited after a setup failure (stage/err say what failed).
+ */
+pid_t spawn_child(struct spawn_req *r);
+
+#endif

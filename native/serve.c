@@ -1,0 +1,1078 @@
+/*
+ * Serve mode: the in-sandbox agent. One thread, one epoll loop, level-triggered, non-blocking fds.
+ * Connections speak the framed protocol (frame.h); each EXEC becomes a child in its own process
+ * group whose pipes are pumped into frames. The agent reaps every child it gets, orphans included.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "sandbox.h"
+
+#define READ_CHUNK (64u * 1024)
+#define OUT_HIGH (16u << 20) /* stop reading a connection's pipes above this much unsent output */
+#define OUT_LOW (1u << 20)
+#define DRAIN_MAX (4u << 20) /* per stream, after exit: a grandchild that keeps writing can't stall us */
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+enum kind { K_LISTEN, K_SIGNAL, K_TIMER, K_CONN, K_OUT, K_ERR, K_IN };
+
+struct src {
+	enum kind kind;
+	int fd;
+	uint32_t events;
+	int paused;
+	void *owner;
+};
+
+struct conn {
+	struct src s;
+	struct buf in, out;
+	uint64_t skip; /* bytes of a refused oversized frame still to discard */
+	int dead, dirty, paused;
+	struct conn *next_dirty, *next_grave;
+};
+
+struct exec {
+	struct src out, err, in;
+	struct conn *conn; /* NULL once its connection has gone */
+	uint32_t id;
+	pid_t pid;
+	struct buf inq;
+	int in_eof, timed_out;
+	uint32_t flags;
+	int exec_errno;
+	uint64_t start_ns, deadline_ns;
+	struct exec *prev, *next, *hnext, *next_grave;
+};
+
+static int epfd = -1, devnull = -1, reset_oom, is_pid1;
+static struct src listen_src = { K_LISTEN, -1, 0, 0, NULL };
+static struct src signal_src = { K_SIGNAL, -1, 0, 0, NULL };
+static struct src timer_src = { K_TIMER, -1, 0, 0, NULL };
+static struct sock_fprog filter;
+static int have_filter;
+static const char *sock_path;
+static uint64_t timer_armed;
+static struct exec *execs;
+#define PID_BUCKETS 256
+static struct exec *by_pid[PID_BUCKETS];
+static struct conn *dirty_list, *grave_conns;
+static struct exec *grave_execs;
+static unsigned tmp_counter;
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "snaplab-agent: %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static int ep_set(struct src *s, uint32_t events)
+{
+	if (s->fd < 0 || s->events == events)
+		return 0;
+	struct epoll_event ev = { .events = events, .data.ptr = s };
+	s->events = events;
+	return epoll_ctl(epfd, EPOLL_CTL_MOD, s->fd, &ev);
+}
+
+static int ep_add(struct src *s, uint32_t events)
+{
+	struct epoll_event ev = { .events = events, .data.ptr = s };
+	s->events = events;
+	return epoll_ctl(epfd, EPOLL_CTL_ADD, s->fd, &ev);
+}
+
+static void src_close(struct src *s)
+{
+	if (s->fd >= 0) {
+		close(s->fd); /* also leaves the epoll set: nobody else holds our ends */
+		s->fd = -1;
+	}
+}
+
+static void mark_dirty(struct conn *c)
+{
+	if (!c->dirty && !c->dead) {
+		c->dirty = 1;
+		c->next_dirty = dirty_list;
+		dirty_list = c;
+	}
+}
+
+/* ---- exec bookkeeping ---- */
+
+static void exec_link(struct exec *e)
+{
+	e->next = execs;
+	if (execs)
+		execs->prev = e;
+	execs = e;
+	struct exec **b = &by_pid[(unsigned)e->pid % PID_BUCKETS];
+	e->hnext = *b;
+	*b = e;
+}
+
+static void exec_unlink(struct exec *e)
+{
+	if (e->prev)
+		e->prev->next = e->next;
+	else
+		execs = e->next;
+	if (e->next)
+		e->next->prev = e->prev;
+	for (struct exec **b = &by_pid[(unsigned)e->pid % PID_BUCKETS]; *b; b = &(*b)->hnext)
+		if (*b == e) {
+			*b = e->hnext;
+			break;
+		}
+}
+
+static struct exec *exec_by_pid(pid_t pid)
+{
+	for (struct exec *e = by_pid[(unsigned)pid % PID_BUCKETS]; e; e = e->hnext)
+		if (e->pid == pid)
+			return e;
+	return NULL;
+}
+
+static struct exec *exec_by_id(struct conn *c, uint32_t id)
+{
+	for (struct exec *e = execs; e; e = e->next)
+		if (e->conn == c && e->id == id)
+			return e;
+	return NULL;
+}
+
+static void exec_signal(struct exec *e, int sig)
+{
+	if (kill(-e->pid, sig) < 0)
+		kill(e->pid, sig);
+}
+
+static void timer_update(void)
+{
+	uint64_t next = 0;
+	for (struct exec *e = execs; e; e = e->next)
+		if (e->deadline_ns && !e->timed_out && (!next || e->deadline_ns < next))
+			next = e->deadline_ns;
+	if (next == timer_armed)
+		return;
+	struct itimerspec its = { 0 };
+	its.it_value.tv_sec = (time_t)(next / 1000000000ull);
+	its.it_value.tv_nsec = (long)(next % 1000000000ull);
+	timerfd_settime(timer_src.fd, TFD_TIMER_ABSTIME, &its, NULL);
+	timer_armed = next;
+}
+
+static void on_timer(void)
+{
+	uint64_t ticks;
+	if (read(timer_src.fd, &ticks, sizeof ticks) < 0) {
+		/* spurious: re-armed below anyway */
+	}
+	uint64_t now = now_ns();
+	for (struct exec *e = execs; e; e = e->next)
+		if (e->deadline_ns && !e->timed_out && e->deadline_ns <= now) {
+			e->timed_out = 1;
+			exec_signal(e, SIGKILL);
+		}
+	timer_armed = UINT64_MAX; /* force a re-arm */
+	timer_update();
+}
+
+/* ---- child output ---- */
+
+static void pause_check(struct exec *e, struct src *s)
+{
+	if (e->conn && buf_used(&e->conn->out) > OUT_HIGH) {
+		ep_set(s, 0);
+		s->paused = 1;
+		e->conn->paused = 1;
+	}
+}
+
+/* One read from a child's stdout/stderr into a frame. Returns bytes read, 0 on EOF, -1 on EAGAIN. */
+static ssize_t pump_once(struct exec *e, struct src *s)
+{
+	if (!e->conn) {
+		char junk[READ_CHUNK];
+		ssize_t n = read(s->fd, junk, sizeof junk);
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+			src_close(s);
+			return 0;
+		}
+		return n < 0 ? -1 : n;
+	}
+	struct buf *b = &e->conn->out;
+	uint8_t *p = buf_reserve(b, FRAME_HDR + READ_CHUNK);
+	if (!p)
+		return -1;
+	ssize_t n = read(s->fd, p + FRAME_HDR, READ_CHUNK);
+	if (n > 0) {
+		put_u32(p, (uint32_t)n);
+		put_u16(p + 4, s->kind == K_OUT ? T_STDOUT : T_STDERR);
+		put_u16(p + 6, 0);
+		put_u32(p + 8, e->id);
+		b->len += FRAME_HDR + (size_t)n;
+		mark_dirty(e->conn);
+		return n;
+	}
+	if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+		src_close(s);
+		return 0;
+	}
+	return -1;
+}
+
+static void drain(struct exec *e, struct src *s)
+{
+	size_t total = 0;
+	while (s->fd >= 0 && total < DRAIN_MAX) {
+		ssize_t n = pump_once(e, s);
+		if (n <= 0)
+			break;
+		total += (size_t)n;
+	}
+	src_close(s);
+}
+
+static void stdin_flush(struct exec *e)
+{
+	while (e->in.fd >= 0 && buf_used(&e->inq)) {
+		ssize_t n = write(e->in.fd, e->inq.data + e->inq.off, buf_used(&e->inq));
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN) {
+				ep_set(&e->in, EPOLLOUT);
+				return;
+			}
+			src_close(&e->in); /* EPIPE: the command stopped reading; its input is moot */
+			buf_free(&e->inq);
+			return;
+		}
+		buf_consume(&e->inq, (size_t)n);
+	}
+	if (e->in.fd >= 0) {
+		if (e->in_eof)
+			src_close(&e->in);
+		else
+			ep_set(&e->in, 0);
+	}
+}
+
+static void exec_finish(struct exec *e, int status, const struct rusage *ru)
+{
+	drain(e, &e->out);
+	drain(e, &e->err);
+	src_close(&e->in);
+	buf_free(&e->inq);
+	if (e->conn) {
+		uint8_t p[EXIT_PAYLOAD];
+		int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+		int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+		uint32_t flags = e->flags | (e->timed_out ? EXIT_F_TIMED_OUT : 0);
+		put_u32(p, (uint32_t)code);
+		put_u32(p + 4, (uint32_t)sig);
+		put_u32(p + 8, flags);
+		put_u32(p + 12, (uint32_t)e->exec_errno);
+		put_u64(p + 16, (uint64_t)ru->ru_utime.tv_sec * 1000000ull + (uint64_t)ru->ru_utime.tv_usec);
+		put_u64(p + 24, (uint64_t)ru->ru_stime.tv_sec * 1000000ull + (uint64_t)ru->ru_stime.tv_usec);
+		put_u64(p + 32, (uint64_t)ru->ru_maxrss);
+		put_u64(p + 40, (now_ns() - e->start_ns) / 1000u);
+		frame_put(&e->conn->out, T_EXIT, e->id, p, sizeof p);
+		mark_dirty(e->conn);
+	}
+	exec_unlink(e);
+	e->next_grave = grave_execs;
+	grave_execs = e;
+}
+
+static void reap(void)
+{
+	for (;;) {
+		int status;
+		struct rusage ru;
+		pid_t pid = wait4(-1, &status, WNOHANG | __WALL, &ru);
+		if (pid <= 0)
+			return;
+		struct exec *e = exec_by_pid(pid);
+		if (e)
+			exec_finish(e, status, &ru);
+		/* else: an orphan we inherited as PID 1 / subreaper, or a failed spawn: just reaped */
+	}
+}
+
+/* ---- connections ---- */
+
+static void conn_close(struct conn *c)
+{
+	if (c->dead)
+		return;
+	c->dead = 1;
+	src_close(&c->s);
+	for (struct exec *e = execs; e; e = e->next)
+		if (e->conn == c) {
+			exec_signal(e, SIGKILL);
+			e->conn = NULL;
+			src_close(&e->in);
+			src_close(&e->out);
+			src_close(&e->err);
+			buf_free(&e->inq);
+		}
+	c->next_grave = grave_conns;
+	grave_conns = c;
+}
+
+static void conn_flush(struct conn *c)
+{
+	while (!c->dead && buf_used(&c->out)) {
+		ssize_t n = send(c->s.fd, c->out.data + c->out.off, buf_used(&c->out), MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN) {
+				ep_set(&c->s, EPOLLIN | EPOLLOUT);
+				break;
+			}
+			conn_close(c);
+			return;
+		}
+		buf_consume(&c->out, (size_t)n);
+	}
+	if (c->dead)
+		return;
+	if (!buf_used(&c->out))
+		ep_set(&c->s, EPOLLIN);
+	if (c->paused && buf_used(&c->out) < OUT_LOW) {
+		c->paused = 0;
+		for (struct exec *e = execs; e; e = e->next)
+			if (e->conn == c) {
+				if (e->out.paused) {
+					e->out.paused = 0;
+					ep_set(&e->out, EPOLLIN);
+				}
+				if (e->err.paused) {
+					e->err.paused = 0;
+					ep_set(&e->err, EPOLLIN);
+				}
+			}
+	}
+}
+
+static void reply_error(struct conn *c, uint32_t id, int err, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void reply_error(struct conn *c, uint32_t id, int err, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	frame_error(&c->out, id, err, msg);
+	mark_dirty(c);
+}
+
+static void reply(struct conn *c, uint16_t type, uint32_t id, const void *p, size_t n)
+{
+	if (frame_put(&c->out, type, id, p, n) < 0)
+		conn_close(c);
+	else
+		mark_dirty(c);
+}
+
+/* Payload strings are not NUL-terminated: copy one out, refusing embedded NULs. */
+static char *dup_str(const uint8_t *p, size_t n)
+{
+	if (memchr(p, 0, n))
+		return NULL;
+	char *s = malloc(n + 1);
+	if (s) {
+		memcpy(s, p, n);
+		s[n] = 0;
+	}
+	return s;
+}
+
+static int make_pipe(int fds[2], int parent_end)
+{
+	if (pipe2(fds, O_CLOEXEC) < 0)
+		return -1;
+	/* Only our end is non-blocking: the command gets ordinary blocking pipes. */
+	fcntl(fds[parent_end], F_SETFL, O_NONBLOCK);
+	return 0;
+}
+
+static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t len)
+{
+	if (exec_by_id(c, id)) {
+		reply_error(c, id, EBUSY, "request id %u already names a running exec", id);
+		return;
+	}
+	struct rd r = { payload, len, 0 };
+	uint32_t timeout_ms = rd_u32(&r), flags = rd_u32(&r);
+	size_t argc = 0, envc = 0, strbytes = 0, cwd_len = 0;
+	struct rd scan = r;
+	while (!scan.bad && scan.n) {
+		uint8_t tag = rd_u8(&scan);
+		uint32_t n = rd_u32(&scan);
+		const uint8_t *s = rd_bytes(&scan, n);
+		if (!s)
+			break;
+		if (memchr(s, 0, n)) {
+			reply_error(c, id, EINVAL, "exec field contains a NUL byte");
+			return;
+		}
+		if (tag == F_ARGV)
+			argc++;
+		else if (tag == F_ENV)
+			envc++;
+		else if (tag == F_CWD)
+			cwd_len = n;
+		strbytes += n + 1;
+	}
+	if (scan.bad || r.bad) {
+		reply_error(c, id, EINVAL, "malformed EXEC payload");
+		return;
+	}
+	if (argc == 0) {
+		reply_error(c, id, EINVAL, "argv is empty");
+		return;
+	}
+	/* One allocation: pointer arrays, then strings, then the PATH-search scratch buffer. */
+	size_t ptrs = (argc + 1 + envc + 1) * sizeof(char *);
+	char *block = malloc(ptrs + strbytes + 2 * PATH_MAX + cwd_len + 2);
+	if (!block) {
+		reply_error(c, id, ENOMEM, "out of memory");
+		return;
+	}
+	char **argv = (char **)block, **envp = argv + argc + 1;
+	char *sp = block + ptrs, *cwds = NULL;
+	const char *path = DEFAULT_PATH;
+	size_t ai = 0, ei = 0, argv0_len = 0;
+	while (r.n) {
+		uint8_t tag = rd_u8(&r);
+		uint32_t n = rd_u32(&r);
+		const uint8_t *s = rd_bytes(&r, n);
+		memcpy(sp, s, n);
+		sp[n] = 0;
+		if (tag == F_ARGV) {
+			if (ai == 0)
+				argv0_len = n;
+			argv[ai++] = sp;
+		} else if (tag == F_ENV) {
+			envp[ei++] = sp;
+			if (n >= 5 && memcmp(sp, "PATH=", 5) == 0)
+				path = sp + 5;
+		} else if (tag == F_CWD)
+			cwds = sp;
+		sp += n + 1;
+	}
+	argv[ai] = NULL;
+	envp[ei] = NULL;
+	size_t need = strlen(path) + argv0_len + 2;
+	char *pathbuf = need <= 2 * PATH_MAX ? sp : malloc(need);
+
+	int po[2] = { -1, -1 }, pe[2] = { -1, -1 }, pi[2] = { -1, -1 };
+	if (!pathbuf || make_pipe(po, 0) < 0 || make_pipe(pe, 0) < 0 ||
+	    ((flags & EXEC_F_STDIN) && make_pipe(pi, 1) < 0)) {
+		reply_error(c, id, errno, "cannot create pipes: %s", strerror(errno));
+		goto fail;
+	}
+	struct spawn_req req = {
+		.argv = argv, .envp = envp, .path = path, .pathbuf = pathbuf,
+		.cwd = cwds, .fd_in = (flags & EXEC_F_STDIN) ? pi[0] : devnull,
+		.fd_out = po[1], .fd_err = pe[1], .reset_oom = reset_oom,
+		.filter = have_filter ? &filter : NULL,
+	};
+	uint64_t start = now_ns();
+	pid_t pid = spawn_child(&req);
+	int cerr = errno;
+	close(po[1]);
+	close(pe[1]);
+	if (pi[0] >= 0)
+		close(pi[0]);
+	po[1] = pe[1] = pi[0] = -1;
+	if (pid < 0) {
+		reply_error(c, id, cerr, "clone: %s", strerror(cerr));
+		goto fail;
+	}
+	if (req.stage != STAGE_OK && req.stage != STAGE_EXEC) {
+		/* The child has exited already; the reaper collects it as an unknown pid. */
+		int err = req.err;
+		if (req.stage == STAGE_CHDIR)
+			reply_error(c, id, err, "chdir %s: %s", cwds, strerror(err));
+		else
+			reply_error(c, id, err, "%s: %s", req.stage == STAGE_SECCOMP ? "seccomp" : "setup",
+				    strerror(err));
+		goto fail;
+	}
+	struct exec *e = calloc(1, sizeof *e);
+	if (!e) {
+		kill(pid, SIGKILL);
+		reply_error(c, id, ENOMEM, "out of memory");
+		goto fail;
+	}
+	e->conn = c;
+	e->id = id;
+	e->pid = pid;
+	e->start_ns = start;
+	e->out = (struct src){ K_OUT, po[0], 0, 0, e };
+	e->err = (struct src){ K_ERR, pe[0], 0, 0, e };
+	e->in = (struct src){ K_IN, pi[1], 0, 0, e };
+	ep_add(&e->out, EPOLLIN);
+	ep_add(&e->err, EPOLLIN);
+	if (e->in.fd >= 0)
+		ep_add(&e->in, 0);
+	exec_link(e);
+	uint8_t p[4];
+	put_u32(p, (uint32_t)pid);
+	reply(c, T_STARTED, id, p, 4);
+	if (req.stage == STAGE_EXEC) {
+		char msg[PATH_MAX + 64];
+		int notfound = req.err == ENOENT || req.err == ENOTDIR;
+		int m = snprintf(msg, sizeof msg, "snaplab: %s: %s\n", argv[0],
+				 notfound ? "command not found" : strerror(req.err));
+		e->flags = notfound ? EXIT_F_NOT_FOUND : EXIT_F_NOT_EXECUTABLE;
+		e->exec_errno = req.err;
+		reply(c, T_STDERR, id, msg, (size_t)(m < (int)sizeof msg ? m : (int)sizeof msg - 1));
+	}
+	if (timeout_ms) {
+		e->deadline_ns = start + (uint64_t)timeout_ms * 1000000ull;
+		if (!timer_armed || e->deadline_ns < timer_armed)
+			timer_update();
+	}
+	if (pathbuf != sp)
+		free(pathbuf);
+	free(block);
+	return;
+fail:
+	for (int i = 0; i < 2; i++) {
+		if (po[i] >= 0)
+			close(po[i]);
+		if (pe[i] >= 0)
+			close(pe[i]);
+		if (pi[i] >= 0)
+			close(pi[i]);
+	}
+	if (pathbuf && pathbuf != sp)
+		free(pathbuf);
+	free(block);
+}
+
+static int mkdir_parents(char *path)
+{
+	for (char *p = path + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		int rc = mkdir(path, 0755);
+		*p = '/';
+		if (rc < 0 && errno != EEXIST)
+			return -1;
+	}
+	return 0;
+}
+
+static void do_file_put(struct conn *c, uint32_t id, const uint8_t *payload, size_t len)
+{
+	struct rd r = { payload, len, 0 };
+	uint32_t mode = rd_u32(&r), plen = rd_u32(&r);
+	const uint8_t *pp = rd_bytes(&r, plen);
+	char *path = pp && plen ? dup_str(pp, plen) : NULL;
+	if (!path) {
+		reply_error(c, id, EINVAL, "malformed FILE_PUT payload");
+		return;
+	}
+	if (!mode)
+		mode = 0644;
+	char tmp[PATH_MAX + 64];
+	snprintf(tmp, sizeof tmp, "%s.snaplab-tmp.%d.%u", path, (int)getpid(), ++tmp_counter);
+	int fd = -1;
+	const char *step = "mkdir";
+	if (mkdir_parents(path) < 0)
+		goto err;
+	step = "create";
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		goto err;
+	step = "chmod";
+	if (fchmod(fd, mode & 07777) < 0)
+		goto err;
+	step = "write";
+	for (const uint8_t *d = r.p; r.n;) {
+		ssize_t n = write(fd, d, r.n);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			goto err;
+		}
+		d += n;
+		r.n -= (size_t)n;
+	}
+	step = "close";
+	if (close(fd) < 0) {
+		fd = -1;
+		goto err;
+	}
+	fd = -1;
+	step = "rename";
+	if (rename(tmp, path) < 0)
+		goto err;
+	reply(c, T_OK, id, NULL, 0);
+	free(path);
+	return;
+err:;
+	int e = errno;
+	if (fd >= 0)
+		close(fd);
+	unlink(tmp);
+	reply_error(c, id, e, "put %s: %s: %s", path, step, strerror(e));
+	free(path);
+}
+
+static void do_file_get(struct conn *c, uint32_t id, const uint8_t *payload, size_t len)
+{
+	char *path = len ? dup_str(payload, len) : NULL;
+	if (!path) {
+		reply_error(c, id, EINVAL, "malformed FILE_GET payload");
+		return;
+	}
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		reply_error(c, id, e, "get %s: %s", path, strerror(e));
+		free(path);
+		return;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		close(fd);
+		reply_error(c, id, EISDIR, "get %s: %s", path, strerror(EISDIR));
+		free(path);
+		return;
+	}
+	if (st.st_size > (off_t)FRAME_MAX_PAYLOAD) {
+		close(fd);
+		reply_error(c, id, EFBIG, "get %s: %lld bytes is over the %u byte frame limit", path,
+			    (long long)st.st_size, FRAME_MAX_PAYLOAD);
+		free(path);
+		return;
+	}
+	struct buf *b = &c->out;
+	long off = frame_begin(b, T_DATA, id);
+	size_t total = 0;
+	int e = off < 0 ? ENOMEM : 0;
+	/* Read to EOF rather than trusting st_size: /proc and growing files lie about it. */
+	while (!e) {
+		size_t want = st.st_size > 0 && total < (size_t)st.st_size ? (size_t)st.st_size - total + 1 : READ_CHUNK;
+		uint8_t *p = buf_reserve(b, want);
+		if (!p) {
+			e = ENOMEM;
+			break;
+		}
+		ssize_t n = read(fd, p, want);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			e = errno;
+			break;
+		}
+		if (n == 0)
+			break;
+		b->len += (size_t)n;
+		total += (size_t)n;
+		if (total > FRAME_MAX_PAYLOAD)
+			e = EFBIG;
+	}
+	close(fd);
+	if (e) {
+		if (off >= 0)
+			b->len = (size_t)off;
+		reply_error(c, id, e, "get %s: %s", path, strerror(e));
+	} else {
+		frame_end(b, off);
+		mark_dirty(c);
+	}
+	free(path);
+}
+
+static void handle_frame(struct conn *c, const struct frame *f)
+{
+	struct rd r = { f->payload, f->len, 0 };
+	switch (f->type) {
+	case T_PING:
+		reply(c, T_PONG, f->id, f->payload, f->len);
+		break;
+	case T_EXEC:
+		do_exec(c, f->id, f->payload, f->len);
+		break;
+	case T_STDIN: {
+		struct exec *e = exec_by_id(c, f->id);
+		if (!e || e->in.fd < 0 || e->in_eof)
+			break; /* finished, closed, or never had stdin: input is dropped */
+		if (f->len == 0)
+			e->in_eof = 1;
+		else if (buf_append(&e->inq, f->payload, f->len) < 0) {
+			reply_error(c, f->id, ENOMEM, "out of memory");
+			break;
+		}
+		stdin_flush(e);
+		break;
+	}
+	case T_SIGNAL: {
+		uint32_t sig = rd_u32(&r);
+		struct exec *e = exec_by_id(c, f->id);
+		if (r.bad || sig == 0 || sig > 64)
+			reply_error(c, f->id, EINVAL, "bad SIGNAL payload");
+		else if (e)
+			exec_signal(e, (int)sig);
+		break;
+	}
+	case T_FILE_PUT:
+		do_file_put(c, f->id, f->payload, f->len);
+		break;
+	case T_FILE_GET:
+		do_file_get(c, f->id, f->payload, f->len);
+		break;
+	case T_SET_CLOCK: {
+		int64_t ns = (int64_t)rd_u64(&r);
+		if (r.bad) {
+			reply_error(c, f->id, EINVAL, "bad SET_CLOCK payload");
+			break;
+		}
+		struct timespec ts = { .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 };
+		if (ts.tv_nsec < 0) {
+			ts.tv_sec--;
+			ts.tv_nsec += 1000000000;
+		}
+		if (clock_settime(CLOCK_REALTIME, &ts) < 0)
+			reply_error(c, f->id, errno, "clock_settime: %s", strerror(errno));
+		else
+			reply(c, T_OK, f->id, NULL, 0);
+		break;
+	}
+	default:
+		reply_error(c, f->id, ENOSYS, "unknown request type 0x%x", f->type);
+	}
+}
+
+static void conn_readable(struct conn *c)
+{
+	struct buf *in = &c->in;
+	size_t want = READ_CHUNK;
+	struct frame f;
+	/* A frame in progress: make room for all of it in one go. */
+	if (buf_used(in) >= FRAME_HDR && frame_parse(in->data + in->off, buf_used(in), &f) == 0)
+		if (FRAME_HDR + f.len - buf_used(in) > want)
+			want = FRAME_HDR + f.len - buf_used(in);
+	uint8_t *p = buf_reserve(in, want);
+	if (!p) {
+		conn_close(c);
+		return;
+	}
+	ssize_t n = read(c->s.fd, p, want);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (n <= 0) {
+		conn_close(c);
+		return;
+	}
+	in->len += (size_t)n;
+	while (!c->dead && buf_used(in)) {
+		if (c->skip) {
+			size_t k = buf_used(in) < c->skip ? buf_used(in) : (size_t)c->skip;
+			buf_consume(in, k);
+			c->skip -= k;
+			continue;
+		}
+		long used = frame_parse(in->data + in->off, buf_used(in), &f);
+		if (used == 0)
+			break;
+		if (used < 0) {
+			reply_error(c, f.id, EMSGSIZE, "frame payload of %u bytes is over the %u byte limit", f.len,
+				    FRAME_MAX_PAYLOAD);
+			buf_consume(in, FRAME_HDR);
+			c->skip = f.len;
+			continue;
+		}
+		handle_frame(c, &f);
+		buf_consume(in, (size_t)used);
+	}
+}
+
+static void on_accept(void)
+{
+	for (;;) {
+		int fd = accept4(listen_src.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		struct conn *c = calloc(1, sizeof *c);
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		c->s = (struct src){ K_CONN, fd, 0, 0, c };
+		if (ep_add(&c->s, EPOLLIN) < 0) {
+			close(fd);
+			free(c);
+			continue;
+		}
+		uint8_t hello[8 + sizeof AGENT_VERSION - 1];
+		put_u16(hello, PROTO_MAJOR);
+		put_u16(hello + 2, PROTO_MINOR);
+		put_u32(hello + 4, (uint32_t)getpid());
+		memcpy(hello + 8, AGENT_VERSION, sizeof AGENT_VERSION - 1);
+		reply(c, T_HELLO, 0, hello, sizeof hello);
+	}
+}
+
+static void kill_children_listed(void)
+{
+	char p[64], line[4096];
+	snprintf(p, sizeof p, "/proc/self/task/%d/children", (int)getpid());
+	int fd = open(p, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	ssize_t n = read(fd, line, sizeof line - 1);
+	close(fd);
+	if (n <= 0)
+		return;
+	line[n] = 0;
+	for (char *s = line, *end; *s; s = end) {
+		long pid = strtol(s, &end, 10);
+		if (end == s)
+			break;
+		if (pid > 0)
+			kill((pid_t)pid, SIGKILL);
+	}
+}
+
+static _Noreturn void shutdown_agent(void)
+{
+	for (struct exec *e = execs; e; e = e->next)
+		exec_signal(e, SIGKILL);
+	if (is_pid1)
+		kill(-1, SIGKILL); /* everything in our pid namespace */
+	else
+		kill_children_listed(); /* adopted orphans (we are a subreaper) */
+	if (sock_path)
+		unlink(sock_path);
+	/* Reap what we killed, briefly, so that nothing is handed to the host's init as a zombie. */
+	uint64_t until = now_ns() + 500000000ull;
+	while (now_ns() < until) {
+		pid_t p = waitpid(-1, NULL, WNOHANG | __WALL);
+		if (p < 0)
+			break;
+		if (p == 0) {
+			struct timespec ts = { 0, 1000000 };
+			nanosleep(&ts, NULL);
+		}
+	}
+	exit(0);
+}
+
+static void on_signal(void)
+{
+	struct signalfd_siginfo si[16];
+	int chld = 0;
+	/* One read: epoll is level-triggered, so anything left over wakes us again. */
+	ssize_t n = read(signal_src.fd, si, sizeof si);
+	if (n > 0) {
+		for (size_t i = 0; i < (size_t)n / sizeof si[0]; i++) {
+			if (si[i].ssi_signo == SIGTERM || si[i].ssi_signo == SIGINT)
+				shutdown_agent();
+			if (si[i].ssi_signo == SIGCHLD)
+				chld = 1;
+		}
+	}
+	if (chld)
+		reap();
+}
+
+static void ensure_std_fds(void)
+{
+	for (int fd = 0; fd < 3; fd++)
+		if (fcntl(fd, F_GETFD) < 0) {
+			int n = open("/dev/null", O_RDWR);
+			if (n >= 0 && n != fd) {
+				dup2(n, fd);
+				close(n);
+			}
+		}
+}
+
+static void read_oom(void)
+{
+	char b[32] = { 0 };
+	int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (read(fd, b, sizeof b - 1) > 0)
+		reset_oom = atoi(b) != 0;
+	close(fd);
+}
+
+int serve_main(const char *path, int ready_fd, const char *caps)
+{
+	ensure_std_fds();
+	is_pid1 = getpid() == 1;
+	/* Start from default dispositions (our parent may have ignored some), then ignore SIGPIPE. */
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = SIG_DFL;
+	for (int s = 1; s < NSIG; s++)
+		if (s != SIGKILL && s != SIGSTOP)
+			sigaction(s, &sa, NULL);
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGCHLD);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 && !is_pid1)
+		fprintf(stderr, "snaplab-agent: cannot become subreaper: %s\n", strerror(errno));
+	read_oom();
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		die("no_new_privs");
+	if (caps && caps_restrict(caps) < 0)
+		die("capability bounding set");
+	if (filter_build(&filter) < 0)
+		die("seccomp filter");
+	have_filter = 1;
+
+	devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (devnull < 0) {
+		/* No /dev (a bare VM rootfs): a pipe whose writer is gone reads as EOF forever. */
+		int p[2];
+		if (pipe2(p, O_CLOEXEC) < 0)
+			die("pipe");
+		close(p[1]);
+		devnull = p[0];
+	}
+
+	epfd = epoll_create1(EPOLL_CLOEXEC);
+	signal_src.fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+	timer_src.fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (epfd < 0 || signal_src.fd < 0 || timer_src.fd < 0)
+		die("epoll/signalfd/timerfd");
+
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof sun.sun_path) {
+		errno = ENAMETOOLONG;
+		die(path);
+	}
+	strcpy(sun.sun_path, path);
+	unlink(path);
+	listen_src.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (listen_src.fd < 0 || bind(listen_src.fd, (struct sockaddr *)&sun, sizeof sun) < 0 ||
+	    listen(listen_src.fd, 128) < 0)
+		die(path);
+	sock_path = path;
+	if (ep_add(&listen_src, EPOLLIN) < 0 || ep_add(&signal_src, EPOLLIN) < 0 || ep_add(&timer_src, EPOLLIN) < 0)
+		die("epoll_ctl");
+	if (ready_fd >= 0) {
+		if (write(ready_fd, "R", 1) != 1)
+			fprintf(stderr, "snaplab-agent: ready fd %d: %s\n", ready_fd, strerror(errno));
+		close(ready_fd);
+	}
+	/* Children that exited before we blocked SIGCHLD (none normally) */
+	reap();
+
+	struct epoll_event evs[64];
+	for (;;) {
+		int n = epoll_wait(epfd, evs, 64, -1);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			die("epoll_wait");
+		}
+		for (int i = 0; i < n; i++) {
+			struct src *s = evs[i].data.ptr;
+			uint32_t ev = evs[i].events;
+			if (s->fd < 0)
+				continue; /* closed earlier in this batch */
+			switch (s->kind) {
+			case K_LISTEN:
+				on_accept();
+				break;
+			case K_SIGNAL:
+				on_signal();
+				break;
+			case K_TIMER:
+				on_timer();
+				break;
+			case K_CONN: {
+				struct conn *c = s->owner;
+				if (ev & EPOLLOUT)
+					conn_flush(c);
+				if (!c->dead && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+					conn_readable(c);
+				break;
+			}
+			case K_OUT:
+			case K_ERR: {
+				struct exec *e = s->owner;
+				pump_once(e, s);
+				if (s->fd >= 0)
+					pause_check(e, s);
+				break;
+			}
+			case K_IN:
+				stdin_flush(s->owner);
+				break;
+			}
+		}
+		while (dirty_list) {
+			struct conn *c = dirty_list;
+			dirty_list = c->next_dirty;
+			c->dirty = 0;
+			conn_flush(c);
+		}
+		while (grave_execs) {
+			struct exec *e = grave_execs;
+			grave_execs = e->next_grave;
+			free(e);
+		}
+		while (grave_conns) {
+			struct conn *c = grave_conns;
+			grave_conns = c->next_grave;
+			buf_free(&c->in);
+			buf_free(&c->out);
+			free(c);
+		}
+	}
+}

@@ -1,0 +1,378 @@
+/**
+ * The real agent binary, as a host process and as PID 1 under bwrap, driven by AgentClient.
+ * Needs native/build/snaplab-agent (make -C native), root, bwrap and busybox.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { chmod, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
+import { connect } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { isSnaplabError } from '../errors.js';
+import { agentBinaryPath } from './binary.js';
+import { AgentClient, type ExecRequest } from './client.js';
+import { encodeFrame, FrameDecoder, HEADER_SIZE, MAX_PAYLOAD, MsgType, decodeError } from './protocol.js';
+
+const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'LANG=C'];
+// Docker's default capability set: without CAP_SYS_TIME, SET_CLOCK must fail rather than move the host clock.
+const DOCKER_CAPS =
+  'CAP_CHOWN,CAP_DAC_OVERRIDE,CAP_FOWNER,CAP_FSETID,CAP_KILL,CAP_SETGID,CAP_SETUID,CAP_SETPCAP,CAP_NET_BIND_SERVICE,CAP_NET_RAW,CAP_SYS_CHROOT,CAP_MKNOD,CAP_AUDIT_WRITE,CAP_SETFCAP';
+
+interface RunningAgent {
+  dir: string;
+  socketPath: string;
+  proc: ChildProcess;
+  stderr: () => string;
+  stop(): Promise<number | null>;
+}
+
+async function startAgent(opts: { bwrap?: boolean; caps?: string } = {}): Promise<RunningAgent> {
+  const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-agent-'));
+  const socketPath = join(dir, 'agent.sock');
+  const args = ['serve', '--socket', socketPath, '--ready-fd', '3'];
+  if (opts.caps) args.push('--caps', opts.caps);
+  const bin = agentBinaryPath();
+  const [cmd, argv] = opts.bwrap
+    ? ['bwrap', ['--unshare-pid', '--as-pid-1', '--die-with-parent', '--bind', '/', '/', '--dev', '/dev', '--proc', '/proc', bin, ...args]]
+    : [bin, args];
+  const proc = spawn(cmd, argv as string[], { stdio: ['ignore', 'ignore', 'pipe', 'pipe'] });
+  let err = '';
+  proc.stderr!.on('data', (b: Buffer) => (err += b.toString()));
+  const exited = new Promise<number | null>((res) => proc.once('exit', (code) => res(code)));
+  await new Promise<void>((resolve, reject) => {
+    const ready = proc.stdio[3] as NodeJS.ReadableStream;
+    ready.once('data', () => resolve());
+    void exited.then((c) => reject(new Error(`agent exited (${c}) before ready: ${err}`)));
+  });
+  return {
+    dir,
+    socketPath,
+    proc,
+    stderr: () => err,
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+      const t = setTimeout(() => proc.kill('SIGKILL'), 3000);
+      const code = await exited;
+      clearTimeout(t);
+      await rm(dir, { recursive: true, force: true });
+      return code;
+    },
+  };
+}
+
+const alive = (pid: number): boolean => {
+  try {
+    // A zombie still has /proc/PID; count it as gone only when reaped.
+    return existsSync(`/proc/${pid}`);
+  } catch {
+    return false;
+  }
+};
+
+async function waitGone(pid: number, ms = 2000): Promise<boolean> {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (!alive(pid)) return true;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return !alive(pid);
+}
+
+describe('agent on the host', () => {
+  let agent: RunningAgent;
+  let client: AgentClient;
+  const run = (argv: string[], extra: Partial<ExecRequest> = {}) => client.exec({ argv, env: ENV, ...extra }).result;
+
+  beforeAll(async () => {
+    agent = await startAgent();
+    client = await AgentClient.connect(agent.socketPath, { timeoutMs: 5000 });
+  });
+  afterAll(async () => {
+    await client?.close();
+    expect(await agent?.stop()).toBe(0); // SIGTERM: kill children, exit 0
+  });
+
+  it('says HELLO and answers ping', async () => {
+    expect(client.protocolVersion).toBe('1.0');
+    expect(client.agentVersion).toMatch(/^\d+\.\d+\.\d+/);
+    expect(client.agentPid).toBe(agent.proc.pid);
+    expect(await client.ping()).toBeGreaterThanOrEqual(0);
+  });
+
+  it('runs true, false and reports exit codes and usage', async () => {
+    const t = await run(['/bin/true']);
+    expect(t).toMatchObject({ exitCode: 0, signal: null, timedOut: false, notFound: false });
+    expect(t.usage.wallMs).toBeGreaterThan(0);
+    expect(t.usage.maxRssKb).toBeGreaterThan(0);
+    expect((await run(['false'])).exitCode).toBe(1);
+    expect((await run(['sh', '-c', 'exit 42'])).exitCode).toBe(42);
+  });
+
+  it('streams stdout and stderr in order, before the exit', async () => {
+    const events: string[] = [];
+    const t0 = Date.now();
+    let firstAt = 0;
+    const h = client.exec(
+      { argv: ['sh', '-c', 'echo a; sleep 0.1; echo b >&2; sleep 0.1; echo c; sleep 0.3; echo d >&2'], env: ENV },
+      {
+        onStdout: (b) => {
+          firstAt ||= Date.now() - t0;
+          events.push(`out:${b.toString().trim()}`);
+        },
+        onStderr: (b) => events.push(`err:${b.toString().trim()}`),
+      },
+    );
+    const r = await h.result;
+    expect(events).toEqual(['out:a', 'err:b', 'out:c', 'err:d']);
+    expect(firstAt).toBeLessThan(r.usage.wallMs - 300); // arrived while the command still ran
+    expect(r.stdout.length).toBe(0); // callbacks given: nothing collected
+    const big = await run(['sh', '-c', 'seq 1 200000; echo tail >&2']);
+    expect(big.stdout.toString()).toBe(Array.from({ length: 200000 }, (_, i) => `${i + 1}\n`).join(''));
+    expect(big.stderr.toString()).toBe('tail\n');
+  });
+
+  it('reports 127 for a missing command and 126 for a non-executable file', async () => {
+    const r = await run(['no-such-command-snaplab']);
+    expect(r).toMatchObject({ exitCode: 127, notFound: true });
+    expect(r.stderr.toString()).toBe('snaplab: no-such-command-snaplab: command not found\n');
+    expect((await run(['/nonexistent/x'])).exitCode).toBe(127);
+    const f = join(agent.dir, 'not-exec.sh');
+    await writeFile(f, '#!/bin/sh\necho hi\n');
+    await chmod(f, 0o644);
+    const n = await run([f]);
+    expect(n).toMatchObject({ exitCode: 126, notFound: false });
+    expect(n.stderr.toString()).toMatch(/Permission denied/);
+  });
+
+  it('kills the whole process group on timeout: 124, nothing left', async () => {
+    let gpid = 0;
+    const h = client.exec(
+      { argv: ['sh', '-c', 'sleep 30 & echo $!; wait'], env: ENV, timeoutMs: 300 },
+      { onStdout: (b) => (gpid = Number(b.toString().trim())) },
+    );
+    const pid = await h.pid;
+    const r = await h.result;
+    expect(r).toMatchObject({ exitCode: 124, timedOut: true, signal: 9 });
+    expect(r.usage.wallMs).toBeGreaterThanOrEqual(290);
+    expect(r.usage.wallMs).toBeLessThan(2000);
+    expect(gpid).toBeGreaterThan(0);
+    expect(await waitGone(pid)).toBe(true);
+    expect(await waitGone(gpid)).toBe(true);
+  });
+
+  it('delivers a signal: 128+N', async () => {
+    const h = client.exec({ argv: ['sleep', '30'], env: ENV });
+    await h.pid;
+    h.kill(15);
+    expect(await h.result).toMatchObject({ exitCode: 143, signal: 15, timedOut: false });
+  });
+
+  it('forwards stdin, including EOF and large input', async () => {
+    const h = client.exec({ argv: ['cat'], env: ENV, stdin: true });
+    h.write('hello ');
+    h.write(Buffer.from('world'));
+    h.end();
+    expect((await h.result).stdout.toString()).toBe('hello world');
+    const w = client.exec({ argv: ['wc', '-c'], env: ENV, stdin: true });
+    w.write(Buffer.alloc(5 * 1024 * 1024, 1));
+    w.end();
+    expect((await w.result).stdout.toString().trim()).toBe(String(5 * 1024 * 1024));
+    expect((await run(['cat'])).stdout.length).toBe(0); // no stdin: /dev/null
+  });
+
+  it('passes env exactly and honours cwd', async () => {
+    const e = await client.exec({ argv: ['/usr/bin/env'], env: ['A=1', 'B=two words', 'PATH=/bin'] }).result;
+    expect(e.stdout.toString()).toBe('A=1\nB=two words\nPATH=/bin\n');
+    const c = await run(['pwd'], { cwd: agent.dir });
+    expect(c.stdout.toString()).toBe(`${agent.dir}\n`);
+    // PATH comes from the command's env, not the agent's
+    expect((await client.exec({ argv: ['true'], env: ['PATH=/nowhere'] }).result).exitCode).toBe(127);
+    const bad = run(['true'], { cwd: '/no/such/dir' });
+    await expect(bad).rejects.toMatchObject({ code: 'AGENT_ERROR', message: expect.stringMatching(/chdir .*ENOENT/) });
+  });
+
+  it('does not wait for a background grandchild holding the pipe', async () => {
+    const t0 = performance.now();
+    const r = await run(['sh', '-c', 'sleep 3 & echo done']);
+    expect(r.stdout.toString()).toBe('done\n');
+    expect(performance.now() - t0).toBeLessThan(1500);
+  });
+
+  it('puts and gets files, 1 MiB binary, creating parents atomically', async () => {
+    const data = randomBytes(1024 * 1024);
+    const p = join(agent.dir, 'a/b/c/blob.bin');
+    await client.putFile(p, data, 0o600);
+    expect((await client.getFile(p)).equals(data)).toBe(true);
+    expect((await stat(p)).mode & 0o777).toBe(0o600);
+    await client.putFile(p, Buffer.from('small'));
+    expect((await client.getFile(p)).toString()).toBe('small');
+    expect((await stat(p)).mode & 0o777).toBe(0o644);
+    expect((await client.getFile('/proc/self/status')).toString()).toMatch(/^Name:\s+snaplab-agent/);
+    await expect(client.getFile(join(agent.dir, 'missing'))).rejects.toMatchObject({ code: 'AGENT_ERROR', message: expect.stringMatching(/ENOENT/) });
+    await expect(client.getFile(agent.dir)).rejects.toMatchObject({ code: 'AGENT_ERROR', message: expect.stringMatching(/EISDIR/) });
+    await expect(client.putFile(p, Buffer.alloc(MAX_PAYLOAD))).rejects.toMatchObject({ code: 'AGENT_PROTOCOL' });
+    expect(await client.ping()).toBeGreaterThanOrEqual(0); // still usable
+  });
+
+  it('multiplexes many concurrent execs over one connection', async () => {
+    const n = 200;
+    const rs = await Promise.all(Array.from({ length: n }, (_, i) => run(['sh', '-c', 'echo $0; exit $(($0 % 7))', String(i)])));
+    rs.forEach((r, i) => {
+      expect(r.stdout.toString()).toBe(`${i}\n`);
+      expect(r.exitCode).toBe(i % 7);
+    });
+  });
+
+  it('applies the seccomp filter: namespaces and mounts are denied', async () => {
+    const u = await run(['/bin/busybox', 'unshare', '-n', 'true']);
+    expect(u.exitCode).not.toBe(0);
+    expect(u.stderr.toString()).toMatch(/Operation not permitted/);
+    const ul = await run(['unshare', '-n', 'true']); // util-linux
+    expect(ul.exitCode).not.toBe(0);
+    expect(ul.stderr.toString()).toMatch(/Operation not permitted/);
+    const m = await run(['/bin/busybox', 'mount', '-t', 'tmpfs', 'x', agent.dir]);
+    expect(m.stderr.toString()).toMatch(/Operation not permitted|permission denied/i);
+    // plain fork/threads still work (clone without CLONE_NEW*)
+    expect((await run(['sh', '-c', '(true) && echo ok'])).stdout.toString()).toBe('ok\n');
+    const status = (await run(['cat', '/proc/self/status'])).stdout.toString();
+    expect(status).toMatch(/NoNewPrivs:\s+1/);
+    expect(status).toMatch(/Seccomp:\s+2/);
+  });
+
+  it('abort signal kills the exec and rejects with ABORTED', async () => {
+    const ac = new AbortController();
+    const h = client.exec({ argv: ['sleep', '30'], env: ENV }, { signal: ac.signal });
+    const pid = await h.pid;
+    ac.abort();
+    await expect(h.result).rejects.toMatchObject({ code: 'ABORTED' });
+    expect(await waitGone(pid)).toBe(true);
+    const pre = client.exec({ argv: ['true'], env: ENV }, { signal: AbortSignal.abort() });
+    await expect(pre.result).rejects.toMatchObject({ code: 'ABORTED' });
+  });
+
+  it('kills the execs of a connection that closes', async () => {
+    const c2 = await AgentClient.connect(agent.socketPath, { timeoutMs: 5000 });
+    const h = c2.exec({ argv: ['sleep', '30'], env: ENV });
+    const pid = await h.pid;
+    await c2.close();
+    await expect(h.result).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
+    expect(await waitGone(pid)).toBe(true);
+  });
+
+  it('answers an oversized raw frame with EMSGSIZE and keeps the connection', async () => {
+    const s = connect(agent.socketPath);
+    const dec = new FrameDecoder();
+    const frames: { type: number; id: number; payload: Buffer }[] = [];
+    s.on('data', (b: Buffer) => frames.push(...dec.push(b)));
+    const h = Buffer.alloc(HEADER_SIZE);
+    h.writeUInt32LE(MAX_PAYLOAD + 10, 0);
+    h.writeUInt16LE(MsgType.FILE_PUT, 4);
+    h.writeUInt32LE(5, 8);
+    s.write(h);
+    s.write(Buffer.alloc(MAX_PAYLOAD + 10));
+    s.write(encodeFrame(MsgType.PING, 6, Buffer.from('x')));
+    s.write(encodeFrame(0x7e, 7));
+    const until = Date.now() + 10000;
+    while (frames.length < 4 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+    s.destroy();
+    expect(frames.map((f) => [f.type, f.id])).toEqual([
+      [MsgType.HELLO, 0],
+      [MsgType.ERROR, 5],
+      [MsgType.PONG, 6],
+      [MsgType.ERROR, 7],
+    ]);
+    expect(decodeError(frames[1]!.payload).message).toMatch(/over the/);
+    expect(frames[2]!.payload.toString()).toBe('x');
+  });
+
+  it('rejects pending requests with AGENT_UNREACHABLE when the agent dies', async () => {
+    const other = await startAgent();
+    try {
+      const c = await AgentClient.connect(other.socketPath, { timeoutMs: 5000 });
+      const h = c.exec({ argv: ['sleep', '30'], env: ENV });
+      const pid = await h.pid;
+      other.proc.kill('SIGKILL');
+      await expect(h.result).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
+      await expect(c.ping()).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
+      process.kill(pid, 'SIGKILL'); // the agent could not clean up after SIGKILL
+    } finally {
+      await other.stop();
+    }
+  });
+
+  it('connect fails clearly when nobody listens', async () => {
+    const e = await AgentClient.connect(join(agent.dir, 'nope.sock'), { timeoutMs: 1000 }).catch((x: unknown) => x);
+    expect(isSnaplabError(e, 'AGENT_UNREACHABLE')).toBe(true);
+  });
+});
+
+describe('agent as PID 1 under bwrap', () => {
+  let agent: RunningAgent;
+  let client: AgentClient;
+  const run = (argv: string[]) => client.exec({ argv, env: ENV }).result;
+
+  beforeAll(async () => {
+    agent = await startAgent({ bwrap: true, caps: DOCKER_CAPS });
+    client = await AgentClient.connect(agent.socketPath, { timeoutMs: 5000 });
+  });
+  afterAll(async () => {
+    await client?.close();
+    await agent?.stop();
+  });
+
+  it('is PID 1 and parent of its commands', async () => {
+    expect(client.agentPid).toBe(1);
+    expect((await run(['sh', '-c', 'echo $PPID'])).stdout.toString()).toBe('1\n');
+  });
+
+  it('reaps orphans: no zombies left', async () => {
+    for (let i = 0; i < 5; i++) expect((await run(['sh', '-c', 'sleep 0.1 & exit 0'])).exitCode).toBe(0);
+    await new Promise((r) => setTimeout(r, 500));
+    const ps = (await run(['sh', '-c', 'cat /proc/[0-9]*/stat 2>/dev/null'])).stdout.toString();
+    const states = ps
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => /\) (\S) /.exec(l)?.[1]);
+    expect(states.length).toBeGreaterThan(0);
+    expect(states).not.toContain('Z');
+  });
+
+  it('restricts the capability bounding set and refuses SET_CLOCK without CAP_SYS_TIME', async () => {
+    const status = (await run(['cat', '/proc/self/status'])).stdout.toString();
+    const bnd = BigInt('0x' + /CapBnd:\s+([0-9a-f]+)/.exec(status)![1]);
+    expect(bnd & (1n << 21n)).toBe(0n); // CAP_SYS_ADMIN gone
+    expect(bnd & (1n << 0n)).toBe(1n); // CAP_CHOWN kept
+    const now = BigInt(Date.now()) * 1_000_000n;
+    await expect(client.setClock(now)).rejects.toMatchObject({ code: 'AGENT_ERROR', message: expect.stringMatching(/EPERM/) });
+  });
+});
+
+describe('launch mode', () => {
+  it('joins the cgroup files, sets oom_score_adj, then execs', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-launch-'));
+    try {
+      const f1 = join(dir, 'procs1');
+      const f2 = join(dir, 'procs2');
+      await writeFile(f1, '');
+      await writeFile(f2, '');
+      const r = spawnSync(
+        agentBinaryPath(),
+        ['launch', '--cgroup-procs', f1, '--cgroup-procs', f2, '--oom-score-adj', '500', '--', 'sh', '-c', 'echo $$; cat /proc/self/oom_score_adj'],
+        { encoding: 'utf8' },
+      );
+      expect(r.status).toBe(0);
+      const [pid, oom] = r.stdout.trim().split('\n');
+      expect(readFileSync(f1, 'utf8').trim()).toBe(pid);
+      expect(readFileSync(f2, 'utf8').trim()).toBe(pid);
+      expect(oom).toBe('500');
+      const bad = spawnSync(agentBinaryPath(), ['launch', '--cgroup-procs', join(dir, 'no/such'), '--', 'true'], { encoding: 'utf8' });
+      expect(bad.status).toBe(125);
+      expect(bad.stderr).toMatch(/cannot join cgroup/);
+      expect(spawnSync(agentBinaryPath(), ['launch', '--', 'no-such-prog-x']).status).toBe(127);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

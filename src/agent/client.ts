@@ -1,0 +1,446 @@
+/**
+ * Host side of the agent protocol: one connection, many concurrent requests multiplexed by id.
+ */
+import { createConnection, type Socket } from 'node:net';
+import { constants as osConstants } from 'node:os';
+import { SnaplabError } from '../errors.js';
+import {
+  decodeError,
+  decodeExit,
+  decodeHello,
+  decodeStarted,
+  encodeExec,
+  encodeFilePut,
+  encodeFrame,
+  encodeSetClock,
+  encodeU32,
+  ExitFlag,
+  FrameDecoder,
+  MsgType,
+  PROTOCOL_MAJOR,
+  type Frame,
+  type Hello,
+} from './protocol.js';
+
+export interface ConnectOptions {
+  /** How long to wait for the socket to accept and the agent to say HELLO. */
+  timeoutMs: number;
+  signal?: AbortSignal;
+}
+
+export interface ExecRequest {
+  /** Run as given: argv[0] is looked up in the PATH of `env`, no shell is involved. */
+  argv: string[];
+  /** The command's whole environment, "KEY=value" items. */
+  env: string[];
+  cwd?: string;
+  /** On expiry the agent SIGKILLs the command's process group; the result says timedOut. */
+  timeoutMs?: number;
+  /** Give the command a stdin pipe fed by write()/end(); otherwise stdin is /dev/null. */
+  stdin?: boolean;
+}
+
+export interface ExecOptions {
+  onStdout?(b: Buffer): void;
+  onStderr?(b: Buffer): void;
+  /** Aborting SIGKILLs the command and rejects with ABORTED. */
+  signal?: AbortSignal;
+}
+
+export interface ExecUsage {
+  userMs: number;
+  systemMs: number;
+  maxRssKb: number;
+  wallMs: number;
+}
+
+export interface ExecResult {
+  /** Exit code; 128+N when killed by signal N; 124 when timed out; 127 not found; 126 not executable. */
+  exitCode: number;
+  signal: number | null;
+  timedOut: boolean;
+  notFound: boolean;
+  /** Collected only when no onStdout callback was given (else empty). */
+  stdout: Buffer;
+  /** Collected only when no onStderr callback was given (else empty). */
+  stderr: Buffer;
+  usage: ExecUsage;
+}
+
+export interface ExecHandle {
+  pid: Promise<number>;
+  write(b: Buffer | string): void;
+  end(): void;
+  kill(sig: number): void;
+  result: Promise<ExecResult>;
+}
+
+interface Pending {
+  onFrame(f: Frame): void;
+  onClose(err: SnaplabError): void;
+}
+
+const SIGKILL = 9;
+const STDIN_CHUNK = 1024 * 1024;
+const errnoNames = new Map<number, string>(Object.entries(osConstants.errno).map(([k, v]) => [v, k]));
+
+function agentError(p: Buffer): SnaplabError {
+  const { errno, message } = decodeError(p);
+  const name = errnoNames.get(errno);
+  return new SnaplabError('AGENT_ERROR', `agent: ${message}${name ? ` (${name})` : ` (errno ${errno})`}`);
+}
+
+function aborted(what: string): SnaplabError {
+  return new SnaplabError('ABORTED', `${what} was aborted`);
+}
+
+export class AgentClient implements AsyncDisposable {
+  readonly agentVersion: string;
+  readonly protocolVersion: string;
+  /** The agent's pid as it sees itself (1 when it is the pid namespace's init). */
+  readonly agentPid: number;
+
+  private readonly pending = new Map<number, Pending>();
+  private nextId = 1;
+  private closedError: SnaplabError | null = null;
+  private corked = false;
+
+  private constructor(
+    private readonly socket: Socket,
+    private readonly decoder: FrameDecoder,
+    hello: Hello,
+  ) {
+    this.agentVersion = hello.agentVersion;
+    this.protocolVersion = `${hello.major}.${hello.minor}`;
+    this.agentPid = hello.pid;
+    socket.on('data', (chunk: Buffer) => this.onData(chunk));
+    socket.on('error', (e: Error) => {
+      this.closedError ??= new SnaplabError('AGENT_UNREACHABLE', `connection to agent failed: ${e.message}`, undefined, { cause: e });
+    });
+    socket.on('close', () => this.failAll());
+  }
+
+  /** Connects, waits for HELLO and refuses an agent whose protocol major version differs. */
+  static connect(socketPath: string, opts: ConnectOptions): Promise<AgentClient> {
+    return new Promise((resolve, reject) => {
+      if (opts.signal?.aborted) {
+        reject(aborted('connecting to the agent'));
+        return;
+      }
+      const sock = createConnection({ path: socketPath });
+      const decoder = new FrameDecoder();
+      let done = false;
+      const cleanup = (): void => {
+        done = true;
+        clearTimeout(timer);
+        opts.signal?.removeEventListener('abort', onAbort);
+        sock.off('data', onData);
+        sock.off('error', onError);
+        sock.off('close', onClose);
+      };
+      const fail = (e: SnaplabError): void => {
+        if (done) return;
+        cleanup();
+        sock.destroy();
+        reject(e);
+      };
+      const onAbort = (): void => fail(aborted('connecting to the agent'));
+      const onError = (e: NodeJS.ErrnoException): void =>
+        fail(
+          new SnaplabError(
+            'AGENT_UNREACHABLE',
+            `cannot connect to agent at ${socketPath}: ${e.code ?? e.message}`,
+            'is the sandbox running? its agent may have died',
+            { cause: e },
+          ),
+        );
+      const onClose = (): void =>
+        fail(new SnaplabError('AGENT_UNREACHABLE', `agent at ${socketPath} closed the connection before HELLO`));
+      const onData = (chunk: Buffer): void => {
+        let frames: Frame[];
+        try {
+          frames = decoder.push(chunk);
+        } catch (e) {
+          fail(e as SnaplabError);
+          return;
+        }
+        const first = frames[0];
+        if (!first) return;
+        if (first.type !== MsgType.HELLO) {
+          fail(new SnaplabError('AGENT_PROTOCOL', `agent's first frame is type 0x${first.type.toString(16)}, not HELLO`));
+          return;
+        }
+        let hello: Hello;
+        try {
+          hello = decodeHello(first.payload);
+        } catch (e) {
+          fail(e as SnaplabError);
+          return;
+        }
+        if (hello.major !== PROTOCOL_MAJOR) {
+          fail(
+            new SnaplabError(
+              'AGENT_PROTOCOL',
+              `agent speaks protocol ${hello.major}.${hello.minor}, this snaplab speaks ${PROTOCOL_MAJOR}.x`,
+              'rebuild the agent with this snaplab (make -C native) and recreate the sandbox',
+            ),
+          );
+          return;
+        }
+        cleanup();
+        const client = new AgentClient(sock, decoder, hello);
+        resolve(client);
+        client.dispatch(frames.slice(1));
+      };
+      const timer = setTimeout(
+        () => fail(new SnaplabError('TIMEOUT', `agent at ${socketPath} did not answer within ${opts.timeoutMs} ms`)),
+        opts.timeoutMs,
+      );
+      opts.signal?.addEventListener('abort', onAbort, { once: true });
+      sock.on('data', onData);
+      sock.on('error', onError);
+      sock.on('close', onClose);
+    });
+  }
+
+  /** Round trip to the agent; resolves to the round-trip time in ms. */
+  async ping(): Promise<number> {
+    const t0 = performance.now();
+    await this.call(MsgType.PING, Buffer.alloc(0), MsgType.PONG);
+    return performance.now() - t0;
+  }
+
+  exec(req: ExecRequest, opts: ExecOptions = {}): ExecHandle {
+    let resolvePid!: (pid: number) => void;
+    let rejectPid!: (e: unknown) => void;
+    let resolveResult!: (r: ExecResult) => void;
+    let rejectResult!: (e: unknown) => void;
+    const pid = new Promise<number>((res, rej) => ((resolvePid = res), (rejectPid = rej)));
+    pid.catch(() => {}); // a caller that only awaits result must not see an unhandled rejection
+    const result = new Promise<ExecResult>((res, rej) => ((resolveResult = res), (rejectResult = rej)));
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    let settled = false;
+    let ended = false;
+    const id = this.allocId();
+    const settle = (): void => {
+      settled = true;
+      this.pending.delete(id);
+      opts.signal?.removeEventListener('abort', onAbort);
+    };
+    const fail = (e: unknown): void => {
+      if (settled) return;
+      settle();
+      rejectPid(e);
+      rejectResult(e);
+    };
+    const onAbort = (): void => {
+      if (settled) return;
+      this.sendQuiet(MsgType.SIGNAL, id, encodeU32(SIGKILL));
+      fail(aborted(`exec of ${req.argv[0] ?? '?'}`));
+    };
+    const handle: ExecHandle = {
+      pid,
+      result,
+      write: (b) => {
+        if (settled || ended) return;
+        if (!req.stdin) throw new SnaplabError('BAD_INPUT', 'exec was started without stdin: true; cannot write to it');
+        const buf = typeof b === 'string' ? Buffer.from(b) : b;
+        // An empty STDIN frame means EOF on the wire, so empty writes are skipped.
+        for (let o = 0; o < buf.length; o += STDIN_CHUNK) this.sendQuiet(MsgType.STDIN, id, buf.subarray(o, o + STDIN_CHUNK));
+      },
+      end: () => {
+        if (settled || ended || !req.stdin) return;
+        ended = true;
+        this.sendQuiet(MsgType.STDIN, id, Buffer.alloc(0));
+      },
+      kill: (sig) => {
+        if (!settled) this.sendQuiet(MsgType.SIGNAL, id, encodeU32(sig));
+      },
+    };
+    if (opts.signal?.aborted) {
+      fail(aborted(`exec of ${req.argv[0] ?? '?'}`));
+      return handle;
+    }
+    if (this.closedError) {
+      fail(this.closedError);
+      return handle;
+    }
+    this.pending.set(id, {
+      onFrame: (f) => {
+        switch (f.type) {
+          case MsgType.STARTED:
+            resolvePid(decodeStarted(f.payload));
+            break;
+          case MsgType.STDOUT:
+            if (opts.onStdout) opts.onStdout(f.payload);
+            else out.push(f.payload);
+            break;
+          case MsgType.STDERR:
+            if (opts.onStderr) opts.onStderr(f.payload);
+            else err.push(f.payload);
+            break;
+          case MsgType.EXIT: {
+            const x = decodeExit(f.payload);
+            settle();
+            const timedOut = (x.flags & ExitFlag.TIMED_OUT) !== 0;
+            const signal = x.signal > 0 ? x.signal : null;
+            resolvePid(0); // no-op: STARTED always comes first
+            resolveResult({
+              exitCode: timedOut ? 124 : signal !== null ? 128 + signal : x.code,
+              signal,
+              timedOut,
+              notFound: (x.flags & ExitFlag.NOT_FOUND) !== 0,
+              stdout: Buffer.concat(out),
+              stderr: Buffer.concat(err),
+              usage: { userMs: x.userUs / 1000, systemMs: x.sysUs / 1000, maxRssKb: x.maxRssKb, wallMs: x.wallUs / 1000 },
+            });
+            break;
+          }
+          case MsgType.ERROR:
+            fail(agentError(f.payload));
+            break;
+          default:
+            throw new SnaplabError('AGENT_PROTOCOL', `unexpected frame type 0x${f.type.toString(16)} for an exec`);
+        }
+      },
+      onClose: fail,
+    });
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      this.send(MsgType.EXEC, id, encodeExec(req));
+    } catch (e) {
+      fail(e);
+    }
+    return handle;
+  }
+
+  /** Writes a file atomically (temp + rename), creating parent directories. */
+  async putFile(path: string, data: Buffer, mode = 0o644): Promise<void> {
+    await this.call(MsgType.FILE_PUT, encodeFilePut(path, data, mode), MsgType.OK);
+  }
+
+  async getFile(path: string): Promise<Buffer> {
+    return this.call(MsgType.FILE_GET, Buffer.from(path, 'utf8'), MsgType.DATA);
+  }
+
+  /** Sets CLOCK_REALTIME in the sandbox; fails with EPERM where the sandbox shares the host's clock. */
+  async setClock(ns: bigint): Promise<void> {
+    await this.call(MsgType.SET_CLOCK, encodeSetClock(ns), MsgType.OK);
+  }
+
+  /** Ends the connection; the agent kills the execs this connection started. */
+  async close(): Promise<void> {
+    if (this.socket.destroyed) return;
+    await new Promise<void>((resolve) => {
+      const t = setTimeout(() => this.socket.destroy(), 1000);
+      this.socket.once('close', () => {
+        clearTimeout(t);
+        resolve();
+      });
+      this.socket.end();
+    });
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+
+  private call(type: number, payload: Buffer, expect: number): Promise<Buffer> {
+    return new Promise((resolve, reject) => {
+      if (this.closedError) {
+        reject(this.closedError);
+        return;
+      }
+      const id = this.allocId();
+      this.pending.set(id, {
+        onFrame: (f) => {
+          this.pending.delete(id);
+          if (f.type === expect) resolve(f.payload);
+          else if (f.type === MsgType.ERROR) reject(agentError(f.payload));
+          else reject(new SnaplabError('AGENT_PROTOCOL', `expected frame type 0x${expect.toString(16)}, got 0x${f.type.toString(16)}`));
+        },
+        onClose: reject,
+      });
+      try {
+        this.send(type, id, payload);
+      } catch (e) {
+        this.pending.delete(id);
+        reject(e);
+      }
+    });
+  }
+
+  private allocId(): number {
+    const id = this.nextId;
+    this.nextId = this.nextId >= 0xffffffff ? 1 : this.nextId + 1; // 0 is HELLO's
+    return id;
+  }
+
+  private send(type: number, id: number, payload: Buffer): void {
+    if (this.closedError) throw this.closedError;
+    const frame = encodeFrame(type, id, payload);
+    // Frames sent in one tick go out in one write.
+    if (!this.corked) {
+      this.corked = true;
+      this.socket.cork();
+      process.nextTick(() => {
+        this.corked = false;
+        this.socket.uncork();
+      });
+    }
+    this.socket.write(frame);
+  }
+
+  private sendQuiet(type: number, id: number, payload: Buffer): void {
+    try {
+      this.send(type, id, payload);
+    } catch {
+      // the connection is gone; pending requests are rejected by failAll
+    }
+  }
+
+  private onData(chunk: Buffer): void {
+    let frames: Frame[];
+    try {
+      frames = this.decoder.push(chunk);
+    } catch (e) {
+      this.closedError = e as SnaplabError;
+      this.socket.destroy();
+      return;
+    }
+    this.dispatch(frames);
+  }
+
+  private dispatch(frames: Frame[]): void {
+    for (const f of frames) {
+      const p = this.pending.get(f.id);
+      if (!p) continue; // e.g. output of an exec the caller aborted
+      try {
+        p.onFrame(f);
+      } catch (e) {
+        // A throwing callback or a malformed payload ends that request only.
+        this.pending.delete(f.id);
+        this.sendQuiet(MsgType.SIGNAL, f.id, encodeU32(SIGKILL));
+        p.onClose(e instanceof SnaplabError ? e : new SnaplabError('INTERNAL', String(e), undefined, { cause: e }));
+      }
+    }
+  }
+
+  private failAll(): void {
+    const n = this.pending.size;
+    const base = this.closedError;
+    const err =
+      base?.code === 'AGENT_PROTOCOL'
+        ? base
+        : new SnaplabError(
+            'AGENT_UNREACHABLE',
+            `connection to agent closed${n ? ` with ${n} request(s) pending` : ''}${base ? `: ${base.message}` : ''}`,
+            'the agent or its sandbox may have died',
+          );
+    this.closedError = err;
+    const all = [...this.pending.values()];
+    this.pending.clear();
+    for (const p of all) p.onClose(err);
+  }
+}

@@ -1,0 +1,272 @@
+/**
+ * The snaplab agent protocol: frame layout, message types and payload codecs.
+ * Transport-free on purpose (a Unix socket today, a VM's serial/vsock stream later).
+ * The normative description is docs/agent-protocol.md; native/frame.h is the C side.
+ */
+import { SnaplabError } from '../errors.js';
+
+export const PROTOCOL_MAJOR = 1;
+export const PROTOCOL_MINOR = 0;
+export const HEADER_SIZE = 12;
+export const MAX_PAYLOAD = 64 * 1024 * 1024;
+
+export const MsgType = {
+  // requests, host -> agent
+  PING: 0x01,
+  EXEC: 0x02,
+  STDIN: 0x03,
+  SIGNAL: 0x04,
+  FILE_PUT: 0x05,
+  FILE_GET: 0x06,
+  SET_CLOCK: 0x07,
+  // responses, agent -> host
+  HELLO: 0x80,
+  PONG: 0x81,
+  STARTED: 0x82,
+  STDOUT: 0x83,
+  STDERR: 0x84,
+  EXIT: 0x85,
+  DATA: 0x86,
+  OK: 0x87,
+  ERROR: 0x88,
+} as const;
+export type MsgType = (typeof MsgType)[keyof typeof MsgType];
+
+export const ExecField = { ARGV: 1, ENV: 2, CWD: 3 } as const;
+export const EXEC_FLAG_STDIN = 0x1;
+export const ExitFlag = { TIMED_OUT: 0x1, NOT_FOUND: 0x2, NOT_EXECUTABLE: 0x4 } as const;
+
+export interface Frame {
+  type: number;
+  flags: number;
+  id: number;
+  payload: Buffer;
+}
+
+/** One frame as a single buffer (one write on the wire). */
+export function encodeFrame(type: number, id: number, payload: Buffer = EMPTY): Buffer {
+  if (payload.length > MAX_PAYLOAD) {
+    throw new SnaplabError(
+      'AGENT_PROTOCOL',
+      `payload of ${payload.length} bytes is over the agent's ${MAX_PAYLOAD} byte frame limit`,
+      'split the data (files over 64 MiB are not supported by put/get)',
+    );
+  }
+  const b = Buffer.allocUnsafe(HEADER_SIZE + payload.length);
+  b.writeUInt32LE(payload.length, 0);
+  b.writeUInt16LE(type, 4);
+  b.writeUInt16LE(0, 6);
+  b.writeUInt32LE(id >>> 0, 8);
+  payload.copy(b, HEADER_SIZE);
+  return b;
+}
+
+const EMPTY = Buffer.alloc(0);
+
+/**
+ * Incremental decoder: feed it chunks as they arrive (split or coalesced), get whole frames.
+ * Payloads are zero-copy views when a frame sits inside one chunk.
+ */
+export class FrameDecoder {
+  private chunks: Buffer[] = [];
+  private buffered = 0;
+
+  push(chunk: Buffer): Frame[] {
+    const frames: Frame[] = [];
+    if (chunk.length > 0) {
+      this.chunks.push(chunk);
+      this.buffered += chunk.length;
+    }
+    while (this.buffered >= HEADER_SIZE) {
+      const head = this.peek(HEADER_SIZE);
+      const len = head.readUInt32LE(0);
+      if (len > MAX_PAYLOAD) {
+        throw new SnaplabError('AGENT_PROTOCOL', `agent sent a frame of ${len} bytes, over the ${MAX_PAYLOAD} limit`);
+      }
+      if (this.buffered < HEADER_SIZE + len) break;
+      const whole = this.take(HEADER_SIZE + len);
+      frames.push({
+        type: whole.readUInt16LE(4),
+        flags: whole.readUInt16LE(6),
+        id: whole.readUInt32LE(8),
+        payload: whole.subarray(HEADER_SIZE),
+      });
+    }
+    return frames;
+  }
+
+  /** Bytes held back waiting for the rest of a frame. */
+  get pending(): number {
+    return this.buffered;
+  }
+
+  private peek(n: number): Buffer {
+    const first = this.chunks[0]!;
+    if (first.length >= n) return first;
+    const joined = Buffer.concat(this.chunks);
+    this.chunks = [joined];
+    return joined;
+  }
+
+  private take(n: number): Buffer {
+    let first = this.chunks[0]!;
+    if (first.length < n) {
+      // Join only as many chunks as the frame needs: a big frame is concatenated once.
+      let have = 0;
+      let count = 0;
+      while (have < n) have += this.chunks[count++]!.length;
+      first = Buffer.concat(this.chunks.slice(0, count), have);
+      this.chunks.splice(0, count, first);
+    }
+    this.buffered -= n;
+    if (first.length === n) {
+      this.chunks.shift();
+      return first;
+    }
+    this.chunks[0] = first.subarray(n);
+    return first.subarray(0, n);
+  }
+}
+
+// ---- payloads ----
+
+export interface Hello {
+  major: number;
+  minor: number;
+  pid: number;
+  agentVersion: string;
+}
+
+export function decodeHello(p: Buffer): Hello {
+  need(p, 8, 'HELLO');
+  return { major: p.readUInt16LE(0), minor: p.readUInt16LE(2), pid: p.readUInt32LE(4), agentVersion: p.toString('utf8', 8) };
+}
+
+export function encodeHello(h: Hello): Buffer {
+  const v = Buffer.from(h.agentVersion, 'utf8');
+  const b = Buffer.alloc(8 + v.length);
+  b.writeUInt16LE(h.major, 0);
+  b.writeUInt16LE(h.minor, 2);
+  b.writeUInt32LE(h.pid, 4);
+  v.copy(b, 8);
+  return b;
+}
+
+export interface ExecPayload {
+  argv: string[];
+  env: string[];
+  cwd?: string | undefined;
+  timeoutMs?: number | undefined;
+  stdin?: boolean | undefined;
+}
+
+export function encodeExec(req: ExecPayload): Buffer {
+  const fields: [number, Buffer][] = [];
+  for (const a of req.argv) fields.push([ExecField.ARGV, Buffer.from(a, 'utf8')]);
+  for (const e of req.env) fields.push([ExecField.ENV, Buffer.from(e, 'utf8')]);
+  if (req.cwd !== undefined) fields.push([ExecField.CWD, Buffer.from(req.cwd, 'utf8')]);
+  let size = 8;
+  for (const [, v] of fields) size += 5 + v.length;
+  const b = Buffer.allocUnsafe(size);
+  const timeout = req.timeoutMs === undefined ? 0 : Math.max(1, Math.min(0xffffffff, Math.ceil(req.timeoutMs)));
+  b.writeUInt32LE(timeout, 0);
+  b.writeUInt32LE(req.stdin ? EXEC_FLAG_STDIN : 0, 4);
+  let off = 8;
+  for (const [tag, v] of fields) {
+    b.writeUInt8(tag, off);
+    b.writeUInt32LE(v.length, off + 1);
+    v.copy(b, off + 5);
+    off += 5 + v.length;
+  }
+  return b;
+}
+
+export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin: boolean } {
+  need(p, 8, 'EXEC');
+  const out = { argv: [] as string[], env: [] as string[], cwd: undefined as string | undefined, timeoutMs: p.readUInt32LE(0), stdin: (p.readUInt32LE(4) & EXEC_FLAG_STDIN) !== 0 };
+  let off = 8;
+  while (off < p.length) {
+    need(p, off + 5, 'EXEC field');
+    const tag = p.readUInt8(off);
+    const len = p.readUInt32LE(off + 1);
+    need(p, off + 5 + len, 'EXEC field');
+    const v = p.toString('utf8', off + 5, off + 5 + len);
+    if (tag === ExecField.ARGV) out.argv.push(v);
+    else if (tag === ExecField.ENV) out.env.push(v);
+    else if (tag === ExecField.CWD) out.cwd = v;
+    off += 5 + len;
+  }
+  return out;
+}
+
+export interface ExitPayload {
+  /** -1 when the command was killed by a signal */
+  code: number;
+  /** 0 when it exited normally */
+  signal: number;
+  flags: number;
+  execErrno: number;
+  userUs: number;
+  sysUs: number;
+  maxRssKb: number;
+  wallUs: number;
+}
+
+export const EXIT_PAYLOAD_SIZE = 48;
+
+export function decodeExit(p: Buffer): ExitPayload {
+  need(p, EXIT_PAYLOAD_SIZE, 'EXIT');
+  return {
+    code: p.readInt32LE(0),
+    signal: p.readInt32LE(4),
+    flags: p.readUInt32LE(8),
+    execErrno: p.readInt32LE(12),
+    userUs: Number(p.readBigUInt64LE(16)),
+    sysUs: Number(p.readBigUInt64LE(24)),
+    maxRssKb: Number(p.readBigUInt64LE(32)),
+    wallUs: Number(p.readBigUInt64LE(40)),
+  };
+}
+
+export function encodeU32(v: number): Buffer {
+  const b = Buffer.allocUnsafe(4);
+  b.writeUInt32LE(v >>> 0, 0);
+  return b;
+}
+
+export function decodeStarted(p: Buffer): number {
+  need(p, 4, 'STARTED');
+  return p.readUInt32LE(0);
+}
+
+export function encodeFilePut(path: string, data: Buffer, mode: number): Buffer {
+  const pb = Buffer.from(path, 'utf8');
+  const b = Buffer.allocUnsafe(8 + pb.length + data.length);
+  b.writeUInt32LE(mode >>> 0, 0);
+  b.writeUInt32LE(pb.length, 4);
+  pb.copy(b, 8);
+  data.copy(b, 8 + pb.length);
+  return b;
+}
+
+export function encodeSetClock(ns: bigint): Buffer {
+  const b = Buffer.allocUnsafe(8);
+  b.writeBigInt64LE(ns, 0);
+  return b;
+}
+
+export interface ErrorPayload {
+  errno: number;
+  message: string;
+}
+
+export function decodeError(p: Buffer): ErrorPayload {
+  need(p, 4, 'ERROR');
+  return { errno: p.readInt32LE(0), message: p.toString('utf8', 4) };
+}
+
+function need(p: Buffer, n: number, what: string): void {
+  if (p.length < n) {
+    throw new SnaplabError('AGENT_PROTOCOL', `${what} payload too short (${p.length} bytes, need ${n})`);
+  }
+}
