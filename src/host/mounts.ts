@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { SnaplabError } from '../errors.js';
+import { HostOpError, HostOps } from './hostops.js';
 import { run } from './run.js';
 
 export interface MountEntry {
@@ -88,6 +89,19 @@ export async function isMountPoint(path: string): Promise<boolean> {
  */
 export async function unmount(path: string, opts: { lazy?: boolean } = {}): Promise<void> {
   const abs = resolve(path);
+  const ops = HostOps.get();
+  if (ops) {
+    // umount2 through the resident helper: no tool spawn on the hot path
+    try {
+      await ops.request('umount', abs, opts.lazy ? String(MNT_DETACH) : '0');
+      return;
+    } catch (e) {
+      if (!(e instanceof HostOpError)) throw e;
+      if (e.errno === EINVAL || e.errno === ENOENT) return; // not a mount point (any more)
+      if (e.errno === EBUSY && !opts.lazy) return unmount(abs, { lazy: true });
+      throw unmountError(abs, e.message);
+    }
+  }
   if (!(await isMountPoint(abs))) return;
   const first = await run('umount', opts.lazy ? ['-l', abs] : [abs], { allowFail: true });
   if (first.code === 0) return;
@@ -100,6 +114,25 @@ export async function unmount(path: string, opts: { lazy?: boolean } = {}): Prom
   }
   throw unmountError(abs, msg);
 }
+
+/** mount(2) of a filesystem with an option string, through the helper or the mount tool. */
+export async function mountFs(source: string, target: string, fstype: string, options: string): Promise<void> {
+  const ops = HostOps.get();
+  if (!ops) {
+    await run('mount', ['-t', fstype, '-o', options, source, target]);
+    return;
+  }
+  try {
+    await ops.request('mount', source, target, fstype, '0', options);
+  } catch (e) {
+    throw new SnaplabError('HOST_COMMAND_FAILED', `mount -t ${fstype} ${source} ${target}: ${(e as Error).message}`, 'see `dmesg | tail` for the kernel\'s reason');
+  }
+}
+
+const EINVAL = 22;
+const ENOENT = 2;
+const EBUSY = 16;
+const MNT_DETACH = 2;
 
 function unmountError(path: string, msg: string): SnaplabError {
   return new SnaplabError(

@@ -38,7 +38,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   };
   trace.target = name;
   try {
-    ctx.store.insertSandbox(record);
+    await trace.phase('record', () => ctx.store.insertSandbox(record));
   } catch (e) {
     if (/UNIQUE/.test(String(e))) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${name} already exists`, 'pick another --name');
     throw e;
@@ -58,7 +58,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       throw new SnaplabError('LAUNCH_FAILED', `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`, 'does the image have /bin/true (or `true` on PATH)?');
     }
     Object.assign(record, { state: 'running', reason: null });
-    ctx.store.updateSandbox(id, { state: 'running', reason: null, pid: record.pid, pidStart: record.pidStart });
+    await trace.phase('record running', () => ctx.store.updateSandbox(id, { state: 'running', reason: null, pid: record.pid, pidStart: record.pidStart }));
     return { record, agent };
   } catch (e) {
     agent?.close();

@@ -26,7 +26,7 @@ async function listing(root: string, rel = ''): Promise<Record<string, string>> 
   return out;
 }
 
-const mountsBelow = async (dir: string) => (await readMounts()).filter((m) => m.mountPoint === dir || m.mountPoint.startsWith(`${dir}/`));
+const mountsBelow = async (dir: string) => (await readMounts()).filter((m) => m.target === dir || m.target.startsWith(`${dir}/`));
 const gone = (p: string) => lstat(p).then(() => false, () => true);
 
 async function makeImageSrc(dir: string): Promise<void> {
@@ -179,7 +179,7 @@ function contractSuite(kind: StorageKind, factory: (home: string) => StorageBack
       expect(await mountsBelow(v.path)).toEqual([]);
       await b.delete(v);
     }
-    expect((await readMounts()).some((m) => m.mountPoint.includes(c.id) || m.mountPoint.includes(s.id))).toBe(false);
+    expect((await readMounts()).some((m) => m.target.includes(c.id) || m.target.includes(s.id))).toBe(false);
   });
 
   it('gc removes volumes that are not live and keeps live ones', async () => {
@@ -252,19 +252,19 @@ function contractSuite(kind: StorageKind, factory: (home: string) => StorageBack
       const img = join(home, 'btrfs.img');
       const pool = join(home, 'btrfs');
       expect((await loopsOf(img)).length).toBe(1);
-      expect((await readMounts()).find((m) => m.mountPoint === pool)?.fsType).toBe('btrfs');
+      expect((await readMounts()).find((m) => m.target === pool)?.fstype).toBe('btrfs');
       const done = await unmountPool(home);
       expect(done.join('\n')).toContain(pool);
       expect(await loopsOf(img)).toEqual([]);
       expect(await mountsBelow(pool)).toEqual([]);
       await b.init();
       await b.init(); // idempotent
-      expect((await readMounts()).filter((m) => m.mountPoint === pool).length).toBe(1);
+      expect((await readMounts()).filter((m) => m.target === pool).length).toBe(1);
       expect(await readFile(join(image.path, 'hello.txt'), 'utf8')).toBe('hello\n');
       // two processes racing to init the same home end with one mount
       await unmountPool(home);
       await Promise.all([factory(home).init(), factory(home).init(), factory(home).init()]);
-      expect((await readMounts()).filter((m) => m.mountPoint === pool).length).toBe(1);
+      expect((await readMounts()).filter((m) => m.target === pool).length).toBe(1);
       expect((await loopsOf(img)).length).toBe(1);
     });
   }

@@ -12,7 +12,7 @@ describe('storage index', () => {
   });
   afterAll(async () => {
     await rm(home, { recursive: true, force: true });
-    expect((await readMounts()).some((m) => m.mountPoint.startsWith(home))).toBe(false);
+    expect((await readMounts()).some((m) => m.target.startsWith(home))).toBe(false);
   });
 
   it('lists the backends best first and creates each kind', () => {
@@ -31,6 +31,6 @@ describe('storage index', () => {
       expect(a.ok, `${b.kind}: ${a.reason}`).toBe(true);
       expect(a.reason.length).toBeGreaterThan(0);
     }
-    expect((await readMounts()).some((m) => m.mountPoint.startsWith(home))).toBe(false);
+    expect((await readMounts()).some((m) => m.target.startsWith(home))).toBe(false);
   });
 });

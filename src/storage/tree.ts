@@ -45,8 +45,8 @@ export async function removeTree(path: string): Promise<void> {
   if (left.length > 0) {
     throw new SnaplabError(
       'STORAGE_FAILED',
-      `cannot remove ${path}: ${left.map((m) => m.mountPoint).join(', ')} still mounted`,
-      `unmount it (umount -l ${left[0]!.mountPoint}) and retry`,
+      `cannot remove ${path}: ${left.map((m) => m.target).join(', ')} still mounted`,
+      `unmount it (umount -l ${left[0]!.target}) and retry`,
     );
   }
   await rm(path, { recursive: true, force: true });

@@ -11,6 +11,8 @@ import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
 import { bwrapArgs } from './bwrap-args.js';
 import { launch } from './launch.js';
+import { launchNative } from './launch-native.js';
+import { HostOps } from '../../host/hostops.js';
 
 const RAISE_TIMEOUT_MS = 10_000;
 
@@ -60,14 +62,13 @@ export class NamespacesDriver implements Driver {
     });
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
-    const argv = [
-      agent, 'launch',
-      ...cg.procsFiles.flatMap((f) => ['--cgroup-procs', f]),
-      '--', this.bwrap,
-      ...bwrapArgs({ rootfs: spec.rootfs, runDir: this.guestDir(spec.id), agentBinary: agent, hostname: spec.hostname }),
-    ];
+    const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, runDir: this.guestDir(spec.id), agentBinary: agent, hostname: spec.hostname })];
+    const log = join(runDir, 'agent.log');
+    const ops = HostOps.get();
     const t0 = Trace.now();
-    const res = await launch(argv, join(runDir, 'agent.log'), RAISE_TIMEOUT_MS, signal);
+    const res = ops
+      ? await launchNative(ops, cg.procsFiles, bwrap, log, RAISE_TIMEOUT_MS)
+      : await launch([agent, 'launch', ...cg.procsFiles.flatMap((f) => ['--cgroup-procs', f]), '--', ...bwrap], log, RAISE_TIMEOUT_MS, signal);
     trace.record('launch', t0, res.namespacesAt);
     trace.record('namespaces ready → agent listening', res.namespacesAt, res.readyAt);
     const pidStart = (await processStartTime(res.agentPid)) ?? 0;

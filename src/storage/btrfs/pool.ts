@@ -34,7 +34,7 @@ export async function poolLayout(home: string): Promise<PoolLayout> {
 }
 
 export async function poolMounted(mountPoint: string): Promise<boolean> {
-  return (await readMounts()).some((m) => m.mountPoint === mountPoint && m.fsType === 'btrfs');
+  return (await readMounts()).some((m) => m.target === mountPoint && m.fstype === 'btrfs');
 }
 
 /** Loop devices backed by `image` (`losetup -j`), e.g. ["/dev/loop3"]. */

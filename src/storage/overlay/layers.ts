@@ -35,8 +35,8 @@ export async function layerUsers(root: string, owner: string, self: string): Pro
   }
   const layer = layerDir(root, owner);
   for (const m of await readMounts()) {
-    if (m.fsType !== 'overlay' || m.mountPoint === join(root, self, 'merged')) continue;
-    if (overlayLowerDirs(m).includes(layer)) users.add(m.mountPoint);
+    if (m.fstype !== 'overlay' || m.target === join(root, self, 'merged')) continue;
+    if (overlayLowerDirs(m).includes(layer)) users.add(m.target);
   }
   return [...users];
 }

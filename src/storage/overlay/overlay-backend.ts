@@ -2,7 +2,7 @@ import { mkdir, readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import type { Availability } from '../../host/probe-types.js';
-import { run } from '../../host/run.js';
+import { mountFs } from '../../host/mounts.js';
 import type { StorageBackend, Usage, Volume } from '../backend.js';
 import { withLock } from '../lock.js';
 import { checkVolume, readMeta, writeMeta } from '../meta.js';
@@ -201,7 +201,7 @@ export class OverlayBackend implements StorageBackend {
       if (await isMountPoint(merged)) return;
       await mkdir(merged, { recursive: true });
       await mkdir(this.empty, { recursive: true });
-      await run('mount', ['-t', 'overlay', 'overlay', '-o', opts, merged]);
+      await mountFs('overlay', merged, 'overlay', opts);
     });
   }
 }

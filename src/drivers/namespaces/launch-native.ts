@@ -1,0 +1,30 @@
+import { readFileSync } from 'node:fs';
+import { SnaplabError } from '../../errors.js';
+import { HostOpError, type HostOps } from '../../host/hostops.js';
+import type { LaunchResult } from './launch.js';
+
+const ETIMEDOUT = 110;
+
+function logTail(file: string): string {
+  try {
+    return readFileSync(file, 'utf8').trim().split('\n').slice(-5).join('\n');
+  } catch {
+    return '';
+  }
+}
+
+/**
+ * Launch through the resident helper: it double-forks (the sandbox is nobody's child here), joins
+ * the cgroups in the child and execs bwrap, then reports when bwrap made the namespaces and when
+ * the agent listened, on the same monotonic clock as our traces.
+ */
+export async function launchNative(ops: HostOps, cgroupProcs: string[], argv: string[], logFile: string, timeoutMs: number): Promise<LaunchResult> {
+  try {
+    const [pid, tNs, tReady] = await ops.request('launch', logFile, String(timeoutMs), String(cgroupProcs.length), ...cgroupProcs, ...argv);
+    return { agentPid: Number(pid), namespacesAt: Number(BigInt(tNs!)) / 1e6, readyAt: Number(BigInt(tReady!)) / 1e6 };
+  } catch (e) {
+    if (!(e instanceof HostOpError)) throw e;
+    if (e.errno === ETIMEDOUT) throw new SnaplabError('TIMEOUT', `the sandbox's agent did not start within ${timeoutMs} ms`, `see ${logFile}`);
+    throw new SnaplabError('LAUNCH_FAILED', `${e.message}: ${logTail(logFile) || 'no output'}`, 'run `snaplab doctor` to check bubblewrap and cgroups');
+  }
+}
