@@ -3,6 +3,7 @@ import type { Lab } from '../sdk/lab.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { TraceSummary } from '../timing/trace.js';
+import { run } from '../host/run.js';
 import { closedLoop, type LoopResult } from './loop.js';
 
 export type Workload = 'raise' | 'exec' | 'snapshot';
@@ -61,6 +62,9 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
       if (s.fillBytes) {
         const r = await box.exec(['dd', 'if=/dev/zero', 'of=/root/fill', 'bs=1M', `count=${Math.max(1, Math.round(s.fillBytes / 2 ** 20))}`]);
         if (r.exitCode !== 0) throw new Error(`fill failed: ${r.stderr.toString()}`);
+        // untimed: write the fill back first, so the samples measure snapshots of a tree of this
+        // size, not the one-off writeback of freshly written data (which the first snapshot pays)
+        await run('sync', ['-f', box.info.volume!.path]);
       }
     }
     let n = 0;

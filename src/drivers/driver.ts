@@ -44,6 +44,11 @@ export interface Driver {
   readonly name: string;
   readonly capabilities: DriverCapabilities;
   probe(): Promise<Availability>;
+  /**
+   * Make the host objects that do not need the root filesystem (cgroup, run directory), so that
+   * the lab can do it while storage clones. `raise` does it itself when it was not called.
+   */
+  prepare(spec: Omit<MachineSpec, 'rootfs'>, trace: Trace): Promise<void>;
   raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine>;
   connect(handle: MachineHandle, timeoutMs?: number): Promise<AgentClient>;
   /** Stop every process of the machine from running (its memory stays). */

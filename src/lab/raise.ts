@@ -47,9 +47,14 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   try {
     const backend = await trace.phase('storage ready', () => ctx.readyBackend(input.storage));
     const base = await input.base();
-    record.volume = await trace.phase('clone rootfs', () => backend.clone(base));
-    ctx.store.updateSandbox(id, { volume: record.volume });
-    const raised = await driver.raise({ id, hostname: name, limits: input.limits, rootfs: record.volume.path }, trace, signal);
+    const machine = { id, hostname: name, limits: input.limits };
+    // the cgroup does not need the root filesystem: make both at once
+    const [cloned, prepared] = await Promise.allSettled([trace.phase('clone rootfs', () => backend.clone(base)), driver.prepare(machine, trace)]);
+    if (cloned.status === 'rejected') throw cloned.reason;
+    const volume = (record.volume = cloned.value); // recorded before anything can fail, for the cleanup below
+    ctx.store.updateSandbox(id, { volume });
+    if (prepared.status === 'rejected') throw prepared.reason;
+    const raised = await driver.raise({ ...machine, rootfs: volume.path }, trace, signal);
     agent = raised.agent;
     record.pid = raised.handle.pid;
     record.pidStart = raised.handle.pidStart;

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
-import { cgroupFor, createCgroup, destroyCgroup, freeze, oomKills, probeCgroups, removeEmptySnaplabParents, snaplabCgroupsOnHost, thaw } from '../../host/cgroups.js';
+import { type Cgroup, cgroupFor, createCgroup, destroyCgroup, freeze, oomKills, probeCgroups, removeEmptySnaplabParents, snaplabCgroupsOnHost, thaw } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess } from '../../host/procs.js';
 import { which } from '../../host/run.js';
@@ -24,6 +24,7 @@ export class NamespacesDriver implements Driver {
   readonly name = 'namespaces';
   readonly capabilities = { pause: true, memorySnapshot: false };
   private bwrap: string | undefined;
+  private readonly prepared = new Map<string, Promise<Cgroup>>();
 
   constructor(private readonly home: string) {}
 
@@ -54,12 +55,22 @@ export class NamespacesDriver implements Driver {
     return { ok: true, reason: `bubblewrap at ${bwrap}; ${cg.reason}` };
   }
 
-  async raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine> {
-    const runDir = this.runDir(spec.id);
-    const cg = await trace.phase('cgroup', async () => {
+  async prepare(spec: Omit<MachineSpec, 'rootfs'>, trace: Trace): Promise<void> {
+    if (this.prepared.has(spec.id)) return;
+    const made = trace.phase('cgroup', async () => {
+      // the run directory first: it is how gc knows the cgroup is this home's (see gc)
       await mkdir(this.guestDir(spec.id), { recursive: true, mode: 0o700 });
       return createCgroup(spec.id, spec.limits);
     });
+    this.prepared.set(spec.id, made);
+    await made;
+  }
+
+  async raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine> {
+    const runDir = this.runDir(spec.id);
+    await this.prepare(spec, trace);
+    const cg = await this.prepared.get(spec.id)!;
+    this.prepared.delete(spec.id);
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
     const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, runDir: this.guestDir(spec.id), agentBinary: agent, hostname: spec.hostname })];
@@ -106,6 +117,8 @@ export class NamespacesDriver implements Driver {
   }
 
   async destroy(handle: MachineHandle): Promise<void> {
+    await this.prepared.get(handle.id)?.catch(() => undefined);
+    this.prepared.delete(handle.id);
     await destroyCgroup(cgroupFor(handle.id));
     await rm(this.runDir(handle.id), { recursive: true, force: true });
   }
