@@ -1,4 +1,7 @@
 import { spawn } from 'node:child_process';
+import { constants } from 'node:fs';
+import { access, stat } from 'node:fs/promises';
+import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 
 export interface RunResult {
@@ -57,8 +60,17 @@ export function run(cmd: string, args: string[], opts: RunOptions = {}): Promise
   });
 }
 
-/** Is an executable on PATH? */
+/** Is an executable on PATH? Looked up in-process: spawning a shell for it costs milliseconds. */
 export async function which(cmd: string): Promise<string | undefined> {
-  const r = await run('sh', ['-c', `command -v "$1"`, 'sh', cmd], { allowFail: true });
-  return r.code === 0 ? r.stdout.trim() : undefined;
+  const dirs = cmd.includes('/') ? [''] : (process.env.PATH || '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin').split(':');
+  for (const dir of dirs) {
+    const p = dir ? join(dir, cmd) : cmd;
+    try {
+      await access(p, constants.X_OK);
+      if ((await stat(p)).isFile()) return p;
+    } catch {
+      /* not here */
+    }
+  }
+  return undefined;
 }

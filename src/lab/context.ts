@@ -1,4 +1,5 @@
 import { SnaplabError } from '../errors.js';
+import type { Availability } from '../host/probe-types.js';
 import type { Driver } from '../drivers/driver.js';
 import { NamespacesDriver } from '../drivers/namespaces/driver.js';
 import { createBackend, pickDefault, type StorageBackend, type StorageKind } from '../storage/index.js';
@@ -19,6 +20,8 @@ export class LabContext {
   private readonly backends = new Map<StorageKind, StorageBackend>();
   private readonly ready = new Set<StorageKind>();
   private defaultKind: StorageKind | undefined;
+  /** probe answers already had in this process (pickDefault probes on the way) */
+  private readonly probed = new Map<StorageKind, Availability>();
 
   constructor(readonly home: string) {
     if (process.getuid?.() !== 0) {
@@ -50,7 +53,7 @@ export class LabContext {
   async readyBackend(kind: StorageKind): Promise<StorageBackend> {
     const b = this.backend(kind);
     if (!this.ready.has(kind)) {
-      const a = await b.probe();
+      const a = this.probed.get(kind) ?? (await b.probe());
       if (!a.ok) throw new SnaplabError('STORAGE_UNAVAILABLE', `storage ${kind} does not work here: ${a.reason}`, a.fix ?? 'run `snaplab doctor`');
       await b.init();
       this.ready.add(kind);
@@ -61,10 +64,15 @@ export class LabContext {
   /** Probe and initialise again on next use (after gc unmounted the pool). */
   forgetReady(): void {
     this.ready.clear();
+    this.probed.clear();
   }
 
   async defaultStorage(): Promise<StorageKind> {
-    this.defaultKind ??= (await pickDefault(this.home)).kind;
+    if (!this.defaultKind) {
+      const choice = await pickDefault(this.home);
+      for (const [k, a] of Object.entries(choice.probes)) this.probed.set(k as StorageKind, a);
+      this.defaultKind = choice.kind;
+    }
     return this.defaultKind;
   }
 

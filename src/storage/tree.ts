@@ -52,12 +52,6 @@ export async function removeTree(path: string): Promise<void> {
   await rm(path, { recursive: true, force: true });
 }
 
-/** Filesystem type of the filesystem holding `path` (stat -f), e.g. "btrfs", "ext2/ext3". */
-export async function fsType(path: string): Promise<string> {
-  const r = await run('stat', ['-f', '-c', '%T', path], { allowFail: true });
-  return r.code === 0 ? r.stdout.trim() : 'unknown';
-}
-
 /** Is `name` listed in /proc/filesystems (i.e. the kernel can mount it now)? */
 export async function kernelHasFs(name: string): Promise<boolean> {
   const text = await readFile('/proc/filesystems', 'utf8').catch(() => '');
