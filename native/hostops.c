@@ -16,10 +16,11 @@
  *   btrfs-delete PATH                       BTRFS_IOC_SNAP_DESTROY
  *   mount SOURCE TARGET FSTYPE FLAGS DATA   mount(2)
  *   umount TARGET FLAGS                     umount2(2)
- *   launch LOG TIMEOUT_MS N CGROUP_PROCS*N ARGV...
+ *   launch LOG TIMEOUT_MS SOCKET N CGROUP_PROCS*N ARGV...
+ *       makes a listening Unix socket at SOCKET (a host path the sandbox cannot see), then
  *       double-forks a session leader that writes its pid into each cgroup.procs file, points
- *       stdout/stderr at LOG, gets a "ready" pipe on fd 3 and an "info" pipe on fd 4, and execs
- *       ARGV (bwrap). Replies "ok" AGENT_PID T_NAMESPACES_NS T_READY_NS (CLOCK_MONOTONIC) once
+ *       stdout/stderr at LOG, gets a "ready" pipe on fd 3, an "info" pipe on fd 4 and the
+ *       listening socket on fd 5, and execs ARGV (bwrap, which passes fds 3 and 5 to the agent). Replies "ok" AGENT_PID T_NAMESPACES_NS T_READY_NS (CLOCK_MONOTONIC) once
  *       bwrap has reported the child pid on fd 4 and the agent has written a byte to fd 3.
  */
 #define _GNU_SOURCE
@@ -35,6 +36,8 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -226,7 +229,7 @@ static void op_umount(struct request *r)
 }
 
 /* In the grandchild: join the cgroups, wire fds, exec. Only async-signal-safe calls. */
-static void launch_child(char *log, char **cgs, int ncg, char **argv, int ready_w, int info_w)
+static void launch_child(char *log, char **cgs, int ncg, char **argv, int ready_w, int info_w, int listen_fd)
 {
 	int fd = open("/dev/null", O_RDONLY);
 	if (fd >= 0 && fd != 0) {
@@ -252,9 +255,10 @@ static void launch_child(char *log, char **cgs, int ncg, char **argv, int ready_
 	}
 	/* move the pipe ends out of the way, then onto 3 and 4 (dup2 clears CLOEXEC) */
 	int r = fcntl(ready_w, F_DUPFD_CLOEXEC, 10), in = fcntl(info_w, F_DUPFD_CLOEXEC, 10);
-	if (r < 0 || in < 0 || dup2(r, 3) < 0 || dup2(in, 4) < 0)
+	int l = fcntl(listen_fd, F_DUPFD_CLOEXEC, 10);
+	if (r < 0 || in < 0 || l < 0 || dup2(r, 3) < 0 || dup2(in, 4) < 0 || dup2(l, 5) < 0)
 		_exit(125);
-	close_range(5, ~0U, 0);
+	close_range(6, ~0U, 0);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -265,20 +269,38 @@ static void launch_child(char *log, char **cgs, int ncg, char **argv, int ready_
 
 static void op_launch(struct request *r)
 {
-	if (r->argc < 5)
-		return reply_err(r->id, EINVAL, "launch LOG TIMEOUT_MS N CGROUP_PROCS... ARGV...");
+	if (r->argc < 6)
+		return reply_err(r->id, EINVAL, "launch LOG TIMEOUT_MS SOCKET N CGROUP_PROCS... ARGV...");
 	char *log = r->argv[1];
 	int timeout_ms = atoi(r->argv[2]);
-	int ncg = atoi(r->argv[3]);
-	if (ncg < 0 || 4 + ncg >= r->argc)
+	const char *sock = r->argv[3];
+	int ncg = atoi(r->argv[4]);
+	if (ncg < 0 || 5 + ncg >= r->argc)
 		return reply_err(r->id, EINVAL, "launch: bad cgroup count");
-	char **cgs = &r->argv[4];
-	char **argv = &r->argv[4 + ncg]; /* NULL-terminated by the reader */
+	char **cgs = &r->argv[5];
+	char **argv = &r->argv[5 + ncg]; /* NULL-terminated by the reader */
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	if (strlen(sock) >= sizeof sun.sun_path)
+		return reply_err(r->id, ENAMETOOLONG, sock);
+	strcpy(sun.sun_path, sock);
+	unlink(sock);
+	int listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (listen_fd < 0)
+		return reply_err(r->id, errno, "socket");
+	if (bind(listen_fd, (struct sockaddr *)&sun, sizeof sun) < 0 || listen(listen_fd, 128) < 0) {
+		int e = errno;
+		close(listen_fd);
+		return reply_err(r->id, e, sock);
+	}
 	int ready[2], info[2];
-	if (pipe2(ready, O_CLOEXEC) < 0)
-		return reply_err(r->id, errno, "pipe");
+	if (pipe2(ready, O_CLOEXEC) < 0) {
+		int e = errno;
+		close(listen_fd);
+		return reply_err(r->id, e, "pipe");
+	}
 	if (pipe2(info, O_CLOEXEC) < 0) {
 		int e = errno;
+		close(listen_fd);
 		close(ready[0]);
 		close(ready[1]);
 		return reply_err(r->id, e, "pipe");
@@ -289,10 +311,11 @@ static void op_launch(struct request *r)
 		setsid();
 		pid_t p = fork();
 		if (p == 0)
-			launch_child(log, cgs, ncg, argv, ready[1], info[1]);
+			launch_child(log, cgs, ncg, argv, ready[1], info[1], listen_fd);
 		_exit(p < 0 ? 1 : 0);
 	}
 	int fork_errno = errno;
+	close(listen_fd);
 	close(ready[1]);
 	close(info[1]);
 	if (mid < 0) {

@@ -943,7 +943,7 @@ static void read_oom(void)
 	close(fd);
 }
 
-int serve_main(const char *path, int ready_fd, const char *caps)
+int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps)
 {
 	ensure_std_fds();
 	is_pid1 = getpid() == 1;
@@ -990,18 +990,27 @@ int serve_main(const char *path, int ready_fd, const char *caps)
 	if (epfd < 0 || signal_src.fd < 0 || timer_src.fd < 0)
 		die("epoll/signalfd/timerfd");
 
-	struct sockaddr_un sun = { .sun_family = AF_UNIX };
-	if (strlen(path) >= sizeof sun.sun_path) {
-		errno = ENAMETOOLONG;
-		die(path);
+	if (listen_fd >= 0) {
+		/* The host made, bound and listened on the socket (on a path only it can see) and
+		 * handed it over: nothing inside the sandbox can replace or redirect it. */
+		int fl = fcntl(listen_fd, F_GETFL);
+		if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(listen_fd, F_SETFD, FD_CLOEXEC) < 0)
+			die("listen fd");
+		listen_src.fd = listen_fd;
+	} else {
+		struct sockaddr_un sun = { .sun_family = AF_UNIX };
+		if (strlen(path) >= sizeof sun.sun_path) {
+			errno = ENAMETOOLONG;
+			die(path);
+		}
+		strcpy(sun.sun_path, path);
+		unlink(path);
+		listen_src.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (listen_src.fd < 0 || bind(listen_src.fd, (struct sockaddr *)&sun, sizeof sun) < 0 ||
+		    listen(listen_src.fd, 128) < 0)
+			die(path);
+		sock_path = path;
 	}
-	strcpy(sun.sun_path, path);
-	unlink(path);
-	listen_src.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (listen_src.fd < 0 || bind(listen_src.fd, (struct sockaddr *)&sun, sizeof sun) < 0 ||
-	    listen(listen_src.fd, 128) < 0)
-		die(path);
-	sock_path = path;
 	if (ep_add(&listen_src, EPOLLIN) < 0 || ep_add(&signal_src, EPOLLIN) < 0 || ep_add(&timer_src, EPOLLIN) < 0)
 		die("epoll_ctl");
 	if (ready_fd >= 0) {

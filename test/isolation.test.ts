@@ -34,6 +34,13 @@ describe('isolation', () => {
     expect(pids.length).toBeLessThan(10);
   });
 
+  it('cannot see or replace the host side of its agent: no socket inside, the agent binary read-only', async () => {
+    expect((await sh('ls /run/snaplab')).out).toBe('agent');
+    expect((await sh('find / -xdev -type s 2>/dev/null | wc -l')).out).toBe('0');
+    expect((await sh('echo x > /run/snaplab/agent')).code).not.toBe(0);
+    expect((await sh('echo hello')).out).toBe('hello');
+  });
+
   it('has its own hostname and only a loopback interface', async () => {
     expect((await sh('hostname')).out).toBe('iso');
     const links = (await sh('ip -o link')).out.split('\n');

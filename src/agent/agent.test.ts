@@ -349,30 +349,3 @@ describe('agent as PID 1 under bwrap', () => {
   });
 });
 
-describe('launch mode', () => {
-  it('joins the cgroup files, sets oom_score_adj, then execs', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-launch-'));
-    try {
-      const f1 = join(dir, 'procs1');
-      const f2 = join(dir, 'procs2');
-      await writeFile(f1, '');
-      await writeFile(f2, '');
-      const r = spawnSync(
-        agentBinaryPath(),
-        ['launch', '--cgroup-procs', f1, '--cgroup-procs', f2, '--oom-score-adj', '500', '--', 'sh', '-c', 'echo $$; cat /proc/self/oom_score_adj'],
-        { encoding: 'utf8' },
-      );
-      expect(r.status).toBe(0);
-      const [pid, oom] = r.stdout.trim().split('\n');
-      expect(readFileSync(f1, 'utf8').trim()).toBe(pid);
-      expect(readFileSync(f2, 'utf8').trim()).toBe(pid);
-      expect(oom).toBe('500');
-      const bad = spawnSync(agentBinaryPath(), ['launch', '--cgroup-procs', join(dir, 'no/such'), '--', 'true'], { encoding: 'utf8' });
-      expect(bad.status).toBe(125);
-      expect(bad.stderr).toMatch(/cannot join cgroup/);
-      expect(spawnSync(agentBinaryPath(), ['launch', '--', 'no-such-prog-x']).status).toBe(127);
-    } finally {
-      await rm(dir, { recursive: true, force: true });
-    }
-  });
-});

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { existsSync } from 'node:fs';
 import { isDynamicElf } from '../host/elf.js';
 import { NamespacesDriver } from '../drivers/namespaces/driver.js';
-import { probeCgroups } from '../host/cgroups.js';
+import { probeCgroupMoves, probeCgroups } from '../host/cgroups.js';
 import type { Availability } from '../host/probe-types.js';
 import { which } from '../host/run.js';
 import { DEFAULT_HOME } from '../lab/context.js';
@@ -12,6 +12,8 @@ import { printJson, printTable, reportError } from './output.js';
 interface Check extends Availability {
   name: string;
   kind: 'host' | 'driver' | 'storage' | 'image';
+  /** a tuning: snaplab works without it, only slower */
+  optional?: boolean;
 }
 
 async function busyboxCheck(): Promise<Availability> {
@@ -28,6 +30,7 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'root', kind: 'host', ok: root, reason: root ? 'running as root' : 'not root: namespaces, mounts and cgroups need root', ...(root ? {} : { fix: 'run as root (sudo)' }) });
   const cg = await probeCgroups();
   checks.push({ name: `cgroup v${cg.version}`, kind: 'host', ok: cg.ok, reason: cg.reason, ...(cg.fix ? { fix: cg.fix } : {}) });
+  checks.push({ name: 'cgroup moves', kind: 'host', optional: true, ...probeCgroupMoves() });
   const ns = await new NamespacesDriver(home).probe();
   checks.push({ name: 'namespaces', kind: 'driver', ...ns });
   checks.push({ name: 'qemu', kind: 'driver', ok: false, reason: 'the VM driver is not built yet (planned)', fix: 'use --driver namespaces' });
@@ -55,7 +58,7 @@ export function registerDoctor(program: Command): void {
         const r = await doctor(process.env.SNAPLAB_HOME ?? DEFAULT_HOME);
         if (o.json) printJson(r);
         else {
-          printTable(['CHECK', 'KIND', 'OK', 'DETAIL', 'FIX'], r.checks.map((c) => [c.name, c.kind, c.ok ? 'yes' : 'NO', c.reason, c.ok ? '' : c.fix ?? '']));
+          printTable(['CHECK', 'KIND', 'OK', 'DETAIL', 'FIX'], r.checks.map((c) => [c.name, c.kind, c.ok ? 'yes' : c.optional ? 'tune' : 'NO', c.reason, c.ok ? '' : c.fix ?? '']));
           process.stdout.write(`\ndefault driver: namespaces; default storage: ${r.defaultStorage ?? 'none'} — ${r.defaultStorageReason}\nstate: ${r.home}\n${r.ok ? 'ready' : 'NOT READY: apply the fixes above'}\n`);
         }
         process.exitCode = r.ok ? 0 : 1;

@@ -5,7 +5,7 @@ import { DEFAULT_ROOT, detectCgroups } from './cgroups-detect.js';
 import { errno } from './cgroups-fs.js';
 import { cgroupFor, PARENT } from './cgroups.js';
 import type { Cgroup } from './cgroups-types.js';
-import { listMounts } from './mounts.js';
+import { listMounts, listMountsSync } from './mounts.js';
 
 /** Host-wide views of snaplab's cgroups: what exists (for gc) and whether cgroups work here. */
 
@@ -88,4 +88,26 @@ export async function removeEmptySnaplabParents(): Promise<void> {
       }),
     ),
   );
+}
+
+/**
+ * Moving a process into a cgroup takes a global lock whose write side waits for an RCU grace
+ * period when no move happened recently (~10 ms on these hosts, once per raise when raises are
+ * spaced out). A cgroup2 mount with `favordynmods` keeps that lock in its slow-reader mode so
+ * moves are cheap, at a small cost to every fork and exit on the host. snaplab does not change
+ * host-wide settings itself; doctor reports it.
+ */
+export function probeCgroupMoves(): Availability {
+  const layout = detectCgroups(DEFAULT_ROOT);
+  const mountPoint = layout.version === 2 ? layout.root : layout.unified;
+  const entry = mountPoint ? listMountsSync().find((m) => m.target === mountPoint && m.fstype === 'cgroup2') : undefined;
+  if (!entry) {
+    return { ok: false, reason: 'no cgroup2 mount: each raise may wait ~10 ms for an RCU grace period when it joins its cgroup', fix: 'mount a cgroup2 hierarchy with -o favordynmods' };
+  }
+  if (entry.superOptions.split(',').includes('favordynmods')) return { ok: true, reason: `${entry.target} has favordynmods: joining a cgroup is cheap` };
+  return {
+    ok: false,
+    reason: `${entry.target} lacks favordynmods: when raises are spaced out, each waits ~10 ms for an RCU grace period to join its cgroup (optional tuning)`,
+    fix: `mount -o remount,favordynmods ${entry.target}`,
+  };
 }

@@ -10,7 +10,7 @@ import * as v2 from './cgroups-v2.js';
 export { detectCgroups, forgetCgroupLayouts, type CgroupLayout, type Controller } from './cgroups-detect.js';
 export type { Cgroup, CgroupLimits } from './cgroups-types.js';
 export { destroyCgroup, pids } from './cgroups-destroy.js';
-export { listSnaplabCgroups, snaplabCgroupsOnHost, probeCgroups, removeEmptySnaplabParents } from './cgroups-host.js';
+export { listSnaplabCgroups, snaplabCgroupsOnHost, probeCgroups, probeCgroupMoves, removeEmptySnaplabParents } from './cgroups-host.js';
 
 /** Every snaplab cgroup sits below a parent of this name (principle 6: host objects are labelled). */
 export const PARENT = 'snaplab';

@@ -43,10 +43,23 @@ export class HostOps {
   /** The shared helper, or null where its binary was not built (callers then spawn the tools). */
   static get(): HostOps | null {
     if (HostOps.instance !== undefined) return HostOps.instance;
-    const bin = join(packageRoot(), 'native', 'build', 'snaplab-hostops');
+    const bin = HostOps.binaryPath();
     if (!existsSync(bin) || process.env.SNAPLAB_NO_HOSTOPS === '1') return (HostOps.instance = null);
     const child = spawn(bin, [], { stdio: ['pipe', 'pipe', 'inherit'] });
     return (HostOps.instance = new HostOps(child));
+  }
+
+  /** The shared helper; the namespaces driver cannot launch without it. */
+  static require(): HostOps {
+    const ops = HostOps.get();
+    if (!ops) {
+      throw new SnaplabError('INTERNAL', `the native helper ${HostOps.binaryPath()} is not built`, 'build it: make -C native (or npm run build)');
+    }
+    return ops;
+  }
+
+  static binaryPath(): string {
+    return join(packageRoot(), 'native', 'build', 'snaplab-hostops');
   }
 
   /** Send one request; resolves with the reply's fields after "ok". */

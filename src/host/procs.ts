@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 
 export interface ProcStat {
@@ -24,9 +25,10 @@ export function parseStat(text: string): ProcStat | undefined {
   return { pid: Number(text.slice(0, open).trim()), comm: text.slice(open + 1, close), state, ppid, startTime };
 }
 
+/** Read synchronously: a /proc read takes microseconds, a thread-pool round trip far longer. */
 export async function readStat(pid: number): Promise<ProcStat | undefined> {
   try {
-    return parseStat(await readFile(`/proc/${pid}/stat`, 'utf8'));
+    return parseStat(readFileSync(`/proc/${pid}/stat`, 'utf8'));
   } catch {
     return undefined;
   }

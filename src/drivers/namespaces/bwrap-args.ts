@@ -1,22 +1,25 @@
 import { SANDBOX_CAPABILITIES } from './capabilities.js';
 
-/** Where the host's per-sandbox run directory appears inside the sandbox. */
-export const GUEST_RUN_DIR = '/run/snaplab';
-export const GUEST_AGENT = `${GUEST_RUN_DIR}/agent`;
-export const GUEST_SOCKET = `${GUEST_RUN_DIR}/agent.sock`;
-/** fds the host passes: the agent writes a byte to READY_FD once it listens; bwrap writes JSON to INFO_FD. */
+/** The agent binary, bind-mounted read-only from the host into a fresh tmpfs /run. */
+export const GUEST_AGENT = '/run/snaplab/agent';
+/**
+ * fds the host's helper passes: the agent writes a byte to READY_FD once it serves; bwrap writes
+ * JSON (the sandbox's pid) to INFO_FD; LISTEN_FD is the agent's listening socket, bound by the
+ * host at a path the sandbox cannot see.
+ */
 export const READY_FD = 3;
 export const INFO_FD = 4;
+export const LISTEN_FD = 5;
 
 export interface BwrapInput {
   rootfs: string;
-  runDir: string;
   agentBinary: string;
   hostname: string;
 }
 
 /**
  * bubblewrap arguments for one sandbox: new pid, mount, uts, ipc, net and cgroup namespaces;
+ * the host's run directory is not mounted inside (the agent's socket is handed over as an fd);
  * the agent is PID 1 (--as-pid-1, it reaps); only loopback networking; the documented
  * capability set; a clean environment.
  */
@@ -35,14 +38,15 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '--bind', i.rootfs, '/',
     '--proc', '/proc',
     '--dev', '/dev',
-    '--bind', i.runDir, GUEST_RUN_DIR,
+    // /run is a tmpfs, as on a booted machine: nothing of snaplab's lands in the root filesystem
+    '--tmpfs', '/run',
     '--ro-bind', i.agentBinary, GUEST_AGENT,
     '--chdir', '/',
     '--cap-drop', 'ALL',
     ...caps,
     '--info-fd', String(INFO_FD),
     GUEST_AGENT, 'serve',
-    '--socket', GUEST_SOCKET,
+    '--listen-fd', String(LISTEN_FD),
     '--ready-fd', String(READY_FD),
     '--caps', SANDBOX_CAPABILITIES.join(','),
   ];

@@ -10,8 +10,7 @@ import { which } from '../../host/run.js';
 import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
 import { bwrapArgs } from './bwrap-args.js';
-import { launch } from './launch.js';
-import { launchNative } from './launch-native.js';
+import { launchNative } from './launch.js';
 import { HostOps } from '../../host/hostops.js';
 
 const RAISE_TIMEOUT_MS = 10_000;
@@ -32,13 +31,9 @@ export class NamespacesDriver implements Driver {
     return join(this.home, 'run', id);
   }
 
-  /** the part of the run directory the sandbox sees, at /run/snaplab: the socket and the agent */
-  guestDir(id: string): string {
-    return join(this.runDir(id), 'guest');
-  }
-
+  /** the agent's socket: bound by the host, handed to the agent as an fd, never visible inside */
   socketPath(id: string): string {
-    return join(this.guestDir(id), 'agent.sock');
+    return join(this.runDir(id), 'agent.sock');
   }
 
   async probe(): Promise<Availability> {
@@ -47,6 +42,7 @@ export class NamespacesDriver implements Driver {
     if (!bwrap) return { ok: false, reason: 'bwrap (bubblewrap) not found', fix: 'apt-get install bubblewrap' };
     try {
       agentBinaryPath();
+      HostOps.require();
     } catch (e) {
       return { ok: false, reason: (e as Error).message, fix: 'make -C native (needs gcc and libseccomp-dev)' };
     }
@@ -59,7 +55,7 @@ export class NamespacesDriver implements Driver {
     if (this.prepared.has(spec.id)) return;
     const made = trace.phase('cgroup', async () => {
       // the run directory first: it is how gc knows the cgroup is this home's (see gc)
-      await mkdir(this.guestDir(spec.id), { recursive: true, mode: 0o700 });
+      await mkdir(this.runDir(spec.id), { recursive: true, mode: 0o700 });
       return createCgroup(spec.id, spec.limits);
     });
     this.prepared.set(spec.id, made);
@@ -73,13 +69,16 @@ export class NamespacesDriver implements Driver {
     this.prepared.delete(spec.id);
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
-    const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, runDir: this.guestDir(spec.id), agentBinary: agent, hostname: spec.hostname })];
-    const log = join(runDir, 'agent.log');
-    const ops = HostOps.get();
+    const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname })];
+    signal?.throwIfAborted();
     const t0 = Trace.now();
-    const res = ops
-      ? await launchNative(ops, cg.procsFiles, bwrap, log, RAISE_TIMEOUT_MS)
-      : await launch([agent, 'launch', ...cg.procsFiles.flatMap((f) => ['--cgroup-procs', f]), '--', ...bwrap], log, RAISE_TIMEOUT_MS, signal);
+    const res = await launchNative(HostOps.require(), {
+      socket: this.socketPath(spec.id),
+      cgroupProcs: cg.procsFiles,
+      argv: bwrap,
+      logFile: join(runDir, 'agent.log'),
+      timeoutMs: RAISE_TIMEOUT_MS,
+    });
     trace.record('launch', t0, res.namespacesAt);
     trace.record('namespaces ready → agent listening', res.namespacesAt, res.readyAt);
     const pidStart = (await processStartTime(res.agentPid)) ?? 0;
