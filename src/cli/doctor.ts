@@ -30,7 +30,7 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'root', kind: 'host', ok: root, reason: root ? 'running as root' : 'not root: namespaces, mounts and cgroups need root', ...(root ? {} : { fix: 'run as root (sudo)' }) });
   const cg = await probeCgroups();
   checks.push({ name: `cgroup v${cg.version}`, kind: 'host', ok: cg.ok, reason: cg.reason, ...(cg.fix ? { fix: cg.fix } : {}) });
-  checks.push({ name: 'cgroup moves', kind: 'host', optional: true, ...probeCgroupMoves() });
+  checks.push({ name: 'cgroup moves', kind: 'host', optional: true, ...(await probeCgroupMoves()) });
   const ns = await new NamespacesDriver(home).probe();
   checks.push({ name: 'namespaces', kind: 'driver', ...ns });
   checks.push({ name: 'qemu', kind: 'driver', ok: false, reason: 'the VM driver is not built yet (planned)', fix: 'use --driver namespaces' });

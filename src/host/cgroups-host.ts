@@ -1,11 +1,12 @@
-import { existsSync } from 'node:fs';
-import { readdir, rmdir } from 'node:fs/promises';
+import { spawn } from 'node:child_process';
+import { existsSync, writeFileSync } from 'node:fs';
+import { mkdir, readdir, rmdir } from 'node:fs/promises';
 import type { Availability } from './probe-types.js';
 import { DEFAULT_ROOT, detectCgroups } from './cgroups-detect.js';
 import { errno } from './cgroups-fs.js';
 import { cgroupFor, PARENT } from './cgroups.js';
 import type { Cgroup } from './cgroups-types.js';
-import { listMounts, listMountsSync } from './mounts.js';
+import { listMounts } from './mounts.js';
 
 /** Host-wide views of snaplab's cgroups: what exists (for gc) and whether cgroups work here. */
 
@@ -92,22 +93,31 @@ export async function removeEmptySnaplabParents(): Promise<void> {
 
 /**
  * Moving a process into a cgroup takes a global lock whose write side waits for an RCU grace
- * period when no move happened recently (~10 ms on these hosts, once per raise when raises are
+ * period when no move happened recently (~10 ms on these hosts: once per raise when raises are
  * spaced out). A cgroup2 mount with `favordynmods` keeps that lock in its slow-reader mode so
  * moves are cheap, at a small cost to every fork and exit on the host. snaplab does not change
- * host-wide settings itself; doctor reports it.
+ * host-wide settings itself: doctor measures one move and says what would help.
  */
-export function probeCgroupMoves(): Availability {
+export async function probeCgroupMoves(): Promise<Availability> {
   const layout = detectCgroups(DEFAULT_ROOT);
   const mountPoint = layout.version === 2 ? layout.root : layout.unified;
-  const entry = mountPoint ? listMountsSync().find((m) => m.target === mountPoint && m.fstype === 'cgroup2') : undefined;
-  if (!entry) {
-    return { ok: false, reason: 'no cgroup2 mount: each raise may wait ~10 ms for an RCU grace period when it joins its cgroup', fix: 'mount a cgroup2 hierarchy with -o favordynmods' };
+  const fix = mountPoint ? `mount -o remount,favordynmods ${mountPoint}` : 'mount a cgroup2 hierarchy with -o favordynmods';
+  const dir = layout.version === 2 ? `${layout.root}/${PARENT}-probe-${process.pid}` : `${layout.hierarchies.pids ?? layout.hierarchies.freezer}/${PARENT}-probe-${process.pid}`;
+  const child = spawn('sleep', ['5'], { stdio: 'ignore' });
+  try {
+    await mkdir(dir);
+    await new Promise((r) => setTimeout(r, 50)); // let any recent move's grace period lapse
+    const t0 = performance.now();
+    writeFileSync(`${dir}/cgroup.procs`, String(child.pid));
+    const ms = performance.now() - t0;
+    const took = `moving a process into a cgroup took ${ms.toFixed(2)} ms`;
+    if (ms < 2) return { ok: true, reason: took };
+    return { ok: false, reason: `${took} (an RCU grace period; paid by each raise when raises are spaced out; optional tuning)`, fix };
+  } catch (e) {
+    return { ok: false, reason: `could not measure a cgroup move: ${(e as Error).message}`, fix };
+  } finally {
+    child.kill('SIGKILL');
+    await new Promise((r) => child.once('exit', r));
+    await rmdir(dir).catch(() => undefined);
   }
-  if (entry.superOptions.split(',').includes('favordynmods')) return { ok: true, reason: `${entry.target} has favordynmods: joining a cgroup is cheap` };
-  return {
-    ok: false,
-    reason: `${entry.target} lacks favordynmods: when raises are spaced out, each waits ~10 ms for an RCU grace period to join its cgroup (optional tuning)`,
-    fix: `mount -o remount,favordynmods ${entry.target}`,
-  };
 }
