@@ -83,6 +83,8 @@ describe('snaplab CLI', () => {
       [['create', '--pids', '-1'], 2, /hint:/],
       [['create', '--storage', 'zfs'], 2, /unknown storage[\s\S]*hint:/],
       [['exec', 'ghost', '--', 'true'], 125, /SANDBOX_NOT_FOUND[\s\S]*hint:/],
+      [['exec', 'ghost', '--bogus', '--', 'true'], 125, /unknown option[\s\S]*hint:/],
+      [['exec', 'ghost', '--timeout', 'soon', '--', 'true'], 125, /invalid timeout[\s\S]*hint:/],
       [['restore', 'ghost'], 2, /SNAPSHOT_NOT_FOUND/],
       [['snapshot', 'ghost', '--name', 'x'], 2, /SANDBOX_NOT_FOUND/],
       [['trace', 'op-none'], 2, /OPERATION_NOT_FOUND/],

@@ -10,7 +10,7 @@ import { registerSnapshot } from './snapshot.js';
 import { registerTrace } from './trace.js';
 import { registerBench } from './bench.js';
 import { registerDemo } from './demo.js';
-import { EXIT_USAGE } from './output.js';
+import { EXIT_EXEC_FAILURE, EXIT_USAGE } from './output.js';
 
 const program = new Command('snaplab')
   .description('isolated Linux sandboxes: fast to raise, snapshot, restore and exec in, every phase timed')
@@ -37,8 +37,9 @@ registerDemo(program);
 
 program.parseAsync(process.argv).catch((e: unknown) => {
   if (e instanceof CommanderError) {
-    // commander already printed its message; help and version are not failures
-    process.exitCode = e.exitCode === 0 ? 0 : EXIT_USAGE;
+    // commander already printed its message; help and version are not failures; exec's own
+    // failures use 125 so that they cannot be mistaken for the command's exit code
+    process.exitCode = e.exitCode === 0 ? 0 : process.argv[2] === 'exec' ? EXIT_EXEC_FAILURE : EXIT_USAGE;
     return;
   }
   process.stderr.write(`error[INTERNAL]: ${(e as Error).stack ?? String(e)}\n`);
