@@ -29,12 +29,12 @@
 #include "frame.h"
 #include "sandbox.h"
 
-int serve_main(const char *socket_path, int listen_fd, int ready_fd, const char *caps);
+int serve_main(const char *socket_path, int listen_fd, int ready_fd, const char *caps, int harden);
 
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: snaplab-agent serve (--socket PATH | --listen-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...]\n"
+		"usage: snaplab-agent serve (--socket PATH | --listen-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc]\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -50,7 +50,7 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "serve") == 0) {
 		const char *sock = NULL, *caps = NULL;
-		int ready = -1, listen_fd = -1;
+		int ready = -1, listen_fd = -1, harden = 0;
 		for (int i = 2; i < argc; i++) {
 			if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc)
 				sock = argv[++i];
@@ -58,6 +58,8 @@ int main(int argc, char **argv)
 				ready = atoi(argv[++i]);
 			else if (strcmp(argv[i], "--listen-fd") == 0 && i + 1 < argc)
 				listen_fd = atoi(argv[++i]);
+			else if (strcmp(argv[i], "--harden-proc") == 0)
+				harden = 1;
 			else if (strcmp(argv[i], "--caps") == 0 && i + 1 < argc)
 				caps = argv[++i];
 			else {
@@ -69,7 +71,7 @@ int main(int argc, char **argv)
 			usage();
 			return 2;
 		}
-		return serve_main(sock, listen_fd, ready, caps);
+		return serve_main(sock, listen_fd, ready, caps, harden);
 	}
 	usage();
 	return 2;

@@ -27,6 +27,7 @@ enum frame_type {
 	T_FILE_PUT = 0x05,
 	T_FILE_GET = 0x06,
 	T_SET_CLOCK = 0x07,
+	T_STATUS = 0x08,
 	/* responses: agent -> host */
 	T_HELLO = 0x80,
 	T_PONG = 0x81,

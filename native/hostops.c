@@ -14,6 +14,7 @@
  *   ping
  *   btrfs-snapshot SRC DST RO(0|1)          BTRFS_IOC_SNAP_CREATE_V2
  *   btrfs-delete PATH                       BTRFS_IOC_SNAP_DESTROY
+ *   btrfs-changes PATH                      syncfs, then the subvolume's generation:ctransid
  *   mount SOURCE TARGET FSTYPE FLAGS DATA   mount(2)
  *   umount TARGET FLAGS                     umount2(2)
  *   launch LOG TIMEOUT_MS SOCKET N CGROUP_PROCS*N ARGV...
@@ -208,6 +209,29 @@ static void op_btrfs_delete(struct request *r)
 	reply_ok(r->id);
 }
 
+/* A subvolume's change counters after a sync: pending writes are committed first, so any write
+ * made since an earlier reading shows as a different value (fails closed). */
+static void op_btrfs_changes(struct request *r)
+{
+	if (r->argc != 2)
+		return reply_err(r->id, EINVAL, "btrfs-changes PATH");
+	int fd = open(r->argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return reply_err(r->id, errno, r->argv[1]);
+	struct btrfs_ioctl_get_subvol_info_args info;
+	memset(&info, 0, sizeof info);
+	if (syncfs(fd) < 0 || ioctl(fd, BTRFS_IOC_GET_SUBVOL_INFO, &info) < 0) {
+		int e = errno;
+		close(fd);
+		return reply_err(r->id, e, "btrfs subvolume info");
+	}
+	close(fd);
+	char v[64];
+	snprintf(v, sizeof v, "%llu:%llu", (unsigned long long)info.generation, (unsigned long long)info.ctransid);
+	const char *f[] = { "ok", v, NULL };
+	reply(r->id, f);
+}
+
 static void op_mount(struct request *r)
 {
 	if (r->argc != 6)
@@ -395,6 +419,8 @@ static void *serve(void *p)
 		op_btrfs_snapshot(r);
 	else if (strcmp(op, "btrfs-delete") == 0)
 		op_btrfs_delete(r);
+	else if (strcmp(op, "btrfs-changes") == 0)
+		op_btrfs_changes(r);
 	else if (strcmp(op, "mount") == 0)
 		op_mount(r);
 	else if (strcmp(op, "umount") == 0)

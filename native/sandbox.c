@@ -4,7 +4,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/btrfs.h>
 #include <linux/seccomp.h>
+#include <sys/mount.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -29,6 +31,17 @@ static const char *const denied[] = {
 	"move_pages", "set_mempolicy", "vm86", "vm86old", "uselib", "create_module",
 	"get_kernel_syms", "query_module", "nfsservctl", "fsopen", "fsconfig", "fsmount",
 	"fspick", "move_mount", "open_tree", "mount_setattr", "stime",
+	/* Docker has denied io_uring since 2023: a large attack surface that bypasses this filter */
+	"io_uring_setup", "io_uring_enter", "io_uring_register",
+};
+
+/* Sockets that cross network namespaces: vsock reaches the hypervisor's host whatever netns. */
+#define AF_VSOCK_NR 40
+
+/* btrfs ioctls that make subvolumes: no capability needed, and a subvolume nested in a sandbox's
+ * root would make that root impossible to delete with one ioctl. */
+static const unsigned long denied_ioctls[] = {
+	BTRFS_IOC_SNAP_CREATE, BTRFS_IOC_SNAP_CREATE_V2, BTRFS_IOC_SUBVOL_CREATE, BTRFS_IOC_SUBVOL_CREATE_V2,
 };
 
 #ifndef CLONE_NEWTIME
@@ -62,6 +75,12 @@ int filter_build(struct sock_fprog *out)
 	for (size_t i = 0; i < sizeof ns_flags / sizeof ns_flags[0]; i++)
 		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
 				     SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i])) < 0)
+			goto out;
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK_NR)) < 0)
+		goto out;
+	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
+		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+				     SCMP_A1(SCMP_CMP_EQ, denied_ioctls[i])) < 0)
 			goto out;
 	/* clone3 passes flags in memory, which BPF cannot read: ENOSYS makes libc fall back to clone. */
 	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) < 0)
@@ -109,6 +128,43 @@ static int cap_lookup(const char *name, size_t n)
 		if (strlen(cap_names[i]) == n && strncasecmp(cap_names[i], name, n) == 0)
 			return i;
 	return -1;
+}
+
+/*
+ * /proc as Docker leaves it. Without a user namespace the sandbox's root is the host's root, so a
+ * writable /proc/sys (kernel.core_pattern, kernel.modprobe) would run code on the host. bwrap only
+ * covers /proc/sys when it is writable by access(2), which the kernel never reports for the
+ * directory itself. So the agent, started with CAP_SYS_ADMIN for exactly this, makes the tunables
+ * read-only and masks the files that expose the host kernel, then drops the capability for good
+ * (caps_restrict) before it serves anything. Paths this kernel lacks are skipped.
+ */
+int harden_proc(void)
+{
+	static const char *const ro[] = { "/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq" };
+	static const char *const masked_files[] = { "/proc/sysrq-trigger", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+						    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/kallsyms" };
+	static const char *const masked_dirs[] = { "/proc/acpi", "/proc/asound", "/proc/scsi" };
+	const unsigned long ro_flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	for (size_t i = 0; i < sizeof ro / sizeof *ro; i++) {
+		if (access(ro[i], F_OK) < 0)
+			continue;
+		if (mount(ro[i], ro[i], NULL, MS_BIND | MS_REC, NULL) < 0 || mount(NULL, ro[i], NULL, ro_flags, NULL) < 0)
+			return -1;
+	}
+	for (size_t i = 0; i < sizeof masked_files / sizeof *masked_files; i++) {
+		if (access(masked_files[i], F_OK) < 0)
+			continue;
+		if (mount("/dev/null", masked_files[i], NULL, MS_BIND, NULL) < 0 ||
+		    mount(NULL, masked_files[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0)
+			return -1;
+	}
+	for (size_t i = 0; i < sizeof masked_dirs / sizeof *masked_dirs; i++) {
+		if (access(masked_dirs[i], F_OK) < 0)
+			continue;
+		if (mount("tmpfs", masked_dirs[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0") < 0)
+			return -1;
+	}
+	return 0;
 }
 
 int caps_restrict(const char *list)

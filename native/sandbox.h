@@ -10,6 +10,7 @@ int filter_build(struct sock_fprog *out);
 
 /* Drops every capability not named in list (comma separated) from the bounding set. */
 int caps_restrict(const char *list);
+int harden_proc(void);
 
 enum spawn_stage { STAGE_OK = 0, STAGE_SETUP, STAGE_CHDIR, STAGE_SECCOMP, STAGE_EXEC };
 

@@ -727,6 +727,48 @@ static void do_file_get(struct conn *c, uint32_t id, const uint8_t *payload, siz
 	free(path);
 }
 
+/* Lines after the header line of a /proc/sysvipc file: System V IPC objects left in this
+ * sandbox's IPC namespace (only a reader inside the namespace sees them). -1 when unreadable. */
+static long sysvipc_count(const char *path)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -1;
+	long lines = 0;
+	int ch;
+	while ((ch = fgetc(f)) != EOF)
+		if (ch == '\n')
+			lines++;
+	fclose(f);
+	return lines > 0 ? lines - 1 : 0;
+}
+
+/* Processes in this pid namespace other than the agent itself. */
+static long other_processes(void)
+{
+	DIR *d = opendir("/proc");
+	if (!d)
+		return -1;
+	long n = 0;
+	struct dirent *de;
+	pid_t self = getpid();
+	while ((de = readdir(d)))
+		if (de->d_name[0] >= '1' && de->d_name[0] <= '9' && atoi(de->d_name) != self)
+			n++;
+	closedir(d);
+	return n;
+}
+
+/* STATUS: what a recycled sandbox must not carry to the next execution, as seen from inside. */
+static void do_status(struct conn *c, uint32_t id)
+{
+	char text[256];
+	int n = snprintf(text, sizeof text, "processes %ld\nshm %ld\nsem %ld\nmsg %ld\n", other_processes(),
+			 sysvipc_count("/proc/sysvipc/shm"), sysvipc_count("/proc/sysvipc/sem"),
+			 sysvipc_count("/proc/sysvipc/msg"));
+	reply(c, T_DATA, id, text, (uint32_t)n);
+}
+
 static void handle_frame(struct conn *c, const struct frame *f)
 {
 	struct rd r = { f->payload, f->len, 0 };
@@ -764,6 +806,9 @@ static void handle_frame(struct conn *c, const struct frame *f)
 		break;
 	case T_FILE_GET:
 		do_file_get(c, f->id, f->payload, f->len);
+		break;
+	case T_STATUS:
+		do_status(c, f->id);
 		break;
 	case T_SET_CLOCK: {
 		int64_t ns = (int64_t)rd_u64(&r);
@@ -943,7 +988,7 @@ static void read_oom(void)
 	close(fd);
 }
 
-int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps)
+int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps, int harden)
 {
 	ensure_std_fds();
 	is_pid1 = getpid() == 1;
@@ -968,6 +1013,12 @@ int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps)
 	read_oom();
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die("no_new_privs");
+	/* Not dumpable: commands (same uid, no CAP_SYS_PTRACE) cannot ptrace the agent, read its
+	 * memory or take its file descriptors (pidfd_getfd) — the listening socket among them. */
+	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+		die("dumpable");
+	if (harden && harden_proc() < 0)
+		die("harden /proc");
 	if (caps && caps_restrict(caps) < 0)
 		die("capability bounding set");
 	if (filter_build(&filter) < 0)

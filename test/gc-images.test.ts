@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -81,6 +81,23 @@ describe('images', () => {
     expect((await lab.images()).map((i) => i.name)).toContain(name);
     await using box = await lab.create({ image: name });
     expect((await box.exec(['cat', '/hello.txt'])).stdout.toString()).toBe('from the image\n');
+  });
+
+  it('never follows an imported image\'s symlinks onto the host', async () => {
+    const victim = join(scratch, 'victim');
+    const victimEtc = join(scratch, 'victim-etc');
+    mkdirSync(victim, { mode: 0o700 });
+    mkdirSync(victimEtc);
+    const tree = join(scratch, 'evil-tree');
+    makeTree(tree);
+    execFileSync('ln', ['-s', victim, join(tree, 'tmp')]);
+    execFileSync('ln', ['-s', victimEtc, join(tree, 'etc')]);
+    const tar = join(scratch, 'evil.tar');
+    execFileSync('tar', ['-cf', tar, '-C', tree, '.']);
+    await lab.importImage(tar, 'evil');
+    expect(statSync(victim).mode & 0o7777).toBe(0o700);
+    expect(readdirSync(victimEtc)).toEqual([]);
+    await lab.removeImage('evil');
   });
 
   it('refuses a taken name, a missing source, a non-archive; refuses to remove an image in use', async () => {

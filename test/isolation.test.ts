@@ -60,7 +60,15 @@ describe('isolation', () => {
     await sh(`echo x > ${marker}`); // lands in the sandbox's own root, not the host's
     expect(existsSync(marker)).toBe(false);
     expect((await sh('mount -t tmpfs none /mnt')).code).not.toBe(0);
-    expect((await sh('echo 1 > /proc/sys/kernel/sysrq')).code).not.toBe(0);
+    // no user namespace: root inside is root outside, so the kernel's tunables must be read-only
+    // (a writable kernel.core_pattern would run code on the host)
+    const sysctl = await sh('v=$(cat /proc/sys/vm/swappiness); echo $v > /proc/sys/vm/swappiness');
+    expect(sysctl.code).not.toBe(0);
+    expect(sysctl.err).toMatch(/Read-only/);
+    expect((await sh('echo x > /proc/sys/kernel/core_pattern')).code).not.toBe(0);
+    // the agent (PID 1) cannot be ptraced or have its descriptors read by commands
+    expect((await sh('readlink /proc/1/fd/0')).code).not.toBe(0);
+    expect((await sh('cat /proc/1/environ')).code).not.toBe(0);
     expect((await sh('mknod /root/sda b 8 0')).code).not.toBe(0);
     // seccomp: namespace creation is refused even where a capability would allow it
     const unshare = await sh('unshare -n true');

@@ -64,6 +64,8 @@ export interface ExecResult {
   stdout: Buffer;
   /** Collected only when no onStderr callback was given (else empty). */
   stderr: Buffer;
+  /** collected output went past MAX_COLLECTED bytes on a stream; the rest was dropped (stream it instead) */
+  truncated: boolean;
   usage: ExecUsage;
 }
 
@@ -92,6 +94,24 @@ function agentError(p: Buffer): SnaplabError {
 
 function aborted(what: string): SnaplabError {
   return new SnaplabError('ABORTED', `${what} was aborted`);
+}
+
+/** Output collected into a result is capped: a command printing without end must not take the host's memory. */
+export const MAX_COLLECTED = 16 * 1024 * 1024;
+
+interface Collected {
+  chunks: Buffer[];
+  bytes: number;
+}
+
+/** Keep what fits under the cap; true when something was dropped. */
+function collected(c: Collected, b: Buffer): boolean {
+  const room = MAX_COLLECTED - c.bytes;
+  if (room <= 0) return b.length > 0;
+  const keep = b.length <= room ? b : b.subarray(0, room);
+  c.chunks.push(keep);
+  c.bytes += keep.length;
+  return keep.length < b.length;
 }
 
 export class AgentClient implements AsyncDisposable {
@@ -218,8 +238,9 @@ export class AgentClient implements AsyncDisposable {
     const pid = new Promise<number>((res, rej) => ((resolvePid = res), (rejectPid = rej)));
     pid.catch(() => {}); // a caller that only awaits result must not see an unhandled rejection
     const result = new Promise<ExecResult>((res, rej) => ((resolveResult = res), (rejectResult = rej)));
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
+    const out: Collected = { chunks: [], bytes: 0 };
+    const err: Collected = { chunks: [], bytes: 0 };
+    let truncated = false;
     let settled = false;
     let ended = false;
     const id = this.allocId();
@@ -274,11 +295,11 @@ export class AgentClient implements AsyncDisposable {
             break;
           case MsgType.STDOUT:
             if (opts.onStdout) opts.onStdout(f.payload);
-            else out.push(f.payload);
+            else if (collected(out, f.payload)) truncated = true;
             break;
           case MsgType.STDERR:
             if (opts.onStderr) opts.onStderr(f.payload);
-            else err.push(f.payload);
+            else if (collected(err, f.payload)) truncated = true;
             break;
           case MsgType.EXIT: {
             const x = decodeExit(f.payload);
@@ -291,8 +312,9 @@ export class AgentClient implements AsyncDisposable {
               signal,
               timedOut,
               notFound: (x.flags & ExitFlag.NOT_FOUND) !== 0,
-              stdout: Buffer.concat(out),
-              stderr: Buffer.concat(err),
+              stdout: Buffer.concat(out.chunks),
+              stderr: Buffer.concat(err.chunks),
+              truncated,
               usage: { userMs: x.userUs / 1000, systemMs: x.sysUs / 1000, maxRssKb: x.maxRssKb, wallMs: x.wallUs / 1000 },
             });
             break;
@@ -325,6 +347,20 @@ export class AgentClient implements AsyncDisposable {
   }
 
   /** Sets CLOCK_REALTIME in the sandbox; fails with EPERM where the sandbox shares the host's clock. */
+  /**
+   * What is left inside the sandbox that may not persist between executions: processes other
+   * than the agent, and System V IPC objects (visible only from inside the IPC namespace).
+   */
+  async status(): Promise<Record<string, number>> {
+    const data = await this.call(MsgType.STATUS, Buffer.alloc(0), MsgType.DATA);
+    const out: Record<string, number> = {};
+    for (const line of data.toString().split('\n')) {
+      const [k, v] = line.split(' ');
+      if (k && v !== undefined) out[k] = Number(v);
+    }
+    return out;
+  }
+
   async setClock(ns: bigint): Promise<void> {
     await this.call(MsgType.SET_CLOCK, encodeSetClock(ns), MsgType.OK);
   }

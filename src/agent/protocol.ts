@@ -19,6 +19,7 @@ export const MsgType = {
   FILE_PUT: 0x05,
   FILE_GET: 0x06,
   SET_CLOCK: 0x07,
+  STATUS: 0x08,
   // responses, agent -> host
   HELLO: 0x80,
   PONG: 0x81,

@@ -10,8 +10,9 @@ export function registerGc(program: Command): void {
   addTraceOption(cmd);
   cmd.action((o: CommonOptions) =>
     withLab(o, async (lab) => {
-      const { removed, trace } = await lab.gc();
-      if (o.json) printJson({ removed, operation: trace.id });
+      const { removed, notes, trace } = await lab.gc();
+      for (const n of notes) process.stderr.write(`note: ${n}\n`);
+      if (o.json) printJson({ removed, notes, operation: trace.id });
       else process.stdout.write(removed.length ? `removed:\n  ${removed.join('\n  ')}\n(recorded as ${trace.id})\n` : `nothing to remove (recorded as ${trace.id})\n`);
       showTrace(o, trace);
     }),

@@ -10,6 +10,8 @@ import { registerSnapshot } from './snapshot.js';
 import { registerTrace } from './trace.js';
 import { registerBench } from './bench.js';
 import { registerDemo } from './demo.js';
+import { registerPool } from './pool.js';
+import { registerRun } from './run.js';
 import { EXIT_EXEC_FAILURE, EXIT_USAGE } from './output.js';
 
 const program = new Command('snaplab')
@@ -32,6 +34,8 @@ registerRestore(program);
 registerLifecycle(program);
 registerGc(program);
 registerTrace(program);
+registerPool(program);
+registerRun(program);
 registerBench(program);
 registerDemo(program);
 
@@ -39,7 +43,7 @@ program.parseAsync(process.argv).catch((e: unknown) => {
   if (e instanceof CommanderError) {
     // commander already printed its message; help and version are not failures; exec's own
     // failures use 125 so that they cannot be mistaken for the command's exit code
-    process.exitCode = e.exitCode === 0 ? 0 : process.argv[2] === 'exec' ? EXIT_EXEC_FAILURE : EXIT_USAGE;
+    process.exitCode = e.exitCode === 0 ? 0 : ['exec', 'run'].includes(process.argv[2] ?? '') ? EXIT_EXEC_FAILURE : EXIT_USAGE;
     return;
   }
   process.stderr.write(`error[INTERNAL]: ${(e as Error).stack ?? String(e)}\n`);

@@ -4,36 +4,47 @@ import { unmountPool } from '../storage/index.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { STORAGE_KINDS } from './context.js';
+import { liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
 
 /**
  * Remove every snaplab host object that no live record owns: cgroups (and the processes in
- * them), run directories, volumes and their mounts, and — when no sandbox or snapshot uses it —
- * the btrfs pool's mount and loop device. Returns what it removed.
+ * them), run directories, volumes and their mounts, and — when it holds nothing recorded — the
+ * btrfs pool's mount and loop device. Returns what it removed.
  */
-export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<string[]> {
+export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ removed: string[]; notes: string[] }> {
   const removed: string[] = [];
+  const notes: string[] = [];
   const sandboxes = await trace.phase('reconcile', async () => Promise.all(ctx.store.listSandboxes().map((s) => reconcile(ctx, s))));
-  const liveSandboxes = sandboxes.filter((s) => s.state === 'running' || s.state === 'paused' || s.state === 'creating');
+  const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
   for (const [name, driver] of ctx.drivers) {
     const live = new Set(liveSandboxes.filter((s) => s.driver === name).map((s) => s.id));
     removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(live))));
+  }
+  const busy = await liveInflight(ctx);
+  if (busy.length) {
+    // volumes being made are not recorded yet: leave all storage alone until they are
+    notes.push(`volumes not collected: ${busy.length} operation(s) in flight (${busy.join(', ')}); run gc again later`);
+    ctx.forgetReady();
+    return { removed, notes };
   }
   const volumeIds = new Set<string>();
   for (const s of sandboxes) if (s.volume) volumeIds.add(s.volume.id);
   for (const s of ctx.store.listSnapshots()) volumeIds.add(s.volume.id);
   for (const iv of ctx.store.listImageVolumes()) volumeIds.add(iv.volume.id);
+  const poolWasMounted = (await mountsUnder(ctx.home)).some((m) => m.fstype === 'btrfs');
   for (const kind of STORAGE_KINDS) {
     const backend = ctx.backend(kind);
     if (!(await backend.probe()).ok) continue;
     removed.push(...(await trace.phase(`storage ${kind}`, () => backend.gc(volumeIds))));
   }
-  const btrfsUsers = sandboxes.some((s) => s.storage === 'btrfs') || ctx.store.listSnapshots().some((s) => s.storage === 'btrfs');
+  // The btrfs pool is infrastructure while it holds anything recorded (an image, a snapshot, a
+  // sandbox); an empty one is unmounted (and mounted again on demand).
+  const btrfsUsers = sandboxes.some((s) => s.storage === 'btrfs') || ctx.store.listSnapshots().some((s) => s.storage === 'btrfs') || ctx.store.listImageVolumes().some((v) => v.storage === 'btrfs');
   if (!btrfsUsers) {
     await trace.phase('btrfs pool', async () => {
-      const before = (await mountsUnder(ctx.home)).length;
       await unmountPool(ctx.home).catch(() => undefined);
-      if ((await mountsUnder(ctx.home)).length < before) removed.push(`btrfs pool mount under ${ctx.home} (no sandbox or snapshot uses it; it is mounted again on demand)`);
+      if (poolWasMounted) removed.push(`btrfs pool mount under ${ctx.home} (it holds nothing any more)`);
     });
   }
   // Last resort for anything a crashed backend left mounted below the volumes' directories.
@@ -49,5 +60,5 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<str
     removed.push(`loop device ${loop.device} (${loop.backingFile})`);
   }
   ctx.forgetReady();
-  return removed;
+  return { removed, notes };
 }

@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { chmod, mkdir, rename, rm, stat, symlink, writeFile, copyFile } from 'node:fs/promises';
+import { chmod, lstat, mkdir, rename, rm, stat, symlink, writeFile, copyFile } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { isDynamicElf } from '../host/elf.js';
@@ -11,13 +11,32 @@ import { checkName, newId } from './names.js';
 export const BUILTIN_BUSYBOX = 'busybox';
 
 /** Directories every image gets, so that the sandbox's mounts never have to write into it. */
-const SKELETON = ['bin', 'sbin', 'usr/bin', 'usr/sbin', 'etc', 'root', 'tmp', 'proc', 'dev', 'run', 'var/tmp', 'home'];
+const SKELETON = ['bin', 'sbin', 'usr', 'usr/bin', 'usr/sbin', 'etc', 'root', 'tmp', 'proc', 'dev', 'run', 'var', 'var/tmp', 'home'];
 
+/**
+ * Add what is missing of the skeleton without ever following a symlink of the image: an
+ * imported tree is untrusted, and `tmp -> /etc` followed on the host would make the host's /etc
+ * world-writable. A path that is a symlink (or under one) is left as the image has it.
+ */
 async function skeleton(root: string): Promise<void> {
-  for (const d of SKELETON) await mkdir(join(root, d), { recursive: true });
-  await chmod(join(root, 'tmp'), 0o1777);
+  const isDir = async (rel: string): Promise<boolean> => {
+    const st = await lstat(join(root, rel)).catch(() => undefined);
+    return st?.isDirectory() === true;
+  };
+  for (const d of SKELETON) {
+    const parent = d.includes('/') ? d.slice(0, d.lastIndexOf('/')) : '';
+    if (parent && !(await isDir(parent))) continue; // missing, or a symlink: do not go through it
+    await mkdir(join(root, d)).catch((e: NodeJS.ErrnoException) => {
+      if (e.code !== 'EEXIST') throw e;
+    });
+  }
+  if (await isDir('tmp')) await chmod(join(root, 'tmp'), 0o1777);
+  if (!(await isDir('etc'))) return;
+  // O_CREAT|O_EXCL ('wx') never follows a symlink in the last component, and never overwrites
   const etc = (f: string, text: string): Promise<void> =>
-    existsSync(join(root, 'etc', f)) ? Promise.resolve() : writeFile(join(root, 'etc', f), text);
+    writeFile(join(root, 'etc', f), text, { flag: 'wx' }).catch((e: NodeJS.ErrnoException) => {
+      if (e.code !== 'EEXIST') throw e;
+    });
   await etc('passwd', 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n');
   await etc('group', 'root:x:0:\nnogroup:x:65534:\n');
   await etc('hosts', '127.0.0.1\tlocalhost\n::1\tlocalhost\n');

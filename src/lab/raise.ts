@@ -1,6 +1,7 @@
 import type { AgentClient } from '../agent/client.js';
 import { SnaplabError } from '../errors.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
+import { inflight } from './inflight.js';
 import type { Limits, SandboxRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
@@ -17,6 +18,8 @@ export interface RaiseInput {
   /** volume to clone the root filesystem from (an image's or a snapshot's) */
   base: () => Promise<Volume>;
   origin: string | null;
+  /** raise as a standby of this pool */
+  pool?: string;
 }
 
 /**
@@ -34,7 +37,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   const record: SandboxRecord = {
     id, name, image: input.image, storage: input.storage, driver: driver.name, state: 'creating',
     reason: `being created by pid ${process.pid}`, volume: null, pid: null, pidStart: null,
-    limits: input.limits, origin: input.origin, createdAt: Date.now(),
+    limits: input.limits, origin: input.origin, createdAt: Date.now(), pool: input.pool ?? null, baseline: null,
   };
   trace.target = name;
   try {
@@ -49,10 +52,16 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     const base = await input.base();
     const machine = { id, hostname: name, limits: input.limits };
     // the cgroup does not need the root filesystem: make both at once
-    const [cloned, prepared] = await Promise.allSettled([trace.phase('clone rootfs', () => backend.clone(base)), driver.prepare(machine, trace)]);
+    const clone = (): Promise<Volume> =>
+      inflight(ctx, 'clone', async () => {
+        const v = await backend.clone(base);
+        record.volume = v; // recorded before the mark is lifted, so gc always sees an owner
+        ctx.store.updateSandbox(id, { volume: v });
+        return v;
+      });
+    const [cloned, prepared] = await Promise.allSettled([trace.phase('clone rootfs', clone), driver.prepare(machine, trace)]);
     if (cloned.status === 'rejected') throw cloned.reason;
-    const volume = (record.volume = cloned.value); // recorded before anything can fail, for the cleanup below
-    ctx.store.updateSandbox(id, { volume });
+    const volume = cloned.value;
     if (prepared.status === 'rejected') throw prepared.reason;
     const raised = await driver.raise({ ...machine, rootfs: volume.path }, trace, signal);
     agent = raised.agent;

@@ -4,7 +4,8 @@ import type { LabContext } from './context.js';
 
 /**
  * Bring a record in line with the host: a sandbox whose init is gone is dead (with the reason the
- * host can give); a sandbox left 'creating' by a process that no longer exists was interrupted.
+ * host can give); a sandbox left 'creating' or 'removing' by a process that no longer exists was
+ * interrupted.
  * The store never claims a sandbox that is not there.
  */
 export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<SandboxRecord> {
@@ -17,7 +18,7 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
   } else if (s.state === 'creating' || s.state === 'removing') {
     const m = /pid (\d+)/.exec(s.reason ?? '');
     const owner = m ? Number(m[1]) : 0;
-    if (s.state === 'removing' || !owner || !(await pidAlive(owner))) {
+    if (!owner || !(await pidAlive(owner))) {
       const reason = s.state === 'creating' ? 'creation was interrupted (the process creating it exited)' : 'removal was interrupted';
       ctx.store.updateSandbox(s.id, { state: 'dead', reason });
       return { ...s, state: 'dead', reason };

@@ -1,4 +1,6 @@
+import { join } from 'node:path';
 import type { Readable } from 'node:stream';
+import { withLock } from '../host/lock.js';
 import type { AgentClient, ExecResult as AgentExecResult } from '../agent/client.js';
 import { deadError } from '../drivers/namespaces/driver.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
@@ -7,6 +9,7 @@ import type { SandboxRecord, SnapshotRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { mergeEnv } from './exec.js';
+import { inflight } from './inflight.js';
 import { checkName } from './names.js';
 
 export interface ExecOptions {
@@ -90,9 +93,26 @@ function feedStdin(h: { write(b: Buffer): void; end(): void }, input: string | B
   input.on('error', () => h.end());
 }
 
+/**
+ * Run `fn` holding the sandbox's state lock, with its record as it is now: pause, resume and
+ * snapshot each freeze or thaw, and without the lock one could thaw what another just froze.
+ */
+async function underStateLock<T>(ctx: LabContext, s: SandboxRecord, fn: () => Promise<T>): Promise<T> {
+  return withLock(join(ctx.home, 'run', s.id, 'state.lock'), async () => {
+    const fresh = ctx.store.getSandbox(s.id);
+    if (!fresh) throw new SnaplabError('SANDBOX_NOT_FOUND', `sandbox ${s.name} was removed meanwhile`, 'list sandboxes with `snaplab ls`');
+    Object.assign(s, fresh);
+    return fn();
+  });
+}
+
 /** Freeze the sandbox, snapshot its filesystem, thaw it (even when the snapshot fails). */
 export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace): Promise<SnapshotRecord> {
   checkName('snapshot', name);
+  return underStateLock(ctx, s, () => snapshotLocked(ctx, s, name, trace));
+}
+
+async function snapshotLocked(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace): Promise<SnapshotRecord> {
   if (ctx.store.getSnapshot(name)) {
     throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
   }
@@ -102,37 +122,43 @@ export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: s
   const backend = await ctx.readyBackend(s.storage);
   const wasPaused = s.state === 'paused';
   if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s)));
-  let volume;
-  try {
-    volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
-  } finally {
-    if (!wasPaused) await trace.phase('thaw', () => driver.resume(handleOf(s)));
-  }
-  const rec: SnapshotRecord = { name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now() };
-  try {
-    ctx.store.insertSnapshot(rec);
-  } catch (e) {
-    await backend.delete(volume);
-    if (/UNIQUE/.test(String(e))) throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
-    throw e;
-  }
-  return rec;
+  return inflight(ctx, 'snapshot', async () => {
+    let volume;
+    try {
+      volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
+    } finally {
+      if (!wasPaused) await trace.phase('thaw', () => driver.resume(handleOf(s)));
+    }
+    const rec: SnapshotRecord = { name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now() };
+    try {
+      ctx.store.insertSnapshot(rec);
+    } catch (e) {
+      await backend.delete(volume);
+      if (/UNIQUE/.test(String(e))) throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
+      throw e;
+    }
+    return rec;
+  });
 }
 
 export async function pauseSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
-  if (s.state === 'paused') return;
-  await ensureUsable(ctx, s);
-  await trace.phase('freeze', () => ctx.driver(s.driver).pause(handleOf(s)));
-  ctx.store.updateSandbox(s.id, { state: 'paused' });
-  s.state = 'paused';
+  await underStateLock(ctx, s, async () => {
+    if (s.state === 'paused') return;
+    await ensureUsable(ctx, s);
+    await trace.phase('freeze', () => ctx.driver(s.driver).pause(handleOf(s)));
+    ctx.store.updateSandbox(s.id, { state: 'paused' });
+    s.state = 'paused';
+  });
 }
 
 export async function resumeSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
-  if (s.state !== 'paused') {
-    if (s.state === 'running') return;
-    await ensureUsable(ctx, s);
-  }
-  await trace.phase('thaw', () => ctx.driver(s.driver).resume(handleOf(s)));
-  ctx.store.updateSandbox(s.id, { state: 'running' });
-  s.state = 'running';
+  await underStateLock(ctx, s, async () => {
+    if (s.state !== 'paused') {
+      if (s.state === 'running') return;
+      await ensureUsable(ctx, s);
+    }
+    await trace.phase('thaw', () => ctx.driver(s.driver).resume(handleOf(s)));
+    ctx.store.updateSandbox(s.id, { state: 'running' });
+    s.state = 'running';
+  });
 }

@@ -1,6 +1,9 @@
 export { Lab, type LabOptions, type CreateOptions, type RestoreOptions } from './lab.js';
 export { Sandbox } from './sandbox.js';
 export { Snapshot } from './snapshot.js';
+export { Pool } from './pool.js';
+export type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
+export type { RunSpec, RunOutcome, PutFile } from '../lab/run.js';
 export type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
 export type { Limits, SandboxRecord, SnapshotRecord, ImageRecord } from '../store/records.js';
 export type { TraceSummary, Phase } from '../timing/trace.js';

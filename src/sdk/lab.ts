@@ -1,10 +1,17 @@
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/gc.js';
+import { imageVolume } from '../lab/image-volume.js';
+import { withDefaults } from '../lab/limits.js';
 import { raiseSandbox } from '../lab/raise.js';
+import { definePool, getPool, poolStats, type PoolSpec, type PoolStats } from '../lab/pool-admin.js';
+import { PoolRunner } from '../lab/pool.js';
+import { runOnce, type RunOutcome, type RunSpec } from '../lab/run.js';
+import { destroyRecord } from '../lab/teardown.js';
+import { Pool } from './pool.js';
 import { reconcile } from '../lab/reconcile.js';
 import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/removals.js';
-import type { StorageKind } from '../storage/backend.js';
-import type { ImageRecord, Limits } from '../store/records.js';
+import type { StorageKind, Volume } from '../storage/backend.js';
+import type { ImageRecord, Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
 import { Snapshot } from './snapshot.js';
@@ -35,6 +42,8 @@ export interface RestoreOptions {
  * Every lifecycle call is traced; `lab.trace(id)` returns a stored trace.
  */
 export class Lab {
+  private readonly runners = new Map<string, PoolRunner>();
+
   private constructor(private readonly ctx: LabContext) {}
 
   /** Open the lab at `home` (state in SQLite there). Needs root. */
@@ -52,22 +61,8 @@ export class Lab {
     const { result, trace } = await this.ctx.traced('create', opts.name ?? null, async (t) => {
       const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
-      const base = async () => {
-        const have = this.ctx.store.getImageVolume(img.name, storage);
-        if (have) return have;
-        return t.phase('import image', async () => {
-          const backend = await this.ctx.readyBackend(storage);
-          const v = await backend.importImage(img.path, img.name);
-          const raced = this.ctx.store.getImageVolume(img.name, storage);
-          if (raced) {
-            await backend.delete(v); // another process imported it meanwhile: use theirs
-            return raced;
-          }
-          this.ctx.store.putImageVolume(img.name, storage, v);
-          return v;
-        });
-      };
-      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: opts.limits ?? {}, base, origin: null }, t, opts.signal);
+      const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
+      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits), base, origin: null }, t, opts.signal);
     });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
   }
@@ -79,7 +74,7 @@ export class Lab {
       if (!snap) throw snapshotNotFound(this.ctx, snapshot);
       return raiseSandbox(
         this.ctx,
-        { name: opts.name, image: snap.image, storage: snap.storage, driver: 'namespaces', limits: opts.limits ?? snap.limits, base: async () => snap.volume, origin: snap.name },
+        { name: opts.name, image: snap.image, storage: snap.storage, driver: 'namespaces', limits: opts.limits ? withDefaults(opts.limits) : snap.limits, base: async () => snap.volume, origin: snap.name },
         t,
         opts.signal,
       );
@@ -131,9 +126,9 @@ export class Lab {
   }
 
   /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
-  async gc(): Promise<{ removed: string[]; trace: TraceSummary }> {
-    const { result, trace } = await this.ctx.traced('gc', null, (t) => collectGarbage(this.ctx, t), (removed) => ({ removed }));
-    return { removed: result, trace };
+  async gc(): Promise<{ removed: string[]; notes: string[]; trace: TraceSummary }> {
+    const { result, trace } = await this.ctx.traced('gc', null, (t) => collectGarbage(this.ctx, t), (r) => r);
+    return { ...result, trace };
   }
 
   trace(operationId: string): (TraceSummary & { details: unknown }) | undefined {
@@ -144,12 +139,55 @@ export class Lab {
     return this.ctx.store.listOperations(limit);
   }
 
+  /** Define a pool of paused standbys and raise them (`size` of them) before returning. */
+  async createPool(spec: PoolSpec, onProgress?: (ready: number, target: number) => void): Promise<Pool> {
+    await definePool(this.ctx, spec);
+    const pool = this.pool(spec.name);
+    await pool.fill(onProgress);
+    return pool;
+  }
+
+  /** An existing pool; this Lab holds one runner per pool name. */
+  pool(name: string): Pool {
+    getPool(this.ctx, name);
+    let runner = this.runners.get(name);
+    if (!runner) this.runners.set(name, (runner = new PoolRunner(this.ctx, name)));
+    return new Pool(this.ctx, runner, () => this.runners.delete(name));
+  }
+
+  async pools(): Promise<PoolStats[]> {
+    return Promise.all(this.ctx.store.listPools().map((p) => poolStats(this.ctx, p.name)));
+  }
+
+  /**
+   * Run argv in a fresh sandbox and return its result: from a pool (`pool`), or raised for this
+   * execution and destroyed after (`image`, default busybox).
+   */
+  async run(argv: string[], opts: RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits } = {}): Promise<RunOutcome & { trace: TraceSummary }> {
+    if (opts.pool !== undefined) return this.pool(opts.pool).run(argv, opts);
+    const { result, trace } = await this.ctx.traced('run', opts.image ?? 'busybox', (t) =>
+      runOnce(
+        this.ctx,
+        async () => {
+          const box = await this.create({ image: opts.image, storage: opts.storage, limits: opts.limits });
+          return { record: box.info as SandboxRecord, agent: await box.agentConnection() };
+        },
+        async (r) => destroyRecord(this.ctx, r),
+        argv,
+        opts,
+        t,
+      ),
+    );
+    return { ...result, trace };
+  }
+
   /** @internal for the CLI's doctor and bench */
   get context(): LabContext {
     return this.ctx;
   }
 
   close(): void {
+    for (const r of this.runners.values()) void r.stop();
     this.ctx.close();
   }
 

@@ -30,6 +30,11 @@ export class Sandbox {
   /** the stored record: limits, pid, volume, origin */
   get info(): Readonly<SandboxRecord> { return this.record; }
 
+  /** @internal the agent connection (opened on first use) */
+  agentConnection(): Promise<AgentClient> {
+    return this.connection();
+  }
+
   private async connection(): Promise<AgentClient> {
     this.agent ??= await connectAgent(this.ctx, this.record);
     return this.agent;

@@ -49,6 +49,12 @@ export interface StorageBackend {
   delete(volume: Volume): Promise<void>;
   usage(volume: Volume): Promise<Usage>;
   /**
+   * A value that is different whenever the writable volume's content has changed since an
+   * earlier call (it may also differ when it has not: it fails closed), or null when this backend
+   * cannot tell cheaply. Pools recycle a standby only when this is unchanged.
+   */
+  changeMarker(volume: Volume): Promise<string | null>;
+  /**
    * Host objects this backend made (mount points, loop devices, directories) whose volume ids are
    * not in `liveIds`; `gc` removes them. Returns a description of each thing it removed.
    */

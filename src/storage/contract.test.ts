@@ -115,6 +115,29 @@ function contractSuite(kind: StorageKind, factory: (home: string) => StorageBack
     await drop(c);
   });
 
+  it('change marker: different after any write (or null: cannot tell); stable under reads on noatime', async () => {
+    const c = keep(await b.clone(image));
+    const m0 = await b.changeMarker(c);
+    if (m0 === null) {
+      expect(b.kind).toBe('dir'); // the only backend with no cheap change record
+      await drop(c);
+      return;
+    }
+    await readFile(join(c.path, 'hello.txt'), 'utf8');
+    // a read may update atime (a change on disk) unless the filesystem is mounted noatime
+    const under = (await readMounts()).filter((m) => c.path === m.target || c.path.startsWith(`${m.target}/`)).pop();
+    if (b.kind === 'overlay' || under?.options.split(',').includes('noatime')) expect(await b.changeMarker(c)).toBe(m0);
+    const before = await b.changeMarker(c);
+    await writeFile(join(c.path, 'sub-new.txt'), 'x');
+    expect(await b.changeMarker(c)).not.toBe(before);
+    const c2 = keep(await b.clone(image));
+    const before2 = await b.changeMarker(c2);
+    await rm(join(c2.path, 'hello.txt')); // deleting a file of the base is a change too
+    expect(await b.changeMarker(c2)).not.toBe(before2);
+    await drop(c2);
+    await drop(c);
+  });
+
   it('snapshots keep their point in time; clones of them show deletes and changes', async () => {
     const c = keep(await b.clone(image));
     await unlink(join(c.path, 'gone.txt'));

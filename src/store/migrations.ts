@@ -56,4 +56,29 @@ export const migrations: string[] = [
   );
   CREATE INDEX operations_started ON operations(started_at);
   `,
+  `
+  CREATE TABLE pools (
+    name           TEXT PRIMARY KEY,
+    image          TEXT NOT NULL,
+    storage        TEXT NOT NULL,
+    limits         TEXT NOT NULL,
+    target         INTEGER NOT NULL,
+    recycle        INTEGER NOT NULL DEFAULT 1,
+    hits           INTEGER NOT NULL DEFAULT 0,
+    misses         INTEGER NOT NULL DEFAULT 0,
+    recycled       INTEGER NOT NULL DEFAULT 0,
+    refused_dirty  INTEGER NOT NULL DEFAULT 0,
+    leaks          INTEGER NOT NULL DEFAULT 0,
+    created_at     INTEGER NOT NULL
+  );
+  CREATE TABLE inflight (
+    id          TEXT PRIMARY KEY,
+    pid         INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    started_at  INTEGER NOT NULL
+  );
+  ALTER TABLE sandboxes ADD COLUMN pool TEXT;
+  ALTER TABLE sandboxes ADD COLUMN baseline TEXT;
+  CREATE INDEX sandboxes_pool ON sandboxes(pool, state);
+  `,
 ];

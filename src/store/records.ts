@@ -31,6 +31,36 @@ export interface SandboxRecord {
   /** snapshot name this sandbox was restored from, if any */
   origin: string | null;
   createdAt: number;
+  /** the pool this sandbox is a standby of (paused) or was taken from (running) */
+  pool: string | null;
+  /** for pooled sandboxes: what the clean state looked like when it became a standby */
+  baseline: CleanBaseline | null;
+}
+
+/** The state a recycled standby must be back in before it may be handed out again. */
+export interface CleanBaseline {
+  /** the root filesystem's change counter (btrfs ctransid; overlay: entries in the upper dir) */
+  fsGeneration: string;
+  /** entries of the sandbox's /dev, /dev/shm and /run at the start */
+  devEntries: string[];
+  oomKills: number;
+  /** pids.events "max": how often a fork hit the limit */
+  pidsMax: number;
+}
+
+export interface PoolRecord {
+  name: string;
+  image: string;
+  storage: StorageKind;
+  limits: Limits;
+  target: number;
+  recycle: boolean;
+  hits: number;
+  misses: number;
+  recycled: number;
+  refusedDirty: number;
+  leaks: number;
+  createdAt: number;
 }
 
 export interface SnapshotRecord {

@@ -1,5 +1,5 @@
 import type { Db } from './db.js';
-import type { ImageRecord, SandboxRecord, SnapshotRecord } from './records.js';
+import type { ImageRecord, PoolRecord, SandboxRecord, SnapshotRecord } from './records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 
@@ -21,8 +21,29 @@ function toSandbox(r: Row): SandboxRecord {
     limits: json(r.limits),
     origin: (r.origin as string | null) ?? null,
     createdAt: r.created_at as number,
+    pool: (r.pool as string | null) ?? null,
+    baseline: r.baseline ? json(r.baseline) : null,
   };
 }
+
+function toPool(r: Row): PoolRecord {
+  return {
+    name: r.name as string,
+    image: r.image as string,
+    storage: r.storage as StorageKind,
+    limits: json(r.limits),
+    target: r.target as number,
+    recycle: r.recycle === 1,
+    hits: r.hits as number,
+    misses: r.misses as number,
+    recycled: r.recycled as number,
+    refusedDirty: r.refused_dirty as number,
+    leaks: r.leaks as number,
+    createdAt: r.created_at as number,
+  };
+}
+
+export type PoolCounter = 'hits' | 'misses' | 'recycled' | 'refused_dirty' | 'leaks';
 
 function toSnapshot(r: Row): SnapshotRecord {
   return {
@@ -80,23 +101,74 @@ export class Store {
   insertSandbox(s: SandboxRecord): void {
     this.db
       .prepare(
-        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at)
-         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt)`,
+        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline)
+         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline)`,
       )
-      .run({ ...s, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits) });
+      .run({ ...s, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits), baseline: s.baseline && JSON.stringify(s.baseline) });
   }
-  updateSandbox(id: string, patch: Partial<Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart'>>): void {
+  updateSandbox(id: string, patch: Partial<Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart' | 'pool' | 'baseline'>>): void {
     const cols: string[] = [];
     const vals: unknown[] = [];
-    const map: Record<string, string> = { state: 'state', reason: 'reason', volume: 'volume', pid: 'pid', pidStart: 'pid_start' };
+    const map: Record<string, string> = { state: 'state', reason: 'reason', volume: 'volume', pid: 'pid', pidStart: 'pid_start', pool: 'pool', baseline: 'baseline' };
     for (const [k, v] of Object.entries(patch)) {
       cols.push(`${map[k]} = ?`);
-      vals.push(k === 'volume' && v ? JSON.stringify(v) : v);
+      vals.push((k === 'volume' || k === 'baseline') && v ? JSON.stringify(v) : v);
     }
     if (cols.length) this.db.prepare(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = ?`).run(...vals, id);
   }
   deleteSandbox(id: string): void {
     this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
+  }
+
+  // pools
+  getPool(name: string): PoolRecord | undefined {
+    const r = this.db.prepare('SELECT * FROM pools WHERE name = ?').get(name) as Row | undefined;
+    return r && toPool(r);
+  }
+  listPools(): PoolRecord[] {
+    return (this.db.prepare('SELECT * FROM pools ORDER BY name').all() as Row[]).map(toPool);
+  }
+  insertPool(p: PoolRecord): void {
+    this.db
+      .prepare('INSERT INTO pools (name, image, storage, limits, target, recycle, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)')
+      .run(p.name, p.image, p.storage, JSON.stringify(p.limits), p.target, p.recycle ? 1 : 0, p.createdAt);
+  }
+  setPoolTarget(name: string, target: number): void {
+    this.db.prepare('UPDATE pools SET target = ? WHERE name = ?').run(target, name);
+  }
+  countPool(name: string, counter: PoolCounter, by = 1): void {
+    this.db.prepare(`UPDATE pools SET ${counter} = ${counter} + ? WHERE name = ?`).run(by, name);
+  }
+  deletePool(name: string): void {
+    this.db.prepare('DELETE FROM pools WHERE name = ?').run(name);
+  }
+  poolMembers(name: string): SandboxRecord[] {
+    return (this.db.prepare('SELECT * FROM sandboxes WHERE pool = ? ORDER BY created_at').all(name) as Row[]).map(toSandbox);
+  }
+  /**
+   * Take one paused standby of the pool, atomically across processes: the UPDATE marks it
+   * running (taken) in the same statement that finds it, so two takers never get the same one.
+   */
+  claimStandby(pool: string, reason: string): SandboxRecord | undefined {
+    const r = this.db
+      .prepare(
+        `UPDATE sandboxes SET state = 'running', reason = ?
+         WHERE id = (SELECT id FROM sandboxes WHERE pool = ? AND state = 'paused' ORDER BY created_at LIMIT 1)
+         RETURNING *`,
+      )
+      .get(reason, pool) as Row | undefined;
+    return r && toSandbox(r);
+  }
+
+  // operations that are making volumes: gc must not take what they have not recorded yet
+  beginInflight(id: string, kind: string): void {
+    this.db.prepare('INSERT INTO inflight (id, pid, kind, started_at) VALUES (?, ?, ?, ?)').run(id, process.pid, kind, Date.now());
+  }
+  endInflight(id: string): void {
+    this.db.prepare('DELETE FROM inflight WHERE id = ?').run(id);
+  }
+  listInflight(): { id: string; pid: number; kind: string; startedAt: number }[] {
+    return (this.db.prepare('SELECT * FROM inflight').all() as Row[]).map((r) => ({ id: r.id as string, pid: r.pid as number, kind: r.kind as string, startedAt: r.started_at as number }));
   }
 
   // snapshots

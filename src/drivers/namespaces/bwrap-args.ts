@@ -38,16 +38,21 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '--bind', i.rootfs, '/',
     '--proc', '/proc',
     '--dev', '/dev',
+    // POSIX message queues of the sandbox's IPC namespace, visible so that a pool can check none is left
+    '--mqueue', '/dev/mqueue',
     // /run is a tmpfs, as on a booted machine: nothing of snaplab's lands in the root filesystem
     '--tmpfs', '/run',
     '--ro-bind', i.agentBinary, GUEST_AGENT,
     '--chdir', '/',
     '--cap-drop', 'ALL',
     ...caps,
+    // for the agent alone, and only until it has made /proc/sys read-only (see harden_proc)
+    '--cap-add', 'CAP_SYS_ADMIN',
     '--info-fd', String(INFO_FD),
     GUEST_AGENT, 'serve',
     '--listen-fd', String(LISTEN_FD),
     '--ready-fd', String(READY_FD),
     '--caps', SANDBOX_CAPABILITIES.join(','),
+    '--harden-proc',
   ];
 }

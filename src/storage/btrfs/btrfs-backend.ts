@@ -96,6 +96,18 @@ export class BtrfsBackend implements StorageBackend {
     return { exclusiveBytes: Number(exclusive) || 0, sharedBytes: Number(shared) || 0 };
   }
 
+  /**
+   * The subvolume's generation and ctransid after a syncfs (so that writes not yet committed
+   * count): any write, create, delete or metadata change moves them. The pool is mounted noatime,
+   * so reads do not. Without the helper: null (cannot tell cheaply).
+   */
+  async changeMarker(volume: Volume): Promise<string | null> {
+    checkVolume(volume, 'btrfs');
+    const ops = HostOps.get();
+    if (!ops) return null;
+    return (await ops.request('btrfs-changes', await this.pathOf(volume.id)))[0] ?? null;
+  }
+
   /** Deletes subvolumes whose ids are not live; mounts the pool first if it exists but is not. */
   async gc(liveIds: Set<string>): Promise<string[]> {
     const layout = await this.where();

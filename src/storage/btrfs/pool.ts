@@ -2,7 +2,7 @@ import { access, mkdir, rename, rm, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { run } from '../../host/run.js';
-import { withLock } from '../lock.js';
+import { withLock } from '../../host/lock.js';
 import { readMounts, unmountAll } from '../mounts.js';
 import { exists } from '../tree.js';
 

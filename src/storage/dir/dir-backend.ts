@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import type { Availability } from '../../host/probe-types.js';
 import { run, which } from '../../host/run.js';
 import type { StorageBackend, Usage, Volume } from '../backend.js';
-import { withLock } from '../lock.js';
+import { withLock } from '../../host/lock.js';
 import { checkVolume, readMeta, writeMeta } from '../meta.js';
 import { isMountPoint, unmountAll } from '../mounts.js';
 import { copyTree, diskBytes, exists, listIds, newId, removeTree } from '../tree.js';
@@ -66,6 +66,12 @@ export class DirBackend implements StorageBackend {
   }
 
   /** exclusive = `du` of the tree (all of it: copies share nothing we can see); shared = 0. */
+  /** A full copy has no cheap change record: null, so nothing on dir storage is recycled. */
+  async changeMarker(volume: Volume): Promise<string | null> {
+    void volume;
+    return null;
+  }
+
   async usage(volume: Volume): Promise<Usage> {
     checkVolume(volume, 'dir');
     return { exclusiveBytes: await diskBytes(join(this.dir(volume.id), 'tree')), sharedBytes: 0 };

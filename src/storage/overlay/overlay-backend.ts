@@ -4,7 +4,7 @@ import { SnaplabError } from '../../errors.js';
 import type { Availability } from '../../host/probe-types.js';
 import { mountFs } from '../../host/mounts.js';
 import type { StorageBackend, Usage, Volume } from '../backend.js';
-import { withLock } from '../lock.js';
+import { withLock } from '../../host/lock.js';
 import { checkVolume, readMeta, writeMeta } from '../meta.js';
 import { isMountPoint, unmountAll } from '../mounts.js';
 import { copyTree, diskBytes, isVolumeId, listIds, newId, removeTree } from '../tree.js';
@@ -118,6 +118,18 @@ export class OverlayBackend implements StorageBackend {
    * or snapshot owns (0 for a snapshot that only references layers); shared = `du` of the lower
    * layers it stacks, which other volumes may stack too.
    */
+  /**
+   * Every change through an overlay mount lands in its upper dir at once (copy-up, whiteouts,
+   * new files). An empty upper dir means the volume is its base; a non-empty one gets a value
+   * that never repeats, since a change below an entry already there would not show at the top.
+   */
+  async changeMarker(volume: Volume): Promise<string | null> {
+    checkVolume(volume, 'overlay');
+    if (volume.readOnly) return 'base';
+    const entries = await readdir(join(this.dir(volume.id), 'upper'));
+    return entries.length === 0 ? 'base' : `changed:${newId()}`;
+  }
+
   async usage(volume: Volume): Promise<Usage> {
     const layers = this.layersOf(volume);
     const owns = layers[0] === volume.id;

@@ -1,4 +1,4 @@
-import { mkdir, open, readFile, unlink } from 'node:fs/promises';
+import { mkdir, open, readFile, stat, unlink } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { SnaplabError } from '../errors.js';
 
@@ -28,8 +28,10 @@ export async function withLock<T>(path: string, fn: () => Promise<T>, timeoutMs 
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
       const pid = Number(await readFile(path, 'utf8').catch(() => ''));
-      // An empty file is a holder between open and write: give it time, like a live one.
-      if (pid > 0 && !alive(pid)) {
+      // An empty file is a holder between open and write: give it a few seconds, then it is a
+      // holder that died there.
+      const age = pid > 0 ? 0 : await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
+      if ((pid > 0 && !alive(pid)) || age > 5000) {
         await unlink(path).catch(() => undefined);
         continue;
       }

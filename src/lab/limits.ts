@@ -1,0 +1,12 @@
+import type { Limits } from '../store/records.js';
+
+/**
+ * Limits every sandbox gets unless told otherwise: without them one fork bomb exhausts the host's
+ * pid space and one runaway process its memory. Generous enough for builds and tests; raise them
+ * per sandbox (--memory, --pids) as needed. No CPU limit by default: the scheduler shares cores.
+ */
+export const DEFAULT_LIMITS: Readonly<Limits> = { memoryBytes: 1024 ** 3, pids: 1024 };
+
+export function withDefaults(l: Limits | undefined): Limits {
+  return { ...DEFAULT_LIMITS, ...l };
+}

@@ -1,0 +1,106 @@
+import { SnaplabError } from '../errors.js';
+import type { StorageKind } from '../storage/backend.js';
+import type { Limits, PoolRecord } from '../store/records.js';
+import type { LabContext } from './context.js';
+import { withDefaults } from './limits.js';
+import { checkName } from './names.js';
+import { pidAlive } from '../host/procs.js';
+import { reconcile } from './reconcile.js';
+import { destroyRecord } from './teardown.js';
+
+export interface PoolSpec {
+  name: string;
+  image: string;
+  size: number;
+  limits: Limits;
+  storage?: StorageKind;
+  recycle?: boolean;
+}
+
+export interface PoolStats extends PoolRecord {
+  ready: number;
+  inUse: number;
+  raising: number;
+  dead: number;
+}
+
+export function getPool(ctx: LabContext, name: string): PoolRecord {
+  const p = ctx.store.getPool(name);
+  if (!p) {
+    const known = ctx.store.listPools().map((x) => x.name);
+    throw new SnaplabError('POOL_NOT_FOUND', `no pool named ${JSON.stringify(name)}`, known.length ? `known pools: ${known.join(', ')}` : `create one with \`snaplab pool create ${name} --image busybox --size 4\``);
+  }
+  return p;
+}
+
+export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolRecord> {
+  checkName('pool', spec.name);
+  if (ctx.store.getPool(spec.name)) {
+    throw new SnaplabError('POOL_EXISTS', `a pool named ${spec.name} already exists`, `resize it with \`snaplab pool resize ${spec.name} N\`, or remove it first`);
+  }
+  if (!Number.isSafeInteger(spec.size) || spec.size < 0) throw new SnaplabError('BAD_INPUT', `invalid pool size ${spec.size}`, 'give a whole number ≥ 0');
+  await ctx.images.resolve(spec.image);
+  const rec: PoolRecord = {
+    name: spec.name, image: spec.image, storage: spec.storage ?? (await ctx.defaultStorage()), limits: withDefaults(spec.limits),
+    target: spec.size, recycle: spec.recycle ?? true, hits: 0, misses: 0, recycled: 0, refusedDirty: 0, leaks: 0, createdAt: Date.now(),
+  };
+  ctx.store.insertPool(rec);
+  return rec;
+}
+
+/** The pool's counters and its members by state, reconciled with the host (dead ones counted). */
+export async function poolStats(ctx: LabContext, name: string): Promise<PoolStats> {
+  getPool(ctx, name);
+  await reapLeaks(ctx, name);
+  const p = getPool(ctx, name);
+  const members = await Promise.all(ctx.store.poolMembers(name).map((s) => reconcile(ctx, s)));
+  const count = (st: string): number => members.filter((m) => m.state === st).length;
+  return { ...p, ready: count('paused'), inUse: count('running'), raising: count('creating'), dead: count('dead') };
+}
+
+/** The reason a taken pool member carries: who holds it, so that a crashed holder is found. */
+export const takenBy = (): string => `taken by pid ${process.pid}`;
+
+/**
+ * Destroy pool members nobody can use any more: dead standbys, and members taken by a process
+ * that has exited without giving them back. Each counts as a leak.
+ */
+export async function reapLeaks(ctx: LabContext, name: string): Promise<number> {
+  let n = 0;
+  for (const s of ctx.store.poolMembers(name)) {
+    const r = await reconcile(ctx, s);
+    const holder = r.state === 'running' ? /taken by pid (\d+)/.exec(r.reason ?? '') : null;
+    const orphaned = holder !== null && !(await pidAlive(Number(holder[1])));
+    if (r.state !== 'dead' && !orphaned) continue;
+    await destroyRecord(ctx, r).catch(() => undefined);
+    ctx.store.countPool(name, 'leaks');
+    n++;
+  }
+  return n;
+}
+
+/** Remove standbys beyond `keep` (paused ones only: taken ones belong to whoever took them). */
+export async function trimPool(ctx: LabContext, name: string, keep: number): Promise<number> {
+  let removed = 0;
+  await reapLeaks(ctx, name);
+  for (const r of ctx.store.poolMembers(name)) {
+    if (r.state !== 'paused') continue;
+    if (keep > 0) {
+      keep--;
+      continue;
+    }
+    const claimed = ctx.store.claimStandby(name, takenBy()); // claim, so that no taker gets it meanwhile
+    if (!claimed) break;
+    await destroyRecord(ctx, claimed);
+    removed++;
+  }
+  return removed;
+}
+
+/** Destroy the pool's standbys and forget it; sandboxes taken from it are destroyed on release. */
+export async function removePool(ctx: LabContext, name: string): Promise<number> {
+  getPool(ctx, name);
+  const removed = await trimPool(ctx, name, 0);
+  ctx.store.deletePool(name);
+  return removed;
+}

@@ -1,0 +1,198 @@
+import type { AgentClient } from '../agent/client.js';
+import type { SandboxRecord } from '../store/records.js';
+import { Trace } from '../timing/trace.js';
+import { captureBaseline, dirtReasons } from './clean.js';
+import type { LabContext } from './context.js';
+import { imageVolume } from './image-volume.js';
+import { getPool, reapLeaks, takenBy } from './pool-admin.js';
+import { raiseSandbox } from './raise.js';
+import { destroyRecord } from './teardown.js';
+
+export interface Taken {
+  record: SandboxRecord;
+  agent: AgentClient;
+  /** a paused standby was there (true), or one was raised on the spot (false) */
+  hit: boolean;
+}
+
+const handle = (s: SandboxRecord): { id: string; pid: number; pidStart: number } => ({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
+
+/**
+ * Holds a pool in this process: takes standbys (atomically across processes, through the
+ * store), returns them after a clean check or destroys them, and, once started, keeps the pool
+ * at its target size in the background. Standbys are ordinary sandboxes, paused with the cgroup
+ * freezer, so an idle pool costs no CPU and outlives this process; refilling needs a holder.
+ */
+export class PoolRunner {
+  /** agent connections this process holds, kept across uses of a standby */
+  private readonly agents = new Map<string, AgentClient>();
+  private raising = 0;
+  private serving = 0;
+  private running = false;
+  private timer: NodeJS.Timeout | undefined;
+  private readonly inflight = new Set<Promise<unknown>>();
+  /** errors of background refills, newest last (at most 20) */
+  readonly refillErrors: string[] = [];
+
+  constructor(private readonly ctx: LabContext, readonly name: string) {}
+
+  /** A usable sandbox from the pool: a thawed standby whose agent answered, or a new one on a miss. */
+  async take(trace: Trace): Promise<Taken> {
+    const pool = getPool(this.ctx, this.name);
+    this.serving++;
+    try {
+      for (;;) {
+        const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy()));
+        if (!rec) break;
+        const driver = this.ctx.driver(rec.driver);
+        if (!(await driver.inspect(handle(rec))).alive) {
+          await destroyRecord(this.ctx, rec).catch(() => undefined);
+          this.ctx.store.countPool(this.name, 'leaks');
+          continue;
+        }
+        await trace.phase('thaw', () => driver.resume(handle(rec)));
+        rec.state = 'running';
+        const agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handle(rec))));
+        this.agents.set(rec.id, agent);
+        await trace.phase('agent ready', () => agent.ping());
+        this.ctx.store.countPool(this.name, 'hits');
+        this.kick();
+        return { record: rec, agent, hit: true };
+      }
+      this.ctx.store.countPool(this.name, 'misses');
+      const made = await this.raise(trace, pool.target > 0);
+      this.ctx.store.updateSandbox(made.record.id, { reason: takenBy() });
+      this.kick();
+      return { ...made, hit: false };
+    } finally {
+      this.serving--;
+    }
+  }
+
+  /**
+   * Give a taken sandbox back. It is paused and returned to the pool only when the pool wants
+   * it and it passes the clean check; otherwise it is destroyed (and counted when it was dirty).
+   */
+  async release(t: Taken, trace: Trace): Promise<{ recycled: boolean; reasons: string[] }> {
+    const pool = this.ctx.store.getPool(this.name);
+    const rec = t.record;
+    let reasons: string[] = [];
+    if (pool?.recycle && rec.baseline) {
+      reasons = await trace.phase('clean check', () => dirtReasons(this.ctx, rec, t.agent));
+      if (reasons.length === 0 && (await this.wanted(pool.target))) {
+        await trace.phase('freeze', () => this.ctx.driver(rec.driver).pause(handle(rec)));
+        this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null });
+        this.ctx.store.countPool(this.name, 'recycled');
+        return { recycled: true, reasons };
+      }
+      if (reasons.length) this.ctx.store.countPool(this.name, 'refused_dirty');
+    }
+    await trace.phase('destroy', () => this.drop(rec));
+    this.kick();
+    return { recycled: false, reasons };
+  }
+
+  /** Raise standbys until `target` are ready (foreground: `pool create`, `pool resize`). */
+  async fill(onProgress?: (ready: number, target: number) => void): Promise<void> {
+    const pool = getPool(this.ctx, this.name);
+    const parallel = 2;
+    let ready = this.counts().paused;
+    onProgress?.(ready, pool.target);
+    while (ready < pool.target) {
+      const batch = Math.min(parallel, pool.target - ready);
+      await Promise.all(Array.from({ length: batch }, () => this.addStandby()));
+      ready = this.counts().paused;
+      onProgress?.(ready, pool.target);
+    }
+  }
+
+  /** Keep the pool at its target in the background until stop(). */
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    this.timer = setInterval(() => {
+      void reapLeaks(this.ctx, this.name).catch(() => undefined);
+      this.kick();
+    }, 1000);
+    this.timer.unref();
+    this.kick();
+  }
+
+  /** Stop refilling; wait for raises in flight; close connections. Standbys stay (paused). */
+  async stop(): Promise<void> {
+    this.running = false;
+    clearInterval(this.timer);
+    await Promise.allSettled([...this.inflight]);
+    for (const a of this.agents.values()) void a.close();
+    this.agents.clear();
+  }
+
+  private counts(): { paused: number; creating: number; running: number } {
+    const out = { paused: 0, creating: 0, running: 0 };
+    for (const s of this.ctx.store.poolMembers(this.name)) if (s.state in out) out[s.state as keyof typeof out]++;
+    return out;
+  }
+
+  private async wanted(target: number): Promise<boolean> {
+    return this.counts().paused < target;
+  }
+
+  /** Start background raises up to the deficit; fewer while executions are being served. */
+  private kick(): void {
+    if (!this.running) return;
+    const pool = this.ctx.store.getPool(this.name);
+    if (!pool) return;
+    const c = this.counts();
+    const deficit = pool.target - c.paused - this.raising;
+    // Refill never starves executions: one raise at a time while takes are in flight.
+    const limit = this.serving > 0 ? 1 : 2;
+    for (let i = 0; i < Math.min(deficit, limit - this.raising); i++) {
+      const p = this.addStandby()
+        .catch((e: Error) => {
+          this.refillErrors.push(e.message);
+          if (this.refillErrors.length > 20) this.refillErrors.shift();
+        })
+        .finally(() => {
+          this.inflight.delete(p);
+          this.kick();
+        });
+      this.inflight.add(p);
+    }
+  }
+
+  private async addStandby(): Promise<void> {
+    const { record } = await this.raise(new Trace('pool refill', this.name), true);
+    await this.ctx.driver(record.driver).pause(handle(record));
+    this.ctx.store.updateSandbox(record.id, { state: 'paused' });
+  }
+
+  /** Raise a pool member with its clean baseline; `standby` members keep a connection here. */
+  private async raise(trace: Trace, recordBaseline: boolean): Promise<Omit<Taken, 'hit'>> {
+    const pool = getPool(this.ctx, this.name);
+    this.raising++;
+    try {
+      const base = (): ReturnType<typeof imageVolume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+      const { record, agent } = await raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: 'namespaces', limits: pool.limits, base, origin: null, pool: this.name }, trace);
+      if (recordBaseline && pool.recycle) {
+        try {
+          record.baseline = await trace.phase('clean baseline', () => captureBaseline(this.ctx, record));
+          this.ctx.store.updateSandbox(record.id, { baseline: record.baseline });
+        } catch (e) {
+          await this.drop(record, agent);
+          throw e;
+        }
+      }
+      this.agents.set(record.id, agent);
+      return { record, agent };
+    } finally {
+      this.raising--;
+    }
+  }
+
+  private async drop(rec: SandboxRecord, agent?: AgentClient): Promise<void> {
+    const a = agent ?? this.agents.get(rec.id);
+    this.agents.delete(rec.id);
+    void a?.close();
+    await destroyRecord(this.ctx, rec);
+  }
+}

@@ -1,0 +1,79 @@
+import type { LabContext } from '../lab/context.js';
+import { poolStats, removePool, trimPool, type PoolStats } from '../lab/pool-admin.js';
+import type { PoolRunner } from '../lab/pool.js';
+import { runInPool, type RunOutcome, type RunSpec } from '../lab/run.js';
+import { SnaplabError } from '../errors.js';
+import { Trace, type TraceSummary } from '../timing/trace.js';
+
+/**
+ * A pool of paused standbys, each a fresh sandbox for one execution. Get one with
+ * `lab.createPool()` or `lab.pool(name)`. `start()` keeps it at its target size in the
+ * background for as long as this process runs; without a holder the pool is not refilled.
+ */
+export class Pool {
+  /** @internal */
+  constructor(private readonly ctx: LabContext, private readonly runner: PoolRunner, private readonly onClose: () => void) {}
+
+  get name(): string {
+    return this.runner.name;
+  }
+
+  /** Target, ready (paused standbys), in use, raising, and the counters: hits, misses, recycled, refused dirty, leaks. */
+  stats(): Promise<PoolStats> {
+    return poolStats(this.ctx, this.name);
+  }
+
+  /** Raise standbys until the target is ready (progress reported as it goes). */
+  fill(onProgress?: (ready: number, target: number) => void): Promise<void> {
+    return this.runner.fill(onProgress);
+  }
+
+  /** Keep the pool at its target in the background (bounded, and never more than one raise while executions run). */
+  start(): void {
+    this.runner.start();
+  }
+
+  /** Stop refilling; standbys stay paused and usable by other processes. */
+  stop(): Promise<void> {
+    return this.runner.stop();
+  }
+
+  /** Errors of background refills since the last call, newest last. */
+  takeRefillErrors(): string[] {
+    return this.runner.refillErrors.splice(0);
+  }
+
+  /**
+   * One execution in a fresh sandbox: take a standby (raising one on a miss), copy files in, run
+   * argv, then give the sandbox back: recycled into the pool only if provably clean, destroyed otherwise.
+   */
+  async run(argv: string[], spec: RunSpec = {}): Promise<RunOutcome & { trace: TraceSummary }> {
+    const trace = new Trace('run', this.name);
+    try {
+      const r = await runInPool(this.ctx, this.runner, argv, spec, trace);
+      const summary = trace.finish();
+      this.ctx.store.putOperation(summary, { sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, dirt: r.dirt });
+      return { ...r, trace: summary };
+    } catch (e) {
+      const summary = trace.finish(e);
+      this.ctx.store.putOperation(summary);
+      if (e instanceof SnaplabError) (e as SnaplabError & { operationId?: string }).operationId = summary.id;
+      throw e;
+    }
+  }
+
+  /** Set the target size; shrinking removes paused standbys at once, growing raises them now. */
+  async resize(size: number, onProgress?: (ready: number, target: number) => void): Promise<void> {
+    if (!Number.isSafeInteger(size) || size < 0) throw new SnaplabError('BAD_INPUT', `invalid pool size ${size}`, 'give a whole number ≥ 0');
+    this.ctx.store.setPoolTarget(this.name, size);
+    await trimPool(this.ctx, this.name, size);
+    await this.runner.fill(onProgress);
+  }
+
+  /** Destroy the standbys and forget the pool. */
+  async remove(): Promise<number> {
+    await this.runner.stop();
+    this.onClose();
+    return removePool(this.ctx, this.name);
+  }
+}
