@@ -1,5 +1,5 @@
 import { spawnSync, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -97,6 +97,26 @@ describe('snaplab CLI', () => {
       expect(r.err).toMatch(re);
       expect(r.err).not.toMatch(/\n\s+at /);
     }
+  });
+
+  it('pool create, run --pool with --put, run --image, pool ls, pool rm', () => {
+    const c = snaplab(['pool', 'create', 'cp1', '--size', '1', '--json']);
+    expect(c.code).toBe(0);
+    expect(JSON.parse(c.out)).toMatchObject({ name: 'cp1', target: 1, ready: 1 });
+    const job = join(home, 'job.sh');
+    writeFileSync(job, 'echo from-job; exit 3\n');
+    const r = snaplab(['run', '--pool', 'cp1', '--put', `${job}:/root/job.sh`, '--', 'sh', '/root/job.sh']);
+    expect(r).toMatchObject({ code: 3, out: 'from-job\n' });
+    const j = JSON.parse(snaplab(['run', '--pool', 'cp1', '--json', '--', 'echo', 'hi']).out);
+    expect(j).toMatchObject({ exitCode: 0, stdout: 'hi\n', recycled: expect.any(Boolean) });
+    expect(snaplab(['run', '--image', 'busybox', '--', 'sh', '-c', 'exit 5']).code).toBe(5);
+    expect(snaplab(['run', '--pool', 'nope', '--', 'true'])).toMatchObject({ code: 125, err: expect.stringMatching(/POOL_NOT_FOUND[\s\S]*hint:/) });
+    expect(snaplab(['run', '--pool', 'cp1', '--put', 'nocolon', '--', 'true']).code).toBe(125);
+    const ls = JSON.parse(snaplab(['pool', 'ls', '--json']).out) as Record<string, unknown>[];
+    expect(ls[0]).toMatchObject({ name: 'cp1', target: 1 });
+    for (const k of ['ready', 'inUse', 'hits', 'misses', 'recycled', 'refusedDirty', 'leaks']) expect(typeof ls[0]![k]).toBe('number');
+    expect(snaplab(['pool', 'rm', 'cp1']).code).toBe(0);
+    expect(JSON.parse(snaplab(['ls', '--json']).out)).toEqual([]);
   });
 
   it('refuses to run as non-root and says what needs root', () => {

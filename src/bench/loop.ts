@@ -8,6 +8,12 @@ export interface LoopResult {
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 
 /**
+ * Operations completed by every closed loop in this process, for the progress line's current
+ * rate. A counter rather than a callback so that any workload (whoever wrote it) is counted.
+ */
+export const loopActivity = { ops: 0 };
+
+/**
  * Run `op` with `concurrency` workers until `count` operations are done or `durationMs` has
  * passed (whichever comes first). Each op returns its own latency (its trace's total, or the
  * time the loop measured) and optionally its phases.
@@ -30,6 +36,7 @@ export async function closedLoop(
         try {
           const r = await op(w);
           res.latenciesMs.push(r?.latencyMs ?? now() - s);
+          loopActivity.ops++;
           if (r?.phases) res.phases.push(r.phases);
         } catch (e) {
           res.errors.push((e as Error).message);

@@ -1,21 +1,66 @@
+import { fit, type Verdict } from './fit.js';
 import type { LoopResult } from './loop.js';
-import { latencySummary, phaseMedians, type LatencySummary } from './stats.js';
+import { latencySummary, median, phaseMedians, type LatencySummary } from './stats.js';
 
-export interface Rung {
-  concurrency: number;
-  /** completed operations per second of wall time */
+/** One repetition of one rung: a closed loop of `duration` seconds. */
+export interface Rep {
+  rep: number;
   throughput: number;
   ops: number;
   errors: number;
+  wallMs: number;
   latencyMs: LatencySummary;
   phasesMs: Record<string, number>;
+  firstError?: string;
+}
+
+export interface Rung {
+  concurrency: number;
+  /** median over reps of completed operations per second of wall time */
+  throughput: number;
+  /** the reps' lowest and highest throughput: a difference inside this range is noise */
+  throughputRange: { min: number; max: number };
+  ops: number;
+  errors: number;
+  /** percentiles over every sample of every rep */
+  latencyMs: LatencySummary;
+  /** median of each phase over every operation of every rep */
+  phasesMs: Record<string, number>;
+  reps: Rep[];
 }
 
 export interface Baseline {
   name: string;
+  /** at its best rung */
   throughput?: number;
+  /** at its lowest rung */
   latencyMs?: LatencySummary;
   note?: string;
+  floorMs?: number;
+  slopeMsPerSlot?: number | null;
+  peak?: { concurrency: number; throughput: number };
+  rungs?: Rung[];
+}
+
+export interface CompareSide {
+  throughput: number;
+  throughputReps: number[];
+  latencyMs: LatencySummary;
+  phasesMs: Record<string, number>;
+}
+
+export interface CompareRung {
+  concurrency: number;
+  a: CompareSide;
+  b: CompareSide;
+  overlap: boolean;
+  verdict: Verdict;
+}
+
+export interface Compare {
+  a: { options: string; floorMs: number; slopeMsPerSlot: number | null; peak: { concurrency: number; throughput: number } };
+  b: { options: string; floorMs: number; slopeMsPerSlot: number | null; peak: { concurrency: number; throughput: number } };
+  rungs: CompareRung[];
 }
 
 /** The summary every bench prints with --json; later issues extend it and never break it. */
@@ -24,41 +69,76 @@ export interface BenchSummary {
   storage?: string;
   argv?: string[];
   startedAt: string;
+  finishedAt?: string;
+  settings?: { ladder: number[]; reps: number; durationMs: number; count?: number; recycle?: boolean; poolSize?: number };
   rungs: Rung[];
+  floorMs: number;
+  slopeMsPerSlot: number | null;
+  peak: { concurrency: number; throughput: number };
   baselines: Baseline[];
   /** measured value ÷ baseline value, where a baseline applies */
   ratios: Record<string, number>;
+  /** present with --compare: `rungs` above are configuration A's */
+  compare?: Compare;
+  notes?: string[];
   extra?: Record<string, unknown>;
 }
 
 const round = (x: number, d = 1): number => Math.round(x * 10 ** d) / 10 ** d;
 
-export function toRung(concurrency: number, r: LoopResult): Rung {
+export function toRep(rep: number, r: LoopResult): Rep {
   return {
-    concurrency,
+    rep,
     throughput: round((r.latenciesMs.length / r.wallMs) * 1000),
     ops: r.latenciesMs.length,
     errors: r.errors.length,
+    wallMs: round(r.wallMs),
     latencyMs: latencySummary(r.latenciesMs),
     phasesMs: phaseMedians(r.phases),
+    ...(r.errors[0] ? { firstError: r.errors[0] } : {}),
   };
 }
 
-export function toBaseline(name: string, r: LoopResult): Baseline {
-  return { name, throughput: round((r.latenciesMs.length / r.wallMs) * 1000), latencyMs: latencySummary(r.latenciesMs) };
+/** Aggregate a rung's reps: the median rep's throughput; latency and phases over all samples. */
+export function toRung(concurrency: number, results: LoopResult | LoopResult[]): Rung {
+  const rs = Array.isArray(results) ? results : [results];
+  const reps = rs.map((r, i) => toRep(i + 1, r));
+  const tps = reps.map((r) => r.throughput);
+  return {
+    concurrency,
+    throughput: round(median(tps)),
+    throughputRange: { min: Math.min(...tps), max: Math.max(...tps) },
+    ops: reps.reduce((a, r) => a + r.ops, 0),
+    errors: reps.reduce((a, r) => a + r.errors, 0),
+    latencyMs: latencySummary(rs.flatMap((r) => r.latenciesMs)),
+    phasesMs: phaseMedians(rs.flatMap((r) => r.phases)),
+    reps,
+  };
 }
 
-export function renderSummary(s: BenchSummary): string {
-  const lines = [`workload ${s.workload}${s.storage ? ` on ${s.storage}` : ''}${s.argv ? ` (${s.argv.join(' ')})` : ''}`];
-  for (const r of s.rungs) {
-    lines.push(`  concurrency ${r.concurrency}: ${r.throughput}/s over ${r.ops} ops${r.errors ? `, ${r.errors} errors` : ''}; latency p50 ${r.latencyMs.p50} ms, p90 ${r.latencyMs.p90} ms, p99 ${r.latencyMs.p99} ms`);
-    const ph = Object.entries(r.phasesMs);
-    if (ph.length) lines.push(`    phase medians: ${ph.map(([k, v]) => `${k} ${v} ms`).join(', ')}`);
-  }
-  for (const b of s.baselines) {
-    lines.push(`  baseline ${b.name}: ${b.throughput !== undefined ? `${b.throughput}/s` : ''}${b.latencyMs ? `, p50 ${b.latencyMs.p50} ms, p99 ${b.latencyMs.p99} ms` : ''}${b.note ? ` (${b.note})` : ''}`);
-  }
-  for (const [k, v] of Object.entries(s.ratios)) lines.push(`  ratio ${k}: ${v}`);
-  if (s.extra) for (const [k, v] of Object.entries(s.extra)) lines.push(`  ${k}: ${JSON.stringify(v)}`);
-  return lines.join('\n');
+/** A baseline measured on the ladder: its throughput at its best rung, its latency at its lowest. */
+export function toBaseline(name: string, rungs: Rung[], note?: string): Baseline {
+  const f = fit(rungs);
+  const lowest = rungs.reduce((lo, r) => (r.concurrency < lo.concurrency ? r : lo));
+  return { name, throughput: f.peak.throughput, latencyMs: lowest.latencyMs, ...(note ? { note } : {}), ...f, rungs };
+}
+
+export function compareSide(r: Rung): CompareSide {
+  return { throughput: r.throughput, throughputReps: r.reps.map((x) => x.throughput), latencyMs: r.latencyMs, phasesMs: r.phasesMs };
+}
+
+/**
+ * Ratios to the baseline that bounds each workload, best rung against best rung (each peaks
+ * where it peaks), plus the latency floor for raise.
+ */
+export function ratiosOf(s: Pick<BenchSummary, 'workload' | 'peak' | 'floorMs' | 'baselines'>): Record<string, number> {
+  const out: Record<string, number> = {};
+  const b = (name: string): Baseline | undefined => s.baselines.find((x) => x.name === name && x.throughput !== undefined);
+  const bare = b('bare-spawn');
+  const raw = b('raw-namespace');
+  if (s.workload === 'exec' && bare?.throughput) out['exec/bare-spawn throughput'] = round(s.peak.throughput / bare.throughput, 2);
+  if (s.workload === 'fresh-exec' && raw?.throughput) out['fresh-exec/raw-namespace throughput'] = round(s.peak.throughput / raw.throughput, 2);
+  if (s.workload === 'fresh-exec' && raw?.floorMs) out['fresh-exec/raw-namespace p50 floor'] = round(s.floorMs / raw.floorMs, 2);
+  if (s.workload === 'raise' && bare?.floorMs) out['raise/bare-spawn p50 latency'] = round(s.floorMs / bare.floorMs, 1);
+  return out;
 }

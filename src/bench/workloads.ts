@@ -1,13 +1,13 @@
-import { spawn } from 'node:child_process';
 import type { Lab } from '../sdk/lab.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { run } from '../host/run.js';
+import { freshExec } from './fresh-exec.js';
 import { closedLoop, type LoopResult } from './loop.js';
 
-export type Workload = 'raise' | 'exec' | 'snapshot';
-export const WORKLOADS: readonly Workload[] = ['raise', 'exec', 'snapshot'];
+export type Workload = 'fresh-exec' | 'exec' | 'raise' | 'snapshot' | 'restore';
+export const WORKLOADS: readonly Workload[] = ['fresh-exec', 'exec', 'raise', 'snapshot', 'restore'];
 
 export interface BenchSettings {
   concurrency: number;
@@ -18,6 +18,9 @@ export interface BenchSettings {
   /** snapshot workload: bytes written into the sandbox before snapshots are taken */
   fillBytes?: number;
 }
+
+/** What fresh-exec takes on top: recycling of clean host resources, and the standby pool's size. */
+export type WorkloadSettings = BenchSettings & { recycle: boolean; poolSize?: number };
 
 export function phasesOf(t: TraceSummary | undefined): Record<string, number> {
   const out: Record<string, number> = {};
@@ -78,17 +81,30 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   }
 }
 
-export function runWorkload(lab: Lab, w: Workload, s: BenchSettings): Promise<LoopResult> {
-  return { raise, exec, snapshot }[w](lab, s);
+/** restore: snapshot one sandbox once, then restore to usable; destroy each restored sandbox untimed. */
+async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
+  const box = await lab.create({ storage: s.storage });
+  const name = `bench-restore-${process.pid}-${Date.now()}`;
+  try {
+    await box.snapshot(name);
+  } finally {
+    await box.destroy();
+  }
+  try {
+    // one untimed restore, as raise does, so that one-off work is not in the samples
+    await (await lab.restore(name)).destroy();
+    return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
+      const restored = await lab.restore(name);
+      const t = restored.lastTrace!;
+      await restored.destroy();
+      return { latencyMs: t.totalMs, phases: phasesOf(t) };
+    });
+  } finally {
+    await lab.removeSnapshot(name);
+  }
 }
 
-/** The bare host spawning the same argv with the same concurrency: the floor for `exec`. */
-export function bareSpawn(s: BenchSettings): Promise<LoopResult> {
-  return closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, () =>
-    new Promise<void>((resolve, reject) => {
-      const c = spawn(s.argv[0]!, s.argv.slice(1), { stdio: 'ignore' });
-      c.on('error', reject);
-      c.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`exit ${code}`))));
-    }),
-  );
+export function runWorkload(lab: Lab, w: Workload, s: WorkloadSettings): Promise<LoopResult> {
+  if (w === 'fresh-exec') return freshExec(lab, s);
+  return { raise, exec, snapshot, restore }[w](lab, s);
 }

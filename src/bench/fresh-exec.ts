@@ -1,0 +1,37 @@
+import { randomBytes } from 'node:crypto';
+import type { Lab } from '../sdk/lab.js';
+import type { TraceSummary } from '../timing/trace.js';
+import { closedLoop, type LoopResult } from './loop.js';
+import type { BenchSettings } from './workloads.js';
+
+/** Phases by path ("take/thaw"), so that the one that grows with load is visible. */
+function phasePaths(t: TraceSummary): Record<string, number> {
+  const out: Record<string, number> = {};
+  const names: string[] = [];
+  t.phases.forEach((p, i) => {
+    names[i] = p.parent === null ? p.name : `${names[p.parent]}/${p.name}`;
+    out[names[i]!] = (out[names[i]!] ?? 0) + p.endMs - p.startMs;
+  });
+  return out;
+}
+
+/**
+ * fresh-exec: every execution in a fresh sandbox taken from a pool of paused standbys, kept
+ * full in the background; the sandbox is recycled after a clean check (`recycle`) or destroyed.
+ * Latency: take → exec → give back, as the run's trace measures it. The pool is made for the
+ * run (filled before the clock starts) and removed after it.
+ */
+export async function freshExec(lab: Lab, s: BenchSettings & { recycle: boolean; poolSize?: number }): Promise<LoopResult> {
+  const name = `bench-${randomBytes(3).toString('hex')}`;
+  const pool = await lab.createPool({ name, image: 'busybox', size: s.poolSize ?? Math.max(2, s.concurrency * 2), limits: {}, storage: s.storage, recycle: s.recycle });
+  try {
+    pool.start();
+    return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
+      const r = await pool.run(s.argv);
+      if (r.exitCode !== 0) throw new Error(`${s.argv.join(' ')} exited ${r.exitCode}: ${r.stderr.toString().trim()}`);
+      return { latencyMs: r.trace.totalMs, phases: phasePaths(r.trace) };
+    });
+  } finally {
+    await pool.remove();
+  }
+}

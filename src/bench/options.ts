@@ -1,0 +1,183 @@
+import { Command, CommanderError } from 'commander';
+import { SnaplabError } from '../errors.js';
+import { parsePositiveInt, parseSeconds, parseSize } from '../lab/sizes.js';
+import type { StorageKind } from '../storage/backend.js';
+import { BASELINES, type BaselineName } from './baselines.js';
+import { WORKLOADS, type Workload } from './workloads.js';
+
+/** The bench command's options as commander hands them over (strings, validated by `toPlan`). */
+export interface BenchCli {
+  workload: string;
+  ladder?: string;
+  concurrency?: string;
+  reps: string;
+  duration: string;
+  count?: string;
+  storage?: string;
+  fill?: string;
+  recycle?: string;
+  poolSize?: string;
+  baselines: string;
+  results?: string;
+  compare?: string[];
+  json?: boolean;
+}
+
+/** What may differ between the two configurations of --compare. */
+const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill'] as const;
+export const DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64];
+const STORAGES: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
+
+/** The one definition of bench's options: the command and the --compare strings both parse with it. */
+export function addBenchOptions(cmd: Command): Command {
+  return cmd
+    .option('--workload <name>', `one of ${WORKLOADS.join(', ')}`, 'exec')
+    .option('--ladder <rungs>', `concurrency rungs, comma-separated (default ${DEFAULT_LADDER.join(',')})`)
+    .option('--concurrency <n>', 'shorthand for a one-rung ladder')
+    .option('--reps <n>', 'repetitions of each rung', '3')
+    .option('--duration <seconds>', 'length of each repetition', '2')
+    .option('--count <n>', 'stop a repetition after this many operations (whichever comes first)')
+    .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
+    .option('--fill <sizes>', 'snapshot workload: data written into the sandbox first, e.g. 1M,1G (one series each)')
+    .option('--recycle <on|off>', 'fresh-exec: reuse host resources that pass the clean check (default on)')
+    .option('--pool-size <n>', 'fresh-exec: standbys kept warm')
+    .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')}`, 'all')
+    .option('--results <dir>', 'write rung-N.json, summary.json, summary.md and chart.svg into this new directory')
+    .option('--compare <options>', "two option strings run alternately: --compare 'A' 'B'", (v: string, prev: string[] = []) => [...prev, v])
+    .option('--json', 'print the summary as JSON (progress stays on stderr)');
+}
+
+/**
+ * Commander gives an option one value; `--compare 'A' 'B'` has two. Rewrite it as
+ * `--compare A --compare B` before parsing (never after a `--`, where argv begins).
+ */
+export function spreadCompare(args: string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]!;
+    if (a === '--') return [...out, ...args.slice(i)];
+    out.push(a);
+    if (a === '--compare' && i + 2 < args.length && args[i + 2] !== '--compare' && args[i + 2] !== '--') {
+      out.push(args[i + 1]!, '--compare', args[i + 2]!);
+      i += 2;
+    }
+  }
+  return out;
+}
+
+/** Split an option string the way a shell would (quotes and backslashes; no expansion). */
+export function splitWords(text: string): string[] {
+  const words: string[] = [];
+  const re = /"((?:[^"\\]|\\.)*)"|'([^']*)'|\\(.)|(\s+)|([^\s"'\\]+)/gs;
+  let cur: string | undefined;
+  for (const m of text.matchAll(re)) {
+    if (m[4] !== undefined) {
+      if (cur !== undefined) words.push(cur);
+      cur = undefined;
+      continue;
+    }
+    cur = (cur ?? '') + (m[1]?.replace(/\\(.)/g, '$1') ?? m[2] ?? m[3] ?? m[5] ?? '');
+  }
+  if (cur !== undefined) words.push(cur);
+  return words;
+}
+
+/** Parse one --compare string with the command's own options; unknown options are errors. */
+export function parseCompare(text: string): Partial<BenchCli> {
+  const cmd = addBenchOptions(new Command('compare'))
+    .exitOverride()
+    .configureOutput({ writeOut: () => undefined, writeErr: () => undefined, outputError: () => undefined })
+    .action(() => undefined);
+  try {
+    cmd.parse(splitWords(text), { from: 'user' });
+  } catch (e) {
+    const msg = e instanceof CommanderError ? e.message.replace(/^error: /, '') : String(e);
+    throw new SnaplabError('BAD_INPUT', `--compare ${JSON.stringify(text)}: ${msg}`, `each --compare string holds bench options, e.g. --compare '--recycle on' '--recycle off'`);
+  }
+  const given = Object.keys(cmd.opts()).filter((k) => cmd.getOptionValueSource(k) === 'cli');
+  const bad = given.filter((k) => !(COMPARABLE as readonly string[]).includes(k));
+  if (bad.length) {
+    throw new SnaplabError('BAD_INPUT', `--compare ${JSON.stringify(text)}: --${kebab(bad[0]!)} cannot differ between the compared configurations`, `compare only ${COMPARABLE.map((k) => `--${kebab(k)}`).join(', ')}`);
+  }
+  return Object.fromEntries(given.map((k) => [k, cmd.opts()[k]]));
+}
+
+const kebab = (k: string): string => k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
+
+/** One configuration of the workload (the only one, or A or B of a comparison). */
+export interface Variant {
+  label: string;
+  options: string;
+  storage?: StorageKind;
+  recycle: boolean;
+  poolSize?: number;
+  fills: (number | undefined)[];
+}
+
+export interface BenchPlan {
+  workload: Workload;
+  ladder: number[];
+  reps: number;
+  durationMs: number;
+  count?: number;
+  argv: string[];
+  baselines: BaselineName[];
+  results?: string;
+  json: boolean;
+  variants: Variant[];
+}
+
+const bad = (message: string, hint: string): SnaplabError => new SnaplabError('BAD_INPUT', message, hint);
+
+function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: string, explicit: (k: keyof BenchCli) => boolean): Variant {
+  if (o.storage !== undefined && !STORAGES.includes(o.storage as StorageKind)) throw bad(`unknown storage ${JSON.stringify(o.storage)}`, `use one of: ${STORAGES.join(', ')}`);
+  if (o.recycle !== undefined && o.recycle !== 'on' && o.recycle !== 'off') throw bad(`invalid --recycle ${JSON.stringify(o.recycle)}`, 'use --recycle on or --recycle off');
+  if (w !== 'fresh-exec' && (explicit('recycle') || explicit('poolSize'))) throw bad('--recycle and --pool-size apply to the fresh-exec workload only', 'drop them or use --workload fresh-exec');
+  if (w !== 'snapshot' && explicit('fill')) throw bad('--fill applies to the snapshot workload only', 'drop --fill or use --workload snapshot');
+  return {
+    label,
+    options,
+    storage: o.storage as StorageKind | undefined,
+    recycle: o.recycle !== 'off',
+    poolSize: o.poolSize === undefined ? undefined : parsePositiveInt(o.poolSize, 'pool size'),
+    fills: o.fill ? o.fill.split(',').map((f) => parseSize(f, 'fill size')) : [undefined],
+  };
+}
+
+function parseLadder(text: string): number[] {
+  const rungs = text.split(',').map((t) => parsePositiveInt(t.trim(), 'ladder rung'));
+  if (new Set(rungs).size !== rungs.length) throw bad(`ladder ${JSON.stringify(text)} repeats a rung`, 'give each concurrency once, e.g. 1,2,4,8');
+  return rungs.sort((a, b) => a - b);
+}
+
+/** Validate everything before anything runs: a bad value is an error, never silently ignored. */
+export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli) => boolean = (k) => o[k] !== undefined): BenchPlan {
+  if (!(WORKLOADS as readonly string[]).includes(o.workload)) throw bad(`unknown workload ${JSON.stringify(o.workload)}`, `use one of: ${WORKLOADS.join(', ')}`);
+  const w = o.workload as Workload;
+  if (o.ladder !== undefined && o.concurrency !== undefined) throw bad('--ladder and --concurrency both given', '--concurrency N is a one-rung --ladder N: give one of them');
+  const ladder = o.ladder !== undefined ? parseLadder(o.ladder) : o.concurrency !== undefined ? [parsePositiveInt(o.concurrency, 'concurrency')] : DEFAULT_LADDER;
+  const names = o.baselines === 'all' ? [...BASELINES] : o.baselines === 'none' ? [] : o.baselines.split(',').map((n) => n.trim());
+  for (const n of names) if (!(BASELINES as readonly string[]).includes(n)) throw bad(`unknown baseline ${JSON.stringify(n)}`, `use all, none, or some of ${BASELINES.join(',')}`);
+  const compare = o.compare ?? [];
+  if (compare.length !== 0 && compare.length !== 2) throw bad(`--compare takes two option strings, got ${compare.length}`, "e.g. --compare '--recycle on' '--recycle off'");
+  const owns = compare.map(parseCompare); // every string parsed (unknown options found) before any value is judged
+  const variants = compare.length
+    ? compare.map((text, i) => {
+        const own = owns[i]!;
+        return variantOf({ ...o, ...own }, w, i === 0 ? 'A' : 'B', text, (k) => explicit(k) || own[k] !== undefined);
+      })
+    : [variantOf(o, w, w, '', explicit)];
+  if (variants.length === 2 && variants.some((v) => v.fills.length > 1)) throw bad('--fill with several sizes cannot be combined with --compare', 'compare one fill size, or drop --compare');
+  return {
+    workload: w,
+    ladder,
+    reps: parsePositiveInt(o.reps, 'reps'),
+    durationMs: parseSeconds(o.duration, 'duration'),
+    count: o.count === undefined ? undefined : parsePositiveInt(o.count, 'count'),
+    argv: argv.length ? argv : ['/bin/true'],
+    baselines: names as BaselineName[],
+    results: o.results,
+    json: !!o.json,
+    variants,
+  };
+}

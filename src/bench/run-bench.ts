@@ -1,0 +1,114 @@
+import type { Lab } from '../sdk/lab.js';
+import type { StorageKind } from '../storage/backend.js';
+import { bareSpawn, lxcArm, rawNamespace, runcArm, type Arm, type LoopLimits } from './baselines.js';
+import { fit, overlap, verdict } from './fit.js';
+import { climb, type ArmOutcome } from './ladder.js';
+import type { BenchPlan, Variant } from './options.js';
+import type { Progress } from './progress.js';
+import { compareSide, ratiosOf, toBaseline, toRung, type Baseline, type BenchSummary, type Compare, type Rung } from './summary.js';
+import { runWorkload } from './workloads.js';
+
+/** The baselines asked for that work here, and a note for each one that does not. */
+async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, progress: Progress): Promise<{ arms: Arm[]; skipped: Baseline[] }> {
+  const arms: Arm[] = [];
+  const skipped: Baseline[] = [];
+  const rootfs = async (): Promise<string> => (await lab.image('busybox')).path;
+  for (const name of plan.baselines) {
+    let arm: Arm | string;
+    if (name === 'bare-spawn') arm = bareSpawn(plan.argv, lim);
+    else if (name === 'raw-namespace') arm = rawNamespace(plan.argv, await rootfs(), lim);
+    else if (name === 'runc') arm = await runcArm(plan.argv, await rootfs(), lim);
+    else arm = await lxcArm(plan.argv, lim);
+    if (typeof arm === 'string') {
+      skipped.push({ name, note: `skipped: ${arm}` });
+      progress.note(`baseline ${name} skipped: ${arm}`);
+    } else arms.push(arm);
+  }
+  return { arms, skipped };
+}
+
+const rungsOf = (o: ArmOutcome, ladder: number[]): Rung[] => ladder.filter((c) => o.byRung.has(c)).map((c) => toRung(c, o.byRung.get(c)!));
+
+function compareOf(a: Variant, b: Variant, ra: Rung[], rb: Rung[]): Compare {
+  return {
+    a: { options: a.options, ...fit(ra) },
+    b: { options: b.options, ...fit(rb) },
+    rungs: ra.flatMap((x) => {
+      const y = rb.find((r) => r.concurrency === x.concurrency);
+      if (!y) return [];
+      const ta = x.reps.map((r) => r.throughput);
+      const tb = y.reps.map((r) => r.throughput);
+      return [{ concurrency: x.concurrency, a: compareSide(x), b: compareSide(y), overlap: overlap(ta, tb), verdict: verdict(ta, tb) }];
+    }),
+  };
+}
+
+/**
+ * Run the whole bench: every workload configuration (one, A and B of --compare, or one per
+ * --fill size) and every baseline, alternately on each rung and rep; then fit and summarise.
+ */
+export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): Promise<BenchSummary> {
+  const startedAt = new Date().toISOString();
+  const defaultStorage: StorageKind = await lab.context.defaultStorage();
+  const lim: LoopLimits = { durationMs: plan.durationMs, count: plan.count };
+  const workloadArm = (v: Variant, fillBytes: number | undefined, name: string): Arm => ({
+    name,
+    run: (concurrency) =>
+      runWorkload(lab, plan.workload, { concurrency, ...lim, storage: v.storage ?? defaultStorage, argv: plan.argv, fillBytes, recycle: v.recycle, poolSize: v.poolSize }),
+  });
+  const comparing = plan.variants.length === 2;
+  const first = plan.variants[0]!;
+  const arms: Arm[] = comparing
+    ? plan.variants.map((v) => workloadArm(v, v.fills[0], `${plan.workload} ${v.label} (${v.options})`))
+    : first.fills.map((f) => workloadArm(first, f, f === undefined ? plan.workload : `${plan.workload} fill ${f}`));
+  const { arms: baseArms, skipped } = await prepareBaselines(lab, plan, lim, progress);
+  let outcomes: ArmOutcome[];
+  try {
+    outcomes = await climb([...arms, ...baseArms.map((a) => ({ ...a, optional: true }))], plan.ladder, plan.reps, progress);
+  } finally {
+    for (const a of baseArms) await a.dispose?.().catch(() => undefined);
+    progress.done();
+  }
+  const work = outcomes.slice(0, arms.length).map((o) => rungsOf(o, plan.ladder));
+  const rungs = work[0]!;
+  const baselines: Baseline[] = outcomes.slice(arms.length).map((o) => {
+    const rs = rungsOf(o, plan.ladder);
+    const note = o.failed ? `${o.note ? `${o.note}; ` : ''}failed: ${o.failed}` : o.note;
+    return rs.length ? toBaseline(o.name, rs, note) : { name: o.name, note: note ?? 'no rung completed' };
+  });
+  baselines.push(...skipped);
+  const f = fit(rungs);
+  const notes: string[] = [];
+  const summary: BenchSummary = {
+    workload: plan.workload,
+    storage: first.storage ?? defaultStorage,
+    argv: plan.argv,
+    startedAt,
+    finishedAt: new Date().toISOString(),
+    settings: {
+      ladder: plan.ladder,
+      reps: plan.reps,
+      durationMs: plan.durationMs,
+      ...(plan.count ? { count: plan.count } : {}),
+      ...(plan.workload === 'fresh-exec' && !comparing ? { recycle: first.recycle, ...(first.poolSize ? { poolSize: first.poolSize } : {}) } : {}),
+    },
+    rungs,
+    ...f,
+    baselines,
+    ratios: ratiosOf({ workload: plan.workload, ...f, baselines }),
+  };
+  if (comparing) {
+    summary.compare = compareOf(plan.variants[0]!, plan.variants[1]!, rungs, work[1]!);
+    if (plan.reps < 2) notes.push('one rep per configuration: the spread is unknown, so every verdict is noise; use --reps 3');
+  }
+  if (first.fills.length > 1) {
+    const series = first.fills.map((fillBytes, i) => ({ fillBytes, latencyMs: work[i]![0]?.latencyMs, rungs: work[i]! }));
+    summary.extra = { fills: series };
+    const a = series[0]!.latencyMs;
+    const b = series[series.length - 1]!.latencyMs;
+    if (a && b) summary.ratios['snapshot p50 largest/smallest fill'] = Math.round((b.p50 / a.p50) * 100) / 100;
+  }
+  if (rungs.some((r) => r.errors > 0)) notes.push('some operations failed: see rungs[].reps[].firstError');
+  if (notes.length) summary.notes = notes;
+  return summary;
+}

@@ -1,0 +1,95 @@
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Lab } from '../src/sdk/lab.js';
+import { disposeLab, testLab } from './helpers.js';
+
+let lab: Lab;
+beforeAll(async () => {
+  lab = await testLab();
+});
+afterAll(async () => {
+  for (const p of await lab.pools()) await lab.pool(p.name).remove();
+  await disposeLab(lab);
+});
+
+const until = async (check: () => Promise<boolean>, ms = 20_000): Promise<void> => {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error('condition not reached in time');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+};
+
+describe.each(['btrfs', 'overlay'] as const)('pools on %s', (storage) => {
+  it('hands out usable standbys, recycles clean ones, refuses and counts dirty ones', async () => {
+    const pool = await lab.createPool({ name: `p-${storage}`, image: 'busybox', size: 2, limits: {}, storage });
+    expect((await pool.stats()).ready).toBe(2);
+
+    const clean = await pool.run(['echo', 'hi']);
+    expect(clean).toMatchObject({ exitCode: 0, hit: true, recycled: true, dirt: [] });
+    expect(clean.stdout.toString()).toBe('hi\n');
+
+    const dirty = [
+      { argv: ['sh', '-c', 'echo x > /root/left-behind'], reason: /root filesystem changed/ },
+      { argv: ['sh', '-c', 'sleep 60 > /dev/null 2>&1 &'], reason: /processes: 1 left/ },
+      { argv: ['sh', '-c', 'echo x > /dev/shm/left'], reason: /dev\/shm changed/ },
+      { argv: ['sh', '-c', 'echo x > /run/left'], reason: /run changed/ },
+    ];
+    for (const d of dirty) {
+      const r = await pool.run(d.argv);
+      expect(r.exitCode).toBe(0);
+      expect(r.recycled).toBe(false);
+      expect(r.dirt.join('; ')).toMatch(d.reason);
+    }
+    const s = await pool.stats();
+    expect(s.refusedDirty).toBe(dirty.length);
+    expect(s.recycled).toBe(1);
+    // nothing a dirty run left is ever seen by a later one
+    const next = await pool.run(['sh', '-c', 'ls /root /dev/shm /run; ps -o comm | grep -c sleep || true']);
+    expect(next.stdout.toString()).not.toMatch(/left/);
+    expect(next.stdout.toString().trim().split('\n').pop()).toBe('0');
+    await pool.remove();
+  });
+});
+
+describe('pool refill', () => {
+  it('keeps its target size under churn, and files go in with put', async () => {
+    const pool = await lab.createPool({ name: 'churn', image: 'busybox', size: 3, limits: {} });
+    pool.start();
+    for (let i = 0; i < 8; i++) {
+      const r = await pool.run(['sh', '-c', 'cat /root/in; echo dirty > /root/out'], { put: [{ from: Buffer.from(`job ${i}\n`), to: '/root/in' }] });
+      expect(r.stdout.toString()).toBe(`job ${i}\n`);
+      expect(r.recycled).toBe(false);
+    }
+    await until(async () => (await pool.stats()).ready === 3);
+    const s = await pool.stats();
+    expect(s.target).toBe(3);
+    expect(s.hits + s.misses).toBe(8);
+    await pool.stop();
+    await pool.resize(1);
+    expect((await pool.stats()).ready).toBe(1);
+    await pool.remove();
+  });
+
+  it('a holder killed mid-refill leaves nothing gc cannot remove', async () => {
+    await lab.createPool({ name: 'crash', image: 'busybox', size: 0, limits: {} });
+    const script = `
+      import { Lab } from ${JSON.stringify(join(import.meta.dirname, '..', 'dist', 'sdk', 'index.js'))};
+      const lab = await Lab.open({ home: process.env.SNAPLAB_HOME });
+      const pool = lab.pool('crash');
+      await pool.resize(12);
+    `;
+    // the built library (npm test builds first), in a process of its own that we can kill
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    await until(async () => (await lab.pools())[0]!.ready >= 2, 30_000);
+    child.kill('SIGKILL');
+    await new Promise((r) => child.once('exit', r));
+    await lab.gc();
+    const s = (await lab.pools()).find((p) => p.name === 'crash')!;
+    expect(s.raising).toBe(0); // interrupted raises were reconciled and removed
+    await lab.pool('crash').remove();
+    await lab.gc();
+    expect((await lab.list()).filter((b) => b.info.pool === 'crash')).toEqual([]);
+  });
+});
