@@ -759,14 +759,49 @@ static long other_processes(void)
 	return n;
 }
 
-/* STATUS: what a recycled sandbox must not carry to the next execution, as seen from inside. */
+/* Append "entries DIR name,name,...\n" (sorted; "-" when DIR cannot be read). */
+static int list_entries(char *out, size_t cap, const char *dir)
+{
+	struct dirent **names = NULL;
+	int n = scandir(dir, &names, NULL, alphasort);
+	size_t len = (size_t)snprintf(out, cap, "entries %s ", dir);
+	if (n < 0) {
+		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "-");
+	} else {
+		int first = 1;
+		for (int i = 0; i < n; i++) {
+			const char *nm = names[i]->d_name;
+			if (strcmp(nm, ".") != 0 && strcmp(nm, "..") != 0 && len < cap) {
+				len += (size_t)snprintf(out + len, cap - len, "%s%s", first ? "" : ",", nm);
+				first = 0;
+			}
+			free(names[i]);
+		}
+		free(names);
+	}
+	if (len < cap)
+		len += (size_t)snprintf(out + len, cap - len, "\n");
+	return len < cap ? (int)len : -1;
+}
+
+/* STATUS: what a recycled sandbox must not carry to the next execution, as seen from inside:
+ * processes, System V IPC objects, and the entries of the in-memory filesystems (/dev, /dev/shm,
+ * /dev/mqueue, /run) that are not part of the root filesystem's volume. */
 static void do_status(struct conn *c, uint32_t id)
 {
-	char text[256];
+	static const char *const dirs[] = { "/dev", "/dev/shm", "/dev/mqueue", "/run", "/run/snaplab" };
+	char text[16384];
 	int n = snprintf(text, sizeof text, "processes %ld\nshm %ld\nsem %ld\nmsg %ld\n", other_processes(),
 			 sysvipc_count("/proc/sysvipc/shm"), sysvipc_count("/proc/sysvipc/sem"),
 			 sysvipc_count("/proc/sysvipc/msg"));
-	reply(c, T_DATA, id, text, (uint32_t)n);
+	for (size_t i = 0; i < sizeof dirs / sizeof *dirs && n >= 0; i++) {
+		int m = list_entries(text + n, sizeof text - (size_t)n, dirs[i]);
+		n = m < 0 ? -1 : n + m;
+	}
+	if (n < 0)
+		reply_error(c, id, E2BIG, "status does not fit: too many entries");
+	else
+		reply(c, T_DATA, id, text, (uint32_t)n);
 }
 
 static void handle_frame(struct conn *c, const struct frame *f)

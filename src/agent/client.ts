@@ -114,6 +114,13 @@ function collected(c: Collected, b: Buffer): boolean {
   return keep.length < b.length;
 }
 
+/** STATUS: counts (processes, shm, sem, msg) and the entries of the sandbox's in-memory directories. */
+export interface AgentStatus {
+  counts: Record<string, number>;
+  /** directory → its entries, sorted and comma-joined ("-" when unreadable) */
+  entries: Record<string, string>;
+}
+
 export class AgentClient implements AsyncDisposable {
   readonly agentVersion: string;
   readonly protocolVersion: string;
@@ -351,14 +358,16 @@ export class AgentClient implements AsyncDisposable {
    * What is left inside the sandbox that may not persist between executions: processes other
    * than the agent, and System V IPC objects (visible only from inside the IPC namespace).
    */
-  async status(): Promise<Record<string, number>> {
+  async status(): Promise<AgentStatus> {
     const data = await this.call(MsgType.STATUS, Buffer.alloc(0), MsgType.DATA);
-    const out: Record<string, number> = {};
+    const counts: Record<string, number> = {};
+    const entries: Record<string, string> = {};
     for (const line of data.toString().split('\n')) {
-      const [k, v] = line.split(' ');
-      if (k && v !== undefined) out[k] = Number(v);
+      const [k, a, b] = line.split(' ');
+      if (k === 'entries' && a) entries[a] = b ?? '';
+      else if (k && a !== undefined) counts[k] = Number(a);
     }
-    return out;
+    return { counts, entries };
   }
 
   async setClock(ns: bigint): Promise<void> {

@@ -79,7 +79,9 @@ export class PoolRunner {
     let reasons: string[] = [];
     if (pool?.recycle && rec.baseline) {
       reasons = await trace.phase('clean check', () => dirtReasons(this.ctx, rec, t.agent));
-      if (reasons.length === 0 && (await this.wanted(pool.target))) {
+      // a clean one always goes back (refill raises only what is missing); a pool is trimmed
+      // back to its target by resize
+      if (reasons.length === 0) {
         await trace.phase('freeze', () => this.ctx.driver(rec.driver).pause(handle(rec)));
         this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null });
         this.ctx.store.countPool(this.name, 'recycled');
@@ -133,10 +135,6 @@ export class PoolRunner {
     return out;
   }
 
-  private async wanted(target: number): Promise<boolean> {
-    return this.counts().paused < target;
-  }
-
   /** Start background raises up to the deficit; fewer while executions are being served. */
   private kick(): void {
     if (!this.running) return;
@@ -175,7 +173,7 @@ export class PoolRunner {
       const { record, agent } = await raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: 'namespaces', limits: pool.limits, base, origin: null, pool: this.name }, trace);
       if (recordBaseline && pool.recycle) {
         try {
-          record.baseline = await trace.phase('clean baseline', () => captureBaseline(this.ctx, record));
+          record.baseline = await trace.phase('clean baseline', () => captureBaseline(this.ctx, record, agent));
           this.ctx.store.updateSandbox(record.id, { baseline: record.baseline });
         } catch (e) {
           await this.drop(record, agent);

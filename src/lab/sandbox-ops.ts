@@ -57,12 +57,16 @@ export async function connectAgent(ctx: LabContext, s: SandboxRecord): Promise<A
   }
 }
 
+const oomSeen = new WeakMap<SandboxRecord, number>();
+
 /** Run argv in the sandbox through an open agent connection; map a lost agent to "it died, because...". */
 export async function execIn(ctx: LabContext, s: SandboxRecord, agent: AgentClient, argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
   if (argv.length === 0) throw new SnaplabError('BAD_INPUT', 'no command given', 'put the command after --, e.g. `snaplab exec box -- ls -l /`');
   const env = mergeEnv(opts.env);
   const limited = s.limits.memoryBytes !== undefined;
-  const oomBefore = limited ? await oomKills(cgroupFor(s.id)).catch(() => 0) : 0;
+  // the OOM counter is read once per sandbox object and again only after a SIGKILL: reading it
+  // around every command would cost each exec a cgroup file read
+  if (limited && !oomSeen.has(s)) oomSeen.set(s, await oomKills(cgroupFor(s.id)).catch(() => 0));
   const h = agent.exec(
     { argv, env, cwd: opts.cwd, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined },
     { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
@@ -77,7 +81,9 @@ export async function execIn(ctx: LabContext, s: SandboxRecord, agent: AgentClie
   }
   let oomKilled = false;
   if (r.signal === 9 && !r.timedOut && limited) {
-    oomKilled = (await oomKills(cgroupFor(s.id)).catch(() => 0)) > oomBefore;
+    const now = await oomKills(cgroupFor(s.id)).catch(() => 0);
+    oomKilled = now > (oomSeen.get(s) ?? 0);
+    oomSeen.set(s, now);
   }
   return { ...r, oomKilled };
 }

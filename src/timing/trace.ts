@@ -27,6 +27,13 @@ export interface TraceSummary {
 const nowMs = (): number => Number(process.hrtime.bigint()) / 1e6;
 
 /**
+ * The phase running now, for every trace. One storage for the process: Node propagates every
+ * AsyncLocalStorage instance to every new promise, so one per trace would make each promise
+ * cost more the more traces were ever made.
+ */
+const running = new AsyncLocalStorage<{ trace: Trace; index: number }>();
+
+/**
  * A trace of one lifecycle operation (principle 2). Phases nest through AsyncLocalStorage, so
  * phases started concurrently inside one parent are attributed to that parent correctly.
  */
@@ -37,7 +44,6 @@ export class Trace {
   readonly startedAt = Date.now();
   readonly phases: Phase[] = [];
   private readonly t0 = nowMs();
-  private readonly current = new AsyncLocalStorage<number>();
   private endMs: number | undefined;
 
   constructor(kind: string, target: string | null = null, id?: string) {
@@ -47,8 +53,13 @@ export class Trace {
   }
 
   /** Time `fn` as a phase named `name`, nested under the phase that is running now. */
+  private parentIndex(): number | null {
+    const cur = running.getStore();
+    return cur !== undefined && cur.trace === this ? cur.index : null;
+  }
+
   async phase<T>(name: string, fn: () => Promise<T> | T): Promise<T> {
-    const parent = this.current.getStore() ?? null;
+    const parent = this.parentIndex();
     const rec: Phase = {
       name,
       parent,
@@ -58,7 +69,7 @@ export class Trace {
     };
     const index = this.phases.push(rec) - 1;
     try {
-      return await this.current.run(index, fn);
+      return await running.run({ trace: this, index }, fn);
     } finally {
       rec.endMs = nowMs() - this.t0;
     }
@@ -66,7 +77,7 @@ export class Trace {
 
   /** Record a phase measured elsewhere, with absolute monotonic times in ms (see `now()`). */
   record(name: string, startAbsMs: number, endAbsMs: number): void {
-    const parent = this.current.getStore() ?? null;
+    const parent = this.parentIndex();
     this.phases.push({
       name,
       parent,
