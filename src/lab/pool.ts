@@ -130,9 +130,8 @@ export class PoolRunner {
   }
 
   private counts(): { paused: number; creating: number; running: number } {
-    const out = { paused: 0, creating: 0, running: 0 };
-    for (const s of this.ctx.store.poolMembers(this.name)) if (s.state in out) out[s.state as keyof typeof out]++;
-    return out;
+    const c = this.ctx.store.poolCounts(this.name);
+    return { paused: c.paused ?? 0, creating: c.creating ?? 0, running: c.running ?? 0 };
   }
 
   /** Start background raises up to the deficit; fewer while executions are being served. */

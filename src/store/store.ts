@@ -1,3 +1,4 @@
+import type Database from 'better-sqlite3';
 import type { Db } from './db.js';
 import type { ImageRecord, PoolRecord, SandboxRecord, SnapshotRecord } from './records.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -60,47 +61,55 @@ function toSnapshot(r: Row): SnapshotRecord {
 
 /** Typed queries over the state database. The only place that writes SQL. */
 export class Store {
+  private readonly statements = new Map<string, Database.Statement>();
+
   constructor(readonly db: Db) {}
+
+  /** Prepared once, reused: preparing a statement costs more than running it. */
+  private stmt(sql: string): Database.Statement {
+    let st = this.statements.get(sql);
+    if (!st) this.statements.set(sql, (st = this.db.prepare(sql)));
+    return st;
+  }
 
   // images
   getImage(name: string): ImageRecord | undefined {
-    const r = this.db.prepare('SELECT * FROM images WHERE name = ?').get(name) as Row | undefined;
+    const r = this.stmt('SELECT * FROM images WHERE name = ?').get(name) as Row | undefined;
     return r && { name: r.name as string, source: r.source as string, path: r.path as string, sizeBytes: r.size_bytes as number, createdAt: r.created_at as number };
   }
   listImages(): ImageRecord[] {
-    return (this.db.prepare('SELECT name FROM images ORDER BY name').all() as Row[]).map((r) => this.getImage(r.name as string)!);
+    return (this.stmt('SELECT name FROM images ORDER BY name').all() as Row[]).map((r) => this.getImage(r.name as string)!);
   }
   putImage(i: ImageRecord): void {
-    this.db.prepare('INSERT INTO images (name, source, path, size_bytes, created_at) VALUES (?, ?, ?, ?, ?)').run(i.name, i.source, i.path, i.sizeBytes, i.createdAt);
+    this.stmt('INSERT INTO images (name, source, path, size_bytes, created_at) VALUES (?, ?, ?, ?, ?)').run(i.name, i.source, i.path, i.sizeBytes, i.createdAt);
   }
   deleteImage(name: string): void {
-    this.db.prepare('DELETE FROM images WHERE name = ?').run(name);
+    this.stmt('DELETE FROM images WHERE name = ?').run(name);
   }
   getImageVolume(image: string, storage: StorageKind): Volume | undefined {
-    const r = this.db.prepare('SELECT volume FROM image_volumes WHERE image = ? AND storage = ?').get(image, storage) as Row | undefined;
+    const r = this.stmt('SELECT volume FROM image_volumes WHERE image = ? AND storage = ?').get(image, storage) as Row | undefined;
     return r && json<Volume>(r.volume);
   }
   listImageVolumes(image?: string): { image: string; storage: StorageKind; volume: Volume }[] {
     const rows = (image === undefined
-      ? this.db.prepare('SELECT * FROM image_volumes').all()
-      : this.db.prepare('SELECT * FROM image_volumes WHERE image = ?').all(image)) as Row[];
+      ? this.stmt('SELECT * FROM image_volumes').all()
+      : this.stmt('SELECT * FROM image_volumes WHERE image = ?').all(image)) as Row[];
     return rows.map((r) => ({ image: r.image as string, storage: r.storage as StorageKind, volume: json<Volume>(r.volume) }));
   }
   putImageVolume(image: string, storage: StorageKind, v: Volume): void {
-    this.db.prepare('INSERT OR REPLACE INTO image_volumes (image, storage, volume) VALUES (?, ?, ?)').run(image, storage, JSON.stringify(v));
+    this.stmt('INSERT OR REPLACE INTO image_volumes (image, storage, volume) VALUES (?, ?, ?)').run(image, storage, JSON.stringify(v));
   }
 
   // sandboxes
   getSandbox(idOrName: string): SandboxRecord | undefined {
-    const r = this.db.prepare('SELECT * FROM sandboxes WHERE id = ? OR name = ?').get(idOrName, idOrName) as Row | undefined;
+    const r = this.stmt('SELECT * FROM sandboxes WHERE id = ? OR name = ?').get(idOrName, idOrName) as Row | undefined;
     return r && toSandbox(r);
   }
   listSandboxes(): SandboxRecord[] {
-    return (this.db.prepare('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]).map(toSandbox);
+    return (this.stmt('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]).map(toSandbox);
   }
   insertSandbox(s: SandboxRecord): void {
-    this.db
-      .prepare(
+    this.stmt(
         `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline)
          VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline)`,
       )
@@ -114,44 +123,47 @@ export class Store {
       cols.push(`${map[k]} = ?`);
       vals.push((k === 'volume' || k === 'baseline') && v ? JSON.stringify(v) : v);
     }
-    if (cols.length) this.db.prepare(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = ?`).run(...vals, id);
+    if (cols.length) this.stmt(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = ?`).run(...vals, id);
   }
   deleteSandbox(id: string): void {
-    this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
+    this.stmt('DELETE FROM sandboxes WHERE id = ?').run(id);
   }
 
   // pools
   getPool(name: string): PoolRecord | undefined {
-    const r = this.db.prepare('SELECT * FROM pools WHERE name = ?').get(name) as Row | undefined;
+    const r = this.stmt('SELECT * FROM pools WHERE name = ?').get(name) as Row | undefined;
     return r && toPool(r);
   }
   listPools(): PoolRecord[] {
-    return (this.db.prepare('SELECT * FROM pools ORDER BY name').all() as Row[]).map(toPool);
+    return (this.stmt('SELECT * FROM pools ORDER BY name').all() as Row[]).map(toPool);
   }
   insertPool(p: PoolRecord): void {
-    this.db
-      .prepare('INSERT INTO pools (name, image, storage, limits, target, recycle, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)')
+    this.stmt('INSERT INTO pools (name, image, storage, limits, target, recycle, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)')
       .run(p.name, p.image, p.storage, JSON.stringify(p.limits), p.target, p.recycle ? 1 : 0, p.createdAt);
   }
   setPoolTarget(name: string, target: number): void {
-    this.db.prepare('UPDATE pools SET target = ? WHERE name = ?').run(target, name);
+    this.stmt('UPDATE pools SET target = ? WHERE name = ?').run(target, name);
   }
   countPool(name: string, counter: PoolCounter, by = 1): void {
-    this.db.prepare(`UPDATE pools SET ${counter} = ${counter} + ? WHERE name = ?`).run(by, name);
+    this.stmt(`UPDATE pools SET ${counter} = ${counter} + ? WHERE name = ?`).run(by, name);
   }
   deletePool(name: string): void {
-    this.db.prepare('DELETE FROM pools WHERE name = ?').run(name);
+    this.stmt('DELETE FROM pools WHERE name = ?').run(name);
+  }
+  /** How many members of the pool are in each state. */
+  poolCounts(name: string): Record<string, number> {
+    const rows = this.stmt('SELECT state, COUNT(*) AS n FROM sandboxes WHERE pool = ? GROUP BY state').all(name) as { state: string; n: number }[];
+    return Object.fromEntries(rows.map((r) => [r.state, r.n]));
   }
   poolMembers(name: string): SandboxRecord[] {
-    return (this.db.prepare('SELECT * FROM sandboxes WHERE pool = ? ORDER BY created_at').all(name) as Row[]).map(toSandbox);
+    return (this.stmt('SELECT * FROM sandboxes WHERE pool = ? ORDER BY created_at').all(name) as Row[]).map(toSandbox);
   }
   /**
    * Take one paused standby of the pool, atomically across processes: the UPDATE marks it
    * running (taken) in the same statement that finds it, so two takers never get the same one.
    */
   claimStandby(pool: string, reason: string): SandboxRecord | undefined {
-    const r = this.db
-      .prepare(
+    const r = this.stmt(
         `UPDATE sandboxes SET state = 'running', reason = ?
          WHERE id = (SELECT id FROM sandboxes WHERE pool = ? AND state = 'paused' ORDER BY created_at LIMIT 1)
          RETURNING *`,
@@ -162,47 +174,45 @@ export class Store {
 
   // operations that are making volumes: gc must not take what they have not recorded yet
   beginInflight(id: string, kind: string): void {
-    this.db.prepare('INSERT INTO inflight (id, pid, kind, started_at) VALUES (?, ?, ?, ?)').run(id, process.pid, kind, Date.now());
+    this.stmt('INSERT INTO inflight (id, pid, kind, started_at) VALUES (?, ?, ?, ?)').run(id, process.pid, kind, Date.now());
   }
   endInflight(id: string): void {
-    this.db.prepare('DELETE FROM inflight WHERE id = ?').run(id);
+    this.stmt('DELETE FROM inflight WHERE id = ?').run(id);
   }
   listInflight(): { id: string; pid: number; kind: string; startedAt: number }[] {
-    return (this.db.prepare('SELECT * FROM inflight').all() as Row[]).map((r) => ({ id: r.id as string, pid: r.pid as number, kind: r.kind as string, startedAt: r.started_at as number }));
+    return (this.stmt('SELECT * FROM inflight').all() as Row[]).map((r) => ({ id: r.id as string, pid: r.pid as number, kind: r.kind as string, startedAt: r.started_at as number }));
   }
 
   // snapshots
   getSnapshot(name: string): SnapshotRecord | undefined {
-    const r = this.db.prepare('SELECT * FROM snapshots WHERE name = ? OR id = ?').get(name, name) as Row | undefined;
+    const r = this.stmt('SELECT * FROM snapshots WHERE name = ? OR id = ?').get(name, name) as Row | undefined;
     return r && toSnapshot(r);
   }
   listSnapshots(): SnapshotRecord[] {
-    return (this.db.prepare('SELECT * FROM snapshots ORDER BY created_at').all() as Row[]).map(toSnapshot);
+    return (this.stmt('SELECT * FROM snapshots ORDER BY created_at').all() as Row[]).map(toSnapshot);
   }
   insertSnapshot(s: SnapshotRecord): void {
-    this.db
-      .prepare('INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)')
+    this.stmt('INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)')
       .run(s.name, s.id, s.sandbox, s.image, s.storage, JSON.stringify(s.volume), JSON.stringify(s.limits), s.createdAt);
   }
   deleteSnapshot(name: string): void {
-    this.db.prepare('DELETE FROM snapshots WHERE name = ?').run(name);
+    this.stmt('DELETE FROM snapshots WHERE name = ?').run(name);
   }
 
   // operations (traces)
   putOperation(t: TraceSummary, details?: unknown): void {
-    this.db
-      .prepare(
+    this.stmt(
         `INSERT OR REPLACE INTO operations (id, kind, target, started_at, total_ms, unattributed_ms, status, error, phases, details)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       )
       .run(t.id, t.kind, t.target, t.startedAt, t.totalMs, t.unattributedMs, t.status, t.error, JSON.stringify(t.phases), details === undefined ? null : JSON.stringify(details));
   }
   getOperation(id: string): (TraceSummary & { details: unknown }) | undefined {
-    const r = this.db.prepare('SELECT * FROM operations WHERE id = ?').get(id) as Row | undefined;
+    const r = this.stmt('SELECT * FROM operations WHERE id = ?').get(id) as Row | undefined;
     return r && rowToOperation(r);
   }
   listOperations(limit = 20): (TraceSummary & { details: unknown })[] {
-    return (this.db.prepare('SELECT * FROM operations ORDER BY started_at DESC LIMIT ?').all(limit) as Row[]).map(rowToOperation);
+    return (this.stmt('SELECT * FROM operations ORDER BY started_at DESC LIMIT ?').all(limit) as Row[]).map(rowToOperation);
   }
 }
 
