@@ -119,6 +119,22 @@ describe('snaplab CLI', () => {
     expect(JSON.parse(snaplab(['ls', '--json']).out)).toEqual([]);
   });
 
+  it('pool serve keeps a pool at its target while runs take from it, and stops on SIGINT', async () => {
+    expect(snaplab(['pool', 'create', 'served', '--size', '2']).code).toBe(0);
+    const serve = spawn(process.execPath, [CLI, 'pool', 'serve', 'served'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    serve.stdout.on('data', (b: Buffer) => (out += b.toString()));
+    for (let i = 0; i < 4; i++) expect(snaplab(['run', '--pool', 'served', '--', 'sh', '-c', 'echo dirty > /root/x']).code).toBe(0);
+    const ready = async (): Promise<number> => (JSON.parse(snaplab(['pool', 'ls', '--json']).out) as { name: string; ready: number }[]).find((p) => p.name === 'served')!.ready;
+    for (let i = 0; i < 200 && (await ready()) < 2; i++) await new Promise((r) => setTimeout(r, 100));
+    expect(await ready()).toBe(2);
+    serve.kill('SIGINT');
+    const code = await new Promise((r) => serve.once('exit', r));
+    expect(code).toBe(0);
+    expect(out).toMatch(/pool served: ready \d\/2/);
+    expect(snaplab(['pool', 'rm', 'served']).code).toBe(0);
+  });
+
   it('refuses to run as non-root and says what needs root', () => {
     const r = snaplab(['ls'], { uid: 65534 });
     expect(r.code).toBe(2);
