@@ -90,6 +90,6 @@ describe('pool refill', () => {
     expect(s.raising).toBe(0); // interrupted raises were reconciled and removed
     await lab.pool('crash').remove();
     await lab.gc();
-    expect((await lab.list()).filter((b) => b.info.pool === 'crash')).toEqual([]);
+    expect((await lab.list()).filter((b) => b.info.pool === 'crash').map((b) => `${b.state}: ${b.info.reason}`)).toEqual([]);
   });
 });

@@ -1,4 +1,7 @@
 #!/usr/bin/env node
+// Many cgroup, /proc and storage file operations run at once (a scenario's machines in
+// parallel): libuv's default of 4 threads would queue them behind each other.
+process.env.UV_THREADPOOL_SIZE ??= '16';
 import { Command, CommanderError } from 'commander';
 import { registerCreate, registerRestore } from './create.js';
 import { registerDoctor } from './doctor.js';
@@ -12,6 +15,7 @@ import { registerBench } from './bench.js';
 import { registerDemo } from './demo.js';
 import { registerPool } from './pool.js';
 import { registerRun } from './run.js';
+import { registerScenario } from './scenario.js';
 import { EXIT_EXEC_FAILURE, EXIT_USAGE } from './output.js';
 
 const program = new Command('snaplab')
@@ -34,6 +38,7 @@ registerRestore(program);
 registerLifecycle(program);
 registerGc(program);
 registerTrace(program);
+registerScenario(program);
 registerPool(program);
 registerRun(program);
 registerBench(program);

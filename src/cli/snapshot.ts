@@ -9,11 +9,20 @@ export function registerSnapshot(program: Command): void {
     .description('take, list and remove filesystem snapshots')
     .argument('[sandbox]', 'sandbox to snapshot')
     .option('--name <name>', 'name of the new snapshot')
+    .option('--scenario <name>', 'snapshot every machine of a scenario as one consistent point')
     .option('--json', 'print the snapshot as JSON')
     .enablePositionalOptions();
   addTraceOption(snap);
-  snap.action((sandbox: string | undefined, o: CommonOptions & { name?: string }) =>
+  snap.action((sandbox: string | undefined, o: CommonOptions & { name?: string; scenario?: string }) =>
     withLab(o, async (lab) => {
+      if (o.scenario) {
+        if (!o.name) throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot --scenario ${o.scenario} --name NAME`);
+        const r = await lab.scenario(o.scenario).snapshot(o.name);
+        if (o.json) printJson({ scenario: r.scenario, name: r.name, manifest: r.manifest, snapshotMs: r.trace.totalMs, operation: r.trace.id });
+        else process.stdout.write(`scenario ${o.scenario}: snapshot ${r.name} of every machine in ${ms(r.trace.totalMs)}\n`);
+        showTrace(o, r.trace);
+        return;
+      }
       if (!sandbox) throw new SnaplabError('BAD_INPUT', 'which sandbox?', 'snaplab snapshot <sandbox> --name NAME (or `snaplab snapshot ls`)');
       if (!o.name) throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot ${sandbox} --name NAME`);
       const box = await lab.get(sandbox);

@@ -9,6 +9,8 @@ export interface MachineSpec {
   limits: Limits;
   /** directory that becomes the machine's root filesystem */
   rootfs: string;
+  /** join this existing network namespace (a path, e.g. /run/netns/snaplab-…) instead of a new loopback-only one */
+  netns?: string;
 }
 
 /** What a driver needs, persisted in the sandbox record, to find its machine again later. */

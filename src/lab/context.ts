@@ -18,7 +18,7 @@ export class LabContext {
   readonly images: Images;
   readonly drivers: Map<string, Driver>;
   private readonly backends = new Map<StorageKind, StorageBackend>();
-  private readonly ready = new Set<StorageKind>();
+  private readonly ready = new Map<StorageKind, Promise<void>>();
   private defaultKind: StorageKind | undefined;
   /** probe answers already had in this process (pickDefault probes on the way) */
   private readonly probed = new Map<StorageKind, Availability>();
@@ -49,15 +49,20 @@ export class LabContext {
     return b;
   }
 
-  /** The backend, probed and initialised once per process (pool mounted for btrfs). */
+  /** The backend, probed and initialised once per process (pool mounted for btrfs); concurrent callers share the work. */
   async readyBackend(kind: StorageKind): Promise<StorageBackend> {
     const b = this.backend(kind);
-    if (!this.ready.has(kind)) {
-      const a = this.probed.get(kind) ?? (await b.probe());
-      if (!a.ok) throw new SnaplabError('STORAGE_UNAVAILABLE', `storage ${kind} does not work here: ${a.reason}`, a.fix ?? 'run `snaplab doctor`');
-      await b.init();
-      this.ready.add(kind);
+    let ready = this.ready.get(kind);
+    if (!ready) {
+      ready = (async () => {
+        const a = this.probed.get(kind) ?? (await b.probe());
+        if (!a.ok) throw new SnaplabError('STORAGE_UNAVAILABLE', `storage ${kind} does not work here: ${a.reason}`, a.fix ?? 'run `snaplab doctor`');
+        await b.init();
+      })();
+      this.ready.set(kind, ready);
+      ready.catch(() => this.ready.delete(kind));
     }
+    await ready;
     return b;
   }
 

@@ -4,6 +4,7 @@ import { unmountPool } from '../storage/index.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { STORAGE_KINDS } from './context.js';
+import { collectScenarios } from '../scenario/gc.js';
 import { liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
 
@@ -15,6 +16,7 @@ import { reconcile } from './reconcile.js';
 export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ removed: string[]; notes: string[] }> {
   const removed: string[] = [];
   const notes: string[] = [];
+  removed.push(...(await trace.phase('scenarios', () => collectScenarios(ctx))));
   const sandboxes = await trace.phase('reconcile', async () => Promise.all(ctx.store.listSandboxes().map((s) => reconcile(ctx, s))));
   const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
   for (const [name, driver] of ctx.drivers) {

@@ -49,6 +49,8 @@ async function sizeOf(dir: string): Promise<number> {
 
 /** Image trees live in `${home}/images/<name>/rootfs`; storage backends import from there. */
 export class Images {
+  private building: Promise<ImageRecord> | undefined;
+
   constructor(private readonly home: string, private readonly store: Store) {}
 
   private dir(name: string): string {
@@ -59,7 +61,11 @@ export class Images {
   async resolve(name: string): Promise<ImageRecord> {
     const found = this.store.getImage(name);
     if (found) return found;
-    if (name === BUILTIN_BUSYBOX) return this.buildBusybox();
+    if (name === BUILTIN_BUSYBOX) {
+      // several machines of a scenario may ask at once: build it once
+      this.building ??= this.buildBusybox().finally(() => (this.building = undefined));
+      return this.building;
+    }
     const known = this.store.listImages().map((i) => i.name);
     throw new SnaplabError(
       'IMAGE_NOT_FOUND',
@@ -123,7 +129,14 @@ export class Images {
       await rm(dir, { recursive: true, force: true });
       await rename(tmp, dir);
       const rec: ImageRecord = { name, source, path: join(dir, 'rootfs'), sizeBytes: await sizeOf(join(dir, 'rootfs')), createdAt: Date.now() };
-      this.store.putImage(rec);
+      try {
+        this.store.putImage(rec);
+      } catch (e) {
+        // another process recorded the same image meanwhile: theirs stands
+        const theirs = this.store.getImage(name);
+        if (theirs && /UNIQUE/.test(String(e))) return theirs;
+        throw e;
+      }
       return rec;
     } catch (e) {
       await rm(tmp, { recursive: true, force: true });

@@ -61,7 +61,6 @@ export class PoolRunner {
       }
       this.ctx.store.countPool(this.name, 'misses');
       const made = await this.raise(trace, pool.target > 0);
-      this.ctx.store.updateSandbox(made.record.id, { reason: takenBy() });
       this.kick();
       return { ...made, hit: false };
     } finally {
@@ -160,7 +159,7 @@ export class PoolRunner {
   private async addStandby(): Promise<void> {
     const { record } = await this.raise(new Trace('pool refill', this.name), true);
     await this.ctx.driver(record.driver).pause(handle(record));
-    this.ctx.store.updateSandbox(record.id, { state: 'paused' });
+    this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null });
   }
 
   /** Raise a pool member with its clean baseline; `standby` members keep a connection here. */
@@ -170,6 +169,9 @@ export class PoolRunner {
     try {
       const base = (): ReturnType<typeof imageVolume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
       const { record, agent } = await raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: 'namespaces', limits: pool.limits, base, origin: null, pool: this.name }, trace);
+      // held by this process until it is paused or handed out: if this process dies in between,
+      // reapLeaks finds a member whose holder is gone
+      this.ctx.store.updateSandbox(record.id, { reason: takenBy() });
       if (recordBaseline && pool.recycle) {
         try {
           record.baseline = await trace.phase('clean baseline', () => captureBaseline(this.ctx, record, agent));

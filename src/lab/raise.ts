@@ -20,6 +20,12 @@ export interface RaiseInput {
   origin: string | null;
   /** raise as a standby of this pool */
   pool?: string;
+  /** a machine of this scenario */
+  scenario?: string;
+  /** default: the sandbox's name */
+  hostname?: string;
+  /** a network namespace snaplab made, to join (scenario machines) */
+  netns?: string;
 }
 
 /**
@@ -37,9 +43,9 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   const record: SandboxRecord = {
     id, name, image: input.image, storage: input.storage, driver: driver.name, state: 'creating',
     reason: `being created by pid ${process.pid}`, volume: null, pid: null, pidStart: null,
-    limits: input.limits, origin: input.origin, createdAt: Date.now(), pool: input.pool ?? null, baseline: null,
+    limits: input.limits, origin: input.origin, createdAt: Date.now(), pool: input.pool ?? null, baseline: null, scenario: input.scenario ?? null,
   };
-  trace.target = name;
+  trace.target ??= name;
   try {
     await trace.phase('record', () => ctx.store.insertSandbox(record));
   } catch (e) {
@@ -50,7 +56,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   try {
     const backend = await trace.phase('storage ready', () => ctx.readyBackend(input.storage));
     const base = await input.base();
-    const machine = { id, hostname: name, limits: input.limits };
+    const machine = { id, hostname: input.hostname ?? name, limits: input.limits, netns: input.netns };
     // the cgroup does not need the root filesystem: make both at once
     const clone = (): Promise<Volume> =>
       inflight(ctx, 'clone', async () => {

@@ -8,6 +8,10 @@ import { PoolRunner } from '../lab/pool.js';
 import { runOnce, type RunOutcome, type RunSpec } from '../lab/run.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { Pool } from './pool.js';
+import { Scenario } from './scenario.js';
+import { getScenario } from '../scenario/down.js';
+import { loadScenario } from '../scenario/parse.js';
+import { upScenario, type UpOptions } from '../scenario/up.js';
 import { reconcile } from '../lab/reconcile.js';
 import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/removals.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
@@ -84,7 +88,8 @@ export class Lab {
 
   /** The sandbox with this id or name, its state reconciled with the host. */
   async get(idOrName: string): Promise<Sandbox> {
-    const rec = this.ctx.store.getSandbox(idOrName);
+    // SCENARIO/MACHINE names a scenario machine (its sandbox is SCENARIO.MACHINE)
+    const rec = this.ctx.store.getSandbox(idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
     if (!rec) throw sandboxNotFound(this.ctx, idOrName);
     return new Sandbox(this.ctx, await reconcile(this.ctx, rec));
   }
@@ -179,6 +184,26 @@ export class Lab {
       ),
     );
     return { ...result, trace };
+  }
+
+  /**
+   * Raise a scenario file: networks, machines in parallel, provisioning, start steps, readiness.
+   * A failure removes everything it made unless `keepOnFailure`.
+   */
+  async up(file: string, opts: UpOptions = {}): Promise<Scenario> {
+    const loaded = await loadScenario(file);
+    const { result, trace } = await this.ctx.traced('up', opts.name ?? loaded.spec.name ?? null, (t) => upScenario(this.ctx, loaded, opts, t));
+    return new Scenario(this.ctx, result.name, trace);
+  }
+
+  /** A scenario that is up. */
+  scenario(name: string): Scenario {
+    getScenario(this.ctx, name);
+    return new Scenario(this.ctx, name);
+  }
+
+  scenarios(): Scenario[] {
+    return this.ctx.store.listScenarios().map((s) => new Scenario(this.ctx, s.name));
   }
 
   /** @internal for the CLI's doctor and bench */

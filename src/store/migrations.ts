@@ -77,6 +77,24 @@ export const migrations: string[] = [
     kind        TEXT NOT NULL,
     started_at  INTEGER NOT NULL
   );
+  CREATE TABLE scenarios (
+    name        TEXT PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    file        TEXT NOT NULL,
+    hash        TEXT NOT NULL,
+    spec        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    reason      TEXT,
+    created_at  INTEGER NOT NULL
+  );
+  CREATE TABLE scenario_snapshots (
+    scenario    TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    manifest    TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    PRIMARY KEY (scenario, name)
+  );
+  ALTER TABLE sandboxes ADD COLUMN scenario TEXT;
   ALTER TABLE sandboxes ADD COLUMN pool TEXT;
   ALTER TABLE sandboxes ADD COLUMN baseline TEXT;
   CREATE INDEX sandboxes_pool ON sandboxes(pool, state);

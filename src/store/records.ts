@@ -33,6 +33,8 @@ export interface SandboxRecord {
   createdAt: number;
   /** the pool this sandbox is a standby of (paused) or was taken from (running) */
   pool: string | null;
+  /** the scenario this sandbox is a machine of */
+  scenario: string | null;
   /** for pooled sandboxes: what the clean state looked like when it became a standby */
   baseline: CleanBaseline | null;
 }
@@ -71,5 +73,26 @@ export interface SnapshotRecord {
   storage: StorageKind;
   volume: Volume;
   limits: Limits;
+  createdAt: number;
+}
+
+export interface ScenarioRecord {
+  name: string;
+  /** short id used in host object names (network namespaces) */
+  id: string;
+  file: string;
+  hash: string;
+  /** the parsed scenario (ScenarioSpec) as it was raised */
+  spec: unknown;
+  state: 'up' | 'creating' | 'failed' | 'removing';
+  reason: string | null;
+  createdAt: number;
+}
+
+export interface ScenarioSnapshotRecord {
+  scenario: string;
+  name: string;
+  /** machines → snapshot names, addresses, and the scenario file's hash */
+  manifest: unknown;
   createdAt: number;
 }

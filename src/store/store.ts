@@ -1,6 +1,6 @@
 import type Database from 'better-sqlite3';
 import type { Db } from './db.js';
-import type { ImageRecord, PoolRecord, SandboxRecord, SnapshotRecord } from './records.js';
+import type { ImageRecord, PoolRecord, SandboxRecord, ScenarioRecord, ScenarioSnapshotRecord, SnapshotRecord } from './records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 
@@ -23,6 +23,7 @@ function toSandbox(r: Row): SandboxRecord {
     origin: (r.origin as string | null) ?? null,
     createdAt: r.created_at as number,
     pool: (r.pool as string | null) ?? null,
+    scenario: (r.scenario as string | null) ?? null,
     baseline: r.baseline ? json(r.baseline) : null,
   };
 }
@@ -40,6 +41,19 @@ function toPool(r: Row): PoolRecord {
     recycled: r.recycled as number,
     refusedDirty: r.refused_dirty as number,
     leaks: r.leaks as number,
+    createdAt: r.created_at as number,
+  };
+}
+
+function toScenario(r: Row): ScenarioRecord {
+  return {
+    name: r.name as string,
+    id: r.id as string,
+    file: r.file as string,
+    hash: r.hash as string,
+    spec: json(r.spec),
+    state: r.state as ScenarioRecord['state'],
+    reason: (r.reason as string | null) ?? null,
     createdAt: r.created_at as number,
   };
 }
@@ -110,8 +124,8 @@ export class Store {
   }
   insertSandbox(s: SandboxRecord): void {
     this.stmt(
-        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline)
-         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline)`,
+        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario)
+         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario)`,
       )
       .run({ ...s, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits), baseline: s.baseline && JSON.stringify(s.baseline) });
   }
@@ -124,6 +138,9 @@ export class Store {
       vals.push((k === 'volume' || k === 'baseline') && v ? JSON.stringify(v) : v);
     }
     if (cols.length) this.stmt(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = ?`).run(...vals, id);
+  }
+  renameSandbox(id: string, name: string): void {
+    this.stmt('UPDATE sandboxes SET name = ? WHERE id = ?').run(name, id);
   }
   deleteSandbox(id: string): void {
     this.stmt('DELETE FROM sandboxes WHERE id = ?').run(id);
@@ -170,6 +187,41 @@ export class Store {
       )
       .get(reason, pool) as Row | undefined;
     return r && toSandbox(r);
+  }
+
+  // scenarios
+  getScenario(name: string): ScenarioRecord | undefined {
+    const r = this.stmt('SELECT * FROM scenarios WHERE name = ?').get(name) as Row | undefined;
+    return r && toScenario(r);
+  }
+  listScenarios(): ScenarioRecord[] {
+    return (this.stmt('SELECT * FROM scenarios ORDER BY created_at').all() as Row[]).map(toScenario);
+  }
+  insertScenario(x: ScenarioRecord): void {
+    this.stmt('INSERT INTO scenarios (name, id, file, hash, spec, state, reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)').run(x.name, x.id, x.file, x.hash, JSON.stringify(x.spec), x.state, x.reason, x.createdAt);
+  }
+  setScenarioState(name: string, state: ScenarioRecord['state'], reason: string | null = null): void {
+    this.stmt('UPDATE scenarios SET state = ?, reason = ? WHERE name = ?').run(state, reason, name);
+  }
+  deleteScenario(name: string): void {
+    this.stmt('DELETE FROM scenario_snapshots WHERE scenario = ?').run(name);
+    this.stmt('DELETE FROM scenarios WHERE name = ?').run(name);
+  }
+  scenarioMachines(name: string): SandboxRecord[] {
+    return (this.stmt('SELECT * FROM sandboxes WHERE scenario = ? ORDER BY created_at').all(name) as Row[]).map(toSandbox);
+  }
+  putScenarioSnapshot(x: ScenarioSnapshotRecord): void {
+    this.stmt('INSERT INTO scenario_snapshots (scenario, name, manifest, created_at) VALUES (?, ?, ?, ?)').run(x.scenario, x.name, JSON.stringify(x.manifest), x.createdAt);
+  }
+  getScenarioSnapshot(scenario: string, name: string): ScenarioSnapshotRecord | undefined {
+    const r = this.stmt('SELECT * FROM scenario_snapshots WHERE scenario = ? AND name = ?').get(scenario, name) as Row | undefined;
+    return r && { scenario: r.scenario as string, name: r.name as string, manifest: json(r.manifest), createdAt: r.created_at as number };
+  }
+  listScenarioSnapshots(scenario: string): ScenarioSnapshotRecord[] {
+    return (this.stmt('SELECT * FROM scenario_snapshots WHERE scenario = ? ORDER BY created_at').all(scenario) as Row[]).map((r) => ({ scenario: r.scenario as string, name: r.name as string, manifest: json(r.manifest), createdAt: r.created_at as number }));
+  }
+  deleteScenarioSnapshot(scenario: string, name: string): void {
+    this.stmt('DELETE FROM scenario_snapshots WHERE scenario = ? AND name = ?').run(scenario, name);
   }
 
   // operations that are making volumes: gc must not take what they have not recorded yet

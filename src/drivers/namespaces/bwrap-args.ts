@@ -15,6 +15,8 @@ export interface BwrapInput {
   rootfs: string;
   agentBinary: string;
   hostname: string;
+  /** the launcher already put the process in a network namespace snaplab made: do not make one */
+  sharedNetns?: boolean;
 }
 
 /**
@@ -29,7 +31,7 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '--unshare-pid',
     '--unshare-ipc',
     '--unshare-uts',
-    '--unshare-net',
+    ...(i.sharedNetns ? [] : ['--unshare-net']),
     '--unshare-cgroup',
     '--as-pid-1',
     '--new-session',

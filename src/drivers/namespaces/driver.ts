@@ -69,11 +69,12 @@ export class NamespacesDriver implements Driver {
     this.prepared.delete(spec.id);
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
-    const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname })];
+    const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname, sharedNetns: spec.netns !== undefined })];
     signal?.throwIfAborted();
     const t0 = Trace.now();
     const res = await launchNative(HostOps.require(), {
       socket: this.socketPath(spec.id),
+      netns: spec.netns,
       cgroupProcs: cg.procsFiles,
       argv: bwrap,
       logFile: join(runDir, 'agent.log'),
@@ -118,6 +119,15 @@ export class NamespacesDriver implements Driver {
   async destroy(handle: MachineHandle): Promise<void> {
     await this.prepared.get(handle.id)?.catch(() => undefined);
     this.prepared.delete(handle.id);
+    // Killing the agent, PID 1 of the sandbox's pid namespace, makes the kernel kill every other
+    // process in it at once; the cgroup teardown then only sweeps up (and bwrap's monitor exits).
+    if (handle.pid > 0 && (await sameProcess(handle.pid, handle.pidStart))) {
+      try {
+        process.kill(handle.pid, 'SIGKILL');
+      } catch {
+        /* already gone */
+      }
+    }
     await destroyCgroup(cgroupFor(handle.id));
     await rm(this.runDir(handle.id), { recursive: true, force: true });
   }
@@ -129,7 +139,8 @@ export class NamespacesDriver implements Driver {
    */
   async gc(liveIds: Set<string>): Promise<string[]> {
     const removed: string[] = [];
-    const runs = new Set(await readdir(join(this.home, 'run')).catch(() => [] as string[]));
+    // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
+    const runs = new Set((await readdir(join(this.home, 'run')).catch(() => [] as string[])).filter((d) => /^[0-9a-f]{12}$/.test(d)));
     for (const cg of await snaplabCgroupsOnHost()) {
       if (liveIds.has(cg.id) || !runs.has(cg.id)) continue;
       await destroyCgroup(cg);

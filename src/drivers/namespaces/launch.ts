@@ -25,10 +25,10 @@ function logTail(file: string): string {
  * the cgroups in the child and execs bwrap, then reports when bwrap made the namespaces and when
  * the agent listened, on the same monotonic clock as our traces.
  */
-export async function launchNative(ops: HostOps, opts: { socket: string; cgroupProcs: string[]; argv: string[]; logFile: string; timeoutMs: number }): Promise<LaunchResult> {
+export async function launchNative(ops: HostOps, opts: { socket: string; netns?: string; cgroupProcs: string[]; argv: string[]; logFile: string; timeoutMs: number }): Promise<LaunchResult> {
   const { socket, cgroupProcs, argv, logFile, timeoutMs } = opts;
   try {
-    const [pid, tNs, tReady] = await ops.request('launch', logFile, String(timeoutMs), socket, String(cgroupProcs.length), ...cgroupProcs, ...argv);
+    const [pid, tNs, tReady] = await ops.request('launch', logFile, String(timeoutMs), socket, opts.netns ?? '-', String(cgroupProcs.length), ...cgroupProcs, ...argv);
     return { agentPid: Number(pid), namespacesAt: Number(BigInt(tNs!)) / 1e6, readyAt: Number(BigInt(tReady!)) / 1e6 };
   } catch (e) {
     if (!(e instanceof HostOpError)) throw e;

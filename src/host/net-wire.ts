@@ -1,0 +1,106 @@
+import { SnaplabError } from '../errors.js';
+import { run } from './run.js';
+import { createNetnsBatch, deleteNetns, ipBatch, listSnaplabNetns } from './net-ns.js';
+import { DEFAULT_BRIDGE, NET_GROUP, checkCidr, checkIfName, checkNetnsName, macFor } from './net-names.js';
+
+/** A whole scenario's networks, raised in one go: what `up` needs, in 1 + networks + machines spawns. */
+export interface WirePlan {
+  /** one namespace per network, holding its bridge */
+  networks: { netns: string; bridge?: string }[];
+  machines: {
+    netns: string;
+    links: { bridgeNetns: string; hostIf: string; guestIf: string; address: string }[];
+  }[];
+}
+
+function validate(plan: WirePlan): Map<string, string> {
+  const bridges = new Map<string, string>();
+  for (const n of plan.networks) {
+    checkNetnsName(n.netns);
+    checkIfName(n.bridge ?? DEFAULT_BRIDGE, 'bridge');
+    bridges.set(n.netns, n.bridge ?? DEFAULT_BRIDGE);
+  }
+  const names = new Set<string>(bridges.keys());
+  for (const m of plan.machines) {
+    checkNetnsName(m.netns);
+    if (names.has(m.netns)) throw new SnaplabError('BAD_INPUT', `namespace ${m.netns} appears twice in the plan`, 'give each network and machine its own namespace');
+    names.add(m.netns);
+    for (const l of m.links) {
+      if (!bridges.has(l.bridgeNetns)) throw new SnaplabError('BAD_INPUT', `machine ${m.netns} is linked to ${l.bridgeNetns}, which is not a network of the plan`, 'list it under networks');
+      checkIfName(l.hostIf, 'bridge-side interface');
+      checkIfName(l.guestIf, 'machine interface');
+      checkCidr(l.address);
+    }
+  }
+  return bridges;
+}
+
+/**
+ * Create every namespace of the plan (loopback up), a bridge in each network's, and each machine's
+ * veths with their addresses: the same result as createNetns + addBridge + attach, with one spawn
+ * per namespace instead of two or three per step. On failure, removes what it created and throws.
+ */
+export async function wire(plan: WirePlan): Promise<void> {
+  const bridges = validate(plan);
+  const all = [...bridges.keys(), ...plan.machines.map((m) => m.netns)];
+  await createNetnsBatch(all);
+  try {
+    const perNetwork = [...bridges].map(([ns, br]) => {
+      const lines = [
+        'link set lo up',
+        `link add ${br} group ${NET_GROUP} type bridge stp_state 0 forward_delay 0 mcast_snooping 0`,
+        `link set ${br} addrgenmode none`,
+        `link set ${br} up`,
+      ];
+      for (const m of plan.machines) {
+        for (const l of m.links.filter((x) => x.bridgeNetns === ns)) {
+          lines.push(
+            `link add ${l.hostIf} group ${NET_GROUP} master ${br} type veth peer name ${l.guestIf} address ${macFor(l.address)} netns ${m.netns}`,
+            `link set ${l.hostIf} addrgenmode none`,
+            `link set ${l.hostIf} up`,
+          );
+        }
+      }
+      return [ns, lines] as const;
+    });
+    await Promise.all(perNetwork.map(([ns, lines]) => batchOrThrow(ns, lines)));
+    await Promise.all(
+      plan.machines.map((m) =>
+        batchOrThrow(m.netns, [
+          'link set lo up',
+          ...m.links.flatMap((l) => [`link set ${l.guestIf} group ${NET_GROUP}`, `addr add ${l.address} dev ${l.guestIf}`, `link set ${l.guestIf} up`]),
+        ]),
+      ),
+    );
+  } catch (e) {
+    await unwire(all).catch(() => undefined);
+    throw e;
+  }
+}
+
+async function batchOrThrow(netns: string, lines: string[]): Promise<void> {
+  const res = await ipBatch(netns, lines);
+  if (res.code === 0) return;
+  const line = Number(/Command failed -:(\d+)/.exec(res.stderr)?.[1] ?? 0);
+  throw new SnaplabError(
+    'HOST_COMMAND_FAILED',
+    `cannot wire ${netns}: \`ip ${lines[line - 1] ?? '?'}\`: ${res.stderr.trim().split('\n')[0]}`,
+    /File exists/.test(res.stderr) ? 'an interface or address of that name is there already: names and addresses must be unique' : '`snaplab doctor` checks networking',
+  );
+}
+
+/**
+ * Remove a whole scenario's namespaces (networks and machines together) in one spawn. Unlike
+ * deleteNetns it does not delete links first: with every bridge namespace going too, the kernel
+ * tears the veths down with the namespaces, in the background, and none of their names can collide
+ * with a new scenario's (they live in namespaces that are gone from /run/netns). Deleting links
+ * first would wait an RCU grace period per namespace, ~40 ms here. Idempotent; absent names skipped.
+ */
+export async function unwire(names: string[]): Promise<void> {
+  names.forEach(checkNetnsName);
+  const present = new Set(await listSnaplabNetns());
+  const gone = names.filter((n) => present.has(n));
+  if (!gone.length) return;
+  const res = await run('ip', ['-force', '-batch', '-'], { input: gone.map((n) => `netns del ${n}\n`).join(''), allowFail: true });
+  if (res.code !== 0) for (const n of gone) await deleteNetns(n); // says which one and why
+}

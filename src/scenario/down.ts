@@ -1,0 +1,28 @@
+import { SnaplabError } from '../errors.js';
+import type { LabContext } from '../lab/context.js';
+import { destroyRecord } from '../lab/teardown.js';
+import type { ScenarioRecord } from '../store/records.js';
+import type { ScenarioSpec } from './spec.js';
+import { removeNetworks } from './up.js';
+
+export function getScenario(ctx: LabContext, name: string): ScenarioRecord {
+  const s = ctx.store.getScenario(name);
+  if (!s) {
+    const known = ctx.store.listScenarios().map((x) => x.name);
+    throw new SnaplabError('SCENARIO_NOT_FOUND', `no scenario named ${JSON.stringify(name)}`, known.length ? `scenarios up: ${known.join(', ')}` : 'raise one with `snaplab up FILE`');
+  }
+  return s;
+}
+
+/** Machines, their snapshots, the network namespaces and the record: everything of the scenario. */
+export async function teardownScenario(ctx: LabContext, name: string): Promise<void> {
+  const s = getScenario(ctx, name);
+  ctx.store.setScenarioState(name, 'removing', `being removed by pid ${process.pid}`);
+  await Promise.all(ctx.store.scenarioMachines(name).map((m) => destroyRecord(ctx, m)));
+  for (const snap of ctx.store.listSnapshots().filter((x) => x.name.startsWith(`${name}@`))) {
+    await (await ctx.readyBackend(snap.storage)).delete(snap.volume);
+    ctx.store.deleteSnapshot(snap.name);
+  }
+  await removeNetworks(ctx.home, s.id, s.spec as ScenarioSpec);
+  ctx.store.deleteScenario(name);
+}

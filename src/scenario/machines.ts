@@ -1,0 +1,50 @@
+import type { LabContext } from '../lab/context.js';
+import { imageVolume } from '../lab/image-volume.js';
+import { withDefaults } from '../lab/limits.js';
+import { raiseSandbox } from '../lab/raise.js';
+import type { Volume } from '../storage/backend.js';
+import type { Trace } from '../timing/trace.js';
+import { netnsPath } from '../host/netns.js';
+import { machineNetns, machineSandbox } from './names.js';
+import type { MachineFileSpec, ScenarioSpec } from './spec.js';
+import { hostsFile, type Machine } from './steps.js';
+
+/**
+ * Raise one scenario machine into its (already wired) network namespace, from the image or from a
+ * snapshot volume, and write its /etc/hosts. The namespace, and so its addresses, outlive the
+ * sandbox: a reset raises a new sandbox into the same one.
+ */
+export async function raiseMachine(
+  ctx: LabContext,
+  scenario: { name: string; id: string; spec: ScenarioSpec },
+  index: number,
+  trace: Trace,
+  from?: { volume: Volume; origin: string },
+): Promise<Machine> {
+  const m = scenario.spec.machines[index]!;
+  const storage = from ? from.volume.kind : await ctx.defaultStorage();
+  const netns = netnsPath(machineNetns(scenario.id, index));
+  const { record, agent } = await raiseSandbox(
+    ctx,
+    {
+      name: machineSandbox(scenario.name, m.name),
+      image: m.image,
+      storage: from ? from.volume.kind : storage,
+      driver: 'namespaces',
+      limits: withDefaults(m.limits),
+      base: from ? async (): Promise<Volume> => from.volume : (): Promise<Volume> => imageVolume(ctx, m.image, storage, trace),
+      origin: from?.origin ?? null,
+      scenario: scenario.name,
+      hostname: m.hostname,
+      netns,
+    },
+    trace,
+  );
+  const machine: Machine = { spec: m, record, agent, netns };
+  if (!from) await agent.putFile('/etc/hosts', Buffer.from(hostsFile(scenario.spec, m)), 0o644);
+  return machine;
+}
+
+export function machineIndex(spec: ScenarioSpec, name: string): number {
+  return spec.machines.findIndex((m: MachineFileSpec) => m.name === name);
+}

@@ -1,0 +1,69 @@
+import { SnaplabError } from '../errors.js';
+import type { LabContext } from '../lab/context.js';
+import type { Volume } from '../storage/backend.js';
+import type { Trace } from '../timing/trace.js';
+import { getScenario } from './down.js';
+import { raiseMachine } from './machines.js';
+import { machineSandbox } from './names.js';
+import type { ScenarioManifest } from './snapshot.js';
+import type { ScenarioSpec } from './spec.js';
+import { runSteps, waitReady } from './steps.js';
+
+/**
+ * Every machine back to the snapshot and usable: in parallel, each machine's sandbox is destroyed
+ * and a new one raised from its snapshot into the same network namespace (so addresses, bridges
+ * and names stay), its start steps run again (processes do not survive a snapshot on this driver)
+ * and its readiness is checked again. Default: the latest snapshot.
+ */
+export async function resetScenario(ctx: LabContext, name: string, to: string | undefined, trace: Trace): Promise<{ snapshot: string; discarded: Volume[] }> {
+  const scn = getScenario(ctx, name);
+  const snaps = ctx.store.listScenarioSnapshots(name);
+  const snap = to === undefined ? snaps.at(-1) : ctx.store.getScenarioSnapshot(name, to);
+  if (!snap) {
+    throw new SnaplabError('SNAPSHOT_NOT_FOUND', to === undefined ? `scenario ${name} has no snapshot` : `scenario ${name} has no snapshot named ${to}`,
+      snaps.length ? `its snapshots: ${snaps.map((s) => s.name).join(', ')}` : `take one with \`snaplab snapshot --scenario ${name} --name base\``);
+  }
+  const spec = scn.spec as ScenarioSpec;
+  const manifest = snap.manifest as ScenarioManifest;
+  const discarded: Volume[] = [];
+  // storage first, once, before the machines contend for the thread pool
+  await trace.phase('storage ready', () => Promise.all([...new Set(manifest.machines.map((x) => ctx.store.getSnapshot(x.snapshot)?.storage))].filter((k) => k !== undefined).map((k) => ctx.readyBackend(k))));
+  await Promise.all(spec.machines.map(async (m, j) => {
+    const entry = manifest.machines.find((x) => x.machine === m.name);
+    const snapRec = entry && ctx.store.getSnapshot(entry.snapshot);
+    if (!snapRec) throw new SnaplabError('SNAPSHOT_NOT_FOUND', `snapshot ${snap.name} of ${name} lacks machine ${m.name}`, 'take a new scenario snapshot');
+    const old = ctx.store.getSandbox(machineSandbox(name, m.name));
+    // The old machine's processes must be gone before the new one starts its services in the
+    // same network namespace. Its volume is deleted after the reset has taken effect (deleting
+    // subvolumes would hold up the clones); if this process dies first, no record owns the
+    // volume any more and gc removes it.
+    // The new machine is raised while the old one is killed (the old record steps aside under
+    // another name); only its start steps, which may bind the same ports, wait for the old to be gone.
+    let killed: Promise<void> = Promise.resolve();
+    if (old) {
+      ctx.store.renameSandbox(old.id, `${old.name}~${old.id}`);
+      killed = trace.phase(`discard ${m.name}`, async () => {
+        await ctx.driver(old.driver).destroy({ id: old.id, pid: old.pid ?? 0, pidStart: old.pidStart ?? 0 });
+        ctx.store.deleteSandbox(old.id);
+        if (old.volume) discarded.push(old.volume);
+      });
+    }
+    const [machine] = await Promise.all([
+      trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, { name, id: scn.id, spec }, j, trace, { volume: snapRec.volume, origin: snapRec.name })),
+      killed,
+    ]);
+    try {
+      if (m.start.length) await trace.phase(`start ${m.name}`, () => runSteps(ctx, machine, m.start, 'start'));
+      await trace.phase(`ready ${m.name}`, () => waitReady(ctx, machine));
+    } finally {
+      void machine.agent.close();
+    }
+  }));
+  ctx.store.setScenarioState(name, 'up');
+  return { snapshot: snap.name, discarded };
+}
+
+/** Delete the volumes a reset discarded (after it took effect). */
+export async function deleteDiscarded(ctx: LabContext, volumes: Volume[]): Promise<void> {
+  await Promise.all(volumes.map(async (v) => (await ctx.readyBackend(v.kind)).delete(v)));
+}

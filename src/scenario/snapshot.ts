@@ -1,0 +1,60 @@
+import { SnaplabError } from '../errors.js';
+import type { LabContext } from '../lab/context.js';
+import { checkName } from '../lab/names.js';
+import type { SandboxRecord, ScenarioSnapshotRecord, SnapshotRecord } from '../store/records.js';
+import type { Trace } from '../timing/trace.js';
+import { getScenario } from './down.js';
+import type { ScenarioSpec } from './spec.js';
+
+export interface ScenarioManifest {
+  /** sha256 of the scenario file the scenario was raised from */
+  fileHash: string;
+  machines: { machine: string; snapshot: string; addresses: { network: string; address: string }[] }[];
+}
+
+const handle = (s: SandboxRecord): { id: string; pid: number; pidStart: number } => ({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
+export const machineSnapshotName = (scenario: string, snap: string, machine: string): string => `${scenario}@${snap}.${machine}`;
+
+/**
+ * One consistent point for the whole scenario: every machine frozen, every filesystem
+ * snapshotted, one manifest written, every machine thawed (thawed even when a snapshot fails).
+ */
+export async function snapshotScenario(ctx: LabContext, name: string, snap: string, trace: Trace): Promise<ScenarioSnapshotRecord> {
+  checkName('snapshot', snap);
+  const scn = getScenario(ctx, name);
+  if (scn.state !== 'up') throw new SnaplabError('SCENARIO_FAILED', `scenario ${name} is ${scn.state}`, 'snapshot a scenario that is up');
+  if (ctx.store.getScenarioSnapshot(name, snap)) {
+    throw new SnaplabError('SNAPSHOT_EXISTS', `scenario ${name} already has a snapshot named ${snap}`, `pick another --name, or \`snaplab snapshot rm --scenario ${name} ${snap}\``);
+  }
+  const spec = scn.spec as ScenarioSpec;
+  const machines = ctx.store.scenarioMachines(name);
+  const driver = ctx.driver('namespaces');
+  await trace.phase('freeze all', () => Promise.all(machines.map((m) => driver.pause(handle(m)))));
+  let taken: SnapshotRecord[] = [];
+  try {
+    taken = await trace.phase('snapshot all', () =>
+      Promise.all(machines.map(async (m) => {
+        const backend = await ctx.readyBackend(m.storage);
+        const volume = await backend.snapshot(m.volume!);
+        const machine = m.name.slice(name.length + 1);
+        const rec: SnapshotRecord = { name: machineSnapshotName(name, snap, machine), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now() };
+        ctx.store.insertSnapshot(rec);
+        return rec;
+      })),
+    );
+  } finally {
+    await trace.phase('thaw all', () => Promise.all(machines.map((m) => driver.resume(handle(m)))));
+  }
+  const manifest: ScenarioManifest = {
+    fileHash: scn.hash,
+    machines: spec.machines.map((m) => ({
+      machine: m.name,
+      snapshot: machineSnapshotName(name, snap, m.name),
+      addresses: m.networks.map((n) => ({ network: n.network, address: n.address })),
+    })),
+  };
+  if (taken.length !== spec.machines.length) throw new SnaplabError('INTERNAL', `scenario ${name}: ${taken.length} of ${spec.machines.length} machines snapshotted`);
+  const rec: ScenarioSnapshotRecord = { scenario: name, name: snap, manifest, createdAt: Date.now() };
+  ctx.store.putScenarioSnapshot(rec);
+  return rec;
+}

@@ -1,0 +1,67 @@
+/**
+ * The parsed form of a scenario file (docs/scenario-file.md): every default applied, every
+ * address resolved, every path absolute. The orchestrator consumes this and nothing else.
+ */
+export interface ScenarioSpec {
+  name?: string;
+  /** In file order. */
+  networks: NetworkSpec[];
+  /** In file order. */
+  machines: MachineFileSpec[];
+}
+
+export interface NetworkSpec {
+  name: string;
+  /** CIDR as written, e.g. 10.10.1.0/24. */
+  subnet: string;
+  prefix: number;
+}
+
+export interface MachineFileSpec {
+  name: string;
+  /** Default 'busybox'. */
+  image: string;
+  /** Default: the machine's name. */
+  hostname: string;
+  limits: { memoryBytes?: number; pids?: number; cpus?: number };
+  env: Record<string, string>;
+  /** Every address resolved (fixed in the file, or deterministic: see assignAddresses). */
+  networks: { network: string; address: string; prefix: number }[];
+  /** Run once at `up`, in order; their effect is in the filesystem and so in every snapshot. */
+  provision: Step[];
+  /**
+   * Run at `up` after provision and after every reset: on the namespaces driver a snapshot keeps
+   * files, not processes. Each must return (services run in the background).
+   */
+  start: Step[];
+  ready: Check[];
+}
+
+export type Step =
+  | { copy: { from: string; to: string; mode: number } }
+  | { run: { argv: string[]; timeoutMs: number; env: Record<string, string> } };
+
+export type Check =
+  | { kind: 'command'; argv: string[]; timeoutMs: number }
+  | { kind: 'tcp'; port: number; host?: string; timeoutMs: number }
+  | { kind: 'file'; path: string; timeoutMs: number }
+  | { kind: 'log'; file: string; line: string; timeoutMs: number };
+
+export interface LoadedScenario {
+  spec: ScenarioSpec;
+  path: string;
+  dir: string;
+  text: string;
+  /** sha256 hex of the file's bytes. */
+  hash: string;
+}
+
+export const DEFAULT_IMAGE = 'busybox';
+export const DEFAULT_RUN_TIMEOUT_MS = 60_000;
+export const DEFAULT_CHECK_TIMEOUT_MS = 30_000;
+/** Deterministic addresses start at this host number of each subnet. */
+export const FIRST_AUTO_HOST = 10;
+
+/** Names of scenarios, machines and networks: short enough for interface and host names. */
+export const SCENARIO_NAME = /^[a-z0-9][a-z0-9-]{0,30}$/;
+export const NAME_RULE = 'use 1-31 lowercase letters, digits or "-", starting with a letter or digit';

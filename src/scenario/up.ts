@@ -1,0 +1,105 @@
+import { mkdir, rm } from 'node:fs/promises';
+import { SnaplabError } from '../errors.js';
+import { addBridge, attach, createNetns, deleteNetns } from '../host/netns.js';
+import type { LabContext } from '../lab/context.js';
+import { checkName, newId } from '../lab/names.js';
+import type { ScenarioRecord } from '../store/records.js';
+import type { Trace } from '../timing/trace.js';
+import { raiseMachine } from './machines.js';
+import { machineNetns, networkNetns, ownerDir, vethName } from './names.js';
+import type { LoadedScenario, ScenarioSpec } from './spec.js';
+import { runSteps, waitReady, type Machine } from './steps.js';
+import { teardownScenario } from './down.js';
+
+export interface UpOptions {
+  name?: string;
+  keepOnFailure?: boolean;
+  /** live progress: machine, what it is doing now */
+  onProgress?: (machine: string, status: string) => void;
+}
+
+/** Make the networks: one namespace per network holding its bridge; one per machine with its veths. */
+async function wire(sid: string, spec: ScenarioSpec, trace: Trace): Promise<void> {
+  await trace.phase('networks', () =>
+    Promise.all(spec.networks.map(async (_, i) => {
+      await createNetns(networkNetns(sid, i));
+      await addBridge(networkNetns(sid, i));
+    })),
+  );
+  await trace.phase('wire machines', () =>
+    Promise.all(spec.machines.map(async (m, j) => {
+      await createNetns(machineNetns(sid, j));
+      for (const [k, n] of m.networks.entries()) {
+        const i = spec.networks.findIndex((x) => x.name === n.network);
+        await attach({ bridgeNetns: networkNetns(sid, i), machineNetns: machineNetns(sid, j), hostIf: vethName(sid, j, k), guestIf: `eth${k}`, address: `${n.address}/${n.prefix}` });
+      }
+    })),
+  );
+}
+
+/** Raise, provision, start and check one machine, reporting progress. */
+async function bringUp(ctx: LabContext, rec: { name: string; id: string; spec: ScenarioSpec }, j: number, trace: Trace, opts: UpOptions): Promise<Machine> {
+  const m = rec.spec.machines[j]!;
+  const say = (s: string): void => opts.onProgress?.(m.name, s);
+  say('raising');
+  const machine = await trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, rec, j, trace));
+  if (m.provision.length) {
+    say('provisioning');
+    await trace.phase(`provision ${m.name}`, () => runSteps(ctx, machine, m.provision, 'provision'));
+  }
+  if (m.start.length) {
+    say('starting');
+    await trace.phase(`start ${m.name}`, () => runSteps(ctx, machine, m.start, 'start'));
+  }
+  if (m.ready.length) say('waiting for readiness');
+  await trace.phase(`ready ${m.name}`, () => waitReady(ctx, machine));
+  say('ready');
+  return machine;
+}
+
+/**
+ * `snaplab up`: record the scenario first (its host objects are named from its id), wire the
+ * networks, then raise every machine in parallel. A failure removes everything `up` made, unless
+ * keepOnFailure (then the scenario stays, marked failed, for `snaplab exec` and `down`).
+ */
+export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: UpOptions, trace: Trace): Promise<ScenarioRecord> {
+  const name = checkName('scenario', opts.name ?? loaded.spec.name ?? 'scenario');
+  if (ctx.store.getScenario(name)) {
+    throw new SnaplabError('SCENARIO_EXISTS', `a scenario named ${name} is already up`, `take it down with \`snaplab down ${name}\`, or pick another --name`);
+  }
+  const rec: ScenarioRecord = {
+    name, id: newId().slice(0, 6), file: loaded.path, hash: loaded.hash, spec: loaded.spec,
+    state: 'creating', reason: `being raised by pid ${process.pid}`, createdAt: Date.now(),
+  };
+  ctx.store.insertScenario(rec);
+  trace.target = name;
+  const machines: Machine[] = [];
+  try {
+    await mkdir(ownerDir(ctx.home, rec.id), { recursive: true });
+    await wire(rec.id, loaded.spec, trace);
+    const results = await Promise.allSettled(loaded.spec.machines.map((_, j) => bringUp(ctx, { name, id: rec.id, spec: loaded.spec }, j, trace, opts)));
+    for (const r of results) if (r.status === 'fulfilled') machines.push(r.value);
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
+    ctx.store.setScenarioState(name, 'up');
+    return { ...rec, state: 'up', reason: null };
+  } catch (e) {
+    if (opts.keepOnFailure) {
+      ctx.store.setScenarioState(name, 'failed', (e as Error).message);
+    } else {
+      await trace.phase('clean up', () => teardownScenario(ctx, name)).catch(() => undefined);
+    }
+    throw e;
+  } finally {
+    for (const m of machines) void m.agent.close();
+  }
+}
+
+/** Remove the namespaces of a scenario id (networks and machines): what `down` and gc share. */
+export async function removeNetworks(home: string, sid: string, spec: ScenarioSpec): Promise<void> {
+  await Promise.all([
+    ...spec.machines.map((_, j) => deleteNetns(machineNetns(sid, j))),
+    ...spec.networks.map((_, i) => deleteNetns(networkNetns(sid, i))),
+  ]);
+  await rm(ownerDir(home, sid), { recursive: true, force: true });
+}
