@@ -6,7 +6,9 @@ import { run, which } from '../host/run.js';
 import { closedLoop, type LoopResult } from './loop.js';
 
 export const BASELINES = ['bare-spawn', 'raw-namespace', 'runc', 'lxc'] as const;
-export type BaselineName = (typeof BASELINES)[number];
+/** what a scenario reset replaces */
+export const SCENARIO_BASELINES = ['down+up'] as const;
+export type BaselineName = (typeof BASELINES)[number] | (typeof SCENARIO_BASELINES)[number];
 
 export interface LoopLimits {
   durationMs: number;

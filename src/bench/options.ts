@@ -2,8 +2,8 @@ import { Command, CommanderError } from 'commander';
 import { SnaplabError } from '../errors.js';
 import { parsePositiveInt, parseSeconds, parseSize } from '../lab/sizes.js';
 import type { StorageKind } from '../storage/backend.js';
-import { BASELINES, type BaselineName } from './baselines.js';
-import { WORKLOADS, type Workload } from './workloads.js';
+import { BASELINES, SCENARIO_BASELINES, type BaselineName } from './baselines.js';
+import { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workloads.js';
 
 /** The bench command's options as commander hands them over (strings, validated by `toPlan`). */
 export interface BenchCli {
@@ -18,6 +18,7 @@ export interface BenchCli {
   recycle?: string;
   poolSize?: string;
   baselines: string;
+  scenario?: string;
   results?: string;
   compare?: string[];
   json?: boolean;
@@ -41,7 +42,8 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--fill <sizes>', 'snapshot workload: data written into the sandbox first, e.g. 1M,1G (one series each)')
     .option('--recycle <on|off>', 'fresh-exec: reuse host resources that pass the clean check (default on)')
     .option('--pool-size <n>', 'fresh-exec: standbys kept warm')
-    .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')}`, 'all')
+    .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up)`, 'all')
+    .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
     .option('--results <dir>', 'write rung-N.json, summary.json, summary.md and chart.svg into this new directory')
     .option('--compare <options>', "two option strings run alternately: --compare 'A' 'B'", (v: string, prev: string[] = []) => [...prev, v])
     .option('--json', 'print the summary as JSON (progress stays on stderr)');
@@ -122,6 +124,8 @@ export interface BenchPlan {
   count?: number;
   argv: string[];
   baselines: BaselineName[];
+  /** scenario workloads: the scenario file */
+  scenario?: string;
   results?: string;
   json: boolean;
   variants: Variant[];
@@ -156,8 +160,12 @@ export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli
   const w = o.workload as Workload;
   if (o.ladder !== undefined && o.concurrency !== undefined) throw bad('--ladder and --concurrency both given', '--concurrency N is a one-rung --ladder N: give one of them');
   const ladder = o.ladder !== undefined ? parseLadder(o.ladder) : o.concurrency !== undefined ? [parsePositiveInt(o.concurrency, 'concurrency')] : DEFAULT_LADDER;
-  const names = o.baselines === 'all' ? [...BASELINES] : o.baselines === 'none' ? [] : o.baselines.split(',').map((n) => n.trim());
-  for (const n of names) if (!(BASELINES as readonly string[]).includes(n)) throw bad(`unknown baseline ${JSON.stringify(n)}`, `use all, none, or some of ${BASELINES.join(',')}`);
+  const scenarioWork = (SCENARIO_WORKLOADS as readonly string[]).includes(w);
+  if (scenarioWork && !o.scenario) throw bad(`${w} needs a scenario file`, `snaplab bench --workload ${w} --scenario examples/scenarios/tiny-service/scenario.yaml`);
+  if (!scenarioWork && o.scenario !== undefined) throw bad('--scenario applies to the scenario-up and scenario-reset workloads only', 'drop --scenario or pick a scenario workload');
+  const known: readonly string[] = scenarioWork ? SCENARIO_BASELINES : BASELINES;
+  const names = o.baselines === 'all' ? [...known] : o.baselines === 'none' ? [] : o.baselines.split(',').map((n) => n.trim());
+  for (const n of names) if (!known.includes(n)) throw bad(`unknown baseline ${JSON.stringify(n)} for ${w}`, `use all, none, or some of ${known.join(',')}`);
   const compare = o.compare ?? [];
   if (compare.length !== 0 && compare.length !== 2) throw bad(`--compare takes two option strings, got ${compare.length}`, "e.g. --compare '--recycle on' '--recycle off'");
   const owns = compare.map(parseCompare); // every string parsed (unknown options found) before any value is judged
@@ -176,6 +184,7 @@ export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli
     count: o.count === undefined ? undefined : parsePositiveInt(o.count, 'count'),
     argv: argv.length ? argv : ['/bin/true'],
     baselines: names as BaselineName[],
+    ...(o.scenario !== undefined ? { scenario: o.scenario } : {}),
     results: o.results,
     json: !!o.json,
     variants,

@@ -4,10 +4,12 @@ import type { StorageKind } from '../storage/backend.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { run } from '../host/run.js';
 import { freshExec } from './fresh-exec.js';
+import { scenarioReset, scenarioUp } from './scenario-bench.js';
 import { closedLoop, type LoopResult } from './loop.js';
 
-export type Workload = 'fresh-exec' | 'exec' | 'raise' | 'snapshot' | 'restore';
-export const WORKLOADS: readonly Workload[] = ['fresh-exec', 'exec', 'raise', 'snapshot', 'restore'];
+export type Workload = 'fresh-exec' | 'exec' | 'raise' | 'snapshot' | 'restore' | 'scenario-up' | 'scenario-reset';
+export const WORKLOADS: readonly Workload[] = ['fresh-exec', 'exec', 'raise', 'snapshot', 'restore', 'scenario-up', 'scenario-reset'];
+export const SCENARIO_WORKLOADS: readonly Workload[] = ['scenario-up', 'scenario-reset'];
 
 export interface BenchSettings {
   concurrency: number;
@@ -17,6 +19,8 @@ export interface BenchSettings {
   argv: string[];
   /** snapshot workload: bytes written into the sandbox before snapshots are taken */
   fillBytes?: number;
+  /** scenario workloads: the scenario file */
+  scenario?: string;
 }
 
 /** What fresh-exec takes on top: recycling of clean host resources, and the standby pool's size. */
@@ -106,5 +110,9 @@ async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
 
 export function runWorkload(lab: Lab, w: Workload, s: WorkloadSettings): Promise<LoopResult> {
   if (w === 'fresh-exec') return freshExec(lab, s);
+  if (w === 'scenario-up' || w === 'scenario-reset') {
+    const settings = { ...s, file: s.scenario!, storage: s.storage };
+    return w === 'scenario-up' ? scenarioUp(lab, settings) : scenarioReset(lab, settings);
+  }
   return { raise, exec, snapshot, restore }[w](lab, s);
 }

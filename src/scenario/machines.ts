@@ -2,7 +2,7 @@ import type { LabContext } from '../lab/context.js';
 import { imageVolume } from '../lab/image-volume.js';
 import { withDefaults } from '../lab/limits.js';
 import { raiseSandbox } from '../lab/raise.js';
-import type { Volume } from '../storage/backend.js';
+import type { StorageKind, Volume } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { netnsPath } from '../host/netns.js';
 import { machineNetns, machineSandbox } from './names.js';
@@ -20,9 +20,10 @@ export async function raiseMachine(
   index: number,
   trace: Trace,
   from?: { volume: Volume; origin: string },
+  storageKind?: StorageKind,
 ): Promise<Machine> {
   const m = scenario.spec.machines[index]!;
-  const storage = from ? from.volume.kind : await ctx.defaultStorage();
+  const storage = from ? from.volume.kind : storageKind ?? (await ctx.defaultStorage());
   const netns = netnsPath(machineNetns(scenario.id, index));
   const { record, agent } = await raiseSandbox(
     ctx,

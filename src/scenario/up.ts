@@ -1,9 +1,10 @@
 import { mkdir, rm } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
-import { addBridge, attach, createNetns, deleteNetns } from '../host/netns.js';
+import { unwire, wire } from '../host/netns.js';
 import type { LabContext } from '../lab/context.js';
 import { checkName, newId } from '../lab/names.js';
 import type { ScenarioRecord } from '../store/records.js';
+import type { StorageKind } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { raiseMachine } from './machines.js';
 import { machineNetns, networkNetns, ownerDir, vethName } from './names.js';
@@ -14,26 +15,27 @@ import { teardownScenario } from './down.js';
 export interface UpOptions {
   name?: string;
   keepOnFailure?: boolean;
+  /** storage of every machine (default: the best that works here) */
+  storage?: StorageKind;
   /** live progress: machine, what it is doing now */
   onProgress?: (machine: string, status: string) => void;
 }
 
 /** Make the networks: one namespace per network holding its bridge; one per machine with its veths. */
-async function wire(sid: string, spec: ScenarioSpec, trace: Trace): Promise<void> {
+async function wireScenario(sid: string, spec: ScenarioSpec, trace: Trace): Promise<void> {
   await trace.phase('networks', () =>
-    Promise.all(spec.networks.map(async (_, i) => {
-      await createNetns(networkNetns(sid, i));
-      await addBridge(networkNetns(sid, i));
-    })),
-  );
-  await trace.phase('wire machines', () =>
-    Promise.all(spec.machines.map(async (m, j) => {
-      await createNetns(machineNetns(sid, j));
-      for (const [k, n] of m.networks.entries()) {
-        const i = spec.networks.findIndex((x) => x.name === n.network);
-        await attach({ bridgeNetns: networkNetns(sid, i), machineNetns: machineNetns(sid, j), hostIf: vethName(sid, j, k), guestIf: `eth${k}`, address: `${n.address}/${n.prefix}` });
-      }
-    })),
+    wire({
+      networks: spec.networks.map((_, i) => ({ netns: networkNetns(sid, i) })),
+      machines: spec.machines.map((m, j) => ({
+        netns: machineNetns(sid, j),
+        links: m.networks.map((n, k) => ({
+          bridgeNetns: networkNetns(sid, spec.networks.findIndex((x) => x.name === n.network)),
+          hostIf: vethName(sid, j, k),
+          guestIf: `eth${k}`,
+          address: `${n.address}/${n.prefix}`,
+        })),
+      })),
+    }),
   );
 }
 
@@ -42,7 +44,7 @@ async function bringUp(ctx: LabContext, rec: { name: string; id: string; spec: S
   const m = rec.spec.machines[j]!;
   const say = (s: string): void => opts.onProgress?.(m.name, s);
   say('raising');
-  const machine = await trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, rec, j, trace));
+  const machine = await trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, rec, j, trace, undefined, opts.storage));
   if (m.provision.length) {
     say('provisioning');
     await trace.phase(`provision ${m.name}`, () => runSteps(ctx, machine, m.provision, 'provision'));
@@ -76,7 +78,7 @@ export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: 
   const machines: Machine[] = [];
   try {
     await mkdir(ownerDir(ctx.home, rec.id), { recursive: true });
-    await wire(rec.id, loaded.spec, trace);
+    await wireScenario(rec.id, loaded.spec, trace);
     const results = await Promise.allSettled(loaded.spec.machines.map((_, j) => bringUp(ctx, { name, id: rec.id, spec: loaded.spec }, j, trace, opts)));
     for (const r of results) if (r.status === 'fulfilled') machines.push(r.value);
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
@@ -97,9 +99,6 @@ export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: 
 
 /** Remove the namespaces of a scenario id (networks and machines): what `down` and gc share. */
 export async function removeNetworks(home: string, sid: string, spec: ScenarioSpec): Promise<void> {
-  await Promise.all([
-    ...spec.machines.map((_, j) => deleteNetns(machineNetns(sid, j))),
-    ...spec.networks.map((_, i) => deleteNetns(networkNetns(sid, i))),
-  ]);
+  await unwire([...spec.machines.map((_, j) => machineNetns(sid, j)), ...spec.networks.map((_, i) => networkNetns(sid, i))]);
   await rm(ownerDir(home, sid), { recursive: true, force: true });
 }

@@ -1,0 +1,72 @@
+import { randomBytes } from 'node:crypto';
+import { SnaplabError } from '../errors.js';
+import type { Lab } from '../sdk/lab.js';
+import type { StorageKind } from '../storage/backend.js';
+import type { LoopLimits, Arm } from './baselines.js';
+import { closedLoop, type LoopResult } from './loop.js';
+import { phasesOf } from './workloads.js';
+
+export interface ScenarioBenchSettings extends LoopLimits {
+  concurrency: number;
+  file: string;
+  storage?: StorageKind;
+}
+
+const now = (): number => Number(process.hrtime.bigint()) / 1e6;
+const uniqueName = (what: string): string => `bench-${what}-${randomBytes(2).toString('hex')}`;
+
+function oneAtATime(concurrency: number, workload: string): void {
+  if (concurrency !== 1) throw new SnaplabError('BAD_INPUT', `${workload} runs one scenario at a time`, 'use --concurrency 1 (or --ladder 1)');
+}
+
+/** scenario-up: raise the scenario to every machine ready (the up trace's total); take it down untimed. */
+export async function scenarioUp(lab: Lab, s: ScenarioBenchSettings): Promise<LoopResult> {
+  oneAtATime(s.concurrency, 'scenario-up');
+  return closedLoop(1, s, async () => {
+    const scn = await lab.up(s.file, { name: uniqueName('up'), storage: s.storage });
+    const t = scn.lastTrace!;
+    await scn.down();
+    return { latencyMs: t.totalMs, phases: phasesOf(t) };
+  });
+}
+
+/**
+ * scenario-reset: up once and snapshot (untimed), then reset again and again; latency is the reset
+ * trace's total (every machine usable and ready). Down after the rep, untimed.
+ */
+export async function scenarioReset(lab: Lab, s: ScenarioBenchSettings): Promise<LoopResult> {
+  oneAtATime(s.concurrency, 'scenario-reset');
+  const scn = await lab.up(s.file, { name: uniqueName('reset'), storage: s.storage });
+  try {
+    await scn.snapshot('base');
+    return await closedLoop(1, s, async () => {
+      const r = await scn.reset('base');
+      return { latencyMs: r.trace.totalMs, phases: phasesOf(r.trace) };
+    });
+  } finally {
+    await scn.down();
+  }
+}
+
+/** The baseline a reset replaces: `down` then `up` of the same scenario, timed together. */
+export function downUp(lab: Lab, s: Omit<ScenarioBenchSettings, 'concurrency'>): Arm {
+  return {
+    name: 'down+up',
+    note: 'snaplab down, then snaplab up, of the same scenario file',
+    run: async (concurrency) => {
+      oneAtATime(concurrency, 'down+up');
+      const name = uniqueName('downup');
+      let scn = await lab.up(s.file, { name, storage: s.storage });
+      try {
+        return await closedLoop(1, s, async () => {
+          const t0 = now();
+          await scn.down();
+          scn = await lab.up(s.file, { name, storage: s.storage });
+          return { latencyMs: now() - t0 };
+        });
+      } finally {
+        await scn.down().catch(() => undefined);
+      }
+    },
+  };
+}

@@ -1,0 +1,46 @@
+import type { Command } from 'commander';
+import { formatBytes } from '../lab/sizes.js';
+import type { StorageKind, Volume } from '../storage/backend.js';
+import { withLab, type CommonOptions } from './common.js';
+import { printJson, printTable } from './output.js';
+
+interface Row {
+  kind: 'sandbox' | 'snapshot' | 'image';
+  name: string;
+  storage: StorageKind;
+  exclusiveBytes: number | null;
+  sharedBytes: number | null;
+  error?: string;
+}
+
+export function registerDf(program: Command): void {
+  program
+    .command('df')
+    .description('disk use per sandbox, snapshot and image: bytes of its own (exclusive) and bytes shared with others')
+    .option('--json', 'print JSON')
+    .action((o: CommonOptions) =>
+      withLab(o, async (lab) => {
+        const ctx = lab.context;
+        const items: { kind: Row['kind']; name: string; storage: StorageKind; volume: Volume | null }[] = [
+          ...ctx.store.listImageVolumes().map((v) => ({ kind: 'image' as const, name: v.image, storage: v.storage, volume: v.volume })),
+          ...ctx.store.listSnapshots().map((s) => ({ kind: 'snapshot' as const, name: s.name, storage: s.storage, volume: s.volume })),
+          ...ctx.store.listSandboxes().map((s) => ({ kind: 'sandbox' as const, name: s.name, storage: s.storage, volume: s.volume })),
+        ];
+        const rows: Row[] = [];
+        for (const it of items) {
+          if (!it.volume) continue;
+          try {
+            const u = await (await ctx.readyBackend(it.storage)).usage(it.volume);
+            rows.push({ kind: it.kind, name: it.name, storage: it.storage, exclusiveBytes: u.exclusiveBytes, sharedBytes: u.sharedBytes });
+          } catch (e) {
+            rows.push({ kind: it.kind, name: it.name, storage: it.storage, exclusiveBytes: null, sharedBytes: null, error: (e as Error).message });
+          }
+        }
+        const total = rows.reduce((a, r) => a + (r.exclusiveBytes ?? 0), 0);
+        if (o.json) return printJson({ items: rows, totalExclusiveBytes: total });
+        const fmt = (n: number | null): string => (n === null ? '?' : formatBytes(n));
+        printTable(['KIND', 'NAME', 'STORAGE', 'EXCLUSIVE', 'SHARED'], rows.map((r) => [r.kind, r.name, r.storage, fmt(r.exclusiveBytes), fmt(r.sharedBytes)]));
+        process.stdout.write(`\ntotal exclusive: ${formatBytes(total)} (how each backend measures: docs/storage.md)\n`);
+      }),
+    );
+}
