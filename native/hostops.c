@@ -17,7 +17,8 @@
  *   btrfs-changes PATH                      syncfs, then the subvolume's generation:ctransid
  *   mount SOURCE TARGET FSTYPE FLAGS DATA   mount(2)
  *   umount TARGET FLAGS                     umount2(2)
- *   launch LOG TIMEOUT_MS SOCKET N CGROUP_PROCS*N ARGV...
+ *   tcp-check NETNS HOST PORT TIMEOUT_MS    connect from inside a network namespace (path)
+ *   launch LOG TIMEOUT_MS SOCKET NETNS N CGROUP_PROCS*N ARGV...   (NETNS: a path to join, or -)
  *       makes a listening Unix socket at SOCKET (a host path the sandbox cannot see), then
  *       double-forks a session leader that writes its pid into each cgroup.procs file, points
  *       stdout/stderr at LOG, gets a "ready" pipe on fd 3, an "info" pipe on fd 4 and the
@@ -37,6 +38,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -253,7 +257,7 @@ static void op_umount(struct request *r)
 }
 
 /* In the grandchild: join the cgroups, wire fds, exec. Only async-signal-safe calls. */
-static void launch_child(char *log, char **cgs, int ncg, char **argv, int ready_w, int info_w, int listen_fd)
+static void launch_child(char *log, const char *netns, char **cgs, int ncg, char **argv, int ready_w, int info_w, int listen_fd)
 {
 	int fd = open("/dev/null", O_RDONLY);
 	if (fd >= 0 && fd != 0) {
@@ -277,6 +281,16 @@ static void launch_child(char *log, char **cgs, int ncg, char **argv, int ready_
 		}
 		close(c);
 	}
+	/* a scenario machine lives in a network namespace snaplab made (and keeps across resets):
+	 * join it, and bwrap is told not to make one */
+	if (strcmp(netns, "-") != 0) {
+		int nfd = open(netns, O_RDONLY | O_CLOEXEC);
+		if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0) {
+			dprintf(2, "snaplab-hostops: cannot join network namespace %s: %s\n", netns, strerror(errno));
+			_exit(125);
+		}
+		close(nfd);
+	}
 	/* move the pipe ends out of the way, then onto 3 and 4 (dup2 clears CLOEXEC) */
 	int r = fcntl(ready_w, F_DUPFD_CLOEXEC, 10), in = fcntl(info_w, F_DUPFD_CLOEXEC, 10);
 	int l = fcntl(listen_fd, F_DUPFD_CLOEXEC, 10);
@@ -293,16 +307,17 @@ static void launch_child(char *log, char **cgs, int ncg, char **argv, int ready_
 
 static void op_launch(struct request *r)
 {
-	if (r->argc < 6)
-		return reply_err(r->id, EINVAL, "launch LOG TIMEOUT_MS SOCKET N CGROUP_PROCS... ARGV...");
+	if (r->argc < 7)
+		return reply_err(r->id, EINVAL, "launch LOG TIMEOUT_MS SOCKET NETNS N CGROUP_PROCS... ARGV...");
 	char *log = r->argv[1];
 	int timeout_ms = atoi(r->argv[2]);
 	const char *sock = r->argv[3];
-	int ncg = atoi(r->argv[4]);
-	if (ncg < 0 || 5 + ncg >= r->argc)
+	const char *netns = r->argv[4];
+	int ncg = atoi(r->argv[5]);
+	if (ncg < 0 || 6 + ncg >= r->argc)
 		return reply_err(r->id, EINVAL, "launch: bad cgroup count");
-	char **cgs = &r->argv[5];
-	char **argv = &r->argv[5 + ncg]; /* NULL-terminated by the reader */
+	char **cgs = &r->argv[6];
+	char **argv = &r->argv[6 + ncg]; /* NULL-terminated by the reader */
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
 	if (strlen(sock) >= sizeof sun.sun_path)
 		return reply_err(r->id, ENAMETOOLONG, sock);
@@ -335,7 +350,7 @@ static void op_launch(struct request *r)
 		setsid();
 		pid_t p = fork();
 		if (p == 0)
-			launch_child(log, cgs, ncg, argv, ready[1], info[1], listen_fd);
+			launch_child(log, netns, cgs, ncg, argv, ready[1], info[1], listen_fd);
 		_exit(p < 0 ? 1 : 0);
 	}
 	int fork_errno = errno;
@@ -409,6 +424,43 @@ static void op_launch(struct request *r)
 	reply(r->id, f);
 }
 
+/* Connect to HOST:PORT from inside the network namespace at NETNS. setns(CLONE_NEWNET) moves only
+ * this request's thread, which ends right after. ok: connected; err ECONNREFUSED, ETIMEDOUT... */
+static void op_tcp_check(struct request *r)
+{
+	if (r->argc != 5)
+		return reply_err(r->id, EINVAL, "tcp-check NETNS HOST PORT TIMEOUT_MS");
+	int nfd = open(r->argv[1], O_RDONLY | O_CLOEXEC);
+	if (nfd < 0)
+		return reply_err(r->id, errno, r->argv[1]);
+	if (setns(nfd, CLONE_NEWNET) < 0) {
+		int e = errno;
+		close(nfd);
+		return reply_err(r->id, e, "setns");
+	}
+	close(nfd);
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(r->argv[3])) };
+	if (inet_pton(AF_INET, r->argv[2], &sin.sin_addr) != 1)
+		return reply_err(r->id, EINVAL, r->argv[2]);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return reply_err(r->id, errno, "socket");
+	int rc = connect(fd, (struct sockaddr *)&sin, sizeof sin), e = rc < 0 ? errno : 0;
+	if (rc < 0 && e == EINPROGRESS) {
+		struct pollfd p = { fd, POLLOUT, 0 };
+		int n = poll(&p, 1, atoi(r->argv[4]));
+		socklen_t len = sizeof e;
+		if (n == 0)
+			e = ETIMEDOUT;
+		else if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0)
+			e = errno;
+	}
+	close(fd);
+	if (e)
+		return reply_err(r->id, e, "connect");
+	reply_ok(r->id);
+}
+
 static void *serve(void *p)
 {
 	struct request *r = p;
@@ -427,6 +479,8 @@ static void *serve(void *p)
 		op_umount(r);
 	else if (strcmp(op, "launch") == 0)
 		op_launch(r);
+	else if (strcmp(op, "tcp-check") == 0)
+		op_tcp_check(r);
 	else
 		reply_err(r->id, ENOSYS, op);
 	free(r->buf);
