@@ -164,6 +164,20 @@ int harden_proc(void)
 		if (mount("tmpfs", masked_dirs[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0") < 0)
 			return -1;
 	}
+	/* The device nodes bwrap binds are the host's own inodes: read-only mounts (devices stay
+	 * usable: a read-only mount does not stop writes to a character device) so that chmod or chown
+	 * inside cannot change the host's /dev/null. Then /dev itself read-only, so that nothing can be
+	 * added to it or swapped in it between executions (/dev/shm, /dev/pts, /dev/mqueue are mounts
+	 * of their own and stay writable). */
+	static const char *const devices[] = { "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty" };
+	for (size_t i = 0; i < sizeof devices / sizeof *devices; i++) {
+		if (access(devices[i], F_OK) < 0)
+			continue;
+		if (mount(NULL, devices[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, NULL) < 0)
+			return -1;
+	}
+	if (mount(NULL, "/dev", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+		return -1;
 	return 0;
 }
 

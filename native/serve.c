@@ -759,26 +759,34 @@ static long other_processes(void)
 	return n;
 }
 
-/* Append "entries DIR name,name,...\n" (sorted; "-" when DIR cannot be read). */
+/* Append "entries DIR <dir's mode:uid:gid> name=mode:uid:gid:size:inode,...\n" (sorted; "-" when
+ * DIR cannot be read): names alone would miss an entry swapped for another of the same name. */
 static int list_entries(char *out, size_t cap, const char *dir)
 {
 	struct dirent **names = NULL;
+	struct stat st;
 	int n = scandir(dir, &names, NULL, alphasort);
 	size_t len = (size_t)snprintf(out, cap, "entries %s ", dir);
-	if (n < 0) {
+	if (n < 0 || lstat(dir, &st) < 0) {
 		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "-");
 	} else {
-		int first = 1;
+		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%o:%u:%u", st.st_mode, st.st_uid, st.st_gid);
 		for (int i = 0; i < n; i++) {
 			const char *nm = names[i]->d_name;
 			if (strcmp(nm, ".") != 0 && strcmp(nm, "..") != 0 && len < cap) {
-				len += (size_t)snprintf(out + len, cap - len, "%s%s", first ? "" : ",", nm);
-				first = 0;
+				char path[4096];
+				snprintf(path, sizeof path, "%s/%s", dir, nm);
+				struct stat es;
+				if (lstat(path, &es) < 0)
+					memset(&es, 0, sizeof es);
+				len += (size_t)snprintf(out + len, cap - len, ",%s=%o:%u:%u:%lld:%llu", nm, es.st_mode, es.st_uid, es.st_gid,
+							(long long)es.st_size, (unsigned long long)es.st_ino);
 			}
-			free(names[i]);
 		}
-		free(names);
 	}
+	for (int i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
 	if (len < cap)
 		len += (size_t)snprintf(out + len, cap - len, "\n");
 	return len < cap ? (int)len : -1;

@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SANDBOX_CAPABILITIES } from '../src/drivers/namespaces/capabilities.js';
 import type { Lab } from '../src/sdk/lab.js';
@@ -66,6 +66,11 @@ describe('isolation', () => {
     expect(sysctl.code).not.toBe(0);
     expect(sysctl.err).toMatch(/Read-only/);
     expect((await sh('echo x > /proc/sys/kernel/core_pattern')).code).not.toBe(0);
+    // the device nodes are the host's own inodes: read-only mounts, /dev itself read-only
+    expect((await sh('chmod 000 /dev/null')).code).not.toBe(0);
+    expect(statSync('/dev/null').mode & 0o777).toBe(0o666);
+    expect((await sh('echo x > /dev/null && touch /dev/shm/ok && rm /dev/shm/ok')).code).toBe(0);
+    expect((await sh('touch /dev/extra')).code).not.toBe(0);
     // the agent (PID 1) cannot be ptraced or have its descriptors read by commands
     expect((await sh('readlink /proc/1/fd/0')).code).not.toBe(0);
     expect((await sh('cat /proc/1/environ')).code).not.toBe(0);

@@ -29,12 +29,18 @@ describe.each(['btrfs', 'overlay'] as const)('pools on %s', (storage) => {
     const clean = await pool.run(['echo', 'hi']);
     expect(clean).toMatchObject({ exitCode: 0, hit: true, recycled: true, dirt: [] });
     expect(clean.stdout.toString()).toBe('hi\n');
+    // a file put under /run (in memory) is taken out again: the sandbox stays recyclable
+    const put = await pool.run(['sh', '/run/job.sh'], { put: [{ from: Buffer.from('echo from job\n'), to: '/run/job.sh' }] });
+    expect(put).toMatchObject({ exitCode: 0, recycled: true, dirt: [] });
+    expect(put.stdout.toString()).toBe('from job\n');
 
     const dirty = [
       { argv: ['sh', '-c', 'echo x > /root/left-behind'], reason: /root filesystem changed/ },
       { argv: ['sh', '-c', 'sleep 60 > /dev/null 2>&1 &'], reason: /processes: 1 left/ },
       { argv: ['sh', '-c', 'echo x > /dev/shm/left'], reason: /dev\/shm changed/ },
       { argv: ['sh', '-c', 'echo x > /run/left'], reason: /run changed/ },
+      { argv: ['sh', '-c', 'chmod 0777 /'], reason: /root filesystem changed/ },
+      { argv: ['sh', '-c', 'chmod 0777 /run'], reason: /run changed/ },
     ];
     for (const d of dirty) {
       const r = await pool.run(d.argv);
@@ -44,7 +50,7 @@ describe.each(['btrfs', 'overlay'] as const)('pools on %s', (storage) => {
     }
     const s = await pool.stats();
     expect(s.refusedDirty).toBe(dirty.length);
-    expect(s.recycled).toBe(1);
+    expect(s.recycled).toBe(2);
     // nothing a dirty run left is ever seen by a later one
     const next = await pool.run(['sh', '-c', 'ls /root /dev/shm /run; ps -o comm | grep -c sleep || true']);
     expect(next.stdout.toString()).not.toMatch(/left/);

@@ -76,7 +76,7 @@ export async function attach(o: AttachOptions): Promise<void> {
   }
   const conf = await ipBatch(
     o.machineNetns,
-    [`link set ${o.guestIf} group ${NET_GROUP}`, `addr add ${o.address} dev ${o.guestIf}`, `link set ${o.guestIf} up`],
+    [`link set ${o.guestIf} group ${NET_GROUP}`, `link set ${o.guestIf} addrgenmode none`, `addr add ${o.address} dev ${o.guestIf}`, `link set ${o.guestIf} up`],
   );
   if (conf.code !== 0) {
     await detach(o.bridgeNetns, o.hostIf);

@@ -68,7 +68,8 @@ export async function wire(plan: WirePlan): Promise<void> {
       plan.machines.map((m) =>
         batchOrThrow(m.netns, [
           'link set lo up',
-          ...m.links.flatMap((l) => [`link set ${l.guestIf} group ${NET_GROUP}`, `addr add ${l.address} dev ${l.guestIf}`, `link set ${l.guestIf} up`]),
+          // no IPv6 link-local address: blocks and partitions are IPv4 routes, and fe80:: would go around them
+          ...m.links.flatMap((l) => [`link set ${l.guestIf} group ${NET_GROUP}`, `link set ${l.guestIf} addrgenmode none`, `addr add ${l.address} dev ${l.guestIf}`, `link set ${l.guestIf} up`]),
         ]),
       ),
     );

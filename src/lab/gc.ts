@@ -7,6 +7,7 @@ import { STORAGE_KINDS } from './context.js';
 import { collectScenarios } from '../scenario/gc.js';
 import { liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
+import { destroyRecord } from './teardown.js';
 
 /**
  * Remove every snaplab host object that no live record owns: cgroups (and the processes in
@@ -17,6 +18,13 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   const removed: string[] = [];
   const notes: string[] = [];
   removed.push(...(await trace.phase('scenarios', () => collectScenarios(ctx))));
+  // standbys of a pool that no longer exists (removed while a refill was raising them)
+  const pools = new Set(ctx.store.listPools().map((p) => p.name));
+  for (const s of ctx.store.listSandboxes()) {
+    if (s.pool === null || pools.has(s.pool) || s.state !== 'paused') continue;
+    await destroyRecord(ctx, s);
+    removed.push(`standby ${s.name} of removed pool ${s.pool}`);
+  }
   const sandboxes = await trace.phase('reconcile', async () => Promise.all(ctx.store.listSandboxes().map((s) => reconcile(ctx, s))));
   const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
   for (const [name, driver] of ctx.drivers) {

@@ -160,6 +160,8 @@ export class PoolRunner {
     const { record } = await this.raise(new Trace('pool refill', this.name), true);
     await this.ctx.driver(record.driver).pause(handle(record));
     this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null });
+    // the pool was removed while this standby was being raised: it must not outlive it
+    if (!this.ctx.store.getPool(this.name)) await this.drop(record);
   }
 
   /** Raise a pool member with its clean baseline; `standby` members keep a connection here. */

@@ -63,6 +63,9 @@ export async function runInPool(ctx: LabContext, runner: PoolRunner, argv: strin
     await trace.phase('release', () => runner.release(taken, trace)).catch(() => undefined);
     throw e;
   }
+  // files put into in-memory directories are taken out again, so that the run can stay clean
+  const scratch = (spec.put ?? []).map((f) => f.to).filter((p) => /^\/(run|dev\/shm)\/[^/]/.test(p) && !p.startsWith('/run/snaplab'));
+  if (scratch.length) await trace.phase('remove put files', () => execIn(ctx, taken.record, taken.agent, ['rm', '-f', '--', ...scratch]));
   const back = await trace.phase('release', () => runner.release(taken, trace));
   return { ...result, sandbox: taken.record.name, hit: taken.hit, recycled: back.recycled, dirt: back.reasons };
 }

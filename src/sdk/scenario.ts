@@ -10,6 +10,9 @@ import type { ScenarioSnapshotRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
 import { SnaplabError } from '../errors.js';
+import { join } from 'node:path';
+import { withLock } from '../host/lock.js';
+import { ownerDir } from '../scenario/names.js';
 
 export interface MachineStatus {
   machine: string;
@@ -51,21 +54,34 @@ export class Scenario {
       const r = sb ? await reconcile(this.ctx, sb) : undefined;
       return { machine: m.name, sandbox: machineSandbox(this.name, m.name), state: r?.state ?? 'missing', reason: r?.reason ?? null, hostname: m.hostname, addresses: m.networks.map((n) => ({ network: n.network, address: n.address })) };
     }));
-    return { name: this.name, state: rec.state, reason: rec.reason, file: rec.file, machines, snapshots: this.ctx.store.listScenarioSnapshots(this.name).map((s) => s.name) };
+    // a scenario whose machines are not all running (one died, a reset was interrupted) is degraded
+    const state = rec.state === 'up' && machines.some((m) => m.state !== 'running') ? 'degraded' : rec.state;
+    return { name: this.name, state, reason: rec.reason, file: rec.file, machines, snapshots: this.ctx.store.listScenarioSnapshots(this.name).map((s) => s.name) };
   }
 
   /** Freeze every machine, snapshot every filesystem, write one manifest, thaw. */
   async snapshot(name: string): Promise<ScenarioSnapshotRecord & { trace: TraceSummary }> {
-    const { result, trace } = await this.ctx.traced('scenario snapshot', this.name, (t) => snapshotScenario(this.ctx, this.name, name, t));
+    const { result, trace } = await this.exclusive(() => this.ctx.traced('scenario snapshot', this.name, (t) => snapshotScenario(this.ctx, this.name, name, t)));
     return { ...result, trace };
+  }
+
+  /** One snapshot, reset or down of a scenario at a time, across processes. */
+  private exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const id = getScenario(this.ctx, this.name).id;
+    return withLock(join(ownerDir(this.ctx.home, id), 'op.lock'), async () => {
+      getScenario(this.ctx, this.name); // still there after the wait?
+      return fn();
+    });
   }
 
   /** Every machine back to a snapshot (default: the latest), networks and addresses intact, readiness re-checked. */
   async reset(to?: string): Promise<{ snapshot: string; trace: TraceSummary }> {
-    const { result, trace } = await this.ctx.traced('reset', this.name, (t) => resetScenario(this.ctx, this.name, to, t));
-    // the trace ends when every machine is usable and ready; the discarded volumes go after
-    await this.ctx.traced('reset cleanup', this.name, (t) => t.phase('delete discarded volumes', () => deleteDiscarded(this.ctx, result.discarded)));
-    return { snapshot: result.snapshot, trace };
+    return this.exclusive(async () => {
+      const { result, trace } = await this.ctx.traced('reset', this.name, (t) => resetScenario(this.ctx, this.name, to, t));
+      // the trace ends when every machine is usable and ready; the discarded volumes go after
+      await this.ctx.traced('reset cleanup', this.name, (t) => t.phase('delete discarded volumes', () => deleteDiscarded(this.ctx, result.discarded)));
+      return { snapshot: result.snapshot, trace };
+    });
   }
 
   block(a: string, b: string): Promise<void> {
@@ -90,6 +106,6 @@ export class Scenario {
 
   /** Remove machines, snapshots, bridges, veths and namespaces. */
   async down(): Promise<TraceSummary> {
-    return (await this.ctx.traced('down', this.name, (t) => t.phase('teardown', () => teardownScenario(this.ctx, this.name)))).trace;
+    return this.exclusive(async () => (await this.ctx.traced('down', this.name, (t) => t.phase('teardown', () => teardownScenario(this.ctx, this.name)))).trace);
   }
 }

@@ -40,8 +40,11 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '--bind', i.rootfs, '/',
     '--proc', '/proc',
     '--dev', '/dev',
+    // /dev/shm as a mount of its own, so that /dev itself can be read-only (below)
+    '--tmpfs', '/dev/shm',
     // POSIX message queues of the sandbox's IPC namespace, visible so that a pool can check none is left
     '--mqueue', '/dev/mqueue',
+    // (the agent makes the device nodes and /dev itself read-only: see harden in native/sandbox.c)
     // /run is a tmpfs, as on a booted machine: nothing of snaplab's lands in the root filesystem
     '--tmpfs', '/run',
     '--ro-bind', i.agentBinary, GUEST_AGENT,

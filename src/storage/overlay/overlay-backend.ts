@@ -126,8 +126,12 @@ export class OverlayBackend implements StorageBackend {
   async changeMarker(volume: Volume): Promise<string | null> {
     checkVolume(volume, 'overlay');
     if (volume.readOnly) return 'base';
-    const entries = await readdir(join(this.dir(volume.id), 'upper'));
-    return entries.length === 0 ? 'base' : `changed:${newId()}`;
+    const upper = join(this.dir(volume.id), 'upper');
+    const entries = await readdir(upper);
+    if (entries.length) return `changed:${newId()}`;
+    // a chmod, chown or xattr on / itself changes the upper dir, not what is in it
+    const st = await stat(upper);
+    return `base:${st.mode}:${st.uid}:${st.gid}:${st.ctimeMs}`;
   }
 
   async usage(volume: Volume): Promise<Usage> {
