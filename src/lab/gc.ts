@@ -25,6 +25,14 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     await destroyRecord(ctx, s);
     removed.push(`standby ${s.name} of removed pool ${s.pool}`);
   }
+  // machines an interrupted reset had set aside (renamed NAME~ID) and that are dead now
+  for (const s of ctx.store.listSandboxes()) {
+    if (!s.name.includes('~')) continue;
+    const r = await reconcile(ctx, s);
+    if (r.state !== 'dead') continue;
+    await destroyRecord(ctx, r);
+    removed.push(`discarded machine ${s.name}`);
+  }
   const sandboxes = await trace.phase('reconcile', async () => Promise.all(ctx.store.listSandboxes().map((s) => reconcile(ctx, s))));
   const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
   for (const [name, driver] of ctx.drivers) {

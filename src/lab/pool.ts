@@ -170,10 +170,9 @@ export class PoolRunner {
     this.raising++;
     try {
       const base = (): ReturnType<typeof imageVolume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
-      const { record, agent } = await raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: 'namespaces', limits: pool.limits, base, origin: null, pool: this.name }, trace);
-      // held by this process until it is paused or handed out: if this process dies in between,
-      // reapLeaks finds a member whose holder is gone
-      this.ctx.store.updateSandbox(record.id, { reason: takenBy() });
+      // held by this process until it is paused or handed out (recorded in the same write that
+      // makes it running): if this process dies in between, reapLeaks finds a member whose holder is gone
+      const { record, agent } = await raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: 'namespaces', limits: pool.limits, base, origin: null, pool: this.name, heldBy: takenBy() }, trace);
       if (recordBaseline && pool.recycle) {
         try {
           record.baseline = await trace.phase('clean baseline', () => captureBaseline(this.ctx, record, agent));

@@ -20,6 +20,8 @@ export interface RaiseInput {
   origin: string | null;
   /** raise as a standby of this pool */
   pool?: string;
+  /** the reason the record carries once running (pools: who holds it), in the same write */
+  heldBy?: string;
   /** a machine of this scenario */
   scenario?: string;
   /** default: the sandbox's name */
@@ -77,8 +79,8 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     if (first.exitCode !== 0) {
       throw new SnaplabError('LAUNCH_FAILED', `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`, 'does the image have /bin/true (or `true` on PATH)?');
     }
-    Object.assign(record, { state: 'running', reason: null });
-    await trace.phase('record running', () => ctx.store.updateSandbox(id, { state: 'running', reason: null, pid: record.pid, pidStart: record.pidStart }));
+    Object.assign(record, { state: 'running', reason: input.heldBy ?? null });
+    await trace.phase('record running', () => ctx.store.updateSandbox(id, { state: 'running', reason: record.reason, pid: record.pid, pidStart: record.pidStart }));
     return { record, agent };
   } catch (e) {
     agent?.close();
