@@ -1,9 +1,10 @@
 /*
  * snaplab-agent: the in-sandbox agent, one static binary for every driver.
  *
- *   serve (--socket PATH | --listen-fd N) [--ready-fd N] [--caps LIST]
+ *   serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps LIST]
  *       the in-sandbox agent: one single-threaded epoll loop serving the framed protocol of
  *       docs/agent-protocol.md. Usually PID 1 of a pid namespace, so it reaps every child.
+ *       --stream/--stream-fd serve one byte stream (a VM's virtio-serial port) as the connection.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,12 +30,13 @@
 #include "frame.h"
 #include "sandbox.h"
 
-int serve_main(const char *socket_path, int listen_fd, int ready_fd, const char *caps, int harden);
+int serve_main(const char *socket_path, int listen_fd, const char *stream_path, int stream_fd, int ready_fd,
+	       const char *caps, int harden);
 
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: snaplab-agent serve (--socket PATH | --listen-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc]\n"
+		"usage: snaplab-agent serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc]\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -49,8 +51,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (strcmp(argv[1], "serve") == 0) {
-		const char *sock = NULL, *caps = NULL;
-		int ready = -1, listen_fd = -1, harden = 0;
+		const char *sock = NULL, *caps = NULL, *stream = NULL;
+		int ready = -1, listen_fd = -1, stream_fd = -1, harden = 0;
 		for (int i = 2; i < argc; i++) {
 			if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc)
 				sock = argv[++i];
@@ -58,6 +60,10 @@ int main(int argc, char **argv)
 				ready = atoi(argv[++i]);
 			else if (strcmp(argv[i], "--listen-fd") == 0 && i + 1 < argc)
 				listen_fd = atoi(argv[++i]);
+			else if (strcmp(argv[i], "--stream") == 0 && i + 1 < argc)
+				stream = argv[++i];
+			else if (strcmp(argv[i], "--stream-fd") == 0 && i + 1 < argc)
+				stream_fd = atoi(argv[++i]);
 			else if (strcmp(argv[i], "--harden-proc") == 0)
 				harden = 1;
 			else if (strcmp(argv[i], "--caps") == 0 && i + 1 < argc)
@@ -67,11 +73,12 @@ int main(int argc, char **argv)
 				return 2;
 			}
 		}
-		if (!sock == (listen_fd < 0)) {
+		/* exactly one transport */
+		if ((sock != NULL) + (listen_fd >= 0) + (stream != NULL) + (stream_fd >= 0) != 1) {
 			usage();
 			return 2;
 		}
-		return serve_main(sock, listen_fd, ready, caps, harden);
+		return serve_main(sock, listen_fd, stream, stream_fd, ready, caps, harden);
 	}
 	usage();
 	return 2;

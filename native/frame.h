@@ -28,6 +28,7 @@ enum frame_type {
 	T_FILE_GET = 0x06,
 	T_SET_CLOCK = 0x07,
 	T_STATUS = 0x08,
+	T_RESET = 0x09, /* end the session (kill its execs), answered by HELLO with this id */
 	/* responses: agent -> host */
 	T_HELLO = 0x80,
 	T_PONG = 0x81,

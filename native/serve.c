@@ -2,12 +2,19 @@
  * Serve mode: the in-sandbox agent. One thread, one epoll loop, level-triggered, non-blocking fds.
  * Connections speak the framed protocol (frame.h); each EXEC becomes a child in its own process
  * group whose pipes are pumped into frames. The agent reaps every child it gets, orphans included.
+ *
+ * Transports: a listening Unix socket (one connection per accept), or one byte stream (--stream,
+ * a VM's virtio-serial port) served as a single connection that lives as long as the agent. A
+ * stream has sessions instead of connections: one ends on RESET, or when the stream reports
+ * hang-up (virtio-serial: the host side disconnected), and the stream is then kept out of epoll
+ * and re-checked by a timer (and by SIGIO) until it is usable again.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -33,9 +40,10 @@
 #define OUT_HIGH (16u << 20) /* stop reading a connection's pipes above this much unsent output */
 #define OUT_LOW (1u << 20)
 #define DRAIN_MAX (4u << 20) /* per stream, after exit: a grandchild that keeps writing can't stall us */
+#define STREAM_RECHECK_NS 50000000ull /* while a stream is hung up */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-enum kind { K_LISTEN, K_SIGNAL, K_TIMER, K_CONN, K_OUT, K_ERR, K_IN };
+enum kind { K_LISTEN, K_SIGNAL, K_TIMER, K_STREAM_TIMER, K_CONN, K_OUT, K_ERR, K_IN };
 
 struct src {
 	enum kind kind;
@@ -50,6 +58,9 @@ struct conn {
 	struct buf in, out;
 	uint64_t skip; /* bytes of a refused oversized frame still to discard */
 	int dead, dirty, paused;
+	int stream;    /* the --stream connection: never closed, its sessions end instead */
+	int down;      /* stream only: hung up, out of epoll, waiting for the recheck timer */
+	unsigned gen;  /* bumped when a stream session ends: stale loops over `in` stop */
 	struct conn *next_dirty, *next_grave;
 };
 
@@ -70,6 +81,8 @@ static int epfd = -1, devnull = -1, reset_oom, is_pid1;
 static struct src listen_src = { K_LISTEN, -1, 0, 0, NULL };
 static struct src signal_src = { K_SIGNAL, -1, 0, 0, NULL };
 static struct src timer_src = { K_TIMER, -1, 0, 0, NULL };
+static struct src stream_timer_src = { K_STREAM_TIMER, -1, 0, 0, NULL };
+static struct conn *stream_conn;
 static struct sock_fprog filter;
 static int have_filter;
 static const char *sock_path;
@@ -333,12 +346,10 @@ static void reap(void)
 
 /* ---- connections ---- */
 
-static void conn_close(struct conn *c)
+/* End the execs a connection (or a stream session) started: SIGKILL their process groups and
+ * forget their output. They are still reaped, silently. */
+static void detach_execs(struct conn *c)
 {
-	if (c->dead)
-		return;
-	c->dead = 1;
-	src_close(&c->s);
 	for (struct exec *e = execs; e; e = e->next)
 		if (e->conn == c) {
 			exec_signal(e, SIGKILL);
@@ -348,14 +359,97 @@ static void conn_close(struct conn *c)
 			src_close(&e->err);
 			buf_free(&e->inq);
 		}
+	c->paused = 0;
+}
+
+static void send_hello(struct conn *c, uint32_t id);
+static void conn_flush(struct conn *c);
+
+static void stream_timer_set(uint64_t interval_ns)
+{
+	struct itimerspec its = { 0 };
+	its.it_value.tv_sec = its.it_interval.tv_sec = (time_t)(interval_ns / 1000000000ull);
+	its.it_value.tv_nsec = its.it_interval.tv_nsec = (long)(interval_ns % 1000000000ull);
+	timerfd_settime(stream_timer_src.fd, 0, &its, NULL);
+}
+
+/* SIGIO on the stream while it is down: virtio-serial signals the host's (dis)connect. */
+static void stream_async(struct conn *c, int on)
+{
+	int fl = fcntl(c->s.fd, F_GETFL);
+	if (fl < 0)
+		return;
+	if (on)
+		fcntl(c->s.fd, F_SETOWN, getpid());
+	fcntl(c->s.fd, F_SETFL, on ? fl | O_ASYNC : fl & ~O_ASYNC);
+}
+
+/*
+ * The stream hung up (virtio-serial: the host disconnected; a socketpair: the peer closed) or
+ * failed: end the session, drop what was read or queued for it, and leave epoll — a hung-up
+ * virtio port reports POLLHUP continuously — until stream_check() finds it usable again.
+ */
+static void stream_down(struct conn *c)
+{
+	if (c->down)
+		return;
+	c->down = 1;
+	c->gen++;
+	detach_execs(c);
+	epoll_ctl(epfd, EPOLL_CTL_DEL, c->s.fd, NULL);
+	c->s.events = 0;
+	/* A half-read frame of the old host is dropped. The fd itself is not drained: virtio-serial
+	 * reads 0 only once nothing is queued, and a drain could eat the RESET of a host that has
+	 * reconnected in the meantime. */
+	c->in.off = c->in.len = 0;
+	c->skip = 0;
+	c->out.off = c->out.len = 0;
+	stream_async(c, 1);
+	stream_timer_set(STREAM_RECHECK_NS);
+}
+
+/* While down: is the stream usable again? Then re-enter epoll and greet the new host. */
+static void stream_check(struct conn *c)
+{
+	if (!c->down)
+		return;
+	struct pollfd p = { .fd = c->s.fd, .events = POLLIN | POLLOUT | POLLRDHUP };
+	if (poll(&p, 1, 0) < 0 || (p.revents & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP)))
+		return; /* still hung up: the timer keeps ticking */
+	stream_timer_set(0);
+	stream_async(c, 0);
+	if (ep_add(&c->s, EPOLLIN) < 0)
+		die("epoll_ctl stream");
+	c->down = 0;
+	send_hello(c, 0);
+	conn_flush(c); /* at start-up nothing else would flush it */
+}
+
+static void conn_close(struct conn *c)
+{
+	if (c->stream) {
+		stream_down(c);
+		return;
+	}
+	if (c->dead)
+		return;
+	c->dead = 1;
+	src_close(&c->s);
+	detach_execs(c);
 	c->next_grave = grave_conns;
 	grave_conns = c;
 }
 
 static void conn_flush(struct conn *c)
 {
-	while (!c->dead && buf_used(&c->out)) {
-		ssize_t n = send(c->s.fd, c->out.data + c->out.off, buf_used(&c->out), MSG_NOSIGNAL);
+	if (c->down) {
+		c->out.off = c->out.len = 0; /* nobody to send it to: the session it belongs to is over */
+		return;
+	}
+	while (!c->dead && !c->down && buf_used(&c->out)) {
+		/* write(), not send(): a stream may be a character device (virtio-serial port) */
+		ssize_t n = c->stream ? write(c->s.fd, c->out.data + c->out.off, buf_used(&c->out))
+				      : send(c->s.fd, c->out.data + c->out.off, buf_used(&c->out), MSG_NOSIGNAL);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -368,7 +462,7 @@ static void conn_flush(struct conn *c)
 		}
 		buf_consume(&c->out, (size_t)n);
 	}
-	if (c->dead)
+	if (c->dead || c->down)
 		return;
 	if (!buf_used(&c->out))
 		ep_set(&c->s, EPOLLIN);
@@ -870,13 +964,23 @@ static void handle_frame(struct conn *c, const struct frame *f)
 			reply(c, T_OK, f->id, NULL, 0);
 		break;
 	}
+	case T_RESET:
+		/* End the session: the host (re)connected, e.g. to a restored VM whose agent never saw
+		 * the previous host go. Input before the RESET is consumed (frames are handled in
+		 * order); what follows it belongs to the new session. Output already queued is whole
+		 * frames of the old session and is sent before the HELLO, which marks the start. */
+		detach_execs(c);
+		send_hello(c, f->id);
+		break;
 	default:
 		reply_error(c, f->id, ENOSYS, "unknown request type 0x%x", f->type);
 	}
 }
 
-static void conn_readable(struct conn *c)
+/* Returns what read() returned (-1 with errno EAGAIN/EINTR when there was nothing). */
+static ssize_t conn_readable(struct conn *c)
 {
+	unsigned gen = c->gen;
 	struct buf *in = &c->in;
 	size_t want = READ_CHUNK;
 	struct frame f;
@@ -887,17 +991,17 @@ static void conn_readable(struct conn *c)
 	uint8_t *p = buf_reserve(in, want);
 	if (!p) {
 		conn_close(c);
-		return;
+		return 0;
 	}
 	ssize_t n = read(c->s.fd, p, want);
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return;
+		return -1;
 	if (n <= 0) {
-		conn_close(c);
-		return;
+		conn_close(c); /* a stream: its session ends, see stream_down */
+		return 0;
 	}
 	in->len += (size_t)n;
-	while (!c->dead && buf_used(in)) {
+	while (!c->dead && c->gen == gen && buf_used(in)) {
 		if (c->skip) {
 			size_t k = buf_used(in) < c->skip ? buf_used(in) : (size_t)c->skip;
 			buf_consume(in, k);
@@ -915,8 +1019,11 @@ static void conn_readable(struct conn *c)
 			continue;
 		}
 		handle_frame(c, &f);
+		if (c->gen != gen)
+			break; /* the session ended under us: `in` was emptied */
 		buf_consume(in, (size_t)used);
 	}
+	return n;
 }
 
 static void on_accept(void)
@@ -936,13 +1043,18 @@ static void on_accept(void)
 			free(c);
 			continue;
 		}
-		uint8_t hello[8 + sizeof AGENT_VERSION - 1];
-		put_u16(hello, PROTO_MAJOR);
-		put_u16(hello + 2, PROTO_MINOR);
-		put_u32(hello + 4, (uint32_t)getpid());
-		memcpy(hello + 8, AGENT_VERSION, sizeof AGENT_VERSION - 1);
-		reply(c, T_HELLO, 0, hello, sizeof hello);
+		send_hello(c, 0);
 	}
+}
+
+static void send_hello(struct conn *c, uint32_t id)
+{
+	uint8_t hello[8 + sizeof AGENT_VERSION - 1];
+	put_u16(hello, PROTO_MAJOR);
+	put_u16(hello + 2, PROTO_MINOR);
+	put_u32(hello + 4, (uint32_t)getpid());
+	memcpy(hello + 8, AGENT_VERSION, sizeof AGENT_VERSION - 1);
+	reply(c, T_HELLO, id, hello, sizeof hello);
 }
 
 static void kill_children_listed(void)
@@ -993,7 +1105,7 @@ static _Noreturn void shutdown_agent(void)
 static void on_signal(void)
 {
 	struct signalfd_siginfo si[16];
-	int chld = 0;
+	int chld = 0, io = 0;
 	/* One read: epoll is level-triggered, so anything left over wakes us again. */
 	ssize_t n = read(signal_src.fd, si, sizeof si);
 	if (n > 0) {
@@ -1002,10 +1114,14 @@ static void on_signal(void)
 				shutdown_agent();
 			if (si[i].ssi_signo == SIGCHLD)
 				chld = 1;
+			if (si[i].ssi_signo == SIGIO)
+				io = 1;
 		}
 	}
 	if (chld)
 		reap();
+	if (io && stream_conn)
+		stream_check(stream_conn);
 }
 
 static void ensure_std_fds(void)
@@ -1031,7 +1147,8 @@ static void read_oom(void)
 	close(fd);
 }
 
-int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps, int harden)
+int serve_main(const char *path, int listen_fd, const char *stream_path, int stream_fd, int ready_fd,
+	       const char *caps, int harden)
 {
 	ensure_std_fds();
 	is_pid1 = getpid() == 1;
@@ -1049,6 +1166,7 @@ int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps, 
 	sigaddset(&set, SIGCHLD);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGIO); /* a stream's (dis)connect, when it is down (O_ASYNC) */
 	sigprocmask(SIG_BLOCK, &set, NULL);
 
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 && !is_pid1)
@@ -1084,7 +1202,30 @@ int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps, 
 	if (epfd < 0 || signal_src.fd < 0 || timer_src.fd < 0)
 		die("epoll/signalfd/timerfd");
 
-	if (listen_fd >= 0) {
+	if (stream_path || stream_fd >= 0) {
+		/* One byte stream, one connection. A virtio-serial port is opened here; an inherited
+		 * fd (tests: a socketpair end) is made non-blocking and close-on-exec. */
+		int fd = stream_fd;
+		if (stream_path) {
+			fd = open(stream_path, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+			if (fd < 0)
+				die(stream_path);
+		} else {
+			int fl = fcntl(fd, F_GETFL);
+			if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+				die("stream fd");
+		}
+		stream_timer_src.fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+		stream_conn = calloc(1, sizeof *stream_conn);
+		if (stream_timer_src.fd < 0 || !stream_conn || ep_add(&stream_timer_src, EPOLLIN) < 0)
+			die("stream setup");
+		stream_conn->s = (struct src){ K_CONN, fd, 0, 0, stream_conn };
+		stream_conn->stream = 1;
+		stream_conn->down = 1; /* stream_check: HELLO now if the host is there, else when it comes */
+		stream_async(stream_conn, 1);
+		stream_timer_set(STREAM_RECHECK_NS);
+		stream_check(stream_conn);
+	} else if (listen_fd >= 0) {
 		/* The host made, bound and listened on the socket (on a path only it can see) and
 		 * handed it over: nothing inside the sandbox can replace or redirect it. */
 		int fl = fcntl(listen_fd, F_GETFL);
@@ -1105,7 +1246,8 @@ int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps, 
 			die(path);
 		sock_path = path;
 	}
-	if (ep_add(&listen_src, EPOLLIN) < 0 || ep_add(&signal_src, EPOLLIN) < 0 || ep_add(&timer_src, EPOLLIN) < 0)
+	if ((listen_src.fd >= 0 && ep_add(&listen_src, EPOLLIN) < 0) || ep_add(&signal_src, EPOLLIN) < 0 ||
+	    ep_add(&timer_src, EPOLLIN) < 0)
 		die("epoll_ctl");
 	if (ready_fd >= 0) {
 		if (write(ready_fd, "R", 1) != 1)
@@ -1138,12 +1280,26 @@ int serve_main(const char *path, int listen_fd, int ready_fd, const char *caps, 
 			case K_TIMER:
 				on_timer();
 				break;
+			case K_STREAM_TIMER: {
+				uint64_t ticks;
+				if (read(s->fd, &ticks, sizeof ticks) < 0) {
+					/* nothing: level-triggered, and stream_check polls anyway */
+				}
+				stream_check(stream_conn);
+				break;
+			}
 			case K_CONN: {
 				struct conn *c = s->owner;
+				if (c->down)
+					break; /* went down earlier in this batch */
 				if (ev & EPOLLOUT)
 					conn_flush(c);
-				if (!c->dead && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
-					conn_readable(c);
+				ssize_t r = 1;
+				if (!c->dead && !c->down && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+					r = conn_readable(c);
+				/* A hung-up stream that had nothing left to read: don't spin on EPOLLHUP. */
+				if (c->stream && !c->down && (ev & (EPOLLHUP | EPOLLERR)) && r < 0)
+					stream_down(c);
 				break;
 			}
 			case K_OUT:

@@ -27,6 +27,7 @@ export type ErrorCode =
   | 'STORAGE_FAILED'
   | 'DRIVER_UNAVAILABLE'
   | 'LAUNCH_FAILED'
+  | 'VM_ERROR'
   | 'AGENT_UNREACHABLE'
   | 'AGENT_PROTOCOL'
   | 'AGENT_ERROR'

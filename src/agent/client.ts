@@ -1,6 +1,7 @@
 /**
  * Host side of the agent protocol: one connection, many concurrent requests multiplexed by id.
  */
+import { randomInt } from 'node:crypto';
 import { createConnection, type Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import { SnaplabError } from '../errors.js';
@@ -15,6 +16,7 @@ import {
   encodeSetClock,
   encodeU32,
   ExitFlag,
+  HEADER_SIZE,
   FrameDecoder,
   MsgType,
   PROTOCOL_MAJOR,
@@ -26,6 +28,32 @@ export interface ConnectOptions {
   /** How long to wait for the socket to accept and the agent to say HELLO. */
   timeoutMs: number;
   signal?: AbortSignal;
+  /**
+   * Start a new session on a long-lived stream (a VM's virtio-serial port behind QEMU's chardev
+   * socket): send RESET first, and take the HELLO answering it as the session start. Whatever
+   * the agent sent before it (leftovers of an earlier host connection, even a torn frame, or an
+   * unsolicited HELLO) is skipped; frames for unknown ids are ignored. The agent kills the
+   * execs of the earlier session. See docs/agent-protocol.md, "Stream transport".
+   */
+  reset?: boolean;
+}
+
+/** A HELLO is 8 bytes plus the version string: anything longer is not one. */
+const MAX_HELLO = 4096;
+
+/**
+ * Looks for the frame answering RESET `id` (HELLO, or ERROR from an agent that lacks RESET) in
+ * bytes whose start may be torn. Returns its offset, or -1 with `keep` set to how many trailing
+ * bytes may still begin it.
+ */
+function findResetAnswer(b: Buffer, id: number): { at: number; keep: number } {
+  for (let i = 0; i + HEADER_SIZE <= b.length; i++) {
+    const type = b.readUInt16LE(i + 4);
+    if ((type !== MsgType.HELLO && type !== MsgType.ERROR) || b.readUInt16LE(i + 6) !== 0 || b.readUInt32LE(i + 8) !== id) continue;
+    const len = b.readUInt32LE(i);
+    if (len >= 4 && len <= MAX_HELLO) return { at: i, keep: 0 };
+  }
+  return { at: -1, keep: Math.min(b.length, HEADER_SIZE - 1) };
 }
 
 export interface ExecRequest {
@@ -136,7 +164,9 @@ export class AgentClient implements AsyncDisposable {
     private readonly socket: Socket,
     private readonly decoder: FrameDecoder,
     hello: Hello,
+    firstId = 1,
   ) {
+    this.nextId = firstId;
     this.agentVersion = hello.agentVersion;
     this.protocolVersion = `${hello.major}.${hello.minor}`;
     this.agentPid = hello.pid;
@@ -156,6 +186,10 @@ export class AgentClient implements AsyncDisposable {
       }
       const sock = createConnection({ path: socketPath });
       const decoder = new FrameDecoder();
+      // With reset: a random id, so that the answer to an earlier host's RESET cannot pass for ours.
+      const resetId = opts.reset ? randomInt(1, 0xffffffff) : 0;
+      let pre: Buffer = Buffer.alloc(0); // reset: bytes before the HELLO answering our RESET
+      let synced = !opts.reset;
       let done = false;
       const cleanup = (): void => {
         done = true;
@@ -164,6 +198,7 @@ export class AgentClient implements AsyncDisposable {
         sock.off('data', onData);
         sock.off('error', onError);
         sock.off('close', onClose);
+        sock.off('connect', onConnect);
       };
       const fail = (e: SnaplabError): void => {
         if (done) return;
@@ -183,7 +218,22 @@ export class AgentClient implements AsyncDisposable {
         );
       const onClose = (): void =>
         fail(new SnaplabError('AGENT_UNREACHABLE', `agent at ${socketPath} closed the connection before HELLO`));
+      const onConnect = (): void => {
+        if (opts.reset) sock.write(encodeFrame(MsgType.RESET, resetId));
+      };
       const onData = (chunk: Buffer): void => {
+        if (!synced) {
+          // Skip everything up to the answer to our RESET; the decoder starts there.
+          pre = pre.length ? Buffer.concat([pre, chunk]) : chunk;
+          const { at, keep } = findResetAnswer(pre, resetId);
+          if (at < 0) {
+            pre = pre.subarray(pre.length - keep);
+            return;
+          }
+          synced = true;
+          chunk = pre.subarray(at);
+          pre = Buffer.alloc(0);
+        }
         let frames: Frame[];
         try {
           frames = decoder.push(chunk);
@@ -192,6 +242,16 @@ export class AgentClient implements AsyncDisposable {
           return;
         }
         const first = frames[0];
+        if (first && opts.reset && first.type === MsgType.ERROR) {
+          fail(
+            new SnaplabError(
+              'AGENT_PROTOCOL',
+              `agent at ${socketPath} refused RESET: ${decodeError(first.payload).message}`,
+              'rebuild the agent with this snaplab (make -C native)',
+            ),
+          );
+          return;
+        }
         if (!first) return;
         if (first.type !== MsgType.HELLO) {
           fail(new SnaplabError('AGENT_PROTOCOL', `agent's first frame is type 0x${first.type.toString(16)}, not HELLO`));
@@ -215,15 +275,22 @@ export class AgentClient implements AsyncDisposable {
           return;
         }
         cleanup();
-        const client = new AgentClient(sock, decoder, hello);
+        const client = new AgentClient(sock, decoder, hello, opts.reset ? (resetId >= 0xffffffff ? 1 : resetId + 1) : 1);
         resolve(client);
         client.dispatch(frames.slice(1));
       };
       const timer = setTimeout(
-        () => fail(new SnaplabError('TIMEOUT', `agent at ${socketPath} did not answer within ${opts.timeoutMs} ms`)),
+        () =>
+          fail(
+            new SnaplabError(
+              'TIMEOUT',
+              `agent at ${socketPath} did not answer${opts.reset ? ' RESET' : ''} within ${opts.timeoutMs} ms`,
+            ),
+          ),
         opts.timeoutMs,
       );
       opts.signal?.addEventListener('abort', onAbort, { once: true });
+      sock.on('connect', onConnect);
       sock.on('data', onData);
       sock.on('error', onError);
       sock.on('close', onClose);
@@ -459,8 +526,19 @@ export class AgentClient implements AsyncDisposable {
 
   private dispatch(frames: Frame[]): void {
     for (const f of frames) {
+      if (f.type === MsgType.HELLO && f.id === 0) {
+        // A stream agent greets a host it sees (re)connect after a hang-up: the session this
+        // client belongs to is over (its execs were killed). Fail loudly instead of waiting forever.
+        this.closedError = new SnaplabError(
+          'AGENT_UNREACHABLE',
+          'the agent started a new session on its stream (the host side was disconnected)',
+          'reconnect with { reset: true }',
+        );
+        this.socket.destroy();
+        return;
+      }
       const p = this.pending.get(f.id);
-      if (!p) continue; // e.g. output of an exec the caller aborted
+      if (!p) continue; // e.g. output of an exec the caller aborted, or (stream) an unsolicited HELLO
       try {
         p.onFrame(f);
       } catch (e) {

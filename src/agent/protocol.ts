@@ -1,6 +1,6 @@
 /**
  * The snaplab agent protocol: frame layout, message types and payload codecs.
- * Transport-free on purpose (a Unix socket today, a VM's serial/vsock stream later).
+ * Transport-free on purpose (a Unix socket, or a VM's virtio-serial stream).
  * The normative description is docs/agent-protocol.md; native/frame.h is the C side.
  */
 import { SnaplabError } from '../errors.js';
@@ -20,6 +20,8 @@ export const MsgType = {
   FILE_GET: 0x06,
   SET_CLOCK: 0x07,
   STATUS: 0x08,
+  /** Ends the session (the agent kills its execs) and is answered by HELLO with the same id. */
+  RESET: 0x09,
   // responses, agent -> host
   HELLO: 0x80,
   PONG: 0x81,

@@ -8,7 +8,9 @@ import { closedLoop, type LoopResult } from './loop.js';
 export const BASELINES = ['bare-spawn', 'raw-namespace', 'runc', 'lxc'] as const;
 /** what a scenario reset replaces */
 export const SCENARIO_BASELINES = ['down+up'] as const;
-export type BaselineName = (typeof BASELINES)[number] | (typeof SCENARIO_BASELINES)[number];
+/** what a restore replaces: booting the same machine to usable */
+export const RESTORE_BASELINES = ['boot', ...BASELINES] as const;
+export type BaselineName = (typeof RESTORE_BASELINES)[number] | (typeof SCENARIO_BASELINES)[number];
 
 export interface LoopLimits {
   durationMs: number;

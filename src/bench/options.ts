@@ -2,7 +2,7 @@ import { Command, CommanderError } from 'commander';
 import { SnaplabError } from '../errors.js';
 import { parsePositiveInt, parseSeconds, parseSize } from '../lab/sizes.js';
 import type { StorageKind } from '../storage/backend.js';
-import { BASELINES, SCENARIO_BASELINES, type BaselineName } from './baselines.js';
+import { BASELINES, RESTORE_BASELINES, SCENARIO_BASELINES, type BaselineName } from './baselines.js';
 import { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workloads.js';
 
 /** The bench command's options as commander hands them over (strings, validated by `toPlan`). */
@@ -19,6 +19,7 @@ export interface BenchCli {
   poolSize?: string;
   baselines: string;
   scenario?: string;
+  driver?: string;
   results?: string;
   compare?: string[];
   json?: boolean;
@@ -44,6 +45,7 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--pool-size <n>', 'fresh-exec: standbys kept warm')
     .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up)`, 'all')
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
+    .option('--driver <name>', 'raise, restore: namespaces (default) or qemu')
     .option('--results <dir>', 'write rung-N.json, summary.json, summary.md and chart.svg into this new directory')
     .option('--compare <options>', "two option strings run alternately: --compare 'A' 'B'", (v: string, prev: string[] = []) => [...prev, v])
     .option('--json', 'print the summary as JSON (progress stays on stderr)');
@@ -126,6 +128,7 @@ export interface BenchPlan {
   baselines: BaselineName[];
   /** scenario workloads: the scenario file */
   scenario?: string;
+  driver?: string;
   results?: string;
   json: boolean;
   variants: Variant[];
@@ -163,7 +166,8 @@ export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli
   const scenarioWork = (SCENARIO_WORKLOADS as readonly string[]).includes(w);
   if (scenarioWork && !o.scenario) throw bad(`${w} needs a scenario file`, `snaplab bench --workload ${w} --scenario examples/scenarios/tiny-service/scenario.yaml`);
   if (!scenarioWork && o.scenario !== undefined) throw bad('--scenario applies to the scenario-up and scenario-reset workloads only', 'drop --scenario or pick a scenario workload');
-  const known: readonly string[] = scenarioWork ? SCENARIO_BASELINES : BASELINES;
+  const known: readonly string[] = scenarioWork ? SCENARIO_BASELINES : w === 'restore' ? RESTORE_BASELINES : BASELINES;
+  if (o.driver !== undefined && !['namespaces', 'qemu'].includes(o.driver)) throw bad(`unknown driver ${JSON.stringify(o.driver)}`, 'use namespaces or qemu');
   const names = o.baselines === 'all' ? [...known] : o.baselines === 'none' ? [] : o.baselines.split(',').map((n) => n.trim());
   for (const n of names) if (!known.includes(n)) throw bad(`unknown baseline ${JSON.stringify(n)} for ${w}`, `use all, none, or some of ${known.join(',')}`);
   const compare = o.compare ?? [];
@@ -185,6 +189,7 @@ export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli
     argv: argv.length ? argv : ['/bin/true'],
     baselines: names as BaselineName[],
     ...(o.scenario !== undefined ? { scenario: o.scenario } : {}),
+    ...(o.driver !== undefined ? { driver: o.driver } : {}),
     results: o.results,
     json: !!o.json,
     variants,

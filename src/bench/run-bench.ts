@@ -8,6 +8,7 @@ import type { Progress } from './progress.js';
 import { compareSide, ratiosOf, toBaseline, toRung, type Baseline, type BenchSummary, type Compare, type Rung } from './summary.js';
 import { runWorkload } from './workloads.js';
 import { downUp } from './scenario-bench.js';
+import { bootArm } from './boot-baseline.js';
 
 /** The baselines asked for that work here, and a note for each one that does not. */
 async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, progress: Progress): Promise<{ arms: Arm[]; skipped: Baseline[] }> {
@@ -17,6 +18,7 @@ async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, prog
   for (const name of plan.baselines) {
     let arm: Arm | string;
     if (name === 'down+up') arm = downUp(lab, { ...lim, file: plan.scenario!, storage: plan.variants[0]!.storage });
+    else if (name === 'boot') arm = bootArm(lab, lim, plan.driver, plan.variants[0]!.storage);
     else if (name === 'bare-spawn') arm = bareSpawn(plan.argv, lim);
     else if (name === 'raw-namespace') arm = rawNamespace(plan.argv, await rootfs(), lim);
     else if (name === 'runc') arm = await runcArm(plan.argv, await rootfs(), lim);
@@ -56,7 +58,7 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
   const workloadArm = (v: Variant, fillBytes: number | undefined, name: string): Arm => ({
     name,
     run: (concurrency) =>
-      runWorkload(lab, plan.workload, { concurrency, ...lim, storage: v.storage ?? defaultStorage, argv: plan.argv, fillBytes, recycle: v.recycle, poolSize: v.poolSize, scenario: plan.scenario }),
+      runWorkload(lab, plan.workload, { concurrency, ...lim, storage: v.storage ?? defaultStorage, argv: plan.argv, fillBytes, recycle: v.recycle, poolSize: v.poolSize, scenario: plan.scenario, driver: plan.driver }),
   });
   const comparing = plan.variants.length === 2;
   const first = plan.variants[0]!;

@@ -140,6 +140,8 @@ export function ratiosOf(s: Pick<BenchSummary, 'workload' | 'peak' | 'floorMs' |
   if (s.workload === 'fresh-exec' && raw?.throughput) out['fresh-exec/raw-namespace throughput'] = round(s.peak.throughput / raw.throughput, 2);
   if (s.workload === 'fresh-exec' && raw?.floorMs) out['fresh-exec/raw-namespace p50 floor'] = round(s.floorMs / raw.floorMs, 2);
   if (s.workload === 'raise' && bare?.floorMs) out['raise/bare-spawn p50 latency'] = round(s.floorMs / bare.floorMs, 1);
+  const boot = b('boot');
+  if (s.workload === 'restore' && boot?.floorMs) out['restore/boot p50 latency'] = round(s.floorMs / boot.floorMs, 2);
   const downUp = b('down+up');
   if (s.workload === 'scenario-reset' && downUp?.floorMs) out['down+up/scenario-reset p50 (times faster)'] = round(downUp.floorMs / s.floorMs, 1);
   return out;

@@ -21,6 +21,8 @@ export interface BenchSettings {
   fillBytes?: number;
   /** scenario workloads: the scenario file */
   scenario?: string;
+  /** machine driver (default namespaces) */
+  driver?: string;
 }
 
 /** What fresh-exec takes on top: recycling of clean host resources, and the standby pool's size. */
@@ -36,9 +38,9 @@ export function phasesOf(t: TraceSummary | undefined): Record<string, number> {
 async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   await lab.image('busybox');
   // one untimed create so that image import and pool mount are not in the samples
-  await (await lab.create({ storage: s.storage })).destroy();
+  await (await lab.create({ storage: s.storage, driver: s.driver })).destroy();
   return closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
-    const box = await lab.create({ storage: s.storage });
+    const box = await lab.create({ storage: s.storage, driver: s.driver });
     const t = box.lastTrace!;
     await box.destroy();
     return { latencyMs: t.totalMs, phases: phasesOf(t) };
@@ -47,7 +49,7 @@ async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
 
 /** exec: argv in one existing sandbox, `concurrency` commands in flight over one connection. */
 async function exec(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  const box = await lab.create({ storage: s.storage });
+  const box = await lab.create({ storage: s.storage, driver: s.driver });
   try {
     await box.exec(s.argv);
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
@@ -87,10 +89,11 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
 
 /** restore: snapshot one sandbox once, then restore to usable; destroy each restored sandbox untimed. */
 async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  const box = await lab.create({ storage: s.storage });
+  const box = await lab.create({ storage: s.storage, driver: s.driver });
   const name = `bench-restore-${process.pid}-${Date.now()}`;
   try {
-    await box.snapshot(name);
+    // a VM's snapshot is of its memory (its filesystem lives there); a restore continues it
+    await box.snapshot(name, { memory: s.driver === 'qemu' });
   } finally {
     await box.destroy();
   }

@@ -10,10 +10,11 @@ export function registerSnapshot(program: Command): void {
     .argument('[sandbox]', 'sandbox to snapshot')
     .option('--name <name>', 'name of the new snapshot')
     .option('--scenario <name>', 'snapshot every machine of a scenario as one consistent point')
+    .option('--memory', 'the whole machine state too (VM driver): a restore continues its processes')
     .option('--json', 'print the snapshot as JSON')
     .enablePositionalOptions();
   addTraceOption(snap);
-  snap.action((sandbox: string | undefined, o: CommonOptions & { name?: string; scenario?: string }) =>
+  snap.action((sandbox: string | undefined, o: CommonOptions & { name?: string; scenario?: string; memory?: boolean }) =>
     withLab(o, async (lab) => {
       if (o.scenario) {
         if (!o.name) throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot --scenario ${o.scenario} --name NAME`);
@@ -26,10 +27,11 @@ export function registerSnapshot(program: Command): void {
       if (!sandbox) throw new SnaplabError('BAD_INPUT', 'which sandbox?', 'snaplab snapshot <sandbox> --name NAME (or `snaplab snapshot ls`)');
       if (!o.name) throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot ${sandbox} --name NAME`);
       const box = await lab.get(sandbox);
-      const s = await box.snapshot(o.name);
+      const s = await box.snapshot(o.name, { memory: o.memory });
       box.close();
-      if (o.json) printJson({ ...s.toJSON(), operation: s.lastTrace?.id, snapshotMs: s.lastTrace?.totalMs });
-      else process.stdout.write(`snapshot ${s.name} of ${box.name} taken in ${ms(s.lastTrace?.totalMs ?? 0)} (processes are not saved)\n`);
+      const mem = s.record.memory;
+      if (o.json) printJson({ ...s.toJSON(), operation: s.lastTrace?.id, snapshotMs: s.lastTrace?.totalMs, ...(mem ? { memoryBytes: mem.bytes } : {}) });
+      else process.stdout.write(`snapshot ${s.name} of ${box.name} taken in ${ms(s.lastTrace?.totalMs ?? 0)} ${mem ? `(memory: ${(mem.bytes / 2 ** 20).toFixed(1)} MiB; processes continue after a restore)` : '(processes are not saved)'}\n`);
       showTrace(o, s.lastTrace);
     }),
   );

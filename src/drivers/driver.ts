@@ -62,4 +62,14 @@ export interface Driver {
   destroy(handle: MachineHandle): Promise<void>;
   /** Host objects this driver made whose ids are not live; remove them, describe each. */
   gc(liveIds: Set<string>): Promise<string[]>;
+  /** (capabilities.memorySnapshot) pause, write the whole machine state to `dir`, resume */
+  snapshotMemory?(handle: MachineHandle, dir: string, trace: Trace): Promise<MemoryImage>;
+  /** (capabilities.memorySnapshot) a new machine continuing from a memory snapshot */
+  restoreMemory?(spec: Omit<MachineSpec, 'rootfs'>, image: MemoryImage, trace: Trace): Promise<RaisedMachine>;
+}
+
+export interface MemoryImage {
+  /** directory holding the machine state */
+  dir: string;
+  bytes: number;
 }

@@ -2,6 +2,7 @@ import { SnaplabError } from '../errors.js';
 import type { Availability } from '../host/probe-types.js';
 import type { Driver } from '../drivers/driver.js';
 import { NamespacesDriver } from '../drivers/namespaces/driver.js';
+import { QemuDriver } from '../drivers/qemu/driver.js';
 import { createBackend, pickDefault, type StorageBackend, type StorageKind } from '../storage/index.js';
 import { openDb } from '../store/db.js';
 import { Store } from '../store/store.js';
@@ -29,7 +30,10 @@ export class LabContext {
     }
     this.store = new Store(openDb(home));
     this.images = new Images(home, this.store);
-    this.drivers = new Map([['namespaces', new NamespacesDriver(home)]]);
+    this.drivers = new Map<string, Driver>([
+      ['namespaces', new NamespacesDriver(home)],
+      ['qemu', new QemuDriver(home)],
+    ]);
   }
 
   driver(name = 'namespaces'): Driver {

@@ -1,3 +1,5 @@
+import { readdir, rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import { loopDevicesBackedUnder, detachLoop } from '../host/loops.js';
 import { mountsUnder, unmount } from '../host/mounts.js';
 import { unmountPool } from '../storage/index.js';
@@ -35,10 +37,9 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   }
   const sandboxes = await trace.phase('reconcile', async () => Promise.all(ctx.store.listSandboxes().map((s) => reconcile(ctx, s))));
   const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
-  for (const [name, driver] of ctx.drivers) {
-    const live = new Set(liveSandboxes.filter((s) => s.driver === name).map((s) => s.id));
-    removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(live))));
-  }
+  // run directories and cgroups are named by sandbox id whatever the driver: every driver sees every live id
+  const live = new Set(liveSandboxes.map((s) => s.id));
+  for (const [name, driver] of ctx.drivers) removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(live))));
   const busy = await liveInflight(ctx);
   if (busy.length) {
     // volumes being made are not recorded yet: leave all storage alone until they are
@@ -50,6 +51,14 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   for (const s of sandboxes) if (s.volume) volumeIds.add(s.volume.id);
   for (const s of ctx.store.listSnapshots()) volumeIds.add(s.volume.id);
   for (const iv of ctx.store.listImageVolumes()) volumeIds.add(iv.volume.id);
+  // memory snapshots (VM driver) no record names any more
+  const memoryDirs = new Set(ctx.store.listSnapshots().map((x) => x.memory?.dir).filter((d): d is string => !!d));
+  for (const d of await readdir(join(ctx.home, 'snapshots')).catch(() => [] as string[])) {
+    const dir = join(ctx.home, 'snapshots', d);
+    if (memoryDirs.has(dir)) continue;
+    await rm(dir, { recursive: true, force: true });
+    removed.push(`memory snapshot ${dir}`);
+  }
   const poolWasMounted = (await mountsUnder(ctx.home)).some((m) => m.fstype === 'btrfs');
   for (const kind of STORAGE_KINDS) {
     const backend = ctx.backend(kind);

@@ -7,6 +7,9 @@ import type { Limits } from '../store/records.js';
  */
 export const DEFAULT_LIMITS: Readonly<Limits> = { memoryBytes: 1024 ** 3, pids: 1024 };
 
-export function withDefaults(l: Limits | undefined): Limits {
-  return { ...DEFAULT_LIMITS, ...l };
+/** A VM's memory is its guest's RAM (and the size of its memory snapshots): smaller by default. */
+export const VM_DEFAULT_MEMORY = 256 * 1024 * 1024;
+
+export function withDefaults(l: Limits | undefined, driver = 'namespaces'): Limits {
+  return { ...DEFAULT_LIMITS, ...(driver === 'qemu' ? { memoryBytes: VM_DEFAULT_MEMORY } : {}), ...l };
 }

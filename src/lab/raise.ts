@@ -2,6 +2,8 @@ import type { AgentClient } from '../agent/client.js';
 import { SnaplabError } from '../errors.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import { inflight } from './inflight.js';
+import { randomBytes } from 'node:crypto';
+import type { MemoryImage } from '../drivers/driver.js';
 import type { Limits, SandboxRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
@@ -28,6 +30,8 @@ export interface RaiseInput {
   hostname?: string;
   /** a network namespace snaplab made, to join (scenario machines) */
   netns?: string;
+  /** continue from this memory snapshot instead of booting (drivers that can) */
+  memory?: MemoryImage;
 }
 
 /**
@@ -71,11 +75,24 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     if (cloned.status === 'rejected') throw cloned.reason;
     const volume = cloned.value;
     if (prepared.status === 'rejected') throw prepared.reason;
-    const raised = await driver.raise({ ...machine, rootfs: volume.path }, trace, signal);
+    const raised = input.memory && driver.restoreMemory
+      ? await driver.restoreMemory(machine, input.memory, trace)
+      : await driver.raise({ ...machine, rootfs: volume.path }, trace, signal);
     agent = raised.agent;
     record.pid = raised.handle.pid;
     record.pidStart = raised.handle.pidStart;
-    const first = await trace.phase('first exec', () => raised.agent.exec({ argv: ['true'], env: DEFAULT_ENV }).result);
+    if (input.memory) {
+      // a restored machine: the clock from the host, and an identity of its own, so that several
+      // restores of one snapshot can run side by side
+      await trace.phase('clock set', () => raised.agent.setClock(BigInt(Date.now()) * 1_000_000n));
+      // one command sets both, and is the first command run in the restored machine
+      await trace.phase('identity', async () => {
+        const id = randomBytes(16).toString('hex');
+        const h = await raised.agent.exec({ argv: ['sh', '-c', 'hostname "$1" && echo "$2" > /etc/machine-id', 'sh', input.hostname ?? name, id], env: DEFAULT_ENV }).result;
+        if (h.exitCode !== 0) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${h.stderr.toString().trim()}`);
+      });
+    }
+    const first = input.memory ? { exitCode: 0, stderr: Buffer.alloc(0) } : await trace.phase('first exec', () => raised.agent.exec({ argv: ['true'], env: DEFAULT_ENV }).result);
     if (first.exitCode !== 0) {
       throw new SnaplabError('LAUNCH_FAILED', `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`, 'does the image have /bin/true (or `true` on PATH)?');
     }

@@ -1,3 +1,4 @@
+import { rm } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from './context.js';
 import type { Trace } from '../timing/trace.js';
@@ -7,6 +8,7 @@ export async function removeSnapshot(ctx: LabContext, name: string, trace: Trace
   if (!snap) throw snapshotNotFound(ctx, name);
   const backend = await ctx.readyBackend(snap.storage);
   await trace.phase('delete storage', () => backend.delete(snap.volume));
+  if (snap.memory) await trace.phase('delete memory', () => rm(snap.memory!.dir, { recursive: true, force: true }));
   ctx.store.deleteSnapshot(snap.name);
 }
 

@@ -1,3 +1,4 @@
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { withLock } from '../host/lock.js';
@@ -10,7 +11,7 @@ import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { mergeEnv } from './exec.js';
 import { inflight } from './inflight.js';
-import { checkName } from './names.js';
+import { checkName, newId } from './names.js';
 
 export interface ExecOptions {
   /** added to (or replacing) the default environment */
@@ -112,10 +113,41 @@ async function underStateLock<T>(ctx: LabContext, s: SandboxRecord, fn: () => Pr
   });
 }
 
-/** Freeze the sandbox, snapshot its filesystem, thaw it (even when the snapshot fails). */
-export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace): Promise<SnapshotRecord> {
+/**
+ * Freeze the sandbox, snapshot its filesystem, thaw it (even when the snapshot fails). With
+ * `memory`, the whole machine state too (drivers that can: VMs), so a restore continues it.
+ */
+export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace, memory = false): Promise<SnapshotRecord> {
   checkName('snapshot', name);
+  const driver = ctx.driver(s.driver);
+  if (memory && !driver.snapshotMemory) {
+    throw new SnaplabError('BAD_INPUT', `the ${s.driver} driver cannot snapshot memory: processes do not survive its snapshots`, 'drop --memory (a filesystem snapshot), or use --driver qemu');
+  }
+  if (!memory && driver.snapshotMemory) {
+    throw new SnaplabError('BAD_INPUT', `a ${s.driver} sandbox keeps its filesystem in its memory`, `snapshot it with --memory: snaplab snapshot ${s.name} --name ${name} --memory`);
+  }
+  if (memory) return underStateLock(ctx, s, () => memorySnapshot(ctx, s, name, trace));
   return underStateLock(ctx, s, () => snapshotLocked(ctx, s, name, trace));
+}
+
+async function memorySnapshot(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace): Promise<SnapshotRecord> {
+  if (ctx.store.getSnapshot(name)) {
+    throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
+  }
+  await ensureUsable(ctx, s);
+  const driver = ctx.driver(s.driver);
+  return inflight(ctx, 'snapshot', async () => {
+    const dir = join(ctx.home, 'snapshots', newId());
+    const image = await driver.snapshotMemory!(handleOf(s), dir, trace).catch(async (e: unknown) => {
+      await rm(dir, { recursive: true, force: true });
+      throw e;
+    });
+    const backend = await ctx.readyBackend(s.storage);
+    const volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
+    const rec: SnapshotRecord = { name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now(), memory: { ...image, driver: s.driver } };
+    ctx.store.insertSnapshot(rec);
+    return rec;
+  });
 }
 
 async function snapshotLocked(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace): Promise<SnapshotRecord> {

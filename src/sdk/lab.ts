@@ -66,7 +66,7 @@ export class Lab {
       const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
-      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits), base, origin: null }, t, opts.signal);
+      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null }, t, opts.signal);
     });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
   }
@@ -78,7 +78,12 @@ export class Lab {
       if (!snap) throw snapshotNotFound(this.ctx, snapshot);
       return raiseSandbox(
         this.ctx,
-        { name: opts.name, image: snap.image, storage: snap.storage, driver: 'namespaces', limits: opts.limits ? withDefaults(opts.limits) : snap.limits, base: async () => snap.volume, origin: snap.name },
+        {
+          name: opts.name, image: snap.image, storage: snap.storage, driver: snap.memory?.driver ?? 'namespaces',
+          // a memory snapshot continues a machine of a fixed size: its limits come with it
+          limits: opts.limits && !snap.memory ? withDefaults(opts.limits) : snap.limits,
+          base: async () => snap.volume, origin: snap.name, memory: snap.memory ?? undefined,
+        },
         t,
         opts.signal,
       );

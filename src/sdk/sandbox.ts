@@ -58,9 +58,12 @@ export class Sandbox {
     return (await this.connection()).getFile(path);
   }
 
-  /** A consistent filesystem snapshot: the sandbox is frozen while it is taken. Processes are not saved. */
-  async snapshot(name: string): Promise<Snapshot> {
-    const { result, trace } = await this.ctx.traced('snapshot', this.name, (t) => snapshotSandbox(this.ctx, this.record, name, t));
+  /**
+   * A consistent filesystem snapshot: the sandbox is frozen while it is taken. Processes are not
+   * saved, except with `memory` (VM driver): then the whole machine continues after a restore.
+   */
+  async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<Snapshot> {
+    const { result, trace } = await this.ctx.traced('snapshot', this.name, (t) => snapshotSandbox(this.ctx, this.record, name, t, opts.memory));
     return new Snapshot(this.ctx, result, trace);
   }
 

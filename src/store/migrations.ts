@@ -95,6 +95,7 @@ export const migrations: string[] = [
     PRIMARY KEY (scenario, name)
   );
   ALTER TABLE sandboxes ADD COLUMN scenario TEXT;
+  ALTER TABLE snapshots ADD COLUMN memory TEXT;
   ALTER TABLE sandboxes ADD COLUMN pool TEXT;
   ALTER TABLE sandboxes ADD COLUMN baseline TEXT;
   CREATE INDEX sandboxes_pool ON sandboxes(pool, state);

@@ -74,6 +74,8 @@ export interface SnapshotRecord {
   volume: Volume;
   limits: Limits;
   createdAt: number;
+  /** a memory snapshot (VM driver): the whole machine state, and the driver it needs */
+  memory?: { dir: string; bytes: number; driver: string } | null;
 }
 
 export interface ScenarioRecord {

@@ -1,0 +1,226 @@
+import { existsSync } from 'node:fs';
+import { copyFile, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { AgentClient } from '../../agent/client.js';
+import { agentBinaryPath } from '../../agent/binary.js';
+import { SnaplabError } from '../../errors.js';
+import { cgroupFor, createCgroup, destroyCgroup } from '../../host/cgroups.js';
+import type { Availability } from '../../host/probe-types.js';
+import { processStartTime, sameProcess } from '../../host/procs.js';
+import { which } from '../../host/run.js';
+import { VM_DEFAULT_MEMORY } from '../../lab/limits.js';
+import { Trace } from '../../timing/trace.js';
+import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, RaisedMachine } from '../driver.js';
+import { buildInitramfs, ensureGuestKernel, qemuKernelArgs } from './guest.js';
+import { QEMU, startQemu, vmFiles, type VmConfig } from './launch.js';
+import { QmpClient } from './qmp.js';
+import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
+import { chooseAccel } from './accel.js';
+
+const BOOT_TIMEOUT_MS = 60_000;
+/**
+ * In a VM the machine is the boundary: the guest's root keeps the namespaces driver's capability
+ * set plus SYS_TIME (the agent corrects the clock after a restore) and SYS_ADMIN (a restored copy
+ * takes a hostname of its own). Commands still run under the seccomp filter.
+ */
+const VM_CAPABILITIES = [...SANDBOX_CAPABILITIES, 'CAP_SYS_TIME', 'CAP_SYS_ADMIN'];
+/** what the QEMU process needs beyond the guest's RAM */
+const VMM_OVERHEAD = 256 * 1024 * 1024;
+
+/**
+ * The VM driver: a QEMU machine per sandbox, booted from a Debian cloud kernel and an initramfs
+ * holding the sandbox's root filesystem and the agent (PID 1), which it serves over a
+ * virtio-serial port. KVM only where a test boot proves it works, else emulation (TCG).
+ * The guest's filesystem lives in its memory, so its snapshots are memory snapshots.
+ */
+export class QemuDriver implements Driver {
+  readonly name = 'qemu';
+  readonly capabilities = { pause: true, memorySnapshot: true };
+
+  constructor(private readonly home: string) {}
+
+  runDir(id: string): string {
+    return join(this.home, 'run', id);
+  }
+
+  async probe(): Promise<Availability> {
+    if (process.getuid?.() !== 0) return { ok: false, reason: 'the VM driver needs root (cgroups)', fix: 'run snaplab as root' };
+    const qemu = await which(QEMU);
+    if (!qemu) return { ok: false, reason: `${QEMU} not found`, fix: 'apt-get install qemu-system-x86' };
+    try {
+      agentBinaryPath();
+    } catch (e) {
+      return { ok: false, reason: (e as Error).message, fix: 'make -C native' };
+    }
+    const accel = await readFile(join(this.home, 'qemu', 'accel.json'), 'utf8').then((t) => JSON.parse(t) as { accel: string; reason: string }, () => null);
+    return { ok: true, reason: `${qemu}; acceleration: ${accel ? `${accel.accel} (${accel.reason})` : 'decided by a test boot on first use (KVM only if a guest boots under it)'}` };
+  }
+
+  async prepare(spec: Omit<MachineSpec, 'rootfs'>, trace: Trace): Promise<void> {
+    await trace.phase('cgroup', async () => {
+      await mkdir(this.runDir(spec.id), { recursive: true, mode: 0o700 });
+      if (!existsSync(cgroupFor(spec.id).dirs[0] ?? '')) {
+        await createCgroup(spec.id, { memoryBytes: guestMemory(spec) + VMM_OVERHEAD, pids: 512, cpus: spec.limits.cpus });
+      }
+    });
+  }
+
+  private async config(spec: MachineSpec, trace: Trace): Promise<VmConfig> {
+    const kernel = await trace.phase('guest kernel', () => ensureGuestKernel(this.home));
+    const initrd = await trace.phase('initramfs', () =>
+      buildInitramfs({ home: this.home, kernel, rootfs: spec.rootfs, agent: agentBinaryPath(), out: join(this.runDir(spec.id), 'initrd.cpio.gz'), machine: 'pc', caps: VM_CAPABILITIES }),
+    );
+    const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
+    const accel = await trace.phase('acceleration', () => chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })));
+    return { ...base, accel };
+  }
+
+  /** Does a guest reach its agent under this acceleration within a short time? (KVM hangs on some hosts.) */
+  private async testBoot(id: string, c: VmConfig): Promise<boolean> {
+    const dir = join(this.runDir(id), 'probe');
+    await mkdir(dir, { recursive: true });
+    let pid = 0;
+    try {
+      pid = await startQemu(dir, c, false);
+      const agent = await connectAgent(vmFiles(dir).chardev, 8000, () => sameProcess(pid, 0).then(() => true));
+      await agent.close();
+      return true;
+    } catch {
+      return false;
+    } finally {
+      if (pid) try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  async raise(spec: MachineSpec, trace: Trace): Promise<RaisedMachine> {
+    await this.prepare(spec, trace);
+    const config = await this.config(spec, trace);
+    await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
+    return this.start(spec.id, config, trace);
+  }
+
+  private async start(id: string, config: VmConfig, trace: Trace, memory?: MemoryImage): Promise<RaisedMachine> {
+    const dir = this.runDir(id);
+    const pid = await trace.phase('spawn vmm', () => startQemu(dir, config, memory !== undefined));
+    const cg = cgroupFor(id);
+    await Promise.all(cg.procsFiles.map((f) => writeFile(f, String(pid)).catch(() => undefined)));
+    const handle: MachineHandle = { id, pid, pidStart: (await processStartTime(pid)) ?? 0 };
+    const qmp = await trace.phase('qmp ready', () => QmpClient.connect(vmFiles(dir).qmp));
+    try {
+      if (memory) {
+        await trace.phase('load memory', async () => {
+          await qmp.execute('migrate-incoming', { uri: `exec:cat ${join(memory.dir, 'memory')}` });
+          await qmp.waitMigration(60_000);
+        });
+        await trace.phase('resume', () => qmp.execute('cont'));
+      }
+    } finally {
+      qmp.close();
+    }
+    const alive = (): Promise<boolean> => sameProcess(pid, handle.pidStart);
+    const agent = await trace.phase('agent ready', () => connectAgent(vmFiles(dir).chardev, BOOT_TIMEOUT_MS, alive));
+    return { handle, agent };
+  }
+
+  async connect(handle: MachineHandle, timeoutMs = 10_000): Promise<AgentClient> {
+    return connectAgent(vmFiles(this.runDir(handle.id)).chardev, timeoutMs, () => sameProcess(handle.pid, handle.pidStart));
+  }
+
+  private async qmp<T>(handle: MachineHandle, fn: (q: QmpClient) => Promise<T>): Promise<T> {
+    const q = await QmpClient.connect(vmFiles(this.runDir(handle.id)).qmp, 5000);
+    try {
+      return await fn(q);
+    } finally {
+      q.close();
+    }
+  }
+
+  async pause(handle: MachineHandle): Promise<void> {
+    await this.qmp(handle, (q) => q.execute('stop'));
+  }
+
+  async resume(handle: MachineHandle): Promise<void> {
+    await this.qmp(handle, (q) => q.execute('cont'));
+  }
+
+  /** Pause, write the whole machine state (memory, devices, the RAM filesystem) to `dir`, resume. */
+  async snapshotMemory(handle: MachineHandle, dir: string, trace: Trace): Promise<MemoryImage> {
+    await mkdir(dir, { recursive: true });
+    // the restore starts QEMU with the same kernel and initramfs: the initramfs goes with the
+    // snapshot (the VM's run directory goes when it is destroyed; the kernel cache stays)
+    const config = JSON.parse(await readFile(join(this.runDir(handle.id), 'vm.json'), 'utf8')) as VmConfig;
+    await copyFile(config.initrd, join(dir, 'initrd.cpio.gz'));
+    await writeFile(join(dir, 'vm.json'), JSON.stringify({ ...config, initrd: join(dir, 'initrd.cpio.gz') }));
+    await this.qmp(handle, async (q) => {
+      await q.execute('stop', undefined, trace);
+      try {
+        await trace.phase('save memory', async () => {
+          await q.execute('migrate', { uri: `exec:cat > ${join(dir, 'memory')}` });
+          await q.waitMigration(120_000);
+        });
+      } finally {
+        await q.execute('cont', undefined, trace);
+      }
+    });
+    const { size } = await stat(join(dir, 'memory'));
+    return { dir, bytes: size };
+  }
+
+  /** A new VM that continues from a memory snapshot: same devices and memory size, then resumed. */
+  async restoreMemory(spec: Omit<MachineSpec, 'rootfs'>, image: MemoryImage, trace: Trace): Promise<RaisedMachine> {
+    await this.prepare(spec, trace);
+    const config = JSON.parse(await readFile(join(image.dir, 'vm.json'), 'utf8')) as VmConfig;
+    await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
+    return this.start(spec.id, config, trace, image);
+  }
+
+  async inspect(handle: MachineHandle): Promise<DeathReport> {
+    if (await sameProcess(handle.pid, handle.pidStart)) return { alive: true };
+    return { alive: false, reason: 'its QEMU process is gone (killed from outside, or the host rebooted)' };
+  }
+
+  async destroy(handle: MachineHandle): Promise<void> {
+    if (handle.pid > 0 && (await sameProcess(handle.pid, handle.pidStart))) {
+      try {
+        process.kill(handle.pid, 'SIGKILL');
+      } catch {
+        /* gone */
+      }
+    }
+    await destroyCgroup(cgroupFor(handle.id));
+    await rm(this.runDir(handle.id), { recursive: true, force: true });
+  }
+
+  /**
+   * A VM's host objects are its run directory and its cgroup (QEMU is in it), named by the
+   * sandbox id like the namespaces driver's, which collects them for both drivers.
+   */
+  async gc(liveIds: Set<string>): Promise<string[]> {
+    void liveIds;
+    return [];
+  }
+}
+
+function guestMemory(spec: Omit<MachineSpec, 'rootfs'>): number {
+  return spec.limits.memoryBytes ?? VM_DEFAULT_MEMORY;
+}
+
+/**
+ * Connect to the agent over the VM's virtio-serial socket, RESET first (the guest may hold an old
+ * session, e.g. after a restore), retrying until it answers or the VM dies.
+ */
+async function connectAgent(path: string, timeoutMs: number, alive: () => Promise<boolean>): Promise<AgentClient> {
+  const end = Date.now() + timeoutMs;
+  let last = '';
+  while (Date.now() < end) {
+    if (!(await alive())) throw new SnaplabError('LAUNCH_FAILED', 'the VM exited before its agent answered', `see ${path.replace(/agent\.sock$/, 'serial.log')}`);
+    try {
+      return await AgentClient.connect(path, { timeoutMs: Math.min(2000, Math.max(200, end - Date.now())), reset: true });
+    } catch (e) {
+      last = (e as Error).message;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  throw new SnaplabError('TIMEOUT', `the VM's agent did not answer within ${timeoutMs} ms (${last})`, `see ${path.replace(/agent\.sock$/, 'serial.log')}`);
+}

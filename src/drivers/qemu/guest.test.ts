@@ -1,0 +1,189 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { chmod, copyFile, mkdir, stat, symlink, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { isSnaplabError, type SnaplabError } from '../../errors.js';
+import { run, which } from '../../host/run.js';
+import { agentBinaryPath } from '../../agent/binary.js';
+import { buildInitramfs, ensureGuestKernel, GUEST_AGENT_PATH, listInitramfs, qemuKernelArgs, readInitramfsFile, type GuestKernel } from './guest.js';
+
+const home = mkdtempSync(join(tmpdir(), 'snaplab-qemu-guest-'));
+const log = (s: string): void => console.log(`[guest.test] ${s}`);
+let kernel: GuestKernel;
+let rootfs: string;
+
+/** A busybox image tree as src/lab/images.ts makes it: /bin/busybox and a symlink per applet. */
+async function busyboxTree(root: string): Promise<void> {
+  for (const d of ['bin', 'sbin', 'usr/bin', 'usr/sbin', 'etc', 'tmp', 'proc', 'dev', 'run']) await mkdir(join(root, d), { recursive: true });
+  await copyFile('/bin/busybox', join(root, 'bin/busybox'));
+  await chmod(join(root, 'bin/busybox'), 0o755);
+  const { stdout } = await run('/bin/busybox', ['--list-full']);
+  for (const applet of stdout.split('\n').filter(Boolean)) {
+    const target = join(root, applet);
+    if (applet === 'bin/busybox' || existsSync(target)) continue;
+    await mkdir(join(target, '..'), { recursive: true });
+    await symlink(relative(join(target, '..'), join(root, 'bin/busybox')), target);
+  }
+  await writeFile(join(root, 'etc/hostname'), 'busybox\n');
+}
+
+beforeAll(async () => {
+  rootfs = join(home, 'rootfs');
+  await busyboxTree(rootfs);
+}, 60_000);
+
+afterAll(() => {
+  rmSync(home, { recursive: true, force: true });
+});
+
+describe('qemu guest artefacts', () => {
+  it('fetches the cloud kernel once, then answers from the cache', async () => {
+    const steps: string[] = [];
+    let t = performance.now();
+    kernel = await ensureGuestKernel(home, (s) => {
+      steps.push(s);
+      log(`${(performance.now() - t).toFixed(0)} ms: ${s}`);
+    });
+    log(`first ensureGuestKernel: ${(performance.now() - t).toFixed(0)} ms`);
+    expect(kernel.version).toMatch(/-cloud-amd64$/);
+    expect(kernel.modulesDir).toBe(join(home, 'qemu', 'kernel', kernel.version, 'lib', 'modules', kernel.version));
+    expect(readFileSync(kernel.kernel).subarray(0, 4)).toEqual(Buffer.from([0x7f, 0x45, 0x4c, 0x46])); // PVH ELF here (lz4 works)
+    const dep = readFileSync(join(kernel.modulesDir, 'modules.dep'), 'utf8');
+    for (const m of ['virtio_console', 'virtio_pci', 'virtio_mmio', 'virtio_ring']) expect(dep).toContain(`/${m}.ko:`);
+    expect(dep).not.toContain('virtio_net'); // only what the guest needs is kept
+    expect(steps.some((s) => s.startsWith('downloading linux-image-'))).toBe(true);
+
+    t = performance.now();
+    const again = await ensureGuestKernel(home, (s) => steps.push(`again: ${s}`));
+    const ms = performance.now() - t;
+    log(`cached ensureGuestKernel: ${ms.toFixed(1)} ms`);
+    expect(again).toEqual(kernel);
+    expect(steps.filter((s) => s.startsWith('again:'))).toEqual([]); // no apt, nothing to say
+    expect(ms).toBeLessThan(250); // 2–25 ms measured; generous for a busy host
+  }, 300_000);
+
+  it('builds an initramfs with the image, /init, the agent and the modules', async () => {
+    const out = join(home, 'pc.initrd');
+    let t = performance.now();
+    await buildInitramfs({ home, kernel, rootfs, agent: agentBinaryPath(), out, machine: 'pc' });
+    log(`buildInitramfs (pc): ${(performance.now() - t).toFixed(0)} ms, ${(await stat(out)).size} bytes`);
+    const entries = await listInitramfs(out);
+    const byName = new Map(entries.map((e) => [e.name, e]));
+    const init = byName.get('init');
+    expect(init).toBeDefined();
+    expect(init!.mode & 0o170000).toBe(0o100000);
+    expect(init!.mode & 0o111).toBe(0o111);
+    expect(byName.get(GUEST_AGENT_PATH.slice(1))?.mode! & 0o111).toBe(0o111);
+    expect(byName.get('bin/busybox')).toBeDefined();
+    expect(byName.get('bin/sh')?.target).toBe('busybox');
+    const mods = entries.filter((e) => e.name.endsWith('.ko')).map((e) => e.name.split('/').pop());
+    expect(mods).toEqual(expect.arrayContaining(['virtio_ring.ko', 'virtio.ko', 'virtio_pci.ko', 'virtio_console.ko']));
+    expect(mods).not.toContain('virtio_mmio.ko');
+    expect(byName.has(`lib/modules/${kernel.version}/modules.dep`)).toBe(true);
+    // the image's directories are not repeated (a repeated one would replace a symlink by a directory)
+    expect(entries.filter((e) => e.name === 'sbin')).toHaveLength(1);
+
+    // Debian's cpio reads the first archive (the image) alike; it stops at the first trailer
+    if (await which('cpio')) {
+      const r = await run('sh', ['-c', 'zcat "$1" | cpio -it --quiet', 'sh', out]);
+      const first = r.stdout.split('\n').filter(Boolean);
+      expect(first).toContain('bin/busybox');
+      expect(first).toEqual(entries.slice(0, first.length).map((e) => e.name));
+      expect(entries.slice(first.length).map((e) => e.name)).toContain('init');
+    }
+
+    // /init loads the modules in dependency order and execs the agent on the port
+    const script = (await readInitramfsFile(out, 'init'))!.toString();
+    expect(script.startsWith('#!/.snaplab/busybox sh\n')).toBe(true);
+    const insmods = /for m in (.*); do/.exec(script)![1]!.split(' ').map((m) => m.replace(/'/g, '').split('/').pop());
+    expect(insmods.indexOf('virtio_ring.ko')).toBeLessThan(insmods.indexOf('virtio.ko'));
+    expect(insmods.indexOf('virtio.ko')).toBeLessThan(insmods.indexOf('virtio_pci.ko'));
+    expect(insmods.at(-1)).toBe('virtio_console.ko');
+    expect(script).toMatch(/exec \/sbin\/snaplab-agent serve --stream "\$port" --caps 'CAP_[A-Z_,]+'\n/);
+
+    // reproducible: a second build is byte-identical
+    t = performance.now();
+    await buildInitramfs({ home, kernel, rootfs, agent: agentBinaryPath(), out: join(home, 'pc2.initrd'), machine: 'pc' });
+    log(`buildInitramfs again: ${(performance.now() - t).toFixed(0)} ms`);
+    expect(readFileSync(join(home, 'pc2.initrd')).equals(readFileSync(out))).toBe(true);
+
+    const micro = await listInitramfs(await buildInitramfs({ home, kernel, rootfs, agent: agentBinaryPath(), out: join(home, 'microvm.initrd'), machine: 'microvm' }));
+    const microMods = micro.filter((e) => e.name.endsWith('.ko')).map((e) => e.name.split('/').pop()).sort();
+    expect(microMods).toEqual(['virtio.ko', 'virtio_console.ko', 'virtio_mmio.ko', 'virtio_ring.ko']);
+    expect(readdirSync(join(home, 'qemu', 'tmp'))).toEqual([]); // staging cleaned up
+    expect(readdirSync(home).filter((f) => f.includes('.tmp-'))).toEqual([]);
+  }, 120_000);
+
+  it('says what to do when apt cannot get the kernel (no network)', async () => {
+    // fake apt tools first on PATH: the lookup works, the download and the update fail as offline
+    const bin = join(home, 'fake-bin');
+    await mkdir(bin, { recursive: true });
+    await writeFile(join(bin, 'apt-cache'), '#!/bin/sh\necho linux-image-cloud-amd64\necho "  Depends: linux-image-6.1.0-99-cloud-amd64"\n', { mode: 0o755 });
+    await writeFile(join(bin, 'apt-get'), '#!/bin/sh\necho "E: Failed to fetch http://deb.debian.org/x.deb  Temporary failure resolving \'deb.debian.org\'" >&2\nexit 100\n', { mode: 0o755 });
+    const path = process.env.PATH;
+    process.env.PATH = `${bin}:${path}`;
+    const offline = join(home, 'offline');
+    try {
+      const steps: string[] = [];
+      const err = await ensureGuestKernel(offline, (s) => steps.push(s)).catch((e: unknown) => e);
+      expect(isSnaplabError(err, 'DRIVER_UNAVAILABLE')).toBe(true);
+      const e = err as SnaplabError;
+      expect(e.message).toMatch(/^apt-get download failed: E: Failed to fetch .*Temporary failure resolving/);
+      expect(e.hint).toContain('apt-get update');
+      expect(e.hint).toContain('mirror');
+      expect(steps.some((s) => /running apt-get update/.test(s))).toBe(true);
+      expect(readdirSync(join(offline, 'qemu', 'kernel'))).toEqual([]); // nothing half-made
+    } finally {
+      process.env.PATH = path;
+    }
+  });
+
+  it('qemuKernelArgs', () => {
+    expect(qemuKernelArgs('pc')).toMatch(/^console=ttyS0 quiet panic=-1 tsc_early_khz=\d+ init_on_free=1$/);
+    expect(qemuKernelArgs('microvm')).toContain('tsc_early_khz=');
+  });
+
+  it('boots /init under QEMU (pc, TCG) and finds the snaplab port', async (ctx) => {
+    if (!(await which('qemu-system-x86_64'))) ctx.skip();
+    const serial = join(home, 'serial.log');
+    const sock = join(home, 'vm.sock');
+    const initrd = join(home, 'pc.initrd');
+    const args = [
+      '-M', 'pc', '-accel', 'tcg', '-m', '128M', '-nographic', '-no-reboot', '-nodefaults',
+      '-serial', `file:${serial}`,
+      '-kernel', kernel.kernel, '-initrd', initrd,
+      '-append', `${qemuKernelArgs('pc')} snaplab.hostname=guest-test`,
+      '-device', 'virtio-serial-pci',
+      '-chardev', `socket,path=${sock},server=on,wait=off,id=c0`,
+      '-device', 'virtserialport,chardev=c0,name=snaplab',
+    ];
+    const t = performance.now();
+    const qemu: ChildProcess = spawn('qemu-system-x86_64', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    qemu.stderr!.on('data', (b: Buffer) => (stderr += b.toString()));
+    let exited = false;
+    qemu.on('exit', () => (exited = true));
+    try {
+      let text = '';
+      while (performance.now() - t < 60_000 && !exited) {
+        text = existsSync(serial) ? readFileSync(serial, 'utf8') : '';
+        if (/snaplab-init: (port|FATAL)/.test(text)) break;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      log(`boot to /init's port line: ${(performance.now() - t).toFixed(0)} ms`);
+      text = existsSync(serial) ? readFileSync(serial, 'utf8') : '';
+      expect(text, `serial log:\n${text}\nqemu stderr:\n${stderr}`).toMatch(/snaplab-init: port \/dev\/vport\d+p\d+/);
+      expect(text).not.toMatch(/insmod .* failed/);
+      expect(text).toContain('snaplab-init: hostname guest-test'); // from the kernel command line
+      await new Promise((r) => setTimeout(r, 300));
+      log(`serial log:\n${readFileSync(serial, 'utf8')}`);
+    } finally {
+      if (!exited) {
+        qemu.kill('SIGKILL');
+        await new Promise((r) => qemu.once('exit', r));
+      }
+    }
+  }, 90_000);
+});

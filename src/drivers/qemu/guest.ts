@@ -1,0 +1,392 @@
+/**
+ * The QEMU driver's guest artefacts: the kernel (Debian's cloud kernel, fetched once per home with
+ * apt and cached), the initramfs (the image's tree + the agent + the virtio modules + /init) and
+ * the kernel command line. See docs/qemu-notes.md for the measurements behind the choices.
+ */
+import { existsSync, readFileSync } from 'node:fs';
+import { chmod, copyFile, mkdir, mkdtemp, readFile, readdir, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+import { SnaplabError } from '../../errors.js';
+import { isDynamicElf } from '../../host/elf.js';
+import { run, which } from '../../host/run.js';
+import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
+import { gzipConcat, listTree, lstatOrUndefined, writeNewc } from './guest-cpio.js';
+import { GUEST_AGENT_PATH, INIT_BUSYBOX, initScript } from './guest-init.js';
+
+export { listInitramfs, readInitramfsFile, type CpioEntry } from './guest-cpio.js';
+export { GUEST_AGENT_PATH, PORT_NAME } from './guest-init.js';
+
+export type Machine = 'pc' | 'microvm';
+
+export interface GuestKernel {
+  /** the kernel release, as `uname -r` says it in the guest (e.g. 6.1.0-57-cloud-amd64) */
+  version: string;
+  /** PVH-bootable ELF if extracted, else the bzImage */
+  kernel: string;
+  /** .../lib/modules/VERSION */
+  modulesDir: string;
+}
+
+/** The metapackage whose dependency names the current versioned cloud kernel. */
+const KERNEL_METAPACKAGE = 'linux-image-cloud-amd64';
+/** Modules the guest needs, by machine; their dependencies are added from modules.dep. */
+export const GUEST_MODULES: Record<Machine, readonly string[]> = {
+  pc: ['virtio_pci', 'virtio_console'],
+  microvm: ['virtio_mmio', 'virtio_console'],
+};
+/** lz4 legacy-frame magic: where the compressed vmlinux starts inside Debian's vmlinuz. */
+const LZ4_LEGACY_MAGIC = Buffer.from([0x02, 0x21, 0x4c, 0x18]);
+
+interface KernelManifest {
+  version: string;
+  /** file name of the kernel in the version directory: vmlinux (PVH) or vmlinuz (bzImage) */
+  kernel: string;
+  package: string;
+}
+
+const kernelDir = (home: string): string => join(home, 'qemu', 'kernel');
+
+/** A cached kernel, checked to be whole; undefined when there is none. Never runs apt. */
+async function cachedKernel(home: string): Promise<GuestKernel | undefined> {
+  try {
+    const version = (await readFile(join(kernelDir(home), 'current'), 'utf8')).trim();
+    if (!/^[A-Za-z0-9._+-]+$/.test(version)) return undefined;
+    const dir = join(kernelDir(home), version);
+    const m = JSON.parse(await readFile(join(dir, 'kernel.json'), 'utf8')) as KernelManifest;
+    const k: GuestKernel = { version: m.version, kernel: join(dir, basename(m.kernel)), modulesDir: join(dir, 'lib', 'modules', m.version) };
+    if (!existsSync(k.kernel) || !existsSync(join(k.modulesDir, 'modules.dep'))) return undefined;
+    return k;
+  } catch {
+    return undefined;
+  }
+}
+
+const inflightKernel = new Map<string, Promise<GuestKernel>>();
+
+/**
+ * The guest kernel, cached under `${home}/qemu/kernel/<version>/` (`current` names the version).
+ * First use: the exact versioned cloud kernel package from apt, unpacked, depmod'ed, the vmlinux
+ * extracted for PVH boot, and everything but the kernel and the needed modules thrown away.
+ * Built in a temporary directory and renamed into place: a crash leaves no half kernel.
+ */
+export async function ensureGuestKernel(home: string, onProgress?: (s: string) => void): Promise<GuestKernel> {
+  const hit = await cachedKernel(home);
+  if (hit) return hit;
+  let p = inflightKernel.get(home);
+  if (!p) {
+    p = fetchKernel(home, onProgress ?? (() => undefined)).finally(() => inflightKernel.delete(home));
+    inflightKernel.set(home, p);
+  }
+  return p;
+}
+
+const APT_HINT = 'run `apt-get update`, check the Debian mirror in /etc/apt/sources.list(.d) and the network';
+
+/** `apt-cache depends linux-image-cloud-amd64` → the versioned package; undefined if apt knows none. */
+async function lookUpKernelPackage(): Promise<string | undefined> {
+  const r = await run('apt-cache', ['depends', KERNEL_METAPACKAGE], { allowFail: true });
+  if (r.code !== 0) return undefined;
+  const m = /^\s*Depends:\s*<?(linux-image-\S+-cloud-amd64)>?\s*$/m.exec(r.stdout);
+  return m?.[1];
+}
+
+async function aptUpdate(progress: (s: string) => void, why: string): Promise<void> {
+  progress(`${why}: running apt-get update`);
+  const r = await run('apt-get', ['update', '-q'], { allowFail: true });
+  if (r.code !== 0) {
+    throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get update failed: ${(r.stderr || r.stdout).trim().split('\n').slice(-3).join(' ')}`, APT_HINT);
+  }
+}
+
+async function fetchKernel(home: string, progress: (s: string) => void): Promise<GuestKernel> {
+  for (const tool of ['apt-get', 'apt-cache', 'dpkg-deb', 'depmod']) {
+    if (!(await which(tool))) {
+      throw new SnaplabError('DRIVER_UNAVAILABLE', `the QEMU driver fetches its guest kernel with apt, and ${tool} is not installed`, 'run snaplab on Debian (apt, dpkg, kmod)');
+    }
+  }
+  let updated = false;
+  progress(`looking up the kernel package (apt-cache depends ${KERNEL_METAPACKAGE})`);
+  let pkg = await lookUpKernelPackage();
+  if (!pkg) {
+    await aptUpdate(progress, `apt does not know ${KERNEL_METAPACKAGE} (empty package lists?)`);
+    updated = true;
+    pkg = await lookUpKernelPackage();
+    if (!pkg) {
+      throw new SnaplabError('DRIVER_UNAVAILABLE', `apt knows no package ${KERNEL_METAPACKAGE}, even after apt-get update`, 'add Debian 12 (bookworm) main to /etc/apt/sources.list and run `apt-get update`');
+    }
+  }
+
+  await mkdir(kernelDir(home), { recursive: true });
+  const tmp = await mkdtemp(join(kernelDir(home), '.tmp-'));
+  try {
+    // apt-get download: into the cwd; as root, so that _apt's sandbox need not reach the home
+    const download = async (name: string): Promise<{ ok: boolean; msg: string }> => {
+      progress(`downloading ${name}`);
+      const r = await run('apt-get', ['-q', '-o', 'APT::Sandbox::User=root', 'download', name], { cwd: tmp, allowFail: true, timeoutMs: 600_000 });
+      return { ok: r.code === 0, msg: (r.stderr || r.stdout).trim().split('\n').filter((l) => !l.startsWith('W:')).slice(-3).join(' ') };
+    };
+    let got = await download(pkg);
+    if (!got.ok && !updated) {
+      // stale lists: the mirror may have moved on to a newer kernel ABI; refresh once and retry
+      const failed = got.msg;
+      try {
+        await aptUpdate(progress, `apt-get download ${pkg} failed (${failed})`);
+      } catch (e) {
+        throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get download failed: ${failed} (and ${(e as Error).message})`, APT_HINT);
+      }
+      pkg = (await lookUpKernelPackage()) ?? pkg;
+      got = await download(pkg);
+    }
+    if (!got.ok) throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get download failed: ${got.msg}`, APT_HINT);
+    const deb = (await readdir(tmp)).find((f) => f.endsWith('.deb'));
+    if (!deb) throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get download ${pkg} left no .deb in ${tmp}`, APT_HINT);
+
+    progress(`extracting ${deb}`);
+    const x = join(tmp, 'x');
+    await run('dpkg-deb', ['-x', join(tmp, deb), x]);
+    const versions = await readdir(join(x, 'lib', 'modules')).catch(() => [] as string[]);
+    const version = versions.find((v) => pkg === `linux-image-${v}`) ?? versions[0];
+    const vmlinuz = version ? join(x, 'boot', `vmlinuz-${version}`) : '';
+    if (!version || !existsSync(vmlinuz)) {
+      throw new SnaplabError('DRIVER_UNAVAILABLE', `${deb} has no /boot/vmlinuz-VERSION and /lib/modules/VERSION`, `is ${pkg} a kernel image package?`);
+    }
+    progress(`depmod ${version}`);
+    await run('depmod', ['-b', x, version]);
+
+    const out = join(tmp, 'out');
+    const mods = join(out, 'lib', 'modules', version);
+    await mkdir(mods, { recursive: true });
+    progress('extracting the uncompressed vmlinux for PVH boot');
+    const kernelFile = (await extractVmlinux(vmlinuz, join(out, 'vmlinux'))) ? 'vmlinux' : 'vmlinuz';
+    if (kernelFile === 'vmlinuz') {
+      progress('no PVH vmlinux could be extracted: using the bzImage');
+      await copyFile(vmlinuz, join(out, 'vmlinuz'));
+    }
+    await keepModules(join(x, 'lib', 'modules', version), mods, [...new Set(Object.values(GUEST_MODULES).flat())]);
+    const manifest: KernelManifest = { version, kernel: kernelFile, package: pkg };
+    await writeFile(join(out, 'kernel.json'), `${JSON.stringify(manifest, null, 2)}\n`);
+
+    const final = join(kernelDir(home), version);
+    // another process may have cached the same version meanwhile: a whole one stands
+    if (!existsSync(join(final, 'kernel.json'))) {
+      await rm(final, { recursive: true, force: true });
+      await rename(out, final).catch((e: NodeJS.ErrnoException) => {
+        if (!((e.code === 'ENOTEMPTY' || e.code === 'EEXIST') && existsSync(join(final, 'kernel.json')))) throw e;
+      });
+    }
+    await writeFile(join(tmp, 'current'), `${version}\n`);
+    await rename(join(tmp, 'current'), join(kernelDir(home), 'current'));
+    const k = await cachedKernel(home);
+    if (!k) throw new SnaplabError('INTERNAL', `the guest kernel was cached in ${final} but does not read back`);
+    progress(`guest kernel ${version} ready (${kernelFile === 'vmlinux' ? 'PVH vmlinux' : 'bzImage'})`);
+    return k;
+  } finally {
+    await rm(tmp, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Debian's vmlinuz is a bzImage whose payload is lz4 (legacy frames): decompress from the magic.
+ * lz4 exits non-zero on the bzImage's trailing bytes after the stream, so the result is judged
+ * by what it wrote: an ELF with Xen's PVH entry note. Returns false (and leaves nothing) if not.
+ */
+async function extractVmlinux(vmlinuz: string, out: string): Promise<boolean> {
+  if (!(await which('lz4'))) return false;
+  const img = await readFile(vmlinuz);
+  const at = img.indexOf(LZ4_LEGACY_MAGIC);
+  if (at < 0) return false;
+  const payload = `${out}.lz4`;
+  await writeFile(payload, img.subarray(at));
+  try {
+    await run('lz4', ['-d', '-f', '-q', payload, out], { allowFail: true });
+    const head = existsSync(out) ? readFileSync(out).subarray(0, 64) : Buffer.alloc(0);
+    if (head.length < 64 || head.readUInt32BE(0) !== 0x7f454c46) {
+      await rm(out, { force: true });
+      return false;
+    }
+    return true;
+  } finally {
+    await rm(payload, { force: true });
+  }
+}
+
+/** modules.dep as a map: module name → its path and the paths of its dependencies. */
+interface ModuleDeps {
+  path: Map<string, string>;
+  deps: Map<string, string[]>;
+}
+
+const moduleName = (path: string): string => basename(path).replace(/\.ko(\.(xz|zst|gz))?$/, '').replace(/-/g, '_');
+
+function parseModulesDep(text: string): ModuleDeps {
+  const path = new Map<string, string>();
+  const deps = new Map<string, string[]>();
+  for (const line of text.split('\n')) {
+    const colon = line.indexOf(':');
+    if (colon <= 0) continue;
+    const p = line.slice(0, colon).trim();
+    const name = moduleName(p);
+    path.set(name, p);
+    deps.set(name, line.slice(colon + 1).trim().split(/\s+/).filter(Boolean).map(moduleName));
+  }
+  return { path, deps };
+}
+
+/** The module files to load for `wanted`, dependencies first; built-in modules are left out. */
+function loadOrder(md: ModuleDeps, builtin: Set<string>, wanted: readonly string[], where: string): string[] {
+  const order: string[] = [];
+  const seen = new Set<string>();
+  const visit = (name: string): void => {
+    if (seen.has(name)) return;
+    seen.add(name);
+    const p = md.path.get(name);
+    if (!p) {
+      if (builtin.has(name)) return;
+      throw new SnaplabError('INTERNAL', `kernel module ${name} is neither in ${where}/modules.dep nor built in`, 'remove the cached kernel (qemu/kernel under the snaplab home) to fetch it again');
+    }
+    for (const d of md.deps.get(name) ?? []) visit(d);
+    order.push(p);
+  };
+  for (const w of wanted) visit(w);
+  return order;
+}
+
+async function readBuiltin(dir: string): Promise<Set<string>> {
+  const text = await readFile(join(dir, 'modules.builtin'), 'utf8').catch(() => '');
+  return new Set(text.split('\n').filter(Boolean).map(moduleName));
+}
+
+/** Copy `wanted` and their dependencies from `from` to `to` with a modules.dep naming only them. */
+async function keepModules(from: string, to: string, wanted: string[]): Promise<void> {
+  const md = parseModulesDep(await readFile(join(from, 'modules.dep'), 'utf8'));
+  const builtin = await readBuiltin(from);
+  const files = loadOrder(md, builtin, wanted, from);
+  const kept = new Set(files);
+  for (const f of files) {
+    await mkdir(dirname(join(to, f)), { recursive: true });
+    await copyFile(join(from, f), join(to, f));
+  }
+  const dep = (await readFile(join(from, 'modules.dep'), 'utf8'))
+    .split('\n')
+    .filter((l) => kept.has(l.slice(0, l.indexOf(':'))))
+    .join('\n');
+  await writeFile(join(to, 'modules.dep'), `${dep}\n`);
+  for (const f of ['modules.builtin', 'modules.order']) {
+    if (existsSync(join(from, f))) await copyFile(join(from, f), join(to, f));
+  }
+}
+
+/** The host's static busybox, which runs the guest's /init whatever the image has. */
+async function staticBusybox(): Promise<string> {
+  const bb = (await which('busybox')) ?? '/bin/busybox';
+  if (!existsSync(bb) || isDynamicElf(bb)) {
+    throw new SnaplabError('DRIVER_UNAVAILABLE', `the guest's /init needs a static busybox; ${existsSync(bb) ? `${bb} is dynamically linked` : 'none found'}`, 'apt-get install busybox-static');
+  }
+  return bb;
+}
+
+export interface InitramfsOptions {
+  home: string;
+  kernel: GuestKernel;
+  /** a snaplab image tree (e.g. the busybox image's rootfs) */
+  rootfs: string;
+  /** the static agent, native/build/snaplab-agent */
+  agent: string;
+  out: string;
+  machine: Machine;
+  /** capabilities the agent lets commands keep (default: the namespaces driver's set) */
+  caps?: readonly string[];
+}
+
+/** Fixed mtime for what snaplab adds, so that its part of the archive does not change between builds. */
+const STAGE_MTIME = new Date(0);
+
+/**
+ * A gzip'd initramfs (`out`, written atomically): the image's tree as one newc archive, followed by
+ * a second that adds /init, the agent at /sbin/snaplab-agent, the virtio modules for `machine`
+ * (and modules.dep) and the busybox /init runs under. The kernel unpacks both in order into one
+ * rootfs. Directories the image already has (or has as symlinks, as usr-merged images do) are not
+ * repeated in the second archive: the kernel would replace a symlink by a directory.
+ */
+export async function buildInitramfs(opts: InitramfsOptions): Promise<string> {
+  const rootSt = await stat(opts.rootfs).catch(() => undefined);
+  if (!rootSt?.isDirectory()) throw new SnaplabError('INTERNAL', `image tree ${opts.rootfs} is not a directory`);
+  if (!existsSync(opts.agent)) {
+    throw new SnaplabError('INTERNAL', `agent binary not found at ${opts.agent}`, 'build it: make -C native (or npm run build:agent)');
+  }
+  if (isDynamicElf(opts.agent)) throw new SnaplabError('INTERNAL', `${opts.agent} is dynamically linked; the guest has no libc for it`, 'rebuild it: make -C native');
+  const busybox = await staticBusybox();
+
+  const { kernel } = opts;
+  const md = parseModulesDep(await readFile(join(kernel.modulesDir, 'modules.dep'), 'utf8'));
+  const modules = loadOrder(md, await readBuiltin(kernel.modulesDir), GUEST_MODULES[opts.machine], kernel.modulesDir);
+  const guestModulesDir = `/lib/modules/${kernel.version}`;
+
+  await mkdir(join(opts.home, 'qemu', 'tmp'), { recursive: true });
+  const tmp = await mkdtemp(join(opts.home, 'qemu', 'tmp', 'initramfs-'));
+  const outTmp = `${opts.out}.tmp-${process.pid}-${Date.now()}`;
+  try {
+    // the second archive's tree
+    const stage = join(tmp, 'stage');
+    const put = async (rel: string, from: string | { text: string }, mode: number): Promise<void> => {
+      const dst = join(stage, rel);
+      await mkdir(dirname(dst), { recursive: true });
+      if (typeof from === 'string') await copyFile(from, dst);
+      else await writeFile(dst, from.text);
+      await chmod(dst, mode);
+    };
+    await put('init', { text: initScript({ modules: modules.map((m) => `${guestModulesDir}/${m}`), caps: opts.caps ?? SANDBOX_CAPABILITIES }) }, 0o755);
+    await put(GUEST_AGENT_PATH.slice(1), opts.agent, 0o755);
+    await put(INIT_BUSYBOX.slice(1), busybox, 0o755);
+    for (const m of modules) await put(`${guestModulesDir.slice(1)}/${m}`, join(kernel.modulesDir, m), 0o644);
+    const dep = (await readFile(join(kernel.modulesDir, 'modules.dep'), 'utf8'))
+      .split('\n')
+      .filter((l) => modules.includes(l.slice(0, l.indexOf(':'))))
+      .join('\n');
+    await put(`${guestModulesDir.slice(1)}/modules.dep`, { text: `${dep}\n` }, 0o644);
+
+    // directories the image has (as directories or symlinks) stay the image's
+    const extras = await listTree(stage, async (rel, isDir) => isDir && (await lstatOrUndefined(join(opts.rootfs, rel))) !== undefined);
+    for (const rel of [...(await listTree(stage)), '.'].reverse()) await utimes(join(stage, rel), STAGE_MTIME, STAGE_MTIME);
+
+    const image = await listTree(opts.rootfs);
+    await writeNewc(opts.rootfs, image, join(tmp, 'image.cpio'));
+    await writeNewc(stage, extras, join(tmp, 'snaplab.cpio'), { rootOwner: true });
+    await mkdir(dirname(opts.out), { recursive: true });
+    await gzipConcat([join(tmp, 'image.cpio'), join(tmp, 'snaplab.cpio')], outTmp, 1);
+    await rename(outTmp, opts.out);
+    return opts.out;
+  } finally {
+    await rm(outTmp, { force: true });
+    await rm(tmp, { recursive: true, force: true });
+  }
+}
+
+let tscKhz: number | undefined | null = null;
+/** The host's TSC frequency in kHz from /proc/cpuinfo's `cpu MHz` (undefined when it has none). */
+export function hostTscKhz(): number | undefined {
+  if (tscKhz === null) {
+    const m = /^cpu MHz\s*:\s*([\d.]+)/m.exec(readFileSync('/proc/cpuinfo', 'utf8'));
+    tscKhz = m ? Math.round(Number(m[1]) * 1000) || undefined : undefined;
+  }
+  return tscKhz;
+}
+
+/**
+ * The guest kernel's command line (the driver appends `snaplab.hostname=NAME`). tsc_early_khz:
+ * microvm under TCG hangs calibrating the TSC without it (no HPET/PM timer), and pc is spared
+ * the calibration. init_on_free=1: freed pages are zero, so memory snapshots stay small.
+ */
+export function qemuKernelArgs(machine: Machine): string {
+  // the same for both machines today (measured: microvm powers off and panics out of QEMU with
+  // -no-reboot without reboot=t); the parameter keeps the call sites honest for when they differ
+  void machine;
+  const khz = hostTscKhz();
+  return [
+    'console=ttyS0',
+    'quiet',
+    'panic=-1',
+    ...(khz ? [`tsc_early_khz=${khz}`] : []),
+    'init_on_free=1',
+  ].join(' ');
+}
