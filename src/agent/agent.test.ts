@@ -2,9 +2,9 @@
  * The real agent binary, as a host process and as PID 1 under bwrap, driven by AgentClient.
  * Needs native/build/snaplab-agent (make -C native), root, bwrap and busybox.
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { chmod, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';

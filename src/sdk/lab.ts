@@ -105,13 +105,13 @@ export class Lab {
   }
 
   async snapshots(): Promise<Snapshot[]> {
-    return this.ctx.store.listSnapshots().map((r) => new Snapshot(this.ctx, r));
+    return this.ctx.store.listSnapshots().map((r) => new Snapshot(r));
   }
 
   async snapshot(name: string): Promise<Snapshot> {
     const r = this.ctx.store.getSnapshot(name);
     if (!r) throw snapshotNotFound(this.ctx, name);
-    return new Snapshot(this.ctx, r);
+    return new Snapshot(r);
   }
 
   async removeSnapshot(name: string): Promise<TraceSummary> {

@@ -64,7 +64,7 @@ export class Sandbox {
    */
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<Snapshot> {
     const { result, trace } = await this.ctx.traced('snapshot', this.name, (t) => snapshotSandbox(this.ctx, this.record, name, t, opts.memory));
-    return new Snapshot(this.ctx, result, trace);
+    return new Snapshot(result, trace);
   }
 
   /** Freeze every process (cgroup freezer); an idle paused sandbox costs no CPU. */

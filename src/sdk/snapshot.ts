@@ -1,11 +1,13 @@
-import type { LabContext } from '../lab/context.js';
 import type { SnapshotRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 
-/** A read-only point-in-time copy of a sandbox's filesystem; restore it with `lab.restore(name)`. */
+/**
+ * A read-only point-in-time copy of a sandbox's filesystem (and, for VMs with `memory`, of the
+ * whole machine); restore it with `lab.restore(name)`, remove it with `lab.removeSnapshot(name)`.
+ */
 export class Snapshot {
   /** @internal */
-  constructor(private readonly ctx: LabContext, readonly record: SnapshotRecord, readonly lastTrace?: TraceSummary) {}
+  constructor(readonly record: SnapshotRecord, readonly lastTrace?: TraceSummary) {}
 
   get name(): string { return this.record.name; }
   get id(): string { return this.record.id; }

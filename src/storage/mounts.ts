@@ -1,4 +1,4 @@
-import { listMounts, mountsUnder, unmount, type MountEntry } from '../host/mounts.js';
+import { mountsUnder, unmount, type MountEntry } from '../host/mounts.js';
 
 export { listMounts as readMounts, mountsUnder, isMountPoint } from '../host/mounts.js';
 

@@ -11,6 +11,7 @@ import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
 import { bwrapArgs } from './bwrap-args.js';
 import { launchNative } from './launch.js';
+import { killAndSweep } from '../teardown.js';
 import { HostOps } from '../../host/hostops.js';
 
 const RAISE_TIMEOUT_MS = 10_000;
@@ -119,17 +120,7 @@ export class NamespacesDriver implements Driver {
   async destroy(handle: MachineHandle): Promise<void> {
     await this.prepared.get(handle.id)?.catch(() => undefined);
     this.prepared.delete(handle.id);
-    // Killing the agent, PID 1 of the sandbox's pid namespace, makes the kernel kill every other
-    // process in it at once; the cgroup teardown then only sweeps up (and bwrap's monitor exits).
-    if (handle.pid > 0 && (await sameProcess(handle.pid, handle.pidStart))) {
-      try {
-        process.kill(handle.pid, 'SIGKILL');
-      } catch {
-        /* already gone */
-      }
-    }
-    await destroyCgroup(cgroupFor(handle.id));
-    await rm(this.runDir(handle.id), { recursive: true, force: true });
+    await killAndSweep(this.home, handle);
   }
 
   /**

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
-import { cgroupFor, createCgroup, destroyCgroup } from '../../host/cgroups.js';
+import { cgroupFor, createCgroup } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess } from '../../host/procs.js';
 import { which } from '../../host/run.js';
@@ -14,6 +14,7 @@ import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, Rais
 import { buildInitramfs, ensureGuestKernel, qemuKernelArgs } from './guest.js';
 import { QEMU, startQemu, vmFiles, type VmConfig } from './launch.js';
 import { QmpClient } from './qmp.js';
+import { killAndSweep } from '../teardown.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { chooseAccel } from './accel.js';
 
@@ -181,15 +182,7 @@ export class QemuDriver implements Driver {
   }
 
   async destroy(handle: MachineHandle): Promise<void> {
-    if (handle.pid > 0 && (await sameProcess(handle.pid, handle.pidStart))) {
-      try {
-        process.kill(handle.pid, 'SIGKILL');
-      } catch {
-        /* gone */
-      }
-    }
-    await destroyCgroup(cgroupFor(handle.id));
-    await rm(this.runDir(handle.id), { recursive: true, force: true });
+    await killAndSweep(this.home, handle);
   }
 
   /**
