@@ -59,10 +59,21 @@ describe('the qemu driver', () => {
     expect(await out(a, ['cat', '/etc/machine-id'])).not.toBe(await out(b, ['cat', '/etc/machine-id']));
     const phases = a.lastTrace!.phases.map((p) => p.name);
     for (const p of ['spawn vmm', 'qmp ready', 'load memory', 'resume', 'agent ready', 'clock set']) expect(phases).toContain(p);
+    // a restored copy lives on its own: the snapshot it came from can go, and it can be snapshotted
+    await lab.removeSnapshot('vm-snap');
+    const again = await a.snapshot('from-a', { memory: true });
+    expect(again.record.memory!.bytes).toBeGreaterThan(1_000_000);
+    await lab.removeSnapshot('from-a');
     await a.destroy();
     await b.destroy();
-    await lab.removeSnapshot('vm-snap');
   }, 120_000);
+
+  it('pause and resume: stopped, then running with its clock set again', async () => {
+    await vm.pause();
+    await new Promise((r) => setTimeout(r, 2000));
+    await vm.resume();
+    expect(Math.abs(Number(await out(vm, ['date', '+%s'])) - Date.now() / 1000)).toBeLessThan(1.5);
+  }, 60_000);
 
   it('a filesystem-only snapshot of a VM is refused with a hint', async () => {
     await expect(vm.snapshot('nope')).rejects.toMatchObject({ code: 'BAD_INPUT', hint: expect.stringMatching(/--memory/) });

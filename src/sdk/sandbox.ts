@@ -73,7 +73,16 @@ export class Sandbox {
   }
 
   async resume(): Promise<TraceSummary> {
-    return (await this.ctx.traced('resume', this.name, (t) => resumeSandbox(this.ctx, this.record, t))).trace;
+    return (
+      await this.ctx.traced('resume', this.name, async (t) => {
+        await resumeSandbox(this.ctx, this.record, t);
+        // a VM's clock stood still while it was paused (a namespace sandbox shares the host's)
+        if (this.ctx.driver(this.record.driver).capabilities.memorySnapshot) {
+          const agent = await this.connection();
+          await t.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
+        }
+      })
+    ).trace;
   }
 
   /** Close the agent connection; the sandbox keeps running. */

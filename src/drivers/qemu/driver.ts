@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs';
 import { copyFile, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
@@ -12,7 +12,7 @@ import { VM_DEFAULT_MEMORY } from '../../lab/limits.js';
 import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, RaisedMachine } from '../driver.js';
 import { buildInitramfs, ensureGuestKernel, qemuKernelArgs } from './guest.js';
-import { QEMU, startQemu, vmFiles, type VmConfig } from './launch.js';
+import { QEMU, logTail, shellQuote, startQemu, vmFiles, type VmConfig } from './launch.js';
 import { QmpClient } from './qmp.js';
 import { killAndSweep } from '../teardown.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
@@ -82,8 +82,10 @@ export class QemuDriver implements Driver {
     await mkdir(dir, { recursive: true });
     let pid = 0;
     try {
-      pid = await startQemu(dir, c, false);
-      const agent = await connectAgent(vmFiles(dir).chardev, 8000, () => sameProcess(pid, 0).then(() => true));
+      // in the sandbox's cgroup like any VM: killed with it, found by gc if this process dies
+      pid = await startQemu(dir, c, false, cgroupFor(id).procsFiles);
+      const start = (await processStartTime(pid)) ?? 0;
+      const agent = await connectAgent(vmFiles(dir).chardev, 8000, () => sameProcess(pid, start));
       await agent.close();
       return true;
     } catch {
@@ -103,15 +105,14 @@ export class QemuDriver implements Driver {
 
   private async start(id: string, config: VmConfig, trace: Trace, memory?: MemoryImage): Promise<RaisedMachine> {
     const dir = this.runDir(id);
-    const pid = await trace.phase('spawn vmm', () => startQemu(dir, config, memory !== undefined));
-    const cg = cgroupFor(id);
-    await Promise.all(cg.procsFiles.map((f) => writeFile(f, String(pid)).catch(() => undefined)));
+    if (memory) await checkMemoryImage(memory);
+    const pid = await trace.phase('spawn vmm', () => startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles));
     const handle: MachineHandle = { id, pid, pidStart: (await processStartTime(pid)) ?? 0 };
     const qmp = await trace.phase('qmp ready', () => QmpClient.connect(vmFiles(dir).qmp));
     try {
       if (memory) {
         await trace.phase('load memory', async () => {
-          await qmp.execute('migrate-incoming', { uri: `exec:cat ${join(memory.dir, 'memory')}` });
+          await qmp.execute('migrate-incoming', { uri: `exec:cat ${shellQuote(join(memory.dir, 'memory'))}` });
           await qmp.waitMigration(60_000);
         });
         await trace.phase('resume', () => qmp.execute('cont'));
@@ -124,7 +125,8 @@ export class QemuDriver implements Driver {
     return { handle, agent };
   }
 
-  async connect(handle: MachineHandle, timeoutMs = 10_000): Promise<AgentClient> {
+  /** Waits up to a minute: the VM takes one agent connection at a time, so commands queue. */
+  async connect(handle: MachineHandle, timeoutMs = 60_000): Promise<AgentClient> {
     return connectAgent(vmFiles(this.runDir(handle.id)).chardev, timeoutMs, () => sameProcess(handle.pid, handle.pidStart));
   }
 
@@ -141,6 +143,7 @@ export class QemuDriver implements Driver {
     await this.qmp(handle, (q) => q.execute('stop'));
   }
 
+  /** The guest's clock stands still while it is stopped: the lab sets it after (see Sandbox.resume). */
   async resume(handle: MachineHandle): Promise<void> {
     await this.qmp(handle, (q) => q.execute('cont'));
   }
@@ -157,8 +160,11 @@ export class QemuDriver implements Driver {
       await q.execute('stop', undefined, trace);
       try {
         await trace.phase('save memory', async () => {
-          await q.execute('migrate', { uri: `exec:cat > ${join(dir, 'memory')}` });
-          await q.waitMigration(120_000);
+          await q.execute('migrate', { uri: `exec:cat > ${shellQuote(join(dir, 'memory'))}` });
+          await q.waitMigration(120_000).catch(async (e: unknown) => {
+            await q.execute('migrate_cancel').catch(() => undefined);
+            throw e;
+          });
         });
       } finally {
         await q.execute('cont', undefined, trace);
@@ -171,7 +177,11 @@ export class QemuDriver implements Driver {
   /** A new VM that continues from a memory snapshot: same devices and memory size, then resumed. */
   async restoreMemory(spec: Omit<MachineSpec, 'rootfs'>, image: MemoryImage, trace: Trace): Promise<RaisedMachine> {
     await this.prepare(spec, trace);
-    const config = JSON.parse(await readFile(join(image.dir, 'vm.json'), 'utf8')) as VmConfig;
+    const snapped = JSON.parse(await readFile(join(image.dir, 'vm.json'), 'utf8')) as VmConfig;
+    // the copy keeps its own initramfs: the snapshot may be removed while the copy lives on
+    const initrd = join(this.runDir(spec.id), 'initrd.cpio.gz');
+    await copyFile(snapped.initrd, initrd);
+    const config = { ...snapped, initrd };
     await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
     return this.start(spec.id, config, trace, image);
   }
@@ -196,7 +206,17 @@ export class QemuDriver implements Driver {
 }
 
 function guestMemory(spec: Omit<MachineSpec, 'rootfs'>): number {
-  return spec.limits.memoryBytes ?? VM_DEFAULT_MEMORY;
+  const bytes = spec.limits.memoryBytes ?? VM_DEFAULT_MEMORY;
+  if (bytes < 64 * 2 ** 20) throw new SnaplabError('BAD_SIZE', `a VM needs at least 64 MiB of memory, not ${Math.round(bytes / 2 ** 20)} MiB`, 'give --memory 64M or more (default 256M)');
+  return bytes;
+}
+
+/** A restore needs the memory file whole: check it before QEMU waits on a missing stream. */
+async function checkMemoryImage(image: MemoryImage): Promise<void> {
+  const st = await stat(join(image.dir, 'memory')).catch(() => null);
+  if (!st || st.size !== image.bytes) {
+    throw new SnaplabError('SNAPSHOT_NOT_FOUND', `the memory file of this snapshot is ${st ? `${st.size} bytes, not ${image.bytes}` : 'missing'}: ${join(image.dir, 'memory')}`, 'take a new memory snapshot; this one cannot be restored');
+  }
 }
 
 /**
@@ -207,7 +227,9 @@ async function connectAgent(path: string, timeoutMs: number, alive: () => Promis
   const end = Date.now() + timeoutMs;
   let last = '';
   while (Date.now() < end) {
-    if (!(await alive())) throw new SnaplabError('LAUNCH_FAILED', 'the VM exited before its agent answered', `see ${path.replace(/agent\.sock$/, 'serial.log')}`);
+    if (!(await alive())) {
+      throw new SnaplabError('LAUNCH_FAILED', `the VM exited before its agent answered:\n${await logTail(dirname(path))}`, 'check the VM settings (--memory at least 64M) and the image');
+    }
     try {
       return await AgentClient.connect(path, { timeoutMs: Math.min(2000, Math.max(200, end - Date.now())), reset: true });
     } catch (e) {
@@ -215,5 +237,10 @@ async function connectAgent(path: string, timeoutMs: number, alive: () => Promis
       await new Promise((r) => setTimeout(r, 50));
     }
   }
-  throw new SnaplabError('TIMEOUT', `the VM's agent did not answer within ${timeoutMs} ms (${last})`, `see ${path.replace(/agent\.sock$/, 'serial.log')}`);
+  const busy = /EAGAIN|ECONNREFUSED/.test(last);
+  throw new SnaplabError(
+    busy ? 'AGENT_UNREACHABLE' : 'TIMEOUT',
+    busy ? `the VM's agent is in use by another snaplab process (a VM takes one agent connection at a time)` : `the VM's agent did not answer within ${timeoutMs} ms (${last}):\n${await logTail(dirname(path))}`,
+    busy ? 'wait for the other command to finish, and retry' : 'see the guest console above',
+  );
 }

@@ -45,7 +45,7 @@ for w in $($BB cat /proc/cmdline); do
 done
 [ -z "$h" ] && [ -r /etc/hostname ] && h=$($BB head -n 1 /etc/hostname)
 case "$h" in
-  ''|*[!A-Za-z0-9.-]*) ;;
+  ''|*[!A-Za-z0-9._-]*) ;;
   *) $BB hostname "$h" && say "hostname $h" ;;
 esac
 $BB ip link set lo up 2>/dev/null

@@ -49,20 +49,39 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
   ];
 }
 
-/** Start QEMU daemonized (it outlives this process); resolves with its pid once it is running. */
-export async function startQemu(runDir: string, c: VmConfig, incoming: boolean): Promise<number> {
+/** The last lines of a VM's logs (QEMU's own and the guest's serial console), for error messages. */
+export async function logTail(runDir: string): Promise<string> {
+  const f = vmFiles(runDir);
+  const tail = async (p: string): Promise<string> => (await readFile(p, 'utf8').catch(() => '')).trim().split('\n').slice(-8).join('\n');
+  const [q, s] = await Promise.all([tail(f.log), tail(f.serial)]);
+  return [q && `qemu: ${q}`, s && `guest console:\n${s}`].filter(Boolean).join('\n');
+}
+
+/** A path for QEMU's `exec:` migration URIs, which go through /bin/sh: single-quoted. */
+export const shellQuote = (p: string): string => `'${p.replace(/'/g, `'\\''`)}'`;
+
+/**
+ * Start QEMU daemonized (it outlives this process) and already inside the sandbox's cgroup (a
+ * shell joins it, then execs QEMU: no moment outside its limits, nothing gc cannot find);
+ * resolves with its pid once it is running.
+ */
+export async function startQemu(runDir: string, c: VmConfig, incoming: boolean, cgroupProcs: string[] = []): Promise<number> {
   const f = vmFiles(runDir);
   const { openSync, closeSync } = await import('node:fs');
   const log = openSync(f.log, 'a');
-  const child = spawn(QEMU, qemuArgs(runDir, c, incoming), { stdio: ['ignore', log, log], detached: true });
+  const join = 'for f in $SNAPLAB_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"';
+  const child = spawn('/bin/sh', ['-c', join, 'snaplab-qemu', QEMU, ...qemuArgs(runDir, c, incoming)], {
+    stdio: ['ignore', log, log],
+    detached: true,
+    env: { ...process.env, SNAPLAB_CGROUP_PROCS: cgroupProcs.join(' ') },
+  });
   closeSync(log);
   const code = await new Promise<number>((resolve, reject) => {
     child.once('error', (e) => reject(new SnaplabError('DRIVER_UNAVAILABLE', `cannot start ${QEMU}: ${e.message}`, 'apt-get install qemu-system-x86')));
     child.once('exit', (c2) => resolve(c2 ?? 1));
   });
   if (code !== 0) {
-    const text = (await readFile(f.log, 'utf8').catch(() => '')).trim().split('\n').slice(-5).join('\n');
-    throw new SnaplabError('LAUNCH_FAILED', `${QEMU} exited ${code}: ${text || 'no output'}`, `see ${f.log}`);
+    throw new SnaplabError('LAUNCH_FAILED', `${QEMU} exited ${code}: ${(await logTail(runDir)) || 'no output'}`, code === 125 ? 'could not join the sandbox\'s cgroup: run `snaplab doctor`' : 'check the VM settings (--memory at least 64M)');
   }
   const pid = Number((await readFile(f.pid, 'utf8')).trim());
   if (!pid) throw new SnaplabError('LAUNCH_FAILED', `${QEMU} wrote no pid file`, `see ${f.log}`);

@@ -112,9 +112,14 @@ export class QmpClient {
   /** Poll `query-migrate` until the migration completes or fails. */
   async waitMigration(timeoutMs: number): Promise<Record<string, unknown>> {
     const end = Date.now() + timeoutMs;
+    const started = Date.now();
     for (;;) {
       const st = await this.execute<Record<string, unknown>>('query-migrate');
       if (st.status === 'completed') return st;
+      // no status at all a second in: the migration never started (its stream could not be opened)
+      if (st.status === undefined && Date.now() - started > 1000) {
+        throw new SnaplabError('VM_ERROR', 'the migration did not start: its stream could not be read or written', 'check the snapshot\'s memory file');
+      }
       if (st.status === 'failed' || st.status === 'cancelled') {
         throw new SnaplabError('VM_ERROR', `migration ${String(st.status)}: ${String(st['error-desc'] ?? '')}`, 'see the VM log');
       }
