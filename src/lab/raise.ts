@@ -85,11 +85,15 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       // a restored machine: the clock from the host, and an identity of its own, so that several
       // restores of one snapshot can run side by side
       await trace.phase('clock set', () => raised.agent.setClock(BigInt(Date.now()) * 1_000_000n));
-      // one command sets both, and is the first command run in the restored machine
+      // one command sets both and reseeds the guest's random pool (every restore of a snapshot
+      // would otherwise start from the same entropy), and is the first command run in the copy
       await trace.phase('identity', async () => {
         const id = randomBytes(16).toString('hex');
-        const h = await raised.agent.exec({ argv: ['sh', '-c', 'hostname "$1" && echo "$2" > /etc/machine-id', 'sh', input.hostname ?? name, id], env: DEFAULT_ENV }).result;
-        if (h.exitCode !== 0) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${h.stderr.toString().trim()}`);
+        const h = raised.agent.exec({ argv: ['sh', '-c', 'hostname "$1" && echo "$2" > /etc/machine-id && cat > /dev/urandom', 'sh', input.hostname ?? name, id], env: DEFAULT_ENV, stdin: true });
+        h.write(randomBytes(512));
+        h.end();
+        const r = await h.result;
+        if (r.exitCode !== 0) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${r.stderr.toString().trim()}`);
       });
     }
     const first = input.memory ? { exitCode: 0, stderr: Buffer.alloc(0) } : await trace.phase('first exec', () => raised.agent.exec({ argv: ['true'], env: DEFAULT_ENV }).result);
