@@ -11,7 +11,7 @@ fi
 
 # bubblewrap: the namespace launcher; busybox-static: the built-in image; btrfs-progs: CoW storage;
 # gcc, make, libc6-dev, libseccomp-dev: the static agent; iproute2, zstd, xz-utils: tests and image import.
-pkgs=(bubblewrap busybox-static btrfs-progs gcc make libc6-dev libseccomp-dev iproute2 zstd xz-utils util-linux qemu-system-x86 lz4 cpio)
+pkgs=(bubblewrap busybox-static btrfs-progs gcc make libc6-dev libseccomp-dev iproute2 zstd xz-utils util-linux qemu-system-x86 qemu-utils e2fsprogs lz4 cpio)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,6 @@
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { DISK_IN_VOLUME } from '../src/drivers/qemu/disk.js';
+import { run } from '../src/host/run.js';
 import { QmpClient } from '../src/drivers/qemu/qmp.js';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -75,9 +77,27 @@ describe('the qemu driver', () => {
     expect(Math.abs(Number(await out(vm, ['date', '+%s'])) - Date.now() / 1000)).toBeLessThan(1.5);
   }, 60_000);
 
-  it('a filesystem-only snapshot of a VM is refused with a hint', async () => {
-    await expect(vm.snapshot('nope')).rejects.toMatchObject({ code: 'BAD_INPUT', hint: expect.stringMatching(/--memory/) });
-  });
+  it('a filesystem snapshot of a VM keeps its disk as the guest wrote it; a restore boots from it', async () => {
+    await vm.exec(['sh', '-c', 'echo kept > /root/disk-file']); // no sync here: the snapshot has the guest sync
+    const snap = await vm.snapshot('vm-disk');
+    expect(snap.record.memory ?? null).toBeNull();
+    expect(snap.lastTrace!.phases.map((p) => p.name)).toEqual(expect.arrayContaining(['guest sync', 'freeze', 'snapshot storage', 'thaw']));
+    await vm.exec(['sh', '-c', 'echo later > /root/later']);
+    const r = await lab.restore('vm-disk', { name: 'vm-disk-r' });
+    expect(r.driver).toBe('qemu');
+    expect(await out(r, ['cat', '/root/disk-file'])).toBe('kept');
+    expect((await r.exec(['test', '-e', '/root/later'])).exitCode).toBe(1);
+    expect(await out(r, ['hostname'])).toBe('vm-disk-r');
+    // its root is a disk of its own: ext4 on a qcow2 overlay in its volume, whose backing file
+    // is the image's base disk, shared and read only
+    expect(await out(r, ['sh', '-c', 'grep " / " /proc/mounts'])).toMatch(/^\/dev\/vda \/ ext4 /);
+    const info = JSON.parse((await run('qemu-img', ['info', '-U', '--output=json', join(r.info.volume!.path, DISK_IN_VOLUME)])).stdout) as Record<string, string>;
+    expect(info.format).toBe('qcow2');
+    expect(info['backing-filename']!.startsWith(join(lab.home, 'qemu', 'disks') + '/')).toBe(true);
+    expect(statSync(info['backing-filename']!).mode & 0o222).toBe(0);
+    await r.destroy();
+    await lab.removeSnapshot('vm-disk');
+  }, 120_000);
 
   it('killing QEMU mid-snapshot gives a clear error and leaves nothing gc cannot remove', async () => {
     const victim = await lab.create({ driver: 'qemu', name: 'vm-kill' });

@@ -7,8 +7,10 @@ export interface MachineSpec {
   id: string;
   hostname: string;
   limits: Limits;
-  /** directory that becomes the machine's root filesystem */
+  /** directory that becomes the machine's root filesystem (a VM keeps its disk in it) */
   rootfs: string;
+  /** the volume `rootfs` was cloned from: a VM makes its base disk from an image's */
+  source?: { id: string; path: string };
   /** join this existing network namespace (a path, e.g. /run/netns/snaplab-…) instead of a new loopback-only one */
   netns?: string;
 }
@@ -30,6 +32,11 @@ export interface RaisedMachine {
 export interface DriverCapabilities {
   pause: boolean;
   memorySnapshot: boolean;
+  /**
+   * the guest caches its own writes (a VM's kernel): before a filesystem snapshot the lab has the
+   * agent `sync`, and pausing alone does not make the disk whole
+   */
+  guestCache: boolean;
 }
 
 /** Why a machine is no longer there, as far as the host can tell. */
@@ -62,10 +69,13 @@ export interface Driver {
   destroy(handle: MachineHandle): Promise<void>;
   /** Host objects this driver made whose ids are not live; remove them, describe each. */
   gc(liveIds: Set<string>): Promise<string[]>;
-  /** (capabilities.memorySnapshot) pause, write the whole machine state to `dir`, resume */
+  /**
+   * (capabilities.memorySnapshot) write the whole machine state to `dir`. The lab pauses the
+   * machine first and snapshots its volume while it is paused, so memory and disk agree.
+   */
   snapshotMemory?(handle: MachineHandle, dir: string, trace: Trace): Promise<MemoryImage>;
-  /** (capabilities.memorySnapshot) a new machine continuing from a memory snapshot */
-  restoreMemory?(spec: Omit<MachineSpec, 'rootfs'>, image: MemoryImage, trace: Trace): Promise<RaisedMachine>;
+  /** (capabilities.memorySnapshot) a new machine continuing from a memory snapshot, on `rootfs` cloned from the snapshot's volume */
+  restoreMemory?(spec: MachineSpec, image: MemoryImage, trace: Trace): Promise<RaisedMachine>;
 }
 
 export interface MemoryImage {

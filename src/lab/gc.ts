@@ -1,3 +1,4 @@
+import { gcBaseDisks } from '../drivers/qemu/disk.js';
 import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { loopDevicesBackedUnder, detachLoop } from '../host/loops.js';
@@ -51,6 +52,8 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   for (const s of sandboxes) if (s.volume) volumeIds.add(s.volume.id);
   for (const s of ctx.store.listSnapshots()) volumeIds.add(s.volume.id);
   for (const iv of ctx.store.listImageVolumes()) volumeIds.add(iv.volume.id);
+  // VM base disks of image volumes that are gone
+  removed.push(...(await gcBaseDisks(ctx.home, new Set(ctx.store.listImageVolumes().map((iv) => iv.volume.id)))));
   // memory snapshots (VM driver) no record names any more
   const memoryDirs = new Set(ctx.store.listSnapshots().map((x) => x.memory?.dir).filter((d): d is string => !!d));
   for (const d of await readdir(join(ctx.home, 'snapshots')).catch(() => [] as string[])) {

@@ -75,9 +75,10 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     if (cloned.status === 'rejected') throw cloned.reason;
     const volume = cloned.value;
     if (prepared.status === 'rejected') throw prepared.reason;
+    const spec = { ...machine, rootfs: volume.path, source: { id: base.id, path: base.path } };
     const raised = input.memory && driver.restoreMemory
-      ? await driver.restoreMemory(machine, input.memory, trace)
-      : await driver.raise({ ...machine, rootfs: volume.path }, trace, signal);
+      ? await driver.restoreMemory(spec, input.memory, trace)
+      : await driver.raise(spec, trace, signal);
     agent = raised.agent;
     record.pid = raised.handle.pid;
     record.pidStart = raised.handle.pidStart;

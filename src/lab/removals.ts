@@ -1,5 +1,6 @@
 import { rm } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
+import { baseDiskPath } from '../drivers/qemu/disk.js';
 import type { LabContext } from './context.js';
 import type { Trace } from '../timing/trace.js';
 
@@ -25,6 +26,8 @@ export async function removeImage(ctx: LabContext, name: string, trace: Trace): 
   for (const iv of ctx.store.listImageVolumes(name)) {
     const backend = await ctx.readyBackend(iv.storage);
     await trace.phase(`delete ${iv.storage} volume`, () => backend.delete(iv.volume));
+    // the VM driver's base disk made from it, if any (nothing uses it: no sandbox, no snapshot)
+    await rm(baseDiskPath(ctx.home, iv.volume.id), { force: true });
   }
   ctx.store.deleteImage(name);
   await trace.phase('delete tree', () => ctx.images.removeTree(name));

@@ -7,6 +7,8 @@ import { deadError } from '../drivers/namespaces/driver.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { cgroupFor, oomKills } from '../host/cgroups.js';
 import type { SandboxRecord, SnapshotRecord } from '../store/records.js';
+import type { MemoryImage } from '../drivers/driver.js';
+import type { Volume } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { mergeEnv } from './exec.js';
@@ -116,66 +118,64 @@ async function underStateLock<T>(ctx: LabContext, s: SandboxRecord, fn: () => Pr
 /**
  * Freeze the sandbox, snapshot its filesystem, thaw it (even when the snapshot fails). With
  * `memory`, the whole machine state too (drivers that can: VMs), so a restore continues it.
+ * `agent` gives the connection to use when the guest must first write its cache to its disk (a
+ * VM takes one agent connection at a time: the caller's own, if it holds one).
  */
-export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace, memory = false): Promise<SnapshotRecord> {
+export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace, memory = false, agent?: () => Promise<AgentClient>): Promise<SnapshotRecord> {
   checkName('snapshot', name);
   const driver = ctx.driver(s.driver);
   if (memory && !driver.snapshotMemory) {
     throw new SnaplabError('BAD_INPUT', `the ${s.driver} driver cannot snapshot memory: processes do not survive its snapshots`, 'drop --memory (a filesystem snapshot), or use --driver qemu');
   }
-  if (!memory && driver.snapshotMemory) {
-    throw new SnaplabError('BAD_INPUT', `a ${s.driver} sandbox keeps its filesystem in its memory`, `snapshot it with --memory: snaplab snapshot ${s.name} --name ${name} --memory`);
-  }
-  if (memory) return underStateLock(ctx, s, () => memorySnapshot(ctx, s, name, trace));
-  return underStateLock(ctx, s, () => snapshotLocked(ctx, s, name, trace));
-}
-
-async function memorySnapshot(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace): Promise<SnapshotRecord> {
-  if (ctx.store.getSnapshot(name)) {
-    throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
-  }
-  await ensureUsable(ctx, s);
-  const driver = ctx.driver(s.driver);
-  return inflight(ctx, 'snapshot', async () => {
-    const dir = join(ctx.home, 'snapshots', newId());
-    const image = await driver.snapshotMemory!(handleOf(s), dir, trace).catch(async (e: unknown) => {
-      await rm(dir, { recursive: true, force: true });
-      throw e;
+  return underStateLock(ctx, s, async () => {
+    if (ctx.store.getSnapshot(name)) {
+      throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
+    }
+    if (s.state !== 'paused') await ensureUsable(ctx, s);
+    if (!s.volume) throw new SnaplabError('INTERNAL', `sandbox ${s.name} has no volume recorded`);
+    const wasPaused = s.state === 'paused';
+    // a filesystem snapshot of a VM: its kernel's dirty pages first (a memory snapshot has them)
+    if (!memory && driver.capabilities.guestCache && !wasPaused) {
+      await trace.phase('guest sync', async () => {
+        const r = await execIn(ctx, s, agent ? await agent() : await connectAgent(ctx, s), ['sync']);
+        if (r.exitCode !== 0) throw new SnaplabError('AGENT_ERROR', `sync in ${s.name} failed (exit ${r.exitCode}): ${r.stderr.toString().trim()}`, 'does the image have sync (busybox has)?');
+      });
+    }
+    if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s)));
+    return inflight(ctx, 'snapshot', async () => {
+      let volume: Volume | undefined;
+      let image: MemoryImage | undefined;
+      let failed = true;
+      const backend = await ctx.readyBackend(s.storage);
+      const dir = join(ctx.home, 'snapshots', newId());
+      try {
+        // memory and disk are taken while the machine stands still, so they agree
+        volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
+        if (memory) image = await driver.snapshotMemory!(handleOf(s), dir, trace);
+        failed = false;
+      } catch (e) {
+        if (volume) await backend.delete(volume).catch(() => undefined);
+        await rm(dir, { recursive: true, force: true });
+        throw e;
+      } finally {
+        // a failed thaw must not hide why the snapshot failed
+        if (!wasPaused) await trace.phase('thaw', () => driver.resume(handleOf(s))).catch((e: unknown) => { if (!failed) throw e; });
+      }
+      if (!volume) throw new SnaplabError('INTERNAL', 'no volume after a snapshot');
+      const rec: SnapshotRecord = {
+        name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now(),
+        driver: s.driver, memory: image ? { ...image, driver: s.driver } : null,
+      };
+      try {
+        ctx.store.insertSnapshot(rec);
+      } catch (e) {
+        await backend.delete(volume);
+        await rm(dir, { recursive: true, force: true });
+        if (/UNIQUE/.test(String(e))) throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
+        throw e;
+      }
+      return rec;
     });
-    const backend = await ctx.readyBackend(s.storage);
-    const volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
-    const rec: SnapshotRecord = { name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now(), memory: { ...image, driver: s.driver } };
-    ctx.store.insertSnapshot(rec);
-    return rec;
-  });
-}
-
-async function snapshotLocked(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace): Promise<SnapshotRecord> {
-  if (ctx.store.getSnapshot(name)) {
-    throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
-  }
-  if (s.state !== 'paused') await ensureUsable(ctx, s);
-  if (!s.volume) throw new SnaplabError('INTERNAL', `sandbox ${s.name} has no volume recorded`);
-  const driver = ctx.driver(s.driver);
-  const backend = await ctx.readyBackend(s.storage);
-  const wasPaused = s.state === 'paused';
-  if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s)));
-  return inflight(ctx, 'snapshot', async () => {
-    let volume;
-    try {
-      volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
-    } finally {
-      if (!wasPaused) await trace.phase('thaw', () => driver.resume(handleOf(s)));
-    }
-    const rec: SnapshotRecord = { name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now() };
-    try {
-      ctx.store.insertSnapshot(rec);
-    } catch (e) {
-      await backend.delete(volume);
-      if (/UNIQUE/.test(String(e))) throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
-      throw e;
-    }
-    return rec;
   });
 }
 

@@ -79,7 +79,7 @@ export class Lab {
       return raiseSandbox(
         this.ctx,
         {
-          name: opts.name, image: snap.image, storage: snap.storage, driver: snap.memory?.driver ?? 'namespaces',
+          name: opts.name, image: snap.image, storage: snap.storage, driver: snap.memory?.driver ?? snap.driver ?? 'namespaces',
           // a memory snapshot continues a machine of a fixed size: its limits come with it
           limits: opts.limits && !snap.memory ? withDefaults(opts.limits) : snap.limits,
           base: async () => snap.volume, origin: snap.name, memory: snap.memory ?? undefined,

@@ -59,11 +59,21 @@ export class Sandbox {
   }
 
   /**
-   * A consistent filesystem snapshot: the sandbox is frozen while it is taken. Processes are not
-   * saved, except with `memory` (VM driver): then the whole machine continues after a restore.
+   * A consistent filesystem snapshot: the sandbox is frozen while it is taken (a VM writes its
+   * cache to its disk first). Processes are not saved, except with `memory` (VM driver): then the
+   * whole machine continues after a restore.
    */
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<Snapshot> {
-    const { result, trace } = await this.ctx.traced('snapshot', this.name, (t) => snapshotSandbox(this.ctx, this.record, name, t, opts.memory));
+    const { result, trace } = await this.ctx.traced('snapshot', this.name, async (t) => {
+      const wasRunning = this.record.state === 'running';
+      const rec = await snapshotSandbox(this.ctx, this.record, name, t, opts.memory, () => this.connection());
+      // a VM's clock stood still while it was paused for the snapshot
+      if (wasRunning && this.ctx.driver(this.record.driver).capabilities.memorySnapshot) {
+        const agent = await this.connection();
+        await t.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
+      }
+      return rec;
+    });
     return new Snapshot(result, trace);
   }
 

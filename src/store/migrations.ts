@@ -100,4 +100,7 @@ export const migrations: string[] = [
   ALTER TABLE sandboxes ADD COLUMN baseline TEXT;
   CREATE INDEX sandboxes_pool ON sandboxes(pool, state);
   `,
+  `
+  ALTER TABLE snapshots ADD COLUMN driver TEXT;
+  `,
 ];

@@ -74,6 +74,8 @@ export interface SnapshotRecord {
   volume: Volume;
   limits: Limits;
   createdAt: number;
+  /** the driver of the sandbox it was taken from (a VM's volume holds its disk, not a tree); absent: namespaces */
+  driver?: string | null;
   /** a memory snapshot (VM driver): the whole machine state, and the driver it needs */
   memory?: { dir: string; bytes: number; driver: string } | null;
 }

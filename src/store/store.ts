@@ -71,6 +71,7 @@ function toSnapshot(r: Row): SnapshotRecord {
     limits: json(r.limits),
     createdAt: r.created_at as number,
     memory: r.memory ? json(r.memory) : null,
+    driver: (r.driver as string | null) ?? null,
   };
 }
 
@@ -245,8 +246,8 @@ export class Store {
     return (this.stmt('SELECT * FROM snapshots ORDER BY created_at').all() as Row[]).map(toSnapshot);
   }
   insertSnapshot(s: SnapshotRecord): void {
-    this.stmt('INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)')
-      .run(s.name, s.id, s.sandbox, s.image, s.storage, JSON.stringify(s.volume), JSON.stringify(s.limits), s.createdAt, s.memory ? JSON.stringify(s.memory) : null);
+    this.stmt('INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)')
+      .run(s.name, s.id, s.sandbox, s.image, s.storage, JSON.stringify(s.volume), JSON.stringify(s.limits), s.createdAt, s.memory ? JSON.stringify(s.memory) : null, s.driver ?? null);
   }
   deleteSnapshot(name: string): void {
     this.stmt('DELETE FROM snapshots WHERE name = ?').run(name);

@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { copyFile, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { copyFile, link, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
@@ -11,7 +11,8 @@ import { which } from '../../host/run.js';
 import { VM_DEFAULT_MEMORY } from '../../lab/limits.js';
 import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, RaisedMachine } from '../driver.js';
-import { buildInitramfs, ensureGuestKernel, qemuKernelArgs } from './guest.js';
+import { ensureGuestKernel, ensureInitramfs, qemuKernelArgs } from './guest.js';
+import { createOverlay, ensureBaseDisk, volumeDisk } from './disk.js';
 import { QEMU, logTail, shellQuote, startQemu, vmFiles, type VmConfig } from './launch.js';
 import { QmpClient } from './qmp.js';
 import { killAndSweep } from '../teardown.js';
@@ -29,14 +30,14 @@ const VM_CAPABILITIES = [...SANDBOX_CAPABILITIES, 'CAP_SYS_TIME', 'CAP_SYS_ADMIN
 const VMM_OVERHEAD = 256 * 1024 * 1024;
 
 /**
- * The VM driver: a QEMU machine per sandbox, booted from a Debian cloud kernel and an initramfs
- * holding the sandbox's root filesystem and the agent (PID 1), which it serves over a
- * virtio-serial port. KVM only where a test boot proves it works, else emulation (TCG).
- * The guest's filesystem lives in its memory, so its snapshots are memory snapshots.
+ * The VM driver: a QEMU machine per sandbox, booted from a Debian cloud kernel and a small
+ * initramfs that mounts the VM's root disk (a qcow2 overlay, kept in the sandbox's volume, on a
+ * base disk made from the image) and runs the agent as PID 1, served over a virtio-serial port.
+ * KVM only where a test boot proves it works, else emulation (TCG).
  */
 export class QemuDriver implements Driver {
   readonly name = 'qemu';
-  readonly capabilities = { pause: true, memorySnapshot: true };
+  readonly capabilities = { pause: true, memorySnapshot: true, guestCache: true };
 
   constructor(private readonly home: string) {}
 
@@ -68,12 +69,32 @@ export class QemuDriver implements Driver {
 
   private async config(spec: MachineSpec, trace: Trace): Promise<VmConfig> {
     const kernel = await trace.phase('guest kernel', () => ensureGuestKernel(this.home));
-    const initrd = await trace.phase('initramfs', () =>
-      buildInitramfs({ home: this.home, kernel, rootfs: spec.rootfs, agent: agentBinaryPath(), out: join(this.runDir(spec.id), 'initrd.cpio.gz'), machine: 'pc', caps: VM_CAPABILITIES }),
-    );
-    const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
+    const initrd = await trace.phase('initramfs', () => this.initramfs(spec.id, kernel));
+    const disk = await trace.phase('root disk', () => this.rootDisk(spec));
+    const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, disk, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
     const accel = await trace.phase('acceleration', () => chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })));
     return { ...base, accel };
+  }
+
+  /** The shared initramfs (cached), linked into the VM's run directory: it outlives a cache rebuild. */
+  private async initramfs(id: string, kernel: Awaited<ReturnType<typeof ensureGuestKernel>>): Promise<string> {
+    const cached = await ensureInitramfs({ home: this.home, kernel, agent: agentBinaryPath(), machine: 'pc', caps: VM_CAPABILITIES });
+    const mine = join(this.runDir(id), 'initrd.cpio.gz');
+    await rm(mine, { force: true });
+    await link(cached, mine).catch(() => copyFile(cached, mine));
+    return mine;
+  }
+
+  /**
+   * The VM's disk in its volume: already there when the volume is a clone of a VM's snapshot,
+   * else a new overlay on the base disk of the image the volume was cloned from.
+   */
+  private async rootDisk(spec: MachineSpec): Promise<string> {
+    const disk = volumeDisk(spec.rootfs);
+    if (existsSync(disk)) return disk;
+    if (!spec.source) throw new SnaplabError('INTERNAL', `no disk in ${spec.rootfs} and no image to make one from`);
+    await createOverlay(await ensureBaseDisk(this.home, spec.source), disk);
+    return disk;
   }
 
   /** Does a guest reach its agent under this acceleration within a short time? (KVM hangs on some hosts.) */
@@ -148,40 +169,43 @@ export class QemuDriver implements Driver {
     await this.qmp(handle, (q) => q.execute('cont'));
   }
 
-  /** Pause, write the whole machine state (memory, devices, the RAM filesystem) to `dir`, resume. */
+  /**
+   * Write the whole machine state (memory, devices) to `dir`; the lab has paused the VM (QEMU
+   * flushed its disk then) and snapshotted its volume, and resumes it after.
+   */
   async snapshotMemory(handle: MachineHandle, dir: string, trace: Trace): Promise<MemoryImage> {
     await mkdir(dir, { recursive: true });
     // the restore starts QEMU with the same kernel and initramfs: the initramfs goes with the
     // snapshot (the VM's run directory goes when it is destroyed; the kernel cache stays)
     const config = JSON.parse(await readFile(join(this.runDir(handle.id), 'vm.json'), 'utf8')) as VmConfig;
-    await copyFile(config.initrd, join(dir, 'initrd.cpio.gz'));
+    await link(config.initrd, join(dir, 'initrd.cpio.gz')).catch(() => copyFile(config.initrd, join(dir, 'initrd.cpio.gz')));
     await writeFile(join(dir, 'vm.json'), JSON.stringify({ ...config, initrd: join(dir, 'initrd.cpio.gz') }));
     await this.qmp(handle, async (q) => {
-      await q.execute('stop', undefined, trace);
-      try {
-        await trace.phase('save memory', async () => {
-          await q.execute('migrate', { uri: `exec:cat > ${shellQuote(join(dir, 'memory'))}` });
-          await q.waitMigration(120_000).catch(async (e: unknown) => {
-            await q.execute('migrate_cancel').catch(() => undefined);
-            throw e;
-          });
+      await q.execute('stop', undefined, trace); // already stopped by the lab: a no-op then
+      await trace.phase('save memory', async () => {
+        await q.execute('migrate', { uri: `exec:cat > ${shellQuote(join(dir, 'memory'))}` });
+        await q.waitMigration(120_000).catch(async (e: unknown) => {
+          await q.execute('migrate_cancel').catch(() => undefined);
+          throw e;
         });
-      } finally {
-        await q.execute('cont', undefined, trace);
-      }
+      });
     });
     const { size } = await stat(join(dir, 'memory'));
     return { dir, bytes: size };
   }
 
   /** A new VM that continues from a memory snapshot: same devices and memory size, then resumed. */
-  async restoreMemory(spec: Omit<MachineSpec, 'rootfs'>, image: MemoryImage, trace: Trace): Promise<RaisedMachine> {
+  async restoreMemory(spec: MachineSpec, image: MemoryImage, trace: Trace): Promise<RaisedMachine> {
     await this.prepare(spec, trace);
     const snapped = JSON.parse(await readFile(join(image.dir, 'vm.json'), 'utf8')) as VmConfig;
     // the copy keeps its own initramfs: the snapshot may be removed while the copy lives on
     const initrd = join(this.runDir(spec.id), 'initrd.cpio.gz');
-    await copyFile(snapped.initrd, initrd);
-    const config = { ...snapped, initrd };
+    await rm(initrd, { force: true });
+    await link(snapped.initrd, initrd).catch(() => copyFile(snapped.initrd, initrd));
+    // its disk is the one in its volume, a clone of the snapshot's, taken with the memory
+    const disk = volumeDisk(spec.rootfs);
+    if (!existsSync(disk)) throw new SnaplabError('SNAPSHOT_NOT_FOUND', `the snapshot's volume has no VM disk (${disk})`, 'take a new memory snapshot; this one cannot be restored');
+    const config = { ...snapped, initrd, disk };
     await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
     return this.start(spec.id, config, trace, image);
   }

@@ -1,7 +1,11 @@
 /** Where the initramfs puts a static busybox for /init alone (removed before the agent starts). */
 export const INIT_BUSYBOX = '/.snaplab/busybox';
-/** Where the agent lives in the guest. */
+/** Where the agent lives in the initramfs. */
 export const GUEST_AGENT_PATH = '/sbin/snaplab-agent';
+/** Where /init puts it in the guest's root: a tmpfs /run, as the namespaces driver does. */
+export const GUEST_AGENT_RUN_PATH = '/run/snaplab/agent';
+/** The root disk's block device (`-device virtio-blk-pci`, the first and only disk). */
+export const ROOT_DEVICE = '/dev/vda';
 /** The virtio-serial port's name (`-device virtserialport,name=snaplab`). */
 export const PORT_NAME = 'snaplab';
 
@@ -10,6 +14,8 @@ const q = (s: string): string => `'${s.replace(/'/g, `'\\''`)}'`;
 /**
  * The guest's /init (PID 1 until it execs the agent), a busybox sh script that does not depend on
  * the image having a shell: it runs under the host's static busybox, shipped at INIT_BUSYBOX.
+ * It mounts the root disk (ext4 on ROOT_DEVICE), moves /proc, /sys and /dev into it, puts the
+ * agent on a fresh tmpfs /run and switches root to it, the agent becoming PID 1.
  * Lines it prints to /dev/console start with `snaplab-init:` so that the host can find them in
  * the serial log.
  */
@@ -23,15 +29,13 @@ export PATH
 say() { echo "snaplab-init: $*" >/dev/console 2>/dev/null || echo "snaplab-init: $*"; }
 die() { say "FATAL: $*"; $BB sleep 1; $BB poweroff -f; exit 1; }
 
-$BB mkdir -p /proc /sys /dev /run /tmp
+$BB mkdir -p /proc /sys /dev
 $BB mount -t proc -o nosuid,nodev,noexec proc /proc
 $BB mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
 $BB mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev 2>/dev/null
 exec </dev/console >/dev/console 2>&1
 $BB mkdir -p /dev/pts /dev/shm
 $BB mount -t devpts -o nosuid,noexec,gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
-$BB mount -t tmpfs -o nosuid,nodev,mode=0755 tmpfs /run
-$BB mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /tmp
 $BB mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /dev/shm
 
 # modules, dependencies first (modules.dep order)
@@ -39,11 +43,21 @@ for m in ${opts.modules.map(q).join(' ')}; do
   $BB insmod "$m" || say "insmod $m failed"
 done
 
+# the root disk (devtmpfs makes the node when virtio_blk finds it), within 2 s
+i=0
+while [ ! -b ${ROOT_DEVICE} ]; do
+  i=$((i + 1))
+  [ "$i" -lt 200 ] || die "no root disk ${ROOT_DEVICE}"
+  $BB usleep 10000
+done
+$BB mkdir -p /newroot
+$BB mount -t ext4 -o noatime ${ROOT_DEVICE} /newroot || die "cannot mount the root disk ${ROOT_DEVICE}"
+
 h=
 for w in $($BB cat /proc/cmdline); do
   case "$w" in snaplab.hostname=*) h="\${w#snaplab.hostname=}" ;; esac
 done
-[ -z "$h" ] && [ -r /etc/hostname ] && h=$($BB head -n 1 /etc/hostname)
+[ -z "$h" ] && [ -r /newroot/etc/hostname ] && h=$($BB head -n 1 /newroot/etc/hostname)
 case "$h" in
   ''|*[!A-Za-z0-9._-]*) ;;
   *) $BB hostname "$h" && say "hostname $h" ;;
@@ -72,8 +86,13 @@ done
 [ -n "$port" ] || die "no virtio port named ${PORT_NAME}"
 say "port $port"
 
-$BB rm -rf /.snaplab
+# into the disk: the kernel's mounts move along, the agent gets a fresh /run of its own
+for d in proc sys dev run; do $BB mkdir -p /newroot/$d; done
+$BB mount -t tmpfs -o nosuid,nodev,mode=0755 tmpfs /newroot/run || die "cannot mount /run"
+$BB mkdir -p /newroot${GUEST_AGENT_RUN_PATH.slice(0, GUEST_AGENT_RUN_PATH.lastIndexOf('/'))}
+$BB cp ${GUEST_AGENT_PATH} /newroot${GUEST_AGENT_RUN_PATH} && $BB chmod 0555 /newroot${GUEST_AGENT_RUN_PATH} || die "cannot install the agent"
+for d in proc sys dev; do $BB mount -o move /$d /newroot/$d || die "cannot move /$d"; done
 cd /
-exec ${GUEST_AGENT_PATH} serve --stream "$port" --caps ${q(opts.caps.join(','))}
+exec $BB switch_root /newroot ${GUEST_AGENT_RUN_PATH} serve --stream "$port" --caps ${q(opts.caps.join(','))}
 `;
 }

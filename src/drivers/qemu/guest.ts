@@ -4,17 +4,18 @@
  * the kernel command line. See docs/qemu-notes.md for the measurements behind the choices.
  */
 import { existsSync, readFileSync } from 'node:fs';
-import { chmod, copyFile, mkdir, mkdtemp, readFile, readdir, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
+import { chmod, copyFile, mkdir, mkdtemp, readFile, readdir, rename, rm, utimes, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
 import { basename, dirname, join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { isDynamicElf } from '../../host/elf.js';
 import { run, which } from '../../host/run.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
-import { gzipConcat, listTree, lstatOrUndefined, writeNewc } from './guest-cpio.js';
+import { gzipConcat, listTree, writeNewc } from './guest-cpio.js';
 import { GUEST_AGENT_PATH, INIT_BUSYBOX, initScript } from './guest-init.js';
 
 export { listInitramfs, readInitramfsFile, type CpioEntry } from './guest-cpio.js';
-export { GUEST_AGENT_PATH, PORT_NAME } from './guest-init.js';
+export { GUEST_AGENT_PATH, GUEST_AGENT_RUN_PATH, PORT_NAME, ROOT_DEVICE } from './guest-init.js';
 
 export type Machine = 'pc' | 'microvm';
 
@@ -31,8 +32,9 @@ export interface GuestKernel {
 const KERNEL_METAPACKAGE = 'linux-image-cloud-amd64';
 /** Modules the guest needs, by machine; their dependencies are added from modules.dep. */
 export const GUEST_MODULES: Record<Machine, readonly string[]> = {
-  pc: ['virtio_pci', 'virtio_console'],
-  microvm: ['virtio_mmio', 'virtio_console'],
+  // ext4 checksums its metadata with crc32c, which it asks the crypto API for (no module dependency)
+  pc: ['virtio_pci', 'virtio_console', 'virtio_blk', 'crc32c_generic', 'ext4'],
+  microvm: ['virtio_mmio', 'virtio_console', 'virtio_blk', 'crc32c_generic', 'ext4'],
 };
 /** lz4 legacy-frame magic: where the compressed vmlinux starts inside Debian's vmlinuz. */
 const LZ4_LEGACY_MAGIC = Buffer.from([0x02, 0x21, 0x4c, 0x18]);
@@ -288,45 +290,61 @@ async function staticBusybox(): Promise<string> {
 export interface InitramfsOptions {
   home: string;
   kernel: GuestKernel;
-  /** a snaplab image tree (e.g. the busybox image's rootfs) */
-  rootfs: string;
   /** the static agent, native/build/snaplab-agent */
   agent: string;
-  out: string;
   machine: Machine;
   /** capabilities the agent lets commands keep (default: the namespaces driver's set) */
   caps?: readonly string[];
 }
 
-/** Fixed mtime for what snaplab adds, so that its part of the archive does not change between builds. */
+/** Fixed mtime for the archive's entries, so that a build does not change between runs. */
 const STAGE_MTIME = new Date(0);
 
+const inflightInitramfs = new Map<string, Promise<string>>();
+
 /**
- * A gzip'd initramfs (`out`, written atomically): the image's tree as one newc archive, followed by
- * a second that adds /init, the agent at /sbin/snaplab-agent, the virtio modules for `machine`
- * (and modules.dep) and the busybox /init runs under. The kernel unpacks both in order into one
- * rootfs. Directories the image already has (or has as symlinks, as usr-merged images do) are not
- * repeated in the second archive: the kernel would replace a symlink by a directory.
+ * The gzip'd initramfs every VM boots with: /init, the agent at /sbin/snaplab-agent, the virtio,
+ * block and ext4 modules for `machine` (and modules.dep), and the busybox /init runs under. It
+ * holds nothing of the image (the root filesystem is the VM's disk), so it is built once per
+ * kernel, agent, busybox and settings, and cached under `${home}/qemu/initrd/` by their hash;
+ * written atomically, so a crash leaves no half file.
  */
-export async function buildInitramfs(opts: InitramfsOptions): Promise<string> {
-  const rootSt = await stat(opts.rootfs).catch(() => undefined);
-  if (!rootSt?.isDirectory()) throw new SnaplabError('INTERNAL', `image tree ${opts.rootfs} is not a directory`);
+export async function ensureInitramfs(opts: InitramfsOptions): Promise<string> {
   if (!existsSync(opts.agent)) {
     throw new SnaplabError('INTERNAL', `agent binary not found at ${opts.agent}`, 'build it: make -C native (or npm run build:agent)');
   }
   if (isDynamicElf(opts.agent)) throw new SnaplabError('INTERNAL', `${opts.agent} is dynamically linked; the guest has no libc for it`, 'rebuild it: make -C native');
   const busybox = await staticBusybox();
-
   const { kernel } = opts;
   const md = parseModulesDep(await readFile(join(kernel.modulesDir, 'modules.dep'), 'utf8'));
   const modules = loadOrder(md, await readBuiltin(kernel.modulesDir), GUEST_MODULES[opts.machine], kernel.modulesDir);
   const guestModulesDir = `/lib/modules/${kernel.version}`;
+  const init = initScript({ modules: modules.map((m) => `${guestModulesDir}/${m}`), caps: opts.caps ?? SANDBOX_CAPABILITIES });
+  const key = createHash('sha256')
+    .update(JSON.stringify([kernel.version, opts.machine, init]))
+    .update(await readFile(opts.agent))
+    .update(await readFile(busybox))
+    .digest('hex')
+    .slice(0, 24);
+  const out = join(opts.home, 'qemu', 'initrd', `${key}.cpio.gz`);
+  if (existsSync(out)) return out;
+  let p = inflightInitramfs.get(out);
+  if (!p) {
+    p = writeInitramfs(opts, { out, init, busybox, modules, guestModulesDir }).finally(() => inflightInitramfs.delete(out));
+    inflightInitramfs.set(out, p);
+  }
+  return p;
+}
 
+async function writeInitramfs(
+  opts: InitramfsOptions,
+  b: { out: string; init: string; busybox: string; modules: string[]; guestModulesDir: string },
+): Promise<string> {
+  const { kernel } = opts;
   await mkdir(join(opts.home, 'qemu', 'tmp'), { recursive: true });
   const tmp = await mkdtemp(join(opts.home, 'qemu', 'tmp', 'initramfs-'));
-  const outTmp = `${opts.out}.tmp-${process.pid}-${Date.now()}`;
+  const outTmp = `${b.out}.tmp-${process.pid}-${Date.now()}`;
   try {
-    // the second archive's tree
     const stage = join(tmp, 'stage');
     const put = async (rel: string, from: string | { text: string }, mode: number): Promise<void> => {
       const dst = join(stage, rel);
@@ -335,27 +353,21 @@ export async function buildInitramfs(opts: InitramfsOptions): Promise<string> {
       else await writeFile(dst, from.text);
       await chmod(dst, mode);
     };
-    await put('init', { text: initScript({ modules: modules.map((m) => `${guestModulesDir}/${m}`), caps: opts.caps ?? SANDBOX_CAPABILITIES }) }, 0o755);
+    await put('init', { text: b.init }, 0o755);
     await put(GUEST_AGENT_PATH.slice(1), opts.agent, 0o755);
-    await put(INIT_BUSYBOX.slice(1), busybox, 0o755);
-    for (const m of modules) await put(`${guestModulesDir.slice(1)}/${m}`, join(kernel.modulesDir, m), 0o644);
+    await put(INIT_BUSYBOX.slice(1), b.busybox, 0o755);
+    for (const m of b.modules) await put(`${b.guestModulesDir.slice(1)}/${m}`, join(kernel.modulesDir, m), 0o644);
     const dep = (await readFile(join(kernel.modulesDir, 'modules.dep'), 'utf8'))
       .split('\n')
-      .filter((l) => modules.includes(l.slice(0, l.indexOf(':'))))
+      .filter((l) => b.modules.includes(l.slice(0, l.indexOf(':'))))
       .join('\n');
-    await put(`${guestModulesDir.slice(1)}/modules.dep`, { text: `${dep}\n` }, 0o644);
-
-    // directories the image has (as directories or symlinks) stay the image's
-    const extras = await listTree(stage, async (rel, isDir) => isDir && (await lstatOrUndefined(join(opts.rootfs, rel))) !== undefined);
+    await put(`${b.guestModulesDir.slice(1)}/modules.dep`, { text: `${dep}\n` }, 0o644);
     for (const rel of [...(await listTree(stage)), '.'].reverse()) await utimes(join(stage, rel), STAGE_MTIME, STAGE_MTIME);
-
-    const image = await listTree(opts.rootfs);
-    await writeNewc(opts.rootfs, image, join(tmp, 'image.cpio'));
-    await writeNewc(stage, extras, join(tmp, 'snaplab.cpio'), { rootOwner: true });
-    await mkdir(dirname(opts.out), { recursive: true });
-    await gzipConcat([join(tmp, 'image.cpio'), join(tmp, 'snaplab.cpio')], outTmp, 1);
-    await rename(outTmp, opts.out);
-    return opts.out;
+    await writeNewc(stage, await listTree(stage), join(tmp, 'snaplab.cpio'), { rootOwner: true });
+    await mkdir(dirname(b.out), { recursive: true });
+    await gzipConcat([join(tmp, 'snaplab.cpio')], outTmp, 1);
+    await rename(outTmp, b.out);
+    return b.out;
   } finally {
     await rm(outTmp, { force: true });
     await rm(tmp, { recursive: true, force: true });

@@ -10,6 +10,8 @@ export interface VmConfig {
   cpus: number;
   kernel: string;
   initrd: string;
+  /** the root disk: a qcow2 overlay (ROOT_DEVICE in the guest) */
+  disk: string;
   append: string;
 }
 
@@ -39,6 +41,9 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
     '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
     '-kernel', c.kernel, '-initrd', c.initrd, '-append', c.append,
     '-serial', `file:${f.serial}`,
+    // cache=writeback: QEMU flushes when it stops (pause, snapshot), so the host file is whole then
+    '-drive', `file=${c.disk.replace(/,/g, ',,')},if=none,id=root,format=qcow2,cache=writeback,discard=unmap`,
+    '-device', 'virtio-blk-pci,drive=root',
     '-device', 'virtio-serial-pci',
     '-chardev', `socket,path=${f.chardev},server=on,wait=off,id=agent`,
     '-device', 'virtserialport,chardev=agent,name=snaplab',
