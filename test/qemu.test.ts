@@ -99,6 +99,37 @@ describe('the qemu driver', () => {
     await lab.removeSnapshot('vm-disk');
   }, 120_000);
 
+  it('a pool of VM standbys: paused restores of one booted VM, each execution in a fresh one', async () => {
+    const pool = await lab.createPool({ name: 'vms', image: 'busybox', size: 2, driver: 'qemu', limits: {} });
+    const st = await pool.stats();
+    expect([st.driver, st.ready, st.recycle]).toEqual(['qemu', 2, false]);
+    // the template: a memory snapshot of a VM booted once; the VM itself is gone
+    const template = (await lab.snapshots()).find((x) => x.name === 'pool.vms');
+    expect(template?.record.memory?.driver).toBe('qemu');
+    expect((await lab.list()).map((x) => x.name)).not.toContain('pool.vms');
+    const argv = ['sh', '-c', 'echo $(hostname) $(cat /etc/machine-id) $(date +%s) $(cat /root/mark 2>/dev/null); echo used > /root/mark'];
+    const a = await pool.run(argv);
+    const b = await pool.run(argv);
+    expect([a.hit, b.hit, a.recycled, b.recycled]).toEqual([true, true, false, false]);
+    const [ha, ia, ta, markA] = a.stdout.toString().trim().split(' ');
+    const [hb, ib, tb, markB] = b.stdout.toString().trim().split(' ');
+    expect(ha).not.toBe(hb); // each restore has its own identity
+    expect(ia).not.toBe(ib);
+    expect(markA ?? markB).toBeUndefined(); // nothing one execution left reaches the next
+    for (const t of [ta, tb]) expect(Math.abs(Number(t) - Date.now() / 1000)).toBeLessThan(5); // the clock was set on take
+    const phases = a.trace.phases.map((p) => p.name);
+    expect(phases).toEqual(expect.arrayContaining(['thaw', 'clock set']));
+    expect(phases).not.toContain('load memory'); // a hit restores nothing: the standby was ready
+    const after = await pool.stats();
+    expect([after.hits, after.ready]).toEqual([2, 0]);
+    // a miss restores one on the spot
+    const c = await pool.run(['true']);
+    expect(c.hit).toBe(false);
+    await pool.remove();
+    expect((await lab.snapshots()).map((x) => x.name)).not.toContain('pool.vms');
+    expect((await lab.list()).filter((x) => x.info.pool === 'vms')).toEqual([]);
+  }, 240_000);
+
   it('killing QEMU mid-snapshot gives a clear error and leaves nothing gc cannot remove', async () => {
     const victim = await lab.create({ driver: 'qemu', name: 'vm-kill' });
     const pid = victim.info.pid!;

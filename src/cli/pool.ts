@@ -24,12 +24,13 @@ export function registerPool(program: Command): void {
     .option('--image <name>', 'image of every standby', 'busybox')
     .option('--size <n>', 'standbys to keep ready', '4')
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
-    .option('--no-recycle', 'never give a used sandbox back to the pool, even when it is clean')
+    .option('--driver <name>', 'namespaces, or qemu: standbys are paused VMs restored from a memory snapshot of one booted VM', 'namespaces')
+    .option('--no-recycle', 'never give a used sandbox back to the pool, even when it is clean (VM standbys are never recycled)')
     .option('--json', 'print JSON');
   addLimitOptions(create);
-  create.action((name: string, o: CommonOptions & LimitOptions & { image: string; size: string; storage?: StorageKind; recycle: boolean }) =>
+  create.action((name: string, o: CommonOptions & LimitOptions & { image: string; size: string; storage?: StorageKind; recycle: boolean; driver: string }) =>
     withLab(o, async (lab) => {
-      const p = await lab.createPool({ name, image: o.image, size: parseSize(o.size), limits: limitsFrom(o), storage: o.storage, recycle: o.recycle }, progress(o));
+      const p = await lab.createPool({ name, image: o.image, size: parseSize(o.size), limits: limitsFrom(o), storage: o.storage, recycle: o.recycle ? undefined : false, driver: o.driver }, progress(o));
       const s = await p.stats();
       if (o.json) printJson(s);
       else process.stdout.write(`pool ${name}: ${s.ready} standbys ready (${s.storage}); keep it filled with \`snaplab pool serve ${name}\`\n`);
@@ -45,8 +46,8 @@ export function registerPool(program: Command): void {
         const all = await lab.pools();
         if (o.json) return printJson(all);
         printTable(
-          ['POOL', 'IMAGE', 'STORAGE', 'TARGET', 'READY', 'IN USE', 'RAISING', 'HITS', 'MISSES', 'RECYCLED', 'REFUSED-DIRTY', 'LEAKS'],
-          all.map((p) => [p.name, p.image, p.storage, p.target, p.ready, p.inUse, p.raising, p.hits, p.misses, p.recycled, p.refusedDirty, p.leaks]),
+          ['POOL', 'IMAGE', 'STORAGE', 'DRIVER', 'TARGET', 'READY', 'IN USE', 'RAISING', 'HITS', 'MISSES', 'RECYCLED', 'REFUSED-DIRTY', 'LEAKS'],
+          all.map((p) => [p.name, p.image, p.storage, p.driver, p.target, p.ready, p.inUse, p.raising, p.hits, p.misses, p.recycled, p.refusedDirty, p.leaks]),
         );
       }),
     );

@@ -7,6 +7,8 @@ import { checkName } from './names.js';
 import { pidAlive } from '../host/procs.js';
 import { reconcile } from './reconcile.js';
 import { destroyRecord } from './teardown.js';
+import { removeSnapshot } from './removals.js';
+import { Trace } from '../timing/trace.js';
 
 export interface PoolSpec {
   name: string;
@@ -15,6 +17,8 @@ export interface PoolSpec {
   limits: Limits;
   storage?: StorageKind;
   recycle?: boolean;
+  /** default namespaces; a VM driver's standbys are restored from a memory snapshot, paused */
+  driver?: string;
 }
 
 export interface PoolStats extends PoolRecord {
@@ -39,10 +43,17 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
     throw new SnaplabError('POOL_EXISTS', `a pool named ${spec.name} already exists`, `resize it with \`snaplab pool resize ${spec.name} N\`, or remove it first`);
   }
   if (!Number.isSafeInteger(spec.size) || spec.size < 0) throw new SnaplabError('BAD_INPUT', `invalid pool size ${spec.size}`, 'give a whole number ≥ 0');
+  const driver = ctx.driver(spec.driver ?? 'namespaces');
+  if (driver.capabilities.memorySnapshot) {
+    checkName('pool', templateName(spec.name));
+    // a VM's clean check would need the guest's word for its own state: every use gets a fresh restore
+    if (spec.recycle) throw new SnaplabError('BAD_INPUT', `standbys of the ${driver.name} driver are not recycled: each execution gets a fresh restore`, 'drop --recycle');
+  }
   await ctx.images.resolve(spec.image);
   const rec: PoolRecord = {
-    name: spec.name, image: spec.image, storage: spec.storage ?? (await ctx.defaultStorage()), limits: withDefaults(spec.limits),
-    target: spec.size, recycle: spec.recycle ?? true, hits: 0, misses: 0, recycled: 0, refusedDirty: 0, leaks: 0, createdAt: Date.now(),
+    name: spec.name, image: spec.image, storage: spec.storage ?? (await ctx.defaultStorage()), limits: withDefaults(spec.limits, driver.name),
+    target: spec.size, recycle: driver.capabilities.memorySnapshot ? false : spec.recycle ?? true, hits: 0, misses: 0, recycled: 0, refusedDirty: 0, leaks: 0, createdAt: Date.now(),
+    driver: driver.name, template: null,
   };
   ctx.store.insertPool(rec);
   return rec;
@@ -99,8 +110,12 @@ export async function trimPool(ctx: LabContext, name: string, keep: number): Pro
 
 /** Destroy the pool's standbys and forget it; sandboxes taken from it are destroyed on release. */
 export async function removePool(ctx: LabContext, name: string): Promise<number> {
-  getPool(ctx, name);
+  const pool = getPool(ctx, name);
   const removed = await trimPool(ctx, name, 0);
   ctx.store.deletePool(name);
+  if (pool.template && ctx.store.getSnapshot(pool.template)) await removeSnapshot(ctx, pool.template, new Trace('pool rm', name));
   return removed;
 }
+
+/** The name of the memory snapshot (and of the machine it is taken from) a VM pool restores. */
+export const templateName = (pool: string): string => `pool.${pool}`;

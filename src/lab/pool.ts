@@ -1,10 +1,15 @@
 import type { AgentClient } from '../agent/client.js';
-import type { SandboxRecord } from '../store/records.js';
+import { join } from 'node:path';
+import { withLock } from '../host/lock.js';
+import type { Volume } from '../storage/backend.js';
+import type { SandboxRecord, SnapshotRecord } from '../store/records.js';
+import { removeSnapshot } from './removals.js';
+import { snapshotSandbox } from './sandbox-ops.js';
 import { Trace } from '../timing/trace.js';
 import { captureBaseline, dirtReasons } from './clean.js';
 import type { LabContext } from './context.js';
 import { imageVolume } from './image-volume.js';
-import { getPool, reapLeaks, takenBy } from './pool-admin.js';
+import { getPool, reapLeaks, takenBy, templateName } from './pool-admin.js';
 import { raiseSandbox } from './raise.js';
 import { destroyRecord } from './teardown.js';
 
@@ -54,7 +59,9 @@ export class PoolRunner {
         rec.state = 'running';
         const agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handle(rec))));
         this.agents.set(rec.id, agent);
-        await trace.phase('agent ready', () => agent.ping());
+        // a VM's clock stood still while it waited (a namespace sandbox shares the host's)
+        if (driver.capabilities.memorySnapshot) await trace.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
+        else await trace.phase('agent ready', () => agent.ping());
         this.ctx.store.countPool(this.name, 'hits');
         this.kick();
         return { record: rec, agent, hit: true };
@@ -169,10 +176,16 @@ export class PoolRunner {
     const pool = getPool(this.ctx, this.name);
     this.raising++;
     try {
-      const base = (): ReturnType<typeof imageVolume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+      // VM standbys are restores of the pool's template, a memory snapshot of one booted VM
+      const template = this.ctx.driver(pool.driver).capabilities.memorySnapshot ? await this.template(trace) : undefined;
+      const base = template ? async (): Promise<Volume> => template.volume : (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
       // held by this process until it is paused or handed out (recorded in the same write that
       // makes it running): if this process dies in between, reapLeaks finds a member whose holder is gone
-      const { record, agent } = await raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: 'namespaces', limits: pool.limits, base, origin: null, pool: this.name, heldBy: takenBy() }, trace);
+      const { record, agent } = await raiseSandbox(
+        this.ctx,
+        { image: pool.image, storage: pool.storage, driver: pool.driver, limits: template?.limits ?? pool.limits, base, origin: template?.name ?? null, pool: this.name, heldBy: takenBy(), memory: template?.memory ?? undefined },
+        trace,
+      );
       if (recordBaseline && pool.recycle) {
         try {
           record.baseline = await trace.phase('clean baseline', () => captureBaseline(this.ctx, record, agent));
@@ -187,6 +200,43 @@ export class PoolRunner {
     } finally {
       this.raising--;
     }
+  }
+
+  /**
+   * The memory snapshot VM standbys are restored from: made on first need by booting a VM of the
+   * pool's image and snapshotting it whole (under a lock: one boot, whoever asks). The VM it was
+   * taken from is destroyed; the snapshot goes with the pool.
+   */
+  private async template(trace: Trace): Promise<SnapshotRecord> {
+    const existing = (): SnapshotRecord | undefined => {
+      const t = getPool(this.ctx, this.name).template;
+      return t ? this.ctx.store.getSnapshot(t) : undefined;
+    };
+    const hit = existing();
+    if (hit) return hit;
+    return withLock(join(this.ctx.home, 'run', `pool-${this.name}.lock`), async () => {
+      const again = existing();
+      if (again) return again;
+      const pool = getPool(this.ctx, this.name);
+      const name = templateName(this.name);
+      // left by a holder that crashed while making it
+      const stale = this.ctx.store.getSnapshot(name);
+      if (stale) await removeSnapshot(this.ctx, name, trace);
+      const staleVm = this.ctx.store.getSandbox(name);
+      if (staleVm) await destroyRecord(this.ctx, staleVm);
+      const base = (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+      const vm = await trace.phase('boot template', () =>
+        raiseSandbox(this.ctx, { name, image: pool.image, storage: pool.storage, driver: pool.driver, limits: pool.limits, base, origin: null, heldBy: `template of pool ${this.name}` }, trace),
+      );
+      try {
+        const snap = await trace.phase('snapshot template', () => snapshotSandbox(this.ctx, vm.record, name, trace, true, async () => vm.agent));
+        this.ctx.store.setPoolTemplate(this.name, snap.name);
+        return snap;
+      } finally {
+        vm.agent.close();
+        await destroyRecord(this.ctx, vm.record);
+      }
+    }, 300_000);
   }
 
   private async drop(rec: SandboxRecord, agent?: AgentClient): Promise<void> {

@@ -102,5 +102,7 @@ export const migrations: string[] = [
   `,
   `
   ALTER TABLE snapshots ADD COLUMN driver TEXT;
+  ALTER TABLE pools ADD COLUMN driver TEXT;
+  ALTER TABLE pools ADD COLUMN template TEXT;
   `,
 ];

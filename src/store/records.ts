@@ -55,6 +55,13 @@ export interface PoolRecord {
   image: string;
   storage: StorageKind;
   limits: Limits;
+  /** the driver of its standbys */
+  driver: string;
+  /**
+   * (drivers with memory snapshots) the memory snapshot standbys are restored from, made from a
+   * booted machine when the pool first needs one
+   */
+  template: string | null;
   target: number;
   recycle: boolean;
   hits: number;

@@ -42,6 +42,8 @@ function toPool(r: Row): PoolRecord {
     refusedDirty: r.refused_dirty as number,
     leaks: r.leaks as number,
     createdAt: r.created_at as number,
+    driver: (r.driver as string | null) ?? 'namespaces',
+    template: (r.template as string | null) ?? null,
   };
 }
 
@@ -157,8 +159,11 @@ export class Store {
     return (this.stmt('SELECT * FROM pools ORDER BY name').all() as Row[]).map(toPool);
   }
   insertPool(p: PoolRecord): void {
-    this.stmt('INSERT INTO pools (name, image, storage, limits, target, recycle, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)')
-      .run(p.name, p.image, p.storage, JSON.stringify(p.limits), p.target, p.recycle ? 1 : 0, p.createdAt);
+    this.stmt('INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver) VALUES (?, ?, ?, ?, ?, ?, ?, ?)')
+      .run(p.name, p.image, p.storage, JSON.stringify(p.limits), p.target, p.recycle ? 1 : 0, p.createdAt, p.driver);
+  }
+  setPoolTemplate(name: string, template: string | null): void {
+    this.stmt('UPDATE pools SET template = ? WHERE name = ?').run(template, name);
   }
   setPoolTarget(name: string, target: number): void {
     this.stmt('UPDATE pools SET target = ? WHERE name = ?').run(target, name);
