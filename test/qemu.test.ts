@@ -30,6 +30,8 @@ describe('the qemu driver', () => {
     expect((await vm.exec(['nosuch'])).exitCode).toBe(127);
     expect(await out(vm, ['uname', '-r'])).toMatch(/cloud-amd64$/);
     expect(await out(vm, ['hostname'])).toBe('vm1');
+    // QEMU itself runs under its seccomp filter (-sandbox on)
+    expect(readFileSync(`/proc/${vm.info.pid}/status`, 'utf8')).toMatch(/^Seccomp:\s+2$/m);
     const accel = JSON.parse(readFileSync(join(lab.home, 'qemu', 'accel.json'), 'utf8')) as { accel: string; reason: string };
     expect(['kvm', 'tcg']).toContain(accel.accel);
     if (existsSync('/dev/kvm') && accel.accel === 'tcg') expect(accel.reason).toMatch(/did not reach the agent/);

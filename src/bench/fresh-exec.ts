@@ -23,7 +23,9 @@ function phasePaths(t: TraceSummary): Record<string, number> {
  */
 export async function freshExec(lab: Lab, s: BenchSettings & { recycle: boolean; poolSize?: number }): Promise<LoopResult> {
   const name = `bench-${randomBytes(3).toString('hex')}`;
-  const pool = await lab.createPool({ name, image: 'busybox', size: s.poolSize ?? Math.max(2, s.concurrency * 2), limits: {}, storage: s.storage, recycle: s.recycle });
+  const pool = await lab.createPool({ name, image: 'busybox', size: s.poolSize ?? Math.max(2, s.concurrency * 2), limits: {}, storage: s.storage, driver: s.driver,
+    // VM standbys are never recycled (each use is a fresh restore): the option does not apply
+    recycle: s.driver === 'qemu' ? undefined : s.recycle });
   try {
     pool.start();
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {

@@ -45,7 +45,7 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--pool-size <n>', 'fresh-exec: standbys kept warm')
     .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up)`, 'all')
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
-    .option('--driver <name>', 'raise, restore: namespaces (default) or qemu')
+    .option('--driver <name>', 'namespaces (default) or qemu (raise, exec, snapshot, restore, fresh-exec: a pool of paused VM restores)')
     .option('--results <dir>', 'write rung-N.json, summary.json, summary.md and chart.svg into this new directory')
     .option('--compare <options>', "two option strings run alternately: --compare 'A' 'B'", (v: string, prev: string[] = []) => [...prev, v])
     .option('--json', 'print the summary as JSON (progress stays on stderr)');
@@ -179,6 +179,10 @@ export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli
         return variantOf({ ...o, ...own }, w, i === 0 ? 'A' : 'B', text, (k) => explicit(k) || own[k] !== undefined);
       })
     : [variantOf(o, w, w, '', explicit)];
+  if (o.driver === 'qemu' && w === 'fresh-exec') {
+    if (o.recycle === 'on' || owns.some((x) => x.recycle === 'on')) throw bad('VM standbys are never recycled', 'drop --recycle: each execution gets a fresh restore');
+    for (const v of variants) v.recycle = false;
+  }
   if (variants.length === 2 && variants.some((v) => v.fills.length > 1)) throw bad('--fill with several sizes cannot be combined with --compare', 'compare one fill size, or drop --compare');
   return {
     workload: w,

@@ -94,6 +94,7 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
       reps: plan.reps,
       durationMs: plan.durationMs,
       ...(plan.count ? { count: plan.count } : {}),
+      ...(plan.driver ? { driver: plan.driver } : {}),
       ...(plan.workload === 'fresh-exec' && !comparing ? { recycle: first.recycle, ...(first.poolSize ? { poolSize: first.poolSize } : {}) } : {}),
     },
     rungs,

@@ -70,7 +70,7 @@ export interface BenchSummary {
   argv?: string[];
   startedAt: string;
   finishedAt?: string;
-  settings?: { ladder: number[]; reps: number; durationMs: number; count?: number; recycle?: boolean; poolSize?: number };
+  settings?: { ladder: number[]; reps: number; durationMs: number; count?: number; driver?: string; recycle?: boolean; poolSize?: number };
   rungs: Rung[];
   floorMs: number;
   slopeMsPerSlot: number | null;

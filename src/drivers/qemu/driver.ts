@@ -37,7 +37,7 @@ const VMM_OVERHEAD = 256 * 1024 * 1024;
  */
 export class QemuDriver implements Driver {
   readonly name = 'qemu';
-  readonly capabilities = { pause: true, memorySnapshot: true, guestCache: true };
+  readonly capabilities = { pause: true, memorySnapshot: true, guestCache: true, sharedAgent: false };
 
   constructor(private readonly home: string) {}
 

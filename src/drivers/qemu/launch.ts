@@ -39,6 +39,10 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
     '-m', `${c.memoryMb}M`,
     '-smp', String(c.cpus),
     '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
+    // QEMU's own seccomp filter: its default deny list, no obsolete calls, no scheduler or resource
+    // changes. Spawning stays allowed (memory snapshots migrate to `exec:cat`), and so do set*id
+    // calls: elevateprivileges=deny makes -daemonize fail (QEMU 7.2, measured).
+    '-sandbox', 'on,obsolete=deny,spawn=allow,resourcecontrol=deny',
     '-kernel', c.kernel, '-initrd', c.initrd, '-append', c.append,
     '-serial', `file:${f.serial}`,
     // cache=writeback: QEMU flushes when it stops (pause, snapshot), so the host file is whole then
