@@ -5,6 +5,8 @@
  *       the in-sandbox agent: one single-threaded epoll loop serving the framed protocol of
  *       docs/agent-protocol.md. Usually PID 1 of a pid namespace, so it reaps every child.
  *       --stream/--stream-fd serve one byte stream (a VM's virtio-serial port) as the connection.
+ *   relay --connect PATH --listen PATH --pid N [--ready-fd N]
+ *       on the host: hold a VM's one agent connection and multiplex clients onto it (relay.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -32,11 +34,13 @@
 
 int serve_main(const char *socket_path, int listen_fd, const char *stream_path, int stream_fd, int ready_fd,
 	       const char *caps, int harden);
+int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd);
 
 static void usage(void)
 {
 	fprintf(stderr,
 		"usage: snaplab-agent serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc]\n"
+		"       snaplab-agent relay --connect PATH --listen PATH --pid N [--ready-fd N]\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -79,6 +83,30 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		return serve_main(sock, listen_fd, stream, stream_fd, ready, caps, harden);
+	}
+	if (strcmp(argv[1], "relay") == 0) {
+		const char *conn = NULL, *lis = NULL;
+		int ready = -1;
+		pid_t pid = 0;
+		for (int i = 2; i < argc; i++) {
+			if (strcmp(argv[i], "--connect") == 0 && i + 1 < argc)
+				conn = argv[++i];
+			else if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
+				lis = argv[++i];
+			else if (strcmp(argv[i], "--pid") == 0 && i + 1 < argc)
+				pid = (pid_t)atoi(argv[++i]);
+			else if (strcmp(argv[i], "--ready-fd") == 0 && i + 1 < argc)
+				ready = atoi(argv[++i]);
+			else {
+				usage();
+				return 2;
+			}
+		}
+		if (!conn || !lis || pid <= 0) {
+			usage();
+			return 2;
+		}
+		return relay_main(conn, lis, pid, ready);
 	}
 	usage();
 	return 2;

@@ -1,12 +1,16 @@
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { DISK_IN_VOLUME } from '../src/drivers/qemu/disk.js';
 import { run } from '../src/host/run.js';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { QmpClient } from '../src/drivers/qemu/qmp.js';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
+
+const CLI = fileURLToPath(new URL('../dist/cli/main.js', import.meta.url));
 
 // Real VMs: QEMU with the Debian cloud kernel, under TCG here (KVM hangs on these hosts; the
 // probe must find that out by itself). Boots take seconds: one VM, reused across the tests.
@@ -36,6 +40,29 @@ describe('the qemu driver', () => {
     expect(['kvm', 'tcg']).toContain(accel.accel);
     if (existsSync('/dev/kvm') && accel.accel === 'tcg') expect(accel.reason).toMatch(/did not reach the agent/);
   });
+
+  it('serves several host processes at once (the relay multiplexes the VM\'s one connection)', async () => {
+    // this process's command waits for a file that another process's command makes: were the
+    // connections taken in turn, the other could not run until this one timed out
+    const waiting = vm.exec(['sh', '-c', 'rm -f /run/go; while [ ! -e /run/go ]; do sleep 0.05; done; echo released'], { timeoutMs: 30_000 });
+    await new Promise((r) => setTimeout(r, 300));
+    const other = await run(process.execPath, [CLI, 'exec', 'vm1', '--', 'sh', '-c', 'touch /run/go; echo other'], { env: { ...process.env, SNAPLAB_HOME: lab.home } });
+    expect(other.stdout.trim()).toBe('other');
+    const r = await waiting;
+    expect([r.exitCode, r.stdout.toString().trim()]).toEqual([0, 'released']);
+    // a client that goes away mid-command has that command killed in the guest, not the others'
+    const child = spawn(process.execPath, [CLI, 'exec', 'vm1', '--', 'sh', '-c', 'echo $$ > /run/orphan; sleep 60'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    for (let i = 0; i < 200 && (await vm.exec(['test', '-s', '/run/orphan'])).exitCode !== 0; i++) await new Promise((res) => setTimeout(res, 50));
+    const orphan = await out(vm, ['cat', '/run/orphan']);
+    child.kill('SIGKILL');
+    let gone = false;
+    for (let i = 0; i < 100 && !gone; i++) {
+      gone = (await vm.exec(['test', '-d', `/proc/${orphan}`])).exitCode !== 0;
+      if (!gone) await new Promise((res) => setTimeout(res, 50));
+    }
+    expect(gone).toBe(true);
+    expect(await out(vm, ['echo', 'still here'])).toBe('still here');
+  }, 60_000);
 
   it('a memory snapshot restores a running machine: processes, memory, files, clock, identity', async () => {
     await vm.exec(['sh', '-c', '(i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.2; done) >/dev/null 2>&1 &']);

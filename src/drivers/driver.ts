@@ -37,8 +37,6 @@ export interface DriverCapabilities {
    * agent `sync`, and pausing alone does not make the disk whole
    */
   guestCache: boolean;
-  /** several agent connections at once, from any process (else one at a time: VMs' chardev) */
-  sharedAgent: boolean;
 }
 
 /** Why a machine is no longer there, as far as the host can tell. */

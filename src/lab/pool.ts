@@ -164,14 +164,8 @@ export class PoolRunner {
   }
 
   private async addStandby(): Promise<void> {
-    const { record, agent } = await this.raise(new Trace('pool refill', this.name), true);
-    const driver = this.ctx.driver(record.driver);
-    await driver.pause(handle(record));
-    // a VM takes one agent connection at a time: holding it would lock out takers in other processes
-    if (!driver.capabilities.sharedAgent) {
-      agent.close();
-      this.agents.delete(record.id);
-    }
+    const { record } = await this.raise(new Trace('pool refill', this.name), true);
+    await this.ctx.driver(record.driver).pause(handle(record));
     this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null });
     // the pool was removed while this standby was being raised: it must not outlive it
     if (!this.ctx.store.getPool(this.name)) await this.drop(record);

@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs';
 import { copyFile, link, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
@@ -18,6 +18,7 @@ import { QmpClient } from './qmp.js';
 import { killAndSweep } from '../teardown.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { chooseAccel } from './accel.js';
+import { startRelay } from './relay.js';
 
 const BOOT_TIMEOUT_MS = 60_000;
 /**
@@ -37,7 +38,7 @@ const VMM_OVERHEAD = 256 * 1024 * 1024;
  */
 export class QemuDriver implements Driver {
   readonly name = 'qemu';
-  readonly capabilities = { pause: true, memorySnapshot: true, guestCache: true, sharedAgent: false };
+  readonly capabilities = { pause: true, memorySnapshot: true, guestCache: true };
 
   constructor(private readonly home: string) {}
 
@@ -106,9 +107,7 @@ export class QemuDriver implements Driver {
       // in the sandbox's cgroup like any VM: killed with it, found by gc if this process dies
       pid = await startQemu(dir, c, false, cgroupFor(id).procsFiles);
       const start = (await processStartTime(pid)) ?? 0;
-      const agent = await connectAgent(vmFiles(dir).chardev, 8000, () => sameProcess(pid, start));
-      await agent.close();
-      return true;
+      return await agentAnswers(vmFiles(dir).chardev, 8000, () => sameProcess(pid, start));
     } catch {
       return false;
     } finally {
@@ -141,14 +140,23 @@ export class QemuDriver implements Driver {
     } finally {
       qmp.close();
     }
-    const alive = (): Promise<boolean> => sameProcess(pid, handle.pidStart);
-    const agent = await trace.phase('agent ready', () => connectAgent(vmFiles(dir).chardev, BOOT_TIMEOUT_MS, alive));
+    // the relay holds the VM's one agent connection; every host process connects to it
+    await trace.phase('agent ready', () => startRelay(dir, pid, cgroupFor(id).procsFiles, BOOT_TIMEOUT_MS));
+    const agent = await trace.phase('connect', () => this.connect(handle));
     return { handle, agent };
   }
 
-  /** Waits up to a minute: the VM takes one agent connection at a time, so commands queue. */
-  async connect(handle: MachineHandle, timeoutMs = 60_000): Promise<AgentClient> {
-    return connectAgent(vmFiles(this.runDir(handle.id)).chardev, timeoutMs, () => sameProcess(handle.pid, handle.pidStart));
+  /** A connection through the VM's relay: any number, from any process. */
+  async connect(handle: MachineHandle, timeoutMs = 5000): Promise<AgentClient> {
+    const dir = this.runDir(handle.id);
+    try {
+      return await AgentClient.connect(vmFiles(dir).relay, { timeoutMs, reset: true });
+    } catch (e) {
+      if (!(await sameProcess(handle.pid, handle.pidStart))) {
+        throw new SnaplabError('SANDBOX_DEAD', `the VM's QEMU process is gone:\n${await logTail(dir)}`, 'remove it with `snaplab rm`');
+      }
+      throw e;
+    }
   }
 
   private async qmp<T>(handle: MachineHandle, fn: (q: QmpClient) => Promise<T>): Promise<T> {
@@ -244,27 +252,18 @@ async function checkMemoryImage(image: MemoryImage): Promise<void> {
 }
 
 /**
- * Connect to the agent over the VM's virtio-serial socket, RESET first (the guest may hold an old
- * session, e.g. after a restore), retrying until it answers or the VM dies.
+ * Does the agent answer on the VM's chardev within `timeoutMs` (RESET first, retrying while the
+ * guest boots)? The acceleration probe's test; real VMs are reached through their relay.
  */
-async function connectAgent(path: string, timeoutMs: number, alive: () => Promise<boolean>): Promise<AgentClient> {
+async function agentAnswers(path: string, timeoutMs: number, alive: () => Promise<boolean>): Promise<boolean> {
   const end = Date.now() + timeoutMs;
-  let last = '';
-  while (Date.now() < end) {
-    if (!(await alive())) {
-      throw new SnaplabError('LAUNCH_FAILED', `the VM exited before its agent answered:\n${await logTail(dirname(path))}`, 'check the VM settings (--memory at least 64M) and the image');
-    }
+  while (Date.now() < end && (await alive())) {
     try {
-      return await AgentClient.connect(path, { timeoutMs: Math.min(2000, Math.max(200, end - Date.now())), reset: true });
-    } catch (e) {
-      last = (e as Error).message;
+      (await AgentClient.connect(path, { timeoutMs: Math.min(2000, Math.max(200, end - Date.now())), reset: true })).close();
+      return true;
+    } catch {
       await new Promise((r) => setTimeout(r, 50));
     }
   }
-  const busy = /EAGAIN|ECONNREFUSED/.test(last);
-  throw new SnaplabError(
-    busy ? 'AGENT_UNREACHABLE' : 'TIMEOUT',
-    busy ? `the VM's agent is in use by another snaplab process (a VM takes one agent connection at a time)` : `the VM's agent did not answer within ${timeoutMs} ms (${last}):\n${await logTail(dirname(path))}`,
-    busy ? 'wait for the other command to finish, and retry' : 'see the guest console above',
-  );
+  return false;
 }

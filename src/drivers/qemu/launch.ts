@@ -18,9 +18,12 @@ export interface VmConfig {
 export const QEMU = 'qemu-system-x86_64';
 
 /** Paths of a VM's files in its run directory. */
-export const vmFiles = (runDir: string): Record<'qmp' | 'chardev' | 'pid' | 'log' | 'serial', string> => ({
+export const vmFiles = (runDir: string): Record<'qmp' | 'chardev' | 'relay' | 'relayLog' | 'pid' | 'log' | 'serial', string> => ({
   qmp: join(runDir, 'qmp.sock'),
   chardev: join(runDir, 'agent.sock'),
+  /** the relay's socket: what host processes connect to (relay.ts) */
+  relay: join(runDir, 'relay.sock'),
+  relayLog: join(runDir, 'relay.log'),
   pid: join(runDir, 'qemu.pid'),
   log: join(runDir, 'qemu.log'),
   serial: join(runDir, 'serial.log'),
@@ -62,8 +65,8 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
 export async function logTail(runDir: string): Promise<string> {
   const f = vmFiles(runDir);
   const tail = async (p: string): Promise<string> => (await readFile(p, 'utf8').catch(() => '')).trim().split('\n').slice(-8).join('\n');
-  const [q, s] = await Promise.all([tail(f.log), tail(f.serial)]);
-  return [q && `qemu: ${q}`, s && `guest console:\n${s}`].filter(Boolean).join('\n');
+  const [q, s, r] = await Promise.all([tail(f.log), tail(f.serial), tail(f.relayLog)]);
+  return [q && `qemu: ${q}`, r && `relay: ${r}`, s && `guest console:\n${s}`].filter(Boolean).join('\n');
 }
 
 /** A path for QEMU's `exec:` migration URIs, which go through /bin/sh: single-quoted. */

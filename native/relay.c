@@ -1,0 +1,422 @@
+/*
+ * snaplab-agent relay: the host-side holder of a VM's one agent connection.
+ *
+ *   relay --connect PATH --listen PATH --pid N [--ready-fd N]
+ *
+ * QEMU's chardev socket takes one client at a time, so a VM could serve one host process at a
+ * time. The relay owns that connection (it RESETs the guest's session when it connects, as a
+ * restored guest still holds the session of the host that snapshotted it) and serves any number
+ * of clients on a Unix socket of its own, multiplexing their requests onto the one session:
+ * each request gets an id of the relay's, and responses go back to their client under the
+ * client's id. A client's RESET is answered here (HELLO with its id) and ends only that client's
+ * execs; a client that disconnects has its execs killed (SIGKILL), as the agent does for a
+ * session. The relay exits when the VM's connection ends or QEMU (--pid) is gone.
+ * See docs/agent-protocol.md ("Relay").
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+
+#define MAX_CLIENTS 256
+#define MAX_ROUTES 8192
+/* stop reading from the VM while some client has this much unread output queued */
+#define CLIENT_HIGH_WATER (16u << 20)
+
+struct client {
+	int fd;
+	struct buf in, out;
+};
+
+/* one request in flight: the relay's id, whose it is, and under which id the client knows it */
+struct route {
+	uint32_t relay_id, client_id;
+	int client;	/* index into clients; -1 = free slot */
+	uint16_t type;
+};
+
+static struct client clients[MAX_CLIENTS];
+static struct route routes[MAX_ROUTES];
+static int nroutes;
+static int agent_fd = -1, listen_fd = -1, epfd = -1;
+static struct buf agent_in, agent_out;
+static uint8_t hello[256];
+static size_t hello_len;
+static uint32_t next_id = 1;
+
+static void die(const char *what)
+{
+	fprintf(stderr, "snaplab-relay: %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static long now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000L + t.tv_nsec / 1000000L;
+}
+
+static int unix_socket(const char *path, struct sockaddr_un *a)
+{
+	if (strlen(path) >= sizeof a->sun_path) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	memset(a, 0, sizeof *a);
+	a->sun_family = AF_UNIX;
+	strcpy(a->sun_path, path);
+	return socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+}
+
+static uint32_t fresh_id(void)
+{
+	uint32_t id = next_id++;
+	if (next_id == 0)
+		next_id = 1; /* 0 is HELLO's */
+	return id;
+}
+
+/* Queue a frame whose header says `id` under a new id into b. */
+static int forward(struct buf *b, const uint8_t *frame, size_t n, uint32_t id)
+{
+	uint8_t *d = buf_reserve(b, n);
+	if (!d)
+		return -1;
+	memcpy(d, frame, n);
+	put_u32(d + 8, id);
+	b->len += n;
+	return 0;
+}
+
+static void want_write(int fd, void *tag, int on)
+{
+	struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = tag};
+	epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &ev);
+}
+
+/* Write what we can of b to fd; -1 when the peer is gone. */
+static int flush(int fd, struct buf *b)
+{
+	while (buf_used(b)) {
+		ssize_t w = write(fd, b->data + b->off, buf_used(b));
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN)
+				return 0;
+			return -1;
+		}
+		buf_consume(b, (size_t)w);
+	}
+	return 0;
+}
+
+static void agent_send_signal(uint32_t relay_id, uint32_t sig)
+{
+	uint8_t p[4];
+	put_u32(p, sig);
+	frame_put(&agent_out, T_SIGNAL, relay_id, p, sizeof p);
+}
+
+/* End a client's session: its execs are killed, its requests forgotten. */
+static void drop_routes_of(int ci, int kill_execs)
+{
+	for (int i = 0; i < nroutes; i++) {
+		if (routes[i].client != ci)
+			continue;
+		if (kill_execs && routes[i].type == T_EXEC)
+			agent_send_signal(routes[i].relay_id, SIGKILL);
+		routes[i].client = -1;
+	}
+	while (nroutes > 0 && routes[nroutes - 1].client < 0)
+		nroutes--;
+}
+
+static void close_client(int ci)
+{
+	struct client *c = &clients[ci];
+	if (c->fd < 0)
+		return;
+	epoll_ctl(epfd, EPOLL_CTL_DEL, c->fd, NULL);
+	close(c->fd);
+	c->fd = -1;
+	buf_free(&c->in);
+	buf_free(&c->out);
+	drop_routes_of(ci, 1);
+}
+
+static struct route *route_by_client(int ci, uint32_t client_id)
+{
+	for (int i = 0; i < nroutes; i++)
+		if (routes[i].client == ci && routes[i].client_id == client_id)
+			return &routes[i];
+	return NULL;
+}
+
+static struct route *route_by_relay(uint32_t relay_id)
+{
+	for (int i = 0; i < nroutes; i++)
+		if (routes[i].client >= 0 && routes[i].relay_id == relay_id)
+			return &routes[i];
+	return NULL;
+}
+
+static struct route *new_route(void)
+{
+	for (int i = 0; i < nroutes; i++)
+		if (routes[i].client < 0)
+			return &routes[i];
+	if (nroutes == MAX_ROUTES)
+		return NULL;
+	return &routes[nroutes++];
+}
+
+/* One frame from client ci. */
+static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame *f)
+{
+	struct client *c = &clients[ci];
+	if (f->type == T_RESET) {
+		drop_routes_of(ci, 1);
+		frame_put(&c->out, T_HELLO, f->id, hello, hello_len);
+		return;
+	}
+	if (f->type == T_STDIN || f->type == T_SIGNAL) {
+		/* addressed to one of this client's execs, by its id */
+		struct route *r = route_by_client(ci, f->id);
+		if (r && r->type == T_EXEC)
+			forward(&agent_out, p, n, r->relay_id);
+		return;
+	}
+	struct route *r = new_route();
+	if (!r) {
+		frame_error(&c->out, f->id, EBUSY, "too many requests in flight through the relay");
+		return;
+	}
+	*r = (struct route){.relay_id = fresh_id(), .client_id = f->id, .client = ci, .type = f->type};
+	forward(&agent_out, p, n, r->relay_id);
+}
+
+/* One frame from the VM's agent. */
+static void agent_frame(const uint8_t *p, size_t n, const struct frame *f)
+{
+	if (f->type == T_HELLO && f->id == 0) {
+		/* the agent started a new session: whatever was in flight is gone, tell every client */
+		for (int i = 0; i < MAX_CLIENTS; i++)
+			close_client(i);
+		return;
+	}
+	struct route *r = route_by_relay(f->id);
+	if (!r)
+		return; /* e.g. output of an exec whose client went away */
+	struct client *c = &clients[r->client];
+	forward(&c->out, p, n, r->client_id);
+	int more = r->type == T_EXEC && (f->type == T_STARTED || f->type == T_STDOUT || f->type == T_STDERR);
+	if (!more)
+		r->client = -1;
+}
+
+/* Parse every whole frame in b, handing each to fn; -1 on a frame too big to relay. */
+static int frames(struct buf *b, int ci)
+{
+	for (;;) {
+		struct frame f;
+		long used = frame_parse(b->data + b->off, buf_used(b), &f);
+		if (used == 0)
+			return 0;
+		if (used < 0)
+			return -1;
+		if (ci >= 0)
+			client_frame(ci, b->data + b->off, (size_t)used, &f);
+		else
+			agent_frame(b->data + b->off, (size_t)used, &f);
+		buf_consume(b, (size_t)used);
+	}
+}
+
+/* Read what fd has into b; 0 at EOF or error, 1 otherwise. */
+static int fill(int fd, struct buf *b)
+{
+	for (;;) {
+		uint8_t *d = buf_reserve(b, 65536);
+		if (!d)
+			return 0;
+		ssize_t r = read(fd, d, 65536);
+		if (r > 0) {
+			b->len += (size_t)r;
+			continue;
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && errno == EAGAIN)
+			return 1;
+		return 0;
+	}
+}
+
+/*
+ * Connect to the VM's chardev and RESET the guest's session; retry until HELLO answers it (the
+ * guest may still be booting) or QEMU is gone.
+ */
+static void connect_agent(const char *path, pid_t qemu)
+{
+	long deadline = now_ms() + 120000;
+	while (now_ms() < deadline) {
+		if (kill(qemu, 0) < 0 && errno == ESRCH) {
+			fprintf(stderr, "snaplab-relay: QEMU (pid %d) is gone\n", (int)qemu);
+			exit(1);
+		}
+		struct sockaddr_un a;
+		int fd = unix_socket(path, &a);
+		if (fd < 0)
+			die("socket");
+		if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+			uint32_t id = 0x52454c59; /* "RELY" */
+			struct buf b = {0};
+			frame_put(&b, T_RESET, id, NULL, 0);
+			if (write(fd, b.data + b.off, buf_used(&b)) == (ssize_t)buf_used(&b)) {
+				buf_free(&b);
+				struct timeval tv = {.tv_sec = 0, .tv_usec = 500000};
+				setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+				for (;;) {
+					uint8_t *d = buf_reserve(&b, 4096);
+					ssize_t r = d ? read(fd, d, 4096) : -1;
+					if (r <= 0)
+						break;
+					b.len += (size_t)r;
+					struct frame f;
+					long used;
+					while ((used = frame_parse(b.data + b.off, buf_used(&b), &f)) > 0) {
+						if (f.type == T_HELLO && f.id == id && f.len <= sizeof hello) {
+							memcpy(hello, f.payload, f.len);
+							hello_len = f.len;
+							buf_consume(&b, (size_t)used);
+							/* frames after it (none expected) would be for nobody */
+							buf_free(&b);
+							agent_fd = fd;
+							return;
+						}
+						buf_consume(&b, (size_t)used);
+					}
+					if (used < 0)
+						break;
+				}
+			}
+			buf_free(&b);
+		}
+		close(fd);
+		usleep(50000);
+	}
+	fprintf(stderr, "snaplab-relay: the agent did not answer within 120 s\n");
+	exit(1);
+}
+
+int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd)
+{
+	signal(SIGPIPE, SIG_IGN);
+	for (int i = 0; i < MAX_CLIENTS; i++)
+		clients[i].fd = -1;
+	connect_agent(connect_path, qemu);
+	fcntl(agent_fd, F_SETFL, O_NONBLOCK);
+	struct timeval none = {0};
+	setsockopt(agent_fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+
+	struct sockaddr_un a;
+	listen_fd = unix_socket(listen_path, &a);
+	if (listen_fd < 0)
+		die("socket");
+	unlink(listen_path);
+	if (bind(listen_fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(listen_fd, 128) < 0)
+		die(listen_path);
+	fcntl(listen_fd, F_SETFL, O_NONBLOCK);
+
+	epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (epfd < 0)
+		die("epoll");
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &agent_fd};
+	epoll_ctl(epfd, EPOLL_CTL_ADD, agent_fd, &ev);
+	ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &listen_fd};
+	epoll_ctl(epfd, EPOLL_CTL_ADD, listen_fd, &ev);
+
+	if (ready_fd >= 0) {
+		/* the host waits on this: the relay serves from now on */
+		if (write(ready_fd, "R", 1) < 0) { /* the host gave up waiting: serve anyway */ }
+		close(ready_fd);
+	}
+
+	for (;;) {
+		struct epoll_event evs[64];
+		int n = epoll_wait(epfd, evs, 64, 1000);
+		if (n < 0 && errno != EINTR)
+			die("epoll_wait");
+		if (kill(qemu, 0) < 0 && errno == ESRCH)
+			break;
+		for (int i = 0; i < n; i++) {
+			void *tag = evs[i].data.ptr;
+			if (tag == &listen_fd) {
+				int fd;
+				while ((fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+					int ci = -1;
+					for (int k = 0; k < MAX_CLIENTS && ci < 0; k++)
+						if (clients[k].fd < 0)
+							ci = k;
+					if (ci < 0) {
+						close(fd);
+						continue;
+					}
+					clients[ci].fd = fd;
+					struct epoll_event ce = {.events = EPOLLIN, .data.ptr = &clients[ci]};
+					epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ce);
+					/* as the agent greets a new connection (a client that RESETs skips it) */
+					frame_put(&clients[ci].out, T_HELLO, 0, hello, hello_len);
+				}
+			} else if (tag == &agent_fd) {
+				if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+					if (!fill(agent_fd, &agent_in) || frames(&agent_in, -1) < 0)
+						goto out;
+				}
+			} else {
+				int ci = (int)((struct client *)tag - clients);
+				if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+					int alive = fill(clients[ci].fd, &clients[ci].in);
+					if (frames(&clients[ci].in, ci) < 0 || !alive) {
+						close_client(ci);
+						continue;
+					}
+				}
+			}
+		}
+		/* write out, and apply backpressure: a client that does not read stops the VM's output */
+		int full = 0;
+		for (int ci = 0; ci < MAX_CLIENTS; ci++) {
+			struct client *c = &clients[ci];
+			if (c->fd < 0)
+				continue;
+			if (flush(c->fd, &c->out) < 0) {
+				close_client(ci);
+				continue;
+			}
+			want_write(c->fd, c, buf_used(&c->out) > 0);
+			if (buf_used(&c->out) > CLIENT_HIGH_WATER)
+				full = 1;
+		}
+		if (flush(agent_fd, &agent_out) < 0)
+			break;
+		struct epoll_event ae = {.events = (full ? 0 : EPOLLIN) | (buf_used(&agent_out) ? EPOLLOUT : 0), .data.ptr = &agent_fd};
+		epoll_ctl(epfd, EPOLL_CTL_MOD, agent_fd, &ae);
+	}
+out:
+	unlink(listen_path);
+	return 0;
+}
