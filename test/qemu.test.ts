@@ -70,6 +70,10 @@ describe('the qemu driver', () => {
     await new Promise((r) => setTimeout(r, 600));
     const snap = await vm.snapshot('vm-snap', { memory: true });
     expect(snap.record.memory!.bytes).toBeGreaterThan(1_000_000);
+    // a booted VM's RAM is a file of its own: the snapshot copies it and streams the devices alone
+    const snapDir = snap.record.memory!.dir;
+    expect(statSync(join(snapDir, 'ram')).size).toBe(256 * 2 ** 20);
+    expect(statSync(join(snapDir, 'memory')).size).toBeLessThan(4 * 2 ** 20);
     const atSnapshot = Number(await out(vm, ['cat', '/run/count']));
     await vm.exec(['sh', '-c', 'echo after > /root/g']);
     await new Promise((r) => setTimeout(r, 2000)); // guest time moves on; the restore must correct the clock
@@ -85,6 +89,8 @@ describe('the qemu driver', () => {
       const guest = Number(await out(r, ['date', '+%s']));
       expect(Math.abs(guest - Date.now() / 1000)).toBeLessThan(1.5);
     }
+    // restores map the snapshot's RAM file copy-on-write (shared in the page cache until written)
+    for (const r of [a, b]) expect(readFileSync(`/proc/${r.info.pid}/maps`, 'utf8')).toContain(join(snapDir, 'ram'));
     expect(await out(a, ['hostname'])).toBe('vm-a');
     expect(await out(b, ['hostname'])).toBe('vm-b');
     expect(await out(a, ['cat', '/etc/machine-id'])).not.toBe(await out(b, ['cat', '/etc/machine-id']));
@@ -94,6 +100,7 @@ describe('the qemu driver', () => {
     await lab.removeSnapshot('vm-snap');
     const again = await a.snapshot('from-a', { memory: true });
     expect(again.record.memory!.bytes).toBeGreaterThan(1_000_000);
+    expect(existsSync(join(again.record.memory!.dir, 'ram'))).toBe(false); // its RAM is not its own file: streamed whole
     await lab.removeSnapshot('from-a');
     await a.destroy();
     await b.destroy();
@@ -160,9 +167,13 @@ describe('the qemu driver', () => {
   }, 240_000);
 
   it('killing QEMU mid-snapshot gives a clear error and leaves nothing gc cannot remove', async () => {
-    const victim = await lab.create({ driver: 'qemu', name: 'vm-kill' });
+    const booted = await lab.create({ driver: 'qemu', name: 'vm-kill0' });
+    await booted.snapshot('kill-base', { memory: true });
+    process.kill(booted.info.pid!, 'SIGKILL'); // a crash: its RAM file in /dev/shm stays behind
+    // a restored VM maps its RAM privately, so its memory snapshot streams all of it: slow that
+    // stream right down, so that the kill lands in the middle of it
+    const victim = await lab.restore('kill-base', { name: 'vm-kill' });
     const pid = victim.info.pid!;
-    // slow the migration right down, so that the kill lands in the middle of it
     const qmp = await QmpClient.connect(join(lab.home, 'run', victim.id, 'qmp.sock'));
     await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1024 * 1024 });
     qmp.close();
@@ -170,10 +181,14 @@ describe('the qemu driver', () => {
     await expect(victim.snapshot('doomed', { memory: true })).rejects.toMatchObject({ code: expect.stringMatching(/VM_ERROR|SANDBOX_DEAD|TIMEOUT/) });
     expect((await lab.snapshots()).map((s) => s.name)).not.toContain('doomed');
     await (await lab.get('vm-kill')).destroy();
-    await lab.gc();
+    await lab.removeSnapshot('kill-base');
+    const gc = await lab.gc();
+    expect(gc.removed.some((r) => r.includes(`${booted.id}.ram`))).toBe(true);
+    await (await lab.get('vm-kill0')).destroy();
     // the half-written memory file went with gc; no QEMU of that sandbox is left
     const left = existsSync(join(lab.home, 'snapshots')) ? readdirSync(join(lab.home, 'snapshots')) : [];
     expect(left).toEqual([]);
+    expect(readdirSync('/dev/shm').filter((f) => f.endsWith(`${booted.id}.ram`))).toEqual([]); // the crashed VM's RAM file too
     expect(existsSync(`/proc/${pid}`) && !readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z')).toBe(false);
   }, 120_000);
 });

@@ -19,6 +19,7 @@ import { killAndSweep } from '../teardown.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { chooseAccel } from './accel.js';
 import { startRelay } from './relay.js';
+import { copyRam, gcRam, removeRam, vmRamPath } from './ram.js';
 
 const BOOT_TIMEOUT_MS = 60_000;
 /**
@@ -74,7 +75,8 @@ export class QemuDriver implements Driver {
     const disk = await trace.phase('root disk', () => this.rootDisk(spec));
     const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, disk, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
     const accel = await trace.phase('acceleration', () => chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })));
-    return { ...base, accel };
+    const ram = vmRamPath(this.home, spec.id);
+    return { ...base, accel, ...(ram ? { ram: { path: ram, share: true } } : {}) };
   }
 
   /** The shared initramfs (cached), linked into the VM's run directory: it outlives a cache rebuild. */
@@ -125,13 +127,15 @@ export class QemuDriver implements Driver {
 
   private async start(id: string, config: VmConfig, trace: Trace, memory?: MemoryImage): Promise<RaisedMachine> {
     const dir = this.runDir(id);
-    if (memory) await checkMemoryImage(memory);
+    if (memory) await checkMemoryImage(memory, config);
     const pid = await trace.phase('spawn vmm', () => startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles));
     const handle: MachineHandle = { id, pid, pidStart: (await processStartTime(pid)) ?? 0 };
     const qmp = await trace.phase('qmp ready', () => QmpClient.connect(vmFiles(dir).qmp));
     try {
       if (memory) {
         await trace.phase('load memory', async () => {
+          // the RAM is the snapshot's file, mapped: the stream holds the devices' state alone
+          if (config.ram) await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
           await qmp.execute('migrate-incoming', { uri: `exec:cat ${shellQuote(join(memory.dir, 'memory'))}` });
           await qmp.waitMigration(60_000);
         });
@@ -187,9 +191,16 @@ export class QemuDriver implements Driver {
     // snapshot (the VM's run directory goes when it is destroyed; the kernel cache stays)
     const config = JSON.parse(await readFile(join(this.runDir(handle.id), 'vm.json'), 'utf8')) as VmConfig;
     await link(config.initrd, join(dir, 'initrd.cpio.gz')).catch(() => copyFile(config.initrd, join(dir, 'initrd.cpio.gz')));
-    await writeFile(join(dir, 'vm.json'), JSON.stringify({ ...config, initrd: join(dir, 'initrd.cpio.gz') }));
+    // a VM with RAM of its own in a file: copy the file, stream the devices alone; any other
+    // (a restored VM maps its snapshot's RAM privately): stream it all
+    const ownRam = config.ram?.share === true;
+    const { ram: _ram, ...rest } = config;
+    const snapped: VmConfig = { ...rest, initrd: join(dir, 'initrd.cpio.gz'), ...(ownRam ? { ram: { path: join(dir, 'ram'), share: false } } : {}) };
+    await writeFile(join(dir, 'vm.json'), JSON.stringify(snapped));
+    let ramBytes = 0;
     await this.qmp(handle, async (q) => {
       await q.execute('stop', undefined, trace); // already stopped by the lab: a no-op then
+      await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: ownRam }] });
       await trace.phase('save memory', async () => {
         await q.execute('migrate', { uri: `exec:cat > ${shellQuote(join(dir, 'memory'))}` });
         await q.waitMigration(120_000).catch(async (e: unknown) => {
@@ -197,9 +208,10 @@ export class QemuDriver implements Driver {
           throw e;
         });
       });
+      if (ownRam) ramBytes = await trace.phase('copy ram', () => copyRam(config.ram!.path, join(dir, 'ram')));
     });
     const { size } = await stat(join(dir, 'memory'));
-    return { dir, bytes: size };
+    return { dir, bytes: size + ramBytes };
   }
 
   /** A new VM that continues from a memory snapshot: same devices and memory size, then resumed. */
@@ -225,15 +237,16 @@ export class QemuDriver implements Driver {
 
   async destroy(handle: MachineHandle): Promise<void> {
     await killAndSweep(this.home, handle);
+    await removeRam(this.home, handle.id);
   }
 
   /**
-   * A VM's host objects are its run directory and its cgroup (QEMU is in it), named by the
-   * sandbox id like the namespaces driver's, which collects them for both drivers.
+   * A VM's host objects are its run directory and its cgroup (QEMU and its relay are in it),
+   * named by the sandbox id like the namespaces driver's, which collects them for both drivers;
+   * and its RAM file in /dev/shm, collected here.
    */
   async gc(liveIds: Set<string>): Promise<string[]> {
-    void liveIds;
-    return [];
+    return gcRam(this.home, liveIds);
   }
 }
 
@@ -243,11 +256,13 @@ function guestMemory(spec: Omit<MachineSpec, 'rootfs'>): number {
   return bytes;
 }
 
-/** A restore needs the memory file whole: check it before QEMU waits on a missing stream. */
-async function checkMemoryImage(image: MemoryImage): Promise<void> {
-  const st = await stat(join(image.dir, 'memory')).catch(() => null);
-  if (!st || st.size !== image.bytes) {
-    throw new SnaplabError('SNAPSHOT_NOT_FOUND', `the memory file of this snapshot is ${st ? `${st.size} bytes, not ${image.bytes}` : 'missing'}: ${join(image.dir, 'memory')}`, 'take a new memory snapshot; this one cannot be restored');
+/** A restore needs the snapshot's files whole: check them before QEMU waits on a missing stream. */
+async function checkMemoryImage(image: MemoryImage, config: VmConfig): Promise<void> {
+  const files = [join(image.dir, 'memory'), ...(config.ram ? [config.ram.path] : [])];
+  for (const f of files) {
+    if (!((await stat(f).catch(() => null))?.size)) {
+      throw new SnaplabError('SNAPSHOT_NOT_FOUND', `a file of this memory snapshot is missing or empty: ${f}`, 'take a new memory snapshot; this one cannot be restored');
+    }
   }
 }
 

@@ -13,6 +13,13 @@ export interface VmConfig {
   /** the root disk: a qcow2 overlay (ROOT_DEVICE in the guest) */
   disk: string;
   append: string;
+  /**
+   * guest RAM in a file: `share` (a booted VM: a tmpfs file of its own, which a memory snapshot
+   * copies instead of streaming), or mapped copy-on-write from a snapshot's RAM file (a restore:
+   * its pages are read on demand and shared, in the page cache, by every restore of it).
+   * Absent: anonymous RAM, which a memory snapshot streams.
+   */
+  ram?: { path: string; share: boolean };
 }
 
 export const QEMU = 'qemu-system-x86_64';
@@ -37,7 +44,8 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
   const f = vmFiles(runDir);
   return [
     '-name', 'snaplab',
-    '-M', c.machine,
+    '-M', c.ram ? `${c.machine},memory-backend=ram0` : c.machine,
+    ...(c.ram ? ['-object', `memory-backend-file,id=ram0,size=${c.memoryMb}M,mem-path=${c.ram.path.replace(/,/g, ',,')},share=${c.ram.share ? 'on' : 'off'}`] : []),
     '-accel', c.accel,
     '-m', `${c.memoryMb}M`,
     '-smp', String(c.cpus),

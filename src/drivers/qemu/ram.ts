@@ -1,0 +1,47 @@
+/**
+ * Guest RAM in a file. A booted VM's RAM is a tmpfs file of its own (`share=on`), so that a
+ * memory snapshot copies it (holes stay holes) and migrates only the device state
+ * (`x-ignore-shared`); a restore maps the snapshot's copy private (`share=off`): pages are read
+ * on demand, and every restore of one snapshot shares them in the page cache until it writes.
+ */
+import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { readdir, rm, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SnaplabError } from '../../errors.js';
+import { run } from '../../host/run.js';
+
+const SHM = '/dev/shm';
+
+/** One home's prefix: several snaplab homes may share /dev/shm, and gc must keep to its own. */
+const prefix = (home: string): string => `snaplab-${createHash('sha256').update(home).digest('hex').slice(0, 8)}-`;
+
+/** Where a booted VM keeps its RAM; undefined when the host has no /dev/shm (anonymous RAM then). */
+export function vmRamPath(home: string, id: string): string | undefined {
+  return existsSync(SHM) ? join(SHM, `${prefix(home)}${id}.ram`) : undefined;
+}
+
+/** Copy a stopped VM's RAM file; zero pages become holes. Resolves with the bytes it takes on disk. */
+export async function copyRam(from: string, to: string): Promise<number> {
+  const r = await run('cp', ['--sparse=always', from, to], { allowFail: true });
+  if (r.code !== 0) throw new SnaplabError('HOST_COMMAND_FAILED', `cannot copy the VM's RAM to ${to}: ${r.stderr.trim()}`, 'is there space under the snaplab home?');
+  return (await stat(to)).blocks * 512;
+}
+
+export async function removeRam(home: string, id: string): Promise<void> {
+  const p = vmRamPath(home, id);
+  if (p) await rm(p, { force: true });
+}
+
+/** RAM files of this home whose VM is not live (QEMU killed, host process crashed). */
+export async function gcRam(home: string, liveIds: Set<string>): Promise<string[]> {
+  const mine = prefix(home);
+  const removed: string[] = [];
+  for (const n of await readdir(SHM).catch(() => [] as string[])) {
+    if (!n.startsWith(mine) || !n.endsWith('.ram')) continue;
+    if (liveIds.has(n.slice(mine.length, -'.ram'.length))) continue;
+    await rm(join(SHM, n), { force: true });
+    removed.push(`VM RAM file ${join(SHM, n)}`);
+  }
+  return removed;
+}
