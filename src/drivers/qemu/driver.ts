@@ -51,6 +51,9 @@ export class QemuDriver implements Driver {
     if (process.getuid?.() !== 0) return { ok: false, reason: 'the VM driver needs root (cgroups)', fix: 'run snaplab as root' };
     const qemu = await which(QEMU);
     if (!qemu) return { ok: false, reason: `${QEMU} not found`, fix: 'apt-get install qemu-system-x86' };
+    // VM disks: a base made by mkfs.ext4 -d, an overlay per VM made by qemu-img
+    if (!(await which('qemu-img'))) return { ok: false, reason: 'qemu-img not found (it makes the VMs\' disks)', fix: 'apt-get install qemu-utils' };
+    if (!(await which('mkfs.ext4'))) return { ok: false, reason: 'mkfs.ext4 not found (it makes the VMs\' base disks)', fix: 'apt-get install e2fsprogs' };
     try {
       agentBinaryPath();
     } catch (e) {
