@@ -33,10 +33,16 @@
 #define MAX_ROUTES 8192
 /* stop reading from the VM while some client has this much unread output queued */
 #define CLIENT_HIGH_WATER (16u << 20)
+/* stop reading from clients while this much is queued for the VM */
+#define AGENT_HIGH_WATER (16u << 20)
+/* at most this much read from one client per pass, so that one fast writer cannot hog the loop */
+#define READ_PASS (1u << 20)
 
 struct client {
 	int fd;
 	struct buf in, out;
+	size_t skip; /* bytes still to drop of a frame too big to relay */
+	uint32_t events; /* what epoll watches for it now */
 };
 
 /* one request in flight: the relay's id, whose it is, and under which id the client knows it */
@@ -44,6 +50,7 @@ struct route {
 	uint32_t relay_id, client_id;
 	int client;	/* index into clients; -1 = free slot */
 	uint16_t type;
+	uint8_t started; /* an EXEC the agent has started (its ERRORs no longer end it) */
 };
 
 static struct client clients[MAX_CLIENTS];
@@ -80,12 +87,18 @@ static int unix_socket(const char *path, struct sockaddr_un *a)
 	return socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 }
 
+static struct route *route_by_relay(uint32_t relay_id);
+
+/* The next relay id not in flight (after 2^32 requests ids come round again; 0 is HELLO's). */
 static uint32_t fresh_id(void)
 {
-	uint32_t id = next_id++;
-	if (next_id == 0)
-		next_id = 1; /* 0 is HELLO's */
-	return id;
+	for (;;) {
+		uint32_t id = next_id++;
+		if (next_id == 0)
+			next_id = 1;
+		if (!route_by_relay(id))
+			return id;
+	}
 }
 
 /* Queue a frame whose header says `id` under a new id into b. */
@@ -98,12 +111,6 @@ static int forward(struct buf *b, const uint8_t *frame, size_t n, uint32_t id)
 	put_u32(d + 8, id);
 	b->len += n;
 	return 0;
-}
-
-static void want_write(int fd, void *tag, int on)
-{
-	struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = tag};
-	epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &ev);
 }
 
 /* Write what we can of b to fd; -1 when the peer is gone. */
@@ -152,6 +159,7 @@ static void close_client(int ci)
 	epoll_ctl(epfd, EPOLL_CTL_DEL, c->fd, NULL);
 	close(c->fd);
 	c->fd = -1;
+	c->skip = 0;
 	buf_free(&c->in);
 	buf_free(&c->out);
 	drop_routes_of(ci, 1);
@@ -199,6 +207,11 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 			forward(&agent_out, p, n, r->relay_id);
 		return;
 	}
+	if (f->type == T_EXEC && route_by_client(ci, f->id)) {
+		/* as the agent answers an EXEC whose id is still running */
+		frame_error(&c->out, f->id, EBUSY, "an exec with this request id is still running");
+		return;
+	}
 	struct route *r = new_route();
 	if (!r) {
 		frame_error(&c->out, f->id, EBUSY, "too many requests in flight through the relay");
@@ -212,9 +225,14 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 static void agent_frame(const uint8_t *p, size_t n, const struct frame *f)
 {
 	if (f->type == T_HELLO && f->id == 0) {
-		/* the agent started a new session: whatever was in flight is gone, tell every client */
-		for (int i = 0; i < MAX_CLIENTS; i++)
-			close_client(i);
+		/* the agent started a new session (its execs were killed): fail what was in flight */
+		for (int i = 0; i < nroutes; i++) {
+			if (routes[i].client < 0)
+				continue;
+			frame_error(&clients[routes[i].client].out, routes[i].client_id, ECONNRESET, "the VM's agent started a new session");
+			routes[i].client = -1;
+		}
+		nroutes = 0;
 		return;
 	}
 	struct route *r = route_by_relay(f->id);
@@ -222,21 +240,40 @@ static void agent_frame(const uint8_t *p, size_t n, const struct frame *f)
 		return; /* e.g. output of an exec whose client went away */
 	struct client *c = &clients[r->client];
 	forward(&c->out, p, n, r->client_id);
-	int more = r->type == T_EXEC && (f->type == T_STARTED || f->type == T_STDOUT || f->type == T_STDERR);
-	if (!more)
+	if (r->type == T_EXEC && f->type == T_STARTED)
+		r->started = 1;
+	/* an EXEC ends with EXIT, or with an ERROR before it started (after, an ERROR answers a bad
+	 * STDIN or SIGNAL for it); any other request with its one answer */
+	int done = r->type != T_EXEC || f->type == T_EXIT || (f->type == T_ERROR && !r->started);
+	if (done)
 		r->client = -1;
 }
 
-/* Parse every whole frame in b, handing each to fn; -1 on a frame too big to relay. */
+/*
+ * Parse every whole frame in b, handing each on. A client's frame over the limit is answered
+ * with ERROR (EMSGSIZE) and skipped, as the agent does; the agent's is fatal (-1).
+ */
 static int frames(struct buf *b, int ci)
 {
 	for (;;) {
+		if (ci >= 0 && clients[ci].skip) {
+			size_t k = buf_used(b) < clients[ci].skip ? buf_used(b) : clients[ci].skip;
+			buf_consume(b, k);
+			clients[ci].skip -= k;
+			if (clients[ci].skip)
+				return 0;
+		}
 		struct frame f;
 		long used = frame_parse(b->data + b->off, buf_used(b), &f);
 		if (used == 0)
 			return 0;
-		if (used < 0)
-			return -1;
+		if (used < 0) {
+			if (ci < 0)
+				return -1;
+			frame_error(&clients[ci].out, f.id, EMSGSIZE, "frame larger than 64 MiB");
+			clients[ci].skip = FRAME_HDR + (size_t)f.len;
+			continue;
+		}
 		if (ci >= 0)
 			client_frame(ci, b->data + b->off, (size_t)used, &f);
 		else
@@ -245,16 +282,17 @@ static int frames(struct buf *b, int ci)
 	}
 }
 
-/* Read what fd has into b; 0 at EOF or error, 1 otherwise. */
-static int fill(int fd, struct buf *b)
+/* Read what fd has into b (up to `max` bytes); 0 at EOF or error, 1 otherwise. */
+static int fill(int fd, struct buf *b, size_t max)
 {
-	for (;;) {
+	for (size_t got = 0; got < max;) {
 		uint8_t *d = buf_reserve(b, 65536);
 		if (!d)
 			return 0;
 		ssize_t r = read(fd, d, 65536);
 		if (r > 0) {
 			b->len += (size_t)r;
+			got += (size_t)r;
 			continue;
 		}
 		if (r < 0 && errno == EINTR)
@@ -263,6 +301,7 @@ static int fill(int fd, struct buf *b)
 			return 1;
 		return 0;
 	}
+	return 1;
 }
 
 /*
@@ -302,7 +341,8 @@ static void connect_agent(const char *path, pid_t qemu)
 							memcpy(hello, f.payload, f.len);
 							hello_len = f.len;
 							buf_consume(&b, (size_t)used);
-							/* frames after it (none expected) would be for nobody */
+							/* whatever follows it is the session's: keep it in step */
+							buf_append(&agent_in, b.data + b.off, buf_used(&b));
 							buf_free(&b);
 							agent_fd = fd;
 							return;
@@ -355,18 +395,22 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 		close(ready_fd);
 	}
 
+	uint32_t agent_events = EPOLLIN;
 	for (;;) {
 		struct epoll_event evs[64];
 		int n = epoll_wait(epfd, evs, 64, 1000);
 		if (n < 0 && errno != EINTR)
 			die("epoll_wait");
-		if (kill(qemu, 0) < 0 && errno == ESRCH)
+		/* QEMU gone: its socket closes too, but a crashed QEMU's child could hold it open */
+		if (n == 0 && kill(qemu, 0) < 0 && errno == ESRCH)
 			break;
 		for (int i = 0; i < n; i++) {
 			void *tag = evs[i].data.ptr;
 			if (tag == &listen_fd) {
 				int fd;
-				while ((fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+				while ((fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0 || errno == EINTR) {
+					if (fd < 0)
+						continue;
 					int ci = -1;
 					for (int k = 0; k < MAX_CLIENTS && ci < 0; k++)
 						if (clients[k].fd < 0)
@@ -376,20 +420,23 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 						continue;
 					}
 					clients[ci].fd = fd;
+					clients[ci].events = EPOLLIN;
 					struct epoll_event ce = {.events = EPOLLIN, .data.ptr = &clients[ci]};
 					epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ce);
 					/* as the agent greets a new connection (a client that RESETs skips it) */
 					frame_put(&clients[ci].out, T_HELLO, 0, hello, hello_len);
 				}
+				if (errno == EMFILE || errno == ENFILE)
+					usleep(10000); /* out of descriptors: do not spin on the pending connection */
 			} else if (tag == &agent_fd) {
 				if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-					if (!fill(agent_fd, &agent_in) || frames(&agent_in, -1) < 0)
+					if (!fill(agent_fd, &agent_in, (size_t)-1) || frames(&agent_in, -1) < 0)
 						goto out;
 				}
 			} else {
 				int ci = (int)((struct client *)tag - clients);
 				if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-					int alive = fill(clients[ci].fd, &clients[ci].in);
+					int alive = fill(clients[ci].fd, &clients[ci].in, READ_PASS);
 					if (frames(&clients[ci].in, ci) < 0 || !alive) {
 						close_client(ci);
 						continue;
@@ -407,14 +454,24 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 				close_client(ci);
 				continue;
 			}
-			want_write(c->fd, c, buf_used(&c->out) > 0);
+			/* backpressure the other way: clients wait while the VM has a backlog */
+			uint32_t want = (buf_used(&agent_out) > AGENT_HIGH_WATER ? 0 : EPOLLIN) | (buf_used(&c->out) ? EPOLLOUT : 0);
+			if (want != c->events) {
+				struct epoll_event ce = {.events = want, .data.ptr = c};
+				epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &ce);
+				c->events = want;
+			}
 			if (buf_used(&c->out) > CLIENT_HIGH_WATER)
 				full = 1;
 		}
 		if (flush(agent_fd, &agent_out) < 0)
 			break;
-		struct epoll_event ae = {.events = (full ? 0 : EPOLLIN) | (buf_used(&agent_out) ? EPOLLOUT : 0), .data.ptr = &agent_fd};
-		epoll_ctl(epfd, EPOLL_CTL_MOD, agent_fd, &ae);
+		uint32_t want = (full ? 0 : EPOLLIN) | (buf_used(&agent_out) ? EPOLLOUT : 0);
+		if (want != agent_events) {
+			struct epoll_event ae = {.events = want, .data.ptr = &agent_fd};
+			epoll_ctl(epfd, EPOLL_CTL_MOD, agent_fd, &ae);
+			agent_events = want;
+		}
 	}
 out:
 	unlink(listen_path);

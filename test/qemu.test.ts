@@ -62,6 +62,14 @@ describe('the qemu driver', () => {
     }
     expect(gone).toBe(true);
     expect(await out(vm, ['echo', 'still here'])).toBe('still here');
+    // a relay that dies (killed, out of memory) is started again by the next connection
+    const relays = (await run('pgrep', ['-f', `relay --connect ${join(lab.home, 'run', vm.id)}/`])).stdout.trim().split('\n');
+    expect(relays).toHaveLength(1);
+    process.kill(Number(relays[0]), 'SIGKILL');
+    const again = await lab.get('vm1');
+    expect(await out(again, ['echo', 'back'])).toBe('back');
+    again.close();
+    vm.close(); // its connection went with the old relay
   }, 60_000);
 
   it('a memory snapshot restores a running machine: processes, memory, files, clock, identity', async () => {
@@ -135,14 +143,33 @@ describe('the qemu driver', () => {
     await lab.removeSnapshot('vm-disk');
   }, 120_000);
 
+  it('an image cannot choose a VM\'s disk: what its tree holds at .snaplab-vm is thrown away', async () => {
+    // an untrusted image whose tree sends the disk directory to a host directory
+    const tree = join(lab.home, 'evil-tree');
+    const target = join(lab.home, 'host-dir');
+    await run('cp', ['-a', (await lab.images()).find((i) => i.name === 'busybox')!.path, tree]);
+    await run('mkdir', ['-p', target]);
+    await run('ln', ['-s', target, join(tree, '.snaplab-vm')]);
+    await lab.importImage(tree, 'evil');
+    const box = await lab.create({ driver: 'qemu', image: 'evil', name: 'vm-evil' });
+    expect(readdirSync(target)).toEqual([]); // nothing was written through the link
+    const info = JSON.parse((await run('qemu-img', ['info', '-U', '--output=json', join(box.info.volume!.path, DISK_IN_VOLUME)])).stdout) as Record<string, string>;
+    expect(info['backing-filename']!.startsWith(join(lab.home, 'qemu', 'disks') + '/')).toBe(true);
+    expect(await out(box, ['echo', 'ok'])).toBe('ok');
+    await box.destroy();
+    await lab.removeImage('evil');
+  }, 120_000);
+
   it('a pool of VM standbys: paused restores of one booted VM, each execution in a fresh one', async () => {
     const pool = await lab.createPool({ name: 'vms', image: 'busybox', size: 2, driver: 'qemu', limits: {} });
     const st = await pool.stats();
     expect([st.driver, st.ready, st.recycle]).toEqual(['qemu', 2, false]);
     // the template: a memory snapshot of a VM booted once; the VM itself is gone
-    const template = (await lab.snapshots()).find((x) => x.name === 'pool.vms');
+    const template = (await lab.snapshots()).find((x) => x.name === '_pool.vms');
     expect(template?.record.memory?.driver).toBe('qemu');
-    expect((await lab.list()).map((x) => x.name)).not.toContain('pool.vms');
+    expect((await lab.list()).filter((x) => x.info.reason === 'template of pool vms')).toEqual([]);
+    // a name users cannot give: theirs never collide with a template
+    await expect(vm.snapshot('_pool.other')).rejects.toMatchObject({ code: 'BAD_NAME' });
     const argv = ['sh', '-c', 'echo $(hostname) $(cat /etc/machine-id) $(date +%s) $(cat /root/mark 2>/dev/null); echo used > /root/mark'];
     const a = await pool.run(argv);
     const b = await pool.run(argv);
@@ -162,7 +189,7 @@ describe('the qemu driver', () => {
     const c = await pool.run(['true']);
     expect(c.hit).toBe(false);
     await pool.remove();
-    expect((await lab.snapshots()).map((x) => x.name)).not.toContain('pool.vms');
+    expect((await lab.snapshots()).map((x) => x.name)).not.toContain('_pool.vms');
     expect((await lab.list()).filter((x) => x.info.pool === 'vms')).toEqual([]);
   }, 240_000);
 

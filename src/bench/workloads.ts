@@ -61,12 +61,15 @@ async function exec(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   }
 }
 
-/** snapshot: freeze, snapshot, thaw one sandbox (holding fillBytes of data); remove each snapshot untimed. */
+/**
+ * snapshot: freeze, snapshot, thaw one sandbox (holding fillBytes of data); remove each snapshot
+ * untimed. With the VM driver, a memory snapshot (memory, devices and disk at one instant).
+ */
 async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   const boxes: Sandbox[] = [];
   try {
     for (let i = 0; i < s.concurrency; i++) {
-      const box = await lab.create({ storage: s.storage });
+      const box = await lab.create({ storage: s.storage, driver: s.driver });
       boxes.push(box);
       if (s.fillBytes) {
         const r = await box.exec(['dd', 'if=/dev/zero', 'of=/root/fill', 'bs=1M', `count=${Math.max(1, Math.round(s.fillBytes / 2 ** 20))}`]);
@@ -78,7 +81,7 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
     }
     let n = 0;
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async (w) => {
-      const snap = await boxes[w]!.snapshot(`bench-${process.pid}-${w}-${n++}`);
+      const snap = await boxes[w]!.snapshot(`bench-${process.pid}-${w}-${n++}`, { memory: s.driver === 'qemu' });
       await lab.removeSnapshot(snap.name);
       return { latencyMs: snap.lastTrace!.totalMs, phases: phasesOf(snap.lastTrace) };
     });
@@ -92,7 +95,7 @@ async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   const box = await lab.create({ storage: s.storage, driver: s.driver });
   const name = `bench-restore-${process.pid}-${Date.now()}`;
   try {
-    // a VM's snapshot is of its memory (its filesystem lives there); a restore continues it
+    // a VM's memory snapshot: a restore continues the machine, it does not boot
     await box.snapshot(name, { memory: s.driver === 'qemu' });
   } finally {
     await box.destroy();

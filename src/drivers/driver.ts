@@ -9,8 +9,11 @@ export interface MachineSpec {
   limits: Limits;
   /** directory that becomes the machine's root filesystem (a VM keeps its disk in it) */
   rootfs: string;
-  /** the volume `rootfs` was cloned from: a VM makes its base disk from an image's */
-  source?: { id: string; path: string };
+  /**
+   * the volume `rootfs` was cloned from: an image's (`image`: a VM makes its base disk from it), or
+   * a snapshot's (a VM's holds the VM's disk)
+   */
+  source?: { id: string; path: string; image: boolean };
   /** join this existing network namespace (a path, e.g. /run/netns/snaplab-…) instead of a new loopback-only one */
   netns?: string;
 }

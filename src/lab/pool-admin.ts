@@ -9,6 +9,8 @@ import { reconcile } from './reconcile.js';
 import { destroyRecord } from './teardown.js';
 import { removeSnapshot } from './removals.js';
 import { Trace } from '../timing/trace.js';
+import { join } from 'node:path';
+import { withLock } from '../host/lock.js';
 
 export interface PoolSpec {
   name: string;
@@ -45,7 +47,6 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
   if (!Number.isSafeInteger(spec.size) || spec.size < 0) throw new SnaplabError('BAD_INPUT', `invalid pool size ${spec.size}`, 'give a whole number ≥ 0');
   const driver = ctx.driver(spec.driver ?? 'namespaces');
   if (driver.capabilities.memorySnapshot) {
-    checkName('pool', templateName(spec.name));
     // a VM's clean check would need the guest's word for its own state: every use gets a fresh restore
     if (spec.recycle) throw new SnaplabError('BAD_INPUT', `standbys of the ${driver.name} driver are not recycled: each execution gets a fresh restore`, 'drop --recycle');
   }
@@ -110,12 +111,21 @@ export async function trimPool(ctx: LabContext, name: string, keep: number): Pro
 
 /** Destroy the pool's standbys and forget it; sandboxes taken from it are destroyed on release. */
 export async function removePool(ctx: LabContext, name: string): Promise<number> {
-  const pool = getPool(ctx, name);
+  getPool(ctx, name);
   const removed = await trimPool(ctx, name, 0);
-  ctx.store.deletePool(name);
-  if (pool.template && ctx.store.getSnapshot(pool.template)) await removeSnapshot(ctx, pool.template, new Trace('pool rm', name));
+  // under the pool's lock: a template being made meanwhile is finished (and then removed here)
+  await withLock(poolLock(ctx, name), async () => {
+    ctx.store.deletePool(name);
+    if (ctx.store.getSnapshot(templateName(name))) await removeSnapshot(ctx, templateName(name), new Trace('pool rm', name));
+  }, 300_000);
   return removed;
 }
 
-/** The name of the memory snapshot (and of the machine it is taken from) a VM pool restores. */
-export const templateName = (pool: string): string => `pool.${pool}`;
+/**
+ * The name of the memory snapshot a VM pool's standbys are restored from. It starts with "_",
+ * which names given by users cannot (checkName), so it never collides with theirs.
+ */
+export const templateName = (pool: string): string => `_pool.${pool}`;
+
+/** The lock held while a pool's template is made or removed. */
+export const poolLock = (ctx: LabContext, pool: string): string => join(ctx.home, 'run', `pool-${pool}.lock`);

@@ -1,15 +1,13 @@
 import type { AgentClient } from '../agent/client.js';
-import { join } from 'node:path';
 import { withLock } from '../host/lock.js';
 import type { Volume } from '../storage/backend.js';
 import type { SandboxRecord, SnapshotRecord } from '../store/records.js';
-import { removeSnapshot } from './removals.js';
 import { snapshotSandbox } from './sandbox-ops.js';
 import { Trace } from '../timing/trace.js';
 import { captureBaseline, dirtReasons } from './clean.js';
 import type { LabContext } from './context.js';
 import { imageVolume } from './image-volume.js';
-import { getPool, reapLeaks, takenBy, templateName } from './pool-admin.js';
+import { getPool, poolLock, reapLeaks, takenBy, templateName } from './pool-admin.js';
 import { raiseSandbox } from './raise.js';
 import { destroyRecord } from './teardown.js';
 
@@ -55,13 +53,21 @@ export class PoolRunner {
           this.ctx.store.countPool(this.name, 'leaks');
           continue;
         }
-        await trace.phase('thaw', () => driver.resume(handle(rec)));
-        rec.state = 'running';
-        const agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handle(rec))));
-        this.agents.set(rec.id, agent);
-        // a VM's clock stood still while it waited (a namespace sandbox shares the host's)
-        if (driver.capabilities.memorySnapshot) await trace.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
-        else await trace.phase('agent ready', () => agent.ping());
+        let agent: AgentClient;
+        try {
+          await trace.phase('thaw', () => driver.resume(handle(rec)));
+          rec.state = 'running';
+          agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handle(rec))));
+          this.agents.set(rec.id, agent);
+          // a VM's clock stood still while it waited (a namespace sandbox shares the host's)
+          if (driver.capabilities.memorySnapshot) await trace.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
+          else await trace.phase('agent ready', () => agent.ping());
+        } catch {
+          // a standby that cannot be woken is of no use to anyone: drop it, take another
+          await this.drop(rec).catch(() => undefined);
+          this.ctx.store.countPool(this.name, 'leaks');
+          continue;
+        }
         this.ctx.store.countPool(this.name, 'hits');
         this.kick();
         return { record: rec, agent, hit: true };
@@ -208,28 +214,22 @@ export class PoolRunner {
    * taken from is destroyed; the snapshot goes with the pool.
    */
   private async template(trace: Trace): Promise<SnapshotRecord> {
-    const existing = (): SnapshotRecord | undefined => {
-      const t = getPool(this.ctx, this.name).template;
-      return t ? this.ctx.store.getSnapshot(t) : undefined;
-    };
-    const hit = existing();
+    const name = templateName(this.name);
+    const hit = this.ctx.store.getSnapshot(name);
     if (hit) return hit;
-    return withLock(join(this.ctx.home, 'run', `pool-${this.name}.lock`), async () => {
-      const again = existing();
+    return withLock(poolLock(this.ctx, this.name), async () => {
+      const again = this.ctx.store.getSnapshot(name);
       if (again) return again;
-      const pool = getPool(this.ctx, this.name);
-      const name = templateName(this.name);
-      // left by a holder that crashed while making it
-      const stale = this.ctx.store.getSnapshot(name);
-      if (stale) await removeSnapshot(this.ctx, name, trace);
-      const staleVm = this.ctx.store.getSandbox(name);
-      if (staleVm) await destroyRecord(this.ctx, staleVm);
+      const pool = getPool(this.ctx, this.name); // removed meanwhile? say so
+      // a VM left by a holder that crashed while making the template
+      const reason = `template of pool ${this.name}`;
+      for (const s of this.ctx.store.listSandboxes()) if (s.reason === reason) await destroyRecord(this.ctx, s);
       const base = (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
       const vm = await trace.phase('boot template', () =>
-        raiseSandbox(this.ctx, { name, image: pool.image, storage: pool.storage, driver: pool.driver, limits: pool.limits, base, origin: null, heldBy: `template of pool ${this.name}` }, trace),
+        raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: pool.driver, limits: pool.limits, base, origin: null, heldBy: reason }, trace),
       );
       try {
-        const snap = await trace.phase('snapshot template', () => snapshotSandbox(this.ctx, vm.record, name, trace, true, async () => vm.agent));
+        const snap = await trace.phase('snapshot template', () => snapshotSandbox(this.ctx, vm.record, name, trace, { memory: true, agent: async () => vm.agent, internal: true }));
         this.ctx.store.setPoolTemplate(this.name, snap.name);
         return snap;
       } finally {

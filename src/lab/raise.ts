@@ -75,7 +75,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     if (cloned.status === 'rejected') throw cloned.reason;
     const volume = cloned.value;
     if (prepared.status === 'rejected') throw prepared.reason;
-    const spec = { ...machine, rootfs: volume.path, source: { id: base.id, path: base.path } };
+    const spec = { ...machine, rootfs: volume.path, source: { id: base.id, path: base.path, image: input.origin === null } };
     const raised = input.memory && driver.restoreMemory
       ? await driver.restoreMemory(spec, input.memory, trace)
       : await driver.raise(spec, trace, signal);

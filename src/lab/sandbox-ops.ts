@@ -115,14 +115,25 @@ async function underStateLock<T>(ctx: LabContext, s: SandboxRecord, fn: () => Pr
   });
 }
 
+export interface SnapshotOptions {
+  /** the whole machine state too (drivers that can: VMs), so a restore continues it */
+  memory?: boolean;
+  /**
+   * the connection to use when the guest must first write its cache to its disk (a VM): the
+   * caller's own, if it holds one; else one is opened
+   */
+  agent?: () => Promise<AgentClient>;
+  /** snaplab's own snapshot (a pool's template), under a name users cannot give (checkName skipped) */
+  internal?: boolean;
+}
+
 /**
  * Freeze the sandbox, snapshot its filesystem, thaw it (even when the snapshot fails). With
- * `memory`, the whole machine state too (drivers that can: VMs), so a restore continues it.
- * `agent` gives the connection to use when the guest must first write its cache to its disk (a
- * VM takes one agent connection at a time: the caller's own, if it holds one).
+ * `memory`, the whole machine state too, taken while it is frozen, so memory and disk agree.
  */
-export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace, memory = false, agent?: () => Promise<AgentClient>): Promise<SnapshotRecord> {
-  checkName('snapshot', name);
+export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace, opts: SnapshotOptions = {}): Promise<SnapshotRecord> {
+  if (!opts.internal) checkName('snapshot', name);
+  const memory = opts.memory === true;
   const driver = ctx.driver(s.driver);
   if (memory && !driver.snapshotMemory) {
     throw new SnaplabError('BAD_INPUT', `the ${s.driver} driver cannot snapshot memory: processes do not survive its snapshots`, 'drop --memory (a filesystem snapshot), or use --driver qemu');
@@ -132,22 +143,23 @@ export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: s
       throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
     }
     if (s.state !== 'paused') await ensureUsable(ctx, s);
-    if (!s.volume) throw new SnaplabError('INTERNAL', `sandbox ${s.name} has no volume recorded`);
+    if (!s.volume) throw new SnaplabError('INTERNAL', `sandbox ${s.name} has no volume recorded`, 'remove it with `snaplab rm` and create it again');
+    // everything that can fail without touching the machine comes before the freeze
+    const backend = await ctx.readyBackend(s.storage);
     const wasPaused = s.state === 'paused';
     // a filesystem snapshot of a VM: its kernel's dirty pages first (a memory snapshot has them)
     if (!memory && driver.capabilities.guestCache && !wasPaused) {
       await trace.phase('guest sync', async () => {
-        const r = await execIn(ctx, s, agent ? await agent() : await connectAgent(ctx, s), ['sync']);
+        const r = await execIn(ctx, s, opts.agent ? await opts.agent() : await connectAgent(ctx, s), ['sync']);
         if (r.exitCode !== 0) throw new SnaplabError('AGENT_ERROR', `sync in ${s.name} failed (exit ${r.exitCode}): ${r.stderr.toString().trim()}`, 'does the image have sync (busybox has)?');
       });
     }
-    if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s)));
     return inflight(ctx, 'snapshot', async () => {
       let volume: Volume | undefined;
       let image: MemoryImage | undefined;
       let failed = true;
-      const backend = await ctx.readyBackend(s.storage);
       const dir = join(ctx.home, 'snapshots', newId());
+      if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s)));
       try {
         // memory and disk are taken while the machine stands still, so they agree
         volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
@@ -161,7 +173,6 @@ export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: s
         // a failed thaw must not hide why the snapshot failed
         if (!wasPaused) await trace.phase('thaw', () => driver.resume(handleOf(s))).catch((e: unknown) => { if (!failed) throw e; });
       }
-      if (!volume) throw new SnaplabError('INTERNAL', 'no volume after a snapshot');
       const rec: SnapshotRecord = {
         name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now(),
         driver: s.driver, memory: image ? { ...image, driver: s.driver } : null,

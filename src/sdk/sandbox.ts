@@ -66,7 +66,7 @@ export class Sandbox {
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<Snapshot> {
     const { result, trace } = await this.ctx.traced('snapshot', this.name, async (t) => {
       const wasRunning = this.record.state === 'running';
-      const rec = await snapshotSandbox(this.ctx, this.record, name, t, opts.memory, () => this.connection());
+      const rec = await snapshotSandbox(this.ctx, this.record, name, t, { memory: opts.memory, agent: () => this.connection() });
       // a VM's clock stood still while it was paused for the snapshot
       if (wasRunning && this.ctx.driver(this.record.driver).capabilities.memorySnapshot) {
         const agent = await this.connection();

@@ -102,6 +102,8 @@ export const migrations: string[] = [
   `,
   `
   ALTER TABLE snapshots ADD COLUMN driver TEXT;
+  `,
+  `
   ALTER TABLE pools ADD COLUMN driver TEXT;
   ALTER TABLE pools ADD COLUMN template TEXT;
   `,

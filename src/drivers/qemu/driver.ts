@@ -3,7 +3,8 @@ import { copyFile, link, mkdir, readFile, rm, stat, writeFile } from 'node:fs/pr
 import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
-import { SnaplabError } from '../../errors.js';
+import { SnaplabError, isSnaplabError } from '../../errors.js';
+import { withLock } from '../../host/lock.js';
 import { cgroupFor, createCgroup } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess } from '../../host/procs.js';
@@ -12,7 +13,7 @@ import { VM_DEFAULT_MEMORY } from '../../lab/limits.js';
 import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, RaisedMachine } from '../driver.js';
 import { ensureGuestKernel, ensureInitramfs, qemuKernelArgs } from './guest.js';
-import { createOverlay, ensureBaseDisk, volumeDisk } from './disk.js';
+import { checkVolumeDisk, ensureBaseDisk, freshVolumeDisk } from './disk.js';
 import { QEMU, logTail, shellQuote, startQemu, vmFiles, type VmConfig } from './launch.js';
 import { QmpClient } from './qmp.js';
 import { killAndSweep } from '../teardown.js';
@@ -22,6 +23,8 @@ import { startRelay } from './relay.js';
 import { copyRam, gcRam, removeRam, vmRamPath } from './ram.js';
 
 const BOOT_TIMEOUT_MS = 60_000;
+/** a running guest answers a new relay at once; a paused one never does */
+const RELAY_RESTART_TIMEOUT_MS = 10_000;
 /**
  * In a VM the machine is the boundary: the guest's root keeps the namespaces driver's capability
  * set plus SYS_TIME (the agent corrects the clock after a restore) and SYS_ADMIN (a restored copy
@@ -75,8 +78,8 @@ export class QemuDriver implements Driver {
   private async config(spec: MachineSpec, trace: Trace): Promise<VmConfig> {
     const kernel = await trace.phase('guest kernel', () => ensureGuestKernel(this.home));
     const initrd = await trace.phase('initramfs', () => this.initramfs(spec.id, kernel));
-    const disk = await trace.phase('root disk', () => this.rootDisk(spec));
-    const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, disk, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
+    const { disk, base: diskBase } = await trace.phase('root disk', () => this.rootDisk(spec));
+    const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, disk, diskBase, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
     const accel = await trace.phase('acceleration', () => chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })));
     const ram = vmRamPath(this.home, spec.id);
     return { ...base, accel, ...(ram ? { ram: { path: ram, share: true } } : {}) };
@@ -92,15 +95,15 @@ export class QemuDriver implements Driver {
   }
 
   /**
-   * The VM's disk in its volume: already there when the volume is a clone of a VM's snapshot,
-   * else a new overlay on the base disk of the image the volume was cloned from.
+   * The VM's disk in its volume: a new overlay on the image's base disk when the volume is a
+   * clone of an image (whatever the image's tree holds there is discarded), else the disk of the
+   * VM snapshot it is a clone of, checked.
    */
-  private async rootDisk(spec: MachineSpec): Promise<string> {
-    const disk = volumeDisk(spec.rootfs);
-    if (existsSync(disk)) return disk;
-    if (!spec.source) throw new SnaplabError('INTERNAL', `no disk in ${spec.rootfs} and no image to make one from`);
-    await createOverlay(await ensureBaseDisk(this.home, spec.source), disk);
-    return disk;
+  private async rootDisk(spec: MachineSpec): Promise<{ disk: string; base: string }> {
+    if (!spec.source) throw new SnaplabError('INTERNAL', `no source volume for the disk in ${spec.rootfs}`, 'this is a bug in snaplab; please report it');
+    if (!spec.source.image) return checkVolumeDisk(this.home, spec.rootfs);
+    const base = await ensureBaseDisk(this.home, spec.source);
+    return { disk: await freshVolumeDisk(spec.rootfs, base), base };
   }
 
   /** Does a guest reach its agent under this acceleration within a short time? (KVM hangs on some hosts.) */
@@ -153,16 +156,29 @@ export class QemuDriver implements Driver {
     return { handle, agent };
   }
 
-  /** A connection through the VM's relay: any number, from any process. */
+  /**
+   * A connection through the VM's relay: any number, from any process. A relay that has died
+   * (killed, out of memory) while QEMU lives is started again, once, under a lock.
+   */
   async connect(handle: MachineHandle, timeoutMs = 5000): Promise<AgentClient> {
     const dir = this.runDir(handle.id);
+    const attempt = (): Promise<AgentClient> => AgentClient.connect(vmFiles(dir).relay, { timeoutMs, reset: true });
+    const gone = async (): Promise<SnaplabError | undefined> =>
+      (await sameProcess(handle.pid, handle.pidStart)) ? undefined : new SnaplabError('SANDBOX_DEAD', `the VM's QEMU process is gone:\n${await logTail(dir)}`, 'remove it with `snaplab rm`');
     try {
-      return await AgentClient.connect(vmFiles(dir).relay, { timeoutMs, reset: true });
-    } catch (e) {
-      if (!(await sameProcess(handle.pid, handle.pidStart))) {
-        throw new SnaplabError('SANDBOX_DEAD', `the VM's QEMU process is gone:\n${await logTail(dir)}`, 'remove it with `snaplab rm`');
-      }
-      throw e;
+      return await attempt();
+    } catch (first) {
+      const dead = await gone();
+      if (dead) throw dead;
+      if (!isSnaplabError(first, 'AGENT_UNREACHABLE')) throw first;
+      return withLock(join(dir, 'relay.lock'), async () => {
+        try {
+          return await attempt(); // another process may have restarted it meanwhile
+        } catch {
+          await startRelay(dir, handle.pid, cgroupFor(handle.id).procsFiles, RELAY_RESTART_TIMEOUT_MS);
+          return attempt();
+        }
+      });
     }
   }
 
@@ -226,9 +242,8 @@ export class QemuDriver implements Driver {
     await rm(initrd, { force: true });
     await link(snapped.initrd, initrd).catch(() => copyFile(snapped.initrd, initrd));
     // its disk is the one in its volume, a clone of the snapshot's, taken with the memory
-    const disk = volumeDisk(spec.rootfs);
-    if (!existsSync(disk)) throw new SnaplabError('SNAPSHOT_NOT_FOUND', `the snapshot's volume has no VM disk (${disk})`, 'take a new memory snapshot; this one cannot be restored');
-    const config = { ...snapped, initrd, disk };
+    const { disk, base: diskBase } = await checkVolumeDisk(this.home, spec.rootfs);
+    const config = { ...snapped, initrd, disk, diskBase };
     await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
     return this.start(spec.id, config, trace, image);
   }

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, lstatSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { chmod, copyFile, mkdir, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
@@ -8,7 +8,7 @@ import { isSnaplabError, type SnaplabError } from '../../errors.js';
 import { run, which } from '../../host/run.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { ensureGuestKernel, ensureInitramfs, GUEST_AGENT_PATH, GUEST_AGENT_RUN_PATH, listInitramfs, qemuKernelArgs, readInitramfsFile, ROOT_DEVICE, type GuestKernel } from './guest.js';
-import { baseDiskPath, createOverlay, DISK_IN_VOLUME, ensureBaseDisk, gcBaseDisks, VM_DISK_BYTES } from './disk.js';
+import { baseDiskPath, checkVolumeDisk, createOverlay, DISK_IN_VOLUME, ensureBaseDisk, freshVolumeDisk, gcBaseDisks, VM_DISK_BYTES } from './disk.js';
 
 const home = mkdtempSync(join(tmpdir(), 'snaplab-qemu-guest-'));
 const log = (s: string): void => console.log(`[guest.test] ${s}`);
@@ -136,6 +136,23 @@ describe('qemu guest artefacts', () => {
     expect(removed.sort()).toEqual([`base disk ${crashed}`, `base disk ${stray}`].sort());
     expect(existsSync(a) && existsSync(building)).toBe(true);
     rmSync(building);
+
+    // a VM snapshot's disk is checked before QEMU opens it: ours passes, a planted one does not
+    const vol = join(home, 'vol');
+    expect(await checkVolumeDisk(home, vol)).toEqual({ disk: overlay, base: a });
+    const planted = join(home, 'planted');
+    await mkdir(join(planted, '.snaplab-vm'), { recursive: true });
+    await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'raw', '-b', '/etc/hostname', join(planted, DISK_IN_VOLUME), '1M']);
+    await expect(checkVolumeDisk(home, planted)).rejects.toMatchObject({ code: 'SNAPSHOT_NOT_FOUND', message: expect.stringMatching(/not a base disk of this snaplab home/) });
+    const linked = join(home, 'linked');
+    await mkdir(linked, { recursive: true });
+    await symlink(join(vol, '.snaplab-vm'), join(linked, '.snaplab-vm'));
+    await expect(checkVolumeDisk(home, linked)).rejects.toMatchObject({ code: 'SNAPSHOT_NOT_FOUND', message: expect.stringMatching(/no disk directory/) });
+    // a fresh disk replaces whatever is there, without following a link
+    const fresh = await freshVolumeDisk(linked, a);
+    expect(lstatSync(join(linked, '.snaplab-vm')).isDirectory()).toBe(true);
+    expect(fresh).toBe(join(linked, DISK_IN_VOLUME));
+    expect(existsSync(overlay)).toBe(true); // the link's target is untouched
   }, 60_000);
 
   it('says what to do when apt cannot get the kernel (no network)', async () => {

@@ -12,6 +12,8 @@ export interface VmConfig {
   initrd: string;
   /** the root disk: a qcow2 overlay (ROOT_DEVICE in the guest) */
   disk: string;
+  /** its backing file, a base disk: pinned on the command line, never taken from the overlay */
+  diskBase: string;
   append: string;
   /**
    * guest RAM in a file: `share` (a booted VM: a tmpfs file of its own, which a memory snapshot
@@ -56,8 +58,13 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
     '-sandbox', 'on,obsolete=deny,spawn=allow,resourcecontrol=deny',
     '-kernel', c.kernel, '-initrd', c.initrd, '-append', c.append,
     '-serial', `file:${f.serial}`,
-    // cache=writeback: QEMU flushes when it stops (pause, snapshot), so the host file is whole then
-    '-drive', `file=${c.disk.replace(/,/g, ',,')},if=none,id=root,format=qcow2,cache=writeback,discard=unmap`,
+    // the disk and its backing, each node named: QEMU opens the base read only and does not follow
+    // a backing name written in the overlay. Write-back cache: QEMU flushes when it stops (pause,
+    // snapshot), so the host file is whole then
+    '-blockdev', JSON.stringify({ driver: 'file', filename: c.diskBase, 'node-name': 'base-file', 'read-only': true }),
+    '-blockdev', JSON.stringify({ driver: 'raw', file: 'base-file', 'node-name': 'base', 'read-only': true }),
+    '-blockdev', JSON.stringify({ driver: 'file', filename: c.disk, 'node-name': 'disk-file', discard: 'unmap' }),
+    '-blockdev', JSON.stringify({ driver: 'qcow2', file: 'disk-file', backing: 'base', 'node-name': 'root', discard: 'unmap' }),
     '-device', 'virtio-blk-pci,drive=root',
     '-device', 'virtio-serial-pci',
     '-chardev', `socket,path=${f.chardev},server=on,wait=off,id=agent`,

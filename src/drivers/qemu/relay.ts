@@ -33,7 +33,13 @@ export async function startRelay(runDir: string, qemuPid: number, cgroupProcs: s
       };
       ready.once('data', () => done());
       child.once('error', (e) => done(new SnaplabError('LAUNCH_FAILED', `cannot start the VM's relay: ${e.message}`, 'make -C native')));
-      child.once('exit', (code) => done(new SnaplabError('LAUNCH_FAILED', `the VM's relay exited ${code ?? 'on a signal'} before the agent answered`, 'check the VM settings (--memory at least 64M) and the image')));
+      child.once('exit', (code) =>
+        done(
+          code === 125
+            ? new SnaplabError('CGROUP_FAILED', 'the VM\'s relay could not join the sandbox\'s cgroup', 'run `snaplab doctor`')
+            : new SnaplabError('LAUNCH_FAILED', `the VM's relay exited ${code ?? 'on a signal'} before the agent answered`, 'check the VM settings (--memory at least 64M) and the image'),
+        ),
+      );
     });
   } catch (e) {
     try { if (child.pid) process.kill(child.pid, 'SIGKILL'); } catch { /* gone */ }
