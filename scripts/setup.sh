@@ -26,6 +26,9 @@ echo "== npm ci"
 npm ci --no-audit --no-fund
 echo "== build (TypeScript and the agent)"
 npm run build
+# the VM driver's guest kernel (apt) and initramfs, now rather than at the first VM
+echo "== snaplab prepare --driver qemu"
+npx --no-install snaplab prepare --driver qemu || echo "warning: the VM driver could not be prepared; the first VM will try again" >&2
 
 if [ "${1:-}" = "--demo" ]; then
   echo "== snaplab doctor"

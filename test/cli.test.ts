@@ -1,5 +1,5 @@
 import { spawnSync, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -32,6 +32,21 @@ describe('snaplab CLI', () => {
     expect(d.ok).toBe(true);
     expect(d.defaultStorage).toMatch(/btrfs|overlay|dir/);
     expect(d.checks.find((c: { name: string }) => c.name === 'namespaces').ok).toBe(true);
+  });
+
+  it('prepare fetches what VMs need ahead of time; a bad driver is an error with a hint', () => {
+    const r = snaplab(['prepare', '--driver', 'qemu', '--json']);
+    expect(r.code, r.err).toBe(0);
+    const p = JSON.parse(r.out) as { image: string; vm: { version: string; kernel: string; initramfs: string } };
+    expect(p.image).toBe('busybox');
+    expect(p.vm.version).toMatch(/cloud-amd64$/);
+    expect(existsSync(p.vm.kernel) && existsSync(p.vm.initramfs)).toBe(true);
+    expect(p.vm.kernel.startsWith(home)).toBe(true); // cached under SNAPLAB_HOME
+    const again = snaplab(['prepare', '--driver', 'qemu', '--json']);
+    expect(again.err).not.toMatch(/downloading/); // from the cache
+    const bad = snaplab(['prepare', '--driver', 'firecracker']);
+    expect(bad.code).toBe(2);
+    expect(bad.err).toMatch(/DRIVER_UNAVAILABLE[\s\S]*hint: available drivers: namespaces, qemu/);
   });
 
   it('create --json, exec with exit codes, snapshot, restore, trace, ls, rm', () => {

@@ -17,6 +17,7 @@ import { registerDf } from './df.js';
 import { registerPool } from './pool.js';
 import { registerRun } from './run.js';
 import { registerScenario } from './scenario.js';
+import { registerPrepare } from './prepare.js';
 import { EXIT_EXEC_FAILURE, EXIT_USAGE } from './output.js';
 
 const program = new Command('snaplab')
@@ -31,6 +32,7 @@ const program = new Command('snaplab')
   });
 
 registerDoctor(program);
+registerPrepare(program);
 registerImage(program);
 registerCreate(program);
 registerExec(program);

@@ -1,3 +1,4 @@
+import { QemuDriver } from '../drivers/qemu/driver.js';
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/gc.js';
 import { imageVolume } from '../lab/image-volume.js';
@@ -124,6 +125,18 @@ export class Lab {
 
   async importImage(source: string, name: string): Promise<ImageRecord> {
     return (await this.ctx.traced('image import', name, () => this.ctx.images.import(source, name))).result;
+  }
+
+  /**
+   * Get ready ahead of time, so that nothing is fetched at run time: the image (built-in busybox
+   * by default), and for the VM driver its guest kernel (apt) and initramfs.
+   */
+  async prepare(opts: { driver?: string; image?: string } = {}, onProgress?: (s: string) => void): Promise<{ image: string; vm?: { version: string; kernel: string; initramfs: string } }> {
+    const driver = this.ctx.driver(opts.driver ?? 'namespaces');
+    onProgress?.(`image ${opts.image ?? 'busybox'}`);
+    const img = await this.ctx.images.resolve(opts.image ?? 'busybox');
+    if (!(driver instanceof QemuDriver)) return { image: img.name };
+    return { image: img.name, vm: await driver.prepareHost(onProgress) };
   }
 
   /** Make sure an image exists (builds the built-in busybox image on first use). */

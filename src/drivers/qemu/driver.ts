@@ -66,6 +66,17 @@ export class QemuDriver implements Driver {
     return { ok: true, reason: `${qemu}; acceleration: ${accel ? `${accel.accel} (${accel.reason})` : 'decided by a test boot on first use (KVM only if a guest boots under it)'}` };
   }
 
+  /**
+   * Fetch and build ahead of time what every VM needs, so that nothing is downloaded at run time
+   * (set-up runs it): the guest kernel (apt) and the initramfs.
+   */
+  async prepareHost(onProgress?: (s: string) => void): Promise<{ version: string; kernel: string; initramfs: string }> {
+    const kernel = await ensureGuestKernel(this.home, onProgress);
+    onProgress?.('building the initramfs');
+    const initramfs = await ensureInitramfs({ home: this.home, kernel, agent: agentBinaryPath(), machine: 'pc', caps: VM_CAPABILITIES });
+    return { version: kernel.version, kernel: kernel.kernel, initramfs };
+  }
+
   async prepare(spec: Omit<MachineSpec, 'rootfs'>, trace: Trace): Promise<void> {
     await trace.phase('cgroup', async () => {
       await mkdir(this.runDir(spec.id), { recursive: true, mode: 0o700 });
