@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import { disposeLab, testLab } from './helpers.js';
+import { cgroupFor, isFrozen, stats } from '../src/host/cgroups.js';
 
 let lab: Lab;
 beforeAll(async () => {
@@ -33,6 +34,15 @@ describe.each(['btrfs', 'overlay'] as const)('pools on %s', (storage) => {
     const put = await pool.run(['sh', '/run/job.sh'], { put: [{ from: Buffer.from('echo from job\n'), to: '/run/job.sh' }] });
     expect(put).toMatchObject({ exitCode: 0, recycled: true, dirt: [] });
     expect(put.stdout.toString()).toBe('from job\n');
+    // a standby waits unfrozen (the clean check showed nothing but its agent runs) and idle:
+    // its cgroup's CPU time does not move while it waits
+    const standby = (await lab.list()).find((x) => x.info.pool === `p-${storage}` && x.state === 'paused');
+    expect(standby).toBeDefined();
+    if (!standby) return;
+    expect(await isFrozen(cgroupFor(standby.id))).toBe(false);
+    const cpu0 = (await stats(cgroupFor(standby.id))).cpuUsec;
+    await new Promise((r) => setTimeout(r, 500));
+    expect((await stats(cgroupFor(standby.id))).cpuUsec).toBe(cpu0);
 
     const dirty = [
       { argv: ['sh', '-c', 'echo x > /root/left-behind'], reason: /root filesystem changed/ },

@@ -40,6 +40,12 @@ export interface DriverCapabilities {
    * agent `sync`, and pausing alone does not make the disk whole
    */
   guestCache: boolean;
+  /**
+   * pool standbys are paused while they wait: an idle machine would still cost CPU (a guest
+   * kernel's timers). Without it a standby simply waits, its agent blocked in epoll, and takes and
+   * returns skip the freeze and thaw (5.5 ms of every execution, measured)
+   */
+  pauseStandbys: boolean;
 }
 
 /** Why a machine is no longer there, as far as the host can tell. */

@@ -23,8 +23,10 @@ const handle = (s: SandboxRecord): { id: string; pid: number; pidStart: number }
 /**
  * Holds a pool in this process: takes standbys (atomically across processes, through the
  * store), returns them after a clean check or destroys them, and, once started, keeps the pool
- * at its target size in the background. Standbys are ordinary sandboxes, paused with the cgroup
- * freezer, so an idle pool costs no CPU and outlives this process; refilling needs a holder.
+ * at its target size in the background. Standbys are ordinary sandboxes in state `paused` (not
+ * for direct use): namespace standbys just wait (their agent blocked in epoll, the clean check or
+ * a fresh raise having shown nothing else runs), VM standbys are stopped. An idle pool costs no
+ * CPU and outlives this process; refilling needs a holder.
  */
 export class PoolRunner {
   /** agent connections this process holds, kept across uses of a standby */
@@ -55,7 +57,7 @@ export class PoolRunner {
         }
         let agent: AgentClient;
         try {
-          await trace.phase('thaw', () => driver.resume(handle(rec)));
+          if (driver.capabilities.pauseStandbys) await trace.phase('thaw', () => driver.resume(handle(rec)));
           rec.state = 'running';
           agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handle(rec))));
           this.agents.set(rec.id, agent);
@@ -94,7 +96,8 @@ export class PoolRunner {
       // a clean one always goes back (refill raises only what is missing); a pool is trimmed
       // back to its target by resize
       if (reasons.length === 0) {
-        await trace.phase('freeze', () => this.ctx.driver(rec.driver).pause(handle(rec)));
+        const driver = this.ctx.driver(rec.driver);
+        if (driver.capabilities.pauseStandbys) await trace.phase('freeze', () => driver.pause(handle(rec)));
         this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null });
         this.ctx.store.countPool(this.name, 'recycled');
         return { recycled: true, reasons };
@@ -171,7 +174,8 @@ export class PoolRunner {
 
   private async addStandby(): Promise<void> {
     const { record } = await this.raise(new Trace('pool refill', this.name), true);
-    await this.ctx.driver(record.driver).pause(handle(record));
+    const driver = this.ctx.driver(record.driver);
+    if (driver.capabilities.pauseStandbys) await driver.pause(handle(record));
     this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null });
     // the pool was removed while this standby was being raised: it must not outlive it
     if (!this.ctx.store.getPool(this.name)) await this.drop(record);

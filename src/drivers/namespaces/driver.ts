@@ -22,7 +22,7 @@ const RAISE_TIMEOUT_MS = 10_000;
  */
 export class NamespacesDriver implements Driver {
   readonly name = 'namespaces';
-  readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false };
+  readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false, pauseStandbys: false };
   private bwrap: string | undefined;
   private readonly prepared = new Map<string, Promise<Cgroup>>();
 
