@@ -10,7 +10,10 @@
  * each request gets an id of the relay's, and responses go back to their client under the
  * client's id. A client's RESET is answered here (HELLO with its id) and ends only that client's
  * execs; a client that disconnects has its execs killed (SIGKILL), as the agent does for a
- * session. The relay exits when the VM's connection ends or QEMU (--pid) is gone.
+ * session. The relay exits when the VM's connection ends or QEMU (--pid) is gone. SIGUSR1 holds
+ * everything bound for the VM (and creates LISTEN_PATH.held once QEMU has taken what was already
+ * sent); SIGUSR2 lets it go: the driver holds the relay while the VM is paused, so that nothing
+ * moves in the guest's memory while a memory snapshot is written.
  * See docs/agent-protocol.md ("Relay").
  */
 #define _GNU_SOURCE
@@ -21,7 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -61,6 +67,13 @@ static struct buf agent_in, agent_out;
 static uint8_t hello[256];
 static size_t hello_len;
 static uint32_t next_id = 1;
+/* the id of a RESET the relay sent after the agent started a new session: until its HELLO, what
+ * the agent sends belongs to no one */
+static uint32_t resync_id;
+/* SIGUSR1..SIGUSR2: nothing goes to the VM (a memory snapshot must not see the guest's queues
+ * move); `held_file` says so once the socket towards QEMU is drained */
+static int hold, held_reported;
+static char held_file[4096];
 
 static void die(const char *what)
 {
@@ -224,8 +237,16 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 /* One frame from the VM's agent. */
 static void agent_frame(const uint8_t *p, size_t n, const struct frame *f)
 {
+	if (resync_id) {
+		if (f->type == T_HELLO && f->id == resync_id)
+			resync_id = 0;
+		return; /* the old session's tail, or frames for requests already failed */
+	}
 	if (f->type == T_HELLO && f->id == 0) {
-		/* the agent started a new session (its execs were killed): fail what was in flight */
+		/* the agent started a new session (its execs were killed): fail what was in flight, and
+		 * RESET it, so that requests already on their way run in a session that ends them */
+		resync_id = fresh_id();
+		frame_put(&agent_out, T_RESET, resync_id, NULL, 0);
 		for (int i = 0; i < nroutes; i++) {
 			if (routes[i].client < 0)
 				continue;
@@ -328,7 +349,9 @@ static void connect_agent(const char *path, pid_t qemu)
 				buf_free(&b);
 				struct timeval tv = {.tv_sec = 0, .tv_usec = 500000};
 				setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-				for (;;) {
+				/* an old session's output streaming in must not keep this attempt going */
+				long attempt_end = now_ms() + 2000;
+				while (now_ms() < attempt_end) {
 					uint8_t *d = buf_reserve(&b, 4096);
 					ssize_t r = d ? read(fd, d, 4096) : -1;
 					if (r <= 0)
@@ -362,9 +385,34 @@ static void connect_agent(const char *path, pid_t qemu)
 	exit(1);
 }
 
+/* Hold: stop writing to the VM; report once QEMU has taken all that was sent (or at once if
+ * nothing is in flight). Release: write again. */
+static void check_held(void)
+{
+	if (!hold || held_reported)
+		return;
+	int q = 0;
+	if (ioctl(agent_fd, SIOCOUTQ, &q) < 0 || q == 0) {
+		int fd = open(held_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			close(fd);
+		held_reported = 1;
+	}
+}
+
 int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd)
 {
 	signal(SIGPIPE, SIG_IGN);
+	snprintf(held_file, sizeof held_file, "%s.held", listen_path);
+	unlink(held_file);
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGUSR1);
+	sigaddset(&sigs, SIGUSR2);
+	sigprocmask(SIG_BLOCK, &sigs, NULL);
+	int sig_fd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (sig_fd < 0)
+		die("signalfd");
 	for (int i = 0; i < MAX_CLIENTS; i++)
 		clients[i].fd = -1;
 	connect_agent(connect_path, qemu);
@@ -388,6 +436,8 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 	epoll_ctl(epfd, EPOLL_CTL_ADD, agent_fd, &ev);
 	ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &listen_fd};
 	epoll_ctl(epfd, EPOLL_CTL_ADD, listen_fd, &ev);
+	ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &sig_fd};
+	epoll_ctl(epfd, EPOLL_CTL_ADD, sig_fd, &ev);
 
 	if (ready_fd >= 0) {
 		/* the host waits on this: the relay serves from now on */
@@ -398,7 +448,8 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 	uint32_t agent_events = EPOLLIN;
 	for (;;) {
 		struct epoll_event evs[64];
-		int n = epoll_wait(epfd, evs, 64, 1000);
+		/* while a hold waits for QEMU to drain the socket, look again soon */
+		int n = epoll_wait(epfd, evs, 64, hold && !held_reported ? 2 : 1000);
 		if (n < 0 && errno != EINTR)
 			die("epoll_wait");
 		/* QEMU gone: its socket closes too, but a crashed QEMU's child could hold it open */
@@ -406,7 +457,18 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 			break;
 		for (int i = 0; i < n; i++) {
 			void *tag = evs[i].data.ptr;
-			if (tag == &listen_fd) {
+			if (tag == &sig_fd) {
+				struct signalfd_siginfo si;
+				while (read(sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+					if (si.ssi_signo == SIGUSR1) {
+						hold = 1;
+						held_reported = 0;
+					} else if (si.ssi_signo == SIGUSR2) {
+						hold = 0;
+						unlink(held_file);
+					}
+				}
+			} else if (tag == &listen_fd) {
 				int fd;
 				while ((fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0 || errno == EINTR) {
 					if (fd < 0)
@@ -464,9 +526,10 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 			if (buf_used(&c->out) > CLIENT_HIGH_WATER)
 				full = 1;
 		}
-		if (flush(agent_fd, &agent_out) < 0)
+		if (!hold && flush(agent_fd, &agent_out) < 0)
 			break;
-		uint32_t want = (full ? 0 : EPOLLIN) | (buf_used(&agent_out) ? EPOLLOUT : 0);
+		check_held();
+		uint32_t want = (full ? 0 : EPOLLIN) | (!hold && buf_used(&agent_out) ? EPOLLOUT : 0);
 		if (want != agent_events) {
 			struct epoll_event ae = {.events = want, .data.ptr = &agent_fd};
 			epoll_ctl(epfd, EPOLL_CTL_MOD, agent_fd, &ae);
@@ -475,5 +538,6 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 	}
 out:
 	unlink(listen_path);
+	unlink(held_file);
 	return 0;
 }

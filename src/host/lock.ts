@@ -12,6 +12,30 @@ const alive = (pid: number): boolean => {
 };
 
 /**
+ * Remove a stale lock (its holder `dead` is gone), under a second lock: two waiters that both saw
+ * the dead holder must not both unlink, or the second would remove the first's fresh lock. The
+ * second lock is held for a few syscalls; one older than 5 s is from a process that died there.
+ */
+async function takeOver(path: string, dead: number): Promise<void> {
+  const guard = `${path}.takeover`;
+  try {
+    await (await open(guard, 'wx')).close();
+  } catch {
+    const age = await stat(guard).then((st) => Date.now() - st.mtimeMs, () => 0);
+    if (age > 5000) await unlink(guard).catch(() => undefined);
+    return; // someone else is taking it over: try the lock again
+  }
+  try {
+    const now = Number(await readFile(path, 'utf8').catch(() => ''));
+    // still the stale one (an empty one must still be old: a new holder may be between open and write)
+    const old = now > 0 || (await stat(path).then((st) => Date.now() - st.mtimeMs > 5000, () => false));
+    if (now === dead && old) await unlink(path).catch(() => undefined);
+  } finally {
+    await unlink(guard).catch(() => undefined);
+  }
+}
+
+/**
  * Run `fn` holding an exclusive lock file (O_EXCL create, holder's pid inside). Serialises steps
  * that check-then-act on host state (is the pool mounted? mount it) across processes and across
  * concurrent calls in one process. A lock left by a dead process is taken over.
@@ -32,7 +56,7 @@ export async function withLock<T>(path: string, fn: () => Promise<T>, timeoutMs 
       // holder that died there.
       const age = pid > 0 ? 0 : await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
       if ((pid > 0 && !alive(pid)) || age > 5000) {
-        await unlink(path).catch(() => undefined);
+        await takeOver(path, pid);
         continue;
       }
       if (Date.now() > deadline) {

@@ -1,4 +1,6 @@
 import { gcBaseDisks } from '../drivers/qemu/disk.js';
+import { orphanTemplates } from './pool-admin.js';
+import { removeSnapshot } from './removals.js';
 import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { loopDevicesBackedUnder, detachLoop } from '../host/loops.js';
@@ -52,6 +54,15 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   for (const s of sandboxes) if (s.volume) volumeIds.add(s.volume.id);
   for (const s of ctx.store.listSnapshots()) volumeIds.add(s.volume.id);
   for (const iv of ctx.store.listImageVolumes()) volumeIds.add(iv.volume.id);
+  // VM pool templates whose pool is gone (kept by pool rm while a member still used them)
+  for (const t of orphanTemplates(ctx)) {
+    try {
+      await removeSnapshot(ctx, t, trace);
+      removed.push(`template ${t} of a removed pool`);
+    } catch (e) {
+      notes.push(`template ${t} of a removed pool not removed yet: ${(e as Error).message}`);
+    }
+  }
   // VM base disks of image volumes that are gone
   removed.push(...(await gcBaseDisks(ctx.home, new Set(ctx.store.listImageVolumes().map((iv) => iv.volume.id)))));
   // memory snapshots (VM driver) no record names any more

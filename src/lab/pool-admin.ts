@@ -111,21 +111,29 @@ export async function trimPool(ctx: LabContext, name: string, keep: number): Pro
 
 /** Destroy the pool's standbys and forget it; sandboxes taken from it are destroyed on release. */
 export async function removePool(ctx: LabContext, name: string): Promise<number> {
-  getPool(ctx, name);
+  const pool = getPool(ctx, name);
   const removed = await trimPool(ctx, name, 0);
   // under the pool's lock: a template being made meanwhile is finished (and then removed here)
   await withLock(poolLock(ctx, name), async () => {
     ctx.store.deletePool(name);
-    if (ctx.store.getSnapshot(templateName(name))) await removeSnapshot(ctx, templateName(name), new Trace('pool rm', name));
+    // a template still in use (overlay storage under a member someone holds) stays: gc removes it later
+    if (ctx.store.getSnapshot(templateName(pool))) await removeSnapshot(ctx, templateName(pool), new Trace('pool rm', name)).catch(() => undefined);
   }, 300_000);
   return removed;
 }
 
 /**
- * The name of the memory snapshot a VM pool's standbys are restored from. It starts with "_",
- * which names given by users cannot (checkName), so it never collides with theirs.
+ * The name of the memory snapshot a VM pool's standbys are restored from: this pool's, not a
+ * later pool's of the same name (it carries the pool's creation time). It starts with "_", which
+ * names given by users cannot (checkName), so it never collides with theirs.
  */
-export const templateName = (pool: string): string => `_pool.${pool}`;
+export const templateName = (pool: PoolRecord): string => `_pool.${pool.name}.${pool.createdAt.toString(36)}`;
+
+/** Templates whose pool is gone (or was made again). */
+export function orphanTemplates(ctx: LabContext): string[] {
+  const live = new Set(ctx.store.listPools().map(templateName));
+  return ctx.store.listSnapshots().map((s) => s.name).filter((n) => n.startsWith('_pool.') && !live.has(n));
+}
 
 /** The lock held while a pool's template is made or removed. */
 export const poolLock = (ctx: LabContext, pool: string): string => join(ctx.home, 'run', `pool-${pool}.lock`);

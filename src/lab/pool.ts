@@ -218,7 +218,7 @@ export class PoolRunner {
    * taken from is destroyed; the snapshot goes with the pool.
    */
   private async template(trace: Trace): Promise<SnapshotRecord> {
-    const name = templateName(this.name);
+    const name = templateName(getPool(this.ctx, this.name));
     const hit = this.ctx.store.getSnapshot(name);
     if (hit) return hit;
     return withLock(poolLock(this.ctx, this.name), async () => {

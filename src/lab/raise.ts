@@ -40,24 +40,36 @@ export interface RaiseInput {
  * Any failure removes everything made so far.
  */
 export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Trace, signal?: AbortSignal): Promise<{ record: SandboxRecord; agent: AgentClient }> {
-  const id = newId();
-  const name = input.name === undefined ? defaultName(id) : checkName('sandbox', input.name);
-  if (ctx.store.getSandbox(name)) {
-    throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${name} already exists`, `pick another --name, or remove it with \`snaplab rm ${name}\``);
+  const given = input.name === undefined ? undefined : checkName('sandbox', input.name);
+  if (given !== undefined && ctx.store.getSandbox(given)) {
+    throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${given} already exists`, `pick another --name, or remove it with \`snaplab rm ${given}\``);
   }
   const driver = ctx.driver(input.driver);
-  const record: SandboxRecord = {
-    id, name, image: input.image, storage: input.storage, driver: driver.name, state: 'creating',
-    reason: `being created by pid ${process.pid}`, volume: null, pid: null, pidStart: null,
-    limits: input.limits, origin: input.origin, createdAt: Date.now(), pool: input.pool ?? null, baseline: null, scenario: input.scenario ?? null,
+  const make = (): SandboxRecord => {
+    const id = newId();
+    return {
+      id, name: given ?? defaultName(id), image: input.image, storage: input.storage, driver: driver.name, state: 'creating',
+      reason: `being created by pid ${process.pid}`, volume: null, pid: null, pidStart: null,
+      limits: input.limits, origin: input.origin, createdAt: Date.now(), pool: input.pool ?? null, baseline: null, scenario: input.scenario ?? null,
+    };
   };
+  // a generated name (16 bits of the id) can collide with a live one when there are hundreds:
+  // draw again rather than fail the user's create
+  let record = make();
+  await trace.phase('record', async () => {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        ctx.store.insertSandbox(record);
+        return;
+      } catch (e) {
+        if (!/UNIQUE/.test(String(e))) throw e;
+        if (given !== undefined || attempt >= 20) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${record.name} already exists`, 'pick another --name');
+        record = make();
+      }
+    }
+  });
+  const { id, name } = record;
   trace.target ??= name;
-  try {
-    await trace.phase('record', () => ctx.store.insertSandbox(record));
-  } catch (e) {
-    if (/UNIQUE/.test(String(e))) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${name} already exists`, 'pick another --name');
-    throw e;
-  }
   let agent: AgentClient | undefined;
   try {
     const backend = await trace.phase('storage ready', () => ctx.readyBackend(input.storage));

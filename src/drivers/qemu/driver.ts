@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { copyFile, link, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, copyFile, link, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
@@ -19,7 +19,7 @@ import { QmpClient } from './qmp.js';
 import { killAndSweep } from '../teardown.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { chooseAccel } from './accel.js';
-import { startRelay } from './relay.js';
+import { holdRelay, releaseRelay, startRelay } from './relay.js';
 import { copyRam, gcRam, removeRam, vmRamPath } from './ram.js';
 
 const BOOT_TIMEOUT_MS = 60_000;
@@ -92,8 +92,8 @@ export class QemuDriver implements Driver {
     const { disk, base: diskBase } = await trace.phase('root disk', () => this.rootDisk(spec));
     const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, disk, diskBase, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
     const accel = await trace.phase('acceleration', () => chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })));
-    const ram = vmRamPath(this.home, spec.id);
-    return { ...base, accel, ...(ram ? { ram: { path: ram, share: true } } : {}) };
+    const ram = await vmRamPath(this.home, spec.id, guestMemory(spec));
+    return { ...base, accel, memoryBackend: true, ...(ram ? { ram: { path: ram, share: true } } : {}) };
   }
 
   /** The shared initramfs (cached), linked into the VM's run directory: it outlives a cache rebuild. */
@@ -202,13 +202,16 @@ export class QemuDriver implements Driver {
     }
   }
 
+  /** The relay holds what is bound for the guest first: nothing moves in a stopped guest's memory. */
   async pause(handle: MachineHandle): Promise<void> {
+    await holdRelay(this.runDir(handle.id));
     await this.qmp(handle, (q) => q.execute('stop'));
   }
 
   /** The guest's clock stands still while it is stopped: the lab sets it after (see Sandbox.resume). */
   async resume(handle: MachineHandle): Promise<void> {
     await this.qmp(handle, (q) => q.execute('cont'));
+    await releaseRelay(this.runDir(handle.id));
   }
 
   /**
@@ -225,6 +228,7 @@ export class QemuDriver implements Driver {
     // (a restored VM maps its snapshot's RAM privately): stream it all
     const ownRam = config.ram?.share === true;
     const { ram: _ram, ...rest } = config;
+    // a restore of it names its RAM block as this VM does (ram0, or pc.ram for a VM from before RAM files)
     const snapped: VmConfig = { ...rest, initrd: join(dir, 'initrd.cpio.gz'), ...(ownRam ? { ram: { path: join(dir, 'ram'), share: false } } : {}) };
     await writeFile(join(dir, 'vm.json'), JSON.stringify(snapped));
     let ramBytes = 0;
@@ -239,6 +243,7 @@ export class QemuDriver implements Driver {
         });
       });
       if (ownRam) ramBytes = await trace.phase('copy ram', () => copyRam(config.ram!.path, join(dir, 'ram')));
+      await chmod(join(dir, 'ram'), 0o444).catch(() => undefined); // restores map it read only
     });
     const { size } = await stat(join(dir, 'memory'));
     return { dir, bytes: size + ramBytes };

@@ -22,6 +22,12 @@ export interface VmConfig {
    * Absent: anonymous RAM, which a memory snapshot streams.
    */
   ram?: { path: string; share: boolean };
+  /**
+   * guest RAM is the memory backend `ram0` (a file per `ram`, else anonymous), so that a VM with
+   * file RAM, its restores and their snapshots all name their RAM block alike. Absent in configs
+   * written before RAM files (their streams name the block `pc.ram`): those keep plain `-M pc`.
+   */
+  memoryBackend?: boolean;
 }
 
 export const QEMU = 'qemu-system-x86_64';
@@ -46,8 +52,8 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
   const f = vmFiles(runDir);
   return [
     '-name', 'snaplab',
-    '-M', c.ram ? `${c.machine},memory-backend=ram0` : c.machine,
-    ...(c.ram ? ['-object', `memory-backend-file,id=ram0,size=${c.memoryMb}M,mem-path=${c.ram.path.replace(/,/g, ',,')},share=${c.ram.share ? 'on' : 'off'}`] : []),
+    '-M', c.memoryBackend || c.ram ? `${c.machine},memory-backend=ram0` : c.machine,
+    ...(c.memoryBackend || c.ram ? ['-object', memoryBackend(c)] : []),
     '-accel', c.accel,
     '-m', `${c.memoryMb}M`,
     '-smp', String(c.cpus),
@@ -74,6 +80,19 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
     '-daemonize',
     ...(incoming ? ['-incoming', 'defer'] : []),
   ];
+}
+
+/**
+ * The `ram0` backend: the VM's own RAM file (shared: a memory snapshot copies it), a snapshot's
+ * RAM file mapped copy-on-write (every restore of it reads the same pages; its writes are its
+ * own), or anonymous memory. (QEMU 7.2's `readonly=on` makes the guest's RAM read only, not the
+ * file: a private mapping of a read-only file needs `rom=off`, QEMU 8.2. The file is mode 0444.)
+ */
+function memoryBackend(c: VmConfig): string {
+  const size = `size=${c.memoryMb}M`;
+  if (!c.ram) return `memory-backend-ram,id=ram0,${size}`;
+  const path = `mem-path=${c.ram.path.replace(/,/g, ',,')}`;
+  return `memory-backend-file,id=ram0,${size},${path},share=${c.ram.share ? 'on' : 'off'}`;
 }
 
 /** The last lines of a VM's logs (QEMU's own and the guest's serial console), for error messages. */

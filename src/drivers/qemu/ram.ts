@@ -6,7 +6,7 @@
  */
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { readdir, rm, stat } from 'node:fs/promises';
+import { readdir, rm, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { run } from '../../host/run.js';
@@ -16,9 +16,16 @@ const SHM = '/dev/shm';
 /** One home's prefix: several snaplab homes may share /dev/shm, and gc must keep to its own. */
 const prefix = (home: string): string => `snaplab-${createHash('sha256').update(home).digest('hex').slice(0, 8)}-`;
 
-/** Where a booted VM keeps its RAM; undefined when the host has no /dev/shm (anonymous RAM then). */
-export function vmRamPath(home: string, id: string): string | undefined {
-  return existsSync(SHM) ? join(SHM, `${prefix(home)}${id}.ram`) : undefined;
+/**
+ * Where a booted VM keeps its RAM; undefined (anonymous RAM then) when the host has no /dev/shm or
+ * it has less room than the guest's memory: a tmpfs that fills up would kill the VM (SIGBUS) when
+ * the guest touches a page, not fail its start.
+ */
+export async function vmRamPath(home: string, id: string, bytes: number): Promise<string | undefined> {
+  if (!existsSync(SHM)) return undefined;
+  const fs = await statfs(SHM).catch(() => null);
+  if (!fs || fs.bavail * fs.bsize < bytes) return undefined;
+  return join(SHM, `${prefix(home)}${id}.ram`);
 }
 
 /** Copy a stopped VM's RAM file; zero pages become holes. Resolves with the bytes it takes on disk. */
@@ -29,8 +36,7 @@ export async function copyRam(from: string, to: string): Promise<number> {
 }
 
 export async function removeRam(home: string, id: string): Promise<void> {
-  const p = vmRamPath(home, id);
-  if (p) await rm(p, { force: true });
+  await rm(join(SHM, `${prefix(home)}${id}.ram`), { force: true });
 }
 
 /** RAM files of this home whose VM is not live (QEMU killed, host process crashed). */

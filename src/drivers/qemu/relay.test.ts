@@ -1,11 +1,11 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { decodeError, encodeFrame, encodeHello, encodeU32, FrameDecoder, MAX_PAYLOAD, MsgType, type Frame } from '../../agent/protocol.js';
 import { vmFiles } from './launch.js';
-import { startRelay } from './relay.js';
+import { holdRelay, releaseRelay, startRelay } from './relay.js';
 
 // The relay (native/relay.c) against a scripted agent on a Unix socket standing in for QEMU's
 // chardev: real process, real sockets, the protocol as the agent speaks it.
@@ -15,6 +15,7 @@ const HELLO = encodeHello({ major: 1, minor: 0, pid: 1, agentVersion: 'fake' });
 
 /** Frames the fake agent received after the relay's RESET, and a way to answer them. */
 let agentSeen: Frame[] = [];
+let resets = 0;
 let agentSock: Socket | undefined;
 let server: Server;
 
@@ -57,7 +58,10 @@ beforeAll(async () => {
     const dec = new FrameDecoder();
     s.on('data', (b: Buffer) => {
       for (const f of dec.push(b)) {
-        if (f.type === MsgType.RESET) s.write(encodeFrame(MsgType.HELLO, f.id, HELLO));
+        if (f.type === MsgType.RESET) {
+          resets++;
+          s.write(encodeFrame(MsgType.HELLO, f.id, HELLO));
+        }
         else if (f.type === MsgType.PING && f.payload.toString() !== 'hold') s.write(encodeFrame(MsgType.PONG, f.id, f.payload));
         else agentSeen.push(f);
       }
@@ -74,6 +78,23 @@ afterAll(async () => {
 });
 
 describe('the VM relay', () => {
+  it('holds what is bound for the VM while it is paused, and lets it go on resume', async () => {
+    const c = await Client.open();
+    await c.next(MsgType.HELLO, 0);
+    await holdRelay(dir);
+    expect(existsSync(`${files.relay}.held`)).toBe(true); // nothing was in flight: held at once
+    agentSeen = [];
+    c.send(MsgType.PING, 21, Buffer.from('hold')); // 'hold': the fake agent records it, does not answer
+    await new Promise((r) => setTimeout(r, 100));
+    expect(seen(MsgType.PING)).toBeUndefined();
+    await releaseRelay(dir);
+    await until(() => seen(MsgType.PING, (f) => f.payload.toString() === 'hold'), 'the held PING at the agent');
+    expect(existsSync(`${files.relay}.held`)).toBe(false);
+    answer(MsgType.PONG, seen(MsgType.PING)!.id, Buffer.from('hold'));
+    await c.next(MsgType.PONG, 21);
+    c.sock.destroy();
+  });
+
   it('greets clients, answers their RESET itself, and keeps their requests apart', async () => {
     const a = await Client.open();
     const b = await Client.open();
@@ -146,8 +167,10 @@ describe('the VM relay', () => {
     const c = await Client.open();
     c.send(MsgType.PING, 11, Buffer.from('hold')); // the fake agent does not answer this one
     await until(() => seen(MsgType.PING, (f) => f.payload.toString() === 'hold'), 'the held PING at the agent');
+    const before = resets;
     answer(MsgType.HELLO, 0, HELLO);
     const err = await c.next(MsgType.ERROR, 11);
+    await until(() => (resets > before ? true : undefined), 'the relay to RESET the new session'); // so that requests on their way run in a session that ends them
     expect(decodeError(err.payload).errno).toBe(104); // ECONNRESET
     expect(c.frames.filter((f) => f.type === MsgType.HELLO && f.id === 0)).toHaveLength(1); // only the greeting
     c.send(MsgType.PING, 12, Buffer.from('next'));

@@ -1,5 +1,7 @@
 import { spawn } from 'node:child_process';
-import { closeSync, openSync } from 'node:fs';
+import { closeSync, existsSync, openSync } from 'node:fs';
+import { readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
@@ -50,4 +52,38 @@ export async function startRelay(runDir: string, qemuPid: number, cgroupProcs: s
     ready.destroy();
     child.unref();
   }
+  // the shell exec'd the relay: same pid. Recorded so that pause and resume can signal it.
+  await writeFile(relayPidFile(runDir), String(child.pid));
+}
+
+const relayPidFile = (runDir: string): string => join(runDir, 'relay.pid');
+
+/** The VM's relay's pid, if it is running (checked by its command line, not just the number). */
+async function relayPid(runDir: string): Promise<number | undefined> {
+  const pid = Number(await readFile(relayPidFile(runDir), 'utf8').catch(() => ''));
+  if (!pid) return undefined;
+  const cmd = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+  return cmd.includes('\0relay\0') && cmd.includes(vmFiles(runDir).relay) ? pid : undefined;
+}
+
+/**
+ * Hold what the relay sends to the VM, and wait (up to `timeoutMs`) until QEMU has taken what was
+ * already sent: then nothing from the host moves into the guest's memory while it is stopped, and a
+ * memory snapshot's RAM copy agrees with its device state. (If QEMU does not take it, the guest's
+ * queue is full and it stays out of guest memory, which is as good.)
+ */
+export async function holdRelay(runDir: string, timeoutMs = 1000): Promise<void> {
+  const pid = await relayPid(runDir);
+  if (!pid) return; // no relay: nothing writes to the VM
+  const marker = `${vmFiles(runDir).relay}.held`;
+  await rm(marker, { force: true });
+  process.kill(pid, 'SIGUSR1');
+  const end = Date.now() + timeoutMs;
+  while (!existsSync(marker) && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
+}
+
+/** Let the relay write to the VM again. */
+export async function releaseRelay(runDir: string): Promise<void> {
+  const pid = await relayPid(runDir);
+  if (pid) process.kill(pid, 'SIGUSR2');
 }
