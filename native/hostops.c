@@ -461,6 +461,84 @@ static void op_tcp_check(struct request *r)
 	reply_ok(r->id);
 }
 
+/* Read QMP lines from fd until one answers a command ("return" or "error"), skipping events
+ * and the greeting. 0 for "return", -1 otherwise (msg gets the line). */
+static int qmp_answer(int fd, char *msg, size_t cap)
+{
+	char line[8192];
+	size_t n = 0;
+	for (;;) {
+		char c;
+		ssize_t r = read(fd, &c, 1);
+		if (r <= 0) {
+			snprintf(msg, cap, "QMP closed the connection");
+			return -1;
+		}
+		if (c != '\n') {
+			if (n < sizeof line - 1)
+				line[n++] = c;
+			continue;
+		}
+		line[n] = '\0';
+		n = 0;
+		if (strstr(line, "\"return\""))
+			return 0;
+		if (strstr(line, "\"error\"")) {
+			snprintf(msg, cap, "%.500s", line);
+			return -1;
+		}
+	}
+}
+
+/* Hand QEMU an open file over its QMP socket (SCM_RIGHTS with `getfd`), under NAME, for a
+ * migration to or from `fd:NAME`: QEMU, which runs as an unprivileged user, never opens the path.
+ * MODE r: read an existing file; w: create or truncate (0600). */
+static void op_qmp_getfd(struct request *r)
+{
+	if (r->argc != 5 || (strcmp(r->argv[4], "r") != 0 && strcmp(r->argv[4], "w") != 0))
+		return reply_err(r->id, EINVAL, "qmp-getfd QMP_SOCKET NAME FILE r|w");
+	if (strlen(r->argv[2]) > 64 || strchr(r->argv[2], '"') || strchr(r->argv[2], '\\'))
+		return reply_err(r->id, EINVAL, "fd name");
+	int file = r->argv[4][0] == 'r' ? open(r->argv[3], O_RDONLY | O_CLOEXEC) : open(r->argv[3], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (file < 0)
+		return reply_err(r->id, errno, r->argv[3]);
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	if (strlen(r->argv[1]) >= sizeof a.sun_path) {
+		close(file);
+		return reply_err(r->id, ENAMETOOLONG, r->argv[1]);
+	}
+	strcpy(a.sun_path, r->argv[1]);
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct timeval tv = { .tv_sec = 10 };
+	char msg[512] = "";
+	if (s < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 || connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+		int e = errno;
+		if (s >= 0)
+			close(s);
+		close(file);
+		return reply_err(r->id, e, r->argv[1]);
+	}
+	const char *caps = "{\"execute\":\"qmp_capabilities\"}\n";
+	char cmd[256];
+	snprintf(cmd, sizeof cmd, "{\"execute\":\"getfd\",\"arguments\":{\"fdname\":\"%s\"}}\n", r->argv[2]);
+	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+	struct iovec iov = { .iov_base = cmd, .iov_len = strlen(cmd) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &file, sizeof(int));
+	int rc = -1;
+	if (write_all(s, caps, strlen(caps)) == 0 && qmp_answer(s, msg, sizeof msg) == 0 && sendmsg(s, &mh, 0) == (ssize_t)iov.iov_len)
+		rc = qmp_answer(s, msg, sizeof msg);
+	close(s);
+	close(file);
+	if (rc < 0)
+		return reply_err(r->id, EPROTO, msg[0] ? msg : "getfd failed");
+	reply_ok(r->id);
+}
+
 static void *serve(void *p)
 {
 	struct request *r = p;
@@ -481,6 +559,8 @@ static void *serve(void *p)
 		op_launch(r);
 	else if (strcmp(op, "tcp-check") == 0)
 		op_tcp_check(r);
+	else if (strcmp(op, "qmp-getfd") == 0)
+		op_qmp_getfd(r);
 	else
 		reply_err(r->id, ENOSYS, op);
 	free(r->buf);

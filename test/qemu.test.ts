@@ -34,8 +34,13 @@ describe('the qemu driver', () => {
     expect((await vm.exec(['nosuch'])).exitCode).toBe(127);
     expect(await out(vm, ['uname', '-r'])).toMatch(/cloud-amd64$/);
     expect(await out(vm, ['hostname'])).toBe('vm1');
-    // QEMU itself runs under its seccomp filter (-sandbox on)
-    expect(readFileSync(`/proc/${vm.info.pid}/status`, 'utf8')).toMatch(/^Seccomp:\s+2$/m);
+    // QEMU itself runs under its seccomp filter (-sandbox on), as an unprivileged uid of its own
+    const status = readFileSync(`/proc/${vm.info.pid}/status`, 'utf8');
+    expect(status).toMatch(/^Seccomp:\s+2$/m);
+    const uid = Number(/^Uid:\s+(\d+)/m.exec(status)![1]);
+    expect(uid).toBeGreaterThanOrEqual(1_500_000_000);
+    expect(status).toMatch(new RegExp(`^Uid:\\s+${uid}\\s+${uid}\\s+${uid}\\s+${uid}$`, 'm'));
+    expect(status).toMatch(/^CapEff:\s+0+$/m);
     const accel = JSON.parse(readFileSync(join(lab.home, 'qemu', 'accel.json'), 'utf8')) as { accel: string; reason: string };
     expect(['kvm', 'tcg']).toContain(accel.accel);
     if (existsSync('/dev/kvm') && accel.accel === 'tcg') expect(accel.reason).toMatch(/did not reach the agent/);

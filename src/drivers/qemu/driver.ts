@@ -14,7 +14,8 @@ import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, RaisedMachine } from '../driver.js';
 import { ensureGuestKernel, ensureInitramfs, qemuKernelArgs } from './guest.js';
 import { checkVolumeDisk, ensureBaseDisk, freshVolumeDisk } from './disk.js';
-import { QEMU, logTail, shellQuote, startQemu, vmFiles, type VmConfig } from './launch.js';
+import { QEMU, logTail, startQemu, vmFiles, vmmUid, type VmConfig } from './launch.js';
+import { HostOps } from '../../host/hostops.js';
 import { QmpClient } from './qmp.js';
 import { killAndSweep } from '../teardown.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
@@ -124,7 +125,7 @@ export class QemuDriver implements Driver {
     let pid = 0;
     try {
       // in the sandbox's cgroup like any VM: killed with it, found by gc if this process dies
-      pid = await startQemu(dir, c, false, cgroupFor(id).procsFiles);
+      pid = await startQemu(dir, c, false, cgroupFor(id).procsFiles, vmmUid(id));
       const start = (await processStartTime(pid)) ?? 0;
       return await agentAnswers(vmFiles(dir).chardev, 8000, () => sameProcess(pid, start));
     } catch {
@@ -145,15 +146,18 @@ export class QemuDriver implements Driver {
   private async start(id: string, config: VmConfig, trace: Trace, memory?: MemoryImage): Promise<RaisedMachine> {
     const dir = this.runDir(id);
     if (memory) await checkMemoryImage(memory, config);
-    const pid = await trace.phase('spawn vmm', () => startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles));
+    const pid = await trace.phase('spawn vmm', () => startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles, vmmUid(id)));
     const handle: MachineHandle = { id, pid, pidStart: (await processStartTime(pid)) ?? 0 };
+    // QEMU runs unprivileged: the memory file is opened here and handed over (before the QMP
+    // client below takes the monitor's one connection)
+    if (memory) await trace.phase('hand over memory', () => handOver(vmFiles(dir).qmp, 'incoming', join(memory.dir, 'memory'), 'r'));
     const qmp = await trace.phase('qmp ready', () => QmpClient.connect(vmFiles(dir).qmp));
     try {
       if (memory) {
         await trace.phase('load memory', async () => {
           // the RAM is the snapshot's file, mapped: the stream holds the devices' state alone
           if (config.ram) await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
-          await qmp.execute('migrate-incoming', { uri: `exec:cat ${shellQuote(join(memory.dir, 'memory'))}` });
+          await qmp.execute('migrate-incoming', { uri: 'fd:incoming' });
           await qmp.waitMigration(60_000);
         });
         await trace.phase('resume', () => qmp.execute('cont'));
@@ -232,11 +236,12 @@ export class QemuDriver implements Driver {
     const snapped: VmConfig = { ...rest, initrd: join(dir, 'initrd.cpio.gz'), ...(ownRam ? { ram: { path: join(dir, 'ram'), share: false } } : {}) };
     await writeFile(join(dir, 'vm.json'), JSON.stringify(snapped));
     let ramBytes = 0;
+    await handOver(vmFiles(this.runDir(handle.id)).qmp, 'snapshot', join(dir, 'memory'), 'w');
     await this.qmp(handle, async (q) => {
       await q.execute('stop', undefined, trace); // already stopped by the lab: a no-op then
       await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: ownRam }] });
       await trace.phase('save memory', async () => {
-        await q.execute('migrate', { uri: `exec:cat > ${shellQuote(join(dir, 'memory'))}` });
+        await q.execute('migrate', { uri: 'fd:snapshot' });
         await q.waitMigration(120_000).catch(async (e: unknown) => {
           await q.execute('migrate_cancel').catch(() => undefined);
           throw e;
@@ -315,4 +320,16 @@ async function agentAnswers(path: string, timeoutMs: number, alive: () => Promis
     }
   }
   return false;
+}
+
+/**
+ * Open `file` here (as root) and give QEMU the descriptor under `name` through its monitor
+ * (native/hostops.c qmp-getfd): QEMU runs as an unprivileged uid that cannot open snapshot paths.
+ */
+async function handOver(qmpSocket: string, name: string, file: string, mode: 'r' | 'w'): Promise<void> {
+  try {
+    await HostOps.require().request('qmp-getfd', qmpSocket, name, file, mode);
+  } catch (e) {
+    throw new SnaplabError('VM_ERROR', `cannot hand ${file} to QEMU: ${(e as Error).message}`, 'is the VM still running? see `snaplab ls`');
+  }
 }

@@ -48,7 +48,18 @@ export const vmFiles = (runDir: string): Record<'qmp' | 'chardev' | 'relay' | 'r
  * The QEMU command line. A restore must use the same devices and memory size as the VM the
  * snapshot came from, so the config is stored with every memory snapshot.
  */
-export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string[] {
+/**
+ * The uid (and gid) a VM's QEMU runs as, one per VM from a reserved range (1 500 000 000 +
+ * 0..999 999, no account needed): a QEMU that a guest took over can touch neither the host's
+ * files nor another VM's. QEMU opens everything it needs (disk, RAM file, sockets, logs) as root
+ * first and drops to it before the guest runs (`-runas`); migration files come as open fds.
+ */
+export const VMM_UID_BASE = 1_500_000_000;
+export function vmmUid(id: string): number {
+  return VMM_UID_BASE + (parseInt(id.slice(0, 8), 16) % 1_000_000);
+}
+
+export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean, uid?: number): string[] {
   const f = vmFiles(runDir);
   return [
     '-name', 'snaplab',
@@ -59,9 +70,8 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
     '-smp', String(c.cpus),
     '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
     // QEMU's own seccomp filter: its default deny list, no obsolete calls, no scheduler or resource
-    // changes. Spawning stays allowed (memory snapshots migrate to `exec:cat`), and so do set*id
-    // calls: elevateprivileges=deny makes -daemonize fail (QEMU 7.2, measured).
-    '-sandbox', 'on,obsolete=deny,spawn=allow,resourcecontrol=deny',
+    // changes. spawn=deny and elevateprivileges=deny make -daemonize fail (QEMU 7.2, measured).
+    '-sandbox', 'on,obsolete=deny,resourcecontrol=deny',
     '-kernel', c.kernel, '-initrd', c.initrd, '-append', c.append,
     '-serial', `file:${f.serial}`,
     // the disk and its backing, each node named: QEMU opens the base read only and does not follow
@@ -78,6 +88,7 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean): string
     '-qmp', `unix:${f.qmp},server=on,wait=off`,
     '-pidfile', f.pid,
     '-daemonize',
+    ...(uid !== undefined ? ['-runas', `${uid}:${uid}`] : []),
     ...(incoming ? ['-incoming', 'defer'] : []),
   ];
 }
@@ -103,20 +114,18 @@ export async function logTail(runDir: string): Promise<string> {
   return [q && `qemu: ${q}`, r && `relay: ${r}`, s && `guest console:\n${s}`].filter(Boolean).join('\n');
 }
 
-/** A path for QEMU's `exec:` migration URIs, which go through /bin/sh: single-quoted. */
-export const shellQuote = (p: string): string => `'${p.replace(/'/g, `'\\''`)}'`;
 
 /**
  * Start QEMU daemonized (it outlives this process) and already inside the sandbox's cgroup (a
  * shell joins it, then execs QEMU: no moment outside its limits, nothing gc cannot find);
  * resolves with its pid once it is running.
  */
-export async function startQemu(runDir: string, c: VmConfig, incoming: boolean, cgroupProcs: string[] = []): Promise<number> {
+export async function startQemu(runDir: string, c: VmConfig, incoming: boolean, cgroupProcs: string[] = [], uid?: number): Promise<number> {
   const f = vmFiles(runDir);
   const { openSync, closeSync } = await import('node:fs');
   const log = openSync(f.log, 'a');
   const join = 'for f in $SNAPLAB_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"';
-  const child = spawn('/bin/sh', ['-c', join, 'snaplab-qemu', QEMU, ...qemuArgs(runDir, c, incoming)], {
+  const child = spawn('/bin/sh', ['-c', join, 'snaplab-qemu', QEMU, ...qemuArgs(runDir, c, incoming, uid)], {
     stdio: ['ignore', log, log],
     detached: true,
     env: { ...process.env, SNAPLAB_CGROUP_PROCS: cgroupProcs.join(' ') },
