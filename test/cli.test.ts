@@ -69,6 +69,9 @@ describe('snaplab CLI', () => {
     expect(s.code).toBe(0);
     expect(JSON.parse(s.out).name).toBe('cli-snap');
     expect(s.err).toMatch(/freeze[\s\S]*snapshot storage[\s\S]*thaw[\s\S]*\(unattributed\)/);
+    const listed = (JSON.parse(snaplab(['snapshot', 'ls', '--json']).out) as { name: string; driver: string; kind: string }[]).find((x) => x.name === 'cli-snap');
+    expect(listed).toMatchObject({ driver: 'namespaces', kind: 'filesystem' });
+    expect(snaplab(['snapshot', 'ls']).out).toMatch(/^NAME\s+FROM\s+IMAGE\s+STORAGE\s+DRIVER\s+KIND\s+CREATED\ncli-snap\s+cli1\s+busybox\s+\S+\s+namespaces\s+filesystem\s/m);
     snaplab(['exec', 'cli1', '--', 'sh', '-c', 'echo v2 > /root/v']);
     const r = snaplab(['restore', 'cli-snap', '--name', 'cli2', '--json']);
     expect(r.code).toBe(0);

@@ -135,6 +135,7 @@ describe('the qemu driver', () => {
     await vm.exec(['sh', '-c', 'echo kept > /root/disk-file']); // no sync here: the snapshot has the guest sync
     const snap = await vm.snapshot('vm-disk');
     expect(snap.record.memory ?? null).toBeNull();
+    expect(snap.toJSON()).toMatchObject({ driver: 'qemu', kind: 'filesystem' }); // a VM's disk: restores only as a VM
     expect(snap.lastTrace!.phases.map((p) => p.name)).toEqual(expect.arrayContaining(['guest sync', 'freeze', 'snapshot storage', 'thaw']));
     await vm.exec(['sh', '-c', 'echo later > /root/later']);
     const r = await lab.restore('vm-disk', { name: 'vm-disk-r' });

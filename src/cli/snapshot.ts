@@ -43,7 +43,14 @@ export function registerSnapshot(program: Command): void {
       withLab(o, async (lab) => {
         const all = await lab.snapshots();
         if (o.json) return printJson(all.map((s) => s.toJSON()));
-        printTable(['NAME', 'FROM', 'IMAGE', 'STORAGE', 'CREATED'], all.map((s) => [s.name, s.record.sandbox, s.record.image, s.storage, new Date(s.record.createdAt).toISOString()]));
+        printTable(
+          ['NAME', 'FROM', 'IMAGE', 'STORAGE', 'DRIVER', 'KIND', 'CREATED'],
+          all.map((s) => {
+            const j = s.toJSON();
+            const kind = s.record.memory ? `memory (${(s.record.memory.bytes / 2 ** 20).toFixed(1)} MiB)` : 'filesystem';
+            return [s.name, s.record.sandbox, s.record.image, s.storage, String(j.driver), kind, new Date(s.record.createdAt).toISOString()];
+          }),
+        );
       }),
     );
   snap

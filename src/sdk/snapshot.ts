@@ -15,6 +15,9 @@ export class Snapshot {
 
   toJSON(): Record<string, unknown> {
     const r = this.record;
-    return { name: r.name, id: r.id, sandbox: r.sandbox, image: r.image, storage: r.storage, createdAt: new Date(r.createdAt).toISOString() };
+    return {
+      name: r.name, id: r.id, sandbox: r.sandbox, image: r.image, storage: r.storage, driver: r.memory?.driver ?? r.driver ?? 'namespaces',
+      kind: r.memory ? 'memory' : 'filesystem', ...(r.memory ? { memoryBytes: r.memory.bytes } : {}), createdAt: new Date(r.createdAt).toISOString(),
+    };
   }
 }
