@@ -470,6 +470,10 @@ static int qmp_answer(int fd, char *msg, size_t cap)
 	for (;;) {
 		char c;
 		ssize_t r = read(fd, &c, 1);
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			snprintf(msg, cap, "QMP did not answer within 10 s (is another client holding the monitor?)");
+			return -1;
+		}
 		if (r <= 0) {
 			snprintf(msg, cap, "QMP closed the connection");
 			return -1;
@@ -511,7 +515,9 @@ static void op_qmp_getfd(struct request *r)
 	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct timeval tv = { .tv_sec = 10 };
 	char msg[512] = "";
-	if (s < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 || connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+	/* SO_SNDTIMEO bounds a blocking connect on a Unix socket whose listen backlog is full */
+	if (s < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 || setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0 ||
+	    connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
 		int e = errno;
 		if (s >= 0)
 			close(s);

@@ -10,10 +10,11 @@
  * each request gets an id of the relay's, and responses go back to their client under the
  * client's id. A client's RESET is answered here (HELLO with its id) and ends only that client's
  * execs; a client that disconnects has its execs killed (SIGKILL), as the agent does for a
- * session. The relay exits when the VM's connection ends or QEMU (--pid) is gone. SIGUSR1 holds
- * everything bound for the VM (and creates LISTEN_PATH.held once QEMU has taken what was already
- * sent); SIGUSR2 lets it go: the driver holds the relay while the VM is paused, so that nothing
- * moves in the guest's memory while a memory snapshot is written.
+ * session. The relay exits when the VM's connection ends or QEMU (--pid) is gone. While the file
+ * LISTEN_PATH.hold exists (read at start and on every SIGUSR1) the relay neither writes to the VM
+ * nor reads from it, and creates LISTEN_PATH.held once QEMU has taken what was already sent: the
+ * driver holds the relay while the VM is paused, so that nothing moves in the guest's memory while
+ * a memory snapshot is written. A state in a file, not a signal pair: signals merge and reorder.
  * See docs/agent-protocol.md ("Relay").
  */
 #define _GNU_SOURCE
@@ -70,10 +71,20 @@ static uint32_t next_id = 1;
 /* the id of a RESET the relay sent after the agent started a new session: until its HELLO, what
  * the agent sends belongs to no one */
 static uint32_t resync_id;
-/* SIGUSR1..SIGUSR2: nothing goes to the VM (a memory snapshot must not see the guest's queues
- * move); `held_file` says so once the socket towards QEMU is drained */
+/* while `hold_file` exists nothing goes to or comes from the VM (a memory snapshot must not see
+ * the guest's queues move); `held_file` says so once the socket towards QEMU is drained */
 static int hold, held_reported;
-static char held_file[4096];
+static char held_file[4096], hold_file[4096];
+
+static void read_hold(void)
+{
+	int want = access(hold_file, F_OK) == 0;
+	if (want && !hold)
+		held_reported = 0;
+	if (!want && hold)
+		unlink(held_file);
+	hold = want;
+}
 
 static void die(const char *what)
 {
@@ -404,11 +415,11 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 {
 	signal(SIGPIPE, SIG_IGN);
 	snprintf(held_file, sizeof held_file, "%s.held", listen_path);
+	snprintf(hold_file, sizeof hold_file, "%s.hold", listen_path);
 	unlink(held_file);
 	sigset_t sigs;
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGUSR1);
-	sigaddset(&sigs, SIGUSR2);
 	sigprocmask(SIG_BLOCK, &sigs, NULL);
 	int sig_fd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (sig_fd < 0)
@@ -446,6 +457,7 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 	}
 
 	uint32_t agent_events = EPOLLIN;
+	read_hold();
 	for (;;) {
 		struct epoll_event evs[64];
 		/* while a hold waits for QEMU to drain the socket, look again soon */
@@ -460,14 +472,8 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 			if (tag == &sig_fd) {
 				struct signalfd_siginfo si;
 				while (read(sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
-					if (si.ssi_signo == SIGUSR1) {
-						hold = 1;
-						held_reported = 0;
-					} else if (si.ssi_signo == SIGUSR2) {
-						hold = 0;
-						unlink(held_file);
-					}
 				}
+				read_hold();
 			} else if (tag == &listen_fd) {
 				int fd;
 				while ((fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0 || errno == EINTR) {
@@ -529,7 +535,9 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 		if (!hold && flush(agent_fd, &agent_out) < 0)
 			break;
 		check_held();
-		uint32_t want = (full ? 0 : EPOLLIN) | (!hold && buf_used(&agent_out) ? EPOLLOUT : 0);
+		/* held: no reading either, so QEMU does not move the guest's output queue into a full
+		 * chardev's room */
+		uint32_t want = (full || hold ? 0 : EPOLLIN) | (!hold && buf_used(&agent_out) ? EPOLLOUT : 0);
 		if (want != agent_events) {
 			struct epoll_event ae = {.events = want, .data.ptr = &agent_fd};
 			epoll_ctl(epfd, EPOLL_CTL_MOD, agent_fd, &ae);

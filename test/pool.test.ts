@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import { disposeLab, testLab } from './helpers.js';
-import { cgroupFor, isFrozen, stats } from '../src/host/cgroups.js';
+import { cgroupFor, freeze, isFrozen, stats } from '../src/host/cgroups.js';
 
 let lab: Lab;
 beforeAll(async () => {
@@ -43,6 +43,10 @@ describe.each(['btrfs', 'overlay'] as const)('pools on %s', (storage) => {
     const cpu0 = (await stats(cgroupFor(standby.id))).cpuUsec;
     await new Promise((r) => setTimeout(r, 500));
     expect((await stats(cgroupFor(standby.id))).cpuUsec).toBe(cpu0);
+    // one frozen by an earlier snaplab (which froze them all) is thawed when taken
+    await freeze(cgroupFor(standby.id));
+    const fromFrozen = await pool.run(['echo', 'thawed']);
+    expect([fromFrozen.hit, fromFrozen.stdout.toString()]).toEqual([true, 'thawed\n']);
 
     const dirty = [
       { argv: ['sh', '-c', 'echo x > /root/left-behind'], reason: /root filesystem changed/ },
@@ -60,7 +64,7 @@ describe.each(['btrfs', 'overlay'] as const)('pools on %s', (storage) => {
     }
     const s = await pool.stats();
     expect(s.refusedDirty).toBe(dirty.length);
-    expect(s.recycled).toBe(2);
+    expect(s.recycled).toBe(3); // echo hi, the put job, the once-frozen standby's echo
     // nothing a dirty run left is ever seen by a later one
     const next = await pool.run(['sh', '-c', 'ls /root /dev/shm /run; ps -o comm | grep -c sleep || true']);
     expect(next.stdout.toString()).not.toMatch(/left/);

@@ -40,7 +40,7 @@ describe('the qemu driver', () => {
     const status = readFileSync(`/proc/${vm.info.pid}/status`, 'utf8');
     expect(status).toMatch(/^Seccomp:\s+2$/m);
     const uid = Number(/^Uid:\s+(\d+)/m.exec(status)![1]);
-    expect(uid).toBeGreaterThanOrEqual(1_500_000_000);
+    expect(uid).toBeGreaterThanOrEqual(2_000_000_000);
     expect(status).toMatch(new RegExp(`^Uid:\\s+${uid}\\s+${uid}\\s+${uid}\\s+${uid}$`, 'm'));
     expect(status).toMatch(/^CapEff:\s+0+$/m);
     const accel = JSON.parse(readFileSync(join(lab.home, 'qemu', 'accel.json'), 'utf8')) as { accel: string; reason: string };

@@ -1,5 +1,6 @@
 import type { AgentClient } from '../agent/client.js';
 import { withLock } from '../host/lock.js';
+import { cgroupFor, isFrozen } from '../host/cgroups.js';
 import type { Volume } from '../storage/backend.js';
 import type { SandboxRecord, SnapshotRecord } from '../store/records.js';
 import { snapshotSandbox } from './sandbox-ops.js';
@@ -57,7 +58,8 @@ export class PoolRunner {
         }
         let agent: AgentClient;
         try {
-          if (driver.capabilities.pauseStandbys) await trace.phase('thaw', () => driver.resume(handle(rec)));
+          // (a namespace standby frozen by an earlier snaplab, which froze them all, is thawed too)
+          if (driver.capabilities.pauseStandbys || (await isFrozen(cgroupFor(rec.id)).catch(() => false))) await trace.phase('thaw', () => driver.resume(handle(rec)));
           rec.state = 'running';
           agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handle(rec))));
           this.agents.set(rec.id, agent);

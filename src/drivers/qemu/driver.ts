@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { chmod, copyFile, link, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -125,7 +126,7 @@ export class QemuDriver implements Driver {
     let pid = 0;
     try {
       // in the sandbox's cgroup like any VM: killed with it, found by gc if this process dies
-      pid = await startQemu(dir, c, false, cgroupFor(id).procsFiles, vmmUid(id));
+      pid = await startQemu(dir, c, false, cgroupFor(id).procsFiles, await vmmUid(id));
       const start = (await processStartTime(pid)) ?? 0;
       return await agentAnswers(vmFiles(dir).chardev, 8000, () => sameProcess(pid, start));
     } catch {
@@ -146,18 +147,19 @@ export class QemuDriver implements Driver {
   private async start(id: string, config: VmConfig, trace: Trace, memory?: MemoryImage): Promise<RaisedMachine> {
     const dir = this.runDir(id);
     if (memory) await checkMemoryImage(memory, config);
-    const pid = await trace.phase('spawn vmm', () => startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles, vmmUid(id)));
+    const pid = await trace.phase('spawn vmm', async () => startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles, await vmmUid(id)));
     const handle: MachineHandle = { id, pid, pidStart: (await processStartTime(pid)) ?? 0 };
     // QEMU runs unprivileged: the memory file is opened here and handed over (before the QMP
     // client below takes the monitor's one connection)
-    if (memory) await trace.phase('hand over memory', () => handOver(vmFiles(dir).qmp, 'incoming', join(memory.dir, 'memory'), 'r'));
+    const incoming = `incoming-${randomBytes(4).toString('hex')}`;
+    if (memory) await trace.phase('hand over memory', () => handOver(vmFiles(dir).qmp, incoming, join(memory.dir, 'memory'), 'r'));
     const qmp = await trace.phase('qmp ready', () => QmpClient.connect(vmFiles(dir).qmp));
     try {
       if (memory) {
         await trace.phase('load memory', async () => {
           // the RAM is the snapshot's file, mapped: the stream holds the devices' state alone
           if (config.ram) await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
-          await qmp.execute('migrate-incoming', { uri: 'fd:incoming' });
+          await qmp.execute('migrate-incoming', { uri: `fd:${incoming}` });
           await qmp.waitMigration(60_000);
         });
         await trace.phase('resume', () => qmp.execute('cont'));
@@ -209,7 +211,12 @@ export class QemuDriver implements Driver {
   /** The relay holds what is bound for the guest first: nothing moves in a stopped guest's memory. */
   async pause(handle: MachineHandle): Promise<void> {
     await holdRelay(this.runDir(handle.id));
-    await this.qmp(handle, (q) => q.execute('stop'));
+    try {
+      await this.qmp(handle, (q) => q.execute('stop'));
+    } catch (e) {
+      await releaseRelay(this.runDir(handle.id)); // still running: let its traffic flow again
+      throw e;
+    }
   }
 
   /** The guest's clock stands still while it is stopped: the lab sets it after (see Sandbox.resume). */
@@ -236,12 +243,19 @@ export class QemuDriver implements Driver {
     const snapped: VmConfig = { ...rest, initrd: join(dir, 'initrd.cpio.gz'), ...(ownRam ? { ram: { path: join(dir, 'ram'), share: false } } : {}) };
     await writeFile(join(dir, 'vm.json'), JSON.stringify(snapped));
     let ramBytes = 0;
-    await handOver(vmFiles(this.runDir(handle.id)).qmp, 'snapshot', join(dir, 'memory'), 'w');
+    // a name of its own per operation: a descriptor left by a failed one is never used by the next
+    const fdName = `snapshot-${randomBytes(4).toString('hex')}`;
+    await handOver(vmFiles(this.runDir(handle.id)).qmp, fdName, join(dir, 'memory'), 'w');
     await this.qmp(handle, async (q) => {
       await q.execute('stop', undefined, trace); // already stopped by the lab: a no-op then
       await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: ownRam }] });
       await trace.phase('save memory', async () => {
-        await q.execute('migrate', { uri: 'fd:snapshot' });
+        try {
+          await q.execute('migrate', { uri: `fd:${fdName}` });
+        } catch (e) {
+          await q.execute('closefd', { fdname: fdName }).catch(() => undefined); // not consumed: give it back
+          throw e;
+        }
         await q.waitMigration(120_000).catch(async (e: unknown) => {
           await q.execute('migrate_cancel').catch(() => undefined);
           throw e;

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 
@@ -49,14 +49,24 @@ export const vmFiles = (runDir: string): Record<'qmp' | 'chardev' | 'relay' | 'r
  * snapshot came from, so the config is stored with every memory snapshot.
  */
 /**
- * The uid (and gid) a VM's QEMU runs as, one per VM from a reserved range (1 500 000 000 +
- * 0..999 999, no account needed): a QEMU that a guest took over can touch neither the host's
- * files nor another VM's. QEMU opens everything it needs (disk, RAM file, sockets, logs) as root
- * first and drops to it before the guest runs (`-runas`); migration files come as open fds.
+ * The uid (and gid) a VM's QEMU runs as, one per VM from a reserved range (2 000 000 000 + 0..99 999 999,
+ * above systemd's container range; no account needed): a QEMU that a guest took over can touch
+ * neither the host's files nor another VM's QEMU. QEMU opens everything it needs (disk, RAM file,
+ * sockets, logs) as root first and drops to it before the guest runs (`-runas`); migration files
+ * come as open descriptors. Derived from the sandbox id, moved on while a live process has it.
  */
-export const VMM_UID_BASE = 1_500_000_000;
-export function vmmUid(id: string): number {
-  return VMM_UID_BASE + (parseInt(id.slice(0, 8), 16) % 1_000_000);
+export const VMM_UID_BASE = 2_000_000_000;
+const VMM_UID_SPAN = 100_000_000;
+export async function vmmUid(id: string): Promise<number> {
+  const used = new Set<number>();
+  for (const pid of await readdir('/proc').catch(() => [] as string[])) {
+    if (!/^\d+$/.test(pid)) continue;
+    const m = /^Uid:\s+(\d+)/m.exec(await readFile(`/proc/${pid}/status`, 'utf8').catch(() => ''));
+    if (m && Number(m[1]) >= VMM_UID_BASE) used.add(Number(m[1]));
+  }
+  let uid = VMM_UID_BASE + (parseInt(id.slice(0, 8), 16) % VMM_UID_SPAN);
+  while (used.has(uid)) uid = VMM_UID_BASE + ((uid - VMM_UID_BASE + 1) % VMM_UID_SPAN);
+  return uid;
 }
 
 export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean, uid?: number): string[] {

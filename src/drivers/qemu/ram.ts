@@ -18,13 +18,22 @@ const prefix = (home: string): string => `snaplab-${createHash('sha256').update(
 
 /**
  * Where a booted VM keeps its RAM; undefined (anonymous RAM then) when the host has no /dev/shm or
- * it has less room than the guest's memory: a tmpfs that fills up would kill the VM (SIGBUS) when
- * the guest touches a page, not fail its start.
+ * it has less room than the guest's memory once every VM's RAM file is counted whole: a tmpfs that
+ * fills up would kill a VM (SIGBUS) when its guest touches a page, not fail its start. (Two VMs
+ * starting at the same instant can both count the same room.)
  */
 export async function vmRamPath(home: string, id: string, bytes: number): Promise<string | undefined> {
   if (!existsSync(SHM)) return undefined;
   const fs = await statfs(SHM).catch(() => null);
-  if (!fs || fs.bavail * fs.bsize < bytes) return undefined;
+  if (!fs) return undefined;
+  // the RAM files are sparse: what the running VMs have not touched yet is promised, not free
+  let promised = 0;
+  for (const n of await readdir(SHM).catch(() => [] as string[])) {
+    if (!n.startsWith('snaplab-') || !n.endsWith('.ram')) continue;
+    const st = await stat(join(SHM, n)).catch(() => null);
+    if (st) promised += Math.max(0, st.size - st.blocks * 512);
+  }
+  if (fs.bavail * fs.bsize - promised < bytes) return undefined;
   return join(SHM, `${prefix(home)}${id}.ram`);
 }
 

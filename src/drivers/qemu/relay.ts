@@ -67,23 +67,31 @@ async function relayPid(runDir: string): Promise<number | undefined> {
 }
 
 /**
- * Hold what the relay sends to the VM, and wait (up to `timeoutMs`) until QEMU has taken what was
- * already sent: then nothing from the host moves into the guest's memory while it is stopped, and a
- * memory snapshot's RAM copy agrees with its device state. (If QEMU does not take it, the guest's
- * queue is full and it stays out of guest memory, which is as good.)
+ * Hold what the relay sends to the VM (and what it reads from it), and wait until QEMU has taken
+ * what was already sent: then nothing from the host moves into the guest's memory while it is
+ * stopped, and a memory snapshot's RAM copy agrees with its device state. The hold is a file the
+ * relay reads on SIGUSR1 (a state, not a signal pair: signals merge and reorder). Throws when the
+ * relay does not confirm in time.
  */
-export async function holdRelay(runDir: string, timeoutMs = 1000): Promise<void> {
+export async function holdRelay(runDir: string, timeoutMs = 2000): Promise<void> {
+  const f = vmFiles(runDir);
+  await writeFile(`${f.relay}.hold`, '');
   const pid = await relayPid(runDir);
-  if (!pid) return; // no relay: nothing writes to the VM
-  const marker = `${vmFiles(runDir).relay}.held`;
-  await rm(marker, { force: true });
+  if (!pid) return; // no relay: nothing writes to the VM (a new one starts held)
   process.kill(pid, 'SIGUSR1');
   const end = Date.now() + timeoutMs;
-  while (!existsSync(marker) && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
+  while (!existsSync(`${f.relay}.held`)) {
+    if (Date.now() > end) {
+      await releaseRelay(runDir);
+      throw new SnaplabError('VM_ERROR', `the VM's relay did not stop its traffic within ${timeoutMs} ms`, 'retry; if it persists, see relay.log in the VM\'s run directory');
+    }
+    await new Promise((r) => setTimeout(r, 2));
+  }
 }
 
 /** Let the relay write to the VM again. */
 export async function releaseRelay(runDir: string): Promise<void> {
+  await rm(`${vmFiles(runDir).relay}.hold`, { force: true });
   const pid = await relayPid(runDir);
-  if (pid) process.kill(pid, 'SIGUSR2');
+  if (pid) process.kill(pid, 'SIGUSR1');
 }
