@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 
@@ -59,11 +59,10 @@ export const VMM_UID_BASE = 2_000_000_000;
 const VMM_UID_SPAN = 100_000_000;
 export async function vmmUid(id: string): Promise<number> {
   const used = new Set<number>();
-  for (const pid of await readdir('/proc').catch(() => [] as string[])) {
-    if (!/^\d+$/.test(pid)) continue;
-    const m = /^Uid:\s+(\d+)/m.exec(await readFile(`/proc/${pid}/status`, 'utf8').catch(() => ''));
-    if (m && Number(m[1]) >= VMM_UID_BASE) used.add(Number(m[1]));
-  }
+  // a /proc/PID directory belongs to the process's uid: one stat each, in parallel
+  const pids = (await readdir('/proc').catch(() => [] as string[])).filter((p) => /^\d+$/.test(p));
+  const owners = await Promise.all(pids.map((p) => stat(`/proc/${p}`).then((st) => st.uid, () => 0)));
+  for (const uid of owners) if (uid >= VMM_UID_BASE) used.add(uid);
   let uid = VMM_UID_BASE + (parseInt(id.slice(0, 8), 16) % VMM_UID_SPAN);
   while (used.has(uid)) uid = VMM_UID_BASE + ((uid - VMM_UID_BASE + 1) % VMM_UID_SPAN);
   return uid;
