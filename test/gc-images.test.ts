@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -44,6 +44,21 @@ describe('gc', () => {
     expect(readFileSync('/proc/self/mountinfo', 'utf8')).not.toContain(volume!.id);
     // what gc did is stored with its trace
     expect((lab.trace(trace.id)!.details as { removed: string[] }).removed).toEqual(removed);
+  });
+
+  it('leaves a memory snapshot being written alone; removes a crash\'s leftover once it is old', async () => {
+    const dir = join(lab.home, 'snapshots', 'leftover-test');
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, 'memory'), 'half a stream');
+    let r = await lab.gc();
+    expect(existsSync(dir)).toBe(true); // just written: a snapshot may be under way
+    expect(r.notes.join('\n')).toMatch(/leftover-test not collected: written to in the last/);
+    const old = new Date(Date.now() - 10 * 60_000);
+    utimesSync(join(dir, 'memory'), old, old);
+    utimesSync(dir, old, old);
+    r = await lab.gc();
+    expect(existsSync(dir)).toBe(false);
+    expect(r.removed).toContain(`memory snapshot ${dir}`);
   });
 
   it('leaves live sandboxes alone', async () => {

@@ -1,7 +1,7 @@
 import { gcBaseDisks } from '../drivers/qemu/disk.js';
 import { orphanTemplates } from './pool-admin.js';
 import { removeSnapshot } from './removals.js';
-import { readdir, rm } from 'node:fs/promises';
+import { readdir, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { loopDevicesBackedUnder, detachLoop } from '../host/loops.js';
 import { mountsUnder, unmount } from '../host/mounts.js';
@@ -70,6 +70,12 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   for (const d of await readdir(join(ctx.home, 'snapshots')).catch(() => [] as string[])) {
     const dir = join(ctx.home, 'snapshots', d);
     if (memoryDirs.has(dir)) continue;
+    // one being written now (its snapshot began after the in-flight check above) is left alone;
+    // a crash's leftover is removed once nothing in it has changed for a while
+    if (Date.now() - (await newestChange(dir)) < MEMORY_DIR_GRACE_MS) {
+      notes.push(`memory snapshot ${dir} not collected: written to in the last ${MEMORY_DIR_GRACE_MS / 1000} s; run gc again later`);
+      continue;
+    }
     await rm(dir, { recursive: true, force: true });
     removed.push(`memory snapshot ${dir}`);
   }
@@ -102,4 +108,13 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   }
   ctx.forgetReady();
   return { removed, notes };
+}
+
+const MEMORY_DIR_GRACE_MS = 120_000;
+
+/** When `dir` or a file in it last changed (ms since the epoch). */
+async function newestChange(dir: string): Promise<number> {
+  let newest = (await stat(dir).catch(() => null))?.mtimeMs ?? 0;
+  for (const f of await readdir(dir).catch(() => [] as string[])) newest = Math.max(newest, (await stat(join(dir, f)).catch(() => null))?.mtimeMs ?? 0);
+  return newest;
 }
