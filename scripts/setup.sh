@@ -9,9 +9,11 @@ if [ "$(id -u)" != 0 ]; then
   exit 2
 fi
 
-# bubblewrap: the namespace launcher; busybox-static: the built-in image; btrfs-progs: CoW storage;
-# gcc, make, libc6-dev, libseccomp-dev: the static agent; iproute2, zstd, xz-utils: tests and image import.
-pkgs=(bubblewrap busybox-static btrfs-progs gcc make libc6-dev libseccomp-dev iproute2 zstd xz-utils util-linux qemu-system-x86 qemu-utils e2fsprogs lz4 cpio)
+# The Debian packages come from the one list of host programs snaplab runs (src/host/tools.json:
+# each program, its package, and what needs it), which doctor and the probes check too.
+command -v node >/dev/null || { echo "error: Node.js 20 is needed (node not on PATH)" >&2; exit 2; }
+mapfile -t pkgs < <(node -e 'const l = require("./src/host/tools.json"); console.log([...new Set(l.filter((t) => t.install !== false).map((t) => t.package))].join("\n"))')
+[ ${#pkgs[@]} -gt 0 ] || { echo "error: cannot read the package list src/host/tools.json" >&2; exit 2; }
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,7 +30,10 @@ echo "== build (TypeScript and the agent)"
 npm run build
 # the VM driver's guest kernel (apt) and initramfs, now rather than at the first VM
 echo "== snaplab prepare --driver qemu"
-npx --no-install snaplab prepare --driver qemu || echo "warning: the VM driver could not be prepared; the first VM will try again" >&2
+if ! npx --no-install snaplab prepare --driver qemu; then
+  echo "error: the VM driver could not be prepared (see above); fix it and run this script again" >&2
+  exit 1
+fi
 
 if [ "${1:-}" = "--demo" ]; then
   echo "== snaplab doctor"

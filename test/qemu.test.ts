@@ -8,6 +8,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
+import { ramPrefix } from '../src/drivers/qemu/ram.js';
+import { snaplabCgroupsOnHost } from '../src/host/cgroups-host.js';
 import { disposeLab, testLab } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../dist/cli/main.js', import.meta.url));
@@ -228,13 +230,76 @@ describe('the qemu driver', () => {
     expect((await lab.snapshots()).map((s) => s.name)).not.toContain('doomed');
     await (await lab.get('vm-kill')).destroy();
     await lab.removeSnapshot('kill-base');
-    const gc = await lab.gc();
-    expect(gc.removed.some((r) => r.includes(`${booted.id}.ram`))).toBe(ramInShm);
-    await (await lab.get('vm-kill0')).destroy();
+    // the crashed VM's RAM file is freed by the first command that sees it dead, not left to gc
+    const dead = await lab.get('vm-kill0');
+    expect(dead.info.state).toBe('dead');
+    expect(readdirSync('/dev/shm').filter((f) => f.endsWith(`${booted.id}.ram`))).toEqual([]);
+    await lab.gc();
+    await dead.destroy();
     // the half-written memory file went with gc; no QEMU of that sandbox is left
     const left = existsSync(join(lab.home, 'snapshots')) ? readdirSync(join(lab.home, 'snapshots')) : [];
     expect(left).toEqual([]);
     expect(readdirSync('/dev/shm').filter((f) => f.endsWith(`${booted.id}.ram`))).toEqual([]); // the crashed VM's RAM file too
     expect(existsSync(`/proc/${pid}`) && !readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z')).toBe(false);
+  }, 120_000);
+
+  // what a failed or abandoned create leaves, seen without gc: records, run directories, cgroups,
+  // RAM files and QEMU processes of any sandbox but the live ones
+  async function leftovers(): Promise<string[]> {
+    const live = new Set((await lab.list()).map((b) => b.id));
+    const ids = (names: string[]): string[] => names.map((n) => /([0-9a-f]{12})(\.ram)?$/.exec(n)?.[1]).filter((id): id is string => !!id && !live.has(id));
+    const found: string[] = [];
+    for (const id of ids(existsSync(join(lab.home, 'run')) ? readdirSync(join(lab.home, 'run')) : [])) found.push(`run directory ${id}`);
+    for (const id of ids(readdirSync('/dev/shm').filter((n) => n.startsWith(ramPrefix(lab.home))))) found.push(`RAM file ${id}`);
+    for (const cg of await snaplabCgroupsOnHost()) if (!live.has(cg.id) && existsSync(join(lab.home, 'run', cg.id))) found.push(`cgroup ${cg.id}`);
+    const procs = await run('pgrep', ['-f', `${lab.home}/run/`], { allowFail: true });
+    for (const pid of procs.stdout.split('\n').filter(Boolean)) {
+      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ');
+      const id = new RegExp(`${lab.home}/run/([0-9a-f]{12})/`).exec(cmd)?.[1];
+      if (id && !live.has(id)) found.push(`process ${pid}: ${cmd.slice(0, 60)}`);
+    }
+    return found;
+  }
+  const cli = (args: string[], env: NodeJS.ProcessEnv = {}) => run(process.execPath, [CLI, ...args], { env: { ...process.env, SNAPLAB_HOME: lab.home, ...env }, allowFail: true });
+
+  it('a VM whose agent never answers in time: the create fails and leaves nothing, without gc', async () => {
+    expect(await leftovers()).toEqual([]);
+    const r = await cli(['create', '--driver', 'qemu', '--name', 'vm-late'], { SNAPLAB_VM_BOOT_TIMEOUT_MS: '300' });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/error\[TIMEOUT\]: the VM's agent did not answer within 300 ms/);
+    expect((await lab.list()).map((b) => b.name)).not.toContain('vm-late');
+    expect(await leftovers()).toEqual([]);
+    const bad = await cli(['create', '--driver', 'qemu', '--name', 'vm-bad'], { SNAPLAB_VM_BOOT_TIMEOUT_MS: 'soon' });
+    expect(bad.stderr).toMatch(/error\[BAD_INPUT\]: SNAPLAB_VM_BOOT_TIMEOUT_MS/);
+    expect(await leftovers()).toEqual([]);
+  }, 60_000);
+
+  it('a VM whose creating process was killed mid-boot is stopped by the next command that sees it', async () => {
+    const child = spawn(process.execPath, [CLI, 'create', '--driver', 'qemu', '--name', 'vm-orphan'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    // wait until its QEMU runs, then kill the CLI as a script's timeout would
+    let qemuPid = 0;
+    for (let i = 0; i < 400 && !qemuPid; i++) {
+      const rec = (await lab.list()).find((b) => b.name === 'vm-orphan');
+      const pidFile = rec ? join(lab.home, 'run', rec.id, 'qemu.pid') : '';
+      if (pidFile && existsSync(pidFile)) qemuPid = Number(readFileSync(pidFile, 'utf8').trim()) || 0;
+      if (!qemuPid) await new Promise((res) => setTimeout(res, 50));
+    }
+    expect(qemuPid).toBeGreaterThan(0);
+    child.kill('SIGKILL');
+    await new Promise((res) => child.once('exit', res));
+    expect(existsSync(`/proc/${qemuPid}`)).toBe(true); // QEMU is nobody's child: it ran on
+    const ls = await cli(['ls', '--json']);
+    const rec = (JSON.parse(ls.stdout) as { name: string; state: string; reason: string }[]).find((b) => b.name === 'vm-orphan');
+    expect(rec).toMatchObject({ state: 'dead', reason: expect.stringMatching(/creation was interrupted/) });
+    // ls stopped it: no QEMU, relay, cgroup or RAM file; the record stays, with its reason, until rm
+    let gone = false;
+    for (let i = 0; i < 100 && !gone; i++) {
+      gone = !existsSync(`/proc/${qemuPid}`) || readFileSync(`/proc/${qemuPid}/stat`, 'utf8').includes(') Z');
+      if (!gone) await new Promise((res) => setTimeout(res, 50));
+    }
+    expect(gone).toBe(true);
+    expect(await leftovers()).toEqual([]);
+    expect((await cli(['rm', 'vm-orphan'])).code).toBe(0);
+    expect((await lab.list()).map((b) => b.name)).not.toContain('vm-orphan');
   }, 120_000);
 });

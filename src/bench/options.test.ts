@@ -58,4 +58,20 @@ describe('bench options', () => {
     expect(p.variants.map((v) => [v.label, v.recycle, v.poolSize])).toEqual([['A', true, undefined], ['B', false, 2]]);
     expect(p.argv).toEqual(['/bin/true']);
   });
+
+  it('defaults each workload to a ladder it can run here, and refuses one it cannot before measuring', () => {
+    const scn = { workload: 'scenario-reset', scenario: 'x.yaml', baselines: 'none' };
+    expect(toPlan(cli(scn), []).ladder).toEqual([1]);
+    expect(toPlan(cli({ ...scn, workload: 'scenario-up' }), []).ladder).toEqual([1]);
+    expect(badInput(() => toPlan(cli({ ...scn, ladder: '1,2' }), [])).message).toMatch(/rung 2 .*one scenario at a time/);
+    const host = { vms: { max: 2, why: 'VMs are emulated here (TCG)' } };
+    const vm = (o: Partial<BenchCli>) => toPlan(cli({ driver: 'qemu', baselines: 'none', ...o }), [], undefined, host);
+    expect(vm({ workload: 'restore' }).ladder).toEqual([1, 2]);
+    expect(vm({ workload: 'raise' }).ladder).toEqual([1, 2]);
+    expect(vm({ workload: 'exec' }).ladder).toEqual([1, 2, 4, 8, 16, 32, 64]); // one VM, many commands
+    expect(toPlan(cli({ workload: 'restore', baselines: 'none' }), [], undefined, host).ladder).toHaveLength(7); // namespaces
+    const e = badInput(() => vm({ workload: 'restore', ladder: '1,4,8' }));
+    expect(e.message).toMatch(/rung 4, 8 .*emulated/);
+    expect(e.hint).toMatch(/SNAPLAB_VM_BOOT_TIMEOUT_MS/);
+  });
 });

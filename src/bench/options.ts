@@ -34,7 +34,7 @@ const STORAGES: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
 export function addBenchOptions(cmd: Command): Command {
   return cmd
     .option('--workload <name>', `one of ${WORKLOADS.join(', ')}`, 'exec')
-    .option('--ladder <rungs>', `concurrency rungs, comma-separated (default ${DEFAULT_LADDER.join(',')})`)
+    .option('--ladder <rungs>', `concurrency rungs, comma-separated (default ${DEFAULT_LADDER.join(',')}, cut to what the workload can run here: 1 for scenarios, the host's VM limit for --driver qemu)`)
     .option('--concurrency <n>', 'shorthand for a one-rung ladder')
     .option('--reps <n>', 'repetitions of each rung', '3')
     .option('--duration <seconds>', 'length of each repetition', '2')
@@ -157,17 +157,51 @@ function parseLadder(text: string): number[] {
   return rungs.sort((a, b) => a - b);
 }
 
+/** What this host can run at once, found by the caller (bench/host-limits.ts) before the plan is made. */
+export interface HostLimits {
+  /** VMs that may boot or restore at the same time (the VM workloads' highest rung), and why */
+  vms: { max: number; why: string };
+}
+/** Workloads whose concurrency is that many VMs starting or running at once (exec: one VM). */
+const VM_START_WORKLOADS: readonly Workload[] = ['raise', 'restore', 'snapshot', 'fresh-exec'];
+
+/**
+ * The ladder: the given one, checked against what the workload can run here, or the default one
+ * cut to it: the scenario workloads run one scenario at a time; the VM workloads stop at
+ * `host.vms.max`.
+ */
+function ladderOf(o: BenchCli, w: Workload, host: HostLimits): number[] {
+  if (o.ladder !== undefined && o.concurrency !== undefined) throw bad('--ladder and --concurrency both given', '--concurrency N is a one-rung --ladder N: give one of them');
+  const given = o.ladder !== undefined ? parseLadder(o.ladder) : o.concurrency !== undefined ? [parsePositiveInt(o.concurrency, 'concurrency')] : undefined;
+  const flag = o.ladder !== undefined ? `--ladder ${o.ladder}` : `--concurrency ${o.concurrency}`;
+  let max = Infinity;
+  let why = '';
+  let hint = '';
+  if ((SCENARIO_WORKLOADS as readonly string[]).includes(w)) {
+    max = 1;
+    why = `${w} runs one scenario at a time`;
+    hint = 'use --ladder 1 (the default for this workload), or leave the ladder out';
+  } else if (o.driver === 'qemu' && VM_START_WORKLOADS.includes(w)) {
+    max = host.vms.max;
+    why = host.vms.why;
+    hint = `use rungs up to ${max} (the default ladder stops below it), or raise SNAPLAB_VM_BOOT_TIMEOUT_MS to allow slower boots`;
+  }
+  if (given === undefined) return DEFAULT_LADDER.filter((r) => r <= max);
+  const over = given.filter((r) => r > max);
+  if (over.length) throw bad(`${flag}: rung ${over.join(', ')} is more than this workload can run here: ${why}`, hint);
+  return given;
+}
+
 /** Validate everything before anything runs: a bad value is an error, never silently ignored. */
-export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli) => boolean = (k) => o[k] !== undefined): BenchPlan {
+export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli) => boolean = (k) => o[k] !== undefined, host: HostLimits = { vms: { max: Infinity, why: '' } }): BenchPlan {
   if (!(WORKLOADS as readonly string[]).includes(o.workload)) throw bad(`unknown workload ${JSON.stringify(o.workload)}`, `use one of: ${WORKLOADS.join(', ')}`);
   const w = o.workload as Workload;
-  if (o.ladder !== undefined && o.concurrency !== undefined) throw bad('--ladder and --concurrency both given', '--concurrency N is a one-rung --ladder N: give one of them');
-  const ladder = o.ladder !== undefined ? parseLadder(o.ladder) : o.concurrency !== undefined ? [parsePositiveInt(o.concurrency, 'concurrency')] : DEFAULT_LADDER;
+  if (o.driver !== undefined && !['namespaces', 'qemu'].includes(o.driver)) throw bad(`unknown driver ${JSON.stringify(o.driver)}`, 'use namespaces or qemu');
+  const ladder = ladderOf(o, w, host);
   const scenarioWork = (SCENARIO_WORKLOADS as readonly string[]).includes(w);
   if (scenarioWork && !o.scenario) throw bad(`${w} needs a scenario file`, `snaplab bench --workload ${w} --scenario examples/scenarios/tiny-service/scenario.yaml`);
   if (!scenarioWork && o.scenario !== undefined) throw bad('--scenario applies to the scenario-up and scenario-reset workloads only', 'drop --scenario or pick a scenario workload');
   const known: readonly string[] = scenarioWork ? SCENARIO_BASELINES : w === 'restore' ? RESTORE_BASELINES : BASELINES;
-  if (o.driver !== undefined && !['namespaces', 'qemu'].includes(o.driver)) throw bad(`unknown driver ${JSON.stringify(o.driver)}`, 'use namespaces or qemu');
   const names = o.baselines === 'all' ? [...known] : o.baselines === 'none' ? [] : o.baselines.split(',').map((n) => n.trim());
   for (const n of names) if (!known.includes(n)) throw bad(`unknown baseline ${JSON.stringify(n)} for ${w}`, `use all, none, or some of ${known.join(',')}`);
   const compare = o.compare ?? [];

@@ -1,5 +1,6 @@
 import { Command } from 'commander';
 import { addBenchOptions, spreadCompare, toPlan, type BenchCli } from '../bench/options.js';
+import { hostLimits } from '../bench/host-limits.js';
 import { Progress } from '../bench/progress.js';
 import { renderSummary } from '../bench/report-text.js';
 import { prepareResultsDir, writeResults } from '../bench/results.js';
@@ -17,7 +18,7 @@ export function registerBench(program: Command): void {
   cmd.parseOptions = (args: string[]) => parseOptions(spreadCompare(args));
   cmd.action((argv: string[], o: BenchCli) =>
     withLab(o, async (lab) => {
-      const plan = toPlan(o, argv, (k) => o[k] !== undefined && cmd.getOptionValueSource(k) === 'cli');
+      const plan = toPlan(o, argv, (k) => o[k] !== undefined && cmd.getOptionValueSource(k) === 'cli', await hostLimits(lab.home));
       const results = plan.results ? prepareResultsDir(plan.results) : undefined;
       const summary = await runBench(lab, plan, new Progress(process.stderr));
       const written = results ? writeResults(results, summary) : [];

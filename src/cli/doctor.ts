@@ -6,13 +6,14 @@ import { QemuDriver } from '../drivers/qemu/driver.js';
 import { probeCgroupMoves, probeCgroups } from '../host/cgroups.js';
 import type { Availability } from '../host/probe-types.js';
 import { which } from '../host/run.js';
+import { toolsVerdict } from '../host/tools.js';
 import { DEFAULT_HOME } from '../lab/context.js';
 import { allBackends, pickDefault } from '../storage/index.js';
 import { printJson, printTable, reportError } from './output.js';
 
 interface Check extends Availability {
   name: string;
-  kind: 'host' | 'driver' | 'storage' | 'image';
+  kind: 'host' | 'driver' | 'storage' | 'image' | 'feature';
   /** a tuning: snaplab works without it, only slower */
   optional?: boolean;
 }
@@ -37,6 +38,9 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
   for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
   checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
+  // features beyond a single sandbox: snaplab runs without them, but they fail when used
+  checks.push({ name: 'scenarios', kind: 'feature', optional: true, ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }) });
+  checks.push({ name: 'image import', kind: 'feature', optional: true, ...((await toolsVerdict('image', 'image import')) ?? { ok: true, reason: 'tar and its decompressors found' }) });
   let defaultStorage: string | null = null;
   let defaultStorageReason = '';
   try {
@@ -59,7 +63,7 @@ export function registerDoctor(program: Command): void {
         const r = await doctor(process.env.SNAPLAB_HOME ?? DEFAULT_HOME);
         if (o.json) printJson(r);
         else {
-          printTable(['CHECK', 'KIND', 'OK', 'DETAIL', 'FIX'], r.checks.map((c) => [c.name, c.kind, c.ok ? 'yes' : c.optional ? 'tune' : 'NO', c.reason, c.ok ? '' : c.fix ?? '']));
+          printTable(['CHECK', 'KIND', 'OK', 'DETAIL', 'FIX'], r.checks.map((c) => [c.name, c.kind, c.ok ? 'yes' : !c.optional ? 'NO' : c.kind === 'host' ? 'tune' : 'no', c.reason, c.ok ? '' : c.fix ?? '']));
           process.stdout.write(`\ndefault driver: namespaces; default storage: ${r.defaultStorage ?? 'none'} — ${r.defaultStorageReason}\nstate: ${r.home}\n${r.ok ? 'ready' : 'NOT READY: apply the fixes above'}\n`);
         }
         process.exitCode = r.ok ? 0 : 1;

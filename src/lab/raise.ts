@@ -8,7 +8,7 @@ import type { Limits, SandboxRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { checkName, defaultName, newId } from './names.js';
-import { destroyRecord } from './teardown.js';
+import { undoRaise } from './teardown.js';
 import { DEFAULT_ENV } from './exec.js';
 
 export interface RaiseInput {
@@ -118,7 +118,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     return { record, agent };
   } catch (e) {
     agent?.close();
-    await destroyRecord(ctx, record).catch(() => undefined);
+    await undoRaise(ctx, record);
     throw e;
   }
 }

@@ -5,24 +5,44 @@ import type { LabContext } from './context.js';
 /**
  * Bring a record in line with the host: a sandbox whose init is gone is dead (with the reason the
  * host can give); a sandbox left 'creating' or 'removing' by a process that no longer exists was
- * interrupted.
- * The store never claims a sandbox that is not there.
+ * interrupted. The store never claims a sandbox that is not there.
+ *
+ * A record found dead here is also reaped: its processes are killed (QEMU and its relay
+ * included: a VM whose creator was killed mid-boot would otherwise run on, holding its memory),
+ * and its cgroup, run directory and VM RAM file are removed at once. The record and its reason
+ * stay for `ls` until `rm`; its volume waits for `rm` or `gc`. Every command that reads records
+ * (ls, status, exec, rm, gc, pool and scenario commands) reconciles them.
  */
 export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<SandboxRecord> {
+  let reason: string | undefined;
   if (s.state === 'running' || s.state === 'paused') {
     const r = await ctx.driver(s.driver).inspect({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
-    if (!r.alive) {
-      ctx.store.updateSandbox(s.id, { state: 'dead', reason: r.reason ?? null });
-      return { ...s, state: 'dead', reason: r.reason ?? null };
-    }
+    if (!r.alive) reason = r.reason ?? 'its init process is gone';
   } else if (s.state === 'creating' || s.state === 'removing') {
     const m = /pid (\d+)/.exec(s.reason ?? '');
     const owner = m ? Number(m[1]) : 0;
     if (!owner || !(await pidAlive(owner))) {
-      const reason = s.state === 'creating' ? 'creation was interrupted (the process creating it exited)' : 'removal was interrupted';
-      ctx.store.updateSandbox(s.id, { state: 'dead', reason });
-      return { ...s, state: 'dead', reason };
+      reason = s.state === 'creating' ? 'creation was interrupted (the process creating it exited)' : 'removal was interrupted';
     }
   }
-  return s;
+  if (reason === undefined) return s;
+  // compare and set: a create may have finished (or an rm begun) since `s` was read; then the
+  // record is not this call's to kill
+  if (!ctx.store.markDead(s, reason)) {
+    const now = ctx.store.getSandbox(s.name);
+    return now && now.id === s.id ? now : { ...s, state: 'dead', reason: 'removed meanwhile' };
+  }
+  const reaped = await reap(ctx, s, reason);
+  if (reaped !== reason) ctx.store.updateSandbox(s.id, { reason: reaped });
+  return { ...s, state: 'dead', reason: reaped };
+}
+
+/** Kill what is left of a dead sandbox's machine; the reason, with what could not be done. */
+async function reap(ctx: LabContext, s: SandboxRecord, reason: string): Promise<string> {
+  try {
+    await ctx.driver(s.driver).destroy({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
+    return reason;
+  } catch (e) {
+    return `${reason}; its processes could not all be stopped (${(e as Error).message}): run \`snaplab gc\``;
+  }
 }

@@ -186,6 +186,15 @@ export class Store {
    * Take one paused standby of the pool, atomically across processes: the UPDATE marks it
    * running (taken) in the same statement that finds it, so two takers never get the same one.
    */
+  /**
+   * Mark a sandbox dead only if its record is still as `seen` (state and reason): another process
+   * may have moved it on (a create that finished, an rm) since it was read. True when it was marked.
+   */
+  markDead(seen: Pick<SandboxRecord, 'id' | 'state' | 'reason'>, reason: string): boolean {
+    const r = this.stmt(`UPDATE sandboxes SET state = 'dead', reason = ? WHERE id = ? AND state = ? AND reason IS ?`).run(reason, seen.id, seen.state, seen.reason);
+    return r.changes === 1;
+  }
+
   claimStandby(pool: string, reason: string): SandboxRecord | undefined {
     const r = this.stmt(
         `UPDATE sandboxes SET state = 'running', reason = ?

@@ -7,6 +7,7 @@ import { type Cgroup, cgroupFor, createCgroup, destroyCgroup, freeze, oomKills, 
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess } from '../../host/procs.js';
 import { which } from '../../host/run.js';
+import { toolsVerdict } from '../../host/tools.js';
 import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
 import { bwrapArgs } from './bwrap-args.js';
@@ -39,8 +40,9 @@ export class NamespacesDriver implements Driver {
 
   async probe(): Promise<Availability> {
     if (process.getuid?.() !== 0) return { ok: false, reason: 'namespaces, mounts and cgroups need root', fix: 'run snaplab as root (sudo)' };
-    const bwrap = await which('bwrap');
-    if (!bwrap) return { ok: false, reason: 'bwrap (bubblewrap) not found', fix: 'apt-get install bubblewrap' };
+    const missing = await toolsVerdict('namespaces', 'the namespaces driver');
+    if (missing) return missing;
+    const bwrap = (await which('bwrap'))!;
     try {
       agentBinaryPath();
       HostOps.require();

@@ -10,6 +10,7 @@ import { cgroupFor, createCgroup } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess } from '../../host/procs.js';
 import { which } from '../../host/run.js';
+import { toolsVerdict } from '../../host/tools.js';
 import { VM_DEFAULT_MEMORY } from '../../lab/limits.js';
 import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, RaisedMachine } from '../driver.js';
@@ -24,7 +25,21 @@ import { chooseAccel } from './accel.js';
 import { holdRelay, releaseRelay, startRelay } from './relay.js';
 import { copyRam, gcRam, removeRam, vmRamPath } from './ram.js';
 
-const BOOT_TIMEOUT_MS = 60_000;
+/**
+ * How long a booting or restored VM's agent may take to answer: 60 s, or SNAPLAB_VM_BOOT_TIMEOUT_MS
+ * (an emulated host running many boots at once needs more; a test of the failure path, less).
+ */
+export const DEFAULT_BOOT_TIMEOUT_MS = 60_000;
+export function bootTimeoutMs(): number {
+  const text = process.env.SNAPLAB_VM_BOOT_TIMEOUT_MS;
+  if (text === undefined || text === '') return DEFAULT_BOOT_TIMEOUT_MS;
+  const ms = Number(text);
+  if (!Number.isInteger(ms) || ms <= 0) throw new SnaplabError('BAD_INPUT', `SNAPLAB_VM_BOOT_TIMEOUT_MS must be a whole number of milliseconds, not ${JSON.stringify(text)}`, 'unset it for the default (60000)');
+  return ms;
+}
+
+/** how long a killed VM's QEMU and relay may take to leave its cgroup */
+const DESTROY_TIMEOUT_MS = 20_000;
 /** a running guest answers a new relay at once; a paused one never does */
 const RELAY_RESTART_TIMEOUT_MS = 10_000;
 /**
@@ -54,11 +69,10 @@ export class QemuDriver implements Driver {
 
   async probe(): Promise<Availability> {
     if (process.getuid?.() !== 0) return { ok: false, reason: 'the VM driver needs root (cgroups)', fix: 'run snaplab as root' };
-    const qemu = await which(QEMU);
-    if (!qemu) return { ok: false, reason: `${QEMU} not found`, fix: 'apt-get install qemu-system-x86' };
-    // VM disks: a base made by mkfs.ext4 -d, an overlay per VM made by qemu-img
-    if (!(await which('qemu-img'))) return { ok: false, reason: 'qemu-img not found (it makes the VMs\' disks)', fix: 'apt-get install qemu-utils' };
-    if (!(await which('mkfs.ext4'))) return { ok: false, reason: 'mkfs.ext4 not found (it makes the VMs\' base disks)', fix: 'apt-get install e2fsprogs' };
+    // QEMU, its disks (qemu-img, mkfs.ext4), the guest kernel's fetch (apt, dpkg-deb, depmod), the initramfs
+    const missing = await toolsVerdict('qemu', 'the VM driver');
+    if (missing) return missing;
+    const qemu = (await which(QEMU))!;
     try {
       agentBinaryPath();
     } catch (e) {
@@ -146,6 +160,7 @@ export class QemuDriver implements Driver {
 
   private async start(id: string, config: VmConfig, trace: Trace, memory?: MemoryImage): Promise<RaisedMachine> {
     const dir = this.runDir(id);
+    const bootMs = bootTimeoutMs();
     if (memory) await checkMemoryImage(memory, config);
     const pid = await trace.phase('spawn vmm', async () => startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles, await vmmUid(id)));
     const handle: MachineHandle = { id, pid, pidStart: (await processStartTime(pid)) ?? 0 };
@@ -168,7 +183,7 @@ export class QemuDriver implements Driver {
       qmp.close();
     }
     // the relay holds the VM's one agent connection; every host process connects to it
-    await trace.phase('agent ready', () => startRelay(dir, pid, cgroupFor(id).procsFiles, BOOT_TIMEOUT_MS));
+    await trace.phase('agent ready', () => startRelay(dir, pid, cgroupFor(id).procsFiles, bootMs));
     const agent = await trace.phase('connect', () => this.connect(handle));
     return { handle, agent };
   }
@@ -289,8 +304,12 @@ export class QemuDriver implements Driver {
   }
 
   async destroy(handle: MachineHandle): Promise<void> {
-    await killAndSweep(this.home, handle);
-    await removeRam(this.home, handle.id);
+    try {
+      await killAndSweep(this.home, handle, DESTROY_TIMEOUT_MS);
+    } finally {
+      // QEMU is killed: the file's pages are freed as soon as it exits, whatever else failed
+      await removeRam(this.home, handle.id);
+    }
   }
 
   /**

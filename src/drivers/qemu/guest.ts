@@ -10,6 +10,7 @@ import { basename, dirname, join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { isDynamicElf } from '../../host/elf.js';
 import { run, which } from '../../host/run.js';
+import { toolsVerdict } from '../../host/tools.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { gzipConcat, listTree, writeNewc } from './guest-cpio.js';
 import { GUEST_AGENT_PATH, INIT_BUSYBOX, initScript } from './guest-init.js';
@@ -101,11 +102,8 @@ async function aptUpdate(progress: (s: string) => void, why: string): Promise<vo
 }
 
 async function fetchKernel(home: string, progress: (s: string) => void): Promise<GuestKernel> {
-  for (const tool of ['apt-get', 'apt-cache', 'dpkg-deb', 'depmod']) {
-    if (!(await which(tool))) {
-      throw new SnaplabError('DRIVER_UNAVAILABLE', `the QEMU driver fetches its guest kernel with apt, and ${tool} is not installed`, 'run snaplab on Debian (apt, dpkg, kmod)');
-    }
-  }
+  const missing = await toolsVerdict('qemu', 'the VM driver');
+  if (missing) throw new SnaplabError('DRIVER_UNAVAILABLE', missing.reason, missing.fix);
   let updated = false;
   progress(`looking up the kernel package (apt-cache depends ${KERNEL_METAPACKAGE})`);
   let pkg = await lookUpKernelPackage();

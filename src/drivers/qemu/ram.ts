@@ -14,7 +14,7 @@ import { run } from '../../host/run.js';
 const SHM = '/dev/shm';
 
 /** One home's prefix: several snaplab homes may share /dev/shm, and gc must keep to its own. */
-const prefix = (home: string): string => `snaplab-${createHash('sha256').update(home).digest('hex').slice(0, 8)}-`;
+export const ramPrefix = (home: string): string => `snaplab-${createHash('sha256').update(home).digest('hex').slice(0, 8)}-`;
 
 /**
  * Where a booted VM keeps its RAM; undefined (anonymous RAM then) when the host has no /dev/shm or
@@ -34,7 +34,7 @@ export async function vmRamPath(home: string, id: string, bytes: number): Promis
     if (st) promised += Math.max(0, st.size - st.blocks * 512);
   }
   if (fs.bavail * fs.bsize - promised < bytes) return undefined;
-  return join(SHM, `${prefix(home)}${id}.ram`);
+  return join(SHM, `${ramPrefix(home)}${id}.ram`);
 }
 
 /** Copy a stopped VM's RAM file; zero pages become holes. Resolves with the bytes it takes on disk. */
@@ -45,12 +45,12 @@ export async function copyRam(from: string, to: string): Promise<number> {
 }
 
 export async function removeRam(home: string, id: string): Promise<void> {
-  await rm(join(SHM, `${prefix(home)}${id}.ram`), { force: true });
+  await rm(join(SHM, `${ramPrefix(home)}${id}.ram`), { force: true });
 }
 
 /** RAM files of this home whose VM is not live (QEMU killed, host process crashed). */
 export async function gcRam(home: string, liveIds: Set<string>): Promise<string[]> {
-  const mine = prefix(home);
+  const mine = ramPrefix(home);
   const removed: string[] = [];
   for (const n of await readdir(SHM).catch(() => [] as string[])) {
     if (!n.startsWith(mine) || !n.endsWith('.ram')) continue;

@@ -2,7 +2,8 @@ import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import type { Availability } from '../../host/probe-types.js';
 import { HostOpError, HostOps } from '../../host/hostops.js';
-import { run, which } from '../../host/run.js';
+import { run } from '../../host/run.js';
+import { toolsVerdict } from '../../host/tools.js';
 import type { StorageBackend, Usage, Volume } from '../backend.js';
 import { checkVolume } from '../meta.js';
 import { unmountAll } from '../mounts.js';
@@ -23,15 +24,14 @@ export class BtrfsBackend implements StorageBackend {
 
   async probe(): Promise<Availability> {
     try {
-      if (!(await which('mkfs.btrfs'))) return { ok: false, reason: 'mkfs.btrfs not found', fix: 'apt-get install btrfs-progs' };
-      if (!(await which('btrfs'))) return { ok: false, reason: 'btrfs not found', fix: 'apt-get install btrfs-progs' };
+      const missing = await toolsVerdict('btrfs', 'btrfs storage');
+      if (missing) return missing;
       if (!(await kernelHasFs('btrfs'))) return { ok: false, reason: 'btrfs not in /proc/filesystems', fix: 'modprobe btrfs' };
       const layout = await this.where();
       if (!layout.image) return { ok: true, reason: `${this.home} is on btrfs: subvolumes in ${layout.volumes}` };
       if (layout.mountPoint && (await poolMounted(layout.mountPoint))) {
         return { ok: true, reason: `pool ${layout.image} mounted at ${layout.mountPoint}` };
       }
-      if (!(await which('losetup'))) return { ok: false, reason: 'losetup not found', fix: 'apt-get install mount' };
       if (!(await exists('/dev/loop-control'))) {
         return { ok: false, reason: '/dev/loop-control missing: no loop devices for the pool file', fix: 'modprobe loop' };
       }

@@ -1,7 +1,8 @@
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Availability } from '../../host/probe-types.js';
-import { run, which } from '../../host/run.js';
+import { run } from '../../host/run.js';
+import { toolsVerdict } from '../../host/tools.js';
 import type { StorageBackend, Usage, Volume } from '../backend.js';
 import { withLock } from '../../host/lock.js';
 import { checkVolume, readMeta, writeMeta } from '../meta.js';
@@ -29,7 +30,8 @@ export class DirBackend implements StorageBackend {
 
   async probe(): Promise<Availability> {
     try {
-      if (!(await which('cp'))) return { ok: false, reason: 'cp not found', fix: 'apt-get install coreutils' };
+      const missing = await toolsVerdict('dir', 'dir storage');
+      if (missing) return missing;
       return { ok: true, reason: 'full copies with cp -a --reflink=auto (no sharing on ext4)' };
     } catch (e) {
       return { ok: false, reason: `probe failed: ${(e as Error).message}` };

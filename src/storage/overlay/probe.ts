@@ -2,6 +2,7 @@ import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Availability } from '../../host/probe-types.js';
 import { run } from '../../host/run.js';
+import { toolsVerdict } from '../../host/tools.js';
 import { unmountAll } from '../mounts.js';
 import { kernelHasFs } from '../tree.js';
 
@@ -12,6 +13,8 @@ export async function probeOverlay(home: string, root: string): Promise<Availabi
     if (/[,:\\]/.test(root)) {
       return { ok: false, reason: `home ${home} holds ',' ':' or '\\', which overlay options cannot carry`, fix: 'use a plain home path such as /var/lib/snaplab' };
     }
+    const missing = await toolsVerdict('overlay', 'overlay storage');
+    if (missing) return missing;
     if (!(await kernelHasFs('overlay'))) {
       return { ok: false, reason: 'overlay not in /proc/filesystems', fix: 'modprobe overlay' };
     }

@@ -1,0 +1,101 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { basename, join, relative } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { QEMU } from '../drivers/qemu/launch.js';
+import { HOST_TOOLS, missingTools, toolsVerdict } from './tools.js';
+
+const ROOT = join(import.meta.dirname, '..', '..');
+
+function files(dir: string, ext: RegExp): string[] {
+  return readdirSync(join(ROOT, dir), { withFileTypes: true, recursive: true })
+    .filter((d) => d.isFile() && ext.test(d.name))
+    .map((d) => relative(ROOT, join(d.parentPath, d.name)));
+}
+
+// Every way the code starts a host program by name: run()/which() (src/host/run.ts), node's
+// child_process calls, and exec* in the C helpers. A call not preceded by `.` or a word character
+// (so `lab.run(` and `stmt.run(` are not host programs).
+const CALL = /(?<![.\w])(run|which|spawn|spawnSync|execFile|execFileSync|execFileAsync|execvp|execlp|execl|execv|execve)\(\s*(['"`])([^'"`$]+)\2/g;
+const SPAWN_LOOP = /(?<![.\w])spawnLoop\([^,]+,[^,]+,\s*'([^']+)'/g;
+const CALL_NONLITERAL = /(?<![.\w])(run|spawn|spawnSync|execFile|execFileSync|execFileAsync)\(\s*([A-Za-z_][\w.]*)\s*,/g;
+
+/**
+ * Calls whose program is not a string literal, reviewed one by one: each says where its program
+ * comes from. A new one fails the test until it is added here (and its program to tools.json).
+ */
+const NONLITERAL: Record<string, string> = {
+  'src/host/run.ts cmd': 'run() itself',
+  'src/host/hostops.ts bin': 'snaplab-hostops, built by npm run build',
+  'src/lab/images.ts busybox': "which('busybox')",
+  'src/bench/baselines.ts runc': "which('runc')",
+  'src/bench/baselines.ts cmd': "spawnLoop's: its callers' programs are scanned (SPAWN_LOOP)",
+  'src/agent/agent.test.ts cmd': "the agent binary, or 'bwrap' (listed)",
+};
+// node itself, for the built CLI
+const NODE = 'process.execPath';
+
+function scan(): { programs: Map<string, string[]>; nonliteral: string[] } {
+  const programs = new Map<string, string[]>();
+  const nonliteral: string[] = [];
+  for (const f of [...files('src', /\.ts$/), ...files('test', /\.ts$/), ...files('native', /\.c$/)]) {
+    if (f === 'src/host/tools.test.ts') continue;
+    const text = readFileSync(join(ROOT, f), 'utf8');
+    for (const m of text.matchAll(CALL)) {
+      const prog = basename(m[3]!.trim().split(/\s+/)[0]!);
+      programs.set(prog, [...(programs.get(prog) ?? []), f]);
+    }
+    for (const m of text.matchAll(SPAWN_LOOP)) programs.set(m[1]!, [...(programs.get(m[1]!) ?? []), f]);
+    if (f.endsWith('.ts')) for (const m of text.matchAll(CALL_NONLITERAL)) if (m[2] !== NODE) nonliteral.push(`${f} ${m[2]}`);
+  }
+  return { programs, nonliteral };
+}
+
+const listed = new Set(HOST_TOOLS.flatMap((t) => (t.program ? [t.program] : [])));
+// snaplab's own binaries, started by path
+const OWN = new Set(['snaplab-agent', 'snaplab-hostops', 'main.js']);
+
+describe('the list of host tools (tools.json)', () => {
+  it('names every program the source runs', () => {
+    const { programs } = scan();
+    expect(programs.size).toBeGreaterThan(20); // the scan finds the calls at all
+    const unlisted = [...programs].filter(([p]) => !listed.has(p) && !OWN.has(p)).map(([p, where]) => `${p} (run in ${[...new Set(where)].join(', ')})`);
+    expect(unlisted, 'add these to src/host/tools.json with their Debian package').toEqual([]);
+    expect(listed.has(QEMU)).toBe(true); // started through a shell, by constant
+  });
+
+  it('reviews every call whose program is not a literal', () => {
+    const unknown = scan().nonliteral.filter((k) => !(k in NONLITERAL));
+    expect(unknown, 'say where the program comes from in NONLITERAL, and list it in tools.json').toEqual([]);
+  });
+
+  it('names no program that nothing runs', () => {
+    const { programs } = scan();
+    const stale = HOST_TOOLS.filter((t) => t.program && !t.via && !programs.has(t.program) && t.program !== QEMU).map((t) => t.program);
+    expect(stale).toEqual([]);
+  });
+
+  it('gives every entry a Debian package and a reason', () => {
+    for (const t of HOST_TOOLS) {
+      expect(t.package).toMatch(/^[a-z0-9][a-z0-9.+-]+$/);
+      expect(t.why.length).toBeGreaterThan(5);
+      expect(t.for.length).toBeGreaterThan(0);
+    }
+  });
+
+  it('reports a missing program with its package as the fix', async () => {
+    const path = process.env.PATH;
+    process.env.PATH = '/nonexistent';
+    try {
+      const missing = await missingTools('qemu');
+      expect(missing.map((t) => t.program)).toEqual(expect.arrayContaining(['qemu-system-x86_64', 'depmod', 'qemu-img']));
+      expect(missing.map((t) => t.program)).not.toContain('lz4'); // optional: a fallback exists
+      const v = await toolsVerdict('qemu', 'the VM driver');
+      expect(v?.ok).toBe(false);
+      expect(v?.reason).toContain('depmod (kmod');
+      expect(v?.fix).toMatch(/^apt-get install .*\bkmod\b/);
+    } finally {
+      process.env.PATH = path;
+    }
+    expect(await toolsVerdict('namespaces', 'x')).toBeUndefined();
+  });
+});
