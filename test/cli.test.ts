@@ -1,15 +1,15 @@
 import { spawnSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 // End-to-end: the built CLI, as a user runs it (npm test builds first).
-const CLI = join(import.meta.dirname, '..', 'dist', 'cli', 'main.js');
+import { SNAPLAB } from './cli-command.js';
 let home: string;
 
-function snaplab(args: string[], opts: { input?: string; uid?: number } = {}): { code: number; out: string; err: string } {
-  const r = spawnSync(process.execPath, [CLI, ...args], { env: { ...process.env, SNAPLAB_HOME: home }, input: opts.input, encoding: 'utf8', uid: opts.uid, timeout: 60_000 });
+function snaplab(args: string[], opts: { input?: string; uid?: number; env?: NodeJS.ProcessEnv } = {}): { code: number; out: string; err: string } {
+  const r = spawnSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: home, ...opts.env }, input: opts.input, encoding: 'utf8', uid: opts.uid, timeout: 60_000 });
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 
@@ -139,7 +139,7 @@ describe('snaplab CLI', () => {
 
   it('pool serve keeps a pool at its target while runs take from it, and stops on SIGINT', async () => {
     expect(snaplab(['pool', 'create', 'served', '--size', '2']).code).toBe(0);
-    const serve = spawn(process.execPath, [CLI, 'pool', 'serve', 'served'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const serve = spawn(SNAPLAB, ['pool', 'serve', 'served'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     serve.stdout.on('data', (b: Buffer) => (out += b.toString()));
     for (let i = 0; i < 4; i++) expect(snaplab(['run', '--pool', 'served', '--', 'sh', '-c', 'echo dirty > /root/x']).code).toBe(0);
@@ -160,7 +160,7 @@ describe('snaplab CLI', () => {
   });
 
   it('a CLI killed in the middle of create leaves no claimed sandbox; gc removes what it made', async () => {
-    const child = spawn(process.execPath, [CLI, 'create', '--name', 'killed'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: 'ignore' });
+    const child = spawn(SNAPLAB, ['create', '--name', 'killed'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: 'ignore' });
     // kill as soon as the record exists: mid-operation
     for (let i = 0; i < 400; i++) {
       await new Promise((r) => setTimeout(r, 5));
@@ -175,5 +175,69 @@ describe('snaplab CLI', () => {
     expect(gc.code).toBe(0);
     snaplab(['rm', '--all']);
     expect(JSON.parse(snaplab(['ls', '--json']).out)).toEqual([]);
+  });
+
+  it('exec gives the same codes, output and errors on the fast path (C) and the Node path', () => {
+    expect(snaplab(['create', '--name', 'both', '--memory', '64M']).code).toBe(0);
+    const seen: unknown[] = [];
+    for (const env of [{}, { SNAPLAB_NO_FAST_EXEC: '1' }]) {
+      const x = (args: string[], input?: string) => {
+        const r = snaplab(args, { env, input });
+        return { code: r.code, out: r.out, err: r.err };
+      };
+      seen.push([
+        x(['exec', 'both', '--', 'sh', '-c', 'echo out; echo err >&2; exit 7']),
+        x(['exec', 'both', '--', 'nosuch']),
+        x(['exec', 'both', '--', 'sh', '-c', 'kill -KILL $$']),
+        x(['exec', '-i', 'both', '--', 'cat'], 'piped'),
+        x(['exec', 'both', '-e', 'A=1', '--env=B=2', '--env', 'PATH=/bin', '--cwd=/etc', '--', 'sh', '-c', 'echo $A$B $PATH $(pwd)']),
+        x(['exec', 'both', '--timeout', '0.3', '--', 'sleep', '5']),
+        x(['exec', 'both', '--cwd', '/nope', '--', 'pwd']), // refused before it starts
+        x(['exec', 'both', 'echo', 'operands', '--', 'and', 'argv']),
+        x(['exec', 'both', '--', '--', 'echo', 'dashes']),
+        x(['exec', 'both', '--', 'dd', 'if=/dev/zero', 'of=/dev/null', 'bs=200M', 'count=1']), // OOM-killed in its 64M
+        x(['exec', 'ghost', '--', 'true']),
+        x(['exec', 'both', '--env', 'novalue', '--', 'true']),
+        x(['exec', 'both', '--timeout', '1e3', '--', 'true']),
+        x(['exec', 'both', '--json', '--cwd', '/nope', '--', 'true']),
+      ]);
+    }
+    expect(seen[0]).toEqual(seen[1]);
+    const [fast] = seen as { code: number; out: string; err: string }[][];
+    expect(fast!.map((r) => r.code)).toEqual([7, 127, 137, 0, 0, 124, 125, 0, 0, 137, 125, 125, 125, 125]);
+    expect(fast![4]!.out).toBe('12 /bin /etc\n');
+    expect(fast![5]!.err).toBe('snaplab: timed out after 0.3 s; killed\n');
+    expect(fast![6]!.err).toMatch(/^error\[AGENT_ERROR\]: agent: chdir \/nope: No such file or directory \(ENOENT\)/);
+    expect(fast![7]!.out).toBe('operands and argv\n');
+    expect(fast![8]!.out).toBe('dashes\n');
+    expect(fast![9]!.err).toMatch(/killed by the OOM killer/);
+    expect(JSON.parse(fast![13]!.err).error.code).toBe('AGENT_ERROR');
+    expect(snaplab(['rm', 'both']).code).toBe(0);
+  });
+
+  it('the fast path runs no Node; a connection lost mid-command is reported as the Node CLI reports it', async () => {
+    expect(snaplab(['create', '--name', 'fast']).code).toBe(0);
+    // with no node on PATH only the C path can answer: anything it handed over would fail
+    expect(snaplab(['exec', 'fast', '--', 'echo', 'no node'], { env: { PATH: '/nonexistent' } })).toMatchObject({ code: 0, out: 'no node\n' });
+    expect(snaplab(['exec', 'fast', '--bogus', '--', 'true'], { env: { PATH: '/nonexistent' } })).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
+    // the sandbox dies while a command runs: SANDBOX_DEAD and why, exit 125, not a retry
+    const child = spawn(SNAPLAB, ['exec', 'fast', '--', 'sh', '-c', 'echo started; sleep 30'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (b: Buffer) => (out += b.toString()));
+    child.stderr.on('data', (b: Buffer) => (err += b.toString()));
+    for (let i = 0; i < 200 && !out.includes('started'); i++) await new Promise((r) => setTimeout(r, 25));
+    const box = (JSON.parse(snaplab(['ls', '--json']).out) as { name: string; pid: number }[]).find((b) => b.name === 'fast')!;
+    process.kill(box.pid, 'SIGKILL');
+    const code = await new Promise((r) => child.once('exit', r));
+    expect(code).toBe(125);
+    expect(err).toMatch(/^error\[SANDBOX_DEAD\]: [\s\S]*hint:/);
+    expect(snaplab(['rm', 'fast']).code).toBe(0);
+  });
+
+  it('snaplab on PATH is this checkout\'s command (set-up links it)', () => {
+    const found = spawnSync('sh', ['-c', 'command -v snaplab'], { encoding: 'utf8' }).stdout.trim();
+    expect(found, 'run scripts/setup.sh: it links /usr/local/bin/snaplab').not.toBe('');
+    expect(realpathSync(found)).toBe(realpathSync(SNAPLAB));
   });
 });

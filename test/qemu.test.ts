@@ -2,7 +2,6 @@ import { existsSync, readdirSync, readFileSync, statfsSync, statSync } from 'nod
 import { DISK_IN_VOLUME } from '../src/drivers/qemu/disk.js';
 import { run } from '../src/host/run.js';
 import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { QmpClient } from '../src/drivers/qemu/qmp.js';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -10,9 +9,10 @@ import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { ramPrefix } from '../src/drivers/qemu/ram.js';
 import { snaplabCgroupsOnHost } from '../src/host/cgroups-host.js';
+import { SNAPLAB } from './cli-command.js';
 import { disposeLab, testLab } from './helpers.js';
 
-const CLI = fileURLToPath(new URL('../dist/cli/main.js', import.meta.url));
+
 
 // Real VMs: QEMU with the Debian cloud kernel, under TCG here (KVM hangs on these hosts; the
 // probe must find that out by itself). Boots take seconds: one VM, reused across the tests.
@@ -55,12 +55,12 @@ describe('the qemu driver', () => {
     // connections taken in turn, the other could not run until this one timed out
     const waiting = vm.exec(['sh', '-c', 'rm -f /run/go; while [ ! -e /run/go ]; do sleep 0.05; done; echo released'], { timeoutMs: 30_000 });
     await new Promise((r) => setTimeout(r, 300));
-    const other = await run(process.execPath, [CLI, 'exec', 'vm1', '--', 'sh', '-c', 'touch /run/go; echo other'], { env: { ...process.env, SNAPLAB_HOME: lab.home } });
+    const other = await run(SNAPLAB, ['exec', 'vm1', '--', 'sh', '-c', 'touch /run/go; echo other'], { env: { ...process.env, SNAPLAB_HOME: lab.home } });
     expect(other.stdout.trim()).toBe('other');
     const r = await waiting;
     expect([r.exitCode, r.stdout.toString().trim()]).toEqual([0, 'released']);
     // a client that goes away mid-command has that command killed in the guest, not the others'
-    const child = spawn(process.execPath, [CLI, 'exec', 'vm1', '--', 'sh', '-c', 'echo $$ > /run/orphan; sleep 60'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    const child = spawn(SNAPLAB, ['exec', 'vm1', '--', 'sh', '-c', 'echo $$ > /run/orphan; sleep 60'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
     for (let i = 0; i < 200 && (await vm.exec(['test', '-s', '/run/orphan'])).exitCode !== 0; i++) await new Promise((res) => setTimeout(res, 50));
     const orphan = await out(vm, ['cat', '/run/orphan']);
     child.kill('SIGKILL');
@@ -217,6 +217,7 @@ describe('the qemu driver', () => {
   it('killing QEMU mid-snapshot gives a clear error and leaves nothing gc cannot remove', async () => {
     const booted = await lab.create({ driver: 'qemu', name: 'vm-kill0' });
     await booted.snapshot('kill-base', { memory: true });
+    expect(readdirSync('/dev/shm').some((f) => f.endsWith(`${booted.id}.ram`))).toBe(ramInShm);
     process.kill(booted.info.pid!, 'SIGKILL'); // a crash: its RAM file in /dev/shm stays behind
     // a restored VM maps its RAM privately, so its memory snapshot streams all of it: slow that
     // stream right down, so that the kill lands in the middle of it
@@ -246,12 +247,14 @@ describe('the qemu driver', () => {
   // what a failed or abandoned create leaves, seen without gc: records, run directories, cgroups,
   // RAM files and QEMU processes of any sandbox but the live ones
   async function leftovers(): Promise<string[]> {
-    const live = new Set((await lab.list()).map((b) => b.id));
+    // a dead record's machine must be gone too: only running or paused ones may hold anything
+    const live = new Set((await lab.list()).filter((b) => b.info.state !== 'dead').map((b) => b.id));
     const ids = (names: string[]): string[] => names.map((n) => /([0-9a-f]{12})(\.ram)?$/.exec(n)?.[1]).filter((id): id is string => !!id && !live.has(id));
     const found: string[] = [];
     for (const id of ids(existsSync(join(lab.home, 'run')) ? readdirSync(join(lab.home, 'run')) : [])) found.push(`run directory ${id}`);
     for (const id of ids(readdirSync('/dev/shm').filter((n) => n.startsWith(ramPrefix(lab.home))))) found.push(`RAM file ${id}`);
-    for (const cg of await snaplabCgroupsOnHost()) if (!live.has(cg.id) && existsSync(join(lab.home, 'run', cg.id))) found.push(`cgroup ${cg.id}`);
+    const ours = new Set((await lab.list()).map((b) => b.id));
+    for (const cg of await snaplabCgroupsOnHost()) if (!live.has(cg.id) && (ours.has(cg.id) || existsSync(join(lab.home, 'run', cg.id)))) found.push(`cgroup ${cg.id}`);
     const procs = await run('pgrep', ['-f', `${lab.home}/run/`], { allowFail: true });
     for (const pid of procs.stdout.split('\n').filter(Boolean)) {
       const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ');
@@ -260,7 +263,7 @@ describe('the qemu driver', () => {
     }
     return found;
   }
-  const cli = (args: string[], env: NodeJS.ProcessEnv = {}) => run(process.execPath, [CLI, ...args], { env: { ...process.env, SNAPLAB_HOME: lab.home, ...env }, allowFail: true });
+  const cli = (args: string[], env: NodeJS.ProcessEnv = {}) => run(SNAPLAB, [...args], { env: { ...process.env, SNAPLAB_HOME: lab.home, ...env }, allowFail: true });
 
   it('a VM whose agent never answers in time: the create fails and leaves nothing, without gc', async () => {
     expect(await leftovers()).toEqual([]);
@@ -275,7 +278,7 @@ describe('the qemu driver', () => {
   }, 60_000);
 
   it('a VM whose creating process was killed mid-boot is stopped by the next command that sees it', async () => {
-    const child = spawn(process.execPath, [CLI, 'create', '--driver', 'qemu', '--name', 'vm-orphan'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    const child = spawn(SNAPLAB, ['create', '--driver', 'qemu', '--name', 'vm-orphan'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
     // wait until its QEMU runs, then kill the CLI as a script's timeout would
     let qemuPid = 0;
     for (let i = 0; i < 400 && !qemuPid; i++) {
@@ -299,7 +302,11 @@ describe('the qemu driver', () => {
     }
     expect(gone).toBe(true);
     expect(await leftovers()).toEqual([]);
+    const id = (await lab.list()).find((b) => b.name === 'vm-orphan')!.id;
+    expect(existsSync(join(lab.home, 'run', id))).toBe(false);
+    expect(readdirSync('/dev/shm').filter((f) => f.endsWith(`${id}.ram`))).toEqual([]);
     expect((await cli(['rm', 'vm-orphan'])).code).toBe(0);
     expect((await lab.list()).map((b) => b.name)).not.toContain('vm-orphan');
+    expect(await leftovers()).toEqual([]);
   }, 120_000);
 });

@@ -3,7 +3,7 @@ import { SnaplabError } from '../errors.js';
 import { parsePositiveInt, parseSeconds, parseSize } from '../lab/sizes.js';
 import type { StorageKind } from '../storage/backend.js';
 import { BASELINES, RESTORE_BASELINES, SCENARIO_BASELINES, type BaselineName } from './baselines.js';
-import { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workloads.js';
+import { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workload-names.js';
 
 /** The bench command's options as commander hands them over (strings, validated by `toPlan`). */
 export interface BenchCli {
@@ -163,7 +163,7 @@ export interface HostLimits {
   vms: { max: number; why: string };
 }
 /** Workloads whose concurrency is that many VMs starting or running at once (exec: one VM). */
-const VM_START_WORKLOADS: readonly Workload[] = ['raise', 'restore', 'snapshot', 'fresh-exec'];
+const VM_START_WORKLOADS: readonly Workload[] = ['raise', 'restore', 'fresh-exec']; // snapshot boots its VMs one by one, untimed
 
 /**
  * The ladder: the given one, checked against what the workload can run here, or the default one

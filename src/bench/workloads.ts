@@ -7,9 +7,8 @@ import { freshExec } from './fresh-exec.js';
 import { scenarioReset, scenarioUp } from './scenario-bench.js';
 import { closedLoop, type LoopResult } from './loop.js';
 
-export type Workload = 'fresh-exec' | 'exec' | 'raise' | 'snapshot' | 'restore' | 'scenario-up' | 'scenario-reset';
-export const WORKLOADS: readonly Workload[] = ['fresh-exec', 'exec', 'raise', 'snapshot', 'restore', 'scenario-up', 'scenario-reset'];
-export const SCENARIO_WORKLOADS: readonly Workload[] = ['scenario-up', 'scenario-reset'];
+import type { Workload } from './workload-names.js';
+export { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workload-names.js';
 
 export interface BenchSettings {
   concurrency: number;

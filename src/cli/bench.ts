@@ -1,10 +1,5 @@
 import { Command } from 'commander';
 import { addBenchOptions, spreadCompare, toPlan, type BenchCli } from '../bench/options.js';
-import { hostLimits } from '../bench/host-limits.js';
-import { Progress } from '../bench/progress.js';
-import { renderSummary } from '../bench/report-text.js';
-import { prepareResultsDir, writeResults } from '../bench/results.js';
-import { runBench } from '../bench/run-bench.js';
 import { withLab } from './common.js';
 import { printJson } from './output.js';
 
@@ -18,7 +13,14 @@ export function registerBench(program: Command): void {
   cmd.parseOptions = (args: string[]) => parseOptions(spreadCompare(args));
   cmd.action((argv: string[], o: BenchCli) =>
     withLab(o, async (lab) => {
-      const plan = toPlan(o, argv, (k) => o[k] !== undefined && cmd.getOptionValueSource(k) === 'cli', await hostLimits(lab.home));
+      const [{ hostLimits }, { Progress }, { renderSummary }, { prepareResultsDir, writeResults }, { runBench }] = await Promise.all([
+        import('../bench/host-limits.js'),
+        import('../bench/progress.js'),
+        import('../bench/report-text.js'),
+        import('../bench/results.js'),
+        import('../bench/run-bench.js'),
+      ]);
+      const plan = toPlan(o, argv, (k) => o[k] !== undefined && cmd.getOptionValueSource(k) === 'cli', o.driver === 'qemu' ? await hostLimits(lab.home) : undefined);
       const results = plan.results ? prepareResultsDir(plan.results) : undefined;
       const summary = await runBench(lab, plan, new Progress(process.stderr));
       const written = results ? writeResults(results, summary) : [];

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { Lab } from '../sdk/lab.js';
+import type { Lab } from '../sdk/lab.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { renderWaterfall } from '../timing/waterfall.js';
 import { EXIT_USAGE, reportError } from './output.js';
@@ -16,6 +16,8 @@ export interface CommonOptions {
 export async function withLab(opts: CommonOptions, body: (lab: Lab) => Promise<number | void>, failureCode = EXIT_USAGE): Promise<void> {
   let lab: Lab | undefined;
   try {
+    // loaded here, not at start-up: `--help`, `--version` and usage errors need none of it
+    const { Lab } = await import('../sdk/lab.js');
     lab = await Lab.open();
     const code = await body(lab);
     process.exitCode = code ?? 0;

@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { parseSeconds } from '../lab/sizes.js';
 import { withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE } from './output.js';
+import { SnaplabError } from '../errors.js';
 
 interface ExecCli extends CommonOptions {
   env: string[];
@@ -46,6 +47,29 @@ export function registerExec(program: Command): void {
             box.close();
             if (o.interactive) process.stdin.destroy();
           }
+        },
+        EXIT_EXEC_FAILURE,
+      ),
+    );
+}
+
+/**
+ * The exec fast path (native/cli.c) lost its connection after the command may have started: the
+ * same error the Node path gives then (the sandbox died, and why; or the agent went away).
+ */
+export function registerExecLost(program: Command): void {
+  program
+    .command('_exec-lost <sandbox>', { hidden: true })
+    .option('--json', 'errors as JSON')
+    .action((sandbox: string, o: CommonOptions) =>
+      withLab(
+        o,
+        async (lab) => {
+          const box = await lab.get(sandbox); // reconciled: a machine that died is dead now, with its reason
+          box.close();
+          const { deadError } = await import('../drivers/namespaces/driver.js');
+          if (box.info.state === 'dead') throw deadError(box.name, box.info.reason ?? undefined);
+          throw new SnaplabError('AGENT_UNREACHABLE', 'connection to agent closed with 1 request(s) pending', `see \`snaplab ls\`; is sandbox ${box.name} still running?`);
         },
         EXIT_EXEC_FAILURE,
       ),

@@ -5,7 +5,7 @@ process.env.UV_THREADPOOL_SIZE ??= '16';
 import { Command, CommanderError } from 'commander';
 import { registerCreate, registerRestore } from './create.js';
 import { registerDoctor } from './doctor.js';
-import { registerExec } from './exec.js';
+import { registerExec, registerExecLost } from './exec.js';
 import { registerGc } from './gc.js';
 import { registerImage } from './image.js';
 import { registerLifecycle } from './lifecycle.js';
@@ -36,6 +36,7 @@ registerPrepare(program);
 registerImage(program);
 registerCreate(program);
 registerExec(program);
+registerExecLost(program);
 registerSnapshot(program);
 registerRestore(program);
 registerLifecycle(program);
@@ -52,7 +53,7 @@ program.parseAsync(process.argv).catch((e: unknown) => {
   if (e instanceof CommanderError) {
     // commander already printed its message; help and version are not failures; exec's own
     // failures use 125 so that they cannot be mistaken for the command's exit code
-    process.exitCode = e.exitCode === 0 ? 0 : ['exec', 'run'].includes(process.argv[2] ?? '') ? EXIT_EXEC_FAILURE : EXIT_USAGE;
+    process.exitCode = e.exitCode === 0 ? 0 : ['exec', 'run', '_exec-lost'].includes(process.argv[2] ?? '') ? EXIT_EXEC_FAILURE : EXIT_USAGE;
     return;
   }
   process.stderr.write(`error[INTERNAL]: ${(e as Error).stack ?? String(e)}\n`);

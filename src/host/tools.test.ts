@@ -15,9 +15,12 @@ function files(dir: string, ext: RegExp): string[] {
 // Every way the code starts a host program by name: run()/which() (src/host/run.ts), node's
 // child_process calls, and exec* in the C helpers. A call not preceded by `.` or a word character
 // (so `lab.run(` and `stmt.run(` are not host programs).
-const CALL = /(?<![.\w])(run|which|spawn|spawnSync|execFile|execFileSync|execFileAsync|execvp|execlp|execl|execv|execve)\(\s*(['"`])([^'"`$]+)\2/g;
+const FN = 'run|which|spawn|spawnSync|execFile|execFileSync|execFileAsync|execSync|execvp|execlp|execl|execv|execve';
+const AT = '(?:(?<![.\\w])|(?<=\\b(?:cp|child_process|childProcess)\\.))';
+const CALL = new RegExp(`${AT}(${FN})\\(\\s*(['"])([^'"]+)\\2`, 'g');
 const SPAWN_LOOP = /(?<![.\w])spawnLoop\([^,]+,[^,]+,\s*'([^']+)'/g;
-const CALL_NONLITERAL = /(?<![.\w])(run|spawn|spawnSync|execFile|execFileSync|execFileAsync)\(\s*([A-Za-z_][\w.]*)\s*,/g;
+// any other first argument (a variable, a call, a template string) is reviewed by hand below
+const CALL_NONLITERAL = new RegExp(`${AT}(${FN})\\(\\s*(?!['")\\s])([^,)]+)`, 'g');
 
 /**
  * Calls whose program is not a string literal, reviewed one by one: each says where its program
@@ -30,7 +33,19 @@ const NONLITERAL: Record<string, string> = {
   'src/bench/baselines.ts runc': "which('runc')",
   'src/bench/baselines.ts cmd': "spawnLoop's: its callers' programs are scanned (SPAWN_LOOP)",
   'src/agent/agent.test.ts cmd': "the agent binary, or 'bwrap' (listed)",
+  'src/agent/agent.test.ts [f]': 'a file the test made executable',
+  "src/agent/stream.test.ts agentBinaryPath(": 'the agent binary',
+  "src/agent/stream.test.ts ['serve'": "the agent binary's arguments",
+  'src/cli/doctor-checks.ts t.program': 'an entry of tools.json',
+  'src/host/tools.ts t.program!': 'an entry of tools.json',
+  'src/drivers/qemu/driver.ts QEMU': "'qemu-system-x86_64' (listed)",
+  'test/cli.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/qemu.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
 };
+// commands that tests run to see them not found
+const NOT_PROGRAMS = new Set(['no-such-command-snaplab', 'x']);
+// files whose run() helper takes the agent binary's own arguments, not an argv
+const AGENT_ARGS = new Set(['src/agent/stream.test.ts']);
 // node itself, for the built CLI
 const NODE = 'process.execPath';
 
@@ -45,14 +60,21 @@ function scan(): { programs: Map<string, string[]>; nonliteral: string[] } {
       programs.set(prog, [...(programs.get(prog) ?? []), f]);
     }
     for (const m of text.matchAll(SPAWN_LOOP)) programs.set(m[1]!, [...(programs.get(m[1]!) ?? []), f]);
-    if (f.endsWith('.ts')) for (const m of text.matchAll(CALL_NONLITERAL)) if (m[2] !== NODE) nonliteral.push(`${f} ${m[2]}`);
+    if (!f.endsWith('.ts')) continue;
+    for (const m of text.matchAll(CALL_NONLITERAL)) {
+      const arg = m[2]!.trim();
+      // an argv array (the agent's tests run it on the host: what they send are host programs)
+      const argv0 = /^\[\s*'([^']+)'/.exec(arg)?.[1];
+      if (argv0 !== undefined && !AGENT_ARGS.has(f)) programs.set(basename(argv0), [...(programs.get(basename(argv0)) ?? []), f]);
+      else if (arg !== NODE && !/^\w+\??: /.test(arg)) nonliteral.push(`${f} ${arg}`); // not a definition's parameter
+    }
   }
   return { programs, nonliteral };
 }
 
 const listed = new Set(HOST_TOOLS.flatMap((t) => (t.program ? [t.program] : [])));
 // snaplab's own binaries, started by path
-const OWN = new Set(['snaplab-agent', 'snaplab-hostops', 'main.js']);
+const OWN = new Set(['snaplab-agent', 'snaplab-hostops', 'main.js', 'node', ...NOT_PROGRAMS]);
 
 describe('the list of host tools (tools.json)', () => {
   it('names every program the source runs', () => {

@@ -10,7 +10,7 @@ import type { TraceSummary } from '../timing/trace.js';
 import { Trace } from '../timing/trace.js';
 import { Images } from './images.js';
 
-export const DEFAULT_HOME = '/var/lib/snaplab';
+export { DEFAULT_HOME } from './home.js';
 export const STORAGE_KINDS: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
 
 /** Everything the lab's operations share: the store, the drivers, the storage backends. */

@@ -177,8 +177,13 @@ export class PoolRunner {
   private async addStandby(): Promise<void> {
     const { record } = await this.raise(new Trace('pool refill', this.name), true);
     const driver = this.ctx.driver(record.driver);
-    if (driver.capabilities.pauseStandbys) await driver.pause(handle(record));
-    this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null });
+    try {
+      if (driver.capabilities.pauseStandbys) await driver.pause(handle(record));
+      this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null });
+    } catch (e) {
+      await this.drop(record).catch(() => undefined); // a standby that cannot be stopped is not kept running
+      throw e;
+    }
     // the pool was removed while this standby was being raised: it must not outlive it
     if (!this.ctx.store.getPool(this.name)) await this.drop(record);
   }
@@ -228,8 +233,9 @@ export class PoolRunner {
       if (again) return again;
       const pool = getPool(this.ctx, this.name); // removed meanwhile? say so
       // a VM left by a holder that crashed while making the template
-      const reason = `template of pool ${this.name}`;
-      for (const s of this.ctx.store.listSandboxes()) if (s.reason === reason) await destroyRecord(this.ctx, s);
+      const reason = `template of pool ${this.name} (held by pid ${process.pid})`;
+      const left = `template of pool ${this.name} (held by pid `;
+      for (const s of this.ctx.store.listSandboxes()) if (s.reason?.startsWith(left)) await destroyRecord(this.ctx, s);
       const base = (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
       const vm = await trace.phase('boot template', () =>
         raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: pool.driver, limits: pool.limits, base, origin: null, heldBy: reason }, trace),

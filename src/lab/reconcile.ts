@@ -18,6 +18,9 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
   if (s.state === 'running' || s.state === 'paused') {
     const r = await ctx.driver(s.driver).inspect({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
     if (!r.alive) reason = r.reason ?? 'its init process is gone';
+    // a pool's template VM lives only while the process making the template does
+    const holder = /^template of pool .* \(held by pid (\d+)\)$/.exec(s.reason ?? '');
+    if (!reason && holder && !(await pidAlive(Number(holder[1])))) reason = 'the process making its pool\'s template exited';
   } else if (s.state === 'creating' || s.state === 'removing') {
     const m = /pid (\d+)/.exec(s.reason ?? '');
     const owner = m ? Number(m[1]) : 0;
@@ -29,11 +32,11 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
   // compare and set: a create may have finished (or an rm begun) since `s` was read; then the
   // record is not this call's to kill
   if (!ctx.store.markDead(s, reason)) {
-    const now = ctx.store.getSandbox(s.name);
+    const now = ctx.store.getSandbox(s.id);
     return now && now.id === s.id ? now : { ...s, state: 'dead', reason: 'removed meanwhile' };
   }
   const reaped = await reap(ctx, s, reason);
-  if (reaped !== reason) ctx.store.updateSandbox(s.id, { reason: reaped });
+  if (reaped !== reason) ctx.store.setDeadReason(s.id, reaped);
   return { ...s, state: 'dead', reason: reaped };
 }
 

@@ -13,6 +13,7 @@ import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { mergeEnv } from './exec.js';
 import { inflight } from './inflight.js';
+import { reconcile } from './reconcile.js';
 import { checkName, newId } from './names.js';
 
 export interface ExecOptions {
@@ -43,11 +44,8 @@ export async function ensureUsable(ctx: LabContext, s: SandboxRecord): Promise<v
   if (s.state === 'paused') throw new SnaplabError('SANDBOX_PAUSED', `sandbox ${s.name} is paused`, `resume it with \`snaplab resume ${s.name}\``);
   if (s.state === 'dead') throw deadError(s.name, s.reason ?? undefined);
   if (s.state !== 'running') throw new SnaplabError('SANDBOX_DEAD', `sandbox ${s.name} is ${s.state}`, `wait, or remove it with \`snaplab rm ${s.name}\``);
-  const report = await ctx.driver(s.driver).inspect(handleOf(s));
-  if (!report.alive) {
-    ctx.store.updateSandbox(s.id, { state: 'dead', reason: report.reason ?? null });
-    throw deadError(s.name, report.reason);
-  }
+  const now = await reconcile(ctx, s); // a machine found dead is also reaped there
+  if (now.state === 'dead') throw deadError(s.name, now.reason ?? undefined);
 }
 
 export async function connectAgent(ctx: LabContext, s: SandboxRecord): Promise<AgentClient> {

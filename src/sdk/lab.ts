@@ -11,7 +11,6 @@ import { destroyRecord } from '../lab/teardown.js';
 import { Pool } from './pool.js';
 import { Scenario } from './scenario.js';
 import { getScenario } from '../scenario/down.js';
-import { loadScenario } from '../scenario/parse.js';
 import { upScenario, type UpOptions } from '../scenario/up.js';
 import { reconcile } from '../lab/reconcile.js';
 import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/removals.js';
@@ -209,6 +208,8 @@ export class Lab {
    * A failure removes everything it made unless `keepOnFailure`.
    */
   async up(file: string, opts: UpOptions = {}): Promise<Scenario> {
+    // the parser (yaml, zod) is loaded by the commands that read scenario files, not by every one
+    const { loadScenario } = await import('../scenario/parse.js');
     const loaded = await loadScenario(file);
     const { result, trace } = await this.ctx.traced('up', opts.name ?? loaded.spec.name ?? null, (t) => upScenario(this.ctx, loaded, opts, t));
     return new Scenario(this.ctx, result.name, trace);

@@ -183,10 +183,6 @@ export class Store {
     return (this.stmt('SELECT * FROM sandboxes WHERE pool = ? ORDER BY created_at').all(name) as Row[]).map(toSandbox);
   }
   /**
-   * Take one paused standby of the pool, atomically across processes: the UPDATE marks it
-   * running (taken) in the same statement that finds it, so two takers never get the same one.
-   */
-  /**
    * Mark a sandbox dead only if its record is still as `seen` (state and reason): another process
    * may have moved it on (a create that finished, an rm) since it was read. True when it was marked.
    */
@@ -195,6 +191,15 @@ export class Store {
     return r.changes === 1;
   }
 
+  /** Set a dead record's reason, unless another process has moved it on (an rm began) meanwhile. */
+  setDeadReason(id: string, reason: string): void {
+    this.stmt(`UPDATE sandboxes SET reason = ? WHERE id = ? AND state = 'dead'`).run(reason, id);
+  }
+
+  /**
+   * Take one paused standby of the pool, atomically across processes: the UPDATE marks it
+   * running (taken) in the same statement that finds it, so two takers never get the same one.
+   */
   claimStandby(pool: string, reason: string): SandboxRecord | undefined {
     const r = this.stmt(
         `UPDATE sandboxes SET state = 'running', reason = ?

@@ -136,8 +136,10 @@ export class NamespacesDriver implements Driver {
     const runs = new Set((await readdir(join(this.home, 'run')).catch(() => [] as string[])).filter((d) => /^[0-9a-f]{12}$/.test(d)));
     for (const cg of await snaplabCgroupsOnHost()) {
       if (liveIds.has(cg.id) || !runs.has(cg.id)) continue;
-      await destroyCgroup(cg);
-      removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
+      // a VM's QEMU may take seconds to exit (see killAndSweep); one stuck cgroup must not stop gc
+      const gone = await destroyCgroup(cg, 20_000).then(() => true, () => false);
+      if (gone) removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
+      else runs.delete(cg.id); // kept: its run directory is how the next gc knows the cgroup is this home's
     }
     await removeEmptySnaplabParents();
     for (const id of runs) {

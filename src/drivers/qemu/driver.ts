@@ -152,6 +152,7 @@ export class QemuDriver implements Driver {
   }
 
   async raise(spec: MachineSpec, trace: Trace): Promise<RaisedMachine> {
+    bootTimeoutMs(); // a bad SNAPLAB_VM_BOOT_TIMEOUT_MS fails before anything is made
     await this.prepare(spec, trace);
     const config = await this.config(spec, trace);
     await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));

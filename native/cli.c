@@ -1,0 +1,400 @@
+/*
+ * snaplab: the command on PATH (native/build/snaplab, linked from /usr/local/bin by set-up).
+ *
+ * `snaplab exec SANDBOX -- argv` into a running sandbox on this host is served here: look the
+ * sandbox up in state.db (read-only), connect to its agent's socket (or its VM's relay), send one
+ * EXEC, stream the output, and exit with the command's code. That is a few milliseconds, where
+ * starting Node alone takes 70-100 ms on the hosts this runs on, and scripts call exec in loops.
+ *
+ * Everything else, and every exec this file is not sure about (an option it does not know, a
+ * sandbox that is not running, a socket that does not answer, an agent that refuses the command
+ * before it starts), is handed to the Node CLI (dist/bin/snaplab.js) with the same arguments,
+ * before anything has run: its behaviour, messages and exit codes are the reference, and this
+ * path only ever takes the case where it would do exactly the same. A connection lost after the
+ * command may have started is reported by the Node CLI too (`_exec-lost`), never retried.
+ * SNAPLAB_NO_FAST_EXEC=1 sends every exec to Node (the bench compares the two).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "frame.h"
+
+#define EXIT_EXEC_FAILURE 125
+#define OUT_HIGH (4u << 20) /* stop reading stdin while this much is queued for the agent */
+
+static const char *DEFAULT_ENV[] = {
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/root",
+	"TERM=xterm",
+};
+
+static char **g_argv;
+
+/* Hand the whole command line to the Node CLI beside this binary. Does not return. */
+static void node_cli(char **args)
+{
+	char self[PATH_MAX], script[PATH_MAX + 32];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (n <= 0) {
+		perror("snaplab: /proc/self/exe");
+		exit(EXIT_EXEC_FAILURE);
+	}
+	self[n] = 0;
+	/* <root>/native/build/snaplab -> <root>/dist/bin/snaplab.js */
+	for (int up = 0; up < 3; up++) {
+		char *slash = strrchr(self, '/');
+		if (slash) *slash = 0;
+	}
+	snprintf(script, sizeof script, "%s/dist/bin/snaplab.js", self);
+	int argc = 0;
+	while (args[argc]) argc++;
+	char **nargv = calloc((size_t)argc + 2, sizeof *nargv);
+	if (!nargv) exit(EXIT_EXEC_FAILURE);
+	nargv[0] = "node";
+	nargv[1] = script;
+	for (int i = 1; i < argc; i++) nargv[i + 1] = args[i];
+	execvp("node", nargv);
+	fprintf(stderr, "error[INTERNAL]: cannot start node for %s: %s\nhint: install Node.js 20 (node on PATH)\n", script, strerror(errno));
+	exit(EXIT_EXEC_FAILURE);
+}
+
+static void fall_back(void) { node_cli(g_argv); }
+
+struct opts {
+	const char *sandbox, *cwd, *timeout;
+	const char **env, **cmd;
+	int nenv, ncmd, interactive, json;
+};
+
+/* 0 when the arguments are understood exactly as the Node CLI (commander) reads them; -1 otherwise. */
+static int parse(int argc, char **argv, struct opts *o)
+{
+	o->env = calloc((size_t)argc, sizeof *o->env);
+	o->cmd = calloc((size_t)argc, sizeof *o->cmd);
+	if (!o->env || !o->cmd) return -1;
+	int i = 2;
+	for (; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--")) { i++; break; }
+		if (a[0] != '-' || !a[1]) {
+			if (!o->sandbox) o->sandbox = a;
+			else o->cmd[o->ncmd++] = a;
+			continue;
+		}
+		const char **val = NULL;
+		const char *inl = NULL;
+		if (!strcmp(a, "-e") || !strcmp(a, "--env")) val = &o->env[o->nenv++];
+		else if (!strncmp(a, "--env=", 6)) { o->env[o->nenv++] = a + 6; continue; }
+		else if (!strncmp(a, "-e", 2)) { o->env[o->nenv++] = a + 2; continue; }
+		else if (!strcmp(a, "--cwd")) val = &o->cwd;
+		else if (!strncmp(a, "--cwd=", 6)) inl = a + 6, o->cwd = inl;
+		else if (!strcmp(a, "--timeout")) val = &o->timeout;
+		else if (!strncmp(a, "--timeout=", 10)) inl = a + 10, o->timeout = inl;
+		else if (!strcmp(a, "-i") || !strcmp(a, "--interactive")) o->interactive = 1;
+		else if (!strcmp(a, "--json")) o->json = 1;
+		else return -1; /* --help, combined flags, a typo: Node says what it says */
+		if (val) {
+			if (i + 1 >= argc) return -1;
+			*val = argv[++i];
+		}
+	}
+	if (i < argc && o->ncmd == 0 && !strcmp(argv[i], "--")) i++; /* `-- -- cmd`: the CLI drops one */
+	for (; i < argc; i++) o->cmd[o->ncmd++] = argv[i];
+	if (!o->sandbox || o->ncmd == 0) return -1;
+	for (int k = 0; k < o->nenv; k++) {
+		const char *eq = strchr(o->env[k], '=');
+		if (!eq || eq == o->env[k]) return -1;
+	}
+	if (o->timeout) { /* seconds as parseSeconds takes them, /^\d+(\.\d+)?$/; spaces and the rest go to Node */
+		const char *t = o->timeout;
+		size_t whole = strspn(t, "0123456789");
+		if (!whole || whole > 7) return -1;
+		t += whole;
+		if (*t == '.') {
+			size_t frac = strspn(t + 1, "0123456789");
+			if (!frac) return -1;
+			t += 1 + frac;
+		}
+		if (*t) return -1;
+	}
+	return 0;
+}
+
+struct target {
+	char id[64], driver[32];
+	int limited;
+};
+
+static int lookup(const char *home, const char *name, struct target *t)
+{
+	char path[PATH_MAX];
+	snprintf(path, sizeof path, "%s/state.db", home);
+	sqlite3 *db;
+	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+		sqlite3_close(db);
+		return -1;
+	}
+	sqlite3_busy_timeout(db, 10000);
+	sqlite3_stmt *st;
+	int rc = -1;
+	if (sqlite3_prepare_v2(db,
+			       "SELECT id, driver, json_extract(limits, '$.memoryBytes') IS NOT NULL FROM sandboxes "
+			       "WHERE (id = ?1 OR name = ?1) AND state = 'running'",
+			       -1, &st, NULL) == SQLITE_OK) {
+		sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+		if (sqlite3_step(st) == SQLITE_ROW) {
+			const char *id = (const char *)sqlite3_column_text(st, 0);
+			const char *drv = (const char *)sqlite3_column_text(st, 1);
+			if (id && drv && strlen(id) < sizeof t->id && strlen(drv) < sizeof t->driver && !strchr(id, '/')) {
+				strcpy(t->id, id);
+				strcpy(t->driver, drv);
+				t->limited = sqlite3_column_int(st, 2);
+				rc = 0;
+			}
+		}
+		sqlite3_finalize(st);
+	}
+	sqlite3_close(db);
+	return rc;
+}
+
+/* The memory cgroup's OOM kill count, as src/host/cgroups oomKills reads it (v1, else v2); 0 if unreadable. */
+static long oom_kills(const char *id)
+{
+	char path[PATH_MAX], line[256];
+	snprintf(path, sizeof path, "/sys/fs/cgroup/memory/snaplab/%s/memory.oom_control", id);
+	FILE *f = fopen(path, "re");
+	if (!f) {
+		snprintf(path, sizeof path, "/sys/fs/cgroup/snaplab/%s/memory.events", id);
+		f = fopen(path, "re");
+	}
+	if (!f) return 0;
+	long n = 0;
+	while (fgets(line, sizeof line, f))
+		if (!strncmp(line, "oom_kill ", 9)) n = strtol(line + 9, NULL, 10);
+	fclose(f);
+	return n;
+}
+
+static int connect_unix(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof sa.sun_path) return -1;
+	strcpy(sa.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) return -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR) continue;
+		if (w <= 0) return -1;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* Read until one whole frame is in `in`; its length, or -1 on EOF, error or an oversize frame. */
+static long read_frame(int fd, struct buf *in, struct frame *f)
+{
+	for (;;) {
+		long used = frame_parse(in->data + in->off, buf_used(in), f);
+		if (used != 0) return used;
+		uint8_t *room = buf_reserve(in, 65536);
+		if (!room) return -1;
+		ssize_t r = read(fd, room, 65536);
+		if (r < 0 && errno == EINTR) continue;
+		if (r <= 0) return -1;
+		in->len += (size_t)r;
+	}
+}
+
+static void put_field(struct buf *b, uint8_t tag, const char *s)
+{
+	size_t n = strlen(s);
+	uint8_t *p = buf_reserve(b, 5 + n);
+	if (!p) exit(EXIT_EXEC_FAILURE);
+	p[0] = tag;
+	put_u32(p + 1, (uint32_t)n);
+	memcpy(p + 5, s, n);
+	b->len += 5 + n;
+}
+
+/* DEFAULT_ENV, then --env entries: a later KEY replaces an earlier one in its place (mergeEnv). */
+static void put_env(struct buf *b, const struct opts *o)
+{
+	int n = 3 + o->nenv;
+	const char **all = calloc((size_t)n, sizeof *all);
+	int m = 0;
+	if (!all) exit(EXIT_EXEC_FAILURE);
+	for (int i = 0; i < n; i++) {
+		const char *kv = i < 3 ? DEFAULT_ENV[i] : o->env[i - 3];
+		size_t klen = (size_t)(strchr(kv, '=') - kv);
+		int j = 0;
+		for (; j < m; j++)
+			if (!strncmp(all[j], kv, klen + 1)) break;
+		all[j] = kv;
+		if (j == m) m++;
+	}
+	for (int j = 0; j < m; j++) put_field(b, F_ENV, all[j]);
+	free(all);
+}
+
+static void exec_lost(const struct opts *o)
+{
+	char *args[] = { "snaplab", "_exec-lost", (char *)o->sandbox, o->json ? "--json" : NULL, NULL };
+	node_cli(args);
+}
+
+static int fast_exec(const struct opts *o)
+{
+	const char *home = getenv("SNAPLAB_HOME");
+	if (!home || !*home) home = "/var/lib/snaplab";
+	struct target t;
+	if (lookup(home, o->sandbox, &t) < 0) return -1;
+	int vm = !strcmp(t.driver, "qemu");
+	if (!vm && strcmp(t.driver, "namespaces")) return -1;
+	char sock[PATH_MAX];
+	snprintf(sock, sizeof sock, "%s/run/%s/%s", home, t.id, vm ? "relay.sock" : "agent.sock");
+	int fd = connect_unix(sock);
+	if (fd < 0) return -1;
+	signal(SIGPIPE, SIG_IGN);
+
+	struct buf in = { 0 }, out = { 0 };
+	struct frame f;
+	long used;
+	/* a VM's relay: RESET, then everything up to the HELLO that answers it is another session's */
+	uint32_t reset_id = 0;
+	if (vm) {
+		while (!reset_id)
+			if (getrandom(&reset_id, sizeof reset_id, 0) != sizeof reset_id) return -1;
+		uint8_t hdr[FRAME_HDR];
+		put_u32(hdr, 0), put_u16(hdr + 4, T_RESET), put_u16(hdr + 6, 0), put_u32(hdr + 8, reset_id);
+		if (write_all(fd, hdr, sizeof hdr) < 0) return -1;
+	}
+	for (;;) {
+		if ((used = read_frame(fd, &in, &f)) <= 0) return -1;
+		buf_consume(&in, (size_t)used);
+		if (f.type == T_HELLO && f.id == reset_id) break;
+		if (f.type == T_ERROR && vm && f.id == reset_id) return -1;
+	}
+	if (f.len < 4 || get_u16(f.payload) != PROTO_MAJOR) return -1;
+
+	long oom_before = t.limited ? oom_kills(t.id) : 0;
+	uint32_t timeout_ms = 0;
+	if (o->timeout) {
+		double s = strtod(o->timeout, NULL);
+		timeout_ms = (uint32_t)(s * 1000 + 0.5);
+		if (timeout_ms == 0) return -1;
+	}
+	long start = frame_begin(&out, T_EXEC, 1);
+	uint8_t *p = buf_reserve(&out, 8);
+	if (start < 0 || !p) return -1;
+	put_u32(p, timeout_ms);
+	put_u32(p + 4, o->interactive ? EXEC_F_STDIN : 0);
+	out.len += 8;
+	for (int i = 0; i < o->ncmd; i++) put_field(&out, F_ARGV, o->cmd[i]);
+	put_env(&out, o);
+	if (o->cwd) put_field(&out, F_CWD, o->cwd);
+	frame_end(&out, start);
+	if (write_all(fd, out.data + out.off, buf_used(&out)) < 0) exec_lost(o);
+	buf_consume(&out, buf_used(&out));
+
+	/* from here the command may be running: a failure is reported, never retried */
+	int started = 0, stdin_open = o->interactive;
+	if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0) exec_lost(o);
+	for (;;) {
+		while ((used = frame_parse(in.data + in.off, buf_used(&in), &f)) > 0) {
+			if (f.id == 1) switch (f.type) {
+			case T_STARTED:
+				started = 1;
+				break;
+			case T_STDOUT:
+				write_all(1, f.payload, f.len); /* a closed stdout loses output, as a pipe reader's exit would */
+				break;
+			case T_STDERR:
+				write_all(2, f.payload, f.len);
+				break;
+			case T_ERROR:
+				if (!started) { /* refused before it ran (a bad --cwd): Node runs it again and reports */
+					close(fd);
+					return -1;
+				}
+				exec_lost(o);
+				break;
+			case T_EXIT: {
+				if (f.len < EXIT_PAYLOAD) exec_lost(o);
+				int32_t code = (int32_t)get_u32(f.payload), sig = (int32_t)get_u32(f.payload + 4);
+				uint32_t flags = get_u32(f.payload + 8);
+				int timed_out = (flags & EXIT_F_TIMED_OUT) != 0;
+				int rc = timed_out ? 124 : sig > 0 ? 128 + sig : code;
+				if (!timed_out && sig == 9 && t.limited && oom_kills(t.id) > oom_before)
+					fputs("snaplab: the command was killed by the OOM killer (sandbox memory limit)\n", stderr);
+				else if (timed_out)
+					fprintf(stderr, "snaplab: timed out after %s s; killed\n", o->timeout);
+				return rc & 0xff;
+			}
+			}
+			buf_consume(&in, (size_t)used);
+		}
+		if (used < 0) exec_lost(o);
+		struct pollfd pf[2] = { { .fd = fd, .events = POLLIN | (buf_used(&out) ? POLLOUT : 0) }, { .fd = 0, .events = POLLIN } };
+		int n = poll(pf, started && stdin_open && buf_used(&out) < OUT_HIGH ? 2 : 1, -1);
+		if (n < 0 && errno == EINTR) continue;
+		if (n < 0) exec_lost(o);
+		if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+			uint8_t *room = buf_reserve(&in, 65536);
+			if (!room) exec_lost(o);
+			ssize_t r = read(fd, room, 65536);
+			if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) exec_lost(o);
+			if (r > 0) in.len += (size_t)r;
+		}
+		if (pf[1].revents) {
+			uint8_t chunk[65536];
+			ssize_t r = read(0, chunk, sizeof chunk);
+			if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+			if (r <= 0) stdin_open = 0, r = 0; /* end of input: an empty STDIN */
+			if (frame_put(&out, T_STDIN, 1, chunk, (size_t)r) < 0) exec_lost(o);
+		}
+		if (buf_used(&out)) {
+			ssize_t w = send(fd, out.data + out.off, buf_used(&out), MSG_NOSIGNAL);
+			if (w < 0 && errno != EAGAIN && errno != EINTR) exec_lost(o);
+			if (w > 0) buf_consume(&out, (size_t)w);
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	g_argv = argv;
+	const char *off = getenv("SNAPLAB_NO_FAST_EXEC");
+	/* a remote lab (SNAPLAB_HOST) is the daemon's business: the Node CLI talks to it */
+	if (argc > 2 && !strcmp(argv[1], "exec") && !(off && *off && strcmp(off, "0")) && !getenv("SNAPLAB_HOST")) {
+		struct opts o = { 0 };
+		if (parse(argc, argv, &o) == 0) {
+			int rc = fast_exec(&o);
+			if (rc >= 0) return rc;
+		}
+	}
+	fall_back();
+}

@@ -1,0 +1,60 @@
+import { existsSync } from 'node:fs';
+import { isDynamicElf } from '../host/elf.js';
+import { NamespacesDriver } from '../drivers/namespaces/driver.js';
+import { QemuDriver } from '../drivers/qemu/driver.js';
+import { probeCgroupMoves, probeCgroups } from '../host/cgroups.js';
+import type { Availability } from '../host/probe-types.js';
+import { which } from '../host/run.js';
+import { HOST_TOOLS, installFix, toolsVerdict, type Feature } from '../host/tools.js';
+import { allBackends, pickDefault } from '../storage/index.js';
+
+export interface Check extends Availability {
+  name: string;
+  kind: 'host' | 'driver' | 'storage' | 'image' | 'feature';
+  /** a tuning: snaplab works without it, only slower */
+  optional?: boolean;
+}
+
+/** ok, noting the optional programs of `feature` that are missing (what then cannot be done). */
+async function optionalNote(feature: Feature, found: string): Promise<Availability> {
+  const absent = [];
+  for (const t of HOST_TOOLS) if (t.optional && t.program && t.for.includes(feature) && !(await which(t.program))) absent.push(t);
+  if (absent.length === 0) return { ok: true, reason: `${found}, and ${HOST_TOOLS.filter((t) => t.optional && t.for.includes(feature)).map((t) => t.program).join(', ')}` };
+  return { ok: true, reason: `${found}; without ${absent.map((t) => `${t.program} (${t.why})`).join('; ')}`, fix: installFix(absent) };
+}
+
+async function busyboxCheck(): Promise<Availability> {
+  const bb = (await which('busybox')) ?? '/bin/busybox';
+  if (!existsSync(bb)) return { ok: false, reason: 'busybox not found (the built-in image needs it)', fix: 'apt-get install busybox-static' };
+  if (isDynamicElf(bb)) return { ok: false, reason: `${bb} is dynamically linked`, fix: 'apt-get install busybox-static' };
+  return { ok: true, reason: `static busybox at ${bb}` };
+}
+
+/** Probe everything snaplab needs; exit 0 when the default driver and a storage backend work. */
+export async function doctor(home: string): Promise<{ ok: boolean; home: string; defaultDriver: string; defaultStorage: string | null; defaultStorageReason: string; checks: Check[] }> {
+  const checks: Check[] = [];
+  const root = process.getuid?.() === 0;
+  checks.push({ name: 'root', kind: 'host', ok: root, reason: root ? 'running as root' : 'not root: namespaces, mounts and cgroups need root', ...(root ? {} : { fix: 'run as root (sudo)' }) });
+  const cg = await probeCgroups();
+  checks.push({ name: `cgroup v${cg.version}`, kind: 'host', ok: cg.ok, reason: cg.reason, ...(cg.fix ? { fix: cg.fix } : {}) });
+  checks.push({ name: 'cgroup moves', kind: 'host', optional: true, ...(await probeCgroupMoves()) });
+  const ns = await new NamespacesDriver(home).probe();
+  checks.push({ name: 'namespaces', kind: 'driver', ...ns });
+  checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
+  for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
+  checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
+  // features beyond a single sandbox: snaplab runs without them, but they fail when used
+  checks.push({ name: 'scenarios', kind: 'feature', optional: true, ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }) });
+  checks.push({ name: 'image import', kind: 'feature', optional: true, ...((await toolsVerdict('image', 'image import')) ?? (await optionalNote('image', 'tar and gzip found'))) });
+  let defaultStorage: string | null = null;
+  let defaultStorageReason = '';
+  try {
+    const d = await pickDefault(home);
+    defaultStorage = d.kind;
+    defaultStorageReason = d.reason;
+  } catch (e) {
+    defaultStorageReason = (e as Error).message;
+  }
+  return { ok: ns.ok && defaultStorage !== null, home, defaultDriver: 'namespaces', defaultStorage, defaultStorageReason, checks };
+}
+
