@@ -12,7 +12,8 @@
  * before anything has run: its behaviour, messages and exit codes are the reference, and this
  * path only ever takes the case where it would do exactly the same. A connection lost after the
  * command may have started is reported by the Node CLI too (`_exec-lost`), never retried.
- * SNAPLAB_NO_FAST_EXEC=1 sends every exec to Node (the bench compares the two).
+ * SNAPLAB_NO_FAST_EXEC=1 sends every exec to Node (the bench compares the two). `--version` is
+ * answered here too, from package.json.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,22 +43,49 @@ static const char *DEFAULT_ENV[] = {
 
 static char **g_argv;
 
-/* Hand the whole command line to the Node CLI beside this binary. Does not return. */
-static void node_cli(char **args)
+/* The checkout (or package) this binary was built in: <root>/native/build/snaplab. */
+static const char *package_root(void)
 {
-	char self[PATH_MAX], script[PATH_MAX + 32];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	static char root[PATH_MAX];
+	if (root[0]) return root;
+	ssize_t n = readlink("/proc/self/exe", root, sizeof root - 1);
 	if (n <= 0) {
 		perror("snaplab: /proc/self/exe");
 		exit(EXIT_EXEC_FAILURE);
 	}
-	self[n] = 0;
-	/* <root>/native/build/snaplab -> <root>/dist/bin/snaplab.js */
+	root[n] = 0;
 	for (int up = 0; up < 3; up++) {
-		char *slash = strrchr(self, '/');
+		char *slash = strrchr(root, '/');
 		if (slash) *slash = 0;
 	}
-	snprintf(script, sizeof script, "%s/dist/bin/snaplab.js", self);
+	return root;
+}
+
+/* `snaplab --version`: package.json's version, as the Node CLI prints it; -1 if unreadable. */
+static int print_version(void)
+{
+	char path[PATH_MAX + 16], text[8192];
+	snprintf(path, sizeof path, "%s/package.json", package_root());
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) return -1;
+	ssize_t n = read(fd, text, sizeof text - 1);
+	close(fd);
+	if (n <= 0) return -1;
+	text[n] = 0;
+	char *k = strstr(text, "\"version\"");
+	if (!k) return -1;
+	char *q = strchr(k + 9, '"');
+	char *e = q ? strchr(q + 1, '"') : NULL;
+	if (!q || !e || e - q > 64) return -1;
+	printf("%.*s\n", (int)(e - q - 1), q + 1);
+	return 0;
+}
+
+/* Hand the whole command line to the Node CLI beside this binary. Does not return. */
+static void node_cli(char **args)
+{
+	char script[PATH_MAX + 32];
+	snprintf(script, sizeof script, "%s/dist/bin/snaplab.js", package_root());
 	int argc = 0;
 	while (args[argc]) argc++;
 	char **nargv = calloc((size_t)argc + 2, sizeof *nargv);
@@ -387,6 +415,7 @@ static int fast_exec(const struct opts *o)
 int main(int argc, char **argv)
 {
 	g_argv = argv;
+	if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) && print_version() == 0) return 0;
 	const char *off = getenv("SNAPLAB_NO_FAST_EXEC");
 	/* a remote lab (SNAPLAB_HOST) is the daemon's business: the Node CLI talks to it */
 	if (argc > 2 && !strcmp(argv[1], "exec") && !(off && *off && strcmp(off, "0")) && !getenv("SNAPLAB_HOST")) {

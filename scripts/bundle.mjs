@@ -1,7 +1,10 @@
 // Bundle the CLI (npm run build): one ES module for start-up plus a chunk per lazily loaded part
 // (the lab, scenario parsing, bench, doctor), so that a command loads only what it uses and Node
 // resolves a handful of files instead of ~150. better-sqlite3 stays external (a native addon).
+import { rmSync } from 'node:fs';
 import { build } from 'esbuild';
+
+rmSync('dist/bin', { recursive: true, force: true }); // no chunks of an earlier build left beside these
 
 await build({
   entryPoints: { snaplab: 'src/cli/main.ts' },

@@ -1,5 +1,5 @@
 import { spawnSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -239,5 +239,9 @@ describe('snaplab CLI', () => {
     const found = spawnSync('sh', ['-c', 'command -v snaplab'], { encoding: 'utf8' }).stdout.trim();
     expect(found, 'run scripts/setup.sh: it links /usr/local/bin/snaplab').not.toBe('');
     expect(realpathSync(found)).toBe(realpathSync(SNAPLAB));
+    // --version is answered by the command itself, from package.json; the Node CLI agrees
+    const version = (JSON.parse(readFileSync(join(import.meta.dirname, '..', 'package.json'), 'utf8')) as { version: string }).version;
+    expect(snaplab(['--version'], { env: { PATH: '/nonexistent' } }).out).toBe(`${version}\n`);
+    expect(spawnSync(process.execPath, [join(import.meta.dirname, '..', 'dist', 'bin', 'snaplab.js'), '--version'], { encoding: 'utf8' }).stdout).toBe(`${version}\n`);
   });
 });

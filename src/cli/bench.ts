@@ -1,5 +1,6 @@
 import { Command } from 'commander';
 import { addBenchOptions, spreadCompare, toPlan, type BenchCli } from '../bench/options.js';
+import { cliPlan } from '../bench/cli-plan.js';
 import { withLab } from './common.js';
 import { printJson } from './output.js';
 
@@ -13,6 +14,15 @@ export function registerBench(program: Command): void {
   cmd.parseOptions = (args: string[]) => parseOptions(spreadCompare(args));
   cmd.action((argv: string[], o: BenchCli) =>
     withLab(o, async (lab) => {
+      if (o.workload === 'cli') {
+        const explicit = (k: keyof BenchCli): boolean => cmd.getOptionValueSource(k) === 'cli';
+        const plan = cliPlan(o, argv, explicit);
+        const [{ cliBench, renderCliSummary }, { Progress }] = await Promise.all([import('../bench/cli-bench.js'), import('../bench/progress.js')]);
+        const summary = await cliBench(lab, plan, new Progress(process.stderr));
+        if (plan.json) printJson(summary);
+        else process.stdout.write(`${renderCliSummary(summary)}\n`);
+        return;
+      }
       const [{ hostLimits }, { Progress }, { renderSummary }, { prepareResultsDir, writeResults }, { runBench }] = await Promise.all([
         import('../bench/host-limits.js'),
         import('../bench/progress.js'),

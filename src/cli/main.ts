@@ -3,21 +3,7 @@
 // parallel): libuv's default of 4 threads would queue them behind each other.
 process.env.UV_THREADPOOL_SIZE ??= '16';
 import { Command, CommanderError } from 'commander';
-import { registerCreate, registerRestore } from './create.js';
-import { registerDoctor } from './doctor.js';
-import { registerExec, registerExecLost } from './exec.js';
-import { registerGc } from './gc.js';
-import { registerImage } from './image.js';
-import { registerLifecycle } from './lifecycle.js';
-import { registerSnapshot } from './snapshot.js';
-import { registerTrace } from './trace.js';
-import { registerBench } from './bench.js';
-import { registerDemo } from './demo.js';
-import { registerDf } from './df.js';
-import { registerPool } from './pool.js';
-import { registerRun } from './run.js';
-import { registerScenario } from './scenario.js';
-import { registerPrepare } from './prepare.js';
+import { COMMANDS } from './commands.js';
 import { EXIT_EXEC_FAILURE, EXIT_USAGE } from './output.js';
 
 const program = new Command('snaplab')
@@ -31,23 +17,9 @@ const program = new Command('snaplab')
       write(`error[BAD_INPUT]: ${text.replace(/^error: /, '').trimEnd()}\nhint: see \`snaplab --help\` or \`snaplab <command> --help\`\n`),
   });
 
-registerDoctor(program);
-registerPrepare(program);
-registerImage(program);
-registerCreate(program);
-registerExec(program);
-registerExecLost(program);
-registerSnapshot(program);
-registerRestore(program);
-registerLifecycle(program);
-registerGc(program);
-registerDf(program);
-registerTrace(program);
-registerScenario(program);
-registerPool(program);
-registerRun(program);
-registerBench(program);
-registerDemo(program);
+const invoked = process.argv[2];
+const one = COMMANDS.find(([names]) => invoked !== undefined && names.includes(invoked));
+for (const [, register] of one ? [one] : COMMANDS) register(program);
 
 program.parseAsync(process.argv).catch((e: unknown) => {
   if (e instanceof CommanderError) {

@@ -1,9 +1,17 @@
-import Database from 'better-sqlite3';
+import type DatabaseModule from 'better-sqlite3';
 import { mkdirSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { migrations } from './migrations.js';
 
-export type Db = Database.Database;
+export type Db = DatabaseModule.Database;
+
+// required, not imported: Node's ESM import of this CommonJS addon parses its source for exports
+// and `bindings` then searches a dozen paths for the .node file; naming the binding directly takes
+// ~8 ms instead of ~20 ms of every command's start (measured on Node 20 here)
+const require = createRequire(import.meta.url);
+const Database = require('better-sqlite3') as typeof DatabaseModule;
+const nativeBinding = require.resolve('better-sqlite3/build/Release/better_sqlite3.node');
 
 /**
  * Open (creating if needed) the state database under `home` and run pending migrations.
@@ -11,7 +19,7 @@ export type Db = Database.Database;
  */
 export function openDb(home: string): Db {
   mkdirSync(home, { recursive: true, mode: 0o700 });
-  const db = new Database(join(home, 'state.db'));
+  const db = new Database(join(home, 'state.db'), { nativeBinding });
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = NORMAL');
   db.pragma('busy_timeout = 10000');

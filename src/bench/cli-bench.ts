@@ -1,0 +1,195 @@
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+import { packageRoot } from '../agent/binary.js';
+import { which } from '../host/run.js';
+import type { Lab } from '../sdk/lab.js';
+import type { Sandbox } from '../sdk/sandbox.js';
+import { closedLoop } from './loop.js';
+import type { Progress } from './progress.js';
+import { latencySummary, median, type LatencySummary } from './stats.js';
+
+/** One command line timed as a whole process, the way a shell script runs it. */
+interface Case {
+  name: string;
+  argv: string[];
+  env?: NodeJS.ProcessEnv;
+  /** also run as parallel loops (create, rm and snapshot change state: serial only) */
+  parallel: boolean;
+  baseline?: boolean;
+  /** run after each timed run, untimed (rm what create made) */
+  after?: (i: number) => Promise<void>;
+  /** argv for the i-th run (create and snapshot need a new name each time) */
+  argvAt?: (i: number) => string[];
+}
+
+export interface CliCaseResult {
+  name: string;
+  argv: string;
+  baseline: boolean;
+  serialMs?: LatencySummary & { samples: number };
+  /** calls per second with `loops` shell loops at once: median over rounds, and the range */
+  parallel?: { loops: number; callsPerSecond: number; range: [number, number] };
+  errors: string[];
+  note?: string;
+}
+
+export interface CliBenchSummary {
+  workload: 'cli';
+  command: string;
+  startedAt: string;
+  finishedAt: string;
+  settings: { rounds: number; serialPerRound: number; loops: number; durationMs: number; lsSandboxes: number };
+  cases: CliCaseResult[];
+  /** p50 ratios against the same run's baselines */
+  ratios: Record<string, number>;
+}
+
+export interface CliBenchPlan {
+  rounds: number;
+  loops: number;
+  durationMs: number;
+  json: boolean;
+}
+
+const SERIAL_PER_ROUND = 10;
+const LS_SANDBOXES = 100;
+const now = (): number => Number(process.hrtime.bigint()) / 1e6;
+
+/** Spawn argv, wait for its exit: the wall time, or an error naming what it printed. */
+function timed(argv: string[], env: NodeJS.ProcessEnv): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const t0 = now();
+    const c = spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'ignore', 'pipe'], env });
+    let err = '';
+    c.stderr!.on('data', (b: Buffer) => (err += b.toString()));
+    c.on('error', reject);
+    c.on('exit', (code, sig) => (code === 0 ? resolve(now() - t0) : reject(new Error(`${argv.join(' ')}: ${sig ?? `exit ${code}`} ${err.trim().slice(0, 200)}`))));
+  });
+}
+
+/**
+ * The command line itself (`snaplab bench --workload cli`): whole processes of `snaplab` as a
+ * shell runs them, serially and as parallel loops, beside `node -e 0` (the floor of any Node CLI)
+ * and `nsenter -t PID -a /bin/true` (a C tool entering the same sandbox), and LXD's `lxc exec`
+ * where it is installed. Cases alternate within each round, so drift falls on all alike.
+ */
+export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress): Promise<CliBenchSummary> {
+  const startedAt = new Date().toISOString();
+  const snaplab = (await which('snaplab')) ?? join(packageRoot(), 'native', 'build', 'snaplab');
+  const env = { ...process.env, SNAPLAB_HOME: lab.home };
+  const tag = `bench-cli-${process.pid}`;
+  const made: Sandbox[] = [];
+  try {
+    progress.note(`raising a sandbox to exec in, one with 100 MB written to snapshot, and ${LS_SANDBOXES} idle ones for ls`);
+    const box = await lab.create({ name: `${tag}-exec` });
+    made.push(box);
+    const filled = await lab.create({ name: `${tag}-fill` });
+    made.push(filled);
+    await filled.exec(['dd', 'if=/dev/zero', 'of=/root/fill', 'bs=1M', 'count=100']);
+    for (let i = 0; i < LS_SANDBOXES - 2; i++) made.push(await lab.create({ name: `${tag}-ls${i}` }));
+    const lxc = await which('lxc');
+    const cases: Case[] = [
+      { name: 'node -e 0', argv: [process.execPath, '-e', '0'], parallel: true, baseline: true },
+      { name: 'snaplab --version', argv: [snaplab, '--version'], parallel: true },
+      { name: `snaplab ls (${LS_SANDBOXES} sandboxes)`, argv: [snaplab, 'ls'], parallel: true },
+      { name: 'snaplab exec -- /bin/true', argv: [snaplab, 'exec', box.name, '--', '/bin/true'], parallel: true },
+      { name: 'snaplab exec -- /bin/true (Node path)', argv: [snaplab, 'exec', box.name, '--', '/bin/true'], env: { SNAPLAB_NO_FAST_EXEC: '1' }, parallel: true },
+      { name: 'nsenter -t PID -a /bin/true', argv: ['nsenter', '-t', String(box.info.pid), '-a', '/bin/true'], parallel: true, baseline: true },
+      {
+        name: 'snaplab create (to usable) + rm',
+        argv: [],
+        argvAt: (i) => [snaplab, 'create', '--name', `${tag}-c${i}`],
+        after: async (i) => void (await timed([snaplab, 'rm', `${tag}-c${i}`], env)),
+        parallel: false,
+      },
+      {
+        name: 'snaplab snapshot (100 MB written)',
+        argv: [],
+        argvAt: (i) => [snaplab, 'snapshot', filled.name, '--name', `${tag}-s${i}`],
+        after: async (i) => void (await timed([snaplab, 'snapshot', 'rm', `${tag}-s${i}`], env)),
+        parallel: false,
+      },
+    ];
+    const results = new Map<string, { serial: number[]; parallel: number[]; errors: string[] }>(cases.map((c) => [c.name, { serial: [], parallel: [], errors: [] }]));
+    let n = 0;
+    for (let round = 1; round <= plan.rounds; round++) {
+      for (const c of cases) {
+        const r = results.get(c.name)!;
+        const e = { ...env, ...c.env };
+        for (let k = 0; k < SERIAL_PER_ROUND; k++) {
+          const i = n++;
+          try {
+            r.serial.push(await timed(c.argvAt?.(i) ?? c.argv, e));
+            await c.after?.(i);
+          } catch (err) {
+            r.errors.push((err as Error).message);
+          }
+        }
+        if (c.parallel) {
+          const loop = await closedLoop(plan.loops, { durationMs: plan.durationMs }, async () => ({ latencyMs: await timed(c.argv, e) }));
+          r.parallel.push(loop.latenciesMs.length / (loop.wallMs / 1000));
+          r.errors.push(...loop.errors);
+        }
+        progress.note(`round ${round}/${plan.rounds} ${c.name}: p50 ${median(r.serial).toFixed(1)} ms${c.parallel ? `, ${r.parallel.at(-1)!.toFixed(1)} calls/s with ${plan.loops} loops` : ''}`);
+      }
+    }
+    const out: CliCaseResult[] = cases.map((c) => {
+      const r = results.get(c.name)!;
+      return {
+        name: c.name,
+        argv: (c.argvAt?.(0) ?? c.argv).join(' ').replace(process.execPath, 'node'),
+        baseline: !!c.baseline,
+        ...(r.serial.length ? { serialMs: { ...latencySummary(r.serial), samples: r.serial.length } } : {}),
+        ...(r.parallel.length ? { parallel: { loops: plan.loops, callsPerSecond: round1(median(r.parallel)), range: [round1(Math.min(...r.parallel)), round1(Math.max(...r.parallel))] as [number, number] } } : {}),
+        errors: r.errors.slice(0, 3),
+      };
+    });
+    if (!lxc) out.push({ name: 'lxc exec -- /bin/true', argv: 'lxc exec NAME -- /bin/true', baseline: true, errors: [], note: 'skipped: lxc not installed (apt-get install lxd-client, and a running LXD, to measure it)' });
+    const p50 = (name: string): number | undefined => out.find((c) => c.name.startsWith(name))?.serialMs?.p50;
+    const ratio = (a?: number, b?: number): number | undefined => (a && b ? Math.round((a / b) * 100) / 100 : undefined);
+    const ratios: Record<string, number | undefined> = {
+      'snaplab --version / node -e 0': ratio(p50('snaplab --version'), p50('node -e 0')),
+      'exec / nsenter': ratio(p50('snaplab exec -- /bin/true'), p50('nsenter')),
+      'exec Node path / exec': ratio(p50('snaplab exec -- /bin/true (Node path)'), p50('snaplab exec -- /bin/true')),
+    };
+    return {
+      workload: 'cli',
+      command: snaplab,
+      startedAt,
+      finishedAt: new Date().toISOString(),
+      settings: { rounds: plan.rounds, serialPerRound: SERIAL_PER_ROUND, loops: plan.loops, durationMs: plan.durationMs, lsSandboxes: LS_SANDBOXES },
+      cases: out,
+      ratios: Object.fromEntries(Object.entries(ratios).filter((e): e is [string, number] => e[1] !== undefined)),
+    };
+  } finally {
+    progress.note('removing the bench sandboxes');
+    for (const b of made) await b.destroy().catch(() => undefined);
+    for (const b of await lab.list()) if (b.name.startsWith(`${tag}-`)) await b.destroy().catch(() => undefined);
+    for (const s of await lab.snapshots()) if (s.name.startsWith(`${tag}-`)) await lab.removeSnapshot(s.name).catch(() => undefined);
+    progress.done();
+  }
+}
+
+const round1 = (x: number): number => Math.round(x * 10) / 10;
+
+/** The summary as a table, with the ratios under it. */
+export function renderCliSummary(s: CliBenchSummary): string {
+  const rows = s.cases.map((c) => [
+    `${c.name}${c.baseline ? ' (baseline)' : ''}`,
+    c.serialMs ? c.serialMs.p50.toFixed(1) : '-',
+    c.serialMs ? c.serialMs.p90.toFixed(1) : '-',
+    c.parallel ? `${c.parallel.callsPerSecond} (${c.parallel.range[0]}–${c.parallel.range[1]})` : '-',
+    c.note ?? (c.errors.length ? `errors: ${c.errors[0]}` : ''),
+  ]);
+  const head = ['case', 'p50 ms', 'p90 ms', `calls/s, ${s.settings.loops} loops`, 'note'];
+  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+  const line = (r: string[]): string => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!))).join('  ').trimEnd();
+  const ratios = Object.entries(s.ratios).map(([k, v]) => `  ${k}: ${v}`);
+  return [
+    `workload cli: ${s.command}; ${s.settings.rounds} rounds × ${s.settings.serialPerRound} serial runs per case, then ${s.settings.loops} parallel loops for ${s.settings.durationMs / 1000} s`,
+    line(head),
+    ...rows.map(line),
+    'p50 ratios (same run):',
+    ...ratios,
+  ].join('\n');
+}

@@ -1,0 +1,41 @@
+import type { Command } from 'commander';
+import { registerCreate, registerRestore } from './create.js';
+import { registerDoctor } from './doctor.js';
+import { registerExec, registerExecLost } from './exec.js';
+import { registerGc } from './gc.js';
+import { registerImage } from './image.js';
+import { registerLifecycle } from './lifecycle.js';
+import { registerSnapshot } from './snapshot.js';
+import { registerTrace } from './trace.js';
+import { registerBench } from './bench.js';
+import { registerDemo } from './demo.js';
+import { registerDf } from './df.js';
+import { registerPool } from './pool.js';
+import { registerRun } from './run.js';
+import { registerScenario } from './scenario.js';
+import { registerPrepare } from './prepare.js';
+
+/**
+ * Every command, in help order, with the names it registers. Only the invoked one is set up
+ * (commander's definitions are a measurable part of a start-up that scripts pay on every call);
+ * help, an unknown command or none registers them all. commands.test.ts keeps the names true.
+ */
+export const COMMANDS: [string[], (p: Command) => void][] = [
+  [['doctor'], registerDoctor],
+  [['prepare'], registerPrepare],
+  [['image'], registerImage],
+  [['create'], registerCreate],
+  [['exec'], registerExec],
+  [['_exec-lost'], registerExecLost],
+  [['snapshot'], registerSnapshot],
+  [['restore'], registerRestore],
+  [['ls', 'rm', 'pause', 'resume'], registerLifecycle],
+  [['gc'], registerGc],
+  [['df'], registerDf],
+  [['trace'], registerTrace],
+  [['up', 'status', 'down', 'reset', 'net'], registerScenario],
+  [['pool'], registerPool],
+  [['run'], registerRun],
+  [['bench'], registerBench],
+  [['demo'], registerDemo],
+];
