@@ -91,6 +91,8 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
     const cases: Case[] = [
       { name: 'node -e 0', argv: [process.execPath, '-e', '0'], parallel: true, baseline: true },
       { name: 'snaplab --version', argv: [snaplab, '--version'], parallel: true },
+      // the Node CLI's own floor: what every command but exec and --version pays
+      { name: 'snaplab --help (Node CLI)', argv: [snaplab, '--help'], parallel: true },
       { name: `snaplab ls (${LS_SANDBOXES} sandboxes)`, argv: [snaplab, 'ls'], parallel: true },
       { name: 'snaplab exec -- /bin/true', argv: [snaplab, 'exec', box.name, '--', '/bin/true'], parallel: true },
       { name: 'snaplab exec -- /bin/true (Node path)', argv: [snaplab, 'exec', box.name, '--', '/bin/true'], env: { SNAPLAB_NO_FAST_EXEC: '1' }, parallel: true },
@@ -149,6 +151,7 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
     const ratio = (a?: number, b?: number): number | undefined => (a && b ? Math.round((a / b) * 100) / 100 : undefined);
     const ratios: Record<string, number | undefined> = {
       'snaplab --version / node -e 0': ratio(p50('snaplab --version'), p50('node -e 0')),
+      'snaplab --help (Node CLI) / node -e 0': ratio(p50('snaplab --help'), p50('node -e 0')),
       'exec / nsenter': ratio(p50('snaplab exec -- /bin/true'), p50('nsenter')),
       'exec Node path / exec': ratio(p50('snaplab exec -- /bin/true (Node path)'), p50('snaplab exec -- /bin/true')),
     };
