@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -28,6 +29,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -82,7 +84,7 @@ static int print_version(void)
 }
 
 /* Hand the whole command line to the Node CLI beside this binary. Does not return. */
-static void node_cli(char **args)
+static _Noreturn void node_cli(char **args)
 {
 	char script[PATH_MAX + 32];
 	snprintf(script, sizeof script, "%s/dist/bin/snaplab.js", package_root());
@@ -98,13 +100,31 @@ static void node_cli(char **args)
 	exit(EXIT_EXEC_FAILURE);
 }
 
-static void fall_back(void) { node_cli(g_argv); }
+static _Noreturn void fall_back(void) { node_cli(g_argv); }
 
 struct opts {
 	const char *sandbox, *cwd, *timeout;
 	const char **env, **cmd;
 	int nenv, ncmd, interactive, json;
 };
+
+/* Well-formed UTF-8? Node turns anything else into U+FFFD before it sends it: let Node do it. */
+static int utf8_ok(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	while (*p) {
+		int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2 : (*p & 0xf8) == 0xf0 ? 3 : -1;
+		if (n < 0 || (n == 1 && *p < 0xc2)) return 0;
+		unsigned cp = n == 0 ? *p : *p & (0x3f >> n);
+		for (int k = 1; k <= n; k++) {
+			if ((p[k] & 0xc0) != 0x80) return 0;
+			cp = (cp << 6) | (p[k] & 0x3f);
+		}
+		if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+		p += n + 1;
+	}
+	return 1;
+}
 
 /* 0 when the arguments are understood exactly as the Node CLI (commander) reads them; -1 otherwise. */
 static int parse(int argc, char **argv, struct opts *o)
@@ -143,8 +163,11 @@ static int parse(int argc, char **argv, struct opts *o)
 	if (!o->sandbox || o->ncmd == 0) return -1;
 	for (int k = 0; k < o->nenv; k++) {
 		const char *eq = strchr(o->env[k], '=');
-		if (!eq || eq == o->env[k]) return -1;
+		if (!eq || eq == o->env[k] || !utf8_ok(o->env[k])) return -1;
 	}
+	for (int k = 0; k < o->ncmd; k++)
+		if (!utf8_ok(o->cmd[k])) return -1;
+	if (!utf8_ok(o->sandbox) || (o->cwd && !utf8_ok(o->cwd))) return -1;
 	if (o->timeout) { /* seconds as parseSeconds takes them, /^\d+(\.\d+)?$/; spaces and the rest go to Node */
 		const char *t = o->timeout;
 		size_t whole = strspn(t, "0123456789");
@@ -178,14 +201,16 @@ static int lookup(const char *home, const char *name, struct target *t)
 	sqlite3_stmt *st;
 	int rc = -1;
 	if (sqlite3_prepare_v2(db,
-			       "SELECT id, driver, json_extract(limits, '$.memoryBytes') IS NOT NULL FROM sandboxes "
-			       "WHERE (id = ?1 OR name = ?1) AND state = 'running'",
+			       "SELECT id, driver, json_extract(limits, '$.memoryBytes') IS NOT NULL, state FROM sandboxes "
+			       "WHERE id = ?1 OR name = ?1",
 			       -1, &st, NULL) == SQLITE_OK) {
 		sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
 		if (sqlite3_step(st) == SQLITE_ROW) {
 			const char *id = (const char *)sqlite3_column_text(st, 0);
 			const char *drv = (const char *)sqlite3_column_text(st, 1);
-			if (id && drv && strlen(id) < sizeof t->id && strlen(drv) < sizeof t->driver && !strchr(id, '/')) {
+			const char *state = (const char *)sqlite3_column_text(st, 3);
+			/* the same row Node's getSandbox takes; anything but running is Node's to explain */
+			if (id && drv && state && !strcmp(state, "running") && strlen(id) < sizeof t->id && strlen(drv) < sizeof t->driver && strspn(id, "0123456789abcdef") == strlen(id)) {
 				strcpy(t->id, id);
 				strcpy(t->driver, drv);
 				t->limited = sqlite3_column_int(st, 2);
@@ -230,11 +255,17 @@ static int connect_unix(const char *path)
 	return fd;
 }
 
+/* All of it, waiting where the fd is non-blocking (a stdout the caller made so); -1 with errno. */
 static int write_all(int fd, const uint8_t *p, size_t n)
 {
 	while (n) {
 		ssize_t w = write(fd, p, n);
 		if (w < 0 && errno == EINTR) continue;
+		if (w < 0 && errno == EAGAIN) {
+			struct pollfd pf = { .fd = fd, .events = POLLOUT };
+			poll(&pf, 1, -1);
+			continue;
+		}
 		if (w <= 0) return -1;
 		p += w;
 		n -= (size_t)w;
@@ -242,12 +273,33 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 	return 0;
 }
 
-/* Read until one whole frame is in `in`; its length, or -1 on EOF, error or an oversize frame. */
-static long read_frame(int fd, struct buf *in, struct frame *f)
+/*
+ * The command's output could not be written (a reader that went away: `| head`): stop, as a
+ * command writing to a closed pipe does. Closing the connection makes the agent kill the command.
+ * The Node path does the same (src/cli/exec.ts).
+ */
+static _Noreturn void output_failed(int sock)
+{
+	int e = errno;
+	close(sock);
+	if (e == EPIPE) exit(141);
+	const char *name = strerrorname_np(e);
+	fprintf(stderr, "error[OUTPUT_FAILED]: cannot write the command's output (%s)\nhint: is there room where stdout goes?\n", name ? name : "error");
+	exit(EXIT_EXEC_FAILURE);
+}
+
+/* Read until one whole frame is in `in` (by the CLOCK_MONOTONIC deadline, ms); its length, or -1
+ * on EOF, error, an oversize frame or the deadline. */
+static long read_frame(int fd, struct buf *in, struct frame *f, long deadline_ms)
 {
 	for (;;) {
 		long used = frame_parse(in->data + in->off, buf_used(in), f);
 		if (used != 0) return used;
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		long left = deadline_ms - (now.tv_sec * 1000 + now.tv_nsec / 1000000);
+		struct pollfd pf = { .fd = fd, .events = POLLIN };
+		if (left <= 0 || poll(&pf, 1, (int)left) <= 0) return -1;
 		uint8_t *room = buf_reserve(in, 65536);
 		if (!room) return -1;
 		ssize_t r = read(fd, room, 65536);
@@ -288,16 +340,28 @@ static void put_env(struct buf *b, const struct opts *o)
 	free(all);
 }
 
-static void exec_lost(const struct opts *o)
+static _Noreturn void exec_lost(const struct opts *o)
 {
 	char *args[] = { "snaplab", "_exec-lost", (char *)o->sandbox, o->json ? "--json" : NULL, NULL };
 	node_cli(args);
 }
 
+/* The agent's ERROR for the exec, reported by the Node CLI as its own exec reports it. */
+static _Noreturn void exec_refused(const struct opts *o, const struct frame *f)
+{
+	char code[16], *msg = NULL;
+	if (f->len < 4 || asprintf(&msg, "%.*s", (int)(f->len - 4), (const char *)f->payload + 4) < 0) exec_lost(o);
+	snprintf(code, sizeof code, "%d", (int)get_u32(f->payload));
+	char *args[] = { "snaplab", "_exec-error", code, msg, o->json ? "--json" : NULL, NULL };
+	node_cli(args);
+	exit(EXIT_EXEC_FAILURE);
+}
+
 static int fast_exec(const struct opts *o)
 {
 	const char *home = getenv("SNAPLAB_HOME");
-	if (!home || !*home) home = "/var/lib/snaplab";
+	if (home && !*home) return -1; /* Node reads an empty SNAPLAB_HOME as the current directory */
+	if (!home) home = "/var/lib/snaplab";
 	struct target t;
 	if (lookup(home, o->sandbox, &t) < 0) return -1;
 	int vm = !strcmp(t.driver, "qemu");
@@ -320,20 +384,25 @@ static int fast_exec(const struct opts *o)
 		put_u32(hdr, 0), put_u16(hdr + 4, T_RESET), put_u16(hdr + 6, 0), put_u32(hdr + 8, reset_id);
 		if (write_all(fd, hdr, sizeof hdr) < 0) return -1;
 	}
+	/* the agent answers at once unless it is stuck (a sandbox paused meanwhile): Node's 5 s, then Node */
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	long deadline = t0.tv_sec * 1000 + t0.tv_nsec / 1000000 + 5000;
 	for (;;) {
-		if ((used = read_frame(fd, &in, &f)) <= 0) return -1;
+		if ((used = read_frame(fd, &in, &f, deadline)) <= 0) return -1;
+		int hello = f.type == T_HELLO && f.id == reset_id;
+		int refused = f.type == T_ERROR && vm && f.id == reset_id;
+		int major_ok = hello && f.len >= 4 && get_u16(f.payload) == PROTO_MAJOR; /* read before the frame is consumed */
 		buf_consume(&in, (size_t)used);
-		if (f.type == T_HELLO && f.id == reset_id) break;
-		if (f.type == T_ERROR && vm && f.id == reset_id) return -1;
+		if (refused || (hello && !major_ok)) return -1;
+		if (hello) break;
 	}
-	if (f.len < 4 || get_u16(f.payload) != PROTO_MAJOR) return -1;
 
 	long oom_before = t.limited ? oom_kills(t.id) : 0;
 	uint32_t timeout_ms = 0;
-	if (o->timeout) {
-		double s = strtod(o->timeout, NULL);
-		timeout_ms = (uint32_t)(s * 1000 + 0.5);
-		if (timeout_ms == 0) return -1;
+	if (o->timeout) { /* parseSeconds rounds to ms, encodeExec makes it 1..0xffffffff */
+		double ms = floor(strtod(o->timeout, NULL) * 1000 + 0.5);
+		timeout_ms = ms < 1 ? 1 : ms > 4294967295.0 ? 0xffffffffu : (uint32_t)ms;
 	}
 	long start = frame_begin(&out, T_EXEC, 1);
 	uint8_t *p = buf_reserve(&out, 8);
@@ -358,17 +427,15 @@ static int fast_exec(const struct opts *o)
 				started = 1;
 				break;
 			case T_STDOUT:
-				write_all(1, f.payload, f.len); /* a closed stdout loses output, as a pipe reader's exit would */
+				if (write_all(1, f.payload, f.len) < 0) output_failed(fd);
 				break;
 			case T_STDERR:
-				write_all(2, f.payload, f.len);
+				if (write_all(2, f.payload, f.len) < 0) output_failed(fd);
 				break;
 			case T_ERROR:
-				if (!started) { /* refused before it ran (a bad --cwd): Node runs it again and reports */
-					close(fd);
-					return -1;
-				}
-				exec_lost(o);
+				/* refused (a bad --cwd), or ended by the relay: the Node CLI says so, as it
+				 * would have; it is not run again (through a VM's relay it may have started) */
+				exec_refused(o, &f);
 				break;
 			case T_EXIT: {
 				if (f.len < EXIT_PAYLOAD) exec_lost(o);
@@ -417,8 +484,7 @@ int main(int argc, char **argv)
 	g_argv = argv;
 	if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) && print_version() == 0) return 0;
 	const char *off = getenv("SNAPLAB_NO_FAST_EXEC");
-	/* a remote lab (SNAPLAB_HOST) is the daemon's business: the Node CLI talks to it */
-	if (argc > 2 && !strcmp(argv[1], "exec") && !(off && *off && strcmp(off, "0")) && !getenv("SNAPLAB_HOST")) {
+	if (argc > 2 && !strcmp(argv[1], "exec") && !(off && *off && strcmp(off, "0"))) {
 		struct opts o = { 0 };
 		if (parse(argc, argv, &o) == 0) {
 			int rc = fast_exec(&o);

@@ -1,5 +1,5 @@
 import { spawnSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -202,6 +202,18 @@ describe('snaplab CLI', () => {
         x(['exec', 'both', '--json', '--cwd', '/nope', '--', 'true']),
       ]);
     }
+    // output that cannot be written: a reader gone (141, as SIGPIPE), a full disk (125, and why)
+    for (const env of [{}, { SNAPLAB_NO_FAST_EXEC: '1' }]) {
+      const full = openSync('/dev/full', 'w');
+      const r = spawnSync(SNAPLAB, ['exec', 'both', '--', 'sh', '-c', 'echo x; exit 4'], { env: { ...process.env, SNAPLAB_HOME: home, ...env }, stdio: ['ignore', full, 'pipe'], encoding: 'utf8' });
+      closeSync(full);
+      seen.push({ code: r.status, err: r.stderr });
+      const piped = spawnSync('sh', ['-c', `"${SNAPLAB}" exec both -- yes | head -1`], { env: { ...process.env, SNAPLAB_HOME: home, ...env }, encoding: 'utf8', timeout: 20_000 });
+      seen.push([piped.stdout, piped.signal]); // `yes` ends when its reader does: no timeout kill
+    }
+    expect(seen[2]).toEqual(seen[4]);
+    expect(seen[2]).toEqual({ code: 125, err: "error[OUTPUT_FAILED]: cannot write the command's output (ENOSPC)\nhint: is there room where stdout goes?\n" });
+    expect([seen[3], seen[5]]).toEqual([['y\n', null], ['y\n', null]]);
     expect(seen[0]).toEqual(seen[1]);
     const [fast] = seen as { code: number; out: string; err: string }[][];
     expect(fast!.map((r) => r.code)).toEqual([7, 127, 137, 0, 0, 124, 125, 0, 0, 137, 125, 125, 125, 125]);

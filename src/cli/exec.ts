@@ -31,6 +31,14 @@ export function registerExec(program: Command): void {
           const timeoutMs = o.timeout === undefined ? undefined : parseSeconds(o.timeout);
           if (argv[0] === '--') argv = argv.slice(1);
           const box = await lab.get(sandbox);
+          // a reader that went away (`| head`): stop as a command writing to a closed pipe does,
+          // and the agent kills the command when the connection closes (native/cli.c does the same)
+          const outputFailed = (e: NodeJS.ErrnoException): void => {
+            if (e.code !== 'EPIPE') process.stderr.write(`error[OUTPUT_FAILED]: cannot write the command's output (${e.code ?? 'error'})\nhint: is there room where stdout goes?\n`);
+            process.exit(e.code === 'EPIPE' ? 141 : EXIT_EXEC_FAILURE);
+          };
+          process.stdout.on('error', outputFailed);
+          process.stderr.on('error', outputFailed);
           try {
             const r = await box.exec(argv, {
               env: o.env,
@@ -70,6 +78,23 @@ export function registerExecLost(program: Command): void {
           const { deadError } = await import('../drivers/namespaces/driver.js');
           if (box.info.state === 'dead') throw deadError(box.name, box.info.reason ?? undefined);
           throw new SnaplabError('AGENT_UNREACHABLE', 'connection to agent closed with 1 request(s) pending', `see \`snaplab ls\`; is sandbox ${box.name} still running?`);
+        },
+        EXIT_EXEC_FAILURE,
+      ),
+    );
+}
+
+/** The exec fast path's agent answered the exec with ERROR: the error as the Node path reports it. */
+export function registerExecError(program: Command): void {
+  program
+    .command('_exec-error <errno> <message>', { hidden: true })
+    .option('--json', 'errors as JSON')
+    .action((errno: string, message: string, o: CommonOptions) =>
+      withLab(
+        o,
+        async () => {
+          const { agentErrorOf } = await import('../agent/client.js');
+          throw agentErrorOf(Number(errno), message);
         },
         EXIT_EXEC_FAILURE,
       ),
