@@ -18,7 +18,10 @@
  *   mount SOURCE TARGET FSTYPE FLAGS DATA   mount(2)
  *   umount TARGET FLAGS                     umount2(2)
  *   tcp-check NETNS HOST PORT TIMEOUT_MS    connect from inside a network namespace (path)
- *   launch LOG TIMEOUT_MS SOCKET NETNS N CGROUP_PROCS*N ARGV...   (NETNS: a path to join, or -)
+ *   idmap-check DIR BASE                    can DIR be idmapped through a user namespace at BASE?
+ *   launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS*N ARGV...
+ *       NETNS: a path to join, or -. USERNS: - or BASE:COUNT, followed by the root filesystem
+ *       and the agent binary to stage for bwrap (userns.c).
  *       makes a listening Unix socket at SOCKET (a host path the sandbox cannot see), then
  *       double-forks a session leader that writes its pid into each cgroup.procs file, points
  *       stdout/stderr at LOG, gets a "ready" pipe on fd 3, an "info" pipe on fd 4 and the
@@ -46,6 +49,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "userns.h"
 
 #define MAX_ARGS 512
 #define MAX_REQUEST (1 << 20)
@@ -257,7 +262,12 @@ static void op_umount(struct request *r)
 }
 
 /* In the grandchild: join the cgroups, wire fds, exec. Only async-signal-safe calls. */
-static void launch_child(char *log, const char *netns, char **cgs, int ncg, char **argv, int ready_w, int info_w, int listen_fd)
+struct userns_spec {
+	unsigned base, count;
+	const char *rootfs, *agent;
+};
+
+static void launch_child(char *log, const char *netns, const struct userns_spec *us, char **cgs, int ncg, char **argv, int ready_w, int info_w, int listen_fd)
 {
 	int fd = open("/dev/null", O_RDONLY);
 	if (fd >= 0 && fd != 0) {
@@ -291,6 +301,9 @@ static void launch_child(char *log, const char *netns, char **cgs, int ncg, char
 		}
 		close(nfd);
 	}
+	/* last of what needs host root: after this the process is the root of its own namespace */
+	if (us && userns_enter(us->base, us->count, us->rootfs, us->agent) < 0)
+		_exit(125);
 	/* move the pipe ends out of the way, then onto 3 and 4 (dup2 clears CLOEXEC) */
 	int r = fcntl(ready_w, F_DUPFD_CLOEXEC, 10), in = fcntl(info_w, F_DUPFD_CLOEXEC, 10);
 	int l = fcntl(listen_fd, F_DUPFD_CLOEXEC, 10);
@@ -307,17 +320,28 @@ static void launch_child(char *log, const char *netns, char **cgs, int ncg, char
 
 static void op_launch(struct request *r)
 {
-	if (r->argc < 7)
-		return reply_err(r->id, EINVAL, "launch LOG TIMEOUT_MS SOCKET NETNS N CGROUP_PROCS... ARGV...");
+	static const char usage[] = "launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS... ARGV...";
+	if (r->argc < 8)
+		return reply_err(r->id, EINVAL, usage);
 	char *log = r->argv[1];
 	int timeout_ms = atoi(r->argv[2]);
 	const char *sock = r->argv[3];
 	const char *netns = r->argv[4];
-	int ncg = atoi(r->argv[5]);
-	if (ncg < 0 || 6 + ncg >= r->argc)
+	struct userns_spec spec, *us = NULL;
+	int at = 6;
+	if (strcmp(r->argv[5], "-") != 0) {
+		if (sscanf(r->argv[5], "%u:%u", &spec.base, &spec.count) != 2 || spec.count == 0 || r->argc < 10)
+			return reply_err(r->id, EINVAL, usage);
+		spec.rootfs = r->argv[6];
+		spec.agent = r->argv[7];
+		us = &spec;
+		at = 8;
+	}
+	int ncg = atoi(r->argv[at]);
+	if (ncg < 0 || at + 1 + ncg >= r->argc)
 		return reply_err(r->id, EINVAL, "launch: bad cgroup count");
-	char **cgs = &r->argv[6];
-	char **argv = &r->argv[6 + ncg]; /* NULL-terminated by the reader */
+	char **cgs = &r->argv[at + 1];
+	char **argv = &r->argv[at + 1 + ncg]; /* NULL-terminated by the reader */
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
 	if (strlen(sock) >= sizeof sun.sun_path)
 		return reply_err(r->id, ENAMETOOLONG, sock);
@@ -350,7 +374,7 @@ static void op_launch(struct request *r)
 		setsid();
 		pid_t p = fork();
 		if (p == 0)
-			launch_child(log, netns, cgs, ncg, argv, ready[1], info[1], listen_fd);
+			launch_child(log, netns, us, cgs, ncg, argv, ready[1], info[1], listen_fd);
 		_exit(p < 0 ? 1 : 0);
 	}
 	int fork_errno = errno;
@@ -561,7 +585,13 @@ static void *serve(void *p)
 		op_mount(r);
 	else if (strcmp(op, "umount") == 0)
 		op_umount(r);
-	else if (strcmp(op, "launch") == 0)
+	else if (strcmp(op, "idmap-check") == 0 && r->argc == 3) {
+		int rc = idmap_check(r->argv[1], (unsigned)strtoul(r->argv[2], NULL, 10));
+		char code[16];
+		snprintf(code, sizeof code, "%d", rc);
+		const char *f[] = { "ok", code, NULL };
+		reply(r->id, f);
+	} else if (strcmp(op, "launch") == 0)
 		op_launch(r);
 	else if (strcmp(op, "tcp-check") == 0)
 		op_tcp_check(r);

@@ -9,6 +9,14 @@ interface CreateCli extends CommonOptions, LimitOptions {
   name?: string;
   storage?: StorageKind;
   driver?: string;
+  userns: boolean;
+}
+
+/** Said every time a sandbox runs as host root: --no-userns, or storage that cannot idmap yet. */
+export function warnHostRoot(box: { name: string; storage: string; hostRoot: boolean }, asked: boolean): void {
+  if (!box.hostRoot) return;
+  const why = asked ? '--no-userns' : box.storage === 'overlay' ? 'overlay storage cannot give it one yet: use --storage btrfs or dir' : 'not available here';
+  process.stderr.write(`warning: ${box.name} has no user namespace (${why}): root inside is root on the host, held back only by the capability set and the seccomp filter\n`);
 }
 
 export function registerCreate(program: Command): void {
@@ -19,13 +27,15 @@ export function registerCreate(program: Command): void {
     .option('--name <name>', 'a name for the sandbox (default: generated)')
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
     .option('--driver <name>', 'machine driver', 'namespaces')
+    .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
   addTraceOption(cmd);
   cmd.action((o: CreateCli) =>
     withLab(o, async (lab) => {
-      const box = await lab.create({ image: o.image, name: o.name, storage: o.storage, driver: o.driver, limits: limitsFrom(o) });
+      const box = await lab.create({ image: o.image, name: o.name, storage: o.storage, driver: o.driver, limits: limitsFrom(o), userns: o.userns });
       box.close();
+      warnHostRoot(box, !o.userns);
       if (o.json) printJson({ ...box.toJSON(), operation: box.lastTrace?.id, createMs: box.lastTrace?.totalMs });
       else process.stdout.write(`created ${box.name} (${box.id}) on ${box.storage} in ${ms(box.lastTrace?.totalMs ?? 0)}\n`);
       showTrace(o, box.lastTrace);
@@ -38,14 +48,16 @@ export function registerRestore(program: Command): void {
     .command('restore <snapshot>')
     .description('start a new sandbox whose filesystem is the snapshot\'s')
     .option('--name <name>', 'a name for the new sandbox')
+    .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
   addTraceOption(cmd);
-  cmd.action((snapshot: string, o: CommonOptions & LimitOptions & { name?: string }) =>
+  cmd.action((snapshot: string, o: CommonOptions & LimitOptions & { name?: string; userns: boolean }) =>
     withLab(o, async (lab) => {
       const limits = limitsFrom(o);
-      const box = await lab.restore(snapshot, { name: o.name, limits: Object.keys(limits).length ? limits : undefined });
+      const box = await lab.restore(snapshot, { name: o.name, limits: Object.keys(limits).length ? limits : undefined, userns: o.userns });
       box.close();
+      warnHostRoot(box, !o.userns);
       if (o.json) printJson({ ...box.toJSON(), operation: box.lastTrace?.id, restoreMs: box.lastTrace?.totalMs });
       else process.stdout.write(`restored ${snapshot} as ${box.name} (${box.id}) in ${ms(box.lastTrace?.totalMs ?? 0)}\n`);
       showTrace(o, box.lastTrace);

@@ -7,6 +7,8 @@ import type { Availability } from '../host/probe-types.js';
 import { which } from '../host/run.js';
 import { HOST_TOOLS, installFix, toolsVerdict, type Feature } from '../host/tools.js';
 import { allBackends, pickDefault } from '../storage/index.js';
+import { probeUserns } from '../host/userns-probe.js';
+import { dirname, join } from 'node:path';
 
 export interface Check extends Availability {
   name: string;
@@ -30,6 +32,20 @@ async function busyboxCheck(): Promise<Availability> {
   return { ok: true, reason: `static busybox at ${bb}` };
 }
 
+/**
+ * User namespaces per storage backend: where sandboxes are idmapped into one (btrfs, dir), a real
+ * try on the filesystem their volumes live on; overlay sandboxes have none yet. Not a readiness
+ * condition: a sandbox that cannot get one fails with the reason, or runs with --no-userns.
+ */
+async function usernsChecks(home: string): Promise<Check[]> {
+  const btrfs = join(home, 'btrfs', 'volumes');
+  return [
+    { name: 'userns: btrfs', kind: 'storage', optional: true, ...(existsSync(btrfs) ? await probeUserns(btrfs) : { ok: true, reason: 'checked on the pool once it is made (btrfs supports idmapped mounts)' }) },
+    { name: 'userns: dir', kind: 'storage', optional: true, ...(await probeUserns(existsSync(home) ? home : dirname(home))) },
+    { name: 'userns: overlay', kind: 'storage', optional: true, ok: false, reason: 'sandboxes on overlay run without a user namespace (root inside is host root): not built yet', fix: 'use --storage btrfs or dir' },
+  ];
+}
+
 /** Probe everything snaplab needs; exit 0 when the default driver and a storage backend work. */
 export async function doctor(home: string): Promise<{ ok: boolean; home: string; defaultDriver: string; defaultStorage: string | null; defaultStorageReason: string; checks: Check[] }> {
   const checks: Check[] = [];
@@ -42,6 +58,7 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'namespaces', kind: 'driver', ...ns });
   checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
   for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
+  checks.push(...(await usernsChecks(home)));
   checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
   // features beyond a single sandbox: snaplab runs without them, but they fail when used
   checks.push({ name: 'scenarios', kind: 'feature', optional: true, ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }) });

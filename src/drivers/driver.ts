@@ -16,6 +16,8 @@ export interface MachineSpec {
   source?: { id: string; path: string; image: boolean };
   /** join this existing network namespace (a path, e.g. /run/netns/snaplab-…) instead of a new loopback-only one */
   netns?: string;
+  /** run in a user namespace of its own: ids 0..count-1 inside are base.. on the host */
+  userns?: { base: number; count: number };
 }
 
 /** What a driver needs, persisted in the sandbox record, to find its machine again later. */
@@ -46,6 +48,11 @@ export interface DriverCapabilities {
    * returns skip the freeze and thaw (5.5 ms of every execution, measured)
    */
   pauseStandbys: boolean;
+  /**
+   * machines can run in a user namespace of their own (MachineSpec.userns): root inside is an
+   * unprivileged range of host ids. VMs need none: QEMU runs as a uid of its own
+   */
+  userns: boolean;
 }
 
 /** Why a machine is no longer there, as far as the host can tell. */

@@ -33,12 +33,19 @@ export interface CreateOptions {
   driver?: string;
   limits?: Limits;
   signal?: AbortSignal;
+  /**
+   * false: no user namespace, root inside is root on the host (with the capability set and the
+   * seccomp filter only). Default: a user namespace of its own wherever driver and storage allow
+   */
+  userns?: boolean;
 }
 
 export interface RestoreOptions {
   name?: string;
   limits?: Limits;
   signal?: AbortSignal;
+  /** as in CreateOptions */
+  userns?: boolean;
 }
 
 /**
@@ -66,7 +73,7 @@ export class Lab {
       const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
-      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null }, t, opts.signal);
+      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null, userns: opts.userns }, t, opts.signal);
     });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
   }
@@ -82,7 +89,7 @@ export class Lab {
           name: opts.name, image: snap.image, storage: snap.storage, driver: snap.memory?.driver ?? snap.driver ?? 'namespaces',
           // a memory snapshot continues a machine of a fixed size: its limits come with it
           limits: opts.limits && !snap.memory ? withDefaults(opts.limits) : snap.limits,
-          base: async () => snap.volume, origin: snap.name, memory: snap.memory ?? undefined,
+          base: async () => snap.volume, origin: snap.name, memory: snap.memory ?? undefined, userns: opts.userns,
         },
         t,
         opts.signal,

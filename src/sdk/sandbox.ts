@@ -2,6 +2,7 @@ import type { AgentClient } from '../agent/client.js';
 import type { LabContext } from '../lab/context.js';
 import { connectAgent, execIn, pauseSandbox, resumeSandbox, snapshotSandbox, type ExecOptions, type ExecResult } from '../lab/sandbox-ops.js';
 import { destroyRecord } from '../lab/teardown.js';
+import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
@@ -116,6 +117,15 @@ export class Sandbox {
 
   toJSON(): Record<string, unknown> {
     const r = this.record;
-    return { id: r.id, name: r.name, state: r.state, reason: r.reason, image: r.image, storage: r.storage, driver: r.driver, limits: r.limits, origin: r.origin, pid: r.pid, createdAt: new Date(r.createdAt).toISOString() };
+    return {
+      id: r.id, name: r.name, state: r.state, reason: r.reason, image: r.image, storage: r.storage, driver: r.driver, limits: r.limits, origin: r.origin, pid: r.pid,
+      userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: USERNS_SIZE },
+      createdAt: new Date(r.createdAt).toISOString(),
+    };
+  }
+
+  /** A namespace sandbox whose root is the host's root (no user namespace): said in `ls` and warned about. */
+  get hostRoot(): boolean {
+    return this.record.driver === 'namespaces' && this.record.uidBase === null;
   }
 }

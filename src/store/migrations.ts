@@ -107,4 +107,9 @@ export const migrations: string[] = [
   ALTER TABLE pools ADD COLUMN driver TEXT;
   ALTER TABLE pools ADD COLUMN template TEXT;
   `,
+  // the first host id of a sandbox's user namespace (NULL: none); two records never share one
+  `
+  ALTER TABLE sandboxes ADD COLUMN uid_base INTEGER;
+  CREATE UNIQUE INDEX sandboxes_uid_base ON sandboxes(uid_base);
+  `,
 ];

@@ -37,6 +37,11 @@ export interface SandboxRecord {
   scenario: string | null;
   /** for pooled sandboxes: what the clean state looked like when it became a standby */
   baseline: CleanBaseline | null;
+  /**
+   * the first host uid (and gid) of the sandbox's user namespace, which maps 0..65535 inside to
+   * uidBase.. outside; null where there is none (VMs; --no-userns)
+   */
+  uidBase: number | null;
 }
 
 /** The state a recycled standby must be back in before it may be handed out again. */

@@ -25,6 +25,7 @@ function toSandbox(r: Row): SandboxRecord {
     pool: (r.pool as string | null) ?? null,
     scenario: (r.scenario as string | null) ?? null,
     baseline: r.baseline ? json(r.baseline) : null,
+    uidBase: (r.uid_base as number | null) ?? null,
   };
 }
 
@@ -128,8 +129,8 @@ export class Store {
   }
   insertSandbox(s: SandboxRecord): void {
     this.stmt(
-        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario)
-         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario)`,
+        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base)
+         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase)`,
       )
       .run({ ...s, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits), baseline: s.baseline && JSON.stringify(s.baseline) });
   }

@@ -11,9 +11,18 @@ export const READY_FD = 3;
 export const INFO_FD = 4;
 export const LISTEN_FD = 5;
 
+/**
+ * Where the launcher stages the root filesystem (idmapped) and the agent for a sandbox in a user
+ * namespace: a tmpfs over /tmp in the launch's own mount namespace (native/userns.h).
+ */
+export const STAGED_ROOT = '/tmp/snaplab-root';
+export const STAGED_AGENT = '/tmp/snaplab-agent';
+
 export interface BwrapInput {
   rootfs: string;
   agentBinary: string;
+  /** in a user namespace: bind the staged root and agent, not the host paths */
+  staged?: boolean;
   hostname: string;
   /** the launcher already put the process in a network namespace snaplab made: do not make one */
   sharedNetns?: boolean;
@@ -37,7 +46,7 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '--new-session',
     '--clearenv',
     '--hostname', i.hostname,
-    '--bind', i.rootfs, '/',
+    '--bind', i.staged ? STAGED_ROOT : i.rootfs, '/',
     '--proc', '/proc',
     '--dev', '/dev',
     // /dev/shm as a mount of its own, so that /dev itself can be read-only (below)
@@ -47,7 +56,7 @@ export function bwrapArgs(i: BwrapInput): string[] {
     // (the agent makes the device nodes and /dev itself read-only: see harden in native/sandbox.c)
     // /run is a tmpfs, as on a booted machine: nothing of snaplab's lands in the root filesystem
     '--tmpfs', '/run',
-    '--ro-bind', i.agentBinary, GUEST_AGENT,
+    '--ro-bind', i.staged ? STAGED_AGENT : i.agentBinary, GUEST_AGENT,
     '--chdir', '/',
     '--cap-drop', 'ALL',
     ...caps,

@@ -23,7 +23,7 @@ const RAISE_TIMEOUT_MS = 10_000;
  */
 export class NamespacesDriver implements Driver {
   readonly name = 'namespaces';
-  readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false, pauseStandbys: false };
+  readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false, pauseStandbys: false, userns: true };
   private bwrap: string | undefined;
   private readonly prepared = new Map<string, Promise<Cgroup>>();
 
@@ -72,12 +72,13 @@ export class NamespacesDriver implements Driver {
     this.prepared.delete(spec.id);
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
-    const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname, sharedNetns: spec.netns !== undefined })];
+    const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname, sharedNetns: spec.netns !== undefined, staged: spec.userns !== undefined })];
     signal?.throwIfAborted();
     const t0 = Trace.now();
     const res = await launchNative(HostOps.require(), {
       socket: this.socketPath(spec.id),
       netns: spec.netns,
+      ...(spec.userns ? { userns: { ...spec.userns, rootfs: spec.rootfs, agent } } : {}),
       cgroupProcs: cg.procsFiles,
       argv: bwrap,
       logFile: join(runDir, 'agent.log'),

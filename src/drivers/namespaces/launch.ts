@@ -2,6 +2,15 @@ import { readFileSync } from 'node:fs';
 import { SnaplabError } from '../../errors.js';
 import { HostOpError, type HostOps } from '../../host/hostops.js';
 
+/** A user namespace for the launch: ids 0..count-1 inside are base.. outside (native/userns.c). */
+export interface UsernsLaunch {
+  base: number;
+  count: number;
+  /** staged, idmapped, where bwrap finds it (bwrap-args.ts STAGED_ROOT) */
+  rootfs: string;
+  agent: string;
+}
+
 export interface LaunchResult {
   /** host pid of the sandbox's PID 1 (the agent) */
   agentPid: number;
@@ -25,10 +34,14 @@ function logTail(file: string): string {
  * the cgroups in the child and execs bwrap, then reports when bwrap made the namespaces and when
  * the agent listened, on the same monotonic clock as our traces.
  */
-export async function launchNative(ops: HostOps, opts: { socket: string; netns?: string; cgroupProcs: string[]; argv: string[]; logFile: string; timeoutMs: number }): Promise<LaunchResult> {
-  const { socket, cgroupProcs, argv, logFile, timeoutMs } = opts;
+export async function launchNative(
+  ops: HostOps,
+  opts: { socket: string; netns?: string; userns?: UsernsLaunch; cgroupProcs: string[]; argv: string[]; logFile: string; timeoutMs: number },
+): Promise<LaunchResult> {
+  const { socket, cgroupProcs, argv, logFile, timeoutMs, userns } = opts;
+  const us = userns ? [`${userns.base}:${userns.count}`, userns.rootfs, userns.agent] : ['-'];
   try {
-    const [pid, tNs, tReady] = await ops.request('launch', logFile, String(timeoutMs), socket, opts.netns ?? '-', String(cgroupProcs.length), ...cgroupProcs, ...argv);
+    const [pid, tNs, tReady] = await ops.request('launch', logFile, String(timeoutMs), socket, opts.netns ?? '-', ...us, String(cgroupProcs.length), ...cgroupProcs, ...argv);
     return { agentPid: Number(pid), namespacesAt: Number(BigInt(tNs!)) / 1e6, readyAt: Number(BigInt(tReady!)) / 1e6 };
   } catch (e) {
     if (!(e instanceof HostOpError)) throw e;

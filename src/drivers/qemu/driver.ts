@@ -59,7 +59,7 @@ const VMM_OVERHEAD = 256 * 1024 * 1024;
  */
 export class QemuDriver implements Driver {
   readonly name = 'qemu';
-  readonly capabilities = { pause: true, memorySnapshot: true, guestCache: true, pauseStandbys: true };
+  readonly capabilities = { pause: true, memorySnapshot: true, guestCache: true, pauseStandbys: true, userns: false };
 
   constructor(private readonly home: string) {}
 

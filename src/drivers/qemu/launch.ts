@@ -2,6 +2,8 @@ import { spawn } from 'node:child_process';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
+import { VMM_UID_BASE, VMM_UID_SPAN } from '../../host/id-ranges.js';
+export { VMM_UID_BASE } from '../../host/id-ranges.js';
 
 export interface VmConfig {
   accel: 'kvm' | 'tcg';
@@ -55,8 +57,6 @@ export const vmFiles = (runDir: string): Record<'qmp' | 'chardev' | 'relay' | 'r
  * sockets, logs) as root first and drops to it before the guest runs (`-runas`); migration files
  * come as open descriptors. Derived from the sandbox id, moved on while a live process has it.
  */
-export const VMM_UID_BASE = 2_000_000_000;
-const VMM_UID_SPAN = 100_000_000;
 export async function vmmUid(id: string): Promise<number> {
   const used = new Set<number>();
   // a /proc/PID directory belongs to the process's uid: one stat each, in parallel

@@ -1,0 +1,178 @@
+/*
+ * User namespaces for sandboxes (snaplab-hostops, in the forked launcher child).
+ *
+ * bwrap cannot take a ranged user namespace from outside (`--userns FD` as host root fails), and
+ * its own `--unshare-user` maps one id. So the launcher makes the namespace itself: a short-lived
+ * child unshares CLONE_NEWUSER, the launcher (host root) writes its uid and gid maps (0..COUNT-1
+ * inside = BASE.. outside) and takes a descriptor of it. In a private mount namespace the sandbox's
+ * root filesystem is then cloned with an idmap (open_tree + mount_setattr(MOUNT_ATTR_IDMAP)), so
+ * that files owned by 0 on disk are owned by 0 inside and what root inside writes is stored as 0:
+ * images and snapshots stay the same whatever range a sandbox had. The clone and the agent binary
+ * are staged on a tmpfs over /tmp (private to this mount namespace), because the namespace's root
+ * cannot search the host's 0700 directories (the snaplab home, a checkout under /root). Then the
+ * launcher joins the user namespace, becomes its root, and execs bwrap, which makes the other
+ * namespaces as that root.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/mount.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "userns.h"
+
+static int write_text(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = write(fd, text, strlen(text));
+	int e = errno;
+	close(fd);
+	errno = e;
+	return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+/*
+ * A child in a new user namespace, mapped BASE..BASE+COUNT-1, waiting on *release until it is
+ * written or closed. Returns its pid and a descriptor of the namespace in *nsfd, or -1.
+ */
+static pid_t hold_userns(unsigned base, unsigned count, int *release, int *nsfd)
+{
+	int ack[2], rel[2];
+	if (pipe2(ack, O_CLOEXEC) < 0)
+		return -1;
+	if (pipe2(rel, O_CLOEXEC) < 0) {
+		close(ack[0]), close(ack[1]);
+		return -1;
+	}
+	pid_t c = fork();
+	if (c == 0) {
+		close(ack[0]);
+		close(rel[1]); /* else the launcher's close would never reach this read as EOF */
+		char b = unshare(CLONE_NEWUSER) == 0 ? 1 : 0;
+		if (write(ack[1], &b, 1) != 1 || !b)
+			_exit(1);
+		(void)!read(rel[0], &b, 1);
+		_exit(0);
+	}
+	close(ack[1]);
+	close(rel[0]);
+	char b = 0;
+	if (c < 0 || read(ack[0], &b, 1) != 1 || !b) {
+		int e = c < 0 ? errno : EPERM;
+		close(ack[0]), close(rel[1]);
+		if (c > 0)
+			waitpid(c, NULL, 0);
+		errno = e;
+		return -1;
+	}
+	close(ack[0]);
+	char path[64], map[64];
+	snprintf(map, sizeof map, "0 %u %u\n", base, count);
+	snprintf(path, sizeof path, "/proc/%d/uid_map", (int)c);
+	int ok = write_text(path, map) == 0;
+	snprintf(path, sizeof path, "/proc/%d/gid_map", (int)c);
+	ok = ok && write_text(path, map) == 0;
+	snprintf(path, sizeof path, "/proc/%d/ns/user", (int)c);
+	*nsfd = ok ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+	if (*nsfd < 0) {
+		int e = errno;
+		close(rel[1]);
+		waitpid(c, NULL, 0);
+		errno = e;
+		return -1;
+	}
+	*release = rel[1];
+	return c;
+}
+
+/* A detached clone of the tree at path, idmapped through the user namespace nsfd (or not, nsfd < 0). */
+static int idmapped_clone(const char *path, int nsfd)
+{
+	int t = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+	if (t < 0 || nsfd < 0)
+		return t;
+	struct mount_attr a = { .attr_set = MOUNT_ATTR_IDMAP, .userns_fd = (unsigned)nsfd };
+	if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &a, sizeof a) < 0) {
+		int e = errno;
+		close(t);
+		errno = e;
+		return -1;
+	}
+	return t;
+}
+
+static int attach(int tree, const char *target)
+{
+	return (int)syscall(SYS_move_mount, tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
+}
+
+#define FAIL(what)                                                                                    \
+	do {                                                                                          \
+		dprintf(2, "snaplab-hostops: user namespace: %s: %s\n", what, strerror(errno));      \
+		return -1;                                                                            \
+	} while (0)
+
+int userns_enter(unsigned base, unsigned count, const char *rootfs, const char *agent)
+{
+	int release, nsfd;
+	pid_t holder = hold_userns(base, count, &release, &nsfd);
+	if (holder < 0)
+		FAIL("cannot make it (are user namespaces enabled? sysctl user.max_user_namespaces)");
+	/* everything below happens in a mount namespace of this launch alone: nothing reaches the host's */
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		FAIL("private mount namespace");
+	int root = idmapped_clone(rootfs, nsfd);
+	if (root < 0)
+		FAIL("idmapped mount of the root filesystem (does its filesystem support idmapped mounts?)");
+	int bin = idmapped_clone(agent, -1);
+	if (bin < 0)
+		FAIL("clone of the agent binary");
+	if (mount("snaplab-stage", USERNS_STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") < 0)
+		FAIL("staging tmpfs");
+	int f = open(USERNS_STAGE_AGENT, O_CREAT | O_WRONLY | O_CLOEXEC, 0755);
+	if (mkdir(USERNS_STAGE_ROOT, 0755) < 0 || f < 0)
+		FAIL("staging directory");
+	close(f);
+	if (attach(root, USERNS_STAGE_ROOT) < 0 || attach(bin, USERNS_STAGE_AGENT) < 0)
+		FAIL("staging mounts");
+	close(root), close(bin);
+	if (setns(nsfd, CLONE_NEWUSER) < 0)
+		FAIL("join");
+	close(nsfd);
+	close(release); /* the holder exits: the namespace lives on in this process */
+	waitpid(holder, NULL, 0);
+	if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
+		FAIL("become its root");
+	/* a change of credentials made this process non-dumpable, and so its /proc/self root-owned */
+	prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+	return 0;
+}
+
+int idmap_check(const char *dir, unsigned base)
+{
+	pid_t c = fork();
+	if (c == 0) {
+		int release, nsfd;
+		if (hold_userns(base, 65536, &release, &nsfd) < 0)
+			_exit(10);
+		if (unshare(CLONE_NEWNS) < 0)
+			_exit(11);
+		_exit(idmapped_clone(dir, nsfd) < 0 ? (errno == EINVAL ? 12 : 13) : 0);
+	}
+	int st = 0;
+	if (c < 0 || waitpid(c, &st, 0) < 0)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 14;
+}

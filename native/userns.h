@@ -1,0 +1,21 @@
+/* User namespaces for sandboxes: see userns.c. */
+#ifndef SNAPLAB_USERNS_H
+#define SNAPLAB_USERNS_H
+
+/* where bwrap finds the staged root filesystem and agent (src/drivers/namespaces/bwrap-args.ts) */
+#define USERNS_STAGE "/tmp"
+#define USERNS_STAGE_ROOT "/tmp/snaplab-root"
+#define USERNS_STAGE_AGENT "/tmp/snaplab-agent"
+
+/*
+ * In a forked, single-threaded launcher: make a user namespace mapping 0..count-1 to base..,
+ * stage rootfs (idmapped) and agent for bwrap in a private mount namespace, join the user
+ * namespace as its root. 0, or -1 with the reason on stderr.
+ */
+int userns_enter(unsigned base, unsigned count, const char *rootfs, const char *agent);
+
+/* Can dir be idmapped here? 0 yes; 10 no user namespace, 11 no mount namespace, 12 EINVAL (the
+ * filesystem does not support idmapped mounts), 13 another error; -1 could not check. */
+int idmap_check(const char *dir, unsigned base);
+
+#endif

@@ -1,0 +1,113 @@
+import { readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { pids } from '../src/host/cgroups-destroy.js';
+import { cgroupFor } from '../src/host/cgroups.js';
+import { USERNS_SIZE, USERNS_SLOTS, slotBase } from '../src/host/id-ranges.js';
+import type { Lab } from '../src/sdk/lab.js';
+import type { Sandbox } from '../src/sdk/sandbox.js';
+import { disposeLab, testLab } from './helpers.js';
+
+// Root inside is not root outside: each namespace sandbox in a user namespace of its own, its root
+// filesystem idmapped so that files keep their owners on disk. Real namespaces and mounts.
+let lab: Lab;
+beforeAll(async () => {
+  lab = await testLab();
+});
+afterAll(async () => {
+  await disposeLab(lab);
+});
+
+const out = async (box: Sandbox, argv: string[]): Promise<string> => {
+  const r = await box.exec(argv);
+  expect(r.exitCode, r.stderr.toString()).toBe(0);
+  return r.stdout.toString().trim();
+};
+/** real, effective, saved and filesystem uids of a host process */
+const hostUids = (pid: number): number[] => /^Uid:\s+(.*)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]!.split(/\s+/).map(Number);
+
+describe.each(['btrfs', 'dir'] as const)('a sandbox on %s in a user namespace', (storage) => {
+  it('maps root inside to an unprivileged range outside; its processes run as that range on the host', async () => {
+    await using box = await lab.create({ storage });
+    const base = box.info.uidBase!;
+    expect(base).toBeGreaterThanOrEqual(slotBase(0));
+    expect((await out(box, ['cat', '/proc/self/uid_map'])).split(/\s+/).map(Number)).toEqual([0, base, USERNS_SIZE]);
+    expect((await out(box, ['cat', '/proc/self/gid_map'])).split(/\s+/).map(Number)).toEqual([0, base, USERNS_SIZE]);
+    expect(await out(box, ['id', '-u'])).toBe('0');
+    expect(hostUids(box.info.pid!)).toEqual([base, base, base, base]);
+    expect(box.toJSON().userns).toEqual({ uidBase: base, size: USERNS_SIZE });
+  });
+
+  it('keeps files owned on disk as in the image: root inside writes 0, through the idmap', async () => {
+    await using box = await lab.create({ storage });
+    expect(await out(box, ['stat', '-c', '%u:%g', '/etc/passwd'])).toBe('0:0'); // the image's, no chown
+    await out(box, ['sh', '-c', 'echo made > /root/made && chown 1000:1000 /root/made.1 2>/dev/null; touch /root/u && chown 1000:1001 /root/u']);
+    const vol = box.info.volume!.path;
+    expect([statSync(join(vol, 'root/made')).uid, statSync(join(vol, 'root/made')).gid]).toEqual([0, 0]);
+    expect([statSync(join(vol, 'root/u')).uid, statSync(join(vol, 'root/u')).gid]).toEqual([1000, 1001]);
+    // so a snapshot restored into another range reads the same owners
+    await box.snapshot(`own-${storage}`);
+    await using copy = await lab.restore(`own-${storage}`);
+    expect(copy.info.uidBase).not.toBe(box.info.uidBase);
+    expect(await out(copy, ['stat', '-c', '%u:%g %n', '/root/made', '/root/u'])).toBe('0:0 /root/made\n1000:1001 /root/u');
+    await lab.removeSnapshot(`own-${storage}`);
+  });
+
+  it('a setuid-root binary gives nothing (no_new_privs), and no process inside is host root', async () => {
+    await using box = await lab.create({ storage });
+    const base = box.info.uidBase!;
+    await out(box, ['sh', '-c', 'cp /bin/busybox /root/busybox.suid && chmod 4755 /root/busybox.suid']);
+    expect(await out(box, ['su', '-s', '/bin/sh', 'nobody', '-c', '/root/busybox.suid id -u'])).toBe('65534');
+    const r = box.exec(['su', '-s', '/bin/sh', 'nobody', '-c', 'exec /root/busybox.suid sleep 30']);
+    let procs: number[] = [];
+    for (let i = 0; i < 100 && procs.length < 2; i++) {
+      procs = await pids(cgroupFor(box.id));
+      await new Promise((res) => setTimeout(res, 20));
+    }
+    const uids = procs.flatMap((p) => { try { return hostUids(p); } catch { return []; } });
+    expect(uids).toContain(base + 65534); // the sleeper, as nobody of the range
+    expect(uids.every((u) => u >= base && u < base + USERNS_SIZE)).toBe(true);
+    await box.destroy();
+    await r.catch(() => undefined);
+  });
+
+  it('cannot write what the host bound read-only, nor change the host\'s device nodes', async () => {
+    await using box = await lab.create({ storage });
+    expect((await box.exec(['sh', '-c', 'echo x > /run/snaplab/agent'])).exitCode).not.toBe(0);
+    expect((await box.exec(['chmod', '666', '/run/snaplab/agent'])).exitCode).not.toBe(0);
+    expect((await box.exec(['chown', '0', '/dev/null'])).exitCode).not.toBe(0);
+    expect(await out(box, ['stat', '-c', '%u', '/run/snaplab/agent'])).toBe('65534'); // host root is nobody here
+  });
+});
+
+describe('user namespace ranges', () => {
+  it('two live sandboxes never share one, also when created at once; a removed one frees its range', async () => {
+    const boxes = await Promise.all(Array.from({ length: 8 }, () => lab.create({})));
+    const bases = boxes.map((b) => b.info.uidBase);
+    expect(new Set(bases).size).toBe(8);
+    for (const b of bases) expect(b! % 1).toBe(0);
+    // the store refuses a second record with a live range
+    const store = lab.context.store;
+    const twin = { ...boxes[0]!.info, id: 'ffffffff0000', name: 'twin', uidBase: bases[0]! };
+    expect(() => store.insertSandbox(twin)).toThrow(/UNIQUE.*uid_base/);
+    await boxes[0]!.destroy();
+    store.insertSandbox(twin); // free again once the record is gone
+    store.deleteSandbox(twin.id);
+    await Promise.all(boxes.slice(1).map((b) => b.destroy()));
+    expect(USERNS_SLOTS).toBeGreaterThan(2000);
+  });
+
+  it('--no-userns (userns: false) runs as host root, and says so', async () => {
+    await using box = await lab.create({ userns: false });
+    expect(box.info.uidBase).toBeNull();
+    expect((await out(box, ['cat', '/proc/self/uid_map'])).split(/\s+/).map(Number)).toEqual([0, 0, 4294967295]);
+    expect(box.hostRoot).toBe(true);
+    expect(box.toJSON().userns).toBeNull();
+  });
+
+  it('overlay storage and scenario machines have none yet, and say so', async () => {
+    await using box = await lab.create({ storage: 'overlay' });
+    expect(box.info.uidBase).toBeNull();
+    expect(box.hostRoot).toBe(true);
+  });
+});
