@@ -25,7 +25,7 @@ export async function freshExec(lab: Lab, s: BenchSettings & { recycle: boolean;
   const name = `bench-${randomBytes(3).toString('hex')}`;
   const pool = await lab.createPool({ name, image: 'busybox', size: s.poolSize ?? Math.max(2, s.concurrency * 2), limits: {}, storage: s.storage, driver: s.driver,
     // VM standbys are never recycled (each use is a fresh restore): the option does not apply
-    recycle: s.driver === 'qemu' ? undefined : s.recycle });
+    recycle: s.driver === 'qemu' ? undefined : s.recycle, userns: s.userns });
   try {
     pool.start();
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {

@@ -17,6 +17,7 @@ export interface BenchCli {
   fill?: string;
   recycle?: string;
   poolSize?: string;
+  userns?: string;
   baselines: string;
   scenario?: string;
   driver?: string;
@@ -26,7 +27,7 @@ export interface BenchCli {
 }
 
 /** What may differ between the two configurations of --compare. */
-const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill'] as const;
+const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill', 'userns'] as const;
 export const DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64];
 const STORAGES: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
 
@@ -43,6 +44,7 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--fill <sizes>', 'snapshot workload: data written into the sandbox first, e.g. 1M,1G (one series each)')
     .option('--recycle <on|off>', 'fresh-exec: reuse host resources that pass the clean check (default on)')
     .option('--pool-size <n>', 'fresh-exec: standbys kept warm')
+    .option('--userns <on|off>', 'namespace sandboxes in a user namespace of their own (default on, where storage allows)')
     .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up)`, 'all')
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
     .option('--driver <name>', 'namespaces (default) or qemu (raise, exec, snapshot, restore, fresh-exec: a pool of paused VM restores)')
@@ -115,6 +117,8 @@ export interface Variant {
   storage?: StorageKind;
   recycle: boolean;
   poolSize?: number;
+  /** false: --userns off */
+  userns?: boolean;
   fills: (number | undefined)[];
 }
 
@@ -141,12 +145,14 @@ function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: st
   if (o.recycle !== undefined && o.recycle !== 'on' && o.recycle !== 'off') throw bad(`invalid --recycle ${JSON.stringify(o.recycle)}`, 'use --recycle on or --recycle off');
   if (w !== 'fresh-exec' && (explicit('recycle') || explicit('poolSize'))) throw bad('--recycle and --pool-size apply to the fresh-exec workload only', 'drop them or use --workload fresh-exec');
   if (w !== 'snapshot' && explicit('fill')) throw bad('--fill applies to the snapshot workload only', 'drop --fill or use --workload snapshot');
+  if (o.userns !== undefined && o.userns !== 'on' && o.userns !== 'off') throw bad(`invalid --userns ${JSON.stringify(o.userns)}`, 'use --userns on or --userns off');
   return {
     label,
     options,
     storage: o.storage as StorageKind | undefined,
     recycle: o.recycle !== 'off',
     poolSize: o.poolSize === undefined ? undefined : parsePositiveInt(o.poolSize, 'pool size'),
+    ...(o.userns === 'off' ? { userns: false } : {}),
     fills: o.fill ? o.fill.split(',').map((f) => parseSize(f, 'fill size')) : [undefined],
   };
 }

@@ -22,6 +22,8 @@ export interface BenchSettings {
   scenario?: string;
   /** machine driver (default namespaces) */
   driver?: string;
+  /** false: sandboxes without a user namespace (--userns off), to measure what one costs */
+  userns?: boolean;
 }
 
 /** What fresh-exec takes on top: recycling of clean host resources, and the standby pool's size. */
@@ -37,9 +39,9 @@ export function phasesOf(t: TraceSummary | undefined): Record<string, number> {
 async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   await lab.image('busybox');
   // one untimed create so that image import and pool mount are not in the samples
-  await (await lab.create({ storage: s.storage, driver: s.driver })).destroy();
+  await (await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns })).destroy();
   return closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
-    const box = await lab.create({ storage: s.storage, driver: s.driver });
+    const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns });
     const t = box.lastTrace!;
     await box.destroy();
     return { latencyMs: t.totalMs, phases: phasesOf(t) };
@@ -48,7 +50,7 @@ async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
 
 /** exec: argv in one existing sandbox, `concurrency` commands in flight over one connection. */
 async function exec(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  const box = await lab.create({ storage: s.storage, driver: s.driver });
+  const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns });
   try {
     await box.exec(s.argv);
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
@@ -68,7 +70,7 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   const boxes: Sandbox[] = [];
   try {
     for (let i = 0; i < s.concurrency; i++) {
-      const box = await lab.create({ storage: s.storage, driver: s.driver });
+      const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns });
       boxes.push(box);
       if (s.fillBytes) {
         const r = await box.exec(['dd', 'if=/dev/zero', 'of=/root/fill', 'bs=1M', `count=${Math.max(1, Math.round(s.fillBytes / 2 ** 20))}`]);
@@ -91,7 +93,7 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
 
 /** restore: snapshot one sandbox once, then restore to usable; destroy each restored sandbox untimed. */
 async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  const box = await lab.create({ storage: s.storage, driver: s.driver });
+  const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns });
   const name = `bench-restore-${process.pid}-${Date.now()}`;
   try {
     // a VM's memory snapshot: a restore continues the machine, it does not boot
@@ -101,9 +103,9 @@ async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   }
   try {
     // one untimed restore, as raise does, so that one-off work is not in the samples
-    await (await lab.restore(name)).destroy();
+    await (await lab.restore(name, { userns: s.userns })).destroy();
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
-      const restored = await lab.restore(name);
+      const restored = await lab.restore(name, { userns: s.userns });
       const t = restored.lastTrace!;
       await restored.destroy();
       return { latencyMs: t.totalMs, phases: phasesOf(t) };

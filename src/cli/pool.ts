@@ -26,11 +26,12 @@ export function registerPool(program: Command): void {
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
     .option('--driver <name>', 'namespaces, or qemu: standbys are paused VMs restored from a memory snapshot of one booted VM', 'namespaces')
     .option('--no-recycle', 'never give a used sandbox back to the pool, even when it is clean (VM standbys are never recycled)')
+    .option('--no-userns', 'standbys without a user namespace: root inside is root on the host')
     .option('--json', 'print JSON');
   addLimitOptions(create);
-  create.action((name: string, o: CommonOptions & LimitOptions & { image: string; size: string; storage?: StorageKind; recycle: boolean; driver: string }) =>
+  create.action((name: string, o: CommonOptions & LimitOptions & { image: string; size: string; storage?: StorageKind; recycle: boolean; driver: string; userns: boolean }) =>
     withLab(o, async (lab) => {
-      const p = await lab.createPool({ name, image: o.image, size: parseSize(o.size), limits: limitsFrom(o), storage: o.storage, recycle: o.recycle ? undefined : false, driver: o.driver }, progress(o));
+      const p = await lab.createPool({ name, image: o.image, size: parseSize(o.size), limits: limitsFrom(o), storage: o.storage, recycle: o.recycle ? undefined : false, driver: o.driver, userns: o.userns ? undefined : false }, progress(o));
       const s = await p.stats();
       if (o.json) printJson(s);
       else process.stdout.write(`pool ${name}: ${s.ready} standbys ready (${s.storage}); keep it filled with \`snaplab pool serve ${name}\`\n`);

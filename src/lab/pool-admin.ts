@@ -21,6 +21,8 @@ export interface PoolSpec {
   recycle?: boolean;
   /** default namespaces; a VM driver's standbys are restored from a memory snapshot, paused */
   driver?: string;
+  /** false: standbys without a user namespace (as create's userns) */
+  userns?: boolean;
 }
 
 export interface PoolStats extends PoolRecord {
@@ -54,7 +56,7 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
   const rec: PoolRecord = {
     name: spec.name, image: spec.image, storage: spec.storage ?? (await ctx.defaultStorage()), limits: withDefaults(spec.limits, driver.name),
     target: spec.size, recycle: driver.capabilities.memorySnapshot ? false : spec.recycle ?? true, hits: 0, misses: 0, recycled: 0, refusedDirty: 0, leaks: 0, createdAt: Date.now(),
-    driver: driver.name, template: null,
+    driver: driver.name, template: null, userns: spec.userns === false ? false : null,
   };
   ctx.store.insertPool(rec);
   return rec;

@@ -200,7 +200,7 @@ export class PoolRunner {
       // makes it running): if this process dies in between, reapLeaks finds a member whose holder is gone
       const { record, agent } = await raiseSandbox(
         this.ctx,
-        { image: pool.image, storage: pool.storage, driver: pool.driver, limits: template?.limits ?? pool.limits, base, origin: template?.name ?? null, pool: this.name, heldBy: takenBy(), memory: template?.memory ?? undefined },
+        { image: pool.image, storage: pool.storage, driver: pool.driver, limits: template?.limits ?? pool.limits, base, origin: template?.name ?? null, pool: this.name, heldBy: takenBy(), memory: template?.memory ?? undefined, userns: pool.userns ?? undefined },
         trace,
       );
       if (recordBaseline && pool.recycle) {

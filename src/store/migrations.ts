@@ -111,5 +111,6 @@ export const migrations: string[] = [
   `
   ALTER TABLE sandboxes ADD COLUMN uid_base INTEGER;
   CREATE UNIQUE INDEX sandboxes_uid_base ON sandboxes(uid_base);
+  ALTER TABLE pools ADD COLUMN userns INTEGER;
   `,
 ];

@@ -67,6 +67,8 @@ export interface PoolRecord {
    * booted machine when the pool first needs one
    */
   template: string | null;
+  /** false: standbys have no user namespace (--no-userns); null: wherever driver and storage allow */
+  userns: boolean | null;
   target: number;
   recycle: boolean;
   hits: number;

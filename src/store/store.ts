@@ -44,6 +44,7 @@ function toPool(r: Row): PoolRecord {
     leaks: r.leaks as number,
     createdAt: r.created_at as number,
     driver: (r.driver as string | null) ?? 'namespaces',
+    userns: r.userns === null || r.userns === undefined ? null : r.userns === 1,
     template: (r.template as string | null) ?? null,
   };
 }
@@ -160,8 +161,8 @@ export class Store {
     return (this.stmt('SELECT * FROM pools ORDER BY name').all() as Row[]).map(toPool);
   }
   insertPool(p: PoolRecord): void {
-    this.stmt('INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver) VALUES (?, ?, ?, ?, ?, ?, ?, ?)')
-      .run(p.name, p.image, p.storage, JSON.stringify(p.limits), p.target, p.recycle ? 1 : 0, p.createdAt, p.driver);
+    this.stmt('INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)')
+      .run(p.name, p.image, p.storage, JSON.stringify(p.limits), p.target, p.recycle ? 1 : 0, p.createdAt, p.driver, p.userns === null ? null : p.userns ? 1 : 0);
   }
   setPoolTemplate(name: string, template: string | null): void {
     this.stmt('UPDATE pools SET template = ? WHERE name = ?').run(template, name);
