@@ -111,6 +111,9 @@ export const migrations: string[] = [
   `
   ALTER TABLE sandboxes ADD COLUMN uid_base INTEGER;
   CREATE UNIQUE INDEX sandboxes_uid_base ON sandboxes(uid_base);
+  `,
+  // a pool's standbys without a user namespace (pool create --no-userns); NULL: wherever allowed
+  `
   ALTER TABLE pools ADD COLUMN userns INTEGER;
   `,
 ];
