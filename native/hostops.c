@@ -301,15 +301,17 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 		}
 		close(nfd);
 	}
-	/* last of what needs host root: after this the process is the root of its own namespace */
-	if (us && userns_enter(us->base, us->count, us->rootfs, us->agent) < 0)
-		_exit(125);
 	/* move the pipe ends out of the way, then onto 3 and 4 (dup2 clears CLOEXEC) */
 	int r = fcntl(ready_w, F_DUPFD_CLOEXEC, 10), in = fcntl(info_w, F_DUPFD_CLOEXEC, 10);
 	int l = fcntl(listen_fd, F_DUPFD_CLOEXEC, 10);
 	if (r < 0 || in < 0 || l < 0 || dup2(r, 3) < 0 || dup2(in, 4) < 0 || dup2(l, 5) < 0)
 		_exit(125);
+	/* before anything runs as the sandbox's ids: none of the helper's other descriptors (other
+	 * requests') may reach it */
 	close_range(6, ~0U, 0);
+	/* last of what needs host root: after this the process is the root of its own namespace */
+	if (us && userns_enter(us->base, us->count, us->rootfs, us->agent) < 0)
+		_exit(125);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -585,7 +587,9 @@ static void *serve(void *p)
 		op_mount(r);
 	else if (strcmp(op, "umount") == 0)
 		op_umount(r);
-	else if (strcmp(op, "idmap-check") == 0 && r->argc == 3) {
+	else if (strcmp(op, "idmap-check") == 0 && r->argc != 3)
+		reply_err(r->id, EINVAL, "idmap-check DIR BASE");
+	else if (strcmp(op, "idmap-check") == 0) {
 		int rc = idmap_check(r->argv[1], (unsigned)strtoul(r->argv[2], NULL, 10));
 		char code[16];
 		snprintf(code, sizeof code, "%d", rc);

@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -60,17 +59,17 @@ static pid_t hold_userns(unsigned base, unsigned count, int *release, int *nsfd)
 	if (c == 0) {
 		close(ack[0]);
 		close(rel[1]); /* else the launcher's close would never reach this read as EOF */
-		char b = unshare(CLONE_NEWUSER) == 0 ? 1 : 0;
-		if (write(ack[1], &b, 1) != 1 || !b)
+		int e = unshare(CLONE_NEWUSER) == 0 ? 0 : errno;
+		if (write(ack[1], &e, sizeof e) != sizeof e || e)
 			_exit(1);
-		(void)!read(rel[0], &b, 1);
+		(void)!read(rel[0], &e, 1);
 		_exit(0);
 	}
 	close(ack[1]);
 	close(rel[0]);
-	char b = 0;
-	if (c < 0 || read(ack[0], &b, 1) != 1 || !b) {
-		int e = c < 0 ? errno : EPERM;
+	int made = -1; /* the child's errno from unshare, 0 when it worked */
+	if (c < 0 || read(ack[0], &made, sizeof made) != sizeof made || made) {
+		int e = c < 0 ? errno : made > 0 ? made : EPERM;
 		close(ack[0]), close(rel[1]);
 		if (c > 0)
 			waitpid(c, NULL, 0);
@@ -130,8 +129,10 @@ int userns_enter(unsigned base, unsigned count, const char *rootfs, const char *
 	pid_t holder = hold_userns(base, count, &release, &nsfd);
 	if (holder < 0)
 		FAIL("cannot make it (are user namespaces enabled? sysctl user.max_user_namespaces)");
-	/* everything below happens in a mount namespace of this launch alone: nothing reaches the host's */
-	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+	/* everything below happens in a mount namespace of this launch alone: nothing reaches the
+	 * host's, while the host's unmounts still reach it (slave, not private: bwrap's monitor lives
+	 * here as long as the sandbox, and must not pin a filesystem the host lets go of) */
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
 		FAIL("private mount namespace");
 	int root = idmapped_clone(rootfs, nsfd);
 	if (root < 0)
@@ -155,8 +156,7 @@ int userns_enter(unsigned base, unsigned count, const char *rootfs, const char *
 	waitpid(holder, NULL, 0);
 	if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
 		FAIL("become its root");
-	/* a change of credentials made this process non-dumpable, and so its /proc/self root-owned */
-	prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+	/* non-dumpable until the exec (the credentials changed): the range cannot ptrace this copy of the helper */
 	return 0;
 }
 
@@ -165,11 +165,13 @@ int idmap_check(const char *dir, unsigned base)
 	pid_t c = fork();
 	if (c == 0) {
 		int release, nsfd;
-		if (hold_userns(base, 65536, &release, &nsfd) < 0)
+		pid_t holder = hold_userns(base, 65536, &release, &nsfd);
+		if (holder < 0)
 			_exit(10);
-		if (unshare(CLONE_NEWNS) < 0)
-			_exit(11);
-		_exit(idmapped_clone(dir, nsfd) < 0 ? (errno == EINVAL ? 12 : 13) : 0);
+		int rc = unshare(CLONE_NEWNS) < 0 ? 11 : idmapped_clone(dir, nsfd) < 0 ? (errno == EINVAL ? 12 : 13) : 0;
+		close(release);
+		waitpid(holder, NULL, 0);
+		_exit(rc);
 	}
 	int st = 0;
 	if (c < 0 || waitpid(c, &st, 0) < 0)

@@ -13,6 +13,7 @@ export type ErrorCode =
   | 'IMAGE_IN_USE'
   | 'SANDBOX_NOT_FOUND'
   | 'SANDBOX_EXISTS'
+  | 'NO_USERNS_SLOT'
   | 'SANDBOX_DEAD'
   | 'SANDBOX_PAUSED'
   | 'SNAPSHOT_NOT_FOUND'

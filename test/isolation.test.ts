@@ -27,6 +27,10 @@ const sh = async (script: string): Promise<{ code: number; out: string; err: str
 };
 
 describe('isolation', () => {
+  it('runs in a user namespace of its own (every test here runs inside one)', () => {
+    expect(box.info.uidBase, 'the default storage here must give sandboxes a user namespace (btrfs or dir)').not.toBeNull();
+  });
+
   it('PID 1 inside is the agent and host processes are invisible', async () => {
     expect((await sh('tr "\\0" " " < /proc/1/cmdline')).out).toMatch(/^\/run\/snaplab\/agent serve/);
     const pids = (await sh('ls /proc | grep -E "^[0-9]+$"')).out.split('\n').map(Number);

@@ -1,9 +1,10 @@
-import { readFileSync, statSync } from 'node:fs';
+import { chownSync, readdirSync, readFileSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pids } from '../src/host/cgroups-destroy.js';
 import { cgroupFor } from '../src/host/cgroups.js';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase } from '../src/host/id-ranges.js';
+import { REGISTRY } from '../src/host/userns-registry.js';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
@@ -59,16 +60,27 @@ describe.each(['btrfs', 'dir'] as const)('a sandbox on %s in a user namespace', 
     await out(box, ['sh', '-c', 'cp /bin/busybox /root/busybox.suid && chmod 4755 /root/busybox.suid']);
     expect(await out(box, ['su', '-s', '/bin/sh', 'nobody', '-c', '/root/busybox.suid id -u'])).toBe('65534');
     const r = box.exec(['su', '-s', '/bin/sh', 'nobody', '-c', 'exec /root/busybox.suid sleep 30']).catch(() => undefined); // ends with the sandbox
-    let procs: number[] = [];
-    for (let i = 0; i < 100 && procs.length < 2; i++) {
-      procs = await pids(cgroupFor(box.id));
-      await new Promise((res) => setTimeout(res, 20));
+    let uids: number[] = [];
+    for (let i = 0; i < 200 && !uids.includes(base + 65534); i++) {
+      uids = (await pids(cgroupFor(box.id))).flatMap((p) => { try { return hostUids(p); } catch { return []; } });
+      if (!uids.includes(base + 65534)) await new Promise((res) => setTimeout(res, 20));
     }
-    const uids = procs.flatMap((p) => { try { return hostUids(p); } catch { return []; } });
     expect(uids).toContain(base + 65534); // the sleeper, as nobody of the range
     expect(uids.every((u) => u >= base && u < base + USERNS_SIZE)).toBe(true);
     await box.destroy();
     await r;
+  });
+
+  it('root inside cannot write a file whose owner is outside its range (it can, without one)', async () => {
+    for (const userns of [true, false]) {
+      await using box = await lab.create({ storage, userns });
+      const f = join(box.info.volume!.path, 'root/host-owned');
+      writeFileSync(f, 'host\n', { mode: 0o644 });
+      chownSync(f, 100_000, 100_000); // an id no range maps: a host user's file, as far as the sandbox can tell
+      const r = await box.exec(['sh', '-c', 'echo changed > /root/host-owned']);
+      expect({ userns, denied: r.exitCode !== 0 }).toEqual({ userns, denied: userns });
+      if (userns) expect(await out(box, ['stat', '-c', '%u', '/root/host-owned'])).toBe('65534');
+    }
   });
 
   it('cannot write what the host bound read-only, nor change the host\'s device nodes', async () => {
@@ -85,7 +97,7 @@ describe('user namespace ranges', () => {
     const boxes = await Promise.all(Array.from({ length: 8 }, () => lab.create({})));
     const bases = boxes.map((b) => b.info.uidBase);
     expect(new Set(bases).size).toBe(8);
-    for (const b of bases) expect(b! % 1).toBe(0);
+    expect(bases.every((b) => b !== null && readdirSync(REGISTRY).includes(String(b)))).toBe(true); // claimed host-wide
     // the store refuses a second record with a live range
     const store = lab.context.store;
     const twin = { ...boxes[0]!.info, id: 'ffffffff0000', name: 'twin', uidBase: bases[0]! };
@@ -109,5 +121,53 @@ describe('user namespace ranges', () => {
     await using box = await lab.create({ storage: 'overlay' });
     expect(box.info.uidBase).toBeNull();
     expect(box.hostRoot).toBe(true);
+  });
+
+  it('are claimed host-wide: two homes at once never share one; a full registry is a clear error', async () => {
+    const other = await testLab();
+    try {
+      const boxes = await Promise.all(Array.from({ length: 6 }, (_, i) => (i % 2 ? lab : other).create({})));
+      expect(new Set(boxes.map((b) => b.info.uidBase)).size).toBe(6);
+      await Promise.all(boxes.map((b) => b.destroy()));
+      // every range but one taken (by anyone): the create gets that one; the next cannot get any
+      const free = Array.from({ length: USERNS_SLOTS }, (_, n) => slotBase(n)).filter((b) => !readdirSync(REGISTRY).includes(String(b)));
+      const keep = free.shift()!; // the lowest: the highest ones overlap systemd's foreign range
+      for (const b of free) writeFileSync(join(REGISTRY, String(b)), '{"home":"/test/other","id":"x"}', { flag: 'wx' });
+      try {
+        await using last = await lab.create({});
+        // (the one left, unless the host's accounts or systemd's foreign range rule it out)
+        if (last.info.uidBase !== null) expect(last.info.uidBase).toBe(keep);
+        await expect(lab.create({})).rejects.toMatchObject({ code: 'NO_USERNS_SLOT', hint: expect.stringMatching(/--no-userns/) });
+      } finally {
+        for (const b of free) unlinkSync(join(REGISTRY, String(b)));
+      }
+    } finally {
+      await disposeLab(other);
+    }
+  });
+
+  it('gc frees the range and kills the processes of a sandbox whose record vanished', async () => {
+    const box = await lab.create({});
+    const base = box.info.uidBase!;
+    box.close();
+    lab.context.store.deleteSandbox(box.id); // as if the record were lost
+    utimesSync(join(REGISTRY, String(base)), new Date(Date.now() - 120_000), new Date(Date.now() - 120_000)); // past the claim grace
+    const gc = await lab.gc();
+    expect(gc.removed).toEqual(expect.arrayContaining([`user namespace range ${base} (sandbox ${box.id})`]));
+    expect(readdirSync(REGISTRY)).not.toContain(String(base));
+    expect(await pids(cgroupFor(box.id))).toEqual([]);
+  });
+
+  it('a dead sandbox gives its range back once its processes are gone, before rm', async () => {
+    const box = await lab.create({});
+    const base = box.info.uidBase!;
+    process.kill(box.info.pid!, 'SIGKILL');
+    box.close();
+    for (let i = 0; i < 100 && (await lab.get(box.name)).info.state !== 'dead'; i++) await new Promise((r) => setTimeout(r, 20));
+    const dead = await lab.get(box.name);
+    expect(dead.info.state).toBe('dead');
+    expect(dead.info.uidBase === null || lab.context.store.getSandbox(box.id)!.uidBase === null).toBe(true);
+    expect(readdirSync(REGISTRY)).not.toContain(String(base));
+    await dead.destroy();
   });
 });

@@ -1,5 +1,3 @@
-import { randomInt } from 'node:crypto';
-
 /**
  * Host uids (and gids) snaplab hands out, and to what. No account is needed for any of them.
  *
@@ -7,8 +5,8 @@ import { randomInt } from 'node:crypto';
  * - VMs: one uid per QEMU process, VMM_UID_BASE + 0..VMM_UID_SPAN-1 (drivers/qemu/launch.ts).
  * - Namespace sandboxes: a user namespace each, USERNS_SIZE ids mapping 0..65535 inside, in slots
  *   from 0x70000000 up to the VMs' range and from above it up to 2^31 (ps and other tools print
- *   larger uids as negative numbers). A slot is recorded with the sandbox (a unique column) before
- *   any process uses it, and is free again once the record is gone.
+ *   larger uids as negative numbers): 2569 slots; systemd's "foreign" range 0x7FFE0000-0x7FFEFFFF and ids that
+ *   /etc/passwd or /etc/group name are skipped. Claimed host-wide (userns-registry.ts).
  */
 export const VMM_UID_BASE = 2_000_000_000;
 export const VMM_UID_SPAN = 100_000_000;
@@ -19,7 +17,7 @@ const STRETCHES: [number, number][] = [
   [VMM_UID_BASE + VMM_UID_SPAN, 2 ** 31],
 ];
 const slotsIn = ([lo, hi]: [number, number]): number => Math.floor((hi - lo) / USERNS_SIZE);
-/** how many sandboxes can have a user namespace at once (2570) */
+/** how many sandboxes can have a user namespace at once (2569) */
 export const USERNS_SLOTS = STRETCHES.reduce((n, s) => n + slotsIn(s), 0);
 
 /** The first host id of slot `n` (0 ≤ n < USERNS_SLOTS). */
@@ -31,7 +29,3 @@ export function slotBase(n: number): number {
   throw new RangeError(`no user namespace slot ${n}`);
 }
 
-/** A slot drawn at random: the store's unique index decides; a taken one is drawn again. */
-export function randomSlotBase(): number {
-  return slotBase(randomInt(USERNS_SLOTS));
-}

@@ -12,7 +12,11 @@ import { STORAGE_KINDS } from './context.js';
 import { collectScenarios } from '../scenario/gc.js';
 import { liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
+import { rangesOf, releaseRange } from '../host/userns-registry.js';
 import { destroyRecord } from './teardown.js';
+
+/** a range claimed this recently may belong to a create that has not written its record yet */
+const CLAIM_GRACE_MS = 60_000;
 
 /**
  * Remove every snaplab host object that no live record owns: cgroups (and the processes in
@@ -43,6 +47,14 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   // run directories and cgroups are named by sandbox id whatever the driver: every driver sees every live id
   const live = new Set(liveSandboxes.map((s) => s.id));
   for (const [name, driver] of ctx.drivers) removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(live))));
+  // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
+  // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
+  const held = new Set(sandboxes.filter((s) => s.uidBase !== null).map((s) => `${s.uidBase}:${s.id}`));
+  for (const [base, id] of await rangesOf(ctx.home, CLAIM_GRACE_MS)) {
+    if (held.has(`${base}:${id}`)) continue;
+    await releaseRange(base);
+    removed.push(`user namespace range ${base} (sandbox ${id})`);
+  }
   const busy = await liveInflight(ctx);
   if (busy.length) {
     // volumes being made are not recorded yet: leave all storage alone until they are

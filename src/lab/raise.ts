@@ -10,7 +10,8 @@ import type { LabContext } from './context.js';
 import { checkName, defaultName, newId } from './names.js';
 import { undoRaise } from './teardown.js';
 import { DEFAULT_ENV } from './exec.js';
-import { randomSlotBase, USERNS_SIZE, USERNS_SLOTS } from '../host/id-ranges.js';
+import { USERNS_SIZE } from '../host/id-ranges.js';
+import { claimRange, releaseRange } from '../host/userns-registry.js';
 
 export interface RaiseInput {
   name?: string;
@@ -71,22 +72,23 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       id, name: given ?? defaultName(id), image: input.image, storage: input.storage, driver: driver.name, state: 'creating',
       reason: `being created by pid ${process.pid}`, volume: null, pid: null, pidStart: null,
       limits: input.limits, origin: input.origin, createdAt: Date.now(), pool: input.pool ?? null, baseline: null, scenario: input.scenario ?? null,
-      uidBase: userns ? randomSlotBase() : null,
+      uidBase: null,
     };
   };
-  // a generated name (16 bits of the id) can collide with a live one when there are hundreds, and
-  // a user namespace slot with another sandbox's: draw again rather than fail the user's create
+  // a generated name (16 bits of the id) can collide with a live one when there are hundreds:
+  // draw again rather than fail the user's create. The user namespace range is claimed host-wide
+  // first (userns-registry.ts) and recorded in the same insert, so gc can always account for it.
   let record = make();
   await trace.phase('record', async () => {
     for (let attempt = 0; ; attempt++) {
+      if (userns) record.uidBase = await claimRange(ctx.home, record.id);
       try {
         ctx.store.insertSandbox(record);
         return;
       } catch (e) {
+        if (record.uidBase !== null) await releaseRange(record.uidBase);
         if (!/UNIQUE/.test(String(e))) throw e;
-        const slotTaken = /uid_base/.test(String(e));
-        if (attempt >= 50) throw new SnaplabError('SANDBOX_EXISTS', slotTaken ? 'no free user namespace slot after 50 draws' : `a sandbox named ${record.name} already exists`, slotTaken ? `${USERNS_SLOTS} sandboxes can have one at once: remove some` : 'pick another --name');
-        if (!slotTaken && given !== undefined) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${record.name} already exists`, 'pick another --name');
+        if (given !== undefined || attempt >= 20) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${record.name} already exists`, 'pick another --name');
         record = make();
       }
     }

@@ -1,4 +1,5 @@
 import { pidAlive } from '../host/procs.js';
+import { releaseRange } from '../host/userns-registry.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
 
@@ -40,10 +41,17 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
   return { ...s, state: 'dead', reason: reaped };
 }
 
-/** Kill what is left of a dead sandbox's machine; the reason, with what could not be done. */
+/**
+ * Kill what is left of a dead sandbox's machine; the reason, with what could not be done. Once its
+ * cgroup is empty no process holds its user namespace range: the range is free again.
+ */
 async function reap(ctx: LabContext, s: SandboxRecord, reason: string): Promise<string> {
   try {
     await ctx.driver(s.driver).destroy({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
+    if (s.uidBase !== null) {
+      ctx.store.clearUidBase(s.id);
+      await releaseRange(s.uidBase);
+    }
     return reason;
   } catch (e) {
     return `${reason}; its processes could not all be stopped (${(e as Error).message}): run \`snaplab gc\``;

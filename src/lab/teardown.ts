@@ -1,3 +1,4 @@
+import { releaseRange } from '../host/userns-registry.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
@@ -22,6 +23,7 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
     throw e;
   }
   ctx.store.deleteSandbox(s.id);
+  if (s.uidBase !== null) await releaseRange(s.uidBase); // its processes are gone with its cgroup
 }
 
 /**

@@ -193,6 +193,11 @@ export class Store {
     return r.changes === 1;
   }
 
+  /** A dead sandbox whose processes are all gone gives its user namespace range back. */
+  clearUidBase(id: string): void {
+    this.stmt(`UPDATE sandboxes SET uid_base = NULL WHERE id = ? AND state = 'dead'`).run(id);
+  }
+
   /** Set a dead record's reason, unless another process has moved it on (an rm began) meanwhile. */
   setDeadReason(id: string, reason: string): void {
     this.stmt(`UPDATE sandboxes SET reason = ? WHERE id = ? AND state = 'dead'`).run(reason, id);

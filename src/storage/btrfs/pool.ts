@@ -76,8 +76,8 @@ export async function ensurePool(home: string, layout: PoolLayout): Promise<void
     // A loop device left attached (a crash, an unmount elsewhere) is reused: attaching the same
     // file twice would give btrfs two devices with one fsid.
     const [dev] = await loopsOf(image);
-    if (dev) await run('mount', ['-o', 'noatime', dev, mountPoint]);
-    else await run('mount', ['-o', 'loop,noatime', image, mountPoint]);
+    if (dev) await run('mount', ['-o', 'noatime,nosuid,nodev', dev, mountPoint]);
+    else await run('mount', ['-o', 'loop,noatime,nosuid,nodev', image, mountPoint]);
   });
   await mkdir(layout.volumes, { recursive: true });
 }

@@ -1,0 +1,97 @@
+import { randomInt } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SnaplabError } from '../errors.js';
+import { USERNS_SIZE, USERNS_SLOTS, slotBase } from './id-ranges.js';
+
+/**
+ * Which user namespace ranges are in use, host-wide: one file per claimed range, named by its first
+ * id and created with O_EXCL, so that two processes, or two snaplab homes on one host, never get the
+ * same range (each home's state.db alone could not know the other's). On tmpfs, so a reboot (which
+ * ends every sandbox) frees them all. Each file names the home and sandbox that hold it; a home's
+ * gc removes the files of its sandboxes that are gone.
+ */
+export const REGISTRY = '/run/snaplab/userns';
+
+interface Holder {
+  home: string;
+  id: string;
+}
+
+const FOREIGN: [number, number] = [0x7ffe_0000, 0x7ffe_ffff];
+
+let named: number[] | undefined;
+/** uids and gids the host's account files name (a range must not contain a real account). */
+function hostIds(): number[] {
+  if (named) return named;
+  const ids: number[] = [];
+  for (const f of ['/etc/passwd', '/etc/group']) {
+    let text = '';
+    try {
+      text = readFileSync(f, 'utf8');
+    } catch {
+      continue;
+    }
+    for (const line of text.split('\n')) {
+      const n = Number(line.split(':')[2]);
+      if (Number.isInteger(n) && n >= 0x7000_0000) ids.push(n);
+    }
+  }
+  named = ids;
+  return named;
+}
+
+const overlaps = (base: number, lo: number, hi: number): boolean => base <= hi && base + USERNS_SIZE - 1 >= lo;
+
+/** The ranges no one may have: they hold an account, or systemd's foreign range. */
+function unusable(base: number): boolean {
+  return overlaps(base, FOREIGN[0], FOREIGN[1]) || hostIds().some((id) => overlaps(base, id, id));
+}
+
+/**
+ * Claim a free range for sandbox `id` of `home`: drawn at random among the free ones, so that
+ * concurrent claims seldom meet; one that another claimed first is skipped.
+ */
+export async function claimRange(home: string, id: string): Promise<number> {
+  await mkdir(REGISTRY, { recursive: true, mode: 0o700 });
+  const taken = new Set(await readdir(REGISTRY));
+  const free: number[] = [];
+  for (let n = 0; n < USERNS_SLOTS; n++) {
+    const base = slotBase(n);
+    if (!taken.has(String(base)) && !unusable(base)) free.push(base);
+  }
+  const holder: Holder = { home, id };
+  while (free.length) {
+    const i = randomInt(free.length);
+    const base = free[i]!;
+    try {
+      await writeFile(join(REGISTRY, String(base)), JSON.stringify(holder), { flag: 'wx', mode: 0o600 });
+      return base;
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+      free[i] = free[free.length - 1]!;
+      free.pop();
+    }
+  }
+  throw new SnaplabError('NO_USERNS_SLOT', `every user namespace range is in use (${USERNS_SLOTS} on this host)`, 'remove sandboxes (`snaplab rm`, `snaplab gc`), or use --no-userns');
+}
+
+export async function releaseRange(base: number): Promise<void> {
+  await unlink(join(REGISTRY, String(base))).catch(() => undefined);
+}
+
+/**
+ * The ranges `home`'s sandboxes hold in the registry, first id → sandbox id, claimed at least
+ * `olderThanMs` ago: a create claims its range a moment before its record is written.
+ */
+export async function rangesOf(home: string, olderThanMs = 0): Promise<Map<number, string>> {
+  const out = new Map<number, string>();
+  for (const f of await readdir(REGISTRY).catch(() => [] as string[])) {
+    const path = join(REGISTRY, f);
+    const h = await readFile(path, 'utf8').then((t) => JSON.parse(t) as Holder, () => undefined);
+    const age = await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
+    if (h?.home === home && age >= olderThanMs) out.set(Number(f), h.id);
+  }
+  return out;
+}
