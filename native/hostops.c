@@ -18,6 +18,7 @@
  *   mount SOURCE TARGET FSTYPE FLAGS DATA   mount(2)
  *   umount TARGET FLAGS                     umount2(2)
  *   tcp-check NETNS HOST PORT TIMEOUT_MS    connect from inside a network namespace (path)
+ *   netns-userns PATH BASE COUNT            a network namespace at PATH owned by a new user namespace
  *   idmap-check DIR BASE                    can DIR be idmapped through a user namespace at BASE?
  *   launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS*N ARGV...
  *       NETNS: a path to join, or -. USERNS: - or BASE:COUNT, followed by the root filesystem
@@ -49,6 +50,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/nsfs.h>
+#include <sys/stat.h>
 
 #include "userns.h"
 
@@ -293,11 +297,25 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 	}
 	/* a scenario machine lives in a network namespace snaplab made (and keeps across resets):
 	 * join it, and bwrap is told not to make one */
+	int owner = -1;
 	if (strcmp(netns, "-") != 0) {
 		int nfd = open(netns, O_RDONLY | O_CLOEXEC);
 		if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0) {
 			dprintf(2, "snaplab-hostops: cannot join network namespace %s: %s\n", netns, strerror(errno));
 			_exit(125);
+		}
+		/* a network namespace made in a user namespace of its own (a scenario machine's): the
+		 * sandbox joins that one, so that its root has its capabilities over its network */
+		if (us) {
+			int o = ioctl(nfd, NS_GET_USERNS);
+			owner = o >= 0 ? fcntl(o, F_DUPFD_CLOEXEC, 20) : -1; /* clear of the fds moved onto 3..6 below */
+			if (o >= 0)
+				close(o);
+			struct stat mine, theirs;
+			if (owner >= 0 && (stat("/proc/self/ns/user", &mine) < 0 || fstat(owner, &theirs) < 0 || mine.st_ino == theirs.st_ino)) {
+				close(owner);
+				owner = -1;
+			}
 		}
 		close(nfd);
 	}
@@ -306,11 +324,14 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 	int l = fcntl(listen_fd, F_DUPFD_CLOEXEC, 10);
 	if (r < 0 || in < 0 || l < 0 || dup2(r, 3) < 0 || dup2(in, 4) < 0 || dup2(l, 5) < 0)
 		_exit(125);
-	/* before anything runs as the sandbox's ids: none of the helper's other descriptors (other
+	/* the machine's user namespace on fd 6 (dup2 clears CLOEXEC; userns_enter closes it); then,
+	 * before anything runs as the sandbox's ids, none of the helper's other descriptors (other
 	 * requests') may reach it */
-	close_range(6, ~0U, 0);
+	if (owner >= 0 && dup2(owner, 6) < 0)
+		_exit(125);
+	close_range(owner >= 0 ? 7 : 6, ~0U, 0);
 	/* last of what needs host root: after this the process is the root of its own namespace */
-	if (us && userns_enter(us->base, us->count, us->rootfs, us->agent) < 0)
+	if (us && userns_enter(us->base, us->count, owner >= 0 ? 6 : -1, us->rootfs, us->agent) < 0)
 		_exit(125);
 	sigset_t none;
 	sigemptyset(&none);
@@ -587,7 +608,14 @@ static void *serve(void *p)
 		op_mount(r);
 	else if (strcmp(op, "umount") == 0)
 		op_umount(r);
-	else if (strcmp(op, "idmap-check") == 0 && r->argc != 3)
+	else if (strcmp(op, "netns-userns") == 0 && r->argc != 4)
+		reply_err(r->id, EINVAL, "netns-userns PATH BASE COUNT");
+	else if (strcmp(op, "netns-userns") == 0) {
+		if (netns_make(r->argv[1], (unsigned)strtoul(r->argv[2], NULL, 10), (unsigned)strtoul(r->argv[3], NULL, 10)) < 0)
+			reply_err(r->id, errno, r->argv[1]);
+		else
+			reply_ok(r->id);
+	} else if (strcmp(op, "idmap-check") == 0 && r->argc != 3)
 		reply_err(r->id, EINVAL, "idmap-check DIR BASE");
 	else if (strcmp(op, "idmap-check") == 0) {
 		int rc = idmap_check(r->argv[1], (unsigned)strtoul(r->argv[2], NULL, 10));

@@ -43,8 +43,10 @@ static int write_text(const char *path, const char *text)
 }
 
 /*
- * A child in a new user namespace, mapped BASE..BASE+COUNT-1, waiting on *release until it is
- * written or closed. Returns its pid and a descriptor of the namespace in *nsfd, or -1.
+ * A child in a new user namespace, mapped BASE..BASE+COUNT-1, waiting on *release until a byte is
+ * written to it (let_go). Returns its pid and a descriptor of the namespace in *nsfd, or -1.
+ * The caller must be single-threaded, or a fork made clean of other threads' descriptors (forks
+ * of the helper's threads inherit every pipe of every concurrent request).
  */
 static pid_t hold_userns(unsigned base, unsigned count, int *release, int *nsfd)
 {
@@ -96,6 +98,13 @@ static pid_t hold_userns(unsigned base, unsigned count, int *release, int *nsfd)
 	return c;
 }
 
+static void let_go(pid_t holder, int release)
+{
+	(void)!write(release, "", 1);
+	close(release);
+	waitpid(holder, NULL, 0);
+}
+
 /* A detached clone of the tree at path, idmapped through the user namespace nsfd (or not, nsfd < 0). */
 static int idmapped_clone(const char *path, int nsfd)
 {
@@ -123,11 +132,11 @@ static int attach(int tree, const char *target)
 		return -1;                                                                            \
 	} while (0)
 
-int userns_enter(unsigned base, unsigned count, const char *rootfs, const char *agent)
+int userns_enter(unsigned base, unsigned count, int owner, const char *rootfs, const char *agent)
 {
-	int release, nsfd;
-	pid_t holder = hold_userns(base, count, &release, &nsfd);
-	if (holder < 0)
+	int release = -1, nsfd = owner;
+	pid_t holder = -1;
+	if (owner < 0 && (holder = hold_userns(base, count, &release, &nsfd)) < 0)
 		FAIL("cannot make it (are user namespaces enabled? sysctl user.max_user_namespaces)");
 	/* everything below happens in a mount namespace of this launch alone: nothing reaches the
 	 * host's, while the host's unmounts still reach it (slave, not private: bwrap's monitor lives
@@ -152,8 +161,8 @@ int userns_enter(unsigned base, unsigned count, const char *rootfs, const char *
 	if (setns(nsfd, CLONE_NEWUSER) < 0)
 		FAIL("join");
 	close(nsfd);
-	close(release); /* the holder exits: the namespace lives on in this process */
-	waitpid(holder, NULL, 0);
+	if (holder > 0)
+		let_go(holder, release); /* the namespace lives on in this process */
 	if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
 		FAIL("become its root");
 	/* non-dumpable until the exec (the credentials changed): the range cannot ptrace this copy of the helper */
@@ -164,17 +173,90 @@ int idmap_check(const char *dir, unsigned base)
 {
 	pid_t c = fork();
 	if (c == 0) {
+		close_range(3, ~0U, 0); /* other requests' descriptors: see hold_userns */
 		int release, nsfd;
 		pid_t holder = hold_userns(base, 65536, &release, &nsfd);
 		if (holder < 0)
 			_exit(10);
 		int rc = unshare(CLONE_NEWNS) < 0 ? 11 : idmapped_clone(dir, nsfd) < 0 ? (errno == EINVAL ? 12 : 13) : 0;
-		close(release);
-		waitpid(holder, NULL, 0);
+		let_go(holder, release);
 		_exit(rc);
 	}
 	int st = 0;
 	if (c < 0 || waitpid(c, &st, 0) < 0)
 		return -1;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 14;
+}
+
+static int netns_make_here(const char *path, unsigned base, unsigned count)
+{
+	int release, nsfd;
+	pid_t holder = hold_userns(base, count, &release, &nsfd);
+	if (holder < 0)
+		return -1;
+	/* a second child, in the holder's user namespace, makes the network namespace there: a
+	 * network namespace belongs to the user namespace of the process that creates it */
+	int done[2], go[2];
+	if (pipe2(done, O_CLOEXEC) < 0)
+		return -1;
+	if (pipe2(go, O_CLOEXEC) < 0) {
+		close(done[0]), close(done[1]);
+		return -1;
+	}
+	pid_t c = fork();
+	if (c == 0) {
+		close(done[0]);
+		close(go[1]);
+		int e = setns(nsfd, CLONE_NEWUSER) == 0 && unshare(CLONE_NEWNET) == 0 ? 0 : errno;
+		(void)!write(done[1], &e, sizeof e);
+		if (!e)
+			(void)!read(go[0], &e, 1); /* alive until the namespace is bound (the caller closes go) */
+		_exit(0);
+	}
+	close(done[1]);
+	close(go[0]);
+	int e = c < 0 ? errno : -1;
+	if (c > 0 && read(done[0], &e, sizeof e) != sizeof e)
+		e = EPROTO;
+	int rc = -1;
+	if (e == 0) {
+		char ns[64];
+		snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)c);
+		int f = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0444);
+		if (f >= 0) {
+			close(f);
+			rc = mount(ns, path, NULL, MS_BIND, NULL);
+			if (rc < 0) {
+				e = errno;
+				unlink(path);
+			}
+		} else
+			e = errno;
+	}
+	close(done[0]);
+	(void)!write(go[1], "", 1);
+	close(go[1]);
+	if (c > 0)
+		waitpid(c, NULL, 0);
+	close(nsfd);
+	let_go(holder, release);
+	errno = e;
+	return rc;
+}
+
+int netns_make(const char *path, unsigned base, unsigned count)
+{
+	/* in a worker of its own, clean of other requests' descriptors (see hold_userns) */
+	pid_t w = fork();
+	if (w == 0) {
+		close_range(3, ~0U, 0);
+		_exit(netns_make_here(path, base, count) == 0 ? 0 : errno & 0xff);
+	}
+	int st = 0;
+	if (w < 0 || waitpid(w, &st, 0) < 0)
+		return -1;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	errno = WIFEXITED(st) ? WEXITSTATUS(st) : EINTR;
+	return -1;
 }

@@ -10,9 +10,15 @@
 /*
  * In a forked, single-threaded launcher: make a user namespace mapping 0..count-1 to base..,
  * stage rootfs (idmapped) and agent for bwrap in a private mount namespace, join the user
- * namespace as its root. 0, or -1 with the reason on stderr.
+ * namespace as its root; owner >= 0: join that existing user namespace instead of making one (a
+ * scenario machine's, which owns its network namespace). 0, or -1 with the reason on stderr.
  */
-int userns_enter(unsigned base, unsigned count, const char *rootfs, const char *agent);
+int userns_enter(unsigned base, unsigned count, int owner, const char *rootfs, const char *agent);
+
+/* A network namespace bound at path (under /run/netns), owned by a new user namespace mapping
+ * 0..count-1 to base.., which lives as long as it does: a scenario machine's, kept across resets.
+ * 0, or -1 with errno. */
+int netns_make(const char *path, unsigned base, unsigned count);
 
 /* Can dir be idmapped here? 0 yes; 10 no user namespace, 11 no mount namespace, 12 EINVAL (the
  * filesystem does not support idmapped mounts), 13 another error; -1 could not check. */

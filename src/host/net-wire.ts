@@ -1,7 +1,9 @@
 import { SnaplabError } from '../errors.js';
 import { run } from './run.js';
 import { createNetnsBatch, deleteNetns, ipBatch, listSnaplabNetns } from './net-ns.js';
-import { DEFAULT_BRIDGE, NET_GROUP, checkCidr, checkIfName, checkNetnsName, macFor } from './net-names.js';
+import { mkdir } from 'node:fs/promises';
+import { DEFAULT_BRIDGE, NETNS_DIR, NET_GROUP, checkCidr, checkIfName, checkNetnsName, macFor, netnsPath } from './net-names.js';
+import { HostOps } from './hostops.js';
 
 /** A whole scenario's networks, raised in one go: what `up` needs, in 1 + networks + machines spawns. */
 export interface WirePlan {
@@ -9,6 +11,8 @@ export interface WirePlan {
   networks: { netns: string; bridge?: string }[];
   machines: {
     netns: string;
+    /** made in a user namespace of its own, mapping 0..count-1 to base.. (the machine's, kept across resets) */
+    userns?: { base: number; count: number };
     links: { bridgeNetns: string; hostIf: string; guestIf: string; address: string }[];
   }[];
 }
@@ -43,8 +47,18 @@ function validate(plan: WirePlan): Map<string, string> {
 export async function wire(plan: WirePlan): Promise<void> {
   const bridges = validate(plan);
   const all = [...bridges.keys(), ...plan.machines.map((m) => m.netns)];
-  await createNetnsBatch(all);
+  await createNetnsBatch([...bridges.keys(), ...plan.machines.filter((m) => !m.userns).map((m) => m.netns)]);
   try {
+    await mkdir(NETNS_DIR, { recursive: true });
+    await Promise.all(
+      plan.machines.filter((m) => m.userns).map(async (m) => {
+        try {
+          await HostOps.require().request('netns-userns', netnsPath(m.netns), String(m.userns!.base), String(m.userns!.count));
+        } catch (e) {
+          throw new SnaplabError('HOST_COMMAND_FAILED', `cannot create network namespace ${m.netns} in a user namespace: ${(e as Error).message}`, '`snaplab doctor` checks user namespaces');
+        }
+      }),
+    );
     const perNetwork = [...bridges].map(([ns, br]) => {
       const lines = [
         'link set lo up',

@@ -1,5 +1,5 @@
 import { randomInt } from 'node:crypto';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
@@ -17,6 +17,8 @@ export const REGISTRY = '/run/snaplab/userns';
 interface Holder {
   home: string;
   id: string;
+  /** the process that claimed it */
+  pid?: number;
 }
 
 const FOREIGN: [number, number] = [0x7ffe_0000, 0x7ffe_ffff];
@@ -61,7 +63,7 @@ export async function claimRange(home: string, id: string): Promise<number> {
     const base = slotBase(n);
     if (!taken.has(String(base)) && !unusable(base)) free.push(base);
   }
-  const holder: Holder = { home, id };
+  const holder: Holder = { home, id, pid: process.pid };
   while (free.length) {
     const i = randomInt(free.length);
     const base = free[i]!;
@@ -81,17 +83,62 @@ export async function releaseRange(base: number): Promise<void> {
   await unlink(join(REGISTRY, String(base))).catch(() => undefined);
 }
 
-/**
- * The ranges `home`'s sandboxes hold in the registry, first id → sandbox id, claimed at least
- * `olderThanMs` ago: a create claims its range a moment before its record is written.
- */
-export async function rangesOf(home: string, olderThanMs = 0): Promise<Map<number, string>> {
-  const out = new Map<number, string>();
+interface Claim extends Holder {
+  base: number;
+  ageMs: number;
+}
+
+async function claims(): Promise<Claim[]> {
+  const out: Claim[] = [];
   for (const f of await readdir(REGISTRY).catch(() => [] as string[])) {
     const path = join(REGISTRY, f);
     const h = await readFile(path, 'utf8').then((t) => JSON.parse(t) as Holder, () => undefined);
     const age = await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
-    if (h?.home === home && age >= olderThanMs) out.set(Number(f), h.id);
+    if (h && Number.isInteger(Number(f))) out.push({ ...h, base: Number(f), ageMs: age });
+  }
+  return out;
+}
+
+/** The ranges `home` holds in the registry, first id → holder (a sandbox id, or a scenario machine's). */
+export async function rangesOf(home: string): Promise<Map<number, string>> {
+  return new Map((await claims()).filter((c) => c.home === home).map((c) => [c.base, c.id]));
+}
+
+/**
+ * The claims gc may give back: `home`'s whose holder `isHeld` denies, unless the claim is young and
+ * its claimer alive (a create claims its range a moment before it writes its record); and any
+ * home's that no longer exists, once the sandbox's cgroup is gone too (`running`).
+ */
+export async function staleClaims(home: string, isHeld: (id: string) => boolean, running: (id: string) => boolean, graceMs: number): Promise<Claim[]> {
+  const stale: Claim[] = [];
+  for (const c of await claims()) {
+    if (c.home === home) {
+      if (isHeld(c.id)) continue;
+      if (c.ageMs < graceMs && c.pid !== undefined && c.pid !== process.pid && pidAlive(c.pid)) continue;
+      stale.push(c);
+    } else if (!existsSync(c.home) && !running(c.id)) stale.push(c);
+  }
+  return stale;
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** The holder name of machine `index` of scenario `sid`: its range is the scenario's, not a sandbox's. */
+export const machineHolder = (sid: string, index: number): string => `scenario:${sid}:${index}`;
+
+/** The ranges scenario `sid` holds, machine index → first id. */
+export async function scenarioRanges(home: string, sid: string): Promise<Map<number, number>> {
+  const out = new Map<number, number>();
+  for (const [base, id] of await rangesOf(home)) {
+    const m = /^scenario:([^:]+):(\d+)$/.exec(id);
+    if (m && m[1] === sid) out.set(Number(m[2]), base);
   }
   return out;
 }

@@ -12,7 +12,8 @@ import { STORAGE_KINDS } from './context.js';
 import { collectScenarios } from '../scenario/gc.js';
 import { liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
-import { rangesOf, releaseRange } from '../host/userns-registry.js';
+import { releaseRange, staleClaims } from '../host/userns-registry.js';
+import { snaplabCgroupsOnHost } from '../host/cgroups-host.js';
 import { destroyRecord } from './teardown.js';
 
 /** a range claimed this recently may belong to a create that has not written its record yet */
@@ -49,11 +50,14 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   for (const [name, driver] of ctx.drivers) removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(live))));
   // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
-  const held = new Set(sandboxes.filter((s) => s.uidBase !== null).map((s) => `${s.uidBase}:${s.id}`));
-  for (const [base, id] of await rangesOf(ctx.home, CLAIM_GRACE_MS)) {
-    if (held.has(`${base}:${id}`)) continue;
-    await releaseRange(base);
-    removed.push(`user namespace range ${base} (sandbox ${id})`);
+  const held = new Set(sandboxes.filter((s) => s.uidBase !== null && s.scenario === null).map((s) => s.id));
+  const scenarioIds = new Set(ctx.store.listScenarios().map((x) => x.id));
+  const isHeld = (id: string): boolean => held.has(id) || scenarioIds.has(/^scenario:([^:]+):/.exec(id)?.[1] ?? '');
+  // another home's, gone from disk: only once no cgroup of that sandbox is left on the host
+  const cgroups = new Set((await snaplabCgroupsOnHost()).map((c) => c.id));
+  for (const c of await staleClaims(ctx.home, isHeld, (id) => cgroups.has(id), CLAIM_GRACE_MS)) {
+    await releaseRange(c.base);
+    removed.push(`user namespace range ${c.base} (${c.id.startsWith('scenario:') ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
   }
   const busy = await liveInflight(ctx);
   if (busy.length) {

@@ -36,6 +36,11 @@ export interface RaiseInput {
   memory?: MemoryImage;
   /** false: no user namespace (--no-userns); default: one wherever driver and storage allow (usernsFor) */
   userns?: boolean;
+  /**
+   * a scenario machine's range, claimed by `up` for the user namespace that owns the machine's
+   * network namespace: the sandbox joins that namespace instead of making one
+   */
+  uidBase?: number;
 }
 
 /** Storage on which a sandbox's root filesystem can be idmapped into its user namespace. */
@@ -43,15 +48,14 @@ export const USERNS_STORAGE: readonly StorageKind[] = ['btrfs', 'dir'];
 
 /**
  * Whether a sandbox gets a user namespace: always where the driver and storage can give one,
- * unless the caller says no. Not yet (said in `ls` and warned about):
- * - overlay storage: an overlay mount cannot be idmapped (the kernel refuses with EINVAL); the
- *   overlay would have to be mounted inside the namespace, over idmapped layers;
- * - scenario machines: their network namespace outlives each sandbox raised into it, so it belongs
- *   to the host's user namespace, where root inside has no capability (ping's raw socket, ports
- *   below 1024): it would have to belong to a user namespace of the machine's, kept across resets.
+ * unless the caller says no. Not yet on overlay storage (said in `ls` and warned about): an overlay
+ * mount cannot be idmapped (the kernel refuses with EINVAL); the overlay would have to be mounted
+ * inside the namespace, over idmapped layers.
+ * A scenario machine joins the user namespace that owns its network namespace (made by `up`, kept
+ * across resets: `uidBase`); one raised into a network namespace without one has none.
  */
-export function usernsFor(ctx: LabContext, input: Pick<RaiseInput, 'driver' | 'storage' | 'userns' | 'netns'>): boolean {
-  return input.userns !== false && ctx.driver(input.driver).capabilities.userns && USERNS_STORAGE.includes(input.storage) && input.netns === undefined;
+export function usernsFor(ctx: LabContext, input: Pick<RaiseInput, 'driver' | 'storage' | 'userns' | 'netns' | 'uidBase'>): boolean {
+  return input.userns !== false && ctx.driver(input.driver).capabilities.userns && USERNS_STORAGE.includes(input.storage) && (input.netns === undefined || input.uidBase !== undefined);
 }
 
 /**
@@ -81,12 +85,13 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   let record = make();
   await trace.phase('record', async () => {
     for (let attempt = 0; ; attempt++) {
-      if (userns) record.uidBase = await claimRange(ctx.home, record.id);
+      const own = userns && input.uidBase === undefined; // a machine's range is its scenario's
+      record.uidBase = !userns ? null : own ? await claimRange(ctx.home, record.id) : input.uidBase!;
       try {
         ctx.store.insertSandbox(record);
         return;
       } catch (e) {
-        if (record.uidBase !== null) await releaseRange(record.uidBase);
+        if (own && record.uidBase !== null) await releaseRange(record.uidBase);
         if (!/UNIQUE/.test(String(e))) throw e;
         if (given !== undefined || attempt >= 20) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${record.name} already exists`, 'pick another --name');
         record = make();

@@ -48,7 +48,7 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
 async function reap(ctx: LabContext, s: SandboxRecord, reason: string): Promise<string> {
   try {
     await ctx.driver(s.driver).destroy({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
-    if (s.uidBase !== null) {
+    if (s.uidBase !== null && s.scenario === null) {
       ctx.store.clearUidBase(s.id);
       await releaseRange(s.uidBase);
     }

@@ -23,7 +23,8 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
     throw e;
   }
   ctx.store.deleteSandbox(s.id);
-  if (s.uidBase !== null) await releaseRange(s.uidBase); // its processes are gone with its cgroup
+  // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)
+  if (s.uidBase !== null && s.scenario === null) await releaseRange(s.uidBase);
 }
 
 /**

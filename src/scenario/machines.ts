@@ -5,6 +5,7 @@ import { raiseSandbox } from '../lab/raise.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { netnsPath } from '../host/netns.js';
+import { scenarioRanges } from '../host/userns-registry.js';
 import { machineNetns, machineSandbox } from './names.js';
 import type { MachineFileSpec, ScenarioSpec } from './spec.js';
 import { hostsFile, type Machine } from './steps.js';
@@ -25,6 +26,8 @@ export async function raiseMachine(
   const m = scenario.spec.machines[index]!;
   const storage = from ? from.volume.kind : storageKind ?? (await ctx.defaultStorage());
   const netns = netnsPath(machineNetns(scenario.id, index));
+  // the range of the user namespace that owns the machine's network namespace, if `up` made one
+  const uidBase = (await scenarioRanges(ctx.home, scenario.id)).get(index);
   const { record, agent } = await raiseSandbox(
     ctx,
     {
@@ -38,6 +41,7 @@ export async function raiseMachine(
       scenario: scenario.name,
       hostname: m.hostname,
       netns,
+      ...(uidBase !== undefined ? { uidBase } : {}),
     },
     trace,
   );

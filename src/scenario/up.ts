@@ -7,6 +7,9 @@ import type { ScenarioRecord } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { raiseMachine } from './machines.js';
+import { USERNS_SIZE } from '../host/id-ranges.js';
+import { claimRange, machineHolder, releaseRange, scenarioRanges } from '../host/userns-registry.js';
+import { usernsFor } from '../lab/raise.js';
 import { machineNetns, networkNetns, ownerDir, vethName } from './names.js';
 import type { LoadedScenario, ScenarioSpec } from './spec.js';
 import { runSteps, waitReady, type Machine } from './steps.js';
@@ -21,13 +24,22 @@ export interface UpOptions {
   onProgress?: (machine: string, status: string) => void;
 }
 
-/** Make the networks: one namespace per network holding its bridge; one per machine with its veths. */
-async function wireScenario(sid: string, spec: ScenarioSpec, trace: Trace): Promise<void> {
+/**
+ * Make the networks: one namespace per network holding its bridge; one per machine with its veths.
+ * Where the machines' storage gives them user namespaces, each machine's network namespace is made
+ * in a user namespace of the machine's own (a range claimed here, for the scenario's life), which
+ * every sandbox raised into it joins: its root has its capabilities over its own network (ping,
+ * port 80), and a reset keeps namespace, range and addresses alike.
+ */
+async function wireScenario(ctx: LabContext, sid: string, spec: ScenarioSpec, storage: StorageKind, trace: Trace): Promise<void> {
+  const userns = usernsFor(ctx, { driver: 'namespaces', storage });
+  const ranges = userns ? await trace.phase('user namespace ranges', () => Promise.all(spec.machines.map((_, j) => claimRange(ctx.home, machineHolder(sid, j))))) : [];
   await trace.phase('networks', () =>
     wire({
       networks: spec.networks.map((_, i) => ({ netns: networkNetns(sid, i) })),
       machines: spec.machines.map((m, j) => ({
         netns: machineNetns(sid, j),
+        ...(userns ? { userns: { base: ranges[j]!, count: USERNS_SIZE } } : {}),
         links: m.networks.map((n, k) => ({
           bridgeNetns: networkNetns(sid, spec.networks.findIndex((x) => x.name === n.network)),
           hostIf: vethName(sid, j, k),
@@ -78,7 +90,7 @@ export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: 
   const machines: Machine[] = [];
   try {
     await mkdir(ownerDir(ctx.home, rec.id), { recursive: true });
-    await wireScenario(rec.id, loaded.spec, trace);
+    await wireScenario(ctx, rec.id, loaded.spec, opts.storage ?? (await ctx.defaultStorage()), trace);
     const results = await Promise.allSettled(loaded.spec.machines.map((_, j) => bringUp(ctx, { name, id: rec.id, spec: loaded.spec }, j, trace, opts)));
     for (const r of results) if (r.status === 'fulfilled') machines.push(r.value);
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
@@ -100,5 +112,7 @@ export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: 
 /** Remove the namespaces of a scenario id (networks and machines): what `down` and gc share. */
 export async function removeNetworks(home: string, sid: string, spec: ScenarioSpec): Promise<void> {
   await unwire([...spec.machines.map((_, j) => machineNetns(sid, j)), ...spec.networks.map((_, i) => networkNetns(sid, i))]);
+  // the machines' user namespaces went with their network namespaces (and their sandboxes before)
+  for (const base of (await scenarioRanges(home, sid)).values()) await releaseRange(base);
   await rm(ownerDir(home, sid), { recursive: true, force: true });
 }
