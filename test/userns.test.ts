@@ -1,11 +1,15 @@
-import { chownSync, mkdirSync, readdirSync, readFileSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { chownSync, mkdirSync, mkdtempSync, readdirSync, rmSync, readFileSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { Lab } from '../src/sdk/lab.js';
+import type { SnaplabError } from '../src/errors.js';
+import { mountFs } from '../src/host/mounts.js';
+import { unmountAll } from '../src/storage/mounts.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pids } from '../src/host/cgroups-destroy.js';
 import { cgroupFor } from '../src/host/cgroups.js';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase } from '../src/host/id-ranges.js';
 import { REGISTRY } from '../src/host/userns-registry.js';
-import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
 
@@ -198,5 +202,25 @@ describe('user namespace ranges', () => {
     expect(dead.info.uidBase === null || lab.context.store.getSandbox(box.id)!.uidBase === null).toBe(true);
     expect(readdirSync(REGISTRY)).not.toContain(String(base));
     await dead.destroy();
+  });
+
+  it('where the filesystem cannot be idmapped, a create fails with the reason and the way on, and leaves nothing; --no-userns runs', async () => {
+    // a home on an overlay mount: dir storage's volumes are then on overlay, which cannot be idmapped
+    const top = mkdtempSync(join(tmpdir(), 'snaplab-test-noidmap-'));
+    for (const d of ['l', 'u', 'w', 'm']) mkdirSync(join(top, d));
+    await mountFs('overlay', join(top, 'm'), 'overlay', `lowerdir=${top}/l,upperdir=${top}/u,workdir=${top}/w`);
+    const other = await Lab.open({ home: join(top, 'm', 'home') });
+    try {
+      const e = await other.create({ storage: 'dir' }).then(() => undefined, (x: unknown) => x as SnaplabError);
+      expect(e).toMatchObject({ code: 'LAUNCH_FAILED', message: expect.stringMatching(/idmapped mount of the root filesystem/), hint: expect.stringMatching(/--no-userns/) });
+      expect(await other.list()).toEqual([]);
+      expect(readdirSync(REGISTRY).map((f) => readFileSync(join(REGISTRY, f), 'utf8')).filter((t) => t.includes(other.home))).toEqual([]);
+      await using box = await other.create({ storage: 'dir', userns: false });
+      expect(await out(box, ['echo', 'ran'])).toBe('ran');
+    } finally {
+      await disposeLab(other);
+      await unmountAll(top);
+      rmSync(top, { recursive: true, force: true });
+    }
   });
 });

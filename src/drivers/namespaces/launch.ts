@@ -49,6 +49,11 @@ export async function launchNative(
   } catch (e) {
     if (!(e instanceof HostOpError)) throw e;
     if (e.errno === ETIMEDOUT) throw new SnaplabError('TIMEOUT', `the sandbox's agent did not start within ${timeoutMs} ms`, `see ${logFile}`);
-    throw new SnaplabError('LAUNCH_FAILED', `${e.message}: ${logTail(logFile) || 'no output'}`, 'run `snaplab doctor` to check bubblewrap and cgroups');
+    const tail = logTail(logFile);
+    // the launcher's user namespace step says what failed (native/userns.c): say how to go on
+    const hint = /user namespace/.test(tail)
+      ? '`snaplab doctor` checks user namespaces and idmapped mounts on each storage backend; `--no-userns` runs without one (root inside is then host root)'
+      : 'run `snaplab doctor` to check bubblewrap and cgroups';
+    throw new SnaplabError('LAUNCH_FAILED', `${e.message}: ${tail || 'no output'}`, hint);
   }
 }
