@@ -268,8 +268,7 @@ static void op_umount(struct request *r)
 /* In the grandchild: join the cgroups, wire fds, exec. Only async-signal-safe calls. */
 struct userns_spec {
 	unsigned base, count;
-	struct userns_root root;
-	const char *agent;
+	const char *rootfs, *agent;
 };
 
 static void launch_child(char *log, const char *netns, const struct userns_spec *us, char **cgs, int ncg, char **argv, int ready_w, int info_w, int listen_fd)
@@ -332,7 +331,7 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 		_exit(125);
 	close_range(owner >= 0 ? 7 : 6, ~0U, 0);
 	/* last of what needs host root: after this the process is the root of its own namespace */
-	if (us && userns_enter(us->base, us->count, owner >= 0 ? 6 : -1, &us->root, us->agent) < 0)
+	if (us && userns_enter(us->base, us->count, owner >= 0 ? 6 : -1, us->rootfs, us->agent) < 0)
 		_exit(125);
 	sigset_t none;
 	sigemptyset(&none);
@@ -344,7 +343,7 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 
 static void op_launch(struct request *r)
 {
-	static const char usage[] = "launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS|overlay N LOWER*N UPPER WORK] [AGENT] N CGROUP_PROCS... ARGV...";
+	static const char usage[] = "launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS... ARGV...";
 	if (r->argc < 8)
 		return reply_err(r->id, EINVAL, usage);
 	char *log = r->argv[1];
@@ -356,21 +355,10 @@ static void op_launch(struct request *r)
 	if (strcmp(r->argv[5], "-") != 0) {
 		if (sscanf(r->argv[5], "%u:%u", &spec.base, &spec.count) != 2 || spec.count == 0 || r->argc < 10)
 			return reply_err(r->id, EINVAL, usage);
-		memset(&spec.root, 0, sizeof spec.root);
-		at = 6;
-		if (strcmp(r->argv[at], "overlay") == 0) {
-			int n = atoi(r->argv[at + 1]);
-			if (n < 1 || at + 2 + n + 3 >= r->argc)
-				return reply_err(r->id, EINVAL, usage);
-			spec.root.lowers = (const char *const *)&r->argv[at + 2];
-			spec.root.nlower = n;
-			spec.root.upper = r->argv[at + 2 + n];
-			spec.root.work = r->argv[at + 3 + n];
-			at += 4 + n;
-		} else
-			spec.root.dir = r->argv[at++];
-		spec.agent = r->argv[at++];
+		spec.rootfs = r->argv[6];
+		spec.agent = r->argv[7];
 		us = &spec;
+		at = 8;
 	}
 	int ncg = atoi(r->argv[at]);
 	if (ncg < 0 || at + 1 + ncg >= r->argc)

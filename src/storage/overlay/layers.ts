@@ -19,8 +19,6 @@ export interface OverlayMeta {
   layers: string[];
   readOnly: boolean;
   name?: string;
-  /** a clone mounted inside a sandbox's user namespace, never on the host (OverlayBackend.clone) */
-  inNamespace?: boolean;
 }
 
 export const MAX_LAYERS = 32;

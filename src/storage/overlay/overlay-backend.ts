@@ -39,7 +39,7 @@ export class OverlayBackend implements StorageBackend {
     for (const id of await listIds(this.root)) {
       const meta = await readMeta<OverlayMeta>(this.dir(id));
       // one broken volume (a layer gone) must not stop the others; gc removes it if not live
-      if (meta && !meta.inNamespace) await this.mount(id, meta).catch(() => undefined);
+      if (meta) await this.mount(id, meta).catch(() => undefined);
     }
   }
 
@@ -55,13 +55,7 @@ export class OverlayBackend implements StorageBackend {
     });
   }
 
-  /**
-   * With `mountOnHost: false` the clone is not mounted on the host: a sandbox in a user namespace
-   * mounts it inside (an overlay mount cannot be idmapped; one made by the namespace's root over
-   * idmapped layers can, see native/userns.c). Two mounts may not share an upper dir, so the host
-   * then reads it only through its layers (snapshot, usage, changeMarker already do).
-   */
-  async clone(base: Volume, opts: { mountOnHost?: boolean } = {}): Promise<Volume> {
+  async clone(base: Volume): Promise<Volume> {
     const layers = this.layersOf(base);
     if (!base.readOnly) {
       // its upper dir is not a layer: cloning it would silently drop the base's changes
@@ -70,7 +64,7 @@ export class OverlayBackend implements StorageBackend {
     const id = newId();
     return this.building(id, async () => {
       for (const d of ['upper', 'work', 'merged']) await mkdir(join(this.dir(id), d), { recursive: true });
-      const meta: OverlayMeta = { role: 'clone', layers: [...layers], readOnly: false, ...(opts.mountOnHost === false ? { inNamespace: true } : {}) };
+      const meta: OverlayMeta = { role: 'clone', layers: [...layers], readOnly: false };
       // meta.json first: from here on a delete of a base layer sees this clone as its user
       await writeMeta(this.dir(id), meta);
       return this.finish(id, meta);
@@ -90,7 +84,7 @@ export class OverlayBackend implements StorageBackend {
       } else if (layers.length + 1 > MAX_LAYERS) {
         // overlay options must fit in a page and stacks slow lookups: flatten deep chains
         meta = { role: 'snapshot', layers: [id], readOnly: true };
-        await this.withMergedView(volume, (merged) => copyTree(merged, layerDir(this.root, id)));
+        await copyTree(volume.path, layerDir(this.root, id));
         await writeMeta(this.dir(id), meta);
       } else {
         // the upper dir holds exactly the clone's changes, whiteouts and opaque marks included
@@ -202,31 +196,8 @@ export class OverlayBackend implements StorageBackend {
     return layers as string[];
   }
 
-  stack(volume: Volume): { lowers: string[]; upper: string; work: string } {
-    checkVolume(volume, 'overlay');
-    return { lowers: this.layersOf(volume).map((l) => layerDir(this.root, l)), upper: join(this.dir(volume.id), 'upper'), work: join(this.dir(volume.id), 'work') };
-  }
-
-  /**
-   * The merged tree of a writable volume, to read: its own mount, or, for a clone mounted only
-   * inside a sandbox, a read-only overlay of its upper dir over its layers, for as long as `fn` runs.
-   */
-  private async withMergedView<T>(volume: Volume, fn: (merged: string) => Promise<T>): Promise<T> {
-    const meta = await readMeta<OverlayMeta>(this.dir(volume.id));
-    if (!meta?.inNamespace) return fn(volume.path);
-    const view = join(this.dir(volume.id), 'view');
-    await mkdir(view, { recursive: true });
-    const s = this.stack(volume);
-    await mountFs('overlay', view, 'overlay', `lowerdir=${[s.upper, ...s.lowers].join(':')}`);
-    try {
-      return await fn(view);
-    } finally {
-      await unmountAll(view);
-    }
-  }
-
   private async finish(id: string, meta: OverlayMeta): Promise<Volume> {
-    if (!meta.inNamespace) await this.mount(id, meta);
+    await this.mount(id, meta);
     const ref = meta.name === undefined ? { layers: meta.layers } : { layers: meta.layers, name: meta.name };
     return { kind: 'overlay', id, path: join(this.dir(id), 'merged'), readOnly: meta.readOnly, ref };
   }
