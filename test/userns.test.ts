@@ -135,6 +135,7 @@ describe('user namespace ranges', () => {
       expect((await out(a, ['cat', '/proc/self/uid_map'])).split(/\s+/).map(Number)).toEqual([0, base, USERNS_SIZE]);
       expect(await out(a, ['sh', '-c', 'ping -c1 -W2 10.88.0.3 >/dev/null && echo reached'])).toBe('reached'); // a raw socket
       const b = await scn.machine('b');
+      expect(b.info.uidBase).not.toBe(base); // a range per machine
       expect((await b.exec(['sh', '-c', 'nc -l -p 80 </dev/null >/dev/null 2>&1 & sleep 0.2; netstat -ltn | grep -q ":80 " && echo bound'], { timeoutMs: 10_000 })).stdout.toString().trim()).toBe('bound'); // CAP_NET_BIND_SERVICE over its network
       a.close();
       b.close();
@@ -198,7 +199,11 @@ describe('user namespace ranges', () => {
     expect(dead.info.state).toBe('dead');
     expect(dead.info.uidBase === null || lab.context.store.getSandbox(box.id)!.uidBase === null).toBe(true);
     expect(readdirSync(REGISTRY)).not.toContain(String(base));
-    await dead.destroy();
+    // someone claims it again; a late removal through the old handle must not take it from them
+    writeFileSync(join(REGISTRY, String(base)), JSON.stringify({ home: '/test/other', id: 'newer' }), { flag: 'wx' });
+    await box.destroy();
+    expect(readdirSync(REGISTRY)).toContain(String(base));
+    unlinkSync(join(REGISTRY, String(base)));
   });
 
   it('where the filesystem cannot be idmapped, a create fails with the reason and the way on, and leaves nothing; --no-userns runs', async () => {

@@ -49,7 +49,7 @@ export async function wire(plan: WirePlan): Promise<void> {
   const all = [...bridges.keys(), ...plan.machines.map((m) => m.netns)];
   await createNetnsBatch([...bridges.keys(), ...plan.machines.filter((m) => !m.userns).map((m) => m.netns)]);
   try {
-    await mkdir(NETNS_DIR, { recursive: true });
+    if (plan.machines.some((m) => m.userns)) await sharedNetnsDir();
     await Promise.all(
       plan.machines.filter((m) => m.userns).map(async (m) => {
         try {
@@ -91,6 +91,18 @@ export async function wire(plan: WirePlan): Promise<void> {
     await unwire(all).catch(() => undefined);
     throw e;
   }
+}
+
+/**
+ * /run/netns as `ip netns add` leaves it: a mount of its own, shared, so that a namespace bound
+ * there later reaches mount namespaces made before (a launch's) and is not hidden by ip's own
+ * self-bind when it comes after ours (then `ip netns del` fails with EBUSY).
+ */
+async function sharedNetnsDir(): Promise<void> {
+  await mkdir(NETNS_DIR, { recursive: true });
+  if ((await run('mount', ['--make-shared', NETNS_DIR], { allowFail: true })).code === 0) return;
+  await run('mount', ['--bind', NETNS_DIR, NETNS_DIR]);
+  await run('mount', ['--make-shared', NETNS_DIR]);
 }
 
 async function batchOrThrow(netns: string, lines: string[]): Promise<void> {

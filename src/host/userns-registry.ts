@@ -79,8 +79,15 @@ export async function claimRange(home: string, id: string): Promise<number> {
   throw new SnaplabError('NO_USERNS_SLOT', `every user namespace range is in use (${USERNS_SLOTS} on this host)`, 'remove sandboxes (`snaplab rm`, `snaplab gc`), or use --no-userns');
 }
 
-export async function releaseRange(base: number): Promise<void> {
-  await unlink(join(REGISTRY, String(base))).catch(() => undefined);
+/**
+ * Give back the range at `base` if `home`'s `id` still holds it: a stale caller (a record read
+ * hours ago, a second release of the same range) must not free a claim someone else made since.
+ */
+export async function releaseRange(base: number, home: string, id: string): Promise<void> {
+  const path = join(REGISTRY, String(base));
+  const h = await readFile(path, 'utf8').then((t) => JSON.parse(t) as Holder, () => undefined);
+  if (h?.home !== home || h.id !== id) return;
+  await unlink(path).catch(() => undefined);
 }
 
 interface Claim extends Holder {
@@ -106,15 +113,15 @@ export async function rangesOf(home: string): Promise<Map<number, string>> {
 
 /**
  * The claims gc may give back: `home`'s whose holder `isHeld` denies, unless the claim is young and
- * its claimer alive (a create claims its range a moment before it writes its record); and any
- * home's that no longer exists, once the sandbox's cgroup is gone too (`running`).
+ * its claimer alive, this process included (a create claims its range a moment before it writes
+ * its record); and any home's that no longer exists, once nothing of the holder runs (`running`).
  */
 export async function staleClaims(home: string, isHeld: (id: string) => boolean, running: (id: string) => boolean, graceMs: number): Promise<Claim[]> {
   const stale: Claim[] = [];
   for (const c of await claims()) {
     if (c.home === home) {
       if (isHeld(c.id)) continue;
-      if (c.ageMs < graceMs && c.pid !== undefined && c.pid !== process.pid && pidAlive(c.pid)) continue;
+      if (c.ageMs < graceMs && c.pid !== undefined && pidAlive(c.pid)) continue;
       stale.push(c);
     } else if (!existsSync(c.home) && !running(c.id)) stale.push(c);
   }

@@ -14,6 +14,7 @@ import { liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
 import { releaseRange, staleClaims } from '../host/userns-registry.js';
 import { snaplabCgroupsOnHost } from '../host/cgroups-host.js';
+import { listSnaplabNetns } from '../host/netns.js';
 import { destroyRecord } from './teardown.js';
 
 /** a range claimed this recently may belong to a create that has not written its record yet */
@@ -50,13 +51,22 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   for (const [name, driver] of ctx.drivers) removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(live))));
   // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
-  const held = new Set(sandboxes.filter((s) => s.uidBase !== null && s.scenario === null).map((s) => s.id));
-  const scenarioIds = new Set(ctx.store.listScenarios().map((x) => x.id));
-  const isHeld = (id: string): boolean => held.has(id) || scenarioIds.has(/^scenario:([^:]+):/.exec(id)?.[1] ?? '');
-  // another home's, gone from disk: only once no cgroup of that sandbox is left on the host
+  // held: asked of the store now, not of the list read at the start (a create may have finished since)
+  const isHeld = (id: string): boolean => {
+    const sid = /^scenario:([^:]+):\d+$/.exec(id)?.[1];
+    if (sid !== undefined) return ctx.store.listScenarios().some((x) => x.id === sid);
+    const rec = ctx.store.getSandbox(id);
+    return rec !== undefined && rec.id === id && rec.uidBase !== null;
+  };
+  // another home's, gone from disk: only once nothing of it runs (a sandbox's cgroup, a machine's network namespace)
   const cgroups = new Set((await snaplabCgroupsOnHost()).map((c) => c.id));
-  for (const c of await staleClaims(ctx.home, isHeld, (id) => cgroups.has(id), CLAIM_GRACE_MS)) {
-    await releaseRange(c.base);
+  const netns = new Set(await listSnaplabNetns());
+  const running = (id: string): boolean => {
+    const m = /^scenario:([^:]+):(\d+)$/.exec(id);
+    return m ? netns.has(`snaplab-${m[1]}-m${m[2]}`) : cgroups.has(id);
+  };
+  for (const c of await staleClaims(ctx.home, isHeld, running, CLAIM_GRACE_MS)) {
+    await releaseRange(c.base, c.home, c.id);
     removed.push(`user namespace range ${c.base} (${c.id.startsWith('scenario:') ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
   }
   const busy = await liveInflight(ctx);

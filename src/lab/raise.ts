@@ -91,7 +91,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
         ctx.store.insertSandbox(record);
         return;
       } catch (e) {
-        if (own && record.uidBase !== null) await releaseRange(record.uidBase);
+        if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
         if (!/UNIQUE/.test(String(e))) throw e;
         if (given !== undefined || attempt >= 20) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${record.name} already exists`, 'pick another --name');
         record = make();

@@ -38,7 +38,7 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
   }
   const reaped = await reap(ctx, s, reason);
   if (reaped !== reason) ctx.store.setDeadReason(s.id, reaped);
-  return { ...s, state: 'dead', reason: reaped };
+  return { ...s, state: 'dead', reason: reaped, uidBase: ctx.store.getSandbox(s.id)?.uidBase ?? null };
 }
 
 /**
@@ -50,7 +50,7 @@ async function reap(ctx: LabContext, s: SandboxRecord, reason: string): Promise<
     await ctx.driver(s.driver).destroy({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
     if (s.uidBase !== null && s.scenario === null) {
       ctx.store.clearUidBase(s.id);
-      await releaseRange(s.uidBase);
+      await releaseRange(s.uidBase, ctx.home, s.id);
     }
     return reason;
   } catch (e) {

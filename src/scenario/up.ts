@@ -113,6 +113,6 @@ export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: 
 export async function removeNetworks(home: string, sid: string, spec: ScenarioSpec): Promise<void> {
   await unwire([...spec.machines.map((_, j) => machineNetns(sid, j)), ...spec.networks.map((_, i) => networkNetns(sid, i))]);
   // the machines' user namespaces went with their network namespaces (and their sandboxes before)
-  for (const base of (await scenarioRanges(home, sid)).values()) await releaseRange(base);
+  for (const [j, base] of await scenarioRanges(home, sid)) await releaseRange(base, home, machineHolder(sid, j));
   await rm(ownerDir(home, sid), { recursive: true, force: true });
 }
