@@ -165,6 +165,20 @@ int userns_enter(unsigned base, unsigned count, int owner, const char *rootfs, c
 		let_go(holder, release); /* the namespace lives on in this process */
 	if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
 		FAIL("become its root");
+	/* a namespace joined, not made (a scenario machine's): it must map the range recorded for it */
+	if (owner >= 0) {
+		unsigned in = 1, out = 0, n = 0;
+		char map[128] = { 0 };
+		int m = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC); /* no stdio: a fork of a threaded process */
+		ssize_t got = m >= 0 ? read(m, map, sizeof map - 1) : -1;
+		if (m >= 0)
+			close(m);
+		int ok = got > 0 && sscanf(map, "%u %u %u", &in, &out, &n) == 3 && in == 0 && out == base && n == count;
+		if (!ok) {
+			errno = EPERM;
+			FAIL("the machine's namespace does not map the range recorded for it");
+		}
+	}
 	/* non-dumpable until the exec (the credentials changed): the range cannot ptrace this copy of the helper */
 	return 0;
 }
