@@ -225,4 +225,18 @@ describe('user namespace ranges', () => {
       rmSync(top, { recursive: true, force: true });
     }
   });
+
+  it('a claim file that is not a claim (a crash of an older version) breaks neither gc nor creates, and is not taken', async () => {
+    const base = slotBase(0);
+    const taken = readdirSync(REGISTRY).includes(String(base));
+    if (!taken) writeFileSync(join(REGISTRY, String(base)), '');
+    try {
+      await expect(lab.gc()).resolves.toBeDefined();
+      await using box = await lab.create({});
+      expect(box.info.uidBase).not.toBe(base);
+      expect(readdirSync(REGISTRY).filter((f) => f.startsWith('.tmp-'))).toEqual([]); // claims are linked into place whole
+    } finally {
+      if (!taken) unlinkSync(join(REGISTRY, String(base)));
+    }
+  });
 });

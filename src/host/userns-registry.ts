@@ -1,6 +1,6 @@
-import { randomInt } from 'node:crypto';
+import { randomBytes, randomInt } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs/promises';
+import { link, mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase } from './id-ranges.js';
@@ -64,17 +64,25 @@ export async function claimRange(home: string, id: string): Promise<number> {
     if (!taken.has(String(base)) && !unusable(base)) free.push(base);
   }
   const holder: Holder = { home, id, pid: process.pid };
-  while (free.length) {
-    const i = randomInt(free.length);
-    const base = free[i]!;
-    try {
-      await writeFile(join(REGISTRY, String(base)), JSON.stringify(holder), { flag: 'wx', mode: 0o600 });
-      return base;
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-      free[i] = free[free.length - 1]!;
-      free.pop();
+  // written whole first, then linked into place (link fails if the name exists): no reader, and no
+  // crash, ever leaves a claim without its holder
+  const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  await writeFile(tmp, JSON.stringify(holder), { mode: 0o600 });
+  try {
+    while (free.length) {
+      const i = randomInt(free.length);
+      const base = free[i]!;
+      try {
+        await link(tmp, join(REGISTRY, String(base)));
+        return base;
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+        free[i] = free[free.length - 1]!;
+        free.pop();
+      }
     }
+  } finally {
+    await unlink(tmp).catch(() => undefined);
   }
   throw new SnaplabError('NO_USERNS_SLOT', `every user namespace range is in use (${USERNS_SLOTS} on this host)`, 'remove sandboxes (`snaplab rm`, `snaplab gc`), or use --no-userns');
 }
@@ -85,9 +93,19 @@ export async function claimRange(home: string, id: string): Promise<number> {
  */
 export async function releaseRange(base: number, home: string, id: string): Promise<void> {
   const path = join(REGISTRY, String(base));
-  const h = await readFile(path, 'utf8').then((t) => JSON.parse(t) as Holder, () => undefined);
+  const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
   if (h?.home !== home || h.id !== id) return;
   await unlink(path).catch(() => undefined);
+}
+
+/** A claim file's holder; undefined for one that is not a snaplab claim (left alone, never freed). */
+function parseHolder(text: string): Holder | undefined {
+  try {
+    const h = JSON.parse(text) as Partial<Holder>;
+    return typeof h.home === 'string' && typeof h.id === 'string' ? (h as Holder) : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 interface Claim extends Holder {
@@ -99,9 +117,10 @@ async function claims(): Promise<Claim[]> {
   const out: Claim[] = [];
   for (const f of await readdir(REGISTRY).catch(() => [] as string[])) {
     const path = join(REGISTRY, f);
-    const h = await readFile(path, 'utf8').then((t) => JSON.parse(t) as Holder, () => undefined);
+    if (!/^\d+$/.test(f)) continue; // a claim being written (.tmp-…)
+    const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
     const age = await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
-    if (h && Number.isInteger(Number(f))) out.push({ ...h, base: Number(f), ageMs: age });
+    if (h) out.push({ ...h, base: Number(f), ageMs: age });
   }
   return out;
 }
