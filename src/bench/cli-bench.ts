@@ -6,6 +6,7 @@ import type { Lab } from '../sdk/lab.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import { closedLoop } from './loop.js';
 import type { Progress } from './progress.js';
+import { pad } from './report-text.js';
 import { latencySummary, median, type LatencySummary } from './stats.js';
 
 /** One command line timed as a whole process, the way a shell script runs it. */
@@ -185,13 +186,10 @@ export function renderCliSummary(s: CliBenchSummary): string {
     c.note ?? (c.errors.length ? `errors: ${c.errors[0]}` : ''),
   ]);
   const head = ['case', 'p50 ms', 'p90 ms', `calls/s, ${s.settings.loops} loops`, 'note'];
-  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-  const line = (r: string[]): string => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!))).join('  ').trimEnd();
   const ratios = Object.entries(s.ratios).map(([k, v]) => `  ${k}: ${v}`);
   return [
     `workload cli: ${s.command}; ${s.settings.rounds} rounds × ${s.settings.serialPerRound} serial runs per case, then ${s.settings.loops} parallel loops for ${s.settings.durationMs / 1000} s`,
-    line(head),
-    ...rows.map(line),
+    ...pad(head, rows),
     'p50 ratios (same run):',
     ...ratios,
   ].join('\n');

@@ -50,7 +50,8 @@ export function compareLines(s: BenchSummary): string[] {
   return lines;
 }
 
-function pad(headers: string[], rows: string[][]): string[] {
+/** Rows under headers, each column as wide as its widest cell. */
+export function pad(headers: string[], rows: string[][]): string[] {
   const cells = [headers, ...rows];
   const w = headers.map((_, i) => Math.max(...cells.map((r) => (r[i] ?? '').length)));
   return cells.map((r) => r.map((c, i) => c.padEnd(w[i]!)).join('  ').trimEnd());

@@ -4,10 +4,11 @@ import { link, mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs
 import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase } from './id-ranges.js';
+import { pidAlive } from './procs.js';
 
 /**
  * Which user namespace ranges are in use, host-wide: one file per claimed range, named by its first
- * id and created with O_EXCL, so that two processes, or two snaplab homes on one host, never get the
+ * id and linked into place whole (link fails when the name exists), so that two processes, or two snaplab homes on one host, never get the
  * same range (each home's state.db alone could not know the other's). On tmpfs, so a reboot (which
  * ends every sandbox) frees them all. Each file names the home and sandbox that hold it; a home's
  * gc removes the files of its sandboxes that are gone.
@@ -140,31 +141,28 @@ export async function staleClaims(home: string, isHeld: (id: string) => boolean,
   for (const c of await claims()) {
     if (c.home === home) {
       if (isHeld(c.id)) continue;
-      if (c.ageMs < graceMs && c.pid !== undefined && pidAlive(c.pid)) continue;
+      if (c.ageMs < graceMs && c.pid !== undefined && (await pidAlive(c.pid))) continue;
       stale.push(c);
     } else if (!existsSync(c.home) && !running(c.id)) stale.push(c);
   }
   return stale;
 }
 
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
-
 /** The holder name of machine `index` of scenario `sid`: its range is the scenario's, not a sandbox's. */
 export const machineHolder = (sid: string, index: number): string => `scenario:${sid}:${index}`;
+
+/** The scenario and machine a holder name names (machineHolder), or undefined for a sandbox's. */
+export function machineOf(holder: string): { sid: string; index: number } | undefined {
+  const m = /^scenario:([^:]+):(\d+)$/.exec(holder);
+  return m ? { sid: m[1]!, index: Number(m[2]) } : undefined;
+}
 
 /** The ranges scenario `sid` holds, machine index → first id. */
 export async function scenarioRanges(home: string, sid: string): Promise<Map<number, number>> {
   const out = new Map<number, number>();
   for (const [base, id] of await rangesOf(home)) {
-    const m = /^scenario:([^:]+):(\d+)$/.exec(id);
-    if (m && m[1] === sid) out.set(Number(m[2]), base);
+    const m = machineOf(id);
+    if (m?.sid === sid) out.set(m.index, base);
   }
   return out;
 }

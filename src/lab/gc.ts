@@ -12,7 +12,8 @@ import { STORAGE_KINDS } from './context.js';
 import { collectScenarios } from '../scenario/gc.js';
 import { liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
-import { releaseRange, staleClaims } from '../host/userns-registry.js';
+import { machineOf, releaseRange, staleClaims } from '../host/userns-registry.js';
+import { machineNetns } from '../scenario/names.js';
 import { snaplabCgroupsOnHost } from '../host/cgroups-host.js';
 import { listSnaplabNetns } from '../host/netns.js';
 import { destroyRecord } from './teardown.js';
@@ -53,8 +54,8 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
   // held: asked of the store now, not of the list read at the start (a create may have finished since)
   const isHeld = (id: string): boolean => {
-    const sid = /^scenario:([^:]+):\d+$/.exec(id)?.[1];
-    if (sid !== undefined) return ctx.store.listScenarios().some((x) => x.id === sid);
+    const machine = machineOf(id);
+    if (machine) return ctx.store.listScenarios().some((x) => x.id === machine.sid);
     const rec = ctx.store.getSandbox(id);
     return rec !== undefined && rec.id === id && rec.uidBase !== null;
   };
@@ -62,12 +63,12 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   const cgroups = new Set((await snaplabCgroupsOnHost()).map((c) => c.id));
   const netns = new Set(await listSnaplabNetns());
   const running = (id: string): boolean => {
-    const m = /^scenario:([^:]+):(\d+)$/.exec(id);
-    return m ? netns.has(`snaplab-${m[1]}-m${m[2]}`) : cgroups.has(id);
+    const machine = machineOf(id);
+    return machine ? netns.has(machineNetns(machine.sid, machine.index)) : cgroups.has(id);
   };
   for (const c of await staleClaims(ctx.home, isHeld, running, CLAIM_GRACE_MS)) {
     await releaseRange(c.base, c.home, c.id);
-    removed.push(`user namespace range ${c.base} (${c.id.startsWith('scenario:') ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
+    removed.push(`user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
   }
   const busy = await liveInflight(ctx);
   if (busy.length) {
