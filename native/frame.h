@@ -41,7 +41,7 @@ enum frame_type {
 	T_ERROR = 0x88,
 };
 
-enum exec_field { F_ARGV = 1, F_ENV = 2, F_CWD = 3 };
+enum exec_field { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_USER = 4 };
 #define EXEC_F_STDIN 0x1u
 
 #define EXIT_F_TIMED_OUT 0x1u

@@ -2,6 +2,7 @@
 #include "sandbox.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/btrfs.h>
@@ -241,8 +242,6 @@ static int child_main(void *arg)
 	setpgid(0, 0);
 	if (dup2(r->fd_in, 0) < 0 || dup2(r->fd_out, 1) < 0 || dup2(r->fd_err, 2) < 0)
 		child_fail(r, STAGE_SETUP);
-	if (r->cwd && chdir(r->cwd) < 0)
-		child_fail(r, STAGE_CHDIR);
 	if (r->reset_oom) {
 		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 		if (fd >= 0) {
@@ -252,6 +251,12 @@ static int child_main(void *arg)
 			close(fd);
 		}
 	}
+	/* the user last but the filter: groups, then gid, then uid (which drops every capability) */
+	if (r->set_user && (setgroups((size_t)r->ngroups, r->groups) < 0 || setresgid(r->gid, r->gid, r->gid) < 0 ||
+			    setresuid(r->uid, r->uid, r->uid) < 0))
+		child_fail(r, STAGE_USER);
+	if (r->cwd && chdir(r->cwd) < 0)
+		child_fail(r, STAGE_CHDIR);
 	/* The agent ignores SIGPIPE and blocks SIGCHLD/SIGTERM/SIGINT; a command gets defaults. */
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);

@@ -12,7 +12,9 @@ int filter_build(struct sock_fprog *out);
 int caps_restrict(const char *list);
 int harden_proc(void);
 
-enum spawn_stage { STAGE_OK = 0, STAGE_SETUP, STAGE_CHDIR, STAGE_SECCOMP, STAGE_EXEC };
+enum spawn_stage { STAGE_OK = 0, STAGE_SETUP, STAGE_CHDIR, STAGE_SECCOMP, STAGE_EXEC, STAGE_USER };
+
+#define MAX_GROUPS 32
 
 struct spawn_req {
 	char **argv;
@@ -20,6 +22,11 @@ struct spawn_req {
 	const char *path; /* PATH to search when argv[0] has no slash */
 	char *pathbuf;    /* scratch, strlen(path) + strlen(argv[0]) + 2 bytes */
 	const char *cwd;  /* NULL: keep the agent's */
+	int set_user;     /* run as uid:gid with groups (else as the agent: root of the namespace) */
+	uid_t uid;
+	gid_t gid;
+	int ngroups;
+	gid_t groups[MAX_GROUPS];
 	int fd_in, fd_out, fd_err;
 	int reset_oom;
 	const struct sock_fprog *filter;

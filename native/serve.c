@@ -525,6 +525,34 @@ static int make_pipe(int fds[2], int parent_end)
 	return 0;
 }
 
+/* "UID:GID[:G1,G2,...]", all decimal */
+static int parse_user(const char *s, struct spawn_req *req)
+{
+	char *end;
+	errno = 0;
+	unsigned long u = strtoul(s, &end, 10);
+	if (errno || end == s || *end != ':' || u > 0xfffffffeUL)
+		return -1;
+	s = end + 1;
+	unsigned long g = strtoul(s, &end, 10);
+	if (errno || end == s || (*end && *end != ':') || g > 0xfffffffeUL)
+		return -1;
+	req->uid = (uid_t)u;
+	req->gid = (gid_t)g;
+	req->ngroups = 0;
+	if (!*end)
+		return 0;
+	s = end + 1;
+	while (*s) {
+		unsigned long x = strtoul(s, &end, 10);
+		if (errno || end == s || (*end && *end != ',') || x > 0xfffffffeUL || req->ngroups == MAX_GROUPS)
+			return -1;
+		req->groups[req->ngroups++] = (gid_t)x;
+		s = *end ? end + 1 : end;
+	}
+	return 0;
+}
+
 static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t len)
 {
 	if (exec_by_id(c, id)) {
@@ -571,6 +599,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	char **argv = (char **)block, **envp = argv + argc + 1;
 	char *sp = block + ptrs, *cwds = NULL;
 	const char *path = DEFAULT_PATH;
+	const char *user = NULL;
 	size_t ai = 0, ei = 0, argv0_len = 0;
 	while (r.n) {
 		uint8_t tag = rd_u8(&r);
@@ -588,6 +617,8 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 				path = sp + 5;
 		} else if (tag == F_CWD)
 			cwds = sp;
+		else if (tag == F_USER)
+			user = sp;
 		sp += n + 1;
 	}
 	argv[ai] = NULL;
@@ -603,10 +634,15 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	}
 	struct spawn_req req = {
 		.argv = argv, .envp = envp, .path = path, .pathbuf = pathbuf,
+		.set_user = user != NULL,
 		.cwd = cwds, .fd_in = (flags & EXEC_F_STDIN) ? pi[0] : devnull,
 		.fd_out = po[1], .fd_err = pe[1], .reset_oom = reset_oom,
 		.filter = have_filter ? &filter : NULL,
 	};
+	if (user && parse_user(user, &req) < 0) {
+		reply_error(c, id, EINVAL, "bad user field %s (UID:GID[:GID,...])", user);
+		goto fail;
+	}
 	uint64_t start = now_ns();
 	pid_t pid = spawn_child(&req);
 	int cerr = errno;
@@ -625,7 +661,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		if (req.stage == STAGE_CHDIR)
 			reply_error(c, id, err, "chdir %s: %s", cwds, strerror(err));
 		else
-			reply_error(c, id, err, "%s: %s", req.stage == STAGE_SECCOMP ? "seccomp" : "setup",
+			reply_error(c, id, err, "%s: %s", req.stage == STAGE_SECCOMP ? "seccomp" : req.stage == STAGE_USER ? "setuid" : "setup",
 				    strerror(err));
 		goto fail;
 	}

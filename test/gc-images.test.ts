@@ -119,7 +119,7 @@ describe('images', () => {
     await expect(lab.importImage(join(scratch, 'tree-directory'), 'img-directory')).rejects.toMatchObject({ code: 'IMAGE_EXISTS' });
     await expect(lab.importImage(join(scratch, 'nope'), 'x1')).rejects.toMatchObject({ code: 'BAD_INPUT' });
     writeFileSync(join(scratch, 'junk.tar'), 'not a tarball');
-    await expect(lab.importImage(join(scratch, 'junk.tar'), 'x2')).rejects.toMatchObject({ code: 'BAD_INPUT' });
+    await expect(lab.importImage(join(scratch, 'junk.tar'), 'x2')).rejects.toMatchObject({ code: 'BAD_IMAGE' });
     expect((await lab.images()).map((i) => i.name)).not.toContain('x2');
     await using box = await lab.create({ image: 'img-tar' });
     await expect(lab.removeImage('img-tar')).rejects.toMatchObject({ code: 'IMAGE_IN_USE' });

@@ -62,6 +62,8 @@ export interface ExecRequest {
   /** The command's whole environment, "KEY=value" items. */
   env: string[];
   cwd?: string;
+  /** "UID:GID[:G1,G2,...]" (numeric): the agent sets groups, gid and uid before exec */
+  user?: string;
   /** On expiry the agent SIGKILLs the command's process group; the result says timedOut. */
   timeoutMs?: number;
   /** Give the command a stdin pipe fed by write()/end(); otherwise stdin is /dev/null. */

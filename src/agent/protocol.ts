@@ -35,7 +35,7 @@ export const MsgType = {
 } as const;
 export type MsgType = (typeof MsgType)[keyof typeof MsgType];
 
-export const ExecField = { ARGV: 1, ENV: 2, CWD: 3 } as const;
+export const ExecField = { ARGV: 1, ENV: 2, CWD: 3, USER: 4 } as const;
 export const EXEC_FLAG_STDIN = 0x1;
 export const ExitFlag = { TIMED_OUT: 0x1, NOT_FOUND: 0x2, NOT_EXECUTABLE: 0x4 } as const;
 
@@ -159,6 +159,8 @@ export interface ExecPayload {
   argv: string[];
   env: string[];
   cwd?: string | undefined;
+  /** "UID:GID[:G1,G2,...]": run as this user of the namespace (else as its root) */
+  user?: string | undefined;
   timeoutMs?: number | undefined;
   stdin?: boolean | undefined;
 }
@@ -168,6 +170,7 @@ export function encodeExec(req: ExecPayload): Buffer {
   for (const a of req.argv) fields.push([ExecField.ARGV, Buffer.from(a, 'utf8')]);
   for (const e of req.env) fields.push([ExecField.ENV, Buffer.from(e, 'utf8')]);
   if (req.cwd !== undefined) fields.push([ExecField.CWD, Buffer.from(req.cwd, 'utf8')]);
+  if (req.user !== undefined) fields.push([ExecField.USER, Buffer.from(req.user, 'utf8')]);
   let size = 8;
   for (const [, v] of fields) size += 5 + v.length;
   const b = Buffer.allocUnsafe(size);
@@ -186,7 +189,7 @@ export function encodeExec(req: ExecPayload): Buffer {
 
 export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin: boolean } {
   need(p, 8, 'EXEC');
-  const out = { argv: [] as string[], env: [] as string[], cwd: undefined as string | undefined, timeoutMs: p.readUInt32LE(0), stdin: (p.readUInt32LE(4) & EXEC_FLAG_STDIN) !== 0 };
+  const out = { argv: [] as string[], env: [] as string[], cwd: undefined as string | undefined, user: undefined as string | undefined, timeoutMs: p.readUInt32LE(0), stdin: (p.readUInt32LE(4) & EXEC_FLAG_STDIN) !== 0 };
   let off = 8;
   while (off < p.length) {
     need(p, off + 5, 'EXEC field');
@@ -197,6 +200,7 @@ export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin:
     if (tag === ExecField.ARGV) out.argv.push(v);
     else if (tag === ExecField.ENV) out.env.push(v);
     else if (tag === ExecField.CWD) out.cwd = v;
+    else if (tag === ExecField.USER) out.user = v;
     off += 5 + len;
   }
   return out;

@@ -7,6 +7,7 @@ import { SnaplabError } from '../errors.js';
 interface ExecCli extends CommonOptions {
   env: string[];
   cwd?: string;
+  user?: string;
   timeout?: string;
   interactive?: boolean;
 }
@@ -20,6 +21,7 @@ export function registerExec(program: Command): void {
     .usage('<sandbox> [options] -- argv...')
     .option('-e, --env <K=V>', 'set an environment variable (repeatable)', collect, [])
     .option('--cwd <dir>', 'working directory inside the sandbox')
+    .option('-u, --user <user[:group]>', "run as this user of the machine (a name or uid; from the machine's /etc/passwd)")
     .option('--timeout <seconds>', 'kill the command after this long (exit 124)')
     .option('-i, --interactive', 'forward stdin to the command')
     .option('--json', 'errors as JSON')
@@ -43,6 +45,7 @@ export function registerExec(program: Command): void {
             const r = await box.exec(argv, {
               env: o.env,
               cwd: o.cwd,
+              user: o.user,
               timeoutMs,
               stdin: o.interactive ? process.stdin : undefined,
               onStdout: (b) => process.stdout.write(b),

@@ -11,6 +11,7 @@ interface RunCli extends CommonOptions {
   put: string[];
   env: string[];
   cwd?: string;
+  user?: string;
   timeout?: string;
 }
 
@@ -18,14 +19,15 @@ const collect = (v: string, prev: string[]): string[] => [...prev, v];
 
 export function registerRun(program: Command): void {
   program
-    .command('run <argv...>')
-    .description('run argv in a fresh sandbox (from a pool, or raised for it), then give the sandbox back or destroy it')
+    .command('run [argv...]')
+    .description("run argv in a fresh sandbox (from a pool, or raised for it), then give the sandbox back or destroy it; with no argv, the image's Entrypoint and Cmd")
     .usage('[--pool NAME | --image NAME] [options] -- argv...')
     .option('--pool <name>', 'take a standby from this pool (a miss raises one)')
     .option('--image <name>', 'no pool: raise a sandbox of this image for this execution (default busybox)')
     .option('--put <local:remote>', 'copy a host file into the sandbox first (repeatable)', collect, [])
     .option('-e, --env <K=V>', 'set an environment variable (repeatable)', collect, [])
-    .option('--cwd <dir>', 'working directory inside the sandbox')
+    .option('--cwd <dir>', "working directory inside the sandbox (default: the image's WorkingDir)")
+    .option('-u, --user <user[:group]>', "run as this user (default: the image's User, else root)")
     .option('--timeout <seconds>', 'kill the command after this long (exit 124)')
     .option('--json', 'print the result (exit code, output, timings) as JSON instead of streaming')
     .option('--trace', 'print the phases of the run (stderr)')
@@ -42,6 +44,7 @@ export function registerRun(program: Command): void {
             put,
             env: o.env,
             cwd: o.cwd,
+            user: o.user,
             timeoutMs: o.timeout === undefined ? undefined : parseSeconds(o.timeout),
             onStdout: o.json ? undefined : (b) => process.stdout.write(b),
             onStderr: o.json ? undefined : (b) => process.stderr.write(b),

@@ -99,3 +99,6 @@ export interface MemoryImage {
   dir: string;
   bytes: number;
 }
+
+/** Where every machine, whatever its driver, has the agent's binary (read-only): the first exec runs it. */
+export const MACHINE_AGENT_PATH = '/run/snaplab/agent';

@@ -42,6 +42,9 @@ const NONLITERAL: Record<string, string> = {
   'src/bench/cli-bench.ts argv[0]!': "the cli bench's cases: snaplab, node, nsenter (listed)",
   'test/cli.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/qemu.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/images.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'src/image/decompress.ts name': "'zstd' or 'xz' (listed, via decompress.ts)",
+  'src/image/unpack.ts unpackBinaryPath(': 'snaplab-unpack, built by npm run build',
 };
 // commands that tests run to see them not found
 const NOT_PROGRAMS = new Set(['no-such-command-snaplab', 'x']);
@@ -75,7 +78,7 @@ function scan(): { programs: Map<string, string[]>; nonliteral: string[] } {
 
 const listed = new Set(HOST_TOOLS.flatMap((t) => (t.program ? [t.program] : [])));
 // snaplab's own binaries, started by path
-const OWN = new Set(['snaplab-agent', 'snaplab-hostops', 'snaplab', 'main.js', 'node', ...NOT_PROGRAMS]);
+const OWN = new Set(['snaplab-agent', 'snaplab-hostops', 'snaplab-unpack', 'snaplab', 'main.js', 'node', ...NOT_PROGRAMS]);
 
 describe('the list of host tools (tools.json)', () => {
   it('names every program the source runs', () => {

@@ -70,6 +70,7 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     await releaseRange(c.base, c.home, c.id);
     removed.push(`user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
   }
+  removed.push(...(await trace.phase('images', () => ctx.images.collect())));
   const busy = await liveInflight(ctx);
   if (busy.length) {
     // volumes being made are not recorded yet: leave all storage alone until they are

@@ -1,11 +1,13 @@
 import { existsSync } from 'node:fs';
-import { chmod, lstat, mkdir, rename, rm, stat, symlink, writeFile, copyFile } from 'node:fs/promises';
-import { join, relative } from 'node:path';
+import { chmod, lstat, mkdir, readdir, rename, rm, symlink, writeFile, copyFile } from 'node:fs/promises';
+import { pidAlive } from '../host/procs.js';
+import { join, relative, resolve } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { isDynamicElf } from '../host/elf.js';
 import { run, which } from '../host/run.js';
 import type { Store } from '../store/store.js';
 import type { ImageRecord } from '../store/records.js';
+import type { Imported, ImportOptions, Provenance } from '../image/import.js';
 import { checkName, newId } from './names.js';
 
 export const BUILTIN_BUSYBOX = 'busybox';
@@ -18,7 +20,7 @@ const SKELETON = ['bin', 'sbin', 'usr', 'usr/bin', 'usr/sbin', 'etc', 'root', 't
  * imported tree is untrusted, and `tmp -> /etc` followed on the host would make the host's /etc
  * world-writable. A path that is a symlink (or under one) is left as the image has it.
  */
-async function skeleton(root: string): Promise<void> {
+export async function skeleton(root: string): Promise<void> {
   const isDir = async (rel: string): Promise<boolean> => {
     const st = await lstat(join(root, rel)).catch(() => undefined);
     return st?.isDirectory() === true;
@@ -84,6 +86,7 @@ export class Images {
       throw new SnaplabError('IMAGE_NOT_FOUND', `${busybox} is dynamically linked; the sandbox has no libc for it`, 'apt-get install busybox-static');
     }
     return this.create(BUILTIN_BUSYBOX, `builtin:${busybox}`, async (root) => {
+      const provenance: Provenance = { kind: 'builtin', source: busybox, notes: [] };
       await skeleton(root);
       await copyFile(busybox, join(root, 'bin/busybox'));
       await chmod(join(root, 'bin/busybox'), 0o755);
@@ -95,40 +98,46 @@ export class Images {
         await symlink(relative(join(target, '..'), join(root, 'bin/busybox')), target);
       }
       await writeFile(join(root, 'etc/hostname'), 'busybox\n');
+      return { provenance };
     });
   }
 
-  /** Import a root filesystem from a tarball (.tar, .tar.gz, .tar.zst, .tar.xz) or a directory. */
-  async import(source: string, name: string): Promise<ImageRecord> {
+  /**
+   * Import an image: a root filesystem (tarball or directory), a `docker save` tarball, or an OCI
+   * image layout (directory or tarball). Archives are applied by the helper (native/unpack.c),
+   * which resolves every path inside the new tree; see docs/architecture.md "Images".
+   */
+  async import(source: string, name: string, opts: ImportOptions = {}): Promise<ImageRecord> {
     checkName('image', name);
     if (this.store.getImage(name)) {
       throw new SnaplabError('IMAGE_EXISTS', `an image named ${name} already exists`, `remove it first with \`snaplab image rm ${name}\`, or pick another --name`);
     }
-    const st = await stat(source).catch(() => undefined);
-    if (!st) throw new SnaplabError('BAD_INPUT', `no such file or directory: ${source}`, 'give a rootfs tarball or a directory');
-    return this.create(name, source, async (root) => {
-      if (st.isDirectory()) await run('cp', ['-a', '--', `${source}/.`, root]);
-      else if (st.isFile()) {
-        const args = ['-xf', source, '-C', root, '--numeric-owner', '--xattrs', '--xattrs-include=*'];
-        if (/\.zst$/.test(source)) args.push('--zstd');
-        await run('tar', args).catch((e: Error) => {
-          throw new SnaplabError('BAD_INPUT', `cannot unpack ${source}: ${e.message}`, 'give a tar archive (plain, gzip, xz or zstd); for .zst install zstd');
-        });
-      } else throw new SnaplabError('BAD_INPUT', `${source} is neither a file nor a directory`, 'give a rootfs tarball or a directory');
+    return this.create(name, resolve(source), async (root, scratch) => {
+      const { importInto } = await import('../image/import.js');
+      const got = await importInto(root, source, scratch, opts);
       await skeleton(root);
+      return got;
     });
   }
 
-  /** Build in a temporary directory, then rename into place and record: a crash leaves no half image. */
-  private async create(name: string, source: string, build: (root: string) => Promise<void>): Promise<ImageRecord> {
-    const tmp = join(this.home, 'images', `.tmp-${name}-${newId()}`);
+  /**
+   * Build in a temporary directory, then rename into place and record: a crash or a failure
+   * leaves no half image (gc removes a `.tmp-*` left by a process that died).
+   */
+  async create(name: string, source: string, build: (root: string, scratch: string) => Promise<Imported | void>, buildKey?: string): Promise<ImageRecord> {
+    const tmp = join(this.home, 'images', `.tmp-${process.pid}-${name}-${newId()}`);
     await mkdir(join(tmp, 'rootfs'), { recursive: true });
+    await mkdir(join(tmp, 'scratch'));
     try {
-      await build(join(tmp, 'rootfs'));
+      const got = await build(join(tmp, 'rootfs'), join(tmp, 'scratch'));
+      await rm(join(tmp, 'scratch'), { recursive: true, force: true });
       const dir = this.dir(name);
       await rm(dir, { recursive: true, force: true });
       await rename(tmp, dir);
-      const rec: ImageRecord = { name, source, path: join(dir, 'rootfs'), sizeBytes: await sizeOf(join(dir, 'rootfs')), createdAt: Date.now() };
+      const rec: ImageRecord = {
+        name, source, path: join(dir, 'rootfs'), sizeBytes: await sizeOf(join(dir, 'rootfs')), createdAt: Date.now(),
+        config: got?.config ?? null, provenance: got?.provenance ?? null, buildKey: buildKey ?? null,
+      };
       try {
         this.store.putImage(rec);
       } catch (e) {
@@ -142,6 +151,29 @@ export class Images {
       await rm(tmp, { recursive: true, force: true });
       throw e;
     }
+  }
+
+  /**
+   * Image directories nothing owns: a build whose process died (`.tmp-PID-…`), and a tree that
+   * was renamed into place by a process that died before recording it (after a grace period).
+   */
+  async collect(graceMs = 60_000): Promise<string[]> {
+    const removed: string[] = [];
+    const base = join(this.home, 'images');
+    for (const d of await readdir(base).catch(() => [] as string[])) {
+      const dir = join(base, d);
+      const tmp = /^\.tmp-(\d+)-/.exec(d);
+      if (tmp) {
+        if (await pidAlive(Number(tmp[1]))) continue;
+      } else if (d.startsWith('.') || this.store.getImage(d)) {
+        continue;
+      } else if (Date.now() - ((await lstat(dir).catch(() => undefined))?.ctimeMs ?? 0) < graceMs) {
+        continue;
+      }
+      await rm(dir, { recursive: true, force: true });
+      removed.push(`image directory ${dir}${tmp ? ' (an import or build that did not finish)' : ' (no image record)'}`);
+    }
+    return removed;
   }
 
   async removeTree(name: string): Promise<void> {

@@ -1,4 +1,5 @@
 import type { AgentClient } from '../agent/client.js';
+import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import { inflight } from './inflight.js';
@@ -139,9 +140,12 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
         if (r.exitCode !== 0) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${r.stderr.toString().trim()}`);
       });
     }
-    const first = input.memory ? { exitCode: 0, stderr: Buffer.alloc(0) } : await trace.phase('first exec', () => raised.agent.exec({ argv: ['true'], env: DEFAULT_ENV }).result);
+    // the agent's own binary, which every machine has at /run/snaplab/agent: an image need not
+    // have `true` (distroless and scratch images do not), and the command still goes through
+    // everything a command does (fork, exec, the seccomp filter)
+    const first = input.memory ? { exitCode: 0, stderr: Buffer.alloc(0) } : await trace.phase('first exec', () => raised.agent.exec({ argv: [MACHINE_AGENT_PATH, '--version'], env: DEFAULT_ENV }).result);
     if (first.exitCode !== 0) {
-      throw new SnaplabError('LAUNCH_FAILED', `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`, 'does the image have /bin/true (or `true` on PATH)?');
+      throw new SnaplabError('LAUNCH_FAILED', `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`, 'see `snaplab trace` of the operation; the machine is removed');
     }
     Object.assign(record, { state: 'running', reason: input.heldBy ?? null });
     await trace.phase('record running', () => ctx.store.updateSandbox(id, { state: 'running', reason: record.reason, pid: record.pid, pidStart: record.pidStart }));

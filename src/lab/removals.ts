@@ -3,6 +3,7 @@ import { SnaplabError } from '../errors.js';
 import { baseDiskPath } from '../drivers/qemu/disk.js';
 import type { LabContext } from './context.js';
 import type { Trace } from '../timing/trace.js';
+import { destroyRecord } from './teardown.js';
 
 export async function removeSnapshot(ctx: LabContext, name: string, trace: Trace): Promise<void> {
   const snap = ctx.store.getSnapshot(name);
@@ -13,16 +14,27 @@ export async function removeSnapshot(ctx: LabContext, name: string, trace: Trace
   ctx.store.deleteSnapshot(snap.name);
 }
 
-export async function removeImage(ctx: LabContext, name: string, trace: Trace): Promise<void> {
+/**
+ * Remove an image, its volumes and its tree. Refused while a sandbox or snapshot uses it, unless
+ * `force`: then those go first. Pools and scenarios are never removed for it: they name the
+ * image for machines they will raise later, so they are removed with their own commands.
+ */
+export async function removeImage(ctx: LabContext, name: string, trace: Trace, force = false): Promise<string[]> {
   const img = ctx.store.getImage(name);
   if (!img) throw new SnaplabError('IMAGE_NOT_FOUND', `no image named ${JSON.stringify(name)}`, 'list images with `snaplab image ls`');
-  const users = [
-    ...ctx.store.listSandboxes().filter((s) => s.image === name).map((s) => `sandbox ${s.name}`),
-    ...ctx.store.listSnapshots().filter((s) => s.image === name).map((s) => `snapshot ${s.name}`),
-  ];
-  if (users.length) {
-    throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${users.join(', ')}`, 'remove those first (`snaplab rm`, `snaplab snapshot rm`)');
+  const sandboxes = ctx.store.listSandboxes().filter((s) => s.image === name);
+  const snapshots = ctx.store.listSnapshots().filter((s) => s.image === name);
+  const pools = ctx.store.listPools().filter((p) => p.image === name).map((p) => `pool ${p.name}`);
+  const scenarios = [...new Set(sandboxes.filter((s) => s.scenario).map((s) => `scenario ${s.scenario}`))];
+  const users = [...sandboxes.map((s) => `sandbox ${s.name}`), ...snapshots.map((s) => `snapshot ${s.name}`)];
+  if (pools.length || scenarios.length) {
+    throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${[...pools, ...scenarios].join(', ')}`, 'remove those first (`snaplab pool rm`, `snaplab scenario down`)');
   }
+  if (users.length && !force) {
+    throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${users.join(', ')}`, 'remove those first (`snaplab rm`, `snaplab snapshot rm`), or pass --force to remove them with it');
+  }
+  for (const s of sandboxes) await trace.phase(`remove sandbox ${s.name}`, () => destroyRecord(ctx, s));
+  for (const s of snapshots) await removeSnapshot(ctx, s.name, trace);
   for (const iv of ctx.store.listImageVolumes(name)) {
     const backend = await ctx.readyBackend(iv.storage);
     await trace.phase(`delete ${iv.storage} volume`, () => backend.delete(iv.volume));
@@ -31,6 +43,7 @@ export async function removeImage(ctx: LabContext, name: string, trace: Trace): 
   }
   ctx.store.deleteImage(name);
   await trace.phase('delete tree', () => ctx.images.removeTree(name));
+  return users;
 }
 
 export function snapshotNotFound(ctx: LabContext, name: string): SnaplabError {

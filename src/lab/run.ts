@@ -29,6 +29,23 @@ export interface RunOutcome extends ExecResult {
   dirt: string[];
 }
 
+/**
+ * What an image's config (OCI/docker: Env, WorkingDir, User, Entrypoint, Cmd) makes of a run:
+ * with no argv, its Entrypoint + Cmd run, as `docker run IMAGE` would; its Env is the base of the
+ * environment the caller's adds to; its WorkingDir and User apply unless the caller gives them.
+ */
+export function withImageConfig(ctx: LabContext, image: string, argv: string[], spec: RunSpec): { argv: string[]; spec: RunSpec } {
+  const config = ctx.store.getImage(image)?.config;
+  if (!config) {
+    if (argv.length === 0) throw new SnaplabError('BAD_INPUT', `no command given, and image ${image} has no Entrypoint or Cmd`, 'put the command after --, e.g. `snaplab run -- echo hi`');
+    return { argv, spec };
+  }
+  const own = Array.isArray(spec.env) ? spec.env : Object.entries(spec.env ?? {}).map(([k, v]) => `${k}=${v}`);
+  const cmd = argv.length ? argv : [...(config.entrypoint ?? []), ...(config.cmd ?? [])];
+  if (cmd.length === 0) throw new SnaplabError('BAD_INPUT', `no command given, and image ${image} has no Entrypoint or Cmd`, 'put the command after --');
+  return { argv: cmd, spec: { ...spec, env: [...config.env, ...own], cwd: spec.cwd ?? config.workingDir, user: spec.user ?? config.user } };
+}
+
 /** Parse `LOCAL:REMOTE` (the CLI's --put). */
 export function parsePut(spec: string): PutFile {
   const i = spec.lastIndexOf(':');

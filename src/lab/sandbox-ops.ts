@@ -12,6 +12,7 @@ import type { Volume } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { mergeEnv } from './exec.js';
+import { resolveUser } from './users.js';
 import { inflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
 import { checkName, newId } from './names.js';
@@ -20,6 +21,11 @@ export interface ExecOptions {
   /** added to (or replacing) the default environment */
   env?: Record<string, string> | string[];
   cwd?: string;
+  /**
+   * run as this user: a name or uid, with an optional group (`nginx`, `1000`, `1000:1000`,
+   * `app:staff`), looked up in the sandbox's own /etc/passwd and /etc/group as Docker does
+   */
+  user?: string;
   /** kill the command (its whole process group) after this long; the result has exitCode 124 */
   timeoutMs?: number;
   /** data or a stream to feed to the command's stdin; without it stdin is /dev/null */
@@ -68,8 +74,9 @@ export async function execIn(ctx: LabContext, s: SandboxRecord, agent: AgentClie
   // the OOM counter is read once per sandbox object and again only after a SIGKILL: reading it
   // around every command would cost each exec a cgroup file read
   if (limited && !oomSeen.has(s)) oomSeen.set(s, await oomKills(cgroupFor(s.id)).catch(() => 0));
+  const user = opts.user === undefined ? undefined : await resolveUser(agent, opts.user);
   const h = agent.exec(
-    { argv, env, cwd: opts.cwd, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined },
+    { argv, env, cwd: opts.cwd, user, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined },
     { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
   );
   if (opts.stdin !== undefined) feedStdin(h, opts.stdin);

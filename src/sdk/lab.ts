@@ -6,13 +6,17 @@ import { withDefaults } from '../lab/limits.js';
 import { raiseSandbox } from '../lab/raise.js';
 import { definePool, getPool, poolStats, type PoolSpec, type PoolStats } from '../lab/pool-admin.js';
 import { PoolRunner } from '../lab/pool.js';
-import { runOnce, type RunOutcome, type RunSpec } from '../lab/run.js';
+import { runOnce, withImageConfig, type RunOutcome, type RunSpec } from '../lab/run.js';
+import { BUILTIN_BUSYBOX } from '../lab/images.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { Pool } from './pool.js';
 import { Scenario } from './scenario.js';
 import { getScenario } from '../scenario/down.js';
 import { upScenario, type UpOptions } from '../scenario/up.js';
 import { reconcile } from '../lab/reconcile.js';
+import type { ImportOptions } from '../image/import.js';
+import type { DebianSpec } from '../image/debian.js';
+import type { BuildOptions, Built } from '../lab/image-build.js';
 import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/removals.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import type { ImageRecord, Limits, SandboxRecord } from '../store/records.js';
@@ -129,8 +133,9 @@ export class Lab {
     return this.ctx.store.listImages();
   }
 
-  async importImage(source: string, name: string): Promise<ImageRecord> {
-    return (await this.ctx.traced('image import', name, () => this.ctx.images.import(source, name))).result;
+  /** A rootfs tarball or directory, a `docker save` tarball, or an OCI image layout (directory or tarball). */
+  async importImage(source: string, name: string, opts: ImportOptions = {}): Promise<ImageRecord> {
+    return (await this.ctx.traced('image import', name, () => this.ctx.images.import(source, name, opts))).result;
   }
 
   /**
@@ -150,8 +155,16 @@ export class Lab {
     return this.ctx.images.resolve(name);
   }
 
-  async removeImage(name: string): Promise<TraceSummary> {
-    return (await this.ctx.traced('image rm', name, (t) => removeImage(this.ctx, name, t))).trace;
+  /** Build a Debian image with mmdebstrap (cached by its inputs; see docs/images.md). */
+  async buildImage(spec: DebianSpec, opts: BuildOptions = {}): Promise<Built> {
+    const { buildDebian } = await import('../lab/image-build.js');
+    return (await this.ctx.traced('image build', opts.name ?? spec.suite, (t) => buildDebian(this.ctx, spec, opts, t))).result;
+  }
+
+  /** Remove an image; `force` removes the sandboxes and snapshots that use it first (their names are returned). */
+  async removeImage(name: string, opts: { force?: boolean } = {}): Promise<{ removed: string[]; trace: TraceSummary }> {
+    const r = await this.ctx.traced('image rm', name, (t) => removeImage(this.ctx, name, t, opts.force));
+    return { removed: r.result, trace: r.trace };
   }
 
   /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
@@ -194,6 +207,7 @@ export class Lab {
    */
   async run(argv: string[], opts: RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits } = {}): Promise<RunOutcome & { trace: TraceSummary }> {
     if (opts.pool !== undefined) return this.pool(opts.pool).run(argv, opts);
+    ({ argv, spec: opts } = withImageConfig(this.ctx, opts.image ?? BUILTIN_BUSYBOX, argv, opts));
     const { result, trace } = await this.ctx.traced('run', opts.image ?? 'busybox', (t) =>
       runOnce(
         this.ctx,

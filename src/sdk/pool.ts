@@ -1,7 +1,7 @@
 import type { LabContext } from '../lab/context.js';
 import { poolStats, removePool, trimPool, type PoolStats } from '../lab/pool-admin.js';
 import type { PoolRunner } from '../lab/pool.js';
-import { runInPool, type RunOutcome, type RunSpec } from '../lab/run.js';
+import { runInPool, withImageConfig, type RunOutcome, type RunSpec } from '../lab/run.js';
 import { SnaplabError } from '../errors.js';
 import { Trace, type TraceSummary } from '../timing/trace.js';
 
@@ -50,6 +50,8 @@ export class Pool {
   async run(argv: string[], spec: RunSpec = {}): Promise<RunOutcome & { trace: TraceSummary }> {
     const trace = new Trace('run', this.name);
     try {
+      const image = this.ctx.store.getPool(this.name)?.image;
+      if (image !== undefined) ({ argv, spec } = withImageConfig(this.ctx, image, argv, spec));
       const r = await runInPool(this.ctx, this.runner, argv, spec, trace);
       const summary = trace.finish();
       this.ctx.store.putOperation(summary, { sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, dirt: r.dirt });

@@ -121,4 +121,12 @@ export const migrations: string[] = [
   `
   DROP INDEX IF EXISTS sandboxes_uid_base;
   `,
+  // an image's run config (OCI/docker: Env, Cmd, ...), where it came from, and for built images
+  // the hash of their inputs (the build cache's key)
+  `
+  ALTER TABLE images ADD COLUMN config TEXT;
+  ALTER TABLE images ADD COLUMN provenance TEXT;
+  ALTER TABLE images ADD COLUMN build_key TEXT;
+  CREATE INDEX images_build_key ON images(build_key);
+  `,
 ];

@@ -1,3 +1,5 @@
+import type { ImageConfig } from '../image/oci.js';
+import type { Provenance } from '../image/import.js';
 import type { Volume, StorageKind } from '../storage/backend.js';
 
 export interface Limits {
@@ -14,6 +16,11 @@ export interface ImageRecord {
   path: string;
   sizeBytes: number;
   createdAt: number;
+  /** what `run` with no argv runs, and with what environment (OCI and docker images) */
+  config?: ImageConfig | null;
+  provenance?: Provenance | null;
+  /** built images: the hash of what they were built from */
+  buildKey?: string | null;
 }
 
 export interface SandboxRecord {

@@ -3,9 +3,24 @@ import type { Db } from './db.js';
 import type { ImageRecord, PoolRecord, SandboxRecord, ScenarioRecord, ScenarioSnapshotRecord, SnapshotRecord } from './records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
+import type { ImageConfig } from '../image/oci.js';
+import type { Provenance } from '../image/import.js';
 
 type Row = Record<string, unknown>;
 const json = <T>(v: unknown): T => JSON.parse(v as string) as T;
+
+function toImage(r: Row): ImageRecord {
+  return {
+    name: r.name as string,
+    source: r.source as string,
+    path: r.path as string,
+    sizeBytes: r.size_bytes as number,
+    createdAt: r.created_at as number,
+    config: r.config ? json<ImageConfig>(r.config) : null,
+    provenance: r.provenance ? json<Provenance>(r.provenance) : null,
+    buildKey: (r.build_key as string | null) ?? null,
+  };
+}
 
 function toSandbox(r: Row): SandboxRecord {
   return {
@@ -95,13 +110,18 @@ export class Store {
   // images
   getImage(name: string): ImageRecord | undefined {
     const r = this.stmt('SELECT * FROM images WHERE name = ?').get(name) as Row | undefined;
-    return r && { name: r.name as string, source: r.source as string, path: r.path as string, sizeBytes: r.size_bytes as number, createdAt: r.created_at as number };
+    return r && toImage(r);
+  }
+  findImageByBuildKey(key: string): ImageRecord | undefined {
+    const r = this.stmt('SELECT * FROM images WHERE build_key = ? ORDER BY created_at LIMIT 1').get(key) as Row | undefined;
+    return r && toImage(r);
   }
   listImages(): ImageRecord[] {
     return (this.stmt('SELECT name FROM images ORDER BY name').all() as Row[]).map((r) => this.getImage(r.name as string)!);
   }
   putImage(i: ImageRecord): void {
-    this.stmt('INSERT INTO images (name, source, path, size_bytes, created_at) VALUES (?, ?, ?, ?, ?)').run(i.name, i.source, i.path, i.sizeBytes, i.createdAt);
+    this.stmt('INSERT INTO images (name, source, path, size_bytes, created_at, config, provenance, build_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)')
+      .run(i.name, i.source, i.path, i.sizeBytes, i.createdAt, i.config ? JSON.stringify(i.config) : null, i.provenance ? JSON.stringify(i.provenance) : null, i.buildKey ?? null);
   }
   deleteImage(name: string): void {
     this.stmt('DELETE FROM images WHERE name = ?').run(name);

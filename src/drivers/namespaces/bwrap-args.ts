@@ -1,7 +1,8 @@
+import { MACHINE_AGENT_PATH } from '../driver.js';
 import { SANDBOX_CAPABILITIES } from './capabilities.js';
 
 /** The agent binary, bind-mounted read-only from the host into a fresh tmpfs /run. */
-export const GUEST_AGENT = '/run/snaplab/agent';
+export const GUEST_AGENT = MACHINE_AGENT_PATH;
 /**
  * fds the host's helper passes: the agent writes a byte to READY_FD once it serves; bwrap writes
  * JSON (the sandbox's pid) to INFO_FD; LISTEN_FD is the agent's listening socket, bound by the

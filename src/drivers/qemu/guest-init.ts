@@ -1,9 +1,10 @@
+import { MACHINE_AGENT_PATH } from '../driver.js';
 /** Where the initramfs puts a static busybox for /init alone (removed before the agent starts). */
 export const INIT_BUSYBOX = '/.snaplab/busybox';
 /** Where the agent lives in the initramfs. */
 export const GUEST_AGENT_PATH = '/sbin/snaplab-agent';
 /** Where /init puts it in the guest's root: a tmpfs /run, as the namespaces driver does. */
-export const GUEST_AGENT_RUN_PATH = '/run/snaplab/agent';
+export const GUEST_AGENT_RUN_PATH = MACHINE_AGENT_PATH;
 /** The root disk's block device (`-device virtio-blk-pci`, the first and only disk). */
 export const ROOT_DEVICE = '/dev/vda';
 /** The virtio-serial port's name (`-device virtserialport,name=snaplab`). */
