@@ -14,6 +14,13 @@ export function registerBench(program: Command): void {
   cmd.parseOptions = (args: string[]) => parseOptions(spreadCompare(args));
   cmd.action((argv: string[], o: BenchCli) =>
     withLab(o, async (lab) => {
+      if (o.workload === 'image-import') {
+        const [{ imageBench, renderImageSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([import('../bench/image-bench.js'), import('../bench/progress.js'), import('../lab/sizes.js')]);
+        const summary = await imageBench(lab, parsePositiveInt(o.reps, 'reps'), new Progress(process.stderr));
+        if (o.json) printJson(summary);
+        else process.stdout.write(`${renderImageSummary(summary)}\n`);
+        return;
+      }
       if (o.workload === 'cli') {
         const explicit = (k: keyof BenchCli): boolean => cmd.getOptionValueSource(k) === 'cli';
         const plan = cliPlan(o, argv, explicit);
