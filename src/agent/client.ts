@@ -167,6 +167,8 @@ export class AgentClient implements AsyncDisposable {
   private closedError: SnaplabError | null = null;
   private corked = false;
 
+  private readonly protocolMinor: number;
+
   private constructor(
     private readonly socket: Socket,
     private readonly decoder: FrameDecoder,
@@ -176,6 +178,7 @@ export class AgentClient implements AsyncDisposable {
     this.nextId = firstId;
     this.agentVersion = hello.agentVersion;
     this.protocolVersion = `${hello.major}.${hello.minor}`;
+    this.protocolMinor = hello.minor;
     this.agentPid = hello.pid;
     socket.on('data', (chunk: Buffer) => this.onData(chunk));
     socket.on('error', (e: Error) => {
@@ -312,6 +315,10 @@ export class AgentClient implements AsyncDisposable {
   }
 
   exec(req: ExecRequest, opts: ExecOptions = {}): ExecHandle {
+    // a 1.0 agent ignores the field it does not know: it would run the command as root
+    if (req.user !== undefined && this.protocolMinor < 1) {
+      throw new SnaplabError('AGENT_PROTOCOL', `the agent speaks protocol ${this.protocolVersion}, which cannot run a command as another user (1.1 can)`, 'recreate the machine with this snaplab (its agent is the one it was raised with)');
+    }
     let resolvePid!: (pid: number) => void;
     let rejectPid!: (e: unknown) => void;
     let resolveResult!: (r: ExecResult) => void;

@@ -6,7 +6,7 @@
 import { SnaplabError } from '../errors.js';
 
 export const PROTOCOL_MAJOR = 1;
-export const PROTOCOL_MINOR = 0;
+export const PROTOCOL_MINOR = 1;
 export const HEADER_SIZE = 12;
 export const MAX_PAYLOAD = 64 * 1024 * 1024;
 
