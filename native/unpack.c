@@ -700,6 +700,14 @@ int main(int argc, char **argv) {
     free(long_link);
     pax_buf = long_name = long_link = NULL;
   }
+  /* what follows the end of the archive (record padding, a writer's trailing bytes) is read and
+     dropped: the caller hashes the whole stream, and must be able to write all of it */
+  {
+    char sink[65536];
+    ssize_t r;
+    while ((r = read(0, sink, sizeof sink)) != 0)
+      if (r < 0 && errno != EINTR) fail("IO", "reading the archive: %s", strerror(errno));
+  }
   apply_dir_times();
   printf("{\"entries\":%" PRIu64 ",\"files\":%" PRIu64 ",\"dirs\":%" PRIu64 ",\"symlinks\":%" PRIu64
          ",\"hardlinks\":%" PRIu64 ",\"whiteouts\":%" PRIu64 ",\"opaques\":%" PRIu64 ",\"devices\":%" PRIu64

@@ -140,6 +140,20 @@ describe('image import: OCI layouts and docker save', () => {
     expect(img.config?.cmd).toEqual(config.Cmd);
   });
 
+  it('imports what skopeo writes, as it is: an OCI layout (oci:DIR:TAG) and its docker-archive', async () => {
+    const src = save('for-skopeo.tar', dockerSave({ layers: [layer1, layer2], config, legacy: true, tag: 'sk/test' }));
+    const layout = join(scratch, 'skopeo-layout');
+    execFileSync('skopeo', ['copy', '--quiet', `docker-archive:${src}`, `oci:${layout}:v7`]);
+    const fromOci = await lab.importImage(layout, 'skopeo-oci', { tag: 'v7' });
+    expect(listing(fromOci.path)).toEqual(reference);
+    expect(fromOci.provenance).toMatchObject({ kind: 'oci', ref: 'v7' });
+    const archive = join(scratch, 'skopeo-archive.tar');
+    execFileSync('skopeo', ['copy', '--quiet', `oci:${layout}:v7`, `docker-archive:${archive}:sk/again:latest`]);
+    const fromArchive = await lab.importImage(archive, 'skopeo-archive');
+    expect(listing(fromArchive.path)).toEqual(reference);
+    expect(fromArchive.config?.cmd).toEqual(config.Cmd);
+  });
+
   it('refuses a blob that does not match its digest, and a layer that does not match its diff_id, leaving nothing', async () => {
     const dir = join(scratch, 'corrupt');
     ociLayout(dir, { layers: [layer1, layer2], compress: 'gzip', config, corruptLayer: 1 });
