@@ -20,6 +20,7 @@
  *   tcp-check NETNS HOST PORT TIMEOUT_MS    connect from inside a network namespace (path)
  *   netns-userns PATH BASE COUNT            a network namespace at PATH owned by a new user namespace
  *   idmap-check DIR BASE                    can DIR be idmapped through a user namespace at BASE?
+ *   overlay-xattrs DIR                      trusted.overlay.* -> user.overlay.* below DIR (one filesystem)
  *   launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS*N ARGV...
  *       NETNS: a path to join, or -. USERNS: - or BASE:COUNT, followed by the root filesystem
  *       and the agent binary to stage for bwrap (userns.c).
@@ -31,6 +32,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sys/xattr.h>
+#include <ftw.h>
 #include <fcntl.h>
 #include <linux/btrfs.h>
 #include <poll.h>
@@ -256,6 +259,53 @@ static void op_mount(struct request *r)
 	reply_ok(r->id);
 }
 
+/* Overlay layers written by a mount without userxattr keep overlayfs's own marks (opaque
+ * directories, redirects, origins) as trusted.overlay.*; with userxattr, which every overlay
+ * mount uses since the namespace's root cannot write trusted.*, the kernel reads user.overlay.*.
+ * Move them, never following a link, never crossing into another mount. */
+static __thread unsigned long moved_xattrs;
+static __thread int move_errno;
+
+static int move_overlay_xattrs(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)ftw;
+	if (type == FTW_SL || S_ISLNK(st->st_mode))
+		return 0; /* user.* cannot be set on a symlink; overlayfs keeps nothing there we need */
+	char names[65536];
+	ssize_t n = llistxattr(path, names, sizeof names);
+	if (n <= 0)
+		return 0;
+	for (char *k = names; k < names + n; k += strlen(k) + 1) {
+		if (strncmp(k, "trusted.overlay.", 16) != 0)
+			continue;
+		char value[4096], user[512];
+		ssize_t v = lgetxattr(path, k, value, sizeof value);
+		if (v < 0)
+			continue;
+		snprintf(user, sizeof user, "user.overlay.%s", k + 16);
+		if (lsetxattr(path, user, value, (size_t)v, 0) < 0 || lremovexattr(path, k) < 0) {
+			move_errno = errno;
+			return 1;
+		}
+		moved_xattrs++;
+	}
+	return 0;
+}
+
+static void op_overlay_xattrs(struct request *r)
+{
+	if (r->argc != 2)
+		return reply_err(r->id, EINVAL, "overlay-xattrs DIR");
+	moved_xattrs = 0;
+	move_errno = 0;
+	if (nftw(r->argv[1], move_overlay_xattrs, 32, FTW_PHYS | FTW_MOUNT) != 0)
+		return reply_err(r->id, move_errno ? move_errno : errno, r->argv[1]);
+	char count[32];
+	snprintf(count, sizeof count, "%lu", moved_xattrs);
+	const char *f[] = { "ok", count, NULL };
+	reply(r->id, f);
+}
+
 static void op_umount(struct request *r)
 {
 	if (r->argc != 3)
@@ -268,7 +318,8 @@ static void op_umount(struct request *r)
 /* In the grandchild: join the cgroups, wire fds, exec. Only async-signal-safe calls. */
 struct userns_spec {
 	unsigned base, count;
-	const char *rootfs, *agent;
+	struct userns_root root;
+	const char *agent;
 };
 
 static void launch_child(char *log, const char *netns, const struct userns_spec *us, char **cgs, int ncg, char **argv, int ready_w, int info_w, int listen_fd)
@@ -331,7 +382,7 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 		_exit(125);
 	close_range(owner >= 0 ? 7 : 6, ~0U, 0);
 	/* last of what needs host root: after this the process is the root of its own namespace */
-	if (us && userns_enter(us->base, us->count, owner >= 0 ? 6 : -1, us->rootfs, us->agent) < 0)
+	if (us && userns_enter(us->base, us->count, owner >= 0 ? 6 : -1, &us->root, us->agent) < 0)
 		_exit(125);
 	sigset_t none;
 	sigemptyset(&none);
@@ -343,7 +394,7 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 
 static void op_launch(struct request *r)
 {
-	static const char usage[] = "launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS... ARGV...";
+	static const char usage[] = "launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS|overlay N LOWER*N UPPER WORK] [AGENT] N CGROUP_PROCS... ARGV...";
 	if (r->argc < 8)
 		return reply_err(r->id, EINVAL, usage);
 	char *log = r->argv[1];
@@ -355,10 +406,21 @@ static void op_launch(struct request *r)
 	if (strcmp(r->argv[5], "-") != 0) {
 		if (sscanf(r->argv[5], "%u:%u", &spec.base, &spec.count) != 2 || spec.count == 0 || r->argc < 10)
 			return reply_err(r->id, EINVAL, usage);
-		spec.rootfs = r->argv[6];
-		spec.agent = r->argv[7];
+		memset(&spec.root, 0, sizeof spec.root);
+		at = 6;
+		if (strcmp(r->argv[at], "overlay") == 0) {
+			int n = atoi(r->argv[at + 1]);
+			if (n < 1 || at + 2 + n + 3 >= r->argc)
+				return reply_err(r->id, EINVAL, usage);
+			spec.root.lowers = (const char *const *)&r->argv[at + 2];
+			spec.root.nlower = n;
+			spec.root.upper = r->argv[at + 2 + n];
+			spec.root.work = r->argv[at + 3 + n];
+			at += 4 + n;
+		} else
+			spec.root.dir = r->argv[at++];
+		spec.agent = r->argv[at++];
 		us = &spec;
-		at = 8;
 	}
 	int ncg = atoi(r->argv[at]);
 	if (ncg < 0 || at + 1 + ncg >= r->argc)
@@ -608,6 +670,8 @@ static void *serve(void *p)
 		op_mount(r);
 	else if (strcmp(op, "umount") == 0)
 		op_umount(r);
+	else if (strcmp(op, "overlay-xattrs") == 0)
+		op_overlay_xattrs(r);
 	else if (strcmp(op, "netns-userns") == 0 && r->argc != 4)
 		reply_err(r->id, EINVAL, "netns-userns PATH BASE COUNT");
 	else if (strcmp(op, "netns-userns") == 0) {

@@ -15,8 +15,8 @@
  * remembers the inodes this layer wrote, and a whiteout never touches those.
  *
  * Device nodes and FIFOs are counted and skipped. Extended attributes: security.capability,
- * user.* and POSIX ACLs are kept; trusted.* and other security.* are dropped and counted (a
- * trusted.overlay.* attribute in an image would steer overlayfs when the tree is a lower layer).
+ * user.* (but user.overlay.*) and POSIX ACLs are kept; trusted.*, user.overlay.* and other security.*
+ * are dropped and counted (overlayfs would read them as its own marks when the tree is a layer).
  *
  * On success one JSON line goes to stdout; on failure one line "CODE<TAB>message" goes to stderr
  * and the exit status is 2 (the caller removes the tree: a failed import leaves nothing).
@@ -307,6 +307,8 @@ struct entry {
 };
 
 static int keep_xattr(const char *name) {
+  /* user.overlay.* would be read as overlayfs's own marks when the tree is a layer (userxattr) */
+  if (strncmp(name, "user.overlay.", 13) == 0) return 0;
   return strcmp(name, "security.capability") == 0 || strncmp(name, "user.", 5) == 0 ||
          strcmp(name, "system.posix_acl_access") == 0 || strcmp(name, "system.posix_acl_default") == 0;
 }

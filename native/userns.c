@@ -132,8 +132,25 @@ static int attach(int tree, const char *target)
 		return -1;                                                                            \
 	} while (0)
 
-int userns_enter(unsigned base, unsigned count, int owner, const char *rootfs, const char *agent)
+#define MAX_LOWER 64
+
+/* Stage one idmapped tree at /tmp/snaplab-<name> (a directory in the staging tmpfs). */
+static int stage(int tree, const char *name, char *at, size_t cap)
 {
+	snprintf(at, cap, "%s/snaplab-%s", USERNS_STAGE, name);
+	if (mkdir(at, 0755) < 0 && errno != EEXIST)
+		return -1;
+	return attach(tree, at);
+}
+
+int userns_enter(unsigned base, unsigned count, int owner, const struct userns_root *rootspec, const char *agent)
+{
+	const char *rootfs = rootspec->dir;
+	int nl = rootspec->lowers ? rootspec->nlower : 0;
+	if (nl > MAX_LOWER) {
+		errno = E2BIG;
+		FAIL("too many overlay layers");
+	}
 	int release = -1, nsfd = owner;
 	pid_t holder = -1;
 	if (owner < 0 && (holder = hold_userns(base, count, &release, &nsfd)) < 0)
@@ -143,9 +160,24 @@ int userns_enter(unsigned base, unsigned count, int owner, const char *rootfs, c
 	 * here as long as the sandbox, and must not pin a filesystem the host lets go of) */
 	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
 		FAIL("private mount namespace");
-	int root = idmapped_clone(rootfs, nsfd);
-	if (root < 0)
+	/* every tree is cloned before the staging tmpfs covers /tmp (the home may be under it) */
+	int root = -1, lower[MAX_LOWER], vol = -1;
+	char voldir[4096];
+	if (nl == 0 && (root = idmapped_clone(rootfs, nsfd)) < 0)
 		FAIL("idmapped mount of the root filesystem (does its filesystem support idmapped mounts?)");
+	for (int i = 0; i < nl; i++)
+		if ((lower[i] = idmapped_clone(rootspec->lowers[i], nsfd)) < 0)
+			FAIL("idmapped mount of an overlay layer");
+	if (nl) {
+		/* upper and work must be on one mount: clone their common parent */
+		snprintf(voldir, sizeof voldir, "%s", rootspec->upper);
+		char *slash = strrchr(voldir, '/');
+		if (!slash)
+			FAIL("overlay upper dir");
+		*slash = 0;
+		if ((vol = idmapped_clone(voldir, nsfd)) < 0)
+			FAIL("idmapped mount of the overlay's upper and work dirs");
+	}
 	int bin = idmapped_clone(agent, -1);
 	if (bin < 0)
 		FAIL("clone of the agent binary");
@@ -155,9 +187,37 @@ int userns_enter(unsigned base, unsigned count, int owner, const char *rootfs, c
 	if (mkdir(USERNS_STAGE_ROOT, 0755) < 0 || f < 0)
 		FAIL("staging directory");
 	close(f);
-	if (attach(root, USERNS_STAGE_ROOT) < 0 || attach(bin, USERNS_STAGE_AGENT) < 0)
+	if ((root >= 0 && attach(root, USERNS_STAGE_ROOT) < 0) || attach(bin, USERNS_STAGE_AGENT) < 0)
 		FAIL("staging mounts");
-	close(root), close(bin);
+	/* the overlay's options name the staged layers: lowerdir=/tmp/snaplab-l0:..., upper and work in /tmp/snaplab-v */
+	static char opts[8192];
+	size_t o = 0;
+	if (nl) {
+		char at[256];
+		o += (size_t)snprintf(opts + o, sizeof opts - o, "lowerdir=");
+		for (int i = 0; i < nl; i++) {
+			char name[16];
+			snprintf(name, sizeof name, "l%d", i);
+			if (stage(lower[i], name, at, sizeof at) < 0)
+				FAIL("staging an overlay layer");
+			close(lower[i]);
+			o += (size_t)snprintf(opts + o, sizeof opts - o, "%s%s", i ? ":" : "", at);
+		}
+		if (stage(vol, "v", at, sizeof at) < 0)
+			FAIL("staging the overlay's upper dir");
+		close(vol);
+		const char *u = strrchr(rootspec->upper, '/'), *w = strrchr(rootspec->work, '/');
+		/* userxattr: overlayfs's marks as user.overlay.* (the namespace's root cannot write
+		 * trusted.*), as every overlay mount of snaplab does (OVERLAY_OPTIONS, layers.ts) */
+		o += (size_t)snprintf(opts + o, sizeof opts - o, ",upperdir=%s%s,workdir=%s%s,userxattr", at, u, at, w);
+		if (o >= sizeof opts) {
+			errno = E2BIG;
+			FAIL("overlay options");
+		}
+	}
+	if (root >= 0)
+		close(root);
+	close(bin);
 	if (setns(nsfd, CLONE_NEWUSER) < 0)
 		FAIL("join");
 	close(nsfd);
@@ -179,6 +239,10 @@ int userns_enter(unsigned base, unsigned count, int owner, const char *rootfs, c
 			FAIL("the machine's namespace does not map the range recorded for it");
 		}
 	}
+	/* the overlay is mounted by the namespace's root, in a mount namespace the namespace owns:
+	 * the kernel then takes the idmapped layers (as host root it came up read-only) */
+	if (nl && (unshare(CLONE_NEWNS) < 0 || mount("overlay", USERNS_STAGE_ROOT, "overlay", 0, opts) < 0))
+		FAIL("overlay mount inside the namespace");
 	/* non-dumpable until the exec (the credentials changed): the range cannot ptrace this copy of the helper */
 	return 0;
 }

@@ -13,7 +13,16 @@
  * namespace as its root; owner >= 0: join that existing user namespace instead of making one (a
  * scenario machine's, which owns its network namespace). 0, or -1 with the reason on stderr.
  */
-int userns_enter(unsigned base, unsigned count, int owner, const char *rootfs, const char *agent);
+/* The root filesystem: a directory to idmap, or (lowers != NULL) an overlay of nlower idmapped
+ * lower dirs (top first) and an upper and work dir sharing one parent, mounted inside. */
+struct userns_root {
+	const char *dir;
+	const char *const *lowers;
+	int nlower;
+	const char *upper, *work;
+};
+
+int userns_enter(unsigned base, unsigned count, int owner, const struct userns_root *root, const char *agent);
 
 /* A network namespace bound at path (under /run/netns), owned by a new user namespace mapping
  * 0..count-1 to base.., which lives as long as it does: a scenario machine's, kept across resets.

@@ -1,5 +1,5 @@
 import { chownSync, mkdirSync, mkdtempSync, readdirSync, rmSync, readFileSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { Lab } from '../src/sdk/lab.js';
 import type { SnaplabError } from '../src/errors.js';
@@ -31,7 +31,13 @@ const out = async (box: Sandbox, argv: string[]): Promise<string> => {
 /** real, effective, saved and filesystem uids of a host process */
 const hostUids = (pid: number): number[] => /^Uid:\s+(.*)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]!.split(/\s+/).map(Number);
 
-describe.each(['btrfs', 'dir'] as const)('a sandbox on %s in a user namespace', (storage) => {
+/** Where a file of the sandbox's root is on the host's disk (an overlay clone is mounted only inside: its upper dir). */
+function onDisk(lab: Lab, box: Sandbox, rel: string): string {
+  const v = box.info.volume!;
+  return v.kind === 'overlay' ? join(lab.context.backend('overlay').stack!(v).upper, rel) : join(v.path, rel);
+}
+
+describe.each(['btrfs', 'dir', 'overlay'] as const)('a sandbox on %s in a user namespace', (storage) => {
   it('maps root inside to an unprivileged range outside; its processes run as that range on the host', async () => {
     await using box = await lab.create({ storage });
     const base = box.info.uidBase!;
@@ -47,14 +53,14 @@ describe.each(['btrfs', 'dir'] as const)('a sandbox on %s in a user namespace', 
     await using box = await lab.create({ storage });
     expect(await out(box, ['stat', '-c', '%u:%g', '/etc/passwd'])).toBe('0:0'); // the image's, no chown
     await out(box, ['sh', '-c', 'echo made > /root/made && chown 1000:1000 /root/made.1 2>/dev/null; touch /root/u && chown 1000:1001 /root/u']);
-    const vol = box.info.volume!.path;
-    expect([statSync(join(vol, 'root/made')).uid, statSync(join(vol, 'root/made')).gid]).toEqual([0, 0]);
-    expect([statSync(join(vol, 'root/u')).uid, statSync(join(vol, 'root/u')).gid]).toEqual([1000, 1001]);
+    expect([statSync(onDisk(lab, box, 'root/made')).uid, statSync(onDisk(lab, box, 'root/made')).gid]).toEqual([0, 0]);
+    expect([statSync(onDisk(lab, box, 'root/u')).uid, statSync(onDisk(lab, box, 'root/u')).gid]).toEqual([1000, 1001]);
     // so a snapshot restored into another range reads the same owners
     await box.snapshot(`own-${storage}`);
-    await using copy = await lab.restore(`own-${storage}`);
+    const copy = await lab.restore(`own-${storage}`);
     expect(copy.info.uidBase).not.toBe(box.info.uidBase);
     expect(await out(copy, ['stat', '-c', '%u:%g %n', '/root/made', '/root/u'])).toBe('0:0 /root/made\n1000:1001 /root/u');
+    await copy.destroy(); // (an overlay snapshot's layer stays while a clone stacks it)
     await lab.removeSnapshot(`own-${storage}`);
   });
 
@@ -78,13 +84,28 @@ describe.each(['btrfs', 'dir'] as const)('a sandbox on %s in a user namespace', 
   it('root inside cannot write a file whose owner is outside its range (it can, without one)', async () => {
     for (const userns of [true, false]) {
       await using box = await lab.create({ storage, userns });
-      const f = join(box.info.volume!.path, 'root/host-owned');
+      await out(box, ['touch', '/root/.seen']); // /root in the volume's own layer (overlay: copied up)
+      const f = userns ? onDisk(lab, box, 'root/host-owned') : join(box.info.volume!.path, 'root/host-owned');
+      mkdirSync(dirname(f), { recursive: true });
       writeFileSync(f, 'host\n', { mode: 0o644 });
       chownSync(f, 100_000, 100_000); // an id no range maps: a host user's file, as far as the sandbox can tell
       const r = await box.exec(['sh', '-c', 'echo changed > /root/host-owned']);
       expect({ userns, denied: r.exitCode !== 0 }).toEqual({ userns, denied: userns });
       if (userns) expect(await out(box, ['stat', '-c', '%u', '/root/host-owned'])).toBe('65534');
     }
+  });
+
+  it('removes and recreates an image directory inside, and a snapshot of it restores exactly that', async () => {
+    await using box = await lab.create({ storage });
+    // /etc is the image's: on overlay the removal is a whiteout, the new /etc an opaque directory
+    await out(box, ['sh', '-c', 'rm -rf /etc /usr/share && mkdir /etc && echo mine > /etc/only && mkdir -p /usr/share/new && ls -a /etc']);
+    expect(await out(box, ['ls', '-a', '/etc'])).toBe('.\n..\nonly');
+    await box.snapshot(`opaque-${storage}`);
+    const copy = await lab.restore(`opaque-${storage}`);
+    expect(await out(copy, ['ls', '-a', '/etc', '/usr/share'])).toBe('/etc:\n.\n..\nonly\n\n/usr/share:\n.\n..\nnew');
+    expect(await out(copy, ['cat', '/etc/only'])).toBe('mine');
+    await copy.destroy();
+    await lab.removeSnapshot(`opaque-${storage}`);
   });
 
   it('cannot write what the host bound read-only, nor change the host\'s device nodes', async () => {
@@ -118,11 +139,6 @@ describe('user namespace ranges', () => {
     expect(box.toJSON().userns).toBeNull();
   });
 
-  it('overlay storage has none yet, and says so', async () => {
-    await using box = await lab.create({ storage: 'overlay' });
-    expect(box.info.uidBase).toBeNull();
-    expect(box.hostRoot).toBe(true);
-  });
 
   it('a scenario machine\'s namespace owns its network: ping and port 80 work, and a reset keeps the range', async () => {
     const file = join(lab.home, 'userns-scenario.yaml');

@@ -15,7 +15,7 @@ interface CreateCli extends CommonOptions, LimitOptions {
 /** Said every time a sandbox runs as host root: --no-userns, or storage that cannot idmap yet. */
 export function warnHostRoot(box: { name: string; storage: string; hostRoot: boolean }, asked: boolean): void {
   if (!box.hostRoot) return;
-  const why = asked ? '--no-userns' : box.storage === 'overlay' ? 'overlay storage cannot give it one yet: use --storage btrfs or dir' : 'not available here';
+  const why = asked ? '--no-userns' : 'not available here';
   process.stderr.write(`warning: ${box.name} has no user namespace (${why}): root inside is root on the host, held back only by the capability set and the seccomp filter\n`);
 }
 

@@ -42,7 +42,7 @@ async function usernsChecks(home: string): Promise<Check[]> {
   return [
     { name: 'userns: btrfs', kind: 'storage', optional: true, ...(existsSync(btrfs) ? await probeUserns(btrfs) : { ok: true, reason: 'checked on the pool once it is made (btrfs supports idmapped mounts)' }) },
     { name: 'userns: dir', kind: 'storage', optional: true, ...(await probeUserns(existsSync(home) ? home : dirname(home))) },
-    { name: 'userns: overlay', kind: 'storage', optional: true, ok: false, reason: 'sandboxes on overlay run without a user namespace (root inside is host root): not built yet', fix: 'use --storage btrfs or dir' },
+    { name: 'userns: overlay', kind: 'storage', optional: true, ...(await probeUserns(existsSync(home) ? home : dirname(home))) }, // its layers are plain directories in the home; the overlay is mounted inside
   ];
 }
 

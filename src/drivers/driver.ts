@@ -18,6 +18,8 @@ export interface MachineSpec {
   netns?: string;
   /** run in a user namespace of its own: ids 0..count-1 inside are base.. on the host */
   userns?: { base: number; count: number };
+  /** (overlay, in a user namespace) the root filesystem is this overlay, mounted inside: `rootfs` is not mounted on the host */
+  stack?: { lowers: string[]; upper: string; work: string };
 }
 
 /** What a driver needs, persisted in the sandbox record, to find its machine again later. */

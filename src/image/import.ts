@@ -87,7 +87,7 @@ async function spool(file: string, compression: Compression, into: string, budge
 function notesOf(total: UnpackStats): string[] {
   const notes: string[] = [];
   if (total.devices) notes.push(`${total.devices} device node(s) or FIFO(s) skipped: /dev is the sandbox's own`);
-  if (total.xattrsDropped) notes.push(`${total.xattrsDropped} extended attribute(s) dropped (trusted.* and security.* other than security.capability are not taken from images)`);
+  if (total.xattrsDropped) notes.push(`${total.xattrsDropped} extended attribute(s) dropped (trusted.*, user.overlay.* and security.* other than security.capability are not taken from images)`);
   return notes;
 }
 

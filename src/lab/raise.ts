@@ -45,13 +45,12 @@ export interface RaiseInput {
 }
 
 /** Storage on which a sandbox's root filesystem can be idmapped into its user namespace. */
-export const USERNS_STORAGE: readonly StorageKind[] = ['btrfs', 'dir'];
+export const USERNS_STORAGE: readonly StorageKind[] = ['btrfs', 'dir', 'overlay'];
 
 /**
  * Whether a sandbox gets a user namespace: always where the driver and storage can give one,
- * unless the caller says no. Not yet on overlay storage (said in `ls` and warned about): an overlay
- * mount cannot be idmapped (the kernel refuses with EINVAL); the overlay would have to be mounted
- * inside the namespace, over idmapped layers.
+ * unless the caller says no. (Overlay clones are then mounted inside the namespace, over idmapped
+ * layers: an overlay mount itself cannot be idmapped.)
  * A scenario machine joins the user namespace that owns its network namespace (made by `up`, kept
  * across resets: `uidBase`); one raised into a network namespace without one has none.
  */
@@ -109,7 +108,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     // the cgroup does not need the root filesystem: make both at once
     const clone = (): Promise<Volume> =>
       inflight(ctx, 'clone', async () => {
-        const v = await backend.clone(base);
+        const v = await backend.clone(base, { mountOnHost: !userns });
         record.volume = v; // recorded before the mark is lifted, so gc always sees an owner
         ctx.store.updateSandbox(id, { volume: v });
         return v;
@@ -118,7 +117,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     if (cloned.status === 'rejected') throw cloned.reason;
     const volume = cloned.value;
     if (prepared.status === 'rejected') throw prepared.reason;
-    const spec = { ...machine, rootfs: volume.path, source: { id: base.id, path: base.path, image: input.origin === null } };
+    const spec = { ...machine, rootfs: volume.path, source: { id: base.id, path: base.path, image: input.origin === null }, ...(userns && backend.stack ? { stack: backend.stack(volume) } : {}) };
     const raised = input.memory && driver.restoreMemory
       ? await driver.restoreMemory(spec, input.memory, trace)
       : await driver.raise(spec, trace, signal);

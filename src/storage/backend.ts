@@ -38,8 +38,17 @@ export interface StorageBackend {
   init(): Promise<void>;
   /** Make a read-only base volume from a plain directory tree (copied; `srcDir` is left as is). */
   importImage(srcDir: string, name: string): Promise<Volume>;
-  /** A writable volume whose content starts as `base`'s. `base` may be an image or a snapshot. */
-  clone(base: Volume): Promise<Volume>;
+  /**
+   * A writable volume whose content starts as `base`'s. `base` may be an image or a snapshot.
+   * `mountOnHost: false`: the caller mounts it itself, inside a sandbox's own namespaces (overlay:
+   * `stack` says what to mount); backends whose volumes are plain directories ignore it.
+   */
+  clone(base: Volume, opts?: { mountOnHost?: boolean }): Promise<Volume>;
+  /**
+   * (overlay) the layers of a clone for a mount the caller makes itself: lower dirs top first, and
+   * the upper and work dirs, which share one parent directory
+   */
+  stack?(volume: Volume): { lowers: string[]; upper: string; work: string };
   /**
    * A read-only point-in-time copy of `volume` (writable or not). The caller freezes writers
    * first; the backend only has to copy consistently what is on disk.

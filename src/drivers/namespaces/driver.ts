@@ -78,7 +78,7 @@ export class NamespacesDriver implements Driver {
     const res = await launchNative(HostOps.require(), {
       socket: this.socketPath(spec.id),
       netns: spec.netns,
-      ...(spec.userns ? { userns: { ...spec.userns, rootfs: spec.rootfs, agent } } : {}),
+      ...(spec.userns ? { userns: { ...spec.userns, rootfs: spec.rootfs, agent, ...(spec.stack ? { stack: spec.stack } : {}) } } : {}),
       cgroupProcs: cg.procsFiles,
       argv: bwrap,
       logFile: join(runDir, 'agent.log'),

@@ -8,6 +8,8 @@ export interface UsernsLaunch {
   count: number;
   /** staged, idmapped, where bwrap finds it (bwrap-args.ts STAGED_ROOT) */
   rootfs: string;
+  /** instead of rootfs: an overlay of these, mounted inside the namespace */
+  stack?: { lowers: string[]; upper: string; work: string };
   agent: string;
 }
 
@@ -39,7 +41,8 @@ export async function launchNative(
   opts: { socket: string; netns?: string; userns?: UsernsLaunch; cgroupProcs: string[]; argv: string[]; logFile: string; timeoutMs: number },
 ): Promise<LaunchResult> {
   const { socket, cgroupProcs, argv, logFile, timeoutMs, userns } = opts;
-  const us = userns ? [`${userns.base}:${userns.count}`, userns.rootfs, userns.agent] : ['-'];
+  const root = userns?.stack ? ['overlay', String(userns.stack.lowers.length), ...userns.stack.lowers, userns.stack.upper, userns.stack.work] : [userns?.rootfs ?? ''];
+  const us = userns ? [`${userns.base}:${userns.count}`, ...root, userns.agent] : ['-'];
   try {
     const [pid, tNs, tReady] = await ops.request('launch', logFile, String(timeoutMs), socket, opts.netns ?? '-', ...us, String(cgroupProcs.length), ...cgroupProcs, ...argv);
     return { agentPid: Number(pid), namespacesAt: Number(BigInt(tNs!)) / 1e6, readyAt: Number(BigInt(tReady!)) / 1e6 };

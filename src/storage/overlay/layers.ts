@@ -19,9 +19,26 @@ export interface OverlayMeta {
   layers: string[];
   readOnly: boolean;
   name?: string;
+  /** a clone mounted inside a sandbox's user namespace, never on the host (OverlayBackend.clone) */
+  inNamespace?: boolean;
 }
 
 export const MAX_LAYERS = 32;
+
+/**
+ * Every overlay mount of snaplab, on the host or inside a sandbox's user namespace
+ * (native/userns.c), is `userxattr`: overlayfs keeps its marks (opaque directories, redirects)
+ * as user.overlay.* xattrs, which the namespace's root can write; trusted.overlay.* it cannot,
+ * and the kernel then silently loses opaque directories (an image directory removed inside
+ * comes back, or fails with EIO). One format for all mounts, so that any layer stacks under any
+ * mount. Layers made before are moved to it once (OverlayBackend.init).
+ */
+export const OVERLAY_XATTRS = 'userxattr';
+
+/** The mount options of a stack: layers top first; no upper dir makes it read-only. */
+export function overlayOptions(lowers: string[], upper?: { upper: string; work: string }): string {
+  return [`lowerdir=${lowers.join(':')}`, ...(upper ? [`upperdir=${upper.upper}`, `workdir=${upper.work}`] : []), OVERLAY_XATTRS].join(',');
+}
 
 export const layerDir = (root: string, id: string): string => join(root, id, 'layer');
 

@@ -1,4 +1,5 @@
-import { mkdir, readdir, stat } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { mkdir, readdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import type { Availability } from '../../host/probe-types.js';
@@ -8,7 +9,8 @@ import { withLock } from '../../host/lock.js';
 import { checkVolume, readMeta, writeMeta } from '../meta.js';
 import { isMountPoint, unmountAll } from '../mounts.js';
 import { copyTree, diskBytes, isVolumeId, listIds, newId, removeTree } from '../tree.js';
-import { layerDir, layerUsers, MAX_LAYERS, type OverlayMeta } from './layers.js';
+import { layerDir, layerUsers, MAX_LAYERS, overlayOptions, type OverlayMeta } from './layers.js';
+import { moveXattrs } from './xattrs.js';
 import { probeOverlay } from './probe.js';
 
 /**
@@ -36,11 +38,28 @@ export class OverlayBackend implements StorageBackend {
   /** Also remounts volumes whose overlay mount a reboot took away. */
   async init(): Promise<void> {
     await mkdir(this.empty, { recursive: true });
+    await this.moveToUserXattrs();
     for (const id of await listIds(this.root)) {
       const meta = await readMeta<OverlayMeta>(this.dir(id));
       // one broken volume (a layer gone) must not stop the others; gc removes it if not live
-      if (meta) await this.mount(id, meta).catch(() => undefined);
+      if (meta && !meta.inNamespace) await this.mount(id, meta).catch(() => undefined);
     }
+  }
+
+  /**
+   * Layers and upper dirs written before every mount was `userxattr` (OVERLAY_XATTRS) hold
+   * trusted.overlay.* marks: moved to user.overlay.* once per home (the marker file says done).
+   * A volume mounted the old way when this runs (a sandbox of an older snaplab still up)
+   * keeps running; what it writes is moved when it is snapshotted (a new layer is always moved).
+   */
+  private async moveToUserXattrs(): Promise<void> {
+    const marker = join(this.root, '.userxattr');
+    if (existsSync(marker)) return;
+    await withLock(join(this.root, '.mount.lock'), async () => {
+      if (existsSync(marker)) return;
+      for (const id of await listIds(this.root)) await moveXattrs(this.dir(id));
+      await writeFile(marker, 'overlay marks are user.overlay.* xattrs (userxattr)\n');
+    });
   }
 
   async importImage(srcDir: string, name: string): Promise<Volume> {
@@ -55,7 +74,13 @@ export class OverlayBackend implements StorageBackend {
     });
   }
 
-  async clone(base: Volume): Promise<Volume> {
+  /**
+   * With `mountOnHost: false` the clone is not mounted on the host: a sandbox in a user namespace
+   * mounts it inside (an overlay mount cannot be idmapped; one made by the namespace's root over
+   * idmapped layers can, see native/userns.c). Two mounts may not share an upper dir, so the host
+   * then reads it only through its layers (snapshot, usage, changeMarker already do).
+   */
+  async clone(base: Volume, opts: { mountOnHost?: boolean } = {}): Promise<Volume> {
     const layers = this.layersOf(base);
     if (!base.readOnly) {
       // its upper dir is not a layer: cloning it would silently drop the base's changes
@@ -64,7 +89,7 @@ export class OverlayBackend implements StorageBackend {
     const id = newId();
     return this.building(id, async () => {
       for (const d of ['upper', 'work', 'merged']) await mkdir(join(this.dir(id), d), { recursive: true });
-      const meta: OverlayMeta = { role: 'clone', layers: [...layers], readOnly: false };
+      const meta: OverlayMeta = { role: 'clone', layers: [...layers], readOnly: false, ...(opts.mountOnHost === false ? { inNamespace: true } : {}) };
       // meta.json first: from here on a delete of a base layer sees this clone as its user
       await writeMeta(this.dir(id), meta);
       return this.finish(id, meta);
@@ -84,12 +109,15 @@ export class OverlayBackend implements StorageBackend {
       } else if (layers.length + 1 > MAX_LAYERS) {
         // overlay options must fit in a page and stacks slow lookups: flatten deep chains
         meta = { role: 'snapshot', layers: [id], readOnly: true };
-        await copyTree(volume.path, layerDir(this.root, id));
+        await this.withMergedView(volume, (merged) => copyTree(merged, layerDir(this.root, id)));
+        await moveXattrs(layerDir(this.root, id));
         await writeMeta(this.dir(id), meta);
       } else {
         // the upper dir holds exactly the clone's changes, whiteouts and opaque marks included
         meta = { role: 'snapshot', layers: [id, ...layers], readOnly: true };
         await copyTree(join(this.dir(volume.id), 'upper'), layerDir(this.root, id));
+        // an upper dir of a mount made before userxattr holds trusted.overlay.* marks
+        await moveXattrs(layerDir(this.root, id));
         await writeMeta(this.dir(id), meta);
       }
       return this.finish(id, meta);
@@ -196,8 +224,31 @@ export class OverlayBackend implements StorageBackend {
     return layers as string[];
   }
 
+  stack(volume: Volume): { lowers: string[]; upper: string; work: string } {
+    checkVolume(volume, 'overlay');
+    return { lowers: this.layersOf(volume).map((l) => layerDir(this.root, l)), upper: join(this.dir(volume.id), 'upper'), work: join(this.dir(volume.id), 'work') };
+  }
+
+  /**
+   * The merged tree of a writable volume, to read: its own mount, or, for a clone mounted only
+   * inside a sandbox, a read-only overlay of its upper dir over its layers, for as long as `fn` runs.
+   */
+  private async withMergedView<T>(volume: Volume, fn: (merged: string) => Promise<T>): Promise<T> {
+    const meta = await readMeta<OverlayMeta>(this.dir(volume.id));
+    if (!meta?.inNamespace) return fn(volume.path);
+    const view = join(this.dir(volume.id), 'view');
+    await mkdir(view, { recursive: true });
+    const s = this.stack(volume);
+    await mountFs('overlay', view, 'overlay', overlayOptions([s.upper, ...s.lowers]));
+    try {
+      return await fn(view);
+    } finally {
+      await unmountAll(view);
+    }
+  }
+
   private async finish(id: string, meta: OverlayMeta): Promise<Volume> {
-    await this.mount(id, meta);
+    if (!meta.inNamespace) await this.mount(id, meta);
     const ref = meta.name === undefined ? { layers: meta.layers } : { layers: meta.layers, name: meta.name };
     return { kind: 'overlay', id, path: join(this.dir(id), 'merged'), readOnly: meta.readOnly, ref };
   }
@@ -208,9 +259,9 @@ export class OverlayBackend implements StorageBackend {
     let opts: string;
     if (meta.readOnly) {
       if (lowers.length === 1) lowers.push(this.empty);
-      opts = `lowerdir=${lowers.join(':')}`;
+      opts = overlayOptions(lowers);
     } else {
-      opts = `lowerdir=${lowers.join(':')},upperdir=${this.dir(id)}/upper,workdir=${this.dir(id)}/work`;
+      opts = overlayOptions(lowers, { upper: join(this.dir(id), 'upper'), work: join(this.dir(id), 'work') });
     }
     // The lock keeps init() in one process and a create in another from mounting twice.
     await withLock(join(this.root, '.mount.lock'), async () => {

@@ -1,3 +1,4 @@
+import { overlayOptions } from './layers.js';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Availability } from '../../host/probe-types.js';
@@ -21,7 +22,7 @@ export async function probeOverlay(home: string, root: string): Promise<Availabi
     await mkdir(root, { recursive: true });
     dir = await mkdtemp(join(root, '.probe-'));
     for (const d of ['l', 'u', 'w', 'm']) await mkdir(join(dir, d));
-    const opts = `lowerdir=${dir}/l,upperdir=${dir}/u,workdir=${dir}/w`;
+    const opts = overlayOptions([`${dir}/l`], { upper: `${dir}/u`, work: `${dir}/w` });
     const r = await run('mount', ['-t', 'overlay', 'overlay', '-o', opts, `${dir}/m`], { allowFail: true });
     if (r.code !== 0) {
       return { ok: false, reason: `test overlay mount failed: ${r.stderr.trim()}`, fix: `put ${home} on ext4, xfs or btrfs (not overlay, nfs) and run as root` };
