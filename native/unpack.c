@@ -12,7 +12,7 @@
  *
  * --layer: an OCI layer. `.wh.NAME` removes NAME of the layers below, `.wh..wh..opq` empties its
  * directory of what the layers below put there (in whatever order the tar has them): the helper
- * remembers the inodes this layer wrote, and a whiteout never touches those.
+ * remembers the paths this layer wrote (and their parents), and a whiteout never touches those.
  *
  * Device nodes and FIFOs are counted and skipped. Extended attributes: security.capability,
  * user.* (but user.overlay.*) and POSIX ACLs are kept; trusted.*, user.overlay.* and other security.*
@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
@@ -89,53 +90,73 @@ static void skip_bytes(uint64_t n) {
   }
 }
 
+/* sizes past this are corrupt (and would wrap when padded to a block) */
+#define MAX_SIZE (1ull << 62)
+#define MAX_ID 0xfffffffeull
+
 static uint64_t padded(uint64_t size) { return (size + BLOCK - 1) / BLOCK * BLOCK; }
 
-/* ---- inodes written by this layer (a whiteout never removes these) ---- */
+/* ---- paths written by this layer (a whiteout or an opaque marker never removes these) ----
+ * By path, not by inode: a hard link to a lower layer's file must not shield that file. Every
+ * entry marks its own path and all its ancestors, so an opaque parent keeps what the layer put
+ * below it whatever the order of the tar. */
 
-static struct ino_key { uint64_t dev, ino; } *ino_tab;
-static size_t ino_cap, ino_len;
+static char **written;
+static size_t written_cap, written_len;
 
-static size_t ino_slot(uint64_t dev, uint64_t ino) {
-  uint64_t h = (ino * 0x9E3779B97F4A7C15ull) ^ dev;
-  return (size_t)(h & (ino_cap - 1));
+static uint64_t path_hash(const char *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+  return h;
 }
 
-static void ino_add_raw(uint64_t dev, uint64_t ino) {
-  size_t i = ino_slot(dev, ino);
-  while (ino_tab[i].ino || ino_tab[i].dev) {
-    if (ino_tab[i].dev == dev && ino_tab[i].ino == ino) return;
-    i = (i + 1) & (ino_cap - 1);
-  }
-  ino_tab[i].dev = dev;
-  ino_tab[i].ino = ino;
-  ino_len++;
+static int written_find(const char *p, size_t n, size_t *slot) {
+  size_t i = (size_t)path_hash(p, n) & (written_cap - 1);
+  for (; written[i]; i = (i + 1) & (written_cap - 1))
+    if (strlen(written[i]) == n && memcmp(written[i], p, n) == 0) {
+      *slot = i;
+      return 1;
+    }
+  *slot = i;
+  return 0;
 }
 
-static void ino_add(const struct stat *st) {
-  if (!layer_mode) return;
-  if ((ino_len + 1) * 2 > ino_cap) {
-    struct ino_key *old = ino_tab;
-    size_t old_cap = ino_cap;
-    ino_cap = ino_cap ? ino_cap * 2 : 4096;
-    ino_tab = calloc(ino_cap, sizeof *ino_tab);
-    if (!ino_tab) fail("IO", "out of memory");
-    ino_len = 0;
+static void written_put(const char *p, size_t n) {
+  if ((written_len + 1) * 2 > written_cap) {
+    char **old = written;
+    size_t old_cap = written_cap;
+    written_cap = written_cap ? written_cap * 2 : 4096;
+    written = calloc(written_cap, sizeof *written);
+    if (!written) fail("IO", "out of memory");
     for (size_t i = 0; i < old_cap; i++)
-      if (old[i].ino || old[i].dev) ino_add_raw(old[i].dev, old[i].ino);
+      if (old[i]) {
+        size_t slot;
+        written_find(old[i], strlen(old[i]), &slot);
+        written[slot] = old[i];
+      }
     free(old);
   }
-  ino_add_raw((uint64_t)st->st_dev, (uint64_t)st->st_ino);
+  size_t slot;
+  if (written_find(p, n, &slot)) return;
+  written[slot] = strndup(p, n);
+  if (!written[slot]) fail("IO", "out of memory");
+  written_len++;
 }
 
-static int ino_has(const struct stat *st) {
-  if (!ino_cap) return 0;
-  size_t i = ino_slot((uint64_t)st->st_dev, (uint64_t)st->st_ino);
-  while (ino_tab[i].ino || ino_tab[i].dev) {
-    if (ino_tab[i].dev == (uint64_t)st->st_dev && ino_tab[i].ino == (uint64_t)st->st_ino) return 1;
-    i = (i + 1) & (ino_cap - 1);
-  }
-  return 0;
+/* mark `rel` and every ancestor of it ("" is the root) */
+static void mark_written(const char *rel) {
+  if (!layer_mode) return;
+  size_t n = strlen(rel);
+  written_put(rel, n);
+  for (size_t i = n; i-- > 0;)
+    if (rel[i] == '/') written_put(rel, i);
+  written_put("", 0);
+}
+
+static int was_written(const char *rel) {
+  if (!written_cap) return 0;
+  size_t slot;
+  return written_find(rel, strlen(rel), &slot);
 }
 
 /* ---- paths ---- */
@@ -226,8 +247,6 @@ static int parent_of(const char *rel, const char **base, const char *shown) {
       int ufd = resolve_dir(up);
       if (ufd < 0) break;
       if (mkdirat(ufd, leaf, 0755) < 0 && errno != EEXIST) fail("IO", "mkdir %s: %s", part, strerror(errno));
-      struct stat st;
-      if (fstatat(ufd, leaf, &st, AT_SYMLINK_NOFOLLOW) == 0) ino_add(&st);
       close(ufd);
     }
     fd = resolve_dir(dir);
@@ -244,27 +263,30 @@ static int parent_of(const char *rel, const char **base, const char *shown) {
   return fd;
 }
 
-/* Remove every entry of the directory open at fd, never following a link. */
-static void empty_dir(int fd, const char *shown, int keep_layer) {
-  int dup_fd = dup(fd);
-  if (dup_fd < 0) fail("IO", "dup: %s", strerror(errno));
-  DIR *d = fdopendir(dup_fd);
+/* Remove every entry of the directory open at fd (taken over: closed here), never following a
+ * link. keep_layer: `rel` is the directory's path in the tree, and what this layer wrote below
+ * it stays. One descriptor per level. */
+static void empty_dir(int fd, const char *rel, const char *shown, int keep_layer) {
+  DIR *d = fdopendir(fd);
   if (!d) fail("IO", "opendir %s: %s", shown, strerror(errno));
+  int dfd = dirfd(d);
   struct dirent *e;
   while ((e = readdir(d))) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    struct stat st;
-    if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
-    if (keep_layer && ino_has(&st)) {
-      if (S_ISDIR(st.st_mode)) {
-        int cfd = openat(fd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (cfd < 0) fail("IO", "open %s/%s: %s", shown, e->d_name, strerror(errno));
-        empty_dir(cfd, shown, 1);
-        close(cfd);
+    if (keep_layer) {
+      char child[MAX_PATH * 2];
+      snprintf(child, sizeof child, "%s%s%s", rel, rel[0] ? "/" : "", e->d_name);
+      if (was_written(child)) {
+        struct stat st;
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+          int cfd = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+          if (cfd < 0) fail("IO", "open %s/%s: %s", shown, e->d_name, strerror(errno));
+          empty_dir(cfd, child, shown, 1);
+        }
+        continue;
       }
-      continue;
     }
-    remove_at(fd, e->d_name, shown);
+    remove_at(dfd, e->d_name, shown);
   }
   closedir(d);
 }
@@ -274,8 +296,7 @@ static void remove_at(int dirfd, const char *name, const char *shown) {
   if (errno != EISDIR) fail("IO", "remove %s: %s", shown, strerror(errno));
   int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) fail("IO", "open %s: %s", shown, strerror(errno));
-  empty_dir(fd, shown, 0);
-  close(fd);
+  empty_dir(fd, "", shown, 0);
   if (unlinkat(dirfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT) fail("IO", "rmdir %s: %s", shown, strerror(errno));
 }
 
@@ -343,7 +364,7 @@ static void remember_dir_time(const char *rel, struct timespec t) {
 }
 
 static void apply_dir_times(void) {
-  for (size_t i = dir_times_len; i-- > 0;) {
+  for (size_t i = 0; i < dir_times_len; i++) {
     int fd = resolve_dir_as(dir_times[i].path, O_RDONLY);
     if (fd < 0) continue; /* removed by a later entry */
     struct timespec ts[2] = { dir_times[i].mtime, dir_times[i].mtime };
@@ -384,7 +405,7 @@ static void do_whiteout(char *rel, const char *shown) {
   pfd = parent_of(rel, &base, shown);
   struct stat st;
   if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0) return;
-  if (ino_has(&st)) return; /* written by this same layer: a whiteout hides only what is below */
+  if (was_written(rel)) return; /* written by this same layer: a whiteout hides only what is below */
   remove_at(pfd, base, shown);
   stats.whiteouts++;
 }
@@ -400,8 +421,7 @@ static void do_opaque(const char *rel, const char *shown) {
   close(fd);
   if (rfd < 0) fail("IO", "open %s: %s", shown, strerror(errno));
   drop_cache();
-  empty_dir(rfd, shown, 1);
-  close(rfd);
+  empty_dir(rfd, rel, shown, 1);
   stats.opaques++;
 }
 
@@ -410,7 +430,8 @@ static void apply(struct entry *e) {
   snprintf(shown, sizeof shown, "%s", e->path[0] ? e->path : ".");
   stats.entries++;
 
-  if (layer_mode && e->type != '5') {
+  /* a .wh. name is a whiteout whatever its type (as Docker and containerd read it) */
+  if (layer_mode) {
     const char *slash = strrchr(e->path, '/');
     const char *base = slash ? slash + 1 : e->path;
     if (strncmp(base, ".wh.", 4) == 0) {
@@ -433,13 +454,11 @@ static void apply(struct entry *e) {
     }
   }
 
+  mark_written(e->path);
   if (!e->path[0]) {
     if (e->type != '5') fail("UNSAFE_PATH", "an entry named '.' that is not a directory would replace the image's root");
     int fd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     set_meta(fd, e, shown);
-    struct stat st;
-    fstat(fd, &st);
-    ino_add(&st);
     close(fd);
     remember_dir_time("", e->mtime);
     return;
@@ -457,8 +476,6 @@ static void apply(struct entry *e) {
     set_meta(fd, e, shown);
     struct timespec ts[2] = { e->mtime, e->mtime };
     futimens(fd, ts);
-    fstat(fd, &st);
-    ino_add(&st);
     close(fd);
     stats.files++;
     return;
@@ -468,8 +485,6 @@ static void apply(struct entry *e) {
     int fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) fail("IO", "open %s: %s", shown, strerror(errno));
     set_meta(fd, e, shown);
-    fstat(fd, &st);
-    ino_add(&st);
     close(fd);
     remember_dir_time(e->path, e->mtime);
     skip_bytes(padded(e->size));
@@ -482,7 +497,6 @@ static void apply(struct entry *e) {
     if (fchownat(pfd, base, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0) fail("IO", "chown %s: %s", shown, strerror(errno));
     struct timespec ts[2] = { e->mtime, e->mtime };
     utimensat(pfd, base, ts, AT_SYMLINK_NOFOLLOW);
-    if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0) ino_add(&st);
     skip_bytes(padded(e->size));
     stats.symlinks++;
     return;
@@ -514,7 +528,6 @@ static void apply(struct entry *e) {
       if (linkat(tfd, tbase, pfd, base, 0) < 0) fail("IO", "link %s -> %s: %s", shown, orig, strerror(errno));
       close(tfd);
     }
-    ino_add(&st);
     skip_bytes(padded(e->size));
     stats.hardlinks++;
     return;
@@ -551,6 +564,18 @@ static uint64_t num(const char *f, size_t n, const char *what) {
   for (; i < n; i++)
     if (f[i] != ' ' && f[i] != 0) fail("BAD_TAR", "a header's %s field is not a number", what);
   return v;
+}
+
+/* a pax number: decimal digits only (strtoull would take "-1" and wrap it) */
+static uint64_t pax_num(const char *v, const char *what, uint64_t max) {
+  if (!*v) fail("BAD_TAR", "a pax %s record is empty", what);
+  uint64_t n = 0;
+  for (const char *c = v; *c; c++) {
+    if (*c < '0' || *c > '9' || n > max / 10) fail("BAD_TAR", "a pax %s record is not a number in range", what);
+    n = n * 10 + (uint64_t)(*c - '0');
+  }
+  if (n > max) fail("BAD_TAR", "a pax %s record is not a number in range", what);
+  return n;
 }
 
 static int checksum_ok(const unsigned char *h) {
@@ -596,11 +621,13 @@ static void pax_parse(char *buf, uint64_t len, struct pax *p) {
     char *val = eq + 1;
     size_t vlen = (size_t)(end - val);
     *end = 0;
+    if ((strcmp(kv, "path") == 0 || strcmp(kv, "linkpath") == 0) && strlen(val) != vlen)
+      fail("BAD_TAR", "a pax %s record has a NUL byte in it", kv);
     if (strcmp(kv, "path") == 0) p->path = val;
     else if (strcmp(kv, "linkpath") == 0) p->link = val;
-    else if (strcmp(kv, "size") == 0) { p->size = strtoull(val, NULL, 10); p->has_size = 1; }
-    else if (strcmp(kv, "uid") == 0) { p->uid = strtoull(val, NULL, 10); p->has_uid = 1; }
-    else if (strcmp(kv, "gid") == 0) { p->gid = strtoull(val, NULL, 10); p->has_gid = 1; }
+    else if (strcmp(kv, "size") == 0) { p->size = pax_num(val, "size", MAX_SIZE); p->has_size = 1; }
+    else if (strcmp(kv, "uid") == 0) { p->uid = pax_num(val, "uid", MAX_ID); p->has_uid = 1; }
+    else if (strcmp(kv, "gid") == 0) { p->gid = pax_num(val, "gid", MAX_ID); p->has_gid = 1; }
     else if (strcmp(kv, "mtime") == 0) {
       char *dot;
       p->mtime.tv_sec = strtoll(val, &dot, 10);
@@ -633,8 +660,18 @@ int main(int argc, char **argv) {
   root_fd = open(argv[1], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (root_fd < 0) fail("IO", "open %s: %s", argv[1], strerror(errno));
   umask(0);
+  /* removing a deep tree holds one descriptor per level (a 4095-byte name is ~2000 levels) */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
 
-  char *pax_buf = NULL, *long_name = NULL, *long_link = NULL;
+  /* every pax header before one entry is kept until the entry is applied: the records point into them */
+  enum { MAX_PAX_HEADERS = 8 };
+  char *pax_bufs[MAX_PAX_HEADERS];
+  int npax = 0;
+  char *long_name = NULL, *long_link = NULL;
   struct pax pax;
   memset(&pax, 0, sizeof pax);
   static struct entry e;
@@ -654,10 +691,11 @@ int main(int argc, char **argv) {
     if (!checksum_ok(h)) fail("BAD_TAR", "a header's checksum is wrong (not a tar archive, or corrupt)");
     char type = (char)h[156];
     uint64_t size = num((char *)h + 124, 12, "size");
+    if (size > MAX_SIZE) fail("BAD_TAR", "a header's size is out of range");
     if (type == 'x') {
-      free(pax_buf);
-      read_body(&pax_buf, size, MAX_PAX, "a pax header");
-      pax_parse(pax_buf, size, &pax);
+      if (npax == MAX_PAX_HEADERS) fail("BAD_TAR", "more than %d pax headers before one entry", MAX_PAX_HEADERS);
+      read_body(&pax_bufs[npax], size, MAX_PAX, "a pax header");
+      pax_parse(pax_bufs[npax++], size, &pax);
       continue;
     }
     if (type == 'g') { /* global pax header: nothing in it changes how entries are applied */
@@ -686,8 +724,11 @@ int main(int argc, char **argv) {
     else if (long_link) snprintf(e.link, sizeof e.link, "%s", long_link);
     else snprintf(e.link, sizeof e.link, "%.100s", (char *)h + 157);
     e.mode = (mode_t)num((char *)h + 100, 8, "mode");
-    e.uid = (uid_t)(pax.has_uid ? pax.uid : num((char *)h + 108, 8, "uid"));
-    e.gid = (gid_t)(pax.has_gid ? pax.gid : num((char *)h + 116, 8, "gid"));
+    uint64_t uid = pax.has_uid ? pax.uid : num((char *)h + 108, 8, "uid");
+    uint64_t gid = pax.has_gid ? pax.gid : num((char *)h + 116, 8, "gid");
+    if (uid > MAX_ID || gid > MAX_ID) fail("BAD_TAR", "%s has an owner out of range", orig);
+    e.uid = (uid_t)uid;
+    e.gid = (gid_t)gid;
     e.size = pax.has_size ? pax.size : size;
     if (pax.has_mtime) e.mtime = pax.mtime;
     else e.mtime = (struct timespec){ (time_t)num((char *)h + 136, 12, "mtime"), 0 };
@@ -697,10 +738,10 @@ int main(int argc, char **argv) {
     apply(&e);
 
     memset(&pax, 0, sizeof pax);
-    free(pax_buf);
+    while (npax > 0) free(pax_bufs[--npax]);
     free(long_name);
     free(long_link);
-    pax_buf = long_name = long_link = NULL;
+    long_name = long_link = NULL;
   }
   /* what follows the end of the archive (record padding, a writer's trailing bytes) is read and
      dropped: the caller hashes the whole stream, and must be able to write all of it */

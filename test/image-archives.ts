@@ -21,6 +21,10 @@ export interface Entry {
   xattrs?: Record<string, Buffer | string>;
   /** a pax `path` record (names past ustar's 255 bytes) */
   pax?: boolean;
+  /** the size in a pax record only, the header's size field 0 (Go's archive/tar past 8 GiB) */
+  paxSize?: boolean;
+  /** more pax records, in a second pax header of their own */
+  extraPax?: Record<string, string>;
 }
 
 const TYPE = { file: '0', link: '1', symlink: '2', char: '3', dir: '5', fifo: '6' } as const;
@@ -63,12 +67,17 @@ export function tar(entries: Entry[]): Buffer {
     const data = Buffer.from(e.data ?? '');
     const records: Buffer[] = [];
     if (e.pax || Buffer.byteLength(e.name) > 100) records.push(paxRecord('path', Buffer.from(e.name)));
+    if (e.paxSize) records.push(paxRecord('size', Buffer.from(String(data.length))));
     for (const [k, v] of Object.entries(e.xattrs ?? {})) records.push(paxRecord(`SCHILY.xattr.${k}`, Buffer.from(v)));
     if (records.length) {
       const body = Buffer.concat(records);
       parts.push(header('PaxHeader', 'x', body.length, { name: 'PaxHeader' }), pad(body));
     }
-    parts.push(header(e.name, type, type === '0' ? data.length : 0, e));
+    if (e.extraPax) {
+      const body = Buffer.concat(Object.entries(e.extraPax).map(([k, v]) => paxRecord(k, Buffer.from(v))));
+      parts.push(header('PaxHeader2', 'x', body.length, { name: 'PaxHeader2' }), pad(body));
+    }
+    parts.push(header(e.name, type, type === '0' && !e.paxSize ? data.length : 0, e));
     if (type === '0') parts.push(pad(data));
   }
   parts.push(Buffer.alloc(1024));
@@ -151,7 +160,7 @@ export function ociLayout(dir: string, spec: ImageSpec): void {
  * A `docker save` tarball: `legacy` is the layout before Docker 25 (`<id>/layer.tar`, `<id>.json`),
  * otherwise Docker 25+'s (an OCI layout plus manifest.json, blobs named by digest).
  */
-export function dockerSave(spec: ImageSpec & { legacy: boolean }): Buffer {
+export function dockerSave(spec: ImageSpec & { legacy: boolean; paxSizes?: boolean }): Buffer {
   const entries: Entry[] = [];
   const config = configOf(spec.layers, spec);
   const tags = [`${spec.tag ?? 'test/image'}:latest`];
@@ -168,7 +177,7 @@ export function dockerSave(spec: ImageSpec & { legacy: boolean }): Buffer {
   entries.push({ name: 'blobs/', type: 'dir' }, { name: 'blobs/sha256/', type: 'dir' });
   const layerNames = spec.layers.map((l) => {
     const stored = compress(l, spec.compress ?? 'none');
-    entries.push({ name: `blobs/sha256/${sha(stored)}`, data: stored });
+    entries.push({ name: `blobs/sha256/${sha(stored)}`, data: stored, paxSize: spec.paxSizes });
     return `blobs/sha256/${sha(stored)}`;
   });
   entries.push({ name: `blobs/sha256/${sha(config)}`, data: config });

@@ -168,6 +168,66 @@ describe('image import: OCI layouts and docker save', () => {
   });
 });
 
+describe('layer semantics at the edges', () => {
+  const layered = async (name: string, layers: Entry[][]): Promise<string> => {
+    const dir = join(scratch, name);
+    ociLayout(dir, { layers: layers.map(tar), compress: 'none' });
+    return (await lab.importImage(dir, name)).path;
+  };
+
+  it('a hard link to a lower file does not shield it from a whiteout of the same layer', async () => {
+    const root = await layered('hl-wh', [
+      [{ name: 'd/', type: 'dir' }, { name: 'd/f', data: 'lower\n' }],
+      [{ name: 'e/', type: 'dir' }, { name: 'e/link', type: 'link', link: 'd/f' }, { name: 'd/.wh.f' }],
+    ]);
+    expect(() => lstatSync(join(root, 'd/f'))).toThrow();
+    expect(readFileSync(join(root, 'e/link'), 'utf8')).toBe('lower\n');
+  });
+
+  it('an opaque directory keeps what the layer put below it, whatever the order, also under a parent with no entry of its own', async () => {
+    const root = await layered('opq-order', [
+      [{ name: 'd/', type: 'dir' }, { name: 'd/sub/', type: 'dir' }, { name: 'd/sub/old', data: 'old' }, { name: 'd/gone', data: 'x' }],
+      [{ name: 'd/sub/new', data: 'new' }, { name: 'd/.wh..wh..opq' }],
+    ]);
+    expect(readdirSync(join(root, 'd'))).toEqual(['sub']);
+    expect(readdirSync(join(root, 'd/sub'))).toEqual(['new']);
+  });
+
+  it('a .wh. name is a whiteout whatever its entry type', async () => {
+    const root = await layered('wh-dir', [[{ name: 'd/', type: 'dir' }, { name: 'd/f', data: 'x' }], [{ name: 'd/.wh.f', type: 'dir' }]]);
+    expect(readdirSync(join(root, 'd'))).toEqual([]);
+  });
+
+  it('two pax headers before one entry: the name of the first, the time of the second', async () => {
+    const file = save('two-pax.tar', tar([{ name: 'short', data: 'x', pax: true, extraPax: { mtime: '1500000000', comment: 'ZZZZZZZZZZZZZZZZZZZZZZZZ' } }]));
+    const img = await lab.importImage(file, 'two-pax');
+    expect(readdirSync(img.path).filter((n) => !['bin', 'sbin', 'usr', 'etc', 'root', 'tmp', 'proc', 'dev', 'run', 'var', 'home'].includes(n))).toEqual(['short']);
+    expect(statSync(join(img.path, 'short')).mtimeMs).toBe(1_500_000_000_000);
+  });
+
+  it('reads a docker save whose members carry their size in pax records (Go writes members past 8 GiB so)', async () => {
+    const img = await lab.importImage(save('pax-size.tar', dockerSave({ layers: [layer1, layer2], config, legacy: false, paxSizes: true })), 'pax-size');
+    expect(listing(img.path)).toEqual(listing((await lab.images()).find((i) => i.name === 'oci-dir')!.path));
+  });
+
+  it('refuses sizes and owners out of range', async () => {
+    const huge = tar([{ name: 'a', type: 'dir', extraPax: { size: '18446744073709551615' } }, { name: 'hidden', data: 'x' }]);
+    await expect(lab.importImage(save('huge.tar', huge), 'huge')).rejects.toMatchObject({ code: 'BAD_IMAGE', message: expect.stringMatching(/size/) });
+    const neg = tar([{ name: 'a', data: 'x', extraPax: { uid: '-1' } }]);
+    await expect(lab.importImage(save('neg.tar', neg), 'neg')).rejects.toMatchObject({ code: 'BAD_IMAGE', message: expect.stringMatching(/uid/) });
+    const wide = tar([{ name: 'a', data: 'x', extraPax: { uid: '4294967296' } }]);
+    await expect(lab.importImage(save('wide.tar', wide), 'wide')).rejects.toMatchObject({ code: 'BAD_IMAGE' });
+    expect(leftovers()).toEqual([]);
+  });
+
+  it('a numeric --user takes its group and groups from the machine, as Docker does', async () => {
+    const r = await lab.run(['/bin/sh', '-c', 'echo $(id -u):$(id -g) $(id -G)'], { image: 'oci-dir', user: '1000' });
+    expect(r.stdout.toString()).toBe('1000:1000 1000 50\n');
+    const unknown = await lab.run(['/bin/sh', '-c', 'echo $(id -u):$(id -g)'], { image: 'oci-dir', user: '4242' });
+    expect(unknown.stdout.toString()).toBe('4242:0\n');
+  });
+});
+
 function save(name: string, data: Buffer): string {
   const p = join(scratch, name);
   writeFileSync(p, data);

@@ -55,27 +55,32 @@ type ReadAt = (pos: number, len: number) => Promise<Buffer>;
 export async function walkTar(read: ReadAt, visit: (h: TarHeader) => boolean): Promise<void> {
   let pos = 0;
   let longName: string | undefined;
-  let paxPath: string | undefined;
-  let paxLink: string | undefined;
+  let longLink: string | undefined;
+  let pax: { path?: string; linkpath?: string; size?: number } = {};
   for (;;) {
     const h = await read(pos, BLOCK);
     if (h.length < BLOCK || h.every((b) => b === 0)) return;
     let sum = 0;
     for (let i = 0; i < BLOCK; i++) sum += i >= 148 && i < 156 ? 32 : h[i]!;
     if (sum !== octal(h, 148, 8)) throw bad(`bad header checksum at byte ${pos}`);
-    const size = octal(h, 124, 12);
     const type = String.fromCharCode(h[156]!);
+    const meta = type === 'L' || type === 'K' || type === 'x' || type === 'g';
+    // Go's archive/tar (docker save) writes members of 8 GiB and more with the size in pax only
+    const size = !meta && pax.size !== undefined ? pax.size : octal(h, 124, 12);
     const data = pos + BLOCK;
     pos = data + Math.ceil(size / BLOCK) * BLOCK;
-    if (type === 'L' || type === 'x') {
+    if (type === 'L' || type === 'K' || type === 'x') {
       if (size > 1 << 20) throw bad('an oversized long-name or pax header');
       const body = await read(data, size);
       if (body.length < size) return;
       if (type === 'L') longName = cstr(body, 0, size);
+      else if (type === 'K') longLink = cstr(body, 0, size);
       else {
-        for (const m of body.toString('utf8').matchAll(/^\d+ (path|linkpath)=(.*)$/gm)) {
-          if (m[1] === 'path') paxPath = m[2];
-          else paxLink = m[2];
+        for (const m of body.toString('utf8').matchAll(/^\d+ (path|linkpath|size)=(.*)$/gm)) {
+          if (m[1] === 'size') {
+            if (!/^\d{1,15}$/.test(m[2]!)) throw bad('a pax size record is not a number');
+            pax.size = Number(m[2]);
+          } else pax[m[1] as 'path' | 'linkpath'] = m[2];
         }
       }
       continue;
@@ -83,9 +88,10 @@ export async function walkTar(read: ReadAt, visit: (h: TarHeader) => boolean): P
     if (type === 'g') continue;
     const ustar = h.subarray(257, 263).toString('latin1') === 'ustar\0';
     const prefix = ustar ? cstr(h, 345, 155) : '';
-    const raw = paxPath ?? longName ?? (prefix ? `${prefix}/${cstr(h, 0, 100)}` : cstr(h, 0, 100));
-    const link = paxLink ?? cstr(h, 157, 100);
-    longName = paxPath = paxLink = undefined;
+    const raw = pax.path ?? longName ?? (prefix ? `${prefix}/${cstr(h, 0, 100)}` : cstr(h, 0, 100));
+    const link = pax.linkpath ?? longLink ?? cstr(h, 157, 100);
+    longName = longLink = undefined;
+    pax = {};
     if (!visit({ name: memberName(raw), type, size, link, data })) return;
   }
 }

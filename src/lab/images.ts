@@ -131,11 +131,20 @@ export class Images {
     try {
       const got = await build(join(tmp, 'rootfs'), join(tmp, 'scratch'));
       await rm(join(tmp, 'scratch'), { recursive: true, force: true });
+      // measured before it is moved into place: from the rename to the record is a moment, not a
+      // `du` of the tree (gc takes an unrecorded tree after a minute)
+      const sizeBytes = await sizeOf(join(tmp, 'rootfs'));
       const dir = this.dir(name);
-      await rm(dir, { recursive: true, force: true });
+      const raced = this.store.getImage(name);
+      if (raced) {
+        // another process made and recorded an image of this name meanwhile: theirs stands
+        await rm(tmp, { recursive: true, force: true });
+        return raced;
+      }
+      await rm(dir, { recursive: true, force: true }); // a tree no record names (a crash's)
       await rename(tmp, dir);
       const rec: ImageRecord = {
-        name, source, path: join(dir, 'rootfs'), sizeBytes: await sizeOf(join(dir, 'rootfs')), createdAt: Date.now(),
+        name, source, path: join(dir, 'rootfs'), sizeBytes, createdAt: Date.now(),
         config: got?.config ?? null, provenance: got?.provenance ?? null, buildKey: buildKey ?? null,
       };
       try {

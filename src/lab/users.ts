@@ -29,33 +29,23 @@ export async function resolveUser(agent: AgentClient, spec: string): Promise<str
   }
   const read = async (path: string): Promise<string> => (await agent.getFile(path).catch(() => Buffer.alloc(0))).toString('utf8');
   const numeric = (x: string): boolean => /^\d+$/.test(x) && Number(x) <= MAX_ID;
-  const users = numeric(u) && (g === undefined || numeric(g)) ? [] : parsePasswd(await read('/etc/passwd'));
-  let uid: number;
-  let gid: number | undefined;
-  let name: string | undefined;
-  if (numeric(u)) {
-    uid = Number(u);
-    const found = users.find((p) => p.uid === uid);
-    gid = found?.gid;
-    name = found?.name;
-  } else {
-    const found = users.find((p) => p.name === u);
-    if (!found) throw new SnaplabError('BAD_INPUT', `no user ${JSON.stringify(u)} in the machine's /etc/passwd`, 'give a user that exists in the machine, or a numeric uid');
-    uid = found.uid;
-    gid = found.gid;
-    name = found.name;
-  }
-  const groups = name !== undefined || (g !== undefined && !numeric(g)) ? parseGroup(await read('/etc/group')) : [];
+  // the machine's files even for a numeric uid: its primary group and groups come from there
+  const [users, groups] = [parsePasswd(await read('/etc/passwd')), parseGroup(await read('/etc/group'))];
+  const found = numeric(u) ? users.find((p) => p.uid === Number(u)) : users.find((p) => p.name === u);
+  if (!found && !numeric(u)) throw new SnaplabError('BAD_INPUT', `no user ${JSON.stringify(u)} in the machine's /etc/passwd`, 'give a user that exists in the machine, or a numeric uid');
+  const uid = found?.uid ?? Number(u);
+  const name = found?.name;
+  let gid = found?.gid;
   if (g !== undefined) {
     if (numeric(g)) gid = Number(g);
     else {
-      const found = groups.find((x) => x.name === g);
-      if (!found) throw new SnaplabError('BAD_INPUT', `no group ${JSON.stringify(g)} in the machine's /etc/group`, 'give a group that exists in the machine, or a numeric gid');
-      gid = found.gid;
+      const named = groups.find((x) => x.name === g);
+      if (!named) throw new SnaplabError('BAD_INPUT', `no group ${JSON.stringify(g)} in the machine's /etc/group`, 'give a group that exists in the machine, or a numeric gid');
+      gid = named.gid;
     }
   }
-  // a uid the machine does not know runs with gid 0, as in Docker
+  // a uid the machine does not know runs with gid 0 and no groups, as in Docker
   gid ??= 0;
-  const supplementary = name === undefined ? [] : [...new Set(groups.filter((x) => x.members.includes(name!) && x.gid !== gid).map((x) => x.gid))].slice(0, 32);
+  const supplementary = name === undefined ? [] : [...new Set(groups.filter((x) => x.members.includes(name) && x.gid !== gid).map((x) => x.gid))].slice(0, 32);
   return `${uid}:${gid}${supplementary.length ? `:${supplementary.join(',')}` : ''}`;
 }
