@@ -14,6 +14,14 @@ export async function removeSnapshot(ctx: LabContext, name: string, trace: Trace
   ctx.store.deleteSnapshot(snap.name);
 }
 
+/** The sandboxes and snapshots that use an image, as `sandbox NAME` / `snapshot NAME`. */
+export function imageUsers(ctx: LabContext, name: string): string[] {
+  return [
+    ...ctx.store.listSandboxes().filter((s) => s.image === name).map((s) => `sandbox ${s.name}`),
+    ...ctx.store.listSnapshots().filter((s) => s.image === name).map((s) => `snapshot ${s.name}`),
+  ];
+}
+
 /**
  * Remove an image, its volumes and its tree. Refused while a sandbox or snapshot uses it, unless
  * `force`: then those go first. Pools and scenarios are never removed for it: they name the
@@ -26,7 +34,7 @@ export async function removeImage(ctx: LabContext, name: string, trace: Trace, f
   const snapshots = ctx.store.listSnapshots().filter((s) => s.image === name);
   const pools = ctx.store.listPools().filter((p) => p.image === name).map((p) => `pool ${p.name}`);
   const scenarios = [...new Set(sandboxes.filter((s) => s.scenario).map((s) => `scenario ${s.scenario}`))];
-  const users = [...sandboxes.map((s) => `sandbox ${s.name}`), ...snapshots.map((s) => `snapshot ${s.name}`)];
+  const users = imageUsers(ctx, name);
   if (pools.length || scenarios.length) {
     throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${[...pools, ...scenarios].join(', ')}`, 'remove those first (`snaplab pool rm`, `snaplab scenario down`)');
   }
