@@ -35,12 +35,15 @@
 int serve_main(const char *socket_path, int listen_fd, const char *stream_path, int stream_fd, int ready_fd,
 	       const char *caps, int harden);
 int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd);
+int boot_main(int argc, char **argv);
+extern int system_machine;
 
 static void usage(void)
 {
 	fprintf(stderr,
 		"usage: snaplab-agent serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc]\n"
 		"       snaplab-agent relay --connect PATH --listen PATH --pid N [--ready-fd N]\n"
+		"       snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -70,6 +73,8 @@ int main(int argc, char **argv)
 				stream_fd = atoi(argv[++i]);
 			else if (strcmp(argv[i], "--harden-proc") == 0)
 				harden = 1;
+			else if (strcmp(argv[i], "--system") == 0)
+				system_machine = 1;
 			else if (strcmp(argv[i], "--caps") == 0 && i + 1 < argc)
 				caps = argv[++i];
 			else {
@@ -84,6 +89,8 @@ int main(int argc, char **argv)
 		}
 		return serve_main(sock, listen_fd, stream, stream_fd, ready, caps, harden);
 	}
+	if (strcmp(argv[1], "boot") == 0)
+		return boot_main(argc, argv);
 	if (strcmp(argv[1], "relay") == 0) {
 		const char *conn = NULL, *lis = NULL;
 		int ready = -1;

@@ -22,7 +22,7 @@
  *   idmap-check DIR BASE                    can DIR be idmapped through a user namespace at BASE?
  *   overlay-xattrs DIR                      trusted.overlay.* -> user.overlay.* below DIR (one filesystem)
  *   launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS*N ARGV...
- *       NETNS: a path to join, or -. USERNS: - or BASE:COUNT, followed by the root filesystem
+ *       NETNS: a path to join, or -. USERNS: - or BASE:COUNT[:suid], followed by the root filesystem
  *       and the agent binary to stage for bwrap (userns.c).
  *       makes a listening Unix socket at SOCKET (a host path the sandbox cannot see), then
  *       double-forks a session leader that writes its pid into each cgroup.procs file, points
@@ -407,6 +407,8 @@ static void op_launch(struct request *r)
 		if (sscanf(r->argv[5], "%u:%u", &spec.base, &spec.count) != 2 || spec.count == 0 || r->argc < 10)
 			return reply_err(r->id, EINVAL, usage);
 		memset(&spec.root, 0, sizeof spec.root);
+		/* BASE:COUNT:suid: a system machine's tree keeps setuid (userns.c idmapped_clone) */
+		spec.root.allow_suid = strstr(r->argv[5], ":suid") != NULL;
 		at = 6;
 		if (strcmp(r->argv[at], "overlay") == 0) {
 			int n = atoi(r->argv[at + 1]);

@@ -78,6 +78,10 @@ struct exec {
 };
 
 static int epfd = -1, devnull = -1, reset_oom, is_pid1;
+/* a system machine (snaplab-agent boot): its init is PID 1 and starts services unfiltered, and
+ * sudo must work for commands too: no no_new_privs, no seccomp filter on commands. The user
+ * namespace and the bounding set are the boundary (docs/architecture.md "System machines"). */
+int system_machine;
 static struct src listen_src = { K_LISTEN, -1, 0, 0, NULL };
 static struct src signal_src = { K_SIGNAL, -1, 0, 0, NULL };
 static struct src timer_src = { K_TIMER, -1, 0, 0, NULL };
@@ -1208,7 +1212,7 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 && !is_pid1)
 		fprintf(stderr, "snaplab-agent: cannot become subreaper: %s\n", strerror(errno));
 	read_oom();
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+	if (!system_machine && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die("no_new_privs");
 	/* Not dumpable: commands (same uid, no CAP_SYS_PTRACE) cannot ptrace the agent, read its
 	 * memory or take its file descriptors (pidfd_getfd) — the listening socket among them. */
@@ -1218,9 +1222,11 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 		die("harden /proc");
 	if (caps && caps_restrict(caps) < 0)
 		die("capability bounding set");
-	if (filter_build(&filter) < 0)
-		die("seccomp filter");
-	have_filter = 1;
+	if (!system_machine) {
+		if (filter_build(&filter) < 0)
+			die("seccomp filter");
+		have_filter = 1;
+	}
 
 	devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (devnull < 0) {

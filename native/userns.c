@@ -106,12 +106,14 @@ static void let_go(pid_t holder, int release)
 }
 
 /* A detached clone of the tree at path, idmapped through the user namespace nsfd (or not, nsfd < 0). */
-static int idmapped_clone(const char *path, int nsfd)
+static int idmapped_clone(const char *path, int nsfd, int allow_suid)
 {
 	int t = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
 	if (t < 0 || nsfd < 0)
 		return t;
-	struct mount_attr a = { .attr_set = MOUNT_ATTR_IDMAP, .userns_fd = (unsigned)nsfd };
+	/* the storage pool is mounted nosuid on the host; the clone of a system machine's tree, seen
+	 * only in the machine's mount namespace, is not (its setuid files are its namespace's root's) */
+	struct mount_attr a = { .attr_set = MOUNT_ATTR_IDMAP, .attr_clr = allow_suid ? MOUNT_ATTR_NOSUID : 0, .userns_fd = (unsigned)nsfd };
 	if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &a, sizeof a) < 0) {
 		int e = errno;
 		close(t);
@@ -163,10 +165,10 @@ int userns_enter(unsigned base, unsigned count, int owner, const struct userns_r
 	/* every tree is cloned before the staging tmpfs covers /tmp (the home may be under it) */
 	int root = -1, lower[MAX_LOWER], vol = -1;
 	char voldir[4096];
-	if (nl == 0 && (root = idmapped_clone(rootfs, nsfd)) < 0)
+	if (nl == 0 && (root = idmapped_clone(rootfs, nsfd, rootspec->allow_suid)) < 0)
 		FAIL("idmapped mount of the root filesystem (does its filesystem support idmapped mounts?)");
 	for (int i = 0; i < nl; i++)
-		if ((lower[i] = idmapped_clone(rootspec->lowers[i], nsfd)) < 0)
+		if ((lower[i] = idmapped_clone(rootspec->lowers[i], nsfd, rootspec->allow_suid)) < 0)
 			FAIL("idmapped mount of an overlay layer");
 	if (nl) {
 		/* upper and work must be on one mount: clone their common parent */
@@ -175,10 +177,10 @@ int userns_enter(unsigned base, unsigned count, int owner, const struct userns_r
 		if (!slash)
 			FAIL("overlay upper dir");
 		*slash = 0;
-		if ((vol = idmapped_clone(voldir, nsfd)) < 0)
+		if ((vol = idmapped_clone(voldir, nsfd, rootspec->allow_suid)) < 0)
 			FAIL("idmapped mount of the overlay's upper and work dirs");
 	}
-	int bin = idmapped_clone(agent, -1);
+	int bin = idmapped_clone(agent, -1, 0);
 	if (bin < 0)
 		FAIL("clone of the agent binary");
 	if (mount("snaplab-stage", USERNS_STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") < 0)
@@ -256,7 +258,7 @@ int idmap_check(const char *dir, unsigned base)
 		pid_t holder = hold_userns(base, 65536, &release, &nsfd);
 		if (holder < 0)
 			_exit(10);
-		int rc = unshare(CLONE_NEWNS) < 0 ? 11 : idmapped_clone(dir, nsfd) < 0 ? (errno == EINVAL ? 12 : 13) : 0;
+		int rc = unshare(CLONE_NEWNS) < 0 ? 11 : idmapped_clone(dir, nsfd, 0) < 0 ? (errno == EINVAL ? 12 : 13) : 0;
 		let_go(holder, release);
 		_exit(rc);
 	}

@@ -20,6 +20,8 @@ struct userns_root {
 	const char *const *lowers;
 	int nlower;
 	const char *upper, *work;
+	/* a system machine's: setuid binaries work in its tree (sudo), as root of its namespace only */
+	int allow_suid;
 };
 
 int userns_enter(unsigned base, unsigned count, int owner, const struct userns_root *root, const char *agent);

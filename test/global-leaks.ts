@@ -13,7 +13,11 @@ function leaks(): string[] {
   }
   for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
     try {
-      if (readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes('/snaplab/')) found.push(`process: ${pid}`);
+      // a zombie has exited and holds nothing but its pid until its parent reaps it: a system
+      // machine's monitor (native/boot.c) is orphaned to the host's init, which reaps on its own
+      // schedule (seconds, on this host's process_api)
+      const state = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '')[0];
+      if (state !== 'Z' && readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes('/snaplab/')) found.push(`process: ${pid}`);
     } catch { /* exited */ }
   }
   if (existsSync('/sys/block')) {

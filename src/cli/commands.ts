@@ -14,6 +14,7 @@ import { registerPool } from './pool.js';
 import { registerRun } from './run.js';
 import { registerScenario } from './scenario.js';
 import { registerPrepare } from './prepare.js';
+import { registerLogs } from './logs.js';
 
 /**
  * Every command, in help order, with the names it registers. Only the invoked one is set up
@@ -31,6 +32,7 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['snapshot'], registerSnapshot],
   [['restore'], registerRestore],
   [['ls', 'rm', 'pause', 'resume'], registerLifecycle],
+  [['logs'], registerLogs],
   [['gc'], registerGc],
   [['df'], registerDf],
   [['trace'], registerTrace],

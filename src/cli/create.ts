@@ -1,3 +1,4 @@
+import { SnaplabError } from '../errors.js';
 import type { Command } from 'commander';
 import type { StorageKind } from '../storage/backend.js';
 import { addTraceOption, showTrace, withLab, type CommonOptions } from './common.js';
@@ -10,6 +11,7 @@ interface CreateCli extends CommonOptions, LimitOptions {
   storage?: StorageKind;
   driver?: string;
   userns: boolean;
+  init?: string;
 }
 
 /** Said every time a sandbox runs as host root: --no-userns, or storage that cannot idmap yet. */
@@ -28,12 +30,14 @@ export function registerCreate(program: Command): void {
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
     .option('--driver <name>', 'machine driver', 'namespaces')
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
+    .option('--init <init>', "agent (default: the agent is PID 1) or systemd (the image's own systemd boots; create returns once it is up)")
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
   addTraceOption(cmd);
   cmd.action((o: CreateCli) =>
     withLab(o, async (lab) => {
-      const box = await lab.create({ image: o.image, name: o.name, storage: o.storage, driver: o.driver, limits: limitsFrom(o), userns: o.userns });
+      if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd') throw new SnaplabError('BAD_INPUT', `unknown --init ${JSON.stringify(o.init)}`, 'agent or systemd');
+      const box = await lab.create({ image: o.image, name: o.name, storage: o.storage, driver: o.driver, limits: limitsFrom(o), userns: o.userns, init: o.init as 'agent' | 'systemd' | undefined });
       box.close();
       warnHostRoot(box, !o.userns);
       if (o.json) printJson({ ...box.toJSON(), operation: box.lastTrace?.id, createMs: box.lastTrace?.totalMs });

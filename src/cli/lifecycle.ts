@@ -20,7 +20,7 @@ export function registerLifecycle(program: Command): void {
         if (o.json) return printJson(all.map((b) => b.toJSON()));
         printTable(
           ['ID', 'NAME', 'STATE', 'IMAGE', 'STORAGE', 'DRIVER', 'AGE', 'NOTE'],
-          all.map((b) => [b.id, b.name, b.state, b.image, b.storage, b.driver, age(b.info.createdAt), [b.hostRoot ? 'NO USER NAMESPACE (root inside is host root)' : '', b.info.reason ?? (b.info.origin ? `from ${b.info.origin}` : '')].filter(Boolean).join('; ')]),
+          all.map((b) => [b.id, b.name, b.state, b.image, b.storage, b.driver, age(b.info.createdAt), [b.hostRoot ? 'NO USER NAMESPACE (root inside is host root)' : '', b.info.init === 'systemd' ? 'systemd' : '', b.info.reason ?? (b.info.origin ? `from ${b.info.origin}` : '')].filter(Boolean).join('; ')]),
         );
       }),
     );

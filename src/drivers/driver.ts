@@ -18,6 +18,8 @@ export interface MachineSpec {
   netns?: string;
   /** run in a user namespace of its own: ids 0..count-1 inside are base.. on the host */
   userns?: { base: number; count: number };
+  /** 'systemd': a system machine, the image's own init is PID 1 and the agent runs beside it */
+  init?: 'systemd';
   /** (overlay, in a user namespace) the root filesystem is this overlay, mounted inside: `rootfs` is not mounted on the host */
   stack?: { lowers: string[]; upper: string; work: string };
 }
@@ -29,6 +31,8 @@ export interface MachineHandle {
   pid: number;
   /** start time of `pid` (jiffies since boot) so that a reused pid is not mistaken for it */
   pidStart: number;
+  /** a system machine: its init is halted cleanly before the machine is killed */
+  init?: 'systemd';
 }
 
 export interface RaisedMachine {

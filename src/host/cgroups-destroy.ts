@@ -8,6 +8,9 @@ import { signal } from './procs.js';
 
 /** Finding a cgroup's processes and tearing it down, on v1 and v2. */
 
+/** The cgroup's own directories, the unified one of a system machine (hybrid hosts) included. */
+const tops = (cg: Cgroup): string[] => (cg.unifiedDir ? [...cg.dirs, cg.unifiedDir] : cg.dirs);
+
 /** Every directory of the cgroup and of cgroups nested in it (a sandbox may make its own). */
 async function allDirs(cg: Cgroup): Promise<string[]> {
   const out: string[] = [];
@@ -22,7 +25,7 @@ async function allDirs(cg: Cgroup): Promise<string[]> {
     out.push(dir);
     await Promise.all(entries.filter((d) => d.isDirectory()).map((d) => walk(`${dir}/${d.name}`)));
   };
-  await Promise.all(cg.dirs.map(walk));
+  await Promise.all(tops(cg).map(walk));
   return out;
 }
 
@@ -46,7 +49,7 @@ export async function destroyCgroup(cg: Cgroup, timeoutMs = 2000): Promise<void>
   const deadline = performance.now() + timeoutMs;
   // fast path: the kernel refuses (EBUSY) to remove a cgroup holding processes or children
   const first = await Promise.all(
-    cg.dirs.map((d) => rmdir(d).then(() => true, (e: unknown) => errno(e) === 'ENOENT')),
+    tops(cg).map((d) => rmdir(d).then(() => true, (e: unknown) => errno(e) === 'ENOENT')),
   );
   if (first.every(Boolean)) return;
   const dirs = await allDirs(cg);
@@ -70,7 +73,7 @@ export async function destroyCgroup(cg: Cgroup, timeoutMs = 2000): Promise<void>
   }, Math.max(0, deadline - performance.now()));
   if (!emptied) throw cgError(`cgroup ${cg.id} still holds pids ${left.join(' ')} after SIGKILL`);
   // each sandbox tree bottom-up (a parent is busy while it has children), the trees in parallel
-  const trees = cg.dirs.map((top) => dirs.filter((d) => d === top || d.startsWith(top + '/')).sort((a, b) => b.length - a.length));
+  const trees = tops(cg).map((top) => dirs.filter((d) => d === top || d.startsWith(top + '/')).sort((a, b) => b.length - a.length));
   let busy: string[] = [];
   const removed = await poll(async () => {
     busy = (await Promise.all(trees.map(removeTree))).flat();

@@ -23,6 +23,12 @@ export interface Cgroup {
   controllerDirs: Partial<Record<Controller, string>>;
   /** limits asked for but not applied, each with its reason (filled by createCgroup) */
   skipped: string[];
+  /**
+   * v1 hybrid hosts: the machine's directory in the unified cgroup2 mount. Made (and handed to
+   * the machine's root) only for a system machine, whose systemd manages a cgroup2 subtree of its
+   * own; teardown always looks there.
+   */
+  unifiedDir?: string;
 }
 
 /** One file write in a cgroup directory; `optional` ones are skipped with a reason on ENOENT. */

@@ -1,5 +1,5 @@
 import { close as fsClose, constants, open as fsOpen, write as fsWrite } from 'node:fs';
-import { mkdir, rmdir } from 'node:fs/promises';
+import { chown, mkdir, rmdir } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
 import { DEFAULT_ROOT, detectCgroups, type Controller } from './cgroups-detect.js';
 import { cgError, errno, writeText } from './cgroups-fs.js';
@@ -51,7 +51,34 @@ export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
     procsFiles: dirs.map((d) => `${d}/cgroup.procs`),
     controllerDirs,
     skipped: [],
+    ...(layout.version === 1 && layout.unified ? { unifiedDir: `${layout.unified}/${PARENT}/${id}` } : {}),
   };
+}
+
+/** The files of a cgroup2 directory that its owner must own to manage the subtree (cgroup-v2.rst "Delegation"). */
+const DELEGATED = ['', '/cgroup.procs', '/cgroup.threads', '/cgroup.subtree_control'];
+
+/**
+ * Give a system machine's root a cgroup2 subtree of its own (systemd as PID 1 needs one): on v2
+ * the machine's directory, on a v1 hybrid host a directory in the unified mount, which the
+ * machine's processes then also join (it is added to procsFiles). Owned by `uid` (the mapped
+ * root), so that the machine's systemd can make its slices there and nowhere else.
+ */
+export async function delegateCgroup(cg: Cgroup, uid: number): Promise<void> {
+  let dir: string;
+  if (cg.version === 2) dir = cg.dirs[0]!;
+  else if (cg.unifiedDir) {
+    dir = cg.unifiedDir;
+    await mkdir(dir, { recursive: true });
+    cg.procsFiles.push(`${dir}/cgroup.procs`);
+  } else {
+    throw cgError('a system machine needs a cgroup2 hierarchy (v2, or the unified mount of a hybrid host); this host has only v1');
+  }
+  for (const f of DELEGATED) {
+    await chown(`${dir}${f}`, uid, uid).catch((e: unknown) => {
+      if (errno(e) !== 'ENOENT') throw cgError(`cannot delegate ${dir}${f}`, e);
+    });
+  }
 }
 
 function checkLimits(l: CgroupLimits): void {

@@ -1,3 +1,4 @@
+import { handleOf } from './handle.js';
 import type { AgentClient } from '../agent/client.js';
 import { withLock } from '../host/lock.js';
 import { cgroupFor, isFrozen } from '../host/cgroups.js';
@@ -19,7 +20,6 @@ export interface Taken {
   hit: boolean;
 }
 
-const handle = (s: SandboxRecord): { id: string; pid: number; pidStart: number } => ({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
 
 /**
  * Holds a pool in this process: takes standbys (atomically across processes, through the
@@ -51,7 +51,7 @@ export class PoolRunner {
         const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy()));
         if (!rec) break;
         const driver = this.ctx.driver(rec.driver);
-        if (!(await driver.inspect(handle(rec))).alive) {
+        if (!(await driver.inspect(handleOf(rec))).alive) {
           await destroyRecord(this.ctx, rec).catch(() => undefined);
           this.ctx.store.countPool(this.name, 'leaks');
           continue;
@@ -59,9 +59,9 @@ export class PoolRunner {
         let agent: AgentClient;
         try {
           // (a namespace standby frozen by an earlier snaplab, which froze them all, is thawed too)
-          if (driver.capabilities.pauseStandbys || (await isFrozen(cgroupFor(rec.id)).catch(() => false))) await trace.phase('thaw', () => driver.resume(handle(rec)));
+          if (driver.capabilities.pauseStandbys || (await isFrozen(cgroupFor(rec.id)).catch(() => false))) await trace.phase('thaw', () => driver.resume(handleOf(rec)));
           rec.state = 'running';
-          agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handle(rec))));
+          agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handleOf(rec))));
           this.agents.set(rec.id, agent);
           // a VM's clock stood still while it waited (a namespace sandbox shares the host's)
           if (driver.capabilities.memorySnapshot) await trace.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
@@ -99,7 +99,7 @@ export class PoolRunner {
       // back to its target by resize
       if (reasons.length === 0) {
         const driver = this.ctx.driver(rec.driver);
-        if (driver.capabilities.pauseStandbys) await trace.phase('freeze', () => driver.pause(handle(rec)));
+        if (driver.capabilities.pauseStandbys) await trace.phase('freeze', () => driver.pause(handleOf(rec)));
         this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null });
         this.ctx.store.countPool(this.name, 'recycled');
         return { recycled: true, reasons };
@@ -178,7 +178,7 @@ export class PoolRunner {
     const { record } = await this.raise(new Trace('pool refill', this.name), true);
     const driver = this.ctx.driver(record.driver);
     try {
-      if (driver.capabilities.pauseStandbys) await driver.pause(handle(record));
+      if (driver.capabilities.pauseStandbys) await driver.pause(handleOf(record));
       this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null });
     } catch (e) {
       await this.drop(record).catch(() => undefined); // a standby that cannot be stopped is not kept running

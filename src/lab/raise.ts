@@ -11,6 +11,7 @@ import type { LabContext } from './context.js';
 import { checkName, defaultName, newId } from './names.js';
 import { undoRaise } from './teardown.js';
 import { DEFAULT_ENV } from './exec.js';
+import { waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
 import { claimRange, releaseRange } from '../host/userns-registry.js';
 
@@ -42,6 +43,8 @@ export interface RaiseInput {
    * network namespace: the sandbox joins that namespace instead of making one
    */
   uidBase?: number;
+  /** 'systemd': a system machine (the image's init as PID 1; usable once systemd is up) */
+  init?: 'systemd';
 }
 
 /** Storage on which a sandbox's root filesystem can be idmapped into its user namespace. */
@@ -70,6 +73,13 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   }
   const driver = ctx.driver(input.driver);
   const userns = usernsFor(ctx, input);
+  if (input.init === 'systemd' && (!userns || driver.name !== 'namespaces')) {
+    throw new SnaplabError(
+      'BAD_INPUT',
+      driver.name !== 'namespaces' ? `--init systemd is not built for the ${driver.name} driver yet` : 'a system machine (--init systemd) needs a user namespace: its systemd holds CAP_SYS_ADMIN',
+      driver.name !== 'namespaces' ? 'use the namespaces driver for system machines' : 'leave out --no-userns (and use storage that can idmap: see `snaplab doctor`)',
+    );
+  }
   const make = (): SandboxRecord => {
     const id = newId();
     return {
@@ -77,6 +87,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       reason: `being created by pid ${process.pid}`, volume: null, pid: null, pidStart: null,
       limits: input.limits, origin: input.origin, createdAt: Date.now(), pool: input.pool ?? null, baseline: null, scenario: input.scenario ?? null,
       uidBase: null,
+      init: input.init ?? null,
     };
   };
   // a generated name (16 bits of the id) can collide with a live one when there are hundreds:
@@ -104,7 +115,11 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   try {
     const backend = await trace.phase('storage ready', () => ctx.readyBackend(input.storage));
     const base = await input.base();
-    const machine = { id, hostname: input.hostname ?? name, limits: input.limits, netns: input.netns, ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}) };
+    const machine = {
+      id, hostname: input.hostname ?? name, limits: input.limits, netns: input.netns,
+      ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
+      ...(input.init ? { init: input.init } : {}),
+    };
     // the cgroup does not need the root filesystem: make both at once
     const clone = (): Promise<Volume> =>
       inflight(ctx, 'clone', async () => {
@@ -146,7 +161,12 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     if (first.exitCode !== 0) {
       throw new SnaplabError('LAUNCH_FAILED', `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`, 'see `snaplab trace` of the operation; the machine is removed');
     }
-    Object.assign(record, { state: 'running', reason: input.heldBy ?? null });
+    let note: string | null = null;
+    if (input.init === 'systemd') {
+      const up = await trace.phase('systemd up', () => waitSystemRunning(raised.agent));
+      if (up.state === 'degraded') note = `degraded: ${up.failed.join(', ') || 'some units'} failed`;
+    }
+    Object.assign(record, { state: 'running', reason: input.heldBy ?? note });
     await trace.phase('record running', () => ctx.store.updateSandbox(id, { state: 'running', reason: record.reason, pid: record.pid, pidStart: record.pidStart }));
     return { record, agent };
   } catch (e) {

@@ -1,3 +1,4 @@
+import { handleOf } from './handle.js';
 import { pidAlive } from '../host/procs.js';
 import { releaseRange } from '../host/userns-registry.js';
 import type { SandboxRecord } from '../store/records.js';
@@ -17,7 +18,7 @@ import type { LabContext } from './context.js';
 export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<SandboxRecord> {
   let reason: string | undefined;
   if (s.state === 'running' || s.state === 'paused') {
-    const r = await ctx.driver(s.driver).inspect({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
+    const r = await ctx.driver(s.driver).inspect(handleOf(s));
     if (!r.alive) reason = r.reason ?? 'its init process is gone';
     // a pool's template VM lives only while the process making the template does
     const holder = /^template of pool .* \(held by pid (\d+)\)$/.exec(s.reason ?? '');
@@ -47,7 +48,7 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
  */
 async function reap(ctx: LabContext, s: SandboxRecord, reason: string): Promise<string> {
   try {
-    await ctx.driver(s.driver).destroy({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
+    await ctx.driver(s.driver).destroy(handleOf(s));
     if (s.uidBase !== null && s.scenario === null) {
       ctx.store.clearUidBase(s.id);
       await releaseRange(s.uidBase, ctx.home, s.id);

@@ -1,3 +1,4 @@
+import { handleOf } from './handle.js';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
@@ -41,9 +42,6 @@ export interface ExecResult extends AgentExecResult {
   oomKilled: boolean;
 }
 
-function handleOf(s: SandboxRecord): { id: string; pid: number; pidStart: number } {
-  return { id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 };
-}
 
 /** Throw the right error when a sandbox cannot take commands: dead (and why), paused, not ready. */
 export async function ensureUsable(ctx: LabContext, s: SandboxRecord): Promise<void> {
@@ -180,7 +178,7 @@ export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: s
       }
       const rec: SnapshotRecord = {
         name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now(),
-        driver: s.driver, memory: image ? { ...image, driver: s.driver } : null,
+        driver: s.driver, memory: image ? { ...image, driver: s.driver } : null, init: s.init ?? null,
       };
       try {
         ctx.store.insertSnapshot(rec);

@@ -1,3 +1,4 @@
+import { handleOf } from './handle.js';
 import { releaseRange } from '../host/userns-registry.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
@@ -13,7 +14,7 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
   const phase = <T>(name: string, fn: () => Promise<T>): Promise<T> => (trace ? trace.phase(name, fn) : fn());
   ctx.store.updateSandbox(s.id, { state: 'removing', reason: `being removed by pid ${process.pid}` });
   try {
-    await phase('kill', () => ctx.driver(s.driver).destroy({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 }));
+    await phase('kill', () => ctx.driver(s.driver).destroy(handleOf(s)));
     if (s.volume) {
       const volume = s.volume;
       await phase('delete volume', async () => (await ctx.readyBackend(s.storage)).delete(volume));

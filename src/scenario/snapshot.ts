@@ -1,7 +1,8 @@
+import { handleOf } from '../lab/handle.js';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import { checkName } from '../lab/names.js';
-import type { SandboxRecord, ScenarioSnapshotRecord, SnapshotRecord } from '../store/records.js';
+import type { ScenarioSnapshotRecord, SnapshotRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
 import { getScenario } from './down.js';
 import type { ScenarioSpec } from './spec.js';
@@ -12,7 +13,6 @@ export interface ScenarioManifest {
   machines: { machine: string; snapshot: string; addresses: { network: string; address: string }[] }[];
 }
 
-const handle = (s: SandboxRecord): { id: string; pid: number; pidStart: number } => ({ id: s.id, pid: s.pid ?? 0, pidStart: s.pidStart ?? 0 });
 export const machineSnapshotName = (scenario: string, snap: string, machine: string): string => `${scenario}@${snap}.${machine}`;
 
 /**
@@ -29,7 +29,7 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
   const spec = scn.spec as ScenarioSpec;
   const machines = ctx.store.scenarioMachines(name);
   const driver = ctx.driver('namespaces');
-  await trace.phase('freeze all', () => Promise.all(machines.map((m) => driver.pause(handle(m)))));
+  await trace.phase('freeze all', () => Promise.all(machines.map((m) => driver.pause(handleOf(m)))));
   let taken: SnapshotRecord[] = [];
   try {
     taken = await trace.phase('snapshot all', () =>
@@ -43,7 +43,7 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
       })),
     );
   } finally {
-    await trace.phase('thaw all', () => Promise.all(machines.map((m) => driver.resume(handle(m)))));
+    await trace.phase('thaw all', () => Promise.all(machines.map((m) => driver.resume(handleOf(m)))));
   }
   const manifest: ScenarioManifest = {
     fileHash: scn.hash,

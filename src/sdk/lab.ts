@@ -42,6 +42,12 @@ export interface CreateOptions {
    * seccomp filter only). Default: a user namespace of its own wherever driver and storage allow
    */
   userns?: boolean;
+  /**
+   * 'systemd': a system machine: the image's own systemd is PID 1 (the agent runs beside it), and
+   * create returns once `systemctl is-system-running` says running or degraded. Needs a user
+   * namespace. Default 'agent' (the agent is PID 1).
+   */
+  init?: 'agent' | 'systemd';
 }
 
 export interface RestoreOptions {
@@ -77,7 +83,8 @@ export class Lab {
       const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
-      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null, userns: opts.userns }, t, opts.signal);
+      const init = opts.init === 'systemd' ? 'systemd' as const : undefined;
+      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null, userns: opts.userns, init }, t, opts.signal);
     });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
   }
@@ -94,6 +101,7 @@ export class Lab {
           // a memory snapshot continues a machine of a fixed size: its limits come with it
           limits: opts.limits && !snap.memory ? withDefaults(opts.limits) : snap.limits,
           base: async () => snap.volume, origin: snap.name, memory: snap.memory ?? undefined, userns: opts.userns,
+          ...(snap.init ? { init: snap.init } : {}),
         },
         t,
         opts.signal,

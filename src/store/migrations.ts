@@ -129,4 +129,9 @@ export const migrations: string[] = [
   ALTER TABLE images ADD COLUMN build_key TEXT;
   CREATE INDEX images_build_key ON images(build_key);
   `,
+  // system machines: the image's init is PID 1 ('systemd'); NULL: the agent is
+  `
+  ALTER TABLE sandboxes ADD COLUMN init TEXT;
+  ALTER TABLE snapshots ADD COLUMN init TEXT;
+  `,
 ];

@@ -49,6 +49,8 @@ export interface SandboxRecord {
    * uidBase.. outside; null where there is none (VMs; --no-userns)
    */
   uidBase: number | null;
+  /** 'systemd': a system machine, whose PID 1 is the image's init (null: the agent is PID 1) */
+  init?: 'systemd' | null;
 }
 
 /** The state a recycled standby must be back in before it may be handed out again. */
@@ -99,6 +101,8 @@ export interface SnapshotRecord {
   driver?: string | null;
   /** a memory snapshot (VM driver): the whole machine state, and the driver it needs */
   memory?: { dir: string; bytes: number; driver: string } | null;
+  /** the init of the machine it was taken from: a restore boots the same */
+  init?: 'systemd' | null;
 }
 
 export interface ScenarioRecord {

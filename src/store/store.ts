@@ -41,6 +41,7 @@ function toSandbox(r: Row): SandboxRecord {
     scenario: (r.scenario as string | null) ?? null,
     baseline: r.baseline ? json(r.baseline) : null,
     uidBase: (r.uid_base as number | null) ?? null,
+    init: (r.init as 'systemd' | null) ?? null,
   };
 }
 
@@ -91,6 +92,7 @@ function toSnapshot(r: Row): SnapshotRecord {
     createdAt: r.created_at as number,
     memory: r.memory ? json(r.memory) : null,
     driver: (r.driver as string | null) ?? null,
+    init: (r.init as 'systemd' | null) ?? null,
   };
 }
 
@@ -150,10 +152,10 @@ export class Store {
   }
   insertSandbox(s: SandboxRecord): void {
     this.stmt(
-        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base)
-         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase)`,
+        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, init)
+         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase, @init)`,
       )
-      .run({ ...s, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits), baseline: s.baseline && JSON.stringify(s.baseline) });
+      .run({ ...s, init: s.init ?? null, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits), baseline: s.baseline && JSON.stringify(s.baseline) });
   }
   updateSandbox(id: string, patch: Partial<Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart' | 'pool' | 'baseline'>>): void {
     const cols: string[] = [];
@@ -292,8 +294,8 @@ export class Store {
     return (this.stmt('SELECT * FROM snapshots ORDER BY created_at').all() as Row[]).map(toSnapshot);
   }
   insertSnapshot(s: SnapshotRecord): void {
-    this.stmt('INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)')
-      .run(s.name, s.id, s.sandbox, s.image, s.storage, JSON.stringify(s.volume), JSON.stringify(s.limits), s.createdAt, s.memory ? JSON.stringify(s.memory) : null, s.driver ?? null);
+    this.stmt('INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)')
+      .run(s.name, s.id, s.sandbox, s.image, s.storage, JSON.stringify(s.volume), JSON.stringify(s.limits), s.createdAt, s.memory ? JSON.stringify(s.memory) : null, s.driver ?? null, s.init ?? null);
   }
   deleteSnapshot(name: string): void {
     this.stmt('DELETE FROM snapshots WHERE name = ?').run(name);

@@ -1,5 +1,5 @@
 import { MACHINE_AGENT_PATH } from '../driver.js';
-import { SANDBOX_CAPABILITIES } from './capabilities.js';
+import { SANDBOX_CAPABILITIES, SYSTEM_CAPABILITIES } from './capabilities.js';
 
 /** The agent binary, bind-mounted read-only from the host into a fresh tmpfs /run. */
 export const GUEST_AGENT = MACHINE_AGENT_PATH;
@@ -69,5 +69,22 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '--ready-fd', String(READY_FD),
     '--caps', SANDBOX_CAPABILITIES.join(','),
     '--harden-proc',
+  ];
+}
+
+/**
+ * A system machine's launch (native/boot.c): no bubblewrap, whose no_new_privs and nosuid binds
+ * would keep sudo from ever working. The agent binary itself, staged by the launcher, makes the
+ * namespaces and mounts and execs the image's init as PID 1, the agent beside it.
+ */
+export function bootArgs(i: { hostname: string; sharedNetns: boolean; init: string[] }): string[] {
+  return [
+    STAGED_AGENT, 'boot',
+    '--root', STAGED_ROOT,
+    '--agent', STAGED_AGENT,
+    '--hostname', i.hostname,
+    ...(i.sharedNetns ? [] : ['--net']),
+    '--caps', SYSTEM_CAPABILITIES.join(','),
+    '--', ...i.init,
   ];
 }

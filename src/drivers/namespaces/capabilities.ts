@@ -20,3 +20,17 @@ export const SANDBOX_CAPABILITIES = [
   'CAP_KILL',
   'CAP_AUDIT_WRITE',
 ] as const;
+
+/**
+ * The bounding set of a system machine (its init and every service and command): what
+ * systemd-nspawn gives a container by default. More than a sandbox's (SYS_ADMIN for systemd's own
+ * mounts, SYS_PTRACE, SYS_RESOURCE, ...), all of it over the machine's own user namespace and
+ * namespaces only; not SYS_RAWIO, SYS_MODULE, SYS_TIME, MKNOD of block devices' use, NET_ADMIN
+ * over the host. Units that need more (sys-kernel-debug.mount) are skipped by their conditions.
+ */
+export const SYSTEM_CAPABILITIES = [
+  'CAP_AUDIT_CONTROL', 'CAP_AUDIT_WRITE', 'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_DAC_READ_SEARCH', 'CAP_FOWNER',
+  'CAP_FSETID', 'CAP_IPC_OWNER', 'CAP_KILL', 'CAP_LEASE', 'CAP_LINUX_IMMUTABLE', 'CAP_NET_BIND_SERVICE',
+  'CAP_NET_BROADCAST', 'CAP_NET_RAW', 'CAP_SETFCAP', 'CAP_SETGID', 'CAP_SETPCAP', 'CAP_SETUID', 'CAP_SYS_ADMIN',
+  'CAP_SYS_BOOT', 'CAP_SYS_CHROOT', 'CAP_SYS_NICE', 'CAP_SYS_PTRACE', 'CAP_SYS_RESOURCE', 'CAP_SYS_TTY_CONFIG',
+] as const;

@@ -3,14 +3,14 @@ import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
-import { type Cgroup, cgroupFor, createCgroup, destroyCgroup, freeze, oomKills, probeCgroups, removeEmptySnaplabParents, snaplabCgroupsOnHost, thaw } from '../../host/cgroups.js';
+import { type Cgroup, cgroupFor, createCgroup, delegateCgroup, destroyCgroup, freeze, oomKills, probeCgroups, removeEmptySnaplabParents, snaplabCgroupsOnHost, thaw } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
-import { processStartTime, sameProcess } from '../../host/procs.js';
+import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
 import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
-import { bwrapArgs } from './bwrap-args.js';
+import { bootArgs, bwrapArgs } from './bwrap-args.js';
 import { launchNative } from './launch.js';
 import { killAndSweep } from '../teardown.js';
 import { HostOps } from '../../host/hostops.js';
@@ -59,7 +59,9 @@ export class NamespacesDriver implements Driver {
     const made = trace.phase('cgroup', async () => {
       // the run directory first: it is how gc knows the cgroup is this home's (see gc)
       await mkdir(this.runDir(spec.id), { recursive: true, mode: 0o700 });
-      return createCgroup(spec.id, spec.limits);
+      const cg = await createCgroup(spec.id, spec.limits);
+      if (spec.init === 'systemd') await delegateCgroup(cg, spec.userns!.base);
+      return cg;
     });
     this.prepared.set(spec.id, made);
     await made;
@@ -67,18 +69,23 @@ export class NamespacesDriver implements Driver {
 
   async raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine> {
     const runDir = this.runDir(spec.id);
+    if (spec.init === 'systemd' && !spec.userns) {
+      throw new SnaplabError('BAD_INPUT', 'a system machine (init systemd) needs a user namespace: its systemd holds CAP_SYS_ADMIN', 'leave out --no-userns (and use storage that can idmap: `snaplab doctor`)');
+    }
     await this.prepare(spec, trace);
     const cg = await this.prepared.get(spec.id)!;
     this.prepared.delete(spec.id);
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
-    const bwrap = [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname, sharedNetns: spec.netns !== undefined, staged: spec.userns !== undefined })];
+    const bwrap = spec.init === 'systemd'
+      ? bootArgs({ hostname: spec.hostname, sharedNetns: spec.netns !== undefined, init: ['/sbin/init'] })
+      : [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname, sharedNetns: spec.netns !== undefined, staged: spec.userns !== undefined })];
     signal?.throwIfAborted();
     const t0 = Trace.now();
     const res = await launchNative(HostOps.require(), {
       socket: this.socketPath(spec.id),
       netns: spec.netns,
-      ...(spec.userns ? { userns: { ...spec.userns, rootfs: spec.rootfs, agent, ...(spec.stack ? { stack: spec.stack } : {}) } } : {}),
+      ...(spec.userns ? { userns: { ...spec.userns, rootfs: spec.rootfs, agent, ...(spec.stack ? { stack: spec.stack } : {}), allowSuid: spec.init === 'systemd' } } : {}),
       cgroupProcs: cg.procsFiles,
       argv: bwrap,
       logFile: join(runDir, 'agent.log'),
@@ -123,6 +130,7 @@ export class NamespacesDriver implements Driver {
   async destroy(handle: MachineHandle): Promise<void> {
     await this.prepared.get(handle.id)?.catch(() => undefined);
     this.prepared.delete(handle.id);
+    if (handle.init === 'systemd') await haltSystem(handle);
     await killAndSweep(this.home, handle);
   }
 
@@ -150,6 +158,22 @@ export class NamespacesDriver implements Driver {
     }
     return removed;
   }
+}
+
+/** SIGRTMIN+3: systemd's "halt" (systemd(1), SIGNALS). */
+const SIGRTMIN_3 = 37;
+/** A system machine's systemd halts in ~0.25 s here; past this it is killed like any other. */
+export const HALT_GRACE_MS = 10_000;
+
+/** Ask a system machine's systemd to halt (services stopped, filesystems synced), and wait for it. */
+async function haltSystem(handle: MachineHandle): Promise<void> {
+  if (!(await sameProcess(handle.pid, handle.pidStart))) return;
+  try {
+    process.kill(handle.pid, SIGRTMIN_3);
+  } catch {
+    return;
+  }
+  await waitGone(handle.pid, HALT_GRACE_MS);
 }
 
 export function deadError(name: string, reason: string | undefined): SnaplabError {

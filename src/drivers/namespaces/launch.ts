@@ -11,6 +11,8 @@ export interface UsernsLaunch {
   /** instead of rootfs: an overlay of these, mounted inside the namespace */
   stack?: { lowers: string[]; upper: string; work: string };
   agent: string;
+  /** a system machine's tree: setuid works in it (its root is the namespace's) */
+  allowSuid?: boolean;
 }
 
 export interface LaunchResult {
@@ -42,7 +44,7 @@ export async function launchNative(
 ): Promise<LaunchResult> {
   const { socket, cgroupProcs, argv, logFile, timeoutMs, userns } = opts;
   const root = userns?.stack ? ['overlay', String(userns.stack.lowers.length), ...userns.stack.lowers, userns.stack.upper, userns.stack.work] : [userns?.rootfs ?? ''];
-  const us = userns ? [`${userns.base}:${userns.count}`, ...root, userns.agent] : ['-'];
+  const us = userns ? [`${userns.base}:${userns.count}${userns.allowSuid ? ':suid' : ''}`, ...root, userns.agent] : ['-'];
   try {
     const [pid, tNs, tReady] = await ops.request('launch', logFile, String(timeoutMs), socket, opts.netns ?? '-', ...us, String(cgroupProcs.length), ...cgroupProcs, ...argv);
     return { agentPid: Number(pid), namespacesAt: Number(BigInt(tNs!)) / 1e6, readyAt: Number(BigInt(tReady!)) / 1e6 };

@@ -1,0 +1,288 @@
+/*
+ * snaplab-agent boot: raise a system machine, whose PID 1 is the image's own init (systemd).
+ *
+ *   snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]
+ *
+ * Run by the host helper's launcher as the root of the machine's user namespace, in a mount
+ * namespace of its own where DIR is the machine's (idmapped) root and PATH the agent binary (see
+ * userns.c), with the agent's fds: 3 ready pipe, 4 info pipe, 5 listening socket. bubblewrap is
+ * not used for these machines: it always sets no_new_privs and mounts nosuid, so sudo and su
+ * could never work; inside a user namespace setuid root is only the namespace's root.
+ *
+ * This process (the monitor) unshares pid, ipc, uts, cgroup (and net, with --net) namespaces,
+ * makes the console (a pty whose master it holds and copies to its stdout, the machine's log),
+ * and forks the machine's PID 1. PID 1 mounts /proc, a read-only /sys, the cgroup2 subtree of its
+ * own cgroup at /sys/fs/cgroup, a /dev of bound host devices with its own devpts, tmpfs /run and
+ * /tmp, the agent read-only at /run/snaplab/agent; pivots into DIR; starts the agent (a child,
+ * its own session) and execs INIT with container=snaplab. The monitor reports PID 1's host pid on
+ * fd 4 as bubblewrap does ({"child-pid": N}) and exits with PID 1's status.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "sandbox.h"
+
+#define BOOT_FAIL(what)                                                                   \
+	do {                                                                              \
+		fprintf(stderr, "snaplab-agent boot: %s: %s\n", what, strerror(errno));  \
+		_exit(125);                                                               \
+	} while (0)
+
+static void touch(const char *path, mode_t mode)
+{
+	int f = open(path, O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, mode);
+	if (f < 0 && errno != EEXIST)
+		BOOT_FAIL(path);
+	if (f >= 0)
+		close(f);
+}
+
+static void mnt(const char *src, const char *dst, const char *type, unsigned long flags, const char *data)
+{
+	if (mount(src, dst, type, flags, data) < 0) {
+		char what[512];
+		snprintf(what, sizeof what, "mount %s on %s", type ? type : src, dst);
+		BOOT_FAIL(what);
+	}
+}
+
+static void bind_ro(const char *src, const char *dst)
+{
+	mnt(src, dst, NULL, MS_BIND, NULL);
+	mnt(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
+}
+
+static void lo_up(void)
+{
+	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	struct ifreq ifr;
+	memset(&ifr, 0, sizeof ifr);
+	strcpy(ifr.ifr_name, "lo");
+	if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+		BOOT_FAIL("loopback");
+	ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+	if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+		BOOT_FAIL("loopback up");
+	close(s);
+}
+
+/* The machine's /dev: a tmpfs with the host's harmless devices bound in (a user namespace
+ * cannot mknod), its own devpts instance, and the console pty. Paths are relative to the new
+ * root, which is the cwd; host paths are absolute (the old root is still /). */
+static void make_dev(const char *console)
+{
+	mnt("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC | MS_STRICTATIME, "mode=755,size=65536k");
+	static const char *const devices[] = { "null", "zero", "full", "random", "urandom", "tty" };
+	for (size_t i = 0; i < sizeof devices / sizeof *devices; i++) {
+		char in[64], host[64];
+		snprintf(in, sizeof in, "dev/%s", devices[i]);
+		snprintf(host, sizeof host, "/dev/%s", devices[i]);
+		touch(in, 0666);
+		mnt(host, in, NULL, MS_BIND, NULL);
+	}
+	if (mkdir("dev/pts", 0755) < 0)
+		BOOT_FAIL("mkdir dev/pts");
+	mnt("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620,gid=5");
+	if (symlink("pts/ptmx", "dev/ptmx") < 0)
+		BOOT_FAIL("dev/ptmx");
+	touch("dev/console", 0600);
+	mnt(console, "dev/console", NULL, MS_BIND, NULL);
+	if (mkdir("dev/shm", 01777) < 0 || mkdir("dev/mqueue", 0755) < 0)
+		BOOT_FAIL("mkdir dev/shm");
+	mnt("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+	mnt("mqueue", "dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+	static const char *const links[][2] = {
+		{ "/proc/self/fd", "dev/fd" }, { "/proc/self/fd/0", "dev/stdin" },
+		{ "/proc/self/fd/1", "dev/stdout" }, { "/proc/self/fd/2", "dev/stderr" },
+	};
+	for (size_t i = 0; i < sizeof links / sizeof *links; i++)
+		if (symlink(links[i][0], links[i][1]) < 0)
+			BOOT_FAIL(links[i][1]);
+}
+
+static void name_machine(const char *hostname)
+{
+	int f = open("/etc/hostname", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (f >= 0) {
+		dprintf(f, "%s\n", hostname);
+		close(f);
+	}
+	char hosts[65536];
+	ssize_t n = 0;
+	f = open("/etc/hosts", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (f >= 0) {
+		n = read(f, hosts, sizeof hosts - 1);
+		close(f);
+	}
+	hosts[n > 0 ? n : 0] = 0;
+	char line[320];
+	snprintf(line, sizeof line, "127.0.1.1\t%s\n", hostname);
+	if (strstr(hosts, line))
+		return;
+	f = open("/etc/hosts", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (f >= 0) {
+		if (n <= 0)
+			dprintf(f, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+		dprintf(f, "%s", line);
+		close(f);
+	}
+}
+
+static _Noreturn void pid1(const char *root, const char *agent, const char *hostname, const char *console,
+			   const char *caps, char **init)
+{
+	if (sethostname(hostname, strlen(hostname)) < 0)
+		BOOT_FAIL("sethostname");
+	mnt(root, root, NULL, MS_BIND | MS_REC, NULL);
+	if (chdir(root) < 0)
+		BOOT_FAIL("chdir root");
+	mnt("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+	mnt("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+	/* the cgroup namespace is rooted at the machine's own cgroup, which the host delegated */
+	mnt("cgroup2", "sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+	make_dev(console);
+	mnt("tmpfs", "run", "tmpfs", MS_NOSUID | MS_NODEV | MS_STRICTATIME, "mode=755,size=20%");
+	mnt("tmpfs", "tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_STRICTATIME, "mode=1777");
+	if (mkdir("run/snaplab", 0755) < 0)
+		BOOT_FAIL("mkdir run/snaplab");
+	touch("run/snaplab/agent", 0555);
+	bind_ro(agent, "run/snaplab/agent");
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		BOOT_FAIL("pivot_root");
+	if (umount2(".", MNT_DETACH) < 0)
+		BOOT_FAIL("detach the old root");
+	if (chdir("/") < 0)
+		BOOT_FAIL("chdir /");
+	/* the machine's name, as its systemd reads it at boot (an image carries its own), and in
+	 * /etc/hosts, which sudo and other tools resolve it with (the tree is the machine's own) */
+	name_machine(hostname);
+	/* as Docker does: /proc/sys and friends read-only, sysrq and kcore masked */
+	if (harden_proc() < 0)
+		BOOT_FAIL("harden /proc");
+	/* the bounding set of a system container (systemd-nspawn's default): init and its services
+	 * get no more; without the trim units that need CAP_SYS_RAWIO and friends fail */
+	if (caps && caps_restrict(caps) < 0)
+		BOOT_FAIL("capability bounding set");
+
+	pid_t a = fork();
+	if (a < 0)
+		BOOT_FAIL("fork the agent");
+	if (a == 0) {
+		setsid();
+		char *argv[] = { "/run/snaplab/agent", "serve", "--listen-fd", "5", "--ready-fd", "3", "--system",
+				 caps ? "--caps" : NULL, (char *)caps, NULL };
+		char *envp[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+		execve(argv[0], argv, envp);
+		BOOT_FAIL("exec the agent");
+	}
+	close(3);
+	close(5);
+	int c = open("/dev/console", O_RDWR | O_CLOEXEC | O_NOCTTY);
+	if (c < 0 || dup2(c, 0) < 0 || dup2(c, 1) < 0 || dup2(c, 2) < 0)
+		BOOT_FAIL("console");
+	char *envp[] = { "container=snaplab", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=linux", NULL };
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	execve(init[0], init, envp);
+	BOOT_FAIL(init[0]);
+}
+
+int boot_main(int argc, char **argv)
+{
+	const char *root = NULL, *agent = NULL, *hostname = "machine", *caps = NULL;
+	int net = 0, i = 2;
+	for (; i < argc; i++) {
+		if (strcmp(argv[i], "--") == 0) {
+			i++;
+			break;
+		}
+		if (strcmp(argv[i], "--root") == 0 && i + 1 < argc)
+			root = argv[++i];
+		else if (strcmp(argv[i], "--agent") == 0 && i + 1 < argc)
+			agent = argv[++i];
+		else if (strcmp(argv[i], "--hostname") == 0 && i + 1 < argc)
+			hostname = argv[++i];
+		else if (strcmp(argv[i], "--caps") == 0 && i + 1 < argc)
+			caps = argv[++i];
+		else if (strcmp(argv[i], "--net") == 0)
+			net = 1;
+		else {
+			fprintf(stderr, "snaplab-agent boot: unknown option %s\n", argv[i]);
+			return 2;
+		}
+	}
+	if (!root || !agent || i >= argc) {
+		fprintf(stderr, "usage: snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n");
+		return 2;
+	}
+	/* the console: a pty of the host's devpts, opened before the namespaces so that its slave
+	 * can be bound as the machine's /dev/console; the master stays here for the machine's life
+	 * (closing it would hang systemd's shutdown) and what the machine writes goes to the log */
+	int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (master < 0 || grantpt(master) < 0 || unlockpt(master) < 0)
+		BOOT_FAIL("console pty");
+	char console[64];
+	if (ptsname_r(master, console, sizeof console) != 0)
+		BOOT_FAIL("console pty name");
+	struct termios t;
+	if (tcgetattr(master, &t) == 0) {
+		cfmakeraw(&t);
+		tcsetattr(master, TCSANOW, &t);
+	}
+	int flags = CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNS | (net ? CLONE_NEWNET : 0);
+	if (unshare(flags) < 0)
+		BOOT_FAIL("unshare");
+	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
+		BOOT_FAIL("mount propagation");
+	if (net)
+		lo_up();
+	pid_t p = fork();
+	if (p < 0)
+		BOOT_FAIL("fork PID 1");
+	if (p == 0) {
+		close(master);
+		close(4);
+		pid1(root, agent, hostname, console, caps, &argv[i]);
+	}
+	close(3);
+	close(5);
+	dprintf(4, "{\n    \"child-pid\": %d\n}\n", (int)p);
+	close(4);
+	/* copy the console to the log until PID 1 is gone */
+	signal(SIGPIPE, SIG_IGN);
+	int status = 0;
+	for (;;) {
+		struct pollfd pf = { master, POLLIN, 0 };
+		int r = poll(&pf, 1, 200);
+		if (r > 0 && (pf.revents & POLLIN)) {
+			char buf[4096];
+			ssize_t n = read(master, buf, sizeof buf);
+			if (n > 0 && write(1, buf, (size_t)n) < 0) {
+				/* the log is gone: keep draining the console anyway */
+			}
+		}
+		pid_t w = waitpid(p, &status, WNOHANG);
+		if (w == p)
+			break;
+		if (w < 0 && errno != EINTR)
+			break;
+	}
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}

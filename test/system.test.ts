@@ -1,0 +1,80 @@
+import { existsSync } from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { cgroupFor } from '../src/host/cgroups.js';
+import type { Lab } from '../src/sdk/lab.js';
+import type { Sandbox } from '../src/sdk/sandbox.js';
+import { disposeLab, testLab } from './helpers.js';
+
+// System machines: Debian 12 with its own systemd as PID 1 (built here from Debian's archive).
+let lab: Lab;
+beforeAll(async () => {
+  lab = await testLab();
+  await lab.buildImage({ suite: 'bookworm', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'sudo', 'dbus'] }, { name: 'sysd' });
+}, 600_000);
+afterAll(async () => {
+  await disposeLab(lab);
+});
+
+const out = async (box: Sandbox, argv: string[], user?: string): Promise<string> => {
+  const r = await box.exec(argv, user ? { user } : {});
+  expect(r.exitCode, `${argv.join(' ')}: ${r.stderr.toString()}`).toBe(0);
+  return r.stdout.toString().trim();
+};
+
+describe('system machines (--init systemd) on namespaces', () => {
+  it('boot the image\'s systemd as PID 1 to running, no unit failed, in a user namespace; the agent runs beside it', async () => {
+    await using box = await lab.create({ image: 'sysd', init: 'systemd', name: 'sys1' });
+    expect(box.info).toMatchObject({ state: 'running', init: 'systemd', reason: null });
+    expect(box.lastTrace?.phases.map((p) => p.name)).toContain('systemd up');
+    expect(await out(box, ['systemctl', 'is-system-running'])).toBe('running');
+    expect(await out(box, ['systemctl', '--failed', '--plain', '--no-legend'])).toBe('');
+    expect(await out(box, ['cat', '/proc/1/comm'])).toBe('systemd');
+    expect(await out(box, ['cat', '/proc/self/uid_map'])).toMatch(new RegExp(`^0\\s+${box.info.uidBase}\\s+65536$`));
+    expect(await out(box, ['hostname'])).toBe('sys1');
+  });
+
+  it('keep a service running across exec sessions; sudo works for an unprivileged user', async () => {
+    await using box = await lab.create({ image: 'sysd', init: 'systemd' });
+    await out(box, ['systemd-run', '--unit=sleeper', '--', 'sleep', '1000']);
+    box.close();
+    await using again = await lab.get(box.info.name);
+    expect(await out(again, ['systemctl', 'is-active', 'sleeper'])).toBe('active');
+    await out(again, ['sh', '-c', 'useradd -m -s /bin/sh app && echo "app ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/app && chmod 440 /etc/sudoers.d/app']);
+    expect(await out(again, ['id', '-u'], 'app')).toBe('1000');
+    expect(await out(again, ['sudo', '-n', 'id', '-u'], 'app')).toBe('0');
+  });
+
+  it('are held to their memory limit from outside: a hog inside is OOM-killed, systemd stays up', async () => {
+    await using box = await lab.create({ image: 'sysd', init: 'systemd', limits: { memoryBytes: 256 * 2 ** 20 } });
+    const r = await box.exec(['dd', 'if=/dev/zero', 'of=/dev/null', 'bs=600M', 'count=1']);
+    expect(r.exitCode).not.toBe(0);
+    expect(r.oomKilled).toBe(true);
+    expect(await out(box, ['systemctl', 'is-system-running'])).toMatch(/running|degraded/);
+  });
+
+  it('halt cleanly on rm and leave no cgroup, unified subtree included', async () => {
+    const box = await lab.create({ image: 'sysd', init: 'systemd' });
+    const cg = cgroupFor(box.info.id);
+    expect([...cg.dirs, ...(cg.unifiedDir ? [cg.unifiedDir] : [])].every(existsSync)).toBe(true);
+    const t0 = performance.now();
+    await box.destroy();
+    expect(performance.now() - t0).toBeLessThan(10_000); // the halt's grace: it did not have to be killed
+    expect([...cg.dirs, ...(cg.unifiedDir ? [cg.unifiedDir] : [])].some(existsSync)).toBe(false);
+  });
+
+  it('restore from a snapshot boots systemd again, with the snapshot\'s files', async () => {
+    await using box = await lab.create({ image: 'sysd', init: 'systemd' });
+    await out(box, ['sh', '-c', 'echo kept > /etc/kept']);
+    await box.snapshot('sys-snap');
+    const copy = await lab.restore('sys-snap');
+    expect(copy.info.init).toBe('systemd');
+    expect(await out(copy, ['systemctl', 'is-system-running'])).toBe('running');
+    expect(await out(copy, ['cat', '/etc/kept'])).toBe('kept');
+    await copy.destroy();
+    await lab.removeSnapshot('sys-snap');
+  });
+
+  it('refuse to run without a user namespace', async () => {
+    await expect(lab.create({ image: 'sysd', init: 'systemd', userns: false })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringContaining('user namespace') });
+  });
+});
