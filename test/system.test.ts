@@ -1,4 +1,5 @@
-import { existsSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cgroupFor } from '../src/host/cgroups.js';
 import type { Lab } from '../src/sdk/lab.js';
@@ -72,6 +73,32 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(await out(copy, ['cat', '/etc/kept'])).toBe('kept');
     await copy.destroy();
     await lab.removeSnapshot('sys-snap');
+  });
+
+  it('run in scenarios: unit and systemd ready checks, a busybox machine reaches it over the scenario network, a reset boots it again', async () => {
+    const file = join(lab.home, 'system-scenario.yaml');
+    writeFileSync(file, [
+      'networks:', '  lan: 10.77.19.0/24',
+      'machines:',
+      '  web:', '    image: sysd', '    init: systemd', '    networks: { lan: {} }',
+      '    start:', "      - run: systemd-run --unit=hello -- sleep 1000",
+      '    ready:', '      - systemd: running', '      - unit: hello.service',
+      '  client:', '    networks: { lan: {} }',
+      '    ready:', '      - command: ping -c 1 -W 2 web',
+    ].join('\n'));
+    const scn = await lab.up(file, { name: 'sysscn' });
+    try {
+      const web = await lab.get('sysscn/web');
+      expect(web.info.init).toBe('systemd');
+      web.close();
+      await scn.snapshot('base');
+      await scn.reset('base');
+      await using again = await lab.get('sysscn/web');
+      expect(await out(again, ['systemctl', 'is-active', 'hello'])).toBe('active');
+      expect(await out(again, ['systemctl', 'is-system-running'])).toBe('running');
+    } finally {
+      await scn.down();
+    }
   });
 
   it('refuse to run without a user namespace', async () => {

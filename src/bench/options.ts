@@ -18,6 +18,8 @@ export interface BenchCli {
   recycle?: string;
   poolSize?: string;
   userns?: string;
+  init?: string;
+  image?: string;
   baselines: string;
   scenario?: string;
   driver?: string;
@@ -27,7 +29,7 @@ export interface BenchCli {
 }
 
 /** What may differ between the two configurations of --compare. */
-const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill', 'userns'] as const;
+const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill', 'userns', 'init'] as const;
 export const DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64];
 const STORAGES: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
 
@@ -45,6 +47,8 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--recycle <on|off>', 'fresh-exec: reuse host resources that pass the clean check (default on)')
     .option('--pool-size <n>', 'fresh-exec: standbys kept warm')
     .option('--userns <on|off>', 'namespace sandboxes in a user namespace of their own (default on, where storage allows)')
+    .option('--init <agent|systemd>', "raise, restore: systemd boots the image's own systemd (system machines; give --image)")
+    .option('--image <name>', 'raise, restore: the image machines are made from (default busybox)')
     .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up)`, 'all')
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
     .option('--driver <name>', 'namespaces (default) or qemu (raise, exec, snapshot, restore, fresh-exec: a pool of paused VM restores)')
@@ -119,6 +123,8 @@ export interface Variant {
   poolSize?: number;
   /** false: --userns off */
   userns?: boolean;
+  /** system machines (--init systemd) */
+  init?: 'systemd';
   fills: (number | undefined)[];
 }
 
@@ -133,6 +139,8 @@ export interface BenchPlan {
   /** scenario workloads: the scenario file */
   scenario?: string;
   driver?: string;
+  /** raise, restore: the image (default busybox) */
+  image?: string;
   results?: string;
   json: boolean;
   variants: Variant[];
@@ -146,6 +154,8 @@ function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: st
   if (w !== 'fresh-exec' && (explicit('recycle') || explicit('poolSize'))) throw bad('--recycle and --pool-size apply to the fresh-exec workload only', 'drop them or use --workload fresh-exec');
   if (w !== 'snapshot' && explicit('fill')) throw bad('--fill applies to the snapshot workload only', 'drop --fill or use --workload snapshot');
   if (o.userns !== undefined && o.userns !== 'on' && o.userns !== 'off') throw bad(`invalid --userns ${JSON.stringify(o.userns)}`, 'use --userns on or --userns off');
+  if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd') throw bad(`invalid --init ${JSON.stringify(o.init)}`, 'use --init agent or --init systemd');
+  if (o.init === 'systemd' && w !== 'raise' && w !== 'restore') throw bad('--init systemd applies to the raise and restore workloads', 'use --workload raise or restore');
   return {
     label,
     options,
@@ -153,6 +163,7 @@ function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: st
     recycle: o.recycle !== 'off',
     poolSize: o.poolSize === undefined ? undefined : parsePositiveInt(o.poolSize, 'pool size'),
     ...(o.userns === 'off' ? { userns: false } : {}),
+    ...(o.init === 'systemd' ? { init: 'systemd' as const } : {}),
     fills: o.fill ? o.fill.split(',').map((f) => parseSize(f, 'fill size')) : [undefined],
   };
 }
@@ -234,6 +245,7 @@ export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli
     baselines: names as BaselineName[],
     ...(o.scenario !== undefined ? { scenario: o.scenario } : {}),
     ...(o.driver !== undefined ? { driver: o.driver } : {}),
+    ...(o.image !== undefined ? { image: o.image } : {}),
     results: o.results,
     json: !!o.json,
     variants,

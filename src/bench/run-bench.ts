@@ -58,7 +58,7 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
   const workloadArm = (v: Variant, fillBytes: number | undefined, name: string): Arm => ({
     name,
     run: (concurrency) =>
-      runWorkload(lab, plan.workload, { concurrency, ...lim, storage: v.storage ?? defaultStorage, argv: plan.argv, fillBytes, recycle: v.recycle, poolSize: v.poolSize, scenario: plan.scenario, driver: plan.driver, userns: v.userns }),
+      runWorkload(lab, plan.workload, { concurrency, ...lim, storage: v.storage ?? defaultStorage, argv: plan.argv, fillBytes, recycle: v.recycle, poolSize: v.poolSize, scenario: plan.scenario, driver: plan.driver, userns: v.userns, init: v.init, image: plan.image }),
   });
   const comparing = plan.variants.length === 2;
   const first = plan.variants[0]!;

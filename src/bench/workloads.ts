@@ -24,6 +24,10 @@ export interface BenchSettings {
   driver?: string;
   /** false: sandboxes without a user namespace (--userns off), to measure what one costs */
   userns?: boolean;
+  /** raise, restore: system machines (the image's systemd as PID 1) */
+  init?: 'systemd';
+  /** raise, restore: the image (default busybox) */
+  image?: string;
 }
 
 /** What fresh-exec takes on top: recycling of clean host resources, and the standby pool's size. */
@@ -37,11 +41,12 @@ export function phasesOf(t: TraceSummary | undefined): Record<string, number> {
 
 /** raise: create a sandbox to usable (the trace's total), then destroy it outside the timing. */
 async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  await lab.image('busybox');
+  await lab.image(s.image ?? 'busybox');
+  const spec = { image: s.image, storage: s.storage, driver: s.driver, userns: s.userns, init: s.init };
   // one untimed create so that image import and pool mount are not in the samples
-  await (await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns })).destroy();
+  await (await lab.create(spec)).destroy();
   return closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
-    const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns });
+    const box = await lab.create(spec);
     const t = box.lastTrace!;
     await box.destroy();
     return { latencyMs: t.totalMs, phases: phasesOf(t) };
@@ -93,7 +98,7 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
 
 /** restore: snapshot one sandbox once, then restore to usable; destroy each restored sandbox untimed. */
 async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns });
+  const box = await lab.create({ image: s.image, storage: s.storage, driver: s.driver, userns: s.userns, init: s.init });
   const name = `bench-restore-${process.pid}-${Date.now()}`;
   try {
     // a VM's memory snapshot: a restore continues the machine, it does not boot

@@ -70,7 +70,12 @@ function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs:
   }
 
   const steps = (phase: 'provision' | 'start') => raw[phase].map((s, i) => step(s, [...p, phase, i], at, dir));
-  return { name, image, hostname, limits, env: raw.env, networks, provision: steps('provision'), start: steps('start'), ready: raw.ready };
+  const spec: MachineFileSpec = { name, image, hostname, limits, env: raw.env, networks, provision: steps('provision'), start: steps('start'), ready: raw.ready };
+  if (raw.init === 'systemd') spec.init = 'systemd';
+  else if (raw.ready.some((c) => c.kind === 'unit' || c.kind === 'systemd')) {
+    at.fail([...p, 'ready'], `machine ${name}: unit and systemd checks need a system machine`, 'add `init: systemd` to the machine (and an image with systemd)');
+  }
+  return spec;
 }
 
 function step(raw: RawStep, p: Path, at: Locator, dir: string): Step {

@@ -42,6 +42,7 @@ export async function raiseMachine(
       hostname: m.hostname,
       netns,
       ...(uidBase !== undefined ? { uidBase } : {}),
+      ...(m.init ? { init: m.init } : {}),
     },
     trace,
   );

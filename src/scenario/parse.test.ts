@@ -199,6 +199,14 @@ describe('errors name the file, line and column', () => {
     fails([...NETS, '  front: { subnet: 10.77.9.0/24 }', 'machines: { a: {} }'], 4, /duplicate network "front"/);
   });
 
+  it('system machines: init systemd with unit and systemd checks; those checks refused on other machines', () => {
+    const spec = parse(['machines:', '  web:', '    init: systemd', '    ready:', '      - unit: nginx.service', '      - systemd: running', '        timeout: 5s']);
+    expect(spec.machines[0]).toMatchObject({ init: 'systemd', ready: [{ kind: 'unit', unit: 'nginx.service', timeoutMs: 30_000 }, { kind: 'systemd', state: 'running', timeoutMs: 5000 }] });
+    fails(['machines:', '  web:', '    ready:', '      - unit: nginx.service'], 4, /need a system machine/);
+    fails(['machines:', '  web:', '    init: upstart'], 3, /agent or systemd/);
+    fails(['machines:', '  web:', '    init: systemd', '    ready:', '      - systemd: degraded'], 5, /running/);
+  });
+
   it('a machine on a network that is not defined', () => {
     fails([...NETS, 'machines:', '  a:', '    networks:', '      middle: {}'], 7, /network "middle", which is not defined/);
   });

@@ -191,7 +191,9 @@ const LogLine = str('a line to wait for (a substring, or /regex/)').min(1).trans
   }),
 );
 
-const Check = byKey<Check>('a readiness check: a map with command, tcp, file or log', {
+const Check = byKey<Check>('a readiness check: a map with command, tcp, file, log, unit or systemd', {
+  unit: z.strictObject({ unit: str('a unit name such as nginx.service'), timeout: Duration.optional() }).transform((c): Check => ({ kind: 'unit', unit: c.unit, timeoutMs: timeoutMs(c.timeout) })),
+  systemd: z.strictObject({ systemd: z.literal('running', { error: 'expected running' }), timeout: Duration.optional() }).transform((c): Check => ({ kind: 'systemd', state: c.systemd, timeoutMs: timeoutMs(c.timeout) })),
   command: z.strictObject({ command: Command, timeout: Duration.optional() }).transform((c): Check => ({ kind: 'command', argv: c.command, timeoutMs: timeoutMs(c.timeout) })),
   tcp: z.strictObject({ tcp: TcpTarget, timeout: Duration.optional() }).transform((c): Check => ({ kind: 'tcp', ...c.tcp, timeoutMs: timeoutMs(c.timeout) })),
   file: z.strictObject({ file: MachinePath, timeout: Duration.optional() }).transform((c): Check => ({ kind: 'file', path: c.file, timeoutMs: timeoutMs(c.timeout) })),
@@ -211,6 +213,7 @@ const list = <T>(item: z.ZodType<T>) => z.array(item, { error: 'expected a list'
 const Machine = z.strictObject(
   {
     image: str('an image name').optional(),
+    init: z.enum(['agent', 'systemd'], { error: 'expected agent or systemd' }).optional(),
     hostname: str('a host name').optional(),
     memory: strOrNum('a size such as 128M').transform(conv(parseMemory)).optional(),
     pids: z.number({ error: 'expected a whole number' }).int({ error: 'expected a whole number' }).positive({ error: 'expected a positive number' }).optional(),

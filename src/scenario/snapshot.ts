@@ -37,7 +37,7 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
         const backend = await ctx.readyBackend(m.storage);
         const volume = await backend.snapshot(m.volume!);
         const machine = m.name.slice(name.length + 1);
-        const rec: SnapshotRecord = { name: machineSnapshotName(name, snap, machine), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now() };
+        const rec: SnapshotRecord = { name: machineSnapshotName(name, snap, machine), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now(), init: m.init ?? null };
         ctx.store.insertSnapshot(rec);
         return rec;
       })),

@@ -35,6 +35,8 @@ export interface MachineFileSpec {
    */
   start: Step[];
   ready: Check[];
+  /** 'systemd': a system machine (the image's systemd as PID 1); absent: the agent is PID 1 */
+  init?: 'systemd';
 }
 
 export type Step =
@@ -45,7 +47,11 @@ export type Check =
   | { kind: 'command'; argv: string[]; timeoutMs: number }
   | { kind: 'tcp'; port: number; host?: string; timeoutMs: number }
   | { kind: 'file'; path: string; timeoutMs: number }
-  | { kind: 'log'; file: string; line: string; timeoutMs: number };
+  | { kind: 'log'; file: string; line: string; timeoutMs: number }
+  /** a system machine's unit is active (systemctl is-active) */
+  | { kind: 'unit'; unit: string; timeoutMs: number }
+  /** a system machine's whole system is up (systemctl is-system-running: running) */
+  | { kind: 'systemd'; state: 'running'; timeoutMs: number };
 
 export interface LoadedScenario {
   spec: ScenarioSpec;

@@ -59,6 +59,8 @@ export function checkText(c: Check): string {
     case 'tcp': return `tcp ${c.host ?? '127.0.0.1'}:${c.port}`;
     case 'file': return `file ${c.path}`;
     case 'log': return `log ${c.file} has ${JSON.stringify(c.line)}`;
+    case 'unit': return `unit ${c.unit} active`;
+    case 'systemd': return `systemd ${c.state}`;
   }
 }
 
@@ -94,6 +96,13 @@ async function attempt(ctx: LabContext, m: Machine, c: Check, remainingMs: numbe
     case 'log': {
       const f = await fileText(m.agent, c.file);
       return { ok: f.exists && lineMatches(f.text, c.line), last: f.error ?? `no matching line yet (${f.text.length} bytes)` };
+    }
+    case 'unit':
+    case 'systemd': {
+      const argv = c.kind === 'unit' ? ['systemctl', 'is-active', c.unit] : ['systemctl', 'is-system-running'];
+      const r = await execIn(ctx, m.record, m.agent, argv, { timeoutMs: Math.max(100, remainingMs) });
+      const said = `${r.stdout.toString()}${r.stderr.toString()}`.trim().split('\n').pop() ?? '';
+      return { ok: said === (c.kind === 'unit' ? 'active' : c.state), last: `systemctl said ${JSON.stringify(said)}` };
     }
   }
 }
