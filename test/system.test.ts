@@ -101,6 +101,15 @@ describe('system machines (--init systemd) on namespaces', () => {
     }
   });
 
+  it('are what an image with systemd makes by default (found at build); --init agent makes the agent PID 1 instead', async () => {
+    expect((await lab.images()).find((i) => i.name === 'sysd')?.provenance?.init).toBe('systemd');
+    await using box = await lab.create({ image: 'sysd' });
+    expect(box.info.init).toBe('systemd');
+    await using plain = await lab.create({ image: 'sysd', init: 'agent' });
+    expect(plain.info.init).toBeNull();
+    expect(await out(plain, ['cat', '/proc/1/comm'])).toBe('agent');
+  });
+
   it('refuse to run without a user namespace', async () => {
     await expect(lab.create({ image: 'sysd', init: 'systemd', userns: false })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringContaining('user namespace') });
   });

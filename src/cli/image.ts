@@ -25,6 +25,7 @@ function inspectText(i: ImageRecord): string {
     `created:   ${new Date(i.createdAt).toISOString()}`,
     `tree:      ${i.path}`,
   ];
+  if (p?.init) lines.push(`init:      ${p.init} (machines boot it; --init agent to not)`);
   if (p?.configDigest) lines.push(`config:    ${p.configDigest}`);
   if (p?.manifestDigest) lines.push(`manifest:  ${p.manifestDigest}`);
   if (p?.layers?.length) {

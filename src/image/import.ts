@@ -21,6 +21,8 @@ export interface Provenance {
   notes: string[];
   /** for built images: what it was built from */
   build?: Record<string, unknown>;
+  /** the image's own init, found in its tree: machines of it boot it by default (--init) */
+  init?: 'systemd';
 }
 
 export interface ImportOptions {

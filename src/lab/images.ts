@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { chmod, lstat, mkdir, readdir, rename, rm, symlink, writeFile, copyFile } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir, readlink, rename, rm, symlink, writeFile, copyFile } from 'node:fs/promises';
 import { pidAlive } from '../host/procs.js';
 import { join, relative, resolve } from 'node:path';
 import { SnaplabError } from '../errors.js';
@@ -47,6 +47,19 @@ export async function skeleton(root: string): Promise<void> {
 async function sizeOf(dir: string): Promise<number> {
   const r = await run('du', ['-sb', dir]);
   return Number(r.stdout.split(/\s/)[0]);
+}
+
+/**
+ * The image's own init, when it is systemd: /sbin/init (or /usr/sbin/init) a link whose target is
+ * named systemd. Read as strings, never followed (the tree is untrusted and a link may point at
+ * the host's files). `create` boots it unless told `--init agent`.
+ */
+async function initOf(root: string): Promise<'systemd' | undefined> {
+  for (const rel of ['usr/sbin/init', 'sbin/init']) {
+    const target = await readlink(join(root, rel)).catch(() => undefined);
+    if (target && /(^|\/)systemd$/.test(target)) return 'systemd';
+  }
+  return undefined;
 }
 
 /** Image trees live in `${home}/images/<name>/rootfs`; storage backends import from there. */
@@ -131,6 +144,8 @@ export class Images {
     try {
       const got = await build(join(tmp, 'rootfs'), join(tmp, 'scratch'));
       await rm(join(tmp, 'scratch'), { recursive: true, force: true });
+      const init = await initOf(join(tmp, 'rootfs'));
+      if (got && init) got.provenance.init = init;
       // measured before it is moved into place: from the rename to the record is a moment, not a
       // `du` of the tree (gc takes an unrecorded tree after a minute)
       const sizeBytes = await sizeOf(join(tmp, 'rootfs'));

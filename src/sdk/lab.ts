@@ -45,7 +45,8 @@ export interface CreateOptions {
   /**
    * 'systemd': a system machine: the image's own systemd is PID 1 (the agent runs beside it), and
    * create returns once `systemctl is-system-running` says running or degraded. Needs a user
-   * namespace. Default 'agent' (the agent is PID 1).
+   * namespace. Default: 'systemd' for an image whose /sbin/init is systemd (found at build or
+   * import: `image inspect` shows it), else 'agent' (the agent is PID 1).
    */
   init?: 'agent' | 'systemd';
 }
@@ -83,7 +84,8 @@ export class Lab {
       const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
-      const init = opts.init === 'systemd' ? 'systemd' as const : undefined;
+      // the image's own systemd boots unless the caller says --init agent
+      const init = (opts.init ?? img.provenance?.init) === 'systemd' ? 'systemd' as const : undefined;
       return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null, userns: opts.userns, init }, t, opts.signal);
     });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
