@@ -173,7 +173,7 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
 	 * /etc/hosts, which sudo and other tools resolve it with (the tree is the machine's own) */
 	name_machine(hostname);
 	/* as Docker does: /proc/sys and friends read-only, sysrq and kcore masked */
-	if (harden_proc() < 0)
+	if (harden_proc(0) < 0)
 		BOOT_FAIL("harden /proc");
 	/* the bounding set of a system container (systemd-nspawn's default): init and its services
 	 * get no more; without the trim units that need CAP_SYS_RAWIO and friends fail */

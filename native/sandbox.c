@@ -139,7 +139,7 @@ static int cap_lookup(const char *name, size_t n)
  * read-only and masks the files that expose the host kernel, then drops the capability for good
  * (caps_restrict) before it serves anything. Paths this kernel lacks are skipped.
  */
-int harden_proc(void)
+int harden_proc(int dev_readonly)
 {
 	static const char *const ro[] = { "/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq" };
 	static const char *const masked_files[] = { "/proc/sysrq-trigger", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
@@ -177,7 +177,8 @@ int harden_proc(void)
 		if (mount(NULL, devices[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, NULL) < 0)
 			return -1;
 	}
-	if (mount(NULL, "/dev", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+	/* (not for a system machine: its systemd makes /dev/log and friends in its own /dev) */
+	if (dev_readonly && mount(NULL, "/dev", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
 		return -1;
 	return 0;
 }

@@ -10,7 +10,8 @@ int filter_build(struct sock_fprog *out);
 
 /* Drops every capability not named in list (comma separated) from the bounding set. */
 int caps_restrict(const char *list);
-int harden_proc(void);
+/* dev_readonly: /dev itself read-only too (sandboxes; a system machine's systemd writes to it) */
+int harden_proc(int dev_readonly);
 
 enum spawn_stage { STAGE_OK = 0, STAGE_SETUP, STAGE_CHDIR, STAGE_SECCOMP, STAGE_EXEC, STAGE_USER };
 

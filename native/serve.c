@@ -1218,7 +1218,7 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 	 * memory or take its file descriptors (pidfd_getfd) — the listening socket among them. */
 	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
 		die("dumpable");
-	if (harden && harden_proc() < 0)
+	if (harden && harden_proc(1) < 0)
 		die("harden /proc");
 	if (caps && caps_restrict(caps) < 0)
 		die("capability bounding set");

@@ -1,4 +1,4 @@
-import { existsSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cgroupFor } from '../src/host/cgroups.js';
@@ -109,6 +109,26 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(plain.info.init).toBeNull();
     expect(await out(plain, ['cat', '/proc/1/comm'])).toBe('agent');
   });
+
+  it('the shipped debian-lab example: four Debian machines provisioned, the proxy balancing over both web servers, a reset brings all back', async () => {
+    const dir = join(import.meta.dirname, '..', 'examples', 'scenarios', 'debian-lab');
+    const packages = readFileSync(join(dir, 'packages'), 'utf8').trim().split(',');
+    await lab.buildImage({ suite: 'bookworm', variant: 'minbase', packages }, { name: 'debian-lab' });
+    const scn = await lab.up(join(dir, 'scenario.yaml'), { name: 'dlab' });
+    try {
+      await using proxy = await lab.get('dlab/proxy');
+      const answers = new Set<string>();
+      for (let i = 0; i < 4; i++) answers.add(await out(proxy, ['curl', '-sf', 'http://127.0.0.1/']));
+      expect([...answers].sort()).toEqual(['hello from web1', 'hello from web2']);
+      await scn.snapshot('base');
+      await scn.reset('base');
+      await using again = await lab.get('dlab/proxy');
+      expect(await out(again, ['curl', '-sf', 'http://127.0.0.1/'])).toMatch(/^hello from web[12]$/);
+      expect(await out(again, ['systemctl', 'is-active', 'haproxy'])).toBe('active');
+    } finally {
+      await scn.down();
+    }
+  }, 300_000);
 
   it('refuse to run without a user namespace', async () => {
     await expect(lab.create({ image: 'sysd', init: 'systemd', userns: false })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringContaining('user namespace') });

@@ -57,16 +57,22 @@ async function bringUp(ctx: LabContext, rec: { name: string; id: string; spec: S
   const say = (s: string): void => opts.onProgress?.(m.name, s);
   say('raising');
   const machine = await trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, rec, j, trace, undefined, opts.storage));
-  if (m.provision.length) {
-    say('provisioning');
-    await trace.phase(`provision ${m.name}`, () => runSteps(ctx, machine, m.provision, 'provision'));
+  try {
+    if (m.provision.length) {
+      say('provisioning');
+      await trace.phase(`provision ${m.name}`, () => runSteps(ctx, machine, m.provision, 'provision'));
+    }
+    if (m.start.length) {
+      say('starting');
+      await trace.phase(`start ${m.name}`, () => runSteps(ctx, machine, m.start, 'start'));
+    }
+    if (m.ready.length) say('waiting for readiness');
+    await trace.phase(`ready ${m.name}`, () => waitReady(ctx, machine));
+  } catch (e) {
+    // the machine may be kept (--keep-on-failure): its connection must not keep this process alive
+    void machine.agent.close();
+    throw e;
   }
-  if (m.start.length) {
-    say('starting');
-    await trace.phase(`start ${m.name}`, () => runSteps(ctx, machine, m.start, 'start'));
-  }
-  if (m.ready.length) say('waiting for readiness');
-  await trace.phase(`ready ${m.name}`, () => waitReady(ctx, machine));
   say('ready');
   return machine;
 }
