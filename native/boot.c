@@ -27,6 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <linux/seccomp.h>
+#include <linux/filter.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -37,6 +40,9 @@
 #include <unistd.h>
 
 #include "sandbox.h"
+
+/* what the monitor keeps of a system machine's console in its log, on the host's disk */
+#define CONSOLE_LOG_MAX (16 << 20)
 
 #define BOOT_FAIL(what)                                                                   \
 	do {                                                                              \
@@ -116,29 +122,46 @@ static void make_dev(const char *console)
 			BOOT_FAIL(links[i][1]);
 }
 
+/* Open a file of the machine's /etc to rewrite: a regular file only (a FIFO there would block
+ * the boot), never through a final symlink. */
+static int etc_file(const char *path, int flags)
+{
+	int f = open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+	struct stat st;
+	if (f >= 0 && (fstat(f, &st) < 0 || !S_ISREG(st.st_mode))) {
+		close(f);
+		return -1;
+	}
+	return f;
+}
+
 static void name_machine(const char *hostname)
 {
-	int f = open("/etc/hostname", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+	int f = etc_file("/etc/hostname", O_WRONLY | O_CREAT | O_TRUNC);
 	if (f >= 0) {
 		dprintf(f, "%s\n", hostname);
 		close(f);
 	}
-	char hosts[65536];
+	static char hosts[1 << 16];
 	ssize_t n = 0;
-	f = open("/etc/hosts", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	f = etc_file("/etc/hosts", O_RDONLY);
 	if (f >= 0) {
 		n = read(f, hosts, sizeof hosts - 1);
 		close(f);
 	}
-	hosts[n > 0 ? n : 0] = 0;
+	if (n < 0)
+		n = 0;
+	hosts[n] = 0;
 	char line[320];
 	snprintf(line, sizeof line, "127.0.1.1\t%s\n", hostname);
-	if (strstr(hosts, line))
-		return;
-	f = open("/etc/hosts", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if ((size_t)n == sizeof hosts - 1 || strstr(hosts, line))
+		return; /* there already (or a file too big to be a hosts file: leave it) */
+	f = etc_file("/etc/hosts", O_WRONLY | O_CREAT | O_APPEND);
 	if (f >= 0) {
-		if (n <= 0)
+		if (n == 0)
 			dprintf(f, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+		else if (hosts[n - 1] != '\n')
+			dprintf(f, "\n");
 		dprintf(f, "%s", line);
 		close(f);
 	}
@@ -179,12 +202,20 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
 	 * get no more; without the trim units that need CAP_SYS_RAWIO and friends fail */
 	if (caps && caps_restrict(caps) < 0)
 		BOOT_FAIL("capability bounding set");
+	/* init and everything under it, the agent too */
+	struct sock_fprog filter;
+	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
+		BOOT_FAIL("seccomp filter");
 
 	pid_t a = fork();
 	if (a < 0)
 		BOOT_FAIL("fork the agent");
 	if (a == 0) {
 		setsid();
+		/* not the monitor's stdout (the host's log file): nothing of the host's in reach */
+		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+			BOOT_FAIL("agent stdio");
 		char *argv[] = { "/run/snaplab/agent", "serve", "--listen-fd", "5", "--ready-fd", "3", "--system",
 				 caps ? "--caps" : NULL, (char *)caps, NULL };
 		char *envp[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL };
@@ -241,11 +272,19 @@ int boot_main(int argc, char **argv)
 	char console[64];
 	if (ptsname_r(master, console, sizeof console) != 0)
 		BOOT_FAIL("console pty name");
+	fcntl(master, F_SETFL, O_NONBLOCK); /* the final drain must not block on an empty console */
 	struct termios t;
 	if (tcgetattr(master, &t) == 0) {
 		cfmakeraw(&t);
 		tcsetattr(master, TCSANOW, &t);
 	}
+	if (chdir("/") < 0)
+		BOOT_FAIL("chdir /");
+	/* held open here so that the console never hangs up when nothing inside holds it (poll would
+	 * then return at once, forever) */
+	int slave = open(console, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (slave < 0)
+		BOOT_FAIL("console slave");
 	int flags = CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNS | (net ? CLONE_NEWNET : 0);
 	if (unshare(flags) < 0)
 		BOOT_FAIL("unshare");
@@ -258,6 +297,7 @@ int boot_main(int argc, char **argv)
 		BOOT_FAIL("fork PID 1");
 	if (p == 0) {
 		close(master);
+		close(slave);
 		close(4);
 		pid1(root, agent, hostname, console, caps, &argv[i]);
 	}
@@ -265,24 +305,39 @@ int boot_main(int argc, char **argv)
 	close(5);
 	dprintf(4, "{\n    \"child-pid\": %d\n}\n", (int)p);
 	close(4);
-	/* copy the console to the log until PID 1 is gone */
+	/* the monitor needs nothing more of the namespace's root, and nothing inside may reach it */
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	caps_restrict("");
+	/* copy the console to the log until PID 1 is gone: at most CONSOLE_LOG_MAX bytes (the log is
+	 * on the host's disk), then drained and dropped */
 	signal(SIGPIPE, SIG_IGN);
-	int status = 0;
-	for (;;) {
+	int status = 0, done = 0;
+	unsigned long long logged = 0;
+	while (!done) {
 		struct pollfd pf = { master, POLLIN, 0 };
 		int r = poll(&pf, 1, 200);
-		if (r > 0 && (pf.revents & POLLIN)) {
+		pid_t w = waitpid(p, &status, WNOHANG);
+		done = w == p || (w < 0 && errno != EINTR);
+		if (r > 0 && !(pf.revents & POLLIN) && (pf.revents & (POLLHUP | POLLERR)))
+			usleep(200 * 1000); /* no writer: do not spin */
+		/* after PID 1 is gone, what it left in the pty still goes to the log */
+		while ((r > 0 && (pf.revents & POLLIN)) || done) {
 			char buf[4096];
 			ssize_t n = read(master, buf, sizeof buf);
-			if (n > 0 && write(1, buf, (size_t)n) < 0) {
-				/* the log is gone: keep draining the console anyway */
+			if (n <= 0)
+				break;
+			if (logged < CONSOLE_LOG_MAX) {
+				size_t k = logged + (size_t)n > CONSOLE_LOG_MAX ? (size_t)(CONSOLE_LOG_MAX - logged) : (size_t)n;
+				if (write(1, buf, k) < 0) {
+					/* the log is gone: keep draining the console anyway */
+				}
+				logged += k;
+				if (logged >= CONSOLE_LOG_MAX)
+					dprintf(1, "\n[snaplab: console log stopped at %d MiB]\n", CONSOLE_LOG_MAX >> 20);
 			}
+			if (!done)
+				break;
 		}
-		pid_t w = waitpid(p, &status, WNOHANG);
-		if (w == p)
-			break;
-		if (w < 0 && errno != EINTR)
-			break;
 	}
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }

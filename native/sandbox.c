@@ -53,9 +53,42 @@ static const unsigned long ns_flags[] = {
 	CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME,
 };
 
+static int export_filter(scmp_filter_ctx ctx, struct sock_fprog *out);
+
+/*
+ * A system machine's filter (its init and everything under it): systemd needs mount, unshare and
+ * the rest, so only what no system container needs and what would break the host's hold on the
+ * machine: subvolumes nested in its root (rm could not delete it), io_uring (a surface that
+ * bypasses filters), vsock, foreign architectures.
+ */
+int system_filter_build(struct sock_fprog *out)
+{
+	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+	if (!ctx)
+		return -1;
+	static const char *const none[] = { "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load" };
+	int rc = -1;
+	if (seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS) < 0)
+		goto out;
+	for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+		int nr = seccomp_syscall_resolve_name(none[i]);
+		if (nr != __NR_SCMP_ERROR && nr >= 0 && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0) < 0)
+			goto out;
+	}
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK_NR)) < 0)
+		goto out;
+	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
+		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_EQ, denied_ioctls[i])) < 0)
+			goto out;
+	rc = export_filter(ctx, out);
+out:
+	seccomp_release(ctx);
+	return rc;
+}
+
 int filter_build(struct sock_fprog *out)
 {
-	int rc = -1, fd = -1;
+	int rc = -1;
 	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
 	if (!ctx)
 		return -1;
@@ -86,8 +119,16 @@ int filter_build(struct sock_fprog *out)
 	/* clone3 passes flags in memory, which BPF cannot read: ENOSYS makes libc fall back to clone. */
 	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) < 0)
 		goto out;
+	rc = export_filter(ctx, out);
+out:
+	seccomp_release(ctx);
+	return rc;
+}
 
-	fd = memfd_create("snaplab-seccomp", MFD_CLOEXEC);
+static int export_filter(scmp_filter_ctx ctx, struct sock_fprog *out)
+{
+	int rc = -1;
+	int fd = memfd_create("snaplab-seccomp", MFD_CLOEXEC);
 	if (fd < 0 || seccomp_export_bpf(ctx, fd) < 0)
 		goto out;
 	off_t size = lseek(fd, 0, SEEK_END);
@@ -104,7 +145,6 @@ int filter_build(struct sock_fprog *out)
 out:
 	if (fd >= 0)
 		close(fd);
-	seccomp_release(ctx);
 	return rc;
 }
 

@@ -7,6 +7,8 @@
 
 /* Builds the Docker-like deny list once; the child only installs the ready BPF program. */
 int filter_build(struct sock_fprog *out);
+/* A system machine's filter, installed on its PID 1 (native/boot.c): see sandbox.c. */
+int system_filter_build(struct sock_fprog *out);
 
 /* Drops every capability not named in list (comma separated) from the bounding set. */
 int caps_restrict(const char *list);

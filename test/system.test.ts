@@ -1,4 +1,4 @@
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cgroupFor } from '../src/host/cgroups.js';
@@ -129,6 +129,39 @@ describe('system machines (--init systemd) on namespaces', () => {
       await scn.down();
     }
   }, 300_000);
+
+  it('keep the host\'s hold: no subvolume can be nested, the console log and the cgroup subtree are bounded', async () => {
+    await using box = await lab.create({ image: 'sysd', init: 'systemd' });
+    // BTRFS_IOC_SUBVOL_CREATE: a nested subvolume would make the machine's root undeletable
+    if (box.info.storage === 'btrfs') {
+      const sub = await out(box, ['perl', '-e', 'open(my $d, "<", "/root") or die; my $a = pack("q a4088", 0, "nested"); print ioctl($d, 0x5000940e, $a) ? "made" : "refused: $!"']);
+      expect(sub).toMatch(/^refused: Operation not permitted/);
+    }
+    await out(box, ['sh', '-c', 'head -c 20971520 /dev/zero | tr "\\0" x > /dev/console']);
+    await new Promise((r) => setTimeout(r, 500));
+    const log = statSync(join(lab.home, 'run', box.info.id, 'agent.log')).size;
+    expect(log).toBeGreaterThan(16 << 20);
+    expect(log).toBeLessThan((16 << 20) + (1 << 16));
+    // systemd's own nesting is shallow; a chain past the delegated depth is refused
+    const deep = await box.exec(['sh', '-c', 'cd /sys/fs/cgroup && for i in $(seq 1 20); do mkdir d && cd d || exit 7; done']);
+    expect(deep.exitCode).toBe(7);
+  });
+
+  it('keep the monitor idle when nothing holds the console, and boot past a FIFO where /etc/hosts was', async () => {
+    await using box = await lab.create({ image: 'sysd', init: 'systemd' });
+    await out(box, ['systemctl', 'stop', 'console-getty.service']);
+    const monitor = Number(readFileSync(`/proc/${box.info.pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ')[1]);
+    const cpu = (): number => readFileSync(`/proc/${monitor}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ').slice(11, 13).map(Number).reduce((a, b) => a + b, 0);
+    const before = cpu();
+    await new Promise((r) => setTimeout(r, 1000));
+    expect(cpu() - before).toBeLessThan(10); // clock ticks (1/100 s) in a second: it spun at ~95 before
+    await out(box, ['sh', '-c', 'rm /etc/hosts && mkfifo /etc/hosts']);
+    await box.snapshot('fifo-hosts');
+    const copy = await lab.restore('fifo-hosts');
+    expect(await out(copy, ['systemctl', 'is-system-running'])).toBe('running');
+    await copy.destroy();
+    await lab.removeSnapshot('fifo-hosts');
+  });
 
   it('refuse to run without a user namespace', async () => {
     await expect(lab.create({ image: 'sysd', init: 'systemd', userns: false })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringContaining('user namespace') });

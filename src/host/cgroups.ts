@@ -55,6 +55,10 @@ export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
   };
 }
 
+/** systemd nests 5 deep at most (user.slice/…/app.slice/…); 12 names of 255 bytes fit in PATH_MAX */
+const DELEGATED_MAX_DEPTH = 12;
+const DELEGATED_MAX_DESCENDANTS = 4096;
+
 /** The files of a cgroup2 directory that its owner must own to manage the subtree (cgroup-v2.rst "Delegation"). */
 const DELEGATED = ['', '/cgroup.procs', '/cgroup.threads', '/cgroup.subtree_control'];
 
@@ -74,6 +78,10 @@ export async function delegateCgroup(cg: Cgroup, uid: number): Promise<void> {
   } else {
     throw cgError('a system machine needs a cgroup2 hierarchy (v2, or the unified mount of a hybrid host); this host has only v1');
   }
+  // host-owned limits on the subtree the machine may make: without them a chain of nested
+  // directories past PATH_MAX made the machine's cgroup impossible to walk and remove
+  await writeText(`${dir}/cgroup.max.depth`, String(DELEGATED_MAX_DEPTH));
+  await writeText(`${dir}/cgroup.max.descendants`, String(DELEGATED_MAX_DESCENDANTS));
   for (const f of DELEGATED) {
     await chown(`${dir}${f}`, uid, uid).catch((e: unknown) => {
       if (errno(e) !== 'ENOENT') throw cgError(`cannot delegate ${dir}${f}`, e);

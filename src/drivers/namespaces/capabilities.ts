@@ -24,9 +24,14 @@ export const SANDBOX_CAPABILITIES = [
 /**
  * The bounding set of a system machine (its init and every service and command): what
  * systemd-nspawn gives a container by default. More than a sandbox's (SYS_ADMIN for systemd's own
- * mounts, SYS_PTRACE, SYS_RESOURCE, ...), all of it over the machine's own user namespace and
- * namespaces only; not SYS_RAWIO, SYS_MODULE, SYS_TIME, MKNOD of block devices' use, NET_ADMIN
- * over the host. Units that need more (sys-kernel-debug.mount) are skipped by their conditions.
+ * mounts, SYS_RESOURCE, SYS_PTRACE, ...), all of it over the machine's own user namespace and
+ * namespaces only; not SYS_RAWIO, SYS_MODULE, SYS_TIME, MKNOD, NET_ADMIN over the host. Units
+ * that need more (sys-kernel-debug.mount) are skipped by their conditions.
+ * SYS_PTRACE stays although it lets the machine's root take the agent's descriptors
+ * (pidfd_getfd passes non-dumpable for its holders), the host's listening socket among them:
+ * without it systemd cannot write the maps of units with PrivateUsers= (Debian's redis-server
+ * failed, status 217/USER). The way out is an agent outside the machine's user namespace
+ * (docs/architecture.md, System machines: open).
  */
 export const SYSTEM_CAPABILITIES = [
   'CAP_AUDIT_CONTROL', 'CAP_AUDIT_WRITE', 'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_DAC_READ_SEARCH', 'CAP_FOWNER',
