@@ -30,7 +30,7 @@ export function registerCreate(program: Command): void {
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
     .option('--driver <name>', 'machine driver', 'namespaces')
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
-    .option('--init <init>', "agent (default: the agent is PID 1) or systemd (the image's own systemd boots; create returns once it is up)")
+    .option('--init <init>', "systemd: the image's own systemd boots (create returns once it is up; the default for images whose /sbin/init is systemd); agent: the agent is PID 1")
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
   addTraceOption(cmd);
@@ -38,11 +38,18 @@ export function registerCreate(program: Command): void {
     withLab(o, async (lab) => {
       if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd') throw new SnaplabError('BAD_INPUT', `unknown --init ${JSON.stringify(o.init)}`, 'agent or systemd');
       const box = await lab.create({ image: o.image, name: o.name, storage: o.storage, driver: o.driver, limits: limitsFrom(o), userns: o.userns, init: o.init as 'agent' | 'systemd' | undefined });
+      // a system machine's trace ends with its boot: the units that took longest, as systemd measured them
+      const blame = o.trace && box.info.init === 'systemd'
+        ? (await box.exec(['systemd-analyze', 'blame', '--no-pager']).catch(() => undefined))?.stdout.toString().trim().split('\n').slice(0, 5)
+        : undefined;
       box.close();
       warnHostRoot(box, !o.userns);
       if (o.json) printJson({ ...box.toJSON(), operation: box.lastTrace?.id, createMs: box.lastTrace?.totalMs });
-      else process.stdout.write(`created ${box.name} (${box.id}) on ${box.storage} in ${ms(box.lastTrace?.totalMs ?? 0)}\n`);
+      else {
+        process.stdout.write(`created ${box.name} (${box.id}) on ${box.storage} in ${ms(box.lastTrace?.totalMs ?? 0)}${box.info.init === 'systemd' ? ` (systemd ${box.info.reason ?? 'running'})` : ''}\n`);
+      }
       showTrace(o, box.lastTrace);
+      if (blame?.length) process.stderr.write(`slowest units (systemd-analyze blame):\n${blame.map((l) => `  ${l.trim()}`).join('\n')}\n`);
     }),
   );
 }
