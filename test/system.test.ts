@@ -142,6 +142,10 @@ describe('system machines (--init systemd) on namespaces', () => {
     const log = statSync(join(lab.home, 'run', box.info.id, 'agent.log')).size;
     expect(log).toBeGreaterThan(16 << 20);
     expect(log).toBeLessThan((16 << 20) + (1 << 16));
+    // a v1 hierarchy mounted inside shows the machine's own subtree, not the host's (where snaplab/ is)
+    const seen = await out(box, ['sh', '-c', 'for h in cpuset devices; do mkdir -p /tmp/h-$h && mount -t cgroup -o $h none /tmp/h-$h && ls /tmp/h-$h; umount /tmp/h-$h; done']);
+    expect(seen).toContain('cgroup.procs');
+    expect(seen).not.toContain('snaplab');
     // systemd's own nesting is shallow; a chain past the delegated depth is refused
     const deep = await box.exec(['sh', '-c', 'cd /sys/fs/cgroup && for i in $(seq 1 20); do mkdir d && cd d || exit 7; done']);
     expect(deep.exitCode).toBe(7);

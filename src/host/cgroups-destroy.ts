@@ -9,7 +9,7 @@ import { signal } from './procs.js';
 /** Finding a cgroup's processes and tearing it down, on v1 and v2. */
 
 /** The cgroup's own directories, the unified one of a system machine (hybrid hosts) included. */
-const tops = (cg: Cgroup): string[] => (cg.unifiedDir ? [...cg.dirs, cg.unifiedDir] : cg.dirs);
+const tops = (cg: Cgroup): string[] => [...cg.dirs, ...(cg.unifiedDir ? [cg.unifiedDir] : []), ...(cg.otherDirs ?? [])];
 
 /** Every directory of the cgroup and of cgroups nested in it (a sandbox may make its own). */
 async function allDirs(cg: Cgroup): Promise<string[]> {

@@ -23,6 +23,8 @@ export interface CgroupLayout {
   hierarchies: Partial<Record<string, string>>;
   /** v1 hybrid hosts: the cgroup2 mount beside the v1 hierarchies (no controllers, usually) */
   unified?: string;
+  /** v1: named hierarchies without controllers (name=systemd), by name */
+  named?: Record<string, string>;
 }
 
 const cache = new Map<string, CgroupLayout>();
@@ -49,6 +51,7 @@ function detectV2(root: string): CgroupLayout {
 
 function detectV1(root: string): CgroupLayout {
   const hierarchies: Partial<Record<string, string>> = {};
+  const named: Record<string, string> = {};
   let unified: string | undefined;
   for (const m of listMountsSync()) {
     if (dirname(m.target) !== root) continue;
@@ -57,6 +60,7 @@ function detectV1(root: string): CgroupLayout {
     for (const opt of m.superOptions.split(',')) {
       // a hierarchy may be mounted twice (bind mounts); the first wins
       if (V1_CONTROLLERS.has(opt)) hierarchies[opt] ??= m.target;
+      else if (opt.startsWith('name=')) (named[opt.slice(5)] ??= m.target);
     }
   }
   const layout: CgroupLayout = {
@@ -66,6 +70,7 @@ function detectV1(root: string): CgroupLayout {
     hierarchies,
   };
   if (unified) layout.unified = unified;
+  if (Object.keys(named).length) layout.named = named;
   return layout;
 }
 

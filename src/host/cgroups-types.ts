@@ -29,6 +29,13 @@ export interface Cgroup {
    * own; teardown always looks there.
    */
   unifiedDir?: string;
+  /**
+   * v1: the machine's directories in the hierarchies snaplab sets no limits in (cpuset, devices,
+   * blkio, name=systemd, ...). Joined only by system machines, whose root can mount cgroup
+   * hierarchies: its cgroup namespace is then rooted at its own directory there too, not at the
+   * host's root. Teardown always looks there.
+   */
+  otherDirs?: string[];
 }
 
 /** One file write in a cgroup directory; `optional` ones are skipped with a reason on ENOENT. */

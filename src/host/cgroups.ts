@@ -1,7 +1,7 @@
 import { close as fsClose, constants, open as fsOpen, write as fsWrite } from 'node:fs';
-import { chown, mkdir, rmdir } from 'node:fs/promises';
+import { chown, mkdir, readFile, rmdir } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
-import { DEFAULT_ROOT, detectCgroups, type Controller } from './cgroups-detect.js';
+import { DEFAULT_ROOT, detectCgroups, USED_CONTROLLERS, type Controller } from './cgroups-detect.js';
 import { cgError, errno, writeText } from './cgroups-fs.js';
 import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './cgroups-types.js';
 import * as v1 from './cgroups-v1.js';
@@ -52,7 +52,24 @@ export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
     controllerDirs,
     skipped: [],
     ...(layout.version === 1 && layout.unified ? { unifiedDir: `${layout.unified}/${PARENT}/${id}` } : {}),
+    ...(layout.version === 1 ? { otherDirs: otherHierarchies(layout).map((m) => `${m}/${PARENT}/${id}`) } : {}),
   };
+}
+
+/** v1 hierarchies snaplab sets no limits in: every mounted one but those of the controllers it uses. */
+function otherHierarchies(layout: ReturnType<typeof detectCgroups>): string[] {
+  const used = new Set(USED_CONTROLLERS.map((c) => layout.hierarchies[c]).filter(Boolean));
+  const all = new Set([...Object.values(layout.hierarchies), ...Object.values(layout.named ?? {})].filter((m): m is string => !!m));
+  return [...all].filter((m) => !used.has(m)).sort();
+}
+
+/** A cpuset cgroup takes no task until it has cpus and mems: copy them from its parent, top down. */
+async function cpusetReady(dir: string): Promise<void> {
+  for (const f of ['cpuset.cpus', 'cpuset.mems']) {
+    const here = await readFile(`${dir}/${f}`, 'utf8').catch(() => undefined);
+    if (here === undefined || here.trim()) continue;
+    await writeText(`${dir}/${f}`, (await readFile(`${dir}/../${f}`, 'utf8')).trim());
+  }
 }
 
 /** systemd nests 5 deep at most (user.slice/…/app.slice/…); 12 names of 255 bytes fit in PATH_MAX */
@@ -77,6 +94,16 @@ export async function delegateCgroup(cg: Cgroup, uid: number): Promise<void> {
     cg.procsFiles.push(`${dir}/cgroup.procs`);
   } else {
     throw cgError('a system machine needs a cgroup2 hierarchy (v2, or the unified mount of a hybrid host); this host has only v1');
+  }
+  // the v1 hierarchies without limits: joined, so that the machine's cgroup namespace is rooted
+  // at its own directory in each (a mount of one inside shows its subtree, not the host's)
+  for (const other of cg.otherDirs ?? []) {
+    await mkdir(other, { recursive: true });
+    if (await readFile(`${other}/cpuset.cpus`, 'utf8').then(() => true, () => false)) {
+      await cpusetReady(`${other}/..`);
+      await cpusetReady(other);
+    }
+    cg.procsFiles.push(`${other}/cgroup.procs`);
   }
   // host-owned limits on the subtree the machine may make: without them a chain of nested
   // directories past PATH_MAX made the machine's cgroup impossible to walk and remove
