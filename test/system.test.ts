@@ -5,6 +5,8 @@ import { cgroupFor } from '../src/host/cgroups.js';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
+import { SNAPLAB } from './cli-command.js';
+import { spawnSync } from 'node:child_process';
 
 // System machines: Debian 12 with its own systemd as PID 1 (built here from Debian's archive).
 let lab: Lab;
@@ -165,6 +167,18 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(await out(copy, ['systemctl', 'is-system-running'])).toBe('running');
     await copy.destroy();
     await lab.removeSnapshot('fifo-hosts');
+  });
+
+  it('show their journal with snaplab logs; create --trace names the slowest units', () => {
+    const env = { ...process.env, SNAPLAB_HOME: lab.home };
+    const created = spawnSync(SNAPLAB, ['create', '--image', 'sysd', '--init', 'systemd', '--name', 'logged', '--trace'], { env, encoding: 'utf8' });
+    expect(created.status, created.stderr).toBe(0);
+    expect(created.stdout).toMatch(/created logged .* \(systemd running\)/);
+    expect(created.stderr).toMatch(/systemd up[\s\S]*slowest units \(systemd-analyze blame\):\n {2}\d+ms \S+/);
+    const logs = spawnSync(SNAPLAB, ['logs', 'logged', '-n', '50'], { env, encoding: 'utf8' });
+    expect(logs.status, logs.stderr).toBe(0);
+    expect(logs.stdout).toMatch(/Startup finished in/);
+    expect(spawnSync(SNAPLAB, ['rm', 'logged'], { env }).status).toBe(0);
   });
 
   it('refuse to run without a user namespace', async () => {
