@@ -181,7 +181,21 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(spawnSync(SNAPLAB, ['rm', 'logged'], { env }).status).toBe(0);
   });
 
-  it('refuse to run without a user namespace', async () => {
+  it('refuse to run without a user namespace; the image\'s default gives way to --no-userns', async () => {
     await expect(lab.create({ image: 'sysd', init: 'systemd', userns: false })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringContaining('user namespace') });
+    await using plain = await lab.create({ image: 'sysd', userns: false });
+    expect(plain.info.init).toBeNull();
+  });
+
+  it('halt promptly when paused; logs -f is for system machines only', async () => {
+    const box = await lab.create({ image: 'sysd', init: 'systemd' });
+    await box.pause();
+    const t0 = performance.now();
+    await box.destroy();
+    expect(performance.now() - t0).toBeLessThan(5000); // frozen, it would have waited out the 10 s grace
+    await using plain = await lab.create({});
+    const r = spawnSync(SNAPLAB, ['logs', plain.info.name, '-f'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, encoding: 'utf8' });
+    expect(r.status).not.toBe(0);
+    expect(r.stderr).toMatch(/BAD_INPUT[\s\S]*follow needs a system machine/);
   });
 });

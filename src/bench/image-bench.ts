@@ -3,6 +3,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
+import { hostArch } from '../image/oci.js';
 import type { Lab } from '../sdk/lab.js';
 import type { Progress } from './progress.js';
 import { pad } from './report-text.js';
@@ -77,7 +78,7 @@ async function makeImage(dir: string): Promise<{ layout: string; blobs: string[]
     writeFileSync(join(layout, 'blobs/sha256', sha(b)), b);
     return { digest: `sha256:${sha(b)}`, size: b.length };
   };
-  const config = put({ architecture: 'amd64', os: 'linux', config: {}, rootfs: { type: 'layers', diff_ids: layers.map((l) => l.diffId) } });
+  const config = put({ architecture: hostArch(), os: 'linux', config: {}, rootfs: { type: 'layers', diff_ids: layers.map((l) => l.diffId) } });
   const manifest = put({
     schemaVersion: 2,
     mediaType: 'application/vnd.oci.image.manifest.v1+json',
@@ -97,7 +98,8 @@ async function makeImage(dir: string): Promise<{ layout: string; blobs: string[]
 export async function imageBench(lab: Lab, rounds: number, progress: Progress): Promise<ImageBenchSummary> {
   const startedAt = new Date().toISOString();
   mkdirSync(join(lab.home, 'images'), { recursive: true });
-  const dir = mkdtempSync(join(lab.home, 'images', '.bench-'));
+  // a .tmp-PID- name: gc removes it if this process dies before it does
+  const dir = mkdtempSync(join(lab.home, 'images', `.tmp-${process.pid}-bench-`));
   const tag = `bench-import-${process.pid}`;
   try {
     progress.note('writing a ~100 MB three-layer OCI image');

@@ -123,8 +123,8 @@ export interface Variant {
   poolSize?: number;
   /** false: --userns off */
   userns?: boolean;
-  /** system machines (--init systemd) */
-  init?: 'systemd';
+  /** --init: systemd (system machines) or agent (even for an image whose default is systemd) */
+  init?: 'systemd' | 'agent';
   fills: (number | undefined)[];
 }
 
@@ -163,7 +163,7 @@ function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: st
     recycle: o.recycle !== 'off',
     poolSize: o.poolSize === undefined ? undefined : parsePositiveInt(o.poolSize, 'pool size'),
     ...(o.userns === 'off' ? { userns: false } : {}),
-    ...(o.init === 'systemd' ? { init: 'systemd' as const } : {}),
+    ...(o.init === 'systemd' || o.init === 'agent' ? { init: o.init } : {}),
     fills: o.fill ? o.fill.split(',').map((f) => parseSize(f, 'fill size')) : [undefined],
   };
 }

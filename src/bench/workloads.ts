@@ -24,8 +24,8 @@ export interface BenchSettings {
   driver?: string;
   /** false: sandboxes without a user namespace (--userns off), to measure what one costs */
   userns?: boolean;
-  /** raise, restore: system machines (the image's systemd as PID 1) */
-  init?: 'systemd';
+  /** raise, restore: systemd (system machines) or agent; absent: the image's default */
+  init?: 'systemd' | 'agent';
   /** raise, restore: the image (default busybox) */
   image?: string;
 }

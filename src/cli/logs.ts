@@ -1,6 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Command } from 'commander';
+import { SnaplabError } from '../errors.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import { withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE } from './output.js';
@@ -12,7 +13,7 @@ import { EXIT_EXEC_FAILURE } from './output.js';
 export function registerLogs(program: Command): void {
   program
     .command('logs <machine>')
-    .description("a system machine's journal (journalctl -b inside); for other machines the launch log the host keeps")
+    .description("a system machine's journal (journalctl -b inside); for other machines the log the host keeps (a VM's serial console)")
     .option('-f, --follow', 'keep printing as entries come (system machines)')
     .option('-n, --lines <n>', 'the last N entries', '200')
     .option('--json', 'errors as JSON')
@@ -24,7 +25,11 @@ export function registerLogs(program: Command): void {
           const lines = parsePositiveInt(o.lines, '--lines');
           try {
             if (box.info.init !== 'systemd') {
-              const text = await readFile(join(lab.home, 'run', box.info.id, 'agent.log'), 'utf8').catch(() => '');
+              if (o.follow) throw new SnaplabError('BAD_INPUT', '--follow needs a system machine (its journal)', `drop -f: ${box.info.name} has only the launch log the host keeps`);
+              // a VM's console is its serial log; a namespace machine's, the launcher's log
+              const file = join(lab.home, 'run', box.info.id, box.info.driver === 'qemu' ? 'serial.log' : 'agent.log');
+              const text = await readFile(file, 'utf8').catch(() => undefined);
+              if (text === undefined) throw new SnaplabError('BAD_INPUT', `${box.info.name} has no log on this host (${file})`, 'a machine that is not running keeps none');
               process.stdout.write(text.split('\n').slice(-lines - 1).join('\n'));
               return 0;
             }

@@ -9,7 +9,7 @@ import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { skeleton } from './images.js';
 import { checkName } from './names.js';
-import { imageUsers, removeImage } from './removals.js';
+import { imageBlockers, imageUsers, removeImage } from './removals.js';
 
 export interface BuildOptions {
   name?: string;
@@ -44,7 +44,7 @@ export async function buildDebian(ctx: LabContext, input: DebianSpec, opts: Buil
   }
   if (same) {
     // fail before the build, not after it, when the old image cannot go
-    const users = imageUsers(ctx, name);
+    const users = [...imageBlockers(ctx, name), ...imageUsers(ctx, name)];
     if (users.length) throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${users.join(', ')}`, 'remove those first, or build under another --name');
   }
   const cached = opts.rebuild ? undefined : ctx.store.findImageByBuildKey(key);

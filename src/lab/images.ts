@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs';
-import { chmod, lstat, mkdir, readdir, readlink, rename, rm, symlink, writeFile, copyFile } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir, readlink, rename, symlink, writeFile, copyFile } from 'node:fs/promises';
 import { pidAlive } from '../host/procs.js';
+import { removeTree } from '../storage/tree.js';
 import { join, relative, resolve } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { isDynamicElf } from '../host/elf.js';
@@ -143,7 +144,7 @@ export class Images {
     await mkdir(join(tmp, 'scratch'));
     try {
       const got = await build(join(tmp, 'rootfs'), join(tmp, 'scratch'));
-      await rm(join(tmp, 'scratch'), { recursive: true, force: true });
+      await removeTree(join(tmp, 'scratch'));
       const init = await initOf(join(tmp, 'rootfs'));
       if (got && init) got.provenance.init = init;
       // measured before it is moved into place: from the rename to the record is a moment, not a
@@ -153,10 +154,10 @@ export class Images {
       const raced = this.store.getImage(name);
       if (raced) {
         // another process made and recorded an image of this name meanwhile: theirs stands
-        await rm(tmp, { recursive: true, force: true });
+        await removeTree(tmp);
         return raced;
       }
-      await rm(dir, { recursive: true, force: true }); // a tree no record names (a crash's)
+      await removeTree(dir); // a tree no record names (a crash's)
       await rename(tmp, dir);
       const rec: ImageRecord = {
         name, source, path: join(dir, 'rootfs'), sizeBytes, createdAt: Date.now(),
@@ -172,7 +173,7 @@ export class Images {
       }
       return rec;
     } catch (e) {
-      await rm(tmp, { recursive: true, force: true });
+      await removeTree(tmp).catch(() => undefined); // (what is mounted there stays; gc tries again)
       throw e;
     }
   }
@@ -194,13 +195,14 @@ export class Images {
       } else if (Date.now() - ((await lstat(dir).catch(() => undefined))?.ctimeMs ?? 0) < graceMs) {
         continue;
       }
-      await rm(dir, { recursive: true, force: true });
+      // never through a mount a build left (mmdebstrap binds /proc, /sys and /dev into its tree)
+      if (!(await removeTree(dir).then(() => true, () => false))) continue;
       removed.push(`image directory ${dir}${tmp ? ' (an import or build that did not finish)' : ' (no image record)'}`);
     }
     return removed;
   }
 
   async removeTree(name: string): Promise<void> {
-    await rm(this.dir(name), { recursive: true, force: true });
+    await removeTree(this.dir(name));
   }
 }

@@ -14,6 +14,13 @@ export async function removeSnapshot(ctx: LabContext, name: string, trace: Trace
   ctx.store.deleteSnapshot(snap.name);
 }
 
+/** What an image cannot be removed under at all (pools and scenarios name it for machines to come). */
+export function imageBlockers(ctx: LabContext, name: string): string[] {
+  const pools = ctx.store.listPools().filter((p) => p.image === name).map((p) => `pool ${p.name}`);
+  const scenarios = [...new Set(ctx.store.listSandboxes().filter((s) => s.image === name && s.scenario).map((s) => `scenario ${s.scenario}`))];
+  return [...pools, ...scenarios];
+}
+
 /** The sandboxes and snapshots that use an image, as `sandbox NAME` / `snapshot NAME`. */
 export function imageUsers(ctx: LabContext, name: string): string[] {
   return [
@@ -32,11 +39,10 @@ export async function removeImage(ctx: LabContext, name: string, trace: Trace, f
   if (!img) throw new SnaplabError('IMAGE_NOT_FOUND', `no image named ${JSON.stringify(name)}`, 'list images with `snaplab image ls`');
   const sandboxes = ctx.store.listSandboxes().filter((s) => s.image === name);
   const snapshots = ctx.store.listSnapshots().filter((s) => s.image === name);
-  const pools = ctx.store.listPools().filter((p) => p.image === name).map((p) => `pool ${p.name}`);
-  const scenarios = [...new Set(sandboxes.filter((s) => s.scenario).map((s) => `scenario ${s.scenario}`))];
+  const blockers = imageBlockers(ctx, name);
   const users = imageUsers(ctx, name);
-  if (pools.length || scenarios.length) {
-    throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${[...pools, ...scenarios].join(', ')}`, 'remove those first (`snaplab pool rm`, `snaplab scenario down`)');
+  if (blockers.length) {
+    throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${blockers.join(', ')}`, 'remove those first (`snaplab pool rm`, `snaplab down`)');
   }
   if (users.length && !force) {
     throw new SnaplabError('IMAGE_IN_USE', `image ${name} is used by ${users.join(', ')}`, 'remove those first (`snaplab rm`, `snaplab snapshot rm`), or pass --force to remove them with it');

@@ -42,6 +42,6 @@ export async function waitSystemRunning(agent: AgentClient, timeoutMs = SYSTEM_B
   throw new SnaplabError(
     'LAUNCH_FAILED',
     `the machine's systemd did not come up (${state || (r.code === 124 ? `no answer in ${timeoutMs / 1000} s` : `exit ${r.code}`)}); the journal's end:\n${journal.out}`,
-    'does the image have systemd (image build debian --packages systemd,systemd-sysv)? the machine is removed; `snaplab create --init systemd --keep-on-failure` is not there yet: see the trace',
+    'does the image have systemd (image build debian --packages systemd,systemd-sysv)? the machine was removed; `snaplab trace` shows where its time went (scenarios: `up --keep-on-failure` keeps it)',
   );
 }

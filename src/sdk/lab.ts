@@ -85,7 +85,9 @@ export class Lab {
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
       // the image's own systemd boots unless the caller says --init agent
-      const init = (opts.init ?? img.provenance?.init) === 'systemd' ? 'systemd' as const : undefined;
+      // (only where a system machine can run: the namespaces driver, in a user namespace)
+      const fromImage = (opts.driver ?? 'namespaces') === 'namespaces' && opts.userns !== false ? img.provenance?.init : undefined;
+      const init = (opts.init ?? fromImage) === 'systemd' ? 'systemd' as const : undefined;
       return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null, userns: opts.userns, init }, t, opts.signal);
     });
     return new Sandbox(this.ctx, result.record, result.agent, trace);

@@ -120,6 +120,7 @@ export class Sandbox {
     return {
       id: r.id, name: r.name, state: r.state, reason: r.reason, image: r.image, storage: r.storage, driver: r.driver, limits: r.limits, origin: r.origin, pid: r.pid,
       userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: USERNS_SIZE },
+      init: r.init ?? 'agent',
       createdAt: new Date(r.createdAt).toISOString(),
     };
   }

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
-import { type Cgroup, cgroupFor, createCgroup, delegateCgroup, destroyCgroup, freeze, oomKills, probeCgroups, removeEmptySnaplabParents, snaplabCgroupsOnHost, thaw } from '../../host/cgroups.js';
+import { type Cgroup, cgroupFor, createCgroup, delegateCgroup, isFrozen, destroyCgroup, freeze, oomKills, probeCgroups, removeEmptySnaplabParents, snaplabCgroupsOnHost, thaw } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
@@ -168,6 +168,9 @@ export const HALT_GRACE_MS = 10_000;
 /** Ask a system machine's systemd to halt (services stopped, filesystems synced), and wait for it. */
 async function haltSystem(handle: MachineHandle): Promise<void> {
   if (!(await sameProcess(handle.pid, handle.pidStart))) return;
+  // a paused machine cannot halt: thawed first (it is going anyway)
+  const cg = cgroupFor(handle.id);
+  if (await isFrozen(cg).catch(() => false)) await thaw(cg).catch(() => undefined);
   try {
     process.kill(handle.pid, SIGRTMIN_3);
   } catch {
