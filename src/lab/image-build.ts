@@ -69,9 +69,8 @@ export async function buildDebian(ctx: LabContext, input: DebianSpec, opts: Buil
     opts.onProgress?.('fixing up the tree for machines');
     await fixUp(root, name);
     await skeleton(root);
-    await replaceOld();
     const provenance: Provenance = { kind: 'debian', source: `mmdebstrap ${spec.suite}`, build: { ...build, mmdebstrap: version }, notes: [] };
     return { provenance };
-  }, key));
+  }, key, replaceOld));
   return { image, cached: false, log };
 }

@@ -57,6 +57,9 @@ async function sizeOf(dir: string): Promise<number> {
  */
 async function initOf(root: string): Promise<'systemd' | undefined> {
   for (const rel of ['usr/sbin/init', 'sbin/init']) {
+    // a parent that is a link (sbin -> usr/sbin, or one pointing at the host) is not gone through
+    const parents = rel.split('/').slice(0, -1).map((_, i, a) => a.slice(0, i + 1).join('/'));
+    if ((await Promise.all(parents.map((p) => lstat(join(root, p)).then((st) => st.isDirectory(), () => false)))).includes(false)) continue;
     const target = await readlink(join(root, rel)).catch(() => undefined);
     if (target && /(^|\/)systemd$/.test(target)) return 'systemd';
   }
@@ -138,7 +141,7 @@ export class Images {
    * Build in a temporary directory, then rename into place and record: a crash or a failure
    * leaves no half image (gc removes a `.tmp-*` left by a process that died).
    */
-  async create(name: string, source: string, build: (root: string, scratch: string) => Promise<Imported | void>, buildKey?: string): Promise<ImageRecord> {
+  async create(name: string, source: string, build: (root: string, scratch: string) => Promise<Imported | void>, buildKey?: string, replace?: () => Promise<void>): Promise<ImageRecord> {
     const tmp = join(this.home, 'images', `.tmp-${process.pid}-${name}-${newId()}`);
     await mkdir(join(tmp, 'rootfs'), { recursive: true });
     await mkdir(join(tmp, 'scratch'));
@@ -151,6 +154,8 @@ export class Images {
       // `du` of the tree (gc takes an unrecorded tree after a minute)
       const sizeBytes = await sizeOf(join(tmp, 'rootfs'));
       const dir = this.dir(name);
+      // `image build --rebuild`: the old image goes now that the new one is whole
+      await replace?.();
       const raced = this.store.getImage(name);
       if (raced) {
         // another process made and recorded an image of this name meanwhile: theirs stands
