@@ -277,6 +277,15 @@ describe('hostile archives', () => {
     expect(planted()).toEqual([]);
   });
 
+  it('reads a compressed rootfs whose first names could be an image archive\'s once, within --max-size', async () => {
+    // "repositories" is a docker save name: the first MiB decides nothing, the archive is decompressed once to look
+    const file = save('ambiguous.tar.gz', gzipSync(tar([{ name: 'repositories', data: Buffer.alloc(2 << 20, 'r') }, { name: 'etc/', type: 'dir' }, { name: 'etc/x', data: 'x' }])));
+    const img = await lab.importImage(file, 'ambiguous', { maxBytes: 3 << 20 });
+    expect(img.provenance?.kind).toBe('rootfs');
+    expect(readFileSync(join(img.path, 'etc/x'), 'utf8')).toBe('x');
+    expect(leftovers()).toEqual([]);
+  });
+
   it('refuses a decompression bomb past --max-size', async () => {
     const bomb = save('bomb.tar.gz', gzipSync(tar([{ name: 'zeros', data: Buffer.alloc(64 << 20) }])));
     expect(statSync(bomb).size).toBeLessThan(1 << 20);

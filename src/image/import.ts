@@ -156,11 +156,16 @@ export async function importInto(root: string, source: string, scratch: string, 
   }
   const compression = sniff(head);
   const verdict = await looksLikeImageArchive(await prefixOf(abs, compression));
+  // a root filesystem is applied from the source, or from the decompressed copy if one was made
+  let rootfsFile = abs;
   if (verdict !== false) {
     const tarFile = compression === 'none' ? abs : await spool(abs, compression, scratch, budget);
     const blobs = await tarBlobs(tarFile);
-    if (verdict || blobs.has('manifest.json') || blobs.has('index.json')) return fromArchive(root, blobs, abs, opts, { left: budget.limit, limit: budget.limit });
+    const fresh = (): Budget => ({ left: budget.limit, limit: budget.limit }); // the spool counted the same bytes once already
+    if (verdict || blobs.has('manifest.json') || blobs.has('index.json')) return fromArchive(root, blobs, abs, opts, fresh());
+    rootfsFile = tarFile;
+    Object.assign(budget, fresh());
   }
-  const applied = await applyTar(root, { file: abs }, { layer: false, budget, what: source });
+  const applied = await applyTar(root, { file: rootfsFile }, { layer: false, budget, what: source });
   return { provenance: { kind: 'rootfs', source: abs, notes: notesOf(applied.stats) } };
 }
