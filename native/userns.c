@@ -42,6 +42,18 @@ static int write_text(const char *path, const char *text)
 	return n == (ssize_t)strlen(text) ? 0 : -1;
 }
 
+/* Two close-on-exec pipes, or none (and -1). */
+static int two_pipes(int a[2], int b[2])
+{
+	if (pipe2(a, O_CLOEXEC) < 0)
+		return -1;
+	if (pipe2(b, O_CLOEXEC) < 0) {
+		close(a[0]), close(a[1]);
+		return -1;
+	}
+	return 0;
+}
+
 /*
  * A child in a new user namespace, mapped BASE..BASE+COUNT-1, waiting on *release until a byte is
  * written to it (let_go). Returns its pid and a descriptor of the namespace in *nsfd, or -1.
@@ -51,12 +63,8 @@ static int write_text(const char *path, const char *text)
 static pid_t hold_userns(unsigned base, unsigned count, int *release, int *nsfd)
 {
 	int ack[2], rel[2];
-	if (pipe2(ack, O_CLOEXEC) < 0)
+	if (two_pipes(ack, rel) < 0)
 		return -1;
-	if (pipe2(rel, O_CLOEXEC) < 0) {
-		close(ack[0]), close(ack[1]);
-		return -1;
-	}
 	pid_t c = fork();
 	if (c == 0) {
 		close(ack[0]);
@@ -277,12 +285,8 @@ static int netns_make_here(const char *path, unsigned base, unsigned count)
 	/* a second child, in the holder's user namespace, makes the network namespace there: a
 	 * network namespace belongs to the user namespace of the process that creates it */
 	int done[2], go[2];
-	if (pipe2(done, O_CLOEXEC) < 0)
+	if (two_pipes(done, go) < 0)
 		return -1;
-	if (pipe2(go, O_CLOEXEC) < 0) {
-		close(done[0]), close(done[1]);
-		return -1;
-	}
 	pid_t c = fork();
 	if (c == 0) {
 		close(done[0]);

@@ -1,8 +1,8 @@
-import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
+import { run } from '../host/run.js';
 import { hostArch } from '../image/oci.js';
 import type { Lab } from '../sdk/lab.js';
 import type { Progress } from './progress.js';
@@ -20,16 +20,6 @@ export interface ImageBenchSummary {
 }
 
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
-
-function exec(argv: string[]): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const c = spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'ignore', 'pipe'] });
-    let err = '';
-    c.stderr.on('data', (b: Buffer) => (err += b.toString()));
-    c.on('error', reject);
-    c.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`${argv.join(' ')}: exit ${code} ${err.trim()}`))));
-  });
-}
 
 /** Half random bytes, half repeated text: compresses about as well as binaries and libraries do. */
 function content(size: number): Buffer {
@@ -63,7 +53,7 @@ async function makeImage(dir: string): Promise<{ layout: string; blobs: string[]
   let uncompressed = 0;
   for (const [i, t] of trees.entries()) {
     const plain = join(dir, `layer${i}.tar`);
-    await exec(['tar', '--numeric-owner', '-cf', plain, '-C', t, '.']);
+    await run('tar', ['--numeric-owner', '-cf', plain, '-C', t, '.']);
     const raw = readFileSync(plain);
     uncompressed += raw.length;
     const gz = gzipSync(raw, { level: 6 });
@@ -110,7 +100,7 @@ export async function imageBench(lab: Lab, rounds: number, progress: Progress): 
       const target = join(dir, `tar-${r}`);
       mkdirSync(target);
       let t0 = now();
-      for (const b of img.blobs) await exec(['tar', '--numeric-owner', '-xzf', b, '-C', target]);
+      for (const b of img.blobs) await run('tar', ['--numeric-owner', '-xzf', b, '-C', target]);
       tars.push(now() - t0);
       rmSync(target, { recursive: true, force: true });
       t0 = now();

@@ -56,11 +56,17 @@ export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
   };
 }
 
-/** v1 hierarchies snaplab sets no limits in: every mounted one but those of the controllers it uses. */
+const others = new WeakMap<ReturnType<typeof detectCgroups>, string[]>();
+
+/** v1 hierarchies snaplab sets no limits in: every mounted one but those of the controllers it uses (once per layout). */
 function otherHierarchies(layout: ReturnType<typeof detectCgroups>): string[] {
-  const used = new Set(USED_CONTROLLERS.map((c) => layout.hierarchies[c]).filter(Boolean));
-  const all = new Set([...Object.values(layout.hierarchies), ...Object.values(layout.named ?? {})].filter((m): m is string => !!m));
-  return [...all].filter((m) => !used.has(m)).sort();
+  let found = others.get(layout);
+  if (!found) {
+    const used = new Set(USED_CONTROLLERS.map((c) => layout.hierarchies[c]).filter(Boolean));
+    const all = new Set([...Object.values(layout.hierarchies), ...Object.values(layout.named ?? {})].filter((m): m is string => !!m));
+    others.set(layout, (found = [...all].filter((m) => !used.has(m)).sort()));
+  }
+  return found;
 }
 
 /** A cpuset cgroup takes no task until it has cpus and mems: copy them from its parent, top down. */

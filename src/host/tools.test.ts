@@ -45,7 +45,6 @@ const NONLITERAL: Record<string, string> = {
   'test/images.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/debian-image.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/system.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
-  'src/bench/image-bench.ts argv[0]!': "exec()'s callers: tar (listed)",
   'src/image/decompress.ts name': "'zstd' or 'xz' (listed, via decompress.ts)",
   'src/image/unpack.ts unpackBinaryPath(': 'snaplab-unpack, built by npm run build',
 };

@@ -1,5 +1,5 @@
 import { createReadStream, createWriteStream, existsSync } from 'node:fs';
-import { open, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { SnaplabError } from '../errors.js';
@@ -8,6 +8,7 @@ import { byteLimit, decompressor, sniff, type Budget, type Compression } from '.
 import { dirBlobs, resolveImage, tarBlobs, type Blobs, type ImageConfig, type ResolvedImage } from './oci.js';
 import { looksLikeImageArchive } from './tar-index.js';
 import { applyTar, type UnpackStats } from './unpack.js';
+import { readAt } from './read-at.js';
 
 /** Where an image came from and what it was made of; kept with the image (`image inspect`). */
 export interface Provenance {
@@ -46,16 +47,7 @@ const PREFIX = 1 << 20;
 /** The first bytes of a file, decompressed: enough to see an archive's first names. */
 async function prefixOf(file: string, compression: Compression): Promise<Buffer> {
   const stage = decompressor(compression);
-  if (!stage) {
-    const fh = await open(file, 'r');
-    try {
-      const b = Buffer.alloc(PREFIX);
-      const { bytesRead } = await fh.read(b, 0, PREFIX, 0);
-      return b.subarray(0, bytesRead);
-    } finally {
-      await fh.close();
-    }
-  }
+  if (!stage) return readAt(file, 0, PREFIX);
   const chunks: Buffer[] = [];
   let have = 0;
   const input = createReadStream(file);
@@ -147,14 +139,7 @@ export async function importInto(root: string, source: string, scratch: string, 
     return { provenance: { kind: 'directory', source: abs, notes: [] } };
   }
   if (!st.isFile()) throw new SnaplabError('BAD_INPUT', `${source} is neither a file nor a directory`, 'give an image archive or a rootfs tarball or directory');
-  const head = Buffer.alloc(6);
-  const fh = await open(abs, 'r');
-  try {
-    await fh.read(head, 0, 6, 0);
-  } finally {
-    await fh.close();
-  }
-  const compression = sniff(head);
+  const compression = sniff(await readAt(abs, 0, 6));
   const verdict = await looksLikeImageArchive(await prefixOf(abs, compression));
   // a root filesystem is applied from the source, or from the decompressed copy if one was made
   let rootfsFile = abs;

@@ -1,10 +1,11 @@
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { open, realpath, stat } from 'node:fs/promises';
+import { realpath, stat } from 'node:fs/promises';
 import { join, sep } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { indexTar, memberName, type TarMember } from './tar-index.js';
 import type { FileRange } from './unpack.js';
+import { readAt } from './read-at.js';
 
 /** What `docker run` takes from an image's config, kept with the image. */
 export interface ImageConfig {
@@ -65,14 +66,7 @@ export async function tarBlobs(file: string): Promise<Blobs> {
     read: async (name, limit) => {
       const m = get(name);
       if (m.size > limit) throw badImage(`${name} is ${m.size} bytes, over the limit of ${limit} for a JSON document`);
-      const fh = await open(file, 'r');
-      try {
-        const b = Buffer.alloc(m.size);
-        await fh.read(b, 0, m.size, m.offset);
-        return b;
-      } finally {
-        await fh.close();
-      }
+      return readAt(file, m.offset, m.size);
     },
   };
 }
@@ -95,14 +89,7 @@ export async function dirBlobs(dir: string): Promise<Blobs> {
       const p = await inside(name);
       const st = await stat(p);
       if (st.size > limit) throw badImage(`${name} is ${st.size} bytes, over the limit of ${limit} for a JSON document`);
-      const fh = await open(p, 'r');
-      try {
-        const b = Buffer.alloc(st.size);
-        await fh.read(b, 0, st.size, 0);
-        return b;
-      } finally {
-        await fh.close();
-      }
+      return readAt(p, 0, st.size);
     },
   };
 }

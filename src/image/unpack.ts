@@ -1,13 +1,13 @@
 import { spawn } from 'node:child_process';
 import { createHash, type Hash } from 'node:crypto';
 import { existsSync, createReadStream } from 'node:fs';
-import { open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { packageRoot } from '../agent/binary.js';
 import { SnaplabError, type ErrorCode } from '../errors.js';
 import { byteLimit, decompressor, sniff, type Budget, type Compression } from './decompress.js';
+import { readAt } from './read-at.js';
 
 /** What the helper applied (native/unpack.c prints it). */
 export interface UnpackStats {
@@ -60,14 +60,7 @@ export interface FileRange {
  */
 export async function applyTar(root: string, src: FileRange, opts: { layer: boolean; budget: Budget; what: string }): Promise<Applied> {
   const offset = src.offset ?? 0;
-  const head = Buffer.alloc(6);
-  const fh = await open(src.file, 'r');
-  try {
-    await fh.read(head, 0, 6, offset);
-  } finally {
-    await fh.close();
-  }
-  const compression = sniff(head);
+  const compression = sniff(await readAt(src.file, offset, 6));
   const blobHash = createHash('sha256');
   const diffHash = createHash('sha256');
   const stage = decompressor(compression);

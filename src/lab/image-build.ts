@@ -1,7 +1,6 @@
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
+import { run } from '../host/run.js';
 import { buildKey, checkSpec, defaultName, fixUp, hostSources, runMmdebstrap, sourcesFor, type DebianSpec } from '../image/debian.js';
 import type { Provenance } from '../image/import.js';
 import type { ImageRecord } from '../store/records.js';
@@ -56,14 +55,14 @@ export async function buildDebian(ctx: LabContext, input: DebianSpec, opts: Buil
   if (cached) {
     opts.onProgress?.(`copying ${cached.name} (built from the same inputs)`);
     const image = await trace.phase('copy tree', () => ctx.images.create(name, cached.source, async (root) => {
-      const { run } = await import('../host/run.js');
       await run('cp', ['-a', '--reflink=auto', '--', `${cached.path}/.`, root]);
       await fixUp(root, name);
       return { provenance: { ...(cached.provenance as Provenance), notes: [`a copy of ${cached.name}, built from the same inputs`] }, config: cached.config ?? undefined };
     }, key));
     return { image, cached: true };
   }
-  const version = (await promisify(execFile)('mmdebstrap', ['--version']).catch(() => ({ stdout: '' }))).stdout.trim();
+  const v = await run('mmdebstrap', ['--version'], { allowFail: true }).catch(() => ({ stdout: '', stderr: '' }));
+  const version = `${v.stdout}${v.stderr}`.trim();
   const image = await trace.phase('mmdebstrap', () => ctx.images.create(name, `debian:${spec.suite}`, async (root, scratch) => {
     await runMmdebstrap(root, spec, sources, scratch, log, opts.onProgress);
     opts.onProgress?.('fixing up the tree for machines');
