@@ -109,6 +109,22 @@ function parseHolder(text: string): Holder | undefined {
   }
 }
 
+/**
+ * Claims a process began and never linked into place: it died between creating its `.tmp-PID-…`
+ * file and removing it (a test worker torn down mid-create left empty ones). Removed once that
+ * pid is gone; they hold no range.
+ */
+export async function removeDeadClaimWrites(): Promise<string[]> {
+  const removed: string[] = [];
+  for (const f of await readdir(REGISTRY).catch(() => [] as string[])) {
+    const m = /^\.tmp-(\d+)-/.exec(f);
+    if (!m || (await pidAlive(Number(m[1])))) continue;
+    await unlink(join(REGISTRY, f)).catch(() => undefined);
+    removed.push(join(REGISTRY, f));
+  }
+  return removed;
+}
+
 interface Claim extends Holder {
   base: number;
   ageMs: number;

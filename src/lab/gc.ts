@@ -12,7 +12,7 @@ import { STORAGE_KINDS } from './context.js';
 import { collectScenarios } from '../scenario/gc.js';
 import { liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
-import { machineOf, releaseRange, staleClaims } from '../host/userns-registry.js';
+import { machineOf, releaseRange, removeDeadClaimWrites, staleClaims } from '../host/userns-registry.js';
 import { machineNetns } from '../scenario/names.js';
 import { snaplabCgroupsOnHost } from '../host/cgroups-host.js';
 import { listSnaplabNetns } from '../host/netns.js';
@@ -66,6 +66,7 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     const machine = machineOf(id);
     return machine ? netns.has(machineNetns(machine.sid, machine.index)) : cgroups.has(id);
   };
+  for (const f of await removeDeadClaimWrites()) removed.push(`unfinished user namespace claim ${f} (its process is gone)`);
   for (const c of await staleClaims(ctx.home, isHeld, running, CLAIM_GRACE_MS)) {
     await releaseRange(c.base, c.home, c.id);
     removed.push(`user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
