@@ -7,6 +7,9 @@
  *       --stream/--stream-fd serve one byte stream (a VM's virtio-serial port) as the connection.
  *   relay --connect PATH --listen PATH --pid N [--ready-fd N]
  *       on the host: hold a VM's one agent connection and multiplex clients onto it (relay.c).
+ *   tar [-L] SRC  /  untar [--plain] DEST
+ *       the two ends of snaplab cp: SRC as a tar on stdout, a tar from stdin created at DEST,
+ *       which end is the machine and which the host is the caller's business (copy.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,6 +39,8 @@ int serve_main(const char *socket_path, int listen_fd, const char *stream_path, 
 	       const char *caps, int harden);
 int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd);
 int boot_main(int argc, char **argv);
+int copy_tar(const char *src, int follow);
+int copy_untar(const char *dest, int plain);
 extern int system_machine;
 
 static void usage(void)
@@ -44,6 +49,8 @@ static void usage(void)
 		"usage: snaplab-agent serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc]\n"
 		"       snaplab-agent relay --connect PATH --listen PATH --pid N [--ready-fd N]\n"
 		"       snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n"
+		"       snaplab-agent tar [-L] SRC\n"
+		"       snaplab-agent untar [--plain] DEST\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -91,6 +98,27 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "boot") == 0)
 		return boot_main(argc, argv);
+	if (strcmp(argv[1], "tar") == 0 || strcmp(argv[1], "untar") == 0) {
+		/* one flag (-L follows SRC itself; --plain takes a user's tar into the directory DEST),
+		 * then the path; "--" ends the flags */
+		int tar = argv[1][0] == 't', flag = 0, i = 2;
+		for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
+			if (strcmp(argv[i], "--") == 0) {
+				i++;
+				break;
+			}
+			if (strcmp(argv[i], tar ? "-L" : "--plain") != 0) {
+				usage();
+				return 2;
+			}
+			flag = 1;
+		}
+		if (i != argc - 1 || !argv[i][0]) {
+			usage();
+			return 2;
+		}
+		return tar ? copy_tar(argv[i], flag) : copy_untar(argv[i], flag);
+	}
 	if (strcmp(argv[1], "relay") == 0) {
 		const char *conn = NULL, *lis = NULL;
 		int ready = -1;

@@ -26,9 +26,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -83,6 +86,68 @@ static int print_version(void)
 	return 0;
 }
 
+static _Noreturn void start_node(char **nargv)
+{
+	execvp("node", nargv);
+	fprintf(stderr, "error[INTERNAL]: cannot start node for %s: %s\nhint: install Node.js 20 (node on PATH)\n", nargv[1], strerror(errno));
+	exit(EXIT_EXEC_FAILURE);
+}
+
+/* `shell`, or `exec` with -t among its options: a command that puts the local terminal in raw mode. */
+static int takes_terminal(char **args)
+{
+	if (!args[1]) return 0;
+	if (!strcmp(args[1], "shell")) return 1;
+	if (strcmp(args[1], "exec")) return 0;
+	for (int i = 2; args[i] && strcmp(args[i], "--"); i++) {
+		const char *a = args[i];
+		if (!strcmp(a, "--tty")) return 1;
+		if (a[0] == '-' && a[1] != '-' && a[1] != 'e' && a[1] != 'u' && strchr(a, 't')) return 1; /* -t, -it, -ti */
+	}
+	return 0;
+}
+
+static volatile sig_atomic_t child_pid;
+static void forward_signal(int sig) { if (child_pid > 0) kill(child_pid, sig); }
+
+/*
+ * The Node CLI in a child, this process waiting for it: when the child ends in any way, even by
+ * SIGKILL, the local terminal is put back as it was (the child leaves it raw if it is killed).
+ * If this process is killed instead, the child gets SIGTERM (PR_SET_PDEATHSIG) and restores it.
+ */
+static _Noreturn void supervise(char **nargv)
+{
+	struct termios saved;
+	int have = tcgetattr(0, &saved) == 0;
+	pid_t pid = fork();
+	if (pid < 0) start_node(nargv);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (getppid() == 1) _exit(EXIT_EXEC_FAILURE); /* the parent is gone already */
+		start_node(nargv);
+	}
+	child_pid = pid;
+	struct sigaction sa = { .sa_handler = forward_signal };
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	signal(SIGINT, SIG_IGN); /* a key the terminal turned into a signal is the child's to handle */
+	signal(SIGQUIT, SIG_IGN);
+	int status;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR) exit(EXIT_EXEC_FAILURE);
+	if (have) tcsetattr(0, TCSADRAIN, &saved);
+	if (WIFEXITED(status)) exit(WEXITSTATUS(status));
+	int sig = WTERMSIG(status);
+	signal(sig, SIG_DFL);
+	sigset_t one;
+	sigemptyset(&one);
+	sigaddset(&one, sig);
+	sigprocmask(SIG_UNBLOCK, &one, NULL);
+	raise(sig);
+	exit(128 + sig);
+}
+
 /* Hand the whole command line to the Node CLI beside this binary. Does not return. */
 static _Noreturn void node_cli(char **args)
 {
@@ -95,9 +160,8 @@ static _Noreturn void node_cli(char **args)
 	nargv[0] = "node";
 	nargv[1] = script;
 	for (int i = 1; i < argc; i++) nargv[i + 1] = args[i];
-	execvp("node", nargv);
-	fprintf(stderr, "error[INTERNAL]: cannot start node for %s: %s\nhint: install Node.js 20 (node on PATH)\n", script, strerror(errno));
-	exit(EXIT_EXEC_FAILURE);
+	if (takes_terminal(args) && isatty(0)) supervise(nargv);
+	start_node(nargv);
 }
 
 static _Noreturn void fall_back(void) { node_cli(g_argv); }

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define PROTO_MAJOR 1
-#define PROTO_MINOR 1
+#define PROTO_MINOR 2
 #define AGENT_VERSION "0.1.0"
 
 #define FRAME_HDR 12u
@@ -29,6 +29,7 @@ enum frame_type {
 	T_SET_CLOCK = 0x07,
 	T_STATUS = 0x08,
 	T_RESET = 0x09, /* end the session (kill its execs), answered by HELLO with this id */
+	T_RESIZE = 0x0a, /* 1.2: u16 cols, u16 rows for a tty exec */
 	/* responses: agent -> host */
 	T_HELLO = 0x80,
 	T_PONG = 0x81,
@@ -41,7 +42,7 @@ enum frame_type {
 	T_ERROR = 0x88,
 };
 
-enum exec_field { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_USER = 4 };
+enum exec_field { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_USER = 4, F_TTY = 5 };
 #define EXEC_F_STDIN 0x1u
 
 #define EXIT_F_TIMED_OUT 0x1u

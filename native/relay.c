@@ -224,7 +224,7 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 		frame_put(&c->out, T_HELLO, f->id, hello, hello_len);
 		return;
 	}
-	if (f->type == T_STDIN || f->type == T_SIGNAL) {
+	if (f->type == T_STDIN || f->type == T_SIGNAL || f->type == T_RESIZE) {
 		/* addressed to one of this client's execs, by its id */
 		struct route *r = route_by_client(ci, f->id);
 		if (r && r->type == T_EXEC)

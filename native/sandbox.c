@@ -17,6 +17,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -280,8 +281,13 @@ static _Noreturn void child_fail(struct spawn_req *r, int stage)
 static int child_main(void *arg)
 {
 	struct spawn_req *r = arg;
-	setpgid(0, 0);
+	/* its own process group either way (SIGNAL goes to the group); a terminal's command leads a
+	 * session whose controlling terminal is the pty, so ^C reaches its foreground group */
+	if (r->tty ? setsid() < 0 : setpgid(0, 0) < 0)
+		child_fail(r, STAGE_SETUP);
 	if (dup2(r->fd_in, 0) < 0 || dup2(r->fd_out, 1) < 0 || dup2(r->fd_err, 2) < 0)
+		child_fail(r, STAGE_SETUP);
+	if (r->tty && ioctl(0, TIOCSCTTY, 0) < 0)
 		child_fail(r, STAGE_SETUP);
 	if (r->reset_oom) {
 		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);

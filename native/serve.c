@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -39,6 +40,8 @@
 #define READ_CHUNK (64u * 1024)
 #define OUT_HIGH (16u << 20) /* stop reading a connection's pipes above this much unsent output */
 #define OUT_LOW (1u << 20)
+#define IN_HIGH (4u << 20) /* stop reading a connection while an exec has this much stdin queued */
+#define IN_LOW (1u << 20)
 #define DRAIN_MAX (4u << 20) /* per stream, after exit: a grandchild that keeps writing can't stall us */
 #define STREAM_RECHECK_NS 50000000ull /* while a stream is hung up */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -58,6 +61,7 @@ struct conn {
 	struct buf in, out;
 	uint64_t skip; /* bytes of a refused oversized frame still to discard */
 	int dead, dirty, paused;
+	int in_paused; /* not reading: an exec's stdin queue is over IN_HIGH (its command is slow) */
 	int stream;    /* the --stream connection: never closed, its sessions end instead */
 	int down;      /* stream only: hung up, out of epoll, waiting for the recheck timer */
 	unsigned gen;  /* bumped when a stream session ends: stale loops over `in` stop */
@@ -71,6 +75,7 @@ struct exec {
 	pid_t pid;
 	struct buf inq;
 	int in_eof, timed_out;
+	int tty; /* out.fd is the pty master (in.fd a dup of it); no err */
 	uint32_t flags;
 	int exec_errno;
 	uint64_t start_ns, deadline_ns;
@@ -188,10 +193,43 @@ static struct exec *exec_by_id(struct conn *c, uint32_t id)
 	return NULL;
 }
 
+/* SIGKILL to every process of session sid: a shell on a terminal puts each job in a process
+ * group of its own, which killing the shell's group alone would leave running. */
+static void kill_session(pid_t sid)
+{
+	DIR *d = opendir("/proc");
+	if (!d)
+		return;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		char *end, path[64], st[512];
+		long pid = strtol(de->d_name, &end, 10);
+		if (*end || pid <= 1)
+			continue;
+		snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t n = read(fd, st, sizeof st - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		st[n] = 0;
+		/* pid (comm) state ppid pgrp session ...: comm may hold anything, so after the last ')' */
+		char *rp = strrchr(st, ')');
+		int ppid, pgrp, session;
+		if (rp && sscanf(rp + 1, " %*c %d %d %d", &ppid, &pgrp, &session) == 3 && session == sid)
+			kill((pid_t)pid, SIGKILL);
+	}
+	closedir(d);
+}
+
 static void exec_signal(struct exec *e, int sig)
 {
 	if (kill(-e->pid, sig) < 0)
 		kill(e->pid, sig);
+	if (e->tty && sig == SIGKILL)
+		kill_session(e->pid);
 }
 
 static void timer_update(void)
@@ -281,6 +319,29 @@ static void drain(struct exec *e, struct src *s)
 	src_close(s);
 }
 
+static void conn_events(struct conn *c)
+{
+	if (!c->dead && !c->down)
+		ep_set(&c->s, (c->in_paused ? 0 : EPOLLIN) | (buf_used(&c->out) ? EPOLLOUT : 0));
+}
+
+/* Flow control for stdin: the host may send faster than a command reads (a cp of a large file).
+ * Above IN_HIGH queued for one exec the connection is not read until every exec of it is below
+ * IN_LOW again; the host's writes then wait on the socket, which is its backpressure. */
+static void input_check(struct conn *c)
+{
+	if (!c || c->dead)
+		return;
+	int over = 0;
+	for (struct exec *e = execs; e; e = e->next)
+		if (e->conn == c && buf_used(&e->inq) > (c->in_paused ? IN_LOW : IN_HIGH))
+			over = 1;
+	if (over != c->in_paused) {
+		c->in_paused = over;
+		conn_events(c);
+	}
+}
+
 static void stdin_flush(struct exec *e)
 {
 	while (e->in.fd >= 0 && buf_used(&e->inq)) {
@@ -294,6 +355,7 @@ static void stdin_flush(struct exec *e)
 			}
 			src_close(&e->in); /* EPIPE: the command stopped reading; its input is moot */
 			buf_free(&e->inq);
+			input_check(e->conn);
 			return;
 		}
 		buf_consume(&e->inq, (size_t)n);
@@ -304,6 +366,8 @@ static void stdin_flush(struct exec *e)
 		else
 			ep_set(&e->in, 0);
 	}
+	if (e->conn && e->conn->in_paused)
+		input_check(e->conn);
 }
 
 static void exec_finish(struct exec *e, int status, const struct rusage *ru)
@@ -312,6 +376,7 @@ static void exec_finish(struct exec *e, int status, const struct rusage *ru)
 	drain(e, &e->err);
 	src_close(&e->in);
 	buf_free(&e->inq);
+	struct conn *owner = e->conn;
 	if (e->conn) {
 		uint8_t p[EXIT_PAYLOAD];
 		int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -331,6 +396,8 @@ static void exec_finish(struct exec *e, int status, const struct rusage *ru)
 	exec_unlink(e);
 	e->next_grave = grave_execs;
 	grave_execs = e;
+	if (owner && owner->in_paused)
+		input_check(owner);
 }
 
 static void reap(void)
@@ -364,6 +431,10 @@ static void detach_execs(struct conn *c)
 			buf_free(&e->inq);
 		}
 	c->paused = 0;
+	if (c->in_paused) {
+		c->in_paused = 0;
+		conn_events(c);
+	}
 }
 
 static void send_hello(struct conn *c, uint32_t id);
@@ -458,7 +529,7 @@ static void conn_flush(struct conn *c)
 			if (errno == EINTR)
 				continue;
 			if (errno == EAGAIN) {
-				ep_set(&c->s, EPOLLIN | EPOLLOUT);
+				conn_events(c);
 				break;
 			}
 			conn_close(c);
@@ -469,7 +540,7 @@ static void conn_flush(struct conn *c)
 	if (c->dead || c->down)
 		return;
 	if (!buf_used(&c->out))
-		ep_set(&c->s, EPOLLIN);
+		conn_events(c);
 	if (c->paused && buf_used(&c->out) < OUT_LOW) {
 		c->paused = 0;
 		for (struct exec *e = execs; e; e = e->next)
@@ -526,6 +597,49 @@ static int make_pipe(int fds[2], int parent_end)
 		return -1;
 	/* Only our end is non-blocking: the command gets ordinary blocking pipes. */
 	fcntl(fds[parent_end], F_SETFL, O_NONBLOCK);
+	return 0;
+}
+
+/* "COLSxROWS", decimal, each 1..65535 */
+static int parse_winsize(const char *s, unsigned *cols, unsigned *rows)
+{
+	char *end;
+	errno = 0;
+	unsigned long c = strtoul(s, &end, 10);
+	if (errno || end == s || *end != 'x' || c == 0 || c > 65535)
+		return -1;
+	s = end + 1;
+	unsigned long r = strtoul(s, &end, 10);
+	if (errno || end == s || *end || r == 0 || r > 65535)
+		return -1;
+	*cols = (unsigned)c;
+	*rows = (unsigned)r;
+	return 0;
+}
+
+/* A pseudo-terminal of the machine's own devpts: fds[0] the master (non-blocking, ours),
+ * fds[1] the slave (the command's stdin, stdout and stderr); *in a second master fd for input,
+ * so that closing input (end of stdin) leaves the output side open. */
+static int open_pty(int fds[2], int *in, unsigned cols, unsigned rows)
+{
+	int zero = 0;
+	struct winsize ws = { .ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols };
+	int m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+	if (m < 0)
+		return -1;
+	int sl = -1;
+	if (ioctl(m, TIOCSPTLCK, &zero) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0 ||
+	    (sl = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0 ||
+	    (in && (*in = fcntl(m, F_DUPFD_CLOEXEC, 0)) < 0)) {
+		int err = errno;
+		close(m);
+		if (sl >= 0)
+			close(sl);
+		errno = err;
+		return -1;
+	}
+	fds[0] = m;
+	fds[1] = sl;
 	return 0;
 }
 
@@ -603,7 +717,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	char **argv = (char **)block, **envp = argv + argc + 1;
 	char *sp = block + ptrs, *cwds = NULL;
 	const char *path = DEFAULT_PATH;
-	const char *user = NULL;
+	const char *user = NULL, *tty = NULL;
 	size_t ai = 0, ei = 0, argv0_len = 0;
 	while (r.n) {
 		uint8_t tag = rd_u8(&r);
@@ -623,6 +737,8 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 			cwds = sp;
 		else if (tag == F_USER)
 			user = sp;
+		else if (tag == F_TTY)
+			tty = sp;
 		sp += n + 1;
 	}
 	argv[ai] = NULL;
@@ -630,17 +746,28 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	size_t need = strlen(path) + argv0_len + 2;
 	char *pathbuf = need <= 2 * PATH_MAX ? sp : malloc(need);
 
+	/* The parent's ends: po[0] (stdout, or the pty master), pe[0], pi[1]; the child's: po[1],
+	 * pe[1], pi[0] (for a tty all three are the slave, held once in po[1]). */
 	int po[2] = { -1, -1 }, pe[2] = { -1, -1 }, pi[2] = { -1, -1 };
-	if (!pathbuf || make_pipe(po, 0) < 0 || make_pipe(pe, 0) < 0 ||
-	    ((flags & EXEC_F_STDIN) && make_pipe(pi, 1) < 0)) {
-		reply_error(c, id, errno, "cannot create pipes: %s", strerror(errno));
+	unsigned cols = 0, rows = 0;
+	if (tty && parse_winsize(tty, &cols, &rows) < 0) {
+		reply_error(c, id, EINVAL, "bad tty field %s (COLSxROWS)", tty);
+		goto fail;
+	}
+	if (!pathbuf) {
+		reply_error(c, id, ENOMEM, "out of memory");
+		goto fail;
+	}
+	if (tty ? open_pty(po, (flags & EXEC_F_STDIN) ? &pi[1] : NULL, cols, rows) < 0
+		: make_pipe(po, 0) < 0 || make_pipe(pe, 0) < 0 || ((flags & EXEC_F_STDIN) && make_pipe(pi, 1) < 0)) {
+		reply_error(c, id, errno, "cannot create %s: %s", tty ? "a terminal" : "pipes", strerror(errno));
 		goto fail;
 	}
 	struct spawn_req req = {
 		.argv = argv, .envp = envp, .path = path, .pathbuf = pathbuf,
 		.set_user = user != NULL,
-		.cwd = cwds, .fd_in = (flags & EXEC_F_STDIN) ? pi[0] : devnull,
-		.fd_out = po[1], .fd_err = pe[1], .reset_oom = reset_oom,
+		.cwd = cwds, .fd_in = tty ? po[1] : (flags & EXEC_F_STDIN) ? pi[0] : devnull,
+		.fd_out = po[1], .fd_err = tty ? po[1] : pe[1], .tty = tty != NULL, .reset_oom = reset_oom,
 		.filter = have_filter ? &filter : NULL,
 	};
 	if (user && parse_user(user, &req) < 0) {
@@ -651,7 +778,8 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	pid_t pid = spawn_child(&req);
 	int cerr = errno;
 	close(po[1]);
-	close(pe[1]);
+	if (pe[1] >= 0)
+		close(pe[1]);
 	if (pi[0] >= 0)
 		close(pi[0]);
 	po[1] = pe[1] = pi[0] = -1;
@@ -679,11 +807,13 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	e->id = id;
 	e->pid = pid;
 	e->start_ns = start;
+	e->tty = tty != NULL;
 	e->out = (struct src){ K_OUT, po[0], 0, 0, e };
 	e->err = (struct src){ K_ERR, pe[0], 0, 0, e };
 	e->in = (struct src){ K_IN, pi[1], 0, 0, e };
 	ep_add(&e->out, EPOLLIN);
-	ep_add(&e->err, EPOLLIN);
+	if (e->err.fd >= 0)
+		ep_add(&e->err, EPOLLIN);
 	if (e->in.fd >= 0)
 		ep_add(&e->in, 0);
 	exec_link(e);
@@ -967,6 +1097,8 @@ static void handle_frame(struct conn *c, const struct frame *f)
 			break;
 		}
 		stdin_flush(e);
+		if (buf_used(&e->inq) > IN_HIGH)
+			input_check(c);
 		break;
 	}
 	case T_SIGNAL: {
@@ -976,6 +1108,19 @@ static void handle_frame(struct conn *c, const struct frame *f)
 			reply_error(c, f->id, EINVAL, "bad SIGNAL payload");
 		else if (e)
 			exec_signal(e, (int)sig);
+		break;
+	}
+	case T_RESIZE: {
+		struct exec *e = exec_by_id(c, f->id);
+		struct winsize ws = { 0 };
+		if (f->len == 4) {
+			ws.ws_col = get_u16(f->payload);
+			ws.ws_row = get_u16(f->payload + 2);
+		}
+		if (!ws.ws_col || !ws.ws_row)
+			reply_error(c, f->id, EINVAL, "bad RESIZE payload");
+		else if (e && e->tty && e->out.fd >= 0)
+			ioctl(e->out.fd, TIOCSWINSZ, &ws); /* the kernel sends SIGWINCH to its foreground group */
 		break;
 	}
 	case T_FILE_PUT:

@@ -5,15 +5,15 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { chmod, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
-import { connect } from 'node:net';
+import { chmod, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { isSnaplabError } from '../errors.js';
 import { agentBinaryPath } from './binary.js';
 import { AgentClient, type ExecRequest } from './client.js';
-import { encodeFrame, FrameDecoder, HEADER_SIZE, MAX_PAYLOAD, MsgType, decodeError } from './protocol.js';
+import { encodeFrame, encodeHello, FrameDecoder, HEADER_SIZE, MAX_PAYLOAD, MsgType, decodeError } from './protocol.js';
 
 const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'LANG=C'];
 // Docker's default capability set: without CAP_SYS_TIME, SET_CLOCK must fail rather than move the host clock.
@@ -95,7 +95,7 @@ describe('agent on the host', () => {
   });
 
   it('says HELLO and answers ping', async () => {
-    expect(client.protocolVersion).toBe('1.1');
+    expect(client.protocolVersion).toBe('1.2');
     expect(client.agentVersion).toMatch(/^\d+\.\d+\.\d+/);
     expect(client.agentPid).toBe(agent.proc.pid);
     expect(await client.ping()).toBeGreaterThanOrEqual(0);
@@ -180,6 +180,66 @@ describe('agent on the host', () => {
     w.end();
     expect((await w.result).stdout.toString().trim()).toBe(String(5 * 1024 * 1024));
     expect((await run(['cat'])).stdout.length).toBe(0); // no stdin: /dev/null
+  });
+
+  it('holds back a fast sender: stdin beyond 4 MiB queued stops the connection being read', async () => {
+    // 64 MiB to a command that reads nothing for a second: without flow control the agent would
+    // queue all of it; with it, the client waits on the socket and the agent's peak stays small
+    const h = client.exec({ argv: ['sh', '-c', 'sleep 1; cat >/dev/null; echo done'], env: ENV, stdin: true });
+    const chunk = Buffer.alloc(1024 * 1024, 7);
+    let waited = 0;
+    for (let i = 0; i < 64; i++) {
+      if (!h.write(chunk)) {
+        waited++;
+        await h.drained();
+      }
+    }
+    h.end();
+    expect((await h.result).stdout.toString()).toBe('done\n');
+    expect(waited).toBeGreaterThan(0);
+    const hwm = Number(/VmHWM:\s+(\d+) kB/.exec(await readFile(`/proc/${agent.proc.pid}/status`, 'utf8'))![1]);
+    expect(hwm).toBeLessThan(40 * 1024); // KiB; the whole input would be 64 MiB
+  });
+
+  it('runs a command on a terminal: a tty of its own, its size, SIGWINCH on resize, ^C', async () => {
+    const t = await client.exec({ argv: ['sh', '-c', 'tty; stty size; [ -t 0 ] && [ -t 2 ] && echo both-tty; echo err >&2'], env: ENV, tty: { cols: 90, rows: 33 } }).result;
+    expect(t.exitCode).toBe(0);
+    expect(t.stdout.toString()).toMatch(/^\/dev\/pts\/\d+\r\n33 90\r\nboth-tty\r\nerr\r\n$/); // stderr too, ONLCR on
+    expect(t.stderr.length).toBe(0);
+
+    let out = '';
+    const w = client.exec(
+      { argv: ['sh', '-c', 'trap "stty size" WINCH; echo ready; while :; do sleep 0.05; done'], env: ENV, tty: { cols: 80, rows: 24 }, stdin: true },
+      { onStdout: (b) => (out += b.toString()) },
+    );
+    await vi.waitFor(() => expect(out).toContain('ready'), { timeout: 5000 });
+    w.resize({ cols: 120, rows: 50 });
+    await vi.waitFor(() => expect(out).toContain('50 120'), { timeout: 5000 });
+    w.write('\x03'); // ^C through the terminal's line discipline: SIGINT to its foreground group
+    const r = await w.result;
+    expect(r.signal).toBe(2);
+    expect(r.exitCode).toBe(130);
+  });
+
+  it('refuses a terminal to an agent older than protocol 1.2, clearly', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-old-agent-'));
+    const path = join(dir, 'old.sock');
+    const server = createServer((c) => c.write(encodeFrame(MsgType.HELLO, 0, encodeHello({ major: 1, minor: 1, pid: 1, agentVersion: '0.0.9' }))));
+    await new Promise<void>((res) => server.listen(path, res));
+    try {
+      const old = await AgentClient.connect(path, { timeoutMs: 2000 });
+      let e: unknown;
+      try {
+        old.exec({ argv: ['sh'], env: ENV, tty: { cols: 80, rows: 24 } });
+      } catch (x) {
+        e = x;
+      }
+      expect(e).toMatchObject({ code: 'AGENT_PROTOCOL', message: expect.stringMatching(/protocol 1\.1.*terminal \(1\.2 can\)/) });
+      await old.close();
+    } finally {
+      server.close();
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('passes env exactly and honours cwd', async () => {

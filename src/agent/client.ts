@@ -13,6 +13,7 @@ import {
   encodeExec,
   encodeFilePut,
   encodeFrame,
+  encodeResize,
   encodeSetClock,
   encodeU32,
   ExitFlag,
@@ -22,6 +23,7 @@ import {
   PROTOCOL_MAJOR,
   type Frame,
   type Hello,
+  type WindowSize,
 } from './protocol.js';
 
 export interface ConnectOptions {
@@ -68,6 +70,12 @@ export interface ExecRequest {
   timeoutMs?: number;
   /** Give the command a stdin pipe fed by write()/end(); otherwise stdin is /dev/null. */
   stdin?: boolean;
+  /**
+   * Run the command on a pseudo-terminal of this size (protocol 1.2): it leads a new session
+   * with the terminal as its controlling tty, its output (stdout and stderr alike) comes as
+   * stdout, input (with stdin: true) goes to the terminal, resize() changes its size.
+   */
+  tty?: WindowSize;
 }
 
 export interface ExecOptions {
@@ -101,9 +109,14 @@ export interface ExecResult {
 
 export interface ExecHandle {
   pid: Promise<number>;
-  write(b: Buffer | string): void;
+  /** false when the connection has more than a few MiB queued: wait for drained() (flow control) */
+  write(b: Buffer | string): boolean;
+  /** resolves when the connection's send queue is below its high-water mark again */
+  drained(): Promise<void>;
   end(): void;
   kill(sig: number): void;
+  /** a tty exec's new terminal size (the command gets SIGWINCH); ignored otherwise */
+  resize(size: WindowSize): void;
   result: Promise<ExecResult>;
 }
 
@@ -114,6 +127,8 @@ interface Pending {
 
 const SIGKILL = 9;
 const STDIN_CHUNK = 1024 * 1024;
+/** write() says "wait" above this much queued on the socket (the agent stops reading at 4 MiB per exec) */
+const SEND_HIGH = 4 * 1024 * 1024;
 const errnoNames = new Map<number, string>(Object.entries(osConstants.errno).map(([k, v]) => [v, k]));
 
 function agentError(p: Buffer): SnaplabError {
@@ -316,9 +331,9 @@ export class AgentClient implements AsyncDisposable {
 
   exec(req: ExecRequest, opts: ExecOptions = {}): ExecHandle {
     // a 1.0 agent ignores the field it does not know: it would run the command as root
-    if (req.user !== undefined && this.protocolMinor < 1) {
-      throw new SnaplabError('AGENT_PROTOCOL', `the agent speaks protocol ${this.protocolVersion}, which cannot run a command as another user (1.1 can)`, 'recreate the machine with this snaplab (its agent is the one it was raised with)');
-    }
+    if (req.user !== undefined && this.protocolMinor < 1) throw this.tooOld('run a command as another user', 1);
+    // a 1.1 agent would skip the tty field and run the command on pipes
+    if (req.tty !== undefined && this.protocolMinor < 2) throw this.tooOld('run a command on a terminal', 2);
     let resolvePid!: (pid: number) => void;
     let rejectPid!: (e: unknown) => void;
     let resolveResult!: (r: ExecResult) => void;
@@ -352,11 +367,16 @@ export class AgentClient implements AsyncDisposable {
       pid,
       result,
       write: (b) => {
-        if (settled || ended) return;
+        if (settled || ended) return true;
         if (!req.stdin) throw new SnaplabError('BAD_INPUT', 'exec was started without stdin: true; cannot write to it');
         const buf = typeof b === 'string' ? Buffer.from(b) : b;
         // An empty STDIN frame means EOF on the wire, so empty writes are skipped.
         for (let o = 0; o < buf.length; o += STDIN_CHUNK) this.sendQuiet(MsgType.STDIN, id, buf.subarray(o, o + STDIN_CHUNK));
+        return this.socket.writableLength < SEND_HIGH;
+      },
+      drained: () => this.drained(),
+      resize: (size) => {
+        if (!settled && req.tty) this.sendQuiet(MsgType.RESIZE, id, encodeResize(size));
       },
       end: () => {
         if (settled || ended || !req.stdin) return;
@@ -423,6 +443,30 @@ export class AgentClient implements AsyncDisposable {
       fail(e);
     }
     return handle;
+  }
+
+  /** Resolves once the socket's send queue is below SEND_HIGH (or the connection is gone). */
+  drained(): Promise<void> {
+    if (this.socket.writableLength < SEND_HIGH || this.socket.destroyed) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = (): void => {
+        this.socket.off('drain', done);
+        this.socket.off('close', done);
+        resolve();
+      };
+      this.socket.on('drain', done);
+      this.socket.on('close', done);
+    });
+  }
+
+  /** Stops (or resumes) reading the agent's output: a consumer slower than the command. */
+  pauseOutput(paused: boolean): void {
+    if (paused) this.socket.pause();
+    else this.socket.resume();
+  }
+
+  private tooOld(what: string, minor: number): SnaplabError {
+    return new SnaplabError('AGENT_PROTOCOL', `the agent speaks protocol ${this.protocolVersion}, which cannot ${what} (1.${minor} can)`, 'recreate the machine with this snaplab (its agent is the one it was raised with)');
   }
 
   /** Writes a file atomically (temp + rename), creating parent directories. */

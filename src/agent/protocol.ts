@@ -6,7 +6,7 @@
 import { SnaplabError } from '../errors.js';
 
 export const PROTOCOL_MAJOR = 1;
-export const PROTOCOL_MINOR = 1;
+export const PROTOCOL_MINOR = 2;
 export const HEADER_SIZE = 12;
 export const MAX_PAYLOAD = 64 * 1024 * 1024;
 
@@ -22,6 +22,7 @@ export const MsgType = {
   STATUS: 0x08,
   /** Ends the session (the agent kills its execs) and is answered by HELLO with the same id. */
   RESET: 0x09,
+  RESIZE: 0x0a,
   // responses, agent -> host
   HELLO: 0x80,
   PONG: 0x81,
@@ -35,7 +36,7 @@ export const MsgType = {
 } as const;
 export type MsgType = (typeof MsgType)[keyof typeof MsgType];
 
-export const ExecField = { ARGV: 1, ENV: 2, CWD: 3, USER: 4 } as const;
+export const ExecField = { ARGV: 1, ENV: 2, CWD: 3, USER: 4, TTY: 5 } as const;
 export const EXEC_FLAG_STDIN = 0x1;
 export const ExitFlag = { TIMED_OUT: 0x1, NOT_FOUND: 0x2, NOT_EXECUTABLE: 0x4 } as const;
 
@@ -163,6 +164,26 @@ export interface ExecPayload {
   user?: string | undefined;
   timeoutMs?: number | undefined;
   stdin?: boolean | undefined;
+  /** 1.2: run on a pseudo-terminal of this size (stdout carries the terminal's output, no stderr) */
+  tty?: WindowSize | undefined;
+}
+
+export interface WindowSize {
+  cols: number;
+  rows: number;
+}
+
+/** Clamps a terminal size to what the agent takes (1..65535 each). */
+export function windowSize(cols: number | undefined, rows: number | undefined): WindowSize {
+  const clamp = (n: number | undefined, d: number): number => (n && Number.isFinite(n) && n > 0 ? Math.min(65535, Math.floor(n)) : d);
+  return { cols: clamp(cols, 80), rows: clamp(rows, 24) };
+}
+
+export function encodeResize(size: WindowSize): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt16LE(size.cols, 0);
+  b.writeUInt16LE(size.rows, 2);
+  return b;
 }
 
 export function encodeExec(req: ExecPayload): Buffer {
@@ -171,6 +192,7 @@ export function encodeExec(req: ExecPayload): Buffer {
   for (const e of req.env) fields.push([ExecField.ENV, Buffer.from(e, 'utf8')]);
   if (req.cwd !== undefined) fields.push([ExecField.CWD, Buffer.from(req.cwd, 'utf8')]);
   if (req.user !== undefined) fields.push([ExecField.USER, Buffer.from(req.user, 'utf8')]);
+  if (req.tty !== undefined) fields.push([ExecField.TTY, Buffer.from(`${req.tty.cols}x${req.tty.rows}`, 'utf8')]);
   let size = 8;
   for (const [, v] of fields) size += 5 + v.length;
   const b = Buffer.allocUnsafe(size);
@@ -189,7 +211,7 @@ export function encodeExec(req: ExecPayload): Buffer {
 
 export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin: boolean } {
   need(p, 8, 'EXEC');
-  const out = { argv: [] as string[], env: [] as string[], cwd: undefined as string | undefined, user: undefined as string | undefined, timeoutMs: p.readUInt32LE(0), stdin: (p.readUInt32LE(4) & EXEC_FLAG_STDIN) !== 0 };
+  const out = { argv: [] as string[], env: [] as string[], cwd: undefined as string | undefined, user: undefined as string | undefined, tty: undefined as WindowSize | undefined, timeoutMs: p.readUInt32LE(0), stdin: (p.readUInt32LE(4) & EXEC_FLAG_STDIN) !== 0 };
   let off = 8;
   while (off < p.length) {
     need(p, off + 5, 'EXEC field');
@@ -201,6 +223,10 @@ export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin:
     else if (tag === ExecField.ENV) out.env.push(v);
     else if (tag === ExecField.CWD) out.cwd = v;
     else if (tag === ExecField.USER) out.user = v;
+    else if (tag === ExecField.TTY) {
+      const [c, r] = v.split('x').map(Number);
+      out.tty = { cols: c ?? 0, rows: r ?? 0 };
+    }
     off += 5 + len;
   }
   return out;

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { registerCreate, registerRestore } from './create.js';
 import { registerDoctor } from './doctor.js';
-import { registerExec, registerExecError, registerExecLost } from './exec.js';
+import { registerExec, registerExecError, registerExecLost, registerShell } from './exec.js';
 import { registerGc } from './gc.js';
 import { registerImage } from './image.js';
 import { registerLifecycle } from './lifecycle.js';
@@ -27,6 +27,7 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['image'], registerImage],
   [['create'], registerCreate],
   [['exec'], registerExec],
+  [['shell'], registerShell],
   [['_exec-lost'], registerExecLost],
   [['_exec-error'], registerExecError],
   [['snapshot'], registerSnapshot],

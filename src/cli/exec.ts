@@ -10,6 +10,7 @@ interface ExecCli extends CommonOptions {
   user?: string;
   timeout?: string;
   interactive?: boolean;
+  tty?: boolean;
 }
 
 const collect = (v: string, prev: string[]): string[] => [...prev, v];
@@ -24,6 +25,7 @@ export function registerExec(program: Command): void {
     .option('-u, --user <user[:group]>', "run as this user of the machine (a name or uid; from the machine's /etc/passwd)")
     .option('--timeout <seconds>', 'kill the command after this long (exit 124)')
     .option('-i, --interactive', 'forward stdin to the command')
+    .option('-t, --tty', 'run the command on a terminal inside the machine (with -i: the local terminal goes raw and follows its size)')
     .option('--json', 'errors as JSON')
     .addHelpText('after', '\nExit codes: the command\'s own; 124 timed out; 127 not found; 128+N killed by signal N; 125 snaplab failed.')
     .action((sandbox: string, argv: string[], o: ExecCli) =>
@@ -42,6 +44,12 @@ export function registerExec(program: Command): void {
           process.stdout.on('error', outputFailed);
           process.stderr.on('error', outputFailed);
           try {
+            if (o.tty) {
+              const { runOnTerminal } = await import('./terminal.js');
+              const r = await runOnTerminal(box, argv, { env: o.env, cwd: o.cwd, user: o.user, timeoutMs, input: o.interactive === true });
+              if (r.timedOut) process.stderr.write(`snaplab: timed out after ${o.timeout} s; killed\n`);
+              return r.exitCode;
+            }
             const r = await box.exec(argv, {
               env: o.env,
               cwd: o.cwd,
@@ -57,6 +65,39 @@ export function registerExec(program: Command): void {
           } finally {
             box.close();
             if (o.interactive) process.stdin.destroy();
+          }
+        },
+        EXIT_EXEC_FAILURE,
+      ),
+    );
+}
+
+interface ShellCli extends CommonOptions {
+  user?: string;
+  env: string[];
+}
+
+export function registerShell(program: Command): void {
+  program
+    .command('shell <machine>')
+    .description("a login shell in a machine (its user's shell from /etc/passwd, else /bin/bash, else /bin/sh) on a terminal")
+    .option('-u, --user <user[:group]>', 'log in as this user of the machine (default root)')
+    .option('-e, --env <K=V>', 'set an environment variable (repeatable)', collect, [])
+    .option('--json', 'errors as JSON')
+    .addHelpText('after', '\nExits with the shell\'s exit code. Ctrl-C, Ctrl-Z and Ctrl-D go to the machine; `exit` leaves.')
+    .action((machine: string, o: ShellCli) =>
+      withLab(
+        o,
+        async (lab) => {
+          const { loginShell, runOnTerminal } = await import('./terminal.js');
+          const box = await lab.get(machine);
+          try {
+            const sh = await loginShell(box, o.user);
+            const r = await runOnTerminal(box, sh.argv, { env: [...sh.env, ...o.env], cwd: sh.home, user: o.user, input: true });
+            return r.exitCode;
+          } finally {
+            box.close();
+            process.stdin.destroy();
           }
         },
         EXIT_EXEC_FAILURE,

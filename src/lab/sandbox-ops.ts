@@ -13,6 +13,7 @@ import type { Volume } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { mergeEnv } from './exec.js';
+import { windowSize } from '../agent/protocol.js';
 import { resolveUser } from './users.js';
 import { inflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
@@ -29,8 +30,16 @@ export interface ExecOptions {
   user?: string;
   /** kill the command (its whole process group) after this long; the result has exitCode 124 */
   timeoutMs?: number;
-  /** data or a stream to feed to the command's stdin; without it stdin is /dev/null */
-  stdin?: string | Buffer | Readable;
+  /**
+   * data or a stream to feed to the command's stdin (true: a pipe the caller feeds through
+   * spawn()'s write/end); without it stdin is /dev/null
+   */
+  stdin?: string | Buffer | Readable | true;
+  /**
+   * run on a pseudo-terminal of this size inside the machine: the command leads a session with
+   * it as its controlling terminal, its output and errors both come as stdout
+   */
+  tty?: { cols: number; rows: number };
   /** stream output as it comes; a stream given a callback is not collected into the result */
   onStdout?: (chunk: Buffer) => void;
   onStderr?: (chunk: Buffer) => void;
@@ -66,6 +75,27 @@ const oomSeen = new WeakMap<SandboxRecord, number>();
 
 /** Run argv in the sandbox through an open agent connection; map a lost agent to "it died, because...". */
 export async function execIn(ctx: LabContext, s: SandboxRecord, agent: AgentClient, argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
+  return (await spawnIn(ctx, s, agent, argv, opts)).result;
+}
+
+/** A command started in a sandbox: feed it, signal it, resize its terminal, await its result. */
+export interface ExecProcess {
+  /** its pid as the machine sees it */
+  pid: Promise<number>;
+  /** (stdin: true) send input; false means wait for drained() before writing more */
+  write(b: Buffer | string): boolean;
+  drained(): Promise<void>;
+  /** (stdin: true) end of input */
+  end(): void;
+  /** a signal to the command's whole process group */
+  kill(signal: number): void;
+  /** (tty) a new terminal size: the command gets SIGWINCH */
+  resize(cols: number, rows: number): void;
+  result: Promise<ExecResult>;
+}
+
+/** Start argv in the sandbox without waiting for it (execIn waits). */
+export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentClient, argv: string[], opts: ExecOptions = {}): Promise<ExecProcess> {
   if (argv.length === 0) throw new SnaplabError('BAD_INPUT', 'no command given', 'put the command after --, e.g. `snaplab exec box -- ls -l /`');
   const env = mergeEnv(opts.env);
   const limited = s.limits.memoryBytes !== undefined;
@@ -73,34 +103,52 @@ export async function execIn(ctx: LabContext, s: SandboxRecord, agent: AgentClie
   // around every command would cost each exec a cgroup file read
   if (limited && !oomSeen.has(s)) oomSeen.set(s, await oomKills(cgroupFor(s.id)).catch(() => 0));
   const user = opts.user === undefined ? undefined : await resolveUser(agent, opts.user);
+  const tty = opts.tty === undefined ? undefined : windowSize(opts.tty.cols, opts.tty.rows);
   const h = agent.exec(
-    { argv, env, cwd: opts.cwd, user, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined },
+    { argv, env, cwd: opts.cwd, user, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined, tty },
     { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
   );
-  if (opts.stdin !== undefined) feedStdin(h, opts.stdin);
-  let r: AgentExecResult;
-  try {
-    r = await h.result;
-  } catch (e) {
-    if (isSnaplabError(e, 'AGENT_UNREACHABLE')) await ensureUsable(ctx, s);
-    throw e;
-  }
-  let oomKilled = false;
-  if (r.signal === 9 && !r.timedOut && limited) {
-    const now = await oomKills(cgroupFor(s.id)).catch(() => 0);
-    oomKilled = now > (oomSeen.get(s) ?? 0);
-    oomSeen.set(s, now);
-  }
-  return { ...r, oomKilled };
+  if (opts.stdin !== undefined && opts.stdin !== true) feedStdin(h, opts.stdin);
+  const result = (async (): Promise<ExecResult> => {
+    let r: AgentExecResult;
+    try {
+      r = await h.result;
+    } catch (e) {
+      if (isSnaplabError(e, 'AGENT_UNREACHABLE')) await ensureUsable(ctx, s);
+      throw e;
+    }
+    let oomKilled = false;
+    if (r.signal === 9 && !r.timedOut && limited) {
+      const now = await oomKills(cgroupFor(s.id)).catch(() => 0);
+      oomKilled = now > (oomSeen.get(s) ?? 0);
+      oomSeen.set(s, now);
+    }
+    return { ...r, oomKilled };
+  })();
+  result.catch(() => {}); // the caller awaits it; an early failure must not be unhandled meanwhile
+  return {
+    pid: h.pid,
+    write: (b) => h.write(b),
+    drained: () => h.drained(),
+    end: () => h.end(),
+    kill: (sig) => h.kill(sig),
+    resize: (cols, rows) => h.resize(windowSize(cols, rows)),
+    result,
+  };
 }
 
-function feedStdin(h: { write(b: Buffer): void; end(): void }, input: string | Buffer | Readable): void {
+/** Feeds data or a stream to a command's stdin, pausing the stream while the connection is full. */
+function feedStdin(h: { write(b: Buffer): boolean; drained(): Promise<void>; end(): void }, input: string | Buffer | Readable): void {
   if (typeof input === 'string' || Buffer.isBuffer(input)) {
     if (input.length) h.write(Buffer.from(input));
     h.end();
     return;
   }
-  input.on('data', (b: Buffer | string) => h.write(Buffer.from(b)));
+  input.on('data', (b: Buffer | string) => {
+    if (h.write(Buffer.from(b))) return;
+    input.pause();
+    void h.drained().then(() => input.resume());
+  });
   input.on('end', () => h.end());
   input.on('error', () => h.end());
 }

@@ -5,7 +5,7 @@ export { Pool } from './pool.js';
 export { Scenario, type MachineStatus } from './scenario.js';
 export type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
 export type { RunSpec, RunOutcome, PutFile } from '../lab/run.js';
-export type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
+export type { ExecOptions, ExecProcess, ExecResult } from '../lab/sandbox-ops.js';
 export type { Limits, SandboxRecord, SnapshotRecord, ImageRecord } from '../store/records.js';
 export type { TraceSummary, Phase } from '../timing/trace.js';
 export { SnaplabError, type ErrorCode } from '../errors.js';

@@ -1,6 +1,6 @@
 import type { AgentClient } from '../agent/client.js';
 import type { LabContext } from '../lab/context.js';
-import { connectAgent, execIn, pauseSandbox, resumeSandbox, snapshotSandbox, type ExecOptions, type ExecResult } from '../lab/sandbox-ops.js';
+import { connectAgent, execIn, pauseSandbox, resumeSandbox, snapshotSandbox, spawnIn, type ExecOptions, type ExecProcess, type ExecResult } from '../lab/sandbox-ops.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
@@ -48,6 +48,15 @@ export class Sandbox {
   async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
     const agent = await this.connection();
     return execIn(this.ctx, this.record, agent, argv, opts);
+  }
+
+  /**
+   * Start argv without waiting: the handle feeds its stdin (`stdin: true`), signals it, resizes
+   * its terminal (`tty: { cols, rows }`) and resolves `result` when it exits.
+   */
+  async spawn(argv: string[], opts: ExecOptions = {}): Promise<ExecProcess> {
+    const agent = await this.connection();
+    return spawnIn(this.ctx, this.record, agent, argv, opts);
   }
 
   /** Write a file inside the sandbox (parent directories are made). */
