@@ -7,7 +7,7 @@
  *       --stream/--stream-fd serve one byte stream (a VM's virtio-serial port) as the connection.
  *   relay --connect PATH --listen PATH --pid N [--ready-fd N]
  *       on the host: hold a VM's one agent connection and multiplex clients onto it (relay.c).
- *   tar [-L] SRC  /  untar [--plain] DEST
+ *   tar [-L] SRC  /  untar [--plain] [--untrusted] DEST
  *       the two ends of snaplab cp: SRC as a tar on stdout, a tar from stdin created at DEST,
  *       which end is the machine and which the host is the caller's business (copy.c).
  */
@@ -40,7 +40,7 @@ int serve_main(const char *socket_path, int listen_fd, const char *stream_path, 
 int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd);
 int boot_main(int argc, char **argv);
 int copy_tar(const char *src, int follow);
-int copy_untar(const char *dest, int plain);
+int copy_untar(const char *dest, int plain, int untrusted);
 extern int system_machine;
 
 static void usage(void)
@@ -50,7 +50,7 @@ static void usage(void)
 		"       snaplab-agent relay --connect PATH --listen PATH --pid N [--ready-fd N]\n"
 		"       snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n"
 		"       snaplab-agent tar [-L] SRC\n"
-		"       snaplab-agent untar [--plain] DEST\n"
+		"       snaplab-agent untar [--plain] [--untrusted] DEST\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -99,25 +99,30 @@ int main(int argc, char **argv)
 	if (strcmp(argv[1], "boot") == 0)
 		return boot_main(argc, argv);
 	if (strcmp(argv[1], "tar") == 0 || strcmp(argv[1], "untar") == 0) {
-		/* one flag (-L follows SRC itself; --plain takes a user's tar into the directory DEST),
-		 * then the path; "--" ends the flags */
-		int tar = argv[1][0] == 't', flag = 0, i = 2;
+		/* flags (tar: -L follows SRC itself; untar: --plain takes a user's tar into the directory
+		 * DEST, --untrusted an archive out of a machine), then the path; "--" ends the flags */
+		int tar = argv[1][0] == 't', follow = 0, plain = 0, untrusted = 0, i = 2;
 		for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
 			if (strcmp(argv[i], "--") == 0) {
 				i++;
 				break;
 			}
-			if (strcmp(argv[i], tar ? "-L" : "--plain") != 0) {
+			if (tar && strcmp(argv[i], "-L") == 0)
+				follow = 1;
+			else if (!tar && strcmp(argv[i], "--plain") == 0)
+				plain = 1;
+			else if (!tar && strcmp(argv[i], "--untrusted") == 0)
+				untrusted = 1;
+			else {
 				usage();
 				return 2;
 			}
-			flag = 1;
 		}
 		if (i != argc - 1 || !argv[i][0]) {
 			usage();
 			return 2;
 		}
-		return tar ? copy_tar(argv[i], flag) : copy_untar(argv[i], flag);
+		return tar ? copy_tar(argv[i], follow) : copy_untar(argv[i], plain, untrusted);
 	}
 	if (strcmp(argv[1], "relay") == 0) {
 		const char *conn = NULL, *lis = NULL;

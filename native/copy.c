@@ -860,6 +860,11 @@ static char root_shown[MAX_PATH * 2];
 static char first_name[MAX_PATH]; /* named mode: NAME */
 static char new_name[MAX_PATH];   /* named mode, renamed: basename(DEST), else "" */
 static int is_root;
+/* --untrusted: the archive comes out of a machine onto the host. Root inside the machine may
+ * have made anything, so no setuid/setgid bits and no device nodes are created from it (a
+ * setuid-root shell or a /dev/sda node in a host directory would outlive the machine). */
+static int untrusted;
+static unsigned long untrusted_dropped;
 static unsigned long chown_failures;
 
 /* Normalise an archive name in place: no "./" or empty components; absolute names and ".."
@@ -1300,6 +1305,10 @@ static void make_symlink(int pfd, const char *base, const struct entry *e, const
 static void make_node(int pfd, const char *base, const struct entry *e, const char *where)
 {
 	mode_t kind = e->type == '3' ? S_IFCHR : e->type == '4' ? S_IFBLK : S_IFIFO;
+	if (untrusted && kind != S_IFIFO) {
+		warn("%s: a device node out of a machine is not made on the host", where);
+		return;
+	}
 	clear_name(pfd, base, where, 0);
 	/* made with its mode (the umask is 0): fchmodat would follow a link put there meanwhile */
 	if (mknodat(pfd, base, kind | e->mode, e->rdev) < 0) {
@@ -1432,6 +1441,10 @@ static int read_entry(const unsigned char *h, uint64_t size, struct entry *e)
 	if ((e->type == '1' || e->type == '2') && !e->link[0])
 		fatal("the link %s has no target", e->orig);
 	e->mode = (mode_t)num(h + 100, 8, "mode") & 07777;
+	if (untrusted && (e->mode & (S_ISUID | S_ISGID)) && e->type != '5') {
+		e->mode &= ~(mode_t)(S_ISUID | S_ISGID);
+		untrusted_dropped++;
+	}
 	uint64_t uid = xpax.has_uid ? xpax.uid : gpax.has_uid ? gpax.uid : num(h + 108, 8, "uid");
 	uint64_t gid = xpax.has_gid ? xpax.gid : gpax.has_gid ? gpax.gid : num(h + 116, 8, "gid");
 	if (uid > MAX_ID || gid > MAX_ID)
@@ -1471,8 +1484,9 @@ static void drain(void)
 	}
 }
 
-int copy_untar(const char *dest, int plain)
+int copy_untar(const char *dest, int plain, int untrusted_archive)
 {
+	untrusted = untrusted_archive;
 	static struct entry e;
 	unsigned char h[BLOCK];
 	uint64_t entries = 0;
@@ -1534,5 +1548,7 @@ int copy_untar(const char *dest, int plain)
 	apply_dir_meta();
 	if (chown_failures > CHOWN_WARNINGS)
 		warn("%lu more entries could not be given their owner", chown_failures - CHOWN_WARNINGS);
+	if (untrusted_dropped)
+		note("%lu file(s) copied without their setuid/setgid bits (out of a machine)", untrusted_dropped);
 	return status;
 }

@@ -15,6 +15,7 @@ import { registerRun } from './run.js';
 import { registerScenario } from './scenario.js';
 import { registerPrepare } from './prepare.js';
 import { registerLogs } from './logs.js';
+import { registerCp } from './cp.js';
 
 /**
  * Every command, in help order, with the names it registers. Only the invoked one is set up
@@ -28,6 +29,7 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['create'], registerCreate],
   [['exec'], registerExec],
   [['shell'], registerShell],
+  [['cp'], registerCp],
   [['_exec-lost'], registerExecLost],
   [['_exec-error'], registerExecError],
   [['snapshot'], registerSnapshot],

@@ -6,6 +6,7 @@ export { Scenario, type MachineStatus } from './scenario.js';
 export type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
 export type { RunSpec, RunOutcome, PutFile } from '../lab/run.js';
 export type { ExecOptions, ExecProcess, ExecResult } from '../lab/sandbox-ops.js';
+export type { CopyResult } from '../lab/copy.js';
 export type { Limits, SandboxRecord, SnapshotRecord, ImageRecord } from '../store/records.js';
 export type { TraceSummary, Phase } from '../timing/trace.js';
 export { SnaplabError, type ErrorCode } from '../errors.js';

@@ -6,6 +6,8 @@ import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
+import type { Readable, Writable } from 'node:stream';
+import { copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/copy.js';
 
 /**
  * A running (or paused) isolated machine. Obtain one from `lab.create()`, `lab.restore()` or
@@ -57,6 +59,29 @@ export class Sandbox {
   async spawn(argv: string[], opts: ExecOptions = {}): Promise<ExecProcess> {
     const agent = await this.connection();
     return spawnIn(this.ctx, this.record, agent, argv, opts);
+  }
+
+  /**
+   * Copy a host file or tree into the machine at `dest`, as `snaplab cp HOST MACHINE:DEST` does
+   * (docker cp's rules; modes, owners, times and links kept; streamed).
+   */
+  async copyIn(hostPath: string, dest: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
+    return copyIn(this.ctx, this.record, hostPath, dest, opts);
+  }
+
+  /** Copy a path of the machine to the host (no setuid/setgid bits, no device nodes on the host). */
+  async copyOut(src: string, hostPath: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
+    return copyOut(this.ctx, this.record, src, hostPath, opts);
+  }
+
+  /** Unpack a tar stream into the directory `dest` of the machine (every name kept below it). */
+  async upload(dest: string, tar: Readable): Promise<CopyResult> {
+    return sendArchive(this.ctx, this.record, dest, tar, { plain: true });
+  }
+
+  /** Stream the tar of `src` (named after its last component; `dir/.` for its contents) into `sink`. */
+  async download(src: string, sink: Writable, opts: { follow?: boolean } = {}): Promise<CopyResult> {
+    return receiveArchive(this.ctx, this.record, src, sink, opts);
   }
 
   /** Write a file inside the sandbox (parent directories are made). */
