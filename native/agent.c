@@ -39,6 +39,7 @@ int serve_main(const char *socket_path, int listen_fd, const char *stream_path, 
 	       const char *caps, int harden);
 int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd);
 int boot_main(int argc, char **argv);
+int connect_main(int argc, char **argv);
 int copy_tar(const char *src, int follow);
 int copy_untar(const char *dest, int plain, int untrusted);
 extern int system_machine;
@@ -51,6 +52,7 @@ static void usage(void)
 		"       snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n"
 		"       snaplab-agent tar [-L] SRC\n"
 		"       snaplab-agent untar [--plain] [--untrusted] DEST\n"
+		"       snaplab-agent connect [HOST] PORT\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -98,6 +100,8 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "boot") == 0)
 		return boot_main(argc, argv);
+	if (strcmp(argv[1], "connect") == 0)
+		return connect_main(argc, argv);
 	if (strcmp(argv[1], "tar") == 0 || strcmp(argv[1], "untar") == 0) {
 		/* flags (tar: -L follows SRC itself; untar: --plain takes a user's tar into the directory
 		 * DEST, --untrusted an archive out of a machine), then the path; "--" ends the flags */

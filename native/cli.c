@@ -548,7 +548,17 @@ int main(int argc, char **argv)
 	g_argv = argv;
 	if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) && print_version() == 0) return 0;
 	const char *off = getenv("SNAPLAB_NO_FAST_EXEC");
-	if (argc > 2 && !strcmp(argv[1], "exec") && !(off && *off && strcmp(off, "0"))) {
+	int fast = !(off && *off && strcmp(off, "0"));
+	/* `snaplab proxy MACHINE PORT` (ssh's ProxyCommand) is `exec -i MACHINE -- agent connect PORT` */
+	if (argc == 4 && !strcmp(argv[1], "proxy") && fast && strspn(argv[3], "0123456789") == strlen(argv[3]) && strlen(argv[3]) <= 5 &&
+	    utf8_ok(argv[2]) && argv[2][0] != '-') {
+		static const char *cmd[4] = { "/run/snaplab/agent", "connect", NULL, NULL };
+		cmd[2] = argv[3];
+		struct opts o = { .sandbox = argv[2], .cmd = cmd, .ncmd = 3, .interactive = 1 };
+		int rc = fast_exec(&o);
+		if (rc >= 0) return rc;
+	}
+	if (argc > 2 && !strcmp(argv[1], "exec") && fast) {
 		struct opts o = { 0 };
 		if (parse(argc, argv, &o) == 0) {
 			int rc = fast_exec(&o);

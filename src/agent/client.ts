@@ -465,6 +465,11 @@ export class AgentClient implements AsyncDisposable {
     else this.socket.resume();
   }
 
+  /** Throws AGENT_PROTOCOL unless the agent speaks at least 1.minor (what: what needs it). */
+  requireMinor(minor: number, what: string): void {
+    if (this.protocolMinor < minor) throw this.tooOld(what, minor);
+  }
+
   private tooOld(what: string, minor: number): SnaplabError {
     return new SnaplabError('AGENT_PROTOCOL', `the agent speaks protocol ${this.protocolVersion}, which cannot ${what} (1.${minor} can)`, 'recreate the machine with this snaplab (its agent is the one it was raised with)');
   }

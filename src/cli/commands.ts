@@ -16,6 +16,7 @@ import { registerScenario } from './scenario.js';
 import { registerPrepare } from './prepare.js';
 import { registerLogs } from './logs.js';
 import { registerCp } from './cp.js';
+import { registerPorts } from './ports.js';
 
 /**
  * Every command, in help order, with the names it registers. Only the invoked one is set up
@@ -30,6 +31,7 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['exec'], registerExec],
   [['shell'], registerShell],
   [['cp'], registerCp],
+  [['port-forward', 'proxy'], registerPorts],
   [['_exec-lost'], registerExecLost],
   [['_exec-error'], registerExecError],
   [['snapshot'], registerSnapshot],

@@ -76,6 +76,7 @@ function hostHelper(args: string[], stdio: ['pipe' | 'ignore', 'pipe' | 'ignore'
 export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: string, source: Readable, opts: { plain?: boolean; sender?: Promise<SideEnd> } = {}): Promise<CopyResult> {
   const agent = await connectAgent(ctx, s);
   try {
+    agent.requireMinor(2, 'copy files (snaplab cp)');
     const err: Buffer[] = [];
     const inside = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'untar', ...(opts.plain ? ['--plain'] : []), '--', dest], {
       stdin: true,
@@ -114,6 +115,7 @@ export async function receiveArchive(
 ): Promise<CopyResult> {
   const agent = await connectAgent(ctx, s);
   try {
+    agent.requireMinor(2, 'copy files (snaplab cp)');
     const err: Buffer[] = [];
     let bytes = 0;
     let sinkFailed = false;

@@ -2,6 +2,7 @@ import { statSync } from 'node:fs';
 import { basename, resolve } from 'node:path';
 import { isScalar } from 'yaml';
 import { SnaplabError } from '../errors.js';
+import { parsePortSpec } from '../lab/port-spec.js';
 import { checkName } from '../lab/names.js';
 import type { Locator, Path } from './locate.js';
 import type { RawMachine, RawScenario, RawStep } from './schema.js';
@@ -71,6 +72,10 @@ function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs:
 
   const steps = (phase: 'provision' | 'start') => raw[phase].map((s, i) => step(s, [...p, phase, i], at, dir));
   const spec: MachineFileSpec = { name, image, hostname, limits, env: raw.env, networks, provision: steps('provision'), start: steps('start'), ready: raw.ready };
+  if (raw.ports.length) {
+    spec.ports = raw.ports.map((v, i) => value(at, [...p, 'ports', i], () => portOf(v)));
+    for (const [i, port] of spec.ports.entries()) if (port.local === 0) at.fail([...p, 'ports', i], `machine ${name}: a scenario's ports need a fixed local port`, `write it as LOCAL:REMOTE, e.g. ${10000 + port.remote}:${port.remote}`);
+  }
   if (raw.init === 'systemd') spec.init = 'systemd';
   else if (raw.ready.some((c) => c.kind === 'unit' || c.kind === 'systemd')) {
     at.fail([...p, 'ready'], `machine ${name}: unit and systemd checks need a system machine`, 'add `init: systemd` to the machine (and an image with systemd)');
@@ -104,6 +109,15 @@ function fileMode(at: Locator, p: Path): number {
   const m = /^(?:0o?)?([0-7]{3,4})$/.exec(text);
   if (!m) at.fail(p, `invalid mode ${JSON.stringify(text)}`, 'write octal permissions such as 0644 or 0755');
   return parseInt(m[1]!, 8);
+}
+
+function portOf(v: string | number): { local: number; remote: number } {
+  try {
+    return parsePortSpec(String(v));
+  } catch (e) {
+    if (e instanceof SnaplabError) throw new Problem(e.message, e.hint);
+    throw e;
+  }
 }
 
 function value<T>(at: Locator, p: Path, fn: () => T): T {

@@ -223,6 +223,8 @@ const Machine = z.strictObject(
     provision: list(Step),
     start: list(Step),
     ready: list(Check),
+    /** [LOCAL:]REMOTE, forwarded from 127.0.0.1 by `snaplab up --ports` / `snaplab port-forward SCENARIO` */
+    ports: list(strOrNum('a port such as "8080:80" or 80')),
   },
   { error: 'expected a map of machine settings' },
 );

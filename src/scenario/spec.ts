@@ -37,6 +37,8 @@ export interface MachineFileSpec {
   ready: Check[];
   /** 'systemd': a system machine (the image's systemd as PID 1); absent: the agent is PID 1 */
   init?: 'systemd';
+  /** forwarded from 127.0.0.1 while `snaplab up --ports` (or `port-forward SCENARIO`) runs */
+  ports?: { local: number; remote: number }[];
 }
 
 export type Step =
