@@ -17,7 +17,7 @@ function snaplab(args: string[]): { code: number; out: string; err: string } {
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 
-interface Drive { output: string; status: number; restored: boolean; wasRaw: boolean; waitTimedOut: boolean }
+interface Drive { output: string; status: number; restored: boolean; wasRaw: boolean; waitTimedOut: boolean; hung: boolean }
 
 /** Runs snaplab ARGS on a fresh host pty through STEPS (see pty-drive.py). */
 function drive(steps: unknown[], args: string[]): Drive {

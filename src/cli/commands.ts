@@ -17,6 +17,7 @@ import { registerPrepare } from './prepare.js';
 import { registerLogs } from './logs.js';
 import { registerCp } from './cp.js';
 import { registerPorts } from './ports.js';
+import { registerSsh } from './ssh.js';
 
 /**
  * Every command, in help order, with the names it registers. Only the invoked one is set up
@@ -32,6 +33,7 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['shell'], registerShell],
   [['cp'], registerCp],
   [['port-forward', 'proxy'], registerPorts],
+  [['ssh-config', 'inventory'], registerSsh],
   [['_exec-lost'], registerExecLost],
   [['_exec-error'], registerExecError],
   [['snapshot'], registerSnapshot],

@@ -64,6 +64,7 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'scenarios', kind: 'feature', optional: true, ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }) });
   checks.push({ name: 'image import', kind: 'feature', optional: true, ...((await toolsVerdict('image', 'image import')) ?? (await optionalNote('image', 'plain and gzip archives need nothing more'))) });
   checks.push({ name: 'image build', kind: 'feature', optional: true, ...((await toolsVerdict('image-build', 'image build')) ?? { ok: true, reason: 'mmdebstrap found' }) });
+  checks.push({ name: 'ssh reach', kind: 'feature', optional: true, ...((await toolsVerdict('ssh', 'ssh-config and inventory')) ?? { ok: true, reason: 'ssh-keygen found' }) });
   let defaultStorage: string | null = null;
   let defaultStorageReason = '';
   try {

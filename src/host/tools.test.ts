@@ -45,6 +45,12 @@ const NONLITERAL: Record<string, string> = {
   'test/images.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/debian-image.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/system.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/copy.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/ports.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/terminal.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/ansible.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'src/lab/copy.ts agentBinaryPath(': 'the agent binary (its tar and untar, on the host side of a copy)',
+  'test/copy.test.ts agentBinaryPath(': 'the agent binary (its untar, fed hostile archives)',
   'src/image/decompress.ts name': "'zstd' or 'xz' (listed, via decompress.ts)",
   'src/image/unpack.ts unpackBinaryPath(': 'snaplab-unpack, built by npm run build',
 };

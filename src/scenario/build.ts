@@ -76,6 +76,7 @@ function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs:
     spec.ports = raw.ports.map((v, i) => value(at, [...p, 'ports', i], () => portOf(v)));
     for (const [i, port] of spec.ports.entries()) if (port.local === 0) at.fail([...p, 'ports', i], `machine ${name}: a scenario's ports need a fixed local port`, `write it as LOCAL:REMOTE, e.g. ${10000 + port.remote}:${port.remote}`);
   }
+  if (raw.groups.length) spec.groups = raw.groups.map((g, i) => value(at, [...p, 'groups', i], () => groupName(g)));
   if (raw.init === 'systemd') spec.init = 'systemd';
   else if (raw.ready.some((c) => c.kind === 'unit' || c.kind === 'systemd')) {
     at.fail([...p, 'ready'], `machine ${name}: unit and systemd checks need a system machine`, 'add `init: systemd` to the machine (and an image with systemd)');
@@ -109,6 +110,11 @@ function fileMode(at: Locator, p: Path): number {
   const m = /^(?:0o?)?([0-7]{3,4})$/.exec(text);
   if (!m) at.fail(p, `invalid mode ${JSON.stringify(text)}`, 'write octal permissions such as 0644 or 0755');
   return parseInt(m[1]!, 8);
+}
+
+function groupName(g: string): string {
+  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(g)) throw new Problem(`invalid group name ${JSON.stringify(g)}`, 'Ansible group names are letters, digits and _, not starting with a digit');
+  return g;
 }
 
 function portOf(v: string | number): { local: number; remote: number } {

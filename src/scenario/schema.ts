@@ -225,6 +225,8 @@ const Machine = z.strictObject(
     ready: list(Check),
     /** [LOCAL:]REMOTE, forwarded from 127.0.0.1 by `snaplab up --ports` / `snaplab port-forward SCENARIO` */
     ports: list(strOrNum('a port such as "8080:80" or 80')),
+    /** Ansible groups of the machine in `snaplab inventory` (beside one per network it is on) */
+    groups: list(str('a group name')),
   },
   { error: 'expected a map of machine settings' },
 );

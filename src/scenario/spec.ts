@@ -39,6 +39,8 @@ export interface MachineFileSpec {
   init?: 'systemd';
   /** forwarded from 127.0.0.1 while `snaplab up --ports` (or `port-forward SCENARIO`) runs */
   ports?: { local: number; remote: number }[];
+  /** Ansible groups in `snaplab inventory` (each network the machine is on is one too) */
+  groups?: string[];
 }
 
 export type Step =
