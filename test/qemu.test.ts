@@ -1,10 +1,10 @@
-import { existsSync, readdirSync, readFileSync, statfsSync, statSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statfsSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { DISK_IN_VOLUME } from '../src/drivers/qemu/disk.js';
 import { run } from '../src/host/run.js';
 import { spawn } from 'node:child_process';
 import { QmpClient } from '../src/drivers/qemu/qmp.js';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { ramPrefix } from '../src/drivers/qemu/ram.js';
@@ -80,6 +80,38 @@ describe('the qemu driver', () => {
     again.close();
     vm.close(); // its connection went with the old relay
   }, 60_000);
+
+  it('terminals, cp and ports work through the relay as on namespaces', async () => {
+    // a terminal: the guest's own devpts, its size, SIGWINCH on resize, ^C
+    let text = '';
+    const p = await vm.spawn(['sh', '-c', 'tty; stty size; trap "stty size" WINCH; echo ready; while :; do sleep 0.1; done'], { tty: { cols: 91, rows: 31 }, stdin: true, onStdout: (b) => (text += b.toString()) });
+    await vi.waitFor(() => expect(text).toContain('ready'), { timeout: 20_000 });
+    expect(text).toMatch(/^\/dev\/pts\/\d+\r\n31 91\r\n/);
+    p.resize(120, 40);
+    await vi.waitFor(() => expect(text).toContain('40 120'), { timeout: 20_000 });
+    p.write('\x03');
+    expect((await p.result).exitCode).toBe(130);
+    // cp both ways, a tree with a link and a mode
+    const dir = mkdtempSync(join(lab.home, 'cp-'));
+    mkdirSync(join(dir, 'tree'));
+    writeFileSync(join(dir, 'tree', 'f'), 'vm copy');
+    chmodSync(join(dir, 'tree', 'f'), 0o751);
+    symlinkSync('f', join(dir, 'tree', 'l'));
+    await vm.copyIn(join(dir, 'tree'), '/root/');
+    expect(await out(vm, ['sh', '-c', 'stat -c "%a" /root/tree/f; readlink /root/tree/l; cat /root/tree/f'])).toBe('751\nf\nvm copy');
+    await vm.copyOut('/root/tree', join(dir, 'back'));
+    expect(readFileSync(join(dir, 'back', 'f'), 'utf8')).toBe('vm copy');
+    // a port inside the VM on the host's loopback
+    expect((await vm.exec(['sh', '-c', 'mkdir -p /w && echo from the vm > /w/index.html && httpd -p 8080 -h /w'])).exitCode).toBe(0);
+    const { forwardPort, closeForwards } = await import('../src/lab/ports.js');
+    const f = await forwardPort(lab.context, vm.info as never, { local: 0, remote: 8080 }, () => {});
+    try {
+      const page = await run('curl', ['-s', '--max-time', '20', `http://127.0.0.1:${f.local}/`]);
+      expect(page.stdout).toBe('from the vm\n');
+    } finally {
+      await closeForwards([f]);
+    }
+  });
 
   it('a memory snapshot restores a running machine: processes, memory, files, clock, identity', async () => {
     await vm.exec(['sh', '-c', '(i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.2; done) >/dev/null 2>&1 &']);
