@@ -100,6 +100,9 @@ describe('snaplab cp', () => {
     expect(snaplab(['cp', 'a:/nope', work])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \/nope: No such file or directory/) });
     writeFileSync(join(work, 'one'), '1');
     expect(snaplab(['cp', join(work, 'one'), 'a:/missing/'])).toMatchObject({ code: 2, err: expect.stringMatching(/\/missing\/: not a directory/) });
+    // a receiver that fails at once while the sender still has megabytes to write: an error, not a hang
+    spawnSync('dd', ['if=/dev/zero', `of=${join(work, 'eight')}`, 'bs=1M', 'count=8', 'status=none']);
+    expect(snaplab(['cp', join(work, 'eight'), 'a:/no/such/dir/f'])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \/no\/such\/dir: No such file or directory/) });
     expect(snaplab(['cp', join(work, 'one'), join(work, 'two')])).toMatchObject({ code: 2, err: expect.stringMatching(/BAD_INPUT[\s\S]*hint:/) });
     expect(snaplab(['cp', join(work, 'one'), 'ghost:/tmp'])).toMatchObject({ code: 2, err: expect.stringMatching(/SANDBOX_NOT_FOUND/) });
     // a file onto a file: replaced, not written through (a hard link to the old one keeps its contents)

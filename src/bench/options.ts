@@ -36,7 +36,7 @@ const STORAGES: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
 /** The one definition of bench's options: the command and the --compare strings both parse with it. */
 export function addBenchOptions(cmd: Command): Command {
   return cmd
-    .option('--workload <name>', `one of ${WORKLOADS.join(', ')}; or cli (whole snaplab processes as a shell runs them), or image-import (an OCI import beside tar -x)`, 'exec')
+    .option('--workload <name>', `one of ${WORKLOADS.join(', ')}; or cli (whole snaplab processes as a shell runs them), or image-import (an OCI import beside tar -x), or interactive (keystroke echo, cp and port-forward throughput beside nsenter, cat and direct loopback)`, 'exec')
     .option('--ladder <rungs>', `concurrency rungs, comma-separated (default ${DEFAULT_LADDER.join(',')}, cut to what the workload can run here: 1 for scenarios, the host's VM limit for --driver qemu)`)
     .option('--concurrency <n>', 'shorthand for a one-rung ladder')
     .option('--reps <n>', 'repetitions of each rung', '3')

@@ -68,12 +68,18 @@ function hostHelper(args: string[], stdio: ['pipe' | 'ignore', 'pipe' | 'ignore'
   return { proc, done };
 }
 
+/** The process producing an archive: how it ended, and a way to end it. */
+interface Sender {
+  done: Promise<SideEnd>;
+  stop(): void;
+}
+
 /**
  * Extract the tar stream `source` at `dest` in the machine. `plain`: a user's archive, unpacked
  * into the directory dest as it is (`snaplab cp - box:/dir`); else an archive of snaplab's tar,
  * placed by docker cp's rules. `sender` is how the producer of `source` ended, when there is one.
  */
-export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: string, source: Readable, opts: { plain?: boolean; sender?: Promise<SideEnd> } = {}): Promise<CopyResult> {
+export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: string, source: Readable, opts: { plain?: boolean; sender?: Sender } = {}): Promise<CopyResult> {
   const agent = await connectAgent(ctx, s);
   try {
     agent.requireMinor(2, 'copy files (snaplab cp)');
@@ -94,7 +100,9 @@ export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: strin
     source.on('error', () => inside.end());
     const r = await inside.result;
     source.destroy(); // the receiver stopped (it failed, or took the end blocks): the rest is moot
-    const sender = opts.sender ? await opts.sender : { code: 0, lines: [] };
+    // a receiver that failed reads no more: a sender still writing would wait on its pipe forever
+    if (r.exitCode >= 2) opts.sender?.stop();
+    const sender = opts.sender ? await opts.sender.done : { code: 0, lines: [] };
     return verdict(`in ${s.name}:${dest}`, sender, { code: r.exitCode, lines: lines(err) }, bytes);
   } finally {
     await agent.close();
@@ -153,7 +161,7 @@ export async function copyIn(ctx: LabContext, s: SandboxRecord, hostSrc: string,
   // before the machine's side has started)
   const out = tar.proc.stdout!.pipe(new PassThrough({ highWaterMark: 1024 * 1024 }));
   try {
-    return await sendArchive(ctx, s, dest, out, { sender: tar.done });
+    return await sendArchive(ctx, s, dest, out, { sender: { done: tar.done, stop: () => tar.proc.kill('SIGKILL') } });
   } finally {
     tar.proc.kill('SIGKILL'); // a no-op once it has exited
   }
