@@ -40,7 +40,6 @@ import os, pty, select, sys, time, json
 n = int(sys.argv[1]); argv = sys.argv[2:]
 pid, fd = pty.fork()
 if pid == 0:
-    os.environ['PS1'] = 'READY> '
     os.execvp(argv[0], argv)
 buf = b''
 def wait_for(pat, t=30):
@@ -50,7 +49,8 @@ def wait_for(pat, t=30):
         r, _, _ = select.select([fd], [], [], max(0, end - time.time()))
         if not r: raise SystemExit('timed out waiting for %r in %r' % (pat, buf[-200:]))
         buf += os.read(fd, 65536)
-wait_for(b'READY> ')
+wait_for(b'# ')
+time.sleep(0.3)  # the shell's line editor asks for the cursor position first
 buf = b''
 out = []
 for i in range(n):
@@ -78,13 +78,6 @@ print(json.dumps(out))
 async function keystrokes(argv: string[], n: number, env: NodeJS.ProcessEnv): Promise<number[]> {
   const r = await run('/usr/bin/python3', ['-c', KEYS_PY, String(n), ...argv], { env });
   return JSON.parse(r.stdout) as number[];
-}
-
-/** A machine's agent as the host sees it: the init of its pid namespace (namespaces driver). */
-async function agentPid(rec: SandboxRecord): Promise<number | undefined> {
-  const kids = await run('pgrep', ['-P', String(rec.pid)]).catch(() => undefined);
-  const first = kids?.stdout.trim().split('\n')[0];
-  return first ? Number(first) : undefined;
 }
 
 async function download(port: number, bytes: number): Promise<number> {
@@ -121,7 +114,8 @@ export async function interactiveBench(lab: Lab, opts: { driver: string; rounds:
     const cpCat: number[] = [];
     const pfOurs: number[] = [];
     const pfDirect: number[] = [];
-    const pid = opts.driver === 'namespaces' ? await agentPid(rec) : undefined;
+    // a namespace machine's recorded pid is its agent, the init of its namespaces
+    const pid = opts.driver === 'namespaces' ? rec.pid ?? undefined : undefined;
     // the machine serves the file over HTTP; so does the host, for the direct baseline
     await box.copyIn(file, '/tmp/big');
     await box.exec(['httpd', '-p', '8099', '-h', '/tmp']);

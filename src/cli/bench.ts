@@ -23,7 +23,7 @@ export function registerBench(program: Command): void {
       }
       if (o.workload === 'interactive') {
         const [{ interactiveBench, renderInteractiveSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([import('../bench/interactive-bench.js'), import('../bench/progress.js'), import('../lab/sizes.js')]);
-        const summary = await interactiveBench(lab, { driver: o.driver ?? 'namespaces', rounds: parsePositiveInt(o.reps, 'reps'), keystrokes: 100, fileMiB: 1024 }, new Progress(process.stderr));
+        const summary = await interactiveBench(lab, { driver: o.driver ?? 'namespaces', rounds: parsePositiveInt(o.reps, 'reps'), keystrokes: 100, fileMiB: o.driver === 'qemu' ? 256 : 1024 }, new Progress(process.stderr));
         if (o.json) printJson(summary);
         else process.stdout.write(`${renderInteractiveSummary(summary)}\n`);
         return;
