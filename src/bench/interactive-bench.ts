@@ -29,7 +29,7 @@ export interface InteractiveSummary {
   settings: { driver: string; rounds: number; keystrokes: number; fileBytes: number };
   keystroke: { name: string; baseline: boolean; ms: LatencySummary & { samples: number } }[];
   throughput: { name: string; baseline: boolean; mibPerS: number[]; p50: number }[];
-  ratios: { keystroke: number; cp: number; portForward: number | null };
+  ratios: { keystroke: number | null; cp: number; portForward: number };
 }
 
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
@@ -162,7 +162,7 @@ export async function interactiveBench(lab: Lab, opts: { driver: string; rounds:
         { name: 'download through snaplab port-forward', baseline: false, mibPerS: pfOurs, p50: med(pfOurs) },
         { name: 'download from httpd on the host loopback', baseline: true, mibPerS: pfDirect, p50: med(pfDirect) },
       ],
-      ratios: { keystroke: kb ? ratio(k.p50, kb.p50) : NaN, cp: ratio(med(cpOurs), med(cpCat)), portForward: ratio(med(pfOurs), med(pfDirect)) },
+      ratios: { keystroke: kb ? ratio(k.p50, kb.p50) : null, cp: ratio(med(cpOurs), med(cpCat)), portForward: ratio(med(pfOurs), med(pfDirect)) },
     };
   } finally {
     await box.destroy().catch(() => undefined);
@@ -189,6 +189,6 @@ export function renderInteractiveSummary(s: InteractiveSummary): string {
       s.keystroke.map((c) => [`${c.name}${c.baseline ? ' (baseline)' : ''}`, c.ms.p50.toFixed(2), c.ms.p90.toFixed(2), c.ms.p99.toFixed(2), String(c.ms.samples)]),
     ),
     ...pad(['throughput', 'p50 MiB/s', 'rounds'], s.throughput.map((c) => [`${c.name}${c.baseline ? ' (baseline)' : ''}`, c.p50.toFixed(1), c.mibPerS.join(', ')])),
-    `ratios (same run, p50): keystroke snaplab/nsenter = ${s.ratios.keystroke}; cp/cat = ${s.ratios.cp}; port-forward/direct = ${s.ratios.portForward}`,
+    `ratios (same run, p50): keystroke snaplab/nsenter = ${s.ratios.keystroke ?? 'n/a (a VM has no nsenter baseline)'}; cp/cat = ${s.ratios.cp}; port-forward/direct = ${s.ratios.portForward}`,
   ].join('\n');
 }
