@@ -7,7 +7,7 @@
  *       --stream/--stream-fd serve one byte stream (a VM's virtio-serial port) as the connection.
  *   relay --connect PATH --listen PATH --pid N [--ready-fd N]
  *       on the host: hold a VM's one agent connection and multiplex clients onto it (relay.c).
- *   tar [-L] SRC  /  untar [--plain] [--untrusted] DEST
+ *   tar [-L] SRC  /  untar [--plain] [--untrusted] [--expect NAME] DEST
  *       the two ends of snaplab cp: SRC as a tar on stdout, a tar from stdin created at DEST,
  *       which end is the machine and which the host is the caller's business (copy.c).
  */
@@ -41,7 +41,7 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 int boot_main(int argc, char **argv);
 int connect_main(int argc, char **argv);
 int copy_tar(const char *src, int follow);
-int copy_untar(const char *dest, int plain, int untrusted);
+int copy_untar(const char *dest, int plain, int untrusted, const char *expect);
 extern int system_machine;
 
 static void usage(void)
@@ -51,7 +51,7 @@ static void usage(void)
 		"       snaplab-agent relay --connect PATH --listen PATH --pid N [--ready-fd N]\n"
 		"       snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n"
 		"       snaplab-agent tar [-L] SRC\n"
-		"       snaplab-agent untar [--plain] [--untrusted] DEST\n"
+		"       snaplab-agent untar [--plain] [--untrusted] [--expect NAME] DEST\n"
 		"       snaplab-agent connect [HOST] PORT\n"
 		"       snaplab-agent --version\n");
 }
@@ -106,6 +106,7 @@ int main(int argc, char **argv)
 		/* flags (tar: -L follows SRC itself; untar: --plain takes a user's tar into the directory
 		 * DEST, --untrusted an archive out of a machine), then the path; "--" ends the flags */
 		int tar = argv[1][0] == 't', follow = 0, plain = 0, untrusted = 0, i = 2;
+		const char *expect = NULL;
 		for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
 			if (strcmp(argv[i], "--") == 0) {
 				i++;
@@ -117,6 +118,8 @@ int main(int argc, char **argv)
 				plain = 1;
 			else if (!tar && strcmp(argv[i], "--untrusted") == 0)
 				untrusted = 1;
+			else if (!tar && strcmp(argv[i], "--expect") == 0 && i + 1 < argc)
+				expect = argv[++i];
 			else {
 				usage();
 				return 2;
@@ -126,7 +129,7 @@ int main(int argc, char **argv)
 			usage();
 			return 2;
 		}
-		return tar ? copy_tar(argv[i], follow) : copy_untar(argv[i], plain, untrusted);
+		return tar ? copy_tar(argv[i], follow) : copy_untar(argv[i], plain, untrusted, expect);
 	}
 	if (strcmp(argv[1], "relay") == 0) {
 		const char *conn = NULL, *lis = NULL;

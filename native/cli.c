@@ -39,6 +39,7 @@
 
 #define EXIT_EXEC_FAILURE 125
 #define OUT_HIGH (4u << 20) /* stop reading stdin while this much is queued for the agent */
+#define STDIN_WINDOW (4u << 20) /* or this much is sent and not acknowledged (protocol 1.2) */
 
 static const char *DEFAULT_ENV[] = {
 	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -441,6 +442,7 @@ static int fast_exec(const struct opts *o)
 	long used;
 	/* a VM's relay: RESET, then everything up to the HELLO that answers it is another session's */
 	uint32_t reset_id = 0;
+	unsigned minor = 0;
 	if (vm) {
 		while (!reset_id)
 			if (getrandom(&reset_id, sizeof reset_id, 0) != sizeof reset_id) return -1;
@@ -457,6 +459,7 @@ static int fast_exec(const struct opts *o)
 		int hello = f.type == T_HELLO && f.id == reset_id;
 		int refused = f.type == T_ERROR && vm && f.id == reset_id;
 		int major_ok = hello && f.len >= 4 && get_u16(f.payload) == PROTO_MAJOR; /* read before the frame is consumed */
+		if (hello && f.len >= 4) minor = get_u16(f.payload + 2);
 		buf_consume(&in, (size_t)used);
 		if (refused || (hello && !major_ok)) return -1;
 		if (hello) break;
@@ -483,6 +486,8 @@ static int fast_exec(const struct opts *o)
 
 	/* from here the command may be running: a failure is reported, never retried */
 	int started = 0, stdin_open = o->interactive;
+	/* stdin sent ahead of the agent's STDIN_ACKs (1.2; an older agent is paced by the socket) */
+	uint64_t unacked = 0;
 	if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0) exec_lost(o);
 	for (;;) {
 		while ((used = frame_parse(in.data + in.off, buf_used(&in), &f)) > 0) {
@@ -495,6 +500,12 @@ static int fast_exec(const struct opts *o)
 				break;
 			case T_STDERR:
 				if (write_all(2, f.payload, f.len) < 0) output_failed(fd);
+				break;
+			case T_STDIN_ACK:
+				if (f.len >= 4) {
+					uint32_t n = get_u32(f.payload);
+					unacked = n > unacked ? 0 : unacked - n;
+				}
 				break;
 			case T_ERROR:
 				/* refused (a bad --cwd), or ended by the relay: the Node CLI says so, as it
@@ -518,7 +529,8 @@ static int fast_exec(const struct opts *o)
 		}
 		if (used < 0) exec_lost(o);
 		struct pollfd pf[2] = { { .fd = fd, .events = POLLIN | (buf_used(&out) ? POLLOUT : 0) }, { .fd = 0, .events = POLLIN } };
-		int n = poll(pf, started && stdin_open && buf_used(&out) < OUT_HIGH ? 2 : 1, -1);
+		int may_send = buf_used(&out) < OUT_HIGH && (minor < 2 || unacked < STDIN_WINDOW);
+		int n = poll(pf, started && stdin_open && may_send ? 2 : 1, -1);
 		if (n < 0 && errno == EINTR) continue;
 		if (n < 0) exec_lost(o);
 		if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -534,6 +546,7 @@ static int fast_exec(const struct opts *o)
 			if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
 			if (r <= 0) stdin_open = 0, r = 0; /* end of input: an empty STDIN */
 			if (frame_put(&out, T_STDIN, 1, chunk, (size_t)r) < 0) exec_lost(o);
+			unacked += (uint64_t)r;
 		}
 		if (buf_used(&out)) {
 			ssize_t w = send(fd, out.data + out.off, buf_used(&out), MSG_NOSIGNAL);

@@ -865,6 +865,7 @@ static int is_root;
  * setuid-root shell or a /dev/sda node in a host directory would outlive the machine). */
 static int untrusted;
 static unsigned long untrusted_dropped;
+static const char *expect_first; /* --expect: the first entry's name ("" for ./), or NULL */
 static unsigned long chown_failures;
 
 /* Normalise an archive name in place: no "./" or empty components; absolute names and ".."
@@ -1281,8 +1282,13 @@ static void make_dir_meta(int fd, const char *rel, const struct entry *e, const 
 
 static void make_dir(int pfd, const char *base, const struct entry *e, const char *where)
 {
-	if (!clear_name(pfd, base, where, 1) && mkdirat(pfd, base, 0700) < 0)
+	int existed = clear_name(pfd, base, where, 1);
+	if (!existed && mkdirat(pfd, base, 0700) < 0)
 		fatal("%s: %s", where, strerror(errno));
+	/* out of a machine, a directory the host already has keeps its owner, mode and time: the
+	 * archive may only add to it (else `cp m:/x/root /` could hand the host's /root away) */
+	if (existed && untrusted)
+		return;
 	int fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		fatal("%s: %s", where, strerror(errno));
@@ -1441,7 +1447,7 @@ static int read_entry(const unsigned char *h, uint64_t size, struct entry *e)
 	if ((e->type == '1' || e->type == '2') && !e->link[0])
 		fatal("the link %s has no target", e->orig);
 	e->mode = (mode_t)num(h + 100, 8, "mode") & 07777;
-	if (untrusted && (e->mode & (S_ISUID | S_ISGID)) && e->type != '5') {
+	if (untrusted && (e->mode & (S_ISUID | S_ISGID))) {
 		e->mode &= ~(mode_t)(S_ISUID | S_ISGID);
 		untrusted_dropped++;
 	}
@@ -1484,9 +1490,11 @@ static void drain(void)
 	}
 }
 
-int copy_untar(const char *dest, int plain, int untrusted_archive)
+int copy_untar(const char *dest, int plain, int untrusted_archive, const char *expect)
 {
 	untrusted = untrusted_archive;
+	if (expect)
+		expect_first = strcmp(expect, ".") == 0 ? "" : expect;
 	static struct entry e;
 	unsigned char h[BLOCK];
 	uint64_t entries = 0;
@@ -1533,8 +1541,14 @@ int copy_untar(const char *dest, int plain, int untrusted_archive)
 			forget_records();
 			continue;
 		}
-		if (!entries++)
+		if (!entries++) {
+			/* --expect: the host asked for NAME (or a directory's contents); an archive that
+			 * begins with anything else is not the copy it asked for (a hostile machine's
+			 * tar could otherwise choose what lands in DEST, e.g. .ssh/authorized_keys) */
+			if (expect_first && strcmp(e.path, expect_first) != 0)
+				fatal("the archive begins with %s, not the %s that was asked for", e.path[0] ? e.path : "./", expect_first[0] ? expect_first : "contents (./)");
 			open_root(dest, plain, e.path, e.type == '5');
+		}
 		place(e.path, "entry", e.orig);
 		apply(&e);
 		forget_records();

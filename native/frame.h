@@ -40,6 +40,7 @@ enum frame_type {
 	T_DATA = 0x86,
 	T_OK = 0x87,
 	T_ERROR = 0x88,
+	T_STDIN_ACK = 0x89, /* 1.2: u32 bytes of an exec's stdin the agent has passed on since the last */
 };
 
 enum exec_field { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_USER = 4, F_TTY = 5 };

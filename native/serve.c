@@ -40,8 +40,9 @@
 #define READ_CHUNK (64u * 1024)
 #define OUT_HIGH (16u << 20) /* stop reading a connection's pipes above this much unsent output */
 #define OUT_LOW (1u << 20)
-#define IN_HIGH (4u << 20) /* stop reading a connection while an exec has this much stdin queued */
-#define IN_LOW (1u << 20)
+#define STDIN_WINDOW (4u << 20) /* what the host may send of an exec's stdin ahead of its ACKs */
+#define STDIN_LIMIT (STDIN_WINDOW + FRAME_MAX_PAYLOAD) /* queued beyond this, the host ignored the window */
+#define ACK_EVERY (256u << 10)
 #define DRAIN_MAX (4u << 20) /* per stream, after exit: a grandchild that keeps writing can't stall us */
 #define STREAM_RECHECK_NS 50000000ull /* while a stream is hung up */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -61,7 +62,6 @@ struct conn {
 	struct buf in, out;
 	uint64_t skip; /* bytes of a refused oversized frame still to discard */
 	int dead, dirty, paused;
-	int in_paused; /* not reading: an exec's stdin queue is over IN_HIGH (its command is slow) */
 	int stream;    /* the --stream connection: never closed, its sessions end instead */
 	int down;      /* stream only: hung up, out of epoll, waiting for the recheck timer */
 	unsigned gen;  /* bumped when a stream session ends: stale loops over `in` stop */
@@ -76,6 +76,7 @@ struct exec {
 	struct buf inq;
 	int in_eof, timed_out;
 	int tty; /* out.fd is the pty master (in.fd a dup of it); no err */
+	uint64_t unacked; /* stdin bytes passed on (or dropped) since the last STDIN_ACK */
 	uint32_t flags;
 	int exec_errno;
 	uint64_t start_ns, deadline_ns;
@@ -135,7 +136,10 @@ static int ep_add(struct src *s, uint32_t events)
 static void src_close(struct src *s)
 {
 	if (s->fd >= 0) {
-		close(s->fd); /* also leaves the epoll set: nobody else holds our ends */
+		/* out of the epoll set first: a tty exec's input is a dup of its output's open file,
+		 * and epoll forgets a registration only when the open file's last fd is closed */
+		epoll_ctl(epfd, EPOLL_CTL_DEL, s->fd, NULL);
+		close(s->fd);
 		s->fd = -1;
 	}
 }
@@ -322,24 +326,23 @@ static void drain(struct exec *e, struct src *s)
 static void conn_events(struct conn *c)
 {
 	if (!c->dead && !c->down)
-		ep_set(&c->s, (c->in_paused ? 0 : EPOLLIN) | (buf_used(&c->out) ? EPOLLOUT : 0));
+		ep_set(&c->s, EPOLLIN | (buf_used(&c->out) ? EPOLLOUT : 0));
 }
 
-/* Flow control for stdin: the host may send faster than a command reads (a cp of a large file).
- * Above IN_HIGH queued for one exec the connection is not read until every exec of it is below
- * IN_LOW again; the host's writes then wait on the socket, which is its backpressure. */
-static void input_check(struct conn *c)
+/* Flow control for stdin (1.2): the host sends at most STDIN_WINDOW bytes of an exec's stdin
+ * that the agent has not acknowledged; the agent acknowledges what it has passed on to the
+ * command (or dropped) with STDIN_ACK, every ACK_EVERY bytes and whenever its queue runs dry.
+ * So the connection is always read: a command that does not read its stdin holds back only its
+ * own input, never a SIGNAL, a PING or another exec. */
+static void ack_stdin(struct exec *e, int all)
 {
-	if (!c || c->dead)
+	if (!e->conn || !e->unacked || (!all && e->unacked < ACK_EVERY && buf_used(&e->inq)))
 		return;
-	int over = 0;
-	for (struct exec *e = execs; e; e = e->next)
-		if (e->conn == c && buf_used(&e->inq) > (c->in_paused ? IN_LOW : IN_HIGH))
-			over = 1;
-	if (over != c->in_paused) {
-		c->in_paused = over;
-		conn_events(c);
-	}
+	uint8_t p[4];
+	put_u32(p, (uint32_t)e->unacked);
+	frame_put(&e->conn->out, T_STDIN_ACK, e->id, p, sizeof p);
+	mark_dirty(e->conn);
+	e->unacked = 0;
 }
 
 static void stdin_flush(struct exec *e)
@@ -354,11 +357,13 @@ static void stdin_flush(struct exec *e)
 				return;
 			}
 			src_close(&e->in); /* EPIPE: the command stopped reading; its input is moot */
+			e->unacked += buf_used(&e->inq); /* dropped: the host may send on (to nobody) */
 			buf_free(&e->inq);
-			input_check(e->conn);
+			ack_stdin(e, 1);
 			return;
 		}
 		buf_consume(&e->inq, (size_t)n);
+		e->unacked += (uint64_t)n;
 	}
 	if (e->in.fd >= 0) {
 		if (e->in_eof)
@@ -366,8 +371,7 @@ static void stdin_flush(struct exec *e)
 		else
 			ep_set(&e->in, 0);
 	}
-	if (e->conn && e->conn->in_paused)
-		input_check(e->conn);
+	ack_stdin(e, 0);
 }
 
 static void exec_finish(struct exec *e, int status, const struct rusage *ru)
@@ -376,7 +380,6 @@ static void exec_finish(struct exec *e, int status, const struct rusage *ru)
 	drain(e, &e->err);
 	src_close(&e->in);
 	buf_free(&e->inq);
-	struct conn *owner = e->conn;
 	if (e->conn) {
 		uint8_t p[EXIT_PAYLOAD];
 		int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -396,8 +399,6 @@ static void exec_finish(struct exec *e, int status, const struct rusage *ru)
 	exec_unlink(e);
 	e->next_grave = grave_execs;
 	grave_execs = e;
-	if (owner && owner->in_paused)
-		input_check(owner);
 }
 
 static void reap(void)
@@ -431,10 +432,6 @@ static void detach_execs(struct conn *c)
 			buf_free(&e->inq);
 		}
 	c->paused = 0;
-	if (c->in_paused) {
-		c->in_paused = 0;
-		conn_events(c);
-	}
 }
 
 static void send_hello(struct conn *c, uint32_t id);
@@ -1088,8 +1085,15 @@ static void handle_frame(struct conn *c, const struct frame *f)
 		break;
 	case T_STDIN: {
 		struct exec *e = exec_by_id(c, f->id);
-		if (!e || e->in.fd < 0 || e->in_eof)
-			break; /* finished, closed, or never had stdin: input is dropped */
+		if (!e)
+			break; /* finished: its EXIT settles the host's window */
+		if (e->in.fd < 0 || e->in_eof) {
+			/* closed (the command stopped reading) or never had stdin: dropped, and said so,
+			 * or the host would wait for its window forever */
+			e->unacked += f->len;
+			ack_stdin(e, 1);
+			break;
+		}
 		if (f->len == 0)
 			e->in_eof = 1;
 		else if (buf_append(&e->inq, f->payload, f->len) < 0) {
@@ -1097,8 +1101,12 @@ static void handle_frame(struct conn *c, const struct frame *f)
 			break;
 		}
 		stdin_flush(e);
-		if (buf_used(&e->inq) > IN_HIGH)
-			input_check(c);
+		if (e->in.fd >= 0 && buf_used(&e->inq) > STDIN_LIMIT) {
+			/* a host that ignores the window: its input for this exec ends here */
+			src_close(&e->in);
+			buf_free(&e->inq);
+			reply_error(c, f->id, ENOBUFS, "stdin beyond the flow-control window (%u bytes unacknowledged)", STDIN_WINDOW);
+		}
 		break;
 	}
 	case T_SIGNAL: {

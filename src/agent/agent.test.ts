@@ -182,19 +182,31 @@ describe('agent on the host', () => {
     expect((await run(['cat'])).stdout.length).toBe(0); // no stdin: /dev/null
   });
 
-  it('holds back a fast sender: stdin beyond 4 MiB queued stops the connection being read', async () => {
-    // 64 MiB to a command that reads nothing for a second: without flow control the agent would
-    // queue all of it; with it, the client waits on the socket and the agent's peak stays small
-    const h = client.exec({ argv: ['sh', '-c', 'sleep 1; cat >/dev/null; echo done'], env: ENV, stdin: true });
+  it('holds back a fast sender per exec (STDIN_ACK credits): the connection is still read meanwhile', async () => {
+    // 64 MiB to a command that reads nothing for 2 s: without flow control the agent would queue
+    // all of it; with it, the client waits for credit and the agent's peak stays small
+    const h = client.exec({ argv: ['sh', '-c', 'sleep 2; cat >/dev/null; echo done'], env: ENV, stdin: true });
     const chunk = Buffer.alloc(1024 * 1024, 7);
     let waited = 0;
-    for (let i = 0; i < 64; i++) {
-      if (!h.write(chunk)) {
-        waited++;
-        await h.drained();
+    const feeding = (async () => {
+      for (let i = 0; i < 64; i++) {
+        if (!h.write(chunk)) {
+          waited++;
+          await h.drained();
+        }
       }
-    }
-    h.end();
+      h.end();
+    })();
+    await new Promise((r) => setTimeout(r, 300));
+    // while that command holds its input back, the connection serves everything else at once
+    const t0 = performance.now();
+    await client.ping();
+    const stuck = client.exec({ argv: ['sleep', '3600'], env: ENV, stdin: true });
+    for (let i = 0; i < 8; i++) stuck.write(chunk); // far past its window: it reads nothing
+    stuck.kill(9);
+    expect((await stuck.result).signal).toBe(9);
+    expect(performance.now() - t0).toBeLessThan(1500);
+    await feeding;
     expect((await h.result).stdout.toString()).toBe('done\n');
     expect(waited).toBeGreaterThan(0);
     const hwm = Number(/VmHWM:\s+(\d+) kB/.exec(await readFile(`/proc/${agent.proc.pid}/status`, 'utf8'))![1]);
@@ -219,6 +231,18 @@ describe('agent on the host', () => {
     const r = await w.result;
     expect(r.signal).toBe(2);
     expect(r.exitCode).toBe(130);
+
+    // end of input on a terminal closes only the agent's input side: it must not spin on it
+    const cpu = async (): Promise<number> => {
+      const f = (await readFile(`/proc/${agent.proc.pid}/stat`, 'utf8')).split(')')[1]!.trim().split(' ');
+      return Number(f[11]) + Number(f[12]); // utime + stime, in clock ticks
+    };
+    const quiet = client.exec({ argv: ['sleep', '1'], env: ENV, tty: { cols: 80, rows: 24 }, stdin: true });
+    quiet.write(Buffer.alloc(64 * 1024, 0x61));
+    quiet.end();
+    const before = await cpu();
+    await quiet.result;
+    expect(await cpu() - before).toBeLessThan(20); // ticks of 10 ms over that second: idle, not 100
   });
 
   it('refuses a terminal to an agent older than protocol 1.2, clearly', async () => {

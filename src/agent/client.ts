@@ -127,8 +127,13 @@ interface Pending {
 
 const SIGKILL = 9;
 const STDIN_CHUNK = 1024 * 1024;
-/** write() says "wait" above this much queued on the socket (the agent stops reading at 4 MiB per exec) */
-const SEND_HIGH = 4 * 1024 * 1024;
+/**
+ * Flow control of stdin (protocol 1.2): at most this much of an exec's stdin may be sent ahead of
+ * the agent's STDIN_ACKs; write() says "wait" at it and drained() resolves below half of it. With
+ * an older agent (no ACKs) the socket's own queue stands in for it.
+ */
+const STDIN_WINDOW = 4 * 1024 * 1024;
+const SEND_HIGH = STDIN_WINDOW;
 const errnoNames = new Map<number, string>(Object.entries(osConstants.errno).map(([k, v]) => [v, k]));
 
 function agentError(p: Buffer): SnaplabError {
@@ -346,11 +351,21 @@ export class AgentClient implements AsyncDisposable {
     let truncated = false;
     let settled = false;
     let ended = false;
+    // stdin sent and not yet acknowledged (1.2 agents), and who waits for it to fall
+    const credits = this.protocolMinor >= 2;
+    let unacked = 0;
+    let waiters: (() => void)[] = [];
+    const wake = (): void => {
+      const w = waiters;
+      waiters = [];
+      for (const f of w) f();
+    };
     const id = this.allocId();
     const settle = (): void => {
       settled = true;
       this.pending.delete(id);
       opts.signal?.removeEventListener('abort', onAbort);
+      wake();
     };
     const fail = (e: unknown): void => {
       if (settled) return;
@@ -372,9 +387,14 @@ export class AgentClient implements AsyncDisposable {
         const buf = typeof b === 'string' ? Buffer.from(b) : b;
         // An empty STDIN frame means EOF on the wire, so empty writes are skipped.
         for (let o = 0; o < buf.length; o += STDIN_CHUNK) this.sendQuiet(MsgType.STDIN, id, buf.subarray(o, o + STDIN_CHUNK));
-        return this.socket.writableLength < SEND_HIGH;
+        unacked += buf.length;
+        return credits ? unacked < STDIN_WINDOW : this.socket.writableLength < SEND_HIGH;
       },
-      drained: () => this.drained(),
+      drained: () => {
+        if (!credits) return this.drained();
+        if (settled || this.closedError || unacked < STDIN_WINDOW / 2) return Promise.resolve();
+        return new Promise<void>((resolve) => waiters.push(resolve));
+      },
       resize: (size) => {
         if (!settled && req.tty) this.sendQuiet(MsgType.RESIZE, id, encodeResize(size));
       },
@@ -400,6 +420,10 @@ export class AgentClient implements AsyncDisposable {
         switch (f.type) {
           case MsgType.STARTED:
             resolvePid(decodeStarted(f.payload));
+            break;
+          case MsgType.STDIN_ACK:
+            unacked = Math.max(0, unacked - (f.payload.length >= 4 ? f.payload.readUInt32LE(0) : 0));
+            if (unacked < STDIN_WINDOW / 2) wake();
             break;
           case MsgType.STDOUT:
             if (opts.onStdout) opts.onStdout(f.payload);

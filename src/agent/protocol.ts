@@ -33,6 +33,7 @@ export const MsgType = {
   DATA: 0x86,
   OK: 0x87,
   ERROR: 0x88,
+  STDIN_ACK: 0x89,
 } as const;
 export type MsgType = (typeof MsgType)[keyof typeof MsgType];
 

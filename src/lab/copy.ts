@@ -8,6 +8,7 @@
  * Streamed with flow control on both legs: a 1 GiB file never sits in memory.
  */
 import { spawn } from 'node:child_process';
+import { posix } from 'node:path';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { agentBinaryPath } from '../agent/binary.js';
 import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
@@ -54,7 +55,26 @@ function verdict(where: string, sender: SideEnd, receiver: SideEnd, bytes: numbe
   return { bytes, warnings: [...s.warnings, ...r.warnings], complete: sender.code === 0 && receiver.code === 0 };
 }
 
-const lines = (b: Buffer[]): string[] => Buffer.concat(b).toString('utf8').split('\n').filter(Boolean);
+/** stderr lines of a side; control characters (a hostile machine's escape sequences) shown as ?. */
+const lines = (b: Buffer[]): string[] =>
+  Buffer.concat(b)
+    .toString('utf8')
+    .split('\n')
+    .filter(Boolean)
+    // eslint-disable-next-line no-control-regex
+    .map((l) => l.replace(/[\u0000-\u001f\u007f-\u009f]/g, '?'));
+
+/**
+ * What a machine's tar of `src` must begin with, and the path to give it: its last component,
+ * or "." for a directory's contents (`dir/.`, `/`). The receiver checks it (`untar --expect`), so
+ * a hostile machine cannot choose what lands in the destination. `..` is resolved here, as text.
+ */
+export function sourceName(src: string): { path: string; expect: string } {
+  const contents = src === '/' || /(^|\/)\.\/*$/.test(src);
+  const norm = posix.normalize(src.startsWith('/') ? src : `/${src}`).replace(/\/+$/, '') || '/';
+  if (contents || norm === '/') return { path: norm === '/' ? '/.' : `${norm}/.`, expect: '.' };
+  return { path: src.endsWith('/') ? `${norm}/` : norm, expect: posix.basename(norm) };
+}
 
 /** `snaplab-agent ARGS` on the host. */
 function hostHelper(args: string[], stdio: ['pipe' | 'ignore', 'pipe' | 'ignore']): { proc: ReturnType<typeof spawn>; done: Promise<SideEnd> } {
@@ -79,12 +99,20 @@ interface Sender {
  * into the directory dest as it is (`snaplab cp - box:/dir`); else an archive of snaplab's tar,
  * placed by docker cp's rules. `sender` is how the producer of `source` ended, when there is one.
  */
-export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: string, source: Readable, opts: { plain?: boolean; sender?: Sender } = {}): Promise<CopyResult> {
-  const agent = await connectAgent(ctx, s);
+export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: string, source: Readable, opts: { plain?: boolean; sender?: Sender; expect?: string } = {}): Promise<CopyResult> {
+  let agent;
+  try {
+    agent = await connectAgent(ctx, s);
+  } catch (e) {
+    source.destroy();
+    opts.sender?.stop();
+    throw e;
+  }
   try {
     agent.requireMinor(2, 'copy files (snaplab cp)');
     const err: Buffer[] = [];
-    const inside = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'untar', ...(opts.plain ? ['--plain'] : []), '--', dest], {
+    const flags = [...(opts.plain ? ['--plain'] : []), ...(opts.expect !== undefined ? ['--expect', opts.expect] : [])];
+    const inside = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'untar', ...flags, '--', dest], {
       stdin: true,
       onStdout: () => {},
       onStderr: (b) => err.push(b),
@@ -98,10 +126,13 @@ export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: strin
     });
     source.on('end', () => inside.end());
     source.on('error', () => inside.end());
+    source.on('close', () => inside.end()); // destroyed without an error or an end: no more comes
     const r = await inside.result;
-    source.destroy(); // the receiver stopped (it failed, or took the end blocks): the rest is moot
-    // a receiver that failed reads no more: a sender still writing would wait on its pipe forever
+    if (r.exitCode >= 2) source.destroy(); // the receiver failed: the rest is moot
+    // a receiver that failed reads no more, and one that ended early may never: a sender still
+    // writing would wait on its pipe forever. Ours ends at once after its last block.
     if (r.exitCode >= 2) opts.sender?.stop();
+    else if (opts.sender) void Promise.race([opts.sender.done, new Promise((res) => setTimeout(res, 5000).unref())]).then(() => opts.sender!.stop());
     const sender = opts.sender ? await opts.sender.done : { code: 0, lines: [] };
     return verdict(`in ${s.name}:${dest}`, sender, { code: r.exitCode, lines: lines(err) }, bytes);
   } finally {
@@ -127,15 +158,23 @@ export async function receiveArchive(
     const err: Buffer[] = [];
     let bytes = 0;
     let sinkFailed = false;
+    let ending = false;
     let stop = (): void => {};
-    sink.on('error', () => {
+    // A sink that fails or goes (a host untar that exited, a destroyed stream) emits no 'drain':
+    // reading must resume, or the EXIT would never be read, and the machine's tar is ended.
+    const failed = (): void => {
+      if (sinkFailed || ending) return;
       sinkFailed = true;
-      stop(); // nobody takes the rest: end the machine's tar instead of streaming into the void
-    });
+      agent.pauseOutput(false);
+      stop();
+    };
+    sink.on('error', failed);
+    sink.on('close', failed);
     const inside = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'tar', ...(opts.follow ? ['-L'] : []), '--', src], {
       onStdout: (b) => {
         bytes += b.length;
-        if (sinkFailed || sink.write(b)) return;
+        if (sinkFailed || sink.destroyed) return failed();
+        if (sink.write(b)) return;
         agent.pauseOutput(true);
         sink.once('drain', () => agent.pauseOutput(false));
       },
@@ -144,7 +183,8 @@ export async function receiveArchive(
     stop = () => inside.kill(9);
     if (sinkFailed) stop();
     const r = await inside.result;
-    await new Promise<void>((resolve) => (sinkFailed ? resolve() : sink.end(resolve)));
+    ending = true;
+    await new Promise<void>((resolve) => (sinkFailed || sink.destroyed ? resolve() : sink.end(resolve)));
     const receiver = opts.receiver ? await opts.receiver : { code: 0, lines: [] };
     return verdict(`to ${sinkName(sink)}`, { code: r.exitCode, lines: lines(err) }, receiver, bytes);
   } finally {
@@ -172,9 +212,10 @@ export async function copyIn(ctx: LabContext, s: SandboxRecord, hostSrc: string,
  * on the host with setuid/setgid bits and no device node at all (`untar --untrusted`).
  */
 export async function copyOut(ctx: LabContext, s: SandboxRecord, src: string, hostDest: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
-  const untar = hostHelper(['untar', '--untrusted', '--', hostDest], ['pipe', 'ignore']);
+  const from = sourceName(src);
+  const untar = hostHelper(['untar', '--untrusted', '--expect', from.expect, '--', hostDest], ['pipe', 'ignore']);
   try {
-    return await receiveArchive(ctx, s, src, untar.proc.stdin!, { follow: opts.follow, receiver: untar.done });
+    return await receiveArchive(ctx, s, from.path, untar.proc.stdin!, { follow: opts.follow, receiver: untar.done });
   } finally {
     untar.proc.kill('SIGKILL');
   }
@@ -185,12 +226,26 @@ export async function copyBetween(ctx: LabContext, from: SandboxRecord, src: str
   const pipe = new PassThrough({ highWaterMark: 1024 * 1024 });
   let receiverDone!: (e: SideEnd) => void;
   const receiver = new Promise<SideEnd>((res) => (receiverDone = res));
-  const sending = sendArchive(ctx, to, dest, pipe).then(
-    (r) => (receiverDone({ code: r.complete ? 0 : 1, lines: r.warnings.map((w) => `snaplab: cp: warning: ${w}`) }), r),
+  const from_ = sourceName(src);
+  const sending = sendArchive(ctx, to, dest, pipe, { expect: from_.expect }).then(
+    (r) => {
+      receiverDone({ code: r.complete ? 0 : 1, lines: r.warnings.map((w) => `snaplab: cp: warning: ${w}`) });
+      // the sending machine's tar ends right after its last block; one that keeps writing
+      // (nobody reads any more) is ended, and reported, after a grace
+      setTimeout(() => pipe.destroy(), 5000).unref();
+      return r;
+    },
     (e: unknown) => (receiverDone({ code: 2, lines: [`snaplab: cp: ${(e as Error).message.replace(/^cp: /, '')}`] }), pipe.destroy(), Promise.reject(e)),
   );
   sending.catch(() => {});
-  const r = await receiveArchive(ctx, from, src, pipe, { follow: opts.follow, receiver });
+  let r: CopyResult;
+  try {
+    r = await receiveArchive(ctx, from, from_.path, pipe, { follow: opts.follow, receiver });
+  } catch (e) {
+    pipe.destroy(); // the receiving machine's untar ends (its input closed) instead of waiting
+    await sending.catch(() => undefined);
+    throw e;
+  }
   await sending;
   return r;
 }
