@@ -103,6 +103,10 @@ describe('snaplab cp', () => {
     // a receiver that fails at once while the sender still has megabytes to write: an error, not a hang
     spawnSync('dd', ['if=/dev/zero', `of=${join(work, 'eight')}`, 'bs=1M', 'count=8', 'status=none']);
     expect(snaplab(['cp', join(work, 'eight'), 'a:/no/such/dir/f'])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \/no\/such\/dir: No such file or directory/) });
+    // and the other way: the host's side fails at once while the machine still has megabytes to send
+    expect(snaplab(['cp', join(work, 'eight'), 'a:/tmp/eight']).code).toBe(0);
+    expect(snaplab(['cp', 'a:/tmp/eight', join(work, 'no', 'such', 'f')])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \S+\/no\/such: No such file or directory/) });
+    expect(snaplab(['cp', 'a:/tmp/eight', 'b:/no/such/f'])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED/) });
     expect(snaplab(['cp', join(work, 'one'), join(work, 'two')])).toMatchObject({ code: 2, err: expect.stringMatching(/BAD_INPUT[\s\S]*hint:/) });
     expect(snaplab(['cp', join(work, 'one'), 'ghost:/tmp'])).toMatchObject({ code: 2, err: expect.stringMatching(/SANDBOX_NOT_FOUND/) });
     // a file onto a file: replaced, not written through (a hard link to the old one keeps its contents)
@@ -173,6 +177,26 @@ sys.stdout.buffer.write(buf.getvalue())`;
       expect(readFileSync(join(outside, 'sentinel'), 'utf8'), what).toBe('intact');
     }
     expect(existsSync(join(outside, 'a'))).toBe(false);
+
+    // --expect (what `cp MACHINE:SRC HOST` runs): the archive must begin with what was asked for;
+    // a hostile machine's tar cannot put .ssh/authorized_keys into a host home instead
+    const asked = join(work, 'home');
+    mkdirSync(asked, { recursive: true });
+    const swap = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--expect', 'app.log', '--', asked], { input: archive([['.ssh', 'd'], ['.ssh/authorized_keys', 'f']]), encoding: 'utf8' });
+    expect(swap.status).toBe(2);
+    expect(swap.stderr).toMatch(/begins with \.ssh, not the app\.log that was asked for/);
+    expect(existsSync(join(asked, '.ssh'))).toBe(false);
+    // out of a machine, a directory the host already has keeps its owner and mode
+    mkdirSync(join(asked, 'keep'), { mode: 0o755 });
+    const py777 = `
+import io, sys, tarfile
+buf = io.BytesIO(); t = tarfile.open(fileobj=buf, mode='w')
+d = tarfile.TarInfo('keep'); d.type = tarfile.DIRTYPE; d.mode = 0o2777; d.uid = 1234; d.gid = 1234; t.addfile(d)
+t.close(); sys.stdout.buffer.write(buf.getvalue())`;
+    const keep = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--expect', 'keep', '--', asked], { input: spawnSync('/usr/bin/python3', ['-c', py777]).stdout, encoding: 'utf8' });
+    expect(keep.status, keep.stderr).toBe(0);
+    const st = lstatSync(join(asked, 'keep'));
+    expect([st.mode & 0o7777, st.uid]).toEqual([0o755, 0]);
 
     // --untrusted (what `cp MACHINE:SRC HOST` runs): no device node, no setuid bit on the host
     const dev = untar([['disk', 'c']], ['--untrusted']);
