@@ -120,11 +120,12 @@ static _Noreturn void supervise(char **nargv)
 {
 	struct termios saved;
 	int have = tcgetattr(0, &saved) == 0;
+	pid_t parent = getpid();
 	pid_t pid = fork();
 	if (pid < 0) start_node(nargv);
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (getppid() == 1) _exit(EXIT_EXEC_FAILURE); /* the parent is gone already */
+		if (getppid() != parent) _exit(EXIT_EXEC_FAILURE); /* the parent is gone already (reparented) */
 		start_node(nargv);
 	}
 	child_pid = pid;
@@ -269,7 +270,15 @@ static int lookup(const char *home, const char *name, struct target *t)
 			       "SELECT id, driver, json_extract(limits, '$.memoryBytes') IS NOT NULL, state FROM sandboxes "
 			       "WHERE id = ?1 OR name = ?1",
 			       -1, &st, NULL) == SQLITE_OK) {
-		sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+		/* SCENARIO/MACHINE names a scenario machine, whose sandbox is SCENARIO.MACHINE (as lab.get) */
+		char mapped[512];
+		const char *slash = strchr(name, '/');
+		if (slash && strlen(name) < sizeof mapped) {
+			snprintf(mapped, sizeof mapped, "%s", name);
+			mapped[slash - name] = '.';
+			name = mapped;
+		}
+		sqlite3_bind_text(st, 1, name, -1, SQLITE_TRANSIENT);
 		if (sqlite3_step(st) == SQLITE_ROW) {
 			const char *id = (const char *)sqlite3_column_text(st, 0);
 			const char *drv = (const char *)sqlite3_column_text(st, 1);
@@ -563,8 +572,8 @@ int main(int argc, char **argv)
 	const char *off = getenv("SNAPLAB_NO_FAST_EXEC");
 	int fast = !(off && *off && strcmp(off, "0"));
 	/* `snaplab proxy MACHINE PORT` (ssh's ProxyCommand) is `exec -i MACHINE -- agent connect PORT` */
-	if (argc == 4 && !strcmp(argv[1], "proxy") && fast && strspn(argv[3], "0123456789") == strlen(argv[3]) && strlen(argv[3]) <= 5 &&
-	    utf8_ok(argv[2]) && argv[2][0] != '-') {
+	if (argc == 4 && !strcmp(argv[1], "proxy") && fast && argv[3][0] && strspn(argv[3], "0123456789") == strlen(argv[3]) && strlen(argv[3]) <= 5 &&
+	    atoi(argv[3]) >= 1 && atoi(argv[3]) <= 65535 && argv[3][0] != '0' && utf8_ok(argv[2]) && argv[2][0] != '-') {
 		static const char *cmd[4] = { "/run/snaplab/agent", "connect", NULL, NULL };
 		cmd[2] = argv[3];
 		struct opts o = { .sandbox = argv[2], .cmd = cmd, .ncmd = 3, .interactive = 1 };

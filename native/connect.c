@@ -4,9 +4,10 @@
  * how port-forward and `snaplab proxy` (ssh's ProxyCommand) reach a service in the machine's
  * own network namespace (or VM) without any host address being involved.
  *
- * End of stdin half-closes the connection (shutdown SHUT_WR), the peer's end of stream closes
- * stdout; it exits when both directions are done: 0, or 1 with one line on stderr when the
- * connection could not be made or broke.
+ * End of stdin half-closes the connection (shutdown SHUT_WR) and the reply is read to its end;
+ * the peer's end of stream closes stdout and gives stdin half a second more. It exits when both
+ * directions are done: 0, or 1 with one line on stderr when the connection could not be made or
+ * broke.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #define CHUNK (64 * 1024)
+#define LINGER_MS 500
 
 /* HOST is an address (IPv4 or IPv6) or localhost: a static binary has no resolver to ask. */
 static int dial(const char *host, const char *port)
@@ -90,23 +92,32 @@ int connect_main(int argc, char **argv)
 	int s = dial(host, port);
 	if (s < 0)
 		return 1;
+	/* Until both directions are done. The host's end of input half-closes and the peer's reply
+	 * is read to its end; the peer's end gives the host's remaining input LINGER_MS more (as
+	 * socat does): a server that has closed rarely reads on, and the host learns of the end
+	 * only when this exits. */
 	int in_open = 1, out_open = 1;
-	while (out_open) {
-		struct pollfd p[2] = { { .fd = in_open ? 0 : -1, .events = POLLIN }, { .fd = s, .events = POLLIN } };
-		if (poll(p, 2, -1) < 0) {
+	while (out_open || in_open) {
+		struct pollfd p[2] = { { .fd = in_open ? 0 : -1, .events = POLLIN }, { .fd = out_open ? s : -1, .events = POLLIN } };
+		int ready = poll(p, 2, out_open ? -1 : LINGER_MS);
+		if (ready < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
 		}
+		if (ready == 0)
+			break; /* the peer ended and the host sent nothing more for LINGER_MS */
 		if (p[0].revents) {
 			ssize_t n = pump(0, s);
 			if (n <= 0) {
 				in_open = 0;
 				shutdown(s, SHUT_WR); /* the host's side ended: the peer sees end of stream */
-				if (n < 0) {
+				if (n < 0 && out_open) {
 					fprintf(stderr, "snaplab: connect: sending: %s\n", strerror(errno));
 					return 1;
 				}
+				if (n < 0)
+					break; /* the peer has gone both ways meanwhile: the end */
 			}
 		}
 		if (p[1].revents) {
@@ -118,8 +129,10 @@ int connect_main(int argc, char **argv)
 				fprintf(stderr, "snaplab: connect: %s\n", strerror(errno));
 				return 1;
 			}
-			if (n == 0)
+			if (n == 0) {
 				out_open = 0;
+				close(1); /* the peer's end of stream: ours to the host too */
+			}
 		}
 	}
 	close(s);

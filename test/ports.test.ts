@@ -4,7 +4,7 @@
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { createConnection, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -76,7 +76,15 @@ describe('port-forward', () => {
       const again = snaplab(['port-forward', 'web', `${port}:80`]);
       expect(again.code).toBe(2);
       expect(again.err).toMatch(/PORT_IN_USE\]: 127\.0\.0\.1:\d+ is already in use[\s\S]*hint:/);
-      // nothing listens on 81 inside: the connection fails, the forward goes on
+      // a client that half-closes after its request still gets the whole reply
+      const half = await new Promise<string>((resolve, reject) => {
+        const c = createConnection({ host: '127.0.0.1', port }, () => c.end('GET / HTTP/1.0\r\n\r\n'));
+        let got = '';
+        c.on('data', (b: Buffer) => (got += b.toString()));
+        c.on('close', () => resolve(got));
+        c.on('error', reject);
+      });
+      expect(half).toMatch(/^HTTP\/1\.[01] 200 OK[\s\S]*hello from inside\n$/);
       expect(curl(port).stdout).toBe('hello from inside\n');
     } finally {
       expect(await pf.stop()).toBe(0);

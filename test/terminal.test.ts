@@ -85,6 +85,8 @@ describe('terminals', () => {
     const eof = drive([['wait', '# '], ['send', '\u0004']], ['exec', '-it', 't1', '--', 'sh']);
     expect(eof.status).toBe(0);
     expect(eof.restored).toBe(true);
+    // piped input on a terminal would never end: refused, as docker does
+    expect(snaplab(['exec', '-t', '-i', 't1', '--', 'cat'])).toMatchObject({ code: 125, err: expect.stringMatching(/BAD_INPUT\]: the input is not a terminal[\s\S]*hint: drop -t/) });
     const t = snaplab(['exec', '-t', 't1', '--', 'sh', '-c', 'tty && [ -t 1 ] && echo yes']);
     expect(t.code).toBe(0);
     expect(t.out).toMatch(/^\/dev\/pts\/\d+\r\nyes\r\n$/);

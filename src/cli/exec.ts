@@ -45,6 +45,9 @@ export function registerExec(program: Command): void {
           process.stderr.on('error', outputFailed);
           try {
             if (o.tty) {
+              // as docker: a terminal's end of input is a key (^D), not the end of a pipe, so piped
+              // input would never end the command
+              if (o.interactive && !process.stdin.isTTY) throw new SnaplabError('BAD_INPUT', 'the input is not a terminal (-t -i needs one)', 'drop -t to pipe input into the command (exec -i), or run it from a terminal');
               const { runOnTerminal } = await import('./terminal.js');
               const r = await runOnTerminal(box, argv, { env: o.env, cwd: o.cwd, user: o.user, timeoutMs, input: o.interactive === true });
               if (r.timedOut) process.stderr.write(`snaplab: timed out after ${o.timeout} s; killed\n`);

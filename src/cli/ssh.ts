@@ -3,6 +3,7 @@ import type { SshHost } from '../lab/ssh.js';
 import type { Lab } from '../sdk/lab.js';
 import { withLab, type CommonOptions } from './common.js';
 import { printJson } from './output.js';
+import { RESERVED_GROUPS } from '../scenario/spec.js';
 
 /** A scenario's machines (groups: its networks and `groups:`), or one machine. */
 async function hostsOf(lab: Lab, target: string): Promise<SshHost[]> {
@@ -13,7 +14,8 @@ async function hostsOf(lab: Lab, target: string): Promise<SshHost[]> {
         alias: m.name,
         machine: `${target}/${m.name}`,
         box: await sc.machine(m.name),
-        groups: [...new Set([...m.networks.map((n) => n.network.replace(/[^A-Za-z0-9_]/g, '_')), ...(m.groups ?? [])])],
+        // a network named like one of Ansible's own groups is not made a group
+        groups: [...new Set([...m.networks.map((n) => n.network.replace(/[^A-Za-z0-9_]/g, '_')), ...(m.groups ?? [])])].filter((g) => !RESERVED_GROUPS.includes(g)),
       })),
     );
   }

@@ -39,8 +39,15 @@ export function terminalEnv(env: string[]): string[] {
 export async function runOnTerminal(box: Sandbox, argv: string[], o: TerminalOptions): Promise<ExecResult> {
   const stdin = process.stdin;
   const raw = o.input && stdin.isTTY === true;
+  // put back; a terminal taken from us meanwhile (its shell's again, after our parent was
+  // killed) answers EIO, and that is no reason to crash
+  stdin.on('error', () => {});
   const restore = (): void => {
-    if (raw && stdin.isTTY) stdin.setRawMode(false);
+    try {
+      if (raw && stdin.isTTY) stdin.setRawMode(false);
+    } catch {
+      // nothing more to do for a terminal we no longer hold
+    }
   };
   const onSignal = (sig: NodeJS.Signals): void => {
     restore();

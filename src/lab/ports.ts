@@ -46,11 +46,13 @@ async function carry(ctx: LabContext, s: SandboxRecord, remote: number, sock: So
       sock.pause();
       void inside.drained().then(() => sock.resume());
     });
-    sock.on('end', () => inside.end());
-    sock.on('error', () => inside.kill(9));
-    sock.on('close', () => inside.kill(9));
+    let done = false;
+    sock.on('end', () => inside.end()); // a half-close: the machine's side sees end of stream
+    sock.on('error', () => !done && inside.kill(9));
+    sock.on('close', () => !done && inside.kill(9)); // gone both ways: nobody reads the rest
     sock.resume();
     const r = await inside.result;
+    done = true;
     const why = Buffer.concat(err).toString().trim().split('\n')[0];
     if (r.exitCode !== 0) onError(new SnaplabError('AGENT_ERROR', `port ${remote} in ${s.name}: ${why || `exit ${r.exitCode}`}`, 'is something listening on that port inside the machine?'));
     sock.end();
@@ -79,7 +81,8 @@ export interface Forward {
  */
 export async function forwardPort(ctx: LabContext, s: SandboxRecord, spec: PortSpec, onError: (e: unknown) => void): Promise<Forward> {
   const open = new Set<Socket>();
-  const server = createServer({ pauseOnConnect: true }, (sock) => {
+  // allowHalfOpen: a client that ends its sending (nc -N, an HTTP/1.0 client) still reads the reply
+  const server = createServer({ pauseOnConnect: true, allowHalfOpen: true }, (sock) => {
     open.add(sock);
     sock.on('close', () => open.delete(sock));
     void carry(ctx, s, spec.remote, sock, onError);

@@ -37,7 +37,13 @@ export function sshKey(home: string): { private: string; public: string } {
 /** Adds the key to root's authorized_keys in the machine (once; the file is the machine's own). */
 export async function authorize(box: Sandbox, publicKey: string): Promise<void> {
   const path = '/root/.ssh/authorized_keys';
-  const now = (await box.getFile(path).catch(() => Buffer.alloc(0))).toString('utf8');
+  // only a file that is not there is empty: anything else (unreadable, too big) must not be overwritten
+  const now = (
+    await box.getFile(path).catch((e: unknown) => {
+      if (/\(ENOENT\)|\(ENOTDIR\)/.test(String((e as Error).message))) return Buffer.alloc(0);
+      throw e;
+    })
+  ).toString('utf8');
   if (now.split('\n').some((l) => l.trim() === publicKey)) return;
   await box.putFile(path, `${now}${now && !now.endsWith('\n') ? '\n' : ''}${publicKey}\n`, 0o600);
   // sshd's StrictModes: ~/.ssh must not be writable by others (putFile makes parents 0755)
@@ -48,8 +54,14 @@ export async function authorize(box: Sandbox, publicKey: string): Promise<void> 
 function proxyCommand(home: string, machine: string): string {
   const bin = join(packageRoot(), 'native', 'build', 'snaplab');
   const q = (s: string): string => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
-  return `env SNAPLAB_HOME=${q(home)} ${q(bin)} proxy ${q(machine)} 22`;
+  // ssh expands %-tokens in ProxyCommand before the shell sees it: a literal % is %%
+  return `env SNAPLAB_HOME=${q(home)} ${q(bin)} proxy ${q(machine)} 22`.replace(/%/g, '%%');
 }
+
+/** An ssh_config argument: quoted when it has a space (ssh_config takes "..."). */
+const sshArg = (s: string): string => (/[\s"]/.test(s) ? `"${s.replace(/"/g, '')}"` : s);
+/** An argument of ansible_ssh_common_args, which Ansible splits as a shell would. */
+const shellArg = (s: string): string => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
 
 export function sshConfig(home: string, key: string, hosts: SshHost[]): string {
   return hosts
@@ -58,7 +70,7 @@ export function sshConfig(home: string, key: string, hosts: SshHost[]): string {
         `Host ${h.alias}`,
         `  HostName ${h.alias}`,
         '  User root',
-        `  IdentityFile ${key}`,
+        `  IdentityFile ${sshArg(key)}`,
         '  IdentitiesOnly yes',
         // a machine's host key is its image's: new with every machine, so it is not remembered
         '  StrictHostKeyChecking no',
@@ -81,7 +93,7 @@ export function inventoryIni(configPath: string, hosts: SshHost[]): string {
     '',
     ...[...groups].flatMap(([g, members]) => [`[${g}]`, ...members, '']),
     '[all:vars]',
-    `ansible_ssh_common_args=-F ${configPath}`,
+    `ansible_ssh_common_args=-F ${shellArg(configPath)}`,
     'ansible_user=root',
     '',
   ].join('\n');
@@ -91,7 +103,7 @@ export function inventoryIni(configPath: string, hosts: SshHost[]): string {
 export function inventoryJson(configPath: string, hosts: SshHost[]): Record<string, unknown> {
   const out: Record<string, unknown> = {
     _meta: { hostvars: Object.fromEntries(hosts.map((h) => [h.alias, { snaplab_machine: h.machine }])) },
-    all: { hosts: hosts.map((h) => h.alias), vars: { ansible_ssh_common_args: `-F ${configPath}`, ansible_user: 'root' }, children: [] as string[] },
+    all: { hosts: hosts.map((h) => h.alias), vars: { ansible_ssh_common_args: `-F ${shellArg(configPath)}`, ansible_user: 'root' }, children: [] as string[] },
   };
   for (const h of hosts) {
     for (const g of h.groups) {

@@ -7,7 +7,7 @@ import { checkName } from '../lab/names.js';
 import type { Locator, Path } from './locate.js';
 import type { RawMachine, RawScenario, RawStep } from './schema.js';
 import type { Check, MachineFileSpec, ScenarioSpec, Step } from './spec.js';
-import { DEFAULT_IMAGE, FIRST_AUTO_HOST, NAME_RULE, SCENARIO_NAME } from './spec.js';
+import { DEFAULT_IMAGE, FIRST_AUTO_HOST, NAME_RULE, RESERVED_GROUPS, SCENARIO_NAME } from './spec.js';
 import { formatIpv4, overlaps, parseIpv4, parseSubnet, Problem, type Cidr } from './values.js';
 
 const HOSTNAME = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/i;
@@ -114,6 +114,7 @@ function fileMode(at: Locator, p: Path): number {
 
 function groupName(g: string): string {
   if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(g)) throw new Problem(`invalid group name ${JSON.stringify(g)}`, 'Ansible group names are letters, digits and _, not starting with a digit');
+  if (RESERVED_GROUPS.includes(g)) throw new Problem(`group name ${g} is Ansible's own`, 'pick another name (every host is in all already)');
   return g;
 }
 

@@ -204,6 +204,11 @@ describe('errors name the file, line and column', () => {
     expect(spec.machines[0]).toMatchObject({ init: 'systemd', ready: [{ kind: 'unit', unit: 'nginx.service', timeoutMs: 30_000 }, { kind: 'systemd', state: 'running', timeoutMs: 5000 }] });
     fails(['machines:', '  web:', '    ready:', '      - unit: nginx.service'], 4, /need a system machine/);
     fails(['machines:', '  web:', '    init: upstart'], 3, /agent or systemd/);
+    // ports and Ansible groups
+    expect(parse(['machines:', '  web:', '    ports: ["8080:80", 9000]', '    groups: [webservers]']).machines[0]).toMatchObject({ ports: [{ local: 8080, remote: 80 }, { local: 9000, remote: 9000 }], groups: ['webservers'] });
+    fails(['machines:', '  web:', '    groups: [all]'], 3, /Ansible's own/);
+    fails(['machines:', '  web:', '    groups: [9x]'], 3, /invalid group name/);
+    fails(['machines:', '  web:', '    ports: ["80:http"]'], 3, /invalid port/);
     fails(['machines:', '  web:', '    init: systemd', '    ready:', '      - systemd: degraded'], 5, /running/);
   });
 

@@ -75,3 +75,6 @@ export const FIRST_AUTO_HOST = 10;
 /** Names of scenarios, machines and networks: short enough for interface and host names. */
 export const SCENARIO_NAME = /^[a-z0-9][a-z0-9-]{0,30}$/;
 export const NAME_RULE = 'use 1-31 lowercase letters, digits or "-", starting with a letter or digit';
+
+/** Ansible's own group names: a scenario's groups may not take them (`snaplab inventory`). */
+export const RESERVED_GROUPS: readonly string[] = ['all', 'ungrouped', '_meta'];

@@ -90,13 +90,15 @@ class Connection(ConnectionBase):
 
     def put_file(self, in_path, out_path):
         super(Connection, self).put_file(in_path, out_path)
-        rc, _, err = self._snaplab(["cp", to_text(in_path), "%s:%s" % (self._machine(), to_text(out_path))])
+        # -L: a symlinked file of a role is copied as the file it names, as ssh's sftp does
+        rc, _, err = self._snaplab(["cp", "-L", "--", to_text(in_path), "%s:%s" % (self._machine(), to_text(out_path))])
         if rc not in (0, 1):
             raise AnsibleError("snaplab cp %s to %s:%s failed: %s" % (in_path, self._machine(), out_path, to_text(err).strip()))
 
     def fetch_file(self, in_path, out_path):
         super(Connection, self).fetch_file(in_path, out_path)
-        rc, _, err = self._snaplab(["cp", "%s:%s" % (self._machine(), to_text(in_path)), to_text(out_path)])
+        # -L: what the path names, never a link a machine planted pointing at a host path
+        rc, _, err = self._snaplab(["cp", "-L", "--", "%s:%s" % (self._machine(), to_text(in_path)), to_text(out_path)])
         if rc not in (0, 1):
             raise AnsibleError("snaplab cp %s:%s to %s failed: %s" % (self._machine(), in_path, out_path, to_text(err).strip()))
 
