@@ -43,6 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tar.h"
+
 #define BLOCK 512
 #define CHUNK (256u * 1024)
 #define MAX_PATH 4096 /* an archive name, NUL included, on both sides */
@@ -699,15 +701,7 @@ static int checksum_ok(const unsigned char *h)
 {
 	if (h[148] & 0x80)
 		return 0; /* never base-256: random bytes, not a header */
-	uint64_t want = num(h + 148, 8, "checksum");
-	uint64_t u = 0;
-	int64_t s = 0;
-	for (int i = 0; i < BLOCK; i++) {
-		unsigned char c = (i >= 148 && i < 156) ? ' ' : h[i];
-		u += c;
-		s += (signed char)c;
-	}
-	return u == want || (uint64_t)s == want;
+	return tar_sum_matches(h, num(h + 148, 8, "checksum"));
 }
 
 /* ---- pax and GNU long-name records ---- */

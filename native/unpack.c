@@ -37,6 +37,8 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "tar.h"
+
 #define BLOCK 512
 #define MAX_PATH 4096
 #define MAX_NAME 255
@@ -578,17 +580,7 @@ static uint64_t pax_num(const char *v, const char *what, uint64_t max) {
   return n;
 }
 
-static int checksum_ok(const unsigned char *h) {
-  uint64_t want = num((const char *)h + 148, 8, "checksum");
-  uint64_t u = 0;
-  int64_t s = 0;
-  for (int i = 0; i < BLOCK; i++) {
-    unsigned char c = (i >= 148 && i < 156) ? ' ' : h[i];
-    u += c;
-    s += (signed char)c;
-  }
-  return u == want || (uint64_t)s == want;
-}
+static int checksum_ok(const unsigned char *h) { return tar_sum_matches(h, num((const char *)h + 148, 8, "checksum")); }
 
 static void read_body(char **buf, uint64_t size, uint64_t limit, const char *what) {
   if (size > limit) fail("BAD_TAR", "%s of %" PRIu64 " bytes is over the limit of %" PRIu64, what, size, limit);
