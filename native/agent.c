@@ -42,6 +42,7 @@ int boot_main(int argc, char **argv);
 int connect_main(int argc, char **argv);
 int copy_tar(const char *src, int follow);
 int copy_untar(const char *dest, int plain, int untrusted, const char *expect);
+int copy_within(const char *src, int follow, const char *dest, const char *expect);
 extern int system_machine;
 
 static void usage(void)
@@ -52,6 +53,7 @@ static void usage(void)
 		"       snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n"
 		"       snaplab-agent tar [-L] SRC\n"
 		"       snaplab-agent untar [--plain] [--untrusted] [--expect NAME] DEST\n"
+		"       snaplab-agent cp [-L] [--expect NAME] SRC DEST\n"
 		"       snaplab-agent connect [HOST] PORT\n"
 		"       snaplab-agent --version\n");
 }
@@ -102,6 +104,30 @@ int main(int argc, char **argv)
 		return boot_main(argc, argv);
 	if (strcmp(argv[1], "connect") == 0)
 		return connect_main(argc, argv);
+	if (strcmp(argv[1], "cp") == 0) {
+		/* [-L] [--expect NAME] SRC DEST: tar | untar inside one machine */
+		int follow = 0, i = 2;
+		const char *expect = NULL;
+		for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
+			if (strcmp(argv[i], "--") == 0) {
+				i++;
+				break;
+			}
+			if (strcmp(argv[i], "-L") == 0)
+				follow = 1;
+			else if (strcmp(argv[i], "--expect") == 0 && i + 1 < argc)
+				expect = argv[++i];
+			else {
+				usage();
+				return 2;
+			}
+		}
+		if (i != argc - 2 || !argv[i][0] || !argv[i + 1][0]) {
+			usage();
+			return 2;
+		}
+		return copy_within(argv[i], follow, argv[i + 1], expect);
+	}
 	if (strcmp(argv[1], "tar") == 0 || strcmp(argv[1], "untar") == 0) {
 		/* flags (tar: -L follows SRC itself; untar: --plain takes a user's tar into the directory
 		 * DEST, --untrusted an archive out of a machine), then the path; "--" ends the flags */

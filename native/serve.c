@@ -354,6 +354,7 @@ static void stdin_flush(struct exec *e)
 				continue;
 			if (errno == EAGAIN) {
 				ep_set(&e->in, EPOLLOUT);
+				ack_stdin(e, 0); /* what went in so far: the host keeps sending while it waits */
 				return;
 			}
 			src_close(&e->in); /* EPIPE: the command stopped reading; its input is moot */
@@ -1505,9 +1506,17 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 					pause_check(e, s);
 				break;
 			}
-			case K_IN:
-				stdin_flush(s->owner);
+			case K_IN: {
+				struct exec *e = s->owner;
+				/* the command closed its stdin: epoll reports the pipe's error for ever, so it
+				 * goes now (what comes later is acknowledged as dropped) */
+				if ((ev & (EPOLLERR | EPOLLHUP)) && !buf_used(&e->inq)) {
+					src_close(&e->in);
+					break;
+				}
+				stdin_flush(e);
 				break;
+			}
 			}
 		}
 		while (dirty_list) {

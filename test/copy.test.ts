@@ -107,6 +107,14 @@ describe('snaplab cp', () => {
     expect(snaplab(['cp', join(work, 'eight'), 'a:/tmp/eight']).code).toBe(0);
     expect(snaplab(['cp', 'a:/tmp/eight', join(work, 'no', 'such', 'f')])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \S+\/no\/such: No such file or directory/) });
     expect(snaplab(['cp', 'a:/tmp/eight', 'b:/no/such/f'])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED/) });
+    // within one machine: one exec inside it; the first failure is the one said
+    expect(snaplab(['cp', 'a:/tmp/eight', 'a:/tmp/eight-copy']).code).toBe(0);
+    expect(snaplab(['exec', 'a', '--', 'cmp', '/tmp/eight', '/tmp/eight-copy']).code).toBe(0);
+    expect(snaplab(['cp', 'a:/nope', 'a:/tmp/x'])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \/nope: No such file or directory/) });
+    // a source machine that cannot send (paused) fails the copy at once; the other side ends too
+    expect(snaplab(['pause', 'b']).code).toBe(0);
+    expect(snaplab(['cp', 'b:/etc/hostname', 'a:/tmp/'])).toMatchObject({ code: 2, err: expect.stringMatching(/SANDBOX_PAUSED/) });
+    expect(snaplab(['resume', 'b']).code).toBe(0);
     expect(snaplab(['cp', join(work, 'one'), join(work, 'two')])).toMatchObject({ code: 2, err: expect.stringMatching(/BAD_INPUT[\s\S]*hint:/) });
     expect(snaplab(['cp', join(work, 'one'), 'ghost:/tmp'])).toMatchObject({ code: 2, err: expect.stringMatching(/SANDBOX_NOT_FOUND/) });
     // a file onto a file: replaced, not written through (a hard link to the old one keeps its contents)

@@ -213,6 +213,23 @@ describe('agent on the host', () => {
     expect(hwm).toBeLessThan(40 * 1024); // KiB; the whole input would be 64 MiB
   });
 
+  it('one big write waits on the host, not in the agent; a command that closes its stdin costs nothing', async () => {
+    const big = client.exec({ argv: ['sh', '-c', 'sleep 1; wc -c'], env: ENV, stdin: true });
+    expect(big.write(Buffer.alloc(100 * 1024 * 1024, 1))).toBe(false); // far past the window: queued here
+    big.end();
+    expect((await big.result).stdout.toString().trim()).toBe(String(100 * 1024 * 1024));
+    const ticks = async (): Promise<number> => {
+      const f = (await readFile(`/proc/${agent.proc.pid}/stat`, 'utf8')).split(')')[1]!.trim().split(' ');
+      return Number(f[11]) + Number(f[12]);
+    };
+    const closer = client.exec({ argv: ['sh', '-c', 'exec 0<&-; sleep 1'], env: ENV, stdin: true });
+    const before = await ticks();
+    const r = await closer.result;
+    expect(r.exitCode).toBe(0);
+    expect(await ticks() - before).toBeLessThan(20); // a second of 10 ms ticks: idle
+    closer.write('late'); // to a finished exec: nothing, and no error
+  });
+
   it('runs a command on a terminal: a tty of its own, its size, SIGWINCH on resize, ^C', async () => {
     const t = await client.exec({ argv: ['sh', '-c', 'tty; stty size; [ -t 0 ] && [ -t 2 ] && echo both-tty; echo err >&2'], env: ENV, tty: { cols: 90, rows: 33 } }).result;
     expect(t.exitCode).toBe(0);

@@ -109,9 +109,12 @@ export interface ExecResult {
 
 export interface ExecHandle {
   pid: Promise<number>;
-  /** false when the connection has more than a few MiB queued: wait for drained() (flow control) */
+  /**
+   * Queues input for the command; false once 4 MiB are unacknowledged or waiting (protocol 1.2
+   * credits; with an older agent, the socket's queue): wait for drained() before writing more.
+   */
   write(b: Buffer | string): boolean;
-  /** resolves when the connection's send queue is below its high-water mark again */
+  /** resolves when the input in flight or waiting is below 2 MiB again (or the exec ended) */
   drained(): Promise<void>;
   end(): void;
   kill(sig: number): void;
@@ -349,12 +352,33 @@ export class AgentClient implements AsyncDisposable {
     const out: Collected = { chunks: [], bytes: 0 };
     const err: Collected = { chunks: [], bytes: 0 };
     let truncated = false;
+    let started = false;
     let settled = false;
     let ended = false;
     // stdin sent and not yet acknowledged (1.2 agents), and who waits for it to fall
     const credits = this.protocolMinor >= 2;
     let unacked = 0;
+    let backlog: Buffer[] = [];
+    let backlogBytes = 0;
+    let endPending = false;
     let waiters: (() => void)[] = [];
+    // sends what the window has room for, in frames of at most STDIN_CHUNK; then a pending end
+    const pump = (): void => {
+      while (backlog.length && unacked < STDIN_WINDOW && !settled) {
+        const room = Math.min(STDIN_CHUNK, STDIN_WINDOW - unacked);
+        const head = backlog[0]!;
+        const part = head.length <= room ? head : head.subarray(0, room);
+        if (part.length === head.length) backlog.shift();
+        else backlog[0] = head.subarray(room);
+        backlogBytes -= part.length;
+        unacked += part.length;
+        this.sendQuiet(MsgType.STDIN, id, part);
+      }
+      if (endPending && !backlog.length) {
+        endPending = false;
+        this.sendQuiet(MsgType.STDIN, id, Buffer.alloc(0));
+      }
+    };
     const wake = (): void => {
       const w = waiters;
       waiters = [];
@@ -386,13 +410,19 @@ export class AgentClient implements AsyncDisposable {
         if (!req.stdin) throw new SnaplabError('BAD_INPUT', 'exec was started without stdin: true; cannot write to it');
         const buf = typeof b === 'string' ? Buffer.from(b) : b;
         // An empty STDIN frame means EOF on the wire, so empty writes are skipped.
-        for (let o = 0; o < buf.length; o += STDIN_CHUNK) this.sendQuiet(MsgType.STDIN, id, buf.subarray(o, o + STDIN_CHUNK));
-        unacked += buf.length;
-        return credits ? unacked < STDIN_WINDOW : this.socket.writableLength < SEND_HIGH;
+        if (!credits) {
+          for (let o = 0; o < buf.length; o += STDIN_CHUNK) this.sendQuiet(MsgType.STDIN, id, buf.subarray(o, o + STDIN_CHUNK));
+          return this.socket.writableLength < SEND_HIGH;
+        }
+        // what the window has no room for waits here, on the host, and goes as ACKs come
+        if (buf.length) backlog.push(buf);
+        backlogBytes += buf.length;
+        pump();
+        return unacked + backlogBytes < STDIN_WINDOW;
       },
       drained: () => {
         if (!credits) return this.drained();
-        if (settled || this.closedError || unacked < STDIN_WINDOW / 2) return Promise.resolve();
+        if (settled || this.closedError || unacked + backlogBytes < STDIN_WINDOW / 2) return Promise.resolve();
         return new Promise<void>((resolve) => waiters.push(resolve));
       },
       resize: (size) => {
@@ -401,7 +431,8 @@ export class AgentClient implements AsyncDisposable {
       end: () => {
         if (settled || ended || !req.stdin) return;
         ended = true;
-        this.sendQuiet(MsgType.STDIN, id, Buffer.alloc(0));
+        endPending = true; // after what still waits for the window
+        pump();
       },
       kill: (sig) => {
         if (!settled) this.sendQuiet(MsgType.SIGNAL, id, encodeU32(sig));
@@ -419,11 +450,13 @@ export class AgentClient implements AsyncDisposable {
       onFrame: (f) => {
         switch (f.type) {
           case MsgType.STARTED:
+            started = true;
             resolvePid(decodeStarted(f.payload));
             break;
           case MsgType.STDIN_ACK:
             unacked = Math.max(0, unacked - (f.payload.length >= 4 ? f.payload.readUInt32LE(0) : 0));
-            if (unacked < STDIN_WINDOW / 2) wake();
+            pump();
+            if (unacked + backlogBytes < STDIN_WINDOW / 2) wake();
             break;
           case MsgType.STDOUT:
             if (opts.onStdout) opts.onStdout(f.payload);
@@ -452,6 +485,9 @@ export class AgentClient implements AsyncDisposable {
             break;
           }
           case MsgType.ERROR:
+            // after STARTED an ERROR answers one of our STDIN/SIGNAL/RESIZE frames: the exec is
+            // failed here, so its command must not run on unobserved
+            if (started) this.sendQuiet(MsgType.SIGNAL, id, encodeU32(SIGKILL));
             fail(agentError(f.payload));
             break;
           default:

@@ -92,6 +92,7 @@ export function registerShell(program: Command): void {
       withLab(
         o,
         async (lab) => {
+          if (!process.stdin.isTTY) throw new SnaplabError('BAD_INPUT', 'shell needs a terminal (the input is not one)', 'pipe a script into `snaplab exec -i MACHINE -- sh` instead');
           const { loginShell, runOnTerminal } = await import('./terminal.js');
           const box = await lab.get(machine);
           try {

@@ -70,6 +70,7 @@ const lines = (b: Buffer[]): string[] =>
  * a hostile machine cannot choose what lands in the destination. `..` is resolved here, as text.
  */
 export function sourceName(src: string): { path: string; expect: string } {
+  if (!src) throw new SnaplabError('BAD_INPUT', 'no path to copy from', 'give the path in the machine, e.g. /etc/hosts');
   const contents = src === '/' || /(^|\/)\.\/*$/.test(src);
   const norm = posix.normalize(src.startsWith('/') ? src : `/${src}`).replace(/\/+$/, '') || '/';
   if (contents || norm === '/') return { path: norm === '/' ? '/.' : `${norm}/.`, expect: '.' };
@@ -127,6 +128,9 @@ export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: strin
     source.on('end', () => inside.end());
     source.on('error', () => inside.end());
     source.on('close', () => inside.end()); // destroyed without an error or an end: no more comes
+    // a source that ended or went before these listeners were attached (a sender that failed at
+    // once) says so no more: its end is now
+    if (source.destroyed || source.readableEnded) inside.end();
     const r = await inside.result;
     if (r.exitCode >= 2) source.destroy(); // the receiver failed: the rest is moot
     // a receiver that failed reads no more, and one that ended early may never: a sender still
@@ -221,8 +225,33 @@ export async function copyOut(ctx: LabContext, s: SandboxRecord, src: string, ho
   }
 }
 
+/**
+ * Between two paths of one machine: `agent cp` (tar | untar) in one exec inside it. Through the
+ * host, a VM's two halves would share its relay's one stream, where the reader's slowness
+ * stalls the writer's acknowledgements (docs/agent-protocol.md, "Flow control").
+ */
+async function copyWithin(ctx: LabContext, s: SandboxRecord, src: string, dest: string, opts: { follow?: boolean }): Promise<CopyResult> {
+  const from = sourceName(src);
+  const agent = await connectAgent(ctx, s);
+  try {
+    agent.requireMinor(2, 'copy files (snaplab cp)');
+    const err: Buffer[] = [];
+    const r = await (await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'cp', ...(opts.follow ? ['-L'] : []), '--expect', from.expect, '--', from.path, dest], { onStdout: () => {}, onStderr: (b) => err.push(b) })).result;
+    const all = lines(err);
+    if (all.some((l) => l.startsWith('usage: snaplab-agent'))) throw new SnaplabError('AGENT_PROTOCOL', "cp: the machine's agent cannot copy within itself (it is older than this snaplab)", 'recreate the machine with this snaplab');
+    const warnings = all.filter((l) => WARNING.test(l)).map((l) => l.replace(WARNING, ''));
+    // the first failure says why: the untar half's "empty archive" only follows the tar half's
+    const fatal = all.find((l) => !WARNING.test(l))?.replace(/^snaplab: cp: /, '');
+    if (r.exitCode >= 2) throw new SnaplabError('COPY_FAILED', `cp: ${fatal ?? `failed (exit ${r.exitCode})`}`, `the copy in ${s.name} stopped there; what it wrote before stays`);
+    return { bytes: 0, warnings, complete: r.exitCode === 0 };
+  } finally {
+    await agent.close();
+  }
+}
+
 /** From one machine to another, machine to machine, without a copy on the host's disk. */
 export async function copyBetween(ctx: LabContext, from: SandboxRecord, src: string, to: SandboxRecord, dest: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
+  if (from.id === to.id) return copyWithin(ctx, from, src, dest, opts);
   const pipe = new PassThrough({ highWaterMark: 1024 * 1024 });
   let receiverDone!: (e: SideEnd) => void;
   const receiver = new Promise<SideEnd>((res) => (receiverDone = res));

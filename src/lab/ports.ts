@@ -48,8 +48,15 @@ async function carry(ctx: LabContext, s: SandboxRecord, remote: number, sock: So
     });
     let done = false;
     sock.on('end', () => inside.end()); // a half-close: the machine's side sees end of stream
-    sock.on('error', () => !done && inside.kill(9));
-    sock.on('close', () => !done && inside.kill(9)); // gone both ways: nobody reads the rest
+    // gone (both ways, or reset): nobody reads the rest. Reading resumes first, or the EXIT that
+    // the kill brings would wait behind a pause no 'drain' will ever lift
+    const gone = (): void => {
+      if (done) return;
+      a.pauseOutput(false);
+      inside.kill(9);
+    };
+    sock.on('error', gone);
+    sock.on('close', gone);
     sock.resume();
     const r = await inside.result;
     done = true;
