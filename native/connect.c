@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdint.h>
@@ -63,22 +64,42 @@ static int dial(const char *host, const char *port)
 	return fd;
 }
 
-/* Copy what one read gives; 0 at end of stream, -1 on error. */
-static ssize_t pump(int from, int to)
+/* One direction of the connection: bytes read from `from`, not yet written to `to`. Both fds
+ * are non-blocking, so neither direction ever waits on the other (a server that writes while
+ * it reads, as sshd does, never deadlocks against us). */
+struct half {
+	int from, to;
+	char buf[CHUNK];
+	size_t off, len;
+	int eof; /* `from` ended: nothing more to read */
+};
+
+/* Read into an empty buffer; -1 on error, 0 at end of stream, else 1. */
+static int half_read(struct half *h)
 {
-	static char buf[CHUNK];
-	ssize_t n = read(from, buf, sizeof buf);
-	if (n <= 0)
-		return n < 0 && (errno == EINTR || errno == EAGAIN) ? 1 : n;
-	for (ssize_t off = 0; off < n;) {
-		ssize_t w = write(to, buf + off, (size_t)(n - off));
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -1;
-		off += w;
+	ssize_t n = read(h->from, h->buf, sizeof h->buf);
+	if (n < 0)
+		return errno == EINTR || errno == EAGAIN ? 1 : -1;
+	if (n == 0) {
+		h->eof = 1;
+		return 0;
 	}
-	return n;
+	h->off = 0;
+	h->len = (size_t)n;
+	return 1;
+}
+
+/* Write what is buffered; -1 on error. */
+static int half_write(struct half *h)
+{
+	while (h->off < h->len) {
+		ssize_t w = write(h->to, h->buf + h->off, h->len - h->off);
+		if (w < 0)
+			return errno == EINTR ? 0 : errno == EAGAIN ? 1 : -1;
+		h->off += (size_t)w;
+	}
+	h->off = h->len = 0;
+	return 1;
 }
 
 int connect_main(int argc, char **argv)
@@ -96,10 +117,25 @@ int connect_main(int argc, char **argv)
 	 * is read to its end; the peer's end gives the host's remaining input LINGER_MS more (as
 	 * socat does): a server that has closed rarely reads on, and the host learns of the end
 	 * only when this exits. */
-	int in_open = 1, out_open = 1;
-	while (out_open || in_open) {
-		struct pollfd p[2] = { { .fd = in_open ? 0 : -1, .events = POLLIN }, { .fd = out_open ? s : -1, .events = POLLIN } };
-		int ready = poll(p, 2, out_open ? -1 : LINGER_MS);
+	static struct half up, down; /* up: stdin -> peer; down: peer -> stdout */
+	up.from = 0, up.to = s, down.from = s, down.to = 1;
+	fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK);
+	fcntl(1, F_SETFL, fcntl(1, F_GETFL) | O_NONBLOCK);
+	fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+	int up_done = 0, down_done = 0;
+	while (!up_done || !down_done) {
+		/* each side: read when its buffer is empty, else wait to write it */
+		struct pollfd p[4];
+		int n = 0, iu = -1, id = -1, ou = -1, od = -1;
+		if (!up_done && !up.len)
+			iu = n, p[n++] = (struct pollfd){ .fd = 0, .events = POLLIN };
+		if (!up_done && up.len)
+			ou = n, p[n++] = (struct pollfd){ .fd = s, .events = POLLOUT };
+		if (!down_done && !down.len)
+			id = n, p[n++] = (struct pollfd){ .fd = s, .events = POLLIN };
+		if (!down_done && down.len)
+			od = n, p[n++] = (struct pollfd){ .fd = 1, .events = POLLOUT };
+		int ready = poll(p, (nfds_t)n, down_done ? LINGER_MS : -1);
 		if (ready < 0) {
 			if (errno == EINTR)
 				continue;
@@ -107,33 +143,39 @@ int connect_main(int argc, char **argv)
 		}
 		if (ready == 0)
 			break; /* the peer ended and the host sent nothing more for LINGER_MS */
-		if (p[0].revents) {
-			ssize_t n = pump(0, s);
-			if (n <= 0) {
-				in_open = 0;
+		if (iu >= 0 && p[iu].revents) {
+			int r = half_read(&up);
+			if (r < 0) {
+				fprintf(stderr, "snaplab: connect: reading the host's side: %s\n", strerror(errno));
+				return 1;
+			}
+			if (r == 0) {
+				up_done = 1;
 				shutdown(s, SHUT_WR); /* the host's side ended: the peer sees end of stream */
-				if (n < 0 && out_open) {
-					fprintf(stderr, "snaplab: connect: sending: %s\n", strerror(errno));
-					return 1;
-				}
-				if (n < 0)
-					break; /* the peer has gone both ways meanwhile: the end */
 			}
 		}
-		if (p[1].revents) {
-			ssize_t n = pump(s, 1);
-			if (n < 0) {
+		if (ou >= 0 && p[ou].revents && half_write(&up) < 0) {
+			if (down_done)
+				break; /* the peer has gone both ways meanwhile: the end */
+			fprintf(stderr, "snaplab: connect: sending: %s\n", strerror(errno));
+			return 1;
+		}
+		if (id >= 0 && p[id].revents) {
+			int r = half_read(&down);
+			if (r < 0) {
 				/* a reset after our own end is how many servers close; not worth a message */
-				if (errno == ECONNRESET && !in_open)
+				if (errno == ECONNRESET && up_done)
 					break;
 				fprintf(stderr, "snaplab: connect: %s\n", strerror(errno));
 				return 1;
 			}
-			if (n == 0) {
-				out_open = 0;
+			if (r == 0) {
+				down_done = 1;
 				close(1); /* the peer's end of stream: ours to the host too */
 			}
 		}
+		if (od >= 0 && p[od].revents && half_write(&down) < 0)
+			return 1; /* the host's side has gone */
 	}
 	close(s);
 	return 0;

@@ -8,6 +8,7 @@ import { createConnection, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { agentBinaryPath } from '../src/agent/binary.js';
 import { SNAPLAB } from './cli-command.js';
 
 let home: string;
@@ -54,6 +55,27 @@ afterAll(() => {
   snaplab(['image', 'rm', '--force', 'busybox']);
   snaplab(['gc']);
   rmSync(home, { recursive: true, force: true });
+});
+
+describe('snaplab-agent connect (what each forwarded connection runs inside)', () => {
+  it('carries both directions at once: a server that writes while it reads never deadlocks it', async () => {
+    const server = createServer((c) => c.on('data', (b: Buffer) => (c.write(b), c.write(b))).on('end', () => c.end()));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const port = (server.address() as { port: number }).port;
+    try {
+      const p = spawn(agentBinaryPath(), ['connect', String(port)], { stdio: ['pipe', 'pipe', 'pipe'] });
+      let got = 0;
+      p.stdout!.on('data', (b: Buffer) => (got += b.length));
+      const chunk = Buffer.alloc(1 << 20, 5);
+      for (let i = 0; i < 32; i++) if (!p.stdin!.write(chunk)) await new Promise((r) => p.stdin!.once('drain', r));
+      p.stdin!.end();
+      const code = await new Promise<number | null>((r) => p.on('close', r));
+      expect(code).toBe(0);
+      expect(got).toBe(64 << 20);
+    } finally {
+      server.close();
+    }
+  });
 });
 
 describe('port-forward', () => {

@@ -52,6 +52,7 @@ const NONLITERAL: Record<string, string> = {
   'test/ansible.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'src/lab/copy.ts agentBinaryPath(': 'the agent binary (its tar and untar, on the host side of a copy)',
   'test/copy.test.ts agentBinaryPath(': 'the agent binary (its untar, fed hostile archives)',
+  'test/ports.test.ts agentBinaryPath(': 'the agent binary (its connect, against a host server)',
   'src/image/decompress.ts name': "'zstd' or 'xz' (listed, via decompress.ts)",
   'src/image/unpack.ts unpackBinaryPath(': 'snaplab-unpack, built by npm run build',
 };
