@@ -30,6 +30,7 @@ enum frame_type {
 	T_STATUS = 0x08,
 	T_RESET = 0x09, /* end the session (kill its execs), answered by HELLO with this id */
 	T_RESIZE = 0x0a, /* 1.2: u16 cols, u16 rows for a tty exec */
+	T_HOLD_OUTPUT = 0x0b, /* 1.2: u32 1 = stop reading an exec's output, 0 = read it again (the relay) */
 	/* responses: agent -> host */
 	T_HELLO = 0x80,
 	T_PONG = 0x81,

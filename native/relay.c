@@ -38,8 +38,10 @@
 
 #define MAX_CLIENTS 256
 #define MAX_ROUTES 8192
-/* stop reading from the VM while some client has this much unread output queued */
+/* a client with this much unread output queued has its execs held by the agent (HOLD_OUTPUT;
+ * an agent older than 1.2: the relay stops reading the VM instead), released below the low mark */
 #define CLIENT_HIGH_WATER (16u << 20)
+#define CLIENT_LOW_WATER (4u << 20)
 /* stop reading from clients while this much is queued for the VM */
 #define AGENT_HIGH_WATER (16u << 20)
 /* at most this much read from one client per pass, so that one fast writer cannot hog the loop */
@@ -50,6 +52,7 @@ struct client {
 	struct buf in, out;
 	size_t skip; /* bytes still to drop of a frame too big to relay */
 	uint32_t events; /* what epoll watches for it now */
+	int held;        /* its execs' output is held by the agent until it reads its backlog */
 };
 
 /* one request in flight: the relay's id, whose it is, and under which id the client knows it */
@@ -184,9 +187,32 @@ static void close_client(int ci)
 	close(c->fd);
 	c->fd = -1;
 	c->skip = 0;
+	c->held = 0;
 	buf_free(&c->in);
 	buf_free(&c->out);
 	drop_routes_of(ci, 1);
+}
+
+/* The agent speaks 1.2 or later (HOLD_OUTPUT): its HELLO's minor. */
+static int agent_holds(void)
+{
+	return hello_len >= 4 && get_u16(hello) == PROTO_MAJOR && get_u16(hello + 2) >= 2;
+}
+
+static void hold_route(const struct route *r, int on)
+{
+	uint8_t p[4];
+	put_u32(p, on ? 1u : 0u);
+	frame_put(&agent_out, T_HOLD_OUTPUT, r->relay_id, p, sizeof p);
+}
+
+/* Hold (or release) the output of every exec of client ci. */
+static void hold_client(int ci, int on)
+{
+	clients[ci].held = on;
+	for (int i = 0; i < nroutes; i++)
+		if (routes[i].client == ci && routes[i].type == T_EXEC)
+			hold_route(&routes[i], on);
 }
 
 static struct route *route_by_client(int ci, uint32_t client_id)
@@ -243,6 +269,8 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 	}
 	*r = (struct route){.relay_id = fresh_id(), .client_id = f->id, .client = ci, .type = f->type};
 	forward(&agent_out, p, n, r->relay_id);
+	if (f->type == T_EXEC && c->held)
+		hold_route(r, 1); /* a new exec of a client that is behind starts held too */
 }
 
 /* One frame from the VM's agent. */
@@ -529,7 +557,12 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 				epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &ce);
 				c->events = want;
 			}
-			if (buf_used(&c->out) > CLIENT_HIGH_WATER)
+			if (agent_holds()) {
+				if (!c->held && buf_used(&c->out) > CLIENT_HIGH_WATER)
+					hold_client(ci, 1);
+				else if (c->held && buf_used(&c->out) < CLIENT_LOW_WATER)
+					hold_client(ci, 0);
+			} else if (buf_used(&c->out) > CLIENT_HIGH_WATER)
 				full = 1;
 		}
 		if (!hold && flush(agent_fd, &agent_out) < 0)

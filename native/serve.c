@@ -77,6 +77,7 @@ struct exec {
 	int in_eof, timed_out;
 	int tty; /* out.fd is the pty master (in.fd a dup of it); no err */
 	uint64_t unacked; /* stdin bytes passed on (or dropped) since the last STDIN_ACK */
+	int held; /* HOLD_OUTPUT: its output is not read until released (a VM relay's slow client) */
 	uint32_t flags;
 	int exec_errno;
 	uint64_t start_ns, deadline_ns;
@@ -545,11 +546,13 @@ static void conn_flush(struct conn *c)
 			if (e->conn == c) {
 				if (e->out.paused) {
 					e->out.paused = 0;
-					ep_set(&e->out, EPOLLIN);
+					if (!e->held)
+						ep_set(&e->out, EPOLLIN);
 				}
 				if (e->err.paused) {
 					e->err.paused = 0;
-					ep_set(&e->err, EPOLLIN);
+					if (!e->held)
+						ep_set(&e->err, EPOLLIN);
 				}
 			}
 	}
@@ -1117,6 +1120,28 @@ static void handle_frame(struct conn *c, const struct frame *f)
 			reply_error(c, f->id, EINVAL, "bad SIGNAL payload");
 		else if (e)
 			exec_signal(e, (int)sig);
+		break;
+	}
+	case T_HOLD_OUTPUT: {
+		/* The relay of a VM has one stream for all its clients; one that does not read must not
+		 * stop the stream (the others' output and STDIN_ACKs travel on it): the relay holds that
+		 * client's execs here instead, and releases them when it has read its backlog. */
+		struct exec *e = exec_by_id(c, f->id);
+		if (f->len != 4) {
+			reply_error(c, f->id, EINVAL, "bad HOLD_OUTPUT payload");
+			break;
+		}
+		if (!e)
+			break;
+		e->held = get_u32(f->payload) != 0;
+		if (!e->held && c->paused) {
+			/* released while the connection itself is full: resumed with the others by conn_flush */
+			e->out.paused = e->out.fd >= 0;
+			e->err.paused = e->err.fd >= 0;
+		}
+		uint32_t want = e->held || c->paused ? 0 : EPOLLIN;
+		ep_set(&e->out, want);
+		ep_set(&e->err, want);
 		break;
 	}
 	case T_RESIZE: {

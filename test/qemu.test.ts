@@ -113,6 +113,26 @@ describe('the qemu driver', () => {
     }
   });
 
+  it("a client that does not read its output holds back only its own execs (HOLD_OUTPUT), not the VM's other clients", async () => {
+    const { AgentClient } = await import('../src/agent/client.js');
+    const slow = await AgentClient.connect(join(lab.home, 'run', vm.info.id, 'relay.sock'), { timeoutMs: 20_000, reset: true });
+    try {
+      const hog = slow.exec({ argv: ['sh', '-c', 'head -c 400000000 /dev/zero'], env: ['PATH=/usr/bin:/bin:/usr/sbin:/sbin'] }, { onStdout: () => {} });
+      hog.result.catch(() => {});
+      slow.pauseOutput(true); // reads nothing from here on
+      await new Promise((r) => setTimeout(r, 3000)); // the relay's queue for it passes 16 MiB
+      // meanwhile another client's command, with 8 MiB of input (its STDIN_ACKs ride the same stream)
+      const r = await vm.exec(['wc', '-c'], { stdin: Buffer.alloc(8 << 20, 1) });
+      expect(r.stdout.toString().trim()).toBe(String(8 << 20));
+      expect((await vm.exec(['echo', 'still here'])).stdout.toString()).toBe('still here\n');
+      hog.kill(9);
+      slow.pauseOutput(false);
+      await hog.result.catch(() => undefined);
+    } finally {
+      await slow.close();
+    }
+  }, 120_000);
+
   it('a memory snapshot restores a running machine: processes, memory, files, clock, identity', async () => {
     await vm.exec(['sh', '-c', '(i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.2; done) >/dev/null 2>&1 &']);
     await vm.exec(['sh', '-c', 'echo before > /root/f']);
