@@ -40,9 +40,7 @@ int serve_main(const char *socket_path, int listen_fd, const char *stream_path, 
 int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd);
 int boot_main(int argc, char **argv);
 int connect_main(int argc, char **argv);
-int copy_tar(const char *src, int follow);
-int copy_untar(const char *dest, int plain, int untrusted, const char *expect);
-int copy_within(const char *src, int follow, const char *dest, const char *expect);
+int copy_main(int argc, char **argv, void (*usage)(void));
 extern int system_machine;
 
 static void usage(void)
@@ -104,59 +102,8 @@ int main(int argc, char **argv)
 		return boot_main(argc, argv);
 	if (strcmp(argv[1], "connect") == 0)
 		return connect_main(argc, argv);
-	if (strcmp(argv[1], "cp") == 0) {
-		/* [-L] [--expect NAME] SRC DEST: tar | untar inside one machine */
-		int follow = 0, i = 2;
-		const char *expect = NULL;
-		for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
-			if (strcmp(argv[i], "--") == 0) {
-				i++;
-				break;
-			}
-			if (strcmp(argv[i], "-L") == 0)
-				follow = 1;
-			else if (strcmp(argv[i], "--expect") == 0 && i + 1 < argc)
-				expect = argv[++i];
-			else {
-				usage();
-				return 2;
-			}
-		}
-		if (i != argc - 2 || !argv[i][0] || !argv[i + 1][0]) {
-			usage();
-			return 2;
-		}
-		return copy_within(argv[i], follow, argv[i + 1], expect);
-	}
-	if (strcmp(argv[1], "tar") == 0 || strcmp(argv[1], "untar") == 0) {
-		/* flags (tar: -L follows SRC itself; untar: --plain takes a user's tar into the directory
-		 * DEST, --untrusted an archive out of a machine), then the path; "--" ends the flags */
-		int tar = argv[1][0] == 't', follow = 0, plain = 0, untrusted = 0, i = 2;
-		const char *expect = NULL;
-		for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
-			if (strcmp(argv[i], "--") == 0) {
-				i++;
-				break;
-			}
-			if (tar && strcmp(argv[i], "-L") == 0)
-				follow = 1;
-			else if (!tar && strcmp(argv[i], "--plain") == 0)
-				plain = 1;
-			else if (!tar && strcmp(argv[i], "--untrusted") == 0)
-				untrusted = 1;
-			else if (!tar && strcmp(argv[i], "--expect") == 0 && i + 1 < argc)
-				expect = argv[++i];
-			else {
-				usage();
-				return 2;
-			}
-		}
-		if (i != argc - 1 || !argv[i][0]) {
-			usage();
-			return 2;
-		}
-		return tar ? copy_tar(argv[i], follow) : copy_untar(argv[i], plain, untrusted, expect);
-	}
+	if (!strcmp(argv[1], "tar") || !strcmp(argv[1], "untar") || !strcmp(argv[1], "cp"))
+		return copy_main(argc, argv, usage);
 	if (strcmp(argv[1], "relay") == 0) {
 		const char *conn = NULL, *lis = NULL;
 		int ready = -1;

@@ -1291,16 +1291,22 @@ static void make_dir(int pfd, const char *base, const struct entry *e, const cha
 	close(fd);
 }
 
-static void make_symlink(int pfd, const char *base, const struct entry *e, const char *where)
+/* Owner and time of a name that cannot be opened (a link, a node), never following it. */
+static void set_meta_at(int pfd, const char *base, const struct entry *e, const char *where)
 {
-	clear_name(pfd, base, where, 0);
-	if (symlinkat(e->link, pfd, base) < 0)
-		fatal("%s: %s", where, strerror(errno));
 	if (is_root && fchownat(pfd, base, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0)
 		chown_failed(where, e, errno);
 	struct timespec ts[2] = { e->mtime, e->mtime };
 	if (utimensat(pfd, base, ts, AT_SYMLINK_NOFOLLOW) < 0)
 		warn("%s: cannot set its time: %s", where, strerror(errno));
+}
+
+static void make_symlink(int pfd, const char *base, const struct entry *e, const char *where)
+{
+	clear_name(pfd, base, where, 0);
+	if (symlinkat(e->link, pfd, base) < 0)
+		fatal("%s: %s", where, strerror(errno));
+	set_meta_at(pfd, base, e, where);
 }
 
 static void make_node(int pfd, const char *base, const struct entry *e, const char *where)
@@ -1316,11 +1322,7 @@ static void make_node(int pfd, const char *base, const struct entry *e, const ch
 		warn("%s: cannot make the %s: %s", where, kind == S_IFIFO ? "FIFO" : "device node", strerror(errno));
 		return;
 	}
-	if (is_root && fchownat(pfd, base, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0)
-		chown_failed(where, e, errno);
-	struct timespec ts[2] = { e->mtime, e->mtime };
-	if (utimensat(pfd, base, ts, AT_SYMLINK_NOFOLLOW) < 0)
-		warn("%s: cannot set its time: %s", where, strerror(errno));
+	set_meta_at(pfd, base, e, where);
 }
 
 /* the target is resolved below the root like every name, and linked from its parent's fd */
@@ -1593,4 +1595,44 @@ int copy_within(const char *src, int follow, const char *dest, const char *expec
 			return 2;
 	int trc = WIFEXITED(st) ? WEXITSTATUS(st) : 2;
 	return trc > rc ? trc : rc;
+}
+
+/*
+ * `tar [-L] SRC`, `untar [--plain] [--untrusted] [--expect NAME] DEST`, `cp [-L] [--expect NAME]
+ * SRC DEST`: argv as the agent got it (argv[1] the subcommand). One parser for the three: each
+ * takes the flags it names, "--" ends them, then its paths. Usage errors exit 2.
+ */
+int copy_main(int argc, char **argv, void (*usage)(void))
+{
+	const char *cmd = argv[1];
+	int is_tar = !strcmp(cmd, "tar"), is_cp = !strcmp(cmd, "cp");
+	int follow = 0, plain = 0, untrusted_archive = 0, i = 2;
+	const char *expect = NULL;
+	for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--")) {
+			i++;
+			break;
+		}
+		if ((is_tar || is_cp) && !strcmp(a, "-L"))
+			follow = 1;
+		else if (!is_tar && !strcmp(a, "--expect") && i + 1 < argc)
+			expect = argv[++i];
+		else if (!is_tar && !is_cp && !strcmp(a, "--plain"))
+			plain = 1;
+		else if (!is_tar && !is_cp && !strcmp(a, "--untrusted"))
+			untrusted_archive = 1;
+		else {
+			usage();
+			return 2;
+		}
+	}
+	int paths = is_cp ? 2 : 1;
+	if (argc - i != paths || !argv[i][0] || (is_cp && !argv[i + 1][0])) {
+		usage();
+		return 2;
+	}
+	if (is_cp)
+		return copy_within(argv[i], follow, argv[i + 1], expect);
+	return is_tar ? copy_tar(argv[i], follow) : copy_untar(argv[i], plain, untrusted_archive, expect);
 }

@@ -136,7 +136,6 @@ const STDIN_CHUNK = 1024 * 1024;
  * an older agent (no ACKs) the socket's own queue stands in for it.
  */
 const STDIN_WINDOW = 4 * 1024 * 1024;
-const SEND_HIGH = STDIN_WINDOW;
 const errnoNames = new Map<number, string>(Object.entries(osConstants.errno).map(([k, v]) => [v, k]));
 
 function agentError(p: Buffer): SnaplabError {
@@ -412,7 +411,7 @@ export class AgentClient implements AsyncDisposable {
         // An empty STDIN frame means EOF on the wire, so empty writes are skipped.
         if (!credits) {
           for (let o = 0; o < buf.length; o += STDIN_CHUNK) this.sendQuiet(MsgType.STDIN, id, buf.subarray(o, o + STDIN_CHUNK));
-          return this.socket.writableLength < SEND_HIGH;
+          return this.socket.writableLength < STDIN_WINDOW;
         }
         // what the window has no room for waits here, on the host, and goes as ACKs come
         if (buf.length) backlog.push(buf);
@@ -505,9 +504,9 @@ export class AgentClient implements AsyncDisposable {
     return handle;
   }
 
-  /** Resolves once the socket's send queue is below SEND_HIGH (or the connection is gone). */
+  /** Resolves once the socket's send queue is below STDIN_WINDOW (or the connection is gone). */
   drained(): Promise<void> {
-    if (this.socket.writableLength < SEND_HIGH || this.socket.destroyed) return Promise.resolve();
+    if (this.socket.writableLength < STDIN_WINDOW || this.socket.destroyed) return Promise.resolve();
     return new Promise((resolve) => {
       const done = (): void => {
         this.socket.off('drain', done);

@@ -37,3 +37,8 @@ export function showTrace(opts: CommonOptions, trace: TraceSummary | undefined):
 export function addTraceOption(cmd: Command): Command {
   return cmd.option('--trace', 'print the phases of this operation as a waterfall (stderr)');
 }
+
+/** TARGET names a scenario (`lab`), not a machine (`box`, or a scenario's `lab/web`). */
+export function isScenario(lab: Lab, target: string): boolean {
+  return !target.includes('/') && lab.context.store.getScenario(target) !== undefined;
+}

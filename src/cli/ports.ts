@@ -2,14 +2,13 @@ import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
 import type { Lab } from '../sdk/lab.js';
 import type { SandboxRecord } from '../store/records.js';
-import { withLab, type CommonOptions } from './common.js';
+import { isScenario, withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE, printJson } from './output.js';
 
 /** The forwards a target asks for: MACHINE with ports given, or a SCENARIO's declared `ports:`. */
 async function planFor(lab: Lab, target: string, ports: string[]): Promise<{ record: SandboxRecord; local: number; remote: number }[]> {
   const { parsePortSpec } = await import('../lab/port-spec.js');
-  const scenario = lab.context.store.getScenario(target);
-  if (scenario && !target.includes('/')) {
+  if (isScenario(lab, target)) {
     if (ports.length) throw new SnaplabError('BAD_INPUT', `${target} is a scenario: its ports come from its file`, `forward one machine's port with \`snaplab port-forward ${target}/MACHINE ${ports.join(' ')}\``);
     const sc = lab.scenario(target);
     const plan = [];

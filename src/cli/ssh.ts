@@ -1,13 +1,13 @@
 import type { Command } from 'commander';
 import type { SshHost } from '../lab/ssh.js';
 import type { Lab } from '../sdk/lab.js';
-import { withLab, type CommonOptions } from './common.js';
+import { isScenario, withLab, type CommonOptions } from './common.js';
 import { printJson } from './output.js';
 import { RESERVED_GROUPS } from '../scenario/spec.js';
 
 /** A scenario's machines (groups: its networks and `groups:`), or one machine. */
 async function hostsOf(lab: Lab, target: string): Promise<SshHost[]> {
-  if (!target.includes('/') && lab.context.store.getScenario(target)) {
+  if (isScenario(lab, target)) {
     const sc = lab.scenario(target);
     return Promise.all(
       sc.spec.machines.map(async (m) => ({
@@ -23,7 +23,7 @@ async function hostsOf(lab: Lab, target: string): Promise<SshHost[]> {
   return [{ alias: target.replace('/', '-'), machine: target, box, groups: [] }];
 }
 
-async function withSshFiles(lab: Lab, target: string, fn: (files: { config: string; inventory: string }, hosts: SshHost[]) => Promise<void>): Promise<void> {
+async function withSshFiles(lab: Lab, target: string, fn: (files: { config: string; inventory: string; text: string }, hosts: SshHost[]) => Promise<void>): Promise<void> {
   const { writeSshFiles } = await import('../lab/ssh.js');
   const hosts = await hostsOf(lab, target);
   try {
@@ -45,7 +45,7 @@ export function registerSsh(program: Command): void {
         withSshFiles(lab, target, async (files, hosts) => {
           if (o.json) printJson({ config: files.config, hosts: hosts.map((h) => ({ host: h.alias, machine: h.machine })) });
           else if (o.path) process.stdout.write(`${files.config}\n`);
-          else process.stdout.write((await import('node:fs')).readFileSync(files.config, 'utf8'));
+          else process.stdout.write(files.text);
         }),
       ),
     );

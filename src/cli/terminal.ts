@@ -8,6 +8,7 @@
 import { spawnSync } from 'node:child_process';
 import type { Sandbox } from '../sdk/sandbox.js';
 import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
+import { feedInput } from '../lab/streams.js';
 
 export interface TerminalOptions {
   env: string[];
@@ -82,16 +83,7 @@ export async function runOnTerminal(box: Sandbox, argv: string[], o: TerminalOpt
     p = await box.spawn(argv, opts);
     if (raw) goRaw();
     process.stdout.on('resize', onResize);
-    if (o.input) {
-      const proc = p;
-      stdin.on('data', (b: Buffer) => {
-        if (proc.write(b)) return;
-        stdin.pause();
-        void proc.drained().then(() => stdin.resume());
-      });
-      stdin.on('end', () => proc.end());
-      stdin.resume();
-    }
+    if (o.input) feedInput(p, stdin);
     return await p.result;
   } finally {
     process.stdout.off('resize', onResize);

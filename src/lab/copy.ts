@@ -15,7 +15,8 @@ import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
-import { connectAgent, spawnIn } from './sandbox-ops.js';
+import { connectAgent, spawnIn, type ExecProcess } from './sandbox-ops.js';
+import { feedInput, outputTo } from './streams.js';
 
 export interface CopyResult {
   /** bytes of the tar stream that went across */
@@ -34,18 +35,23 @@ interface SideEnd {
 
 const WARNING = /^snaplab: cp: warning: /;
 
-function ends(lines: string[]): { fatal: string | undefined; warnings: string[] } {
+/** A side's warnings, and its fatal message: the last one (one process), or the first (tar | untar in one). */
+function ends(lines: string[], which: 'first' | 'last' = 'last'): { fatal: string | undefined; warnings: string[] } {
   const warnings = lines.filter((l) => WARNING.test(l)).map((l) => l.replace(WARNING, ''));
-  const fatal = lines.filter((l) => l && !WARNING.test(l)).map((l) => l.replace(/^snaplab: cp: /, '')).pop();
-  return { fatal, warnings };
+  const fatals = lines.filter((l) => l && !WARNING.test(l)).map((l) => l.replace(/^snaplab: cp: /, ''));
+  return { fatal: which === 'first' ? fatals[0] : fatals.at(-1), warnings };
+}
+
+/** A machine raised by a snaplab older than cp: its agent has no tar/untar/cp and prints its usage. */
+function refuseOldAgent(lines: string[]): void {
+  if (lines.some((l) => l.startsWith('usage: snaplab-agent'))) {
+    throw new SnaplabError('AGENT_PROTOCOL', "cp: the machine's agent cannot copy files (it is older than snaplab cp)", 'recreate the machine with this snaplab (its agent is the one it was raised with)');
+  }
 }
 
 /** The error of a failed copy: the side that failed first in the stream's order says why. */
 function verdict(where: string, sender: SideEnd, receiver: SideEnd, bytes: number): CopyResult {
-  // a machine raised by a snaplab before cp: its agent has no tar/untar and prints its usage
-  if ([...sender.lines, ...receiver.lines].some((l) => l.startsWith('usage: snaplab-agent'))) {
-    throw new SnaplabError('AGENT_PROTOCOL', "cp: the machine's agent cannot copy files (it is older than snaplab cp)", 'recreate the machine with this snaplab (its agent is the one it was raised with)');
-  }
+  refuseOldAgent([...sender.lines, ...receiver.lines]);
   const s = ends(sender.lines);
   const r = ends(receiver.lines);
   // a sender that could not start (no such SRC) makes the receiver see an empty archive: the sender's reason
@@ -119,18 +125,8 @@ export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: strin
       onStderr: (b) => err.push(b),
     });
     let bytes = 0;
-    source.on('data', (b: Buffer) => {
-      bytes += b.length;
-      if (inside.write(b)) return;
-      source.pause();
-      void inside.drained().then(() => source.resume());
-    });
-    source.on('end', () => inside.end());
-    source.on('error', () => inside.end());
-    source.on('close', () => inside.end()); // destroyed without an error or an end: no more comes
-    // a source that ended or went before these listeners were attached (a sender that failed at
-    // once) says so no more: its end is now
-    if (source.destroyed || source.readableEnded) inside.end();
+    source.on('data', (b: Buffer) => (bytes += b.length));
+    feedInput(inside, source); // also a source that failed at once, before this was attached
     const r = await inside.result;
     if (r.exitCode >= 2) source.destroy(); // the receiver failed: the rest is moot
     // a receiver that failed reads no more, and one that ended early may never: a sender still
@@ -163,29 +159,21 @@ export async function receiveArchive(
     let bytes = 0;
     let sinkFailed = false;
     let ending = false;
-    let stop = (): void => {};
-    // A sink that fails or goes (a host untar that exited, a destroyed stream) emits no 'drain':
-    // reading must resume, or the EXIT would never be read, and the machine's tar is ended.
-    const failed = (): void => {
-      if (sinkFailed || ending) return;
+    let inside: ExecProcess | undefined;
+    // a sink that fails or goes (a host untar that exited, a destroyed stream): the machine's tar is ended
+    const write = outputTo(agent, sink, () => {
+      if (ending) return;
       sinkFailed = true;
-      agent.pauseOutput(false);
-      stop();
-    };
-    sink.on('error', failed);
-    sink.on('close', failed);
-    const inside = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'tar', ...(opts.follow ? ['-L'] : []), '--', src], {
+      inside?.kill(9);
+    });
+    inside = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'tar', ...(opts.follow ? ['-L'] : []), '--', src], {
       onStdout: (b) => {
         bytes += b.length;
-        if (sinkFailed || sink.destroyed) return failed();
-        if (sink.write(b)) return;
-        agent.pauseOutput(true);
-        sink.once('drain', () => agent.pauseOutput(false));
+        write(b);
       },
       onStderr: (b) => err.push(b),
     });
-    stop = () => inside.kill(9);
-    if (sinkFailed) stop();
+    if (sinkFailed) inside.kill(9);
     const r = await inside.result;
     ending = true;
     await new Promise<void>((resolve) => (sinkFailed || sink.destroyed ? resolve() : sink.end(resolve)));
@@ -238,10 +226,9 @@ async function copyWithin(ctx: LabContext, s: SandboxRecord, src: string, dest: 
     const err: Buffer[] = [];
     const r = await (await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'cp', ...(opts.follow ? ['-L'] : []), '--expect', from.expect, '--', from.path, dest], { onStdout: () => {}, onStderr: (b) => err.push(b) })).result;
     const all = lines(err);
-    if (all.some((l) => l.startsWith('usage: snaplab-agent'))) throw new SnaplabError('AGENT_PROTOCOL', "cp: the machine's agent cannot copy within itself (it is older than this snaplab)", 'recreate the machine with this snaplab');
-    const warnings = all.filter((l) => WARNING.test(l)).map((l) => l.replace(WARNING, ''));
+    refuseOldAgent(all);
     // the first failure says why: the untar half's "empty archive" only follows the tar half's
-    const fatal = all.find((l) => !WARNING.test(l))?.replace(/^snaplab: cp: /, '');
+    const { fatal, warnings } = ends(all, 'first');
     if (r.exitCode >= 2) throw new SnaplabError('COPY_FAILED', `cp: ${fatal ?? `failed (exit ${r.exitCode})`}`, `the copy in ${s.name} stopped there; what it wrote before stays`);
     return { bytes: 0, warnings, complete: r.exitCode === 0 };
   } finally {

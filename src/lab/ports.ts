@@ -10,11 +10,10 @@ import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
-import { connectAgent, spawnIn } from './sandbox-ops.js';
+import { connectAgent, spawnIn, type ExecProcess } from './sandbox-ops.js';
+import { feedInput, outputTo } from './streams.js';
 
 import type { PortSpec } from './port-spec.js';
-
-export { parsePortSpec, type PortSpec } from './port-spec.js';
 
 /** Carries one accepted connection to the machine's port until either side ends. */
 async function carry(ctx: LabContext, s: SandboxRecord, remote: number, sock: Socket, onError: (e: unknown) => void): Promise<void> {
@@ -31,32 +30,13 @@ async function carry(ctx: LabContext, s: SandboxRecord, remote: number, sock: So
   try {
     a.requireMinor(2, 'forward a port');
     const err: Buffer[] = [];
-    const inside = await spawnIn(ctx, s, a, [MACHINE_AGENT_PATH, 'connect', String(remote)], {
-      stdin: true,
-      onStdout: (b) => {
-        if (!sock.write(b)) {
-          a.pauseOutput(true);
-          sock.once('drain', () => a.pauseOutput(false));
-        }
-      },
-      onStderr: (b) => err.push(b),
-    });
-    sock.on('data', (b: Buffer) => {
-      if (inside.write(b)) return;
-      sock.pause();
-      void inside.drained().then(() => sock.resume());
-    });
     let done = false;
-    sock.on('end', () => inside.end()); // a half-close: the machine's side sees end of stream
-    // gone (both ways, or reset): nobody reads the rest. Reading resumes first, or the EXIT that
-    // the kill brings would wait behind a pause no 'drain' will ever lift
-    const gone = (): void => {
-      if (done) return;
-      a.pauseOutput(false);
-      inside.kill(9);
-    };
-    sock.on('error', gone);
-    sock.on('close', gone);
+    let inside: ExecProcess | undefined;
+    // the client gone (both ways, or reset): nobody reads the rest
+    const onStdout = outputTo(a, sock, () => !done && inside?.kill(9));
+    inside = await spawnIn(ctx, s, a, [MACHINE_AGENT_PATH, 'connect', String(remote)], { stdin: true, onStdout, onStderr: (b) => err.push(b) });
+    if (sock.destroyed) inside.kill(9); // went while the command was starting
+    feedInput(inside, sock); // its end (a half-close) is the machine's side's end of stream
     sock.resume();
     const r = await inside.result;
     done = true;

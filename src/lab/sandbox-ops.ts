@@ -16,6 +16,7 @@ import { mergeEnv } from './exec.js';
 import { windowSize } from '../agent/protocol.js';
 import { resolveUser } from './users.js';
 import { inflight } from './inflight.js';
+import { feedInput } from './streams.js';
 import { reconcile } from './reconcile.js';
 import { checkName, newId } from './names.js';
 
@@ -108,7 +109,7 @@ export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentCli
     { argv, env, cwd: opts.cwd, user, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined, tty },
     { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
   );
-  if (opts.stdin !== undefined && opts.stdin !== true) feedStdin(h, opts.stdin);
+  if (opts.stdin !== undefined && opts.stdin !== true) feedInput(h, opts.stdin);
   const result = (async (): Promise<ExecResult> => {
     let r: AgentExecResult;
     try {
@@ -135,22 +136,6 @@ export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentCli
     resize: (cols, rows) => h.resize(windowSize(cols, rows)),
     result,
   };
-}
-
-/** Feeds data or a stream to a command's stdin, pausing the stream while the connection is full. */
-function feedStdin(h: { write(b: Buffer): boolean; drained(): Promise<void>; end(): void }, input: string | Buffer | Readable): void {
-  if (typeof input === 'string' || Buffer.isBuffer(input)) {
-    if (input.length) h.write(Buffer.from(input));
-    h.end();
-    return;
-  }
-  input.on('data', (b: Buffer | string) => {
-    if (h.write(Buffer.from(b))) return;
-    input.pause();
-    void h.drained().then(() => input.resume());
-  });
-  input.on('end', () => h.end());
-  input.on('error', () => h.end());
 }
 
 /**

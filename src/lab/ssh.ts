@@ -116,14 +116,15 @@ export function inventoryJson(configPath: string, hosts: SshHost[]): Record<stri
   return out;
 }
 
-/** Writes HOME/ssh/TARGET.config (and .ini) and returns their paths. */
-export async function writeSshFiles(home: string, target: string, hosts: SshHost[]): Promise<{ config: string; inventory: string; key: string }> {
+/** Writes HOME/ssh/TARGET.config (and .ini) and returns their paths and the config's text. */
+export async function writeSshFiles(home: string, target: string, hosts: SshHost[]): Promise<{ config: string; inventory: string; key: string; text: string }> {
   const key = sshKey(home);
   for (const h of hosts) await authorize(h.box, key.public);
   const base = join(home, 'ssh', target.replace(/\//g, '.'));
   const config = `${base}.config`;
   const inventory = `${base}.ini`;
-  await writeFile(config, sshConfig(home, key.private, hosts), { mode: 0o600 });
+  const text = sshConfig(home, key.private, hosts);
+  await writeFile(config, text, { mode: 0o600 });
   await writeFile(inventory, inventoryIni(config, hosts), { mode: 0o600 });
-  return { config, inventory, key: key.private };
+  return { config, inventory, key: key.private, text };
 }
