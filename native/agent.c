@@ -40,6 +40,7 @@ int serve_main(const char *socket_path, int listen_fd, const char *stream_path, 
 int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, int ready_fd);
 int boot_main(int argc, char **argv);
 int connect_main(int argc, char **argv);
+int file_main(int argc, char **argv);
 int copy_main(int argc, char **argv, void (*usage)(void));
 extern int system_machine;
 
@@ -53,6 +54,12 @@ static void usage(void)
 		"       snaplab-agent untar [--plain] [--untrusted] [--expect NAME] DEST\n"
 		"       snaplab-agent cp [-L] [--expect NAME] SRC DEST\n"
 		"       snaplab-agent connect [HOST] PORT\n"
+		"       snaplab-agent file cat PATH\n"
+		"       snaplab-agent file write [--mode OCTAL] [--parents] [--append] PATH\n"
+		"       snaplab-agent file stat [-L] PATH\n"
+		"       snaplab-agent file ls PATH\n"
+		"       snaplab-agent file mkdir [--parents] [--mode OCTAL] PATH\n"
+		"       snaplab-agent file rm [--recursive] [--force] PATH\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -102,6 +109,8 @@ int main(int argc, char **argv)
 		return boot_main(argc, argv);
 	if (strcmp(argv[1], "connect") == 0)
 		return connect_main(argc, argv);
+	if (strcmp(argv[1], "file") == 0)
+		return file_main(argc, argv);
 	if (!strcmp(argv[1], "tar") || !strcmp(argv[1], "untar") || !strcmp(argv[1], "cp"))
 		return copy_main(argc, argv, usage);
 	if (strcmp(argv[1], "relay") == 0) {

@@ -18,6 +18,7 @@ import { registerLogs } from './logs.js';
 import { registerCp } from './cp.js';
 import { registerPorts } from './ports.js';
 import { registerSsh } from './ssh.js';
+import { registerKey, registerServe } from './serve.js';
 
 /**
  * Every command, in help order, with the names it registers. Only the invoked one is set up
@@ -46,6 +47,8 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['up', 'status', 'down', 'reset', 'net'], registerScenario],
   [['pool'], registerPool],
   [['run'], registerRun],
+  [['serve'], registerServe],
+  [['key'], registerKey],
   [['bench'], registerBench],
   [['demo'], registerDemo],
 ];

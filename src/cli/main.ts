@@ -5,10 +5,11 @@ process.env.UV_THREADPOOL_SIZE ??= '16';
 import { Command, CommanderError } from 'commander';
 import { COMMANDS } from './commands.js';
 import { EXIT_EXEC_FAILURE, EXIT_USAGE } from './output.js';
+import { VERSION } from '../version.js';
 
 const program = new Command('snaplab')
   .description('isolated Linux sandboxes: fast to raise, snapshot, restore and exec in, every phase timed')
-  .version('0.1.0')
+  .version(VERSION)
   .showSuggestionAfterError()
   .enablePositionalOptions()
   .exitOverride()

@@ -7,6 +7,8 @@ export type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
 export type { RunSpec, RunOutcome, PutFile } from '../lab/run.js';
 export type { ExecOptions, ExecProcess, ExecResult } from '../lab/sandbox-ops.js';
 export type { CopyResult } from '../lab/copy.js';
+export type { FileInfo } from '../lab/files.js';
+export type { SandboxFiles } from './sandbox.js';
 export type { Limits, SandboxRecord, SnapshotRecord, ImageRecord } from '../store/records.js';
 export type { TraceSummary, Phase } from '../timing/trace.js';
 export { SnaplabError, type ErrorCode } from '../errors.js';

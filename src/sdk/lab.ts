@@ -14,6 +14,7 @@ import { Scenario } from './scenario.js';
 import { getScenario } from '../scenario/down.js';
 import { upScenario, type UpOptions } from '../scenario/up.js';
 import { reconcile } from '../lab/reconcile.js';
+import { checkLabels, matches, metaOf, updateMeta } from '../lab/meta.js';
 import type { ImportOptions } from '../image/import.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { BuildOptions, Built } from '../lab/image-build.js';
@@ -49,9 +50,14 @@ export interface CreateOptions {
    * import: `image inspect` shows it), else 'agent' (the agent is PID 1).
    */
   init?: 'agent' | 'systemd';
+  /** labels to select it by (`list({ labels })`) and free metadata, both string to string */
+  labels?: Record<string, string>;
+  metadata?: Record<string, string>;
 }
 
 export interface RestoreOptions {
+  labels?: Record<string, string>;
+  metadata?: Record<string, string>;
   name?: string;
   limits?: Limits;
   signal?: AbortSignal;
@@ -80,6 +86,8 @@ export class Lab {
   /** Create a sandbox; resolves once a command has executed inside it. */
   async create(opts: CreateOptions = {}): Promise<Sandbox> {
     const image = opts.image ?? 'busybox';
+    const labels = checkLabels('label', opts.labels);
+    const metadata = checkLabels('metadata', opts.metadata);
     const { result, trace } = await this.ctx.traced('create', opts.name ?? null, async (t) => {
       const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
@@ -90,11 +98,14 @@ export class Lab {
       const init = (opts.init ?? fromImage) === 'systemd' ? 'systemd' as const : undefined;
       return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null, userns: opts.userns, init }, t, opts.signal);
     });
+    if (opts.labels || opts.metadata) updateMeta(this.ctx, result.record.id, { labels, metadata });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
   }
 
   /** A new running sandbox whose filesystem is the snapshot's. */
   async restore(snapshot: string, opts: RestoreOptions = {}): Promise<Sandbox> {
+    const labels = checkLabels('label', opts.labels);
+    const metadata = checkLabels('metadata', opts.metadata);
     const { result, trace } = await this.ctx.traced('restore', opts.name ?? null, async (t) => {
       const snap = this.ctx.store.getSnapshot(snapshot);
       if (!snap) throw snapshotNotFound(this.ctx, snapshot);
@@ -111,6 +122,7 @@ export class Lab {
         opts.signal,
       );
     });
+    if (opts.labels || opts.metadata) updateMeta(this.ctx, result.record.id, { labels, metadata });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
   }
 
@@ -122,9 +134,13 @@ export class Lab {
     return new Sandbox(this.ctx, await reconcile(this.ctx, rec));
   }
 
-  /** Every sandbox, reconciled: one whose processes are gone is reported dead, with the reason. */
-  async list(): Promise<Sandbox[]> {
-    return Promise.all(this.ctx.store.listSandboxes().map(async (r) => new Sandbox(this.ctx, await reconcile(this.ctx, r))));
+  /**
+   * Every sandbox, reconciled: one whose processes are gone is reported dead, with the reason.
+   * `labels`: only those with every key=value given.
+   */
+  async list(opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
+    const recs = this.ctx.store.listSandboxes().filter((r) => !opts.labels || matches(metaOf(this.ctx, r.id).labels, opts.labels));
+    return Promise.all(recs.map(async (r) => new Sandbox(this.ctx, await reconcile(this.ctx, r))));
   }
 
   async snapshots(): Promise<Snapshot[]> {

@@ -4,6 +4,7 @@ import type { PoolRunner } from '../lab/pool.js';
 import { runInPool, withImageConfig, type RunOutcome, type RunSpec } from '../lab/run.js';
 import { SnaplabError } from '../errors.js';
 import { Trace, type TraceSummary } from '../timing/trace.js';
+import { Sandbox } from './sandbox.js';
 
 /**
  * A pool of paused standbys, each a fresh sandbox for one execution. Get one with
@@ -60,6 +61,26 @@ export class Pool {
       const summary = trace.finish(e);
       this.ctx.store.putOperation(summary);
       if (e instanceof SnaplabError) (e as SnaplabError & { operationId?: string }).operationId = summary.id;
+      throw e;
+    }
+  }
+
+  /**
+   * Take a standby for the caller's own use (a miss raises one): it leaves the pool's rotation,
+   * is never recycled, and is the caller's to destroy. The pool refills behind it when started.
+   */
+  async take(): Promise<Sandbox> {
+    const trace = new Trace('take', this.name);
+    try {
+      const t = await this.runner.take(trace);
+      // it leaves the pool: not counted in use, not recycled, not the pool's to remove
+      this.ctx.store.updateSandbox(t.record.id, { reason: `taken from pool ${this.name}`, baseline: null, pool: null });
+      const summary = trace.finish();
+      this.ctx.store.putOperation(summary, { sandbox: t.record.name, hit: t.hit });
+      return new Sandbox(this.ctx, { ...t.record, reason: `taken from pool ${this.name}`, baseline: null, pool: null }, t.agent, summary);
+    } catch (e) {
+      const summary = trace.finish(e);
+      this.ctx.store.putOperation(summary);
       throw e;
     }
   }

@@ -6,7 +6,22 @@ import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
-import type { Readable, Writable } from 'node:stream';
+import { Writable, type Readable } from 'node:stream';
+import { listDir, makeDir, readFile, removePath, statPath, writeFile, type FileInfo } from '../lab/files.js';
+
+/** `sandbox.files`: the same calls on an embedded and on a remote sandbox. */
+export interface SandboxFiles {
+  stat(path: string, opts?: { follow?: boolean; user?: string }): Promise<FileInfo>;
+  list(path: string, opts?: { user?: string }): Promise<FileInfo[]>;
+  mkdir(path: string, opts?: { parents?: boolean; mode?: number; user?: string }): Promise<void>;
+  remove(path: string, opts?: { recursive?: boolean; force?: boolean; user?: string }): Promise<void>;
+  /** returns the bytes written */
+  write(path: string, data: Buffer | string | Readable, opts?: { mode?: number; append?: boolean; user?: string }): Promise<number>;
+  read(path: string, opts?: { user?: string }): Promise<Buffer>;
+  /** stream into `sink` (ended after); returns the bytes read */
+  readTo(path: string, sink: Writable, opts?: { user?: string }): Promise<number>;
+}
+import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
 import { copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/copy.js';
 
 /**
@@ -30,6 +45,18 @@ export class Sandbox {
   get image(): string { return this.record.image; }
   get storage(): string { return this.record.storage; }
   get driver(): string { return this.record.driver; }
+  /** labels (selected by `lab.list({ labels })`) and metadata given at create or set since */
+  get labels(): Record<string, string> { return metaOf(this.ctx, this.record.id).labels; }
+  get metadata(): Record<string, string> { return metaOf(this.ctx, this.record.id).metadata; }
+
+  /** Replace its labels and/or metadata. */
+  async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
+    const patch: { labels?: Record<string, string>; metadata?: Record<string, string> } = {};
+    if (change.labels) patch.labels = checkLabels('label', change.labels);
+    if (change.metadata) patch.metadata = checkLabels('metadata', change.metadata);
+    updateMeta(this.ctx, this.record.id, patch);
+  }
+
   /** the stored record: limits, pid, volume, origin */
   get info(): Readonly<SandboxRecord> { return this.record; }
 
@@ -82,6 +109,29 @@ export class Sandbox {
   /** Stream the tar of `src` (named after its last component; `dir/.` for its contents) into `sink`. */
   async download(src: string, sink: Writable, opts: { follow?: boolean } = {}): Promise<CopyResult> {
     return receiveArchive(this.ctx, this.record, src, sink, opts);
+  }
+
+  /**
+   * The machine's files, each call run inside it as `user` (default root): streamed reads and
+   * writes (a write lands whole or not at all), stat, list, mkdir, remove.
+   */
+  get files(): SandboxFiles {
+    const ctx = this.ctx;
+    const rec = (): SandboxRecord => this.record;
+    return {
+      stat: (path, o = {}) => statPath(ctx, rec(), path, o),
+      list: (path, o = {}) => listDir(ctx, rec(), path, o),
+      mkdir: (path, o = {}) => makeDir(ctx, rec(), path, o),
+      remove: (path, o = {}) => removePath(ctx, rec(), path, o),
+      write: (path, data, o = {}) => writeFile(ctx, rec(), path, data, o),
+      readTo: (path, sink, o = {}) => readFile(ctx, rec(), path, sink, o),
+      read: async (path, o = {}) => {
+        const parts: Buffer[] = [];
+        const sink = new Writable({ write: (b: Buffer, _e, cb) => { parts.push(b); cb(); } });
+        await readFile(ctx, rec(), path, sink, o);
+        return Buffer.concat(parts);
+      },
+    };
   }
 
   /** Write a file inside the sandbox (parent directories are made). */
@@ -155,6 +205,8 @@ export class Sandbox {
       id: r.id, name: r.name, state: r.state, reason: r.reason, image: r.image, storage: r.storage, driver: r.driver, limits: r.limits, origin: r.origin, pid: r.pid,
       userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: USERNS_SIZE },
       init: r.init ?? 'agent',
+      labels: this.labels,
+      metadata: this.metadata,
       createdAt: new Date(r.createdAt).toISOString(),
     };
   }

@@ -134,4 +134,34 @@ export const migrations: string[] = [
   ALTER TABLE sandboxes ADD COLUMN init TEXT;
   ALTER TABLE snapshots ADD COLUMN init TEXT;
   `,
+  // the daemon (snaplab serve): labels and metadata of a sandbox, who made it, its lifetime;
+  // API keys (only a hash kept); the event log, whose ids a client resumes from
+  `
+  CREATE TABLE sandbox_meta (
+    id          TEXT PRIMARY KEY,
+    labels      TEXT NOT NULL,
+    metadata    TEXT NOT NULL,
+    owner       TEXT,
+    timeout_s   INTEGER,
+    on_timeout  TEXT,
+    expires_at  INTEGER
+  );
+  CREATE TABLE api_keys (
+    name           TEXT PRIMARY KEY,
+    hash           TEXT NOT NULL UNIQUE,
+    scopes         TEXT NOT NULL,
+    max_sandboxes  INTEGER,
+    max_execs      INTEGER,
+    created_at     INTEGER NOT NULL
+  );
+  CREATE TABLE events (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    at       INTEGER NOT NULL,
+    type     TEXT NOT NULL,
+    sandbox  TEXT,
+    name     TEXT,
+    reason   TEXT,
+    data     TEXT
+  );
+  `,
 ];

@@ -125,3 +125,39 @@ export interface ScenarioSnapshotRecord {
   manifest: unknown;
   createdAt: number;
 }
+
+/** What the daemon and the library keep beside a sandbox: labels, metadata, its maker and its lifetime. */
+export interface SandboxMeta {
+  id: string;
+  labels: Record<string, string>;
+  metadata: Record<string, string>;
+  /** the API key that made it ('local': the Unix socket or the embedded library) */
+  owner: string | null;
+  /** its TTL in seconds (null or 0: none) and what happens at its end */
+  timeoutS: number | null;
+  onTimeout: 'kill' | 'pause' | null;
+  /** when the TTL ends (ms since the epoch); null: no clock running (none, or paused) */
+  expiresAt: number | null;
+}
+
+export type Scope = 'read' | 'exec' | 'admin';
+
+export interface ApiKeyRecord {
+  name: string;
+  /** sha256 of the key, hex: the key itself is printed once and never stored */
+  hash: string;
+  scopes: Scope[];
+  maxSandboxes: number | null;
+  maxExecs: number | null;
+  createdAt: number;
+}
+
+export interface EventRecord {
+  id: number;
+  at: number;
+  type: string;
+  sandbox: string | null;
+  name: string | null;
+  reason: string | null;
+  data: Record<string, unknown> | null;
+}

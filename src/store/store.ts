@@ -1,6 +1,6 @@
 import type Database from 'better-sqlite3';
 import type { Db } from './db.js';
-import type { ImageRecord, PoolRecord, SandboxRecord, ScenarioRecord, ScenarioSnapshotRecord, SnapshotRecord } from './records.js';
+import type { ApiKeyRecord, EventRecord, ImageRecord, PoolRecord, SandboxMeta, SandboxRecord, ScenarioRecord, ScenarioSnapshotRecord, Scope, SnapshotRecord } from './records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import type { ImageConfig } from '../image/oci.js';
@@ -79,6 +79,20 @@ function toScenario(r: Row): ScenarioRecord {
 }
 
 export type PoolCounter = 'hits' | 'misses' | 'recycled' | 'refused_dirty' | 'leaks';
+
+function toMeta(r: Row): SandboxMeta {
+  return {
+    id: r.id as string, labels: json(r.labels), metadata: json(r.metadata), owner: (r.owner as string | null) ?? null,
+    timeoutS: (r.timeout_s as number | null) ?? null, onTimeout: (r.on_timeout as SandboxMeta['onTimeout']) ?? null, expiresAt: (r.expires_at as number | null) ?? null,
+  };
+}
+
+function toKey(r: Row): ApiKeyRecord {
+  return {
+    name: r.name as string, hash: r.hash as string, scopes: (r.scopes as string).split(',').filter(Boolean) as Scope[],
+    maxSandboxes: (r.max_sandboxes as number | null) ?? null, maxExecs: (r.max_execs as number | null) ?? null, createdAt: r.created_at as number,
+  };
+}
 
 function toSnapshot(r: Row): SnapshotRecord {
   return {
@@ -172,6 +186,57 @@ export class Store {
   }
   deleteSandbox(id: string): void {
     this.stmt('DELETE FROM sandboxes WHERE id = ?').run(id);
+    this.stmt('DELETE FROM sandbox_meta WHERE id = ?').run(id);
+  }
+
+  // labels, metadata and lifetimes (sandbox_meta); a sandbox without a row has none
+  getMeta(id: string): SandboxMeta | undefined {
+    const r = this.stmt('SELECT * FROM sandbox_meta WHERE id = ?').get(id) as Row | undefined;
+    return r && toMeta(r);
+  }
+  listMeta(): SandboxMeta[] {
+    return (this.stmt('SELECT * FROM sandbox_meta').all() as Row[]).map(toMeta);
+  }
+  putMeta(m: SandboxMeta): void {
+    this.stmt('INSERT OR REPLACE INTO sandbox_meta (id, labels, metadata, owner, timeout_s, on_timeout, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)')
+      .run(m.id, JSON.stringify(m.labels), JSON.stringify(m.metadata), m.owner, m.timeoutS, m.onTimeout, m.expiresAt);
+  }
+  /** sandboxes made with this key and still recorded */
+  countOwned(owner: string): number {
+    return (this.stmt('SELECT COUNT(*) AS n FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ?').get(owner) as { n: number }).n;
+  }
+
+  // API keys
+  getKeyByHash(hash: string): ApiKeyRecord | undefined {
+    const r = this.stmt('SELECT * FROM api_keys WHERE hash = ?').get(hash) as Row | undefined;
+    return r && toKey(r);
+  }
+  listKeys(): ApiKeyRecord[] {
+    return (this.stmt('SELECT * FROM api_keys ORDER BY name').all() as Row[]).map(toKey);
+  }
+  insertKey(k: ApiKeyRecord): void {
+    this.stmt('INSERT INTO api_keys (name, hash, scopes, max_sandboxes, max_execs, created_at) VALUES (?, ?, ?, ?, ?, ?)')
+      .run(k.name, k.hash, k.scopes.join(','), k.maxSandboxes, k.maxExecs, k.createdAt);
+  }
+  deleteKey(name: string): boolean {
+    return this.stmt('DELETE FROM api_keys WHERE name = ?').run(name).changes > 0;
+  }
+
+  // the event log: ids only grow; the oldest are dropped past `keep`
+  appendEvent(e: Omit<EventRecord, 'id'>, keep = 10_000): EventRecord {
+    const id = Number(this.stmt('INSERT INTO events (at, type, sandbox, name, reason, data) VALUES (?, ?, ?, ?, ?, ?)')
+      .run(e.at, e.type, e.sandbox, e.name, e.reason, e.data ? JSON.stringify(e.data) : null).lastInsertRowid);
+    if (id % 1000 === 0) this.stmt('DELETE FROM events WHERE id <= ?').run(id - keep);
+    return { ...e, id };
+  }
+  eventsAfter(id: number, limit = 1000): EventRecord[] {
+    return (this.stmt('SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?').all(id, limit) as Row[]).map((r) => ({
+      id: r.id as number, at: r.at as number, type: r.type as string, sandbox: (r.sandbox as string | null) ?? null, name: (r.name as string | null) ?? null,
+      reason: (r.reason as string | null) ?? null, data: r.data ? json(r.data) : null,
+    }));
+  }
+  lastEventId(): number {
+    return ((this.stmt('SELECT MAX(id) AS id FROM events').get() as { id: number | null }).id) ?? 0;
   }
 
   // pools

@@ -1,0 +1,439 @@
+/*
+ * snaplab-agent file ...: the file operations behind the HTTP daemon's file endpoints, run in a
+ * machine through its agent like any command (argv exec, stdin/stdout pipes). It runs as the
+ * exec's user inside the machine, so a PATH is the machine's own and its permissions apply.
+ *
+ *   cat PATH, write [--mode OCTAL] [--parents] [--append] PATH, stat [-L] PATH, ls PATH,
+ *   mkdir [--parents] [--mode OCTAL] PATH, rm [--recursive] [--force] PATH   (`--` ends the flags)
+ *
+ * write puts stdin in a temp file beside PATH (.NAME.snaplab-XXXXXX) renamed over it, so a reader
+ * never sees half a file (a symlink at PATH is replaced, not written through). stat and ls print
+ * one JSON object a line: {"name","path","type","size","mode":"0644","uid","gid","mtime":"...Z"
+ * [,"target"]}, names as raw bytes with '"', '\' and control characters escaped. rm -r never
+ * follows a symlink. Exit 0; 1 with one line on stderr, `snaplab: file: ERRNAME: PATH: strerror`,
+ * which the daemon maps by ERRNAME (PATH "-" is stdin or stdout); 2 on bad usage.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK (64 * 1024)
+
+#define E(x) { x, #x }
+static const struct { int no; const char *name; } errnames[] = {
+	E(ENOENT), E(EACCES), E(EEXIST), E(ENOTDIR), E(EISDIR), E(ENOTEMPTY), E(EINVAL), E(ELOOP),
+	E(ENOSPC), E(EROFS), E(EPERM), E(EBUSY), E(ENAMETOOLONG), E(EIO), E(EXDEV), E(EDQUOT),
+	E(EFBIG), E(EMFILE), E(ENOMEM), E(EPIPE), E(ETXTBSY), E(EMLINK), E(ENXIO), E(EOPNOTSUPP),
+};
+
+/* The one error line, e (an errno) its cause. */
+static int fail(int e, const char *path)
+{
+	char num[16];
+	const char *name = NULL;
+	for (size_t i = 0; i < sizeof errnames / sizeof errnames[0] && !name; i++)
+		if (errnames[i].no == e)
+			name = errnames[i].name;
+	if (!name)
+		snprintf(num, sizeof num, "E%d", e), name = num;
+	fprintf(stderr, "snaplab: file: %s: %s: %s\n", name, path, strerror(e));
+	return 1;
+}
+
+static void json_str(const char *s)
+{
+	putchar('"');
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			printf("\\%c", *p);
+		else if (*p < 0x20)
+			printf("\\u%04x", *p);
+		else
+			putchar(*p);
+	}
+	putchar('"');
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -1;
+		p += w, n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* Copy in to out; the number of bytes, or -1 with *rerr set when the read side failed. */
+static long long copy_fd(int in, int out, int *rerr)
+{
+	static char buf[CHUNK];
+	long long total = 0;
+	for (;;) {
+		ssize_t n = read(in, buf, sizeof buf);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			*rerr = n < 0;
+			return n < 0 ? -1 : total;
+		}
+		*rerr = 0;
+		if (write_all(out, buf, (size_t)n) < 0)
+			return -1;
+		total += n;
+	}
+}
+
+/* The last component of a path, trailing slashes ignored ("/" for the root). */
+static char *base_name(const char *path)
+{
+	size_t n = strlen(path);
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	size_t b = n;
+	while (b > 0 && path[b - 1] != '/')
+		b--;
+	if (b == n && n > 0) /* only slashes */
+		return strdup("/");
+	return strndup(path + b, n - b);
+}
+
+static void print_entry(const char *name, const char *path, const struct stat *st, const char *target)
+{
+	static const char *const types[16] = { [S_IFREG >> 12] = "file", [S_IFDIR >> 12] = "dir",
+		[S_IFLNK >> 12] = "symlink", [S_IFCHR >> 12] = "char", [S_IFBLK >> 12] = "block",
+		[S_IFIFO >> 12] = "fifo", [S_IFSOCK >> 12] = "socket" };
+	const char *type = types[(st->st_mode & S_IFMT) >> 12];
+	struct tm tm;
+	char when[64];
+	gmtime_r(&st->st_mtim.tv_sec, &tm);
+	strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+	printf("{\"name\":"), json_str(name), printf(",\"path\":"), json_str(path);
+	printf(",\"type\":\"%s\",\"size\":%lld,\"mode\":\"%04o\",\"uid\":%u,\"gid\":%u,\"mtime\":\"%s.%03ldZ\"",
+	       type ? type : "unknown", (long long)st->st_size, (unsigned)(st->st_mode & 07777),
+	       (unsigned)st->st_uid, (unsigned)st->st_gid, when, st->st_mtim.tv_nsec / 1000000);
+	if (target)
+		printf(",\"target\":"), json_str(target);
+	printf("}\n");
+}
+
+/* readlinkat into a new string (NULL unless a symlink, or on error). */
+static char *link_target(int dirfd, const char *name, const struct stat *st)
+{
+	char buf[4097];
+	ssize_t n = S_ISLNK(st->st_mode) ? readlinkat(dirfd, name, buf, sizeof buf - 1) : -1;
+	return n < 0 ? NULL : strndup(buf, (size_t)n);
+}
+
+static char *join(const char *dir, const char *name)
+{
+	size_t n = strlen(dir);
+	char *s = malloc(n + strlen(name) + 2);
+	if (!s)
+		exit(fail(errno, dir));
+	sprintf(s, "%s%s%s", dir, n && dir[n - 1] == '/' ? "" : "/", name);
+	return s;
+}
+
+static int flush_out(void)
+{
+	return fflush(stdout) == EOF || ferror(stdout) ? fail(errno, "-") : 0;
+}
+
+/* mkdir -p: every missing directory of path made (mode 0755, the last `mode`); an existing
+ * directory (or a link to one) is fine, an existing non-directory is EEXIST (last) or ENOTDIR.
+ * *made: the last one was created. */
+static int make_dirs(char *path, mode_t mode, int *made)
+{
+	size_t n = strlen(path);
+	while (n > 1 && path[n - 1] == '/')
+		path[--n] = 0;
+	for (char *p = path + 1;; p++) {
+		if (*p && *p != '/')
+			continue;
+		char c = *p;
+		struct stat st;
+		*p = 0;
+		int r = mkdir(path, c ? 0755 : mode), e = errno;
+		if (r == 0 && !c)
+			*made = 1;
+		else if (r < 0 && stat(path, &st) == 0)
+			r = S_ISDIR(st.st_mode) ? 0 : -1, e = c ? ENOTDIR : EEXIST;
+		if (r < 0)
+			return fail(e, path);
+		*p = c;
+		if (!c)
+			return 0;
+	}
+}
+
+static int empty_dir(int fd, const char *path);
+
+/* Remove name in dirfd (path: its name in messages), never following a symlink: unlinkat fails
+ * on a directory (EISDIR), which is then opened O_NOFOLLOW, emptied and removed. Gone is fine. */
+static int remove_at(int dirfd, const char *name, const char *path)
+{
+	if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT)
+		return 0;
+	if (errno != EISDIR)
+		return fail(errno, path);
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : fail(errno, path);
+	if (empty_dir(fd, path))
+		return 1;
+	return unlinkat(dirfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT ? fail(errno, path) : 0;
+}
+
+/* Everything in fd (consumed) removed; passes repeat until one finds nothing, as a directory
+ * changed while it is read may skip entries. */
+static int empty_dir(int fd, const char *path)
+{
+	DIR *d = fdopendir(fd);
+	if (!d)
+		return fail(errno, path);
+	int rc = 0;
+	for (int found = 1; found && !rc;) {
+		struct dirent *de;
+		found = 0;
+		rewinddir(d);
+		while (!rc && (errno = 0, de = readdir(d)) != NULL) {
+			if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+				continue;
+			char *sub = join(path, de->d_name);
+			rc = remove_at(fd, de->d_name, sub);
+			free(sub);
+			found = 1;
+		}
+		if (!rc && errno)
+			rc = fail(errno, path);
+	}
+	closedir(d);
+	return rc;
+}
+
+enum { F_MODE = 1, F_PARENTS = 2, F_APPEND = 4, F_FOLLOW = 8, F_RECURSIVE = 16, F_FORCE = 32 };
+
+static int cmd_cat(const char *path, int set, mode_t mode)
+{
+	struct stat st;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rerr;
+	if (fd < 0 || fstat(fd, &st) < 0)
+		return fail(errno, path);
+	if (S_ISDIR(st.st_mode))
+		return fail(EISDIR, path);
+	if (copy_fd(fd, 1, &rerr) < 0)
+		return fail(errno, rerr ? path : "-");
+	close(fd);
+	return 0;
+}
+
+static int cmd_write(const char *path, int set, mode_t mode)
+{
+	long long n = 0;
+	int fd, rerr = 0;
+	mode = set & F_MODE ? mode : 0644;
+	if (!*path)
+		return fail(ENOENT, path);
+	if (path[strlen(path) - 1] == '/')
+		return fail(EISDIR, path);
+	const char *slash = strrchr(path, '/');
+	if ((set & F_PARENTS) && slash && slash > path) {
+		char *dir = strndup(path, (size_t)(slash - path));
+		int made = 0;
+		if (!dir || make_dirs(dir, 0755, &made))
+			return dir ? 1 : fail(errno, path);
+		free(dir);
+	}
+	if (set & F_APPEND) {
+		fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, mode);
+		if (fd < 0 || ((set & F_MODE) && fchmod(fd, mode) < 0))
+			return fail(errno, path);
+		if ((n = copy_fd(0, fd, &rerr)) < 0)
+			return fail(errno, rerr ? "-" : path);
+		if (close(fd) < 0)
+			return fail(errno, path);
+	} else {
+		/* the temp name keeps a long NAME short enough to fit NAME_MAX */
+		const char *base = slash ? slash + 1 : path;
+		char *tmp;
+		if (asprintf(&tmp, "%.*s.%.200s.snaplab-XXXXXX", (int)(base - path), path, base) < 0)
+			return fail(errno, path);
+		if ((fd = mkostemp(tmp, O_CLOEXEC)) < 0)
+			return fail(errno, path);
+		int e = 0;
+		if (fchmod(fd, mode) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
+			e = errno;
+		if (close(fd) < 0 && !e)
+			e = errno;
+		if (!e && rename(tmp, path) < 0)
+			e = errno;
+		if (e) {
+			unlink(tmp);
+			return fail(e, n < 0 && rerr ? "-" : path);
+		}
+		free(tmp);
+	}
+	printf("{\"bytes\":%lld}\n", n);
+	return flush_out();
+}
+
+static int cmd_stat(const char *path, int set, mode_t mode)
+{
+	struct stat st;
+	if ((set & F_FOLLOW ? stat(path, &st) : lstat(path, &st)) < 0)
+		return fail(errno, path);
+	print_entry(base_name(path), path, &st, link_target(AT_FDCWD, path, &st));
+	return flush_out();
+}
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmd_ls(const char *path, int set, mode_t mode)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	if (!d)
+		return fail(errno, path);
+	char **names = NULL;
+	size_t n = 0, cap = 0;
+	struct dirent *de;
+	while ((errno = 0, de = readdir(d)) != NULL) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (n == cap && !(names = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof *names)))
+			return fail(errno, path);
+		if (!(names[n++] = strdup(de->d_name)))
+			return fail(errno, path);
+	}
+	if (errno)
+		return fail(errno, path);
+	qsort(names, n, sizeof *names, by_name);
+	for (size_t i = 0; i < n; i++) {
+		struct stat st;
+		char *sub = join(path, names[i]);
+		if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0) {
+			char *target = link_target(fd, names[i], &st);
+			print_entry(names[i], sub, &st, target);
+			free(target);
+		} else if (errno != ENOENT) { /* gone since it was read: left out */
+			return fail(errno, sub);
+		}
+		free(sub), free(names[i]);
+	}
+	return flush_out();
+}
+
+static int cmd_mkdir(const char *path, int set, mode_t mode)
+{
+	int made = 0;
+	char *p = strdup(path);
+	mode_t m = set & F_MODE ? mode : 0755;
+	if (!*path)
+		return fail(ENOENT, path);
+	if (!p)
+		return fail(errno, path);
+	if (set & F_PARENTS) {
+		if (make_dirs(p, m, &made))
+			return 1;
+	} else if (mkdir(path, m) < 0) {
+		return fail(errno, path);
+	} else {
+		made = 1;
+	}
+	/* an explicit mode is the mode, whatever the umask */
+	if (made && (set & F_MODE) && chmod(path, mode) < 0)
+		return fail(errno, path);
+	return 0;
+}
+
+static int cmd_rm(const char *path, int set, mode_t mode)
+{
+	struct stat st;
+	char *p = strdup(path), *base = base_name(path);
+	size_t n = strlen(path);
+	if (!p || !base)
+		return fail(errno, path);
+	while (n > 1 && p[n - 1] == '/')
+		p[--n] = 0;
+	if (!strcmp(p, "/") || !strcmp(base, ".") || !strcmp(base, ".."))
+		return fail(EINVAL, path);
+	if (lstat(p, &st) < 0)
+		return (set & F_FORCE) && errno == ENOENT ? 0 : fail(errno, path);
+	/* "link/" would resolve through the link: only a real directory may have a trailing slash */
+	if (!S_ISDIR(st.st_mode))
+		return n < strlen(path) ? fail(ENOTDIR, path) : unlink(p) < 0 ? fail(errno, path) : 0;
+	if (set & F_RECURSIVE)
+		return remove_at(AT_FDCWD, p, path);
+	return rmdir(p) < 0 ? fail(errno, path) : 0;
+}
+
+static const struct { const char *name; int bit; } flags[] = {
+	{ "--mode", F_MODE }, { "--parents", F_PARENTS }, { "--append", F_APPEND }, { "-L", F_FOLLOW },
+	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE },
+};
+
+static const struct { const char *name; int (*run)(const char *path, int set, mode_t mode); int allowed; } cmds[] = {
+	{ "cat", cmd_cat, 0 },
+	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND },
+	{ "stat", cmd_stat, F_FOLLOW },
+	{ "ls", cmd_ls, 0 },
+	{ "mkdir", cmd_mkdir, F_MODE | F_PARENTS },
+	{ "rm", cmd_rm, F_RECURSIVE | F_FORCE },
+};
+
+/* argv[1] is "file": flags, then exactly one PATH (`--` ends the flags). */
+int file_main(int argc, char **argv)
+{
+	size_t c = 0, ncmds = sizeof cmds / sizeof cmds[0];
+	while (argc > 2 && c < ncmds && strcmp(argv[2], cmds[c].name))
+		c++;
+	const char *path = NULL;
+	int set = 0, flags_done = 0;
+	mode_t mode = 0;
+	for (int i = 3; argc > 2 && c < ncmds && i < argc; i++) {
+		const char *a = argv[i];
+		size_t f = 0, nflags = sizeof flags / sizeof flags[0];
+		if (path)
+			goto usage;
+		if (flags_done || a[0] != '-') {
+			path = a;
+			continue;
+		}
+		if (!strcmp(a, "--")) {
+			flags_done = 1;
+			continue;
+		}
+		while (f < nflags && strcmp(a, flags[f].name))
+			f++;
+		if (f == nflags || !(cmds[c].allowed & flags[f].bit))
+			goto usage;
+		set |= flags[f].bit;
+		if (flags[f].bit == F_MODE) {
+			char *end;
+			if (i + 1 == argc || !argv[i + 1][0])
+				goto usage;
+			mode = (mode_t)strtoul(argv[++i], &end, 8) & 07777;
+			if (*end || argv[i][0] < '0' || argv[i][0] > '7')
+				goto usage;
+		}
+	}
+	if (path)
+		return cmds[c].run(path, set, mode);
+usage:
+	fprintf(stderr, "usage: snaplab-agent file cat|write|stat|ls|mkdir|rm ...\n");
+	return 2;
+}

@@ -1,0 +1,76 @@
+/**
+ * The daemon's HTTP application (Fastify): one per listener. On the Unix socket (`trusted`) a
+ * request needs no key; on TCP every route but /healthz and /openapi.json needs a bearer key with
+ * the route's scope. Every request is logged once, with its key and the operation it traced.
+ */
+import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import swagger from '@fastify/swagger';
+import websocket from '@fastify/websocket';
+import { LOCAL, authenticate, requireScope, type Caller } from './keys.js';
+import { sendError } from './http-errors.js';
+import type { Daemon } from './daemon.js';
+import type { Scope } from '../store/records.js';
+import { sandboxRoutes } from './routes-sandboxes.js';
+import { streamRoutes } from './routes-streams.js';
+import { fileRoutes } from './routes-files.js';
+import { adminRoutes } from './routes-admin.js';
+import { VERSION } from '../version.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    caller: Caller;
+    /** the traced operation this request ran, for the log line */
+    opId: string | null;
+  }
+  interface FastifyContextConfig {
+    scope?: Scope;
+  }
+}
+
+export interface AppOptions {
+  trusted: boolean;
+}
+
+export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<FastifyInstance> {
+  const app = Fastify({ logger: false, bodyLimit: 8 << 20, forceCloseConnections: true, return503OnClosing: true });
+  app.decorateRequest('caller', null as unknown as Caller);
+  app.decorateRequest('opId', null);
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.0.3',
+      info: { title: 'snaplab', version: VERSION, description: 'Isolated Linux machines: raise, exec, snapshot, reset. See docs/api.md.' },
+      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+      security: [{ bearer: [] }],
+    },
+  });
+  await app.register(websocket, { options: { maxPayload: 16 << 20 } });
+  // uploads are streamed to the machine as they come, never gathered here
+  app.addContentTypeParser(['application/octet-stream', 'application/x-tar'], (_req, payload, done) => done(null, payload));
+
+  app.addHook('onRequest', async (req: FastifyRequest) => {
+    const scope = req.routeOptions.config?.scope;
+    if (opts.trusted) {
+      req.caller = LOCAL;
+      return;
+    }
+    if (!scope) return;
+    const q = req.query as Record<string, string> | undefined;
+    req.caller = authenticate(daemon.lab.context.store, req.headers.authorization, q?.token);
+    requireScope(req.caller, scope);
+  });
+  app.addHook('onResponse', async (req, reply) => {
+    const route = req.routeOptions.url ?? 'unknown';
+    daemon.metrics.request(route, reply.statusCode);
+    daemon.log({ req: req.id, method: req.method, url: req.url.replace(/([?&]token=)[^&]+/, '$1…'), status: reply.statusCode, ms: Math.round(reply.elapsedTime * 10) / 10, key: req.caller?.key ?? null, op: req.opId });
+  });
+  app.setErrorHandler((e, _req, reply) => sendError(reply, e));
+  app.setNotFoundHandler((req, reply) => reply.status(404).send({ code: 'BAD_INPUT', message: `no route ${req.method} ${req.url.split('?')[0]}`, hint: 'see /openapi.json' }));
+
+  app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, version: VERSION, pid: process.pid }));
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  await app.register(async (r) => sandboxRoutes(r, daemon));
+  await app.register(async (r) => streamRoutes(r, daemon));
+  await app.register(async (r) => fileRoutes(r, daemon));
+  await app.register(async (r) => adminRoutes(r, daemon));
+  return app;
+}

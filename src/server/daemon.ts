@@ -1,0 +1,325 @@
+/**
+ * The daemon's state over one embedded Lab: the event log, the processes it runs, long
+ * operations, quotas, lifetimes and the once-a-second tick that keeps them true. Routes
+ * (routes-*.ts) call it; it calls the SDK. Nothing here is a second implementation of the
+ * lifecycle: a sandbox is made, paused and destroyed by the same Lab calls the CLI makes.
+ */
+import { Lab, type CreateOptions } from '../sdk/lab.js';
+import type { Sandbox } from '../sdk/sandbox.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
+import { defaultName, newId } from '../lab/names.js';
+import { metaOf, updateMeta } from '../lab/meta.js';
+import { reconcile } from '../lab/reconcile.js';
+import { destroyRecord } from '../lab/teardown.js';
+import type { ExecOptions } from '../lab/sandbox-ops.js';
+import type { Limits, SandboxMeta } from '../store/records.js';
+import type { StorageKind } from '../storage/backend.js';
+import { EventLog } from './events.js';
+import { QuotaError } from './http-errors.js';
+import type { Caller } from './keys.js';
+import { Metrics } from './metrics.js';
+import { Operations } from './operations.js';
+import { Process, Processes } from './processes.js';
+
+export interface DaemonOptions {
+  home?: string;
+  /** TTL of a sandbox made through the API when the request gives none (s); 0: none */
+  defaultTimeoutS?: number;
+  /** deadline of an exec or process when the request gives none (ms); 0: none */
+  execTimeoutMs?: number;
+  /** output a process keeps for a client that reconnects (bytes) */
+  ringBytes?: number;
+  /** how often lifetimes, the watcher and the reaper run (ms) */
+  tickMs?: number;
+  /** a create (or restore) of the daemon's own that takes longer than this is aborted and cleaned (s) */
+  createBoundS?: number;
+  log?: (line: Record<string, unknown>) => void;
+}
+
+export const DEFAULTS = { defaultTimeoutS: 300, execTimeoutMs: 60_000, ringBytes: 1 << 20, tickMs: 1000, createBoundS: 300 };
+
+export interface CreateBody {
+  image?: string;
+  snapshot?: string;
+  pool?: string;
+  name?: string;
+  storage?: StorageKind;
+  driver?: string;
+  limits?: Limits;
+  userns?: boolean;
+  init?: 'agent' | 'systemd';
+  labels?: Record<string, string>;
+  metadata?: Record<string, string>;
+  timeoutS?: number;
+  onTimeout?: 'kill' | 'pause';
+}
+
+export interface ProcessSpec {
+  argv: string[];
+  tag?: string;
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+  timeoutMs?: number;
+  tty?: { cols: number; rows: number };
+  stdin?: boolean;
+}
+
+export class Daemon {
+  readonly events: EventLog;
+  readonly processes: Processes;
+  readonly operations = new Operations();
+  readonly metrics = new Metrics();
+  readonly opts: typeof DEFAULTS;
+  private readonly cache = new Map<string, Sandbox>();
+  private readonly execs = new Map<string, number>();
+  private readonly making = new Map<string, number>();
+  /** sandboxes whose TTL is being acted on now */
+  private readonly expiring = new Set<string>();
+  private timer: NodeJS.Timeout | undefined;
+  private ticking: Promise<void> | undefined;
+  private ticks = 0;
+
+  private constructor(readonly lab: Lab, opts: DaemonOptions) {
+    this.opts = { ...DEFAULTS, ...Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined)) } as typeof DEFAULTS;
+    this.events = new EventLog(lab.context.store);
+    this.processes = new Processes();
+    this.log = opts.log ?? (() => {});
+  }
+
+  readonly log: (line: Record<string, unknown>) => void;
+
+  static async open(opts: DaemonOptions = {}): Promise<Daemon> {
+    return new Daemon(await Lab.open({ home: opts.home }), opts);
+  }
+
+  /**
+   * Adopt what is there: finish or clean what a dead process left half-made (gc), keep every pool
+   * at its target, then tick: the watcher, lifetimes, the reaper.
+   */
+  async start(): Promise<void> {
+    const gc = await this.lab.gc().catch((e: Error) => ({ removed: [`(gc failed: ${e.message})`], notes: [] }));
+    if (gc.removed.length) this.log({ msg: 'adopted: removed what was left half-made', removed: gc.removed });
+    for (const p of this.lab.context.store.listPools()) this.lab.pool(p.name).start();
+    await this.tick();
+    this.timer = setInterval(() => void this.tick(), this.opts.tickMs);
+    this.timer.unref();
+  }
+
+  /** One pass; never two at once. */
+  tick(): Promise<void> {
+    this.ticking ??= this.tickOnce().catch((e: Error) => this.log({ msg: 'tick failed', error: e.message })).finally(() => (this.ticking = undefined));
+    return this.ticking;
+  }
+
+  private async tickOnce(): Promise<void> {
+    const ctx = this.lab.context;
+    const reconcileNow = this.ticks++ % 5 === 0;
+    let recs = ctx.store.listSandboxes();
+    if (reconcileNow) recs = await Promise.all(recs.map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(() => r))));
+    this.events.watch(recs);
+    const now = Date.now();
+    for (const r of recs) {
+      // a create that a dead process left: the record is dead with the reason; clean it
+      if (r.state === 'dead' && /^creation was interrupted/.test(r.reason ?? '') && !r.scenario && !r.pool) {
+        await destroyRecord(ctx, r).catch(() => undefined);
+        this.events.record('failed', r, r.reason);
+        this.cache.delete(r.id);
+      }
+    }
+    for (const m of ctx.store.listMeta()) {
+      if (m.expiresAt === null || m.expiresAt > now || this.expiring.has(m.id)) continue;
+      this.expiring.add(m.id);
+      void this.expire(m).finally(() => this.expiring.delete(m.id));
+    }
+  }
+
+  /** A TTL ended: kill (destroy) or pause, as the sandbox was made to. */
+  private async expire(m: SandboxMeta): Promise<void> {
+    const rec = this.lab.context.store.getSandbox(m.id);
+    if (!rec) return;
+    const reason = `its timeout of ${m.timeoutS} s ended`;
+    this.events.record('timeout', rec, reason, { onTimeout: m.onTimeout ?? 'kill' });
+    try {
+      if (m.onTimeout === 'pause' && rec.state === 'running') {
+        updateMeta(this.lab.context, m.id, { expiresAt: null });
+        await this.pause(rec.id, reason);
+      } else {
+        await this.destroy(rec.id, reason);
+      }
+    } catch (e) {
+      this.log({ msg: 'timeout action failed', sandbox: rec.name, error: (e as Error).message });
+    }
+  }
+
+  /** The sandbox object for id or name, reused while its record is unchanged (its agent connection with it). */
+  async sandbox(idOrName: string): Promise<Sandbox> {
+    const rec = this.lab.context.store.getSandbox(idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
+    const hit = rec && this.cache.get(rec.id);
+    if (hit && hit.state === rec.state) return hit;
+    hit?.close();
+    const box = await this.lab.get(idOrName);
+    if (box.state === 'running' || box.state === 'paused') this.cache.set(box.id, box);
+    return box;
+  }
+
+  view(box: Sandbox): Record<string, unknown> {
+    const m = metaOf(this.lab.context, box.id);
+    return {
+      ...box.toJSON(),
+      owner: m.owner,
+      timeoutS: m.timeoutS ?? 0,
+      onTimeout: m.onTimeout ?? 'kill',
+      expiresAt: m.expiresAt ? new Date(m.expiresAt).toISOString() : null,
+    };
+  }
+
+  async create(caller: Caller, body: CreateBody): Promise<Sandbox> {
+    const sources = [body.image, body.snapshot, body.pool].filter((x) => x !== undefined).length;
+    if (sources > 1) throw new SnaplabError('BAD_INPUT', 'give one of image, snapshot and pool', 'a sandbox comes from an image (default busybox), a snapshot, or a pool standby');
+    if (body.pool !== undefined && (body.name !== undefined || body.limits || body.storage || body.driver)) {
+      throw new SnaplabError('BAD_INPUT', 'a pool standby takes no name, limits, storage or driver', "they are the pool's; give labels, metadata and a timeout only");
+    }
+    const timeoutS = body.timeoutS ?? this.opts.defaultTimeoutS;
+    if (!Number.isSafeInteger(timeoutS) || timeoutS < 0) throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
+    const release = this.claimSandbox(caller);
+    const name = body.name ?? defaultName(newId());
+    this.events.making.add(name);
+    const signal = AbortSignal.timeout(this.opts.createBoundS * 1000);
+    try {
+      let box: Sandbox;
+      let how: string;
+      if (body.pool !== undefined) {
+        box = await this.lab.pool(body.pool).take();
+        await box.setLabels({ labels: body.labels ?? {}, metadata: body.metadata ?? {} });
+        how = `a standby of pool ${body.pool}`;
+      } else if (body.snapshot !== undefined) {
+        box = await this.lab.restore(body.snapshot, { name, limits: body.limits, userns: body.userns, labels: body.labels, metadata: body.metadata, signal });
+        how = `restored from snapshot ${body.snapshot}`;
+      } else {
+        const opts: CreateOptions = { image: body.image, name, storage: body.storage, driver: body.driver, limits: body.limits, userns: body.userns, init: body.init, labels: body.labels, metadata: body.metadata, signal };
+        box = await this.lab.create(opts);
+        how = `from image ${box.image}`;
+      }
+      updateMeta(this.lab.context, box.id, { owner: caller.key, timeoutS, onTimeout: body.onTimeout ?? 'kill', expiresAt: timeoutS ? Date.now() + timeoutS * 1000 : null });
+      this.cache.set(box.id, box);
+      if (box.lastTrace) this.metrics.observeTrace(box.lastTrace);
+      this.events.record('created', box, how, { image: box.image, driver: box.driver, owner: caller.key, operation: box.lastTrace?.id ?? null });
+      this.events.record('ready', box, null, { ms: box.lastTrace?.totalMs ?? null });
+      return box;
+    } catch (e) {
+      if (signal.aborted && !isSnaplabError(e, 'TIMEOUT')) {
+        throw new SnaplabError('TIMEOUT', `the create took longer than ${this.opts.createBoundS} s and was stopped (what it made is removed)`, 'see its trace; a VM under emulation can be slow to boot', { cause: e });
+      }
+      throw e;
+    } finally {
+      this.events.making.delete(name);
+      release();
+    }
+  }
+
+  async destroy(idOrName: string, reason = 'destroyed through the API'): Promise<void> {
+    const box = await this.sandbox(idOrName);
+    for (const p of this.processes.of(box.id)) if (!p.ended) p.handle?.kill(9);
+    const t = await box.destroy();
+    this.metrics.observeTrace(t);
+    this.cache.delete(box.id);
+    this.processes.forget(box.id);
+    this.events.record('destroyed', box, reason, { operation: t.id });
+  }
+
+  async pause(idOrName: string, reason: string | null = null): Promise<Sandbox> {
+    const box = await this.sandbox(idOrName);
+    const t = await box.pause();
+    this.metrics.observeTrace(t);
+    // a paused sandbox's clock stands still: resume starts its timeout again
+    updateMeta(this.lab.context, box.id, { expiresAt: null });
+    this.events.record('paused', box, reason, { operation: t.id });
+    return box;
+  }
+
+  async resume(idOrName: string): Promise<Sandbox> {
+    const box = await this.sandbox(idOrName);
+    const t = await box.resume();
+    this.metrics.observeTrace(t);
+    const m = metaOf(this.lab.context, box.id);
+    if (m.timeoutS) updateMeta(this.lab.context, box.id, { expiresAt: Date.now() + m.timeoutS * 1000 });
+    this.events.record('resumed', box, null, { operation: t.id });
+    return box;
+  }
+
+  /** A new timeout from now (0: none). */
+  async setTimeout(idOrName: string, timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<Sandbox> {
+    const box = await this.sandbox(idOrName);
+    const running = box.state === 'running';
+    updateMeta(this.lab.context, box.id, { timeoutS, ...(onTimeout ? { onTimeout } : {}), expiresAt: timeoutS && running ? Date.now() + timeoutS * 1000 : null });
+    return box;
+  }
+
+  /** A slot for one more sandbox of this key, held until the create ends (the store counts it after). */
+  private claimSandbox(caller: Caller): () => void {
+    if (caller.maxSandboxes !== null) {
+      const have = this.lab.context.store.countOwned(caller.key) + (this.making.get(caller.key) ?? 0);
+      if (have >= caller.maxSandboxes) throw new QuotaError('maxSandboxes', `key ${caller.key} has ${have} of its ${caller.maxSandboxes} sandboxes`, 5);
+    }
+    this.making.set(caller.key, (this.making.get(caller.key) ?? 0) + 1);
+    return () => this.making.set(caller.key, (this.making.get(caller.key) ?? 1) - 1);
+  }
+
+  /** A slot for one more concurrent exec of this key; call the result when the exec ends. */
+  claimExec(caller: Caller): () => void {
+    const n = this.execs.get(caller.key) ?? 0;
+    if (caller.maxExecs !== null && n >= caller.maxExecs) throw new QuotaError('maxExecs', `key ${caller.key} runs ${n} of its ${caller.maxExecs} concurrent execs`);
+    this.execs.set(caller.key, n + 1);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      this.execs.set(caller.key, (this.execs.get(caller.key) ?? 1) - 1);
+    };
+  }
+
+  execsRunning(): number {
+    return [...this.execs.values()].reduce((a, b) => a + b, 0);
+  }
+
+  /** The deadline of an exec: the request's, else the daemon's default; 0 means none. */
+  deadline(timeoutMs: number | undefined): number | undefined {
+    const ms = timeoutMs ?? this.opts.execTimeoutMs;
+    return ms > 0 ? ms : undefined;
+  }
+
+  /**
+   * Start a command whose output a client may read now or later (a streamed exec, a background
+   * process): its deadline kills its process group whoever is attached.
+   */
+  async startProcess(caller: Caller, box: Sandbox, spec: ProcessSpec): Promise<Process> {
+    const release = this.claimExec(caller);
+    const p = new Process(box.id, spec.argv, spec.tag ?? null, spec.tty !== undefined, this.opts.ringBytes);
+    const opts: ExecOptions = {
+      env: spec.env, cwd: spec.cwd, user: spec.user, timeoutMs: this.deadline(spec.timeoutMs), tty: spec.tty,
+      onStdout: (b) => p.output('stdout', b), onStderr: (b) => p.output('stderr', b),
+      ...(spec.stdin ? { stdin: true as const } : {}),
+    };
+    try {
+      p.attach(await box.spawn(spec.argv, opts));
+    } catch (e) {
+      release();
+      throw e;
+    }
+    this.processes.add(p);
+    const started = Date.now();
+    p.once('exit', () => {
+      release();
+      this.metrics.exec.observe('kind="stream"', Date.now() - started);
+      this.events.record('process.exited', box, p.error ? p.error.message : null, { process: p.id, tag: p.tag, exitCode: p.result?.exitCode ?? null, timedOut: p.result?.timedOut ?? false });
+    });
+    return p;
+  }
+
+  close(): void {
+    if (this.timer) clearInterval(this.timer);
+    for (const b of this.cache.values()) b.close();
+    this.lab.close();
+  }
+}

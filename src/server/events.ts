@@ -1,0 +1,86 @@
+/**
+ * The event log behind `GET /events`: created, ready, paused, resumed, exited, destroyed, failed,
+ * timeout, each with the sandbox, a reason and an id that only grows. Kept in the store, so a
+ * client resumes with Last-Event-ID across a daemon restart. What the daemon does it records as
+ * it does it; what other processes do (the CLI, the library) a watcher finds by comparing the
+ * store with what it saw last, once a second, and records with the reason it can give.
+ */
+import { EventEmitter } from 'node:events';
+import type { Store } from '../store/store.js';
+import type { EventRecord, SandboxRecord, SandboxState } from '../store/records.js';
+
+export type EventType = 'created' | 'ready' | 'paused' | 'resumed' | 'exited' | 'destroyed' | 'failed' | 'timeout' | 'process.exited';
+
+/** What a state the watcher finds means as an event. */
+const STATE_EVENT: Partial<Record<SandboxState, EventType>> = { running: 'resumed', paused: 'paused', dead: 'exited' };
+
+export class EventLog extends EventEmitter {
+  /** the state of each sandbox as the log last told it */
+  private readonly known = new Map<string, SandboxState>();
+  private readonly names = new Map<string, string>();
+  /** names of sandboxes the daemon is making now: the watcher leaves them to it */
+  readonly making = new Set<string>();
+
+  constructor(private readonly store: Store) {
+    super();
+    this.setMaxListeners(0);
+    // what the log said last about each sandbox: a restart does not announce them again, and one
+    // removed while no daemon ran is reported gone
+    for (const e of this.replay()) {
+      if (!e.sandbox) continue;
+      if (e.name) this.names.set(e.sandbox, e.name);
+      if (e.type === 'destroyed' || e.type === 'failed') this.known.delete(e.sandbox);
+      else if (e.type === 'created' || e.type === 'ready' || e.type === 'resumed') this.known.set(e.sandbox, 'running');
+      else if (e.type === 'paused') this.known.set(e.sandbox, 'paused');
+      else if (e.type === 'exited') this.known.set(e.sandbox, 'dead');
+    }
+  }
+
+  private *replay(): Generator<EventRecord> {
+    for (let after = 0; ;) {
+      const batch = this.store.eventsAfter(after, 1000);
+      if (!batch.length) return;
+      yield* batch;
+      after = batch.at(-1)!.id;
+    }
+  }
+
+  record(type: EventType, sandbox: { id: string; name?: string | null } | null, reason: string | null, data: Record<string, unknown> | null = null): EventRecord {
+    const name = sandbox ? sandbox.name ?? this.names.get(sandbox.id) ?? null : null;
+    const e = this.store.appendEvent({ at: Date.now(), type, sandbox: sandbox?.id ?? null, name, reason, data });
+    if (sandbox) {
+      if (name) this.names.set(sandbox.id, name);
+      if (type === 'destroyed' || type === 'failed') {
+        this.known.delete(sandbox.id);
+        this.names.delete(sandbox.id);
+      } else if (type === 'paused') this.known.set(sandbox.id, 'paused');
+      else if (type === 'exited') this.known.set(sandbox.id, 'dead');
+      else if (type !== 'timeout' && type !== 'process.exited') this.known.set(sandbox.id, 'running');
+    }
+    this.emit('event', e);
+    return e;
+  }
+
+  /** Compare the store with what was last told; record what changed behind the daemon's back. */
+  watch(records: SandboxRecord[]): void {
+    const seen = new Set<string>();
+    for (const r of records) {
+      seen.add(r.id);
+      if (r.state === 'creating' || r.state === 'removing' || this.making.has(r.name)) continue;
+      const was = this.known.get(r.id);
+      if (was === undefined) {
+        this.record('created', r, r.pool ? `standby of pool ${r.pool}` : 'made outside the daemon');
+        if (r.state !== 'running') this.record(STATE_EVENT[r.state]!, r, r.reason);
+      } else if (was !== r.state) {
+        this.record(STATE_EVENT[r.state]!, r, r.reason ?? (r.pool ? `pool ${r.pool}` : 'outside the daemon'));
+      }
+    }
+    for (const id of [...this.known.keys()]) {
+      if (!seen.has(id)) this.record('destroyed', { id }, 'removed outside the daemon');
+    }
+  }
+
+  after(id: number, limit?: number): EventRecord[] {
+    return this.store.eventsAfter(id, limit);
+  }
+}

@@ -1,0 +1,52 @@
+/**
+ * How a SnaplabError travels over HTTP: its code picks the status, the body is the error's JSON
+ * (code, message, hint) with the operation id when a traced operation failed. The remote client
+ * turns the body back into the same SnaplabError, so callers handle one error type either way.
+ */
+import type { FastifyError, FastifyReply } from 'fastify';
+import { SnaplabError, isSnaplabError, type ErrorCode } from '../errors.js';
+
+const STATUS: Partial<Record<ErrorCode, number>> = {
+  BAD_INPUT: 400, BAD_SIZE: 400, BAD_NAME: 400, SCENARIO_INVALID: 400, BAD_IMAGE: 400, IMAGE_UNSAFE: 400, IMAGE_TOO_LARGE: 413,
+  UNAUTHORIZED: 401, FORBIDDEN: 403,
+  SANDBOX_NOT_FOUND: 404, SNAPSHOT_NOT_FOUND: 404, IMAGE_NOT_FOUND: 404, POOL_NOT_FOUND: 404, SCENARIO_NOT_FOUND: 404,
+  OPERATION_NOT_FOUND: 404, KEY_NOT_FOUND: 404, PROCESS_NOT_FOUND: 404, FILE_NOT_FOUND: 404,
+  SANDBOX_EXISTS: 409, SNAPSHOT_EXISTS: 409, IMAGE_EXISTS: 409, IMAGE_IN_USE: 409, POOL_EXISTS: 409, SCENARIO_EXISTS: 409, KEY_EXISTS: 409,
+  SANDBOX_PAUSED: 409, SANDBOX_DEAD: 409, PORT_IN_USE: 409, FILE_ERROR: 409,
+  QUOTA_EXCEEDED: 429, NO_USERNS_SLOT: 503, STORAGE_UNAVAILABLE: 503, DRIVER_UNAVAILABLE: 503, MISSING_TOOL: 503,
+  TIMEOUT: 504, ABORTED: 499,
+};
+
+export function statusOf(code: ErrorCode): number {
+  return STATUS[code] ?? 500;
+}
+
+/** A quota refusal: 429 with Retry-After and which limit it was. */
+export class QuotaError extends SnaplabError {
+  constructor(readonly limit: 'maxSandboxes' | 'maxExecs', message: string, readonly retryAfterS = 1) {
+    super('QUOTA_EXCEEDED', message, `wait for one to end (Retry-After), or raise the key's ${limit === 'maxSandboxes' ? '--max-sandboxes' : '--max-execs'}`);
+  }
+}
+
+export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
+  const err = toSnaplab(e);
+  const body: Record<string, unknown> = err.toJSON();
+  const op = (err as SnaplabError & { operationId?: string }).operationId;
+  if (op) body.operationId = op;
+  if (err instanceof QuotaError) {
+    body.limit = err.limit;
+    void reply.header('retry-after', String(err.retryAfterS));
+  }
+  return reply.status(statusOf(err.code)).send(body);
+}
+
+/** Fastify's own errors (schema validation, a body too large, bad JSON) as SnaplabErrors. */
+export function toSnaplab(e: unknown): SnaplabError {
+  if (isSnaplabError(e)) return e;
+  const fe = e as FastifyError;
+  if (fe?.validation) return new SnaplabError('BAD_INPUT', `invalid request: ${fe.message}`, 'see /openapi.json for what the endpoint takes');
+  if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) {
+    return new SnaplabError(fe.statusCode === 404 ? 'BAD_INPUT' : 'BAD_INPUT', fe.message, fe.statusCode === 413 ? 'send less, or stream it' : 'see /openapi.json');
+  }
+  return new SnaplabError('INTERNAL', (e as Error)?.message ?? String(e), 'this is a bug in snaplab; the daemon log has the details');
+}

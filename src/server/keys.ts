@@ -1,0 +1,70 @@
+/**
+ * API keys: `snaplab key create NAME` prints a key once; the store keeps its sha256 only. A key
+ * has scopes (read: GET; exec: sandboxes, their commands and files; admin: images, pools,
+ * scenarios, keys) and optional quotas. Requests on the Unix socket carry no key: the socket is
+ * mode 0600, whoever can open it is root already.
+ */
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { SnaplabError } from '../errors.js';
+import { checkName } from '../lab/names.js';
+import type { Store } from '../store/store.js';
+import type { ApiKeyRecord, Scope } from '../store/records.js';
+
+export const SCOPES: readonly Scope[] = ['read', 'exec', 'admin'];
+const PREFIX = 'snaplab_';
+
+/** Who is calling: a key's name, scopes and quotas ('local' on the Unix socket: every scope, no quota). */
+export interface Caller {
+  key: string;
+  scopes: ReadonlySet<Scope>;
+  maxSandboxes: number | null;
+  maxExecs: number | null;
+}
+
+export const LOCAL: Caller = { key: 'local', scopes: new Set(SCOPES), maxSandboxes: null, maxExecs: null };
+
+export const hashKey = (token: string): string => createHash('sha256').update(token).digest('hex');
+
+export function parseScopes(text: string): Scope[] {
+  const scopes = text.split(',').map((s) => s.trim()).filter(Boolean);
+  for (const s of scopes) {
+    if (!SCOPES.includes(s as Scope)) throw new SnaplabError('BAD_INPUT', `unknown scope ${JSON.stringify(s)}`, `scopes are ${SCOPES.join(', ')} (comma-separated)`);
+  }
+  if (!scopes.length) throw new SnaplabError('BAD_INPUT', 'no scope given', `give one or more of ${SCOPES.join(', ')}`);
+  return [...new Set(scopes)] as Scope[];
+}
+
+export function createKey(store: Store, name: string, opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {}): { token: string; key: ApiKeyRecord } {
+  checkName('key', name);
+  if (store.listKeys().some((k) => k.name === name)) throw new SnaplabError('KEY_EXISTS', `a key named ${name} exists`, `remove it first with \`snaplab key rm ${name}\`, or pick another name`);
+  const token = PREFIX + randomBytes(32).toString('base64url');
+  const key: ApiKeyRecord = {
+    name, hash: hashKey(token), scopes: opts.scopes ?? ['read', 'exec'], maxSandboxes: opts.maxSandboxes ?? null, maxExecs: opts.maxExecs ?? null, createdAt: Date.now(),
+  };
+  store.insertKey(key);
+  return { token, key };
+}
+
+export function removeKey(store: Store, name: string): void {
+  if (!store.deleteKey(name)) throw new SnaplabError('KEY_NOT_FOUND', `no key named ${name}`, 'see `snaplab key ls`');
+}
+
+/** The caller a bearer token stands for, or an UNAUTHORIZED error. */
+export function authenticate(store: Store, header: string | undefined, queryToken: string | undefined): Caller {
+  const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
+  const token = m?.[1] ?? queryToken;
+  if (!token) throw new SnaplabError('UNAUTHORIZED', 'no API key given', 'send `Authorization: Bearer KEY` (make one with `snaplab key create NAME`)');
+  const hash = hashKey(token);
+  const k = store.getKeyByHash(hash);
+  // the lookup is by hash; compare again in constant time all the same
+  if (!k || !timingSafeEqual(Buffer.from(k.hash, 'hex'), Buffer.from(hash, 'hex'))) {
+    throw new SnaplabError('UNAUTHORIZED', 'the API key is not known', 'check the key, or make a new one with `snaplab key create NAME`');
+  }
+  return { key: k.name, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
+}
+
+export function requireScope(caller: Caller, scope: Scope): void {
+  if (!caller.scopes.has(scope)) {
+    throw new SnaplabError('FORBIDDEN', `key ${caller.key} has no ${scope} scope`, `make a key with \`--scope ${scope}\` for this call`);
+  }
+}

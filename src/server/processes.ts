@@ -1,0 +1,163 @@
+/**
+ * Commands the daemon runs for clients that may go away: every streamed exec and every
+ * background process. Its output goes into a bounded ring, one byte-offset space over stdout and
+ * stderr in the order they came, so a client that reconnects asks for "from offset N" and gets
+ * everything after N that the ring still holds, and is told of a gap if it does not. The command
+ * lives until it exits or its deadline kills its process group, whoever is attached.
+ */
+import { EventEmitter } from 'node:events';
+import { randomBytes } from 'node:crypto';
+import { SnaplabError } from '../errors.js';
+import { toSnaplab } from './http-errors.js';
+import type { ExecProcess, ExecResult } from '../lab/sandbox-ops.js';
+
+export type StreamName = 'stdout' | 'stderr';
+
+export interface Chunk {
+  stream: StreamName;
+  /** offset of its first byte in the process's output */
+  offset: number;
+  data: Buffer;
+}
+
+/** The last `capacity` bytes of output, as the chunks they came in. */
+export class Ring {
+  private chunks: Chunk[] = [];
+  private held = 0;
+  /** bytes ever written */
+  total = 0;
+
+  constructor(readonly capacity: number) {}
+
+  /** the first offset still held */
+  get start(): number {
+    return this.chunks[0]?.offset ?? this.total;
+  }
+
+  push(stream: StreamName, data: Buffer): Chunk {
+    const c = { stream, offset: this.total, data };
+    this.chunks.push(c);
+    this.total += data.length;
+    this.held += data.length;
+    while (this.held > this.capacity && this.chunks.length > 1) this.held -= this.chunks.shift()!.data.length;
+    // one chunk larger than the ring: keep its tail
+    if (this.held > this.capacity) {
+      const only = this.chunks[0]!;
+      const cut = this.held - this.capacity;
+      this.chunks[0] = { stream: only.stream, offset: only.offset + cut, data: only.data.subarray(cut) };
+      this.held = this.capacity;
+    }
+    return c;
+  }
+
+  /** What is held from `offset` on; `gap` when some of what was asked for is gone. */
+  from(offset: number): { chunks: Chunk[]; gap: { from: number; to: number } | null } {
+    const start = this.start;
+    const gap = offset < start ? { from: offset, to: start } : null;
+    const at = Math.max(offset, start);
+    const out: Chunk[] = [];
+    for (const c of this.chunks) {
+      const end = c.offset + c.data.length;
+      if (end <= at) continue;
+      out.push(c.offset >= at ? c : { stream: c.stream, offset: at, data: c.data.subarray(at - c.offset) });
+    }
+    return { chunks: out, gap };
+  }
+}
+
+export interface ProcessInfo {
+  id: string;
+  sandbox: string;
+  tag: string | null;
+  argv: string[];
+  pid: number | null;
+  tty: boolean;
+  startedAt: string;
+  state: 'running' | 'exited' | 'lost';
+  /** output offsets: everything before `start` is gone from the ring; `end` is the next byte */
+  output: { start: number; end: number };
+  result: Omit<ExecResult, 'stdout' | 'stderr'> | null;
+  error: { code: string; message: string; hint?: string } | null;
+}
+
+/** One command: its handle, its ring, and who listens ('chunk', 'exit'). */
+export class Process extends EventEmitter {
+  readonly id = randomBytes(8).toString('hex');
+  readonly ring: Ring;
+  readonly startedAt = Date.now();
+  pid: number | null = null;
+  result: ExecResult | null = null;
+  error: SnaplabError | null = null;
+  handle: ExecProcess | undefined;
+
+  constructor(readonly sandbox: string, readonly argv: string[], readonly tag: string | null, readonly tty: boolean, ringBytes: number) {
+    super();
+    this.setMaxListeners(0);
+    this.ring = new Ring(ringBytes);
+  }
+
+  output(stream: StreamName, data: Buffer): void {
+    this.emit('chunk', this.ring.push(stream, data));
+  }
+
+  attach(h: ExecProcess): void {
+    this.handle = h;
+    void h.pid.then((p) => (this.pid = p), () => {});
+    h.result.then(
+      (r) => {
+        this.result = r;
+        this.emit('exit');
+      },
+      (e) => {
+        this.error = toSnaplab(e);
+        this.emit('exit');
+      },
+    );
+  }
+
+  /** ended: exited, or lost (its sandbox died, the agent went away) */
+  get ended(): boolean {
+    return this.result !== null || this.error !== null;
+  }
+
+  info(): ProcessInfo {
+    const r = this.result;
+    return {
+      id: this.id, sandbox: this.sandbox, tag: this.tag, argv: this.argv, pid: this.pid, tty: this.tty, startedAt: new Date(this.startedAt).toISOString(),
+      state: r ? 'exited' : this.error ? 'lost' : 'running', error: this.error?.toJSON() ?? null, output: { start: this.ring.start, end: this.ring.total },
+      result: r ? { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, notFound: r.notFound, truncated: r.truncated, usage: r.usage, oomKilled: r.oomKilled } : null,
+    };
+  }
+}
+
+/** Every process of this daemon; an exited one is kept for `keepMs` so a late client still reads its end. */
+export class Processes {
+  private readonly all = new Map<string, Process>();
+
+  constructor(private readonly keepMs = 10 * 60_000) {}
+
+  add(p: Process): Process {
+    this.all.set(p.id, p);
+    p.once('exit', () => setTimeout(() => this.all.delete(p.id), this.keepMs).unref());
+    return p;
+  }
+
+  get(sandbox: string, id: string): Process {
+    const p = this.all.get(id);
+    if (!p || p.sandbox !== sandbox) throw new SnaplabError('PROCESS_NOT_FOUND', `no process ${id} in this sandbox`, 'list them with GET /sandboxes/{id}/processes (an exited one is kept 10 minutes)');
+    return p;
+  }
+
+  of(sandbox: string): Process[] {
+    return [...this.all.values()].filter((p) => p.sandbox === sandbox);
+  }
+
+  /** the sandbox is gone: its processes end with it */
+  forget(sandbox: string): void {
+    for (const p of this.of(sandbox)) this.all.delete(p.id);
+  }
+
+  running(): number {
+    return [...this.all.values()].filter((p) => !p.ended).length;
+  }
+}

@@ -1,0 +1,257 @@
+/**
+ * Streamed execs and background processes. `GET /sandboxes/{id}/exec` (WebSocket) starts a command
+ * from its first message and streams it; every such command is also a process with an id, so a
+ * client that lost its connection reattaches at `GET /sandboxes/{id}/processes/{pid}/attach?offset=N`
+ * and misses nothing the ring still holds (a gap is reported when it does not). See docs/api.md
+ * for the frames.
+ */
+import type { FastifyInstance } from 'fastify';
+import type { WebSocket } from 'ws';
+import { Type } from 'typebox';
+import { SnaplabError } from '../errors.js';
+import type { Daemon, ProcessSpec } from './daemon.js';
+import type { Chunk, Process } from './processes.js';
+import { toSnaplab } from './http-errors.js';
+import { IdParams, ProcessBody, errors } from './schemas.js';
+
+const STREAM_BYTE = { stdout: 1, stderr: 2 } as const;
+const HIGH = 8 << 20;
+const LOW = 1 << 20;
+
+const SIGNALS: Record<string, number> = { HUP: 1, INT: 2, QUIT: 3, KILL: 9, USR1: 10, USR2: 12, TERM: 15, CONT: 18, STOP: 19, WINCH: 28 };
+
+export function signalNumber(s: unknown): number {
+  const n = typeof s === 'number' ? s : SIGNALS[String(s).replace(/^SIG/, '').toUpperCase()] ?? Number(s);
+  if (!Number.isInteger(n) || n < 1 || n > 64) throw new SnaplabError('BAD_INPUT', `unknown signal ${JSON.stringify(s)}`, `give a number or one of ${Object.keys(SIGNALS).join(', ')}`);
+  return n;
+}
+
+const send = (ws: WebSocket, msg: Record<string, unknown>): void => {
+  if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(msg));
+};
+
+function exitMessage(p: Process): Record<string, unknown> {
+  const i = p.info();
+  return { type: 'exit', process: p.id, result: i.result, error: i.error, end: i.output.end };
+}
+
+/**
+ * Send a process's output from `offset` on to a socket, then its exit. A socket that does not keep
+ * up is sent no more until its queue has drained below LOW; it then continues from the ring (a
+ * gap when the ring has moved past it), so a slow client costs bounded memory.
+ */
+function pump(p: Process, ws: WebSocket, offset: number): void {
+  let next = offset;
+  let waiting = false;
+  const sendChunk = (c: Chunk): void => {
+    if (c.offset + c.data.length <= next) return;
+    const data = c.offset < next ? c.data.subarray(next - c.offset) : c.data;
+    ws.send(Buffer.concat([Buffer.of(STREAM_BYTE[c.stream]), data]));
+    next = c.offset + c.data.length;
+  };
+  const catchUp = (): void => {
+    const { chunks, gap } = p.ring.from(next);
+    if (gap) {
+      send(ws, { type: 'gap', from: gap.from, to: gap.to });
+      next = gap.to;
+    }
+    for (const c of chunks) sendChunk(c);
+  };
+  const onChunk = (c: Chunk): void => {
+    if (waiting || ws.readyState !== ws.OPEN) return;
+    if (ws.bufferedAmount > HIGH) {
+      waiting = true;
+      const poll = setInterval(() => {
+        if (ws.readyState !== ws.OPEN) return clearInterval(poll);
+        if (ws.bufferedAmount > LOW) return;
+        clearInterval(poll);
+        waiting = false;
+        catchUp();
+        if (p.ended) finish();
+      }, 20);
+      return;
+    }
+    if (c.offset > next) catchUp();
+    else sendChunk(c);
+  };
+  const finish = (): void => {
+    if (waiting) return;
+    catchUp();
+    send(ws, exitMessage(p));
+    ws.close(1000, 'exited');
+  };
+  catchUp();
+  if (p.ended) return finish();
+  p.on('chunk', onChunk);
+  p.once('exit', finish);
+  ws.once('close', () => {
+    p.off('chunk', onChunk);
+    p.off('exit', finish);
+  });
+}
+
+/** What a client sends: binary frames are stdin; text frames are {type: eof|signal|resize}. */
+function control(p: Process, ws: WebSocket): void {
+  ws.on('message', (data, isBinary) => {
+    const h = p.handle;
+    if (!h || p.ended) return;
+    try {
+      if (isBinary) {
+        if (!h.write(data as Buffer)) {
+          ws.pause();
+          void h.drained().then(() => ws.resume());
+        }
+        return;
+      }
+      const m = JSON.parse(String(data)) as { type?: string; signal?: unknown; cols?: number; rows?: number };
+      if (m.type === 'eof') h.end();
+      else if (m.type === 'signal') h.kill(signalNumber(m.signal));
+      else if (m.type === 'resize' && Number.isInteger(m.cols) && Number.isInteger(m.rows)) h.resize(m.cols!, m.rows!);
+      else throw new SnaplabError('BAD_INPUT', `unknown message ${JSON.stringify(m.type)}`, 'send binary frames for stdin, or {"type": "eof" | "signal" | "resize"}');
+    } catch (e) {
+      send(ws, { type: 'error', error: toSnaplab(e).toJSON() });
+    }
+  });
+}
+
+/** The first message of a socket, as JSON (or an error sent and the socket closed). */
+function firstMessage(ws: WebSocket): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new SnaplabError('TIMEOUT', 'no start message within 30 s', 'send {"type": "start", "argv": [...]} first')), 30_000);
+    ws.once('message', (data, isBinary) => {
+      clearTimeout(timer);
+      try {
+        if (isBinary) throw new Error('binary');
+        resolve(JSON.parse(String(data)));
+      } catch {
+        reject(new SnaplabError('BAD_INPUT', 'the first message must be JSON: {"type": "start", "argv": [...]}', 'see docs/api.md, streaming exec'));
+      }
+    });
+    ws.once('close', () => reject(new SnaplabError('ABORTED', 'closed before it started')));
+  });
+}
+
+function refuse(ws: WebSocket, e: unknown): void {
+  send(ws, { type: 'error', error: toSnaplab(e).toJSON() });
+  ws.close(1008, toSnaplab(e).code);
+}
+
+/** A start message's fields, checked as the REST body's schema checks them. */
+function processSpec(m: Record<string, unknown>): ProcessSpec {
+  const bad = (what: string): never => { throw new SnaplabError('BAD_INPUT', `invalid ${what} in the start message`, 'see docs/api.md, streaming exec'); };
+  const str = (v: unknown, what: string): string | undefined => (v === undefined ? undefined : typeof v === 'string' ? v : bad(what));
+  const env = m.env === undefined ? undefined : typeof m.env === 'object' && m.env && Object.values(m.env).every((v) => typeof v === 'string') ? (m.env as Record<string, string>) : bad('env');
+  const timeoutMs = m.timeoutMs === undefined ? undefined : Number.isSafeInteger(m.timeoutMs) && (m.timeoutMs as number) >= 0 ? (m.timeoutMs as number) : bad('timeoutMs');
+  const t = m.tty as { cols?: unknown; rows?: unknown } | undefined;
+  const size = (v: unknown): boolean => Number.isInteger(v) && (v as number) >= 1 && (v as number) <= 65535;
+  const tty = t === undefined ? undefined : typeof t === 'object' && size(t.cols) && size(t.rows) ? { cols: t.cols as number, rows: t.rows as number } : bad('tty');
+  return { argv: m.argv as string[], tag: str(m.tag, 'tag'), env, cwd: str(m.cwd, 'cwd'), user: str(m.user, 'user'), timeoutMs, tty, stdin: m.stdin === true };
+}
+
+const ProcParams = Type.Object({ id: Type.String(), pid: Type.String() });
+
+export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
+  const tags = ['processes'];
+  app.get('/sandboxes/:id/exec', { websocket: true, config: { scope: 'exec' }, schema: { tags, summary: 'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, tag?, onDisconnect?: "keep"|"kill"}', params: IdParams } }, (ws, req) => {
+    void (async () => {
+      let p: Process;
+      let onDisconnect = 'keep';
+      try {
+        const m = (await firstMessage(ws)) as { type?: string; onDisconnect?: string } & Record<string, unknown>;
+        if (m.type !== 'start' || !Array.isArray(m.argv) || !m.argv.length || m.argv.some((a) => typeof a !== 'string')) {
+          throw new SnaplabError('BAD_INPUT', 'the first message must be {"type": "start", "argv": ["cmd", ...]}', 'see docs/api.md, streaming exec');
+        }
+        onDisconnect = m.onDisconnect === 'kill' ? 'kill' : 'keep';
+        const box = await d.sandbox((req.params as { id: string }).id);
+        p = await d.startProcess(req.caller, box, processSpec(m));
+      } catch (e) {
+        return refuse(ws, e);
+      }
+      send(ws, { type: 'started', process: p.id, pid: await p.handle!.pid.catch(() => null) });
+      control(p, ws);
+      pump(p, ws, 0);
+      ws.once('close', () => { if (onDisconnect === 'kill' && !p.ended) p.handle?.kill(9); });
+    })();
+  });
+
+  app.get('/sandboxes/:id/processes/:pid/attach', { websocket: true, config: { scope: 'exec' }, schema: { tags, summary: 'Reattach (WebSocket) from output offset N: what the ring holds after N, then live', params: ProcParams, querystring: Type.Object({ offset: Type.Optional(Type.Integer({ minimum: 0 })), token: Type.Optional(Type.String()) }) } }, (ws, req) => {
+    try {
+      const { id, pid } = req.params as { id: string; pid: string };
+      const box = d.lab.context.store.getSandbox(id);
+      const p = d.processes.get(box?.id ?? id, pid);
+      const offset = (req.query as { offset?: number }).offset ?? 0;
+      send(ws, { type: 'attached', process: p.id, ...p.info() });
+      control(p, ws);
+      pump(p, ws, offset);
+    } catch (e) {
+      refuse(ws, e);
+    }
+  });
+
+  const proc = (id: string, pid: string): Process => d.processes.get(d.lab.context.store.getSandbox(id)?.id ?? id, pid);
+  const info = Type.Object({}, { additionalProperties: true });
+
+  app.post('/sandboxes/:id/processes', { config: { scope: 'exec' }, schema: { tags, summary: 'Start a command in the background; it outlives the request, its output kept in a ring', params: IdParams, body: ProcessBody, response: { 201: info, ...errors } } }, async (req, reply) => {
+    const box = await d.sandbox((req.params as { id: string }).id);
+    const p = await d.startProcess(req.caller, box, req.body as { argv: string[] });
+    await p.handle!.pid.catch(() => null);
+    return reply.status(201).send(p.info());
+  });
+
+  app.get('/sandboxes/:id/processes', { config: { scope: 'read' }, schema: { tags, summary: 'Processes the daemon runs (or ran, for 10 minutes) in this sandbox', params: IdParams, response: { 200: Type.Array(info), ...errors } } }, async (req) => {
+    const box = await d.sandbox((req.params as { id: string }).id);
+    return d.processes.of(box.id).map((p) => p.info());
+  });
+
+  app.get('/sandboxes/:id/processes/:pid', { config: { scope: 'read' }, schema: { tags, params: ProcParams, response: { 200: info, ...errors } } }, async (req) => {
+    const { id, pid } = req.params as { id: string; pid: string };
+    return proc(id, pid).info();
+  });
+
+  app.get('/sandboxes/:id/processes/:pid/output', {
+    config: { scope: 'read' },
+    schema: { tags, summary: 'Output from offset N (base64 chunks), waiting up to `wait` s for more; `next` is the offset to ask for next', params: ProcParams, querystring: Type.Object({ offset: Type.Optional(Type.Integer({ minimum: 0 })), wait: Type.Optional(Type.Number({ minimum: 0, maximum: 60 })) }), response: { 200: info, ...errors } },
+  }, async (req) => {
+    const { id, pid } = req.params as { id: string; pid: string };
+    const p = proc(id, pid);
+    const q = req.query as { offset?: number; wait?: number };
+    const offset = q.offset ?? 0;
+    if (q.wait && !p.ended && p.ring.total <= offset) {
+      await new Promise<void>((resolve) => {
+        const done = (): void => { clearTimeout(t); p.off('chunk', done); p.off('exit', done); resolve(); };
+        const t = setTimeout(done, q.wait! * 1000);
+        p.once('chunk', done);
+        p.once('exit', done);
+      });
+    }
+    const { chunks, gap } = p.ring.from(offset);
+    return { ...p.info(), gap, next: p.ring.total, chunks: chunks.map((c) => ({ stream: c.stream, offset: c.offset, data: c.data.toString('base64') })) };
+  });
+
+  app.post('/sandboxes/:id/processes/:pid/signal', { config: { scope: 'exec' }, schema: { tags, summary: "A signal to the process's whole group", params: ProcParams, body: Type.Object({ signal: Type.Union([Type.String(), Type.Integer()]) }), response: { 200: info, ...errors } } }, async (req) => {
+    const { id, pid } = req.params as { id: string; pid: string };
+    const p = proc(id, pid);
+    if (!p.ended) p.handle?.kill(signalNumber((req.body as { signal: unknown }).signal));
+    return p.info();
+  });
+
+  app.post('/sandboxes/:id/processes/:pid/stdin', { config: { scope: 'exec' }, schema: { tags, summary: 'Input (application/octet-stream body, streamed); `eof=true` ends it after', params: ProcParams, querystring: Type.Object({ eof: Type.Optional(Type.Boolean()) }), response: { 200: info, ...errors } } }, async (req) => {
+    const { id, pid } = req.params as { id: string; pid: string };
+    const p = proc(id, pid);
+    const h = p.handle;
+    if (!h || p.ended) throw new SnaplabError('BAD_INPUT', 'the process has ended', 'start a new one');
+    const body = req.body as NodeJS.ReadableStream | undefined;
+    if (body && typeof (body as { on?: unknown }).on === 'function') {
+      for await (const b of body as AsyncIterable<Buffer>) if (!h.write(b)) await h.drained();
+    }
+    if ((req.query as { eof?: boolean }).eof) h.end();
+    return p.info();
+  });
+
+  app.delete('/sandboxes/:id/processes/:pid', { config: { scope: 'exec' }, schema: { tags, summary: 'Kill it (SIGKILL to its group)', params: ProcParams, response: { 200: info, ...errors } } }, async (req) => {
+    const { id, pid } = req.params as { id: string; pid: string };
+    const p = proc(id, pid);
+    if (!p.ended) p.handle?.kill(9);
+    return p.info();
+  });
+}

@@ -1,0 +1,103 @@
+/**
+ * `snaplab serve`: the daemon in the foreground, on a Unix socket (mode 0600, no key needed) and,
+ * when asked, on a TCP address (bearer keys). Stopping it (SIGTERM, SIGINT) stops the listeners
+ * and the pool refills; sandboxes are nobody's child and keep running for the next daemon.
+ */
+import { chmod, mkdir, unlink } from 'node:fs/promises';
+import { connect } from 'node:net';
+import { dirname, join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { SnaplabError } from '../errors.js';
+import { DEFAULT_HOME } from '../lab/home.js';
+import { buildApp } from './app.js';
+import { Daemon, type DaemonOptions } from './daemon.js';
+
+export interface ServeOptions extends DaemonOptions {
+  /** Unix socket path (default $SNAPLAB_HOME/daemon.sock) */
+  socket?: string;
+  /** host:port to listen on with keys; 127.0.0.1 unless another address is given on purpose */
+  listen?: string;
+  jsonLogs?: boolean;
+}
+
+export interface Server {
+  daemon: Daemon;
+  socket: string;
+  /** the TCP URL, when listening on TCP */
+  url: string | null;
+  close(): Promise<void>;
+}
+
+export const defaultSocket = (home: string): string => join(home, 'daemon.sock');
+
+/** A socket file that nobody answers on is left from a daemon that died: remove it. */
+async function claimSocket(path: string): Promise<void> {
+  const answered = await new Promise<boolean>((resolve) => {
+    const c = connect(path);
+    c.once('connect', () => { c.destroy(); resolve(true); });
+    c.once('error', () => resolve(false));
+  });
+  if (answered) throw new SnaplabError('DAEMON_ERROR', `a daemon already listens on ${path}`, 'stop it first, or give another --socket');
+  await unlink(path).catch(() => undefined);
+}
+
+export function parseListen(text: string): { host: string; port: number } {
+  const m = /^(?:\[([0-9a-f:]+)\]|([^:]+)):(\d{1,5})$/i.exec(text);
+  const port = Number(m?.[3]);
+  if (!m || port > 65535) throw new SnaplabError('BAD_INPUT', `invalid --listen ${JSON.stringify(text)}`, 'give HOST:PORT, e.g. 127.0.0.1:7070 (port 0: any free port)');
+  return { host: m[1] ?? m[2]!, port };
+}
+
+function logger(json: boolean): (line: Record<string, unknown>) => void {
+  return (line) => {
+    const at = new Date().toISOString();
+    if (json) return void process.stderr.write(`${JSON.stringify({ time: at, ...line })}\n`);
+    if ('method' in line) return void process.stderr.write(`${at} ${line.method} ${line.url} ${line.status} ${line.ms}ms key=${line.key ?? '-'}${line.op ? ` op=${line.op}` : ''}\n`);
+    const { msg, ...rest } = line;
+    process.stderr.write(`${at} ${msg}${Object.keys(rest).length ? ` ${JSON.stringify(rest)}` : ''}\n`);
+  };
+}
+
+export async function serve(opts: ServeOptions = {}): Promise<Server> {
+  const log = opts.log ?? logger(opts.jsonLogs ?? false);
+  const daemon = await Daemon.open({ ...opts, log });
+  const apps: FastifyInstance[] = [];
+  try {
+    await daemon.start();
+    const socket = opts.socket ?? defaultSocket(daemon.lab.home ?? DEFAULT_HOME);
+    await mkdir(dirname(socket), { recursive: true });
+    await claimSocket(socket);
+    const local = await buildApp(daemon, { trusted: true });
+    apps.push(local);
+    // the socket is made with the process's umask: narrow it before anyone can connect
+    const mask = process.umask(0o177);
+    try {
+      await local.listen({ path: socket });
+    } finally {
+      process.umask(mask);
+    }
+    await chmod(socket, 0o600);
+    let url: string | null = null;
+    if (opts.listen) {
+      const { host, port } = parseListen(opts.listen);
+      const tcp = await buildApp(daemon, { trusted: false });
+      apps.push(tcp);
+      await tcp.listen({ host, port });
+      const addr = tcp.server.address();
+      url = typeof addr === 'object' && addr ? `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}` : null;
+    }
+    log({ msg: 'listening', socket, url, pid: process.pid, home: daemon.lab.home });
+    return {
+      daemon, socket, url,
+      async close() {
+        await Promise.all(apps.map((a) => a.close()));
+        await unlink(socket).catch(() => undefined);
+        daemon.close();
+      },
+    };
+  } catch (e) {
+    await Promise.all(apps.map((a) => a.close().catch(() => undefined)));
+    daemon.close();
+    throw e;
+  }
+}
