@@ -98,6 +98,8 @@ export interface ExecProcess {
 /** Start argv in the sandbox without waiting for it (execIn waits). */
 export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentClient, argv: string[], opts: ExecOptions = {}): Promise<ExecProcess> {
   if (argv.length === 0) throw new SnaplabError('BAD_INPUT', 'no command given', 'put the command after --, e.g. `snaplab exec box -- ls -l /`');
+  // an open connection to a frozen agent would wait for ever: say it is paused
+  if (s.state === 'paused') throw new SnaplabError('SANDBOX_PAUSED', `sandbox ${s.name} is paused`, `resume it with \`snaplab resume ${s.name}\``);
   const env = mergeEnv(opts.env);
   const limited = s.limits.memoryBytes !== undefined;
   // the OOM counter is read once per sandbox object and again only after a SIGKILL: reading it

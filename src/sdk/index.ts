@@ -13,3 +13,6 @@ export type { Limits, SandboxRecord, SnapshotRecord, ImageRecord } from '../stor
 export type { TraceSummary, Phase } from '../timing/trace.js';
 export { SnaplabError, type ErrorCode } from '../errors.js';
 export { renderWaterfall } from '../timing/waterfall.js';
+export type { LabApi, SandboxApi, PoolApi, ProcessApi, SnapshotApi, LabCreateOptions } from './api.js';
+export type { RemoteLab, RemoteSandbox, RemoteCreateOptions } from '../client/remote.js';
+export type { ConnectOptions } from '../client/http.js';

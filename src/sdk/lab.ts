@@ -23,6 +23,9 @@ import type { StorageKind, Volume } from '../storage/backend.js';
 import type { ImageRecord, Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
+import type { LabApi } from './api.js';
+import type { ConnectOptions } from '../client/http.js';
+import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
 
 export interface LabOptions {
@@ -69,7 +72,7 @@ export interface RestoreOptions {
  * The entry point of the library: `const lab = await Lab.open()`.
  * Every lifecycle call is traced; `lab.trace(id)` returns a stored trace.
  */
-export class Lab {
+export class Lab implements LabApi {
   private readonly runners = new Map<string, PoolRunner>();
 
   private constructor(private readonly ctx: LabContext) {}
@@ -77,6 +80,17 @@ export class Lab {
   /** Open the lab at `home` (state in SQLite there). Needs root. */
   static async open(opts: LabOptions = {}): Promise<Lab> {
     return new Lab(new LabContext(opts.home ?? process.env.SNAPLAB_HOME ?? DEFAULT_HOME));
+  }
+
+  /**
+   * The same library over a daemon's API (`snaplab serve`): `url` is http://HOST:PORT (with a
+   * `token`) or unix:/path/to/daemon.sock; default $SNAPLAB_HOST and $SNAPLAB_TOKEN.
+   */
+  static async connect(opts: ConnectOptions = {}): Promise<RemoteLab> {
+    const { RemoteLab } = await import('../client/remote.js');
+    const lab = new RemoteLab(opts);
+    await lab.health();
+    return lab;
   }
 
   get home(): string {

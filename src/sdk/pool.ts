@@ -5,13 +5,14 @@ import { runInPool, withImageConfig, type RunOutcome, type RunSpec } from '../la
 import { SnaplabError } from '../errors.js';
 import { Trace, type TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
+import type { PoolApi } from './api.js';
 
 /**
  * A pool of paused standbys, each a fresh sandbox for one execution. Get one with
  * `lab.createPool()` or `lab.pool(name)`. `start()` keeps it at its target size in the
  * background for as long as this process runs; without a holder the pool is not refilled.
  */
-export class Pool {
+export class Pool implements PoolApi {
   /** @internal */
   constructor(private readonly ctx: LabContext, private readonly runner: PoolRunner, private readonly onClose: () => void) {}
 

@@ -6,6 +6,7 @@ import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
+import type { SandboxApi } from './api.js';
 import { Writable, type Readable } from 'node:stream';
 import { listDir, makeDir, readFile, removePath, statPath, writeFile, type FileInfo } from '../lab/files.js';
 
@@ -28,7 +29,7 @@ import { copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '.
  * A running (or paused) isolated machine. Obtain one from `lab.create()`, `lab.restore()` or
  * `lab.get()`. Disposable: `await using box = await lab.create(...)` destroys it at scope end.
  */
-export class Sandbox {
+export class Sandbox implements SandboxApi {
   /** trace of the operation that produced this object (create or restore), when it did */
   lastTrace: TraceSummary | undefined;
   private agent: AgentClient | undefined;

@@ -1,0 +1,107 @@
+/**
+ * The remote library's transport: HTTP/1.1 with keep-alive to the daemon's TCP address
+ * (`http://127.0.0.1:7070`, with a bearer key) or its Unix socket (`unix:/var/lib/snaplab/daemon.sock`),
+ * and WebSockets for streams. An error response becomes the same SnaplabError the embedded
+ * library throws (code, message, hint, operationId).
+ */
+import { Agent, request, type IncomingMessage } from 'node:http';
+import type { Readable } from 'node:stream';
+import WebSocket from 'ws';
+import { SnaplabError, type ErrorCode } from '../errors.js';
+
+export interface ConnectOptions {
+  /** http://HOST:PORT, or unix:/path/to/daemon.sock; default $SNAPLAB_HOST */
+  url?: string;
+  /** the API key (TCP); default $SNAPLAB_TOKEN */
+  token?: string;
+}
+
+export class Http {
+  private readonly socketPath: string | undefined;
+  private readonly host: string;
+  private readonly port: number | undefined;
+  private readonly agent = new Agent({ keepAlive: true, maxSockets: 256 });
+
+  constructor(readonly url: string, private readonly token: string | undefined) {
+    if (url.startsWith('unix:')) {
+      this.socketPath = url.slice('unix:'.length);
+      this.host = 'localhost';
+    } else {
+      let u: URL;
+      try {
+        u = new URL(url);
+      } catch {
+        throw new SnaplabError('BAD_INPUT', `invalid daemon URL ${JSON.stringify(url)}`, 'give http://HOST:PORT or unix:/path/to/daemon.sock');
+      }
+      if (u.protocol !== 'http:') throw new SnaplabError('BAD_INPUT', `unsupported daemon URL ${JSON.stringify(url)}`, 'give http://HOST:PORT or unix:/path/to/daemon.sock');
+      this.host = u.hostname.replace(/^\[|\]$/g, '');
+      this.port = Number(u.port || 80);
+    }
+  }
+
+  private headers(extra: Record<string, string> = {}): Record<string, string> {
+    return { ...(this.token ? { authorization: `Bearer ${this.token}` } : {}), ...extra };
+  }
+
+  /** Send a request; the response as a stream (status checked: an error status throws its SnaplabError). */
+  async stream(method: string, path: string, opts: { json?: unknown; body?: Readable | Buffer; contentType?: string; signal?: AbortSignal } = {}): Promise<IncomingMessage> {
+    const body = opts.json !== undefined ? Buffer.from(JSON.stringify(opts.json)) : opts.body;
+    const headers = this.headers(opts.json !== undefined ? { 'content-type': 'application/json' } : body ? { 'content-type': opts.contentType ?? 'application/octet-stream' } : {});
+    if (Buffer.isBuffer(body)) headers['content-length'] = String(body.length);
+    const res = await new Promise<IncomingMessage>((resolve, reject) => {
+      const req = request({ method, path, headers, agent: this.agent, host: this.host, port: this.port, socketPath: this.socketPath, signal: opts.signal }, resolve);
+      req.on('error', (e: NodeJS.ErrnoException) => reject(e.name === 'AbortError' ? new SnaplabError('ABORTED', `${method} ${path}: aborted`) : unreachable(this.url, e)));
+      if (Buffer.isBuffer(body)) req.end(body);
+      else if (body) {
+        body.on('error', (e) => req.destroy(e));
+        body.pipe(req);
+      } else req.end();
+    });
+    if (res.statusCode! >= 400) throw await errorOf(res);
+    return res;
+  }
+
+  async json<T>(method: string, path: string, opts: { json?: unknown; body?: Readable | Buffer; contentType?: string; signal?: AbortSignal } = {}): Promise<T> {
+    const res = await this.stream(method, path, opts);
+    const text = (await collect(res)).toString();
+    return (text ? JSON.parse(text) : undefined) as T;
+  }
+
+  /** A WebSocket to `path`, open. */
+  socket(path: string): Promise<WebSocket> {
+    const url = this.socketPath ? `ws+unix:${this.socketPath}:${path}` : `ws://${this.host.includes(':') ? `[${this.host}]` : this.host}:${this.port}${path}`;
+    const ws = new WebSocket(url, { headers: this.headers(), maxPayload: 64 << 20 });
+    return new Promise((resolve, reject) => {
+      ws.once('open', () => resolve(ws));
+      ws.once('unexpected-response', (_req, res) => void errorOf(res).then(reject));
+      ws.once('error', (e: NodeJS.ErrnoException) => reject(unreachable(this.url, e)));
+    });
+  }
+
+  close(): void {
+    this.agent.destroy();
+  }
+}
+
+export async function collect(s: Readable): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for await (const b of s) parts.push(b as Buffer);
+  return Buffer.concat(parts);
+}
+
+function unreachable(url: string, e: NodeJS.ErrnoException): SnaplabError {
+  return new SnaplabError('DAEMON_UNREACHABLE', `cannot reach the daemon at ${url}: ${e.message}`, 'is `snaplab serve` running there? (SNAPLAB_HOST says where)', { cause: e });
+}
+
+async function errorOf(res: IncomingMessage): Promise<SnaplabError> {
+  const text = (await collect(res)).toString();
+  try {
+    const b = JSON.parse(text) as { code: ErrorCode; message: string; hint?: string; operationId?: string; limit?: string };
+    const e = new SnaplabError(b.code, b.message, b.hint);
+    if (b.operationId) (e as SnaplabError & { operationId?: string }).operationId = b.operationId;
+    if (res.headers['retry-after']) (e as SnaplabError & { retryAfterS?: number }).retryAfterS = Number(res.headers['retry-after']);
+    return e;
+  } catch {
+    return new SnaplabError('DAEMON_ERROR', `the daemon answered ${res.statusCode}: ${text.slice(0, 200)}`, 'see the daemon log');
+  }
+}

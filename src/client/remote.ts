@@ -1,0 +1,368 @@
+/**
+ * The remote library: `await Lab.connect({ url, token })` gives a RemoteLab with the same
+ * interface as `Lab.open()` (src/sdk/api.ts), over the daemon's API. One-shot execs are one POST;
+ * an exec with streaming callbacks, stdin or a terminal is a WebSocket (docs/api.md).
+ */
+import type { Readable, Writable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import type WebSocket from 'ws';
+import { SnaplabError, type ErrorCode } from '../errors.js';
+import type { CopyResult } from '../lab/copy.js';
+import type { FileInfo } from '../lab/files.js';
+import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
+import type { RunOutcome, RunSpec } from '../lab/run.js';
+import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
+import { feedInput } from '../lab/streams.js';
+import type { LabApi, LabCreateOptions, PoolApi, ProcessApi, SandboxApi, SnapshotApi } from '../sdk/api.js';
+import type { SandboxFiles } from '../sdk/sandbox.js';
+import type { Limits } from '../store/records.js';
+import { collect, Http, type ConnectOptions } from './http.js';
+
+const MAX_COLLECTED = 16 * 1024 * 1024;
+const enc = encodeURIComponent;
+
+type View = Record<string, unknown> & { id: string; name: string; state: string; image: string; storage: string; driver: string; labels: Record<string, string>; metadata: Record<string, string> };
+
+interface ResultView {
+  exitCode: number; signal: number | null; timedOut: boolean; notFound: boolean; oomKilled: boolean; truncated: boolean;
+  stdout: string; stderr: string; encoding: 'utf8' | 'base64'; usage: ExecResult['usage'];
+}
+
+function toResult(r: ResultView): ExecResult {
+  return { ...r, stdout: Buffer.from(r.stdout, r.encoding), stderr: Buffer.from(r.stderr, r.encoding) } as ExecResult;
+}
+
+function envObject(env: ExecOptions['env']): Record<string, string> | undefined {
+  if (env === undefined || !Array.isArray(env)) return env;
+  return Object.fromEntries(env.map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+}
+
+class RemoteSnapshot implements SnapshotApi {
+  constructor(private readonly v: Record<string, unknown>) {}
+  get name(): string { return this.v.name as string; }
+  get id(): string { return this.v.id as string; }
+  toJSON(): Record<string, unknown> { return this.v; }
+}
+
+export class RemoteSandbox implements SandboxApi {
+  constructor(private readonly http: Http, private v: View) {}
+
+  get id(): string { return this.v.id; }
+  get name(): string { return this.v.name; }
+  get state(): string { return this.v.state; }
+  get image(): string { return this.v.image; }
+  get storage(): string { return this.v.storage; }
+  get driver(): string { return this.v.driver; }
+  get labels(): Record<string, string> { return this.v.labels; }
+  get metadata(): Record<string, string> { return this.v.metadata; }
+  /** what the daemon said last: its lifetime (timeoutS, expiresAt), owner, limits */
+  get info(): Readonly<View> { return this.v; }
+
+  private path(rest = ''): string {
+    return `/sandboxes/${enc(this.v.id)}${rest}`;
+  }
+
+  /** Fetch its state again. */
+  async refresh(): Promise<this> {
+    this.v = await this.http.json<View>('GET', this.path());
+    return this;
+  }
+
+  async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
+    const streamed = opts.onStdout || opts.onStderr || opts.tty || opts.stdin === true || (opts.stdin !== undefined && typeof opts.stdin !== 'string' && !Buffer.isBuffer(opts.stdin));
+    if (streamed) return (await this.spawn(argv, opts)).result;
+    const stdin = opts.stdin === undefined ? undefined : Buffer.from(opts.stdin as string | Buffer);
+    const r = await this.http.json<ResultView>('POST', this.path('/exec'), {
+      json: { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0, encoding: 'base64', ...(stdin ? { stdin: stdin.toString('base64') } : {}) },
+      signal: opts.signal,
+    });
+    return toResult(r);
+  }
+
+  /** Start argv over a WebSocket; the command is killed if the connection is lost (use `processes` to outlive it). */
+  async spawn(argv: string[], opts: ExecOptions = {}): Promise<ProcessApi> {
+    const ws = await this.http.socket(this.path('/exec'));
+    ws.send(JSON.stringify({ type: 'start', argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0, tty: opts.tty, stdin: opts.stdin !== undefined, onDisconnect: 'kill' }));
+    const proc = streamProcess(ws, opts);
+    if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
+    return proc;
+  }
+
+  get files(): SandboxFiles {
+    const q = (path: string, extra: Record<string, string | boolean | undefined> = {}): string =>
+      `?${new URLSearchParams(Object.entries({ path, ...extra }).filter(([, v]) => v !== undefined).map(([k, v]) => [k, String(v)] as [string, string])).toString()}`;
+    return {
+      stat: (path, o = {}) => this.http.json<FileInfo>('GET', this.path(`/files/stat${q(path, { user: o.user })}`)),
+      list: (path, o = {}) => this.http.json<FileInfo[]>('GET', this.path(`/files/list${q(path, { user: o.user })}`)),
+      mkdir: async (path, o = {}) => void (await this.http.json('POST', this.path('/files/mkdir'), { json: { path, parents: o.parents, user: o.user, mode: o.mode?.toString(8).padStart(4, '0') } })),
+      remove: async (path, o = {}) => void (await this.http.json('DELETE', this.path(`/files${q(path, { recursive: o.recursive, force: o.force, user: o.user })}`))),
+      write: async (path, data, o = {}) => {
+        const body = typeof data === 'string' ? Buffer.from(data) : data;
+        const r = await this.http.json<{ bytes: number }>('PUT', this.path(`/files${q(path, { user: o.user, mode: o.mode?.toString(8).padStart(4, '0'), append: o.append })}`), { body });
+        return r.bytes;
+      },
+      read: async (path, o = {}) => collect(await this.http.stream('GET', this.path(`/files${q(path, { user: o.user })}`))),
+      readTo: async (path, sink, o = {}) => {
+        const res = await this.http.stream('GET', this.path(`/files${q(path, { user: o.user })}`));
+        let n = 0;
+        res.on('data', (b: Buffer) => (n += b.length));
+        await pipeline(res, sink);
+        return n;
+      },
+    };
+  }
+
+  async putFile(path: string, data: Buffer | string, mode = 0o644): Promise<void> {
+    await this.files.write(path, data, { mode });
+  }
+
+  getFile(path: string): Promise<Buffer> {
+    return this.files.read(path);
+  }
+
+  upload(dest: string, tar: Readable): Promise<CopyResult> {
+    return this.http.json<CopyResult>('PUT', this.path(`/archive?path=${enc(dest)}`), { body: tar, contentType: 'application/x-tar' });
+  }
+
+  async download(src: string, sink: Writable): Promise<CopyResult> {
+    const res = await this.http.stream('GET', this.path(`/archive?path=${enc(src)}`));
+    let bytes = 0;
+    res.on('data', (b: Buffer) => (bytes += b.length));
+    await pipeline(res, sink);
+    return { bytes, warnings: [], complete: true };
+  }
+
+  async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<SnapshotApi> {
+    return new RemoteSnapshot(await this.http.json('POST', this.path('/snapshots'), { json: { name, ...(opts.memory ? { memory: true } : {}) } }));
+  }
+
+  async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
+    this.v = await this.http.json<View>('PATCH', this.path(), { json: change });
+  }
+
+  /** A new timeout from now (0: none); `onTimeout` kill (default) or pause. */
+  async setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void> {
+    this.v = await this.http.json<View>('POST', this.path('/timeout'), { json: { timeoutS, ...(onTimeout ? { onTimeout } : {}) } });
+  }
+
+  async pause(): Promise<void> {
+    this.v = await this.http.json<View>('POST', this.path('/pause'));
+  }
+
+  async resume(): Promise<void> {
+    this.v = await this.http.json<View>('POST', this.path('/resume'));
+  }
+
+  async destroy(): Promise<void> {
+    await this.http.json('DELETE', this.path());
+    this.v = { ...this.v, state: 'dead', reason: 'destroyed' };
+  }
+
+  close(): void {}
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.destroy().catch((e) => {
+      if (!(e instanceof SnaplabError && e.code === 'SANDBOX_NOT_FOUND')) throw e;
+    });
+  }
+
+  toJSON(): Record<string, unknown> {
+    return this.v;
+  }
+}
+
+/** The client half of a streamed exec (frames: docs/api.md). */
+function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi {
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  let collected = [0, 0];
+  let truncated = false;
+  const keep = (into: Buffer[], i: number, b: Buffer): void => {
+    const room = MAX_COLLECTED - collected[i]!;
+    if (room <= 0) return void (truncated = true);
+    into.push(room < b.length ? b.subarray(0, room) : b);
+    if (room < b.length) truncated = true;
+    collected[i]! += Math.min(room, b.length);
+  };
+  let resolvePid!: (n: number) => void;
+  let rejectPid!: (e: Error) => void;
+  const pid = new Promise<number>((res, rej) => { resolvePid = res; rejectPid = rej; });
+  pid.catch(() => {});
+  const result = new Promise<ExecResult>((resolve, reject) => {
+    let ended = false;
+    ws.on('message', (data: Buffer, isBinary) => {
+      if (isBinary) {
+        const b = data.subarray(1);
+        if (data[0] === 1) (opts.onStdout ? opts.onStdout(b) : keep(out, 0, b));
+        else (opts.onStderr ? opts.onStderr(b) : keep(err, 1, b));
+        return;
+      }
+      const m = JSON.parse(String(data)) as { type: string; pid?: number; result?: Omit<ExecResult, 'stdout' | 'stderr'>; error?: { code: ErrorCode; message: string; hint?: string } };
+      if (m.type === 'started') resolvePid(m.pid ?? 0);
+      else if (m.type === 'exit' || m.type === 'error') {
+        ended = true;
+        if (m.result) resolve({ ...m.result, stdout: Buffer.concat(out), stderr: Buffer.concat(err), truncated: truncated || m.result.truncated });
+        else {
+          const e = new SnaplabError(m.error?.code ?? 'DAEMON_ERROR', m.error?.message ?? 'the command was lost', m.error?.hint);
+          rejectPid(e);
+          reject(e);
+        }
+      }
+    });
+    ws.on('close', () => {
+      if (ended) return;
+      const e = new SnaplabError('DAEMON_UNREACHABLE', 'the connection to the daemon closed before the command ended', 'the command was killed with it; use background processes to outlive a connection');
+      rejectPid(e);
+      reject(e);
+    });
+    ws.on('error', () => {});
+  });
+  result.catch(() => {}).finally(() => ws.close());
+  opts.signal?.addEventListener('abort', () => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ type: 'signal', signal: 9 })), { once: true });
+  const sendJson = (m: unknown): void => { if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(m)); };
+  return {
+    pid,
+    result,
+    write: (b) => {
+      if (ws.readyState !== ws.OPEN) return true;
+      ws.send(Buffer.from(b));
+      return ws.bufferedAmount < 4 << 20;
+    },
+    drained: () => new Promise<void>((resolve) => {
+      const t = setInterval(() => {
+        if (ws.readyState !== ws.OPEN || ws.bufferedAmount < 2 << 20) {
+          clearInterval(t);
+          resolve();
+        }
+      }, 5);
+    }),
+    end: () => sendJson({ type: 'eof' }),
+    kill: (signal) => sendJson({ type: 'signal', signal }),
+    resize: (cols, rows) => sendJson({ type: 'resize', cols, rows }),
+  };
+}
+
+class RemotePool implements PoolApi {
+  constructor(private readonly http: Http, readonly name: string) {}
+
+  stats(): Promise<PoolStats> {
+    return this.http.json('GET', `/pools/${enc(this.name)}`);
+  }
+
+  async run(argv: string[], spec: RunSpec = {}): Promise<RunOutcome> {
+    if (spec.put?.length || spec.onStdout || spec.onStderr || (spec.stdin !== undefined && typeof spec.stdin !== 'string' && !Buffer.isBuffer(spec.stdin))) {
+      throw new SnaplabError('BAD_INPUT', 'a remote pool run takes argv, env, cwd, user, timeoutMs and stdin as data', 'take a sandbox (pool.take()) to stream or copy files');
+    }
+    const stdin = spec.stdin === undefined ? undefined : Buffer.from(spec.stdin as string | Buffer);
+    const r = await this.http.json<ResultView & { sandbox: string; hit: boolean; recycled: boolean }>('POST', `/pools/${enc(this.name)}/run`, {
+      json: { argv, env: envObject(spec.env), cwd: spec.cwd, user: spec.user, timeoutMs: spec.timeoutMs ?? 0, encoding: 'base64', ...(stdin ? { stdin: stdin.toString('base64') } : {}) },
+      signal: spec.signal,
+    });
+    return { ...toResult(r), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, dirt: [] };
+  }
+
+  async take(): Promise<SandboxApi> {
+    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: { pool: this.name, timeoutS: 0 } }));
+  }
+
+  async resize(size: number): Promise<void> {
+    await waitOperation(this.http, await this.http.json('PATCH', `/pools/${enc(this.name)}`, { json: { size } }));
+  }
+
+  async remove(): Promise<number> {
+    return (await this.http.json<{ removed: number }>('DELETE', `/pools/${enc(this.name)}`)).removed;
+  }
+}
+
+/** Wait for a long operation's end; its result, or its error thrown. */
+export async function waitOperation<T>(http: Http, op: { id: string }): Promise<T> {
+  for (;;) {
+    const v = await http.json<{ state: string; result: T; error: { code: ErrorCode; message: string; hint?: string } | null }>('GET', `/operations/${enc(op.id)}?wait=30`);
+    if (v.state === 'done') return v.result;
+    if (v.state === 'failed') throw new SnaplabError(v.error?.code ?? 'DAEMON_ERROR', v.error?.message ?? 'the operation failed', v.error?.hint);
+  }
+}
+
+export interface RemoteCreateOptions extends LabCreateOptions {
+  /** TTL in seconds (0: none; default: the daemon's, 300) and what its end does */
+  timeoutS?: number;
+  onTimeout?: 'kill' | 'pause';
+}
+
+export class RemoteLab implements LabApi {
+  private readonly http: Http;
+
+  constructor(opts: ConnectOptions = {}) {
+    const url = opts.url ?? process.env.SNAPLAB_HOST;
+    if (!url) throw new SnaplabError('BAD_INPUT', 'no daemon URL given', 'pass { url } or set SNAPLAB_HOST (http://HOST:PORT or unix:/path/to/daemon.sock)');
+    this.http = new Http(url, opts.token ?? process.env.SNAPLAB_TOKEN);
+  }
+
+  get url(): string {
+    return this.http.url;
+  }
+
+  /** @internal the transport, for the CLI and bench */
+  get transport(): Http {
+    return this.http;
+  }
+
+  async health(): Promise<{ ok: boolean; version: string; pid: number }> {
+    return this.http.json('GET', '/healthz');
+  }
+
+  async create(opts: RemoteCreateOptions = {}): Promise<RemoteSandbox> {
+    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: opts }));
+  }
+
+  async restore(snapshot: string, opts: { name?: string; limits?: Limits; labels?: Record<string, string>; metadata?: Record<string, string>; timeoutS?: number; onTimeout?: 'kill' | 'pause' } = {}): Promise<RemoteSandbox> {
+    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: { snapshot, ...opts } }));
+  }
+
+  async get(idOrName: string): Promise<RemoteSandbox> {
+    return new RemoteSandbox(this.http, await this.http.json<View>('GET', `/sandboxes/${enc(idOrName)}`));
+  }
+
+  async list(opts: { labels?: Record<string, string> } = {}): Promise<RemoteSandbox[]> {
+    const q = new URLSearchParams(Object.entries(opts.labels ?? {}).map(([k, v]) => ['label', `${k}=${v}`] as [string, string])).toString();
+    return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map((v) => new RemoteSandbox(this.http, v));
+  }
+
+  async snapshots(): Promise<SnapshotApi[]> {
+    return (await this.http.json<Record<string, unknown>[]>('GET', '/snapshots')).map((v) => new RemoteSnapshot(v));
+  }
+
+  async snapshot(name: string): Promise<SnapshotApi> {
+    return new RemoteSnapshot(await this.http.json('GET', `/snapshots/${enc(name)}`));
+  }
+
+  async removeSnapshot(name: string): Promise<void> {
+    await this.http.json('DELETE', `/snapshots/${enc(name)}`);
+  }
+
+  async createPool(spec: PoolSpec): Promise<PoolApi> {
+    await waitOperation(this.http, await this.http.json('POST', '/pools', { json: spec }));
+    return this.pool(spec.name);
+  }
+
+  pool(name: string): PoolApi {
+    return new RemotePool(this.http, name);
+  }
+
+  pools(): Promise<PoolStats[]> {
+    return this.http.json('GET', '/pools');
+  }
+
+  /** Raise a scenario file that is on the daemon's host; resolves with its status when it is up. */
+  async up(file: string, opts: { name?: string } = {}): Promise<Record<string, unknown>> {
+    return waitOperation(this.http, await this.http.json('POST', '/scenarios', { json: { file, ...opts } }));
+  }
+
+  traces(limit = 20): Promise<Record<string, unknown>[]> {
+    return this.http.json('GET', `/traces?limit=${limit}`);
+  }
+
+  close(): void {
+    this.http.close();
+  }
+}

@@ -1,0 +1,90 @@
+/**
+ * The interface the embedded library (Lab.open) and the remote one (Lab.connect) both implement:
+ * code written against these types runs either way. The contract suite (test/contract.test.ts)
+ * runs the same tests on both.
+ */
+import type { Readable, Writable } from 'node:stream';
+import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
+import type { CopyResult } from '../lab/copy.js';
+import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
+import type { RunOutcome, RunSpec } from '../lab/run.js';
+import type { Limits } from '../store/records.js';
+import type { StorageKind } from '../storage/backend.js';
+import type { SandboxFiles } from './sandbox.js';
+
+/** A started command (as `spawn` returns). */
+export interface ProcessApi {
+  pid: Promise<number>;
+  write(b: Buffer | string): boolean;
+  drained(): Promise<void>;
+  end(): void;
+  kill(signal: number): void;
+  resize(cols: number, rows: number): void;
+  result: Promise<ExecResult>;
+}
+
+export interface SnapshotApi {
+  readonly name: string;
+  readonly id: string;
+  toJSON(): Record<string, unknown>;
+}
+
+export interface SandboxApi {
+  readonly id: string;
+  readonly name: string;
+  readonly state: string;
+  readonly image: string;
+  readonly storage: string;
+  readonly driver: string;
+  readonly labels: Record<string, string>;
+  readonly metadata: Record<string, string>;
+  readonly files: SandboxFiles;
+  exec(argv: string[], opts?: ExecOptions): Promise<ExecResult>;
+  spawn(argv: string[], opts?: ExecOptions): Promise<ProcessApi>;
+  putFile(path: string, data: Buffer | string, mode?: number): Promise<void>;
+  getFile(path: string): Promise<Buffer>;
+  upload(dest: string, tar: Readable): Promise<CopyResult>;
+  download(src: string, sink: Writable): Promise<CopyResult>;
+  snapshot(name: string, opts?: { memory?: boolean }): Promise<SnapshotApi>;
+  setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void>;
+  pause(): Promise<unknown>;
+  resume(): Promise<unknown>;
+  destroy(): Promise<unknown>;
+  close(): void;
+  toJSON(): Record<string, unknown>;
+}
+
+export interface PoolApi {
+  readonly name: string;
+  stats(): Promise<PoolStats>;
+  run(argv: string[], spec?: RunSpec): Promise<RunOutcome>;
+  take(): Promise<SandboxApi>;
+  resize(size: number): Promise<void>;
+  remove(): Promise<number>;
+}
+
+export interface LabCreateOptions {
+  image?: string;
+  name?: string;
+  storage?: StorageKind;
+  driver?: string;
+  limits?: Limits;
+  userns?: boolean;
+  init?: 'agent' | 'systemd';
+  labels?: Record<string, string>;
+  metadata?: Record<string, string>;
+}
+
+export interface LabApi {
+  create(opts?: LabCreateOptions): Promise<SandboxApi>;
+  restore(snapshot: string, opts?: { name?: string; limits?: Limits; labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<SandboxApi>;
+  get(idOrName: string): Promise<SandboxApi>;
+  list(opts?: { labels?: Record<string, string> }): Promise<SandboxApi[]>;
+  snapshots(): Promise<SnapshotApi[]>;
+  snapshot(name: string): Promise<SnapshotApi>;
+  removeSnapshot(name: string): Promise<unknown>;
+  createPool(spec: PoolSpec): Promise<PoolApi>;
+  pool(name: string): PoolApi;
+  pools(): Promise<PoolStats[]>;
+  close(): void;
+}

@@ -1,0 +1,49 @@
+/** A real `snaplab serve` process for the daemon tests: on a Unix socket and on 127.0.0.1. */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { join } from 'node:path';
+import { SNAPLAB } from './cli-command.js';
+
+export interface TestDaemon {
+  proc: ChildProcess;
+  socket: string;
+  url: string;
+  log: () => string;
+  /** SIGTERM, and wait for it to exit */
+  stop(): Promise<void>;
+  /** SIGKILL, and wait */
+  kill9(): Promise<void>;
+}
+
+export function cli(home: string, args: string[], input?: string): { code: number; out: string; err: string } {
+  const r = spawnSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: home }, input, encoding: 'utf8', timeout: 120_000 });
+  return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
+}
+
+export async function startDaemon(home: string, extra: string[] = []): Promise<TestDaemon> {
+  const socket = join(home, 'daemon.sock');
+  const proc = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', ...extra], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let err = '';
+  proc.stderr!.on('data', (b: Buffer) => (err += b.toString()));
+  const line = await new Promise<string>((resolve, reject) => {
+    let out = '';
+    proc.stdout!.on('data', (b: Buffer) => {
+      out += b.toString();
+      if (out.includes('\n')) resolve(out.split('\n')[0]!);
+    });
+    proc.once('exit', (c) => reject(new Error(`snaplab serve exited ${c}: ${err}`)));
+    setTimeout(() => reject(new Error(`snaplab serve did not start: ${err}`)), 60_000);
+  });
+  const { url } = JSON.parse(line) as { url: string };
+  const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
+  return {
+    proc, socket, url, log: () => err,
+    async stop() {
+      proc.kill('SIGTERM');
+      await exited;
+    },
+    async kill9() {
+      proc.kill('SIGKILL');
+      await exited;
+    },
+  };
+}
