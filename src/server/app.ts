@@ -32,7 +32,8 @@ export interface AppOptions {
 }
 
 export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<FastifyInstance> {
-  const app = Fastify({ logger: false, bodyLimit: 8 << 20, forceCloseConnections: true, return503OnClosing: true });
+  // ajv: a property the schema does not know is an error (Fastify's default drops it silently)
+  const app = Fastify({ logger: false, bodyLimit: 8 << 20, forceCloseConnections: true, return503OnClosing: true, ajv: { customOptions: { removeAdditional: false } } });
   app.decorateRequest('caller', null as unknown as Caller);
   app.decorateRequest('opId', null);
   await app.register(swagger, {

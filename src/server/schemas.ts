@@ -19,7 +19,7 @@ const StringMap = Type.Record(Type.String(), Type.String());
 export const Limits = Type.Object({
   memoryBytes: Type.Optional(Type.Integer({ minimum: 1 })),
   pids: Type.Optional(Type.Integer({ minimum: 1 })),
-  cpus: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
+  cpus: Type.Optional(Type.Number({ minimum: 0.01 })),
 }, { additionalProperties: false });
 
 export const CreateBody = Type.Object({

@@ -1,0 +1,235 @@
+/**
+ * `snaplab serve` as clients use it: curl on the Unix socket and on 127.0.0.1 with keys, raw
+ * WebSockets for a stream cut and reattached, deadlines that kill a process tree, TTLs, quotas,
+ * the event stream resumed, and a daemon killed with SIGKILL mid-create and started again.
+ */
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import WebSocket from 'ws';
+import Database from 'better-sqlite3';
+import SwaggerParser from '@apidevtools/swagger-parser';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+
+let home: string;
+let d: TestDaemon;
+let admin: string;
+
+interface Res { status: number; body: any; headers: string }
+
+/** curl: over the Unix socket (no key), or TCP with `token`. */
+function curl(method: string, path: string, opts: { token?: string; json?: unknown; tcp?: boolean; data?: string; timeoutS?: number; headers?: string[] } = {}): Res {
+  const args = ['-s', '-D', '-', '-X', method, '--max-time', String(opts.timeoutS ?? 60)];
+  if (opts.tcp || opts.token) args.push(`${d.url}${path}`);
+  else args.push('--unix-socket', d.socket, `http://snaplab${path}`);
+  if (opts.token) args.push('-H', `authorization: Bearer ${opts.token}`);
+  for (const h of opts.headers ?? []) args.push('-H', h);
+  if (opts.json !== undefined) args.push('-H', 'content-type: application/json', '--data-binary', JSON.stringify(opts.json));
+  const r = spawnSync('curl', args, { encoding: 'utf8', input: opts.data, maxBuffer: 64 << 20 });
+  const [head, ...rest] = r.stdout.split('\r\n\r\n');
+  const text = rest.join('\r\n\r\n');
+  let body: unknown = text;
+  try { body = JSON.parse(text); } catch { /* text */ }
+  return { status: Number(/^HTTP\/1\.1 (\d+)/.exec(head ?? '')?.[1] ?? 0), body, headers: head ?? '' };
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+async function until<T>(what: string, fn: () => T | undefined | false, ms = 15_000): Promise<T> {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+function socket(path: string): Promise<WebSocket> {
+  const ws = new WebSocket(`ws+unix:${d.socket}:${path}`);
+  return new Promise((resolve, reject) => {
+    ws.once('open', () => resolve(ws));
+    ws.once('error', reject);
+  });
+}
+
+beforeAll(async () => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-daemon-'));
+  admin = cli(home, ['key', 'create', 'admin', '--scope', 'read,exec,admin']).out.trim();
+  d = await startDaemon(home, ['--default-timeout', '0']);
+}, 120_000);
+
+afterAll(async () => {
+  await d?.stop();
+  cli(home, ['rm', '--all']);
+  cli(home, ['image', 'rm', '--force', 'busybox']);
+  cli(home, ['gc']);
+  rmSync(home, { recursive: true, force: true });
+});
+
+describe('snaplab serve', () => {
+  it('keys: none, unknown, wrong scope, removed; the Unix socket needs none; the OpenAPI document validates', async () => {
+    expect(curl('GET', '/healthz', { tcp: true })).toMatchObject({ status: 200, body: { ok: true } });
+    expect(curl('GET', '/sandboxes', { tcp: true })).toMatchObject({ status: 401, body: { code: 'UNAUTHORIZED' } });
+    expect(curl('GET', '/sandboxes', { token: 'snaplab_wrong' })).toMatchObject({ status: 401, body: { code: 'UNAUTHORIZED' } });
+    const reader = cli(home, ['key', 'create', 'reader', '--scope', 'read']).out.trim();
+    expect(curl('GET', '/sandboxes', { token: reader }).status).toBe(200);
+    expect(curl('POST', '/sandboxes', { token: reader, json: {} })).toMatchObject({ status: 403, body: { code: 'FORBIDDEN', hint: expect.stringMatching(/--scope exec/) } });
+    expect(cli(home, ['key', 'ls', '--json']).out).not.toContain(reader); // only a hash is kept
+    expect(cli(home, ['key', 'rm', 'reader']).code).toBe(0);
+    expect(curl('GET', '/sandboxes', { token: reader }).status).toBe(401);
+    expect(curl('GET', '/sandboxes').status).toBe(200);
+    expect(curl('POST', '/sandboxes', { json: { bogus: 1 } })).toMatchObject({ status: 400, body: { code: 'BAD_INPUT' } });
+    expect(curl('GET', '/sandboxes/nope')).toMatchObject({ status: 404, body: { code: 'SANDBOX_NOT_FOUND' } });
+    const doc = curl('GET', '/openapi.json').body;
+    await expect(SwaggerParser.validate(structuredClone(doc))).resolves.toBeTruthy();
+    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining(['/sandboxes', '/sandboxes/{id}/exec', '/sandboxes/{id}/files', '/events', '/pools/{name}/run']));
+    // one line per request, written once the response has gone
+    await until('the request log', () => /GET \/sandboxes 401 [\d.]+ms key=-/.test(d.log()) && /GET \/sandboxes 200 [\d.]+ms key=local/.test(d.log()));
+  });
+
+  it('an exec deadline kills the whole tree; a client that goes kills its exec', async () => {
+    expect(curl('POST', '/sandboxes', { json: { name: 'tree' } }).status).toBe(201);
+    const r = curl('POST', '/sandboxes/tree/exec', { json: { argv: ['sh', '-c', 'sleep 100 & sleep 100'], timeoutMs: 500 } });
+    expect(r.body).toMatchObject({ exitCode: 124, timedOut: true });
+    const left = (): string => curl('POST', '/sandboxes/tree/exec', { json: { argv: ['sh', '-c', 'ps -o comm | grep -c sleep || true'] } }).body.stdout.trim();
+    await until('the tree gone', () => left() === '0');
+    // curl gives up after 1 s: the command it started must not outlive it
+    expect(curl('POST', '/sandboxes/tree/exec', { json: { argv: ['sh', '-c', 'sleep 100 & sleep 100'], timeoutMs: 0 }, timeoutS: 1 }).status).toBe(0);
+    await until('the abandoned exec killed', () => left() === '0');
+  });
+
+  it('a stream cut mid-command is reattached from its offset with nothing lost; a ring overrun is a gap', async () => {
+    curl('POST', '/sandboxes', { json: { name: 'stream' } });
+    const ws = await socket('/sandboxes/stream/exec');
+    ws.send(JSON.stringify({ type: 'start', argv: ['sh', '-c', 'i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo line$i; [ $i = 50 ] && sleep 1; done; echo err >&2'] }));
+    let got = Buffer.alloc(0);
+    let id = '';
+    await new Promise<void>((resolve) => {
+      ws.on('message', (m: Buffer, binary) => {
+        if (!binary) {
+          const j = JSON.parse(String(m));
+          if (j.type === 'started') id = j.process;
+          return;
+        }
+        got = Buffer.concat([got, m.subarray(1)]);
+        if (got.toString().includes('line50\n')) resolve();
+      });
+    });
+    ws.terminate(); // cut
+    const offset = got.length;
+    await sleep(1500);
+    const again = await socket(`/sandboxes/stream/processes/${id}/attach?offset=${offset}`);
+    let rest = Buffer.alloc(0);
+    let stderr = '';
+    const exit = await new Promise<any>((resolve) => {
+      again.on('message', (m: Buffer, binary) => {
+        if (binary) return m[0] === 1 ? void (rest = Buffer.concat([rest, m.subarray(1)])) : void (stderr += m.subarray(1).toString());
+        const j = JSON.parse(String(m));
+        if (j.type === 'exit') resolve(j);
+        if (j.type === 'gap') resolve(j);
+      });
+    });
+    expect(exit.type).toBe('exit');
+    expect(exit.result.exitCode).toBe(0);
+    const all = Buffer.concat([got, rest]).toString();
+    expect(all).toBe(Array.from({ length: 300 }, (_, i) => `line${i + 1}\n`).join(''));
+    expect(stderr).toBe('err\n');
+
+    // 3 MiB with nobody reading, a 1 MiB ring: attaching at 0 is told what was lost
+    const bg = curl('POST', '/sandboxes/stream/processes', { json: { argv: ['sh', '-c', 'head -c 3145728 /dev/zero'], tag: 'big' } });
+    expect(bg.status).toBe(201);
+    await until('it exited', () => curl('GET', `/sandboxes/stream/processes/${bg.body.id}`).body.state === 'exited');
+    const out = curl('GET', `/sandboxes/stream/processes/${bg.body.id}/output?offset=0`).body;
+    expect(out.gap).toEqual({ from: 0, to: 2 << 20 });
+    expect(out.next).toBe(3 << 20);
+    expect(out.chunks.reduce((n: number, c: any) => n + Buffer.from(c.data, 'base64').length, 0)).toBe(1 << 20);
+  });
+
+  it('TTLs kill or pause; a timeout can be extended; events say why, and resume from Last-Event-ID', async () => {
+    const start = Number(curl('GET', '/events?after=0', { timeoutS: 1 }).body.match?.(/id: (\d+)/g)?.pop()?.slice(4) ?? 0);
+    expect(curl('POST', '/sandboxes', { json: { name: 'ttl-kill', timeoutS: 1 } }).status).toBe(201);
+    expect(curl('POST', '/sandboxes', { json: { name: 'ttl-pause', timeoutS: 1, onTimeout: 'pause' } }).status).toBe(201);
+    expect(curl('POST', '/sandboxes', { json: { name: 'ttl-long', timeoutS: 1 } }).status).toBe(201);
+    expect(curl('POST', '/sandboxes/ttl-long/timeout', { json: { timeoutS: 600 } }).body.timeoutS).toBe(600);
+    await until('ttl-kill gone', () => curl('GET', '/sandboxes/ttl-kill').status === 404);
+    await until('ttl-pause paused', () => curl('GET', '/sandboxes/ttl-pause').body.state === 'paused');
+    expect(curl('GET', '/sandboxes/ttl-long').body.state).toBe('running');
+    // the log from before these, as a client that reconnects asks for it
+    const sse = curl('GET', '/events', { headers: [`last-event-id: ${start}`], timeoutS: 1 }).body as string;
+    const events = sse.split('\n\n').filter((b) => b.startsWith('id: ')).map((b) => JSON.parse(b.split('\ndata: ')[1]!));
+    expect(events.every((e) => e.id > start)).toBe(true);
+    const of = (name: string): string[] => events.filter((e) => e.name === name).map((e) => e.type);
+    expect(of('ttl-kill')).toEqual(['created', 'ready', 'timeout', 'destroyed']);
+    expect(of('ttl-pause')).toEqual(['created', 'ready', 'timeout', 'paused']);
+    expect(events.find((e) => e.name === 'ttl-kill' && e.type === 'destroyed').reason).toMatch(/timeout of 1 s ended/);
+    curl('DELETE', '/sandboxes/ttl-pause');
+    curl('DELETE', '/sandboxes/ttl-long');
+  });
+
+  it('quotas: a key over its sandboxes or its concurrent execs gets 429 with Retry-After and the limit', async () => {
+    const k = cli(home, ['key', 'create', 'small', '--max-sandboxes', '1', '--max-execs', '1']).out.trim();
+    expect(curl('POST', '/sandboxes', { token: k, json: { name: 'q1' } }).status).toBe(201);
+    const over = curl('POST', '/sandboxes', { token: k, json: { name: 'q2' } });
+    expect(over).toMatchObject({ status: 429, body: { code: 'QUOTA_EXCEEDED', limit: 'maxSandboxes' } });
+    expect(over.headers).toMatch(/retry-after: \d+/i);
+    expect(curl('GET', '/sandboxes/q2').status).toBe(404);
+    const long = spawn('curl', ['-s', '-X', 'POST', '-H', `authorization: Bearer ${k}`, '-H', 'content-type: application/json', '--data-binary', JSON.stringify({ argv: ['sleep', '3'] }), `${d.url}/sandboxes/q1/exec`]);
+    await until('the first exec running', () => curl('GET', '/metrics').body.includes('snaplab_execs_running 1'));
+    expect(curl('POST', '/sandboxes/q1/exec', { token: k, json: { argv: ['true'] } })).toMatchObject({ status: 429, body: { limit: 'maxExecs' } });
+    await new Promise((r) => long.on('close', r));
+    expect(curl('POST', '/sandboxes/q1/exec', { token: k, json: { argv: ['true'] } }).body.exitCode).toBe(0);
+    expect(curl('DELETE', '/sandboxes/q1', { token: k }).status).toBe(204);
+    expect(curl('POST', '/sandboxes', { token: k, json: { name: 'q3' } }).status).toBe(201);
+    curl('DELETE', '/sandboxes/q3');
+  });
+
+  it('metrics: sandboxes by state, exec histograms, phases', () => {
+    const m = curl('GET', '/metrics', { token: admin }).body as string;
+    expect(m).toMatch(/^snaplab_sandboxes\{state="running"\} \d+$/m);
+    expect(m).toMatch(/^snaplab_exec_duration_seconds_count\{kind="oneshot"\} \d+$/m);
+    expect(m).toMatch(/^snaplab_phase_duration_seconds_count\{operation="create",phase="total"\} \d+$/m);
+  });
+
+  it('kill -9 mid-create, then a restart: every sandbox exists and works, or is gone; nothing leaks; the rest is adopted', async () => {
+    expect(curl('POST', '/sandboxes', { json: { name: 'survivor', timeoutS: 3600 } }).status).toBe(201);
+    const expires = curl('GET', '/sandboxes/survivor').body.expiresAt;
+    for (const delay of [5, 40, 90]) {
+      const c = spawn('curl', ['-s', '--unix-socket', d.socket, '-X', 'POST', '-H', 'content-type: application/json', '--data-binary', JSON.stringify({ name: `k${delay}` }), 'http://snaplab/sandboxes']);
+      await sleep(delay);
+      await d.kill9();
+      c.kill();
+      d = await startDaemon(home, ['--default-timeout', '0']);
+      const got = curl('GET', `/sandboxes/k${delay}`);
+      if (got.status === 200) {
+        expect(got.body.state).toBe('running');
+        expect(curl('POST', `/sandboxes/k${delay}/exec`, { json: { argv: ['echo', 'ok'] } }).body.stdout).toBe('ok\n');
+        curl('DELETE', `/sandboxes/k${delay}`);
+      } else {
+        expect(got.status).toBe(404);
+      }
+    }
+    // killed while the store says `creating`: after the restart it is gone, reported failed, and cleaned
+    const db = new Database(join(home, 'state.db'), { readonly: true, fileMustExist: true });
+    const c = spawn('curl', ['-s', '--unix-socket', d.socket, '-X', 'POST', '-H', 'content-type: application/json', '--data-binary', JSON.stringify({ name: 'midway' }), 'http://snaplab/sandboxes']);
+    const creating = db.prepare("SELECT 1 FROM sandboxes WHERE name = 'midway' AND state = 'creating'");
+    await new Promise((r) => c.once('spawn', r));
+    for (const end = Date.now() + 10_000; !creating.get(); ) if (Date.now() > end) throw new Error('midway never seen creating'); // a busy poll: the state lasts ~100 ms
+    await d.kill9();
+    c.kill();
+    db.close();
+    d = await startDaemon(home, ['--default-timeout', '0']);
+    expect(curl('GET', '/sandboxes/midway').status).toBe(404);
+    const failed = (curl('GET', '/events?after=0', { timeoutS: 1 }).body as string).split('\n\n').filter((b) => b.includes('"name":"midway"'));
+    expect(failed.at(-1)).toMatch(/event: failed[\s\S]*creation was interrupted/);
+    // nothing half-made is left for gc to find
+    const gc = JSON.parse(cli(home, ['gc', '--json']).out);
+    expect(gc.removed).toEqual([]);
+    const s = curl('GET', '/sandboxes/survivor').body;
+    expect([s.state, s.expiresAt]).toEqual(['running', expires]);
+    expect(curl('POST', '/sandboxes/survivor/exec', { json: { argv: ['true'] } }).body.exitCode).toBe(0);
+    curl('DELETE', '/sandboxes/survivor');
+  });
+});
