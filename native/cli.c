@@ -571,6 +571,9 @@ int main(int argc, char **argv)
 	if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) && print_version() == 0) return 0;
 	const char *off = getenv("SNAPLAB_NO_FAST_EXEC");
 	int fast = !(off && *off && strcmp(off, "0"));
+	/* with a daemon to talk to (SNAPLAB_HOST), every command goes through it */
+	const char *host = getenv("SNAPLAB_HOST");
+	if (host && *host) fast = 0;
 	/* `snaplab proxy MACHINE PORT` (ssh's ProxyCommand) is `exec -i MACHINE -- agent connect PORT` */
 	if (argc == 4 && !strcmp(argv[1], "proxy") && fast && argv[3][0] && strspn(argv[3], "0123456789") == strlen(argv[3]) && strlen(argv[3]) <= 5 &&
 	    atoi(argv[3]) >= 1 && atoi(argv[3]) <= 65535 && argv[3][0] != '0' && utf8_ok(argv[2]) && argv[2][0] != '-') {

@@ -12,6 +12,7 @@ import Database from 'better-sqlite3';
 import SwaggerParser from '@apidevtools/swagger-parser';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { SNAPLAB } from './cli-command.js';
 
 let home: string;
 let d: TestDaemon;
@@ -184,6 +185,26 @@ describe('snaplab serve', () => {
     expect(curl('DELETE', '/sandboxes/q1', { token: k }).status).toBe(204);
     expect(curl('POST', '/sandboxes', { token: k, json: { name: 'q3' } }).status).toBe(201);
     curl('DELETE', '/sandboxes/q3');
+  });
+
+  it('the CLI through the daemon (SNAPLAB_HOST, a key): create, exec with its exit code and stdin, ls, pause and resume twice, rm', () => {
+    const env = { ...process.env, SNAPLAB_HOME: '/nonexistent', SNAPLAB_HOST: d.url, SNAPLAB_TOKEN: admin };
+    const run = (args: string[], input?: string) => spawnSync(SNAPLAB, args, { env, input, encoding: 'utf8' });
+    expect(run(['create', '--name', 'via-cli', '--label', 'by=cli']).stdout).toBe('via-cli\n');
+    const e = run(['exec', '-i', 'via-cli', '--', 'sh', '-c', 'cat; echo err >&2; exit 3'], 'typed\n');
+    expect([e.status, e.stdout, e.stderr]).toEqual([3, 'typed\n', 'err\n']);
+    expect(JSON.parse(run(['ls', '--json', '--label', 'by=cli']).stdout).map((b: any) => b.name)).toEqual(['via-cli']);
+    for (let i = 0; i < 2; i++) {
+      expect(run(['pause', 'via-cli']).status).toBe(0);
+      expect(run(['exec', 'via-cli', '--', 'true']).stderr).toMatch(/SANDBOX_PAUSED/);
+      expect(run(['resume', 'via-cli']).status).toBe(0);
+      expect(run(['exec', 'via-cli', '--', 'echo', 'back']).stdout).toBe('back\n');
+    }
+    expect(run(['df']).stderr).toMatch(/runs on the embedded lab/);
+    expect(run(['rm', 'via-cli']).status).toBe(0);
+    expect(run(['exec', 'via-cli', '--', 'true'])).toMatchObject({ status: 125, stderr: expect.stringMatching(/SANDBOX_NOT_FOUND/) });
+    const noKey = spawnSync(SNAPLAB, ['ls'], { env: { ...env, SNAPLAB_TOKEN: '' }, encoding: 'utf8' });
+    expect(noKey.stderr).toMatch(/UNAUTHORIZED/);
   });
 
   it('metrics: sandboxes by state, exec histograms, phases', () => {

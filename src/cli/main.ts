@@ -18,9 +18,20 @@ const program = new Command('snaplab')
       write(`error[BAD_INPUT]: ${text.replace(/^error: /, '').trimEnd()}\nhint: see \`snaplab --help\` or \`snaplab <command> --help\`\n`),
   });
 
+// `--host URL` before the command is SNAPLAB_HOST for this call
+if (process.argv[2] === '--host' && process.argv[3] !== undefined) {
+  process.env.SNAPLAB_HOST = process.argv[3];
+  process.argv.splice(2, 2);
+}
 const invoked = process.argv[2];
-const one = COMMANDS.find(([names]) => invoked !== undefined && names.includes(invoked));
-for (const [, register] of one ? [one] : COMMANDS) register(program);
+if (process.env.SNAPLAB_HOST) {
+  // a daemon does the work: its commands are the remote library's
+  const { registerRemote } = await import('./remote.js');
+  registerRemote(program, invoked);
+} else {
+  const one = COMMANDS.find(([names]) => invoked !== undefined && names.includes(invoked));
+  for (const [, register] of one ? [one] : COMMANDS) register(program);
+}
 
 program.parseAsync(process.argv).catch((e: unknown) => {
   if (e instanceof CommanderError) {

@@ -90,9 +90,9 @@ function pump(p: Process, ws: WebSocket, offset: number): void {
   });
 }
 
-/** What a client sends: binary frames are stdin; text frames are {type: eof|signal|resize}. */
-function control(p: Process, ws: WebSocket): void {
-  ws.on('message', (data, isBinary) => {
+/** What a client sends: binary frames are stdin; text frames are {type: eof|signal|resize}. `held`: what came before. */
+function control(p: Process, ws: WebSocket, held: [Buffer, boolean][] = []): void {
+  const onMessage = (data: Buffer, isBinary: boolean): void => {
     const h = p.handle;
     if (!h || p.ended) return;
     try {
@@ -111,14 +111,31 @@ function control(p: Process, ws: WebSocket): void {
     } catch (e) {
       send(ws, { type: 'error', error: toSnaplab(e).toJSON() });
     }
-  });
+  };
+  for (const [data, isBinary] of held) onMessage(data, isBinary);
+  ws.on('message', onMessage);
 }
 
-/** The first message of a socket, as JSON (or an error sent and the socket closed). */
-function firstMessage(ws: WebSocket): Promise<unknown> {
-  return new Promise((resolve, reject) => {
+/**
+ * A socket's messages from its first on: the first (the start message) as JSON, and whatever
+ * came after it while the command was being started, held until `control` takes them (stdin sent
+ * right behind the start message must not be lost).
+ */
+function startMessage(ws: WebSocket): { first: Promise<unknown>; take(): [Buffer, boolean][] } {
+  const later: [Buffer, boolean][] = [];
+  let first: ((v: [Buffer, boolean]) => void) | undefined;
+  const got = new Promise<[Buffer, boolean]>((resolve) => (first = resolve));
+  const onMessage = (data: Buffer, isBinary: boolean): void => {
+    if (first) {
+      first([data, isBinary]);
+      first = undefined;
+    } else later.push([data, isBinary]);
+  };
+  ws.on('message', onMessage);
+  const parsed = new Promise<unknown>((resolve, reject) => {
     const timer = setTimeout(() => reject(new SnaplabError('TIMEOUT', 'no start message within 30 s', 'send {"type": "start", "argv": [...]} first')), 30_000);
-    ws.once('message', (data, isBinary) => {
+    ws.once('close', () => reject(new SnaplabError('ABORTED', 'closed before it started')));
+    void got.then(([data, isBinary]) => {
       clearTimeout(timer);
       try {
         if (isBinary) throw new Error('binary');
@@ -127,8 +144,12 @@ function firstMessage(ws: WebSocket): Promise<unknown> {
         reject(new SnaplabError('BAD_INPUT', 'the first message must be JSON: {"type": "start", "argv": [...]}', 'see docs/api.md, streaming exec'));
       }
     });
-    ws.once('close', () => reject(new SnaplabError('ABORTED', 'closed before it started')));
   });
+  const take = (): [Buffer, boolean][] => {
+    ws.off('message', onMessage);
+    return later.splice(0);
+  };
+  return { first: parsed, take };
 }
 
 function refuse(ws: WebSocket, e: unknown): void {
@@ -156,8 +177,9 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
     void (async () => {
       let p: Process;
       let onDisconnect = 'keep';
+      const start = startMessage(ws);
       try {
-        const m = (await firstMessage(ws)) as { type?: string; onDisconnect?: string } & Record<string, unknown>;
+        const m = (await start.first) as { type?: string; onDisconnect?: string } & Record<string, unknown>;
         if (m.type !== 'start' || !Array.isArray(m.argv) || !m.argv.length || m.argv.some((a) => typeof a !== 'string')) {
           throw new SnaplabError('BAD_INPUT', 'the first message must be {"type": "start", "argv": ["cmd", ...]}', 'see docs/api.md, streaming exec');
         }
@@ -167,8 +189,8 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
       } catch (e) {
         return refuse(ws, e);
       }
+      control(p, ws, start.take());
       send(ws, { type: 'started', process: p.id, pid: await p.handle!.pid.catch(() => null) });
-      control(p, ws);
       pump(p, ws, 0);
       ws.once('close', () => { if (onDisconnect === 'kill' && !p.ended) p.handle?.kill(9); });
     })();
