@@ -102,6 +102,28 @@ describe('snaplab serve', () => {
     await until('the abandoned exec killed', () => left() === '0');
   });
 
+  it('/rpc: calls answered by id in the order they end, bad calls refused, and a connection that goes kills its commands', async () => {
+    curl('POST', '/sandboxes', { json: { name: 'rpc' } });
+    const ws = await socket('/rpc');
+    const answers: any[] = [];
+    ws.on('message', (m) => answers.push(JSON.parse(String(m))));
+    ws.send(JSON.stringify({ id: 1, op: 'exec', sandbox: 'rpc', argv: ['sh', '-c', 'sleep 0.3; echo slow'] }));
+    ws.send(JSON.stringify({ id: 2, op: 'exec', sandbox: 'rpc', argv: ['cat'], stdin: Buffer.from('fast').toString('base64') }));
+    ws.send(JSON.stringify({ id: 3, op: 'exec', sandbox: 'rpc' }));
+    ws.send('not json');
+    await until('four answers', () => answers.length === 4);
+    expect(answers.map((a) => a.id)).toEqual([3, null, 2, 1]);
+    expect(answers[0].error).toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/argv/) });
+    expect(Buffer.from(answers[2].result.stdout, 'base64').toString()).toBe('fast');
+    expect(Buffer.from(answers[3].result.stdout, 'base64').toString()).toBe('slow\n');
+    ws.send(JSON.stringify({ id: 4, op: 'exec', sandbox: 'rpc', argv: ['sleep', '100'] }));
+    const sleeping = (): string => curl('POST', '/sandboxes/rpc/exec', { json: { argv: ['sh', '-c', 'ps -o comm | grep -c sleep || true'] } }).body.stdout.trim();
+    await until('the sleep running', () => sleeping() === '1');
+    ws.terminate();
+    await until('the sleep killed with its connection', () => sleeping() === '0');
+    curl('DELETE', '/sandboxes/rpc');
+  });
+
   it('a stream cut mid-command is reattached from its offset with nothing lost; a ring overrun is a gap', async () => {
     curl('POST', '/sandboxes', { json: { name: 'stream' } });
     const ws = await socket('/sandboxes/stream/exec');

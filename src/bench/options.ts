@@ -25,11 +25,12 @@ export interface BenchCli {
   driver?: string;
   results?: string;
   compare?: string[];
+  host?: string;
   json?: boolean;
 }
 
 /** What may differ between the two configurations of --compare. */
-const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill', 'userns', 'init'] as const;
+const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill', 'userns', 'init', 'host'] as const;
 export const DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64];
 const STORAGES: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
 
@@ -52,6 +53,7 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up)`, 'all')
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
     .option('--driver <name>', 'namespaces (default) or qemu (raise, exec, snapshot, restore, fresh-exec: a pool of paused VM restores)')
+    .option('--host <url>', "exec, fresh-exec: through a daemon's API (http://HOST:PORT with SNAPLAB_TOKEN, or unix:/path/daemon.sock); `embedded`: in this process (the default), e.g. --compare '--host embedded' '--host unix:/var/lib/snaplab/daemon.sock'")
     .option('--results <dir>', 'write rung-N.json, summary.json, summary.md and chart.svg into this new directory')
     .option('--compare <options>', "two option strings run alternately: --compare 'A' 'B'", (v: string, prev: string[] = []) => [...prev, v])
     .option('--json', 'print the summary as JSON (progress stays on stderr)');
@@ -125,6 +127,8 @@ export interface Variant {
   userns?: boolean;
   /** --init: systemd (system machines) or agent (even for an image whose default is systemd) */
   init?: 'systemd' | 'agent';
+  /** --host: the daemon the workload goes through (absent: embedded) */
+  host?: string;
   fills: (number | undefined)[];
 }
 
@@ -156,6 +160,8 @@ function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: st
   if (o.userns !== undefined && o.userns !== 'on' && o.userns !== 'off') throw bad(`invalid --userns ${JSON.stringify(o.userns)}`, 'use --userns on or --userns off');
   if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd') throw bad(`invalid --init ${JSON.stringify(o.init)}`, 'use --init agent or --init systemd');
   if (o.init === 'systemd' && w !== 'raise' && w !== 'restore') throw bad('--init systemd applies to the raise and restore workloads', 'use --workload raise or restore');
+  const host = o.host === undefined || o.host === 'embedded' ? undefined : o.host;
+  if (host !== undefined && w !== 'exec' && w !== 'fresh-exec') throw bad('--host applies to the exec and fresh-exec workloads', 'use --workload exec or fresh-exec');
   return {
     label,
     options,
@@ -164,6 +170,7 @@ function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: st
     poolSize: o.poolSize === undefined ? undefined : parsePositiveInt(o.poolSize, 'pool size'),
     ...(o.userns === 'off' ? { userns: false } : {}),
     ...(o.init === 'systemd' || o.init === 'agent' ? { init: o.init } : {}),
+    ...(host !== undefined ? { host } : {}),
     fills: o.fill ? o.fill.split(',').map((f) => parseSize(f, 'fill size')) : [undefined],
   };
 }

@@ -1,4 +1,5 @@
-import type { Lab } from '../sdk/lab.js';
+import { Lab } from '../sdk/lab.js';
+import type { LabApi } from '../sdk/api.js';
 import type { StorageKind } from '../storage/backend.js';
 import { bareSpawn, lxcArm, rawNamespace, runcArm, type Arm, type LoopLimits } from './baselines.js';
 import { fit, overlap, verdict } from './fit.js';
@@ -55,10 +56,18 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
   const startedAt = new Date().toISOString();
   const defaultStorage: StorageKind = await lab.context.defaultStorage();
   const lim: LoopLimits = { durationMs: plan.durationMs, count: plan.count };
+  // a variant with --host runs through that daemon (one connection pool per URL, for the whole bench)
+  const remotes = new Map<string, Promise<LabApi>>();
+  const labOf = (v: Variant): Promise<LabApi> => {
+    if (v.host === undefined) return Promise.resolve(lab);
+    let r = remotes.get(v.host);
+    if (!r) remotes.set(v.host, (r = Lab.connect({ url: v.host })));
+    return r;
+  };
   const workloadArm = (v: Variant, fillBytes: number | undefined, name: string): Arm => ({
     name,
-    run: (concurrency) =>
-      runWorkload(lab, plan.workload, { concurrency, ...lim, storage: v.storage ?? defaultStorage, argv: plan.argv, fillBytes, recycle: v.recycle, poolSize: v.poolSize, scenario: plan.scenario, driver: plan.driver, userns: v.userns, init: v.init, image: plan.image }),
+    run: async (concurrency) =>
+      runWorkload(await labOf(v), plan.workload, { concurrency, ...lim, storage: v.storage ?? defaultStorage, argv: plan.argv, fillBytes, recycle: v.recycle, poolSize: v.poolSize, scenario: plan.scenario, driver: plan.driver, userns: v.userns, init: v.init, image: plan.image }),
   });
   const comparing = plan.variants.length === 2;
   const first = plan.variants[0]!;
@@ -71,6 +80,7 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
     outcomes = await climb([...arms, ...baseArms.map((a) => ({ ...a, optional: true }))], plan.ladder, plan.reps, progress);
   } finally {
     for (const a of baseArms) await a.dispose?.().catch(() => undefined);
+    for (const r of remotes.values()) void r.then((l) => l.close(), () => undefined);
     progress.done();
   }
   const work = outcomes.slice(0, arms.length).map((o) => rungsOf(o, plan.ladder));

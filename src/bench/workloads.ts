@@ -1,4 +1,6 @@
-import type { Lab } from '../sdk/lab.js';
+import { Lab } from '../sdk/lab.js';
+import type { LabApi, LabCreateOptions } from '../sdk/api.js';
+import { SnaplabError } from '../errors.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -53,9 +55,12 @@ async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   });
 }
 
-/** exec: argv in one existing sandbox, `concurrency` commands in flight over one connection. */
-async function exec(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns });
+/**
+ * exec: argv in one existing sandbox, `concurrency` commands in flight over one connection (or,
+ * through a daemon, over its keep-alive HTTP connections: a one-shot exec per request).
+ */
+async function exec(lab: LabApi, s: BenchSettings): Promise<LoopResult> {
+  const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns, ...(lab instanceof Lab ? {} : { timeoutS: 0 }) } as LabCreateOptions);
   try {
     await box.exec(s.argv);
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
@@ -120,11 +125,15 @@ async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   }
 }
 
-export function runWorkload(lab: Lab, w: Workload, s: WorkloadSettings): Promise<LoopResult> {
-  if (w === 'fresh-exec') return freshExec(lab, s);
+/** exec and fresh-exec run on either library (`--host`); the rest on the embedded one. */
+export function runWorkload(api: LabApi, w: Workload, s: WorkloadSettings): Promise<LoopResult> {
+  if (w === 'fresh-exec') return freshExec(api, s);
+  if (w === 'exec') return exec(api, s);
+  if (!(api instanceof Lab)) throw new SnaplabError('BAD_INPUT', `--host applies to exec and fresh-exec, not ${w}`, 'drop --host');
+  const lab = api;
   if (w === 'scenario-up' || w === 'scenario-reset') {
     const settings = { ...s, file: s.scenario!, storage: s.storage };
     return w === 'scenario-up' ? scenarioUp(lab, settings) : scenarioReset(lab, settings);
   }
-  return { raise, exec, snapshot, restore }[w](lab, s);
+  return { raise, snapshot, restore }[w](lab, s);
 }

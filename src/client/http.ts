@@ -83,10 +83,13 @@ export class Http {
   }
 }
 
-export async function collect(s: Readable): Promise<Buffer> {
-  const parts: Buffer[] = [];
-  for await (const b of s) parts.push(b as Buffer);
-  return Buffer.concat(parts);
+export function collect(s: Readable): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const parts: Buffer[] = [];
+    s.on('data', (b: Buffer) => parts.push(b));
+    s.once('end', () => resolve(parts.length === 1 ? parts[0]! : Buffer.concat(parts)));
+    s.once('error', reject);
+  });
 }
 
 function unreachable(url: string, e: NodeJS.ErrnoException): SnaplabError {

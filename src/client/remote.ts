@@ -17,6 +17,7 @@ import type { LabApi, LabCreateOptions, PoolApi, ProcessApi, SandboxApi, Snapsho
 import type { SandboxFiles } from '../sdk/sandbox.js';
 import type { Limits } from '../store/records.js';
 import { collect, Http, type ConnectOptions } from './http.js';
+import { Rpc } from './rpc.js';
 
 const MAX_COLLECTED = 16 * 1024 * 1024;
 const enc = encodeURIComponent;
@@ -45,7 +46,7 @@ class RemoteSnapshot implements SnapshotApi {
 }
 
 export class RemoteSandbox implements SandboxApi {
-  constructor(private readonly http: Http, private v: View) {}
+  constructor(private readonly http: Http, private v: View, private readonly rpc: Rpc) {}
 
   get id(): string { return this.v.id; }
   get name(): string { return this.v.name; }
@@ -71,12 +72,11 @@ export class RemoteSandbox implements SandboxApi {
   async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
     const streamed = opts.onStdout || opts.onStderr || opts.tty || opts.stdin === true || (opts.stdin !== undefined && typeof opts.stdin !== 'string' && !Buffer.isBuffer(opts.stdin));
     if (streamed) return (await this.spawn(argv, opts)).result;
-    const stdin = opts.stdin === undefined ? undefined : Buffer.from(opts.stdin as string | Buffer);
-    const r = await this.http.json<ResultView>('POST', this.path('/exec'), {
-      json: { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0, encoding: 'base64', ...(stdin ? { stdin: stdin.toString('base64') } : {}) },
-      signal: opts.signal,
-    });
-    return toResult(r);
+    const stdin = opts.stdin === undefined ? undefined : Buffer.from(opts.stdin as string | Buffer).toString('base64');
+    const call = { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0, ...(stdin ? { stdin } : {}) };
+    // one request over HTTP when the caller may abort it (the daemon kills it when the request goes); else a call on the shared /rpc socket
+    if (opts.signal) return toResult(await this.http.json<ResultView>('POST', this.path('/exec'), { json: { ...call, encoding: 'base64' }, signal: opts.signal }));
+    return toResult(await this.rpc.call<ResultView>({ op: 'exec', sandbox: this.v.id, ...call }));
   }
 
   /** Start argv over a WebSocket; the command is killed if the connection is lost (use `processes` to outlive it). */
@@ -243,7 +243,7 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi {
 }
 
 class RemotePool implements PoolApi {
-  constructor(private readonly http: Http, readonly name: string) {}
+  constructor(private readonly http: Http, readonly name: string, private readonly rpc: Rpc) {}
 
   stats(): Promise<PoolStats> {
     return this.http.json('GET', `/pools/${enc(this.name)}`);
@@ -253,16 +253,17 @@ class RemotePool implements PoolApi {
     if (spec.put?.length || spec.onStdout || spec.onStderr || (spec.stdin !== undefined && typeof spec.stdin !== 'string' && !Buffer.isBuffer(spec.stdin))) {
       throw new SnaplabError('BAD_INPUT', 'a remote pool run takes argv, env, cwd, user, timeoutMs and stdin as data', 'take a sandbox (pool.take()) to stream or copy files');
     }
-    const stdin = spec.stdin === undefined ? undefined : Buffer.from(spec.stdin as string | Buffer);
-    const r = await this.http.json<ResultView & { sandbox: string; hit: boolean; recycled: boolean }>('POST', `/pools/${enc(this.name)}/run`, {
-      json: { argv, env: envObject(spec.env), cwd: spec.cwd, user: spec.user, timeoutMs: spec.timeoutMs ?? 0, encoding: 'base64', ...(stdin ? { stdin: stdin.toString('base64') } : {}) },
-      signal: spec.signal,
-    });
+    const stdin = spec.stdin === undefined ? undefined : Buffer.from(spec.stdin as string | Buffer).toString('base64');
+    const call = { argv, env: envObject(spec.env), cwd: spec.cwd, user: spec.user, timeoutMs: spec.timeoutMs ?? 0, ...(stdin ? { stdin } : {}) };
+    type Ran = ResultView & { sandbox: string; hit: boolean; recycled: boolean };
+    const r = spec.signal
+      ? await this.http.json<Ran>('POST', `/pools/${enc(this.name)}/run`, { json: { ...call, encoding: 'base64' }, signal: spec.signal })
+      : await this.rpc.call<Ran>({ op: 'run', pool: this.name, ...call });
     return { ...toResult(r), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, dirt: [] };
   }
 
   async take(): Promise<SandboxApi> {
-    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: { pool: this.name, timeoutS: 0 } }));
+    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: { pool: this.name, timeoutS: 0 } }), this.rpc);
   }
 
   async resize(size: number): Promise<void> {
@@ -291,11 +292,13 @@ export interface RemoteCreateOptions extends LabCreateOptions {
 
 export class RemoteLab implements LabApi {
   private readonly http: Http;
+  private readonly rpc: Rpc;
 
   constructor(opts: ConnectOptions = {}) {
     const url = opts.url ?? process.env.SNAPLAB_HOST;
     if (!url) throw new SnaplabError('BAD_INPUT', 'no daemon URL given', 'pass { url } or set SNAPLAB_HOST (http://HOST:PORT or unix:/path/to/daemon.sock)');
     this.http = new Http(url, opts.token ?? process.env.SNAPLAB_TOKEN);
+    this.rpc = new Rpc(this.http);
   }
 
   get url(): string {
@@ -312,20 +315,20 @@ export class RemoteLab implements LabApi {
   }
 
   async create(opts: RemoteCreateOptions = {}): Promise<RemoteSandbox> {
-    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: opts }));
+    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: opts }), this.rpc);
   }
 
   async restore(snapshot: string, opts: { name?: string; limits?: Limits; labels?: Record<string, string>; metadata?: Record<string, string>; timeoutS?: number; onTimeout?: 'kill' | 'pause' } = {}): Promise<RemoteSandbox> {
-    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: { snapshot, ...opts } }));
+    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: { snapshot, ...opts } }), this.rpc);
   }
 
   async get(idOrName: string): Promise<RemoteSandbox> {
-    return new RemoteSandbox(this.http, await this.http.json<View>('GET', `/sandboxes/${enc(idOrName)}`));
+    return new RemoteSandbox(this.http, await this.http.json<View>('GET', `/sandboxes/${enc(idOrName)}`), this.rpc);
   }
 
   async list(opts: { labels?: Record<string, string> } = {}): Promise<RemoteSandbox[]> {
     const q = new URLSearchParams(Object.entries(opts.labels ?? {}).map(([k, v]) => ['label', `${k}=${v}`] as [string, string])).toString();
-    return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map((v) => new RemoteSandbox(this.http, v));
+    return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map((v) => new RemoteSandbox(this.http, v, this.rpc));
   }
 
   async snapshots(): Promise<SnapshotApi[]> {
@@ -346,7 +349,7 @@ export class RemoteLab implements LabApi {
   }
 
   pool(name: string): PoolApi {
-    return new RemotePool(this.http, name);
+    return new RemotePool(this.http, name, this.rpc);
   }
 
   pools(): Promise<PoolStats[]> {
@@ -363,6 +366,7 @@ export class RemoteLab implements LabApi {
   }
 
   close(): void {
+    this.rpc.close();
     this.http.close();
   }
 }

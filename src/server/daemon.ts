@@ -154,7 +154,7 @@ export class Daemon {
 
   /** The sandbox object for id or name, reused while its record is unchanged (its agent connection with it). */
   async sandbox(idOrName: string): Promise<Sandbox> {
-    const rec = this.lab.context.store.getSandbox(idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
+    const rec = this.lab.context.store.sandboxState(idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
     const hit = rec && this.cache.get(rec.id);
     if (hit && hit.state === rec.state) return hit;
     hit?.close();

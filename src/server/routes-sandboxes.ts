@@ -61,16 +61,16 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
     const b = req.body as ExecBody;
     const box = await d.sandbox((req.params as { id: string }).id);
     const release = d.claimExec(req.caller);
-    // the client went before its answer: the command is killed (nobody could read its result)
-    const gone = new AbortController();
-    const onClose = (): void => { if (!reply.raw.writableFinished) gone.abort(); };
-    reply.raw.on('close', onClose);
     const started = Date.now();
     try {
-      const r = await box.exec(b.argv, {
-        env: b.env, cwd: b.cwd, user: b.user, timeoutMs: d.deadline(b.timeoutMs), signal: gone.signal,
+      const p = await box.spawn(b.argv, {
+        env: b.env, cwd: b.cwd, user: b.user, timeoutMs: d.deadline(b.timeoutMs),
         ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
       });
+      // the client went before its answer: the command is killed (nobody could read its result)
+      const gone = (): void => { if (!reply.raw.writableFinished) p.kill(9); };
+      reply.raw.once('close', gone);
+      const r = await p.result;
       d.metrics.exec.observe('kind="oneshot"', Date.now() - started);
       return execView(r, b.encoding);
     } finally {

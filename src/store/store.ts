@@ -161,6 +161,10 @@ export class Store {
     const r = this.stmt('SELECT * FROM sandboxes WHERE id = ? OR name = ?').get(idOrName, idOrName) as Row | undefined;
     return r && toSandbox(r);
   }
+  /** id and state only: the daemon's check that a sandbox it holds is as it left it */
+  sandboxState(idOrName: string): { id: string; state: SandboxRecord['state'] } | undefined {
+    return this.stmt('SELECT id, state FROM sandboxes WHERE id = ? OR name = ?').get(idOrName, idOrName) as { id: string; state: SandboxRecord['state'] } | undefined;
+  }
   listSandboxes(): SandboxRecord[] {
     return (this.stmt('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]).map(toSandbox);
   }

@@ -1,0 +1,85 @@
+/**
+ * `GET /rpc` (WebSocket): one-shot execs multiplexed on one connection, for clients that run many
+ * small commands (the remote library uses it for exec and pool runs). A request is one text
+ * frame `{id, op: "exec", sandbox, argv, env?, cwd?, user?, timeoutMs?, stdin? (base64)}` or
+ * `{id, op: "run", pool, ...}`; its answer is `{id, result}` or `{id, error}`, in the order the
+ * commands end. HTTP costs a request and a response object, headers and a parse each way per
+ * call; a frame costs a JSON parse. A connection that goes kills its commands still running.
+ */
+import type { FastifyInstance } from 'fastify';
+import type { WebSocket } from 'ws';
+import { SnaplabError } from '../errors.js';
+import type { Daemon } from './daemon.js';
+import { toSnaplab } from './http-errors.js';
+import { execView } from './routes-sandboxes.js';
+
+interface Call {
+  id: number | string;
+  op: 'exec' | 'run';
+  sandbox?: string;
+  pool?: string;
+  argv: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+  timeoutMs?: number;
+  stdin?: string;
+}
+
+function check(c: Partial<Call>): Call {
+  const bad = (what: string): never => { throw new SnaplabError('BAD_INPUT', `rpc: invalid ${what}`, 'see docs/api.md, /rpc'); };
+  if (typeof c.id !== 'number' && typeof c.id !== 'string') bad('id');
+  if (c.op !== 'exec' && c.op !== 'run') bad('op (exec or run)');
+  if (c.op === 'exec' && typeof c.sandbox !== 'string') bad('sandbox');
+  if (c.op === 'run' && typeof c.pool !== 'string') bad('pool');
+  if (!Array.isArray(c.argv) || c.argv.some((a) => typeof a !== 'string')) bad('argv');
+  if (c.env !== undefined && (typeof c.env !== 'object' || c.env === null || Object.values(c.env).some((v) => typeof v !== 'string'))) bad('env');
+  for (const k of ['cwd', 'user', 'stdin'] as const) if (c[k] !== undefined && typeof c[k] !== 'string') bad(k);
+  if (c.timeoutMs !== undefined && (!Number.isSafeInteger(c.timeoutMs) || c.timeoutMs < 0)) bad('timeoutMs');
+  return c as Call;
+}
+
+export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
+  app.get('/rpc', { websocket: true, config: { scope: 'exec' }, schema: { tags: ['processes'], summary: 'One-shot execs and pool runs multiplexed on a WebSocket (docs/api.md)' } }, (ws: WebSocket, req) => {
+    const running = new Set<{ kill(sig: number): void }>();
+    ws.on('close', () => { for (const p of running) p.kill(9); });
+    ws.on('message', (data, isBinary) => {
+      let id: Call['id'] | null = null;
+      void (async () => {
+        if (isBinary) throw new SnaplabError('BAD_INPUT', 'rpc: send JSON text frames', 'see docs/api.md, /rpc');
+        const raw = JSON.parse(String(data)) as Partial<Call>;
+        id = raw.id ?? null;
+        const c = check(raw);
+        const release = d.claimExec(req.caller);
+        const started = Date.now();
+        try {
+          const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
+          const opts = { env: c.env, cwd: c.cwd, user: c.user, timeoutMs: d.deadline(c.timeoutMs), ...stdin };
+          if (c.op === 'run') {
+            const r = await d.lab.pool(c.pool!).run(c.argv, opts);
+            d.metrics.observeTrace(r.trace);
+            return { ...execView(r, 'base64'), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, operationId: r.trace.id };
+          }
+          const box = await d.sandbox(c.sandbox!);
+          const p = await box.spawn(c.argv, opts);
+          running.add(p);
+          try {
+            const r = await p.result;
+            d.metrics.exec.observe('kind="rpc"', Date.now() - started);
+            return execView(r, 'base64');
+          } finally {
+            running.delete(p);
+          }
+        } finally {
+          release();
+        }
+      })().then(
+        (result) => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ id, result })),
+        (e) => {
+          const err = toSnaplab(e instanceof SyntaxError ? new SnaplabError('BAD_INPUT', `rpc: not JSON: ${e.message}`, 'send JSON text frames') : e);
+          if (ws.readyState === ws.OPEN) ws.send(JSON.stringify({ id, error: { ...err.toJSON(), ...(err.code === 'QUOTA_EXCEEDED' ? { limit: (err as { limit?: string }).limit } : {}) } }));
+        },
+      );
+    });
+  });
+}
