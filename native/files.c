@@ -3,7 +3,7 @@
  * machine through its agent like any command (argv exec, stdin/stdout pipes). It runs as the
  * exec's user inside the machine, so a PATH is the machine's own and its permissions apply.
  *
- *   cat PATH, write [--mode OCTAL] [--parents] [--append] PATH, stat [-L] PATH, ls PATH,
+ *   cat PATH, write [--mode OCTAL] [--parents] [--append] [--size N] PATH, stat [-L] PATH, ls PATH,
  *   mkdir [--parents] [--mode OCTAL] PATH, rm [--recursive] [--force] PATH   (`--` ends the flags)
  *
  * write puts stdin in a temp file beside PATH (.NAME.snaplab-XXXXXX) renamed over it, so a reader
@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,7 +223,19 @@ static int empty_dir(int fd, const char *path)
 	return rc;
 }
 
-enum { F_MODE = 1, F_PARENTS = 2, F_APPEND = 4, F_FOLLOW = 8, F_RECURSIVE = 16, F_FORCE = 32 };
+enum { F_MODE = 1, F_PARENTS = 2, F_APPEND = 4, F_FOLLOW = 8, F_RECURSIVE = 16, F_FORCE = 32, F_SIZE = 64 };
+
+/* write: the bytes the caller says it sends (--size); fewer means its input broke off */
+static long long expect_size = -1;
+/* write: the temp file, removed if the write is stopped (SIGTERM: the caller's input failed) */
+static char *volatile temp_path;
+
+static void drop_temp(int sig)
+{
+	if (temp_path)
+		unlink(temp_path);
+	_exit(128 + sig);
+}
 
 static int cmd_cat(const char *path, int set, mode_t mode)
 {
@@ -269,15 +282,27 @@ static int cmd_write(const char *path, int set, mode_t mode)
 		char *tmp;
 		if (asprintf(&tmp, "%.*s.%.200s.snaplab-XXXXXX", (int)(base - path), path, base) < 0)
 			return fail(errno, path);
+		struct sigaction sa = { .sa_handler = drop_temp };
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGTERM, &sa, NULL);
+		sigaction(SIGHUP, &sa, NULL);
+		sigaction(SIGINT, &sa, NULL);
 		if ((fd = mkostemp(tmp, O_CLOEXEC)) < 0)
 			return fail(errno, path);
+		temp_path = tmp;
 		int e = 0;
 		if (fchmod(fd, mode) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
 			e = errno;
 		if (close(fd) < 0 && !e)
 			e = errno;
+		if (!e && expect_size >= 0 && n != expect_size) {
+			unlink(tmp);
+			fprintf(stderr, "snaplab: file: EPIPE: %s: the input ended after %lld of %lld bytes (the file is unchanged)\n", path, n, expect_size);
+			return 1;
+		}
 		if (!e && rename(tmp, path) < 0)
 			e = errno;
+		temp_path = NULL;
 		if (e) {
 			unlink(tmp);
 			return fail(e, n < 0 && rerr ? "-" : path);
@@ -383,12 +408,12 @@ static int cmd_rm(const char *path, int set, mode_t mode)
 
 static const struct { const char *name; int bit; } flags[] = {
 	{ "--mode", F_MODE }, { "--parents", F_PARENTS }, { "--append", F_APPEND }, { "-L", F_FOLLOW },
-	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE },
+	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE }, { "--size", F_SIZE },
 };
 
 static const struct { const char *name; int (*run)(const char *path, int set, mode_t mode); int allowed; } cmds[] = {
 	{ "cat", cmd_cat, 0 },
-	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND },
+	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND | F_SIZE },
 	{ "stat", cmd_stat, F_FOLLOW },
 	{ "ls", cmd_ls, 0 },
 	{ "mkdir", cmd_mkdir, F_MODE | F_PARENTS },
@@ -428,6 +453,14 @@ int file_main(int argc, char **argv)
 				goto usage;
 			mode = (mode_t)strtoul(argv[++i], &end, 8) & 07777;
 			if (*end || argv[i][0] < '0' || argv[i][0] > '7')
+				goto usage;
+		}
+		if (flags[f].bit == F_SIZE) {
+			char *end;
+			if (i + 1 == argc || argv[i + 1][0] < '0' || argv[i + 1][0] > '9')
+				goto usage;
+			expect_size = strtoll(argv[++i], &end, 10);
+			if (*end || expect_size < 0)
 				goto usage;
 		}
 	}

@@ -90,9 +90,11 @@ export function registerRemote(program: Command, invoked: string | undefined): v
     .option('--json', 'print JSON')
     .action((names: string[], o: { all?: boolean; json?: boolean }) =>
       withRemote(o, async (lab) => {
+        if (!o.all && !names.length) throw new SnaplabError('BAD_INPUT', 'no sandbox given', 'name one or more, or use --all');
         const targets = o.all ? (await lab.list()).map((b) => b.name) : names;
         for (const n of targets) await (await lab.get(n)).destroy();
         if (o.json) printJson({ removed: targets });
+        else process.stdout.write(targets.length ? `removed ${targets.join(', ')}\n` : 'nothing to remove\n');
       }));
 
   for (const verb of ['pause', 'resume'] as const) {

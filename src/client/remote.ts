@@ -188,6 +188,8 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi {
   let rejectPid!: (e: Error) => void;
   const pid = new Promise<number>((res, rej) => { resolvePid = res; rejectPid = rej; });
   pid.catch(() => {});
+  let started = false;
+  let aborted = false;
   const result = new Promise<ExecResult>((resolve, reject) => {
     let ended = false;
     ws.on('message', (data: Buffer, isBinary) => {
@@ -198,10 +200,17 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi {
         return;
       }
       const m = JSON.parse(String(data)) as { type: string; pid?: number; result?: Omit<ExecResult, 'stdout' | 'stderr'>; error?: { code: ErrorCode; message: string; hint?: string } };
-      if (m.type === 'started') resolvePid(m.pid ?? 0);
-      else if (m.type === 'exit' || m.type === 'error') {
+      if (m.type === 'started') {
+        started = true;
+        resolvePid(m.pid ?? 0);
+      } else if (m.type === 'gap') {
+        truncated = true; // output the daemon could no longer give (it is said, never silently missing)
+      } else if (m.type === 'error' && started) {
+        // a refused control message (a bad signal...): the command runs on
+      } else if (m.type === 'exit' || m.type === 'error') {
         ended = true;
-        if (m.result) resolve({ ...m.result, stdout: Buffer.concat(out), stderr: Buffer.concat(err), truncated: truncated || m.result.truncated });
+        if (aborted) reject(new SnaplabError('ABORTED', 'the exec was aborted', 'its command was killed'));
+        else if (m.result) resolve({ ...m.result, stdout: Buffer.concat(out), stderr: Buffer.concat(err), truncated: truncated || m.result.truncated });
         else {
           const e = new SnaplabError(m.error?.code ?? 'DAEMON_ERROR', m.error?.message ?? 'the command was lost', m.error?.hint);
           rejectPid(e);
@@ -218,7 +227,11 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi {
     ws.on('error', () => {});
   });
   result.catch(() => {}).finally(() => ws.close());
-  opts.signal?.addEventListener('abort', () => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ type: 'signal', signal: 9 })), { once: true });
+  // as the embedded library: an aborted exec is killed and rejects with ABORTED
+  opts.signal?.addEventListener('abort', () => {
+    aborted = true;
+    if (ws.readyState === ws.OPEN) ws.send(JSON.stringify({ type: 'signal', signal: 9 }));
+  }, { once: true });
   const sendJson = (m: unknown): void => { if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(m)); };
   return {
     pid,

@@ -13,20 +13,26 @@ interface Pending {
 }
 
 export class Rpc {
-  private ws: Promise<WebSocket> | undefined;
+  private ws: Promise<{ ws: WebSocket; pending: Map<number, Pending> }> | undefined;
   private next = 1;
-  private readonly pending = new Map<number, Pending>();
 
   constructor(private readonly http: Http) {}
 
-  private open(): Promise<WebSocket> {
+  /** The socket and the calls waiting on it (each connection its own: an old one's close fails only its calls). */
+  private open(): Promise<{ ws: WebSocket; pending: Map<number, Pending> }> {
     if (this.ws) return this.ws;
     const opening = this.http.socket('/rpc').then((ws) => {
+      const pending = new Map<number, Pending>();
       ws.on('message', (data) => {
-        const m = JSON.parse(String(data)) as { id: number; result?: unknown; error?: { code: ErrorCode; message: string; hint?: string; limit?: string } };
-        const p = this.pending.get(m.id);
+        let m: { id: number; result?: unknown; error?: { code: ErrorCode; message: string; hint?: string; limit?: string } };
+        try {
+          m = JSON.parse(String(data));
+        } catch {
+          return; // not an answer
+        }
+        const p = pending.get(m.id);
         if (!p) return;
-        this.pending.delete(m.id);
+        pending.delete(m.id);
         if (m.error) {
           const e = new SnaplabError(m.error.code, m.error.message, m.error.hint);
           if (m.error.limit) (e as SnaplabError & { limit?: string }).limit = m.error.limit;
@@ -35,12 +41,12 @@ export class Rpc {
       });
       ws.on('close', () => {
         if (this.ws === opening) this.ws = undefined;
-        const lost = [...this.pending.values()];
-        this.pending.clear();
+        const lost = [...pending.values()];
+        pending.clear();
         for (const p of lost) p.reject(new SnaplabError('DAEMON_UNREACHABLE', 'the connection to the daemon closed before the answer', 'its command was killed; try again'));
       });
       ws.on('error', () => {});
-      return ws;
+      return { ws, pending };
     });
     this.ws = opening;
     opening.catch(() => { if (this.ws === opening) this.ws = undefined; });
@@ -48,16 +54,16 @@ export class Rpc {
   }
 
   async call<T>(body: Record<string, unknown>): Promise<T> {
-    const ws = await this.open();
+    const { ws, pending } = await this.open();
     const id = this.next++;
     return new Promise<T>((resolve, reject) => {
-      this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject });
+      pending.set(id, { resolve: resolve as (v: unknown) => void, reject });
       ws.send(JSON.stringify({ ...body, id }));
     });
   }
 
   close(): void {
-    void this.ws?.then((ws) => ws.close(), () => undefined);
+    void this.ws?.then(({ ws }) => ws.close(), () => undefined);
     this.ws = undefined;
   }
 }

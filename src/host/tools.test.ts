@@ -50,6 +50,8 @@ const NONLITERAL: Record<string, string> = {
   'test/terminal.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/ansible.test.ts cmd': "run()'s: its callers' programs are literals (scanned)",
   'test/ansible.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/daemon-helpers.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/daemon.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'src/lab/copy.ts agentBinaryPath(': 'the agent binary (its tar and untar, on the host side of a copy)',
   'test/copy.test.ts agentBinaryPath(': 'the agent binary (its untar, fed hostile archives)',
   'test/ports.test.ts agentBinaryPath(': 'the agent binary (its connect, against a host server)',

@@ -10,7 +10,7 @@ import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
-import { connectAgent, spawnIn } from './sandbox-ops.js';
+import { connectAgent, spawnIn, type ExecProcess } from './sandbox-ops.js';
 import { feedInput, outputTo } from './streams.js';
 
 export interface FileInfo {
@@ -43,7 +43,30 @@ interface Opts {
   user?: string;
 }
 
-async function run(ctx: LabContext, s: SandboxRecord, args: string[], what: string, opts: Opts & { stdin?: Readable | Buffer } = {}): Promise<string> {
+/**
+ * Feed a write's input. Its end ends the input; its failure, or its going without an end (a
+ * client that disconnected mid-upload), stops the writer with SIGTERM instead, which removes its
+ * temporary file: the target keeps its old content rather than getting the part that came.
+ */
+function feedWrite(p: ExecProcess, input: Readable | Buffer): void {
+  if (Buffer.isBuffer(input)) return feedInput(p, input);
+  let ended = false;
+  input.on('data', (b: Buffer | string) => {
+    if (p.write(Buffer.from(b))) return;
+    input.pause();
+    void p.drained().then(() => input.resume());
+  });
+  input.once('end', () => {
+    ended = true;
+    p.end();
+  });
+  const broke = (): void => { if (!ended) p.kill(15); };
+  input.once('error', broke);
+  input.once('close', broke);
+  if (input.destroyed && !input.readableEnded) broke();
+}
+
+async function fileCommand(ctx: LabContext, s: SandboxRecord, args: string[], what: string, opts: Opts & { stdin?: Readable | Buffer } = {}): Promise<string> {
   const agent = await connectAgent(ctx, s);
   try {
     const out: Buffer[] = [];
@@ -51,9 +74,12 @@ async function run(ctx: LabContext, s: SandboxRecord, args: string[], what: stri
     const p = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'file', ...args], {
       user: opts.user, onStdout: (b) => out.push(b), onStderr: (b) => err.push(b), ...(opts.stdin ? { stdin: true as const } : {}),
     });
-    if (opts.stdin) feedInput(p, opts.stdin);
+    if (opts.stdin) feedWrite(p, opts.stdin);
     const r = await p.result;
-    if (r.exitCode !== 0) throw fileError(Buffer.concat(err).toString(), r.exitCode, what);
+    if (r.exitCode !== 0) {
+      if (r.signal === 15 && opts.stdin) throw new SnaplabError('FILE_ERROR', `${what}: the input broke off; the file is unchanged`, 'send it again');
+      throw fileError(Buffer.concat(err).toString(), r.exitCode, what);
+    }
     return Buffer.concat(out).toString();
   } finally {
     await agent.close();
@@ -63,25 +89,31 @@ async function run(ctx: LabContext, s: SandboxRecord, args: string[], what: stri
 const jsonLines = <T>(text: string): T[] => text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as T);
 
 export async function statPath(ctx: LabContext, s: SandboxRecord, path: string, opts: Opts & { follow?: boolean } = {}): Promise<FileInfo> {
-  return jsonLines<FileInfo>(await run(ctx, s, ['stat', ...(opts.follow ? ['-L'] : []), '--', path], `stat ${path}`, opts))[0]!;
+  return jsonLines<FileInfo>(await fileCommand(ctx, s, ['stat', ...(opts.follow ? ['-L'] : []), '--', path], `stat ${path}`, opts))[0]!;
 }
 
 export async function listDir(ctx: LabContext, s: SandboxRecord, path: string, opts: Opts = {}): Promise<FileInfo[]> {
-  return jsonLines<FileInfo>(await run(ctx, s, ['ls', '--', path], `list ${path}`, opts));
+  return jsonLines<FileInfo>(await fileCommand(ctx, s, ['ls', '--', path], `list ${path}`, opts));
 }
 
 export async function makeDir(ctx: LabContext, s: SandboxRecord, path: string, opts: Opts & { parents?: boolean; mode?: number } = {}): Promise<void> {
-  await run(ctx, s, ['mkdir', ...(opts.parents ? ['--parents'] : []), ...(opts.mode !== undefined ? ['--mode', opts.mode.toString(8)] : []), '--', path], `mkdir ${path}`, opts);
+  await fileCommand(ctx, s, ['mkdir', ...(opts.parents ? ['--parents'] : []), ...(opts.mode !== undefined ? ['--mode', opts.mode.toString(8)] : []), '--', path], `mkdir ${path}`, opts);
 }
 
 export async function removePath(ctx: LabContext, s: SandboxRecord, path: string, opts: Opts & { recursive?: boolean; force?: boolean } = {}): Promise<void> {
-  await run(ctx, s, ['rm', ...(opts.recursive ? ['--recursive'] : []), ...(opts.force ? ['--force'] : []), '--', path], `remove ${path}`, opts);
+  await fileCommand(ctx, s, ['rm', ...(opts.recursive ? ['--recursive'] : []), ...(opts.force ? ['--force'] : []), '--', path], `remove ${path}`, opts);
 }
 
-/** Write `data` (streamed) to `path`, parents made; whole or not at all. Returns the bytes written. */
-export async function writeFile(ctx: LabContext, s: SandboxRecord, path: string, data: Readable | Buffer | string, opts: Opts & { mode?: number; append?: boolean } = {}): Promise<number> {
-  const args = ['write', '--parents', ...(opts.mode !== undefined ? ['--mode', opts.mode.toString(8)] : []), ...(opts.append ? ['--append'] : []), '--', path];
-  const out = await run(ctx, s, args, `write ${path}`, { ...opts, stdin: typeof data === 'string' ? Buffer.from(data) : data });
+/**
+ * Write `data` (streamed) to `path`, parents made; whole or not at all. `size`: the bytes the
+ * stream will carry, when known (an HTTP Content-Length): fewer, and the file is left as it was.
+ * Returns the bytes written.
+ */
+export async function writeFile(ctx: LabContext, s: SandboxRecord, path: string, data: Readable | Buffer | string, opts: Opts & { mode?: number; append?: boolean; size?: number } = {}): Promise<number> {
+  const stdin = typeof data === 'string' ? Buffer.from(data) : data;
+  const size = Buffer.isBuffer(stdin) ? stdin.length : opts.size;
+  const args = ['write', '--parents', ...(opts.mode !== undefined ? ['--mode', opts.mode.toString(8)] : []), ...(opts.append ? ['--append'] : []), ...(size !== undefined && !opts.append ? ['--size', String(size)] : []), '--', path];
+  const out = await fileCommand(ctx, s, args, `write ${path}`, { ...opts, stdin });
   return (JSON.parse(out) as { bytes: number }).bytes;
 }
 

@@ -17,7 +17,8 @@ export interface SandboxFiles {
   mkdir(path: string, opts?: { parents?: boolean; mode?: number; user?: string }): Promise<void>;
   remove(path: string, opts?: { recursive?: boolean; force?: boolean; user?: string }): Promise<void>;
   /** returns the bytes written */
-  write(path: string, data: Buffer | string | Readable, opts?: { mode?: number; append?: boolean; user?: string }): Promise<number>;
+  /** `size`: the bytes a stream will carry, when known: fewer, and the file is left as it was */
+  write(path: string, data: Buffer | string | Readable, opts?: { mode?: number; append?: boolean; user?: string; size?: number }): Promise<number>;
   read(path: string, opts?: { user?: string }): Promise<Buffer>;
   /** stream into `sink` (ended after); returns the bytes read */
   readTo(path: string, sink: Writable, opts?: { user?: string }): Promise<number>;
@@ -66,8 +67,19 @@ export class Sandbox implements SandboxApi {
     return this.connection();
   }
 
+  /** @internal read its state and reason again from the store (another process paused or resumed it) */
+  sync(): void {
+    const now = this.ctx.store.getSandbox(this.record.id);
+    if (now) Object.assign(this.record, { state: now.state, reason: now.reason });
+  }
+
+  private connecting: Promise<AgentClient> | undefined;
+
+  /** One connection, also for calls that come at once before it is open. */
   private async connection(): Promise<AgentClient> {
-    this.agent ??= await connectAgent(this.ctx, this.record);
+    if (this.agent) return this.agent;
+    this.connecting ??= connectAgent(this.ctx, this.record).finally(() => (this.connecting = undefined));
+    this.agent = await this.connecting;
     return this.agent;
   }
 

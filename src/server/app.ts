@@ -28,6 +28,15 @@ declare module 'fastify' {
   }
 }
 
+/** The URL for the log: any query parameter that decodes to `token` shown as … */
+function logUrl(req: FastifyRequest): string {
+  const [path, query] = req.url.split('?', 2);
+  if (!query) return req.url;
+  const params = new URLSearchParams(query);
+  for (const k of [...params.keys()]) if (k.toLowerCase() === 'token') params.set(k, '…');
+  return `${path}?${params.toString()}`;
+}
+
 export interface AppOptions {
   trusted: boolean;
 }
@@ -55,8 +64,10 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
     if (opts.trusted) req.caller = LOCAL;
     else if (scope) {
       try {
-        const q = req.query as Record<string, string> | undefined;
-        req.caller = authenticate(daemon.lab.context.store, req.headers.authorization, q?.token);
+        // ?token= only where a browser cannot send a header: WebSockets and the event stream
+        const q = req.query as Record<string, unknown> | undefined;
+        const headerless = req.headers.upgrade?.toLowerCase() === 'websocket' || req.routeOptions.url === '/events';
+        req.caller = authenticate(daemon.lab.context.store, req.headers.authorization, headerless ? q?.token : undefined);
         requireScope(req.caller, scope);
       } catch (e) {
         return done(e as Error);
@@ -67,7 +78,7 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
   app.addHook('onResponse', (req, reply, done) => {
     const route = req.routeOptions.url ?? 'unknown';
     daemon.metrics.request(route, reply.statusCode);
-    daemon.log({ req: req.id, method: req.method, url: req.url.replace(/([?&]token=)[^&]+/, '$1…'), status: reply.statusCode, ms: Math.round(reply.elapsedTime * 10) / 10, key: req.caller?.key ?? null, op: req.opId });
+    daemon.log({ req: req.id, method: req.method, url: logUrl(req), status: reply.statusCode, ms: Math.round(reply.elapsedTime * 10) / 10, key: req.caller?.key ?? null, op: req.opId });
     done();
   });
   app.setErrorHandler((e, _req, reply) => sendError(reply, e));

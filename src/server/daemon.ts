@@ -11,12 +11,14 @@ import { defaultName, newId } from '../lab/names.js';
 import { metaOf, updateMeta } from '../lab/meta.js';
 import { reconcile } from '../lab/reconcile.js';
 import { destroyRecord } from '../lab/teardown.js';
-import type { ExecOptions } from '../lab/sandbox-ops.js';
-import type { Limits, SandboxMeta } from '../store/records.js';
+import { connectAgent, spawnIn, type ExecOptions } from '../lab/sandbox-ops.js';
+import type { AgentClient } from '../agent/client.js';
+import type { Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import { EventLog } from './events.js';
 import { QuotaError } from './http-errors.js';
-import type { Caller } from './keys.js';
+import { LOCAL, type Caller } from './keys.js';
+import { sandboxNotFound } from '../lab/removals.js';
 import { Metrics } from './metrics.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
@@ -63,6 +65,8 @@ export interface ProcessSpec {
   timeoutMs?: number;
   tty?: { cols: number; rows: number };
   stdin?: boolean;
+  /** POST /processes: no deadline unless one is given (it is meant to outlive requests) */
+  background?: boolean;
 }
 
 export class Daemon {
@@ -115,10 +119,14 @@ export class Daemon {
   private async tickOnce(): Promise<void> {
     const ctx = this.lab.context;
     const reconcileNow = this.ticks++ % 5 === 0;
-    let recs = ctx.store.listSandboxes();
-    if (reconcileNow) recs = await Promise.all(recs.map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(() => r))));
+    if (reconcileNow) await Promise.all(ctx.store.listSandboxes().map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(() => r))));
+    // read after the reconcile: a change made meanwhile is seen as it is now, not as it was
+    const recs = ctx.store.listSandboxes();
     this.events.watch(recs);
     const now = Date.now();
+    const byId = new Map(recs.map((r) => [r.id, r]));
+    for (const id of [...this.cache.keys()]) if (!byId.has(id)) this.evict(id);
+    if (reconcileNow) this.closeRevoked();
     for (const r of recs) {
       // a create that a dead process left: the record is dead with the reason; clean it
       if (r.state === 'dead' && /^creation was interrupted/.test(r.reason ?? '') && !r.scenario && !r.pool) {
@@ -128,6 +136,12 @@ export class Daemon {
       }
     }
     for (const m of ctx.store.listMeta()) {
+      const r = byId.get(m.id);
+      // the clock runs while the sandbox runs: started again when it was resumed by another process
+      if (m.expiresAt === null && m.timeoutS && r?.state === 'running' && !this.events.busy.has(m.id)) {
+        updateMeta(ctx, m.id, { expiresAt: now + m.timeoutS * 1000 });
+        continue;
+      }
       if (m.expiresAt === null || m.expiresAt > now || this.expiring.has(m.id)) continue;
       this.expiring.add(m.id);
       void this.expire(m).finally(() => this.expiring.delete(m.id));
@@ -138,6 +152,8 @@ export class Daemon {
   private async expire(m: SandboxMeta): Promise<void> {
     const rec = this.lab.context.store.getSandbox(m.id);
     if (!rec) return;
+    // paused by another process: its clock stands still (a resume starts it again)
+    if (rec.state === 'paused') return void updateMeta(this.lab.context, m.id, { expiresAt: null });
     const reason = `its timeout of ${m.timeoutS} s ended`;
     this.events.record('timeout', rec, reason, { onTimeout: m.onTimeout ?? 'kill' });
     try {
@@ -152,15 +168,36 @@ export class Daemon {
     }
   }
 
-  /** The sandbox object for id or name, reused while its record is unchanged (its agent connection with it). */
-  async sandbox(idOrName: string): Promise<Sandbox> {
-    const rec = this.lab.context.store.sandboxState(idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
-    const hit = rec && this.cache.get(rec.id);
-    if (hit && hit.state === rec.state) return hit;
-    hit?.close();
-    const box = await this.lab.get(idOrName);
+  /**
+   * The sandbox object for id or name, kept while its record lives (its agent connection with
+   * it). A key without admin sees only the sandboxes it made; others are "not found" to it.
+   */
+  async sandbox(idOrName: string, caller: Caller = LOCAL): Promise<Sandbox> {
+    const ctx = this.lab.context;
+    const rec = ctx.store.sandboxState(idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
+    if (!rec || !this.visible(caller, rec.id)) throw sandboxNotFound(ctx, idOrName);
+    const hit = this.cache.get(rec.id);
+    if (hit && (rec.state === 'running' || rec.state === 'paused')) {
+      // changed by another process (a pause, a resume): the same object, its record brought up to date
+      if (hit.state !== rec.state) hit.sync();
+      return hit;
+    }
+    if (hit) this.evict(rec.id);
+    const box = await this.lab.get(rec.id);
     if (box.state === 'running' || box.state === 'paused') this.cache.set(box.id, box);
     return box;
+  }
+
+  /** Admin keys and the socket see every sandbox; other keys those they made. */
+  visible(caller: Caller, id: string): boolean {
+    return caller.scopes.has('admin') || metaOf(this.lab.context, id).owner === caller.key;
+  }
+
+  private evict(id: string): void {
+    const box = this.cache.get(id);
+    this.cache.delete(id);
+    // its connection may carry other requests' commands: closed once they have ended
+    if (box && !this.processes.of(id).some((p) => !p.ended)) box.close();
   }
 
   view(box: Sandbox): Record<string, unknown> {
@@ -180,6 +217,10 @@ export class Daemon {
     if (body.pool !== undefined && (body.name !== undefined || body.limits || body.storage || body.driver)) {
       throw new SnaplabError('BAD_INPUT', 'a pool standby takes no name, limits, storage or driver', "they are the pool's; give labels, metadata and a timeout only");
     }
+    // root inside being root outside is for the host's administrators to choose, not any key's
+    if (body.userns === false && !caller.scopes.has('admin')) {
+      throw new SnaplabError('FORBIDDEN', `key ${caller.key} may not create a sandbox without a user namespace (root inside would be root on the host)`, 'this needs a key with the admin scope');
+    }
     const timeoutS = body.timeoutS ?? this.opts.defaultTimeoutS;
     if (!Number.isSafeInteger(timeoutS) || timeoutS < 0) throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
     const release = this.claimSandbox(caller);
@@ -190,7 +231,12 @@ export class Daemon {
       let box: Sandbox;
       let how: string;
       if (body.pool !== undefined) {
-        box = await this.lab.pool(body.pool).take();
+        this.events.taking++;
+        try {
+          box = await this.lab.pool(body.pool).take();
+        } finally {
+          this.events.taking--;
+        }
         await box.setLabels({ labels: body.labels ?? {}, metadata: body.metadata ?? {} });
         how = `a standby of pool ${body.pool}`;
       } else if (body.snapshot !== undefined) {
@@ -218,39 +264,55 @@ export class Daemon {
     }
   }
 
-  async destroy(idOrName: string, reason = 'destroyed through the API'): Promise<void> {
-    const box = await this.sandbox(idOrName);
-    for (const p of this.processes.of(box.id)) if (!p.ended) p.handle?.kill(9);
-    const t = await box.destroy();
-    this.metrics.observeTrace(t);
-    this.cache.delete(box.id);
-    this.processes.forget(box.id);
-    this.events.record('destroyed', box, reason, { operation: t.id });
+  /** Run a change of the daemon's own on a sandbox: the watcher leaves it alone meanwhile. */
+  private async own<T>(id: string, fn: () => Promise<T>): Promise<T> {
+    this.events.busy.add(id);
+    try {
+      return await fn();
+    } finally {
+      this.events.busy.delete(id);
+    }
   }
 
-  async pause(idOrName: string, reason: string | null = null): Promise<Sandbox> {
-    const box = await this.sandbox(idOrName);
-    const t = await box.pause();
-    this.metrics.observeTrace(t);
-    // a paused sandbox's clock stands still: resume starts its timeout again
-    updateMeta(this.lab.context, box.id, { expiresAt: null });
-    this.events.record('paused', box, reason, { operation: t.id });
-    return box;
+  async destroy(idOrName: string, reason = 'destroyed through the API', caller: Caller = LOCAL): Promise<void> {
+    const box = await this.sandbox(idOrName, caller);
+    await this.own(box.id, async () => {
+      for (const p of this.processes.of(box.id)) if (!p.ended) p.handle?.kill(9);
+      const t = await box.destroy();
+      this.metrics.observeTrace(t);
+      this.cache.delete(box.id);
+      this.processes.forget(box.id);
+      this.events.record('destroyed', box, reason, { operation: t.id });
+    });
   }
 
-  async resume(idOrName: string): Promise<Sandbox> {
-    const box = await this.sandbox(idOrName);
-    const t = await box.resume();
-    this.metrics.observeTrace(t);
-    const m = metaOf(this.lab.context, box.id);
-    if (m.timeoutS) updateMeta(this.lab.context, box.id, { expiresAt: Date.now() + m.timeoutS * 1000 });
-    this.events.record('resumed', box, null, { operation: t.id });
-    return box;
+  async pause(idOrName: string, reason: string | null = null, caller: Caller = LOCAL): Promise<Sandbox> {
+    const box = await this.sandbox(idOrName, caller);
+    return this.own(box.id, async () => {
+      const t = await box.pause();
+      this.metrics.observeTrace(t);
+      // a paused sandbox's clock stands still: resume starts its timeout again
+      updateMeta(this.lab.context, box.id, { expiresAt: null });
+      this.events.record('paused', box, reason, { operation: t.id });
+      return box;
+    });
+  }
+
+  async resume(idOrName: string, caller: Caller = LOCAL): Promise<Sandbox> {
+    const box = await this.sandbox(idOrName, caller);
+    return this.own(box.id, async () => {
+      const t = await box.resume();
+      this.metrics.observeTrace(t);
+      const m = metaOf(this.lab.context, box.id);
+      if (m.timeoutS) updateMeta(this.lab.context, box.id, { expiresAt: Date.now() + m.timeoutS * 1000 });
+      this.events.record('resumed', box, null, { operation: t.id });
+      return box;
+    });
   }
 
   /** A new timeout from now (0: none). */
-  async setTimeout(idOrName: string, timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<Sandbox> {
-    const box = await this.sandbox(idOrName);
+  async setTimeout(idOrName: string, timeoutS: number, onTimeout?: 'kill' | 'pause', caller: Caller = LOCAL): Promise<Sandbox> {
+    const box = await this.sandbox(idOrName, caller);
     const running = box.state === 'running';
     updateMeta(this.lab.context, box.id, { timeoutS, ...(onTimeout ? { onTimeout } : {}), expiresAt: timeoutS && running ? Date.now() + timeoutS * 1000 : null });
     return box;
@@ -279,6 +341,35 @@ export class Daemon {
     };
   }
 
+  /** Long-lived connections (WebSockets, event streams) by key: closed when their key is removed. */
+  private readonly sockets = new Map<string, Set<{ hash: string | null; close(): void }>>();
+
+  track(caller: Caller, conn: { close(): void }): () => void {
+    if (caller.key === 'local') return () => {};
+    const entry = { hash: caller.hash ?? null, close: () => conn.close() };
+    let set = this.sockets.get(caller.key);
+    if (!set) this.sockets.set(caller.key, (set = new Set()));
+    set.add(entry);
+    return () => set!.delete(entry);
+  }
+
+  /** Is this caller's key still there (a key removed by `snaplab key rm` in another process)? */
+  stillValid(caller: Caller): boolean {
+    return caller.key === 'local' || (caller.hash !== undefined && this.lab.context.store.getKeyByHash(caller.hash) !== undefined);
+  }
+
+  private closeRevoked(): void {
+    for (const [key, set] of this.sockets) {
+      for (const e of set) {
+        if (e.hash && !this.lab.context.store.getKeyByHash(e.hash)) {
+          set.delete(e);
+          e.close();
+        }
+      }
+      if (!set.size) this.sockets.delete(key);
+    }
+  }
+
   execsRunning(): number {
     return [...this.execs.values()].reduce((a, b) => a + b, 0);
   }
@@ -297,20 +388,27 @@ export class Daemon {
     const release = this.claimExec(caller);
     const p = new Process(box.id, spec.argv, spec.tag ?? null, spec.tty !== undefined, this.opts.ringBytes);
     const opts: ExecOptions = {
-      env: spec.env, cwd: spec.cwd, user: spec.user, timeoutMs: this.deadline(spec.timeoutMs), tty: spec.tty,
+      env: spec.env, cwd: spec.cwd, user: spec.user, timeoutMs: spec.background ? (spec.timeoutMs || undefined) : this.deadline(spec.timeoutMs), tty: spec.tty,
       onStdout: (b) => p.output('stdout', b), onStderr: (b) => p.output('stderr', b),
       ...(spec.stdin ? { stdin: true as const } : {}),
     };
+    // a connection of its own: a slow reader pauses this command's output there, and no one else's
+    let agent: AgentClient | undefined;
     try {
-      p.attach(await box.spawn(spec.argv, opts));
+      const rec = box.info as SandboxRecord;
+      agent = await connectAgent(this.lab.context, rec);
+      const a = agent;
+      p.attach(await spawnIn(this.lab.context, rec, a, spec.argv, opts), (on) => a.pauseOutput(on));
     } catch (e) {
       release();
+      void agent?.close();
       throw e;
     }
     this.processes.add(p);
     const started = Date.now();
     p.once('exit', () => {
       release();
+      void agent?.close();
       this.metrics.exec.observe('kind="stream"', Date.now() - started);
       this.events.record('process.exited', box, p.error ? p.error.message : null, { process: p.id, tag: p.tag, exitCode: p.result?.exitCode ?? null, timedOut: p.result?.timedOut ?? false });
     });

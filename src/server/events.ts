@@ -20,6 +20,10 @@ export class EventLog extends EventEmitter {
   private readonly names = new Map<string, string>();
   /** names of sandboxes the daemon is making now: the watcher leaves them to it */
   readonly making = new Set<string>();
+  /** ids the daemon is changing now (destroy, pause, resume): the watcher leaves them to it */
+  readonly busy = new Set<string>();
+  /** pool standbys the daemon is taking now: one the watcher finds taken is left to it */
+  taking = 0;
 
   constructor(private readonly store: Store) {
     super();
@@ -66,17 +70,19 @@ export class EventLog extends EventEmitter {
     const seen = new Set<string>();
     for (const r of records) {
       seen.add(r.id);
-      if (r.state === 'creating' || r.state === 'removing' || this.making.has(r.name)) continue;
+      // standbys of a pool are not anyone's sandboxes until taken (pool runs use them unseen)
+      if (r.pool !== null || r.state === 'creating' || r.state === 'removing' || this.making.has(r.name) || this.busy.has(r.id)) continue;
+      if (this.taking && !this.known.has(r.id) && /^taken from pool /.test(r.reason ?? '')) continue;
       const was = this.known.get(r.id);
       if (was === undefined) {
-        this.record('created', r, r.pool ? `standby of pool ${r.pool}` : 'made outside the daemon');
+        this.record('created', r, 'made outside the daemon');
         if (r.state !== 'running') this.record(STATE_EVENT[r.state]!, r, r.reason);
       } else if (was !== r.state) {
         this.record(STATE_EVENT[r.state]!, r, r.reason ?? (r.pool ? `pool ${r.pool}` : 'outside the daemon'));
       }
     }
     for (const id of [...this.known.keys()]) {
-      if (!seen.has(id)) this.record('destroyed', { id }, 'removed outside the daemon');
+      if (!seen.has(id) && !this.busy.has(id)) this.record('destroyed', { id }, 'removed outside the daemon');
     }
   }
 

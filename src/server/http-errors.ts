@@ -14,7 +14,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   SANDBOX_EXISTS: 409, SNAPSHOT_EXISTS: 409, IMAGE_EXISTS: 409, IMAGE_IN_USE: 409, POOL_EXISTS: 409, SCENARIO_EXISTS: 409, KEY_EXISTS: 409,
   SANDBOX_PAUSED: 409, SANDBOX_DEAD: 409, PORT_IN_USE: 409, FILE_ERROR: 409,
   QUOTA_EXCEEDED: 429, NO_USERNS_SLOT: 503, STORAGE_UNAVAILABLE: 503, DRIVER_UNAVAILABLE: 503, MISSING_TOOL: 503,
-  TIMEOUT: 504, ABORTED: 499,
+  TIMEOUT: 504, ABORTED: 499, PAYLOAD_TOO_LARGE: 413, UNSUPPORTED_MEDIA: 415,
 };
 
 export function statusOf(code: ErrorCode): number {
@@ -45,8 +45,8 @@ export function toSnaplab(e: unknown): SnaplabError {
   if (isSnaplabError(e)) return e;
   const fe = e as FastifyError;
   if (fe?.validation) return new SnaplabError('BAD_INPUT', `invalid request: ${fe.message}`, 'see /openapi.json for what the endpoint takes');
-  if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) {
-    return new SnaplabError(fe.statusCode === 404 ? 'BAD_INPUT' : 'BAD_INPUT', fe.message, fe.statusCode === 413 ? 'send less, or stream it' : 'see /openapi.json');
-  }
+  if (fe?.statusCode === 413) return new SnaplabError('PAYLOAD_TOO_LARGE', fe.message, 'JSON bodies are limited to 8 MiB: send files as streams (PUT /sandboxes/{id}/files)');
+  if (fe?.statusCode === 415) return new SnaplabError('UNSUPPORTED_MEDIA', fe.message, 'JSON bodies are application/json; files application/octet-stream; trees application/x-tar');
+  if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) return new SnaplabError('BAD_INPUT', fe.message, 'see /openapi.json');
   return new SnaplabError('INTERNAL', (e as Error)?.message ?? String(e), 'this is a bug in snaplab; the daemon log has the details');
 }

@@ -16,6 +16,8 @@ const PREFIX = 'snaplab_';
 /** Who is calling: a key's name, scopes and quotas ('local' on the Unix socket: every scope, no quota). */
 export interface Caller {
   key: string;
+  /** the key's hash: a long-lived connection checks that the key still exists */
+  hash?: string;
   scopes: ReadonlySet<Scope>;
   maxSandboxes: number | null;
   maxExecs: number | null;
@@ -50,9 +52,9 @@ export function removeKey(store: Store, name: string): void {
 }
 
 /** The caller a bearer token stands for, or an UNAUTHORIZED error. */
-export function authenticate(store: Store, header: string | undefined, queryToken: string | undefined): Caller {
+export function authenticate(store: Store, header: string | undefined, queryToken: unknown): Caller {
   const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
-  const token = m?.[1] ?? queryToken;
+  const token = m?.[1] ?? (typeof queryToken === 'string' ? queryToken : undefined);
   if (!token) throw new SnaplabError('UNAUTHORIZED', 'no API key given', 'send `Authorization: Bearer KEY` (make one with `snaplab key create NAME`)');
   const hash = hashKey(token);
   const k = store.getKeyByHash(hash);
@@ -60,7 +62,7 @@ export function authenticate(store: Store, header: string | undefined, queryToke
   if (!k || !timingSafeEqual(Buffer.from(k.hash, 'hex'), Buffer.from(hash, 'hex'))) {
     throw new SnaplabError('UNAUTHORIZED', 'the API key is not known', 'check the key, or make a new one with `snaplab key create NAME`');
   }
-  return { key: k.name, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
+  return { key: k.name, hash: k.hash, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
 }
 
 export function requireScope(caller: Caller, scope: Scope): void {

@@ -77,11 +77,15 @@ export class Operations {
     if (!op) throw new SnaplabError('OPERATION_NOT_FOUND', `no operation ${id}`, 'operations are kept an hour after they end, and not across a daemon restart; its trace is at GET /traces');
     if (op.state === 'running' && waitS > 0) {
       await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, waitS * 1000);
-        op.once('end', () => {
+        const end = (): void => {
           clearTimeout(timer);
           resolve();
-        });
+        };
+        const timer = setTimeout(() => {
+          op.off('end', end);
+          resolve();
+        }, waitS * 1000);
+        op.once('end', end);
       });
     }
     return op.view();

@@ -89,6 +89,11 @@ export class Process extends EventEmitter {
   result: ExecResult | null = null;
   error: SnaplabError | null = null;
   handle: ExecProcess | undefined;
+  /** pause and resume the command's output at its source (its own agent connection) */
+  private holdOutput: ((on: boolean) => void) | undefined;
+  private holders = 0;
+  /** how long it is kept after it exits (a client that read its end needs it no longer) */
+  keepMs: number | undefined;
 
   constructor(readonly sandbox: string, readonly argv: string[], readonly tag: string | null, readonly tty: boolean, ringBytes: number) {
     super();
@@ -100,8 +105,19 @@ export class Process extends EventEmitter {
     this.emit('chunk', this.ring.push(stream, data));
   }
 
-  attach(h: ExecProcess): void {
+  /**
+   * A reader that does not keep up holds the output at its source until it has caught up, so
+   * nothing it is sent goes missing; output keeps flowing (into the ring) while nobody reads.
+   */
+  hold(on: boolean): void {
+    this.holders += on ? 1 : -1;
+    if (this.holders < 0) this.holders = 0;
+    this.holdOutput?.(this.holders > 0);
+  }
+
+  attach(h: ExecProcess, holdOutput?: (on: boolean) => void): void {
     this.handle = h;
+    this.holdOutput = holdOutput;
     void h.pid.then((p) => (this.pid = p), () => {});
     h.result.then(
       (r) => {
@@ -138,7 +154,7 @@ export class Processes {
 
   add(p: Process): Process {
     this.all.set(p.id, p);
-    p.once('exit', () => setTimeout(() => this.all.delete(p.id), this.keepMs).unref());
+    p.once('exit', () => setTimeout(() => this.all.delete(p.id), p.keepMs ?? this.keepMs).unref());
     return p;
   }
 

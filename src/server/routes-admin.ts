@@ -30,10 +30,15 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     reply.hijack();
     const res = reply.raw;
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' });
+    const all = req.caller.scopes.has('admin');
     const write = (e: EventRecord): void => {
       if (e.id <= after) return;
       after = e.id;
       if (q.sandbox && e.sandbox !== q.sandbox && e.name !== q.sandbox) return;
+      // a key without admin is told of its own sandboxes only
+      if (!all && (!e.sandbox || store.getMeta(e.sandbox)?.owner !== req.caller.key)) return;
+      // a reader that does not keep up is let go: it reconnects with Last-Event-ID and misses nothing
+      if (res.writableLength > 1 << 20) return void res.destroy();
       res.write(`id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify({ ...e, at: new Date(e.at).toISOString() })}\n\n`);
     };
     // listen first, then replay: nothing falls between the two
@@ -46,9 +51,11 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     queued.forEach(write);
     res.write(': connected\n\n');
     const keepalive = setInterval(() => res.write(': keepalive\n\n'), 15_000);
+    const untrack = d.track(req.caller, { close: () => res.destroy() });
     res.on('close', () => {
       clearInterval(keepalive);
       d.events.off('event', onEvent);
+      untrack();
     });
   });
 

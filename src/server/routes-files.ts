@@ -4,28 +4,37 @@
  * file out with flow control. Trees travel as tar (`/archive`). Stat, list, mkdir and remove are
  * one call each. Paths are the machine's own; the calls run as `user` (default root) inside it.
  */
-import type { FastifyInstance } from 'fastify';
-import { PassThrough, type Readable } from 'node:stream';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { PassThrough, Readable } from 'node:stream';
+import { SnaplabError } from '../errors.js';
 import { Type } from 'typebox';
 import type { Daemon } from './daemon.js';
 import { IdParams, PathQuery, errors } from './schemas.js';
 
 type PathQ = { path: string; user?: string };
 
+/** An upload's body: the raw stream (application/octet-stream or x-tar), or none; anything parsed is refused. */
+export function streamBody(body: unknown): Readable {
+  if (body === undefined || body === null) return Readable.from([]);
+  if (body instanceof Readable) return body;
+  throw new SnaplabError('UNSUPPORTED_MEDIA', 'send the bytes as application/octet-stream (a file) or application/x-tar (a tree)', 'e.g. curl -T FILE -H "content-type: application/octet-stream" ...');
+}
+
 export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   const tags = ['files'];
-  const box = (req: { params: unknown }) => d.sandbox((req.params as { id: string }).id);
+  const box = (req: FastifyRequest) => d.sandbox((req.params as { id: string }).id, req.caller);
   const info = Type.Object({}, { additionalProperties: true });
 
   app.get('/sandboxes/:id/files', { config: { scope: 'read' }, schema: { tags, summary: 'Download a file (streamed)', params: IdParams, querystring: PathQuery } }, async (req, reply) => {
     const q = req.query as PathQ;
     const b = await box(req);
-    // stat first: a missing file is a 404, not a 200 that breaks off
+    // stat first: a missing file is a 404, not a 200 that breaks off. Chunked, not a
+    // Content-Length from the stat: a file that grows or shrinks meanwhile must not break the connection
     const st = await b.files.stat(q.path, { follow: true, user: q.user });
+    if (st.type === 'dir') throw new SnaplabError('FILE_ERROR', `read ${q.path}: it is a directory (EISDIR)`, 'list it with GET /sandboxes/{id}/files/list, or take its tar at /archive');
     const out = new PassThrough();
     void b.files.readTo(q.path, out, { user: q.user }).catch((e: Error) => out.destroy(e));
-    void reply.header('content-type', 'application/octet-stream');
-    if (st.type === 'file') void reply.header('content-length', String(st.size));
+    void reply.header('content-type', 'application/octet-stream').header('x-snaplab-size', String(st.size));
     return reply.send(out);
   });
 
@@ -34,8 +43,11 @@ export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void>
     schema: { tags, summary: 'Upload a file (application/octet-stream body, streamed; parents made; whole or not at all)', params: IdParams, querystring: Type.Object({ path: Type.String({ minLength: 1 }), user: Type.Optional(Type.String()), mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })), append: Type.Optional(Type.Boolean()) }), response: { 200: Type.Object({ bytes: Type.Integer() }), ...errors } },
   }, async (req) => {
     const q = req.query as PathQ & { mode?: string; append?: boolean };
-    const body = req.body as Readable | string | Buffer | undefined;
-    const bytes = await (await box(req)).files.write(q.path, body ?? Buffer.alloc(0), { user: q.user, mode: q.mode ? parseInt(q.mode, 8) : undefined, append: q.append });
+    const body = streamBody(req.body);
+    const length = Number(req.headers['content-length']);
+    const bytes = await (await box(req)).files.write(q.path, body, {
+      user: q.user, mode: q.mode ? parseInt(q.mode, 8) : undefined, append: q.append, ...(Number.isSafeInteger(length) ? { size: length } : {}),
+    });
     return { bytes };
   });
 
@@ -62,7 +74,7 @@ export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void>
   });
 
   app.put('/sandboxes/:id/archive', { config: { scope: 'exec' }, schema: { tags, summary: 'Unpack a tar stream (application/x-tar) into the directory `path`', params: IdParams, querystring: Type.Object({ path: Type.String({ minLength: 1 }) }), response: { 200: info, ...errors } } }, async (req) => {
-    const body = req.body as Readable;
+    const body = streamBody(req.body);
     return (await box(req)).upload((req.query as { path: string }).path, body);
   });
 

@@ -42,6 +42,7 @@ function check(c: Partial<Call>): Call {
 export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   app.get('/rpc', { websocket: true, config: { scope: 'exec' }, schema: { tags: ['processes'], summary: 'One-shot execs and pool runs multiplexed on a WebSocket (docs/api.md)' } }, (ws: WebSocket, req) => {
     const running = new Set<{ kill(sig: number): void }>();
+    ws.once('close', d.track(req.caller, ws));
     ws.on('close', () => { for (const p of running) p.kill(9); });
     ws.on('message', (data, isBinary) => {
       let id: Call['id'] | null = null;
@@ -50,17 +51,26 @@ export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> 
         const raw = JSON.parse(String(data)) as Partial<Call>;
         id = raw.id ?? null;
         const c = check(raw);
+        // a key removed since the socket opened answers no more calls
+        if (!d.stillValid(req.caller)) {
+          ws.close(1008, 'key removed');
+          throw new SnaplabError('UNAUTHORIZED', 'the API key is not known (any more)', 'make a new one with `snaplab key create NAME`');
+        }
         const release = d.claimExec(req.caller);
         const started = Date.now();
         try {
           const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
           const opts = { env: c.env, cwd: c.cwd, user: c.user, timeoutMs: d.deadline(c.timeoutMs), ...stdin };
           if (c.op === 'run') {
-            const r = await d.lab.pool(c.pool!).run(c.argv, opts);
+            // the connection going kills it, as it does an exec
+            const gone = new AbortController();
+            const kill = { kill: () => gone.abort() };
+            running.add(kill);
+            const r = await d.lab.pool(c.pool!).run(c.argv, { ...opts, signal: gone.signal }).finally(() => running.delete(kill));
             d.metrics.observeTrace(r.trace);
             return { ...execView(r, 'base64'), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, operationId: r.trace.id };
           }
-          const box = await d.sandbox(c.sandbox!);
+          const box = await d.sandbox(c.sandbox!, req.caller);
           const p = await box.spawn(c.argv, opts);
           running.add(p);
           try {

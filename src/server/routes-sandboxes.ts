@@ -4,6 +4,7 @@ import { Type } from 'typebox';
 import type { Daemon } from './daemon.js';
 import { CreateBody, ExecBody, ExecResultView, IdParams, LabelsBody, SandboxView, SnapshotBody, TimeoutBody, errors } from './schemas.js';
 import type { ExecResult } from '../lab/sandbox-ops.js';
+import { SnaplabError } from '../errors.js';
 
 export function execView(r: ExecResult, encoding: 'utf8' | 'base64' = 'utf8'): Record<string, unknown> {
   return {
@@ -25,31 +26,34 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
     schema: { tags, summary: 'List sandboxes; `label=k=v` (repeatable) keeps those with every label', querystring: Type.Object({ label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])) }), response: { 200: Type.Array(SandboxView), ...errors } },
   }, async (req) => {
     const q = (req.query as { label?: string | string[] }).label;
-    const labels = Object.fromEntries([q ?? []].flat().map((kv) => [kv.split('=')[0]!, kv.slice(kv.indexOf('=') + 1)]));
-    return (await d.lab.list({ labels })).map((b) => d.view(b));
+    const labels = Object.fromEntries([q ?? []].flat().map((kv) => {
+      if (kv.indexOf('=') < 1) throw new SnaplabError('BAD_INPUT', `invalid label filter ${JSON.stringify(kv)}`, 'give label=KEY=VALUE');
+      return [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)];
+    }));
+    return (await d.lab.list({ labels })).filter((b) => d.visible(req.caller, b.id)).map((b) => d.view(b));
   });
 
   app.get('/sandboxes/:id', { config: { scope: 'read' }, schema: { tags, summary: 'A sandbox, reconciled with the host', params: IdParams, response: { 200: SandboxView, ...errors } } }, async (req) =>
-    d.view(await d.lab.get((req.params as { id: string }).id)));
+    d.view(await d.sandbox((req.params as { id: string }).id, req.caller)));
 
   app.delete('/sandboxes/:id', { config: { scope: 'exec' }, schema: { tags, summary: 'Destroy a sandbox: its processes killed, its filesystem removed', params: IdParams, response: { 204: Type.Null(), ...errors } } }, async (req, reply) => {
-    await d.destroy((req.params as { id: string }).id);
+    await d.destroy((req.params as { id: string }).id, undefined, req.caller);
     return reply.status(204).send();
   });
 
   app.post('/sandboxes/:id/pause', { config: { scope: 'exec' }, schema: { tags, summary: 'Freeze every process (its timeout clock stops)', params: IdParams, response: { 200: SandboxView, ...errors } } }, async (req) =>
-    d.view(await d.pause((req.params as { id: string }).id)));
+    d.view(await d.pause((req.params as { id: string }).id, null, req.caller)));
 
   app.post('/sandboxes/:id/resume', { config: { scope: 'exec' }, schema: { tags, summary: 'Thaw it (its timeout starts again)', params: IdParams, response: { 200: SandboxView, ...errors } } }, async (req) =>
-    d.view(await d.resume((req.params as { id: string }).id)));
+    d.view(await d.resume((req.params as { id: string }).id, req.caller)));
 
   app.post('/sandboxes/:id/timeout', { config: { scope: 'exec' }, schema: { tags, summary: 'Set its timeout from now (0: none)', params: IdParams, body: TimeoutBody, response: { 200: SandboxView, ...errors } } }, async (req) => {
     const b = req.body as { timeoutS: number; onTimeout?: 'kill' | 'pause' };
-    return d.view(await d.setTimeout((req.params as { id: string }).id, b.timeoutS, b.onTimeout));
+    return d.view(await d.setTimeout((req.params as { id: string }).id, b.timeoutS, b.onTimeout, req.caller));
   });
 
   app.patch('/sandboxes/:id', { config: { scope: 'exec' }, schema: { tags, summary: 'Replace its labels and/or metadata', params: IdParams, body: LabelsBody, response: { 200: SandboxView, ...errors } } }, async (req) => {
-    const box = await d.sandbox((req.params as { id: string }).id);
+    const box = await d.sandbox((req.params as { id: string }).id, req.caller);
     await box.setLabels(req.body as { labels?: Record<string, string> });
     return d.view(box);
   });
@@ -59,7 +63,7 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
     schema: { tags, summary: 'Run a command and return its result; its deadline (timeoutMs) kills its whole process group, and so does the client going away', params: IdParams, body: ExecBody, response: { 200: ExecResultView, ...errors } },
   }, async (req, reply) => {
     const b = req.body as ExecBody;
-    const box = await d.sandbox((req.params as { id: string }).id);
+    const box = await d.sandbox((req.params as { id: string }).id, req.caller);
     const release = d.claimExec(req.caller);
     const started = Date.now();
     try {
@@ -80,7 +84,7 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
 
   app.post('/sandboxes/:id/snapshots', { config: { scope: 'exec' }, schema: { tags: ['snapshots'], summary: 'Snapshot its filesystem (and memory, VM driver: memory: true)', params: IdParams, body: SnapshotBody, response: { 201: Type.Object({}, { additionalProperties: true }), ...errors } } }, async (req, reply) => {
     const b = req.body as { name: string; memory?: boolean };
-    const snap = await (await d.sandbox((req.params as { id: string }).id)).snapshot(b.name, { memory: b.memory });
+    const snap = await (await d.sandbox((req.params as { id: string }).id, req.caller)).snapshot(b.name, { memory: b.memory });
     req.opId = snap.lastTrace?.id ?? null;
     if (snap.lastTrace) d.metrics.observeTrace(snap.lastTrace);
     return reply.status(201).send(snap.toJSON());

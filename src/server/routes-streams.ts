@@ -10,19 +10,22 @@ import type { WebSocket } from 'ws';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
 import type { Daemon, ProcessSpec } from './daemon.js';
+import type { Caller } from './keys.js';
 import type { Chunk, Process } from './processes.js';
 import { toSnaplab } from './http-errors.js';
 import { IdParams, ProcessBody, errors } from './schemas.js';
+import { streamBody } from './routes-files.js';
 
 const STREAM_BYTE = { stdout: 1, stderr: 2 } as const;
-const HIGH = 8 << 20;
-const LOW = 1 << 20;
+// a reader is sent no more while this much waits in its socket (it stays below the ring's 1 MiB)
+const HIGH = 512 << 10;
+const LOW = 128 << 10;
 
 const SIGNALS: Record<string, number> = { HUP: 1, INT: 2, QUIT: 3, KILL: 9, USR1: 10, USR2: 12, TERM: 15, CONT: 18, STOP: 19, WINCH: 28 };
 
 export function signalNumber(s: unknown): number {
   const n = typeof s === 'number' ? s : SIGNALS[String(s).replace(/^SIG/, '').toUpperCase()] ?? Number(s);
-  if (!Number.isInteger(n) || n < 1 || n > 64) throw new SnaplabError('BAD_INPUT', `unknown signal ${JSON.stringify(s)}`, `give a number or one of ${Object.keys(SIGNALS).join(', ')}`);
+  if (!Number.isInteger(n) || n < 0 || n > 64) throw new SnaplabError('BAD_INPUT', `unknown signal ${JSON.stringify(s)}`, `give a number or one of ${Object.keys(SIGNALS).join(', ')}`);
   return n;
 }
 
@@ -37,12 +40,14 @@ function exitMessage(p: Process): Record<string, unknown> {
 
 /**
  * Send a process's output from `offset` on to a socket, then its exit. A socket that does not keep
- * up is sent no more until its queue has drained below LOW; it then continues from the ring (a
- * gap when the ring has moved past it), so a slow client costs bounded memory.
+ * up is sent no more until its queue has drained below LOW, and the command's output is held at
+ * its source meanwhile, so the reader misses nothing; it continues from the ring (a gap only if the
+ * ring moved past it before the hold took: output of a command nobody was reading).
  */
-function pump(p: Process, ws: WebSocket, offset: number): void {
+function pump(p: Process, ws: WebSocket, offset: number, onExitSent?: () => void): void {
   let next = offset;
   let waiting = false;
+  let poll: NodeJS.Timeout | undefined;
   const sendChunk = (c: Chunk): void => {
     if (c.offset + c.data.length <= next) return;
     const data = c.offset < next ? c.data.subarray(next - c.offset) : c.data;
@@ -57,15 +62,22 @@ function pump(p: Process, ws: WebSocket, offset: number): void {
     }
     for (const c of chunks) sendChunk(c);
   };
+  const resume = (): void => {
+    if (poll) clearInterval(poll);
+    poll = undefined;
+    if (waiting) p.hold(false);
+    waiting = false;
+  };
   const onChunk = (c: Chunk): void => {
     if (waiting || ws.readyState !== ws.OPEN) return;
     if (ws.bufferedAmount > HIGH) {
+      // hold the command's output at its source until this reader has caught up
       waiting = true;
-      const poll = setInterval(() => {
-        if (ws.readyState !== ws.OPEN) return clearInterval(poll);
+      p.hold(true);
+      poll = setInterval(() => {
+        if (ws.readyState !== ws.OPEN) return resume();
         if (ws.bufferedAmount > LOW) return;
-        clearInterval(poll);
-        waiting = false;
+        resume();
         catchUp();
         if (p.ended) finish();
       }, 20);
@@ -75,19 +87,23 @@ function pump(p: Process, ws: WebSocket, offset: number): void {
     else sendChunk(c);
   };
   const finish = (): void => {
-    if (waiting) return;
+    if (waiting || ws.readyState !== ws.OPEN) return;
     catchUp();
     send(ws, exitMessage(p));
+    onExitSent?.();
     ws.close(1000, 'exited');
   };
+  const detach = (): void => {
+    resume();
+    p.off('chunk', onChunk);
+    p.off('exit', finish);
+  };
+  if (ws.readyState !== ws.OPEN) return;
   catchUp();
   if (p.ended) return finish();
   p.on('chunk', onChunk);
   p.once('exit', finish);
-  ws.once('close', () => {
-    p.off('chunk', onChunk);
-    p.off('exit', finish);
-  });
+  ws.once('close', detach);
 }
 
 /** What a client sends: binary frames are stdin; text frames are {type: eof|signal|resize}. `held`: what came before. */
@@ -134,7 +150,11 @@ function startMessage(ws: WebSocket): { first: Promise<unknown>; take(): [Buffer
   ws.on('message', onMessage);
   const parsed = new Promise<unknown>((resolve, reject) => {
     const timer = setTimeout(() => reject(new SnaplabError('TIMEOUT', 'no start message within 30 s', 'send {"type": "start", "argv": [...]} first')), 30_000);
-    ws.once('close', () => reject(new SnaplabError('ABORTED', 'closed before it started')));
+    timer.unref();
+    ws.once('close', () => {
+      clearTimeout(timer);
+      reject(new SnaplabError('ABORTED', 'closed before it started'));
+    });
     void got.then(([data, isBinary]) => {
       clearTimeout(timer);
       try {
@@ -173,10 +193,23 @@ const ProcParams = Type.Object({ id: Type.String(), pid: Type.String() });
 
 export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   const tags = ['processes'];
+  /** A process of a sandbox the caller may see (else not found). */
+  const proc = (caller: Caller, id: string, pid: string): Process => {
+    const rec = d.lab.context.store.sandboxState(id);
+    if (!rec || !d.visible(caller, rec.id)) throw new SnaplabError('SANDBOX_NOT_FOUND', `no sandbox with id or name ${JSON.stringify(id)}`, 'list them with GET /sandboxes');
+    return d.processes.get(rec.id, pid);
+  };
   app.get('/sandboxes/:id/exec', { websocket: true, config: { scope: 'exec' }, schema: { tags, summary: 'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, tag?, onDisconnect?: "keep"|"kill"}', params: IdParams } }, (ws, req) => {
     void (async () => {
-      let p: Process;
+      let p: Process | undefined;
       let onDisconnect = 'keep';
+      let closed = false;
+      ws.once('close', d.track(req.caller, ws));
+      // registered first: a client gone while the command starts still has it killed
+      ws.once('close', () => {
+        closed = true;
+        if (onDisconnect === 'kill' && p && !p.ended) p.handle?.kill(9);
+      });
       const start = startMessage(ws);
       try {
         const m = (await start.first) as { type?: string; onDisconnect?: string } & Record<string, unknown>;
@@ -184,23 +217,28 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
           throw new SnaplabError('BAD_INPUT', 'the first message must be {"type": "start", "argv": ["cmd", ...]}', 'see docs/api.md, streaming exec');
         }
         onDisconnect = m.onDisconnect === 'kill' ? 'kill' : 'keep';
-        const box = await d.sandbox((req.params as { id: string }).id);
+        const box = await d.sandbox((req.params as { id: string }).id, req.caller);
         p = await d.startProcess(req.caller, box, processSpec(m));
       } catch (e) {
         return refuse(ws, e);
       }
+      if (closed) {
+        if (onDisconnect === 'kill') p.handle?.kill(9);
+        return;
+      }
       control(p, ws, start.take());
-      send(ws, { type: 'started', process: p.id, pid: await p.handle!.pid.catch(() => null) });
-      pump(p, ws, 0);
-      ws.once('close', () => { if (onDisconnect === 'kill' && !p.ended) p.handle?.kill(9); });
+      const proc = p;
+      send(ws, { type: 'started', process: proc.id, pid: await proc.handle!.pid.catch(() => null) });
+      // its reader has had the end: kept a little for a late attach, not the full ten minutes
+      pump(proc, ws, 0, () => (proc.keepMs = 30_000));
     })();
   });
 
   app.get('/sandboxes/:id/processes/:pid/attach', { websocket: true, config: { scope: 'exec' }, schema: { tags, summary: 'Reattach (WebSocket) from output offset N: what the ring holds after N, then live', params: ProcParams, querystring: Type.Object({ offset: Type.Optional(Type.Integer({ minimum: 0 })), token: Type.Optional(Type.String()) }) } }, (ws, req) => {
     try {
       const { id, pid } = req.params as { id: string; pid: string };
-      const box = d.lab.context.store.getSandbox(id);
-      const p = d.processes.get(box?.id ?? id, pid);
+      const p = proc(req.caller, id, pid);
+      ws.once('close', d.track(req.caller, ws));
       const offset = (req.query as { offset?: number }).offset ?? 0;
       send(ws, { type: 'attached', process: p.id, ...p.info() });
       control(p, ws);
@@ -210,24 +248,23 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
     }
   });
 
-  const proc = (id: string, pid: string): Process => d.processes.get(d.lab.context.store.getSandbox(id)?.id ?? id, pid);
   const info = Type.Object({}, { additionalProperties: true });
 
   app.post('/sandboxes/:id/processes', { config: { scope: 'exec' }, schema: { tags, summary: 'Start a command in the background; it outlives the request, its output kept in a ring', params: IdParams, body: ProcessBody, response: { 201: info, ...errors } } }, async (req, reply) => {
-    const box = await d.sandbox((req.params as { id: string }).id);
-    const p = await d.startProcess(req.caller, box, req.body as { argv: string[] });
+    const box = await d.sandbox((req.params as { id: string }).id, req.caller);
+    const p = await d.startProcess(req.caller, box, { ...(req.body as ProcessSpec), background: true });
     await p.handle!.pid.catch(() => null);
     return reply.status(201).send(p.info());
   });
 
   app.get('/sandboxes/:id/processes', { config: { scope: 'read' }, schema: { tags, summary: 'Processes the daemon runs (or ran, for 10 minutes) in this sandbox', params: IdParams, response: { 200: Type.Array(info), ...errors } } }, async (req) => {
-    const box = await d.sandbox((req.params as { id: string }).id);
+    const box = await d.sandbox((req.params as { id: string }).id, req.caller);
     return d.processes.of(box.id).map((p) => p.info());
   });
 
   app.get('/sandboxes/:id/processes/:pid', { config: { scope: 'read' }, schema: { tags, params: ProcParams, response: { 200: info, ...errors } } }, async (req) => {
     const { id, pid } = req.params as { id: string; pid: string };
-    return proc(id, pid).info();
+    return proc(req.caller, id, pid).info();
   });
 
   app.get('/sandboxes/:id/processes/:pid/output', {
@@ -235,7 +272,7 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
     schema: { tags, summary: 'Output from offset N (base64 chunks), waiting up to `wait` s for more; `next` is the offset to ask for next', params: ProcParams, querystring: Type.Object({ offset: Type.Optional(Type.Integer({ minimum: 0 })), wait: Type.Optional(Type.Number({ minimum: 0, maximum: 60 })) }), response: { 200: info, ...errors } },
   }, async (req) => {
     const { id, pid } = req.params as { id: string; pid: string };
-    const p = proc(id, pid);
+    const p = proc(req.caller, id, pid);
     const q = req.query as { offset?: number; wait?: number };
     const offset = q.offset ?? 0;
     if (q.wait && !p.ended && p.ring.total <= offset) {
@@ -252,27 +289,24 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
 
   app.post('/sandboxes/:id/processes/:pid/signal', { config: { scope: 'exec' }, schema: { tags, summary: "A signal to the process's whole group", params: ProcParams, body: Type.Object({ signal: Type.Union([Type.String(), Type.Integer()]) }), response: { 200: info, ...errors } } }, async (req) => {
     const { id, pid } = req.params as { id: string; pid: string };
-    const p = proc(id, pid);
+    const p = proc(req.caller, id, pid);
     if (!p.ended) p.handle?.kill(signalNumber((req.body as { signal: unknown }).signal));
     return p.info();
   });
 
   app.post('/sandboxes/:id/processes/:pid/stdin', { config: { scope: 'exec' }, schema: { tags, summary: 'Input (application/octet-stream body, streamed); `eof=true` ends it after', params: ProcParams, querystring: Type.Object({ eof: Type.Optional(Type.Boolean()) }), response: { 200: info, ...errors } } }, async (req) => {
     const { id, pid } = req.params as { id: string; pid: string };
-    const p = proc(id, pid);
+    const p = proc(req.caller, id, pid);
     const h = p.handle;
     if (!h || p.ended) throw new SnaplabError('BAD_INPUT', 'the process has ended', 'start a new one');
-    const body = req.body as NodeJS.ReadableStream | undefined;
-    if (body && typeof (body as { on?: unknown }).on === 'function') {
-      for await (const b of body as AsyncIterable<Buffer>) if (!h.write(b)) await h.drained();
-    }
+    for await (const b of streamBody(req.body)) if (!h.write(b as Buffer)) await h.drained();
     if ((req.query as { eof?: boolean }).eof) h.end();
     return p.info();
   });
 
   app.delete('/sandboxes/:id/processes/:pid', { config: { scope: 'exec' }, schema: { tags, summary: 'Kill it (SIGKILL to its group)', params: ProcParams, response: { 200: info, ...errors } } }, async (req) => {
     const { id, pid } = req.params as { id: string; pid: string };
-    const p = proc(id, pid);
+    const p = proc(req.caller, id, pid);
     if (!p.ended) p.handle?.kill(9);
     return p.info();
   });

@@ -88,13 +88,13 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
   const daemon = await Daemon.open({ ...opts, log });
   const apps: FastifyInstance[] = [];
   try {
-    await daemon.start();
+    // the socket first: a second daemon on the same home stops here, before it adopts anything
     const socket = opts.socket ?? defaultSocket(daemon.lab.home ?? DEFAULT_HOME);
     await mkdir(dirname(socket), { recursive: true });
     await claimSocket(socket);
     const local = await buildApp(daemon, { trusted: true });
     apps.push(local);
-    // the socket is made with the process's umask: narrow it before anyone can connect
+    // made with the umask narrowed (nothing else of this process makes files yet), then 0600
     const mask = process.umask(0o177);
     try {
       await local.listen({ path: socket });
@@ -102,6 +102,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       process.umask(mask);
     }
     await chmod(socket, 0o600);
+    await daemon.start();
     let url: string | null = null;
     if (opts.listen) {
       const { host, port } = parseListen(opts.listen);
