@@ -305,6 +305,80 @@ describe('snaplab serve', () => {
     curl('DELETE', '/sandboxes/files');
   });
 
+  it('the rest as a client uses it: a terminal over the stream, process signals and stdin, tar in and out, images, pools, scenarios, traces', async () => {
+    curl('POST', '/sandboxes', { json: { name: 'rest' } });
+    // a terminal: the command sees a tty of the size asked, and a resize
+    const ws = await socket('/sandboxes/rest/exec');
+    ws.send(JSON.stringify({ type: 'start', argv: ['sh', '-c', 'tty; stty size; read x; stty size'], tty: { cols: 100, rows: 30 }, stdin: true }));
+    let out = '';
+    const done = new Promise<any>((resolve) => ws.on('message', (m: Buffer, binary) => {
+      if (binary) out += m.subarray(1).toString();
+      else if (JSON.parse(String(m)).type === 'exit') resolve(JSON.parse(String(m)));
+    }));
+    await until('the first size', () => out.includes('30 100'));
+    ws.send(JSON.stringify({ type: 'resize', cols: 120, rows: 40 }));
+    await sleep(100);
+    ws.send(Buffer.from('\n'));
+    expect((await done).result.exitCode).toBe(0);
+    expect(out).toMatch(/^\/dev\/pts\/\d+\r?\n30 100\r?\n[\s\S]*40 120/);
+
+    // a background process fed through POST stdin, then signalled
+    const p = curl('POST', '/sandboxes/rest/processes', { json: { argv: ['sh', '-c', 'read line; echo "got $line"; sleep 100'], tag: 'svc', stdin: true } }).body;
+    expect(p).toMatchObject({ tag: 'svc', state: 'running' });
+    curl('POST', `/sandboxes/rest/processes/${p.id}/stdin`, { data: 'hello\n', headers: ['content-type: application/octet-stream'] });
+    const got = curl('GET', `/sandboxes/rest/processes/${p.id}/output?offset=0&wait=5`).body;
+    expect(Buffer.from(got.chunks[0].data, 'base64').toString()).toBe('got hello\n');
+    expect(curl('POST', `/sandboxes/rest/processes/${p.id}/signal`, { json: { signal: 'TERM' } }).status).toBe(200);
+    await until('it ended on TERM', () => curl('GET', `/sandboxes/rest/processes/${p.id}`).body.result?.signal === 15);
+    expect(curl('GET', '/sandboxes/rest/processes').body.map((x: any) => x.tag)).toContain('svc');
+
+    // a tree in as tar and out again
+    const work = mkdtempSync(join(tmpdir(), 'snaplab-test-daemon-tar-'));
+    spawnSync('sh', ['-c', `mkdir -p ${work}/t/sub && echo a > ${work}/t/sub/a && tar -C ${work} -cf ${work}/t.tar t`]);
+    expect(curl('POST', '/sandboxes/rest/files/mkdir', { json: { path: '/srv' } }).status).toBe(204);
+    const up = spawnSync('curl', ['-s', '--unix-socket', d.socket, '-X', 'PUT', '-H', 'content-type: application/x-tar', '--data-binary', `@${work}/t.tar`, 'http://x/sandboxes/rest/archive?path=/srv'], { encoding: 'utf8' });
+    expect(JSON.parse(up.stdout)).toMatchObject({ complete: true });
+    const down = spawnSync('sh', ['-c', `curl -s --unix-socket ${d.socket} 'http://x/sandboxes/rest/archive?path=/srv/t' | tar -tf -`], { encoding: 'utf8' });
+    expect(down.stdout.split('\n').filter(Boolean).sort()).toEqual(['t/', 't/sub/', 't/sub/a']);
+    rmSync(work, { recursive: true, force: true });
+
+    // images: an import is an operation that a client waits on
+    const tarball = join(home, 'rootfs.tar');
+    spawnSync('sh', ['-c', `curl -s --unix-socket ${d.socket} 'http://x/sandboxes/rest/archive?path=/.' > ${tarball}`]);
+    const op = curl('POST', '/images/import', { json: { source: tarball, name: 'copied' } });
+    expect(op.status).toBe(202);
+    const ended = curl('GET', `/operations/${op.body.id}?wait=60`).body;
+    expect(ended).toMatchObject({ state: 'done', kind: 'image import' });
+    expect(curl('GET', '/images').body.map((i: any) => i.name)).toContain('copied');
+    expect(curl('GET', '/operations/nope')).toMatchObject({ status: 404, body: { code: 'OPERATION_NOT_FOUND' } });
+
+    // pools: define, resize, run, remove
+    const pool = curl('POST', '/pools', { json: { name: 'pp', size: 1 } });
+    expect(curl('GET', `/operations/${pool.body.id}?wait=60`).body.state).toBe('done');
+    expect(curl('GET', `/operations/${curl('PATCH', '/pools/pp', { json: { size: 2 } }).body.id}?wait=60`).body.result).toMatchObject({ target: 2, ready: 2 });
+    expect(curl('POST', '/pools/pp/run', { json: { argv: ['echo', 'pooled'] } }).body).toMatchObject({ exitCode: 0, stdout: 'pooled\n', hit: true });
+    expect(curl('DELETE', '/pools/pp').body.removed).toBeGreaterThanOrEqual(2);
+
+    // a scenario: up (an operation), status, snapshot, net, reset, down
+    const file = join(import.meta.dirname, '..', 'examples', 'scenarios', 'tiny-service', 'scenario.yaml');
+    const sup = curl('POST', '/scenarios', { json: { file, name: 'apilab' } });
+    expect(curl('GET', `/operations/${sup.body.id}?wait=120`, { timeoutS: 130 }).body).toMatchObject({ state: 'done' });
+    expect(curl('GET', '/scenarios/apilab').body.machines.map((m: any) => m.state)).toEqual(['running', 'running', 'running', 'running']);
+    expect(curl('POST', '/scenarios/apilab/snapshot', { json: { name: 'base' } }).status).toBe(200);
+    expect(curl('POST', '/scenarios/apilab/net', { json: { action: 'block', machines: ['client', 'proxy'] } }).status).toBe(204);
+    expect(curl('POST', '/scenarios/apilab/net', { json: { action: 'heal' } }).status).toBe(204);
+    expect(curl('POST', '/scenarios/apilab/reset', { json: { to: 'base' } }, ).status).toBe(200);
+    expect(curl('POST', '/sandboxes/apilab%2Fclient/exec', { json: { argv: ['hostname'] } }).body.stdout).toBe('client\n');
+    expect(curl('DELETE', '/scenarios/apilab').status).toBe(200);
+
+    // traces of what was done
+    const traces = curl('GET', '/traces?limit=200').body;
+    expect(traces.map((t: any) => t.kind)).toEqual(expect.arrayContaining(['create', 'image import', 'up', 'reset']));
+    expect(curl('GET', `/traces/${traces[0].id}`).body.phases).toBeInstanceOf(Array);
+    curl('DELETE', '/sandboxes/rest');
+    curl('DELETE', '/images/copied?force=true');
+  }, 300_000);
+
   it('metrics: sandboxes by state, exec histograms, phases', () => {
     const m = curl('GET', '/metrics', { token: admin }).body as string;
     expect(m).toMatch(/^snaplab_sandboxes\{state="running"\} \d+$/m);
