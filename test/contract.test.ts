@@ -59,7 +59,10 @@ describe.each(['embedded', 'remote'])('the library, %s', (kind) => {
     try {
       const r = await box.exec(['sh', '-c', 'echo out; echo err >&2; pwd; echo $FOO; exit 7'], { env: { FOO: 'bar' }, cwd: '/tmp' });
       expect([r.exitCode, r.stdout.toString(), r.stderr.toString()]).toEqual([7, 'out\n/tmp\nbar\n', 'err\n']);
-      expect((await box.exec(['cat'], { stdin: Buffer.from([0, 1, 2, 255]) })).stdout).toEqual(Buffer.from([0, 1, 2, 255]));
+      // output is text by default, bytes on request
+      expect(r.stdout).toBeTypeOf('string');
+      expect((await box.exec(['cat'], { stdin: Buffer.from([0, 1, 2, 255]), encoding: 'buffer' })).stdout).toEqual(Buffer.from([0, 1, 2, 255]));
+      expect((await box.exec(['printf', 'h\\303\\251'])).stdout).toBe('hé');
       expect((await box.exec(['/no/such'])).exitCode).toBe(127);
       const slow = await box.exec(['sleep', '30'], { timeoutMs: 300 });
       expect([slow.exitCode, slow.timedOut]).toEqual([124, true]);
@@ -127,7 +130,8 @@ describe.each(['embedded', 'remote'])('the library, %s', (kind) => {
   it('pools: run in a fresh sandbox, take one for good', async () => {
     const pool = await lab().createPool({ name: `cpool-${kind}`, image: 'busybox', size: 1, limits: {} });
     const r = await pool.run(['sh', '-c', 'echo ran; touch /tmp/dirt']);
-    expect([r.exitCode, r.stdout.toString()]).toEqual([0, 'ran\n']);
+    expect([r.exitCode, r.stdout]).toEqual([0, 'ran\n']);
+    expect(Buffer.isBuffer((await pool.run(['true'], { encoding: 'buffer' })).stdout)).toBe(true);
     const again = await pool.run(['ls', '/tmp']);
     expect(again.stdout.toString()).not.toContain('dirt');
     const taken = await pool.take();

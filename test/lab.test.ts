@@ -11,7 +11,7 @@ afterAll(async () => {
   await disposeLab(lab);
 });
 
-const out = (r: { stdout: Buffer }): string => r.stdout.toString().trim();
+const out = (r: { stdout: string | Buffer }): string => r.stdout.toString().trim();
 
 describe.each<StorageKind>(['btrfs', 'overlay', 'dir'])('create → exec → snapshot → write → restore on %s', (storage) => {
   it('restores the snapshot content, not the later write', async () => {

@@ -8,6 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SNAPLAB } from './cli-command.js';
+import { startDaemon } from './daemon-helpers.js';
 
 let home: string;
 const DRIVER = join(import.meta.dirname, 'pty-drive.py');
@@ -20,11 +21,11 @@ function snaplab(args: string[]): { code: number; out: string; err: string } {
 interface Drive { output: string; status: number; restored: boolean; wasRaw: boolean; waitTimedOut: boolean; hung: boolean }
 
 /** Runs snaplab ARGS on a fresh host pty through STEPS (see pty-drive.py). */
-function drive(steps: unknown[], args: string[]): Drive {
+function drive(steps: unknown[], args: string[], env: Record<string, string> = {}): Drive {
   const file = join(home, `steps-${Math.random().toString(36).slice(2)}.json`);
   writeFileSync(file, JSON.stringify(steps));
   const r = spawnSync('/usr/bin/python3', [DRIVER, file, '--', SNAPLAB, ...args], {
-    env: { ...process.env, SNAPLAB_HOME: home, TERM: 'xterm-256color' },
+    env: { ...process.env, SNAPLAB_HOME: home, TERM: 'xterm-256color', ...env },
     encoding: 'utf8',
     timeout: 90_000,
   });
@@ -104,5 +105,29 @@ describe('terminals', () => {
     const ps = snaplab(['exec', 't1', '--', 'ps', '-o', 'comm']);
     expect(ps.out.split('\n').map((l) => l.trim())).not.toContain('sh');
     expect(ps.out).not.toContain('sleep');
+  });
+
+  it('through the daemon (SNAPLAB_HOST): the same shell, its size followed, its exit code back, the terminal restored', async () => {
+    const daemon = await startDaemon(home);
+    try {
+      const d = drive(
+        [
+          ['wait', '# '],
+          ['send', 'stty size\r'],
+          ['wait', '\\d+ \\d+'],
+          ['resize', 90, 33],
+          ['send', 'stty size\r'],
+          ['wait', '33 90'],
+          ['send', 'exit 3\r'],
+        ],
+        ['shell', 't1'],
+        { SNAPLAB_HOST: `unix:${daemon.socket}` },
+      );
+      expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, JSON.stringify(d.output)).toEqual({ waitTimedOut: false, hung: false });
+      expect([d.status, d.restored]).toEqual([3, true]);
+      expect(d.output).toContain('33 90');
+    } finally {
+      await daemon.stop();
+    }
   });
 });

@@ -33,7 +33,7 @@ export async function freshExec(lab: LabApi, s: BenchSettings & { recycle: boole
     if (pool instanceof Pool) pool.start();
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
       const t0 = performance.now();
-      const r: RunOutcome & { trace?: TraceSummary } = await pool.run(s.argv);
+      const r: RunOutcome & { trace?: TraceSummary } = await pool.run(s.argv, { encoding: 'buffer' });
       if (r.exitCode !== 0) throw new Error(`${s.argv.join(' ')} exited ${r.exitCode}: ${r.stderr.toString().trim()}`);
       // through a daemon there is no trace here: the call's wall time, which is what its client waits
       return r.trace ? { latencyMs: r.trace.totalMs, phases: phasePaths(r.trace) } : { latencyMs: performance.now() - t0, phases: {} };

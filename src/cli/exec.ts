@@ -3,6 +3,7 @@ import { parseSeconds } from '../lab/sizes.js';
 import { withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE } from './output.js';
 import { SnaplabError } from '../errors.js';
+import type { LabApi } from '../sdk/api.js';
 
 interface ExecCli extends CommonOptions {
   env: string[];
@@ -15,7 +16,10 @@ interface ExecCli extends CommonOptions {
 
 const collect = (v: string, prev: string[]): string[] => [...prev, v];
 
-export function registerExec(program: Command): void {
+/** How a command gets its lab: the embedded one (withLab), or a daemon's (cli/remote.ts). */
+export type Opener = (opts: CommonOptions, body: (lab: Pick<LabApi, 'get'>) => Promise<number | void>, failureCode?: number) => Promise<void>;
+
+export function registerExec(program: Command, open: Opener = withLab): void {
   program
     .command('exec <sandbox> <argv...>')
     .description('run argv in a sandbox (no shell), streaming its output; exits with its exit code')
@@ -29,7 +33,7 @@ export function registerExec(program: Command): void {
     .option('--json', 'errors as JSON')
     .addHelpText('after', '\nExit codes: the command\'s own; 124 timed out; 127 not found; 128+N killed by signal N; 125 snaplab failed.')
     .action((sandbox: string, argv: string[], o: ExecCli) =>
-      withLab(
+      open(
         o,
         async (lab) => {
           const timeoutMs = o.timeout === undefined ? undefined : parseSeconds(o.timeout);
@@ -80,7 +84,7 @@ interface ShellCli extends CommonOptions {
   env: string[];
 }
 
-export function registerShell(program: Command): void {
+export function registerShell(program: Command, open: Opener = withLab): void {
   program
     .command('shell <machine>')
     .description("a login shell in a machine (its user's shell from /etc/passwd, else /bin/bash, else /bin/sh) on a terminal")
@@ -89,7 +93,7 @@ export function registerShell(program: Command): void {
     .option('--json', 'errors as JSON')
     .addHelpText('after', '\nExits with the shell\'s exit code. Ctrl-C, Ctrl-Z and Ctrl-D go to the machine; `exit` leaves.')
     .action((machine: string, o: ShellCli) =>
-      withLab(
+      open(
         o,
         async (lab) => {
           if (!process.stdin.isTTY) throw new SnaplabError('BAD_INPUT', 'shell needs a terminal (the input is not one)', 'pipe a script into `snaplab exec -i MACHINE -- sh` instead');

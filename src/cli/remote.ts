@@ -6,11 +6,12 @@
 import type { Command } from 'commander';
 import type { RemoteLab, RemoteSandbox } from '../client/remote.js';
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
-import { EXIT_EXEC_FAILURE, EXIT_USAGE, printJson, printTable, reportError } from './output.js';
+import { EXIT_USAGE, printJson, printTable, reportError } from './output.js';
 import { SnaplabError } from '../errors.js';
+import { registerExec, registerShell, type Opener } from './exec.js';
 
 /** The commands a daemon serves; every other one needs the embedded lab. */
-export const REMOTE_COMMANDS = ['ls', 'create', 'rm', 'exec', 'pause', 'resume', 'snapshot', 'restore'];
+export const REMOTE_COMMANDS = ['ls', 'create', 'rm', 'exec', 'shell', 'pause', 'resume', 'snapshot', 'restore'];
 
 async function withRemote(o: { json?: boolean }, body: (lab: RemoteLab) => Promise<number | void>, failureCode = EXIT_USAGE): Promise<void> {
   let lab: RemoteLab | undefined;
@@ -137,25 +138,7 @@ export function registerRemote(program: Command, invoked: string | undefined): v
       printBox(await lab.restore(snapshot, { name: o.name, ...(Object.keys(limits).length ? { limits } : {}) }), o.json);
     }));
 
-  program
-    .command('exec')
-    .description('run argv in a sandbox (through the daemon), streaming its output; exits with its exit code')
-    .argument('<sandbox>')
-    .argument('<argv...>')
-    .option('-e, --env <K=V>', 'set an environment variable (repeatable)', collectKv, [])
-    .option('--cwd <dir>', 'working directory inside the sandbox')
-    .option('-u, --user <user[:group]>', 'run as this user of the machine')
-    .option('--timeout <seconds>', 'kill the command after this long (exit 124)')
-    .option('-i, --interactive', 'forward stdin to the command')
-    .option('--json', 'errors as JSON')
-    .action((sandbox: string, argv: string[], o: { env: string[]; cwd?: string; user?: string; timeout?: string; interactive?: boolean; json?: boolean }) =>
-      withRemote(o, async (lab) => {
-        const box = await lab.get(sandbox);
-        const r = await box.exec(argv, {
-          env: o.env, cwd: o.cwd, user: o.user, ...(o.timeout !== undefined ? { timeoutMs: Number(o.timeout) * 1000 } : {}),
-          onStdout: (b) => process.stdout.write(b), onStderr: (b) => process.stderr.write(b),
-          ...(o.interactive ? { stdin: process.stdin } : {}),
-        });
-        return r.exitCode;
-      }, EXIT_EXEC_FAILURE));
+  // exec and shell are the embedded commands themselves, given the daemon's lab
+  registerExec(program, withRemote as Opener);
+  registerShell(program, withRemote as Opener);
 }

@@ -6,8 +6,9 @@
  * waits for this process) a SIGKILL.
  */
 import { spawnSync } from 'node:child_process';
-import type { Sandbox } from '../sdk/sandbox.js';
-import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
+import type { SandboxApi } from '../sdk/api.js';
+import type { ExecOptions } from '../lab/sandbox-ops.js';
+import type { ExecText } from '../sdk/output.js';
 import { feedInput } from '../lab/streams.js';
 
 export interface TerminalOptions {
@@ -37,7 +38,7 @@ export function terminalEnv(env: string[]): string[] {
   return term && !env.some((e) => e.startsWith('TERM=')) ? [`TERM=${term}`, ...env] : env;
 }
 
-export async function runOnTerminal(box: Sandbox, argv: string[], o: TerminalOptions): Promise<ExecResult> {
+export async function runOnTerminal(box: SandboxApi, argv: string[], o: TerminalOptions): Promise<ExecText> {
   const stdin = process.stdin;
   const raw = o.input && stdin.isTTY === true;
   // put back; a terminal taken from us meanwhile (its shell's again, after our parent was
@@ -78,7 +79,7 @@ export async function runOnTerminal(box: Sandbox, argv: string[], o: TerminalOpt
     const s = size();
     p?.resize(s.cols, s.rows);
   };
-  let p: Awaited<ReturnType<Sandbox['spawn']>> | undefined;
+  let p: Awaited<ReturnType<SandboxApi['spawn']>> | undefined;
   try {
     p = await box.spawn(argv, opts);
     if (raw) goRaw();
@@ -98,7 +99,7 @@ export async function runOnTerminal(box: Sandbox, argv: string[], o: TerminalOpt
  * The login shell of `user` (default root) in the machine: its /etc/passwd entry's shell when
  * that exists in the machine, else /bin/bash, else /bin/sh; with its home as the directory.
  */
-export async function loginShell(box: Sandbox, user: string | undefined): Promise<{ argv: string[]; home: string; env: string[] }> {
+export async function loginShell(box: SandboxApi, user: string | undefined): Promise<{ argv: string[]; home: string; env: string[] }> {
   const passwd = (await box.getFile('/etc/passwd').catch(() => Buffer.alloc(0))).toString('utf8');
   const want = user?.split(':')[0] ?? 'root';
   const entry = passwd
@@ -110,7 +111,7 @@ export async function loginShell(box: Sandbox, user: string | undefined): Promis
   let cwd = home;
   for (const shell of [...new Set(candidates)]) {
     // one cheap exec per candidate: does it run at all (the agent says not found / not executable)
-    const probe = (dir: string): Promise<ExecResult> => box.exec([shell, '-c', 'exit 0'], { user, cwd: dir });
+    const probe = (dir: string): Promise<ExecText> => box.exec([shell, '-c', 'exit 0'], { user, cwd: dir });
     const r = await probe(cwd).catch(async (e: unknown) => {
       if (!/chdir/.test(String((e as Error).message))) throw e;
       cwd = '/'; // a home the machine does not have: start in / as login(1) does

@@ -13,7 +13,8 @@ import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
 import type { RunOutcome, RunSpec } from '../lab/run.js';
 import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
 import { feedInput } from '../lab/streams.js';
-import type { LabApi, LabCreateOptions, PoolApi, ProcessApi, SandboxApi, SnapshotApi } from '../sdk/api.js';
+import type { BufferOutput, LabApi, LabCreateOptions, PoolApi, ProcessApi, SandboxApi, SnapshotApi } from '../sdk/api.js';
+import { encoded, type ExecText, type Text } from '../sdk/output.js';
 import type { SandboxFiles } from '../sdk/sandbox.js';
 import type { Limits } from '../store/records.js';
 import { collect, Http, type ConnectOptions } from './http.js';
@@ -69,9 +70,16 @@ export class RemoteSandbox implements SandboxApi {
     return this;
   }
 
-  async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
+  async exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;
+  async exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
+  async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult | ExecText> {
+    const r = await this.execBytes(argv, opts);
+    return opts.encoding === 'buffer' ? r : (encoded(r, 'utf8') as ExecText);
+  }
+
+  private async execBytes(argv: string[], opts: ExecOptions): Promise<ExecResult> {
     const streamed = opts.onStdout || opts.onStderr || opts.tty || opts.stdin === true || (opts.stdin !== undefined && typeof opts.stdin !== 'string' && !Buffer.isBuffer(opts.stdin));
-    if (streamed) return (await this.spawn(argv, opts)).result;
+    if (streamed) return (await this.spawn(argv, { ...opts, encoding: 'buffer' })).result;
     const stdin = opts.stdin === undefined ? undefined : Buffer.from(opts.stdin as string | Buffer).toString('base64');
     const call = { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0, ...(stdin ? { stdin } : {}) };
     // one request over HTTP when the caller may abort it (the daemon kills it when the request goes); else a call on the shared /rpc socket
@@ -80,12 +88,15 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   /** Start argv over a WebSocket; the command is killed if the connection is lost (use `processes` to outlive it). */
-  async spawn(argv: string[], opts: ExecOptions = {}): Promise<ProcessApi> {
+  async spawn(argv: string[], opts: ExecOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
+  async spawn(argv: string[], opts?: ExecOptions): Promise<ProcessApi>;
+  async spawn(argv: string[], opts: ExecOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
     const ws = await this.http.socket(this.path('/exec'));
     ws.send(JSON.stringify({ type: 'start', argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0, tty: opts.tty, stdin: opts.stdin !== undefined, onDisconnect: 'kill' }));
     const proc = streamProcess(ws, opts);
     if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
-    return proc;
+    if (opts.encoding === 'buffer') return proc;
+    return { ...proc, result: proc.result.then((r) => encoded(r, 'utf8') as ExecText) } as ProcessApi;
   }
 
   get files(): SandboxFiles {
@@ -172,7 +183,7 @@ export class RemoteSandbox implements SandboxApi {
 }
 
 /** The client half of a streamed exec (frames: docs/api.md). */
-function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi {
+function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult> {
   const out: Buffer[] = [];
   const err: Buffer[] = [];
   let collected = [0, 0];
@@ -262,7 +273,9 @@ class RemotePool implements PoolApi {
     return this.http.json('GET', `/pools/${enc(this.name)}`);
   }
 
-  async run(argv: string[], spec: RunSpec = {}): Promise<RunOutcome> {
+  async run(argv: string[], spec: RunSpec & BufferOutput): Promise<RunOutcome>;
+  async run(argv: string[], spec?: RunSpec): Promise<Text<RunOutcome>>;
+  async run(argv: string[], spec: RunSpec = {}): Promise<RunOutcome | Text<RunOutcome>> {
     if (spec.put?.length || spec.onStdout || spec.onStderr || (spec.stdin !== undefined && typeof spec.stdin !== 'string' && !Buffer.isBuffer(spec.stdin))) {
       throw new SnaplabError('BAD_INPUT', 'a remote pool run takes argv, env, cwd, user, timeoutMs and stdin as data', 'take a sandbox (pool.take()) to stream or copy files');
     }
@@ -272,7 +285,7 @@ class RemotePool implements PoolApi {
     const r = spec.signal
       ? await this.http.json<Ran>('POST', `/pools/${enc(this.name)}/run`, { json: { ...call, encoding: 'base64' }, signal: spec.signal })
       : await this.rpc.call<Ran>({ op: 'run', pool: this.name, ...call });
-    return { ...toResult(r), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, dirt: [] };
+    return encoded({ ...toResult(r), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, dirt: [] }, spec.encoding);
   }
 
   async take(): Promise<SandboxApi> {

@@ -45,6 +45,11 @@ export interface ExecOptions {
   onStdout?: (chunk: Buffer) => void;
   onStderr?: (chunk: Buffer) => void;
   signal?: AbortSignal;
+  /**
+   * (the library's exec, spawn and run) the result's stdout and stderr as strings (`utf8`, the
+   * default) or Buffers (`buffer`)
+   */
+  encoding?: 'utf8' | 'buffer';
 }
 
 export interface ExecResult extends AgentExecResult {

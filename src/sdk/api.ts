@@ -11,17 +11,20 @@ import type { RunOutcome, RunSpec } from '../lab/run.js';
 import type { Limits } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { SandboxFiles } from './sandbox.js';
+import type { ExecText, Text } from './output.js';
 
-/** A started command (as `spawn` returns). */
-export interface ProcessApi {
+/** A started command (as `spawn` returns); its result's output is text, or Buffers with `encoding: 'buffer'`. */
+export interface ProcessApi<R = ExecText> {
   pid: Promise<number>;
   write(b: Buffer | string): boolean;
   drained(): Promise<void>;
   end(): void;
   kill(signal: number): void;
   resize(cols: number, rows: number): void;
-  result: Promise<ExecResult>;
+  result: Promise<R>;
 }
+
+export type BufferOutput = { encoding: 'buffer' };
 
 export interface SnapshotApi {
   readonly name: string;
@@ -39,7 +42,9 @@ export interface SandboxApi {
   readonly labels: Record<string, string>;
   readonly metadata: Record<string, string>;
   readonly files: SandboxFiles;
-  exec(argv: string[], opts?: ExecOptions): Promise<ExecResult>;
+  exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;
+  exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
+  spawn(argv: string[], opts: ExecOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
   spawn(argv: string[], opts?: ExecOptions): Promise<ProcessApi>;
   putFile(path: string, data: Buffer | string, mode?: number): Promise<void>;
   getFile(path: string): Promise<Buffer>;
@@ -57,7 +62,8 @@ export interface SandboxApi {
 export interface PoolApi {
   readonly name: string;
   stats(): Promise<PoolStats>;
-  run(argv: string[], spec?: RunSpec): Promise<RunOutcome>;
+  run(argv: string[], spec: RunSpec & BufferOutput): Promise<RunOutcome>;
+  run(argv: string[], spec?: RunSpec): Promise<Text<RunOutcome>>;
   take(): Promise<SandboxApi>;
   resize(size: number): Promise<void>;
   remove(): Promise<number>;

@@ -16,3 +16,4 @@ export { renderWaterfall } from '../timing/waterfall.js';
 export type { LabApi, SandboxApi, PoolApi, ProcessApi, SnapshotApi, LabCreateOptions } from './api.js';
 export type { RemoteLab, RemoteSandbox, RemoteCreateOptions } from '../client/remote.js';
 export type { ConnectOptions } from '../client/http.js';
+export type { Encoding, ExecText, Text } from './output.js';

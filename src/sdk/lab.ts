@@ -23,10 +23,13 @@ import type { StorageKind, Volume } from '../storage/backend.js';
 import type { ImageRecord, Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
-import type { LabApi } from './api.js';
+import type { BufferOutput, LabApi } from './api.js';
+import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
+
+export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
 
 export interface LabOptions {
   /** where state, images and volumes live; default $SNAPLAB_HOME or /var/lib/snaplab */
@@ -247,8 +250,10 @@ export class Lab implements LabApi {
    * Run argv in a fresh sandbox and return its result: from a pool (`pool`), or raised for this
    * execution and destroyed after (`image`, default busybox).
    */
-  async run(argv: string[], opts: RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits } = {}): Promise<RunOutcome & { trace: TraceSummary }> {
-    if (opts.pool !== undefined) return this.pool(opts.pool).run(argv, opts);
+  async run(argv: string[], opts: RunOptions & BufferOutput): Promise<RunOutcome & { trace: TraceSummary }>;
+  async run(argv: string[], opts?: RunOptions): Promise<Text<RunOutcome> & { trace: TraceSummary }>;
+  async run(argv: string[], opts: RunOptions = {}): Promise<(RunOutcome | Text<RunOutcome>) & { trace: TraceSummary }> {
+    if (opts.pool !== undefined) return this.pool(opts.pool).run(argv, { ...opts, encoding: 'buffer' }).then((r) => ({ ...encoded(r, opts.encoding), trace: r.trace }));
     ({ argv, spec: opts } = withImageConfig(this.ctx, opts.image ?? BUILTIN_BUSYBOX, argv, opts));
     const { result, trace } = await this.ctx.traced('run', opts.image ?? 'busybox', (t) =>
       runOnce(
@@ -263,7 +268,7 @@ export class Lab implements LabApi {
         t,
       ),
     );
-    return { ...result, trace };
+    return { ...encoded(result, opts.encoding), trace };
   }
 
   /**

@@ -5,7 +5,8 @@ import { runInPool, withImageConfig, type RunOutcome, type RunSpec } from '../la
 import { SnaplabError } from '../errors.js';
 import { Trace, type TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
-import type { PoolApi } from './api.js';
+import type { BufferOutput, PoolApi } from './api.js';
+import { encoded, type Text } from './output.js';
 
 /**
  * A pool of paused standbys, each a fresh sandbox for one execution. Get one with
@@ -49,7 +50,9 @@ export class Pool implements PoolApi {
    * One execution in a fresh sandbox: take a standby (raising one on a miss), copy files in, run
    * argv, then give the sandbox back: recycled into the pool only if provably clean, destroyed otherwise.
    */
-  async run(argv: string[], spec: RunSpec = {}): Promise<RunOutcome & { trace: TraceSummary }> {
+  async run(argv: string[], spec: RunSpec & BufferOutput): Promise<RunOutcome & { trace: TraceSummary }>;
+  async run(argv: string[], spec?: RunSpec): Promise<Text<RunOutcome> & { trace: TraceSummary }>;
+  async run(argv: string[], spec: RunSpec = {}): Promise<(RunOutcome | Text<RunOutcome>) & { trace: TraceSummary }> {
     const trace = new Trace('run', this.name);
     try {
       const image = this.ctx.store.getPool(this.name)?.image;
@@ -57,7 +60,7 @@ export class Pool implements PoolApi {
       const r = await runInPool(this.ctx, this.runner, argv, spec, trace);
       const summary = trace.finish();
       this.ctx.store.putOperation(summary, { sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, dirt: r.dirt });
-      return { ...r, trace: summary };
+      return { ...encoded(r, spec.encoding), trace: summary };
     } catch (e) {
       const summary = trace.finish(e);
       this.ctx.store.putOperation(summary);

@@ -6,7 +6,8 @@ import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
-import type { SandboxApi } from './api.js';
+import type { BufferOutput, ProcessApi, SandboxApi } from './api.js';
+import { encoded, type ExecText } from './output.js';
 import { Writable, type Readable } from 'node:stream';
 import { listDir, makeDir, readFile, removePath, statPath, writeFile, type FileInfo } from '../lab/files.js';
 
@@ -85,20 +86,28 @@ export class Sandbox implements SandboxApi {
 
   /**
    * Run argv as given (no shell). Resolves with the exit code (127 not found, 124 timed out,
-   * 128+N killed by signal N), collected output and resource use.
+   * 128+N killed by signal N), collected output (strings; Buffers with `encoding: 'buffer'`) and
+   * resource use.
    */
-  async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
+  async exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;
+  async exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
+  async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult | ExecText> {
     const agent = await this.connection();
-    return execIn(this.ctx, this.record, agent, argv, opts);
+    const r = await execIn(this.ctx, this.record, agent, argv, opts);
+    return opts.encoding === 'buffer' ? r : (encoded(r, 'utf8') as ExecText);
   }
 
   /**
    * Start argv without waiting: the handle feeds its stdin (`stdin: true`), signals it, resizes
    * its terminal (`tty: { cols, rows }`) and resolves `result` when it exits.
    */
-  async spawn(argv: string[], opts: ExecOptions = {}): Promise<ExecProcess> {
+  async spawn(argv: string[], opts: ExecOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
+  async spawn(argv: string[], opts?: ExecOptions): Promise<ProcessApi>;
+  async spawn(argv: string[], opts: ExecOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
     const agent = await this.connection();
-    return spawnIn(this.ctx, this.record, agent, argv, opts);
+    const p: ExecProcess = await spawnIn(this.ctx, this.record, agent, argv, opts);
+    if (opts.encoding === 'buffer') return p;
+    return { ...p, result: p.result.then((r) => encoded(r, 'utf8') as ExecText) } as ProcessApi;
   }
 
   /**

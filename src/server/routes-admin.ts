@@ -114,7 +114,7 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     const release = d.claimExec(req.caller);
     try {
       const r = await d.lab.pool((req.params as { name: string }).name).run(b.argv, {
-        env: b.env, cwd: b.cwd, user: b.user, timeoutMs: d.deadline(b.timeoutMs), ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+        env: b.env, cwd: b.cwd, user: b.user, timeoutMs: d.deadline(b.timeoutMs), encoding: 'buffer', ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
       });
       req.opId = r.trace.id;
       d.metrics.observeTrace(r.trace);

@@ -60,7 +60,7 @@ export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> 
         const started = Date.now();
         try {
           const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
-          const opts = { env: c.env, cwd: c.cwd, user: c.user, timeoutMs: d.deadline(c.timeoutMs), ...stdin };
+          const opts = { env: c.env, cwd: c.cwd, user: c.user, timeoutMs: d.deadline(c.timeoutMs), encoding: 'buffer' as const, ...stdin };
           if (c.op === 'run') {
             // the connection going kills it, as it does an exec
             const gone = new AbortController();

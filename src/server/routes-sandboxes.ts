@@ -68,7 +68,7 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
     const started = Date.now();
     try {
       const p = await box.spawn(b.argv, {
-        env: b.env, cwd: b.cwd, user: b.user, timeoutMs: d.deadline(b.timeoutMs),
+        env: b.env, cwd: b.cwd, user: b.user, timeoutMs: d.deadline(b.timeoutMs), encoding: 'buffer',
         ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
       });
       // the client went before its answer: the command is killed (nobody could read its result)
