@@ -39,10 +39,10 @@ function curl(method: string, path: string, opts: { token?: string; json?: unkno
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-async function until<T>(what: string, fn: () => T | undefined | false, ms = 15_000): Promise<T> {
+async function until<T>(what: string, fn: () => T | undefined | false | Promise<T | undefined | false>, ms = 15_000): Promise<T> {
   const end = Date.now() + ms;
   for (;;) {
-    const v = fn();
+    const v = await fn();
     if (v) return v;
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
     await sleep(100);
@@ -195,6 +195,27 @@ describe('snaplab serve', () => {
     expect(events.find((e) => e.name === 'ttl-kill' && e.type === 'destroyed').reason).toMatch(/timeout of 1 s ended/);
     curl('DELETE', '/sandboxes/ttl-pause');
     curl('DELETE', '/sandboxes/ttl-long');
+  });
+
+  it('a machine that dies is reported exited, with how; one removed by the CLI, destroyed; keys through the API', async () => {
+    const after = Math.max(0, ...[...(curl('GET', '/events?after=0', { timeoutS: 1 }).body as string).matchAll(/^id: (\d+)$/gm)].map((m) => Number(m[1])));
+    const box = curl('POST', '/sandboxes', { json: { name: 'dies' } }).body;
+    expect(curl('POST', '/sandboxes', { json: { name: 'cli-removed' } }).status).toBe(201);
+    process.kill(box.pid, 'SIGKILL');
+    expect(cli(home, ['rm', 'cli-removed']).code).toBe(0);
+    const events = async (): Promise<any[]> => (curl('GET', `/events?after=${after}`, { timeoutS: 1 }).body as string).split('\n\n').filter((b) => b.startsWith('id: ')).map((b) => JSON.parse(b.split('\ndata: ')[1]!));
+    const exited = await until('exited', async () => (await events()).find((e) => e.name === 'dies' && e.type === 'exited'), 15_000);
+    expect(exited.reason).toMatch(/killed|signal|gone|exited/i);
+    expect((await events()).find((e) => e.name === 'cli-removed' && e.type === 'destroyed')?.reason).toBe('removed outside the daemon');
+    curl('DELETE', '/sandboxes/dies');
+
+    const made = curl('POST', '/keys', { json: { name: 'via-api', scopes: ['read'] } });
+    expect(made).toMatchObject({ status: 201, body: { name: 'via-api', scopes: ['read'], token: expect.stringMatching(/^snaplab_/) } });
+    expect(curl('GET', '/sandboxes', { token: made.body.token }).status).toBe(200);
+    expect(curl('GET', '/keys').body.find((k: any) => k.name === 'via-api')).not.toHaveProperty('hash');
+    expect(curl('GET', '/keys', { token: made.body.token }).status).toBe(403);
+    expect(curl('DELETE', '/keys/via-api').status).toBe(204);
+    expect(curl('DELETE', '/keys/via-api')).toMatchObject({ status: 404, body: { code: 'KEY_NOT_FOUND' } });
   });
 
   it('quotas: a key over its sandboxes or its concurrent execs gets 429 with Retry-After and the limit', async () => {

@@ -4,7 +4,7 @@
  * runs the same tests on both.
  */
 import type { Readable, Writable } from 'node:stream';
-import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
+import type { ExecOptions, ExecProcess, ExecResult } from '../lab/sandbox-ops.js';
 import type { CopyResult } from '../lab/copy.js';
 import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
 import type { RunOutcome, RunSpec } from '../lab/run.js';
@@ -14,15 +14,7 @@ import type { SandboxFiles } from './sandbox.js';
 import type { ExecText, Text } from './output.js';
 
 /** A started command (as `spawn` returns); its result's output is text, or Buffers with `encoding: 'buffer'`. */
-export interface ProcessApi<R = ExecText> {
-  pid: Promise<number>;
-  write(b: Buffer | string): boolean;
-  drained(): Promise<void>;
-  end(): void;
-  kill(signal: number): void;
-  resize(cols: number, rows: number): void;
-  result: Promise<R>;
-}
+export type ProcessApi<R = ExecText> = Omit<ExecProcess, 'result'> & { result: Promise<R> };
 
 export type BufferOutput = { encoding: 'buffer' };
 

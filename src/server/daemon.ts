@@ -13,9 +13,9 @@ import { reconcile } from '../lab/reconcile.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { connectAgent, spawnIn, type ExecOptions } from '../lab/sandbox-ops.js';
 import type { AgentClient } from '../agent/client.js';
-import type { Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
-import type { StorageKind } from '../storage/backend.js';
+import type { SandboxMeta, SandboxRecord } from '../store/records.js';
 import { EventLog } from './events.js';
+import type { CreateBody } from './schemas.js';
 import { QuotaError } from './http-errors.js';
 import { LOCAL, type Caller } from './keys.js';
 import { sandboxNotFound } from '../lab/removals.js';
@@ -40,21 +40,6 @@ export interface DaemonOptions {
 
 export const DEFAULTS = { defaultTimeoutS: 300, execTimeoutMs: 60_000, ringBytes: 1 << 20, tickMs: 1000, createBoundS: 300 };
 
-export interface CreateBody {
-  image?: string;
-  snapshot?: string;
-  pool?: string;
-  name?: string;
-  storage?: StorageKind;
-  driver?: string;
-  limits?: Limits;
-  userns?: boolean;
-  init?: 'agent' | 'systemd';
-  labels?: Record<string, string>;
-  metadata?: Record<string, string>;
-  timeoutS?: number;
-  onTimeout?: 'kill' | 'pause';
-}
 
 export interface ProcessSpec {
   argv: string[];
