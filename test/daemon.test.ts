@@ -88,6 +88,9 @@ describe('snaplab serve', () => {
     const doc = curl('GET', '/openapi.json').body;
     await expect(SwaggerParser.validate(structuredClone(doc))).resolves.toBeTruthy();
     expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining(['/sandboxes', '/sandboxes/{id}/exec', '/sandboxes/{id}/files', '/events', '/pools/{name}/run']));
+    // one daemon per home: a second is refused before it touches anything
+    const second = spawnSync(SNAPLAB, ['serve', '--socket', join(home, 'second.sock')], { env: { ...process.env, SNAPLAB_HOME: home }, encoding: 'utf8', timeout: 30_000 });
+    expect([second.status, second.stderr]).toEqual([2, expect.stringMatching(/DAEMON_ERROR.*a daemon already runs/)]);
     // one line per request, written once the response has gone
     await until('the request log', () => /GET \/sandboxes 401 [\d.]+ms key=-/.test(d.log()) && /GET \/sandboxes 200 [\d.]+ms key=local/.test(d.log()));
   });
@@ -265,6 +268,15 @@ describe('snaplab serve', () => {
     expect(curl('GET', '/sandboxes', { token: b }).body).toEqual([]);
     expect(curl('GET', '/sandboxes', { token: a }).body.map((x: any) => x.name)).toEqual(['of-a']);
     expect(curl('POST', '/sandboxes', { token: a, json: { userns: false } })).toMatchObject({ status: 403, body: { code: 'FORBIDDEN' } });
+    expect(cli(home, ['key', 'create', 'local']).err).toMatch(/BAD_NAME/);
+    // a key's event stream tells of its own sandboxes, their end included, and of no one else's
+    expect(curl('POST', '/sandboxes', { token: a, json: { name: 'of-a-2' } }).status).toBe(201);
+    expect(curl('POST', '/sandboxes', { token: b, json: { name: 'of-b' } }).status).toBe(201);
+    expect(curl('DELETE', '/sandboxes/of-a-2', { token: a }).status).toBe(204);
+    const seen = (curl('GET', '/events?after=0', { token: a, timeoutS: 1 }).body as string).split('\n\n').filter((x) => x.startsWith('id: ')).map((x) => JSON.parse(x.split('\ndata: ')[1]!));
+    expect(seen.filter((e) => e.name === 'of-a-2').map((e) => e.type)).toEqual(['created', 'ready', 'destroyed']);
+    expect(seen.some((e) => e.name === 'of-b' || (e.name !== 'of-a' && e.name !== 'of-a-2'))).toBe(false);
+    curl('DELETE', '/sandboxes/of-b');
 
     const ws = new WebSocket(`${d.url.replace('http', 'ws')}/rpc`, { headers: { authorization: `Bearer ${a}` } });
     await new Promise((r) => ws.once('open', r));

@@ -96,7 +96,9 @@ export class RemoteSandbox implements SandboxApi {
     const proc = streamProcess(ws, opts);
     if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
     if (opts.encoding === 'buffer') return proc;
-    return { ...proc, result: proc.result.then((r) => encoded(r, 'utf8') as ExecText) } as ProcessApi;
+    const result = proc.result.then((r) => encoded(r, 'utf8') as ExecText);
+    result.catch(() => {}); // a result nobody awaits must not end the caller's process
+    return { ...proc, result } as ProcessApi;
   }
 
   get files(): SandboxFiles {
@@ -199,7 +201,6 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
   let rejectPid!: (e: Error) => void;
   const pid = new Promise<number>((res, rej) => { resolvePid = res; rejectPid = rej; });
   pid.catch(() => {});
-  let started = false;
   let aborted = false;
   const result = new Promise<ExecResult>((resolve, reject) => {
     let ended = false;
@@ -212,12 +213,11 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
       }
       const m = JSON.parse(String(data)) as { type: string; pid?: number; result?: Omit<ExecResult, 'stdout' | 'stderr'>; error?: { code: ErrorCode; message: string; hint?: string } };
       if (m.type === 'started') {
-        started = true;
         resolvePid(m.pid ?? 0);
       } else if (m.type === 'gap') {
         truncated = true; // output the daemon could no longer give (it is said, never silently missing)
-      } else if (m.type === 'error' && started) {
-        // a refused control message (a bad signal...): the command runs on
+      } else if (m.type === 'error' && !(m as { fatal?: boolean }).fatal) {
+        // a refused control message (a bad signal, input without stdin): the command runs on
       } else if (m.type === 'exit' || m.type === 'error') {
         ended = true;
         if (aborted) reject(new SnaplabError('ABORTED', 'the exec was aborted', 'its command was killed'));

@@ -77,7 +77,10 @@ async function fileCommand(ctx: LabContext, s: SandboxRecord, args: string[], wh
     if (opts.stdin) feedWrite(p, opts.stdin);
     const r = await p.result;
     if (r.exitCode !== 0) {
-      if (r.signal === 15 && opts.stdin) throw new SnaplabError('FILE_ERROR', `${what}: the input broke off; the file is unchanged`, 'send it again');
+      if (r.signal === 15 && opts.stdin) {
+        const kept = args.includes('--append') ? 'what came before the break was appended' : 'the file is unchanged';
+        throw new SnaplabError('FILE_ERROR', `${what}: the input broke off; ${kept}`, 'send it again');
+      }
       throw fileError(Buffer.concat(err).toString(), r.exitCode, what);
     }
     return Buffer.concat(out).toString();

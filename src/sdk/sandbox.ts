@@ -107,7 +107,9 @@ export class Sandbox implements SandboxApi {
     const agent = await this.connection();
     const p: ExecProcess = await spawnIn(this.ctx, this.record, agent, argv, opts);
     if (opts.encoding === 'buffer') return p;
-    return { ...p, result: p.result.then((r) => encoded(r, 'utf8') as ExecText) } as ProcessApi;
+    const result = p.result.then((r) => encoded(r, 'utf8') as ExecText);
+    result.catch(() => {}); // as spawnIn's own: a result nobody awaits must not end the process
+    return { ...p, result } as ProcessApi;
   }
 
   /**

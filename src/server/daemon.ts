@@ -8,7 +8,7 @@ import { Lab, type CreateOptions } from '../sdk/lab.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId } from '../lab/names.js';
-import { metaOf, updateMeta } from '../lab/meta.js';
+import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
 import { reconcile } from '../lab/reconcile.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { connectAgent, spawnIn, type ExecOptions } from '../lab/sandbox-ops.js';
@@ -65,6 +65,8 @@ export class Daemon {
   private readonly making = new Map<string, number>();
   /** sandboxes whose TTL is being acted on now */
   private readonly expiring = new Set<string>();
+  /** a TTL whose action failed is tried again from then (and told of once) */
+  private readonly retryAt = new Map<string, number>();
   private timer: NodeJS.Timeout | undefined;
   private ticking: Promise<void> | undefined;
   private ticks = 0;
@@ -123,11 +125,11 @@ export class Daemon {
     for (const m of ctx.store.listMeta()) {
       const r = byId.get(m.id);
       // the clock runs while the sandbox runs: started again when it was resumed by another process
-      if (m.expiresAt === null && m.timeoutS && r?.state === 'running' && !this.events.busy.has(m.id)) {
+      if (m.expiresAt === null && m.timeoutS && r?.state === 'running' && !this.events.busy.has(m.id) && !this.expiring.has(m.id)) {
         updateMeta(ctx, m.id, { expiresAt: now + m.timeoutS * 1000 });
         continue;
       }
-      if (m.expiresAt === null || m.expiresAt > now || this.expiring.has(m.id)) continue;
+      if (m.expiresAt === null || m.expiresAt > now || this.expiring.has(m.id) || (this.retryAt.get(m.id) ?? 0) > now) continue;
       this.expiring.add(m.id);
       void this.expire(m).finally(() => this.expiring.delete(m.id));
     }
@@ -140,7 +142,7 @@ export class Daemon {
     // paused by another process: its clock stands still (a resume starts it again)
     if (rec.state === 'paused') return void updateMeta(this.lab.context, m.id, { expiresAt: null });
     const reason = `its timeout of ${m.timeoutS} s ended`;
-    this.events.record('timeout', rec, reason, { onTimeout: m.onTimeout ?? 'kill' });
+    if (!this.retryAt.has(m.id)) this.events.record('timeout', rec, reason, { onTimeout: m.onTimeout ?? 'kill' });
     try {
       if (m.onTimeout === 'pause' && rec.state === 'running') {
         updateMeta(this.lab.context, m.id, { expiresAt: null });
@@ -148,8 +150,12 @@ export class Daemon {
       } else {
         await this.destroy(rec.id, reason);
       }
+      this.retryAt.delete(m.id);
     } catch (e) {
-      this.log({ msg: 'timeout action failed', sandbox: rec.name, error: (e as Error).message });
+      this.retryAt.set(m.id, Date.now() + 30_000);
+      // a pause that failed: the clock stays ended, so the next try is a retry, not a new timeout
+      if (m.onTimeout === 'pause') updateMeta(this.lab.context, m.id, { expiresAt: m.expiresAt });
+      this.log({ msg: 'timeout action failed; trying again in 30 s', sandbox: rec.name, error: (e as Error).message });
     }
   }
 
@@ -212,17 +218,18 @@ export class Daemon {
     const name = body.name ?? defaultName(newId());
     this.events.making.add(name);
     const signal = AbortSignal.timeout(this.opts.createBoundS * 1000);
+    let taking = false;
     try {
       let box: Sandbox;
       let how: string;
       if (body.pool !== undefined) {
+        // checked before the take: a standby taken and then refused would be nobody's
+        const labels = checkLabels('label', body.labels);
+        const metadata = checkLabels('metadata', body.metadata);
         this.events.taking++;
-        try {
-          box = await this.lab.pool(body.pool).take();
-        } finally {
-          this.events.taking--;
-        }
-        await box.setLabels({ labels: body.labels ?? {}, metadata: body.metadata ?? {} });
+        taking = true;
+        box = await this.lab.pool(body.pool).take();
+        updateMeta(this.lab.context, box.id, { labels, metadata });
         how = `a standby of pool ${body.pool}`;
       } else if (body.snapshot !== undefined) {
         box = await this.lab.restore(body.snapshot, { name, limits: body.limits, userns: body.userns, labels: body.labels, metadata: body.metadata, signal });
@@ -235,7 +242,7 @@ export class Daemon {
       updateMeta(this.lab.context, box.id, { owner: caller.key, timeoutS, onTimeout: body.onTimeout ?? 'kill', expiresAt: timeoutS ? Date.now() + timeoutS * 1000 : null });
       this.cache.set(box.id, box);
       if (box.lastTrace) this.metrics.observeTrace(box.lastTrace);
-      this.events.record('created', box, how, { image: box.image, driver: box.driver, owner: caller.key, operation: box.lastTrace?.id ?? null });
+      this.events.record('created', box, how, { image: box.image, driver: box.driver, operation: box.lastTrace?.id ?? null });
       this.events.record('ready', box, null, { ms: box.lastTrace?.totalMs ?? null });
       return box;
     } catch (e) {
@@ -244,6 +251,7 @@ export class Daemon {
       }
       throw e;
     } finally {
+      if (taking) this.events.taking--;
       this.events.making.delete(name);
       release();
     }
@@ -262,7 +270,12 @@ export class Daemon {
   async destroy(idOrName: string, reason = 'destroyed through the API', caller: Caller = LOCAL): Promise<void> {
     const box = await this.sandbox(idOrName, caller);
     await this.own(box.id, async () => {
-      for (const p of this.processes.of(box.id)) if (!p.ended) p.handle?.kill(9);
+      this.events.remember(box.id);
+      // its commands end with it, held output or not
+      for (const p of this.processes.of(box.id)) if (!p.ended) {
+        p.handle?.kill(9);
+        p.abandon();
+      }
       const t = await box.destroy();
       this.metrics.observeTrace(t);
       this.cache.delete(box.id);
@@ -330,7 +343,7 @@ export class Daemon {
   private readonly sockets = new Map<string, Set<{ hash: string | null; close(): void }>>();
 
   track(caller: Caller, conn: { close(): void }): () => void {
-    if (caller.key === 'local') return () => {};
+    if (caller === LOCAL) return () => {};
     const entry = { hash: caller.hash ?? null, close: () => conn.close() };
     let set = this.sockets.get(caller.key);
     if (!set) this.sockets.set(caller.key, (set = new Set()));
@@ -340,7 +353,7 @@ export class Daemon {
 
   /** Is this caller's key still there (a key removed by `snaplab key rm` in another process)? */
   stillValid(caller: Caller): boolean {
-    return caller.key === 'local' || (caller.hash !== undefined && this.lab.context.store.getKeyByHash(caller.hash) !== undefined);
+    return caller === LOCAL || (caller.hash !== undefined && this.lab.context.store.getKeyByHash(caller.hash) !== undefined);
   }
 
   private closeRevoked(): void {
@@ -383,6 +396,7 @@ export class Daemon {
       const rec = box.info as SandboxRecord;
       agent = await connectAgent(this.lab.context, rec);
       const a = agent;
+      p.agent = a;
       p.attach(await spawnIn(this.lab.context, rec, a, spec.argv, opts), (on) => a.pauseOutput(on));
     } catch (e) {
       release();
@@ -402,6 +416,7 @@ export class Daemon {
 
   close(): void {
     if (this.timer) clearInterval(this.timer);
+    this.processes.close();
     for (const b of this.cache.values()) b.close();
     this.lab.close();
   }

@@ -18,6 +18,8 @@ export class EventLog extends EventEmitter {
   /** the state of each sandbox as the log last told it */
   private readonly known = new Map<string, SandboxState>();
   private readonly names = new Map<string, string>();
+  /** the key that made each sandbox, kept past its record: a key is told of its own sandboxes' ends */
+  private readonly owners = new Map<string, string>();
   /** names of sandboxes the daemon is making now: the watcher leaves them to it */
   readonly making = new Set<string>();
   /** ids the daemon is changing now (destroy, pause, resume): the watcher leaves them to it */
@@ -33,7 +35,11 @@ export class EventLog extends EventEmitter {
     for (const e of this.replay()) {
       if (!e.sandbox) continue;
       if (e.name) this.names.set(e.sandbox, e.name);
-      if (e.type === 'destroyed' || e.type === 'failed') this.known.delete(e.sandbox);
+      if (typeof e.data?.owner === 'string') this.owners.set(e.sandbox, e.data.owner);
+      if (e.type === 'destroyed' || e.type === 'failed') {
+        this.known.delete(e.sandbox);
+        this.owners.delete(e.sandbox);
+      }
       else if (e.type === 'created' || e.type === 'ready' || e.type === 'resumed') this.known.set(e.sandbox, 'running');
       else if (e.type === 'paused') this.known.set(e.sandbox, 'paused');
       else if (e.type === 'exited') this.known.set(e.sandbox, 'dead');
@@ -51,18 +57,27 @@ export class EventLog extends EventEmitter {
 
   record(type: EventType, sandbox: { id: string; name?: string | null } | null, reason: string | null, data: Record<string, unknown> | null = null): EventRecord {
     const name = sandbox ? sandbox.name ?? this.names.get(sandbox.id) ?? null : null;
-    const e = this.store.appendEvent({ at: Date.now(), type, sandbox: sandbox?.id ?? null, name, reason, data });
+    const owner = sandbox ? this.store.getMeta(sandbox.id)?.owner ?? this.owners.get(sandbox.id) ?? null : null;
+    if (sandbox && owner) this.owners.set(sandbox.id, owner);
+    const e = this.store.appendEvent({ at: Date.now(), type, sandbox: sandbox?.id ?? null, name, reason, data: owner ? { ...data, owner } : data });
     if (sandbox) {
       if (name) this.names.set(sandbox.id, name);
       if (type === 'destroyed' || type === 'failed') {
         this.known.delete(sandbox.id);
         this.names.delete(sandbox.id);
+        this.owners.delete(sandbox.id);
       } else if (type === 'paused') this.known.set(sandbox.id, 'paused');
       else if (type === 'exited') this.known.set(sandbox.id, 'dead');
       else if (type !== 'timeout' && type !== 'process.exited') this.known.set(sandbox.id, 'running');
     }
     this.emit('event', e);
     return e;
+  }
+
+  /** Note who owns a sandbox before its record goes (its `destroyed` event is then its owner's). */
+  remember(id: string): void {
+    const owner = this.store.getMeta(id)?.owner;
+    if (owner) this.owners.set(id, owner);
   }
 
   /** Compare the store with what was last told; record what changed behind the daemon's back. */

@@ -94,6 +94,9 @@ export class Process extends EventEmitter {
   private holders = 0;
   /** how long it is kept after it exits (a client that read its end needs it no longer) */
   keepMs: number | undefined;
+  endedAt: number | null = null;
+  /** its own agent connection, closed with it (or with its sandbox, or the daemon) */
+  agent: { close(): unknown; pauseOutput(on: boolean): void } | undefined;
 
   constructor(readonly sandbox: string, readonly argv: string[], readonly tag: string | null, readonly tty: boolean, ringBytes: number) {
     super();
@@ -122,13 +125,22 @@ export class Process extends EventEmitter {
     h.result.then(
       (r) => {
         this.result = r;
+        this.endedAt = Date.now();
         this.emit('exit');
       },
       (e) => {
         this.error = toSnaplab(e);
+        this.endedAt = Date.now();
         this.emit('exit');
       },
     );
+  }
+
+  /** End it now: its connection let go and closed (its sandbox is going, or the daemon). */
+  abandon(): void {
+    this.holders = 0;
+    this.agent?.pauseOutput(false);
+    void this.agent?.close();
   }
 
   /** ended: exited, or lost (its sandbox died, the agent went away) */
@@ -150,12 +162,26 @@ export class Process extends EventEmitter {
 export class Processes {
   private readonly all = new Map<string, Process>();
 
-  constructor(private readonly keepMs = 10 * 60_000) {}
+  private readonly sweeper: NodeJS.Timeout;
+
+  constructor(private readonly keepMs = 10 * 60_000) {
+    // an ended process is forgotten once its keep is over (its own, when a reader has had its end)
+    this.sweeper = setInterval(() => {
+      const now = Date.now();
+      for (const [id, p] of this.all) if (p.endedAt !== null && now - p.endedAt > (p.keepMs ?? this.keepMs)) this.all.delete(id);
+    }, 5000);
+    this.sweeper.unref();
+  }
 
   add(p: Process): Process {
     this.all.set(p.id, p);
-    p.once('exit', () => setTimeout(() => this.all.delete(p.id), p.keepMs ?? this.keepMs).unref());
     return p;
+  }
+
+  /** Every process of the daemon let go (it is stopping). */
+  close(): void {
+    clearInterval(this.sweeper);
+    for (const p of this.all.values()) if (!p.ended) p.abandon();
   }
 
   get(sandbox: string, id: string): Process {

@@ -36,7 +36,7 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
       after = e.id;
       if (q.sandbox && e.sandbox !== q.sandbox && e.name !== q.sandbox) return;
       // a key without admin is told of its own sandboxes only
-      if (!all && (!e.sandbox || store.getMeta(e.sandbox)?.owner !== req.caller.key)) return;
+      if (!all && (!e.sandbox || e.data?.owner !== req.caller.key)) return;
       // a reader that does not keep up is let go: it reconnects with Last-Event-ID and misses nothing
       if (res.writableLength > 1 << 20) return void res.destroy();
       res.write(`id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify({ ...e, at: new Date(e.at).toISOString() })}\n\n`);

@@ -72,6 +72,7 @@ export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> 
           }
           const box = await d.sandbox(c.sandbox!, req.caller);
           const p = await box.spawn(c.argv, opts);
+          if (ws.readyState !== ws.OPEN) p.kill(9); // the socket went while it started
           running.add(p);
           try {
             const r = await p.result;

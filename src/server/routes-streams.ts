@@ -20,6 +20,8 @@ const STREAM_BYTE = { stdout: 1, stderr: 2 } as const;
 // a reader is sent no more while this much waits in its socket (it stays below the ring's 1 MiB)
 const HIGH = 512 << 10;
 const LOW = 128 << 10;
+/** how long a reader that does not read may hold a command's output */
+const HOLD_MAX_MS = 30_000;
 
 const SIGNALS: Record<string, number> = { HUP: 1, INT: 2, QUIT: 3, KILL: 9, USR1: 10, USR2: 12, TERM: 15, CONT: 18, STOP: 19, WINCH: 28 };
 
@@ -74,8 +76,14 @@ function pump(p: Process, ws: WebSocket, offset: number, onExitSent?: () => void
       // hold the command's output at its source until this reader has caught up
       waiting = true;
       p.hold(true);
+      const since = Date.now();
       poll = setInterval(() => {
         if (ws.readyState !== ws.OPEN) return resume();
+        // a reader that reads nothing for this long lets go of the command: it may reattach from its offset
+        if (Date.now() - since > HOLD_MAX_MS) {
+          resume();
+          return void ws.close(1008, 'reader too slow: reattach from your offset');
+        }
         if (ws.bufferedAmount > LOW) return;
         resume();
         catchUp();
@@ -173,7 +181,7 @@ function startMessage(ws: WebSocket): { first: Promise<unknown>; take(): [Buffer
 }
 
 function refuse(ws: WebSocket, e: unknown): void {
-  send(ws, { type: 'error', error: toSnaplab(e).toJSON() });
+  send(ws, { type: 'error', fatal: true, error: toSnaplab(e).toJSON() });
   ws.close(1008, toSnaplab(e).code);
 }
 
@@ -195,7 +203,7 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
   const tags = ['processes'];
   /** A process of a sandbox the caller may see (else not found). */
   const proc = (caller: Caller, id: string, pid: string): Process => {
-    const rec = d.lab.context.store.sandboxState(id);
+    const rec = d.lab.context.store.sandboxState(id.includes('/') ? id.replace('/', '.') : id);
     if (!rec || !d.visible(caller, rec.id)) throw new SnaplabError('SANDBOX_NOT_FOUND', `no sandbox with id or name ${JSON.stringify(id)}`, 'list them with GET /sandboxes');
     return d.processes.get(rec.id, pid);
   };

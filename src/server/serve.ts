@@ -3,11 +3,12 @@
  * when asked, on a TCP address (bearer keys). Stopping it (SIGTERM, SIGINT) stops the listeners
  * and the pool refills; sandboxes are nobody's child and keep running for the next daemon.
  */
-import { chmod, mkdir, unlink } from 'node:fs/promises';
+import { chmod, lstat, mkdir, unlink } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { dirname, join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
-import { SnaplabError } from '../errors.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
+import { withLock } from '../host/lock.js';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { buildApp } from './app.js';
 import { Daemon, type DaemonOptions } from './daemon.js';
@@ -30,8 +31,10 @@ export interface Server {
 
 export const defaultSocket = (home: string): string => join(home, 'daemon.sock');
 
-/** A socket file that nobody answers on is left from a daemon that died: remove it. */
+/** A socket file that nobody answers on is left from a daemon that died: remove it (a socket only). */
 async function claimSocket(path: string): Promise<void> {
+  const st = await lstat(path).catch(() => undefined);
+  if (st && !st.isSocket()) throw new SnaplabError('BAD_INPUT', `${path} exists and is not a socket`, 'give another --socket, or remove it');
   const answered = await new Promise<boolean>((resolve) => {
     const c = connect(path);
     c.once('connect', () => { c.destroy(); resolve(true); });
@@ -87,6 +90,20 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
   const log = opts.log ?? lines.log;
   const daemon = await Daemon.open({ ...opts, log });
   const apps: FastifyInstance[] = [];
+  // one daemon per home, held for its life: a second stops here (a lock of a dead one is taken over)
+  let unlock!: () => void;
+  let held: Promise<unknown> = Promise.resolve();
+  try {
+    await new Promise<void>((locked, failed) => {
+      held = withLock(join(daemon.lab.home, 'daemon.lock'), () => {
+        locked();
+        return new Promise<void>((r) => (unlock = r));
+      }, 300).catch((e: unknown) => failed(isSnaplabError(e, 'TIMEOUT') ? new SnaplabError('DAEMON_ERROR', `a daemon already runs on ${daemon.lab.home} (${(e as Error).message})`, 'stop it first, or give it another SNAPLAB_HOME') : e));
+    });
+  } catch (e) {
+    daemon.close();
+    throw e;
+  }
   try {
     // the socket first: a second daemon on the same home stops here, before it adopts anything
     const socket = opts.socket ?? defaultSocket(daemon.lab.home ?? DEFAULT_HOME);
@@ -119,12 +136,16 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
         await Promise.all(apps.map((a) => a.close()));
         await unlink(socket).catch(() => undefined);
         daemon.close();
+        unlock();
+        await held;
         lines.flush();
       },
     };
   } catch (e) {
     await Promise.all(apps.map((a) => a.close().catch(() => undefined)));
     daemon.close();
+    unlock();
+    await held;
     throw e;
   }
 }
