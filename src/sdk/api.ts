@@ -62,13 +62,25 @@ export interface PoolApi {
 }
 
 export interface LabCreateOptions {
+  /** image name; `busybox` is built in */
   image?: string;
   name?: string;
   storage?: StorageKind;
   driver?: string;
   limits?: Limits;
+  /**
+   * false: no user namespace, root inside is root on the host (with the capability set and the
+   * seccomp filter only). Default: a user namespace of its own wherever driver and storage allow
+   */
   userns?: boolean;
+  /**
+   * 'systemd': a system machine: the image's own systemd is PID 1 (the agent runs beside it), and
+   * create returns once `systemctl is-system-running` says running or degraded. Needs a user
+   * namespace. Default: 'systemd' for an image whose /sbin/init is systemd (found at build or
+   * import: `image inspect` shows it), else 'agent' (the agent is PID 1).
+   */
   init?: 'agent' | 'systemd';
+  /** labels to select it by (`list({ labels })`) and free metadata, both string to string */
   labels?: Record<string, string>;
   metadata?: Record<string, string>;
 }

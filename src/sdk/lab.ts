@@ -23,7 +23,7 @@ import type { StorageKind, Volume } from '../storage/backend.js';
 import type { ImageRecord, Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
-import type { BufferOutput, LabApi } from './api.js';
+import type { BufferOutput, LabApi, LabCreateOptions } from './api.js';
 import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
@@ -36,29 +36,9 @@ export interface LabOptions {
   home?: string;
 }
 
-export interface CreateOptions {
-  /** image name; `busybox` is built in */
-  image?: string;
-  name?: string;
-  storage?: StorageKind;
-  driver?: string;
-  limits?: Limits;
+/** What `create` takes: the options both libraries share (sdk/api.ts), and an AbortSignal. */
+export interface CreateOptions extends LabCreateOptions {
   signal?: AbortSignal;
-  /**
-   * false: no user namespace, root inside is root on the host (with the capability set and the
-   * seccomp filter only). Default: a user namespace of its own wherever driver and storage allow
-   */
-  userns?: boolean;
-  /**
-   * 'systemd': a system machine: the image's own systemd is PID 1 (the agent runs beside it), and
-   * create returns once `systemctl is-system-running` says running or degraded. Needs a user
-   * namespace. Default: 'systemd' for an image whose /sbin/init is systemd (found at build or
-   * import: `image inspect` shows it), else 'agent' (the agent is PID 1).
-   */
-  init?: 'agent' | 'systemd';
-  /** labels to select it by (`list({ labels })`) and free metadata, both string to string */
-  labels?: Record<string, string>;
-  metadata?: Record<string, string>;
 }
 
 export interface RestoreOptions {
