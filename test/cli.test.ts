@@ -94,6 +94,21 @@ describe('snaplab CLI', () => {
     expect(snaplab(['snapshot', 'rm', 'cli-snap']).code).toBe(0);
   });
 
+  it('stop keeps the filesystem: ls says stopped, exec is refused with a hint, a snapshot of it restores', () => {
+    expect(snaplab(['create', '--name', 'st1']).code).toBe(0);
+    expect(snaplab(['exec', 'st1', '--', 'sh', '-c', 'echo kept > /root/f']).code).toBe(0);
+    expect(snaplab(['stop', 'st1'])).toMatchObject({ code: 0, out: 'stopped st1\n' });
+    const ls = JSON.parse(snaplab(['ls', '--json']).out).find((b: { name: string }) => b.name === 'st1');
+    expect([ls.state, ls.reason]).toEqual(['dead', expect.stringMatching(/^stopped/)]);
+    expect(snaplab(['ls']).out).not.toMatch(/st1.*NO USER NAMESPACE/);
+    expect(snaplab(['exec', 'st1', '--', 'true'])).toMatchObject({ code: 125, err: expect.stringMatching(/SANDBOX_DEAD.*is stopped[\s\S]*hint: snapshot it/) });
+    expect(snaplab(['snapshot', 'st1', '--name', 'st1-snap']).code).toBe(0);
+    expect(snaplab(['restore', 'st1-snap', '--name', 'st2']).code).toBe(0);
+    expect(snaplab(['exec', 'st2', '--', 'cat', '/root/f']).out).toBe('kept\n');
+    expect(snaplab(['rm', 'st1', 'st2']).code).toBe(0);
+    expect(snaplab(['snapshot', 'rm', 'st1-snap']).code).toBe(0);
+  });
+
   it('bad input: a code, a hint, no stack trace, exit 2 (125 from exec)', () => {
     const cases: [string[], number, RegExp][] = [
       [['create', '--image', 'nope'], 2, /IMAGE_NOT_FOUND[\s\S]*hint:/],

@@ -65,6 +65,26 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect([...cg.dirs, ...(cg.unifiedDir ? [cg.unifiedDir] : [])].some(existsSync)).toBe(false);
   });
 
+  it('stop halts cleanly and keeps the filesystem: refused for exec, taken by snapshot, booted again by restore', async () => {
+    const box = await lab.create({ image: 'sysd', init: 'systemd' });
+    // a unit whose stop writes a mark: only a clean halt stops units (a kill would not)
+    await out(box, ['systemd-run', '--unit=mark', '--remain-after-exit', '-p', 'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"', '/bin/true']);
+    const t0 = performance.now();
+    const t = await box.stop();
+    expect(performance.now() - t0).toBeLessThan(10_000);
+    expect(t.phases.map((p) => p.name)).toContain('halt');
+    const stopped = await lab.get(box.id);
+    expect([stopped.state, stopped.info.reason]).toEqual(['dead', expect.stringMatching(/^stopped/)]);
+    await expect(stopped.exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_DEAD', message: expect.stringMatching(/is stopped/) });
+    await stopped.snapshot('after-stop');
+    await using again = await lab.restore('after-stop');
+    expect(await out(again, ['cat', '/root/halt-mark'])).toBe('halted-cleanly');
+    expect(await out(again, ['systemctl', 'is-system-running'])).toBe('running');
+    await again.destroy();
+    await lab.removeSnapshot('after-stop');
+    await stopped.destroy();
+  });
+
   it('restore from a snapshot boots systemd again, with the snapshot\'s files', async () => {
     await using box = await lab.create({ image: 'sysd', init: 'systemd' });
     await out(box, ['sh', '-c', 'echo kept > /etc/kept']);

@@ -39,7 +39,7 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['_exec-error'], registerExecError],
   [['snapshot'], registerSnapshot],
   [['restore'], registerRestore],
-  [['ls', 'rm', 'pause', 'resume'], registerLifecycle],
+  [['ls', 'rm', 'stop', 'pause', 'resume'], registerLifecycle],
   [['logs'], registerLogs],
   [['gc'], registerGc],
   [['df'], registerDf],

@@ -45,6 +45,19 @@ export function registerLifecycle(program: Command): void {
     }),
   );
 
+  const stop = program
+    .command('stop <sandboxes...>')
+    .description('stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then snapshot or rm')
+    .option('--json', 'print JSON');
+  addTraceOption(stop);
+  stop.action((names: string[], o: CommonOptions) =>
+    withLab(o, async (lab) => {
+      for (const n of names) showTrace(o, await (await lab.get(n)).stop());
+      if (o.json) printJson({ stopped: names });
+      else process.stdout.write(`stopped ${names.join(', ')}\n`);
+    }),
+  );
+
   for (const verb of ['pause', 'resume'] as const) {
     const cmd = program
       .command(`${verb} <sandboxes...>`)

@@ -19,6 +19,7 @@ import { inflight } from './inflight.js';
 import { feedInput } from './streams.js';
 import { reconcile } from './reconcile.js';
 import { checkName, newId } from './names.js';
+import { releaseRange } from '../host/userns-registry.js';
 
 export interface ExecOptions {
   /** added to (or replacing) the default environment */
@@ -61,6 +62,7 @@ export interface ExecResult extends AgentExecResult {
 /** Throw the right error when a sandbox cannot take commands: dead (and why), paused, not ready. */
 export async function ensureUsable(ctx: LabContext, s: SandboxRecord): Promise<void> {
   if (s.state === 'paused') throw new SnaplabError('SANDBOX_PAUSED', `sandbox ${s.name} is paused`, `resume it with \`snaplab resume ${s.name}\``);
+  if (isStopped(s)) throw new SnaplabError('SANDBOX_DEAD', `sandbox ${s.name} is stopped`, `snapshot it (\`snaplab snapshot ${s.name} --name NAME\`) and restore that, or remove it with \`snaplab rm ${s.name}\``);
   if (s.state === 'dead') throw deadError(s.name, s.reason ?? undefined);
   if (s.state !== 'running') throw new SnaplabError('SANDBOX_DEAD', `sandbox ${s.name} is ${s.state}`, `wait, or remove it with \`snaplab rm ${s.name}\``);
   const now = await reconcile(ctx, s); // a machine found dead is also reaped there
@@ -185,11 +187,14 @@ export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: s
     if (ctx.store.getSnapshot(name)) {
       throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
     }
-    if (s.state !== 'paused') await ensureUsable(ctx, s);
+    // a stopped machine's filesystem is still: taken as it is, like a paused one's
+    const still = s.state === 'paused' || isStopped(s);
+    if (memory && isStopped(s)) throw new SnaplabError('BAD_INPUT', `sandbox ${s.name} is stopped: it has no memory to snapshot`, 'drop --memory');
+    if (!still) await ensureUsable(ctx, s);
     if (!s.volume) throw new SnaplabError('INTERNAL', `sandbox ${s.name} has no volume recorded`, 'remove it with `snaplab rm` and create it again');
     // everything that can fail without touching the machine comes before the freeze
     const backend = await ctx.readyBackend(s.storage);
-    const wasPaused = s.state === 'paused';
+    const wasPaused = still;
     // a filesystem snapshot of a VM: its kernel's dirty pages first (a memory snapshot has them)
     if (!memory && driver.capabilities.guestCache && !wasPaused) {
       await trace.phase('guest sync', async () => {
@@ -240,6 +245,34 @@ export async function pauseSandbox(ctx: LabContext, s: SandboxRecord, trace: Tra
     await trace.phase('freeze', () => ctx.driver(s.driver).pause(handleOf(s)));
     ctx.store.updateSandbox(s.id, { state: 'paused' });
     s.state = 'paused';
+  });
+}
+
+/** The reason a stopped machine's record carries; its filesystem is kept for a snapshot, until rm. */
+export const STOPPED = 'stopped (snaplab stop); its filesystem is kept';
+export const isStopped = (s: Pick<SandboxRecord, 'state' | 'reason'>): boolean => s.state === 'dead' && s.reason === STOPPED;
+
+/**
+ * Stop a machine and keep its filesystem: a system machine's systemd is asked to halt (services
+ * stopped, filesystems synced) and killed only past the grace period; a VM's cache is written to
+ * its disk first. The record stays (state dead, reason STOPPED) for `snapshot` and `rm`.
+ */
+export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
+  await underStateLock(ctx, s, async () => {
+    if (isStopped(s)) return;
+    if (s.state !== 'running' && s.state !== 'paused') await ensureUsable(ctx, s); // says why not
+    const driver = ctx.driver(s.driver);
+    if (driver.capabilities.guestCache && s.state === 'running') {
+      await trace.phase('guest sync', async () => execIn(ctx, s, await connectAgent(ctx, s), ['sync'])).catch(() => undefined);
+    }
+    await trace.phase('halt', () => driver.destroy(handleOf(s)));
+    ctx.store.updateSandbox(s.id, { state: 'dead', reason: STOPPED });
+    Object.assign(s, { state: 'dead', reason: STOPPED });
+    // nothing runs in its user namespace range any more (a scenario's machines keep theirs)
+    if (s.uidBase !== null && s.scenario === null) {
+      ctx.store.clearUidBase(s.id);
+      await releaseRange(s.uidBase, ctx.home, s.id);
+    }
   });
 }
 

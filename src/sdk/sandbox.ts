@@ -1,6 +1,6 @@
 import type { AgentClient } from '../agent/client.js';
 import type { LabContext } from '../lab/context.js';
-import { connectAgent, execIn, pauseSandbox, resumeSandbox, snapshotSandbox, spawnIn, type ExecOptions, type ExecProcess, type ExecResult } from '../lab/sandbox-ops.js';
+import { connectAgent, execIn, pauseSandbox, resumeSandbox, snapshotSandbox, spawnIn, stopSandbox, type ExecOptions, type ExecProcess, type ExecResult } from '../lab/sandbox-ops.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
@@ -186,6 +186,15 @@ export class Sandbox implements SandboxApi {
     return new Snapshot(result, trace);
   }
 
+  /**
+   * Stop it and keep its filesystem: a system machine halts cleanly (killed past a 10 s grace).
+   * Then `snapshot` (and restore) or `destroy`; it does not run again itself.
+   */
+  async stop(): Promise<TraceSummary> {
+    this.close();
+    return (await this.ctx.traced('stop', this.name, (t) => stopSandbox(this.ctx, this.record, t))).trace;
+  }
+
   /** Freeze every process (cgroup freezer); an idle paused sandbox costs no CPU. */
   async pause(): Promise<TraceSummary> {
     return (await this.ctx.traced('pause', this.name, (t) => pauseSandbox(this.ctx, this.record, t))).trace;
@@ -237,6 +246,7 @@ export class Sandbox implements SandboxApi {
 
   /** A namespace sandbox whose root is the host's root (no user namespace): said in `ls` and warned about. */
   get hostRoot(): boolean {
-    return this.record.driver === 'namespaces' && this.record.uidBase === null;
+    // (a dead one runs nothing: its range was given back when its processes ended)
+    return this.record.driver === 'namespaces' && this.record.uidBase === null && this.record.state !== 'dead';
   }
 }
