@@ -16,8 +16,9 @@ export const REMOTE_COMMANDS = ['ls', 'create', 'rm', 'exec', 'shell', 'pause', 
 async function withRemote(o: { json?: boolean }, body: (lab: RemoteLab) => Promise<number | void>, failureCode = EXIT_USAGE): Promise<void> {
   let lab: RemoteLab | undefined;
   try {
-    const { Lab } = await import('../sdk/lab.js');
-    lab = await Lab.connect();
+    // the remote library alone: the embedded lab (drivers, storage, SQLite) is not loaded
+    const { RemoteLab } = await import('../client/remote.js');
+    lab = new RemoteLab();
     process.exitCode = (await body(lab)) ?? 0;
   } catch (e) {
     reportError(e, !!o.json);
