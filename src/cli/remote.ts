@@ -8,6 +8,7 @@ import type { RemoteLab, RemoteSandbox } from '../client/remote.js';
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
 import { EXIT_USAGE, printJson, printTable, reportError } from './output.js';
 import { SnaplabError } from '../errors.js';
+import { keyValues } from '../lab/exec.js';
 import { registerExec, registerShell, type Opener } from './exec.js';
 
 /** The commands a daemon serves; every other one needs the embedded lab. */
@@ -30,13 +31,7 @@ async function withRemote(o: { json?: boolean }, body: (lab: RemoteLab) => Promi
 
 const collectKv = (v: string, prev: string[]): string[] => [...prev, v];
 
-function labelsFrom(kvs: string[]): Record<string, string> {
-  return Object.fromEntries(kvs.map((kv) => {
-    const i = kv.indexOf('=');
-    if (i < 1) throw new SnaplabError('BAD_INPUT', `invalid label ${JSON.stringify(kv)}`, 'give KEY=VALUE');
-    return [kv.slice(0, i), kv.slice(i + 1)];
-  }));
-}
+const labelsFrom = (kvs: string[]): Record<string, string> => keyValues(kvs, 'label');
 
 function printBox(box: RemoteSandbox, json?: boolean): void {
   if (json) printJson(box.toJSON());

@@ -13,6 +13,7 @@ import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
 import type { RunOutcome, RunSpec } from '../lab/run.js';
 import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
 import { feedInput } from '../lab/streams.js';
+import { keyValues } from '../lab/exec.js';
 import type { BufferOutput, LabApi, LabCreateOptions, PoolApi, ProcessApi, SandboxApi, SnapshotApi } from '../sdk/api.js';
 import { encoded, type ExecText, type Text } from '../sdk/output.js';
 import type { SandboxFiles } from '../sdk/sandbox.js';
@@ -35,8 +36,7 @@ function toResult(r: ResultView): ExecResult {
 }
 
 function envObject(env: ExecOptions['env']): Record<string, string> | undefined {
-  if (env === undefined || !Array.isArray(env)) return env;
-  return Object.fromEntries(env.map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+  return env === undefined || !Array.isArray(env) ? env : keyValues(env);
 }
 
 class RemoteSnapshot implements SnapshotApi {

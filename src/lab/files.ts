@@ -10,7 +10,7 @@ import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
-import { connectAgent, spawnIn, type ExecProcess } from './sandbox-ops.js';
+import { connectAgent, spawnIn } from './sandbox-ops.js';
 import { feedInput, outputTo } from './streams.js';
 
 export interface FileInfo {
@@ -43,29 +43,6 @@ interface Opts {
   user?: string;
 }
 
-/**
- * Feed a write's input. Its end ends the input; its failure, or its going without an end (a
- * client that disconnected mid-upload), stops the writer with SIGTERM instead, which removes its
- * temporary file: the target keeps its old content rather than getting the part that came.
- */
-function feedWrite(p: ExecProcess, input: Readable | Buffer): void {
-  if (Buffer.isBuffer(input)) return feedInput(p, input);
-  let ended = false;
-  input.on('data', (b: Buffer | string) => {
-    if (p.write(Buffer.from(b))) return;
-    input.pause();
-    void p.drained().then(() => input.resume());
-  });
-  input.once('end', () => {
-    ended = true;
-    p.end();
-  });
-  const broke = (): void => { if (!ended) p.kill(15); };
-  input.once('error', broke);
-  input.once('close', broke);
-  if (input.destroyed && !input.readableEnded) broke();
-}
-
 async function fileCommand(ctx: LabContext, s: SandboxRecord, args: string[], what: string, opts: Opts & { stdin?: Readable | Buffer } = {}): Promise<string> {
   const agent = await connectAgent(ctx, s);
   try {
@@ -74,7 +51,8 @@ async function fileCommand(ctx: LabContext, s: SandboxRecord, args: string[], wh
     const p = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'file', ...args], {
       user: opts.user, onStdout: (b) => out.push(b), onStderr: (b) => err.push(b), ...(opts.stdin ? { stdin: true as const } : {}),
     });
-    if (opts.stdin) feedWrite(p, opts.stdin);
+    // a write whose input broke off is stopped (SIGTERM: its temporary file removed), not ended
+    if (opts.stdin) feedInput(p, opts.stdin, () => p.kill(15));
     const r = await p.result;
     if (r.exitCode !== 0) {
       if (r.signal === 15 && opts.stdin) {

@@ -15,6 +15,9 @@ export function checkName(kind: string, name: string): string {
   return name;
 }
 
+/** What a sandbox is looked up by: an id or a name, `SCENARIO/MACHINE` being sandbox SCENARIO.MACHINE. */
+export const sandboxKey = (idOrName: string): string => (idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
+
 export function newId(): string {
   return randomBytes(6).toString('hex');
 }

@@ -14,24 +14,31 @@ export interface ExecInput {
 
 /**
  * Feeds data, or a stream, to a command's stdin: the stream is paused while the exec's window
- * is full, and its end — or its failure, or its going without either — is the command's end of
- * input, also when that came before this was called.
+ * is full, and its end is the command's end of input, also when that came before this was called.
+ * Its failure, or its going without an end, is `broken` (default: the end of input too; a file
+ * write stops its writer instead, so the part that came is not kept).
  */
-export function feedInput(h: ExecInput, input: string | Buffer | Readable): void {
+export function feedInput(h: ExecInput, input: string | Buffer | Readable, broken: () => void = () => h.end()): void {
   if (typeof input === 'string' || Buffer.isBuffer(input)) {
     if (input.length) h.write(Buffer.from(input));
     h.end();
     return;
   }
+  let ended = false;
   input.on('data', (b: Buffer | string) => {
     if (h.write(Buffer.from(b))) return;
     input.pause();
     void h.drained().then(() => input.resume());
   });
-  input.on('end', () => h.end());
-  input.on('error', () => h.end());
-  input.on('close', () => h.end());
-  if (input.destroyed || input.readableEnded) h.end();
+  input.on('end', () => {
+    ended = true;
+    h.end();
+  });
+  const broke = (): void => { if (!ended) broken(); };
+  input.on('error', broke);
+  input.on('close', broke);
+  if (input.readableEnded) h.end();
+  else if (input.destroyed) broke();
 }
 
 /**

@@ -14,6 +14,7 @@ import { Scenario } from './scenario.js';
 import { getScenario } from '../scenario/down.js';
 import { upScenario, type UpOptions } from '../scenario/up.js';
 import { reconcile } from '../lab/reconcile.js';
+import { sandboxKey } from '../lab/names.js';
 import { checkLabels, matches, metaOf, updateMeta } from '../lab/meta.js';
 import type { ImportOptions } from '../image/import.js';
 import type { DebianSpec } from '../image/debian.js';
@@ -126,7 +127,7 @@ export class Lab implements LabApi {
   /** The sandbox with this id or name, its state reconciled with the host. */
   async get(idOrName: string): Promise<Sandbox> {
     // SCENARIO/MACHINE names a scenario machine (its sandbox is SCENARIO.MACHINE)
-    const rec = this.ctx.store.getSandbox(idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
+    const rec = this.ctx.store.getSandbox(sandboxKey(idOrName));
     if (!rec) throw sandboxNotFound(this.ctx, idOrName);
     return new Sandbox(this.ctx, await reconcile(this.ctx, rec));
   }

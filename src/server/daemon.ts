@@ -7,7 +7,7 @@
 import { Lab, type CreateOptions } from '../sdk/lab.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
-import { defaultName, newId } from '../lab/names.js';
+import { defaultName, newId, sandboxKey } from '../lab/names.js';
 import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
 import { reconcile } from '../lab/reconcile.js';
 import { destroyRecord } from '../lab/teardown.js';
@@ -165,7 +165,7 @@ export class Daemon {
    */
   async sandbox(idOrName: string, caller: Caller = LOCAL): Promise<Sandbox> {
     const ctx = this.lab.context;
-    const rec = ctx.store.sandboxState(idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
+    const rec = ctx.store.sandboxState(sandboxKey(idOrName));
     if (!rec || !this.visible(caller, rec.id)) throw sandboxNotFound(ctx, idOrName);
     const hit = this.cache.get(rec.id);
     if (hit && (rec.state === 'running' || rec.state === 'paused')) {

@@ -4,7 +4,7 @@ import { Type } from 'typebox';
 import type { Daemon } from './daemon.js';
 import { CreateBody, ExecBody, ExecResultView, IdParams, LabelsBody, SandboxView, SnapshotBody, TimeoutBody, errors } from './schemas.js';
 import type { ExecResult } from '../lab/sandbox-ops.js';
-import { SnaplabError } from '../errors.js';
+import { keyValues } from '../lab/exec.js';
 
 export function execView(r: ExecResult, encoding: 'utf8' | 'base64' = 'utf8'): Record<string, unknown> {
   return {
@@ -26,10 +26,7 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
     schema: { tags, summary: 'List sandboxes; `label=k=v` (repeatable) keeps those with every label', querystring: Type.Object({ label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])) }), response: { 200: Type.Array(SandboxView), ...errors } },
   }, async (req) => {
     const q = (req.query as { label?: string | string[] }).label;
-    const labels = Object.fromEntries([q ?? []].flat().map((kv) => {
-      if (kv.indexOf('=') < 1) throw new SnaplabError('BAD_INPUT', `invalid label filter ${JSON.stringify(kv)}`, 'give label=KEY=VALUE');
-      return [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)];
-    }));
+    const labels = keyValues([q ?? []].flat(), 'label filter');
     return (await d.lab.list({ labels })).filter((b) => d.visible(req.caller, b.id)).map((b) => d.view(b));
   });
 

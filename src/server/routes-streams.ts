@@ -9,6 +9,8 @@ import type { FastifyInstance } from 'fastify';
 import type { WebSocket } from 'ws';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
+import { sandboxKey } from '../lab/names.js';
+import { constants } from 'node:os';
 import type { Daemon, ProcessSpec } from './daemon.js';
 import type { Caller } from './keys.js';
 import type { Chunk, Process } from './processes.js';
@@ -23,11 +25,11 @@ const LOW = 128 << 10;
 /** how long a reader that does not read may hold a command's output */
 const HOLD_MAX_MS = 30_000;
 
-const SIGNALS: Record<string, number> = { HUP: 1, INT: 2, QUIT: 3, KILL: 9, USR1: 10, USR2: 12, TERM: 15, CONT: 18, STOP: 19, WINCH: 28 };
-
+/** A signal by number or name (`TERM`, `SIGTERM`), from Node's own table. */
 export function signalNumber(s: unknown): number {
-  const n = typeof s === 'number' ? s : SIGNALS[String(s).replace(/^SIG/, '').toUpperCase()] ?? Number(s);
-  if (!Number.isInteger(n) || n < 0 || n > 64) throw new SnaplabError('BAD_INPUT', `unknown signal ${JSON.stringify(s)}`, `give a number or one of ${Object.keys(SIGNALS).join(', ')}`);
+  const named = constants.signals[`SIG${String(s).replace(/^SIG/i, '').toUpperCase()}` as keyof typeof constants.signals];
+  const n = typeof s === 'number' ? s : named ?? Number(s);
+  if (!Number.isInteger(n) || n < 0 || n > 64) throw new SnaplabError('BAD_INPUT', `unknown signal ${JSON.stringify(s)}`, 'give a number or a name such as TERM, INT, KILL, HUP');
   return n;
 }
 
@@ -203,7 +205,7 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
   const tags = ['processes'];
   /** A process of a sandbox the caller may see (else not found). */
   const proc = (caller: Caller, id: string, pid: string): Process => {
-    const rec = d.lab.context.store.sandboxState(id.includes('/') ? id.replace('/', '.') : id);
+    const rec = d.lab.context.store.sandboxState(sandboxKey(id));
     if (!rec || !d.visible(caller, rec.id)) throw new SnaplabError('SANDBOX_NOT_FOUND', `no sandbox with id or name ${JSON.stringify(id)}`, 'list them with GET /sandboxes');
     return d.processes.get(rec.id, pid);
   };
