@@ -19,6 +19,7 @@ import { registerCp } from './cp.js';
 import { registerPorts } from './ports.js';
 import { registerSsh } from './ssh.js';
 import { registerKey, registerServe } from './serve.js';
+import { registerUi } from './ui.js';
 
 /**
  * Every command, in help order, with the names it registers. Only the invoked one is set up
@@ -49,6 +50,7 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['run'], registerRun],
   [['serve'], registerServe],
   [['key'], registerKey],
+  [['ui'], registerUi],
   [['bench'], registerBench],
   [['demo'], registerDemo],
 ];

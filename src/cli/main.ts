@@ -24,8 +24,8 @@ if (process.argv[2] === '--host' && process.argv[3] !== undefined) {
   process.argv.splice(2, 2);
 }
 const invoked = process.argv[2];
-// serve and key are the daemon's host's own commands, whatever SNAPLAB_HOST says
-if (process.env.SNAPLAB_HOST && invoked !== 'serve' && invoked !== 'key') {
+// serve, key and ui are the daemon's host's own commands, whatever SNAPLAB_HOST says
+if (process.env.SNAPLAB_HOST && invoked !== 'serve' && invoked !== 'key' && invoked !== 'ui') {
   // a daemon does the work: its commands are the remote library's
   const { registerRemote } = await import('./remote.js');
   registerRemote(program, invoked);

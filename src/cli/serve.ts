@@ -1,3 +1,4 @@
+import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { withLab, type CommonOptions } from './common.js';
 import { EXIT_USAGE, printJson, printTable, reportError } from './output.js';
@@ -17,10 +18,11 @@ export function registerServe(program: Command): void {
     .option('--json-logs', 'one JSON object per log line (stderr)')
     .option('--default-timeout <s>', 'TTL of a sandbox whose create gives none (0: none)', int('--default-timeout'), 300)
     .option('--exec-timeout <ms>', 'deadline of an exec whose request gives none (0: none)', int('--exec-timeout'), 60_000)
-    .action(async (o: { socket?: string; listen?: string; jsonLogs?: boolean; defaultTimeout: number; execTimeout: number }) => {
+    .option('--bench-dir <dir>', 'the dashboard shows the `bench --results` directories in here (default $SNAPLAB_HOME/bench)')
+    .action(async (o: { socket?: string; listen?: string; jsonLogs?: boolean; defaultTimeout: number; execTimeout: number; benchDir?: string }) => {
       try {
         const { serve } = await import('../server/serve.js');
-        const server = await serve({ socket: o.socket, listen: o.listen, jsonLogs: o.jsonLogs, defaultTimeoutS: o.defaultTimeout, execTimeoutMs: o.execTimeout });
+        const server = await serve({ socket: o.socket, listen: o.listen, jsonLogs: o.jsonLogs, defaultTimeoutS: o.defaultTimeout, execTimeoutMs: o.execTimeout, benchDir: o.benchDir && resolve(o.benchDir) });
         process.stdout.write(`${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid })}\n`);
         await new Promise<void>((resolve) => {
           const stop = (): void => resolve();

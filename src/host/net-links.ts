@@ -121,6 +121,18 @@ export async function unblock(machineNetns: string, addresses: string[]): Promis
   if (res.code !== 0 && real.length) throw failed(`cannot unblock ${prefixes.join(', ')} in ${machineNetns}`, real.join('\n'), 'check that the namespace exists');
 }
 
+/** The addresses this machine's traffic is dropped to (its blackhole routes), as the kernel has them. */
+export async function blackholes(machineNetns: string): Promise<string[]> {
+  checkNetnsName(machineNetns);
+  const res = await run('ip', ['-n', machineNetns, '-j', 'route', 'show', 'type', 'blackhole'], { allowFail: true });
+  if (res.code !== 0) return [];
+  try {
+    return (JSON.parse(res.stdout || '[]') as { dst: string }[]).map((r) => r.dst.replace(/\/32$/, ''));
+  } catch {
+    return [];
+  }
+}
+
 export interface Impairment {
   delayMs?: number;
   jitterMs?: number;

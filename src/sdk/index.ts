@@ -2,7 +2,7 @@ export { Lab, type LabOptions, type CreateOptions, type RestoreOptions } from '.
 export { Sandbox } from './sandbox.js';
 export { Snapshot } from './snapshot.js';
 export { Pool } from './pool.js';
-export { Scenario, type MachineStatus } from './scenario.js';
+export { Scenario, type MachineStatus, type ScenarioStatus } from './scenario.js';
 export type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
 export type { RunSpec, RunOutcome, PutFile } from '../lab/run.js';
 export type { ExecOptions, ExecProcess, ExecResult } from '../lab/sandbox-ops.js';

@@ -1,7 +1,7 @@
 import type { LabContext } from '../lab/context.js';
 import { getScenario, teardownScenario } from '../scenario/down.js';
 import { machineSandbox } from '../scenario/names.js';
-import { heal, impair, partition, setBlocked } from '../scenario/net.js';
+import { blockedPairs, heal, impair, partition, setBlocked } from '../scenario/net.js';
 import { deleteDiscarded, resetScenario } from '../scenario/reset.js';
 import { snapshotScenario } from '../scenario/snapshot.js';
 import type { ScenarioSpec } from '../scenario/spec.js';
@@ -21,6 +21,18 @@ export interface MachineStatus {
   reason: string | null;
   hostname: string;
   addresses: { network: string; address: string }[];
+}
+
+export interface ScenarioStatus {
+  name: string;
+  state: string;
+  reason: string | null;
+  file: string;
+  machines: MachineStatus[];
+  networks: { name: string; subnet: string }[];
+  /** pairs of machines whose traffic is dropped now (block, partition), as the kernel has it */
+  blocked: [string, string][];
+  snapshots: string[];
 }
 
 /** A scenario that is up: several networked machines, snapshotted and reset as one. */
@@ -46,7 +58,7 @@ export class Scenario {
     return new Sandbox(this.ctx, await reconcile(this.ctx, rec));
   }
 
-  async status(): Promise<{ name: string; state: string; reason: string | null; file: string; machines: MachineStatus[]; snapshots: string[] }> {
+  async status(): Promise<ScenarioStatus> {
     const rec = getScenario(this.ctx, this.name);
     const spec = rec.spec as ScenarioSpec;
     const machines = await Promise.all(spec.machines.map(async (m) => {
@@ -56,7 +68,9 @@ export class Scenario {
     }));
     // a scenario whose machines are not all running (one died, a reset was interrupted) is degraded
     const state = rec.state === 'up' && machines.some((m) => m.state !== 'running') ? 'degraded' : rec.state;
-    return { name: this.name, state, reason: rec.reason, file: rec.file, machines, snapshots: this.ctx.store.listScenarioSnapshots(this.name).map((s) => s.name) };
+    const networks = spec.networks.map((n) => ({ name: n.name, subnet: n.subnet }));
+    const blocked = rec.state === 'up' ? await blockedPairs(this.ctx, this.name) : [];
+    return { name: this.name, state, reason: rec.reason, file: rec.file, machines, networks, blocked, snapshots: this.ctx.store.listScenarioSnapshots(this.name).map((s) => s.name) };
   }
 
   /** Freeze every machine, snapshot every filesystem, write one manifest, thaw. */

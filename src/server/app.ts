@@ -15,6 +15,7 @@ import { streamRoutes } from './routes-streams.js';
 import { fileRoutes } from './routes-files.js';
 import { adminRoutes } from './routes-admin.js';
 import { rpcRoutes } from './routes-rpc.js';
+import { uiRoutes } from './routes-ui.js';
 import { VERSION } from '../version.js';
 
 declare module 'fastify' {
@@ -91,5 +92,6 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
   await app.register(async (r) => fileRoutes(r, daemon));
   await app.register(async (r) => adminRoutes(r, daemon));
   await app.register(async (r) => rpcRoutes(r, daemon));
+  await app.register(async (r) => uiRoutes(r, daemon));
   return app;
 }

@@ -35,10 +35,12 @@ export interface DaemonOptions {
   tickMs?: number;
   /** a create (or restore) of the daemon's own that takes longer than this is aborted and cleaned (s) */
   createBoundS?: number;
+  /** where the dashboard finds `snaplab bench --results` directories (default $SNAPLAB_HOME/bench) */
+  benchDir?: string;
   log?: (line: Record<string, unknown>) => void;
 }
 
-export const DEFAULTS = { defaultTimeoutS: 300, execTimeoutMs: 60_000, ringBytes: 1 << 20, tickMs: 1000, createBoundS: 300 };
+export const DEFAULTS = { defaultTimeoutS: 300, execTimeoutMs: 60_000, ringBytes: 1 << 20, tickMs: 1000, createBoundS: 300, benchDir: undefined as string | undefined };
 
 
 export interface ProcessSpec {

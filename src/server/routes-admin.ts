@@ -138,7 +138,9 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     d.lab.removeImage((req.params as { name: string }).name, { force: (req.query as { force?: boolean }).force }));
 
   // scenarios
-  app.get('/scenarios', { config: { scope: 'read' }, schema: { tags: ['scenarios'], response: { 200: Type.Array(any), ...errors } } }, async () => Promise.all(d.lab.scenarios().map((s) => s.status())));
+  // one scenario that cannot be read now (being torn down) is shown as such, not a failed list
+  app.get('/scenarios', { config: { scope: 'read' }, schema: { tags: ['scenarios'], response: { 200: Type.Array(any), ...errors } } }, async () =>
+    Promise.all(d.lab.scenarios().map((s) => s.status().catch((e: Error) => ({ name: s.name, state: 'error', reason: e.message, machines: [], networks: [], blocked: [], snapshots: [] })))));
   app.get('/scenarios/:name', { config: { scope: 'read' }, schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } } }, async (req) => d.lab.scenario((req.params as { name: string }).name).status());
   app.post('/scenarios', { config: { scope: 'admin' }, schema: { tags: ['scenarios'], summary: 'Raise a scenario file on the daemon\'s host (returns an operation)', body: ScenarioBody, response: { 202: any, ...errors } } }, async (req, reply) => {
     const b = req.body as { file: string; name?: string };

@@ -164,4 +164,9 @@ export const migrations: string[] = [
     data     TEXT
   );
   `,
+  // a failed operation keeps its error's code and hint beside the message (the dashboard shows them)
+  `
+  ALTER TABLE operations ADD COLUMN error_code TEXT;
+  ALTER TABLE operations ADD COLUMN error_hint TEXT;
+  `,
 ];

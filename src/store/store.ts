@@ -373,14 +373,19 @@ export class Store {
   // operations (traces)
   putOperation(t: TraceSummary, details?: unknown): void {
     this.stmt(
-        `INSERT OR REPLACE INTO operations (id, kind, target, started_at, total_ms, unattributed_ms, status, error, phases, details)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        `INSERT OR REPLACE INTO operations (id, kind, target, started_at, total_ms, unattributed_ms, status, error, error_code, error_hint, phases, details)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       )
-      .run(t.id, t.kind, t.target, t.startedAt, t.totalMs, t.unattributedMs, t.status, t.error, JSON.stringify(t.phases), details === undefined ? null : JSON.stringify(details));
+      .run(t.id, t.kind, t.target, t.startedAt, t.totalMs, t.unattributedMs, t.status, t.error, t.errorCode ?? null, t.errorHint ?? null, JSON.stringify(t.phases), details === undefined ? null : JSON.stringify(details));
   }
   getOperation(id: string): (TraceSummary & { details: unknown }) | undefined {
     const r = this.stmt('SELECT * FROM operations WHERE id = ?').get(id) as Row | undefined;
     return r && rowToOperation(r);
+  }
+  /** A target's operations of these kinds that started after `since` (epoch ms), newest first. */
+  operationsSince(target: string, kinds: string[], since: number, limit = 5000): (TraceSummary & { details: unknown })[] {
+    const marks = kinds.map(() => '?').join(', ');
+    return (this.stmt(`SELECT * FROM operations WHERE started_at > ? AND target = ? AND kind IN (${marks}) ORDER BY started_at DESC LIMIT ?`).all(since, target, ...kinds, limit) as Row[]).map(rowToOperation);
   }
   listOperations(limit = 20): (TraceSummary & { details: unknown })[] {
     return (this.stmt('SELECT * FROM operations ORDER BY started_at DESC LIMIT ?').all(limit) as Row[]).map(rowToOperation);
@@ -397,6 +402,7 @@ function rowToOperation(r: Row): TraceSummary & { details: unknown } {
     unattributedMs: r.unattributed_ms as number,
     status: r.status as 'ok' | 'error',
     error: (r.error as string | null) ?? null,
+    ...(r.error ? { errorCode: (r.error_code as string | null) ?? null, errorHint: (r.error_hint as string | null) ?? null } : {}),
     phases: json(r.phases),
     details: r.details ? json(r.details) : null,
   };

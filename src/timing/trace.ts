@@ -1,3 +1,4 @@
+import { SnaplabError } from '../errors.js';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 
@@ -21,6 +22,9 @@ export interface TraceSummary {
   unattributedMs: number;
   status: 'ok' | 'error';
   error: string | null;
+  /** the failure's code and hint, when it was a SnaplabError */
+  errorCode?: string | null;
+  errorHint?: string | null;
   phases: Phase[];
 }
 
@@ -118,6 +122,7 @@ export class Trace {
       unattributedMs: Math.max(0, this.endMs - covered),
       status: error === undefined ? 'ok' : 'error',
       error: error === undefined ? null : error instanceof Error ? error.message : String(error),
+      ...(error instanceof SnaplabError ? { errorCode: error.code, errorHint: error.hint ?? null } : {}),
       phases: this.phases.map((p) => ({ ...p, endMs: Number.isFinite(p.endMs) ? p.endMs : this.endMs! })),
     };
   }

@@ -1,0 +1,259 @@
+/**
+ * The dashboard as a person uses it: a real `snaplab serve`, Debian's headless Chromium (driven
+ * by playwright-core), real machines. Sign in with a key on TCP; create a machine from the page
+ * and see others appear and go live; a terminal; a snapshot taken and restored; a waterfall that
+ * matches `snaplab trace --json`; a scenario drawn with a block; a pool's takes; a bench results
+ * directory drawn; `snaplab ui` without a key. Screenshots of every page go to test-results/.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
+import type { Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { launch, type TestBrowser } from './browser.js';
+import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { SNAPLAB } from './cli-command.js';
+
+let home: string;
+let d: TestDaemon;
+let admin: string;
+let b: TestBrowser;
+let page: Page;
+
+/** The API over the Unix socket (curl), as JSON. */
+function api(method: string, path: string, json?: unknown): { status: number; body: any } {
+  const args = ['-s', '-w', '\n%{http_code}', '-X', method, '--max-time', '120', '--unix-socket', d.socket, `http://snaplab${path}`];
+  if (json !== undefined) args.push('-H', 'content-type: application/json', '--data-binary', JSON.stringify(json));
+  const r = spawnSync('curl', args, { encoding: 'utf8' });
+  const at = r.stdout.lastIndexOf('\n');
+  const text = r.stdout.slice(0, at);
+  let body: unknown = text;
+  try { body = JSON.parse(text); } catch { /* text */ }
+  return { status: Number(r.stdout.slice(at + 1)), body };
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+async function until<T>(what: string, fn: () => T | undefined | false | Promise<T | undefined | false>, ms = 20_000): Promise<T> {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+const exec = (box: string, cmd: string): string => {
+  const r = api('POST', `/sandboxes/${box}/exec`, { argv: ['sh', '-c', cmd] });
+  expect(r.status).toBe(200);
+  return r.body.stdout as string;
+};
+
+beforeAll(async () => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-dashboard-'));
+  admin = cli(home, ['key', 'create', 'admin', '--scope', 'read,exec,admin']).out.trim();
+  d = await startDaemon(home, ['--default-timeout', '0']);
+  b = await launch();
+  page = await b.page();
+}, 120_000);
+
+afterAll(async () => {
+  await b?.close();
+  api('DELETE', '/scenarios/lab');
+  api('DELETE', '/pools/jobs');
+  await d?.stop();
+  cli(home, ['rm', '--all']);
+  cli(home, ['snapshot', 'rm', 'snap1']);
+  cli(home, ['image', 'rm', '--force', 'busybox']);
+  cli(home, ['gc']);
+  rmSync(home, { recursive: true, force: true });
+}, 120_000);
+
+describe('the dashboard', () => {
+  it('is served at / (public, with a content security policy), its first load under 300 KB of gzipped JavaScript; the API behind it still needs a key', () => {
+    const r = spawnSync('curl', ['-s', '-D', '-', `${d.url}/`], { encoding: 'utf8' });
+    expect(r.stdout).toMatch(/^HTTP\/1\.1 200/);
+    expect(r.stdout).toMatch(/content-security-policy: default-src 'self'/i);
+    expect(r.stdout).toMatch(/frame-ancestors 'none'/);
+    expect(spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', `${d.url}/sandboxes`], { encoding: 'utf8' }).stdout).toBe('401');
+    // what the page loads first: the scripts index.html names (xterm is a chunk loaded with the terminal)
+    const web = join(__dirname, '..', 'dist', 'web');
+    const html = readFileSync(join(web, 'index.html'), 'utf8');
+    const scripts = [...html.matchAll(/(?:src|href)="\/(assets\/[^"]+\.js)"/g)].map((m) => m[1]!);
+    expect(scripts.length).toBeGreaterThan(0);
+    const gz = scripts.reduce((n, s) => n + gzipSync(readFileSync(join(web, s))).length, 0);
+    expect(gz).toBeLessThan(300 * 1024);
+    const all = readdirSync(join(web, 'assets')).filter((f) => f.endsWith('.js'));
+    expect(all.length).toBeGreaterThan(scripts.length); // the terminal is not in the first load
+  });
+
+  it('asks for a key once on TCP, then lists machines live: one created from the page, one by the CLI appears and goes without a reload', async () => {
+    await page.goto(`${d.url}/`);
+    await page.getByLabel('API key').fill('snaplab_wrong');
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await page.getByText('error[UNAUTHORIZED]').waitFor();
+    await page.getByLabel('API key').fill(admin);
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await page.getByRole('heading', { level: 1, name: 'Machines' }).waitFor();
+
+    await page.getByLabel('name', { exact: true }).fill('web1');
+    await page.getByRole('button', { name: 'Create' }).click();
+    await page.locator('tr[data-machine="web1"][data-state="running"]').waitFor();
+
+    // made and removed by another process: the page hears of both from the event stream
+    expect(cli(home, ['create', '--image', 'busybox', '--name', 'cli1']).code).toBe(0);
+    await page.locator('tr[data-machine="cli1"]').waitFor({ timeout: 15_000 });
+    expect(cli(home, ['pause', 'cli1']).code).toBe(0);
+    await page.locator('tr[data-machine="cli1"][data-state="paused"]').waitFor({ timeout: 15_000 });
+    expect(cli(home, ['rm', 'cli1']).code).toBe(0);
+    await page.locator('tr[data-machine="cli1"]').waitFor({ state: 'detached', timeout: 15_000 });
+    // CPU and memory now, from the machine's cgroup
+    await until('memory shown', async () => /\d (KiB|MiB)/.test((await page.locator('tr[data-machine="web1"] td').nth(9).textContent()) ?? ''));
+    await b.shot(page, 'machines');
+
+    // filter, then bulk destroy of what is shown
+    expect(cli(home, ['create', '--image', 'busybox', '--name', 'tmp-a']).code).toBe(0);
+    expect(cli(home, ['create', '--image', 'busybox', '--name', 'tmp-b']).code).toBe(0);
+    await page.locator('tr[data-machine="tmp-b"]').waitFor({ timeout: 15_000 });
+    await page.getByLabel('filter').fill('tmp-');
+    await until('filtered', async () => (await page.locator('tbody tr[data-machine]').count()) === 2);
+    await page.getByLabel('select all shown').check();
+    await page.getByRole('button', { name: /Destroy selected \(2\)/ }).click();
+    await until('destroyed', () => !api('GET', '/sandboxes').body.some((s: { name: string }) => s.name.startsWith('tmp-')));
+    await page.locator('tr[data-machine="tmp-a"]').waitFor({ state: 'detached' });
+    await page.getByLabel('filter').fill('');
+    expect(await page.locator('tr[data-machine="web1"]').count()).toBe(1);
+  });
+
+  it('a terminal: `echo hi` answers hi, and the terminal follows the window when it is resized', async () => {
+    const id = api('GET', '/sandboxes/web1').body.id as string;
+    await page.goto(`${d.url}/#/machines/${id}/terminal`);
+    await page.getByTestId('terminal-status').getByText('connected').waitFor();
+    const screen = page.locator('.xterm-rows');
+    await page.locator('.xterm').click();
+    await page.keyboard.type('echo hi\n');
+    await until('hi on the screen', async () => (await screen.locator('div').allTextContents()).some((l) => l.trim() === 'hi'));
+    await page.keyboard.type('stty size\n');
+    const size = async (): Promise<string[]> => (await screen.locator('div').allTextContents()).map((l) => l.trim()).filter((l) => /^\d+ \d+$/.test(l));
+    const before = await until('stty size', async () => (await size())[0]);
+    await b.shot(page, 'terminal');
+    await page.setViewportSize({ width: 900, height: 600 });
+    await sleep(500);
+    await page.keyboard.type('clear; stty size\n');
+    const after = await until('a new size', async () => (await size()).find((s) => s !== before));
+    expect(after).not.toBe(before);
+    await page.setViewportSize({ width: 1280, height: 800 });
+  });
+
+  it('a snapshot taken from the page and restored as a new machine holds what was written', async () => {
+    const id = api('GET', '/sandboxes/web1').body.id as string;
+    exec(id, 'echo kept > /root/marker');
+    await page.goto(`${d.url}/#/machines/${id}/snapshots`);
+    await page.getByLabel('name', { exact: true }).fill('snap1');
+    await page.getByRole('button', { name: 'Take snapshot' }).click();
+    await page.locator('tr[data-snapshot="snap1"]').waitFor();
+    await b.shot(page, 'snapshots');
+    await page.getByRole('button', { name: 'restore snap1' }).click();
+    await until('the new machine', () => page.url().match(/#\/machines\/([0-9a-f]{6,})$/) && !page.url().endsWith(id));
+    const restored = page.url().split('/').pop()!;
+    expect(restored).not.toBe(id);
+    expect(exec(restored, 'cat /root/marker')).toBe('kept\n');
+    await page.getByRole('heading', { name: /running/ }).waitFor();
+  });
+
+  it("an operation's waterfall has the phases of `snaplab trace --json`; a failed one shows its error and hint", async () => {
+    const create = api('GET', '/traces?limit=100').body.find((t: { kind: string; target: string }) => t.kind === 'create' && t.target === 'web1');
+    const trace = JSON.parse(cli(home, ['trace', create.id, '--json']).out);
+    await page.goto(`${d.url}/#/operations/${create.id}`);
+    await page.getByTestId('waterfall').waitFor();
+    const rows = await page.locator('[data-phase]').evaluateAll((els) => els.map((e) => ({ name: e.getAttribute('data-phase'), start: Number(e.getAttribute('data-start')), end: Number(e.getAttribute('data-end')) })));
+    expect(rows).toEqual(trace.phases.map((p: { name: string; startMs: number; endMs: number }) => ({ name: p.name, start: p.startMs, end: p.endMs })));
+    expect(Number(await page.locator('[data-unattributed]').getAttribute('data-unattributed'))).toBe(trace.unattributedMs);
+    await b.shot(page, 'operation');
+
+    expect(api('POST', '/sandboxes', { image: 'no-such-image' }).status).toBe(404);
+    const failed = api('GET', '/traces?limit=5').body.find((t: { status: string }) => t.status === 'error');
+    expect(failed).toMatchObject({ errorCode: 'IMAGE_NOT_FOUND' });
+    await page.goto(`${d.url}/#/operations/${failed.id}`);
+    await page.getByRole('alert').getByText('error[IMAGE_NOT_FOUND]').waitFor();
+    expect(await page.getByRole('alert').textContent()).toContain(`hint: ${failed.errorHint}`);
+    // the list filters by status
+    await page.getByLabel('status').selectOption('error');
+    await until('only failures', async () => (await page.locator('tr[data-trace]').count()) >= 1 && (await page.locator('tr[data-trace] .state-ok').count()) === 0);
+  });
+
+  it("a pool's counts and its takes per second, from the traces of its runs", async () => {
+    const op = api('POST', '/pools', { name: 'jobs', image: 'busybox', size: 2 });
+    expect(op.status).toBe(202);
+    expect(api('GET', `/operations/${op.body.id}?wait=60`).body.state).toBe('done');
+    for (let i = 0; i < 5; i++) expect(api('POST', '/pools/jobs/run', { argv: ['true'] }).status).toBe(200);
+    await page.goto(`${d.url}/#/pools`);
+    await page.locator('tr[data-pool="jobs"] [data-field="hits"]').getByText('5').waitFor();
+    const chart = page.getByTestId('takes-jobs');
+    await until('5 takes drawn', async () => {
+      const ys = await chart.locator('[data-y]').evaluateAll((els) => els.map((e) => Number(e.getAttribute('data-y'))));
+      return ys.reduce((a, y) => a + y, 0) === 5;
+    });
+    await b.shot(page, 'pools');
+  });
+});
+
+describe('snaplab ui', () => {
+  let ui: ChildProcess | undefined;
+  afterAll(() => { ui?.kill('SIGTERM'); });
+
+  it('forwards a local port to the Unix socket behind a token: the page needs no key, a caller without the token or from another Host is refused', async () => {
+    ui = spawn(SNAPLAB, ['ui', '--json'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const line = await new Promise<string>((resolve, reject) => {
+      let out = '';
+      ui!.stdout!.on('data', (c: Buffer) => {
+        out += c;
+        try { JSON.parse(out); resolve(out); } catch { /* not whole yet */ }
+      });
+      ui!.once('exit', (c) => reject(new Error(`snaplab ui exited ${c}`)));
+    });
+    const { url, port } = JSON.parse(line) as { url: string; port: number };
+    const token = new URL(url).searchParams.get('key')!;
+    const code = (args: string[]): string => spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', ...args], { encoding: 'utf8' }).stdout;
+    const base = `http://127.0.0.1:${port}`;
+    expect(code([`${base}/sandboxes`])).toBe('401');
+    expect(code(['-H', 'authorization: Bearer wrong', `${base}/sandboxes`])).toBe('401');
+    expect(code(['-H', `authorization: Bearer ${token}`, `${base}/sandboxes`])).toBe('200');
+    expect(code(['-H', `authorization: Bearer ${token}`, '-H', 'host: evil.example', `${base}/sandboxes`])).toBe('403'); // DNS rebinding
+    expect(code([`${base}/`])).toBe('200'); // the page itself is public, as on TCP
+
+    const p = await b.page();
+    await p.goto(url);
+    await p.getByText('local (Unix socket)').waitFor();
+    expect(p.url()).not.toContain(token); // taken out of the address bar
+    await p.locator('tr[data-machine="web1"]').waitFor();
+    // the event stream through the forward
+    expect(cli(home, ['create', '--image', 'busybox', '--name', 'via-ui']).code).toBe(0);
+    await p.locator('tr[data-machine="via-ui"]').waitFor({ timeout: 15_000 });
+    // and a terminal (a WebSocket) through it
+    const id = api('GET', '/sandboxes/via-ui').body.id as string;
+    await p.goto(`${base}/#/machines/${id}/terminal`);
+    await p.getByTestId('terminal-status').getByText('connected').waitFor();
+    await p.locator('.xterm').click();
+    await p.keyboard.type('echo $((6*7))\n');
+    await until('42', async () => (await p.locator('.xterm-rows div').allTextContents()).some((l) => l.trim() === '42'));
+    await p.context().close();
+    ui.kill('SIGTERM');
+    await new Promise((r) => ui!.once('exit', r));
+    expect(code([`${base}/`])).toBe('000'); // the forward is gone with it
+    ui = undefined;
+  });
+
+  it('says so when no daemon answers', () => {
+    const empty = mkdtempSync(join(tmpdir(), 'snaplab-test-ui-'));
+    mkdirSync(empty, { recursive: true });
+    const r = cli(empty, ['ui']);
+    rmSync(empty, { recursive: true, force: true });
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(/error\[DAEMON_UNREACHABLE\]/);
+    expect(r.err).toMatch(/hint: .*snaplab serve/);
+  });
+});

@@ -1,0 +1,152 @@
+/**
+ * The dashboard's one way to the daemon: same origin, same API as every other client. On TCP the
+ * key is asked for once and kept for the tab (sessionStorage; "remember" keeps it in localStorage);
+ * through `snaplab ui` (a local forward to the Unix socket) no key is needed.
+ */
+const KEY = 'snaplab.key';
+
+export function key(): string | null {
+  return sessionStorage.getItem(KEY) ?? localStorage.getItem(KEY);
+}
+
+export function setKey(k: string | null, remember = false): void {
+  sessionStorage.removeItem(KEY);
+  localStorage.removeItem(KEY);
+  if (k) (remember ? localStorage : sessionStorage).setItem(KEY, k);
+}
+
+// `snaplab ui` prints a URL with its token as ?key=: keep it for the tab, and take it out of the
+// address bar (and so out of the history and of anything copied from there)
+const given = new URLSearchParams(location.search).get('key');
+if (given) {
+  setKey(given);
+  history.replaceState(null, '', location.pathname + location.hash);
+}
+
+/** An error the API answered with: its code, message and hint, as the CLI prints them. */
+export class ApiError extends Error {
+  constructor(readonly status: number, readonly code: string, message: string, readonly hint?: string) {
+    super(message);
+  }
+}
+
+function headers(extra: Record<string, string> = {}): Record<string, string> {
+  const k = key();
+  return k ? { ...extra, authorization: `Bearer ${k}` } : extra;
+}
+
+async function failure(res: Response): Promise<ApiError> {
+  const text = await res.text();
+  try {
+    const e = JSON.parse(text) as { code?: string; message?: string; hint?: string };
+    return new ApiError(res.status, e.code ?? 'HTTP', e.message ?? text, e.hint);
+  } catch {
+    return new ApiError(res.status, 'HTTP', text || res.statusText);
+  }
+}
+
+/** A JSON call; an error answer is thrown as an ApiError. */
+export async function api<T = unknown>(method: string, path: string, body?: unknown): Promise<T> {
+  const res = await fetch(path, {
+    method,
+    headers: headers(body === undefined ? {} : { 'content-type': 'application/json' }),
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (!res.ok) throw await failure(res);
+  if (res.status === 204) return undefined as T;
+  return (await res.json()) as T;
+}
+
+/** A raw call (file bodies both ways). */
+export async function raw(method: string, path: string, body?: BodyInit, type = 'application/octet-stream'): Promise<Response> {
+  const res = await fetch(path, { method, headers: headers(body === undefined ? {} : { 'content-type': type }), body });
+  if (!res.ok) throw await failure(res);
+  return res;
+}
+
+/** A URL for what a browser cannot send a header with (WebSockets, EventSource): the key as ?token=. */
+export function streamUrl(path: string, ws = false): string {
+  const u = new URL(path, location.href);
+  if (ws) u.protocol = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  const k = key();
+  if (k) u.searchParams.set('token', k);
+  return u.toString();
+}
+
+export const enc = encodeURIComponent;
+
+export interface Sandbox {
+  id: string;
+  name: string;
+  state: string;
+  reason: string | null;
+  image: string;
+  storage: string;
+  driver: string;
+  labels: Record<string, string>;
+  metadata: Record<string, string>;
+  owner: string | null;
+  timeoutS: number;
+  onTimeout: string;
+  expiresAt: string | null;
+  createdAt: string;
+  limits: { memoryBytes?: number; pids?: number; cpus?: number };
+  origin: string | null;
+  pid: number | null;
+  init: string;
+}
+
+export interface Usage {
+  id: string;
+  at: number;
+  memoryBytes?: number;
+  pids?: number;
+  cpuUsec?: number;
+}
+
+export interface SnaplabEvent {
+  id: number;
+  at: string;
+  type: string;
+  sandbox: string | null;
+  name: string | null;
+  reason: string | null;
+  data: Record<string, unknown> | null;
+}
+
+export interface Phase {
+  name: string;
+  /** index of the enclosing phase, null at top level */
+  parent: number | null;
+  depth: number;
+  startMs: number;
+  endMs: number;
+}
+
+export interface Trace {
+  id: string;
+  kind: string;
+  target: string | null;
+  startedAt: number;
+  totalMs: number;
+  unattributedMs: number;
+  status: string;
+  error: string | null;
+  errorCode?: string | null;
+  errorHint?: string | null;
+  phases: Phase[];
+}
+
+const TYPES = ['created', 'ready', 'paused', 'resumed', 'exited', 'destroyed', 'failed', 'timeout', 'process.exited'];
+
+/**
+ * The daemon's event stream. EventSource reconnects by itself and sends Last-Event-ID, so a
+ * dropped connection loses nothing; `onOpen` tells the page to re-read what it shows.
+ */
+export function subscribe(onEvent: (e: SnaplabEvent) => void, onOpen?: () => void): () => void {
+  const src = new EventSource(streamUrl('/events'));
+  const handler = (m: MessageEvent<string>): void => onEvent(JSON.parse(m.data) as SnaplabEvent);
+  for (const t of TYPES) src.addEventListener(t, handler as EventListener);
+  if (onOpen) src.addEventListener('open', onOpen);
+  return () => src.close();
+}

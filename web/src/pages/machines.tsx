@@ -1,0 +1,240 @@
+/**
+ * The machine list, live: read once, then kept by the event stream (created, paused, resumed,
+ * exited, destroyed, failed) without reloading; CPU and memory from GET /usage every 2 s. Events
+ * are gathered and applied once per frame, so a burst of them costs one render, and each row
+ * renders again only when its machine or its usage changed.
+ */
+import { Component } from 'preact';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
+import { api, enc, subscribe, type Sandbox, type SnaplabEvent, type Usage } from '../api';
+import { Button, ErrorBox, Section, State } from '../components';
+import { age, bytes, num } from '../format';
+import { href, useAction, usePoll } from '../hooks';
+
+interface Load {
+  memoryBytes?: number;
+  pids?: number;
+  cpuPct?: number;
+}
+
+/** Apply a batch of events to the list; the ids whose record must be fetched are returned. */
+export function applyEvents(list: Map<string, Sandbox>, events: SnaplabEvent[]): { list: Map<string, Sandbox>; fetch: Set<string> } {
+  const next = new Map(list);
+  const fetch = new Set<string>();
+  const patch = (id: string, p: Partial<Sandbox>): void => {
+    const b = next.get(id);
+    if (b) next.set(id, { ...b, ...p });
+    else fetch.add(id);
+  };
+  for (const e of events) {
+    if (!e.sandbox) continue;
+    switch (e.type) {
+      case 'created':
+      case 'ready':
+        fetch.add(e.sandbox);
+        break;
+      case 'paused':
+        patch(e.sandbox, { state: 'paused', reason: e.reason });
+        break;
+      case 'resumed':
+        patch(e.sandbox, { state: 'running', reason: null });
+        break;
+      case 'exited':
+        patch(e.sandbox, { state: 'dead', reason: e.reason });
+        break;
+      case 'destroyed':
+      case 'failed':
+        next.delete(e.sandbox);
+        fetch.delete(e.sandbox);
+        break;
+    }
+  }
+  return { list: next, fetch };
+}
+
+function limitsText(l: Sandbox['limits']): string {
+  const parts = [l.memoryBytes ? bytes(l.memoryBytes) : '', l.pids ? `${l.pids} pids` : '', l.cpus ? `${l.cpus} cpu` : ''].filter(Boolean);
+  return parts.join(' · ') || 'none';
+}
+
+interface RowProps {
+  box: Sandbox;
+  load: Load | undefined;
+  selected: boolean;
+  now: number;
+  onSelect: (id: string, on: boolean) => void;
+}
+
+/** One row; rendered again only when what it shows changed. */
+class Row extends Component<RowProps> {
+  shouldComponentUpdate(n: RowProps): boolean {
+    const p = this.props;
+    return n.box !== p.box || n.load !== p.load || n.selected !== p.selected || Math.floor(n.now / 10_000) !== Math.floor(p.now / 10_000);
+  }
+
+  render({ box: b, load, selected, now, onSelect }: RowProps) {
+    return (
+      <tr class={selected ? 'selected' : ''} data-machine={b.name} data-state={b.state}>
+        <td><input type="checkbox" checked={selected} aria-label={`select ${b.name}`} onChange={(e) => onSelect(b.id, (e.target as HTMLInputElement).checked)} /></td>
+        <td><a href={href('machines', b.id)}>{b.name}</a><div class="muted mono">{b.id}</div></td>
+        <td><State state={b.state} />{b.reason && <div class="muted">{b.reason}</div>}</td>
+        <td>{b.image}</td>
+        <td class="hide-narrow">{b.driver} · {b.storage}</td>
+        <td class="hide-narrow">{limitsText(b.limits)}</td>
+        <td class="num">{age(b.createdAt, now)}</td>
+        <td class="hide-narrow">{Object.entries(b.labels).map(([k, v]) => <span class="label">{k}={v}</span>)}</td>
+        <td class="num">{load?.cpuPct === undefined ? '—' : `${num(load.cpuPct)}%`}</td>
+        <td class="num">{bytes(load?.memoryBytes)}</td>
+      </tr>
+    );
+  }
+}
+
+function CreateForm({ onCreated }: { onCreated: (b: Sandbox) => void }) {
+  const images = usePoll(() => api<{ name: string }[]>('GET', '/images'));
+  const [image, setImage] = useState('busybox');
+  const [name, setName] = useState('');
+  const create = useAction(async () => {
+    const b = await api<Sandbox>('POST', '/sandboxes', { image, ...(name.trim() ? { name: name.trim() } : {}) });
+    setName('');
+    onCreated(b);
+  });
+  return (
+    <form class="row" onSubmit={(e) => { e.preventDefault(); void create.run(); }} aria-label="create a machine">
+      <label class="inline">image
+        <select value={image} onChange={(e) => setImage((e.target as HTMLSelectElement).value)}>
+          {(images.data ?? [{ name: 'busybox' }]).map((i) => <option value={i.name}>{i.name}</option>)}
+        </select>
+      </label>
+      <label class="inline">name
+        <input value={name} placeholder="(generated)" onInput={(e) => setName((e.target as HTMLInputElement).value)} />
+      </label>
+      <button type="submit" class="primary" disabled={create.busy}>{create.busy ? 'Creating…' : 'Create'}</button>
+      <ErrorBox error={create.error} />
+    </form>
+  );
+}
+
+export function MachinesPage() {
+  const [list, setList] = useState<Map<string, Sandbox> | undefined>(undefined);
+  const [error, setError] = useState<unknown>(undefined);
+  const [loads, setLoads] = useState<Map<string, Load>>(new Map());
+  const [selected, setSelected] = useState<Set<string>>(new Set());
+  const [filter, setFilter] = useState('');
+  const [stateFilter, setStateFilter] = useState('');
+  const [now, setNow] = useState(Date.now());
+  const listRef = useRef(list);
+  listRef.current = list;
+
+  // the list, then the events; a reconnect of the stream reads the list again
+  useEffect(() => {
+    let live = true;
+    const pending: SnaplabEvent[] = [];
+    let frame = 0;
+    const reload = (): void => {
+      api<Sandbox[]>('GET', '/sandboxes').then((all) => { if (live) { setList(new Map(all.map((b) => [b.id, b]))); setError(undefined); } }, (e: unknown) => live && setError(e));
+    };
+    const fetchOne = (id: string): void => {
+      api<Sandbox>('GET', `/sandboxes/${enc(id)}`).then(
+        (b) => live && setList((l) => (l ? new Map(l).set(b.id, b) : l)),
+        () => undefined, // gone again before we asked: its destroyed event removes it
+      );
+    };
+    const flush = (): void => {
+      frame = 0;
+      const batch = pending.splice(0);
+      if (!listRef.current) return;
+      const { list: next, fetch } = applyEvents(listRef.current, batch);
+      listRef.current = next;
+      setList(next);
+      fetch.forEach(fetchOne);
+    };
+    const stop = subscribe((e) => {
+      pending.push(e);
+      frame ||= requestAnimationFrame(flush);
+    }, reload);
+    reload();
+    return () => {
+      live = false;
+      stop();
+      if (frame) cancelAnimationFrame(frame);
+    };
+  }, []);
+
+  // usage every 2 s: CPU is the difference of cpu time over the difference of wall time
+  useEffect(() => {
+    let prev = new Map<string, Usage>();
+    let timer: ReturnType<typeof setTimeout>;
+    const poll = async (): Promise<void> => {
+      try {
+        const us = await api<Usage[]>('GET', '/usage');
+        const next = new Map<string, Load>();
+        for (const u of us) {
+          const p = prev.get(u.id);
+          const cpuPct = p?.cpuUsec !== undefined && u.cpuUsec !== undefined && u.at > p.at ? ((u.cpuUsec - p.cpuUsec) / ((u.at - p.at) * 1000)) * 100 : undefined;
+          next.set(u.id, { memoryBytes: u.memoryBytes, pids: u.pids, cpuPct });
+        }
+        prev = new Map(us.map((u) => [u.id, u]));
+        setLoads(next);
+      } catch {
+        /* the list shows the daemon's error; usage stays as it was */
+      }
+      setNow(Date.now());
+      timer = setTimeout(() => void poll(), 2000);
+    };
+    void poll();
+    return () => clearTimeout(timer);
+  }, []);
+
+  const all = useMemo(() => [...(list?.values() ?? [])].sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0)), [list]);
+  const q = filter.trim().toLowerCase();
+  const shown = all.filter((b) => (!stateFilter || b.state === stateFilter) && (!q || [b.name, b.id, b.image, b.driver, ...Object.entries(b.labels).map(([k, v]) => `${k}=${v}`)].some((s) => s.toLowerCase().includes(q))));
+  const chosen = shown.filter((b) => selected.has(b.id));
+  const onSelect = useMemo(() => (id: string, on: boolean) => setSelected((s) => { const n = new Set(s); if (on) n.add(id); else n.delete(id); return n; }), []);
+  const destroy = useAction(async () => {
+    if (!confirm(`Destroy ${chosen.length} machine${chosen.length === 1 ? '' : 's'}? Their filesystems are removed.`)) return;
+    const results = await Promise.allSettled(chosen.map((b) => api('DELETE', `/sandboxes/${enc(b.id)}`)));
+    setSelected(new Set());
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
+  });
+
+  return (
+    <>
+      <h1>Machines</h1>
+      <Section title="New machine"><CreateForm onCreated={(b) => setList((l) => (l ? new Map(l).set(b.id, b) : l))} /></Section>
+      <Section
+        title={`${shown.length} of ${all.length} machines`}
+        actions={<Button kind="danger" disabled={!chosen.length} busy={destroy.busy} onClick={() => void destroy.run()}>Destroy selected ({chosen.length})</Button>}
+      >
+        <div class="row">
+          <label class="inline">filter
+            <input type="search" value={filter} placeholder="name, id, image, label k=v" onInput={(e) => setFilter((e.target as HTMLInputElement).value)} />
+          </label>
+          <label class="inline">state
+            <select value={stateFilter} onChange={(e) => setStateFilter((e.target as HTMLSelectElement).value)}>
+              <option value="">all</option>
+              {['running', 'paused', 'stopped', 'dead', 'creating'].map((s) => <option value={s}>{s}</option>)}
+            </select>
+          </label>
+        </div>
+        <ErrorBox error={error ?? destroy.error} />
+        <div class="table-wrap">
+          <table data-testid="machines">
+            <thead>
+              <tr>
+                <th><input type="checkbox" aria-label="select all shown" checked={shown.length > 0 && chosen.length === shown.length} onChange={(e) => setSelected((e.target as HTMLInputElement).checked ? new Set(shown.map((b) => b.id)) : new Set())} /></th>
+                <th>name</th><th>state</th><th>image</th><th class="hide-narrow">driver · storage</th><th class="hide-narrow">limits</th><th class="num">age</th><th class="hide-narrow">labels</th><th class="num">CPU</th><th class="num">memory</th>
+              </tr>
+            </thead>
+            <tbody>
+              {shown.map((b) => <Row key={b.id} box={b} load={loads.get(b.id)} selected={selected.has(b.id)} now={now} onSelect={onSelect} />)}
+            </tbody>
+          </table>
+        </div>
+        {list && !all.length && <p class="muted">No machines. Create one above, or <code>snaplab create --image busybox</code>.</p>}
+        {!list && !error && <p>loading…</p>}
+      </Section>
+    </>
+  );
+}
