@@ -7,7 +7,6 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium, type Browser, type Page } from 'playwright-core';
 
-export const CHROMIUM = '/usr/bin/chromium';
 /** where the screenshots of a test run go (kept out of git; CI may keep them as artifacts) */
 export const SHOTS = process.env.SNAPLAB_SCREENSHOTS ?? join(process.cwd(), 'test-results', 'dashboard');
 
@@ -20,7 +19,7 @@ export interface TestBrowser {
 
 export async function launch(): Promise<TestBrowser> {
   const browser = await chromium.launch({
-    executablePath: CHROMIUM,
+    executablePath: '/usr/bin/chromium', // Debian's (package chromium, in tools.json)
     headless: true,
     args: [
       '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',

@@ -57,7 +57,9 @@ beforeAll(async () => {
   admin = cli(home, ['key', 'create', 'admin', '--scope', 'read,exec,admin']).out.trim();
   d = await startDaemon(home, ['--default-timeout', '0']);
   b = await launch();
+  // signed in already (the sign-in itself is tested on a page of its own)
   page = await b.page();
+  await page.addInitScript((k: string) => sessionStorage.setItem('snaplab.key', k), admin);
 }, 120_000);
 
 afterAll(async () => {
@@ -91,6 +93,7 @@ describe('the dashboard', () => {
   });
 
   it('asks for a key once on TCP, then lists machines live: one created from the page, one by the CLI appears and goes without a reload', async () => {
+    const page = await b.page();
     await page.goto(`${d.url}/`);
     await page.getByLabel('API key').fill('snaplab_wrong');
     await page.getByRole('button', { name: 'Sign in' }).click();
@@ -126,6 +129,7 @@ describe('the dashboard', () => {
     await page.locator('tr[data-machine="tmp-a"]').waitFor({ state: 'detached' });
     await page.getByLabel('filter').fill('');
     expect(await page.locator('tr[data-machine="web1"]').count()).toBe(1);
+    await page.context().close();
   });
 
   it('a terminal: `echo hi` answers hi, and the terminal follows the window when it is resized', async () => {
@@ -164,6 +168,25 @@ describe('the dashboard', () => {
     await page.getByRole('heading', { name: /running/ }).waitFor();
   });
 
+  it("a machine's files: browse, upload from the page, download what is there, remove", async () => {
+    const id = api('GET', '/sandboxes/web1').body.id as string;
+    exec(id, 'mkdir -p /root/sub && printf "from the machine\\n" > /root/sub/out.txt');
+    await page.goto(`${d.url}/#/machines/${id}/files`);
+    await page.locator('tr[data-file="sub"]').getByRole('link').click();
+    await page.locator('tr[data-file="out.txt"]').waitFor();
+    const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'download out.txt' }).click()]);
+    const saved = join(home, 'downloaded.txt');
+    await download.saveAs(saved);
+    expect(readFileSync(saved, 'utf8')).toBe('from the machine\n');
+    await page.getByLabel('upload here').setInputFiles({ name: 'up.bin', mimeType: 'application/octet-stream', buffer: Buffer.from('uploaded\n') });
+    await page.locator('tr[data-file="up.bin"]').waitFor();
+    expect(exec(id, 'cat /root/sub/up.bin')).toBe('uploaded\n');
+    await b.shot(page, 'files');
+    await page.getByRole('button', { name: 'remove up.bin' }).click();
+    await page.locator('tr[data-file="up.bin"]').waitFor({ state: 'detached' });
+    expect(exec(id, 'test -e /root/sub/up.bin && echo there || echo gone')).toBe('gone\n');
+  });
+
   it("an operation's waterfall has the phases of `snaplab trace --json`; a failed one shows its error and hint", async () => {
     const create = api('GET', '/traces?limit=100').body.find((t: { kind: string; target: string }) => t.kind === 'create' && t.target === 'web1');
     const trace = JSON.parse(cli(home, ['trace', create.id, '--json']).out);
@@ -198,6 +221,101 @@ describe('the dashboard', () => {
       return ys.reduce((a, y) => a + y, 0) === 5;
     });
     await b.shot(page, 'pools');
+  });
+});
+
+describe('the dashboard: scenarios and bench results', () => {
+  it('a scenario drawn with its machines; a block from the page drops the traffic and shows on the graph; heal; a reset shows its waterfall', async () => {
+    const file = join(__dirname, '..', 'examples', 'scenarios', 'tiny-service', 'scenario.yaml');
+    const op = api('POST', '/scenarios', { file, name: 'lab' });
+    expect(op.status).toBe(202);
+    expect(api('GET', `/operations/${op.body.id}?wait=120`).body).toMatchObject({ state: 'done' });
+    await page.goto(`${d.url}/#/scenarios/lab`);
+    const graph = page.getByTestId('scenario-graph');
+    await graph.locator('[data-machine="client"][data-state="running"]').waitFor();
+    expect((await graph.locator('[data-machine]').evaluateAll((els) => els.map((e) => e.getAttribute('data-machine')))).sort()).toEqual(['client', 'proxy', 'server', 'store']);
+    expect(await graph.locator('[data-network]').count()).toBe(2);
+
+    const wget = (): number => api('POST', '/sandboxes/lab%2Fclient/exec', { argv: ['timeout', '5', 'wget', '-q', '-O', '/dev/null', 'http://proxy:8000/cgi-bin/forward/hello'] }).body.exitCode;
+    expect(wget()).toBe(0);
+    await page.getByLabel('Machine A').selectOption('client');
+    await page.getByLabel('Machine B').selectOption('proxy');
+    await page.getByRole('button', { name: 'Block', exact: true }).click();
+    await graph.locator('[data-blocked="client|proxy"]').waitFor();
+    expect(api('GET', '/scenarios/lab').body.blocked).toEqual([['client', 'proxy']]);
+    expect(wget()).not.toBe(0);
+    await b.shot(page, 'scenario');
+    await page.getByRole('button', { name: 'Heal', exact: true }).click();
+    await graph.locator('[data-blocked]').waitFor({ state: 'detached' });
+    expect(wget()).toBe(0);
+
+    await page.getByLabel('Snapshot name').fill('base');
+    await page.getByRole('button', { name: 'Snapshot', exact: true }).click();
+    await until('the snapshot listed', () => api('GET', '/scenarios/lab').body.snapshots.includes('base'));
+    await page.getByLabel('Reset to').locator('option[value="base"]').waitFor({ state: 'attached' });
+    await page.getByRole('button', { name: 'Reset', exact: true }).click();
+    const reset = await until('the reset traced', () => api('GET', '/traces?limit=20').body.find((t: { kind: string; target: string }) => t.kind === 'reset' && t.target === 'lab'));
+    const wf = page.getByTestId('scenario-last-trace').locator(`[data-testid="waterfall"][data-total="${reset.totalMs}"]`);
+    await wf.waitFor();
+    const names = await wf.locator('[data-phase]').evaluateAll((els) => els.map((e) => e.getAttribute('data-phase')));
+    expect(names).toEqual(reset.phases.map((p: { name: string }) => p.name));
+    await b.shot(page, 'scenario-reset');
+  });
+
+  it('a bench results directory drawn: throughput and p99 per rung are the figures of its summary.json', async () => {
+    const dir = join(home, 'bench', 'exec-ladder');
+    const r = cli(home, ['bench', '--workload', 'exec', '--ladder', '1,2', '--reps', '2', '--duration', '0.5', '--baselines', 'none', '--results', dir]);
+    expect(r.code, r.err).toBe(0);
+    const summary = JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8'));
+    await page.goto(`${d.url}/#/bench`);
+    await page.getByRole('link', { name: 'exec-ladder' }).click();
+    const points = async (id: string): Promise<[number, number][]> =>
+      page.getByTestId(id).locator('[data-x]').evaluateAll((els) => els.map((e) => [Number(e.getAttribute('data-x')), Number(e.getAttribute('data-y'))] as [number, number]));
+    await page.getByTestId('chart-throughput').waitFor();
+    expect(await points('chart-throughput')).toEqual(summary.rungs.map((g: { concurrency: number; throughput: number }) => [g.concurrency, g.throughput]));
+    expect(await points('chart-p99')).toEqual(summary.rungs.map((g: { concurrency: number; latencyMs: { p99: number } }) => [g.concurrency, g.latencyMs.p99]));
+    await b.shot(page, 'bench');
+    // a --compare run: both arms drawn, each rung's verdict as the summary has it
+    const cdir = join(home, 'bench', 'exec-compare');
+    const c = cli(home, ['bench', '--workload', 'exec', '--ladder', '1', '--reps', '2', '--duration', '0.3', '--baselines', 'none', '--compare', '--storage btrfs', '--storage overlay', '--results', cdir]);
+    expect(c.code, c.err).toBe(0);
+    const cs = JSON.parse(readFileSync(join(cdir, 'summary.json'), 'utf8'));
+    await page.goto(`${d.url}/#/bench/exec-compare`);
+    await page.getByTestId('chart-throughput').waitFor();
+    expect(await page.locator('[data-verdict]').evaluateAll((els) => els.map((e) => e.getAttribute('data-verdict')))).toEqual(cs.compare.rungs.map((g: { verdict: string }) => g.verdict));
+    expect(await page.getByTestId('chart-throughput').locator('[data-series]').count()).toBeGreaterThanOrEqual(2);
+    await b.shot(page, 'bench-compare');
+    // a name that is not a results directory, and one that climbs out, are refused with a code
+    expect(api('GET', '/bench/nope')).toMatchObject({ status: 404, body: { code: 'RESULTS_NOT_FOUND' } });
+    expect(api('GET', '/bench/..%2F..%2Fetc')).toMatchObject({ status: 400, body: { code: 'BAD_INPUT' } });
+  });
+
+  it('works from the keyboard and on a narrow window (nothing wider than the screen)', async () => {
+    const p = await b.page({ width: 400, height: 800 });
+    await p.goto(`${d.url}/`);
+    await p.getByLabel('API key').fill(admin);
+    await p.keyboard.press('Enter');
+    await p.getByRole('heading', { level: 1, name: 'Machines' }).waitFor();
+    for (const where of ['#/machines', '#/operations', '#/pools', '#/scenarios/lab', '#/bench/exec-ladder']) {
+      await p.goto(`${d.url}/${where}`);
+      await p.locator('main h1').first().waitFor();
+      await sleep(300);
+      const [scroll, inner] = await p.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+      expect(scroll, where).toBeLessThanOrEqual(inner);
+    }
+    await b.shot(p, 'narrow-bench');
+    // Tab reaches the navigation; Enter on a link changes the page
+    await p.goto(`${d.url}/#/machines`);
+    await p.getByRole('heading', { level: 1, name: 'Machines' }).waitFor();
+    let label = '';
+    for (let i = 0; i < 8 && label !== 'Operations'; i++) {
+      await p.keyboard.press('Tab');
+      label = await p.evaluate(() => document.activeElement?.textContent ?? '');
+    }
+    expect(label).toBe('Operations');
+    await p.keyboard.press('Enter');
+    await p.getByRole('heading', { level: 1, name: 'Operations' }).waitFor();
+    await p.context().close();
   });
 });
 

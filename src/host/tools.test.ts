@@ -19,6 +19,8 @@ const FN = 'run|which|spawn|spawnSync|execFile|execFileSync|execFileAsync|execSy
 const AT = '(?:(?<![.\\w])|(?<=\\b(?:cp|child_process|childProcess)\\.))';
 const CALL = new RegExp(`${AT}(${FN})\\(\\s*(['"])([^'"]+)\\2`, 'g');
 const SPAWN_LOOP = /(?<![.\w])spawnLoop\([^,]+,[^,]+,\s*'([^']+)'/g;
+// a browser that playwright starts (test/browser.ts)
+const BROWSER = /executablePath:\s*'([^']+)'/g;
 // any other first argument (a variable, a call, a template string) is reviewed by hand below
 const CALL_NONLITERAL = new RegExp(`${AT}(${FN})\\(\\s*(?!['")\\s])([^,)]+)`, 'g');
 
@@ -52,6 +54,7 @@ const NONLITERAL: Record<string, string> = {
   'test/ansible.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/daemon-helpers.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/daemon.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/dashboard.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'src/lab/copy.ts agentBinaryPath(': 'the agent binary (its tar and untar, on the host side of a copy)',
   'test/copy.test.ts agentBinaryPath(': 'the agent binary (its untar, fed hostile archives)',
   'test/ports.test.ts agentBinaryPath(': 'the agent binary (its connect, against a host server)',
@@ -76,6 +79,7 @@ function scan(): { programs: Map<string, string[]>; nonliteral: string[] } {
       programs.set(prog, [...(programs.get(prog) ?? []), f]);
     }
     for (const m of text.matchAll(SPAWN_LOOP)) programs.set(m[1]!, [...(programs.get(m[1]!) ?? []), f]);
+    for (const m of text.matchAll(BROWSER)) programs.set(basename(m[1]!), [...(programs.get(basename(m[1]!)) ?? []), f]);
     if (!f.endsWith('.ts')) continue;
     for (const m of text.matchAll(CALL_NONLITERAL)) {
       const arg = m[2]!.trim();
