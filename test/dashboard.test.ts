@@ -59,7 +59,8 @@ beforeAll(async () => {
   b = await launch();
   // signed in already (the sign-in itself is tested on a page of its own)
   page = await b.page();
-  await page.addInitScript((k: string) => sessionStorage.setItem('snaplab.key', k), admin);
+  // (page code as strings: this file is type checked without the DOM's types)
+  await page.addInitScript(`sessionStorage.setItem('snaplab.key', ${JSON.stringify(admin)})`);
 }, 120_000);
 
 afterAll(async () => {
@@ -300,7 +301,7 @@ describe('the dashboard: scenarios and bench results', () => {
       await p.goto(`${d.url}/${where}`);
       await p.locator('main h1').first().waitFor();
       await sleep(300);
-      const [scroll, inner] = await p.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+      const [scroll, inner] = await p.evaluate<[number, number]>('[document.documentElement.scrollWidth, window.innerWidth]');
       expect(scroll, where).toBeLessThanOrEqual(inner);
     }
     await b.shot(p, 'narrow-bench');
@@ -310,7 +311,7 @@ describe('the dashboard: scenarios and bench results', () => {
     let label = '';
     for (let i = 0; i < 8 && label !== 'Operations'; i++) {
       await p.keyboard.press('Tab');
-      label = await p.evaluate(() => document.activeElement?.textContent ?? '');
+      label = await p.evaluate<string>("document.activeElement?.textContent ?? ''");
     }
     expect(label).toBe('Operations');
     await p.keyboard.press('Enter');
