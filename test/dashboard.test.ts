@@ -6,10 +6,11 @@
  * directory drawn; `snaplab ui` without a key. Screenshots of every page go to test-results/.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
+import { connect } from 'node:net';
 import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { launch, type TestBrowser } from './browser.js';
@@ -95,6 +96,10 @@ describe('the dashboard', () => {
 
   it('asks for a key once on TCP, then lists machines live: one created from the page, one by the CLI appears and goes without a reload', async () => {
     const page = await b.page();
+    // a link that carries a real key does not sign the visitor in (only the local forward's token does)
+    await page.goto(`${d.url}/#key=${admin}`);
+    await page.getByLabel('API key').waitFor();
+    expect(page.url()).not.toContain(admin);
     await page.goto(`${d.url}/`);
     await page.getByLabel('API key').fill('snaplab_wrong');
     await page.getByRole('button', { name: 'Sign in' }).click();
@@ -151,6 +156,22 @@ describe('the dashboard', () => {
     const after = await until('a new size', async () => (await size()).find((s) => s !== before));
     expect(after).not.toBe(before);
     await page.setViewportSize({ width: 1280, height: 800 });
+    // the shell ends with the page: none is left in the machine (nor a process in the daemon)
+    const shells = (): number => exec(id, 'ps -o args').split('\n').filter((l) => l.trim() === '/bin/sh -l').length;
+    expect(shells()).toBe(1);
+    await page.goto(`${d.url}/#/machines/${id}/overview`);
+    await until('the shell gone', () => shells() === 0);
+  });
+
+  it("CPU now: a machine spinning a core shows it in the list", async () => {
+    const id = api('GET', '/sandboxes/web1').body.id as string;
+    const spin = api('POST', `/sandboxes/${id}/processes`, { argv: ['sh', '-c', 'while :; do :; done'], tag: 'spin' });
+    expect(spin.status).toBe(201);
+    await page.goto(`${d.url}/#/machines`);
+    const cpu = page.locator('tr[data-machine="web1"] td').nth(8);
+    await until('CPU above 30 %', async () => parseFloat((await cpu.textContent()) ?? '') > 30);
+    expect(api('DELETE', `/sandboxes/${id}/processes/${spin.body.id}`).status).toBeLessThan(300);
+    await until('CPU back under 10 %', async () => parseFloat((await cpu.textContent()) ?? '') < 10);
   });
 
   it('a snapshot taken from the page and restored as a new machine holds what was written', async () => {
@@ -196,6 +217,22 @@ describe('the dashboard', () => {
     const rows = await page.locator('[data-phase]').evaluateAll((els) => els.map((e) => ({ name: e.getAttribute('data-phase'), start: Number(e.getAttribute('data-start')), end: Number(e.getAttribute('data-end')) })));
     expect(rows).toEqual(trace.phases.map((p: { name: string; startMs: number; endMs: number }) => ({ name: p.name, start: p.startMs, end: p.endMs })));
     expect(Number(await page.locator('[data-unattributed]').getAttribute('data-unattributed'))).toBe(trace.unattributedMs);
+    // and each bar is where its phase is on the time axis, as long as it lasted
+    const bars = await page.locator('[data-phase] .wf-bar').evaluateAll((els) => els.map((e) => { const st = (e as unknown as { style: { left: string; width: string } }).style; return [parseFloat(st.left), parseFloat(st.width)]; }));
+    const total = Math.max(trace.totalMs, ...trace.phases.map((p: { endMs: number }) => p.endMs));
+    trace.phases.forEach((p: { startMs: number; endMs: number }, i: number) => {
+      expect(bars[i]![0]).toBeCloseTo((p.startMs / total) * 100, 3);
+      expect(bars[i]![1]).toBeCloseTo(((p.endMs - p.startMs) / total) * 100, 3);
+    });
+    // a key without the admin scope is shown the traces of its own machines only
+    const alice = cli(home, ['key', 'create', 'alice', '--scope', 'read,exec']).out.trim();
+    const tcp = (path: string, method = 'GET', json?: unknown): any => JSON.parse(spawnSync('curl', ['-s', '-X', method, '-H', `authorization: Bearer ${alice}`,
+      ...(json ? ['-H', 'content-type: application/json', '--data-binary', JSON.stringify(json)] : []), `${d.url}${path}`], { encoding: 'utf8' }).stdout);
+    expect(tcp('/traces?limit=100')).toEqual([]);
+    expect(tcp(`/traces/${create.id}`)).toMatchObject({ code: 'OPERATION_NOT_FOUND' });
+    const mine = tcp('/sandboxes', 'POST', { image: 'busybox', name: 'alices' });
+    expect(tcp('/traces?limit=100').map((t: { target: string }) => t.target)).toEqual(['alices']);
+    expect(api('DELETE', `/sandboxes/${mine.id}`).status).toBe(204);
     await b.shot(page, 'operation');
 
     expect(api('POST', '/sandboxes', { image: 'no-such-image' }).status).toBe(404);
@@ -289,6 +326,13 @@ describe('the dashboard: scenarios and bench results', () => {
     // a name that is not a results directory, and one that climbs out, are refused with a code
     expect(api('GET', '/bench/nope')).toMatchObject({ status: 404, body: { code: 'RESULTS_NOT_FOUND' } });
     expect(api('GET', '/bench/..%2F..%2Fetc')).toMatchObject({ status: 400, body: { code: 'BAD_INPUT' } });
+    // a symbolic link, as the directory or as its summary.json, is not followed
+    symlinkSync(dir, join(home, 'bench', 'linked'));
+    mkdirSync(join(home, 'bench', 'sneaky'));
+    symlinkSync('/etc/passwd', join(home, 'bench', 'sneaky', 'summary.json'));
+    expect(api('GET', '/bench/linked')).toMatchObject({ status: 404, body: { code: 'RESULTS_NOT_FOUND' } });
+    expect(api('GET', '/bench/sneaky')).toMatchObject({ status: 404, body: { code: 'RESULTS_NOT_FOUND' } });
+    expect(api('GET', '/bench').body.map((r: { name: string }) => r.name)).toEqual(['exec-compare', 'exec-ladder']);
   });
 
   it('works from the keyboard and on a narrow window (nothing wider than the screen)', async () => {
@@ -335,7 +379,7 @@ describe('snaplab ui', () => {
       ui!.once('exit', (c) => reject(new Error(`snaplab ui exited ${c}`)));
     });
     const { url, port } = JSON.parse(line) as { url: string; port: number };
-    const token = new URL(url).searchParams.get('key')!;
+    const token = /#key=([\w-]+)$/.exec(url)![1]!; // after #: a browser never sends it
     const code = (args: string[]): string => spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', ...args], { encoding: 'utf8' }).stdout;
     const base = `http://127.0.0.1:${port}`;
     expect(code([`${base}/sandboxes`])).toBe('401');
@@ -343,6 +387,23 @@ describe('snaplab ui', () => {
     expect(code(['-H', `authorization: Bearer ${token}`, `${base}/sandboxes`])).toBe('200');
     expect(code(['-H', `authorization: Bearer ${token}`, '-H', 'host: evil.example', `${base}/sandboxes`])).toBe('403'); // DNS rebinding
     expect(code([`${base}/`])).toBe('200'); // the page itself is public, as on TCP
+    expect(code([`${base}/events?token=${token}`, '--max-time', '1'])).toBe('200'); // ?token= where a browser cannot send a header
+    // a request target that is not a path (curl will not send one: a raw socket does): refused, and the forward stays up
+    const rawStatus = await new Promise<string>((resolve) => {
+      const c = connect(port, '127.0.0.1', () => c.write(`GET //[ HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nconnection: close\r\n\r\n`));
+      let got = '';
+      c.on('data', (x) => (got += x));
+      c.on('close', () => resolve(got.split(' ')[1] ?? ''));
+      c.on('error', () => resolve('error'));
+    });
+    expect(rawStatus).toBe('400');
+    expect(code(['-H', `authorization: Bearer ${token}`, `${base}/healthz`])).toBe('200');
+    // WebSockets: no token, another Origin
+    const ws = (headers: string[]): string => spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', '--max-time', '3', '-H', 'connection: upgrade', '-H', 'upgrade: websocket',
+      '-H', 'sec-websocket-version: 13', '-H', 'sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==', ...headers, `${base}/rpc`], { encoding: 'utf8' }).stdout;
+    expect(ws([])).toBe('401');
+    expect(ws(['-H', `authorization: Bearer ${token}`, '-H', 'origin: http://evil.example'])).toBe('403');
+    expect(ws(['-H', `authorization: Bearer ${token}`, '-H', `origin: http://127.0.0.1:${port}`])).toBe('101');
 
     const p = await b.page();
     await p.goto(url);

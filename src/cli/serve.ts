@@ -1,11 +1,11 @@
 import { resolve } from 'node:path';
-import type { Command } from 'commander';
+import { InvalidArgumentError, type Command } from 'commander';
 import { withLab, type CommonOptions } from './common.js';
 import { EXIT_USAGE, printJson, printTable, reportError } from './output.js';
 
 const int = (flag: string) => (v: string): number => {
   const n = Number(v);
-  if (!Number.isSafeInteger(n) || n < 0) throw new Error(`${flag} takes a whole number ≥ 0, not ${JSON.stringify(v)}`);
+  if (!Number.isSafeInteger(n) || n < 0) throw new InvalidArgumentError(`${flag} takes a whole number ≥ 0, not ${JSON.stringify(v)}`);
   return n;
 };
 

@@ -1,4 +1,4 @@
-import type { Command } from 'commander';
+import { InvalidArgumentError, type Command } from 'commander';
 import { join } from 'node:path';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { EXIT_USAGE, printJson, reportError } from './output.js';
@@ -11,7 +11,7 @@ export function registerUi(program: Command): void {
     .option('--socket <path>', "the daemon's socket (default: SNAPLAB_HOST when it is unix:PATH, else $SNAPLAB_HOME/daemon.sock)")
     .option('--port <n>', 'the local port (default: any free one)', (v: string) => {
       const n = Number(v);
-      if (!Number.isInteger(n) || n < 0 || n > 65535) throw new Error(`--port takes 0–65535, not ${JSON.stringify(v)}`);
+      if (!Number.isInteger(n) || n < 0 || n > 65535) throw new InvalidArgumentError(`--port takes 0–65535, not ${JSON.stringify(v)}`);
       return n;
     })
     .option('--json', 'print {url, port, socket} as JSON')

@@ -1,12 +1,13 @@
 /**
  * `snaplab ui`: the dashboard of a daemon that listens on its Unix socket only, in a browser.
  * A port on 127.0.0.1 forwards to the socket, and since the socket trusts whoever reaches it, the
- * forward asks for a token of its own, made now and printed once in the URL (as Jupyter does):
- * the page keeps it as its key and sends it like one (`Authorization: Bearer`, or `?token=` on
+ * forward asks for a token of its own, made now and printed once in the URL's fragment (as Jupyter
+ * prints its token; a fragment is never sent): the page keeps it as its key and sends it like one (`Authorization: Bearer`, or `?token=` on
  * WebSockets and the event stream). A page of another site cannot learn it, and a Host that is
  * not this address (DNS rebinding) or a WebSocket from another Origin is refused before the
- * token is even looked at. Bytes are piped both ways unchanged: streams, uploads and WebSockets
- * flow with Node's own back-pressure.
+ * token is even looked at. Bodies are piped both ways as they come (streams, uploads and
+ * WebSockets flow with Node's back-pressure); of the request only Host is set, the token taken
+ * out, and Authorization and Cookie dropped.
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { createServer, request, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -34,7 +35,12 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
   const check = (req: IncomingMessage, ws: boolean): { path: string } | { status: number; message: string } => {
     if (!hosts().has(req.headers.host ?? '')) return { status: 403, message: 'this forward answers to 127.0.0.1 and localhost only' };
     if (ws && req.headers.origin !== undefined && !origins().has(req.headers.origin)) return { status: 403, message: 'a WebSocket from another origin' };
-    const u = new URL(req.url ?? '/', 'http://x');
+    let u: URL;
+    try {
+      u = new URL(req.url ?? '/', 'http://x');
+    } catch {
+      return { status: 400, message: 'a request target that is not a path' };
+    }
     const given = /^Bearer (.+)$/i.exec(req.headers.authorization ?? '')?.[1] ?? u.searchParams.get('token') ?? '';
     u.searchParams.delete('token');
     const path = u.pathname + (u.searchParams.size ? `?${u.searchParams}` : '');
@@ -51,15 +57,19 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
     return h;
   };
 
+  const CODES: Record<number, string> = { 400: 'BAD_INPUT', 401: 'UNAUTHORIZED', 403: 'FORBIDDEN' };
   const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
     const c = check(req, false);
     if ('status' in c) {
-      res.writeHead(c.status, { 'content-type': 'application/json' }).end(JSON.stringify({ code: c.status === 401 ? 'UNAUTHORIZED' : 'FORBIDDEN', message: c.message, hint: 'run `snaplab ui` and open the URL it prints' }));
+      res.writeHead(c.status, { 'content-type': 'application/json' }).end(JSON.stringify({ code: CODES[c.status], message: c.message, hint: 'run `snaplab ui` and open the URL it prints' }));
       return;
     }
     const up = request({ socketPath, method: req.method, path: c.path, headers: headersFor(req) }, (r) => {
       res.writeHead(r.statusCode ?? 502, r.headers);
       r.pipe(res);
+      // the daemon ended its side before the end (it lets a slow event reader go, it stopped):
+      // end the browser's too, so an EventSource reconnects and a download fails, not hangs
+      r.on('close', () => { if (!r.complete) res.destroy(); });
     });
     up.on('error', (e) => {
       if (!res.headersSent) res.writeHead(502, { 'content-type': 'application/json' }).end(JSON.stringify({ code: 'DAEMON_UNREACHABLE', message: `the daemon at ${socketPath}: ${e.message}`, hint: 'is `snaplab serve` still running?' }));
@@ -73,7 +83,7 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
   const onUpgrade = (req: IncomingMessage, client: Socket, head: Buffer): void => {
     const c = check(req, true);
     if ('status' in c) {
-      client.end(`HTTP/1.1 ${c.status} ${c.status === 401 ? 'Unauthorized' : 'Forbidden'}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+      client.end(`HTTP/1.1 ${c.status} ${{ 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden' }[c.status]}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
       return;
     }
     const up = connect(socketPath);
@@ -95,7 +105,8 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
   };
 
   const upgraded = new Set<Socket>();
-  const server: Server = createServer(onRequest);
+  // no request deadline: an upload or a download may take longer than Node's default 300 s
+  const server: Server = createServer({ requestTimeout: 0 }, onRequest);
   server.on('upgrade', onUpgrade);
   await new Promise<void>((resolve, reject) => {
     server.once('error', (e: NodeJS.ErrnoException) => reject(e.code === 'EADDRINUSE'
@@ -105,7 +116,8 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
   });
   port = (server.address() as { port: number }).port;
   return {
-    url: `http://127.0.0.1:${port}/?key=${token}`,
+    // the token after #: a browser never sends a fragment, so it is in no request line or log
+    url: `http://127.0.0.1:${port}/#key=${token}`,
     port,
     token,
     close: () => new Promise<void>((resolve) => {

@@ -90,7 +90,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       init: input.init ?? null,
     };
   };
-  // a generated name (16 bits of the id) can collide with a live one when there are hundreds:
+  // a generated name (24 bits of the id) can collide with a live one when there are hundreds:
   // draw again rather than fail the user's create. The user namespace range is claimed host-wide
   // first (userns-registry.ts) and recorded in the same insert, so gc can always account for it.
   let record = make();

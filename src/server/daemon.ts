@@ -217,7 +217,9 @@ export class Daemon {
     const timeoutS = body.timeoutS ?? this.opts.defaultTimeoutS;
     if (!Number.isSafeInteger(timeoutS) || timeoutS < 0) throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
     const release = this.claimSandbox(caller);
-    const name = body.name ?? defaultName(newId());
+    // a name of our own is drawn again while it is taken (or being made by another request here)
+    let name = body.name ?? defaultName(newId());
+    while (body.name === undefined && (this.events.making.has(name) || this.lab.context.store.getSandbox(name))) name = defaultName(newId());
     this.events.making.add(name);
     const signal = AbortSignal.timeout(this.opts.createBoundS * 1000);
     let taking = false;

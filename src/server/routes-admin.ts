@@ -9,7 +9,7 @@ import type { DebianSpec } from '../image/debian.js';
 import type { PoolSpec } from '../lab/pool-admin.js';
 import type { EventRecord } from '../store/records.js';
 import type { Daemon } from './daemon.js';
-import { createKey, parseScopes, removeKey } from './keys.js';
+import { createKey, parseScopes, removeKey, type Caller } from './keys.js';
 import { execView } from './routes-sandboxes.js';
 import { BuildBody, ImportBody, KeyBody, PoolBody, RunBody, ScenarioBody, errors } from './schemas.js';
 
@@ -67,11 +67,20 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     return reply.header('content-type', 'text/plain; version=0.0.4').send(text);
   });
 
-  app.get('/traces', { config: { scope: 'read' }, schema: { tags: ['traces'], querystring: Type.Object({ limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })) }), response: { 200: Type.Array(any), ...errors } } }, async (req) =>
-    d.lab.traces((req.query as { limit?: number }).limit ?? 20));
+  // a key without admin sees the traces of its own machines only (by name or id), as with events
+  const ownTargets = (caller: Caller): string[] | undefined =>
+    caller.scopes.has('admin') ? undefined : store.listSandboxes().filter((r) => d.visible(caller, r.id)).flatMap((r) => [r.name, r.id]);
+  app.get('/traces', { config: { scope: 'read' }, schema: { tags: ['traces'], summary: 'Stored traces, newest first; `target=` those of one machine, scenario or pool', querystring: Type.Object({ limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })), target: Type.Optional(Type.String()) }), response: { 200: Type.Array(any), ...errors } } }, async (req) => {
+    const q = req.query as { limit?: number; target?: string };
+    const own = ownTargets(req.caller);
+    const targets = q.target === undefined ? own : own && !own.includes(q.target) ? [] : [q.target];
+    return store.listOperations(q.limit ?? 20, targets);
+  });
   app.get('/traces/:id', { config: { scope: 'read' }, schema: { tags: ['traces'], params: Type.Object({ id: Type.String() }), response: { 200: any, ...errors } } }, async (req) => {
-    const t = d.lab.trace((req.params as { id: string }).id);
-    if (!t) throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${(req.params as { id: string }).id}`, 'list them with GET /traces');
+    const id = (req.params as { id: string }).id;
+    const t = d.lab.trace(id);
+    const own = ownTargets(req.caller);
+    if (!t || (own && !own.includes(t.target ?? ''))) throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${id}`, 'list them with GET /traces');
     return t;
   });
 

@@ -4,8 +4,8 @@
  * client), who the caller is, every visible machine's CPU and memory in one call, and the
  * `snaplab bench --results` directories under the daemon's bench directory.
  */
-import { existsSync } from 'node:fs';
-import { lstat, readFile, readdir } from 'node:fs/promises';
+import { constants, existsSync } from 'node:fs';
+import { lstat, open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import fastifyStatic from '@fastify/static';
@@ -56,19 +56,25 @@ export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   });
 
   // every take of a pool's standbys (a pool run's take phase, or a take for the caller's own use),
-  // from the stored traces: takes by the CLI and the library count as well as the daemon's own
+  // from the stored traces: takes by the CLI and the library count as well as the daemon's own.
+  // `after` is the cursor of the last answer (traces in the order they were stored); `now` is the
+  // daemon's clock, which the times are on
   app.get('/pools/:name/takes', {
     config: { scope: 'read' },
-    schema: { tags: ['pools'], summary: 'The takes of a pool since a time (epoch ms): when, how long, hit or miss', params: Type.Object({ name: Type.String() }), querystring: Type.Object({ since: Type.Optional(Type.Number({ minimum: 0 })) }), response: { 200: Type.Array(any), ...errors } },
+    schema: { tags: ['pools'], summary: 'The takes of a pool: those stored after a cursor, or that started in the last `since` ms', params: Type.Object({ name: Type.String() }), querystring: Type.Object({ after: Type.Optional(Type.Integer({ minimum: 0 })), since: Type.Optional(Type.Integer({ minimum: 0, maximum: 86_400_000 })) }), response: { 200: any, ...errors } },
   }, async (req) => {
     const name = (req.params as { name: string }).name;
     await d.lab.pool(name).stats(); // POOL_NOT_FOUND for a pool that is not there
-    const since = (req.query as { since?: number }).since ?? Date.now() - 60_000;
-    return d.lab.context.store.operationsSince(name, ['run', 'take'], since).reverse().map((t) => {
+    const q = req.query as { after?: number; since?: number };
+    const now = Date.now();
+    const { next, ops } = d.lab.context.store.operationsStored(name, ['run', 'take'], q.after !== undefined ? { cursor: q.after } : { since: now - (q.since ?? 60_000) });
+    // a pool's runs and takes say hit or miss; a one-shot run traced with an image of the same name does not
+    const takes = ops.filter((t) => typeof (t.details as { hit?: unknown } | null)?.hit === 'boolean').map((t) => {
       const take = t.kind === 'take' ? t.totalMs : t.phases.find((p) => p.name === 'take' && p.parent === null);
       const ms = typeof take === 'number' ? take : take ? take.endMs - take.startMs : null;
-      return { at: t.startedAt, kind: t.kind, ms, hit: (t.details as { hit?: boolean } | null)?.hit ?? null, status: t.status };
+      return { id: t.id, at: t.startedAt, kind: t.kind, ms, hit: (t.details as { hit: boolean }).hit };
     });
+    return { now, next, takes };
   });
 
   const benchDir = d.opts.benchDir ?? join(d.lab.home, 'bench');
@@ -87,22 +93,32 @@ export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
 
 /**
  * A results directory's summary.json. Its name is one plain path segment; neither it nor the file
- * may be a symbolic link (a read key must not read files elsewhere on the host through one).
+ * may be a symbolic link (a read key must not read files elsewhere on the host through one): the
+ * directory is checked with lstat and the file opened with O_NOFOLLOW and checked on its handle.
+ * Errors name the results, not host paths, and never quote the file.
  */
 async function readResults(dir: string, name: string): Promise<Record<string, unknown> & { workload: string; startedAt: string; rungs: unknown[] }> {
   if (!RESULTS_NAME.test(name)) throw new SnaplabError('BAD_INPUT', `invalid results name ${JSON.stringify(name)}`, 'give a directory name from GET /bench');
-  const sub = join(dir, name);
-  const file = join(sub, 'summary.json');
-  const [a, b] = await Promise.all([lstat(sub).catch(() => undefined), lstat(file).catch(() => undefined)]);
-  if (!a?.isDirectory() || !b?.isFile()) throw new SnaplabError('RESULTS_NOT_FOUND', `no results ${name} in ${dir}`, 'write them with `snaplab bench --results DIR/NAME`, list them with GET /bench');
-  if (b.size > 16 << 20) throw new SnaplabError('BAD_RESULTS', `${file} is ${b.size} bytes`, 'a summary.json is far smaller: is it one?');
-  let s: unknown;
+  const missing = (): SnaplabError => new SnaplabError('RESULTS_NOT_FOUND', `no results ${name} in the bench directory`, 'write them with `snaplab bench --results $SNAPLAB_HOME/bench/NAME` (or serve --bench-dir); list them with GET /bench');
+  const sub = await lstat(join(dir, name)).catch(() => undefined);
+  if (!sub?.isDirectory()) throw missing();
+  const fh = await open(join(dir, name, 'summary.json'), constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(() => undefined);
+  if (!fh) throw missing();
+  let text: string;
   try {
-    s = JSON.parse(await readFile(file, 'utf8'));
-  } catch (e) {
-    throw new SnaplabError('BAD_RESULTS', `${file} is not JSON: ${(e as Error).message}`, 'rerun the bench with --results into a new directory');
+    const st = await fh.stat();
+    if (!st.isFile()) throw missing();
+    if (st.size > 16 << 20) throw new SnaplabError('BAD_RESULTS', `results ${name}: summary.json is ${st.size} bytes`, 'a summary.json is far smaller: is it one?');
+    text = await fh.readFile('utf8');
+  } finally {
+    await fh.close();
   }
-  const o = s as Record<string, unknown>;
-  if (!o || typeof o !== 'object' || typeof o.workload !== 'string' || !Array.isArray(o.rungs)) throw new SnaplabError('BAD_RESULTS', `${file} is not a bench summary (no workload or rungs)`, 'give a directory written by `snaplab bench --results`');
+  let o: Record<string, unknown> | undefined;
+  try {
+    o = JSON.parse(text) as Record<string, unknown>;
+  } catch {
+    throw new SnaplabError('BAD_RESULTS', `results ${name}: summary.json is not JSON`, 'rerun the bench with --results into a new directory');
+  }
+  if (!o || typeof o !== 'object' || typeof o.workload !== 'string' || !Array.isArray(o.rungs)) throw new SnaplabError('BAD_RESULTS', `results ${name}: summary.json is not a bench summary (no workload or rungs)`, 'give a directory written by `snaplab bench --results`');
   return o as Record<string, unknown> & { workload: string; startedAt: string; rungs: unknown[] };
 }

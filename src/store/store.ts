@@ -382,12 +382,25 @@ export class Store {
     const r = this.stmt('SELECT * FROM operations WHERE id = ?').get(id) as Row | undefined;
     return r && rowToOperation(r);
   }
-  /** A target's operations of these kinds that started after `since` (epoch ms), newest first. */
-  operationsSince(target: string, kinds: string[], since: number, limit = 5000): (TraceSummary & { details: unknown })[] {
-    const marks = kinds.map(() => '?').join(', ');
-    return (this.stmt(`SELECT * FROM operations WHERE started_at > ? AND target = ? AND kind IN (${marks}) ORDER BY started_at DESC LIMIT ?`).all(since, target, ...kinds, limit) as Row[]).map(rowToOperation);
+  /**
+   * A target's operations of these kinds stored after `cursor` (the order they were stored in,
+   * which is the order they ended: a slow one that started first is not passed over), oldest
+   * first, with the cursor to ask from next. Without a cursor: those that started after `since`.
+   */
+  operationsStored(target: string, kinds: string[], from: { cursor: number } | { since: number }, limit = 5000): { next: number; ops: (TraceSummary & { details: unknown })[] } {
+    // (lists as one JSON parameter: one prepared statement whatever their length)
+    const k = JSON.stringify(kinds);
+    const rows = ('cursor' in from
+      ? this.stmt('SELECT rowid AS seq, * FROM operations WHERE rowid > ? AND target = ? AND kind IN (SELECT value FROM json_each(?)) ORDER BY rowid LIMIT ?').all(from.cursor, target, k, limit)
+      : this.stmt('SELECT rowid AS seq, * FROM operations WHERE started_at > ? AND target = ? AND kind IN (SELECT value FROM json_each(?)) ORDER BY rowid LIMIT ?').all(from.since, target, k, limit)) as Row[];
+    const last = rows.length === limit ? (rows.at(-1)!.seq as number) : ((this.stmt('SELECT max(rowid) AS m FROM operations').get() as { m: number | null }).m ?? 0);
+    return { next: Math.max(last, 'cursor' in from ? from.cursor : 0), ops: rows.map(rowToOperation) };
   }
-  listOperations(limit = 20): (TraceSummary & { details: unknown })[] {
+  listOperations(limit = 20, targets?: string[]): (TraceSummary & { details: unknown })[] {
+    if (targets) {
+      if (!targets.length) return [];
+      return (this.stmt('SELECT * FROM operations WHERE target IN (SELECT value FROM json_each(?)) ORDER BY started_at DESC LIMIT ?').all(JSON.stringify(targets), limit) as Row[]).map(rowToOperation);
+    }
     return (this.stmt('SELECT * FROM operations ORDER BY started_at DESC LIMIT ?').all(limit) as Row[]).map(rowToOperation);
   }
 }

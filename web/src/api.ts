@@ -15,12 +15,19 @@ export function setKey(k: string | null, remember = false): void {
   if (k) (remember ? localStorage : sessionStorage).setItem(KEY, k);
 }
 
-// `snaplab ui` prints a URL with its token as ?key=: keep it for the tab, and take it out of the
-// address bar (and so out of the history and of anything copied from there)
-const given = new URLSearchParams(location.search).get('key');
-if (given) {
-  setKey(given);
-  history.replaceState(null, '', location.pathname + location.hash);
+/**
+ * `snaplab ui` prints a URL with its token after `#key=` (a fragment is never sent to a server).
+ * It is taken out of the address bar at once, and kept only when the daemon answers to it as the
+ * local forward does (`local`): a link carrying someone's real API key does not sign a visitor in
+ * as them, nor replace the key they had.
+ */
+export async function adoptLinkKey(): Promise<void> {
+  const m = /^#key=([A-Za-z0-9_-]{16,})$/.exec(location.hash);
+  if (!m) return;
+  history.replaceState(null, '', `${location.pathname}#/machines`);
+  const res = await fetch('/whoami', { headers: { authorization: `Bearer ${m[1]}` } }).catch(() => undefined);
+  const who = res?.ok ? ((await res.json()) as { key?: string }) : undefined;
+  if (who?.key === 'local') setKey(m[1]!);
 }
 
 /** An error the API answered with: its code, message and hint, as the CLI prints them. */
@@ -143,10 +150,13 @@ const TYPES = ['created', 'ready', 'paused', 'resumed', 'exited', 'destroyed', '
  * The daemon's event stream. EventSource reconnects by itself and sends Last-Event-ID, so a
  * dropped connection loses nothing; `onOpen` tells the page to re-read what it shows.
  */
-export function subscribe(onEvent: (e: SnaplabEvent) => void, onOpen?: () => void): () => void {
+export function subscribe(onEvent: (e: SnaplabEvent) => void, onOpen?: (first: boolean) => void, onLost?: () => void): () => void {
   const src = new EventSource(streamUrl('/events'));
   const handler = (m: MessageEvent<string>): void => onEvent(JSON.parse(m.data) as SnaplabEvent);
   for (const t of TYPES) src.addEventListener(t, handler as EventListener);
-  if (onOpen) src.addEventListener('open', onOpen);
+  let opened = 0;
+  src.addEventListener('open', () => onOpen?.(opened++ === 0));
+  // a refused stream (the key removed, `snaplab ui` restarted) is not retried by the browser
+  src.addEventListener('error', () => { if (src.readyState === EventSource.CLOSED) onLost?.(); });
   return () => src.close();
 }

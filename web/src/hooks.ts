@@ -1,8 +1,9 @@
-import { useCallback, useEffect, useRef, useState } from 'preact/hooks';
+import { useCallback, useEffect, useState } from 'preact/hooks';
 
 /** The route: the part of the location hash after `#/`, split on `/` (each segment decoded). */
 export function useRoute(): string[] {
-  const read = (): string[] => location.hash.replace(/^#\/?/, '').split('/').filter(Boolean).map(decodeURIComponent);
+  const decode = (p: string): string => { try { return decodeURIComponent(p); } catch { return p; } };
+  const read = (): string[] => location.hash.replace(/^#\/?/, '').split('/').filter(Boolean).map(decode);
   const [route, setRoute] = useState(read);
   useEffect(() => {
     const on = (): void => setRoute(read());
@@ -26,19 +27,26 @@ export function usePoll<T>(load: () => Promise<T>, everyMs = 0, deps: unknown[] 
   const [data, setData] = useState<T | undefined>(undefined);
   const [error, setError] = useState<unknown>(undefined);
   const [tick, setTick] = useState(0);
-  const live = useRef(true);
+  // another thing to load (a machine's id): what was shown was the other one's
   useEffect(() => {
-    live.current = true;
+    setData(undefined);
+    setError(undefined);
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, deps);
+  useEffect(() => {
+    // one flag per run of the effect: a load still in flight from an earlier run (before a reload
+    // or another id) neither writes its answer nor starts a timer
+    let alive = true;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const run = (): void => {
       load().then(
-        (v) => { if (live.current) { setData(v); setError(undefined); } },
-        (e: unknown) => { if (live.current) setError(e); },
-      ).finally(() => { if (live.current && everyMs > 0) timer = setTimeout(run, everyMs); });
+        (v) => { if (alive) { setData(v); setError(undefined); } },
+        (e: unknown) => { if (alive) setError(e); },
+      ).finally(() => { if (alive && everyMs > 0) timer = setTimeout(run, everyMs); });
     };
     run();
     return () => {
-      live.current = false;
+      alive = false;
       if (timer) clearTimeout(timer);
     };
     // eslint-disable-next-line react-hooks/exhaustive-deps

@@ -1,7 +1,7 @@
 /** The dashboard's shell: who the caller is (a key is asked for once on TCP), the navigation, the pages. */
-import { render } from 'preact';
+import { Component, render, type ComponentChildren } from 'preact';
 import { useState } from 'preact/hooks';
-import { ApiError, api, setKey } from './api';
+import { ApiError, adoptLinkKey, api, key, setKey } from './api';
 import { ErrorBox } from './components';
 import { href, usePoll, useRoute } from './hooks';
 import { MachinesPage } from './pages/machines';
@@ -22,7 +22,7 @@ const NAV: [string, string][] = [['machines', 'Machines'], ['operations', 'Opera
 function Login({ error, onKey }: { error: unknown; onKey: () => void }) {
   const [text, setText] = useState('');
   const [remember, setRemember] = useState(false);
-  const wrong = error instanceof ApiError && error.status === 401 && sessionStorage.length + localStorage.length > 0;
+  const wrong = error instanceof ApiError && error.status === 401 && key() !== null;
   return (
     <main class="login">
       <form
@@ -34,7 +34,7 @@ function Login({ error, onKey }: { error: unknown; onKey: () => void }) {
         }}
       >
         <h1>snaplab</h1>
-        <p>This daemon asks for an API key (<code>snaplab key create NAME</code> prints one).</p>
+        <p>This daemon asks for an API key (<code>snaplab key create NAME</code> prints one). Through <code>snaplab ui</code>, open the URL it printed instead: its token is only good while that <code>snaplab ui</code> runs.</p>
         {wrong && <ErrorBox error={error} />}
         <label>
           API key
@@ -47,6 +47,23 @@ function Login({ error, onKey }: { error: unknown; onKey: () => void }) {
       </form>
     </main>
   );
+}
+
+/** A page that throws while drawing shows the error, not a blank window. */
+class Boundary extends Component<{ children: ComponentChildren }, { error: unknown }> {
+  state = { error: undefined as unknown };
+  componentDidCatch(error: unknown): void {
+    this.setState({ error });
+  }
+  render() {
+    if (!this.state.error) return this.props.children;
+    return (
+      <main class="page">
+        <ErrorBox error={this.state.error} />
+        <button type="button" onClick={() => { this.setState({ error: undefined }); location.hash = '#/machines'; }}>Back to machines</button>
+      </main>
+    );
+  }
 }
 
 function App() {
@@ -84,4 +101,4 @@ function App() {
   );
 }
 
-render(<App />, document.getElementById('app')!);
+void adoptLinkKey().finally(() => render(<Boundary><App /></Boundary>, document.getElementById('app')!));

@@ -26,7 +26,8 @@ export default function TerminalView({ id }: { id: string }) {
     ws.binaryType = 'arraybuffer';
     const send = (m: unknown): void => { if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m)); };
     ws.onopen = () => {
-      send({ type: 'start', argv: SHELL, tty: { cols: term.cols, rows: term.rows }, stdin: true, env: ['TERM=xterm-256color', 'HOME=/root'], cwd: '/root', timeoutMs: 0 });
+      // the shell ends with its page (closed, another tab, New session): none is left behind
+      send({ type: 'start', argv: SHELL, tty: { cols: term.cols, rows: term.rows }, stdin: true, env: ['TERM=xterm-256color', 'HOME=/root'], cwd: '/root', timeoutMs: 0, onDisconnect: 'kill' });
       term.focus();
     };
     ws.onmessage = (m: MessageEvent<ArrayBuffer | string>) => {

@@ -1,7 +1,7 @@
 /** One machine: overview, a terminal, its files, its snapshots, its operations. */
 import { lazy, Suspense } from 'preact/compat';
 import { useEffect, useState } from 'preact/hooks';
-import { api, enc, raw, subscribe, type Sandbox } from '../api';
+import { ApiError, api, enc, raw, subscribe, type Sandbox } from '../api';
 import { Button, ErrorBox, Section, State } from '../components';
 import { age, bytes } from '../format';
 import { go, href, useAction, usePoll } from '../hooks';
@@ -75,8 +75,8 @@ function Files({ box }: { box: Sandbox }) {
     a.click();
     setTimeout(() => URL.revokeObjectURL(url), 10_000);
   });
-  const upload = useAction(async (files: FileList) => {
-    for (const f of [...files]) await raw('PUT', `/sandboxes/${enc(box.id)}/files?path=${enc(join(dir, f.name))}`, f);
+  const upload = useAction(async (files: File[]) => {
+    for (const f of files) await raw('PUT', `/sandboxes/${enc(box.id)}/files?path=${enc(join(dir, f.name))}`, f);
     ls.reload();
   });
   const remove = useAction(async (e: Entry) => {
@@ -90,7 +90,12 @@ function Files({ box }: { box: Sandbox }) {
         <label class="inline">directory <input name="path" value={dir} key={dir} class="mono" /></label>
         <button type="submit">Open</button>
         {dir !== '/' && <button type="button" onClick={() => setDir(parent(dir))}>Up</button>}
-        <label class="inline">upload here <input type="file" multiple onChange={(e) => { const f = (e.target as HTMLInputElement).files; if (f?.length) void upload.run(f); }} /></label>
+        <label class="inline">upload here <input type="file" multiple onChange={(e) => {
+          const input = e.target as HTMLInputElement;
+          const f = input.files ? [...input.files] : [];
+          input.value = ''; // the same file chosen again is another upload
+          if (f.length) void upload.run(f);
+        }} /></label>
         {upload.busy && <span>uploading…</span>}
       </form>
       <ErrorBox error={ls.error ?? download.error ?? upload.error ?? remove.error} />
@@ -181,7 +186,8 @@ export function MachinePage({ id, tab }: { id: string; tab: string }) {
   const box = usePoll(() => api<Sandbox>('GET', `/sandboxes/${enc(id)}`), 0, [id]);
   // its own events keep the page current (paused, resumed, exited, destroyed)
   useEffect(() => subscribe((e) => { if (e.sandbox === box.data?.id || e.name === id) box.reload(); }), [id, box.data?.id]);
-  if (box.error && !box.data) return <><h1>{id}</h1><ErrorBox error={box.error} /><a href={href('machines')}>all machines</a></>;
+  const gone = box.error instanceof ApiError && box.error.code === 'SANDBOX_NOT_FOUND';
+  if ((box.error && !box.data) || gone) return <><h1>{box.data?.name ?? id}{gone && ' (gone)'}</h1><ErrorBox error={box.error} /><a href={href('machines')}>all machines</a></>;
   if (!box.data) return <p>loading…</p>;
   const b = box.data;
   return (
@@ -198,7 +204,7 @@ export function MachinePage({ id, tab }: { id: string; tab: string }) {
         : <p class="muted">The machine is {b.state}: a terminal needs it running.</p>)}
       {tab === 'files' && <Files box={b} />}
       {tab === 'snapshots' && <Snapshots box={b} />}
-      {tab === 'operations' && <Section title="Operations"><TraceList only={(t) => t.target === b.name || t.target === b.id} /></Section>}
+      {tab === 'operations' && <Section title="Operations"><TraceList target={b.name} /></Section>}
     </>
   );
 }

@@ -128,16 +128,31 @@ export function MachinesPage() {
   const [filter, setFilter] = useState('');
   const [stateFilter, setStateFilter] = useState('');
   const [now, setNow] = useState(Date.now());
+  const [lost, setLost] = useState(false);
   const listRef = useRef(list);
   listRef.current = list;
 
-  // the list, then the events; a reconnect of the stream reads the list again
+  // the list, then the events; a reconnect of the stream reads the list again. The events that
+  // came while a read was under way are applied again on top of what it answered (each event
+  // sets a state or adds or removes a machine, so applying one twice in order changes nothing),
+  // so an answer older than an event cannot undo it, and none is dropped before the first answer.
   useEffect(() => {
     let live = true;
     const pending: SnaplabEvent[] = [];
-    let frame = 0;
+    let during: SnaplabEvent[] | null = null; // events since the read under way began
+    let frame: { cancel: () => void } | null = null;
     const reload = (): void => {
-      api<Sandbox[]>('GET', '/sandboxes').then((all) => { if (live) { setList(new Map(all.map((b) => [b.id, b]))); setError(undefined); } }, (e: unknown) => live && setError(e));
+      during = [];
+      api<Sandbox[]>('GET', '/sandboxes').then((all) => {
+        if (!live) return;
+        const { list: next, fetch } = applyEvents(new Map(all.map((b) => [b.id, b])), during ?? []);
+        during = null;
+        listRef.current = next;
+        setList(next);
+        setError(undefined);
+        fetch.forEach(fetchOne);
+        schedule(); // what waited for the answer
+      }, (e: unknown) => { during = null; if (live) setError(e); });
     };
     const fetchOne = (id: string): void => {
       api<Sandbox>('GET', `/sandboxes/${enc(id)}`).then(
@@ -146,23 +161,35 @@ export function MachinesPage() {
       );
     };
     const flush = (): void => {
-      frame = 0;
+      frame = null;
+      if (!listRef.current) return; // kept until the first answer
       const batch = pending.splice(0);
-      if (!listRef.current) return;
       const { list: next, fetch } = applyEvents(listRef.current, batch);
       listRef.current = next;
       setList(next);
       fetch.forEach(fetchOne);
     };
+    // once a frame (a burst costs one render); a hidden tab has no frames: a timer there
+    const schedule = (): void => {
+      if (frame || !pending.length) return;
+      if (document.hidden) {
+        const t = setTimeout(flush, 500);
+        frame = { cancel: () => clearTimeout(t) };
+      } else {
+        const f = requestAnimationFrame(flush);
+        frame = { cancel: () => cancelAnimationFrame(f) };
+      }
+    };
     const stop = subscribe((e) => {
       pending.push(e);
-      frame ||= requestAnimationFrame(flush);
-    }, reload);
+      during?.push(e);
+      schedule();
+    }, (first) => { if (!first) reload(); }, () => live && setLost(true));
     reload();
     return () => {
       live = false;
       stop();
-      if (frame) cancelAnimationFrame(frame);
+      frame?.cancel();
     };
   }, []);
 
@@ -170,6 +197,7 @@ export function MachinesPage() {
   useEffect(() => {
     let prev = new Map<string, Usage>();
     let timer: ReturnType<typeof setTimeout>;
+    let live = true;
     const poll = async (): Promise<void> => {
       try {
         const us = await api<Usage[]>('GET', '/usage');
@@ -180,15 +208,19 @@ export function MachinesPage() {
           next.set(u.id, { memoryBytes: u.memoryBytes, pids: u.pids, cpuPct });
         }
         prev = new Map(us.map((u) => [u.id, u]));
-        setLoads(next);
+        if (live) setLoads(next);
       } catch {
         /* the list shows the daemon's error; usage stays as it was */
       }
+      if (!live) return; // the page went while a poll was out: no next one
       setNow(Date.now());
       timer = setTimeout(() => void poll(), 2000);
     };
     void poll();
-    return () => clearTimeout(timer);
+    return () => {
+      live = false;
+      clearTimeout(timer);
+    };
   }, []);
 
   const all = useMemo(() => [...(list?.values() ?? [])].sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0)), [list]);
@@ -219,10 +251,11 @@ export function MachinesPage() {
           <label class="inline">state
             <select value={stateFilter} onChange={(e) => setStateFilter((e.target as HTMLSelectElement).value)}>
               <option value="">all</option>
-              {['running', 'paused', 'stopped', 'dead', 'creating'].map((s) => <option value={s}>{s}</option>)}
+              {['running', 'paused', 'dead', 'creating', 'removing'].map((s) => <option value={s}>{s}</option>)}
             </select>
           </label>
         </div>
+        {lost && <div class="error" role="alert">The event stream was refused (the key removed, or <code>snaplab ui</code> restarted): this list no longer updates. Reload the page.</div>}
         <ErrorBox error={error ?? destroy.error} />
         <div class="table-wrap">
           <table data-testid="machines" class="fixed">

@@ -20,12 +20,12 @@ export function TraceView({ id }: { id: string }) {
   );
 }
 
-/** A table of traces (newest first); `only` narrows it to one machine's. */
-export function TraceList({ only, limit = 200 }: { only?: (t: Trace) => boolean; limit?: number }) {
+/** A table of traces (newest first); `target` narrows it to one machine's (asked of the daemon). */
+export function TraceList({ target, limit = 200 }: { target?: string; limit?: number }) {
   const [kind, setKind] = useState('');
   const [status, setStatus] = useState('');
-  const list = usePoll(() => api<Trace[]>('GET', `/traces?limit=${limit}`), 5000, [limit]);
-  const all = (list.data ?? []).filter((t) => !only || only(t));
+  const list = usePoll(() => api<Trace[]>('GET', `/traces?limit=${limit}${target ? `&target=${enc(target)}` : ''}`), 5000, [limit, target]);
+  const all = list.data ?? [];
   const kinds = [...new Set(all.map((t) => t.kind))].sort();
   const shown = all.filter((t) => (!kind || t.kind === kind) && (!status || t.status === status));
   return (

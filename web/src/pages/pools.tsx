@@ -28,11 +28,11 @@ interface Pool {
 }
 
 interface Take {
+  id: string;
   at: number;
   kind: string;
   ms: number | null;
-  hit: boolean | null;
-  status: string;
+  hit: boolean;
 }
 
 const WINDOW_S = 60;
@@ -62,24 +62,28 @@ export function perSecond(takes: Take[], now: number): { rate: { x: number; y: n
 
 function PoolCharts({ name }: { name: string }) {
   const takes = useRef<Take[]>([]);
+  // the daemon's clock (the takes' times are on it), carried forward between answers
   const [now, setNow] = useState(Date.now());
   const [error, setError] = useState<unknown>(undefined);
   useEffect(() => {
     let live = true;
-    let since = Date.now() - WINDOW_S * 1000;
+    let after: number | undefined;
+    let skew = 0;
     let timer: ReturnType<typeof setTimeout>;
     const poll = async (): Promise<void> => {
       try {
-        const got = await api<Take[]>('GET', `/pools/${enc(name)}/takes?since=${since}`);
-        if (got.length) since = got[got.length - 1]!.at;
-        const cut = Date.now() - WINDOW_S * 1000;
-        takes.current = [...takes.current, ...got].filter((t) => t.at >= cut);
+        const got = await api<{ now: number; next: number; takes: Take[] }>('GET', `/pools/${enc(name)}/takes${after === undefined ? `?since=${WINDOW_S * 1000}` : `?after=${after}`}`);
+        if (!live) return;
+        after = got.next;
+        skew = got.now - Date.now();
+        const cut = got.now - WINDOW_S * 1000;
+        takes.current = [...takes.current, ...got.takes].filter((t) => t.at >= cut);
         setError(undefined);
       } catch (e) {
-        setError(e);
+        if (live) setError(e);
       }
       if (!live) return;
-      setNow(Date.now());
+      setNow(Date.now() + skew);
       timer = setTimeout(() => void poll(), 1000);
     };
     void poll();
@@ -130,7 +134,7 @@ export function PoolsPage() {
         </div>
         {pools.data && !pools.data.length && <p class="muted">No pools. <code>snaplab pool create jobs --image busybox --size 8</code> (or POST /pools) keeps standbys warm.</p>}
       </Section>
-      {(pools.data ?? []).map((p) => <Section title={`Takes: ${p.name}`}><PoolCharts name={p.name} /></Section>)}
+      {(pools.data ?? []).map((p) => <Section key={p.name} title={`Takes: ${p.name}`}><PoolCharts name={p.name} /></Section>)}
     </>
   );
 }
