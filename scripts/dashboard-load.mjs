@@ -23,6 +23,12 @@ const home = mkdtempSync(join(tmpdir(), 'snaplab-dashboard-load-'));
 const env = { ...process.env, SNAPLAB_HOME: home };
 const cli = (...args) => spawnSync(SNAPLAB, args, { env, encoding: 'utf8' });
 const log = (m) => process.stderr.write(`${m}\n`);
+// a closed stderr (piped into head) or an interrupt must not skip the clean-up below
+process.stderr.on('error', () => {});
+process.stdout.on('error', () => {});
+let interrupted = false;
+for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.once(sig, () => { interrupted = true; stop?.(); });
+let stop;
 const pct = (xs, p) => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length ? Math.round(s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] * 10) / 10 : null;
@@ -44,22 +50,26 @@ try {
     return res.status === 204 ? undefined : res.json();
   };
 
+  const aborted = new Promise((_, reject) => { stop = () => reject(new Error('interrupted')); });
+  aborted.catch(() => {});
   log(`making ${N} machines…`);
   const t0 = Date.now();
   const ids = [];
   let next = 0;
   let made = 0;
-  await Promise.all(Array.from({ length: 8 }, async () => {
-    while (next < N) {
+  await Promise.race([aborted, Promise.all(Array.from({ length: 8 }, async () => {
+    while (next < N && !interrupted) {
       const i = next++;
       ids[i] = (await call('POST', '/sandboxes', { image: 'busybox', name: `m${i}`, timeoutS: 0 })).id; // m${i}'s id, whatever order they end in
       if (++made % 100 === 0) log(`  ${made}/${N}`);
     }
-  }));
+  }))]);
   log(`  made in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 
   browser = await chromium.launch({
     executablePath: '/usr/bin/chromium',
+    // playwright would exit on these itself, before the clean-up: they are this script's to handle
+    handleSIGINT: false, handleSIGTERM: false, handleSIGHUP: false,
     args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1'],
   });
   const page = await (await browser.newContext({ viewport: { width: 1280, height: 800 } })).newPage();
@@ -101,7 +111,7 @@ try {
   const stormStart = Date.now();
   let k = 0;
   const inflight = [];
-  while (Date.now() - stormStart < SECONDS * 1000) {
+  while (Date.now() - stormStart < SECONDS * 1000 && !interrupted) {
     const due = stormStart + (k * 1000) / RATE;
     const wait = due - Date.now();
     if (wait > 0) await new Promise((r) => setTimeout(r, wait));
@@ -137,8 +147,11 @@ try {
     frames: { count: gaps.length, p50GapMs: pct(gaps, 50), p99GapMs: pct(gaps, 99), maxGapMs: pct(gaps, 100), longTasks: long.length, longestTaskMs: pct(long, 100) },
   };
   process.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
+} catch (e) {
+  log(`error: ${e.message}`);
+  process.exitCode = 1;
 } finally {
-  await browser?.close();
+  await browser?.close().catch(() => {});
   if (daemon) {
     daemon.kill('SIGTERM');
     await new Promise((r) => daemon.once('exit', r));
