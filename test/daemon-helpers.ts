@@ -47,3 +47,16 @@ export async function startDaemon(home: string, extra: string[] = []): Promise<T
     },
   };
 }
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** Wait until `fn` gives something truthy (checked every 100 ms), or fail naming `what`. */
+export async function until<T>(what: string, fn: () => T | undefined | false | Promise<T | undefined | false>, ms = 20_000): Promise<T> {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}

@@ -11,7 +11,7 @@ import WebSocket from 'ws';
 import Database from 'better-sqlite3';
 import SwaggerParser from '@apidevtools/swagger-parser';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
 import { SNAPLAB } from './cli-command.js';
 
 let home: string;
@@ -37,17 +37,6 @@ function curl(method: string, path: string, opts: { token?: string; json?: unkno
   return { status: Number(/^HTTP\/1\.1 (\d+)/.exec(head ?? '')?.[1] ?? 0), body, headers: head ?? '' };
 }
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-
-async function until<T>(what: string, fn: () => T | undefined | false | Promise<T | undefined | false>, ms = 15_000): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(100);
-  }
-}
 
 function socket(path: string): Promise<WebSocket> {
   const ws = new WebSocket(`ws+unix:${d.socket}:${path}`);

@@ -14,7 +14,7 @@ import { connect } from 'node:net';
 import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { launch, type TestBrowser } from './browser.js';
-import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
 import { SNAPLAB } from './cli-command.js';
 
 let home: string;
@@ -35,17 +35,6 @@ function api(method: string, path: string, json?: unknown): { status: number; bo
   return { status: Number(r.stdout.slice(at + 1)), body };
 }
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-
-async function until<T>(what: string, fn: () => T | undefined | false | Promise<T | undefined | false>, ms = 20_000): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(100);
-  }
-}
 
 const exec = (box: string, cmd: string): string => {
   const r = api('POST', `/sandboxes/${box}/exec`, { argv: ['sh', '-c', cmd] });

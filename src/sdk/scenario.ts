@@ -14,26 +14,8 @@ import { join } from 'node:path';
 import { withLock } from '../host/lock.js';
 import { ownerDir } from '../scenario/names.js';
 
-export interface MachineStatus {
-  machine: string;
-  sandbox: string;
-  state: string;
-  reason: string | null;
-  hostname: string;
-  addresses: { network: string; address: string }[];
-}
-
-export interface ScenarioStatus {
-  name: string;
-  state: string;
-  reason: string | null;
-  file: string;
-  machines: MachineStatus[];
-  networks: { name: string; subnet: string }[];
-  /** pairs of machines whose traffic is dropped now (block, partition), as the kernel has it */
-  blocked: [string, string][];
-  snapshots: string[];
-}
+export type { MachineStatus, ScenarioStatus } from '../views.js';
+import type { ScenarioStatus } from '../views.js';
 
 /** A scenario that is up: several networked machines, snapshotted and reset as one. */
 export class Scenario {

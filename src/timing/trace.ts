@@ -2,31 +2,8 @@ import { SnaplabError } from '../errors.js';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
 
-/** One timed phase; times are milliseconds from the start of its operation (monotonic clock). */
-export interface Phase {
-  name: string;
-  /** index of the enclosing phase in `phases`, or null at top level */
-  parent: number | null;
-  depth: number;
-  startMs: number;
-  endMs: number;
-}
-
-export interface TraceSummary {
-  id: string;
-  kind: string;
-  target: string | null;
-  startedAt: number;
-  totalMs: number;
-  /** time covered by no top-level phase: work the trace did not attribute */
-  unattributedMs: number;
-  status: 'ok' | 'error';
-  error: string | null;
-  /** the failure's code and hint, when it was a SnaplabError */
-  errorCode?: string | null;
-  errorHint?: string | null;
-  phases: Phase[];
-}
+export type { Phase, TraceSummary } from '../views.js';
+import type { Phase, TraceSummary } from '../views.js';
 
 const nowMs = (): number => Number(process.hrtime.bigint()) / 1e6;
 

@@ -121,28 +121,8 @@ export interface SnaplabEvent {
   data: Record<string, unknown> | null;
 }
 
-export interface Phase {
-  name: string;
-  /** index of the enclosing phase, null at top level */
-  parent: number | null;
-  depth: number;
-  startMs: number;
-  endMs: number;
-}
-
-export interface Trace {
-  id: string;
-  kind: string;
-  target: string | null;
-  startedAt: number;
-  totalMs: number;
-  unattributedMs: number;
-  status: string;
-  error: string | null;
-  errorCode?: string | null;
-  errorHint?: string | null;
-  phases: Phase[];
-}
+// the daemon's own definitions (src/views.ts): a change there is a type error here
+export type { Phase, TraceSummary as Trace } from '../../src/views';
 
 const TYPES = ['created', 'ready', 'paused', 'resumed', 'exited', 'destroyed', 'failed', 'timeout', 'process.exited'];
 

@@ -11,26 +11,8 @@
  */
 import { href } from './hooks';
 
-export interface MachineStatus {
-  machine: string;
-  sandbox: string;
-  state: string;
-  reason: string | null;
-  hostname: string;
-  addresses: { network: string; address: string }[];
-}
-
-export interface ScenarioStatus {
-  name: string;
-  state: string;
-  reason: string | null;
-  file: string;
-  machines: MachineStatus[];
-  networks: { name: string; subnet: string }[];
-  /** pairs of machines whose traffic is dropped now, read from the kernel */
-  blocked: [string, string][];
-  snapshots: string[];
-}
+export type { MachineStatus, ScenarioStatus } from '../../src/views';
+import type { MachineStatus, ScenarioStatus } from '../../src/views';
 
 // geometry, in viewBox units
 const PAD = 16;

@@ -9,8 +9,9 @@ import { Button, ErrorBox, Section } from '../components';
 import { age } from '../format';
 import { href, usePoll } from '../hooks';
 
-/* The shape of summary.json, as src/bench/summary.ts writes it (a copy: the web build does not
- * reach into the server's sources). Fields an older summary may lack are optional. */
+/* The shape of summary.json, as src/bench/summary.ts writes it. A copy, not an import of that
+ * type (as src/views.ts is for traces and scenarios): the page reads files written by any earlier
+ * version, so the fields an older summary may lack are optional here, and not in the writer's. */
 interface Latency { p50: number; p90: number; p99: number }
 interface Rep { rep: number; throughput: number; ops: number; errors: number; wallMs: number; latencyMs: Latency; phasesMs?: Record<string, number>; firstError?: string }
 interface Rung { concurrency: number; throughput: number; throughputRange?: { min: number; max: number }; ops: number; errors: number; latencyMs: Latency; phasesMs?: Record<string, number>; reps?: Rep[] }
