@@ -15,6 +15,9 @@
  *   btrfs-snapshot SRC DST RO(0|1)          BTRFS_IOC_SNAP_CREATE_V2
  *   btrfs-delete PATH                       BTRFS_IOC_SNAP_DESTROY
  *   btrfs-changes PATH                      syncfs, then the subvolume's generation:ctransid
+ *   btrfs-squota PATH                       turn on simple quotas on PATH's filesystem (kernel 6.7+; idempotent)
+ *   btrfs-limit PATH BYTES                  the subvolume's own qgroup may hold at most BYTES (0: no limit)
+ *   btrfs-quota PATH                        syncfs, then the subvolume's qgroup: USED LIMIT (0: none)
  *   mount SOURCE TARGET FSTYPE FLAGS DATA   mount(2)
  *   umount TARGET FLAGS                     umount2(2)
  *   tcp-check NETNS HOST PORT TIMEOUT_MS    connect from inside a network namespace (path)
@@ -245,6 +248,113 @@ static void op_btrfs_changes(struct request *r)
 	char v[64];
 	snprintf(v, sizeof v, "%llu:%llu", (unsigned long long)info.generation, (unsigned long long)info.ctransid);
 	const char *f[] = { "ok", v, NULL };
+	reply(r->id, f);
+}
+
+#ifndef BTRFS_QUOTA_TREE_OBJECTID
+#define BTRFS_QUOTA_TREE_OBJECTID 8ULL
+#endif
+#ifndef BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA
+#define BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA 4
+#endif
+
+/*
+ * Simple quotas (squota): each extent is charged to the subvolume that wrote it, for as long as it
+ * exists, so a clone's qgroup counts what the machine wrote and nothing of its image, and neither
+ * a snapshot nor a delete triggers the accounting walk that full qgroups do.
+ */
+static void op_btrfs_squota(struct request *r)
+{
+	if (r->argc != 2)
+		return reply_err(r->id, EINVAL, "btrfs-squota PATH");
+	int fd = open(r->argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return reply_err(r->id, errno, r->argv[1]);
+	struct btrfs_ioctl_quota_ctl_args args = { .cmd = BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA };
+	int rc = ioctl(fd, BTRFS_IOC_QUOTA_CTL, &args);
+	int e = errno;
+	close(fd);
+	if (rc < 0)
+		return reply_err(r->id, e, "btrfs quota enable (simple)");
+	reply_ok(r->id);
+}
+
+static void op_btrfs_limit(struct request *r)
+{
+	if (r->argc != 3)
+		return reply_err(r->id, EINVAL, "btrfs-limit PATH BYTES");
+	int fd = open(r->argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return reply_err(r->id, errno, r->argv[1]);
+	unsigned long long bytes = strtoull(r->argv[2], NULL, 10);
+	struct btrfs_ioctl_qgroup_limit_args args;
+	memset(&args, 0, sizeof args);
+	args.qgroupid = 0; /* the qgroup of the subvolume fd is in */
+	args.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER | BTRFS_QGROUP_LIMIT_MAX_EXCL;
+	args.lim.max_rfer = bytes ? bytes : (unsigned long long)-1;
+	args.lim.max_excl = bytes ? bytes : (unsigned long long)-1;
+	int rc = ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &args);
+	int e = errno;
+	close(fd);
+	if (rc < 0)
+		return reply_err(r->id, e, e == ENOTCONN ? "quotas are off on this filesystem" : "btrfs qgroup limit");
+	reply_ok(r->id);
+}
+
+/* one item of the quota tree: the subvolume's level-0 qgroup (0/ID) of the given key type */
+static int quota_item(int fd, unsigned long long subvol, unsigned type, void *out, size_t len)
+{
+	struct btrfs_ioctl_search_args args;
+	memset(&args, 0, sizeof args);
+	args.key.tree_id = BTRFS_QUOTA_TREE_OBJECTID;
+	args.key.min_objectid = 0;
+	args.key.max_objectid = 0;
+	args.key.min_type = type;
+	args.key.max_type = type;
+	args.key.min_offset = subvol;
+	args.key.max_offset = subvol;
+	args.key.max_transid = (unsigned long long)-1;
+	args.key.nr_items = 1;
+	if (ioctl(fd, BTRFS_IOC_TREE_SEARCH, &args) < 0)
+		return -1;
+	if (args.key.nr_items < 1) {
+		errno = ENOENT;
+		return -1;
+	}
+	struct btrfs_ioctl_search_header *h = (struct btrfs_ioctl_search_header *)args.buf;
+	if (h->len < len) {
+		errno = EPROTO;
+		return -1;
+	}
+	memcpy(out, args.buf + sizeof *h, len);
+	return 0;
+}
+
+static void op_btrfs_quota(struct request *r)
+{
+	if (r->argc != 2)
+		return reply_err(r->id, EINVAL, "btrfs-quota PATH");
+	int fd = open(r->argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return reply_err(r->id, errno, r->argv[1]);
+	struct btrfs_ioctl_get_subvol_info_args info;
+	memset(&info, 0, sizeof info);
+	/* le64 fields: info {generation, rfer, rfer_cmpr, excl, excl_cmpr}, limit {flags, max_rfer, max_excl, ...} */
+	unsigned long long qinfo[5] = { 0 }, qlimit[3] = { 0 };
+	if (syncfs(fd) < 0 || ioctl(fd, BTRFS_IOC_GET_SUBVOL_INFO, &info) < 0 ||
+	    quota_item(fd, info.treeid, 242 /* BTRFS_QGROUP_INFO_KEY */, qinfo, sizeof qinfo) < 0) {
+		int e = errno;
+		close(fd);
+		return reply_err(r->id, e, "btrfs qgroup of the subvolume");
+	}
+	if (quota_item(fd, info.treeid, 244 /* BTRFS_QGROUP_LIMIT_KEY */, qlimit, sizeof qlimit) < 0)
+		qlimit[0] = 0;
+	close(fd);
+	unsigned long long limit = (qlimit[0] & BTRFS_QGROUP_LIMIT_MAX_RFER) && qlimit[1] != (unsigned long long)-1 ? qlimit[1] : 0;
+	char used[32], lim[32];
+	snprintf(used, sizeof used, "%llu", qinfo[1]);
+	snprintf(lim, sizeof lim, "%llu", limit);
+	const char *f[] = { "ok", used, lim, NULL };
 	reply(r->id, f);
 }
 
@@ -668,6 +778,12 @@ static void *serve(void *p)
 		op_btrfs_delete(r);
 	else if (strcmp(op, "btrfs-changes") == 0)
 		op_btrfs_changes(r);
+	else if (strcmp(op, "btrfs-squota") == 0)
+		op_btrfs_squota(r);
+	else if (strcmp(op, "btrfs-limit") == 0)
+		op_btrfs_limit(r);
+	else if (strcmp(op, "btrfs-quota") == 0)
+		op_btrfs_quota(r);
 	else if (strcmp(op, "mount") == 0)
 		op_mount(r);
 	else if (strcmp(op, "umount") == 0)

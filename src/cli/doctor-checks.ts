@@ -7,6 +7,7 @@ import type { Availability } from '../host/probe-types.js';
 import { which } from '../host/run.js';
 import { HOST_TOOLS, installFix, toolsVerdict, type Feature } from '../host/tools.js';
 import { allBackends, pickDefault } from '../storage/index.js';
+import { BtrfsBackend } from '../storage/btrfs/btrfs-backend.js';
 import { probeUserns } from '../host/userns-probe.js';
 import { dirname, join } from 'node:path';
 
@@ -46,6 +47,19 @@ async function usernsChecks(home: string): Promise<Check[]> {
   ];
 }
 
+/** Which storage caps what a machine writes (--disk). */
+async function diskCapChecks(home: string): Promise<Check[]> {
+  const plain = (kind: string): Check => ({
+    name: `disk cap: ${kind}`, kind: 'storage', optional: true, ok: false,
+    reason: `no per-machine cap: ${kind === 'overlay' ? "an overlay's upper layer" : 'a dir volume'} is a plain directory on the home's filesystem (a cap would need project quotas, a filesystem mounted with prjquota): --disk is refused, no default cap`,
+  });
+  return [
+    { name: 'disk cap: btrfs', kind: 'storage', optional: true, ...(await new BtrfsBackend(home).diskCapSupport()) },
+    plain('overlay'),
+    plain('dir'),
+  ];
+}
+
 /** Probe everything snaplab needs; exit 0 when the default driver and a storage backend work. */
 export async function doctor(home: string): Promise<{ ok: boolean; home: string; defaultDriver: string; defaultStorage: string | null; defaultStorageReason: string; checks: Check[] }> {
   const checks: Check[] = [];
@@ -59,6 +73,7 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
   for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
   checks.push(...(await usernsChecks(home)));
+  checks.push(...(await diskCapChecks(home)));
   checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
   // features beyond a single sandbox: snaplab runs without them, but they fail when used
   checks.push({ name: 'scenarios', kind: 'feature', optional: true, ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }) });

@@ -6,13 +6,15 @@ export interface LimitOptions {
   memory?: string;
   pids?: string;
   cpus?: string;
+  disk?: string;
 }
 
 export function addLimitOptions(cmd: Command): Command {
   return cmd
     .option('--memory <size>', 'memory limit, e.g. 256M or 1G (swap is not allowed beyond it)')
     .option('--pids <n>', 'most processes and threads at once')
-    .option('--cpus <n>', 'CPU time as cores, e.g. 1 or 0.5');
+    .option('--cpus <n>', 'CPU time as cores, e.g. 1 or 0.5')
+    .option('--disk <size>', 'most the machine may write to its filesystem beyond its image, e.g. 1G (default 4G where storage enforces it; 0: no cap)');
 }
 
 export function limitsFrom(o: LimitOptions): Limits {
@@ -20,5 +22,6 @@ export function limitsFrom(o: LimitOptions): Limits {
   if (o.memory !== undefined) l.memoryBytes = parseSize(o.memory, 'memory limit');
   if (o.pids !== undefined) l.pids = parsePositiveInt(o.pids, 'pids limit');
   if (o.cpus !== undefined) l.cpus = parseCpus(o.cpus);
+  if (o.disk !== undefined) l.diskBytes = o.disk === '0' || o.disk === 'none' ? 0 : parseSize(o.disk, 'disk cap');
   return l;
 }

@@ -10,6 +10,14 @@ export const DEFAULT_LIMITS: Readonly<Limits> = { memoryBytes: 1024 ** 3, pids: 
 /** A VM's memory is its guest's RAM (and the size of its memory snapshots): smaller by default. */
 export const VM_DEFAULT_MEMORY = 256 * 1024 * 1024;
 
+/**
+ * What a machine may write to its own filesystem unless told otherwise (`--disk`): without a cap,
+ * one sandbox fills the storage pool that every sandbox and snapshot shares (a 3 GiB write went
+ * through before). Enforced where the storage can (btrfs with simple quotas; `snaplab doctor`
+ * says); where it cannot, the default is not applied and an explicit --disk is refused.
+ */
+export const DEFAULT_DISK_BYTES = 4 * 1024 ** 3;
+
 export function withDefaults(l: Limits | undefined, driver = 'namespaces'): Limits {
   return { ...DEFAULT_LIMITS, ...(driver === 'qemu' ? { memoryBytes: VM_DEFAULT_MEMORY } : {}), ...l };
 }

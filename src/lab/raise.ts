@@ -1,7 +1,7 @@
 import type { AgentClient } from '../agent/client.js';
 import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
-import type { StorageKind, Volume } from '../storage/backend.js';
+import type { StorageBackend, StorageKind, Volume } from '../storage/backend.js';
 import { inflight } from './inflight.js';
 import { randomBytes } from 'node:crypto';
 import type { MemoryImage } from '../drivers/driver.js';
@@ -10,6 +10,7 @@ import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { checkName, defaultName, newId } from './names.js';
 import { undoRaise } from './teardown.js';
+import { DEFAULT_DISK_BYTES } from './limits.js';
 import { DEFAULT_ENV } from './exec.js';
 import { waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
@@ -126,6 +127,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
         const v = await backend.clone(base, { mountOnHost: !userns });
         record.volume = v; // recorded before the mark is lifted, so gc always sees an owner
         ctx.store.updateSandbox(id, { volume: v });
+        await trace.phase('disk cap', () => capDisk(ctx, backend, v, record, driver.name));
         return v;
       });
     const [cloned, prepared] = await Promise.allSettled([trace.phase('clone rootfs', clone), driver.prepare(machine, trace)]);
@@ -174,4 +176,25 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     await undoRaise(ctx, record);
     throw e;
   }
+}
+
+/**
+ * Cap what the machine may write (limits.diskBytes; the default where the storage enforces one),
+ * before anything runs in it. An explicit cap that cannot be enforced here is refused; the default
+ * is then dropped from the record, so what `ls` and the API show is what holds.
+ */
+async function capDisk(ctx: LabContext, backend: StorageBackend, volume: Volume, record: SandboxRecord, driver: string): Promise<void> {
+  const asked = record.limits.diskBytes;
+  if (asked === 0 || driver !== 'namespaces') return; // a VM's disk is its image file: not capped yet
+  const bytes = asked ?? DEFAULT_DISK_BYTES;
+  const why = backend.limitDisk ? await backend.limitDisk(volume, bytes) : `${backend.kind} storage cannot cap a machine's disk`;
+  if (why === null) {
+    record.limits = { ...record.limits, diskBytes: bytes };
+    ctx.store.updateSandbox(record.id, { limits: record.limits });
+    return;
+  }
+  if (asked !== undefined) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'use btrfs storage (`snaplab doctor` says which storage caps disks), or leave out --disk');
+  const { diskBytes: _, ...rest } = record.limits;
+  record.limits = rest;
+  ctx.store.updateSandbox(record.id, { limits: rest });
 }

@@ -56,6 +56,7 @@ function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs:
 
   const limits: MachineFileSpec['limits'] = {};
   if (raw.memory !== undefined) limits.memoryBytes = raw.memory;
+  if (raw.disk !== undefined) limits.diskBytes = raw.disk;
   if (raw.pids !== undefined) limits.pids = raw.pids;
   if (raw.cpus !== undefined) limits.cpus = raw.cpus;
 

@@ -247,6 +247,11 @@ describe('errors name the file, line and column', () => {
     fails(['machines:', '  a:', '    provision:', '      - copy: { from: app.sh, to: /x, mode: 0855 }'], 4, /invalid mode/);
   });
 
+  it('a disk cap: a size, or 0 for none', () => {
+    expect(parse(['machines:', '  a:', '    disk: 512M', '  b:', '    disk: 0']).machines.map((m) => m.limits)).toEqual([{ diskBytes: 512 * 1024 ** 2 }, { diskBytes: 0 }]);
+    fails(['machines:', '  a:', '    disk: plenty'], 3, /invalid disk "plenty"/);
+  });
+
   it('bad sizes, timeouts and ports', () => {
     fails(['machines:', '  a:', '    memory: lots'], 3, /invalid memory "lots"/);
     fails(['machines:', '  a:', '    memory: 128'], 3, /too little/);

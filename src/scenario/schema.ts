@@ -2,7 +2,7 @@ import { posix } from 'node:path';
 import * as z from 'zod';
 import type { Check } from './spec.js';
 import { DEFAULT_CHECK_TIMEOUT_MS, DEFAULT_RUN_TIMEOUT_MS } from './spec.js';
-import { parseDuration, parseMemory, parsePort, Problem } from './values.js';
+import { parseDisk, parseDuration, parseMemory, parsePort, Problem } from './values.js';
 
 /*
  * The file's shape. Values that need nothing but themselves (durations, sizes, ports, argv,
@@ -218,6 +218,7 @@ const Machine = z.strictObject(
     memory: strOrNum('a size such as 128M').transform(conv(parseMemory)).optional(),
     pids: z.number({ error: 'expected a whole number' }).int({ error: 'expected a whole number' }).positive({ error: 'expected a positive number' }).optional(),
     cpus: z.number({ error: 'expected a number of cores such as 1 or 0.5' }).positive({ error: 'expected a positive number of cores' }).optional(),
+    disk: strOrNum('a size such as 1G, or 0 for no cap').transform(conv(parseDisk)).optional(),
     env: Env,
     networks: z.record(z.string(), Attachment, { error: 'expected a map of network name to {address}' }).nullish(),
     provision: list(Step),

@@ -23,7 +23,7 @@ export interface MachineFileSpec {
   image: string;
   /** Default: the machine's name. */
   hostname: string;
-  limits: { memoryBytes?: number; pids?: number; cpus?: number };
+  limits: { memoryBytes?: number; pids?: number; cpus?: number; diskBytes?: number };
   env: Record<string, string>;
   /** Every address resolved (fixed in the file, or deterministic: see assignAddresses). */
   networks: { network: string; address: string; prefix: number }[];

@@ -25,6 +25,16 @@ export function parseDuration(v: string | number): number {
 
 const MIN_MEMORY = 1024 ** 2;
 
+/** A disk cap: "1G", a number of bytes, or 0 (none). */
+export function parseDisk(v: string | number): number {
+  if (v === 0 || v === '0' || v === 'none') return 0;
+  try {
+    return parseSize(String(v), 'disk');
+  } catch {
+    throw new Problem(`invalid disk ${JSON.stringify(v)}`, 'write a size such as 512M or 2G (binary units), or 0 for no cap');
+  }
+}
+
 /** "128M", "1G", or a number of bytes. */
 export function parseMemory(v: string | number): number {
   let bytes: number;

@@ -20,6 +20,7 @@ export const Limits = Type.Object({
   memoryBytes: Type.Optional(Type.Integer({ minimum: 1 })),
   pids: Type.Optional(Type.Integer({ minimum: 1 })),
   cpus: Type.Optional(Type.Number({ minimum: 0.01 })),
+  diskBytes: Type.Optional(Type.Integer({ minimum: 0, description: 'most the machine may write beyond its image (0: no cap)' })),
 }, { additionalProperties: false });
 
 export const CreateBody = Type.Object({

@@ -64,6 +64,14 @@ export interface StorageBackend {
    */
   changeMarker(volume: Volume): Promise<string | null>;
   /**
+   * Cap what a writable volume may hold beyond its base: writes past `bytes` fail inside with
+   * EDQUOT (0: no cap). Resolves with null when the cap is enforced, or with why it cannot be
+   * on this host (a backend without the method cannot at all).
+   */
+  limitDisk?(volume: Volume, bytes: number): Promise<string | null>;
+  /** What a capped volume holds against its cap; null when this backend or host keeps no count. */
+  diskQuota?(volume: Volume): Promise<{ usedBytes: number; limitBytes: number | null } | null>;
+  /**
    * Host objects this backend made (mount points, loop devices, directories) whose volume ids are
    * not in `liveIds`; `gc` removes them. Returns a description of each thing it removed.
    */

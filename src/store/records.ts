@@ -6,6 +6,8 @@ export interface Limits {
   memoryBytes?: number;
   pids?: number;
   cpus?: number;
+  /** what the machine may write to its filesystem beyond its image or snapshot (0: no cap) */
+  diskBytes?: number;
 }
 
 export type SandboxState = 'creating' | 'running' | 'paused' | 'dead' | 'removing';

@@ -175,13 +175,13 @@ export class Store {
       )
       .run({ ...s, init: s.init ?? null, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits), baseline: s.baseline && JSON.stringify(s.baseline) });
   }
-  updateSandbox(id: string, patch: Partial<Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart' | 'pool' | 'baseline'>>): void {
+  updateSandbox(id: string, patch: Partial<Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart' | 'pool' | 'baseline' | 'limits'>>): void {
     const cols: string[] = [];
     const vals: unknown[] = [];
-    const map: Record<string, string> = { state: 'state', reason: 'reason', volume: 'volume', pid: 'pid', pidStart: 'pid_start', pool: 'pool', baseline: 'baseline' };
+    const map: Record<string, string> = { state: 'state', reason: 'reason', volume: 'volume', pid: 'pid', pidStart: 'pid_start', pool: 'pool', baseline: 'baseline', limits: 'limits' };
     for (const [k, v] of Object.entries(patch)) {
       cols.push(`${map[k]} = ?`);
-      vals.push((k === 'volume' || k === 'baseline') && v ? JSON.stringify(v) : v);
+      vals.push((k === 'volume' || k === 'baseline' || k === 'limits') && v ? JSON.stringify(v) : v);
     }
     if (cols.length) this.stmt(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = ?`).run(...vals, id);
   }

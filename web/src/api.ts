@@ -97,7 +97,7 @@ export interface Sandbox {
   onTimeout: string;
   expiresAt: string | null;
   createdAt: string;
-  limits: { memoryBytes?: number; pids?: number; cpus?: number };
+  limits: { memoryBytes?: number; pids?: number; cpus?: number; diskBytes?: number };
   origin: string | null;
   pid: number | null;
   init: string;

@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import type { Availability } from '../../host/probe-types.js';
@@ -41,10 +42,63 @@ export class BtrfsBackend implements StorageBackend {
     }
   }
 
-  /** Makes or remounts the pool when ${home} is not on btrfs. */
+  /**
+   * Makes or remounts the pool when ${home} is not on btrfs, and turns on simple quotas in a pool
+   * of snaplab's own (never on a btrfs of the user's: the feature flag it sets is for good, and
+   * kernels before 6.7 cannot mount the filesystem after it; there a cap holds if the user turned
+   * quotas on). Without simple quotas (an older kernel, no helper) a disk cap is not enforced.
+   */
   async init(): Promise<void> {
     this.layout = undefined;
-    await ensurePool(this.home, await this.where());
+    const layout = await this.where();
+    await ensurePool(this.home, layout);
+    this.quotaOff = undefined;
+    const ops = HostOps.get();
+    if (!layout.mountPoint) return;
+    // (to measure what quotas cost: a pool made with this set never has them turned on)
+    if (process.env.SNAPLAB_DISK_QUOTAS === 'off') return void (this.quotaOff = 'SNAPLAB_DISK_QUOTAS=off');
+    if (!ops) return void (this.quotaOff = 'the host helper (snaplab-hostops) is not built: run `npm run build`');
+    await ops.request('btrfs-squota', layout.mountPoint).catch((e: unknown) => {
+      this.quotaOff = `simple quotas cannot be turned on in ${layout.mountPoint} (${(e as Error).message}): they need Linux 6.7 or newer`;
+    });
+  }
+
+  /** Does a disk cap hold here (for doctor; makes nothing)? */
+  async diskCapSupport(): Promise<Availability> {
+    if (!existsSync('/sys/fs/btrfs/features/simple_quota')) return { ok: false, reason: 'this kernel has no btrfs simple quotas (Linux 6.7 or newer has): --disk is refused, no default cap', fix: 'a newer kernel' };
+    if (process.env.SNAPLAB_NO_HOSTOPS === '1' || !existsSync(HostOps.binaryPath())) return { ok: false, reason: 'the host helper (snaplab-hostops) is not built', fix: 'npm run build' };
+    const layout = await this.where();
+    if (!layout.image) return { ok: true, reason: `${this.home} is on a btrfs of yours: a cap holds where you turned quotas on (btrfs quota enable --simple); snaplab does not turn them on there` };
+    return { ok: true, reason: 'simple quotas in snaplab\'s pool: each machine\'s writes counted against its --disk (default 4 GiB); writes past it fail with EDQUOT' };
+  }
+
+  /** why a disk cap is not enforced here, when init() found out */
+  private quotaOff: string | undefined;
+
+  async limitDisk(volume: Volume, bytes: number): Promise<string | null> {
+    checkVolume(volume, 'btrfs');
+    if (this.quotaOff) return this.quotaOff;
+    const ops = HostOps.get();
+    if (!ops) return 'the host helper (snaplab-hostops) is not built: run `npm run build`';
+    try {
+      await ops.request('btrfs-limit', await this.pathOf(volume.id), String(bytes));
+      return null;
+    } catch (e) {
+      if (e instanceof HostOpError && e.errno === 107 /* ENOTCONN: quotas off */) return `quotas are off on the btrfs under ${this.home} (snaplab turns them on only in a pool of its own)`;
+      throw new SnaplabError('STORAGE_FAILED', `cannot cap the disk of volume ${volume.id}: ${(e as Error).message}`, undefined, { cause: e });
+    }
+  }
+
+  async diskQuota(volume: Volume): Promise<{ usedBytes: number; limitBytes: number | null } | null> {
+    checkVolume(volume, 'btrfs');
+    const ops = HostOps.get();
+    if (!ops) return null;
+    try {
+      const [used, limit] = await ops.request('btrfs-quota', await this.pathOf(volume.id));
+      return { usedBytes: Number(used), limitBytes: Number(limit) || null };
+    } catch {
+      return null; // quotas off, or no qgroup for it
+    }
   }
 
   async importImage(srcDir: string, name: string): Promise<Volume> {
@@ -119,7 +173,26 @@ export class BtrfsBackend implements StorageBackend {
       await this.remove(join(layout.volumes, id));
       removed.push(`btrfs: deleted subvolume ${id} (${join(layout.volumes, id)})`);
     }
+    if (layout.mountPoint) removed.push(...(await this.dropStaleQgroups(layout.mountPoint)));
     return removed;
+  }
+
+  /**
+   * The qgroups of deleted subvolumes that hold nothing any more. The kernel removes a deleted
+   * machine's qgroup itself when nothing it wrote is left; when a snapshot still shared its
+   * extents, the qgroup stays ("stale") after the snapshot goes too. Only in snaplab's own pool.
+   */
+  private async dropStaleQgroups(mountPoint: string): Promise<string[]> {
+    const r = await run('btrfs', ['qgroup', 'show', '--raw', mountPoint], { allowFail: true });
+    if (r.code !== 0) return []; // quotas off
+    const done: string[] = [];
+    for (const line of r.stdout.split('\n')) {
+      const [id, rfer, , path] = line.trim().split(/\s+/);
+      if (!id || !/^0\/\d+$/.test(id) || path !== '<stale>' || rfer !== '0') continue;
+      const d = await run('btrfs', ['qgroup', 'destroy', id, mountPoint], { allowFail: true });
+      if (d.code === 0) done.push(`btrfs: removed the empty qgroup ${id} of a deleted volume`);
+    }
+    return done;
   }
 
   private async where(): Promise<PoolLayout> {

@@ -24,7 +24,7 @@ function Overview({ box, reload }: { box: Sandbox; reload: () => void }) {
   });
   const rows: [string, unknown][] = [
     ['id', box.id], ['image', box.image], ['driver', box.driver], ['storage', box.storage], ['init', box.init],
-    ['memory limit', box.limits.memoryBytes ? bytes(box.limits.memoryBytes) : 'none'], ['pids limit', box.limits.pids ?? 'none'], ['cpus', box.limits.cpus ?? 'all'],
+    ['memory limit', box.limits.memoryBytes ? bytes(box.limits.memoryBytes) : 'none'], ['pids limit', box.limits.pids ?? 'none'], ['cpus', box.limits.cpus ?? 'all'], ['disk cap', box.limits.diskBytes ? bytes(box.limits.diskBytes) : 'none'],
     ['created', `${new Date(box.createdAt).toLocaleString()} (${age(box.createdAt)} ago)`], ['expires', box.expiresAt ? new Date(box.expiresAt).toLocaleString() : 'never'],
     ['on timeout', box.onTimeout], ['owner', box.owner ?? '—'], ['from', box.origin ?? '—'], ['host pid', box.pid ?? '—'],
   ];

@@ -53,7 +53,7 @@ export function applyEvents(list: Map<string, Sandbox>, events: SnaplabEvent[]):
 }
 
 function limitsText(l: Sandbox['limits']): string {
-  const parts = [l.memoryBytes ? bytes(l.memoryBytes) : '', l.pids ? `${l.pids} pids` : '', l.cpus ? `${l.cpus} cpu` : ''].filter(Boolean);
+  const parts = [l.memoryBytes ? bytes(l.memoryBytes) : '', l.pids ? `${l.pids} pids` : '', l.cpus ? `${l.cpus} cpu` : '', l.diskBytes ? `disk ${bytes(l.diskBytes)}` : ''].filter(Boolean);
   return parts.join(' · ') || 'none';
 }
 
