@@ -118,21 +118,26 @@ describe('snaplab serve', () => {
   });
 
   it('a stream cut mid-command is reattached from its offset with nothing lost; a ring overrun is a gap', async () => {
-    curl('POST', '/sandboxes', { json: { name: 'stream' } });
+    const made = curl('POST', '/sandboxes', { json: { name: 'stream' } });
+    expect(made.status, JSON.stringify(made.body)).toBe(201);
     const ws = await socket('/sandboxes/stream/exec');
     ws.send(JSON.stringify({ type: 'start', argv: ['sh', '-c', 'i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo line$i; [ $i = 50 ] && sleep 1; done; echo err >&2'] }));
     let got = Buffer.alloc(0);
     let id = '';
-    await new Promise<void>((resolve) => {
+    const texts: string[] = [];
+    await new Promise<void>((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error(`no line50 within 15 s: control frames ${JSON.stringify(texts)}, output so far ending ${JSON.stringify(got.toString().slice(-80))}`)), 15000);
       ws.on('message', (m: Buffer, binary) => {
         if (!binary) {
+          texts.push(String(m));
           const j = JSON.parse(String(m));
           if (j.type === 'started') id = j.process;
           return;
         }
         got = Buffer.concat([got, m.subarray(1)]);
-        if (got.toString().includes('line50\n')) resolve();
+        if (got.toString().includes('line50\n')) { clearTimeout(t); resolve(); }
       });
+      ws.on('close', (c) => texts.push(`close ${c}`));
     });
     ws.terminate(); // cut
     const offset = got.length;
@@ -140,12 +145,18 @@ describe('snaplab serve', () => {
     const again = await socket(`/sandboxes/stream/processes/${id}/attach?offset=${offset}`);
     let rest = Buffer.alloc(0);
     let stderr = '';
-    const exit = await new Promise<any>((resolve) => {
+    const texts2: string[] = [];
+    const exit = await new Promise<any>((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error(`no exit within 15 s of the reattach: control frames ${JSON.stringify(texts2)}, output ending ${JSON.stringify(rest.toString().slice(-80))}`)), 15000);
+      again.on('close', (c) => texts2.push(`close ${c}`));
       again.on('message', (m: Buffer, binary) => {
+        if (!binary) texts2.push(String(m));
         if (binary) return m[0] === 1 ? void (rest = Buffer.concat([rest, m.subarray(1)])) : void (stderr += m.subarray(1).toString());
         const j = JSON.parse(String(m));
-        if (j.type === 'exit') resolve(j);
-        if (j.type === 'gap') resolve(j);
+        if (j.type === 'exit' || j.type === 'gap') {
+          clearTimeout(t);
+          resolve(j);
+        }
       });
     });
     expect(exit.type).toBe('exit');

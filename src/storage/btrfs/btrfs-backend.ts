@@ -173,7 +173,9 @@ export class BtrfsBackend implements StorageBackend {
       await this.remove(join(layout.volumes, id));
       removed.push(`btrfs: deleted subvolume ${id} (${join(layout.volumes, id)})`);
     }
-    if (layout.mountPoint) removed.push(...(await this.dropStaleQgroups(layout.mountPoint)));
+    // not listed among what gc removed: these are the kernel's bookkeeping after ordinary deletes
+    // (a qgroup waits for its extents to be freed), not something a failure left behind
+    if (layout.mountPoint) await this.dropStaleQgroups(layout.mountPoint);
     return removed;
   }
 

@@ -1,0 +1,153 @@
+/**
+ * The escape suite: each test reproduces a published container escape, or a technique of one,
+ * from inside a machine (the namespaces driver, in its user namespace) and checks that the
+ * defence answers as it must. A small static probe (probe.c, built here) makes each attempt the
+ * way an attacker would and prints the kernel's answer; the test decides. Which defence answers is
+ * said beside each: where two stand (seccomp and a missing capability), the test names the one a
+ * scratch run showed it to depend on.
+ */
+import { createHash } from 'node:crypto';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { agentBinaryPath } from '../../src/agent/binary.js';
+import type { Lab } from '../../src/sdk/lab.js';
+import type { Sandbox } from '../../src/sdk/sandbox.js';
+import { disposeLab, testLab } from '../helpers.js';
+
+let lab: Lab;
+let box: Sandbox;
+let other: Sandbox;
+let scratch: string;
+
+beforeAll(async () => {
+  scratch = mkdtempSync(join(tmpdir(), 'snaplab-test-escapes-'));
+  const built = spawnSync('gcc', ['-O2', '-static', '-o', join(scratch, 'probe'), join(import.meta.dirname, 'probe.c')], { encoding: 'utf8' });
+  if (built.status !== 0) throw new Error(`cannot build the probe: ${built.stderr}`);
+  lab = await testLab();
+  box = await lab.create({ name: 'attacker' });
+  other = await lab.create({ name: 'victim' });
+  await box.putFile('/probe', readFileSync(join(scratch, 'probe')), 0o755);
+}, 120_000);
+
+afterAll(async () => {
+  await disposeLab(lab);
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+/** What the kernel answered to one attempt inside the attacker: ok, or an errno's name. */
+const probe = async (...args: string[]): Promise<string> => {
+  const r = await box.exec(['/probe', ...args]);
+  expect(r.exitCode, r.stderr).toBe(0);
+  return r.stdout.trim();
+};
+const sh = async (script: string): Promise<{ code: number; out: string; err: string }> => {
+  const r = await box.exec(['sh', '-c', script]);
+  return { code: r.exitCode, out: r.stdout.trim(), err: r.stderr.trim() };
+};
+const sha = (path: string): string => createHash('sha256').update(readFileSync(path)).digest('hex');
+
+describe('escapes', () => {
+  it('CVE-2019-5736 (runc: the host binary overwritten through /proc/self/exe): the agent binary cannot be opened for writing, and stays as it was', async () => {
+    const before = sha(agentBinaryPath());
+    // PID 1 is the agent: the bind of the host's binary is read-only, and it is running
+    expect(['EROFS', 'ETXTBSY', 'EACCES', 'EPERM']).toContain(await probe('write', '/proc/1/exe'));
+    // the host's file, owned by an id the machine does not map (nobody inside), mode 0755
+    expect(['EROFS', 'ETXTBSY', 'EACCES']).toContain(await probe('write', '/run/snaplab/agent'));
+    expect((await sh('cat /dev/zero > /run/snaplab/agent')).code).not.toBe(0);
+    // a command's own /proc/self/exe is its binary in the machine's tree, never a host file
+    expect((await sh('readlink /proc/self/exe')).out).toBe('/bin/busybox');
+    expect(sha(agentBinaryPath())).toBe(before);
+  });
+
+  it('CVE-2024-21626 (runc: a host descriptor or working directory leaked into the container): a command holds fds 0-2 only, its cwd inside', async () => {
+    const lines = (await probe('fds')).split('\n');
+    const fds = lines.filter((l) => !l.startsWith('cwd ')).map((l) => l.split(' ')[0]);
+    expect(fds.sort()).toEqual(['0', '1', '2']);
+    expect(lines.find((l) => l.startsWith('cwd '))).toMatch(/^cwd \/(root)?$/);
+    // and the agent's own descriptors are out of reach (PID 1's cannot be followed)
+    expect((await sh('readlink /proc/1/fd/0')).code).not.toBe(0);
+    expect((await sh('cat /proc/1/fd/0 < /dev/null')).code).not.toBe(0);
+  });
+
+  it('ptrace of processes outside: the host is invisible (ESRCH), so is another machine; the agent cannot be attached (EPERM)', async () => {
+    expect(await probe('ptrace', String(process.pid))).toBe('ESRCH');
+    expect(await probe('ptrace', String(other.info.pid))).toBe('ESRCH');
+    expect(await probe('ptrace', '1')).toBe('EPERM');
+  });
+
+  it('writes to the kernel: /proc/sys (core_pattern), /proc/sysrq-trigger and /sys are refused', async () => {
+    expect(['EROFS', 'EACCES', 'EPERM']).toContain(await probe('write', '/proc/sys/kernel/core_pattern'));
+    expect(['EROFS', 'EACCES', 'EPERM', 'ENOENT']).toContain(await probe('write', '/proc/sysrq-trigger'));
+    expect(await probe('write', '/sys/kernel/mm/transparent_hugepage/enabled')).toBe('ENOENT'); // a sandbox has no /sys at all
+    expect((await sh('test -e /sys || echo absent')).out).toBe('absent');
+    expect(readFileSync('/proc/sys/kernel/core_pattern', 'utf8')).not.toMatch(/probe|escape/);
+  });
+
+  it('procfs or cgroupfs mounted elsewhere (the release_agent escape, CVE-2022-0492), and the new mount API: refused (seccomp)', async () => {
+    expect(await probe('mount-proc')).toBe('EPERM');
+    expect(await probe('mount-cgroup')).toBe('EPERM');
+    expect(await probe('fsopen')).toBe('EPERM');
+    expect(await probe('unshare-user')).toBe('EPERM'); // no user namespace of its own to gain mount rights in
+    expect(await probe('setns')).toBe('EPERM');
+  });
+
+  it('device nodes: mknod of /dev/mem is refused', async () => {
+    expect(await probe('mknod')).toBe('EPERM');
+  });
+
+  it('"shocker" (open_by_handle_at to a host inode): refused', async () => {
+    expect(await probe('open_by_handle')).toBe('EPERM');
+  });
+
+  it('kernel surfaces a sandbox has no use for: keyrings, bpf, perf, userfaultfd, io_uring (seccomp)', async () => {
+    // the keyring is the kernel's, shared by every container; io_uring bypasses seccomp filters
+    expect(await probe('keyctl')).toBe('EPERM');
+    expect(await probe('add_key')).toBe('EPERM');
+    expect(await probe('io_uring')).toBe('EPERM');
+    expect(await probe('bpf')).toBe('EPERM');
+    expect(await probe('perf')).toBe('EPERM');
+    expect(await probe('userfaultfd')).toBe('EPERM');
+    expect(await probe('vsock')).toBe('EAFNOSUPPORT'); // vsock would reach a hypervisor's host whatever the netns
+  });
+
+  it("the host's sockets: an abstract socket on the host is unreachable (a network namespace of its own), and the host's /run is not there", async () => {
+    const name = `snaplab-escape-${process.pid}`;
+    const server: Server = createServer((c) => c.end('reached\n'));
+    await new Promise<void>((r) => server.listen(`\0${name}`, r));
+    try {
+      expect(await probe('abstract', name)).toBe('ECONNREFUSED');
+    } finally {
+      server.close();
+    }
+    expect((await sh('ls -A /run')).out).toBe('snaplab');
+    expect((await sh('test -e /run/systemd/private || test -e /var/run/docker.sock || echo none')).out).toBe('none');
+  });
+
+  it("the agent's socket cannot be driven from inside to act on another machine: no socket in the tree, the other's agent not visible", async () => {
+    expect((await sh('find / -xdev -type s 2>/dev/null | wc -l')).out).toBe('0');
+    expect((await sh(`test -e /proc/${other.info.pid} && echo seen || echo unseen`)).out).toBe('unseen');
+    expect((await other.exec(['echo', 'victim fine'])).stdout).toBe('victim fine\n');
+  });
+
+  it('symlinks on paths the host touches: a file written or read through a link to a host path stays inside the machine', async () => {
+    const hostFile = join(scratch, 'secret');
+    writeFileSync(hostFile, 'host secret\n');
+    const planted = join(scratch, 'planted');
+    await sh(`ln -s ${hostFile} /root/read-me && ln -s ${planted} /root/write-me`);
+    // the machine's own resolution: the link points into the machine's tree, where there is no such file
+    await expect(box.getFile('/root/read-me')).rejects.toMatchObject({ message: expect.stringMatching(/No such file/) });
+    // a write replaces the link itself (a new file renamed over it), never what it points to
+    await box.putFile('/root/write-me', 'from the host library\n');
+    expect(existsSync(planted)).toBe(false);
+    expect((await sh(`test -e ${planted} || echo none; test -L /root/write-me || cat /root/write-me`)).out).toBe('none\nfrom the host library');
+    // a copy out of the machine does not follow a link out of it
+    const out = join(scratch, 'copied');
+    await box.copyOut('/root/read-me', out);
+    expect(readFileSync(hostFile, 'utf8')).toBe('host secret\n');
+    expect(readlinkSync(out)).toBe(hostFile); // copied as the link it is, not the host file's bytes
+  });
+});
