@@ -247,6 +247,10 @@ describe('errors name the file, line and column', () => {
     fails(['machines:', '  a:', '    provision:', '      - copy: { from: app.sh, to: /x, mode: 0855 }'], 4, /invalid mode/);
   });
 
+  it('an alias with no anchor is a located error, not a crash (found by test/fuzz.test.ts)', () => {
+    fails(['networks:', '  front: *a', 'machines:', '  a: {}'], 1, /YAML: .*alias/i);
+  });
+
   it('a disk cap: a size, or 0 for none', () => {
     expect(parse(['machines:', '  a:', '    disk: 512M', '  b:', '    disk: 0']).machines.map((m) => m.limits)).toEqual([{ diskBytes: 512 * 1024 ** 2 }, { diskBytes: 0 }]);
     fails(['machines:', '  a:', '    disk: plenty'], 3, /invalid disk "plenty"/);
