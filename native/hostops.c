@@ -16,8 +16,8 @@
  *   btrfs-delete PATH                       BTRFS_IOC_SNAP_DESTROY
  *   btrfs-changes PATH                      syncfs, then the subvolume's generation:ctransid
  *   btrfs-squota PATH                       turn on simple quotas on PATH's filesystem (kernel 6.7+; idempotent)
- *   btrfs-limit PATH BYTES                  the subvolume's own qgroup may hold at most BYTES (0: no limit)
- *   btrfs-quota PATH                        syncfs, then the subvolume's qgroup: USED LIMIT (0: none)
+ *   btrfs-limit PATH BYTES                  the subvolume's own qgroup may hold at most BYTES exclusive (0: no limit)
+ *   btrfs-quota PATH                        syncfs, then the subvolume's qgroup: EXCLUSIVE LIMIT (0: none)
  *   mount SOURCE TARGET FSTYPE FLAGS DATA   mount(2)
  *   umount TARGET FLAGS                     umount2(2)
  *   tcp-check NETNS HOST PORT TIMEOUT_MS    connect from inside a network namespace (path)
@@ -286,12 +286,17 @@ static void op_btrfs_limit(struct request *r)
 	int fd = open(r->argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
 		return reply_err(r->id, errno, r->argv[1]);
-	unsigned long long bytes = strtoull(r->argv[2], NULL, 10);
+	char *end = NULL;
+	errno = 0;
+	unsigned long long bytes = strtoull(r->argv[2], &end, 10);
+	if (errno || !end || *end || end == r->argv[2])
+		return reply_err(r->id, EINVAL, "btrfs-limit: BYTES is not a whole number");
 	struct btrfs_ioctl_qgroup_limit_args args;
 	memset(&args, 0, sizeof args);
 	args.qgroupid = 0; /* the qgroup of the subvolume fd is in */
-	args.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER | BTRFS_QGROUP_LIMIT_MAX_EXCL;
-	args.lim.max_rfer = bytes ? bytes : (unsigned long long)-1;
+	/* exclusive only: under simple quotas it equals referenced (what the subvolume wrote); under full
+	 * qgroups (a btrfs of the user's) referenced would count the image the clone shares */
+	args.lim.flags = BTRFS_QGROUP_LIMIT_MAX_EXCL;
 	args.lim.max_excl = bytes ? bytes : (unsigned long long)-1;
 	int rc = ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &args);
 	int e = errno;
@@ -350,9 +355,9 @@ static void op_btrfs_quota(struct request *r)
 	if (quota_item(fd, info.treeid, 244 /* BTRFS_QGROUP_LIMIT_KEY */, qlimit, sizeof qlimit) < 0)
 		qlimit[0] = 0;
 	close(fd);
-	unsigned long long limit = (qlimit[0] & BTRFS_QGROUP_LIMIT_MAX_RFER) && qlimit[1] != (unsigned long long)-1 ? qlimit[1] : 0;
+	unsigned long long limit = (qlimit[0] & BTRFS_QGROUP_LIMIT_MAX_EXCL) && qlimit[2] != (unsigned long long)-1 ? qlimit[2] : 0;
 	char used[32], lim[32];
-	snprintf(used, sizeof used, "%llu", qinfo[1]);
+	snprintf(used, sizeof used, "%llu", qinfo[3]); /* exclusive: what the limit counts */
 	snprintf(lim, sizeof lim, "%llu", limit);
 	const char *f[] = { "ok", used, lim, NULL };
 	reply(r->id, f);

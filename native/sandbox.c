@@ -37,7 +37,11 @@ static const char *const denied[] = {
 	"io_uring_setup", "io_uring_enter", "io_uring_register",
 };
 
-/* Sockets that cross network namespaces: vsock reaches the hypervisor's host whatever netns. */
+/* Sockets that cross network namespaces: vsock reaches the hypervisor's host whatever netns.
+ * socket()'s domain and ioctl()'s request are ints to the kernel, which drops the upper 32 bits
+ * of the register: the rules compare the lower 32 only (a mask: libseccomp 2.5's SCMP_A*_32 still
+ * compared all 64 here, shown by a probe), or a value with high bits
+ * set would pass the filter and still mean vsock or a subvolume ioctl (CVE-2019-10063). */
 #define AF_VSOCK_NR 40
 
 /* btrfs ioctls that make subvolumes: no capability needed, and a subvolume nested in a sandbox's
@@ -76,10 +80,10 @@ int system_filter_build(struct sock_fprog *out)
 		if (nr != __NR_SCMP_ERROR && nr >= 0 && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0) < 0)
 			goto out;
 	}
-	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK_NR)) < 0)
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
 		goto out;
 	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
-		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_EQ, denied_ioctls[i])) < 0)
+		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, denied_ioctls[i])) < 0)
 			goto out;
 	rc = export_filter(ctx, out);
 out:
@@ -111,11 +115,11 @@ int filter_build(struct sock_fprog *out)
 		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
 				     SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i])) < 0)
 			goto out;
-	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK_NR)) < 0)
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
 		goto out;
 	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
 		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
-				     SCMP_A1(SCMP_CMP_EQ, denied_ioctls[i])) < 0)
+				     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, denied_ioctls[i])) < 0)
 			goto out;
 	/* clone3 passes flags in memory, which BPF cannot read: ENOSYS makes libc fall back to clone. */
 	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) < 0)

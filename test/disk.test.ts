@@ -82,6 +82,8 @@ describe('disk caps', () => {
       expect(plain.info.limits.diskBytes).toBeUndefined();
       await plain.destroy();
     }
+    // a VM's disk is an image file: an explicit cap is refused before it boots, none is recorded by default
+    await expect(lab.create({ name: 'vm-capped', driver: 'qemu', limits: { diskBytes: 64 * MiB } })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/qemu driver/) });
     expect((await lab.list()).map((b) => b.name)).toEqual([]);
     const r = cli(lab.home, ['create', '--name', 'x', '--storage', 'overlay', '--disk', '64M']);
     expect(r.code).toBe(2);

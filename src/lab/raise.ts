@@ -46,6 +46,8 @@ export interface RaiseInput {
   uidBase?: number;
   /** 'systemd': a system machine (the image's init as PID 1; usable once systemd is up) */
   init?: 'systemd';
+  /** the disk cap was asked for (refused where it cannot hold), not carried as a default; default: limits.diskBytes is set */
+  diskAsked?: boolean;
 }
 
 /** Storage on which a sandbox's root filesystem can be idmapped into its user namespace. */
@@ -127,7 +129,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
         const v = await backend.clone(base, { mountOnHost: !userns });
         record.volume = v; // recorded before the mark is lifted, so gc always sees an owner
         ctx.store.updateSandbox(id, { volume: v });
-        await trace.phase('disk cap', () => capDisk(ctx, backend, v, record, driver.name));
+        await trace.phase('disk cap', () => capDisk(ctx, backend, v, record, driver.name, input.diskAsked ?? input.limits.diskBytes !== undefined));
         return v;
       });
     const [cloned, prepared] = await Promise.allSettled([trace.phase('clone rootfs', clone), driver.prepare(machine, trace)]);
@@ -183,17 +185,27 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
  * before anything runs in it. An explicit cap that cannot be enforced here is refused; the default
  * is then dropped from the record, so what `ls` and the API show is what holds.
  */
-async function capDisk(ctx: LabContext, backend: StorageBackend, volume: Volume, record: SandboxRecord, driver: string): Promise<void> {
-  const asked = record.limits.diskBytes;
-  if (asked === 0 || driver !== 'namespaces') return; // a VM's disk is its image file: not capped yet
-  const bytes = asked ?? DEFAULT_DISK_BYTES;
-  const why = backend.limitDisk ? await backend.limitDisk(volume, bytes) : `${backend.kind} storage cannot cap a machine's disk`;
+async function capDisk(ctx: LabContext, backend: StorageBackend, volume: Volume, record: SandboxRecord, driver: string, explicit: boolean): Promise<void> {
+  const given = record.limits.diskBytes;
+  if (given === 0) return;
+  const bytes = given ?? DEFAULT_DISK_BYTES;
+  let why: string | null;
+  if (driver !== 'namespaces') why = `the ${driver} driver's disk is an image file, not capped yet`;
+  else if (!backend.limitDisk) why = `${backend.kind} storage cannot cap a machine's disk`;
+  else {
+    try {
+      why = await backend.limitDisk(volume, bytes);
+    } catch (e) {
+      if (explicit) throw e;
+      why = (e as Error).message; // a default that fails is dropped (and said nowhere but here), not a failed create
+    }
+  }
   if (why === null) {
     record.limits = { ...record.limits, diskBytes: bytes };
     ctx.store.updateSandbox(record.id, { limits: record.limits });
     return;
   }
-  if (asked !== undefined) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'use btrfs storage (`snaplab doctor` says which storage caps disks), or leave out --disk');
+  if (explicit) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'use btrfs storage on the namespaces driver (`snaplab doctor` says which storage caps disks), or leave out --disk');
   const { diskBytes: _, ...rest } = record.limits;
   record.limits = rest;
   ctx.store.updateSandbox(record.id, { limits: rest });

@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/bpf.h>
+#include <linux/btrfs.h>
+#include <signal.h>
 #include <linux/io_uring.h>
 #include <linux/keyctl.h>
 #include <linux/perf_event.h>
@@ -41,8 +43,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *t = argv[1], *a = argc > 2 ? argv[2] : "";
-	if (!strcmp(t, "write")) /* open a file for writing (the agent binary, /proc/1/exe, /sys...) */
-		return answer(open(a, O_WRONLY));
+	if (!strcmp(t, "write")) { /* open a file for writing and write a byte (the agent binary, /proc/1/exe, /sys...) */
+		int fd = open(a, O_WRONLY);
+		return answer(fd < 0 ? -1 : write(fd, "1", 1));
+	}
 	if (!strcmp(t, "ptrace")) /* attach to a process */
 		return answer(ptrace(PTRACE_ATTACH, atoi(a), 0, 0));
 	if (!strcmp(t, "mount-proc"))
@@ -98,10 +102,28 @@ int main(int argc, char **argv)
 		size_t n = strlen(a);
 		memcpy(sa.sun_path + 1, a, n);
 		int s = socket(AF_UNIX, SOCK_STREAM, 0);
-		return answer(s < 0 ? -1 : connect(s, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)));
+		/* the whole sun_path, NUL-padded: the length libuv (Node's listener) binds with */
+		(void)n;
+		return answer(s < 0 ? -1 : connect(s, (struct sockaddr *)&sa, sizeof sa));
 	}
 	if (!strcmp(t, "vsock"))
 		return answer(socket(40 /* AF_VSOCK */, SOCK_STREAM, 0));
+	if (!strcmp(t, "vsock-high")) /* the domain with high bits set: the kernel reads an int (CVE-2019-10063's trick) */
+		return answer(syscall(SYS_socket, (1UL << 32) | 40, SOCK_STREAM, 0));
+	if (!strcmp(t, "subvol") || !strcmp(t, "subvol-high")) { /* a btrfs subvolume nested in the machine's root */
+		struct btrfs_ioctl_vol_args va;
+		memset(&va, 0, sizeof va);
+		snprintf(va.name, sizeof va.name, "nested-%s", t);
+		int dir = open("/root", O_RDONLY | O_DIRECTORY);
+		unsigned long req = BTRFS_IOC_SUBVOL_CREATE | (!strcmp(t, "subvol-high") ? 1UL << 32 : 0);
+		return answer(dir < 0 ? -1 : syscall(SYS_ioctl, dir, req, &va));
+	}
+	if (!strcmp(t, "clone-newns")) { /* clone(2) asking for a new namespace (a way round unshare's denial) */
+		long pid = syscall(SYS_clone, CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0);
+		if (pid == 0)
+			_exit(0);
+		return answer(pid);
+	}
 	if (!strcmp(t, "fds")) { /* every descriptor open in this process but the listing's own, and where it points */
 		DIR *d = opendir("/proc/self/fd");
 		struct dirent *e;

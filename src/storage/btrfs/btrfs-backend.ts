@@ -81,6 +81,7 @@ export class BtrfsBackend implements StorageBackend {
     const ops = HostOps.get();
     if (!ops) return 'the host helper (snaplab-hostops) is not built: run `npm run build`';
     try {
+      if (!Number.isSafeInteger(bytes) || bytes < 0) throw new SnaplabError('BAD_SIZE', `invalid disk cap ${bytes}`, 'give whole bytes');
       await ops.request('btrfs-limit', await this.pathOf(volume.id), String(bytes));
       return null;
     } catch (e) {
