@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { readFile, stat } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
-import { isMap, isScalar, isSeq, LineCounter, parseDocument, type Document } from 'yaml';
+import { isMap, isScalar, isSeq, LineCounter, parseDocument, visit, type Document } from 'yaml';
 import type * as z from 'zod';
 import { SnaplabError } from '../errors.js';
 import { buildSpec } from './build.js';
@@ -30,7 +30,10 @@ export function parseScenario(text: string, opts: { file: string; dir: string })
   try {
     value = doc.toJS({ maxAliasCount: 1000 });
   } catch (e) {
-    throw at.error(0, `YAML: ${(e as Error).message}`, 'define each anchor (&name) before its alias (*name), and keep aliases few');
+    // at the first alias whose anchor is not there, when that is the cause
+    let pos = 0;
+    visit(doc, { Alias: (_k, node) => (node.resolve(doc) ? undefined : ((pos = node.range?.[0] ?? 0), visit.BREAK)) });
+    throw at.error(pos, `YAML: ${(e as Error).message}`, 'define each anchor (&name) before its alias (*name), and keep aliases few');
   }
   const r = ScenarioFile.safeParse(value, { reportInput: true });
   if (!r.success) throw firstIssue(r.error.issues, at);
