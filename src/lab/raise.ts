@@ -129,7 +129,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
         const v = await backend.clone(base, { mountOnHost: !userns });
         record.volume = v; // recorded before the mark is lifted, so gc always sees an owner
         ctx.store.updateSandbox(id, { volume: v });
-        await trace.phase('disk cap', () => capDisk(ctx, backend, v, record, driver.name, input.diskAsked ?? input.limits.diskBytes !== undefined));
+        await trace.phase('disk cap', () => capDisk(backend, v, record, driver.name, input.diskAsked ?? input.limits.diskBytes !== undefined));
         return v;
       });
     const [cloned, prepared] = await Promise.allSettled([trace.phase('clone rootfs', clone), driver.prepare(machine, trace)]);
@@ -171,7 +171,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       if (up.state === 'degraded') note = `degraded: ${up.failed.join(', ') || 'some units'} failed`;
     }
     Object.assign(record, { state: 'running', reason: input.heldBy ?? note });
-    await trace.phase('record running', () => ctx.store.updateSandbox(id, { state: 'running', reason: record.reason, pid: record.pid, pidStart: record.pidStart }));
+    await trace.phase('record running', () => ctx.store.updateSandbox(id, { state: 'running', reason: record.reason, pid: record.pid, pidStart: record.pidStart, limits: record.limits }));
     return { record, agent };
   } catch (e) {
     agent?.close();
@@ -183,9 +183,10 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
 /**
  * Cap what the machine may write (limits.diskBytes; the default where the storage enforces one),
  * before anything runs in it. An explicit cap that cannot be enforced here is refused; the default
- * is then dropped from the record, so what `ls` and the API show is what holds.
+ * is then dropped from the record, so what `ls` and the API show is what holds (stored with the
+ * running state, in the create's one last write).
  */
-async function capDisk(ctx: LabContext, backend: StorageBackend, volume: Volume, record: SandboxRecord, driver: string, explicit: boolean): Promise<void> {
+async function capDisk(backend: StorageBackend, volume: Volume, record: SandboxRecord, driver: string, explicit: boolean): Promise<void> {
   const given = record.limits.diskBytes;
   if (given === 0) return;
   const bytes = given ?? DEFAULT_DISK_BYTES;
@@ -202,11 +203,9 @@ async function capDisk(ctx: LabContext, backend: StorageBackend, volume: Volume,
   }
   if (why === null) {
     record.limits = { ...record.limits, diskBytes: bytes };
-    ctx.store.updateSandbox(record.id, { limits: record.limits });
     return;
   }
   if (explicit) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'use btrfs storage on the namespaces driver (`snaplab doctor` says which storage caps disks), or leave out --disk');
   const { diskBytes: _, ...rest } = record.limits;
   record.limits = rest;
-  ctx.store.updateSandbox(record.id, { limits: rest });
 }
