@@ -59,7 +59,12 @@ while read_for(0.2) and time.time() < deadline:
     pass
 done, st = os.waitpid(pid, os.WNOHANG)
 hung = done == 0
+ps = ''
 if hung:  # still running with nothing left to do: say so rather than wait forever
+    # what every process of ours and of the machine's was doing, for the report
+    import subprocess
+    ps = subprocess.run(['ps', '-eo', 'pid,ppid,pgid,sid,stat,wchan:28,args', '--forest'], capture_output=True, text=True).stdout
+    ps = '\n'.join(l for l in ps.splitlines() if re.search(r'PID|snaplab|sh -l|sleep|bwrap|agent', l))
     os.kill(pid, 9)
     _, st = os.waitpid(pid, 0)
 after = termios.tcgetattr(fd)
@@ -70,4 +75,5 @@ print(json.dumps({
     'wasRaw': during is not None and during != before,
     'waitTimedOut': timed_out,
     'hung': hung,
+    'ps': ps,
 }))

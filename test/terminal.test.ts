@@ -18,7 +18,7 @@ function snaplab(args: string[]): { code: number; out: string; err: string } {
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 
-interface Drive { output: string; status: number; restored: boolean; wasRaw: boolean; waitTimedOut: boolean; hung: boolean }
+interface Drive { output: string; status: number; restored: boolean; wasRaw: boolean; waitTimedOut: boolean; hung: boolean; ps: string }
 
 /** Runs snaplab ARGS on a fresh host pty through STEPS (see pty-drive.py). */
 function drive(steps: unknown[], args: string[], env: Record<string, string> = {}): Drive {
@@ -71,7 +71,7 @@ describe('terminals', () => {
       ],
       ['shell', 't1'],
     );
-    expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, JSON.stringify(d.output)).toEqual({ waitTimedOut: false, hung: false });
+    expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, `${JSON.stringify(d.output)}\n${d.ps}`).toEqual({ waitTimedOut: false, hung: false });
     expect(d.output).toMatch(/\/dev\/pts\/\d+\r\n24 80\r\nTERM=xterm-256color\r\n/); // \r\n once: no local ONLCR on top
     expect(d.output).toContain('40 100');
     expect(d.output).toContain('rc=130');
@@ -123,7 +123,7 @@ describe('terminals', () => {
         ['shell', 't1'],
         { SNAPLAB_HOST: `unix:${daemon.socket}` },
       );
-      expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, JSON.stringify(d.output)).toEqual({ waitTimedOut: false, hung: false });
+      expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, `${JSON.stringify(d.output)}\n${d.ps}`).toEqual({ waitTimedOut: false, hung: false });
       expect([d.status, d.restored]).toEqual([3, true]);
       expect(d.output).toContain('33 90');
     } finally {
