@@ -1,9 +1,9 @@
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statfsSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, statfsSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { DISK_IN_VOLUME } from '../src/drivers/qemu/disk.js';
 import { run } from '../src/host/run.js';
 import { spawn } from 'node:child_process';
 import { QmpClient } from '../src/drivers/qemu/qmp.js';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
@@ -30,6 +30,25 @@ const out = async (box: Sandbox, argv: string[]): Promise<string> => (await box.
 // booted VMs keep their RAM in /dev/shm where it has room for the guest (256 MiB by default)
 const ramInShm = existsSync('/dev/shm') && statfsSync('/dev/shm').bavail * statfsSync('/dev/shm').bsize >= 256 * 2 ** 20;
 
+/**
+ * QEMU in its jail (src/drivers/qemu/jail.ts, as Firecracker's jailer): a mount namespace whose
+ * mounts are an empty root, /usr, the loader's cache, a minimal /dev and this VM's own files under
+ * the home; nothing else of the host to be seen; network namespace of its own.
+ */
+function expectJailed(box: Sandbox, others: Sandbox[] = []): void {
+  const pid = box.info.pid!;
+  for (const ns of ['mnt', 'net', 'ipc', 'uts']) expect(readlinkSync(`/proc/${pid}/ns/${ns}`), ns).not.toBe(readlinkSync(`/proc/self/ns/${ns}`));
+  const points = readFileSync(`/proc/${pid}/mountinfo`, 'utf8').trim().split('\n').map((l) => l.split(' ')[4]!);
+  for (const p of points) expect(['/', '/usr', '/etc/ld.so.cache', '/dev'].includes(p) || p.startsWith('/dev/') || p.startsWith(`${lab.home}/`), p).toBe(true);
+  const own = points.filter((p) => p.startsWith(`${lab.home}/`) || p.startsWith('/dev/shm/'));
+  expect(own.length, own.join(' ')).toBeLessThanOrEqual(6); // kernel, initramfs, base disk, disk, RAM file, run directory
+  const root = `/proc/${pid}/root`;
+  expect(existsSync(`${root}${join(lab.home, 'run', box.id, 'qmp.sock')}`)).toBe(true);
+  for (const p of [join(lab.home, 'state.db'), join(lab.home, 'images'), '/etc/passwd', '/etc/shadow', '/root', '/home', '/proc/1', '/sys/kernel', '/dev/kvm0', '/dev/sda', '/dev/vda', '/run', '/var/log', ...others.map((o) => join(lab.home, 'run', o.id))])
+    expect(existsSync(`${root}${p}`), p).toBe(false);
+  expect(readdirSync(`${root}${dirname(lab.home)}`)).toEqual([basename(lab.home)]); // the home's neighbours unseen
+}
+
 describe('the qemu driver', () => {
   it('boots to a usable agent, runs commands with their exit codes, in its own kernel', async () => {
     expect(vm.driver).toBe('qemu');
@@ -45,6 +64,8 @@ describe('the qemu driver', () => {
     expect(uid).toBeGreaterThanOrEqual(2_000_000_000);
     expect(status).toMatch(new RegExp(`^Uid:\\s+${uid}\\s+${uid}\\s+${uid}\\s+${uid}$`, 'm'));
     expect(status).toMatch(/^CapEff:\s+0+$/m);
+    expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
+    expectJailed(vm);
     const accel = JSON.parse(readFileSync(join(lab.home, 'qemu', 'accel.json'), 'utf8')) as { accel: string; reason: string };
     expect(['kvm', 'tcg']).toContain(accel.accel);
     if (existsSync('/dev/kvm') && accel.accel === 'tcg') expect(accel.reason).toMatch(/did not reach the agent/);
@@ -168,6 +189,9 @@ describe('the qemu driver', () => {
     if (ramInShm) for (const r of [a, b]) expect(readFileSync(`/proc/${r.info.pid}/maps`, 'utf8')).toContain(join(snapDir, 'ram'));
     expect(await out(a, ['hostname'])).toBe('vm-a');
     expect(await out(b, ['hostname'])).toBe('vm-b');
+    // each restore's QEMU in a jail of its own: the snapshot's RAM file its own, the others' files unseen
+    expectJailed(a, [vm, b]);
+    expectJailed(b, [vm, a]);
     expect(await out(a, ['cat', '/etc/machine-id'])).not.toBe(await out(b, ['cat', '/etc/machine-id']));
     const phases = a.lastTrace!.phases.map((p) => p.name);
     for (const p of ['spawn vmm', 'qmp ready', 'load memory', 'resume', 'agent ready', 'clock set']) expect(phases).toContain(p);

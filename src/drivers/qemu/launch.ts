@@ -3,6 +3,7 @@ import { readdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { VMM_UID_BASE, VMM_UID_SPAN } from '../../host/id-ranges.js';
+import { jailArgs, jailed } from './jail.js';
 export { VMM_UID_BASE } from '../../host/id-ranges.js';
 
 export interface VmConfig {
@@ -127,14 +128,17 @@ export async function logTail(runDir: string): Promise<string> {
 /**
  * Start QEMU daemonized (it outlives this process) and already inside the sandbox's cgroup (a
  * shell joins it, then execs QEMU: no moment outside its limits, nothing gc cannot find);
- * resolves with its pid once it is running.
+ * resolves with its pid once it is running. QEMU runs in a jail of its own (jail.ts) unless
+ * SNAPLAB_QEMU_JAIL=off.
  */
 export async function startQemu(runDir: string, c: VmConfig, incoming: boolean, cgroupProcs: string[] = [], uid?: number): Promise<number> {
   const f = vmFiles(runDir);
   const { openSync, closeSync } = await import('node:fs');
   const log = openSync(f.log, 'a');
   const join = 'for f in $SNAPLAB_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"';
-  const child = spawn('/bin/sh', ['-c', join, 'snaplab-qemu', QEMU, ...qemuArgs(runDir, c, incoming, uid)], {
+  const qemu = [QEMU, ...qemuArgs(runDir, c, incoming, uid)];
+  const argv = jailed() ? await jailArgs(runDir, c, qemu) : qemu;
+  const child = spawn('/bin/sh', ['-c', join, 'snaplab-qemu', ...argv], {
     stdio: ['ignore', log, log],
     detached: true,
     env: { ...process.env, SNAPLAB_CGROUP_PROCS: cgroupProcs.join(' ') },

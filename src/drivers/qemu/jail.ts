@@ -1,0 +1,55 @@
+/**
+ * QEMU in a jail, as Firecracker's jailer puts its VMM: a mount namespace of its own whose root
+ * is an empty tmpfs holding only what this VM's QEMU opens (the host's /usr read-only for the
+ * program, its libraries and firmware; its kernel, initramfs and base disk read-only; its disk,
+ * RAM file and run directory), a minimal /dev (with /dev/kvm under KVM), no /proc, /sys, /home,
+ * /var, /etc or other VMs' files; new network, IPC, UTS and cgroup namespaces (a VM has no NIC:
+ * its agent and monitor are Unix sockets in its run directory, which work across network
+ * namespaces); no_new_privs; and only the capabilities QEMU needs to open its files and drop to
+ * its own uid (`-runas`), after which it holds none. bubblewrap makes it (the namespaces driver's
+ * launcher already); paths stay the same inside, so QEMU's command line does not change.
+ */
+import { lstat, readlink, writeFile } from 'node:fs/promises';
+import { SnaplabError } from '../../errors.js';
+import { which } from '../../host/run.js';
+import type { VmConfig } from './launch.js';
+
+/** Off only with SNAPLAB_QEMU_JAIL=off (to measure what the jail costs, or to debug QEMU). */
+export const jailed = (): boolean => process.env.SNAPLAB_QEMU_JAIL !== 'off';
+
+/** /bin, /lib, /lib64, /sbin as the host has them: links into /usr (merged /usr), or read-only binds. */
+async function rootDirs(): Promise<string[]> {
+  const out: string[] = [];
+  for (const d of ['/bin', '/sbin', '/lib', '/lib64', '/lib32', '/libx32']) {
+    const st = await lstat(d).catch(() => null);
+    if (!st) continue;
+    if (st.isSymbolicLink()) out.push('--symlink', await readlink(d), d);
+    else out.push('--ro-bind', d, d);
+  }
+  return out;
+}
+
+/** The bwrap command line that runs `qemu` (argv) jailed. */
+export async function jailArgs(runDir: string, c: VmConfig, qemu: string[]): Promise<string[]> {
+  const bwrap = await which('bwrap');
+  if (!bwrap) throw new SnaplabError('DRIVER_UNAVAILABLE', 'bwrap is not installed: QEMU runs in a bubblewrap jail', 'apt-get install bubblewrap (or SNAPLAB_QEMU_JAIL=off to run QEMU unjailed)');
+  const ro = (p: string): string[] => ['--ro-bind', p, p];
+  const rw = (p: string): string[] => ['--bind', p, p];
+  if (c.ram?.share) await writeFile(c.ram.path, '', { flag: 'a', mode: 0o600 }); // QEMU would make it: the bind needs it there first
+  return [
+    bwrap,
+    '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup',
+    '--cap-drop', 'ALL', '--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID', '--cap-add', 'CAP_DAC_OVERRIDE',
+    ...ro('/usr'), ...(await rootDirs()),
+    '--ro-bind-try', '/etc/ld.so.cache', '/etc/ld.so.cache',
+    '--dev', '/dev',
+    ...(c.accel === 'kvm' ? ['--dev-bind', '/dev/kvm', '/dev/kvm'] : []),
+    ...ro(c.kernel), ...ro(c.initrd), ...ro(c.diskBase), ...rw(c.disk),
+    // a snapshot's RAM file is mapped private (its writes never reach the file: mode 0444, and QEMU
+    // holds no capability once it runs the guest); QEMU 7.2 opens it read-write, so a bind
+    ...(c.ram ? rw(c.ram.path) : []),
+    ...rw(runDir),
+    '--chdir', '/',
+    '--', ...qemu,
+  ];
+}
