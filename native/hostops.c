@@ -507,43 +507,72 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 	_exit(127);
 }
 
-static void op_launch(struct request *r)
+/* A launch request's arguments, pointing into its argv. */
+struct launch_args {
+	char *log;
+	int timeout_ms;
+	const char *sock, *netns;
+	struct userns_spec spec, *us; /* us: &spec, or NULL for USERNS - */
+	int ncg;
+	char **cgs, **argv;
+};
+
+/* NULL, or why the arguments are not a launch (EINVAL). */
+static const char *launch_parse(struct request *r, struct launch_args *a)
 {
 	static const char usage[] = "launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS|overlay N LOWER*N UPPER WORK] [AGENT] N CGROUP_PROCS... ARGV...";
 	if (r->argc < 8)
-		return reply_err(r->id, EINVAL, usage);
-	char *log = r->argv[1];
-	int timeout_ms = atoi(r->argv[2]);
-	const char *sock = r->argv[3];
-	const char *netns = r->argv[4];
-	struct userns_spec spec, *us = NULL;
+		return usage;
+	a->log = r->argv[1];
+	a->timeout_ms = atoi(r->argv[2]);
+	a->sock = r->argv[3];
+	a->netns = r->argv[4];
+	a->us = NULL;
+	struct userns_spec *spec = &a->spec;
 	int at = 6;
 	if (strcmp(r->argv[5], "-") != 0) {
-		if (sscanf(r->argv[5], "%u:%u", &spec.base, &spec.count) != 2 || spec.count == 0 || r->argc < 10)
-			return reply_err(r->id, EINVAL, usage);
-		memset(&spec.root, 0, sizeof spec.root);
+		if (sscanf(r->argv[5], "%u:%u", &spec->base, &spec->count) != 2 || spec->count == 0 || r->argc < 10)
+			return usage;
+		memset(&spec->root, 0, sizeof spec->root);
 		/* BASE:COUNT:suid: a system machine's tree keeps setuid (userns.c idmapped_clone) */
-		spec.root.allow_suid = strstr(r->argv[5], ":suid") != NULL;
+		spec->root.allow_suid = strstr(r->argv[5], ":suid") != NULL;
 		at = 6;
 		if (strcmp(r->argv[at], "overlay") == 0) {
 			int n = atoi(r->argv[at + 1]);
 			if (n < 1 || at + 2 + n + 3 >= r->argc)
-				return reply_err(r->id, EINVAL, usage);
-			spec.root.lowers = (const char *const *)&r->argv[at + 2];
-			spec.root.nlower = n;
-			spec.root.upper = r->argv[at + 2 + n];
-			spec.root.work = r->argv[at + 3 + n];
+				return usage;
+			spec->root.lowers = (const char *const *)&r->argv[at + 2];
+			spec->root.nlower = n;
+			spec->root.upper = r->argv[at + 2 + n];
+			spec->root.work = r->argv[at + 3 + n];
 			at += 4 + n;
 		} else
-			spec.root.dir = r->argv[at++];
-		spec.agent = r->argv[at++];
-		us = &spec;
+			spec->root.dir = r->argv[at++];
+		spec->agent = r->argv[at++];
+		a->us = spec;
 	}
-	int ncg = atoi(r->argv[at]);
-	if (ncg < 0 || at + 1 + ncg >= r->argc)
-		return reply_err(r->id, EINVAL, "launch: bad cgroup count");
-	char **cgs = &r->argv[at + 1];
-	char **argv = &r->argv[at + 1 + ncg]; /* NULL-terminated by the reader */
+	a->ncg = atoi(r->argv[at]);
+	if (a->ncg < 0 || at + 1 + a->ncg >= r->argc)
+		return "launch: bad cgroup count";
+	a->cgs = &r->argv[at + 1];
+	a->argv = &r->argv[at + 1 + a->ncg]; /* NULL-terminated by the reader */
+	return NULL;
+}
+
+static void op_launch(struct request *r)
+{
+	struct launch_args la;
+	const char *bad = launch_parse(r, &la);
+	if (bad)
+		return reply_err(r->id, EINVAL, bad);
+	char *log = la.log;
+	int timeout_ms = la.timeout_ms;
+	const char *sock = la.sock;
+	const char *netns = la.netns;
+	struct userns_spec *us = la.us;
+	int ncg = la.ncg;
+	char **cgs = la.cgs;
+	char **argv = la.argv;
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
 	if (strlen(sock) >= sizeof sun.sun_path)
 		return reply_err(r->id, ENAMETOOLONG, sock);
@@ -823,6 +852,38 @@ static void *serve(void *p)
 	return NULL;
 }
 
+/*
+ * Read one request from fd: 1 with *out (op and arguments split at their NULs, argv NULL-terminated,
+ * the last string ended by the reader), 0 at EOF or a short read, 2 for a length of 0 or over
+ * MAX_REQUEST.
+ */
+static int request_read(int fd, struct request **out)
+{
+	uint32_t head[2];
+	if (read_all(fd, head, sizeof head) != 0)
+		return 0;
+	if (head[0] == 0 || head[0] > MAX_REQUEST)
+		return 2;
+	struct request *r = calloc(1, sizeof *r);
+	char *buf = malloc(head[0] + 1);
+	if (!r || !buf || read_all(fd, buf, head[0]) != 0) {
+		free(r);
+		free(buf);
+		return 0;
+	}
+	buf[head[0]] = '\0';
+	r->id = head[1];
+	r->buf = buf;
+	for (size_t off = 0; off < head[0] && r->argc < MAX_ARGS - 1;) {
+		r->argv[r->argc++] = buf + off;
+		off += strlen(buf + off) + 1;
+	}
+	r->argv[r->argc] = NULL;
+	*out = r;
+	return 1;
+}
+
+#ifndef FUZZ /* fuzz/hostops_fuzz.c: libFuzzer's main calls request_read and launch_parse */
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -831,28 +892,16 @@ int main(void)
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	pthread_attr_setstacksize(&attr, 256 * 1024);
 	for (;;) {
-		uint32_t head[2];
-		if (read_all(0, head, sizeof head) != 0)
-			return 0;
-		if (head[0] == 0 || head[0] > MAX_REQUEST)
-			return 2;
-		struct request *r = calloc(1, sizeof *r);
-		char *buf = malloc(head[0] + 1);
-		if (!r || !buf || read_all(0, buf, head[0]) != 0)
-			return 0;
-		buf[head[0]] = '\0';
-		r->id = head[1];
-		r->buf = buf;
-		for (size_t off = 0; off < head[0] && r->argc < MAX_ARGS - 1;) {
-			r->argv[r->argc++] = buf + off;
-			off += strlen(buf + off) + 1;
-		}
-		r->argv[r->argc] = NULL;
+		struct request *r;
+		int rc = request_read(0, &r);
+		if (rc != 1)
+			return rc;
 		pthread_t t;
 		if (pthread_create(&t, &attr, serve, r) != 0) {
 			reply_err(r->id, errno, "thread");
-			free(buf);
+			free(r->buf);
 			free(r);
 		}
 	}
 }
+#endif

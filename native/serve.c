@@ -37,6 +37,17 @@
 #include "frame.h"
 #include "sandbox.h"
 
+/* fuzz/frame_fuzz.c compiles this file with -DFUZZ: every request is parsed and answered as here,
+ * but what a handler would do to the files and the clock of the host the fuzzer runs on (as
+ * root) is replaced by the harness's stand-in, the second argument. */
+#ifdef FUZZ
+int fuzz_open(const char *path);
+int fuzz_clock_settime(clockid_t clock, const struct timespec *ts);
+#define FUZZ_EFFECT(real, fake) (fake)
+#else
+#define FUZZ_EFFECT(real, fake) (real)
+#endif
+
 #define READ_CHUNK (64u * 1024)
 #define OUT_HIGH (16u << 20) /* stop reading a connection's pipes above this much unsent output */
 #define OUT_LOW (1u << 20)
@@ -879,6 +890,11 @@ static void do_file_put(struct conn *c, uint32_t id, const uint8_t *payload, siz
 	}
 	if (!mode)
 		mode = 0644;
+#ifdef FUZZ
+	reply(c, T_OK, id, NULL, 0); /* parsed; written nowhere (see FUZZ_EFFECT) */
+	free(path);
+	return;
+#endif
 	char tmp[PATH_MAX + 64];
 	snprintf(tmp, sizeof tmp, "%s.snaplab-tmp.%d.%u", path, (int)getpid(), ++tmp_counter);
 	int fd = -1;
@@ -931,7 +947,7 @@ static void do_file_get(struct conn *c, uint32_t id, const uint8_t *payload, siz
 		reply_error(c, id, EINVAL, "malformed FILE_GET payload");
 		return;
 	}
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = FUZZ_EFFECT(open(path, O_RDONLY | O_CLOEXEC), fuzz_open(path));
 	struct stat st;
 	if (fd < 0 || fstat(fd, &st) < 0) {
 		int e = errno;
@@ -1177,7 +1193,7 @@ static void handle_frame(struct conn *c, const struct frame *f)
 			ts.tv_sec--;
 			ts.tv_nsec += 1000000000;
 		}
-		if (clock_settime(CLOCK_REALTIME, &ts) < 0)
+		if (FUZZ_EFFECT(clock_settime(CLOCK_REALTIME, &ts), fuzz_clock_settime(CLOCK_REALTIME, &ts)) < 0)
 			reply_error(c, f->id, errno, "clock_settime: %s", strerror(errno));
 		else
 			reply(c, T_OK, f->id, NULL, 0);
@@ -1366,6 +1382,87 @@ static void read_oom(void)
 	close(fd);
 }
 
+/* One event of the loop below (the fuzz harness, fuzz/frame_fuzz.c, drives the loop through this
+ * and after_events too). */
+static void on_event(struct src *s, uint32_t ev)
+{
+	switch (s->kind) {
+	case K_LISTEN:
+		on_accept();
+		break;
+	case K_SIGNAL:
+		on_signal();
+		break;
+	case K_TIMER:
+		on_timer();
+		break;
+	case K_STREAM_TIMER: {
+		uint64_t ticks;
+		if (read(s->fd, &ticks, sizeof ticks) < 0) {
+			/* nothing: level-triggered, and stream_check polls anyway */
+		}
+		stream_check(stream_conn);
+		break;
+	}
+	case K_CONN: {
+		struct conn *c = s->owner;
+		if (c->down)
+			break; /* went down earlier in this batch */
+		if (ev & EPOLLOUT)
+			conn_flush(c);
+		ssize_t r = 1;
+		if (!c->dead && !c->down && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+			r = conn_readable(c);
+		/* A hung-up stream that had nothing left to read: don't spin on EPOLLHUP. */
+		if (c->stream && !c->down && (ev & (EPOLLHUP | EPOLLERR)) && r < 0)
+			stream_down(c);
+		break;
+	}
+	case K_OUT:
+	case K_ERR: {
+		struct exec *e = s->owner;
+		pump_once(e, s);
+		if (s->fd >= 0)
+			pause_check(e, s);
+		break;
+	}
+	case K_IN: {
+		struct exec *e = s->owner;
+		/* the command closed its stdin: epoll reports the pipe's error for ever, so it
+		 * goes now (what comes later is acknowledged as dropped) */
+		if ((ev & (EPOLLERR | EPOLLHUP)) && !buf_used(&e->inq)) {
+			src_close(&e->in);
+			break;
+		}
+		stdin_flush(e);
+		break;
+	}
+	}
+}
+
+/* After a batch of events: send what they queued, free what they closed. */
+static void after_events(void)
+{
+	while (dirty_list) {
+		struct conn *c = dirty_list;
+		dirty_list = c->next_dirty;
+		c->dirty = 0;
+		conn_flush(c);
+	}
+	while (grave_execs) {
+		struct exec *e = grave_execs;
+		grave_execs = e->next_grave;
+		free(e);
+	}
+	while (grave_conns) {
+		struct conn *c = grave_conns;
+		grave_conns = c->next_grave;
+		buf_free(&c->in);
+		buf_free(&c->out);
+		free(c);
+	}
+}
+
 int serve_main(const char *path, int listen_fd, const char *stream_path, int stream_fd, int ready_fd,
 	       const char *caps, int harden)
 {
@@ -1488,79 +1585,10 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 		}
 		for (int i = 0; i < n; i++) {
 			struct src *s = evs[i].data.ptr;
-			uint32_t ev = evs[i].events;
 			if (s->fd < 0)
 				continue; /* closed earlier in this batch */
-			switch (s->kind) {
-			case K_LISTEN:
-				on_accept();
-				break;
-			case K_SIGNAL:
-				on_signal();
-				break;
-			case K_TIMER:
-				on_timer();
-				break;
-			case K_STREAM_TIMER: {
-				uint64_t ticks;
-				if (read(s->fd, &ticks, sizeof ticks) < 0) {
-					/* nothing: level-triggered, and stream_check polls anyway */
-				}
-				stream_check(stream_conn);
-				break;
-			}
-			case K_CONN: {
-				struct conn *c = s->owner;
-				if (c->down)
-					break; /* went down earlier in this batch */
-				if (ev & EPOLLOUT)
-					conn_flush(c);
-				ssize_t r = 1;
-				if (!c->dead && !c->down && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
-					r = conn_readable(c);
-				/* A hung-up stream that had nothing left to read: don't spin on EPOLLHUP. */
-				if (c->stream && !c->down && (ev & (EPOLLHUP | EPOLLERR)) && r < 0)
-					stream_down(c);
-				break;
-			}
-			case K_OUT:
-			case K_ERR: {
-				struct exec *e = s->owner;
-				pump_once(e, s);
-				if (s->fd >= 0)
-					pause_check(e, s);
-				break;
-			}
-			case K_IN: {
-				struct exec *e = s->owner;
-				/* the command closed its stdin: epoll reports the pipe's error for ever, so it
-				 * goes now (what comes later is acknowledged as dropped) */
-				if ((ev & (EPOLLERR | EPOLLHUP)) && !buf_used(&e->inq)) {
-					src_close(&e->in);
-					break;
-				}
-				stdin_flush(e);
-				break;
-			}
-			}
+			on_event(s, evs[i].events);
 		}
-		while (dirty_list) {
-			struct conn *c = dirty_list;
-			dirty_list = c->next_dirty;
-			c->dirty = 0;
-			conn_flush(c);
-		}
-		while (grave_execs) {
-			struct exec *e = grave_execs;
-			grave_execs = e->next_grave;
-			free(e);
-		}
-		while (grave_conns) {
-			struct conn *c = grave_conns;
-			grave_conns = c->next_grave;
-			buf_free(&c->in);
-			buf_free(&c->out);
-			free(c);
-		}
+		after_events();
 	}
 }
