@@ -5,7 +5,9 @@
 
 uint8_t *buf_reserve(struct buf *b, size_t n)
 {
-	if (b->cap - b->len >= n)
+	/* a buf not allocated yet allocates even for n = 0: NULL + 0 is undefined behaviour, and the
+	 * NULL it gave read as out of memory (the relay's buf_append of nothing after HELLO did it) */
+	if (b->data && b->cap - b->len >= n)
 		return b->data + b->len;
 	/* Compact first: cheaper than growing when most of the queue has been consumed. */
 	if (b->off > 0) {
