@@ -1,0 +1,174 @@
+#!/usr/bin/env node
+// Writes the seed corpus of the C parsers' harnesses (native/fuzz/corpus/NAME/*): a few valid
+// conversations in each harness's input format (the comment at the top of each harness), made
+// of the frames docs/agent-protocol.md describes. `node native/fuzz/corpus.mjs` rewrites them;
+// the files are checked in, and the fuzzer's runs work on copies (make fuzz-run). Inputs that
+// once failed are kept beside them as regress-* (added by hand, never touched here).
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+const T = { PING: 1, EXEC: 2, STDIN: 3, SIGNAL: 4, FILE_PUT: 5, FILE_GET: 6, SET_CLOCK: 7, STATUS: 8, RESET: 9, RESIZE: 0x0a, HOLD_OUTPUT: 0x0b };
+const R = { HELLO: 0x80, PONG: 0x81, STARTED: 0x82, STDOUT: 0x83, STDERR: 0x84, EXIT: 0x85, DATA: 0x86, OK: 0x87, ERROR: 0x88, STDIN_ACK: 0x89 };
+
+const u16 = (v) => { const b = Buffer.alloc(2); b.writeUInt16LE(v); return b; };
+const u32 = (v) => { const b = Buffer.alloc(4); b.writeUInt32LE(v >>> 0); return b; };
+const i64 = (v) => { const b = Buffer.alloc(8); b.writeBigInt64LE(BigInt(v)); return b; };
+const bytes = (x) => (Buffer.isBuffer(x) ? x : Buffer.from(x));
+
+/** One frame: u32 length, u16 type, u16 flags, u32 id, payload. */
+function frame(type, id, payload = Buffer.alloc(0)) {
+  const p = bytes(payload);
+  return Buffer.concat([u32(p.length), u16(type), u16(0), u32(id), p]);
+}
+
+/** An EXEC payload: timeout, flags, then tagged fields (argv 1, env 2, cwd 3, user 4, tty 5). */
+function exec({ argv, env = ['PATH=/usr/bin:/bin'], cwd, user, tty, stdin = false, timeoutMs = 0 }) {
+  const field = (tag, s) => Buffer.concat([Buffer.from([tag]), u32(Buffer.byteLength(s)), Buffer.from(s)]);
+  const fields = [...argv.map((a) => field(1, a)), ...env.map((e) => field(2, e))];
+  if (cwd !== undefined) fields.push(field(3, cwd));
+  if (user !== undefined) fields.push(field(4, user));
+  if (tty !== undefined) fields.push(field(5, tty));
+  return Buffer.concat([u32(timeoutMs), u32(stdin ? 1 : 0), ...fields]);
+}
+
+function filePut(mode, path, data) {
+  return Buffer.concat([u32(mode), u32(Buffer.byteLength(path)), Buffer.from(path), bytes(data)]);
+}
+
+// ---- frame_fuzz: ops 0x00-0x7f write (op + 1) bytes; 0x80-0xff make an exec exit ----
+
+/** Bytes sent to the agent, in chunks of at most 128 (and of `chunk` when given). */
+function send(buf, chunk = 128) {
+  const out = [];
+  for (let i = 0; i < buf.length; i += chunk) {
+    const part = buf.subarray(i, i + chunk);
+    out.push(Buffer.from([part.length - 1]), part);
+  }
+  return Buffer.concat(out);
+}
+/** The k-th exec, newest first, exits with code (0..7), or is killed by SIGNALS[sig] (0 = SIGKILL, 1 = SIGTERM, 2 = SIGINT). */
+const exits = (k, code) => Buffer.from([0x80 | (code << 3) | k]);
+const killed = (k, sig) => Buffer.from([0xc0 | (sig << 3) | k]);
+
+const agent = {
+  'ping': send(Buffer.concat([frame(T.PING, 1, 'hello'), frame(T.PING, 2)])),
+  'exec-exit': Buffer.concat([send(frame(T.EXEC, 1, exec({ argv: ['echo', 'hi\n'], cwd: '/' }))), exits(0, 0)]),
+  'exec-stdin': Buffer.concat([
+    send(frame(T.EXEC, 3, exec({ argv: ['<cat', 'x'], stdin: true }))),
+    send(Buffer.concat([frame(T.STDIN, 3, 'abc'), frame(T.STDIN, 3, 'def'.repeat(40)), frame(T.STDIN, 3)]), 7),
+    exits(0, 1),
+  ]),
+  'exec-tty': Buffer.concat([
+    send(frame(T.EXEC, 4, exec({ argv: ['sh', '$ '], tty: '80x24', stdin: true }))),
+    send(Buffer.concat([frame(T.RESIZE, 4, Buffer.concat([u16(100), u16(40)])), frame(T.STDIN, 4, '\x03'), frame(T.SIGNAL, 4, u32(2))])),
+    killed(0, 2),
+  ]),
+  'exec-user': Buffer.concat([send(frame(T.EXEC, 5, exec({ argv: ['id', 'uid=1000\n'], user: '1000:1000:4,24,27', timeoutMs: 5000 }))), exits(0, 3)]),
+  'exec-refused': send(Buffer.concat([
+    frame(T.EXEC, 6, exec({ argv: ['?nosuch'] })), // started, then "command not found"
+    frame(T.EXEC, 6, exec({ argv: ['true'] })), // EBUSY: 6 still runs
+    frame(T.EXEC, 7, exec({ argv: ['!ls'], cwd: '/nonexistent' })), // chdir fails
+    frame(T.EXEC, 8, exec({ argv: [] })), // argv is empty
+    frame(T.EXEC, 9, exec({ argv: ['x'], tty: '0x24' })), // bad tty
+    frame(T.EXEC, 10, exec({ argv: ['x'], user: 'root' })), // bad user
+    frame(T.EXEC, 11, Buffer.from([0, 0, 0, 0, 0, 0, 0, 0, 1, 9, 0, 0, 0, 0x61])), // malformed
+  ])),
+  'files': send(Buffer.concat([
+    frame(T.FILE_PUT, 1, filePut(0o644, '/tmp/a/b', 'data\n')),
+    frame(T.FILE_GET, 2, '/etc/hostname'),
+    frame(T.FILE_GET, 3, '/'),
+    frame(T.FILE_GET, 4, '/missing'),
+    frame(T.FILE_GET, 5, '/big'),
+    frame(T.FILE_PUT, 6, filePut(0, '', '')),
+  ])),
+  'misc': send(Buffer.concat([
+    frame(T.SET_CLOCK, 1, i64(1_700_000_000_000_000_000n)),
+    frame(T.SET_CLOCK, 2, i64(-1_500_000_000)),
+    frame(T.STATUS, 3),
+    frame(T.RESET, 4),
+    frame(0x42, 5, 'x'),
+    frame(T.SIGNAL, 6, u32(99)),
+    frame(T.RESIZE, 7, u32(0)),
+    frame(T.HOLD_OUTPUT, 8, u16(1)),
+  ])),
+  'hold': Buffer.concat([
+    send(frame(T.EXEC, 10, exec({ argv: ['<x', 'out'], stdin: true }))),
+    send(Buffer.concat([frame(T.HOLD_OUTPUT, 10, u32(1)), frame(T.STDIN, 10, 'in'), frame(T.HOLD_OUTPUT, 10, u32(0))])),
+    exits(0, 0),
+  ]),
+  'oversize': send(Buffer.concat([Buffer.concat([u32(0x04000001), u16(T.PING), u16(0), u32(9)]), Buffer.from('the payload that is skipped')])),
+};
+
+// ---- relay_fuzz: ops of two bytes, OP N: client OP%8 (0-3) or the agent (4-6) sends N+1 bytes; 7: client N%4 goes ----
+
+function from(who, buf) {
+  const out = [];
+  for (let i = 0; i < buf.length; i += 256) {
+    const part = buf.subarray(i, i + 256);
+    out.push(Buffer.from([who, part.length - 1]), part);
+  }
+  return Buffer.concat(out);
+}
+const AGENT = 4;
+const gone = (client) => Buffer.from([7, client]);
+const exitPayload = (code) => Buffer.concat([u32(code), u32(0), u32(0), u32(0), Buffer.alloc(32)]);
+const hello = Buffer.concat([u16(1), u16(2), u32(1), Buffer.from('0.1.0')]);
+
+// relay ids are handed out from 1, in the order the relay forwards requests
+const relay = {
+  'ping': Buffer.concat([from(0, frame(T.PING, 7, 'x')), from(AGENT, frame(R.PONG, 1, 'x'))]),
+  'exec': Buffer.concat([
+    from(0, frame(T.EXEC, 1, exec({ argv: ['cat'], stdin: true }))),
+    from(AGENT, frame(R.STARTED, 1, u32(42))),
+    from(0, Buffer.concat([frame(T.STDIN, 1, 'abc'), frame(T.STDIN, 1), frame(T.RESIZE, 1, u32(0x00280050))])),
+    from(AGENT, Buffer.concat([frame(R.STDIN_ACK, 1, u32(3)), frame(R.STDOUT, 1, 'abc'), frame(R.EXIT, 1, exitPayload(0))])),
+  ]),
+  'two-clients': Buffer.concat([
+    from(0, frame(T.EXEC, 1, exec({ argv: ['sleep', '9'] }))),
+    from(1, frame(T.EXEC, 1, exec({ argv: ['sleep', '9'] }))),
+    from(1, frame(T.EXEC, 1, exec({ argv: ['true'] }))), // EBUSY
+    from(AGENT, Buffer.concat([frame(R.STARTED, 1, u32(10)), frame(R.STARTED, 2, u32(11))])),
+    from(0, frame(T.SIGNAL, 1, u32(15))),
+    gone(1), // its exec is killed
+    from(AGENT, Buffer.concat([frame(R.EXIT, 1, exitPayload(143)), frame(R.EXIT, 2, exitPayload(137))])),
+  ]),
+  'reset': Buffer.concat([
+    from(2, Buffer.concat([frame(T.EXEC, 5, exec({ argv: ['x'] })), frame(T.RESET, 6)])),
+    from(3, frame(T.STATUS, 1)),
+    from(AGENT, frame(R.HELLO, 0, hello)), // a new session: in-flight requests fail
+    from(AGENT, frame(R.DATA, 2, 'processes 0\n')), // dropped until the resync HELLO
+    from(AGENT, frame(R.HELLO, 3, hello)),
+    from(3, frame(T.PING, 2)),
+    from(AGENT, frame(R.PONG, 4)),
+  ]),
+  'errors': Buffer.concat([
+    from(0, frame(T.EXEC, 3, exec({ argv: ['x'], cwd: '/no' }))),
+    from(AGENT, frame(R.ERROR, 1, Buffer.concat([u32(2), Buffer.from('chdir /no: No such file or directory')]))),
+    from(0, Buffer.concat([u32(0x04000001), u16(T.PING), u16(0), u32(4), Buffer.from('skipped')])), // oversized
+    from(1, frame(T.FILE_GET, 9, '/etc/hostname')),
+    from(AGENT, frame(R.DATA, 2, 'host\n')),
+  ]),
+};
+
+// ---- hostops_fuzz: the helper's requests, u32 length, u32 id, NUL-separated strings ----
+
+function request(id, ...args) {
+  const p = Buffer.from(args.map((a) => `${a}\0`).join(''));
+  return Buffer.concat([u32(p.length), u32(id), p]);
+}
+
+const hostops = {
+  'ping': request(1, 'ping'),
+  'btrfs': Buffer.concat([request(1, 'btrfs-snapshot', '/pool/a', '/pool/b', '1'), request(2, 'btrfs-limit', '/pool/b', '4294967296'), request(3, 'btrfs-delete', '/pool/b')]),
+  'mount': Buffer.concat([request(4, 'mount', 'overlay', '/m', 'overlay', '0', 'lowerdir=/a,upperdir=/b,workdir=/c,userxattr'), request(5, 'umount', '/m', '2')]),
+  'launch': request(6, 'launch', '/log', '10000', '/run/s.sock', '-', '-', '2', '/cg/a/cgroup.procs', '/cg/b/cgroup.procs', 'bwrap', '--as-pid-1', '--', '/agent', 'serve'),
+  'launch-userns': request(7, 'launch', '/log', '10000', '/run/s.sock', '/run/netns/n', '100000:65536', '/root', '/agent', '1', '/cg/cgroup.procs', 'bwrap', '--'),
+  'launch-overlay': request(8, 'launch', '/log', '10000', '/run/s.sock', '-', '100000:65536:suid', 'overlay', '2', '/l1', '/l2', '/up', '/work', '/agent', '0', 'bwrap'),
+  'misc': Buffer.concat([request(9, 'tcp-check', '/run/netns/n', '10.0.0.2', '22', '500'), request(10, 'qmp-getfd', '/q.sock', 'mig', '/f', 'w'), request(11, 'idmap-check', '/d', '100000')]),
+};
+
+const root = join(import.meta.dirname, 'corpus');
+for (const [name, seeds] of Object.entries({ frame: agent, relay, hostops })) {
+  mkdirSync(join(root, name), { recursive: true });
+  for (const [seed, buf] of Object.entries(seeds)) writeFileSync(join(root, name, seed), buf);
+}
