@@ -1,0 +1,102 @@
+/**
+ * libFuzzer harnesses of the C parsers that take untrusted bytes (native/fuzz/): the agent's frame
+ * decoder and request handlers (frame), the relay's routing between its clients and a VM's agent
+ * (relay), and the host helper's request reader and launch parser (hostops). `make -C native fuzz`
+ * builds them with clang, ASan and UBSan; each then runs for SNAPLAB_FUZZ_SECONDS (default 20) on
+ * a copy of its checked-in seeds in a temp dir (`make fuzz-run-NAME`, which copies them there). A
+ * crash, a leak, undefined behaviour, an input over 10 s or a failed check of the harness stops
+ * the run with a non-zero exit and the input written next to the copy; the test then fails with
+ * libFuzzer's report, and keeps the input in native/build/fuzz/failed/ (the temp dirs go). The
+ * long run is described in docs/security.md ("Fuzzing the C parsers").
+ */
+import { spawn } from 'node:child_process';
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+const SECONDS = Number(process.env.SNAPLAB_FUZZ_SECONDS ?? 20) || 20;
+const NATIVE = join(import.meta.dirname, '..', 'native');
+// a run that makes fewer inputs than this per second has stopped fuzzing (the slowest, the
+// agent's, makes about 2800 a second here)
+const MIN_PER_SECOND = 100;
+
+const dirs: string[] = [];
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+interface Made {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  out: string;
+}
+
+/** `make -s -C native ARGS`, its output (libFuzzer reports on stderr) joined; killed with its group after `timeoutMs`. */
+function make(args: string[], timeoutMs: number): Promise<Made> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('make', ['-s', '-C', NATIVE, ...args], { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    const chunks: Buffer[] = [];
+    child.stdout.on('data', (d: Buffer) => chunks.push(d));
+    child.stderr.on('data', (d: Buffer) => chunks.push(d));
+    const timer = setTimeout(() => {
+      try {
+        process.kill(-child.pid!, 'SIGKILL'); // make and the harness it runs
+      } catch { /* gone */ }
+    }, timeoutMs);
+    child.on('error', reject);
+    child.on('close', (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal, out: Buffer.concat(chunks).toString('utf8') });
+    });
+  });
+}
+
+/** The figures of libFuzzer's final report (-print_final_stats=1). */
+function stats(out: string): { runs: number; cov: number; ft: number; corpus: number } {
+  const num = (re: RegExp) => Number(re.exec(out)?.[1] ?? NaN);
+  const done = /#\d+\s+DONE\s+cov: (\d+) ft: (\d+) corp: (\d+)/.exec(out);
+  return { runs: num(/stat::number_of_executed_units:\s+(\d+)/), cov: Number(done?.[1] ?? NaN), ft: Number(done?.[2] ?? NaN), corpus: Number(done?.[3] ?? NaN) };
+}
+
+/** A sanitizer's or libFuzzer's report from its first line (what went wrong, and where), else the last lines. */
+function report(out: string): string {
+  const lines = out.trimEnd().split('\n');
+  const at = lines.findIndex((l) => /ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|==ABORTING/.test(l));
+  return (at >= 0 ? lines.slice(Math.max(0, at - 2), at + 30) : lines.slice(-40)).join('\n');
+}
+const seeds = (name: string) => readdirSync(join(NATIVE, 'fuzz', 'corpus', name)).sort();
+
+describe('fuzzing the C parsers (libFuzzer)', () => {
+  beforeAll(async () => {
+    const built = await make(['fuzz'], 170_000);
+    expect(built.code, `make -C native fuzz failed (clang and libclang-rt-14-dev are in src/host/tools.json):\n${report(built.out)}`).toBe(0);
+  }, 180_000);
+
+  const harnesses = {
+    frame: "the agent's frame decoder and request handlers",
+    relay: "the relay's routing between clients and a VM's agent",
+    hostops: "the host helper's request reader and launch parser",
+  };
+  for (const [name, what] of Object.entries(harnesses)) {
+    it(`${name}: ${what}, ${SECONDS} s without a crash, a leak or undefined behaviour`, async () => {
+      const dir = mkdtempSync(join(tmpdir(), `snaplab-test-fuzz-${name}-`));
+      dirs.push(dir);
+      const before = seeds(name);
+      const t0 = performance.now();
+      const run = await make([`fuzz-run-${name}`, `FUZZ_SECONDS=${SECONDS}`, `FUZZ_DIR=${dir}`], SECONDS * 1000 + 60_000);
+      const took = (performance.now() - t0) / 1000;
+      const s = stats(run.out);
+      const found = readdirSync(dir).filter((f) => f.startsWith(`${name}-`));
+      const kept = join(NATIVE, 'build', 'fuzz', 'failed');
+      if (found.length) mkdirSync(kept, { recursive: true });
+      for (const f of found) copyFileSync(join(dir, f), join(kept, f));
+      console.log(`${name}: ${s.runs} inputs in ${took.toFixed(1)} s (${Math.round(s.runs / took)}/s), coverage ${s.cov} edges, ${s.ft} features, corpus ${before.length} seeds -> ${s.corpus}`);
+      expect(run.code, `the fuzzer stopped (input kept: ${found.map((f) => join(kept, f)).join(', ') || 'none written'}):\n${report(run.out)}`).toBe(0);
+      expect(found).toEqual([]);
+      expect(s.runs).toBeGreaterThan(SECONDS * MIN_PER_SECOND);
+      expect(s.corpus).toBeGreaterThanOrEqual(before.length / 2); // the seeds were read (libFuzzer keeps those that add coverage)
+      expect(seeds(name)).toEqual(before); // the run grew its copy, never the checked-in corpus
+    }, SECONDS * 1000 + 90_000);
+  }
+});
