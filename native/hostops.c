@@ -538,8 +538,10 @@ static const char *launch_parse(struct request *r, struct launch_args *a)
 		spec->root.allow_suid = strstr(r->argv[5], ":suid") != NULL;
 		at = 6;
 		if (strcmp(r->argv[at], "overlay") == 0) {
+			/* counts are compared with what is left of argv, never added to an index: at + n
+			 * overflowed for n near INT_MAX, passed, and argv[at + 2 + n] crashed the helper */
 			int n = atoi(r->argv[at + 1]);
-			if (n < 1 || at + 2 + n + 3 >= r->argc)
+			if (n < 1 || n >= r->argc - at - 5)
 				return usage;
 			spec->root.lowers = (const char *const *)&r->argv[at + 2];
 			spec->root.nlower = n;
@@ -552,7 +554,7 @@ static const char *launch_parse(struct request *r, struct launch_args *a)
 		a->us = spec;
 	}
 	a->ncg = atoi(r->argv[at]);
-	if (a->ncg < 0 || at + 1 + a->ncg >= r->argc)
+	if (a->ncg < 0 || a->ncg >= r->argc - at - 1)
 		return "launch: bad cgroup count";
 	a->cgs = &r->argv[at + 1];
 	a->argv = &r->argv[at + 1 + a->ncg]; /* NULL-terminated by the reader */

@@ -16,7 +16,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 const SECONDS = Number(process.env.SNAPLAB_FUZZ_SECONDS ?? 20) || 20;
-const NATIVE = join(import.meta.dirname, '..', 'native');
+const ROOT = join(import.meta.dirname, '..');
+const NATIVE = join(ROOT, 'native');
 // a run that makes fewer inputs than this per second has stopped fuzzing (the slowest, the
 // agent's, makes about 2800 a second here)
 const MIN_PER_SECOND = 100;
@@ -99,4 +100,48 @@ describe('fuzzing the C parsers (libFuzzer)', () => {
       expect(seeds(name)).toEqual(before); // the run grew its copy, never the checked-in corpus
     }, SECONDS * 1000 + 90_000);
   }
+});
+
+/** A request to the host helper: u32 length, u32 id, NUL-terminated strings (native/hostops.c). */
+function request(id: number, ...args: string[]): Buffer {
+  const payload = Buffer.from(args.map((a) => `${a}\0`).join(''));
+  const head = Buffer.alloc(8);
+  head.writeUInt32LE(payload.length, 0);
+  head.writeUInt32LE(id, 4);
+  return Buffer.concat([head, payload]);
+}
+
+describe('regressions of the C parsers, on the real binaries', () => {
+  it('the host helper answers a launch whose counts overflow an int with EINVAL and serves on (it crashed)', async () => {
+    // launch_parse added a request's count to an index (at + 2 + n + 3 >= argc): near INT_MAX
+    // the sum wrapped, the check passed and argv[8 + n] was read 16 GiB away (SIGSEGV). Seen
+    // reading it for the hostops harness, which shows it (UBSan: signed overflow). Inputs as
+    // native/fuzz/corpus/hostops/regress-launch-*; paths in a temp dir in case it regresses.
+    const dir = mkdtempSync(join(tmpdir(), 'snaplab-test-fuzz-hostops-'));
+    dirs.push(dir);
+    const helper = spawn('native/build/snaplab-hostops', [], { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'] });
+    const replies: { id: number; fields: string[] }[] = [];
+    let got = Buffer.alloc(0);
+    helper.stdout.on('data', (d: Buffer) => {
+      got = Buffer.concat([got, d]);
+      while (got.length >= 8 && got.length >= 8 + got.readUInt32LE(0)) {
+        const n = got.readUInt32LE(0);
+        replies.push({ id: got.readUInt32LE(4), fields: got.subarray(8, 8 + n).toString().split('\0').slice(0, -1) });
+        got = got.subarray(8 + n);
+      }
+    });
+    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => helper.on('close', (code, signal) => resolve({ code, signal })));
+    helper.stdin.write(request(1, 'launch', join(dir, 'log'), '1000', join(dir, 's'), '-', '1:1', 'overlay', '2147483647', 'a', 'b', 'c', 'd', 'e'));
+    helper.stdin.write(request(2, 'launch', join(dir, 'log'), '1000', join(dir, 's'), '-', '-', '2147483647', join(dir, 'cgroup.procs'), 'true'));
+    helper.stdin.write(request(3, 'ping'));
+    const deadline = Date.now() + 10_000;
+    while (replies.length < 3 && helper.exitCode === null && helper.signalCode === null && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    helper.stdin.end();
+    expect(await exited).toEqual({ code: 0, signal: null });
+    const byId = new Map(replies.map((r) => [r.id, r.fields]));
+    expect(byId.get(1)?.slice(0, 2)).toEqual(['err', '22']);
+    expect(byId.get(2)).toEqual(['err', '22', 'launch: bad cgroup count: Invalid argument']);
+    expect(byId.get(3)).toEqual(['ok']);
+    expect(readdirSync(dir)).toEqual([]); // nothing was launched
+  });
 });
