@@ -72,6 +72,34 @@ describe('a sandbox that died', () => {
   });
 });
 
+describe('gc beside creates', () => {
+  it('leaves alone what a create that began after gc started has made (found by the soak)', async () => {
+    // gc reads the live records once, then removes the cgroups and run directories of the others:
+    // a create in between used to lose its cgroup (its processes killed) or its run directory
+    let stop = false;
+    const gcs = (async () => {
+      let n = 0;
+      while (!stop) {
+        await lab.gc();
+        n++;
+      }
+      return n;
+    })();
+    try {
+      for (let i = 0; i < 12; i++) {
+        const boxes = await Promise.all([lab.create(), lab.create()]);
+        for (const b of boxes) {
+          expect(out(await b.exec(['echo', 'alive'])), b.name).toBe('alive');
+          await b.destroy();
+        }
+      }
+    } finally {
+      stop = true;
+    }
+    expect(await gcs).toBeGreaterThan(3);
+  }, 120_000);
+});
+
 describe('bad input', () => {
   it('names the problem with a code and a hint', async () => {
     await expect(lab.create({ image: 'nope' })).rejects.toMatchObject({ code: 'IMAGE_NOT_FOUND', hint: expect.stringContaining('image import') });

@@ -89,8 +89,11 @@ export interface Driver {
   inspect(handle: MachineHandle): Promise<DeathReport>;
   /** Kill every process and release host objects other than storage. Idempotent. */
   destroy(handle: MachineHandle): Promise<void>;
-  /** Host objects this driver made whose ids are not live; remove them, describe each. */
-  gc(liveIds: Set<string>): Promise<string[]>;
+  /**
+   * Host objects this driver made whose ids are not live; remove them, describe each. `isLive`
+   * is asked when an object is about to go (a create may have begun since gc started).
+   */
+  gc(isLive: (id: string) => boolean): Promise<string[]>;
   /**
    * (capabilities.memorySnapshot) write the whole machine state to `dir`. The lab pauses the
    * machine first and snapshots its volume while it is paused, so memory and disk agree.

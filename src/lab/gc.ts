@@ -10,7 +10,7 @@ import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { STORAGE_KINDS } from './context.js';
 import { collectScenarios } from '../scenario/gc.js';
-import { liveInflight } from './inflight.js';
+import { collecting, liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
 import { machineOf, releaseRange, removeDeadClaimWrites, staleClaims } from '../host/userns-registry.js';
 import { machineNetns } from '../scenario/names.js';
@@ -49,7 +49,15 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
   // run directories and cgroups are named by sandbox id whatever the driver: every driver sees every live id
   const live = new Set(liveSandboxes.map((s) => s.id));
-  for (const [name, driver] of ctx.drivers) removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(live))));
+  // asked of the store again before anything goes: a create that began after the list above was
+  // read has written its record (its first step) before it makes a cgroup or a run directory, and
+  // gc must not kill it (the daemon's start-up gc met fresh creates this way in the soak)
+  const isLive = (id: string): boolean => {
+    if (live.has(id)) return true;
+    const rec = ctx.store.getSandbox(id);
+    return rec !== undefined && rec.id === id && rec.state !== 'dead';
+  };
+  for (const [name, driver] of ctx.drivers) removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(isLive))));
   // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
   // held: asked of the store now, not of the list read at the start (a create may have finished since)
@@ -72,15 +80,23 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     removed.push(`user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
   }
   removed.push(...(await trace.phase('images', () => ctx.images.collect())));
-  const busy = await liveInflight(ctx);
+  // volumes under gc's mark (inflight.ts): no clone, snapshot or import makes one meanwhile
+  await collecting(ctx, (busy) => collectVolumes(ctx, trace, busy, removed, notes));
+  ctx.forgetReady();
+  return { removed, notes };
+}
+
+/** Volumes, memory snapshots, base disks, the btrfs pool's mount and loop device that nothing records. */
+async function collectVolumes(ctx: LabContext, trace: Trace, busy: string[], removed: string[], notes: string[]): Promise<void> {
   if (busy.length) {
     // volumes being made are not recorded yet: leave all storage alone until they are
     notes.push(`volumes not collected: ${busy.length} operation(s) in flight (${busy.join(', ')}); run gc again later`);
-    ctx.forgetReady();
-    return { removed, notes };
+    return;
   }
   const volumeIds = new Set<string>();
-  for (const s of sandboxes) if (s.volume) volumeIds.add(s.volume.id);
+  // read again, after the in-flight check: a clone that finished since the list above was read
+  // has recorded its volume before it lifted its mark (the soak met one deleted under its create)
+  for (const s of ctx.store.listSandboxes()) if (s.volume) volumeIds.add(s.volume.id);
   for (const s of ctx.store.listSnapshots()) volumeIds.add(s.volume.id);
   for (const iv of ctx.store.listImageVolumes()) volumeIds.add(iv.volume.id);
   // VM pool templates whose pool is gone (kept by pool rm while a member still used them)
@@ -116,8 +132,9 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   }
   // The btrfs pool is infrastructure while it holds anything recorded (an image, a snapshot, a
   // sandbox); an empty one is unmounted (and mounted again on demand).
-  const btrfsUsers = sandboxes.some((s) => s.storage === 'btrfs') || ctx.store.listSnapshots().some((s) => s.storage === 'btrfs') || ctx.store.listImageVolumes().some((v) => v.storage === 'btrfs');
-  if (!btrfsUsers) {
+  // (read now, not from the list gc began with: a create recorded since then is a user)
+  const btrfsUsers = ctx.store.listSandboxes().some((s) => s.storage === 'btrfs') || ctx.store.listSnapshots().some((s) => s.storage === 'btrfs') || ctx.store.listImageVolumes().some((v) => v.storage === 'btrfs');
+  if (!btrfsUsers && (await liveInflight(ctx)).length === 0) {
     await trace.phase('btrfs pool', async () => {
       await unmountPool(ctx.home).catch(() => undefined);
       if (poolWasMounted) removed.push(`btrfs pool mount under ${ctx.home} (it holds nothing any more)`);
@@ -135,8 +152,6 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     await detachLoop(loop.device).catch(() => undefined);
     removed.push(`loop device ${loop.device} (${loop.backingFile})`);
   }
-  ctx.forgetReady();
-  return { removed, notes };
 }
 
 const MEMORY_DIR_GRACE_MS = 120_000;

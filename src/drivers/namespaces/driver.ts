@@ -137,12 +137,12 @@ export class NamespacesDriver implements Driver {
    * to this home when this home has its run directory: raise makes the run directory before the
    * cgroup and destroy removes it after, so a crash at any point leaves it findable.
    */
-  async gc(liveIds: Set<string>): Promise<string[]> {
+  async gc(isLive: (id: string) => boolean): Promise<string[]> {
     const removed: string[] = [];
     // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
     const runs = new Set((await readdir(join(this.home, 'run')).catch(() => [] as string[])).filter((d) => /^[0-9a-f]{12}$/.test(d)));
     for (const cg of await snaplabCgroupsOnHost()) {
-      if (liveIds.has(cg.id) || !runs.has(cg.id)) continue;
+      if (!runs.has(cg.id) || isLive(cg.id)) continue;
       // a VM's QEMU may take seconds to exit (see killAndSweep); one stuck cgroup must not stop gc
       const gone = await destroyCgroup(cg, 20_000).then(() => true, () => false);
       if (gone) removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
@@ -150,7 +150,7 @@ export class NamespacesDriver implements Driver {
     }
     await removeEmptySnaplabParents();
     for (const id of runs) {
-      if (liveIds.has(id)) continue;
+      if (isLive(id)) continue;
       await rm(join(this.home, 'run', id), { recursive: true, force: true });
       removed.push(`run directory ${join(this.home, 'run', id)}`);
     }

@@ -318,8 +318,8 @@ export class QemuDriver implements Driver {
    * named by the sandbox id like the namespaces driver's, which collects them for both drivers;
    * and its RAM file in /dev/shm, collected here.
    */
-  async gc(liveIds: Set<string>): Promise<string[]> {
-    return gcRam(this.home, liveIds);
+  async gc(isLive: (id: string) => boolean): Promise<string[]> {
+    return gcRam(this.home, isLive);
   }
 }
 

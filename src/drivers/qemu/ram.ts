@@ -49,12 +49,12 @@ export async function removeRam(home: string, id: string): Promise<void> {
 }
 
 /** RAM files of this home whose VM is not live (QEMU killed, host process crashed). */
-export async function gcRam(home: string, liveIds: Set<string>): Promise<string[]> {
+export async function gcRam(home: string, isLive: (id: string) => boolean): Promise<string[]> {
   const mine = ramPrefix(home);
   const removed: string[] = [];
   for (const n of await readdir(SHM).catch(() => [] as string[])) {
     if (!n.startsWith(mine) || !n.endsWith('.ram')) continue;
-    if (liveIds.has(n.slice(mine.length, -'.ram'.length))) continue;
+    if (isLive(n.slice(mine.length, -'.ram'.length))) continue;
     await rm(join(SHM, n), { force: true });
     removed.push(`VM RAM file ${join(SHM, n)}`);
   }
