@@ -527,7 +527,8 @@ static int fast_exec(const struct opts *o)
 				uint32_t flags = get_u32(f.payload + 8);
 				int timed_out = (flags & EXIT_F_TIMED_OUT) != 0;
 				int rc = timed_out ? 124 : sig > 0 ? 128 + sig : code;
-				if (!timed_out && sig == 9 && t.limited && oom_kills(t.id) > oom_before)
+				/* SIGKILL, of the command or (a shell's 137) of the child it waited for */
+				if (!timed_out && (sig == 9 || (sig <= 0 && code == 128 + 9)) && t.limited && oom_kills(t.id) > oom_before)
 					fputs("snaplab: the command was killed by the OOM killer (sandbox memory limit)\n", stderr);
 				else if (timed_out)
 					fprintf(stderr, "snaplab: timed out after %s s; killed\n", o->timeout);

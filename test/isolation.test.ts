@@ -101,6 +101,12 @@ describe('limits', () => {
     expect(r.exitCode).toBe(137);
     expect(r.oomKilled).toBe(true);
     expect((await small.exec(['echo', 'alive'])).stdout.toString()).toBe('alive\n');
+    // a shell passes on its child's end as 137: the OOM killer's too (found by the soak)
+    const piped = await small.exec(['sh', '-c', 'head -c 200m /dev/zero | tail > /dev/null']);
+    expect([piped.signal, piped.exitCode, piped.oomKilled]).toEqual([null, 137, true]);
+    // and a SIGKILL that was not the OOM killer's is not called one
+    const killed = await small.exec(['sh', '-c', 'sleep 5 & kill -9 $!; wait $!']);
+    expect([killed.exitCode, killed.oomKilled]).toEqual([137, false]);
   });
 });
 

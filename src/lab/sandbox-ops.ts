@@ -128,7 +128,9 @@ export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentCli
       throw e;
     }
     let oomKilled = false;
-    if (r.signal === 9 && !r.timedOut && limited) {
+    // killed by SIGKILL, itself or (a shell's 137) the child it waited for: the OOM killer's if
+    // the memory cgroup counted a kill meanwhile
+    if ((r.signal === 9 || r.exitCode === 128 + 9) && !r.timedOut && limited) {
       const now = await oomKills(cgroupFor(s.id)).catch(() => 0);
       oomKilled = now > (oomSeen.get(s) ?? 0);
       oomSeen.set(s, now);
