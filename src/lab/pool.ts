@@ -129,8 +129,12 @@ export class PoolRunner {
   start(): void {
     if (this.running) return;
     this.running = true;
+    let reaping = false; // one pass at a time: a pass over many members outlasts the second
     this.timer = setInterval(() => {
-      void reapLeaks(this.ctx, this.name).catch(() => undefined);
+      if (!reaping) {
+        reaping = true;
+        void reapLeaks(this.ctx, this.name).catch(() => undefined).finally(() => (reaping = false));
+      }
       this.kick();
     }, 1000);
     this.timer.unref();

@@ -308,6 +308,16 @@ export class Store {
     return r && toSandbox(r);
   }
 
+  /**
+   * Take a sandbox for removal if it is still as it was read (same state and reason): one caller
+   * wins, so a leak found by two reapers at once is removed and counted once.
+   */
+  claimRemoval(s: { id: string; state: string; reason: string | null }): boolean {
+    const r = this.stmt(`UPDATE sandboxes SET state = 'removing', reason = ? WHERE id = ? AND state = ? AND reason IS ?`)
+      .run(`being removed by pid ${process.pid}`, s.id, s.state, s.reason);
+    return r.changes === 1;
+  }
+
   // scenarios
   getScenario(name: string): ScenarioRecord | undefined {
     const r = this.stmt('SELECT * FROM scenarios WHERE name = ?').get(name) as Row | undefined;
