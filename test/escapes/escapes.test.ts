@@ -127,6 +127,37 @@ describe('escapes', () => {
     expect(await probe('userfaultfd')).toBe('EPERM');
   });
 
+  it('the kernel itself: modules (insmod rootkits), kexec, the clock, another process\'s memory (process_vm_*): refused', async () => {
+    // a module or a new kernel is the host; the clock is the host's (CAP_SYS_TIME is not given,
+    // and seccomp refuses the calls as Docker's profile does); process_vm_readv/writev are ptrace
+    // without the attach, refused even on the machine's own processes
+    for (const t of ['init_module', 'finit_module', 'delete_module', 'kexec_load', 'kexec_file_load', 'settime', 'settimeofday', 'adjtimex']) expect(await probe(t), t).toBe('EPERM');
+    for (const t of ['process_vm_readv', 'process_vm_writev']) {
+      expect(await probe(t, 'self'), t).toBe('EPERM'); // even of its own memory: the filter's answer
+      expect(await probe(t, '1'), t).toBe('EPERM');
+    }
+    // positive controls, the same probe on the host (root, no filter): reading and writing its own
+    // memory works; the kernel here has no modules or kexec at all, so the EPERM above is the
+    // filter's, not the kernel's (ENOSYS). (The clock is not set on the host, even to itself.)
+    const host = (...args: string[]): string => spawnSync(join(scratch, 'probe'), args, { encoding: 'utf8' }).stdout.trim();
+    expect(host('process_vm_readv', 'self')).toBe('ok');
+    expect(host('process_vm_writev', 'self')).toBe('ok');
+    for (const t of ['init_module', 'kexec_load']) expect(['ENOSYS', 'EPERM', 'EINVAL', 'ENOEXEC', 'EFAULT', 'EBADMSG'], t).toContain(host(t));
+  });
+
+  it('filters that cannot read their arguments: clone3 answers ENOSYS (its flags are in memory; libc falls back to clone, whose flags the filter reads), and a 32-bit system call kills the process', async () => {
+    expect(await probe('clone3')).toBe('ENOSYS');
+    // int 0x80 takes the i386 table, where the numbers mean other calls (the filter was written for
+    // x86-64's): the process is killed (SIGSYS) rather than answered
+    const r = await box.exec(['/probe', 'i386']);
+    expect([r.signal, r.stdout]).toEqual([31, '']);
+    // on the host (no filter) both go through: the probe makes the calls it claims to
+    const host = (t: string): string => spawnSync(join(scratch, 'probe'), [t], { encoding: 'utf8' }).stdout.trim();
+    expect(host('clone3')).toBe('ok');
+    expect(host('i386')).toBe('ok');
+    expect((await box.exec(['echo', 'alive'])).stdout.trim()).toBe('alive');
+  });
+
   it("the host's sockets: an abstract socket on the host is unreachable (a network namespace of its own), and the host's /run is not there", async () => {
     const name = `snaplab-escape-${process.pid}`;
     // (the probe closes at once: a write to it may meet EPIPE, which is no failure here)
