@@ -27,7 +27,8 @@
  *
  * Checked beyond what ASan and UBSan see (abort() on a failure): every byte the agent sends is a
  * whole frame of a response type with a payload of its type's size; per request id, STARTED
- * only when no exec of that id runs, STDOUT, STDERR, STDIN_ACK and EXIT only while one does;
+ * only when no exec of that id runs, STDOUT, STDERR, STDIN_ACK and EXIT only while one does
+ * (a HELLO starts a session: RESET detaches the execs of the last, which send nothing more);
  * after an input no exec, connection or file descriptor is left.
  */
 #include "../serve.c"
@@ -158,6 +159,7 @@ static void check_frame(const struct frame *f)
 	case T_HELLO:
 		if (f->len != 8 + sizeof AGENT_VERSION - 1)
 			abort();
+		nids = 0; /* a session starts (RESET's answer): the old one's execs send nothing more */
 		break;
 	case T_PONG:
 	case T_DATA:
