@@ -100,6 +100,30 @@ describe('gc beside creates', () => {
   }, 120_000);
 });
 
+describe("gc's mark", () => {
+  it('a mark left by a dead gc, by a reused pid or by this process after a failure does not hold creates back', async () => {
+    const { spawn } = await import('node:child_process');
+    const store = lab.context.store;
+    // a pid now held by a process that started after the mark was written: a reuse
+    const later = spawn('sleep', ['30']);
+    const add = (id: string, pid: number, at: number): void => void store.db.prepare('INSERT INTO inflight (id, pid, kind, started_at) VALUES (?, ?, ?, ?)').run(id, pid, 'gc', at);
+    try {
+      add('stale-reuse', later.pid!, Date.now() - 60_000);
+      add('stale-dead', 2 ** 22 + 7, Date.now()); // above any pid_max: no such process
+      store.beginInflight('stale-mine', 'gc'); // this process's, not held by a running gc
+      const t0 = Date.now();
+      const box = await lab.create();
+      expect(Date.now() - t0).toBeLessThan(30_000);
+      expect(out(await box.exec(['echo', 'made'])), 'made').toBe('made');
+      await box.destroy();
+      expect(store.listInflight().map((o) => o.id)).toEqual([]); // the stale marks were dropped
+    } finally {
+      later.kill('SIGKILL');
+      for (const id of ['stale-reuse', 'stale-dead', 'stale-mine']) store.endInflight(id);
+    }
+  });
+});
+
 describe('bad input', () => {
   it('names the problem with a code and a hint', async () => {
     await expect(lab.create({ image: 'nope' })).rejects.toMatchObject({ code: 'IMAGE_NOT_FOUND', hint: expect.stringContaining('image import') });

@@ -1,9 +1,35 @@
 import { randomBytes } from 'node:crypto';
-import { pidAlive } from '../host/procs.js';
+import { readFileSync } from 'node:fs';
+import { SnaplabError } from '../errors.js';
+import { readStat } from '../host/procs.js';
 import type { LabContext } from './context.js';
 
 /** The mark gc's volume collection holds (a row of the same table, of kind `gc`). */
 const GC = 'gc';
+/** gc marks this process holds now: a row of this pid not among them was left by a failure */
+const held = new Set<string>();
+/** Longest wait for another gc's collection: far above any real one; then a clear error. */
+const GC_WAIT_MS = 120_000;
+
+let bootMs: number | undefined;
+/** When a process started (ms since the epoch), from /proc: to tell a reused pid from the marker. */
+async function startedAt(pid: number): Promise<number | undefined> {
+  const st = await readStat(pid);
+  if (!st || st.state === 'Z' || st.state === 'X') return undefined;
+  bootMs ??= Number(/^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'utf8'))?.[1] ?? 0) * 1000;
+  return bootMs + st.startTime * 10; // USER_HZ is 100 on Linux
+}
+
+/**
+ * Is the process that wrote a mark at `markedAt` still running? Not when its pid is gone, nor
+ * when the pid now belongs to a process started after the mark (a reuse), nor when it is this
+ * process and the mark is not one it holds (a mark whose removal failed).
+ */
+async function markLive(op: { id: string; pid: number; kind: string; startedAt: number }): Promise<boolean> {
+  if (op.pid === process.pid) return op.kind === GC ? held.has(op.id) : true;
+  const t = await startedAt(op.pid);
+  return t !== undefined && t <= op.startedAt + 2000; // btime and USER_HZ round: 2 s of slack
+}
 
 /**
  * Mark an operation that makes volumes (clone, snapshot, import) as in flight for its duration.
@@ -28,14 +54,16 @@ export async function inflight<T>(ctx: LabContext, kind: string, fn: () => Promi
 
 /** Wait while a live process's gc collects volumes (never long: it skips the busy). */
 async function gcDone(ctx: LabContext): Promise<void> {
+  const until = Date.now() + GC_WAIT_MS;
   for (;;) {
-    let collecting = false;
+    let by: number | undefined;
     for (const op of ctx.store.listInflight()) {
       if (op.kind !== GC) continue;
-      if (await pidAlive(op.pid)) collecting = true;
+      if (await markLive(op)) by = op.pid;
       else ctx.store.endInflight(op.id);
     }
-    if (!collecting) return;
+    if (by === undefined) return;
+    if (Date.now() > until) throw new SnaplabError('TIMEOUT', `gc (pid ${by}) has been collecting volumes for over ${GC_WAIT_MS / 1000} s`, 'wait for it, or stop it if it hangs; then try again');
     await new Promise((r) => setTimeout(r, 20));
   }
 }
@@ -45,7 +73,7 @@ export async function liveInflight(ctx: LabContext): Promise<string[]> {
   const live: string[] = [];
   for (const op of ctx.store.listInflight()) {
     if (op.kind === GC) continue;
-    if (await pidAlive(op.pid)) live.push(`${op.kind} by pid ${op.pid}`);
+    if (await markLive(op)) live.push(`${op.kind} by pid ${op.pid}`);
     else ctx.store.endInflight(op.id);
   }
   return live;
@@ -57,10 +85,12 @@ export async function liveInflight(ctx: LabContext): Promise<string[]> {
  */
 export async function collecting<T>(ctx: LabContext, fn: (busy: string[]) => Promise<T>): Promise<T> {
   const id = randomBytes(6).toString('hex');
+  held.add(id);
   ctx.store.beginInflight(id, GC);
   try {
     return await fn(await liveInflight(ctx));
   } finally {
+    held.delete(id); // first: were the row's removal to fail, it is stale at once
     ctx.store.endInflight(id);
   }
 }
