@@ -8,7 +8,7 @@ import { SnaplabError, isSnaplabError } from '../../errors.js';
 import { withLock } from '../../host/lock.js';
 import { cgroupFor, createCgroup } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
-import { processStartTime, sameProcess } from '../../host/procs.js';
+import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
 import { VM_DEFAULT_MEMORY } from '../../lab/limits.js';
@@ -143,10 +143,15 @@ export class QemuDriver implements Driver {
       pid = await startQemu(dir, c, false, cgroupFor(id).procsFiles, await vmmUid(id));
       const start = (await processStartTime(pid)) ?? 0;
       return await agentAnswers(vmFiles(dir).chardev, 8000, () => sameProcess(pid, start));
-    } catch {
+    } catch (e) {
+      // QEMU that cannot start at all (no bwrap for its jail) says nothing of KVM: no verdict
+      if (isSnaplabError(e, 'DRIVER_UNAVAILABLE')) throw e;
       return false;
     } finally {
-      if (pid) try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+      if (pid) {
+        try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+        await waitGone(pid, 5000); // its disk's image lock goes with it: the real VM opens the same disk
+      }
       await rm(dir, { recursive: true, force: true });
     }
   }

@@ -44,11 +44,14 @@ export async function jailArgs(runDir: string, c: VmConfig, qemu: string[]): Pro
     '--ro-bind-try', '/etc/ld.so.cache', '/etc/ld.so.cache',
     '--dev', '/dev',
     ...(c.accel === 'kvm' ? ['--dev-bind', '/dev/kvm', '/dev/kvm'] : []),
-    ...ro(c.kernel), ...ro(c.initrd), ...ro(c.diskBase), ...rw(c.disk),
-    // a snapshot's RAM file is mapped private (its writes never reach the file: mode 0444, and QEMU
-    // holds no capability once it runs the guest); QEMU 7.2 opens it read-write, so a bind
-    ...(c.ram ? rw(c.ram.path) : []),
+    // the run directory first: the initramfs lives in it, and its read-only bind goes on top
     ...rw(runDir),
+    ...ro(c.kernel), ...ro(c.initrd), ...ro(c.diskBase), ...rw(c.disk),
+    // A snapshot's RAM file is mapped private: the guest's writes never reach it. But QEMU 7.2
+    // opens it read-write (readonly=on makes the guest's RAM read only; rom=off is QEMU 8.2) and
+    // keeps that descriptor, so a QEMU its guest took over could write the file every other
+    // restore of the snapshot maps: a known gap (docs/security.md), not closed by the jail.
+    ...(c.ram ? rw(c.ram.path) : []),
     '--chdir', '/',
     '--', ...qemu,
   ];
