@@ -152,6 +152,7 @@ async function collectVolumes(ctx: LabContext, trace: Trace, busy: string[], rem
     await detachLoop(loop.device).catch(() => undefined);
     removed.push(`loop device ${loop.device} (${loop.backingFile})`);
   }
+  ctx.forgetReady(); // before the mark is lifted: a create waiting on it mounts the pool again
 }
 
 const MEMORY_DIR_GRACE_MS = 120_000;

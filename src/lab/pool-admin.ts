@@ -86,6 +86,7 @@ export async function reapLeaks(ctx: LabContext, name: string): Promise<number> 
     const holder = r.state === 'running' ? /taken by pid (\d+)/.exec(r.reason ?? '') : null;
     const orphaned = holder !== null && !(await pidAlive(Number(holder[1])));
     if (r.state !== 'dead' && !orphaned) continue;
+    if (r.reason?.startsWith('removal failed')) continue; // counted when found; `gc` or `rm` finishes it
     // reapers run at once (the refill timer, `pool ls`, a stats call): the one that claims it counts it
     if (!ctx.store.claimRemoval(r)) continue;
     await destroyRecord(ctx, r).catch(() => undefined);

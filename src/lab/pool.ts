@@ -52,8 +52,11 @@ export class PoolRunner {
         if (!rec) break;
         const driver = this.ctx.driver(rec.driver);
         if (!(await driver.inspect(handleOf(rec))).alive) {
-          await destroyRecord(this.ctx, rec).catch(() => undefined);
-          this.ctx.store.countPool(this.name, 'leaks');
+          // a reaper may have found it dead meanwhile: whoever claims its removal counts it
+          if (this.ctx.store.claimRemoval(rec)) {
+            await destroyRecord(this.ctx, rec).catch(() => undefined);
+            this.ctx.store.countPool(this.name, 'leaks');
+          }
           continue;
         }
         let agent: AgentClient;
@@ -68,8 +71,10 @@ export class PoolRunner {
           else await trace.phase('agent ready', () => agent.ping());
         } catch {
           // a standby that cannot be woken is of no use to anyone: drop it, take another
-          await this.drop(rec).catch(() => undefined);
-          this.ctx.store.countPool(this.name, 'leaks');
+          if (this.ctx.store.claimRemoval(rec)) {
+            await this.drop(rec).catch(() => undefined);
+            this.ctx.store.countPool(this.name, 'leaks');
+          }
           continue;
         }
         this.ctx.store.countPool(this.name, 'hits');

@@ -126,10 +126,13 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     // the cgroup does not need the root filesystem: make both at once
     const clone = (): Promise<Volume> =>
       inflight(ctx, 'clone', async () => {
-        const v = await backend.clone(base, { mountOnHost: !userns });
+        // ready again under the mark (cached: no cost): a gc that collected meanwhile may have
+        // unmounted an empty btrfs pool, and forgot that it was ready
+        const b = await ctx.readyBackend(input.storage);
+        const v = await b.clone(base, { mountOnHost: !userns });
         record.volume = v; // recorded before the mark is lifted, so gc always sees an owner
         ctx.store.updateSandbox(id, { volume: v });
-        await trace.phase('disk cap', () => capDisk(backend, v, record, driver.name, input.diskAsked ?? input.limits.diskBytes !== undefined));
+        await trace.phase('disk cap', () => capDisk(b, v, record, driver.name, input.diskAsked ?? input.limits.diskBytes !== undefined));
         return v;
       });
     const [cloned, prepared] = await Promise.allSettled([trace.phase('clone rootfs', clone), driver.prepare(machine, trace)]);

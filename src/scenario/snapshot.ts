@@ -1,4 +1,5 @@
 import { handleOf } from '../lab/handle.js';
+import { inflight } from '../lab/inflight.js';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import { checkName } from '../lab/names.js';
@@ -33,14 +34,15 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
   let taken: SnapshotRecord[] = [];
   try {
     taken = await trace.phase('snapshot all', () =>
-      Promise.all(machines.map(async (m) => {
+      // each under a volume-making mark: gc collects no volume between its making and its record
+      Promise.all(machines.map((m) => inflight(ctx, 'snapshot', async () => {
         const backend = await ctx.readyBackend(m.storage);
         const volume = await backend.snapshot(m.volume!);
         const machine = m.name.slice(name.length + 1);
         const rec: SnapshotRecord = { name: machineSnapshotName(name, snap, machine), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now(), init: m.init ?? null };
         ctx.store.insertSnapshot(rec);
         return rec;
-      })),
+      }))),
     );
   } finally {
     await trace.phase('thaw all', () => Promise.all(machines.map((m) => driver.resume(handleOf(m)))));
