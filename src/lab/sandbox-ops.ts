@@ -79,8 +79,6 @@ export async function connectAgent(ctx: LabContext, s: SandboxRecord): Promise<A
   }
 }
 
-const oomSeen = new WeakMap<SandboxRecord, number>();
-
 /** Run argv in the sandbox through an open agent connection; map a lost agent to "it died, because...". */
 export async function execIn(ctx: LabContext, s: SandboxRecord, agent: AgentClient, argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
   return (await spawnIn(ctx, s, agent, argv, opts)).result;
@@ -109,9 +107,9 @@ export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentCli
   if (s.state === 'paused') throw new SnaplabError('SANDBOX_PAUSED', `sandbox ${s.name} is paused`, `resume it with \`snaplab resume ${s.name}\``);
   const env = mergeEnv(opts.env);
   const limited = s.limits.memoryBytes !== undefined;
-  // the OOM counter is read once per sandbox object and again only after a SIGKILL: reading it
-  // around every command would cost each exec a cgroup file read
-  if (limited && !oomSeen.has(s)) oomSeen.set(s, await oomKills(cgroupFor(s.id)).catch(() => 0));
+  // the OOM counter before every command, as the C fast path reads it: a kill in a command that
+  // did not end in SIGKILL (a pipeline's `|| true`) must not be laid at the next one's door
+  const oomBefore = limited ? await oomKills(cgroupFor(s.id)).catch(() => 0) : 0;
   const user = opts.user === undefined ? undefined : await resolveUser(agent, opts.user);
   const tty = opts.tty === undefined ? undefined : windowSize(opts.tty.cols, opts.tty.rows);
   const h = agent.exec(
@@ -131,9 +129,7 @@ export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentCli
     // killed by SIGKILL, itself or (a shell's 137) the child it waited for: the OOM killer's if
     // the memory cgroup counted a kill meanwhile
     if ((r.signal === 9 || r.exitCode === 128 + 9) && !r.timedOut && limited) {
-      const now = await oomKills(cgroupFor(s.id)).catch(() => 0);
-      oomKilled = now > (oomSeen.get(s) ?? 0);
-      oomSeen.set(s, now);
+      oomKilled = (await oomKills(cgroupFor(s.id)).catch(() => 0)) > oomBefore;
     }
     return { ...r, oomKilled };
   })();
