@@ -197,4 +197,37 @@ describe('escapes', () => {
     expect(readFileSync(hostFile, 'utf8')).toBe('host secret\n');
     expect(readlinkSync(out)).toBe(hostFile); // copied as the link it is, not the host file's bytes
   });
+
+  it('a pool standby left dirty in each way the recycling check claims to catch is refused, and the next execution sees none of it', async () => {
+    // docs/pools.md's table, one execution per row (test/pool.test.ts has the file and process rows)
+    const probeBytes = readFileSync(join(scratch, 'probe'));
+    const pool = await lab.createPool({ name: 'dirt', image: 'busybox', size: 1, limits: { memoryBytes: 48 * 2 ** 20, pids: 24 }, recycle: true });
+    try {
+      const put = [{ from: probeBytes, to: '/run/probe', mode: 0o755 }]; // under /run: removed after the run, so no dirt of its own
+      const clean = await pool.run(['/run/probe', 'fds'], { put });
+      expect([clean.recycled, clean.dirt]).toEqual([true, []]);
+      const dirty: { argv: string[]; reason: RegExp; opts?: { timeoutMs: number } }[] = [
+        { argv: ['/run/probe', 'shmget'], reason: /shm: 1 left/ },
+        { argv: ['/run/probe', 'mq_open'], reason: /\/dev\/mqueue changed/ },
+        { argv: ['dd', 'if=/dev/zero', 'of=/dev/null', 'bs=200M', 'count=1'], reason: /an OOM kill happened/ },
+        { argv: ['sh', '-c', 'i=0; while [ $i -lt 40 ]; do sleep 1 & i=$((i+1)); done; wait'], reason: /a fork hit the pids limit/, opts: { timeoutMs: 5000 } },
+        { argv: ['sh', '-c', 'mkdir /dev/shm/d && chmod 700 /dev/shm'], reason: /dev\/shm changed/ },
+        { argv: ['sh', '-c', 'echo x > /run/snaplab/left'], reason: /run\/snaplab changed|run changed/ },
+      ];
+      for (const d of dirty) {
+        const r = await pool.run(d.argv, { put, ...d.opts });
+        expect(r.recycled, `${d.argv.join(' ')}: ${r.dirt.join('; ')}`).toBe(false);
+        expect(r.dirt.join('; '), d.argv.join(' ')).toMatch(d.reason);
+      }
+      // the next executions see nothing of it: no segment, no queue, counters as new
+      for (let i = 0; i < 2; i++) {
+        const next = await pool.run(['sh', '-c', 'cat /proc/sysvipc/shm | wc -l; ls -A /dev/mqueue | wc -l; ls -A /dev/shm | wc -l; ls /run/snaplab'], {});
+        expect(next.stdout.toString().trim().split('\n').slice(0, 3), next.stdout.toString()).toEqual(['1', '0', '0']);
+        expect(next.stdout.toString()).not.toMatch(/left/);
+      }
+      expect((await pool.stats()).refusedDirty).toBe(dirty.length);
+    } finally {
+      await pool.remove();
+    }
+  }, 120_000);
 });
