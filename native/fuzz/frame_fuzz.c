@@ -29,6 +29,7 @@
  * whole frame of a response type with a payload of its type's size; per request id, STARTED
  * only when no exec of that id runs, STDOUT, STDERR, STDIN_ACK and EXIT only while one does
  * (a HELLO starts a session: RESET detaches the execs of the last, which send nothing more);
+ * what spawn_child is given is a request it can carry out (at most MAX_GROUPS groups, an argv);
  * after an input no exec, connection or file descriptor is left.
  */
 #include "../serve.c"
@@ -53,6 +54,8 @@ pid_t spawn_child(struct spawn_req *r)
 	static const struct { char c; int stage, err; } fails[] = {
 		{ '!', STAGE_CHDIR, ENOENT }, { '?', STAGE_EXEC, ENOENT }, { '%', STAGE_EXEC, EACCES }, { '#', STAGE_USER, EPERM },
 	};
+	if (r->ngroups < 0 || r->ngroups > MAX_GROUPS || !r->argv[0])
+		abort(); /* a bad request: groups[] is followed by the other fields, where ASan does not look */
 	r->stage = STAGE_OK;
 	r->err = 0;
 	for (size_t i = 0; i < sizeof fails / sizeof *fails; i++)
