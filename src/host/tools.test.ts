@@ -55,6 +55,7 @@ const NONLITERAL: Record<string, string> = {
   'test/daemon-helpers.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/daemon.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/dashboard.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/soak.test.ts SNAPLAB': 'the snaplab command, built by npm run build (clean-up after a failed soak)',
   'test/escapes/escapes.test.ts join(scratch': 'the probe the test built (probe.c), on the host as a positive control',
   'src/lab/copy.ts agentBinaryPath(': 'the agent binary (its tar and untar, on the host side of a copy)',
   'test/copy.test.ts agentBinaryPath(': 'the agent binary (its untar, fed hostile archives)',
