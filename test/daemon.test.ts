@@ -38,8 +38,28 @@ function curl(method: string, path: string, opts: { token?: string; json?: unkno
 }
 
 
+/**
+ * A WebSocket to the daemon, resolved once open. Frames that came in the same read as the
+ * upgrade's answer are emitted before the caller's `await` returns, so they are held and given to
+ * the first 'message' listener when it is attached (the stream-reattach test lost its catch-up's
+ * first chunk, or everything up to the exit, this way about once in a dozen runs).
+ */
 function socket(path: string): Promise<WebSocket> {
   const ws = new WebSocket(`ws+unix:${d.socket}:${path}`);
+  const early: [Buffer, boolean][] = [];
+  const hold = (m: Buffer, binary: boolean): void => void early.push([m, binary]);
+  ws.on('message', hold);
+  const on = ws.on.bind(ws) as (event: string, fn: (...args: any[]) => void) => WebSocket;
+  let first = true;
+  (ws as unknown as { on: typeof on }).on = (event, fn) => {
+    on(event, fn);
+    if (event === 'message' && first) {
+      first = false;
+      ws.off('message', hold);
+      for (const [m, binary] of early.splice(0)) fn(m, binary);
+    }
+    return ws;
+  };
   return new Promise((resolve, reject) => {
     ws.once('open', () => resolve(ws));
     ws.once('error', reject);
