@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "frame.h"
 
 #define EXIT_EXEC_FAILURE 125
@@ -174,8 +175,7 @@ struct opts {
 	int nenv, ncmd, interactive, json;
 };
 
-/* Well-formed UTF-8? Node turns anything else into U+FFFD before it sends it: let Node do it. */
-static int utf8_ok(const char *s)
+int utf8_ok(const char *s)
 {
 	const unsigned char *p = (const unsigned char *)s;
 	while (*p) {
@@ -570,11 +570,23 @@ int main(int argc, char **argv)
 {
 	g_argv = argv;
 	if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) && print_version() == 0) return 0;
-	const char *off = getenv("SNAPLAB_NO_FAST_EXEC");
-	int fast = !(off && *off && strcmp(off, "0"));
-	/* with a daemon to talk to (SNAPLAB_HOST), every command goes through it */
+	const char *all_off = getenv("SNAPLAB_NO_FAST"), *off = getenv("SNAPLAB_NO_FAST_EXEC");
+	int any = !(all_off && *all_off && strcmp(all_off, "0"));
+	int fast = any && !(off && *off && strcmp(off, "0"));
+	/* with a daemon to talk to (SNAPLAB_HOST, or --host before the command), every command goes
+	 * through it: create, rm and ls from here (daemon.c), the rest by the Node CLI */
 	const char *host = getenv("SNAPLAB_HOST");
-	if (host && *host) fast = 0;
+	int verb = 1;
+	if (argc > 3 && !strcmp(argv[1], "--host")) host = argv[2], verb = 3;
+	if (host && *host) {
+		int rc = -1;
+		if (any && argc > verb && !strcmp(argv[verb], "create")) rc = daemon_create(argc, argv, verb + 1, host);
+		else if (any && argc > verb && !strcmp(argv[verb], "rm")) rc = daemon_rm(argc, argv, verb + 1, host);
+		else if (any && argc > verb && !strcmp(argv[verb], "ls")) rc = daemon_ls(argc, argv, verb + 1, host);
+		if (rc >= 0) return rc;
+		fall_back();
+	}
+	if (verb != 1) fall_back();
 	/* `snaplab proxy MACHINE PORT` (ssh's ProxyCommand) is `exec -i MACHINE -- agent connect PORT` */
 	if (argc == 4 && !strcmp(argv[1], "proxy") && fast && argv[3][0] && strspn(argv[3], "0123456789") == strlen(argv[3]) && strlen(argv[3]) <= 5 &&
 	    atoi(argv[3]) >= 1 && atoi(argv[3]) <= 65535 && argv[3][0] != '0' && utf8_ok(argv[2]) && argv[2][0] != '-') {

@@ -5,6 +5,7 @@
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import WebSocket from 'ws';
@@ -276,6 +277,74 @@ describe('snaplab serve', () => {
     expect(remoteCli(['exec', 'via-cli', '--', 'true'])).toMatchObject({ status: 125, stderr: expect.stringMatching(/SANDBOX_NOT_FOUND/) });
     const noKey = spawnSync(SNAPLAB, ['ls'], { env: { ...env, SNAPLAB_TOKEN: '' }, encoding: 'utf8' });
     expect(noKey.stderr).toMatch(/UNAUTHORIZED/);
+  });
+
+  it('create, ls and rm through the daemon: the same output, codes and errors from the command itself (no Node) and from the Node CLI', async () => {
+    // a server that reads the request and hangs up: the request was out, so it is reported, not sent again
+    const hangUp = createServer((s) => s.once('data', () => s.destroy()));
+    await new Promise<void>((r) => hangUp.listen(0, '127.0.0.1', r));
+    const cut = `http://127.0.0.1:${(hangUp.address() as AddressInfo).port}`;
+    const snaplab = (args: string[], env: NodeJS.ProcessEnv) => new Promise<{ code: number | null; out: string; err: string }>((resolve) => {
+      const c = spawn(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: '/nonexistent', SNAPLAB_HOST: d.url, SNAPLAB_TOKEN: admin, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+      let out = '';
+      let err = '';
+      c.stdout.on('data', (b: Buffer) => (out += b.toString()));
+      c.stderr.on('data', (b: Buffer) => (err += b.toString()));
+      c.once('exit', (code) => resolve({ code, out, err }));
+    });
+    // what differs from one create to the next (ids, times, ranges, the path's own names) made alike
+    const same = (r: { code: number | null; out: string; err: string }, p: string) => ({
+      code: r.code,
+      out: r.out.replaceAll(p, 'P').replace(/^[0-9a-f]{12} /gm, 'ID ').replace(/"(id|createdAt|expiresAt|pid|uidBase)": ("[^"]*"|\d+)/g, '"$1": "X"'),
+      err: r.err.replaceAll(p, 'P').replace(/op-[0-9a-f]+/g, 'OP'),
+    });
+    const seen: unknown[] = [];
+    for (const [p, env] of [['fast', {}], ['node', { SNAPLAB_NO_FAST: '1' }]] as const) {
+      const x = async (args: string[], extra: NodeJS.ProcessEnv = {}) => same(await snaplab(args, { ...env, ...extra }), p);
+      seen.push([
+        await x(['create', '--name', `${p}-a`, '--label', `by=${p}`]),
+        await x(['create', `--name=${p}-a`]), // taken
+        await x(['create', '--name', `${p}-j`, '--json', '--label', 'q="x\\y é😀\t', '--label', 'a=b', '--label=a=c', '--timeout', '007', '--on-timeout', 'pause']),
+        await x(['create', '--image', 'nope', '--json']),
+        await x(['--host', `unix:${d.socket}`, 'create', '--name', `${p}-u`], { SNAPLAB_TOKEN: '' }),
+        await x(['create', '--name', `${p}-k`], { SNAPLAB_TOKEN: 'not-a-key' }),
+        await x(['create', '--name', `${p}-h`], { SNAPLAB_HOST: cut }),
+        await x(['rm', `${p}-a`, `${p}-j`, '--json']),
+        await x(['rm', `${p}-u`, 'ghost', `${p}-a`]),
+        await x(['rm', '--json', 'ghost']),
+        await x(['create'], { SNAPLAB_HOST: 'http://127.0.0.1:1' }),
+        await x(['create', '--name', `${p}-l`, '--label', `by=${p}`, '--label', 'v=a b&é+%']),
+        await x(['ls', '--label', `by=${p}`]),
+        await x(['ls', '--json', '--label', 'v=a b&é+%']),
+        await x(['ls', '--label', 'bad']),
+        await x(['rm', `${p}-l`]),
+      ]);
+    }
+    hangUp.close();
+    expect(seen[0]).toEqual(seen[1]);
+    const [fast] = seen as { code: number; out: string; err: string }[][];
+    expect(fast!.map((r) => r.code)).toEqual([0, 2, 0, 2, 0, 2, 2, 0, 2, 2, 2, 0, 0, 0, 2, 0]);
+    expect(fast![0]!.out).toBe('P-a\n');
+    expect(fast![1]!.err).toMatch(/^error\[SANDBOX_EXISTS\]: .*\nhint: .*\ntrace: snaplab trace OP\n$/);
+    const made = JSON.parse(fast![2]!.out);
+    expect(made).toMatchObject({ name: 'P-j', labels: { q: 'q="x\\y é😀\t'.slice(2), a: 'c' }, timeoutS: 7, onTimeout: 'pause', state: 'running' });
+    expect(fast![2]!.out).toMatch(/^\{\n {2}"id": "X",\n {2}"name": "P-j",\n/); // JSON.stringify(..., null, 2)
+    expect(JSON.parse(fast![3]!.err).error).toMatchObject({ code: 'IMAGE_NOT_FOUND', operation: 'OP' });
+    expect(fast![5]!.err).toMatch(/^error\[UNAUTHORIZED\]/);
+    expect(fast![6]!.err).toBe(`error[DAEMON_UNREACHABLE]: cannot reach the daemon at ${cut}: socket hang up\nhint: is \`snaplab serve\` running there? (SNAPLAB_HOST says where)\n`);
+    expect(JSON.parse(fast![7]!.out)).toEqual({ removed: ['P-a', 'P-j'] });
+    expect(fast![8]!.err).toMatch(/^error\[SANDBOX_NOT_FOUND\]: no sandbox with id or name "ghost"/);
+    expect(fast![12]!.out).toMatch(/^ID {12}NAME {4}STATE {4}IMAGE {4}DRIVER {6}EXPIRES  NOTE\nID  P-l  running  busybox  namespaces  - {8}\n$/);
+    expect(JSON.parse(fast![13]!.out).map((b: { name: string; labels: object }) => [b.name, b.labels])).toEqual([['P-l', { by: 'P', v: 'a b&é+%' }]]);
+    expect(fast![10]!.err).toMatch(/^error\[DAEMON_UNREACHABLE\]: cannot reach the daemon at http:\/\/127.0.0.1:1: connect ECONNREFUSED 127.0.0.1:1\n/);
+    // the fast path started no Node: with none on PATH it still answers; what it does not take goes to Node
+    const noNode = { PATH: '/nonexistent' };
+    expect(await snaplab(['create', '--name', 'no-node'], noNode)).toMatchObject({ code: 0, out: 'no-node\n' });
+    expect(await snaplab(['ls', '--json'], noNode)).toMatchObject({ code: 0, out: expect.stringContaining('"name": "no-node"') });
+    expect(await snaplab(['rm', 'no-node'], noNode)).toMatchObject({ code: 0, out: 'removed no-node\n' });
+    expect(await snaplab(['create', '--memory', '64M'], noNode)).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
+    expect(await snaplab(['rm', '--all'], noNode)).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
+    expect(curl('GET', '/sandboxes').body.filter((b: { name: string }) => /^(fast|node|no-node)/.test(b.name))).toEqual([]);
   });
 
   it('keys see their own sandboxes only, need admin for no user namespace, and a removed key closes its open sockets', async () => {

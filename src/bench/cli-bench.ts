@@ -80,6 +80,7 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
   const env = { ...process.env, SNAPLAB_HOME: lab.home };
   const tag = `bench-cli-${process.pid}`;
   const made: Sandbox[] = [];
+  let daemon: Awaited<ReturnType<typeof startBenchDaemon>>;
   try {
     progress.note(`raising a sandbox to exec in, one with 100 MB written to snapshot, and ${LS_SANDBOXES} idle ones for ls`);
     const box = await lab.create({ name: `${tag}-exec` });
@@ -89,6 +90,9 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
     await filled.exec(['dd', 'if=/dev/zero', 'of=/root/fill', 'bs=1M', 'count=100']);
     for (let i = 0; i < LS_SANDBOXES - 2; i++) made.push(await lab.create({ name: `${tag}-ls${i}` }));
     const lxc = await which('lxc');
+    daemon = await startBenchDaemon(snaplab, env, tag);
+    if (daemon) progress.note(`a daemon for the create-through-a-daemon cases: ${daemon.socket}`);
+    const viaDaemon = daemon ? { SNAPLAB_HOST: `unix:${daemon.socket}` } : undefined;
     const cases: Case[] = [
       { name: 'node -e 0', argv: [process.execPath, '-e', '0'], parallel: true, baseline: true },
       { name: 'snaplab --version', argv: [snaplab, '--version'], parallel: true },
@@ -105,6 +109,34 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
         after: async (i) => void (await timed([snaplab, 'rm', `${tag}-c${i}`], env)),
         parallel: false,
       },
+      ...(viaDaemon ? [
+        { name: `snaplab ls through a daemon (C client, ${LS_SANDBOXES} sandboxes)`, argv: [snaplab, 'ls'], env: viaDaemon, parallel: true },
+        {
+          name: 'snaplab create through a daemon (C client) + rm',
+          argv: [],
+          env: viaDaemon,
+          argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-d${i}`],
+          after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-d${i}`], { ...env, ...viaDaemon })),
+          parallel: false,
+        },
+        {
+          name: 'snaplab create through a daemon (Node CLI) + rm',
+          argv: [],
+          env: { ...viaDaemon, SNAPLAB_NO_FAST: '1' },
+          argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-n${i}`],
+          after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-n${i}`], { ...env, ...viaDaemon })),
+          parallel: false,
+        },
+        {
+          // a C client doing the same request: what the daemon's create costs from a shell
+          name: 'curl POST /sandboxes + rm',
+          argv: [],
+          baseline: true,
+          argvAt: (i: number) => ['curl', '-sf', '--unix-socket', daemon!.socket, '-X', 'POST', '-H', 'content-type: application/json', '-d', JSON.stringify({ image: 'busybox', name: `${tag}-u${i}` }), 'http://snaplab/sandboxes'],
+          after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-u${i}`], { ...env, ...viaDaemon })),
+          parallel: false,
+        },
+      ] : []),
       {
         name: 'snaplab snapshot (100 MB written)',
         argv: [],
@@ -147,6 +179,7 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
         errors: r.errors.slice(0, 3),
       };
     });
+    if (!daemon) out.push({ name: 'snaplab create through a daemon', argv: 'SNAPLAB_HOST=unix:SOCKET snaplab create', baseline: false, errors: [], note: 'skipped: a daemon already serves this home (one per home); stop it to measure' });
     if (!lxc) out.push({ name: 'lxc exec -- /bin/true', argv: 'lxc exec NAME -- /bin/true', baseline: true, errors: [], note: 'skipped: lxc not installed (apt-get install lxd-client, and a running LXD, to measure it)' });
     const p50 = (name: string): number | undefined => out.find((c) => c.name.startsWith(name))?.serialMs?.p50;
     const ratio = (a?: number, b?: number): number | undefined => (a && b ? Math.round((a / b) * 100) / 100 : undefined);
@@ -155,6 +188,9 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
       'snaplab --help (Node CLI) / node -e 0': ratio(p50('snaplab --help'), p50('node -e 0')),
       'exec / nsenter': ratio(p50('snaplab exec -- /bin/true'), p50('nsenter')),
       'exec Node path / exec': ratio(p50('snaplab exec -- /bin/true (Node path)'), p50('snaplab exec -- /bin/true')),
+      'ls through a daemon (C) / ls': ratio(p50('snaplab ls through a daemon'), p50('snaplab ls (')),
+      'create through a daemon (C) / create': ratio(p50('snaplab create through a daemon (C client)'), p50('snaplab create (to usable)')),
+      'create through a daemon (C) / curl': ratio(p50('snaplab create through a daemon (C client)'), p50('curl POST')),
     };
     return {
       workload: 'cli',
@@ -167,11 +203,33 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
     };
   } finally {
     progress.note('removing the bench sandboxes');
+    await daemon?.stop();
     for (const b of made) await b.destroy().catch(() => undefined);
     for (const b of await lab.list()) if (b.name.startsWith(`${tag}-`)) await b.destroy().catch(() => undefined);
     for (const s of await lab.snapshots()) if (s.name.startsWith(`${tag}-`)) await lab.removeSnapshot(s.name).catch(() => undefined);
     progress.done();
   }
+}
+
+/**
+ * `snaplab serve` on a socket of its own in the bench's home, for the create-through-a-daemon
+ * cases; undefined when one already serves this home (one daemon per home: it would refuse).
+ */
+async function startBenchDaemon(snaplab: string, env: NodeJS.ProcessEnv, tag: string): Promise<{ socket: string; stop: () => Promise<void> } | undefined> {
+  const socket = join(env.SNAPLAB_HOME!, `${tag}.sock`);
+  const proc = spawn(snaplab, ['serve', '--socket', socket, '--default-timeout', '0'], { env, stdio: ['ignore', 'pipe', 'ignore'] });
+  const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
+  const ready = await new Promise<boolean>((resolve) => {
+    proc.stdout!.once('data', () => resolve(true));
+    proc.once('exit', () => resolve(false));
+    proc.once('error', () => resolve(false));
+  });
+  const stop = async (): Promise<void> => {
+    proc.kill('SIGTERM');
+    await exited;
+  };
+  if (!ready) return void (await stop());
+  return { socket, stop };
 }
 
 const round1 = (x: number): number => Math.round(x * 10) / 10;
