@@ -31,6 +31,8 @@ struct daemon {
 };
 
 static int write_fd(int fd, const void *p, size_t n);
+struct response;
+static int response_parse(struct buf *in, struct response *r);
 static void put_text(struct buf *b, const char *s) { buf_append(b, s, strlen(s)); }
 
 struct response {
@@ -163,36 +165,40 @@ static int request(const struct daemon *d, const char *method, const char *path,
 		else if (got < 0) ok = 0;
 	}
 	close(fd);
-	if (ok && buf_append(&in, "", 1) == 0) in.len--; /* a NUL past what came: the parsing below stops there */
-	else ok = 0;
-	char *s = (char *)in.data;
-	char *head_end = ok && in.len ? memmem(s, in.len, "\r\n\r\n", 4) : NULL;
-	if (!head_end || in.len < 12 || strncmp(s, "HTTP/1.", 7)) {
+	if (!ok) {
 		buf_free(&in);
 		return -1;
 	}
+	return response_parse(&in, r);
+}
+
+/*
+ * A whole HTTP/1.1 answer (what came until the daemon closed) into status and body; the buffer
+ * becomes the body's (NUL after it, not counted). -1, the buffer freed, if it is not one.
+ */
+static int response_parse(struct buf *in, struct response *r)
+{
+	if (buf_append(in, "", 1) < 0) return buf_free(in), -1;
+	in->len--; /* a NUL past what came: the parsing below stops there */
+	char *s = (char *)in->data;
+	char *head_end = in->len ? memmem(s, in->len, "\r\n\r\n", 4) : NULL;
+	if (!head_end || in->len < 12 || strncmp(s, "HTTP/1.", 7)) return buf_free(in), -1;
 	r->status = atoi(s + 9);
 	size_t head = (size_t)(head_end - s) + 4;
 	*head_end = 0;
 	int chunked = strcasestr(s, "\r\ntransfer-encoding: chunked") != NULL;
 	const char *cl = strcasestr(s, "\r\ncontent-length:");
 	long want = cl ? (long)strtoul(cl + 17, NULL, 10) : -1; /* read before the body moves over the head */
-	memmove(in.data, in.data + head, in.len - head);
-	in.len -= head;
-	if (chunked && dechunk(&in) < 0) {
-		buf_free(&in);
-		return -1;
-	}
+	memmove(in->data, in->data + head, in->len - head + 1);
+	in->len -= head;
+	if (chunked && dechunk(in) < 0) return buf_free(in), -1;
 	if (!chunked && want >= 0) {
-		if ((size_t)want > in.len) { /* cut short */
-			buf_free(&in);
-			return -1;
-		}
-		in.len = (size_t)want;
+		if ((size_t)want > in->len) return buf_free(in), -1; /* cut short */
+		in->len = (size_t)want;
 	}
-	buf_append(&in, "", 1); /* a terminator past the body, not counted */
-	in.len--;
-	r->body = in;
+	if (buf_append(in, "", 1) < 0) return buf_free(in), -1; /* a terminator past the body, not counted */
+	in->len--;
+	r->body = *in;
 	return 0;
 }
 
@@ -448,6 +454,52 @@ static size_t js_length(const char *s, size_t n)
 
 #define LS_COLUMNS 7
 
+/* The remote ls's table (src/cli/remote.ts) of the daemon's list: a row of cells per sandbox, padded columns. */
+static int ls_table(const char *s, size_t n, struct buf *out)
+{
+	static const char *keys[LS_COLUMNS] = { "id", "name", "state", "image", "driver", "expiresAt", "reason" };
+	static const char *nulls[LS_COLUMNS] = { "-", "-", "-", "-", "-", "-", "" };
+	struct buf cells = { 0 }; /* every cell, NUL-terminated, header row first */
+	size_t width[LS_COLUMNS] = { 0 };
+	int rows = 0;
+	static const char *head[LS_COLUMNS] = { "ID", "NAME", "STATE", "IMAGE", "DRIVER", "EXPIRES", "NOTE" };
+	for (int c = 0; c < LS_COLUMNS; c++) buf_append(&cells, head[c], strlen(head[c]) + 1), width[c] = strlen(head[c]);
+	size_t i = 0;
+	while (i < n && s[i] != '[') i++;
+	for (i++; i < n;) {
+		while (i < n && strchr(" \t\r\n,", s[i])) i++;
+		if (i >= n || s[i] == ']') break;
+		long e = json_end(s, i, n);
+		if (e < 0 || s[i] != '{') return buf_free(&cells), -1;
+		for (int c = 0; c < LS_COLUMNS; c++) {
+			size_t vs, ve, at = cells.len;
+			if (json_member(s + i, (size_t)e - i, keys[c], &vs, &ve) < 0 || !strncmp(s + i + vs, "null", 4)) put_text(&cells, nulls[c]);
+			else if (json_string(s + i, vs, ve, &cells) < 0) buf_append(&cells, s + i + vs, ve - vs); /* a number: as String() writes it */
+			size_t w = js_length((const char *)cells.data + at, cells.len - at);
+			if (w > width[c]) width[c] = w;
+			buf_append(&cells, "", 1);
+		}
+		rows++;
+		i = (size_t)e;
+	}
+	const char *cell = (const char *)cells.data;
+	for (int row = 0; row <= rows; row++) {
+		for (int c = 0; c < LS_COLUMNS; c++) {
+			size_t len = strlen(cell);
+			buf_append(out, cell, len);
+			if (c < LS_COLUMNS - 1) {
+				for (size_t w = js_length(cell, len); w < width[c]; w++) buf_append(out, " ", 1);
+				put_text(out, "  ");
+			}
+			cell += len + 1;
+		}
+		put_text(out, "\n");
+	}
+	buf_free(&cells);
+	return 0;
+}
+
+
 int daemon_ls(int argc, char **argv, int first, const char *url)
 {
 	struct daemon d;
@@ -482,45 +534,7 @@ int daemon_ls(int argc, char **argv, int first, const char *url)
 		print_buf(1, &out);
 		return 0;
 	}
-	/* the remote ls's table (src/cli/remote.ts): a row of cells per sandbox, then padded columns */
-	static const char *keys[LS_COLUMNS] = { "id", "name", "state", "image", "driver", "expiresAt", "reason" };
-	static const char *nulls[LS_COLUMNS] = { "-", "-", "-", "-", "-", "-", "" };
-	struct buf cells = { 0 }; /* every cell, NUL-terminated, header row first */
-	size_t width[LS_COLUMNS] = { 0 };
-	int rows = 0;
-	static const char *head[LS_COLUMNS] = { "ID", "NAME", "STATE", "IMAGE", "DRIVER", "EXPIRES", "NOTE" };
-	for (int c = 0; c < LS_COLUMNS; c++) buf_append(&cells, head[c], strlen(head[c]) + 1), width[c] = strlen(head[c]);
-	size_t i = 0;
-	while (i < n && s[i] != '[') i++;
-	for (i++; i < n;) {
-		while (i < n && strchr(" \t\r\n,", s[i])) i++;
-		if (i >= n || s[i] == ']') break;
-		long e = json_end(s, i, n);
-		if (e < 0 || s[i] != '{') answer_error(&r, json);
-		for (int c = 0; c < LS_COLUMNS; c++) {
-			size_t vs, ve, at = cells.len;
-			if (json_member(s + i, (size_t)e - i, keys[c], &vs, &ve) < 0 || !strncmp(s + i + vs, "null", 4)) put_text(&cells, nulls[c]);
-			else if (json_string(s + i, vs, ve, &cells) < 0) buf_append(&cells, s + i + vs, ve - vs); /* a number: as String() writes it */
-			size_t w = js_length((const char *)cells.data + at, cells.len - at);
-			if (w > width[c]) width[c] = w;
-			buf_append(&cells, "", 1);
-		}
-		rows++;
-		i = (size_t)e;
-	}
-	const char *cell = (const char *)cells.data;
-	for (int row = 0; row <= rows; row++) {
-		for (int c = 0; c < LS_COLUMNS; c++) {
-			size_t len = strlen(cell);
-			buf_append(&out, cell, len);
-			if (c < LS_COLUMNS - 1) {
-				for (size_t w = js_length(cell, len); w < width[c]; w++) buf_append(&out, " ", 1);
-				put_text(&out, "  ");
-			}
-			cell += len + 1;
-		}
-		put_text(&out, "\n");
-	}
+	if (ls_table(s, n, &out) < 0) answer_error(&r, json);
 	print_buf(1, &out);
 	return 0;
 }

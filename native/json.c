@@ -131,50 +131,100 @@ void json_escape(struct buf *b, const char *s)
 	buf_append(b, "\"", 1);
 }
 
+static size_t strspn_n(const char *s, size_t i, size_t n, const char *set)
+{
+	size_t j = i;
+	while (j < n && s[j] && strchr(set, s[j])) j++;
+	return j - i;
+}
+
 static void newline(struct buf *b, int depth)
 {
 	buf_append(b, "\n", 1);
 	for (int k = 0; k < depth; k++) buf_append(b, "  ", 2);
 }
 
-int json_pretty(struct buf *out, const char *s, size_t n)
+/* A number as JSON writes one: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?; its end, or 0. */
+static size_t number_end(const char *s, size_t i, size_t n)
 {
-	int depth = 0;
-	for (size_t i = ws(s, 0, n); i < n; i = ws(s, i, n)) {
-		char c = s[i];
-		if (c == '"') {
-			long e = json_end(s, i, n);
-			if (e < 0) return -1;
-			buf_append(out, s + i, (size_t)e - i);
-			i = (size_t)e;
-		} else if (c == '{' || c == '[') {
-			size_t j = ws(s, i + 1, n);
-			if (j < n && s[j] == (c == '{' ? '}' : ']')) { /* empty: {} and [] on one line */
-				buf_append(out, c == '{' ? "{}" : "[]", 2);
-				i = j + 1;
-				continue;
+	size_t d;
+	if (i < n && s[i] == '-') i++;
+	if (i < n && s[i] == '0') i++;
+	else if ((d = strspn_n(s, i, n, "0123456789")) > 0) i += d;
+	else return 0;
+	if (i < n && s[i] == '.') {
+		if (!(d = strspn_n(s, i + 1, n, "0123456789"))) return 0;
+		i += 1 + d;
+	}
+	if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+		i++;
+		if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+		if (!(d = strspn_n(s, i, n, "0123456789"))) return 0;
+		i += d;
+	}
+	return i;
+}
+
+/* One value at s[i], written indented at depth; the index after it, or 0 if it is not JSON. */
+static size_t pretty_value(struct buf *out, const char *s, size_t i, size_t n, int depth)
+{
+	if (i >= n || depth > 1000) return 0;
+	char c = s[i];
+	if (c == '"') {
+		long e = json_end(s, i, n);
+		struct buf check = { 0 };
+		int ok = e > 0 && json_string(s, i, (size_t)e, &check) == 0;
+		for (size_t k = i; ok && k < (size_t)e; k++) ok = (unsigned char)s[k] >= 0x20;
+		buf_free(&check);
+		if (!ok) return 0;
+		buf_append(out, s + i, (size_t)e - i);
+		return (size_t)e;
+	}
+	if (c == '{' || c == '[') {
+		char close = c == '{' ? '}' : ']';
+		size_t j = ws(s, i + 1, n);
+		if (j < n && s[j] == close) { /* empty: {} and [] on one line */
+			buf_append(out, c == '{' ? "{}" : "[]", 2);
+			return j + 1;
+		}
+		buf_append(out, &c, 1);
+		for (int first = 1;; first = 0) {
+			if (!first) {
+				if (j >= n || (s[j] != ',' && s[j] != close)) return 0;
+				if (s[j] == close) break;
+				buf_append(out, ",", 1);
+				j = ws(s, j + 1, n);
 			}
-			buf_append(out, &c, 1);
-			newline(out, ++depth);
-			i++;
-		} else if (c == '}' || c == ']') {
-			if (depth == 0) return -1;
-			newline(out, --depth);
-			buf_append(out, &c, 1);
-			i++;
-		} else if (c == ',') {
-			buf_append(out, ",", 1);
-			newline(out, depth);
-			i++;
-		} else if (c == ':') {
-			buf_append(out, ": ", 2);
-			i++;
-		} else {
-			long e = json_end(s, i, n);
-			if (e < 0) return -1;
-			buf_append(out, s + i, (size_t)e - i);
-			i = (size_t)e;
+			newline(out, depth + 1);
+			if (c == '{') {
+				if (j >= n || s[j] != '"' || !(j = pretty_value(out, s, j, n, depth + 1))) return 0;
+				j = ws(s, j, n);
+				if (j >= n || s[j] != ':') return 0;
+				buf_append(out, ": ", 2);
+				j = ws(s, j + 1, n);
+			}
+			if (!(j = pretty_value(out, s, j, n, depth + 1))) return 0;
+			j = ws(s, j, n);
+		}
+		newline(out, depth);
+		buf_append(out, &close, 1);
+		return j + 1;
+	}
+	static const char *const words[] = { "true", "false", "null" };
+	for (int k = 0; k < 3; k++) {
+		size_t l = strlen(words[k]);
+		if (n - i >= l && !memcmp(s + i, words[k], l)) {
+			buf_append(out, words[k], l);
+			return i + l;
 		}
 	}
-	return depth == 0 ? 0 : -1;
+	size_t e = number_end(s, i, n);
+	if (e) buf_append(out, s + i, e - i);
+	return e;
+}
+
+int json_pretty(struct buf *out, const char *s, size_t n)
+{
+	size_t end = pretty_value(out, s, ws(s, 0, n), n, 0);
+	return end && ws(s, end, n) == n ? 0 : -1;
 }

@@ -13,6 +13,10 @@ int json_member(const char *s, size_t n, const char *key, size_t *vs, size_t *ve
 int json_string(const char *s, size_t vs, size_t ve, struct buf *out);
 /* s (well-formed UTF-8) as JSON.stringify writes it. */
 void json_escape(struct buf *b, const char *s);
-/* The document as JSON.stringify(JSON.parse(s), null, 2) writes it; -1 if it is malformed. */
+/*
+ * The document as JSON.stringify(JSON.parse(s), null, 2) writes it, for JSON whose numbers are
+ * written as JavaScript writes them (the daemon's are: `1.0` would stay `1.0`); -1 if s is not
+ * one JSON value.
+ */
 int json_pretty(struct buf *out, const char *s, size_t n);
 #endif

@@ -167,8 +167,30 @@ const hostops = {
   'misc': Buffer.concat([request(9, 'tcp-check', '/run/netns/n', '10.0.0.2', '22', '500'), request(10, 'qmp-getfd', '/q.sock', 'mig', '/f', 'w'), request(11, 'idmap-check', '/d', '100000')]),
 };
 
+// ---- daemon_fuzz: answers of `snaplab serve`, as the command reads them until the daemon closes ----
+
+const view = { id: '2d50db566457', name: 'box', state: 'running', reason: null, image: 'busybox', storage: 'btrfs', driver: 'namespaces', labels: { q: '"x\\y é😀\t' }, metadata: {}, owner: 'local', timeoutS: 0, onTimeout: 'kill', expiresAt: null, createdAt: '2026-12-02T01:10:25.180Z', limits: { memoryBytes: 1073741824, pids: 1024 }, origin: null, pid: 17005, userns: { uidBase: 2114221312, size: 65536 }, init: 'agent' };
+function answer(status, body, { chunked = false } = {}) {
+  const text = typeof body === 'string' ? body : JSON.stringify(body);
+  const head = `HTTP/1.1 ${status} X\r\ncontent-type: application/json; charset=utf-8\r\n`;
+  if (!chunked) return Buffer.from(`${head}content-length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`);
+  const half = Math.floor(text.length / 2);
+  const chunk = (t) => `${Buffer.byteLength(t).toString(16)}\r\n${t}\r\n`;
+  return Buffer.from(`${head}Transfer-Encoding: chunked\r\n\r\n${chunk(text.slice(0, half))}${chunk(text.slice(half))}0\r\n\r\n`);
+}
+
+const daemon = {
+  'created': answer(201, view),
+  'list-chunked': answer(200, [view, { ...view, id: 'aa', name: 'b2', reason: 'exited 1', expiresAt: '2026-12-02T02:00:00.000Z' }], { chunked: true }),
+  'list-empty': answer(200, []),
+  'error': answer(409, { code: 'SANDBOX_EXISTS', message: 'a sandbox named "box" already exists', hint: 'pick another --name', operationId: 'op-67a6366011' }),
+  'error-escapes': answer(404, '{"code":"X","message":"\\ud83d\\ude00 \\u00e9 \\ud800 \\n","hint":null}'),
+  'not-json': answer(502, 'Bad Gateway'),
+  'deleted': Buffer.from('HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n'),
+};
+
 const root = join(import.meta.dirname, 'corpus');
-for (const [name, seeds] of Object.entries({ frame: agent, relay, hostops })) {
+for (const [name, seeds] of Object.entries({ frame: agent, relay, hostops, daemon })) {
   mkdirSync(join(root, name), { recursive: true });
   for (const [seed, buf] of Object.entries(seeds)) writeFileSync(join(root, name, seed), buf);
 }
