@@ -566,6 +566,24 @@ static int fast_exec(const struct opts *o)
 	}
 }
 
+/*
+ * SNAPLAB_HOST names the daemon of this very home by its default socket ($SNAPLAB_HOME/daemon.sock):
+ * its sandboxes are this host's, recorded in this state.db, so exec reaches them directly as
+ * without a daemon (whoever can open that socket is root already). Anything this path does not
+ * take still goes to the Node CLI, and so through the daemon.
+ */
+static int daemon_is_local(const char *host)
+{
+	const char *home = getenv("SNAPLAB_HOME");
+	char sock[PATH_MAX], a[PATH_MAX], b[PATH_MAX];
+	if (strncmp(host, "unix:", 5) || (home && !*home) || strlen(host + 5) >= sizeof sock) return 0;
+	strcpy(sock, host + 5);
+	char *slash = strrchr(sock, '/');
+	if (!slash || strcmp(slash, "/daemon.sock")) return 0;
+	*slash = 0;
+	return realpath(*sock ? sock : "/", a) && realpath(home ? home : "/var/lib/snaplab", b) && !strcmp(a, b);
+}
+
 int main(int argc, char **argv)
 {
 	g_argv = argv;
@@ -574,7 +592,8 @@ int main(int argc, char **argv)
 	int any = !(all_off && *all_off && strcmp(all_off, "0"));
 	int fast = any && !(off && *off && strcmp(off, "0"));
 	/* with a daemon to talk to (SNAPLAB_HOST, or --host before the command), every command goes
-	 * through it: create, rm and ls from here (daemon.c), the rest by the Node CLI */
+	 * through it: create, rm and ls from here (daemon.c), exec into a sandbox of this home directly
+	 * when it is this home's daemon (daemon_is_local), the rest by the Node CLI */
 	const char *host = getenv("SNAPLAB_HOST");
 	int verb = 1;
 	if (argc > 3 && !strcmp(argv[1], "--host")) host = argv[2], verb = 3;
@@ -584,7 +603,7 @@ int main(int argc, char **argv)
 		else if (any && argc > verb && !strcmp(argv[verb], "rm")) rc = daemon_rm(argc, argv, verb + 1, host);
 		else if (any && argc > verb && !strcmp(argv[verb], "ls")) rc = daemon_ls(argc, argv, verb + 1, host);
 		if (rc >= 0) return rc;
-		fall_back();
+		if (verb != 1 || !daemon_is_local(host)) fall_back();
 	}
 	if (verb != 1) fall_back();
 	/* `snaplab proxy MACHINE PORT` (ssh's ProxyCommand) is `exec -i MACHINE -- agent connect PORT` */

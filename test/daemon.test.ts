@@ -341,6 +341,10 @@ describe('snaplab serve', () => {
     const noNode = { PATH: '/nonexistent' };
     expect(await snaplab(['create', '--name', 'no-node'], noNode)).toMatchObject({ code: 0, out: 'no-node\n' });
     expect(await snaplab(['ls', '--json'], noNode)).toMatchObject({ code: 0, out: expect.stringContaining('"name": "no-node"') });
+    // exec: directly into a sandbox of this home when SNAPLAB_HOST is this home's socket; through the daemon (Node) else
+    const local = { ...noNode, SNAPLAB_HOST: `unix:${d.socket}` };
+    expect(await snaplab(['exec', 'no-node', '--', 'echo', 'direct'], { ...local, SNAPLAB_HOME: home })).toMatchObject({ code: 0, out: 'direct\n' });
+    expect(await snaplab(['exec', 'no-node', '--', 'echo', 'direct'], local)).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
     expect(await snaplab(['rm', 'no-node'], noNode)).toMatchObject({ code: 0, out: 'removed no-node\n' });
     expect(await snaplab(['create', '--memory', '64M'], noNode)).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
     expect(await snaplab(['rm', '--all'], noNode)).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
