@@ -587,9 +587,9 @@ static int daemon_is_local(const char *host)
 int main(int argc, char **argv)
 {
 	g_argv = argv;
-	if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) && print_version() == 0) return 0;
 	const char *all_off = getenv("SNAPLAB_NO_FAST"), *off = getenv("SNAPLAB_NO_FAST_EXEC");
 	int any = !(all_off && *all_off && strcmp(all_off, "0"));
+	if (any && argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) && print_version() == 0) return 0;
 	int fast = any && !(off && *off && strcmp(off, "0"));
 	/* with a daemon to talk to (SNAPLAB_HOST, or --host before the command), every command goes
 	 * through it: create, rm and ls from here (daemon.c), exec into a sandbox of this home directly

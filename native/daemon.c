@@ -1,7 +1,7 @@
 /*
- * `snaplab create` and `snaplab rm` through a daemon (SNAPLAB_HOST, or --host), served by the
- * command on PATH without starting Node: one HTTP request on the daemon's socket (create) or two
- * per sandbox (rm: look it up, then destroy it), exactly the requests the remote library makes,
+ * `snaplab create`, `ls` and `rm` through a daemon (SNAPLAB_HOST, or --host), served by the
+ * command on PATH without starting Node: one HTTP request on the daemon's socket (create, ls) or
+ * two per sandbox (rm: look it up, then destroy it), exactly the requests the remote library makes,
  * printed as the Node CLI prints them (src/cli/remote.ts). A create through a daemon is then the
  * daemon's create and one round trip (~30 ms here), where the Node CLI pays its start-up first.
  *
@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,7 +27,8 @@
 struct daemon {
 	const char *url;
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* unix: */
-	char host[256], port[8]; /* http: */
+	char host[256], port[8]; /* http: an address (or localhost), a port 1-65535 as a number */
+	int v6;
 	const char *token;
 };
 
@@ -45,6 +47,7 @@ static int parse_url(const char *url, struct daemon *d)
 {
 	memset(d, 0, sizeof *d);
 	d->url = url;
+	if (!utf8_ok(url)) return -1; /* Node reads it with U+FFFD in place of the bad bytes: another path */
 	const char *tok = getenv("SNAPLAB_TOKEN");
 	if (tok && *tok) {
 		for (const char *p = tok; *p; p++)
@@ -58,7 +61,8 @@ static int parse_url(const char *url, struct daemon *d)
 	}
 	if (strncmp(url, "http://", 7)) return -1;
 	const char *h = url + 7, *end;
-	if (*h == '[') {
+	int v6 = *h == '[';
+	if (v6) {
 		end = strchr(h, ']');
 		if (!end) return -1;
 		h++;
@@ -66,31 +70,40 @@ static int parse_url(const char *url, struct daemon *d)
 	size_t hl = (size_t)(end - h);
 	if (!hl || hl >= sizeof d->host) return -1;
 	memcpy(d->host, h, hl);
-	/* numbers, or localhost: a name would be a DNS lookup, Node's to make */
-	if (strspn(d->host, "0123456789.:abcdefABCDEF") != hl && strcmp(d->host, "localhost")) return -1;
-	if (*end == ']') end++;
-	const char *port = "80";
-	size_t pl = 2;
+	/* an address, or localhost: a name would be a DNS lookup, Node's to make */
+	struct in6_addr a6;
+	struct in_addr a4;
+	if (v6 ? inet_pton(AF_INET6, d->host, &a6) != 1 : strcmp(d->host, "localhost") && inet_pton(AF_INET, d->host, &a4) != 1) return -1;
+	d->v6 = v6;
+	if (v6) end++;
+	long port = 80;
 	if (*end == ':') {
-		port = ++end;
-		pl = strspn(end, "0123456789");
+		size_t pl = strspn(++end, "0123456789");
 		if (!pl || pl > 5) return -1;
+		port = strtol(end, NULL, 10);
 		end += pl;
 	}
-	if (*end && strcmp(end, "/")) return -1;
-	memcpy(d->port, port, pl);
+	if ((*end && strcmp(end, "/")) || port < 1 || port > 65535) return -1;
+	snprintf(d->port, sizeof d->port, "%ld", port);
 	return 0;
+}
+
+static const char *errname(int e)
+{
+	const char *n = strerrorname_np(e);
+	return n ? n : "EIO";
 }
 
 static int dial(const struct daemon *d, char *why, size_t whylen)
 {
-	int fd = -1, err = 0;
+	int fd = -1, err = EIO;
 	if (d->path[0]) {
 		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		strcpy(sa.sun_path, d->path);
 		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) err = errno, close(fd), fd = -1;
-		if (fd < 0) snprintf(why, whylen, "connect %s %s", strerrorname_np(err ? err : errno), d->path);
+		if (fd < 0) err = errno;
+		else if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) err = errno, close(fd), fd = -1;
+		if (fd < 0) snprintf(why, whylen, "connect %s %s", errname(err), d->path);
 		return fd;
 	}
 	struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV }, *ai, *a;
@@ -98,12 +111,15 @@ static int dial(const struct daemon *d, char *why, size_t whylen)
 		snprintf(why, whylen, "getaddrinfo ENOTFOUND %s", d->host);
 		return -1;
 	}
+	char addr[INET6_ADDRSTRLEN] = "";
 	for (a = ai; a && fd < 0; a = a->ai_next) {
+		getnameinfo(a->ai_addr, a->ai_addrlen, addr, sizeof addr, NULL, 0, NI_NUMERICHOST); /* Node names the address it tried */
 		fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) < 0) err = errno, close(fd), fd = -1;
+		if (fd < 0) err = errno;
+		else if (connect(fd, a->ai_addr, a->ai_addrlen) < 0) err = errno, close(fd), fd = -1;
 	}
 	freeaddrinfo(ai);
-	if (fd < 0) snprintf(why, whylen, "connect %s %s:%s", strerrorname_np(err), d->host, d->port);
+	if (fd < 0) snprintf(why, whylen, "connect %s %s:%s", errname(err), addr, d->port);
 	return fd;
 }
 
@@ -138,20 +154,23 @@ static int request(const struct daemon *d, const char *method, const char *path,
 	int fd = dial(d, why, whylen);
 	if (fd < 0) return -2;
 	struct buf req = { 0 };
-	char line[1024];
-	int n = snprintf(line, sizeof line, "%s %s HTTP/1.1\r\nHost: %s%s%s\r\nConnection: close\r\n", method, path,
-		d->path[0] ? "localhost" : d->host, d->path[0] ? "" : ":", d->path[0] ? "" : d->port);
-	buf_append(&req, line, (size_t)n);
-	if (d->token) {
-		buf_append(&req, "authorization: Bearer ", 22);
-		buf_append(&req, d->token, strlen(d->token));
-		buf_append(&req, "\r\n", 2);
+	put_text(&req, method), put_text(&req, " "), put_text(&req, path), put_text(&req, " HTTP/1.1\r\nHost: ");
+	if (d->path[0]) put_text(&req, "localhost");
+	else {
+		/* as Node writes it: an IPv6 address in brackets, no port when it is 80 */
+		if (d->v6) put_text(&req, "[");
+		put_text(&req, d->host);
+		if (d->v6) put_text(&req, "]");
+		if (strcmp(d->port, "80")) put_text(&req, ":"), put_text(&req, d->port);
 	}
+	put_text(&req, "\r\nConnection: close\r\n");
+	if (d->token) put_text(&req, "authorization: Bearer "), put_text(&req, d->token), put_text(&req, "\r\n");
 	if (json) {
-		n = snprintf(line, sizeof line, "content-type: application/json\r\ncontent-length: %zu\r\n", buf_used(json));
-		buf_append(&req, line, (size_t)n);
+		char len[32];
+		snprintf(len, sizeof len, "%zu", buf_used(json));
+		put_text(&req, "content-type: application/json\r\ncontent-length: "), put_text(&req, len), put_text(&req, "\r\n");
 	}
-	buf_append(&req, "\r\n", 2);
+	put_text(&req, "\r\n");
 	if (json) buf_append(&req, json->data + json->off, buf_used(json));
 	snprintf(why, whylen, "socket hang up");
 	int ok = write_fd(fd, req.data, req.len) == 0;
@@ -343,7 +362,7 @@ int daemon_create(int argc, char **argv, int first, const char *url)
 	if (strcmp(on_timeout, "kill") && strcmp(on_timeout, "pause")) return -1;
 	if (!utf8_ok(image) || (name && !utf8_ok(name)) || (pool && !utf8_ok(pool))) return -1;
 	buf_append(&body, "{", 1);
-	if (pool) buf_append(&body, "\"pool\":", 7), json_escape(&body, pool);
+	if (pool && *pool) buf_append(&body, "\"pool\":", 7), json_escape(&body, pool); /* `o.pool ? ...`: an empty one is none */
 	else {
 		buf_append(&body, "\"image\":", 8), json_escape(&body, image);
 		if (name) buf_append(&body, ",\"name\":", 8), json_escape(&body, name);
@@ -352,8 +371,9 @@ int daemon_create(int argc, char **argv, int first, const char *url)
 	buf_append(&body, labels.data, labels.len);
 	buf_append(&body, "}", 1);
 	if (timeout) {
-		char n[16];
-		buf_append(&body, n, (size_t)snprintf(n, sizeof n, ",\"timeoutS\":%ld", strtol(timeout, NULL, 10)));
+		char n[32]; /* at most 9 digits: checked above */
+		snprintf(n, sizeof n, "%ld", strtol(timeout, NULL, 10));
+		put_text(&body, ",\"timeoutS\":"), put_text(&body, n);
 	}
 	buf_append(&body, ",\"onTimeout\":", 13), json_escape(&body, on_timeout);
 	buf_append(&body, "}", 1);

@@ -318,12 +318,21 @@ describe('snaplab serve', () => {
         await x(['ls', '--json', '--label', 'v=a b&é+%']),
         await x(['ls', '--label', 'bad']),
         await x(['rm', `${p}-l`]),
+        // found in review: a long --timeout overran a buffer, a long path another; an empty --pool is none
+        await x(['create', '--name', `${p}-t`, '--timeout', '3600', '--pool=', '--json']),
+        await x(['rm', 'a'.repeat(1100)]),
+        await x(['ls', '--label', `a=${'/'.repeat(9000)}`]), // fastify's own 431, not a snaplab error
+        await x(['ls'], { SNAPLAB_HOST: 'http://127.0.0.1:99999' }),
+        await x(['rm', `${p}-t`]),
       ]);
     }
     hangUp.close();
     expect(seen[0]).toEqual(seen[1]);
     const [fast] = seen as { code: number; out: string; err: string }[][];
-    expect(fast!.map((r) => r.code)).toEqual([0, 2, 0, 2, 0, 2, 2, 0, 2, 2, 2, 0, 0, 0, 2, 0]);
+    expect(fast!.map((r) => r.code)).toEqual([0, 2, 0, 2, 0, 2, 2, 0, 2, 2, 2, 0, 0, 0, 2, 0, 0, 2, 2, 2, 0]);
+    expect(JSON.parse(fast![16]!.out)).toMatchObject({ name: 'P-t', image: 'busybox', timeoutS: 3600 });
+    expect(fast![18]!.err).toMatch(/^error\[DAEMON_ERROR\]: the daemon answered 431: /);
+    expect(fast![19]!.err).toMatch(/^error\[BAD_INPUT\]: invalid daemon URL/);
     expect(fast![0]!.out).toBe('P-a\n');
     expect(fast![1]!.err).toMatch(/^error\[SANDBOX_EXISTS\]: .*\nhint: .*\ntrace: snaplab trace OP\n$/);
     const made = JSON.parse(fast![2]!.out);

@@ -128,11 +128,11 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
           parallel: false,
         },
         {
-          // a C client doing the same request: what the daemon's create costs from a shell
+          // a C client making the same request (the body the command sends): the daemon's create from a shell
           name: 'curl POST /sandboxes + rm',
           argv: [],
           baseline: true,
-          argvAt: (i: number) => ['curl', '-sf', '--unix-socket', daemon!.socket, '-X', 'POST', '-H', 'content-type: application/json', '-d', JSON.stringify({ image: 'busybox', name: `${tag}-u${i}` }), 'http://snaplab/sandboxes'],
+          argvAt: (i: number) => ['curl', '-sf', '--unix-socket', daemon!.socket, '-X', 'POST', '-H', 'content-type: application/json', '-d', JSON.stringify({ image: 'busybox', name: `${tag}-u${i}`, labels: {}, onTimeout: 'kill' }), 'http://snaplab/sandboxes'],
           after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-u${i}`], { ...env, ...viaDaemon })),
           parallel: false,
         },

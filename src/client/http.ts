@@ -100,6 +100,8 @@ async function errorOf(res: IncomingMessage): Promise<SnaplabError> {
   const text = (await collect(res)).toString();
   try {
     const b = JSON.parse(text) as { code: ErrorCode; message: string; hint?: string; operationId?: string; limit?: string };
+    // not one of snaplab's errors (fastify's own, before a route: 431, a proxy's page): said as it came
+    if (typeof b?.code !== 'string' || typeof b.message !== 'string') throw new Error('not a snaplab error');
     const e = new SnaplabError(b.code, b.message, b.hint);
     if (b.operationId) (e as SnaplabError & { operationId?: string }).operationId = b.operationId;
     if (res.headers['retry-after']) (e as SnaplabError & { retryAfterS?: number }).retryAfterS = Number(res.headers['retry-after']);
