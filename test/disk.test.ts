@@ -1,9 +1,14 @@
 /**
  * Disk caps (--disk): on btrfs, simple quotas charge each machine's writes to it; a write past the
- * cap fails inside with EDQUOT while the machine, the others and the pool go on. Where the storage
- * cannot cap (overlay, dir) an explicit --disk is refused and nothing is left.
+ * cap fails inside with EDQUOT while the machine, the others and the pool go on. On overlay the
+ * machine's upper dir is on an ext4 loop file of the cap's size (ENOSPC past it), made only when
+ * asked. Where the storage cannot cap (dir) an explicit --disk is refused and nothing is left.
  */
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { SNAPLAB } from './cli-command.js';
+import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import { disposeLab, testLab } from './helpers.js';
@@ -76,7 +81,7 @@ describe('disk caps', () => {
     const free = await lab.create({ name: 'free', storage: 'btrfs', limits: { diskBytes: 0 } });
     expect(free.info.limits.diskBytes).toBe(0);
     await free.destroy();
-    for (const storage of ['overlay', 'dir'] as const) {
+    for (const storage of ['dir'] as const) {
       await expect(lab.create({ name: `capped-${storage}`, storage, limits: { diskBytes: 64 * MiB } })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/cannot be enforced/), hint: expect.stringMatching(/btrfs/) });
       const plain = await lab.create({ name: `plain-${storage}`, storage });
       expect(plain.info.limits.diskBytes).toBeUndefined();
@@ -85,9 +90,86 @@ describe('disk caps', () => {
     // a VM's disk is an image file: an explicit cap is refused before it boots, none is recorded by default
     await expect(lab.create({ name: 'vm-capped', driver: 'qemu', limits: { diskBytes: 64 * MiB } })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/qemu driver/) });
     expect((await lab.list()).map((b) => b.name)).toEqual([]);
-    const r = cli(lab.home, ['create', '--name', 'x', '--storage', 'overlay', '--disk', '64M']);
+    const r = cli(lab.home, ['create', '--name', 'x', '--storage', 'dir', '--disk', '64M']);
     expect(r.code).toBe(2);
     expect(r.err).toMatch(/error\[BAD_INPUT\]: --disk cannot be enforced here/);
     expect(cli(lab.home, ['create', '--name', 'y', '--disk', 'lots']).err).toMatch(/error\[BAD_SIZE\]|error\[BAD_INPUT\]/);
   });
+
+  it('overlay: --disk is an ext4 loop file of its own; ENOSPC past it, the machine runs on, a restore keeps it, rm leaves nothing, no default cap', async () => {
+    const small = await lab.create({ name: 'ov-small', storage: 'overlay', limits: { diskBytes: 64 * MiB } });
+    const other = await lab.create({ name: 'ov-other', storage: 'overlay' });
+    expect(small.info.limits.diskBytes).toBe(64 * MiB);
+    expect(other.info.limits.diskBytes).toBeUndefined(); // a cap costs a filesystem: only when asked
+    const disks = join(lab.home, 'storage', 'overlay', '.disks');
+    const vol = (small.info as unknown as { volume: { id: string } }).volume?.id ?? readdirSync(disks)[0]!.replace('.img', '');
+    expect(readdirSync(disks)).toEqual([`${vol}.img`]);
+
+    const r = await small.exec(['sh', '-c', 'dd if=/dev/zero of=/root/big bs=1M count=100 conv=fsync']);
+    expect(r.exitCode).not.toBe(0);
+    expect(r.stderr).toMatch(/No space left on device/);
+    const written = Number((await small.exec(['sh', '-c', 'wc -c < /root/big'])).stdout.trim());
+    expect(written).toBeGreaterThan(60 * MiB); // the filesystem's own metadata takes ~2 % of the cap
+    expect(written).toBeLessThanOrEqual(64 * MiB);
+    expect((await small.exec(['echo', 'alive'])).stdout).toBe('alive\n');
+    expect((await small.exec(['sh', '-c', 'rm /root/big && echo freed > /root/more && cat /root/more'])).stdout).toBe('freed\n');
+    expect((await other.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=80 conv=fsync 2>/dev/null && echo ok'])).stdout).toBe('ok\n');
+
+    await small.exec(['sh', '-c', 'dd if=/dev/zero of=/root/half bs=1M count=32 conv=fsync 2>/dev/null']);
+    const df = JSON.parse(cli(lab.home, ['df', '--json']).out) as { items: { name: string; writtenBytes?: number; diskBytes?: number }[] };
+    const row = df.items.find((i) => i.name === 'ov-small')!;
+    expect(row.diskBytes).toBe(64 * MiB);
+    expect(row.writtenBytes).toBeGreaterThan(32 * MiB);
+    expect(row.writtenBytes).toBeLessThan(40 * MiB);
+
+    // a restore keeps the cap and counts only what it writes itself (32 MiB came with the snapshot)
+    await small.snapshot('ov-capped');
+    const copy = await lab.restore('ov-capped', { name: 'ov-copy' });
+    expect(copy.info.limits.diskBytes).toBe(64 * MiB);
+    expect((await copy.exec(['sh', '-c', 'dd if=/dev/zero of=/root/e bs=1M count=48 conv=fsync 2>/dev/null && echo ok'])).stdout).toBe('ok\n');
+    expect((await copy.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=30 conv=fsync'])).stderr).toMatch(/No space left on device/);
+    expect((await copy.exec(['sh', '-c', 'wc -c < /root/half'])).stdout.trim()).toBe(String(32 * MiB));
+
+    for (const b of [small, other, copy]) await b.destroy();
+    await lab.removeSnapshot('ov-capped');
+    expect(readdirSync(disks)).toEqual([]);
+    expect(readFileSync('/proc/mounts', 'utf8')).not.toContain(`${lab.home}/storage/overlay/${vol}`);
+    expect(loopsUnder(lab.home).filter((l) => l.includes('.disks'))).toEqual([]);
+  });
+
+  it('overlay: a create killed once its cap exists, its record lost too: gc removes the mount, the loop device and the file', async () => {
+    const disks = join(lab.home, 'storage', 'overlay', '.disks');
+    const child = spawn(SNAPLAB, ['create', '--name', 'ov-killed', '--storage', 'overlay', '--disk', '64M'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    const t0 = Date.now();
+    while (!(existsSync(disks) && readdirSync(disks).some((f) => f.endsWith('.img') && mountedCap(lab.home, f))) && Date.now() - t0 < 30_000) await new Promise((r) => setTimeout(r, 5));
+    child.kill('SIGKILL');
+    await new Promise((r) => child.once('exit', r));
+    expect(readdirSync(disks).length).toBeGreaterThan(0); // it had made its cap
+    // the record goes too (a crash that lost it): nothing owns the volume, only gc can find it
+    const db = new Database(join(lab.home, 'state.db'));
+    db.prepare('DELETE FROM sandboxes WHERE name = ?').run('ov-killed');
+    db.close();
+    const { removed } = await lab.gc();
+    expect(removed.join('\n')).toMatch(/\.disks/);
+    expect(readdirSync(disks)).toEqual([]);
+    expect(readFileSync('/proc/mounts', 'utf8').split('\n').filter((l) => l.includes(`${lab.home}/storage/overlay/`) && l.includes(' ext4 '))).toEqual([]);
+    expect(loopsUnder(lab.home).filter((l) => l.includes('.disks'))).toEqual([]);
+  });
 });
+
+/** Backing files of the loop devices that are under `home`. */
+function loopsUnder(home: string): string[] {
+  return readdirSync('/sys/block').filter((d) => d.startsWith('loop')).flatMap((d) => {
+    try {
+      const f = readFileSync(`/sys/block/${d}/loop/backing_file`, 'utf8').trim();
+      return f.startsWith(home) ? [f] : [];
+    } catch {
+      return [];
+    }
+  });
+}
+
+/** Is the cap file `image` (a name in .disks) mounted over its volume's directory? */
+function mountedCap(home: string, image: string): boolean {
+  return readFileSync('/proc/mounts', 'utf8').includes(`${home}/storage/overlay/${image.replace('.img', '')} ext4`);
+}

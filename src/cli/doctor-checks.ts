@@ -8,6 +8,7 @@ import { which } from '../host/run.js';
 import { HOST_TOOLS, installFix, toolsVerdict, type Feature } from '../host/tools.js';
 import { allBackends, pickDefault } from '../storage/index.js';
 import { BtrfsBackend } from '../storage/btrfs/btrfs-backend.js';
+import { OverlayBackend } from '../storage/overlay/overlay-backend.js';
 import { probeUserns } from '../host/userns-probe.js';
 import { dirname, join } from 'node:path';
 
@@ -49,14 +50,13 @@ async function usernsChecks(home: string): Promise<Check[]> {
 
 /** Which storage caps what a machine writes (--disk). */
 async function diskCapChecks(home: string): Promise<Check[]> {
-  const plain = (kind: string): Check => ({
-    name: `disk cap: ${kind}`, kind: 'storage', optional: true, ok: false,
-    reason: `no per-machine cap: ${kind === 'overlay' ? "an overlay's upper layer" : 'a dir volume'} is a plain directory on the home's filesystem (a cap would need project quotas, a filesystem mounted with prjquota): --disk is refused, no default cap`,
-  });
   return [
     { name: 'disk cap: btrfs', kind: 'storage', optional: true, ...(await new BtrfsBackend(home).diskCapSupport()) },
-    plain('overlay'),
-    plain('dir'),
+    { name: 'disk cap: overlay', kind: 'storage', optional: true, ...(await new OverlayBackend(home).diskCapSupport()) },
+    {
+      name: 'disk cap: dir', kind: 'storage', optional: true, ok: false,
+      reason: 'no per-machine cap: a dir volume is a full copy made before the cap is known (a cap would need project quotas, a filesystem mounted with prjquota): --disk is refused, no default cap',
+    },
   ];
 }
 

@@ -4,7 +4,7 @@ import { removeSnapshot } from './removals.js';
 import { readdir, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { loopDevicesBackedUnder, detachLoop } from '../host/loops.js';
-import { mountsUnder, unmount } from '../host/mounts.js';
+import { listMounts, mountsUnder, unmount } from '../host/mounts.js';
 import { unmountPool } from '../storage/index.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
@@ -146,9 +146,11 @@ async function collectVolumes(ctx: LabContext, trace: Trace, busy: string[], rem
     await unmount(m.target, { lazy: true }).catch(() => undefined);
     removed.push(`mount ${m.target}`);
   }
-  const poolMounted = (await mountsUnder(ctx.home)).some((m) => m.fstype === 'btrfs');
+  // a loop device that a mount stands on is in use (the btrfs pool; the disk cap of a live
+  // overlay volume, whose backend keeps it): only those nothing is mounted from are leaks
+  const inUse = new Set((await listMounts()).map((m) => m.source));
   for (const loop of await loopDevicesBackedUnder(ctx.home)) {
-    if (poolMounted) continue;
+    if (inUse.has(loop.device)) continue;
     await detachLoop(loop.device).catch(() => undefined);
     removed.push(`loop device ${loop.device} (${loop.backingFile})`);
   }

@@ -194,7 +194,9 @@ async function capDisk(backend: StorageBackend, volume: Volume, record: SandboxR
   if (given === 0) return;
   const bytes = given ?? DEFAULT_DISK_BYTES;
   let why: string | null;
-  if (driver !== 'namespaces') why = `the ${driver} driver's disk is an image file, not capped yet`;
+  // a cap carried from a snapshot is held where it can be; the default only where it costs nothing
+  if (given === undefined && backend.capsByDefault === false) why = `${backend.kind} storage caps a disk only when asked (--disk)`;
+  else if (driver !== 'namespaces') why = `the ${driver} driver's disk is an image file, not capped yet`;
   else if (!backend.limitDisk) why = `${backend.kind} storage cannot cap a machine's disk`;
   else {
     try {
@@ -208,7 +210,7 @@ async function capDisk(backend: StorageBackend, volume: Volume, record: SandboxR
     record.limits = { ...record.limits, diskBytes: bytes };
     return;
   }
-  if (explicit) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'use btrfs storage on the namespaces driver (`snaplab doctor` says which storage caps disks), or leave out --disk');
+  if (explicit) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'use btrfs or overlay storage on the namespaces driver (`snaplab doctor` says which storage caps disks), or leave out --disk');
   const { diskBytes: _, ...rest } = record.limits;
   record.limits = rest;
 }

@@ -69,6 +69,11 @@ export interface StorageBackend {
    * on this host (a backend without the method cannot at all).
    */
   limitDisk?(volume: Volume, bytes: number): Promise<string | null>;
+  /**
+   * Whether a machine that asks for no cap gets the default one (DEFAULT_DISK_BYTES); false where a
+   * cap costs something at every create (overlay makes a filesystem per machine). Default: true.
+   */
+  readonly capsByDefault?: boolean;
   /** What a capped volume holds against its cap; null when this backend or host keeps no count. */
   diskQuota?(volume: Volume): Promise<{ usedBytes: number; limitBytes: number | null } | null>;
   /**
