@@ -56,6 +56,7 @@ const NONLITERAL: Record<string, string> = {
   'test/daemon-helpers.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/daemon.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/disk.test.ts SNAPLAB': 'the snaplab command, built by npm run build (a create killed mid-way)',
+  'test/disk.test.ts process.execPath': 'node, running the built overlay backend in a loop beside creates',
   'test/dashboard.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/soak.test.ts SNAPLAB': 'the snaplab command, built by npm run build (clean-up after a failed soak)',
   'test/escapes/escapes.test.ts join(scratch': 'the probe the test built (probe.c), on the host as a positive control',

@@ -112,7 +112,8 @@ export class Lab implements LabApi {
         {
           name: opts.name, image: snap.image, storage: snap.storage, driver: snap.memory?.driver ?? snap.driver ?? 'namespaces',
           // a memory snapshot continues a machine of a fixed size: its limits come with it
-          limits: opts.limits && !snap.memory ? withDefaults(opts.limits) : snap.limits,
+          // (the snapshot's disk cap is carried unless another is given)
+          limits: opts.limits && !snap.memory ? withDefaults({ ...(snap.limits.diskBytes !== undefined ? { diskBytes: snap.limits.diskBytes } : {}), ...opts.limits }) : snap.limits,
           // the snapshot's cap is carried as a default: held where it can be, dropped where not
           diskAsked: opts.limits?.diskBytes !== undefined,
           base: async () => snap.volume, origin: snap.name, memory: snap.memory ?? undefined, userns: opts.userns,

@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { mkdir, open, readFile, rename, rm, statfs, stat, writeFile } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rename, rm, rmdir, stat, statfs, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { detachLoop, listLoopDevices } from '../host/loops.js';
@@ -12,70 +12,124 @@ import { unmountAll } from './mounts.js';
  * root of an ext4 filesystem of the cap's size, a sparse file loop-mounted over it, so everything
  * the volume writes (an overlay's upper and work dirs) lands there and a write past the cap fails
  * with ENOSPC inside, while the machine and every other volume go on. Why this and not project
- * quotas: the host's ext4 here is mounted without `prjquota` and its superblock cannot be changed
- * by a tool; a loop file works on any filesystem that holds the home (docs/architecture.md).
+ * quotas: the host's ext4 here is mounted without `prjquota`, and remounting a user's filesystem
+ * is not snaplab's to do; a loop file works on any filesystem that holds the home
+ * (docs/architecture.md).
  *
- * It costs a mkfs and a loop mount at each create (~50-60 ms here), so the default cap is not applied
- * where this is the mechanism: only an explicit --disk.
+ * It costs a mkfs and a loop mount at each create (~50-60 ms here), so the default cap is not
+ * applied where this is the mechanism: only an explicit --disk, or one carried from a snapshot.
  *
  * The image is `<root>/.disks/<id>.img`: its existence says the volume is capped (init mounts it
- * again after a reboot, before the overlay), its size is the cap.
+ * again after a reboot, before the overlay), its size is the cap. A removal first renames it to
+ * `.img.rm`, so that no other process mounts it again meanwhile. The mounting and unmounting run
+ * under the backend's mount lock (the caller's), as its overlay mounts do: another process's
+ * init() must never mount a half-made cap, nor an overlay that a cap is about to cover.
  */
 export const capImage = (root: string, id: string): string => join(root, '.disks', `${id}.img`);
 
-/**
- * Make `dir` the root of a filesystem of `bytes`, with what it held recreated in it: `files` are
- * copied (meta.json), `dirs` made empty (upper, work, merged: they must be empty when this runs).
- * On any failure nothing of the cap is left and `dir` is as it was.
- */
-export async function makeCapFs(dir: string, image: string, bytes: number, keep: { files: string[]; dirs: string[] }): Promise<void> {
+// nosuid: a setuid file a machine's root wrote is host root's through the idmap (a system
+// machine's own clone clears it, native/userns.c); discard: what the machine deletes goes back
+// to the host's filesystem (the loop device punches holes in the sparse file)
+const MOUNT_OPTIONS = 'loop,noatime,nosuid,discard,errors=remount-ro';
+
+/** The cap's filesystem, made on `<image>.tmp` (slow: outside the lock); its path. */
+export async function prepareCapImage(image: string, bytes: number): Promise<string> {
   if (!Number.isSafeInteger(bytes) || bytes < 1024 ** 2) throw new SnaplabError('BAD_SIZE', `a disk cap on this storage must be at least 1 MiB, not ${bytes} bytes`, 'give --disk 1M or more');
-  const saved = await Promise.all(keep.files.map(async (f) => [f, await readFile(join(dir, f))] as const));
   const tmp = `${image}.tmp`;
   try {
     await mkdir(join(image, '..'), { recursive: true });
     const f = await open(tmp, 'w', 0o600);
     await f.truncate(bytes).finally(() => f.close()); // sparse: the host's disk holds only what is written
-    // no journal (a sandbox's scratch), no reserved blocks (the cap is the machine's to use),
-    // inode tables made lazily by the kernel: mkfs writes a few hundred KB whatever the size
-    await run('mkfs.ext4', ['-q', '-F', '-T', 'default', '-m', '0', '-O', '^has_journal', '-E', 'lazy_itable_init=1,nodiscard', tmp]);
-    await rename(tmp, image);
-    await run('mount', ['-o', 'loop,noatime', image, dir]);
-    await rm(join(dir, 'lost+found'), { recursive: true, force: true });
-    for (const [name, data] of saved) await writeFile(join(dir, name), data);
-    for (const d of keep.dirs) await mkdir(join(dir, d));
+    // no journal (a sandbox's scratch), no reserved blocks (the cap is the machine's to use), one
+    // inode per 8 KiB (a 64 MiB cap holds 8192 files; inode tables take ~3 %), inode tables made
+    // lazily by the kernel: mkfs writes a few hundred KB whatever the size
+    await run('mkfs.ext4', ['-q', '-F', '-T', 'default', '-i', '8192', '-m', '0', '-O', '^has_journal', '-E', 'lazy_itable_init=1,nodiscard', tmp]);
+    return tmp;
   } catch (e) {
-    await removeCapFs(dir, image).catch(() => undefined);
     await rm(tmp, { force: true });
-    throw new SnaplabError('STORAGE_FAILED', `cannot make the disk cap of ${dir}: ${(e as Error).message}`, 'see `snaplab doctor` (mkfs.ext4 and loop devices)', { cause: e });
+    throw new SnaplabError('STORAGE_FAILED', `cannot make the filesystem of a disk cap: ${(e as Error).message}`, 'see `snaplab doctor` (mkfs.ext4 and loop devices)', { cause: e });
   }
-}
-
-/** Mount a capped volume's filesystem again (after a reboot); nothing when it is or was never capped. */
-export async function remountCapFs(dir: string, image: string): Promise<void> {
-  if (!existsSync(image) || (await isMountPoint(dir))) return;
-  await run('mount', ['-o', 'loop,noatime', image, dir]);
 }
 
 /**
- * Unmount `dir` (and what is mounted in it), detach the image's loop device and remove the image.
- * Idempotent. The loop device goes with the unmount (mount -o loop sets autoclear), asynchronously:
- * detached here too, and waited for, so that nothing is left when this returns.
+ * Under the caller's mount lock: put the prepared filesystem in place and mount it over `dir`,
+ * with what `dir` held recreated in it: `files` copied (meta.json stays below too, so the volume's
+ * use of its layers is never lost), `dirs` (which must be empty: they are removed below, so that
+ * nothing reads an empty stand-in if the cap is ever not mounted) made anew, and `extra` made.
+ * On any failure nothing of the cap is left and `dir` is as it was.
+ */
+export async function mountCapFs(dir: string, tmp: string, image: string, keep: { files: string[]; dirs: string[]; extra: string[] }): Promise<void> {
+  const saved = await Promise.all(keep.files.map(async (f) => [f, await readFile(join(dir, f))] as const));
+  const removed: string[] = [];
+  try {
+    for (const d of keep.dirs) {
+      await removeDirsOnly(join(dir, d));
+      removed.push(d);
+    }
+    await rename(tmp, image);
+    await run('mount', ['-o', MOUNT_OPTIONS, image, dir]);
+    await rm(join(dir, 'lost+found'), { recursive: true, force: true });
+    for (const [name, data] of saved) await writeFile(join(dir, name), data);
+    for (const d of [...keep.dirs, ...keep.extra]) await mkdir(join(dir, d));
+  } catch (e) {
+    await removeCapFs(dir, image).catch(() => undefined);
+    await rm(tmp, { force: true });
+    for (const d of removed) await mkdir(join(dir, d), { recursive: true }).catch(() => undefined);
+    throw new SnaplabError('STORAGE_FAILED', `cannot mount the disk cap of ${dir}: ${(e as Error).message}`, 'see `snaplab doctor` (mkfs.ext4 and loop devices)', { cause: e });
+  }
+}
+
+/** Remove a tree of empty directories (an overlay's work dir holds one of its own); ENOTEMPTY if it holds anything else. */
+async function removeDirsOnly(path: string): Promise<void> {
+  for (const e of await readdir(path, { withFileTypes: true })) {
+    if (!e.isDirectory()) throw Object.assign(new Error(`${path} is not empty (${e.name})`), { code: 'ENOTEMPTY' });
+    await removeDirsOnly(join(path, e.name));
+  }
+  await rmdir(path);
+}
+
+/**
+ * Under the caller's mount lock: mount a capped volume's filesystem again (after a reboot), checked
+ * first (no journal: an unclean stop leaves it for e2fsck, which fixes what it safely can); nothing
+ * when it is mounted or was never capped. Throws when the check finds what it cannot fix.
+ */
+export async function remountCapFs(dir: string, image: string): Promise<void> {
+  if (!existsSync(image) || (await isMountPoint(dir))) return;
+  const fsck = await run('e2fsck', ['-p', image], { allowFail: true });
+  if (fsck.code >= 4) throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is damaged (e2fsck: ${(fsck.stderr || fsck.stdout).trim()})`, `remove the machine (snaplab rm), or repair ${image} with e2fsck`);
+  await run('mount', ['-o', MOUNT_OPTIONS, image, dir]);
+}
+
+/** A capped volume whose filesystem is not mounted: its dirs are not there, say so (nothing reads an empty stand-in). */
+export async function checkCapMounted(dir: string, image: string): Promise<void> {
+  if (existsSync(image) && !(await isMountPoint(dir))) {
+    throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is not mounted`, `a later snaplab command mounts it again (after a check); if it cannot, see ${image}`);
+  }
+}
+
+/**
+ * Unmount `dir` (and what is mounted in it), detach the image's loop device and remove the image
+ * (and a `.tmp` of it). Idempotent, and safe beside another process's init(): the image is renamed
+ * first, so nobody mounts it again. The loop device goes with the unmount (mount -o loop sets
+ * autoclear), asynchronously: detached here too and waited for, briefly (a sandbox's mount
+ * namespace may still hold the mount: then the kernel frees it when that goes).
  */
 export async function removeCapFs(dir: string, image: string): Promise<string[]> {
+  const doomed = `${image}.rm`;
+  await rename(image, doomed).catch((e: NodeJS.ErrnoException) => {
+    if (e.code !== 'ENOENT') throw e;
+  });
   const done = (await unmountAll(dir)).map((m) => `unmounted ${m}`);
-  for (let i = 0; i < 100; i++) {
-    const loops = (await listLoopDevices()).filter((l) => l.backingFile === image);
-    if (!loops.length) break;
-    for (const l of loops) {
-      await detachLoop(l.device).catch(() => undefined);
-      if (i === 0) done.push(`detached ${l.device}`);
-    }
-    await new Promise((r) => setTimeout(r, 20));
+  const ours = (f: string): boolean => f === image || f === doomed;
+  for (const l of (await listLoopDevices()).filter((d) => ours(d.backingFile))) {
+    await detachLoop(l.device).catch(() => undefined);
+    done.push(`detached ${l.device}`);
   }
-  if (existsSync(image)) {
-    await rm(image, { force: true });
-    done.push(`removed ${image}`);
+  for (let i = 0; i < 100 && (await listLoopDevices()).some((d) => ours(d.backingFile)); i++) await new Promise((r) => setTimeout(r, 20));
+  for (const f of [doomed, `${image}.tmp`]) {
+    if (!existsSync(f)) continue;
+    await rm(f, { force: true });
+    done.push(`removed ${f}`);
   }
   return done;
 }
@@ -85,4 +139,9 @@ export async function capUsage(dir: string, image: string): Promise<{ usedBytes:
   if (!existsSync(image) || !(await isMountPoint(dir))) return null;
   const [s, img] = await Promise.all([statfs(dir), stat(image)]);
   return { usedBytes: (s.blocks - s.bfree) * s.bsize, limitBytes: img.size };
+}
+
+/** What a capped volume costs the host's filesystem: the image's allocated blocks; null if not capped. */
+export async function capHostBytes(image: string): Promise<number | null> {
+  return stat(image).then((s) => s.blocks * 512, () => null);
 }

@@ -13,7 +13,7 @@ import { layerDir, layerUsers, MAX_LAYERS, overlayOptions, type OverlayMeta } fr
 import { moveXattrs } from './xattrs.js';
 import { probeOverlay } from './probe.js';
 import { toolsVerdict } from '../../host/tools.js';
-import { capImage, capUsage, makeCapFs, remountCapFs, removeCapFs } from '../cap-fs.js';
+import { capHostBytes, capImage, capUsage, checkCapMounted, mountCapFs, prepareCapImage, remountCapFs, removeCapFs } from '../cap-fs.js';
 
 /**
  * Copy-on-write with overlayfs on any filesystem. Layout under `${home}/storage/overlay/<id>/`:
@@ -44,11 +44,14 @@ export class OverlayBackend implements StorageBackend {
     await mkdir(this.empty, { recursive: true });
     await this.moveToUserXattrs();
     for (const id of await listIds(this.root)) {
-      // a capped volume's own filesystem first: its upper and work dirs are in it
-      await remountCapFs(this.dir(id), capImage(this.root, id)).catch(() => undefined);
-      const meta = await readMeta<OverlayMeta>(this.dir(id));
-      // one broken volume (a layer gone) must not stop the others; gc removes it if not live
-      if (meta && !meta.inNamespace) await this.mount(id, meta).catch(() => undefined);
+      // one broken volume (a layer gone, a cap e2fsck cannot fix) must not stop the others; gc
+      // removes it if not live, and what reads a capped one unmounted says so (checkCapMounted)
+      await this.locked(async () => {
+        // a capped volume's own filesystem first: its upper and work dirs are in it
+        await remountCapFs(this.dir(id), capImage(this.root, id));
+        const meta = await readMeta<OverlayMeta>(this.dir(id));
+        if (meta && !meta.inNamespace) await this.mountUnlocked(id, meta);
+      }).catch(() => undefined);
     }
   }
 
@@ -104,6 +107,7 @@ export class OverlayBackend implements StorageBackend {
 
   async snapshot(volume: Volume): Promise<Volume> {
     const layers = this.layersOf(volume);
+    await checkCapMounted(this.dir(volume.id), capImage(this.root, volume.id));
     const id = newId();
     return this.building(id, async () => {
       await mkdir(this.dir(id), { recursive: true });
@@ -143,7 +147,7 @@ export class OverlayBackend implements StorageBackend {
         );
       }
     }
-    await removeCapFs(this.dir(volume.id), capImage(this.root, volume.id));
+    await this.teardown(volume.id);
     await removeTree(this.dir(volume.id));
   }
 
@@ -158,14 +162,20 @@ export class OverlayBackend implements StorageBackend {
     const dir = this.dir(volume.id);
     const meta = await readMeta<OverlayMeta>(dir);
     if (!meta) throw new SnaplabError('STORAGE_FAILED', `overlay volume ${volume.id} has no meta.json`);
-    const merged = join(dir, 'merged');
-    const onHost = await isMountPoint(merged);
-    if (onHost) await unmountAll(merged);
-    try {
-      await makeCapFs(dir, capImage(this.root, volume.id), bytes, { files: ['meta.json'], dirs: ['upper', 'work', 'merged'] });
-    } finally {
-      if (onHost) await this.mount(volume.id, meta);
-    }
+    const image = capImage(this.root, volume.id);
+    const tmp = await prepareCapImage(image, bytes);
+    await this.locked(async () => {
+      const merged = join(dir, 'merged');
+      if (await isMountPoint(merged)) await unmountAll(merged); // mounted again on the cap, below
+      try {
+        // view: the flattening snapshot's read-only mount point, made while there is room
+        await mountCapFs(dir, tmp, image, { files: ['meta.json'], dirs: ['upper', 'work', 'merged'], extra: ['view'] });
+      } finally {
+        // on the cap, or, when it failed, as it was
+        if (!meta.inNamespace) await this.mountUnlocked(volume.id, meta).catch(() => undefined);
+      }
+      if (!meta.inNamespace && !(await isMountPoint(merged))) throw new SnaplabError('STORAGE_FAILED', `cannot mount overlay volume ${volume.id} on its disk cap`);
+    });
     return null;
   }
 
@@ -195,6 +205,7 @@ export class OverlayBackend implements StorageBackend {
   async changeMarker(volume: Volume): Promise<string | null> {
     checkVolume(volume, 'overlay');
     if (volume.readOnly) return 'base';
+    await checkCapMounted(this.dir(volume.id), capImage(this.root, volume.id));
     const upper = join(this.dir(volume.id), 'upper');
     const entries = await readdir(upper);
     if (entries.length) return `changed:${newId()}`;
@@ -210,7 +221,9 @@ export class OverlayBackend implements StorageBackend {
     const lower = owns ? layers.slice(1) : layers;
     let sharedBytes = 0;
     for (const l of lower) sharedBytes += await diskBytes(layerDir(this.root, l));
-    return { exclusiveBytes: own ? await diskBytes(own) : 0, sharedBytes };
+    // a capped clone costs the host its cap's file: the blocks it has (discard gives freed ones back)
+    const capped = volume.readOnly ? null : await capHostBytes(capImage(this.root, volume.id));
+    return { exclusiveBytes: capped ?? (own ? await diskBytes(own) : 0), sharedBytes };
   }
 
   /**
@@ -226,23 +239,26 @@ export class OverlayBackend implements StorageBackend {
       for (const l of (await readMeta<OverlayMeta>(this.dir(id)))?.layers ?? []) needed.add(l);
     }
     const doomed = ids.filter((i) => !liveIds.has(i) && !needed.has(i));
-    for (const id of doomed) for (const m of await unmountAll(this.dir(id))) removed.push(`overlay: unmounted ${m}`);
+    for (const id of doomed) for (const d of await this.teardown(id)) removed.push(`overlay: ${id}: ${d}`);
     for (const id of doomed) {
-      for (const d of await removeCapFs(this.dir(id), capImage(this.root, id))) removed.push(`overlay: cap of ${id}: ${d}`);
       await removeTree(this.dir(id));
       removed.push(`overlay: removed volume ${id} (${this.dir(id)})`);
     }
-    // cap images whose volume directory is gone (a crash between the two removals)
+    // caps whose volume directory is gone (a crash between the two removals), removals a crash
+    // cut short (.rm), filesystems a crash left half-made (.tmp, once no create can be making it)
     for (const name of await readdir(join(this.root, '.disks')).catch(() => [] as string[])) {
-      const id = name.replace(/\.img(\.tmp)?$/, '');
-      if (!isVolumeId(id) || ids.includes(id)) continue;
-      const image = join(this.root, '.disks', name);
+      const id = name.replace(/\.img(\.tmp|\.rm)?$/, '');
+      if (!isVolumeId(id)) continue;
+      const image = capImage(this.root, id);
+      const path = join(this.root, '.disks', name);
       if (name.endsWith('.tmp')) {
-        const age = await stat(image).then((st) => Date.now() - st.mtimeMs, () => 0);
-        if (age < 60_000) continue; // a cap being made now
-        await rm(image, { force: true });
-        removed.push(`overlay: removed ${image}`);
-      } else for (const d of await removeCapFs(this.dir(id), image)) removed.push(`overlay: cap of ${id}: ${d}`);
+        const age = await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
+        if (age < 60_000) continue;
+        await rm(path, { force: true });
+        removed.push(`overlay: removed ${path}`);
+      } else if (name.endsWith('.rm') || !existsSync(this.dir(id))) {
+        for (const d of await this.locked(() => removeCapFs(this.dir(id), image))) removed.push(`overlay: ${id}: ${d}`);
+      }
     }
     // test mounts of a probe that died half-way (not one running now: probes take milliseconds)
     for (const name of (await readdir(this.root).catch(() => [] as string[])).filter((n) => n.startsWith('.probe-'))) {
@@ -307,7 +323,19 @@ export class OverlayBackend implements StorageBackend {
     return { kind: 'overlay', id, path: join(this.dir(id), 'merged'), readOnly: meta.readOnly, ref };
   }
 
-  private async mount(id: string, meta: OverlayMeta): Promise<void> {
+  /**
+   * The mount lock: keeps init() in one process and a create in another from mounting twice, and
+   * any process from mounting an overlay or a cap that another is making or removing.
+   */
+  private locked<T>(fn: () => Promise<T>): Promise<T> {
+    return withLock(join(this.root, '.mount.lock'), fn);
+  }
+
+  private mount(id: string, meta: OverlayMeta): Promise<void> {
+    return this.locked(() => this.mountUnlocked(id, meta));
+  }
+
+  private async mountUnlocked(id: string, meta: OverlayMeta): Promise<void> {
     const merged = join(this.dir(id), 'merged');
     const lowers = meta.layers.map((l) => layerDir(this.root, l));
     let opts: string;
@@ -317,12 +345,23 @@ export class OverlayBackend implements StorageBackend {
     } else {
       opts = overlayOptions(lowers, { upper: join(this.dir(id), 'upper'), work: join(this.dir(id), 'work') });
     }
-    // The lock keeps init() in one process and a create in another from mounting twice.
-    await withLock(join(this.root, '.mount.lock'), async () => {
-      if (await isMountPoint(merged)) return;
-      await mkdir(merged, { recursive: true });
-      await mkdir(this.empty, { recursive: true });
-      await mountFs('overlay', merged, 'overlay', opts);
+    if (await isMountPoint(merged)) return;
+    await checkCapMounted(this.dir(id), capImage(this.root, id));
+    await mkdir(merged, { recursive: true });
+    await mkdir(this.empty, { recursive: true });
+    await mountFs('overlay', merged, 'overlay', opts);
+  }
+
+  /**
+   * Everything of volume `id` that is mounted, its cap included, gone, and its meta.json: from here
+   * no init() mounts anything of it again; what is left is a tree to remove.
+   */
+  private teardown(id: string): Promise<string[]> {
+    return this.locked(async () => {
+      const done = await removeCapFs(this.dir(id), capImage(this.root, id));
+      await rm(join(this.dir(id), 'meta.json'), { force: true });
+      done.push(...(await unmountAll(this.dir(id))).map((m) => `unmounted ${m}`));
+      return done;
     });
   }
 }
