@@ -1,4 +1,5 @@
-import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cgroupFor } from '../src/host/cgroups.js';
@@ -217,5 +218,66 @@ describe('system machines (--init systemd) on namespaces', () => {
     const r = spawnSync(SNAPLAB, ['logs', plain.info.name, '-f'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, encoding: 'utf8' });
     expect(r.status).not.toBe(0);
     expect(r.stderr).toMatch(/BAD_INPUT[\s\S]*follow needs a system machine/);
+  });
+});
+
+/**
+ * The escape suite (test/escapes/) from inside a system machine, as its root: its seccomp filter
+ * allows what systemd needs (mount, unshare, keyrings, ptrace of its own processes), so what
+ * stands between it and the host is its user namespace (ids the host does not map), its cgroup
+ * and pid namespaces, and the kernel's rules for a namespace's root. Each answer is the kernel's,
+ * read by the same probe (test/escapes/probe.c).
+ */
+describe('system machines attacked from inside (root, with mount and unshare allowed)', () => {
+  it('cannot reach the host: kernel tunables, devices, modules, the clock, other machines, its own limits', async () => {
+    const scratch = mkdtempSync(join(tmpdir(), 'snaplab-test-sys-escape-'));
+    try {
+      const built = spawnSync('gcc', ['-O2', '-static', '-o', join(scratch, 'probe'), join(import.meta.dirname, 'escapes', 'probe.c')], { encoding: 'utf8' });
+      expect(built.status, built.stderr).toBe(0);
+      await using box = await lab.create({ image: 'sysd', init: 'systemd', name: 'sys-attacker' });
+      await using other = await lab.create({ name: 'sys-victim' });
+      await box.putFile('/probe', readFileSync(join(scratch, 'probe')), 0o755);
+      const probe = async (...args: string[]): Promise<string> => out(box, ['/probe', ...args]);
+      const sh = async (script: string): Promise<string> => out(box, ['sh', '-c', script]);
+
+      // the kernel's tunables and triggers (core_pattern is the classic way out), /sys
+      expect(['EACCES', 'EROFS', 'EPERM']).toContain(await probe('write', '/proc/sys/kernel/core_pattern'));
+      expect(['EACCES', 'EROFS', 'EPERM', 'ENOENT']).toContain(await probe('write', '/proc/sysrq-trigger'));
+      expect(['EROFS', 'EACCES', 'EPERM']).toContain(await probe('write', '/sys/kernel/mm/transparent_hugepage/enabled'));
+      expect(readFileSync('/proc/sys/kernel/core_pattern', 'utf8')).not.toMatch(/probe|escape/);
+      // devices, host inodes by handle, vsock, nested subvolumes, kernel surfaces
+      for (const [t, want] of [['mknod', 'EPERM'], ['open_by_handle', 'EPERM'], ['subvol', 'EPERM'], ['vsock', 'EAFNOSUPPORT'], ['io_uring', 'EPERM'], ['bpf', 'EPERM'], ['userfaultfd', 'EPERM']] as const) {
+        expect(await probe(t), t).toBe(want);
+      }
+      expect(['EACCES', 'EPERM']).toContain(await probe('perf'));
+      // modules, kexec, the clock: not the machine's (ENOSYS where this kernel has no module support)
+      for (const t of ['init_module', 'finit_module', 'delete_module']) expect(['EPERM', 'ENOSYS'], t).toContain(await probe(t));
+      for (const t of ['kexec_load', 'kexec_file_load', 'settime', 'settimeofday', 'adjtimex']) expect(await probe(t), t).toBe('EPERM');
+      // the host and other machines are not there to trace (its own processes are: PID 1 is its systemd)
+      expect(await probe('ptrace', String(process.pid))).toBe('ESRCH');
+      expect(await probe('ptrace', String(other.info.pid))).toBe('ESRCH');
+      // the agent's binary is the host's file, read-only to it
+      expect(await probe('write', '/run/snaplab/agent')).toBe('EACCES');
+      // a procfs of its own shows its own processes only
+      // (PID 1 there is its systemd; no process is the host's node, which runs this test)
+      const procs = (await sh('mkdir -p /tmp/p && mount -t proc proc /tmp/p && cat /tmp/p/1/comm; cat /tmp/p/[0-9]*/comm | grep -cx node; umount /tmp/p')).split('\n');
+      expect(procs).toEqual(['systemd', '0']);
+      // cgroupfs mounted inside (CVE-2022-0492 wrote a release_agent this way) is its own cgroup:
+      // no release_agent at its root, and its limits are the host's files, which it cannot write
+      const cg = await sh([
+        'mkdir -p /tmp/cg && mount -t cgroup -o memory cgroup /tmp/cg',
+        'test -e /tmp/cg/release_agent && echo agent-file || echo no-agent-file',
+        '(echo /x > /tmp/cg/release_agent) 2>/dev/null && echo wrote || echo refused',
+        '(echo -1 > /tmp/cg/memory.limit_in_bytes) 2>/dev/null && echo raised || echo refused',
+        'cat /tmp/cg/memory.limit_in_bytes; umount /tmp/cg',
+        'mount -t cgroup -o pids cgroup /tmp/cg && ((echo max > /tmp/cg/pids.max) 2>/dev/null && echo raised || echo refused); cat /tmp/cg/pids.max; umount /tmp/cg',
+      ].join('; '));
+      expect(cg.split('\n')).toEqual(['no-agent-file', 'refused', 'refused', String(box.info.limits.memoryBytes), 'refused', String(box.info.limits.pids)]);
+      // a user namespace it makes is nested in its own: no more than it has
+      expect(await sh('unshare -U -r sh -c "/probe write /proc/sys/kernel/core_pattern; /probe mknod; /probe mount-proc"')).toBe('EACCES\nEPERM\nEPERM');
+      expect((await other.exec(['echo', 'victim fine'])).stdout.toString()).toBe('victim fine\n');
+    } finally {
+      rmSync(scratch, { recursive: true, force: true });
+    }
   });
 });
