@@ -57,7 +57,15 @@ for step in steps:
 deadline = time.time() + 20
 while read_for(0.2) and time.time() < deadline:
     pass
+# The master reads EIO once the last holder of the slave has closed it, and a process closes its
+# files before it becomes a zombie (exit_files, then exit_notify): under load waitpid can still
+# say "running" just after the EIO (seen as a `<defunct>` snaplab in the report of a "hang").
+# So give an exit that is under way a few seconds before calling it hung.
+grace = time.time() + 5
 done, st = os.waitpid(pid, os.WNOHANG)
+while done == 0 and time.time() < grace:
+    time.sleep(0.02)
+    done, st = os.waitpid(pid, os.WNOHANG)
 hung = done == 0
 ps = ''
 if hung:  # still running with nothing left to do: say so rather than wait forever

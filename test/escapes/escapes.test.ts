@@ -150,11 +150,17 @@ describe('escapes', () => {
     // int 0x80 takes the i386 table, where the numbers mean other calls (the filter was written for
     // x86-64's): the process is killed (SIGSYS) rather than answered
     const r = await box.exec(['/probe', 'i386']);
-    expect([r.signal, r.stdout]).toEqual([31, '']);
-    // on the host (no filter) both go through: the probe makes the calls it claims to
+    // on the host (no filter) both go through: the probe makes the calls it claims to; except
+    // where the kernel has no 32-bit entry at all (ia32 emulation off, as in confidential-computing
+    // guests since Linux 6.7): int 0x80 faults (SIGSEGV) there, on the host and inside alike
     const host = (t: string): string => spawnSync(join(scratch, 'probe'), [t], { encoding: 'utf8' }).stdout.trim();
+    const hostI386 = spawnSync(join(scratch, 'probe'), ['i386'], { encoding: 'utf8' });
     expect(host('clone3')).toBe('ok');
-    expect(host('i386')).toBe('ok');
+    if (hostI386.signal === 'SIGSEGV') expect([r.signal, r.stdout]).toEqual([11, '']);
+    else {
+      expect(hostI386.stdout.trim()).toBe('ok');
+      expect([r.signal, r.stdout]).toEqual([31, '']);
+    }
     expect((await box.exec(['echo', 'alive'])).stdout.trim()).toBe('alive');
   });
 
