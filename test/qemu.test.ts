@@ -71,6 +71,19 @@ describe('the qemu driver', () => {
     if (existsSync('/dev/kvm') && accel.accel === 'tcg') expect(accel.reason).toMatch(/did not reach the agent/);
   });
 
+  it("what a guest's root can reach of the host is its devices: no network interface but lo, no vsock, no shared filesystem; one virtio disk (its own) and one virtio console (its agent's)", async () => {
+    // root in a VM owns its kernel (it may write its own core_pattern); the host is behind QEMU's
+    // device model, so the guest-side escape surface is the devices QEMU gives it: few, on purpose
+    expect(await out(vm, ['ls', '/sys/class/net'])).toBe('lo');
+    // virtio device ids: 2 block, 3 console; no 1 (net), 9 (9p), 0x13 (vsock), 0x1a (virtiofs)
+    expect((await out(vm, ['sh', '-c', 'cat /sys/bus/virtio/devices/*/device'])).split('\n').sort()).toEqual(['0x0002', '0x0003']);
+    // PCI: the i440FX chipset's own functions (Intel), and the two virtio functions, nothing else
+    const pci = (await out(vm, ['sh', '-c', 'for d in /sys/bus/pci/devices/*; do echo $(cat $d/vendor):$(cat $d/device); done'])).split('\n');
+    expect(pci.filter((d) => !d.startsWith('0x8086:')).sort()).toEqual(['0x1af4:0x1001', '0x1af4:0x1003']);
+    expect(await out(vm, ['sh', '-c', "awk 'NR > 2 && $4 { print $4 }' /proc/partitions"])).toBe('vda');
+    expect(await out(vm, ['sh', '-c', "awk '$1 ~ /^\\// { print $1, $2 }' /proc/mounts"])).toBe('/dev/vda /');
+  });
+
   it('serves several host processes at once (the relay multiplexes the VM\'s one connection)', async () => {
     // this process's command waits for a file that another process's command makes: were the
     // connections taken in turn, the other could not run until this one timed out
