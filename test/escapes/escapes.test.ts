@@ -8,7 +8,7 @@
  */
 import { createHash } from 'node:crypto';
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, lstatSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -202,6 +202,29 @@ describe('escapes', () => {
     await box.copyOut('/root/read-me', out);
     expect(readFileSync(hostFile, 'utf8')).toBe('host secret\n');
     expect(readlinkSync(out)).toBe(hostFile); // copied as the link it is, not the host file's bytes
+  });
+
+  it('symlinks on snapshot paths: a snapshot and a restore keep links to host paths as links, on every storage, and copy nothing of the host', async () => {
+    // btrfs snapshots a subvolume (no path walked); overlay and dir copy trees (cp -a, which never
+    // follows a link): a link planted inside must arrive as the link it is, not as the host file
+    const hostSecret = join(scratch, 'snap-secret');
+    writeFileSync(hostSecret, 'host secret\n');
+    for (const storage of ['btrfs', 'overlay', 'dir'] as const) {
+      const m = await lab.create({ name: `snap-links-${storage}`, storage });
+      await m.exec(['sh', '-c', `ln -s ${hostSecret} /root/abs && ln -s ../../../../../../..${hostSecret} /root/rel && ln -s / /root/top && echo own > /root/own`]);
+      await m.snapshot(`links-${storage}`);
+      const vol = lab.context.store.getSnapshot(`links-${storage}`)!.volume.id;
+      const copy = await lab.restore(`links-${storage}`, { name: `snap-copy-${storage}` });
+      const seen = (await copy.exec(['sh', '-c', `for l in abs rel top; do readlink /root/$l; done; cat /root/own; cat /root/abs 2>&1 || true`])).stdout.toString();
+      expect(seen, storage).toBe(`${hostSecret}\n../../../../../../..${hostSecret}\n/\nown\ncat: can't open '/root/abs': No such file or directory\n`);
+      // in the snapshot's own files on the host, too, they are links (overlay and dir keep a tree)
+      const tree = storage === 'btrfs' ? null : storage === 'overlay' ? join(lab.home, 'storage', 'overlay', vol, 'layer') : join(lab.home, 'storage', 'dir', vol, 'tree');
+      if (tree) for (const l of ['abs', 'rel', 'top']) expect(lstatSync(join(tree, 'root', l)).isSymbolicLink(), `${storage} ${l}`).toBe(true);
+      expect(readFileSync(hostSecret, 'utf8')).toBe('host secret\n');
+      await copy.destroy();
+      await m.destroy();
+      await lab.removeSnapshot(`links-${storage}`);
+    }
   });
 
   it('a pool standby left dirty in each way the recycling check claims to catch is refused, and the next execution sees none of it', async () => {
