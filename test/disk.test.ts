@@ -77,12 +77,12 @@ describe('disk caps', () => {
     expect(qgroups()).not.toMatch(/<stale>/);
   });
 
-  it('--disk 0 is no cap; where the storage cannot cap, --disk is refused with a hint and leaves nothing, and no default is recorded', async () => {
+  it('--disk 0 is no cap; where it cannot hold (a VM), --disk is refused with a hint and leaves nothing; overlay and dir record no default', async () => {
     const free = await lab.create({ name: 'free', storage: 'btrfs', limits: { diskBytes: 0 } });
     expect(free.info.limits.diskBytes).toBe(0);
     await free.destroy();
-    for (const storage of ['dir'] as const) {
-      await expect(lab.create({ name: `capped-${storage}`, storage, limits: { diskBytes: 64 * MiB } })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/cannot be enforced/), hint: expect.stringMatching(/btrfs/) });
+    for (const storage of ['overlay', 'dir'] as const) {
+      // a cap there is a filesystem per machine: none by default
       const plain = await lab.create({ name: `plain-${storage}`, storage });
       expect(plain.info.limits.diskBytes).toBeUndefined();
       await plain.destroy();
@@ -90,9 +90,9 @@ describe('disk caps', () => {
     // a VM's disk is an image file: an explicit cap is refused before it boots, none is recorded by default
     await expect(lab.create({ name: 'vm-capped', driver: 'qemu', limits: { diskBytes: 64 * MiB } })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/qemu driver/) });
     expect((await lab.list()).map((b) => b.name)).toEqual([]);
-    const r = cli(lab.home, ['create', '--name', 'x', '--storage', 'dir', '--disk', '64M']);
+    const r = cli(lab.home, ['create', '--name', 'x', '--driver', 'qemu', '--disk', '64M']);
     expect(r.code).toBe(2);
-    expect(r.err).toMatch(/error\[BAD_INPUT\]: --disk cannot be enforced here/);
+    expect(r.err).toMatch(/error\[BAD_INPUT\]: --disk cannot be enforced here: the qemu driver/);
     expect(cli(lab.home, ['create', '--name', 'y', '--disk', 'lots']).err).toMatch(/error\[BAD_SIZE\]|error\[BAD_INPUT\]/);
   });
 
@@ -139,6 +139,47 @@ describe('disk caps', () => {
     expect(readdirSync(disks)).toEqual([]);
     expect(readFileSync('/proc/mounts', 'utf8')).not.toContain(`${lab.home}/storage/overlay/${vol}`);
     expect(loopsUnder(lab.home).filter((l) => l.includes('.disks'))).toEqual([]);
+  });
+
+  it('dir: --disk is an ext4 loop file holding the machine\'s copy of its image; ENOSPC past the cap, a restore keeps it, rm and gc leave nothing', async () => {
+    const box = await lab.create({ name: 'dir-small', storage: 'dir', limits: { diskBytes: 48 * MiB } });
+    expect(box.info.limits.diskBytes).toBe(48 * MiB);
+    const disks = join(lab.home, 'storage', 'dir', '.disks');
+    expect(readdirSync(disks)).toEqual([`${box.info.volume!.id}.img`]);
+    // the image's files came along as an uncapped copy has them: names, modes, owners, links
+    const listing = 'ls -lnR /bin /etc /root /usr 2>&1 | md5sum';
+    const plain = await lab.create({ name: 'dir-plain', storage: 'dir' });
+    expect((await box.exec(['sh', '-c', listing])).stdout.toString()).toBe((await plain.exec(['sh', '-c', listing])).stdout.toString());
+    await plain.destroy();
+    const r = await box.exec(['sh', '-c', 'dd if=/dev/zero of=/root/big bs=1M count=100 conv=fsync']);
+    expect(r.stderr.toString()).toMatch(/No space left on device/);
+    const written = Number((await box.exec(['sh', '-c', 'wc -c < /root/big'])).stdout.toString().trim());
+    expect(written).toBeGreaterThan(44 * MiB); // the cap is about what it writes beyond its image
+    expect(written).toBeLessThan(60 * MiB);
+    expect((await box.exec(['echo', 'alive'])).stdout.toString()).toBe('alive\n');
+    await box.exec(['sh', '-c', 'rm /root/big && dd if=/dev/zero of=/root/half bs=1M count=20 conv=fsync 2>/dev/null']);
+    const df = JSON.parse(cli(lab.home, ['df', '--json']).out) as { items: { name: string; writtenBytes?: number; diskBytes?: number }[] };
+    const row = df.items.find((i) => i.name === 'dir-small')!;
+    expect(row.diskBytes).toBe(48 * MiB);
+    expect(row.writtenBytes).toBeGreaterThan(19 * MiB);
+    expect(row.writtenBytes).toBeLessThan(26 * MiB);
+    await box.snapshot('dir-capped');
+    const copy = await lab.restore('dir-capped', { name: 'dir-copy' });
+    expect(copy.info.limits.diskBytes).toBe(48 * MiB);
+    expect((await copy.exec(['sh', '-c', 'wc -c < /root/half; dd if=/dev/zero of=/root/more bs=1M count=100 2>&1 | grep -o "No space left"'])).stdout.toString()).toBe(`${20 * MiB}\nNo space left\n`);
+    await copy.destroy();
+    await box.destroy();
+    await lab.removeSnapshot('dir-capped');
+    // one whose record is lost (a crash): gc finds its cap by its volume
+    const lost = await lab.create({ name: 'dir-lost', storage: 'dir', limits: { diskBytes: 16 * MiB } });
+    lost.close();
+    const db = new Database(join(lab.home, 'state.db'));
+    db.prepare('DELETE FROM sandboxes WHERE name = ?').run('dir-lost');
+    db.close();
+    expect((await lab.gc()).removed.join('\n')).toMatch(/dir: .*\.disks/);
+    expect(readdirSync(disks)).toEqual([]);
+    expect(loopsUnder(lab.home).filter((l) => l.includes('.disks'))).toEqual([]);
+    expect(readFileSync('/proc/mounts', 'utf8')).not.toMatch(new RegExp(`${lab.home}/storage/dir/[0-9a-f]+ ext4`));
   });
 
   it('overlay: caps made and removed while other processes ready the same storage (their init mounts what is missing) all hold', async () => {

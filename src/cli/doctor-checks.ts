@@ -9,6 +9,7 @@ import { HOST_TOOLS, installFix, toolsVerdict, type Feature } from '../host/tool
 import { allBackends, pickDefault } from '../storage/index.js';
 import { BtrfsBackend } from '../storage/btrfs/btrfs-backend.js';
 import { OverlayBackend } from '../storage/overlay/overlay-backend.js';
+import { DirBackend } from '../storage/dir/dir-backend.js';
 import { probeUserns } from '../host/userns-probe.js';
 import { dirname, join } from 'node:path';
 
@@ -53,10 +54,7 @@ async function diskCapChecks(home: string): Promise<Check[]> {
   return [
     { name: 'disk cap: btrfs', kind: 'storage', optional: true, ...(await new BtrfsBackend(home).diskCapSupport()) },
     { name: 'disk cap: overlay', kind: 'storage', optional: true, ...(await new OverlayBackend(home).diskCapSupport()) },
-    {
-      name: 'disk cap: dir', kind: 'storage', optional: true, ok: false,
-      reason: 'no per-machine cap: a dir volume is a full copy made before the cap is known (a cap would need project quotas, a filesystem mounted with prjquota): --disk is refused, no default cap',
-    },
+    { name: 'disk cap: dir', kind: 'storage', optional: true, ...(await new DirBackend(home).diskCapSupport()) },
   ];
 }
 

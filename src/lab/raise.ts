@@ -210,7 +210,7 @@ async function capDisk(backend: StorageBackend, volume: Volume, record: SandboxR
     record.limits = { ...record.limits, diskBytes: bytes };
     return;
   }
-  if (explicit) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'use btrfs or overlay storage on the namespaces driver (`snaplab doctor` says which storage caps disks), or leave out --disk');
+  if (explicit) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'caps hold on the namespaces driver (`snaplab doctor` says which storage caps disks); leave out --disk');
   const { diskBytes: _, ...rest } = record.limits;
   record.limits = rest;
 }

@@ -4,7 +4,9 @@ import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { detachLoop, listLoopDevices } from '../host/loops.js';
 import { isMountPoint } from '../host/mounts.js';
+import type { Availability } from '../host/probe-types.js';
 import { run } from '../host/run.js';
+import { toolsVerdict } from '../host/tools.js';
 import { unmountAll } from './mounts.js';
 
 /**
@@ -32,8 +34,11 @@ export const capImage = (root: string, id: string): string => join(root, '.disks
 // to the host's filesystem (the loop device punches holes in the sparse file)
 const MOUNT_OPTIONS = 'loop,noatime,nosuid,discard,errors=remount-ro';
 
-/** The cap's filesystem, made on `<image>.tmp` (slow: outside the lock); its path. */
-export async function prepareCapImage(image: string, bytes: number): Promise<string> {
+/**
+ * The cap's filesystem, made on `<image>.tmp` (slow: outside the lock); its path. `from`: a
+ * directory whose contents it starts with (mke2fs -d: owners, modes, links, xattrs kept).
+ */
+export async function prepareCapImage(image: string, bytes: number, from?: string): Promise<string> {
   if (!Number.isSafeInteger(bytes) || bytes < 1024 ** 2) throw new SnaplabError('BAD_SIZE', `a disk cap on this storage must be at least 1 MiB, not ${bytes} bytes`, 'give --disk 1M or more');
   const tmp = `${image}.tmp`;
   try {
@@ -43,7 +48,7 @@ export async function prepareCapImage(image: string, bytes: number): Promise<str
     // no journal (a sandbox's scratch), no reserved blocks (the cap is the machine's to use), one
     // inode per 8 KiB (a 64 MiB cap holds 8192 files; inode tables take ~3 %), inode tables made
     // lazily by the kernel: mkfs writes a few hundred KB whatever the size
-    await run('mkfs.ext4', ['-q', '-F', '-T', 'default', '-i', '8192', '-m', '0', '-O', '^has_journal', '-E', 'lazy_itable_init=1,nodiscard', tmp]);
+    await run('mkfs.ext4', ['-q', '-F', '-T', 'default', '-i', '8192', '-m', '0', '-O', '^has_journal', '-E', 'lazy_itable_init=1,nodiscard', ...(from ? ['-d', from] : []), tmp]);
     return tmp;
   } catch (e) {
     await rm(tmp, { force: true });
@@ -67,7 +72,7 @@ export async function mountCapFs(dir: string, tmp: string, image: string, keep: 
       removed.push(d);
     }
     await rename(tmp, image);
-    await run('mount', ['-o', MOUNT_OPTIONS, image, dir]);
+    await mountCapImage(image, dir);
     await rm(join(dir, 'lost+found'), { recursive: true, force: true });
     for (const [name, data] of saved) await writeFile(join(dir, name), data);
     for (const d of [...keep.dirs, ...keep.extra]) await mkdir(join(dir, d));
@@ -97,7 +102,42 @@ export async function remountCapFs(dir: string, image: string): Promise<void> {
   if (!existsSync(image) || (await isMountPoint(dir))) return;
   const fsck = await run('e2fsck', ['-p', image], { allowFail: true });
   if (fsck.code >= 4) throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is damaged (e2fsck: ${(fsck.stderr || fsck.stdout).trim()})`, `remove the machine (snaplab rm), or repair ${image} with e2fsck`);
+  await mountCapImage(image, dir);
+}
+
+/** Mount a cap's file over `dir` (under the caller's mount lock). */
+export async function mountCapImage(image: string, dir: string): Promise<void> {
   await run('mount', ['-o', MOUNT_OPTIONS, image, dir]);
+}
+
+/**
+ * What crashes left in `<root>/.disks` (a backend's gc): removals cut short (.rm), caps whose
+ * volume directory is gone, filesystems half-made (.tmp, once no create can be making them).
+ */
+export async function sweepCaps(root: string, dirOf: (id: string) => string, locked: <T>(fn: () => Promise<T>) => Promise<T>): Promise<string[]> {
+  const removed: string[] = [];
+  for (const name of await readdir(join(root, '.disks')).catch(() => [] as string[])) {
+    const id = name.replace(/\.img(\.tmp|\.rm)?$/, '');
+    if (!/^[0-9a-f]{12}$/.test(id)) continue;
+    const path = join(root, '.disks', name);
+    if (name.endsWith('.tmp')) {
+      const age = await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
+      if (age < 60_000) continue;
+      await rm(path, { force: true });
+      removed.push(`removed ${path}`);
+    } else if (name.endsWith('.rm') || !existsSync(dirOf(id))) {
+      for (const d of await locked(() => removeCapFs(dirOf(id), capImage(root, id)))) removed.push(`${id}: ${d}`);
+    }
+  }
+  return removed;
+}
+
+/** Does a disk cap of this kind hold here (for doctor; makes nothing)? */
+export async function capSupport(feature: 'disk-cap'): Promise<Availability> {
+  const missing = await toolsVerdict(feature, 'a disk cap on this storage');
+  if (missing) return missing;
+  if (!existsSync('/dev/loop-control')) return { ok: false, reason: 'no loop devices here (/dev/loop-control): --disk is refused', fix: 'modprobe loop' };
+  return { ok: true, reason: 'an ext4 loop file of its own per machine that asks (--disk: ~50-60 ms more at its create); writes past it fail with ENOSPC; no default cap' };
 }
 
 /** A capped volume whose filesystem is not mounted: its dirs are not there, say so (nothing reads an empty stand-in). */

@@ -12,8 +12,7 @@ import { copyTree, diskBytes, isVolumeId, listIds, newId, removeTree } from '../
 import { layerDir, layerUsers, MAX_LAYERS, overlayOptions, type OverlayMeta } from './layers.js';
 import { moveXattrs } from './xattrs.js';
 import { probeOverlay } from './probe.js';
-import { toolsVerdict } from '../../host/tools.js';
-import { capHostBytes, capImage, capUsage, checkCapMounted, mountCapFs, prepareCapImage, remountCapFs, removeCapFs } from '../cap-fs.js';
+import { capHostBytes, capImage, capSupport, capUsage, checkCapMounted, mountCapFs, prepareCapImage, remountCapFs, removeCapFs, sweepCaps } from '../cap-fs.js';
 
 /**
  * Copy-on-write with overlayfs on any filesystem. Layout under `${home}/storage/overlay/<id>/`:
@@ -180,11 +179,8 @@ export class OverlayBackend implements StorageBackend {
   }
 
   /** Does a disk cap hold here (for doctor; makes nothing)? */
-  async diskCapSupport(): Promise<Availability> {
-    const missing = await toolsVerdict('overlay-cap', 'a disk cap on overlay');
-    if (missing) return missing;
-    if (!existsSync('/dev/loop-control')) return { ok: false, reason: 'no loop devices here (/dev/loop-control): --disk is refused on overlay', fix: 'modprobe loop' };
-    return { ok: true, reason: 'an ext4 loop file of its own per machine that asks (--disk: ~50-60 ms more at its create); writes past it fail with ENOSPC; no default cap' };
+  diskCapSupport(): Promise<Availability> {
+    return capSupport('disk-cap');
   }
 
   async diskQuota(volume: Volume): Promise<{ usedBytes: number; limitBytes: number | null } | null> {
@@ -244,22 +240,7 @@ export class OverlayBackend implements StorageBackend {
       await removeTree(this.dir(id));
       removed.push(`overlay: removed volume ${id} (${this.dir(id)})`);
     }
-    // caps whose volume directory is gone (a crash between the two removals), removals a crash
-    // cut short (.rm), filesystems a crash left half-made (.tmp, once no create can be making it)
-    for (const name of await readdir(join(this.root, '.disks')).catch(() => [] as string[])) {
-      const id = name.replace(/\.img(\.tmp|\.rm)?$/, '');
-      if (!isVolumeId(id)) continue;
-      const image = capImage(this.root, id);
-      const path = join(this.root, '.disks', name);
-      if (name.endsWith('.tmp')) {
-        const age = await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
-        if (age < 60_000) continue;
-        await rm(path, { force: true });
-        removed.push(`overlay: removed ${path}`);
-      } else if (name.endsWith('.rm') || !existsSync(this.dir(id))) {
-        for (const d of await this.locked(() => removeCapFs(this.dir(id), image))) removed.push(`overlay: ${id}: ${d}`);
-      }
-    }
+    for (const d of await sweepCaps(this.root, (id) => this.dir(id), (fn) => this.locked(fn))) removed.push(`overlay: ${d}`);
     // test mounts of a probe that died half-way (not one running now: probes take milliseconds)
     for (const name of (await readdir(this.root).catch(() => [] as string[])).filter((n) => n.startsWith('.probe-'))) {
       const age = await stat(join(this.root, name)).then((st) => Date.now() - st.mtimeMs, () => 0);
