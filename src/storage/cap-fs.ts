@@ -29,9 +29,10 @@ import { unmountAll } from './mounts.js';
  */
 export const capImage = (root: string, id: string): string => join(root, '.disks', `${id}.img`);
 
-// nosuid: a setuid file a machine's root wrote is host root's through the idmap (a system
-// machine's own clone clears it, native/userns.c); discard: what the machine deletes goes back
-// to the host's filesystem (the loop device punches holes in the sparse file)
+// nosuid: a setuid file a machine's root wrote is host root's through the idmap, and not to be
+// honoured here (a system machine's own clone clears it, native/userns.c; a snapshot's layer,
+// on the host's filesystem, is as any overlay layer); discard: what the machine deletes goes
+// back to the host's filesystem (the loop device punches holes in the sparse file)
 const MOUNT_OPTIONS = 'loop,noatime,nosuid,discard,errors=remount-ro';
 
 /**
@@ -57,25 +58,39 @@ export async function prepareCapImage(image: string, bytes: number, from?: strin
 }
 
 /**
- * Under the caller's mount lock: put the prepared filesystem in place and mount it over `dir`,
- * with what `dir` held recreated in it: `files` copied (meta.json stays below too, so the volume's
- * use of its layers is never lost), `dirs` (which must be empty: they are removed below, so that
- * nothing reads an empty stand-in if the cap is ever not mounted) made anew, and `extra` made.
- * On any failure nothing of the cap is left and `dir` is as it was.
+ * The cap's filesystem for a volume directory, born holding what the directory must keep (its
+ * `files`, e.g. meta.json, and empty `dirs`): made from a seed directory with mke2fs -d, so that
+ * from the moment it is mounted over the directory nothing the directory said is hidden (a
+ * clone's meta.json says which layers it stacks: a layer's delete looks there).
  */
-export async function mountCapFs(dir: string, tmp: string, image: string, keep: { files: string[]; dirs: string[]; extra: string[] }): Promise<void> {
-  const saved = await Promise.all(keep.files.map(async (f) => [f, await readFile(join(dir, f))] as const));
+export async function prepareSeededCapImage(dir: string, image: string, bytes: number, keep: { files: string[]; dirs: string[] }): Promise<string> {
+  const seed = `${image}.seed`;
+  await rm(seed, { recursive: true, force: true });
+  try {
+    await mkdir(seed, { recursive: true, mode: 0o755 });
+    for (const f of keep.files) await writeFile(join(seed, f), await readFile(join(dir, f)));
+    for (const d of keep.dirs) await mkdir(join(seed, d));
+    return await prepareCapImage(image, bytes, seed);
+  } finally {
+    await rm(seed, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Under the caller's mount lock: put the prepared filesystem in place and mount it over `dir`.
+ * `dirs` (which must hold nothing but empty directories: an overlay's work dir has one) are
+ * removed below it first, so that nothing reads an empty stand-in if the cap is ever not
+ * mounted. On any failure nothing of the cap is left and `dir` is as it was.
+ */
+export async function mountCapFs(dir: string, tmp: string, image: string, dirs: string[]): Promise<void> {
   const removed: string[] = [];
   try {
-    for (const d of keep.dirs) {
+    for (const d of dirs) {
       await removeDirsOnly(join(dir, d));
       removed.push(d);
     }
     await rename(tmp, image);
     await mountCapImage(image, dir);
-    await rm(join(dir, 'lost+found'), { recursive: true, force: true });
-    for (const [name, data] of saved) await writeFile(join(dir, name), data);
-    for (const d of [...keep.dirs, ...keep.extra]) await mkdir(join(dir, d));
   } catch (e) {
     await removeCapFs(dir, image).catch(() => undefined);
     await rm(tmp, { force: true });
@@ -100,6 +115,11 @@ async function removeDirsOnly(path: string): Promise<void> {
  */
 export async function remountCapFs(dir: string, image: string): Promise<void> {
   if (!existsSync(image) || (await isMountPoint(dir))) return;
+  // a loop device on it: mounted still, in a machine's own mount namespace (its idmapped clone),
+  // though not on the host; e2fsck must not touch a filesystem in use, nor a second mount share it
+  if ((await listLoopDevices()).some((l) => l.backingFile === image)) {
+    throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is not mounted on the host but still in use (a loop device holds ${image})`, 'stop or remove the machine that uses it (snaplab rm), then its cap is mounted again by the next command');
+  }
   const fsck = await run('e2fsck', ['-p', image], { allowFail: true });
   if (fsck.code >= 4) throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is damaged (e2fsck: ${(fsck.stderr || fsck.stdout).trim()})`, `remove the machine (snaplab rm), or repair ${image} with e2fsck`);
   await mountCapImage(image, dir);
@@ -143,7 +163,7 @@ export async function capSupport(feature: 'disk-cap'): Promise<Availability> {
 /** A capped volume whose filesystem is not mounted: its dirs are not there, say so (nothing reads an empty stand-in). */
 export async function checkCapMounted(dir: string, image: string): Promise<void> {
   if (existsSync(image) && !(await isMountPoint(dir))) {
-    throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is not mounted`, `a later snaplab command mounts it again (after a check); if it cannot, see ${image}`);
+    throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is not mounted`, `the next snaplab command mounts it again after checking it (e2fsck -p); if it stays unmounted, run e2fsck ${image} to see why, or remove the machine`);
   }
 }
 

@@ -1,18 +1,18 @@
 import { existsSync } from 'node:fs';
 import { mkdir, readdir, rm, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import type { Availability } from '../../host/probe-types.js';
 import { mountFs } from '../../host/mounts.js';
 import type { StorageBackend, Usage, Volume } from '../backend.js';
 import { withLock } from '../../host/lock.js';
 import { checkVolume, readMeta, writeMeta } from '../meta.js';
-import { isMountPoint, unmountAll } from '../mounts.js';
+import { isMountPoint, readMounts as listMounts, unmountAll } from '../mounts.js';
 import { copyTree, diskBytes, isVolumeId, listIds, newId, removeTree } from '../tree.js';
 import { layerDir, layerUsers, MAX_LAYERS, overlayOptions, type OverlayMeta } from './layers.js';
 import { moveXattrs } from './xattrs.js';
 import { probeOverlay } from './probe.js';
-import { capHostBytes, capImage, capSupport, capUsage, checkCapMounted, mountCapFs, prepareCapImage, remountCapFs, removeCapFs, sweepCaps } from '../cap-fs.js';
+import { capHostBytes, capImage, capSupport, capUsage, checkCapMounted, mountCapFs, prepareSeededCapImage, remountCapFs, removeCapFs, sweepCaps } from '../cap-fs.js';
 
 /**
  * Copy-on-write with overlayfs on any filesystem. Layout under `${home}/storage/overlay/<id>/`:
@@ -42,14 +42,21 @@ export class OverlayBackend implements StorageBackend {
   async init(): Promise<void> {
     await mkdir(this.empty, { recursive: true });
     await this.moveToUserXattrs();
+    // what is mounted, read once: the lock is taken only for a volume that has something to mount
+    // (every snaplab process runs this; most find nothing to do)
+    const mounted = new Set((await listMounts()).map((m) => m.target));
     for (const id of await listIds(this.root)) {
+      const dir = this.dir(id);
+      const capMissing = existsSync(capImage(this.root, id)) && !mounted.has(resolve(dir));
+      const meta = capMissing ? undefined : await readMeta<OverlayMeta>(dir);
+      if (!capMissing && !(meta && !meta.inNamespace && !mounted.has(resolve(dir, 'merged')))) continue;
       // one broken volume (a layer gone, a cap e2fsck cannot fix) must not stop the others; gc
       // removes it if not live, and what reads a capped one unmounted says so (checkCapMounted)
       await this.locked(async () => {
         // a capped volume's own filesystem first: its upper and work dirs are in it
-        await remountCapFs(this.dir(id), capImage(this.root, id));
-        const meta = await readMeta<OverlayMeta>(this.dir(id));
-        if (meta && !meta.inNamespace) await this.mountUnlocked(id, meta);
+        await remountCapFs(dir, capImage(this.root, id));
+        const now = await readMeta<OverlayMeta>(dir);
+        if (now && !now.inNamespace) await this.mountUnlocked(id, now);
       }).catch(() => undefined);
     }
   }
@@ -136,8 +143,10 @@ export class OverlayBackend implements StorageBackend {
   async delete(volume: Volume): Promise<void> {
     checkVolume(volume, 'overlay');
     const owns = this.layersOf(volume)[0] === volume.id;
-    if (owns) {
-      const users = await layerUsers(this.root, volume.id, volume.id);
+    // the users looked for under the mount lock, as a cap is made under it: a clone's meta.json
+    // is never out of sight while its layer's delete looks
+    await this.locked(async () => {
+      const users = owns ? await layerUsers(this.root, volume.id, volume.id) : [];
       if (users.length > 0) {
         throw new SnaplabError(
           'STORAGE_FAILED',
@@ -145,8 +154,8 @@ export class OverlayBackend implements StorageBackend {
           'delete the sandboxes and snapshots made from it first',
         );
       }
-    }
-    await this.teardown(volume.id);
+      await this.teardownUnlocked(volume.id);
+    });
     await removeTree(this.dir(volume.id));
   }
 
@@ -162,13 +171,13 @@ export class OverlayBackend implements StorageBackend {
     const meta = await readMeta<OverlayMeta>(dir);
     if (!meta) throw new SnaplabError('STORAGE_FAILED', `overlay volume ${volume.id} has no meta.json`);
     const image = capImage(this.root, volume.id);
-    const tmp = await prepareCapImage(image, bytes);
+    // view: the flattening snapshot's read-only mount point, made while there is room
+    const tmp = await prepareSeededCapImage(dir, image, bytes, { files: ['meta.json'], dirs: ['upper', 'work', 'merged', 'view'] });
     await this.locked(async () => {
       const merged = join(dir, 'merged');
       if (await isMountPoint(merged)) await unmountAll(merged); // mounted again on the cap, below
       try {
-        // view: the flattening snapshot's read-only mount point, made while there is room
-        await mountCapFs(dir, tmp, image, { files: ['meta.json'], dirs: ['upper', 'work', 'merged'], extra: ['view'] });
+        await mountCapFs(dir, tmp, image, ['upper', 'work', 'merged']);
       } finally {
         // on the cap, or, when it failed, as it was
         if (!meta.inNamespace) await this.mountUnlocked(volume.id, meta).catch(() => undefined);
@@ -338,11 +347,13 @@ export class OverlayBackend implements StorageBackend {
    * no init() mounts anything of it again; what is left is a tree to remove.
    */
   private teardown(id: string): Promise<string[]> {
-    return this.locked(async () => {
-      const done = await removeCapFs(this.dir(id), capImage(this.root, id));
-      await rm(join(this.dir(id), 'meta.json'), { force: true });
-      done.push(...(await unmountAll(this.dir(id))).map((m) => `unmounted ${m}`));
-      return done;
-    });
+    return this.locked(() => this.teardownUnlocked(id));
+  }
+
+  private async teardownUnlocked(id: string): Promise<string[]> {
+    const done = await removeCapFs(this.dir(id), capImage(this.root, id));
+    await rm(join(this.dir(id), 'meta.json'), { force: true });
+    done.push(...(await unmountAll(this.dir(id))).map((m) => `unmounted ${m}`));
+    return done;
   }
 }
