@@ -2,6 +2,7 @@ import { mkdir, readdir, rename, rm, statfs } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
+import { pidAlive } from '../../host/procs.js';
 import { capHostBytes, capImage, capSupport, checkCapMounted, mountCapImage, prepareCapImage, remountCapFs, removeCapFs, sweepCaps } from '../cap-fs.js';
 import type { Availability } from '../../host/probe-types.js';
 import { run } from '../../host/run.js';
@@ -157,7 +158,7 @@ export class DirBackend implements StorageBackend {
     // create renames its own, mounts, and removes it at once)
     for (const name of await readdir(join(this.root, '.trash')).catch(() => [] as string[])) {
       const pid = Number(name.split('-')[1]);
-      if (pid && pidAlive(pid)) continue;
+      if (pid && (await pidAlive(pid))) continue; // a create moving its copy out now
       await rm(join(this.root, '.trash', name), { recursive: true, force: true });
       removed.push(`dir: removed ${join(this.root, '.trash', name)}`);
     }
@@ -195,15 +196,5 @@ export class DirBackend implements StorageBackend {
       // util-linux applies "-o ro" to a bind mount with a second (remount) mount(2) call.
       await run('mount', ['--bind', '-o', 'ro', tree, tree]);
     });
-  }
-}
-
-/** Is a process of this pid there (one of another's, a reused pid, counts: the copy waits a gc more)? */
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
