@@ -13,8 +13,9 @@ export const VM_DEFAULT_MEMORY = 256 * 1024 * 1024;
 /**
  * What a machine may write to its own filesystem unless told otherwise (`--disk`): without a cap,
  * one sandbox fills the storage pool that every sandbox and snapshot shares (a 3 GiB write went
- * through before). Enforced where the storage can (btrfs with simple quotas; `snaplab doctor`
- * says); where it cannot, the default is not applied and an explicit --disk is refused.
+ * through before). Applied where a cap costs nothing (btrfs with simple quotas); overlay and dir
+ * make a filesystem per capped machine, so only an explicit --disk (or a snapshot's) caps there;
+ * where no cap can hold (a VM) an explicit --disk is refused. `snaplab doctor` says which.
  */
 export const DEFAULT_DISK_BYTES = 4 * 1024 ** 3;
 
