@@ -176,10 +176,14 @@ export async function checkCapMounted(dir: string, image: string): Promise<void>
  */
 export async function removeCapFs(dir: string, image: string): Promise<string[]> {
   const doomed = `${image}.rm`;
-  await rename(image, doomed).catch((e: NodeJS.ErrnoException) => {
+  const renamed = await rename(image, doomed).then(() => true, (e: NodeJS.ErrnoException) => {
     if (e.code !== 'ENOENT') throw e;
+    return false;
   });
   const done = (await unmountAll(dir)).map((m) => `unmounted ${m}`);
+  // never capped, or removed already: no loop device or file of it to look for (every delete
+  // comes here; a loop device whose file is gone is gc's generic loop pass's)
+  if (!renamed && !existsSync(doomed) && !existsSync(`${image}.tmp`)) return done;
   const ours = (f: string): boolean => f === image || f === doomed;
   for (const l of (await listLoopDevices()).filter((d) => ours(d.backingFile))) {
     await detachLoop(l.device).catch(() => undefined);

@@ -7,7 +7,7 @@ import { mountFs } from '../../host/mounts.js';
 import type { StorageBackend, Usage, Volume } from '../backend.js';
 import { withLock } from '../../host/lock.js';
 import { checkVolume, readMeta, writeMeta } from '../meta.js';
-import { isMountPoint, readMounts as listMounts, unmountAll } from '../mounts.js';
+import { isMountPoint, readMounts, unmountAll } from '../mounts.js';
 import { copyTree, diskBytes, isVolumeId, listIds, newId, removeTree } from '../tree.js';
 import { layerDir, layerUsers, MAX_LAYERS, overlayOptions, type OverlayMeta } from './layers.js';
 import { moveXattrs } from './xattrs.js';
@@ -44,7 +44,7 @@ export class OverlayBackend implements StorageBackend {
     await this.moveToUserXattrs();
     // what is mounted, read once: the lock is taken only for a volume that has something to mount
     // (every snaplab process runs this; most find nothing to do)
-    const mounted = new Set((await listMounts()).map((m) => m.target));
+    const mounted = new Set((await readMounts()).map((m) => m.target));
     for (const id of await listIds(this.root)) {
       const dir = this.dir(id);
       const capMissing = existsSync(capImage(this.root, id)) && !mounted.has(resolve(dir));
@@ -351,9 +351,10 @@ export class OverlayBackend implements StorageBackend {
   }
 
   private async teardownUnlocked(id: string): Promise<string[]> {
+    // (it unmounts everything under the directory, the cap last; under the lock nothing mounts
+    // anew before meta.json, which init() would read, is gone)
     const done = await removeCapFs(this.dir(id), capImage(this.root, id));
     await rm(join(this.dir(id), 'meta.json'), { force: true });
-    done.push(...(await unmountAll(this.dir(id))).map((m) => `unmounted ${m}`));
     return done;
   }
 }
