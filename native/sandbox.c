@@ -293,14 +293,17 @@ static int child_main(void *arg)
 		child_fail(r, STAGE_SETUP);
 	if (r->tty && ioctl(0, TIOCSCTTY, 0) < 0)
 		child_fail(r, STAGE_SETUP);
-	if (r->reset_oom) {
-		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-		if (fd >= 0) {
-			if (write(fd, "0", 1) < 0) {
-				/* best effort: lowering is not always permitted */
-			}
-			close(fd);
+	/* Commands are the OOM killer's first choice (1000: Kubernetes' BestEffort), the agent and the
+	 * bwrap above it never while a command is left: a memory cgroup's killer can take a second
+	 * victim while the first is still dying, and on the smallest score it took bwrap or the agent,
+	 * which ended the machine. Raising needs no privilege; a command can lower itself again only
+	 * to the agent's own floor (never below what the host gave the agent). */
+	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (oom >= 0) {
+		if (write(oom, "1000", 4) < 0) {
+			/* best effort: a /proc without the file (none here) leaves the agent's score */
 		}
+		close(oom);
 	}
 	/* the user last but the filter: groups, then gid, then uid (which drops every capability) */
 	if (r->set_user && (setgroups((size_t)r->ngroups, r->groups) < 0 || setresgid(r->gid, r->gid, r->gid) < 0 ||

@@ -32,7 +32,6 @@ struct spawn_req {
 	gid_t groups[MAX_GROUPS];
 	int fd_in, fd_out, fd_err;
 	int tty;        /* fd_in is a pty slave: new session, made its controlling terminal */
-	int reset_oom;
 	const struct sock_fprog *filter;
 	/* written by the child (shared memory, CLONE_VM) before it execs or exits */
 	volatile int stage;

@@ -95,7 +95,7 @@ struct exec {
 	struct exec *prev, *next, *hnext, *next_grave;
 };
 
-static int epfd = -1, devnull = -1, reset_oom, is_pid1;
+static int epfd = -1, devnull = -1, is_pid1;
 /* a system machine (snaplab-agent boot): its init is PID 1 and starts services unfiltered, and
  * sudo must work for commands too: no no_new_privs, no seccomp filter on commands. The user
  * namespace and the bounding set are the boundary (docs/architecture.md "System machines"). */
@@ -779,7 +779,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		.argv = argv, .envp = envp, .path = path, .pathbuf = pathbuf,
 		.set_user = user != NULL,
 		.cwd = cwds, .fd_in = tty ? po[1] : (flags & EXEC_F_STDIN) ? pi[0] : devnull,
-		.fd_out = po[1], .fd_err = tty ? po[1] : pe[1], .tty = tty != NULL, .reset_oom = reset_oom,
+		.fd_out = po[1], .fd_err = tty ? po[1] : pe[1], .tty = tty != NULL,
 		.filter = have_filter ? &filter : NULL,
 	};
 	if (user && parse_user(user, &req) < 0) {
@@ -1371,17 +1371,6 @@ static void ensure_std_fds(void)
 		}
 }
 
-static void read_oom(void)
-{
-	char b[32] = { 0 };
-	int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
-	if (read(fd, b, sizeof b - 1) > 0)
-		reset_oom = atoi(b) != 0;
-	close(fd);
-}
-
 /* One event of the loop below (the fuzz harness, fuzz/frame_fuzz.c, drives the loop through this
  * and after_events too). */
 static void on_event(struct src *s, uint32_t ev)
@@ -1487,7 +1476,6 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 && !is_pid1)
 		fprintf(stderr, "snaplab-agent: cannot become subreaper: %s\n", strerror(errno));
-	read_oom();
 	if (!system_machine && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die("no_new_privs");
 	/* Not dumpable: commands (same uid, no CAP_SYS_PTRACE) cannot ptrace the agent, read its
