@@ -287,3 +287,43 @@ describe('system machines attacked from inside (root, with mount and unshare all
     }
   });
 });
+
+describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
+  it('boot to running from the VM\'s disk with the agent as a unit; a memory restore resumes them running, services and all, without a boot', async () => {
+    // an image with systemd boots it on qemu too, by default (no user namespace needed: the VM is the boundary)
+    const vm = await lab.create({ driver: 'qemu', image: 'sysd', name: 'vmsys' });
+    try {
+      expect(vm.info).toMatchObject({ state: 'running', init: 'systemd', driver: 'qemu', reason: null });
+      expect(vm.lastTrace?.phases.map((p) => p.name)).toContain('systemd up');
+      expect(await out(vm, ['cat', '/proc/1/comm'])).toBe('systemd');
+      expect(await out(vm, ['systemctl', 'is-system-running'])).toBe('running');
+      expect(await out(vm, ['systemctl', '--failed', '--plain', '--no-legend'])).toBe('');
+      // the agent is a runtime unit of the guest's (in /run: nothing written into the image)
+      expect(await out(vm, ['systemctl', 'is-active', 'snaplab-agent'])).toBe('active');
+      expect(await out(vm, ['systemctl', 'show', '-p', 'FragmentPath', '--value', 'snaplab-agent'])).toBe('/run/systemd/system/snaplab-agent.service');
+      expect(await out(vm, ['hostname'])).toBe('vmsys');
+      await out(vm, ['sh', '-c', 'useradd -m -s /bin/sh app && echo "app ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/app && chmod 440 /etc/sudoers.d/app']);
+      expect(await out(vm, ['sudo', '-n', 'id', '-u'], 'app')).toBe('0');
+      await out(vm, ['systemd-run', '--unit=sleeper', '--', 'sleep', '1000']);
+      await vm.snapshot('vmsys-mem', { memory: true });
+      await using copy = await lab.restore('vmsys-mem', { name: 'vmsys-copy' });
+      const phases = copy.lastTrace?.phases.map((p) => p.name) ?? [];
+      expect(phases).toContain('load memory');
+      expect(phases).not.toContain('first exec'); // not booted: continued
+      expect(copy.info.init).toBe('systemd');
+      expect(await out(copy, ['systemctl', 'is-active', 'sleeper'])).toBe('active');
+      expect(await out(copy, ['systemctl', 'is-system-running'])).toBe('running');
+      expect(await out(copy, ['hostname'])).toBe('vmsys-copy');
+      await copy.destroy();
+      await lab.removeSnapshot('vmsys-mem');
+    } finally {
+      await vm.destroy();
+    }
+  }, 300_000);
+
+  it('refuse --init systemd on an image without systemd, with the console\'s reason', async () => {
+    const err = await lab.create({ driver: 'qemu', image: 'busybox', init: 'systemd', name: 'vm-nosd' }).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: expect.stringMatching(/LAUNCH_FAILED|TIMEOUT/), message: expect.stringMatching(/has no systemd/) });
+    expect((await lab.list()).map((b) => b.name)).not.toContain('vm-nosd');
+  }, 120_000);
+});

@@ -76,12 +76,9 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   }
   const driver = ctx.driver(input.driver);
   const userns = usernsFor(ctx, input);
-  if (input.init === 'systemd' && (!userns || driver.name !== 'namespaces')) {
-    throw new SnaplabError(
-      'BAD_INPUT',
-      driver.name !== 'namespaces' ? `--init systemd is not built for the ${driver.name} driver yet` : 'a system machine (--init systemd) needs a user namespace: its systemd holds CAP_SYS_ADMIN',
-      driver.name !== 'namespaces' ? 'use the namespaces driver for system machines' : 'leave out --no-userns (and use storage that can idmap: see `snaplab doctor`)',
-    );
+  // a VM is its own boundary; on namespaces systemd holds CAP_SYS_ADMIN, safe only in a user namespace
+  if (input.init === 'systemd' && driver.name === 'namespaces' && !userns) {
+    throw new SnaplabError('BAD_INPUT', 'a system machine (--init systemd) needs a user namespace: its systemd holds CAP_SYS_ADMIN', 'leave out --no-userns (and use storage that can idmap: see `snaplab doctor`), or use --driver qemu');
   }
   const make = (): SandboxRecord => {
     const id = newId();

@@ -91,8 +91,8 @@ export class Lab implements LabApi {
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
       // the image's own systemd boots unless the caller says --init agent
-      // (only where a system machine can run: the namespaces driver, in a user namespace)
-      const fromImage = (opts.driver ?? 'namespaces') === 'namespaces' && opts.userns !== false ? img.provenance?.init : undefined;
+      // (only where a system machine can run: a VM, or the namespaces driver in a user namespace)
+      const fromImage = (opts.driver ?? 'namespaces') !== 'namespaces' || opts.userns !== false ? img.provenance?.init : undefined;
       const init = (opts.init ?? fromImage) === 'systemd' ? 'systemd' as const : undefined;
       return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null, userns: opts.userns, init }, t, opts.signal);
     });

@@ -107,9 +107,12 @@ export class QemuDriver implements Driver {
     const initrd = await trace.phase('initramfs', () => this.initramfs(spec.id, kernel));
     const { disk, base: diskBase } = await trace.phase('root disk', () => this.rootDisk(spec));
     const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, disk, diskBase, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
+    // the acceleration probe boots to the agent alone: a guest's systemd would only slow it
     const accel = await trace.phase('acceleration', () => chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })));
     const ram = await vmRamPath(this.home, spec.id, guestMemory(spec));
-    return { ...base, accel, memoryBackend: true, ...(ram ? { ram: { path: ram, share: true } } : {}) };
+    // a system machine: the guest's /init hands over to the image's systemd (guest-init.ts)
+    const append = spec.init === 'systemd' ? `${base.append} snaplab.init=systemd` : base.append;
+    return { ...base, append, accel, memoryBackend: true, ...(ram ? { ram: { path: ram, share: true } } : {}) };
   }
 
   /** The shared initramfs (cached), linked into the VM's run directory: it outlives a cache rebuild. */

@@ -16,7 +16,8 @@ const q = (s: string): string => `'${s.replace(/'/g, `'\\''`)}'`;
  * The guest's /init (PID 1 until it execs the agent), a busybox sh script that does not depend on
  * the image having a shell: it runs under the host's static busybox, shipped at INIT_BUSYBOX.
  * It mounts the root disk (ext4 on ROOT_DEVICE), moves /proc, /sys and /dev into it, puts the
- * agent on a fresh tmpfs /run and switches root to it, the agent becoming PID 1.
+ * agent on a fresh tmpfs /run and switches root to it, the agent becoming PID 1; or, with
+ * snaplab.init=systemd on the kernel command line, the image's systemd, which starts the agent.
  * Lines it prints to /dev/console start with `snaplab-init:` so that the host can find them in
  * the serial log.
  */
@@ -55,8 +56,12 @@ $BB mkdir -p /newroot
 $BB mount -t ext4 -o noatime ${ROOT_DEVICE} /newroot || die "cannot mount the root disk ${ROOT_DEVICE}"
 
 h=
+init=agent
 for w in $($BB cat /proc/cmdline); do
-  case "$w" in snaplab.hostname=*) h="\${w#snaplab.hostname=}" ;; esac
+  case "$w" in
+    snaplab.hostname=*) h="\${w#snaplab.hostname=}" ;;
+    snaplab.init=systemd) init=systemd ;;
+  esac
 done
 [ -z "$h" ] && [ -r /newroot/etc/hostname ] && h=$($BB head -n 1 /newroot/etc/hostname)
 case "$h" in
@@ -94,6 +99,43 @@ $BB mkdir -p /newroot${GUEST_AGENT_RUN_PATH.slice(0, GUEST_AGENT_RUN_PATH.lastIn
 $BB cp ${GUEST_AGENT_PATH} /newroot${GUEST_AGENT_RUN_PATH} && $BB chmod 0555 /newroot${GUEST_AGENT_RUN_PATH} || die "cannot install the agent"
 for d in proc sys dev; do $BB mount -o move /$d /newroot/$d || die "cannot move /$d"; done
 cd /
-exec $BB switch_root /newroot ${GUEST_AGENT_RUN_PATH} serve --stream "$port" --caps ${q(opts.caps.join(','))}
+agent="${GUEST_AGENT_RUN_PATH} serve --stream $port --caps ${opts.caps.join(',')}"
+[ "$init" = systemd ] || exec $BB switch_root /newroot $agent
+
+# a system machine: the image's own systemd is PID 1, and starts the agent as a unit of its own,
+# first of all (runtime units in /run, which systemd keeps: nothing of the image is changed).
+# As on namespaces (serve --system): commands without no_new_privs or a filter, so that sudo
+# works; and no trimmed bounding set, which systemd's own services do not have either: the VM is
+# the boundary
+sd=
+for f in /newroot/lib/systemd/systemd /newroot/usr/lib/systemd/systemd; do [ -x "$f" ] && sd=\${f#/newroot} && break; done
+[ -n "$sd" ] || die "--init systemd: the image has no systemd (lib/systemd/systemd)"
+u=/newroot/run/systemd/system
+$BB mkdir -p $u/sysinit.target.wants || die "cannot write the agent's unit"
+$BB cat >$u/snaplab-agent.service <<UNIT || die "cannot write the agent's unit"
+[Unit]
+Description=snaplab agent (exec, files and snapshots from the host)
+DefaultDependencies=no
+IgnoreOnIsolate=yes
+
+[Service]
+ExecStart=${GUEST_AGENT_RUN_PATH} serve --stream $port --system
+Restart=always
+RestartSec=100ms
+UNIT
+$BB ln -s ../snaplab-agent.service $u/sysinit.target.wants/snaplab-agent.service
+# with no udev in the image no device unit ever shows up, and the console's getty waits 90 s
+# for dev-ttyS0.device (measured): masked, for this boot only
+udev=
+for f in /newroot/lib/systemd/systemd-udevd /newroot/usr/lib/systemd/systemd-udevd; do [ -x "$f" ] && udev=1; done
+[ -n "$udev" ] || $BB ln -s /dev/null $u/serial-getty@ttyS0.service
+# systemd names the machine from /etc/hostname, and sudo wants the name in /etc/hosts (as the
+# namespaces driver's boot does: native/boot.c)
+if [ -n "$h" ]; then
+  echo "$h" >/newroot/etc/hostname
+  $BB grep -qs "[[:space:]]$h\$" /newroot/etc/hosts || printf '127.0.1.1\\t%s\\n' "$h" >>/newroot/etc/hosts
+fi
+say "init $sd"
+exec $BB switch_root /newroot $sd
 `;
 }

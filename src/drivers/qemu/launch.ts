@@ -69,13 +69,18 @@ export async function vmmUid(id: string): Promise<number> {
   return uid;
 }
 
+/** TCG's translation cache, MiB (within the driver's VMM_OVERHEAD beside QEMU's own memory) */
+export const TCG_TB_MIB = 128;
+
 export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean, uid?: number): string[] {
   const f = vmFiles(runDir);
   return [
     '-name', 'snaplab',
     '-M', c.memoryBackend || c.ram ? `${c.machine},memory-backend=ram0` : c.machine,
     ...(c.memoryBackend || c.ram ? ['-object', memoryBackend(c)] : []),
-    '-accel', c.accel,
+    // TCG's translation cache grows to 1 GiB by default (QEMU 7.2): a systemd guest's took 259 MiB
+    // and the OOM killer took QEMU at its cgroup's limit (guest RAM + VMM_OVERHEAD). Held to 128 MiB
+    '-accel', c.accel === 'tcg' ? `tcg,tb-size=${TCG_TB_MIB}` : c.accel,
     '-m', `${c.memoryMb}M`,
     '-smp', String(c.cpus),
     '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
