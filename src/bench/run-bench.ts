@@ -19,7 +19,10 @@ async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, prog
   for (const name of plan.baselines) {
     let arm: Arm | string;
     if (name === 'down+up') arm = downUp(lab, { ...lim, file: plan.scenario!, storage: plan.variants[0]!.storage });
-    else if (name === 'boot') arm = bootArm(lab, lim, plan.driver, plan.variants[0]!.storage);
+    else if (name === 'boot') {
+      const v = plan.variants[0]!;
+      arm = bootArm(lab, lim, { driver: plan.driver, storage: v.storage, image: plan.image, init: v.init, userns: v.userns });
+    }
     else if (name === 'bare-spawn') arm = bareSpawn(plan.argv, lim);
     else if (name === 'raw-namespace') arm = rawNamespace(plan.argv, await rootfs(), lim);
     else if (name === 'runc') arm = await runcArm(plan.argv, await rootfs(), lim);
