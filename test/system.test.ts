@@ -1,4 +1,6 @@
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { nspawnArm } from '../src/bench/nspawn-baseline.js';
+import { NSPAWN_CGROUP_PREFIX, nspawnCgroupDirs, removeTree } from '../src/host/nspawn-cgroups.js';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -327,3 +329,36 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
     expect((await lab.list()).map((b) => b.name)).not.toContain('vm-nosd');
   }, 120_000);
 });
+
+describe('the bench\'s systemd-nspawn baseline (raise --init systemd)', () => {
+  const nspawn = spawnSync('sh', ['-c', 'command -v systemd-nspawn'], { encoding: 'utf8' }).stdout.trim();
+  it.skipIf(!nspawn)('boots the image\'s tree to running, writes nothing into it, and leaves no cgroup (measured where systemd-container is installed)', async () => {
+    const tree = (await lab.image('sysd')).path;
+    const before = readFileSync(join(tree, 'etc/machine-id'), 'utf8');
+    const arm = await nspawnArm(tree, { durationMs: 1, count: 1 });
+    if (typeof arm === 'string') throw new Error(arm);
+    const r = await arm.run(1);
+    expect(r.errors).toEqual([]);
+    expect(r.latenciesMs).toHaveLength(1);
+    expect(r.latenciesMs[0]).toBeGreaterThan(0);
+    expect(readFileSync(join(tree, 'etc/machine-id'), 'utf8')).toBe(before); // --volatile=overlay: its writes went to a tmpfs
+    for (const parent of nspawnCgroupDirs('')) expect(readdirSync(parent).filter((d) => d.startsWith(NSPAWN_CGROUP_PREFIX))).toEqual([]);
+  }, 180_000);
+
+  it('gc removes the cgroups of a bench that was killed mid-run, and leaves a running bench\'s', async () => {
+    const dead = nspawnCgroupDirs(`${NSPAWN_CGROUP_PREFIX}999999999-0`); // above any pid_max: never a live process
+    const live = nspawnCgroupDirs(`${NSPAWN_CGROUP_PREFIX}${process.pid}-0`);
+    for (const d of [...dead, ...live]) mkdirSync(join(d, 'payload'), { recursive: true });
+    try {
+      const { removed } = await lab.gc();
+      for (const d of dead) {
+        expect(existsSync(d), d).toBe(false);
+        expect(removed).toContain(`cgroup ${d}`);
+      }
+      for (const d of live) expect(existsSync(d), d).toBe(true);
+    } finally {
+      for (const d of [...dead, ...live]) await removeTree(d);
+    }
+  });
+});
+

@@ -8,9 +8,11 @@ import { closedLoop, type LoopResult } from './loop.js';
 export const BASELINES = ['bare-spawn', 'raw-namespace', 'runc', 'lxc'] as const;
 /** what a scenario reset replaces */
 export const SCENARIO_BASELINES = ['down+up'] as const;
+/** what a system machine's raise (--init systemd) is measured against: the same tree booted by systemd-nspawn */
+export const SYSTEM_BASELINES = ['nspawn'] as const;
 /** what a restore replaces: booting the same machine to usable */
 export const RESTORE_BASELINES = ['boot', ...BASELINES] as const;
-export type BaselineName = (typeof RESTORE_BASELINES)[number] | (typeof SCENARIO_BASELINES)[number];
+export type BaselineName = (typeof RESTORE_BASELINES)[number] | (typeof SCENARIO_BASELINES)[number] | (typeof SYSTEM_BASELINES)[number];
 
 export interface LoopLimits {
   durationMs: number;

@@ -51,6 +51,13 @@ describe('bench options', () => {
     badInput(() => toPlan(cli({ compare: ['--storage zfs', '--storage btrfs'] }), []));
   });
 
+  it('measures a system machine\'s raise against systemd-nspawn, and only that', () => {
+    expect(toPlan(cli({ workload: 'raise', init: 'systemd', image: 'sysd' }), []).baselines).toEqual(['nspawn']);
+    expect(toPlan(cli({ workload: 'raise' }), []).baselines).not.toContain('nspawn');
+    badInput(() => toPlan(cli({ workload: 'raise', init: 'systemd', baselines: 'runc' }), []));
+    badInput(() => toPlan(cli({ workload: 'raise', baselines: 'nspawn' }), []));
+  });
+
   it('builds the plan: ladder sorted, one-rung shorthand, compare variants', () => {
     expect(toPlan(cli({ ladder: '4,1,2' }), []).ladder).toEqual([1, 2, 4]);
     expect(toPlan(cli({ concurrency: '8' }), ['/bin/echo', 'x'])).toMatchObject({ ladder: [8], argv: ['/bin/echo', 'x'], reps: 3, durationMs: 2000 });

@@ -2,7 +2,7 @@ import { Command, CommanderError } from 'commander';
 import { SnaplabError } from '../errors.js';
 import { parsePositiveInt, parseSeconds, parseSize } from '../lab/sizes.js';
 import type { StorageKind } from '../storage/backend.js';
-import { BASELINES, RESTORE_BASELINES, SCENARIO_BASELINES, type BaselineName } from './baselines.js';
+import { BASELINES, RESTORE_BASELINES, SCENARIO_BASELINES, SYSTEM_BASELINES, type BaselineName } from './baselines.js';
 import { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workload-names.js';
 
 /** The bench command's options as commander hands them over (strings, validated by `toPlan`). */
@@ -50,7 +50,7 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--userns <on|off>', 'namespace sandboxes in a user namespace of their own (default on, where storage allows)')
     .option('--init <agent|systemd>', "raise, restore: systemd boots the image's own systemd (system machines; give --image)")
     .option('--image <name>', 'raise, restore: the image machines are made from (default busybox)')
-    .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up)`, 'all')
+    .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up; raise --init systemd: nspawn)`, 'all')
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
     .option('--driver <name>', 'namespaces (default) or qemu (raise, exec, snapshot, restore, fresh-exec: a pool of paused VM restores)')
     .option('--host <url>', "exec, fresh-exec: through a daemon's API (http://HOST:PORT with SNAPLAB_TOKEN, or unix:/path/daemon.sock); `embedded`: in this process (the default), e.g. --compare '--host embedded' '--host unix:/var/lib/snaplab/daemon.sock'")
@@ -225,7 +225,9 @@ export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli
   const scenarioWork = (SCENARIO_WORKLOADS as readonly string[]).includes(w);
   if (scenarioWork && !o.scenario) throw bad(`${w} needs a scenario file`, `snaplab bench --workload ${w} --scenario examples/scenarios/tiny-service/scenario.yaml`);
   if (!scenarioWork && o.scenario !== undefined) throw bad('--scenario applies to the scenario-up and scenario-reset workloads only', 'drop --scenario or pick a scenario workload');
-  const known: readonly string[] = scenarioWork ? SCENARIO_BASELINES : w === 'restore' ? RESTORE_BASELINES : BASELINES;
+  // a system machine's raise on namespaces: against systemd-nspawn booting the same tree
+  const systemRaise = w === 'raise' && o.init === 'systemd' && (o.driver ?? 'namespaces') === 'namespaces';
+  const known: readonly string[] = scenarioWork ? SCENARIO_BASELINES : w === 'restore' ? RESTORE_BASELINES : systemRaise ? SYSTEM_BASELINES : BASELINES;
   const names = o.baselines === 'all' ? [...known] : o.baselines === 'none' ? [] : o.baselines.split(',').map((n) => n.trim());
   for (const n of names) if (!known.includes(n)) throw bad(`unknown baseline ${JSON.stringify(n)} for ${w}`, `use all, none, or some of ${known.join(',')}`);
   const compare = o.compare ?? [];

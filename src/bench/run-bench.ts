@@ -10,6 +10,7 @@ import { compareSide, ratiosOf, toBaseline, toRung, type Baseline, type BenchSum
 import { runWorkload } from './workloads.js';
 import { downUp } from './scenario-bench.js';
 import { bootArm } from './boot-baseline.js';
+import { nspawnArm } from './nspawn-baseline.js';
 
 /** The baselines asked for that work here, and a note for each one that does not. */
 async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, progress: Progress): Promise<{ arms: Arm[]; skipped: Baseline[] }> {
@@ -23,6 +24,7 @@ async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, prog
       const v = plan.variants[0]!;
       arm = bootArm(lab, lim, { driver: plan.driver, storage: v.storage, image: plan.image, init: v.init, userns: v.userns });
     }
+    else if (name === 'nspawn') arm = await nspawnArm((await lab.image(plan.image ?? 'busybox')).path, lim);
     else if (name === 'bare-spawn') arm = bareSpawn(plan.argv, lim);
     else if (name === 'raw-namespace') arm = rawNamespace(plan.argv, await rootfs(), lim);
     else if (name === 'runc') arm = await runcArm(plan.argv, await rootfs(), lim);

@@ -1,4 +1,5 @@
 import { gcBaseDisks } from '../drivers/qemu/disk.js';
+import { sweepNspawnCgroups } from '../host/nspawn-cgroups.js';
 import { orphanTemplates } from './pool-admin.js';
 import { removeSnapshot } from './removals.js';
 import { readdir, rm, stat } from 'node:fs/promises';
@@ -80,6 +81,8 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     removed.push(`user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
   }
   removed.push(...(await trace.phase('images', () => ctx.images.collect())));
+  // what a killed bench's systemd-nspawn baseline left (host-wide, by the dead bench's pid)
+  removed.push(...(await trace.phase('bench leftovers', () => sweepNspawnCgroups())));
   // volumes under gc's mark (inflight.ts): no clone, snapshot or import makes one meanwhile
   await collecting(ctx, (busy) => collectVolumes(ctx, trace, busy, removed, notes));
   ctx.forgetReady();

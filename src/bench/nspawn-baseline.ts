@@ -1,0 +1,92 @@
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { NSPAWN_CGROUP_PREFIX, nspawnCgroupDirs, removeTree } from '../host/nspawn-cgroups.js';
+import { run, which } from '../host/run.js';
+import type { Arm, LoopLimits } from './baselines.js';
+import { closedLoop } from './loop.js';
+
+/** SIGRTMIN+3: systemd's "halt" (systemd(1)); Node has no name for it */
+const SIGRTMIN_3 = 37;
+const HALT_GRACE_MS = 10_000;
+const BOOT_TIMEOUT_MS = 120_000;
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+
+
+/** The container's PID 1: systemd-nspawn's child, once it has exec'd systemd. */
+async function leaderOf(nspawn: number, end: number): Promise<number> {
+  while (Date.now() < end) {
+    const kids = (await readFile(`/proc/${nspawn}/task/${nspawn}/children`, 'utf8').catch(() => '')).trim().split(/\s+/).filter(Boolean).map(Number);
+    for (const k of kids) {
+      if ((await readFile(`/proc/${k}/comm`, 'utf8').catch(() => '')).trim() === 'systemd') return k;
+    }
+    await sleep(5);
+  }
+  throw new Error('systemd-nspawn started no systemd in time');
+}
+
+/** `systemctl is-system-running --wait` inside the container, retried while its systemd is not listening yet. */
+async function waitRunning(leader: number, end: number): Promise<string> {
+  for (;;) {
+    const r = await run('nsenter', ['-t', String(leader), '-a', 'systemctl', 'is-system-running', '--wait'], { allowFail: true, timeoutMs: Math.max(1, end - Date.now()) });
+    const state = `${r.stdout}${r.stderr}`.trim().split('\n').pop() ?? '';
+    if (state === 'running' || state === 'degraded') return state;
+    if (!/^offline$|Failed to connect to bus/.test(state) || Date.now() > end) throw new Error(`the container's systemd says ${JSON.stringify(state)}`);
+    await sleep(20);
+  }
+}
+
+/**
+ * One boot of `tree` under systemd-nspawn to systemd running: the in-run peer of a system
+ * machine's raise (issue #13 asks for it where LXD cannot be installed). The tree is not
+ * written: `--volatile=overlay` puts a tmpfs over it, as snaplab's clone keeps the image's tree
+ * apart. Its own network namespace, as a machine has. Halted with SIGRTMIN+3 after, outside the
+ * time measured (snaplab's raise latency does not hold its destroy either).
+ */
+async function bootOnce(nspawn: string, tree: string, name: string): Promise<number> {
+  const dirs = nspawnCgroupDirs(name);
+  const t0 = performance.now();
+  for (const d of dirs) await mkdir(d);
+  let child: ReturnType<typeof spawn> | undefined;
+  let exited: Promise<void> = Promise.resolve();
+  try {
+    // the shell joins the run's cgroups, then becomes systemd-nspawn: nothing of it runs outside them
+    const enter = dirs.map((d) => `echo $$ > ${d}/cgroup.procs`).join(' && ');
+    child = spawn('sh', ['-c', `${enter} && exec "$0" "$@"`, nspawn, '--quiet', '--boot', '--register=no', '--keep-unit', '--private-network', '--volatile=overlay', '-M', name, '-D', tree, '--console=passive'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    child.stderr!.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-2000)));
+    exited = new Promise((resolve) => child!.once('exit', () => resolve()));
+    const end = Date.now() + BOOT_TIMEOUT_MS;
+    const leader = await Promise.race([leaderOf(child.pid!, end), exited.then(() => Promise.reject(new Error(`systemd-nspawn exited: ${err.trim()}`)))]);
+    await waitRunning(leader, end);
+    const ms = performance.now() - t0;
+    process.kill(leader, SIGRTMIN_3);
+    return ms;
+  } finally {
+    if (child?.exitCode === null && child.signalCode === null) {
+      const killed = setTimeout(() => child!.kill('SIGKILL'), HALT_GRACE_MS);
+      await exited;
+      clearTimeout(killed);
+    }
+    for (const d of dirs) await removeTree(d);
+  }
+}
+
+/** systemd-nspawn --boot of the image's tree, where Debian's systemd-container is installed. */
+export async function nspawnArm(tree: string, lim: LoopLimits): Promise<Arm | string> {
+  const nspawn = await which('systemd-nspawn');
+  if (!nspawn) return 'systemd-nspawn not installed (apt-get install systemd-container to measure it)';
+  if (!(await which('nsenter'))) return 'nsenter not found (util-linux)';
+  if (!existsSync(join(tree, 'lib/systemd/systemd')) && !existsSync(join(tree, 'usr/lib/systemd/systemd'))) return `the image has no systemd (${tree})`;
+  let n = 0;
+  return {
+    name: 'nspawn',
+    note: `systemd-nspawn --boot --volatile=overlay --private-network of the image's tree to is-system-running (${nspawn})`,
+    run: (c) => closedLoop(c, lim, async () => ({ latencyMs: await bootOnce(nspawn, tree, `${NSPAWN_CGROUP_PREFIX}${process.pid}-${n++}`) })),
+  };
+}
+
+
