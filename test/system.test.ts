@@ -323,6 +323,26 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
     }
   }, 300_000);
 
+  it('stop powers the guest off cleanly (its units stopped) and keeps the disk; a restore of it boots again', async () => {
+    const vm = await lab.create({ driver: 'qemu', image: 'sysd', name: 'vmstop' });
+    try {
+      // a unit whose stop writes a mark: only a clean halt stops units (a kill would not)
+      await out(vm, ['systemd-run', '--unit=mark', '--remain-after-exit', '-p', 'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"', '/bin/true']);
+      const t = await vm.stop();
+      expect(t.phases.map((p) => p.name)).toEqual(expect.arrayContaining(['guest halt', 'halt']));
+      const stopped = await lab.get('vmstop');
+      expect([stopped.state, stopped.info.reason]).toEqual(['dead', expect.stringMatching(/^stopped/)]);
+      await stopped.snapshot('vmstop-disk');
+      await using again = await lab.restore('vmstop-disk', { name: 'vmstop2' });
+      expect(await out(again, ['cat', '/root/halt-mark'])).toBe('halted-cleanly');
+      expect(await out(again, ['systemctl', 'is-system-running'])).toBe('running');
+      await again.destroy();
+      await lab.removeSnapshot('vmstop-disk');
+    } finally {
+      await vm.destroy();
+    }
+  }, 300_000);
+
   it('refuse --init systemd on an image without systemd, with the console\'s reason', async () => {
     const err = await lab.create({ driver: 'qemu', image: 'busybox', init: 'systemd', name: 'vm-nosd' }).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: expect.stringMatching(/LAUNCH_FAILED|TIMEOUT/), message: expect.stringMatching(/has no systemd/) });

@@ -252,8 +252,9 @@ export const isStopped = (s: Pick<SandboxRecord, 'state' | 'reason'>): boolean =
 
 /**
  * Stop a machine and keep its filesystem: a system machine's systemd is asked to halt (services
- * stopped, filesystems synced) and killed only past the grace period; a VM's cache is written to
- * its disk first. The record stays (state dead, reason STOPPED) for `snapshot` and `rm`.
+ * stopped, filesystems synced) and killed only past the grace period (a system VM's with
+ * `systemctl poweroff` in the guest); any other VM's cache is written to its disk first. The
+ * record stays (state dead, reason STOPPED) for `snapshot` and `rm`.
  */
 export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
   await underStateLock(ctx, s, async () => {
@@ -261,7 +262,19 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
     if (s.state !== 'running' && s.state !== 'paused') await ensureUsable(ctx, s); // says why not
     const driver = ctx.driver(s.driver);
     if (driver.capabilities.guestCache && s.state === 'running') {
-      await trace.phase('guest sync', async () => execIn(ctx, s, await connectAgent(ctx, s), ['sync'])).catch(() => undefined);
+      // a system VM's systemd halts it (units stopped, disks synced) and QEMU exits with the
+      // guest; any other VM is synced, then killed
+      if (s.init === 'systemd') await trace.phase('guest halt', () => guestHalt(ctx, s)).catch(() => undefined);
+      else {
+        await trace.phase('guest sync', async () => {
+          const agent = await connectAgent(ctx, s);
+          try {
+            await execIn(ctx, s, agent, ['sync']);
+          } finally {
+            agent.close();
+          }
+        }).catch(() => undefined);
+      }
     }
     await trace.phase('halt', () => driver.destroy(handleOf(s)));
     ctx.store.updateSandbox(s.id, { state: 'dead', reason: STOPPED });
@@ -272,6 +285,23 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
       await releaseRange(s.uidBase, ctx.home, s.id);
     }
   });
+}
+
+/** How long a system VM's guest may take to power off before its QEMU is killed (emulated: seconds). */
+const GUEST_HALT_GRACE_MS = 30_000;
+
+/** `systemctl poweroff` in the guest, then wait for its QEMU to exit (it does when the guest powers off). */
+async function guestHalt(ctx: LabContext, s: SandboxRecord): Promise<void> {
+  const driver = ctx.driver(s.driver);
+  const agent = await connectAgent(ctx, s);
+  try {
+    // --no-block: the answer comes before the agent's own unit is stopped
+    await execIn(ctx, s, agent, ['systemctl', 'poweroff', '--no-block'], { timeoutMs: 10_000 });
+  } finally {
+    agent.close();
+  }
+  const end = Date.now() + GUEST_HALT_GRACE_MS;
+  while (Date.now() < end && (await driver.inspect(handleOf(s))).alive) await new Promise((r) => setTimeout(r, 100));
 }
 
 export async function resumeSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
