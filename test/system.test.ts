@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { nspawnArm } from '../src/bench/nspawn-baseline.js';
-import { NSPAWN_CGROUP_PREFIX, nspawnCgroupDirs, removeTree } from '../src/host/nspawn-cgroups.js';
+import { NSPAWN_CGROUP_PREFIX, nspawnCgroupDirs, nspawnRunName, removeTree } from '../src/host/nspawn-cgroups.js';
+import { processStartTime } from '../src/host/procs.js';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -354,20 +355,28 @@ describe('the bench\'s systemd-nspawn baseline (raise --init systemd)', () => {
   const nspawn = spawnSync('sh', ['-c', 'command -v systemd-nspawn'], { encoding: 'utf8' }).stdout.trim();
   it.skipIf(!nspawn)('boots the image\'s tree to running, writes nothing into it, and leaves no cgroup (measured where systemd-container is installed)', async () => {
     const tree = (await lab.image('sysd')).path;
-    const before = readFileSync(join(tree, 'etc/machine-id'), 'utf8');
+    const stamp = join(lab.home, 'nspawn-stamp');
+    writeFileSync(stamp, '');
+    await new Promise((r) => setTimeout(r, 20)); // mtimes after the stamp's are its boot's
     const arm = await nspawnArm(tree, { durationMs: 1, count: 1 });
     if (typeof arm === 'string') throw new Error(arm);
     const r = await arm.run(1);
     expect(r.errors).toEqual([]);
     expect(r.latenciesMs).toHaveLength(1);
     expect(r.latenciesMs[0]).toBeGreaterThan(0);
-    expect(readFileSync(join(tree, 'etc/machine-id'), 'utf8')).toBe(before); // --volatile=overlay: its writes went to a tmpfs
+    // --volatile=overlay: what its systemd wrote (machine-id, journal, random seed) went to a tmpfs
+    expect(spawnSync('find', [tree, '-xdev', '-newer', stamp], { encoding: 'utf8' }).stdout.trim()).toBe('');
     for (const parent of nspawnCgroupDirs('')) expect(readdirSync(parent).filter((d) => d.startsWith(NSPAWN_CGROUP_PREFIX))).toEqual([]);
   }, 180_000);
 
   it('gc removes the cgroups of a bench that was killed mid-run, and leaves a running bench\'s', async () => {
-    const dead = nspawnCgroupDirs(`${NSPAWN_CGROUP_PREFIX}999999999-0`); // above any pid_max: never a live process
-    const live = nspawnCgroupDirs(`${NSPAWN_CGROUP_PREFIX}${process.pid}-0`);
+    const me = (await processStartTime(process.pid))!;
+    const dead = [
+      ...nspawnCgroupDirs(nspawnRunName(999999999, me, 0)), // above any pid_max: never a live process
+      ...nspawnCgroupDirs(nspawnRunName(process.pid, me + 1, 0)), // this pid, but another process's (a reuse)
+    ];
+    // a running bench's, and a name not of the form (not snaplab's to judge)
+    const live = [...nspawnCgroupDirs(nspawnRunName(process.pid, me, 0)), ...nspawnCgroupDirs(`${NSPAWN_CGROUP_PREFIX}other`)];
     for (const d of [...dead, ...live]) mkdirSync(join(d, 'payload'), { recursive: true });
     try {
       const { removed } = await lab.gc();

@@ -2,7 +2,8 @@ import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { NSPAWN_CGROUP_PREFIX, nspawnCgroupDirs, removeTree } from '../host/nspawn-cgroups.js';
+import { killTree, nspawnCgroupDirs, nspawnRunName, removeTree } from '../host/nspawn-cgroups.js';
+import { processStartTime } from '../host/procs.js';
 import { run, which } from '../host/run.js';
 import type { Arm, LoopLimits } from './baselines.js';
 import { closedLoop } from './loop.js';
@@ -14,18 +15,16 @@ const BOOT_TIMEOUT_MS = 120_000;
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-
-
 /** The container's PID 1: systemd-nspawn's child, once it has exec'd systemd. */
-async function leaderOf(nspawn: number, end: number): Promise<number> {
-  while (Date.now() < end) {
+async function leaderOf(nspawn: number, end: number, gone: () => boolean): Promise<number> {
+  while (Date.now() < end && !gone()) {
     const kids = (await readFile(`/proc/${nspawn}/task/${nspawn}/children`, 'utf8').catch(() => '')).trim().split(/\s+/).filter(Boolean).map(Number);
     for (const k of kids) {
       if ((await readFile(`/proc/${k}/comm`, 'utf8').catch(() => '')).trim() === 'systemd') return k;
     }
     await sleep(5);
   }
-  throw new Error('systemd-nspawn started no systemd in time');
+  throw new Error(gone() ? 'systemd-nspawn exited before its systemd started' : 'systemd-nspawn started no systemd in time');
 }
 
 /** `systemctl is-system-running --wait` inside the container, retried while its systemd is not listening yet. */
@@ -49,29 +48,38 @@ async function waitRunning(leader: number, end: number): Promise<string> {
 async function bootOnce(nspawn: string, tree: string, name: string): Promise<number> {
   const dirs = nspawnCgroupDirs(name);
   const t0 = performance.now();
-  for (const d of dirs) await mkdir(d);
   let child: ReturnType<typeof spawn> | undefined;
   let exited: Promise<void> = Promise.resolve();
+  let leader = 0;
+  let done = false;
   try {
+    for (const d of dirs) await mkdir(d);
     // the shell joins the run's cgroups, then becomes systemd-nspawn: nothing of it runs outside them
     const enter = dirs.map((d) => `echo $$ > ${d}/cgroup.procs`).join(' && ');
     child = spawn('sh', ['-c', `${enter} && exec "$0" "$@"`, nspawn, '--quiet', '--boot', '--register=no', '--keep-unit', '--private-network', '--volatile=overlay', '-M', name, '-D', tree, '--console=passive'], { stdio: ['ignore', 'ignore', 'pipe'] });
     let err = '';
     child.stderr!.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-2000)));
     exited = new Promise((resolve) => child!.once('exit', () => resolve()));
+    let gone = false;
+    void exited.then(() => (gone = true));
     const end = Date.now() + BOOT_TIMEOUT_MS;
-    const leader = await Promise.race([leaderOf(child.pid!, end), exited.then(() => Promise.reject(new Error(`systemd-nspawn exited: ${err.trim()}`)))]);
+    leader = await leaderOf(child.pid!, end, () => gone).catch((e: Error) => Promise.reject(new Error(`${e.message}: ${err.trim()}`)));
     await waitRunning(leader, end);
     const ms = performance.now() - t0;
-    process.kill(leader, SIGRTMIN_3);
+    done = true;
     return ms;
   } finally {
-    if (child?.exitCode === null && child.signalCode === null) {
+    // halted as a machine is (SIGRTMIN+3) when it came up; a run that failed is killed outright
+    if (done && leader) process.kill(leader, SIGRTMIN_3);
+    else for (const d of dirs) await killTree(d);
+    if (child && child.exitCode === null && child.signalCode === null) {
       const killed = setTimeout(() => child!.kill('SIGKILL'), HALT_GRACE_MS);
       await exited;
       clearTimeout(killed);
     }
-    for (const d of dirs) await removeTree(d);
+    const left = [];
+    for (const d of dirs) if (!(await removeTree(d))) left.push(d);
+    if (left.length) throw new Error(`cannot remove the run's cgroups ${left.join(', ')} (snaplab gc will)`);
   }
 }
 
@@ -82,11 +90,10 @@ export async function nspawnArm(tree: string, lim: LoopLimits): Promise<Arm | st
   if (!(await which('nsenter'))) return 'nsenter not found (util-linux)';
   if (!existsSync(join(tree, 'lib/systemd/systemd')) && !existsSync(join(tree, 'usr/lib/systemd/systemd'))) return `the image has no systemd (${tree})`;
   let n = 0;
+  const start = (await processStartTime(process.pid)) ?? 0;
   return {
     name: 'nspawn',
     note: `systemd-nspawn --boot --volatile=overlay --private-network of the image's tree to is-system-running (${nspawn})`,
-    run: (c) => closedLoop(c, lim, async () => ({ latencyMs: await bootOnce(nspawn, tree, `${NSPAWN_CGROUP_PREFIX}${process.pid}-${n++}`) })),
+    run: (c) => closedLoop(c, lim, async () => ({ latencyMs: await bootOnce(nspawn, tree, nspawnRunName(process.pid, start, n++)) })),
   };
 }
-
-
