@@ -297,7 +297,8 @@ static int child_main(void *arg)
 	 * bwrap above it never while a command is left: a memory cgroup's killer can take a second
 	 * victim while the first is still dying, and on the smallest score it took bwrap or the agent,
 	 * which ended the machine. Raising needs no privilege; a command can lower itself again only
-	 * to the agent's own floor (never below what the host gave the agent). */
+	 * to the floor it inherits (oom_score_adj_min: 0 unless a process with CAP_SYS_RESOURCE gave
+	 * the agent's ancestors a lower score), never below it. */
 	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (oom >= 0) {
 		if (write(oom, "1000", 4) < 0) {

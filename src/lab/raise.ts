@@ -1,4 +1,7 @@
 import type { AgentClient } from '../agent/client.js';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { nameMachineSh } from '../drivers/qemu/guest-init.js';
 import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
 import type { StorageBackend, StorageKind, Volume } from '../storage/backend.js';
@@ -60,6 +63,9 @@ export const USERNS_STORAGE: readonly StorageKind[] = ['btrfs', 'dir', 'overlay'
  * A scenario machine joins the user namespace that owns its network namespace (made by `up`, kept
  * across resets: `uidBase`); one raised into a network namespace without one has none.
  */
+/** where an image's systemd is (Debian's, merged /usr or not) */
+const SYSTEMD_PATHS = ['lib/systemd/systemd', 'usr/lib/systemd/systemd'];
+
 export function usernsFor(ctx: LabContext, input: Pick<RaiseInput, 'driver' | 'storage' | 'userns' | 'netns' | 'uidBase'>): boolean {
   return input.userns !== false && ctx.driver(input.driver).capabilities.userns && USERNS_STORAGE.includes(input.storage) && (input.netns === undefined || input.uidBase !== undefined);
 }
@@ -115,6 +121,11 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
   try {
     const backend = await trace.phase('storage ready', () => ctx.readyBackend(input.storage));
     const base = await input.base();
+    // an image without systemd cannot boot one: said before a machine is launched (a VM's boot
+    // would take seconds to find out)
+    if (input.init === 'systemd' && input.origin === null && !SYSTEMD_PATHS.some((p) => existsSync(join(base.path, p)))) {
+      throw new SnaplabError('BAD_INPUT', `image ${input.image} has no systemd (no ${SYSTEMD_PATHS.join(' or ')} in it)`, `build one with it (snaplab image build debian --packages systemd,systemd-sysv), or use --init agent`);
+    }
     const machine = {
       id, hostname: input.hostname ?? name, limits: input.limits, netns: input.netns,
       ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
@@ -151,7 +162,9 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       // would otherwise start from the same entropy), and is the first command run in the copy
       await trace.phase('identity', async () => {
         const id = randomBytes(16).toString('hex');
-        const h = raised.agent.exec({ argv: ['sh', '-c', 'hostname "$1" && echo "$2" > /etc/machine-id && cat > /dev/urandom', 'sh', input.hostname ?? name, id], env: DEFAULT_ENV, stdin: true });
+        // a system machine's name is in its /etc too (systemd reads it; sudo resolves it)
+        const script = `${nameMachineSh()}\nhostname "$1" && echo "$2" > /etc/machine-id && { [ "$3" != systemd ] || name_machine "$1"; } && cat > /dev/urandom`;
+        const h = raised.agent.exec({ argv: ['sh', '-c', script, 'sh', input.hostname ?? name, id, input.init ?? 'agent'], env: DEFAULT_ENV, stdin: true });
         h.write(randomBytes(512));
         h.end();
         const r = await h.result;

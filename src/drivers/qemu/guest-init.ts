@@ -13,6 +13,27 @@ export const PORT_NAME = 'snaplab';
 const q = (s: string): string => `'${s.replace(/'/g, `'\\''`)}'`;
 
 /**
+ * A POSIX sh function, `name_machine NAME`, that writes the machine's name to /etc/hostname and
+ * adds `127.0.1.1 NAME` to /etc/hosts unless there (systemd takes the name from the file; sudo
+ * resolves it), as native/boot.c's name_machine does for namespace machines: regular files only,
+ * never through a symlink, localhost lines into an empty hosts file, a missing last newline added.
+ * `bb`: a prefix for grep and tail (the initramfs has busybox alone); `root`: where /etc is.
+ */
+export function nameMachineSh(bb = '', root = ''): string {
+  return `name_machine() {
+  f=${root}/etc/hostname
+  if [ ! -L "$f" ] && { [ ! -e "$f" ] || [ -f "$f" ]; }; then echo "$1" >"$f"; fi
+  f=${root}/etc/hosts
+  if [ -L "$f" ] || { [ -e "$f" ] && [ ! -f "$f" ]; }; then return 0; fi
+  l=$(printf '127.0.1.1\\t%s' "$1")
+  if [ ! -s "$f" ]; then printf '127.0.0.1\\tlocalhost\\n::1\\tlocalhost ip6-localhost ip6-loopback\\n' >"$f"
+  elif ${bb}grep -qxF "$l" "$f"; then return 0
+  elif [ -n "$(${bb}tail -c 1 "$f")" ]; then echo >>"$f"; fi
+  printf '%s\\n' "$l" >>"$f"
+}`;
+}
+
+/**
  * The guest's /init (PID 1 until it execs the agent), a busybox sh script that does not depend on
  * the image having a shell: it runs under the host's static busybox, shipped at INIT_BUSYBOX.
  * It mounts the root disk (ext4 on ROOT_DEVICE), moves /proc, /sys and /dev into it, puts the
@@ -56,6 +77,7 @@ $BB mkdir -p /newroot
 $BB mount -t ext4 -o noatime ${ROOT_DEVICE} /newroot || die "cannot mount the root disk ${ROOT_DEVICE}"
 
 h=
+hok=
 init=agent
 for w in $($BB cat /proc/cmdline); do
   case "$w" in
@@ -66,7 +88,7 @@ done
 [ -z "$h" ] && [ -r /newroot/etc/hostname ] && h=$($BB head -n 1 /newroot/etc/hostname)
 case "$h" in
   ''|*[!A-Za-z0-9._-]*) ;;
-  *) $BB hostname "$h" && say "hostname $h" ;;
+  *) $BB hostname "$h" && say "hostname $h" && hok=1 ;;
 esac
 $BB ip link set lo up 2>/dev/null
 
@@ -99,8 +121,7 @@ $BB mkdir -p /newroot${GUEST_AGENT_RUN_PATH.slice(0, GUEST_AGENT_RUN_PATH.lastIn
 $BB cp ${GUEST_AGENT_PATH} /newroot${GUEST_AGENT_RUN_PATH} && $BB chmod 0555 /newroot${GUEST_AGENT_RUN_PATH} || die "cannot install the agent"
 for d in proc sys dev; do $BB mount -o move /$d /newroot/$d || die "cannot move /$d"; done
 cd /
-agent="${GUEST_AGENT_RUN_PATH} serve --stream $port --caps ${opts.caps.join(',')}"
-[ "$init" = systemd ] || exec $BB switch_root /newroot $agent
+[ "$init" = systemd ] || exec $BB switch_root /newroot ${GUEST_AGENT_RUN_PATH} serve --stream "$port" --caps ${q(opts.caps.join(','))}
 
 # a system machine: the image's own systemd is PID 1, and starts the agent as a unit of its own,
 # first of all (runtime units in /run, which systemd keeps: nothing of the image is changed).
@@ -129,12 +150,9 @@ $BB ln -s ../snaplab-agent.service $u/sysinit.target.wants/snaplab-agent.service
 udev=
 for f in /newroot/lib/systemd/systemd-udevd /newroot/usr/lib/systemd/systemd-udevd; do [ -x "$f" ] && udev=1; done
 [ -n "$udev" ] || $BB ln -s /dev/null $u/serial-getty@ttyS0.service
-# systemd names the machine from /etc/hostname, and sudo wants the name in /etc/hosts (as the
-# namespaces driver's boot does: native/boot.c)
-if [ -n "$h" ]; then
-  echo "$h" >/newroot/etc/hostname
-  $BB grep -qs "[[:space:]]$h\$" /newroot/etc/hosts || printf '127.0.1.1\\t%s\\n' "$h" >>/newroot/etc/hosts
-fi
+# systemd names the machine from /etc/hostname, and sudo wants the name in /etc/hosts
+${nameMachineSh('$BB ', '/newroot')}
+[ -z "$hok" ] || name_machine "$h"
 say "init $sd"
 exec $BB switch_root /newroot $sd
 `;

@@ -91,7 +91,7 @@ describe('qemu guest artefacts', () => {
     expect(insmods.indexOf('virtio_ring.ko')).toBeLessThan(insmods.indexOf('virtio.ko'));
     expect(insmods.indexOf('virtio.ko')).toBeLessThan(insmods.indexOf('virtio_pci.ko'));
     expect(script).toContain(`mount -t ext4 -o noatime ${ROOT_DEVICE} /newroot`);
-    expect(script).toMatch(new RegExp(`\nagent="${GUEST_AGENT_RUN_PATH} serve --stream \\$port --caps CAP_[A-Z_,]+"\n\\[ "\\$init" = systemd \\] \\|\\| exec \\$BB switch_root /newroot \\$agent\n`));
+    expect(script).toMatch(new RegExp(`\n\\[ "\\$init" = systemd \\] \\|\\| exec \\$BB switch_root /newroot ${GUEST_AGENT_RUN_PATH} serve --stream "\\$port" --caps 'CAP_[A-Z_,]+'\n`));
     // a system machine's: the image's systemd, which starts the agent as a runtime unit
     expect(script).toMatch(new RegExp(`ExecStart=${GUEST_AGENT_RUN_PATH} serve --stream \\$port --system\n`));
     expect(script).toMatch(/\nexec \$BB switch_root \/newroot \$sd\n$/);

@@ -70,7 +70,7 @@ export async function vmmUid(id: string): Promise<number> {
 }
 
 /** TCG's translation cache, MiB (within the driver's VMM_OVERHEAD beside QEMU's own memory) */
-export const TCG_TB_MIB = 128;
+const TCG_TB_MIB = 128;
 
 export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean, uid?: number): string[] {
   const f = vmFiles(runDir);
