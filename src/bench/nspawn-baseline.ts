@@ -1,6 +1,7 @@
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, readFile } from 'node:fs/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { join } from 'node:path';
 import { killTree, nspawnCgroupDirs, nspawnRunName, removeTree } from '../host/nspawn-cgroups.js';
 import { processStartTime } from '../host/procs.js';
@@ -12,8 +13,6 @@ import { closedLoop } from './loop.js';
 const SIGRTMIN_3 = 37;
 const HALT_GRACE_MS = 10_000;
 const BOOT_TIMEOUT_MS = 120_000;
-
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** The container's PID 1: systemd-nspawn's child, once it has exec'd systemd. */
 async function leaderOf(nspawn: number, end: number, gone: () => boolean): Promise<number> {

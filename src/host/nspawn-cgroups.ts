@@ -1,4 +1,5 @@
 import { readFile, readdir, rmdir } from 'node:fs/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { join } from 'node:path';
 import { detectCgroups } from './cgroups-detect.js';
 import { sameProcess } from './procs.js';
@@ -11,8 +12,6 @@ import { sameProcess } from './procs.js';
 
 /** each run's directories: this prefix, then PID-STARTTIME-N of the bench that made them */
 export const NSPAWN_CGROUP_PREFIX = 'snaplab-bench-nspawn-';
-
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /**
  * The directories an nspawn run gets, one per hierarchy systemd uses: name=systemd and the unified
