@@ -75,9 +75,10 @@ export interface LabCreateOptions {
   userns?: boolean;
   /**
    * 'systemd': a system machine: the image's own systemd is PID 1 (the agent runs beside it), and
-   * create returns once `systemctl is-system-running` says running or degraded. Needs a user
-   * namespace. Default: 'systemd' for an image whose /sbin/init is systemd (found at build or
-   * import: `image inspect` shows it), else 'agent' (the agent is PID 1).
+   * create returns once `systemctl is-system-running` says running or degraded. On namespaces it
+   * needs a user namespace; on qemu the guest's systemd starts the agent as a unit. An image
+   * without systemd is refused (BAD_INPUT). Default: 'systemd' for an image whose /sbin/init is
+   * systemd (found at build or import: `image inspect` shows it), else 'agent' (the agent is PID 1).
    */
   init?: 'agent' | 'systemd';
   /** labels to select it by (`list({ labels })`) and free metadata, both string to string */
