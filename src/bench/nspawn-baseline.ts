@@ -3,8 +3,10 @@ import { existsSync } from 'node:fs';
 import { mkdir, readFile } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { join } from 'node:path';
-import { killTree, nspawnCgroupDirs, nspawnRunName, removeTree } from '../host/nspawn-cgroups.js';
+import { destroyCgroup } from '../host/cgroups-destroy.js';
+import { nspawnCgroup, nspawnCgroupDirs, nspawnRunName } from '../host/nspawn-cgroups.js';
 import { processStartTime } from '../host/procs.js';
+import { SYSTEMD_PATHS } from '../lab/system.js';
 import { run, which } from '../host/run.js';
 import type { Arm, LoopLimits } from './baselines.js';
 import { closedLoop } from './loop.js';
@@ -68,17 +70,18 @@ async function bootOnce(nspawn: string, tree: string, name: string): Promise<num
     done = true;
     return ms;
   } finally {
-    // halted as a machine is (SIGRTMIN+3) when it came up; a run that failed is killed outright
-    if (done && leader) process.kill(leader, SIGRTMIN_3);
-    else for (const d of dirs) await killTree(d);
-    if (child && child.exitCode === null && child.signalCode === null) {
-      const killed = setTimeout(() => child!.kill('SIGKILL'), HALT_GRACE_MS);
-      await exited;
-      clearTimeout(killed);
+    // halted as a machine is (SIGRTMIN+3) when it came up; a run that failed is killed outright,
+    // and its cgroup goes as a machine's does (it throws if something stays)
+    if (done && leader) {
+      process.kill(leader, SIGRTMIN_3);
+      if (child && child.exitCode === null && child.signalCode === null) {
+        const killed = setTimeout(() => child!.kill('SIGKILL'), HALT_GRACE_MS);
+        await exited;
+        clearTimeout(killed);
+      }
     }
-    const left = [];
-    for (const d of dirs) if (!(await removeTree(d))) left.push(d);
-    if (left.length) throw new Error(`cannot remove the run's cgroups ${left.join(', ')} (snaplab gc will)`);
+    await destroyCgroup(nspawnCgroup(name), HALT_GRACE_MS);
+    await exited;
   }
 }
 
@@ -87,7 +90,7 @@ export async function nspawnArm(tree: string, lim: LoopLimits): Promise<Arm | st
   const nspawn = await which('systemd-nspawn');
   if (!nspawn) return 'systemd-nspawn not installed (apt-get install systemd-container to measure it)';
   if (!(await which('nsenter'))) return 'nsenter not found (util-linux)';
-  if (!existsSync(join(tree, 'lib/systemd/systemd')) && !existsSync(join(tree, 'usr/lib/systemd/systemd'))) return `the image has no systemd (${tree})`;
+  if (!SYSTEMD_PATHS.some((p) => existsSync(join(tree, p)))) return `the image has no systemd (${tree})`;
   let n = 0;
   const start = (await processStartTime(process.pid)) ?? 0;
   return {

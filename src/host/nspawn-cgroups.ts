@@ -1,7 +1,8 @@
-import { readFile, readdir, rmdir } from 'node:fs/promises';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { detectCgroups } from './cgroups-detect.js';
+import { destroyCgroup } from './cgroups-destroy.js';
+import type { Cgroup } from './cgroups-types.js';
 import { sameProcess } from './procs.js';
 
 /*
@@ -14,47 +15,26 @@ import { sameProcess } from './procs.js';
 export const NSPAWN_CGROUP_PREFIX = 'snaplab-bench-nspawn-';
 
 /**
- * The directories an nspawn run gets, one per hierarchy systemd uses: name=systemd and the unified
- * mount on a v1 hybrid host, the cgroup2 root on a v2 one. systemd-nspawn without machined
- * (`--register=no --keep-unit`) makes its payload and supervisor cgroups under the cgroup it was
- * started in, and left them at the top of the host's hierarchies when started at the root
- * (issue #13): each run starts in a directory of its own, removed after.
+ * The cgroup an nspawn run gets: a directory in each hierarchy systemd uses, name=systemd and the
+ * unified mount on a v1 hybrid host, the cgroup2 root on a v2 one. systemd-nspawn without
+ * machined (`--register=no --keep-unit`) makes its payload and supervisor cgroups under the
+ * cgroup it was started in, and left them at the top of the host's hierarchies when started at
+ * the root (issue #13): each run starts in a cgroup of its own, destroyed after (destroyCgroup,
+ * as a machine's is).
  */
-export function nspawnCgroupDirs(name: string): string[] {
+export function nspawnCgroup(name: string): Cgroup {
   const layout = detectCgroups();
-  if (layout.version === 2) return [join(layout.root, name)];
-  return [layout.named?.systemd, layout.unified].filter((d): d is string => d !== undefined).map((d) => join(d, name));
+  const dirs = layout.version === 2 ? [join(layout.root, name)] : layout.named?.systemd ? [join(layout.named.systemd, name)] : [];
+  const unified = layout.version === 1 && layout.unified ? join(layout.unified, name) : undefined;
+  return {
+    id: name, version: layout.version, root: layout.root, dirs, controllerDirs: {}, skipped: [],
+    procsFiles: [...dirs, ...(unified ? [unified] : [])].map((d) => join(d, 'cgroup.procs')),
+    ...(unified ? { unifiedDir: unified } : {}),
+  };
 }
 
-/** SIGKILL every process in a cgroup directory and those below it. */
-export async function killTree(dir: string): Promise<void> {
-  const procs = (await readFile(join(dir, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n').filter(Boolean).map(Number);
-  for (const p of procs) {
-    try {
-      process.kill(p, 'SIGKILL');
-    } catch {
-      /* gone */
-    }
-  }
-  for (const k of await readdir(dir, { withFileTypes: true }).catch(() => [])) if (k.isDirectory()) await killTree(join(dir, k.name));
-}
-
-/** Kill what is left in a cgroup directory and remove it with those below it; false if it stays. */
-export async function removeTree(dir: string): Promise<boolean> {
-  await killTree(dir);
-  const kids = await readdir(dir, { withFileTypes: true }).catch(() => []);
-  for (const k of kids) if (k.isDirectory()) await removeTree(join(dir, k.name));
-  for (let i = 0; i < 100; i++) {
-    try {
-      await rmdir(dir);
-      return true;
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return true;
-      await sleep(20); // its last processes are still leaving
-    }
-  }
-  return false;
-}
+/** Every directory of a run's cgroup (what the shell that starts nspawn joins). */
+export const nspawnCgroupDirs = (name: string): string[] => nspawnCgroup(name).procsFiles.map((f) => f.slice(0, -'/cgroup.procs'.length));
 
 /** A run's directory name, and whose it is: the bench process (pid and start time). */
 export const nspawnRunName = (pid: number, start: number, n: number): string => `${NSPAWN_CGROUP_PREFIX}${pid}-${start}-${n}`;
@@ -70,12 +50,15 @@ function ownerOf(name: string): { pid: number; start: number } | undefined {
  */
 export async function sweepNspawnCgroups(): Promise<string[]> {
   const removed: string[] = [];
+  const seen = new Set<string>();
   for (const parent of nspawnCgroupDirs('')) {
     for (const e of await readdir(parent).catch(() => [] as string[])) {
-      if (!e.startsWith(NSPAWN_CGROUP_PREFIX)) continue;
+      if (!e.startsWith(NSPAWN_CGROUP_PREFIX) || seen.has(e)) continue;
+      seen.add(e);
       const owner = ownerOf(e);
       if (!owner || (await sameProcess(owner.pid, owner.start))) continue; // not ours to judge, or a bench that runs
-      if (await removeTree(join(parent, e))) removed.push(`cgroup ${join(parent, e)}`);
+      const cg = nspawnCgroup(e);
+      if (await destroyCgroup(cg, 5000).then(() => true, () => false)) removed.push(...nspawnCgroupDirs(e).map((d) => `cgroup ${d}`));
     }
   }
   return removed;

@@ -15,7 +15,7 @@ import { checkName, defaultName, newId } from './names.js';
 import { undoRaise } from './teardown.js';
 import { DEFAULT_DISK_BYTES } from './limits.js';
 import { DEFAULT_ENV } from './exec.js';
-import { waitSystemRunning } from './system.js';
+import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
 import { claimRange, releaseRange } from '../host/userns-registry.js';
 
@@ -63,9 +63,6 @@ export const USERNS_STORAGE: readonly StorageKind[] = ['btrfs', 'dir', 'overlay'
  * A scenario machine joins the user namespace that owns its network namespace (made by `up`, kept
  * across resets: `uidBase`); one raised into a network namespace without one has none.
  */
-/** where an image's systemd is (Debian's, merged /usr or not) */
-const SYSTEMD_PATHS = ['lib/systemd/systemd', 'usr/lib/systemd/systemd'];
-
 export function usernsFor(ctx: LabContext, input: Pick<RaiseInput, 'driver' | 'storage' | 'userns' | 'netns' | 'uidBase'>): boolean {
   return input.userns !== false && ctx.driver(input.driver).capabilities.userns && USERNS_STORAGE.includes(input.storage) && (input.netns === undefined || input.uidBase !== undefined);
 }

@@ -2,6 +2,9 @@ import type { AgentClient } from '../agent/client.js';
 import { SnaplabError } from '../errors.js';
 import { DEFAULT_ENV } from './exec.js';
 
+/** Where an image's systemd is, relative to its tree (Debian's, merged /usr or not). */
+export const SYSTEMD_PATHS = ['lib/systemd/systemd', 'usr/lib/systemd/systemd'];
+
 /** How long a system machine's systemd may take to come up (emulated or loaded hosts are slow). */
 export const SYSTEM_BOOT_TIMEOUT_MS = 120_000;
 
