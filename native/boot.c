@@ -135,7 +135,7 @@ static int etc_file(const char *path, int flags)
 	return f;
 }
 
-static void name_machine(const char *hostname)
+void name_machine(const char *hostname)
 {
 	int f = etc_file("/etc/hostname", O_WRONLY | O_CREAT | O_TRUNC);
 	if (f >= 0) {

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define PROTO_MAJOR 1
-#define PROTO_MINOR 2
+#define PROTO_MINOR 3
 #define AGENT_VERSION "0.1.0"
 
 #define FRAME_HDR 12u
@@ -35,6 +35,7 @@ enum frame_type {
 	T_RESET = 0x09, /* end the session (kill its execs), answered by HELLO with this id */
 	T_RESIZE = 0x0a, /* 1.2: u16 cols, u16 rows for a tty exec */
 	T_HOLD_OUTPUT = 0x0b, /* 1.2: u32 1 = stop reading an exec's output, 0 = read it again (the relay) */
+	T_IDENTITY = 0x0c, /* 1.3: a restored machine's own name, machine id and entropy (docs/agent-protocol.md) */
 	/* responses: agent -> host */
 	T_HELLO = 0x80,
 	T_PONG = 0x81,

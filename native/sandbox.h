@@ -44,4 +44,8 @@ struct spawn_req {
  */
 pid_t spawn_child(struct spawn_req *r);
 
+/* The machine's name in its /etc/hostname and /etc/hosts (127.0.1.1), regular files only, never
+ * through a symlink (boot.c; a system machine's systemd and sudo read them). */
+void name_machine(const char *hostname);
+
 #endif

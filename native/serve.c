@@ -43,6 +43,7 @@
 #ifdef FUZZ
 int fuzz_open(const char *path);
 int fuzz_clock_settime(clockid_t clock, const struct timespec *ts);
+int fuzz_identity(const char *hostname, const char *machine_id, const uint8_t *entropy, size_t n, int system);
 #define FUZZ_EFFECT(real, fake) (fake)
 #else
 #define FUZZ_EFFECT(real, fake) (real)
@@ -1076,6 +1077,75 @@ static int list_entries(char *out, size_t cap, const char *dir)
 /* STATUS: what a recycled sandbox must not carry to the next execution, as seen from inside:
  * processes, System V IPC objects, and the entries of the in-memory filesystems (/dev, /dev/shm,
  * /dev/mqueue, /run) that are not part of the root filesystem's volume. */
+/* IDENTITY (1.3), for a machine restored from a memory snapshot, so that several restores of one
+ * snapshot can run side by side: u8 flags (1: a system machine, its name goes into /etc too),
+ * u8 length and the host name, 32 hex digits of machine id, then entropy to mix into the
+ * kernel's pool (every restore would otherwise draw the same random numbers). Done here, not
+ * by a command: a restored guest's first fork and exec fault in pages and, under emulation,
+ * translate code for hundreds of milliseconds (docs/agent-protocol.md). */
+#ifndef FUZZ
+static int set_identity(const char *hostname, const char *machine_id, const uint8_t *entropy, size_t n, int system, const char **step)
+{
+	*step = "sethostname";
+	if (sethostname(hostname, strlen(hostname)) < 0)
+		return -1;
+	*step = "/etc/machine-id";
+	int f = open("/etc/machine-id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+	if (f < 0)
+		return -1;
+	int ok = dprintf(f, "%s\n", machine_id) == 33;
+	close(f);
+	if (!ok)
+		return -1;
+	*step = "/dev/urandom";
+	f = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+	if (f < 0)
+		return -1;
+	ssize_t w = n ? write(f, entropy, n) : 0;
+	close(f);
+	if (w < 0 || (size_t)w != n)
+		return -1;
+	if (system)
+		name_machine(hostname);
+	return 0;
+}
+#endif
+
+static void do_identity(struct conn *c, uint32_t id, const uint8_t *p, size_t len)
+{
+	char hostname[65], machine_id[33];
+	if (len < 2 || p[1] == 0 || p[1] > 64 || len < 2u + p[1] + 32 || (p[0] & ~1u)) {
+		reply_error(c, id, EINVAL, "bad IDENTITY payload");
+		return;
+	}
+	size_t hl = p[1];
+	memcpy(hostname, p + 2, hl);
+	hostname[hl] = 0;
+	memcpy(machine_id, p + 2 + hl, 32);
+	machine_id[32] = 0;
+	for (size_t i = 0; i < hl; i++) {
+		char ch = hostname[i];
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '.' || ch == '_')) {
+			reply_error(c, id, EINVAL, "bad IDENTITY host name");
+			return;
+		}
+	}
+	for (size_t i = 0; i < 32; i++) {
+		char ch = machine_id[i];
+		if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) {
+			reply_error(c, id, EINVAL, "bad IDENTITY machine id");
+			return;
+		}
+	}
+	const uint8_t *entropy = p + 2 + hl + 32;
+	size_t n = len - 2 - hl - 32;
+	const char *step = "identity";
+	if (FUZZ_EFFECT(set_identity(hostname, machine_id, entropy, n, p[0] & 1, &step), fuzz_identity(hostname, machine_id, entropy, n, p[0] & 1)) < 0)
+		reply_error(c, id, errno, "%s: %s", step, strerror(errno));
+	else
+		reply(c, T_OK, id, NULL, 0);
+}
+
 static void do_status(struct conn *c, uint32_t id)
 {
 	static const char *const dirs[] = { "/dev", "/dev/shm", "/dev/mqueue", "/run", "/run/snaplab" };
@@ -1199,6 +1269,9 @@ static void handle_frame(struct conn *c, const struct frame *f)
 			reply(c, T_OK, f->id, NULL, 0);
 		break;
 	}
+	case T_IDENTITY:
+		do_identity(c, f->id, f->payload, f->len);
+		break;
 	case T_RESET:
 		/* End the session: the host (re)connected, e.g. to a restored VM whose agent never saw
 		 * the previous host go. Input before the RESET is consumed (frames are handled in

@@ -356,6 +356,60 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
       expect((await lab.list()).map((b) => b.name)).not.toContain('nosd');
     }
   });
+
+  it('run in scenarios beside namespace machines: each reaches the other\'s service; a reset resumes the VM from memory, its services and network intact', async () => {
+    // a socket-activated service of the VM's own systemd, and a busybox httpd on a namespace machine
+    writeFileSync(join(lab.home, 'hello.socket'), '[Socket]\nListenStream=8080\nAccept=yes\n[Install]\nWantedBy=sockets.target\n');
+    writeFileSync(join(lab.home, 'hello@.service'), '[Service]\nExecStart=/bin/echo hello from the vm\nStandardOutput=socket\n');
+    const file = join(lab.home, 'vm-scenario.yaml');
+    writeFileSync(file, [
+      'networks:', '  lan: 10.77.29.0/24',
+      'machines:',
+      '  vm:', '    image: sysd', '    init: systemd', '    driver: qemu', '    networks: { lan: {} }',
+      '    provision:',
+      '      - copy: { from: ./hello.socket, to: /etc/systemd/system/ }',
+      "      - copy: { from: './hello@.service', to: /etc/systemd/system/ }",
+      '      - run: systemctl enable --now hello.socket',
+      '    start:', '      - run: sh -c "echo started >> /root/starts"',
+      '    ready:', '      - unit: hello.socket', '      - tcp: 8080',
+      // the VM reaches the namespace machine's httpd with its own bash
+      '      - command: [bash, -c, \'exec 3<>/dev/tcp/box/8080 && printf "GET / HTTP/1.0\\r\\n\\r\\n" >&3 && grep -q "hello from box" <&3\']',
+      '        timeout: 20s',
+      '  box:', '    networks: { lan: {} }',
+      '    start:', "      - run: sh -c 'mkdir -p /srv && echo hello from box > /srv/index.html && httpd -p 8080 -h /srv'",
+      '    ready:', '      - tcp: 8080',
+      '      - command: sh -c "nc vm 8080 | grep -q \'hello from the vm\'"', '        timeout: 60s',
+    ].join('\n'));
+    const scn = await lab.up(file, { name: 'vmscn' });
+    try {
+      const vm = await lab.get('vmscn/vm');
+      expect(vm.info).toMatchObject({ driver: 'qemu', init: 'systemd', state: 'running' });
+      const boot = await out(vm, ['cat', '/proc/sys/kernel/random/boot_id']);
+      // its NIC has the address's MAC and the address, given by snaplab's /init (minbase has no ip)
+      expect(await out(vm, ['sh', '-c', 'cat /sys/class/net/eth0/address; hostname -I'])).toBe('02:77:0a:4d:1d:0a\n10.77.29.10');
+      vm.close();
+      // blocks are routes in a machine's namespace, which a VM's traffic is bridged through: refused
+      await expect(scn.block('vm', 'box')).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/vm is a VM/) });
+      await scn.snapshot('base');
+      // a VM machine's memory snapshot continues only in its scenario
+      await expect(lab.restore('vmscn@base.vm', { name: 'stray' })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/scenario machine/) });
+      expect((await lab.list()).map((b) => b.name)).not.toContain('stray');
+      await using changed = await lab.get('vmscn/vm');
+      await out(changed, ['systemctl', 'stop', 'hello.socket']);
+      changed.close();
+      const r = await scn.reset('base');
+      expect(r.trace.phases.map((p) => p.name)).not.toContain('start vm'); // it continued, running
+      await using again = await lab.get('vmscn/vm');
+      expect(await out(again, ['cat', '/proc/sys/kernel/random/boot_id'])).toBe(boot); // not booted
+      expect(await out(again, ['systemctl', 'is-active', 'hello.socket'])).toBe('active');
+      expect(await out(again, ['cat', '/root/starts'])).toBe('started');
+      await using box = await lab.get('vmscn/box');
+      expect(await out(box, ['sh', '-c', 'nc vm 8080'])).toBe('hello from the vm');
+      expect(await out(again, ['bash', '-c', 'exec 3<>/dev/tcp/box/8080 && printf "GET / HTTP/1.0\\r\\n\\r\\n" >&3 && tail -n 1 <&3'])).toBe('hello from box');
+    } finally {
+      await scn.down();
+    }
+  }, 300_000);
 });
 
 describe('the bench\'s systemd-nspawn baseline (raise --init systemd)', () => {

@@ -15,7 +15,7 @@
  *     process "exits" when an input says so (exec_finish, as reap() calls it), and at the end
  *     of every input.
  *   - FILE_PUT writes nothing, FILE_GET reads a memfd made up from its path, SET_CLOCK sets no
- *     clock (FUZZ_EFFECT in serve.c): the fuzzer runs as root on the host.
+ *     clock, IDENTITY no name (FUZZ_EFFECT in serve.c): the fuzzer runs as root on the host.
  * Pipes and pseudo-terminals are real (TIOCSWINSZ, /dev/ptmx), and STATUS reads this host's
  * /proc and /dev. The frame limit is 1 MiB in this build (frame.h says why).
  *
@@ -123,6 +123,15 @@ int fuzz_clock_settime(clockid_t clock, const struct timespec *ts)
 		errno = EINVAL; /* as the kernel answers */
 		return -1;
 	}
+	return 0;
+}
+
+/* IDENTITY sets nothing here; what do_identity checked is checked again */
+int fuzz_identity(const char *hostname, const char *machine_id, const uint8_t *entropy, size_t n, int system)
+{
+	size_t hl = strlen(hostname);
+	if (hl == 0 || hl > 64 || strlen(machine_id) != 32 || (n && !entropy) || (system & ~1))
+		abort();
 	return 0;
 }
 

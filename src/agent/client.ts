@@ -15,6 +15,8 @@ import {
   encodeFrame,
   encodeResize,
   encodeSetClock,
+  encodeIdentity,
+  type Identity,
   encodeU32,
   ExitFlag,
   HEADER_SIZE,
@@ -561,6 +563,17 @@ export class AgentClient implements AsyncDisposable {
 
   async setClock(ns: bigint): Promise<void> {
     await this.call(MsgType.SET_CLOCK, encodeSetClock(ns), MsgType.OK);
+  }
+
+  /** A restored machine's own name, machine id and fresh entropy, set by the agent itself (1.3). */
+  async setIdentity(identity: Identity): Promise<void> {
+    this.requireMinor(3, 'set a machine\'s identity');
+    await this.call(MsgType.IDENTITY, encodeIdentity(identity), MsgType.OK);
+  }
+
+  /** The protocol minor the agent answered with (what it can do). */
+  get minor(): number {
+    return this.protocolMinor;
   }
 
   /** Ends the connection; the agent kills the execs this connection started. */

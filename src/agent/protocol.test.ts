@@ -7,6 +7,7 @@ import {
   encodeExec,
   encodeFrame,
   encodeHello,
+  encodeIdentity,
   FrameDecoder,
   HEADER_SIZE,
   MAX_PAYLOAD,
@@ -96,5 +97,16 @@ describe('payloads', () => {
     x.writeBigUInt64LE(2n ** 40n, 40);
     expect(decodeExit(x)).toMatchObject({ code: -1, signal: 9, flags: 1, userUs: 1500, wallUs: 2 ** 40 });
     expect(() => decodeExit(Buffer.alloc(10))).toThrow(/too short/);
+  });
+
+  it('IDENTITY: flags, the name\'s length and bytes, the machine id, the entropy; bad values refused before sending', () => {
+    const id = '0123456789abcdef0123456789abcdef';
+    const b = encodeIdentity({ hostname: 'web-1', machineId: id, entropy: Buffer.from([9, 8, 7]), system: true });
+    expect(b.toString('hex')).toBe(Buffer.concat([Buffer.from([1, 5]), Buffer.from('web-1'), Buffer.from(id), Buffer.from([9, 8, 7])]).toString('hex'));
+    expect(encodeIdentity({ hostname: 'a', machineId: id, entropy: Buffer.alloc(0), system: false })[0]).toBe(0);
+    expect(() => encodeIdentity({ hostname: 'a b', machineId: id, entropy: Buffer.alloc(0), system: false })).toThrow(/invalid host name/);
+    expect(() => encodeIdentity({ hostname: 'x'.repeat(65), machineId: id, entropy: Buffer.alloc(0), system: false })).toThrow(/invalid host name/);
+    expect(() => encodeIdentity({ hostname: 'a', machineId: id.toUpperCase(), entropy: Buffer.alloc(0), system: false })).toThrow(/machine id/);
+    expect(() => encodeIdentity({ hostname: 'a', machineId: id, entropy: Buffer.alloc(4097), system: false })).toThrow(/at most 4096/);
   });
 });

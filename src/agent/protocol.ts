@@ -6,7 +6,7 @@
 import { SnaplabError } from '../errors.js';
 
 export const PROTOCOL_MAJOR = 1;
-export const PROTOCOL_MINOR = 2;
+export const PROTOCOL_MINOR = 3;
 export const HEADER_SIZE = 12;
 export const MAX_PAYLOAD = 64 * 1024 * 1024;
 
@@ -23,6 +23,8 @@ export const MsgType = {
   /** Ends the session (the agent kills its execs) and is answered by HELLO with the same id. */
   RESET: 0x09,
   RESIZE: 0x0a,
+  /** 1.3: a restored machine's own host name, machine id and entropy, set by the agent itself */
+  IDENTITY: 0x0c,
   // responses, agent -> host
   HELLO: 0x80,
   PONG: 0x81,
@@ -287,6 +289,24 @@ export function encodeSetClock(ns: bigint): Buffer {
   const b = Buffer.allocUnsafe(8);
   b.writeBigInt64LE(ns, 0);
   return b;
+}
+
+export interface Identity {
+  hostname: string;
+  /** 32 lowercase hex digits */
+  machineId: string;
+  /** mixed into the guest's random pool (not credited), at most 4 KiB */
+  entropy: Buffer;
+  /** a system machine: its name goes into /etc/hostname and /etc/hosts too */
+  system: boolean;
+}
+
+export function encodeIdentity(i: Identity): Buffer {
+  const name = Buffer.from(i.hostname, 'utf8');
+  if (name.length < 1 || name.length > 64 || !/^[A-Za-z0-9._-]+$/.test(i.hostname)) throw new SnaplabError('BAD_NAME', `invalid host name ${JSON.stringify(i.hostname)}`, 'use 1-64 letters, digits, ".", "_" or "-"');
+  if (!/^[0-9a-f]{32}$/.test(i.machineId)) throw new SnaplabError('INTERNAL', `invalid machine id ${JSON.stringify(i.machineId)}`);
+  if (i.entropy.length > 4096) throw new SnaplabError('INTERNAL', `${i.entropy.length} bytes of entropy: at most 4096`);
+  return Buffer.concat([Buffer.from([i.system ? 1 : 0, name.length]), name, Buffer.from(i.machineId, 'latin1'), i.entropy]);
 }
 
 export interface ErrorPayload {

@@ -19,7 +19,7 @@ async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, prog
   const rootfs = async (): Promise<string> => (await lab.image('busybox')).path;
   for (const name of plan.baselines) {
     let arm: Arm | string;
-    if (name === 'down+up') arm = downUp(lab, { ...lim, file: plan.scenario!, storage: plan.variants[0]!.storage });
+    if (name === 'down+up') arm = downUp(lab, { ...lim, file: plan.scenario!, storage: plan.variants[0]!.storage, driver: plan.driver });
     else if (name === 'boot') {
       const v = plan.variants[0]!;
       arm = bootArm(lab, lim, { driver: plan.driver, storage: v.storage, image: plan.image, init: v.init, userns: v.userns });

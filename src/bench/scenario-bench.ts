@@ -10,6 +10,8 @@ export interface ScenarioBenchSettings extends LoopLimits {
   concurrency: number;
   file: string;
   storage?: StorageKind;
+  /** the driver of machines whose file names none (`bench --driver qemu`: VMs) */
+  driver?: string;
 }
 
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
@@ -23,7 +25,7 @@ function oneAtATime(concurrency: number, workload: string): void {
 export async function scenarioUp(lab: Lab, s: ScenarioBenchSettings): Promise<LoopResult> {
   oneAtATime(s.concurrency, 'scenario-up');
   return closedLoop(1, s, async () => {
-    const scn = await lab.up(s.file, { name: uniqueName('up'), storage: s.storage });
+    const scn = await lab.up(s.file, { name: uniqueName('up'), storage: s.storage, driver: s.driver });
     const t = scn.lastTrace!;
     await scn.down();
     return { latencyMs: t.totalMs, phases: phasesOf(t) };
@@ -36,7 +38,7 @@ export async function scenarioUp(lab: Lab, s: ScenarioBenchSettings): Promise<Lo
  */
 export async function scenarioReset(lab: Lab, s: ScenarioBenchSettings): Promise<LoopResult> {
   oneAtATime(s.concurrency, 'scenario-reset');
-  const scn = await lab.up(s.file, { name: uniqueName('reset'), storage: s.storage });
+  const scn = await lab.up(s.file, { name: uniqueName('reset'), storage: s.storage, driver: s.driver });
   try {
     await scn.snapshot('base');
     return await closedLoop(1, s, async () => {
@@ -56,12 +58,12 @@ export function downUp(lab: Lab, s: Omit<ScenarioBenchSettings, 'concurrency'>):
     run: async (concurrency) => {
       oneAtATime(concurrency, 'down+up');
       const name = uniqueName('downup');
-      let scn = await lab.up(s.file, { name, storage: s.storage });
+      let scn = await lab.up(s.file, { name, storage: s.storage, driver: s.driver });
       try {
         return await closedLoop(1, s, async () => {
           const t0 = now();
           await scn.down();
-          scn = await lab.up(s.file, { name, storage: s.storage });
+          scn = await lab.up(s.file, { name, storage: s.storage, driver: s.driver });
           return { latencyMs: now() - t0 };
         });
       } finally {

@@ -132,7 +132,7 @@ export function runWorkload(api: LabApi, w: Workload, s: WorkloadSettings): Prom
   if (!(api instanceof Lab)) throw new SnaplabError('BAD_INPUT', `--host applies to exec and fresh-exec, not ${w}`, 'drop --host');
   const lab = api;
   if (w === 'scenario-up' || w === 'scenario-reset') {
-    const settings = { ...s, file: s.scenario!, storage: s.storage };
+    const settings = { ...s, file: s.scenario!, storage: s.storage, driver: s.driver };
     return w === 'scenario-up' ? scenarioUp(lab, settings) : scenarioReset(lab, settings);
   }
   return { raise, snapshot, restore }[w](lab, s);

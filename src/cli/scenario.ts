@@ -29,13 +29,14 @@ export function registerScenario(program: Command): void {
     .command('up <file>')
     .description('raise a scenario: networks, machines in parallel, provisioning, start steps, readiness')
     .option('--name <name>', 'name of the scenario (default: the file\'s `name`)')
+    .option('--driver <name>', 'the driver of machines whose file names none: namespaces, or qemu (VMs on the scenario networks)', 'namespaces')
     .option('--keep-on-failure', 'leave what was raised when a step or check fails, to debug it')
     .option('--ports', "then stay in the foreground holding the machines' `ports:` on 127.0.0.1 until Ctrl-C (the scenario stays up)")
     .option('--json', 'print the status as JSON');
   addTraceOption(up);
-  up.action((file: string, o: CommonOptions & { name?: string; keepOnFailure?: boolean; ports?: boolean }) =>
+  up.action((file: string, o: CommonOptions & { name?: string; keepOnFailure?: boolean; ports?: boolean; driver: string }) =>
     withLab(o, async (lab) => {
-      const s = await lab.up(file, { name: o.name, keepOnFailure: o.keepOnFailure, onProgress: progressPrinter(!!o.json) });
+      const s = await lab.up(file, { name: o.name, driver: o.driver, keepOnFailure: o.keepOnFailure, onProgress: progressPrinter(!!o.json) });
       const st = await s.status();
       if (o.json) printJson({ ...st, operation: s.lastTrace?.id, upMs: s.lastTrace?.totalMs });
       else process.stdout.write(`scenario ${s.name} is up in ${ms(s.lastTrace?.totalMs ?? 0)}\n\n${machinePhaseTable(s.lastTrace!, st.machines.map((m) => m.machine))}\n`);

@@ -16,6 +16,11 @@ export interface MachineSpec {
   source?: { id: string; path: string; image: boolean };
   /** join this existing network namespace (a path, e.g. /run/netns/snaplab-…) instead of a new loopback-only one */
   netns?: string;
+  /**
+   * (a VM in a scenario) its interfaces: each a tap in `netns`, made by `up` and bridged to the
+   * machine's veth on that network, and the address (CIDR) and MAC the guest gives its NIC
+   */
+  nics?: { tap: string; mac: string; address: string }[];
   /** run in a user namespace of its own: ids 0..count-1 inside are base.. on the host */
   userns?: { base: number; count: number };
   /** 'systemd': a system machine, the image's own init is PID 1 and the agent runs beside it */

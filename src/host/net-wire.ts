@@ -13,9 +13,17 @@ export interface WirePlan {
     netns: string;
     /** made in a user namespace of its own, mapping 0..count-1 to base.. (the machine's, kept across resets) */
     userns?: { base: number; count: number };
-    links: { bridgeNetns: string; hostIf: string; guestIf: string; address: string }[];
+    /**
+     * a VM's namespace (QEMU runs in it): each link's `guestIf` gets no address but is bridged to a
+     * tap of this name, which QEMU opens; the guest holds the address. Absent: the machine's
+     * processes live in the namespace and `guestIf` holds the address
+     */
+    links: { bridgeNetns: string; hostIf: string; guestIf: string; address: string; tap?: string }[];
   }[];
 }
+
+/** The bridge that joins a VM's tap to its veth, in the VM's network namespace. */
+const tapBridge = (tap: string): string => `br-${tap}`;
 
 function validate(plan: WirePlan): Map<string, string> {
   const bridges = new Map<string, string>();
@@ -34,6 +42,10 @@ function validate(plan: WirePlan): Map<string, string> {
       checkIfName(l.hostIf, 'bridge-side interface');
       checkIfName(l.guestIf, 'machine interface');
       checkCidr(l.address);
+      if (l.tap !== undefined) {
+        checkIfName(l.tap, 'tap');
+        checkIfName(tapBridge(l.tap), 'tap bridge');
+      }
     }
   }
   return bridges;
@@ -68,8 +80,10 @@ export async function wire(plan: WirePlan): Promise<void> {
       ];
       for (const m of plan.machines) {
         for (const l of m.links.filter((x) => x.bridgeNetns === ns)) {
+          // a VM's NIC has the address's MAC: its veth has one of its own, or the bridge between
+          // them would take the guest's frames for its own
           lines.push(
-            `link add ${l.hostIf} group ${NET_GROUP} master ${br} type veth peer name ${l.guestIf} address ${macFor(l.address)} netns ${m.netns}`,
+            `link add ${l.hostIf} group ${NET_GROUP} master ${br} type veth peer name ${l.guestIf}${l.tap ? '' : ` address ${macFor(l.address)}`} netns ${m.netns}`,
             `link set ${l.hostIf} addrgenmode none`,
             `link set ${l.hostIf} up`,
           );
@@ -83,7 +97,7 @@ export async function wire(plan: WirePlan): Promise<void> {
         batchOrThrow(m.netns, [
           'link set lo up',
           // no IPv6 link-local address: blocks and partitions are IPv4 routes, and fe80:: would go around them
-          ...m.links.flatMap((l) => [`link set ${l.guestIf} group ${NET_GROUP}`, `link set ${l.guestIf} addrgenmode none`, `addr add ${l.address} dev ${l.guestIf}`, `link set ${l.guestIf} up`]),
+          ...m.links.flatMap((l) => [`link set ${l.guestIf} group ${NET_GROUP}`, `link set ${l.guestIf} addrgenmode none`, ...(l.tap ? tapLines(l.guestIf, l.tap) : [`addr add ${l.address} dev ${l.guestIf}`]), `link set ${l.guestIf} up`]),
         ]),
       ),
     );
@@ -91,6 +105,26 @@ export async function wire(plan: WirePlan): Promise<void> {
     await unwire(all).catch(() => undefined);
     throw e;
   }
+}
+
+/**
+ * A persistent tap owned by root (QEMU opens it as root, without CAP_NET_ADMIN, before it drops
+ * to its own uid) and a bridge joining it to the veth `dev`, neither with an address: the
+ * namespace only carries the VM's frames.
+ */
+function tapLines(dev: string, tap: string): string[] {
+  const br = tapBridge(tap);
+  return [
+    `link add ${br} group ${NET_GROUP} type bridge stp_state 0 forward_delay 0 mcast_snooping 0`,
+    `link set ${br} addrgenmode none`,
+    `tuntap add dev ${tap} mode tap user 0`,
+    `link set ${tap} group ${NET_GROUP}`,
+    `link set ${tap} addrgenmode none`,
+    `link set ${tap} master ${br}`,
+    `link set ${tap} up`,
+    `link set ${dev} master ${br}`,
+    `link set ${br} up`,
+  ];
 }
 
 /**

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { nameMachineSh } from '../drivers/qemu/guest-init.js';
 import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
-import { SnaplabError } from '../errors.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
 import type { StorageBackend, StorageKind, Volume } from '../storage/backend.js';
 import { inflight } from './inflight.js';
 import { randomBytes } from 'node:crypto';
@@ -38,6 +38,8 @@ export interface RaiseInput {
   hostname?: string;
   /** a network namespace snaplab made, to join (scenario machines) */
   netns?: string;
+  /** (a VM scenario machine) its interfaces: taps in `netns` (MachineSpec.nics) */
+  nics?: { tap: string; mac: string; address: string }[];
   /** continue from this memory snapshot instead of booting (drivers that can) */
   memory?: MemoryImage;
   /** false: no user namespace (--no-userns); default: one wherever driver and storage allow (usernsFor) */
@@ -125,6 +127,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     }
     const machine = {
       id, hostname: input.hostname ?? name, limits: input.limits, netns: input.netns,
+      ...(input.nics ? { nics: input.nics } : {}),
       ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
       ...(input.init ? { init: input.init } : {}),
     };
@@ -155,17 +158,23 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       // a restored machine: the clock from the host, and an identity of its own, so that several
       // restores of one snapshot can run side by side
       await trace.phase('clock set', () => raised.agent.setClock(BigInt(Date.now()) * 1_000_000n));
-      // one command sets both and reseeds the guest's random pool (every restore of a snapshot
-      // would otherwise start from the same entropy), and is the first command run in the copy
+      // a name and machine id of its own, and the guest's random pool reseeded (every restore of
+      // a snapshot would otherwise draw the same numbers): the restored machine's first answer
       await trace.phase('identity', async () => {
-        const id = randomBytes(16).toString('hex');
+        const identity = { hostname: input.hostname ?? name, machineId: randomBytes(16).toString('hex'), entropy: randomBytes(512), system: input.init === 'systemd' };
+        // set by the agent itself (1.3): a restored guest's first fork and exec cost hundreds of
+        // milliseconds under emulation; a snapshot's older agent does it with a command
+        if (raised.agent.minor >= 3) return raised.agent.setIdentity(identity);
         // a system machine's name is in its /etc too (systemd reads it; sudo resolves it)
         const script = `${nameMachineSh()}\nhostname "$1" && echo "$2" > /etc/machine-id && { [ "$3" != systemd ] || name_machine "$1"; } && cat > /dev/urandom`;
-        const h = raised.agent.exec({ argv: ['sh', '-c', script, 'sh', input.hostname ?? name, id, input.init ?? 'agent'], env: DEFAULT_ENV, stdin: true });
-        h.write(randomBytes(512));
+        const h = raised.agent.exec({ argv: ['sh', '-c', script, 'sh', identity.hostname, identity.machineId, input.init ?? 'agent'], env: DEFAULT_ENV, stdin: true });
+        h.write(identity.entropy);
         h.end();
         const r = await h.result;
         if (r.exitCode !== 0) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${r.stderr.toString().trim()}`);
+      }).catch((e: unknown) => {
+        if (isSnaplabError(e, 'AGENT_ERROR')) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${(e as Error).message}`, 'see `snaplab trace` of the operation; the machine is removed');
+        throw e;
       });
     }
     // the agent's own binary, which every machine has at /run/snaplab/agent: an image need not

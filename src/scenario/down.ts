@@ -1,3 +1,4 @@
+import { rm } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import { destroyRecord } from '../lab/teardown.js';
@@ -21,6 +22,7 @@ export async function teardownScenario(ctx: LabContext, name: string): Promise<v
   await Promise.all(ctx.store.scenarioMachines(name).map((m) => destroyRecord(ctx, m)));
   for (const snap of ctx.store.listSnapshots().filter((x) => x.name.startsWith(`${name}@`))) {
     await (await ctx.readyBackend(snap.storage)).delete(snap.volume);
+    if (snap.memory) await rm(snap.memory.dir, { recursive: true, force: true }); // a VM machine's
     ctx.store.deleteSnapshot(snap.name);
   }
   await removeNetworks(ctx.home, s.id, s.spec as ScenarioSpec);

@@ -6,13 +6,15 @@ import type { StorageKind, Volume } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { netnsPath } from '../host/netns.js';
 import { scenarioRanges } from '../host/userns-registry.js';
-import { machineNetns, machineSandbox } from './names.js';
+import { isVm, machineNetns, machineSandbox, tapName } from './names.js';
+import { macFor } from '../host/net-names.js';
+import type { MemoryImage } from '../drivers/driver.js';
 import type { MachineFileSpec, ScenarioSpec } from './spec.js';
 import { hostsFile, type Machine } from './steps.js';
 
 /**
  * Raise one scenario machine into its (already wired) network namespace, from the image or from a
- * snapshot volume, and write its /etc/hosts. The namespace, and so its addresses, outlive the
+ * snapshot volume (a VM's with its memory: it continues running), and write its /etc/hosts. The namespace, and so its addresses, outlive the
  * sandbox: a reset raises a new sandbox into the same one.
  */
 export async function raiseMachine(
@@ -20,7 +22,7 @@ export async function raiseMachine(
   scenario: { name: string; id: string; spec: ScenarioSpec },
   index: number,
   trace: Trace,
-  from?: { volume: Volume; origin: string },
+  from?: { volume: Volume; origin: string; memory?: MemoryImage },
   storageKind?: StorageKind,
 ): Promise<Machine> {
   const m = scenario.spec.machines[index]!;
@@ -34,13 +36,15 @@ export async function raiseMachine(
       name: machineSandbox(scenario.name, m.name),
       image: m.image,
       storage: from ? from.volume.kind : storage,
-      driver: 'namespaces',
-      limits: withDefaults(m.limits),
+      driver: m.driver ?? 'namespaces',
+      limits: withDefaults(m.limits, m.driver ?? 'namespaces'),
       base: from ? async (): Promise<Volume> => from.volume : (): Promise<Volume> => imageVolume(ctx, m.image, storage, trace),
       origin: from?.origin ?? null,
       scenario: scenario.name,
       hostname: m.hostname,
       netns,
+      ...(isVm(m) ? { nics: m.networks.map((n, k) => ({ tap: tapName(k), mac: macFor(n.address), address: `${n.address}/${n.prefix}` })) } : {}),
+      ...(from?.memory ? { memory: from.memory } : {}),
       ...(uidBase !== undefined ? { uidBase } : {}),
       ...(m.init ? { init: m.init } : {}),
     },

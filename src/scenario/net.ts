@@ -4,7 +4,7 @@ import { blackholes } from '../host/net-links.js';
 import type { LabContext } from '../lab/context.js';
 import { getScenario } from './down.js';
 import { machineIndex } from './machines.js';
-import { machineNetns } from './names.js';
+import { isVm, machineNetns } from './names.js';
 import type { ScenarioSpec } from './spec.js';
 
 function machineOf(spec: ScenarioSpec, scenario: string, name: string): { index: number; addresses: string[] } {
@@ -15,6 +15,15 @@ function machineOf(spec: ScenarioSpec, scenario: string, name: string): { index:
   return { index, addresses: spec.machines[index]!.networks.map((n) => n.address) };
 }
 
+/**
+ * A block is a blackhole route in the machine's network namespace; a VM's traffic is bridged
+ * through its namespace, never routed there: refused before anything changes.
+ */
+function refuseVms(spec: ScenarioSpec, names: string[]): void {
+  const vm = names.find((x) => isVm(spec.machines[machineIndex(spec, x)]!));
+  if (vm !== undefined) throw new SnaplabError('BAD_INPUT', `machine ${vm} is a VM: blocks and partitions hold between namespace machines only, for now`, 'impair it instead (`snaplab net impair`), or make it a namespace machine');
+}
+
 /** Drop (or restore) traffic between machines a and b, both ways. */
 export async function setBlocked(ctx: LabContext, scenario: string, a: string, b: string, blocked: boolean): Promise<void> {
   const scn = getScenario(ctx, scenario);
@@ -22,6 +31,7 @@ export async function setBlocked(ctx: LabContext, scenario: string, a: string, b
   const ma = machineOf(spec, scenario, a);
   const mb = machineOf(spec, scenario, b);
   if (a === b) throw new SnaplabError('BAD_INPUT', `cannot ${blocked ? 'block' : 'unblock'} ${a} from itself`, 'name two different machines');
+  refuseVms(spec, [a, b]);
   const op = blocked ? block : unblock;
   await Promise.all([op(machineNetns(scn.id, ma.index), mb.addresses), op(machineNetns(scn.id, mb.index), ma.addresses)]);
 }
@@ -37,6 +47,7 @@ export async function partition(ctx: LabContext, scenario: string, groups: strin
     if (seen.has(name)) throw new SnaplabError('BAD_INPUT', `machine ${name} is in two groups of the partition`, 'give each machine to one group');
     seen.add(name);
   }
+  refuseVms(spec, [...seen]);
   const jobs: Promise<void>[] = [];
   for (const [gi, g] of groups.entries()) {
     for (const other of groups.slice(gi + 1)) for (const a of g) for (const b of other) jobs.push(setBlocked(ctx, scenario, a, b, true));
@@ -47,7 +58,7 @@ export async function partition(ctx: LabContext, scenario: string, groups: strin
 /** Unblock every pair of machines of the scenario. */
 export async function heal(ctx: LabContext, scenario: string): Promise<void> {
   const spec = getScenario(ctx, scenario).spec as ScenarioSpec;
-  const names = spec.machines.map((m) => m.name);
+  const names = spec.machines.filter((m) => !isVm(m)).map((m) => m.name);
   const jobs: Promise<void>[] = [];
   for (const [i, a] of names.entries()) for (const b of names.slice(i + 1)) jobs.push(setBlocked(ctx, scenario, a, b, false));
   await Promise.all(jobs);

@@ -59,7 +59,7 @@ describe('the shipped example', () => {
       }
     }
     const store = spec.machines[0]!;
-    expect(store.limits).toEqual({ memoryBytes: 64 * 1024 ** 2, pids: 64 });
+    expect(store.limits).toEqual({ memoryBytes: 128 * 1024 ** 2, pids: 64 });
     expect(store.provision[0]).toEqual({ copy: { from: join(a.dir, 'files/kv.cgi'), to: '/srv/store/cgi-bin/kv', mode: 0o755 } });
     expect(store.ready).toEqual([
       { kind: 'tcp', port: 8081, timeoutMs: 30_000 },
@@ -210,6 +210,12 @@ describe('errors name the file, line and column', () => {
     fails(['machines:', '  web:', '    groups: [9x]'], 3, /invalid group name/);
     fails(['machines:', '  web:', '    ports: ["80:http"]'], 3, /invalid port/);
     fails(['machines:', '  web:', '    init: systemd', '    ready:', '      - systemd: degraded'], 5, /running/);
+  });
+
+  it('a machine\'s driver: qemu makes it a VM, namespaces (the default) records none, anything else is refused', () => {
+    const spec = parse(['machines:', '  vm:', '    driver: qemu', '  box:', '    driver: namespaces', '  plain: {}']);
+    expect(spec.machines.map((m) => m.driver)).toEqual(['qemu', undefined, undefined]);
+    fails(['machines:', '  vm:', '    driver: firecracker'], 3, /namespaces or qemu/);
   });
 
   it('a machine on a network that is not defined', () => {

@@ -13,8 +13,9 @@ import { runSteps, waitReady } from './steps.js';
 /**
  * Every machine back to the snapshot and usable: in parallel, each machine's sandbox is destroyed
  * and a new one raised from its snapshot into the same network namespace (so addresses, bridges
- * and names stay), its start steps run again (processes do not survive a snapshot on this driver)
- * and its readiness is checked again. Default: the latest snapshot.
+ * and names stay), its start steps run again (processes do not survive a namespace machine's
+ * snapshot; a VM continues from its memory, running) and its readiness is checked again.
+ * Default: the latest snapshot.
  */
 export async function resetScenario(ctx: LabContext, name: string, to: string | undefined, trace: Trace): Promise<{ snapshot: string; discarded: Volume[] }> {
   const scn = getScenario(ctx, name);
@@ -50,12 +51,16 @@ export async function resetScenario(ctx: LabContext, name: string, to: string | 
         if (old.volume) discarded.push(old.volume);
       });
     }
+    // a VM continues from its memory on the same taps, which the old QEMU must have let go of
+    const memory = snapRec.memory ?? undefined;
+    if (memory) await killed;
     const [machine] = await Promise.all([
-      trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, { name, id: scn.id, spec }, j, trace, { volume: snapRec.volume, origin: snapRec.name })),
+      trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, { name, id: scn.id, spec }, j, trace, { volume: snapRec.volume, origin: snapRec.name, ...(memory ? { memory } : {}) })),
       killed,
     ]);
     try {
-      if (m.start.length) await trace.phase(`start ${m.name}`, () => runSteps(ctx, machine, m.start, 'start'));
+      // a VM restored from memory has its services running already
+      if (m.start.length && !memory) await trace.phase(`start ${m.name}`, () => runSteps(ctx, machine, m.start, 'start'));
       await trace.phase(`ready ${m.name}`, () => waitReady(ctx, machine));
     } finally {
       void machine.agent.close();

@@ -214,6 +214,7 @@ const Machine = z.strictObject(
   {
     image: str('an image name').optional(),
     init: z.enum(['agent', 'systemd'], { error: 'expected agent or systemd' }).optional(),
+    driver: z.enum(['namespaces', 'qemu'], { error: 'expected namespaces or qemu' }).optional(),
     hostname: str('a host name').optional(),
     memory: strOrNum('a size such as 128M').transform(conv(parseMemory)).optional(),
     pids: z.number({ error: 'expected a whole number' }).int({ error: 'expected a whole number' }).positive({ error: 'expected a positive number' }).optional(),

@@ -2,8 +2,11 @@ import { handleOf } from '../lab/handle.js';
 import { inflight } from '../lab/inflight.js';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
-import { checkName } from '../lab/names.js';
-import type { ScenarioSnapshotRecord, SnapshotRecord } from '../store/records.js';
+import type { SandboxRecord, ScenarioSnapshotRecord, SnapshotRecord } from '../store/records.js';
+import type { Driver, MemoryImage } from '../drivers/driver.js';
+import { checkName, newId } from '../lab/names.js';
+import { join } from 'node:path';
+import { rm } from 'node:fs/promises';
 import type { Trace } from '../timing/trace.js';
 import { getScenario } from './down.js';
 import type { ScenarioSpec } from './spec.js';
@@ -17,8 +20,9 @@ export interface ScenarioManifest {
 export const machineSnapshotName = (scenario: string, snap: string, machine: string): string => `${scenario}@${snap}.${machine}`;
 
 /**
- * One consistent point for the whole scenario: every machine frozen, every filesystem
- * snapshotted, one manifest written, every machine thawed (thawed even when a snapshot fails).
+ * One consistent point for the whole scenario: every machine frozen, every filesystem (and every
+ * VM's memory) snapshotted, one manifest written, every machine thawed (thawed even when a
+ * snapshot fails).
  */
 export async function snapshotScenario(ctx: LabContext, name: string, snap: string, trace: Trace): Promise<ScenarioSnapshotRecord> {
   checkName('snapshot', snap);
@@ -29,8 +33,8 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
   }
   const spec = scn.spec as ScenarioSpec;
   const machines = ctx.store.scenarioMachines(name);
-  const driver = ctx.driver('namespaces');
-  await trace.phase('freeze all', () => Promise.all(machines.map((m) => driver.pause(handleOf(m)))));
+  const driverOf = (m: SandboxRecord): Driver => ctx.driver(m.driver);
+  await trace.phase('freeze all', () => Promise.all(machines.map((m) => driverOf(m).pause(handleOf(m)))));
   let taken: SnapshotRecord[] = [];
   try {
     taken = await trace.phase('snapshot all', () =>
@@ -38,14 +42,31 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
       Promise.all(machines.map((m) => inflight(ctx, 'snapshot', async () => {
         const backend = await ctx.readyBackend(m.storage);
         const volume = await backend.snapshot(m.volume!);
+        // a VM's memory too, taken while it stands still with the rest: a reset resumes it
+        // running, its services and connections as they were
+        const driver = driverOf(m);
+        let memory: MemoryImage | undefined;
+        if (driver.snapshotMemory) {
+          const dir = join(ctx.home, 'snapshots', newId());
+          try {
+            memory = await driver.snapshotMemory(handleOf(m), dir, trace);
+          } catch (e) {
+            await backend.delete(volume).catch(() => undefined);
+            await rm(dir, { recursive: true, force: true });
+            throw e;
+          }
+        }
         const machine = m.name.slice(name.length + 1);
-        const rec: SnapshotRecord = { name: machineSnapshotName(name, snap, machine), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now(), init: m.init ?? null };
+        const rec: SnapshotRecord = {
+          name: machineSnapshotName(name, snap, machine), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now(),
+          driver: m.driver, memory: memory ? { ...memory, driver: m.driver } : null, init: m.init ?? null,
+        };
         ctx.store.insertSnapshot(rec);
         return rec;
       }))),
     );
   } finally {
-    await trace.phase('thaw all', () => Promise.all(machines.map((m) => driver.resume(handleOf(m)))));
+    await trace.phase('thaw all', () => Promise.all(machines.map((m) => driverOf(m).resume(handleOf(m)))));
   }
   const manifest: ScenarioManifest = {
     fileHash: scn.hash,

@@ -30,13 +30,16 @@ export interface MachineFileSpec {
   /** Run once at `up`, in order; their effect is in the filesystem and so in every snapshot. */
   provision: Step[];
   /**
-   * Run at `up` after provision and after every reset: on the namespaces driver a snapshot keeps
-   * files, not processes. Each must return (services run in the background).
+   * Run at `up` after provision and after every reset of a namespace machine: its snapshot keeps
+   * files, not processes (a VM's keeps its memory: its services are running after a reset, and
+   * its start steps are not run again). Each must return (services run in the background).
    */
   start: Step[];
   ready: Check[];
   /** 'systemd': a system machine (the image's systemd as PID 1); absent: the agent is PID 1 */
   init?: 'systemd';
+  /** 'qemu': a VM on the scenario's networks (a tap in its network namespace); absent: namespaces */
+  driver?: 'qemu';
   /** forwarded from 127.0.0.1 while `snaplab up --ports` (or `port-forward SCENARIO`) runs */
   ports?: { local: number; remote: number }[];
   /** Ansible groups in `snaplab inventory` (each network the machine is on is one too) */

@@ -6,6 +6,8 @@ import type { LabContext } from '../lab/context.js';
 import { execIn } from '../lab/sandbox-ops.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { Check, MachineFileSpec, ScenarioSpec, Step } from './spec.js';
+import { isVm } from './names.js';
+import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 
 export interface Machine {
   spec: MachineFileSpec;
@@ -86,7 +88,14 @@ async function attempt(ctx: LabContext, m: Machine, c: Check, remainingMs: numbe
       return { ok: r.exitCode === 0, last: `exit ${r.exitCode}: ${`${r.stdout.toString()}${r.stderr.toString()}`.trim().slice(-500)}` };
     }
     case 'tcp': {
-      const r = await tcpAccepts(m.netns, c.host ?? '127.0.0.1', c.port, Math.min(1000, Math.max(50, remainingMs)));
+      const host = c.host ?? '127.0.0.1';
+      const ms = Math.min(1000, Math.max(50, remainingMs));
+      if (isVm(m.spec)) {
+        // a VM's network is its guest's own: its agent tries (the host's namespace holds no address)
+        const r = await execIn(ctx, m.record, m.agent, [MACHINE_AGENT_PATH, 'connect', '--check', host, String(c.port)], { timeoutMs: Math.max(100, ms) });
+        return { ok: r.exitCode === 0, last: r.stderr.toString().trim().replace(/^snaplab: /, '') || `exit ${r.exitCode}` };
+      }
+      const r = await tcpAccepts(m.netns, host, c.port, ms);
       return { ok: r.ok, last: r.error ?? 'connected' };
     }
     case 'file': {

@@ -10,7 +10,8 @@ import { raiseMachine } from './machines.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
 import { claimRange, machineHolder, releaseRange, scenarioRanges } from '../host/userns-registry.js';
 import { usernsFor } from '../lab/raise.js';
-import { machineNetns, networkNetns, ownerDir, vethName } from './names.js';
+import { VM_DEFAULT_MEMORY, VM_MIN_MEMORY, vmTooSmall } from '../lab/limits.js';
+import { isVm, machineNetns, networkNetns, ownerDir, tapName, vethName } from './names.js';
 import type { LoadedScenario, ScenarioSpec } from './spec.js';
 import { runSteps, waitReady, type Machine } from './steps.js';
 import { teardownScenario } from './down.js';
@@ -20,6 +21,8 @@ export interface UpOptions {
   keepOnFailure?: boolean;
   /** storage of every machine (default: the best that works here) */
   storage?: StorageKind;
+  /** the driver of every machine that names none in the file (default: namespaces) */
+  driver?: string;
   /** live progress: machine, what it is doing now */
   onProgress?: (machine: string, status: string) => void;
 }
@@ -32,19 +35,21 @@ export interface UpOptions {
  * port 80), and a reset keeps namespace, range and addresses alike.
  */
 async function wireScenario(ctx: LabContext, sid: string, spec: ScenarioSpec, storage: StorageKind, trace: Trace): Promise<void> {
-  const userns = usernsFor(ctx, { driver: 'namespaces', storage });
-  const ranges = userns ? await trace.phase('user namespace ranges', () => Promise.all(spec.machines.map((_, j) => claimRange(ctx.home, machineHolder(sid, j))))) : [];
+  // a VM's namespace holds its QEMU and its taps, no process of the guest's: it needs no range
+  const userns = (j: number): boolean => !isVm(spec.machines[j]!) && usernsFor(ctx, { driver: 'namespaces', storage });
+  const ranges = await trace.phase('user namespace ranges', () => Promise.all(spec.machines.map((_, j) => (userns(j) ? claimRange(ctx.home, machineHolder(sid, j)) : undefined))));
   await trace.phase('networks', () =>
     wire({
       networks: spec.networks.map((_, i) => ({ netns: networkNetns(sid, i) })),
       machines: spec.machines.map((m, j) => ({
         netns: machineNetns(sid, j),
-        ...(userns ? { userns: { base: ranges[j]!, count: USERNS_SIZE } } : {}),
+        ...(ranges[j] !== undefined ? { userns: { base: ranges[j], count: USERNS_SIZE } } : {}),
         links: m.networks.map((n, k) => ({
           bridgeNetns: networkNetns(sid, spec.networks.findIndex((x) => x.name === n.network)),
           hostIf: vethName(sid, j, k),
           guestIf: `eth${k}`,
           address: `${n.address}/${n.prefix}`,
+          ...(isVm(m) ? { tap: tapName(k) } : {}),
         })),
       })),
     }),
@@ -77,6 +82,21 @@ async function bringUp(ctx: LabContext, rec: { name: string; id: string; spec: S
   return machine;
 }
 
+/** The file's spec with `driver` given to every machine that names none (recorded with the scenario). */
+function withDriver(spec: ScenarioSpec, driver: string | undefined): ScenarioSpec {
+  if (driver === undefined || driver === 'namespaces') return spec;
+  if (driver !== 'qemu') throw new SnaplabError('BAD_INPUT', `unknown driver ${JSON.stringify(driver)} for a scenario's machines`, 'use namespaces or qemu');
+  return { ...spec, machines: spec.machines.map((m) => (m.driver ? m : { ...m, driver })) };
+}
+
+/** What no VM machine can be raised with, said before anything is made: a VM's memory is its guest's RAM. */
+function checkVms(spec: ScenarioSpec): void {
+  for (const m of spec.machines.filter(isVm)) {
+    const bytes = m.limits.memoryBytes;
+    if (bytes !== undefined && bytes < VM_MIN_MEMORY) throw vmTooSmall(bytes, `machine ${m.name}, a VM,`, `give it memory: ${VM_MIN_MEMORY / 2 ** 20}M or more (a VM's memory is its guest's RAM; default ${VM_DEFAULT_MEMORY / 2 ** 20}M)`);
+  }
+}
+
 /**
  * `snaplab up`: record the scenario first (its host objects are named from its id), wire the
  * networks, then raise every machine in parallel. A failure removes everything `up` made, unless
@@ -84,11 +104,13 @@ async function bringUp(ctx: LabContext, rec: { name: string; id: string; spec: S
  */
 export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: UpOptions, trace: Trace): Promise<ScenarioRecord> {
   const name = checkName('scenario', opts.name ?? loaded.spec.name ?? 'scenario');
+  const spec = withDriver(loaded.spec, opts.driver);
+  checkVms(spec);
   if (ctx.store.getScenario(name)) {
     throw new SnaplabError('SCENARIO_EXISTS', `a scenario named ${name} is already up`, `take it down with \`snaplab down ${name}\`, or pick another --name`);
   }
   const rec: ScenarioRecord = {
-    name, id: newId().slice(0, 6), file: loaded.path, hash: loaded.hash, spec: loaded.spec,
+    name, id: newId().slice(0, 6), file: loaded.path, hash: loaded.hash, spec,
     state: 'creating', reason: `being raised by pid ${process.pid}`, createdAt: Date.now(),
   };
   ctx.store.insertScenario(rec);
@@ -96,8 +118,8 @@ export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: 
   const machines: Machine[] = [];
   try {
     await mkdir(ownerDir(ctx.home, rec.id), { recursive: true });
-    await wireScenario(ctx, rec.id, loaded.spec, opts.storage ?? (await ctx.defaultStorage()), trace);
-    const results = await Promise.allSettled(loaded.spec.machines.map((_, j) => bringUp(ctx, { name, id: rec.id, spec: loaded.spec }, j, trace, opts)));
+    await wireScenario(ctx, rec.id, spec, opts.storage ?? (await ctx.defaultStorage()), trace);
+    const results = await Promise.allSettled(spec.machines.map((_, j) => bringUp(ctx, { name, id: rec.id, spec }, j, trace, opts)));
     for (const r of results) if (r.status === 'fulfilled') machines.push(r.value);
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) throw failed.reason;

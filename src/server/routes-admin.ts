@@ -152,8 +152,8 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     Promise.all(d.lab.scenarios().map((s) => s.status().catch((e: Error) => ({ name: s.name, state: 'error', reason: e.message, machines: [], networks: [], blocked: [], snapshots: [] })))));
   app.get('/scenarios/:name', { config: { scope: 'read' }, schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } } }, async (req) => d.lab.scenario((req.params as { name: string }).name).status());
   app.post('/scenarios', { config: { scope: 'admin' }, schema: { tags: ['scenarios'], summary: 'Raise a scenario file on the daemon\'s host (returns an operation)', body: ScenarioBody, response: { 202: any, ...errors } } }, async (req, reply) => {
-    const b = req.body as { file: string; name?: string };
-    return reply.status(202).send(d.operations.start('up', b.name ?? b.file, async (progress) => (await d.lab.up(b.file, { name: b.name, onProgress: (m, s) => progress(`${m}: ${s}`) })).status()));
+    const b = req.body as { file: string; name?: string; driver?: string };
+    return reply.status(202).send(d.operations.start('up', b.name ?? b.file, async (progress) => (await d.lab.up(b.file, { name: b.name, driver: b.driver, onProgress: (m, s) => progress(`${m}: ${s}`) })).status()));
   });
   app.post('/scenarios/:name/snapshot', { config: { scope: 'admin' }, schema: { tags: ['scenarios'], params: NameParams, body: Type.Object({ name: Type.String() }), response: { 200: any, ...errors } } }, async (req) =>
     d.lab.scenario((req.params as { name: string }).name).snapshot((req.body as { name: string }).name));

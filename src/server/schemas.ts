@@ -98,7 +98,11 @@ export type RunBody = Static<typeof RunBody>;
 
 export const ImportBody = Type.Object({ source: Type.String({ description: 'a path on the daemon\'s host' }), name: Type.String() }, { additionalProperties: false });
 export const BuildBody = Type.Object({ spec: Type.Record(Type.String(), Type.Unknown(), { description: 'as `image build` takes (docs/images.md)' }), name: Type.Optional(Type.String()) }, { additionalProperties: false });
-export const ScenarioBody = Type.Object({ file: Type.String({ description: 'a scenario file on the daemon\'s host' }), name: Type.Optional(Type.String()) }, { additionalProperties: false });
+export const ScenarioBody = Type.Object({
+  file: Type.String({ description: 'a scenario file on the daemon\'s host' }),
+  name: Type.Optional(Type.String()),
+  driver: Type.Optional(Type.Union([Type.Literal('namespaces'), Type.Literal('qemu')], { description: 'the driver of machines whose file names none' })),
+}, { additionalProperties: false });
 export const KeyBody = Type.Object({ name: Type.String(), scopes: Type.Optional(Type.Array(Type.String())), maxSandboxes: Type.Optional(Type.Integer({ minimum: 0 })), maxExecs: Type.Optional(Type.Integer({ minimum: 0 })) }, { additionalProperties: false });
 
 /** The error responses every route may give. */

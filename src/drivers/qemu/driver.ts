@@ -11,10 +11,11 @@ import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
-import { VM_DEFAULT_MEMORY } from '../../lab/limits.js';
+import { VM_DEFAULT_MEMORY, VM_MIN_MEMORY, vmTooSmall } from '../../lab/limits.js';
 import { Trace } from '../../timing/trace.js';
 import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, RaisedMachine } from '../driver.js';
 import { ensureGuestKernel, ensureInitramfs, qemuKernelArgs } from './guest.js';
+import { netArg } from './guest-init.js';
 import { checkVolumeDisk, ensureBaseDisk, freshVolumeDisk } from './disk.js';
 import { QEMU, logTail, startQemu, vmFiles, vmmUid, type VmConfig } from './launch.js';
 import { HostOps } from '../../host/hostops.js';
@@ -110,9 +111,13 @@ export class QemuDriver implements Driver {
     // the acceleration probe boots to the agent alone: a guest's systemd would only slow it
     const accel = await trace.phase('acceleration', () => chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })));
     const ram = await vmRamPath(this.home, spec.id, guestMemory(spec));
-    // a system machine: the guest's /init hands over to the image's systemd (guest-init.ts)
-    const append = spec.init === 'systemd' ? `${base.append} snaplab.init=systemd` : base.append;
-    return { ...base, append, accel, memoryBackend: true, ...(ram ? { ram: { path: ram, share: true } } : {}) };
+    // a system machine: the guest's /init hands over to the image's systemd (guest-init.ts);
+    // a scenario machine's /init gives its NICs their addresses, named as the kernel found them
+    // (net.ifnames=0: an image's udev renames none)
+    const nics = spec.netns ? spec.nics ?? [] : [];
+    const append = [base.append, ...(spec.init === 'systemd' ? ['snaplab.init=systemd'] : []), ...(nics.length ? ['net.ifnames=0', ...nics.map((n) => netArg(n.mac, n.address))] : [])].join(' ');
+    const net = nics.length ? { net: { netns: spec.netns!, nics: nics.map((n) => ({ tap: n.tap, mac: n.mac })) } } : {};
+    return { ...base, append, accel, memoryBackend: true, ...(ram ? { ram: { path: ram, share: true } } : {}), ...net };
   }
 
   /** The shared initramfs (cached), linked into the VM's run directory: it outlives a cache rebuild. */
@@ -302,7 +307,11 @@ export class QemuDriver implements Driver {
     await link(snapped.initrd, initrd).catch(() => copyFile(snapped.initrd, initrd));
     // its disk is the one in its volume, a clone of the snapshot's, taken with the memory
     const { disk, base: diskBase } = await checkVolumeDisk(this.home, spec.rootfs);
-    const config = { ...snapped, initrd, disk, diskBase };
+    // a scenario machine's NICs come back on the taps of the namespace it is restored into
+    if (snapped.net && !spec.netns) {
+      throw new SnaplabError('BAD_INPUT', 'this memory snapshot is of a scenario machine with network interfaces: it continues only in its scenario', 'reset the scenario to it (`snaplab reset SCENARIO`), or take a filesystem snapshot (without --memory) to create a machine from');
+    }
+    const config: VmConfig = { ...snapped, initrd, disk, diskBase, ...(snapped.net ? { net: { ...snapped.net, netns: spec.netns! } } : {}) };
     await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
     return this.start(spec.id, config, trace, image);
   }
@@ -333,7 +342,7 @@ export class QemuDriver implements Driver {
 
 function guestMemory(spec: Omit<MachineSpec, 'rootfs'>): number {
   const bytes = spec.limits.memoryBytes ?? VM_DEFAULT_MEMORY;
-  if (bytes < 64 * 2 ** 20) throw new SnaplabError('BAD_SIZE', `a VM needs at least 64 MiB of memory, not ${Math.round(bytes / 2 ** 20)} MiB`, 'give --memory 64M or more (default 256M)');
+  if (bytes < VM_MIN_MEMORY) throw vmTooSmall(bytes);
   return bytes;
 }
 

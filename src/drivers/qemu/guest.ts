@@ -37,6 +37,10 @@ export const GUEST_MODULES: Record<Machine, readonly string[]> = {
   pc: ['virtio_pci', 'virtio_console', 'virtio_blk', 'crc32c_generic', 'ext4'],
   microvm: ['virtio_mmio', 'virtio_console', 'virtio_blk', 'crc32c_generic', 'ext4'],
 };
+/** Modules a VM with network interfaces (a scenario machine) loads too, when /init is told of one. */
+export const NET_MODULES: readonly string[] = ['virtio_net'];
+/** Every module the cached kernel keeps. */
+const KEPT_MODULES = [...new Set([...Object.values(GUEST_MODULES).flat(), ...NET_MODULES])];
 /** lz4 legacy-frame magic: where the compressed vmlinux starts inside Debian's vmlinuz. */
 const LZ4_LEGACY_MAGIC = Buffer.from([0x02, 0x21, 0x4c, 0x18]);
 
@@ -57,10 +61,23 @@ async function cachedKernel(home: string): Promise<GuestKernel | undefined> {
     const dir = join(kernelDir(home), version);
     const m = JSON.parse(await readFile(join(dir, 'kernel.json'), 'utf8')) as KernelManifest;
     const k: GuestKernel = { version: m.version, kernel: join(dir, basename(m.kernel)), modulesDir: join(dir, 'lib', 'modules', m.version) };
-    if (!existsSync(k.kernel) || !existsSync(join(k.modulesDir, 'modules.dep'))) return undefined;
+    if (!existsSync(k.kernel) || !(await keepsAll(k.modulesDir))) return undefined;
     return k;
   } catch {
     return undefined;
+  }
+}
+
+/**
+ * Does the cached kernel keep every module snaplab loads? A cache made before a module was added
+ * (virtio_net came with scenario VMs) lacks it: the kernel is fetched again.
+ */
+async function keepsAll(modulesDir: string): Promise<boolean> {
+  try {
+    loadOrder(parseModulesDep(await readFile(join(modulesDir, 'modules.dep'), 'utf8')), await readBuiltin(modulesDir), KEPT_MODULES, modulesDir);
+    return true;
+  } catch {
+    return false;
   }
 }
 
@@ -162,13 +179,15 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
       progress('no PVH vmlinux could be extracted: using the bzImage');
       await copyFile(vmlinuz, join(out, 'vmlinuz'));
     }
-    await keepModules(join(x, 'lib', 'modules', version), mods, [...new Set(Object.values(GUEST_MODULES).flat())]);
+    await keepModules(join(x, 'lib', 'modules', version), mods, KEPT_MODULES);
     const manifest: KernelManifest = { version, kernel: kernelFile, package: pkg };
     await writeFile(join(out, 'kernel.json'), `${JSON.stringify(manifest, null, 2)}\n`);
 
     const final = join(kernelDir(home), version);
-    // another process may have cached the same version meanwhile: a whole one stands
-    if (!existsSync(join(final, 'kernel.json'))) {
+    // another process may have cached the same version meanwhile: a whole one stands. One that
+    // lacks a module is replaced (moved into tmp, removed below): the same kernel at the same path
+    if (!existsSync(join(final, 'kernel.json')) || !(await keepsAll(join(final, 'lib', 'modules', version)))) {
+      await rename(final, join(tmp, 'stale')).catch(() => undefined);
       await rm(final, { recursive: true, force: true });
       await rename(out, final).catch((e: NodeJS.ErrnoException) => {
         if (!((e.code === 'ENOTEMPTY' || e.code === 'EEXIST') && existsSync(join(final, 'kernel.json')))) throw e;
@@ -315,9 +334,14 @@ export async function ensureInitramfs(opts: InitramfsOptions): Promise<string> {
   const busybox = await staticBusybox();
   const { kernel } = opts;
   const md = parseModulesDep(await readFile(join(kernel.modulesDir, 'modules.dep'), 'utf8'));
-  const modules = loadOrder(md, await readBuiltin(kernel.modulesDir), GUEST_MODULES[opts.machine], kernel.modulesDir);
+  const builtin = await readBuiltin(kernel.modulesDir);
+  const base = loadOrder(md, builtin, GUEST_MODULES[opts.machine], kernel.modulesDir);
+  // the network's, past what the base loads (virtio itself): loaded only by a VM with interfaces
+  const net = loadOrder(md, builtin, NET_MODULES, kernel.modulesDir).filter((m) => !base.includes(m));
+  const modules = [...base, ...net];
   const guestModulesDir = `/lib/modules/${kernel.version}`;
-  const init = initScript({ modules: modules.map((m) => `${guestModulesDir}/${m}`), caps: opts.caps ?? SANDBOX_CAPABILITIES });
+  const inGuest = (l: string[]): string[] => l.map((m) => `${guestModulesDir}/${m}`);
+  const init = initScript({ modules: inGuest(base), netModules: inGuest(net), caps: opts.caps ?? SANDBOX_CAPABILITIES });
   const key = createHash('sha256')
     .update(JSON.stringify([kernel.version, opts.machine, init]))
     .update(await readFile(opts.agent))

@@ -3,9 +3,10 @@
  * is an empty tmpfs holding only what this VM's QEMU opens (the host's /usr read-only for the
  * program, its libraries and firmware; its kernel, initramfs and base disk read-only; its disk,
  * RAM file and run directory), a minimal /dev (with /dev/kvm under KVM), no /proc, /sys, /home,
- * /var, /etc or other VMs' files; new network, IPC, UTS and cgroup namespaces (a VM has no NIC:
- * its agent and monitor are Unix sockets in its run directory, which work across network
- * namespaces); no_new_privs; and only the capabilities QEMU needs to open its files and drop to
+ * /var, /etc or other VMs' files; new network, IPC, UTS and cgroup namespaces (its agent and
+ * monitor are Unix sockets in its run directory, which work across network namespaces; a
+ * scenario machine's QEMU keeps its machine's network namespace, where its taps are, and
+ * /dev/net/tun); no_new_privs; and only the capabilities QEMU needs to open its files and drop to
  * its own uid (`-runas`), after which it holds none. bubblewrap makes it (the namespaces driver's
  * launcher already); paths stay the same inside, so QEMU's command line does not change.
  */
@@ -38,12 +39,15 @@ export async function jailArgs(runDir: string, c: VmConfig, qemu: string[]): Pro
   if (c.ram?.share) await writeFile(c.ram.path, '', { flag: 'a', mode: 0o600 }); // QEMU would make it: the bind needs it there first
   return [
     bwrap,
-    '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup',
+    // a scenario machine's QEMU stays in the network namespace it was started in (its taps are
+    // there): nothing else is in it, and QEMU holds no capability over it
+    ...(c.net ? [] : ['--unshare-net']), '--unshare-ipc', '--unshare-uts', '--unshare-cgroup',
     '--cap-drop', 'ALL', '--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID', '--cap-add', 'CAP_DAC_OVERRIDE',
     ...ro('/usr'), ...(await rootDirs()),
     '--ro-bind-try', '/etc/ld.so.cache', '/etc/ld.so.cache',
     '--dev', '/dev',
     ...(c.accel === 'kvm' ? ['--dev-bind', '/dev/kvm', '/dev/kvm'] : []),
+    ...(c.net ? ['--dev-bind', '/dev/net/tun', '/dev/net/tun'] : []),
     // the run directory first: the initramfs lives in it, and its read-only bind goes on top
     ...rw(runDir),
     ...ro(c.kernel), ...ro(c.initrd), ...ro(c.diskBase), ...rw(c.disk),

@@ -31,6 +31,17 @@ export interface VmConfig {
    * written before RAM files (their streams name the block `pc.ram`): those keep plain `-M pc`.
    */
   memoryBackend?: boolean;
+  /**
+   * a scenario machine's network: QEMU runs in the machine's network namespace (made by `up`)
+   * and opens each tap there, one virtio NIC per tap with the machine's MAC on that network
+   */
+  net?: VmNet;
+}
+
+export interface VmNet {
+  /** the namespace's path, /run/netns/snaplab-… */
+  netns: string;
+  nics: { tap: string; mac: string }[];
 }
 
 export const QEMU = 'qemu-system-x86_64';
@@ -100,6 +111,11 @@ export function qemuArgs(runDir: string, c: VmConfig, incoming: boolean, uid?: n
     '-device', 'virtio-serial-pci',
     '-chardev', `socket,path=${f.chardev},server=on,wait=off,id=agent`,
     '-device', 'virtserialport,chardev=agent,name=snaplab',
+    // the taps exist already (persistent, made by `up`, owned by root): QEMU opens them before -runas
+    ...(c.net?.nics ?? []).flatMap((n, k) => [
+      '-netdev', `tap,id=net${k},ifname=${n.tap},script=no,downscript=no`,
+      '-device', `virtio-net-pci,netdev=net${k},mac=${n.mac}`,
+    ]),
     '-qmp', `unix:${f.qmp},server=on,wait=off`,
     '-pidfile', f.pid,
     '-daemonize',
@@ -142,7 +158,9 @@ export async function startQemu(runDir: string, c: VmConfig, incoming: boolean, 
   const log = openSync(f.log, 'a');
   const join = 'for f in $SNAPLAB_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"';
   const qemu = [QEMU, ...qemuArgs(runDir, c, incoming, uid)];
-  const argv = jailed() ? await jailArgs(runDir, c, qemu) : qemu;
+  const jail = jailed() ? await jailArgs(runDir, c, qemu) : qemu;
+  // a scenario machine's QEMU (and its jail) starts in the machine's network namespace
+  const argv = c.net ? ['nsenter', `--net=${c.net.netns}`, '--', ...jail] : jail;
   const child = spawn('/bin/sh', ['-c', join, 'snaplab-qemu', ...argv], {
     stdio: ['ignore', log, log],
     detached: true,
@@ -154,7 +172,7 @@ export async function startQemu(runDir: string, c: VmConfig, incoming: boolean, 
     child.once('exit', (c2) => resolve(c2 ?? 1));
   });
   if (code !== 0) {
-    throw new SnaplabError('LAUNCH_FAILED', `${QEMU} exited ${code}: ${(await logTail(runDir)) || 'no output'}`, code === 125 ? 'could not join the sandbox\'s cgroup: run `snaplab doctor`' : 'check the VM settings (--memory at least 64M)');
+    throw new SnaplabError('LAUNCH_FAILED', `${QEMU} exited ${code}: ${(await logTail(runDir)) || 'no output'}`, code === 125 ? 'could not join the sandbox\'s cgroup: run `snaplab doctor`' : 'check the VM settings (QEMU\'s own message is above)');
   }
   const pid = Number((await readFile(f.pid, 'utf8')).trim());
   if (!pid) throw new SnaplabError('LAUNCH_FAILED', `${QEMU} wrote no pid file`, `see ${f.log}`);

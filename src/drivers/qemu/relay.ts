@@ -39,7 +39,7 @@ export async function startRelay(runDir: string, qemuPid: number, cgroupProcs: s
         done(
           code === 125
             ? new SnaplabError('CGROUP_FAILED', 'the VM\'s relay could not join the sandbox\'s cgroup', 'run `snaplab doctor`')
-            : new SnaplabError('LAUNCH_FAILED', `the VM's relay exited ${code ?? 'on a signal'} before the agent answered`, 'check the VM settings (--memory at least 64M) and the image'),
+            : new SnaplabError('LAUNCH_FAILED', `the VM's relay exited ${code ?? 'on a signal'} before the agent answered`, 'check the VM settings and the image (the guest console above says why it stopped)'),
         ),
       );
     });
