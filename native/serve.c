@@ -1089,20 +1089,32 @@ static int set_identity(const char *hostname, const char *machine_id, const uint
 	*step = "sethostname";
 	if (sethostname(hostname, strlen(hostname)) < 0)
 		return -1;
+	/* a regular file only, opened non-blocking (a FIFO there would stall the agent's one loop);
+	 * a link is followed, as the shell this replaces did: inside a VM the guest's own business */
 	*step = "/etc/machine-id";
-	int f = open("/etc/machine-id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+	int f = open("/etc/machine-id", O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0444);
 	if (f < 0)
 		return -1;
+	struct stat st;
+	if (fstat(f, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(f);
+		errno = EINVAL;
+		return -1;
+	}
 	int ok = dprintf(f, "%s\n", machine_id) == 33;
 	close(f);
-	if (!ok)
+	if (!ok) {
+		errno = EIO;
 		return -1;
+	}
 	*step = "/dev/urandom";
 	f = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
 	if (f < 0)
 		return -1;
 	ssize_t w = n ? write(f, entropy, n) : 0;
 	close(f);
+	if (w >= 0 && (size_t)w != n)
+		errno = EIO;
 	if (w < 0 || (size_t)w != n)
 		return -1;
 	if (system)
@@ -1114,7 +1126,7 @@ static int set_identity(const char *hostname, const char *machine_id, const uint
 static void do_identity(struct conn *c, uint32_t id, const uint8_t *p, size_t len)
 {
 	char hostname[65], machine_id[33];
-	if (len < 2 || p[1] == 0 || p[1] > 64 || len < 2u + p[1] + 32 || (p[0] & ~1u)) {
+	if (len < 2 || p[1] == 0 || p[1] > 64 || len < 2u + p[1] + 32 || len > 2u + p[1] + 32 + 4096 || (p[0] & ~1u)) {
 		reply_error(c, id, EINVAL, "bad IDENTITY payload");
 		return;
 	}

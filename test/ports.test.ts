@@ -78,6 +78,25 @@ describe('snaplab-agent connect (what each forwarded connection runs inside)', (
   });
 });
 
+describe('snaplab-agent connect --check (a scenario VM\'s tcp ready check)', () => {
+  it('exits 0 when the port accepts, without a byte sent, and 1 with the reason when it does not', async () => {
+    let bytes = 0;
+    const server = createServer((c) => c.on('data', (b: Buffer) => (bytes += b.length)));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const port = (server.address() as { port: number }).port;
+    try {
+      const ok = spawnSync(agentBinaryPath(), ['connect', '--check', '127.0.0.1', String(port)], { encoding: 'utf8', timeout: 10_000 });
+      expect([ok.status, ok.stdout, ok.stderr]).toEqual([0, '', '']);
+    } finally {
+      await new Promise((r) => server.close(r));
+    }
+    expect(bytes).toBe(0);
+    const closed = spawnSync(agentBinaryPath(), ['connect', '--check', String(port)], { encoding: 'utf8', timeout: 10_000 });
+    expect(closed.status).toBe(1);
+    expect(closed.stderr).toMatch(/refused/i);
+  });
+});
+
 describe('port-forward', () => {
   it('answers curl on 127.0.0.1 from a server inside the machine, 50 connections at once; a taken port is PORT_IN_USE', async () => {
     const port = await freePort();

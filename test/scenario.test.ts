@@ -114,6 +114,19 @@ machines:
     expect((await listSnaplabNetns()).length).toBe(0);
   });
 
+  it('a VM machine with less memory than a VM boots in is refused before anything is made; up --driver qemu changes only machines that name no driver', async () => {
+    const small = file('small.yaml', `
+name: small
+machines:
+  box: { driver: namespaces, memory: 32M }
+  vm: { memory: 64M }
+`);
+    await expect(lab.up(small, { driver: 'qemu' })).rejects.toMatchObject({ code: 'BAD_SIZE', message: 'machine vm, a VM, needs at least 96 MiB of memory, not 64 MiB', hint: expect.stringMatching(/memory: 96M/) });
+    await expect(lab.up(small, { driver: 'firecracker' })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/unknown driver "firecracker"/), hint: expect.stringMatching(/namespaces or qemu/) });
+    expect(lab.scenarios()).toEqual([]);
+    expect((await listSnaplabNetns()).length).toBe(0);
+  });
+
   it('a malformed file is refused with its line number, before anything is made', async () => {
     const p = file('typo.yaml', `networks:\n  n: { subnet: 10.77.4.0/24 }\nmachines:\n  m:\n    netwrks: {}\n`);
     await expect(lab.up(p)).rejects.toMatchObject({ code: 'SCENARIO_INVALID', message: expect.stringMatching(/typo\.yaml:5:/) });

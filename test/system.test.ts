@@ -381,6 +381,7 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
       '      - command: sh -c "nc vm 8080 | grep -q \'hello from the vm\'"', '        timeout: 60s',
     ].join('\n'));
     const scn = await lab.up(file, { name: 'vmscn' });
+    let memoryDir = '';
     try {
       const vm = await lab.get('vmscn/vm');
       expect(vm.info).toMatchObject({ driver: 'qemu', init: 'systemd', state: 'running' });
@@ -391,9 +392,12 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
       // blocks are routes in a machine's namespace, which a VM's traffic is bridged through: refused
       await expect(scn.block('vm', 'box')).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/vm is a VM/) });
       await scn.snapshot('base');
-      // a VM machine's memory snapshot continues only in its scenario
+      // a VM machine's memory snapshot continues only in its scenario, and goes with it
+      memoryDir = (await lab.snapshots()).find((x) => x.name === 'vmscn@base.vm')!.record.memory!.dir;
+      expect(existsSync(join(memoryDir, 'ram')) || existsSync(join(memoryDir, 'memory'))).toBe(true);
       await expect(lab.restore('vmscn@base.vm', { name: 'stray' })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/scenario machine/) });
       expect((await lab.list()).map((b) => b.name)).not.toContain('stray');
+      await expect(lab.removeSnapshot('vmscn@base.vm')).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/part of scenario vmscn's snapshot base/) });
       await using changed = await lab.get('vmscn/vm');
       await out(changed, ['systemctl', 'stop', 'hello.socket']);
       changed.close();
@@ -409,6 +413,7 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
     } finally {
       await scn.down();
     }
+    expect(existsSync(memoryDir)).toBe(false); // down took the VM's memory snapshot too
   }, 300_000);
 });
 

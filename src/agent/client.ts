@@ -565,10 +565,24 @@ export class AgentClient implements AsyncDisposable {
     await this.call(MsgType.SET_CLOCK, encodeSetClock(ns), MsgType.OK);
   }
 
-  /** A restored machine's own name, machine id and fresh entropy, set by the agent itself (1.3). */
-  async setIdentity(identity: Identity): Promise<void> {
+  /**
+   * A restored machine's own name, machine id and fresh entropy, set by the agent itself (1.3).
+   * An agent that does not answer within `timeoutMs` is TIMEOUT (the connection is then unusable).
+   */
+  async setIdentity(identity: Identity, timeoutMs = 30_000): Promise<void> {
     this.requireMinor(3, 'set a machine\'s identity');
-    await this.call(MsgType.IDENTITY, encodeIdentity(identity), MsgType.OK);
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        this.socket.destroy();
+        reject(new SnaplabError('TIMEOUT', `the agent did not answer IDENTITY within ${timeoutMs} ms`, 'see the machine\'s console (`snaplab logs`)'));
+      }, timeoutMs);
+    });
+    try {
+      await Promise.race([this.call(MsgType.IDENTITY, encodeIdentity(identity), MsgType.OK), late]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   /** The protocol minor the agent answered with (what it can do). */

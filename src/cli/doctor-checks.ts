@@ -75,6 +75,7 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
   // features beyond a single sandbox: snaplab runs without them, but they fail when used
   checks.push({ name: 'scenarios', kind: 'feature', optional: true, ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }) });
+  checks.push({ name: 'scenario VMs', kind: 'feature', optional: true, ...(existsSync('/dev/net/tun') ? { ok: true, reason: '/dev/net/tun: a VM machine\'s taps can be made' } : { ok: false, reason: 'no /dev/net/tun: a scenario\'s VM machines (driver: qemu) need it for their taps', fix: 'modprobe tun' }) });
   checks.push({ name: 'image import', kind: 'feature', optional: true, ...((await toolsVerdict('image', 'image import')) ?? (await optionalNote('image', 'plain and gzip archives need nothing more'))) });
   checks.push({ name: 'image build', kind: 'feature', optional: true, ...((await toolsVerdict('image-build', 'image build')) ?? { ok: true, reason: 'mmdebstrap found' }) });
   checks.push({ name: 'ssh reach', kind: 'feature', optional: true, ...((await toolsVerdict('ssh', 'ssh-config and inventory')) ?? { ok: true, reason: 'ssh-keygen found' }) });

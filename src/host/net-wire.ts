@@ -2,6 +2,7 @@ import { SnaplabError } from '../errors.js';
 import { run } from './run.js';
 import { createNetnsBatch, deleteNetns, ipBatch, listSnaplabNetns } from './net-ns.js';
 import { mkdir } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
 import { DEFAULT_BRIDGE, NETNS_DIR, NET_GROUP, checkCidr, checkIfName, checkNetnsName, macFor, netnsPath } from './net-names.js';
 import { HostOps } from './hostops.js';
 
@@ -58,6 +59,10 @@ function validate(plan: WirePlan): Map<string, string> {
  */
 export async function wire(plan: WirePlan): Promise<void> {
   const bridges = validate(plan);
+  // a VM machine's taps need the tun device: said before anything is made
+  if (plan.machines.some((m) => m.links.some((l) => l.tap)) && !existsSync('/dev/net/tun')) {
+    throw new SnaplabError('HOST_COMMAND_FAILED', 'a VM machine needs /dev/net/tun for its taps, and this host has none', 'load the tun module (`modprobe tun`); `snaplab doctor` checks it');
+  }
   const all = [...bridges.keys(), ...plan.machines.map((m) => m.netns)];
   await createNetnsBatch([...bridges.keys(), ...plan.machines.filter((m) => !m.userns).map((m) => m.netns)]);
   try {
@@ -146,7 +151,9 @@ async function batchOrThrow(netns: string, lines: string[]): Promise<void> {
   throw new SnaplabError(
     'HOST_COMMAND_FAILED',
     `cannot wire ${netns}: \`ip ${lines[line - 1] ?? '?'}\`: ${res.stderr.trim().split('\n')[0]}`,
-    /File exists/.test(res.stderr) ? 'an interface or address of that name is there already: names and addresses must be unique' : '`snaplab doctor` checks networking',
+    /File exists/.test(res.stderr) ? 'an interface or address of that name is there already: names and addresses must be unique'
+      : /tuntap/.test(lines[line - 1] ?? '') ? 'a VM machine\'s tap needs the tun module (`modprobe tun`) and /dev/net/tun'
+      : '`snaplab doctor` checks networking',
   );
 }
 

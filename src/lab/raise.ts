@@ -173,7 +173,7 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
         const r = await h.result;
         if (r.exitCode !== 0) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${r.stderr.toString().trim()}`);
       }).catch((e: unknown) => {
-        if (isSnaplabError(e, 'AGENT_ERROR')) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${(e as Error).message}`, 'see `snaplab trace` of the operation; the machine is removed');
+        if (isSnaplabError(e, 'AGENT_ERROR') || isSnaplabError(e, 'TIMEOUT')) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${(e as Error).message}`, 'see `snaplab trace` of the operation; the machine is removed');
         throw e;
       });
     }

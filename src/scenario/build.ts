@@ -78,7 +78,7 @@ function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs:
     for (const [i, port] of spec.ports.entries()) if (port.local === 0) at.fail([...p, 'ports', i], `machine ${name}: a scenario's ports need a fixed local port`, `write it as LOCAL:REMOTE, e.g. ${10000 + port.remote}:${port.remote}`);
   }
   if (raw.groups.length) spec.groups = raw.groups.map((g, i) => value(at, [...p, 'groups', i], () => groupName(g)));
-  if (raw.driver === 'qemu') spec.driver = 'qemu';
+  if (raw.driver) spec.driver = raw.driver; // `namespaces` too: `up --driver` changes only machines that name none
   if (raw.init === 'systemd') spec.init = 'systemd';
   else if (raw.ready.some((c) => c.kind === 'unit' || c.kind === 'systemd')) {
     at.fail([...p, 'ready'], `machine ${name}: unit and systemd checks need a system machine`, 'add `init: systemd` to the machine (and an image with systemd)');

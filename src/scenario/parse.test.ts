@@ -212,9 +212,9 @@ describe('errors name the file, line and column', () => {
     fails(['machines:', '  web:', '    init: systemd', '    ready:', '      - systemd: degraded'], 5, /running/);
   });
 
-  it('a machine\'s driver: qemu makes it a VM, namespaces (the default) records none, anything else is refused', () => {
+  it('a machine\'s driver: qemu makes it a VM; namespaces is kept as written (up --driver leaves it); anything else is refused', () => {
     const spec = parse(['machines:', '  vm:', '    driver: qemu', '  box:', '    driver: namespaces', '  plain: {}']);
-    expect(spec.machines.map((m) => m.driver)).toEqual(['qemu', undefined, undefined]);
+    expect(spec.machines.map((m) => m.driver)).toEqual(['qemu', 'namespaces', undefined]);
     fails(['machines:', '  vm:', '    driver: firecracker'], 3, /namespaces or qemu/);
   });
 

@@ -29,17 +29,34 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
   const scn = getScenario(ctx, name);
   if (scn.state !== 'up') throw new SnaplabError('SCENARIO_FAILED', `scenario ${name} is ${scn.state}`, 'snapshot a scenario that is up');
   if (ctx.store.getScenarioSnapshot(name, snap)) {
-    throw new SnaplabError('SNAPSHOT_EXISTS', `scenario ${name} already has a snapshot named ${snap}`, `pick another --name, or \`snaplab snapshot rm --scenario ${name} ${snap}\``);
+    throw new SnaplabError('SNAPSHOT_EXISTS', `scenario ${name} already has a snapshot named ${snap}`, 'pick another --name (a scenario\'s snapshots go with `snaplab down`)');
   }
   const spec = scn.spec as ScenarioSpec;
   const machines = ctx.store.scenarioMachines(name);
   const driverOf = (m: SandboxRecord): Driver => ctx.driver(m.driver);
-  await trace.phase('freeze all', () => Promise.all(machines.map((m) => driverOf(m).pause(handleOf(m)))));
-  let taken: SnapshotRecord[] = [];
+  const machineOf = (m: SandboxRecord): string => m.name.slice(name.length + 1);
+  const missing = spec.machines.filter((x) => !machines.some((m) => machineOf(m) === x.name)).map((x) => x.name);
+  if (missing.length) throw new SnaplabError('SCENARIO_FAILED', `scenario ${name} lacks machine ${missing.join(', ')}`, `take it down and up again (\`snaplab down ${name}\`)`);
+  for (const m of machines) {
+    const taken = machineSnapshotName(name, snap, machineOf(m));
+    if (ctx.store.getSnapshot(taken)) throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${taken} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${taken}\``);
+  }
+  const frozen: SandboxRecord[] = [];
+  const taken: SnapshotRecord[] = [];
+  let failure: unknown;
+  const settle = async (jobs: Promise<unknown>[]): Promise<void> => {
+    // every job ends before the next step (a VM's migration must not meet its thaw)
+    const bad = (await Promise.allSettled(jobs)).find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (bad) throw bad.reason;
+  };
   try {
-    taken = await trace.phase('snapshot all', () =>
+    await trace.phase('freeze all', () => settle(machines.map(async (m) => {
+      await driverOf(m).pause(handleOf(m));
+      frozen.push(m);
+    })));
+    await trace.phase('snapshot all', () =>
       // each under a volume-making mark: gc collects no volume between its making and its record
-      Promise.all(machines.map((m) => inflight(ctx, 'snapshot', async () => {
+      settle(machines.map((m) => inflight(ctx, 'snapshot', async () => {
         const backend = await ctx.readyBackend(m.storage);
         const volume = await backend.snapshot(m.volume!);
         // a VM's memory too, taken while it stands still with the rest: a reset resumes it
@@ -56,17 +73,31 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
             throw e;
           }
         }
-        const machine = m.name.slice(name.length + 1);
         const rec: SnapshotRecord = {
-          name: machineSnapshotName(name, snap, machine), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now(),
+          name: machineSnapshotName(name, snap, machineOf(m)), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now(),
           driver: m.driver, memory: memory ? { ...memory, driver: m.driver } : null, init: m.init ?? null,
         };
         ctx.store.insertSnapshot(rec);
-        return rec;
+        taken.push(rec);
       }))),
     );
-  } finally {
-    await trace.phase('thaw all', () => Promise.all(machines.map((m) => driverOf(m).resume(handleOf(m)))));
+  } catch (e) {
+    failure = e;
+  }
+  // every machine frozen is thawed, whatever failed; a thaw's failure does not hide an earlier one
+  try {
+    await trace.phase('thaw all', () => settle(frozen.map((m) => driverOf(m).resume(handleOf(m)))));
+  } catch (e) {
+    failure ??= e;
+  }
+  if (failure !== undefined) {
+    // nothing of a failed scenario snapshot stays: each machine's record, volume and memory go
+    await Promise.all(taken.map(async (rec) => {
+      await (await ctx.readyBackend(rec.storage)).delete(rec.volume).catch(() => undefined); // else gc's: no record owns it
+      if (rec.memory) await rm(rec.memory.dir, { recursive: true, force: true });
+      ctx.store.deleteSnapshot(rec.name);
+    }));
+    throw failure;
   }
   const manifest: ScenarioManifest = {
     fileHash: scn.hash,
@@ -76,7 +107,6 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
       addresses: m.networks.map((n) => ({ network: n.network, address: n.address })),
     })),
   };
-  if (taken.length !== spec.machines.length) throw new SnaplabError('INTERNAL', `scenario ${name}: ${taken.length} of ${spec.machines.length} machines snapshotted`);
   const rec: ScenarioSnapshotRecord = { scenario: name, name: snap, manifest, createdAt: Date.now() };
   ctx.store.putScenarioSnapshot(rec);
   return rec;

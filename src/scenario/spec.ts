@@ -38,8 +38,8 @@ export interface MachineFileSpec {
   ready: Check[];
   /** 'systemd': a system machine (the image's systemd as PID 1); absent: the agent is PID 1 */
   init?: 'systemd';
-  /** 'qemu': a VM on the scenario's networks (a tap in its network namespace); absent: namespaces */
-  driver?: 'qemu';
+  /** 'qemu': a VM on the scenario's networks (a tap in its network namespace); absent: `up --driver`'s, else namespaces */
+  driver?: 'namespaces' | 'qemu';
   /** forwarded from 127.0.0.1 while `snaplab up --ports` (or `port-forward SCENARIO`) runs */
   ports?: { local: number; remote: number }[];
   /** Ansible groups in `snaplab inventory` (each network the machine is on is one too) */

@@ -86,7 +86,7 @@ async function bringUp(ctx: LabContext, rec: { name: string; id: string; spec: S
 function withDriver(spec: ScenarioSpec, driver: string | undefined): ScenarioSpec {
   if (driver === undefined || driver === 'namespaces') return spec;
   if (driver !== 'qemu') throw new SnaplabError('BAD_INPUT', `unknown driver ${JSON.stringify(driver)} for a scenario's machines`, 'use namespaces or qemu');
-  return { ...spec, machines: spec.machines.map((m) => (m.driver ? m : { ...m, driver })) };
+  return { ...spec, machines: spec.machines.map((m) => (m.driver ? m : { ...m, driver: 'qemu' as const })) };
 }
 
 /** What no VM machine can be raised with, said before anything is made: a VM's memory is its guest's RAM. */

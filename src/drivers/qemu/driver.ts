@@ -88,7 +88,7 @@ export class QemuDriver implements Driver {
    * (set-up runs it): the guest kernel (apt) and the initramfs.
    */
   async prepareHost(onProgress?: (s: string) => void): Promise<{ version: string; kernel: string; initramfs: string }> {
-    const kernel = await ensureGuestKernel(this.home, onProgress);
+    const kernel = await ensureGuestKernel(this.home, onProgress, { net: true });
     onProgress?.('building the initramfs');
     const initramfs = await ensureInitramfs({ home: this.home, kernel, agent: agentBinaryPath(), machine: 'pc', caps: VM_CAPABILITIES });
     return { version: kernel.version, kernel: kernel.kernel, initramfs };
@@ -104,7 +104,9 @@ export class QemuDriver implements Driver {
   }
 
   private async config(spec: MachineSpec, trace: Trace): Promise<VmConfig> {
-    const kernel = await trace.phase('guest kernel', () => ensureGuestKernel(this.home));
+    const nics = spec.netns ? spec.nics ?? [] : [];
+    // a VM with NICs needs virtio_net, which a kernel cached before scenario VMs lacks
+    const kernel = await trace.phase('guest kernel', () => ensureGuestKernel(this.home, undefined, { net: nics.length > 0 }));
     const initrd = await trace.phase('initramfs', () => this.initramfs(spec.id, kernel));
     const { disk, base: diskBase } = await trace.phase('root disk', () => this.rootDisk(spec));
     const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, disk, diskBase, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
@@ -114,7 +116,6 @@ export class QemuDriver implements Driver {
     // a system machine: the guest's /init hands over to the image's systemd (guest-init.ts);
     // a scenario machine's /init gives its NICs their addresses, named as the kernel found them
     // (net.ifnames=0: an image's udev renames none)
-    const nics = spec.netns ? spec.nics ?? [] : [];
     const append = [base.append, ...(spec.init === 'systemd' ? ['snaplab.init=systemd'] : []), ...(nics.length ? ['net.ifnames=0', ...nics.map((n) => netArg(n.mac, n.address))] : [])].join(' ');
     const net = nics.length ? { net: { netns: spec.netns!, nics: nics.map((n) => ({ tap: n.tap, mac: n.mac })) } } : {};
     return { ...base, append, accel, memoryBackend: true, ...(ram ? { ram: { path: ram, share: true } } : {}), ...net };

@@ -39,8 +39,9 @@ export const GUEST_MODULES: Record<Machine, readonly string[]> = {
 };
 /** Modules a VM with network interfaces (a scenario machine) loads too, when /init is told of one. */
 export const NET_MODULES: readonly string[] = ['virtio_net'];
-/** Every module the cached kernel keeps. */
-const KEPT_MODULES = [...new Set([...Object.values(GUEST_MODULES).flat(), ...NET_MODULES])];
+const BASE_MODULES = [...new Set(Object.values(GUEST_MODULES).flat())];
+/** Every module a fetched kernel keeps. */
+const KEPT_MODULES = [...new Set([...BASE_MODULES, ...NET_MODULES])];
 /** lz4 legacy-frame magic: where the compressed vmlinux starts inside Debian's vmlinuz. */
 const LZ4_LEGACY_MAGIC = Buffer.from([0x02, 0x21, 0x4c, 0x18]);
 
@@ -53,15 +54,18 @@ interface KernelManifest {
 
 const kernelDir = (home: string): string => join(home, 'qemu', 'kernel');
 
-/** A cached kernel, checked to be whole; undefined when there is none. Never runs apt. */
-async function cachedKernel(home: string): Promise<GuestKernel | undefined> {
+/**
+ * A cached kernel, checked to be whole (with the network's modules when `net`); undefined when
+ * there is none. Never runs apt.
+ */
+async function cachedKernel(home: string, net: boolean): Promise<GuestKernel | undefined> {
   try {
     const version = (await readFile(join(kernelDir(home), 'current'), 'utf8')).trim();
     if (!/^[A-Za-z0-9._+-]+$/.test(version)) return undefined;
     const dir = join(kernelDir(home), version);
     const m = JSON.parse(await readFile(join(dir, 'kernel.json'), 'utf8')) as KernelManifest;
     const k: GuestKernel = { version: m.version, kernel: join(dir, basename(m.kernel)), modulesDir: join(dir, 'lib', 'modules', m.version) };
-    if (!existsSync(k.kernel) || !(await keepsAll(k.modulesDir))) return undefined;
+    if (!existsSync(k.kernel) || !(await keepsAll(k.modulesDir, net ? KEPT_MODULES : BASE_MODULES))) return undefined;
     return k;
   } catch {
     return undefined;
@@ -69,12 +73,12 @@ async function cachedKernel(home: string): Promise<GuestKernel | undefined> {
 }
 
 /**
- * Does the cached kernel keep every module snaplab loads? A cache made before a module was added
- * (virtio_net came with scenario VMs) lacks it: the kernel is fetched again.
+ * Does the cached kernel keep these modules? A cache made before virtio_net (scenario VMs' NICs)
+ * lacks it: it still boots every other VM (offline too), and is completed when a VM needs a NIC.
  */
-async function keepsAll(modulesDir: string): Promise<boolean> {
+async function keepsAll(modulesDir: string, wanted: readonly string[]): Promise<boolean> {
   try {
-    loadOrder(parseModulesDep(await readFile(join(modulesDir, 'modules.dep'), 'utf8')), await readBuiltin(modulesDir), KEPT_MODULES, modulesDir);
+    loadOrder(parseModulesDep(await readFile(join(modulesDir, 'modules.dep'), 'utf8')), await readBuiltin(modulesDir), wanted, modulesDir);
     return true;
   } catch {
     return false;
@@ -89,8 +93,8 @@ const inflightKernel = new Map<string, Promise<GuestKernel>>();
  * extracted for PVH boot, and everything but the kernel and the needed modules thrown away.
  * Built in a temporary directory and renamed into place: a crash leaves no half kernel.
  */
-export async function ensureGuestKernel(home: string, onProgress?: (s: string) => void): Promise<GuestKernel> {
-  const hit = await cachedKernel(home);
+export async function ensureGuestKernel(home: string, onProgress?: (s: string) => void, opts: { net?: boolean } = {}): Promise<GuestKernel> {
+  const hit = await cachedKernel(home, opts.net === true);
   if (hit) return hit;
   let p = inflightKernel.get(home);
   if (!p) {
@@ -185,9 +189,11 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
 
     const final = join(kernelDir(home), version);
     // another process may have cached the same version meanwhile: a whole one stands. One that
-    // lacks a module is replaced (moved into tmp, removed below): the same kernel at the same path
-    if (!existsSync(join(final, 'kernel.json')) || !(await keepsAll(join(final, 'lib', 'modules', version)))) {
-      await rename(final, join(tmp, 'stale')).catch(() => undefined);
+    // lacks a module gets it in place (the files first, modules.dep last, renamed over): the
+    // kernel and every path stay, for VMs running from them or starting now
+    const finalMods = join(final, 'lib', 'modules', version);
+    if (existsSync(join(final, 'kernel.json')) && !(await keepsAll(finalMods, KEPT_MODULES))) await addModules(mods, finalMods);
+    if (!existsSync(join(final, 'kernel.json'))) {
       await rm(final, { recursive: true, force: true });
       await rename(out, final).catch((e: NodeJS.ErrnoException) => {
         if (!((e.code === 'ENOTEMPTY' || e.code === 'EEXIST') && existsSync(join(final, 'kernel.json')))) throw e;
@@ -195,7 +201,7 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
     }
     await writeFile(join(tmp, 'current'), `${version}\n`);
     await rename(join(tmp, 'current'), join(kernelDir(home), 'current'));
-    const k = await cachedKernel(home);
+    const k = await cachedKernel(home, true);
     if (!k) throw new SnaplabError('INTERNAL', `the guest kernel was cached in ${final} but does not read back`);
     progress(`guest kernel ${version} ready (${kernelFile === 'vmlinux' ? 'PVH vmlinux' : 'bzImage'})`);
     return k;
@@ -295,6 +301,20 @@ async function keepModules(from: string, to: string, wanted: string[]): Promise<
   }
 }
 
+/** Copy into `to` the module files of `from` it lacks, then `from`'s modules.dep over its own (atomically). */
+async function addModules(from: string, to: string): Promise<void> {
+  for (const rel of await listTree(from)) {
+    const src = join(from, rel);
+    if (!rel.endsWith('.ko') && !/\.ko\.(xz|zst|gz)$/.test(rel)) continue;
+    if (existsSync(join(to, rel))) continue;
+    await mkdir(dirname(join(to, rel)), { recursive: true });
+    await copyFile(src, `${join(to, rel)}.tmp`);
+    await rename(`${join(to, rel)}.tmp`, join(to, rel));
+  }
+  await copyFile(join(from, 'modules.dep'), join(to, 'modules.dep.tmp'));
+  await rename(join(to, 'modules.dep.tmp'), join(to, 'modules.dep'));
+}
+
 /** The host's static busybox, which runs the guest's /init whatever the image has. */
 async function staticBusybox(): Promise<string> {
   const bb = (await which('busybox')) ?? '/bin/busybox';
@@ -337,7 +357,8 @@ export async function ensureInitramfs(opts: InitramfsOptions): Promise<string> {
   const builtin = await readBuiltin(kernel.modulesDir);
   const base = loadOrder(md, builtin, GUEST_MODULES[opts.machine], kernel.modulesDir);
   // the network's, past what the base loads (virtio itself): loaded only by a VM with interfaces
-  const net = loadOrder(md, builtin, NET_MODULES, kernel.modulesDir).filter((m) => !base.includes(m));
+  // (none in a kernel cached before them: the driver completes the cache for a VM with a NIC)
+  const net = (await keepsAll(kernel.modulesDir, NET_MODULES)) ? loadOrder(md, builtin, NET_MODULES, kernel.modulesDir).filter((m) => !base.includes(m)) : [];
   const modules = [...base, ...net];
   const guestModulesDir = `/lib/modules/${kernel.version}`;
   const inGuest = (l: string[]): string[] => l.map((m) => `${guestModulesDir}/${m}`);
