@@ -9,12 +9,13 @@
  * not used for these machines: it always sets no_new_privs and mounts nosuid, so sudo and su
  * could never work; inside a user namespace setuid root is only the namespace's root.
  *
- * This process (the monitor) unshares pid, ipc, uts, cgroup (and net, with --net) namespaces,
- * makes the console (a pty whose master it holds and copies to its stdout, the machine's log),
+ * This process (the monitor) makes the console (a pty whose master it holds and copies to its
+ * stdout, the machine's log), forks the agent (agent_child: it waits, then joins the machine from
+ * outside its pid namespace), unshares pid, ipc, uts, cgroup (and net, with --net) namespaces,
  * and forks the machine's PID 1. PID 1 mounts /proc, a read-only /sys, the cgroup2 subtree of its
  * own cgroup at /sys/fs/cgroup, a /dev of bound host devices with its own devpts, tmpfs /run and
- * /tmp, the agent read-only at /run/snaplab/agent; pivots into DIR; starts the agent (a child,
- * its own session) and execs INIT with container=snaplab. The monitor reports PID 1's host pid on
+ * /tmp, the agent read-only at /run/snaplab/agent; pivots into DIR; tells the agent it may join,
+ * and execs INIT with container=snaplab. The monitor reports PID 1's host pid on
  * fd 4 as bubblewrap does ({"child-pid": N}) and exits with PID 1's status.
  */
 #define _GNU_SOURCE
@@ -168,7 +169,7 @@ void name_machine(const char *hostname)
 }
 
 static _Noreturn void pid1(const char *root, const char *agent, const char *hostname, const char *console,
-			   const char *caps, char **init)
+			   const char *caps, int up_fd, char **init)
 {
 	if (sethostname(hostname, strlen(hostname)) < 0)
 		BOOT_FAIL("sethostname");
@@ -207,23 +208,9 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
 	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
 		BOOT_FAIL("seccomp filter");
 
-	pid_t a = fork();
-	if (a < 0)
-		BOOT_FAIL("fork the agent");
-	if (a == 0) {
-		setsid();
-		/* not the monitor's stdout (the host's log file): nothing of the host's in reach */
-		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-		if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
-			BOOT_FAIL("agent stdio");
-		char *argv[] = { "/run/snaplab/agent", "serve", "--listen-fd", "5", "--ready-fd", "3", "--system",
-				 caps ? "--caps" : NULL, (char *)caps, NULL };
-		char *envp[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL };
-		execve(argv[0], argv, envp);
-		BOOT_FAIL("exec the agent");
-	}
-	close(3);
-	close(5);
+	/* set up: the agent, waiting outside, may join (closed at the exec, so a failed boot is EOF) */
+	if (write(up_fd, "1", 1) != 1)
+		BOOT_FAIL("tell the agent");
 	int c = open("/dev/console", O_RDWR | O_CLOEXEC | O_NOCTTY);
 	if (c < 0 || dup2(c, 0) < 0 || dup2(c, 1) < 0 || dup2(c, 2) < 0)
 		BOOT_FAIL("console");
@@ -233,6 +220,73 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	execve(init[0], init, envp);
 	BOOT_FAIL(init[0]);
+}
+
+/*
+ * The agent, forked by the monitor before the machine's pid namespace exists: it joins the
+ * machine's mount, uts, ipc, net and cgroup namespaces once PID 1 has set them up, and makes its
+ * commands' pid namespace the machine's, but is not in it. So nothing inside can name it: no
+ * pidfd_open, ptrace or /proc/PID/fd of the process that holds the host's listening socket (the
+ * machine's root has CAP_SYS_PTRACE in its user namespace; systemd needs it). Its own procfs
+ * (the host's, opened here first) is handed to it: the machine's /proc numbers processes in
+ * another namespace than the one its kill()s use.
+ */
+static _Noreturn void agent_child(const char *agent, const char *caps, int pid_fd, int up_fd)
+{
+	pid_t p;
+	char b;
+	if (read(pid_fd, &p, sizeof p) != (ssize_t)sizeof p || read(up_fd, &b, 1) != 1)
+		_exit(125); /* PID 1 did not come up: the monitor reports why */
+	close(pid_fd);
+	close(up_fd);
+	int exe = open(agent, O_PATH | O_CLOEXEC);
+	if (exe < 0)
+		BOOT_FAIL("open the agent");
+	int proc = open("/proc", O_RDONLY | O_DIRECTORY);
+	if (proc < 0 || dup2(proc, 6) < 0)
+		BOOT_FAIL("open /proc");
+	if (proc != 6)
+		close(proc);
+	static const struct { const char *name; int type; } ns[] = {
+		{ "cgroup", CLONE_NEWCGROUP }, { "ipc", CLONE_NEWIPC }, { "uts", CLONE_NEWUTS },
+		{ "net", CLONE_NEWNET }, { "pid", CLONE_NEWPID }, { "mnt", CLONE_NEWNS },
+	};
+	int fds[sizeof ns / sizeof *ns];
+	char path[64];
+	for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+		snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)p, ns[i].name);
+		if ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+			BOOT_FAIL(path);
+	}
+	snprintf(path, sizeof path, "/proc/%d/root", (int)p);
+	int root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root < 0)
+		BOOT_FAIL(path);
+	for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+		if (setns(fds[i], ns[i].type) < 0)
+			BOOT_FAIL(ns[i].name);
+		close(fds[i]);
+	}
+	if (fchdir(root) < 0 || chroot(".") < 0 || chdir("/") < 0)
+		BOOT_FAIL("the machine's root");
+	close(root);
+	setsid();
+	/* not the monitor's stdout (the host's log file): nothing of the host's in reach */
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+		BOOT_FAIL("agent stdio");
+	/* what PID 1 has: the bounding set of a system container and its small filter */
+	if (caps && caps_restrict(caps) < 0)
+		BOOT_FAIL("capability bounding set");
+	struct sock_fprog filter;
+	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
+		BOOT_FAIL("seccomp filter");
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	char *argv[] = { "/run/snaplab/agent", "serve", "--listen-fd", "5", "--ready-fd", "3", "--system", "--proc-fd", "6",
+			 caps ? "--caps" : NULL, (char *)caps, NULL };
+	char *envp[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+	fexecve(exe, argv, envp);
+	BOOT_FAIL("exec the agent");
 }
 
 int boot_main(int argc, char **argv)
@@ -285,6 +339,26 @@ int boot_main(int argc, char **argv)
 	int slave = open(console, O_RDWR | O_NOCTTY | O_CLOEXEC);
 	if (slave < 0)
 		BOOT_FAIL("console slave");
+	/* the agent first, while this process's children are still born outside the machine's pid
+	 * namespace; it has fds 3 (ready) and 5 (the listening socket), which PID 1 never gets */
+	int pid_pipe[2], up_pipe[2];
+	if (pipe2(pid_pipe, O_CLOEXEC) < 0 || pipe2(up_pipe, O_CLOEXEC) < 0)
+		BOOT_FAIL("pipe");
+	pid_t a = fork();
+	if (a < 0)
+		BOOT_FAIL("fork the agent");
+	if (a == 0) {
+		close(master);
+		close(slave);
+		close(4);
+		close(pid_pipe[1]);
+		close(up_pipe[1]);
+		agent_child(agent, caps, pid_pipe[0], up_pipe[0]);
+	}
+	close(pid_pipe[0]);
+	close(up_pipe[0]);
+	close(3);
+	close(5);
 	int flags = CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNS | (net ? CLONE_NEWNET : 0);
 	if (unshare(flags) < 0)
 		BOOT_FAIL("unshare");
@@ -299,10 +373,13 @@ int boot_main(int argc, char **argv)
 		close(master);
 		close(slave);
 		close(4);
-		pid1(root, agent, hostname, console, caps, &argv[i]);
+		close(pid_pipe[1]);
+		pid1(root, agent, hostname, console, caps, up_pipe[1], &argv[i]);
 	}
-	close(3);
-	close(5);
+	close(up_pipe[1]);
+	if (write(pid_pipe[1], &p, sizeof p) != (ssize_t)sizeof p)
+		BOOT_FAIL("tell the agent");
+	close(pid_pipe[1]);
 	dprintf(4, "{\n    \"child-pid\": %d\n}\n", (int)p);
 	close(4);
 	/* the monitor needs nothing more of the namespace's root, and nothing inside may reach it */

@@ -101,6 +101,19 @@ static int epfd = -1, devnull = -1, is_pid1;
  * sudo must work for commands too: no no_new_privs, no seccomp filter on commands. The user
  * namespace and the bounding set are the boundary (docs/architecture.md "System machines"). */
 int system_machine;
+/* --proc-fd: a procfs of the agent's own pid namespace, where its /proc is another's (a system
+ * machine's agent is outside the machine's pid namespace): the pids it reads there are the
+ * ones its kill()s take. -1: its /proc. */
+int proc_fd = -1;
+
+static int proc_open(const char *rel, int flags)
+{
+	char path[80];
+	if (proc_fd >= 0)
+		return openat(proc_fd, rel, flags | O_CLOEXEC);
+	snprintf(path, sizeof path, "/proc/%s", rel);
+	return open(path, flags | O_CLOEXEC);
+}
 static struct src listen_src = { K_LISTEN, -1, 0, 0, NULL };
 static struct src signal_src = { K_SIGNAL, -1, 0, 0, NULL };
 static struct src timer_src = { K_TIMER, -1, 0, 0, NULL };
@@ -214,17 +227,21 @@ static struct exec *exec_by_id(struct conn *c, uint32_t id)
  * group of its own, which killing the shell's group alone would leave running. */
 static void kill_session(pid_t sid)
 {
-	DIR *d = opendir("/proc");
-	if (!d)
+	int dfd = proc_open(".", O_RDONLY | O_DIRECTORY);
+	DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
+	if (!d) {
+		if (dfd >= 0)
+			close(dfd);
 		return;
+	}
 	struct dirent *de;
 	while ((de = readdir(d))) {
 		char *end, path[64], st[512];
 		long pid = strtol(de->d_name, &end, 10);
 		if (*end || pid <= 1)
 			continue;
-		snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		snprintf(path, sizeof path, "%ld/stat", pid);
+		int fd = proc_open(path, O_RDONLY);
 		if (fd < 0)
 			continue;
 		ssize_t n = read(fd, st, sizeof st - 1);
@@ -1380,8 +1397,8 @@ static void send_hello(struct conn *c, uint32_t id)
 static void kill_children_listed(void)
 {
 	char p[64], line[4096];
-	snprintf(p, sizeof p, "/proc/self/task/%d/children", (int)getpid());
-	int fd = open(p, O_RDONLY | O_CLOEXEC);
+	snprintf(p, sizeof p, "self/task/%d/children", (int)getpid());
+	int fd = proc_open(p, O_RDONLY);
 	if (fd < 0)
 		return;
 	ssize_t n = read(fd, line, sizeof line - 1);
@@ -1542,6 +1559,9 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 {
 	ensure_std_fds();
 	is_pid1 = getpid() == 1;
+	/* the host's procfs (--proc-fd) is the agent's alone: no command inherits it */
+	if (proc_fd >= 0 && fcntl(proc_fd, F_SETFD, FD_CLOEXEC) < 0)
+		die("--proc-fd");
 	/* Start from default dispositions (our parent may have ignored some), then ignore SIGPIPE. */
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);

@@ -156,6 +156,22 @@ describe('system machines (--init systemd) on namespaces', () => {
     }
   }, 300_000);
 
+  it('keep their agent out of reach of their root (who has CAP_SYS_PTRACE): no process inside is it, so none can take its socket', async () => {
+    await using box = await lab.create({ image: 'sysd', init: 'systemd' });
+    // every process the machine can name, by its command line: systemd and its services, never the
+    // agent, whose listening socket pidfd_getfd would hand to the machine's root
+    const cmdlines = await out(box, ['sh', '-c', 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " <"$f"; echo; done']);
+    expect(cmdlines).toMatch(/systemd/);
+    expect(cmdlines).not.toMatch(/agent serve/);
+    // a command's parent, the agent, has no pid in the machine's pid namespace
+    expect(await out(box, ['sh', '-c', 'cut -d" " -f4 /proc/$$/stat'])).toBe('0');
+    // and the host's procfs the agent keeps (its --proc-fd) is not a command's
+    expect(await out(box, ['sh', '-c', 'ls /proc/$$/fd | sort -n | tr "\\n" " "'])).toBe('0 1 2');
+    // the agent serves on: exec, files, sudo as before
+    await out(box, ['sh', '-c', 'echo kept > /root/f']);
+    expect((await box.getFile('/root/f')).toString()).toBe('kept\n'); // read by the agent itself, in the machine's root
+  });
+
   it('keep the host\'s hold: no subvolume can be nested, the console log and the cgroup subtree are bounded', async () => {
     await using box = await lab.create({ image: 'sysd', init: 'systemd' });
     // BTRFS_IOC_SUBVOL_CREATE: a nested subvolume would make the machine's root undeletable
