@@ -43,12 +43,11 @@ int connect_main(int argc, char **argv);
 int file_main(int argc, char **argv);
 int copy_main(int argc, char **argv, void (*usage)(void));
 extern int system_machine;
-extern int proc_fd;
 
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: snaplab-agent serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc] [--system] [--proc-fd N]\n"
+		"usage: snaplab-agent serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc] [--system]\n"
 		"       snaplab-agent relay --connect PATH --listen PATH --pid N [--ready-fd N]\n"
 		"       snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n"
 		"       snaplab-agent tar [-L] SRC\n"
@@ -92,8 +91,6 @@ int main(int argc, char **argv)
 				harden = 1;
 			else if (strcmp(argv[i], "--system") == 0)
 				system_machine = 1;
-			else if (strcmp(argv[i], "--proc-fd") == 0 && i + 1 < argc)
-				proc_fd = atoi(argv[++i]);
 			else if (strcmp(argv[i], "--caps") == 0 && i + 1 < argc)
 				caps = argv[++i];
 			else {

@@ -208,7 +208,10 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
 	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
 		BOOT_FAIL("seccomp filter");
 
-	/* set up: the agent, waiting outside, may join (closed at the exec, so a failed boot is EOF) */
+	/* set up: the agent, waiting outside, may join (closed at the exec, so a failed boot is EOF).
+	 * Dumpable first: this process's memory is the initial user namespace's (the agent binary
+	 * is unreadable here), and the agent, the machine's root, must open its /proc/1/ns */
+	prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
 	if (write(up_fd, "1", 1) != 1)
 		BOOT_FAIL("tell the agent");
 	int c = open("/dev/console", O_RDWR | O_CLOEXEC | O_NOCTTY);
@@ -227,14 +230,20 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
  * machine's mount, uts, ipc, net and cgroup namespaces once PID 1 has set them up, and makes its
  * commands' pid namespace the machine's, but is not in it. So nothing inside can name it: no
  * pidfd_open, ptrace or /proc/PID/fd of the process that holds the host's listening socket (the
- * machine's root has CAP_SYS_PTRACE in its user namespace; systemd needs it). Its own procfs
- * (the host's, opened here first) is handed to it: the machine's /proc numbers processes in
- * another namespace than the one its kill()s use.
+ * machine's root has CAP_SYS_PTRACE in its user namespace; systemd needs it). The child it clones
+ * for each command is in the machine's pid namespace until it execs, sharing the agent's memory
+ * and descriptors: the agent binary is not readable by the machine's root (mode 0711, owned by
+ * the host's root), so the kernel gives that memory to the initial user namespace (would_dump),
+ * and ptrace, pidfd_getfd and /proc/PID/mem of either need CAP_SYS_PTRACE there.
  */
 static _Noreturn void agent_child(const char *agent, const char *caps, int pid_fd, int up_fd)
 {
-	pid_t p;
+	pid_t p, monitor = getppid();
 	char b;
+	/* the machine's life is the monitor's: the agent goes with it (it would hold the mount
+	 * namespace, and could start nothing in a pid namespace whose init has died) */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != monitor)
+		_exit(125);
 	if (read(pid_fd, &p, sizeof p) != (ssize_t)sizeof p || read(up_fd, &b, 1) != 1)
 		_exit(125); /* PID 1 did not come up: the monitor reports why */
 	close(pid_fd);
@@ -242,11 +251,6 @@ static _Noreturn void agent_child(const char *agent, const char *caps, int pid_f
 	int exe = open(agent, O_PATH | O_CLOEXEC);
 	if (exe < 0)
 		BOOT_FAIL("open the agent");
-	int proc = open("/proc", O_RDONLY | O_DIRECTORY);
-	if (proc < 0 || dup2(proc, 6) < 0)
-		BOOT_FAIL("open /proc");
-	if (proc != 6)
-		close(proc);
 	static const struct { const char *name; int type; } ns[] = {
 		{ "cgroup", CLONE_NEWCGROUP }, { "ipc", CLONE_NEWIPC }, { "uts", CLONE_NEWUTS },
 		{ "net", CLONE_NEWNET }, { "pid", CLONE_NEWPID }, { "mnt", CLONE_NEWNS },
@@ -282,7 +286,7 @@ static _Noreturn void agent_child(const char *agent, const char *caps, int pid_f
 	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
 		BOOT_FAIL("seccomp filter");
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-	char *argv[] = { "/run/snaplab/agent", "serve", "--listen-fd", "5", "--ready-fd", "3", "--system", "--proc-fd", "6",
+	char *argv[] = { "/run/snaplab/agent", "serve", "--listen-fd", "5", "--ready-fd", "3", "--system",
 			 caps ? "--caps" : NULL, (char *)caps, NULL };
 	char *envp[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL };
 	fexecve(exe, argv, envp);

@@ -285,6 +285,7 @@ static _Noreturn void child_fail(struct spawn_req *r, int stage)
 static int child_main(void *arg)
 {
 	struct spawn_req *r = arg;
+	r->ns_pid = getpid();
 	/* its own process group either way (SIGNAL goes to the group); a terminal's command leads a
 	 * session whose controlling terminal is the pty, so ^C reaches its foreground group */
 	if (r->tty ? setsid() < 0 : setpgid(0, 0) < 0)
@@ -299,7 +300,7 @@ static int child_main(void *arg)
 	 * which ended the machine. Raising needs no privilege; a command can lower itself again only
 	 * to the floor it inherits (oom_score_adj_min: 0 unless a process with CAP_SYS_RESOURCE gave
 	 * the agent's ancestors a lower score), never below it. */
-	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO mounted there must not stall the agent */
 	if (oom >= 0) {
 		if (write(oom, "1000", 4) < 0) {
 			/* best effort: a /proc without the file (none here) leaves the agent's score */
@@ -361,5 +362,6 @@ pid_t spawn_child(struct spawn_req *r)
 {
 	r->stage = STAGE_OK;
 	r->err = 0;
+	r->ns_pid = 0;
 	return clone(child_main, child_stack + sizeof child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, r);
 }

@@ -36,6 +36,9 @@ struct spawn_req {
 	/* written by the child (shared memory, CLONE_VM) before it execs or exits */
 	volatile int stage;
 	volatile int err;
+	/* its pid as the command sees it: in a system machine's pid namespace, which the agent is
+	 * not in, another number than clone's */
+	volatile pid_t ns_pid;
 };
 
 /*

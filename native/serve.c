@@ -28,6 +28,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -85,6 +86,7 @@ struct exec {
 	struct conn *conn; /* NULL once its connection has gone */
 	uint32_t id;
 	pid_t pid;
+	pid_t ns_pid; /* as the command and its /proc see it (a system machine's agent is outside its pid namespace) */
 	struct buf inq;
 	int in_eof, timed_out;
 	int tty; /* out.fd is the pty master (in.fd a dup of it); no err */
@@ -101,19 +103,6 @@ static int epfd = -1, devnull = -1, is_pid1;
  * sudo must work for commands too: no no_new_privs, no seccomp filter on commands. The user
  * namespace and the bounding set are the boundary (docs/architecture.md "System machines"). */
 int system_machine;
-/* --proc-fd: a procfs of the agent's own pid namespace, where its /proc is another's (a system
- * machine's agent is outside the machine's pid namespace): the pids it reads there are the
- * ones its kill()s take. -1: its /proc. */
-int proc_fd = -1;
-
-static int proc_open(const char *rel, int flags)
-{
-	char path[80];
-	if (proc_fd >= 0)
-		return openat(proc_fd, rel, flags | O_CLOEXEC);
-	snprintf(path, sizeof path, "/proc/%s", rel);
-	return open(path, flags | O_CLOEXEC);
-}
 static struct src listen_src = { K_LISTEN, -1, 0, 0, NULL };
 static struct src signal_src = { K_SIGNAL, -1, 0, 0, NULL };
 static struct src timer_src = { K_TIMER, -1, 0, 0, NULL };
@@ -223,37 +212,37 @@ static struct exec *exec_by_id(struct conn *c, uint32_t id)
 	return NULL;
 }
 
-/* SIGKILL to every process of session sid: a shell on a terminal puts each job in a process
- * group of its own, which killing the shell's group alone would leave running. */
+/* SIGKILL to every process of session sid (its leader's pid as /proc numbers it): a shell on a
+ * terminal puts each job in a process group of its own, which killing the shell's group alone
+ * would leave running. Signalled through its /proc directory (a pidfd): a system machine's
+ * agent is not in the pid namespace whose numbers /proc shows, so kill() would take another. */
 static void kill_session(pid_t sid)
 {
-	int dfd = proc_open(".", O_RDONLY | O_DIRECTORY);
-	DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
-	if (!d) {
-		if (dfd >= 0)
-			close(dfd);
+	DIR *d = opendir("/proc");
+	if (!d)
 		return;
-	}
 	struct dirent *de;
 	while ((de = readdir(d))) {
-		char *end, path[64], st[512];
+		char *end, st[512];
 		long pid = strtol(de->d_name, &end, 10);
 		if (*end || pid <= 1)
 			continue;
-		snprintf(path, sizeof path, "%ld/stat", pid);
-		int fd = proc_open(path, O_RDONLY);
-		if (fd < 0)
+		int dir = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dir < 0)
 			continue;
-		ssize_t n = read(fd, st, sizeof st - 1);
-		close(fd);
-		if (n <= 0)
-			continue;
-		st[n] = 0;
-		/* pid (comm) state ppid pgrp session ...: comm may hold anything, so after the last ')' */
-		char *rp = strrchr(st, ')');
-		int ppid, pgrp, session;
-		if (rp && sscanf(rp + 1, " %*c %d %d %d", &ppid, &pgrp, &session) == 3 && session == sid)
-			kill((pid_t)pid, SIGKILL);
+		int fd = openat(dir, "stat", O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd < 0 ? -1 : read(fd, st, sizeof st - 1);
+		if (fd >= 0)
+			close(fd);
+		if (n > 0) {
+			st[n] = 0;
+			/* pid (comm) state ppid pgrp session ...: comm may hold anything, so after the last ')' */
+			char *rp = strrchr(st, ')');
+			int ppid, pgrp, session;
+			if (rp && sscanf(rp + 1, " %*c %d %d %d", &ppid, &pgrp, &session) == 3 && session == sid)
+				syscall(SYS_pidfd_send_signal, dir, SIGKILL, NULL, 0);
+		}
+		close(dir);
 	}
 	closedir(d);
 }
@@ -263,7 +252,7 @@ static void exec_signal(struct exec *e, int sig)
 	if (kill(-e->pid, sig) < 0)
 		kill(e->pid, sig);
 	if (e->tty && sig == SIGKILL)
-		kill_session(e->pid);
+		kill_session(e->ns_pid);
 }
 
 static void timer_update(void)
@@ -836,6 +825,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	e->conn = c;
 	e->id = id;
 	e->pid = pid;
+	e->ns_pid = req.ns_pid > 0 ? req.ns_pid : pid;
 	e->start_ns = start;
 	e->tty = tty != NULL;
 	e->out = (struct src){ K_OUT, po[0], 0, 0, e };
@@ -848,7 +838,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		ep_add(&e->in, 0);
 	exec_link(e);
 	uint8_t p[4];
-	put_u32(p, (uint32_t)pid);
+	put_u32(p, (uint32_t)e->ns_pid); /* the pid the command has, where it runs */
 	reply(c, T_STARTED, id, p, 4);
 	if (req.stage == STAGE_EXEC) {
 		char msg[PATH_MAX + 64];
@@ -965,7 +955,8 @@ static void do_file_get(struct conn *c, uint32_t id, const uint8_t *payload, siz
 		reply_error(c, id, EINVAL, "malformed FILE_GET payload");
 		return;
 	}
-	int fd = FUZZ_EFFECT(open(path, O_RDONLY | O_CLOEXEC), fuzz_open(path));
+	/* never a controlling terminal of the agent (a pty there), never a wait on a FIFO */
+	int fd = FUZZ_EFFECT(open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK), fuzz_open(path));
 	struct stat st;
 	if (fd < 0 || fstat(fd, &st) < 0) {
 		int e = errno;
@@ -1050,7 +1041,7 @@ static long other_processes(void)
 		return -1;
 	long n = 0;
 	struct dirent *de;
-	pid_t self = getpid();
+	pid_t self = system_machine ? 0 : getpid(); /* a system machine's agent is not in its /proc */
 	while ((de = readdir(d)))
 		if (de->d_name[0] >= '1' && de->d_name[0] <= '9' && atoi(de->d_name) != self)
 			n++;
@@ -1397,8 +1388,9 @@ static void send_hello(struct conn *c, uint32_t id)
 static void kill_children_listed(void)
 {
 	char p[64], line[4096];
-	snprintf(p, sizeof p, "self/task/%d/children", (int)getpid());
-	int fd = proc_open(p, O_RDONLY);
+	/* none for a system machine's agent (its /proc has no "self"): its orphans go to systemd */
+	snprintf(p, sizeof p, "/proc/self/task/%d/children", (int)getpid());
+	int fd = open(p, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return;
 	ssize_t n = read(fd, line, sizeof line - 1);
@@ -1559,9 +1551,6 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 {
 	ensure_std_fds();
 	is_pid1 = getpid() == 1;
-	/* the host's procfs (--proc-fd) is the agent's alone: no command inherits it */
-	if (proc_fd >= 0 && fcntl(proc_fd, F_SETFD, FD_CLOEXEC) < 0)
-		die("--proc-fd");
 	/* Start from default dispositions (our parent may have ignored some), then ignore SIGPIPE. */
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);

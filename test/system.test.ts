@@ -165,8 +165,30 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(cmdlines).not.toMatch(/agent serve/);
     // a command's parent, the agent, has no pid in the machine's pid namespace
     expect(await out(box, ['sh', '-c', 'cut -d" " -f4 /proc/$$/stat'])).toBe('0');
-    // and the host's procfs the agent keeps (its --proc-fd) is not a command's
+    // the child the agent clones per command is in the machine until it execs, with the agent's
+    // memory and descriptors: that memory is the initial user namespace's (the agent binary is
+    // unreadable inside), so ptrace, pidfd_getfd and /proc/PID/mem need CAP_SYS_PTRACE on the host.
+    // The kernel shows it in who owns a non-dumpable process's /proc files (its directory aside):
+    // the root of that namespace, here the host's (with the binary readable: the machine's root)
+    const procs = readFileSync(join(cgroupFor(box.info.id).dirs[0]!, 'cgroup.procs'), 'utf8').trim().split('\n').map(Number);
+    const agent = procs.find((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('/run/snaplab/agent\0serve'));
+    expect(agent).toBeDefined();
+    expect(box.info.uidBase).toBeGreaterThan(0);
+    expect(statSync(`/proc/${agent}/environ`).uid).toBe(0); // not box.info.uidBase
+    // a command holds nothing of the agent's: its descriptors are its own three
     expect(await out(box, ['sh', '-c', 'ls /proc/$$/fd | sort -n | tr "\\n" " "'])).toBe('0 1 2');
+    // a terminal's command: its pid is the one it has in the machine, and killing it ends its
+    // whole session, a job in a process group of its own included (signalled through /proc, whose
+    // numbers are not the agent's)
+    const sleepers = async (): Promise<string> => out(box, ['sh', '-c', 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " <"$f"; echo; done | grep -c "^sleep 301" || true']);
+    const term = await box.spawn(['sh', '-c', 'set -m; sleep 301 & sleep 302'], { tty: { cols: 80, rows: 24 } });
+    const shPid = await term.pid;
+    for (let i = 0; i < 100 && (await sleepers()) !== '1'; i++) await new Promise((r) => setTimeout(r, 50));
+    expect(await out(box, ['sh', '-c', `tr "\\0" " " </proc/${shPid}/cmdline`])).toBe('sh -c set -m; sleep 301 & sleep 302');
+    term.kill(9);
+    await term.result;
+    for (let i = 0; i < 100 && (await sleepers()) !== '0'; i++) await new Promise((r) => setTimeout(r, 50));
+    expect(await sleepers()).toBe('0');
     // the agent serves on: exec, files, sudo as before
     await out(box, ['sh', '-c', 'echo kept > /root/f']);
     expect((await box.getFile('/root/f')).toString()).toBe('kept\n'); // read by the agent itself, in the machine's root

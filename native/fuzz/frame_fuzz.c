@@ -58,6 +58,7 @@ pid_t spawn_child(struct spawn_req *r)
 		abort(); /* a bad request: groups[] is followed by the other fields, where ASan does not look */
 	r->stage = STAGE_OK;
 	r->err = 0;
+	r->ns_pid = 0;
 	for (size_t i = 0; i < sizeof fails / sizeof *fails; i++)
 		if (r->argv[0][0] == fails[i].c) {
 			r->stage = fails[i].stage;
