@@ -168,6 +168,18 @@ void name_machine(const char *hostname)
 	}
 }
 
+/* PID 1 and the agent alike: the bounding set of a system container (systemd-nspawn's default:
+ * without the trim units that need CAP_SYS_RAWIO and friends fail), and the machine's small
+ * seccomp filter, which everything they start inherits */
+static void confine(const char *caps)
+{
+	if (caps && caps_restrict(caps) < 0)
+		BOOT_FAIL("capability bounding set");
+	struct sock_fprog filter;
+	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
+		BOOT_FAIL("seccomp filter");
+}
+
 static _Noreturn void pid1(const char *root, const char *agent, const char *hostname, const char *console,
 			   const char *caps, int up_fd, char **init)
 {
@@ -199,14 +211,7 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
 	/* as Docker does: /proc/sys and friends read-only, sysrq and kcore masked */
 	if (harden_proc(0) < 0)
 		BOOT_FAIL("harden /proc");
-	/* the bounding set of a system container (systemd-nspawn's default): init and its services
-	 * get no more; without the trim units that need CAP_SYS_RAWIO and friends fail */
-	if (caps && caps_restrict(caps) < 0)
-		BOOT_FAIL("capability bounding set");
-	/* init and everything under it, the agent too */
-	struct sock_fprog filter;
-	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
-		BOOT_FAIL("seccomp filter");
+	confine(caps);
 
 	/* set up: the agent, waiting outside, may join (closed at the exec, so a failed boot is EOF).
 	 * Dumpable first: this process's memory is the initial user namespace's (the agent binary
@@ -279,12 +284,7 @@ static _Noreturn void agent_child(const char *agent, const char *caps, int pid_f
 	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
 		BOOT_FAIL("agent stdio");
-	/* what PID 1 has: the bounding set of a system container and its small filter */
-	if (caps && caps_restrict(caps) < 0)
-		BOOT_FAIL("capability bounding set");
-	struct sock_fprog filter;
-	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
-		BOOT_FAIL("seccomp filter");
+	confine(caps); /* what PID 1 has */
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	char *argv[] = { "/run/snaplab/agent", "serve", "--listen-fd", "5", "--ready-fd", "3", "--system",
 			 caps ? "--caps" : NULL, (char *)caps, NULL };
