@@ -294,19 +294,6 @@ static int child_main(void *arg)
 		child_fail(r, STAGE_SETUP);
 	if (r->tty && ioctl(0, TIOCSCTTY, 0) < 0)
 		child_fail(r, STAGE_SETUP);
-	/* Commands are the OOM killer's first choice (1000: Kubernetes' BestEffort), the agent and the
-	 * bwrap above it never while a command is left: a memory cgroup's killer can take a second
-	 * victim while the first is still dying, and on the smallest score it took bwrap or the agent,
-	 * which ended the machine. Raising needs no privilege; a command can lower itself again only
-	 * to the floor it inherits (oom_score_adj_min: 0 unless a process with CAP_SYS_RESOURCE gave
-	 * the agent's ancestors a lower score), never below it. */
-	int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO mounted there must not stall the agent */
-	if (oom >= 0) {
-		if (write(oom, "1000", 4) < 0) {
-			/* best effort: a /proc without the file (none here) leaves the agent's score */
-		}
-		close(oom);
-	}
 	/* the user last but the filter: groups, then gid, then uid (which drops every capability) */
 	if (r->set_user && (setgroups((size_t)r->ngroups, r->groups) < 0 || setresgid(r->gid, r->gid, r->gid) < 0 ||
 			    setresuid(r->uid, r->uid, r->uid) < 0))

@@ -212,6 +212,28 @@ static struct exec *exec_by_id(struct conn *c, uint32_t id)
 	return NULL;
 }
 
+/* Commands are the OOM killer's first choice (1000: Kubernetes' BestEffort), the agent (and the
+ * bwrap above it) never while a command is left: a memory cgroup's killer can take a second
+ * victim while the first is still dying, and on the smallest score it took bwrap or the agent,
+ * which ended the machine. Raising needs no privilege; a command can lower itself again only to
+ * the floor it inherits (oom_score_adj_min: 0 unless a process with CAP_SYS_RESOURCE gave the
+ * agent's ancestors a lower score), never below it. Written here, once the command has exec'd
+ * (it ran for that long at the agent's score): the clone cannot write its own, its /proc files
+ * being the host root's while it shares the agent's memory (the agent binary is unreadable
+ * inside: boot.c). Non-blocking: a FIFO mounted there must not stall the agent. */
+static void oom_first(pid_t ns_pid)
+{
+	char path[48];
+	snprintf(path, sizeof path, "/proc/%d/oom_score_adj", (int)ns_pid);
+	int f = FUZZ_EFFECT(open(path, O_WRONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY), -1);
+	if (f < 0)
+		return; /* gone already, or no such /proc: its score stays the agent's */
+	if (write(f, "1000", 4) < 0) {
+		/* best effort, as above */
+	}
+	close(f);
+}
+
 /* SIGKILL to every process of session sid (its leader's pid as /proc numbers it): a shell on a
  * terminal puts each job in a process group of its own, which killing the shell's group alone
  * would leave running. Signalled through its /proc directory (a pidfd): a system machine's
@@ -826,6 +848,8 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	e->id = id;
 	e->pid = pid;
 	e->ns_pid = req.ns_pid > 0 ? req.ns_pid : pid;
+	if (req.stage == STAGE_OK)
+		oom_first(e->ns_pid);
 	e->start_ns = start;
 	e->tty = tty != NULL;
 	e->out = (struct src){ K_OUT, po[0], 0, 0, e };

@@ -175,6 +175,8 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(agent).toBeDefined();
     expect(box.info.uidBase).toBeGreaterThan(0);
     expect(statSync(`/proc/${agent}/environ`).uid).toBe(0); // not box.info.uidBase
+    // the agent, outside, still makes its commands the OOM killer's first choice
+    expect(await out(box, ['cat', '/proc/self/oom_score_adj'])).toBe('1000');
     // a command holds nothing of the agent's: its descriptors are its own three
     expect(await out(box, ['sh', '-c', 'ls /proc/$$/fd | sort -n | tr "\\n" " "'])).toBe('0 1 2');
     // a terminal's command: its pid is the one it has in the machine, and killing it ends its
