@@ -4,13 +4,14 @@ import { baseDiskPath } from '../drivers/qemu/disk.js';
 import type { LabContext } from './context.js';
 import type { Trace } from '../timing/trace.js';
 import { destroyRecord } from './teardown.js';
+import type { ScenarioManifest } from '../scenario/snapshot.js';
 
 export async function removeSnapshot(ctx: LabContext, name: string, trace: Trace): Promise<void> {
   const snap = ctx.store.getSnapshot(name);
   if (!snap) throw snapshotNotFound(ctx, name);
   // a machine's part of a scenario snapshot: a reset to it needs every machine's
   for (const scn of ctx.store.listScenarios()) {
-    const whole = ctx.store.listScenarioSnapshots(scn.name).find((x) => (x.manifest as { machines: { snapshot: string }[] }).machines.some((m) => m.snapshot === name));
+    const whole = ctx.store.listScenarioSnapshots(scn.name).find((x) => (x.manifest as ScenarioManifest).machines.some((m) => m.snapshot === name));
     if (whole) throw new SnaplabError('BAD_INPUT', `snapshot ${name} is a machine's part of scenario ${scn.name}'s snapshot ${whole.name}`, `it goes with the scenario (\`snaplab down ${scn.name}\`)`);
   }
   const backend = await ctx.readyBackend(snap.storage);

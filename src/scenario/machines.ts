@@ -26,6 +26,7 @@ export async function raiseMachine(
   storageKind?: StorageKind,
 ): Promise<Machine> {
   const m = scenario.spec.machines[index]!;
+  const driver = m.driver ?? 'namespaces';
   const storage = from ? from.volume.kind : storageKind ?? (await ctx.defaultStorage());
   const netns = netnsPath(machineNetns(scenario.id, index));
   // the range of the user namespace that owns the machine's network namespace, if `up` made one
@@ -36,8 +37,8 @@ export async function raiseMachine(
       name: machineSandbox(scenario.name, m.name),
       image: m.image,
       storage: from ? from.volume.kind : storage,
-      driver: m.driver ?? 'namespaces',
-      limits: withDefaults(m.limits, m.driver ?? 'namespaces'),
+      driver,
+      limits: withDefaults(m.limits, driver),
       base: from ? async (): Promise<Volume> => from.volume : (): Promise<Volume> => imageVolume(ctx, m.image, storage, trace),
       origin: from?.origin ?? null,
       scenario: scenario.name,

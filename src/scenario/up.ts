@@ -36,7 +36,8 @@ export interface UpOptions {
  */
 async function wireScenario(ctx: LabContext, sid: string, spec: ScenarioSpec, storage: StorageKind, trace: Trace): Promise<void> {
   // a VM's namespace holds its QEMU and its taps, no process of the guest's: it needs no range
-  const userns = (j: number): boolean => !isVm(spec.machines[j]!) && usernsFor(ctx, { driver: 'namespaces', storage });
+  const nsUserns = usernsFor(ctx, { driver: 'namespaces', storage });
+  const userns = (j: number): boolean => nsUserns && !isVm(spec.machines[j]!);
   const ranges = await trace.phase('user namespace ranges', () => Promise.all(spec.machines.map((_, j) => (userns(j) ? claimRange(ctx.home, machineHolder(sid, j)) : undefined))));
   await trace.phase('networks', () =>
     wire({
