@@ -5,11 +5,11 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { PassThrough } from 'node:stream';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect } from 'vitest';
 import { Lab } from '../src/sdk/lab.js';
 import type { LabApi } from '../src/sdk/api.js';
 import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { contractSuite } from './contract-suite.js';
 
 let home: string;
 let daemon: TestDaemon;
@@ -38,106 +38,4 @@ afterAll(async () => {
   rmSync(home, { recursive: true, force: true });
 });
 
-describe.each(['embedded', 'remote'])('the library, %s', (kind) => {
-  const lab = (): LabApi => labs[kind]!;
-
-  it('creates with labels, finds by them, gets by name, destroys', async () => {
-    const box = await lab().create({ name: `c-${kind}`, labels: { suite: 'contract', kind } });
-    expect(box.state).toBe('running');
-    expect(box.labels).toEqual({ suite: 'contract', kind });
-    const found = await lab().list({ labels: { kind } });
-    expect(found.map((b) => b.name)).toEqual([`c-${kind}`]);
-    expect((await lab().get(`c-${kind}`)).id).toBe(box.id);
-    await box.setLabels({ labels: { suite: 'contract', kind, extra: 'yes' } });
-    expect((await lab().list({ labels: { extra: 'yes' } })).map((b) => b.name)).toEqual([`c-${kind}`]);
-    await box.destroy();
-    await expect(lab().get(`c-${kind}`)).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
-  });
-
-  it('execs: output, exit codes, env, cwd, stdin, a deadline, streaming and a live stdin', async () => {
-    const box = await lab().create({ name: `x-${kind}` });
-    try {
-      const r = await box.exec(['sh', '-c', 'echo out; echo err >&2; pwd; echo $FOO; exit 7'], { env: { FOO: 'bar' }, cwd: '/tmp' });
-      expect([r.exitCode, r.stdout.toString(), r.stderr.toString()]).toEqual([7, 'out\n/tmp\nbar\n', 'err\n']);
-      // output is text by default, bytes on request
-      expect(r.stdout).toBeTypeOf('string');
-      expect((await box.exec(['cat'], { stdin: Buffer.from([0, 1, 2, 255]), encoding: 'buffer' })).stdout).toEqual(Buffer.from([0, 1, 2, 255]));
-      expect((await box.exec(['printf', 'h\\303\\251'])).stdout).toBe('hé');
-      expect((await box.exec(['/no/such'])).exitCode).toBe(127);
-      const slow = await box.exec(['sleep', '30'], { timeoutMs: 300 });
-      expect([slow.exitCode, slow.timedOut]).toEqual([124, true]);
-
-      const seen: string[] = [];
-      const streamed = await box.exec(['sh', '-c', 'for i in 1 2 3; do echo $i; done'], { onStdout: (b) => seen.push(b.toString()) });
-      expect([streamed.exitCode, seen.join('')]).toEqual([0, '1\n2\n3\n']);
-
-      const p = await box.spawn(['sh', '-c', 'read a; echo got:$a; cat'], { stdin: true });
-      expect(await p.pid).toBeGreaterThan(0);
-      p.write('one\n');
-      p.write('two\n');
-      p.end();
-      const pr = await p.result;
-      expect([pr.exitCode, pr.stdout.toString()]).toEqual([0, 'got:one\ntwo\n']);
-
-      const input = new PassThrough();
-      const piped = box.exec(['wc', '-c'], { stdin: input });
-      for (let i = 0; i < 64; i++) input.write(Buffer.alloc(64 << 10, i));
-      input.end();
-      expect((await piped).stdout.toString().trim()).toBe(String(64 * (64 << 10)));
-    } finally {
-      await box.destroy();
-    }
-  });
-
-  it('files: write, read, stat, list, mkdir, remove; a missing file is FILE_NOT_FOUND', async () => {
-    const box = await lab().create({ name: `f-${kind}` });
-    try {
-      const big = Buffer.alloc(3 << 20, 7);
-      expect(await box.files.write('/data/deep/big.bin', big, { mode: 0o600 })).toBe(big.length);
-      expect((await box.files.read('/data/deep/big.bin')).equals(big)).toBe(true);
-      expect(await box.files.stat('/data/deep/big.bin')).toMatchObject({ type: 'file', size: big.length, mode: '0600', name: 'big.bin' });
-      await box.files.mkdir('/data/sub/a/b', { parents: true });
-      await box.putFile('/data/hello.txt', 'hello');
-      expect((await box.getFile('/data/hello.txt')).toString()).toBe('hello');
-      expect((await box.files.list('/data')).map((e) => `${e.name}:${e.type}`)).toEqual(['deep:dir', 'hello.txt:file', 'sub:dir']);
-      await box.files.remove('/data/sub', { recursive: true });
-      await expect(box.files.stat('/data/sub')).rejects.toMatchObject({ code: 'FILE_NOT_FOUND' });
-      await expect(box.files.read('/nope')).rejects.toMatchObject({ code: 'FILE_NOT_FOUND' });
-      await expect(box.files.remove('/data')).rejects.toMatchObject({ code: 'FILE_ERROR', message: expect.stringMatching(/ENOTEMPTY/) });
-    } finally {
-      await box.destroy();
-    }
-  });
-
-  it('snapshots and restores; pauses and resumes', async () => {
-    const box = await lab().create({ name: `s-${kind}` });
-    await box.putFile('/root/mark', kind);
-    const snap = await box.snapshot(`csnap-${kind}`);
-    expect(snap.name).toBe(`csnap-${kind}`);
-    expect((await lab().snapshots()).map((s) => s.name)).toContain(`csnap-${kind}`);
-    await box.pause();
-    await expect(box.exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_PAUSED' });
-    await box.resume();
-    expect((await box.exec(['true'])).exitCode).toBe(0);
-    const copy = await lab().restore(`csnap-${kind}`, { name: `r-${kind}` });
-    expect((await copy.getFile('/root/mark')).toString()).toBe(kind);
-    await copy.destroy();
-    await box.destroy();
-    await lab().removeSnapshot(`csnap-${kind}`);
-    await expect(lab().snapshot(`csnap-${kind}`)).rejects.toMatchObject({ code: 'SNAPSHOT_NOT_FOUND' });
-  });
-
-  it('pools: run in a fresh sandbox, take one for good', async () => {
-    const pool = await lab().createPool({ name: `cpool-${kind}`, image: 'busybox', size: 1, limits: {} });
-    const r = await pool.run(['sh', '-c', 'echo ran; touch /tmp/dirt']);
-    expect([r.exitCode, r.stdout]).toEqual([0, 'ran\n']);
-    expect(Buffer.isBuffer((await pool.run(['true'], { encoding: 'buffer' })).stdout)).toBe(true);
-    const again = await pool.run(['ls', '/tmp']);
-    expect(again.stdout.toString()).not.toContain('dirt');
-    const taken = await pool.take();
-    expect((await taken.exec(['echo', 'mine'])).stdout.toString()).toBe('mine\n');
-    await taken.destroy();
-    expect((await pool.stats()).name).toBe(`cpool-${kind}`);
-    await pool.remove();
-  });
-});
+describe.each(['embedded', 'remote'])('the library, %s', (kind) => contractSuite(kind, () => labs[kind]!));

@@ -53,7 +53,7 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up; raise --init systemd: nspawn)`, 'all')
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
     .option('--driver <name>', 'namespaces (default) or qemu (raise, exec, snapshot, restore, fresh-exec: a pool of paused VM restores)')
-    .option('--host <url>', "exec, fresh-exec: through a daemon's API (http://HOST:PORT with SNAPLAB_TOKEN, or unix:/path/daemon.sock); `embedded`: in this process (the default), e.g. --compare '--host embedded' '--host unix:/var/lib/snaplab/daemon.sock'")
+    .option('--host <url>', "exec, fresh-exec: through a daemon's API (http://HOST:PORT with SNAPLAB_TOKEN or http://KEY@HOST:PORT, or unix:/path/daemon.sock); `embedded`: in this process (the default), e.g. --compare '--host embedded' '--host unix:/var/lib/snaplab/daemon.sock'")
     .option('--results <dir>', 'write rung-N.json, summary.json, summary.md and chart.svg into this new directory')
     .option('--compare <options>', "two option strings run alternately: --compare 'A' 'B'", (v: string, prev: string[] = []) => [...prev, v])
     .option('--json', 'print the summary as JSON (progress stays on stderr)');
@@ -162,9 +162,11 @@ function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: st
   if (o.init === 'systemd' && w !== 'raise' && w !== 'restore') throw bad('--init systemd applies to the raise and restore workloads', 'use --workload raise or restore');
   const host = o.host === undefined || o.host === 'embedded' ? undefined : o.host;
   if (host !== undefined && w !== 'exec' && w !== 'fresh-exec') throw bad('--host applies to the exec and fresh-exec workloads', 'use --workload exec or fresh-exec');
+  // a key given in a URL (http://KEY@HOST:PORT) is used, never written into results
+  const redact = (t: string): string => t.replace(/\/\/[^@/\s]+@/g, '//…@');
   return {
-    label,
-    options,
+    label: redact(label),
+    options: redact(options),
     storage: o.storage as StorageKind | undefined,
     recycle: o.recycle !== 'off',
     poolSize: o.poolSize === undefined ? undefined : parsePositiveInt(o.poolSize, 'pool size'),

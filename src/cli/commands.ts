@@ -18,7 +18,9 @@ import { registerLogs } from './logs.js';
 import { registerCp } from './cp.js';
 import { registerPorts } from './ports.js';
 import { registerSsh } from './ssh.js';
-import { registerKey, registerServe } from './serve.js';
+import { registerServe } from './serve.js';
+import { registerKey } from './keys.js';
+import { registerCluster } from './cluster.js';
 import { registerUi } from './ui.js';
 
 /**
@@ -50,6 +52,7 @@ export const COMMANDS: [string[], (p: Command) => void][] = [
   [['run'], registerRun],
   [['serve'], registerServe],
   [['key'], registerKey],
+  [['cluster'], registerCluster],
   [['ui'], registerUi],
   [['bench'], registerBench],
   [['demo'], registerDemo],

@@ -1,9 +1,13 @@
 import { resolve } from 'node:path';
 import { InvalidArgumentError, type Command } from 'commander';
-import { withLab, type CommonOptions } from './common.js';
-import { EXIT_USAGE, printJson, printTable, reportError } from './output.js';
+import { createHash } from 'node:crypto';
+import { hostname } from 'node:os';
+import { SnaplabError } from '../errors.js';
+import { DEFAULT_HOME } from '../lab/home.js';
+import { checkLabels } from '../lab/meta.js';
+import { EXIT_USAGE, reportError } from './output.js';
 
-const int = (flag: string) => (v: string): number => {
+export const int = (flag: string) => (v: string): number => {
   const n = Number(v);
   if (!Number.isSafeInteger(n) || n < 0) throw new InvalidArgumentError(`${flag} takes a whole number ≥ 0, not ${JSON.stringify(v)}`);
   return n;
@@ -19,11 +23,25 @@ export function registerServe(program: Command): void {
     .option('--default-timeout <s>', 'TTL of a sandbox whose create gives none (0: none)', int('--default-timeout'), 300)
     .option('--exec-timeout <ms>', 'deadline of an exec whose request gives none (0: none)', int('--exec-timeout'), 60_000)
     .option('--bench-dir <dir>', 'the dashboard shows the `bench --results` directories in here (default $SNAPLAB_HOME/bench)')
-    .action(async (o: { socket?: string; listen?: string; jsonLogs?: boolean; defaultTimeout: number; execTimeout: number; benchDir?: string }) => {
+    .option('--cluster <etcd://host:port,…>', 'the cluster\'s etcd members (docs/cluster.md; default $SNAPLAB_CLUSTER)')
+    .option('--node', 'join the cluster as a node: register under a lease, take work from gateways (needs --listen)')
+    .option('--node-name <name>', 'this node\'s name in the cluster (default: the host name, and a hash of SNAPLAB_HOME when it is not the default)')
+    .option('--labels <k=v,…>', 'the node\'s labels, for `placement: {labels}`')
+    .option('--advertise <url>', 'the URL gateways reach this node at (default: the --listen address)')
+    .option('--lease-ttl <s>', 'seconds without a keep-alive before the node is out and its sandboxes are lost', int('--lease-ttl'), 10)
+    .option('--gateway', 'serve the cluster\'s API in front of its nodes (no lab of its own; needs --listen)')
+    .option('--choices <k>', 'a gateway places each create on the best of K random candidates', int('--choices'), 2)
+    .action(async (o: { socket?: string; listen?: string; jsonLogs?: boolean; defaultTimeout: number; execTimeout: number; benchDir?: string; cluster?: string; node?: boolean; nodeName?: string; labels?: string; advertise?: string; leaseTtl: number; gateway?: boolean; choices: number }) => {
       try {
+        const cluster = o.cluster ?? process.env.SNAPLAB_CLUSTER;
+        if ((o.node || o.gateway) && !cluster) throw new SnaplabError('BAD_INPUT', `--${o.node ? 'node' : 'gateway'} needs --cluster`, 'give --cluster etcd://HOST:PORT[,…] (or set SNAPLAB_CLUSTER)');
+        if (o.node && o.gateway) throw new SnaplabError('BAD_INPUT', '--node and --gateway are two processes', 'run a gateway and each node separately');
+        if (o.gateway) return await runGateway(cluster!, o);
         const { serve } = await import('../server/serve.js');
-        const server = await serve({ socket: o.socket, listen: o.listen, jsonLogs: o.jsonLogs, defaultTimeoutS: o.defaultTimeout, execTimeoutMs: o.execTimeout, benchDir: o.benchDir && resolve(o.benchDir) });
-        process.stdout.write(`${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid })}\n`);
+        const node = o.node ? { cluster: cluster!, name: o.nodeName ?? defaultNodeName(), labels: parseLabels(o.labels), advertise: o.advertise, leaseTtlS: o.leaseTtl } : undefined;
+        if (o.leaseTtl < 2) throw new SnaplabError('BAD_INPUT', '--lease-ttl is at least 2 s', 'a node renews its lease 4 times per TTL');
+        const server = await serve({ socket: o.socket, listen: o.listen, jsonLogs: o.jsonLogs, defaultTimeoutS: o.defaultTimeout, execTimeoutMs: o.execTimeout, benchDir: o.benchDir && resolve(o.benchDir), node });
+        process.stdout.write(`${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid, ...(node ? { node: node.name } : {}) })}\n`);
         await new Promise<void>((resolve) => {
           const stop = (): void => resolve();
           process.once('SIGTERM', stop);
@@ -37,41 +55,34 @@ export function registerServe(program: Command): void {
     });
 }
 
-export function registerKey(program: Command): void {
-  const key = program.command('key').description("the daemon's API keys: only a hash is kept, the key is shown once");
-  key
-    .command('create <name>')
-    .description('make a key and print it (once)')
-    .option('--scope <scopes>', 'comma-separated: read, exec, admin', 'read,exec')
-    .option('--max-sandboxes <n>', 'at most this many sandboxes of this key at once', int('--max-sandboxes'))
-    .option('--max-execs <n>', 'at most this many concurrent execs of this key', int('--max-execs'))
-    .option('--json', 'print JSON')
-    .action((name: string, o: CommonOptions & { scope: string; maxSandboxes?: number; maxExecs?: number }) =>
-      withLab(o, async (lab) => {
-        const { createKey, parseScopes } = await import('../server/keys.js');
-        const { token, key: k } = createKey(lab.context.store, name, { scopes: parseScopes(o.scope), maxSandboxes: o.maxSandboxes, maxExecs: o.maxExecs });
-        if (o.json) return printJson({ name: k.name, scopes: k.scopes, maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs, token });
-        process.stdout.write(`${token}\n`);
-        process.stderr.write(`key ${k.name} (${k.scopes.join(',')}): shown only now; send it as \`Authorization: Bearer KEY\`\n`);
-      }));
-  key
-    .command('ls')
-    .description('list keys (names, scopes, quotas; never the keys)')
-    .option('--json', 'print JSON')
-    .action((o: CommonOptions) =>
-      withLab(o, async (lab) => {
-        const keys = lab.context.store.listKeys().map(({ hash: _h, ...k }) => k);
-        if (o.json) return printJson(keys);
-        printTable(['NAME', 'SCOPES', 'MAX SANDBOXES', 'MAX EXECS', 'CREATED'], keys.map((k) => [k.name, k.scopes.join(','), k.maxSandboxes ?? '-', k.maxExecs ?? '-', new Date(k.createdAt).toISOString()]));
-      }));
-  key
-    .command('rm <name>')
-    .description('remove a key: requests with it are refused from now on')
-    .option('--json', 'print JSON')
-    .action((name: string, o: CommonOptions) =>
-      withLab(o, async (lab) => {
-        const { removeKey } = await import('../server/keys.js');
-        removeKey(lab.context.store, name);
-        if (o.json) printJson({ removed: name });
-      }));
+/** The default node name: the host's, made unique per home when several homes share it. */
+function defaultNodeName(): string {
+  const home = process.env.SNAPLAB_HOME;
+  return home && home !== DEFAULT_HOME ? `${hostname()}-${createHash('sha256').update(home).digest('hex').slice(0, 6)}` : hostname();
+}
+
+export function parseLabels(text: string | undefined): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const kv of (text ?? '').split(',').filter(Boolean)) {
+    const i = kv.indexOf('=');
+    if (i <= 0) throw new SnaplabError('BAD_INPUT', `invalid label ${JSON.stringify(kv)}`, 'give k=v[,k=v…]');
+    out[kv.slice(0, i)] = kv.slice(i + 1);
+  }
+  return checkLabels('label', out);
+}
+
+async function runGateway(cluster: string, o: { listen?: string; jsonLogs?: boolean; choices: number }): Promise<void> {
+  if (!o.listen) throw new SnaplabError('BAD_INPUT', 'a gateway needs --listen', 'add --listen HOST:PORT (127.0.0.1 unless you mean another address)');
+  const { Gateway } = await import('../cluster/gateway.js');
+  const { logger } = await import('../server/serve.js');
+  const lines = logger(o.jsonLogs ?? false);
+  const g = await Gateway.start({ cluster, listen: o.listen, choices: o.choices, log: lines.log });
+  process.stdout.write(`${JSON.stringify({ url: g.url, pid: process.pid, role: 'gateway' })}\n`);
+  lines.log({ msg: 'gateway listening', url: g.url, nodes: [...g.view.nodes.keys()] });
+  await new Promise<void>((resolve) => {
+    process.once('SIGTERM', () => resolve());
+    process.once('SIGINT', () => resolve());
+  });
+  await g.close();
+  lines.flush();
 }

@@ -22,7 +22,13 @@ export class Http {
   private readonly port: number | undefined;
   private readonly agent = new Agent({ keepAlive: true, maxSockets: 256 });
 
-  constructor(readonly url: string, private readonly token: string | undefined) {
+  private readonly token: string | undefined;
+
+  readonly url: string;
+
+  constructor(url: string, token: string | undefined) {
+    this.url = url;
+    this.token = token;
     if (url.startsWith('unix:')) {
       this.socketPath = url.slice('unix:'.length);
       this.host = 'localhost';
@@ -36,6 +42,9 @@ export class Http {
       if (u.protocol !== 'http:') throw new SnaplabError('BAD_INPUT', `unsupported daemon URL ${JSON.stringify(url)}`, 'give http://HOST:PORT or unix:/path/to/daemon.sock');
       this.host = u.hostname.replace(/^\[|\]$/g, '');
       this.port = Number(u.port || 80);
+      // http://KEY@HOST:PORT: the key in the URL (a bench comparing two daemons needs one each)
+      if (u.username) this.token = decodeURIComponent(u.username);
+      this.url = `http://${u.host}`;
     }
   }
 

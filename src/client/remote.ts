@@ -314,6 +314,8 @@ export interface RemoteCreateOptions extends LabCreateOptions {
   /** TTL in seconds (0: none; default: the daemon's, 300) and what its end does */
   timeoutS?: number;
   onTimeout?: 'kill' | 'pause';
+  /** through a cluster's gateway: only nodes with these labels (docs/cluster.md); a single daemon refuses it */
+  placement?: { labels: Record<string, string> };
 }
 
 export class RemoteLab implements LabApi {

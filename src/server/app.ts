@@ -6,7 +6,7 @@
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
 import websocket from '@fastify/websocket';
-import { LOCAL, authenticate, requireScope, type Caller } from './keys.js';
+import { CALLER_HEADER, LOCAL, authenticate, gatewayCaller, requireScope, type Caller } from './keys.js';
 import { sendError } from './http-errors.js';
 import type { Daemon } from './daemon.js';
 import type { Scope } from '../store/records.js';
@@ -40,6 +40,8 @@ function logUrl(req: FastifyRequest): string {
 
 export interface AppOptions {
   trusted: boolean;
+  /** a cluster node: requests bearing the cluster's token act for the caller the gateway names */
+  clusterToken?: string;
 }
 
 export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<FastifyInstance> {
@@ -68,7 +70,8 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
         // ?token= only where a browser cannot send a header: WebSockets and the event stream
         const q = req.query as Record<string, unknown> | undefined;
         const headerless = req.headers.upgrade?.toLowerCase() === 'websocket' || req.routeOptions.url === '/events';
-        req.caller = authenticate(daemon.lab.context.store, req.headers.authorization, headerless ? q?.token : undefined);
+        const viaGateway = opts.clusterToken ? gatewayCaller(opts.clusterToken, req.headers.authorization, req.headers[CALLER_HEADER]) : undefined;
+        req.caller = viaGateway ?? authenticate(daemon.lab.context.store, req.headers.authorization, headerless ? q?.token : undefined);
         requireScope(req.caller, scope);
       } catch (e) {
         return done(e as Error);

@@ -357,7 +357,7 @@ export class Daemon {
 
   /** Is this caller's key still there (a key removed by `snaplab key rm` in another process)? */
   stillValid(caller: Caller): boolean {
-    return caller === LOCAL || (caller.hash !== undefined && this.lab.context.store.getKeyByHash(caller.hash) !== undefined);
+    return caller === LOCAL || caller.viaGateway === true || (caller.hash !== undefined && this.lab.context.store.getKeyByHash(caller.hash) !== undefined);
   }
 
   private closeRevoked(): void {

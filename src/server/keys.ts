@@ -21,6 +21,8 @@ export interface Caller {
   scopes: ReadonlySet<Scope>;
   maxSandboxes: number | null;
   maxExecs: number | null;
+  /** a caller a cluster gateway vouches for: the gateway checked its key (and checks it still) */
+  viaGateway?: true;
 }
 
 export const LOCAL: Caller = { key: 'local', scopes: new Set(SCOPES), maxSandboxes: null, maxExecs: null };
@@ -65,6 +67,21 @@ export function authenticate(store: Store, header: string | undefined, queryToke
     throw new SnaplabError('UNAUTHORIZED', 'the API key is not known', 'check the key, or make a new one with `snaplab key create NAME`');
   }
   return { key: k.name, hash: k.hash, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
+}
+
+/** The header a gateway names its caller in, beside the cluster token (docs/cluster.md). */
+export const CALLER_HEADER = 'x-snaplab-caller';
+
+/**
+ * A gateway's request: the cluster token as its bearer key, and the caller it authenticated in
+ * CALLER_HEADER. Quotas of sandboxes are the gateway's to count (cluster-wide); execs count here.
+ */
+export function gatewayCaller(token: string, header: string | undefined, caller: string | string[] | undefined): Caller | undefined {
+  const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
+  if (!m || m[1]!.length !== token.length || !timingSafeEqual(Buffer.from(m[1]!), Buffer.from(token))) return undefined;
+  if (typeof caller !== 'string') throw new SnaplabError('UNAUTHORIZED', `a gateway request without ${CALLER_HEADER}`, 'this is a bug of the gateway');
+  const c = JSON.parse(Buffer.from(caller, 'base64url').toString()) as { key: string; scopes: Scope[]; maxExecs: number | null };
+  return { key: c.key, scopes: new Set(c.scopes.filter((s) => SCOPES.includes(s))), maxSandboxes: null, maxExecs: c.maxExecs ?? null, viaGateway: true };
 }
 
 export function requireScope(caller: Caller, scope: Scope): void {

@@ -12,8 +12,12 @@ import { withLock } from '../host/lock.js';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { buildApp } from './app.js';
 import { Daemon, type DaemonOptions } from './daemon.js';
+import type { ClusterNode, NodeOptions } from '../cluster/node.js';
+import type { ClusterStore } from '../cluster/store.js';
 
 export interface ServeOptions extends DaemonOptions {
+  /** join a cluster as a node (needs `listen`: gateways reach it there) */
+  node?: Omit<NodeOptions, 'url'> & { advertise?: string };
   /** Unix socket path (default $SNAPLAB_HOME/daemon.sock) */
   socket?: string;
   /** host:port to listen on with keys; 127.0.0.1 unless another address is given on purpose */
@@ -56,7 +60,7 @@ export function parseListen(text: string): { host: string; port: number } {
  * 50 ms (or at 64 KiB): at thousands of requests a second, a write per line was a tenth of the
  * daemon's CPU. Messages that are not request lines go out at once.
  */
-function logger(json: boolean): { log: (line: Record<string, unknown>) => void; flush: () => void } {
+export function logger(json: boolean): { log: (line: Record<string, unknown>) => void; flush: () => void } {
   let pending: string[] = [];
   let size = 0;
   let timer: NodeJS.Timeout | undefined;
@@ -88,8 +92,12 @@ function logger(json: boolean): { log: (line: Record<string, unknown>) => void; 
 export async function serve(opts: ServeOptions = {}): Promise<Server> {
   const lines = logger(opts.jsonLogs ?? false);
   const log = opts.log ?? lines.log;
+  if (opts.node && !opts.listen) throw new SnaplabError('BAD_INPUT', 'a node needs --listen: gateways reach it there', 'add --listen HOST:PORT (an address the gateways can reach)');
   const daemon = await Daemon.open({ ...opts, log });
   const apps: FastifyInstance[] = [];
+  let cluster: ClusterStore | undefined;
+  let token: string | undefined;
+  let node: ClusterNode | undefined;
   // one daemon per home, held for its life: a second stops here (a lock of a dead one is taken over)
   let unlock!: () => void;
   let held: Promise<unknown> = Promise.resolve();
@@ -121,18 +129,30 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
     await chmod(socket, 0o600);
     await daemon.start();
     let url: string | null = null;
+    if (opts.node) {
+      const { ClusterStore } = await import('../cluster/store.js');
+      cluster = await ClusterStore.open(opts.node.cluster);
+      token = await cluster.token();
+    }
     if (opts.listen) {
       const { host, port } = parseListen(opts.listen);
-      const tcp = await buildApp(daemon, { trusted: false });
+      const tcp = await buildApp(daemon, { trusted: false, clusterToken: token });
       apps.push(tcp);
       await tcp.listen({ host, port });
       const addr = tcp.server.address();
       url = typeof addr === 'object' && addr ? `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}` : null;
     }
-    log({ msg: 'listening', socket, url, pid: process.pid, home: daemon.lab.home });
+    if (cluster && opts.node) {
+      const { ClusterNode } = await import('../cluster/node.js');
+      node = await ClusterNode.join(daemon, cluster, token!, { ...opts.node, url: opts.node.advertise ?? url! });
+    }
+    log({ msg: 'listening', socket, url, pid: process.pid, home: daemon.lab.home, node: node?.name ?? null });
     return {
       daemon, socket, url,
       async close() {
+        // withdrawn first: gateways stop sending work before the listeners close
+        await node?.leave();
+        cluster?.close();
         await Promise.all(apps.map((a) => a.close()));
         await unlink(socket).catch(() => undefined);
         daemon.close();
@@ -142,6 +162,8 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       },
     };
   } catch (e) {
+    await node?.leave().catch(() => undefined);
+    cluster?.close();
     await Promise.all(apps.map((a) => a.close().catch(() => undefined)));
     daemon.close();
     unlock();

@@ -1,0 +1,206 @@
+/**
+ * `snaplab serve --node --cluster etcd://…`: the daemon joins a cluster. It keeps its NodeInfo
+ * (capacity, sandboxes, each pool's ready standbys) under a lease it keeps alive, and writes
+ * where each of its sandboxes lives. Stopping withdraws it (the lease is revoked); a node that
+ * dies lapses with its lease and gateways mark its sandboxes `lost`. When it comes back, the
+ * sandboxes declared lost meanwhile are destroyed here: their owners were told they were gone.
+ */
+import { statfs } from 'node:fs/promises';
+import { cpus, freemem, totalmem } from 'node:os';
+import type { Lease } from 'etcd3';
+import { SnaplabError } from '../errors.js';
+import { metaOf } from '../lab/meta.js';
+import type { SandboxRecord } from '../store/records.js';
+import type { Daemon } from '../server/daemon.js';
+import { VERSION } from '../version.js';
+import { unavailable, type ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
+
+export interface NodeOptions {
+  cluster: string;
+  /** the node's name in the cluster (unique) */
+  name: string;
+  /** where gateways reach this daemon's TCP API */
+  url: string;
+  labels: Record<string, string>;
+  /** seconds without a keep-alive before the node is out (default 10) */
+  leaseTtlS?: number;
+}
+
+/** A sandbox the cluster routes to: not a pool's standby, nor one a pool run has borrowed. */
+function routed(d: Daemon, r: SandboxRecord): boolean {
+  if (r.state === 'creating' || r.state === 'removing') return false;
+  return r.pool === null || metaOf(d.lab.context, r.id).owner !== null;
+}
+
+export class ClusterNode {
+  private lease: Lease | undefined;
+  /** what this node last wrote for each of its sandboxes (id → JSON) */
+  private published = new Map<string, string>();
+  private timer: NodeJS.Timeout | undefined;
+  private soon: NodeJS.Timeout | undefined;
+  private publishing: Promise<void> | undefined;
+  private again = false;
+  private closed = false;
+  private readonly startedAt = Date.now();
+  private readonly onEvent = (): void => this.schedule();
+
+  private constructor(readonly store: ClusterStore, readonly daemon: Daemon, readonly opts: Required<NodeOptions>, readonly token: string) {}
+
+  /** Join with a store already open (its token is what this node's API accepts from gateways). */
+  static async join(daemon: Daemon, store: ClusterStore, token: string, opts: NodeOptions): Promise<ClusterNode> {
+    const node = new ClusterNode(store, daemon, { leaseTtlS: 10, ...opts }, token);
+    await node.register();
+    daemon.events.on('event', node.onEvent);
+    const every = Math.max(200, Math.min(2000, (node.opts.leaseTtlS * 1000) / 4));
+    node.timer = setInterval(() => node.schedule(0), every);
+    node.timer.unref();
+    return node;
+  }
+
+  get name(): string {
+    return this.opts.name;
+  }
+
+  /**
+   * Put NodeInfo under a new lease. The name is ours if nobody holds it, or if it was this home's
+   * (its daemon is dead: this process holds the home's daemon lock). Then destroy what the cluster
+   * declared lost while this node was away, and write what is here.
+   */
+  private async register(): Promise<void> {
+    const key = this.store.key('nodes', this.name);
+    const prior = (await this.store.client.get(key).string().catch((e: unknown) => { throw unavailable(e, 'reading the node list'); })) as string | null;
+    if (prior) {
+      const was = JSON.parse(prior) as NodeInfo;
+      if (was.home !== this.daemon.lab.home) {
+        throw new SnaplabError('NODE_EXISTS', `a node named ${this.name} is in the cluster already (home ${was.home}, ${was.url})`, 'give this node another --node-name, or stop that one');
+      }
+    }
+    const lease = this.store.lease(this.opts.leaseTtlS);
+    lease.on('lost', (e: Error) => {
+      if (this.closed || this.lease !== lease) return;
+      this.daemon.log({ msg: 'cluster lease lost; joining again', error: e.message });
+      this.lease = undefined;
+      void this.rejoin();
+    });
+    await lease.grant().catch((e: unknown) => { throw unavailable(e, 'granting the node lease'); });
+    this.lease = lease;
+    await lease.put(key).value(JSON.stringify(await this.info()));
+    await this.store.client.delete().key(this.store.key('left', this.name));
+    await this.collectLost();
+    // what the cluster says is here: entries of sandboxes gone meanwhile are removed by the sync
+    this.published = new Map((await this.store.sandboxes()).filter((e) => e.node === this.name && e.state !== 'lost').map((e) => [e.id, JSON.stringify(e)]));
+    await this.sync();
+    this.daemon.log({ msg: 'joined the cluster', node: this.name, url: this.opts.url, hosts: this.store.address.hosts });
+  }
+
+  private async rejoin(): Promise<void> {
+    for (let wait = 500; !this.closed && !this.lease; wait = Math.min(wait * 2, 5000)) {
+      try {
+        await this.register();
+      } catch (e) {
+        this.daemon.log({ msg: 'joining the cluster again failed; retrying', error: (e as Error).message, inMs: wait });
+        await new Promise((r) => setTimeout(r, wait));
+      }
+    }
+  }
+
+  /** The sandboxes gateways declared lost while this node was out: destroyed, their entries kept. */
+  private async collectLost(): Promise<void> {
+    for (const e of await this.store.sandboxes()) {
+      if (e.node !== this.name || e.state !== 'lost') continue;
+      const rec = this.daemon.lab.context.store.getSandbox(e.id);
+      if (!rec || rec.id !== e.id) continue;
+      await this.daemon.destroy(e.id, `declared lost while node ${this.name} was out of the cluster (${e.reason ?? ''})`).catch((err: Error) =>
+        this.daemon.log({ msg: 'destroying a lost sandbox failed', sandbox: e.name, error: err.message }));
+    }
+  }
+
+  async info(): Promise<NodeInfo> {
+    const ctx = this.daemon.lab.context;
+    const disk = await statfs(this.daemon.lab.home).catch(() => null);
+    const pools: NodeInfo['pools'] = {};
+    for (const p of await this.daemon.lab.pools()) pools[p.name] = { image: p.image, size: p.target, ready: p.ready };
+    return {
+      name: this.name, url: this.opts.url, labels: this.opts.labels, version: VERSION, pid: process.pid, home: this.daemon.lab.home,
+      startedAt: this.startedAt, updatedAt: Date.now(),
+      capacity: {
+        cores: cpus().length, memoryBytes: totalmem(), memoryFreeBytes: freemem(),
+        diskBytes: disk ? disk.blocks * disk.bsize : 0, diskFreeBytes: disk ? disk.bavail * disk.bsize : 0,
+      },
+      sandboxes: ctx.store.listSandboxes().filter((r) => routed(this.daemon, r)).length,
+      pools,
+      images: ctx.store.listImages().map((i) => i.name),
+      snapshots: ctx.store.listSnapshots().map((s) => s.name),
+      drivers: [...ctx.drivers.keys()],
+      storage: [await ctx.defaultStorage()],
+    };
+  }
+
+  /** Publish soon (coalesced): after an event, or on the heartbeat. */
+  private schedule(ms = 50): void {
+    if (this.closed || this.soon) return;
+    this.soon = setTimeout(() => {
+      this.soon = undefined;
+      void this.publish();
+    }, ms);
+  }
+
+  /** NodeInfo and the sandbox entries, written now; never two at once. */
+  publish(): Promise<void> {
+    if (this.publishing) {
+      this.again = true;
+      return this.publishing;
+    }
+    this.publishing = (async () => {
+      do {
+        this.again = false;
+        const lease = this.lease;
+        if (!lease || this.closed) return;
+        try {
+          await lease.put(this.store.key('nodes', this.name)).value(JSON.stringify(await this.info()));
+          await this.sync();
+        } catch (e) {
+          this.daemon.log({ msg: 'publishing to the cluster failed', error: (e as Error).message });
+        }
+      } while (this.again);
+    })().finally(() => (this.publishing = undefined));
+    return this.publishing;
+  }
+
+  /** Write each sandbox's entry that changed, remove those of sandboxes gone. */
+  private async sync(): Promise<void> {
+    const ctx = this.daemon.lab.context;
+    const now = new Map<string, SandboxEntry>();
+    for (const r of ctx.store.listSandboxes()) {
+      if (!routed(this.daemon, r)) continue;
+      const m = metaOf(ctx, r.id);
+      now.set(r.id, { id: r.id, name: r.name, node: this.name, owner: m.owner, state: r.state, image: r.image, labels: m.labels, createdAt: r.createdAt, reason: r.reason });
+    }
+    for (const [id, e] of now) {
+      const text = JSON.stringify(e);
+      if (this.published.get(id) === text) continue;
+      await this.store.putSandbox(e);
+      this.published.set(id, text);
+    }
+    for (const [id, text] of [...this.published]) {
+      if (now.has(id)) continue;
+      await this.store.deleteSandbox(JSON.parse(text) as SandboxEntry);
+      this.published.delete(id);
+    }
+  }
+
+  /**
+ * Withdraw: the node's entry goes with its lease. Its sandboxes stay recorded and keep running
+ * on the host: gateways report them unreachable (not lost) until the node is back.
+ */
+  async leave(): Promise<void> {
+    this.closed = true;
+    if (this.timer) clearInterval(this.timer);
+    if (this.soon) clearTimeout(this.soon);
+    this.daemon.events.off('event', this.onEvent);
+    await this.publishing?.catch(() => undefined);
+    // said before the entry goes: gateways report its sandboxes unreachable, not lost
+    await this.store.client.put(this.store.key('left', this.name)).value(JSON.stringify({ at: Date.now() })).catch(() => undefined);
+    await this.lease?.revoke().catch(() => undefined);
+  }
+}

@@ -1,0 +1,107 @@
+/**
+ * `GET /rpc` on a gateway: the client's calls, each sent on to the node that holds its sandbox
+ * (exec) or that placement picks for it (a pool run), on one node connection per node and
+ * client connection. Answers come back as the nodes give them. A node connection that closes
+ * fails its calls still running with NODE_UNAVAILABLE; the client's closing closes them all, and
+ * the nodes kill those commands, as a single daemon does.
+ */
+import WebSocket, { type RawData } from 'ws';
+import { SnaplabError } from '../errors.js';
+import type { Caller } from '../server/keys.js';
+import { CALLER_HEADER } from '../server/keys.js';
+import { callerHeader, neverConnected } from './proxy.js';
+import type { Gateway } from './gateway.js';
+
+interface Upstream {
+  ws: Promise<WebSocket>;
+  /** call ids sent there and not answered */
+  pending: Map<string, { pool?: string }>;
+}
+
+export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
+  const ups = new Map<string, Upstream>();
+  const answer = (m: unknown): void => { if (client.readyState === client.OPEN) client.send(JSON.stringify(m)); };
+  const fail = (id: unknown, e: SnaplabError): void => answer({ id, error: e.toJSON() });
+
+  const open = (node: string): Upstream => {
+    const had = ups.get(node);
+    if (had) return had;
+    const info = g.view.live(node);
+    if (!info) {
+      const gone = Promise.reject(new SnaplabError('NODE_UNAVAILABLE', `node ${node} is not up`, 'see `snaplab cluster nodes`'));
+      gone.catch(() => undefined);
+      return { pending: new Map(), ws: gone };
+    }
+    const u: Upstream = { pending: new Map(), ws: undefined as unknown as Promise<WebSocket> };
+    ups.set(node, u);
+    u.ws = new Promise((resolve, reject) => {
+      const ws = new WebSocket(`${info.url.replace(/^http/, 'ws')}/rpc`, { headers: { authorization: `Bearer ${g.token}`, [CALLER_HEADER]: callerHeader(caller) }, maxPayload: 64 << 20 });
+      ws.once('open', () => resolve(ws));
+      ws.once('error', (e) => { ups.delete(node); reject(Object.assign(new SnaplabError('NODE_UNAVAILABLE', `node ${node} did not answer: ${e.message}`, 'see `snaplab cluster nodes`'), { connect: neverConnected(e) })); });
+      ws.on('message', (data: RawData) => {
+        const text = String(data);
+        const id = (JSON.parse(text) as { id?: unknown }).id;
+        const p = u.pending.get(JSON.stringify(id));
+        u.pending.delete(JSON.stringify(id));
+        if (p?.pool) g.runDone(node, p.pool);
+        if (client.readyState === client.OPEN) client.send(text);
+      });
+      ws.once('close', () => {
+        ups.delete(node);
+        for (const [id, p] of u.pending) {
+          if (p.pool) g.runDone(node, p.pool);
+          fail(JSON.parse(id), new SnaplabError('NODE_UNAVAILABLE', `node ${node} closed the connection before the answer`, 'its command was killed with it; try again'));
+        }
+        u.pending.clear();
+      });
+    });
+    u.ws.catch(() => undefined);
+    return u;
+  };
+
+  const send = async (node: string, id: unknown, text: string, pool?: string): Promise<void> => {
+    const u = open(node);
+    const ws = await u.ws;
+    u.pending.set(JSON.stringify(id), { pool });
+    ws.send(text);
+  };
+
+  client.on('message', (data: RawData, isBinary: boolean) => {
+    const text = String(data);
+    let call: { id?: unknown; op?: string; sandbox?: unknown; pool?: unknown };
+    try {
+      if (isBinary) throw new SyntaxError('a binary frame');
+      call = JSON.parse(text) as typeof call;
+    } catch (e) {
+      return fail(null, new SnaplabError('BAD_INPUT', `rpc: not JSON: ${(e as Error).message}`, 'send JSON text frames'));
+    }
+    void (async () => {
+      if (!g.stillValid(caller)) {
+        client.close(1008, 'key removed');
+        throw new SnaplabError('UNAUTHORIZED', 'the API key is not known (any more)', 'make a new one with `snaplab key create NAME --cluster …`');
+      }
+      if (call.op === 'run' && typeof call.pool === 'string') {
+        // a run that never reached its node is placed again once, elsewhere
+        const tried = new Set<string>();
+        for (;;) {
+          const node = await g.placeRun(call.pool, tried);
+          try {
+            return await send(node, call.id, text, call.pool);
+          } catch (e) {
+            g.runDone(node, call.pool);
+            if (!(e as { connect?: boolean }).connect || tried.size) throw e;
+            tried.add(node);
+          }
+        }
+      }
+      if (call.op === 'exec' && typeof call.sandbox === 'string') return send(await g.nodeOf(call.sandbox, caller), call.id, text);
+      // anything else: the first node says what is wrong with it
+      const any = [...g.view.nodes.keys()][0];
+      if (!any) throw new SnaplabError('NODE_UNAVAILABLE', 'no node is in the cluster', 'start a node: `snaplab serve --node --cluster …`');
+      return send(any, call.id, text);
+    })().catch((e: unknown) => fail(call.id ?? null, e instanceof SnaplabError ? e : new SnaplabError('INTERNAL', String(e))));
+  });
+  client.once('close', () => {
+    for (const u of ups.values()) void u.ws.then((ws) => ws.close(), () => undefined);
+  });
+}

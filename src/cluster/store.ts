@@ -1,0 +1,244 @@
+/**
+ * The cluster's state in etcd (docs/cluster.md): which nodes are up (each under a lease it keeps
+ * alive), where each sandbox lives, the API keys and the token nodes and gateways share. etcd
+ * keeps it replicated and consistent; snaplab has no consensus, election or membership of its own.
+ *
+ *   <prefix>nodes/<node>      NodeInfo, on the node's lease: gone when the node stops or lapses
+ *   <prefix>sandboxes/<id>    SandboxEntry, written by the node that holds it; `lost` once its node lapsed
+ *   <prefix>names/<name>      NameEntry: the name taken cluster-wide, and where (written before the create)
+ *   <prefix>drain/<node>      a node that takes no new sandboxes (`snaplab cluster drain`)
+ *   <prefix>left/<node>       a node that stopped on purpose: its sandboxes are unreachable, not lost
+ *   <prefix>keys/<name>       an API key (its sha256 only), as the single daemon's store keeps them
+ *   <prefix>token             the secret gateways send nodes (made by the first member to need it)
+ */
+import { randomBytes } from 'node:crypto';
+import type { Etcd3, IOptions, Lease, Watcher } from 'etcd3';
+import { SnaplabError } from '../errors.js';
+import type { Scope } from '../store/records.js';
+
+export interface NodeInfo {
+  name: string;
+  /** where gateways reach its API (http://HOST:PORT) */
+  url: string;
+  labels: Record<string, string>;
+  version: string;
+  pid: number;
+  home: string;
+  startedAt: number;
+  updatedAt: number;
+  capacity: { cores: number; memoryBytes: number; memoryFreeBytes: number; diskBytes: number; diskFreeBytes: number };
+  /** sandboxes it holds (not counting pool standbys) */
+  sandboxes: number;
+  /** each pool's ready standbys: what placement prefers */
+  pools: Record<string, { image: string; size: number; ready: number }>;
+  images: string[];
+  snapshots: string[];
+  drivers: string[];
+  storage: string[];
+}
+
+export interface SandboxEntry {
+  id: string;
+  name: string;
+  node: string;
+  owner: string | null;
+  state: string;
+  image: string | null;
+  labels: Record<string, string>;
+  createdAt: number;
+  reason?: string | null;
+  lostAt?: number;
+}
+
+export interface NameEntry {
+  node: string;
+  /** null while its create runs */
+  id: string | null;
+  /** the key that asked for it (quotas count creates in flight) */
+  owner?: string | null;
+  at: number;
+}
+
+export interface KeyEntry {
+  name: string;
+  hash: string;
+  scopes: Scope[];
+  maxSandboxes: number | null;
+  maxExecs: number | null;
+  createdAt: number;
+}
+
+export interface ClusterAddress {
+  hosts: string[];
+  prefix: string;
+}
+
+/** `etcd://HOST:PORT[,HOST:PORT…][/prefix]` (default prefix /snaplab/). */
+export function parseClusterUrl(text: string): ClusterAddress {
+  const m = /^etcd:\/\/([^/]+)(\/.*)?$/.exec(text.trim());
+  const hosts = (m?.[1] ?? '').split(',').filter(Boolean);
+  if (!m || !hosts.length || hosts.some((h) => !/^(\[[0-9a-f:]+\]|[A-Za-z0-9.-]+):\d{1,5}$/i.test(h))) {
+    throw new SnaplabError('BAD_INPUT', `invalid cluster address ${JSON.stringify(text)}`, 'give etcd://HOST:PORT[,HOST:PORT…][/prefix], e.g. etcd://127.0.0.1:2379');
+  }
+  let prefix = m[2] && m[2] !== '/' ? m[2] : '/snaplab/';
+  if (!prefix.endsWith('/')) prefix += '/';
+  return { hosts, prefix };
+}
+
+/** how long one call to etcd may take before it fails with CLUSTER_UNAVAILABLE */
+const CALL_DEADLINE_MS = 5000;
+
+const json = <T>(s: string | null): T | undefined => (s === null ? undefined : (JSON.parse(s) as T));
+
+/** etcd's own errors (a member down, no leader, a timeout) as one clear code. */
+export function unavailable(e: unknown, what: string): SnaplabError {
+  if (e instanceof SnaplabError) return e;
+  return new SnaplabError('CLUSTER_UNAVAILABLE', `the cluster store did not answer (${what}): ${(e as Error).message}`, 'check that a majority of the etcd members are up and reachable (--cluster)', { cause: e });
+}
+
+export class ClusterStore {
+  private constructor(readonly client: Etcd3, readonly address: ClusterAddress) {}
+
+  static async open(url: string): Promise<ClusterStore> {
+    const address = parseClusterUrl(url);
+    const { Etcd3 } = await import('etcd3');
+    // every unary call has a deadline (a cluster without a majority must not hang a request);
+    // watches and lease keep-alives are streams and have none
+    const opts: IOptions = { hosts: address.hosts.map((h) => `http://${h}`), dialTimeout: 3000, defaultCallOptions: (c) => (c.isStream ? {} : { deadline: Date.now() + CALL_DEADLINE_MS }) };
+    const store = new ClusterStore(new Etcd3(opts), address);
+    // a first read: a wrong address is an error now, not at the first request
+    await store.client.get(`${address.prefix}token`).string().catch((e: unknown) => { store.close(); throw unavailable(e, `reaching ${address.hosts.join(', ')}`); });
+    return store;
+  }
+
+  key(...parts: string[]): string {
+    return this.address.prefix + parts.join('/');
+  }
+
+  /** The secret gateways give nodes: made once, by whichever member needs it first. */
+  async token(): Promise<string> {
+    const k = this.key('token');
+    await this.client.if(k, 'Create', '==', 0).then(this.client.put(k).value(randomBytes(32).toString('base64url'))).commit();
+    const t = await this.client.get(k).string();
+    if (!t) throw new SnaplabError('CLUSTER_UNAVAILABLE', 'the cluster token could not be read', 'check the etcd cluster');
+    return t;
+  }
+
+  async nodes(): Promise<NodeInfo[]> {
+    const all = await this.client.getAll().prefix(this.key('nodes', '')).strings();
+    return Object.values(all).map((v) => JSON.parse(v) as NodeInfo);
+  }
+
+  async drained(): Promise<Set<string>> {
+    return new Set(Object.keys(await this.client.getAll().prefix(this.key('drain', '')).strings()).map((k) => k.slice(this.key('drain', '').length)));
+  }
+
+  async setDrain(node: string, on: boolean): Promise<void> {
+    if (on) await this.client.put(this.key('drain', node)).value(JSON.stringify({ at: Date.now() }));
+    else await this.client.delete().key(this.key('drain', node));
+  }
+
+  async left(): Promise<Set<string>> {
+    return new Set(Object.keys(await this.client.getAll().prefix(this.key('left', '')).strings()).map((k) => k.slice(this.key('left', '').length)));
+  }
+
+  async sandboxes(): Promise<SandboxEntry[]> {
+    return Object.values(await this.client.getAll().prefix(this.key('sandboxes', '')).strings()).map((v) => JSON.parse(v) as SandboxEntry);
+  }
+
+  async sandbox(id: string): Promise<SandboxEntry | undefined> {
+    return json<SandboxEntry>(await this.client.get(this.key('sandboxes', id)).string());
+  }
+
+  async name(name: string): Promise<NameEntry | undefined> {
+    return json<NameEntry>(await this.client.get(this.key('names', name)).string());
+  }
+
+  /** Take a name cluster-wide for a create on `node`, before the create starts; false if taken. */
+  async claimName(name: string, node: string, owner: string | null): Promise<boolean> {
+    const k = this.key('names', name);
+    const r = await this.client.if(k, 'Create', '==', 0).then(this.client.put(k).value(JSON.stringify({ node, id: null, owner, at: Date.now() } satisfies NameEntry))).commit();
+    return r.succeeded;
+  }
+
+  /** A create placed on `node` that did not start there: the name moves (or is given back). */
+  async moveName(name: string, from: string, to: string | null): Promise<void> {
+    const k = this.key('names', name);
+    const cur = await this.name(name);
+    if (!cur || cur.node !== from || cur.id) return;
+    if (to === null) await this.client.delete().key(k);
+    else await this.client.put(k).value(JSON.stringify({ ...cur, node: to, at: Date.now() }));
+  }
+
+  /** Write what a node holds: the entries given, and the names with them. */
+  async putSandbox(e: SandboxEntry): Promise<void> {
+    await this.client.stm({ retries: 3 }).transact(async (tx) => {
+      tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
+      tx.put(this.key('names', e.name)).value(JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry));
+    });
+  }
+
+  /** The same, unless the node wrote the sandbox's entry first. */
+  async putSandboxIfAbsent(e: SandboxEntry): Promise<void> {
+    const k = this.key('sandboxes', e.id);
+    await this.client.if(k, 'Create', '==', 0)
+      .then(this.client.put(k).value(JSON.stringify(e)), this.client.put(this.key('names', e.name)).value(JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry)))
+      .commit();
+  }
+
+  async deleteSandbox(e: Pick<SandboxEntry, 'id' | 'name' | 'node'>): Promise<void> {
+    const nk = this.key('names', e.name);
+    // the name goes only if it is still this sandbox's (it may have been taken again since)
+    const cur = await this.name(e.name);
+    const ops = [this.client.delete().key(this.key('sandboxes', e.id))];
+    await this.client.if(nk, 'Create', '>', 0).then(...ops, ...(cur && (cur.id === e.id || (cur.id === null && cur.node === e.node)) ? [this.client.delete().key(nk)] : [])).commit();
+  }
+
+  /** Mark a lapsed node's sandboxes lost (idempotent: several gateways may do it at once). */
+  async markLost(node: string, reason: string): Promise<SandboxEntry[]> {
+    const marked: SandboxEntry[] = [];
+    for (const e of await this.sandboxes()) {
+      if (e.node !== node || e.state === 'lost') continue;
+      const lost: SandboxEntry = { ...e, state: 'lost', reason, lostAt: Date.now() };
+      const k = this.key('sandboxes', e.id);
+      // only if nobody changed it meanwhile (the node came back and wrote it again)
+      const r = await this.client.if(k, 'Value', '==', JSON.stringify(e)).then(this.client.put(k).value(JSON.stringify(lost))).commit();
+      if (r.succeeded) marked.push(lost);
+    }
+    // creates placed there that never recorded a sandbox: their names are free again
+    const names = await this.client.getAll().prefix(this.key('names', '')).strings();
+    for (const [k, v] of Object.entries(names)) {
+      const n = JSON.parse(v) as NameEntry;
+      if (n.node === node && n.id === null) await this.client.if(k, 'Value', '==', v).then(this.client.delete().key(k)).commit();
+    }
+    return marked;
+  }
+
+  async keys(): Promise<KeyEntry[]> {
+    return Object.values(await this.client.getAll().prefix(this.key('keys', '')).strings()).map((v) => JSON.parse(v) as KeyEntry);
+  }
+
+  async insertKey(k: KeyEntry): Promise<boolean> {
+    const kk = this.key('keys', k.name);
+    return (await this.client.if(kk, 'Create', '==', 0).then(this.client.put(kk).value(JSON.stringify(k))).commit()).succeeded;
+  }
+
+  async deleteKey(name: string): Promise<boolean> {
+    return (await this.client.delete().key(this.key('keys', name)).exec()).deleted !== '0';
+  }
+
+  /** Watch everything under prefix `sub` from revision `from` (exclusive); the watcher reconnects by itself. */
+  async watch(sub: string, from?: string): Promise<Watcher> {
+    const b = this.client.watch().prefix(this.key(sub));
+    if (from) b.startRevision(String(BigInt(from) + 1n));
+    return b.create();
+  }
+
+  lease(ttlS: number): Lease {
+    return this.client.lease(ttlS, { autoKeepAlive: true });
+  }
+
+  close(): void {
+    this.client.close();
+  }
+}

@@ -1,0 +1,118 @@
+/**
+ * A gateway's copy of the cluster's state: one etcd watch over the whole prefix keeps it current
+ * (nodes, drains, sandboxes, names, keys), so routing and placement read memory, not the store.
+ * The watch starts before the first read: changes made between them arrive after it, in order,
+ * and leave the copy as the store is.
+ *
+ * It also decides what a node's disappearance means: a node whose entry went without saying it
+ * was leaving (its lease lapsed) has its sandboxes marked `lost`, once, by whichever gateway
+ * gets there first (a compare-and-set in the store).
+ */
+import { EventEmitter } from 'node:events';
+import type { IKeyValue, Watcher } from 'etcd3';
+import type { ClusterStore, KeyEntry, NameEntry, NodeInfo, SandboxEntry } from './store.js';
+
+export class ClusterView extends EventEmitter {
+  readonly nodes = new Map<string, NodeInfo>();
+  readonly drained = new Set<string>();
+  readonly left = new Set<string>();
+  readonly sandboxes = new Map<string, SandboxEntry>();
+  readonly names = new Map<string, NameEntry>();
+  private readonly keysByHash = new Map<string, KeyEntry>();
+  private watcher: Watcher | undefined;
+  private lostSweep: Promise<void> = Promise.resolve();
+
+  constructor(readonly store: ClusterStore, private readonly log: (line: Record<string, unknown>) => void) {
+    super();
+    this.setMaxListeners(0);
+  }
+
+  async start(): Promise<void> {
+    this.watcher = await this.store.watch('');
+    this.watcher.on('put', (kv) => this.apply(kv, false));
+    this.watcher.on('delete', (kv) => this.apply(kv, true));
+    this.watcher.on('error', (e: Error) => this.log({ msg: 'cluster watch error', error: e.message }));
+    const all = await this.store.client.getAll().prefix(this.store.key('')).exec();
+    for (const kv of all.kvs) this.apply(kv, false, true);
+    // nodes that lapsed while no gateway watched
+    for (const e of this.sandboxes.values()) if (e.state !== 'lost' && !this.nodes.has(e.node) && !this.left.has(e.node)) this.nodeLapsed(e.node);
+  }
+
+  private apply(kv: IKeyValue, deleted: boolean, initial = false): void {
+    const rest = kv.key.toString().slice(this.store.key('').length);
+    const slash = rest.indexOf('/');
+    const kind = slash < 0 ? rest : rest.slice(0, slash);
+    const id = slash < 0 ? '' : rest.slice(slash + 1);
+    const value = deleted ? undefined : kv.value.toString();
+    switch (kind) {
+      case 'nodes': {
+        const had = this.nodes.get(id);
+        if (value) this.nodes.set(id, JSON.parse(value) as NodeInfo);
+        else this.nodes.delete(id);
+        if (!initial && !had && value) this.emit('change', { type: 'node.joined', node: id });
+        if (!initial && had && !value) {
+          const on = this.left.has(id);
+          this.emit('change', { type: on ? 'node.left' : 'node.lost', node: id });
+          if (!on) this.nodeLapsed(id);
+        }
+        break;
+      }
+      case 'drain': if (value) this.drained.add(id); else this.drained.delete(id); break;
+      case 'left': if (value) this.left.add(id); else this.left.delete(id); break;
+      case 'sandboxes': if (value) this.sandboxes.set(id, JSON.parse(value) as SandboxEntry); else this.sandboxes.delete(id); break;
+      case 'names': if (value) this.names.set(id, JSON.parse(value) as NameEntry); else this.names.delete(id); break;
+      case 'keys': {
+        for (const [h, k] of this.keysByHash) if (k.name === id) this.keysByHash.delete(h);
+        if (value) {
+          const k = JSON.parse(value) as KeyEntry;
+          this.keysByHash.set(k.hash, k);
+        }
+        break;
+      }
+    }
+  }
+
+  /** A node's entry went with its lease: its sandboxes are lost (each gateway tries; one succeeds). */
+  private nodeLapsed(node: string): void {
+    const reason = `its node ${node} stopped answering: its cluster lease lapsed at ${new Date().toISOString()}`;
+    this.lostSweep = this.lostSweep.then(async () => {
+      const marked = await this.store.markLost(node, reason).catch((e: Error) => {
+        this.log({ msg: 'marking a lapsed node\'s sandboxes lost failed', node, error: e.message });
+        return [];
+      });
+      if (marked.length) this.log({ msg: 'node lapsed: its sandboxes are lost', node, sandboxes: marked.map((m) => m.name) });
+    });
+  }
+
+  keyByHash(hash: string): KeyEntry | undefined {
+    return this.keysByHash.get(hash);
+  }
+
+  /** A node that is up and takes work. */
+  live(name: string): NodeInfo | undefined {
+    return this.nodes.get(name);
+  }
+
+  /** The entry of a sandbox by id or name (a create in flight has a name entry only). */
+  resolve(idOrName: string): { entry?: SandboxEntry; node: string } | undefined {
+    const byId = this.sandboxes.get(idOrName);
+    if (byId) return { entry: byId, node: byId.node };
+    const n = this.names.get(idOrName);
+    if (!n) return undefined;
+    const entry = n.id ? this.sandboxes.get(n.id) : undefined;
+    return { entry, node: entry?.node ?? n.node };
+  }
+
+  /** Sandboxes recorded on each node, and creates placed there and not yet recorded. */
+  load(): Map<string, number> {
+    const load = new Map<string, number>();
+    for (const e of this.sandboxes.values()) if (e.state !== 'lost') load.set(e.node, (load.get(e.node) ?? 0) + 1);
+    for (const n of this.names.values()) if (!n.id) load.set(n.node, (load.get(n.node) ?? 0) + 1);
+    return load;
+  }
+
+  async close(): Promise<void> {
+    await this.watcher?.cancel().catch(() => undefined);
+    await this.lostSweep;
+  }
+}

@@ -1,0 +1,195 @@
+/**
+ * A cluster on one machine: a real 3-member etcd on 127.0.0.1 ports, 3 node daemons (each a
+ * simulated host with a SNAPLAB_HOME of its own) and 2 gateways, all real processes. The remote
+ * library's contract suite runs through a gateway; then placement, one home's gc beside
+ * another's, an etcd member killed, a gateway killed mid-stream, a node killed and back.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Lab } from '../src/sdk/lab.js';
+import type { LabApi } from '../src/sdk/api.js';
+import { cli, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
+import { contractSuite } from './contract-suite.js';
+import { startEtcd, type EtcdCluster } from './etcd-cluster.js';
+
+let etcd: EtcdCluster;
+const homes: string[] = [];
+const nodes: TestDaemon[] = [];
+const gateways: TestDaemon[] = [];
+let token: string;
+let lab: LabApi;
+const LEASE_TTL_S = 3;
+
+const startNode = (i: number): Promise<TestDaemon> =>
+  startDaemon(homes[i]!, ['--node', '--cluster', etcd.url, '--node-name', `n${i}`, '--labels', `zone=z${i}`, '--lease-ttl', String(LEASE_TTL_S)]);
+
+async function api<T>(gw: TestDaemon, method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> {
+  const r = await fetch(`${gw.url}${path}`, { method, headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body ? JSON.stringify(body) : undefined });
+  const text = await r.text();
+  return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
+}
+
+beforeAll(async () => {
+  etcd = await startEtcd(3);
+  for (let i = 0; i < 3; i++) homes.push(mkdtempSync(join(tmpdir(), `snaplab-test-cluster-n${i}-`)));
+  for (let i = 0; i < 3; i++) nodes.push(await startNode(i));
+  const k = cli(homes[0]!, ['key', 'create', 'cluster-test', '--scope', 'read,exec,admin', '--cluster', etcd.url]);
+  expect(k.code, k.err).toBe(0);
+  token = k.out.trim();
+  // K = 3: every node is scored, so the spread below does not depend on the draw
+  for (let i = 0; i < 2; i++) gateways.push(await startDaemon(homes[0]!, ['--gateway', '--cluster', etcd.url, '--choices', '3']));
+  lab = await Lab.connect({ url: gateways[0]!.url, token });
+}, 120_000);
+
+afterAll(async () => {
+  lab?.close();
+  for (const g of gateways) await g.stop().catch(() => undefined);
+  for (const n of nodes) await n.stop().catch(() => undefined);
+  for (const h of homes) {
+    cli(h, ['pool', 'rm', 'cpool-gateway']);
+    cli(h, ['pool', 'rm', 'warm']);
+    cli(h, ['rm', '--all']);
+    cli(h, ['snapshot', 'rm', 'csnap-gateway']);
+    cli(h, ['image', 'rm', '--force', 'busybox']);
+    cli(h, ['gc']);
+    rmSync(h, { recursive: true, force: true });
+  }
+  await etcd?.stop();
+}, 300_000);
+
+describe('through a gateway, the library', () => contractSuite('gateway', () => lab));
+
+describe('a cluster', () => {
+  it('lists its nodes, each with its capacity and labels', async () => {
+    const r = cli(homes[0]!, ['cluster', 'nodes', '--cluster', etcd.url, '--json']);
+    expect(r.code, r.err).toBe(0);
+    const v = JSON.parse(r.out) as { nodes: { name: string; labels: Record<string, string>; capacity: { cores: number; memoryBytes: number } }[] };
+    expect(v.nodes.map((n) => n.name).sort()).toEqual(['n0', 'n1', 'n2']);
+    for (const n of v.nodes) {
+      expect(n.labels.zone).toBe(`z${n.name.slice(1)}`);
+      expect(n.capacity.cores).toBeGreaterThan(0);
+      expect(n.capacity.memoryBytes).toBeGreaterThan(0);
+    }
+    // a second node under a taken name is refused (another home holds it)
+    const dup = await startDaemon(mkdtempSync(join(tmpdir(), 'snaplab-test-cluster-dup-')), ['--node', '--cluster', etcd.url, '--node-name', 'n0']).then(
+      async (d) => { await d.stop(); return 'started'; }, (e: Error) => e.message);
+    expect(dup).toMatch(/NODE_EXISTS|a node named n0 is in the cluster/);
+  });
+
+  it('spreads creates by the score, honours labels, and uses a pool\'s standbys where they are', async () => {
+    // a node that has the image scores above one that has not: give each node the image first
+    for (let i = 0; i < 3; i++) {
+      const b = await api<{ id: string; node: string }>(gateways[0]!, 'POST', '/sandboxes', { placement: { labels: { zone: `z${i}` } } });
+      expect(b.body.node).toBe(`n${i}`);
+      await api(gateways[0]!, 'DELETE', `/sandboxes/${b.body.id}`);
+    }
+    await until('every node says it has the image', async () => (await api<{ images: string[] }[]>(gateways[1]!, 'GET', '/cluster/nodes')).body.every((n) => n.images.includes('busybox')));
+    const made = [];
+    for (let i = 0; i < 6; i++) made.push((await api<{ id: string; node: string }>(gateways[i % 2]!, 'POST', '/sandboxes', { labels: { spread: 'yes' } })).body);
+    const per = new Map<string, number>();
+    for (const m of made) per.set(m.node, (per.get(m.node) ?? 0) + 1);
+    expect([...per.values()]).toEqual([2, 2, 2]);
+    // placement labels pick the node
+    const z2 = await api<{ node: string; id: string }>(gateways[0]!, 'POST', '/sandboxes', { placement: { labels: { zone: 'z2' } } });
+    expect([z2.status, z2.body.node]).toEqual([201, 'n2']);
+    const none = await api<{ code: string }>(gateways[0]!, 'POST', '/sandboxes', { placement: { labels: { zone: 'mars' } } });
+    expect([none.status, none.body.code]).toEqual([503, 'NODE_UNAVAILABLE']);
+    // a pool defined on n1 only: its creates go there, and take its standbys
+    const op = await api<{ id: string }>(gateways[0]!, 'POST', '/pools', { name: 'warm', image: 'busybox', size: 2, placement: { labels: { zone: 'z1' } } });
+    expect(op.status).toBe(202);
+    await until('the pool is ready', async () => (await api<{ state: string }>(gateways[1]!, 'GET', `/operations/${op.body.id}?wait=5`)).body.state === 'done', 60_000);
+    const taken: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      const t = await api<{ node: string; id: string; reason: string }>(gateways[i]!, 'POST', '/sandboxes', { pool: 'warm' });
+      expect([t.status, t.body.node, t.body.reason]).toEqual([201, 'n1', 'taken from pool warm']);
+      taken.push(t.body.id);
+    }
+    for (const id of taken) await api(gateways[0]!, 'DELETE', `/sandboxes/${id}`);
+    // each gateway finds each sandbox, whoever placed it
+    const listed = (await api<{ id: string; node: string }[]>(gateways[1]!, 'GET', '/sandboxes?label=spread=yes')).body;
+    expect(listed.map((s) => s.id).sort()).toEqual(made.map((m) => m.id).sort());
+    for (const m of made.slice(0, 2)) expect((await api<{ exitCode: number; stdout: string }>(gateways[1]!, 'POST', `/sandboxes/${m.id}/exec`, { argv: ['hostname'] })).body.exitCode).toBe(0);
+    for (const m of made) expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${m.id}`)).status).toBe(204);
+    expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${z2.body.id}`)).status).toBe(204);
+  }, 180_000);
+
+  it("one home's gc leaves another home's sandboxes alone", async () => {
+    const box = await (lab as Awaited<ReturnType<typeof Lab.connect>>).create({ name: 'other-home', placement: { labels: { zone: 'z1' } } });
+    expect((await api<{ node: string }>(gateways[0]!, 'GET', '/sandboxes/other-home')).body.node).toBe('n1');
+    // n0's and n2's gc, with n1's sandbox running beside them on this host
+    for (const h of [homes[0]!, homes[2]!]) expect(cli(h, ['gc']).code).toBe(0);
+    expect((await box.exec(['echo', 'alive'])).stdout).toBe('alive\n');
+    await box.destroy();
+  }, 60_000);
+
+  it('keeps working when an etcd member dies', async () => {
+    await etcd.members[0]!.kill();
+    const box = await lab.create({ name: 'after-etcd' });
+    expect((await box.exec(['echo', 'ok'])).stdout).toBe('ok\n');
+    // the nodes keep their leases through it: all still in after more than a lease time
+    await sleep((LEASE_TTL_S + 1) * 1000);
+    const r = await api<{ name: string }[]>(gateways[1]!, 'GET', '/cluster/nodes');
+    expect(r.body.map((n) => n.name).sort()).toEqual(['n0', 'n1', 'n2']);
+    await box.destroy();
+  }, 60_000);
+
+  it('a gateway killed mid-stream: the client gets a clear error, the other gateway serves the next call', async () => {
+    const box = await lab.create({ name: 'streamed' });
+    let seen = '';
+    const run = box.exec(['sh', '-c', 'echo started; exec sleep 60'], { onStdout: (b) => (seen += b.toString()) });
+    await until('the stream started', () => seen.includes('started'));
+    await gateways[0]!.kill9();
+    await expect(run).rejects.toMatchObject({ code: 'DAEMON_UNREACHABLE' });
+    const other = await Lab.connect({ url: gateways[1]!.url, token });
+    try {
+      const again = await other.get('streamed');
+      expect((await again.exec(['echo', 'served'])).stdout).toBe('served\n');
+      // the stream's command went with its connection
+      await until('the command was killed', async () => !(await again.exec(['ps'])).stdout.includes('sleep 60'), 10_000);
+      await again.destroy();
+    } finally {
+      other.close();
+    }
+    gateways[0] = await startDaemon(homes[0]!, ['--gateway', '--cluster', etcd.url, '--choices', '3']);
+  }, 60_000);
+
+  it('a node killed: its sandboxes are lost within the lease time, creates avoid it, and it collects them when back', async () => {
+    const g = gateways[1]!;
+    const events = new AbortController();
+    const seen: string[] = [];
+    const stream = fetch(`${g.url}/events`, { headers: { authorization: `Bearer ${token}` }, signal: events.signal }).then(async (r) => {
+      for await (const chunk of r.body as unknown as AsyncIterable<Uint8Array>) seen.push(Buffer.from(chunk).toString());
+    }).catch(() => undefined);
+    const doomed = (await api<{ id: string; name: string; node: string }>(g, 'POST', '/sandboxes', { placement: { labels: { zone: 'z2' } } })).body;
+    expect(doomed.node).toBe('n2');
+    const killedAt = Date.now();
+    await nodes[2]!.kill9();
+    const lost = await until('the sandbox is reported lost', async () => {
+      const s = (await api<{ id: string; state: string; reason: string }[]>(g, 'GET', '/sandboxes')).body.find((x) => x.id === doomed.id);
+      return s?.state === 'lost' ? s : undefined;
+    }, 20_000);
+    expect(Date.now() - killedAt).toBeLessThan((LEASE_TTL_S + 5) * 1000);
+    expect(lost.reason).toMatch(/node n2 stopped answering/);
+    const exec = await api<{ code: string }>(g, 'POST', `/sandboxes/${doomed.id}/exec`, { argv: ['true'] });
+    expect([exec.status, exec.body.code]).toEqual([410, 'SANDBOX_LOST']);
+    // new creates avoid it
+    for (let i = 0; i < 3; i++) {
+      const c = await api<{ node: string; id: string }>(g, 'POST', '/sandboxes', {});
+      expect(c.body.node).not.toBe('n2');
+      await api(g, 'DELETE', `/sandboxes/${c.body.id}`);
+    }
+    await until('the event stream told', () => seen.join('').includes('event: node.lost') && seen.join('').includes('event: lost'));
+    events.abort();
+    await stream;
+    // its machine outlived its daemon; back in the cluster, the node destroys what was declared lost
+    expect(JSON.parse(cli(homes[2]!, ['ls', '--json']).out).map((s: { id: string }) => s.id)).toContain(doomed.id);
+    nodes[2] = await startNode(2);
+    await until('the lost sandbox is gone from its home', () => !JSON.parse(cli(homes[2]!, ['ls', '--json']).out).some((s: { id: string }) => s.id === doomed.id), 20_000);
+    // it stays listed as lost until its record is deleted
+    expect((await api<{ state: string }>(g, 'GET', `/sandboxes/${doomed.id}`)).body.state).toBe('lost');
+    expect((await api(g, 'DELETE', `/sandboxes/${doomed.id}`)).status).toBe(204);
+    expect((await api(g, 'GET', `/sandboxes/${doomed.id}`)).status).toBe(404);
+  }, 90_000);
+});
