@@ -73,7 +73,7 @@ async function main() {
 
   // 1. fresh-exec: through the gateway (3 nodes) vs node n0 direct, in one bench run
   const bench = spawnSync('snaplab', ['bench', '--workload', 'fresh-exec', '--ladder', ladder, '--duration', duration, '--json',
-    '--compare', `--host ${hostOf(gw.url, clusterKey)}`, '--compare', `--host ${hostOf(nodes[0].url, nodeKey)}`, ...(results ? ['--results', results] : [])],
+    '--compare', `--host ${hostOf(gw.url, clusterKey)}`, `--host ${hostOf(nodes[0].url, nodeKey)}`, ...(results ? ['--results', results] : [])],
   { env: { ...process.env, SNAPLAB_HOME: homes[0] }, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
   if (bench.status !== 0) throw new Error('the fresh-exec bench failed');
   process.stdout.write(`${bench.stdout.trim()}\n`);
@@ -116,6 +116,12 @@ try {
   await main();
 } finally {
   for (const p of procs.reverse()) { p.kill('SIGTERM'); await new Promise((r) => (p.exitCode !== null ? r() : p.once('exit', r))); }
-  for (const h of dirs.slice(1)) { spawnSync('snaplab', ['rm', '--all'], { env: { ...process.env, SNAPLAB_HOME: h } }); spawnSync('snaplab', ['gc'], { env: { ...process.env, SNAPLAB_HOME: h } }); }
-  rmSync(dirs[0], { recursive: true, force: true });
+  // each home emptied through snaplab (its btrfs pool is unmounted once it holds nothing), then removed
+  let mounted = false;
+  for (const h of dirs.slice(1)) {
+    for (const args of [['rm', '--all'], ['image', 'rm', '--force', 'busybox'], ['gc']]) spawnSync('snaplab', args, { env: { ...process.env, SNAPLAB_HOME: h } });
+    mounted ||= spawnSync('findmnt', ['-rn', '-o', 'TARGET']).stdout.toString().split('\n').some((m) => m.startsWith(h));
+  }
+  if (mounted) console.error(`left ${dirs[0]}: something is still mounted under it (run snaplab gc with SNAPLAB_HOME there)`);
+  else rmSync(dirs[0], { recursive: true, force: true });
 }

@@ -310,8 +310,10 @@ export class Gateway {
 
   async close(): Promise<void> {
     for (const c of this.wss.clients) c.terminate();
-    await new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
+    // event streams and joined sockets never end by themselves: closed, not waited for
+    const closed = new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
     this.server?.closeAllConnections();
+    await closed;
     await this.view.close();
     this.store.close();
   }

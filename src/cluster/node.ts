@@ -42,6 +42,10 @@ export class ClusterNode {
   private again = false;
   private closed = false;
   private readonly startedAt = Date.now();
+  private lastGist = '';
+  private lastPut = 0;
+  /** the heartbeat (ms): the entry is rewritten at least this often */
+  private every = 2000;
   private readonly onEvent = (): void => this.schedule();
 
   private constructor(readonly store: ClusterStore, readonly daemon: Daemon, readonly opts: Required<NodeOptions>, readonly token: string) {}
@@ -51,8 +55,8 @@ export class ClusterNode {
     const node = new ClusterNode(store, daemon, { leaseTtlS: 10, ...opts }, token);
     await node.register();
     daemon.events.on('event', node.onEvent);
-    const every = Math.max(200, Math.min(2000, (node.opts.leaseTtlS * 1000) / 4));
-    node.timer = setInterval(() => node.schedule(0), every);
+    node.every = Math.max(200, Math.min(2000, (node.opts.leaseTtlS * 1000) / 4));
+    node.timer = setInterval(() => node.schedule(0), node.every);
     node.timer.unref();
     return node;
   }
@@ -157,7 +161,15 @@ export class ClusterNode {
         const lease = this.lease;
         if (!lease || this.closed) return;
         try {
-          await lease.put(this.store.key('nodes', this.name)).value(JSON.stringify(await this.info()));
+          // the entry is rewritten when what placement reads changed, or on the heartbeat
+          const info = await this.info();
+          const { updatedAt: _u, capacity: { memoryFreeBytes: _m, diskFreeBytes: _d, ...fixed }, ...rest } = info;
+          const gist = JSON.stringify({ rest, fixed });
+          if (gist !== this.lastGist || Date.now() - this.lastPut >= this.every - 50) {
+            await lease.put(this.store.key('nodes', this.name)).value(JSON.stringify(info));
+            this.lastGist = gist;
+            this.lastPut = Date.now();
+          }
           await this.sync();
         } catch (e) {
           this.daemon.log({ msg: 'publishing to the cluster failed', error: (e as Error).message });

@@ -9,6 +9,7 @@ import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import { CALLER_HEADER, type Caller } from '../server/keys.js';
 import { statusOf } from '../server/http-errors.js';
+import { unavailable } from './store.js';
 
 /** hop-by-hop headers (RFC 9110 §7.6.1) and those the gateway sets itself */
 const DROP = new Set(['authorization', 'host', 'connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', CALLER_HEADER]);
@@ -45,8 +46,13 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
   res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(text), ...headers }).end(text);
 }
 
+/** etcd's client errors (GRPC…, Etcd…): the store did not answer */
+const fromEtcd = (e: unknown): boolean => e instanceof Error && /^(GRPC|Etcd)/.test(e.constructor.name);
+
 export function sendError(res: ServerResponse, e: unknown): void {
-  const err = e instanceof SnaplabError ? e : new SnaplabError('INTERNAL', (e as Error)?.message ?? String(e), 'this is a bug in snaplab; the gateway log has the details');
+  const err = e instanceof SnaplabError ? e
+    : fromEtcd(e) ? unavailable(e, 'a gateway request')
+    : new SnaplabError('INTERNAL', (e as Error)?.message ?? String(e), 'this is a bug in snaplab; the gateway log has the details');
   const extra = (err as SnaplabError & { retryAfterS?: number; limit?: string });
   sendJson(res, statusOf(err.code), { ...err.toJSON(), ...(extra.limit ? { limit: extra.limit } : {}) }, extra.retryAfterS ? { 'retry-after': String(extra.retryAfterS) } : {});
 }
