@@ -12,7 +12,9 @@ import { Lab } from '../src/sdk/lab.js';
 import type { LabApi } from '../src/sdk/api.js';
 import { cli, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
 import { contractSuite } from './contract-suite.js';
-import { startEtcd, type EtcdCluster } from './etcd-cluster.js';
+import { freePort, startEtcd, type EtcdCluster } from './etcd-cluster.js';
+import { Etcd3 } from 'etcd3';
+import WebSocket from 'ws';
 
 let etcd: EtcdCluster;
 const homes: string[] = [];
@@ -115,6 +117,64 @@ describe('a cluster', () => {
     expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${z2.body.id}`)).status).toBe(204);
   }, 180_000);
 
+  it('keeps keys to their own sandboxes and quotas cluster-wide; a removed key loses its streams', async () => {
+    const k = cli(homes[0]!, ['key', 'create', 'tenant', '--scope', 'read,exec', '--max-sandboxes', '2', '--cluster', etcd.url]);
+    expect(k.code, k.err).toBe(0);
+    const tenant = k.out.trim();
+    const as = async <T>(gw: TestDaemon, method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> => {
+      const r = await fetch(`${gw.url}${path}`, { method, headers: { authorization: `Bearer ${tenant}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body ? JSON.stringify(body) : undefined });
+      const text = await r.text();
+      return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
+    };
+    // four creates at once through two gateways: the quota holds cluster-wide
+    const tries = await Promise.all([0, 1, 2, 3].map((i) => as<{ id: string; code?: string }>(gateways[i % 2]!, 'POST', '/sandboxes', {})));
+    const ok = tries.filter((t) => t.status === 201);
+    expect(tries.map((t) => t.status).sort()).toEqual([201, 201, 429, 429]);
+    // another key's sandbox is not found to it, however it is asked
+    const admins = (await api<{ id: string }>(gateways[0]!, 'POST', '/sandboxes', {})).body;
+    expect((await as<{ code: string }>(gateways[1]!, 'GET', `/sandboxes/${admins.id}`)).body.code).toBe('SANDBOX_NOT_FOUND');
+    expect((await as<{ code: string }>(gateways[1]!, 'POST', `/sandboxes/${admins.id}/exec`, { argv: ['true'] })).status).toBe(404);
+    expect((await as<{ id: string }[]>(gateways[1]!, 'GET', '/sandboxes')).body.map((b) => b.id).sort()).toEqual(ok.map((t) => t.body.id).sort());
+    // its event stream ends once the key is removed
+    const events = await fetch(`${gateways[1]!.url}/events`, { headers: { authorization: `Bearer ${tenant}` } });
+    const ended = (async () => { for await (const _ of events.body as unknown as AsyncIterable<Uint8Array>) { /* drain */ } })();
+    expect(cli(homes[0]!, ['key', 'rm', 'tenant', '--cluster', etcd.url]).code).toBe(0);
+    await expect(Promise.race([ended.then(() => 'ended', () => 'ended'), sleep(10_000).then(() => 'still open')])).resolves.toBe('ended');
+    expect((await as(gateways[0]!, 'GET', '/sandboxes')).status).toBe(401);
+    for (const t of [...ok.map((x) => x.body.id), admins.id]) await api(gateways[0]!, 'DELETE', `/sandboxes/${t}`);
+  }, 60_000);
+
+  it('a create placed on a node that refuses connections is retried once elsewhere; bad /rpc frames are errors, not crashes', async () => {
+    // a node entry whose address nobody listens on, the emptiest of zone z1: placement picks it
+    const client = new Etcd3({ hosts: etcd.members.filter((m) => m.proc.exitCode === null && !m.proc.killed).map((m) => `http://${m.client}`) });
+    const lease = client.lease(30);
+    const n1 = (await api<Record<string, unknown>[]>(gateways[0]!, 'GET', '/cluster/nodes')).body.find((n) => n.name === 'n1')!;
+    const cap = n1.capacity as Record<string, number>;
+    const ghost = { ...n1, name: 'ghost', url: `http://127.0.0.1:${await freePort()}`, sandboxes: 0, capacity: { ...cap, memoryFreeBytes: cap.memoryBytes, diskFreeBytes: cap.diskBytes } };
+    await lease.put('/snaplab/nodes/ghost').value(JSON.stringify(ghost));
+    try {
+      await until('the gateway sees the ghost', async () => (await api<{ name: string }[]>(gateways[0]!, 'GET', '/cluster/nodes')).body.some((n) => n.name === 'ghost'));
+      const c = await api<{ node: string; id: string }>(gateways[0]!, 'POST', '/sandboxes', { placement: { labels: { zone: 'z1' } } });
+      expect([c.status, c.body.node]).toEqual([201, 'n1']);
+      expect(gateways[0]!.log()).toMatch(/create retried on another node.*"from":"ghost","to":"n1"/);
+      await api(gateways[0]!, 'DELETE', `/sandboxes/${c.body.id}`);
+    } finally {
+      await lease.revoke();
+      client.close();
+    }
+    // frames a client may send by mistake or malice: answered with errors, the gateway lives on
+    const ws = new WebSocket(`${gateways[0]!.url.replace('http', 'ws')}/rpc`, { headers: { authorization: `Bearer ${token}` } });
+    await new Promise((r, j) => { ws.once('open', r); ws.once('error', j); });
+    const answers: string[] = [];
+    ws.on('message', (d) => answers.push(String(d)));
+    for (const f of ['null', '[1]', '{"id":1,"op":"exec","sandbox":"no-such","argv":["true"]}']) ws.send(f);
+    ws.send(Buffer.from([1, 2, 3]), { binary: true });
+    await until('every frame answered', () => answers.length === 4);
+    expect(answers.map((a) => (JSON.parse(a) as { error?: { code: string } }).error?.code).sort()).toEqual(['BAD_INPUT', 'BAD_INPUT', 'BAD_INPUT', 'SANDBOX_NOT_FOUND']);
+    ws.close();
+    expect((await fetch(`${gateways[0]!.url}/healthz`)).status).toBe(200);
+  }, 60_000);
+
   it("one home's gc leaves another home's sandboxes alone", async () => {
     const box = await (lab as Awaited<ReturnType<typeof Lab.connect>>).create({ name: 'other-home', placement: { labels: { zone: 'z1' } } });
     expect((await api<{ node: string }>(gateways[0]!, 'GET', '/sandboxes/other-home')).body.node).toBe('n1');
@@ -138,10 +198,11 @@ describe('a cluster', () => {
   it('a gateway killed mid-stream: the client gets a clear error, the other gateway serves the next call', async () => {
     const box = await lab.create({ name: 'streamed' });
     let seen = '';
-    const run = box.exec(['sh', '-c', 'echo started; exec sleep 60'], { onStdout: (b) => (seen += b.toString()) });
+    // its outcome taken at once: the rejection comes while the gateway is being killed
+    const outcome = box.exec(['sh', '-c', 'echo started; exec sleep 60'], { onStdout: (b) => (seen += b.toString()) }).then(() => 'it ended', (e: unknown) => e);
     await until('the stream started', () => seen.includes('started'));
     await gateways[0]!.kill9();
-    await expect(run).rejects.toMatchObject({ code: 'DAEMON_UNREACHABLE' });
+    expect(await outcome).toMatchObject({ code: 'DAEMON_UNREACHABLE' });
     const other = await Lab.connect({ url: gateways[1]!.url, token });
     try {
       const again = await other.get('streamed');

@@ -14,6 +14,8 @@ import type { Caller } from '../server/keys.js';
 import type { Gateway } from './gateway.js';
 import type { SandboxEntry } from './store.js';
 
+const SLOW_READER_BYTES = 1 << 20;
+
 const STATE_EVENT: Record<string, string> = { running: 'resumed', paused: 'paused', dead: 'exited', lost: 'lost' };
 
 export async function clusterEvents(g: Gateway, req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void> {
@@ -23,13 +25,17 @@ export async function clusterEvents(g: Gateway, req: IncomingMessage, res: Serve
   const builder = g.store.client.watch().prefix(g.store.key('')).withPreviousKV();
   if (from) builder.startRevision(String(BigInt(from) + 1n));
   const watcher = await builder.create();
+  // gone while the watch was made: nothing more to do for it
+  if (res.destroyed || req.destroyed) return void watcher.cancel().catch(() => undefined);
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
   res.write(': snaplab cluster events\n\n');
   const leftSeen = new Set<string>();
   const send = (rev: string, type: string, data: Record<string, unknown>): void => {
+    // a reader this far behind is let go: it resumes from its last id (Last-Event-ID) and misses nothing
+    if (res.writableLength > SLOW_READER_BYTES) return void res.destroy();
     res.write(`id: ${rev}\nevent: ${type}\ndata: ${JSON.stringify({ id: Number(rev), type, ...data })}\n\n`);
   };
-  const mine = (e: SandboxEntry): boolean => caller.scopes.has('admin') || e.owner === caller.key;
+  const mine = (e: SandboxEntry): boolean => g.owns(caller, e);
   const change = (kv: IKeyValue, prev: IKeyValue | undefined, deleted: boolean): void => {
     const rest = kv.key.toString().slice(g.store.key('').length);
     const [kind, ...name] = rest.split('/');
@@ -63,7 +69,9 @@ export async function clusterEvents(g: Gateway, req: IncomingMessage, res: Serve
     res.end();
   });
   const ping = setInterval(() => res.write(': ping\n\n'), 15_000);
+  const untrack = g.track(caller, () => res.destroy());
   res.once('close', () => {
+    untrack();
     clearInterval(ping);
     void watcher.cancel().catch(() => undefined);
   });

@@ -8,7 +8,7 @@ import { SnaplabError } from '../errors.js';
 import { createKeyEntry } from './keys.js';
 import type { Caller } from '../server/keys.js';
 import { absentView, readJson, type Gateway } from './gateway.js';
-import { ask, sendJson } from './proxy.js';
+import { ask, asSnaplab, errorBody, sendJson, upstreamPath } from './proxy.js';
 import type { NodeInfo } from './store.js';
 import { eligible } from './placement.js';
 
@@ -16,6 +16,11 @@ type Scope = 'read' | 'exec' | 'admin';
 type Handler = (req: IncomingMessage, res: ServerResponse, m: RegExpExecArray, caller: Caller) => Promise<void> | void;
 
 const enc = encodeURIComponent;
+/** The request's query for a node, without `token=` (a client's key is not passed on). */
+const query = (req: IncomingMessage): string => {
+  const q = upstreamPath(req.url!).split('?')[1];
+  return q ? `?${q}` : '';
+};
 const dec = decodeURIComponent;
 
 /** One id for operations that run on several nodes: `c.` and their nodes and ids. */
@@ -43,8 +48,13 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
   };
   /** Start an operation on each node; one composite operation back. */
   const onEach = async (res: ServerResponse, c: Caller, nodes: NodeInfo[], method: string, path: string, body: unknown): Promise<void> => {
-    const ops = await Promise.all(nodes.map(async (n) => ({ node: n.name, id: (await ask<{ id: string }>(n.url, n.name, g.token, c, method, path, body)).value.id })));
-    sendJson(res, 202, { id: composite(ops), kind: `${method} ${path}`, state: 'running', progress: [], result: null, error: null, nodes: ops.map((o) => o.node) });
+    const each = await Promise.allSettled(nodes.map(async (n) => ({ node: n.name, id: (await ask<{ id: string }>(n.url, n.name, g.token, c, method, path, body)).value.id })));
+    const ops = each.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+    const refused = each.flatMap((r, i) => (r.status === 'rejected' ? [{ node: nodes[i]!.name, error: errorBody(asSnaplab(r.reason)) }] : []));
+    // refused everywhere: the first node's error, as a single daemon would give it
+    if (!ops.length) throw (each[0] as PromiseRejectedResult).reason;
+    // started on some: their operation, and which nodes refused and why (the client may retry those)
+    sendJson(res, 202, { id: composite(ops), kind: `${method} ${path}`, state: 'running', progress: [], result: null, error: null, nodes: ops.map((o) => o.node), refused });
   };
   /** Where a named thing lives: the nodes whose answer for `path` is not a 404. */
   const holders = async (c: Caller, path: string): Promise<NodeInfo[]> =>
@@ -72,14 +82,14 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
 
     ['POST', /^\/sandboxes$/, 'exec', (req, res, _m, c) => g.create(req, res, c)],
     ['GET', /^\/sandboxes$/, 'read', async (req, res, _m, c) => {
-      const q = new URL(req.url!, 'http://x').search;
+      const q = query(req);
       const live = await g.askAll<Record<string, unknown>[]>(c, `/sandboxes${q}`);
       const out: Record<string, unknown>[] = live.flatMap((a) => a.value.map((v) => ({ ...v, node: a.node })));
       const answered = new Set(live.map((a) => a.node));
       const filter = new URL(req.url!, 'http://x').searchParams.getAll('label').map((l) => l.split('=', 2) as [string, string]);
       for (const e of g.view.sandboxes.values()) {
         // a lost one is listed until its record is deleted, even once its node is back
-        if ((answered.has(e.node) && e.state !== 'lost') || (!c.scopes.has('admin') && e.owner !== c.key)) continue;
+        if ((answered.has(e.node) && e.state !== 'lost') || e.state === 'forgotten' || !g.owns(c, e)) continue;
         if (!filter.every(([k, v]) => e.labels[k] === v)) continue;
         out.push(absentView(e, g.view.left.has(e.node)));
       }
@@ -87,7 +97,7 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
     }],
     ['GET', /^\/sandboxes\/([^/]+)$/, 'read', async (_q, res, m, c) => {
       const r = g.view.resolve(dec(m[1]!));
-      if (r?.entry && (c.scopes.has('admin') || r.entry.owner === c.key) && (r.entry.state === 'lost' || !g.view.live(r.node))) {
+      if (r?.entry && g.owns(c, r.entry) && (r.entry.state === 'lost' || !g.view.live(r.node))) {
         return sendJson(res, 200, absentView(r.entry, g.view.left.has(r.node)));
       }
       const node = await g.nodeOf(dec(m[1]!), c);
@@ -96,9 +106,10 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
     }],
     ['DELETE', /^\/sandboxes\/([^/]+)$/, 'exec', async (req, res, m, c) => {
       const r = g.view.resolve(dec(m[1]!));
-      // a lost sandbox's record is all there is of it here: removing it is the delete
-      if (r?.entry?.state === 'lost' && (c.scopes.has('admin') || r.entry.owner === c.key)) {
-        await g.store.deleteSandbox(r.entry);
+      // a lost sandbox's record is all there is of it here: removing it is the delete (its node,
+      // if it comes back, still destroys it: the record stays as a tombstone for a day)
+      if (r?.entry?.state === 'lost' && g.owns(c, r.entry)) {
+        await g.store.forget(r.entry);
         res.writeHead(204).end();
         return;
       }
@@ -167,19 +178,19 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       }
     }],
     ['GET', /^\/pools\/([^/]+)\/takes$/, 'read', async (req, res, m, c) => {
-      const q = new URL(req.url!, 'http://x').search;
+      const q = query(req);
       const each = await g.askAll<{ now: number; next: unknown; takes: unknown[] }>(c, `/pools/${m[1]}/takes${q}`);
       sendJson(res, 200, { now: Date.now(), next: null, takes: each.flatMap((a) => a.value.takes), nodes: each.map((a) => ({ node: a.node, next: a.value.next })) });
     }],
 
     ['GET', /^\/operations$/, 'read', async (_q, res, _m, c) => sendJson(res, 200, (await g.askAll<Record<string, unknown>[]>(c, '/operations')).flatMap((a) => a.value.map((o) => ({ ...o, id: composite([{ node: a.node, id: o.id as string }]) }))))],
     ['GET', /^\/operations\/([^/]+)$/, 'read', async (req, res, m, c) => {
-      const wait = new URL(req.url!, 'http://x').searchParams.get('wait');
-      const views: Record<string, unknown>[] = [];
-      for (const p of parts(dec(m[1]!))) {
+      const wait = Math.min(600, Math.max(0, Number(new URL(req.url!, 'http://x').searchParams.get('wait')) || 0));
+      // every node's part waited on at once: the answer comes when all have ended, or at the wait
+      const views: Record<string, unknown>[] = await Promise.all(parts(dec(m[1]!)).map(async (p) => {
         const n = g.node(p.node);
-        views.push({ ...(await ask<Record<string, unknown>>(n.url, n.name, g.token, c, 'GET', `/operations/${enc(p.id)}${wait ? `?wait=${wait}` : ''}`)).value, node: p.node });
-      }
+        return { ...(await ask<Record<string, unknown>>(n.url, n.name, g.token, c, 'GET', `/operations/${enc(p.id)}${wait ? `?wait=${wait}` : ''}`, undefined, wait * 1000 + 15_000)).value, node: p.node };
+      }));
       const failed = views.find((v) => v.state === 'failed');
       const running = views.some((v) => v.state === 'running');
       sendJson(res, 200, {
@@ -204,7 +215,7 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       await onEach(res, c, targets(body), 'POST', `/images/${m[1]}`, body);
     }],
     ['DELETE', /^\/images\/([^/]+)$/, 'admin', async (req, res, m, c) => {
-      const q = new URL(req.url!, 'http://x').search;
+      const q = query(req);
       const nodes = [...g.view.nodes.values()].filter((n) => n.images.includes(dec(m[1]!)));
       if (!nodes.length) throw new SnaplabError('IMAGE_NOT_FOUND', `no image named ${dec(m[1]!)} on any node`, 'list them with GET /images');
       const each = await Promise.all(nodes.map(async (n) => ({ node: n.name, ...(await ask<Record<string, unknown>>(n.url, n.name, g.token, c, 'DELETE', `/images/${m[1]}${q}`)).value })));
@@ -227,7 +238,7 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
     }],
 
     ['GET', /^\/traces$/, 'read', async (req, res, _m, c) => {
-      const q = new URL(req.url!, 'http://x').search;
+      const q = query(req);
       const all: Record<string, unknown>[] = (await g.askAll<Record<string, unknown>[]>(c, `/traces${q}`)).flatMap((a) => a.value.map((t) => ({ ...t, node: a.node })));
       all.sort((a, b) => String(b.startedAt ?? '').localeCompare(String(a.startedAt ?? '')));
       sendJson(res, 200, all);

@@ -18,11 +18,12 @@ import type { Duplex } from 'node:stream';
 import { WebSocketServer } from 'ws';
 import { SnaplabError } from '../errors.js';
 import { defaultName, newId } from '../lab/names.js';
-import { hashKey, requireScope, type Caller } from '../server/keys.js';
+import { clusterOwner, hashKey, requireScope, type Caller } from '../server/keys.js';
 import { QuotaError } from '../server/http-errors.js';
 import { VERSION } from '../version.js';
 import { clusterRoutes } from './gateway-routes.js';
-import { ask, forward, forwardUpgrade, sendError, sendJson } from './proxy.js';
+import { ask, asSnaplab, errorBody, forward, forwardUpgrade, sendError, sendJson } from './proxy.js';
+import { statusOf } from '../server/http-errors.js';
 import { relayRpc } from './rpc-relay.js';
 import { ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
 import { bestOfK, eligible, score, type PlacementRequest } from './placement.js';
@@ -39,6 +40,10 @@ export interface GatewayOptions {
 }
 
 const MAX_JSON = 8 << 20;
+/** a node's create is bounded by its own limit (300 s, then cleaned); the gateway waits a little longer */
+const CREATE_TIMEOUT_MS = 330_000;
+/** a create's claim in the store lapses after this, whatever became of the gateway that made it */
+const CLAIM_TTL_S = 360;
 
 export async function readJson(req: IncomingMessage): Promise<Record<string, unknown>> {
   const parts: Buffer[] = [];
@@ -68,9 +73,25 @@ export class Gateway {
   readonly log: (line: Record<string, unknown>) => void;
   url = '';
 
+  /** long-lived connections (joined sockets, /rpc, event streams) by key hash: closed when the key is removed */
+  private readonly conns = new Map<string, Set<() => void>>();
+
   private constructor(readonly store: ClusterStore, readonly view: ClusterView, readonly token: string, opts: GatewayOptions) {
     this.choices = opts.choices ?? 2;
     this.log = opts.log ?? (() => {});
+    view.on('keyRemoved', (hash: string) => {
+      for (const close of this.conns.get(hash) ?? []) close();
+      this.conns.delete(hash);
+    });
+  }
+
+  /** Close `close` when the caller's key is removed, or the gateway stops; the result forgets it. */
+  track(caller: Caller, close: () => void): () => void {
+    const k = caller.hash ?? '';
+    let set = this.conns.get(k);
+    if (!set) this.conns.set(k, (set = new Set()));
+    set.add(close);
+    return () => set!.delete(close);
   }
 
   static async start(opts: GatewayOptions): Promise<Gateway> {
@@ -99,6 +120,8 @@ export class Gateway {
       void routes(req, res).catch((e: unknown) => sendError(res, e));
     });
     this.server.on('upgrade', (req, socket, head) => this.upgrade(req, socket, head));
+    // long uploads (archives, stdin) are streamed: no overall deadline on a request, as on a node
+    this.server.requestTimeout = 0;
     await new Promise<void>((resolve, reject) => {
       this.server!.once('error', reject);
       this.server!.listen(port, host, () => resolve());
@@ -121,6 +144,11 @@ export class Gateway {
     const caller: Caller = { key: k.name, hash: k.hash, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
     requireScope(caller, scope);
     return caller;
+  }
+
+  /** May this caller see this sandbox (admin keys see all; others the sandboxes they made)? */
+  owns(caller: Caller, e: { owner: string | null }): boolean {
+    return caller.scopes.has('admin') || e.owner === clusterOwner(caller.key);
   }
 
   stillValid(caller: Caller): boolean {
@@ -148,7 +176,7 @@ export class Gateway {
       const found = await this.askAll<{ id: string; owner?: string | null }>(caller, `/sandboxes/${encodeURIComponent(idOrName)}`);
       if (found[0]) r = { node: found[0].node };
     }
-    if (!r || (r.entry && !caller.scopes.has('admin') && r.entry.owner !== caller.key)) {
+    if (!r || (r.entry && (!this.owns(caller, r.entry) || r.entry.state === 'forgotten'))) {
       throw new SnaplabError('SANDBOX_NOT_FOUND', `no sandbox named ${JSON.stringify(idOrName)} in the cluster`, 'list them with `snaplab ls` (SNAPLAB_HOST=the gateway)');
     }
     if (r.entry?.state === 'lost') throw lostError(r.entry);
@@ -159,11 +187,16 @@ export class Gateway {
   async place(req: PlacementRequest): Promise<NodeInfo> {
     const t0 = performance.now();
     let ok = eligible(this.view.nodes.values(), req, this.view.drained);
-    if (!Array.isArray(ok) && (req.pool !== undefined || req.snapshot !== undefined) && this.view.nodes.size) {
-      // the nodes' last word may be older than the pool or snapshot (made a moment ago): ask them
-      const path = req.pool !== undefined ? `/pools/${encodeURIComponent(req.pool)}` : `/snapshots/${encodeURIComponent(req.snapshot!)}`;
-      const have = new Set((await this.askAll(SYSTEM, path)).map((a) => a.node));
-      const found = eligible([...this.view.nodes.values()].filter((n) => have.has(n.name)), { ...req, pool: undefined, snapshot: undefined }, this.view.drained);
+    if (!Array.isArray(ok) && (req.pool !== undefined || req.snapshot !== undefined || req.image !== undefined) && this.view.nodes.size) {
+      // the nodes' last word may be older than the pool, snapshot or image (made a moment ago): ask them
+      let have: Set<string>;
+      if (req.pool !== undefined || req.snapshot !== undefined) {
+        const path = req.pool !== undefined ? `/pools/${encodeURIComponent(req.pool)}` : `/snapshots/${encodeURIComponent(req.snapshot!)}`;
+        have = new Set((await this.askAll(SYSTEM, path)).map((a) => a.node));
+      } else {
+        have = new Set((await this.askAll<{ name: string }[]>(SYSTEM, '/images')).filter((a) => a.value.some((i) => i.name === req.image)).map((a) => a.node));
+      }
+      const found = eligible([...this.view.nodes.values()].filter((n) => have.has(n.name)), { ...req, pool: undefined, snapshot: undefined, image: undefined }, this.view.drained);
       if (Array.isArray(found)) ok = found;
     }
     if (!Array.isArray(ok)) throw new SnaplabError('NODE_UNAVAILABLE', `no node can take this sandbox: ${ok.reason}`, 'see `snaplab cluster nodes` (labels, pools, snapshots, drains)');
@@ -188,51 +221,61 @@ export class Gateway {
     else this.runs.delete(k);
   }
 
-  /** POST /sandboxes: quota, placement, the name taken in the store, then the node's create. */
+  /** POST /sandboxes: quota, placement, the create recorded in the store for its node, then the node's create. */
   async create(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void> {
     const body = await readJson(req);
     const placement = body.placement as { labels?: Record<string, string> } | undefined;
     delete body.placement;
-    if (caller.maxSandboxes !== null) {
-      let have = 0;
-      for (const e of this.view.sandboxes.values()) if (e.owner === caller.key && e.state !== 'lost') have++;
-      for (const n of this.view.names.values()) if (!n.id && n.owner === caller.key) have++;
-      if (have >= caller.maxSandboxes) throw new QuotaError('maxSandboxes', `key ${caller.key} has ${have} of its ${caller.maxSandboxes} sandboxes in the cluster`, 5);
-    }
     const pool = typeof body.pool === 'string' ? body.pool : undefined;
     const snapshot = typeof body.snapshot === 'string' ? body.snapshot : undefined;
     const image = pool || snapshot ? undefined : typeof body.image === 'string' ? body.image : 'busybox';
     const request: PlacementRequest = { pool, snapshot, image, labels: placement?.labels };
-    let node = (await this.place(request)).name;
+    const given = pool === undefined && typeof body.name === 'string' ? body.name : undefined;
     // a pool standby keeps its own name; any other create's name is taken cluster-wide first
-    let name: string | undefined;
-    if (pool === undefined) {
-      const given = typeof body.name === 'string' ? body.name : undefined;
-      name = given ?? defaultName(newId());
-      while (!(await this.store.claimName(name, node, caller.key))) {
+    const claim = async (node: string): Promise<string | undefined> => {
+      for (;;) {
+        const name = pool !== undefined ? undefined : given ?? defaultName(newId());
+        if (await this.store.claimCreate(id, node, clusterOwner(caller.key), name, CLAIM_TTL_S)) return name;
         if (given) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${given} exists in the cluster`, 'pick another name, or remove that one');
-        name = defaultName(newId());
       }
-      body.name = name;
+    };
+    const id = newId();
+    let node = (await this.place(request)).name;
+    let name = await claim(node);
+    // a key's quota holds cluster-wide: the creates claimed before this one (the store orders
+    // them, whichever gateway made them) and the key's sandboxes, against its limit
+    if (caller.maxSandboxes !== null) {
+      const owner = clusterOwner(caller.key);
+      const have = this.view.owned(owner, true) + (await this.store.createsBefore(id, owner));
+      if (have >= caller.maxSandboxes) {
+        await this.store.endCreate(id, name, node, false);
+        throw new QuotaError('maxSandboxes', `key ${caller.key} has ${have} of its ${caller.maxSandboxes} sandboxes in the cluster`, 5);
+      }
     }
     for (let attempt = 0; ; attempt++) {
+      if (name) body.name = name;
+      let answered = false;
       try {
-        const r = await ask<Record<string, unknown>>(this.node(node).url, node, this.token, caller, 'POST', '/sandboxes', body);
+        const r = await ask<Record<string, unknown>>(this.node(node).url, node, this.token, caller, 'POST', '/sandboxes', body, CREATE_TIMEOUT_MS);
+        answered = true;
         await this.record(r.value, node, caller);
+        await this.store.endCreate(id, name, node, true).catch(() => undefined);
         return sendJson(res, r.status, { ...r.value, node });
       } catch (e) {
-        const never = (e as { connect?: boolean }).connect === true || (e instanceof SnaplabError && e.code === 'NODE_UNAVAILABLE' && !this.view.live(node));
-        if (never && attempt === 0) {
-          // it never reached the node: placed once more, elsewhere
+        answered ||= (e as { status?: number }).status !== undefined;
+        // refused at connect: it never reached the node, which made nothing; placed once more, elsewhere
+        if ((e as { connect?: boolean }).connect === true && attempt === 0) {
           const from = node;
+          await this.store.endCreate(id, name, from, false);
           node = (await this.place({ ...request, exclude: new Set([from]) })).name;
-          if (name) await this.store.moveName(name, from, node);
+          name = await claim(node);
           await this.note('create.retried', { from, to: node, name: name ?? null, reason: (e as Error).message });
           this.log({ msg: 'create retried on another node', from, to: node, error: (e as Error).message });
           continue;
         }
-        // the node said no (or went during it): the name is given back unless the node recorded it
-        if (name && (e as { status?: number }).status !== undefined) await this.store.moveName(name, node, null);
+        // the node said no: nothing was made, the name is free again. Gone during it: the node
+        // may have made it; the name's claim lapses by itself unless the node writes it
+        await this.store.endCreate(id, name, node, !answered).catch(() => undefined);
         throw e;
       }
     }
@@ -245,7 +288,7 @@ export class Gateway {
    */
   private async record(v: Record<string, unknown>, node: string, caller: Caller): Promise<void> {
     const e: SandboxEntry = {
-      id: String(v.id), name: String(v.name), node, owner: caller.key, state: String(v.state ?? 'running'), image: (v.image as string) ?? null,
+      id: String(v.id), name: String(v.name), node, owner: clusterOwner(caller.key), state: String(v.state ?? 'running'), image: (v.image as string) ?? null,
       labels: (v.labels as Record<string, string>) ?? {}, createdAt: Date.parse(String(v.createdAt)) || Date.now(), reason: null,
     };
     this.view.sandboxes.set(e.id, e);
@@ -267,7 +310,7 @@ export class Gateway {
         return { node: n.name, value: (await ask<T>(n.url, n.name, this.token, caller, 'GET', path)).value };
       } catch (e) {
         // a node that answered (a 404: it has no such thing) is simply not among the answers
-        if ((e as { status?: number }).status === undefined) this.log({ msg: 'a node did not answer a fan-out', node: n.name, path, error: (e as Error).message });
+        if ((e as { status?: number }).status === undefined) this.log({ msg: 'a node did not answer a fan-out', node: n.name, path: path.split('?')[0], error: (e as Error).message });
         return undefined;
       }
     }));
@@ -279,11 +322,12 @@ export class Gateway {
   }
 
   private upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
+    // a client that resets the connection must not become an uncaught exception
+    socket.on('error', () => socket.destroy());
     const refuse = (e: unknown): void => {
-      const err = e instanceof SnaplabError ? e : new SnaplabError('INTERNAL', String(e));
-      const body = JSON.stringify(err.toJSON());
-      const status = err.code === 'UNAUTHORIZED' ? 401 : err.code === 'FORBIDDEN' ? 403 : err.code === 'SANDBOX_NOT_FOUND' ? 404 : err.code === 'SANDBOX_LOST' ? 410 : 503;
-      socket.end(`HTTP/1.1 ${status} Refused\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+      const err = asSnaplab(e);
+      const body = JSON.stringify(errorBody(err));
+      if (socket.writable) socket.end(`HTTP/1.1 ${statusOf(err.code)} Refused\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
     };
     try {
       const path = new URL(req.url!, 'http://x').pathname;
@@ -294,7 +338,11 @@ export class Gateway {
       }
       const m = /^\/sandboxes\/([^/]+)\/(exec|processes\/[^/]+\/attach)$/.exec(path);
       if (!m) throw new SnaplabError('BAD_INPUT', `no WebSocket route ${path}`, 'see docs/api.md');
-      void this.nodeOf(decodeURIComponent(m[1]!), caller).then((node) => forwardUpgrade(req, socket, head, this.node(node).url, node, this.token, caller)).catch(refuse);
+      void this.nodeOf(decodeURIComponent(m[1]!), caller).then((node) => {
+        const untrack = this.track(caller, () => socket.destroy());
+        socket.once('close', untrack);
+        forwardUpgrade(req, socket, head, this.node(node).url, node, this.token, caller);
+      }).catch(refuse);
     } catch (e) {
       refuse(e);
     }
@@ -310,6 +358,7 @@ export class Gateway {
 
   async close(): Promise<void> {
     for (const c of this.wss.clients) c.terminate();
+    for (const set of this.conns.values()) for (const close of set) close();
     // event streams and joined sockets never end by themselves: closed, not waited for
     const closed = new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
     this.server?.closeAllConnections();
@@ -330,6 +379,8 @@ export function lostError(e: SandboxEntry): SnaplabError {
 export function absentView(e: SandboxEntry, left: boolean): Record<string, unknown> {
   return {
     id: e.id, name: e.name, image: e.image, state: e.state === 'lost' ? 'lost' : 'unreachable', node: e.node, owner: e.owner, labels: e.labels,
+    // what the node alone knows is unknown here: the fields a view has, empty
+    metadata: {}, storage: null, driver: null, limits: {}, origin: null, pid: null, timeoutS: 0, onTimeout: 'kill', expiresAt: null,
     createdAt: new Date(e.createdAt).toISOString(),
     reason: e.state === 'lost' ? e.reason : left ? `its node ${e.node} was stopped; it serves its sandboxes again when it restarts` : `its node ${e.node} is not answering`,
   };

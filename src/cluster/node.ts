@@ -10,7 +10,7 @@ import { cpus, freemem, totalmem } from 'node:os';
 import type { Lease } from 'etcd3';
 import { SnaplabError } from '../errors.js';
 import { metaOf } from '../lab/meta.js';
-import type { SandboxRecord } from '../store/records.js';
+import type { EventRecord, SandboxRecord } from '../store/records.js';
 import type { Daemon } from '../server/daemon.js';
 import { VERSION } from '../version.js';
 import { unavailable, type ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
@@ -46,7 +46,13 @@ export class ClusterNode {
   private lastPut = 0;
   /** the heartbeat (ms): the entry is rewritten at least this often */
   private every = 2000;
-  private readonly onEvent = (): void => this.schedule();
+  /** sandboxes gone since the last sync (their entries go even if this process never wrote them) */
+  private gone = new Map<string, string>();
+  private publishes = 0;
+  private readonly onEvent = (e: EventRecord): void => {
+    if ((e.type === 'destroyed' || e.type === 'failed') && e.sandbox) this.gone.set(e.sandbox, e.name ?? '');
+    this.schedule();
+  };
 
   private constructor(readonly store: ClusterStore, readonly daemon: Daemon, readonly opts: Required<NodeOptions>, readonly token: string) {}
 
@@ -108,14 +114,22 @@ export class ClusterNode {
     }
   }
 
-  /** The sandboxes gateways declared lost while this node was out: destroyed, their entries kept. */
+  /**
+   * The sandboxes gateways declared lost while this node was out: destroyed. A lost entry stays
+   * (its owner removes it); a forgotten one (removed by its owner) goes once it is destroyed.
+   */
   private async collectLost(): Promise<void> {
     for (const e of await this.store.sandboxes()) {
-      if (e.node !== this.name || e.state !== 'lost') continue;
+      if (e.node !== this.name || (e.state !== 'lost' && e.state !== 'forgotten')) continue;
       const rec = this.daemon.lab.context.store.getSandbox(e.id);
-      if (!rec || rec.id !== e.id) continue;
-      await this.daemon.destroy(e.id, `declared lost while node ${this.name} was out of the cluster (${e.reason ?? ''})`).catch((err: Error) =>
-        this.daemon.log({ msg: 'destroying a lost sandbox failed', sandbox: e.name, error: err.message }));
+      if (rec && rec.id === e.id) {
+        const ok = await this.daemon.destroy(e.id, `declared lost while node ${this.name} was out of the cluster (${e.reason ?? ''})`).then(() => true, (err: Error) => {
+          this.daemon.log({ msg: 'destroying a lost sandbox failed', sandbox: e.name, error: err.message });
+          return false;
+        });
+        if (!ok) continue;
+      }
+      if (e.state === 'forgotten') await this.store.client.delete().key(this.store.key('sandboxes', e.id));
     }
   }
 
@@ -199,6 +213,21 @@ export class ClusterNode {
       await this.store.deleteSandbox(JSON.parse(text) as SandboxEntry);
       this.published.delete(id);
     }
+    // gone before this node wrote them (a gateway wrote the entry; a create and destroy within one sync)
+    for (const [id, name] of [...this.gone]) {
+      this.gone.delete(id);
+      if (now.has(id)) continue;
+      const e = await this.store.sandbox(id);
+      if (e && e.node === this.name && e.state !== 'lost' && e.state !== 'forgotten') await this.store.deleteSandbox({ id, name: e.name || name, node: this.name });
+    }
+    // and now and then, every entry that says it is here and is not (whatever left it)
+    if (++this.publishes % 15 === 0) {
+      for (const e of await this.store.sandboxes()) {
+        if (e.node !== this.name || now.has(e.id) || e.state === 'lost' || e.state === 'forgotten') continue;
+        await this.store.deleteSandbox(e);
+        this.published.delete(e.id);
+      }
+    }
   }
 
   /**
@@ -211,8 +240,13 @@ export class ClusterNode {
     if (this.soon) clearTimeout(this.soon);
     this.daemon.events.off('event', this.onEvent);
     await this.publishing?.catch(() => undefined);
-    // said before the entry goes: gateways report its sandboxes unreachable, not lost
-    await this.store.client.put(this.store.key('left', this.name)).value(JSON.stringify({ at: Date.now() })).catch(() => undefined);
-    await this.lease?.revoke().catch(() => undefined);
+    // "left" and the entry's removal in one transaction: gateways report its sandboxes
+    // unreachable, not lost. If it cannot be said, the lease is left to lapse (and they are lost).
+    const said = await this.store.client.if(this.store.key('nodes', this.name), 'Create', '>', 0)
+      .then(this.store.client.put(this.store.key('left', this.name)).value(JSON.stringify({ at: Date.now() })), this.store.client.delete().key(this.store.key('nodes', this.name)))
+      .commit().then((r) => r.succeeded, () => false);
+    if (said) await this.lease?.revoke().catch(() => undefined);
+    else this.daemon.log({ msg: 'could not tell the cluster this node is leaving: its sandboxes will be reported lost when its lease lapses' });
+    this.lease?.release();
   }
 }

@@ -25,6 +25,11 @@ describe('placement', () => {
     expect(eligible([a, b], { pool: 'q' }, new Set())).toEqual({ reason: 'no node holds pool q' });
     expect(eligible([a, b], {}, new Set(['a', 'b']))).toEqual({ reason: 'every node is drained or was tried' });
     expect((eligible([a, b], { exclude: new Set(['a']) }, new Set()) as NodeInfo[]).map((n) => n.name)).toEqual(['b']);
+    // an image only some nodes have: those; the built-in one: any
+    const c = node('c', { images: ['busybox', 'deb'] });
+    expect((eligible([a, c], { image: 'deb' }, new Set()) as NodeInfo[]).map((n) => n.name)).toEqual(['c']);
+    expect((eligible([a, node('d', { images: [] })], { image: 'busybox' }, new Set()) as NodeInfo[]).length).toBe(2);
+    expect(eligible([a], { image: 'deb' }, new Set())).toMatchObject({ reason: expect.stringMatching(/no node has image deb/) });
   });
 
   it('scores a ready standby above any free capacity, then the emptier node', () => {

@@ -13,6 +13,9 @@
  */
 import type { NodeInfo } from './store.js';
 
+/** the image every node makes for itself on first use */
+const BUILTIN_IMAGE = 'busybox';
+
 export interface PlacementRequest {
   pool?: string;
   snapshot?: string;
@@ -46,6 +49,10 @@ export function eligible(nodes: Iterable<NodeInfo>, req: PlacementRequest, drain
   } else if (req.snapshot !== undefined) {
     up = up.filter((n) => n.snapshots.includes(req.snapshot!));
     if (!up.length) return { reason: `no node holds snapshot ${req.snapshot}` };
+  } else if (req.image !== undefined && req.image !== BUILTIN_IMAGE) {
+    // an image is imported or built on nodes, one by one; the built-in one is made where it is needed
+    up = up.filter((n) => n.images.includes(req.image!));
+    if (!up.length) return { reason: `no node has image ${req.image} (import or build it on the nodes: POST /images/import, /images/build)` };
   }
   return up;
 }

@@ -11,6 +11,9 @@ import { CALLER_HEADER, type Caller } from '../server/keys.js';
 import { statusOf } from '../server/http-errors.js';
 import { unavailable } from './store.js';
 
+/** hop-by-hop headers of a node's answer (RFC 9110 §7.6.1): the gateway's own connection has its own */
+const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+
 /** hop-by-hop headers (RFC 9110 §7.6.1) and those the gateway sets itself */
 const DROP = new Set(['authorization', 'host', 'connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', CALLER_HEADER]);
 
@@ -49,25 +52,45 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
 /** etcd's client errors (GRPC…, Etcd…): the store did not answer */
 const fromEtcd = (e: unknown): boolean => e instanceof Error && /^(GRPC|Etcd)/.test(e.constructor.name);
 
+/** Any error as the SnaplabError a client is given. */
+export function asSnaplab(e: unknown): SnaplabError {
+  if (e instanceof SnaplabError) return e;
+  if (fromEtcd(e)) return unavailable(e, 'a gateway request');
+  return new SnaplabError('INTERNAL', (e as Error)?.message ?? String(e), 'this is a bug in snaplab; the gateway log has the details');
+}
+
+/** What a node's error carried besides code, message and hint (quota, Retry-After, its trace). */
+type Extra = { retryAfterS?: number; limit?: string; operationId?: string };
+
+export function errorBody(err: SnaplabError): Record<string, unknown> {
+  const x = err as SnaplabError & Extra;
+  return { ...err.toJSON(), ...(x.limit ? { limit: x.limit } : {}), ...(x.operationId ? { operationId: x.operationId } : {}) };
+}
+
 export function sendError(res: ServerResponse, e: unknown): void {
-  const err = e instanceof SnaplabError ? e
-    : fromEtcd(e) ? unavailable(e, 'a gateway request')
-    : new SnaplabError('INTERNAL', (e as Error)?.message ?? String(e), 'this is a bug in snaplab; the gateway log has the details');
-  const extra = (err as SnaplabError & { retryAfterS?: number; limit?: string });
-  sendJson(res, statusOf(err.code), { ...err.toJSON(), ...(extra.limit ? { limit: extra.limit } : {}) }, extra.retryAfterS ? { 'retry-after': String(extra.retryAfterS) } : {});
+  const err = asSnaplab(e);
+  const x = err as SnaplabError & Extra;
+  sendJson(res, statusOf(err.code), errorBody(err), x.retryAfterS ? { 'retry-after': String(x.retryAfterS) } : {});
 }
 
 export function nodeUnavailable(node: string, e: Error, during = 'the request'): SnaplabError {
   return new SnaplabError('NODE_UNAVAILABLE', `node ${node} did not answer ${during}: ${e.message}`, 'it may be restarting or gone; `snaplab cluster nodes` shows the nodes that are up', { cause: e });
 }
 
+/** how long the gateway waits for a node's JSON answer (a create has its own, longer bound) */
+export const ASK_TIMEOUT_MS = 15_000;
+
 /** A connection that never reached the node: nothing was started there. */
 export const neverConnected = (e: unknown): boolean => ['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ECONNRESET_BEFORE'].includes((e as NodeJS.ErrnoException)?.code ?? '');
 
 /** Pass a request on to `base` (the node's URL) and its answer back, both streamed. */
 export function forward(req: IncomingMessage, res: ServerResponse, base: string, node: string, token: string, caller: Caller, body?: Buffer): void {
+  // gone while its node was looked up: nothing is started for it
+  if (req.destroyed || res.destroyed) return;
   const up = request(new URL(upstreamPath(req.url!), base), { method: req.method, headers: upstreamHeaders(req.headers, token, caller) }, (r) => {
-    res.writeHead(r.statusCode ?? 502, r.headers);
+    const headers: Record<string, string | string[]> = {};
+    for (const [k, v] of Object.entries(r.headers)) if (v !== undefined && !HOP.has(k)) headers[k] = v;
+    res.writeHead(r.statusCode ?? 502, headers);
     r.pipe(res);
     r.once('error', () => res.destroy());
   });
@@ -79,11 +102,12 @@ export function forward(req: IncomingMessage, res: ServerResponse, base: string,
 }
 
 /** Ask a node for JSON (fan-outs, creates); a SnaplabError with its code when it answers one. */
-export async function ask<T>(base: string, node: string, token: string, caller: Caller, method: string, path: string, body?: unknown): Promise<{ status: number; value: T; headers: IncomingHttpHeaders }> {
+export async function ask<T>(base: string, node: string, token: string, caller: Caller, method: string, path: string, body?: unknown, timeoutMs = ASK_TIMEOUT_MS): Promise<{ status: number; value: T; headers: IncomingHttpHeaders }> {
   return new Promise((resolve, reject) => {
     const text = body === undefined ? undefined : JSON.stringify(body);
     const headers: Record<string, string> = { authorization: `Bearer ${token}`, [CALLER_HEADER]: callerHeader(caller), ...(text ? { 'content-type': 'application/json' } : {}) };
-    const up = request(new URL(path, base), { method, headers }, (r) => {
+    // a node partitioned away must not hold a request (or a whole fan-out) for TCP's minutes
+    const up = request(new URL(path, base), { method, headers, signal: AbortSignal.timeout(timeoutMs) }, (r) => {
       const parts: Buffer[] = [];
       r.on('data', (b: Buffer) => parts.push(b));
       r.once('error', (e) => reject(nodeUnavailable(node, e)));
@@ -96,8 +120,11 @@ export async function ask<T>(base: string, node: string, token: string, caller: 
           return reject(new SnaplabError('NODE_UNAVAILABLE', `node ${node} answered ${r.statusCode} with no JSON`, 'see its log'));
         }
         if ((r.statusCode ?? 500) >= 400) {
-          const v = value as { code?: SnaplabError['code']; message?: string; hint?: string };
-          return reject(Object.assign(new SnaplabError(v?.code ?? 'INTERNAL', v?.message ?? `node ${node} answered ${r.statusCode}`, v?.hint), { status: r.statusCode }));
+          const v = value as { code?: SnaplabError['code']; message?: string; hint?: string; limit?: string; operationId?: string };
+          const retry = Number(r.headers['retry-after']);
+          return reject(Object.assign(new SnaplabError(v?.code ?? 'INTERNAL', v?.message ?? `node ${node} answered ${r.statusCode}`, v?.hint), {
+            status: r.statusCode, ...(v?.limit ? { limit: v.limit } : {}), ...(v?.operationId ? { operationId: v.operationId } : {}), ...(retry > 0 ? { retryAfterS: retry } : {}),
+          }));
         }
         resolve({ status: r.statusCode ?? 200, value: value as T, headers: r.headers });
       });
@@ -109,12 +136,16 @@ export async function ask<T>(base: string, node: string, token: string, caller: 
 
 /** Join a client's WebSocket upgrade to the node's, byte for byte. */
 export function forwardUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer, base: string, node: string, token: string, caller: Caller): void {
+  if (socket.destroyed) return;
   const up = request(new URL(upstreamPath(req.url!), base), { method: 'GET', headers: upstreamHeaders(req.headers, token, caller, true) });
   const fail = (status: number, body: string): void => {
     if (!socket.writable) return void socket.destroy();
     socket.end(`HTTP/1.1 ${status} ${status === 503 ? 'Service Unavailable' : 'Error'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   };
+  // the client gone before the node switched: the node's side goes too
+  socket.once('close', () => up.destroy());
   up.once('upgrade', (r, upSocket, upHead) => {
+    if (socket.destroyed) return void upSocket.destroy();
     const lines = [`HTTP/1.1 101 Switching Protocols`];
     for (let i = 0; i < r.rawHeaders.length; i += 2) lines.push(`${r.rawHeaders[i]}: ${r.rawHeaders[i + 1]}`);
     socket.write(`${lines.join('\r\n')}\r\n\r\n`);
@@ -138,6 +169,5 @@ export function forwardUpgrade(req: IncomingMessage, socket: Duplex, head: Buffe
     const err = nodeUnavailable(node, e);
     fail(503, JSON.stringify(err.toJSON()));
   });
-  socket.once('error', () => up.destroy());
   up.end();
 }

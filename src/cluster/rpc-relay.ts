@@ -9,7 +9,7 @@ import WebSocket, { type RawData } from 'ws';
 import { SnaplabError } from '../errors.js';
 import type { Caller } from '../server/keys.js';
 import { CALLER_HEADER } from '../server/keys.js';
-import { callerHeader, neverConnected } from './proxy.js';
+import { asSnaplab, callerHeader, neverConnected } from './proxy.js';
 import type { Gateway } from './gateway.js';
 
 interface Upstream {
@@ -20,8 +20,10 @@ interface Upstream {
 
 export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
   const ups = new Map<string, Upstream>();
+  let closed = false;
   const answer = (m: unknown): void => { if (client.readyState === client.OPEN) client.send(JSON.stringify(m)); };
   const fail = (id: unknown, e: SnaplabError): void => answer({ id, error: e.toJSON() });
+  const untrack = g.track(caller, () => client.close(1008, 'key removed'));
 
   const open = (node: string): Upstream => {
     const had = ups.get(node);
@@ -37,17 +39,25 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
     u.ws = new Promise((resolve, reject) => {
       const ws = new WebSocket(`${info.url.replace(/^http/, 'ws')}/rpc`, { headers: { authorization: `Bearer ${g.token}`, [CALLER_HEADER]: callerHeader(caller) }, maxPayload: 64 << 20 });
       ws.once('open', () => resolve(ws));
-      ws.once('error', (e) => { ups.delete(node); reject(Object.assign(new SnaplabError('NODE_UNAVAILABLE', `node ${node} did not answer: ${e.message}`, 'see `snaplab cluster nodes`'), { connect: neverConnected(e) })); });
+      ws.on('error', (e) => {
+        if (ups.get(node) === u) ups.delete(node);
+        reject(Object.assign(new SnaplabError('NODE_UNAVAILABLE', `node ${node} did not answer: ${e.message}`, 'see `snaplab cluster nodes`'), { connect: neverConnected(e) }));
+      });
       ws.on('message', (data: RawData) => {
         const text = String(data);
-        const id = (JSON.parse(text) as { id?: unknown }).id;
+        let id: unknown;
+        try {
+          id = (JSON.parse(text) as { id?: unknown } | null)?.id;
+        } catch {
+          return;
+        }
         const p = u.pending.get(JSON.stringify(id));
         u.pending.delete(JSON.stringify(id));
         if (p?.pool) g.runDone(node, p.pool);
         if (client.readyState === client.OPEN) client.send(text);
       });
       ws.once('close', () => {
-        ups.delete(node);
+        if (ups.get(node) === u) ups.delete(node);
         for (const [id, p] of u.pending) {
           if (p.pool) g.runDone(node, p.pool);
           fail(JSON.parse(id), new SnaplabError('NODE_UNAVAILABLE', `node ${node} closed the connection before the answer`, 'its command was killed with it; try again'));
@@ -62,6 +72,12 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
   const send = async (node: string, id: unknown, text: string, pool?: string): Promise<void> => {
     const u = open(node);
     const ws = await u.ws;
+    // the client went, or the node's socket closed, while it opened: nothing is sent
+    if (closed) {
+      ws.close();
+      throw new SnaplabError('ABORTED', 'the client went before the call was sent');
+    }
+    if (ws.readyState !== ws.OPEN) throw new SnaplabError('NODE_UNAVAILABLE', `node ${node} closed the connection`, 'try again');
     u.pending.set(JSON.stringify(id), { pool });
     ws.send(text);
   };
@@ -71,9 +87,11 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
     let call: { id?: unknown; op?: string; sandbox?: unknown; pool?: unknown };
     try {
       if (isBinary) throw new SyntaxError('a binary frame');
-      call = JSON.parse(text) as typeof call;
+      const v = JSON.parse(text) as unknown;
+      if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SyntaxError('not an object');
+      call = v as typeof call;
     } catch (e) {
-      return fail(null, new SnaplabError('BAD_INPUT', `rpc: not JSON: ${(e as Error).message}`, 'send JSON text frames'));
+      return fail(null, new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames'));
     }
     void (async () => {
       if (!g.stillValid(caller)) {
@@ -99,9 +117,13 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
       const any = [...g.view.nodes.keys()][0];
       if (!any) throw new SnaplabError('NODE_UNAVAILABLE', 'no node is in the cluster', 'start a node: `snaplab serve --node --cluster …`');
       return send(any, call.id, text);
-    })().catch((e: unknown) => fail(call.id ?? null, e instanceof SnaplabError ? e : new SnaplabError('INTERNAL', String(e))));
+    })().catch((e: unknown) => fail(call.id ?? null, asSnaplab(e)));
   });
+  // a bad frame (unmasked, not UTF-8, too large): ws closes the socket after telling us
+  client.on('error', () => client.terminate());
   client.once('close', () => {
+    closed = true;
+    untrack();
     for (const u of ups.values()) void u.ws.then((ws) => ws.close(), () => undefined);
   });
 }

@@ -6,6 +6,7 @@
  *   <prefix>nodes/<node>      NodeInfo, on the node's lease: gone when the node stops or lapses
  *   <prefix>sandboxes/<id>    SandboxEntry, written by the node that holds it; `lost` once its node lapsed
  *   <prefix>names/<name>      NameEntry: the name taken cluster-wide, and where (written before the create)
+ *   <prefix>creates/<id>      CreateClaim: a create in flight, on a lease (written before the create)
  *   <prefix>drain/<node>      a node that takes no new sandboxes (`snaplab cluster drain`)
  *   <prefix>left/<node>       a node that stopped on purpose: its sandboxes are unreachable, not lost
  *   <prefix>keys/<name>       an API key (its sha256 only), as the single daemon's store keeps them
@@ -59,6 +60,14 @@ export interface NameEntry {
   at: number;
 }
 
+/** A create in flight (`creates/<id>`): counted in placement's load and the key's quota. */
+export interface CreateClaim {
+  node: string;
+  owner: string | null;
+  name: string | null;
+  at: number;
+}
+
 export interface KeyEntry {
   name: string;
   hash: string;
@@ -84,6 +93,9 @@ export function parseClusterUrl(text: string): ClusterAddress {
   if (!prefix.endsWith('/')) prefix += '/';
   return { hosts, prefix };
 }
+
+/** how long a removed lost record stays, for its node to destroy the sandbox if it comes back */
+const TOMBSTONE_TTL_S = 86_400;
 
 /** how long one call to etcd may take before it fails with CLUSTER_UNAVAILABLE */
 const CALL_DEADLINE_MS = 5000;
@@ -154,11 +166,40 @@ export class ClusterStore {
     return json<NameEntry>(await this.client.get(this.key('names', name)).string());
   }
 
-  /** Take a name cluster-wide for a create on `node`, before the create starts; false if taken. */
-  async claimName(name: string, node: string, owner: string | null): Promise<boolean> {
+  /**
+   * A create placed on `node`, recorded before it starts (`creates/<id>`, and `names/<name>` when
+   * it has one: false if the name is taken). Both are on a lease of their own that outlasts any
+   * create, so a gateway that dies mid-create leaves nothing behind for long; the node's own
+   * entries, written without a lease, take over once it has made the sandbox.
+   */
+  async claimCreate(id: string, node: string, owner: string | null, name: string | undefined, ttlS: number): Promise<boolean> {
+    const lease = this.client.lease(ttlS, { autoKeepAlive: false });
+    const leaseId = await lease.grant();
+    lease.release();
+    const claim = JSON.stringify({ node, owner, name: name ?? null, at: Date.now() } satisfies CreateClaim);
+    if (name === undefined) {
+      await this.client.put(this.key('creates', id)).value(claim).lease(leaseId);
+      return true;
+    }
     const k = this.key('names', name);
-    const r = await this.client.if(k, 'Create', '==', 0).then(this.client.put(k).value(JSON.stringify({ node, id: null, owner, at: Date.now() } satisfies NameEntry))).commit();
+    const r = await this.client.if(k, 'Create', '==', 0)
+      .then(this.client.put(k).value(JSON.stringify({ node, id: null, owner, at: Date.now() } satisfies NameEntry)).lease(leaseId), this.client.put(this.key('creates', id)).value(claim).lease(leaseId))
+      .commit();
     return r.succeeded;
+  }
+
+  /** How many creates of `owner` were claimed before create `id` (by the store's revision order). */
+  async createsBefore(id: string, owner: string): Promise<number> {
+    const all = await this.client.getAll().prefix(this.key('creates', '')).exec();
+    const mine = all.kvs.find((kv) => kv.key.toString() === this.key('creates', id));
+    if (!mine) return 0;
+    return all.kvs.filter((kv) => BigInt(kv.create_revision) < BigInt(mine.create_revision) && (JSON.parse(kv.value.toString()) as CreateClaim).owner === owner).length;
+  }
+
+  /** The create is over: its claim goes (and its name, unless `keepName`: the node may have made it). */
+  async endCreate(id: string, name: string | undefined, node: string, keepName: boolean): Promise<void> {
+    await this.client.delete().key(this.key('creates', id));
+    if (name && !keepName) await this.moveName(name, node, null);
   }
 
   /** A create placed on `node` that did not start there: the name moves (or is given back). */
@@ -172,9 +213,14 @@ export class ClusterStore {
 
   /** Write what a node holds: the entries given, and the names with them. */
   async putSandbox(e: SandboxEntry): Promise<void> {
+    const nk = this.key('names', e.name);
+    const name = JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry);
     await this.client.stm({ retries: 3 }).transact(async (tx) => {
       tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
-      tx.put(this.key('names', e.name)).value(JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry));
+      // the name only if it is free, this sandbox's, or claimed for its create on this node:
+      // never over another sandbox's (one reused after a lost record was removed)
+      const cur = json<NameEntry>(await tx.get(nk).string());
+      if (!cur || cur.id === e.id || (cur.id === null && cur.node === e.node)) tx.put(nk).value(name);
     });
   }
 
@@ -194,6 +240,22 @@ export class ClusterStore {
     await this.client.if(nk, 'Create', '>', 0).then(...ops, ...(cur && (cur.id === e.id || (cur.id === null && cur.node === e.node)) ? [this.client.delete().key(nk)] : [])).commit();
   }
 
+  /**
+   * A lost sandbox's record removed by its owner: its name is free again, and the entry stays as
+   * a `forgotten` tombstone on a day's lease, so that its node, if it comes back, destroys it.
+   */
+  async forget(e: SandboxEntry): Promise<void> {
+    const lease = this.client.lease(TOMBSTONE_TTL_S, { autoKeepAlive: false });
+    const id = await lease.grant();
+    lease.release();
+    const k = this.key('sandboxes', e.id);
+    await this.client.if(k, 'Value', '==', JSON.stringify(e))
+      .then(this.client.put(k).value(JSON.stringify({ ...e, state: 'forgotten' })).lease(id))
+      .commit();
+    const cur = await this.name(e.name);
+    if (cur?.id === e.id) await this.client.delete().key(this.key('names', e.name));
+  }
+
   /** Mark a lapsed node's sandboxes lost (idempotent: several gateways may do it at once). */
   async markLost(node: string, reason: string): Promise<SandboxEntry[]> {
     const marked: SandboxEntry[] = [];
@@ -202,7 +264,8 @@ export class ClusterStore {
       const lost: SandboxEntry = { ...e, state: 'lost', reason, lostAt: Date.now() };
       const k = this.key('sandboxes', e.id);
       // only if nobody changed it meanwhile (the node came back and wrote it again)
-      const r = await this.client.if(k, 'Value', '==', JSON.stringify(e)).then(this.client.put(k).value(JSON.stringify(lost))).commit();
+      // and only while the node is still out: one that came back meanwhile keeps its sandboxes
+      const r = await this.client.if(k, 'Value', '==', JSON.stringify(e)).and(this.key('nodes', node), 'Create', '==', 0).then(this.client.put(k).value(JSON.stringify(lost))).commit();
       if (r.succeeded) marked.push(lost);
     }
     // creates placed there that never recorded a sandbox: their names are free again

@@ -10,7 +10,10 @@
  */
 import { EventEmitter } from 'node:events';
 import type { IKeyValue, Watcher } from 'etcd3';
-import type { ClusterStore, KeyEntry, NameEntry, NodeInfo, SandboxEntry } from './store.js';
+import type { ClusterStore, CreateClaim, KeyEntry, NameEntry, NodeInfo, SandboxEntry } from './store.js';
+
+/** states of a sandbox its node still holds (a lost or forgotten one is not counted) */
+const HELD = new Set(['creating', 'running', 'paused', 'dead']);
 
 export class ClusterView extends EventEmitter {
   readonly nodes = new Map<string, NodeInfo>();
@@ -18,6 +21,7 @@ export class ClusterView extends EventEmitter {
   readonly left = new Set<string>();
   readonly sandboxes = new Map<string, SandboxEntry>();
   readonly names = new Map<string, NameEntry>();
+  readonly creates = new Map<string, CreateClaim>();
   private readonly keysByHash = new Map<string, KeyEntry>();
   private watcher: Watcher | undefined;
   private lostSweep: Promise<void> = Promise.resolve();
@@ -28,11 +32,26 @@ export class ClusterView extends EventEmitter {
   }
 
   async start(): Promise<void> {
-    this.watcher = await this.store.watch('');
-    this.watcher.on('put', (kv) => this.apply(kv, false));
-    this.watcher.on('delete', (kv) => this.apply(kv, true));
-    this.watcher.on('error', (e: Error) => this.log({ msg: 'cluster watch error', error: e.message }));
+    const w = await this.store.watch('');
+    this.watcher = w;
+    w.on('put', (kv) => this.apply(kv, false));
+    w.on('delete', (kv) => this.apply(kv, true));
+    // etcd ended the watch (its history compacted past us after a long partition): start again
+    // from a full read, so the copy is never silently stale
+    w.on('error', (e: Error) => {
+      if (this.closed || this.watcher !== w) return;
+      this.log({ msg: 'cluster watch ended; reading the cluster again', error: e.message });
+      void w.cancel().catch(() => undefined);
+      const again = (): void => void this.start().catch((err: Error) => {
+        this.log({ msg: 'reading the cluster again failed; retrying', error: err.message });
+        setTimeout(again, 2000).unref();
+      });
+      again();
+    });
     const all = await this.store.client.getAll().prefix(this.store.key('')).exec();
+    for (const m of [this.nodes, this.sandboxes, this.names, this.creates, this.keysByHash]) m.clear();
+    this.drained.clear();
+    this.left.clear();
     for (const kv of all.kvs) this.apply(kv, false, true);
     // nodes that lapsed while no gateway watched
     for (const e of this.sandboxes.values()) if (e.state !== 'lost' && !this.nodes.has(e.node) && !this.left.has(e.node)) this.nodeLapsed(e.node);
@@ -61,8 +80,13 @@ export class ClusterView extends EventEmitter {
       case 'left': if (value) this.left.add(id); else this.left.delete(id); break;
       case 'sandboxes': if (value) this.sandboxes.set(id, JSON.parse(value) as SandboxEntry); else this.sandboxes.delete(id); break;
       case 'names': if (value) this.names.set(id, JSON.parse(value) as NameEntry); else this.names.delete(id); break;
+      case 'creates': if (value) this.creates.set(id, JSON.parse(value) as CreateClaim); else this.creates.delete(id); break;
       case 'keys': {
-        for (const [h, k] of this.keysByHash) if (k.name === id) this.keysByHash.delete(h);
+        for (const [h, k] of this.keysByHash) {
+          if (k.name !== id) continue;
+          this.keysByHash.delete(h);
+          this.emit('keyRemoved', h);
+        }
         if (value) {
           const k = JSON.parse(value) as KeyEntry;
           this.keysByHash.set(k.hash, k);
@@ -106,12 +130,23 @@ export class ClusterView extends EventEmitter {
   /** Sandboxes recorded on each node, and creates placed there and not yet recorded. */
   load(): Map<string, number> {
     const load = new Map<string, number>();
-    for (const e of this.sandboxes.values()) if (e.state !== 'lost') load.set(e.node, (load.get(e.node) ?? 0) + 1);
-    for (const n of this.names.values()) if (!n.id) load.set(n.node, (load.get(n.node) ?? 0) + 1);
+    for (const e of this.sandboxes.values()) if (HELD.has(e.state)) load.set(e.node, (load.get(e.node) ?? 0) + 1);
+    for (const c of this.creates.values()) load.set(c.node, (load.get(c.node) ?? 0) + 1);
     return load;
   }
 
+  /** A key's sandboxes in the cluster: recorded and held, and (unless `held`) creates in flight. */
+  owned(key: string, held = false): number {
+    let n = 0;
+    for (const e of this.sandboxes.values()) if (e.owner === key && HELD.has(e.state)) n++;
+    if (!held) for (const c of this.creates.values()) if (c.owner === key) n++;
+    return n;
+  }
+
+  private closed = false;
+
   async close(): Promise<void> {
+    this.closed = true;
     await this.watcher?.cancel().catch(() => undefined);
     await this.lostSweep;
   }

@@ -69,6 +69,12 @@ export function authenticate(store: Store, header: string | undefined, queryToke
   return { key: k.name, hash: k.hash, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
 }
 
+/**
+ * What a cluster key owns as, on nodes: `cluster:NAME` (a key name has no colon), so a node's own
+ * key of the same name is another owner and sees none of them.
+ */
+export const clusterOwner = (key: string): string => `cluster:${key}`;
+
 /** The header a gateway names its caller in, beside the cluster token (docs/cluster.md). */
 export const CALLER_HEADER = 'x-snaplab-caller';
 
@@ -78,10 +84,20 @@ export const CALLER_HEADER = 'x-snaplab-caller';
  */
 export function gatewayCaller(token: string, header: string | undefined, caller: string | string[] | undefined): Caller | undefined {
   const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
-  if (!m || m[1]!.length !== token.length || !timingSafeEqual(Buffer.from(m[1]!), Buffer.from(token))) return undefined;
-  if (typeof caller !== 'string') throw new SnaplabError('UNAUTHORIZED', `a gateway request without ${CALLER_HEADER}`, 'this is a bug of the gateway');
-  const c = JSON.parse(Buffer.from(caller, 'base64url').toString()) as { key: string; scopes: Scope[]; maxExecs: number | null };
-  return { key: c.key, scopes: new Set(c.scopes.filter((s) => SCOPES.includes(s))), maxSandboxes: null, maxExecs: c.maxExecs ?? null, viaGateway: true };
+  const given = Buffer.from(m?.[1] ?? '');
+  const want = Buffer.from(token);
+  if (given.length !== want.length || !timingSafeEqual(given, want)) return undefined;
+  const bad = (): never => { throw new SnaplabError('UNAUTHORIZED', `a gateway request without a valid ${CALLER_HEADER}`, 'this is a bug of the gateway'); };
+  if (typeof caller !== 'string') return bad();
+  let c: { key?: unknown; scopes?: unknown; maxExecs?: unknown };
+  try {
+    c = JSON.parse(Buffer.from(caller, 'base64url').toString()) as typeof c;
+  } catch {
+    return bad();
+  }
+  if (typeof c?.key !== 'string' || !Array.isArray(c.scopes)) return bad();
+  const maxExecs = typeof c.maxExecs === 'number' ? c.maxExecs : null;
+  return { key: clusterOwner(c.key), scopes: new Set((c.scopes as Scope[]).filter((s) => SCOPES.includes(s))), maxSandboxes: null, maxExecs, viaGateway: true };
 }
 
 export function requireScope(caller: Caller, scope: Scope): void {
