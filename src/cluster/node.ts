@@ -15,6 +15,9 @@ import type { Daemon } from '../server/daemon.js';
 import { VERSION } from '../version.js';
 import { unavailable, type ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
 
+/** how often a node compares every entry naming it with what it holds */
+const SWEEP_MS = 30_000;
+
 export interface NodeOptions {
   cluster: string;
   /** the node's name in the cluster (unique) */
@@ -48,7 +51,7 @@ export class ClusterNode {
   private every = 2000;
   /** sandboxes gone since the last sync (their entries go even if this process never wrote them) */
   private gone = new Map<string, string>();
-  private publishes = 0;
+  private lastSweep = Date.now();
   private readonly onEvent = (e: EventRecord): void => {
     if ((e.type === 'destroyed' || e.type === 'failed') && e.sandbox) this.gone.set(e.sandbox, e.name ?? '');
     this.schedule();
@@ -220,8 +223,9 @@ export class ClusterNode {
       const e = await this.store.sandbox(id);
       if (e && e.node === this.name && e.state !== 'lost' && e.state !== 'forgotten') await this.store.deleteSandbox({ id, name: e.name || name, node: this.name });
     }
-    // and now and then, every entry that says it is here and is not (whatever left it)
-    if (++this.publishes % 15 === 0) {
+    // and every 30 s, every entry that says it is here and is not (whatever left it)
+    if (Date.now() - this.lastSweep >= SWEEP_MS) {
+      this.lastSweep = Date.now();
       for (const e of await this.store.sandboxes()) {
         if (e.node !== this.name || now.has(e.id) || e.state === 'lost' || e.state === 'forgotten') continue;
         await this.store.deleteSandbox(e);
