@@ -2,10 +2,9 @@
  * A cluster's API keys: kept in etcd (so every gateway knows them), made and shown once as a
  * single daemon's are (server/keys.ts): the store holds the key's sha256 only.
  */
-import { randomBytes } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
 import { checkName } from '../lab/names.js';
-import { hashKey, SCOPES } from '../server/keys.js';
+import { hashKey, newToken, SCOPES } from '../server/keys.js';
 import type { Scope } from '../store/records.js';
 import type { ClusterStore, KeyEntry } from './store.js';
 
@@ -16,7 +15,7 @@ export async function createKeyEntry(store: ClusterStore, name: string, opts: { 
   const scopes = opts.scopes ?? ['read', 'exec'];
   if (!Array.isArray(scopes) || !scopes.length || scopes.some((s) => !SCOPES.includes(s))) throw new SnaplabError('BAD_INPUT', `invalid scopes ${JSON.stringify(scopes)}`, `scopes are ${SCOPES.join(', ')}`);
   for (const q of [opts.maxSandboxes, opts.maxExecs]) if (q !== undefined && (!Number.isSafeInteger(q) || q < 0)) throw new SnaplabError('BAD_INPUT', `invalid quota ${q}`, 'give a whole number ≥ 0');
-  const token = `snaplab_${randomBytes(32).toString('base64url')}`;
+  const token = newToken();
   const key: KeyEntry = { name, hash: hashKey(token), scopes: [...new Set(scopes)], maxSandboxes: opts.maxSandboxes ?? null, maxExecs: opts.maxExecs ?? null, createdAt: Date.now() };
   if (!(await store.insertKey(key))) throw new SnaplabError('KEY_EXISTS', `a key named ${name} exists in the cluster`, `remove it first with \`snaplab key rm ${name} --cluster …\`, or pick another name`);
   return { token, key };

@@ -15,7 +15,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Etcd3, IOptions, Lease, Watcher } from 'etcd3';
 import { SnaplabError } from '../errors.js';
-import type { Scope } from '../store/records.js';
+import type { ApiKeyRecord } from '../store/records.js';
 
 export interface NodeInfo {
   name: string;
@@ -68,14 +68,8 @@ export interface CreateClaim {
   at: number;
 }
 
-export interface KeyEntry {
-  name: string;
-  hash: string;
-  scopes: Scope[];
-  maxSandboxes: number | null;
-  maxExecs: number | null;
-  createdAt: number;
-}
+/** A cluster's key: the single daemon's record, kept in etcd instead of SQLite. */
+export type KeyEntry = ApiKeyRecord;
 
 export interface ClusterAddress {
   hosts: string[];

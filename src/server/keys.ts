@@ -38,12 +38,15 @@ export function parseScopes(text: string): Scope[] {
   return [...new Set(scopes)] as Scope[];
 }
 
+/** A new API key: shown once, only its hash kept. */
+export const newToken = (): string => PREFIX + randomBytes(32).toString('base64url');
+
 export function createKey(store: Store, name: string, opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {}): { token: string; key: ApiKeyRecord } {
   checkName('key', name);
   // the Unix socket's callers own their sandboxes as "local"
   if (name === 'local') throw new SnaplabError('BAD_NAME', 'the key name "local" is the Unix socket\'s', 'pick another name');
   if (store.listKeys().some((k) => k.name === name)) throw new SnaplabError('KEY_EXISTS', `a key named ${name} exists`, `remove it first with \`snaplab key rm ${name}\`, or pick another name`);
-  const token = PREFIX + randomBytes(32).toString('base64url');
+  const token = newToken();
   const key: ApiKeyRecord = {
     name, hash: hashKey(token), scopes: opts.scopes ?? ['read', 'exec'], maxSandboxes: opts.maxSandboxes ?? null, maxExecs: opts.maxExecs ?? null, createdAt: Date.now(),
   };
