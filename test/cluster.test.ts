@@ -64,6 +64,18 @@ afterAll(async () => {
 describe('through a gateway, the library', () => contractSuite('gateway', () => lab));
 
 describe('a cluster', () => {
+  it('serves the CLI unchanged (SNAPLAB_HOST=the gateway)', () => {
+    const viaGateway = (args: string[]): { code: number; out: string; err: string } => cli(homes[0]!, args, undefined, { SNAPLAB_HOST: gateways[1]!.url, SNAPLAB_TOKEN: token });
+    const made = viaGateway(['create', '--name', 'through-cli', '--json']);
+    expect(made.code, made.err).toBe(0);
+    expect(viaGateway(['exec', 'through-cli', '--', 'echo', 'hi']).out).toBe('hi\n');
+    const ls = viaGateway(['ls', '--json']);
+    expect(ls.code, ls.err).toBe(0);
+    expect((JSON.parse(ls.out) as { name: string }[]).map((b) => b.name)).toContain('through-cli');
+    expect(viaGateway(['rm', 'through-cli']).code).toBe(0);
+    expect(viaGateway(['exec', 'through-cli', '--', 'true']).err).toMatch(/SANDBOX_NOT_FOUND|no sandbox/);
+  });
+
   it('lists its nodes, each with its capacity and labels', async () => {
     const r = cli(homes[0]!, ['cluster', 'nodes', '--cluster', etcd.url, '--json']);
     expect(r.code, r.err).toBe(0);
@@ -167,11 +179,12 @@ describe('a cluster', () => {
     await new Promise((r, j) => { ws.once('open', r); ws.once('error', j); });
     const answers: string[] = [];
     ws.on('message', (d) => answers.push(String(d)));
-    for (const f of ['null', '[1]', '{"id":1,"op":"exec","sandbox":"no-such","argv":["true"]}']) ws.send(f);
+    for (const f of ['null', '[1]', '{}', '{"op":"exec"}', '{"id":1,"op":"exec","sandbox":"no-such","argv":["true"]}']) ws.send(f);
     ws.send(Buffer.from([1, 2, 3]), { binary: true });
-    await until('every frame answered', () => answers.length === 4);
-    expect(answers.map((a) => (JSON.parse(a) as { error?: { code: string } }).error?.code).sort()).toEqual(['BAD_INPUT', 'BAD_INPUT', 'BAD_INPUT', 'SANDBOX_NOT_FOUND']);
+    await until('every frame answered', () => answers.length === 6);
+    expect(answers.map((a) => (JSON.parse(a) as { error?: { code: string } }).error?.code).sort()).toEqual(['BAD_INPUT', 'BAD_INPUT', 'BAD_INPUT', 'BAD_INPUT', 'BAD_INPUT', 'SANDBOX_NOT_FOUND']);
     ws.close();
+    await new Promise((r) => ws.once('close', r));
     expect((await fetch(`${gateways[0]!.url}/healthz`)).status).toBe(200);
   }, 60_000);
 
@@ -224,7 +237,8 @@ describe('a cluster', () => {
       for await (const chunk of r.body as unknown as AsyncIterable<Uint8Array>) seen.push(Buffer.from(chunk).toString());
     }).catch(() => undefined);
     const doomed = (await api<{ id: string; name: string; node: string }>(g, 'POST', '/sandboxes', { placement: { labels: { zone: 'z2' } } })).body;
-    expect(doomed.node).toBe('n2');
+    const forgotten = (await api<{ id: string; name: string; node: string }>(g, 'POST', '/sandboxes', { placement: { labels: { zone: 'z2' } } })).body;
+    expect([doomed.node, forgotten.node]).toEqual(['n2', 'n2']);
     const killedAt = Date.now();
     await nodes[2]!.kill9();
     const lost = await until('the sandbox is reported lost', async () => {
@@ -244,10 +258,16 @@ describe('a cluster', () => {
     await until('the event stream told', () => seen.join('').includes('event: node.lost') && seen.join('').includes('event: lost'));
     events.abort();
     await stream;
-    // its machine outlived its daemon; back in the cluster, the node destroys what was declared lost
-    expect(JSON.parse(cli(homes[2]!, ['ls', '--json']).out).map((s: { id: string }) => s.id)).toContain(doomed.id);
+    // one lost record removed by its owner while the node is out: gone to everyone, its name free
+    expect((await api(g, 'DELETE', `/sandboxes/${forgotten.id}`)).status).toBe(204);
+    expect((await api(g, 'GET', `/sandboxes/${forgotten.id}`)).status).toBe(404);
+    expect((await api<{ id: string }[]>(g, 'GET', '/sandboxes')).body.map((x) => x.id)).not.toContain(forgotten.id);
+    // their machines outlived their daemon; back in the cluster, the node destroys what was
+    // declared lost, the removed one too (its record stayed as a tombstone for this)
+    const held = (): string[] => JSON.parse(cli(homes[2]!, ['ls', '--json']).out).map((s: { id: string }) => s.id);
+    expect(held()).toEqual(expect.arrayContaining([doomed.id, forgotten.id]));
     nodes[2] = await startNode(2);
-    await until('the lost sandbox is gone from its home', () => !JSON.parse(cli(homes[2]!, ['ls', '--json']).out).some((s: { id: string }) => s.id === doomed.id), 20_000);
+    await until('the lost sandboxes are gone from its home', () => !held().some((id) => id === doomed.id || id === forgotten.id), 20_000);
     // it stays listed as lost until its record is deleted
     expect((await api<{ state: string }>(g, 'GET', `/sandboxes/${doomed.id}`)).body.state).toBe('lost');
     expect((await api(g, 'DELETE', `/sandboxes/${doomed.id}`)).status).toBe(204);

@@ -14,8 +14,8 @@ export interface TestDaemon {
   kill9(): Promise<void>;
 }
 
-export function cli(home: string, args: string[], input?: string): { code: number; out: string; err: string } {
-  const r = spawnSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: home }, input, encoding: 'utf8', timeout: 120_000 });
+export function cli(home: string, args: string[], input?: string, env: Record<string, string> = {}): { code: number; out: string; err: string } {
+  const r = spawnSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: home, ...env }, input, encoding: 'utf8', timeout: 120_000 });
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 

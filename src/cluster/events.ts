@@ -16,7 +16,7 @@ import type { SandboxEntry } from './store.js';
 
 const SLOW_READER_BYTES = 1 << 20;
 
-const STATE_EVENT: Record<string, string> = { running: 'resumed', paused: 'paused', dead: 'exited', lost: 'lost' };
+const STATE_EVENT: Record<string, string> = { running: 'resumed', paused: 'paused', dead: 'exited', lost: 'lost', forgotten: 'destroyed' };
 
 export async function clusterEvents(g: Gateway, req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void> {
   const url = new URL(req.url!, 'http://x');
@@ -32,6 +32,7 @@ export async function clusterEvents(g: Gateway, req: IncomingMessage, res: Serve
   const leftSeen = new Set<string>();
   const send = (rev: string, type: string, data: Record<string, unknown>): void => {
     // a reader this far behind is let go: it resumes from its last id (Last-Event-ID) and misses nothing
+    if (res.writableEnded) return;
     if (res.writableLength > SLOW_READER_BYTES) return void res.destroy();
     res.write(`id: ${rev}\nevent: ${type}\ndata: ${JSON.stringify({ id: Number(rev), type, ...data })}\n\n`);
   };
@@ -53,7 +54,8 @@ export async function clusterEvents(g: Gateway, req: IncomingMessage, res: Serve
       const e = JSON.parse((deleted ? prev : kv)?.value.toString() ?? 'null') as SandboxEntry | null;
       if (!e || !mine(e)) return;
       const base = { at, sandbox: e.id, name: e.name, node: e.node, data: { owner: e.owner } };
-      if (deleted) return send(rev, 'destroyed', { ...base, reason: null });
+      // a forgotten one was told destroyed when its owner removed it: its tombstone's end is not news
+      if (deleted) return e.state === 'forgotten' ? undefined : send(rev, 'destroyed', { ...base, reason: null });
       const was = prev ? (JSON.parse(prev.value.toString()) as SandboxEntry) : undefined;
       if (!was) send(rev, 'created', { ...base, reason: null });
       else if (was.state !== e.state && STATE_EVENT[e.state]) send(rev, STATE_EVENT[e.state]!, { ...base, reason: e.reason ?? null });
@@ -65,10 +67,12 @@ export async function clusterEvents(g: Gateway, req: IncomingMessage, res: Serve
   watcher.on('put', (kv, prev) => change(kv, prev, false));
   watcher.on('delete', (kv, prev) => change(kv, prev, true));
   watcher.on('error', (e: Error) => {
+    clearInterval(ping);
+    if (res.writableEnded) return;
     res.write(`event: error\ndata: ${JSON.stringify({ code: 'CLUSTER_UNAVAILABLE', message: e.message })}\n\n`);
     res.end();
   });
-  const ping = setInterval(() => res.write(': ping\n\n'), 15_000);
+  const ping = setInterval(() => { if (!res.writableEnded) res.write(': ping\n\n'); }, 15_000);
   const untrack = g.track(caller, () => res.destroy());
   res.once('close', () => {
     untrack();

@@ -9,6 +9,7 @@ import { createKeyEntry } from './keys.js';
 import type { Caller } from '../server/keys.js';
 import { absentView, readJson, type Gateway } from './gateway.js';
 import { ask, asSnaplab, errorBody, sendJson, upstreamPath } from './proxy.js';
+import { statusOf } from '../server/http-errors.js';
 import type { NodeInfo } from './store.js';
 import { eligible } from './placement.js';
 
@@ -23,16 +24,37 @@ const query = (req: IncomingMessage): string => {
 };
 const dec = decodeURIComponent;
 
-/** One id for operations that run on several nodes: `c.` and their nodes and ids. */
-const composite = (ops: { node: string; id: string }[]): string => `c.${Buffer.from(JSON.stringify(ops.map((o) => [o.node, o.id]))).toString('base64url')}`;
+/**
+ * One id for an operation run on several nodes: `c.` and, encoded, each node's operation id, and
+ * the nodes that refused to start it with their errors (so that any gateway, asked later, says so).
+ */
+interface Parts { ops: { node: string; id: string }[]; refused: { node: string; error: Record<string, unknown> }[] }
 
-function parts(id: string): { node: string; id: string }[] {
+const composite = (p: Parts): string => `c.${Buffer.from(JSON.stringify([p.ops.map((o) => [o.node, o.id]), p.refused])).toString('base64url')}`;
+
+function parts(id: string): Parts {
   try {
     if (!id.startsWith('c.')) throw new Error('not composite');
-    return (JSON.parse(Buffer.from(id.slice(2), 'base64url').toString()) as [string, string][]).map(([node, i]) => ({ node, id: i }));
+    const [ops, refused] = JSON.parse(Buffer.from(id.slice(2), 'base64url').toString()) as [[string, string][], Parts['refused']];
+    return { ops: ops.map(([node, i]) => ({ node, id: i })), refused: refused ?? [] };
   } catch {
     throw new SnaplabError('OPERATION_NOT_FOUND', `no operation ${id} in the cluster`, 'operation ids a gateway gives start with c.');
   }
+}
+
+/** Some nodes refused: the first refusal as the error (its status), with what the others did. */
+function partial(res: ServerResponse, refused: Parts['refused'], done: Record<string, unknown>): void {
+  const e = refused[0]!;
+  sendJson(res, statusOf((e.error.code as SnaplabError['code']) ?? 'INTERNAL'), { ...e.error, message: `node ${e.node} refused it: ${String(e.error.message)}`, refused, ...done });
+}
+
+/** Run a call on each node; what each answered, and which refused (with their errors). */
+async function onNodes<T>(nodes: NodeInfo[], call: (n: NodeInfo) => Promise<T>): Promise<{ done: { node: string; value: T }[]; refused: Parts['refused'] }> {
+  const each = await Promise.allSettled(nodes.map(async (n) => ({ node: n.name, value: await call(n) })));
+  return {
+    done: each.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : [])),
+    refused: each.flatMap((r, i) => (r.status === 'rejected' ? [{ node: nodes[i]!.name, error: errorBody(asSnaplab(r.reason)) }] : [])),
+  };
 }
 
 export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
@@ -48,13 +70,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
   };
   /** Start an operation on each node; one composite operation back. */
   const onEach = async (res: ServerResponse, c: Caller, nodes: NodeInfo[], method: string, path: string, body: unknown): Promise<void> => {
-    const each = await Promise.allSettled(nodes.map(async (n) => ({ node: n.name, id: (await ask<{ id: string }>(n.url, n.name, g.token, c, method, path, body)).value.id })));
-    const ops = each.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
-    const refused = each.flatMap((r, i) => (r.status === 'rejected' ? [{ node: nodes[i]!.name, error: errorBody(asSnaplab(r.reason)) }] : []));
+    const { done, refused } = await onNodes(nodes, async (n) => (await ask<{ id: string }>(n.url, n.name, g.token, c, method, path, body)).value.id);
     // refused everywhere: the first node's error, as a single daemon would give it
-    if (!ops.length) throw (each[0] as PromiseRejectedResult).reason;
-    // started on some: their operation, and which nodes refused and why (the client may retry those)
-    sendJson(res, 202, { id: composite(ops), kind: `${method} ${path}`, state: 'running', progress: [], result: null, error: null, nodes: ops.map((o) => o.node), refused });
+    if (!done.length) throw Object.assign(new SnaplabError((refused[0]!.error.code as SnaplabError['code']) ?? 'INTERNAL', String(refused[0]!.error.message), refused[0]!.error.hint as string | undefined));
+    // started on some: one operation, which fails at its end if any node refused (the error names it)
+    const ops = done.map((d) => ({ node: d.node, id: d.value }));
+    sendJson(res, 202, { id: composite({ ops, refused }), kind: `${method} ${path}`, state: 'running', progress: [], result: null, error: null, nodes: ops.map((o) => o.node), refused });
   };
   /** Where a named thing lives: the nodes whose answer for `path` is not a 404. */
   const holders = async (c: Caller, path: string): Promise<NodeInfo[]> =>
@@ -108,8 +129,7 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       const r = g.view.resolve(dec(m[1]!));
       // a lost sandbox's record is all there is of it here: removing it is the delete (its node,
       // if it comes back, still destroys it: the record stays as a tombstone for a day)
-      if (r?.entry?.state === 'lost' && g.owns(c, r.entry)) {
-        await g.store.forget(r.entry);
+      if (r?.entry?.state === 'lost' && g.owns(c, r.entry) && (await g.store.forget(r.entry))) {
         res.writeHead(204).end();
         return;
       }
@@ -158,8 +178,11 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
     ['DELETE', /^\/pools\/([^/]+)$/, 'admin', async (_q, res, m, c) => {
       const nodes = await holders(c, `/pools/${m[1]}`);
       if (!nodes.length) throw new SnaplabError('POOL_NOT_FOUND', `no pool named ${dec(m[1]!)} on any node`, 'list them with GET /pools');
-      const removed = await Promise.all(nodes.map(async (n) => (await ask<{ removed: number }>(n.url, n.name, g.token, c, 'DELETE', `/pools/${m[1]}`)).value.removed));
-      sendJson(res, 200, { removed: removed.reduce((a, b) => a + b, 0) });
+      // removing many standbys takes a while: no deadline but the node's own
+      const { done, refused } = await onNodes(nodes, async (n) => (await ask<{ removed: number }>(n.url, n.name, g.token, c, 'DELETE', `/pools/${m[1]}`, undefined, 0)).value.removed);
+      const removed = done.reduce((a, d) => a + d.value, 0);
+      if (refused.length) return partial(res, refused, { removed, nodes: done.map((d) => d.node) });
+      sendJson(res, 200, { removed, nodes: done.map((d) => d.node) });
     }],
     ['POST', /^\/pools\/([^/]+)\/run$/, 'exec', async (req, res, m, c) => {
       const body = await readJson(req);
@@ -167,7 +190,9 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       for (;;) {
         const node = await g.placeRun(dec(m[1]!), tried);
         try {
-          const r = await ask<Record<string, unknown>>(g.node(node).url, node, g.token, c, 'POST', `/pools/${m[1]}/run`, body);
+          // as long as the command may run (its own deadline, or the daemon's 60 s default), and a margin
+          const ms = typeof body.timeoutMs === 'number' ? body.timeoutMs : 60_000;
+          const r = await ask<Record<string, unknown>>(g.node(node).url, node, g.token, c, 'POST', `/pools/${m[1]}/run`, body, ms > 0 ? ms + 30_000 : 0);
           return sendJson(res, 200, { ...r.value, node });
         } catch (e) {
           if (!(e as { connect?: boolean }).connect || tried.size) throw e;
@@ -183,18 +208,21 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       sendJson(res, 200, { now: Date.now(), next: null, takes: each.flatMap((a) => a.value.takes), nodes: each.map((a) => ({ node: a.node, next: a.value.next })) });
     }],
 
-    ['GET', /^\/operations$/, 'read', async (_q, res, _m, c) => sendJson(res, 200, (await g.askAll<Record<string, unknown>[]>(c, '/operations')).flatMap((a) => a.value.map((o) => ({ ...o, id: composite([{ node: a.node, id: o.id as string }]) }))))],
+    ['GET', /^\/operations$/, 'read', async (_q, res, _m, c) => sendJson(res, 200, (await g.askAll<Record<string, unknown>[]>(c, '/operations')).flatMap((a) => a.value.map((o) => ({ ...o, id: composite({ ops: [{ node: a.node, id: o.id as string }], refused: [] }) }))))],
     ['GET', /^\/operations\/([^/]+)$/, 'read', async (req, res, m, c) => {
       const wait = Math.min(600, Math.max(0, Number(new URL(req.url!, 'http://x').searchParams.get('wait')) || 0));
       // every node's part waited on at once: the answer comes when all have ended, or at the wait
-      const views: Record<string, unknown>[] = await Promise.all(parts(dec(m[1]!)).map(async (p) => {
+      const { ops, refused } = parts(dec(m[1]!));
+      const views: Record<string, unknown>[] = await Promise.all(ops.map(async (p) => {
         const n = g.node(p.node);
         return { ...(await ask<Record<string, unknown>>(n.url, n.name, g.token, c, 'GET', `/operations/${enc(p.id)}${wait ? `?wait=${wait}` : ''}`, undefined, wait * 1000 + 15_000)).value, node: p.node };
       }));
-      const failed = views.find((v) => v.state === 'failed');
       const running = views.some((v) => v.state === 'running');
+      const failedView = views.find((v) => v.state === 'failed');
+      const failed = failedView ? { ...(failedView.error as Record<string, unknown>), node: failedView.node }
+        : !running && refused.length ? { ...refused[0]!.error, message: `node ${refused[0]!.node} refused it: ${String(refused[0]!.error.message)}`, node: refused[0]!.node } : undefined;
       sendJson(res, 200, {
-        id: dec(m[1]!), state: failed ? 'failed' : running ? 'running' : 'done', error: failed?.error ?? null,
+        id: dec(m[1]!), state: running ? 'running' : failed ? 'failed' : 'done', error: failed ?? null, refused,
         result: running || failed ? null : views[0]!.result, progress: views.flatMap((v) => (v.progress as string[]).map((l) => `${v.node}: ${l}`)), nodes: views,
       });
     }],
@@ -218,8 +246,9 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       const q = query(req);
       const nodes = [...g.view.nodes.values()].filter((n) => n.images.includes(dec(m[1]!)));
       if (!nodes.length) throw new SnaplabError('IMAGE_NOT_FOUND', `no image named ${dec(m[1]!)} on any node`, 'list them with GET /images');
-      const each = await Promise.all(nodes.map(async (n) => ({ node: n.name, ...(await ask<Record<string, unknown>>(n.url, n.name, g.token, c, 'DELETE', `/images/${m[1]}${q}`)).value })));
-      sendJson(res, 200, { nodes: each });
+      const { done, refused } = await onNodes(nodes, async (n) => (await ask<Record<string, unknown>>(n.url, n.name, g.token, c, 'DELETE', `/images/${m[1]}${q}`, undefined, 0)).value);
+      if (refused.length) return partial(res, refused, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
+      sendJson(res, 200, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
     }],
 
     ['GET', /^\/scenarios$/, 'read', async (_q, res, _m, c) => sendJson(res, 200, (await g.askAll<Record<string, unknown>[]>(c, '/scenarios')).flatMap((a) => a.value.map((v) => ({ ...v, node: a.node }))))],
@@ -230,7 +259,7 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       delete body.placement;
       const n = await g.place({ labels: p?.labels });
       const op = (await ask<{ id: string }>(n.url, n.name, g.token, c, 'POST', '/scenarios', body)).value;
-      sendJson(res, 202, { ...op, id: composite([{ node: n.name, id: op.id }]), node: n.name });
+      sendJson(res, 202, { ...op, id: composite({ ops: [{ node: n.name, id: op.id }], refused: [] }), node: n.name });
     }],
     ['*', /^\/scenarios\/([^/]+)(\/(snapshot|reset|net))?$/, 'admin', async (req, res, m, c) => {
       const n = await firstHolder(c, `/scenarios/${m[1]}`, new SnaplabError('SCENARIO_NOT_FOUND', `no scenario named ${dec(m[1]!)} on any node`, 'list them with GET /scenarios'));

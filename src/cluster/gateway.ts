@@ -25,7 +25,7 @@ import { clusterRoutes } from './gateway-routes.js';
 import { ask, asSnaplab, errorBody, forward, forwardUpgrade, sendError, sendJson } from './proxy.js';
 import { statusOf } from '../server/http-errors.js';
 import { relayRpc } from './rpc-relay.js';
-import { ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
+import { ClusterStore, type Claim, type NodeInfo, type SandboxEntry } from './store.js';
 import { bestOfK, eligible, score, type PlacementRequest } from './placement.js';
 import { ClusterView } from './view.js';
 import { clusterEvents } from './events.js';
@@ -198,6 +198,12 @@ export class Gateway {
       }
       const found = eligible([...this.view.nodes.values()].filter((n) => have.has(n.name)), { ...req, pool: undefined, snapshot: undefined, image: undefined }, this.view.drained);
       if (Array.isArray(found)) ok = found;
+      // what a single daemon says of a thing it does not have, when no node has it
+      else if (!have.size) {
+        if (req.pool !== undefined) throw new SnaplabError('POOL_NOT_FOUND', `no pool named ${JSON.stringify(req.pool)} on any node`, 'define one: POST /pools');
+        if (req.snapshot !== undefined) throw new SnaplabError('SNAPSHOT_NOT_FOUND', `no snapshot named ${JSON.stringify(req.snapshot)} on any node`, 'list them with GET /snapshots');
+        throw new SnaplabError('IMAGE_NOT_FOUND', `no node has image ${JSON.stringify(req.image)}`, 'import or build it on the nodes: POST /images/import, /images/build');
+      }
     }
     if (!Array.isArray(ok)) throw new SnaplabError('NODE_UNAVAILABLE', `no node can take this sandbox: ${ok.reason}`, 'see `snaplab cluster nodes` (labels, pools, snapshots, drains)');
     const load = this.view.load();
@@ -231,51 +237,56 @@ export class Gateway {
     const image = pool || snapshot ? undefined : typeof body.image === 'string' ? body.image : 'busybox';
     const request: PlacementRequest = { pool, snapshot, image, labels: placement?.labels };
     const given = pool === undefined && typeof body.name === 'string' ? body.name : undefined;
-    // a pool standby keeps its own name; any other create's name is taken cluster-wide first
-    const claim = async (node: string): Promise<string | undefined> => {
-      for (;;) {
-        const name = pool !== undefined ? undefined : given ?? defaultName(newId());
-        if (await this.store.claimCreate(id, node, clusterOwner(caller.key), name, CLAIM_TTL_S)) return name;
-        if (given) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${given} exists in the cluster`, 'pick another name, or remove that one');
-      }
-    };
+    const owner = clusterOwner(caller.key);
     const id = newId();
     let node = (await this.place(request)).name;
-    let name = await claim(node);
-    // a key's quota holds cluster-wide: the creates claimed before this one (the store orders
-    // them, whichever gateway made them) and the key's sandboxes, against its limit
+    // a pool standby keeps its own name; any other create's name is taken cluster-wide first
+    let c: Claim | null = null;
+    while (!c) {
+      c = await this.store.claimCreate(id, node, owner, pool !== undefined ? undefined : given ?? defaultName(newId()), CLAIM_TTL_S);
+      if (!c && given) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${given} exists in the cluster`, 'pick another name, or remove that one');
+    }
+    const claim = c;
+    if (claim.name) body.name = claim.name;
+    // a key's quota holds cluster-wide: its sandboxes and the creates claimed before this one
     if (caller.maxSandboxes !== null) {
-      const owner = clusterOwner(caller.key);
-      const have = this.view.owned(owner, true) + (await this.store.createsBefore(id, owner));
-      if (have >= caller.maxSandboxes) {
-        await this.store.endCreate(id, name, node, false);
-        throw new QuotaError('maxSandboxes', `key ${caller.key} has ${have} of its ${caller.maxSandboxes} sandboxes in the cluster`, 5);
+      const q = await this.store.withinQuota(claim, caller.maxSandboxes);
+      if (!q.ok) {
+        await this.store.endCreate(claim, 'refused');
+        throw new QuotaError('maxSandboxes', `key ${caller.key} has ${q.have} of its ${caller.maxSandboxes} sandboxes in the cluster`, 5);
       }
     }
     for (let attempt = 0; ; attempt++) {
-      if (name) body.name = name;
-      let answered = false;
+      let made = false;
       try {
-        const r = await ask<Record<string, unknown>>(this.node(node).url, node, this.token, caller, 'POST', '/sandboxes', body, CREATE_TIMEOUT_MS);
-        answered = true;
+        // a node gone since it was placed is one the create never reached
+        const url = this.view.live(node)?.url;
+        if (!url) throw Object.assign(new SnaplabError('NODE_UNAVAILABLE', `node ${node} left the cluster`, 'see `snaplab cluster nodes`'), { connect: true });
+        const r = await ask<Record<string, unknown>>(url, node, this.token, caller, 'POST', '/sandboxes', body, CREATE_TIMEOUT_MS);
+        made = true;
         await this.record(r.value, node, caller);
-        await this.store.endCreate(id, name, node, true).catch(() => undefined);
+        await this.store.endCreate(claim, 'made').catch(() => undefined);
         return sendJson(res, r.status, { ...r.value, node });
       } catch (e) {
-        answered ||= (e as { status?: number }).status !== undefined;
-        // refused at connect: it never reached the node, which made nothing; placed once more, elsewhere
-        if ((e as { connect?: boolean }).connect === true && attempt === 0) {
+        // refused at connect: it never reached the node, which made nothing; placed once more,
+        // elsewhere, the claim (its name and its place in the quota's order) moved with it
+        if (!made && (e as { connect?: boolean }).connect === true && attempt === 0) {
           const from = node;
-          await this.store.endCreate(id, name, from, false);
-          node = (await this.place({ ...request, exclude: new Set([from]) })).name;
-          name = await claim(node);
-          await this.note('create.retried', { from, to: node, name: name ?? null, reason: (e as Error).message });
-          this.log({ msg: 'create retried on another node', from, to: node, error: (e as Error).message });
-          continue;
+          const next = await this.place({ ...request, exclude: new Set([from]) }).catch(async (err: unknown) => {
+            await this.store.endCreate(claim, 'refused').catch(() => undefined);
+            throw err;
+          });
+          if (await this.store.moveCreate(claim, next.name)) {
+            node = next.name;
+            await this.note('create.retried', { from, to: node, name: claim.name ?? null, reason: (e as Error).message });
+            this.log({ msg: 'create retried on another node', from, to: node, error: (e as Error).message });
+            continue;
+          }
         }
-        // the node said no: nothing was made, the name is free again. Gone during it: the node
-        // may have made it; the name's claim lapses by itself unless the node writes it
-        await this.store.endCreate(id, name, node, !answered).catch(() => undefined);
+        // the node said no: nothing was made, the claim and name go. Made, or gone during it:
+        // they stay on their lease (the node's own entries take over if it made the sandbox)
+        const answered = (e as { status?: number }).status !== undefined;
+        await this.store.endCreate(claim, made ? 'made' : answered || (e as { connect?: boolean }).connect ? 'refused' : 'unknown').catch(() => undefined);
         throw e;
       }
     }
@@ -338,9 +349,11 @@ export class Gateway {
       }
       const m = /^\/sandboxes\/([^/]+)\/(exec|processes\/[^/]+\/attach)$/.exec(path);
       if (!m) throw new SnaplabError('BAD_INPUT', `no WebSocket route ${path}`, 'see docs/api.md');
+      const untrack = this.track(caller, () => socket.destroy());
+      socket.once('close', untrack);
       void this.nodeOf(decodeURIComponent(m[1]!), caller).then((node) => {
-        const untrack = this.track(caller, () => socket.destroy());
-        socket.once('close', untrack);
+        // its key removed while its node was looked up: refused as if it had come a moment later
+        if (!this.stillValid(caller)) throw new SnaplabError('UNAUTHORIZED', 'the API key is not known (any more)', 'make a new one with `snaplab key create NAME --cluster …`');
         forwardUpgrade(req, socket, head, this.node(node).url, node, this.token, caller);
       }).catch(refuse);
     } catch (e) {

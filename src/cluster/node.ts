@@ -13,10 +13,13 @@ import { metaOf } from '../lab/meta.js';
 import type { EventRecord, SandboxRecord } from '../store/records.js';
 import type { Daemon } from '../server/daemon.js';
 import { VERSION } from '../version.js';
-import { unavailable, type ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
+import { HELD_STATES, unavailable, type ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
 
-/** how often a node compares every entry naming it with what it holds */
-const SWEEP_MS = 30_000;
+/**
+ * How often a node compares every entry naming it with what it holds: a safety net (entries are
+ * removed as sandboxes go), and a read of every sandbox entry, so not often.
+ */
+const SWEEP_MS = 300_000;
 
 export interface NodeOptions {
   cluster: string;
@@ -95,14 +98,22 @@ export class ClusterNode {
       this.lease = undefined;
       void this.rejoin();
     });
-    await lease.grant().catch((e: unknown) => { throw unavailable(e, 'granting the node lease'); });
+    // the lease is the node's only once all of this is done: a failure on the way revokes it, and
+    // the next attempt (rejoin) does it all again, lost sandboxes included
+    let joined = false;
+    try {
+      await lease.grant().catch((e: unknown) => { throw unavailable(e, 'granting the node lease'); });
+      await lease.put(key).value(JSON.stringify(await this.info()));
+      await this.store.client.delete().key(this.store.key('left', this.name));
+      await this.collectLost();
+      // what the cluster says is here: entries of sandboxes gone meanwhile are removed by the sync
+      this.published = new Map((await this.store.sandboxes()).filter((e) => e.node === this.name && HELD_STATES.has(e.state)).map((e) => [e.id, JSON.stringify(e)]));
+      await this.sync();
+      joined = true;
+    } finally {
+      if (!joined) await lease.revoke().catch(() => undefined);
+    }
     this.lease = lease;
-    await lease.put(key).value(JSON.stringify(await this.info()));
-    await this.store.client.delete().key(this.store.key('left', this.name));
-    await this.collectLost();
-    // what the cluster says is here: entries of sandboxes gone meanwhile are removed by the sync
-    this.published = new Map((await this.store.sandboxes()).filter((e) => e.node === this.name && e.state !== 'lost').map((e) => [e.id, JSON.stringify(e)]));
-    await this.sync();
     this.daemon.log({ msg: 'joined the cluster', node: this.name, url: this.opts.url, hosts: this.store.address.hosts });
   }
 
@@ -223,11 +234,13 @@ export class ClusterNode {
       const e = await this.store.sandbox(id);
       if (e && e.node === this.name && e.state !== 'lost' && e.state !== 'forgotten') await this.store.deleteSandbox({ id, name: e.name || name, node: this.name });
     }
-    // and every 30 s, every entry that says it is here and is not (whatever left it)
+    // and every 5 minutes, every entry that says it is here and is not (whatever left it)
     if (Date.now() - this.lastSweep >= SWEEP_MS) {
       this.lastSweep = Date.now();
       for (const e of await this.store.sandboxes()) {
-        if (e.node !== this.name || now.has(e.id) || e.state === 'lost' || e.state === 'forgotten') continue;
+        if (e.node !== this.name || now.has(e.id) || !HELD_STATES.has(e.state)) continue;
+        // asked of the store again: a create that ended since `now` was read has its entry already
+        if (ctx.store.getSandbox(e.id)) continue;
         await this.store.deleteSandbox(e);
         this.published.delete(e.id);
       }

@@ -4,7 +4,7 @@
  * WebSocket upgrades are joined byte for byte once the node has switched protocols, so an exec
  * stream or a terminal has the node's flow control end to end and nothing is buffered here.
  */
-import { request, type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from 'node:http';
+import { request, type ClientRequest, type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import { CALLER_HEADER, type Caller } from '../server/keys.js';
@@ -77,11 +77,24 @@ export function nodeUnavailable(node: string, e: Error, during = 'the request'):
   return new SnaplabError('NODE_UNAVAILABLE', `node ${node} did not answer ${during}: ${e.message}`, 'it may be restarting or gone; `snaplab cluster nodes` shows the nodes that are up', { cause: e });
 }
 
+/** how long a connection to a node may take to open before the node counts as not answering */
+export const CONNECT_TIMEOUT_MS = 10_000;
+
+/** A request that gives up on a node that does not accept the connection in time (a partition). */
+function connectDeadline(up: ClientRequest): void {
+  up.once('socket', (s) => {
+    if (!s.connecting) return;
+    const t = setTimeout(() => up.destroy(Object.assign(new Error(`no connection within ${CONNECT_TIMEOUT_MS / 1000} s`), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
+    s.once('connect', () => clearTimeout(t));
+    s.once('close', () => clearTimeout(t));
+  });
+}
+
 /** how long the gateway waits for a node's JSON answer (a create has its own, longer bound) */
 export const ASK_TIMEOUT_MS = 15_000;
 
 /** A connection that never reached the node: nothing was started there. */
-export const neverConnected = (e: unknown): boolean => ['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ECONNRESET_BEFORE'].includes((e as NodeJS.ErrnoException)?.code ?? '');
+export const neverConnected = (e: unknown): boolean => ['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT'].includes((e as NodeJS.ErrnoException)?.code ?? '');
 
 /** Pass a request on to `base` (the node's URL) and its answer back, both streamed. */
 export function forward(req: IncomingMessage, res: ServerResponse, base: string, node: string, token: string, caller: Caller, body?: Buffer): void {
@@ -94,6 +107,7 @@ export function forward(req: IncomingMessage, res: ServerResponse, base: string,
     r.pipe(res);
     r.once('error', () => res.destroy());
   });
+  connectDeadline(up);
   up.once('error', (e) => (res.headersSent ? res.destroy() : sendError(res, nodeUnavailable(node, e))));
   // a client that goes away takes the request with it (the node kills a one-shot exec then)
   res.once('close', () => { if (!res.writableFinished) up.destroy(); });
@@ -107,7 +121,7 @@ export async function ask<T>(base: string, node: string, token: string, caller: 
     const text = body === undefined ? undefined : JSON.stringify(body);
     const headers: Record<string, string> = { authorization: `Bearer ${token}`, [CALLER_HEADER]: callerHeader(caller), ...(text ? { 'content-type': 'application/json' } : {}) };
     // a node partitioned away must not hold a request (or a whole fan-out) for TCP's minutes
-    const up = request(new URL(path, base), { method, headers, signal: AbortSignal.timeout(timeoutMs) }, (r) => {
+    const up = request(new URL(path, base), { method, headers, ...(timeoutMs > 0 ? { signal: AbortSignal.timeout(timeoutMs) } : {}) }, (r) => {
       const parts: Buffer[] = [];
       r.on('data', (b: Buffer) => parts.push(b));
       r.once('error', (e) => reject(nodeUnavailable(node, e)));
@@ -129,6 +143,7 @@ export async function ask<T>(base: string, node: string, token: string, caller: 
         resolve({ status: r.statusCode ?? 200, value: value as T, headers: r.headers });
       });
     });
+    connectDeadline(up);
     up.once('error', (e) => reject(Object.assign(nodeUnavailable(node, e), { connect: neverConnected(e) })));
     up.end(text);
   });
@@ -142,6 +157,7 @@ export function forwardUpgrade(req: IncomingMessage, socket: Duplex, head: Buffe
     if (!socket.writable) return void socket.destroy();
     socket.end(`HTTP/1.1 ${status} ${status === 503 ? 'Service Unavailable' : 'Error'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
   };
+  connectDeadline(up);
   // the client gone before the node switched: the node's side goes too
   socket.once('close', () => up.destroy());
   up.once('upgrade', (r, upSocket, upHead) => {

@@ -9,7 +9,7 @@ import WebSocket, { type RawData } from 'ws';
 import { SnaplabError } from '../errors.js';
 import type { Caller } from '../server/keys.js';
 import { CALLER_HEADER } from '../server/keys.js';
-import { asSnaplab, callerHeader, neverConnected } from './proxy.js';
+import { asSnaplab, callerHeader, CONNECT_TIMEOUT_MS, neverConnected } from './proxy.js';
 import type { Gateway } from './gateway.js';
 
 interface Upstream {
@@ -37,7 +37,7 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
     const u: Upstream = { pending: new Map(), ws: undefined as unknown as Promise<WebSocket> };
     ups.set(node, u);
     u.ws = new Promise((resolve, reject) => {
-      const ws = new WebSocket(`${info.url.replace(/^http/, 'ws')}/rpc`, { headers: { authorization: `Bearer ${g.token}`, [CALLER_HEADER]: callerHeader(caller) }, maxPayload: 64 << 20 });
+      const ws = new WebSocket(`${info.url.replace(/^http/, 'ws')}/rpc`, { headers: { authorization: `Bearer ${g.token}`, [CALLER_HEADER]: callerHeader(caller) }, maxPayload: 64 << 20, handshakeTimeout: CONNECT_TIMEOUT_MS });
       ws.once('open', () => resolve(ws));
       ws.on('error', (e) => {
         if (ups.get(node) === u) ups.delete(node);
@@ -60,7 +60,7 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
         if (ups.get(node) === u) ups.delete(node);
         for (const [id, p] of u.pending) {
           if (p.pool) g.runDone(node, p.pool);
-          fail(JSON.parse(id), new SnaplabError('NODE_UNAVAILABLE', `node ${node} closed the connection before the answer`, 'its command was killed with it; try again'));
+          fail(JSON.parse(id) as unknown, new SnaplabError('NODE_UNAVAILABLE', `node ${node} closed the connection before the answer`, 'its command was killed with it; try again'));
         }
         u.pending.clear();
       });
@@ -90,6 +90,8 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
       const v = JSON.parse(text) as unknown;
       if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SyntaxError('not an object');
       call = v as typeof call;
+      // the id names its answer: a call without one could never be answered (nor its node's answer matched)
+      if (typeof call.id !== 'string' && typeof call.id !== 'number') throw new SyntaxError('no id (a string or a number)');
     } catch (e) {
       return fail(null, new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames'));
     }

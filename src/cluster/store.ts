@@ -13,7 +13,7 @@
  *   <prefix>token             the secret gateways send nodes (made by the first member to need it)
  */
 import { randomBytes } from 'node:crypto';
-import type { Etcd3, IOptions, Lease, Watcher } from 'etcd3';
+import type { Etcd3, IOperation, IOptions, Lease, Watcher } from 'etcd3';
 import { SnaplabError } from '../errors.js';
 import type { ApiKeyRecord } from '../store/records.js';
 
@@ -59,6 +59,18 @@ export interface NameEntry {
   owner?: string | null;
   at: number;
 }
+
+/** A create this gateway has claimed: where, for whom, under which name and lease. */
+export interface Claim {
+  id: string;
+  node: string;
+  owner: string | null;
+  name: string | undefined;
+  leaseId: string;
+}
+
+/** states of a sandbox its node still holds (a lost or forgotten one is not counted) */
+export const HELD_STATES: ReadonlySet<string> = new Set(['creating', 'running', 'paused', 'dead']);
 
 /** A create in flight (`creates/<id>`): counted in placement's load and the key's quota. */
 export interface CreateClaim {
@@ -162,47 +174,71 @@ export class ClusterStore {
 
   /**
    * A create placed on `node`, recorded before it starts (`creates/<id>`, and `names/<name>` when
-   * it has one: false if the name is taken). Both are on a lease of their own that outlasts any
-   * create, so a gateway that dies mid-create leaves nothing behind for long; the node's own
-   * entries, written without a lease, take over once it has made the sandbox.
+   * it has one). Both are on a lease of their own that outlasts any create, so a gateway that dies
+   * mid-create leaves nothing behind for long; the node's own entries, written without a lease,
+   * take over once it has made the sandbox. Null if the name is taken.
    */
-  async claimCreate(id: string, node: string, owner: string | null, name: string | undefined, ttlS: number): Promise<boolean> {
+  async claimCreate(id: string, node: string, owner: string | null, name: string | undefined, ttlS: number): Promise<Claim | null> {
     const lease = this.client.lease(ttlS, { autoKeepAlive: false });
     const leaseId = await lease.grant();
     lease.release();
-    const claim = JSON.stringify({ node, owner, name: name ?? null, at: Date.now() } satisfies CreateClaim);
-    if (name === undefined) {
-      await this.client.put(this.key('creates', id)).value(claim).lease(leaseId);
-      return true;
-    }
-    const k = this.key('names', name);
-    const r = await this.client.if(k, 'Create', '==', 0)
-      .then(this.client.put(k).value(JSON.stringify({ node, id: null, owner, at: Date.now() } satisfies NameEntry)).lease(leaseId), this.client.put(this.key('creates', id)).value(claim).lease(leaseId))
-      .commit();
+    const claim: Claim = { id, node, owner, name, leaseId };
+    const ops = this.claimOps(claim);
+    // a new id is never taken; a name may be
+    const r = await this.client.if(this.key(...(name === undefined ? ['creates', id] : ['names', name])), 'Create', '==', 0).then(...ops).commit();
+    if (!r.succeeded) await this.client.leaseClient.leaseRevoke({ ID: leaseId }).catch(() => undefined);
+    return r.succeeded ? claim : null;
+  }
+
+  private claimOps(c: Claim): IOperation[] {
+    const at = Date.now();
+    return [
+      this.client.put(this.key('creates', c.id)).value(JSON.stringify({ node: c.node, owner: c.owner, name: c.name ?? null, at } satisfies CreateClaim)).lease(c.leaseId),
+      ...(c.name === undefined ? [] : [this.client.put(this.key('names', c.name)).value(JSON.stringify({ node: c.node, id: null, owner: c.owner, at } satisfies NameEntry)).lease(c.leaseId)]),
+    ];
+  }
+
+  /**
+   * A create that never reached its node, placed on another: the claim and its name move in one
+   * transaction, keeping their place in the store's order (a key rewritten keeps its creation
+   * revision) and the name. False if the claim is gone (its lease lapsed).
+   */
+  async moveCreate(c: Claim, to: string): Promise<boolean> {
+    const moved = { ...c, node: to };
+    const r = await this.client.if(this.key('creates', c.id), 'Create', '>', 0).then(...this.claimOps(moved)).commit();
+    if (r.succeeded) c.node = to;
     return r.succeeded;
   }
 
-  /** How many creates of `owner` were claimed before create `id` (by the store's revision order). */
-  async createsBefore(id: string, owner: string): Promise<number> {
-    const all = await this.client.getAll().prefix(this.key('creates', '')).exec();
-    const mine = all.kvs.find((kv) => kv.key.toString() === this.key('creates', id));
-    if (!mine) return 0;
-    return all.kvs.filter((kv) => BigInt(kv.create_revision) < BigInt(mine.create_revision) && (JSON.parse(kv.value.toString()) as CreateClaim).owner === owner).length;
+  /**
+   * Is create `c` within `max` sandboxes of its owner? The owner's sandboxes and the creates
+   * claimed before this one (the store's revision order, whichever gateway made them), read at
+   * one revision.
+   */
+  async withinQuota(c: Claim, max: number): Promise<{ ok: boolean; have: number }> {
+    const r = await this.client.if(this.key('creates', c.id), 'Create', '>', 0)
+      .then(this.client.getAll().prefix(this.key('creates', '')), this.client.getAll().prefix(this.key('sandboxes', '')))
+      .commit();
+    const [creates, boxes] = r.responses.map((x) => x.response_range?.kvs ?? []);
+    const mine = creates!.find((kv) => kv.key.toString() === this.key('creates', c.id));
+    if (!mine) return { ok: false, have: max };
+    let have = creates!.filter((kv) => BigInt(kv.create_revision) < BigInt(mine.create_revision) && (JSON.parse(kv.value.toString()) as CreateClaim).owner === c.owner).length;
+    for (const kv of boxes!) {
+      const e = JSON.parse(kv.value.toString()) as SandboxEntry;
+      if (e.owner === c.owner && HELD_STATES.has(e.state)) have++;
+    }
+    return { ok: have < max, have };
   }
 
-  /** The create is over: its claim goes (and its name, unless `keepName`: the node may have made it). */
-  async endCreate(id: string, name: string | undefined, node: string, keepName: boolean): Promise<void> {
-    await this.client.delete().key(this.key('creates', id));
-    if (name && !keepName) await this.moveName(name, node, null);
-  }
-
-  /** A create placed on `node` that did not start there: the name moves (or is given back). */
-  async moveName(name: string, from: string, to: string | null): Promise<void> {
-    const k = this.key('names', name);
-    const cur = await this.name(name);
-    if (!cur || cur.node !== from || cur.id) return;
-    if (to === null) await this.client.delete().key(k);
-    else await this.client.put(k).value(JSON.stringify({ ...cur, node: to, at: Date.now() }));
+  /**
+   * The create is over. Refused by its node, or made and recorded: the lease is revoked (the
+   * claim goes, and the name too unless an entry, written without a lease, holds it now). Its
+   * outcome unknown (the node went mid-create): they stay on their lease, which lapses unless the
+   * node wrote its own entries meanwhile.
+   */
+  async endCreate(c: Claim, outcome: 'refused' | 'made' | 'unknown'): Promise<void> {
+    // made: the entry is written (by the gateway or the node, without a lease), the claim may go
+    if (outcome !== 'unknown') await this.client.leaseClient.leaseRevoke({ ID: c.leaseId });
   }
 
   /** Write what a node holds: the entries given, and the names with them. */
@@ -210,20 +246,23 @@ export class ClusterStore {
     const nk = this.key('names', e.name);
     const name = JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry);
     await this.client.stm({ retries: 3 }).transact(async (tx) => {
-      tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
+      await tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
       // the name only if it is free, this sandbox's, or claimed for its create on this node:
       // never over another sandbox's (one reused after a lost record was removed)
       const cur = json<NameEntry>(await tx.get(nk).string());
-      if (!cur || cur.id === e.id || (cur.id === null && cur.node === e.node)) tx.put(nk).value(name);
+      if (!cur || cur.id === e.id || (cur.id === null && cur.node === e.node)) await tx.put(nk).value(name);
     });
   }
 
-  /** The same, unless the node wrote the sandbox's entry first. */
+  /** The same, unless the node wrote the sandbox's entry first; the name only where putSandbox would. */
   async putSandboxIfAbsent(e: SandboxEntry): Promise<void> {
-    const k = this.key('sandboxes', e.id);
-    await this.client.if(k, 'Create', '==', 0)
-      .then(this.client.put(k).value(JSON.stringify(e)), this.client.put(this.key('names', e.name)).value(JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry)))
-      .commit();
+    const nk = this.key('names', e.name);
+    await this.client.stm({ retries: 3 }).transact(async (tx) => {
+      if (await tx.get(this.key('sandboxes', e.id)).string()) return;
+      await tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
+      const cur = json<NameEntry>(await tx.get(nk).string());
+      if (!cur || cur.id === e.id || (cur.id === null && cur.node === e.node)) await tx.put(nk).value(JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry));
+    });
   }
 
   async deleteSandbox(e: Pick<SandboxEntry, 'id' | 'name' | 'node'>): Promise<void> {
@@ -238,23 +277,26 @@ export class ClusterStore {
    * A lost sandbox's record removed by its owner: its name is free again, and the entry stays as
    * a `forgotten` tombstone on a day's lease, so that its node, if it comes back, destroys it.
    */
-  async forget(e: SandboxEntry): Promise<void> {
+  async forget(e: SandboxEntry): Promise<boolean> {
     const lease = this.client.lease(TOMBSTONE_TTL_S, { autoKeepAlive: false });
     const id = await lease.grant();
     lease.release();
     const k = this.key('sandboxes', e.id);
-    await this.client.if(k, 'Value', '==', JSON.stringify(e))
+    const r = await this.client.if(k, 'Value', '==', JSON.stringify(e))
       .then(this.client.put(k).value(JSON.stringify({ ...e, state: 'forgotten' })).lease(id))
       .commit();
+    // changed meanwhile (its node came back and wrote it again): not ours to forget
+    if (!r.succeeded) return false;
     const cur = await this.name(e.name);
     if (cur?.id === e.id) await this.client.delete().key(this.key('names', e.name));
+    return true;
   }
 
   /** Mark a lapsed node's sandboxes lost (idempotent: several gateways may do it at once). */
   async markLost(node: string, reason: string): Promise<SandboxEntry[]> {
     const marked: SandboxEntry[] = [];
     for (const e of await this.sandboxes()) {
-      if (e.node !== node || e.state === 'lost') continue;
+      if (e.node !== node || !HELD_STATES.has(e.state)) continue;
       const lost: SandboxEntry = { ...e, state: 'lost', reason, lostAt: Date.now() };
       const k = this.key('sandboxes', e.id);
       // only if nobody changed it meanwhile (the node came back and wrote it again)
@@ -266,7 +308,7 @@ export class ClusterStore {
     const names = await this.client.getAll().prefix(this.key('names', '')).strings();
     for (const [k, v] of Object.entries(names)) {
       const n = JSON.parse(v) as NameEntry;
-      if (n.node === node && n.id === null) await this.client.if(k, 'Value', '==', v).then(this.client.delete().key(k)).commit();
+      if (n.node === node && n.id === null) await this.client.if(k, 'Value', '==', v).and(this.key('nodes', node), 'Create', '==', 0).then(this.client.delete().key(k)).commit();
     }
     return marked;
   }

@@ -10,10 +10,9 @@
  */
 import { EventEmitter } from 'node:events';
 import type { IKeyValue, Watcher } from 'etcd3';
-import type { ClusterStore, CreateClaim, KeyEntry, NameEntry, NodeInfo, SandboxEntry } from './store.js';
+import { HELD_STATES, type ClusterStore, type CreateClaim, type KeyEntry, type NameEntry, type NodeInfo, type SandboxEntry } from './store.js';
 
-/** states of a sandbox its node still holds (a lost or forgotten one is not counted) */
-const HELD = new Set(['creating', 'running', 'paused', 'dead']);
+const HELD = HELD_STATES;
 
 export class ClusterView extends EventEmitter {
   readonly nodes = new Map<string, NodeInfo>();
@@ -31,30 +30,43 @@ export class ClusterView extends EventEmitter {
     this.setMaxListeners(0);
   }
 
+  /**
+   * Read everything, then watch from the revision of that read: every change after it arrives,
+   * in order, and none before it. Also how the copy starts again when etcd ends the watch (its
+   * history compacted past us after a long partition): keys removed meanwhile are told of, and
+   * nodes gone meanwhile lapse.
+   */
   async start(): Promise<void> {
-    const w = await this.store.watch('');
-    this.watcher = w;
-    w.on('put', (kv) => this.apply(kv, false));
-    w.on('delete', (kv) => this.apply(kv, true));
-    // etcd ended the watch (its history compacted past us after a long partition): start again
-    // from a full read, so the copy is never silently stale
-    w.on('error', (e: Error) => {
-      if (this.closed || this.watcher !== w) return;
-      this.log({ msg: 'cluster watch ended; reading the cluster again', error: e.message });
-      void w.cancel().catch(() => undefined);
-      const again = (): void => void this.start().catch((err: Error) => {
-        this.log({ msg: 'reading the cluster again failed; retrying', error: err.message });
-        setTimeout(again, 2000).unref();
-      });
-      again();
-    });
     const all = await this.store.client.getAll().prefix(this.store.key('')).exec();
+    const keysBefore = new Set(this.keysByHash.keys());
     for (const m of [this.nodes, this.sandboxes, this.names, this.creates, this.keysByHash]) m.clear();
     this.drained.clear();
     this.left.clear();
     for (const kv of all.kvs) this.apply(kv, false, true);
-    // nodes that lapsed while no gateway watched
-    for (const e of this.sandboxes.values()) if (e.state !== 'lost' && !this.nodes.has(e.node) && !this.left.has(e.node)) this.nodeLapsed(e.node);
+    for (const h of keysBefore) if (!this.keysByHash.has(h)) this.emit('keyRemoved', h);
+    const w = await this.store.watch('', all.header.revision);
+    if (this.closed) return void w.cancel().catch(() => undefined);
+    this.watcher = w;
+    w.on('put', (kv) => this.apply(kv, false));
+    w.on('delete', (kv) => this.apply(kv, true));
+    w.on('error', (e: Error) => {
+      if (this.closed || this.watcher !== w) return;
+      this.log({ msg: 'cluster watch ended; reading the cluster again', error: e.message });
+      void w.cancel().catch(() => undefined);
+      this.watcher = undefined;
+      const again = (): void => {
+        if (this.closed) return;
+        void this.start().catch((err: Error) => {
+          this.log({ msg: 'reading the cluster again failed; retrying', error: err.message });
+          setTimeout(again, 2000).unref();
+        });
+      };
+      again();
+    });
+    // nodes that lapsed while nobody watched (each once)
+    const lapsed = new Set<string>();
+    for (const e of this.sandboxes.values()) if (HELD.has(e.state) && !this.nodes.has(e.node) && !this.left.has(e.node)) lapsed.add(e.node);
+    for (const n of lapsed) this.nodeLapsed(n);
   }
 
   private apply(kv: IKeyValue, deleted: boolean, initial = false): void {
@@ -104,7 +116,7 @@ export class ClusterView extends EventEmitter {
         this.log({ msg: 'marking a lapsed node\'s sandboxes lost failed', node, error: e.message });
         return [];
       });
-      if (marked.length) this.log({ msg: 'node lapsed: its sandboxes are lost', node, sandboxes: marked.map((m) => m.name) });
+      this.log({ msg: 'node lapsed: its sandboxes are lost', node, sandboxes: marked.map((m) => m.name) });
     });
   }
 
@@ -120,6 +132,8 @@ export class ClusterView extends EventEmitter {
   /** The entry of a sandbox by id or name (a create in flight has a name entry only). */
   resolve(idOrName: string): { entry?: SandboxEntry; node: string } | undefined {
     const byId = this.sandboxes.get(idOrName);
+    // a forgotten one (a lost record its owner removed) is gone, as far as anyone asks
+    if (byId?.state === 'forgotten') return undefined;
     if (byId) return { entry: byId, node: byId.node };
     const n = this.names.get(idOrName);
     if (!n) return undefined;
