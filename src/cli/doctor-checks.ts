@@ -79,6 +79,8 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'image import', kind: 'feature', optional: true, ...((await toolsVerdict('image', 'image import')) ?? (await optionalNote('image', 'plain and gzip archives need nothing more'))) });
   checks.push({ name: 'image build', kind: 'feature', optional: true, ...((await toolsVerdict('image-build', 'image build')) ?? { ok: true, reason: 'mmdebstrap found' }) });
   checks.push({ name: 'ssh reach', kind: 'feature', optional: true, ...((await toolsVerdict('ssh', 'ssh-config and inventory')) ?? { ok: true, reason: 'ssh-keygen found' }) });
+  // a node or gateway needs only an etcd to reach (--cluster); a member of one's own needs etcd here
+  checks.push({ name: 'cluster', kind: 'feature', optional: true, ...((await toolsVerdict('cluster', 'an etcd member on this host (docs/cluster.md)')) ?? { ok: true, reason: 'etcd found (a node or gateway needs only the members\' addresses: --cluster)' }) });
   let defaultStorage: string | null = null;
   let defaultStorageReason = '';
   try {
