@@ -80,12 +80,8 @@ export class ClusterView extends EventEmitter {
         const had = this.nodes.get(id);
         if (value) this.nodes.set(id, JSON.parse(value) as NodeInfo);
         else this.nodes.delete(id);
-        if (!initial && !had && value) this.emit('change', { type: 'node.joined', node: id });
-        if (!initial && had && !value) {
-          const on = this.left.has(id);
-          this.emit('change', { type: on ? 'node.left' : 'node.lost', node: id });
-          if (!on) this.nodeLapsed(id);
-        }
+        // gone without saying it was leaving: its lease lapsed
+        if (!initial && had && !value && !this.left.has(id)) this.nodeLapsed(id);
         break;
       }
       case 'drain': if (value) this.drained.add(id); else this.drained.delete(id); break;
