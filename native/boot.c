@@ -72,7 +72,11 @@ static void mnt(const char *src, const char *dst, const char *type, unsigned lon
 static void bind_ro(const char *src, const char *dst)
 {
 	mnt(src, dst, NULL, MS_BIND, NULL);
-	mnt(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
+	if (remount_keeping(dst, MS_RDONLY | MS_NOSUID | MS_NODEV) < 0) {
+		char what[512];
+		snprintf(what, sizeof what, "remount %s read-only", dst);
+		BOOT_FAIL(what);
+	}
 }
 
 static void lo_up(void)
@@ -209,8 +213,11 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
 	 * /etc/hosts, which sudo and other tools resolve it with (the tree is the machine's own) */
 	name_machine(hostname);
 	/* as Docker does: /proc/sys and friends read-only, sysrq and kcore masked */
-	if (harden_proc(0) < 0)
-		BOOT_FAIL("harden /proc");
+	if (harden_proc(0) < 0) {
+		char what[192];
+		snprintf(what, sizeof what, "harden /proc: %s", harden_failed);
+		BOOT_FAIL(what);
+	}
 	confine(caps);
 
 	/* set up: the agent, waiting outside, may join (closed at the exec, so a failed boot is EOF).

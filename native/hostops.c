@@ -136,6 +136,15 @@ static void reply_err(uint32_t id, int err, const char *what)
 	reply(id, f);
 }
 
+/* An error whose message is whole: no strerror appended (the errno only classifies it). */
+static void reply_err_msg(uint32_t id, int err, const char *msg)
+{
+	char num[16];
+	snprintf(num, sizeof num, "%d", err);
+	const char *f[] = { "err", num, msg, NULL };
+	reply(id, f);
+}
+
 static void reply_ok(uint32_t id)
 {
 	const char *f[] = { "ok", NULL };
@@ -661,14 +670,17 @@ static void op_launch(struct request *r)
 			if (got == 1) {
 				t_ready = now_ns();
 			} else if (got == 0) {
+				/* ECHILD classifies it; the step that failed is in the sandbox's log */
 				failed = ECHILD;
-				why = "the sandbox exited before its agent was ready (see its log)";
+				why = "the sandbox exited before its agent was ready";
 				break;
 			}
 		}
 	}
 	close(ready[0]);
 	close(info[0]);
+	if (failed == ECHILD)
+		return reply_err_msg(r->id, failed, why);
 	if (failed)
 		return reply_err(r->id, failed, why);
 	if (!agent)

@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -177,6 +178,29 @@ static int cap_lookup(const char *name, size_t n)
 }
 
 /*
+ * A bind remount of PATH with FLAGS added to what it must keep. Inside a user namespace the
+ * nosuid, nodev, noexec and read-only flags a mount had when the namespace got it are locked: a
+ * remount that leaves one out is EPERM. A host /dev mounted nosuid (Debian, Ubuntu and dracut
+ * all mount it so) made every bind of /dev/null fail that way. So the flags the mount has now
+ * (statvfs) are kept; atime flags a bind remount keeps by itself.
+ */
+int remount_keeping(const char *path, unsigned long flags)
+{
+	struct statvfs st;
+	if (statvfs(path, &st) < 0)
+		return -1;
+	if (st.f_flag & ST_NOSUID)
+		flags |= MS_NOSUID;
+	if (st.f_flag & ST_NODEV)
+		flags |= MS_NODEV;
+	if (st.f_flag & ST_NOEXEC)
+		flags |= MS_NOEXEC;
+	if (st.f_flag & ST_RDONLY)
+		flags |= MS_RDONLY;
+	return mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | flags, NULL);
+}
+
+/*
  * /proc as Docker leaves it. Without a user namespace the sandbox's root is the host's root, so a
  * writable /proc/sys (kernel.core_pattern, kernel.modprobe) would run code on the host. bwrap only
  * covers /proc/sys when it is writable by access(2), which the kernel never reports for the
@@ -184,31 +208,45 @@ static int cap_lookup(const char *name, size_t n)
  * read-only and masks the files that expose the host kernel, then drops the capability for good
  * (caps_restrict) before it serves anything. Paths this kernel lacks are skipped.
  */
+char harden_failed[128];
+
+/* The step that failed, for the error message (the launch reports it, not just the errno). */
+static int harden_fail(const char *what, const char *path)
+{
+	int e = errno;
+	snprintf(harden_failed, sizeof harden_failed, "%s %s", what, path);
+	errno = e;
+	return -1;
+}
+
 int harden_proc(int dev_readonly)
 {
 	static const char *const ro[] = { "/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq" };
 	static const char *const masked_files[] = { "/proc/sysrq-trigger", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 						    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/kallsyms" };
 	static const char *const masked_dirs[] = { "/proc/acpi", "/proc/asound", "/proc/scsi" };
-	const unsigned long ro_flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	const unsigned long ro_flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
 	for (size_t i = 0; i < sizeof ro / sizeof *ro; i++) {
 		if (access(ro[i], F_OK) < 0)
 			continue;
-		if (mount(ro[i], ro[i], NULL, MS_BIND | MS_REC, NULL) < 0 || mount(NULL, ro[i], NULL, ro_flags, NULL) < 0)
-			return -1;
+		if (mount(ro[i], ro[i], NULL, MS_BIND | MS_REC, NULL) < 0)
+			return harden_fail("bind", ro[i]);
+		if (remount_keeping(ro[i], ro_flags) < 0)
+			return harden_fail("remount read-only", ro[i]);
 	}
 	for (size_t i = 0; i < sizeof masked_files / sizeof *masked_files; i++) {
 		if (access(masked_files[i], F_OK) < 0)
 			continue;
-		if (mount("/dev/null", masked_files[i], NULL, MS_BIND, NULL) < 0 ||
-		    mount(NULL, masked_files[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0)
-			return -1;
+		if (mount("/dev/null", masked_files[i], NULL, MS_BIND, NULL) < 0)
+			return harden_fail("mask", masked_files[i]);
+		if (remount_keeping(masked_files[i], MS_RDONLY) < 0)
+			return harden_fail("remount read-only", masked_files[i]);
 	}
 	for (size_t i = 0; i < sizeof masked_dirs / sizeof *masked_dirs; i++) {
 		if (access(masked_dirs[i], F_OK) < 0)
 			continue;
 		if (mount("tmpfs", masked_dirs[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0") < 0)
-			return -1;
+			return harden_fail("mask", masked_dirs[i]);
 	}
 	/* The device nodes bwrap binds are the host's own inodes: read-only mounts (devices stay
 	 * usable: a read-only mount does not stop writes to a character device) so that chmod or chown
@@ -219,12 +257,12 @@ int harden_proc(int dev_readonly)
 	for (size_t i = 0; i < sizeof devices / sizeof *devices; i++) {
 		if (access(devices[i], F_OK) < 0)
 			continue;
-		if (mount(NULL, devices[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, NULL) < 0)
-			return -1;
+		if (remount_keeping(devices[i], MS_RDONLY | MS_NOSUID) < 0)
+			return harden_fail("remount read-only", devices[i]);
 	}
 	/* (not for a system machine: its systemd makes /dev/log and friends in its own /dev) */
-	if (dev_readonly && mount(NULL, "/dev", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
-		return -1;
+	if (dev_readonly && remount_keeping("/dev", MS_RDONLY | MS_NOSUID | MS_NODEV) < 0)
+		return harden_fail("remount read-only", "/dev");
 	return 0;
 }
 

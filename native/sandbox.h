@@ -13,7 +13,10 @@ int system_filter_build(struct sock_fprog *out);
 /* Drops every capability not named in list (comma separated) from the bounding set. */
 int caps_restrict(const char *list);
 /* dev_readonly: /dev itself read-only too (sandboxes; a system machine's systemd writes to it) */
+/* on failure, harden_failed says which step (e.g. "remount read-only /proc/kcore") */
+extern char harden_failed[128];
 int harden_proc(int dev_readonly);
+int remount_keeping(const char *path, unsigned long flags);
 
 enum spawn_stage { STAGE_OK = 0, STAGE_SETUP, STAGE_CHDIR, STAGE_SECCOMP, STAGE_EXEC, STAGE_USER };
 

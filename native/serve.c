@@ -1600,8 +1600,11 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 	 * memory or take its file descriptors (pidfd_getfd) — the listening socket among them. */
 	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
 		die("dumpable");
-	if (harden && harden_proc(1) < 0)
-		die("harden /proc");
+	if (harden && harden_proc(1) < 0) {
+		char what[192];
+		snprintf(what, sizeof what, "harden /proc: %s", harden_failed);
+		die(what);
+	}
 	if (caps && caps_restrict(caps) < 0)
 		die("capability bounding set");
 	if (!system_machine) {

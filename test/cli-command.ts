@@ -1,3 +1,4 @@
+import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 
 /**
@@ -5,3 +6,14 @@ import { join } from 'node:path';
  * /usr/local/bin (exec's fast path in C, every other command the Node CLI in dist/bin).
  */
 export const SNAPLAB = join(import.meta.dirname, '..', 'native', 'build', 'snaplab');
+
+/**
+ * Run `snaplab ARGS` as on a stock Debian or Ubuntu host, whose /dev is mounted nosuid (this
+ * project's machines mount it without): in a private mount namespace where /dev is remounted so.
+ * A flag locked that way inside a user namespace must be kept by every remount there.
+ */
+export function snaplabWithNosuidDev(args: string[], env: NodeJS.ProcessEnv): { status: number | null; stdout: string; stderr: string } {
+  const quoted = args.map((a) => `'${a.replace(/'/g, `'\\''`)}'`).join(' ');
+  const r = spawnSync('unshare', ['-m', '--propagation', 'private', 'sh', '-c', `mount -o remount,bind,nosuid /dev && grep -q ' /dev .*nosuid' /proc/self/mountinfo && exec ${SNAPLAB} ${quoted}`], { env, encoding: 'utf8', timeout: 120_000 });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}

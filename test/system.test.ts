@@ -9,7 +9,7 @@ import { cgroupFor } from '../src/host/cgroups.js';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
-import { SNAPLAB } from './cli-command.js';
+import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
 import { spawnSync } from 'node:child_process';
 
 // System machines: Debian 12 with its own systemd as PID 1 (built here from Debian's archive).
@@ -243,6 +243,20 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(logs.status, logs.stderr).toBe(0);
     expect(logs.stdout).toMatch(/Startup finished in/);
     expect(spawnSync(SNAPLAB, ['rm', 'logged'], { env }).status).toBe(0);
+  });
+
+  it('boot where the host\'s /dev is mounted nosuid (stock Debian): the agent\'s and boot\'s remounts keep the locked flag', async () => {
+    const env = { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_NO_FAST: '1' };
+    const made = snaplabWithNosuidDev(['create', '--image', 'sysd', '--name', 'nosuid-sys'], env);
+    expect(made.stderr).toBe('');
+    expect(made.status).toBe(0);
+    const box = await lab.get('nosuid-sys');
+    try {
+      expect(await out(box, ['systemctl', 'is-system-running', '--wait'])).toBe('running');
+      expect(await out(box, ['sh', '-c', 'grep -c " /proc/keys " /proc/self/mountinfo'])).toBe('1');
+    } finally {
+      await box.destroy();
+    }
   });
 
   it('refuse to run without a user namespace; the image\'s default gives way to --no-userns', async () => {

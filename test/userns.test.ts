@@ -13,6 +13,7 @@ import { USERNS_SIZE, USERNS_SLOTS, slotBase } from '../src/host/id-ranges.js';
 import { REGISTRY } from '../src/host/userns-registry.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
+import { snaplabWithNosuidDev } from './cli-command.js';
 
 // Root inside is not root outside: each namespace sandbox in a user namespace of its own, its root
 // filesystem idmapped so that files keep their owners on disk. Real namespaces and mounts.
@@ -115,6 +116,22 @@ describe.each(['btrfs', 'dir', 'overlay'] as const)('a sandbox on %s in a user n
     expect((await box.exec(['chmod', '666', '/run/snaplab/agent'])).exitCode).not.toBe(0);
     expect((await box.exec(['chown', '0', '/dev/null'])).exitCode).not.toBe(0);
     expect(await out(box, ['stat', '-c', '%u', '/run/snaplab/agent'])).toBe('65534'); // host root is nobody here
+  });
+
+  it('starts where the host\'s /dev is mounted nosuid (stock Debian): the locked flag is kept, /proc still hardened', async () => {
+    const env = { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_NO_FAST: '1' };
+    const name = `nosuid-${storage}`;
+    const made = snaplabWithNosuidDev(['create', '--image', 'busybox', '--storage', storage, '--name', name], env);
+    expect(made.stderr).toBe('');
+    expect(made.status).toBe(0);
+    const box = await lab.get(name);
+    try {
+      expect(box.toJSON().userns).toBeDefined();
+      expect(await out(box, ['cat', '/proc/keys'])).toBe(''); // masked with /dev/null
+      expect(await out(box, ['sh', '-c', 'grep -c " /proc/keys " /proc/self/mountinfo'])).toBe('1');
+    } finally {
+      await box.destroy();
+    }
   });
 });
 

@@ -52,10 +52,12 @@ export async function launchNative(
     if (!(e instanceof HostOpError)) throw e;
     if (e.errno === ETIMEDOUT) throw new SnaplabError('TIMEOUT', `the sandbox's agent did not start within ${timeoutMs} ms`, `see ${logFile}`);
     const tail = logTail(logFile);
-    // the launcher's user namespace step says what failed (native/userns.c): say how to go on
+    // the step that failed is the last line the launcher, bwrap or the agent wrote
+    // (native/userns.c, serve.c, boot.c: "snaplab-agent: harden /proc: remount … : EPERM")
+    const step = tail.split('\n').reverse().find((l) => /^(snaplab-|bwrap:)/.test(l)) ?? tail;
     const hint = /user namespace/.test(tail)
       ? '`snaplab doctor` checks user namespaces and idmapped mounts on each storage backend; `--no-userns` runs without one (root inside is then host root)'
-      : 'run `snaplab doctor` to check bubblewrap and cgroups';
-    throw new SnaplabError('LAUNCH_FAILED', `${e.message}: ${tail || 'no output'}`, hint);
+      : 'run `snaplab doctor`: it starts a sandbox as a create does and reports what fails';
+    throw new SnaplabError('LAUNCH_FAILED', `${e.message}: ${step || 'no output'}`, `${hint}; the sandbox's log: ${logFile}`, { cause: e });
   }
 }
