@@ -1,7 +1,7 @@
 /*
  * snaplab-agent boot: raise a system machine, whose PID 1 is the image's own init (systemd).
  *
- *   snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]
+ *   snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] [--cgroup PROCS] -- INIT [ARGS]
  *
  * Run by the host helper's launcher as the root of the machine's user namespace, in a mount
  * namespace of its own where DIR is the machine's (idmapped) root and PATH the agent binary (see
@@ -11,8 +11,10 @@
  *
  * This process (the monitor) makes the console (a pty whose master it holds and copies to its
  * stdout, the machine's log), forks the agent (agent_child: it waits, then joins the machine from
- * outside its pid namespace), unshares pid, ipc, uts, cgroup (and net, with --net) namespaces,
- * and forks the machine's PID 1. PID 1 mounts /proc, a read-only /sys, the cgroup2 subtree of its
+ * outside its pid namespace), unshares pid, ipc, uts (and net, with --net) namespaces, and forks
+ * the machine's PID 1. PID 1 moves itself into the cgroup delegated to the machine's systemd
+ * (--cgroup: its cgroup.procs; the monitor and the agent stay in the leaf beside it, see
+ * src/host/cgroups.ts delegateCgroup) and makes its cgroup namespace there, then mounts /proc, a read-only /sys, the cgroup2 subtree of its
  * own cgroup at /sys/fs/cgroup, a /dev of bound host devices with its own devpts, tmpfs /run and
  * /tmp, the agent read-only at /run/snaplab/agent; pivots into DIR; tells the agent it may join,
  * and execs INIT with container=snaplab. The monitor reports PID 1's host pid on
@@ -184,6 +186,20 @@ static void confine(const char *caps)
 		BOOT_FAIL("seccomp filter");
 }
 
+/* PID 1 into the cgroup the host delegated to the machine's systemd, then a cgroup namespace
+ * rooted there: the machine sees that cgroup as /sys/fs/cgroup and can name nothing above it. */
+static void enter_payload(const char *procs)
+{
+	if (procs) {
+		int f = open(procs, O_WRONLY | O_CLOEXEC);
+		if (f < 0 || write(f, "0", 1) != 1)
+			BOOT_FAIL("join the machine's cgroup");
+		close(f);
+	}
+	if (unshare(CLONE_NEWCGROUP) < 0)
+		BOOT_FAIL("unshare the cgroup namespace");
+}
+
 static _Noreturn void pid1(const char *root, const char *agent, const char *hostname, const char *console,
 			   const char *caps, int up_fd, char **init)
 {
@@ -302,7 +318,7 @@ static _Noreturn void agent_child(const char *agent, const char *caps, int pid_f
 
 int boot_main(int argc, char **argv)
 {
-	const char *root = NULL, *agent = NULL, *hostname = "machine", *caps = NULL;
+	const char *root = NULL, *agent = NULL, *hostname = "machine", *caps = NULL, *cgroup = NULL;
 	int net = 0, i = 2;
 	for (; i < argc; i++) {
 		if (strcmp(argv[i], "--") == 0) {
@@ -317,6 +333,8 @@ int boot_main(int argc, char **argv)
 			hostname = argv[++i];
 		else if (strcmp(argv[i], "--caps") == 0 && i + 1 < argc)
 			caps = argv[++i];
+		else if (strcmp(argv[i], "--cgroup") == 0 && i + 1 < argc)
+			cgroup = argv[++i];
 		else if (strcmp(argv[i], "--net") == 0)
 			net = 1;
 		else {
@@ -325,7 +343,7 @@ int boot_main(int argc, char **argv)
 		}
 	}
 	if (!root || !agent || i >= argc) {
-		fprintf(stderr, "usage: snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n");
+		fprintf(stderr, "usage: snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] [--cgroup PROCS] -- INIT [ARGS]\n");
 		return 2;
 	}
 	/* the console: a pty of the host's devpts, opened before the namespaces so that its slave
@@ -370,7 +388,8 @@ int boot_main(int argc, char **argv)
 	close(up_pipe[0]);
 	close(3);
 	close(5);
-	int flags = CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNS | (net ? CLONE_NEWNET : 0);
+	/* the cgroup namespace is PID 1's own, made once it is in its delegated cgroup */
+	int flags = CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS | (net ? CLONE_NEWNET : 0);
 	if (unshare(flags) < 0)
 		BOOT_FAIL("unshare");
 	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
@@ -385,6 +404,7 @@ int boot_main(int argc, char **argv)
 		close(slave);
 		close(4);
 		close(pid_pipe[1]);
+		enter_payload(cgroup);
 		pid1(root, agent, hostname, console, caps, up_pipe[1], &argv[i]);
 	}
 	close(up_pipe[1]);

@@ -13,7 +13,7 @@ import { USERNS_SIZE, USERNS_SLOTS, slotBase } from '../src/host/id-ranges.js';
 import { REGISTRY } from '../src/host/userns-registry.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
-import { snaplabWithNosuidDev } from './cli-command.js';
+import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
 
 // Root inside is not root outside: each namespace sandbox in a user namespace of its own, its root
 // filesystem idmapped so that files keep their owners on disk. Real namespaces and mounts.
@@ -251,6 +251,10 @@ describe('user namespace ranges', () => {
       expect(e).toMatchObject({ code: 'LAUNCH_FAILED', message: expect.stringMatching(/idmapped mount of the root filesystem/), hint: expect.stringMatching(/--no-userns/) });
       expect(await other.list()).toEqual([]);
       expect(readdirSync(REGISTRY).map((f) => readFileSync(join(REGISTRY, f), 'utf8')).filter((t) => t.includes(other.home))).toEqual([]);
+      // doctor tries what a create runs, and says so with the fix
+      const doc = spawnSync(SNAPLAB, ['doctor', '--json'], { env: { ...process.env, SNAPLAB_HOME: other.home }, encoding: 'utf8' });
+      const check = (JSON.parse(doc.stdout) as { checks: { name: string; ok: boolean; reason: string; fix?: string }[] }).checks.find((c) => c.name === 'userns: dir');
+      expect(check).toMatchObject({ ok: false, reason: expect.stringMatching(/idmapped mount of the root filesystem/), fix: expect.stringMatching(/btrfs, ext4/) });
       await using box = await other.create({ storage: 'dir', userns: false });
       expect(await out(box, ['echo', 'ran'])).toBe('ran');
     } finally {

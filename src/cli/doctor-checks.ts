@@ -10,8 +10,10 @@ import { allBackends, pickDefault } from '../storage/index.js';
 import { BtrfsBackend } from '../storage/btrfs/btrfs-backend.js';
 import { OverlayBackend } from '../storage/overlay/overlay-backend.js';
 import { DirBackend } from '../storage/dir/dir-backend.js';
+import { Lab } from '../sdk/lab.js';
 import { probeUserns } from '../host/userns-probe.js';
-import { dirname, join } from 'node:path';
+import type { StorageKind } from '../storage/backend.js';
+import type { SnaplabError } from '../errors.js';
 
 export interface Check extends Availability {
   name: string;
@@ -36,17 +38,42 @@ async function busyboxCheck(): Promise<Availability> {
 }
 
 /**
- * User namespaces per storage backend: where sandboxes are idmapped into one (btrfs, dir), a real
- * try on the filesystem their volumes live on; overlay sandboxes have none yet. Not a readiness
- * condition: a sandbox that cannot get one fails with the reason, or runs with --no-userns.
+ * User namespaces per storage backend, tried as a create runs them: a busybox sandbox in a user
+ * namespace on that backend (the launcher, the idmapped root, the agent and its /proc hardening),
+ * a command in it, then removed. A check of the idmap alone said yes on stock Debian while every
+ * such create failed in the agent's hardening. Not a readiness condition: a sandbox that cannot
+ * get one fails with the reason, or runs with --no-userns.
  */
-async function usernsChecks(home: string): Promise<Check[]> {
-  const btrfs = join(home, 'btrfs', 'volumes');
-  return [
-    { name: 'userns: btrfs', kind: 'storage', optional: true, ...(existsSync(btrfs) ? await probeUserns(btrfs) : { ok: true, reason: 'checked on the pool once it is made (btrfs supports idmapped mounts)' }) },
-    { name: 'userns: dir', kind: 'storage', optional: true, ...(await probeUserns(existsSync(home) ? home : dirname(home))) },
-    { name: 'userns: overlay', kind: 'storage', optional: true, ...(await probeUserns(existsSync(home) ? home : dirname(home))) }, // its layers are plain directories in the home; the overlay is mounted inside
-  ];
+async function usernsChecks(home: string, ready: boolean): Promise<Check[]> {
+  const kinds: StorageKind[] = ['btrfs', 'dir', 'overlay'];
+  if (!ready) return kinds.map((k) => ({ name: `userns: ${k}`, kind: 'storage', optional: true, ok: false, reason: 'not tried: the namespaces driver does not work here (above)' }));
+  const lab = await Lab.open({ home });
+  try {
+    const out: Check[] = [];
+    for (const k of kinds) out.push({ name: `userns: ${k}`, kind: 'storage', optional: true, ...(await sandboxInUserns(lab, k)) });
+    return out;
+  } finally {
+    lab.close();
+  }
+}
+
+async function sandboxInUserns(lab: Lab, storage: StorageKind): Promise<Availability> {
+  try {
+    const box = await lab.create({ image: 'busybox', storage, userns: true });
+    try {
+      const r = await box.exec(['cat', '/proc/self/uid_map']);
+      if (r.exitCode !== 0) return { ok: false, reason: `a command in the sandbox failed (exit ${r.exitCode}): ${r.stderr.toString().trim()}` };
+      return { ok: true, reason: `a sandbox started in a user namespace (uid 0 is ${r.stdout.toString().trim().split(/\s+/)[1]} outside) and ran a command` };
+    } finally {
+      await box.destroy();
+    }
+  } catch (e) {
+    const err = e as SnaplabError;
+    // the idmap step alone says more where it is what fails (a filesystem without idmapped mounts)
+    const idmap = await probeUserns(lab.home);
+    if (!idmap.ok) return { ok: false, reason: `${err.message} (${idmap.reason})`, ...(idmap.fix ? { fix: idmap.fix } : {}) };
+    return { ok: false, reason: err.message, fix: err.hint ?? '--no-userns runs without one (root inside is then host root)' };
+  }
 }
 
 /** Which storage caps what a machine writes (--disk). */
@@ -70,7 +97,7 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'namespaces', kind: 'driver', ...ns });
   checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
   for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
-  checks.push(...(await usernsChecks(home)));
+  checks.push(...(await usernsChecks(home, ns.ok)));
   checks.push(...(await diskCapChecks(home)));
   checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
   // features beyond a single sandbox: snaplab runs without them, but they fail when used

@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { listMountsSync } from './mounts.js';
+import { SCOPE_PATH, systemdManagesCgroups } from './cgroups-scope.js';
 
 /** The controllers snaplab uses; v1 mounts each (or a few together) as its own hierarchy. */
 export const USED_CONTROLLERS = ['memory', 'pids', 'cpu', 'cpuacct', 'freezer'] as const;
@@ -15,8 +16,13 @@ export const DEFAULT_ROOT = '/sys/fs/cgroup';
 
 export interface CgroupLayout {
   version: 1 | 2;
-  /** v2: the cgroup2 directory that holds snaplab/; v1: the directory holding the hierarchies */
+  /** v2: the cgroup2 mount (or the directory passed); v1: the directory holding the hierarchies */
   root: string;
+  /**
+   * v2: the directory that holds snaplab/: the root, or on a host whose PID 1 is systemd the
+   * delegated scope snaplab.scope (cgroups-scope.ts). v1: the root.
+   */
+  base: string;
   /** v1: every mounted controller; v2: the controllers the root offers its children */
   controllers: string[];
   /** v1: the mount point of the hierarchy that carries each controller */
@@ -46,7 +52,8 @@ export function detectCgroups(root: string = DEFAULT_ROOT): CgroupLayout {
 
 function detectV2(root: string): CgroupLayout {
   const text = readFileSync(`${root}/cgroup.controllers`, 'utf8').trim();
-  return { version: 2, root, controllers: text ? text.split(/\s+/) : [], hierarchies: {} };
+  const base = root === DEFAULT_ROOT && systemdManagesCgroups() ? `${root}${SCOPE_PATH}` : root;
+  return { version: 2, root, base, controllers: text ? text.split(/\s+/) : [], hierarchies: {} };
 }
 
 function detectV1(root: string): CgroupLayout {
@@ -66,6 +73,7 @@ function detectV1(root: string): CgroupLayout {
   const layout: CgroupLayout = {
     version: 1,
     root,
+    base: root,
     controllers: Object.keys(hierarchies).sort(),
     hierarchies,
   };

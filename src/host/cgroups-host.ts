@@ -7,6 +7,7 @@ import { errno } from './cgroups-fs.js';
 import { cgroupFor, PARENT } from './cgroups.js';
 import type { Cgroup } from './cgroups-types.js';
 import { listMounts } from './mounts.js';
+import { ensureScope, SCOPE_PATH, SCOPE_UNIT, stopScopeIfIdle } from './cgroups-scope.js';
 
 /** Host-wide views of snaplab's cgroups: what exists (for gc) and whether cgroups work here. */
 
@@ -29,9 +30,11 @@ export async function snaplabCgroupsOnHost(): Promise<Cgroup[]> {
   const found = new Map<string, Cgroup>();
   await Promise.all(
     mounts.map(async (m) => {
-      // v1 hierarchies belong to the default root; a cgroup2 mount is a root of its own
+      // v1 hierarchies belong to the default root; a cgroup2 mount is a root of its own, whose
+      // snaplab/ may be in snaplab's systemd scope (cgroups-scope.ts)
       const root = m.fstype === 'cgroup2' ? m.target : DEFAULT_ROOT;
-      for (const id of await idsUnder(m.target)) {
+      const base = m.fstype === 'cgroup2' ? detectCgroups(m.target).base : m.target;
+      for (const id of await idsUnder(base)) {
         const key = `${root}\0${id}`;
         if (!found.has(key)) found.set(key, cgroupFor(id, { root }));
       }
@@ -72,7 +75,8 @@ export async function probeCgroups(
   if (layout.version === 1 && mem && !existsSync(`${mem}/memory.memsw.limit_in_bytes`)) {
     notes.push('swap accounting off (boot with swapaccount=1 to keep sandboxes out of swap)');
   }
-  return { ...base, ok: true, reason: [`${kind} at ${layout.root} with ${NEEDED.join(', ')}`, ...notes].join('; ') };
+  const where = layout.base !== layout.root ? `, snaplab's cgroups in systemd's ${SCOPE_UNIT} (delegated)` : '';
+  return { ...base, ok: true, reason: [`${kind} at ${layout.root} with ${NEEDED.join(', ')}${where}`, ...notes].join('; ') };
 }
 
 /**
@@ -83,11 +87,13 @@ export async function probeCgroups(
 export async function removeEmptySnaplabParents(): Promise<void> {
   const mounts = (await listMounts()).filter((m) => m.fstype === 'cgroup' || m.fstype === 'cgroup2');
   await Promise.all(
-    mounts.map((m) =>
-      rmdir(`${m.target}/${PARENT}`).catch((e: unknown) => {
+    mounts.map(async (m) => {
+      const base = m.fstype === 'cgroup2' ? detectCgroups(m.target).base : m.target;
+      if (base.endsWith(SCOPE_PATH)) return stopScopeIfIdle(base);
+      await rmdir(`${base}/${PARENT}`).catch((e: unknown) => {
         if (!['ENOENT', 'EBUSY', 'ENOTEMPTY'].includes(errno(e) ?? '')) throw e;
-      }),
-    ),
+      });
+    }),
   );
 }
 
@@ -102,9 +108,12 @@ export async function probeCgroupMoves(): Promise<Availability> {
   const layout = detectCgroups(DEFAULT_ROOT);
   const mountPoint = layout.version === 2 ? layout.root : layout.unified;
   const fix = mountPoint ? `mount -o remount,favordynmods ${mountPoint}` : 'mount a cgroup2 hierarchy with -o favordynmods';
-  const dir = layout.version === 2 ? `${layout.root}/${PARENT}-probe-${process.pid}` : `${layout.hierarchies.pids ?? layout.hierarchies.freezer}/${PARENT}-probe-${process.pid}`;
+  // where snaplab's cgroups go: in its systemd scope on a systemd host, never the root's own
+  const dir = layout.version === 2 ? `${layout.base}/${PARENT}-probe-${process.pid}` : `${layout.hierarchies.pids ?? layout.hierarchies.freezer}/${PARENT}-probe-${process.pid}`;
+  const scoped = layout.base.endsWith(SCOPE_PATH);
   const child = spawn('sleep', ['5'], { stdio: 'ignore' });
   try {
+    if (scoped) await ensureScope(layout.base);
     await mkdir(dir);
     await new Promise((r) => setTimeout(r, 50)); // let any recent move's grace period lapse
     const t0 = performance.now();
@@ -119,5 +128,6 @@ export async function probeCgroupMoves(): Promise<Availability> {
     child.kill('SIGKILL');
     await new Promise((r) => child.once('exit', r));
     await rmdir(dir).catch(() => undefined);
+    if (scoped) await stopScopeIfIdle(layout.base).catch(() => undefined);
   }
 }

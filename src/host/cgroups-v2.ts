@@ -1,6 +1,7 @@
 import { mkdir } from 'node:fs/promises';
 import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './cgroups-types.js';
 import { cgError, errno, keyed, parseNumber, poll, readText, writeText } from './cgroups-fs.js';
+import { ensureScope, SCOPE_PATH } from './cgroups-scope.js';
 
 /** cgroup v2: one directory, controllers enabled from the parent, cgroup.freeze/events/kill. */
 
@@ -34,12 +35,14 @@ export function planV2(cg: Cgroup, limits: CgroupLimits): CgroupPlan {
 const prepared = new Set<string>();
 
 /**
- * Make `root/snaplab` and enable the controllers snaplab limits in root's and snaplab's
+ * Make `root/snaplab` (root: the cgroup2 root, or snaplab's systemd scope, made first when
+ * missing) and enable the controllers snaplab limits in root's and snaplab's
  * cgroup.subtree_control (children only get the files of controllers their parent enables).
  * Done once per process and again whenever a create finds the parent or a controller missing.
  */
 export async function prepareV2Parent(cg: Cgroup, force = false): Promise<void> {
   if (prepared.has(cg.root) && !force) return;
+  if (cg.root.endsWith(SCOPE_PATH)) await ensureScope(cg.root);
   const parent = `${cg.root}/snaplab`;
   await mkdir(parent).catch((e: unknown) => {
     if (errno(e) !== 'EEXIST') throw cgError(`cannot create ${parent}`, e);

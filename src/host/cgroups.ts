@@ -30,7 +30,7 @@ export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
   const controllerDirs: Partial<Record<Controller, string>> = {};
   const dirs: string[] = [];
   if (layout.version === 2) {
-    const dir = `${layout.root}/${PARENT}/${id}`;
+    const dir = `${layout.base}/${PARENT}/${id}`;
     dirs.push(dir);
     for (const c of v2.V2_LIMIT_CONTROLLERS) if (layout.controllers.includes(c)) controllerDirs[c] = dir;
     controllerDirs.freezer = dir; // cgroup.freeze is core in v2
@@ -46,7 +46,7 @@ export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
   return {
     id,
     version: layout.version,
-    root: layout.root,
+    root: layout.base,
     dirs,
     procsFiles: dirs.map((d) => `${d}/cgroup.procs`),
     controllerDirs,
@@ -85,21 +85,40 @@ const DELEGATED_MAX_DESCENDANTS = 4096;
 /** The files of a cgroup2 directory that its owner must own to manage the subtree (cgroup-v2.rst "Delegation"). */
 const DELEGATED = ['', '/cgroup.procs', '/cgroup.threads', '/cgroup.subtree_control'];
 
+/** A system machine's two leaves, as systemd-nspawn makes them: its monitor and agent, and its systemd's tree. */
+export const SUPERVISOR = 'supervisor';
+export const PAYLOAD = 'payload';
+
 /**
  * Give a system machine's root a cgroup2 subtree of its own (systemd as PID 1 needs one): on v2
- * the machine's directory, on a v1 hybrid host a directory in the unified mount, which the
- * machine's processes then also join (it is added to procsFiles). Owned by `uid` (the mapped
- * root), so that the machine's systemd can make its slices there and nowhere else.
+ * in the machine's directory, on a v1 hybrid host in a directory in the unified mount. Two leaves:
+ * `supervisor`, where the launcher puts the monitor and the agent (procsFiles), and `payload`,
+ * owned by `uid` (the mapped root), which PID 1 moves itself into before it makes its cgroup
+ * namespace (native/boot.c --cgroup): its systemd makes its slices there and nowhere else. On v2
+ * a cgroup that holds processes cannot give its children controllers, so with the monitor in the
+ * machine's directory systemd inside got none and its units' MemoryMax= did nothing; with the
+ * split the directory holds none, its controllers are enabled for both leaves, and payload's
+ * subtree_control is systemd's to write. Returns payload's cgroup.procs for the boot.
  */
-export async function delegateCgroup(cg: Cgroup, uid: number): Promise<void> {
+export async function delegateCgroup(cg: Cgroup, uid: number): Promise<string> {
   let dir: string;
   if (cg.version === 2) dir = cg.dirs[0]!;
   else if (cg.unifiedDir) {
     dir = cg.unifiedDir;
     await mkdir(dir, { recursive: true });
-    cg.procsFiles.push(`${dir}/cgroup.procs`);
   } else {
     throw cgError('a system machine needs a cgroup2 hierarchy (v2, or the unified mount of a hybrid host); this host has only v1');
+  }
+  const supervisor = `${dir}/${SUPERVISOR}`;
+  const payload = `${dir}/${PAYLOAD}`;
+  await mkdir(supervisor);
+  await mkdir(payload);
+  if (cg.version === 2) {
+    const available = ((await readFile(`${dir}/cgroup.controllers`, 'utf8')).trim().split(/\s+/)).filter(Boolean);
+    if (available.length) await writeText(`${dir}/cgroup.subtree_control`, available.map((c) => `+${c}`).join(' '));
+    cg.procsFiles[0] = `${supervisor}/cgroup.procs`;
+  } else {
+    cg.procsFiles.push(`${supervisor}/cgroup.procs`);
   }
   // the v1 hierarchies without limits: joined, so that the machine's cgroup namespace is rooted
   // at its own directory in each (a mount of one inside shows its subtree, not the host's)
@@ -113,13 +132,21 @@ export async function delegateCgroup(cg: Cgroup, uid: number): Promise<void> {
   }
   // host-owned limits on the subtree the machine may make: without them a chain of nested
   // directories past PATH_MAX made the machine's cgroup impossible to walk and remove
-  await writeText(`${dir}/cgroup.max.depth`, String(DELEGATED_MAX_DEPTH));
-  await writeText(`${dir}/cgroup.max.descendants`, String(DELEGATED_MAX_DESCENDANTS));
-  for (const f of DELEGATED) {
-    await chown(`${dir}${f}`, uid, uid).catch((e: unknown) => {
-      if (errno(e) !== 'ENOENT') throw cgError(`cannot delegate ${dir}${f}`, e);
-    });
-  }
+  await writeText(`${payload}/cgroup.max.depth`, String(DELEGATED_MAX_DEPTH));
+  await writeText(`${payload}/cgroup.max.descendants`, String(DELEGATED_MAX_DESCENDANTS));
+  for (const f of DELEGATED) await chownDelegated(`${payload}${f}`, uid);
+  // PID 1's move from supervisor to payload needs the common parent's cgroup.procs writable by
+  // it too (cgroup-v2.rst "Delegation Containment"). Nothing inside can name that directory (its
+  // cgroup namespace is rooted at payload), and it has controllers enabled, so no process can
+  // be put in it.
+  await chownDelegated(`${dir}/cgroup.procs`, uid);
+  return `${payload}/cgroup.procs`;
+}
+
+async function chownDelegated(path: string, uid: number): Promise<void> {
+  await chown(path, uid, uid).catch((e: unknown) => {
+    if (errno(e) !== 'ENOENT') throw cgError(`cannot delegate ${path}`, e);
+  });
 }
 
 function checkLimits(l: CgroupLimits): void {

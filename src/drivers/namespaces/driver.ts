@@ -25,7 +25,8 @@ export class NamespacesDriver implements Driver {
   readonly name = 'namespaces';
   readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false, pauseStandbys: false, userns: true };
   private bwrap: string | undefined;
-  private readonly prepared = new Map<string, Promise<Cgroup>>();
+  /** each machine's cgroup, made ahead of its raise; a system machine's with its payload leaf's cgroup.procs */
+  private readonly prepared = new Map<string, Promise<{ cg: Cgroup; payload?: string }>>();
 
   constructor(private readonly home: string) {}
 
@@ -61,8 +62,8 @@ export class NamespacesDriver implements Driver {
       await mkdir(this.runDir(spec.id), { recursive: true, mode: 0o700 });
       const cg = await createCgroup(spec.id, spec.limits);
       // the lab refuses a system machine without a user namespace before it gets here (raise.ts)
-      if (spec.init === 'systemd') await delegateCgroup(cg, spec.userns!.base);
-      return cg;
+      if (spec.init === 'systemd') return { cg, payload: await delegateCgroup(cg, spec.userns!.base) };
+      return { cg };
     });
     this.prepared.set(spec.id, made);
     await made;
@@ -71,12 +72,12 @@ export class NamespacesDriver implements Driver {
   async raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine> {
     const runDir = this.runDir(spec.id);
     await this.prepare(spec, trace);
-    const cg = await this.prepared.get(spec.id)!;
+    const { cg, payload } = await this.prepared.get(spec.id)!;
     this.prepared.delete(spec.id);
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
     const bwrap = spec.init === 'systemd'
-      ? bootArgs({ hostname: spec.hostname, sharedNetns: spec.netns !== undefined, init: ['/sbin/init'] })
+      ? bootArgs({ hostname: spec.hostname, sharedNetns: spec.netns !== undefined, init: ['/sbin/init'], cgroupProcs: payload! })
       : [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname, sharedNetns: spec.netns !== undefined, staged: spec.userns !== undefined })];
     signal?.throwIfAborted();
     const t0 = Trace.now();
