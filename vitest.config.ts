@@ -9,5 +9,6 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 120_000,
     globalSetup: ['test/global-leaks.ts'],
+    setupFiles: ['test/leak-check.ts'],
   },
 });

@@ -1,12 +1,13 @@
 import { readFileSync, readdirSync, existsSync } from 'node:fs';
 
 /** What the suite must leave behind: nothing of snaplab's in mounts, cgroups, processes or loop devices. */
-function leaks(): string[] {
+export function leaks(): string[] {
   const found: string[] = [];
   for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
     if (line.includes('snaplab')) found.push(`mount: ${line.split(' ')[4]}`);
   }
-  for (const root of ['/sys/fs/cgroup', ...readdirSync('/sys/fs/cgroup').map((d) => `/sys/fs/cgroup/${d}`)]) {
+  // (on a host whose PID 1 is systemd, snaplab's cgroups are in its scope: src/host/cgroups-scope.ts)
+  for (const root of ['/sys/fs/cgroup', '/sys/fs/cgroup/snaplab.slice/snaplab.scope', ...readdirSync('/sys/fs/cgroup').map((d) => `/sys/fs/cgroup/${d}`)]) {
     const dir = `${root}/snaplab`;
     if (!existsSync(dir)) continue;
     for (const e of readdirSync(dir, { withFileTypes: true })) if (e.isDirectory()) found.push(`cgroup: ${dir}/${e.name}`);
@@ -37,7 +38,7 @@ export function setup(): void {
   before = new Set(leaks());
 }
 
-/** Fails the run when the suite left anything it did not find there at the start. */
+/** Fails the run when the suite left anything it did not find there at the start (test/leak-check.ts names the file). */
 export function teardown(): void {
   const left = leaks().filter((l) => !before.has(l));
   if (left.length) throw new Error(`the test suite leaked snaplab host objects:\n  ${left.join('\n  ')}`);

@@ -17,7 +17,7 @@ beforeAll(async () => {
   box = await lab.create({ name: 'iso' });
 });
 afterAll(async () => {
-  box.close();
+  box?.close(); // undefined when the create in beforeAll failed: the lab is still disposed
   await disposeLab(lab);
 });
 

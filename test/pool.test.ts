@@ -10,8 +10,11 @@ beforeAll(async () => {
   lab = await testLab();
 });
 afterAll(async () => {
-  for (const p of await lab.pools()) await lab.pool(p.name).remove();
-  await disposeLab(lab);
+  try {
+    for (const p of (await lab?.pools()) ?? []) await lab.pool(p.name).remove();
+  } finally {
+    await disposeLab(lab);
+  }
 });
 
 const until = async (check: () => Promise<boolean>, ms = 20_000): Promise<void> => {

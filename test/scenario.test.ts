@@ -13,7 +13,7 @@ beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'snaplab-test-scn-'));
 });
 afterAll(async () => {
-  for (const s of lab.scenarios()) await s.down().catch(() => undefined);
+  for (const s of lab?.scenarios() ?? []) await s.down().catch(() => undefined);
   await disposeLab(lab);
   rmSync(dir, { recursive: true, force: true });
 });
