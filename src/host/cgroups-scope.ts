@@ -53,7 +53,7 @@ async function makeScope(scopeDir: string): Promise<void> {
   if ((await keeperPids(scopeDir)).length) return;
   // the keeper moves itself into its leaf before it sleeps; two creates at once both try, and
   // systemd refuses the second ("unit already exists"): both then wait for the one keeper
-  const script = `d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup) && mkdir -p "$d/${KEEPER}" && echo $$ > "$d/${KEEPER}/cgroup.procs" && exec sleep infinity`;
+  const script = `d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup) && mkdir -p "$d/${KEEPER}" && echo $$ > "$d/${KEEPER}/cgroup.procs" && exec sleep infinity 2>/dev/null`;
   const args = ['--scope', '--quiet', '--collect', `--unit=${SCOPE_UNIT}`, `--slice=${SCOPE_SLICE}`, '--property=Delegate=yes',
     '--description=snaplab sandboxes and VMs (gc stops it when none is left)', '--', 'sh', '-c', script];
   const child = spawn('systemd-run', args, { detached: true, stdio: ['ignore', 'ignore', 'pipe'] });

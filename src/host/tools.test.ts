@@ -48,6 +48,7 @@ const NONLITERAL: Record<string, string> = {
   'test/images.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/debian-image.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/system.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/userns.test.ts SNAPLAB': 'the snaplab command, built by npm run build (doctor)',
   'test/copy.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/ports.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/terminal.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
