@@ -5,7 +5,7 @@ import { processStartTime } from '../src/host/procs.js';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cgroupFor } from '../src/host/cgroups.js';
+import { cgroupFor, pids } from '../src/host/cgroups.js';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
@@ -170,7 +170,7 @@ describe('system machines (--init systemd) on namespaces', () => {
     // unreadable inside), so ptrace, pidfd_getfd and /proc/PID/mem need CAP_SYS_PTRACE on the host.
     // The kernel shows it in who owns a non-dumpable process's /proc files (its directory aside):
     // the root of that namespace, here the host's (with the binary readable: the machine's root)
-    const procs = readFileSync(join(cgroupFor(box.info.id).dirs[0]!, 'cgroup.procs'), 'utf8').trim().split('\n').map(Number);
+    const procs = await pids(cgroupFor(box.info.id)); // its leaves included (supervisor, payload)
     const agent = procs.find((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('/run/snaplab/agent\0serve'));
     expect(agent).toBeDefined();
     expect(box.info.uidBase).toBeGreaterThan(0);

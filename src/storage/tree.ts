@@ -52,8 +52,20 @@ export async function removeTree(path: string): Promise<void> {
   await rm(path, { recursive: true, force: true });
 }
 
-/** Is `name` listed in /proc/filesystems (i.e. the kernel can mount it now)? */
-export async function kernelHasFs(name: string): Promise<boolean> {
+async function listedFs(name: string): Promise<boolean> {
   const text = await readFile('/proc/filesystems', 'utf8').catch(() => '');
   return text.split('\n').some((l) => l.split('\t').pop()?.trim() === name);
+}
+
+/**
+ * Can the kernel mount `name` now? Listed in /proc/filesystems, or loaded first: Debian's kernels
+ * have btrfs and overlay as modules, which a host fresh from boot has not loaded yet (a stock
+ * Debian 12 guest said "btrfs not in /proc/filesystems" to every create until `modprobe btrfs`).
+ * A mount would load it on demand; the probe asks before any mount, so it loads it itself, as
+ * Docker does for overlay.
+ */
+export async function kernelHasFs(name: string): Promise<boolean> {
+  if (await listedFs(name)) return true;
+  const r = await run('modprobe', ['-q', name], { allowFail: true }).catch(() => undefined); // no kmod: the answer is no
+  return r?.code === 0 && (await listedFs(name));
 }

@@ -25,14 +25,21 @@ const MAX_AGE_MS = 7 * 24 * 3600 * 1000;
  * systemd, systemd-sysv, udev, kmod, iproute2, procps (important), dbus (standard), bubblewrap,
  * busybox-static, btrfs-progs, curl (optional). libstdc++6, which /usr/bin/node needs, comes with apt.
  */
+/**
+ * The suite of both trees: bookworm (Debian 12) in the suite; SNAPLAB_STOCK_SUITE=trixie runs the
+ * same file on Debian 13's userland (systemd 257), an optional second run (the guest kernel is the
+ * qemu driver's, Debian 12's cloud kernel, either way).
+ */
+export const STOCK_SUITE = process.env.SNAPLAB_STOCK_SUITE || 'bookworm';
+
 export const HOST_SPEC: DebianSpec = {
-  suite: 'bookworm',
+  suite: STOCK_SUITE,
   variant: 'minbase',
   packages: ['systemd', 'systemd-sysv', 'dbus', 'udev', 'kmod', 'bubblewrap', 'busybox-static', 'btrfs-progs', 'iproute2', 'e2fsprogs', 'procps', 'curl', 'util-linux', 'mount'],
 };
 
 /** The system machine's image inside the guest: the least that boots systemd (as test/system.test.ts's, without sudo). */
-export const SYSD_SPEC: DebianSpec = { suite: 'bookworm', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'dbus'] };
+export const SYSD_SPEC: DebianSpec = { suite: STOCK_SUITE, variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'dbus'] };
 
 const TAR_FLAGS = ['--numeric-owner', '--xattrs', '--xattrs-include=*', '--acls'];
 

@@ -27,7 +27,7 @@ export class BtrfsBackend implements StorageBackend {
     try {
       const missing = await toolsVerdict('btrfs', 'btrfs storage');
       if (missing) return missing;
-      if (!(await kernelHasFs('btrfs'))) return { ok: false, reason: 'btrfs not in /proc/filesystems', fix: 'modprobe btrfs' };
+      if (!(await kernelHasFs('btrfs'))) return { ok: false, reason: 'the kernel has no btrfs: not in /proc/filesystems, and `modprobe btrfs` could not load it', fix: 'apt-get install kmod, or a kernel with btrfs (CONFIG_BTRFS_FS)' };
       const layout = await this.where();
       if (!layout.image) return { ok: true, reason: `${this.home} is on btrfs: subvolumes in ${layout.volumes}` };
       if (layout.mountPoint && (await poolMounted(layout.mountPoint))) {

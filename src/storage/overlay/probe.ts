@@ -17,7 +17,7 @@ export async function probeOverlay(home: string, root: string): Promise<Availabi
     const missing = await toolsVerdict('overlay', 'overlay storage');
     if (missing) return missing;
     if (!(await kernelHasFs('overlay'))) {
-      return { ok: false, reason: 'overlay not in /proc/filesystems', fix: 'modprobe overlay' };
+      return { ok: false, reason: 'the kernel has no overlay: not in /proc/filesystems, and `modprobe overlay` could not load it', fix: 'apt-get install kmod, or a kernel with overlayfs (CONFIG_OVERLAY_FS)' };
     }
     await mkdir(root, { recursive: true });
     dir = await mkdtemp(join(root, '.probe-'));
