@@ -1,7 +1,7 @@
 /*
  * snaplab-agent boot: raise a system machine, whose PID 1 is the image's own init (systemd).
  *
- *   snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] [--cgroup PROCS] -- INIT [ARGS]
+ *   snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] [--cgroup PROCS] [--agent-cgroup PROCS] -- INIT [ARGS]
  *
  * Run by the host helper's launcher as the root of the machine's user namespace, in a mount
  * namespace of its own where DIR is the machine's (idmapped) root and PATH the agent binary (see
@@ -13,8 +13,9 @@
  * stdout, the machine's log), forks the agent (agent_child: it waits, then joins the machine from
  * outside its pid namespace), unshares pid, ipc, uts (and net, with --net) namespaces, and forks
  * the machine's PID 1. PID 1 moves itself into the cgroup delegated to the machine's systemd
- * (--cgroup: its cgroup.procs; the monitor and the agent stay in the leaf beside it, see
- * src/host/cgroups.ts delegateCgroup) and makes its cgroup namespace there, then mounts /proc, a read-only /sys, the cgroup2 subtree of its
+ * (--cgroup: its cgroup.procs; the monitor stays in the leaf beside it, and the agent moves into
+ * a leaf of its own inside, --agent-cgroup: see src/host/cgroups.ts delegateCgroup) and makes
+ * its cgroup namespace there, then mounts /proc, a read-only /sys, the cgroup2 subtree of its
  * own cgroup at /sys/fs/cgroup, a /dev of bound host devices with its own devpts, tmpfs /run and
  * /tmp, the agent read-only at /run/snaplab/agent; pivots into DIR; tells the agent it may join,
  * and execs INIT with container=snaplab. The monitor reports PID 1's host pid on
@@ -264,7 +265,7 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
  * the host's root), so the kernel gives that memory to the initial user namespace (would_dump),
  * and ptrace, pidfd_getfd and /proc/PID/mem of either need CAP_SYS_PTRACE there.
  */
-static _Noreturn void agent_child(const char *agent, const char *caps, int pid_fd, int up_fd)
+static _Noreturn void agent_child(const char *agent, const char *caps, const char *agent_cgroup, int pid_fd, int up_fd)
 {
 	pid_t p, monitor = getppid();
 	char b;
@@ -276,6 +277,16 @@ static _Noreturn void agent_child(const char *agent, const char *caps, int pid_f
 		_exit(125); /* PID 1 did not come up: the monitor reports why */
 	close(pid_fd);
 	close(up_fd);
+	/* into the leaf made for it in the machine's delegated cgroup (src/host/cgroups.ts), while
+	 * still in the host's cgroup namespace: its commands are then inside the machine's, where its
+	 * systemd can move them (systemd-run --scope, pam_systemd); with nsdelegate it could not move
+	 * a process from outside its namespace's root */
+	if (agent_cgroup) {
+		int f = open(agent_cgroup, O_WRONLY | O_CLOEXEC);
+		if (f < 0 || write(f, "0", 1) != 1)
+			BOOT_FAIL("join the agent's cgroup");
+		close(f);
+	}
 	int exe = open(agent, O_PATH | O_CLOEXEC);
 	if (exe < 0)
 		BOOT_FAIL("open the agent");
@@ -318,7 +329,7 @@ static _Noreturn void agent_child(const char *agent, const char *caps, int pid_f
 
 int boot_main(int argc, char **argv)
 {
-	const char *root = NULL, *agent = NULL, *hostname = "machine", *caps = NULL, *cgroup = NULL;
+	const char *root = NULL, *agent = NULL, *hostname = "machine", *caps = NULL, *cgroup = NULL, *agent_cgroup = NULL;
 	int net = 0, i = 2;
 	for (; i < argc; i++) {
 		if (strcmp(argv[i], "--") == 0) {
@@ -335,6 +346,8 @@ int boot_main(int argc, char **argv)
 			caps = argv[++i];
 		else if (strcmp(argv[i], "--cgroup") == 0 && i + 1 < argc)
 			cgroup = argv[++i];
+		else if (strcmp(argv[i], "--agent-cgroup") == 0 && i + 1 < argc)
+			agent_cgroup = argv[++i];
 		else if (strcmp(argv[i], "--net") == 0)
 			net = 1;
 		else {
@@ -343,7 +356,7 @@ int boot_main(int argc, char **argv)
 		}
 	}
 	if (!root || !agent || i >= argc) {
-		fprintf(stderr, "usage: snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] [--cgroup PROCS] -- INIT [ARGS]\n");
+		fprintf(stderr, "usage: snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] [--cgroup PROCS] [--agent-cgroup PROCS] -- INIT [ARGS]\n");
 		return 2;
 	}
 	/* the console: a pty of the host's devpts, opened before the namespaces so that its slave
@@ -382,7 +395,7 @@ int boot_main(int argc, char **argv)
 		close(4);
 		close(pid_pipe[1]);
 		close(up_pipe[1]);
-		agent_child(agent, caps, pid_pipe[0], up_pipe[0]);
+		agent_child(agent, caps, agent_cgroup, pid_pipe[0], up_pipe[0]);
 	}
 	close(pid_pipe[0]);
 	close(up_pipe[0]);

@@ -297,14 +297,20 @@ static int lookup(const char *home, const char *name, struct target *t)
 	return rc;
 }
 
-/* The memory cgroup's OOM kill count, as src/host/cgroups oomKills reads it (v1, else v2); 0 if unreadable. */
+/* The memory cgroup's OOM kill count, as src/host/cgroups oomKills reads it (v1, else v2 in
+ * snaplab's systemd scope on a systemd host, else v2 under the root: src/host/cgroups-scope.ts);
+ * 0 if unreadable. */
 static long oom_kills(const char *id)
 {
+	static const char *const where[] = {
+		"/sys/fs/cgroup/memory/snaplab/%s/memory.oom_control",
+		"/sys/fs/cgroup/snaplab.slice/snaplab.scope/snaplab/%s/memory.events",
+		"/sys/fs/cgroup/snaplab/%s/memory.events",
+	};
 	char path[PATH_MAX], line[256];
-	snprintf(path, sizeof path, "/sys/fs/cgroup/memory/snaplab/%s/memory.oom_control", id);
-	FILE *f = fopen(path, "re");
-	if (!f) {
-		snprintf(path, sizeof path, "/sys/fs/cgroup/snaplab/%s/memory.events", id);
+	FILE *f = NULL;
+	for (size_t i = 0; !f && i < sizeof where / sizeof *where; i++) {
+		snprintf(path, sizeof path, where[i], id);
 		f = fopen(path, "re");
 	}
 	if (!f) return 0;

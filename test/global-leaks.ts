@@ -18,7 +18,7 @@ export function leaks(): string[] {
       // machine's monitor (native/boot.c) is orphaned to the host's init, which reaps on its own
       // schedule (seconds, on this host's process_api)
       const state = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '')[0];
-      if (state !== 'Z' && readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes('/snaplab/')) found.push(`process: ${pid}`);
+      if (state !== 'Z' && /\/snaplab\/|\/snaplab\.scope\//.test(readFileSync(`/proc/${pid}/cgroup`, 'utf8'))) found.push(`process: ${pid}`);
     } catch { /* exited */ }
   }
   if (existsSync('/sys/block')) {

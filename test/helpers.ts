@@ -36,6 +36,10 @@ export async function disposeLab(lab: Lab | undefined): Promise<void> {
   await step(() => lab.gc());
   const home = lab.home;
   lab.close();
-  rmSync(home, { recursive: true, force: true });
+  try {
+    rmSync(home, { recursive: true, force: true });
+  } catch (e) {
+    failures.push(e);
+  }
   if (failures.length) throw failures[0];
 }

@@ -14,6 +14,7 @@ import { Lab } from '../sdk/lab.js';
 import { probeUserns } from '../host/userns-probe.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { SnaplabError } from '../errors.js';
+import { join } from 'node:path';
 
 export interface Check extends Availability {
   name: string;
@@ -44,22 +45,28 @@ async function busyboxCheck(): Promise<Availability> {
  * such create failed in the agent's hardening. Not a readiness condition: a sandbox that cannot
  * get one fails with the reason, or runs with --no-userns.
  */
-async function usernsChecks(home: string, ready: boolean): Promise<Check[]> {
+async function usernsChecks(home: string, ready: boolean, working: Set<string>): Promise<Check[]> {
   const kinds: StorageKind[] = ['btrfs', 'dir', 'overlay'];
-  if (!ready) return kinds.map((k) => ({ name: `userns: ${k}`, kind: 'storage', optional: true, ok: false, reason: 'not tried: the namespaces driver does not work here (above)' }));
+  const skip = (k: StorageKind): string | undefined =>
+    !ready ? 'not tried: the namespaces driver does not work here (above)' : !working.has(k) ? `not tried: ${k} storage does not work here (above)` : undefined;
+  if (!kinds.some((k) => !skip(k))) return kinds.map((k) => ({ name: `userns: ${k}`, kind: 'storage', optional: true, ok: false, reason: skip(k)! }));
   const lab = await Lab.open({ home });
   try {
     const out: Check[] = [];
-    for (const k of kinds) out.push({ name: `userns: ${k}`, kind: 'storage', optional: true, ...(await sandboxInUserns(lab, k)) });
+    for (const k of kinds) {
+      const why = skip(k);
+      out.push({ name: `userns: ${k}`, kind: 'storage', optional: true, ...(why ? { ok: false, reason: why } : await sandboxInUserns(lab, k)) });
+    }
     return out;
   } finally {
     lab.close();
   }
 }
 
+/** (named, so that `ls` says what it is while it runs, and one left by a doctor that was killed is found) */
 async function sandboxInUserns(lab: Lab, storage: StorageKind): Promise<Availability> {
   try {
-    const box = await lab.create({ image: 'busybox', storage, userns: true });
+    const box = await lab.create({ image: 'busybox', storage, userns: true, name: `doctor-${process.pid}-${storage}` });
     try {
       const r = await box.exec(['cat', '/proc/self/uid_map']);
       if (r.exitCode !== 0) return { ok: false, reason: `a command in the sandbox failed (exit ${r.exitCode}): ${r.stderr.toString().trim()}` };
@@ -70,7 +77,7 @@ async function sandboxInUserns(lab: Lab, storage: StorageKind): Promise<Availabi
   } catch (e) {
     const err = e as SnaplabError;
     // the idmap step alone says more where it is what fails (a filesystem without idmapped mounts)
-    const idmap = await probeUserns(lab.home);
+    const idmap = await probeUserns(storage === 'btrfs' ? join(lab.home, 'btrfs', 'volumes') : lab.home); // where the backend's volumes are
     if (!idmap.ok) return { ok: false, reason: `${err.message} (${idmap.reason})`, ...(idmap.fix ? { fix: idmap.fix } : {}) };
     return { ok: false, reason: err.message, fix: err.hint ?? '--no-userns runs without one (root inside is then host root)' };
   }
@@ -97,7 +104,7 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   checks.push({ name: 'namespaces', kind: 'driver', ...ns });
   checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
   for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
-  checks.push(...(await usernsChecks(home, ns.ok)));
+  checks.push(...(await usernsChecks(home, ns.ok, new Set(checks.filter((c) => c.kind === 'storage' && c.ok).map((c) => c.name)))));
   checks.push(...(await diskCapChecks(home)));
   checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
   // features beyond a single sandbox: snaplab runs without them, but they fail when used

@@ -33,10 +33,13 @@ export async function snaplabCgroupsOnHost(): Promise<Cgroup[]> {
       // v1 hierarchies belong to the default root; a cgroup2 mount is a root of its own, whose
       // snaplab/ may be in snaplab's systemd scope (cgroups-scope.ts)
       const root = m.fstype === 'cgroup2' ? m.target : DEFAULT_ROOT;
+      // (and under the root too: a sandbox made before snaplab moved into its scope)
       const base = m.fstype === 'cgroup2' ? detectCgroups(m.target).base : m.target;
-      for (const id of await idsUnder(base)) {
-        const key = `${root}\0${id}`;
-        if (!found.has(key)) found.set(key, cgroupFor(id, { root }));
+      for (const dir of new Set([base, m.target])) {
+        for (const id of await idsUnder(dir)) {
+          const key = `${root}\0${id}`;
+          if (!found.has(key)) found.set(key, cgroupFor(id, { root }));
+        }
       }
     }),
   );
@@ -89,10 +92,10 @@ export async function removeEmptySnaplabParents(): Promise<void> {
   await Promise.all(
     mounts.map(async (m) => {
       const base = m.fstype === 'cgroup2' ? detectCgroups(m.target).base : m.target;
-      if (base.endsWith(SCOPE_PATH)) return stopScopeIfIdle(base);
-      await rmdir(`${base}/${PARENT}`).catch((e: unknown) => {
+      await rmdir(`${m.target}/${PARENT}`).catch((e: unknown) => {
         if (!['ENOENT', 'EBUSY', 'ENOTEMPTY'].includes(errno(e) ?? '')) throw e;
       });
+      if (base.endsWith(SCOPE_PATH)) await stopScopeIfIdle(base);
     }),
   );
 }

@@ -1,8 +1,9 @@
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { readFile, rmdir } from 'node:fs/promises';
+import { mkdir, rmdir } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
-import { cgError, errno, poll, readText } from './cgroups-fs.js';
+import { cgError, errno, poll, readText, writeText } from './cgroups-fs.js';
+import { run } from './run.js';
 import { signal } from './procs.js';
 
 /**
@@ -39,7 +40,11 @@ async function keeperPids(scopeDir: string): Promise<number[]> {
 
 const inflight = new Map<string, Promise<void>>();
 
-/** The scope, made when missing (its keeper in place): once per process, and again after gc stopped it. */
+/**
+ * The scope with its keeper in place: made when missing (once per process, and again after gc
+ * stopped it); a scope that lost its keeper (killed by hand, or gc racing a create that had
+ * already put a sandbox in it) gets a new one.
+ */
 export function ensureScope(scopeDir: string): Promise<void> {
   let p = inflight.get(scopeDir);
   if (!p) {
@@ -49,14 +54,42 @@ export function ensureScope(scopeDir: string): Promise<void> {
   return p;
 }
 
+/**
+ * The scope's properties. Delegate=yes: the subtree is snaplab's. MemoryAccounting=no: systemd
+ * 252 (Debian 12) stops a scope, SIGTERM to everything in it, when memory.events counts an OOM
+ * kill (scopes have OOMPolicy= only from 253, where a delegated scope defaults to continue), and
+ * that count is hierarchical: one sandbox killed under its own memory.max would have taken every
+ * sandbox and VM down. Without accounting systemd does not watch the file; the controller is
+ * still delegated (snaplab sets and reads the limits itself). TasksMax=infinity: the default
+ * (DefaultTasksMax, 15% of the host's threads) would cap all sandboxes together.
+ */
+const SCOPE_PROPERTIES = ['Delegate=yes', 'MemoryAccounting=no', 'TasksMax=infinity'];
+
 async function makeScope(scopeDir: string): Promise<void> {
   if ((await keeperPids(scopeDir)).length) return;
-  // the keeper moves itself into its leaf before it sleeps; two creates at once both try, and
-  // systemd refuses the second ("unit already exists"): both then wait for the one keeper
+  const deadline = performance.now() + READY_MS;
+  let why = '';
+  while (performance.now() < deadline) {
+    if (existsSync(scopeDir)) {
+      await adoptScope(scopeDir);
+      return;
+    }
+    why = await startScope(scopeDir, deadline);
+    if (!why) return;
+    await new Promise((r) => setTimeout(r, 100)); // a scope still being stopped: systemd refuses its name until then
+  }
+  const placed = await run('systemctl', ['show', '-p', 'ControlGroup', '--value', SCOPE_UNIT], { allowFail: true }).then((r) => r.stdout.trim(), () => '');
+  throw new SnaplabError('CGROUP_FAILED', `cannot make the systemd scope ${SCOPE_UNIT} for snaplab's cgroups: ${why || 'no keeper appeared'}${placed && placed !== SCOPE_PATH ? ` (systemd put it at ${placed}, not ${SCOPE_PATH})` : ''}`,
+    'is systemd running as PID 1 with cgroup v2 (systemctl status)? SNAPLAB_CGROUP_SCOPE=0 puts snaplab\'s cgroups under the root cgroup instead');
+}
+
+/** systemd-run makes the scope around the keeper, which moves itself into its leaf; '' when it is there. */
+async function startScope(scopeDir: string, deadline: number): Promise<string> {
   const script = `d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup) && mkdir -p "$d/${KEEPER}" && echo $$ > "$d/${KEEPER}/cgroup.procs" && exec sleep infinity 2>/dev/null`;
-  const args = ['--scope', '--quiet', '--collect', `--unit=${SCOPE_UNIT}`, `--slice=${SCOPE_SLICE}`, '--property=Delegate=yes',
+  const args = ['--scope', '--quiet', '--collect', `--unit=${SCOPE_UNIT}`, `--slice=${SCOPE_SLICE}`, ...SCOPE_PROPERTIES.map((p) => `--property=${p}`),
     '--description=snaplab sandboxes and VMs (gc stops it when none is left)', '--', 'sh', '-c', script];
-  const child = spawn('systemd-run', args, { detached: true, stdio: ['ignore', 'ignore', 'pipe'] });
+  // cwd /: the keeper lives on, and must not hold the caller's directory (a mount) busy
+  const child = spawn('systemd-run', args, { detached: true, cwd: '/', stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   let exited: number | null | undefined;
   child.stderr!.on('data', (b: Buffer) => (stderr += b.toString()));
@@ -66,23 +99,33 @@ async function makeScope(scopeDir: string): Promise<void> {
     exited = -1;
   });
   child.unref();
-  const ready = await poll(async () => (await keeperPids(scopeDir)).length > 0, READY_MS);
+  // systemd-run execs the keeper: an exit is a refusal (another process made the scope first, or
+  // one is still being stopped), and the loop above looks again
+  await poll(async () => exited !== undefined || (await keeperPids(scopeDir)).length > 0, Math.max(0, deadline - performance.now()));
   child.stderr!.destroy();
-  if (!ready) {
-    throw new SnaplabError('CGROUP_FAILED', `cannot make the systemd scope ${SCOPE_UNIT} for snaplab's cgroups${exited !== undefined ? ` (systemd-run exited ${exited})` : ''}: ${stderr.trim() || 'no keeper appeared in ' + scopeDir}`,
-      `is systemd running as PID 1 with cgroup v2 (systemctl status)? SNAPLAB_CGROUP_SCOPE=0 puts snaplab's cgroups under the root cgroup instead`);
-  }
-  const [pid] = await keeperPids(scopeDir);
-  const own = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
-  if (!own.includes(`0::${SCOPE_PATH}/${KEEPER}`)) {
-    throw cgError(`the systemd scope ${SCOPE_UNIT} is not at ${scopeDir} (its keeper is in ${own.trim()}); this systemd names cgroups differently`);
+  if ((await keeperPids(scopeDir)).length) return '';
+  return `systemd-run ${exited === undefined ? 'made no keeper' : `exited ${exited}`}: ${stderr.trim()}`;
+}
+
+/** A scope that is there without a keeper: a new keeper, put in its leaf by us. */
+async function adoptScope(scopeDir: string): Promise<void> {
+  await mkdir(`${scopeDir}/${KEEPER}`, { recursive: true });
+  const keeper = spawn('sleep', ['infinity'], { detached: true, cwd: '/', stdio: 'ignore' });
+  keeper.unref();
+  try {
+    await writeText(`${scopeDir}/${KEEPER}/cgroup.procs`, String(keeper.pid));
+  } catch (e) {
+    keeper.kill('SIGKILL');
+    throw cgError(`cannot put a keeper in the systemd scope ${SCOPE_UNIT} at ${scopeDir}`, e);
   }
 }
 
 /**
  * Stop the scope when it holds no sandbox (gc, test teardown): its `snaplab/` parent removed, the
- * keeper killed; systemd then removes the scope. A create racing with this finds the parent gone
- * and makes the scope again.
+ * keeper killed; systemd then removes the scope. A create racing with this either finds the
+ * scope gone and makes it again, or has put its sandbox in first, and the next create gives the
+ * scope a new keeper (adoptScope); a create whose empty cgroup systemd removed in between fails
+ * with ENOENT and leaves nothing.
  */
 export async function stopScopeIfIdle(scopeDir: string): Promise<void> {
   try {

@@ -1,4 +1,4 @@
-import { close as fsClose, constants, open as fsOpen, write as fsWrite } from 'node:fs';
+import { close as fsClose, constants, existsSync, open as fsOpen, write as fsWrite } from 'node:fs';
 import { chown, mkdir, readFile, rmdir } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
 import { DEFAULT_ROOT, detectCgroups, USED_CONTROLLERS, type Controller } from './cgroups-detect.js';
@@ -29,8 +29,10 @@ export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
   const layout = detectCgroups(opts.root ?? DEFAULT_ROOT);
   const controllerDirs: Partial<Record<Controller, string>> = {};
   const dirs: string[] = [];
+  // a sandbox made before snaplab moved into its systemd scope keeps its cgroup under the root
+  const base = layout.base !== layout.root && existsSync(`${layout.root}/${PARENT}/${id}`) ? layout.root : layout.base;
   if (layout.version === 2) {
-    const dir = `${layout.base}/${PARENT}/${id}`;
+    const dir = `${base}/${PARENT}/${id}`;
     dirs.push(dir);
     for (const c of v2.V2_LIMIT_CONTROLLERS) if (layout.controllers.includes(c)) controllerDirs[c] = dir;
     controllerDirs.freezer = dir; // cgroup.freeze is core in v2
@@ -46,7 +48,7 @@ export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
   return {
     id,
     version: layout.version,
-    root: layout.base,
+    root: base,
     dirs,
     procsFiles: dirs.map((d) => `${d}/cgroup.procs`),
     controllerDirs,
@@ -85,22 +87,28 @@ const DELEGATED_MAX_DESCENDANTS = 4096;
 /** The files of a cgroup2 directory that its owner must own to manage the subtree (cgroup-v2.rst "Delegation"). */
 const DELEGATED = ['', '/cgroup.procs', '/cgroup.threads', '/cgroup.subtree_control'];
 
-/** A system machine's two leaves, as systemd-nspawn makes them: its monitor and agent, and its systemd's tree. */
+/** A system machine's two leaves, as systemd-nspawn makes them: its monitor, and its systemd's tree. */
 export const SUPERVISOR = 'supervisor';
 export const PAYLOAD = 'payload';
+/** The agent's leaf inside payload: its commands in the machine's cgroup namespace, where its systemd can move them. */
+export const AGENT_LEAF = 'snaplab-agent';
 
 /**
  * Give a system machine's root a cgroup2 subtree of its own (systemd as PID 1 needs one): on v2
  * in the machine's directory, on a v1 hybrid host in a directory in the unified mount. Two leaves:
- * `supervisor`, where the launcher puts the monitor and the agent (procsFiles), and `payload`,
- * owned by `uid` (the mapped root), which PID 1 moves itself into before it makes its cgroup
- * namespace (native/boot.c --cgroup): its systemd makes its slices there and nowhere else. On v2
- * a cgroup that holds processes cannot give its children controllers, so with the monitor in the
+ * `supervisor`, where the launcher puts the monitor (procsFiles), and `payload`, owned by `uid`
+ * (the mapped root), which PID 1 moves itself into before it makes its cgroup namespace
+ * (native/boot.c --cgroup): its systemd makes its slices there and nowhere else. The agent moves
+ * itself into `payload/snaplab-agent` (--agent-cgroup), a leaf the host owns, so that its
+ * commands are inside the machine's cgroup namespace: with nsdelegate (stock Debian) systemd
+ * inside can move only processes it can see there (systemd-run --scope, pam_systemd). On v2 a
+ * cgroup that holds processes cannot give its children controllers, so with the monitor in the
  * machine's directory systemd inside got none and its units' MemoryMax= did nothing; with the
  * split the directory holds none, its controllers are enabled for both leaves, and payload's
- * subtree_control is systemd's to write. Returns payload's cgroup.procs for the boot.
+ * subtree_control is systemd's to write. Returns the cgroup.procs files of payload and of the
+ * agent's leaf, for the boot.
  */
-export async function delegateCgroup(cg: Cgroup, uid: number): Promise<string> {
+export async function delegateCgroup(cg: Cgroup, uid: number): Promise<{ payload: string; agent: string }> {
   let dir: string;
   if (cg.version === 2) dir = cg.dirs[0]!;
   else if (cg.unifiedDir) {
@@ -135,12 +143,17 @@ export async function delegateCgroup(cg: Cgroup, uid: number): Promise<string> {
   await writeText(`${payload}/cgroup.max.depth`, String(DELEGATED_MAX_DEPTH));
   await writeText(`${payload}/cgroup.max.descendants`, String(DELEGATED_MAX_DESCENDANTS));
   for (const f of DELEGATED) await chownDelegated(`${payload}${f}`, uid);
+  // the agent's leaf: made before its systemd starts (which leaves a cgroup it did not make
+  // alone), the host's but for cgroup.procs, which the agent writes itself into
+  const agent = `${payload}/${AGENT_LEAF}`;
+  await mkdir(agent);
+  await chownDelegated(`${agent}/cgroup.procs`, uid);
   // PID 1's move from supervisor to payload needs the common parent's cgroup.procs writable by
   // it too (cgroup-v2.rst "Delegation Containment"). Nothing inside can name that directory (its
   // cgroup namespace is rooted at payload), and it has controllers enabled, so no process can
   // be put in it.
   await chownDelegated(`${dir}/cgroup.procs`, uid);
-  return `${payload}/cgroup.procs`;
+  return { payload: `${payload}/cgroup.procs`, agent: `${agent}/cgroup.procs` };
 }
 
 async function chownDelegated(path: string, uid: number): Promise<void> {

@@ -230,11 +230,15 @@ export async function assembleStage(lab: Lab, kernelVersion: string): Promise<St
     const sysdDir = join(scratch, 'sysd');
     mkdirSync(sysdDir);
     // the trees are extracted (or built) while the kernel's package is fetched and unpacked
-    const [host, sysd, modules] = await Promise.all([
+    // (allSettled: a failure must not remove the directories while the others still write there)
+    const settled = await Promise.allSettled([
       timed(ms, 'host tree', () => treeInto(lab, HOST_SPEC, 'stock-host-tree', dir)),
       timed(ms, 'sysd tree', () => treeInto(lab, SYSD_SPEC, 'stock-sysd-tree', sysdDir)),
       timed(ms, 'kernel package', () => fetchModules(kernelVersion, scratch)),
-    ]);
+    ] as const);
+    const failed = settled.find((r) => r.status === 'rejected');
+    if (failed) throw (failed as PromiseRejectedResult).reason;
+    const [host, sysd, modules] = settled.map((r) => (r as PromiseFulfilledResult<unknown>).value) as [Tree, Tree, string];
     await timed(ms, 'modules + depmod', () => installModules(dir, kernelVersion, modules));
     await timed(ms, 'runtime', async () => {
       await dropAptLists(sysdDir);

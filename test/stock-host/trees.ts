@@ -76,7 +76,8 @@ export async function treeInto(lab: Lab, spec: DebianSpec, name: string, dest: s
   const built = await lab.buildImage(spec, { name });
   const tree = built.image.path;
   const copy = run('cp', ['-a', '--reflink=auto', '--', `${tree}/.`, dest]);
-  if (tar) {
+  const cached = (async () => {
+    if (!tar) return;
     mkdirSync(join(CACHE_DIR!, 'trees'), { recursive: true, mode: 0o700 });
     const tmp = `${tar}.tmp-${process.pid}-${Date.now()}`;
     try {
@@ -85,8 +86,11 @@ export async function treeInto(lab: Lab, spec: DebianSpec, name: string, dest: s
     } finally {
       await rm(tmp, { force: true });
     }
-  }
-  await copy;
+  })();
+  // both awaited, whichever fails: no copy left running into a directory being removed
+  const [c, t] = await Promise.allSettled([copy, cached]);
+  if (c.status === 'rejected') throw c.reason;
+  if (t.status === 'rejected') throw t.reason;
   await lab.removeImage(name);
   return { cached: false, ms: performance.now() - t0 };
 }

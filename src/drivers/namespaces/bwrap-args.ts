@@ -77,7 +77,7 @@ export function bwrapArgs(i: BwrapInput): string[] {
  * would keep sudo from ever working. The agent binary itself, staged by the launcher, makes the
  * namespaces and mounts and execs the image's init as PID 1, the agent beside it.
  */
-export function bootArgs(i: { hostname: string; sharedNetns: boolean; init: string[]; cgroupProcs: string }): string[] {
+export function bootArgs(i: { hostname: string; sharedNetns: boolean; init: string[]; cgroups: { payload: string; agent: string } }): string[] {
   return [
     STAGED_AGENT, 'boot',
     '--root', STAGED_ROOT,
@@ -85,7 +85,8 @@ export function bootArgs(i: { hostname: string; sharedNetns: boolean; init: stri
     '--hostname', i.hostname,
     ...(i.sharedNetns ? [] : ['--net']),
     '--caps', SYSTEM_CAPABILITIES.join(','),
-    '--cgroup', i.cgroupProcs,
+    '--cgroup', i.cgroups.payload,
+    '--agent-cgroup', i.cgroups.agent,
     '--', ...i.init,
   ];
 }

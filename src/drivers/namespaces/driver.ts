@@ -26,7 +26,7 @@ export class NamespacesDriver implements Driver {
   readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false, pauseStandbys: false, userns: true };
   private bwrap: string | undefined;
   /** each machine's cgroup, made ahead of its raise; a system machine's with its payload leaf's cgroup.procs */
-  private readonly prepared = new Map<string, Promise<{ cg: Cgroup; payload?: string }>>();
+  private readonly prepared = new Map<string, Promise<{ cg: Cgroup; delegated?: { payload: string; agent: string } }>>();
 
   constructor(private readonly home: string) {}
 
@@ -62,7 +62,7 @@ export class NamespacesDriver implements Driver {
       await mkdir(this.runDir(spec.id), { recursive: true, mode: 0o700 });
       const cg = await createCgroup(spec.id, spec.limits);
       // the lab refuses a system machine without a user namespace before it gets here (raise.ts)
-      if (spec.init === 'systemd') return { cg, payload: await delegateCgroup(cg, spec.userns!.base) };
+      if (spec.init === 'systemd') return { cg, delegated: await delegateCgroup(cg, spec.userns!.base) };
       return { cg };
     });
     this.prepared.set(spec.id, made);
@@ -72,12 +72,12 @@ export class NamespacesDriver implements Driver {
   async raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine> {
     const runDir = this.runDir(spec.id);
     await this.prepare(spec, trace);
-    const { cg, payload } = await this.prepared.get(spec.id)!;
+    const { cg, delegated } = await this.prepared.get(spec.id)!;
     this.prepared.delete(spec.id);
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
     const bwrap = spec.init === 'systemd'
-      ? bootArgs({ hostname: spec.hostname, sharedNetns: spec.netns !== undefined, init: ['/sbin/init'], cgroupProcs: payload! })
+      ? bootArgs({ hostname: spec.hostname, sharedNetns: spec.netns !== undefined, init: ['/sbin/init'], cgroups: delegated! })
       : [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname, sharedNetns: spec.netns !== undefined, staged: spec.userns !== undefined })];
     signal?.throwIfAborted();
     const t0 = Trace.now();
