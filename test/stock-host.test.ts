@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFailed } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import { disposeLab, testLab } from './helpers.js';
 import { raiseStockHost, report, type GuestRun, type StockHost } from './stock-host/guest.js';
@@ -105,7 +105,7 @@ describe('snaplab on the stock host', () => {
   }
 
   it('holds limits in its delegated scope across a daemon-reload; a hog is OOM-killed; pause, resume, snapshot and restore work', async () => {
-    onTestFinished(async () => {
+    onTestFailed(async () => {
       // when an expectation failed before its own rm (rm of a name that is not there is exit 2)
       for (const n of ['lim', 'lim2', 'nb', 'nb2']) await need().snaplab(['rm', n]);
       await need().snaplab(['snapshot', 'rm', 'base']);
@@ -150,6 +150,9 @@ describe('snaplab on the stock host', () => {
   }, 300_000);
 
   it('serves a pool', async () => {
+    onTestFailed(async () => {
+      await need().snaplab(['pool', 'rm', 'jobs']);
+    });
     await ok(['pool', 'create', 'jobs', '--image', 'busybox', '--size', '2'], { timeoutMs: 120_000 });
     const r = await ok(['run', '--pool', 'jobs', '--', 'echo', 'pooled']);
     expect(r.stdout).toBe('pooled\n');
@@ -157,6 +160,11 @@ describe('snaplab on the stock host', () => {
   }, 300_000);
 
   it('boots a system machine whose systemd has controllers for its units: a unit\'s MemoryMax= holds', async () => {
+    onTestFailed(async () => {
+      // when an expectation failed before its own rm: the image would keep the pool mounted past gc
+      await need().snaplab(['rm', 'sys1']);
+      await need().snaplab(['image', 'rm', 'sysd']);
+    });
     await ok(['image', 'import', '/opt/stock/sysd', '--name', 'sysd'], { timeoutMs: 180_000 });
     await ok(['create', '--image', 'sysd', '--init', 'systemd', '--name', 'sys1', '--memory', '512M'], { timeoutMs: 180_000 });
     const inside = async (script: string): Promise<GuestRun> => need().snaplab(['exec', 'sys1', '--', 'sh', '-c', script]);
@@ -184,6 +192,9 @@ machines:
   a: { image: busybox, networks: { net: {} } }
   b: { image: busybox, networks: { net: {} } }
 EOF`);
+    onTestFailed(async () => {
+      await need().snaplab(['down', 'duo'], { timeoutMs: 120_000 });
+    });
     await ok(['up', '/root/duo.yaml', '--name', 'duo'], { timeoutMs: 180_000 });
     const ping = await need().snaplab(['exec', 'duo/a', '--', 'ping', '-c', '1', '-W', '5', 'b']);
     expect(ping.code, shown(ping)).toBe(0);
@@ -191,7 +202,7 @@ EOF`);
   }, 420_000);
 
   it('runs the daemon from the shipped unit under the host\'s systemd; its sandboxes are in snaplab.scope, not its unit', async () => {
-    onTestFinished(async () => {
+    onTestFailed(async () => {
       await need().sh('systemctl stop snaplab'); // when an expectation failed before its own stop
     });
     await sh('cp /opt/snaplab/deploy/systemd/snaplab.service /etc/systemd/system/ && systemctl daemon-reload && systemctl start snaplab && for i in $(seq 1 600); do [ -S /var/lib/snaplab/daemon.sock ] && break; sleep 0.1; done; systemctl is-active snaplab');
