@@ -247,6 +247,16 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(spawnSync(SNAPLAB, ['rm', 'logged'], { env }).status).toBe(0);
   });
 
+  it('boot Debian 13 (systemd 257) too: its systemctl says "system scope bus" while it starts', async () => {
+    await lab.buildImage({ suite: 'trixie', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'dbus'] }, { name: 'sysd13' });
+    await using box = await lab.create({ image: 'sysd13', init: 'systemd' });
+    expect(await out(box, ['systemctl', 'is-system-running'])).toBe('running');
+    expect(await out(box, ['sh', '-c', '. /etc/os-release && echo $VERSION_CODENAME'])).toBe('trixie');
+    // an exec is in the machine's cgroup namespace, where its systemd can move it into a scope
+    expect(await out(box, ['sh', '-c', 'grep ^0:: /proc/self/cgroup'])).toBe('0::/snaplab-agent');
+    expect(await out(box, ['sh', '-c', 'systemd-run --scope --quiet grep ^0:: /proc/self/cgroup'])).toMatch(/^0::\/.*\.scope$/);
+  }, 600_000);
+
   it('boot where the host\'s /dev is mounted nosuid (stock Debian): the agent\'s and boot\'s remounts keep the locked flag', async () => {
     const env = { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_NO_FAST: '1' };
     const made = snaplabWithNosuidDev(['create', '--image', 'sysd', '--name', 'nosuid-sys'], env);

@@ -27,13 +27,14 @@ async function inMachine(agent: AgentClient, argv: string[], timeoutMs: number):
  */
 export async function waitSystemRunning(agent: AgentClient, timeoutMs = SYSTEM_BOOT_TIMEOUT_MS): Promise<SystemState> {
   // until systemd's private socket exists, systemctl answers "offline" at once, --wait or not
+  // ("Failed to connect to bus" before systemd 257, "… to system scope bus via local transport" from it)
   const deadline = Date.now() + timeoutMs;
   let r: { code: number; out: string };
   let state: string;
   for (;;) {
     r = await inMachine(agent, ['systemctl', 'is-system-running', '--wait'], Math.max(1, deadline - Date.now()));
     state = r.out.split('\n').pop() ?? '';
-    if (!/^offline$|Failed to connect to bus/.test(state) || Date.now() > deadline) break;
+    if (!/^offline$|Failed to connect to (system scope )?bus/.test(state) || Date.now() > deadline) break;
     await new Promise((done) => setTimeout(done, 20));
   }
   if (state === 'running') return { state, failed: [] };
