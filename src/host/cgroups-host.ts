@@ -115,6 +115,7 @@ export async function probeCgroupMoves(): Promise<Availability> {
   const dir = layout.version === 2 ? `${layout.base}/${PARENT}-probe-${process.pid}` : `${layout.hierarchies.pids ?? layout.hierarchies.freezer}/${PARENT}-probe-${process.pid}`;
   const scoped = layout.base.endsWith(SCOPE_PATH);
   const child = spawn('sleep', ['5'], { stdio: 'ignore' });
+  let verdict: Availability;
   try {
     if (scoped) await ensureScope(layout.base);
     await mkdir(dir);
@@ -123,14 +124,17 @@ export async function probeCgroupMoves(): Promise<Availability> {
     writeFileSync(`${dir}/cgroup.procs`, String(child.pid));
     const ms = performance.now() - t0;
     const took = `moving a process into a cgroup took ${ms.toFixed(2)} ms`;
-    if (ms < 2) return { ok: true, reason: took };
-    return { ok: false, reason: `${took} (an RCU grace period; paid by each raise when raises are spaced out; optional tuning)`, fix };
+    verdict = ms < 2 ? { ok: true, reason: took } : { ok: false, reason: `${took} (an RCU grace period; paid by each raise when raises are spaced out; optional tuning)`, fix };
   } catch (e) {
-    return { ok: false, reason: `could not measure a cgroup move: ${(e as Error).message}`, fix };
-  } finally {
-    child.kill('SIGKILL');
-    await new Promise((r) => child.once('exit', r));
-    await rmdir(dir).catch(() => undefined);
-    if (scoped) await stopScopeIfIdle(layout.base).catch(() => undefined);
+    verdict = { ok: false, reason: `could not measure a cgroup move: ${(e as Error).message}`, fix };
   }
+  // clean up, and say what could not be (gc removes it later)
+  child.kill('SIGKILL');
+  await new Promise((r) => child.once('exit', r));
+  const left: string[] = [];
+  await rmdir(dir).catch((e: unknown) => {
+    if (errno(e) !== 'ENOENT') left.push(`${dir} (${errno(e)})`);
+  });
+  if (scoped) await stopScopeIfIdle(layout.base).catch((e: unknown) => left.push(`${SCOPE_UNIT} (${(e as Error).message})`));
+  return left.length ? { ...verdict, reason: `${verdict.reason}; could not remove ${left.join(', ')}: snaplab gc does` } : verdict;
 }

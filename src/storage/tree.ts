@@ -66,6 +66,12 @@ async function listedFs(name: string): Promise<boolean> {
  */
 export async function kernelHasFs(name: string): Promise<boolean> {
   if (await listedFs(name)) return true;
-  const r = await run('modprobe', ['-q', name], { allowFail: true }).catch(() => undefined); // no kmod: the answer is no
-  return r?.code === 0 && (await listedFs(name));
+  try {
+    const r = await run('modprobe', ['-q', name], { allowFail: true });
+    return r.code === 0 && (await listedFs(name));
+  } catch (e) {
+    // modprobe itself is missing (no kmod): the answer is no, and the probe's fix names kmod
+    if (e instanceof SnaplabError && e.code === 'HOST_COMMAND_FAILED') return false;
+    throw e;
+  }
 }
