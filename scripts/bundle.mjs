@@ -19,6 +19,8 @@ await build({
   sourcemap: true,
   chunkNames: 'chunks/[name]-[hash]',
   // commander and better-sqlite3's loader are CommonJS: give the bundle a require of its own
-  banner: { js: "import { createRequire as __snaplabRequire } from 'node:module';\nconst require = __snaplabRequire(import.meta.url);" },
+  banner: {
+    js: "import { createRequire as __snaplabRequire } from 'node:module';\nconst require = __snaplabRequire(import.meta.url);",
+  },
   logLevel: 'warning',
 });

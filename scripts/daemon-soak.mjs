@@ -27,8 +27,13 @@ const home = mkdtempSync(join(tmpdir(), 'snaplab-soak-'));
 const env = { ...process.env, SNAPLAB_HOME: home };
 const cli = (a) => spawnSync(SNAPLAB, a, { env, encoding: 'utf8' });
 const token = cli(['key', 'create', 'soak', '--scope', 'read,exec,admin']).stdout.trim();
-const daemon = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', '--default-timeout', '0'], { env, stdio: ['ignore', 'pipe', 'ignore'] });
-const { url } = await new Promise((resolve) => daemon.stdout.once('data', (b) => resolve(JSON.parse(String(b).split('\n')[0]))));
+const daemon = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', '--default-timeout', '0'], {
+  env,
+  stdio: ['ignore', 'pipe', 'ignore'],
+});
+const { url } = await new Promise((resolve) =>
+  daemon.stdout.once('data', (b) => resolve(JSON.parse(String(b).split('\n')[0]))),
+);
 const rss = () => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${daemon.pid}/status`, 'utf8'))[1]) * 1024;
 const pct = (xs, p) => xs.sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
 const mib = (n) => `${(n / 2 ** 20).toFixed(1)} MiB`;
@@ -41,34 +46,44 @@ try {
   await Promise.all(clients.map((c) => c.pool('soak').run(['true'])));
   const rssStart = rss();
   const lat = [];
-  let ok = 0, wrong = 0, failed = 0;
+  let ok = 0,
+    wrong = 0,
+    failed = 0;
   const errors = new Map();
   const end = Date.now() + SECONDS * 1000;
   const t0 = performance.now();
   const samples = [];
   const sampler = setInterval(() => samples.push(rss()), 10_000);
-  await Promise.all(clients.map(async (c) => {
-    const pool = c.pool('soak');
-    while (Date.now() < end) {
-      const want = randomBytes(12).toString('hex');
-      const s = performance.now();
-      try {
-        const r = await pool.run(['sh', '-c', 'echo "$WANT"; test -e /tmp/left && echo DIRTY; touch /tmp/left'], { env: { WANT: want } });
-        lat.push(performance.now() - s);
-        if (r.exitCode === 0 && r.stdout.toString() === `${want}\n`) ok++;
-        else wrong++;
-      } catch (e) {
-        failed++;
-        errors.set(e.code ?? e.message, (errors.get(e.code ?? e.message) ?? 0) + 1);
+  await Promise.all(
+    clients.map(async (c) => {
+      const pool = c.pool('soak');
+      while (Date.now() < end) {
+        const want = randomBytes(12).toString('hex');
+        const s = performance.now();
+        try {
+          const r = await pool.run(['sh', '-c', 'echo "$WANT"; test -e /tmp/left && echo DIRTY; touch /tmp/left'], {
+            env: { WANT: want },
+          });
+          lat.push(performance.now() - s);
+          if (r.exitCode === 0 && r.stdout.toString() === `${want}\n`) ok++;
+          else wrong++;
+        } catch (e) {
+          failed++;
+          errors.set(e.code ?? e.message, (errors.get(e.code ?? e.message) ?? 0) + 1);
+        }
       }
-    }
-  }));
+    }),
+  );
   const secs = (performance.now() - t0) / 1000;
   clearInterval(sampler);
   const rssEnd = rss();
   console.log(`soak: ${CLIENTS} clients, ${SECONDS} s, a fresh sandbox per request (pool of ${POOL})`);
-  console.log(`  requests ${ok + wrong + failed}: correct ${ok}, wrong or mixed-up ${wrong}, failed ${failed}${errors.size ? ` ${JSON.stringify(Object.fromEntries(errors))}` : ''}`);
-  console.log(`  throughput ${(ok / secs).toFixed(1)}/s; latency p50 ${pct(lat, 50).toFixed(1)} ms, p99 ${pct(lat, 99).toFixed(1)} ms`);
+  console.log(
+    `  requests ${ok + wrong + failed}: correct ${ok}, wrong or mixed-up ${wrong}, failed ${failed}${errors.size ? ` ${JSON.stringify(Object.fromEntries(errors))}` : ''}`,
+  );
+  console.log(
+    `  throughput ${(ok / secs).toFixed(1)}/s; latency p50 ${pct(lat, 50).toFixed(1)} ms, p99 ${pct(lat, 99).toFixed(1)} ms`,
+  );
   console.log(`  daemon RSS: start ${mib(rssStart)}, every 10 s ${samples.map(mib).join(', ')}, end ${mib(rssEnd)}`);
   for (const c of clients) c.close();
 
@@ -84,13 +99,16 @@ try {
     if (r.exitCode !== 0 || n !== bytes) throw new Error(`stream got ${n} of ${bytes}`);
     return bytes / 2 ** 20 / ((performance.now() - s) / 1000);
   };
-  const a = [], b = [];
+  const a = [],
+    b = [];
   for (let i = 0; i < 3; i++) {
     a.push(await rate(localBox));
     b.push(await rate(remoteBox));
   }
   const med = (xs) => xs.sort((x, y) => x - y)[1];
-  console.log(`stream ${STREAM_MIB} MiB of stdout, median of 3: in-process ${med(a).toFixed(0)} MiB/s, through the daemon ${med(b).toFixed(0)} MiB/s (${(med(b) / med(a)).toFixed(2)}x)`);
+  console.log(
+    `stream ${STREAM_MIB} MiB of stdout, median of 3: in-process ${med(a).toFixed(0)} MiB/s, through the daemon ${med(b).toFixed(0)} MiB/s (${(med(b) / med(a)).toFixed(2)}x)`,
+  );
   localBox.close();
   local.close();
   await remoteBox.destroy();

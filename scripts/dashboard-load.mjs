@@ -14,7 +14,13 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { chromium } from 'playwright-core';
 
-const { values } = parseArgs({ options: { machines: { type: 'string', default: '500' }, rate: { type: 'string', default: '100' }, seconds: { type: 'string', default: '10' } } });
+const { values } = parseArgs({
+  options: {
+    machines: { type: 'string', default: '500' },
+    rate: { type: 'string', default: '100' },
+    seconds: { type: 'string', default: '10' },
+  },
+});
 const N = Number(values.machines);
 const RATE = Number(values.rate);
 const SECONDS = Number(values.seconds);
@@ -27,7 +33,11 @@ const log = (m) => process.stderr.write(`${m}\n`);
 process.stderr.on('error', () => {});
 process.stdout.on('error', () => {});
 let interrupted = false;
-for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.once(sig, () => { interrupted = true; stop?.(); });
+for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'])
+  process.once(sig, () => {
+    interrupted = true;
+    stop?.();
+  });
 let stop;
 const pct = (xs, p) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -38,45 +48,76 @@ let daemon;
 let browser;
 try {
   const key = cli('key', 'create', 'load', '--scope', 'read,exec,admin').stdout.trim();
-  daemon = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', '--default-timeout', '0'], { env, stdio: ['ignore', 'pipe', 'ignore'] });
+  daemon = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', '--default-timeout', '0'], {
+    env,
+    stdio: ['ignore', 'pipe', 'ignore'],
+  });
   const url = await new Promise((resolve, reject) => {
     let out = '';
-    daemon.stdout.on('data', (c) => { out += c; if (out.includes('\n')) resolve(JSON.parse(out.split('\n')[0]).url); });
+    daemon.stdout.on('data', (c) => {
+      out += c;
+      if (out.includes('\n')) resolve(JSON.parse(out.split('\n')[0]).url);
+    });
     daemon.once('exit', (c) => reject(new Error(`snaplab serve exited ${c}`)));
   });
   const call = async (method, path, body) => {
-    const res = await fetch(`${url}${path}`, { method, headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body && JSON.stringify(body) });
+    const res = await fetch(`${url}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+      body: body && JSON.stringify(body),
+    });
     if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
     return res.status === 204 ? undefined : res.json();
   };
 
-  const aborted = new Promise((_, reject) => { stop = () => reject(new Error('interrupted')); });
+  const aborted = new Promise((_, reject) => {
+    stop = () => reject(new Error('interrupted'));
+  });
   aborted.catch(() => {});
   log(`making ${N} machines…`);
   const t0 = Date.now();
   const ids = [];
   let next = 0;
   let made = 0;
-  await Promise.race([aborted, Promise.all(Array.from({ length: 8 }, async () => {
-    while (next < N && !interrupted) {
-      const i = next++;
-      ids[i] = (await call('POST', '/sandboxes', { image: 'busybox', name: `m${i}`, timeoutS: 0 })).id; // m${i}'s id, whatever order they end in
-      if (++made % 100 === 0) log(`  ${made}/${N}`);
-    }
-  }))]);
+  await Promise.race([
+    aborted,
+    Promise.all(
+      Array.from({ length: 8 }, async () => {
+        while (next < N && !interrupted) {
+          const i = next++;
+          ids[i] = (await call('POST', '/sandboxes', { image: 'busybox', name: `m${i}`, timeoutS: 0 })).id; // m${i}'s id, whatever order they end in
+          if (++made % 100 === 0) log(`  ${made}/${N}`);
+        }
+      }),
+    ),
+  ]);
   log(`  made in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 
   browser = await chromium.launch({
     executablePath: '/usr/bin/chromium',
     // playwright would exit on these itself, before the clean-up: they are this script's to handle
-    handleSIGINT: false, handleSIGTERM: false, handleSIGHUP: false,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1'],
+    handleSIGINT: false,
+    handleSIGTERM: false,
+    handleSIGHUP: false,
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+      '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1',
+    ],
   });
   const page = await (await browser.newContext({ viewport: { width: 1280, height: 800 } })).newPage();
   await page.addInitScript((k) => sessionStorage.setItem('snaplab.key', k), key);
   const navStart = Date.now();
   await page.goto(`${url}/#/machines`);
-  await page.waitForFunction((n) => document.querySelectorAll('tr[data-machine]').length >= n, N, { timeout: 120_000, polling: 'raf' });
+  await page.waitForFunction((n) => document.querySelectorAll('tr[data-machine]').length >= n, N, {
+    timeout: 120_000,
+    polling: 'raf',
+  });
   const renderMs = Date.now() - navStart;
   log(`list of ${N} rendered in ${renderMs} ms`);
 
@@ -89,20 +130,41 @@ try {
     // what the event stream said, beside what the rows show (to tell a lost event from a lost render)
     w.__events = [];
     const es = new EventSource(`/events?token=${encodeURIComponent(sessionStorage.getItem('snaplab.key'))}`);
-    for (const t of ['paused', 'resumed']) es.addEventListener(t, (m) => { const e = JSON.parse(m.data); w.__events.push([e.name, t, Date.now()]); });
+    for (const t of ['paused', 'resumed'])
+      es.addEventListener(t, (m) => {
+        const e = JSON.parse(m.data);
+        w.__events.push([e.name, t, Date.now()]);
+      });
     new MutationObserver((ms) => {
       const at = Date.now();
-      for (const m of ms) if (m.attributeName === 'data-state') w.__changes.push([m.target.getAttribute('data-machine'), m.target.getAttribute('data-state'), at]);
-    }).observe(document.querySelector('tbody'), { attributes: true, subtree: true, attributeFilter: ['data-state'], childList: true });
+      for (const m of ms)
+        if (m.attributeName === 'data-state')
+          w.__changes.push([m.target.getAttribute('data-machine'), m.target.getAttribute('data-state'), at]);
+    }).observe(document.querySelector('tbody'), {
+      attributes: true,
+      subtree: true,
+      attributeFilter: ['data-state'],
+      childList: true,
+    });
     let last = performance.now();
-    const tick = (t) => { w.__gaps.push(t - last); last = t; if (!w.__stop) requestAnimationFrame(tick); };
+    const tick = (t) => {
+      w.__gaps.push(t - last);
+      last = t;
+      if (!w.__stop) requestAnimationFrame(tick);
+    };
     requestAnimationFrame(tick);
-    new PerformanceObserver((l) => { for (const e of l.getEntries()) w.__long.push(e.duration); }).observe({ type: 'longtask', buffered: false });
+    new PerformanceObserver((l) => {
+      for (const e of l.getEntries()) w.__long.push(e.duration);
+    }).observe({ type: 'longtask', buffered: false });
   });
 
   // a quiet spell first: what the page costs with no events (usage polls, the clock)
   await new Promise((r) => setTimeout(r, 5000));
-  const idle = await page.evaluate(() => { const w = window; const o = { gaps: w.__gaps.splice(0), long: w.__long.splice(0) }; return o; });
+  const idle = await page.evaluate(() => {
+    const w = window;
+    const o = { gaps: w.__gaps.splice(0), long: w.__long.splice(0) };
+    return o;
+  });
 
   // pause/resume at RATE events per second: each machine paused, then resumed, round robin
   log(`events at ${RATE}/s for ${SECONDS} s…`);
@@ -120,13 +182,20 @@ try {
     const to = paused.has(name) ? 'resume' : 'pause';
     if (to === 'pause') paused.add(name);
     else paused.delete(name);
-    inflight.push(call('POST', `/sandboxes/${ids[i]}/${to}`).then(() => sent.push([name, to === 'pause' ? 'paused' : 'running', Date.now()])));
+    inflight.push(
+      call('POST', `/sandboxes/${ids[i]}/${to}`).then(() =>
+        sent.push([name, to === 'pause' ? 'paused' : 'running', Date.now()]),
+      ),
+    );
     k++;
   }
   await Promise.all(inflight);
   const achieved = k / ((Date.now() - stormStart) / 1000);
   await new Promise((r) => setTimeout(r, 3000)); // the last events reach the page
-  const { changes, gaps, long, events } = await page.evaluate(() => { window.__stop = true; return { changes: window.__changes, gaps: window.__gaps, long: window.__long, events: window.__events }; });
+  const { changes, gaps, long, events } = await page.evaluate(() => {
+    window.__stop = true;
+    return { changes: window.__changes, gaps: window.__gaps, long: window.__long, events: window.__events };
+  });
   // each answered call → the first change of that row to that state after it was sent
   const lat = [];
   const missing = [];
@@ -136,15 +205,45 @@ try {
     const seen = (byRow.get(name) ?? []).find((c) => c[1] === state && c[2] >= at - 1000);
     if (seen) {
       lat.push(Math.max(0, seen[2] - at));
-      byRow.set(name, byRow.get(name).filter((c) => c !== seen));
-    } else missing.push({ name, state, at, seen: (byRow.get(name) ?? []).map((c) => [c[1], c[2] - at]), events: events.filter((e) => e[0] === name).map((e) => [e[1], e[2] - at]) });
+      byRow.set(
+        name,
+        byRow.get(name).filter((c) => c !== seen),
+      );
+    } else
+      missing.push({
+        name,
+        state,
+        at,
+        seen: (byRow.get(name) ?? []).map((c) => [c[1], c[2] - at]),
+        events: events.filter((e) => e[0] === name).map((e) => [e[1], e[2] - at]),
+      });
   }
   const out = {
-    machines: N, renderMs,
-    idle: { seconds: 5, maxGapMs: pct(idle.gaps, 100), longTasks: idle.long.length, longestTaskMs: pct(idle.long, 100) },
-    events: { asked: RATE, achievedPerS: Math.round(achieved * 10) / 10, sent: sent.length, shown: lat.length, missing: missing.length, ...(missing.length ? { missed: missing.slice(0, 5) } : {}) },
+    machines: N,
+    renderMs,
+    idle: {
+      seconds: 5,
+      maxGapMs: pct(idle.gaps, 100),
+      longTasks: idle.long.length,
+      longestTaskMs: pct(idle.long, 100),
+    },
+    events: {
+      asked: RATE,
+      achievedPerS: Math.round(achieved * 10) / 10,
+      sent: sent.length,
+      shown: lat.length,
+      missing: missing.length,
+      ...(missing.length ? { missed: missing.slice(0, 5) } : {}),
+    },
     eventToDomMs: { p50: pct(lat, 50), p99: pct(lat, 99), max: pct(lat, 100) },
-    frames: { count: gaps.length, p50GapMs: pct(gaps, 50), p99GapMs: pct(gaps, 99), maxGapMs: pct(gaps, 100), longTasks: long.length, longestTaskMs: pct(long, 100) },
+    frames: {
+      count: gaps.length,
+      p50GapMs: pct(gaps, 50),
+      p99GapMs: pct(gaps, 99),
+      maxGapMs: pct(gaps, 100),
+      longTasks: long.length,
+      longestTaskMs: pct(long, 100),
+    },
   };
   process.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
 } catch (e) {

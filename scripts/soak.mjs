@@ -39,9 +39,16 @@ const clients = Number(o.clients);
 const durationMs = Number(o.duration) * 1000;
 const killEveryMs = Number(o['kill-every']) * 1000;
 const poolSize = Number(o['pool-size']);
-for (const [k, v] of [['clients', clients], ['duration', durationMs], ['kill-every', killEveryMs], ['pool-size', poolSize]]) {
+for (const [k, v] of [
+  ['clients', clients],
+  ['duration', durationMs],
+  ['kill-every', killEveryMs],
+  ['pool-size', poolSize],
+]) {
   if (!Number.isFinite(v) || v < 0) {
-    console.error(`error[BAD_INPUT]: --${k} must be a number ≥ 0\nhint: e.g. --clients 64 --duration 600 --kill-every 20 --pool-size 8`);
+    console.error(
+      `error[BAD_INPUT]: --${k} must be a number ≥ 0\nhint: e.g. --clients 64 --duration 600 --kill-every 20 --pool-size 8`,
+    );
     process.exit(2);
   }
 }
@@ -83,7 +90,9 @@ async function startDaemon() {
 }
 
 const { Lab } = await import(join(root, 'dist', 'sdk', 'index.js'));
-log(`home ${home}; ${clients} clients, ${durationMs / 1000} s, a kill every ~${killEveryMs / 1000} s, pool of ${poolSize}`);
+log(
+  `home ${home}; ${clients} clients, ${durationMs / 1000} s, a kill every ~${killEveryMs / 1000} s, pool of ${poolSize}`,
+);
 await startDaemon();
 const lab = await Lab.connect({ url: `unix:${join(home, 'daemon.sock')}` });
 const pool = await lab.createPool({ name: 'soak', image: 'busybox', size: poolSize, limits: LIMITS, recycle: true });
@@ -95,7 +104,16 @@ const pool = await lab.createPool({ name: 'soak', image: 'busybox', size: poolSi
 const PRELUDE = '[ -e /tmp/soak-mark ] && echo DIRTY-FILE; ps -o comm | grep -qx sleep && echo DIRTY-PROC; ';
 const SIGNALS = { TERM: 15, KILL: 9, USR1: 10 };
 const KINDS = [
-  ['ok', 30], ['exit', 15], ['signal', 10], ['timeout', 8], ['fork bomb', 4], ['memory', 6], ['disk', 6], ['leave a process', 6], ['leave a file', 6], ['stdin', 9],
+  ['ok', 30],
+  ['exit', 15],
+  ['signal', 10],
+  ['timeout', 8],
+  ['fork bomb', 4],
+  ['memory', 6],
+  ['disk', 6],
+  ['leave a process', 6],
+  ['leave a file', 6],
+  ['stdin', 9],
 ];
 const total = KINDS.reduce((n, [, w]) => n + w, 0);
 function pick() {
@@ -110,22 +128,34 @@ function plan(kind) {
   const sh = (body, opts = {}) => ({ argv: ['sh', '-c', PRELUDE + body], opts: { timeoutMs: 60_000, ...opts } });
   switch (kind) {
     case 'ok':
-      return { ...sh(`echo out-${token}; echo err-${token} >&2`), check: (r) => r.exitCode === 0 && r.stdout === `out-${token}\n` && r.stderr === `err-${token}\n` };
+      return {
+        ...sh(`echo out-${token}; echo err-${token} >&2`),
+        check: (r) => r.exitCode === 0 && r.stdout === `out-${token}\n` && r.stderr === `err-${token}\n`,
+      };
     case 'exit': {
       const n = randomInt(1, 120);
       return { ...sh(`echo ${token}; exit ${n}`), check: (r) => r.exitCode === n && r.stdout === `${token}\n` };
     }
     case 'signal': {
       const [name, num] = Object.entries(SIGNALS)[randomInt(3)];
-      return { ...sh(`echo ${token}; kill -${name} $$; sleep 5`), check: (r) => r.signal === num && r.stdout === `${token}\n` && !r.timedOut };
+      return {
+        ...sh(`echo ${token}; kill -${name} $$; sleep 5`),
+        check: (r) => r.signal === num && r.stdout === `${token}\n` && !r.timedOut,
+      };
     }
     case 'timeout':
       // (the deadline may fall before the shell has printed anything, on a loaded host)
-      return { ...sh(`echo ${token}; sleep 30`, { timeoutMs: 300 }), check: (r) => r.timedOut === true && (r.stdout === `${token}\n` || r.stdout === '') };
+      return {
+        ...sh(`echo ${token}; sleep 30`, { timeoutMs: 300 }),
+        check: (r) => r.timedOut === true && (r.stdout === `${token}\n` || r.stdout === ''),
+      };
     case 'fork bomb':
       // bounded by the pids limit, ended by its deadline: the agent kills its process group
       // (stopped by its deadline, or its shell could not fork its sleep and said so)
-      return { ...sh('b() { b | b & }; b; sleep 30', { timeoutMs: 1500 }), check: (r) => r.timedOut === true || (r.exitCode !== 0 && /fork|resource/i.test(r.stderr)) };
+      return {
+        ...sh('b() { b | b & }; b; sleep 30', { timeoutMs: 1500 }),
+        check: (r) => r.timedOut === true || (r.exitCode !== 0 && /fork|resource/i.test(r.stderr)),
+      };
     case 'memory':
       // at once, past the limit (a command that creeps up to the limit instead can thrash in
       // reclaim for a minute under cgroup v1 before the OOM killer acts: docs/security.md)
@@ -136,11 +166,21 @@ function plan(kind) {
         check: (r) => /quota|space/i.test(r.stdout) && /rc=[1-9]/.test(r.stdout) && !/DIRTY/.test(r.stdout),
       };
     case 'leave a process':
-      return { ...sh(`sleep 1000 >/dev/null 2>&1 & echo ${token}`), check: (r) => r.exitCode === 0 && r.stdout === `${token}\n` };
+      return {
+        ...sh(`sleep 1000 >/dev/null 2>&1 & echo ${token}`),
+        check: (r) => r.exitCode === 0 && r.stdout === `${token}\n`,
+      };
     case 'leave a file':
-      return { ...sh(`echo ${token} > /tmp/soak-mark; cat /tmp/soak-mark`), check: (r) => r.exitCode === 0 && r.stdout === `${token}\n` };
+      return {
+        ...sh(`echo ${token} > /tmp/soak-mark; cat /tmp/soak-mark`),
+        check: (r) => r.exitCode === 0 && r.stdout === `${token}\n`,
+      };
     case 'stdin':
-      return { ...sh('cat'), opts: { timeoutMs: 60_000, stdin: `in-${token}` }, check: (r) => r.exitCode === 0 && r.stdout === `in-${token}` };
+      return {
+        ...sh('cat'),
+        opts: { timeoutMs: 60_000, stdin: `in-${token}` },
+        check: (r) => r.exitCode === 0 && r.stdout === `in-${token}`,
+      };
     default:
       throw new Error(kind);
   }
@@ -160,10 +200,24 @@ async function client() {
     const t0 = Date.now();
     try {
       const r = await pool.run(p.argv, p.opts);
-      const res = { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, oomKilled: r.oomKilled, stdout: text(r.stdout), stderr: text(r.stderr) };
+      const res = {
+        exitCode: r.exitCode,
+        signal: r.signal,
+        timedOut: r.timedOut,
+        oomKilled: r.oomKilled,
+        stdout: text(r.stdout),
+        stderr: text(r.stderr),
+      };
       const dirty = /DIRTY/.test(res.stdout);
       const right = !dirty && p.check(res);
-      results.push({ kind, outcome: right ? 'right' : 'wrong', at: t0, ms: Date.now() - t0, sandbox: r.sandbox, ...(right ? {} : { detail: JSON.stringify({ ...res, sandbox: r.sandbox, hit: r.hit }).slice(0, 600) }) });
+      results.push({
+        kind,
+        outcome: right ? 'right' : 'wrong',
+        at: t0,
+        ms: Date.now() - t0,
+        sandbox: r.sandbox,
+        ...(right ? {} : { detail: JSON.stringify({ ...res, sandbox: r.sandbox, hit: r.hit }).slice(0, 600) }),
+      });
     } catch (e) {
       const t1 = Date.now();
       // cut by a kill of the daemon: only while it was down, or across a kill
@@ -172,10 +226,23 @@ async function client() {
         refusedWhileDown++;
         await new Promise((r) => setTimeout(r, 200 + randomInt(300)));
       } else if (daemonGone(e)) {
-        results.push({ kind, outcome: 'cut', at: t0, ms: t1 - t0, end: t1, detail: `${e.code ?? ''} ${e.message}`.slice(0, 200) });
+        results.push({
+          kind,
+          outcome: 'cut',
+          at: t0,
+          ms: t1 - t0,
+          end: t1,
+          detail: `${e.code ?? ''} ${e.message}`.slice(0, 200),
+        });
         await new Promise((r) => setTimeout(r, 200 + randomInt(300)));
       } else {
-        results.push({ kind, outcome: 'wrong', at: t0, ms: t1 - t0, detail: `${e.code ?? ''} ${e.message}`.slice(0, 600) });
+        results.push({
+          kind,
+          outcome: 'wrong',
+          at: t0,
+          ms: t1 - t0,
+          detail: `${e.code ?? ''} ${e.message}`.slice(0, 600),
+        });
       }
     }
   }
@@ -206,13 +273,24 @@ function sampleIds() {
     const db = new Database(join(home, 'state.db'), { readonly: true, fileMustExist: true });
     for (const row of db.prepare('SELECT id FROM sandboxes').all()) sandboxIds.add(row.id);
     db.close();
-  } catch { /* busy: the next sample */ }
+  } catch {
+    /* busy: the next sample */
+  }
   for (const dir of [join(home, 'run'), join(home, 'btrfs', 'volumes'), join(home, 'storage')]) {
     for (const n of existsSync(dir) ? readdirSync(dir) : []) if (/^[0-9a-f]{12}$/.test(n)) sandboxIds.add(n);
   }
 }
 const sampler = setInterval(sampleIds, 100);
-const cgroupsOnHost = () => new Set(['/sys/fs/cgroup', ...readdirSync('/sys/fs/cgroup').map((d) => `/sys/fs/cgroup/${d}`)].flatMap((b) => (existsSync(`${b}/snaplab`) ? readdirSync(`${b}/snaplab`, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => `${b}/snaplab/${e.name}`) : [])));
+const cgroupsOnHost = () =>
+  new Set(
+    ['/sys/fs/cgroup', ...readdirSync('/sys/fs/cgroup').map((d) => `/sys/fs/cgroup/${d}`)].flatMap((b) =>
+      existsSync(`${b}/snaplab`)
+        ? readdirSync(`${b}/snaplab`, { withFileTypes: true })
+            .filter((e) => e.isDirectory())
+            .map((e) => `${b}/snaplab/${e.name}`)
+        : [],
+    ),
+  );
 const cgroupsBefore = cgroupsOnHost();
 
 const t0 = Date.now();
@@ -239,19 +317,37 @@ const cut = count((r) => r.outcome === 'cut');
 const left = count((r) => r.kind.startsWith('leave a') && r.outcome === 'right');
 const takes = stats.hits + stats.misses;
 const counters = {
-  hits: stats.hits, misses: stats.misses, recycled: stats.recycled, refusedDirty: stats.refusedDirty, leaks: stats.leaks, ready: stats.ready, inUse: stats.inUse,
+  hits: stats.hits,
+  misses: stats.misses,
+  recycled: stats.recycled,
+  refusedDirty: stats.refusedDirty,
+  leaks: stats.leaks,
+  ready: stats.ready,
+  inUse: stats.inUse,
 };
 const counterChecks = [
   [`every execution answered took a machine: hits + misses (${takes}) ≥ answered (${done})`, takes >= done],
   [`no take without an execution: hits + misses (${takes}) ≤ answered + cut (${done + cut})`, takes <= done + cut],
-  [`a machine goes back at most once per take: recycled + refused dirty (${stats.recycled + stats.refusedDirty}) ≤ takes (${takes})`, stats.recycled + stats.refusedDirty <= takes],
-  [`every machine left dirty was refused: refused dirty (${stats.refusedDirty}) ≥ answered "leave a process" and "leave a file" (${left})`, stats.refusedDirty >= left],
+  [
+    `a machine goes back at most once per take: recycled + refused dirty (${stats.recycled + stats.refusedDirty}) ≤ takes (${takes})`,
+    stats.recycled + stats.refusedDirty <= takes,
+  ],
+  [
+    `every machine left dirty was refused: refused dirty (${stats.refusedDirty}) ≥ answered "leave a process" and "leave a file" (${left})`,
+    stats.refusedDirty >= left,
+  ],
   [`nothing in use once the clients stopped (${stats.inUse})`, stats.inUse === 0],
   // a leak is a standby found dead or orphaned: only a kill of the daemon makes them (the machines
   // it held for executions then cut, and those it was raising: at most 2 refills at a time)
-  [`leaks (${stats.leaks}) only from kills: ≤ executions cut (${cut}) + 2 refills per kill (${2 * kills.length})`, stats.leaks <= cut + 2 * kills.length],
+  [
+    `leaks (${stats.leaks}) only from kills: ≤ executions cut (${cut}) + 2 refills per kill (${2 * kills.length})`,
+    stats.leaks <= cut + 2 * kills.length,
+  ],
   // not vacuous: machines did go back, and dirty ones were met and refused
-  [`recycling happened: recycled (${stats.recycled}) > 0 and refused dirty (${stats.refusedDirty}) > 0`, stats.recycled > 0 && stats.refusedDirty > 0],
+  [
+    `recycling happened: recycled (${stats.recycled}) > 0 and refused dirty (${stats.refusedDirty}) > 0`,
+    stats.recycled > 0 && stats.refusedDirty > 0,
+  ],
 ];
 
 // ---- clean-up, then what is left of this home on the host ----
@@ -259,7 +355,10 @@ sampleIds();
 clearInterval(sampler);
 lab.close();
 daemon.proc.kill('SIGTERM');
-const stopped = await Promise.race([daemon.exited.then(() => true), new Promise((r) => setTimeout(() => r(false), 30_000))]);
+const stopped = await Promise.race([
+  daemon.exited.then(() => true),
+  new Promise((r) => setTimeout(() => r(false), 30_000)),
+]);
 if (!stopped) {
   log('the daemon did not stop within 30 s of SIGTERM: killed');
   daemon.proc.kill('SIGKILL');
@@ -279,70 +378,125 @@ await cli(['gc']);
 
 function leftOnHost() {
   const found = [];
-  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) if (line.includes(home)) found.push(`mount ${line.split(' ')[4]}`);
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n'))
+    if (line.includes(home)) found.push(`mount ${line.split(' ')[4]}`);
   const ids = sandboxIds;
-  for (const base of readdirSync('/sys/fs/cgroup').map((d) => `/sys/fs/cgroup/${d}`).concat('/sys/fs/cgroup')) {
+  for (const base of readdirSync('/sys/fs/cgroup')
+    .map((d) => `/sys/fs/cgroup/${d}`)
+    .concat('/sys/fs/cgroup')) {
     for (const id of ids) if (existsSync(`${base}/snaplab/${id}`)) found.push(`cgroup ${base}/snaplab/${id}`);
   }
   for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
     try {
       const cg = readFileSync(`/proc/${pid}/cgroup`, 'utf8');
       for (const id of ids) if (cg.includes(`/snaplab/${id}`)) found.push(`process ${pid} in ${id}`);
-    } catch { /* gone */ }
+    } catch {
+      /* gone */
+    }
   }
   for (const dev of readdirSync('/sys/block').filter((d) => d.startsWith('loop'))) {
     try {
       const f = readFileSync(`/sys/block/${dev}/loop/backing_file`, 'utf8').trim();
       if (f.startsWith(home)) found.push(`loop /dev/${dev} → ${f}`);
-    } catch { /* not attached */ }
+    } catch {
+      /* not attached */
+    }
   }
   const reg = '/run/snaplab/userns';
   for (const n of existsSync(reg) ? readdirSync(reg) : []) {
     try {
       if (JSON.parse(readFileSync(join(reg, n), 'utf8')).home === home) found.push(`user-namespace claim ${n}`);
-    } catch { /* being written or gone */ }
+    } catch {
+      /* being written or gone */
+    }
   }
   // processes that name this home (a relay, a helper or a daemon a kill left behind)
   for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p) && Number(p) !== process.pid)) {
     try {
       const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
       const envn = readFileSync(`/proc/${pid}/environ`, 'utf8');
-      if (cmd.includes(home) || envn.split('\0').includes(`SNAPLAB_HOME=${home}`)) found.push(`process ${pid} (${cmd.replace(/\0/g, ' ').trim().slice(0, 80)})`);
-    } catch { /* gone */ }
+      if (cmd.includes(home) || envn.split('\0').includes(`SNAPLAB_HOME=${home}`))
+        found.push(`process ${pid} (${cmd.replace(/\0/g, ' ').trim().slice(0, 80)})`);
+    } catch {
+      /* gone */
+    }
   }
-  if (o['host-wide']) for (const cg of cgroupsOnHost()) if (!cgroupsBefore.has(cg)) found.push(`cgroup ${cg} (new on the host since the soak began)`);
+  if (o['host-wide'])
+    for (const cg of cgroupsOnHost())
+      if (!cgroupsBefore.has(cg)) found.push(`cgroup ${cg} (new on the host since the soak began)`);
   const shm = `snaplab-${createHash('sha256').update(home).digest('hex').slice(0, 8)}-`;
   for (const n of readdirSync('/dev/shm')) if (n.startsWith(shm)) found.push(`/dev/shm/${n}`);
   return found;
 }
 const leftover = leftOnHost();
 
-const byKind = Object.fromEntries(KINDS.map(([k]) => [k, { right: count((r) => r.kind === k && r.outcome === 'right'), wrong: count((r) => r.kind === k && r.outcome === 'wrong'), cut: count((r) => r.kind === k && r.outcome === 'cut') }]));
+const byKind = Object.fromEntries(
+  KINDS.map(([k]) => [
+    k,
+    {
+      right: count((r) => r.kind === k && r.outcome === 'right'),
+      wrong: count((r) => r.kind === k && r.outcome === 'wrong'),
+      cut: count((r) => r.kind === k && r.outcome === 'cut'),
+    },
+  ]),
+);
 const wrong = results.filter((r) => r.outcome === 'wrong');
-const lat = results.filter((r) => r.outcome === 'right').map((r) => r.ms).sort((a, b) => a - b);
+const lat = results
+  .filter((r) => r.outcome === 'right')
+  .map((r) => r.ms)
+  .sort((a, b) => a - b);
 const q = (p) => (lat.length ? lat[Math.min(lat.length - 1, Math.floor(p * lat.length))] : null);
 const report = {
-  clients, durationS: durationMs / 1000, wallS: Math.round(wallMs / 100) / 10, poolSize,
-  executions: results.length, right: count((r) => r.outcome === 'right'), wrong: wrong.length, cut, refusedWhileDown,
-  perSecond: Math.round((done / (wallMs / 1000)) * 10) / 10, latencyMs: { p50: q(0.5), p99: q(0.99) },
-  kills: kills.length, byKind, counters, counterChecks: counterChecks.map(([what, ok]) => ({ what, ok })),
-  cleanup: { poolRm: rmPool.code, rmAll: rmAll.code, gcRemoved }, sandboxesSeen: sandboxIds.size, leftOnHost: leftover,
+  clients,
+  durationS: durationMs / 1000,
+  wallS: Math.round(wallMs / 100) / 10,
+  poolSize,
+  executions: results.length,
+  right: count((r) => r.outcome === 'right'),
+  wrong: wrong.length,
+  cut,
+  refusedWhileDown,
+  perSecond: Math.round((done / (wallMs / 1000)) * 10) / 10,
+  latencyMs: { p50: q(0.5), p99: q(0.99) },
+  kills: kills.length,
+  byKind,
+  counters,
+  counterChecks: counterChecks.map(([what, ok]) => ({ what, ok })),
+  cleanup: { poolRm: rmPool.code, rmAll: rmAll.code, gcRemoved },
+  sandboxesSeen: sandboxIds.size,
+  leftOnHost: leftover,
   wrongExamples: wrong.slice(0, 10),
-  slowest: [...results].sort((a, b) => b.ms - a.ms).slice(0, 5).map((r) => ({ kind: r.kind, outcome: r.outcome, ms: r.ms, atS: Math.round((r.at - t0) / 100) / 10 })),
+  slowest: [...results]
+    .sort((a, b) => b.ms - a.ms)
+    .slice(0, 5)
+    .map((r) => ({ kind: r.kind, outcome: r.outcome, ms: r.ms, atS: Math.round((r.at - t0) / 100) / 10 })),
 };
 // without kills nothing can be half-made: the clean-up's gc must find nothing then
 const gcOk = kills.length > 0 || gcRemoved.length === 0;
 report.gcCheck = { what: `with no kill, gc after the clean-up removes nothing (${gcRemoved.length})`, ok: gcOk };
-const ok = wrong.length === 0 && counterChecks.every(([, c]) => c) && gcOk && leftover.length === 0 && rmPool.code === 0 && rmAll.code === 0;
+const ok =
+  wrong.length === 0 &&
+  counterChecks.every(([, c]) => c) &&
+  gcOk &&
+  leftover.length === 0 &&
+  rmPool.code === 0 &&
+  rmAll.code === 0;
 report.ok = ok;
 if (o.json) console.log(JSON.stringify(report, null, 2));
 else {
-  console.log(`${report.executions} executions in ${report.wallS} s by ${clients} clients (${report.perSecond}/s answered; p50 ${report.latencyMs.p50} ms, p99 ${report.latencyMs.p99} ms), ${kills.length} kills of the daemon`);
-  console.log(`right ${report.right}, wrong ${report.wrong}, cut by a kill ${cut} (and ${refusedWhileDown} calls refused while the daemon was down, not counted)`);
-  for (const [k, v] of Object.entries(byKind)) console.log(`  ${k.padEnd(16)} right ${v.right}  wrong ${v.wrong}  cut ${v.cut}`);
+  console.log(
+    `${report.executions} executions in ${report.wallS} s by ${clients} clients (${report.perSecond}/s answered; p50 ${report.latencyMs.p50} ms, p99 ${report.latencyMs.p99} ms), ${kills.length} kills of the daemon`,
+  );
+  console.log(
+    `right ${report.right}, wrong ${report.wrong}, cut by a kill ${cut} (and ${refusedWhileDown} calls refused while the daemon was down, not counted)`,
+  );
+  for (const [k, v] of Object.entries(byKind))
+    console.log(`  ${k.padEnd(16)} right ${v.right}  wrong ${v.wrong}  cut ${v.cut}`);
   console.log(`pool: ${JSON.stringify(counters)}`);
   for (const [what, c] of counterChecks) console.log(`  ${c ? 'ok  ' : 'FAIL'} ${what}`);
-  console.log(`gc after the clean-up removed: ${gcRemoved.length ? gcRemoved.join('; ') : 'nothing'}${gcOk ? '' : ' FAIL (no kill made anything half)'}`);
+  console.log(
+    `gc after the clean-up removed: ${gcRemoved.length ? gcRemoved.join('; ') : 'nothing'}${gcOk ? '' : ' FAIL (no kill made anything half)'}`,
+  );
   console.log(`left on the host: ${leftover.length ? leftover.join('; ') : 'nothing'}`);
   for (const w of wrong.slice(0, 10)) console.log(`  wrong: ${w.kind}: ${w.detail}`);
   console.log(`slowest: ${report.slowest.map((r) => `${r.kind} (${r.outcome}) ${r.ms} ms at ${r.atS} s`).join('; ')}`);

@@ -45,7 +45,17 @@ const snaplab = (args: string[]) => run(SNAPLAB, args, 600_000);
 
 beforeAll(async () => {
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-ansible-'));
-  const b = await snaplab(['image', 'build', 'debian', '--suite', 'bookworm', '--packages', 'systemd,systemd-sysv,dbus,sudo,openssh-server,python3,python3-apt', '--name', 'sshd']);
+  const b = await snaplab([
+    'image',
+    'build',
+    'debian',
+    '--suite',
+    'bookworm',
+    '--packages',
+    'systemd,systemd-sysv,dbus,sudo,openssh-server,python3,python3-apt',
+    '--name',
+    'sshd',
+  ]);
   expect(b.code, b.err).toBe(0);
   writeFileSync(
     join(home, 'lab.yaml'),
@@ -83,10 +93,12 @@ afterAll(async () => {
 });
 
 describe('ssh, Ansible and Testinfra reach', () => {
-  it('ssh -F $(snaplab ssh-config) reaches each machine through snaplab proxy, as root with snaplab\'s key', async () => {
+  it("ssh -F $(snaplab ssh-config) reaches each machine through snaplab proxy, as root with snaplab's key", async () => {
     const cfg = (await snaplab(['ssh-config', 'lab', '--path'])).out.trim();
     const text = readFileSync(cfg, 'utf8');
-    expect(text).toMatch(/^Host web$[\s\S]*ProxyCommand env SNAPLAB_HOME=\S+ \S+\/native\/build\/snaplab proxy lab\/web 22$/m);
+    expect(text).toMatch(
+      /^Host web$[\s\S]*ProxyCommand env SNAPLAB_HOME=\S+ \S+\/native\/build\/snaplab proxy lab\/web 22$/m,
+    );
     const r = await run('ssh', ['-F', cfg, 'db', 'hostname; id -un; echo "$SSH_CONNECTION"']);
     expect(r.code, r.err).toBe(0);
     // the connection came from inside the machine itself (loopback): no host address was used
@@ -100,7 +112,11 @@ describe('ssh, Ansible and Testinfra reach', () => {
     expect(ping.out).toMatch(/^web \| SUCCESS => .*"ping": "pong"/m);
     expect(ping.out).toMatch(/^db \| SUCCESS => .*"ping": "pong"/m);
     const groups = JSON.parse((await snaplab(['inventory', 'lab', '--json'])).out);
-    expect(groups).toMatchObject({ webservers: { hosts: ['web'] }, dbservers: { hosts: ['db'] }, lan: { hosts: ['web', 'db'] } });
+    expect(groups).toMatchObject({
+      webservers: { hosts: ['web'] },
+      dbservers: { hosts: ['db'] },
+      lan: { hosts: ['web', 'db'] },
+    });
   });
 
   it('a playbook copies a file, creates a user and installs a package from a local .deb; Testinfra checks a file and a service', async () => {
@@ -108,9 +124,14 @@ describe('ssh, Ansible and Testinfra reach', () => {
     const pkg = join(home, 'pkg');
     mkdirSync(join(pkg, 'DEBIAN'), { recursive: true });
     mkdirSync(join(pkg, 'usr', 'share', 'snaplab-hello'), { recursive: true });
-    writeFileSync(join(pkg, 'DEBIAN', 'control'), 'Package: snaplab-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: snaplab <t@example.invalid>\nDescription: a test package\n');
+    writeFileSync(
+      join(pkg, 'DEBIAN', 'control'),
+      'Package: snaplab-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: snaplab <t@example.invalid>\nDescription: a test package\n',
+    );
     writeFileSync(join(pkg, 'usr', 'share', 'snaplab-hello', 'hello'), 'hello\n');
-    expect((await run('dpkg-deb', ['--root-owner-group', '--build', pkg, join(home, 'snaplab-hello.deb')])).code).toBe(0);
+    expect((await run('dpkg-deb', ['--root-owner-group', '--build', pkg, join(home, 'snaplab-hello.deb')])).code).toBe(
+      0,
+    );
     writeFileSync(join(home, 'motd'), 'provisioned by ansible\n');
     writeFileSync(
       join(home, 'site.yml'),
@@ -137,8 +158,12 @@ describe('ssh, Ansible and Testinfra reach', () => {
     expect(play.out).toMatch(/web\s+: ok=\d+\s+changed=[1-9]\d*\s+unreachable=0\s+failed=0/);
     expect(play.out).toMatch(/db\s+: ok=\d+\s+changed=[1-9]\d*\s+unreachable=0\s+failed=0/);
     for (const m of ['lab/web', 'lab/db']) {
-      expect((await snaplab(['exec', m, '--', 'dpkg-query', '-W', '-f', '${Status}\n', 'snaplab-hello'])).out).toBe('install ok installed\n');
-      expect((await snaplab(['exec', m, '--', 'sh', '-c', 'cat /etc/motd; id -un deploy'])).out).toBe('provisioned by ansible\ndeploy\n');
+      expect((await snaplab(['exec', m, '--', 'dpkg-query', '-W', '-f', '${Status}\n', 'snaplab-hello'])).out).toBe(
+        'install ok installed\n',
+      );
+      expect((await snaplab(['exec', m, '--', 'sh', '-c', 'cat /etc/motd; id -un deploy'])).out).toBe(
+        'provisioned by ansible\ndeploy\n',
+      );
     }
     // a second run changes nothing
     const again = await run('ansible-playbook', ['-i', inv, 'site.yml']);
@@ -146,10 +171,25 @@ describe('ssh, Ansible and Testinfra reach', () => {
 
     writeFileSync(
       join(home, 'test_lab.py'),
-      ['def test_motd(host):', '    assert host.file("/etc/motd").contains("provisioned by ansible")', '', 'def test_sshd(host):', '    assert host.service("ssh").is_running', '    assert host.package("snaplab-hello").is_installed', ''].join('\n'),
+      [
+        'def test_motd(host):',
+        '    assert host.file("/etc/motd").contains("provisioned by ansible")',
+        '',
+        'def test_sshd(host):',
+        '    assert host.service("ssh").is_running',
+        '    assert host.package("snaplab-hello").is_installed',
+        '',
+      ].join('\n'),
     );
     const cfg = (await snaplab(['ssh-config', 'lab', '--path'])).out.trim();
-    const ti = await run('pytest-3', ['-q', '-p', 'no:cacheprovider', '--hosts=ssh://web,ssh://db', `--ssh-config=${cfg}`, 'test_lab.py']);
+    const ti = await run('pytest-3', [
+      '-q',
+      '-p',
+      'no:cacheprovider',
+      '--hosts=ssh://web,ssh://db',
+      `--ssh-config=${cfg}`,
+      'test_lab.py',
+    ]);
     expect(ti.code, ti.out + ti.err).toBe(0);
     expect(ti.out).toMatch(/4 passed/);
   });
@@ -160,10 +200,30 @@ describe('ssh, Ansible and Testinfra reach', () => {
     expect(ping.code, ping.out + ping.err).toBe(0);
     expect(ping.out.match(/SUCCESS/g)?.length).toBe(2);
     writeFileSync(join(home, 'plugin.txt'), 'through the plugin\n');
-    const copy = await run('ansible', ['web', '-i', inv, '-c', 'snaplab', '-m', 'copy', '-a', `src=${join(home, 'plugin.txt')} dest=/root/plugin.txt mode=0600`]);
+    const copy = await run('ansible', [
+      'web',
+      '-i',
+      inv,
+      '-c',
+      'snaplab',
+      '-m',
+      'copy',
+      '-a',
+      `src=${join(home, 'plugin.txt')} dest=/root/plugin.txt mode=0600`,
+    ]);
     expect(copy.code, copy.out + copy.err).toBe(0);
     expect((await snaplab(['exec', 'lab/web', '--', 'stat', '-c', '%a %s', '/root/plugin.txt'])).out).toBe('600 19\n');
-    const fetch = await run('ansible', ['web', '-i', inv, '-c', 'snaplab', '-m', 'fetch', '-a', `src=/etc/hostname dest=${join(home, 'fetched')}/ flat=true`]);
+    const fetch = await run('ansible', [
+      'web',
+      '-i',
+      inv,
+      '-c',
+      'snaplab',
+      '-m',
+      'fetch',
+      '-a',
+      `src=/etc/hostname dest=${join(home, 'fetched')}/ flat=true`,
+    ]);
     expect(fetch.code, fetch.out + fetch.err).toBe(0);
     expect(readFileSync(join(home, 'fetched', 'hostname'), 'utf8')).toBe('web\n');
     writeFileSync(join(home, 'ghost.ini'), 'ghost snaplab_machine=lab/ghost\n');

@@ -12,8 +12,22 @@ export const SNAPLAB = join(import.meta.dirname, '..', 'native', 'build', 'snapl
  * project's machines mount it without): in a private mount namespace where /dev is remounted so.
  * A flag locked that way inside a user namespace must be kept by every remount there.
  */
-export function snaplabWithNosuidDev(args: string[], env: NodeJS.ProcessEnv): { status: number | null; stdout: string; stderr: string } {
+export function snaplabWithNosuidDev(
+  args: string[],
+  env: NodeJS.ProcessEnv,
+): { status: number | null; stdout: string; stderr: string } {
   const quoted = args.map((a) => `'${a.replace(/'/g, `'\\''`)}'`).join(' ');
-  const r = spawnSync('unshare', ['-m', '--propagation', 'private', 'sh', '-c', `mount -o remount,bind,nosuid /dev && grep -q ' /dev .*nosuid' /proc/self/mountinfo && exec ${SNAPLAB} ${quoted}`], { env, encoding: 'utf8', timeout: 120_000 });
+  const r = spawnSync(
+    'unshare',
+    [
+      '-m',
+      '--propagation',
+      'private',
+      'sh',
+      '-c',
+      `mount -o remount,bind,nosuid /dev && grep -q ' /dev .*nosuid' /proc/self/mountinfo && exec ${SNAPLAB} ${quoted}`,
+    ],
+    { env, encoding: 'utf8', timeout: 120_000 },
+  );
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }

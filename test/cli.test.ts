@@ -1,5 +1,14 @@
 import { spawnSync, spawn } from 'node:child_process';
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  realpathSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -8,8 +17,17 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SNAPLAB } from './cli-command.js';
 let home: string;
 
-function snaplab(args: string[], opts: { input?: string; uid?: number; env?: NodeJS.ProcessEnv } = {}): { code: number; out: string; err: string } {
-  const r = spawnSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: home, ...opts.env }, input: opts.input, encoding: 'utf8', uid: opts.uid, timeout: 60_000 });
+function snaplab(
+  args: string[],
+  opts: { input?: string; uid?: number; env?: NodeJS.ProcessEnv } = {},
+): { code: number; out: string; err: string } {
+  const r = spawnSync(SNAPLAB, args, {
+    env: { ...process.env, SNAPLAB_HOME: home, ...opts.env },
+    input: opts.input,
+    encoding: 'utf8',
+    uid: opts.uid,
+    timeout: 60_000,
+  });
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 
@@ -18,8 +36,10 @@ beforeAll(() => {
 });
 afterAll(() => {
   snaplab(['rm', '--all']);
-  for (const s of JSON.parse(snaplab(['snapshot', 'ls', '--json']).out || '[]') as { name: string }[]) snaplab(['snapshot', 'rm', s.name]);
-  for (const i of JSON.parse(snaplab(['image', 'ls', '--json']).out || '[]') as { name: string }[]) snaplab(['image', 'rm', i.name]);
+  for (const s of JSON.parse(snaplab(['snapshot', 'ls', '--json']).out || '[]') as { name: string }[])
+    snaplab(['snapshot', 'rm', s.name]);
+  for (const i of JSON.parse(snaplab(['image', 'ls', '--json']).out || '[]') as { name: string }[])
+    snaplab(['image', 'rm', i.name]);
   snaplab(['gc']);
   rmSync(home, { recursive: true, force: true });
 });
@@ -50,28 +70,50 @@ describe('snaplab CLI', () => {
   });
 
   it('create --json, exec with exit codes, snapshot, restore, trace, ls, rm', () => {
-    const c = snaplab(['create', '--image', 'busybox', '--name', 'cli1', '--memory', '128M', '--pids', '256', '--json']);
+    const c = snaplab([
+      'create',
+      '--image',
+      'busybox',
+      '--name',
+      'cli1',
+      '--memory',
+      '128M',
+      '--pids',
+      '256',
+      '--json',
+    ]);
     expect(c.code).toBe(0);
     const box = JSON.parse(c.out);
     expect(box).toMatchObject({ name: 'cli1', state: 'running', driver: 'namespaces' });
     expect(box.id).toMatch(/^[0-9a-f]{12}$/);
     expect(box.storage).toMatch(/btrfs|overlay|dir/);
 
-    expect(snaplab(['exec', 'cli1', '--', 'sh', '-c', 'echo out; echo err >&2; exit 7'])).toMatchObject({ code: 7, out: 'out\n', err: 'err\n' });
+    expect(snaplab(['exec', 'cli1', '--', 'sh', '-c', 'echo out; echo err >&2; exit 7'])).toMatchObject({
+      code: 7,
+      out: 'out\n',
+      err: 'err\n',
+    });
     expect(snaplab(['exec', 'cli1', '--', 'nosuch']).code).toBe(127);
     expect(snaplab(['exec', 'cli1', '--timeout', '0.3', '--', 'sleep', '5']).code).toBe(124);
     expect(snaplab(['exec', 'cli1', '--', 'sh', '-c', 'kill -KILL $$']).code).toBe(137);
     expect(snaplab(['exec', '-i', 'cli1', '--', 'cat'], { input: 'piped' }).out).toBe('piped');
-    expect(snaplab(['exec', 'cli1', '--env', 'A=1', '--env', 'B=2', '--cwd', '/etc', '--', 'sh', '-c', 'echo $A$B $(pwd)']).out).toBe('12 /etc\n');
+    expect(
+      snaplab(['exec', 'cli1', '--env', 'A=1', '--env', 'B=2', '--cwd', '/etc', '--', 'sh', '-c', 'echo $A$B $(pwd)'])
+        .out,
+    ).toBe('12 /etc\n');
 
     snaplab(['exec', 'cli1', '--', 'sh', '-c', 'echo v1 > /root/v']);
     const s = snaplab(['snapshot', 'cli1', '--name', 'cli-snap', '--json', '--trace']);
     expect(s.code).toBe(0);
     expect(JSON.parse(s.out).name).toBe('cli-snap');
     expect(s.err).toMatch(/freeze[\s\S]*snapshot storage[\s\S]*thaw[\s\S]*\(unattributed\)/);
-    const listed = (JSON.parse(snaplab(['snapshot', 'ls', '--json']).out) as { name: string; driver: string; kind: string }[]).find((x) => x.name === 'cli-snap');
+    const listed = (
+      JSON.parse(snaplab(['snapshot', 'ls', '--json']).out) as { name: string; driver: string; kind: string }[]
+    ).find((x) => x.name === 'cli-snap');
     expect(listed).toMatchObject({ driver: 'namespaces', kind: 'filesystem' });
-    expect(snaplab(['snapshot', 'ls']).out).toMatch(/^NAME\s+FROM\s+IMAGE\s+STORAGE\s+DRIVER\s+KIND\s+CREATED\ncli-snap\s+cli1\s+busybox\s+\S+\s+namespaces\s+filesystem\s/m);
+    expect(snaplab(['snapshot', 'ls']).out).toMatch(
+      /^NAME\s+FROM\s+IMAGE\s+STORAGE\s+DRIVER\s+KIND\s+CREATED\ncli-snap\s+cli1\s+busybox\s+\S+\s+namespaces\s+filesystem\s/m,
+    );
     snaplab(['exec', 'cli1', '--', 'sh', '-c', 'echo v2 > /root/v']);
     const r = snaplab(['restore', 'cli-snap', '--name', 'cli2', '--json']);
     expect(r.code).toBe(0);
@@ -80,7 +122,9 @@ describe('snaplab CLI', () => {
     const op = JSON.parse(r.out).operation as string;
     const t = snaplab(['trace', op]);
     expect(t.code).toBe(0);
-    expect(t.out).toMatch(/clone rootfs[\s\S]*cgroup[\s\S]*launch[\s\S]*agent connect[\s\S]*first exec[\s\S]*\(unattributed\)/);
+    expect(t.out).toMatch(
+      /clone rootfs[\s\S]*cgroup[\s\S]*launch[\s\S]*agent connect[\s\S]*first exec[\s\S]*\(unattributed\)/,
+    );
 
     const ls = JSON.parse(snaplab(['ls', '--json']).out) as { name: string; state: string }[];
     expect(ls.map((b) => b.name).sort()).toEqual(['cli1', 'cli2']);
@@ -101,7 +145,10 @@ describe('snaplab CLI', () => {
     const ls = JSON.parse(snaplab(['ls', '--json']).out).find((b: { name: string }) => b.name === 'st1');
     expect([ls.state, ls.reason]).toEqual(['dead', expect.stringMatching(/^stopped/)]);
     expect(snaplab(['ls']).out).not.toMatch(/st1.*NO USER NAMESPACE/);
-    expect(snaplab(['exec', 'st1', '--', 'true'])).toMatchObject({ code: 125, err: expect.stringMatching(/SANDBOX_DEAD.*is stopped[\s\S]*hint: snapshot it/) });
+    expect(snaplab(['exec', 'st1', '--', 'true'])).toMatchObject({
+      code: 125,
+      err: expect.stringMatching(/SANDBOX_DEAD.*is stopped[\s\S]*hint: snapshot it/),
+    });
     expect(snaplab(['snapshot', 'st1', '--name', 'st1-snap']).code).toBe(0);
     expect(snaplab(['restore', 'st1-snap', '--name', 'st2']).code).toBe(0);
     expect(snaplab(['exec', 'st2', '--', 'cat', '/root/f']).out).toBe('kept\n');
@@ -143,22 +190,33 @@ describe('snaplab CLI', () => {
     const j = JSON.parse(snaplab(['run', '--pool', 'cp1', '--json', '--', 'echo', 'hi']).out);
     expect(j).toMatchObject({ exitCode: 0, stdout: 'hi\n', recycled: expect.any(Boolean) });
     expect(snaplab(['run', '--image', 'busybox', '--', 'sh', '-c', 'exit 5']).code).toBe(5);
-    expect(snaplab(['run', '--pool', 'nope', '--', 'true'])).toMatchObject({ code: 125, err: expect.stringMatching(/POOL_NOT_FOUND[\s\S]*hint:/) });
+    expect(snaplab(['run', '--pool', 'nope', '--', 'true'])).toMatchObject({
+      code: 125,
+      err: expect.stringMatching(/POOL_NOT_FOUND[\s\S]*hint:/),
+    });
     expect(snaplab(['run', '--pool', 'cp1', '--put', 'nocolon', '--', 'true']).code).toBe(125);
     const ls = JSON.parse(snaplab(['pool', 'ls', '--json']).out) as Record<string, unknown>[];
     expect(ls[0]).toMatchObject({ name: 'cp1', target: 1 });
-    for (const k of ['ready', 'inUse', 'hits', 'misses', 'recycled', 'refusedDirty', 'leaks']) expect(typeof ls[0]![k]).toBe('number');
+    for (const k of ['ready', 'inUse', 'hits', 'misses', 'recycled', 'refusedDirty', 'leaks'])
+      expect(typeof ls[0]![k]).toBe('number');
     expect(snaplab(['pool', 'rm', 'cp1']).code).toBe(0);
     expect(JSON.parse(snaplab(['ls', '--json']).out)).toEqual([]);
   });
 
   it('pool serve keeps a pool at its target while runs take from it, and stops on SIGINT', async () => {
     expect(snaplab(['pool', 'create', 'served', '--size', '2']).code).toBe(0);
-    const serve = spawn(SNAPLAB, ['pool', 'serve', 'served'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const serve = spawn(SNAPLAB, ['pool', 'serve', 'served'], {
+      env: { ...process.env, SNAPLAB_HOME: home },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     serve.stdout.on('data', (b: Buffer) => (out += b.toString()));
-    for (let i = 0; i < 4; i++) expect(snaplab(['run', '--pool', 'served', '--', 'sh', '-c', 'echo dirty > /root/x']).code).toBe(0);
-    const ready = async (): Promise<number> => (JSON.parse(snaplab(['pool', 'ls', '--json']).out) as { name: string; ready: number }[]).find((p) => p.name === 'served')!.ready;
+    for (let i = 0; i < 4; i++)
+      expect(snaplab(['run', '--pool', 'served', '--', 'sh', '-c', 'echo dirty > /root/x']).code).toBe(0);
+    const ready = async (): Promise<number> =>
+      (JSON.parse(snaplab(['pool', 'ls', '--json']).out) as { name: string; ready: number }[]).find(
+        (p) => p.name === 'served',
+      )!.ready;
     for (let i = 0; i < 200 && (await ready()) < 2; i++) await new Promise((r) => setTimeout(r, 100));
     expect(await ready()).toBe(2);
     serve.kill('SIGINT');
@@ -175,7 +233,10 @@ describe('snaplab CLI', () => {
   });
 
   it('a CLI killed in the middle of create leaves no claimed sandbox; gc removes what it made', async () => {
-    const child = spawn(SNAPLAB, ['create', '--name', 'killed'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: 'ignore' });
+    const child = spawn(SNAPLAB, ['create', '--name', 'killed'], {
+      env: { ...process.env, SNAPLAB_HOME: home },
+      stdio: 'ignore',
+    });
     // kill as soon as the record exists: mid-operation
     for (let i = 0; i < 400; i++) {
       await new Promise((r) => setTimeout(r, 5));
@@ -184,7 +245,9 @@ describe('snaplab CLI', () => {
     }
     child.kill('SIGKILL');
     await new Promise((r) => child.on('exit', r));
-    const states = (JSON.parse(snaplab(['ls', '--json']).out) as { name: string; state: string }[]).filter((b) => b.name === 'killed');
+    const states = (JSON.parse(snaplab(['ls', '--json']).out) as { name: string; state: string }[]).filter(
+      (b) => b.name === 'killed',
+    );
     for (const b of states) expect(['dead', 'running']).toContain(b.state);
     const gc = snaplab(['gc', '--json']);
     expect(gc.code).toBe(0);
@@ -205,7 +268,20 @@ describe('snaplab CLI', () => {
         x(['exec', 'both', '--', 'nosuch']),
         x(['exec', 'both', '--', 'sh', '-c', 'kill -KILL $$']),
         x(['exec', '-i', 'both', '--', 'cat'], 'piped'),
-        x(['exec', 'both', '-e', 'A=1', '--env=B=2', '--env', 'PATH=/bin', '--cwd=/etc', '--', 'sh', '-c', 'echo $A$B $PATH $(pwd)']),
+        x([
+          'exec',
+          'both',
+          '-e',
+          'A=1',
+          '--env=B=2',
+          '--env',
+          'PATH=/bin',
+          '--cwd=/etc',
+          '--',
+          'sh',
+          '-c',
+          'echo $A$B $PATH $(pwd)',
+        ]),
         x(['exec', 'both', '--timeout', '0.3', '--', 'sleep', '5']),
         x(['exec', 'both', '--cwd', '/nope', '--', 'pwd']), // refused before it starts
         x(['exec', 'both', 'echo', 'operands', '--', 'and', 'argv']),
@@ -220,15 +296,29 @@ describe('snaplab CLI', () => {
     // output that cannot be written: a reader gone (141, as SIGPIPE), a full disk (125, and why)
     for (const env of [{}, { SNAPLAB_NO_FAST_EXEC: '1' }]) {
       const full = openSync('/dev/full', 'w');
-      const r = spawnSync(SNAPLAB, ['exec', 'both', '--', 'sh', '-c', 'echo x; exit 4'], { env: { ...process.env, SNAPLAB_HOME: home, ...env }, stdio: ['ignore', full, 'pipe'], encoding: 'utf8' });
+      const r = spawnSync(SNAPLAB, ['exec', 'both', '--', 'sh', '-c', 'echo x; exit 4'], {
+        env: { ...process.env, SNAPLAB_HOME: home, ...env },
+        stdio: ['ignore', full, 'pipe'],
+        encoding: 'utf8',
+      });
       closeSync(full);
       seen.push({ code: r.status, err: r.stderr });
-      const piped = spawnSync('sh', ['-c', `"${SNAPLAB}" exec both -- yes | head -1`], { env: { ...process.env, SNAPLAB_HOME: home, ...env }, encoding: 'utf8', timeout: 20_000 });
+      const piped = spawnSync('sh', ['-c', `"${SNAPLAB}" exec both -- yes | head -1`], {
+        env: { ...process.env, SNAPLAB_HOME: home, ...env },
+        encoding: 'utf8',
+        timeout: 20_000,
+      });
       seen.push([piped.stdout, piped.signal]); // `yes` ends when its reader does: no timeout kill
     }
     expect(seen[2]).toEqual(seen[4]);
-    expect(seen[2]).toEqual({ code: 125, err: "error[OUTPUT_FAILED]: cannot write the command's output (ENOSPC)\nhint: is there room where stdout goes?\n" });
-    expect([seen[3], seen[5]]).toEqual([['y\n', null], ['y\n', null]]);
+    expect(seen[2]).toEqual({
+      code: 125,
+      err: "error[OUTPUT_FAILED]: cannot write the command's output (ENOSPC)\nhint: is there room where stdout goes?\n",
+    });
+    expect([seen[3], seen[5]]).toEqual([
+      ['y\n', null],
+      ['y\n', null],
+    ]);
     expect(seen[0]).toEqual(seen[1]);
     const [fast] = seen as { code: number; out: string; err: string }[][];
     expect(fast!.map((r) => r.code)).toEqual([7, 127, 137, 0, 0, 124, 125, 0, 0, 137, 125, 125, 125, 125]);
@@ -245,16 +335,27 @@ describe('snaplab CLI', () => {
   it('the fast path runs no Node; a connection lost mid-command is reported as the Node CLI reports it', async () => {
     expect(snaplab(['create', '--name', 'fast']).code).toBe(0);
     // with no node on PATH only the C path can answer: anything it handed over would fail
-    expect(snaplab(['exec', 'fast', '--', 'echo', 'no node'], { env: { PATH: '/nonexistent' } })).toMatchObject({ code: 0, out: 'no node\n' });
-    expect(snaplab(['exec', 'fast', '--bogus', '--', 'true'], { env: { PATH: '/nonexistent' } })).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
+    expect(snaplab(['exec', 'fast', '--', 'echo', 'no node'], { env: { PATH: '/nonexistent' } })).toMatchObject({
+      code: 0,
+      out: 'no node\n',
+    });
+    expect(snaplab(['exec', 'fast', '--bogus', '--', 'true'], { env: { PATH: '/nonexistent' } })).toMatchObject({
+      code: 125,
+      err: expect.stringMatching(/cannot start node/),
+    });
     // the sandbox dies while a command runs: SANDBOX_DEAD and why, exit 125, not a retry
-    const child = spawn(SNAPLAB, ['exec', 'fast', '--', 'sh', '-c', 'echo started; sleep 30'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(SNAPLAB, ['exec', 'fast', '--', 'sh', '-c', 'echo started; sleep 30'], {
+      env: { ...process.env, SNAPLAB_HOME: home },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     let err = '';
     child.stdout.on('data', (b: Buffer) => (out += b.toString()));
     child.stderr.on('data', (b: Buffer) => (err += b.toString()));
     for (let i = 0; i < 200 && !out.includes('started'); i++) await new Promise((r) => setTimeout(r, 25));
-    const box = (JSON.parse(snaplab(['ls', '--json']).out) as { name: string; pid: number }[]).find((b) => b.name === 'fast')!;
+    const box = (JSON.parse(snaplab(['ls', '--json']).out) as { name: string; pid: number }[]).find(
+      (b) => b.name === 'fast',
+    )!;
     process.kill(box.pid, 'SIGKILL');
     const code = await new Promise((r) => child.once('exit', r));
     expect(code).toBe(125);
@@ -262,13 +363,19 @@ describe('snaplab CLI', () => {
     expect(snaplab(['rm', 'fast']).code).toBe(0);
   });
 
-  it('snaplab on PATH is this checkout\'s command (set-up links it)', () => {
+  it("snaplab on PATH is this checkout's command (set-up links it)", () => {
     const found = spawnSync('sh', ['-c', 'command -v snaplab'], { encoding: 'utf8' }).stdout.trim();
     expect(found, 'run scripts/setup.sh: it links /usr/local/bin/snaplab').not.toBe('');
     expect(realpathSync(found)).toBe(realpathSync(SNAPLAB));
     // --version is answered by the command itself, from package.json; the Node CLI agrees
-    const version = (JSON.parse(readFileSync(join(import.meta.dirname, '..', 'package.json'), 'utf8')) as { version: string }).version;
+    const version = (
+      JSON.parse(readFileSync(join(import.meta.dirname, '..', 'package.json'), 'utf8')) as { version: string }
+    ).version;
     expect(snaplab(['--version'], { env: { PATH: '/nonexistent' } }).out).toBe(`${version}\n`);
-    expect(spawnSync(process.execPath, [join(import.meta.dirname, '..', 'dist', 'bin', 'snaplab.js'), '--version'], { encoding: 'utf8' }).stdout).toBe(`${version}\n`);
+    expect(
+      spawnSync(process.execPath, [join(import.meta.dirname, '..', 'dist', 'bin', 'snaplab.js'), '--version'], {
+        encoding: 'utf8',
+      }).stdout,
+    ).toBe(`${version}\n`);
   });
 });

@@ -25,10 +25,29 @@ let lab: LabApi;
 const LEASE_TTL_S = 3;
 
 const startNode = (i: number): Promise<TestDaemon> =>
-  startDaemon(homes[i]!, ['--node', '--cluster', etcd.url, '--node-name', `n${i}`, '--labels', `zone=z${i}`, '--lease-ttl', String(LEASE_TTL_S)]);
+  startDaemon(homes[i]!, [
+    '--node',
+    '--cluster',
+    etcd.url,
+    '--node-name',
+    `n${i}`,
+    '--labels',
+    `zone=z${i}`,
+    '--lease-ttl',
+    String(LEASE_TTL_S),
+  ]);
 
-async function api<T>(gw: TestDaemon, method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> {
-  const r = await fetch(`${gw.url}${path}`, { method, headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body ? JSON.stringify(body) : undefined });
+async function api<T>(
+  gw: TestDaemon,
+  method: string,
+  path: string,
+  body?: unknown,
+): Promise<{ status: number; body: T }> {
+  const r = await fetch(`${gw.url}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
   const text = await r.text();
   return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
 }
@@ -41,7 +60,8 @@ beforeAll(async () => {
   expect(k.code, k.err).toBe(0);
   token = k.out.trim();
   // K = 3: every node is scored, so the spread below does not depend on the draw
-  for (let i = 0; i < 2; i++) gateways.push(await startDaemon(homes[0]!, ['--gateway', '--cluster', etcd.url, '--choices', '3']));
+  for (let i = 0; i < 2; i++)
+    gateways.push(await startDaemon(homes[0]!, ['--gateway', '--cluster', etcd.url, '--choices', '3']));
   lab = await Lab.connect({ url: gateways[0]!.url, token });
 }, 120_000);
 
@@ -65,7 +85,8 @@ describe('through a gateway, the library', () => contractSuite('gateway', () => 
 
 describe('a cluster', () => {
   it('serves the CLI unchanged (SNAPLAB_HOST=the gateway)', () => {
-    const viaGateway = (args: string[]): { code: number; out: string; err: string } => cli(homes[0]!, args, undefined, { SNAPLAB_HOST: gateways[1]!.url, SNAPLAB_TOKEN: token });
+    const viaGateway = (args: string[]): { code: number; out: string; err: string } =>
+      cli(homes[0]!, args, undefined, { SNAPLAB_HOST: gateways[1]!.url, SNAPLAB_TOKEN: token });
     const made = viaGateway(['create', '--name', 'through-cli', '--json']);
     expect(made.code, made.err).toBe(0);
     expect(viaGateway(['exec', 'through-cli', '--', 'echo', 'hi']).out).toBe('hi\n');
@@ -79,7 +100,9 @@ describe('a cluster', () => {
   it('lists its nodes, each with its capacity and labels', async () => {
     const r = cli(homes[0]!, ['cluster', 'nodes', '--cluster', etcd.url, '--json']);
     expect(r.code, r.err).toBe(0);
-    const v = JSON.parse(r.out) as { nodes: { name: string; labels: Record<string, string>; capacity: { cores: number; memoryBytes: number } }[] };
+    const v = JSON.parse(r.out) as {
+      nodes: { name: string; labels: Record<string, string>; capacity: { cores: number; memoryBytes: number } }[];
+    };
     expect(v.nodes.map((n) => n.name).sort()).toEqual(['n0', 'n1', 'n2']);
     for (const n of v.nodes) {
       expect(n.labels.zone).toBe(`z${n.name.slice(1)}`);
@@ -87,36 +110,73 @@ describe('a cluster', () => {
       expect(n.capacity.memoryBytes).toBeGreaterThan(0);
     }
     // a second node under a taken name is refused (another home holds it)
-    const dup = await startDaemon(mkdtempSync(join(tmpdir(), 'snaplab-test-cluster-dup-')), ['--node', '--cluster', etcd.url, '--node-name', 'n0']).then(
-      async (d) => { await d.stop(); return 'started'; }, (e: Error) => e.message);
+    const dup = await startDaemon(mkdtempSync(join(tmpdir(), 'snaplab-test-cluster-dup-')), [
+      '--node',
+      '--cluster',
+      etcd.url,
+      '--node-name',
+      'n0',
+    ]).then(
+      async (d) => {
+        await d.stop();
+        return 'started';
+      },
+      (e: Error) => e.message,
+    );
     expect(dup).toMatch(/NODE_EXISTS|a node named n0 is in the cluster/);
   });
 
-  it('spreads creates by the score, honours labels, and uses a pool\'s standbys where they are', async () => {
+  it("spreads creates by the score, honours labels, and uses a pool's standbys where they are", async () => {
     // a node that has the image scores above one that has not: give each node the image first
     for (let i = 0; i < 3; i++) {
-      const b = await api<{ id: string; node: string }>(gateways[0]!, 'POST', '/sandboxes', { placement: { labels: { zone: `z${i}` } } });
+      const b = await api<{ id: string; node: string }>(gateways[0]!, 'POST', '/sandboxes', {
+        placement: { labels: { zone: `z${i}` } },
+      });
       expect(b.body.node).toBe(`n${i}`);
       await api(gateways[0]!, 'DELETE', `/sandboxes/${b.body.id}`);
     }
-    await until('every node says it has the image', async () => (await api<{ images: string[] }[]>(gateways[1]!, 'GET', '/cluster/nodes')).body.every((n) => n.images.includes('busybox')));
+    await until('every node says it has the image', async () =>
+      (await api<{ images: string[] }[]>(gateways[1]!, 'GET', '/cluster/nodes')).body.every((n) =>
+        n.images.includes('busybox'),
+      ),
+    );
     const made = [];
-    for (let i = 0; i < 6; i++) made.push((await api<{ id: string; node: string }>(gateways[i % 2]!, 'POST', '/sandboxes', { labels: { spread: 'yes' } })).body);
+    for (let i = 0; i < 6; i++)
+      made.push(
+        (await api<{ id: string; node: string }>(gateways[i % 2]!, 'POST', '/sandboxes', { labels: { spread: 'yes' } }))
+          .body,
+      );
     const per = new Map<string, number>();
     for (const m of made) per.set(m.node, (per.get(m.node) ?? 0) + 1);
     expect([...per.values()]).toEqual([2, 2, 2]);
     // placement labels pick the node
-    const z2 = await api<{ node: string; id: string }>(gateways[0]!, 'POST', '/sandboxes', { placement: { labels: { zone: 'z2' } } });
+    const z2 = await api<{ node: string; id: string }>(gateways[0]!, 'POST', '/sandboxes', {
+      placement: { labels: { zone: 'z2' } },
+    });
     expect([z2.status, z2.body.node]).toEqual([201, 'n2']);
-    const none = await api<{ code: string }>(gateways[0]!, 'POST', '/sandboxes', { placement: { labels: { zone: 'mars' } } });
+    const none = await api<{ code: string }>(gateways[0]!, 'POST', '/sandboxes', {
+      placement: { labels: { zone: 'mars' } },
+    });
     expect([none.status, none.body.code]).toEqual([503, 'NODE_UNAVAILABLE']);
     // a pool defined on n1 only: its creates go there, and take its standbys
-    const op = await api<{ id: string }>(gateways[0]!, 'POST', '/pools', { name: 'warm', image: 'busybox', size: 2, placement: { labels: { zone: 'z1' } } });
+    const op = await api<{ id: string }>(gateways[0]!, 'POST', '/pools', {
+      name: 'warm',
+      image: 'busybox',
+      size: 2,
+      placement: { labels: { zone: 'z1' } },
+    });
     expect(op.status).toBe(202);
-    await until('the pool is ready', async () => (await api<{ state: string }>(gateways[1]!, 'GET', `/operations/${op.body.id}?wait=5`)).body.state === 'done', 60_000);
+    await until(
+      'the pool is ready',
+      async () =>
+        (await api<{ state: string }>(gateways[1]!, 'GET', `/operations/${op.body.id}?wait=5`)).body.state === 'done',
+      60_000,
+    );
     const taken: string[] = [];
     for (let i = 0; i < 2; i++) {
-      const t = await api<{ node: string; id: string; reason: string }>(gateways[i]!, 'POST', '/sandboxes', { pool: 'warm' });
+      const t = await api<{ node: string; id: string; reason: string }>(gateways[i]!, 'POST', '/sandboxes', {
+        pool: 'warm',
+      });
       expect([t.status, t.body.node, t.body.reason]).toEqual([201, 'n1', 'taken from pool warm']);
       taken.push(t.body.id);
     }
@@ -124,49 +184,109 @@ describe('a cluster', () => {
     // each gateway finds each sandbox, whoever placed it
     const listed = (await api<{ id: string; node: string }[]>(gateways[1]!, 'GET', '/sandboxes?label=spread=yes')).body;
     expect(listed.map((s) => s.id).sort()).toEqual(made.map((m) => m.id).sort());
-    for (const m of made.slice(0, 2)) expect((await api<{ exitCode: number; stdout: string }>(gateways[1]!, 'POST', `/sandboxes/${m.id}/exec`, { argv: ['hostname'] })).body.exitCode).toBe(0);
+    for (const m of made.slice(0, 2))
+      expect(
+        (
+          await api<{ exitCode: number; stdout: string }>(gateways[1]!, 'POST', `/sandboxes/${m.id}/exec`, {
+            argv: ['hostname'],
+          })
+        ).body.exitCode,
+      ).toBe(0);
     for (const m of made) expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${m.id}`)).status).toBe(204);
     expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${z2.body.id}`)).status).toBe(204);
   }, 180_000);
 
   it('keeps keys to their own sandboxes and quotas cluster-wide; a removed key loses its streams', async () => {
-    const k = cli(homes[0]!, ['key', 'create', 'tenant', '--scope', 'read,exec', '--max-sandboxes', '2', '--cluster', etcd.url]);
+    const k = cli(homes[0]!, [
+      'key',
+      'create',
+      'tenant',
+      '--scope',
+      'read,exec',
+      '--max-sandboxes',
+      '2',
+      '--cluster',
+      etcd.url,
+    ]);
     expect(k.code, k.err).toBe(0);
     const tenant = k.out.trim();
-    const as = async <T>(gw: TestDaemon, method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> => {
-      const r = await fetch(`${gw.url}${path}`, { method, headers: { authorization: `Bearer ${tenant}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body ? JSON.stringify(body) : undefined });
+    const as = async <T>(
+      gw: TestDaemon,
+      method: string,
+      path: string,
+      body?: unknown,
+    ): Promise<{ status: number; body: T }> => {
+      const r = await fetch(`${gw.url}${path}`, {
+        method,
+        headers: { authorization: `Bearer ${tenant}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+        body: body ? JSON.stringify(body) : undefined,
+      });
       const text = await r.text();
       return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
     };
     // four creates at once through two gateways: the quota holds cluster-wide
-    const tries = await Promise.all([0, 1, 2, 3].map((i) => as<{ id: string; code?: string }>(gateways[i % 2]!, 'POST', '/sandboxes', {})));
+    const tries = await Promise.all(
+      [0, 1, 2, 3].map((i) => as<{ id: string; code?: string }>(gateways[i % 2]!, 'POST', '/sandboxes', {})),
+    );
     const ok = tries.filter((t) => t.status === 201);
     expect(tries.map((t) => t.status).sort()).toEqual([201, 201, 429, 429]);
     // another key's sandbox is not found to it, however it is asked
     const admins = (await api<{ id: string }>(gateways[0]!, 'POST', '/sandboxes', {})).body;
-    expect((await as<{ code: string }>(gateways[1]!, 'GET', `/sandboxes/${admins.id}`)).body.code).toBe('SANDBOX_NOT_FOUND');
-    expect((await as<{ code: string }>(gateways[1]!, 'POST', `/sandboxes/${admins.id}/exec`, { argv: ['true'] })).status).toBe(404);
-    expect((await as<{ id: string }[]>(gateways[1]!, 'GET', '/sandboxes')).body.map((b) => b.id).sort()).toEqual(ok.map((t) => t.body.id).sort());
+    expect((await as<{ code: string }>(gateways[1]!, 'GET', `/sandboxes/${admins.id}`)).body.code).toBe(
+      'SANDBOX_NOT_FOUND',
+    );
+    expect(
+      (await as<{ code: string }>(gateways[1]!, 'POST', `/sandboxes/${admins.id}/exec`, { argv: ['true'] })).status,
+    ).toBe(404);
+    expect((await as<{ id: string }[]>(gateways[1]!, 'GET', '/sandboxes')).body.map((b) => b.id).sort()).toEqual(
+      ok.map((t) => t.body.id).sort(),
+    );
     // its event stream ends once the key is removed
     const events = await fetch(`${gateways[1]!.url}/events`, { headers: { authorization: `Bearer ${tenant}` } });
-    const ended = (async () => { for await (const _ of events.body as unknown as AsyncIterable<Uint8Array>) { /* drain */ } })();
+    const ended = (async () => {
+      for await (const _ of events.body as unknown as AsyncIterable<Uint8Array>) {
+        /* drain */
+      }
+    })();
     expect(cli(homes[0]!, ['key', 'rm', 'tenant', '--cluster', etcd.url]).code).toBe(0);
-    await expect(Promise.race([ended.then(() => 'ended', () => 'ended'), sleep(10_000).then(() => 'still open')])).resolves.toBe('ended');
+    await expect(
+      Promise.race([
+        ended.then(
+          () => 'ended',
+          () => 'ended',
+        ),
+        sleep(10_000).then(() => 'still open'),
+      ]),
+    ).resolves.toBe('ended');
     expect((await as(gateways[0]!, 'GET', '/sandboxes')).status).toBe(401);
     for (const t of [...ok.map((x) => x.body.id), admins.id]) await api(gateways[0]!, 'DELETE', `/sandboxes/${t}`);
   }, 60_000);
 
   it('a create placed on a node that refuses connections is retried once elsewhere; bad /rpc frames are errors, not crashes', async () => {
     // a node entry whose address nobody listens on, the emptiest of zone z1: placement picks it
-    const client = new Etcd3({ hosts: etcd.members.filter((m) => m.proc.exitCode === null && !m.proc.killed).map((m) => `http://${m.client}`) });
+    const client = new Etcd3({
+      hosts: etcd.members.filter((m) => m.proc.exitCode === null && !m.proc.killed).map((m) => `http://${m.client}`),
+    });
     const lease = client.lease(30);
-    const n1 = (await api<Record<string, unknown>[]>(gateways[0]!, 'GET', '/cluster/nodes')).body.find((n) => n.name === 'n1')!;
+    const n1 = (await api<Record<string, unknown>[]>(gateways[0]!, 'GET', '/cluster/nodes')).body.find(
+      (n) => n.name === 'n1',
+    )!;
     const cap = n1.capacity as Record<string, number>;
-    const ghost = { ...n1, name: 'ghost', url: `http://127.0.0.1:${await freePort()}`, sandboxes: 0, capacity: { ...cap, memoryFreeBytes: cap.memoryBytes, diskFreeBytes: cap.diskBytes } };
+    const ghost = {
+      ...n1,
+      name: 'ghost',
+      url: `http://127.0.0.1:${await freePort()}`,
+      sandboxes: 0,
+      capacity: { ...cap, memoryFreeBytes: cap.memoryBytes, diskFreeBytes: cap.diskBytes },
+    };
     await lease.put('/snaplab/nodes/ghost').value(JSON.stringify(ghost));
     try {
-      await until('the gateway sees the ghost', async () => (await api<{ name: string }[]>(gateways[0]!, 'GET', '/cluster/nodes')).body.some((n) => n.name === 'ghost'));
-      const c = await api<{ node: string; id: string }>(gateways[0]!, 'POST', '/sandboxes', { placement: { labels: { zone: 'z1' } } });
+      await until('the gateway sees the ghost', async () =>
+        (await api<{ name: string }[]>(gateways[0]!, 'GET', '/cluster/nodes')).body.some((n) => n.name === 'ghost'),
+      );
+      const c = await api<{ node: string; id: string }>(gateways[0]!, 'POST', '/sandboxes', {
+        placement: { labels: { zone: 'z1' } },
+      });
       expect([c.status, c.body.node]).toEqual([201, 'n1']);
       expect(gateways[0]!.log()).toMatch(/create retried on another node.*"from":"ghost","to":"n1"/);
       await api(gateways[0]!, 'DELETE', `/sandboxes/${c.body.id}`);
@@ -175,21 +295,37 @@ describe('a cluster', () => {
       client.close();
     }
     // frames a client may send by mistake or malice: answered with errors, the gateway lives on
-    const ws = new WebSocket(`${gateways[0]!.url.replace('http', 'ws')}/rpc`, { headers: { authorization: `Bearer ${token}` } });
-    await new Promise((r, j) => { ws.once('open', r); ws.once('error', j); });
+    const ws = new WebSocket(`${gateways[0]!.url.replace('http', 'ws')}/rpc`, {
+      headers: { authorization: `Bearer ${token}` },
+    });
+    await new Promise((r, j) => {
+      ws.once('open', r);
+      ws.once('error', j);
+    });
     const answers: string[] = [];
     ws.on('message', (d) => answers.push(String(d)));
-    for (const f of ['null', '[1]', '{}', '{"op":"exec"}', '{"id":1,"op":"exec","sandbox":"no-such","argv":["true"]}']) ws.send(f);
+    for (const f of ['null', '[1]', '{}', '{"op":"exec"}', '{"id":1,"op":"exec","sandbox":"no-such","argv":["true"]}'])
+      ws.send(f);
     ws.send(Buffer.from([1, 2, 3]), { binary: true });
     await until('every frame answered', () => answers.length === 6);
-    expect(answers.map((a) => (JSON.parse(a) as { error?: { code: string } }).error?.code).sort()).toEqual(['BAD_INPUT', 'BAD_INPUT', 'BAD_INPUT', 'BAD_INPUT', 'BAD_INPUT', 'SANDBOX_NOT_FOUND']);
+    expect(answers.map((a) => (JSON.parse(a) as { error?: { code: string } }).error?.code).sort()).toEqual([
+      'BAD_INPUT',
+      'BAD_INPUT',
+      'BAD_INPUT',
+      'BAD_INPUT',
+      'BAD_INPUT',
+      'SANDBOX_NOT_FOUND',
+    ]);
     ws.close();
     await new Promise((r) => ws.once('close', r));
     expect((await fetch(`${gateways[0]!.url}/healthz`)).status).toBe(200);
   }, 60_000);
 
   it("one home's gc leaves another home's sandboxes alone", async () => {
-    const box = await (lab as Awaited<ReturnType<typeof Lab.connect>>).create({ name: 'other-home', placement: { labels: { zone: 'z1' } } });
+    const box = await (lab as Awaited<ReturnType<typeof Lab.connect>>).create({
+      name: 'other-home',
+      placement: { labels: { zone: 'z1' } },
+    });
     expect((await api<{ node: string }>(gateways[0]!, 'GET', '/sandboxes/other-home')).body.node).toBe('n1');
     // n0's and n2's gc, with n1's sandbox running beside them on this host
     for (const h of [homes[0]!, homes[2]!]) expect(cli(h, ['gc']).code).toBe(0);
@@ -212,7 +348,12 @@ describe('a cluster', () => {
     const box = await lab.create({ name: 'streamed' });
     let seen = '';
     // its outcome taken at once: the rejection comes while the gateway is being killed
-    const outcome = box.exec(['sh', '-c', 'echo started; exec sleep 60'], { onStdout: (b) => (seen += b.toString()) }).then(() => 'it ended', (e: unknown) => e);
+    const outcome = box
+      .exec(['sh', '-c', 'echo started; exec sleep 60'], { onStdout: (b) => (seen += b.toString()) })
+      .then(
+        () => 'it ended',
+        (e: unknown) => e,
+      );
     await until('the stream started', () => seen.includes('started'));
     await gateways[0]!.kill9();
     expect(await outcome).toMatchObject({ code: 'DAEMON_UNREACHABLE' });
@@ -221,7 +362,11 @@ describe('a cluster', () => {
       const again = await other.get('streamed');
       expect((await again.exec(['echo', 'served'])).stdout).toBe('served\n');
       // the stream's command went with its connection
-      await until('the command was killed', async () => !(await again.exec(['ps'])).stdout.includes('sleep 60'), 10_000);
+      await until(
+        'the command was killed',
+        async () => !(await again.exec(['ps'])).stdout.includes('sleep 60'),
+        10_000,
+      );
       await again.destroy();
     } finally {
       other.close();
@@ -233,18 +378,35 @@ describe('a cluster', () => {
     const g = gateways[1]!;
     const events = new AbortController();
     const seen: string[] = [];
-    const stream = fetch(`${g.url}/events`, { headers: { authorization: `Bearer ${token}` }, signal: events.signal }).then(async (r) => {
-      for await (const chunk of r.body as unknown as AsyncIterable<Uint8Array>) seen.push(Buffer.from(chunk).toString());
-    }).catch(() => undefined);
-    const doomed = (await api<{ id: string; name: string; node: string }>(g, 'POST', '/sandboxes', { placement: { labels: { zone: 'z2' } } })).body;
-    const forgotten = (await api<{ id: string; name: string; node: string }>(g, 'POST', '/sandboxes', { placement: { labels: { zone: 'z2' } } })).body;
+    const stream = fetch(`${g.url}/events`, { headers: { authorization: `Bearer ${token}` }, signal: events.signal })
+      .then(async (r) => {
+        for await (const chunk of r.body as unknown as AsyncIterable<Uint8Array>)
+          seen.push(Buffer.from(chunk).toString());
+      })
+      .catch(() => undefined);
+    const doomed = (
+      await api<{ id: string; name: string; node: string }>(g, 'POST', '/sandboxes', {
+        placement: { labels: { zone: 'z2' } },
+      })
+    ).body;
+    const forgotten = (
+      await api<{ id: string; name: string; node: string }>(g, 'POST', '/sandboxes', {
+        placement: { labels: { zone: 'z2' } },
+      })
+    ).body;
     expect([doomed.node, forgotten.node]).toEqual(['n2', 'n2']);
     const killedAt = Date.now();
     await nodes[2]!.kill9();
-    const lost = await until('the sandbox is reported lost', async () => {
-      const s = (await api<{ id: string; state: string; reason: string }[]>(g, 'GET', '/sandboxes')).body.find((x) => x.id === doomed.id);
-      return s?.state === 'lost' ? s : undefined;
-    }, 20_000);
+    const lost = await until(
+      'the sandbox is reported lost',
+      async () => {
+        const s = (await api<{ id: string; state: string; reason: string }[]>(g, 'GET', '/sandboxes')).body.find(
+          (x) => x.id === doomed.id,
+        );
+        return s?.state === 'lost' ? s : undefined;
+      },
+      20_000,
+    );
     expect(Date.now() - killedAt).toBeLessThan((LEASE_TTL_S + 5) * 1000);
     expect(lost.reason).toMatch(/node n2 stopped answering/);
     const exec = await api<{ code: string }>(g, 'POST', `/sandboxes/${doomed.id}/exec`, { argv: ['true'] });
@@ -255,7 +417,10 @@ describe('a cluster', () => {
       expect(c.body.node).not.toBe('n2');
       await api(g, 'DELETE', `/sandboxes/${c.body.id}`);
     }
-    await until('the event stream told', () => seen.join('').includes('event: node.lost') && seen.join('').includes('event: lost'));
+    await until(
+      'the event stream told',
+      () => seen.join('').includes('event: node.lost') && seen.join('').includes('event: lost'),
+    );
     events.abort();
     await stream;
     // one lost record removed by its owner while the node is out: gone to everyone, its name free
@@ -267,7 +432,11 @@ describe('a cluster', () => {
     const held = (): string[] => JSON.parse(cli(homes[2]!, ['ls', '--json']).out).map((s: { id: string }) => s.id);
     expect(held()).toEqual(expect.arrayContaining([doomed.id, forgotten.id]));
     nodes[2] = await startNode(2);
-    await until('the lost sandboxes are gone from its home', () => !held().some((id) => id === doomed.id || id === forgotten.id), 20_000);
+    await until(
+      'the lost sandboxes are gone from its home',
+      () => !held().some((id) => id === doomed.id || id === forgotten.id),
+      20_000,
+    );
     // it stays listed as lost until its record is deleted
     expect((await api<{ state: string }>(g, 'GET', `/sandboxes/${doomed.id}`)).body.state).toBe('lost');
     expect((await api(g, 'DELETE', `/sandboxes/${doomed.id}`)).status).toBe(204);

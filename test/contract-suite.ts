@@ -23,18 +23,25 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
   it('execs: output, exit codes, env, cwd, stdin, a deadline, streaming and a live stdin', async () => {
     const box = await lab().create({ name: `x-${kind}` });
     try {
-      const r = await box.exec(['sh', '-c', 'echo out; echo err >&2; pwd; echo $FOO; exit 7'], { env: { FOO: 'bar' }, cwd: '/tmp' });
+      const r = await box.exec(['sh', '-c', 'echo out; echo err >&2; pwd; echo $FOO; exit 7'], {
+        env: { FOO: 'bar' },
+        cwd: '/tmp',
+      });
       expect([r.exitCode, r.stdout.toString(), r.stderr.toString()]).toEqual([7, 'out\n/tmp\nbar\n', 'err\n']);
       // output is text by default, bytes on request
       expect(r.stdout).toBeTypeOf('string');
-      expect((await box.exec(['cat'], { stdin: Buffer.from([0, 1, 2, 255]), encoding: 'buffer' })).stdout).toEqual(Buffer.from([0, 1, 2, 255]));
+      expect((await box.exec(['cat'], { stdin: Buffer.from([0, 1, 2, 255]), encoding: 'buffer' })).stdout).toEqual(
+        Buffer.from([0, 1, 2, 255]),
+      );
       expect((await box.exec(['printf', 'h\\303\\251'])).stdout).toBe('hé');
       expect((await box.exec(['/no/such'])).exitCode).toBe(127);
       const slow = await box.exec(['sleep', '30'], { timeoutMs: 300 });
       expect([slow.exitCode, slow.timedOut]).toEqual([124, true]);
 
       const seen: string[] = [];
-      const streamed = await box.exec(['sh', '-c', 'for i in 1 2 3; do echo $i; done'], { onStdout: (b) => seen.push(b.toString()) });
+      const streamed = await box.exec(['sh', '-c', 'for i in 1 2 3; do echo $i; done'], {
+        onStdout: (b) => seen.push(b.toString()),
+      });
       expect([streamed.exitCode, seen.join('')]).toEqual([0, '1\n2\n3\n']);
 
       const p = await box.spawn(['sh', '-c', 'read a; echo got:$a; cat'], { stdin: true });
@@ -61,15 +68,27 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
       const big = Buffer.alloc(3 << 20, 7);
       expect(await box.files.write('/data/deep/big.bin', big, { mode: 0o600 })).toBe(big.length);
       expect((await box.files.read('/data/deep/big.bin')).equals(big)).toBe(true);
-      expect(await box.files.stat('/data/deep/big.bin')).toMatchObject({ type: 'file', size: big.length, mode: '0600', name: 'big.bin' });
+      expect(await box.files.stat('/data/deep/big.bin')).toMatchObject({
+        type: 'file',
+        size: big.length,
+        mode: '0600',
+        name: 'big.bin',
+      });
       await box.files.mkdir('/data/sub/a/b', { parents: true });
       await box.putFile('/data/hello.txt', 'hello');
       expect((await box.getFile('/data/hello.txt')).toString()).toBe('hello');
-      expect((await box.files.list('/data')).map((e) => `${e.name}:${e.type}`)).toEqual(['deep:dir', 'hello.txt:file', 'sub:dir']);
+      expect((await box.files.list('/data')).map((e) => `${e.name}:${e.type}`)).toEqual([
+        'deep:dir',
+        'hello.txt:file',
+        'sub:dir',
+      ]);
       await box.files.remove('/data/sub', { recursive: true });
       await expect(box.files.stat('/data/sub')).rejects.toMatchObject({ code: 'FILE_NOT_FOUND' });
       await expect(box.files.read('/nope')).rejects.toMatchObject({ code: 'FILE_NOT_FOUND' });
-      await expect(box.files.remove('/data')).rejects.toMatchObject({ code: 'FILE_ERROR', message: expect.stringMatching(/ENOTEMPTY/) });
+      await expect(box.files.remove('/data')).rejects.toMatchObject({
+        code: 'FILE_ERROR',
+        message: expect.stringMatching(/ENOTEMPTY/),
+      });
     } finally {
       await box.destroy();
     }

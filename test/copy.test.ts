@@ -3,7 +3,20 @@
  * snaplab process's memory watched, and hostile archives fed to the receiving side (native/copy.c).
  */
 import { spawn, spawnSync } from 'node:child_process';
-import { chmodSync, chownSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  chownSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -14,7 +27,13 @@ let home: string;
 let work: string;
 
 function snaplab(args: string[], input?: Buffer | string): { code: number; out: string; err: string } {
-  const r = spawnSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: home }, input, encoding: 'utf8', timeout: 120_000, maxBuffer: 64 << 20 });
+  const r = spawnSync(SNAPLAB, args, {
+    env: { ...process.env, SNAPLAB_HOME: home },
+    input,
+    encoding: 'utf8',
+    timeout: 120_000,
+    maxBuffer: 64 << 20,
+  });
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 
@@ -65,18 +84,32 @@ describe('snaplab cp', () => {
     symlinkSync('../..', join(src, 'sub', 'up'));
 
     expect(snaplab(['cp', src, 'a:/tmp/']).code).toBe(0);
-    const ls = snaplab(['exec', 'a', '--', 'sh', '-c', 'cd /tmp/tree && stat -c "%n %a %u:%g %F" setuid sticky sub outside && readlink outside && readlink sub/up && cat sub/deep/f']);
-    expect(ls.out).toBe('setuid 4755 0:0 regular file\nsticky 1777 0:0 directory\nsub 755 1234:5678 directory\noutside 777 0:0 symbolic link\n/etc/passwd\n../..\ndeep');
+    const ls = snaplab([
+      'exec',
+      'a',
+      '--',
+      'sh',
+      '-c',
+      'cd /tmp/tree && stat -c "%n %a %u:%g %F" setuid sticky sub outside && readlink outside && readlink sub/up && cat sub/deep/f',
+    ]);
+    expect(ls.out).toBe(
+      'setuid 4755 0:0 regular file\nsticky 1777 0:0 directory\nsub 755 1234:5678 directory\noutside 777 0:0 symbolic link\n/etc/passwd\n../..\ndeep',
+    );
 
     // machine to machine, renamed (docker's rule: DEST does not exist, so it becomes the copy)
     expect(snaplab(['cp', 'a:/tmp/tree', 'b:/root/copy']).code).toBe(0);
-    expect(snaplab(['exec', 'b', '--', 'stat', '-c', '%a %u:%g', '/root/copy/setuid', '/root/copy/sub']).out).toBe('4755 0:0\n755 1234:5678\n');
+    expect(snaplab(['exec', 'b', '--', 'stat', '-c', '%a %u:%g', '/root/copy/setuid', '/root/copy/sub']).out).toBe(
+      '4755 0:0\n755 1234:5678\n',
+    );
 
     // out to the host: owners kept, setuid dropped (said), the link not followed
     const out = join(work, 'out');
     const r = snaplab(['cp', 'b:/root/copy', out, '--json']);
     expect(r.code, r.err).toBe(0);
-    expect(JSON.parse(r.out)).toMatchObject({ complete: true, warnings: [expect.stringMatching(/1 file\(s\) copied without their setuid\/setgid bits/)] });
+    expect(JSON.parse(r.out)).toMatchObject({
+      complete: true,
+      warnings: [expect.stringMatching(/1 file\(s\) copied without their setuid\/setgid bits/)],
+    });
     expect(statSync(join(out, 'setuid')).mode & 0o7777).toBe(0o755);
     expect(statSync(join(out, 'sticky')).mode & 0o7777).toBe(0o1777);
     expect(statSync(join(out, 'sub')).uid).toBe(1234);
@@ -86,7 +119,10 @@ describe('snaplab cp', () => {
     // contents with DIR/., into an existing directory; a tar stream each way
     expect(snaplab(['cp', `${src}/.`, 'a:/srv']).code).toBe(0);
     expect(snaplab(['exec', 'a', '--', 'ls', '/srv']).out.split('\n')).toContain('sticky');
-    const tar = spawnSync(SNAPLAB, ['cp', 'a:/srv', '-'], { env: { ...process.env, SNAPLAB_HOME: home }, maxBuffer: 64 << 20 });
+    const tar = spawnSync(SNAPLAB, ['cp', 'a:/srv', '-'], {
+      env: { ...process.env, SNAPLAB_HOME: home },
+      maxBuffer: 64 << 20,
+    });
     expect(tar.status).toBe(0);
     const listing = spawnSync('tar', ['-tv'], { input: tar.stdout, encoding: 'utf8' }).stdout;
     expect(listing).toMatch(/^drwx.* srv\/$/m);
@@ -97,26 +133,53 @@ describe('snaplab cp', () => {
   });
 
   it('errors: a missing source, a file onto a missing directory, no machine side, a machine that is not there', () => {
-    expect(snaplab(['cp', 'a:/nope', work])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \/nope: No such file or directory/) });
+    expect(snaplab(['cp', 'a:/nope', work])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/COPY_FAILED\]: cp: \/nope: No such file or directory/),
+    });
     writeFileSync(join(work, 'one'), '1');
-    expect(snaplab(['cp', join(work, 'one'), 'a:/missing/'])).toMatchObject({ code: 2, err: expect.stringMatching(/\/missing\/: not a directory/) });
+    expect(snaplab(['cp', join(work, 'one'), 'a:/missing/'])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/\/missing\/: not a directory/),
+    });
     // a receiver that fails at once while the sender still has megabytes to write: an error, not a hang
     spawnSync('dd', ['if=/dev/zero', `of=${join(work, 'eight')}`, 'bs=1M', 'count=8', 'status=none']);
-    expect(snaplab(['cp', join(work, 'eight'), 'a:/no/such/dir/f'])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \/no\/such\/dir: No such file or directory/) });
+    expect(snaplab(['cp', join(work, 'eight'), 'a:/no/such/dir/f'])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/COPY_FAILED\]: cp: \/no\/such\/dir: No such file or directory/),
+    });
     // and the other way: the host's side fails at once while the machine still has megabytes to send
     expect(snaplab(['cp', join(work, 'eight'), 'a:/tmp/eight']).code).toBe(0);
-    expect(snaplab(['cp', 'a:/tmp/eight', join(work, 'no', 'such', 'f')])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \S+\/no\/such: No such file or directory/) });
-    expect(snaplab(['cp', 'a:/tmp/eight', 'b:/no/such/f'])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED/) });
+    expect(snaplab(['cp', 'a:/tmp/eight', join(work, 'no', 'such', 'f')])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/COPY_FAILED\]: cp: \S+\/no\/such: No such file or directory/),
+    });
+    expect(snaplab(['cp', 'a:/tmp/eight', 'b:/no/such/f'])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/COPY_FAILED/),
+    });
     // within one machine: one exec inside it; the first failure is the one said
     expect(snaplab(['cp', 'a:/tmp/eight', 'a:/tmp/eight-copy']).code).toBe(0);
     expect(snaplab(['exec', 'a', '--', 'cmp', '/tmp/eight', '/tmp/eight-copy']).code).toBe(0);
-    expect(snaplab(['cp', 'a:/nope', 'a:/tmp/x'])).toMatchObject({ code: 2, err: expect.stringMatching(/COPY_FAILED\]: cp: \/nope: No such file or directory/) });
+    expect(snaplab(['cp', 'a:/nope', 'a:/tmp/x'])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/COPY_FAILED\]: cp: \/nope: No such file or directory/),
+    });
     // a source machine that cannot send (paused) fails the copy at once; the other side ends too
     expect(snaplab(['pause', 'b']).code).toBe(0);
-    expect(snaplab(['cp', 'b:/etc/hostname', 'a:/tmp/'])).toMatchObject({ code: 2, err: expect.stringMatching(/SANDBOX_PAUSED/) });
+    expect(snaplab(['cp', 'b:/etc/hostname', 'a:/tmp/'])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/SANDBOX_PAUSED/),
+    });
     expect(snaplab(['resume', 'b']).code).toBe(0);
-    expect(snaplab(['cp', join(work, 'one'), join(work, 'two')])).toMatchObject({ code: 2, err: expect.stringMatching(/BAD_INPUT[\s\S]*hint:/) });
-    expect(snaplab(['cp', join(work, 'one'), 'ghost:/tmp'])).toMatchObject({ code: 2, err: expect.stringMatching(/SANDBOX_NOT_FOUND/) });
+    expect(snaplab(['cp', join(work, 'one'), join(work, 'two')])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/BAD_INPUT[\s\S]*hint:/),
+    });
+    expect(snaplab(['cp', join(work, 'one'), 'ghost:/tmp'])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/SANDBOX_NOT_FOUND/),
+    });
     // a file onto a file: replaced, not written through (a hard link to the old one keeps its contents)
     expect(snaplab(['exec', 'a', '--', 'sh', '-c', 'echo old > /tmp/t && ln /tmp/t /tmp/t2']).code).toBe(0);
     expect(snaplab(['cp', join(work, 'one'), 'a:/tmp/t']).code).toBe(0);
@@ -157,7 +220,8 @@ for name, kind, target in json.loads(sys.argv[1]):
     t.addfile(i)
 t.close()
 sys.stdout.buffer.write(buf.getvalue())`;
-    return spawnSync('/usr/bin/python3', ['-c', py, JSON.stringify(members.map(([n, k, t]) => [n, k, t ?? null]))]).stdout;
+    return spawnSync('/usr/bin/python3', ['-c', py, JSON.stringify(members.map(([n, k, t]) => [n, k, t ?? null]))])
+      .stdout;
   }
 
   it('never writes outside DEST: through a symlink, .., absolute names, hard links out; a setuid file and a device node out of a machine are refused', () => {
@@ -168,13 +232,34 @@ sys.stdout.buffer.write(buf.getvalue())`;
     const untar = (members: [string, string, string?][], flags: string[] = []) => {
       rmSync(root, { recursive: true, force: true });
       mkdirSync(root);
-      return spawnSync(agentBinaryPath(), ['untar', ...flags, '--plain', root], { input: archive(members), encoding: 'utf8' });
+      return spawnSync(agentBinaryPath(), ['untar', ...flags, '--plain', root], {
+        input: archive(members),
+        encoding: 'utf8',
+      });
     };
     const cases: [string, [string, string, string?][]][] = [
-      ['a symlink, then a file through it', [['a', 'l', outside], ['a/sentinel', 'f']]],
-      ['a symlink to /, then a hard link through it', [['r', 'l', '/'], ['x', 'h', `r${outside}/sentinel`]]],
+      [
+        'a symlink, then a file through it',
+        [
+          ['a', 'l', outside],
+          ['a/sentinel', 'f'],
+        ],
+      ],
+      [
+        'a symlink to /, then a hard link through it',
+        [
+          ['r', 'l', '/'],
+          ['x', 'h', `r${outside}/sentinel`],
+        ],
+      ],
       ['..', [['../outside/sentinel', 'f']]],
-      ['.. in the middle', [['d', 'd'], ['d/../../outside/sentinel', 'f']]],
+      [
+        '.. in the middle',
+        [
+          ['d', 'd'],
+          ['d/../../outside/sentinel', 'f'],
+        ],
+      ],
       ['an absolute name', [[`${outside}/sentinel`, 'f']]],
       ['a hard link out', [['x', 'h', '../outside/sentinel']]],
     ];
@@ -190,7 +275,13 @@ sys.stdout.buffer.write(buf.getvalue())`;
     // a hostile machine's tar cannot put .ssh/authorized_keys into a host home instead
     const asked = join(work, 'home');
     mkdirSync(asked, { recursive: true });
-    const swap = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--expect', 'app.log', '--', asked], { input: archive([['.ssh', 'd'], ['.ssh/authorized_keys', 'f']]), encoding: 'utf8' });
+    const swap = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--expect', 'app.log', '--', asked], {
+      input: archive([
+        ['.ssh', 'd'],
+        ['.ssh/authorized_keys', 'f'],
+      ]),
+      encoding: 'utf8',
+    });
     expect(swap.status).toBe(2);
     expect(swap.stderr).toMatch(/begins with \.ssh, not the app\.log that was asked for/);
     expect(existsSync(join(asked, '.ssh'))).toBe(false);
@@ -201,7 +292,10 @@ import io, sys, tarfile
 buf = io.BytesIO(); t = tarfile.open(fileobj=buf, mode='w')
 d = tarfile.TarInfo('keep'); d.type = tarfile.DIRTYPE; d.mode = 0o2777; d.uid = 1234; d.gid = 1234; t.addfile(d)
 t.close(); sys.stdout.buffer.write(buf.getvalue())`;
-    const keep = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--expect', 'keep', '--', asked], { input: spawnSync('/usr/bin/python3', ['-c', py777]).stdout, encoding: 'utf8' });
+    const keep = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--expect', 'keep', '--', asked], {
+      input: spawnSync('/usr/bin/python3', ['-c', py777]).stdout,
+      encoding: 'utf8',
+    });
     expect(keep.status, keep.stderr).toBe(0);
     const st = lstatSync(join(asked, 'keep'));
     expect([st.mode & 0o7777, st.uid]).toEqual([0o755, 0]);
@@ -218,7 +312,10 @@ i = tarfile.TarInfo('sh'); i.size = 2; i.mode = 0o4755; t.addfile(i, io.BytesIO(
 t.close(); sys.stdout.buffer.write(buf.getvalue())`;
     rmSync(root, { recursive: true, force: true });
     mkdirSync(root);
-    const suid = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--plain', root], { input: spawnSync('/usr/bin/python3', ['-c', py]).stdout, encoding: 'utf8' });
+    const suid = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--plain', root], {
+      input: spawnSync('/usr/bin/python3', ['-c', py]).stdout,
+      encoding: 'utf8',
+    });
     expect(suid.status).toBe(0);
     expect(lstatSync(join(root, 'sh')).mode & 0o7777).toBe(0o755);
   });

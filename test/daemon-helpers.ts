@@ -14,14 +14,27 @@ export interface TestDaemon {
   kill9(): Promise<void>;
 }
 
-export function cli(home: string, args: string[], input?: string, env: Record<string, string> = {}): { code: number; out: string; err: string } {
-  const r = spawnSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: home, ...env }, input, encoding: 'utf8', timeout: 120_000 });
+export function cli(
+  home: string,
+  args: string[],
+  input?: string,
+  env: Record<string, string> = {},
+): { code: number; out: string; err: string } {
+  const r = spawnSync(SNAPLAB, args, {
+    env: { ...process.env, SNAPLAB_HOME: home, ...env },
+    input,
+    encoding: 'utf8',
+    timeout: 120_000,
+  });
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 
 export async function startDaemon(home: string, extra: string[] = []): Promise<TestDaemon> {
   const socket = join(home, 'daemon.sock');
-  const proc = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', ...extra], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', ...extra], {
+    env: { ...process.env, SNAPLAB_HOME: home },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let err = '';
   proc.stderr!.on('data', (b: Buffer) => (err += b.toString()));
   const line = await new Promise<string>((resolve, reject) => {
@@ -36,7 +49,10 @@ export async function startDaemon(home: string, extra: string[] = []): Promise<T
   const { url } = JSON.parse(line) as { url: string };
   const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
   return {
-    proc, socket, url, log: () => err,
+    proc,
+    socket,
+    url,
+    log: () => err,
     async stop() {
       proc.kill('SIGTERM');
       await exited;
@@ -51,7 +67,11 @@ export async function startDaemon(home: string, extra: string[] = []): Promise<T
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** Wait until `fn` gives something truthy (checked every 100 ms), or fail naming `what`. */
-export async function until<T>(what: string, fn: () => T | undefined | false | Promise<T | undefined | false>, ms = 20_000): Promise<T> {
+export async function until<T>(
+  what: string,
+  fn: () => T | undefined | false | Promise<T | undefined | false>,
+  ms = 20_000,
+): Promise<T> {
   const end = Date.now() + ms;
   for (;;) {
     const v = await fn();

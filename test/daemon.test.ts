@@ -19,25 +19,37 @@ let home: string;
 let d: TestDaemon;
 let admin: string;
 
-interface Res { status: number; body: any; headers: string }
+interface Res {
+  status: number;
+  body: any;
+  headers: string;
+}
 
 /** curl: over the Unix socket (no key), or TCP with `token`. */
-function curl(method: string, path: string, opts: { token?: string; json?: unknown; tcp?: boolean; data?: string; timeoutS?: number; headers?: string[] } = {}): Res {
+function curl(
+  method: string,
+  path: string,
+  opts: { token?: string; json?: unknown; tcp?: boolean; data?: string; timeoutS?: number; headers?: string[] } = {},
+): Res {
   const args = ['-s', '-D', '-', '-X', method, '--max-time', String(opts.timeoutS ?? 60)];
   if (opts.tcp || opts.token) args.push(`${d.url}${path}`);
   else args.push('--unix-socket', d.socket, `http://snaplab${path}`);
   if (opts.token) args.push('-H', `authorization: Bearer ${opts.token}`);
   for (const h of opts.headers ?? []) args.push('-H', h);
-  if (opts.json !== undefined) args.push('-H', 'content-type: application/json', '--data-binary', JSON.stringify(opts.json));
+  if (opts.json !== undefined)
+    args.push('-H', 'content-type: application/json', '--data-binary', JSON.stringify(opts.json));
   if (opts.data !== undefined) args.push('--data-binary', '@-');
   const r = spawnSync('curl', args, { encoding: 'utf8', input: opts.data, maxBuffer: 64 << 20 });
   const [head, ...rest] = r.stdout.split('\r\n\r\n');
   const text = rest.join('\r\n\r\n');
   let body: unknown = text;
-  try { body = JSON.parse(text); } catch { /* text */ }
+  try {
+    body = JSON.parse(text);
+  } catch {
+    /* text */
+  }
   return { status: Number(/^HTTP\/1\.1 (\d+)/.exec(head ?? '')?.[1] ?? 0), body, headers: head ?? '' };
 }
-
 
 /**
  * A WebSocket to the daemon, resolved once open. Frames that came in the same read as the
@@ -85,34 +97,69 @@ describe('snaplab serve', () => {
   it('keys: none, unknown, wrong scope, removed; the Unix socket needs none; the OpenAPI document validates', async () => {
     expect(curl('GET', '/healthz', { tcp: true })).toMatchObject({ status: 200, body: { ok: true } });
     expect(curl('GET', '/sandboxes', { tcp: true })).toMatchObject({ status: 401, body: { code: 'UNAUTHORIZED' } });
-    expect(curl('GET', '/sandboxes', { token: 'snaplab_wrong' })).toMatchObject({ status: 401, body: { code: 'UNAUTHORIZED' } });
+    expect(curl('GET', '/sandboxes', { token: 'snaplab_wrong' })).toMatchObject({
+      status: 401,
+      body: { code: 'UNAUTHORIZED' },
+    });
     const reader = cli(home, ['key', 'create', 'reader', '--scope', 'read']).out.trim();
     expect(curl('GET', '/sandboxes', { token: reader }).status).toBe(200);
-    expect(curl('POST', '/sandboxes', { token: reader, json: {} })).toMatchObject({ status: 403, body: { code: 'FORBIDDEN', hint: expect.stringMatching(/--scope exec/) } });
+    expect(curl('POST', '/sandboxes', { token: reader, json: {} })).toMatchObject({
+      status: 403,
+      body: { code: 'FORBIDDEN', hint: expect.stringMatching(/--scope exec/) },
+    });
     expect(cli(home, ['key', 'ls', '--json']).out).not.toContain(reader); // only a hash is kept
     expect(cli(home, ['key', 'rm', 'reader']).code).toBe(0);
     expect(curl('GET', '/sandboxes', { token: reader }).status).toBe(401);
     expect(curl('GET', '/sandboxes').status).toBe(200);
-    expect(curl('POST', '/sandboxes', { json: { bogus: 1 } })).toMatchObject({ status: 400, body: { code: 'BAD_INPUT' } });
+    expect(curl('POST', '/sandboxes', { json: { bogus: 1 } })).toMatchObject({
+      status: 400,
+      body: { code: 'BAD_INPUT' },
+    });
     expect(curl('GET', '/sandboxes/nope')).toMatchObject({ status: 404, body: { code: 'SANDBOX_NOT_FOUND' } });
     const doc = curl('GET', '/openapi.json').body;
     await expect(SwaggerParser.validate(structuredClone(doc))).resolves.toBeTruthy();
-    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining(['/sandboxes', '/sandboxes/{id}/exec', '/sandboxes/{id}/files', '/events', '/pools/{name}/run']));
+    expect(Object.keys(doc.paths)).toEqual(
+      expect.arrayContaining([
+        '/sandboxes',
+        '/sandboxes/{id}/exec',
+        '/sandboxes/{id}/files',
+        '/events',
+        '/pools/{name}/run',
+      ]),
+    );
     // one daemon per home: a second is refused before it touches anything
-    const second = spawnSync(SNAPLAB, ['serve', '--socket', join(home, 'second.sock')], { env: { ...process.env, SNAPLAB_HOME: home }, encoding: 'utf8', timeout: 30_000 });
+    const second = spawnSync(SNAPLAB, ['serve', '--socket', join(home, 'second.sock')], {
+      env: { ...process.env, SNAPLAB_HOME: home },
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
     expect([second.status, second.stderr]).toEqual([2, expect.stringMatching(/DAEMON_ERROR.*a daemon already runs/)]);
     // one line per request, written once the response has gone
-    await until('the request log', () => /GET \/sandboxes 401 [\d.]+ms key=-/.test(d.log()) && /GET \/sandboxes 200 [\d.]+ms key=local/.test(d.log()));
+    await until(
+      'the request log',
+      () =>
+        /GET \/sandboxes 401 [\d.]+ms key=-/.test(d.log()) && /GET \/sandboxes 200 [\d.]+ms key=local/.test(d.log()),
+    );
   });
 
   it('an exec deadline kills the whole tree; a client that goes kills its exec', async () => {
     expect(curl('POST', '/sandboxes', { json: { name: 'tree' } }).status).toBe(201);
-    const r = curl('POST', '/sandboxes/tree/exec', { json: { argv: ['sh', '-c', 'sleep 100 & sleep 100'], timeoutMs: 500 } });
+    const r = curl('POST', '/sandboxes/tree/exec', {
+      json: { argv: ['sh', '-c', 'sleep 100 & sleep 100'], timeoutMs: 500 },
+    });
     expect(r.body).toMatchObject({ exitCode: 124, timedOut: true });
-    const left = (): string => curl('POST', '/sandboxes/tree/exec', { json: { argv: ['sh', '-c', 'ps -o comm | grep -c sleep || true'] } }).body.stdout.trim();
+    const left = (): string =>
+      curl('POST', '/sandboxes/tree/exec', {
+        json: { argv: ['sh', '-c', 'ps -o comm | grep -c sleep || true'] },
+      }).body.stdout.trim();
     await until('the tree gone', () => left() === '0');
     // curl gives up after 1 s: the command it started must not outlive it
-    expect(curl('POST', '/sandboxes/tree/exec', { json: { argv: ['sh', '-c', 'sleep 100 & sleep 100'], timeoutMs: 0 }, timeoutS: 1 }).status).toBe(0);
+    expect(
+      curl('POST', '/sandboxes/tree/exec', {
+        json: { argv: ['sh', '-c', 'sleep 100 & sleep 100'], timeoutMs: 0 },
+        timeoutS: 1,
+      }).status,
+    ).toBe(0);
     await until('the abandoned exec killed', () => left() === '0');
   });
 
@@ -122,7 +169,15 @@ describe('snaplab serve', () => {
     const answers: any[] = [];
     ws.on('message', (m) => answers.push(JSON.parse(String(m))));
     ws.send(JSON.stringify({ id: 1, op: 'exec', sandbox: 'rpc', argv: ['sh', '-c', 'sleep 0.3; echo slow'] }));
-    ws.send(JSON.stringify({ id: 2, op: 'exec', sandbox: 'rpc', argv: ['cat'], stdin: Buffer.from('fast').toString('base64') }));
+    ws.send(
+      JSON.stringify({
+        id: 2,
+        op: 'exec',
+        sandbox: 'rpc',
+        argv: ['cat'],
+        stdin: Buffer.from('fast').toString('base64'),
+      }),
+    );
     ws.send(JSON.stringify({ id: 3, op: 'exec', sandbox: 'rpc' }));
     ws.send('not json');
     await until('four answers', () => answers.length === 4);
@@ -131,7 +186,10 @@ describe('snaplab serve', () => {
     expect(Buffer.from(answers[2].result.stdout, 'base64').toString()).toBe('fast');
     expect(Buffer.from(answers[3].result.stdout, 'base64').toString()).toBe('slow\n');
     ws.send(JSON.stringify({ id: 4, op: 'exec', sandbox: 'rpc', argv: ['sleep', '100'] }));
-    const sleeping = (): string => curl('POST', '/sandboxes/rpc/exec', { json: { argv: ['sh', '-c', 'ps -o comm | grep -c sleep || true'] } }).body.stdout.trim();
+    const sleeping = (): string =>
+      curl('POST', '/sandboxes/rpc/exec', {
+        json: { argv: ['sh', '-c', 'ps -o comm | grep -c sleep || true'] },
+      }).body.stdout.trim();
     await until('the sleep running', () => sleeping() === '1');
     ws.terminate();
     await until('the sleep killed with its connection', () => sleeping() === '0');
@@ -142,12 +200,29 @@ describe('snaplab serve', () => {
     const made = curl('POST', '/sandboxes', { json: { name: 'stream' } });
     expect(made.status, JSON.stringify(made.body)).toBe(201);
     const ws = await socket('/sandboxes/stream/exec');
-    ws.send(JSON.stringify({ type: 'start', argv: ['sh', '-c', 'i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo line$i; [ $i = 50 ] && sleep 1; done; echo err >&2'] }));
+    ws.send(
+      JSON.stringify({
+        type: 'start',
+        argv: [
+          'sh',
+          '-c',
+          'i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo line$i; [ $i = 50 ] && sleep 1; done; echo err >&2',
+        ],
+      }),
+    );
     let got = Buffer.alloc(0);
     let id = '';
     const texts: string[] = [];
     await new Promise<void>((resolve, reject) => {
-      const t = setTimeout(() => reject(new Error(`no line50 within 15 s: control frames ${JSON.stringify(texts)}, output so far ending ${JSON.stringify(got.toString().slice(-80))}`)), 15000);
+      const t = setTimeout(
+        () =>
+          reject(
+            new Error(
+              `no line50 within 15 s: control frames ${JSON.stringify(texts)}, output so far ending ${JSON.stringify(got.toString().slice(-80))}`,
+            ),
+          ),
+        15000,
+      );
       ws.on('message', (m: Buffer, binary) => {
         if (!binary) {
           texts.push(String(m));
@@ -156,7 +231,10 @@ describe('snaplab serve', () => {
           return;
         }
         got = Buffer.concat([got, m.subarray(1)]);
-        if (got.toString().includes('line50\n')) { clearTimeout(t); resolve(); }
+        if (got.toString().includes('line50\n')) {
+          clearTimeout(t);
+          resolve();
+        }
       });
       ws.on('close', (c) => texts.push(`close ${c}`));
     });
@@ -168,11 +246,22 @@ describe('snaplab serve', () => {
     let stderr = '';
     const texts2: string[] = [];
     const exit = await new Promise<any>((resolve, reject) => {
-      const t = setTimeout(() => reject(new Error(`no exit within 15 s of the reattach: control frames ${JSON.stringify(texts2)}, output ending ${JSON.stringify(rest.toString().slice(-80))}`)), 15000);
+      const t = setTimeout(
+        () =>
+          reject(
+            new Error(
+              `no exit within 15 s of the reattach: control frames ${JSON.stringify(texts2)}, output ending ${JSON.stringify(rest.toString().slice(-80))}`,
+            ),
+          ),
+        15000,
+      );
       again.on('close', (c) => texts2.push(`close ${c}`));
       again.on('message', (m: Buffer, binary) => {
         if (!binary) texts2.push(String(m));
-        if (binary) return m[0] === 1 ? void (rest = Buffer.concat([rest, m.subarray(1)])) : void (stderr += m.subarray(1).toString());
+        if (binary)
+          return m[0] === 1
+            ? void (rest = Buffer.concat([rest, m.subarray(1)]))
+            : void (stderr += m.subarray(1).toString());
         const j = JSON.parse(String(m));
         if (j.type === 'exit' || j.type === 'gap') {
           clearTimeout(t);
@@ -187,7 +276,9 @@ describe('snaplab serve', () => {
     expect(stderr).toBe('err\n');
 
     // 3 MiB with nobody reading, a 1 MiB ring: attaching at 0 is told what was lost
-    const bg = curl('POST', '/sandboxes/stream/processes', { json: { argv: ['sh', '-c', 'head -c 3145728 /dev/zero'], tag: 'big' } });
+    const bg = curl('POST', '/sandboxes/stream/processes', {
+      json: { argv: ['sh', '-c', 'head -c 3145728 /dev/zero'], tag: 'big' },
+    });
     expect(bg.status).toBe(201);
     await until('it exited', () => curl('GET', `/sandboxes/stream/processes/${bg.body.id}`).body.state === 'exited');
     const out = curl('GET', `/sandboxes/stream/processes/${bg.body.id}/output?offset=0`).body;
@@ -201,9 +292,16 @@ describe('snaplab serve', () => {
   });
 
   it('TTLs kill or pause; a timeout can be extended; events say why, and resume from Last-Event-ID', async () => {
-    const start = Number(curl('GET', '/events?after=0', { timeoutS: 1 }).body.match?.(/id: (\d+)/g)?.pop()?.slice(4) ?? 0);
+    const start = Number(
+      curl('GET', '/events?after=0', { timeoutS: 1 })
+        .body.match?.(/id: (\d+)/g)
+        ?.pop()
+        ?.slice(4) ?? 0,
+    );
     expect(curl('POST', '/sandboxes', { json: { name: 'ttl-kill', timeoutS: 1 } }).status).toBe(201);
-    expect(curl('POST', '/sandboxes', { json: { name: 'ttl-pause', timeoutS: 1, onTimeout: 'pause' } }).status).toBe(201);
+    expect(curl('POST', '/sandboxes', { json: { name: 'ttl-pause', timeoutS: 1, onTimeout: 'pause' } }).status).toBe(
+      201,
+    );
     expect(curl('POST', '/sandboxes', { json: { name: 'ttl-long', timeoutS: 1 } }).status).toBe(201);
     expect(curl('POST', '/sandboxes/ttl-long/timeout', { json: { timeoutS: 600 } }).body.timeoutS).toBe(600);
     await until('ttl-kill gone', () => curl('GET', '/sandboxes/ttl-kill').status === 404);
@@ -211,7 +309,10 @@ describe('snaplab serve', () => {
     expect(curl('GET', '/sandboxes/ttl-long').body.state).toBe('running');
     // the log from before these, as a client that reconnects asks for it
     const sse = curl('GET', '/events', { headers: [`last-event-id: ${start}`], timeoutS: 1 }).body as string;
-    const events = sse.split('\n\n').filter((b) => b.startsWith('id: ')).map((b) => JSON.parse(b.split('\ndata: ')[1]!));
+    const events = sse
+      .split('\n\n')
+      .filter((b) => b.startsWith('id: '))
+      .map((b) => JSON.parse(b.split('\ndata: ')[1]!));
     expect(events.every((e) => e.id > start)).toBe(true);
     const of = (name: string): string[] => events.filter((e) => e.name === name).map((e) => e.type);
     expect(of('ttl-kill')).toEqual(['created', 'ready', 'timeout', 'destroyed']);
@@ -222,19 +323,37 @@ describe('snaplab serve', () => {
   });
 
   it('a machine that dies is reported exited, with how; one removed by the CLI, destroyed; keys through the API', async () => {
-    const after = Math.max(0, ...[...(curl('GET', '/events?after=0', { timeoutS: 1 }).body as string).matchAll(/^id: (\d+)$/gm)].map((m) => Number(m[1])));
+    const after = Math.max(
+      0,
+      ...[...(curl('GET', '/events?after=0', { timeoutS: 1 }).body as string).matchAll(/^id: (\d+)$/gm)].map((m) =>
+        Number(m[1]),
+      ),
+    );
     const box = curl('POST', '/sandboxes', { json: { name: 'dies' } }).body;
     expect(curl('POST', '/sandboxes', { json: { name: 'cli-removed' } }).status).toBe(201);
     process.kill(box.pid, 'SIGKILL');
     expect(cli(home, ['rm', 'cli-removed']).code).toBe(0);
-    const events = async (): Promise<any[]> => (curl('GET', `/events?after=${after}`, { timeoutS: 1 }).body as string).split('\n\n').filter((b) => b.startsWith('id: ')).map((b) => JSON.parse(b.split('\ndata: ')[1]!));
-    const exited = await until('exited', async () => (await events()).find((e) => e.name === 'dies' && e.type === 'exited'), 15_000);
+    const events = async (): Promise<any[]> =>
+      (curl('GET', `/events?after=${after}`, { timeoutS: 1 }).body as string)
+        .split('\n\n')
+        .filter((b) => b.startsWith('id: '))
+        .map((b) => JSON.parse(b.split('\ndata: ')[1]!));
+    const exited = await until(
+      'exited',
+      async () => (await events()).find((e) => e.name === 'dies' && e.type === 'exited'),
+      15_000,
+    );
     expect(exited.reason).toMatch(/killed|signal|gone|exited/i);
-    expect((await events()).find((e) => e.name === 'cli-removed' && e.type === 'destroyed')?.reason).toBe('removed outside the daemon');
+    expect((await events()).find((e) => e.name === 'cli-removed' && e.type === 'destroyed')?.reason).toBe(
+      'removed outside the daemon',
+    );
     curl('DELETE', '/sandboxes/dies');
 
     const made = curl('POST', '/keys', { json: { name: 'via-api', scopes: ['read'] } });
-    expect(made).toMatchObject({ status: 201, body: { name: 'via-api', scopes: ['read'], token: expect.stringMatching(/^snaplab_/) } });
+    expect(made).toMatchObject({
+      status: 201,
+      body: { name: 'via-api', scopes: ['read'], token: expect.stringMatching(/^snaplab_/) },
+    });
     expect(curl('GET', '/sandboxes', { token: made.body.token }).status).toBe(200);
     expect(curl('GET', '/keys').body.find((k: any) => k.name === 'via-api')).not.toHaveProperty('hash');
     expect(curl('GET', '/keys', { token: made.body.token }).status).toBe(403);
@@ -249,9 +368,23 @@ describe('snaplab serve', () => {
     expect(over).toMatchObject({ status: 429, body: { code: 'QUOTA_EXCEEDED', limit: 'maxSandboxes' } });
     expect(over.headers).toMatch(/retry-after: \d+/i);
     expect(curl('GET', '/sandboxes/q2').status).toBe(404);
-    const long = spawn('curl', ['-s', '-X', 'POST', '-H', `authorization: Bearer ${k}`, '-H', 'content-type: application/json', '--data-binary', JSON.stringify({ argv: ['sleep', '3'] }), `${d.url}/sandboxes/q1/exec`]);
+    const long = spawn('curl', [
+      '-s',
+      '-X',
+      'POST',
+      '-H',
+      `authorization: Bearer ${k}`,
+      '-H',
+      'content-type: application/json',
+      '--data-binary',
+      JSON.stringify({ argv: ['sleep', '3'] }),
+      `${d.url}/sandboxes/q1/exec`,
+    ]);
     await until('the first exec running', () => curl('GET', '/metrics').body.includes('snaplab_execs_running 1'));
-    expect(curl('POST', '/sandboxes/q1/exec', { token: k, json: { argv: ['true'] } })).toMatchObject({ status: 429, body: { limit: 'maxExecs' } });
+    expect(curl('POST', '/sandboxes/q1/exec', { token: k, json: { argv: ['true'] } })).toMatchObject({
+      status: 429,
+      body: { limit: 'maxExecs' },
+    });
     await new Promise((r) => long.on('close', r));
     expect(curl('POST', '/sandboxes/q1/exec', { token: k, json: { argv: ['true'] } }).body.exitCode).toBe(0);
     expect(curl('DELETE', '/sandboxes/q1', { token: k }).status).toBe(204);
@@ -265,7 +398,9 @@ describe('snaplab serve', () => {
     expect(remoteCli(['create', '--name', 'via-cli', '--label', 'by=cli']).stdout).toBe('via-cli\n');
     const e = remoteCli(['exec', '-i', 'via-cli', '--', 'sh', '-c', 'cat; echo err >&2; exit 3'], 'typed\n');
     expect([e.status, e.stdout, e.stderr]).toEqual([3, 'typed\n', 'err\n']);
-    expect(JSON.parse(remoteCli(['ls', '--json', '--label', 'by=cli']).stdout).map((b: any) => b.name)).toEqual(['via-cli']);
+    expect(JSON.parse(remoteCli(['ls', '--json', '--label', 'by=cli']).stdout).map((b: any) => b.name)).toEqual([
+      'via-cli',
+    ]);
     for (let i = 0; i < 2; i++) {
       expect(remoteCli(['pause', 'via-cli']).status).toBe(0);
       expect(remoteCli(['exec', 'via-cli', '--', 'true']).stderr).toMatch(/SANDBOX_PAUSED/);
@@ -274,7 +409,10 @@ describe('snaplab serve', () => {
     }
     expect(remoteCli(['df']).stderr).toMatch(/runs on the embedded lab/);
     expect(remoteCli(['rm', 'via-cli']).status).toBe(0);
-    expect(remoteCli(['exec', 'via-cli', '--', 'true'])).toMatchObject({ status: 125, stderr: expect.stringMatching(/SANDBOX_NOT_FOUND/) });
+    expect(remoteCli(['exec', 'via-cli', '--', 'true'])).toMatchObject({
+      status: 125,
+      stderr: expect.stringMatching(/SANDBOX_NOT_FOUND/),
+    });
     const noKey = spawnSync(SNAPLAB, ['ls'], { env: { ...env, SNAPLAB_TOKEN: '' }, encoding: 'utf8' });
     expect(noKey.stderr).toMatch(/UNAUTHORIZED/);
   });
@@ -284,27 +422,52 @@ describe('snaplab serve', () => {
     const hangUp = createServer((s) => s.once('data', () => s.destroy()));
     await new Promise<void>((r) => hangUp.listen(0, '127.0.0.1', r));
     const cut = `http://127.0.0.1:${(hangUp.address() as AddressInfo).port}`;
-    const snaplab = (args: string[], env: NodeJS.ProcessEnv) => new Promise<{ code: number | null; out: string; err: string }>((resolve) => {
-      const c = spawn(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: '/nonexistent', SNAPLAB_HOST: d.url, SNAPLAB_TOKEN: admin, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-      let out = '';
-      let err = '';
-      c.stdout.on('data', (b: Buffer) => (out += b.toString()));
-      c.stderr.on('data', (b: Buffer) => (err += b.toString()));
-      c.once('exit', (code) => resolve({ code, out, err }));
-    });
+    const snaplab = (args: string[], env: NodeJS.ProcessEnv) =>
+      new Promise<{ code: number | null; out: string; err: string }>((resolve) => {
+        const c = spawn(SNAPLAB, args, {
+          env: { ...process.env, SNAPLAB_HOME: '/nonexistent', SNAPLAB_HOST: d.url, SNAPLAB_TOKEN: admin, ...env },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let out = '';
+        let err = '';
+        c.stdout.on('data', (b: Buffer) => (out += b.toString()));
+        c.stderr.on('data', (b: Buffer) => (err += b.toString()));
+        c.once('exit', (code) => resolve({ code, out, err }));
+      });
     // what differs from one create to the next (ids, times, ranges, the path's own names) made alike
     const same = (r: { code: number | null; out: string; err: string }, p: string) => ({
       code: r.code,
-      out: r.out.replaceAll(p, 'P').replace(/^[0-9a-f]{12} /gm, 'ID ').replace(/"(id|createdAt|expiresAt|pid|uidBase)": ("[^"]*"|\d+)/g, '"$1": "X"'),
+      out: r.out
+        .replaceAll(p, 'P')
+        .replace(/^[0-9a-f]{12} /gm, 'ID ')
+        .replace(/"(id|createdAt|expiresAt|pid|uidBase)": ("[^"]*"|\d+)/g, '"$1": "X"'),
       err: r.err.replaceAll(p, 'P').replace(/op-[0-9a-f]+/g, 'OP'),
     });
     const seen: unknown[] = [];
-    for (const [p, env] of [['fast', {}], ['node', { SNAPLAB_NO_FAST: '1' }]] as const) {
-      const x = async (args: string[], extra: NodeJS.ProcessEnv = {}) => same(await snaplab(args, { ...env, ...extra }), p);
+    for (const [p, env] of [
+      ['fast', {}],
+      ['node', { SNAPLAB_NO_FAST: '1' }],
+    ] as const) {
+      const x = async (args: string[], extra: NodeJS.ProcessEnv = {}) =>
+        same(await snaplab(args, { ...env, ...extra }), p);
       seen.push([
         await x(['create', '--name', `${p}-a`, '--label', `by=${p}`]),
         await x(['create', `--name=${p}-a`]), // taken
-        await x(['create', '--name', `${p}-j`, '--json', '--label', 'q="x\\y é😀\t', '--label', 'a=b', '--label=a=c', '--timeout', '007', '--on-timeout', 'pause']),
+        await x([
+          'create',
+          '--name',
+          `${p}-j`,
+          '--json',
+          '--label',
+          'q="x\\y é😀\t',
+          '--label',
+          'a=b',
+          '--label=a=c',
+          '--timeout',
+          '007',
+          '--on-timeout',
+          'pause',
+        ]),
         await x(['create', '--image', 'nope', '--json']),
         await x(['--host', `unix:${d.socket}`, 'create', '--name', `${p}-u`], { SNAPLAB_TOKEN: '' }),
         await x(['create', '--name', `${p}-k`], { SNAPLAB_TOKEN: 'not-a-key' }),
@@ -336,28 +499,59 @@ describe('snaplab serve', () => {
     expect(fast![0]!.out).toBe('P-a\n');
     expect(fast![1]!.err).toMatch(/^error\[SANDBOX_EXISTS\]: .*\nhint: .*\ntrace: snaplab trace OP\n$/);
     const made = JSON.parse(fast![2]!.out);
-    expect(made).toMatchObject({ name: 'P-j', labels: { q: 'q="x\\y é😀\t'.slice(2), a: 'c' }, timeoutS: 7, onTimeout: 'pause', state: 'running' });
+    expect(made).toMatchObject({
+      name: 'P-j',
+      labels: { q: 'q="x\\y é😀\t'.slice(2), a: 'c' },
+      timeoutS: 7,
+      onTimeout: 'pause',
+      state: 'running',
+    });
     expect(fast![2]!.out).toMatch(/^\{\n {2}"id": "X",\n {2}"name": "P-j",\n/); // JSON.stringify(..., null, 2)
     expect(JSON.parse(fast![3]!.err).error).toMatchObject({ code: 'IMAGE_NOT_FOUND', operation: 'OP' });
     expect(fast![5]!.err).toMatch(/^error\[UNAUTHORIZED\]/);
-    expect(fast![6]!.err).toBe(`error[DAEMON_UNREACHABLE]: cannot reach the daemon at ${cut}: socket hang up\nhint: is \`snaplab serve\` running there? (SNAPLAB_HOST says where)\n`);
+    expect(fast![6]!.err).toBe(
+      `error[DAEMON_UNREACHABLE]: cannot reach the daemon at ${cut}: socket hang up\nhint: is \`snaplab serve\` running there? (SNAPLAB_HOST says where)\n`,
+    );
     expect(JSON.parse(fast![7]!.out)).toEqual({ removed: ['P-a', 'P-j'] });
     expect(fast![8]!.err).toMatch(/^error\[SANDBOX_NOT_FOUND\]: no sandbox with id or name "ghost"/);
-    expect(fast![12]!.out).toMatch(/^ID {12}NAME {4}STATE {4}IMAGE {4}DRIVER {6}EXPIRES  NOTE\nID  P-l  running  busybox  namespaces  - {8}\n$/);
-    expect(JSON.parse(fast![13]!.out).map((b: { name: string; labels: object }) => [b.name, b.labels])).toEqual([['P-l', { by: 'P', v: 'a b&é+%' }]]);
-    expect(fast![10]!.err).toMatch(/^error\[DAEMON_UNREACHABLE\]: cannot reach the daemon at http:\/\/127.0.0.1:1: connect ECONNREFUSED 127.0.0.1:1\n/);
+    expect(fast![12]!.out).toMatch(
+      /^ID {12}NAME {4}STATE {4}IMAGE {4}DRIVER {6}EXPIRES  NOTE\nID  P-l  running  busybox  namespaces  - {8}\n$/,
+    );
+    expect(JSON.parse(fast![13]!.out).map((b: { name: string; labels: object }) => [b.name, b.labels])).toEqual([
+      ['P-l', { by: 'P', v: 'a b&é+%' }],
+    ]);
+    expect(fast![10]!.err).toMatch(
+      /^error\[DAEMON_UNREACHABLE\]: cannot reach the daemon at http:\/\/127.0.0.1:1: connect ECONNREFUSED 127.0.0.1:1\n/,
+    );
     // the fast path started no Node: with none on PATH it still answers; what it does not take goes to Node
     const noNode = { PATH: '/nonexistent' };
     expect(await snaplab(['create', '--name', 'no-node'], noNode)).toMatchObject({ code: 0, out: 'no-node\n' });
-    expect(await snaplab(['ls', '--json'], noNode)).toMatchObject({ code: 0, out: expect.stringContaining('"name": "no-node"') });
+    expect(await snaplab(['ls', '--json'], noNode)).toMatchObject({
+      code: 0,
+      out: expect.stringContaining('"name": "no-node"'),
+    });
     // exec: directly into a sandbox of this home when SNAPLAB_HOST is this home's socket; through the daemon (Node) else
     const local = { ...noNode, SNAPLAB_HOST: `unix:${d.socket}` };
-    expect(await snaplab(['exec', 'no-node', '--', 'echo', 'direct'], { ...local, SNAPLAB_HOME: home })).toMatchObject({ code: 0, out: 'direct\n' });
-    expect(await snaplab(['exec', 'no-node', '--', 'echo', 'direct'], local)).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
+    expect(await snaplab(['exec', 'no-node', '--', 'echo', 'direct'], { ...local, SNAPLAB_HOME: home })).toMatchObject({
+      code: 0,
+      out: 'direct\n',
+    });
+    expect(await snaplab(['exec', 'no-node', '--', 'echo', 'direct'], local)).toMatchObject({
+      code: 125,
+      err: expect.stringMatching(/cannot start node/),
+    });
     expect(await snaplab(['rm', 'no-node'], noNode)).toMatchObject({ code: 0, out: 'removed no-node\n' });
-    expect(await snaplab(['create', '--memory', '64M'], noNode)).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
-    expect(await snaplab(['rm', '--all'], noNode)).toMatchObject({ code: 125, err: expect.stringMatching(/cannot start node/) });
-    expect(curl('GET', '/sandboxes').body.filter((b: { name: string }) => /^(fast|node|no-node)/.test(b.name))).toEqual([]);
+    expect(await snaplab(['create', '--memory', '64M'], noNode)).toMatchObject({
+      code: 125,
+      err: expect.stringMatching(/cannot start node/),
+    });
+    expect(await snaplab(['rm', '--all'], noNode)).toMatchObject({
+      code: 125,
+      err: expect.stringMatching(/cannot start node/),
+    });
+    expect(curl('GET', '/sandboxes').body.filter((b: { name: string }) => /^(fast|node|no-node)/.test(b.name))).toEqual(
+      [],
+    );
   });
 
   it('keys see their own sandboxes only, need admin for no user namespace, and a removed key closes its open sockets', async () => {
@@ -369,13 +563,19 @@ describe('snaplab serve', () => {
     expect(curl('DELETE', '/sandboxes/of-a', { token: b }).status).toBe(404);
     expect(curl('GET', '/sandboxes', { token: b }).body).toEqual([]);
     expect(curl('GET', '/sandboxes', { token: a }).body.map((x: any) => x.name)).toEqual(['of-a']);
-    expect(curl('POST', '/sandboxes', { token: a, json: { userns: false } })).toMatchObject({ status: 403, body: { code: 'FORBIDDEN' } });
+    expect(curl('POST', '/sandboxes', { token: a, json: { userns: false } })).toMatchObject({
+      status: 403,
+      body: { code: 'FORBIDDEN' },
+    });
     expect(cli(home, ['key', 'create', 'local']).err).toMatch(/BAD_NAME/);
     // a key's event stream tells of its own sandboxes, their end included, and of no one else's
     expect(curl('POST', '/sandboxes', { token: a, json: { name: 'of-a-2' } }).status).toBe(201);
     expect(curl('POST', '/sandboxes', { token: b, json: { name: 'of-b' } }).status).toBe(201);
     expect(curl('DELETE', '/sandboxes/of-a-2', { token: a }).status).toBe(204);
-    const seen = (curl('GET', '/events?after=0', { token: a, timeoutS: 1 }).body as string).split('\n\n').filter((x) => x.startsWith('id: ')).map((x) => JSON.parse(x.split('\ndata: ')[1]!));
+    const seen = (curl('GET', '/events?after=0', { token: a, timeoutS: 1 }).body as string)
+      .split('\n\n')
+      .filter((x) => x.startsWith('id: '))
+      .map((x) => JSON.parse(x.split('\ndata: ')[1]!));
     expect(seen.filter((e) => e.name === 'of-a-2').map((e) => e.type)).toEqual(['created', 'ready', 'destroyed']);
     expect(seen.some((e) => e.name === 'of-b' || (e.name !== 'of-a' && e.name !== 'of-a-2'))).toBe(false);
     curl('DELETE', '/sandboxes/of-b');
@@ -392,28 +592,44 @@ describe('snaplab serve', () => {
 
   it('an upload cut short leaves the file as it was; a slow reader of a stream is held, not given gaps', async () => {
     curl('POST', '/sandboxes', { json: { name: 'files' } });
-    const put = curl('PUT', '/sandboxes/files/files?path=/data/f', { data: 'old content\n', headers: ['content-type: application/octet-stream'] });
+    const put = curl('PUT', '/sandboxes/files/files?path=/data/f', {
+      data: 'old content\n',
+      headers: ['content-type: application/octet-stream'],
+    });
     expect(put.body).toEqual({ bytes: 12 });
     // a client that says 1 MB and goes after 1000 bytes
     const { connect } = await import('node:net');
     const sock = connect(d.socket);
     await new Promise((r) => sock.once('connect', r));
-    sock.write('PUT /sandboxes/files/files?path=/data/f HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\ncontent-length: 1000000\r\n\r\n');
+    sock.write(
+      'PUT /sandboxes/files/files?path=/data/f HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\ncontent-length: 1000000\r\n\r\n',
+    );
     sock.write(Buffer.alloc(1000, 120));
     await sleep(300);
     sock.destroy();
     // and one that sends chunks with no length, then goes
     const chunked = connect(d.socket);
     await new Promise((r) => chunked.once('connect', r));
-    chunked.write('PUT /sandboxes/files/files?path=/data/f HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: chunked\r\n\r\n3e8\r\n');
+    chunked.write(
+      'PUT /sandboxes/files/files?path=/data/f HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: chunked\r\n\r\n3e8\r\n',
+    );
     chunked.write(Buffer.alloc(1000, 121));
     chunked.write('\r\n');
     await sleep(300);
     chunked.destroy();
-    await until('the writer gone', () => curl('POST', '/sandboxes/files/exec', { json: { argv: ['sh', '-c', 'ps -o args | grep -c "[f]ile write" || true'] } }).body.stdout.trim() === '0');
+    await until(
+      'the writer gone',
+      () =>
+        curl('POST', '/sandboxes/files/exec', {
+          json: { argv: ['sh', '-c', 'ps -o args | grep -c "[f]ile write" || true'] },
+        }).body.stdout.trim() === '0',
+    );
     expect(curl('GET', '/sandboxes/files/files?path=/data/f').body).toBe('old content\n');
     expect(curl('GET', '/sandboxes/files/files/list?path=/data').body.map((e: any) => e.name)).toEqual(['f']);
-    expect(curl('PUT', '/sandboxes/files/files?path=/data/g', { json: { not: 'bytes' } })).toMatchObject({ status: 415, body: { code: 'UNSUPPORTED_MEDIA' } });
+    expect(curl('PUT', '/sandboxes/files/files?path=/data/g', { json: { not: 'bytes' } })).toMatchObject({
+      status: 415,
+      body: { code: 'UNSUPPORTED_MEDIA' },
+    });
 
     // 32 MiB to a reader that stops reading at its first bytes for 1.5 s: all of it, and no gap
     const ws = await socket('/sandboxes/files/exec');
@@ -421,20 +637,22 @@ describe('snaplab serve', () => {
     let bytes = 0;
     let gaps = 0;
     let paused = false;
-    const exit = new Promise<any>((resolve) => ws.on('message', (m: Buffer, binary) => {
-      if (binary) {
-        bytes += m.length - 1;
-        if (!paused) {
-          paused = true;
-          ws.pause();
-          setTimeout(() => ws.resume(), 1500);
+    const exit = new Promise<any>((resolve) =>
+      ws.on('message', (m: Buffer, binary) => {
+        if (binary) {
+          bytes += m.length - 1;
+          if (!paused) {
+            paused = true;
+            ws.pause();
+            setTimeout(() => ws.resume(), 1500);
+          }
+          return;
         }
-        return;
-      }
-      const j = JSON.parse(String(m));
-      if (j.type === 'gap') gaps++;
-      if (j.type === 'exit') resolve(j);
-    }));
+        const j = JSON.parse(String(m));
+        if (j.type === 'gap') gaps++;
+        if (j.type === 'exit') resolve(j);
+      }),
+    );
     expect((await exit).result.exitCode).toBe(0);
     expect([bytes, gaps]).toEqual([32 << 20, 0]);
     curl('DELETE', '/sandboxes/files');
@@ -444,12 +662,21 @@ describe('snaplab serve', () => {
     curl('POST', '/sandboxes', { json: { name: 'rest' } });
     // a terminal: the command sees a tty of the size asked, and a resize
     const ws = await socket('/sandboxes/rest/exec');
-    ws.send(JSON.stringify({ type: 'start', argv: ['sh', '-c', 'tty; stty size; read x; stty size'], tty: { cols: 100, rows: 30 }, stdin: true }));
+    ws.send(
+      JSON.stringify({
+        type: 'start',
+        argv: ['sh', '-c', 'tty; stty size; read x; stty size'],
+        tty: { cols: 100, rows: 30 },
+        stdin: true,
+      }),
+    );
     let out = '';
-    const done = new Promise<any>((resolve) => ws.on('message', (m: Buffer, binary) => {
-      if (binary) out += m.subarray(1).toString();
-      else if (JSON.parse(String(m)).type === 'exit') resolve(JSON.parse(String(m)));
-    }));
+    const done = new Promise<any>((resolve) =>
+      ws.on('message', (m: Buffer, binary) => {
+        if (binary) out += m.subarray(1).toString();
+        else if (JSON.parse(String(m)).type === 'exit') resolve(JSON.parse(String(m)));
+      }),
+    );
     await until('the first size', () => out.includes('30 100'));
     ws.send(JSON.stringify({ type: 'resize', cols: 120, rows: 40 }));
     await sleep(100);
@@ -458,9 +685,14 @@ describe('snaplab serve', () => {
     expect(out).toMatch(/^\/dev\/pts\/\d+\r?\n30 100\r?\n[\s\S]*40 120/);
 
     // a background process fed through POST stdin, then signalled
-    const p = curl('POST', '/sandboxes/rest/processes', { json: { argv: ['sh', '-c', 'read line; echo "got $line"; sleep 100'], tag: 'svc', stdin: true } }).body;
+    const p = curl('POST', '/sandboxes/rest/processes', {
+      json: { argv: ['sh', '-c', 'read line; echo "got $line"; sleep 100'], tag: 'svc', stdin: true },
+    }).body;
     expect(p).toMatchObject({ tag: 'svc', state: 'running' });
-    curl('POST', `/sandboxes/rest/processes/${p.id}/stdin`, { data: 'hello\n', headers: ['content-type: application/octet-stream'] });
+    curl('POST', `/sandboxes/rest/processes/${p.id}/stdin`, {
+      data: 'hello\n',
+      headers: ['content-type: application/octet-stream'],
+    });
     const got = curl('GET', `/sandboxes/rest/processes/${p.id}/output?offset=0&wait=5`).body;
     expect(Buffer.from(got.chunks[0].data, 'base64').toString()).toBe('got hello\n');
     expect(curl('POST', `/sandboxes/rest/processes/${p.id}/signal`, { json: { signal: 'TERM' } }).status).toBe(200);
@@ -471,9 +703,28 @@ describe('snaplab serve', () => {
     const work = mkdtempSync(join(tmpdir(), 'snaplab-test-daemon-tar-'));
     spawnSync('sh', ['-c', `mkdir -p ${work}/t/sub && echo a > ${work}/t/sub/a && tar -C ${work} -cf ${work}/t.tar t`]);
     expect(curl('POST', '/sandboxes/rest/files/mkdir', { json: { path: '/srv' } }).status).toBe(204);
-    const up = spawnSync('curl', ['-s', '--unix-socket', d.socket, '-X', 'PUT', '-H', 'content-type: application/x-tar', '--data-binary', `@${work}/t.tar`, 'http://x/sandboxes/rest/archive?path=/srv'], { encoding: 'utf8' });
+    const up = spawnSync(
+      'curl',
+      [
+        '-s',
+        '--unix-socket',
+        d.socket,
+        '-X',
+        'PUT',
+        '-H',
+        'content-type: application/x-tar',
+        '--data-binary',
+        `@${work}/t.tar`,
+        'http://x/sandboxes/rest/archive?path=/srv',
+      ],
+      { encoding: 'utf8' },
+    );
     expect(JSON.parse(up.stdout)).toMatchObject({ complete: true });
-    const down = spawnSync('sh', ['-c', `curl -s --unix-socket ${d.socket} 'http://x/sandboxes/rest/archive?path=/srv/t' | tar -tf -`], { encoding: 'utf8' });
+    const down = spawnSync(
+      'sh',
+      ['-c', `curl -s --unix-socket ${d.socket} 'http://x/sandboxes/rest/archive?path=/srv/t' | tar -tf -`],
+      { encoding: 'utf8' },
+    );
     expect(down.stdout.split('\n').filter(Boolean).sort()).toEqual(['t/', 't/sub/', 't/sub/a']);
     rmSync(work, { recursive: true, force: true });
 
@@ -490,20 +741,35 @@ describe('snaplab serve', () => {
     // pools: define, resize, run, remove
     const pool = curl('POST', '/pools', { json: { name: 'pp', size: 1 } });
     expect(curl('GET', `/operations/${pool.body.id}?wait=60`).body.state).toBe('done');
-    expect(curl('GET', `/operations/${curl('PATCH', '/pools/pp', { json: { size: 2 } }).body.id}?wait=60`).body.result).toMatchObject({ target: 2, ready: 2 });
-    expect(curl('POST', '/pools/pp/run', { json: { argv: ['echo', 'pooled'] } }).body).toMatchObject({ exitCode: 0, stdout: 'pooled\n', hit: true });
+    expect(
+      curl('GET', `/operations/${curl('PATCH', '/pools/pp', { json: { size: 2 } }).body.id}?wait=60`).body.result,
+    ).toMatchObject({ target: 2, ready: 2 });
+    expect(curl('POST', '/pools/pp/run', { json: { argv: ['echo', 'pooled'] } }).body).toMatchObject({
+      exitCode: 0,
+      stdout: 'pooled\n',
+      hit: true,
+    });
     expect(curl('DELETE', '/pools/pp').body.removed).toBeGreaterThanOrEqual(2);
 
     // a scenario: up (an operation), status, snapshot, net, reset, down
     const file = join(import.meta.dirname, '..', 'examples', 'scenarios', 'tiny-service', 'scenario.yaml');
     const sup = curl('POST', '/scenarios', { json: { file, name: 'apilab' } });
     expect(curl('GET', `/operations/${sup.body.id}?wait=120`, { timeoutS: 130 }).body).toMatchObject({ state: 'done' });
-    expect(curl('GET', '/scenarios/apilab').body.machines.map((m: any) => m.state)).toEqual(['running', 'running', 'running', 'running']);
+    expect(curl('GET', '/scenarios/apilab').body.machines.map((m: any) => m.state)).toEqual([
+      'running',
+      'running',
+      'running',
+      'running',
+    ]);
     expect(curl('POST', '/scenarios/apilab/snapshot', { json: { name: 'base' } }).status).toBe(200);
-    expect(curl('POST', '/scenarios/apilab/net', { json: { action: 'block', machines: ['client', 'proxy'] } }).status).toBe(204);
+    expect(
+      curl('POST', '/scenarios/apilab/net', { json: { action: 'block', machines: ['client', 'proxy'] } }).status,
+    ).toBe(204);
     expect(curl('POST', '/scenarios/apilab/net', { json: { action: 'heal' } }).status).toBe(204);
-    expect(curl('POST', '/scenarios/apilab/reset', { json: { to: 'base' } }, ).status).toBe(200);
-    expect(curl('POST', '/sandboxes/apilab%2Fclient/exec', { json: { argv: ['hostname'] } }).body.stdout).toBe('client\n');
+    expect(curl('POST', '/scenarios/apilab/reset', { json: { to: 'base' } }).status).toBe(200);
+    expect(curl('POST', '/sandboxes/apilab%2Fclient/exec', { json: { argv: ['hostname'] } }).body.stdout).toBe(
+      'client\n',
+    );
     expect(curl('DELETE', '/scenarios/apilab').status).toBe(200);
 
     // traces of what was done
@@ -525,7 +791,18 @@ describe('snaplab serve', () => {
     expect(curl('POST', '/sandboxes', { json: { name: 'survivor', timeoutS: 3600 } }).status).toBe(201);
     const expires = curl('GET', '/sandboxes/survivor').body.expiresAt;
     for (const delay of [5, 40, 90]) {
-      const c = spawn('curl', ['-s', '--unix-socket', d.socket, '-X', 'POST', '-H', 'content-type: application/json', '--data-binary', JSON.stringify({ name: `k${delay}` }), 'http://snaplab/sandboxes']);
+      const c = spawn('curl', [
+        '-s',
+        '--unix-socket',
+        d.socket,
+        '-X',
+        'POST',
+        '-H',
+        'content-type: application/json',
+        '--data-binary',
+        JSON.stringify({ name: `k${delay}` }),
+        'http://snaplab/sandboxes',
+      ]);
       await sleep(delay);
       await d.kill9();
       c.kill();
@@ -541,16 +818,30 @@ describe('snaplab serve', () => {
     }
     // killed while the store says `creating`: after the restart it is gone, reported failed, and cleaned
     const db = new Database(join(home, 'state.db'), { readonly: true, fileMustExist: true });
-    const c = spawn('curl', ['-s', '--unix-socket', d.socket, '-X', 'POST', '-H', 'content-type: application/json', '--data-binary', JSON.stringify({ name: 'midway' }), 'http://snaplab/sandboxes']);
+    const c = spawn('curl', [
+      '-s',
+      '--unix-socket',
+      d.socket,
+      '-X',
+      'POST',
+      '-H',
+      'content-type: application/json',
+      '--data-binary',
+      JSON.stringify({ name: 'midway' }),
+      'http://snaplab/sandboxes',
+    ]);
     const creating = db.prepare("SELECT 1 FROM sandboxes WHERE name = 'midway' AND state = 'creating'");
     await new Promise((r) => c.once('spawn', r));
-    for (const end = Date.now() + 10_000; !creating.get(); ) if (Date.now() > end) throw new Error('midway never seen creating'); // a busy poll: the state lasts ~100 ms
+    for (const end = Date.now() + 10_000; !creating.get(); )
+      if (Date.now() > end) throw new Error('midway never seen creating'); // a busy poll: the state lasts ~100 ms
     await d.kill9();
     c.kill();
     db.close();
     d = await startDaemon(home, ['--default-timeout', '0']);
     expect(curl('GET', '/sandboxes/midway').status).toBe(404);
-    const failed = (curl('GET', '/events?after=0', { timeoutS: 1 }).body as string).split('\n\n').filter((b) => b.includes('"name":"midway"'));
+    const failed = (curl('GET', '/events?after=0', { timeoutS: 1 }).body as string)
+      .split('\n\n')
+      .filter((b) => b.includes('"name":"midway"'));
     expect(failed.at(-1)).toMatch(/event: failed[\s\S]*creation was interrupted/);
     // nothing half-made is left for gc to find
     const gc = JSON.parse(cli(home, ['gc', '--json']).out);

@@ -25,16 +25,30 @@ let page: Page;
 
 /** The API over the Unix socket (curl), as JSON. */
 function api(method: string, path: string, json?: unknown): { status: number; body: any } {
-  const args = ['-s', '-w', '\n%{http_code}', '-X', method, '--max-time', '120', '--unix-socket', d.socket, `http://snaplab${path}`];
+  const args = [
+    '-s',
+    '-w',
+    '\n%{http_code}',
+    '-X',
+    method,
+    '--max-time',
+    '120',
+    '--unix-socket',
+    d.socket,
+    `http://snaplab${path}`,
+  ];
   if (json !== undefined) args.push('-H', 'content-type: application/json', '--data-binary', JSON.stringify(json));
   const r = spawnSync('curl', args, { encoding: 'utf8' });
   const at = r.stdout.lastIndexOf('\n');
   const text = r.stdout.slice(0, at);
   let body: unknown = text;
-  try { body = JSON.parse(text); } catch { /* text */ }
+  try {
+    body = JSON.parse(text);
+  } catch {
+    /* text */
+  }
   return { status: Number(r.stdout.slice(at + 1)), body };
 }
-
 
 const exec = (box: string, cmd: string): string => {
   const r = api('POST', `/sandboxes/${box}/exec`, { argv: ['sh', '-c', cmd] });
@@ -71,7 +85,10 @@ describe('the dashboard', () => {
     expect(r.stdout).toMatch(/^HTTP\/1\.1 200/);
     expect(r.stdout).toMatch(/content-security-policy: default-src 'self'/i);
     expect(r.stdout).toMatch(/frame-ancestors 'none'/);
-    expect(spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', `${d.url}/sandboxes`], { encoding: 'utf8' }).stdout).toBe('401');
+    expect(
+      spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', `${d.url}/sandboxes`], { encoding: 'utf8' })
+        .stdout,
+    ).toBe('401');
     // what the page loads first: the scripts index.html names (xterm is a chunk loaded with the terminal)
     const web = join(__dirname, '..', 'dist', 'web');
     const html = readFileSync(join(web, 'index.html'), 'utf8');
@@ -109,7 +126,9 @@ describe('the dashboard', () => {
     expect(cli(home, ['rm', 'cli1']).code).toBe(0);
     await page.locator('tr[data-machine="cli1"]').waitFor({ state: 'detached', timeout: 15_000 });
     // CPU and memory now, from the machine's cgroup
-    await until('memory shown', async () => /\d (KiB|MiB)/.test((await page.locator('tr[data-machine="web1"] td').nth(9).textContent()) ?? ''));
+    await until('memory shown', async () =>
+      /\d (KiB|MiB)/.test((await page.locator('tr[data-machine="web1"] td').nth(9).textContent()) ?? ''),
+    );
     await b.shot(page, 'machines');
 
     // filter, then bulk destroy of what is shown
@@ -120,7 +139,10 @@ describe('the dashboard', () => {
     await until('filtered', async () => (await page.locator('tbody tr[data-machine]').count()) === 2);
     await page.getByLabel('select all shown').check();
     await page.getByRole('button', { name: /Destroy selected \(2\)/ }).click();
-    await until('destroyed', () => !api('GET', '/sandboxes').body.some((s: { name: string }) => s.name.startsWith('tmp-')));
+    await until(
+      'destroyed',
+      () => !api('GET', '/sandboxes').body.some((s: { name: string }) => s.name.startsWith('tmp-')),
+    );
     await page.locator('tr[data-machine="tmp-a"]').waitFor({ state: 'detached' });
     await page.getByLabel('filter').fill('');
     expect(await page.locator('tr[data-machine="web1"]').count()).toBe(1);
@@ -134,9 +156,12 @@ describe('the dashboard', () => {
     const screen = page.locator('.xterm-rows');
     await page.locator('.xterm').click();
     await page.keyboard.type('echo hi\n');
-    await until('hi on the screen', async () => (await screen.locator('div').allTextContents()).some((l) => l.trim() === 'hi'));
+    await until('hi on the screen', async () =>
+      (await screen.locator('div').allTextContents()).some((l) => l.trim() === 'hi'),
+    );
     await page.keyboard.type('stty size\n');
-    const size = async (): Promise<string[]> => (await screen.locator('div').allTextContents()).map((l) => l.trim()).filter((l) => /^\d+ \d+$/.test(l));
+    const size = async (): Promise<string[]> =>
+      (await screen.locator('div').allTextContents()).map((l) => l.trim()).filter((l) => /^\d+ \d+$/.test(l));
     const before = await until('stty size', async () => (await size())[0]);
     await b.shot(page, 'terminal');
     await page.setViewportSize({ width: 900, height: 600 });
@@ -146,13 +171,16 @@ describe('the dashboard', () => {
     expect(after).not.toBe(before);
     await page.setViewportSize({ width: 1280, height: 800 });
     // the shell ends with the page: none is left in the machine (nor a process in the daemon)
-    const shells = (): number => exec(id, 'ps -o args').split('\n').filter((l) => l.trim() === '/bin/sh -l').length;
+    const shells = (): number =>
+      exec(id, 'ps -o args')
+        .split('\n')
+        .filter((l) => l.trim() === '/bin/sh -l').length;
     expect(shells()).toBe(1);
     await page.goto(`${d.url}/#/machines/${id}/overview`);
     await until('the shell gone', () => shells() === 0);
   });
 
-  it("CPU now: a machine spinning a core shows it in the list", async () => {
+  it('CPU now: a machine spinning a core shows it in the list', async () => {
     const id = api('GET', '/sandboxes/web1').body.id as string;
     const spin = api('POST', `/sandboxes/${id}/processes`, { argv: ['sh', '-c', 'while :; do :; done'], tag: 'spin' });
     expect(spin.status).toBe(201);
@@ -185,11 +213,16 @@ describe('the dashboard', () => {
     await page.goto(`${d.url}/#/machines/${id}/files`);
     await page.locator('tr[data-file="sub"]').getByRole('link').click();
     await page.locator('tr[data-file="out.txt"]').waitFor();
-    const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'download out.txt' }).click()]);
+    const [download] = await Promise.all([
+      page.waitForEvent('download'),
+      page.getByRole('button', { name: 'download out.txt' }).click(),
+    ]);
     const saved = join(home, 'downloaded.txt');
     await download.saveAs(saved);
     expect(readFileSync(saved, 'utf8')).toBe('from the machine\n');
-    await page.getByLabel('upload here').setInputFiles({ name: 'up.bin', mimeType: 'application/octet-stream', buffer: Buffer.from('uploaded\n') });
+    await page
+      .getByLabel('upload here')
+      .setInputFiles({ name: 'up.bin', mimeType: 'application/octet-stream', buffer: Buffer.from('uploaded\n') });
     await page.locator('tr[data-file="up.bin"]').waitFor();
     expect(exec(id, 'cat /root/sub/up.bin')).toBe('uploaded\n');
     await b.shot(page, 'files');
@@ -199,15 +232,38 @@ describe('the dashboard', () => {
   });
 
   it("an operation's waterfall has the phases of `snaplab trace --json`; a failed one shows its error and hint", async () => {
-    const create = api('GET', '/traces?limit=100').body.find((t: { kind: string; target: string }) => t.kind === 'create' && t.target === 'web1');
+    const create = api('GET', '/traces?limit=100').body.find(
+      (t: { kind: string; target: string }) => t.kind === 'create' && t.target === 'web1',
+    );
     const trace = JSON.parse(cli(home, ['trace', create.id, '--json']).out);
     await page.goto(`${d.url}/#/operations/${create.id}`);
     await page.getByTestId('waterfall').waitFor();
-    const rows = await page.locator('[data-phase]').evaluateAll((els) => els.map((e) => ({ name: e.getAttribute('data-phase'), start: Number(e.getAttribute('data-start')), end: Number(e.getAttribute('data-end')) })));
-    expect(rows).toEqual(trace.phases.map((p: { name: string; startMs: number; endMs: number }) => ({ name: p.name, start: p.startMs, end: p.endMs })));
-    expect(Number(await page.locator('[data-unattributed]').getAttribute('data-unattributed'))).toBe(trace.unattributedMs);
+    const rows = await page
+      .locator('[data-phase]')
+      .evaluateAll((els) =>
+        els.map((e) => ({
+          name: e.getAttribute('data-phase'),
+          start: Number(e.getAttribute('data-start')),
+          end: Number(e.getAttribute('data-end')),
+        })),
+      );
+    expect(rows).toEqual(
+      trace.phases.map((p: { name: string; startMs: number; endMs: number }) => ({
+        name: p.name,
+        start: p.startMs,
+        end: p.endMs,
+      })),
+    );
+    expect(Number(await page.locator('[data-unattributed]').getAttribute('data-unattributed'))).toBe(
+      trace.unattributedMs,
+    );
     // and each bar is where its phase is on the time axis, as long as it lasted
-    const bars = await page.locator('[data-phase] .wf-bar').evaluateAll((els) => els.map((e) => { const st = (e as unknown as { style: { left: string; width: string } }).style; return [parseFloat(st.left), parseFloat(st.width)]; }));
+    const bars = await page.locator('[data-phase] .wf-bar').evaluateAll((els) =>
+      els.map((e) => {
+        const st = (e as unknown as { style: { left: string; width: string } }).style;
+        return [parseFloat(st.left), parseFloat(st.width)];
+      }),
+    );
     const total = Math.max(trace.totalMs, ...trace.phases.map((p: { endMs: number }) => p.endMs));
     trace.phases.forEach((p: { startMs: number; endMs: number }, i: number) => {
       expect(bars[i]![0]).toBeCloseTo((p.startMs / total) * 100, 3);
@@ -215,8 +271,22 @@ describe('the dashboard', () => {
     });
     // a key without the admin scope is shown the traces of its own machines only
     const alice = cli(home, ['key', 'create', 'alice', '--scope', 'read,exec']).out.trim();
-    const tcp = (path: string, method = 'GET', json?: unknown): any => JSON.parse(spawnSync('curl', ['-s', '-X', method, '-H', `authorization: Bearer ${alice}`,
-      ...(json ? ['-H', 'content-type: application/json', '--data-binary', JSON.stringify(json)] : []), `${d.url}${path}`], { encoding: 'utf8' }).stdout);
+    const tcp = (path: string, method = 'GET', json?: unknown): any =>
+      JSON.parse(
+        spawnSync(
+          'curl',
+          [
+            '-s',
+            '-X',
+            method,
+            '-H',
+            `authorization: Bearer ${alice}`,
+            ...(json ? ['-H', 'content-type: application/json', '--data-binary', JSON.stringify(json)] : []),
+            `${d.url}${path}`,
+          ],
+          { encoding: 'utf8' },
+        ).stdout,
+      );
     expect(tcp('/traces?limit=100')).toEqual([]);
     expect(tcp(`/traces/${create.id}`)).toMatchObject({ code: 'OPERATION_NOT_FOUND' });
     const mine = tcp('/sandboxes', 'POST', { image: 'busybox', name: 'alices' });
@@ -232,7 +302,12 @@ describe('the dashboard', () => {
     expect(await page.getByRole('alert').textContent()).toContain(`hint: ${failed.errorHint}`);
     // the list filters by status
     await page.getByLabel('status').selectOption('error');
-    await until('only failures', async () => (await page.locator('tr[data-trace]').count()) >= 1 && (await page.locator('tr[data-trace] .state-ok').count()) === 0);
+    await until(
+      'only failures',
+      async () =>
+        (await page.locator('tr[data-trace]').count()) >= 1 &&
+        (await page.locator('tr[data-trace] .state-ok').count()) === 0,
+    );
   });
 
   it("a pool's counts and its takes per second, from the traces of its runs", async () => {
@@ -260,10 +335,17 @@ describe('the dashboard: scenarios and bench results', () => {
     await page.goto(`${d.url}/#/scenarios/lab`);
     const graph = page.getByTestId('scenario-graph');
     await graph.locator('[data-machine="client"][data-state="running"]').waitFor();
-    expect((await graph.locator('[data-machine]').evaluateAll((els) => els.map((e) => e.getAttribute('data-machine')))).sort()).toEqual(['client', 'proxy', 'server', 'store']);
+    expect(
+      (
+        await graph.locator('[data-machine]').evaluateAll((els) => els.map((e) => e.getAttribute('data-machine')))
+      ).sort(),
+    ).toEqual(['client', 'proxy', 'server', 'store']);
     expect(await graph.locator('[data-network]').count()).toBe(2);
 
-    const wget = (): number => api('POST', '/sandboxes/lab%2Fclient/exec', { argv: ['timeout', '5', 'wget', '-q', '-O', '/dev/null', 'http://proxy:8000/cgi-bin/forward/hello'] }).body.exitCode;
+    const wget = (): number =>
+      api('POST', '/sandboxes/lab%2Fclient/exec', {
+        argv: ['timeout', '5', 'wget', '-q', '-O', '/dev/null', 'http://proxy:8000/cgi-bin/forward/hello'],
+      }).body.exitCode;
     expect(wget()).toBe(0);
     await page.getByLabel('Machine A').selectOption('client');
     await page.getByLabel('Machine B').selectOption('proxy');
@@ -281,8 +363,14 @@ describe('the dashboard: scenarios and bench results', () => {
     await until('the snapshot listed', () => api('GET', '/scenarios/lab').body.snapshots.includes('base'));
     await page.getByLabel('Reset to').locator('option[value="base"]').waitFor({ state: 'attached' });
     await page.getByRole('button', { name: 'Reset', exact: true }).click();
-    const reset = await until('the reset traced', () => api('GET', '/traces?limit=20').body.find((t: { kind: string; target: string }) => t.kind === 'reset' && t.target === 'lab'));
-    const wf = page.getByTestId('scenario-last-trace').locator(`[data-testid="waterfall"][data-total="${reset.totalMs}"]`);
+    const reset = await until('the reset traced', () =>
+      api('GET', '/traces?limit=20').body.find(
+        (t: { kind: string; target: string }) => t.kind === 'reset' && t.target === 'lab',
+      ),
+    );
+    const wf = page
+      .getByTestId('scenario-last-trace')
+      .locator(`[data-testid="waterfall"][data-total="${reset.totalMs}"]`);
     await wf.waitFor();
     const names = await wf.locator('[data-phase]').evaluateAll((els) => els.map((e) => e.getAttribute('data-phase')));
     expect(names).toEqual(reset.phases.map((p: { name: string }) => p.name));
@@ -291,25 +379,67 @@ describe('the dashboard: scenarios and bench results', () => {
 
   it('a bench results directory drawn: throughput and p99 per rung are the figures of its summary.json', async () => {
     const dir = join(home, 'bench', 'exec-ladder');
-    const r = cli(home, ['bench', '--workload', 'exec', '--ladder', '1,2', '--reps', '2', '--duration', '0.5', '--baselines', 'none', '--results', dir]);
+    const r = cli(home, [
+      'bench',
+      '--workload',
+      'exec',
+      '--ladder',
+      '1,2',
+      '--reps',
+      '2',
+      '--duration',
+      '0.5',
+      '--baselines',
+      'none',
+      '--results',
+      dir,
+    ]);
     expect(r.code, r.err).toBe(0);
     const summary = JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8'));
     await page.goto(`${d.url}/#/bench`);
     await page.getByRole('link', { name: 'exec-ladder' }).click();
     const points = async (id: string): Promise<[number, number][]> =>
-      page.getByTestId(id).locator('[data-x]').evaluateAll((els) => els.map((e) => [Number(e.getAttribute('data-x')), Number(e.getAttribute('data-y'))] as [number, number]));
+      page
+        .getByTestId(id)
+        .locator('[data-x]')
+        .evaluateAll((els) =>
+          els.map((e) => [Number(e.getAttribute('data-x')), Number(e.getAttribute('data-y'))] as [number, number]),
+        );
     await page.getByTestId('chart-throughput').waitFor();
-    expect(await points('chart-throughput')).toEqual(summary.rungs.map((g: { concurrency: number; throughput: number }) => [g.concurrency, g.throughput]));
-    expect(await points('chart-p99')).toEqual(summary.rungs.map((g: { concurrency: number; latencyMs: { p99: number } }) => [g.concurrency, g.latencyMs.p99]));
+    expect(await points('chart-throughput')).toEqual(
+      summary.rungs.map((g: { concurrency: number; throughput: number }) => [g.concurrency, g.throughput]),
+    );
+    expect(await points('chart-p99')).toEqual(
+      summary.rungs.map((g: { concurrency: number; latencyMs: { p99: number } }) => [g.concurrency, g.latencyMs.p99]),
+    );
     await b.shot(page, 'bench');
     // a --compare run: both arms drawn, each rung's verdict as the summary has it
     const cdir = join(home, 'bench', 'exec-compare');
-    const c = cli(home, ['bench', '--workload', 'exec', '--ladder', '1', '--reps', '2', '--duration', '0.3', '--baselines', 'none', '--compare', '--storage btrfs', '--storage overlay', '--results', cdir]);
+    const c = cli(home, [
+      'bench',
+      '--workload',
+      'exec',
+      '--ladder',
+      '1',
+      '--reps',
+      '2',
+      '--duration',
+      '0.3',
+      '--baselines',
+      'none',
+      '--compare',
+      '--storage btrfs',
+      '--storage overlay',
+      '--results',
+      cdir,
+    ]);
     expect(c.code, c.err).toBe(0);
     const cs = JSON.parse(readFileSync(join(cdir, 'summary.json'), 'utf8'));
     await page.goto(`${d.url}/#/bench/exec-compare`);
     await page.getByTestId('chart-throughput').waitFor();
-    expect(await page.locator('[data-verdict]').evaluateAll((els) => els.map((e) => e.getAttribute('data-verdict')))).toEqual(cs.compare.rungs.map((g: { verdict: string }) => g.verdict));
+    expect(
+      await page.locator('[data-verdict]').evaluateAll((els) => els.map((e) => e.getAttribute('data-verdict'))),
+    ).toEqual(cs.compare.rungs.map((g: { verdict: string }) => g.verdict));
     expect(await page.getByTestId('chart-throughput').locator('[data-series]').count()).toBeGreaterThanOrEqual(2);
     await b.shot(page, 'bench-compare');
     // a name that is not a results directory, and one that climbs out, are refused with a code
@@ -334,7 +464,9 @@ describe('the dashboard: scenarios and bench results', () => {
       await p.goto(`${d.url}/${where}`);
       await p.locator('main h1').first().waitFor();
       await sleep(300);
-      const [scroll, inner] = await p.evaluate<[number, number]>('[document.documentElement.scrollWidth, window.innerWidth]');
+      const [scroll, inner] = await p.evaluate<[number, number]>(
+        '[document.documentElement.scrollWidth, window.innerWidth]',
+      );
       expect(scroll, where).toBeLessThanOrEqual(inner);
     }
     await b.shot(p, 'narrow-bench');
@@ -355,21 +487,32 @@ describe('the dashboard: scenarios and bench results', () => {
 
 describe('snaplab ui', () => {
   let ui: ChildProcess | undefined;
-  afterAll(() => { ui?.kill('SIGTERM'); });
+  afterAll(() => {
+    ui?.kill('SIGTERM');
+  });
 
   it('forwards a local port to the Unix socket behind a token: the page needs no key, a caller without the token or from another Host is refused', async () => {
-    ui = spawn(SNAPLAB, ['ui', '--json'], { env: { ...process.env, SNAPLAB_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+    ui = spawn(SNAPLAB, ['ui', '--json'], {
+      env: { ...process.env, SNAPLAB_HOME: home },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     const line = await new Promise<string>((resolve, reject) => {
       let out = '';
       ui!.stdout!.on('data', (c: Buffer) => {
         out += c;
-        try { JSON.parse(out); resolve(out); } catch { /* not whole yet */ }
+        try {
+          JSON.parse(out);
+          resolve(out);
+        } catch {
+          /* not whole yet */
+        }
       });
       ui!.once('exit', (c) => reject(new Error(`snaplab ui exited ${c}`)));
     });
     const { url, port } = JSON.parse(line) as { url: string; port: number };
     const token = /#key=([\w-]+)$/.exec(url)![1]!; // after #: a browser never sends it
-    const code = (args: string[]): string => spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', ...args], { encoding: 'utf8' }).stdout;
+    const code = (args: string[]): string =>
+      spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', ...args], { encoding: 'utf8' }).stdout;
     const base = `http://127.0.0.1:${port}`;
     expect(code([`${base}/sandboxes`])).toBe('401');
     expect(code(['-H', 'authorization: Bearer wrong', `${base}/sandboxes`])).toBe('401');
@@ -379,7 +522,9 @@ describe('snaplab ui', () => {
     expect(code([`${base}/events?token=${token}`, '--max-time', '1'])).toBe('200'); // ?token= where a browser cannot send a header
     // a request target that is not a path (curl will not send one: a raw socket does): refused, and the forward stays up
     const rawStatus = await new Promise<string>((resolve) => {
-      const c = connect(port, '127.0.0.1', () => c.write(`GET //[ HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nconnection: close\r\n\r\n`));
+      const c = connect(port, '127.0.0.1', () =>
+        c.write(`GET //[ HTTP/1.1\r\nhost: 127.0.0.1:${port}\r\nconnection: close\r\n\r\n`),
+      );
       let got = '';
       c.on('data', (x) => (got += x));
       c.on('close', () => resolve(got.split(' ')[1] ?? ''));
@@ -388,8 +533,30 @@ describe('snaplab ui', () => {
     expect(rawStatus).toBe('400');
     expect(code(['-H', `authorization: Bearer ${token}`, `${base}/healthz`])).toBe('200');
     // WebSockets: no token, another Origin
-    const ws = (headers: string[]): string => spawnSync('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', '--max-time', '3', '-H', 'connection: upgrade', '-H', 'upgrade: websocket',
-      '-H', 'sec-websocket-version: 13', '-H', 'sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==', ...headers, `${base}/rpc`], { encoding: 'utf8' }).stdout;
+    const ws = (headers: string[]): string =>
+      spawnSync(
+        'curl',
+        [
+          '-s',
+          '-o',
+          '/dev/null',
+          '-w',
+          '%{http_code}',
+          '--max-time',
+          '3',
+          '-H',
+          'connection: upgrade',
+          '-H',
+          'upgrade: websocket',
+          '-H',
+          'sec-websocket-version: 13',
+          '-H',
+          'sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==',
+          ...headers,
+          `${base}/rpc`,
+        ],
+        { encoding: 'utf8' },
+      ).stdout;
     expect(ws([])).toBe('401');
     expect(ws(['-H', `authorization: Bearer ${token}`, '-H', 'origin: http://evil.example'])).toBe('403');
     expect(ws(['-H', `authorization: Bearer ${token}`, '-H', `origin: http://127.0.0.1:${port}`])).toBe('101');
@@ -408,7 +575,9 @@ describe('snaplab ui', () => {
     await p.getByTestId('terminal-status').getByText('connected').waitFor();
     await p.locator('.xterm').click();
     await p.keyboard.type('echo $((6*7))\n');
-    await until('42', async () => (await p.locator('.xterm-rows div').allTextContents()).some((l) => l.trim() === '42'));
+    await until('42', async () =>
+      (await p.locator('.xterm-rows div').allTextContents()).some((l) => l.trim() === '42'),
+    );
     await p.context().close();
     ui.kill('SIGTERM');
     await new Promise((r) => ui!.once('exit', r));

@@ -25,7 +25,8 @@ afterAll(async () => {
   await disposeLab(lab);
 });
 
-const qgroups = (): string => spawnSync('btrfs', ['qgroup', 'show', '--raw', `${lab.home}/btrfs`], { encoding: 'utf8' }).stdout;
+const qgroups = (): string =>
+  spawnSync('btrfs', ['qgroup', 'show', '--raw', `${lab.home}/btrfs`], { encoding: 'utf8' }).stdout;
 
 describe('disk caps', () => {
   it('btrfs: a write past --disk fails inside with EDQUOT; the machine runs on, another writes freely, df shows use against the cap', async () => {
@@ -40,12 +41,19 @@ describe('disk caps', () => {
     expect((await small.exec(['sh', '-c', 'echo x > /root/more'])).stderr).toMatch(/Disk quota exceeded/);
     // still running and usable: reading, and writing once space is freed
     expect((await small.exec(['echo', 'alive'])).stdout).toBe('alive\n');
-    expect((await small.exec(['sh', '-c', 'rm /root/big && sync && echo freed > /root/more && cat /root/more'])).stdout).toBe('freed\n');
+    expect(
+      (await small.exec(['sh', '-c', 'rm /root/big && sync && echo freed > /root/more && cat /root/more'])).stdout,
+    ).toBe('freed\n');
     // the other machine is not held by the first one's cap
-    expect((await other.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=80 conv=fsync 2>/dev/null && echo ok'])).stdout).toBe('ok\n');
+    expect(
+      (await other.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=80 conv=fsync 2>/dev/null && echo ok']))
+        .stdout,
+    ).toBe('ok\n');
 
     await small.exec(['sh', '-c', 'dd if=/dev/zero of=/root/half bs=1M count=32 conv=fsync 2>/dev/null']);
-    const df = JSON.parse(cli(lab.home, ['df', '--json']).out) as { items: { name: string; writtenBytes?: number; diskBytes?: number }[] };
+    const df = JSON.parse(cli(lab.home, ['df', '--json']).out) as {
+      items: { name: string; writtenBytes?: number; diskBytes?: number }[];
+    };
     const row = df.items.find((i) => i.name === 'small')!;
     expect(row.diskBytes).toBe(64 * MiB);
     expect(row.writtenBytes).toBeGreaterThan(32 * MiB);
@@ -61,8 +69,13 @@ describe('disk caps', () => {
     const b = await lab.restore('capped', { name: 'copy' });
     expect(b.info.limits.diskBytes).toBe(48 * MiB);
     // 40 MiB came with the snapshot: the copy may still write 40 more of its own, not 100
-    expect((await b.exec(['sh', '-c', 'dd if=/dev/zero of=/root/e bs=1M count=40 conv=fsync 2>/dev/null && echo ok'])).stdout).toBe('ok\n');
-    expect((await b.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=20 conv=fsync'])).stderr).toMatch(/Disk quota exceeded/);
+    expect(
+      (await b.exec(['sh', '-c', 'dd if=/dev/zero of=/root/e bs=1M count=40 conv=fsync 2>/dev/null && echo ok']))
+        .stdout,
+    ).toBe('ok\n');
+    expect((await b.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=20 conv=fsync'])).stderr).toMatch(
+      /Disk quota exceeded/,
+    );
     await a.destroy();
     await b.destroy();
     await lab.removeSnapshot('capped');
@@ -88,12 +101,16 @@ describe('disk caps', () => {
       await plain.destroy();
     }
     // a VM's disk is an image file: an explicit cap is refused before it boots, none is recorded by default
-    await expect(lab.create({ name: 'vm-capped', driver: 'qemu', limits: { diskBytes: 64 * MiB } })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/qemu driver/) });
+    await expect(
+      lab.create({ name: 'vm-capped', driver: 'qemu', limits: { diskBytes: 64 * MiB } }),
+    ).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/qemu driver/) });
     expect((await lab.list()).map((b) => b.name)).toEqual([]);
     const r = cli(lab.home, ['create', '--name', 'x', '--driver', 'qemu', '--disk', '64M']);
     expect(r.code).toBe(2);
     expect(r.err).toMatch(/error\[BAD_INPUT\]: --disk cannot be enforced here: the qemu driver/);
-    expect(cli(lab.home, ['create', '--name', 'y', '--disk', 'lots']).err).toMatch(/error\[BAD_SIZE\]|error\[BAD_INPUT\]/);
+    expect(cli(lab.home, ['create', '--name', 'y', '--disk', 'lots']).err).toMatch(
+      /error\[BAD_SIZE\]|error\[BAD_INPUT\]/,
+    );
   });
 
   it('overlay: --disk is an ext4 loop file of its own; ENOSPC past it, the machine runs on, a restore keeps it, rm leaves nothing, no default cap', async () => {
@@ -102,7 +119,8 @@ describe('disk caps', () => {
     expect(small.info.limits.diskBytes).toBe(64 * MiB);
     expect(other.info.limits.diskBytes).toBeUndefined(); // a cap costs a filesystem: only when asked
     const disks = join(lab.home, 'storage', 'overlay', '.disks');
-    const vol = (small.info as unknown as { volume: { id: string } }).volume?.id ?? readdirSync(disks)[0]!.replace('.img', '');
+    const vol =
+      (small.info as unknown as { volume: { id: string } }).volume?.id ?? readdirSync(disks)[0]!.replace('.img', '');
     expect(readdirSync(disks)).toEqual([`${vol}.img`]);
 
     const r = await small.exec(['sh', '-c', 'dd if=/dev/zero of=/root/big bs=1M count=100 conv=fsync']);
@@ -112,11 +130,18 @@ describe('disk caps', () => {
     expect(written).toBeGreaterThan(58 * MiB); // the filesystem's own metadata takes ~6 % of a cap this small
     expect(written).toBeLessThanOrEqual(64 * MiB);
     expect((await small.exec(['echo', 'alive'])).stdout).toBe('alive\n');
-    expect((await small.exec(['sh', '-c', 'rm /root/big && echo freed > /root/more && cat /root/more'])).stdout).toBe('freed\n');
-    expect((await other.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=80 conv=fsync 2>/dev/null && echo ok'])).stdout).toBe('ok\n');
+    expect((await small.exec(['sh', '-c', 'rm /root/big && echo freed > /root/more && cat /root/more'])).stdout).toBe(
+      'freed\n',
+    );
+    expect(
+      (await other.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=80 conv=fsync 2>/dev/null && echo ok']))
+        .stdout,
+    ).toBe('ok\n');
 
     await small.exec(['sh', '-c', 'dd if=/dev/zero of=/root/half bs=1M count=32 conv=fsync 2>/dev/null']);
-    const df = JSON.parse(cli(lab.home, ['df', '--json']).out) as { items: { name: string; writtenBytes?: number; diskBytes?: number }[] };
+    const df = JSON.parse(cli(lab.home, ['df', '--json']).out) as {
+      items: { name: string; writtenBytes?: number; diskBytes?: number }[];
+    };
     const row = df.items.find((i) => i.name === 'ov-small')!;
     expect(row.diskBytes).toBe(64 * MiB);
     expect(row.writtenBytes).toBeGreaterThan(32 * MiB);
@@ -126,8 +151,13 @@ describe('disk caps', () => {
     await small.snapshot('ov-capped');
     const copy = await lab.restore('ov-capped', { name: 'ov-copy' });
     expect(copy.info.limits.diskBytes).toBe(64 * MiB);
-    expect((await copy.exec(['sh', '-c', 'dd if=/dev/zero of=/root/e bs=1M count=48 conv=fsync 2>/dev/null && echo ok'])).stdout).toBe('ok\n');
-    expect((await copy.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=30 conv=fsync'])).stderr).toMatch(/No space left on device/);
+    expect(
+      (await copy.exec(['sh', '-c', 'dd if=/dev/zero of=/root/e bs=1M count=48 conv=fsync 2>/dev/null && echo ok']))
+        .stdout,
+    ).toBe('ok\n');
+    expect((await copy.exec(['sh', '-c', 'dd if=/dev/zero of=/root/f bs=1M count=30 conv=fsync'])).stderr).toMatch(
+      /No space left on device/,
+    );
     expect((await copy.exec(['sh', '-c', 'wc -c < /root/half'])).stdout.trim()).toBe(String(32 * MiB));
     // another limit given does not drop the carried cap (review: it did)
     const copy2 = await lab.restore('ov-capped', { name: 'ov-copy2', limits: { memoryBytes: 256 * MiB } });
@@ -141,7 +171,7 @@ describe('disk caps', () => {
     expect(loopsUnder(lab.home).filter((l) => l.includes('.disks'))).toEqual([]);
   });
 
-  it('dir: --disk is an ext4 loop file holding the machine\'s copy of its image; ENOSPC past the cap, a restore keeps it, rm and gc leave nothing', async () => {
+  it("dir: --disk is an ext4 loop file holding the machine's copy of its image; ENOSPC past the cap, a restore keeps it, rm and gc leave nothing", async () => {
     const box = await lab.create({ name: 'dir-small', storage: 'dir', limits: { diskBytes: 48 * MiB } });
     expect(box.info.limits.diskBytes).toBe(48 * MiB);
     const disks = join(lab.home, 'storage', 'dir', '.disks');
@@ -149,7 +179,9 @@ describe('disk caps', () => {
     // the image's files came along as an uncapped copy has them: names, modes, owners, links
     const listing = 'ls -lnR /bin /etc /root /usr 2>&1 | md5sum';
     const plain = await lab.create({ name: 'dir-plain', storage: 'dir' });
-    expect((await box.exec(['sh', '-c', listing])).stdout.toString()).toBe((await plain.exec(['sh', '-c', listing])).stdout.toString());
+    expect((await box.exec(['sh', '-c', listing])).stdout.toString()).toBe(
+      (await plain.exec(['sh', '-c', listing])).stdout.toString(),
+    );
     await plain.destroy();
     const r = await box.exec(['sh', '-c', 'dd if=/dev/zero of=/root/big bs=1M count=100 conv=fsync']);
     expect(r.stderr.toString()).toMatch(/No space left on device/);
@@ -158,7 +190,9 @@ describe('disk caps', () => {
     expect(written).toBeLessThan(60 * MiB);
     expect((await box.exec(['echo', 'alive'])).stdout.toString()).toBe('alive\n');
     await box.exec(['sh', '-c', 'rm /root/big && dd if=/dev/zero of=/root/half bs=1M count=20 conv=fsync 2>/dev/null']);
-    const df = JSON.parse(cli(lab.home, ['df', '--json']).out) as { items: { name: string; writtenBytes?: number; diskBytes?: number }[] };
+    const df = JSON.parse(cli(lab.home, ['df', '--json']).out) as {
+      items: { name: string; writtenBytes?: number; diskBytes?: number }[];
+    };
     const row = df.items.find((i) => i.name === 'dir-small')!;
     expect(row.diskBytes).toBe(48 * MiB);
     expect(row.writtenBytes).toBeGreaterThan(19 * MiB);
@@ -166,7 +200,15 @@ describe('disk caps', () => {
     await box.snapshot('dir-capped');
     const copy = await lab.restore('dir-capped', { name: 'dir-copy' });
     expect(copy.info.limits.diskBytes).toBe(48 * MiB);
-    expect((await copy.exec(['sh', '-c', 'wc -c < /root/half; dd if=/dev/zero of=/root/more bs=1M count=100 2>&1 | grep -o "No space left"'])).stdout.toString()).toBe(`${20 * MiB}\nNo space left\n`);
+    expect(
+      (
+        await copy.exec([
+          'sh',
+          '-c',
+          'wc -c < /root/half; dd if=/dev/zero of=/root/more bs=1M count=100 2>&1 | grep -o "No space left"',
+        ])
+      ).stdout.toString(),
+    ).toBe(`${20 * MiB}\nNo space left\n`);
     await copy.destroy();
     await box.destroy();
     await lab.removeSnapshot('dir-capped');
@@ -194,7 +236,15 @@ describe('disk caps', () => {
           lab.create({ name: `race-h${i}`, storage: 'overlay', userns: false, limits: { diskBytes: 32 * MiB } }),
         ]);
         for (const b of boxes) {
-          expect((await b.exec(['sh', '-c', 'ls /bin/sh && dd if=/dev/zero of=/root/f bs=1M count=40 2>&1 | grep -o "No space left"'])).stdout).toBe('/bin/sh\nNo space left\n');
+          expect(
+            (
+              await b.exec([
+                'sh',
+                '-c',
+                'ls /bin/sh && dd if=/dev/zero of=/root/f bs=1M count=40 2>&1 | grep -o "No space left"',
+              ])
+            ).stdout,
+          ).toBe('/bin/sh\nNo space left\n');
           await b.destroy();
         }
       }
@@ -212,7 +262,10 @@ describe('disk caps', () => {
     await box.stop();
     const dir = join(lab.home, 'storage', 'overlay', box.info.volume!.id);
     expect(spawnSync('umount', [dir]).status).toBe(0); // as a reboot would leave it
-    await expect(box.snapshot('ov-off-s')).rejects.toMatchObject({ code: 'STORAGE_FAILED', message: expect.stringMatching(/not mounted/) });
+    await expect(box.snapshot('ov-off-s')).rejects.toMatchObject({
+      code: 'STORAGE_FAILED',
+      message: expect.stringMatching(/not mounted/),
+    });
     // another process readies overlay storage: e2fsck, then the mount
     expect(cli(lab.home, ['create', '--name', 'ov-on', '--storage', 'overlay']).code).toBe(0);
     await box.snapshot('ov-off-s');
@@ -224,9 +277,16 @@ describe('disk caps', () => {
 
   it('overlay: a create killed once its cap exists, its record lost too: gc removes the mount, the loop device and the file', async () => {
     const disks = join(lab.home, 'storage', 'overlay', '.disks');
-    const child = spawn(SNAPLAB, ['create', '--name', 'ov-killed', '--storage', 'overlay', '--disk', '64M'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    const child = spawn(SNAPLAB, ['create', '--name', 'ov-killed', '--storage', 'overlay', '--disk', '64M'], {
+      env: { ...process.env, SNAPLAB_HOME: lab.home },
+      stdio: 'ignore',
+    });
     const t0 = Date.now();
-    while (!(existsSync(disks) && readdirSync(disks).some((f) => f.endsWith('.img') && mountedCap(lab.home, f))) && Date.now() - t0 < 30_000) await new Promise((r) => setTimeout(r, 5));
+    while (
+      !(existsSync(disks) && readdirSync(disks).some((f) => f.endsWith('.img') && mountedCap(lab.home, f))) &&
+      Date.now() - t0 < 30_000
+    )
+      await new Promise((r) => setTimeout(r, 5));
     child.kill('SIGKILL');
     await new Promise((r) => child.once('exit', r));
     expect(readdirSync(disks).length).toBeGreaterThan(0); // it had made its cap
@@ -237,21 +297,27 @@ describe('disk caps', () => {
     const { removed } = await lab.gc();
     expect(removed.join('\n')).toMatch(/\.disks/);
     expect(readdirSync(disks)).toEqual([]);
-    expect(readFileSync('/proc/mounts', 'utf8').split('\n').filter((l) => l.includes(`${lab.home}/storage/overlay/`) && l.includes(' ext4 '))).toEqual([]);
+    expect(
+      readFileSync('/proc/mounts', 'utf8')
+        .split('\n')
+        .filter((l) => l.includes(`${lab.home}/storage/overlay/`) && l.includes(' ext4 ')),
+    ).toEqual([]);
     expect(loopsUnder(lab.home).filter((l) => l.includes('.disks'))).toEqual([]);
   });
 });
 
 /** Backing files of the loop devices that are under `home`. */
 function loopsUnder(home: string): string[] {
-  return readdirSync('/sys/block').filter((d) => d.startsWith('loop')).flatMap((d) => {
-    try {
-      const f = readFileSync(`/sys/block/${d}/loop/backing_file`, 'utf8').trim();
-      return f.startsWith(home) ? [f] : [];
-    } catch {
-      return [];
-    }
-  });
+  return readdirSync('/sys/block')
+    .filter((d) => d.startsWith('loop'))
+    .flatMap((d) => {
+      try {
+        const f = readFileSync(`/sys/block/${d}/loop/backing_file`, 'utf8').trim();
+        return f.startsWith(home) ? [f] : [];
+      } catch {
+        return [];
+      }
+    });
 }
 
 /** Is the cap file `image` (a name in .disks) mounted over its volume's directory? */

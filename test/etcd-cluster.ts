@@ -35,7 +35,10 @@ export async function freePort(): Promise<number> {
 async function healthy(client: string, ms: number): Promise<void> {
   const end = Date.now() + ms;
   for (;;) {
-    const ok = await fetch(`http://${client}/health`).then(async (r) => ((await r.json()) as { health?: string }).health === 'true', () => false);
+    const ok = await fetch(`http://${client}/health`).then(
+      async (r) => ((await r.json()) as { health?: string }).health === 'true',
+      () => false,
+    );
     if (ok) return;
     if (Date.now() > end) throw new Error(`etcd member ${client} not healthy after ${ms} ms`);
     await new Promise((r) => setTimeout(r, 100));
@@ -50,19 +53,52 @@ export async function startEtcd(size = 3): Promise<EtcdCluster> {
   const members: EtcdMember[] = names.map((name, i) => {
     const client = `127.0.0.1:${ports[i * 2]}`;
     const peer = `http://127.0.0.1:${ports[i * 2 + 1]}`;
-    const proc = spawn('etcd', [
-      '--name', name, '--data-dir', join(dir, name),
-      '--listen-client-urls', `http://${client}`, '--advertise-client-urls', `http://${client}`,
-      '--listen-peer-urls', peer, '--initial-advertise-peer-urls', peer,
-      '--initial-cluster', initial, '--initial-cluster-state', 'new', '--initial-cluster-token', `snaplab-test-${process.pid}`,
-      // a test cluster: quick elections, nothing written to the log but errors
-      '--heartbeat-interval', '50', '--election-timeout', '500', '--log-level', 'error',
-    ], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const proc = spawn(
+      'etcd',
+      [
+        '--name',
+        name,
+        '--data-dir',
+        join(dir, name),
+        '--listen-client-urls',
+        `http://${client}`,
+        '--advertise-client-urls',
+        `http://${client}`,
+        '--listen-peer-urls',
+        peer,
+        '--initial-advertise-peer-urls',
+        peer,
+        '--initial-cluster',
+        initial,
+        '--initial-cluster-state',
+        'new',
+        '--initial-cluster-token',
+        `snaplab-test-${process.pid}`,
+        // a test cluster: quick elections, nothing written to the log but errors
+        '--heartbeat-interval',
+        '50',
+        '--election-timeout',
+        '500',
+        '--log-level',
+        'error',
+      ],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
     let err = '';
     proc.stderr!.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-4000)));
     const exited = new Promise<void>((r) => proc.once('exit', () => r()));
-    proc.once('exit', (code, sig) => { if (code && !sig) process.stderr.write(`etcd ${name} exited ${code}: ${err}\n`); });
-    return { name, client, proc, async kill() { proc.kill('SIGKILL'); await exited; } };
+    proc.once('exit', (code, sig) => {
+      if (code && !sig) process.stderr.write(`etcd ${name} exited ${code}: ${err}\n`);
+    });
+    return {
+      name,
+      client,
+      proc,
+      async kill() {
+        proc.kill('SIGKILL');
+        await exited;
+      },
+    };
   });
   try {
     await Promise.all(members.map((m) => healthy(m.client, 30_000)));

@@ -44,7 +44,9 @@ function make(args: string[], timeoutMs: number): Promise<Made> {
     const timer = setTimeout(() => {
       try {
         process.kill(-child.pid!, 'SIGKILL'); // make and the harness it runs
-      } catch { /* gone */ }
+      } catch {
+        /* gone */
+      }
     }, timeoutMs);
     child.on('error', reject);
     child.on('close', (code, signal) => {
@@ -58,13 +60,20 @@ function make(args: string[], timeoutMs: number): Promise<Made> {
 function stats(out: string): { runs: number; cov: number; ft: number; corpus: number } {
   const num = (re: RegExp) => Number(re.exec(out)?.[1] ?? NaN);
   const done = /#\d+\s+DONE\s+cov: (\d+) ft: (\d+) corp: (\d+)/.exec(out);
-  return { runs: num(/stat::number_of_executed_units:\s+(\d+)/), cov: Number(done?.[1] ?? NaN), ft: Number(done?.[2] ?? NaN), corpus: Number(done?.[3] ?? NaN) };
+  return {
+    runs: num(/stat::number_of_executed_units:\s+(\d+)/),
+    cov: Number(done?.[1] ?? NaN),
+    ft: Number(done?.[2] ?? NaN),
+    corpus: Number(done?.[3] ?? NaN),
+  };
 }
 
 /** A sanitizer's or libFuzzer's report from its first line (what went wrong, and where), else the last lines. */
 function report(out: string): string {
   const lines = out.trimEnd().split('\n');
-  const at = lines.findIndex((l) => /ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|==ABORTING/.test(l));
+  const at = lines.findIndex((l) =>
+    /ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|==ABORTING/.test(l),
+  );
   return (at >= 0 ? lines.slice(Math.max(0, at - 2), at + 30) : lines.slice(-40)).join('\n');
 }
 
@@ -73,7 +82,10 @@ const seeds = (name: string) => readdirSync(join(NATIVE, 'fuzz', 'corpus', name)
 describe('fuzzing the C parsers (libFuzzer)', () => {
   beforeAll(async () => {
     const built = await make(['fuzz'], 170_000);
-    expect(built.code, `make -C native fuzz failed (clang and libclang-rt-14-dev are in src/host/tools.json):\n${report(built.out)}`).toBe(0);
+    expect(
+      built.code,
+      `make -C native fuzz failed (clang and libclang-rt-14-dev are in src/host/tools.json):\n${report(built.out)}`,
+    ).toBe(0);
   }, 180_000);
 
   const harnesses = {
@@ -83,25 +95,37 @@ describe('fuzzing the C parsers (libFuzzer)', () => {
     daemon: "the command's reader of a daemon's answers (HTTP, JSON, ls's table)",
   };
   for (const [name, what] of Object.entries(harnesses)) {
-    it(`${name}: ${what}, ${SECONDS} s without a crash, a leak or undefined behaviour`, async () => {
-      const dir = mkdtempSync(join(tmpdir(), `snaplab-test-fuzz-${name}-`));
-      dirs.push(dir);
-      const before = seeds(name);
-      const t0 = performance.now();
-      const run = await make([`fuzz-run-${name}`, `FUZZ_SECONDS=${SECONDS}`, `FUZZ_DIR=${dir}`], SECONDS * 1000 + 60_000);
-      const took = (performance.now() - t0) / 1000;
-      const s = stats(run.out);
-      const found = readdirSync(dir).filter((f) => f.startsWith(`${name}-`));
-      const kept = join(NATIVE, 'build', 'fuzz', 'failed');
-      if (found.length) mkdirSync(kept, { recursive: true });
-      for (const f of found) copyFileSync(join(dir, f), join(kept, f));
-      console.log(`${name}: ${s.runs} inputs in ${took.toFixed(1)} s (${Math.round(s.runs / took)}/s), coverage ${s.cov} edges, ${s.ft} features, corpus ${before.length} seeds -> ${s.corpus}`);
-      expect(run.code, `the fuzzer stopped (input kept: ${found.map((f) => join(kept, f)).join(', ') || 'none written'}):\n${report(run.out)}`).toBe(0);
-      expect(found).toEqual([]);
-      expect(s.runs).toBeGreaterThan(SECONDS * MIN_PER_SECOND);
-      expect(s.corpus).toBeGreaterThanOrEqual(before.length / 2); // the seeds were read (libFuzzer keeps those that add coverage)
-      expect(seeds(name)).toEqual(before); // the run grew its copy, never the checked-in corpus
-    }, SECONDS * 1000 + 90_000);
+    it(
+      `${name}: ${what}, ${SECONDS} s without a crash, a leak or undefined behaviour`,
+      async () => {
+        const dir = mkdtempSync(join(tmpdir(), `snaplab-test-fuzz-${name}-`));
+        dirs.push(dir);
+        const before = seeds(name);
+        const t0 = performance.now();
+        const run = await make(
+          [`fuzz-run-${name}`, `FUZZ_SECONDS=${SECONDS}`, `FUZZ_DIR=${dir}`],
+          SECONDS * 1000 + 60_000,
+        );
+        const took = (performance.now() - t0) / 1000;
+        const s = stats(run.out);
+        const found = readdirSync(dir).filter((f) => f.startsWith(`${name}-`));
+        const kept = join(NATIVE, 'build', 'fuzz', 'failed');
+        if (found.length) mkdirSync(kept, { recursive: true });
+        for (const f of found) copyFileSync(join(dir, f), join(kept, f));
+        console.log(
+          `${name}: ${s.runs} inputs in ${took.toFixed(1)} s (${Math.round(s.runs / took)}/s), coverage ${s.cov} edges, ${s.ft} features, corpus ${before.length} seeds -> ${s.corpus}`,
+        );
+        expect(
+          run.code,
+          `the fuzzer stopped (input kept: ${found.map((f) => join(kept, f)).join(', ') || 'none written'}):\n${report(run.out)}`,
+        ).toBe(0);
+        expect(found).toEqual([]);
+        expect(s.runs).toBeGreaterThan(SECONDS * MIN_PER_SECOND);
+        expect(s.corpus).toBeGreaterThanOrEqual(before.length / 2); // the seeds were read (libFuzzer keeps those that add coverage)
+        expect(seeds(name)).toEqual(before); // the run grew its copy, never the checked-in corpus
+      },
+      SECONDS * 1000 + 90_000,
+    );
   }
 });
 
@@ -129,16 +153,56 @@ describe('regressions of the C parsers, on the real binaries', () => {
       got = Buffer.concat([got, d]);
       while (got.length >= 8 && got.length >= 8 + got.readUInt32LE(0)) {
         const n = got.readUInt32LE(0);
-        replies.push({ id: got.readUInt32LE(4), fields: got.subarray(8, 8 + n).toString().split('\0').slice(0, -1) });
+        replies.push({
+          id: got.readUInt32LE(4),
+          fields: got
+            .subarray(8, 8 + n)
+            .toString()
+            .split('\0')
+            .slice(0, -1),
+        });
         got = got.subarray(8 + n);
       }
     });
-    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => helper.on('close', (code, signal) => resolve({ code, signal })));
-    helper.stdin.write(request(1, 'launch', join(dir, 'log'), '1000', join(dir, 's'), '-', '1:1', 'overlay', '2147483647', 'a', 'b', 'c', 'd', 'e'));
-    helper.stdin.write(request(2, 'launch', join(dir, 'log'), '1000', join(dir, 's'), '-', '-', '2147483647', join(dir, 'cgroup.procs'), 'true'));
+    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+      helper.on('close', (code, signal) => resolve({ code, signal })),
+    );
+    helper.stdin.write(
+      request(
+        1,
+        'launch',
+        join(dir, 'log'),
+        '1000',
+        join(dir, 's'),
+        '-',
+        '1:1',
+        'overlay',
+        '2147483647',
+        'a',
+        'b',
+        'c',
+        'd',
+        'e',
+      ),
+    );
+    helper.stdin.write(
+      request(
+        2,
+        'launch',
+        join(dir, 'log'),
+        '1000',
+        join(dir, 's'),
+        '-',
+        '-',
+        '2147483647',
+        join(dir, 'cgroup.procs'),
+        'true',
+      ),
+    );
     helper.stdin.write(request(3, 'ping'));
     const deadline = Date.now() + 10_000;
-    while (replies.length < 3 && helper.exitCode === null && helper.signalCode === null && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    while (replies.length < 3 && helper.exitCode === null && helper.signalCode === null && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 20));
     helper.stdin.end();
     expect(await exited).toEqual({ code: 0, signal: null });
     const byId = new Map(replies.map((r) => [r.id, r.fields]));

@@ -1,5 +1,15 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -27,26 +37,33 @@ function forgetRecord(id: string): void {
 }
 
 const cgroupDirs = (id: string): string[] =>
-  readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => / - cgroup2? /.test(l)).map((l) => `${l.split(' ')[4]}/snaplab/${id}`).filter(existsSync);
+  readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .filter((l) => / - cgroup2? /.test(l))
+    .map((l) => `${l.split(' ')[4]}/snaplab/${id}`)
+    .filter(existsSync);
 
 describe('gc', () => {
-  it.each(['btrfs', 'overlay', 'dir'] as const)('removes the processes, cgroup, mounts and volume of a sandbox whose record is gone (%s)', async (storage) => {
-    const box = await lab.create({ storage });
-    const { id, pid, volume } = box.info;
-    box.close();
-    forgetRecord(id);
-    expect(cgroupDirs(id).length).toBeGreaterThan(0);
-    const { removed, trace } = await lab.gc();
-    expect(removed.join('\n')).toContain(id);
-    expect(cgroupDirs(id)).toEqual([]);
-    expect(await pidAlive(pid!)).toBe(false); // gone, or a zombie waiting for the host's init to reap it
-    expect(existsSync(volume!.path)).toBe(false);
-    expect(readFileSync('/proc/self/mountinfo', 'utf8')).not.toContain(volume!.id);
-    // what gc did is stored with its trace
-    expect((lab.trace(trace.id)!.details as { removed: string[] }).removed).toEqual(removed);
-  });
+  it.each(['btrfs', 'overlay', 'dir'] as const)(
+    'removes the processes, cgroup, mounts and volume of a sandbox whose record is gone (%s)',
+    async (storage) => {
+      const box = await lab.create({ storage });
+      const { id, pid, volume } = box.info;
+      box.close();
+      forgetRecord(id);
+      expect(cgroupDirs(id).length).toBeGreaterThan(0);
+      const { removed, trace } = await lab.gc();
+      expect(removed.join('\n')).toContain(id);
+      expect(cgroupDirs(id)).toEqual([]);
+      expect(await pidAlive(pid!)).toBe(false); // gone, or a zombie waiting for the host's init to reap it
+      expect(existsSync(volume!.path)).toBe(false);
+      expect(readFileSync('/proc/self/mountinfo', 'utf8')).not.toContain(volume!.id);
+      // what gc did is stored with its trace
+      expect((lab.trace(trace.id)!.details as { removed: string[] }).removed).toEqual(removed);
+    },
+  );
 
-  it('leaves a memory snapshot being written alone; removes a crash\'s leftover once it is old', async () => {
+  it("leaves a memory snapshot being written alone; removes a crash's leftover once it is old", async () => {
     const dir = join(lab.home, 'snapshots', 'leftover-test');
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, 'memory'), 'half a stream');
@@ -98,7 +115,7 @@ describe('images', () => {
     expect((await box.exec(['cat', '/hello.txt'])).stdout.toString()).toBe('from the image\n');
   });
 
-  it('never follows an imported image\'s symlinks onto the host', async () => {
+  it("never follows an imported image's symlinks onto the host", async () => {
     const victim = join(scratch, 'victim');
     const victimEtc = join(scratch, 'victim-etc');
     mkdirSync(victim, { mode: 0o700 });
@@ -116,7 +133,9 @@ describe('images', () => {
   });
 
   it('refuses a taken name, a missing source, a non-archive; refuses to remove an image in use', async () => {
-    await expect(lab.importImage(join(scratch, 'tree-directory'), 'img-directory')).rejects.toMatchObject({ code: 'IMAGE_EXISTS' });
+    await expect(lab.importImage(join(scratch, 'tree-directory'), 'img-directory')).rejects.toMatchObject({
+      code: 'IMAGE_EXISTS',
+    });
     await expect(lab.importImage(join(scratch, 'nope'), 'x1')).rejects.toMatchObject({ code: 'BAD_INPUT' });
     writeFileSync(join(scratch, 'junk.tar'), 'not a tarball');
     await expect(lab.importImage(join(scratch, 'junk.tar'), 'x2')).rejects.toMatchObject({ code: 'BAD_IMAGE' });

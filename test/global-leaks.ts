@@ -7,10 +7,15 @@ export function leaks(): string[] {
     if (line.includes('snaplab')) found.push(`mount: ${line.split(' ')[4]}`);
   }
   // (on a host whose PID 1 is systemd, snaplab's cgroups are in its scope: src/host/cgroups-scope.ts)
-  for (const root of ['/sys/fs/cgroup', '/sys/fs/cgroup/snaplab.slice/snaplab.scope', ...readdirSync('/sys/fs/cgroup').map((d) => `/sys/fs/cgroup/${d}`)]) {
+  for (const root of [
+    '/sys/fs/cgroup',
+    '/sys/fs/cgroup/snaplab.slice/snaplab.scope',
+    ...readdirSync('/sys/fs/cgroup').map((d) => `/sys/fs/cgroup/${d}`),
+  ]) {
     const dir = `${root}/snaplab`;
     if (!existsSync(dir)) continue;
-    for (const e of readdirSync(dir, { withFileTypes: true })) if (e.isDirectory()) found.push(`cgroup: ${dir}/${e.name}`);
+    for (const e of readdirSync(dir, { withFileTypes: true }))
+      if (e.isDirectory()) found.push(`cgroup: ${dir}/${e.name}`);
   }
   for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
     try {
@@ -18,15 +23,20 @@ export function leaks(): string[] {
       // machine's monitor (native/boot.c) is orphaned to the host's init, which reaps on its own
       // schedule (seconds, on this host's process_api)
       const state = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '')[0];
-      if (state !== 'Z' && /\/snaplab\/|\/snaplab\.scope\//.test(readFileSync(`/proc/${pid}/cgroup`, 'utf8'))) found.push(`process: ${pid}`);
-    } catch { /* exited */ }
+      if (state !== 'Z' && /\/snaplab\/|\/snaplab\.scope\//.test(readFileSync(`/proc/${pid}/cgroup`, 'utf8')))
+        found.push(`process: ${pid}`);
+    } catch {
+      /* exited */
+    }
   }
   if (existsSync('/sys/block')) {
     for (const dev of readdirSync('/sys/block').filter((d) => d.startsWith('loop'))) {
       try {
         const file = readFileSync(`/sys/block/${dev}/loop/backing_file`, 'utf8').trim();
         if (file.includes('snaplab')) found.push(`loop device: /dev/${dev} → ${file}`);
-      } catch { /* not attached */ }
+      } catch {
+        /* not attached */
+      }
     }
   }
   return found;

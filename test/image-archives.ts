@@ -110,12 +110,14 @@ export interface ImageSpec {
 }
 
 function configOf(layers: Buffer[], spec: ImageSpec): Buffer {
-  return Buffer.from(JSON.stringify({
-    architecture: 'amd64',
-    os: 'linux',
-    config: spec.config ?? {},
-    rootfs: { type: 'layers', diff_ids: (spec.diffIdsOf ?? layers).map((l) => `sha256:${sha(l)}`) },
-  }));
+  return Buffer.from(
+    JSON.stringify({
+      architecture: 'amd64',
+      os: 'linux',
+      config: spec.config ?? {},
+      rootfs: { type: 'layers', diff_ids: (spec.diffIdsOf ?? layers).map((l) => `sha256:${sha(l)}`) },
+    }),
+  );
 }
 
 /** An OCI image layout directory (what `skopeo copy … oci:DIR` writes); returns its blobs by digest. */
@@ -138,22 +140,51 @@ export function ociLayout(dir: string, spec: ImageSpec): void {
     return d;
   });
   const config = { mediaType: 'application/vnd.oci.image.config.v1+json', ...put(configOf(spec.layers, spec)) };
-  const manifest = put(Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config, layers })));
+  const manifest = put(
+    Buffer.from(
+      JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config, layers }),
+    ),
+  );
   // a nested index, as multi-platform images have: one entry for another platform, one for this one
-  const other = put(Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config, layers: [] })));
-  const nested = put(Buffer.from(JSON.stringify({
-    schemaVersion: 2,
-    mediaType: 'application/vnd.oci.image.index.v1+json',
-    manifests: [
-      { mediaType: 'application/vnd.oci.image.manifest.v1+json', ...other, platform: { os: 'linux', architecture: 's390x' } },
-      { mediaType: 'application/vnd.oci.image.manifest.v1+json', ...manifest, platform: { os: 'linux', architecture: 'amd64' } },
-    ],
-  })));
+  const other = put(
+    Buffer.from(
+      JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config, layers: [] }),
+    ),
+  );
+  const nested = put(
+    Buffer.from(
+      JSON.stringify({
+        schemaVersion: 2,
+        mediaType: 'application/vnd.oci.image.index.v1+json',
+        manifests: [
+          {
+            mediaType: 'application/vnd.oci.image.manifest.v1+json',
+            ...other,
+            platform: { os: 'linux', architecture: 's390x' },
+          },
+          {
+            mediaType: 'application/vnd.oci.image.manifest.v1+json',
+            ...manifest,
+            platform: { os: 'linux', architecture: 'amd64' },
+          },
+        ],
+      }),
+    ),
+  );
   writeFileSync(join(dir, 'oci-layout'), JSON.stringify({ imageLayoutVersion: '1.0.0' }));
-  writeFileSync(join(dir, 'index.json'), JSON.stringify({
-    schemaVersion: 2,
-    manifests: [{ mediaType: 'application/vnd.oci.image.index.v1+json', ...nested, annotations: { 'org.opencontainers.image.ref.name': spec.tag ?? 'latest' } }],
-  }));
+  writeFileSync(
+    join(dir, 'index.json'),
+    JSON.stringify({
+      schemaVersion: 2,
+      manifests: [
+        {
+          mediaType: 'application/vnd.oci.image.index.v1+json',
+          ...nested,
+          annotations: { 'org.opencontainers.image.ref.name': spec.tag ?? 'latest' },
+        },
+      ],
+    }),
+  );
 }
 
 /**
@@ -167,11 +198,18 @@ export function dockerSave(spec: ImageSpec & { legacy: boolean; paxSizes?: boole
   if (spec.legacy) {
     const layerNames = spec.layers.map((l, i) => {
       const id = sha(Buffer.from(`layer ${i} ${sha(l)}`));
-      entries.push({ name: `${id}/`, type: 'dir' }, { name: `${id}/VERSION`, data: '1.0' }, { name: `${id}/layer.tar`, data: compress(l, spec.compress ?? 'none') });
+      entries.push(
+        { name: `${id}/`, type: 'dir' },
+        { name: `${id}/VERSION`, data: '1.0' },
+        { name: `${id}/layer.tar`, data: compress(l, spec.compress ?? 'none') },
+      );
       return `${id}/layer.tar`;
     });
     entries.push({ name: `${sha(config)}.json`, data: config });
-    entries.push({ name: 'manifest.json', data: JSON.stringify([{ Config: `${sha(config)}.json`, RepoTags: tags, Layers: layerNames }]) });
+    entries.push({
+      name: 'manifest.json',
+      data: JSON.stringify([{ Config: `${sha(config)}.json`, RepoTags: tags, Layers: layerNames }]),
+    });
     return tar(entries);
   }
   entries.push({ name: 'blobs/', type: 'dir' }, { name: 'blobs/sha256/', type: 'dir' });
@@ -181,7 +219,10 @@ export function dockerSave(spec: ImageSpec & { legacy: boolean; paxSizes?: boole
     return `blobs/sha256/${sha(stored)}`;
   });
   entries.push({ name: `blobs/sha256/${sha(config)}`, data: config });
-  entries.push({ name: 'manifest.json', data: JSON.stringify([{ Config: `blobs/sha256/${sha(config)}`, RepoTags: tags, Layers: layerNames }]) });
+  entries.push({
+    name: 'manifest.json',
+    data: JSON.stringify([{ Config: `blobs/sha256/${sha(config)}`, RepoTags: tags, Layers: layerNames }]),
+  });
   entries.push({ name: 'oci-layout', data: JSON.stringify({ imageLayoutVersion: '1.0.0' }) });
   return tar(entries);
 }

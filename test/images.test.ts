@@ -1,5 +1,14 @@
 import { execFileSync } from 'node:child_process';
-import { lstatSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  lstatSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
@@ -31,7 +40,9 @@ const CAP = Buffer.from([0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0
 const layer1 = tar([
   { name: 'bin/', type: 'dir' },
   { name: 'bin/busybox', data: busybox, mode: 0o755 },
-  ...['sh', 'cat', 'id', 'pwd', 'echo', 'ls', 'env'].map((a): Entry => ({ name: `bin/${a}`, type: 'symlink', link: 'busybox' })),
+  ...['sh', 'cat', 'id', 'pwd', 'echo', 'ls', 'env'].map(
+    (a): Entry => ({ name: `bin/${a}`, type: 'symlink', link: 'busybox' }),
+  ),
   { name: 'etc/', type: 'dir' },
   { name: 'etc/a', data: 'a1\n' },
   { name: 'etc/b', data: 'b1\n' },
@@ -63,9 +74,17 @@ const layer2 = tar([
   { name: 'opt/keep/.wh..wh..opq' },
   { name: 'usr/bin/hl', type: 'link', link: 'etc/a' },
 ]);
-const config = { Env: ['GREETING=hello', 'PATH=/bin'], WorkingDir: '/opt/keep', User: 'app', Entrypoint: ['/bin/sh', '-c'], Cmd: ['echo $GREETING from $(pwd) as $(id -u):$(id -g) groups $(id -G)'], Labels: { made: 'by-test' } };
+const config = {
+  Env: ['GREETING=hello', 'PATH=/bin'],
+  WorkingDir: '/opt/keep',
+  User: 'app',
+  Entrypoint: ['/bin/sh', '-c'],
+  Cmd: ['echo $GREETING from $(pwd) as $(id -u):$(id -g) groups $(id -G)'],
+  Labels: { made: 'by-test' },
+};
 
-const getfattr = (path: string): string => execFileSync('getfattr', ['--absolute-names', '-d', '-m', '-', '-e', 'hex', path]).toString();
+const getfattr = (path: string): string =>
+  execFileSync('getfattr', ['--absolute-names', '-d', '-m', '-', '-e', 'hex', path]).toString();
 
 /** Every entry of a tree: type, mode, owner, size or link target (what "the same tree" means here). */
 function listing(root: string): string[] {
@@ -110,11 +129,18 @@ describe('image import: OCI layouts and docker save', () => {
     expect(img.provenance?.layers?.map((l) => l.compression)).toEqual(['gzip', 'gzip']);
     expect(img.provenance?.notes.join('\n')).toMatch(/1 device node.*skipped/);
     expect(img.provenance?.notes.join('\n')).toMatch(/1 extended attribute.*dropped/);
-    expect(img.config).toMatchObject({ env: config.Env, workingDir: '/opt/keep', user: 'app', entrypoint: config.Entrypoint, cmd: config.Cmd, labels: { made: 'by-test' } });
+    expect(img.config).toMatchObject({
+      env: config.Env,
+      workingDir: '/opt/keep',
+      user: 'app',
+      entrypoint: config.Entrypoint,
+      cmd: config.Cmd,
+      labels: { made: 'by-test' },
+    });
     reference = listing(root);
   });
 
-  it('runs the image\'s Entrypoint and Cmd with its Env, WorkingDir and User when run has no argv', async () => {
+  it("runs the image's Entrypoint and Cmd with its Env, WorkingDir and User when run has no argv", async () => {
     const r = await lab.run([], { image: 'oci-dir' });
     expect(r.stderr.toString()).toBe('');
     expect(r.stdout.toString()).toBe('hello from /opt/keep as 1000:1000 groups 1000 50\n');
@@ -124,15 +150,24 @@ describe('image import: OCI layouts and docker save', () => {
   });
 
   it.each([
-    ['docker save, legacy layout', (): string => save('legacy.tar', dockerSave({ layers: [layer1, layer2], config, legacy: true }))],
-    ['docker save, Docker 25+ layout with zstd layers', (): string => save('d25.tar', dockerSave({ layers: [layer1, layer2], config, legacy: false, compress: 'zstd' }))],
-    ['an OCI layout tarball, gzip-compressed as a whole', (): string => {
-      const dir = join(scratch, 'layout-for-tar');
-      ociLayout(dir, { layers: [layer1, layer2], compress: 'none', config });
-      const file = join(scratch, 'layout.tar');
-      execFileSync('tar', ['-cf', file, '-C', dir, '.']);
-      return save('layout.tar.gz', gzipSync(readFileSync(file)));
-    }],
+    [
+      'docker save, legacy layout',
+      (): string => save('legacy.tar', dockerSave({ layers: [layer1, layer2], config, legacy: true })),
+    ],
+    [
+      'docker save, Docker 25+ layout with zstd layers',
+      (): string => save('d25.tar', dockerSave({ layers: [layer1, layer2], config, legacy: false, compress: 'zstd' })),
+    ],
+    [
+      'an OCI layout tarball, gzip-compressed as a whole',
+      (): string => {
+        const dir = join(scratch, 'layout-for-tar');
+        ociLayout(dir, { layers: [layer1, layer2], compress: 'none', config });
+        const file = join(scratch, 'layout.tar');
+        execFileSync('tar', ['-cf', file, '-C', dir, '.']);
+        return save('layout.tar.gz', gzipSync(readFileSync(file)));
+      },
+    ],
   ])('imports %s to the same tree', async (_what, make) => {
     const name = `img-${Math.random().toString(36).slice(2, 8)}`;
     const img = await lab.importImage(make(), name);
@@ -157,11 +192,20 @@ describe('image import: OCI layouts and docker save', () => {
   it('refuses a blob that does not match its digest, and a layer that does not match its diff_id, leaving nothing', async () => {
     const dir = join(scratch, 'corrupt');
     ociLayout(dir, { layers: [layer1, layer2], compress: 'gzip', config, corruptLayer: 1 });
-    await expect(lab.importImage(dir, 'corrupt')).rejects.toMatchObject({ code: expect.stringMatching(/IMAGE_DIGEST_MISMATCH|BAD_IMAGE/), message: expect.stringContaining('layer 2 of 2') });
+    await expect(lab.importImage(dir, 'corrupt')).rejects.toMatchObject({
+      code: expect.stringMatching(/IMAGE_DIGEST_MISMATCH|BAD_IMAGE/),
+      message: expect.stringContaining('layer 2 of 2'),
+    });
     // a legacy archive names no blob digests: the diff_ids of its config catch a changed layer
-    const other = tar([{ name: 'etc/', type: 'dir' }, { name: 'etc/changed', data: 'not what the config says' }]);
+    const other = tar([
+      { name: 'etc/', type: 'dir' },
+      { name: 'etc/changed', data: 'not what the config says' },
+    ]);
     const swapped = dockerSave({ layers: [layer1, other], diffIdsOf: [layer1, layer2], config, legacy: true });
-    await expect(lab.importImage(save('diffid.tar', swapped), 'diffid')).rejects.toMatchObject({ code: 'IMAGE_DIGEST_MISMATCH', message: expect.stringMatching(/layer 2 of 2.*the config says/) });
+    await expect(lab.importImage(save('diffid.tar', swapped), 'diffid')).rejects.toMatchObject({
+      code: 'IMAGE_DIGEST_MISMATCH',
+      message: expect.stringMatching(/layer 2 of 2.*the config says/),
+    });
     expect((await lab.images()).map((i) => i.name)).not.toContain('corrupt');
     expect((await lab.images()).map((i) => i.name)).not.toContain('diffid');
     expect(leftovers()).toEqual([]);
@@ -177,7 +221,10 @@ describe('layer semantics at the edges', () => {
 
   it('a hard link to a lower file does not shield it from a whiteout of the same layer', async () => {
     const root = await layered('hl-wh', [
-      [{ name: 'd/', type: 'dir' }, { name: 'd/f', data: 'lower\n' }],
+      [
+        { name: 'd/', type: 'dir' },
+        { name: 'd/f', data: 'lower\n' },
+      ],
       [{ name: 'e/', type: 'dir' }, { name: 'e/link', type: 'link', link: 'd/f' }, { name: 'd/.wh.f' }],
     ]);
     expect(() => lstatSync(join(root, 'd/f'))).toThrow();
@@ -186,7 +233,12 @@ describe('layer semantics at the edges', () => {
 
   it('an opaque directory keeps what the layer put below it, whatever the order, also under a parent with no entry of its own', async () => {
     const root = await layered('opq-order', [
-      [{ name: 'd/', type: 'dir' }, { name: 'd/sub/', type: 'dir' }, { name: 'd/sub/old', data: 'old' }, { name: 'd/gone', data: 'x' }],
+      [
+        { name: 'd/', type: 'dir' },
+        { name: 'd/sub/', type: 'dir' },
+        { name: 'd/sub/old', data: 'old' },
+        { name: 'd/gone', data: 'x' },
+      ],
       [{ name: 'd/sub/new', data: 'new' }, { name: 'd/.wh..wh..opq' }],
     ]);
     expect(readdirSync(join(root, 'd'))).toEqual(['sub']);
@@ -194,27 +246,54 @@ describe('layer semantics at the edges', () => {
   });
 
   it('a .wh. name is a whiteout whatever its entry type', async () => {
-    const root = await layered('wh-dir', [[{ name: 'd/', type: 'dir' }, { name: 'd/f', data: 'x' }], [{ name: 'd/.wh.f', type: 'dir' }]]);
+    const root = await layered('wh-dir', [
+      [
+        { name: 'd/', type: 'dir' },
+        { name: 'd/f', data: 'x' },
+      ],
+      [{ name: 'd/.wh.f', type: 'dir' }],
+    ]);
     expect(readdirSync(join(root, 'd'))).toEqual([]);
   });
 
   it('two pax headers before one entry: the name of the first, the time of the second', async () => {
-    const file = save('two-pax.tar', tar([{ name: 'short', data: 'x', pax: true, extraPax: { mtime: '1500000000', comment: 'ZZZZZZZZZZZZZZZZZZZZZZZZ' } }]));
+    const file = save(
+      'two-pax.tar',
+      tar([
+        { name: 'short', data: 'x', pax: true, extraPax: { mtime: '1500000000', comment: 'ZZZZZZZZZZZZZZZZZZZZZZZZ' } },
+      ]),
+    );
     const img = await lab.importImage(file, 'two-pax');
-    expect(readdirSync(img.path).filter((n) => !['bin', 'sbin', 'usr', 'etc', 'root', 'tmp', 'proc', 'dev', 'run', 'var', 'home'].includes(n))).toEqual(['short']);
+    expect(
+      readdirSync(img.path).filter(
+        (n) => !['bin', 'sbin', 'usr', 'etc', 'root', 'tmp', 'proc', 'dev', 'run', 'var', 'home'].includes(n),
+      ),
+    ).toEqual(['short']);
     expect(statSync(join(img.path, 'short')).mtimeMs).toBe(1_500_000_000_000);
   });
 
   it('reads a docker save whose members carry their size in pax records (Go writes members past 8 GiB so)', async () => {
-    const img = await lab.importImage(save('pax-size.tar', dockerSave({ layers: [layer1, layer2], config, legacy: false, paxSizes: true })), 'pax-size');
+    const img = await lab.importImage(
+      save('pax-size.tar', dockerSave({ layers: [layer1, layer2], config, legacy: false, paxSizes: true })),
+      'pax-size',
+    );
     expect(listing(img.path)).toEqual(listing((await lab.images()).find((i) => i.name === 'oci-dir')!.path));
   });
 
   it('refuses sizes and owners out of range', async () => {
-    const huge = tar([{ name: 'a', type: 'dir', extraPax: { size: '18446744073709551615' } }, { name: 'hidden', data: 'x' }]);
-    await expect(lab.importImage(save('huge.tar', huge), 'huge')).rejects.toMatchObject({ code: 'BAD_IMAGE', message: expect.stringMatching(/size/) });
+    const huge = tar([
+      { name: 'a', type: 'dir', extraPax: { size: '18446744073709551615' } },
+      { name: 'hidden', data: 'x' },
+    ]);
+    await expect(lab.importImage(save('huge.tar', huge), 'huge')).rejects.toMatchObject({
+      code: 'BAD_IMAGE',
+      message: expect.stringMatching(/size/),
+    });
     const neg = tar([{ name: 'a', data: 'x', extraPax: { uid: '-1' } }]);
-    await expect(lab.importImage(save('neg.tar', neg), 'neg')).rejects.toMatchObject({ code: 'BAD_IMAGE', message: expect.stringMatching(/uid/) });
+    await expect(lab.importImage(save('neg.tar', neg), 'neg')).rejects.toMatchObject({
+      code: 'BAD_IMAGE',
+      message: expect.stringMatching(/uid/),
+    });
     const wide = tar([{ name: 'a', data: 'x', extraPax: { uid: '4294967296' } }]);
     await expect(lab.importImage(save('wide.tar', wide), 'wide')).rejects.toMatchObject({ code: 'BAD_IMAGE' });
     expect(leftovers()).toEqual([]);
@@ -238,30 +317,86 @@ describe('hostile archives', () => {
   const planted = (): string[] => readdirSync(outside).filter((f) => f !== 'victim');
   const victim = (): string => readFileSync(join(outside, 'victim'), 'utf8');
   const deep = '../'.repeat(24);
-  const single = (entries: Entry[]): ((n: string) => string) => (n) => save(`${n}.tar`, tar(entries));
-  const layered = (lower: Entry[], upper: Entry[]): ((n: string) => string) => (n) => {
-    const dir = join(scratch, n);
-    ociLayout(dir, { layers: [tar(lower), tar(upper)], compress: 'none' });
-    return dir;
-  };
+  const single =
+    (entries: Entry[]): ((n: string) => string) =>
+    (n) =>
+      save(`${n}.tar`, tar(entries));
+  const layered =
+    (lower: Entry[], upper: Entry[]): ((n: string) => string) =>
+    (n) => {
+      const dir = join(scratch, n);
+      ociLayout(dir, { layers: [tar(lower), tar(upper)], compress: 'none' });
+      return dir;
+    };
   const cases: [string, (n: string) => string, RegExp][] = [
     ['an absolute name', single([{ name: join(outside, 'planted'), data: 'x' }]), /absolute/],
     ['a .. name', single([{ name: `${deep}${outside.slice(1)}/planted`, data: 'x' }]), /'\.\.'/],
-    ['a file written through a symlink of the archive', single([{ name: 'evil', type: 'symlink', link: outside }, { name: 'evil/planted', data: 'x' }]), /symbolic link/],
-    ['a symlink named .', single([{ name: '.', type: 'symlink', link: outside }, { name: 'planted', data: 'x' }]), /'\.'/],
-    ['a symlink named ./ then written through', single([{ name: './', type: 'symlink', link: outside }, { name: './planted', data: 'x' }]), /'\.'/],
-    ['a hard link to an absolute host path', single([{ name: 'hl', type: 'link', link: join(outside, 'victim') }]), /absolute/],
-    ['a hard link out with ..', single([{ name: 'hl', type: 'link', link: `${deep}${outside.slice(1)}/victim` }]), /'\.\.'/],
-    ['a hard link through a symlink', single([{ name: 's', type: 'symlink', link: outside }, { name: 'hl', type: 'link', link: 's/victim' }]), /symbolic link/],
+    [
+      'a file written through a symlink of the archive',
+      single([
+        { name: 'evil', type: 'symlink', link: outside },
+        { name: 'evil/planted', data: 'x' },
+      ]),
+      /symbolic link/,
+    ],
+    [
+      'a symlink named .',
+      single([
+        { name: '.', type: 'symlink', link: outside },
+        { name: 'planted', data: 'x' },
+      ]),
+      /'\.'/,
+    ],
+    [
+      'a symlink named ./ then written through',
+      single([
+        { name: './', type: 'symlink', link: outside },
+        { name: './planted', data: 'x' },
+      ]),
+      /'\.'/,
+    ],
+    [
+      'a hard link to an absolute host path',
+      single([{ name: 'hl', type: 'link', link: join(outside, 'victim') }]),
+      /absolute/,
+    ],
+    [
+      'a hard link out with ..',
+      single([{ name: 'hl', type: 'link', link: `${deep}${outside.slice(1)}/victim` }]),
+      /'\.\.'/,
+    ],
+    [
+      'a hard link through a symlink',
+      single([
+        { name: 's', type: 'symlink', link: outside },
+        { name: 'hl', type: 'link', link: 's/victim' },
+      ]),
+      /symbolic link/,
+    ],
     ['a name past 4095 bytes', single([{ name: `${'d/'.repeat(2100)}f`, data: 'x', pax: true }]), /longer than/],
-    ['a layer writing through a lower layer\'s symlink', layered([{ name: 'lnk', type: 'symlink', link: outside }], [{ name: 'lnk/planted', data: 'x' }]), /symbolic link/],
-    ['a whiteout through a lower layer\'s symlink', layered([{ name: 'lnk', type: 'symlink', link: outside }], [{ name: 'lnk/.wh.victim' }]), /symbolic link/],
-    ['an opaque marker through a lower layer\'s symlink', layered([{ name: 'lnk', type: 'symlink', link: outside }], [{ name: 'lnk/.wh..wh..opq' }]), /symbolic link/],
+    [
+      "a layer writing through a lower layer's symlink",
+      layered([{ name: 'lnk', type: 'symlink', link: outside }], [{ name: 'lnk/planted', data: 'x' }]),
+      /symbolic link/,
+    ],
+    [
+      "a whiteout through a lower layer's symlink",
+      layered([{ name: 'lnk', type: 'symlink', link: outside }], [{ name: 'lnk/.wh.victim' }]),
+      /symbolic link/,
+    ],
+    [
+      "an opaque marker through a lower layer's symlink",
+      layered([{ name: 'lnk', type: 'symlink', link: outside }], [{ name: 'lnk/.wh..wh..opq' }]),
+      /symbolic link/,
+    ],
     ['a whiteout of ..', layered([{ name: 'etc/', type: 'dir' }], [{ name: 'etc/.wh...' }]), /whiteout/],
   ];
   it.each(cases)('refuses %s, touching nothing outside the tree', async (_what, make, message) => {
     const name = `evil-${Math.random().toString(36).slice(2, 8)}`;
-    await expect(lab.importImage(make(name), name)).rejects.toMatchObject({ code: 'IMAGE_UNSAFE', message: expect.stringMatching(message) });
+    await expect(lab.importImage(make(name), name)).rejects.toMatchObject({
+      code: 'IMAGE_UNSAFE',
+      message: expect.stringMatching(message),
+    });
     expect(planted()).toEqual([]);
     expect(victim()).toBe('untouched\n');
     expect((await lab.images()).map((i) => i.name)).not.toContain(name);
@@ -269,7 +404,16 @@ describe('hostile archives', () => {
   });
 
   it('replaces a symlink by a later entry of its name instead of writing through it', async () => {
-    const file = save('replace.tar', tar([{ name: 's', type: 'symlink', link: join(outside, 'victim') }, { name: 's', data: 'mine\n' }, { name: 'd', type: 'symlink', link: outside }, { name: 'd/', type: 'dir' }, { name: 'd/inside', data: 'in\n' }]));
+    const file = save(
+      'replace.tar',
+      tar([
+        { name: 's', type: 'symlink', link: join(outside, 'victim') },
+        { name: 's', data: 'mine\n' },
+        { name: 'd', type: 'symlink', link: outside },
+        { name: 'd/', type: 'dir' },
+        { name: 'd/inside', data: 'in\n' },
+      ]),
+    );
     const img = await lab.importImage(file, 'replaced');
     expect(readFileSync(join(img.path, 's'), 'utf8')).toBe('mine\n');
     expect(readFileSync(join(img.path, 'd/inside'), 'utf8')).toBe('in\n');
@@ -277,9 +421,18 @@ describe('hostile archives', () => {
     expect(planted()).toEqual([]);
   });
 
-  it('reads a compressed rootfs whose first names could be an image archive\'s once, within --max-size', async () => {
+  it("reads a compressed rootfs whose first names could be an image archive's once, within --max-size", async () => {
     // "repositories" is a docker save name: the first MiB decides nothing, the archive is decompressed once to look
-    const file = save('ambiguous.tar.gz', gzipSync(tar([{ name: 'repositories', data: Buffer.alloc(2 << 20, 'r') }, { name: 'etc/', type: 'dir' }, { name: 'etc/x', data: 'x' }])));
+    const file = save(
+      'ambiguous.tar.gz',
+      gzipSync(
+        tar([
+          { name: 'repositories', data: Buffer.alloc(2 << 20, 'r') },
+          { name: 'etc/', type: 'dir' },
+          { name: 'etc/x', data: 'x' },
+        ]),
+      ),
+    );
     const img = await lab.importImage(file, 'ambiguous', { maxBytes: 3 << 20 });
     expect(img.provenance?.kind).toBe('rootfs');
     expect(readFileSync(join(img.path, 'etc/x'), 'utf8')).toBe('x');
@@ -289,18 +442,24 @@ describe('hostile archives', () => {
   it('refuses a decompression bomb past --max-size', async () => {
     const bomb = save('bomb.tar.gz', gzipSync(tar([{ name: 'zeros', data: Buffer.alloc(64 << 20) }])));
     expect(statSync(bomb).size).toBeLessThan(1 << 20);
-    await expect(lab.importImage(bomb, 'bomb', { maxBytes: 8 << 20 })).rejects.toMatchObject({ code: 'IMAGE_TOO_LARGE' });
+    await expect(lab.importImage(bomb, 'bomb', { maxBytes: 8 << 20 })).rejects.toMatchObject({
+      code: 'IMAGE_TOO_LARGE',
+    });
     expect(leftovers()).toEqual([]);
   });
 });
 
 describe('image commands', () => {
-  const cli = (...args: string[]): string => execFileSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: lab.home } }).toString();
+  const cli = (...args: string[]): string =>
+    execFileSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: lab.home } }).toString();
 
   it('import --json, ls, inspect, run with no argv, rm refused while used and --force', () => {
     const dir = join(scratch, 'cli-layout');
     ociLayout(dir, { layers: [layer1, layer2], compress: 'zstd', config, tag: 'v1' });
-    const rec = JSON.parse(cli('image', 'import', dir, '--name', 'cli-img', '--json')) as { name: string; provenance: { ref: string; layers: unknown[] } };
+    const rec = JSON.parse(cli('image', 'import', dir, '--name', 'cli-img', '--json')) as {
+      name: string;
+      provenance: { ref: string; layers: unknown[] };
+    };
     expect(rec).toMatchObject({ name: 'cli-img', provenance: { ref: 'v1' } });
     expect(rec.provenance.layers).toHaveLength(2);
     expect(cli('image', 'ls')).toMatch(/cli-img\s+\S+ \S+\s+2\s+oci v1/);
@@ -309,7 +468,12 @@ describe('image commands', () => {
     expect(text).toContain('env:       GREETING=hello');
     expect(cli('run', '--image', 'cli-img')).toBe('hello from /opt/keep as 1000:1000 groups 1000 50\n');
     cli('create', '--image', 'cli-img', '--name', 'uses-it');
-    expect(() => execFileSync(SNAPLAB, ['image', 'rm', 'cli-img'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'pipe' })).toThrow(/IMAGE_IN_USE[\s\S]*sandbox uses-it[\s\S]*--force/);
+    expect(() =>
+      execFileSync(SNAPLAB, ['image', 'rm', 'cli-img'], {
+        env: { ...process.env, SNAPLAB_HOME: lab.home },
+        stdio: 'pipe',
+      }),
+    ).toThrow(/IMAGE_IN_USE[\s\S]*sandbox uses-it[\s\S]*--force/);
     expect(cli('image', 'rm', 'cli-img', '--force')).toContain('sandbox uses-it');
     expect(cli('ls', '--json')).not.toContain('uses-it');
   });
@@ -319,8 +483,12 @@ describe('image commands', () => {
     cli('create', '--image', 'users', '--name', 'u1');
     expect(cli('exec', 'u1', '--user', 'app', '--', 'id', '-u')).toBe('1000\n');
     expect(cli('exec', 'u1', '-u', '1000:50', '--', 'id', '-g')).toBe('50\n');
-    expect(() => execFileSync(SNAPLAB, ['exec', 'u1', '--user', 'nobody-here', '--', 'true'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'pipe' })).toThrow(/no user "nobody-here"/);
+    expect(() =>
+      execFileSync(SNAPLAB, ['exec', 'u1', '--user', 'nobody-here', '--', 'true'], {
+        env: { ...process.env, SNAPLAB_HOME: lab.home },
+        stdio: 'pipe',
+      }),
+    ).toThrow(/no user "nobody-here"/);
     cli('rm', 'u1');
   });
 });
-

@@ -6,8 +6,19 @@ import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
 
 const CAP_NUMBERS: Record<string, number> = {
-  CAP_CHOWN: 0, CAP_DAC_OVERRIDE: 1, CAP_FOWNER: 3, CAP_FSETID: 4, CAP_KILL: 5, CAP_SETGID: 6, CAP_SETUID: 7,
-  CAP_SETPCAP: 8, CAP_NET_BIND_SERVICE: 10, CAP_NET_RAW: 13, CAP_SYS_CHROOT: 18, CAP_AUDIT_WRITE: 29, CAP_SETFCAP: 31,
+  CAP_CHOWN: 0,
+  CAP_DAC_OVERRIDE: 1,
+  CAP_FOWNER: 3,
+  CAP_FSETID: 4,
+  CAP_KILL: 5,
+  CAP_SETGID: 6,
+  CAP_SETUID: 7,
+  CAP_SETPCAP: 8,
+  CAP_NET_BIND_SERVICE: 10,
+  CAP_NET_RAW: 13,
+  CAP_SYS_CHROOT: 18,
+  CAP_AUDIT_WRITE: 29,
+  CAP_SETFCAP: 31,
 };
 
 let lab: Lab;
@@ -28,7 +39,10 @@ const sh = async (script: string): Promise<{ code: number; out: string; err: str
 
 describe('isolation', () => {
   it('runs in a user namespace of its own (every test here runs inside one)', () => {
-    expect(box.info.uidBase, 'the default storage here must give sandboxes a user namespace (btrfs or dir)').not.toBeNull();
+    expect(
+      box.info.uidBase,
+      'the default storage here must give sandboxes a user namespace (btrfs or dir)',
+    ).not.toBeNull();
   });
 
   it('PID 1 inside is the agent and host processes are invisible', async () => {
@@ -89,7 +103,9 @@ describe('isolation', () => {
 describe('limits', () => {
   it('a fork bomb stops at the pids limit and the sandbox survives', async () => {
     await using small = await lab.create({ limits: { pids: 32 } });
-    const r = await small.exec(['sh', '-c', 'i=0; while [ $i -lt 100 ]; do sleep 5 & i=$((i+1)); done; wait'], { timeoutMs: 3000 });
+    const r = await small.exec(['sh', '-c', 'i=0; while [ $i -lt 100 ]; do sleep 5 & i=$((i+1)); done; wait'], {
+      timeoutMs: 3000,
+    });
     expect(r.stderr.toString()).toMatch(/fork/i);
     expect((await small.exec(['echo', 'alive'])).stdout.toString()).toBe('alive\n');
   });
@@ -126,7 +142,7 @@ describe('limits', () => {
 });
 
 describe('exit codes, timeouts and signals', () => {
-  it('passes the command\'s code through; 127 not found; 128+N for signals', async () => {
+  it("passes the command's code through; 127 not found; 128+N for signals", async () => {
     expect((await box.exec(['sh', '-c', 'exit 42'])).exitCode).toBe(42);
     const nf = await box.exec(['no-such-binary']);
     expect(nf.exitCode).toBe(127);
@@ -143,7 +159,9 @@ describe('exit codes, timeouts and signals', () => {
 
   it('feeds stdin, sets env and cwd', async () => {
     expect((await box.exec(['cat'], { stdin: 'hello' })).stdout.toString()).toBe('hello');
-    expect((await box.exec(['sh', '-c', 'echo $FOO; pwd'], { env: { FOO: 'bar' }, cwd: '/tmp' })).stdout.toString()).toBe('bar\n/tmp\n');
+    expect(
+      (await box.exec(['sh', '-c', 'echo $FOO; pwd'], { env: { FOO: 'bar' }, cwd: '/tmp' })).stdout.toString(),
+    ).toBe('bar\n/tmp\n');
   });
 
   it('streams output as it comes', async () => {

@@ -13,25 +13,28 @@ afterAll(async () => {
 
 const out = (r: { stdout: string | Buffer }): string => r.stdout.toString().trim();
 
-describe.each<StorageKind>(['btrfs', 'overlay', 'dir'])('create → exec → snapshot → write → restore on %s', (storage) => {
-  it('restores the snapshot content, not the later write', async () => {
-    await using box = await lab.create({ image: 'busybox', storage });
-    expect(box.state).toBe('running');
-    expect(box.storage).toBe(storage);
-    expect(out(await box.exec(['sh', '-c', 'echo one > /root/f; rm /etc/hosts; cat /root/f']))).toBe('one');
-    const snap = await box.snapshot(`s-${storage}`);
-    await box.exec(['sh', '-c', 'echo two > /root/f; echo new > /root/g']);
-    await using copy = await lab.restore(snap.name);
-    expect(copy.info.origin).toBe(snap.name);
-    expect(out(await copy.exec(['cat', '/root/f']))).toBe('one');
-    expect((await copy.exec(['test', '-e', '/root/g'])).exitCode).toBe(1);
-    expect((await copy.exec(['test', '-e', '/etc/hosts'])).exitCode).toBe(1);
-    // the original keeps its own later state
-    expect(out(await box.exec(['cat', '/root/f']))).toBe('two');
-    await copy.destroy();
-    await lab.removeSnapshot(snap.name);
-  });
-});
+describe.each<StorageKind>(['btrfs', 'overlay', 'dir'])(
+  'create → exec → snapshot → write → restore on %s',
+  (storage) => {
+    it('restores the snapshot content, not the later write', async () => {
+      await using box = await lab.create({ image: 'busybox', storage });
+      expect(box.state).toBe('running');
+      expect(box.storage).toBe(storage);
+      expect(out(await box.exec(['sh', '-c', 'echo one > /root/f; rm /etc/hosts; cat /root/f']))).toBe('one');
+      const snap = await box.snapshot(`s-${storage}`);
+      await box.exec(['sh', '-c', 'echo two > /root/f; echo new > /root/g']);
+      await using copy = await lab.restore(snap.name);
+      expect(copy.info.origin).toBe(snap.name);
+      expect(out(await copy.exec(['cat', '/root/f']))).toBe('one');
+      expect((await copy.exec(['test', '-e', '/root/g'])).exitCode).toBe(1);
+      expect((await copy.exec(['test', '-e', '/etc/hosts'])).exitCode).toBe(1);
+      // the original keeps its own later state
+      expect(out(await box.exec(['cat', '/root/f']))).toBe('two');
+      await copy.destroy();
+      await lab.removeSnapshot(snap.name);
+    });
+  },
+);
 
 describe('traces', () => {
   it('stores the phases of a create, with the unattributed remainder', async () => {
@@ -39,7 +42,15 @@ describe('traces', () => {
     const t = lab.trace(box.lastTrace!.id)!;
     expect(t.kind).toBe('create');
     const names = t.phases.map((p) => p.name);
-    for (const n of ['clone rootfs', 'cgroup', 'launch', 'namespaces ready → agent listening', 'agent connect', 'first exec']) expect(names).toContain(n);
+    for (const n of [
+      'clone rootfs',
+      'cgroup',
+      'launch',
+      'namespaces ready → agent listening',
+      'agent connect',
+      'first exec',
+    ])
+      expect(names).toContain(n);
     for (const p of t.phases) expect(p.endMs).toBeGreaterThanOrEqual(p.startMs);
     expect(t.unattributedMs).toBeGreaterThanOrEqual(0);
     expect(t.unattributedMs).toBeLessThanOrEqual(t.totalMs);
@@ -106,7 +117,10 @@ describe("gc's mark", () => {
     const store = lab.context.store;
     // a pid now held by a process that started after the mark was written: a reuse
     const later = spawn('sleep', ['30']);
-    const add = (id: string, pid: number, at: number): void => void store.db.prepare('INSERT INTO inflight (id, pid, kind, started_at) VALUES (?, ?, ?, ?)').run(id, pid, 'gc', at);
+    const add = (id: string, pid: number, at: number): void =>
+      void store.db
+        .prepare('INSERT INTO inflight (id, pid, kind, started_at) VALUES (?, ?, ?, ?)')
+        .run(id, pid, 'gc', at);
     try {
       add('stale-reuse', later.pid!, Date.now() - 60_000);
       add('stale-dead', 2 ** 22 + 7, Date.now()); // above any pid_max: no such process
@@ -126,7 +140,10 @@ describe("gc's mark", () => {
 
 describe('bad input', () => {
   it('names the problem with a code and a hint', async () => {
-    await expect(lab.create({ image: 'nope' })).rejects.toMatchObject({ code: 'IMAGE_NOT_FOUND', hint: expect.stringContaining('image import') });
+    await expect(lab.create({ image: 'nope' })).rejects.toMatchObject({
+      code: 'IMAGE_NOT_FOUND',
+      hint: expect.stringContaining('image import'),
+    });
     await expect(lab.get('nope')).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
     await expect(lab.restore('nope')).rejects.toMatchObject({ code: 'SNAPSHOT_NOT_FOUND' });
     await expect(lab.create({ name: 'bad name!' })).rejects.toMatchObject({ code: 'BAD_NAME' });

@@ -34,7 +34,9 @@ describe.each(['btrfs', 'overlay'] as const)('pools on %s', (storage) => {
     expect(clean).toMatchObject({ exitCode: 0, hit: true, recycled: true, dirt: [] });
     expect(clean.stdout.toString()).toBe('hi\n');
     // a file put under /run (in memory) is taken out again: the sandbox stays recyclable
-    const put = await pool.run(['sh', '/run/job.sh'], { put: [{ from: Buffer.from('echo from job\n'), to: '/run/job.sh' }] });
+    const put = await pool.run(['sh', '/run/job.sh'], {
+      put: [{ from: Buffer.from('echo from job\n'), to: '/run/job.sh' }],
+    });
     expect(put).toMatchObject({ exitCode: 0, recycled: true, dirt: [] });
     expect(put.stdout.toString()).toBe('from job\n');
     // a standby waits unfrozen (the clean check showed nothing but its agent runs) and idle:
@@ -82,7 +84,9 @@ describe('pool refill', () => {
     const pool = await lab.createPool({ name: 'churn', image: 'busybox', size: 3, limits: {} });
     pool.start();
     for (let i = 0; i < 8; i++) {
-      const r = await pool.run(['sh', '-c', 'cat /root/in; echo dirty > /root/out'], { put: [{ from: Buffer.from(`job ${i}\n`), to: '/root/in' }] });
+      const r = await pool.run(['sh', '-c', 'cat /root/in; echo dirty > /root/out'], {
+        put: [{ from: Buffer.from(`job ${i}\n`), to: '/root/in' }],
+      });
       expect(r.stdout.toString()).toBe(`job ${i}\n`);
       expect(r.recycled).toBe(false);
     }
@@ -105,7 +109,10 @@ describe('pool refill', () => {
       await pool.resize(12);
     `;
     // the built library (npm test builds first), in a process of its own that we can kill
-    const child = spawn(process.execPath, ['--input-type=module', '-e', script], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], {
+      env: { ...process.env, SNAPLAB_HOME: lab.home },
+      stdio: 'ignore',
+    });
     await until(async () => (await lab.pools())[0]!.ready >= 2, 30_000);
     child.kill('SIGKILL');
     await new Promise((r) => child.once('exit', r));
@@ -114,6 +121,8 @@ describe('pool refill', () => {
     expect(s.raising).toBe(0); // interrupted raises were reconciled and removed
     await lab.pool('crash').remove();
     await lab.gc();
-    expect((await lab.list()).filter((b) => b.info.pool === 'crash').map((b) => `${b.state}: ${b.info.reason}`)).toEqual([]);
+    expect(
+      (await lab.list()).filter((b) => b.info.pool === 'crash').map((b) => `${b.state}: ${b.info.reason}`),
+    ).toEqual([]);
   });
 });

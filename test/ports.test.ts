@@ -29,7 +29,10 @@ async function freePort(): Promise<number> {
 }
 
 /** Starts a long-running snaplab command and resolves once it printed a line matching `ready`. */
-async function running(args: string[], ready: RegExp): Promise<{ proc: ChildProcess; out: () => string; stop: () => Promise<number | null> }> {
+async function running(
+  args: string[],
+  ready: RegExp,
+): Promise<{ proc: ChildProcess; out: () => string; stop: () => Promise<number | null> }> {
   const proc = spawn(SNAPLAB, args, { env: env(), stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   proc.stdout!.on('data', (b: Buffer) => (out += b.toString()));
@@ -42,12 +45,22 @@ async function running(args: string[], ready: RegExp): Promise<{ proc: ChildProc
   return { proc, out: () => out, stop: async () => (proc.kill('SIGINT'), exited) };
 }
 
-const curl = (port: number, extra: string[] = []) => spawnSync('curl', ['-s', '--max-time', '10', ...extra, `http://127.0.0.1:${port}/`], { encoding: 'utf8' });
+const curl = (port: number, extra: string[] = []) =>
+  spawnSync('curl', ['-s', '--max-time', '10', ...extra, `http://127.0.0.1:${port}/`], { encoding: 'utf8' });
 
 beforeAll(() => {
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-ports-'));
   expect(snaplab(['create', '--name', 'web']).code).toBe(0);
-  expect(snaplab(['exec', 'web', '--', 'sh', '-c', 'mkdir -p /www && echo hello from inside > /www/index.html && httpd -p 80 -h /www']).code).toBe(0);
+  expect(
+    snaplab([
+      'exec',
+      'web',
+      '--',
+      'sh',
+      '-c',
+      'mkdir -p /www && echo hello from inside > /www/index.html && httpd -p 80 -h /www',
+    ]).code,
+  ).toBe(0);
 });
 afterAll(() => {
   snaplab(['down', 'pf']);
@@ -78,20 +91,26 @@ describe('snaplab-agent connect (what each forwarded connection runs inside)', (
   });
 });
 
-describe('snaplab-agent connect --check (a scenario VM\'s tcp ready check)', () => {
+describe("snaplab-agent connect --check (a scenario VM's tcp ready check)", () => {
   it('exits 0 when the port accepts, without a byte sent, and 1 with the reason when it does not', async () => {
     let bytes = 0;
     const server = createServer((c) => c.on('data', (b: Buffer) => (bytes += b.length)));
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     const port = (server.address() as { port: number }).port;
     try {
-      const ok = spawnSync(agentBinaryPath(), ['connect', '--check', '127.0.0.1', String(port)], { encoding: 'utf8', timeout: 10_000 });
+      const ok = spawnSync(agentBinaryPath(), ['connect', '--check', '127.0.0.1', String(port)], {
+        encoding: 'utf8',
+        timeout: 10_000,
+      });
       expect([ok.status, ok.stdout, ok.stderr]).toEqual([0, '', '']);
     } finally {
       await new Promise((r) => server.close(r));
     }
     expect(bytes).toBe(0);
-    const closed = spawnSync(agentBinaryPath(), ['connect', '--check', String(port)], { encoding: 'utf8', timeout: 10_000 });
+    const closed = spawnSync(agentBinaryPath(), ['connect', '--check', String(port)], {
+      encoding: 'utf8',
+      timeout: 10_000,
+    });
     expect(closed.status).toBe(1);
     expect(closed.stderr).toMatch(/refused/i);
   });
@@ -105,12 +124,25 @@ describe('port-forward', () => {
       expect(pf.out()).toBe(`Forwarding from 127.0.0.1:${port} -> web:80\n`);
       expect(curl(port).stdout).toBe('hello from inside\n');
       const codes = await Promise.all(
-        Array.from({ length: 50 }, () => new Promise<string>((res) => {
-          const c = spawn('curl', ['-s', '-o', '/dev/null', '-w', '%{http_code}', '--max-time', '20', `http://127.0.0.1:${port}/`]);
-          let o = '';
-          c.stdout.on('data', (b: Buffer) => (o += b.toString()));
-          c.on('close', () => res(o));
-        })),
+        Array.from(
+          { length: 50 },
+          () =>
+            new Promise<string>((res) => {
+              const c = spawn('curl', [
+                '-s',
+                '-o',
+                '/dev/null',
+                '-w',
+                '%{http_code}',
+                '--max-time',
+                '20',
+                `http://127.0.0.1:${port}/`,
+              ]);
+              let o = '';
+              c.stdout.on('data', (b: Buffer) => (o += b.toString()));
+              c.on('close', () => res(o));
+            }),
+        ),
       );
       expect(codes.filter((c) => c === '200').length).toBe(50);
       // the local port is taken now
@@ -132,11 +164,19 @@ describe('port-forward', () => {
     }
     expect(curl(port).status).not.toBe(0); // nothing listens any more
     // it listened on loopback only: the forward never bound another address
-    expect(snaplab(['port-forward', 'web', 'x:80'])).toMatchObject({ code: 2, err: expect.stringMatching(/BAD_INPUT\]: invalid port/) });
+    expect(snaplab(['port-forward', 'web', 'x:80'])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/BAD_INPUT\]: invalid port/),
+    });
   });
 
   it('proxy: a stdio stream to a port inside (what ssh ProxyCommand runs); a closed port fails clearly', () => {
-    const r = spawnSync(SNAPLAB, ['proxy', 'web', '80'], { env: env(), input: 'GET / HTTP/1.0\r\n\r\n', encoding: 'utf8', timeout: 30_000 });
+    const r = spawnSync(SNAPLAB, ['proxy', 'web', '80'], {
+      env: env(),
+      input: 'GET / HTTP/1.0\r\n\r\n',
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
     expect(r.status).toBe(0);
     expect(r.stdout).toMatch(/^HTTP\/1\.[01] 200 OK[\s\S]*hello from inside\n$/);
     const closed = snaplab(['proxy', 'web', '81'], '');
@@ -147,7 +187,20 @@ describe('port-forward', () => {
   it("holds a scenario's declared ports (port-forward SCENARIO); a scenario port needs a fixed local port", async () => {
     const port = await freePort();
     const file = join(home, 'pf.yaml');
-    writeFileSync(file, ['name: pf', 'machines:', '  site:', `    ports: ["${port}:8000"]`, '    start:', '      - run: mkdir -p /w && echo scenario site > /w/index.html && httpd -p 8000 -h /w', '    ready:', '      - tcp: 8000', ''].join('\n'));
+    writeFileSync(
+      file,
+      [
+        'name: pf',
+        'machines:',
+        '  site:',
+        `    ports: ["${port}:8000"]`,
+        '    start:',
+        '      - run: mkdir -p /w && echo scenario site > /w/index.html && httpd -p 8000 -h /w',
+        '    ready:',
+        '      - tcp: 8000',
+        '',
+      ].join('\n'),
+    );
     const up = snaplab(['up', file]);
     expect(up.code, up.err).toBe(0);
     expect(up.out).toContain('snaplab port-forward pf');
@@ -159,6 +212,9 @@ describe('port-forward', () => {
       await pf.stop();
     }
     writeFileSync(join(home, 'bad.yaml'), ['machines:', '  m:', '    ports: [":80"]', ''].join('\n'));
-    expect(snaplab(['up', join(home, 'bad.yaml')])).toMatchObject({ code: 2, err: expect.stringMatching(/fixed local port[\s\S]*hint: write it as LOCAL:REMOTE/) });
+    expect(snaplab(['up', join(home, 'bad.yaml')])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/fixed local port[\s\S]*hint: write it as LOCAL:REMOTE/),
+    });
   });
 });

@@ -1,4 +1,16 @@
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, statfsSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  statfsSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { DISK_IN_VOLUME } from '../src/drivers/qemu/disk.js';
 import { run } from '../src/host/run.js';
 import { spawn } from 'node:child_process';
@@ -11,8 +23,6 @@ import { ramPrefix } from '../src/drivers/qemu/ram.js';
 import { snaplabCgroupsOnHost } from '../src/host/cgroups-host.js';
 import { SNAPLAB } from './cli-command.js';
 import { disposeLab, testLab } from './helpers.js';
-
-
 
 // Real VMs: QEMU with the Debian cloud kernel, under TCG here (KVM hangs on these hosts; the
 // probe must find that out by itself). Boots take seconds: one VM, reused across the tests.
@@ -28,7 +38,8 @@ afterAll(async () => {
 
 const out = async (box: Sandbox, argv: string[]): Promise<string> => (await box.exec(argv)).stdout.toString().trim();
 // booted VMs keep their RAM in /dev/shm where it has room for the guest (256 MiB by default)
-const ramInShm = existsSync('/dev/shm') && statfsSync('/dev/shm').bavail * statfsSync('/dev/shm').bsize >= 256 * 2 ** 20;
+const ramInShm =
+  existsSync('/dev/shm') && statfsSync('/dev/shm').bavail * statfsSync('/dev/shm').bsize >= 256 * 2 ** 20;
 
 /**
  * QEMU in its jail (src/drivers/qemu/jail.ts, as Firecracker's jailer): a mount namespace whose
@@ -37,14 +48,37 @@ const ramInShm = existsSync('/dev/shm') && statfsSync('/dev/shm').bavail * statf
  */
 function expectJailed(box: Sandbox, others: Sandbox[] = []): void {
   const pid = box.info.pid!;
-  for (const ns of ['mnt', 'net', 'ipc', 'uts']) expect(readlinkSync(`/proc/${pid}/ns/${ns}`), ns).not.toBe(readlinkSync(`/proc/self/ns/${ns}`));
-  const points = readFileSync(`/proc/${pid}/mountinfo`, 'utf8').trim().split('\n').map((l) => l.split(' ')[4]!);
-  for (const p of points) expect(['/', '/usr', '/etc/ld.so.cache', '/dev'].includes(p) || p.startsWith('/dev/') || p.startsWith(`${lab.home}/`), p).toBe(true);
+  for (const ns of ['mnt', 'net', 'ipc', 'uts'])
+    expect(readlinkSync(`/proc/${pid}/ns/${ns}`), ns).not.toBe(readlinkSync(`/proc/self/ns/${ns}`));
+  const points = readFileSync(`/proc/${pid}/mountinfo`, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => l.split(' ')[4]!);
+  for (const p of points)
+    expect(
+      ['/', '/usr', '/etc/ld.so.cache', '/dev'].includes(p) || p.startsWith('/dev/') || p.startsWith(`${lab.home}/`),
+      p,
+    ).toBe(true);
   const own = points.filter((p) => p.startsWith(`${lab.home}/`) || p.startsWith('/dev/shm/'));
   expect(own.length, own.join(' ')).toBeLessThanOrEqual(6); // kernel, initramfs, base disk, disk, RAM file, run directory
   const root = `/proc/${pid}/root`;
   expect(existsSync(`${root}${join(lab.home, 'run', box.id, 'qmp.sock')}`)).toBe(true);
-  for (const p of [join(lab.home, 'state.db'), join(lab.home, 'images'), '/etc/passwd', '/etc/shadow', '/root', '/home', '/proc/1', '/sys/kernel', '/dev/kvm0', '/dev/sda', '/dev/vda', '/run', '/var/log', ...others.map((o) => join(lab.home, 'run', o.id))])
+  for (const p of [
+    join(lab.home, 'state.db'),
+    join(lab.home, 'images'),
+    '/etc/passwd',
+    '/etc/shadow',
+    '/root',
+    '/home',
+    '/proc/1',
+    '/sys/kernel',
+    '/dev/kvm0',
+    '/dev/sda',
+    '/dev/vda',
+    '/run',
+    '/var/log',
+    ...others.map((o) => join(lab.home, 'run', o.id)),
+  ])
     expect(existsSync(`${root}${p}`), p).toBe(false);
   expect(readdirSync(`${root}${dirname(lab.home)}`)).toEqual([basename(lab.home)]); // the home's neighbours unseen
 }
@@ -66,7 +100,10 @@ describe('the qemu driver', () => {
     expect(status).toMatch(/^CapEff:\s+0+$/m);
     expect(status).toMatch(/^NoNewPrivs:\s+1$/m);
     expectJailed(vm);
-    const accel = JSON.parse(readFileSync(join(lab.home, 'qemu', 'accel.json'), 'utf8')) as { accel: string; reason: string };
+    const accel = JSON.parse(readFileSync(join(lab.home, 'qemu', 'accel.json'), 'utf8')) as {
+      accel: string;
+      reason: string;
+    };
     expect(['kvm', 'tcg']).toContain(accel.accel);
     if (existsSync('/dev/kvm') && accel.accel === 'tcg') expect(accel.reason).toMatch(/did not reach the agent/);
   });
@@ -76,28 +113,48 @@ describe('the qemu driver', () => {
     // device model, so the guest-side escape surface is the devices QEMU gives it: few, on purpose
     expect(await out(vm, ['ls', '/sys/class/net'])).toBe('lo');
     // virtio device ids: 2 block, 3 console; no 1 (net), 9 (9p), 0x13 (vsock), 0x1a (virtiofs)
-    expect((await out(vm, ['sh', '-c', 'cat /sys/bus/virtio/devices/*/device'])).split('\n').sort()).toEqual(['0x0002', '0x0003']);
+    expect((await out(vm, ['sh', '-c', 'cat /sys/bus/virtio/devices/*/device'])).split('\n').sort()).toEqual([
+      '0x0002',
+      '0x0003',
+    ]);
     // PCI, every function: the i440FX host bridge, PIIX3's ISA bridge, IDE and ACPI, and the two
     // virtio functions; nothing else (an e1000 would be 8086:100e, and no driver of the guest's
     // would show it as an interface)
-    const pci = (await out(vm, ['sh', '-c', 'for d in /sys/bus/pci/devices/*; do echo $(cat $d/vendor):$(cat $d/device); done'])).split('\n');
-    expect(pci.sort()).toEqual(['0x1af4:0x1001', '0x1af4:0x1003', '0x8086:0x1237', '0x8086:0x7000', '0x8086:0x7010', '0x8086:0x7113']);
+    const pci = (
+      await out(vm, ['sh', '-c', 'for d in /sys/bus/pci/devices/*; do echo $(cat $d/vendor):$(cat $d/device); done'])
+    ).split('\n');
+    expect(pci.sort()).toEqual([
+      '0x1af4:0x1001',
+      '0x1af4:0x1003',
+      '0x8086:0x1237',
+      '0x8086:0x7000',
+      '0x8086:0x7010',
+      '0x8086:0x7113',
+    ]);
     expect(await out(vm, ['sh', '-c', "awk 'NR > 2 && $4 { print $4 }' /proc/partitions"])).toBe('vda');
     expect(await out(vm, ['sh', '-c', "awk '$1 ~ /^\\// { print $1, $2 }' /proc/mounts"])).toBe('/dev/vda /');
   });
 
-  it('serves several host processes at once (the relay multiplexes the VM\'s one connection)', async () => {
+  it("serves several host processes at once (the relay multiplexes the VM's one connection)", async () => {
     // this process's command waits for a file that another process's command makes: were the
     // connections taken in turn, the other could not run until this one timed out
-    const waiting = vm.exec(['sh', '-c', 'rm -f /run/go; while [ ! -e /run/go ]; do sleep 0.05; done; echo released'], { timeoutMs: 30_000 });
+    const waiting = vm.exec(['sh', '-c', 'rm -f /run/go; while [ ! -e /run/go ]; do sleep 0.05; done; echo released'], {
+      timeoutMs: 30_000,
+    });
     await new Promise((r) => setTimeout(r, 300));
-    const other = await run(SNAPLAB, ['exec', 'vm1', '--', 'sh', '-c', 'touch /run/go; echo other'], { env: { ...process.env, SNAPLAB_HOME: lab.home } });
+    const other = await run(SNAPLAB, ['exec', 'vm1', '--', 'sh', '-c', 'touch /run/go; echo other'], {
+      env: { ...process.env, SNAPLAB_HOME: lab.home },
+    });
     expect(other.stdout.trim()).toBe('other');
     const r = await waiting;
     expect([r.exitCode, r.stdout.toString().trim()]).toEqual([0, 'released']);
     // a client that goes away mid-command has that command killed in the guest, not the others'
-    const child = spawn(SNAPLAB, ['exec', 'vm1', '--', 'sh', '-c', 'echo $$ > /run/orphan; sleep 60'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
-    for (let i = 0; i < 200 && (await vm.exec(['test', '-s', '/run/orphan'])).exitCode !== 0; i++) await new Promise((res) => setTimeout(res, 50));
+    const child = spawn(SNAPLAB, ['exec', 'vm1', '--', 'sh', '-c', 'echo $$ > /run/orphan; sleep 60'], {
+      env: { ...process.env, SNAPLAB_HOME: lab.home },
+      stdio: 'ignore',
+    });
+    for (let i = 0; i < 200 && (await vm.exec(['test', '-s', '/run/orphan'])).exitCode !== 0; i++)
+      await new Promise((res) => setTimeout(res, 50));
     const orphan = await out(vm, ['cat', '/run/orphan']);
     child.kill('SIGKILL');
     let gone = false;
@@ -108,7 +165,9 @@ describe('the qemu driver', () => {
     expect(gone).toBe(true);
     expect(await out(vm, ['echo', 'still here'])).toBe('still here');
     // a relay that dies (killed, out of memory) is started again by the next connection
-    const relays = (await run('pgrep', ['-f', `relay --connect ${join(lab.home, 'run', vm.id)}/`])).stdout.trim().split('\n');
+    const relays = (await run('pgrep', ['-f', `relay --connect ${join(lab.home, 'run', vm.id)}/`])).stdout
+      .trim()
+      .split('\n');
     expect(relays).toHaveLength(1);
     process.kill(Number(relays[0]), 'SIGKILL');
     const again = await lab.get('vm1');
@@ -120,7 +179,10 @@ describe('the qemu driver', () => {
   it('terminals, cp and ports work through the relay as on namespaces', async () => {
     // a terminal: the guest's own devpts, its size, SIGWINCH on resize, ^C
     let text = '';
-    const p = await vm.spawn(['sh', '-c', 'tty; stty size; trap "stty size" WINCH; echo ready; while :; do sleep 0.1; done'], { tty: { cols: 91, rows: 31 }, stdin: true, onStdout: (b) => (text += b.toString()) });
+    const p = await vm.spawn(
+      ['sh', '-c', 'tty; stty size; trap "stty size" WINCH; echo ready; while :; do sleep 0.1; done'],
+      { tty: { cols: 91, rows: 31 }, stdin: true, onStdout: (b) => (text += b.toString()) },
+    );
     await vi.waitFor(() => expect(text).toContain('ready'), { timeout: 20_000 });
     expect(text).toMatch(/^\/dev\/pts\/\d+\r\n31 91\r\n/);
     p.resize(120, 40);
@@ -134,11 +196,15 @@ describe('the qemu driver', () => {
     chmodSync(join(dir, 'tree', 'f'), 0o751);
     symlinkSync('f', join(dir, 'tree', 'l'));
     await vm.copyIn(join(dir, 'tree'), '/root/');
-    expect(await out(vm, ['sh', '-c', 'stat -c "%a" /root/tree/f; readlink /root/tree/l; cat /root/tree/f'])).toBe('751\nf\nvm copy');
+    expect(await out(vm, ['sh', '-c', 'stat -c "%a" /root/tree/f; readlink /root/tree/l; cat /root/tree/f'])).toBe(
+      '751\nf\nvm copy',
+    );
     await vm.copyOut('/root/tree', join(dir, 'back'));
     expect(readFileSync(join(dir, 'back', 'f'), 'utf8')).toBe('vm copy');
     // a port inside the VM on the host's loopback
-    expect((await vm.exec(['sh', '-c', 'mkdir -p /w && echo from the vm > /w/index.html && httpd -p 8080 -h /w'])).exitCode).toBe(0);
+    expect(
+      (await vm.exec(['sh', '-c', 'mkdir -p /w && echo from the vm > /w/index.html && httpd -p 8080 -h /w'])).exitCode,
+    ).toBe(0);
     const { forwardPort, closeForwards } = await import('../src/lab/ports.js');
     const f = await forwardPort(lab.context, vm.info as never, { local: 0, remote: 8080 }, () => {});
     try {
@@ -151,9 +217,15 @@ describe('the qemu driver', () => {
 
   it("a client that does not read its output holds back only its own execs (HOLD_OUTPUT), not the VM's other clients", async () => {
     const { AgentClient } = await import('../src/agent/client.js');
-    const slow = await AgentClient.connect(join(lab.home, 'run', vm.info.id, 'relay.sock'), { timeoutMs: 20_000, reset: true });
+    const slow = await AgentClient.connect(join(lab.home, 'run', vm.info.id, 'relay.sock'), {
+      timeoutMs: 20_000,
+      reset: true,
+    });
     try {
-      const hog = slow.exec({ argv: ['sh', '-c', 'head -c 400000000 /dev/zero'], env: ['PATH=/usr/bin:/bin:/usr/sbin:/sbin'] }, { onStdout: () => {} });
+      const hog = slow.exec(
+        { argv: ['sh', '-c', 'head -c 400000000 /dev/zero'], env: ['PATH=/usr/bin:/bin:/usr/sbin:/sbin'] },
+        { onStdout: () => {} },
+      );
       hog.result.catch(() => {});
       slow.pauseOutput(true); // reads nothing from here on
       await new Promise((r) => setTimeout(r, 3000)); // the relay's queue for it passes 16 MiB
@@ -170,7 +242,11 @@ describe('the qemu driver', () => {
   }, 120_000);
 
   it('a memory snapshot restores a running machine: processes, memory, files, clock, identity', async () => {
-    await vm.exec(['sh', '-c', '(i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.2; done) >/dev/null 2>&1 &']);
+    await vm.exec([
+      'sh',
+      '-c',
+      '(i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.2; done) >/dev/null 2>&1 &',
+    ]);
     await vm.exec(['sh', '-c', 'echo before > /root/f']);
     await new Promise((r) => setTimeout(r, 600));
     const snap = await vm.snapshot('vm-snap', { memory: true });
@@ -201,7 +277,8 @@ describe('the qemu driver', () => {
       expect(Math.abs(guest - Date.now() / 1000)).toBeLessThan(1.5);
     }
     // restores map the snapshot's RAM file copy-on-write (shared in the page cache until written)
-    if (ramInShm) for (const r of [a, b]) expect(readFileSync(`/proc/${r.info.pid}/maps`, 'utf8')).toContain(join(snapDir, 'ram'));
+    if (ramInShm)
+      for (const r of [a, b]) expect(readFileSync(`/proc/${r.info.pid}/maps`, 'utf8')).toContain(join(snapDir, 'ram'));
     expect(await out(a, ['hostname'])).toBe('vm-a');
     expect(await out(b, ['hostname'])).toBe('vm-b');
     // each restore's QEMU in a jail of its own: the snapshot's RAM file its own, the others' files unseen
@@ -209,7 +286,8 @@ describe('the qemu driver', () => {
     expectJailed(b, [vm, a]);
     expect(await out(a, ['cat', '/etc/machine-id'])).not.toBe(await out(b, ['cat', '/etc/machine-id']));
     const phases = a.lastTrace!.phases.map((p) => p.name);
-    for (const p of ['spawn vmm', 'qmp ready', 'load memory', 'resume', 'agent ready', 'clock set']) expect(phases).toContain(p);
+    for (const p of ['spawn vmm', 'qmp ready', 'load memory', 'resume', 'agent ready', 'clock set'])
+      expect(phases).toContain(p);
     // a restored copy lives on its own: the snapshot it came from can go, and it can be snapshotted
     await lab.removeSnapshot('vm-snap');
     const again = await a.snapshot('from-a', { memory: true });
@@ -237,7 +315,9 @@ describe('the qemu driver', () => {
     const snap = await vm.snapshot('vm-disk');
     expect(snap.record.memory ?? null).toBeNull();
     expect(snap.toJSON()).toMatchObject({ driver: 'qemu', kind: 'filesystem' }); // a VM's disk: restores only as a VM
-    expect(snap.lastTrace!.phases.map((p) => p.name)).toEqual(expect.arrayContaining(['guest sync', 'freeze', 'snapshot storage', 'thaw']));
+    expect(snap.lastTrace!.phases.map((p) => p.name)).toEqual(
+      expect.arrayContaining(['guest sync', 'freeze', 'snapshot storage', 'thaw']),
+    );
     await vm.exec(['sh', '-c', 'echo later > /root/later']);
     const r = await lab.restore('vm-disk', { name: 'vm-disk-r' });
     expect(r.driver).toBe('qemu');
@@ -247,7 +327,9 @@ describe('the qemu driver', () => {
     // its root is a disk of its own: ext4 on a qcow2 overlay in its volume, whose backing file
     // is the image's base disk, shared and read only
     expect(await out(r, ['sh', '-c', 'grep " / " /proc/mounts'])).toMatch(/^\/dev\/vda \/ ext4 /);
-    const info = JSON.parse((await run('qemu-img', ['info', '-U', '--output=json', join(r.info.volume!.path, DISK_IN_VOLUME)])).stdout) as Record<string, string>;
+    const info = JSON.parse(
+      (await run('qemu-img', ['info', '-U', '--output=json', join(r.info.volume!.path, DISK_IN_VOLUME)])).stdout,
+    ) as Record<string, string>;
     expect(info.format).toBe('qcow2');
     expect(info['backing-filename']!.startsWith(join(lab.home, 'qemu', 'disks') + '/')).toBe(true);
     expect(statSync(info['backing-filename']!).mode & 0o222).toBe(0);
@@ -255,7 +337,7 @@ describe('the qemu driver', () => {
     await lab.removeSnapshot('vm-disk');
   }, 120_000);
 
-  it('an image cannot choose a VM\'s disk: what its tree holds at .snaplab-vm is thrown away', async () => {
+  it("an image cannot choose a VM's disk: what its tree holds at .snaplab-vm is thrown away", async () => {
     // an untrusted image whose tree sends the disk directory to a host directory
     const tree = join(lab.home, 'evil-tree');
     const target = join(lab.home, 'host-dir');
@@ -265,7 +347,9 @@ describe('the qemu driver', () => {
     await lab.importImage(tree, 'evil');
     const box = await lab.create({ driver: 'qemu', image: 'evil', name: 'vm-evil' });
     expect(readdirSync(target)).toEqual([]); // nothing was written through the link
-    const info = JSON.parse((await run('qemu-img', ['info', '-U', '--output=json', join(box.info.volume!.path, DISK_IN_VOLUME)])).stdout) as Record<string, string>;
+    const info = JSON.parse(
+      (await run('qemu-img', ['info', '-U', '--output=json', join(box.info.volume!.path, DISK_IN_VOLUME)])).stdout,
+    ) as Record<string, string>;
     expect(info['backing-filename']!.startsWith(join(lab.home, 'qemu', 'disks') + '/')).toBe(true);
     expect(await out(box, ['echo', 'ok'])).toBe('ok');
     await box.destroy();
@@ -282,7 +366,11 @@ describe('the qemu driver', () => {
     expect((await lab.list()).filter((x) => x.info.reason === 'template of pool vms')).toEqual([]);
     // a name users cannot give: theirs never collide with a template
     await expect(vm.snapshot('_pool.other')).rejects.toMatchObject({ code: 'BAD_NAME' });
-    const argv = ['sh', '-c', 'echo $(hostname) $(cat /etc/machine-id) $(date +%s) $(cat /root/mark 2>/dev/null); echo used > /root/mark'];
+    const argv = [
+      'sh',
+      '-c',
+      'echo $(hostname) $(cat /etc/machine-id) $(date +%s) $(cat /root/mark 2>/dev/null); echo used > /root/mark',
+    ];
     const a = await pool.run(argv);
     const b = await pool.run(argv);
     expect([a.hit, b.hit, a.recycled, b.recycled]).toEqual([true, true, false, false]);
@@ -318,7 +406,9 @@ describe('the qemu driver', () => {
     await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1024 * 1024 });
     qmp.close();
     setTimeout(() => process.kill(pid, 'SIGKILL'), 800);
-    await expect(victim.snapshot('doomed', { memory: true })).rejects.toMatchObject({ code: expect.stringMatching(/VM_ERROR|SANDBOX_DEAD|TIMEOUT/) });
+    await expect(victim.snapshot('doomed', { memory: true })).rejects.toMatchObject({
+      code: expect.stringMatching(/VM_ERROR|SANDBOX_DEAD|TIMEOUT/),
+    });
     expect((await lab.snapshots()).map((s) => s.name)).not.toContain('doomed');
     await (await lab.get('vm-kill')).destroy();
     await lab.removeSnapshot('kill-base');
@@ -340,12 +430,17 @@ describe('the qemu driver', () => {
   async function leftovers(): Promise<string[]> {
     // a dead record's machine must be gone too: only running or paused ones may hold anything
     const live = new Set((await lab.list()).filter((b) => b.info.state !== 'dead').map((b) => b.id));
-    const ids = (names: string[]): string[] => names.map((n) => /([0-9a-f]{12})(\.ram)?$/.exec(n)?.[1]).filter((id): id is string => !!id && !live.has(id));
+    const ids = (names: string[]): string[] =>
+      names.map((n) => /([0-9a-f]{12})(\.ram)?$/.exec(n)?.[1]).filter((id): id is string => !!id && !live.has(id));
     const found: string[] = [];
-    for (const id of ids(existsSync(join(lab.home, 'run')) ? readdirSync(join(lab.home, 'run')) : [])) found.push(`run directory ${id}`);
-    for (const id of ids(readdirSync('/dev/shm').filter((n) => n.startsWith(ramPrefix(lab.home))))) found.push(`RAM file ${id}`);
+    for (const id of ids(existsSync(join(lab.home, 'run')) ? readdirSync(join(lab.home, 'run')) : []))
+      found.push(`run directory ${id}`);
+    for (const id of ids(readdirSync('/dev/shm').filter((n) => n.startsWith(ramPrefix(lab.home)))))
+      found.push(`RAM file ${id}`);
     const ours = new Set((await lab.list()).map((b) => b.id));
-    for (const cg of await snaplabCgroupsOnHost()) if (!live.has(cg.id) && (ours.has(cg.id) || existsSync(join(lab.home, 'run', cg.id)))) found.push(`cgroup ${cg.id}`);
+    for (const cg of await snaplabCgroupsOnHost())
+      if (!live.has(cg.id) && (ours.has(cg.id) || existsSync(join(lab.home, 'run', cg.id))))
+        found.push(`cgroup ${cg.id}`);
     const procs = await run('pgrep', ['-f', `${lab.home}/run/`], { allowFail: true });
     for (const pid of procs.stdout.split('\n').filter(Boolean)) {
       const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ');
@@ -354,7 +449,8 @@ describe('the qemu driver', () => {
     }
     return found;
   }
-  const cli = (args: string[], env: NodeJS.ProcessEnv = {}) => run(SNAPLAB, [...args], { env: { ...process.env, SNAPLAB_HOME: lab.home, ...env }, allowFail: true });
+  const cli = (args: string[], env: NodeJS.ProcessEnv = {}) =>
+    run(SNAPLAB, [...args], { env: { ...process.env, SNAPLAB_HOME: lab.home, ...env }, allowFail: true });
 
   it('a VM whose agent never answers in time: the create fails and leaves nothing, without gc', async () => {
     expect(await leftovers()).toEqual([]);
@@ -369,7 +465,10 @@ describe('the qemu driver', () => {
   }, 60_000);
 
   it('a VM whose creating process was killed mid-boot is stopped by the next command that sees it', async () => {
-    const child = spawn(SNAPLAB, ['create', '--driver', 'qemu', '--name', 'vm-orphan'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, stdio: 'ignore' });
+    const child = spawn(SNAPLAB, ['create', '--driver', 'qemu', '--name', 'vm-orphan'], {
+      env: { ...process.env, SNAPLAB_HOME: lab.home },
+      stdio: 'ignore',
+    });
     // wait until its QEMU runs, then kill the CLI as a script's timeout would
     let qemuPid = 0;
     for (let i = 0; i < 400 && !qemuPid; i++) {
@@ -383,7 +482,9 @@ describe('the qemu driver', () => {
     await new Promise((res) => child.once('exit', res));
     expect(existsSync(`/proc/${qemuPid}`)).toBe(true); // QEMU is nobody's child: it ran on
     const ls = await cli(['ls', '--json']);
-    const rec = (JSON.parse(ls.stdout) as { name: string; state: string; reason: string }[]).find((b) => b.name === 'vm-orphan');
+    const rec = (JSON.parse(ls.stdout) as { name: string; state: string; reason: string }[]).find(
+      (b) => b.name === 'vm-orphan',
+    );
     expect(rec).toMatchObject({ state: 'dead', reason: expect.stringMatching(/creation was interrupted/) });
     // ls stopped it: no QEMU, relay, cgroup or RAM file; the record stays, with its reason, until rm
     let gone = false;

@@ -61,7 +61,9 @@ describe('a scenario', () => {
   it('blocks and unblocks traffic between two machines', async () => {
     const s = lab.scenario('tri');
     // blocks are IPv4 routes: no IPv6 link-local address may exist to go around them
-    expect((await (await s.machine('a')).exec(['ip', '-6', 'addr', 'show', 'dev', 'eth0'])).stdout.toString()).not.toMatch(/fe80/);
+    expect(
+      (await (await s.machine('a')).exec(['ip', '-6', 'addr', 'show', 'dev', 'eth0'])).stdout.toString(),
+    ).not.toMatch(/fe80/);
     await s.block('a', 'b');
     expect(await ping(lab, 'a', 'b')).not.toBe(0);
     expect(await ping(lab, 'a', 'c')).toBe(0);
@@ -74,7 +76,8 @@ describe('a scenario', () => {
     for (const m of ['a', 'b', 'c']) await (await s.machine(m)).exec(['sh', '-c', 'echo before > /root/state']);
     const snap = await s.snapshot('base');
     expect((snap.manifest as { machines: unknown[] }).machines).toHaveLength(3);
-    for (const m of ['a', 'b', 'c']) await (await s.machine(m)).exec(['sh', '-c', 'echo after > /root/state; echo x > /root/new']);
+    for (const m of ['a', 'b', 'c'])
+      await (await s.machine(m)).exec(['sh', '-c', 'echo after > /root/state; echo x > /root/new']);
     const r = await s.reset();
     expect(r.snapshot).toBe('base');
     for (const m of ['a', 'b', 'c']) {
@@ -97,7 +100,9 @@ describe('a scenario', () => {
 
 describe('a failing scenario', () => {
   it('a readiness check that fails fails up with the machine, the check and its output, and leaves nothing', async () => {
-    const bad = file('bad.yaml', `
+    const bad = file(
+      'bad.yaml',
+      `
 name: bad
 networks: { n: { subnet: 10.77.3.0/24 } }
 machines:
@@ -107,28 +112,46 @@ machines:
     ready:
       - command: sh -c "echo not yet; exit 1"
         timeout: 300ms
-`);
-    await expect(lab.up(bad)).rejects.toMatchObject({ code: 'SCENARIO_FAILED', message: expect.stringMatching(/broken[\s\S]*readiness check[\s\S]*not yet/) });
+`,
+    );
+    await expect(lab.up(bad)).rejects.toMatchObject({
+      code: 'SCENARIO_FAILED',
+      message: expect.stringMatching(/broken[\s\S]*readiness check[\s\S]*not yet/),
+    });
     expect(lab.scenarios()).toEqual([]);
     expect((await lab.list()).length).toBe(0);
     expect((await listSnaplabNetns()).length).toBe(0);
   });
 
   it('a VM machine with less memory than a VM boots in is refused before anything is made; up --driver qemu changes only machines that name no driver', async () => {
-    const small = file('small.yaml', `
+    const small = file(
+      'small.yaml',
+      `
 name: small
 machines:
   box: { driver: namespaces, memory: 32M }
   vm: { memory: 64M }
-`);
-    await expect(lab.up(small, { driver: 'qemu' })).rejects.toMatchObject({ code: 'BAD_SIZE', message: 'machine vm, a VM, needs at least 96 MiB of memory, not 64 MiB', hint: expect.stringMatching(/memory: 96M/) });
-    await expect(lab.up(small, { driver: 'firecracker' })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/unknown driver "firecracker"/), hint: expect.stringMatching(/namespaces or qemu/) });
+`,
+    );
+    await expect(lab.up(small, { driver: 'qemu' })).rejects.toMatchObject({
+      code: 'BAD_SIZE',
+      message: 'machine vm, a VM, needs at least 96 MiB of memory, not 64 MiB',
+      hint: expect.stringMatching(/memory: 96M/),
+    });
+    await expect(lab.up(small, { driver: 'firecracker' })).rejects.toMatchObject({
+      code: 'BAD_INPUT',
+      message: expect.stringMatching(/unknown driver "firecracker"/),
+      hint: expect.stringMatching(/namespaces or qemu/),
+    });
     expect(lab.scenarios()).toEqual([]);
     expect((await listSnaplabNetns()).length).toBe(0);
   });
 
   it('a malformed file is refused with its line number, before anything is made', async () => {
     const p = file('typo.yaml', `networks:\n  n: { subnet: 10.77.4.0/24 }\nmachines:\n  m:\n    netwrks: {}\n`);
-    await expect(lab.up(p)).rejects.toMatchObject({ code: 'SCENARIO_INVALID', message: expect.stringMatching(/typo\.yaml:5:/) });
+    await expect(lab.up(p)).rejects.toMatchObject({
+      code: 'SCENARIO_INVALID',
+      message: expect.stringMatching(/typo\.yaml:5:/),
+    });
   });
 });

@@ -15,39 +15,74 @@ import { SNAPLAB } from './cli-command.js';
 const SECONDS = Number(process.env.SNAPLAB_SOAK_SECONDS ?? 60);
 
 describe('soak', () => {
-  it(`64 clients, ${SECONDS} s, the daemon killed at random: every result right, counters adding up, nothing left`, async () => {
-    const home = mkdtempSync(join(tmpdir(), 'snaplab-test-soak-'));
-    // spawned, not spawnSync: the worker must keep answering vitest for the minute it runs; a
-    // process group of its own, so that a soak that hangs goes with its daemon
-    const child = spawn(process.execPath, [join(import.meta.dirname, '..', 'scripts', 'soak.mjs'), '--clients', '64', '--duration', String(SECONDS), '--kill-every', '15', '--pool-size', '4', '--home', home, '--host-wide', '--json'], { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (b: Buffer) => (stdout += b.toString()));
-    child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
-    const bound = setTimeout(() => process.kill(-child.pid!, 'SIGKILL'), (SECONDS + 240) * 1000); // a hung soak fails, with what it printed
-    const status = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)));
-    clearTimeout(bound);
-    try {
-      expect(status, `${stderr}\n${stdout}`).not.toBeNull();
-      const report = JSON.parse(stdout) as {
-        ok: boolean; executions: number; right: number; wrong: number; kills: number; leftOnHost: string[];
-        counterChecks: { what: string; ok: boolean }[]; gcCheck: { what: string; ok: boolean }; byKind: Record<string, { right: number }>; wrongExamples: unknown[];
-      };
-      const why = JSON.stringify(report, null, 1);
-      expect(report.wrongExamples, why).toEqual([]);
-      expect(report.leftOnHost, why).toEqual([]);
-      for (const c of [...report.counterChecks, report.gcCheck]) expect(c.ok, c.what).toBe(true);
-      expect(report.kills, why).toBeGreaterThanOrEqual(1);
-      // it did run them all: each kind answered right at least once
-      for (const [kind, v] of Object.entries(report.byKind)) expect(v.right, kind).toBeGreaterThan(0);
-      expect(report.ok, why).toBe(true);
-      expect(status).toBe(0);
-    } finally {
-      // whatever the soak left (it was killed, or failed): removed, so later files start clean
-      try { process.kill(-child.pid!, 'SIGKILL'); } catch { /* the group is gone */ }
-      const env = { ...process.env, SNAPLAB_HOME: home };
-      for (const args of [['pool', 'rm', 'soak'], ['rm', '--all'], ['image', 'rm', '--force', 'busybox'], ['gc']]) spawnSync(SNAPLAB, args, { env, timeout: 120_000 });
-      rmSync(home, { recursive: true, force: true });
-    }
-  }, (SECONDS + 400) * 1000);
+  it(
+    `64 clients, ${SECONDS} s, the daemon killed at random: every result right, counters adding up, nothing left`,
+    async () => {
+      const home = mkdtempSync(join(tmpdir(), 'snaplab-test-soak-'));
+      // spawned, not spawnSync: the worker must keep answering vitest for the minute it runs; a
+      // process group of its own, so that a soak that hangs goes with its daemon
+      const child = spawn(
+        process.execPath,
+        [
+          join(import.meta.dirname, '..', 'scripts', 'soak.mjs'),
+          '--clients',
+          '64',
+          '--duration',
+          String(SECONDS),
+          '--kill-every',
+          '15',
+          '--pool-size',
+          '4',
+          '--home',
+          home,
+          '--host-wide',
+          '--json',
+        ],
+        { stdio: ['ignore', 'pipe', 'pipe'], detached: true },
+      );
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (b: Buffer) => (stdout += b.toString()));
+      child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+      const bound = setTimeout(() => process.kill(-child.pid!, 'SIGKILL'), (SECONDS + 240) * 1000); // a hung soak fails, with what it printed
+      const status = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)));
+      clearTimeout(bound);
+      try {
+        expect(status, `${stderr}\n${stdout}`).not.toBeNull();
+        const report = JSON.parse(stdout) as {
+          ok: boolean;
+          executions: number;
+          right: number;
+          wrong: number;
+          kills: number;
+          leftOnHost: string[];
+          counterChecks: { what: string; ok: boolean }[];
+          gcCheck: { what: string; ok: boolean };
+          byKind: Record<string, { right: number }>;
+          wrongExamples: unknown[];
+        };
+        const why = JSON.stringify(report, null, 1);
+        expect(report.wrongExamples, why).toEqual([]);
+        expect(report.leftOnHost, why).toEqual([]);
+        for (const c of [...report.counterChecks, report.gcCheck]) expect(c.ok, c.what).toBe(true);
+        expect(report.kills, why).toBeGreaterThanOrEqual(1);
+        // it did run them all: each kind answered right at least once
+        for (const [kind, v] of Object.entries(report.byKind)) expect(v.right, kind).toBeGreaterThan(0);
+        expect(report.ok, why).toBe(true);
+        expect(status).toBe(0);
+      } finally {
+        // whatever the soak left (it was killed, or failed): removed, so later files start clean
+        try {
+          process.kill(-child.pid!, 'SIGKILL');
+        } catch {
+          /* the group is gone */
+        }
+        const env = { ...process.env, SNAPLAB_HOME: home };
+        for (const args of [['pool', 'rm', 'soak'], ['rm', '--all'], ['image', 'rm', '--force', 'busybox'], ['gc']])
+          spawnSync(SNAPLAB, args, { env, timeout: 120_000 });
+        rmSync(home, { recursive: true, force: true });
+      }
+    },
+    (SECONDS + 400) * 1000,
+  );
 });

@@ -13,7 +13,8 @@ let lab: Lab | undefined;
 let host: StockHost | undefined;
 const abort = new AbortController();
 const t0 = performance.now();
-const log = (line: string): void => console.log(`[stock-host +${((performance.now() - t0) / 1000).toFixed(1)} s] ${line}`);
+const log = (line: string): void =>
+  console.log(`[stock-host +${((performance.now() - t0) / 1000).toFixed(1)} s] ${line}`);
 
 beforeAll(async () => {
   lab = await testLab();
@@ -30,7 +31,8 @@ const need = (): StockHost => {
   if (!host) throw new Error('the stock host did not come up (see beforeAll)');
   return host;
 };
-const shown = (r: GuestRun): string => `${r.argv.join(' ')} exited ${r.code} after ${r.ms} ms\nstdout: ${r.stdout}\nstderr: ${r.stderr}`;
+const shown = (r: GuestRun): string =>
+  `${r.argv.join(' ')} exited ${r.code} after ${r.ms} ms\nstdout: ${r.stdout}\nstderr: ${r.stderr}`;
 
 describe(`the guest is a stock Debian host (${STOCK_SUITE})`, () => {
   it('runs the suite asked for', async () => {
@@ -72,12 +74,13 @@ describe('snaplab on the stock host', () => {
     return r;
   };
 
-  it('doctor says every backend starts a sandbox in a user namespace, and cgroups go in systemd\'s snaplab.scope', async () => {
+  it("doctor says every backend starts a sandbox in a user namespace, and cgroups go in systemd's snaplab.scope", async () => {
     const r = await ok(['doctor', '--json']);
     const d = JSON.parse(r.stdout) as { ok: boolean; checks: { name: string; ok: boolean; reason: string }[] };
     expect(d.ok).toBe(true);
     const check = (name: string): { ok: boolean; reason: string } | undefined => d.checks.find((c) => c.name === name);
-    for (const k of ['btrfs', 'dir', 'overlay']) expect(check(`userns: ${k}`), JSON.stringify(check(`userns: ${k}`))).toMatchObject({ ok: true });
+    for (const k of ['btrfs', 'dir', 'overlay'])
+      expect(check(`userns: ${k}`), JSON.stringify(check(`userns: ${k}`))).toMatchObject({ ok: true });
     expect(check('cgroup v2')?.reason).toMatch(/snaplab\.scope \(delegated\)/);
   }, 180_000);
 
@@ -91,7 +94,16 @@ describe('snaplab on the stock host', () => {
       it(`create --storage ${storage}${userns ? '' : ' --no-userns'}, exec, rm`, async () => {
         const h = need();
         const name = `s-${storage}-${userns ? 'userns' : 'root'}`;
-        const create = await h.snaplab(['create', '--image', 'busybox', '--storage', storage, '--name', name, ...(userns ? [] : ['--no-userns'])]);
+        const create = await h.snaplab([
+          'create',
+          '--image',
+          'busybox',
+          '--storage',
+          storage,
+          '--name',
+          name,
+          ...(userns ? [] : ['--no-userns']),
+        ]);
         let exec: GuestRun | undefined;
         if (create.code === 0) exec = await h.snaplab(['exec', name, '--', 'cat', '/proc/self/uid_map']);
         // a failed create leaves nothing to rm (rm says so, exit 2); a made one must go
@@ -110,13 +122,30 @@ describe('snaplab on the stock host', () => {
       for (const n of ['lim', 'lim2', 'nb', 'nb2']) await need().snaplab(['rm', n]);
       await need().snaplab(['snapshot', 'rm', 'base']);
     });
-    const made = await ok(['create', '--image', 'busybox', '--name', 'lim', '--memory', '64M', '--pids', '64', '--cpus', '0.5', '--trace']);
+    const made = await ok([
+      'create',
+      '--image',
+      'busybox',
+      '--name',
+      'lim',
+      '--memory',
+      '64M',
+      '--pids',
+      '64',
+      '--cpus',
+      '0.5',
+      '--trace',
+    ]);
     expect(made.stdout + made.stderr).toMatch(/total \d+ ms/);
     console.log(`create --trace in the stock host:\n${made.stdout}${made.stderr}`); // beside the same on this host: docs/benchmarks.md
     const dir = await sh(`d=$(ls -d ${SCOPE}/snaplab/*/) && echo "$d"`);
     const limits = `cat ${dir}memory.max ${dir}pids.max ${dir}cpu.max`;
     expect(await sh(limits)).toBe('67108864\n64\n50000 100000');
-    expect((await sh('systemctl show snaplab.scope -p Delegate -p Slice -p ActiveState')).split('\n').sort()).toEqual(['ActiveState=active', 'Delegate=yes', 'Slice=snaplab.slice']);
+    expect((await sh('systemctl show snaplab.scope -p Delegate -p Slice -p ActiveState')).split('\n').sort()).toEqual([
+      'ActiveState=active',
+      'Delegate=yes',
+      'Slice=snaplab.slice',
+    ]);
     await sh('systemctl daemon-reload');
     expect(await sh(limits)).toBe('67108864\n64\n50000 100000');
     expect(await sh(`cat ${SCOPE}/cgroup.subtree_control`)).toMatch(/memory/);
@@ -138,7 +167,11 @@ describe('snaplab on the stock host', () => {
     await ok(['rm', 'nb', 'nb2']);
     await ok(['pause', 'lim']);
     expect(await sh(`cat ${dir}cgroup.freeze`)).toBe('1');
-    expect((JSON.parse((await ok(['ls', '--json'])).stdout) as { name: string; state: string }[]).find((b) => b.name === 'lim')?.state).toBe('paused');
+    expect(
+      (JSON.parse((await ok(['ls', '--json'])).stdout) as { name: string; state: string }[]).find(
+        (b) => b.name === 'lim',
+      )?.state,
+    ).toBe('paused');
     await ok(['resume', 'lim']);
     await ok(['snapshot', 'lim', '--name', 'base']);
     await ok(['exec', 'lim', '--', 'sh', '-c', 'echo changed > /etc/mark']);
@@ -159,15 +192,18 @@ describe('snaplab on the stock host', () => {
     await ok(['pool', 'rm', 'jobs']);
   }, 300_000);
 
-  it('boots a system machine whose systemd has controllers for its units: a unit\'s MemoryMax= holds', async () => {
+  it("boots a system machine whose systemd has controllers for its units: a unit's MemoryMax= holds", async () => {
     onTestFailed(async () => {
       // when an expectation failed before its own rm: the image would keep the pool mounted past gc
       await need().snaplab(['rm', 'sys1']);
       await need().snaplab(['image', 'rm', 'sysd']);
     });
     await ok(['image', 'import', '/opt/stock/sysd', '--name', 'sysd'], { timeoutMs: 180_000 });
-    await ok(['create', '--image', 'sysd', '--init', 'systemd', '--name', 'sys1', '--memory', '512M'], { timeoutMs: 180_000 });
-    const inside = async (script: string): Promise<GuestRun> => need().snaplab(['exec', 'sys1', '--', 'sh', '-c', script]);
+    await ok(['create', '--image', 'sysd', '--init', 'systemd', '--name', 'sys1', '--memory', '512M'], {
+      timeoutMs: 180_000,
+    });
+    const inside = async (script: string): Promise<GuestRun> =>
+      need().snaplab(['exec', 'sys1', '--', 'sh', '-c', script]);
     expect((await inside('cat /sys/fs/cgroup/cgroup.controllers')).stdout).toMatch(/memory/);
     expect((await inside('cat /sys/fs/cgroup/cgroup.subtree_control')).stdout).toMatch(/memory/);
     // the host side: PID 1 in payload, the monitor and the agent in supervisor beside it
@@ -177,7 +213,9 @@ describe('snaplab on the stock host', () => {
     expect((await inside('cat /proc/self/cgroup')).stdout.trim()).toBe('0::/snaplab-agent');
     const scoped = await inside('systemd-run --scope --quiet cat /proc/self/cgroup');
     expect(scoped.stdout, shown(scoped)).toMatch(/^0::\/.*\.scope$/m);
-    const hog = await inside('systemd-run --wait --unit hog -p MemoryMax=32M -p MemorySwapMax=0 sh -c "head -c 200000000 /dev/zero | tail"; systemctl show hog.service -p Result --value');
+    const hog = await inside(
+      'systemd-run --wait --unit hog -p MemoryMax=32M -p MemorySwapMax=0 sh -c "head -c 200000000 /dev/zero | tail"; systemctl show hog.service -p Result --value',
+    );
     expect(hog.stdout.trim().split('\n').pop(), shown(hog)).toBe('oom-kill');
     await ok(['rm', 'sys1']);
     await ok(['image', 'rm', 'sysd']);
@@ -201,11 +239,13 @@ EOF`);
     await ok(['down', 'duo'], { timeoutMs: 120_000 });
   }, 420_000);
 
-  it('runs the daemon from the shipped unit under the host\'s systemd; its sandboxes are in snaplab.scope, not its unit', async () => {
+  it("runs the daemon from the shipped unit under the host's systemd; its sandboxes are in snaplab.scope, not its unit", async () => {
     onTestFailed(async () => {
       await need().sh('systemctl stop snaplab'); // when an expectation failed before its own stop
     });
-    await sh('cp /opt/snaplab/deploy/systemd/snaplab.service /etc/systemd/system/ && systemctl daemon-reload && systemctl start snaplab && for i in $(seq 1 600); do [ -S /var/lib/snaplab/daemon.sock ] && break; sleep 0.1; done; systemctl is-active snaplab');
+    await sh(
+      'cp /opt/snaplab/deploy/systemd/snaplab.service /etc/systemd/system/ && systemctl daemon-reload && systemctl start snaplab && for i in $(seq 1 600); do [ -S /var/lib/snaplab/daemon.sock ] && break; sleep 0.1; done; systemctl is-active snaplab',
+    );
     const viaDaemon = { env: { SNAPLAB_HOST: 'unix:/var/lib/snaplab/daemon.sock' } };
     await ok(['create', '--image', 'busybox', '--name', 'viad'], viaDaemon);
     expect((await ok(['exec', 'viad', '--', 'echo', 'served'], viaDaemon)).stdout).toBe('served\n');
@@ -215,12 +255,16 @@ EOF`);
     await sh('systemctl stop snaplab && ! systemctl is-active snaplab');
   }, 300_000);
 
-  it('gc leaves nothing: no cgroup, scope, mount, loop device or process of snaplab\'s', async () => {
+  it("gc leaves nothing: no cgroup, scope, mount, loop device or process of snaplab's", async () => {
     // as a user ends: every machine and image removed, then gc
     await ok(['rm', '--all']);
     await ok(['image', 'rm', '--force', 'busybox']);
     await ok(['gc']);
-    expect(await sh(`[ -e ${SCOPE} ] && echo scope; grep /var/lib/snaplab /proc/self/mountinfo; losetup -a | grep /var/lib/snaplab; ps -eo pid,cgroup | grep snaplab.s; true`)).toBe('');
+    expect(
+      await sh(
+        `[ -e ${SCOPE} ] && echo scope; grep /var/lib/snaplab /proc/self/mountinfo; losetup -a | grep /var/lib/snaplab; ps -eo pid,cgroup | grep snaplab.s; true`,
+      ),
+    ).toBe('');
     expect((await need().sh('systemctl is-active snaplab.scope')).stdout.trim()).not.toBe('active');
   }, 180_000);
 });

@@ -1,4 +1,15 @@
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { nspawnArm } from '../src/bench/nspawn-baseline.js';
 import { NSPAWN_CGROUP_PREFIX, nspawnCgroupDirs, nspawnRunName } from '../src/host/nspawn-cgroups.js';
 import { processStartTime } from '../src/host/procs.js';
@@ -16,7 +27,10 @@ import { spawnSync } from 'node:child_process';
 let lab: Lab;
 beforeAll(async () => {
   lab = await testLab();
-  await lab.buildImage({ suite: 'bookworm', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'sudo', 'dbus'] }, { name: 'sysd' });
+  await lab.buildImage(
+    { suite: 'bookworm', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'sudo', 'dbus'] },
+    { name: 'sysd' },
+  );
 }, 600_000);
 afterAll(async () => {
   await disposeLab(lab);
@@ -29,7 +43,7 @@ const out = async (box: Sandbox, argv: string[], user?: string): Promise<string>
 };
 
 describe('system machines (--init systemd) on namespaces', () => {
-  it('boot the image\'s systemd as PID 1 to running, no unit failed, in a user namespace; the agent runs beside it', async () => {
+  it("boot the image's systemd as PID 1 to running, no unit failed, in a user namespace; the agent runs beside it", async () => {
     await using box = await lab.create({ image: 'sysd', init: 'systemd', name: 'sys1' });
     expect(box.info).toMatchObject({ state: 'running', init: 'systemd', reason: null });
     expect(box.lastTrace?.phases.map((p) => p.name)).toContain('systemd up');
@@ -46,7 +60,11 @@ describe('system machines (--init systemd) on namespaces', () => {
     box.close();
     await using again = await lab.get(box.info.name);
     expect(await out(again, ['systemctl', 'is-active', 'sleeper'])).toBe('active');
-    await out(again, ['sh', '-c', 'useradd -m -s /bin/sh app && echo "app ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/app && chmod 440 /etc/sudoers.d/app']);
+    await out(again, [
+      'sh',
+      '-c',
+      'useradd -m -s /bin/sh app && echo "app ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/app && chmod 440 /etc/sudoers.d/app',
+    ]);
     expect(await out(again, ['id', '-u'], 'app')).toBe('1000');
     expect(await out(again, ['sudo', '-n', 'id', '-u'], 'app')).toBe('0');
   });
@@ -72,14 +90,24 @@ describe('system machines (--init systemd) on namespaces', () => {
   it('stop halts cleanly and keeps the filesystem: refused for exec, taken by snapshot, booted again by restore', async () => {
     const box = await lab.create({ image: 'sysd', init: 'systemd' });
     // a unit whose stop writes a mark: only a clean halt stops units (a kill would not)
-    await out(box, ['systemd-run', '--unit=mark', '--remain-after-exit', '-p', 'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"', '/bin/true']);
+    await out(box, [
+      'systemd-run',
+      '--unit=mark',
+      '--remain-after-exit',
+      '-p',
+      'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"',
+      '/bin/true',
+    ]);
     const t0 = performance.now();
     const t = await box.stop();
     expect(performance.now() - t0).toBeLessThan(10_000);
     expect(t.phases.map((p) => p.name)).toContain('halt');
     const stopped = await lab.get(box.id);
     expect([stopped.state, stopped.info.reason]).toEqual(['dead', expect.stringMatching(/^stopped/)]);
-    await expect(stopped.exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_DEAD', message: expect.stringMatching(/is stopped/) });
+    await expect(stopped.exec(['true'])).rejects.toMatchObject({
+      code: 'SANDBOX_DEAD',
+      message: expect.stringMatching(/is stopped/),
+    });
     await stopped.snapshot('after-stop');
     await using again = await lab.restore('after-stop');
     expect(await out(again, ['cat', '/root/halt-mark'])).toBe('halted-cleanly');
@@ -89,7 +117,7 @@ describe('system machines (--init systemd) on namespaces', () => {
     await stopped.destroy();
   });
 
-  it('restore from a snapshot boots systemd again, with the snapshot\'s files', async () => {
+  it("restore from a snapshot boots systemd again, with the snapshot's files", async () => {
     await using box = await lab.create({ image: 'sysd', init: 'systemd' });
     await out(box, ['sh', '-c', 'echo kept > /etc/kept']);
     await box.snapshot('sys-snap');
@@ -103,15 +131,27 @@ describe('system machines (--init systemd) on namespaces', () => {
 
   it('run in scenarios: unit and systemd ready checks, a busybox machine reaches it over the scenario network, a reset boots it again', async () => {
     const file = join(lab.home, 'system-scenario.yaml');
-    writeFileSync(file, [
-      'networks:', '  lan: 10.77.19.0/24',
-      'machines:',
-      '  web:', '    image: sysd', '    init: systemd', '    networks: { lan: {} }',
-      '    start:', "      - run: systemd-run --unit=hello -- sleep 1000",
-      '    ready:', '      - systemd: running', '      - unit: hello.service',
-      '  client:', '    networks: { lan: {} }',
-      '    ready:', '      - command: ping -c 1 -W 2 web',
-    ].join('\n'));
+    writeFileSync(
+      file,
+      [
+        'networks:',
+        '  lan: 10.77.19.0/24',
+        'machines:',
+        '  web:',
+        '    image: sysd',
+        '    init: systemd',
+        '    networks: { lan: {} }',
+        '    start:',
+        '      - run: systemd-run --unit=hello -- sleep 1000',
+        '    ready:',
+        '      - systemd: running',
+        '      - unit: hello.service',
+        '  client:',
+        '    networks: { lan: {} }',
+        '    ready:',
+        '      - command: ping -c 1 -W 2 web',
+      ].join('\n'),
+    );
     const scn = await lab.up(file, { name: 'sysscn' });
     try {
       const web = await lab.get('sysscn/web');
@@ -180,15 +220,28 @@ describe('system machines (--init systemd) on namespaces', () => {
     // a command holds nothing of the agent's: its descriptors are its own three
     // (read off a child the shell started first: the shell itself holds a pipe's ends or a saved
     // descriptor while it runs a pipeline or a redirection, and ls saw 4 or 10)
-    expect(await out(box, ['sh', '-c', 'sleep 30 & p=$!; ls /proc/$p/fd > /tmp/fds; kill $p; sort -n /tmp/fds | tr "\\n" " "'])).toBe('0 1 2');
+    expect(
+      await out(box, [
+        'sh',
+        '-c',
+        'sleep 30 & p=$!; ls /proc/$p/fd > /tmp/fds; kill $p; sort -n /tmp/fds | tr "\\n" " "',
+      ]),
+    ).toBe('0 1 2');
     // a terminal's command: its pid is the one it has in the machine, and killing it ends its
     // whole session, a job in a process group of its own included (signalled through /proc, whose
     // numbers are not the agent's)
-    const sleepers = async (): Promise<string> => out(box, ['sh', '-c', 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " <"$f"; echo; done | grep -c "^sleep 301" || true']);
+    const sleepers = async (): Promise<string> =>
+      out(box, [
+        'sh',
+        '-c',
+        'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " <"$f"; echo; done | grep -c "^sleep 301" || true',
+      ]);
     const term = await box.spawn(['sh', '-c', 'set -m; sleep 301 & sleep 302'], { tty: { cols: 80, rows: 24 } });
     const shPid = await term.pid;
     for (let i = 0; i < 100 && (await sleepers()) !== '1'; i++) await new Promise((r) => setTimeout(r, 50));
-    expect(await out(box, ['sh', '-c', `tr "\\0" " " </proc/${shPid}/cmdline`])).toBe('sh -c set -m; sleep 301 & sleep 302');
+    expect(await out(box, ['sh', '-c', `tr "\\0" " " </proc/${shPid}/cmdline`])).toBe(
+      'sh -c set -m; sleep 301 & sleep 302',
+    );
     term.kill(9);
     await term.result;
     for (let i = 0; i < 100 && (await sleepers()) !== '0'; i++) await new Promise((r) => setTimeout(r, 50));
@@ -198,11 +251,15 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect((await box.getFile('/root/f')).toString()).toBe('kept\n'); // read by the agent itself, in the machine's root
   });
 
-  it('keep the host\'s hold: no subvolume can be nested, the console log and the cgroup subtree are bounded', async () => {
+  it("keep the host's hold: no subvolume can be nested, the console log and the cgroup subtree are bounded", async () => {
     await using box = await lab.create({ image: 'sysd', init: 'systemd' });
     // BTRFS_IOC_SUBVOL_CREATE: a nested subvolume would make the machine's root undeletable
     if (box.info.storage === 'btrfs') {
-      const sub = await out(box, ['perl', '-e', 'open(my $d, "<", "/root") or die; my $a = pack("q a4088", 0, "nested"); print ioctl($d, 0x5000940e, $a) ? "made" : "refused: $!"']);
+      const sub = await out(box, [
+        'perl',
+        '-e',
+        'open(my $d, "<", "/root") or die; my $a = pack("q a4088", 0, "nested"); print ioctl($d, 0x5000940e, $a) ? "made" : "refused: $!"',
+      ]);
       expect(sub).toMatch(/^refused: Operation not permitted/);
     }
     await out(box, ['sh', '-c', 'head -c 20971520 /dev/zero | tr "\\0" x > /dev/console']);
@@ -211,19 +268,37 @@ describe('system machines (--init systemd) on namespaces', () => {
     expect(log).toBeGreaterThan(16 << 20);
     expect(log).toBeLessThan((16 << 20) + (1 << 16));
     // a v1 hierarchy mounted inside shows the machine's own subtree, not the host's (where snaplab/ is)
-    const seen = await out(box, ['sh', '-c', 'for h in cpuset devices; do mkdir -p /tmp/h-$h && mount -t cgroup -o $h none /tmp/h-$h && ls /tmp/h-$h; umount /tmp/h-$h; done']);
+    const seen = await out(box, [
+      'sh',
+      '-c',
+      'for h in cpuset devices; do mkdir -p /tmp/h-$h && mount -t cgroup -o $h none /tmp/h-$h && ls /tmp/h-$h; umount /tmp/h-$h; done',
+    ]);
     expect(seen).toContain('cgroup.procs');
     expect(seen).not.toContain('snaplab');
     // systemd's own nesting is shallow; a chain past the delegated depth is refused
-    const deep = await box.exec(['sh', '-c', 'cd /sys/fs/cgroup && for i in $(seq 1 20); do mkdir d && cd d || exit 7; done']);
+    const deep = await box.exec([
+      'sh',
+      '-c',
+      'cd /sys/fs/cgroup && for i in $(seq 1 20); do mkdir d && cd d || exit 7; done',
+    ]);
     expect(deep.exitCode).toBe(7);
   });
 
   it('keep the monitor idle when nothing holds the console, and boot past a FIFO where /etc/hosts was', async () => {
     await using box = await lab.create({ image: 'sysd', init: 'systemd' });
     await out(box, ['systemctl', 'stop', 'console-getty.service']);
-    const monitor = Number(readFileSync(`/proc/${box.info.pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ')[1]);
-    const cpu = (): number => readFileSync(`/proc/${monitor}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ').slice(11, 13).map(Number).reduce((a, b) => a + b, 0);
+    const monitor = Number(
+      readFileSync(`/proc/${box.info.pid}/stat`, 'utf8')
+        .replace(/^.*\) /s, '')
+        .split(' ')[1],
+    );
+    const cpu = (): number =>
+      readFileSync(`/proc/${monitor}/stat`, 'utf8')
+        .replace(/^.*\) /s, '')
+        .split(' ')
+        .slice(11, 13)
+        .map(Number)
+        .reduce((a, b) => a + b, 0);
     const before = cpu();
     await new Promise((r) => setTimeout(r, 1000));
     expect(cpu() - before).toBeLessThan(10); // clock ticks (1/100 s) in a second: it spun at ~95 before
@@ -237,7 +312,11 @@ describe('system machines (--init systemd) on namespaces', () => {
 
   it('show their journal with snaplab logs; create --trace names the slowest units', () => {
     const env = { ...process.env, SNAPLAB_HOME: lab.home };
-    const created = spawnSync(SNAPLAB, ['create', '--image', 'sysd', '--init', 'systemd', '--name', 'logged', '--trace'], { env, encoding: 'utf8' });
+    const created = spawnSync(
+      SNAPLAB,
+      ['create', '--image', 'sysd', '--init', 'systemd', '--name', 'logged', '--trace'],
+      { env, encoding: 'utf8' },
+    );
     expect(created.status, created.stderr).toBe(0);
     expect(created.stdout).toMatch(/created logged .* \(systemd running\)/);
     expect(created.stderr).toMatch(/systemd up[\s\S]*slowest units \(systemd-analyze blame\):\n {2}\d+ms \S+/);
@@ -248,16 +327,21 @@ describe('system machines (--init systemd) on namespaces', () => {
   });
 
   it('boot Debian 13 (systemd 257) too: its systemctl says "system scope bus" while it starts', async () => {
-    await lab.buildImage({ suite: 'trixie', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'dbus'] }, { name: 'sysd13' });
+    await lab.buildImage(
+      { suite: 'trixie', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'dbus'] },
+      { name: 'sysd13' },
+    );
     await using box = await lab.create({ image: 'sysd13', init: 'systemd' });
     expect(await out(box, ['systemctl', 'is-system-running'])).toBe('running');
     expect(await out(box, ['sh', '-c', '. /etc/os-release && echo $VERSION_CODENAME'])).toBe('trixie');
     // an exec is in the machine's cgroup namespace, where its systemd can move it into a scope
     expect(await out(box, ['sh', '-c', 'grep ^0:: /proc/self/cgroup'])).toBe('0::/snaplab-agent');
-    expect(await out(box, ['sh', '-c', 'systemd-run --scope --quiet grep ^0:: /proc/self/cgroup'])).toMatch(/^0::\/.*\.scope$/);
+    expect(await out(box, ['sh', '-c', 'systemd-run --scope --quiet grep ^0:: /proc/self/cgroup'])).toMatch(
+      /^0::\/.*\.scope$/,
+    );
   }, 600_000);
 
-  it('boot where the host\'s /dev is mounted nosuid (stock Debian): the agent\'s and boot\'s remounts keep the locked flag', async () => {
+  it("boot where the host's /dev is mounted nosuid (stock Debian): the agent's and boot's remounts keep the locked flag", async () => {
     const env = { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_NO_FAST: '1' };
     const made = snaplabWithNosuidDev(['create', '--image', 'sysd', '--name', 'nosuid-sys'], env);
     expect(made.stderr).toBe('');
@@ -271,8 +355,11 @@ describe('system machines (--init systemd) on namespaces', () => {
     }
   });
 
-  it('refuse to run without a user namespace; the image\'s default gives way to --no-userns', async () => {
-    await expect(lab.create({ image: 'sysd', init: 'systemd', userns: false })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringContaining('user namespace') });
+  it("refuse to run without a user namespace; the image's default gives way to --no-userns", async () => {
+    await expect(lab.create({ image: 'sysd', init: 'systemd', userns: false })).rejects.toMatchObject({
+      code: 'BAD_INPUT',
+      message: expect.stringContaining('user namespace'),
+    });
     await using plain = await lab.create({ image: 'sysd', userns: false });
     expect(plain.info.init).toBeNull();
   });
@@ -284,7 +371,10 @@ describe('system machines (--init systemd) on namespaces', () => {
     await box.destroy();
     expect(performance.now() - t0).toBeLessThan(5000); // frozen, it would have waited out the 10 s grace
     await using plain = await lab.create({});
-    const r = spawnSync(SNAPLAB, ['logs', plain.info.name, '-f'], { env: { ...process.env, SNAPLAB_HOME: lab.home }, encoding: 'utf8' });
+    const r = spawnSync(SNAPLAB, ['logs', plain.info.name, '-f'], {
+      env: { ...process.env, SNAPLAB_HOME: lab.home },
+      encoding: 'utf8',
+    });
     expect(r.status).not.toBe(0);
     expect(r.stderr).toMatch(/BAD_INPUT[\s\S]*follow needs a system machine/);
   });
@@ -301,7 +391,11 @@ describe('system machines attacked from inside (root, with mount and unshare all
   it('cannot reach the host: kernel tunables, devices, modules, the clock, other machines, its own limits', async () => {
     const scratch = mkdtempSync(join(tmpdir(), 'snaplab-test-sys-escape-'));
     try {
-      const built = spawnSync('gcc', ['-O2', '-static', '-o', join(scratch, 'probe'), join(import.meta.dirname, 'escapes', 'probe.c')], { encoding: 'utf8' });
+      const built = spawnSync(
+        'gcc',
+        ['-O2', '-static', '-o', join(scratch, 'probe'), join(import.meta.dirname, 'escapes', 'probe.c')],
+        { encoding: 'utf8' },
+      );
       expect(built.status, built.stderr).toBe(0);
       await using box = await lab.create({ image: 'sysd', init: 'systemd', name: 'sys-attacker' });
       await using other = await lab.create({ name: 'sys-victim' });
@@ -312,15 +406,27 @@ describe('system machines attacked from inside (root, with mount and unshare all
       // the kernel's tunables and triggers (core_pattern is the classic way out), /sys
       expect(['EACCES', 'EROFS', 'EPERM']).toContain(await probe('write', '/proc/sys/kernel/core_pattern'));
       expect(['EACCES', 'EROFS', 'EPERM', 'ENOENT']).toContain(await probe('write', '/proc/sysrq-trigger'));
-      expect(['EROFS', 'EACCES', 'EPERM']).toContain(await probe('write', '/sys/kernel/mm/transparent_hugepage/enabled'));
+      expect(['EROFS', 'EACCES', 'EPERM']).toContain(
+        await probe('write', '/sys/kernel/mm/transparent_hugepage/enabled'),
+      );
       // devices, host inodes by handle, vsock, nested subvolumes, kernel surfaces
-      for (const [t, want] of [['mknod', 'EPERM'], ['open_by_handle', 'EPERM'], ['subvol', 'EPERM'], ['vsock', 'EAFNOSUPPORT'], ['io_uring', 'EPERM'], ['bpf', 'EPERM'], ['userfaultfd', 'EPERM']] as const) {
+      for (const [t, want] of [
+        ['mknod', 'EPERM'],
+        ['open_by_handle', 'EPERM'],
+        ['subvol', 'EPERM'],
+        ['vsock', 'EAFNOSUPPORT'],
+        ['io_uring', 'EPERM'],
+        ['bpf', 'EPERM'],
+        ['userfaultfd', 'EPERM'],
+      ] as const) {
         expect(await probe(t), t).toBe(want);
       }
       expect(['EACCES', 'EPERM']).toContain(await probe('perf'));
       // modules, kexec, the clock: not the machine's (ENOSYS where this kernel has no module support)
-      for (const t of ['init_module', 'finit_module', 'delete_module']) expect(['EPERM', 'ENOSYS'], t).toContain(await probe(t));
-      for (const t of ['kexec_load', 'kexec_file_load', 'settime', 'settimeofday', 'adjtimex']) expect(await probe(t), t).toBe('EPERM');
+      for (const t of ['init_module', 'finit_module', 'delete_module'])
+        expect(['EPERM', 'ENOSYS'], t).toContain(await probe(t));
+      for (const t of ['kexec_load', 'kexec_file_load', 'settime', 'settimeofday', 'adjtimex'])
+        expect(await probe(t), t).toBe('EPERM');
       // the host and other machines are not there to trace (its own processes are: PID 1 is its systemd)
       expect(await probe('ptrace', String(process.pid))).toBe('ESRCH');
       expect(await probe('ptrace', String(other.info.pid))).toBe('ESRCH');
@@ -329,27 +435,47 @@ describe('system machines attacked from inside (root, with mount and unshare all
       // a procfs of its own shows its own processes only: not this test's runner, whose command
       // line names vitest on the host ("vi[t]est": the grep's own command line does not match)
       expect(readFileSync('/proc/self/cmdline', 'utf8')).toMatch(/vitest/);
-      expect(await sh('mkdir -p /tmp/p && mount -t proc proc /tmp/p && (grep -l "vi[t]est" /tmp/p/[0-9]*/cmdline | wc -l); umount /tmp/p')).toBe('0');
+      expect(
+        await sh(
+          'mkdir -p /tmp/p && mount -t proc proc /tmp/p && (grep -l "vi[t]est" /tmp/p/[0-9]*/cmdline | wc -l); umount /tmp/p',
+        ),
+      ).toBe('0');
       // cgroupfs mounted inside (CVE-2022-0492 wrote a release_agent this way), on a host with v1
       // hierarchies: each is rooted at the machine's own cgroup (snaplab makes one in every
       // hierarchy, those it sets no limit in too), so there is no release_agent; and its limits
       // are the host's files, which it cannot write
-      const v1 = await sh('mkdir -p /tmp/cg && mount -t cgroup -o freezer cgroup /tmp/cg 2>/dev/null && echo yes || echo no');
+      const v1 = await sh(
+        'mkdir -p /tmp/cg && mount -t cgroup -o freezer cgroup /tmp/cg 2>/dev/null && echo yes || echo no',
+      );
       if (v1 === 'yes') {
         await sh('umount /tmp/cg');
         for (const h of ['freezer', 'devices', 'blkio', 'cpuset', 'memory', 'pids']) {
-          expect(await sh(`mount -t cgroup -o ${h} cgroup /tmp/cg && (test -e /tmp/cg/release_agent && echo agent-file || echo none); (echo /x > /tmp/cg/release_agent) 2>/dev/null && echo wrote || echo refused; umount /tmp/cg`), h).toBe('none\nrefused');
+          expect(
+            await sh(
+              `mount -t cgroup -o ${h} cgroup /tmp/cg && (test -e /tmp/cg/release_agent && echo agent-file || echo none); (echo /x > /tmp/cg/release_agent) 2>/dev/null && echo wrote || echo refused; umount /tmp/cg`,
+            ),
+            h,
+          ).toBe('none\nrefused');
         }
-        const cg = await sh([
-          'mount -t cgroup -o memory cgroup /tmp/cg',
-          '(echo -1 > /tmp/cg/memory.limit_in_bytes) 2>/dev/null && echo raised || echo refused',
-          'cat /tmp/cg/memory.limit_in_bytes; umount /tmp/cg',
-          'mount -t cgroup -o pids cgroup /tmp/cg && ((echo max > /tmp/cg/pids.max) 2>/dev/null && echo raised || echo refused); cat /tmp/cg/pids.max; umount /tmp/cg',
-        ].join('; '));
-        expect(cg.split('\n')).toEqual(['refused', String(box.info.limits.memoryBytes), 'refused', String(box.info.limits.pids)]);
+        const cg = await sh(
+          [
+            'mount -t cgroup -o memory cgroup /tmp/cg',
+            '(echo -1 > /tmp/cg/memory.limit_in_bytes) 2>/dev/null && echo raised || echo refused',
+            'cat /tmp/cg/memory.limit_in_bytes; umount /tmp/cg',
+            'mount -t cgroup -o pids cgroup /tmp/cg && ((echo max > /tmp/cg/pids.max) 2>/dev/null && echo raised || echo refused); cat /tmp/cg/pids.max; umount /tmp/cg',
+          ].join('; '),
+        );
+        expect(cg.split('\n')).toEqual([
+          'refused',
+          String(box.info.limits.memoryBytes),
+          'refused',
+          String(box.info.limits.pids),
+        ]);
       }
       // a user namespace it makes is nested in its own: no more than it has
-      expect(await sh('unshare -U -r sh -c "/probe write /proc/sys/kernel/core_pattern; /probe mknod; /probe mount-proc"')).toBe('EACCES\nEPERM\nEPERM');
+      expect(
+        await sh('unshare -U -r sh -c "/probe write /proc/sys/kernel/core_pattern; /probe mknod; /probe mount-proc"'),
+      ).toBe('EACCES\nEPERM\nEPERM');
       expect((await other.exec(['echo', 'victim fine'])).stdout.toString()).toBe('victim fine\n');
     } finally {
       rmSync(scratch, { recursive: true, force: true });
@@ -357,8 +483,8 @@ describe('system machines attacked from inside (root, with mount and unshare all
   });
 });
 
-describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
-  it('boot to running from the VM\'s disk with the agent as a unit; a memory restore resumes them running, services and all, without a boot', async () => {
+describe("system machines on qemu (the image's systemd boots in a VM)", () => {
+  it("boot to running from the VM's disk with the agent as a unit; a memory restore resumes them running, services and all, without a boot", async () => {
     // an image with systemd boots it on qemu too, by default (no user namespace needed: the VM is the boundary)
     const vm = await lab.create({ driver: 'qemu', image: 'sysd', name: 'vmsys' });
     try {
@@ -369,9 +495,15 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
       expect(await out(vm, ['systemctl', '--failed', '--plain', '--no-legend'])).toBe('');
       // the agent is a runtime unit of the guest's (in /run: nothing written into the image)
       expect(await out(vm, ['systemctl', 'is-active', 'snaplab-agent'])).toBe('active');
-      expect(await out(vm, ['systemctl', 'show', '-p', 'FragmentPath', '--value', 'snaplab-agent'])).toBe('/run/systemd/system/snaplab-agent.service');
+      expect(await out(vm, ['systemctl', 'show', '-p', 'FragmentPath', '--value', 'snaplab-agent'])).toBe(
+        '/run/systemd/system/snaplab-agent.service',
+      );
       expect(await out(vm, ['hostname'])).toBe('vmsys');
-      await out(vm, ['sh', '-c', 'useradd -m -s /bin/sh app && echo "app ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/app && chmod 440 /etc/sudoers.d/app']);
+      await out(vm, [
+        'sh',
+        '-c',
+        'useradd -m -s /bin/sh app && echo "app ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/app && chmod 440 /etc/sudoers.d/app',
+      ]);
       expect(await out(vm, ['sudo', '-n', 'id', '-u'], 'app')).toBe('0');
       await out(vm, ['systemd-run', '--unit=sleeper', '--', 'sleep', '1000']);
       const boot = await out(vm, ['cat', '/proc/sys/kernel/random/boot_id']);
@@ -383,7 +515,9 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
       expect(await out(copy, ['systemctl', 'is-active', 'sleeper'])).toBe('active');
       expect(await out(copy, ['systemctl', 'is-system-running'])).toBe('running');
       // a name of its own, in /etc too: systemd's and sudo's
-      expect(await out(copy, ['sh', '-c', 'hostname; cat /etc/hostname; getent hosts vmsys-copy | cut -f1 -d" "'])).toBe('vmsys-copy\nvmsys-copy\n127.0.1.1');
+      expect(
+        await out(copy, ['sh', '-c', 'hostname; cat /etc/hostname; getent hosts vmsys-copy | cut -f1 -d" "']),
+      ).toBe('vmsys-copy\nvmsys-copy\n127.0.1.1');
       const sudo = await copy.exec(['sudo', '-n', 'id', '-u'], { user: 'app' });
       expect([sudo.exitCode, sudo.stdout.toString(), sudo.stderr.toString()]).toEqual([0, '0\n', '']);
       await copy.destroy();
@@ -397,7 +531,14 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
     const vm = await lab.create({ driver: 'qemu', image: 'sysd', name: 'vmstop' });
     try {
       // a unit whose stop writes a mark: only a clean halt stops units (a kill would not)
-      await out(vm, ['systemd-run', '--unit=mark', '--remain-after-exit', '-p', 'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"', '/bin/true']);
+      await out(vm, [
+        'systemd-run',
+        '--unit=mark',
+        '--remain-after-exit',
+        '-p',
+        'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"',
+        '/bin/true',
+      ]);
       const t = await vm.stop();
       expect(t.phases.map((p) => p.name)).toEqual(expect.arrayContaining(['guest halt', 'halt']));
       const stopped = await lab.get('vmstop');
@@ -416,36 +557,63 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
   it('refuse --init systemd on an image without systemd before anything boots', async () => {
     for (const driver of ['qemu', 'namespaces']) {
       const t0 = performance.now();
-      const err = await lab.create({ driver, image: 'busybox', init: 'systemd', name: 'nosd' }).catch((e: unknown) => e);
-      expect(err).toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/image busybox has no systemd/), hint: expect.stringMatching(/--init agent/) });
+      const err = await lab
+        .create({ driver, image: 'busybox', init: 'systemd', name: 'nosd' })
+        .catch((e: unknown) => e);
+      expect(err).toMatchObject({
+        code: 'BAD_INPUT',
+        message: expect.stringMatching(/image busybox has no systemd/),
+        hint: expect.stringMatching(/--init agent/),
+      });
       expect(performance.now() - t0).toBeLessThan(5000); // no VM booted to find out
       expect((await lab.list()).map((b) => b.name)).not.toContain('nosd');
     }
   });
 
-  it('run in scenarios beside namespace machines: each reaches the other\'s service; a reset resumes the VM from memory, its services and network intact', async () => {
+  it("run in scenarios beside namespace machines: each reaches the other's service; a reset resumes the VM from memory, its services and network intact", async () => {
     // a socket-activated service of the VM's own systemd, and a busybox httpd on a namespace machine
-    writeFileSync(join(lab.home, 'hello.socket'), '[Socket]\nListenStream=8080\nAccept=yes\n[Install]\nWantedBy=sockets.target\n');
-    writeFileSync(join(lab.home, 'hello@.service'), '[Service]\nExecStart=/bin/echo hello from the vm\nStandardOutput=socket\n');
+    writeFileSync(
+      join(lab.home, 'hello.socket'),
+      '[Socket]\nListenStream=8080\nAccept=yes\n[Install]\nWantedBy=sockets.target\n',
+    );
+    writeFileSync(
+      join(lab.home, 'hello@.service'),
+      '[Service]\nExecStart=/bin/echo hello from the vm\nStandardOutput=socket\n',
+    );
     const file = join(lab.home, 'vm-scenario.yaml');
-    writeFileSync(file, [
-      'networks:', '  lan: 10.77.29.0/24',
-      'machines:',
-      '  vm:', '    image: sysd', '    init: systemd', '    driver: qemu', '    networks: { lan: {} }',
-      '    provision:',
-      '      - copy: { from: ./hello.socket, to: /etc/systemd/system/ }',
-      "      - copy: { from: './hello@.service', to: /etc/systemd/system/ }",
-      '      - run: systemctl enable --now hello.socket',
-      '    start:', '      - run: sh -c "echo started >> /root/starts"',
-      '    ready:', '      - unit: hello.socket', '      - tcp: 8080',
-      // the VM reaches the namespace machine's httpd with its own bash
-      '      - command: [bash, -c, \'exec 3<>/dev/tcp/box/8080 && printf "GET / HTTP/1.0\\r\\n\\r\\n" >&3 && grep -q "hello from box" <&3\']',
-      '        timeout: 20s',
-      '  box:', '    networks: { lan: {} }',
-      '    start:', "      - run: sh -c 'mkdir -p /srv && echo hello from box > /srv/index.html && httpd -p 8080 -h /srv'",
-      '    ready:', '      - tcp: 8080',
-      '      - command: sh -c "nc vm 8080 | grep -q \'hello from the vm\'"', '        timeout: 60s',
-    ].join('\n'));
+    writeFileSync(
+      file,
+      [
+        'networks:',
+        '  lan: 10.77.29.0/24',
+        'machines:',
+        '  vm:',
+        '    image: sysd',
+        '    init: systemd',
+        '    driver: qemu',
+        '    networks: { lan: {} }',
+        '    provision:',
+        '      - copy: { from: ./hello.socket, to: /etc/systemd/system/ }',
+        "      - copy: { from: './hello@.service', to: /etc/systemd/system/ }",
+        '      - run: systemctl enable --now hello.socket',
+        '    start:',
+        '      - run: sh -c "echo started >> /root/starts"',
+        '    ready:',
+        '      - unit: hello.socket',
+        '      - tcp: 8080',
+        // the VM reaches the namespace machine's httpd with its own bash
+        '      - command: [bash, -c, \'exec 3<>/dev/tcp/box/8080 && printf "GET / HTTP/1.0\\r\\n\\r\\n" >&3 && grep -q "hello from box" <&3\']',
+        '        timeout: 20s',
+        '  box:',
+        '    networks: { lan: {} }',
+        '    start:',
+        "      - run: sh -c 'mkdir -p /srv && echo hello from box > /srv/index.html && httpd -p 8080 -h /srv'",
+        '    ready:',
+        '      - tcp: 8080',
+        '      - command: sh -c "nc vm 8080 | grep -q \'hello from the vm\'"',
+        '        timeout: 60s',
+      ].join('\n'),
+    );
     const scn = await lab.up(file, { name: 'vmscn' });
     let memoryDir = '';
     try {
@@ -453,17 +621,28 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
       expect(vm.info).toMatchObject({ driver: 'qemu', init: 'systemd', state: 'running' });
       const boot = await out(vm, ['cat', '/proc/sys/kernel/random/boot_id']);
       // its NIC has the address's MAC and the address, given by snaplab's /init (minbase has no ip)
-      expect(await out(vm, ['sh', '-c', 'cat /sys/class/net/eth0/address; hostname -I'])).toBe('02:77:0a:4d:1d:0a\n10.77.29.10');
+      expect(await out(vm, ['sh', '-c', 'cat /sys/class/net/eth0/address; hostname -I'])).toBe(
+        '02:77:0a:4d:1d:0a\n10.77.29.10',
+      );
       vm.close();
       // blocks are routes in a machine's namespace, which a VM's traffic is bridged through: refused
-      await expect(scn.block('vm', 'box')).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/vm is a VM/) });
+      await expect(scn.block('vm', 'box')).rejects.toMatchObject({
+        code: 'BAD_INPUT',
+        message: expect.stringMatching(/vm is a VM/),
+      });
       await scn.snapshot('base');
       // a VM machine's memory snapshot continues only in its scenario, and goes with it
       memoryDir = (await lab.snapshots()).find((x) => x.name === 'vmscn@base.vm')!.record.memory!.dir;
       expect(existsSync(join(memoryDir, 'ram')) || existsSync(join(memoryDir, 'memory'))).toBe(true);
-      await expect(lab.restore('vmscn@base.vm', { name: 'stray' })).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/scenario machine/) });
+      await expect(lab.restore('vmscn@base.vm', { name: 'stray' })).rejects.toMatchObject({
+        code: 'BAD_INPUT',
+        message: expect.stringMatching(/scenario machine/),
+      });
       expect((await lab.list()).map((b) => b.name)).not.toContain('stray');
-      await expect(lab.removeSnapshot('vmscn@base.vm')).rejects.toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/part of scenario vmscn's snapshot base/) });
+      await expect(lab.removeSnapshot('vmscn@base.vm')).rejects.toMatchObject({
+        code: 'BAD_INPUT',
+        message: expect.stringMatching(/part of scenario vmscn's snapshot base/),
+      });
       await using changed = await lab.get('vmscn/vm');
       await out(changed, ['systemctl', 'stop', 'hello.socket']);
       changed.close();
@@ -475,7 +654,13 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
       expect(await out(again, ['cat', '/root/starts'])).toBe('started');
       await using box = await lab.get('vmscn/box');
       expect(await out(box, ['sh', '-c', 'nc vm 8080'])).toBe('hello from the vm');
-      expect(await out(again, ['bash', '-c', 'exec 3<>/dev/tcp/box/8080 && printf "GET / HTTP/1.0\\r\\n\\r\\n" >&3 && tail -n 1 <&3'])).toBe('hello from box');
+      expect(
+        await out(again, [
+          'bash',
+          '-c',
+          'exec 3<>/dev/tcp/box/8080 && printf "GET / HTTP/1.0\\r\\n\\r\\n" >&3 && tail -n 1 <&3',
+        ]),
+      ).toBe('hello from box');
     } finally {
       await scn.down();
     }
@@ -483,43 +668,51 @@ describe('system machines on qemu (the image\'s systemd boots in a VM)', () => {
   }, 300_000);
 });
 
-describe('the bench\'s systemd-nspawn baseline (raise --init systemd)', () => {
+describe("the bench's systemd-nspawn baseline (raise --init systemd)", () => {
   const nspawn = spawnSync('sh', ['-c', 'command -v systemd-nspawn'], { encoding: 'utf8' }).stdout.trim();
-  it.skipIf(!nspawn)('boots the image\'s tree to running, writes nothing into it, and leaves no cgroup (measured where systemd-container is installed)', async () => {
-    const tree = (await lab.image('sysd')).path;
-    const stamp = join(lab.home, 'nspawn-stamp');
-    writeFileSync(stamp, '');
-    await new Promise((r) => setTimeout(r, 20)); // mtimes after the stamp's are its boot's
-    const arm = await nspawnArm(tree, { durationMs: 1, count: 1 });
-    if (typeof arm === 'string') throw new Error(arm);
-    const r = await arm.run(1);
-    expect(r.errors).toEqual([]);
-    expect(r.latenciesMs).toHaveLength(1);
-    expect(r.latenciesMs[0]).toBeGreaterThan(0);
-    // --volatile=overlay: what its systemd wrote (machine-id, journal, random seed) went to a tmpfs
-    const since = statSync(stamp).mtimeMs;
-    // (a walk that never follows a link: the tree's /var/run is one, to /run, the host's here)
-    const newer: string[] = [];
-    const walk = (dir: string): void => {
-      for (const e of readdirSync(dir, { withFileTypes: true })) {
-        const p = join(dir, e.name);
-        if (lstatSync(p).mtimeMs > since) newer.push(p);
-        if (e.isDirectory()) walk(p);
-      }
-    };
-    walk(tree);
-    expect(newer).toEqual([]);
-    for (const parent of nspawnCgroupDirs('')) expect(readdirSync(parent).filter((d) => d.startsWith(NSPAWN_CGROUP_PREFIX))).toEqual([]);
-  }, 180_000);
+  it.skipIf(!nspawn)(
+    "boots the image's tree to running, writes nothing into it, and leaves no cgroup (measured where systemd-container is installed)",
+    async () => {
+      const tree = (await lab.image('sysd')).path;
+      const stamp = join(lab.home, 'nspawn-stamp');
+      writeFileSync(stamp, '');
+      await new Promise((r) => setTimeout(r, 20)); // mtimes after the stamp's are its boot's
+      const arm = await nspawnArm(tree, { durationMs: 1, count: 1 });
+      if (typeof arm === 'string') throw new Error(arm);
+      const r = await arm.run(1);
+      expect(r.errors).toEqual([]);
+      expect(r.latenciesMs).toHaveLength(1);
+      expect(r.latenciesMs[0]).toBeGreaterThan(0);
+      // --volatile=overlay: what its systemd wrote (machine-id, journal, random seed) went to a tmpfs
+      const since = statSync(stamp).mtimeMs;
+      // (a walk that never follows a link: the tree's /var/run is one, to /run, the host's here)
+      const newer: string[] = [];
+      const walk = (dir: string): void => {
+        for (const e of readdirSync(dir, { withFileTypes: true })) {
+          const p = join(dir, e.name);
+          if (lstatSync(p).mtimeMs > since) newer.push(p);
+          if (e.isDirectory()) walk(p);
+        }
+      };
+      walk(tree);
+      expect(newer).toEqual([]);
+      for (const parent of nspawnCgroupDirs(''))
+        expect(readdirSync(parent).filter((d) => d.startsWith(NSPAWN_CGROUP_PREFIX))).toEqual([]);
+    },
+    180_000,
+  );
 
-  it('gc removes the cgroups of a bench that was killed mid-run, and leaves a running bench\'s', async () => {
+  it("gc removes the cgroups of a bench that was killed mid-run, and leaves a running bench's", async () => {
     const me = (await processStartTime(process.pid))!;
     const dead = [
       ...nspawnCgroupDirs(nspawnRunName(999999999, me, 0)), // above any pid_max: never a live process
       ...nspawnCgroupDirs(nspawnRunName(process.pid, me + 1, 0)), // this pid, but another process's (a reuse)
     ];
     // a running bench's, and a name not of the form (not snaplab's to judge)
-    const live = [...nspawnCgroupDirs(nspawnRunName(process.pid, me, 0)), ...nspawnCgroupDirs(`${NSPAWN_CGROUP_PREFIX}other`)];
+    const live = [
+      ...nspawnCgroupDirs(nspawnRunName(process.pid, me, 0)),
+      ...nspawnCgroupDirs(`${NSPAWN_CGROUP_PREFIX}other`),
+    ];
     for (const d of [...dead, ...live]) mkdirSync(join(d, 'payload'), { recursive: true });
     try {
       const { removed } = await lab.gc();
@@ -533,4 +726,3 @@ describe('the bench\'s systemd-nspawn baseline (raise --init systemd)', () => {
     }
   });
 });
-

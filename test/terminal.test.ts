@@ -14,11 +14,23 @@ let home: string;
 const DRIVER = join(import.meta.dirname, 'pty-drive.py');
 
 function snaplab(args: string[]): { code: number; out: string; err: string } {
-  const r = spawnSync(SNAPLAB, args, { env: { ...process.env, SNAPLAB_HOME: home }, encoding: 'utf8', timeout: 60_000 });
+  const r = spawnSync(SNAPLAB, args, {
+    env: { ...process.env, SNAPLAB_HOME: home },
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 
-interface Drive { output: string; status: number; restored: boolean; wasRaw: boolean; waitTimedOut: boolean; hung: boolean; ps: string }
+interface Drive {
+  output: string;
+  status: number;
+  restored: boolean;
+  wasRaw: boolean;
+  waitTimedOut: boolean;
+  hung: boolean;
+  ps: string;
+}
 
 /** Runs snaplab ARGS on a fresh host pty through STEPS (see pty-drive.py). */
 function drive(steps: unknown[], args: string[], env: Record<string, string> = {}): Drive {
@@ -71,7 +83,10 @@ describe('terminals', () => {
       ],
       ['shell', 't1'],
     );
-    expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, `${JSON.stringify(d.output)}\n${d.ps}`).toEqual({ waitTimedOut: false, hung: false });
+    expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, `${JSON.stringify(d.output)}\n${d.ps}`).toEqual({
+      waitTimedOut: false,
+      hung: false,
+    });
     expect(d.output).toMatch(/\/dev\/pts\/\d+\r\n24 80\r\nTERM=xterm-256color\r\n/); // \r\n once: no local ONLCR on top
     expect(d.output).toContain('40 100');
     expect(d.output).toContain('rc=130');
@@ -80,14 +95,29 @@ describe('terminals', () => {
   });
 
   it('exec -t -i: ^D at the prompt ends the shell; exec -t alone has a terminal but no input', () => {
-    const d = drive([['wait', '# '], ['send', 'echo in; exit 3\r']], ['exec', '-t', '-i', 't1', '--', 'sh']);
+    const d = drive(
+      [
+        ['wait', '# '],
+        ['send', 'echo in; exit 3\r'],
+      ],
+      ['exec', '-t', '-i', 't1', '--', 'sh'],
+    );
     expect(d.output).toMatch(/in\r\n/);
     expect(d.status).toBe(3);
-    const eof = drive([['wait', '# '], ['send', '\u0004']], ['exec', '-it', 't1', '--', 'sh']);
+    const eof = drive(
+      [
+        ['wait', '# '],
+        ['send', '\u0004'],
+      ],
+      ['exec', '-it', 't1', '--', 'sh'],
+    );
     expect(eof.status).toBe(0);
     expect(eof.restored).toBe(true);
     // piped input on a terminal would never end: refused, as docker does
-    expect(snaplab(['exec', '-t', '-i', 't1', '--', 'cat'])).toMatchObject({ code: 125, err: expect.stringMatching(/BAD_INPUT\]: the input is not a terminal[\s\S]*hint: drop -t/) });
+    expect(snaplab(['exec', '-t', '-i', 't1', '--', 'cat'])).toMatchObject({
+      code: 125,
+      err: expect.stringMatching(/BAD_INPUT\]: the input is not a terminal[\s\S]*hint: drop -t/),
+    });
     const t = snaplab(['exec', '-t', 't1', '--', 'sh', '-c', 'tty && [ -t 1 ] && echo yes']);
     expect(t.code).toBe(0);
     expect(t.out).toMatch(/^\/dev\/pts\/\d+\r\nyes\r\n$/);
@@ -96,7 +126,15 @@ describe('terminals', () => {
   it('the local terminal is restored when snaplab is SIGKILLed (the Node CLI, or the command itself)', () => {
     for (const who of ['child', 'parent']) {
       // a background job is a process group of its own: the agent ends the whole session
-      const d = drive([['wait', '# '], ['send', 'sleep 300 & echo up\r'], ['wait', 'up\r\n'], ['kill', who]], ['shell', 't1']);
+      const d = drive(
+        [
+          ['wait', '# '],
+          ['send', 'sleep 300 & echo up\r'],
+          ['wait', 'up\r\n'],
+          ['kill', who],
+        ],
+        ['shell', 't1'],
+      );
       expect(d.wasRaw, who).toBe(true); // it was raw while the shell ran
       expect(d.restored, who).toBe(true);
       expect(d.status).toBe(-9);
@@ -123,7 +161,10 @@ describe('terminals', () => {
         ['shell', 't1'],
         { SNAPLAB_HOST: `unix:${daemon.socket}` },
       );
-      expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, `${JSON.stringify(d.output)}\n${d.ps}`).toEqual({ waitTimedOut: false, hung: false });
+      expect({ waitTimedOut: d.waitTimedOut, hung: d.hung }, `${JSON.stringify(d.output)}\n${d.ps}`).toEqual({
+        waitTimedOut: false,
+        hung: false,
+      });
       expect([d.status, d.restored]).toEqual([3, true]);
       expect(d.output).toContain('33 90');
     } finally {

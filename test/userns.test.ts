@@ -1,5 +1,16 @@
 import { spawnSync } from 'node:child_process';
-import { chownSync, mkdirSync, mkdtempSync, readdirSync, rmSync, readFileSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import {
+  chownSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  rmSync,
+  readFileSync,
+  statSync,
+  unlinkSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { dirname, join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { Lab } from '../src/sdk/lab.js';
@@ -31,7 +42,11 @@ const out = async (box: Sandbox, argv: string[]): Promise<string> => {
   return r.stdout.toString().trim();
 };
 /** real, effective, saved and filesystem uids of a host process */
-const hostUids = (pid: number): number[] => /^Uid:\s+(.*)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]!.split(/\s+/).map(Number);
+const hostUids = (pid: number): number[] =>
+  /^Uid:\s+(.*)$/m
+    .exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]!
+    .split(/\s+/)
+    .map(Number);
 
 /** Where a file of the sandbox's root is on the host's disk (an overlay clone is mounted only inside: its upper dir). */
 function onDisk(lab: Lab, box: Sandbox, rel: string): string {
@@ -54,14 +69,20 @@ describe.each(['btrfs', 'dir', 'overlay'] as const)('a sandbox on %s in a user n
   it('keeps files owned on disk as in the image: root inside writes 0, through the idmap', async () => {
     await using box = await lab.create({ storage });
     expect(await out(box, ['stat', '-c', '%u:%g', '/etc/passwd'])).toBe('0:0'); // the image's, no chown
-    await out(box, ['sh', '-c', 'echo made > /root/made && chown 1000:1000 /root/made.1 2>/dev/null; touch /root/u && chown 1000:1001 /root/u']);
+    await out(box, [
+      'sh',
+      '-c',
+      'echo made > /root/made && chown 1000:1000 /root/made.1 2>/dev/null; touch /root/u && chown 1000:1001 /root/u',
+    ]);
     expect([statSync(onDisk(lab, box, 'root/made')).uid, statSync(onDisk(lab, box, 'root/made')).gid]).toEqual([0, 0]);
     expect([statSync(onDisk(lab, box, 'root/u')).uid, statSync(onDisk(lab, box, 'root/u')).gid]).toEqual([1000, 1001]);
     // so a snapshot restored into another range reads the same owners
     await box.snapshot(`own-${storage}`);
     const copy = await lab.restore(`own-${storage}`);
     expect(copy.info.uidBase).not.toBe(box.info.uidBase);
-    expect(await out(copy, ['stat', '-c', '%u:%g %n', '/root/made', '/root/u'])).toBe('0:0 /root/made\n1000:1001 /root/u');
+    expect(await out(copy, ['stat', '-c', '%u:%g %n', '/root/made', '/root/u'])).toBe(
+      '0:0 /root/made\n1000:1001 /root/u',
+    );
     await copy.destroy(); // (an overlay snapshot's layer stays while a clone stacks it)
     await lab.removeSnapshot(`own-${storage}`);
   });
@@ -71,10 +92,18 @@ describe.each(['btrfs', 'dir', 'overlay'] as const)('a sandbox on %s in a user n
     const base = box.info.uidBase!;
     await out(box, ['sh', '-c', 'cp /bin/busybox /root/busybox.suid && chmod 4755 /root/busybox.suid']);
     expect(await out(box, ['su', '-s', '/bin/sh', 'nobody', '-c', '/root/busybox.suid id -u'])).toBe('65534');
-    const r = box.exec(['su', '-s', '/bin/sh', 'nobody', '-c', 'exec /root/busybox.suid sleep 30']).catch(() => undefined); // ends with the sandbox
+    const r = box
+      .exec(['su', '-s', '/bin/sh', 'nobody', '-c', 'exec /root/busybox.suid sleep 30'])
+      .catch(() => undefined); // ends with the sandbox
     let uids: number[] = [];
     for (let i = 0; i < 200 && !uids.includes(base + 65534); i++) {
-      uids = (await pids(cgroupFor(box.id))).flatMap((p) => { try { return hostUids(p); } catch { return []; } });
+      uids = (await pids(cgroupFor(box.id))).flatMap((p) => {
+        try {
+          return hostUids(p);
+        } catch {
+          return [];
+        }
+      });
       if (!uids.includes(base + 65534)) await new Promise((res) => setTimeout(res, 20));
     }
     expect(uids).toContain(base + 65534); // the sleeper, as nobody of the range
@@ -100,7 +129,11 @@ describe.each(['btrfs', 'dir', 'overlay'] as const)('a sandbox on %s in a user n
   it('removes and recreates an image directory inside, and a snapshot of it restores exactly that', async () => {
     await using box = await lab.create({ storage });
     // /etc is the image's: on overlay the removal is a whiteout, the new /etc an opaque directory
-    await out(box, ['sh', '-c', 'rm -rf /etc /usr/share && mkdir /etc && echo mine > /etc/only && mkdir -p /usr/share/new && ls -a /etc']);
+    await out(box, [
+      'sh',
+      '-c',
+      'rm -rf /etc /usr/share && mkdir /etc && echo mine > /etc/only && mkdir -p /usr/share/new && ls -a /etc',
+    ]);
     expect(await out(box, ['ls', '-a', '/etc'])).toBe('.\n..\nonly');
     await box.snapshot(`opaque-${storage}`);
     const copy = await lab.restore(`opaque-${storage}`);
@@ -110,7 +143,7 @@ describe.each(['btrfs', 'dir', 'overlay'] as const)('a sandbox on %s in a user n
     await lab.removeSnapshot(`opaque-${storage}`);
   });
 
-  it('cannot write what the host bound read-only, nor change the host\'s device nodes', async () => {
+  it("cannot write what the host bound read-only, nor change the host's device nodes", async () => {
     await using box = await lab.create({ storage });
     expect((await box.exec(['sh', '-c', 'echo x > /run/snaplab/agent'])).exitCode).not.toBe(0);
     expect((await box.exec(['chmod', '666', '/run/snaplab/agent'])).exitCode).not.toBe(0);
@@ -118,7 +151,7 @@ describe.each(['btrfs', 'dir', 'overlay'] as const)('a sandbox on %s in a user n
     expect(await out(box, ['stat', '-c', '%u', '/run/snaplab/agent'])).toBe('65534'); // host root is nobody here
   });
 
-  it('starts where the host\'s /dev is mounted nosuid (stock Debian): the locked flag is kept, /proc still hardened', async () => {
+  it("starts where the host's /dev is mounted nosuid (stock Debian): the locked flag is kept, /proc still hardened", async () => {
     const env = { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_NO_FAST: '1' };
     const name = `nosuid-${storage}`;
     const made = snaplabWithNosuidDev(['create', '--image', 'busybox', '--storage', storage, '--name', name], env);
@@ -157,10 +190,12 @@ describe('user namespace ranges', () => {
     expect(box.toJSON().userns).toBeNull();
   });
 
-
-  it('a scenario machine\'s namespace owns its network: ping and port 80 work, and a reset keeps the range', async () => {
+  it("a scenario machine's namespace owns its network: ping and port 80 work, and a reset keeps the range", async () => {
     const file = join(lab.home, 'userns-scenario.yaml');
-    writeFileSync(file, 'name: uns\nnetworks:\n  net: { subnet: 10.88.0.0/24 }\nmachines:\n  a: { networks: { net: 10.88.0.2 } }\n  b: { networks: { net: 10.88.0.3 } }\n');
+    writeFileSync(
+      file,
+      'name: uns\nnetworks:\n  net: { subnet: 10.88.0.0/24 }\nmachines:\n  a: { networks: { net: 10.88.0.2 } }\n  b: { networks: { net: 10.88.0.3 } }\n',
+    );
     const scn = await lab.up(file, { name: 'uns' });
     try {
       const a = await scn.machine('a');
@@ -170,7 +205,20 @@ describe('user namespace ranges', () => {
       expect(await out(a, ['sh', '-c', 'ping -c1 -W2 10.88.0.3 >/dev/null && echo reached'])).toBe('reached'); // a raw socket
       const b = await scn.machine('b');
       expect(b.info.uidBase).not.toBe(base); // a range per machine
-      expect((await b.exec(['sh', '-c', 'nc -l -p 80 </dev/null >/dev/null 2>&1 & sleep 0.2; netstat -ltn | grep -q ":80 " && echo bound'], { timeoutMs: 10_000 })).stdout.toString().trim()).toBe('bound'); // CAP_NET_BIND_SERVICE over its network
+      expect(
+        (
+          await b.exec(
+            [
+              'sh',
+              '-c',
+              'nc -l -p 80 </dev/null >/dev/null 2>&1 & sleep 0.2; netstat -ltn | grep -q ":80 " && echo bound',
+            ],
+            { timeoutMs: 10_000 },
+          )
+        ).stdout
+          .toString()
+          .trim(),
+      ).toBe('bound'); // CAP_NET_BIND_SERVICE over its network
       a.close();
       b.close();
       await scn.snapshot('base');
@@ -184,7 +232,9 @@ describe('user namespace ranges', () => {
     } finally {
       await scn.down();
     }
-    const left = readdirSync(REGISTRY).map((f) => readFileSync(join(REGISTRY, f), 'utf8')).filter((t) => t.includes(lab.home) && t.includes('scenario:'));
+    const left = readdirSync(REGISTRY)
+      .map((f) => readFileSync(join(REGISTRY, f), 'utf8'))
+      .filter((t) => t.includes(lab.home) && t.includes('scenario:'));
     expect(left).toEqual([]); // down gave the machines' ranges back
   });
 
@@ -195,14 +245,19 @@ describe('user namespace ranges', () => {
       expect(new Set(boxes.map((b) => b.info.uidBase)).size).toBe(6);
       await Promise.all(boxes.map((b) => b.destroy()));
       // every range but one taken (by anyone): the create gets that one; the next cannot get any
-      const free = Array.from({ length: USERNS_SLOTS }, (_, n) => slotBase(n)).filter((b) => !readdirSync(REGISTRY).includes(String(b)));
+      const free = Array.from({ length: USERNS_SLOTS }, (_, n) => slotBase(n)).filter(
+        (b) => !readdirSync(REGISTRY).includes(String(b)),
+      );
       const keep = free.shift()!; // the lowest: the highest ones overlap systemd's foreign range
       for (const b of free) writeFileSync(join(REGISTRY, String(b)), '{"home":"/test/other","id":"x"}', { flag: 'wx' });
       try {
         await using last = await lab.create({});
         // (the one left, unless the host's accounts or systemd's foreign range rule it out)
         if (last.info.uidBase !== null) expect(last.info.uidBase).toBe(keep);
-        await expect(lab.create({})).rejects.toMatchObject({ code: 'NO_USERNS_SLOT', hint: expect.stringMatching(/--no-userns/) });
+        await expect(lab.create({})).rejects.toMatchObject({
+          code: 'NO_USERNS_SLOT',
+          hint: expect.stringMatching(/--no-userns/),
+        });
       } finally {
         for (const b of free) unlinkSync(join(REGISTRY, String(b)));
       }
@@ -228,7 +283,8 @@ describe('user namespace ranges', () => {
     const base = box.info.uidBase!;
     process.kill(box.info.pid!, 'SIGKILL');
     box.close();
-    for (let i = 0; i < 100 && (await lab.get(box.name)).info.state !== 'dead'; i++) await new Promise((r) => setTimeout(r, 20));
+    for (let i = 0; i < 100 && (await lab.get(box.name)).info.state !== 'dead'; i++)
+      await new Promise((r) => setTimeout(r, 20));
     const dead = await lab.get(box.name);
     expect(dead.info.state).toBe('dead');
     expect(dead.info.uidBase === null || lab.context.store.getSandbox(box.id)!.uidBase === null).toBe(true);
@@ -247,15 +303,35 @@ describe('user namespace ranges', () => {
     await mountFs('overlay', join(top, 'm'), 'overlay', `lowerdir=${top}/l,upperdir=${top}/u,workdir=${top}/w`);
     const other = await Lab.open({ home: join(top, 'm', 'home') });
     try {
-      const e = await other.create({ storage: 'dir' }).then(() => undefined, (x: unknown) => x as SnaplabError);
-      expect(e).toMatchObject({ code: 'LAUNCH_FAILED', message: expect.stringMatching(/idmapped mount of the root filesystem/), hint: expect.stringMatching(/--no-userns/) });
+      const e = await other.create({ storage: 'dir' }).then(
+        () => undefined,
+        (x: unknown) => x as SnaplabError,
+      );
+      expect(e).toMatchObject({
+        code: 'LAUNCH_FAILED',
+        message: expect.stringMatching(/idmapped mount of the root filesystem/),
+        hint: expect.stringMatching(/--no-userns/),
+      });
       expect(e?.message).not.toMatch(/No child processes/); // the step that failed, not the ready pipe's ECHILD
       expect(await other.list()).toEqual([]);
-      expect(readdirSync(REGISTRY).map((f) => readFileSync(join(REGISTRY, f), 'utf8')).filter((t) => t.includes(other.home))).toEqual([]);
+      expect(
+        readdirSync(REGISTRY)
+          .map((f) => readFileSync(join(REGISTRY, f), 'utf8'))
+          .filter((t) => t.includes(other.home)),
+      ).toEqual([]);
       // doctor tries what a create runs, and says so with the fix
-      const doc = spawnSync(SNAPLAB, ['doctor', '--json'], { env: { ...process.env, SNAPLAB_HOME: other.home }, encoding: 'utf8' });
-      const check = (JSON.parse(doc.stdout) as { checks: { name: string; ok: boolean; reason: string; fix?: string }[] }).checks.find((c) => c.name === 'userns: dir');
-      expect(check).toMatchObject({ ok: false, reason: expect.stringMatching(/idmapped mount of the root filesystem/), fix: expect.stringMatching(/btrfs, ext4/) });
+      const doc = spawnSync(SNAPLAB, ['doctor', '--json'], {
+        env: { ...process.env, SNAPLAB_HOME: other.home },
+        encoding: 'utf8',
+      });
+      const check = (
+        JSON.parse(doc.stdout) as { checks: { name: string; ok: boolean; reason: string; fix?: string }[] }
+      ).checks.find((c) => c.name === 'userns: dir');
+      expect(check).toMatchObject({
+        ok: false,
+        reason: expect.stringMatching(/idmapped mount of the root filesystem/),
+        fix: expect.stringMatching(/btrfs, ext4/),
+      });
       await using box = await other.create({ storage: 'dir', userns: false });
       expect(await out(box, ['echo', 'ran'])).toBe('ran');
     } finally {
@@ -273,7 +349,9 @@ describe('user namespace ranges', () => {
     const dead = join(REGISTRY, `.tmp-${spawnSync('true').pid}-00000000`);
     writeFileSync(dead, '');
     try {
-      await expect(lab.gc()).resolves.toMatchObject({ removed: expect.arrayContaining([expect.stringContaining(dead)]) });
+      await expect(lab.gc()).resolves.toMatchObject({
+        removed: expect.arrayContaining([expect.stringContaining(dead)]),
+      });
       await using box = await lab.create({});
       expect(box.info.uidBase).not.toBe(base);
       expect(readdirSync(REGISTRY).filter((f) => f.startsWith('.tmp-'))).toEqual([]); // claims are linked into place whole

@@ -35,7 +35,23 @@ async function startAgent(opts: { bwrap?: boolean; caps?: string } = {}): Promis
   if (opts.caps) args.push('--caps', opts.caps);
   const bin = agentBinaryPath();
   const [cmd, argv] = opts.bwrap
-    ? ['bwrap', ['--unshare-pid', '--as-pid-1', '--die-with-parent', '--bind', '/', '/', '--dev', '/dev', '--proc', '/proc', bin, ...args]]
+    ? [
+        'bwrap',
+        [
+          '--unshare-pid',
+          '--as-pid-1',
+          '--die-with-parent',
+          '--bind',
+          '/',
+          '/',
+          '--dev',
+          '/dev',
+          '--proc',
+          '/proc',
+          bin,
+          ...args,
+        ],
+      ]
     : [bin, args];
   const proc = spawn(cmd, argv as string[], { stdio: ['ignore', 'ignore', 'pipe', 'pipe'] });
   let err = '';
@@ -226,19 +242,28 @@ describe('agent on the host', () => {
     const before = await ticks();
     const r = await closer.result;
     expect(r.exitCode).toBe(0);
-    expect(await ticks() - before).toBeLessThan(20); // a second of 10 ms ticks: idle
+    expect((await ticks()) - before).toBeLessThan(20); // a second of 10 ms ticks: idle
     closer.write('late'); // to a finished exec: nothing, and no error
   });
 
   it('runs a command on a terminal: a tty of its own, its size, SIGWINCH on resize, ^C', async () => {
-    const t = await client.exec({ argv: ['sh', '-c', 'tty; stty size; [ -t 0 ] && [ -t 2 ] && echo both-tty; echo err >&2'], env: ENV, tty: { cols: 90, rows: 33 } }).result;
+    const t = await client.exec({
+      argv: ['sh', '-c', 'tty; stty size; [ -t 0 ] && [ -t 2 ] && echo both-tty; echo err >&2'],
+      env: ENV,
+      tty: { cols: 90, rows: 33 },
+    }).result;
     expect(t.exitCode).toBe(0);
     expect(t.stdout.toString()).toMatch(/^\/dev\/pts\/\d+\r\n33 90\r\nboth-tty\r\nerr\r\n$/); // stderr too, ONLCR on
     expect(t.stderr.length).toBe(0);
 
     let out = '';
     const w = client.exec(
-      { argv: ['sh', '-c', 'trap "stty size" WINCH; echo ready; while :; do sleep 0.05; done'], env: ENV, tty: { cols: 80, rows: 24 }, stdin: true },
+      {
+        argv: ['sh', '-c', 'trap "stty size" WINCH; echo ready; while :; do sleep 0.05; done'],
+        env: ENV,
+        tty: { cols: 80, rows: 24 },
+        stdin: true,
+      },
       { onStdout: (b) => (out += b.toString()) },
     );
     await vi.waitFor(() => expect(out).toContain('ready'), { timeout: 5000 });
@@ -259,13 +284,15 @@ describe('agent on the host', () => {
     quiet.end();
     const before = await cpu();
     await quiet.result;
-    expect(await cpu() - before).toBeLessThan(20); // ticks of 10 ms over that second: idle, not 100
+    expect((await cpu()) - before).toBeLessThan(20); // ticks of 10 ms over that second: idle, not 100
   });
 
   it('refuses a terminal to an agent older than protocol 1.2, clearly', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-old-agent-'));
     const path = join(dir, 'old.sock');
-    const server = createServer((c) => c.write(encodeFrame(MsgType.HELLO, 0, encodeHello({ major: 1, minor: 1, pid: 1, agentVersion: '0.0.9' }))));
+    const server = createServer((c) =>
+      c.write(encodeFrame(MsgType.HELLO, 0, encodeHello({ major: 1, minor: 1, pid: 1, agentVersion: '0.0.9' }))),
+    );
     await new Promise<void>((res) => server.listen(path, res));
     try {
       const old = await AgentClient.connect(path, { timeoutMs: 2000 });
@@ -275,7 +302,10 @@ describe('agent on the host', () => {
       } catch (x) {
         e = x;
       }
-      expect(e).toMatchObject({ code: 'AGENT_PROTOCOL', message: expect.stringMatching(/protocol 1\.1.*terminal \(1\.2 can\)/) });
+      expect(e).toMatchObject({
+        code: 'AGENT_PROTOCOL',
+        message: expect.stringMatching(/protocol 1\.1.*terminal \(1\.2 can\)/),
+      });
       await old.close();
     } finally {
       server.close();
@@ -311,15 +341,23 @@ describe('agent on the host', () => {
     expect((await client.getFile(p)).toString()).toBe('small');
     expect((await stat(p)).mode & 0o777).toBe(0o644);
     expect((await client.getFile('/proc/self/status')).toString()).toMatch(/^Name:\s+snaplab-agent/);
-    await expect(client.getFile(join(agent.dir, 'missing'))).rejects.toMatchObject({ code: 'AGENT_ERROR', message: expect.stringMatching(/ENOENT/) });
-    await expect(client.getFile(agent.dir)).rejects.toMatchObject({ code: 'AGENT_ERROR', message: expect.stringMatching(/EISDIR/) });
+    await expect(client.getFile(join(agent.dir, 'missing'))).rejects.toMatchObject({
+      code: 'AGENT_ERROR',
+      message: expect.stringMatching(/ENOENT/),
+    });
+    await expect(client.getFile(agent.dir)).rejects.toMatchObject({
+      code: 'AGENT_ERROR',
+      message: expect.stringMatching(/EISDIR/),
+    });
     await expect(client.putFile(p, Buffer.alloc(MAX_PAYLOAD))).rejects.toMatchObject({ code: 'AGENT_PROTOCOL' });
     expect(await client.ping()).toBeGreaterThanOrEqual(0); // still usable
   });
 
   it('multiplexes many concurrent execs over one connection', async () => {
     const n = 200;
-    const rs = await Promise.all(Array.from({ length: n }, (_, i) => run(['sh', '-c', 'echo $0; exit $(($0 % 7))', String(i)])));
+    const rs = await Promise.all(
+      Array.from({ length: n }, (_, i) => run(['sh', '-c', 'echo $0; exit $(($0 % 7))', String(i)])),
+    );
     rs.forEach((r, i) => {
       expect(r.stdout.toString()).toBe(`${i}\n`);
       expect(r.exitCode).toBe(i % 7);
@@ -446,7 +484,9 @@ describe('agent as PID 1 under bwrap', () => {
     expect(bnd & (1n << 21n)).toBe(0n); // CAP_SYS_ADMIN gone
     expect(bnd & (1n << 0n)).toBe(1n); // CAP_CHOWN kept
     const now = BigInt(Date.now()) * 1_000_000n;
-    await expect(client.setClock(now)).rejects.toMatchObject({ code: 'AGENT_ERROR', message: expect.stringMatching(/EPERM/) });
+    await expect(client.setClock(now)).rejects.toMatchObject({
+      code: 'AGENT_ERROR',
+      message: expect.stringMatching(/EPERM/),
+    });
   });
 });
-

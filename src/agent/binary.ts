@@ -20,7 +20,11 @@ export function packageRoot(from: string = dirname(fileURLToPath(import.meta.url
 export function agentBinaryPath(): string {
   const p = join(packageRoot(), 'native', 'build', 'snaplab-agent');
   if (!existsSync(p)) {
-    throw new SnaplabError('INTERNAL', `agent binary not found at ${p}`, 'build it: make -C native (or npm run build:agent)');
+    throw new SnaplabError(
+      'INTERNAL',
+      `agent binary not found at ${p}`,
+      'build it: make -C native (or npm run build:agent)',
+    );
   }
   return p;
 }

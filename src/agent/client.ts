@@ -53,7 +53,12 @@ const MAX_HELLO = 4096;
 function findResetAnswer(b: Buffer, id: number): { at: number; keep: number } {
   for (let i = 0; i + HEADER_SIZE <= b.length; i++) {
     const type = b.readUInt16LE(i + 4);
-    if ((type !== MsgType.HELLO && type !== MsgType.ERROR) || b.readUInt16LE(i + 6) !== 0 || b.readUInt32LE(i + 8) !== id) continue;
+    if (
+      (type !== MsgType.HELLO && type !== MsgType.ERROR) ||
+      b.readUInt16LE(i + 6) !== 0 ||
+      b.readUInt32LE(i + 8) !== id
+    )
+      continue;
     const len = b.readUInt32LE(i);
     if (len >= 4 && len <= MAX_HELLO) return { at: i, keep: 0 };
   }
@@ -206,7 +211,12 @@ export class AgentClient implements AsyncDisposable {
     this.agentPid = hello.pid;
     socket.on('data', (chunk: Buffer) => this.onData(chunk));
     socket.on('error', (e: Error) => {
-      this.closedError ??= new SnaplabError('AGENT_UNREACHABLE', `connection to agent failed: ${e.message}`, undefined, { cause: e });
+      this.closedError ??= new SnaplabError(
+        'AGENT_UNREACHABLE',
+        `connection to agent failed: ${e.message}`,
+        undefined,
+        { cause: e },
+      );
     });
     socket.on('close', () => this.failAll());
   }
@@ -288,7 +298,9 @@ export class AgentClient implements AsyncDisposable {
         }
         if (!first) return;
         if (first.type !== MsgType.HELLO) {
-          fail(new SnaplabError('AGENT_PROTOCOL', `agent's first frame is type 0x${first.type.toString(16)}, not HELLO`));
+          fail(
+            new SnaplabError('AGENT_PROTOCOL', `agent's first frame is type 0x${first.type.toString(16)}, not HELLO`),
+          );
           return;
         }
         let hello: Hello;
@@ -309,7 +321,12 @@ export class AgentClient implements AsyncDisposable {
           return;
         }
         cleanup();
-        const client = new AgentClient(sock, decoder, hello, opts.reset ? (resetId >= 0xffffffff ? 1 : resetId + 1) : 1);
+        const client = new AgentClient(
+          sock,
+          decoder,
+          hello,
+          opts.reset ? (resetId >= 0xffffffff ? 1 : resetId + 1) : 1,
+        );
         resolve(client);
         client.dispatch(frames.slice(1));
       };
@@ -412,7 +429,8 @@ export class AgentClient implements AsyncDisposable {
         const buf = typeof b === 'string' ? Buffer.from(b) : b;
         // An empty STDIN frame means EOF on the wire, so empty writes are skipped.
         if (!credits) {
-          for (let o = 0; o < buf.length; o += STDIN_CHUNK) this.sendQuiet(MsgType.STDIN, id, buf.subarray(o, o + STDIN_CHUNK));
+          for (let o = 0; o < buf.length; o += STDIN_CHUNK)
+            this.sendQuiet(MsgType.STDIN, id, buf.subarray(o, o + STDIN_CHUNK));
           return this.socket.writableLength < STDIN_WINDOW;
         }
         // what the window has no room for waits here, on the host, and goes as ACKs come
@@ -481,7 +499,12 @@ export class AgentClient implements AsyncDisposable {
               stdout: Buffer.concat(out.chunks),
               stderr: Buffer.concat(err.chunks),
               truncated,
-              usage: { userMs: x.userUs / 1000, systemMs: x.sysUs / 1000, maxRssKb: x.maxRssKb, wallMs: x.wallUs / 1000 },
+              usage: {
+                userMs: x.userUs / 1000,
+                systemMs: x.sysUs / 1000,
+                maxRssKb: x.maxRssKb,
+                wallMs: x.wallUs / 1000,
+              },
             });
             break;
           }
@@ -532,7 +555,11 @@ export class AgentClient implements AsyncDisposable {
   }
 
   private tooOld(what: string, minor: number): SnaplabError {
-    return new SnaplabError('AGENT_PROTOCOL', `the agent speaks protocol ${this.protocolVersion}, which cannot ${what} (1.${minor} can)`, 'recreate the machine with this snaplab (its agent is the one it was raised with)');
+    return new SnaplabError(
+      'AGENT_PROTOCOL',
+      `the agent speaks protocol ${this.protocolVersion}, which cannot ${what} (1.${minor} can)`,
+      'recreate the machine with this snaplab (its agent is the one it was raised with)',
+    );
   }
 
   /** Writes a file atomically (temp + rename), creating parent directories. */
@@ -570,12 +597,18 @@ export class AgentClient implements AsyncDisposable {
    * An agent that does not answer within `timeoutMs` is TIMEOUT (the connection is then unusable).
    */
   async setIdentity(identity: Identity, timeoutMs = 30_000): Promise<void> {
-    this.requireMinor(3, 'set a machine\'s identity');
+    this.requireMinor(3, "set a machine's identity");
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
         this.socket.destroy();
-        reject(new SnaplabError('TIMEOUT', `the agent did not answer IDENTITY within ${timeoutMs} ms`, 'see the machine\'s console (`snaplab logs`)'));
+        reject(
+          new SnaplabError(
+            'TIMEOUT',
+            `the agent did not answer IDENTITY within ${timeoutMs} ms`,
+            "see the machine's console (`snaplab logs`)",
+          ),
+        );
       }, timeoutMs);
     });
     try {
@@ -619,7 +652,13 @@ export class AgentClient implements AsyncDisposable {
           this.pending.delete(id);
           if (f.type === expect) resolve(f.payload);
           else if (f.type === MsgType.ERROR) reject(agentError(f.payload));
-          else reject(new SnaplabError('AGENT_PROTOCOL', `expected frame type 0x${expect.toString(16)}, got 0x${f.type.toString(16)}`));
+          else
+            reject(
+              new SnaplabError(
+                'AGENT_PROTOCOL',
+                `expected frame type 0x${expect.toString(16)}, got 0x${f.type.toString(16)}`,
+              ),
+            );
         },
         onClose: reject,
       });

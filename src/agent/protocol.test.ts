@@ -20,7 +20,11 @@ function sampleFrames(): Buffer[] {
     encodeFrame(MsgType.PING, 1),
     encodeFrame(MsgType.STDOUT, 7, Buffer.from('hello world')),
     encodeFrame(MsgType.DATA, 0xffffffff, Buffer.alloc(70_000, 0xab)),
-    encodeFrame(MsgType.EXEC, 3, encodeExec({ argv: ['a', 'b c'], env: ['X=1'], cwd: '/tmp', timeoutMs: 5, stdin: true })),
+    encodeFrame(
+      MsgType.EXEC,
+      3,
+      encodeExec({ argv: ['a', 'b c'], env: ['X=1'], cwd: '/tmp', timeoutMs: 5, stdin: true }),
+    ),
   ];
 }
 
@@ -83,7 +87,13 @@ describe('payloads', () => {
   it('EXEC round-trips', () => {
     const req = { argv: ['sh', '-c', 'echo ünïcode'], env: ['A=1', 'B='], cwd: '/x y', timeoutMs: 1500, stdin: true };
     expect(decodeExec(encodeExec(req))).toEqual(req);
-    expect(decodeExec(encodeExec({ argv: ['true'], env: [] }))).toEqual({ argv: ['true'], env: [], cwd: undefined, timeoutMs: 0, stdin: false });
+    expect(decodeExec(encodeExec({ argv: ['true'], env: [] }))).toEqual({
+      argv: ['true'],
+      env: [],
+      cwd: undefined,
+      timeoutMs: 0,
+      stdin: false,
+    });
   });
 
   it('HELLO round-trips and EXIT decodes little-endian fields', () => {
@@ -99,14 +109,26 @@ describe('payloads', () => {
     expect(() => decodeExit(Buffer.alloc(10))).toThrow(/too short/);
   });
 
-  it('IDENTITY: flags, the name\'s length and bytes, the machine id, the entropy; bad values refused before sending', () => {
+  it("IDENTITY: flags, the name's length and bytes, the machine id, the entropy; bad values refused before sending", () => {
     const id = '0123456789abcdef0123456789abcdef';
     const b = encodeIdentity({ hostname: 'web-1', machineId: id, entropy: Buffer.from([9, 8, 7]), system: true });
-    expect(b.toString('hex')).toBe(Buffer.concat([Buffer.from([1, 5]), Buffer.from('web-1'), Buffer.from(id), Buffer.from([9, 8, 7])]).toString('hex'));
+    expect(b.toString('hex')).toBe(
+      Buffer.concat([Buffer.from([1, 5]), Buffer.from('web-1'), Buffer.from(id), Buffer.from([9, 8, 7])]).toString(
+        'hex',
+      ),
+    );
     expect(encodeIdentity({ hostname: 'a', machineId: id, entropy: Buffer.alloc(0), system: false })[0]).toBe(0);
-    expect(() => encodeIdentity({ hostname: 'a b', machineId: id, entropy: Buffer.alloc(0), system: false })).toThrow(/invalid host name/);
-    expect(() => encodeIdentity({ hostname: 'x'.repeat(65), machineId: id, entropy: Buffer.alloc(0), system: false })).toThrow(/invalid host name/);
-    expect(() => encodeIdentity({ hostname: 'a', machineId: id.toUpperCase(), entropy: Buffer.alloc(0), system: false })).toThrow(/machine id/);
-    expect(() => encodeIdentity({ hostname: 'a', machineId: id, entropy: Buffer.alloc(4097), system: false })).toThrow(/at most 4096/);
+    expect(() => encodeIdentity({ hostname: 'a b', machineId: id, entropy: Buffer.alloc(0), system: false })).toThrow(
+      /invalid host name/,
+    );
+    expect(() =>
+      encodeIdentity({ hostname: 'x'.repeat(65), machineId: id, entropy: Buffer.alloc(0), system: false }),
+    ).toThrow(/invalid host name/);
+    expect(() =>
+      encodeIdentity({ hostname: 'a', machineId: id.toUpperCase(), entropy: Buffer.alloc(0), system: false }),
+    ).toThrow(/machine id/);
+    expect(() => encodeIdentity({ hostname: 'a', machineId: id, entropy: Buffer.alloc(4097), system: false })).toThrow(
+      /at most 4096/,
+    );
   });
 });

@@ -146,7 +146,12 @@ export interface Hello {
 
 export function decodeHello(p: Buffer): Hello {
   need(p, 8, 'HELLO');
-  return { major: p.readUInt16LE(0), minor: p.readUInt16LE(2), pid: p.readUInt32LE(4), agentVersion: p.toString('utf8', 8) };
+  return {
+    major: p.readUInt16LE(0),
+    minor: p.readUInt16LE(2),
+    pid: p.readUInt32LE(4),
+    agentVersion: p.toString('utf8', 8),
+  };
 }
 
 export function encodeHello(h: Hello): Buffer {
@@ -178,7 +183,8 @@ export interface WindowSize {
 
 /** Clamps a terminal size to what the agent takes (1..65535 each). */
 export function windowSize(cols: number | undefined, rows: number | undefined): WindowSize {
-  const clamp = (n: number | undefined, d: number): number => (n && Number.isFinite(n) && n > 0 ? Math.min(65535, Math.floor(n)) : d);
+  const clamp = (n: number | undefined, d: number): number =>
+    n && Number.isFinite(n) && n > 0 ? Math.min(65535, Math.floor(n)) : d;
   return { cols: clamp(cols, 80), rows: clamp(rows, 24) };
 }
 
@@ -214,7 +220,15 @@ export function encodeExec(req: ExecPayload): Buffer {
 
 export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin: boolean } {
   need(p, 8, 'EXEC');
-  const out = { argv: [] as string[], env: [] as string[], cwd: undefined as string | undefined, user: undefined as string | undefined, tty: undefined as WindowSize | undefined, timeoutMs: p.readUInt32LE(0), stdin: (p.readUInt32LE(4) & EXEC_FLAG_STDIN) !== 0 };
+  const out = {
+    argv: [] as string[],
+    env: [] as string[],
+    cwd: undefined as string | undefined,
+    user: undefined as string | undefined,
+    tty: undefined as WindowSize | undefined,
+    timeoutMs: p.readUInt32LE(0),
+    stdin: (p.readUInt32LE(4) & EXEC_FLAG_STDIN) !== 0,
+  };
   let off = 8;
   while (off < p.length) {
     need(p, off + 5, 'EXEC field');
@@ -303,10 +317,21 @@ export interface Identity {
 
 export function encodeIdentity(i: Identity): Buffer {
   const name = Buffer.from(i.hostname, 'utf8');
-  if (name.length < 1 || name.length > 64 || !/^[A-Za-z0-9._-]+$/.test(i.hostname)) throw new SnaplabError('BAD_NAME', `invalid host name ${JSON.stringify(i.hostname)}`, 'use 1-64 letters, digits, ".", "_" or "-"');
-  if (!/^[0-9a-f]{32}$/.test(i.machineId)) throw new SnaplabError('INTERNAL', `invalid machine id ${JSON.stringify(i.machineId)}`);
+  if (name.length < 1 || name.length > 64 || !/^[A-Za-z0-9._-]+$/.test(i.hostname))
+    throw new SnaplabError(
+      'BAD_NAME',
+      `invalid host name ${JSON.stringify(i.hostname)}`,
+      'use 1-64 letters, digits, ".", "_" or "-"',
+    );
+  if (!/^[0-9a-f]{32}$/.test(i.machineId))
+    throw new SnaplabError('INTERNAL', `invalid machine id ${JSON.stringify(i.machineId)}`);
   if (i.entropy.length > 4096) throw new SnaplabError('INTERNAL', `${i.entropy.length} bytes of entropy: at most 4096`);
-  return Buffer.concat([Buffer.from([i.system ? 1 : 0, name.length]), name, Buffer.from(i.machineId, 'latin1'), i.entropy]);
+  return Buffer.concat([
+    Buffer.from([i.system ? 1 : 0, name.length]),
+    name,
+    Buffer.from(i.machineId, 'latin1'),
+    i.entropy,
+  ]);
 }
 
 export interface ErrorPayload {

@@ -67,7 +67,10 @@ class FrameReader {
       const i = this.frames.findIndex(pred);
       if (i >= 0) return this.frames.splice(i, 1)[0]!;
       const left = end - Date.now();
-      if (left <= 0) throw new Error(`no matching frame within ${ms} ms; have ${JSON.stringify(this.frames.map((f) => [f.type, f.id]))}`);
+      if (left <= 0)
+        throw new Error(
+          `no matching frame within ${ms} ms; have ${JSON.stringify(this.frames.map((f) => [f.type, f.id]))}`,
+        );
       await new Promise<void>((res) => {
         const t = setTimeout(res, left);
         this.waiter = () => {

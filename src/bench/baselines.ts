@@ -12,7 +12,10 @@ export const SCENARIO_BASELINES = ['down+up'] as const;
 export const SYSTEM_BASELINES = ['nspawn'] as const;
 /** what a restore replaces: booting the same machine to usable */
 export const RESTORE_BASELINES = ['boot', ...BASELINES] as const;
-export type BaselineName = (typeof RESTORE_BASELINES)[number] | (typeof SCENARIO_BASELINES)[number] | (typeof SYSTEM_BASELINES)[number];
+export type BaselineName =
+  | (typeof RESTORE_BASELINES)[number]
+  | (typeof SCENARIO_BASELINES)[number]
+  | (typeof SYSTEM_BASELINES)[number];
 
 export interface LoopLimits {
   durationMs: number;
@@ -29,26 +32,39 @@ export interface Arm {
 
 /** Spawn cmd args to exit 0, `concurrency` at a time, in a closed loop. */
 export function spawnLoop(concurrency: number, lim: LoopLimits, cmd: string, args: string[]): Promise<LoopResult> {
-  return closedLoop(concurrency, lim, () =>
-    new Promise<void>((resolve, reject) => {
-      const c = spawn(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
-      let err = '';
-      c.stderr!.on('data', (b: Buffer) => (err += b.toString()));
-      c.on('error', reject);
-      c.on('exit', (code, sig) => (code === 0 ? resolve() : reject(new Error(`${cmd}: ${sig ?? `exit ${code}`} ${err.trim()}`))));
-    }),
+  return closedLoop(
+    concurrency,
+    lim,
+    () =>
+      new Promise<void>((resolve, reject) => {
+        const c = spawn(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+        let err = '';
+        c.stderr!.on('data', (b: Buffer) => (err += b.toString()));
+        c.on('error', reject);
+        c.on('exit', (code, sig) =>
+          code === 0 ? resolve() : reject(new Error(`${cmd}: ${sig ?? `exit ${code}`} ${err.trim()}`)),
+        );
+      }),
   );
 }
 
 /** The bare host spawning the same argv with the same concurrency: the limit for `exec`. */
 export function bareSpawn(argv: string[], lim: LoopLimits): Arm {
-  return { name: 'bare-spawn', note: 'node child_process.spawn on the host', run: (c) => spawnLoop(c, lim, argv[0]!, argv.slice(1)) };
+  return {
+    name: 'bare-spawn',
+    note: 'node child_process.spawn on the host',
+    run: (c) => spawnLoop(c, lim, argv[0]!, argv.slice(1)),
+  };
 }
 
 /** The same namespaces and argv, chrooted into the image, with no snaplab: the limit for `fresh-exec`. */
 export function rawNamespace(argv: string[], rootfs: string, lim: LoopLimits): Arm {
   const args = ['--fork', '--pid', '--mount', '--uts', '--ipc', '--net', `--root=${rootfs}`, ...argv];
-  return { name: 'raw-namespace', note: 'unshare --fork --pid --mount --uts --ipc --net --root=<busybox rootfs>', run: (c) => spawnLoop(c, lim, 'unshare', args) };
+  return {
+    name: 'raw-namespace',
+    note: 'unshare --fork --pid --mount --uts --ipc --net --root=<busybox rootfs>',
+    run: (c) => spawnLoop(c, lim, 'unshare', args),
+  };
 }
 
 /** runc, when installed: a bundle on the busybox rootfs (read-only), one `runc run` per operation. */
@@ -77,7 +93,9 @@ export async function runcArm(argv: string[], rootfs: string, lim: LoopLimits): 
     note: `runc run of a bundle on the busybox rootfs (${runc})`,
     run: (c) =>
       closedLoop(c, lim, () =>
-        run(runc, ['--root', state, 'run', '--bundle', dir, `snaplab-bench-${process.pid}-${n++}`]).then(() => undefined),
+        run(runc, ['--root', state, 'run', '--bundle', dir, `snaplab-bench-${process.pid}-${n++}`]).then(
+          () => undefined,
+        ),
       ),
     dispose: () => rm(dir, { recursive: true, force: true }),
   };
@@ -90,7 +108,10 @@ export async function lxcArm(argv: string[], lim: LoopLimits): Promise<Arm | str
   if (!info || info.code !== 0) return 'lxc installed but `lxc info` does not answer';
   const image = process.env.SNAPLAB_BENCH_LXC_IMAGE ?? 'images:alpine/edge';
   const name = `snaplab-bench-${process.pid}`;
-  const launched = await run('lxc', ['launch', image, name, '--ephemeral'], { allowFail: true, timeoutMs: 120_000 }).catch((e: Error) => ({ code: 1, stderr: e.message }));
+  const launched = await run('lxc', ['launch', image, name, '--ephemeral'], {
+    allowFail: true,
+    timeoutMs: 120_000,
+  }).catch((e: Error) => ({ code: 1, stderr: e.message }));
   if (launched.code !== 0) return `lxc launch ${image} failed (set SNAPLAB_BENCH_LXC_IMAGE): ${launched.stderr.trim()}`;
   return {
     name: 'lxc',

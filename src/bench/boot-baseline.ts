@@ -5,13 +5,23 @@ import { closedLoop } from './loop.js';
 import { phasesOf } from './workloads.js';
 
 /** The baseline a restore replaces: raising the same machine (a VM: booting it; a system machine: to systemd running) to usable. */
-export function bootArm(lab: Lab, lim: LoopLimits, m: { driver?: string; storage?: StorageKind; image?: string; init?: 'systemd' | 'agent'; userns?: boolean }): Arm {
+export function bootArm(
+  lab: Lab,
+  lim: LoopLimits,
+  m: { driver?: string; storage?: StorageKind; image?: string; init?: 'systemd' | 'agent'; userns?: boolean },
+): Arm {
   return {
     name: 'boot',
     note: `create to usable with the ${m.driver ?? 'namespaces'} driver${m.image ? `, image ${m.image}` : ''}${m.init ? `, --init ${m.init}` : ''}`,
     run: (concurrency) =>
       closedLoop(concurrency, lim, async () => {
-        const box = await lab.create({ driver: m.driver, storage: m.storage, image: m.image, init: m.init, userns: m.userns });
+        const box = await lab.create({
+          driver: m.driver,
+          storage: m.storage,
+          image: m.image,
+          init: m.init,
+          userns: m.userns,
+        });
         const t = box.lastTrace!;
         await box.destroy();
         return { latencyMs: t.totalMs, phases: phasesOf(t) };

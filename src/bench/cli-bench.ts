@@ -64,7 +64,11 @@ function timed(argv: string[], env: NodeJS.ProcessEnv): Promise<number> {
     let err = '';
     c.stderr!.on('data', (b: Buffer) => (err += b.toString()));
     c.on('error', reject);
-    c.on('exit', (code, sig) => (code === 0 ? resolve(now() - t0) : reject(new Error(`${argv.join(' ')}: ${sig ?? `exit ${code}`} ${err.trim().slice(0, 200)}`))));
+    c.on('exit', (code, sig) =>
+      code === 0
+        ? resolve(now() - t0)
+        : reject(new Error(`${argv.join(' ')}: ${sig ?? `exit ${code}`} ${err.trim().slice(0, 200)}`)),
+    );
   });
 }
 
@@ -82,7 +86,9 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
   const made: Sandbox[] = [];
   let daemon: Awaited<ReturnType<typeof startBenchDaemon>>;
   try {
-    progress.note(`raising a sandbox to exec in, one with 100 MB written to snapshot, and ${LS_SANDBOXES} idle ones for ls`);
+    progress.note(
+      `raising a sandbox to exec in, one with 100 MB written to snapshot, and ${LS_SANDBOXES} idle ones for ls`,
+    );
     const box = await lab.create({ name: `${tag}-exec` });
     made.push(box);
     const filled = await lab.create({ name: `${tag}-fill` });
@@ -100,8 +106,18 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
       { name: 'snaplab --help (Node CLI)', argv: [snaplab, '--help'], parallel: true },
       { name: `snaplab ls (${LS_SANDBOXES} sandboxes)`, argv: [snaplab, 'ls'], parallel: true },
       { name: 'snaplab exec -- /bin/true', argv: [snaplab, 'exec', box.name, '--', '/bin/true'], parallel: true },
-      { name: 'snaplab exec -- /bin/true (Node path)', argv: [snaplab, 'exec', box.name, '--', '/bin/true'], env: { SNAPLAB_NO_FAST_EXEC: '1' }, parallel: true },
-      { name: 'nsenter -t PID -a /bin/true', argv: ['nsenter', '-t', String(box.info.pid), '-a', '/bin/true'], parallel: true, baseline: true },
+      {
+        name: 'snaplab exec -- /bin/true (Node path)',
+        argv: [snaplab, 'exec', box.name, '--', '/bin/true'],
+        env: { SNAPLAB_NO_FAST_EXEC: '1' },
+        parallel: true,
+      },
+      {
+        name: 'nsenter -t PID -a /bin/true',
+        argv: ['nsenter', '-t', String(box.info.pid), '-a', '/bin/true'],
+        parallel: true,
+        baseline: true,
+      },
       {
         name: 'snaplab create (to usable) + rm',
         argv: [],
@@ -109,34 +125,53 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
         after: async (i) => void (await timed([snaplab, 'rm', `${tag}-c${i}`], env)),
         parallel: false,
       },
-      ...(viaDaemon ? [
-        { name: `snaplab ls through a daemon (C client, ${LS_SANDBOXES} sandboxes)`, argv: [snaplab, 'ls'], env: viaDaemon, parallel: true },
-        {
-          name: 'snaplab create through a daemon (C client) + rm',
-          argv: [],
-          env: viaDaemon,
-          argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-d${i}`],
-          after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-d${i}`], { ...env, ...viaDaemon })),
-          parallel: false,
-        },
-        {
-          name: 'snaplab create through a daemon (Node CLI) + rm',
-          argv: [],
-          env: { ...viaDaemon, SNAPLAB_NO_FAST: '1' },
-          argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-n${i}`],
-          after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-n${i}`], { ...env, ...viaDaemon })),
-          parallel: false,
-        },
-        {
-          // a C client making the same request (the body the command sends): the daemon's create from a shell
-          name: 'curl POST /sandboxes + rm',
-          argv: [],
-          baseline: true,
-          argvAt: (i: number) => ['curl', '-sf', '--unix-socket', daemon!.socket, '-X', 'POST', '-H', 'content-type: application/json', '-d', JSON.stringify({ image: 'busybox', name: `${tag}-u${i}`, labels: {}, onTimeout: 'kill' }), 'http://snaplab/sandboxes'],
-          after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-u${i}`], { ...env, ...viaDaemon })),
-          parallel: false,
-        },
-      ] : []),
+      ...(viaDaemon
+        ? [
+            {
+              name: `snaplab ls through a daemon (C client, ${LS_SANDBOXES} sandboxes)`,
+              argv: [snaplab, 'ls'],
+              env: viaDaemon,
+              parallel: true,
+            },
+            {
+              name: 'snaplab create through a daemon (C client) + rm',
+              argv: [],
+              env: viaDaemon,
+              argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-d${i}`],
+              after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-d${i}`], { ...env, ...viaDaemon })),
+              parallel: false,
+            },
+            {
+              name: 'snaplab create through a daemon (Node CLI) + rm',
+              argv: [],
+              env: { ...viaDaemon, SNAPLAB_NO_FAST: '1' },
+              argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-n${i}`],
+              after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-n${i}`], { ...env, ...viaDaemon })),
+              parallel: false,
+            },
+            {
+              // a C client making the same request (the body the command sends): the daemon's create from a shell
+              name: 'curl POST /sandboxes + rm',
+              argv: [],
+              baseline: true,
+              argvAt: (i: number) => [
+                'curl',
+                '-sf',
+                '--unix-socket',
+                daemon!.socket,
+                '-X',
+                'POST',
+                '-H',
+                'content-type: application/json',
+                '-d',
+                JSON.stringify({ image: 'busybox', name: `${tag}-u${i}`, labels: {}, onTimeout: 'kill' }),
+                'http://snaplab/sandboxes',
+              ],
+              after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-u${i}`], { ...env, ...viaDaemon })),
+              parallel: false,
+            },
+          ]
+        : []),
       {
         name: 'snaplab snapshot (100 MB written)',
         argv: [],
@@ -145,7 +180,9 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
         parallel: false,
       },
     ];
-    const results = new Map<string, { serial: number[]; parallel: number[]; errors: string[] }>(cases.map((c) => [c.name, { serial: [], parallel: [], errors: [] }]));
+    const results = new Map<string, { serial: number[]; parallel: number[]; errors: string[] }>(
+      cases.map((c) => [c.name, { serial: [], parallel: [], errors: [] }]),
+    );
     let n = 0;
     for (let round = 1; round <= plan.rounds; round++) {
       for (const c of cases) {
@@ -161,11 +198,15 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
           }
         }
         if (c.parallel) {
-          const loop = await closedLoop(plan.loops, { durationMs: plan.durationMs }, async () => ({ latencyMs: await timed(c.argv, e) }));
+          const loop = await closedLoop(plan.loops, { durationMs: plan.durationMs }, async () => ({
+            latencyMs: await timed(c.argv, e),
+          }));
           r.parallel.push(loop.latenciesMs.length / (loop.wallMs / 1000));
           r.errors.push(...loop.errors);
         }
-        progress.note(`round ${round}/${plan.rounds} ${c.name}: p50 ${median(r.serial).toFixed(1)} ms${c.parallel ? `, ${r.parallel.at(-1)!.toFixed(1)} calls/s with ${plan.loops} loops` : ''}`);
+        progress.note(
+          `round ${round}/${plan.rounds} ${c.name}: p50 ${median(r.serial).toFixed(1)} ms${c.parallel ? `, ${r.parallel.at(-1)!.toFixed(1)} calls/s with ${plan.loops} loops` : ''}`,
+        );
       }
     }
     const out: CliCaseResult[] = cases.map((c) => {
@@ -175,21 +216,47 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
         argv: (c.argvAt?.(0) ?? c.argv).join(' ').replace(process.execPath, 'node'),
         baseline: !!c.baseline,
         ...(r.serial.length ? { serialMs: { ...latencySummary(r.serial), samples: r.serial.length } } : {}),
-        ...(r.parallel.length ? { parallel: { loops: plan.loops, callsPerSecond: round1(median(r.parallel)), range: [round1(Math.min(...r.parallel)), round1(Math.max(...r.parallel))] as [number, number] } } : {}),
+        ...(r.parallel.length
+          ? {
+              parallel: {
+                loops: plan.loops,
+                callsPerSecond: round1(median(r.parallel)),
+                range: [round1(Math.min(...r.parallel)), round1(Math.max(...r.parallel))] as [number, number],
+              },
+            }
+          : {}),
         errors: r.errors.slice(0, 3),
       };
     });
-    if (!daemon) out.push({ name: 'snaplab create through a daemon', argv: 'SNAPLAB_HOST=unix:SOCKET snaplab create', baseline: false, errors: [], note: 'skipped: a daemon already serves this home (one per home); stop it to measure' });
-    if (!lxc) out.push({ name: 'lxc exec -- /bin/true', argv: 'lxc exec NAME -- /bin/true', baseline: true, errors: [], note: 'skipped: lxc not installed (apt-get install lxd-client, and a running LXD, to measure it)' });
+    if (!daemon)
+      out.push({
+        name: 'snaplab create through a daemon',
+        argv: 'SNAPLAB_HOST=unix:SOCKET snaplab create',
+        baseline: false,
+        errors: [],
+        note: 'skipped: a daemon already serves this home (one per home); stop it to measure',
+      });
+    if (!lxc)
+      out.push({
+        name: 'lxc exec -- /bin/true',
+        argv: 'lxc exec NAME -- /bin/true',
+        baseline: true,
+        errors: [],
+        note: 'skipped: lxc not installed (apt-get install lxd-client, and a running LXD, to measure it)',
+      });
     const p50 = (name: string): number | undefined => out.find((c) => c.name.startsWith(name))?.serialMs?.p50;
-    const ratio = (a?: number, b?: number): number | undefined => (a && b ? Math.round((a / b) * 100) / 100 : undefined);
+    const ratio = (a?: number, b?: number): number | undefined =>
+      a && b ? Math.round((a / b) * 100) / 100 : undefined;
     const ratios: Record<string, number | undefined> = {
       'snaplab --version / node -e 0': ratio(p50('snaplab --version'), p50('node -e 0')),
       'snaplab --help (Node CLI) / node -e 0': ratio(p50('snaplab --help'), p50('node -e 0')),
       'exec / nsenter': ratio(p50('snaplab exec -- /bin/true'), p50('nsenter')),
       'exec Node path / exec': ratio(p50('snaplab exec -- /bin/true (Node path)'), p50('snaplab exec -- /bin/true')),
       'ls through a daemon (C) / ls': ratio(p50('snaplab ls through a daemon'), p50('snaplab ls (')),
-      'create through a daemon (C) / create': ratio(p50('snaplab create through a daemon (C client)'), p50('snaplab create (to usable)')),
+      'create through a daemon (C) / create': ratio(
+        p50('snaplab create through a daemon (C client)'),
+        p50('snaplab create (to usable)'),
+      ),
       'create through a daemon (C) / curl': ratio(p50('snaplab create through a daemon (C client)'), p50('curl POST')),
     };
     return {
@@ -197,7 +264,13 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
       command: snaplab,
       startedAt,
       finishedAt: new Date().toISOString(),
-      settings: { rounds: plan.rounds, serialPerRound: SERIAL_PER_ROUND, loops: plan.loops, durationMs: plan.durationMs, lsSandboxes: LS_SANDBOXES },
+      settings: {
+        rounds: plan.rounds,
+        serialPerRound: SERIAL_PER_ROUND,
+        loops: plan.loops,
+        durationMs: plan.durationMs,
+        lsSandboxes: LS_SANDBOXES,
+      },
       cases: out,
       ratios: Object.fromEntries(Object.entries(ratios).filter((e): e is [string, number] => e[1] !== undefined)),
     };
@@ -206,7 +279,8 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
     await daemon?.stop();
     for (const b of made) await b.destroy().catch(() => undefined);
     for (const b of await lab.list()) if (b.name.startsWith(`${tag}-`)) await b.destroy().catch(() => undefined);
-    for (const s of await lab.snapshots()) if (s.name.startsWith(`${tag}-`)) await lab.removeSnapshot(s.name).catch(() => undefined);
+    for (const s of await lab.snapshots())
+      if (s.name.startsWith(`${tag}-`)) await lab.removeSnapshot(s.name).catch(() => undefined);
     progress.done();
   }
 }
@@ -215,9 +289,16 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
  * `snaplab serve` on a socket of its own in the bench's home, for the create-through-a-daemon
  * cases; undefined when one already serves this home (one daemon per home: it would refuse).
  */
-async function startBenchDaemon(snaplab: string, env: NodeJS.ProcessEnv, tag: string): Promise<{ socket: string; stop: () => Promise<void> } | undefined> {
+async function startBenchDaemon(
+  snaplab: string,
+  env: NodeJS.ProcessEnv,
+  tag: string,
+): Promise<{ socket: string; stop: () => Promise<void> } | undefined> {
   const socket = join(env.SNAPLAB_HOME!, `${tag}.sock`);
-  const proc = spawn(snaplab, ['serve', '--socket', socket, '--default-timeout', '0'], { env, stdio: ['ignore', 'pipe', 'ignore'] });
+  const proc = spawn(snaplab, ['serve', '--socket', socket, '--default-timeout', '0'], {
+    env,
+    stdio: ['ignore', 'pipe', 'ignore'],
+  });
   const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
   const ready = await new Promise<boolean>((resolve) => {
     proc.stdout!.once('data', () => resolve(true));

@@ -8,8 +8,14 @@ export function cliPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCl
   const allowed: (keyof BenchCli)[] = ['workload', 'reps', 'concurrency', 'duration', 'json'];
   const extra = (Object.keys(o) as (keyof BenchCli)[]).filter((k) => explicit(k) && !allowed.includes(k));
   if (extra.length || argv.length) {
-    const what = extra.length ? `--${extra[0]!.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}` : `argv ${JSON.stringify(argv.join(' '))}`;
-    throw new SnaplabError('BAD_INPUT', `the cli workload does not take ${what}`, 'it takes --reps (rounds), --concurrency (parallel shell loops, default 8), --duration and --json');
+    const what = extra.length
+      ? `--${extra[0]!.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`
+      : `argv ${JSON.stringify(argv.join(' '))}`;
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `the cli workload does not take ${what}`,
+      'it takes --reps (rounds), --concurrency (parallel shell loops, default 8), --duration and --json',
+    );
   }
   return {
     rounds: parsePositiveInt(o.reps, 'reps'),

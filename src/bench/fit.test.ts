@@ -1,7 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { fit, floorMs, overlap, peak, slopeMsPerSlot, verdict } from './fit.js';
 
-const rung = (concurrency: number, throughput: number, p50: number) => ({ concurrency, throughput, latencyMs: { p50 } });
+const rung = (concurrency: number, throughput: number, p50: number) => ({
+  concurrency,
+  throughput,
+  latencyMs: { p50 },
+});
 
 describe('ladder fit', () => {
   it('the floor is p50 at the lowest rung, whatever the order', () => {
@@ -19,8 +23,15 @@ describe('ladder fit', () => {
   });
 
   it('the peak is the rung with the most throughput, the lower rung on a tie', () => {
-    expect(peak([rung(1, 300, 1), rung(2, 700, 1), rung(4, 700, 2), rung(8, 650, 4)])).toEqual({ concurrency: 2, throughput: 700 });
-    expect(fit([rung(1, 300, 1), rung(2, 500, 3)])).toEqual({ floorMs: 1, slopeMsPerSlot: 2, peak: { concurrency: 2, throughput: 500 } });
+    expect(peak([rung(1, 300, 1), rung(2, 700, 1), rung(4, 700, 2), rung(8, 650, 4)])).toEqual({
+      concurrency: 2,
+      throughput: 700,
+    });
+    expect(fit([rung(1, 300, 1), rung(2, 500, 3)])).toEqual({
+      floorMs: 1,
+      slopeMsPerSlot: 2,
+      peak: { concurrency: 2, throughput: 500 },
+    });
   });
 
   it('overlap compares the reps ranges', () => {

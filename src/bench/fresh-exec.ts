@@ -23,11 +23,22 @@ function phasePaths(t: TraceSummary): Record<string, number> {
  * Latency: take → exec → give back, as the run's trace measures it. The pool is made for the
  * run (filled before the clock starts) and removed after it.
  */
-export async function freshExec(lab: LabApi, s: BenchSettings & { recycle: boolean; poolSize?: number }): Promise<LoopResult> {
+export async function freshExec(
+  lab: LabApi,
+  s: BenchSettings & { recycle: boolean; poolSize?: number },
+): Promise<LoopResult> {
   const name = `bench-${randomBytes(3).toString('hex')}`;
-  const pool = await lab.createPool({ name, image: 'busybox', size: s.poolSize ?? Math.max(2, s.concurrency * 2), limits: {}, storage: s.storage, driver: s.driver,
+  const pool = await lab.createPool({
+    name,
+    image: 'busybox',
+    size: s.poolSize ?? Math.max(2, s.concurrency * 2),
+    limits: {},
+    storage: s.storage,
+    driver: s.driver,
     // VM standbys are never recycled (each use is a fresh restore): the option does not apply
-    recycle: s.driver === 'qemu' ? undefined : s.recycle, userns: s.userns });
+    recycle: s.driver === 'qemu' ? undefined : s.recycle,
+    userns: s.userns,
+  });
   try {
     // the embedded pool is refilled by this process; a daemon refills the pools it holds itself
     if (pool instanceof Pool) pool.start();
@@ -36,7 +47,9 @@ export async function freshExec(lab: LabApi, s: BenchSettings & { recycle: boole
       const r: RunOutcome & { trace?: TraceSummary } = await pool.run(s.argv, { encoding: 'buffer' });
       if (r.exitCode !== 0) throw new Error(`${s.argv.join(' ')} exited ${r.exitCode}: ${r.stderr.toString().trim()}`);
       // through a daemon there is no trace here: the call's wall time, which is what its client waits
-      return r.trace ? { latencyMs: r.trace.totalMs, phases: phasePaths(r.trace) } : { latencyMs: performance.now() - t0, phases: {} };
+      return r.trace
+        ? { latencyMs: r.trace.totalMs, phases: phasePaths(r.trace) }
+        : { latencyMs: performance.now() - t0, phases: {} };
     });
   } finally {
     await pool.remove();

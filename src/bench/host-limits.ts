@@ -19,12 +19,21 @@ const TCG_CORE_SECONDS_PER_START = 8;
  */
 export async function hostLimits(home: string): Promise<HostLimits> {
   const forced = process.env.SNAPLAB_QEMU_ACCEL;
-  const decided = await readFile(join(home, 'qemu', 'accel.json'), 'utf8').then((t) => (JSON.parse(t) as { accel?: string }).accel, () => undefined);
+  const decided = await readFile(join(home, 'qemu', 'accel.json'), 'utf8').then(
+    (t) => (JSON.parse(t) as { accel?: string }).accel,
+    () => undefined,
+  );
   const accel = forced ?? decided;
   if (accel === 'kvm') return { vms: { max: Infinity, why: '' } };
   const cores = availableParallelism();
   const timeoutS = bootTimeoutMs() / 1000;
   const max = Math.max(1, Math.floor((cores * timeoutS) / TCG_CORE_SECONDS_PER_START));
-  const under = accel === 'tcg' ? 'VMs are emulated here (TCG)' : 'VM acceleration is not decided yet (emulation assumed)';
-  return { vms: { max, why: `${under}: an emulated VM start takes up to ${TCG_CORE_SECONDS_PER_START} core-seconds, so ${cores} cores start at most ${max} within the ${timeoutS} s boot timeout` } };
+  const under =
+    accel === 'tcg' ? 'VMs are emulated here (TCG)' : 'VM acceleration is not decided yet (emulation assumed)';
+  return {
+    vms: {
+      max,
+      why: `${under}: an emulated VM start takes up to ${TCG_CORE_SECONDS_PER_START} core-seconds, so ${cores} cores start at most ${max} within the ${timeoutS} s boot timeout`,
+    },
+  };
 }

@@ -32,12 +32,15 @@ function content(size: number): Buffer {
  * layer that removes and replaces some of the first's. Written as trees and tarred by GNU tar,
  * gzip'd by zlib, laid out as an OCI image.
  */
-async function makeImage(dir: string): Promise<{ layout: string; blobs: string[]; files: number; uncompressed: number; compressed: number }> {
+async function makeImage(
+  dir: string,
+): Promise<{ layout: string; blobs: string[]; files: number; uncompressed: number; compressed: number }> {
   const trees = [join(dir, 'tree1'), join(dir, 'tree2'), join(dir, 'tree3')];
   let files = 0;
   for (let d = 0; d < 40; d++) {
     mkdirSync(join(trees[0]!, 'usr/lib', `pkg${d}`), { recursive: true });
-    for (let f = 0; f < 50; f++, files++) writeFileSync(join(trees[0]!, 'usr/lib', `pkg${d}`, `f${f}.so`), content(16 << 10));
+    for (let f = 0; f < 50; f++, files++)
+      writeFileSync(join(trees[0]!, 'usr/lib', `pkg${d}`, `f${f}.so`), content(16 << 10));
   }
   mkdirSync(join(trees[1]!, 'opt/big'), { recursive: true });
   for (let f = 0; f < 36; f++, files++) writeFileSync(join(trees[1]!, 'opt/big', `blob${f}`), content(1 << 20));
@@ -68,15 +71,30 @@ async function makeImage(dir: string): Promise<{ layout: string; blobs: string[]
     writeFileSync(join(layout, 'blobs/sha256', sha(b)), b);
     return { digest: `sha256:${sha(b)}`, size: b.length };
   };
-  const config = put({ architecture: hostArch(), os: 'linux', config: {}, rootfs: { type: 'layers', diff_ids: layers.map((l) => l.diffId) } });
+  const config = put({
+    architecture: hostArch(),
+    os: 'linux',
+    config: {},
+    rootfs: { type: 'layers', diff_ids: layers.map((l) => l.diffId) },
+  });
   const manifest = put({
     schemaVersion: 2,
     mediaType: 'application/vnd.oci.image.manifest.v1+json',
     config: { mediaType: 'application/vnd.oci.image.config.v1+json', ...config },
-    layers: layers.map((l) => ({ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', digest: l.digest, size: l.size })),
+    layers: layers.map((l) => ({
+      mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip',
+      digest: l.digest,
+      size: l.size,
+    })),
   });
   writeFileSync(join(layout, 'oci-layout'), JSON.stringify({ imageLayoutVersion: '1.0.0' }));
-  writeFileSync(join(layout, 'index.json'), JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: 'application/vnd.oci.image.manifest.v1+json', ...manifest }] }));
+  writeFileSync(
+    join(layout, 'index.json'),
+    JSON.stringify({
+      schemaVersion: 2,
+      manifests: [{ mediaType: 'application/vnd.oci.image.manifest.v1+json', ...manifest }],
+    }),
+  );
   return { layout, blobs, files, uncompressed, compressed: layers.reduce((a, l) => a + l.size, 0) };
 }
 
@@ -107,7 +125,9 @@ export async function imageBench(lab: Lab, rounds: number, progress: Progress): 
       await lab.importImage(img.layout, `${tag}-${r}`);
       ours.push(now() - t0);
       await lab.removeImage(`${tag}-${r}`);
-      progress.note(`round ${r}/${rounds}: import ${ours.at(-1)!.toFixed(0)} ms, tar -xzf ${tars.at(-1)!.toFixed(0)} ms`);
+      progress.note(
+        `round ${r}/${rounds}: import ${ours.at(-1)!.toFixed(0)} ms, tar -xzf ${tars.at(-1)!.toFixed(0)} ms`,
+      );
     }
     const a = latencySummary(ours);
     const b = latencySummary(tars);
@@ -115,15 +135,26 @@ export async function imageBench(lab: Lab, rounds: number, progress: Progress): 
       workload: 'image-import',
       startedAt,
       finishedAt: new Date().toISOString(),
-      settings: { rounds, layers: img.blobs.length, uncompressedBytes: img.uncompressed, compressedBytes: img.compressed, files: img.files },
+      settings: {
+        rounds,
+        layers: img.blobs.length,
+        uncompressedBytes: img.uncompressed,
+        compressedBytes: img.compressed,
+        files: img.files,
+      },
       cases: [
-        { name: 'snaplab image import (OCI layout, 3 gzip layers)', baseline: false, ms: { ...a, samples: ours.length } },
+        {
+          name: 'snaplab image import (OCI layout, 3 gzip layers)',
+          baseline: false,
+          ms: { ...a, samples: ours.length },
+        },
         { name: 'tar -xzf of the same layers', baseline: true, ms: { ...b, samples: tars.length } },
       ],
       ratio: Math.round((a.p50 / b.p50) * 100) / 100,
     };
   } finally {
-    for (const i of await lab.images()) if (i.name.startsWith(`${tag}-`)) await lab.removeImage(i.name).catch(() => undefined);
+    for (const i of await lab.images())
+      if (i.name.startsWith(`${tag}-`)) await lab.removeImage(i.name).catch(() => undefined);
     rmSync(dir, { recursive: true, force: true });
     progress.done();
   }
@@ -131,7 +162,12 @@ export async function imageBench(lab: Lab, rounds: number, progress: Progress): 
 
 export function renderImageSummary(s: ImageBenchSummary): string {
   const mb = (n: number): string => `${(n / 2 ** 20).toFixed(1)} MiB`;
-  const rows = s.cases.map((c) => [`${c.name}${c.baseline ? ' (baseline)' : ''}`, c.ms.p50.toFixed(0), c.ms.p90.toFixed(0), String(c.ms.samples)]);
+  const rows = s.cases.map((c) => [
+    `${c.name}${c.baseline ? ' (baseline)' : ''}`,
+    c.ms.p50.toFixed(0),
+    c.ms.p90.toFixed(0),
+    String(c.ms.samples),
+  ]);
   return [
     `workload image-import: ${s.settings.layers} layers, ${s.settings.files} files, ${mb(s.settings.uncompressedBytes)} unpacked (${mb(s.settings.compressedBytes)} gzip'd); ${s.settings.rounds} rounds`,
     ...pad(['case', 'p50 ms', 'p90 ms', 'samples'], rows),

@@ -95,7 +95,11 @@ async function download(port: number, bytes: number): Promise<number> {
 const mibs = (bytes: number, ms: number): number => Math.round((bytes / 2 ** 20 / (ms / 1000)) * 10) / 10;
 const med = (xs: number[]): number => latencySummary(xs).p50;
 
-export async function interactiveBench(lab: Lab, opts: { driver: string; rounds: number; keystrokes: number; fileMiB: number }, progress: Progress): Promise<InteractiveSummary> {
+export async function interactiveBench(
+  lab: Lab,
+  opts: { driver: string; rounds: number; keystrokes: number; fileMiB: number },
+  progress: Progress,
+): Promise<InteractiveSummary> {
   const startedAt = new Date().toISOString();
   const name = `bench-tty-${process.pid}`;
   const box = await lab.create({ name, driver: opts.driver as 'namespaces' });
@@ -115,7 +119,7 @@ export async function interactiveBench(lab: Lab, opts: { driver: string; rounds:
     const pfOurs: number[] = [];
     const pfDirect: number[] = [];
     // a namespace machine's recorded pid is its agent, the init of its namespaces
-    const pid = opts.driver === 'namespaces' ? rec.pid ?? undefined : undefined;
+    const pid = opts.driver === 'namespaces' ? (rec.pid ?? undefined) : undefined;
     // the machine serves the file over HTTP; so does the host, for the direct baseline
     await box.copyIn(file, '/tmp/big');
     await box.exec(['httpd', '-p', '8099', '-h', '/tmp']);
@@ -132,14 +136,19 @@ export async function interactiveBench(lab: Lab, opts: { driver: string; rounds:
         cpOurs.push(mibs(bytes, now() - t0));
         await box.exec(['rm', '-f', '/tmp/cp-bench']);
         // cat into the same storage: the machine's tree (namespaces) or the home's filesystem (a VM's disk lives there)
-        const target = opts.driver === 'namespaces' && rec.volume ? join(rec.volume.path, 'tmp', 'cat-bench') : join(dir, 'cat-bench');
+        const target =
+          opts.driver === 'namespaces' && rec.volume
+            ? join(rec.volume.path, 'tmp', 'cat-bench')
+            : join(dir, 'cat-bench');
         t0 = now();
         await pipeline(createReadStream(file), createWriteStream(target));
         cpCat.push(mibs(bytes, now() - t0));
         rmSync(target, { force: true });
         pfOurs.push(mibs(bytes, await download(fwd.local, bytes)));
         pfDirect.push(mibs(bytes, await download(hostPort, bytes)));
-        progress.note(`round ${r}/${opts.rounds}: key p50 ${med(ours).toFixed(2)} ms${pid ? ` (nsenter ${med(base).toFixed(2)})` : ''}; cp ${cpOurs.at(-1)} MiB/s (cat ${cpCat.at(-1)}); port-forward ${pfOurs.at(-1)} MiB/s (direct ${pfDirect.at(-1)})`);
+        progress.note(
+          `round ${r}/${opts.rounds}: key p50 ${med(ours).toFixed(2)} ms${pid ? ` (nsenter ${med(base).toFixed(2)})` : ''}; cp ${cpOurs.at(-1)} MiB/s (cat ${cpCat.at(-1)}); port-forward ${pfOurs.at(-1)} MiB/s (direct ${pfDirect.at(-1)})`,
+        );
       }
     } finally {
       await closeForwards([fwd]);
@@ -162,7 +171,11 @@ export async function interactiveBench(lab: Lab, opts: { driver: string; rounds:
         { name: 'download through snaplab port-forward', baseline: false, mibPerS: pfOurs, p50: med(pfOurs) },
         { name: 'download from httpd on the host loopback', baseline: true, mibPerS: pfDirect, p50: med(pfDirect) },
       ],
-      ratios: { keystroke: kb ? ratio(k.p50, kb.p50) : null, cp: ratio(med(cpOurs), med(cpCat)), portForward: ratio(med(pfOurs), med(pfDirect)) },
+      ratios: {
+        keystroke: kb ? ratio(k.p50, kb.p50) : null,
+        cp: ratio(med(cpOurs), med(cpCat)),
+        portForward: ratio(med(pfOurs), med(pfDirect)),
+      },
     };
   } finally {
     await box.destroy().catch(() => undefined);
@@ -186,9 +199,18 @@ export function renderInteractiveSummary(s: InteractiveSummary): string {
     `workload interactive (${s.settings.driver}): ${s.settings.rounds} rounds of ${s.settings.keystrokes} keys; a ${(s.settings.fileBytes / 2 ** 20).toFixed(0)} MiB file`,
     ...pad(
       ['keystroke to echo', 'p50 ms', 'p90 ms', 'p99 ms', 'samples'],
-      s.keystroke.map((c) => [`${c.name}${c.baseline ? ' (baseline)' : ''}`, c.ms.p50.toFixed(2), c.ms.p90.toFixed(2), c.ms.p99.toFixed(2), String(c.ms.samples)]),
+      s.keystroke.map((c) => [
+        `${c.name}${c.baseline ? ' (baseline)' : ''}`,
+        c.ms.p50.toFixed(2),
+        c.ms.p90.toFixed(2),
+        c.ms.p99.toFixed(2),
+        String(c.ms.samples),
+      ]),
     ),
-    ...pad(['throughput', 'p50 MiB/s', 'rounds'], s.throughput.map((c) => [`${c.name}${c.baseline ? ' (baseline)' : ''}`, c.p50.toFixed(1), c.mibPerS.join(', ')])),
+    ...pad(
+      ['throughput', 'p50 MiB/s', 'rounds'],
+      s.throughput.map((c) => [`${c.name}${c.baseline ? ' (baseline)' : ''}`, c.p50.toFixed(1), c.mibPerS.join(', ')]),
+    ),
     `ratios (same run, p50): keystroke snaplab/nsenter = ${s.ratios.keystroke ?? 'n/a (a VM has no nsenter baseline)'}; cp/cat = ${s.ratios.cp}; port-forward/direct = ${s.ratios.portForward}`,
   ].join('\n');
 }

@@ -27,7 +27,8 @@ export async function closedLoop(
   const t0 = now();
   let started = 0;
   const more = (): boolean =>
-    (limit.count === undefined || started < limit.count) && (limit.durationMs === undefined || now() - t0 < limit.durationMs);
+    (limit.count === undefined || started < limit.count) &&
+    (limit.durationMs === undefined || now() - t0 < limit.durationMs);
   await Promise.all(
     Array.from({ length: concurrency }, async (_, w) => {
       while (more()) {

@@ -19,22 +19,32 @@ const BOOT_TIMEOUT_MS = 120_000;
 /** The container's PID 1: systemd-nspawn's child, once it has exec'd systemd. */
 async function leaderOf(nspawn: number, end: number, gone: () => boolean): Promise<number> {
   while (Date.now() < end && !gone()) {
-    const kids = (await readFile(`/proc/${nspawn}/task/${nspawn}/children`, 'utf8').catch(() => '')).trim().split(/\s+/).filter(Boolean).map(Number);
+    const kids = (await readFile(`/proc/${nspawn}/task/${nspawn}/children`, 'utf8').catch(() => ''))
+      .trim()
+      .split(/\s+/)
+      .filter(Boolean)
+      .map(Number);
     for (const k of kids) {
       if ((await readFile(`/proc/${k}/comm`, 'utf8').catch(() => '')).trim() === 'systemd') return k;
     }
     await sleep(5);
   }
-  throw new Error(gone() ? 'systemd-nspawn exited before its systemd started' : 'systemd-nspawn started no systemd in time');
+  throw new Error(
+    gone() ? 'systemd-nspawn exited before its systemd started' : 'systemd-nspawn started no systemd in time',
+  );
 }
 
 /** `systemctl is-system-running --wait` inside the container, retried while its systemd is not listening yet. */
 async function waitRunning(leader: number, end: number): Promise<string> {
   for (;;) {
-    const r = await run('nsenter', ['-t', String(leader), '-a', 'systemctl', 'is-system-running', '--wait'], { allowFail: true, timeoutMs: Math.max(1, end - Date.now()) });
+    const r = await run('nsenter', ['-t', String(leader), '-a', 'systemctl', 'is-system-running', '--wait'], {
+      allowFail: true,
+      timeoutMs: Math.max(1, end - Date.now()),
+    });
     const state = `${r.stdout}${r.stderr}`.trim().split('\n').pop() ?? '';
     if (state === 'running' || state === 'degraded') return state;
-    if (!/^offline$|Failed to connect to bus/.test(state) || Date.now() > end) throw new Error(`the container's systemd says ${JSON.stringify(state)}`);
+    if (!/^offline$|Failed to connect to bus/.test(state) || Date.now() > end)
+      throw new Error(`the container's systemd says ${JSON.stringify(state)}`);
     await sleep(20);
   }
 }
@@ -57,14 +67,35 @@ async function bootOnce(nspawn: string, tree: string, name: string): Promise<num
     for (const d of dirs) await mkdir(d);
     // the shell joins the run's cgroups, then becomes systemd-nspawn: nothing of it runs outside them
     const enter = dirs.map((d) => `echo $$ > ${d}/cgroup.procs`).join(' && ');
-    child = spawn('sh', ['-c', `${enter} && exec "$0" "$@"`, nspawn, '--quiet', '--boot', '--register=no', '--keep-unit', '--private-network', '--volatile=overlay', '-M', name, '-D', tree, '--console=passive'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    child = spawn(
+      'sh',
+      [
+        '-c',
+        `${enter} && exec "$0" "$@"`,
+        nspawn,
+        '--quiet',
+        '--boot',
+        '--register=no',
+        '--keep-unit',
+        '--private-network',
+        '--volatile=overlay',
+        '-M',
+        name,
+        '-D',
+        tree,
+        '--console=passive',
+      ],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
     let err = '';
     child.stderr!.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-2000)));
     exited = new Promise((resolve) => child!.once('exit', () => resolve()));
     let gone = false;
     void exited.then(() => (gone = true));
     const end = Date.now() + BOOT_TIMEOUT_MS;
-    leader = await leaderOf(child.pid!, end, () => gone).catch((e: Error) => Promise.reject(new Error(`${e.message}: ${err.trim()}`)));
+    leader = await leaderOf(child.pid!, end, () => gone).catch((e: Error) =>
+      Promise.reject(new Error(`${e.message}: ${err.trim()}`)),
+    );
     await waitRunning(leader, end);
     const ms = performance.now() - t0;
     done = true;
@@ -96,6 +127,9 @@ export async function nspawnArm(tree: string, lim: LoopLimits): Promise<Arm | st
   return {
     name: 'nspawn',
     note: `systemd-nspawn --boot --volatile=overlay --private-network of the image's tree to is-system-running (${nspawn})`,
-    run: (c) => closedLoop(c, lim, async () => ({ latencyMs: await bootOnce(nspawn, tree, nspawnRunName(process.pid, start, n++)) })),
+    run: (c) =>
+      closedLoop(c, lim, async () => ({
+        latencyMs: await bootOnce(nspawn, tree, nspawnRunName(process.pid, start, n++)),
+      })),
   };
 }

@@ -2,7 +2,13 @@ import { describe, expect, it } from 'vitest';
 import { SnaplabError } from '../errors.js';
 import { parseCompare, splitWords, spreadCompare, toPlan, type BenchCli } from './options.js';
 
-const cli = (o: Partial<BenchCli>): BenchCli => ({ workload: 'exec', reps: '3', duration: '2', baselines: 'all', ...o });
+const cli = (o: Partial<BenchCli>): BenchCli => ({
+  workload: 'exec',
+  reps: '3',
+  duration: '2',
+  baselines: 'all',
+  ...o,
+});
 
 function badInput(f: () => unknown): SnaplabError {
   try {
@@ -18,13 +24,19 @@ function badInput(f: () => unknown): SnaplabError {
 
 describe('bench options', () => {
   it('splits option strings as a shell would', () => {
-    expect(splitWords(` --storage  btrfs --fill "1 M" 'a b'\\ c `)).toEqual(['--storage', 'btrfs', '--fill', '1 M', 'a b c']);
+    expect(splitWords(` --storage  btrfs --fill "1 M" 'a b'\\ c `)).toEqual([
+      '--storage',
+      'btrfs',
+      '--fill',
+      '1 M',
+      'a b c',
+    ]);
   });
 
   it('spreads --compare A B into two --compare options, never after --', () => {
-    expect(spreadCompare(['--compare', '--recycle on', '--recycle off', '--reps', '2', '--', '--compare', 'x', 'y'])).toEqual(
-      ['--compare', '--recycle on', '--compare', '--recycle off', '--reps', '2', '--', '--compare', 'x', 'y'],
-    );
+    expect(
+      spreadCompare(['--compare', '--recycle on', '--recycle off', '--reps', '2', '--', '--compare', 'x', 'y']),
+    ).toEqual(['--compare', '--recycle on', '--compare', '--recycle off', '--reps', '2', '--', '--compare', 'x', 'y']);
   });
 
   it('parses --compare strings with the command options', () => {
@@ -51,7 +63,7 @@ describe('bench options', () => {
     badInput(() => toPlan(cli({ compare: ['--storage zfs', '--storage btrfs'] }), []));
   });
 
-  it('measures a system machine\'s raise against systemd-nspawn, and only that', () => {
+  it("measures a system machine's raise against systemd-nspawn, and only that", () => {
     expect(toPlan(cli({ workload: 'raise', init: 'systemd', image: 'sysd' }), []).baselines).toEqual(['nspawn']);
     expect(toPlan(cli({ workload: 'raise' }), []).baselines).not.toContain('nspawn');
     badInput(() => toPlan(cli({ workload: 'raise', init: 'systemd', baselines: 'runc' }), []));
@@ -60,9 +72,17 @@ describe('bench options', () => {
 
   it('builds the plan: ladder sorted, one-rung shorthand, compare variants', () => {
     expect(toPlan(cli({ ladder: '4,1,2' }), []).ladder).toEqual([1, 2, 4]);
-    expect(toPlan(cli({ concurrency: '8' }), ['/bin/echo', 'x'])).toMatchObject({ ladder: [8], argv: ['/bin/echo', 'x'], reps: 3, durationMs: 2000 });
+    expect(toPlan(cli({ concurrency: '8' }), ['/bin/echo', 'x'])).toMatchObject({
+      ladder: [8],
+      argv: ['/bin/echo', 'x'],
+      reps: 3,
+      durationMs: 2000,
+    });
     const p = toPlan(cli({ workload: 'fresh-exec', compare: ['--recycle on', '--recycle off --pool-size 2'] }), []);
-    expect(p.variants.map((v) => [v.label, v.recycle, v.poolSize])).toEqual([['A', true, undefined], ['B', false, 2]]);
+    expect(p.variants.map((v) => [v.label, v.recycle, v.poolSize])).toEqual([
+      ['A', true, undefined],
+      ['B', false, 2],
+    ]);
     expect(p.argv).toEqual(['/bin/true']);
   });
 
@@ -70,7 +90,9 @@ describe('bench options', () => {
     const scn = { workload: 'scenario-reset', scenario: 'x.yaml', baselines: 'none' };
     expect(toPlan(cli(scn), []).ladder).toEqual([1]);
     expect(toPlan(cli({ ...scn, workload: 'scenario-up' }), []).ladder).toEqual([1]);
-    expect(badInput(() => toPlan(cli({ ...scn, ladder: '1,2' }), [])).message).toMatch(/rung 2 .*one scenario at a time/);
+    expect(badInput(() => toPlan(cli({ ...scn, ladder: '1,2' }), [])).message).toMatch(
+      /rung 2 .*one scenario at a time/,
+    );
     const host = { vms: { max: 2, why: 'VMs are emulated here (TCG)' } };
     const vm = (o: Partial<BenchCli>) => toPlan(cli({ driver: 'qemu', baselines: 'none', ...o }), [], undefined, host);
     expect(vm({ workload: 'restore' }).ladder).toEqual([1, 2]);

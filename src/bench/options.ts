@@ -37,8 +37,15 @@ const STORAGES: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
 /** The one definition of bench's options: the command and the --compare strings both parse with it. */
 export function addBenchOptions(cmd: Command): Command {
   return cmd
-    .option('--workload <name>', `one of ${WORKLOADS.join(', ')}; or cli (whole snaplab processes as a shell runs them), or image-import (an OCI import beside tar -x), or interactive (keystroke echo, cp and port-forward throughput beside nsenter, cat and direct loopback)`, 'exec')
-    .option('--ladder <rungs>', `concurrency rungs, comma-separated (default ${DEFAULT_LADDER.join(',')}, cut to what the workload can run here: 1 for scenarios, the host's VM limit for --driver qemu)`)
+    .option(
+      '--workload <name>',
+      `one of ${WORKLOADS.join(', ')}; or cli (whole snaplab processes as a shell runs them), or image-import (an OCI import beside tar -x), or interactive (keystroke echo, cp and port-forward throughput beside nsenter, cat and direct loopback)`,
+      'exec',
+    )
+    .option(
+      '--ladder <rungs>',
+      `concurrency rungs, comma-separated (default ${DEFAULT_LADDER.join(',')}, cut to what the workload can run here: 1 for scenarios, the host's VM limit for --driver qemu)`,
+    )
     .option('--concurrency <n>', 'shorthand for a one-rung ladder')
     .option('--reps <n>', 'repetitions of each rung', '3')
     .option('--duration <seconds>', 'length of each repetition', '2')
@@ -47,15 +54,35 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--fill <sizes>', 'snapshot workload: data written into the sandbox first, e.g. 1M,1G (one series each)')
     .option('--recycle <on|off>', 'fresh-exec: reuse host resources that pass the clean check (default on)')
     .option('--pool-size <n>', 'fresh-exec: standbys kept warm')
-    .option('--userns <on|off>', 'namespace sandboxes in a user namespace of their own (default on, where storage allows)')
-    .option('--init <agent|systemd>', "raise, restore: systemd boots the image's own systemd (system machines; give --image)")
+    .option(
+      '--userns <on|off>',
+      'namespace sandboxes in a user namespace of their own (default on, where storage allows)',
+    )
+    .option(
+      '--init <agent|systemd>',
+      "raise, restore: systemd boots the image's own systemd (system machines; give --image)",
+    )
     .option('--image <name>', 'raise, restore: the image machines are made from (default busybox)')
-    .option('--baselines <names>', `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up; raise --init systemd: nspawn)`, 'all')
+    .option(
+      '--baselines <names>',
+      `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up; raise --init systemd: nspawn)`,
+      'all',
+    )
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')
-    .option('--driver <name>', 'namespaces (default) or qemu (raise, exec, snapshot, restore, fresh-exec: a pool of paused VM restores)')
-    .option('--host <url>', "exec, fresh-exec: through a daemon's API (http://HOST:PORT with SNAPLAB_TOKEN or http://KEY@HOST:PORT, or unix:/path/daemon.sock); `embedded`: in this process (the default), e.g. --compare '--host embedded' '--host unix:/var/lib/snaplab/daemon.sock'")
+    .option(
+      '--driver <name>',
+      'namespaces (default) or qemu (raise, exec, snapshot, restore, fresh-exec: a pool of paused VM restores)',
+    )
+    .option(
+      '--host <url>',
+      "exec, fresh-exec: through a daemon's API (http://HOST:PORT with SNAPLAB_TOKEN or http://KEY@HOST:PORT, or unix:/path/daemon.sock); `embedded`: in this process (the default), e.g. --compare '--host embedded' '--host unix:/var/lib/snaplab/daemon.sock'",
+    )
     .option('--results <dir>', 'write rung-N.json, summary.json, summary.md and chart.svg into this new directory')
-    .option('--compare <options>', "two option strings run alternately: --compare 'A' 'B'", (v: string, prev: string[] = []) => [...prev, v])
+    .option(
+      '--compare <options>',
+      "two option strings run alternately: --compare 'A' 'B'",
+      (v: string, prev: string[] = []) => [...prev, v],
+    )
     .option('--json', 'print the summary as JSON (progress stays on stderr)');
 }
 
@@ -104,12 +131,20 @@ export function parseCompare(text: string): Partial<BenchCli> {
     cmd.parse(splitWords(text), { from: 'user' });
   } catch (e) {
     const msg = e instanceof CommanderError ? e.message.replace(/^error: /, '') : String(e);
-    throw new SnaplabError('BAD_INPUT', `--compare ${JSON.stringify(text)}: ${msg}`, `each --compare string holds bench options, e.g. --compare '--recycle on' '--recycle off'`);
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `--compare ${JSON.stringify(text)}: ${msg}`,
+      `each --compare string holds bench options, e.g. --compare '--recycle on' '--recycle off'`,
+    );
   }
   const given = Object.keys(cmd.opts()).filter((k) => cmd.getOptionValueSource(k) === 'cli');
   const bad = given.filter((k) => !(COMPARABLE as readonly string[]).includes(k));
   if (bad.length) {
-    throw new SnaplabError('BAD_INPUT', `--compare ${JSON.stringify(text)}: --${kebab(bad[0]!)} cannot differ between the compared configurations`, `compare only ${COMPARABLE.map((k) => `--${kebab(k)}`).join(', ')}`);
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `--compare ${JSON.stringify(text)}: --${kebab(bad[0]!)} cannot differ between the compared configurations`,
+      `compare only ${COMPARABLE.map((k) => `--${kebab(k)}`).join(', ')}`,
+    );
   }
   return Object.fromEntries(given.map((k) => [k, cmd.opts()[k]]));
 }
@@ -152,16 +187,33 @@ export interface BenchPlan {
 
 const bad = (message: string, hint: string): SnaplabError => new SnaplabError('BAD_INPUT', message, hint);
 
-function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: string, explicit: (k: keyof BenchCli) => boolean): Variant {
-  if (o.storage !== undefined && !STORAGES.includes(o.storage as StorageKind)) throw bad(`unknown storage ${JSON.stringify(o.storage)}`, `use one of: ${STORAGES.join(', ')}`);
-  if (o.recycle !== undefined && o.recycle !== 'on' && o.recycle !== 'off') throw bad(`invalid --recycle ${JSON.stringify(o.recycle)}`, 'use --recycle on or --recycle off');
-  if (w !== 'fresh-exec' && (explicit('recycle') || explicit('poolSize'))) throw bad('--recycle and --pool-size apply to the fresh-exec workload only', 'drop them or use --workload fresh-exec');
-  if (w !== 'snapshot' && explicit('fill')) throw bad('--fill applies to the snapshot workload only', 'drop --fill or use --workload snapshot');
-  if (o.userns !== undefined && o.userns !== 'on' && o.userns !== 'off') throw bad(`invalid --userns ${JSON.stringify(o.userns)}`, 'use --userns on or --userns off');
-  if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd') throw bad(`invalid --init ${JSON.stringify(o.init)}`, 'use --init agent or --init systemd');
-  if (o.init === 'systemd' && w !== 'raise' && w !== 'restore') throw bad('--init systemd applies to the raise and restore workloads', 'use --workload raise or restore');
+function variantOf(
+  o: Partial<BenchCli>,
+  w: Workload,
+  label: string,
+  options: string,
+  explicit: (k: keyof BenchCli) => boolean,
+): Variant {
+  if (o.storage !== undefined && !STORAGES.includes(o.storage as StorageKind))
+    throw bad(`unknown storage ${JSON.stringify(o.storage)}`, `use one of: ${STORAGES.join(', ')}`);
+  if (o.recycle !== undefined && o.recycle !== 'on' && o.recycle !== 'off')
+    throw bad(`invalid --recycle ${JSON.stringify(o.recycle)}`, 'use --recycle on or --recycle off');
+  if (w !== 'fresh-exec' && (explicit('recycle') || explicit('poolSize')))
+    throw bad(
+      '--recycle and --pool-size apply to the fresh-exec workload only',
+      'drop them or use --workload fresh-exec',
+    );
+  if (w !== 'snapshot' && explicit('fill'))
+    throw bad('--fill applies to the snapshot workload only', 'drop --fill or use --workload snapshot');
+  if (o.userns !== undefined && o.userns !== 'on' && o.userns !== 'off')
+    throw bad(`invalid --userns ${JSON.stringify(o.userns)}`, 'use --userns on or --userns off');
+  if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd')
+    throw bad(`invalid --init ${JSON.stringify(o.init)}`, 'use --init agent or --init systemd');
+  if (o.init === 'systemd' && w !== 'raise' && w !== 'restore')
+    throw bad('--init systemd applies to the raise and restore workloads', 'use --workload raise or restore');
   const host = o.host === undefined || o.host === 'embedded' ? undefined : o.host;
-  if (host !== undefined && w !== 'exec' && w !== 'fresh-exec') throw bad('--host applies to the exec and fresh-exec workloads', 'use --workload exec or fresh-exec');
+  if (host !== undefined && w !== 'exec' && w !== 'fresh-exec')
+    throw bad('--host applies to the exec and fresh-exec workloads', 'use --workload exec or fresh-exec');
   // a key given in a URL (http://KEY@HOST:PORT) is used, never written into results
   const redact = (t: string): string => t.replace(/\/\/[^@/\s]+@/g, '//…@');
   return {
@@ -179,7 +231,8 @@ function variantOf(o: Partial<BenchCli>, w: Workload, label: string, options: st
 
 function parseLadder(text: string): number[] {
   const rungs = text.split(',').map((t) => parsePositiveInt(t.trim(), 'ladder rung'));
-  if (new Set(rungs).size !== rungs.length) throw bad(`ladder ${JSON.stringify(text)} repeats a rung`, 'give each concurrency once, e.g. 1,2,4,8');
+  if (new Set(rungs).size !== rungs.length)
+    throw bad(`ladder ${JSON.stringify(text)} repeats a rung`, 'give each concurrency once, e.g. 1,2,4,8');
   return rungs.sort((a, b) => a - b);
 }
 
@@ -197,8 +250,14 @@ const VM_START_WORKLOADS: readonly Workload[] = ['raise', 'restore', 'fresh-exec
  * `host.vms.max`.
  */
 function ladderOf(o: BenchCli, w: Workload, host: HostLimits): number[] {
-  if (o.ladder !== undefined && o.concurrency !== undefined) throw bad('--ladder and --concurrency both given', '--concurrency N is a one-rung --ladder N: give one of them');
-  const given = o.ladder !== undefined ? parseLadder(o.ladder) : o.concurrency !== undefined ? [parsePositiveInt(o.concurrency, 'concurrency')] : undefined;
+  if (o.ladder !== undefined && o.concurrency !== undefined)
+    throw bad('--ladder and --concurrency both given', '--concurrency N is a one-rung --ladder N: give one of them');
+  const given =
+    o.ladder !== undefined
+      ? parseLadder(o.ladder)
+      : o.concurrency !== undefined
+        ? [parsePositiveInt(o.concurrency, 'concurrency')]
+        : undefined;
   const flag = o.ladder !== undefined ? `--ladder ${o.ladder}` : `--concurrency ${o.concurrency}`;
   let max = Infinity;
   let why = '';
@@ -219,21 +278,49 @@ function ladderOf(o: BenchCli, w: Workload, host: HostLimits): number[] {
 }
 
 /** Validate everything before anything runs: a bad value is an error, never silently ignored. */
-export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli) => boolean = (k) => o[k] !== undefined, host: HostLimits = { vms: { max: Infinity, why: '' } }): BenchPlan {
-  if (!(WORKLOADS as readonly string[]).includes(o.workload)) throw bad(`unknown workload ${JSON.stringify(o.workload)}`, `use one of: ${WORKLOADS.join(', ')}`);
+export function toPlan(
+  o: BenchCli,
+  argv: string[],
+  explicit: (k: keyof BenchCli) => boolean = (k) => o[k] !== undefined,
+  host: HostLimits = { vms: { max: Infinity, why: '' } },
+): BenchPlan {
+  if (!(WORKLOADS as readonly string[]).includes(o.workload))
+    throw bad(`unknown workload ${JSON.stringify(o.workload)}`, `use one of: ${WORKLOADS.join(', ')}`);
   const w = o.workload as Workload;
-  if (o.driver !== undefined && !['namespaces', 'qemu'].includes(o.driver)) throw bad(`unknown driver ${JSON.stringify(o.driver)}`, 'use namespaces or qemu');
+  if (o.driver !== undefined && !['namespaces', 'qemu'].includes(o.driver))
+    throw bad(`unknown driver ${JSON.stringify(o.driver)}`, 'use namespaces or qemu');
   const ladder = ladderOf(o, w, host);
   const scenarioWork = (SCENARIO_WORKLOADS as readonly string[]).includes(w);
-  if (scenarioWork && !o.scenario) throw bad(`${w} needs a scenario file`, `snaplab bench --workload ${w} --scenario examples/scenarios/tiny-service/scenario.yaml`);
-  if (!scenarioWork && o.scenario !== undefined) throw bad('--scenario applies to the scenario-up and scenario-reset workloads only', 'drop --scenario or pick a scenario workload');
+  if (scenarioWork && !o.scenario)
+    throw bad(
+      `${w} needs a scenario file`,
+      `snaplab bench --workload ${w} --scenario examples/scenarios/tiny-service/scenario.yaml`,
+    );
+  if (!scenarioWork && o.scenario !== undefined)
+    throw bad(
+      '--scenario applies to the scenario-up and scenario-reset workloads only',
+      'drop --scenario or pick a scenario workload',
+    );
   // a system machine's raise on namespaces: against systemd-nspawn booting the same tree
   const systemRaise = w === 'raise' && o.init === 'systemd' && (o.driver ?? 'namespaces') === 'namespaces';
-  const known: readonly string[] = scenarioWork ? SCENARIO_BASELINES : w === 'restore' ? RESTORE_BASELINES : systemRaise ? SYSTEM_BASELINES : BASELINES;
-  const names = o.baselines === 'all' ? [...known] : o.baselines === 'none' ? [] : o.baselines.split(',').map((n) => n.trim());
-  for (const n of names) if (!known.includes(n)) throw bad(`unknown baseline ${JSON.stringify(n)} for ${w}`, `use all, none, or some of ${known.join(',')}`);
+  const known: readonly string[] = scenarioWork
+    ? SCENARIO_BASELINES
+    : w === 'restore'
+      ? RESTORE_BASELINES
+      : systemRaise
+        ? SYSTEM_BASELINES
+        : BASELINES;
+  const names =
+    o.baselines === 'all' ? [...known] : o.baselines === 'none' ? [] : o.baselines.split(',').map((n) => n.trim());
+  for (const n of names)
+    if (!known.includes(n))
+      throw bad(`unknown baseline ${JSON.stringify(n)} for ${w}`, `use all, none, or some of ${known.join(',')}`);
   const compare = o.compare ?? [];
-  if (compare.length !== 0 && compare.length !== 2) throw bad(`--compare takes two option strings, got ${compare.length}`, "e.g. --compare '--recycle on' '--recycle off'");
+  if (compare.length !== 0 && compare.length !== 2)
+    throw bad(
+      `--compare takes two option strings, got ${compare.length}`,
+      "e.g. --compare '--recycle on' '--recycle off'",
+    );
   const owns = compare.map(parseCompare); // every string parsed (unknown options found) before any value is judged
   const variants = compare.length
     ? compare.map((text, i) => {
@@ -242,10 +329,15 @@ export function toPlan(o: BenchCli, argv: string[], explicit: (k: keyof BenchCli
       })
     : [variantOf(o, w, w, '', explicit)];
   if (o.driver === 'qemu' && w === 'fresh-exec') {
-    if (o.recycle === 'on' || owns.some((x) => x.recycle === 'on')) throw bad('VM standbys are never recycled', 'drop --recycle: each execution gets a fresh restore');
+    if (o.recycle === 'on' || owns.some((x) => x.recycle === 'on'))
+      throw bad('VM standbys are never recycled', 'drop --recycle: each execution gets a fresh restore');
     for (const v of variants) v.recycle = false;
   }
-  if (variants.length === 2 && variants.some((v) => v.fills.length > 1)) throw bad('--fill with several sizes cannot be combined with --compare', 'compare one fill size, or drop --compare');
+  if (variants.length === 2 && variants.some((v) => v.fills.length > 1))
+    throw bad(
+      '--fill with several sizes cannot be combined with --compare',
+      'compare one fill size, or drop --compare',
+    );
   return {
     workload: w,
     ladder,

@@ -63,7 +63,11 @@ export class Progress {
     if (!this.enabled) return;
     clearInterval(this.timer);
     this.timer = undefined;
-    const what = failure ? `failed: ${failure}` : r ? `${Math.round((r.latenciesMs.length / r.wallMs) * 1000)}/s over ${r.latenciesMs.length} ops in ${(r.wallMs / 1000).toFixed(1)} s` : 'done';
+    const what = failure
+      ? `failed: ${failure}`
+      : r
+        ? `${Math.round((r.latenciesMs.length / r.wallMs) * 1000)}/s over ${r.latenciesMs.length} ops in ${(r.wallMs / 1000).toFixed(1)} s`
+        : 'done';
     const line = `… ${this.label}: ${what} (total ${this.elapsed()})`;
     this.out.write(this.tty ? `\r\x1b[K${line}` : `${line}\n`);
   }

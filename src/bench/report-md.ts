@@ -13,9 +13,20 @@ export function renderMarkdown(s: BenchSummary): string {
   if (s.compare) {
     const [title, ...rest] = compareLines(s);
     out.push(`## ${title!.replace(/:$/, '')}`, '');
-    out.push(row(['concurrency', 'A /s (reps)', 'B /s (reps)', 'overlap', 'verdict']), row(['---', '---', '---', '---', '---']));
+    out.push(
+      row(['concurrency', 'A /s (reps)', 'B /s (reps)', 'overlap', 'verdict']),
+      row(['---', '---', '---', '---', '---']),
+    );
     for (const r of s.compare.rungs) {
-      out.push(row([String(r.concurrency), `${r.a.throughput} (${r.a.throughputReps.join(', ')})`, `${r.b.throughput} (${r.b.throughputReps.join(', ')})`, r.overlap ? 'yes' : 'no', r.verdict]));
+      out.push(
+        row([
+          String(r.concurrency),
+          `${r.a.throughput} (${r.a.throughputReps.join(', ')})`,
+          `${r.b.throughput} (${r.b.throughputReps.join(', ')})`,
+          r.overlap ? 'yes' : 'no',
+          r.verdict,
+        ]),
+      );
     }
     out.push('', ...rest.slice(-1).map((l) => l.trim()), '');
   }
@@ -23,7 +34,8 @@ export function renderMarkdown(s: BenchSummary): string {
   if (withPhases.length) {
     out.push('## Phase medians (ms)', '', row(['concurrency', 'phases']), row(['---', '---']));
     for (const r of withPhases) out.push(row([`${r.concurrency}${s.compare ? ' (A)' : ''}`, formatPhases(r.phasesMs)]));
-    for (const r of s.compare?.rungs ?? []) if (Object.keys(r.b.phasesMs).length) out.push(row([`${r.concurrency} (B)`, formatPhases(r.b.phasesMs)]));
+    for (const r of s.compare?.rungs ?? [])
+      if (Object.keys(r.b.phasesMs).length) out.push(row([`${r.concurrency} (B)`, formatPhases(r.b.phasesMs)]));
     out.push('');
   }
   for (const note of s.notes ?? []) out.push(`> ${note}`, '');

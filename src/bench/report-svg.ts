@@ -17,22 +17,27 @@ const W = 960;
 const H = 440;
 const PANEL = { w: 400, h: 300, top: 50, left: [70, 550] as const };
 
-const esc = (s: string): string => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
+const esc = (s: string): string =>
+  s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
 
 /** A round upper bound for an axis: 1, 2 or 5 × 10^k at or above max. */
 function niceMax(max: number): number {
   if (!(max > 0)) return 1;
   const p = 10 ** Math.floor(Math.log10(max));
-  return ([1, 2, 5, 10].map((m) => m * p).find((v) => v >= max) ?? 10 * p);
+  return [1, 2, 5, 10].map((m) => m * p).find((v) => v >= max) ?? 10 * p;
 }
 
 function seriesOf(s: BenchSummary): Series[] {
-  const out: Series[] = [{ name: s.compare ? `${s.workload} A (${s.compare.a.options})` : s.workload, color: COLORS[0]!, rungs: s.rungs }];
+  const out: Series[] = [
+    { name: s.compare ? `${s.workload} A (${s.compare.a.options})` : s.workload, color: COLORS[0]!, rungs: s.rungs },
+  ];
   if (s.compare) {
     const b = s.compare.rungs.map((r) => ({ concurrency: r.concurrency, ...r.b }));
     out.push({ name: `${s.workload} B (${s.compare.b.options})`, color: COLORS[1]!, rungs: b });
   }
-  for (const base of s.baselines) if (base.rungs?.length) out.push({ name: base.name, color: COLORS[(out.length % COLORS.length)]!, rungs: base.rungs });
+  for (const base of s.baselines)
+    if (base.rungs?.length)
+      out.push({ name: base.name, color: COLORS[out.length % COLORS.length]!, rungs: base.rungs });
   return out;
 }
 
@@ -45,38 +50,63 @@ export function renderSvg(s: BenchSummary): string {
   const cs = [...new Set(series.flatMap((x) => x.rungs.map((r) => r.concurrency)))].sort((a, b) => a - b);
   const lo = Math.log2(cs[0] ?? 1);
   const hi = Math.log2(cs[cs.length - 1] ?? 1);
-  const x = (left: number, c: number): number => left + (hi === lo ? PANEL.w / 2 : ((Math.log2(c) - lo) / (hi - lo)) * PANEL.w);
+  const x = (left: number, c: number): number =>
+    left + (hi === lo ? PANEL.w / 2 : ((Math.log2(c) - lo) / (hi - lo)) * PANEL.w);
   const maxT = niceMax(Math.max(0, ...series.flatMap((x) => x.rungs.map((r) => r.throughput))));
-  const maxL = niceMax(Math.max(0, ...series.flatMap((x) => x.rungs.map((r) => r.latencyMs.p99)).filter(Number.isFinite)));
+  const maxL = niceMax(
+    Math.max(0, ...series.flatMap((x) => x.rungs.map((r) => r.latencyMs.p99)).filter(Number.isFinite)),
+  );
   const y = (v: number, max: number): number => PANEL.top + PANEL.h - (v / max) * PANEL.h;
   const el: string[] = [];
   const axes = (left: number, max: number, title: string): void => {
-    el.push(`<text x="${left + PANEL.w / 2}" y="${PANEL.top - 14}" text-anchor="middle" font-weight="bold">${esc(title)}</text>`);
+    el.push(
+      `<text x="${left + PANEL.w / 2}" y="${PANEL.top - 14}" text-anchor="middle" font-weight="bold">${esc(title)}</text>`,
+    );
     for (let i = 0; i <= 5; i++) {
       const v = (max / 5) * i;
       const yy = y(v, max);
       el.push(`<line x1="${left}" y1="${yy}" x2="${left + PANEL.w}" y2="${yy}" stroke="#e9ecef"/>`);
       el.push(`<text x="${left - 6}" y="${yy + 4}" text-anchor="end">${+v.toPrecision(3)}</text>`);
     }
-    for (const c of cs) el.push(`<text x="${x(left, c)}" y="${PANEL.top + PANEL.h + 16}" text-anchor="middle">${c}</text>`);
+    for (const c of cs)
+      el.push(`<text x="${x(left, c)}" y="${PANEL.top + PANEL.h + 16}" text-anchor="middle">${c}</text>`);
     el.push(`<text x="${left + PANEL.w / 2}" y="${PANEL.top + PANEL.h + 34}" text-anchor="middle">concurrency</text>`);
     el.push(`<rect x="${left}" y="${PANEL.top}" width="${PANEL.w}" height="${PANEL.h}" fill="none" stroke="#868e96"/>`);
   };
   axes(PANEL.left[0], maxT, 'throughput (operations/s)');
   axes(PANEL.left[1], maxL, 'latency (ms): p50 solid, p99 dashed');
   const line = (pts: [number, number][], color: string, dash = ''): void => {
-    if (pts.length > 1) el.push(`<polyline fill="none" stroke="${color}" stroke-width="2"${dash ? ` stroke-dasharray="${dash}"` : ''} points="${pts.map(([a, b]) => `${a.toFixed(1)},${b.toFixed(1)}`).join(' ')}"/>`);
+    if (pts.length > 1)
+      el.push(
+        `<polyline fill="none" stroke="${color}" stroke-width="2"${dash ? ` stroke-dasharray="${dash}"` : ''} points="${pts.map(([a, b]) => `${a.toFixed(1)},${b.toFixed(1)}`).join(' ')}"/>`,
+      );
     for (const [a, b] of pts) el.push(`<circle cx="${a.toFixed(1)}" cy="${b.toFixed(1)}" r="3" fill="${color}"/>`);
   };
   for (const sr of series) {
-    line(sr.rungs.map((r) => [x(PANEL.left[0], r.concurrency), y(r.throughput, maxT)]), sr.color);
-    line(sr.rungs.filter((r) => Number.isFinite(r.latencyMs.p50)).map((r) => [x(PANEL.left[1], r.concurrency), y(r.latencyMs.p50, maxL)]), sr.color);
-    line(sr.rungs.filter((r) => Number.isFinite(r.latencyMs.p99)).map((r) => [x(PANEL.left[1], r.concurrency), y(r.latencyMs.p99, maxL)]), sr.color, '6 4');
+    line(
+      sr.rungs.map((r) => [x(PANEL.left[0], r.concurrency), y(r.throughput, maxT)]),
+      sr.color,
+    );
+    line(
+      sr.rungs
+        .filter((r) => Number.isFinite(r.latencyMs.p50))
+        .map((r) => [x(PANEL.left[1], r.concurrency), y(r.latencyMs.p50, maxL)]),
+      sr.color,
+    );
+    line(
+      sr.rungs
+        .filter((r) => Number.isFinite(r.latencyMs.p99))
+        .map((r) => [x(PANEL.left[1], r.concurrency), y(r.latencyMs.p99, maxL)]),
+      sr.color,
+      '6 4',
+    );
   }
   series.forEach((sr, i) => {
     const lx = 70 + (i % 3) * 290;
     const ly = H - 36 + Math.floor(i / 3) * 18;
-    el.push(`<rect x="${lx}" y="${ly - 9}" width="14" height="4" fill="${sr.color}"/><text x="${lx + 20}" y="${ly - 4}">${esc(sr.name)}</text>`);
+    el.push(
+      `<rect x="${lx}" y="${ly - 9}" width="14" height="4" fill="${sr.color}"/><text x="${lx + 20}" y="${ly - 4}">${esc(sr.name)}</text>`,
+    );
   });
   const title = `snaplab bench ${s.workload}${s.storage ? ` on ${s.storage}` : ''} — ${s.startedAt}`;
   return [

@@ -17,13 +17,27 @@ export function prepareResultsDir(dir: string): string {
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
     if (code === 'ENOTDIR') throw new SnaplabError('BAD_INPUT', `--results ${dir} is a file`, 'give a new directory');
-    if (code !== 'ENOENT') throw new SnaplabError('BAD_INPUT', `cannot read --results ${dir}: ${(e as Error).message}`, 'give a directory you can write');
+    if (code !== 'ENOENT')
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `cannot read --results ${dir}: ${(e as Error).message}`,
+        'give a directory you can write',
+      );
   }
-  if (entries.length) throw new SnaplabError('BAD_INPUT', `--results ${dir} is not empty`, 'give a new directory, or remove the old results first');
+  if (entries.length)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `--results ${dir} is not empty`,
+      'give a new directory, or remove the old results first',
+    );
   try {
     mkdirSync(abs, { recursive: true });
   } catch (e) {
-    throw new SnaplabError('BAD_INPUT', `cannot create --results ${dir}: ${(e as Error).message}`, 'give a directory you can write');
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `cannot create --results ${dir}: ${(e as Error).message}`,
+      'give a directory you can write',
+    );
   }
   return abs;
 }
@@ -37,7 +51,15 @@ export function rungFile(s: BenchSummary, concurrency: number): Record<string, u
     startedAt: s.startedAt,
     concurrency,
     rung: s.rungs.find((r) => r.concurrency === concurrency),
-    ...(s.compare ? { compare: { a: s.compare.a.options, b: s.compare.b.options, ...s.compare.rungs.find((r) => r.concurrency === concurrency) } } : {}),
+    ...(s.compare
+      ? {
+          compare: {
+            a: s.compare.a.options,
+            b: s.compare.b.options,
+            ...s.compare.rungs.find((r) => r.concurrency === concurrency),
+          },
+        }
+      : {}),
     baselines: s.baselines.flatMap((b) => {
       const r = b.rungs?.find((x) => x.concurrency === concurrency);
       return r ? [{ name: b.name, ...r }] : [];
@@ -48,7 +70,10 @@ export function rungFile(s: BenchSummary, concurrency: number): Record<string, u
 /** Write rung-<c>.json for every rung, summary.json, summary.md and chart.svg; returns the paths. */
 export function writeResults(dir: string, s: BenchSummary): string[] {
   const files: [string, string][] = [
-    ...s.rungs.map((r): [string, string] => [`rung-${r.concurrency}.json`, `${JSON.stringify(rungFile(s, r.concurrency), null, 2)}\n`]),
+    ...s.rungs.map((r): [string, string] => [
+      `rung-${r.concurrency}.json`,
+      `${JSON.stringify(rungFile(s, r.concurrency), null, 2)}\n`,
+    ]),
     ['summary.json', `${JSON.stringify(s, null, 2)}\n`],
     ['summary.md', renderMarkdown(s)],
     ['chart.svg', renderSvg(s)],

@@ -6,25 +6,45 @@ import { fit, overlap, verdict } from './fit.js';
 import { climb, type ArmOutcome } from './ladder.js';
 import type { BenchPlan, Variant } from './options.js';
 import type { Progress } from './progress.js';
-import { compareSide, ratiosOf, toBaseline, toRung, type Baseline, type BenchSummary, type Compare, type Rung } from './summary.js';
+import {
+  compareSide,
+  ratiosOf,
+  toBaseline,
+  toRung,
+  type Baseline,
+  type BenchSummary,
+  type Compare,
+  type Rung,
+} from './summary.js';
 import { runWorkload } from './workloads.js';
 import { downUp } from './scenario-bench.js';
 import { bootArm } from './boot-baseline.js';
 import { nspawnArm } from './nspawn-baseline.js';
 
 /** The baselines asked for that work here, and a note for each one that does not. */
-async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, progress: Progress): Promise<{ arms: Arm[]; skipped: Baseline[] }> {
+async function prepareBaselines(
+  lab: Lab,
+  plan: BenchPlan,
+  lim: LoopLimits,
+  progress: Progress,
+): Promise<{ arms: Arm[]; skipped: Baseline[] }> {
   const arms: Arm[] = [];
   const skipped: Baseline[] = [];
   const rootfs = async (): Promise<string> => (await lab.image('busybox')).path;
   for (const name of plan.baselines) {
     let arm: Arm | string;
-    if (name === 'down+up') arm = downUp(lab, { ...lim, file: plan.scenario!, storage: plan.variants[0]!.storage, driver: plan.driver });
+    if (name === 'down+up')
+      arm = downUp(lab, { ...lim, file: plan.scenario!, storage: plan.variants[0]!.storage, driver: plan.driver });
     else if (name === 'boot') {
       const v = plan.variants[0]!;
-      arm = bootArm(lab, lim, { driver: plan.driver, storage: v.storage, image: plan.image, init: v.init, userns: v.userns });
-    }
-    else if (name === 'nspawn') arm = await nspawnArm((await lab.image(plan.image ?? 'busybox')).path, lim);
+      arm = bootArm(lab, lim, {
+        driver: plan.driver,
+        storage: v.storage,
+        image: plan.image,
+        init: v.init,
+        userns: v.userns,
+      });
+    } else if (name === 'nspawn') arm = await nspawnArm((await lab.image(plan.image ?? 'busybox')).path, lim);
     else if (name === 'bare-spawn') arm = bareSpawn(plan.argv, lim);
     else if (name === 'raw-namespace') arm = rawNamespace(plan.argv, await rootfs(), lim);
     else if (name === 'runc') arm = await runcArm(plan.argv, await rootfs(), lim);
@@ -37,7 +57,8 @@ async function prepareBaselines(lab: Lab, plan: BenchPlan, lim: LoopLimits, prog
   return { arms, skipped };
 }
 
-const rungsOf = (o: ArmOutcome, ladder: number[]): Rung[] => ladder.filter((c) => o.byRung.has(c)).map((c) => toRung(c, o.byRung.get(c)!));
+const rungsOf = (o: ArmOutcome, ladder: number[]): Rung[] =>
+  ladder.filter((c) => o.byRung.has(c)).map((c) => toRung(c, o.byRung.get(c)!));
 
 function compareOf(a: Variant, b: Variant, ra: Rung[], rb: Rung[]): Compare {
   return {
@@ -48,7 +69,15 @@ function compareOf(a: Variant, b: Variant, ra: Rung[], rb: Rung[]): Compare {
       if (!y) return [];
       const ta = x.reps.map((r) => r.throughput);
       const tb = y.reps.map((r) => r.throughput);
-      return [{ concurrency: x.concurrency, a: compareSide(x), b: compareSide(y), overlap: overlap(ta, tb), verdict: verdict(ta, tb) }];
+      return [
+        {
+          concurrency: x.concurrency,
+          a: compareSide(x),
+          b: compareSide(y),
+          overlap: overlap(ta, tb),
+          verdict: verdict(ta, tb),
+        },
+      ];
     }),
   };
 }
@@ -72,7 +101,20 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
   const workloadArm = (v: Variant, fillBytes: number | undefined, name: string): Arm => ({
     name,
     run: async (concurrency) =>
-      runWorkload(await labOf(v), plan.workload, { concurrency, ...lim, storage: v.storage ?? defaultStorage, argv: plan.argv, fillBytes, recycle: v.recycle, poolSize: v.poolSize, scenario: plan.scenario, driver: plan.driver, userns: v.userns, init: v.init, image: plan.image }),
+      runWorkload(await labOf(v), plan.workload, {
+        concurrency,
+        ...lim,
+        storage: v.storage ?? defaultStorage,
+        argv: plan.argv,
+        fillBytes,
+        recycle: v.recycle,
+        poolSize: v.poolSize,
+        scenario: plan.scenario,
+        driver: plan.driver,
+        userns: v.userns,
+        init: v.init,
+        image: plan.image,
+      }),
   });
   const comparing = plan.variants.length === 2;
   const first = plan.variants[0]!;
@@ -82,10 +124,19 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
   const { arms: baseArms, skipped } = await prepareBaselines(lab, plan, lim, progress);
   let outcomes: ArmOutcome[];
   try {
-    outcomes = await climb([...arms, ...baseArms.map((a) => ({ ...a, optional: true }))], plan.ladder, plan.reps, progress);
+    outcomes = await climb(
+      [...arms, ...baseArms.map((a) => ({ ...a, optional: true }))],
+      plan.ladder,
+      plan.reps,
+      progress,
+    );
   } finally {
     for (const a of baseArms) await a.dispose?.().catch(() => undefined);
-    for (const r of remotes.values()) void r.then((l) => l.close(), () => undefined);
+    for (const r of remotes.values())
+      void r.then(
+        (l) => l.close(),
+        () => undefined,
+      );
     progress.done();
   }
   const work = outcomes.slice(0, arms.length).map((o) => rungsOf(o, plan.ladder));
@@ -110,7 +161,9 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
       durationMs: plan.durationMs,
       ...(plan.count ? { count: plan.count } : {}),
       ...(plan.driver ? { driver: plan.driver } : {}),
-      ...(plan.workload === 'fresh-exec' && !comparing ? { recycle: first.recycle, ...(first.poolSize ? { poolSize: first.poolSize } : {}) } : {}),
+      ...(plan.workload === 'fresh-exec' && !comparing
+        ? { recycle: first.recycle, ...(first.poolSize ? { poolSize: first.poolSize } : {}) }
+        : {}),
     },
     rungs,
     ...f,
@@ -119,10 +172,15 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
   };
   if (comparing) {
     summary.compare = compareOf(plan.variants[0]!, plan.variants[1]!, rungs, work[1]!);
-    if (plan.reps < 2) notes.push('one rep per configuration: the spread is unknown, so every verdict is noise; use --reps 3');
+    if (plan.reps < 2)
+      notes.push('one rep per configuration: the spread is unknown, so every verdict is noise; use --reps 3');
   }
   if (first.fills.length > 1) {
-    const series = first.fills.map((fillBytes, i) => ({ fillBytes, latencyMs: work[i]![0]?.latencyMs, rungs: work[i]! }));
+    const series = first.fills.map((fillBytes, i) => ({
+      fillBytes,
+      latencyMs: work[i]![0]?.latencyMs,
+      rungs: work[i]!,
+    }));
     summary.extra = { fills: series };
     const a = series[0]!.latencyMs;
     const b = series[series.length - 1]!.latencyMs;

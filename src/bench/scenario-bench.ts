@@ -18,7 +18,12 @@ const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 const uniqueName = (what: string): string => `bench-${what}-${randomBytes(2).toString('hex')}`;
 
 function oneAtATime(concurrency: number, workload: string): void {
-  if (concurrency !== 1) throw new SnaplabError('BAD_INPUT', `${workload} runs one scenario at a time`, 'use --concurrency 1 (or --ladder 1)');
+  if (concurrency !== 1)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `${workload} runs one scenario at a time`,
+      'use --concurrency 1 (or --ladder 1)',
+    );
 }
 
 /** scenario-up: raise the scenario to every machine ready (the up trace's total); take it down untimed. */

@@ -58,8 +58,18 @@ export interface CompareRung {
 }
 
 export interface Compare {
-  a: { options: string; floorMs: number; slopeMsPerSlot: number | null; peak: { concurrency: number; throughput: number } };
-  b: { options: string; floorMs: number; slopeMsPerSlot: number | null; peak: { concurrency: number; throughput: number } };
+  a: {
+    options: string;
+    floorMs: number;
+    slopeMsPerSlot: number | null;
+    peak: { concurrency: number; throughput: number };
+  };
+  b: {
+    options: string;
+    floorMs: number;
+    slopeMsPerSlot: number | null;
+    peak: { concurrency: number; throughput: number };
+  };
   rungs: CompareRung[];
 }
 
@@ -70,7 +80,15 @@ export interface BenchSummary {
   argv?: string[];
   startedAt: string;
   finishedAt?: string;
-  settings?: { ladder: number[]; reps: number; durationMs: number; count?: number; driver?: string; recycle?: boolean; poolSize?: number };
+  settings?: {
+    ladder: number[];
+    reps: number;
+    durationMs: number;
+    count?: number;
+    driver?: string;
+    recycle?: boolean;
+    poolSize?: number;
+  };
   rungs: Rung[];
   floorMs: number;
   slopeMsPerSlot: number | null;
@@ -124,7 +142,12 @@ export function toBaseline(name: string, rungs: Rung[], note?: string): Baseline
 }
 
 export function compareSide(r: Rung): CompareSide {
-  return { throughput: r.throughput, throughputReps: r.reps.map((x) => x.throughput), latencyMs: r.latencyMs, phasesMs: r.phasesMs };
+  return {
+    throughput: r.throughput,
+    throughputReps: r.reps.map((x) => x.throughput),
+    latencyMs: r.latencyMs,
+    phasesMs: r.phasesMs,
+  };
 }
 
 /**
@@ -133,16 +156,21 @@ export function compareSide(r: Rung): CompareSide {
  */
 export function ratiosOf(s: Pick<BenchSummary, 'workload' | 'peak' | 'floorMs' | 'baselines'>): Record<string, number> {
   const out: Record<string, number> = {};
-  const b = (name: string): Baseline | undefined => s.baselines.find((x) => x.name === name && x.throughput !== undefined);
+  const b = (name: string): Baseline | undefined =>
+    s.baselines.find((x) => x.name === name && x.throughput !== undefined);
   const bare = b('bare-spawn');
   const raw = b('raw-namespace');
-  if (s.workload === 'exec' && bare?.throughput) out['exec/bare-spawn throughput'] = round(s.peak.throughput / bare.throughput, 2);
-  if (s.workload === 'fresh-exec' && raw?.throughput) out['fresh-exec/raw-namespace throughput'] = round(s.peak.throughput / raw.throughput, 2);
-  if (s.workload === 'fresh-exec' && raw?.floorMs) out['fresh-exec/raw-namespace p50 floor'] = round(s.floorMs / raw.floorMs, 2);
+  if (s.workload === 'exec' && bare?.throughput)
+    out['exec/bare-spawn throughput'] = round(s.peak.throughput / bare.throughput, 2);
+  if (s.workload === 'fresh-exec' && raw?.throughput)
+    out['fresh-exec/raw-namespace throughput'] = round(s.peak.throughput / raw.throughput, 2);
+  if (s.workload === 'fresh-exec' && raw?.floorMs)
+    out['fresh-exec/raw-namespace p50 floor'] = round(s.floorMs / raw.floorMs, 2);
   if (s.workload === 'raise' && bare?.floorMs) out['raise/bare-spawn p50 latency'] = round(s.floorMs / bare.floorMs, 1);
   const boot = b('boot');
   if (s.workload === 'restore' && boot?.floorMs) out['restore/boot p50 latency'] = round(s.floorMs / boot.floorMs, 2);
   const downUp = b('down+up');
-  if (s.workload === 'scenario-reset' && downUp?.floorMs) out['down+up/scenario-reset p50 (times faster)'] = round(downUp.floorMs / s.floorMs, 1);
+  if (s.workload === 'scenario-reset' && downUp?.floorMs)
+    out['down+up/scenario-reset p50 (times faster)'] = round(downUp.floorMs / s.floorMs, 1);
   return out;
 }

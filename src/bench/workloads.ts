@@ -60,7 +60,12 @@ async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
  * through a daemon, over its keep-alive HTTP connections: a one-shot exec per request).
  */
 async function exec(lab: LabApi, s: BenchSettings): Promise<LoopResult> {
-  const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns, ...(lab instanceof Lab ? {} : { timeoutS: 0 }) } as LabCreateOptions);
+  const box = await lab.create({
+    storage: s.storage,
+    driver: s.driver,
+    userns: s.userns,
+    ...(lab instanceof Lab ? {} : { timeoutS: 0 }),
+  } as LabCreateOptions);
   try {
     await box.exec(s.argv);
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {
@@ -83,7 +88,13 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
       const box = await lab.create({ storage: s.storage, driver: s.driver, userns: s.userns });
       boxes.push(box);
       if (s.fillBytes) {
-        const r = await box.exec(['dd', 'if=/dev/zero', 'of=/root/fill', 'bs=1M', `count=${Math.max(1, Math.round(s.fillBytes / 2 ** 20))}`]);
+        const r = await box.exec([
+          'dd',
+          'if=/dev/zero',
+          'of=/root/fill',
+          'bs=1M',
+          `count=${Math.max(1, Math.round(s.fillBytes / 2 ** 20))}`,
+        ]);
         if (r.exitCode !== 0) throw new Error(`fill failed: ${r.stderr.toString()}`);
         // untimed: write the fill back first, so the samples measure snapshots of a tree of this
         // size, not the one-off writeback of freshly written data (which the first snapshot pays)
@@ -103,7 +114,13 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
 
 /** restore: snapshot one sandbox once, then restore to usable; destroy each restored sandbox untimed. */
 async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  const box = await lab.create({ image: s.image, storage: s.storage, driver: s.driver, userns: s.userns, init: s.init });
+  const box = await lab.create({
+    image: s.image,
+    storage: s.storage,
+    driver: s.driver,
+    userns: s.userns,
+    init: s.init,
+  });
   const name = `bench-restore-${process.pid}-${Date.now()}`;
   try {
     // a VM's memory snapshot: a restore continues the machine, it does not boot
@@ -129,7 +146,8 @@ async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
 export function runWorkload(api: LabApi, w: Workload, s: WorkloadSettings): Promise<LoopResult> {
   if (w === 'fresh-exec') return freshExec(api, s);
   if (w === 'exec') return exec(api, s);
-  if (!(api instanceof Lab)) throw new SnaplabError('BAD_INPUT', `--host applies to exec and fresh-exec, not ${w}`, 'drop --host');
+  if (!(api instanceof Lab))
+    throw new SnaplabError('BAD_INPUT', `--host applies to exec and fresh-exec, not ${w}`, 'drop --host');
   const lab = api;
   if (w === 'scenario-up' || w === 'scenario-reset') {
     const settings = { ...s, file: s.scenario!, storage: s.storage, driver: s.driver };

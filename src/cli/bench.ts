@@ -15,15 +15,32 @@ export function registerBench(program: Command): void {
   cmd.action((argv: string[], o: BenchCli) =>
     withLab(o, async (lab) => {
       if (o.workload === 'image-import') {
-        const [{ imageBench, renderImageSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([import('../bench/image-bench.js'), import('../bench/progress.js'), import('../lab/sizes.js')]);
+        const [{ imageBench, renderImageSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([
+          import('../bench/image-bench.js'),
+          import('../bench/progress.js'),
+          import('../lab/sizes.js'),
+        ]);
         const summary = await imageBench(lab, parsePositiveInt(o.reps, 'reps'), new Progress(process.stderr));
         if (o.json) printJson(summary);
         else process.stdout.write(`${renderImageSummary(summary)}\n`);
         return;
       }
       if (o.workload === 'interactive') {
-        const [{ interactiveBench, renderInteractiveSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([import('../bench/interactive-bench.js'), import('../bench/progress.js'), import('../lab/sizes.js')]);
-        const summary = await interactiveBench(lab, { driver: o.driver ?? 'namespaces', rounds: parsePositiveInt(o.reps, 'reps'), keystrokes: 100, fileMiB: o.driver === 'qemu' ? 256 : 1024 }, new Progress(process.stderr));
+        const [{ interactiveBench, renderInteractiveSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([
+          import('../bench/interactive-bench.js'),
+          import('../bench/progress.js'),
+          import('../lab/sizes.js'),
+        ]);
+        const summary = await interactiveBench(
+          lab,
+          {
+            driver: o.driver ?? 'namespaces',
+            rounds: parsePositiveInt(o.reps, 'reps'),
+            keystrokes: 100,
+            fileMiB: o.driver === 'qemu' ? 256 : 1024,
+          },
+          new Progress(process.stderr),
+        );
         if (o.json) printJson(summary);
         else process.stdout.write(`${renderInteractiveSummary(summary)}\n`);
         return;
@@ -31,20 +48,29 @@ export function registerBench(program: Command): void {
       if (o.workload === 'cli') {
         const explicit = (k: keyof BenchCli): boolean => cmd.getOptionValueSource(k) === 'cli';
         const plan = cliPlan(o, argv, explicit);
-        const [{ cliBench, renderCliSummary }, { Progress }] = await Promise.all([import('../bench/cli-bench.js'), import('../bench/progress.js')]);
+        const [{ cliBench, renderCliSummary }, { Progress }] = await Promise.all([
+          import('../bench/cli-bench.js'),
+          import('../bench/progress.js'),
+        ]);
         const summary = await cliBench(lab, plan, new Progress(process.stderr));
         if (plan.json) printJson(summary);
         else process.stdout.write(`${renderCliSummary(summary)}\n`);
         return;
       }
-      const [{ hostLimits }, { Progress }, { renderSummary }, { prepareResultsDir, writeResults }, { runBench }] = await Promise.all([
-        import('../bench/host-limits.js'),
-        import('../bench/progress.js'),
-        import('../bench/report-text.js'),
-        import('../bench/results.js'),
-        import('../bench/run-bench.js'),
-      ]);
-      const plan = toPlan(o, argv, (k) => o[k] !== undefined && cmd.getOptionValueSource(k) === 'cli', o.driver === 'qemu' ? await hostLimits(lab.home) : undefined);
+      const [{ hostLimits }, { Progress }, { renderSummary }, { prepareResultsDir, writeResults }, { runBench }] =
+        await Promise.all([
+          import('../bench/host-limits.js'),
+          import('../bench/progress.js'),
+          import('../bench/report-text.js'),
+          import('../bench/results.js'),
+          import('../bench/run-bench.js'),
+        ]);
+      const plan = toPlan(
+        o,
+        argv,
+        (k) => o[k] !== undefined && cmd.getOptionValueSource(k) === 'cli',
+        o.driver === 'qemu' ? await hostLimits(lab.home) : undefined,
+      );
       const results = plan.results ? prepareResultsDir(plan.results) : undefined;
       const summary = await runBench(lab, plan, new Progress(process.stderr));
       const written = results ? writeResults(results, summary) : [];

@@ -4,11 +4,20 @@ import { SnaplabError } from '../errors.js';
 import { EXIT_USAGE, printJson, printTable, reportError } from './output.js';
 
 /** Run `fn` with the cluster's store open; errors reported as every command reports them. */
-export async function withCluster(url: string | undefined, json: boolean | undefined, fn: (store: ClusterStore) => Promise<void>): Promise<void> {
+export async function withCluster(
+  url: string | undefined,
+  json: boolean | undefined,
+  fn: (store: ClusterStore) => Promise<void>,
+): Promise<void> {
   let store: ClusterStore | undefined;
   try {
     const where = url ?? process.env.SNAPLAB_CLUSTER;
-    if (!where) throw new SnaplabError('BAD_INPUT', 'no cluster given', 'give --cluster etcd://HOST:PORT[,…] (or set SNAPLAB_CLUSTER)');
+    if (!where)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'no cluster given',
+        'give --cluster etcd://HOST:PORT[,…] (or set SNAPLAB_CLUSTER)',
+      );
     const { ClusterStore } = await import('../cluster/store.js');
     store = await ClusterStore.open(where);
     await fn(store);
@@ -34,12 +43,30 @@ export function registerCluster(program: Command): void {
         const [nodes, drained, sandboxes] = await Promise.all([store.nodes(), store.drained(), store.sandboxes()]);
         const lost = sandboxes.filter((s) => s.state === 'lost').length;
         if (o.json) return printJson({ nodes: nodes.map((n) => ({ ...n, drained: drained.has(n.name) })), lost });
-        printTable(['NODE', 'URL', 'STATE', 'SANDBOXES', 'READY', 'CORES', 'MEMORY FREE', 'DISK FREE', 'LABELS'], nodes.map((n) => [
-          n.name, n.url, drained.has(n.name) ? 'drained' : 'up', n.sandboxes, Object.entries(n.pools).map(([p, v]) => `${p}:${v.ready}/${v.size}`).join(',') || '-',
-          n.capacity.cores, gib(n.capacity.memoryFreeBytes), gib(n.capacity.diskFreeBytes), Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(',') || '-',
-        ]));
-        if (lost) process.stderr.write(`${lost} sandbox(es) lost with nodes that lapsed (GET /sandboxes on a gateway lists them)\n`);
-      }));
+        printTable(
+          ['NODE', 'URL', 'STATE', 'SANDBOXES', 'READY', 'CORES', 'MEMORY FREE', 'DISK FREE', 'LABELS'],
+          nodes.map((n) => [
+            n.name,
+            n.url,
+            drained.has(n.name) ? 'drained' : 'up',
+            n.sandboxes,
+            Object.entries(n.pools)
+              .map(([p, v]) => `${p}:${v.ready}/${v.size}`)
+              .join(',') || '-',
+            n.capacity.cores,
+            gib(n.capacity.memoryFreeBytes),
+            gib(n.capacity.diskFreeBytes),
+            Object.entries(n.labels)
+              .map(([k, v]) => `${k}=${v}`)
+              .join(',') || '-',
+          ]),
+        );
+        if (lost)
+          process.stderr.write(
+            `${lost} sandbox(es) lost with nodes that lapsed (GET /sandboxes on a gateway lists them)\n`,
+          );
+      }),
+    );
   cluster
     .command('drain <node>')
     .description('stop placing new sandboxes on a node (its own keep running until they end); --undo places again')
@@ -51,6 +78,11 @@ export function registerCluster(program: Command): void {
         await store.setDrain(node, !o.undo);
         const left = (await store.sandboxes()).filter((s) => s.node === node && s.state !== 'lost').length;
         if (o.json) return printJson({ node, drained: !o.undo, sandboxes: left });
-        process.stderr.write(o.undo ? `node ${node} takes new sandboxes again\n` : `node ${node} is drained: no new sandboxes; ${left} still there\n`);
-      }));
+        process.stderr.write(
+          o.undo
+            ? `node ${node} takes new sandboxes again\n`
+            : `node ${node} is drained: no new sandboxes; ${left} still there\n`,
+        );
+      }),
+    );
 }

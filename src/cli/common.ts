@@ -13,7 +13,11 @@ export interface CommonOptions {
  * Open the lab, run the command, and turn any failure into a clean error and an exit code
  * (2, or 125 for exec and run). `body` returns the exit code for success paths.
  */
-export async function withLab(opts: CommonOptions, body: (lab: Lab) => Promise<number | void>, failureCode = EXIT_USAGE): Promise<void> {
+export async function withLab(
+  opts: CommonOptions,
+  body: (lab: Lab) => Promise<number | void>,
+  failureCode = EXIT_USAGE,
+): Promise<void> {
   let lab: Lab | undefined;
   try {
     // loaded here, not at start-up: `--help`, `--version` and usage errors need none of it

@@ -12,7 +12,12 @@ export function parseSide(arg: string): Side {
   if (arg === '-') return { stream: true };
   const m = MACHINE_SIDE.exec(arg);
   if (!m) return { host: arg };
-  if (!m[2]) throw new SnaplabError('BAD_INPUT', `no path after ${m[1]}:`, `give the path in the machine, e.g. ${m[1]}:/etc/hosts`);
+  if (!m[2])
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `no path after ${m[1]}:`,
+      `give the path in the machine, e.g. ${m[1]}:/etc/hosts`,
+    );
   return { machine: m[1]!, path: m[2] };
 }
 
@@ -23,7 +28,9 @@ interface CpCli extends CommonOptions {
 export function registerCp(program: Command): void {
   program
     .command('cp <src> <dest>')
-    .description('copy files or directories into, out of or between machines (MACHINE:PATH; - is a tar stream on stdin/stdout)')
+    .description(
+      'copy files or directories into, out of or between machines (MACHINE:PATH; - is a tar stream on stdin/stdout)',
+    )
     .option('-L, --follow-link', 'copy what SRC links to, not the link itself')
     .option('--json', 'the result (bytes, warnings) as JSON; errors as JSON')
     .addHelpText(
@@ -55,12 +62,24 @@ Examples:
         };
         const ctx = lab.context;
         let r;
-        if ('machine' in from && 'machine' in to) r = await copyBetween(ctx, await recordOf(from.machine), from.path, await recordOf(to.machine), to.path, { follow });
-        else if ('machine' in to && 'host' in from) r = await copyIn(ctx, await recordOf(to.machine), from.host, to.path, { follow });
-        else if ('machine' in to && 'stream' in from) r = await sendArchive(ctx, await recordOf(to.machine), to.path, process.stdin, { plain: true });
-        else if ('machine' in from && 'host' in to) r = await copyOut(ctx, await recordOf(from.machine), from.path, to.host, { follow });
-        else if ('machine' in from && 'stream' in to) r = await receiveArchive(ctx, await recordOf(from.machine), from.path, process.stdout, { follow });
-        else throw new SnaplabError('BAD_INPUT', 'one side of cp must be a machine path (MACHINE:PATH)', 'e.g. `snaplab cp ./file web:/tmp/` or `snaplab cp web:/etc/hosts .`; for host to host use cp');
+        if ('machine' in from && 'machine' in to)
+          r = await copyBetween(ctx, await recordOf(from.machine), from.path, await recordOf(to.machine), to.path, {
+            follow,
+          });
+        else if ('machine' in to && 'host' in from)
+          r = await copyIn(ctx, await recordOf(to.machine), from.host, to.path, { follow });
+        else if ('machine' in to && 'stream' in from)
+          r = await sendArchive(ctx, await recordOf(to.machine), to.path, process.stdin, { plain: true });
+        else if ('machine' in from && 'host' in to)
+          r = await copyOut(ctx, await recordOf(from.machine), from.path, to.host, { follow });
+        else if ('machine' in from && 'stream' in to)
+          r = await receiveArchive(ctx, await recordOf(from.machine), from.path, process.stdout, { follow });
+        else
+          throw new SnaplabError(
+            'BAD_INPUT',
+            'one side of cp must be a machine path (MACHINE:PATH)',
+            'e.g. `snaplab cp ./file web:/tmp/` or `snaplab cp web:/etc/hosts .`; for host to host use cp',
+          );
         for (const w of r.warnings) process.stderr.write(`snaplab: cp: warning: ${w}\n`);
         if (o.json) printJson(r);
         return r.complete ? 0 : 1; // 1: copied, but something was left out (said above)

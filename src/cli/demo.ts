@@ -25,8 +25,14 @@ export function registerDemo(program: Command): void {
         const tag = Date.now().toString(36);
         await using box = await lab.create({ image: 'busybox', name: `demo-${tag}`, storage: o.storage });
         traces.push(box.lastTrace!);
-        say(`1. created ${box.name} on ${box.storage} storage in ${ms(box.lastTrace!.totalMs)} (a command ran inside before this returned)`);
-        const uname = await box.exec(['sh', '-c', 'echo "pid $$ on $(hostname), $(ls /proc | grep -c "^[0-9]") processes visible"']);
+        say(
+          `1. created ${box.name} on ${box.storage} storage in ${ms(box.lastTrace!.totalMs)} (a command ran inside before this returned)`,
+        );
+        const uname = await box.exec([
+          'sh',
+          '-c',
+          'echo "pid $$ on $(hostname), $(ls /proc | grep -c "^[0-9]") processes visible"',
+        ]);
         say(`2. exec: ${uname.stdout.toString().trim()}`);
         await box.exec(['sh', '-c', 'echo before > /root/state']);
         const snap = await box.snapshot(`demo-${tag}`);

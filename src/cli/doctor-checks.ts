@@ -26,15 +26,32 @@ export interface Check extends Availability {
 /** ok, noting the optional programs of `feature` that are missing (what then cannot be done). */
 async function optionalNote(feature: Feature, found: string): Promise<Availability> {
   const absent = [];
-  for (const t of HOST_TOOLS) if (t.optional && t.program && t.for.includes(feature) && !(await which(t.program))) absent.push(t);
-  if (absent.length === 0) return { ok: true, reason: `${found}, and ${HOST_TOOLS.filter((t) => t.optional && t.for.includes(feature)).map((t) => t.program).join(', ')}` };
-  return { ok: true, reason: `${found}; without ${absent.map((t) => `${t.program} (${t.why})`).join('; ')}`, fix: installFix(absent) };
+  for (const t of HOST_TOOLS)
+    if (t.optional && t.program && t.for.includes(feature) && !(await which(t.program))) absent.push(t);
+  if (absent.length === 0)
+    return {
+      ok: true,
+      reason: `${found}, and ${HOST_TOOLS.filter((t) => t.optional && t.for.includes(feature))
+        .map((t) => t.program)
+        .join(', ')}`,
+    };
+  return {
+    ok: true,
+    reason: `${found}; without ${absent.map((t) => `${t.program} (${t.why})`).join('; ')}`,
+    fix: installFix(absent),
+  };
 }
 
 async function busyboxCheck(): Promise<Availability> {
   const bb = (await which('busybox')) ?? '/bin/busybox';
-  if (!existsSync(bb)) return { ok: false, reason: 'busybox not found (the built-in image needs it)', fix: 'apt-get install busybox-static' };
-  if (isDynamicElf(bb)) return { ok: false, reason: `${bb} is dynamically linked`, fix: 'apt-get install busybox-static' };
+  if (!existsSync(bb))
+    return {
+      ok: false,
+      reason: 'busybox not found (the built-in image needs it)',
+      fix: 'apt-get install busybox-static',
+    };
+  if (isDynamicElf(bb))
+    return { ok: false, reason: `${bb} is dynamically linked`, fix: 'apt-get install busybox-static' };
   return { ok: true, reason: `static busybox at ${bb}` };
 }
 
@@ -48,14 +65,24 @@ async function busyboxCheck(): Promise<Availability> {
 async function usernsChecks(home: string, ready: boolean, working: Set<string>): Promise<Check[]> {
   const kinds: StorageKind[] = ['btrfs', 'dir', 'overlay'];
   const skip = (k: StorageKind): string | undefined =>
-    !ready ? 'not tried: the namespaces driver does not work here (above)' : !working.has(k) ? `not tried: ${k} storage does not work here (above)` : undefined;
-  if (!kinds.some((k) => !skip(k))) return kinds.map((k) => ({ name: `userns: ${k}`, kind: 'storage', optional: true, ok: false, reason: skip(k)! }));
+    !ready
+      ? 'not tried: the namespaces driver does not work here (above)'
+      : !working.has(k)
+        ? `not tried: ${k} storage does not work here (above)`
+        : undefined;
+  if (!kinds.some((k) => !skip(k)))
+    return kinds.map((k) => ({ name: `userns: ${k}`, kind: 'storage', optional: true, ok: false, reason: skip(k)! }));
   const lab = await Lab.open({ home });
   try {
     const out: Check[] = [];
     for (const k of kinds) {
       const why = skip(k);
-      out.push({ name: `userns: ${k}`, kind: 'storage', optional: true, ...(why ? { ok: false, reason: why } : await sandboxInUserns(lab, k)) });
+      out.push({
+        name: `userns: ${k}`,
+        kind: 'storage',
+        optional: true,
+        ...(why ? { ok: false, reason: why } : await sandboxInUserns(lab, k)),
+      });
     }
     return out;
   } finally {
@@ -69,8 +96,15 @@ async function sandboxInUserns(lab: Lab, storage: StorageKind): Promise<Availabi
     const box = await lab.create({ image: 'busybox', storage, userns: true, name: `doctor-${process.pid}-${storage}` });
     try {
       const r = await box.exec(['cat', '/proc/self/uid_map']);
-      if (r.exitCode !== 0) return { ok: false, reason: `a command in the sandbox failed (exit ${r.exitCode}): ${r.stderr.toString().trim()}` };
-      return { ok: true, reason: `a sandbox started in a user namespace (uid 0 is ${r.stdout.toString().trim().split(/\s+/)[1]} outside) and ran a command` };
+      if (r.exitCode !== 0)
+        return {
+          ok: false,
+          reason: `a command in the sandbox failed (exit ${r.exitCode}): ${r.stderr.toString().trim()}`,
+        };
+      return {
+        ok: true,
+        reason: `a sandbox started in a user namespace (uid 0 is ${r.stdout.toString().trim().split(/\s+/)[1]} outside) and ran a command`,
+      };
     } finally {
       await box.destroy();
     }
@@ -78,8 +112,13 @@ async function sandboxInUserns(lab: Lab, storage: StorageKind): Promise<Availabi
     const err = e as SnaplabError;
     // the idmap step alone says more where it is what fails (a filesystem without idmapped mounts)
     const idmap = await probeUserns(storage === 'btrfs' ? join(lab.home, 'btrfs', 'volumes') : lab.home); // where the backend's volumes are
-    if (!idmap.ok) return { ok: false, reason: `${err.message} (${idmap.reason})`, ...(idmap.fix ? { fix: idmap.fix } : {}) };
-    return { ok: false, reason: err.message, fix: err.hint ?? '--no-userns runs without one (root inside is then host root)' };
+    if (!idmap.ok)
+      return { ok: false, reason: `${err.message} (${idmap.reason})`, ...(idmap.fix ? { fix: idmap.fix } : {}) };
+    return {
+      ok: false,
+      reason: err.message,
+      fix: err.hint ?? '--no-userns runs without one (root inside is then host root)',
+    };
   }
 }
 
@@ -87,34 +126,106 @@ async function sandboxInUserns(lab: Lab, storage: StorageKind): Promise<Availabi
 async function diskCapChecks(home: string): Promise<Check[]> {
   return [
     { name: 'disk cap: btrfs', kind: 'storage', optional: true, ...(await new BtrfsBackend(home).diskCapSupport()) },
-    { name: 'disk cap: overlay', kind: 'storage', optional: true, ...(await new OverlayBackend(home).diskCapSupport()) },
+    {
+      name: 'disk cap: overlay',
+      kind: 'storage',
+      optional: true,
+      ...(await new OverlayBackend(home).diskCapSupport()),
+    },
     { name: 'disk cap: dir', kind: 'storage', optional: true, ...(await new DirBackend(home).diskCapSupport()) },
   ];
 }
 
 /** Probe everything snaplab needs; exit 0 when the default driver and a storage backend work. */
-export async function doctor(home: string): Promise<{ ok: boolean; home: string; defaultDriver: string; defaultStorage: string | null; defaultStorageReason: string; checks: Check[] }> {
+export async function doctor(
+  home: string,
+): Promise<{
+  ok: boolean;
+  home: string;
+  defaultDriver: string;
+  defaultStorage: string | null;
+  defaultStorageReason: string;
+  checks: Check[];
+}> {
   const checks: Check[] = [];
   const root = process.getuid?.() === 0;
-  checks.push({ name: 'root', kind: 'host', ok: root, reason: root ? 'running as root' : 'not root: namespaces, mounts and cgroups need root', ...(root ? {} : { fix: 'run as root (sudo)' }) });
+  checks.push({
+    name: 'root',
+    kind: 'host',
+    ok: root,
+    reason: root ? 'running as root' : 'not root: namespaces, mounts and cgroups need root',
+    ...(root ? {} : { fix: 'run as root (sudo)' }),
+  });
   const cg = await probeCgroups();
-  checks.push({ name: `cgroup v${cg.version}`, kind: 'host', ok: cg.ok, reason: cg.reason, ...(cg.fix ? { fix: cg.fix } : {}) });
+  checks.push({
+    name: `cgroup v${cg.version}`,
+    kind: 'host',
+    ok: cg.ok,
+    reason: cg.reason,
+    ...(cg.fix ? { fix: cg.fix } : {}),
+  });
   checks.push({ name: 'cgroup moves', kind: 'host', optional: true, ...(await probeCgroupMoves()) });
   const ns = await new NamespacesDriver(home).probe();
   checks.push({ name: 'namespaces', kind: 'driver', ...ns });
   checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
   for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
-  checks.push(...(await usernsChecks(home, ns.ok, new Set(checks.filter((c) => c.kind === 'storage' && c.ok).map((c) => c.name)))));
+  checks.push(
+    ...(await usernsChecks(
+      home,
+      ns.ok,
+      new Set(checks.filter((c) => c.kind === 'storage' && c.ok).map((c) => c.name)),
+    )),
+  );
   checks.push(...(await diskCapChecks(home)));
   checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
   // features beyond a single sandbox: snaplab runs without them, but they fail when used
-  checks.push({ name: 'scenarios', kind: 'feature', optional: true, ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }) });
-  checks.push({ name: 'scenario VMs', kind: 'feature', optional: true, ...(existsSync('/dev/net/tun') ? { ok: true, reason: '/dev/net/tun: a VM machine\'s taps can be made' } : { ok: false, reason: 'no /dev/net/tun: a scenario\'s VM machines (driver: qemu) need it for their taps', fix: 'modprobe tun' }) });
-  checks.push({ name: 'image import', kind: 'feature', optional: true, ...((await toolsVerdict('image', 'image import')) ?? (await optionalNote('image', 'plain and gzip archives need nothing more'))) });
-  checks.push({ name: 'image build', kind: 'feature', optional: true, ...((await toolsVerdict('image-build', 'image build')) ?? { ok: true, reason: 'mmdebstrap found' }) });
-  checks.push({ name: 'ssh reach', kind: 'feature', optional: true, ...((await toolsVerdict('ssh', 'ssh-config and inventory')) ?? { ok: true, reason: 'ssh-keygen found' }) });
+  checks.push({
+    name: 'scenarios',
+    kind: 'feature',
+    optional: true,
+    ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }),
+  });
+  checks.push({
+    name: 'scenario VMs',
+    kind: 'feature',
+    optional: true,
+    ...(existsSync('/dev/net/tun')
+      ? { ok: true, reason: "/dev/net/tun: a VM machine's taps can be made" }
+      : {
+          ok: false,
+          reason: "no /dev/net/tun: a scenario's VM machines (driver: qemu) need it for their taps",
+          fix: 'modprobe tun',
+        }),
+  });
+  checks.push({
+    name: 'image import',
+    kind: 'feature',
+    optional: true,
+    ...((await toolsVerdict('image', 'image import')) ??
+      (await optionalNote('image', 'plain and gzip archives need nothing more'))),
+  });
+  checks.push({
+    name: 'image build',
+    kind: 'feature',
+    optional: true,
+    ...((await toolsVerdict('image-build', 'image build')) ?? { ok: true, reason: 'mmdebstrap found' }),
+  });
+  checks.push({
+    name: 'ssh reach',
+    kind: 'feature',
+    optional: true,
+    ...((await toolsVerdict('ssh', 'ssh-config and inventory')) ?? { ok: true, reason: 'ssh-keygen found' }),
+  });
   // a node or gateway needs only an etcd to reach (--cluster); a member of one's own needs etcd here
-  checks.push({ name: 'cluster', kind: 'feature', optional: true, ...((await toolsVerdict('cluster', 'an etcd member on this host (docs/cluster.md)')) ?? { ok: true, reason: 'etcd found (a node or gateway needs only the members\' addresses: --cluster)' }) });
+  checks.push({
+    name: 'cluster',
+    kind: 'feature',
+    optional: true,
+    ...((await toolsVerdict('cluster', 'an etcd member on this host (docs/cluster.md)')) ?? {
+      ok: true,
+      reason: "etcd found (a node or gateway needs only the members' addresses: --cluster)",
+    }),
+  });
   let defaultStorage: string | null = null;
   let defaultStorageReason = '';
   try {
@@ -124,6 +235,12 @@ export async function doctor(home: string): Promise<{ ok: boolean; home: string;
   } catch (e) {
     defaultStorageReason = (e as Error).message;
   }
-  return { ok: ns.ok && defaultStorage !== null, home, defaultDriver: 'namespaces', defaultStorage, defaultStorageReason, checks };
+  return {
+    ok: ns.ok && defaultStorage !== null,
+    home,
+    defaultDriver: 'namespaces',
+    defaultStorage,
+    defaultStorageReason,
+    checks,
+  };
 }
-

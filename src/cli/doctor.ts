@@ -13,8 +13,19 @@ export function registerDoctor(program: Command): void {
         const r = await doctor(process.env.SNAPLAB_HOME ?? DEFAULT_HOME);
         if (o.json) printJson(r);
         else {
-          printTable(['CHECK', 'KIND', 'OK', 'DETAIL', 'FIX'], r.checks.map((c) => [c.name, c.kind, c.ok ? 'yes' : !c.optional ? 'NO' : c.kind === 'host' ? 'tune' : 'no', c.reason, c.ok ? '' : c.fix ?? '']));
-          process.stdout.write(`\ndefault driver: namespaces; default storage: ${r.defaultStorage ?? 'none'} — ${r.defaultStorageReason}\nstate: ${r.home}\n${r.ok ? 'ready' : 'NOT READY: apply the fixes above'}\n`);
+          printTable(
+            ['CHECK', 'KIND', 'OK', 'DETAIL', 'FIX'],
+            r.checks.map((c) => [
+              c.name,
+              c.kind,
+              c.ok ? 'yes' : !c.optional ? 'NO' : c.kind === 'host' ? 'tune' : 'no',
+              c.reason,
+              c.ok ? '' : (c.fix ?? ''),
+            ]),
+          );
+          process.stdout.write(
+            `\ndefault driver: namespaces; default storage: ${r.defaultStorage ?? 'none'} — ${r.defaultStorageReason}\nstate: ${r.home}\n${r.ok ? 'ready' : 'NOT READY: apply the fixes above'}\n`,
+          );
         }
         process.exitCode = r.ok ? 0 : 1;
       } catch (e) {

@@ -17,7 +17,11 @@ interface ExecCli extends CommonOptions {
 const collect = (v: string, prev: string[]): string[] => [...prev, v];
 
 /** How a command gets its lab: the embedded one (withLab), or a daemon's (cli/remote.ts). */
-export type Opener = (opts: CommonOptions, body: (lab: Pick<LabApi, 'get'>) => Promise<number | void>, failureCode?: number) => Promise<void>;
+export type Opener = (
+  opts: CommonOptions,
+  body: (lab: Pick<LabApi, 'get'>) => Promise<number | void>,
+  failureCode?: number,
+) => Promise<void>;
 
 export function registerExec(program: Command, open: Opener = withLab): void {
   program
@@ -26,12 +30,21 @@ export function registerExec(program: Command, open: Opener = withLab): void {
     .usage('<sandbox> [options] -- argv...')
     .option('-e, --env <K=V>', 'set an environment variable (repeatable)', collect, [])
     .option('--cwd <dir>', 'working directory inside the sandbox')
-    .option('-u, --user <user[:group]>', "run as this user of the machine (a name or uid; from the machine's /etc/passwd)")
+    .option(
+      '-u, --user <user[:group]>',
+      "run as this user of the machine (a name or uid; from the machine's /etc/passwd)",
+    )
     .option('--timeout <seconds>', 'kill the command after this long (exit 124)')
     .option('-i, --interactive', 'forward stdin to the command')
-    .option('-t, --tty', 'run the command on a terminal inside the machine (with -i: the local terminal goes raw and follows its size)')
+    .option(
+      '-t, --tty',
+      'run the command on a terminal inside the machine (with -i: the local terminal goes raw and follows its size)',
+    )
     .option('--json', 'errors as JSON')
-    .addHelpText('after', '\nExit codes: the command\'s own; 124 timed out; 127 not found; 128+N killed by signal N; 125 snaplab failed.')
+    .addHelpText(
+      'after',
+      "\nExit codes: the command's own; 124 timed out; 127 not found; 128+N killed by signal N; 125 snaplab failed.",
+    )
     .action((sandbox: string, argv: string[], o: ExecCli) =>
       open(
         o,
@@ -42,7 +55,10 @@ export function registerExec(program: Command, open: Opener = withLab): void {
           // a reader that went away (`| head`): stop as a command writing to a closed pipe does,
           // and the agent kills the command when the connection closes (native/cli.c does the same)
           const outputFailed = (e: NodeJS.ErrnoException): void => {
-            if (e.code !== 'EPIPE') process.stderr.write(`error[OUTPUT_FAILED]: cannot write the command's output (${e.code ?? 'error'})\nhint: is there room where stdout goes?\n`);
+            if (e.code !== 'EPIPE')
+              process.stderr.write(
+                `error[OUTPUT_FAILED]: cannot write the command's output (${e.code ?? 'error'})\nhint: is there room where stdout goes?\n`,
+              );
             process.exit(e.code === 'EPIPE' ? 141 : EXIT_EXEC_FAILURE);
           };
           process.stdout.on('error', outputFailed);
@@ -51,9 +67,20 @@ export function registerExec(program: Command, open: Opener = withLab): void {
             if (o.tty) {
               // as docker: a terminal's end of input is a key (^D), not the end of a pipe, so piped
               // input would never end the command
-              if (o.interactive && !process.stdin.isTTY) throw new SnaplabError('BAD_INPUT', 'the input is not a terminal (-t -i needs one)', 'drop -t to pipe input into the command (exec -i), or run it from a terminal');
+              if (o.interactive && !process.stdin.isTTY)
+                throw new SnaplabError(
+                  'BAD_INPUT',
+                  'the input is not a terminal (-t -i needs one)',
+                  'drop -t to pipe input into the command (exec -i), or run it from a terminal',
+                );
               const { runOnTerminal } = await import('./terminal.js');
-              const r = await runOnTerminal(box, argv, { env: o.env, cwd: o.cwd, user: o.user, timeoutMs, input: o.interactive === true });
+              const r = await runOnTerminal(box, argv, {
+                env: o.env,
+                cwd: o.cwd,
+                user: o.user,
+                timeoutMs,
+                input: o.interactive === true,
+              });
               if (r.timedOut) process.stderr.write(`snaplab: timed out after ${o.timeout} s; killed\n`);
               return r.exitCode;
             }
@@ -66,7 +93,8 @@ export function registerExec(program: Command, open: Opener = withLab): void {
               onStdout: (b) => process.stdout.write(b),
               onStderr: (b) => process.stderr.write(b),
             });
-            if (r.oomKilled) process.stderr.write(`snaplab: the command was killed by the OOM killer (sandbox memory limit)\n`);
+            if (r.oomKilled)
+              process.stderr.write(`snaplab: the command was killed by the OOM killer (sandbox memory limit)\n`);
             else if (r.timedOut) process.stderr.write(`snaplab: timed out after ${o.timeout} s; killed\n`);
             return r.exitCode;
           } finally {
@@ -87,21 +115,36 @@ interface ShellCli extends CommonOptions {
 export function registerShell(program: Command, open: Opener = withLab): void {
   program
     .command('shell <machine>')
-    .description("a login shell in a machine (its user's shell from /etc/passwd, else /bin/bash, else /bin/sh) on a terminal")
+    .description(
+      "a login shell in a machine (its user's shell from /etc/passwd, else /bin/bash, else /bin/sh) on a terminal",
+    )
     .option('-u, --user <user[:group]>', 'log in as this user of the machine (default root)')
     .option('-e, --env <K=V>', 'set an environment variable (repeatable)', collect, [])
     .option('--json', 'errors as JSON')
-    .addHelpText('after', '\nExits with the shell\'s exit code. Ctrl-C, Ctrl-Z and Ctrl-D go to the machine; `exit` leaves.')
+    .addHelpText(
+      'after',
+      "\nExits with the shell's exit code. Ctrl-C, Ctrl-Z and Ctrl-D go to the machine; `exit` leaves.",
+    )
     .action((machine: string, o: ShellCli) =>
       open(
         o,
         async (lab) => {
-          if (!process.stdin.isTTY) throw new SnaplabError('BAD_INPUT', 'shell needs a terminal (the input is not one)', 'pipe a script into `snaplab exec -i MACHINE -- sh` instead');
+          if (!process.stdin.isTTY)
+            throw new SnaplabError(
+              'BAD_INPUT',
+              'shell needs a terminal (the input is not one)',
+              'pipe a script into `snaplab exec -i MACHINE -- sh` instead',
+            );
           const { loginShell, runOnTerminal } = await import('./terminal.js');
           const box = await lab.get(machine);
           try {
             const sh = await loginShell(box, o.user);
-            const r = await runOnTerminal(box, sh.argv, { env: [...sh.env, ...o.env], cwd: sh.home, user: o.user, input: true });
+            const r = await runOnTerminal(box, sh.argv, {
+              env: [...sh.env, ...o.env],
+              cwd: sh.home,
+              user: o.user,
+              input: true,
+            });
             return r.exitCode;
           } finally {
             box.close();
@@ -129,7 +172,11 @@ export function registerExecLost(program: Command): void {
           box.close();
           const { deadError } = await import('../drivers/namespaces/driver.js');
           if (box.info.state === 'dead') throw deadError(box.name, box.info.reason ?? undefined);
-          throw new SnaplabError('AGENT_UNREACHABLE', 'connection to agent closed with 1 request(s) pending', `see \`snaplab ls\`; is sandbox ${box.name} still running?`);
+          throw new SnaplabError(
+            'AGENT_UNREACHABLE',
+            'connection to agent closed with 1 request(s) pending',
+            `see \`snaplab ls\`; is sandbox ${box.name} still running?`,
+          );
         },
         EXIT_EXEC_FAILURE,
       ),

@@ -13,7 +13,12 @@ export function registerGc(program: Command): void {
       const { removed, notes, trace } = await lab.gc();
       for (const n of notes) process.stderr.write(`note: ${n}\n`);
       if (o.json) printJson({ removed, notes, operation: trace.id });
-      else process.stdout.write(removed.length ? `removed:\n  ${removed.join('\n  ')}\n(recorded as ${trace.id})\n` : `nothing to remove (recorded as ${trace.id})\n`);
+      else
+        process.stdout.write(
+          removed.length
+            ? `removed:\n  ${removed.join('\n  ')}\n(recorded as ${trace.id})\n`
+            : `nothing to remove (recorded as ${trace.id})\n`,
+        );
       showTrace(o, trace);
     }),
   );

@@ -16,24 +16,43 @@ interface BuildCli extends CommonOptions {
 export function registerImageBuild(image: Command): void {
   image
     .command('build <distribution>')
-    .description("build an image from a distribution's archive: `debian` (mmdebstrap, from the host's apt sources); cached by its inputs")
+    .description(
+      "build an image from a distribution's archive: `debian` (mmdebstrap, from the host's apt sources); cached by its inputs",
+    )
     .option('--suite <suite>', 'Debian suite or codename', 'bookworm')
     .option('--packages <list>', 'extra packages, comma-separated (e.g. nginx,openssh-server,python3)')
-    .option('--variant <variant>', "mmdebstrap's package set: minbase (required + apt), important, standard, …", 'minbase')
+    .option(
+      '--variant <variant>',
+      "mmdebstrap's package set: minbase (required + apt), important, standard, …",
+      'minbase',
+    )
     .option('--name <name>', 'image name (default debian-SUITE[-VARIANT][-HASH])')
     .option('--mirror <url>', "one mirror instead of the host's apt sources")
     .option('--rebuild', 'build again even if an image of the same inputs exists')
     .option('--json', 'print JSON')
     .action((distribution: string, o: BuildCli) =>
       withLab(o, async (lab) => {
-        if (distribution !== 'debian') throw new SnaplabError('BAD_INPUT', `cannot build ${JSON.stringify(distribution)} images`, 'snaplab image build debian --suite bookworm');
+        if (distribution !== 'debian')
+          throw new SnaplabError(
+            'BAD_INPUT',
+            `cannot build ${JSON.stringify(distribution)} images`,
+            'snaplab image build debian --suite bookworm',
+          );
         const started = performance.now();
-        const packages = (o.packages ?? '').split(',').map((p) => p.trim()).filter(Boolean);
+        const packages = (o.packages ?? '')
+          .split(',')
+          .map((p) => p.trim())
+          .filter(Boolean);
         const progress = o.json ? undefined : (s: string): void => void process.stderr.write(`… ${s}\n`);
-        const r = await lab.buildImage({ suite: o.suite, variant: o.variant, packages, mirror: o.mirror }, { name: o.name, rebuild: o.rebuild, onProgress: progress });
+        const r = await lab.buildImage(
+          { suite: o.suite, variant: o.variant, packages, mirror: o.mirror },
+          { name: o.name, rebuild: o.rebuild, onProgress: progress },
+        );
         const seconds = (performance.now() - started) / 1000;
         if (o.json) return printJson({ ...r.image, cached: r.cached, seconds, log: r.log });
-        process.stdout.write(`${r.cached ? 'cached' : 'built'} ${r.image.name} (${formatBytes(r.image.sizeBytes)}) in ${seconds.toFixed(1)} s${r.log ? `; log: ${r.log}` : ''}\n`);
+        process.stdout.write(
+          `${r.cached ? 'cached' : 'built'} ${r.image.name} (${formatBytes(r.image.sizeBytes)}) in ${seconds.toFixed(1)} s${r.log ? `; log: ${r.log}` : ''}\n`,
+        );
       }),
     );
 }

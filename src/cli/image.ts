@@ -32,7 +32,12 @@ function inspectText(i: ImageRecord): string {
     lines.push(`layers:    ${p.layers.length}`);
     for (const l of p.layers) lines.push(`  ${l.digest}  ${l.compression.padEnd(4)}  ${formatBytes(l.bytes)}`);
   }
-  if (p?.build) lines.push(`build:     ${Object.entries(p.build).map(([k, v]) => `${k}=${Array.isArray(v) ? v.join(',') : String(v)}`).join(' ')}`);
+  if (p?.build)
+    lines.push(
+      `build:     ${Object.entries(p.build)
+        .map(([k, v]) => `${k}=${Array.isArray(v) ? v.join(',') : String(v)}`)
+        .join(' ')}`,
+    );
   if (c) {
     if (c.entrypoint) lines.push(`entrypoint: ${JSON.stringify(c.entrypoint)}`);
     if (c.cmd) lines.push(`cmd:       ${JSON.stringify(c.cmd)}`);
@@ -50,19 +55,24 @@ export function registerImage(program: Command): void {
   registerImageBuild(image);
   image
     .command('import <source>')
-    .description('import a docker save tarball, an OCI image layout (directory or tarball), or a rootfs tarball or directory; compressed or not')
+    .description(
+      'import a docker save tarball, an OCI image layout (directory or tarball), or a rootfs tarball or directory; compressed or not',
+    )
     .option('--name <name>', 'image name')
     .option('--tag <tag>', 'which image, when the archive holds several (a repo tag, or an OCI ref name)')
     .option('--max-size <size>', 'refuse an archive that unpacks to more than this (default 64G)')
     .option('--json', 'print JSON')
     .action((source: string, o: CommonOptions & { name?: string; tag?: string; maxSize?: string }) =>
       withLab(o, async (lab) => {
-        if (!o.name) throw new SnaplabError('BAD_INPUT', 'an image needs a name', `snaplab image import ${source} --name NAME`);
+        if (!o.name)
+          throw new SnaplabError('BAD_INPUT', 'an image needs a name', `snaplab image import ${source} --name NAME`);
         const maxBytes = o.maxSize === undefined ? undefined : parseSize(o.maxSize, '--max-size');
         const rec = await lab.importImage(source, o.name, { tag: o.tag, maxBytes });
         if (o.json) return printJson(rec);
         const layers = rec.provenance?.layers?.length;
-        process.stdout.write(`imported ${rec.name} (${formatBytes(rec.sizeBytes)}${layers ? `, ${layers} layer${layers > 1 ? 's' : ''}` : ''}) from ${originOf(rec)}\n`);
+        process.stdout.write(
+          `imported ${rec.name} (${formatBytes(rec.sizeBytes)}${layers ? `, ${layers} layer${layers > 1 ? 's' : ''}` : ''}) from ${originOf(rec)}\n`,
+        );
         for (const n of rec.provenance?.notes ?? []) process.stderr.write(`note: ${n}\n`);
       }),
     );
@@ -76,7 +86,13 @@ export function registerImage(program: Command): void {
         if (o.json) return printJson(all);
         printTable(
           ['NAME', 'SIZE', 'LAYERS', 'ORIGIN', 'CREATED'],
-          all.map((i) => [i.name, formatBytes(i.sizeBytes), String(i.provenance?.layers?.length ?? '-'), originOf(i), new Date(i.createdAt).toISOString()]),
+          all.map((i) => [
+            i.name,
+            formatBytes(i.sizeBytes),
+            String(i.provenance?.layers?.length ?? '-'),
+            originOf(i),
+            new Date(i.createdAt).toISOString(),
+          ]),
         );
       }),
     );
@@ -87,7 +103,12 @@ export function registerImage(program: Command): void {
     .action((name: string, o: CommonOptions) =>
       withLab(o, async (lab) => {
         const rec = (await lab.images()).find((i) => i.name === name);
-        if (!rec) throw new SnaplabError('IMAGE_NOT_FOUND', `no image named ${JSON.stringify(name)}`, 'list images with `snaplab image ls`');
+        if (!rec)
+          throw new SnaplabError(
+            'IMAGE_NOT_FOUND',
+            `no image named ${JSON.stringify(name)}`,
+            'list images with `snaplab image ls`',
+          );
         if (o.json) return printJson(rec);
         process.stdout.write(`${inspectText(rec)}\n`);
       }),
@@ -102,7 +123,9 @@ export function registerImage(program: Command): void {
         const alsoRemoved: string[] = [];
         for (const n of names) alsoRemoved.push(...(await lab.removeImage(n, { force: o.force })).removed);
         if (o.json) return printJson({ removed: names, alsoRemoved });
-        process.stdout.write(`removed ${names.join(', ')}${alsoRemoved.length ? ` (and ${alsoRemoved.join(', ')})` : ''}\n`);
+        process.stdout.write(
+          `removed ${names.join(', ')}${alsoRemoved.length ? ` (and ${alsoRemoved.join(', ')})` : ''}\n`,
+        );
       }),
     );
 }

@@ -5,25 +5,52 @@ import { withCluster } from './cluster.js';
 import { printJson, printTable } from './output.js';
 import { int } from './serve.js';
 
-interface KeyView { name: string; scopes: Scope[]; maxSandboxes: number | null; maxExecs: number | null; createdAt: number }
+interface KeyView {
+  name: string;
+  scopes: Scope[];
+  maxSandboxes: number | null;
+  maxExecs: number | null;
+  createdAt: number;
+}
 
 /** `snaplab key …`: the local daemon's keys, or with --cluster the cluster's (kept in etcd, read by every gateway). */
 export function registerKey(program: Command): void {
-  const key = program.command('key').description("the daemon's API keys (--cluster: the cluster's): only a hash is kept, the key is shown once");
-  const cluster = (c: Command): Command => c.option('--cluster <etcd://host:port,…>', "the cluster's keys, kept in its etcd (gateways read them)");
-  cluster(key
-    .command('create <name>')
-    .description('make a key and print it (once)')
-    .option('--scope <scopes>', 'comma-separated: read, exec, admin', 'read,exec')
-    .option('--max-sandboxes <n>', 'at most this many sandboxes of this key at once', int('--max-sandboxes'))
-    .option('--max-execs <n>', 'at most this many concurrent execs of this key (per node in a cluster)', int('--max-execs'))
-    .option('--json', 'print JSON'))
-    .action(async (name: string, o: CommonOptions & { scope: string; maxSandboxes?: number; maxExecs?: number; cluster?: string }) => {
+  const key = program
+    .command('key')
+    .description("the daemon's API keys (--cluster: the cluster's): only a hash is kept, the key is shown once");
+  const cluster = (c: Command): Command =>
+    c.option('--cluster <etcd://host:port,…>', "the cluster's keys, kept in its etcd (gateways read them)");
+  cluster(
+    key
+      .command('create <name>')
+      .description('make a key and print it (once)')
+      .option('--scope <scopes>', 'comma-separated: read, exec, admin', 'read,exec')
+      .option('--max-sandboxes <n>', 'at most this many sandboxes of this key at once', int('--max-sandboxes'))
+      .option(
+        '--max-execs <n>',
+        'at most this many concurrent execs of this key (per node in a cluster)',
+        int('--max-execs'),
+      )
+      .option('--json', 'print JSON'),
+  ).action(
+    async (
+      name: string,
+      o: CommonOptions & { scope: string; maxSandboxes?: number; maxExecs?: number; cluster?: string },
+    ) => {
       const { parseScopes } = await import('../server/keys.js');
       const show = (token: string, k: KeyView): void => {
-        if (o.json) return printJson({ name: k.name, scopes: k.scopes, maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs, token });
+        if (o.json)
+          return printJson({
+            name: k.name,
+            scopes: k.scopes,
+            maxSandboxes: k.maxSandboxes,
+            maxExecs: k.maxExecs,
+            token,
+          });
         process.stdout.write(`${token}\n`);
-        process.stderr.write(`key ${k.name} (${k.scopes.join(',')}): shown only now; send it as \`Authorization: Bearer KEY\`\n`);
+        process.stderr.write(
+          `key ${k.name} (${k.scopes.join(',')}): shown only now; send it as \`Authorization: Bearer KEY\`\n`,
+        );
       };
       const opts = { scopes: parseScopes(o.scope), maxSandboxes: o.maxSandboxes, maxExecs: o.maxExecs };
       if (o.cluster) {
@@ -38,35 +65,50 @@ export function registerKey(program: Command): void {
         const { token, key: k } = createKey(lab.context.store, name, opts);
         show(token, k);
       });
-    });
-  cluster(key
-    .command('ls')
-    .description('list keys (names, scopes, quotas; never the keys)')
-    .option('--json', 'print JSON'))
-    .action(async (o: CommonOptions & { cluster?: string }) => {
-      const show = (keys: KeyView[]): void => {
-        if (o.json) return printJson(keys);
-        printTable(['NAME', 'SCOPES', 'MAX SANDBOXES', 'MAX EXECS', 'CREATED'], keys.map((k) => [k.name, k.scopes.join(','), k.maxSandboxes ?? '-', k.maxExecs ?? '-', new Date(k.createdAt).toISOString()]));
-      };
-      if (o.cluster) return withCluster(o.cluster, o.json, async (store) => show((await store.keys()).map(({ hash: _h, ...k }) => k)));
-      return withLab(o, async (lab) => show(lab.context.store.listKeys().map(({ hash: _h, ...k }) => k)));
-    });
-  cluster(key
-    .command('rm <name>')
-    .description('remove a key: requests with it are refused from now on')
-    .option('--json', 'print JSON'))
-    .action(async (name: string, o: CommonOptions & { cluster?: string }) => {
-      if (o.cluster) {
-        return withCluster(o.cluster, o.json, async (store) => {
-          const { SnaplabError } = await import('../errors.js');
-          if (!(await store.deleteKey(name))) throw new SnaplabError('KEY_NOT_FOUND', `no key named ${name} in the cluster`, 'see `snaplab key ls --cluster …`');
-          if (o.json) printJson({ removed: name });
-        });
-      }
-      return withLab(o, async (lab) => {
-        const { removeKey } = await import('../server/keys.js');
-        removeKey(lab.context.store, name);
+    },
+  );
+  cluster(
+    key.command('ls').description('list keys (names, scopes, quotas; never the keys)').option('--json', 'print JSON'),
+  ).action(async (o: CommonOptions & { cluster?: string }) => {
+    const show = (keys: KeyView[]): void => {
+      if (o.json) return printJson(keys);
+      printTable(
+        ['NAME', 'SCOPES', 'MAX SANDBOXES', 'MAX EXECS', 'CREATED'],
+        keys.map((k) => [
+          k.name,
+          k.scopes.join(','),
+          k.maxSandboxes ?? '-',
+          k.maxExecs ?? '-',
+          new Date(k.createdAt).toISOString(),
+        ]),
+      );
+    };
+    if (o.cluster)
+      return withCluster(o.cluster, o.json, async (store) => show((await store.keys()).map(({ hash: _h, ...k }) => k)));
+    return withLab(o, async (lab) => show(lab.context.store.listKeys().map(({ hash: _h, ...k }) => k)));
+  });
+  cluster(
+    key
+      .command('rm <name>')
+      .description('remove a key: requests with it are refused from now on')
+      .option('--json', 'print JSON'),
+  ).action(async (name: string, o: CommonOptions & { cluster?: string }) => {
+    if (o.cluster) {
+      return withCluster(o.cluster, o.json, async (store) => {
+        const { SnaplabError } = await import('../errors.js');
+        if (!(await store.deleteKey(name)))
+          throw new SnaplabError(
+            'KEY_NOT_FOUND',
+            `no key named ${name} in the cluster`,
+            'see `snaplab key ls --cluster …`',
+          );
         if (o.json) printJson({ removed: name });
       });
+    }
+    return withLab(o, async (lab) => {
+      const { removeKey } = await import('../server/keys.js');
+      removeKey(lab.context.store, name);
+      if (o.json) printJson({ removed: name });
     });
+  });
 }

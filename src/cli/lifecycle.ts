@@ -20,7 +20,22 @@ export function registerLifecycle(program: Command): void {
         if (o.json) return printJson(all.map((b) => b.toJSON()));
         printTable(
           ['ID', 'NAME', 'STATE', 'IMAGE', 'STORAGE', 'DRIVER', 'AGE', 'NOTE'],
-          all.map((b) => [b.id, b.name, b.state, b.image, b.storage, b.driver, age(b.info.createdAt), [b.hostRoot ? 'NO USER NAMESPACE (root inside is host root)' : '', b.info.init === 'systemd' ? 'systemd' : '', b.info.reason ?? (b.info.origin ? `from ${b.info.origin}` : '')].filter(Boolean).join('; ')]),
+          all.map((b) => [
+            b.id,
+            b.name,
+            b.state,
+            b.image,
+            b.storage,
+            b.driver,
+            age(b.info.createdAt),
+            [
+              b.hostRoot ? 'NO USER NAMESPACE (root inside is host root)' : '',
+              b.info.init === 'systemd' ? 'systemd' : '',
+              b.info.reason ?? (b.info.origin ? `from ${b.info.origin}` : ''),
+            ]
+              .filter(Boolean)
+              .join('; '),
+          ]),
         );
       }),
     );
@@ -33,7 +48,8 @@ export function registerLifecycle(program: Command): void {
   addTraceOption(rm);
   rm.action((names: string[], o: CommonOptions & { all?: boolean }) =>
     withLab(o, async (lab) => {
-      if (!o.all && names.length === 0) throw new SnaplabError('BAD_INPUT', 'which sandboxes?', 'give ids or names, or --all');
+      if (!o.all && names.length === 0)
+        throw new SnaplabError('BAD_INPUT', 'which sandboxes?', 'give ids or names, or --all');
       const boxes: Sandbox[] = o.all ? await lab.list() : await Promise.all(names.map((n) => lab.get(n)));
       const removed: string[] = [];
       for (const b of boxes) {
@@ -47,7 +63,9 @@ export function registerLifecycle(program: Command): void {
 
   const stop = program
     .command('stop <sandboxes...>')
-    .description('stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then snapshot or rm')
+    .description(
+      'stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then snapshot or rm',
+    )
     .option('--json', 'print JSON');
   addTraceOption(stop);
   stop.action((names: string[], o: CommonOptions) =>

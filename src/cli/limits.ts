@@ -14,7 +14,10 @@ export function addLimitOptions(cmd: Command): Command {
     .option('--memory <size>', 'memory limit, e.g. 256M or 1G (swap is not allowed beyond it)')
     .option('--pids <n>', 'most processes and threads at once')
     .option('--cpus <n>', 'CPU time as cores, e.g. 1 or 0.5')
-    .option('--disk <size>', 'most the machine may write to its filesystem beyond its image, e.g. 1G (default 4G on btrfs; on overlay and dir a cap is made only when asked; 0: no cap)');
+    .option(
+      '--disk <size>',
+      'most the machine may write to its filesystem beyond its image, e.g. 1G (default 4G on btrfs; on overlay and dir a cap is made only when asked; 0: no cap)',
+    );
 }
 
 export function limitsFrom(o: LimitOptions): Limits {

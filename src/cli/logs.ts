@@ -13,7 +13,9 @@ import { EXIT_EXEC_FAILURE } from './output.js';
 export function registerLogs(program: Command): void {
   program
     .command('logs <machine>')
-    .description("a system machine's journal (journalctl -b inside); for other machines the log the host keeps (a VM's serial console)")
+    .description(
+      "a system machine's journal (journalctl -b inside); for other machines the log the host keeps (a VM's serial console)",
+    )
     .option('-f, --follow', 'keep printing as entries come (system machines)')
     .option('-n, --lines <n>', 'the last N entries', '200')
     .option('--json', 'errors as JSON')
@@ -25,21 +27,42 @@ export function registerLogs(program: Command): void {
           const lines = parsePositiveInt(o.lines, '--lines');
           try {
             if (box.info.init !== 'systemd') {
-              if (o.follow) throw new SnaplabError('BAD_INPUT', '--follow needs a system machine (its journal)', `drop -f: ${box.info.name} has only the launch log the host keeps`);
+              if (o.follow)
+                throw new SnaplabError(
+                  'BAD_INPUT',
+                  '--follow needs a system machine (its journal)',
+                  `drop -f: ${box.info.name} has only the launch log the host keeps`,
+                );
               // a VM's console is its serial log; a namespace machine's, the launcher's log
               const file = join(lab.home, 'run', box.info.id, box.info.driver === 'qemu' ? 'serial.log' : 'agent.log');
               const text = await readFile(file, 'utf8').catch(() => undefined);
-              if (text === undefined) throw new SnaplabError('BAD_INPUT', `${box.info.name} has no log on this host (${file})`, 'a machine that is not running keeps none');
-              process.stdout.write(text.split('\n').slice(-lines - 1).join('\n'));
+              if (text === undefined)
+                throw new SnaplabError(
+                  'BAD_INPUT',
+                  `${box.info.name} has no log on this host (${file})`,
+                  'a machine that is not running keeps none',
+                );
+              process.stdout.write(
+                text
+                  .split('\n')
+                  .slice(-lines - 1)
+                  .join('\n'),
+              );
               return 0;
             }
             const argv = ['journalctl', '--no-pager', '-b', '-n', String(lines), ...(o.follow ? ['-f'] : [])];
             const ac = new AbortController();
             process.once('SIGINT', () => ac.abort());
-            const r = await box.exec(argv, { onStdout: (b) => process.stdout.write(b), onStderr: (b) => process.stderr.write(b), signal: ac.signal }).catch((e: Error & { code?: string }) => {
-              if (e.code === 'ABORTED') return { exitCode: 0 };
-              throw e;
-            });
+            const r = await box
+              .exec(argv, {
+                onStdout: (b) => process.stdout.write(b),
+                onStderr: (b) => process.stderr.write(b),
+                signal: ac.signal,
+              })
+              .catch((e: Error & { code?: string }) => {
+                if (e.code === 'ABORTED') return { exitCode: 0 };
+                throw e;
+              });
             return r.exitCode;
           } finally {
             box.close();

@@ -15,7 +15,9 @@ const program = new Command('snaplab')
   .exitOverride()
   .configureOutput({
     outputError: (text, write) =>
-      write(`error[BAD_INPUT]: ${text.replace(/^error: /, '').trimEnd()}\nhint: see \`snaplab --help\` or \`snaplab <command> --help\`\n`),
+      write(
+        `error[BAD_INPUT]: ${text.replace(/^error: /, '').trimEnd()}\nhint: see \`snaplab --help\` or \`snaplab <command> --help\`\n`,
+      ),
   });
 
 // `--host URL` before the command is SNAPLAB_HOST for this call
@@ -38,7 +40,12 @@ program.parseAsync(process.argv).catch((e: unknown) => {
   if (e instanceof CommanderError) {
     // commander already printed its message; help and version are not failures; exec's own
     // failures use 125 so that they cannot be mistaken for the command's exit code
-    process.exitCode = e.exitCode === 0 ? 0 : ['exec', 'run', '_exec-lost', '_exec-error'].includes(process.argv[2] ?? '') ? EXIT_EXEC_FAILURE : EXIT_USAGE;
+    process.exitCode =
+      e.exitCode === 0
+        ? 0
+        : ['exec', 'run', '_exec-lost', '_exec-error'].includes(process.argv[2] ?? '')
+          ? EXIT_EXEC_FAILURE
+          : EXIT_USAGE;
     return;
   }
   process.stderr.write(`error[INTERNAL]: ${(e as Error).stack ?? String(e)}\n`);

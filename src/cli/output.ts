@@ -33,7 +33,9 @@ export function reportError(e: unknown, json: boolean): void {
     return;
   }
   const err = e as Error;
-  process.stderr.write(`error[INTERNAL]: ${err?.message ?? String(e)}\n${err?.stack ?? ''}\nhint: this is a bug in snaplab; please report it with the output above\n`);
+  process.stderr.write(
+    `error[INTERNAL]: ${err?.message ?? String(e)}\n${err?.stack ?? ''}\nhint: this is a bug in snaplab; please report it with the output above\n`,
+  );
 }
 
 export function ms(n: number): string {

@@ -11,12 +11,16 @@ function parseSize(v: string): number {
   return parsePositiveInt(v, 'pool size');
 }
 
-const progress = (o: CommonOptions) => (ready: number, target: number): void => {
-  if (!o.json) process.stderr.write(`… ${ready}/${target} standbys ready\n`);
-};
+const progress =
+  (o: CommonOptions) =>
+  (ready: number, target: number): void => {
+    if (!o.json) process.stderr.write(`… ${ready}/${target} standbys ready\n`);
+  };
 
 export function registerPool(program: Command): void {
-  const pool = program.command('pool').description('pools of paused standbys: a fresh sandbox per execution, without waiting for a raise');
+  const pool = program
+    .command('pool')
+    .description('pools of paused standbys: a fresh sandbox per execution, without waiting for a raise');
 
   const create = pool
     .command('create <name>')
@@ -24,18 +28,52 @@ export function registerPool(program: Command): void {
     .option('--image <name>', 'image of every standby', 'busybox')
     .option('--size <n>', 'standbys to keep ready', '4')
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
-    .option('--driver <name>', 'namespaces, or qemu: standbys are paused VMs restored from a memory snapshot of one booted VM', 'namespaces')
-    .option('--no-recycle', 'never give a used sandbox back to the pool, even when it is clean (VM standbys are never recycled)')
+    .option(
+      '--driver <name>',
+      'namespaces, or qemu: standbys are paused VMs restored from a memory snapshot of one booted VM',
+      'namespaces',
+    )
+    .option(
+      '--no-recycle',
+      'never give a used sandbox back to the pool, even when it is clean (VM standbys are never recycled)',
+    )
     .option('--no-userns', 'standbys without a user namespace: root inside is root on the host')
     .option('--json', 'print JSON');
   addLimitOptions(create);
-  create.action((name: string, o: CommonOptions & LimitOptions & { image: string; size: string; storage?: StorageKind; recycle: boolean; driver: string; userns: boolean }) =>
-    withLab(o, async (lab) => {
-      const p = await lab.createPool({ name, image: o.image, size: parseSize(o.size), limits: limitsFrom(o), storage: o.storage, recycle: o.recycle ? undefined : false, driver: o.driver, userns: o.userns ? undefined : false }, progress(o));
-      const s = await p.stats();
-      if (o.json) printJson(s);
-      else process.stdout.write(`pool ${name}: ${s.ready} standbys ready (${s.storage}); keep it filled with \`snaplab pool serve ${name}\`\n`);
-    }),
+  create.action(
+    (
+      name: string,
+      o: CommonOptions &
+        LimitOptions & {
+          image: string;
+          size: string;
+          storage?: StorageKind;
+          recycle: boolean;
+          driver: string;
+          userns: boolean;
+        },
+    ) =>
+      withLab(o, async (lab) => {
+        const p = await lab.createPool(
+          {
+            name,
+            image: o.image,
+            size: parseSize(o.size),
+            limits: limitsFrom(o),
+            storage: o.storage,
+            recycle: o.recycle ? undefined : false,
+            driver: o.driver,
+            userns: o.userns ? undefined : false,
+          },
+          progress(o),
+        );
+        const s = await p.stats();
+        if (o.json) printJson(s);
+        else
+          process.stdout.write(
+            `pool ${name}: ${s.ready} standbys ready (${s.storage}); keep it filled with \`snaplab pool serve ${name}\`\n`,
+          );
+      }),
   );
 
   pool
@@ -47,8 +85,36 @@ export function registerPool(program: Command): void {
         const all = await lab.pools();
         if (o.json) return printJson(all);
         printTable(
-          ['POOL', 'IMAGE', 'STORAGE', 'DRIVER', 'TARGET', 'READY', 'IN USE', 'RAISING', 'HITS', 'MISSES', 'RECYCLED', 'REFUSED-DIRTY', 'LEAKS'],
-          all.map((p) => [p.name, p.image, p.storage, p.driver, p.target, p.ready, p.inUse, p.raising, p.hits, p.misses, p.recycled, p.refusedDirty, p.leaks]),
+          [
+            'POOL',
+            'IMAGE',
+            'STORAGE',
+            'DRIVER',
+            'TARGET',
+            'READY',
+            'IN USE',
+            'RAISING',
+            'HITS',
+            'MISSES',
+            'RECYCLED',
+            'REFUSED-DIRTY',
+            'LEAKS',
+          ],
+          all.map((p) => [
+            p.name,
+            p.image,
+            p.storage,
+            p.driver,
+            p.target,
+            p.ready,
+            p.inUse,
+            p.raising,
+            p.hits,
+            p.misses,
+            p.recycled,
+            p.refusedDirty,
+            p.leaks,
+          ]),
         );
       }),
     );
@@ -76,7 +142,9 @@ export function registerPool(program: Command): void {
         const out: Record<string, number> = {};
         for (const n of names) out[n] = await lab.pool(n).remove();
         if (o.json) printJson({ removed: out });
-        else for (const [n, c] of Object.entries(out)) process.stdout.write(`removed pool ${n} (${c} standbys destroyed)\n`);
+        else
+          for (const [n, c] of Object.entries(out))
+            process.stdout.write(`removed pool ${n} (${c} standbys destroyed)\n`);
       }),
     );
 
@@ -91,7 +159,9 @@ export function registerPool(program: Command): void {
         let last = '';
         const report = async (): Promise<void> => {
           const s = await p.stats();
-          const line = o.json ? JSON.stringify(s) : `pool ${name}: ready ${s.ready}/${s.target}, in use ${s.inUse}, raising ${s.raising}, hits ${s.hits}, misses ${s.misses}, recycled ${s.recycled}, refused-dirty ${s.refusedDirty}, leaks ${s.leaks}`;
+          const line = o.json
+            ? JSON.stringify(s)
+            : `pool ${name}: ready ${s.ready}/${s.target}, in use ${s.inUse}, raising ${s.raising}, hits ${s.hits}, misses ${s.misses}, recycled ${s.recycled}, refused-dirty ${s.refusedDirty}, leaks ${s.leaks}`;
           if (line !== last) process.stdout.write(`${line}\n`);
           last = line;
           const err = p.takeRefillErrors().at(-1);
@@ -113,5 +183,9 @@ export function registerPool(program: Command): void {
 }
 
 export function badPoolArgs(): SnaplabError {
-  return new SnaplabError('BAD_INPUT', 'give --pool NAME or --image NAME, not both', 'snaplab run --pool NAME -- argv (or --image busybox)');
+  return new SnaplabError(
+    'BAD_INPUT',
+    'give --pool NAME or --image NAME, not both',
+    'snaplab run --pool NAME -- argv (or --image busybox)',
+  );
 }

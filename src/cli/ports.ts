@@ -6,17 +6,37 @@ import { isScenario, withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE, printJson } from './output.js';
 
 /** The forwards a target asks for: MACHINE with ports given, or a SCENARIO's declared `ports:`. */
-async function planFor(lab: Lab, target: string, ports: string[]): Promise<{ record: SandboxRecord; local: number; remote: number }[]> {
+async function planFor(
+  lab: Lab,
+  target: string,
+  ports: string[],
+): Promise<{ record: SandboxRecord; local: number; remote: number }[]> {
   const { parsePortSpec } = await import('../lab/port-spec.js');
   if (isScenario(lab, target)) {
-    if (ports.length) throw new SnaplabError('BAD_INPUT', `${target} is a scenario: its ports come from its file`, `forward one machine's port with \`snaplab port-forward ${target}/MACHINE ${ports.join(' ')}\``);
+    if (ports.length)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `${target} is a scenario: its ports come from its file`,
+        `forward one machine's port with \`snaplab port-forward ${target}/MACHINE ${ports.join(' ')}\``,
+      );
     const sc = lab.scenario(target);
     const plan = [];
-    for (const m of sc.spec.machines) for (const p of m.ports ?? []) plan.push({ record: (await sc.machine(m.name)).info as SandboxRecord, ...p });
-    if (!plan.length) throw new SnaplabError('BAD_INPUT', `scenario ${target} declares no ports`, 'add `ports: ["8080:80"]` to a machine in its file, or forward one: snaplab port-forward SCENARIO/MACHINE 8080:80');
+    for (const m of sc.spec.machines)
+      for (const p of m.ports ?? []) plan.push({ record: (await sc.machine(m.name)).info as SandboxRecord, ...p });
+    if (!plan.length)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `scenario ${target} declares no ports`,
+        'add `ports: ["8080:80"]` to a machine in its file, or forward one: snaplab port-forward SCENARIO/MACHINE 8080:80',
+      );
     return plan;
   }
-  if (!ports.length) throw new SnaplabError('BAD_INPUT', 'no port given', `e.g. \`snaplab port-forward ${target} 8080:80\` (LOCAL:REMOTE; :80 picks a free local port)`);
+  if (!ports.length)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'no port given',
+      `e.g. \`snaplab port-forward ${target} 8080:80\` (LOCAL:REMOTE; :80 picks a free local port)`,
+    );
   const box = await lab.get(target);
   box.close();
   return ports.map((p) => ({ record: box.info as SandboxRecord, ...parsePortSpec(p) }));
@@ -49,8 +69,11 @@ export async function holdForwards(lab: Lab, target: string, ports: string[], js
   }
   // a scenario machine's sandbox is SCENARIO.MACHINE; people address it as SCENARIO/MACHINE
   const shown = (name: string): string => name.replace('.', '/');
-  if (json) printJson(forwards.map((f) => ({ machine: shown(f.machine), local: `127.0.0.1:${f.local}`, remote: f.remote })));
-  else for (const f of forwards) process.stdout.write(`Forwarding from 127.0.0.1:${f.local} -> ${shown(f.machine)}:${f.remote}\n`);
+  if (json)
+    printJson(forwards.map((f) => ({ machine: shown(f.machine), local: `127.0.0.1:${f.local}`, remote: f.remote })));
+  else
+    for (const f of forwards)
+      process.stdout.write(`Forwarding from 127.0.0.1:${f.local} -> ${shown(f.machine)}:${f.remote}\n`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
@@ -62,10 +85,17 @@ export async function holdForwards(lab: Lab, target: string, ports: string[], js
 export function registerPorts(program: Command): void {
   program
     .command('port-forward <target> [ports...]')
-    .description("forward 127.0.0.1 ports into a machine ([LOCAL:]REMOTE...), or a scenario's declared ports, until Ctrl-C")
+    .description(
+      "forward 127.0.0.1 ports into a machine ([LOCAL:]REMOTE...), or a scenario's declared ports, until Ctrl-C",
+    )
     .option('--json', 'the forwards as JSON once listening; errors as JSON')
-    .addHelpText('after', '\nListens on 127.0.0.1 only. Each connection is made from inside the machine (its own network, or VM) to REMOTE.\nExamples:\n  snaplab port-forward web 8080:80\n  snaplab port-forward lab            every `ports:` of scenario lab\n  snaplab port-forward lab/db :5432   any free local port')
-    .action((target: string, ports: string[], o: CommonOptions) => withLab(o, (lab) => holdForwards(lab, target, ports, !!o.json)));
+    .addHelpText(
+      'after',
+      '\nListens on 127.0.0.1 only. Each connection is made from inside the machine (its own network, or VM) to REMOTE.\nExamples:\n  snaplab port-forward web 8080:80\n  snaplab port-forward lab            every `ports:` of scenario lab\n  snaplab port-forward lab/db :5432   any free local port',
+    )
+    .action((target: string, ports: string[], o: CommonOptions) =>
+      withLab(o, (lab) => holdForwards(lab, target, ports, !!o.json)),
+    );
 
   program
     .command('proxy <machine> <port>')
@@ -80,7 +110,11 @@ export function registerPorts(program: Command): void {
           const remote = parsePortSpec(port).remote;
           const box = await lab.get(machine);
           try {
-            const r = await box.exec([MACHINE_AGENT_PATH, 'connect', String(remote)], { stdin: process.stdin, onStdout: (b) => process.stdout.write(b), onStderr: (b) => process.stderr.write(b) });
+            const r = await box.exec([MACHINE_AGENT_PATH, 'connect', String(remote)], {
+              stdin: process.stdin,
+              onStdout: (b) => process.stdout.write(b),
+              onStderr: (b) => process.stderr.write(b),
+            });
             return r.exitCode;
           } finally {
             box.close();

@@ -5,7 +5,9 @@ import { printJson } from './output.js';
 export function registerPrepare(program: Command): void {
   program
     .command('prepare')
-    .description('fetch and build ahead of time what machines need, so that nothing is downloaded at run time (the image; for --driver qemu the guest kernel and initramfs)')
+    .description(
+      'fetch and build ahead of time what machines need, so that nothing is downloaded at run time (the image; for --driver qemu the guest kernel and initramfs)',
+    )
     .option('--driver <name>', 'namespaces or qemu', 'namespaces')
     .option('--image <name>', 'image to make ready', 'busybox')
     .option('--json', 'print JSON')
@@ -13,7 +15,9 @@ export function registerPrepare(program: Command): void {
       withLab(o, async (lab) => {
         const r = await lab.prepare({ driver: o.driver, image: o.image }, (s) => process.stderr.write(`… ${s}\n`));
         if (o.json) return printJson(r);
-        process.stdout.write(`ready: image ${r.image}${r.vm ? `; guest kernel ${r.vm.version}, initramfs ${r.vm.initramfs}` : ''}\n`);
+        process.stdout.write(
+          `ready: image ${r.image}${r.vm ? `; guest kernel ${r.vm.version}, initramfs ${r.vm.initramfs}` : ''}\n`,
+        );
       }),
     );
 }

@@ -14,7 +14,11 @@ import { registerExec, registerShell, type Opener } from './exec.js';
 /** The commands a daemon serves; every other one needs the embedded lab. */
 export const REMOTE_COMMANDS = ['ls', 'create', 'rm', 'exec', 'shell', 'pause', 'resume', 'snapshot', 'restore'];
 
-async function withRemote(o: { json?: boolean }, body: (lab: RemoteLab) => Promise<number | void>, failureCode = EXIT_USAGE): Promise<void> {
+async function withRemote(
+  o: { json?: boolean },
+  body: (lab: RemoteLab) => Promise<number | void>,
+  failureCode = EXIT_USAGE,
+): Promise<void> {
   let lab: RemoteLab | undefined;
   try {
     // the remote library alone: the embedded lab (drivers, storage, SQLite) is not loaded
@@ -40,10 +44,21 @@ function printBox(box: RemoteSandbox, json?: boolean): void {
 
 export function registerRemote(program: Command, invoked: string | undefined): void {
   if (invoked !== undefined && !REMOTE_COMMANDS.includes(invoked) && !invoked.startsWith('-') && invoked !== 'help') {
-    program.command(invoked, { hidden: true }).allowUnknownOption().allowExcessArguments().action(() => {
-      reportError(new SnaplabError('BAD_INPUT', `\`snaplab ${invoked}\` runs on the embedded lab, not through a daemon`, `the daemon (SNAPLAB_HOST=${process.env.SNAPLAB_HOST}) serves: ${REMOTE_COMMANDS.join(', ')}; unset SNAPLAB_HOST to run it here`), false);
-      process.exitCode = EXIT_USAGE;
-    });
+    program
+      .command(invoked, { hidden: true })
+      .allowUnknownOption()
+      .allowExcessArguments()
+      .action(() => {
+        reportError(
+          new SnaplabError(
+            'BAD_INPUT',
+            `\`snaplab ${invoked}\` runs on the embedded lab, not through a daemon`,
+            `the daemon (SNAPLAB_HOST=${process.env.SNAPLAB_HOST}) serves: ${REMOTE_COMMANDS.join(', ')}; unset SNAPLAB_HOST to run it here`,
+          ),
+          false,
+        );
+        process.exitCode = EXIT_USAGE;
+      });
     return;
   }
   program
@@ -55,8 +70,20 @@ export function registerRemote(program: Command, invoked: string | undefined): v
       withRemote(o, async (lab) => {
         const all = await lab.list({ labels: labelsFrom(o.label) });
         if (o.json) return printJson(all.map((b) => b.toJSON()));
-        printTable(['ID', 'NAME', 'STATE', 'IMAGE', 'DRIVER', 'EXPIRES', 'NOTE'], all.map((b) => [b.id, b.name, b.state, b.image, b.driver, (b.info.expiresAt as string | null) ?? '-', (b.info.reason as string | null) ?? '']));
-      }));
+        printTable(
+          ['ID', 'NAME', 'STATE', 'IMAGE', 'DRIVER', 'EXPIRES', 'NOTE'],
+          all.map((b) => [
+            b.id,
+            b.name,
+            b.state,
+            b.image,
+            b.driver,
+            (b.info.expiresAt as string | null) ?? '-',
+            (b.info.reason as string | null) ?? '',
+          ]),
+        );
+      }),
+    );
 
   addLimitOptions(
     program
@@ -69,15 +96,31 @@ export function registerRemote(program: Command, invoked: string | undefined): v
       .option('--timeout <s>', "its TTL in seconds (0: none; default: the daemon's)")
       .option('--on-timeout <what>', 'kill or pause at the end of its TTL', 'kill')
       .option('--json', 'print the sandbox as JSON'),
-  ).action((o: LimitOptions & { image: string; name?: string; pool?: string; label: string[]; timeout?: string; onTimeout: string; json?: boolean }) =>
-    withRemote(o, async (lab) => {
-      const limits = limitsFrom(o);
-      const box = await lab.create({
-        ...(o.pool ? { pool: o.pool } : { image: o.image, name: o.name, ...(Object.keys(limits).length ? { limits } : {}) }),
-        labels: labelsFrom(o.label), ...(o.timeout !== undefined ? { timeoutS: Number(o.timeout) } : {}), onTimeout: o.onTimeout as 'kill' | 'pause',
-      } as never);
-      printBox(box, o.json);
-    }));
+  ).action(
+    (
+      o: LimitOptions & {
+        image: string;
+        name?: string;
+        pool?: string;
+        label: string[];
+        timeout?: string;
+        onTimeout: string;
+        json?: boolean;
+      },
+    ) =>
+      withRemote(o, async (lab) => {
+        const limits = limitsFrom(o);
+        const box = await lab.create({
+          ...(o.pool
+            ? { pool: o.pool }
+            : { image: o.image, name: o.name, ...(Object.keys(limits).length ? { limits } : {}) }),
+          labels: labelsFrom(o.label),
+          ...(o.timeout !== undefined ? { timeoutS: Number(o.timeout) } : {}),
+          onTimeout: o.onTimeout as 'kill' | 'pause',
+        } as never);
+        printBox(box, o.json);
+      }),
+  );
 
   program
     .command('rm')
@@ -87,12 +130,14 @@ export function registerRemote(program: Command, invoked: string | undefined): v
     .option('--json', 'print JSON')
     .action((names: string[], o: { all?: boolean; json?: boolean }) =>
       withRemote(o, async (lab) => {
-        if (!o.all && !names.length) throw new SnaplabError('BAD_INPUT', 'no sandbox given', 'name one or more, or use --all');
+        if (!o.all && !names.length)
+          throw new SnaplabError('BAD_INPUT', 'no sandbox given', 'name one or more, or use --all');
         const targets = o.all ? (await lab.list()).map((b) => b.name) : names;
         for (const n of targets) await (await lab.get(n)).destroy();
         if (o.json) printJson({ removed: targets });
         else process.stdout.write(targets.length ? `removed ${targets.join(', ')}\n` : 'nothing to remove\n');
-      }));
+      }),
+    );
 
   for (const verb of ['pause', 'resume'] as const) {
     program
@@ -104,7 +149,8 @@ export function registerRemote(program: Command, invoked: string | undefined): v
         withRemote(o, async (lab) => {
           for (const n of names) await (await lab.get(n))[verb]();
           if (o.json) printJson({ [verb === 'pause' ? 'paused' : 'resumed']: names });
-        }));
+        }),
+      );
   }
 
   program
@@ -119,7 +165,8 @@ export function registerRemote(program: Command, invoked: string | undefined): v
         const snap = await (await lab.get(sandbox)).snapshot(o.name, { memory: o.memory });
         if (o.json) printJson(snap.toJSON());
         else process.stdout.write(`${snap.name}\n`);
-      }));
+      }),
+    );
 
   addLimitOptions(
     program
@@ -131,8 +178,12 @@ export function registerRemote(program: Command, invoked: string | undefined): v
   ).action((snapshot: string, o: LimitOptions & { name?: string; json?: boolean }) =>
     withRemote(o, async (lab) => {
       const limits = limitsFrom(o);
-      printBox(await lab.restore(snapshot, { name: o.name, ...(Object.keys(limits).length ? { limits } : {}) }), o.json);
-    }));
+      printBox(
+        await lab.restore(snapshot, { name: o.name, ...(Object.keys(limits).length ? { limits } : {}) }),
+        o.json,
+      );
+    }),
+  );
 
   // exec and shell are the embedded commands themselves, given the daemon's lab
   registerExec(program, withRemote as Opener);

@@ -20,7 +20,9 @@ const collect = (v: string, prev: string[]): string[] => [...prev, v];
 export function registerRun(program: Command): void {
   program
     .command('run [argv...]')
-    .description("run argv in a fresh sandbox (from a pool, or raised for it), then give the sandbox back or destroy it; with no argv, the image's Entrypoint and Cmd")
+    .description(
+      "run argv in a fresh sandbox (from a pool, or raised for it), then give the sandbox back or destroy it; with no argv, the image's Entrypoint and Cmd",
+    )
     .usage('[--pool NAME | --image NAME] [options] -- argv...')
     .option('--pool <name>', 'take a standby from this pool (a miss raises one)')
     .option('--image <name>', 'no pool: raise a sandbox of this image for this execution (default busybox)')
@@ -51,9 +53,19 @@ export function registerRun(program: Command): void {
           });
           if (o.json) {
             printJson({
-              exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, oomKilled: r.oomKilled,
-              stdout: r.stdout.toString(), stderr: r.stderr.toString(), sandbox: r.sandbox, hit: r.hit,
-              recycled: r.recycled, dirt: r.dirt, usage: r.usage, totalMs: r.trace.totalMs, operation: r.trace.id,
+              exitCode: r.exitCode,
+              signal: r.signal,
+              timedOut: r.timedOut,
+              oomKilled: r.oomKilled,
+              stdout: r.stdout.toString(),
+              stderr: r.stderr.toString(),
+              sandbox: r.sandbox,
+              hit: r.hit,
+              recycled: r.recycled,
+              dirt: r.dirt,
+              usage: r.usage,
+              totalMs: r.trace.totalMs,
+              operation: r.trace.id,
             });
           }
           if (o.trace) {

@@ -28,26 +28,48 @@ export function registerScenario(program: Command): void {
   const up = program
     .command('up <file>')
     .description('raise a scenario: networks, machines in parallel, provisioning, start steps, readiness')
-    .option('--name <name>', 'name of the scenario (default: the file\'s `name`)')
-    .option('--driver <name>', 'the driver of machines whose file names none: namespaces, or qemu (VMs on the scenario networks)', 'namespaces')
+    .option('--name <name>', "name of the scenario (default: the file's `name`)")
+    .option(
+      '--driver <name>',
+      'the driver of machines whose file names none: namespaces, or qemu (VMs on the scenario networks)',
+      'namespaces',
+    )
     .option('--keep-on-failure', 'leave what was raised when a step or check fails, to debug it')
-    .option('--ports', "then stay in the foreground holding the machines' `ports:` on 127.0.0.1 until Ctrl-C (the scenario stays up)")
+    .option(
+      '--ports',
+      "then stay in the foreground holding the machines' `ports:` on 127.0.0.1 until Ctrl-C (the scenario stays up)",
+    )
     .option('--json', 'print the status as JSON');
   addTraceOption(up);
-  up.action((file: string, o: CommonOptions & { name?: string; keepOnFailure?: boolean; ports?: boolean; driver: string }) =>
-    withLab(o, async (lab) => {
-      const s = await lab.up(file, { name: o.name, driver: o.driver, keepOnFailure: o.keepOnFailure, onProgress: progressPrinter(!!o.json) });
-      const st = await s.status();
-      if (o.json) printJson({ ...st, operation: s.lastTrace?.id, upMs: s.lastTrace?.totalMs });
-      else process.stdout.write(`scenario ${s.name} is up in ${ms(s.lastTrace?.totalMs ?? 0)}\n\n${machinePhaseTable(s.lastTrace!, st.machines.map((m) => m.machine))}\n`);
-      showTrace(o, s.lastTrace);
-      const declared = s.spec.machines.some((m) => m.ports?.length);
-      if (o.ports) {
-        const { holdForwards } = await import('./ports.js');
-        return holdForwards(lab, s.name, [], !!o.json);
-      }
-      if (declared && !o.json) process.stdout.write(`\nports are declared: hold them with \`snaplab port-forward ${s.name}\` (or \`up --ports\`)\n`);
-    }),
+  up.action(
+    (file: string, o: CommonOptions & { name?: string; keepOnFailure?: boolean; ports?: boolean; driver: string }) =>
+      withLab(o, async (lab) => {
+        const s = await lab.up(file, {
+          name: o.name,
+          driver: o.driver,
+          keepOnFailure: o.keepOnFailure,
+          onProgress: progressPrinter(!!o.json),
+        });
+        const st = await s.status();
+        if (o.json) printJson({ ...st, operation: s.lastTrace?.id, upMs: s.lastTrace?.totalMs });
+        else
+          process.stdout.write(
+            `scenario ${s.name} is up in ${ms(s.lastTrace?.totalMs ?? 0)}\n\n${machinePhaseTable(
+              s.lastTrace!,
+              st.machines.map((m) => m.machine),
+            )}\n`,
+          );
+        showTrace(o, s.lastTrace);
+        const declared = s.spec.machines.some((m) => m.ports?.length);
+        if (o.ports) {
+          const { holdForwards } = await import('./ports.js');
+          return holdForwards(lab, s.name, [], !!o.json);
+        }
+        if (declared && !o.json)
+          process.stdout.write(
+            `\nports are declared: hold them with \`snaplab port-forward ${s.name}\` (or \`up --ports\`)\n`,
+          );
+      }),
   );
 
   program
@@ -61,13 +83,27 @@ export function registerScenario(program: Command): void {
         if (o.json) return printJson(name ? all[0] : all);
         if (!all.length) return void process.stdout.write('no scenario is up\n');
         for (const st of all) {
-          process.stdout.write(`${st.name}: ${st.state}${st.reason ? ` (${st.reason})` : ''}; snapshots: ${st.snapshots.join(', ') || 'none'}\n`);
-          process.stdout.write(`${table(['MACHINE', 'STATE', 'ADDRESSES'], st.machines.map((m) => [m.machine, m.state, m.addresses.map((a) => `${a.address} (${a.network})`).join(', ')]))}\n\n`);
+          process.stdout.write(
+            `${st.name}: ${st.state}${st.reason ? ` (${st.reason})` : ''}; snapshots: ${st.snapshots.join(', ') || 'none'}\n`,
+          );
+          process.stdout.write(
+            `${table(
+              ['MACHINE', 'STATE', 'ADDRESSES'],
+              st.machines.map((m) => [
+                m.machine,
+                m.state,
+                m.addresses.map((a) => `${a.address} (${a.network})`).join(', '),
+              ]),
+            )}\n\n`,
+          );
         }
       }),
     );
 
-  const down = program.command('down <scenario>').description('remove a scenario: machines, snapshots, bridges, veths, namespaces').option('--json', 'print JSON');
+  const down = program
+    .command('down <scenario>')
+    .description('remove a scenario: machines, snapshots, bridges, veths, namespaces')
+    .option('--json', 'print JSON');
   addTraceOption(down);
   down.action((name: string, o: CommonOptions) =>
     withLab(o, async (lab) => {
@@ -80,7 +116,9 @@ export function registerScenario(program: Command): void {
 
   const reset = program
     .command('reset <scenario>')
-    .description('every machine back to a snapshot (default: the latest), usable, addresses intact, readiness re-checked')
+    .description(
+      'every machine back to a snapshot (default: the latest), usable, addresses intact, readiness re-checked',
+    )
     .option('--to <snapshot>', 'the scenario snapshot to go back to')
     .option('--json', 'print JSON');
   addTraceOption(reset);
@@ -88,28 +126,43 @@ export function registerScenario(program: Command): void {
     withLab(o, async (lab) => {
       const s = lab.scenario(name);
       const r = await s.reset(o.to);
-      if (o.json) return printJson({ scenario: name, snapshot: r.snapshot, resetMs: r.trace.totalMs, operation: r.trace.id });
+      if (o.json)
+        return printJson({ scenario: name, snapshot: r.snapshot, resetMs: r.trace.totalMs, operation: r.trace.id });
       process.stdout.write(`scenario ${name} reset to ${r.snapshot} in ${ms(r.trace.totalMs)}\n`);
       showTrace(o, r.trace);
     }),
   );
 
   const net = program.command('net').description('network faults between the machines of a scenario');
-  net.command('block <scenario> <a> <b>').description('drop traffic between machines a and b').action((s: string, a: string, b: string) => withLab({}, async (lab) => lab.scenario(s).block(a, b)));
-  net.command('unblock <scenario> <a> <b>').description('let traffic between a and b through again').action((s: string, a: string, b: string) => withLab({}, async (lab) => lab.scenario(s).unblock(a, b)));
+  net
+    .command('block <scenario> <a> <b>')
+    .description('drop traffic between machines a and b')
+    .action((s: string, a: string, b: string) => withLab({}, async (lab) => lab.scenario(s).block(a, b)));
+  net
+    .command('unblock <scenario> <a> <b>')
+    .description('let traffic between a and b through again')
+    .action((s: string, a: string, b: string) => withLab({}, async (lab) => lab.scenario(s).unblock(a, b)));
   net
     .command('partition <scenario> <groups...>')
     .description('split machines into groups that cannot reach each other, e.g. `net partition lab a,b c,d`')
     .action((s: string, groups: string[]) =>
       withLab({}, async (lab) => {
-        if (groups.length < 2) throw new SnaplabError('BAD_INPUT', 'a partition needs at least two groups', 'e.g. snaplab net partition lab client,proxy server,store');
+        if (groups.length < 2)
+          throw new SnaplabError(
+            'BAD_INPUT',
+            'a partition needs at least two groups',
+            'e.g. snaplab net partition lab client,proxy server,store',
+          );
         await lab.scenario(s).partition(...groups.map((g) => g.split(',').filter(Boolean)));
       }),
     );
-  net.command('heal <scenario>').description('undo every block and partition').action((s: string) => withLab({}, async (lab) => lab.scenario(s).heal()));
+  net
+    .command('heal <scenario>')
+    .description('undo every block and partition')
+    .action((s: string) => withLab({}, async (lab) => lab.scenario(s).heal()));
   net
     .command('impair <scenario> <machine>')
-    .description('add delay and loss on a machine\'s interfaces (tc netem; see `snaplab doctor`)')
+    .description("add delay and loss on a machine's interfaces (tc netem; see `snaplab doctor`)")
     .option('--delay <seconds>', 'added latency, e.g. 0.1')
     .option('--jitter <seconds>', 'latency variation')
     .option('--loss <percent>', 'packet loss, e.g. 5')
@@ -118,9 +171,17 @@ export function registerScenario(program: Command): void {
       withLab({}, async (lab) => {
         if (o.clear) return lab.scenario(s).impair(m, null);
         const lossPct = o.loss === undefined ? undefined : Number(o.loss);
-        if (lossPct !== undefined && !(lossPct >= 0 && lossPct <= 100)) throw new SnaplabError('BAD_INPUT', `invalid loss ${o.loss}`, 'give a percentage between 0 and 100');
-        if (o.delay === undefined && o.loss === undefined) throw new SnaplabError('BAD_INPUT', 'nothing to impair', 'give --delay, --loss, or --clear');
-        await lab.scenario(s).impair(m, { delayMs: o.delay === undefined ? undefined : parseSeconds(o.delay, 'delay'), jitterMs: o.jitter === undefined ? undefined : parseSeconds(o.jitter, 'jitter'), lossPct });
+        if (lossPct !== undefined && !(lossPct >= 0 && lossPct <= 100))
+          throw new SnaplabError('BAD_INPUT', `invalid loss ${o.loss}`, 'give a percentage between 0 and 100');
+        if (o.delay === undefined && o.loss === undefined)
+          throw new SnaplabError('BAD_INPUT', 'nothing to impair', 'give --delay, --loss, or --clear');
+        await lab
+          .scenario(s)
+          .impair(m, {
+            delayMs: o.delay === undefined ? undefined : parseSeconds(o.delay, 'delay'),
+            jitterMs: o.jitter === undefined ? undefined : parseSeconds(o.jitter, 'jitter'),
+            lossPct,
+          });
       }),
     );
 }

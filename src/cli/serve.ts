@@ -7,58 +7,136 @@ import { DEFAULT_HOME } from '../lab/home.js';
 import { checkLabels } from '../lab/meta.js';
 import { EXIT_USAGE, reportError } from './output.js';
 
-export const int = (flag: string) => (v: string): number => {
-  const n = Number(v);
-  if (!Number.isSafeInteger(n) || n < 0) throw new InvalidArgumentError(`${flag} takes a whole number ≥ 0, not ${JSON.stringify(v)}`);
-  return n;
-};
+export const int =
+  (flag: string) =>
+  (v: string): number => {
+    const n = Number(v);
+    if (!Number.isSafeInteger(n) || n < 0)
+      throw new InvalidArgumentError(`${flag} takes a whole number ≥ 0, not ${JSON.stringify(v)}`);
+    return n;
+  };
 
 export function registerServe(program: Command): void {
   program
     .command('serve')
-    .description('run the API daemon in the foreground: a Unix socket (no key needed) and, with --listen, TCP with API keys (docs/api.md)')
+    .description(
+      'run the API daemon in the foreground: a Unix socket (no key needed) and, with --listen, TCP with API keys (docs/api.md)',
+    )
     .option('--socket <path>', 'Unix socket (default $SNAPLAB_HOME/daemon.sock, mode 0600)')
     .option('--listen <host:port>', 'also listen on TCP, bearer keys required (e.g. 127.0.0.1:7070)')
     .option('--json-logs', 'one JSON object per log line (stderr)')
-    .option('--default-timeout <s>', 'TTL of a sandbox whose create gives none (0: none)', int('--default-timeout'), 300)
-    .option('--exec-timeout <ms>', 'deadline of an exec whose request gives none (0: none)', int('--exec-timeout'), 60_000)
-    .option('--bench-dir <dir>', 'the dashboard shows the `bench --results` directories in here (default $SNAPLAB_HOME/bench)')
-    .option('--cluster <etcd://host:port,…>', 'the cluster\'s etcd members (docs/cluster.md; default $SNAPLAB_CLUSTER)')
+    .option(
+      '--default-timeout <s>',
+      'TTL of a sandbox whose create gives none (0: none)',
+      int('--default-timeout'),
+      300,
+    )
+    .option(
+      '--exec-timeout <ms>',
+      'deadline of an exec whose request gives none (0: none)',
+      int('--exec-timeout'),
+      60_000,
+    )
+    .option(
+      '--bench-dir <dir>',
+      'the dashboard shows the `bench --results` directories in here (default $SNAPLAB_HOME/bench)',
+    )
+    .option('--cluster <etcd://host:port,…>', "the cluster's etcd members (docs/cluster.md; default $SNAPLAB_CLUSTER)")
     .option('--node', 'join the cluster as a node: register under a lease, take work from gateways (needs --listen)')
-    .option('--node-name <name>', 'this node\'s name in the cluster (default: the host name, and a hash of SNAPLAB_HOME when it is not the default)')
-    .option('--labels <k=v,…>', 'the node\'s labels, for `placement: {labels}`')
+    .option(
+      '--node-name <name>',
+      "this node's name in the cluster (default: the host name, and a hash of SNAPLAB_HOME when it is not the default)",
+    )
+    .option('--labels <k=v,…>', "the node's labels, for `placement: {labels}`")
     .option('--advertise <url>', 'the URL gateways reach this node at (default: the --listen address)')
-    .option('--lease-ttl <s>', 'seconds without a keep-alive before the node is out and its sandboxes are lost', int('--lease-ttl'), 10)
-    .option('--gateway', 'serve the cluster\'s API in front of its nodes (no lab of its own; needs --listen)')
+    .option(
+      '--lease-ttl <s>',
+      'seconds without a keep-alive before the node is out and its sandboxes are lost',
+      int('--lease-ttl'),
+      10,
+    )
+    .option('--gateway', "serve the cluster's API in front of its nodes (no lab of its own; needs --listen)")
     .option('--choices <k>', 'a gateway places each create on the best of K random candidates', int('--choices'), 2)
-    .action(async (o: { socket?: string; listen?: string; jsonLogs?: boolean; defaultTimeout: number; execTimeout: number; benchDir?: string; cluster?: string; node?: boolean; nodeName?: string; labels?: string; advertise?: string; leaseTtl: number; gateway?: boolean; choices: number }) => {
-      try {
-        const cluster = o.cluster ?? process.env.SNAPLAB_CLUSTER;
-        if ((o.node || o.gateway) && !cluster) throw new SnaplabError('BAD_INPUT', `--${o.node ? 'node' : 'gateway'} needs --cluster`, 'give --cluster etcd://HOST:PORT[,…] (or set SNAPLAB_CLUSTER)');
-        if (o.node && o.gateway) throw new SnaplabError('BAD_INPUT', '--node and --gateway are two processes', 'run a gateway and each node separately');
-        if (o.gateway) return await runGateway(cluster!, o);
-        const { serve } = await import('../server/serve.js');
-        const node = o.node ? { cluster: cluster!, name: o.nodeName ?? defaultNodeName(), labels: parseLabels(o.labels), advertise: o.advertise, leaseTtlS: o.leaseTtl } : undefined;
-        if (o.leaseTtl < 2) throw new SnaplabError('BAD_INPUT', '--lease-ttl is at least 2 s', 'a node renews its lease 4 times per TTL');
-        const server = await serve({ socket: o.socket, listen: o.listen, jsonLogs: o.jsonLogs, defaultTimeoutS: o.defaultTimeout, execTimeoutMs: o.execTimeout, benchDir: o.benchDir && resolve(o.benchDir), node });
-        process.stdout.write(`${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid, ...(node ? { node: node.name } : {}) })}\n`);
-        await new Promise<void>((resolve) => {
-          const stop = (): void => resolve();
-          process.once('SIGTERM', stop);
-          process.once('SIGINT', stop);
-        });
-        await server.close();
-      } catch (e) {
-        reportError(e, false);
-        process.exitCode = EXIT_USAGE;
-      }
-    });
+    .action(
+      async (o: {
+        socket?: string;
+        listen?: string;
+        jsonLogs?: boolean;
+        defaultTimeout: number;
+        execTimeout: number;
+        benchDir?: string;
+        cluster?: string;
+        node?: boolean;
+        nodeName?: string;
+        labels?: string;
+        advertise?: string;
+        leaseTtl: number;
+        gateway?: boolean;
+        choices: number;
+      }) => {
+        try {
+          const cluster = o.cluster ?? process.env.SNAPLAB_CLUSTER;
+          if ((o.node || o.gateway) && !cluster)
+            throw new SnaplabError(
+              'BAD_INPUT',
+              `--${o.node ? 'node' : 'gateway'} needs --cluster`,
+              'give --cluster etcd://HOST:PORT[,…] (or set SNAPLAB_CLUSTER)',
+            );
+          if (o.node && o.gateway)
+            throw new SnaplabError(
+              'BAD_INPUT',
+              '--node and --gateway are two processes',
+              'run a gateway and each node separately',
+            );
+          if (o.gateway) return await runGateway(cluster!, o);
+          const { serve } = await import('../server/serve.js');
+          const node = o.node
+            ? {
+                cluster: cluster!,
+                name: o.nodeName ?? defaultNodeName(),
+                labels: parseLabels(o.labels),
+                advertise: o.advertise,
+                leaseTtlS: o.leaseTtl,
+              }
+            : undefined;
+          if (o.leaseTtl < 2)
+            throw new SnaplabError(
+              'BAD_INPUT',
+              '--lease-ttl is at least 2 s',
+              'a node renews its lease 4 times per TTL',
+            );
+          const server = await serve({
+            socket: o.socket,
+            listen: o.listen,
+            jsonLogs: o.jsonLogs,
+            defaultTimeoutS: o.defaultTimeout,
+            execTimeoutMs: o.execTimeout,
+            benchDir: o.benchDir && resolve(o.benchDir),
+            node,
+          });
+          process.stdout.write(
+            `${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid, ...(node ? { node: node.name } : {}) })}\n`,
+          );
+          await new Promise<void>((resolve) => {
+            const stop = (): void => resolve();
+            process.once('SIGTERM', stop);
+            process.once('SIGINT', stop);
+          });
+          await server.close();
+        } catch (e) {
+          reportError(e, false);
+          process.exitCode = EXIT_USAGE;
+        }
+      },
+    );
 }
 
 /** The default node name: the host's, made unique per home when several homes share it. */
 function defaultNodeName(): string {
   const home = process.env.SNAPLAB_HOME;
-  return home && home !== DEFAULT_HOME ? `${hostname()}-${createHash('sha256').update(home).digest('hex').slice(0, 6)}` : hostname();
+  return home && home !== DEFAULT_HOME
+    ? `${hostname()}-${createHash('sha256').update(home).digest('hex').slice(0, 6)}`
+    : hostname();
 }
 
 export function parseLabels(text: string | undefined): Record<string, string> {
@@ -72,7 +150,12 @@ export function parseLabels(text: string | undefined): Record<string, string> {
 }
 
 async function runGateway(cluster: string, o: { listen?: string; jsonLogs?: boolean; choices: number }): Promise<void> {
-  if (!o.listen) throw new SnaplabError('BAD_INPUT', 'a gateway needs --listen', 'add --listen HOST:PORT (127.0.0.1 unless you mean another address)');
+  if (!o.listen)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'a gateway needs --listen',
+      'add --listen HOST:PORT (127.0.0.1 unless you mean another address)',
+    );
   const { Gateway } = await import('../cluster/gateway.js');
   const { logger } = await import('../server/serve.js');
   const lines = logger(o.jsonLogs ?? false);

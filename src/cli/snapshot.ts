@@ -14,26 +14,57 @@ export function registerSnapshot(program: Command): void {
     .option('--json', 'print the snapshot as JSON')
     .enablePositionalOptions();
   addTraceOption(snap);
-  snap.action((sandbox: string | undefined, o: CommonOptions & { name?: string; scenario?: string; memory?: boolean }) =>
-    withLab(o, async (lab) => {
-      if (o.scenario) {
-        if (!o.name) throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot --scenario ${o.scenario} --name NAME`);
-        const r = await lab.scenario(o.scenario).snapshot(o.name);
-        if (o.json) printJson({ scenario: r.scenario, name: r.name, manifest: r.manifest, snapshotMs: r.trace.totalMs, operation: r.trace.id });
-        else process.stdout.write(`scenario ${o.scenario}: snapshot ${r.name} of every machine in ${ms(r.trace.totalMs)}\n`);
-        showTrace(o, r.trace);
-        return;
-      }
-      if (!sandbox) throw new SnaplabError('BAD_INPUT', 'which sandbox?', 'snaplab snapshot <sandbox> --name NAME (or `snaplab snapshot ls`)');
-      if (!o.name) throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot ${sandbox} --name NAME`);
-      const box = await lab.get(sandbox);
-      const s = await box.snapshot(o.name, { memory: o.memory });
-      box.close();
-      const mem = s.record.memory;
-      if (o.json) printJson({ ...s.toJSON(), operation: s.lastTrace?.id, snapshotMs: s.lastTrace?.totalMs, ...(mem ? { memoryBytes: mem.bytes } : {}) });
-      else process.stdout.write(`snapshot ${s.name} of ${box.name} taken in ${ms(s.lastTrace?.totalMs ?? 0)} ${mem ? `(memory: ${(mem.bytes / 2 ** 20).toFixed(1)} MiB; processes continue after a restore)` : '(processes are not saved)'}\n`);
-      showTrace(o, s.lastTrace);
-    }),
+  snap.action(
+    (sandbox: string | undefined, o: CommonOptions & { name?: string; scenario?: string; memory?: boolean }) =>
+      withLab(o, async (lab) => {
+        if (o.scenario) {
+          if (!o.name)
+            throw new SnaplabError(
+              'BAD_INPUT',
+              'a snapshot needs a name',
+              `snaplab snapshot --scenario ${o.scenario} --name NAME`,
+            );
+          const r = await lab.scenario(o.scenario).snapshot(o.name);
+          if (o.json)
+            printJson({
+              scenario: r.scenario,
+              name: r.name,
+              manifest: r.manifest,
+              snapshotMs: r.trace.totalMs,
+              operation: r.trace.id,
+            });
+          else
+            process.stdout.write(
+              `scenario ${o.scenario}: snapshot ${r.name} of every machine in ${ms(r.trace.totalMs)}\n`,
+            );
+          showTrace(o, r.trace);
+          return;
+        }
+        if (!sandbox)
+          throw new SnaplabError(
+            'BAD_INPUT',
+            'which sandbox?',
+            'snaplab snapshot <sandbox> --name NAME (or `snaplab snapshot ls`)',
+          );
+        if (!o.name)
+          throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot ${sandbox} --name NAME`);
+        const box = await lab.get(sandbox);
+        const s = await box.snapshot(o.name, { memory: o.memory });
+        box.close();
+        const mem = s.record.memory;
+        if (o.json)
+          printJson({
+            ...s.toJSON(),
+            operation: s.lastTrace?.id,
+            snapshotMs: s.lastTrace?.totalMs,
+            ...(mem ? { memoryBytes: mem.bytes } : {}),
+          });
+        else
+          process.stdout.write(
+            `snapshot ${s.name} of ${box.name} taken in ${ms(s.lastTrace?.totalMs ?? 0)} ${mem ? `(memory: ${(mem.bytes / 2 ** 20).toFixed(1)} MiB; processes continue after a restore)` : '(processes are not saved)'}\n`,
+          );
+        showTrace(o, s.lastTrace);
+      }),
   );
   snap
     .command('ls')
@@ -47,8 +78,18 @@ export function registerSnapshot(program: Command): void {
           ['NAME', 'FROM', 'IMAGE', 'STORAGE', 'DRIVER', 'KIND', 'CREATED'],
           all.map((s) => {
             const j = s.toJSON();
-            const kind = s.record.memory ? `memory (${(s.record.memory.bytes / 2 ** 20).toFixed(1)} MiB)` : 'filesystem';
-            return [s.name, s.record.sandbox, s.record.image, s.storage, String(j.driver), kind, new Date(s.record.createdAt).toISOString()];
+            const kind = s.record.memory
+              ? `memory (${(s.record.memory.bytes / 2 ** 20).toFixed(1)} MiB)`
+              : 'filesystem';
+            return [
+              s.name,
+              s.record.sandbox,
+              s.record.image,
+              s.storage,
+              String(j.driver),
+              kind,
+              new Date(s.record.createdAt).toISOString(),
+            ];
           }),
         );
       }),

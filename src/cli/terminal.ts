@@ -30,7 +30,10 @@ function goRaw(): void {
   spawnSync('stty', ['-opost'], { stdio: ['inherit', 'ignore', 'ignore'] });
 }
 
-const size = (): { cols: number; rows: number } => ({ cols: process.stdout.columns || 80, rows: process.stdout.rows || 24 });
+const size = (): { cols: number; rows: number } => ({
+  cols: process.stdout.columns || 80,
+  rows: process.stdout.rows || 24,
+});
 
 /** TERM as the local terminal says it is: the program inside draws for that terminal. */
 export function terminalEnv(env: string[]): string[] {
@@ -99,7 +102,10 @@ export async function runOnTerminal(box: SandboxApi, argv: string[], o: Terminal
  * The login shell of `user` (default root) in the machine: its /etc/passwd entry's shell when
  * that exists in the machine, else /bin/bash, else /bin/sh; with its home as the directory.
  */
-export async function loginShell(box: SandboxApi, user: string | undefined): Promise<{ argv: string[]; home: string; env: string[] }> {
+export async function loginShell(
+  box: SandboxApi,
+  user: string | undefined,
+): Promise<{ argv: string[]; home: string; env: string[] }> {
   const passwd = (await box.getFile('/etc/passwd').catch(() => Buffer.alloc(0))).toString('utf8');
   const want = user?.split(':')[0] ?? 'root';
   const entry = passwd
@@ -107,7 +113,9 @@ export async function loginShell(box: SandboxApi, user: string | undefined): Pro
     .map((l) => l.split(':'))
     .find((f) => f.length >= 7 && (f[0] === want || f[2] === want));
   const home = entry?.[5] || (want === 'root' || want === '0' ? '/root' : '/');
-  const candidates = [entry?.[6], '/bin/bash', '/bin/sh'].filter((s): s is string => !!s && s.startsWith('/') && !/\/(nologin|false)$/.test(s));
+  const candidates = [entry?.[6], '/bin/bash', '/bin/sh'].filter(
+    (s): s is string => !!s && s.startsWith('/') && !/\/(nologin|false)$/.test(s),
+  );
   let cwd = home;
   for (const shell of [...new Set(candidates)]) {
     // one cheap exec per candidate: does it run at all (the agent says not found / not executable)
@@ -119,9 +127,17 @@ export async function loginShell(box: SandboxApi, user: string | undefined): Pro
     });
     if (!r.notFound && r.exitCode !== 126) {
       const name = entry?.[0] ?? want;
-      return { argv: [shell, '-l'], home: cwd, env: [`HOME=${home}`, `SHELL=${shell}`, `USER=${name}`, `LOGNAME=${name}`] };
+      return {
+        argv: [shell, '-l'],
+        home: cwd,
+        env: [`HOME=${home}`, `SHELL=${shell}`, `USER=${name}`, `LOGNAME=${name}`],
+      };
     }
   }
   const { SnaplabError } = await import('../errors.js');
-  throw new SnaplabError('NO_SHELL', `machine ${box.name} has no shell (tried ${candidates.join(', ')})`, 'run a program directly: `snaplab exec -t -i MACHINE -- PROGRAM`');
+  throw new SnaplabError(
+    'NO_SHELL',
+    `machine ${box.name} has no shell (tried ${candidates.join(', ')})`,
+    'run a program directly: `snaplab exec -t -i MACHINE -- PROGRAM`',
+  );
 }

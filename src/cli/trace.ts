@@ -15,15 +15,24 @@ export function registerTrace(program: Command): void {
         if (!id) {
           const ops = lab.traces(Number(o.limit) || 20);
           if (o.json) return printJson(ops);
-          printTable(['OPERATION', 'KIND', 'TARGET', 'TOTAL', 'STATUS', 'WHEN'], ops.map((t) => [t.id, t.kind, t.target, ms(t.totalMs), t.status, new Date(t.startedAt).toISOString()]));
+          printTable(
+            ['OPERATION', 'KIND', 'TARGET', 'TOTAL', 'STATUS', 'WHEN'],
+            ops.map((t) => [t.id, t.kind, t.target, ms(t.totalMs), t.status, new Date(t.startedAt).toISOString()]),
+          );
           return;
         }
         const t = lab.trace(id);
-        if (!t) throw new SnaplabError('OPERATION_NOT_FOUND', `no operation ${JSON.stringify(id)}`, 'list recent ones with `snaplab trace`');
+        if (!t)
+          throw new SnaplabError(
+            'OPERATION_NOT_FOUND',
+            `no operation ${JSON.stringify(id)}`,
+            'list recent ones with `snaplab trace`',
+          );
         if (o.json) return printJson(t);
         process.stdout.write(`${renderWaterfall(t)}\n`);
         const removed = (t.details as { removed?: string[] } | null)?.removed;
-        if (removed) process.stdout.write(removed.length ? `removed:\n  ${removed.join('\n  ')}\n` : 'removed nothing\n');
+        if (removed)
+          process.stdout.write(removed.length ? `removed:\n  ${removed.join('\n  ')}\n` : 'removed nothing\n');
       }),
     );
 }

@@ -37,9 +37,18 @@ export class Http {
       try {
         u = new URL(url);
       } catch {
-        throw new SnaplabError('BAD_INPUT', `invalid daemon URL ${JSON.stringify(url)}`, 'give http://HOST:PORT or unix:/path/to/daemon.sock');
+        throw new SnaplabError(
+          'BAD_INPUT',
+          `invalid daemon URL ${JSON.stringify(url)}`,
+          'give http://HOST:PORT or unix:/path/to/daemon.sock',
+        );
       }
-      if (u.protocol !== 'http:') throw new SnaplabError('BAD_INPUT', `unsupported daemon URL ${JSON.stringify(url)}`, 'give http://HOST:PORT or unix:/path/to/daemon.sock');
+      if (u.protocol !== 'http:')
+        throw new SnaplabError(
+          'BAD_INPUT',
+          `unsupported daemon URL ${JSON.stringify(url)}`,
+          'give http://HOST:PORT or unix:/path/to/daemon.sock',
+        );
       this.host = u.hostname.replace(/^\[|\]$/g, '');
       this.port = Number(u.port || 80);
       // http://KEY@HOST:PORT: the key in the URL (a bench comparing two daemons needs one each)
@@ -53,13 +62,41 @@ export class Http {
   }
 
   /** Send a request; the response as a stream (status checked: an error status throws its SnaplabError). */
-  async stream(method: string, path: string, opts: { json?: unknown; body?: Readable | Buffer; contentType?: string; signal?: AbortSignal } = {}): Promise<IncomingMessage> {
+  async stream(
+    method: string,
+    path: string,
+    opts: { json?: unknown; body?: Readable | Buffer; contentType?: string; signal?: AbortSignal } = {},
+  ): Promise<IncomingMessage> {
     const body = opts.json !== undefined ? Buffer.from(JSON.stringify(opts.json)) : opts.body;
-    const headers = this.headers(opts.json !== undefined ? { 'content-type': 'application/json' } : body ? { 'content-type': opts.contentType ?? 'application/octet-stream' } : {});
+    const headers = this.headers(
+      opts.json !== undefined
+        ? { 'content-type': 'application/json' }
+        : body
+          ? { 'content-type': opts.contentType ?? 'application/octet-stream' }
+          : {},
+    );
     if (Buffer.isBuffer(body)) headers['content-length'] = String(body.length);
     const res = await new Promise<IncomingMessage>((resolve, reject) => {
-      const req = request({ method, path, headers, agent: this.agent, host: this.host, port: this.port, socketPath: this.socketPath, signal: opts.signal }, resolve);
-      req.on('error', (e: NodeJS.ErrnoException) => reject(e.name === 'AbortError' ? new SnaplabError('ABORTED', `${method} ${path}: aborted`) : unreachable(this.url, e)));
+      const req = request(
+        {
+          method,
+          path,
+          headers,
+          agent: this.agent,
+          host: this.host,
+          port: this.port,
+          socketPath: this.socketPath,
+          signal: opts.signal,
+        },
+        resolve,
+      );
+      req.on('error', (e: NodeJS.ErrnoException) =>
+        reject(
+          e.name === 'AbortError'
+            ? new SnaplabError('ABORTED', `${method} ${path}: aborted`)
+            : unreachable(this.url, e),
+        ),
+      );
       if (Buffer.isBuffer(body)) req.end(body);
       else if (body) {
         body.on('error', (e) => req.destroy(e));
@@ -70,7 +107,11 @@ export class Http {
     return res;
   }
 
-  async json<T>(method: string, path: string, opts: { json?: unknown; body?: Readable | Buffer; contentType?: string; signal?: AbortSignal } = {}): Promise<T> {
+  async json<T>(
+    method: string,
+    path: string,
+    opts: { json?: unknown; body?: Readable | Buffer; contentType?: string; signal?: AbortSignal } = {},
+  ): Promise<T> {
     const res = await this.stream(method, path, opts);
     const text = (await collect(res)).toString();
     return (text ? JSON.parse(text) : undefined) as T;
@@ -78,7 +119,9 @@ export class Http {
 
   /** A WebSocket to `path`, open. */
   socket(path: string): Promise<WebSocket> {
-    const url = this.socketPath ? `ws+unix:${this.socketPath}:${path}` : `ws://${this.host.includes(':') ? `[${this.host}]` : this.host}:${this.port}${path}`;
+    const url = this.socketPath
+      ? `ws+unix:${this.socketPath}:${path}`
+      : `ws://${this.host.includes(':') ? `[${this.host}]` : this.host}:${this.port}${path}`;
     const ws = new WebSocket(url, { headers: this.headers(), maxPayload: 64 << 20 });
     return new Promise((resolve, reject) => {
       ws.once('open', () => resolve(ws));
@@ -102,20 +145,36 @@ export function collect(s: Readable): Promise<Buffer> {
 }
 
 function unreachable(url: string, e: NodeJS.ErrnoException): SnaplabError {
-  return new SnaplabError('DAEMON_UNREACHABLE', `cannot reach the daemon at ${url}: ${e.message}`, 'is `snaplab serve` running there? (SNAPLAB_HOST says where)', { cause: e });
+  return new SnaplabError(
+    'DAEMON_UNREACHABLE',
+    `cannot reach the daemon at ${url}: ${e.message}`,
+    'is `snaplab serve` running there? (SNAPLAB_HOST says where)',
+    { cause: e },
+  );
 }
 
 async function errorOf(res: IncomingMessage): Promise<SnaplabError> {
   const text = (await collect(res)).toString();
   try {
-    const b = JSON.parse(text) as { code: ErrorCode; message: string; hint?: string; operationId?: string; limit?: string };
+    const b = JSON.parse(text) as {
+      code: ErrorCode;
+      message: string;
+      hint?: string;
+      operationId?: string;
+      limit?: string;
+    };
     // not one of snaplab's errors (fastify's own, before a route: 431, a proxy's page): said as it came
     if (typeof b?.code !== 'string' || typeof b.message !== 'string') throw new Error('not a snaplab error');
     const e = new SnaplabError(b.code, b.message, b.hint);
     if (b.operationId) (e as SnaplabError & { operationId?: string }).operationId = b.operationId;
-    if (res.headers['retry-after']) (e as SnaplabError & { retryAfterS?: number }).retryAfterS = Number(res.headers['retry-after']);
+    if (res.headers['retry-after'])
+      (e as SnaplabError & { retryAfterS?: number }).retryAfterS = Number(res.headers['retry-after']);
     return e;
   } catch {
-    return new SnaplabError('DAEMON_ERROR', `the daemon answered ${res.statusCode}: ${text.slice(0, 200)}`, 'see the daemon log');
+    return new SnaplabError(
+      'DAEMON_ERROR',
+      `the daemon answered ${res.statusCode}: ${text.slice(0, 200)}`,
+      'see the daemon log',
+    );
   }
 }

@@ -14,7 +14,15 @@ import type { RunOutcome, RunSpec } from '../lab/run.js';
 import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
 import { feedInput } from '../lab/streams.js';
 import { keyValues } from '../lab/exec.js';
-import type { BufferOutput, LabApi, LabCreateOptions, PoolApi, ProcessApi, SandboxApi, SnapshotApi } from '../sdk/api.js';
+import type {
+  BufferOutput,
+  LabApi,
+  LabCreateOptions,
+  PoolApi,
+  ProcessApi,
+  SandboxApi,
+  SnapshotApi,
+} from '../sdk/api.js';
 import { encoded, type ExecText, type Text } from '../sdk/output.js';
 import type { SandboxFiles } from '../sdk/sandbox.js';
 import type { Limits } from '../store/records.js';
@@ -24,11 +32,28 @@ import { Rpc } from './rpc.js';
 const MAX_COLLECTED = 16 * 1024 * 1024;
 const enc = encodeURIComponent;
 
-type View = Record<string, unknown> & { id: string; name: string; state: string; image: string; storage: string; driver: string; labels: Record<string, string>; metadata: Record<string, string> };
+type View = Record<string, unknown> & {
+  id: string;
+  name: string;
+  state: string;
+  image: string;
+  storage: string;
+  driver: string;
+  labels: Record<string, string>;
+  metadata: Record<string, string>;
+};
 
 interface ResultView {
-  exitCode: number; signal: number | null; timedOut: boolean; notFound: boolean; oomKilled: boolean; truncated: boolean;
-  stdout: string; stderr: string; encoding: 'utf8' | 'base64'; usage: ExecResult['usage'];
+  exitCode: number;
+  signal: number | null;
+  timedOut: boolean;
+  notFound: boolean;
+  oomKilled: boolean;
+  truncated: boolean;
+  stdout: string;
+  stderr: string;
+  encoding: 'utf8' | 'base64';
+  usage: ExecResult['usage'];
 }
 
 function toResult(r: ResultView): ExecResult {
@@ -41,24 +66,52 @@ function envObject(env: ExecOptions['env']): Record<string, string> | undefined 
 
 class RemoteSnapshot implements SnapshotApi {
   constructor(private readonly v: Record<string, unknown>) {}
-  get name(): string { return this.v.name as string; }
-  get id(): string { return this.v.id as string; }
-  toJSON(): Record<string, unknown> { return this.v; }
+  get name(): string {
+    return this.v.name as string;
+  }
+  get id(): string {
+    return this.v.id as string;
+  }
+  toJSON(): Record<string, unknown> {
+    return this.v;
+  }
 }
 
 export class RemoteSandbox implements SandboxApi {
-  constructor(private readonly http: Http, private v: View, private readonly rpc: Rpc) {}
+  constructor(
+    private readonly http: Http,
+    private v: View,
+    private readonly rpc: Rpc,
+  ) {}
 
-  get id(): string { return this.v.id; }
-  get name(): string { return this.v.name; }
-  get state(): string { return this.v.state; }
-  get image(): string { return this.v.image; }
-  get storage(): string { return this.v.storage; }
-  get driver(): string { return this.v.driver; }
-  get labels(): Record<string, string> { return this.v.labels; }
-  get metadata(): Record<string, string> { return this.v.metadata; }
+  get id(): string {
+    return this.v.id;
+  }
+  get name(): string {
+    return this.v.name;
+  }
+  get state(): string {
+    return this.v.state;
+  }
+  get image(): string {
+    return this.v.image;
+  }
+  get storage(): string {
+    return this.v.storage;
+  }
+  get driver(): string {
+    return this.v.driver;
+  }
+  get labels(): Record<string, string> {
+    return this.v.labels;
+  }
+  get metadata(): Record<string, string> {
+    return this.v.metadata;
+  }
   /** what the daemon said last: its lifetime (timeoutS, expiresAt), owner, limits */
-  get info(): Readonly<View> { return this.v; }
+  get info(): Readonly<View> {
+    return this.v;
+  }
 
   private path(rest = ''): string {
     return `/sandboxes/${enc(this.v.id)}${rest}`;
@@ -78,12 +131,30 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   private async execBytes(argv: string[], opts: ExecOptions): Promise<ExecResult> {
-    const streamed = opts.onStdout || opts.onStderr || opts.tty || opts.stdin === true || (opts.stdin !== undefined && typeof opts.stdin !== 'string' && !Buffer.isBuffer(opts.stdin));
+    const streamed =
+      opts.onStdout ||
+      opts.onStderr ||
+      opts.tty ||
+      opts.stdin === true ||
+      (opts.stdin !== undefined && typeof opts.stdin !== 'string' && !Buffer.isBuffer(opts.stdin));
     if (streamed) return (await this.spawn(argv, { ...opts, encoding: 'buffer' })).result;
     const stdin = opts.stdin === undefined ? undefined : Buffer.from(opts.stdin as string | Buffer).toString('base64');
-    const call = { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0, ...(stdin ? { stdin } : {}) };
+    const call = {
+      argv,
+      env: envObject(opts.env),
+      cwd: opts.cwd,
+      user: opts.user,
+      timeoutMs: opts.timeoutMs ?? 0,
+      ...(stdin ? { stdin } : {}),
+    };
     // one request over HTTP when the caller may abort it (the daemon kills it when the request goes); else a call on the shared /rpc socket
-    if (opts.signal) return toResult(await this.http.json<ResultView>('POST', this.path('/exec'), { json: { ...call, encoding: 'base64' }, signal: opts.signal }));
+    if (opts.signal)
+      return toResult(
+        await this.http.json<ResultView>('POST', this.path('/exec'), {
+          json: { ...call, encoding: 'base64' },
+          signal: opts.signal,
+        }),
+      );
     return toResult(await this.rpc.call<ResultView>({ op: 'exec', sandbox: this.v.id, ...call }));
   }
 
@@ -92,7 +163,19 @@ export class RemoteSandbox implements SandboxApi {
   async spawn(argv: string[], opts?: ExecOptions): Promise<ProcessApi>;
   async spawn(argv: string[], opts: ExecOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
     const ws = await this.http.socket(this.path('/exec'));
-    ws.send(JSON.stringify({ type: 'start', argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0, tty: opts.tty, stdin: opts.stdin !== undefined, onDisconnect: 'kill' }));
+    ws.send(
+      JSON.stringify({
+        type: 'start',
+        argv,
+        env: envObject(opts.env),
+        cwd: opts.cwd,
+        user: opts.user,
+        timeoutMs: opts.timeoutMs ?? 0,
+        tty: opts.tty,
+        stdin: opts.stdin !== undefined,
+        onDisconnect: 'kill',
+      }),
+    );
     const proc = streamProcess(ws, opts);
     if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
     if (opts.encoding === 'buffer') return proc;
@@ -103,18 +186,34 @@ export class RemoteSandbox implements SandboxApi {
 
   get files(): SandboxFiles {
     const q = (path: string, extra: Record<string, string | boolean | undefined> = {}): string =>
-      `?${new URLSearchParams(Object.entries({ path, ...extra }).filter(([, v]) => v !== undefined).map(([k, v]) => [k, String(v)] as [string, string])).toString()}`;
+      `?${new URLSearchParams(
+        Object.entries({ path, ...extra })
+          .filter(([, v]) => v !== undefined)
+          .map(([k, v]) => [k, String(v)] as [string, string]),
+      ).toString()}`;
     return {
       stat: (path, o = {}) => this.http.json<FileInfo>('GET', this.path(`/files/stat${q(path, { user: o.user })}`)),
       list: (path, o = {}) => this.http.json<FileInfo[]>('GET', this.path(`/files/list${q(path, { user: o.user })}`)),
-      mkdir: async (path, o = {}) => void (await this.http.json('POST', this.path('/files/mkdir'), { json: { path, parents: o.parents, user: o.user, mode: o.mode?.toString(8).padStart(4, '0') } })),
-      remove: async (path, o = {}) => void (await this.http.json('DELETE', this.path(`/files${q(path, { recursive: o.recursive, force: o.force, user: o.user })}`))),
+      mkdir: async (path, o = {}) =>
+        void (await this.http.json('POST', this.path('/files/mkdir'), {
+          json: { path, parents: o.parents, user: o.user, mode: o.mode?.toString(8).padStart(4, '0') },
+        })),
+      remove: async (path, o = {}) =>
+        void (await this.http.json(
+          'DELETE',
+          this.path(`/files${q(path, { recursive: o.recursive, force: o.force, user: o.user })}`),
+        )),
       write: async (path, data, o = {}) => {
         const body = typeof data === 'string' ? Buffer.from(data) : data;
-        const r = await this.http.json<{ bytes: number }>('PUT', this.path(`/files${q(path, { user: o.user, mode: o.mode?.toString(8).padStart(4, '0'), append: o.append })}`), { body });
+        const r = await this.http.json<{ bytes: number }>(
+          'PUT',
+          this.path(`/files${q(path, { user: o.user, mode: o.mode?.toString(8).padStart(4, '0'), append: o.append })}`),
+          { body },
+        );
         return r.bytes;
       },
-      read: async (path, o = {}) => collect(await this.http.stream('GET', this.path(`/files${q(path, { user: o.user })}`))),
+      read: async (path, o = {}) =>
+        collect(await this.http.stream('GET', this.path(`/files${q(path, { user: o.user })}`))),
       readTo: async (path, sink, o = {}) => {
         const res = await this.http.stream('GET', this.path(`/files${q(path, { user: o.user })}`));
         let n = 0;
@@ -134,7 +233,10 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   upload(dest: string, tar: Readable): Promise<CopyResult> {
-    return this.http.json<CopyResult>('PUT', this.path(`/archive?path=${enc(dest)}`), { body: tar, contentType: 'application/x-tar' });
+    return this.http.json<CopyResult>('PUT', this.path(`/archive?path=${enc(dest)}`), {
+      body: tar,
+      contentType: 'application/x-tar',
+    });
   }
 
   async download(src: string, sink: Writable): Promise<CopyResult> {
@@ -146,7 +248,11 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<SnapshotApi> {
-    return new RemoteSnapshot(await this.http.json('POST', this.path('/snapshots'), { json: { name, ...(opts.memory ? { memory: true } : {}) } }));
+    return new RemoteSnapshot(
+      await this.http.json('POST', this.path('/snapshots'), {
+        json: { name, ...(opts.memory ? { memory: true } : {}) },
+      }),
+    );
   }
 
   async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
@@ -155,7 +261,9 @@ export class RemoteSandbox implements SandboxApi {
 
   /** A new timeout from now (0: none); `onTimeout` kill (default) or pause. */
   async setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void> {
-    this.v = await this.http.json<View>('POST', this.path('/timeout'), { json: { timeoutS, ...(onTimeout ? { onTimeout } : {}) } });
+    this.v = await this.http.json<View>('POST', this.path('/timeout'), {
+      json: { timeoutS, ...(onTimeout ? { onTimeout } : {}) },
+    });
   }
 
   async pause(): Promise<void> {
@@ -199,7 +307,10 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
   };
   let resolvePid!: (n: number) => void;
   let rejectPid!: (e: Error) => void;
-  const pid = new Promise<number>((res, rej) => { resolvePid = res; rejectPid = rej; });
+  const pid = new Promise<number>((res, rej) => {
+    resolvePid = res;
+    rejectPid = rej;
+  });
   pid.catch(() => {});
   let aborted = false;
   const result = new Promise<ExecResult>((resolve, reject) => {
@@ -207,11 +318,16 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
     ws.on('message', (data: Buffer, isBinary) => {
       if (isBinary) {
         const b = data.subarray(1);
-        if (data[0] === 1) (opts.onStdout ? opts.onStdout(b) : keep(out, 0, b));
-        else (opts.onStderr ? opts.onStderr(b) : keep(err, 1, b));
+        if (data[0] === 1) opts.onStdout ? opts.onStdout(b) : keep(out, 0, b);
+        else opts.onStderr ? opts.onStderr(b) : keep(err, 1, b);
         return;
       }
-      const m = JSON.parse(String(data)) as { type: string; pid?: number; result?: Omit<ExecResult, 'stdout' | 'stderr'>; error?: { code: ErrorCode; message: string; hint?: string } };
+      const m = JSON.parse(String(data)) as {
+        type: string;
+        pid?: number;
+        result?: Omit<ExecResult, 'stdout' | 'stderr'>;
+        error?: { code: ErrorCode; message: string; hint?: string };
+      };
       if (m.type === 'started') {
         resolvePid(m.pid ?? 0);
       } else if (m.type === 'gap') {
@@ -221,9 +337,19 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
       } else if (m.type === 'exit' || m.type === 'error') {
         ended = true;
         if (aborted) reject(new SnaplabError('ABORTED', 'the exec was aborted', 'its command was killed'));
-        else if (m.result) resolve({ ...m.result, stdout: Buffer.concat(out), stderr: Buffer.concat(err), truncated: truncated || m.result.truncated });
+        else if (m.result)
+          resolve({
+            ...m.result,
+            stdout: Buffer.concat(out),
+            stderr: Buffer.concat(err),
+            truncated: truncated || m.result.truncated,
+          });
         else {
-          const e = new SnaplabError(m.error?.code ?? 'DAEMON_ERROR', m.error?.message ?? 'the command was lost', m.error?.hint);
+          const e = new SnaplabError(
+            m.error?.code ?? 'DAEMON_ERROR',
+            m.error?.message ?? 'the command was lost',
+            m.error?.hint,
+          );
           rejectPid(e);
           reject(e);
         }
@@ -231,7 +357,11 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
     });
     ws.on('close', () => {
       if (ended) return;
-      const e = new SnaplabError('DAEMON_UNREACHABLE', 'the connection to the daemon closed before the command ended', 'the command was killed with it; use background processes to outlive a connection');
+      const e = new SnaplabError(
+        'DAEMON_UNREACHABLE',
+        'the connection to the daemon closed before the command ended',
+        'the command was killed with it; use background processes to outlive a connection',
+      );
       rejectPid(e);
       reject(e);
     });
@@ -239,11 +369,17 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
   });
   result.catch(() => {}).finally(() => ws.close());
   // as the embedded library: an aborted exec is killed and rejects with ABORTED
-  opts.signal?.addEventListener('abort', () => {
-    aborted = true;
-    if (ws.readyState === ws.OPEN) ws.send(JSON.stringify({ type: 'signal', signal: 9 }));
-  }, { once: true });
-  const sendJson = (m: unknown): void => { if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(m)); };
+  opts.signal?.addEventListener(
+    'abort',
+    () => {
+      aborted = true;
+      if (ws.readyState === ws.OPEN) ws.send(JSON.stringify({ type: 'signal', signal: 9 }));
+    },
+    { once: true },
+  );
+  const sendJson = (m: unknown): void => {
+    if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(m));
+  };
   return {
     pid,
     result,
@@ -252,14 +388,15 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
       ws.send(Buffer.from(b));
       return ws.bufferedAmount < 4 << 20;
     },
-    drained: () => new Promise<void>((resolve) => {
-      const t = setInterval(() => {
-        if (ws.readyState !== ws.OPEN || ws.bufferedAmount < 2 << 20) {
-          clearInterval(t);
-          resolve();
-        }
-      }, 5);
-    }),
+    drained: () =>
+      new Promise<void>((resolve) => {
+        const t = setInterval(() => {
+          if (ws.readyState !== ws.OPEN || ws.bufferedAmount < 2 << 20) {
+            clearInterval(t);
+            resolve();
+          }
+        }, 5);
+      }),
     end: () => sendJson({ type: 'eof' }),
     kill: (signal) => sendJson({ type: 'signal', signal }),
     resize: (cols, rows) => sendJson({ type: 'resize', cols, rows }),
@@ -267,7 +404,11 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
 }
 
 class RemotePool implements PoolApi {
-  constructor(private readonly http: Http, readonly name: string, private readonly rpc: Rpc) {}
+  constructor(
+    private readonly http: Http,
+    readonly name: string,
+    private readonly rpc: Rpc,
+  ) {}
 
   stats(): Promise<PoolStats> {
     return this.http.json('GET', `/pools/${enc(this.name)}`);
@@ -276,20 +417,43 @@ class RemotePool implements PoolApi {
   async run(argv: string[], spec: RunSpec & BufferOutput): Promise<RunOutcome>;
   async run(argv: string[], spec?: RunSpec): Promise<Text<RunOutcome>>;
   async run(argv: string[], spec: RunSpec = {}): Promise<RunOutcome | Text<RunOutcome>> {
-    if (spec.put?.length || spec.onStdout || spec.onStderr || (spec.stdin !== undefined && typeof spec.stdin !== 'string' && !Buffer.isBuffer(spec.stdin))) {
-      throw new SnaplabError('BAD_INPUT', 'a remote pool run takes argv, env, cwd, user, timeoutMs and stdin as data', 'take a sandbox (pool.take()) to stream or copy files');
+    if (
+      spec.put?.length ||
+      spec.onStdout ||
+      spec.onStderr ||
+      (spec.stdin !== undefined && typeof spec.stdin !== 'string' && !Buffer.isBuffer(spec.stdin))
+    ) {
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'a remote pool run takes argv, env, cwd, user, timeoutMs and stdin as data',
+        'take a sandbox (pool.take()) to stream or copy files',
+      );
     }
     const stdin = spec.stdin === undefined ? undefined : Buffer.from(spec.stdin as string | Buffer).toString('base64');
-    const call = { argv, env: envObject(spec.env), cwd: spec.cwd, user: spec.user, timeoutMs: spec.timeoutMs ?? 0, ...(stdin ? { stdin } : {}) };
+    const call = {
+      argv,
+      env: envObject(spec.env),
+      cwd: spec.cwd,
+      user: spec.user,
+      timeoutMs: spec.timeoutMs ?? 0,
+      ...(stdin ? { stdin } : {}),
+    };
     type Ran = ResultView & { sandbox: string; hit: boolean; recycled: boolean };
     const r = spec.signal
-      ? await this.http.json<Ran>('POST', `/pools/${enc(this.name)}/run`, { json: { ...call, encoding: 'base64' }, signal: spec.signal })
+      ? await this.http.json<Ran>('POST', `/pools/${enc(this.name)}/run`, {
+          json: { ...call, encoding: 'base64' },
+          signal: spec.signal,
+        })
       : await this.rpc.call<Ran>({ op: 'run', pool: this.name, ...call });
     return encoded({ ...toResult(r), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, dirt: [] }, spec.encoding);
   }
 
   async take(): Promise<SandboxApi> {
-    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: { pool: this.name, timeoutS: 0 } }), this.rpc);
+    return new RemoteSandbox(
+      this.http,
+      await this.http.json<View>('POST', '/sandboxes', { json: { pool: this.name, timeoutS: 0 } }),
+      this.rpc,
+    );
   }
 
   async resize(size: number): Promise<void> {
@@ -304,9 +468,18 @@ class RemotePool implements PoolApi {
 /** Wait for a long operation's end; its result, or its error thrown. */
 export async function waitOperation<T>(http: Http, op: { id: string }): Promise<T> {
   for (;;) {
-    const v = await http.json<{ state: string; result: T; error: { code: ErrorCode; message: string; hint?: string } | null }>('GET', `/operations/${enc(op.id)}?wait=30`);
+    const v = await http.json<{
+      state: string;
+      result: T;
+      error: { code: ErrorCode; message: string; hint?: string } | null;
+    }>('GET', `/operations/${enc(op.id)}?wait=30`);
     if (v.state === 'done') return v.result;
-    if (v.state === 'failed') throw new SnaplabError(v.error?.code ?? 'DAEMON_ERROR', v.error?.message ?? 'the operation failed', v.error?.hint);
+    if (v.state === 'failed')
+      throw new SnaplabError(
+        v.error?.code ?? 'DAEMON_ERROR',
+        v.error?.message ?? 'the operation failed',
+        v.error?.hint,
+      );
   }
 }
 
@@ -324,7 +497,12 @@ export class RemoteLab implements LabApi {
 
   constructor(opts: ConnectOptions = {}) {
     const url = opts.url ?? process.env.SNAPLAB_HOST;
-    if (!url) throw new SnaplabError('BAD_INPUT', 'no daemon URL given', 'pass { url } or set SNAPLAB_HOST (http://HOST:PORT or unix:/path/to/daemon.sock)');
+    if (!url)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'no daemon URL given',
+        'pass { url } or set SNAPLAB_HOST (http://HOST:PORT or unix:/path/to/daemon.sock)',
+      );
     this.http = new Http(url, opts.token ?? process.env.SNAPLAB_TOKEN);
     this.rpc = new Rpc(this.http);
   }
@@ -346,8 +524,22 @@ export class RemoteLab implements LabApi {
     return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: opts }), this.rpc);
   }
 
-  async restore(snapshot: string, opts: { name?: string; limits?: Limits; labels?: Record<string, string>; metadata?: Record<string, string>; timeoutS?: number; onTimeout?: 'kill' | 'pause' } = {}): Promise<RemoteSandbox> {
-    return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: { snapshot, ...opts } }), this.rpc);
+  async restore(
+    snapshot: string,
+    opts: {
+      name?: string;
+      limits?: Limits;
+      labels?: Record<string, string>;
+      metadata?: Record<string, string>;
+      timeoutS?: number;
+      onTimeout?: 'kill' | 'pause';
+    } = {},
+  ): Promise<RemoteSandbox> {
+    return new RemoteSandbox(
+      this.http,
+      await this.http.json<View>('POST', '/sandboxes', { json: { snapshot, ...opts } }),
+      this.rpc,
+    );
   }
 
   async get(idOrName: string): Promise<RemoteSandbox> {
@@ -355,8 +547,12 @@ export class RemoteLab implements LabApi {
   }
 
   async list(opts: { labels?: Record<string, string> } = {}): Promise<RemoteSandbox[]> {
-    const q = new URLSearchParams(Object.entries(opts.labels ?? {}).map(([k, v]) => ['label', `${k}=${v}`] as [string, string])).toString();
-    return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map((v) => new RemoteSandbox(this.http, v, this.rpc));
+    const q = new URLSearchParams(
+      Object.entries(opts.labels ?? {}).map(([k, v]) => ['label', `${k}=${v}`] as [string, string]),
+    ).toString();
+    return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map(
+      (v) => new RemoteSandbox(this.http, v, this.rpc),
+    );
   }
 
   async snapshots(): Promise<SnapshotApi[]> {
@@ -385,7 +581,10 @@ export class RemoteLab implements LabApi {
   }
 
   /** Raise a scenario file that is on the daemon's host; resolves with its status when it is up. */
-  async up(file: string, opts: { name?: string; driver?: 'namespaces' | 'qemu' } = {}): Promise<Record<string, unknown>> {
+  async up(
+    file: string,
+    opts: { name?: string; driver?: 'namespaces' | 'qemu' } = {},
+  ): Promise<Record<string, unknown>> {
     return waitOperation(this.http, await this.http.json('POST', '/scenarios', { json: { file, ...opts } }));
   }
 

@@ -24,7 +24,11 @@ export class Rpc {
     const opening = this.http.socket('/rpc').then((ws) => {
       const pending = new Map<number, Pending>();
       ws.on('message', (data) => {
-        let m: { id: number; result?: unknown; error?: { code: ErrorCode; message: string; hint?: string; limit?: string } };
+        let m: {
+          id: number;
+          result?: unknown;
+          error?: { code: ErrorCode; message: string; hint?: string; limit?: string };
+        };
         try {
           m = JSON.parse(String(data));
         } catch {
@@ -43,13 +47,22 @@ export class Rpc {
         if (this.ws === opening) this.ws = undefined;
         const lost = [...pending.values()];
         pending.clear();
-        for (const p of lost) p.reject(new SnaplabError('DAEMON_UNREACHABLE', 'the connection to the daemon closed before the answer', 'its command was killed; try again'));
+        for (const p of lost)
+          p.reject(
+            new SnaplabError(
+              'DAEMON_UNREACHABLE',
+              'the connection to the daemon closed before the answer',
+              'its command was killed; try again',
+            ),
+          );
       });
       ws.on('error', () => {});
       return { ws, pending };
     });
     this.ws = opening;
-    opening.catch(() => { if (this.ws === opening) this.ws = undefined; });
+    opening.catch(() => {
+      if (this.ws === opening) this.ws = undefined;
+    });
     return opening;
   }
 
@@ -63,7 +76,10 @@ export class Rpc {
   }
 
   close(): void {
-    void this.ws?.then(({ ws }) => ws.close(), () => undefined);
+    void this.ws?.then(
+      ({ ws }) => ws.close(),
+      () => undefined,
+    );
     this.ws = undefined;
   }
 }

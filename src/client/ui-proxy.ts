@@ -33,8 +33,10 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
 
   /** The path to forward (its token removed), or the status to refuse with. */
   const check = (req: IncomingMessage, ws: boolean): { path: string } | { status: number; message: string } => {
-    if (!hosts().has(req.headers.host ?? '')) return { status: 403, message: 'this forward answers to 127.0.0.1 and localhost only' };
-    if (ws && req.headers.origin !== undefined && !origins().has(req.headers.origin)) return { status: 403, message: 'a WebSocket from another origin' };
+    if (!hosts().has(req.headers.host ?? ''))
+      return { status: 403, message: 'this forward answers to 127.0.0.1 and localhost only' };
+    if (ws && req.headers.origin !== undefined && !origins().has(req.headers.origin))
+      return { status: 403, message: 'a WebSocket from another origin' };
     let u: URL;
     try {
       u = new URL(req.url ?? '/', 'http://x');
@@ -46,13 +48,15 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
     const path = u.pathname + (u.searchParams.size ? `?${u.searchParams}` : '');
     if (!ws && req.method === 'GET' && PUBLIC.test(u.pathname)) return { path };
     const g = Buffer.from(given);
-    if (g.length !== want.length || !timingSafeEqual(g, want)) return { status: 401, message: 'open the URL `snaplab ui` printed (its token is the key)' };
+    if (g.length !== want.length || !timingSafeEqual(g, want))
+      return { status: 401, message: 'open the URL `snaplab ui` printed (its token is the key)' };
     return { path };
   };
 
   const headersFor = (req: IncomingMessage): Record<string, string | string[]> => {
     const h: Record<string, string | string[]> = {};
-    for (const [k, v] of Object.entries(req.headers)) if (v !== undefined && k !== 'authorization' && k !== 'cookie' && k !== 'host') h[k] = v;
+    for (const [k, v] of Object.entries(req.headers))
+      if (v !== undefined && k !== 'authorization' && k !== 'cookie' && k !== 'host') h[k] = v;
     h.host = 'localhost';
     return h;
   };
@@ -61,7 +65,15 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
   const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
     const c = check(req, false);
     if ('status' in c) {
-      res.writeHead(c.status, { 'content-type': 'application/json' }).end(JSON.stringify({ code: CODES[c.status], message: c.message, hint: 'run `snaplab ui` and open the URL it prints' }));
+      res
+        .writeHead(c.status, { 'content-type': 'application/json' })
+        .end(
+          JSON.stringify({
+            code: CODES[c.status],
+            message: c.message,
+            hint: 'run `snaplab ui` and open the URL it prints',
+          }),
+        );
       return;
     }
     const up = request({ socketPath, method: req.method, path: c.path, headers: headersFor(req) }, (r) => {
@@ -69,21 +81,36 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
       r.pipe(res);
       // the daemon ended its side before the end (it lets a slow event reader go, it stopped):
       // end the browser's too, so an EventSource reconnects and a download fails, not hangs
-      r.on('close', () => { if (!r.complete) res.destroy(); });
+      r.on('close', () => {
+        if (!r.complete) res.destroy();
+      });
     });
     up.on('error', (e) => {
-      if (!res.headersSent) res.writeHead(502, { 'content-type': 'application/json' }).end(JSON.stringify({ code: 'DAEMON_UNREACHABLE', message: `the daemon at ${socketPath}: ${e.message}`, hint: 'is `snaplab serve` still running?' }));
+      if (!res.headersSent)
+        res
+          .writeHead(502, { 'content-type': 'application/json' })
+          .end(
+            JSON.stringify({
+              code: 'DAEMON_UNREACHABLE',
+              message: `the daemon at ${socketPath}: ${e.message}`,
+              hint: 'is `snaplab serve` still running?',
+            }),
+          );
       else res.destroy();
     });
     // a browser that goes away ends the daemon's side too (a download, an event stream)
-    res.on('close', () => { if (!res.writableFinished) up.destroy(); });
+    res.on('close', () => {
+      if (!res.writableFinished) up.destroy();
+    });
     req.pipe(up);
   };
 
   const onUpgrade = (req: IncomingMessage, client: Socket, head: Buffer): void => {
     const c = check(req, true);
     if ('status' in c) {
-      client.end(`HTTP/1.1 ${c.status} ${{ 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden' }[c.status]}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+      client.end(
+        `HTTP/1.1 ${c.status} ${{ 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden' }[c.status]}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`,
+      );
       return;
     }
     const up = connect(socketPath);
@@ -97,7 +124,10 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
       up.pipe(client);
       client.pipe(up);
     });
-    const end = (): void => { up.destroy(); client.destroy(); };
+    const end = (): void => {
+      up.destroy();
+      client.destroy();
+    };
     up.on('error', end);
     client.on('error', end);
     up.on('close', end);
@@ -109,9 +139,17 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
   const server: Server = createServer({ requestTimeout: 0 }, onRequest);
   server.on('upgrade', onUpgrade);
   await new Promise<void>((resolve, reject) => {
-    server.once('error', (e: NodeJS.ErrnoException) => reject(e.code === 'EADDRINUSE'
-      ? new SnaplabError('PORT_IN_USE', `127.0.0.1:${opts.port} is in use`, 'give another --port, or 0 for any free one')
-      : e));
+    server.once('error', (e: NodeJS.ErrnoException) =>
+      reject(
+        e.code === 'EADDRINUSE'
+          ? new SnaplabError(
+              'PORT_IN_USE',
+              `127.0.0.1:${opts.port} is in use`,
+              'give another --port, or 0 for any free one',
+            )
+          : e,
+      ),
+    );
     server.listen({ host: '127.0.0.1', port: opts.port ?? 0 }, resolve);
   });
   port = (server.address() as { port: number }).port;
@@ -120,10 +158,11 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
     url: `http://127.0.0.1:${port}/#key=${token}`,
     port,
     token,
-    close: () => new Promise<void>((resolve) => {
-      server.closeAllConnections();
-      for (const s of upgraded) s.destroy();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        for (const s of upgraded) s.destroy();
+        server.close(() => resolve());
+      }),
   };
 }

@@ -16,9 +16,20 @@ import type { SandboxEntry } from './store.js';
 
 const SLOW_READER_BYTES = 1 << 20;
 
-const STATE_EVENT: Record<string, string> = { running: 'resumed', paused: 'paused', dead: 'exited', lost: 'lost', forgotten: 'destroyed' };
+const STATE_EVENT: Record<string, string> = {
+  running: 'resumed',
+  paused: 'paused',
+  dead: 'exited',
+  lost: 'lost',
+  forgotten: 'destroyed',
+};
 
-export async function clusterEvents(g: Gateway, req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void> {
+export async function clusterEvents(
+  g: Gateway,
+  req: IncomingMessage,
+  res: ServerResponse,
+  caller: Caller,
+): Promise<void> {
   const url = new URL(req.url!, 'http://x');
   const after = req.headers['last-event-id'] ?? url.searchParams.get('after');
   const from = typeof after === 'string' && /^\d+$/.test(after) ? after : undefined;
@@ -48,7 +59,11 @@ export async function clusterEvents(g: Gateway, req: IncomingMessage, res: Serve
       if (!deleted && !prev) send(rev, 'node.joined', { at, node: id });
       if (deleted) {
         const left = leftSeen.has(id) || g.view.left.has(id);
-        send(rev, left ? 'node.left' : 'node.lost', { at, node: id, reason: left ? 'stopped' : 'its lease lapsed: it stopped answering' });
+        send(rev, left ? 'node.left' : 'node.lost', {
+          at,
+          node: id,
+          reason: left ? 'stopped' : 'its lease lapsed: it stopped answering',
+        });
       }
     } else if (kind === 'sandboxes') {
       const e = JSON.parse((deleted ? prev : kv)?.value.toString() ?? 'null') as SandboxEntry | null;
@@ -58,7 +73,8 @@ export async function clusterEvents(g: Gateway, req: IncomingMessage, res: Serve
       if (deleted) return e.state === 'forgotten' ? undefined : send(rev, 'destroyed', { ...base, reason: null });
       const was = prev ? (JSON.parse(prev.value.toString()) as SandboxEntry) : undefined;
       if (!was) send(rev, 'created', { ...base, reason: null });
-      else if (was.state !== e.state && STATE_EVENT[e.state]) send(rev, STATE_EVENT[e.state]!, { ...base, reason: e.reason ?? null });
+      else if (was.state !== e.state && STATE_EVENT[e.state])
+        send(rev, STATE_EVENT[e.state]!, { ...base, reason: e.reason ?? null });
     } else if (kind === 'notes' && !deleted && caller.scopes.has('admin')) {
       const n = JSON.parse(kv.value.toString()) as { type: string };
       send(rev, n.type, { at, data: n });
@@ -72,7 +88,9 @@ export async function clusterEvents(g: Gateway, req: IncomingMessage, res: Serve
     res.write(`event: error\ndata: ${JSON.stringify({ code: 'CLUSTER_UNAVAILABLE', message: e.message })}\n\n`);
     res.end();
   });
-  const ping = setInterval(() => { if (!res.writableEnded) res.write(': ping\n\n'); }, 15_000);
+  const ping = setInterval(() => {
+    if (!res.writableEnded) res.write(': ping\n\n');
+  }, 15_000);
   const untrack = g.track(caller, () => res.destroy());
   res.once('close', () => {
     untrack();

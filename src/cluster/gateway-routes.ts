@@ -28,32 +28,53 @@ const dec = decodeURIComponent;
  * One id for an operation run on several nodes: `c.` and, encoded, each node's operation id, and
  * the nodes that refused to start it with their errors (so that any gateway, asked later, says so).
  */
-interface Parts { ops: { node: string; id: string }[]; refused: { node: string; error: Record<string, unknown> }[] }
+interface Parts {
+  ops: { node: string; id: string }[];
+  refused: { node: string; error: Record<string, unknown> }[];
+}
 
-const composite = (p: Parts): string => `c.${Buffer.from(JSON.stringify([p.ops.map((o) => [o.node, o.id]), p.refused])).toString('base64url')}`;
+const composite = (p: Parts): string =>
+  `c.${Buffer.from(JSON.stringify([p.ops.map((o) => [o.node, o.id]), p.refused])).toString('base64url')}`;
 
 function parts(id: string): Parts {
   try {
     if (!id.startsWith('c.')) throw new Error('not composite');
-    const [ops, refused] = JSON.parse(Buffer.from(id.slice(2), 'base64url').toString()) as [[string, string][], Parts['refused']];
+    const [ops, refused] = JSON.parse(Buffer.from(id.slice(2), 'base64url').toString()) as [
+      [string, string][],
+      Parts['refused'],
+    ];
     return { ops: ops.map(([node, i]) => ({ node, id: i })), refused: refused ?? [] };
   } catch {
-    throw new SnaplabError('OPERATION_NOT_FOUND', `no operation ${id} in the cluster`, 'operation ids a gateway gives start with c.');
+    throw new SnaplabError(
+      'OPERATION_NOT_FOUND',
+      `no operation ${id} in the cluster`,
+      'operation ids a gateway gives start with c.',
+    );
   }
 }
 
 /** Some nodes refused: the first refusal as the error (its status), with what the others did. */
 function partial(res: ServerResponse, refused: Parts['refused'], done: Record<string, unknown>): void {
   const e = refused[0]!;
-  sendJson(res, statusOf((e.error.code as SnaplabError['code']) ?? 'INTERNAL'), { ...e.error, message: `node ${e.node} refused it: ${String(e.error.message)}`, refused, ...done });
+  sendJson(res, statusOf((e.error.code as SnaplabError['code']) ?? 'INTERNAL'), {
+    ...e.error,
+    message: `node ${e.node} refused it: ${String(e.error.message)}`,
+    refused,
+    ...done,
+  });
 }
 
 /** Run a call on each node; what each answered, and which refused (with their errors). */
-async function onNodes<T>(nodes: NodeInfo[], call: (n: NodeInfo) => Promise<T>): Promise<{ done: { node: string; value: T }[]; refused: Parts['refused'] }> {
+async function onNodes<T>(
+  nodes: NodeInfo[],
+  call: (n: NodeInfo) => Promise<T>,
+): Promise<{ done: { node: string; value: T }[]; refused: Parts['refused'] }> {
   const each = await Promise.allSettled(nodes.map(async (n) => ({ node: n.name, value: await call(n) })));
   return {
     done: each.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : [])),
-    refused: each.flatMap((r, i) => (r.status === 'rejected' ? [{ node: nodes[i]!.name, error: errorBody(asSnaplab(r.reason)) }] : [])),
+    refused: each.flatMap((r, i) =>
+      r.status === 'rejected' ? [{ node: nodes[i]!.name, error: errorBody(asSnaplab(r.reason)) }] : [],
+    ),
   };
 }
 
@@ -65,21 +86,50 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
     const p = body.placement as { labels?: Record<string, string> } | undefined;
     delete body.placement;
     const ok = eligible(g.view.nodes.values(), { labels: p?.labels }, g.view.drained);
-    if (!Array.isArray(ok)) throw new SnaplabError('NODE_UNAVAILABLE', `no node to run it on: ${ok.reason}`, 'see `snaplab cluster nodes`');
+    if (!Array.isArray(ok))
+      throw new SnaplabError('NODE_UNAVAILABLE', `no node to run it on: ${ok.reason}`, 'see `snaplab cluster nodes`');
     return ok;
   };
   /** Start an operation on each node; one composite operation back. */
-  const onEach = async (res: ServerResponse, c: Caller, nodes: NodeInfo[], method: string, path: string, body: unknown): Promise<void> => {
-    const { done, refused } = await onNodes(nodes, async (n) => (await ask<{ id: string }>(n.url, n.name, g.token, c, method, path, body)).value.id);
+  const onEach = async (
+    res: ServerResponse,
+    c: Caller,
+    nodes: NodeInfo[],
+    method: string,
+    path: string,
+    body: unknown,
+  ): Promise<void> => {
+    const { done, refused } = await onNodes(
+      nodes,
+      async (n) => (await ask<{ id: string }>(n.url, n.name, g.token, c, method, path, body)).value.id,
+    );
     // refused everywhere: the first node's error, as a single daemon would give it
-    if (!done.length) throw Object.assign(new SnaplabError((refused[0]!.error.code as SnaplabError['code']) ?? 'INTERNAL', String(refused[0]!.error.message), refused[0]!.error.hint as string | undefined));
+    if (!done.length)
+      throw Object.assign(
+        new SnaplabError(
+          (refused[0]!.error.code as SnaplabError['code']) ?? 'INTERNAL',
+          String(refused[0]!.error.message),
+          refused[0]!.error.hint as string | undefined,
+        ),
+      );
     // started on some: one operation, which fails at its end if any node refused (the error names it)
     const ops = done.map((d) => ({ node: d.node, id: d.value }));
-    sendJson(res, 202, { id: composite({ ops, refused }), kind: `${method} ${path}`, state: 'running', progress: [], result: null, error: null, nodes: ops.map((o) => o.node), refused });
+    sendJson(res, 202, {
+      id: composite({ ops, refused }),
+      kind: `${method} ${path}`,
+      state: 'running',
+      progress: [],
+      result: null,
+      error: null,
+      nodes: ops.map((o) => o.node),
+      refused,
+    });
   };
   /** Where a named thing lives: the nodes whose answer for `path` is not a 404. */
   const holders = async (c: Caller, path: string): Promise<NodeInfo[]> =>
-    (await g.askAll<unknown>(c, path)).map((a) => g.view.nodes.get(a.node)).filter((n): n is NodeInfo => n !== undefined);
+    (await g.askAll<unknown>(c, path))
+      .map((a) => g.view.nodes.get(a.node))
+      .filter((n): n is NodeInfo => n !== undefined);
   const firstHolder = async (c: Caller, path: string, what: SnaplabError): Promise<NodeInfo> => {
     const [n] = await holders(c, path);
     if (!n) throw what;
@@ -88,221 +138,565 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
 
   const routes: [string, RegExp, Scope | null, Handler][] = [
     ['GET', /^\/healthz$/, null, (_q, res) => sendJson(res, 200, g.health())],
-    ['GET', /^\/openapi\.json$/, null, async (_q, res) => {
-      const n = [...g.view.nodes.values()][0];
-      if (!n) throw new SnaplabError('NODE_UNAVAILABLE', 'no node is in the cluster', 'start one: `snaplab serve --node --cluster …`');
-      sendJson(res, 200, (await ask(n.url, n.name, g.token, { key: 'gateway', scopes: new Set(['read']), maxSandboxes: null, maxExecs: null }, 'GET', '/openapi.json')).value);
-    }],
-    ['GET', /^\/whoami$/, 'read', (_q, res, _m, c) => sendJson(res, 200, { key: c.key, scopes: [...c.scopes], maxSandboxes: c.maxSandboxes, maxExecs: c.maxExecs, gateway: true })],
-    ['GET', /^\/cluster\/nodes$/, 'read', (_q, res) => sendJson(res, 200, [...g.view.nodes.values()].map((n) => ({ ...n, drained: g.view.drained.has(n.name) })))],
-    ['GET', /^\/events$/, 'read', (req, res, _m, c) => {
-      const sandbox = new URL(req.url!, 'http://x').searchParams.get('sandbox');
-      // one sandbox's stream is its node's (process events included); the cluster's is the store's
-      return sandbox ? g.nodeOf(sandbox, c).then((n) => g.forward(req, res, n, c)) : g.events(req, res, c);
-    }],
+    [
+      'GET',
+      /^\/openapi\.json$/,
+      null,
+      async (_q, res) => {
+        const n = [...g.view.nodes.values()][0];
+        if (!n)
+          throw new SnaplabError(
+            'NODE_UNAVAILABLE',
+            'no node is in the cluster',
+            'start one: `snaplab serve --node --cluster …`',
+          );
+        sendJson(
+          res,
+          200,
+          (
+            await ask(
+              n.url,
+              n.name,
+              g.token,
+              { key: 'gateway', scopes: new Set(['read']), maxSandboxes: null, maxExecs: null },
+              'GET',
+              '/openapi.json',
+            )
+          ).value,
+        );
+      },
+    ],
+    [
+      'GET',
+      /^\/whoami$/,
+      'read',
+      (_q, res, _m, c) =>
+        sendJson(res, 200, {
+          key: c.key,
+          scopes: [...c.scopes],
+          maxSandboxes: c.maxSandboxes,
+          maxExecs: c.maxExecs,
+          gateway: true,
+        }),
+    ],
+    [
+      'GET',
+      /^\/cluster\/nodes$/,
+      'read',
+      (_q, res) =>
+        sendJson(
+          res,
+          200,
+          [...g.view.nodes.values()].map((n) => ({ ...n, drained: g.view.drained.has(n.name) })),
+        ),
+    ],
+    [
+      'GET',
+      /^\/events$/,
+      'read',
+      (req, res, _m, c) => {
+        const sandbox = new URL(req.url!, 'http://x').searchParams.get('sandbox');
+        // one sandbox's stream is its node's (process events included); the cluster's is the store's
+        return sandbox ? g.nodeOf(sandbox, c).then((n) => g.forward(req, res, n, c)) : g.events(req, res, c);
+      },
+    ],
 
     ['POST', /^\/sandboxes$/, 'exec', (req, res, _m, c) => g.create(req, res, c)],
-    ['GET', /^\/sandboxes$/, 'read', async (req, res, _m, c) => {
-      const q = query(req);
-      const live = await g.askAll<Record<string, unknown>[]>(c, `/sandboxes${q}`);
-      const out: Record<string, unknown>[] = live.flatMap((a) => a.value.map((v) => ({ ...v, node: a.node })));
-      const answered = new Set(live.map((a) => a.node));
-      const filter = new URL(req.url!, 'http://x').searchParams.getAll('label').map((l) => l.split('=', 2) as [string, string]);
-      for (const e of g.view.sandboxes.values()) {
-        // a lost one is listed until its record is deleted, even once its node is back
-        if ((answered.has(e.node) && e.state !== 'lost') || e.state === 'forgotten' || !g.owns(c, e)) continue;
-        if (!filter.every(([k, v]) => e.labels[k] === v)) continue;
-        out.push(absentView(e, g.view.left.has(e.node)));
-      }
-      sendJson(res, 200, out);
-    }],
-    ['GET', /^\/sandboxes\/([^/]+)$/, 'read', async (_q, res, m, c) => {
-      const r = g.view.resolve(dec(m[1]!));
-      if (r?.entry && g.owns(c, r.entry) && (r.entry.state === 'lost' || !g.view.live(r.node))) {
-        return sendJson(res, 200, absentView(r.entry, g.view.left.has(r.node)));
-      }
-      const node = await g.nodeOf(dec(m[1]!), c);
-      const v = await ask<Record<string, unknown>>(g.node(node).url, node, g.token, c, 'GET', `/sandboxes/${m[1]}`);
-      sendJson(res, 200, { ...v.value, node });
-    }],
-    ['DELETE', /^\/sandboxes\/([^/]+)$/, 'exec', async (req, res, m, c) => {
-      const r = g.view.resolve(dec(m[1]!));
-      // a lost sandbox's record is all there is of it here: removing it is the delete (its node,
-      // if it comes back, still destroys it: the record stays as a tombstone for a day)
-      if (r?.entry?.state === 'lost' && g.owns(c, r.entry) && (await g.store.forget(r.entry))) {
-        res.writeHead(204).end();
-        return;
-      }
-      g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
-    }],
+    [
+      'GET',
+      /^\/sandboxes$/,
+      'read',
+      async (req, res, _m, c) => {
+        const q = query(req);
+        const live = await g.askAll<Record<string, unknown>[]>(c, `/sandboxes${q}`);
+        const out: Record<string, unknown>[] = live.flatMap((a) => a.value.map((v) => ({ ...v, node: a.node })));
+        const answered = new Set(live.map((a) => a.node));
+        const filter = new URL(req.url!, 'http://x').searchParams
+          .getAll('label')
+          .map((l) => l.split('=', 2) as [string, string]);
+        for (const e of g.view.sandboxes.values()) {
+          // a lost one is listed until its record is deleted, even once its node is back
+          if ((answered.has(e.node) && e.state !== 'lost') || e.state === 'forgotten' || !g.owns(c, e)) continue;
+          if (!filter.every(([k, v]) => e.labels[k] === v)) continue;
+          out.push(absentView(e, g.view.left.has(e.node)));
+        }
+        sendJson(res, 200, out);
+      },
+    ],
+    [
+      'GET',
+      /^\/sandboxes\/([^/]+)$/,
+      'read',
+      async (_q, res, m, c) => {
+        const r = g.view.resolve(dec(m[1]!));
+        if (r?.entry && g.owns(c, r.entry) && (r.entry.state === 'lost' || !g.view.live(r.node))) {
+          return sendJson(res, 200, absentView(r.entry, g.view.left.has(r.node)));
+        }
+        const node = await g.nodeOf(dec(m[1]!), c);
+        const v = await ask<Record<string, unknown>>(g.node(node).url, node, g.token, c, 'GET', `/sandboxes/${m[1]}`);
+        sendJson(res, 200, { ...v.value, node });
+      },
+    ],
+    [
+      'DELETE',
+      /^\/sandboxes\/([^/]+)$/,
+      'exec',
+      async (req, res, m, c) => {
+        const r = g.view.resolve(dec(m[1]!));
+        // a lost sandbox's record is all there is of it here: removing it is the delete (its node,
+        // if it comes back, still destroys it: the record stays as a tombstone for a day)
+        if (r?.entry?.state === 'lost' && g.owns(c, r.entry) && (await g.store.forget(r.entry))) {
+          res.writeHead(204).end();
+          return;
+        }
+        g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
+      },
+    ],
     ['*', /^\/sandboxes\/([^/]+)(\/.+)?$/, 'exec', toSandbox],
 
-    ['GET', /^\/snapshots$/, 'read', async (_q, res, _m, c) => sendJson(res, 200, (await g.askAll<Record<string, unknown>[]>(c, '/snapshots')).flatMap((a) => a.value.map((v) => ({ ...v, node: a.node }))))],
-    ['*', /^\/snapshots\/([^/]+)$/, 'exec', async (req, res, m, c) => {
-      const n = [...g.view.nodes.values()].find((x) => x.snapshots.includes(dec(m[1]!)))
-        ?? await firstHolder(c, `/snapshots/${m[1]}`, new SnaplabError('SNAPSHOT_NOT_FOUND', `no snapshot named ${dec(m[1]!)} on any node`, 'list them with GET /snapshots'));
-      g.forward(req, res, n.name, c);
-    }],
+    [
+      'GET',
+      /^\/snapshots$/,
+      'read',
+      async (_q, res, _m, c) =>
+        sendJson(
+          res,
+          200,
+          (await g.askAll<Record<string, unknown>[]>(c, '/snapshots')).flatMap((a) =>
+            a.value.map((v) => ({ ...v, node: a.node })),
+          ),
+        ),
+    ],
+    [
+      '*',
+      /^\/snapshots\/([^/]+)$/,
+      'exec',
+      async (req, res, m, c) => {
+        const n =
+          [...g.view.nodes.values()].find((x) => x.snapshots.includes(dec(m[1]!))) ??
+          (await firstHolder(
+            c,
+            `/snapshots/${m[1]}`,
+            new SnaplabError(
+              'SNAPSHOT_NOT_FOUND',
+              `no snapshot named ${dec(m[1]!)} on any node`,
+              'list them with GET /snapshots',
+            ),
+          ));
+        g.forward(req, res, n.name, c);
+      },
+    ],
 
-    ['GET', /^\/pools$/, 'read', async (_q, res, _m, c) => {
-      const by = new Map<string, Record<string, unknown> & { nodes: string[] }>();
-      for (const a of await g.askAll<Record<string, unknown>[]>(c, '/pools')) {
-        for (const p of a.value) {
-          const had = by.get(p.name as string);
-          if (!had) by.set(p.name as string, { ...p, nodes: [a.node] } as Record<string, unknown> & { nodes: string[] });
-          else {
-            for (const k of ['target', 'ready', 'inUse', 'raising', 'dead']) (had as Record<string, number>)[k] = ((had[k] as number) ?? 0) + ((p[k] as number) ?? 0);
-            had.nodes.push(a.node);
+    [
+      'GET',
+      /^\/pools$/,
+      'read',
+      async (_q, res, _m, c) => {
+        const by = new Map<string, Record<string, unknown> & { nodes: string[] }>();
+        for (const a of await g.askAll<Record<string, unknown>[]>(c, '/pools')) {
+          for (const p of a.value) {
+            const had = by.get(p.name as string);
+            if (!had)
+              by.set(p.name as string, { ...p, nodes: [a.node] } as Record<string, unknown> & { nodes: string[] });
+            else {
+              for (const k of ['target', 'ready', 'inUse', 'raising', 'dead'])
+                (had as Record<string, number>)[k] = ((had[k] as number) ?? 0) + ((p[k] as number) ?? 0);
+              had.nodes.push(a.node);
+            }
           }
         }
-      }
-      sendJson(res, 200, [...by.values()]);
-    }],
-    ['GET', /^\/pools\/([^/]+)$/, 'read', async (_q, res, m, c) => {
-      const each = await g.askAll<Record<string, unknown>>(c, `/pools/${m[1]}`);
-      if (!each.length) throw new SnaplabError('POOL_NOT_FOUND', `no pool named ${dec(m[1]!)} on any node`, 'define one: POST /pools');
-      const sum = { ...each[0]!.value, nodes: each.map((a) => a.node) } as Record<string, unknown>;
-      for (const k of ['target', 'ready', 'inUse', 'raising', 'dead']) sum[k] = each.reduce((t, a) => t + ((a.value[k] as number) ?? 0), 0);
-      sendJson(res, 200, sum);
-    }],
-    ['POST', /^\/pools$/, 'admin', async (req, res, _m, c) => {
-      const body = await readJson(req);
-      await onEach(res, c, targets(body), 'POST', '/pools', body);
-    }],
-    ['PATCH', /^\/pools\/([^/]+)$/, 'admin', async (req, res, m, c) => {
-      const body = await readJson(req);
-      const nodes = await holders(c, `/pools/${m[1]}`);
-      if (!nodes.length) throw new SnaplabError('POOL_NOT_FOUND', `no pool named ${dec(m[1]!)} on any node`, 'define one: POST /pools');
-      await onEach(res, c, nodes, 'PATCH', `/pools/${m[1]}`, body);
-    }],
-    ['DELETE', /^\/pools\/([^/]+)$/, 'admin', async (_q, res, m, c) => {
-      const nodes = await holders(c, `/pools/${m[1]}`);
-      if (!nodes.length) throw new SnaplabError('POOL_NOT_FOUND', `no pool named ${dec(m[1]!)} on any node`, 'list them with GET /pools');
-      // removing many standbys takes a while: no deadline but the node's own
-      const { done, refused } = await onNodes(nodes, async (n) => (await ask<{ removed: number }>(n.url, n.name, g.token, c, 'DELETE', `/pools/${m[1]}`, undefined, 0)).value.removed);
-      const removed = done.reduce((a, d) => a + d.value, 0);
-      if (refused.length) return partial(res, refused, { removed, nodes: done.map((d) => d.node) });
-      sendJson(res, 200, { removed, nodes: done.map((d) => d.node) });
-    }],
-    ['POST', /^\/pools\/([^/]+)\/run$/, 'exec', async (req, res, m, c) => {
-      const body = await readJson(req);
-      const tried = new Set<string>();
-      for (;;) {
-        const node = await g.placeRun(dec(m[1]!), tried);
-        try {
-          // as long as the command may run (its own deadline, or the daemon's 60 s default), and a margin
-          const ms = typeof body.timeoutMs === 'number' ? body.timeoutMs : 60_000;
-          const r = await ask<Record<string, unknown>>(g.node(node).url, node, g.token, c, 'POST', `/pools/${m[1]}/run`, body, ms > 0 ? ms + 30_000 : 0);
-          return sendJson(res, 200, { ...r.value, node });
-        } catch (e) {
-          if (!(e as { connect?: boolean }).connect || tried.size) throw e;
-          tried.add(node);
-        } finally {
-          g.runDone(node, dec(m[1]!));
+        sendJson(res, 200, [...by.values()]);
+      },
+    ],
+    [
+      'GET',
+      /^\/pools\/([^/]+)$/,
+      'read',
+      async (_q, res, m, c) => {
+        const each = await g.askAll<Record<string, unknown>>(c, `/pools/${m[1]}`);
+        if (!each.length)
+          throw new SnaplabError(
+            'POOL_NOT_FOUND',
+            `no pool named ${dec(m[1]!)} on any node`,
+            'define one: POST /pools',
+          );
+        const sum = { ...each[0]!.value, nodes: each.map((a) => a.node) } as Record<string, unknown>;
+        for (const k of ['target', 'ready', 'inUse', 'raising', 'dead'])
+          sum[k] = each.reduce((t, a) => t + ((a.value[k] as number) ?? 0), 0);
+        sendJson(res, 200, sum);
+      },
+    ],
+    [
+      'POST',
+      /^\/pools$/,
+      'admin',
+      async (req, res, _m, c) => {
+        const body = await readJson(req);
+        await onEach(res, c, targets(body), 'POST', '/pools', body);
+      },
+    ],
+    [
+      'PATCH',
+      /^\/pools\/([^/]+)$/,
+      'admin',
+      async (req, res, m, c) => {
+        const body = await readJson(req);
+        const nodes = await holders(c, `/pools/${m[1]}`);
+        if (!nodes.length)
+          throw new SnaplabError(
+            'POOL_NOT_FOUND',
+            `no pool named ${dec(m[1]!)} on any node`,
+            'define one: POST /pools',
+          );
+        await onEach(res, c, nodes, 'PATCH', `/pools/${m[1]}`, body);
+      },
+    ],
+    [
+      'DELETE',
+      /^\/pools\/([^/]+)$/,
+      'admin',
+      async (_q, res, m, c) => {
+        const nodes = await holders(c, `/pools/${m[1]}`);
+        if (!nodes.length)
+          throw new SnaplabError(
+            'POOL_NOT_FOUND',
+            `no pool named ${dec(m[1]!)} on any node`,
+            'list them with GET /pools',
+          );
+        // removing many standbys takes a while: no deadline but the node's own
+        const { done, refused } = await onNodes(
+          nodes,
+          async (n) =>
+            (await ask<{ removed: number }>(n.url, n.name, g.token, c, 'DELETE', `/pools/${m[1]}`, undefined, 0)).value
+              .removed,
+        );
+        const removed = done.reduce((a, d) => a + d.value, 0);
+        if (refused.length) return partial(res, refused, { removed, nodes: done.map((d) => d.node) });
+        sendJson(res, 200, { removed, nodes: done.map((d) => d.node) });
+      },
+    ],
+    [
+      'POST',
+      /^\/pools\/([^/]+)\/run$/,
+      'exec',
+      async (req, res, m, c) => {
+        const body = await readJson(req);
+        const tried = new Set<string>();
+        for (;;) {
+          const node = await g.placeRun(dec(m[1]!), tried);
+          try {
+            // as long as the command may run (its own deadline, or the daemon's 60 s default), and a margin
+            const ms = typeof body.timeoutMs === 'number' ? body.timeoutMs : 60_000;
+            const r = await ask<Record<string, unknown>>(
+              g.node(node).url,
+              node,
+              g.token,
+              c,
+              'POST',
+              `/pools/${m[1]}/run`,
+              body,
+              ms > 0 ? ms + 30_000 : 0,
+            );
+            return sendJson(res, 200, { ...r.value, node });
+          } catch (e) {
+            if (!(e as { connect?: boolean }).connect || tried.size) throw e;
+            tried.add(node);
+          } finally {
+            g.runDone(node, dec(m[1]!));
+          }
         }
-      }
-    }],
-    ['GET', /^\/pools\/([^/]+)\/takes$/, 'read', async (req, res, m, c) => {
-      const q = query(req);
-      const each = await g.askAll<{ now: number; next: unknown; takes: unknown[] }>(c, `/pools/${m[1]}/takes${q}`);
-      sendJson(res, 200, { now: Date.now(), next: null, takes: each.flatMap((a) => a.value.takes), nodes: each.map((a) => ({ node: a.node, next: a.value.next })) });
-    }],
+      },
+    ],
+    [
+      'GET',
+      /^\/pools\/([^/]+)\/takes$/,
+      'read',
+      async (req, res, m, c) => {
+        const q = query(req);
+        const each = await g.askAll<{ now: number; next: unknown; takes: unknown[] }>(c, `/pools/${m[1]}/takes${q}`);
+        sendJson(res, 200, {
+          now: Date.now(),
+          next: null,
+          takes: each.flatMap((a) => a.value.takes),
+          nodes: each.map((a) => ({ node: a.node, next: a.value.next })),
+        });
+      },
+    ],
 
-    ['GET', /^\/operations$/, 'read', async (_q, res, _m, c) => sendJson(res, 200, (await g.askAll<Record<string, unknown>[]>(c, '/operations')).flatMap((a) => a.value.map((o) => ({ ...o, id: composite({ ops: [{ node: a.node, id: o.id as string }], refused: [] }) }))))],
-    ['GET', /^\/operations\/([^/]+)$/, 'read', async (req, res, m, c) => {
-      const wait = Math.min(600, Math.max(0, Number(new URL(req.url!, 'http://x').searchParams.get('wait')) || 0));
-      // every node's part waited on at once: the answer comes when all have ended, or at the wait
-      const { ops, refused } = parts(dec(m[1]!));
-      const views: Record<string, unknown>[] = await Promise.all(ops.map(async (p) => {
-        const n = g.node(p.node);
-        return { ...(await ask<Record<string, unknown>>(n.url, n.name, g.token, c, 'GET', `/operations/${enc(p.id)}${wait ? `?wait=${wait}` : ''}`, undefined, wait * 1000 + 15_000)).value, node: p.node };
-      }));
-      const running = views.some((v) => v.state === 'running');
-      const failedView = views.find((v) => v.state === 'failed');
-      const failed = failedView ? { ...(failedView.error as Record<string, unknown>), node: failedView.node }
-        : !running && refused.length ? { ...refused[0]!.error, message: `node ${refused[0]!.node} refused it: ${String(refused[0]!.error.message)}`, node: refused[0]!.node } : undefined;
-      sendJson(res, 200, {
-        id: dec(m[1]!), state: running ? 'running' : failed ? 'failed' : 'done', error: failed ?? null, refused,
-        result: running || failed ? null : views[0]!.result, progress: views.flatMap((v) => (v.progress as string[]).map((l) => `${v.node}: ${l}`)), nodes: views,
-      });
-    }],
+    [
+      'GET',
+      /^\/operations$/,
+      'read',
+      async (_q, res, _m, c) =>
+        sendJson(
+          res,
+          200,
+          (await g.askAll<Record<string, unknown>[]>(c, '/operations')).flatMap((a) =>
+            a.value.map((o) => ({ ...o, id: composite({ ops: [{ node: a.node, id: o.id as string }], refused: [] }) })),
+          ),
+        ),
+    ],
+    [
+      'GET',
+      /^\/operations\/([^/]+)$/,
+      'read',
+      async (req, res, m, c) => {
+        const wait = Math.min(600, Math.max(0, Number(new URL(req.url!, 'http://x').searchParams.get('wait')) || 0));
+        // every node's part waited on at once: the answer comes when all have ended, or at the wait
+        const { ops, refused } = parts(dec(m[1]!));
+        const views: Record<string, unknown>[] = await Promise.all(
+          ops.map(async (p) => {
+            const n = g.node(p.node);
+            return {
+              ...(
+                await ask<Record<string, unknown>>(
+                  n.url,
+                  n.name,
+                  g.token,
+                  c,
+                  'GET',
+                  `/operations/${enc(p.id)}${wait ? `?wait=${wait}` : ''}`,
+                  undefined,
+                  wait * 1000 + 15_000,
+                )
+              ).value,
+              node: p.node,
+            };
+          }),
+        );
+        const running = views.some((v) => v.state === 'running');
+        const failedView = views.find((v) => v.state === 'failed');
+        const failed = failedView
+          ? { ...(failedView.error as Record<string, unknown>), node: failedView.node }
+          : !running && refused.length
+            ? {
+                ...refused[0]!.error,
+                message: `node ${refused[0]!.node} refused it: ${String(refused[0]!.error.message)}`,
+                node: refused[0]!.node,
+              }
+            : undefined;
+        sendJson(res, 200, {
+          id: dec(m[1]!),
+          state: running ? 'running' : failed ? 'failed' : 'done',
+          error: failed ?? null,
+          refused,
+          result: running || failed ? null : views[0]!.result,
+          progress: views.flatMap((v) => (v.progress as string[]).map((l) => `${v.node}: ${l}`)),
+          nodes: views,
+        });
+      },
+    ],
 
-    ['GET', /^\/images$/, 'read', async (_q, res, _m, c) => {
-      const by = new Map<string, Record<string, unknown> & { nodes: string[] }>();
-      for (const a of await g.askAll<Record<string, unknown>[]>(c, '/images')) {
-        for (const i of a.value) {
-          const had = by.get(i.name as string);
-          if (had) had.nodes.push(a.node);
-          else by.set(i.name as string, { ...i, nodes: [a.node] });
+    [
+      'GET',
+      /^\/images$/,
+      'read',
+      async (_q, res, _m, c) => {
+        const by = new Map<string, Record<string, unknown> & { nodes: string[] }>();
+        for (const a of await g.askAll<Record<string, unknown>[]>(c, '/images')) {
+          for (const i of a.value) {
+            const had = by.get(i.name as string);
+            if (had) had.nodes.push(a.node);
+            else by.set(i.name as string, { ...i, nodes: [a.node] });
+          }
         }
-      }
-      sendJson(res, 200, [...by.values()]);
-    }],
-    ['POST', /^\/images\/(import|build)$/, 'admin', async (req, res, m, c) => {
-      const body = await readJson(req);
-      await onEach(res, c, targets(body), 'POST', `/images/${m[1]}`, body);
-    }],
-    ['DELETE', /^\/images\/([^/]+)$/, 'admin', async (req, res, m, c) => {
-      const q = query(req);
-      const nodes = [...g.view.nodes.values()].filter((n) => n.images.includes(dec(m[1]!)));
-      if (!nodes.length) throw new SnaplabError('IMAGE_NOT_FOUND', `no image named ${dec(m[1]!)} on any node`, 'list them with GET /images');
-      const { done, refused } = await onNodes(nodes, async (n) => (await ask<Record<string, unknown>>(n.url, n.name, g.token, c, 'DELETE', `/images/${m[1]}${q}`, undefined, 0)).value);
-      if (refused.length) return partial(res, refused, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
-      sendJson(res, 200, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
-    }],
+        sendJson(res, 200, [...by.values()]);
+      },
+    ],
+    [
+      'POST',
+      /^\/images\/(import|build)$/,
+      'admin',
+      async (req, res, m, c) => {
+        const body = await readJson(req);
+        await onEach(res, c, targets(body), 'POST', `/images/${m[1]}`, body);
+      },
+    ],
+    [
+      'DELETE',
+      /^\/images\/([^/]+)$/,
+      'admin',
+      async (req, res, m, c) => {
+        const q = query(req);
+        const nodes = [...g.view.nodes.values()].filter((n) => n.images.includes(dec(m[1]!)));
+        if (!nodes.length)
+          throw new SnaplabError(
+            'IMAGE_NOT_FOUND',
+            `no image named ${dec(m[1]!)} on any node`,
+            'list them with GET /images',
+          );
+        const { done, refused } = await onNodes(
+          nodes,
+          async (n) =>
+            (
+              await ask<Record<string, unknown>>(
+                n.url,
+                n.name,
+                g.token,
+                c,
+                'DELETE',
+                `/images/${m[1]}${q}`,
+                undefined,
+                0,
+              )
+            ).value,
+        );
+        if (refused.length) return partial(res, refused, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
+        sendJson(res, 200, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
+      },
+    ],
 
-    ['GET', /^\/scenarios$/, 'read', async (_q, res, _m, c) => sendJson(res, 200, (await g.askAll<Record<string, unknown>[]>(c, '/scenarios')).flatMap((a) => a.value.map((v) => ({ ...v, node: a.node }))))],
-    ['POST', /^\/scenarios$/, 'admin', async (req, res, _m, c) => {
-      // a scenario's machines share networks: all on one node, the emptiest of K
-      const body = await readJson(req);
-      const p = body.placement as { labels?: Record<string, string> } | undefined;
-      delete body.placement;
-      const n = await g.place({ labels: p?.labels });
-      const op = (await ask<{ id: string }>(n.url, n.name, g.token, c, 'POST', '/scenarios', body)).value;
-      sendJson(res, 202, { ...op, id: composite({ ops: [{ node: n.name, id: op.id }], refused: [] }), node: n.name });
-    }],
-    ['*', /^\/scenarios\/([^/]+)(\/(snapshot|reset|net))?$/, 'admin', async (req, res, m, c) => {
-      const n = await firstHolder(c, `/scenarios/${m[1]}`, new SnaplabError('SCENARIO_NOT_FOUND', `no scenario named ${dec(m[1]!)} on any node`, 'list them with GET /scenarios'));
-      g.forward(req, res, n.name, c);
-    }],
+    [
+      'GET',
+      /^\/scenarios$/,
+      'read',
+      async (_q, res, _m, c) =>
+        sendJson(
+          res,
+          200,
+          (await g.askAll<Record<string, unknown>[]>(c, '/scenarios')).flatMap((a) =>
+            a.value.map((v) => ({ ...v, node: a.node })),
+          ),
+        ),
+    ],
+    [
+      'POST',
+      /^\/scenarios$/,
+      'admin',
+      async (req, res, _m, c) => {
+        // a scenario's machines share networks: all on one node, the emptiest of K
+        const body = await readJson(req);
+        const p = body.placement as { labels?: Record<string, string> } | undefined;
+        delete body.placement;
+        const n = await g.place({ labels: p?.labels });
+        const op = (await ask<{ id: string }>(n.url, n.name, g.token, c, 'POST', '/scenarios', body)).value;
+        sendJson(res, 202, { ...op, id: composite({ ops: [{ node: n.name, id: op.id }], refused: [] }), node: n.name });
+      },
+    ],
+    [
+      '*',
+      /^\/scenarios\/([^/]+)(\/(snapshot|reset|net))?$/,
+      'admin',
+      async (req, res, m, c) => {
+        const n = await firstHolder(
+          c,
+          `/scenarios/${m[1]}`,
+          new SnaplabError(
+            'SCENARIO_NOT_FOUND',
+            `no scenario named ${dec(m[1]!)} on any node`,
+            'list them with GET /scenarios',
+          ),
+        );
+        g.forward(req, res, n.name, c);
+      },
+    ],
 
-    ['GET', /^\/traces$/, 'read', async (req, res, _m, c) => {
-      const q = query(req);
-      const all: Record<string, unknown>[] = (await g.askAll<Record<string, unknown>[]>(c, `/traces${q}`)).flatMap((a) => a.value.map((t) => ({ ...t, node: a.node })));
-      all.sort((a, b) => String(b.startedAt ?? '').localeCompare(String(a.startedAt ?? '')));
-      sendJson(res, 200, all);
-    }],
-    ['GET', /^\/traces\/([^/]+)$/, 'read', async (req, res, m, c) => {
-      const n = await firstHolder(c, `/traces/${m[1]}`, new SnaplabError('OPERATION_NOT_FOUND', `no trace ${dec(m[1]!)} on any node`, 'list them with GET /traces'));
-      g.forward(req, res, n.name, c);
-    }],
-    ['GET', /^\/usage$/, 'read', async (_q, res, _m, c) => sendJson(res, 200, (await g.askAll<Record<string, unknown>[]>(c, '/usage')).flatMap((a) => a.value.map((u) => ({ ...u, node: a.node }))))],
-    ['GET', /^\/metrics$/, 'read', (req, res) => {
-      // ?recent=N: the quantiles of the last N placements only (a bench reads its own)
-      const recent = Number(new URL(req.url!, 'http://x').searchParams.get('recent') ?? 0);
-      const t = (recent > 0 ? g.placements.slice(-recent) : [...g.placements]).sort((a, b) => a - b);
-      const q = (p: number): number => (t.length ? t[Math.min(t.length - 1, Math.floor(p * t.length))]! : 0);
-      const text = [
-        '# HELP snaplab_gateway_nodes Nodes up in the cluster', '# TYPE snaplab_gateway_nodes gauge', `snaplab_gateway_nodes ${g.view.nodes.size}`,
-        '# HELP snaplab_gateway_sandboxes Sandboxes recorded in the cluster, by state', '# TYPE snaplab_gateway_sandboxes gauge',
-        ...Object.entries([...g.view.sandboxes.values()].reduce<Record<string, number>>((a, e) => ({ ...a, [e.state]: (a[e.state] ?? 0) + 1 }), {})).map(([s, n]) => `snaplab_gateway_sandboxes{state="${s}"} ${n}`),
-        '# HELP snaplab_gateway_placement_ms Time to choose a node (recent placements)', '# TYPE snaplab_gateway_placement_ms summary',
-        `snaplab_gateway_placement_ms{quantile="0.5"} ${q(0.5)}`, `snaplab_gateway_placement_ms{quantile="0.99"} ${q(0.99)}`, `snaplab_gateway_placement_ms_count ${t.length}`,
-      ];
-      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(`${text.join('\n')}\n`);
-    }],
+    [
+      'GET',
+      /^\/traces$/,
+      'read',
+      async (req, res, _m, c) => {
+        const q = query(req);
+        const all: Record<string, unknown>[] = (await g.askAll<Record<string, unknown>[]>(c, `/traces${q}`)).flatMap(
+          (a) => a.value.map((t) => ({ ...t, node: a.node })),
+        );
+        all.sort((a, b) => String(b.startedAt ?? '').localeCompare(String(a.startedAt ?? '')));
+        sendJson(res, 200, all);
+      },
+    ],
+    [
+      'GET',
+      /^\/traces\/([^/]+)$/,
+      'read',
+      async (req, res, m, c) => {
+        const n = await firstHolder(
+          c,
+          `/traces/${m[1]}`,
+          new SnaplabError('OPERATION_NOT_FOUND', `no trace ${dec(m[1]!)} on any node`, 'list them with GET /traces'),
+        );
+        g.forward(req, res, n.name, c);
+      },
+    ],
+    [
+      'GET',
+      /^\/usage$/,
+      'read',
+      async (_q, res, _m, c) =>
+        sendJson(
+          res,
+          200,
+          (await g.askAll<Record<string, unknown>[]>(c, '/usage')).flatMap((a) =>
+            a.value.map((u) => ({ ...u, node: a.node })),
+          ),
+        ),
+    ],
+    [
+      'GET',
+      /^\/metrics$/,
+      'read',
+      (req, res) => {
+        // ?recent=N: the quantiles of the last N placements only (a bench reads its own)
+        const recent = Number(new URL(req.url!, 'http://x').searchParams.get('recent') ?? 0);
+        const t = (recent > 0 ? g.placements.slice(-recent) : [...g.placements]).sort((a, b) => a - b);
+        const q = (p: number): number => (t.length ? t[Math.min(t.length - 1, Math.floor(p * t.length))]! : 0);
+        const text = [
+          '# HELP snaplab_gateway_nodes Nodes up in the cluster',
+          '# TYPE snaplab_gateway_nodes gauge',
+          `snaplab_gateway_nodes ${g.view.nodes.size}`,
+          '# HELP snaplab_gateway_sandboxes Sandboxes recorded in the cluster, by state',
+          '# TYPE snaplab_gateway_sandboxes gauge',
+          ...Object.entries(
+            [...g.view.sandboxes.values()].reduce<Record<string, number>>(
+              (a, e) => ({ ...a, [e.state]: (a[e.state] ?? 0) + 1 }),
+              {},
+            ),
+          ).map(([s, n]) => `snaplab_gateway_sandboxes{state="${s}"} ${n}`),
+          '# HELP snaplab_gateway_placement_ms Time to choose a node (recent placements)',
+          '# TYPE snaplab_gateway_placement_ms summary',
+          `snaplab_gateway_placement_ms{quantile="0.5"} ${q(0.5)}`,
+          `snaplab_gateway_placement_ms{quantile="0.99"} ${q(0.99)}`,
+          `snaplab_gateway_placement_ms_count ${t.length}`,
+        ];
+        res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(`${text.join('\n')}\n`);
+      },
+    ],
 
-    ['GET', /^\/keys$/, 'admin', async (_q, res) => sendJson(res, 200, (await g.store.keys()).map(({ hash: _h, ...k }) => k))],
-    ['POST', /^\/keys$/, 'admin', async (req, res) => {
-      const b = await readJson(req);
-      const { token, key } = await createKeyEntry(g.store, b.name as string, { scopes: b.scopes as never, maxSandboxes: b.maxSandboxes as number | undefined, maxExecs: b.maxExecs as number | undefined });
-      const { hash: _h, ...view } = key;
-      sendJson(res, 201, { ...view, token });
-    }],
-    ['DELETE', /^\/keys\/([^/]+)$/, 'admin', async (_q, res, m) => {
-      if (!(await g.store.deleteKey(dec(m[1]!)))) throw new SnaplabError('KEY_NOT_FOUND', `no key named ${dec(m[1]!)}`, 'see GET /keys');
-      res.writeHead(204).end();
-    }],
+    [
+      'GET',
+      /^\/keys$/,
+      'admin',
+      async (_q, res) =>
+        sendJson(
+          res,
+          200,
+          (await g.store.keys()).map(({ hash: _h, ...k }) => k),
+        ),
+    ],
+    [
+      'POST',
+      /^\/keys$/,
+      'admin',
+      async (req, res) => {
+        const b = await readJson(req);
+        const { token, key } = await createKeyEntry(g.store, b.name as string, {
+          scopes: b.scopes as never,
+          maxSandboxes: b.maxSandboxes as number | undefined,
+          maxExecs: b.maxExecs as number | undefined,
+        });
+        const { hash: _h, ...view } = key;
+        sendJson(res, 201, { ...view, token });
+      },
+    ],
+    [
+      'DELETE',
+      /^\/keys\/([^/]+)$/,
+      'admin',
+      async (_q, res, m) => {
+        if (!(await g.store.deleteKey(dec(m[1]!))))
+          throw new SnaplabError('KEY_NOT_FOUND', `no key named ${dec(m[1]!)}`, 'see GET /keys');
+        res.writeHead(204).end();
+      },
+    ],
   ];
 
   return async (req, res) => {
@@ -317,7 +711,11 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       return handler(req, res, m, c);
     }
     if (path === '/' || path.startsWith('/assets/') || path.startsWith('/bench')) {
-      throw new SnaplabError('BAD_INPUT', `${path} is a node's, not a gateway's`, 'open the dashboard of a node (its --listen address)');
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `${path} is a node's, not a gateway's`,
+        'open the dashboard of a node (its --listen address)',
+      );
     }
     throw new SnaplabError('BAD_INPUT', `no route ${req.method} ${path}`, 'see /openapi.json');
   };

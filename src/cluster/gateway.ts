@@ -59,7 +59,11 @@ export async function readJson(req: IncomingMessage): Promise<Record<string, unk
     if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SyntaxError('not an object');
     return v as Record<string, unknown>;
   } catch (e) {
-    throw new SnaplabError('BAD_INPUT', `invalid JSON body: ${(e as Error).message}`, 'send a JSON object (content-type: application/json)');
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid JSON body: ${(e as Error).message}`,
+      'send a JSON object (content-type: application/json)',
+    );
   }
 }
 
@@ -76,7 +80,12 @@ export class Gateway {
   /** long-lived connections (joined sockets, /rpc, event streams) by key hash: closed when the key is removed */
   private readonly conns = new Map<string, Set<() => void>>();
 
-  private constructor(readonly store: ClusterStore, readonly view: ClusterView, readonly token: string, opts: GatewayOptions) {
+  private constructor(
+    readonly store: ClusterStore,
+    readonly view: ClusterView,
+    readonly token: string,
+    opts: GatewayOptions,
+  ) {
     this.choices = opts.choices ?? 2;
     this.log = opts.log ?? (() => {});
     view.on('keyRemoved', (hash: string) => {
@@ -116,7 +125,14 @@ export class Gateway {
     const routes = clusterRoutes(this);
     this.server = createServer((req, res) => {
       const t0 = performance.now();
-      res.once('finish', () => this.log({ method: req.method, url: req.url?.split('?')[0], status: res.statusCode, ms: Math.round((performance.now() - t0) * 10) / 10 }));
+      res.once('finish', () =>
+        this.log({
+          method: req.method,
+          url: req.url?.split('?')[0],
+          status: res.statusCode,
+          ms: Math.round((performance.now() - t0) * 10) / 10,
+        }),
+      );
       void routes(req, res).catch((e: unknown) => sendError(res, e));
     });
     this.server.on('upgrade', (req, socket, head) => this.upgrade(req, socket, head));
@@ -135,13 +151,28 @@ export class Gateway {
     const m = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '');
     const q = headerless ? new URL(req.url!, 'http://x').searchParams.get('token') : null;
     const token = m?.[1] ?? q ?? undefined;
-    if (!token) throw new SnaplabError('UNAUTHORIZED', 'no API key given', 'send `Authorization: Bearer KEY` (make one with `snaplab key create NAME --cluster …`)');
+    if (!token)
+      throw new SnaplabError(
+        'UNAUTHORIZED',
+        'no API key given',
+        'send `Authorization: Bearer KEY` (make one with `snaplab key create NAME --cluster …`)',
+      );
     const hash = hashKey(token);
     const k = this.view.keyByHash(hash);
     if (!k || !timingSafeEqual(Buffer.from(k.hash, 'hex'), Buffer.from(hash, 'hex'))) {
-      throw new SnaplabError('UNAUTHORIZED', 'the API key is not known', 'check the key, or make a new one with `snaplab key create NAME --cluster …`');
+      throw new SnaplabError(
+        'UNAUTHORIZED',
+        'the API key is not known',
+        'check the key, or make a new one with `snaplab key create NAME --cluster …`',
+      );
     }
-    const caller: Caller = { key: k.name, hash: k.hash, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
+    const caller: Caller = {
+      key: k.name,
+      hash: k.hash,
+      scopes: new Set(k.scopes),
+      maxSandboxes: k.maxSandboxes,
+      maxExecs: k.maxExecs,
+    };
     requireScope(caller, scope);
     return caller;
   }
@@ -157,7 +188,14 @@ export class Gateway {
 
   node(name: string): NodeInfo {
     const n = this.view.live(name);
-    if (!n) throw new SnaplabError('NODE_UNAVAILABLE', `node ${name} is not up`, this.view.left.has(name) ? 'it was stopped; its sandboxes are served again when it restarts' : 'see `snaplab cluster nodes`');
+    if (!n)
+      throw new SnaplabError(
+        'NODE_UNAVAILABLE',
+        `node ${name} is not up`,
+        this.view.left.has(name)
+          ? 'it was stopped; its sandboxes are served again when it restarts'
+          : 'see `snaplab cluster nodes`',
+      );
     return n;
   }
 
@@ -169,15 +207,24 @@ export class Gateway {
   async nodeOf(idOrName: string, caller: Caller): Promise<string> {
     let r = this.view.resolve(idOrName);
     if (!r) {
-      const e = (await this.store.sandbox(idOrName)) ?? (await this.store.name(idOrName).then((n) => (n?.id ? this.store.sandbox(n.id) : undefined)));
+      const e =
+        (await this.store.sandbox(idOrName)) ??
+        (await this.store.name(idOrName).then((n) => (n?.id ? this.store.sandbox(n.id) : undefined)));
       if (e) r = { entry: e, node: e.node };
     }
     if (!r) {
-      const found = await this.askAll<{ id: string; owner?: string | null }>(caller, `/sandboxes/${encodeURIComponent(idOrName)}`);
+      const found = await this.askAll<{ id: string; owner?: string | null }>(
+        caller,
+        `/sandboxes/${encodeURIComponent(idOrName)}`,
+      );
       if (found[0]) r = { node: found[0].node };
     }
     if (!r || (r.entry && (!this.owns(caller, r.entry) || r.entry.state === 'forgotten'))) {
-      throw new SnaplabError('SANDBOX_NOT_FOUND', `no sandbox named ${JSON.stringify(idOrName)} in the cluster`, 'list them with `snaplab ls` (SNAPLAB_HOST=the gateway)');
+      throw new SnaplabError(
+        'SANDBOX_NOT_FOUND',
+        `no sandbox named ${JSON.stringify(idOrName)} in the cluster`,
+        'list them with `snaplab ls` (SNAPLAB_HOST=the gateway)',
+      );
     }
     if (r.entry?.state === 'lost') throw lostError(r.entry);
     return r.node;
@@ -187,27 +234,63 @@ export class Gateway {
   async place(req: PlacementRequest): Promise<NodeInfo> {
     const t0 = performance.now();
     let ok = eligible(this.view.nodes.values(), req, this.view.drained);
-    if (!Array.isArray(ok) && (req.pool !== undefined || req.snapshot !== undefined || req.image !== undefined) && this.view.nodes.size) {
+    if (
+      !Array.isArray(ok) &&
+      (req.pool !== undefined || req.snapshot !== undefined || req.image !== undefined) &&
+      this.view.nodes.size
+    ) {
       // the nodes' last word may be older than the pool, snapshot or image (made a moment ago): ask them
       let have: Set<string>;
       if (req.pool !== undefined || req.snapshot !== undefined) {
-        const path = req.pool !== undefined ? `/pools/${encodeURIComponent(req.pool)}` : `/snapshots/${encodeURIComponent(req.snapshot!)}`;
+        const path =
+          req.pool !== undefined
+            ? `/pools/${encodeURIComponent(req.pool)}`
+            : `/snapshots/${encodeURIComponent(req.snapshot!)}`;
         have = new Set((await this.askAll(SYSTEM, path)).map((a) => a.node));
       } else {
-        have = new Set((await this.askAll<{ name: string }[]>(SYSTEM, '/images')).filter((a) => a.value.some((i) => i.name === req.image)).map((a) => a.node));
+        have = new Set(
+          (await this.askAll<{ name: string }[]>(SYSTEM, '/images'))
+            .filter((a) => a.value.some((i) => i.name === req.image))
+            .map((a) => a.node),
+        );
       }
-      const found = eligible([...this.view.nodes.values()].filter((n) => have.has(n.name)), { ...req, pool: undefined, snapshot: undefined, image: undefined }, this.view.drained);
+      const found = eligible(
+        [...this.view.nodes.values()].filter((n) => have.has(n.name)),
+        { ...req, pool: undefined, snapshot: undefined, image: undefined },
+        this.view.drained,
+      );
       if (Array.isArray(found)) ok = found;
       // what a single daemon says of a thing it does not have, when no node has it
       else if (!have.size) {
-        if (req.pool !== undefined) throw new SnaplabError('POOL_NOT_FOUND', `no pool named ${JSON.stringify(req.pool)} on any node`, 'define one: POST /pools');
-        if (req.snapshot !== undefined) throw new SnaplabError('SNAPSHOT_NOT_FOUND', `no snapshot named ${JSON.stringify(req.snapshot)} on any node`, 'list them with GET /snapshots');
-        throw new SnaplabError('IMAGE_NOT_FOUND', `no node has image ${JSON.stringify(req.image)}`, 'import or build it on the nodes: POST /images/import, /images/build');
+        if (req.pool !== undefined)
+          throw new SnaplabError(
+            'POOL_NOT_FOUND',
+            `no pool named ${JSON.stringify(req.pool)} on any node`,
+            'define one: POST /pools',
+          );
+        if (req.snapshot !== undefined)
+          throw new SnaplabError(
+            'SNAPSHOT_NOT_FOUND',
+            `no snapshot named ${JSON.stringify(req.snapshot)} on any node`,
+            'list them with GET /snapshots',
+          );
+        throw new SnaplabError(
+          'IMAGE_NOT_FOUND',
+          `no node has image ${JSON.stringify(req.image)}`,
+          'import or build it on the nodes: POST /images/import, /images/build',
+        );
       }
     }
-    if (!Array.isArray(ok)) throw new SnaplabError('NODE_UNAVAILABLE', `no node can take this sandbox: ${ok.reason}`, 'see `snaplab cluster nodes` (labels, pools, snapshots, drains)');
+    if (!Array.isArray(ok))
+      throw new SnaplabError(
+        'NODE_UNAVAILABLE',
+        `no node can take this sandbox: ${ok.reason}`,
+        'see `snaplab cluster nodes` (labels, pools, snapshots, drains)',
+      );
     const load = this.view.load();
-    const best = bestOfK(ok, this.choices, (n) => score(n, req, load.get(n.name) ?? 0, req.pool ? this.runs.get(`${n.name}/${req.pool}`) ?? 0 : 0));
+    const best = bestOfK(ok, this.choices, (n) =>
+      score(n, req, load.get(n.name) ?? 0, req.pool ? (this.runs.get(`${n.name}/${req.pool}`) ?? 0) : 0),
+    );
     this.placements.push(performance.now() - t0);
     if (this.placements.length > 10_000) this.placements.splice(0, 5000);
     return best.node;
@@ -243,8 +326,19 @@ export class Gateway {
     // a pool standby keeps its own name; any other create's name is taken cluster-wide first
     let c: Claim | null = null;
     while (!c) {
-      c = await this.store.claimCreate(id, node, owner, pool !== undefined ? undefined : given ?? defaultName(newId()), CLAIM_TTL_S);
-      if (!c && given) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${given} exists in the cluster`, 'pick another name, or remove that one');
+      c = await this.store.claimCreate(
+        id,
+        node,
+        owner,
+        pool !== undefined ? undefined : (given ?? defaultName(newId())),
+        CLAIM_TTL_S,
+      );
+      if (!c && given)
+        throw new SnaplabError(
+          'SANDBOX_EXISTS',
+          `a sandbox named ${given} exists in the cluster`,
+          'pick another name, or remove that one',
+        );
     }
     const claim = c;
     if (claim.name) body.name = claim.name;
@@ -253,7 +347,11 @@ export class Gateway {
       const q = await this.store.withinQuota(claim, caller.maxSandboxes);
       if (!q.ok) {
         await this.store.endCreate(claim, 'refused');
-        throw new QuotaError('maxSandboxes', `key ${caller.key} has ${q.have} of its ${caller.maxSandboxes} sandboxes in the cluster`, 5);
+        throw new QuotaError(
+          'maxSandboxes',
+          `key ${caller.key} has ${q.have} of its ${caller.maxSandboxes} sandboxes in the cluster`,
+          5,
+        );
       }
     }
     for (let attempt = 0; ; attempt++) {
@@ -261,8 +359,21 @@ export class Gateway {
       try {
         // a node gone since it was placed is one the create never reached
         const url = this.view.live(node)?.url;
-        if (!url) throw Object.assign(new SnaplabError('NODE_UNAVAILABLE', `node ${node} left the cluster`, 'see `snaplab cluster nodes`'), { connect: true });
-        const r = await ask<Record<string, unknown>>(url, node, this.token, caller, 'POST', '/sandboxes', body, CREATE_TIMEOUT_MS);
+        if (!url)
+          throw Object.assign(
+            new SnaplabError('NODE_UNAVAILABLE', `node ${node} left the cluster`, 'see `snaplab cluster nodes`'),
+            { connect: true },
+          );
+        const r = await ask<Record<string, unknown>>(
+          url,
+          node,
+          this.token,
+          caller,
+          'POST',
+          '/sandboxes',
+          body,
+          CREATE_TIMEOUT_MS,
+        );
         made = true;
         await this.record(r.value, node, caller);
         await this.store.endCreate(claim, 'made').catch(() => undefined);
@@ -278,7 +389,12 @@ export class Gateway {
           });
           if (await this.store.moveCreate(claim, next.name)) {
             node = next.name;
-            await this.note('create.retried', { from, to: node, name: claim.name ?? null, reason: (e as Error).message });
+            await this.note('create.retried', {
+              from,
+              to: node,
+              name: claim.name ?? null,
+              reason: (e as Error).message,
+            });
             this.log({ msg: 'create retried on another node', from, to: node, error: (e as Error).message });
             continue;
           }
@@ -286,7 +402,9 @@ export class Gateway {
         // the node said no: nothing was made, the claim and name go. Made, or gone during it:
         // they stay on their lease (the node's own entries take over if it made the sandbox)
         const answered = (e as { status?: number }).status !== undefined;
-        await this.store.endCreate(claim, made ? 'made' : answered || (e as { connect?: boolean }).connect ? 'refused' : 'unknown').catch(() => undefined);
+        await this.store
+          .endCreate(claim, made ? 'made' : answered || (e as { connect?: boolean }).connect ? 'refused' : 'unknown')
+          .catch(() => undefined);
         throw e;
       }
     }
@@ -299,8 +417,15 @@ export class Gateway {
    */
   private async record(v: Record<string, unknown>, node: string, caller: Caller): Promise<void> {
     const e: SandboxEntry = {
-      id: String(v.id), name: String(v.name), node, owner: clusterOwner(caller.key), state: String(v.state ?? 'running'), image: (v.image as string) ?? null,
-      labels: (v.labels as Record<string, string>) ?? {}, createdAt: Date.parse(String(v.createdAt)) || Date.now(), reason: null,
+      id: String(v.id),
+      name: String(v.name),
+      node,
+      owner: clusterOwner(caller.key),
+      state: String(v.state ?? 'running'),
+      image: (v.image as string) ?? null,
+      labels: (v.labels as Record<string, string>) ?? {},
+      createdAt: Date.parse(String(v.createdAt)) || Date.now(),
+      reason: null,
     };
     this.view.sandboxes.set(e.id, e);
     this.view.names.set(e.name, { node, id: e.id, owner: e.owner, at: e.createdAt });
@@ -310,21 +435,36 @@ export class Gateway {
   /** A note on the event stream (create retried…), kept 10 minutes. */
   async note(type: string, data: Record<string, unknown>): Promise<void> {
     const lease = this.store.client.lease(600, { autoKeepAlive: false });
-    await lease.put(this.store.key('notes', `${Date.now()}-${randomUUID()}`)).value(JSON.stringify({ type, at: Date.now(), ...data })).catch(() => undefined);
+    await lease
+      .put(this.store.key('notes', `${Date.now()}-${randomUUID()}`))
+      .value(JSON.stringify({ type, at: Date.now(), ...data }))
+      .catch(() => undefined);
     lease.release();
   }
 
   /** Ask every node that is up; the answers of those that answered, and which did not. */
-  async askAll<T>(caller: Caller, path: string, nodes: Iterable<NodeInfo> = this.view.nodes.values()): Promise<{ node: string; value: T }[]> {
-    const all = await Promise.all([...nodes].map(async (n) => {
-      try {
-        return { node: n.name, value: (await ask<T>(n.url, n.name, this.token, caller, 'GET', path)).value };
-      } catch (e) {
-        // a node that answered (a 404: it has no such thing) is simply not among the answers
-        if ((e as { status?: number }).status === undefined) this.log({ msg: 'a node did not answer a fan-out', node: n.name, path: path.split('?')[0], error: (e as Error).message });
-        return undefined;
-      }
-    }));
+  async askAll<T>(
+    caller: Caller,
+    path: string,
+    nodes: Iterable<NodeInfo> = this.view.nodes.values(),
+  ): Promise<{ node: string; value: T }[]> {
+    const all = await Promise.all(
+      [...nodes].map(async (n) => {
+        try {
+          return { node: n.name, value: (await ask<T>(n.url, n.name, this.token, caller, 'GET', path)).value };
+        } catch (e) {
+          // a node that answered (a 404: it has no such thing) is simply not among the answers
+          if ((e as { status?: number }).status === undefined)
+            this.log({
+              msg: 'a node did not answer a fan-out',
+              node: n.name,
+              path: path.split('?')[0],
+              error: (e as Error).message,
+            });
+          return undefined;
+        }
+      }),
+    );
     return all.filter((x): x is { node: string; value: T } => x !== undefined);
   }
 
@@ -338,7 +478,10 @@ export class Gateway {
     const refuse = (e: unknown): void => {
       const err = asSnaplab(e);
       const body = JSON.stringify(errorBody(err));
-      if (socket.writable) socket.end(`HTTP/1.1 ${statusOf(err.code)} Refused\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+      if (socket.writable)
+        socket.end(
+          `HTTP/1.1 ${statusOf(err.code)} Refused\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+        );
     };
     try {
       const path = new URL(req.url!, 'http://x').pathname;
@@ -351,11 +494,18 @@ export class Gateway {
       if (!m) throw new SnaplabError('BAD_INPUT', `no WebSocket route ${path}`, 'see docs/api.md');
       const untrack = this.track(caller, () => socket.destroy());
       socket.once('close', untrack);
-      void this.nodeOf(decodeURIComponent(m[1]!), caller).then((node) => {
-        // its key removed while its node was looked up: refused as if it had come a moment later
-        if (!this.stillValid(caller)) throw new SnaplabError('UNAUTHORIZED', 'the API key is not known (any more)', 'make a new one with `snaplab key create NAME --cluster …`');
-        forwardUpgrade(req, socket, head, this.node(node).url, node, this.token, caller);
-      }).catch(refuse);
+      void this.nodeOf(decodeURIComponent(m[1]!), caller)
+        .then((node) => {
+          // its key removed while its node was looked up: refused as if it had come a moment later
+          if (!this.stillValid(caller))
+            throw new SnaplabError(
+              'UNAUTHORIZED',
+              'the API key is not known (any more)',
+              'make a new one with `snaplab key create NAME --cluster …`',
+            );
+          forwardUpgrade(req, socket, head, this.node(node).url, node, this.token, caller);
+        })
+        .catch(refuse);
     } catch (e) {
       refuse(e);
     }
@@ -385,16 +535,39 @@ export class Gateway {
 const SYSTEM: Caller = { key: 'gateway', scopes: new Set(['read']), maxSandboxes: null, maxExecs: null };
 
 export function lostError(e: SandboxEntry): SnaplabError {
-  return new SnaplabError('SANDBOX_LOST', `sandbox ${e.name} is lost: ${e.reason ?? `node ${e.node} is gone`}`, 'create a new one; `DELETE /sandboxes/{id}` removes this record');
+  return new SnaplabError(
+    'SANDBOX_LOST',
+    `sandbox ${e.name} is lost: ${e.reason ?? `node ${e.node} is gone`}`,
+    'create a new one; `DELETE /sandboxes/{id}` removes this record',
+  );
 }
 
 /** What a list shows for a sandbox its node cannot answer for. */
 export function absentView(e: SandboxEntry, left: boolean): Record<string, unknown> {
   return {
-    id: e.id, name: e.name, image: e.image, state: e.state === 'lost' ? 'lost' : 'unreachable', node: e.node, owner: e.owner, labels: e.labels,
+    id: e.id,
+    name: e.name,
+    image: e.image,
+    state: e.state === 'lost' ? 'lost' : 'unreachable',
+    node: e.node,
+    owner: e.owner,
+    labels: e.labels,
     // what the node alone knows is unknown here: the fields a view has, empty
-    metadata: {}, storage: null, driver: null, limits: {}, origin: null, pid: null, timeoutS: 0, onTimeout: 'kill', expiresAt: null,
+    metadata: {},
+    storage: null,
+    driver: null,
+    limits: {},
+    origin: null,
+    pid: null,
+    timeoutS: 0,
+    onTimeout: 'kill',
+    expiresAt: null,
     createdAt: new Date(e.createdAt).toISOString(),
-    reason: e.state === 'lost' ? e.reason : left ? `its node ${e.node} was stopped; it serves its sandboxes again when it restarts` : `its node ${e.node} is not answering`,
+    reason:
+      e.state === 'lost'
+        ? e.reason
+        : left
+          ? `its node ${e.node} was stopped; it serves its sandboxes again when it restarts`
+          : `its node ${e.node} is not answering`,
   };
 }

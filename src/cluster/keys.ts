@@ -8,15 +8,35 @@ import { hashKey, newToken, SCOPES } from '../server/keys.js';
 import type { Scope } from '../store/records.js';
 import type { ClusterStore, KeyEntry } from './store.js';
 
-export async function createKeyEntry(store: ClusterStore, name: string, opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {}): Promise<{ token: string; key: KeyEntry }> {
+export async function createKeyEntry(
+  store: ClusterStore,
+  name: string,
+  opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {},
+): Promise<{ token: string; key: KeyEntry }> {
   if (typeof name !== 'string') throw new SnaplabError('BAD_INPUT', 'a key needs a name', 'give {"name": "…"}');
   checkName('key', name);
-  if (name === 'local') throw new SnaplabError('BAD_NAME', 'the key name "local" is the Unix socket\'s', 'pick another name');
+  if (name === 'local')
+    throw new SnaplabError('BAD_NAME', 'the key name "local" is the Unix socket\'s', 'pick another name');
   const scopes = opts.scopes ?? ['read', 'exec'];
-  if (!Array.isArray(scopes) || !scopes.length || scopes.some((s) => !SCOPES.includes(s))) throw new SnaplabError('BAD_INPUT', `invalid scopes ${JSON.stringify(scopes)}`, `scopes are ${SCOPES.join(', ')}`);
-  for (const q of [opts.maxSandboxes, opts.maxExecs]) if (q !== undefined && (!Number.isSafeInteger(q) || q < 0)) throw new SnaplabError('BAD_INPUT', `invalid quota ${q}`, 'give a whole number ≥ 0');
+  if (!Array.isArray(scopes) || !scopes.length || scopes.some((s) => !SCOPES.includes(s)))
+    throw new SnaplabError('BAD_INPUT', `invalid scopes ${JSON.stringify(scopes)}`, `scopes are ${SCOPES.join(', ')}`);
+  for (const q of [opts.maxSandboxes, opts.maxExecs])
+    if (q !== undefined && (!Number.isSafeInteger(q) || q < 0))
+      throw new SnaplabError('BAD_INPUT', `invalid quota ${q}`, 'give a whole number ≥ 0');
   const token = newToken();
-  const key: KeyEntry = { name, hash: hashKey(token), scopes: [...new Set(scopes)], maxSandboxes: opts.maxSandboxes ?? null, maxExecs: opts.maxExecs ?? null, createdAt: Date.now() };
-  if (!(await store.insertKey(key))) throw new SnaplabError('KEY_EXISTS', `a key named ${name} exists in the cluster`, `remove it first with \`snaplab key rm ${name} --cluster …\`, or pick another name`);
+  const key: KeyEntry = {
+    name,
+    hash: hashKey(token),
+    scopes: [...new Set(scopes)],
+    maxSandboxes: opts.maxSandboxes ?? null,
+    maxExecs: opts.maxExecs ?? null,
+    createdAt: Date.now(),
+  };
+  if (!(await store.insertKey(key)))
+    throw new SnaplabError(
+      'KEY_EXISTS',
+      `a key named ${name} exists in the cluster`,
+      `remove it first with \`snaplab key rm ${name} --cluster …\`, or pick another name`,
+    );
   return { token, key };
 }

@@ -60,7 +60,12 @@ export class ClusterNode {
     this.schedule();
   };
 
-  private constructor(readonly store: ClusterStore, readonly daemon: Daemon, readonly opts: Required<NodeOptions>, readonly token: string) {}
+  private constructor(
+    readonly store: ClusterStore,
+    readonly daemon: Daemon,
+    readonly opts: Required<NodeOptions>,
+    readonly token: string,
+  ) {}
 
   /** Join with a store already open (its token is what this node's API accepts from gateways). */
   static async join(daemon: Daemon, store: ClusterStore, token: string, opts: NodeOptions): Promise<ClusterNode> {
@@ -84,11 +89,20 @@ export class ClusterNode {
    */
   private async register(): Promise<void> {
     const key = this.store.key('nodes', this.name);
-    const prior = (await this.store.client.get(key).string().catch((e: unknown) => { throw unavailable(e, 'reading the node list'); })) as string | null;
+    const prior = (await this.store.client
+      .get(key)
+      .string()
+      .catch((e: unknown) => {
+        throw unavailable(e, 'reading the node list');
+      })) as string | null;
     if (prior) {
       const was = JSON.parse(prior) as NodeInfo;
       if (was.home !== this.daemon.lab.home) {
-        throw new SnaplabError('NODE_EXISTS', `a node named ${this.name} is in the cluster already (home ${was.home}, ${was.url})`, 'give this node another --node-name, or stop that one');
+        throw new SnaplabError(
+          'NODE_EXISTS',
+          `a node named ${this.name} is in the cluster already (home ${was.home}, ${was.url})`,
+          'give this node another --node-name, or stop that one',
+        );
       }
     }
     const lease = this.store.lease(this.opts.leaseTtlS);
@@ -102,19 +116,30 @@ export class ClusterNode {
     // the next attempt (rejoin) does it all again, lost sandboxes included
     let joined = false;
     try {
-      await lease.grant().catch((e: unknown) => { throw unavailable(e, 'granting the node lease'); });
+      await lease.grant().catch((e: unknown) => {
+        throw unavailable(e, 'granting the node lease');
+      });
       await lease.put(key).value(JSON.stringify(await this.info()));
       await this.store.client.delete().key(this.store.key('left', this.name));
       await this.collectLost();
       // what the cluster says is here: entries of sandboxes gone meanwhile are removed by the sync
-      this.published = new Map((await this.store.sandboxes()).filter((e) => e.node === this.name && HELD_STATES.has(e.state)).map((e) => [e.id, JSON.stringify(e)]));
+      this.published = new Map(
+        (await this.store.sandboxes())
+          .filter((e) => e.node === this.name && HELD_STATES.has(e.state))
+          .map((e) => [e.id, JSON.stringify(e)]),
+      );
       await this.sync();
       joined = true;
     } finally {
       if (!joined) await lease.revoke().catch(() => undefined);
     }
     this.lease = lease;
-    this.daemon.log({ msg: 'joined the cluster', node: this.name, url: this.opts.url, hosts: this.store.address.hosts });
+    this.daemon.log({
+      msg: 'joined the cluster',
+      node: this.name,
+      url: this.opts.url,
+      hosts: this.store.address.hosts,
+    });
   }
 
   private async rejoin(): Promise<void> {
@@ -137,10 +162,15 @@ export class ClusterNode {
       if (e.node !== this.name || (e.state !== 'lost' && e.state !== 'forgotten')) continue;
       const rec = this.daemon.lab.context.store.getSandbox(e.id);
       if (rec && rec.id === e.id) {
-        const ok = await this.daemon.destroy(e.id, `declared lost while node ${this.name} was out of the cluster (${e.reason ?? ''})`).then(() => true, (err: Error) => {
-          this.daemon.log({ msg: 'destroying a lost sandbox failed', sandbox: e.name, error: err.message });
-          return false;
-        });
+        const ok = await this.daemon
+          .destroy(e.id, `declared lost while node ${this.name} was out of the cluster (${e.reason ?? ''})`)
+          .then(
+            () => true,
+            (err: Error) => {
+              this.daemon.log({ msg: 'destroying a lost sandbox failed', sandbox: e.name, error: err.message });
+              return false;
+            },
+          );
         if (!ok) continue;
       }
       if (e.state === 'forgotten') await this.store.client.delete().key(this.store.key('sandboxes', e.id));
@@ -153,11 +183,20 @@ export class ClusterNode {
     const pools: NodeInfo['pools'] = {};
     for (const p of await this.daemon.lab.pools()) pools[p.name] = { image: p.image, size: p.target, ready: p.ready };
     return {
-      name: this.name, url: this.opts.url, labels: this.opts.labels, version: VERSION, pid: process.pid, home: this.daemon.lab.home,
-      startedAt: this.startedAt, updatedAt: Date.now(),
+      name: this.name,
+      url: this.opts.url,
+      labels: this.opts.labels,
+      version: VERSION,
+      pid: process.pid,
+      home: this.daemon.lab.home,
+      startedAt: this.startedAt,
+      updatedAt: Date.now(),
       capacity: {
-        cores: cpus().length, memoryBytes: totalmem(), memoryFreeBytes: freemem(),
-        diskBytes: disk ? disk.blocks * disk.bsize : 0, diskFreeBytes: disk ? disk.bavail * disk.bsize : 0,
+        cores: cpus().length,
+        memoryBytes: totalmem(),
+        memoryFreeBytes: freemem(),
+        diskBytes: disk ? disk.blocks * disk.bsize : 0,
+        diskFreeBytes: disk ? disk.bavail * disk.bsize : 0,
       },
       sandboxes: ctx.store.listSandboxes().filter((r) => routed(this.daemon, r)).length,
       pools,
@@ -191,7 +230,11 @@ export class ClusterNode {
         try {
           // the entry is rewritten when what placement reads changed, or on the heartbeat
           const info = await this.info();
-          const { updatedAt: _u, capacity: { memoryFreeBytes: _m, diskFreeBytes: _d, ...fixed }, ...rest } = info;
+          const {
+            updatedAt: _u,
+            capacity: { memoryFreeBytes: _m, diskFreeBytes: _d, ...fixed },
+            ...rest
+          } = info;
           const gist = JSON.stringify({ rest, fixed });
           if (gist !== this.lastGist || Date.now() - this.lastPut >= this.every - 50) {
             await lease.put(this.store.key('nodes', this.name)).value(JSON.stringify(info));
@@ -214,7 +257,17 @@ export class ClusterNode {
     for (const r of ctx.store.listSandboxes()) {
       if (!routed(this.daemon, r)) continue;
       const m = metaOf(ctx, r.id);
-      now.set(r.id, { id: r.id, name: r.name, node: this.name, owner: m.owner, state: r.state, image: r.image, labels: m.labels, createdAt: r.createdAt, reason: r.reason });
+      now.set(r.id, {
+        id: r.id,
+        name: r.name,
+        node: this.name,
+        owner: m.owner,
+        state: r.state,
+        image: r.image,
+        labels: m.labels,
+        createdAt: r.createdAt,
+        reason: r.reason,
+      });
     }
     for (const [id, e] of now) {
       const text = JSON.stringify(e);
@@ -232,7 +285,8 @@ export class ClusterNode {
       this.gone.delete(id);
       if (now.has(id)) continue;
       const e = await this.store.sandbox(id);
-      if (e && e.node === this.name && e.state !== 'lost' && e.state !== 'forgotten') await this.store.deleteSandbox({ id, name: e.name || name, node: this.name });
+      if (e && e.node === this.name && e.state !== 'lost' && e.state !== 'forgotten')
+        await this.store.deleteSandbox({ id, name: e.name || name, node: this.name });
     }
     // and every 5 minutes, every entry that says it is here and is not (whatever left it)
     if (Date.now() - this.lastSweep >= SWEEP_MS) {
@@ -248,9 +302,9 @@ export class ClusterNode {
   }
 
   /**
- * Withdraw: the node's entry goes with its lease. Its sandboxes stay recorded and keep running
- * on the host: gateways report them unreachable (not lost) until the node is back.
- */
+   * Withdraw: the node's entry goes with its lease. Its sandboxes stay recorded and keep running
+   * on the host: gateways report them unreachable (not lost) until the node is back.
+   */
   async leave(): Promise<void> {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
@@ -259,11 +313,22 @@ export class ClusterNode {
     await this.publishing?.catch(() => undefined);
     // "left" and the entry's removal in one transaction: gateways report its sandboxes
     // unreachable, not lost. If it cannot be said, the lease is left to lapse (and they are lost).
-    const said = await this.store.client.if(this.store.key('nodes', this.name), 'Create', '>', 0)
-      .then(this.store.client.put(this.store.key('left', this.name)).value(JSON.stringify({ at: Date.now() })), this.store.client.delete().key(this.store.key('nodes', this.name)))
-      .commit().then((r) => r.succeeded, () => false);
+    const said = await this.store.client
+      .if(this.store.key('nodes', this.name), 'Create', '>', 0)
+      .then(
+        this.store.client.put(this.store.key('left', this.name)).value(JSON.stringify({ at: Date.now() })),
+        this.store.client.delete().key(this.store.key('nodes', this.name)),
+      )
+      .commit()
+      .then(
+        (r) => r.succeeded,
+        () => false,
+      );
     if (said) await this.lease?.revoke().catch(() => undefined);
-    else this.daemon.log({ msg: 'could not tell the cluster this node is leaving: its sandboxes will be reported lost when its lease lapses' });
+    else
+      this.daemon.log({
+        msg: 'could not tell the cluster this node is leaving: its sandboxes will be reported lost when its lease lapses',
+      });
     this.lease?.release();
   }
 }

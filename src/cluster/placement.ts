@@ -35,7 +35,11 @@ export interface NoPlacement {
   reason: string;
 }
 
-export function eligible(nodes: Iterable<NodeInfo>, req: PlacementRequest, drained: Set<string>): NodeInfo[] | NoPlacement {
+export function eligible(
+  nodes: Iterable<NodeInfo>,
+  req: PlacementRequest,
+  drained: Set<string>,
+): NodeInfo[] | NoPlacement {
   let up = [...nodes];
   if (!up.length) return { reason: 'no node is in the cluster' };
   up = up.filter((n) => !drained.has(n.name) && !req.exclude?.has(n.name));
@@ -52,25 +56,38 @@ export function eligible(nodes: Iterable<NodeInfo>, req: PlacementRequest, drain
   } else if (req.image !== undefined && req.image !== BUILTIN_IMAGE) {
     // an image is imported or built on nodes, one by one; the built-in one is made where it is needed
     up = up.filter((n) => n.images.includes(req.image!));
-    if (!up.length) return { reason: `no node has image ${req.image} (import or build it on the nodes: POST /images/import, /images/build)` };
+    if (!up.length)
+      return {
+        reason: `no node has image ${req.image} (import or build it on the nodes: POST /images/import, /images/build)`,
+      };
   }
   return up;
 }
 
 export function score(n: NodeInfo, req: PlacementRequest, load: number, inflightPool = 0): number {
   const c = n.capacity;
-  const warm = req.pool !== undefined
-    ? (n.pools[req.pool]?.ready ?? 0) - inflightPool > 0
-    : req.image !== undefined && n.images.includes(req.image);
-  const free = Math.min(c.memoryBytes ? c.memoryFreeBytes / c.memoryBytes : 0, c.diskBytes ? c.diskFreeBytes / c.diskBytes : 1);
+  const warm =
+    req.pool !== undefined
+      ? (n.pools[req.pool]?.ready ?? 0) - inflightPool > 0
+      : req.image !== undefined && n.images.includes(req.image);
+  const free = Math.min(
+    c.memoryBytes ? c.memoryFreeBytes / c.memoryBytes : 0,
+    c.diskBytes ? c.diskFreeBytes / c.diskBytes : 1,
+  );
   return (warm ? 10 : 0) + Math.max(0, free) / (1 + load);
 }
 
 /** Best of K drawn at random (all of them when there are K or fewer). */
-export function bestOfK(nodes: NodeInfo[], k: number, rate: (n: NodeInfo) => number, random: () => number = Math.random): Candidate {
+export function bestOfK(
+  nodes: NodeInfo[],
+  k: number,
+  rate: (n: NodeInfo) => number,
+  random: () => number = Math.random,
+): Candidate {
   const pool = [...nodes];
   const drawn: NodeInfo[] = [];
-  while (drawn.length < Math.max(1, k) && pool.length) drawn.push(pool.splice(Math.floor(random() * pool.length), 1)[0]!);
+  while (drawn.length < Math.max(1, k) && pool.length)
+    drawn.push(pool.splice(Math.floor(random() * pool.length), 1)[0]!);
   let best: Candidate | undefined;
   for (const node of drawn) {
     const s = rate(node);

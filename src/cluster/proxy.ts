@@ -4,7 +4,13 @@
  * WebSocket upgrades are joined byte for byte once the node has switched protocols, so an exec
  * stream or a terminal has the node's flow control end to end and nothing is buffered here.
  */
-import { request, type ClientRequest, type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from 'node:http';
+import {
+  request,
+  type ClientRequest,
+  type IncomingHttpHeaders,
+  type IncomingMessage,
+  type ServerResponse,
+} from 'node:http';
 import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import { CALLER_HEADER, type Caller } from '../server/keys.js';
@@ -15,15 +21,32 @@ import { unavailable } from './store.js';
 const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
 
 /** hop-by-hop headers (RFC 9110 §7.6.1) and those the gateway sets itself */
-const DROP = new Set(['authorization', 'host', 'connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', CALLER_HEADER]);
+const DROP = new Set([
+  'authorization',
+  'host',
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+  CALLER_HEADER,
+]);
 
 export function callerHeader(c: Caller): string {
   return Buffer.from(JSON.stringify({ key: c.key, scopes: [...c.scopes], maxExecs: c.maxExecs })).toString('base64url');
 }
 
-export function upstreamHeaders(h: IncomingHttpHeaders, token: string, caller: Caller, upgrade = false): Record<string, string | string[]> {
+export function upstreamHeaders(
+  h: IncomingHttpHeaders,
+  token: string,
+  caller: Caller,
+  upgrade = false,
+): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
-  for (const [k, v] of Object.entries(h)) if (v !== undefined && !DROP.has(k) && !(upgrade ? false : k.startsWith('sec-websocket'))) out[k] = v;
+  for (const [k, v] of Object.entries(h))
+    if (v !== undefined && !DROP.has(k) && !(upgrade ? false : k.startsWith('sec-websocket'))) out[k] = v;
   out.authorization = `Bearer ${token}`;
   out[CALLER_HEADER] = callerHeader(caller);
   if (upgrade) {
@@ -43,10 +66,21 @@ export function upstreamPath(url: string): string {
   return s ? `${path}?${s}` : path!;
 }
 
-export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+export function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): void {
   if (res.headersSent) return void res.destroy();
   const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(text), ...headers }).end(text);
+  res
+    .writeHead(status, {
+      'content-type': 'application/json; charset=utf-8',
+      'content-length': Buffer.byteLength(text),
+      ...headers,
+    })
+    .end(text);
 }
 
 /** etcd's client errors (GRPC…, Etcd…): the store did not answer */
@@ -56,7 +90,11 @@ const fromEtcd = (e: unknown): boolean => e instanceof Error && /^(GRPC|Etcd)/.t
 export function asSnaplab(e: unknown): SnaplabError {
   if (e instanceof SnaplabError) return e;
   if (fromEtcd(e)) return unavailable(e, 'a gateway request');
-  return new SnaplabError('INTERNAL', (e as Error)?.message ?? String(e), 'this is a bug in snaplab; the gateway log has the details');
+  return new SnaplabError(
+    'INTERNAL',
+    (e as Error)?.message ?? String(e),
+    'this is a bug in snaplab; the gateway log has the details',
+  );
 }
 
 /** What a node's error carried besides code, message and hint (quota, Retry-After, its trace). */
@@ -64,7 +102,11 @@ type Extra = { retryAfterS?: number; limit?: string; operationId?: string };
 
 export function errorBody(err: SnaplabError): Record<string, unknown> {
   const x = err as SnaplabError & Extra;
-  return { ...err.toJSON(), ...(x.limit ? { limit: x.limit } : {}), ...(x.operationId ? { operationId: x.operationId } : {}) };
+  return {
+    ...err.toJSON(),
+    ...(x.limit ? { limit: x.limit } : {}),
+    ...(x.operationId ? { operationId: x.operationId } : {}),
+  };
 }
 
 export function sendError(res: ServerResponse, e: unknown): void {
@@ -74,7 +116,12 @@ export function sendError(res: ServerResponse, e: unknown): void {
 }
 
 export function nodeUnavailable(node: string, e: Error, during = 'the request'): SnaplabError {
-  return new SnaplabError('NODE_UNAVAILABLE', `node ${node} did not answer ${during}: ${e.message}`, 'it may be restarting or gone; `snaplab cluster nodes` shows the nodes that are up', { cause: e });
+  return new SnaplabError(
+    'NODE_UNAVAILABLE',
+    `node ${node} did not answer ${during}: ${e.message}`,
+    'it may be restarting or gone; `snaplab cluster nodes` shows the nodes that are up',
+    { cause: e },
+  );
 }
 
 /** how long a connection to a node may take to open before the node counts as not answering */
@@ -84,7 +131,13 @@ export const CONNECT_TIMEOUT_MS = 10_000;
 function connectDeadline(up: ClientRequest): void {
   up.once('socket', (s) => {
     if (!s.connecting) return;
-    const t = setTimeout(() => up.destroy(Object.assign(new Error(`no connection within ${CONNECT_TIMEOUT_MS / 1000} s`), { code: 'ETIMEDOUT' })), CONNECT_TIMEOUT_MS);
+    const t = setTimeout(
+      () =>
+        up.destroy(
+          Object.assign(new Error(`no connection within ${CONNECT_TIMEOUT_MS / 1000} s`), { code: 'ETIMEDOUT' }),
+        ),
+      CONNECT_TIMEOUT_MS,
+    );
     s.once('connect', () => clearTimeout(t));
     s.once('close', () => clearTimeout(t));
   });
@@ -94,55 +147,103 @@ function connectDeadline(up: ClientRequest): void {
 export const ASK_TIMEOUT_MS = 15_000;
 
 /** A connection that never reached the node: nothing was started there. */
-export const neverConnected = (e: unknown): boolean => ['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT'].includes((e as NodeJS.ErrnoException)?.code ?? '');
+export const neverConnected = (e: unknown): boolean =>
+  ['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT'].includes((e as NodeJS.ErrnoException)?.code ?? '');
 
 /** Pass a request on to `base` (the node's URL) and its answer back, both streamed. */
-export function forward(req: IncomingMessage, res: ServerResponse, base: string, node: string, token: string, caller: Caller, body?: Buffer): void {
+export function forward(
+  req: IncomingMessage,
+  res: ServerResponse,
+  base: string,
+  node: string,
+  token: string,
+  caller: Caller,
+  body?: Buffer,
+): void {
   // gone while its node was looked up: nothing is started for it
   if (req.destroyed || res.destroyed) return;
-  const up = request(new URL(upstreamPath(req.url!), base), { method: req.method, headers: upstreamHeaders(req.headers, token, caller) }, (r) => {
-    const headers: Record<string, string | string[]> = {};
-    for (const [k, v] of Object.entries(r.headers)) if (v !== undefined && !HOP.has(k)) headers[k] = v;
-    res.writeHead(r.statusCode ?? 502, headers);
-    r.pipe(res);
-    r.once('error', () => res.destroy());
-  });
+  const up = request(
+    new URL(upstreamPath(req.url!), base),
+    { method: req.method, headers: upstreamHeaders(req.headers, token, caller) },
+    (r) => {
+      const headers: Record<string, string | string[]> = {};
+      for (const [k, v] of Object.entries(r.headers)) if (v !== undefined && !HOP.has(k)) headers[k] = v;
+      res.writeHead(r.statusCode ?? 502, headers);
+      r.pipe(res);
+      r.once('error', () => res.destroy());
+    },
+  );
   connectDeadline(up);
   up.once('error', (e) => (res.headersSent ? res.destroy() : sendError(res, nodeUnavailable(node, e))));
   // a client that goes away takes the request with it (the node kills a one-shot exec then)
-  res.once('close', () => { if (!res.writableFinished) up.destroy(); });
+  res.once('close', () => {
+    if (!res.writableFinished) up.destroy();
+  });
   if (body) up.end(body);
   else req.pipe(up);
 }
 
 /** Ask a node for JSON (fan-outs, creates); a SnaplabError with its code when it answers one. */
-export async function ask<T>(base: string, node: string, token: string, caller: Caller, method: string, path: string, body?: unknown, timeoutMs = ASK_TIMEOUT_MS): Promise<{ status: number; value: T; headers: IncomingHttpHeaders }> {
+export async function ask<T>(
+  base: string,
+  node: string,
+  token: string,
+  caller: Caller,
+  method: string,
+  path: string,
+  body?: unknown,
+  timeoutMs = ASK_TIMEOUT_MS,
+): Promise<{ status: number; value: T; headers: IncomingHttpHeaders }> {
   return new Promise((resolve, reject) => {
     const text = body === undefined ? undefined : JSON.stringify(body);
-    const headers: Record<string, string> = { authorization: `Bearer ${token}`, [CALLER_HEADER]: callerHeader(caller), ...(text ? { 'content-type': 'application/json' } : {}) };
+    const headers: Record<string, string> = {
+      authorization: `Bearer ${token}`,
+      [CALLER_HEADER]: callerHeader(caller),
+      ...(text ? { 'content-type': 'application/json' } : {}),
+    };
     // a node partitioned away must not hold a request (or a whole fan-out) for TCP's minutes
-    const up = request(new URL(path, base), { method, headers, ...(timeoutMs > 0 ? { signal: AbortSignal.timeout(timeoutMs) } : {}) }, (r) => {
-      const parts: Buffer[] = [];
-      r.on('data', (b: Buffer) => parts.push(b));
-      r.once('error', (e) => reject(nodeUnavailable(node, e)));
-      r.once('end', () => {
-        const raw = Buffer.concat(parts).toString();
-        let value: unknown = null;
-        try {
-          value = raw ? JSON.parse(raw) : null;
-        } catch {
-          return reject(new SnaplabError('NODE_UNAVAILABLE', `node ${node} answered ${r.statusCode} with no JSON`, 'see its log'));
-        }
-        if ((r.statusCode ?? 500) >= 400) {
-          const v = value as { code?: SnaplabError['code']; message?: string; hint?: string; limit?: string; operationId?: string };
-          const retry = Number(r.headers['retry-after']);
-          return reject(Object.assign(new SnaplabError(v?.code ?? 'INTERNAL', v?.message ?? `node ${node} answered ${r.statusCode}`, v?.hint), {
-            status: r.statusCode, ...(v?.limit ? { limit: v.limit } : {}), ...(v?.operationId ? { operationId: v.operationId } : {}), ...(retry > 0 ? { retryAfterS: retry } : {}),
-          }));
-        }
-        resolve({ status: r.statusCode ?? 200, value: value as T, headers: r.headers });
-      });
-    });
+    const up = request(
+      new URL(path, base),
+      { method, headers, ...(timeoutMs > 0 ? { signal: AbortSignal.timeout(timeoutMs) } : {}) },
+      (r) => {
+        const parts: Buffer[] = [];
+        r.on('data', (b: Buffer) => parts.push(b));
+        r.once('error', (e) => reject(nodeUnavailable(node, e)));
+        r.once('end', () => {
+          const raw = Buffer.concat(parts).toString();
+          let value: unknown = null;
+          try {
+            value = raw ? JSON.parse(raw) : null;
+          } catch {
+            return reject(
+              new SnaplabError('NODE_UNAVAILABLE', `node ${node} answered ${r.statusCode} with no JSON`, 'see its log'),
+            );
+          }
+          if ((r.statusCode ?? 500) >= 400) {
+            const v = value as {
+              code?: SnaplabError['code'];
+              message?: string;
+              hint?: string;
+              limit?: string;
+              operationId?: string;
+            };
+            const retry = Number(r.headers['retry-after']);
+            return reject(
+              Object.assign(
+                new SnaplabError(v?.code ?? 'INTERNAL', v?.message ?? `node ${node} answered ${r.statusCode}`, v?.hint),
+                {
+                  status: r.statusCode,
+                  ...(v?.limit ? { limit: v.limit } : {}),
+                  ...(v?.operationId ? { operationId: v.operationId } : {}),
+                  ...(retry > 0 ? { retryAfterS: retry } : {}),
+                },
+              ),
+            );
+          }
+          resolve({ status: r.statusCode ?? 200, value: value as T, headers: r.headers });
+        });
+      },
+    );
     connectDeadline(up);
     up.once('error', (e) => reject(Object.assign(nodeUnavailable(node, e), { connect: neverConnected(e) })));
     up.end(text);
@@ -150,12 +251,25 @@ export async function ask<T>(base: string, node: string, token: string, caller: 
 }
 
 /** Join a client's WebSocket upgrade to the node's, byte for byte. */
-export function forwardUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer, base: string, node: string, token: string, caller: Caller): void {
+export function forwardUpgrade(
+  req: IncomingMessage,
+  socket: Duplex,
+  head: Buffer,
+  base: string,
+  node: string,
+  token: string,
+  caller: Caller,
+): void {
   if (socket.destroyed) return;
-  const up = request(new URL(upstreamPath(req.url!), base), { method: 'GET', headers: upstreamHeaders(req.headers, token, caller, true) });
+  const up = request(new URL(upstreamPath(req.url!), base), {
+    method: 'GET',
+    headers: upstreamHeaders(req.headers, token, caller, true),
+  });
   const fail = (status: number, body: string): void => {
     if (!socket.writable) return void socket.destroy();
-    socket.end(`HTTP/1.1 ${status} ${status === 503 ? 'Service Unavailable' : 'Error'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+    socket.end(
+      `HTTP/1.1 ${status} ${status === 503 ? 'Service Unavailable' : 'Error'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    );
   };
   connectDeadline(up);
   // the client gone before the node switched: the node's side goes too
@@ -169,7 +283,10 @@ export function forwardUpgrade(req: IncomingMessage, socket: Duplex, head: Buffe
     if (head.length) upSocket.write(head);
     upSocket.pipe(socket).pipe(upSocket);
     // either side gone: the other is closed at once (a client sees its stream end, the node its reader go)
-    const end = (): void => { socket.destroy(); upSocket.destroy(); };
+    const end = (): void => {
+      socket.destroy();
+      upSocket.destroy();
+    };
     upSocket.once('close', end);
     socket.once('close', end);
     upSocket.once('error', end);

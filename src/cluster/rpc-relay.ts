@@ -21,7 +21,9 @@ interface Upstream {
 export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
   const ups = new Map<string, Upstream>();
   let closed = false;
-  const answer = (m: unknown): void => { if (client.readyState === client.OPEN) client.send(JSON.stringify(m)); };
+  const answer = (m: unknown): void => {
+    if (client.readyState === client.OPEN) client.send(JSON.stringify(m));
+  };
   const fail = (id: unknown, e: SnaplabError): void => answer({ id, error: e.toJSON() });
   const untrack = g.track(caller, () => client.close(1008, 'key removed'));
 
@@ -30,18 +32,33 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
     if (had) return had;
     const info = g.view.live(node);
     if (!info) {
-      const gone = Promise.reject(new SnaplabError('NODE_UNAVAILABLE', `node ${node} is not up`, 'see `snaplab cluster nodes`'));
+      const gone = Promise.reject(
+        new SnaplabError('NODE_UNAVAILABLE', `node ${node} is not up`, 'see `snaplab cluster nodes`'),
+      );
       gone.catch(() => undefined);
       return { pending: new Map(), ws: gone };
     }
     const u: Upstream = { pending: new Map(), ws: undefined as unknown as Promise<WebSocket> };
     ups.set(node, u);
     u.ws = new Promise((resolve, reject) => {
-      const ws = new WebSocket(`${info.url.replace(/^http/, 'ws')}/rpc`, { headers: { authorization: `Bearer ${g.token}`, [CALLER_HEADER]: callerHeader(caller) }, maxPayload: 64 << 20, handshakeTimeout: CONNECT_TIMEOUT_MS });
+      const ws = new WebSocket(`${info.url.replace(/^http/, 'ws')}/rpc`, {
+        headers: { authorization: `Bearer ${g.token}`, [CALLER_HEADER]: callerHeader(caller) },
+        maxPayload: 64 << 20,
+        handshakeTimeout: CONNECT_TIMEOUT_MS,
+      });
       ws.once('open', () => resolve(ws));
       ws.on('error', (e) => {
         if (ups.get(node) === u) ups.delete(node);
-        reject(Object.assign(new SnaplabError('NODE_UNAVAILABLE', `node ${node} did not answer: ${e.message}`, 'see `snaplab cluster nodes`'), { connect: neverConnected(e) }));
+        reject(
+          Object.assign(
+            new SnaplabError(
+              'NODE_UNAVAILABLE',
+              `node ${node} did not answer: ${e.message}`,
+              'see `snaplab cluster nodes`',
+            ),
+            { connect: neverConnected(e) },
+          ),
+        );
       });
       ws.on('message', (data: RawData) => {
         const text = String(data);
@@ -60,7 +77,14 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
         if (ups.get(node) === u) ups.delete(node);
         for (const [id, p] of u.pending) {
           if (p.pool) g.runDone(node, p.pool);
-          fail(JSON.parse(id) as unknown, new SnaplabError('NODE_UNAVAILABLE', `node ${node} closed the connection before the answer`, 'its command was killed with it; try again'));
+          fail(
+            JSON.parse(id) as unknown,
+            new SnaplabError(
+              'NODE_UNAVAILABLE',
+              `node ${node} closed the connection before the answer`,
+              'its command was killed with it; try again',
+            ),
+          );
         }
         u.pending.clear();
       });
@@ -77,7 +101,8 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
       ws.close();
       throw new SnaplabError('ABORTED', 'the client went before the call was sent');
     }
-    if (ws.readyState !== ws.OPEN) throw new SnaplabError('NODE_UNAVAILABLE', `node ${node} closed the connection`, 'try again');
+    if (ws.readyState !== ws.OPEN)
+      throw new SnaplabError('NODE_UNAVAILABLE', `node ${node} closed the connection`, 'try again');
     u.pending.set(JSON.stringify(id), { pool });
     ws.send(text);
   };
@@ -91,14 +116,22 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
       if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SyntaxError('not an object');
       call = v as typeof call;
       // the id names its answer: a call without one could never be answered (nor its node's answer matched)
-      if (typeof call.id !== 'string' && typeof call.id !== 'number') throw new SyntaxError('no id (a string or a number)');
+      if (typeof call.id !== 'string' && typeof call.id !== 'number')
+        throw new SyntaxError('no id (a string or a number)');
     } catch (e) {
-      return fail(null, new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames'));
+      return fail(
+        null,
+        new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames'),
+      );
     }
     void (async () => {
       if (!g.stillValid(caller)) {
         client.close(1008, 'key removed');
-        throw new SnaplabError('UNAUTHORIZED', 'the API key is not known (any more)', 'make a new one with `snaplab key create NAME --cluster …`');
+        throw new SnaplabError(
+          'UNAUTHORIZED',
+          'the API key is not known (any more)',
+          'make a new one with `snaplab key create NAME --cluster …`',
+        );
       }
       if (call.op === 'run' && typeof call.pool === 'string') {
         // a run that never reached its node is placed again once, elsewhere
@@ -114,10 +147,16 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
           }
         }
       }
-      if (call.op === 'exec' && typeof call.sandbox === 'string') return send(await g.nodeOf(call.sandbox, caller), call.id, text);
+      if (call.op === 'exec' && typeof call.sandbox === 'string')
+        return send(await g.nodeOf(call.sandbox, caller), call.id, text);
       // anything else: the first node says what is wrong with it
       const any = [...g.view.nodes.keys()][0];
-      if (!any) throw new SnaplabError('NODE_UNAVAILABLE', 'no node is in the cluster', 'start a node: `snaplab serve --node --cluster …`');
+      if (!any)
+        throw new SnaplabError(
+          'NODE_UNAVAILABLE',
+          'no node is in the cluster',
+          'start a node: `snaplab serve --node --cluster …`',
+        );
       return send(any, call.id, text);
     })().catch((e: unknown) => fail(call.id ?? null, asSnaplab(e)));
   });
@@ -126,6 +165,10 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
   client.once('close', () => {
     closed = true;
     untrack();
-    for (const u of ups.values()) void u.ws.then((ws) => ws.close(), () => undefined);
+    for (const u of ups.values())
+      void u.ws.then(
+        (ws) => ws.close(),
+        () => undefined,
+      );
   });
 }

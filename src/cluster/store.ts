@@ -93,7 +93,11 @@ export function parseClusterUrl(text: string): ClusterAddress {
   const m = /^etcd:\/\/([^/]+)(\/.*)?$/.exec(text.trim());
   const hosts = (m?.[1] ?? '').split(',').filter(Boolean);
   if (!m || !hosts.length || hosts.some((h) => !/^(\[[0-9a-f:]+\]|[A-Za-z0-9.-]+):\d{1,5}$/i.test(h))) {
-    throw new SnaplabError('BAD_INPUT', `invalid cluster address ${JSON.stringify(text)}`, 'give etcd://HOST:PORT[,HOST:PORT…][/prefix], e.g. etcd://127.0.0.1:2379');
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid cluster address ${JSON.stringify(text)}`,
+      'give etcd://HOST:PORT[,HOST:PORT…][/prefix], e.g. etcd://127.0.0.1:2379',
+    );
   }
   let prefix = m[2] && m[2] !== '/' ? m[2] : '/snaplab/';
   if (!prefix.endsWith('/')) prefix += '/';
@@ -111,21 +115,39 @@ const json = <T>(s: string | null): T | undefined => (s === null ? undefined : (
 /** etcd's own errors (a member down, no leader, a timeout) as one clear code. */
 export function unavailable(e: unknown, what: string): SnaplabError {
   if (e instanceof SnaplabError) return e;
-  return new SnaplabError('CLUSTER_UNAVAILABLE', `the cluster store did not answer (${what}): ${(e as Error).message}`, 'check that a majority of the etcd members are up and reachable (--cluster)', { cause: e });
+  return new SnaplabError(
+    'CLUSTER_UNAVAILABLE',
+    `the cluster store did not answer (${what}): ${(e as Error).message}`,
+    'check that a majority of the etcd members are up and reachable (--cluster)',
+    { cause: e },
+  );
 }
 
 export class ClusterStore {
-  private constructor(readonly client: Etcd3, readonly address: ClusterAddress) {}
+  private constructor(
+    readonly client: Etcd3,
+    readonly address: ClusterAddress,
+  ) {}
 
   static async open(url: string): Promise<ClusterStore> {
     const address = parseClusterUrl(url);
     const { Etcd3 } = await import('etcd3');
     // every unary call has a deadline (a cluster without a majority must not hang a request);
     // watches and lease keep-alives are streams and have none
-    const opts: IOptions = { hosts: address.hosts.map((h) => `http://${h}`), dialTimeout: 3000, defaultCallOptions: (c) => (c.isStream ? {} : { deadline: Date.now() + CALL_DEADLINE_MS }) };
+    const opts: IOptions = {
+      hosts: address.hosts.map((h) => `http://${h}`),
+      dialTimeout: 3000,
+      defaultCallOptions: (c) => (c.isStream ? {} : { deadline: Date.now() + CALL_DEADLINE_MS }),
+    };
     const store = new ClusterStore(new Etcd3(opts), address);
     // a first read: a wrong address is an error now, not at the first request
-    await store.client.get(`${address.prefix}token`).string().catch((e: unknown) => { store.close(); throw unavailable(e, `reaching ${address.hosts.join(', ')}`); });
+    await store.client
+      .get(`${address.prefix}token`)
+      .string()
+      .catch((e: unknown) => {
+        store.close();
+        throw unavailable(e, `reaching ${address.hosts.join(', ')}`);
+      });
     return store;
   }
 
@@ -136,9 +158,13 @@ export class ClusterStore {
   /** The secret gateways give nodes: made once, by whichever member needs it first. */
   async token(): Promise<string> {
     const k = this.key('token');
-    await this.client.if(k, 'Create', '==', 0).then(this.client.put(k).value(randomBytes(32).toString('base64url'))).commit();
+    await this.client
+      .if(k, 'Create', '==', 0)
+      .then(this.client.put(k).value(randomBytes(32).toString('base64url')))
+      .commit();
     const t = await this.client.get(k).string();
-    if (!t) throw new SnaplabError('CLUSTER_UNAVAILABLE', 'the cluster token could not be read', 'check the etcd cluster');
+    if (!t)
+      throw new SnaplabError('CLUSTER_UNAVAILABLE', 'the cluster token could not be read', 'check the etcd cluster');
     return t;
   }
 
@@ -148,7 +174,11 @@ export class ClusterStore {
   }
 
   async drained(): Promise<Set<string>> {
-    return new Set(Object.keys(await this.client.getAll().prefix(this.key('drain', '')).strings()).map((k) => k.slice(this.key('drain', '').length)));
+    return new Set(
+      Object.keys(await this.client.getAll().prefix(this.key('drain', '')).strings()).map((k) =>
+        k.slice(this.key('drain', '').length),
+      ),
+    );
   }
 
   async setDrain(node: string, on: boolean): Promise<void> {
@@ -157,11 +187,17 @@ export class ClusterStore {
   }
 
   async left(): Promise<Set<string>> {
-    return new Set(Object.keys(await this.client.getAll().prefix(this.key('left', '')).strings()).map((k) => k.slice(this.key('left', '').length)));
+    return new Set(
+      Object.keys(await this.client.getAll().prefix(this.key('left', '')).strings()).map((k) =>
+        k.slice(this.key('left', '').length),
+      ),
+    );
   }
 
   async sandboxes(): Promise<SandboxEntry[]> {
-    return Object.values(await this.client.getAll().prefix(this.key('sandboxes', '')).strings()).map((v) => JSON.parse(v) as SandboxEntry);
+    return Object.values(await this.client.getAll().prefix(this.key('sandboxes', '')).strings()).map(
+      (v) => JSON.parse(v) as SandboxEntry,
+    );
   }
 
   async sandbox(id: string): Promise<SandboxEntry | undefined> {
@@ -178,14 +214,23 @@ export class ClusterStore {
    * mid-create leaves nothing behind for long; the node's own entries, written without a lease,
    * take over once it has made the sandbox. Null if the name is taken.
    */
-  async claimCreate(id: string, node: string, owner: string | null, name: string | undefined, ttlS: number): Promise<Claim | null> {
+  async claimCreate(
+    id: string,
+    node: string,
+    owner: string | null,
+    name: string | undefined,
+    ttlS: number,
+  ): Promise<Claim | null> {
     const lease = this.client.lease(ttlS, { autoKeepAlive: false });
     const leaseId = await lease.grant();
     lease.release();
     const claim: Claim = { id, node, owner, name, leaseId };
     const ops = this.claimOps(claim);
     // a new id is never taken; a name may be
-    const r = await this.client.if(this.key(...(name === undefined ? ['creates', id] : ['names', name])), 'Create', '==', 0).then(...ops).commit();
+    const r = await this.client
+      .if(this.key(...(name === undefined ? ['creates', id] : ['names', name])), 'Create', '==', 0)
+      .then(...ops)
+      .commit();
     if (!r.succeeded) await this.client.leaseClient.leaseRevoke({ ID: leaseId }).catch(() => undefined);
     return r.succeeded ? claim : null;
   }
@@ -193,8 +238,18 @@ export class ClusterStore {
   private claimOps(c: Claim): IOperation[] {
     const at = Date.now();
     return [
-      this.client.put(this.key('creates', c.id)).value(JSON.stringify({ node: c.node, owner: c.owner, name: c.name ?? null, at } satisfies CreateClaim)).lease(c.leaseId),
-      ...(c.name === undefined ? [] : [this.client.put(this.key('names', c.name)).value(JSON.stringify({ node: c.node, id: null, owner: c.owner, at } satisfies NameEntry)).lease(c.leaseId)]),
+      this.client
+        .put(this.key('creates', c.id))
+        .value(JSON.stringify({ node: c.node, owner: c.owner, name: c.name ?? null, at } satisfies CreateClaim))
+        .lease(c.leaseId),
+      ...(c.name === undefined
+        ? []
+        : [
+            this.client
+              .put(this.key('names', c.name))
+              .value(JSON.stringify({ node: c.node, id: null, owner: c.owner, at } satisfies NameEntry))
+              .lease(c.leaseId),
+          ]),
     ];
   }
 
@@ -205,7 +260,10 @@ export class ClusterStore {
    */
   async moveCreate(c: Claim, to: string): Promise<boolean> {
     const moved = { ...c, node: to };
-    const r = await this.client.if(this.key('creates', c.id), 'Create', '>', 0).then(...this.claimOps(moved)).commit();
+    const r = await this.client
+      .if(this.key('creates', c.id), 'Create', '>', 0)
+      .then(...this.claimOps(moved))
+      .commit();
     if (r.succeeded) c.node = to;
     return r.succeeded;
   }
@@ -216,13 +274,21 @@ export class ClusterStore {
    * one revision.
    */
   async withinQuota(c: Claim, max: number): Promise<{ ok: boolean; have: number }> {
-    const r = await this.client.if(this.key('creates', c.id), 'Create', '>', 0)
-      .then(this.client.getAll().prefix(this.key('creates', '')), this.client.getAll().prefix(this.key('sandboxes', '')))
+    const r = await this.client
+      .if(this.key('creates', c.id), 'Create', '>', 0)
+      .then(
+        this.client.getAll().prefix(this.key('creates', '')),
+        this.client.getAll().prefix(this.key('sandboxes', '')),
+      )
       .commit();
     const [creates, boxes] = r.responses.map((x) => x.response_range?.kvs ?? []);
     const mine = creates!.find((kv) => kv.key.toString() === this.key('creates', c.id));
     if (!mine) return { ok: false, have: max };
-    let have = creates!.filter((kv) => BigInt(kv.create_revision) < BigInt(mine.create_revision) && (JSON.parse(kv.value.toString()) as CreateClaim).owner === c.owner).length;
+    let have = creates!.filter(
+      (kv) =>
+        BigInt(kv.create_revision) < BigInt(mine.create_revision) &&
+        (JSON.parse(kv.value.toString()) as CreateClaim).owner === c.owner,
+    ).length;
     for (const kv of boxes!) {
       const e = JSON.parse(kv.value.toString()) as SandboxEntry;
       if (e.owner === c.owner && HELD_STATES.has(e.state)) have++;
@@ -261,7 +327,10 @@ export class ClusterStore {
       if (await tx.get(this.key('sandboxes', e.id)).string()) return;
       await tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
       const cur = json<NameEntry>(await tx.get(nk).string());
-      if (!cur || cur.id === e.id || (cur.id === null && cur.node === e.node)) await tx.put(nk).value(JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry));
+      if (!cur || cur.id === e.id || (cur.id === null && cur.node === e.node))
+        await tx
+          .put(nk)
+          .value(JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry));
     });
   }
 
@@ -270,7 +339,13 @@ export class ClusterStore {
     // the name goes only if it is still this sandbox's (it may have been taken again since)
     const cur = await this.name(e.name);
     const ops = [this.client.delete().key(this.key('sandboxes', e.id))];
-    await this.client.if(nk, 'Create', '>', 0).then(...ops, ...(cur && (cur.id === e.id || (cur.id === null && cur.node === e.node)) ? [this.client.delete().key(nk)] : [])).commit();
+    await this.client
+      .if(nk, 'Create', '>', 0)
+      .then(
+        ...ops,
+        ...(cur && (cur.id === e.id || (cur.id === null && cur.node === e.node)) ? [this.client.delete().key(nk)] : []),
+      )
+      .commit();
   }
 
   /**
@@ -282,8 +357,14 @@ export class ClusterStore {
     const id = await lease.grant();
     lease.release();
     const k = this.key('sandboxes', e.id);
-    const r = await this.client.if(k, 'Value', '==', JSON.stringify(e))
-      .then(this.client.put(k).value(JSON.stringify({ ...e, state: 'forgotten' })).lease(id))
+    const r = await this.client
+      .if(k, 'Value', '==', JSON.stringify(e))
+      .then(
+        this.client
+          .put(k)
+          .value(JSON.stringify({ ...e, state: 'forgotten' }))
+          .lease(id),
+      )
       .commit();
     // changed meanwhile (its node came back and wrote it again): not ours to forget
     if (!r.succeeded) return false;
@@ -301,25 +382,41 @@ export class ClusterStore {
       const k = this.key('sandboxes', e.id);
       // only if nobody changed it meanwhile (the node came back and wrote it again)
       // and only while the node is still out: one that came back meanwhile keeps its sandboxes
-      const r = await this.client.if(k, 'Value', '==', JSON.stringify(e)).and(this.key('nodes', node), 'Create', '==', 0).then(this.client.put(k).value(JSON.stringify(lost))).commit();
+      const r = await this.client
+        .if(k, 'Value', '==', JSON.stringify(e))
+        .and(this.key('nodes', node), 'Create', '==', 0)
+        .then(this.client.put(k).value(JSON.stringify(lost)))
+        .commit();
       if (r.succeeded) marked.push(lost);
     }
     // creates placed there that never recorded a sandbox: their names are free again
     const names = await this.client.getAll().prefix(this.key('names', '')).strings();
     for (const [k, v] of Object.entries(names)) {
       const n = JSON.parse(v) as NameEntry;
-      if (n.node === node && n.id === null) await this.client.if(k, 'Value', '==', v).and(this.key('nodes', node), 'Create', '==', 0).then(this.client.delete().key(k)).commit();
+      if (n.node === node && n.id === null)
+        await this.client
+          .if(k, 'Value', '==', v)
+          .and(this.key('nodes', node), 'Create', '==', 0)
+          .then(this.client.delete().key(k))
+          .commit();
     }
     return marked;
   }
 
   async keys(): Promise<KeyEntry[]> {
-    return Object.values(await this.client.getAll().prefix(this.key('keys', '')).strings()).map((v) => JSON.parse(v) as KeyEntry);
+    return Object.values(await this.client.getAll().prefix(this.key('keys', '')).strings()).map(
+      (v) => JSON.parse(v) as KeyEntry,
+    );
   }
 
   async insertKey(k: KeyEntry): Promise<boolean> {
     const kk = this.key('keys', k.name);
-    return (await this.client.if(kk, 'Create', '==', 0).then(this.client.put(kk).value(JSON.stringify(k))).commit()).succeeded;
+    return (
+      await this.client
+        .if(kk, 'Create', '==', 0)
+        .then(this.client.put(kk).value(JSON.stringify(k)))
+        .commit()
+    ).succeeded;
   }
 
   async deleteKey(name: string): Promise<boolean> {

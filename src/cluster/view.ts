@@ -10,7 +10,15 @@
  */
 import { EventEmitter } from 'node:events';
 import type { IKeyValue, Watcher } from 'etcd3';
-import { HELD_STATES, type ClusterStore, type CreateClaim, type KeyEntry, type NameEntry, type NodeInfo, type SandboxEntry } from './store.js';
+import {
+  HELD_STATES,
+  type ClusterStore,
+  type CreateClaim,
+  type KeyEntry,
+  type NameEntry,
+  type NodeInfo,
+  type SandboxEntry,
+} from './store.js';
 
 const HELD = HELD_STATES;
 
@@ -25,7 +33,10 @@ export class ClusterView extends EventEmitter {
   private watcher: Watcher | undefined;
   private lostSweep: Promise<void> = Promise.resolve();
 
-  constructor(readonly store: ClusterStore, private readonly log: (line: Record<string, unknown>) => void) {
+  constructor(
+    readonly store: ClusterStore,
+    private readonly log: (line: Record<string, unknown>) => void,
+  ) {
     super();
     this.setMaxListeners(0);
   }
@@ -65,7 +76,8 @@ export class ClusterView extends EventEmitter {
     });
     // nodes that lapsed while nobody watched (each once)
     const lapsed = new Set<string>();
-    for (const e of this.sandboxes.values()) if (HELD.has(e.state) && !this.nodes.has(e.node) && !this.left.has(e.node)) lapsed.add(e.node);
+    for (const e of this.sandboxes.values())
+      if (HELD.has(e.state) && !this.nodes.has(e.node) && !this.left.has(e.node)) lapsed.add(e.node);
     for (const n of lapsed) this.nodeLapsed(n);
   }
 
@@ -84,11 +96,26 @@ export class ClusterView extends EventEmitter {
         if (!initial && had && !value && !this.left.has(id)) this.nodeLapsed(id);
         break;
       }
-      case 'drain': if (value) this.drained.add(id); else this.drained.delete(id); break;
-      case 'left': if (value) this.left.add(id); else this.left.delete(id); break;
-      case 'sandboxes': if (value) this.sandboxes.set(id, JSON.parse(value) as SandboxEntry); else this.sandboxes.delete(id); break;
-      case 'names': if (value) this.names.set(id, JSON.parse(value) as NameEntry); else this.names.delete(id); break;
-      case 'creates': if (value) this.creates.set(id, JSON.parse(value) as CreateClaim); else this.creates.delete(id); break;
+      case 'drain':
+        if (value) this.drained.add(id);
+        else this.drained.delete(id);
+        break;
+      case 'left':
+        if (value) this.left.add(id);
+        else this.left.delete(id);
+        break;
+      case 'sandboxes':
+        if (value) this.sandboxes.set(id, JSON.parse(value) as SandboxEntry);
+        else this.sandboxes.delete(id);
+        break;
+      case 'names':
+        if (value) this.names.set(id, JSON.parse(value) as NameEntry);
+        else this.names.delete(id);
+        break;
+      case 'creates':
+        if (value) this.creates.set(id, JSON.parse(value) as CreateClaim);
+        else this.creates.delete(id);
+        break;
       case 'keys': {
         for (const [h, k] of this.keysByHash) {
           if (k.name !== id) continue;
@@ -109,7 +136,7 @@ export class ClusterView extends EventEmitter {
     const reason = `its node ${node} stopped answering: its cluster lease lapsed at ${new Date().toISOString()}`;
     this.lostSweep = this.lostSweep.then(async () => {
       const marked = await this.store.markLost(node, reason).catch((e: Error) => {
-        this.log({ msg: 'marking a lapsed node\'s sandboxes lost failed', node, error: e.message });
+        this.log({ msg: "marking a lapsed node's sandboxes lost failed", node, error: e.message });
         return [];
       });
       this.log({ msg: 'node lapsed: its sandboxes are lost', node, sandboxes: marked.map((m) => m.name) });

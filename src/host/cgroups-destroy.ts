@@ -49,7 +49,12 @@ export async function destroyCgroup(cg: Cgroup, timeoutMs = 2000): Promise<void>
   const deadline = performance.now() + timeoutMs;
   // fast path: the kernel refuses (EBUSY) to remove a cgroup holding processes or children
   const first = await Promise.all(
-    tops(cg).map((d) => rmdir(d).then(() => true, (e: unknown) => errno(e) === 'ENOENT')),
+    tops(cg).map((d) =>
+      rmdir(d).then(
+        () => true,
+        (e: unknown) => errno(e) === 'ENOENT',
+      ),
+    ),
   );
   if (first.every(Boolean)) return;
   const dirs = await allDirs(cg);
@@ -66,19 +71,27 @@ export async function destroyCgroup(cg: Cgroup, timeoutMs = 2000): Promise<void>
     await thaw(cg).catch(() => undefined);
   }
   let left: number[] = [];
-  const emptied = await poll(async () => {
-    left = await pidsIn(dirs);
-    for (const p of left) signal(p, 'SIGKILL');
-    return left.length === 0;
-  }, Math.max(0, deadline - performance.now()));
+  const emptied = await poll(
+    async () => {
+      left = await pidsIn(dirs);
+      for (const p of left) signal(p, 'SIGKILL');
+      return left.length === 0;
+    },
+    Math.max(0, deadline - performance.now()),
+  );
   if (!emptied) throw cgError(`cgroup ${cg.id} still holds pids ${left.join(' ')} after SIGKILL`);
   // each sandbox tree bottom-up (a parent is busy while it has children), the trees in parallel
-  const trees = tops(cg).map((top) => dirs.filter((d) => d === top || d.startsWith(top + '/')).sort((a, b) => b.length - a.length));
+  const trees = tops(cg).map((top) =>
+    dirs.filter((d) => d === top || d.startsWith(top + '/')).sort((a, b) => b.length - a.length),
+  );
   let busy: string[] = [];
-  const removed = await poll(async () => {
-    busy = (await Promise.all(trees.map(removeTree))).flat();
-    return busy.length === 0;
-  }, Math.max(0, deadline - performance.now()));
+  const removed = await poll(
+    async () => {
+      busy = (await Promise.all(trees.map(removeTree))).flat();
+      return busy.length === 0;
+    },
+    Math.max(0, deadline - performance.now()),
+  );
   if (!removed) throw cgError(`cannot remove ${busy.join(', ')}: still busy`);
 }
 

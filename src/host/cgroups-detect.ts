@@ -8,8 +8,20 @@ export const USED_CONTROLLERS = ['memory', 'pids', 'cpu', 'cpuacct', 'freezer'] 
 export type Controller = (typeof USED_CONTROLLERS)[number];
 
 const V1_CONTROLLERS = new Set([
-  'cpu', 'cpuacct', 'cpuset', 'memory', 'devices', 'freezer', 'net_cls', 'net_prio', 'blkio',
-  'perf_event', 'hugetlb', 'pids', 'rdma', 'misc',
+  'cpu',
+  'cpuacct',
+  'cpuset',
+  'memory',
+  'devices',
+  'freezer',
+  'net_cls',
+  'net_prio',
+  'blkio',
+  'perf_event',
+  'hugetlb',
+  'pids',
+  'rdma',
+  'misc',
 ]);
 
 export const DEFAULT_ROOT = '/sys/fs/cgroup';
@@ -67,7 +79,7 @@ function detectV1(root: string): CgroupLayout {
     for (const opt of m.superOptions.split(',')) {
       // a hierarchy may be mounted twice (bind mounts); the first wins
       if (V1_CONTROLLERS.has(opt)) hierarchies[opt] ??= m.target;
-      else if (opt.startsWith('name=')) (named[opt.slice(5)] ??= m.target);
+      else if (opt.startsWith('name=')) named[opt.slice(5)] ??= m.target;
     }
   }
   const layout: CgroupLayout = {

@@ -70,8 +70,15 @@ export async function probeCgroups(
       layout.version === 2
         ? `enable them in the parent cgroup (echo +${missing.join(' +')} > <parent>/cgroup.subtree_control)` +
           (missing.includes('memory') ? ', or boot with cgroup_enable=memory' : '')
-        : missing.map((c) => `mkdir -p ${layout.root}/${c} && mount -t cgroup -o ${c} cgroup ${layout.root}/${c}`).join('; ');
-    return { ...base, ok: false, reason: `${kind} at ${layout.root} lacks the ${missing.join(', ')} controller(s)`, fix };
+        : missing
+            .map((c) => `mkdir -p ${layout.root}/${c} && mount -t cgroup -o ${c} cgroup ${layout.root}/${c}`)
+            .join('; ');
+    return {
+      ...base,
+      ok: false,
+      reason: `${kind} at ${layout.root} lacks the ${missing.join(', ')} controller(s)`,
+      fix,
+    };
   }
   const notes: string[] = [];
   const mem = layout.hierarchies.memory;
@@ -79,7 +86,11 @@ export async function probeCgroups(
     notes.push('swap accounting off (boot with swapaccount=1 to keep sandboxes out of swap)');
   }
   const where = layout.base !== layout.root ? `, snaplab's cgroups in systemd's ${SCOPE_UNIT} (delegated)` : '';
-  return { ...base, ok: true, reason: [`${kind} at ${layout.root} with ${NEEDED.join(', ')}${where}`, ...notes].join('; ') };
+  return {
+    ...base,
+    ok: true,
+    reason: [`${kind} at ${layout.root} with ${NEEDED.join(', ')}${where}`, ...notes].join('; '),
+  };
 }
 
 /**
@@ -110,9 +121,14 @@ export async function removeEmptySnaplabParents(): Promise<void> {
 export async function probeCgroupMoves(): Promise<Availability> {
   const layout = detectCgroups(DEFAULT_ROOT);
   const mountPoint = layout.version === 2 ? layout.root : layout.unified;
-  const fix = mountPoint ? `mount -o remount,favordynmods ${mountPoint}` : 'mount a cgroup2 hierarchy with -o favordynmods';
+  const fix = mountPoint
+    ? `mount -o remount,favordynmods ${mountPoint}`
+    : 'mount a cgroup2 hierarchy with -o favordynmods';
   // where snaplab's cgroups go: in its systemd scope on a systemd host, never the root's own
-  const dir = layout.version === 2 ? `${layout.base}/${PARENT}-probe-${process.pid}` : `${layout.hierarchies.pids ?? layout.hierarchies.freezer}/${PARENT}-probe-${process.pid}`;
+  const dir =
+    layout.version === 2
+      ? `${layout.base}/${PARENT}-probe-${process.pid}`
+      : `${layout.hierarchies.pids ?? layout.hierarchies.freezer}/${PARENT}-probe-${process.pid}`;
   const scoped = layout.base.endsWith(SCOPE_PATH);
   const child = spawn('sleep', ['5'], { stdio: 'ignore' });
   let verdict: Availability;
@@ -124,7 +140,14 @@ export async function probeCgroupMoves(): Promise<Availability> {
     writeFileSync(`${dir}/cgroup.procs`, String(child.pid));
     const ms = performance.now() - t0;
     const took = `moving a process into a cgroup took ${ms.toFixed(2)} ms`;
-    verdict = ms < 2 ? { ok: true, reason: took } : { ok: false, reason: `${took} (an RCU grace period; paid by each raise when raises are spaced out; optional tuning)`, fix };
+    verdict =
+      ms < 2
+        ? { ok: true, reason: took }
+        : {
+            ok: false,
+            reason: `${took} (an RCU grace period; paid by each raise when raises are spaced out; optional tuning)`,
+            fix,
+          };
   } catch (e) {
     verdict = { ok: false, reason: `could not measure a cgroup move: ${(e as Error).message}`, fix };
   }
@@ -135,6 +158,9 @@ export async function probeCgroupMoves(): Promise<Availability> {
   await rmdir(dir).catch((e: unknown) => {
     if (errno(e) !== 'ENOENT') left.push(`${dir} (${errno(e)})`);
   });
-  if (scoped) await stopScopeIfIdle(layout.base).catch((e: unknown) => left.push(`${SCOPE_UNIT} (${(e as Error).message})`));
-  return left.length ? { ...verdict, reason: `${verdict.reason}; could not remove ${left.join(', ')}: snaplab gc does` } : verdict;
+  if (scoped)
+    await stopScopeIfIdle(layout.base).catch((e: unknown) => left.push(`${SCOPE_UNIT} (${(e as Error).message})`));
+  return left.length
+    ? { ...verdict, reason: `${verdict.reason}; could not remove ${left.join(', ')}: snaplab gc does` }
+    : verdict;
 }

@@ -77,16 +77,35 @@ async function makeScope(scopeDir: string): Promise<void> {
     if (!why) return;
     await new Promise((r) => setTimeout(r, 100)); // a scope still being stopped: systemd refuses its name until then
   }
-  const placed = await run('systemctl', ['show', '-p', 'ControlGroup', '--value', SCOPE_UNIT], { allowFail: true }).then((r) => r.stdout.trim(), () => '');
-  throw new SnaplabError('CGROUP_FAILED', `cannot make the systemd scope ${SCOPE_UNIT} for snaplab's cgroups: ${why || 'no keeper appeared'}${placed && placed !== SCOPE_PATH ? ` (systemd put it at ${placed}, not ${SCOPE_PATH})` : ''}`,
-    'is systemd running as PID 1 with cgroup v2 (systemctl status)? SNAPLAB_CGROUP_SCOPE=0 puts snaplab\'s cgroups under the root cgroup instead');
+  const placed = await run('systemctl', ['show', '-p', 'ControlGroup', '--value', SCOPE_UNIT], {
+    allowFail: true,
+  }).then(
+    (r) => r.stdout.trim(),
+    () => '',
+  );
+  throw new SnaplabError(
+    'CGROUP_FAILED',
+    `cannot make the systemd scope ${SCOPE_UNIT} for snaplab's cgroups: ${why || 'no keeper appeared'}${placed && placed !== SCOPE_PATH ? ` (systemd put it at ${placed}, not ${SCOPE_PATH})` : ''}`,
+    "is systemd running as PID 1 with cgroup v2 (systemctl status)? SNAPLAB_CGROUP_SCOPE=0 puts snaplab's cgroups under the root cgroup instead",
+  );
 }
 
 /** systemd-run makes the scope around the keeper, which moves itself into its leaf; '' when it is there. */
 async function startScope(scopeDir: string, deadline: number): Promise<string> {
   const script = `d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup) && mkdir -p "$d/${KEEPER}" && echo $$ > "$d/${KEEPER}/cgroup.procs" && exec sleep infinity 2>/dev/null`;
-  const args = ['--scope', '--quiet', '--collect', `--unit=${SCOPE_UNIT}`, `--slice=${SCOPE_SLICE}`, ...SCOPE_PROPERTIES.map((p) => `--property=${p}`),
-    '--description=snaplab sandboxes and VMs (gc stops it when none is left)', '--', 'sh', '-c', script];
+  const args = [
+    '--scope',
+    '--quiet',
+    '--collect',
+    `--unit=${SCOPE_UNIT}`,
+    `--slice=${SCOPE_SLICE}`,
+    ...SCOPE_PROPERTIES.map((p) => `--property=${p}`),
+    '--description=snaplab sandboxes and VMs (gc stops it when none is left)',
+    '--',
+    'sh',
+    '-c',
+    script,
+  ];
   // cwd /: the keeper lives on, and must not hold the caller's directory (a mount) busy
   const child = spawn('systemd-run', args, { detached: true, cwd: '/', stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
@@ -100,7 +119,10 @@ async function startScope(scopeDir: string, deadline: number): Promise<string> {
   child.unref();
   // systemd-run execs the keeper: an exit is a refusal (another process made the scope first, or
   // one is still being stopped), and the loop above looks again
-  await poll(async () => exited !== undefined || (await keeperPids(scopeDir)).length > 0, Math.max(0, deadline - performance.now()));
+  await poll(
+    async () => exited !== undefined || (await keeperPids(scopeDir)).length > 0,
+    Math.max(0, deadline - performance.now()),
+  );
   child.stderr!.destroy();
   if ((await keeperPids(scopeDir)).length) return '';
   return `systemd-run ${exited === undefined ? 'made no keeper' : `exited ${exited}`}: ${stderr.trim()}`;

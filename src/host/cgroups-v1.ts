@@ -73,9 +73,7 @@ export async function oomKillsV1(cg: Cgroup): Promise<number> {
   return dir ? (keyed(await readText(`${dir}/memory.oom_control`), 'oom_kill') ?? 0) : 0;
 }
 
-export async function statsV1(
-  cg: Cgroup,
-): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {
+export async function statsV1(cg: Cgroup): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {
   const { memory, pids, cpuacct } = cg.controllerDirs;
   const [mem, n, ns] = await Promise.all([
     memory ? readText(`${memory}/memory.usage_in_bytes`) : undefined,

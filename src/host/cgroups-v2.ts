@@ -19,7 +19,11 @@ export function planV2(cg: Cgroup, limits: CgroupLimits): CgroupPlan {
   if (limits.memoryBytes !== undefined) {
     add('memory', 'memory limit', [
       { file: 'memory.max', value: String(limits.memoryBytes) },
-      { file: 'memory.swap.max', value: '0', optional: 'swap limit: memory.swap.max is missing (kernel without swap accounting)' },
+      {
+        file: 'memory.swap.max',
+        value: '0',
+        optional: 'swap limit: memory.swap.max is missing (kernel without swap accounting)',
+      },
     ]);
   }
   if (limits.pids !== undefined) {
@@ -52,11 +56,9 @@ export async function prepareV2Parent(cg: Cgroup, force = false): Promise<void> 
     const on = new Set((await readText(`${dir}/cgroup.subtree_control`))?.trim().split(/\s+/));
     const missing = want.filter((c) => !on.has(c));
     if (!missing.length) continue;
-    await writeText(`${dir}/cgroup.subtree_control`, missing.map((c) => `+${c}`).join(' ')).catch(
-      (e: unknown) => {
-        throw cgError(`cannot enable ${missing.join(', ')} in ${dir}/cgroup.subtree_control`, e);
-      },
-    );
+    await writeText(`${dir}/cgroup.subtree_control`, missing.map((c) => `+${c}`).join(' ')).catch((e: unknown) => {
+      throw cgError(`cannot enable ${missing.join(', ')} in ${dir}/cgroup.subtree_control`, e);
+    });
   }
   prepared.add(cg.root);
 }
@@ -99,9 +101,7 @@ export async function oomKillsV2(cg: Cgroup): Promise<number> {
   return dir ? (keyed(await readText(`${dir}/memory.events`), 'oom_kill') ?? 0) : 0;
 }
 
-export async function statsV2(
-  cg: Cgroup,
-): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {
+export async function statsV2(cg: Cgroup): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {
   const dir = cg.dirs[0]!;
   const { memory, pids } = cg.controllerDirs;
   const [mem, n, cpu] = await Promise.all([

@@ -10,7 +10,13 @@ import * as v2 from './cgroups-v2.js';
 export { detectCgroups, forgetCgroupLayouts, type CgroupLayout, type Controller } from './cgroups-detect.js';
 export type { Cgroup, CgroupLimits } from './cgroups-types.js';
 export { destroyCgroup, pids } from './cgroups-destroy.js';
-export { listSnaplabCgroups, snaplabCgroupsOnHost, probeCgroups, probeCgroupMoves, removeEmptySnaplabParents } from './cgroups-host.js';
+export {
+  listSnaplabCgroups,
+  snaplabCgroupsOnHost,
+  probeCgroups,
+  probeCgroupMoves,
+  removeEmptySnaplabParents,
+} from './cgroups-host.js';
 
 /** Every snaplab cgroup sits below a parent of this name (principle 6: host objects are labelled). */
 export const PARENT = 'snaplab';
@@ -24,7 +30,11 @@ export interface CgroupOptions {
 /** The paths of sandbox `id`'s cgroup. No I/O beyond the (cached) detection. */
 export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
   if (!ID.test(id)) {
-    throw new SnaplabError('BAD_NAME', `bad cgroup id ${JSON.stringify(id)}`, 'use letters, digits, ".", "_" and "-" (at most 128)');
+    throw new SnaplabError(
+      'BAD_NAME',
+      `bad cgroup id ${JSON.stringify(id)}`,
+      'use letters, digits, ".", "_" and "-" (at most 128)',
+    );
   }
   const layout = detectCgroups(opts.root ?? DEFAULT_ROOT);
   const controllerDirs: Partial<Record<Controller, string>> = {};
@@ -65,7 +75,9 @@ function otherHierarchies(layout: ReturnType<typeof detectCgroups>): string[] {
   let found = others.get(layout);
   if (!found) {
     const used = new Set(USED_CONTROLLERS.map((c) => layout.hierarchies[c]).filter(Boolean));
-    const all = new Set([...Object.values(layout.hierarchies), ...Object.values(layout.named ?? {})].filter((m): m is string => !!m));
+    const all = new Set(
+      [...Object.values(layout.hierarchies), ...Object.values(layout.named ?? {})].filter((m): m is string => !!m),
+    );
     others.set(layout, (found = [...all].filter((m) => !used.has(m)).sort()));
   }
   return found;
@@ -115,14 +127,16 @@ export async function delegateCgroup(cg: Cgroup, uid: number): Promise<{ payload
     dir = cg.unifiedDir;
     await mkdir(dir, { recursive: true });
   } else {
-    throw cgError('a system machine needs a cgroup2 hierarchy (v2, or the unified mount of a hybrid host); this host has only v1');
+    throw cgError(
+      'a system machine needs a cgroup2 hierarchy (v2, or the unified mount of a hybrid host); this host has only v1',
+    );
   }
   const supervisor = `${dir}/${SUPERVISOR}`;
   const payload = `${dir}/${PAYLOAD}`;
   await mkdir(supervisor);
   await mkdir(payload);
   if (cg.version === 2) {
-    const available = ((await readFile(`${dir}/cgroup.controllers`, 'utf8')).trim().split(/\s+/)).filter(Boolean);
+    const available = (await readFile(`${dir}/cgroup.controllers`, 'utf8')).trim().split(/\s+/).filter(Boolean);
     if (available.length) await writeText(`${dir}/cgroup.subtree_control`, available.map((c) => `+${c}`).join(' '));
     cg.procsFiles[0] = `${supervisor}/cgroup.procs`;
   } else {
@@ -132,7 +146,12 @@ export async function delegateCgroup(cg: Cgroup, uid: number): Promise<{ payload
   // at its own directory in each (a mount of one inside shows its subtree, not the host's)
   for (const other of cg.otherDirs ?? []) {
     await mkdir(other, { recursive: true });
-    if (await readFile(`${other}/cpuset.cpus`, 'utf8').then(() => true, () => false)) {
+    if (
+      await readFile(`${other}/cpuset.cpus`, 'utf8').then(
+        () => true,
+        () => false,
+      )
+    ) {
       await cpusetReady(`${other}/..`);
       await cpusetReady(other);
     }
@@ -166,7 +185,8 @@ function checkLimits(l: CgroupLimits): void {
   const bad = (what: string, v: unknown): never => {
     throw new SnaplabError('BAD_INPUT', `bad ${what}: ${String(v)}`, `${what} must be a positive number`);
   };
-  if (l.memoryBytes !== undefined && !(Number.isSafeInteger(l.memoryBytes) && l.memoryBytes > 0)) bad('memory limit', l.memoryBytes);
+  if (l.memoryBytes !== undefined && !(Number.isSafeInteger(l.memoryBytes) && l.memoryBytes > 0))
+    bad('memory limit', l.memoryBytes);
   if (l.pids !== undefined && !(Number.isSafeInteger(l.pids) && l.pids > 0)) bad('pids limit', l.pids);
   if (l.cpus !== undefined && !(Number.isFinite(l.cpus) && l.cpus > 0)) bad('cpu limit', l.cpus);
 }
@@ -205,14 +225,19 @@ async function makeDir(cg: Cgroup, dir: string): Promise<void> {
     await mkdir(dir);
   } catch (e) {
     if (errno(e) === 'EEXIST') {
-      throw new SnaplabError('CGROUP_FAILED', `cgroup ${dir} already exists`, `destroy sandbox ${cg.id} or run snaplab gc`);
+      throw new SnaplabError(
+        'CGROUP_FAILED',
+        `cgroup ${dir} already exists`,
+        `destroy sandbox ${cg.id} or run snaplab gc`,
+      );
     }
     if (errno(e) !== 'ENOENT') throw cgError(`cannot create ${dir}`, e);
     // first sandbox on this host (or after gc): make the snaplab parent, then retry
     if (cg.version === 2) await v2.prepareV2Parent(cg, true);
-    else await mkdir(dir.slice(0, dir.lastIndexOf('/'))).catch((e2: unknown) => {
-      if (errno(e2) !== 'EEXIST') throw cgError(`cannot create the snaplab parent of ${dir}`, e2);
-    });
+    else
+      await mkdir(dir.slice(0, dir.lastIndexOf('/'))).catch((e2: unknown) => {
+        if (errno(e2) !== 'EEXIST') throw cgError(`cannot create the snaplab parent of ${dir}`, e2);
+      });
     await mkdir(dir).catch((e2: unknown) => {
       throw cgError(`cannot create ${dir}`, e2);
     });
@@ -231,7 +256,9 @@ async function applyWrites(cg: Cgroup, dir: string, writes: CgroupWrite[], skipp
     for (const [i, w] of writes.entries()) {
       const fd = opened[i]!;
       if (typeof fd === 'number') {
-        await new Promise<void>((res, rej) => fsWrite(fd, w.value, (e) => (e ? rej(cgError(`cannot write ${w.value} to ${dir}/${w.file}`, e)) : res())));
+        await new Promise<void>((res, rej) =>
+          fsWrite(fd, w.value, (e) => (e ? rej(cgError(`cannot write ${w.value} to ${dir}/${w.file}`, e)) : res())),
+        );
       } else {
         await applyWrite(cg, dir, w, skipped); // rare: missing file (skip, fallback, or v2 re-prepare)
       }

@@ -11,7 +11,10 @@ interface Pending {
 
 /** An error from the helper, carrying the errno of the failed system call. */
 export class HostOpError extends Error {
-  constructor(readonly errno: number, message: string) {
+  constructor(
+    readonly errno: number,
+    message: string,
+  ) {
     super(message);
   }
 }
@@ -53,7 +56,11 @@ export class HostOps {
   static require(): HostOps {
     const ops = HostOps.get();
     if (!ops) {
-      throw new SnaplabError('INTERNAL', `the native helper ${HostOps.binaryPath()} is not built`, 'build it: make -C native (or npm run build)');
+      throw new SnaplabError(
+        'INTERNAL',
+        `the native helper ${HostOps.binaryPath()} is not built`,
+        'build it: make -C native (or npm run build)',
+      );
     }
     return ops;
   }
@@ -82,7 +89,10 @@ export class HostOps {
       const len = this.buf.readUInt32LE(0);
       if (this.buf.length < 8 + len) break;
       const id = this.buf.readUInt32LE(4);
-      const fields = this.buf.subarray(8, 8 + len).toString().split('\0');
+      const fields = this.buf
+        .subarray(8, 8 + len)
+        .toString()
+        .split('\0');
       fields.pop();
       this.buf = this.buf.subarray(8 + len);
       const p = this.pending.get(id);

@@ -28,4 +28,3 @@ export function slotBase(n: number): number {
   }
   throw new RangeError(`no user namespace slot ${n}`);
 }
-

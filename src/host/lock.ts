@@ -21,14 +21,22 @@ async function takeOver(path: string, dead: number): Promise<void> {
   try {
     await (await open(guard, 'wx')).close();
   } catch {
-    const age = await stat(guard).then((st) => Date.now() - st.mtimeMs, () => 0);
+    const age = await stat(guard).then(
+      (st) => Date.now() - st.mtimeMs,
+      () => 0,
+    );
     if (age > 5000) await unlink(guard).catch(() => undefined);
     return; // someone else is taking it over: try the lock again
   }
   try {
     const now = Number(await readFile(path, 'utf8').catch(() => ''));
     // still the stale one (an empty one must still be old: a new holder may be between open and write)
-    const old = now > 0 || (await stat(path).then((st) => Date.now() - st.mtimeMs > 5000, () => false));
+    const old =
+      now > 0 ||
+      (await stat(path).then(
+        (st) => Date.now() - st.mtimeMs > 5000,
+        () => false,
+      ));
     if (now === dead && old) await unlink(path).catch(() => undefined);
   } finally {
     await unlink(guard).catch(() => undefined);
@@ -54,13 +62,23 @@ export async function withLock<T>(path: string, fn: () => Promise<T>, timeoutMs 
       const pid = Number(await readFile(path, 'utf8').catch(() => ''));
       // An empty file is a holder between open and write: give it a few seconds, then it is a
       // holder that died there.
-      const age = pid > 0 ? 0 : await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
+      const age =
+        pid > 0
+          ? 0
+          : await stat(path).then(
+              (st) => Date.now() - st.mtimeMs,
+              () => 0,
+            );
       if ((pid > 0 && !alive(pid)) || age > 5000) {
         await takeOver(path, pid);
         continue;
       }
       if (Date.now() > deadline) {
-        throw new SnaplabError('TIMEOUT', `lock ${path} held by pid ${pid || '?'}`, `if no snaplab process runs, rm ${path}`);
+        throw new SnaplabError(
+          'TIMEOUT',
+          `lock ${path} held by pid ${pid || '?'}`,
+          `if no snaplab process runs, rm ${path}`,
+        );
       }
       await new Promise((r) => setTimeout(r, 10 + Math.random() * 20));
     }

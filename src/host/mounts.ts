@@ -125,7 +125,11 @@ export async function mountFs(source: string, target: string, fstype: string, op
   try {
     await ops.request('mount', source, target, fstype, '0', options);
   } catch (e) {
-    throw new SnaplabError('HOST_COMMAND_FAILED', `mount -t ${fstype} ${source} ${target}: ${(e as Error).message}`, 'see `dmesg | tail` for the kernel\'s reason');
+    throw new SnaplabError(
+      'HOST_COMMAND_FAILED',
+      `mount -t ${fstype} ${source} ${target}: ${(e as Error).message}`,
+      "see `dmesg | tail` for the kernel's reason",
+    );
   }
 }
 

@@ -21,7 +21,8 @@ export async function addBridge(netns: string, bridge: string = DEFAULT_BRIDGE):
     `link set ${bridge} up`,
   ]);
   if (res.code !== 0) {
-    if (!/Command failed -:1\b/.test(res.stderr)) await run('ip', ['-n', netns, 'link', 'del', bridge], { allowFail: true });
+    if (!/Command failed -:1\b/.test(res.stderr))
+      await run('ip', ['-n', netns, 'link', 'del', bridge], { allowFail: true });
     throw failed(
       `cannot add bridge ${bridge} in ${netns}`,
       res.stderr,
@@ -74,10 +75,12 @@ export async function attach(o: AttachOptions): Promise<void> {
         : `check that both namespaces exist (\`ip netns list\`) and ${bridge} is in ${o.bridgeNetns}`,
     );
   }
-  const conf = await ipBatch(
-    o.machineNetns,
-    [`link set ${o.guestIf} group ${NET_GROUP}`, `link set ${o.guestIf} addrgenmode none`, `addr add ${o.address} dev ${o.guestIf}`, `link set ${o.guestIf} up`],
-  );
+  const conf = await ipBatch(o.machineNetns, [
+    `link set ${o.guestIf} group ${NET_GROUP}`,
+    `link set ${o.guestIf} addrgenmode none`,
+    `addr add ${o.address} dev ${o.guestIf}`,
+    `link set ${o.guestIf} up`,
+  ]);
   if (conf.code !== 0) {
     await detach(o.bridgeNetns, o.hostIf);
     throw failed(
@@ -94,7 +97,11 @@ export async function detach(bridgeNetns: string, hostIf: string): Promise<void>
   checkIfName(hostIf);
   const res = await run('ip', ['-n', bridgeNetns, 'link', 'del', hostIf], { allowFail: true });
   if (res.code !== 0 && !/Cannot find device|does not exist|No such/i.test(res.stderr)) {
-    throw failed(`cannot remove ${hostIf} from ${bridgeNetns}`, res.stderr, `\`ip -n ${bridgeNetns} link\` shows what is there`);
+    throw failed(
+      `cannot remove ${hostIf} from ${bridgeNetns}`,
+      res.stderr,
+      `\`ip -n ${bridgeNetns} link\` shows what is there`,
+    );
   }
 }
 
@@ -107,18 +114,36 @@ export async function block(machineNetns: string, addresses: string[]): Promise<
   checkNetnsName(machineNetns);
   const prefixes = addresses.map(hostPrefix);
   if (!prefixes.length) return;
-  const res = await ipBatch(machineNetns, prefixes.map((p) => `route replace blackhole ${p}`), { force: true });
-  if (res.code !== 0) throw failed(`cannot block ${prefixes.join(', ')} in ${machineNetns}`, res.stderr, 'check that the namespace exists');
+  const res = await ipBatch(
+    machineNetns,
+    prefixes.map((p) => `route replace blackhole ${p}`),
+    { force: true },
+  );
+  if (res.code !== 0)
+    throw failed(
+      `cannot block ${prefixes.join(', ')} in ${machineNetns}`,
+      res.stderr,
+      'check that the namespace exists',
+    );
 }
 
 export async function unblock(machineNetns: string, addresses: string[]): Promise<void> {
   checkNetnsName(machineNetns);
   const prefixes = addresses.map(hostPrefix);
   if (!prefixes.length) return;
-  const res = await ipBatch(machineNetns, prefixes.map((p) => `route del blackhole ${p}`), { force: true });
+  const res = await ipBatch(
+    machineNetns,
+    prefixes.map((p) => `route del blackhole ${p}`),
+    { force: true },
+  );
   // A route that is not there is already unblocked.
   const real = res.stderr.split('\n').filter((l) => l.trim() && !/No such process|^Command failed/.test(l));
-  if (res.code !== 0 && real.length) throw failed(`cannot unblock ${prefixes.join(', ')} in ${machineNetns}`, real.join('\n'), 'check that the namespace exists');
+  if (res.code !== 0 && real.length)
+    throw failed(
+      `cannot unblock ${prefixes.join(', ')} in ${machineNetns}`,
+      real.join('\n'),
+      'check that the namespace exists',
+    );
 }
 
 /** The addresses this machine's traffic is dropped to (its blackhole routes), as the kernel has them. */
@@ -153,7 +178,11 @@ export async function setImpairment(machineNetns: string, dev: string, opts: Imp
     const res = await run('tc', ['-n', machineNetns, 'qdisc', 'del', 'dev', dev, 'root'], { allowFail: true });
     // No qdisc of ours there: nothing to clear.
     if (res.code !== 0 && !/handle of zero|No such file|Invalid handle/i.test(res.stderr)) {
-      throw failed(`cannot clear impairment on ${dev} in ${machineNetns}`, res.stderr, `\`tc -n ${machineNetns} qdisc show\` shows what is there`);
+      throw failed(
+        `cannot clear impairment on ${dev} in ${machineNetns}`,
+        res.stderr,
+        `\`tc -n ${machineNetns} qdisc show\` shows what is there`,
+      );
     }
     return;
   }
@@ -175,5 +204,9 @@ export async function setImpairment(machineNetns: string, dev: string, opts: Imp
       '`modprobe sch_netem` (the kernel needs CONFIG_NET_SCH_NETEM); `snaplab doctor` checks it',
     );
   }
-  throw failed(`cannot impair ${dev} in ${machineNetns}`, res.stderr, `\`tc -n ${machineNetns} qdisc show dev ${dev}\``);
+  throw failed(
+    `cannot impair ${dev} in ${machineNetns}`,
+    res.stderr,
+    `\`tc -n ${machineNetns} qdisc show dev ${dev}\``,
+  );
 }

@@ -107,6 +107,7 @@ export function runIn(
   opts: { timeoutMs?: number; allowFail?: boolean } = {},
 ): Promise<RunResult> {
   checkNetnsName(netns);
-  if (!argv.length) throw new SnaplabError('BAD_INPUT', 'runIn needs a command', 'pass argv, e.g. ["busybox", "ping", "-c1", ADDRESS]');
+  if (!argv.length)
+    throw new SnaplabError('BAD_INPUT', 'runIn needs a command', 'pass argv, e.g. ["busybox", "ping", "-c1", ADDRESS]');
   return run('ip', ['netns', 'exec', netns, ...argv], { timeoutMs: opts.timeoutMs, allowFail: opts.allowFail });
 }

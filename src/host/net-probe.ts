@@ -14,20 +14,25 @@ function firstLine(e: unknown): string {
 
 /** Can this host make what a scenario network needs: a namespace, a bridge, a veth pair? */
 export async function probeNetworking(): Promise<Availability> {
-  if (!(await which('ip'))) return { ok: false, reason: 'the ip command (iproute2) is not installed', fix: 'apt-get install iproute2' };
-  if (process.getuid?.() !== 0) return { ok: false, reason: 'network namespaces need root', fix: 'run snaplab as root' };
+  if (!(await which('ip')))
+    return { ok: false, reason: 'the ip command (iproute2) is not installed', fix: 'apt-get install iproute2' };
+  if (process.getuid?.() !== 0)
+    return { ok: false, reason: 'network namespaces need root', fix: 'run snaplab as root' };
   const ns = scratchName('net');
   try {
     await createNetns(ns);
   } catch (e) {
-    return { ok: false, reason: `cannot create a network namespace: ${firstLine(e)}`, fix: 'run as root on a kernel with CONFIG_NET_NS' };
+    return {
+      ok: false,
+      reason: `cannot create a network namespace: ${firstLine(e)}`,
+      fix: 'run as root on a kernel with CONFIG_NET_NS',
+    };
   }
   try {
-    const res = await run(
-      'ip',
-      ['-n', ns, '-batch', '-'],
-      { input: 'link add br0 type bridge\nlink add v0 master br0 type veth peer name v1\n', allowFail: true },
-    );
+    const res = await run('ip', ['-n', ns, '-batch', '-'], {
+      input: 'link add br0 type bridge\nlink add v0 master br0 type veth peer name v1\n',
+      allowFail: true,
+    });
     if (res.code !== 0) {
       const bridge = /-:1\b/.test(res.stderr);
       return {
@@ -44,15 +49,24 @@ export async function probeNetworking(): Promise<Availability> {
 
 /** Can tc netem delay and drop packets here? Tried on the loopback of a scratch namespace. */
 export async function probeNetem(): Promise<Availability> {
-  if (!(await which('tc'))) return { ok: false, reason: 'the tc command (iproute2) is not installed', fix: 'apt-get install iproute2' };
+  if (!(await which('tc')))
+    return { ok: false, reason: 'the tc command (iproute2) is not installed', fix: 'apt-get install iproute2' };
   const ns = scratchName('netem');
   try {
     await createNetns(ns);
   } catch (e) {
-    return { ok: false, reason: `cannot create a network namespace to try netem in: ${firstLine(e)}`, fix: 'run snaplab doctor as root' };
+    return {
+      ok: false,
+      reason: `cannot create a network namespace to try netem in: ${firstLine(e)}`,
+      fix: 'run snaplab doctor as root',
+    };
   }
   try {
-    const res = await run('tc', ['-n', ns, 'qdisc', 'add', 'dev', 'lo', 'root', 'netem', 'delay', '1ms', 'loss', '0%'], { allowFail: true });
+    const res = await run(
+      'tc',
+      ['-n', ns, 'qdisc', 'add', 'dev', 'lo', 'root', 'netem', 'delay', '1ms', 'loss', '0%'],
+      { allowFail: true },
+    );
     if (res.code === 0) return { ok: true, reason: 'tc netem works (delay, jitter, loss)' };
     const msg = res.stderr.trim().split('\n')[0] ?? '';
     return /kind is unknown|Unknown qdisc/i.test(msg)

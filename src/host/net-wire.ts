@@ -3,7 +3,16 @@ import { run } from './run.js';
 import { createNetnsBatch, deleteNetns, ipBatch, listSnaplabNetns } from './net-ns.js';
 import { mkdir } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
-import { DEFAULT_BRIDGE, NETNS_DIR, NET_GROUP, checkCidr, checkIfName, checkNetnsName, macFor, netnsPath } from './net-names.js';
+import {
+  DEFAULT_BRIDGE,
+  NETNS_DIR,
+  NET_GROUP,
+  checkCidr,
+  checkIfName,
+  checkNetnsName,
+  macFor,
+  netnsPath,
+} from './net-names.js';
 import { HostOps } from './hostops.js';
 
 /** A whole scenario's networks, raised in one go: what `up` needs, in 1 + networks + machines spawns. */
@@ -36,10 +45,20 @@ function validate(plan: WirePlan): Map<string, string> {
   const names = new Set<string>(bridges.keys());
   for (const m of plan.machines) {
     checkNetnsName(m.netns);
-    if (names.has(m.netns)) throw new SnaplabError('BAD_INPUT', `namespace ${m.netns} appears twice in the plan`, 'give each network and machine its own namespace');
+    if (names.has(m.netns))
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `namespace ${m.netns} appears twice in the plan`,
+        'give each network and machine its own namespace',
+      );
     names.add(m.netns);
     for (const l of m.links) {
-      if (!bridges.has(l.bridgeNetns)) throw new SnaplabError('BAD_INPUT', `machine ${m.netns} is linked to ${l.bridgeNetns}, which is not a network of the plan`, 'list it under networks');
+      if (!bridges.has(l.bridgeNetns))
+        throw new SnaplabError(
+          'BAD_INPUT',
+          `machine ${m.netns} is linked to ${l.bridgeNetns}, which is not a network of the plan`,
+          'list it under networks',
+        );
       checkIfName(l.hostIf, 'bridge-side interface');
       checkIfName(l.guestIf, 'machine interface');
       checkCidr(l.address);
@@ -61,20 +80,35 @@ export async function wire(plan: WirePlan): Promise<void> {
   const bridges = validate(plan);
   // a VM machine's taps need the tun device: said before anything is made
   if (plan.machines.some((m) => m.links.some((l) => l.tap)) && !existsSync('/dev/net/tun')) {
-    throw new SnaplabError('HOST_COMMAND_FAILED', 'a VM machine needs /dev/net/tun for its taps, and this host has none', 'load the tun module (`modprobe tun`); `snaplab doctor` checks it');
+    throw new SnaplabError(
+      'HOST_COMMAND_FAILED',
+      'a VM machine needs /dev/net/tun for its taps, and this host has none',
+      'load the tun module (`modprobe tun`); `snaplab doctor` checks it',
+    );
   }
   const all = [...bridges.keys(), ...plan.machines.map((m) => m.netns)];
   await createNetnsBatch([...bridges.keys(), ...plan.machines.filter((m) => !m.userns).map((m) => m.netns)]);
   try {
     if (plan.machines.some((m) => m.userns)) await sharedNetnsDir();
     await Promise.all(
-      plan.machines.filter((m) => m.userns).map(async (m) => {
-        try {
-          await HostOps.require().request('netns-userns', netnsPath(m.netns), String(m.userns!.base), String(m.userns!.count));
-        } catch (e) {
-          throw new SnaplabError('HOST_COMMAND_FAILED', `cannot create network namespace ${m.netns} in a user namespace: ${(e as Error).message}`, '`snaplab doctor` checks user namespaces');
-        }
-      }),
+      plan.machines
+        .filter((m) => m.userns)
+        .map(async (m) => {
+          try {
+            await HostOps.require().request(
+              'netns-userns',
+              netnsPath(m.netns),
+              String(m.userns!.base),
+              String(m.userns!.count),
+            );
+          } catch (e) {
+            throw new SnaplabError(
+              'HOST_COMMAND_FAILED',
+              `cannot create network namespace ${m.netns} in a user namespace: ${(e as Error).message}`,
+              '`snaplab doctor` checks user namespaces',
+            );
+          }
+        }),
     );
     const perNetwork = [...bridges].map(([ns, br]) => {
       const lines = [
@@ -102,7 +136,12 @@ export async function wire(plan: WirePlan): Promise<void> {
         batchOrThrow(m.netns, [
           'link set lo up',
           // no IPv6 link-local address: blocks and partitions are IPv4 routes, and fe80:: would go around them
-          ...m.links.flatMap((l) => [`link set ${l.guestIf} group ${NET_GROUP}`, `link set ${l.guestIf} addrgenmode none`, ...(l.tap ? tapLines(l.guestIf, l.tap) : [`addr add ${l.address} dev ${l.guestIf}`]), `link set ${l.guestIf} up`]),
+          ...m.links.flatMap((l) => [
+            `link set ${l.guestIf} group ${NET_GROUP}`,
+            `link set ${l.guestIf} addrgenmode none`,
+            ...(l.tap ? tapLines(l.guestIf, l.tap) : [`addr add ${l.address} dev ${l.guestIf}`]),
+            `link set ${l.guestIf} up`,
+          ]),
         ]),
       ),
     );
@@ -151,9 +190,11 @@ async function batchOrThrow(netns: string, lines: string[]): Promise<void> {
   throw new SnaplabError(
     'HOST_COMMAND_FAILED',
     `cannot wire ${netns}: \`ip ${lines[line - 1] ?? '?'}\`: ${res.stderr.trim().split('\n')[0]}`,
-    /File exists/.test(res.stderr) ? 'an interface or address of that name is there already: names and addresses must be unique'
-      : /tuntap/.test(lines[line - 1] ?? '') ? 'a VM machine\'s tap needs the tun module (`modprobe tun`) and /dev/net/tun'
-      : '`snaplab doctor` checks networking',
+    /File exists/.test(res.stderr)
+      ? 'an interface or address of that name is there already: names and addresses must be unique'
+      : /tuntap/.test(lines[line - 1] ?? '')
+        ? "a VM machine's tap needs the tun module (`modprobe tun`) and /dev/net/tun"
+        : '`snaplab doctor` checks networking',
   );
 }
 
@@ -169,6 +210,9 @@ export async function unwire(names: string[]): Promise<void> {
   const present = new Set(await listSnaplabNetns());
   const gone = names.filter((n) => present.has(n));
   if (!gone.length) return;
-  const res = await run('ip', ['-force', '-batch', '-'], { input: gone.map((n) => `netns del ${n}\n`).join(''), allowFail: true });
+  const res = await run('ip', ['-force', '-batch', '-'], {
+    input: gone.map((n) => `netns del ${n}\n`).join(''),
+    allowFail: true,
+  });
   if (res.code !== 0) for (const n of gone) await deleteNetns(n); // says which one and why
 }

@@ -33,7 +33,8 @@ const links = async (netns: string): Promise<string[]> =>
     .filter(Boolean)
     .map((l) => (l.split(': ')[1] ?? '').split('@')[0] ?? '')
     .sort();
-const ping = (from: string, to: string) => runIn(ns(from), ['busybox', 'ping', '-c1', '-W1', to], { allowFail: true, timeoutMs: 5000 });
+const ping = (from: string, to: string) =>
+  runIn(ns(from), ['busybox', 'ping', '-c1', '-W1', to], { allowFail: true, timeoutMs: 5000 });
 const ours = async (): Promise<string[]> => (await listSnaplabNetns()).filter((n) => n.startsWith(prefix));
 
 beforeAll(async () => {
@@ -63,7 +64,9 @@ describe('names', () => {
     const base = { bridgeNetns: ns('n'), machineNetns: ns('m'), guestIf: 'eth0', address: '10.77.1.2/24' };
     await expect(attach({ ...base, hostIf: 'a-very-long-name0' })).rejects.toMatchObject({ code: 'BAD_INPUT' });
     await expect(attach({ ...base, hostIf: 'v0', address: '10.77.1.2' })).rejects.toMatchObject({ code: 'BAD_INPUT' });
-    await expect(attach({ ...base, hostIf: 'v0', address: '10.77.1.256/24' })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+    await expect(attach({ ...base, hostIf: 'v0', address: '10.77.1.256/24' })).rejects.toMatchObject({
+      code: 'BAD_INPUT',
+    });
     await expect(block(ns('m'), ['not-an-ip'])).rejects.toMatchObject({ code: 'BAD_INPUT' });
   });
 });
@@ -147,7 +150,13 @@ describe('a scenario network', () => {
   });
 
   it('refuses to attach over an existing interface name and leaves the existing one', async () => {
-    const e = await attach({ bridgeNetns: ns('netA'), machineNetns: ns('m3'), hostIf: 'v-m1', guestIf: 'eth2', address: '10.77.1.20/24' }).catch((x: unknown) => x);
+    const e = await attach({
+      bridgeNetns: ns('netA'),
+      machineNetns: ns('m3'),
+      hostIf: 'v-m1',
+      guestIf: 'eth2',
+      address: '10.77.1.20/24',
+    }).catch((x: unknown) => x);
     expect(isSnaplabError(e, 'HOST_COMMAND_FAILED')).toBe(true);
     expect((e as { hint?: string }).hint).toMatch(/exists already/);
     expect((await ping('m1', '10.77.1.11')).code).toBe(0);
@@ -166,7 +175,9 @@ describe('a scenario network', () => {
 
   it.runIf(!netem.ok)(`says netem is unavailable with a fix (netem: ${netem.reason})`, async () => {
     expect(netem.fix).toBeTruthy();
-    await expect(setImpairment(ns('m1'), 'eth0', { delayMs: 100 })).rejects.toMatchObject({ code: 'DRIVER_UNAVAILABLE' });
+    await expect(setImpairment(ns('m1'), 'eth0', { delayMs: 100 })).rejects.toMatchObject({
+      code: 'DRIVER_UNAVAILABLE',
+    });
     await setImpairment(ns('m1'), 'eth0', null); // nothing to clear is fine
   });
 
@@ -178,7 +189,13 @@ describe('a scenario network', () => {
     expect(await links(ns('netA'))).toEqual(['br0', 'lo', 'v-m1']);
     // The name is free again straight away.
     await createNetns(ns('m2'));
-    await attach({ bridgeNetns: ns('netA'), machineNetns: ns('m2'), hostIf: 'v-m2', guestIf: 'eth0', address: '10.77.1.11/24' });
+    await attach({
+      bridgeNetns: ns('netA'),
+      machineNetns: ns('m2'),
+      hostIf: 'v-m2',
+      guestIf: 'eth0',
+      address: '10.77.1.11/24',
+    });
     expect((await ping('m1', '10.77.1.11')).code).toBe(0);
     await deleteNetns(ns('netC'));
     expect(await links(ns('m3'))).toEqual(['eth0', 'lo']);
@@ -193,7 +210,9 @@ describe('wire and unwire a whole scenario', () => {
       netns: ns(`w-${m}`),
       links: [
         { bridgeNetns: ns('w-front'), hostIf: `v-${m}`, guestIf: 'eth0', address: `10.77.1.${10 + i}/24` },
-        ...(i < 2 ? [{ bridgeNetns: ns('w-back'), hostIf: `v-${m}`, guestIf: 'eth1', address: `10.77.2.${10 + i}/24` }] : []),
+        ...(i < 2
+          ? [{ bridgeNetns: ns('w-back'), hostIf: `v-${m}`, guestIf: 'eth1', address: `10.77.2.${10 + i}/24` }]
+          : []),
       ],
     })),
   });
@@ -229,7 +248,10 @@ describe('wire and unwire a whole scenario', () => {
     expect(isSnaplabError(e, 'HOST_COMMAND_FAILED')).toBe(true);
     expect(await ours()).toEqual([]);
     await createNetns(ns('w-c'));
-    await expect(wire(plan())).rejects.toMatchObject({ code: 'HOST_COMMAND_FAILED', hint: expect.stringMatching(/left over/) });
+    await expect(wire(plan())).rejects.toMatchObject({
+      code: 'HOST_COMMAND_FAILED',
+      hint: expect.stringMatching(/left over/),
+    });
     expect(await ours()).toEqual([ns('w-c')]); // the one it did not make stays
   });
 });

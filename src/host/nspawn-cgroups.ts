@@ -24,20 +24,28 @@ export const NSPAWN_CGROUP_PREFIX = 'snaplab-bench-nspawn-';
  */
 export function nspawnCgroup(name: string): Cgroup {
   const layout = detectCgroups();
-  const dirs = layout.version === 2 ? [join(layout.root, name)] : layout.named?.systemd ? [join(layout.named.systemd, name)] : [];
+  const dirs =
+    layout.version === 2 ? [join(layout.root, name)] : layout.named?.systemd ? [join(layout.named.systemd, name)] : [];
   const unified = layout.version === 1 && layout.unified ? join(layout.unified, name) : undefined;
   return {
-    id: name, version: layout.version, root: layout.root, dirs, controllerDirs: {}, skipped: [],
+    id: name,
+    version: layout.version,
+    root: layout.root,
+    dirs,
+    controllerDirs: {},
+    skipped: [],
     procsFiles: [...dirs, ...(unified ? [unified] : [])].map((d) => join(d, 'cgroup.procs')),
     ...(unified ? { unifiedDir: unified } : {}),
   };
 }
 
 /** Every directory of a run's cgroup (what the shell that starts nspawn joins). */
-export const nspawnCgroupDirs = (name: string): string[] => nspawnCgroup(name).procsFiles.map((f) => f.slice(0, -'/cgroup.procs'.length));
+export const nspawnCgroupDirs = (name: string): string[] =>
+  nspawnCgroup(name).procsFiles.map((f) => f.slice(0, -'/cgroup.procs'.length));
 
 /** A run's directory name, and whose it is: the bench process (pid and start time). */
-export const nspawnRunName = (pid: number, start: number, n: number): string => `${NSPAWN_CGROUP_PREFIX}${pid}-${start}-${n}`;
+export const nspawnRunName = (pid: number, start: number, n: number): string =>
+  `${NSPAWN_CGROUP_PREFIX}${pid}-${start}-${n}`;
 function ownerOf(name: string): { pid: number; start: number } | undefined {
   const m = /^(\d+)-(\d+)-\d+$/.exec(name.slice(NSPAWN_CGROUP_PREFIX.length));
   return m ? { pid: Number(m[1]), start: Number(m[2]) } : undefined;
@@ -58,7 +66,13 @@ export async function sweepNspawnCgroups(): Promise<string[]> {
       const owner = ownerOf(e);
       if (!owner || (await sameProcess(owner.pid, owner.start))) continue; // not ours to judge, or a bench that runs
       const cg = nspawnCgroup(e);
-      if (await destroyCgroup(cg, 5000).then(() => true, () => false)) removed.push(...nspawnCgroupDirs(e).map((d) => `cgroup ${d}`));
+      if (
+        await destroyCgroup(cg, 5000).then(
+          () => true,
+          () => false,
+        )
+      )
+        removed.push(...nspawnCgroupDirs(e).map((d) => `cgroup ${d}`));
     }
   }
   return removed;

@@ -62,7 +62,9 @@ export function run(cmd: string, args: string[], opts: RunOptions = {}): Promise
 
 /** Is an executable on PATH? Looked up in-process: spawning a shell for it costs milliseconds. */
 export async function which(cmd: string): Promise<string | undefined> {
-  const dirs = cmd.includes('/') ? [''] : (process.env.PATH || '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin').split(':');
+  const dirs = cmd.includes('/')
+    ? ['']
+    : (process.env.PATH || '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin').split(':');
   for (const dir of dirs) {
     const p = dir ? join(dir, cmd) : cmd;
     try {

@@ -5,7 +5,12 @@ import { HostOpError, HostOps } from './hostops.js';
  * `netnsPath`? The helper joins the namespace on one thread for the attempt, so the check needs
  * nothing inside the machine's image.
  */
-export async function tcpAccepts(netnsPath: string, host: string, port: number, timeoutMs: number): Promise<{ ok: boolean; error?: string }> {
+export async function tcpAccepts(
+  netnsPath: string,
+  host: string,
+  port: number,
+  timeoutMs: number,
+): Promise<{ ok: boolean; error?: string }> {
   try {
     await HostOps.require().request('tcp-check', netnsPath, host, String(port), String(timeoutMs));
     return { ok: true };

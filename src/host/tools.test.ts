@@ -36,7 +36,7 @@ const NONLITERAL: Record<string, string> = {
   'src/bench/baselines.ts cmd': "spawnLoop's: its callers' programs are scanned (SPAWN_LOOP)",
   'src/agent/agent.test.ts cmd': "the agent binary, or 'bwrap' (listed)",
   'src/agent/agent.test.ts [f]': 'a file the test made executable',
-  "src/agent/stream.test.ts agentBinaryPath(": 'the agent binary',
+  'src/agent/stream.test.ts agentBinaryPath(': 'the agent binary',
   "src/agent/stream.test.ts ['serve'": "the agent binary's arguments",
   'src/cli/doctor-checks.ts t.program': 'an entry of tools.json',
   'src/host/tools.ts t.program!': 'an entry of tools.json',
@@ -85,13 +85,15 @@ function scan(): { programs: Map<string, string[]>; nonliteral: string[] } {
       programs.set(prog, [...(programs.get(prog) ?? []), f]);
     }
     for (const m of text.matchAll(SPAWN_LOOP)) programs.set(m[1]!, [...(programs.get(m[1]!) ?? []), f]);
-    for (const m of text.matchAll(BROWSER)) programs.set(basename(m[1]!), [...(programs.get(basename(m[1]!)) ?? []), f]);
+    for (const m of text.matchAll(BROWSER))
+      programs.set(basename(m[1]!), [...(programs.get(basename(m[1]!)) ?? []), f]);
     if (!f.endsWith('.ts')) continue;
     for (const m of text.matchAll(CALL_NONLITERAL)) {
       const arg = m[2]!.trim();
       // an argv array (the agent's tests run it on the host: what they send are host programs)
       const argv0 = /^\[\s*'([^']+)'/.exec(arg)?.[1];
-      if (argv0 !== undefined && !AGENT_ARGS.has(f)) programs.set(basename(argv0), [...(programs.get(basename(argv0)) ?? []), f]);
+      if (argv0 !== undefined && !AGENT_ARGS.has(f))
+        programs.set(basename(argv0), [...(programs.get(basename(argv0)) ?? []), f]);
       else if (arg !== NODE && !/^\w+\??: /.test(arg)) nonliteral.push(`${f} ${arg}`); // not a definition's parameter
     }
   }
@@ -100,13 +102,23 @@ function scan(): { programs: Map<string, string[]>; nonliteral: string[] } {
 
 const listed = new Set(HOST_TOOLS.flatMap((t) => (t.program ? [t.program] : [])));
 // snaplab's own binaries, started by path
-const OWN = new Set(['snaplab-agent', 'snaplab-hostops', 'snaplab-unpack', 'snaplab', 'main.js', 'node', ...NOT_PROGRAMS]);
+const OWN = new Set([
+  'snaplab-agent',
+  'snaplab-hostops',
+  'snaplab-unpack',
+  'snaplab',
+  'main.js',
+  'node',
+  ...NOT_PROGRAMS,
+]);
 
 describe('the list of host tools (tools.json)', () => {
   it('names every program the source runs', () => {
     const { programs } = scan();
     expect(programs.size).toBeGreaterThan(20); // the scan finds the calls at all
-    const unlisted = [...programs].filter(([p]) => !listed.has(p) && !OWN.has(p)).map(([p, where]) => `${p} (run in ${[...new Set(where)].join(', ')})`);
+    const unlisted = [...programs]
+      .filter(([p]) => !listed.has(p) && !OWN.has(p))
+      .map(([p, where]) => `${p} (run in ${[...new Set(where)].join(', ')})`);
     expect(unlisted, 'add these to src/host/tools.json with their Debian package').toEqual([]);
     expect(listed.has(QEMU)).toBe(true); // started through a shell, by constant
   });
@@ -118,7 +130,9 @@ describe('the list of host tools (tools.json)', () => {
 
   it('names no program that nothing runs', () => {
     const { programs } = scan();
-    const stale = HOST_TOOLS.filter((t) => t.program && !t.via && !programs.has(t.program) && t.program !== QEMU).map((t) => t.program);
+    const stale = HOST_TOOLS.filter((t) => t.program && !t.via && !programs.has(t.program) && t.program !== QEMU).map(
+      (t) => t.program,
+    );
     expect(stale).toEqual([]);
   });
 
@@ -135,7 +149,9 @@ describe('the list of host tools (tools.json)', () => {
     process.env.PATH = '/nonexistent';
     try {
       const missing = await missingTools('qemu');
-      expect(missing.map((t) => t.program)).toEqual(expect.arrayContaining(['qemu-system-x86_64', 'depmod', 'qemu-img']));
+      expect(missing.map((t) => t.program)).toEqual(
+        expect.arrayContaining(['qemu-system-x86_64', 'depmod', 'qemu-img']),
+      );
       expect(missing.map((t) => t.program)).not.toContain('lz4'); // optional: a fallback exists
       const v = await toolsVerdict('qemu', 'the VM driver');
       expect(v?.ok).toBe(false);

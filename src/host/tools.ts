@@ -3,7 +3,22 @@ import type { Availability } from './probe-types.js';
 import { which } from './run.js';
 
 /** What a host program is needed for: a driver, a storage backend, a feature, or set-up itself. */
-export type Feature = 'namespaces' | 'qemu' | 'btrfs' | 'overlay' | 'disk-cap' | 'dir' | 'busybox-image' | 'image' | 'image-build' | 'scenario' | 'ssh' | 'build' | 'test' | 'bench' | 'cluster';
+export type Feature =
+  | 'namespaces'
+  | 'qemu'
+  | 'btrfs'
+  | 'overlay'
+  | 'disk-cap'
+  | 'dir'
+  | 'busybox-image'
+  | 'image'
+  | 'image-build'
+  | 'scenario'
+  | 'ssh'
+  | 'build'
+  | 'test'
+  | 'bench'
+  | 'cluster';
 
 /**
  * One entry of the list of host programs snaplab runs (tools.json): the program, the Debian

@@ -13,7 +13,11 @@ describe('the user namespace probe', () => {
       expect(await probeUserns(dir)).toMatchObject({ ok: true });
       for (const d of ['l', 'u', 'w', 'm']) await mkdir(join(dir, d));
       await mountFs('overlay', join(dir, 'm'), 'overlay', `lowerdir=${dir}/l,upperdir=${dir}/u,workdir=${dir}/w`);
-      expect(await probeUserns(join(dir, 'm'))).toMatchObject({ ok: false, reason: expect.stringMatching(/does not support idmapped mounts/), fix: expect.any(String) });
+      expect(await probeUserns(join(dir, 'm'))).toMatchObject({
+        ok: false,
+        reason: expect.stringMatching(/does not support idmapped mounts/),
+        fix: expect.any(String),
+      });
       expect(await probeUserns(join(dir, 'nope'))).toMatchObject({ ok: false });
     } finally {
       await unmountAll(dir);

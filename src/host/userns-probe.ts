@@ -4,9 +4,21 @@ import type { Availability } from './probe-types.js';
 import { slotBase } from './id-ranges.js';
 
 const WHY: Record<number, Availability> = {
-  10: { ok: false, reason: 'a user namespace cannot be made here', fix: 'sysctl -w user.max_user_namespaces=65536 (and kernel.unprivileged_userns_clone=1 where it exists)' },
-  11: { ok: false, reason: 'a mount namespace cannot be made here', fix: 'run snaplab as root on the host, not in a container' },
-  12: { ok: false, reason: 'this filesystem does not support idmapped mounts', fix: 'put the snaplab home on btrfs, ext4, xfs or tmpfs (kernel 5.12 or newer)' },
+  10: {
+    ok: false,
+    reason: 'a user namespace cannot be made here',
+    fix: 'sysctl -w user.max_user_namespaces=65536 (and kernel.unprivileged_userns_clone=1 where it exists)',
+  },
+  11: {
+    ok: false,
+    reason: 'a mount namespace cannot be made here',
+    fix: 'run snaplab as root on the host, not in a container',
+  },
+  12: {
+    ok: false,
+    reason: 'this filesystem does not support idmapped mounts',
+    fix: 'put the snaplab home on btrfs, ext4, xfs or tmpfs (kernel 5.12 or newer)',
+  },
   13: { ok: false, reason: 'an idmapped mount failed', fix: 'a kernel of 5.19 or newer with idmapped mounts' },
 };
 

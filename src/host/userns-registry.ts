@@ -85,7 +85,11 @@ export async function claimRange(home: string, id: string): Promise<number> {
   } finally {
     await unlink(tmp).catch(() => undefined);
   }
-  throw new SnaplabError('NO_USERNS_SLOT', `every user namespace range is in use (${USERNS_SLOTS} on this host)`, 'remove sandboxes (`snaplab rm`, `snaplab gc`), or use --no-userns');
+  throw new SnaplabError(
+    'NO_USERNS_SLOT',
+    `every user namespace range is in use (${USERNS_SLOTS} on this host)`,
+    'remove sandboxes (`snaplab rm`, `snaplab gc`), or use --no-userns',
+  );
 }
 
 /**
@@ -136,7 +140,10 @@ async function claims(): Promise<Claim[]> {
     const path = join(REGISTRY, f);
     if (!/^\d+$/.test(f)) continue; // a claim being written (.tmp-…)
     const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
-    const age = await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
+    const age = await stat(path).then(
+      (st) => Date.now() - st.mtimeMs,
+      () => 0,
+    );
     if (h) out.push({ ...h, base: Number(f), ageMs: age });
   }
   return out;
@@ -152,7 +159,12 @@ export async function rangesOf(home: string): Promise<Map<number, string>> {
  * its claimer alive, this process included (a create claims its range a moment before it writes
  * its record); and any home's that no longer exists, once nothing of the holder runs (`running`).
  */
-export async function staleClaims(home: string, isHeld: (id: string) => boolean, running: (id: string) => boolean, graceMs: number): Promise<Claim[]> {
+export async function staleClaims(
+  home: string,
+  isHeld: (id: string) => boolean,
+  running: (id: string) => boolean,
+  graceMs: number,
+): Promise<Claim[]> {
   const stale: Claim[] = [];
   for (const c of await claims()) {
     if (c.home === home) {

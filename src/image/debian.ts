@@ -14,19 +14,49 @@ export interface DebianSpec {
   mirror?: string;
 }
 
-export const VARIANTS = ['extract', 'custom', 'essential', 'apt', 'required', 'minbase', 'buildd', 'important', 'debootstrap', 'standard'];
+export const VARIANTS = [
+  'extract',
+  'custom',
+  'essential',
+  'apt',
+  'required',
+  'minbase',
+  'buildd',
+  'important',
+  'debootstrap',
+  'standard',
+];
 
 const SUITE = /^[a-z][a-z0-9.-]{1,40}$/;
 const PACKAGE = /^[a-z0-9][a-z0-9+.-]+$/;
 
 export function checkSpec(s: DebianSpec): DebianSpec {
-  if (!SUITE.test(s.suite)) throw new SnaplabError('BAD_INPUT', `invalid suite ${JSON.stringify(s.suite)}`, 'a Debian codename or suite: bookworm, trixie, stable, sid');
-  if (!VARIANTS.includes(s.variant)) throw new SnaplabError('BAD_INPUT', `unknown variant ${JSON.stringify(s.variant)}`, `one of ${VARIANTS.join(', ')}`);
+  if (!SUITE.test(s.suite))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid suite ${JSON.stringify(s.suite)}`,
+      'a Debian codename or suite: bookworm, trixie, stable, sid',
+    );
+  if (!VARIANTS.includes(s.variant))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `unknown variant ${JSON.stringify(s.variant)}`,
+      `one of ${VARIANTS.join(', ')}`,
+    );
   for (const p of s.packages) {
-    if (!PACKAGE.test(p)) throw new SnaplabError('BAD_INPUT', `invalid package name ${JSON.stringify(p)}`, 'Debian package names: lower case letters, digits, + - .');
+    if (!PACKAGE.test(p))
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `invalid package name ${JSON.stringify(p)}`,
+        'Debian package names: lower case letters, digits, + - .',
+      );
   }
   if (s.mirror !== undefined && !/^(https?|file):\/\/[^\s]+$/.test(s.mirror)) {
-    throw new SnaplabError('BAD_INPUT', `invalid mirror ${JSON.stringify(s.mirror)}`, 'a URL: http://deb.debian.org/debian, file:///srv/mirror');
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid mirror ${JSON.stringify(s.mirror)}`,
+      'a URL: http://deb.debian.org/debian, file:///srv/mirror',
+    );
   }
   return { ...s, packages: [...new Set(s.packages)].sort() };
 }
@@ -64,7 +94,12 @@ export function parseSources(text: string, deb822: boolean): Source[] {
     }
     if (!(f.get('types') ?? '').split(/\s+/).includes('deb') || /^no$/i.test(f.get('enabled') ?? '')) continue;
     const words = (k: string): string[] => (f.get(k) ?? '').split(/\s+/).filter(Boolean);
-    out.push({ uris: words('uris'), suites: words('suites'), components: words('components'), signedBy: f.get('signed-by') });
+    out.push({
+      uris: words('uris'),
+      suites: words('suites'),
+      components: words('components'),
+      signedBy: f.get('signed-by'),
+    });
   }
   return out;
 }
@@ -92,13 +127,23 @@ const ROLLING = new Set(['sid', 'unstable', 'experimental', 'rc-buggy']);
  */
 export function sourcesFor(spec: DebianSpec, host: Source[]): string {
   const stanza = (uris: string[], suites: string[], components: string[], signedBy?: string): string =>
-    [`Types: deb`, `URIs: ${uris.join(' ')}`, `Suites: ${suites.join(' ')}`, `Components: ${components.join(' ')}`, ...(signedBy ? [`Signed-By: ${signedBy}`] : [])].join('\n');
+    [
+      `Types: deb`,
+      `URIs: ${uris.join(' ')}`,
+      `Suites: ${suites.join(' ')}`,
+      `Components: ${components.join(' ')}`,
+      ...(signedBy ? [`Signed-By: ${signedBy}`] : []),
+    ].join('\n');
   if (spec.mirror) return `${stanza([spec.mirror], [spec.suite], ['main'])}\n`;
   // the host's own codename: the suite of its first entry without a dash (bookworm, not bookworm-updates)
   const codename = host.flatMap((s) => s.suites).find((s) => !s.includes('-'));
   const debian = host.filter((s) => s.uris.some((u) => /debian/.test(u)));
   if (!codename || debian.length === 0) {
-    throw new SnaplabError('BAD_INPUT', 'this host has no Debian apt sources to build from', 'pass --mirror URL (e.g. http://deb.debian.org/debian)');
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'this host has no Debian apt sources to build from',
+      'pass --mirror URL (e.g. http://deb.debian.org/debian)',
+    );
   }
   const stanzas: string[] = [];
   for (const s of debian) {
@@ -113,33 +158,51 @@ export function sourcesFor(spec: DebianSpec, host: Source[]): string {
 
 /** The cache key: everything that decides what the build makes. */
 export function buildKey(spec: DebianSpec, sources: string): string {
-  return createHash('sha256').update(JSON.stringify({ v: 1, suite: spec.suite, variant: spec.variant, packages: spec.packages, sources })).digest('hex');
+  return createHash('sha256')
+    .update(JSON.stringify({ v: 1, suite: spec.suite, variant: spec.variant, packages: spec.packages, sources }))
+    .digest('hex');
 }
 
 export function defaultName(spec: DebianSpec, key: string): string {
   return `debian-${spec.suite}${spec.variant === 'minbase' ? '' : `-${spec.variant}`}${spec.packages.length ? `-${key.slice(0, 8)}` : ''}`;
 }
 
-const UNREACHABLE = /(Temporary failure resolving|Could not resolve|Failed to fetch|Connection failed|Could not connect|Network is unreachable|No route to host|Unable to connect)/;
+const UNREACHABLE =
+  /(Temporary failure resolving|Could not resolve|Failed to fetch|Connection failed|Could not connect|Network is unreachable|No route to host|Unable to connect)/;
 
 /**
  * Build a root filesystem into the empty directory `root` with mmdebstrap, the log in `logFile`.
  * Progress: mmdebstrap's phases (its `I:` lines) and a count of packages fetched.
  */
-export async function runMmdebstrap(root: string, spec: DebianSpec, sources: string, scratch: string, logFile: string, onProgress?: (s: string) => void): Promise<void> {
+export async function runMmdebstrap(
+  root: string,
+  spec: DebianSpec,
+  sources: string,
+  scratch: string,
+  logFile: string,
+  onProgress?: (s: string) => void,
+): Promise<void> {
   const sourcesFile = join(scratch, 'sources.sources');
   await writeFile(sourcesFile, sources);
   const args = [
-    '--verbose', '--mode=root', '--format=directory', `--variant=${spec.variant}`,
+    '--verbose',
+    '--mode=root',
+    '--format=directory',
+    `--variant=${spec.variant}`,
     ...(spec.packages.length ? [`--include=${spec.packages.join(',')}`] : []),
     // apt's lists stay, so that `apt-get install` works in a machine without an update first
     '--skip=cleanup/apt/lists',
-    spec.suite, root, sourcesFile,
+    spec.suite,
+    root,
+    sourcesFile,
   ];
   await mkdir(join(logFile, '..'), { recursive: true });
   const log = createWriteStream(logFile, { flags: 'w' });
   log.write(`$ mmdebstrap ${args.join(' ')}\n`);
-  const child = spawn('mmdebstrap', args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LC_ALL: 'C.UTF-8', DEBIAN_FRONTEND: 'noninteractive' } });
+  const child = spawn('mmdebstrap', args, {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, LC_ALL: 'C.UTF-8', DEBIAN_FRONTEND: 'noninteractive' },
+  });
   let fetched = 0;
   let pending = '';
   let lastFetchReport = 0;
@@ -166,13 +229,25 @@ export async function runMmdebstrap(root: string, spec: DebianSpec, sources: str
   child.stderr.on('data', onData);
   const code = await new Promise<number | null>((resolve, reject) => {
     child.on('error', (e: NodeJS.ErrnoException) =>
-      reject(e.code === 'ENOENT' ? new SnaplabError('MISSING_TOOL', 'building Debian images needs mmdebstrap', 'apt-get install mmdebstrap (snaplab set-up installs it)') : e));
+      reject(
+        e.code === 'ENOENT'
+          ? new SnaplabError(
+              'MISSING_TOOL',
+              'building Debian images needs mmdebstrap',
+              'apt-get install mmdebstrap (snaplab set-up installs it)',
+            )
+          : e,
+      ),
+    );
     child.on('close', resolve);
   });
   await new Promise<void>((done) => log.end(done));
   if (code === 0) return;
   const all = tail.join('\n');
-  const shown = tail.filter((l) => l.trim()).slice(-15).join('\n');
+  const shown = tail
+    .filter((l) => l.trim())
+    .slice(-15)
+    .join('\n');
   const unreachable = UNREACHABLE.exec(all);
   throw new SnaplabError(
     'IMAGE_BUILD_FAILED',

@@ -25,7 +25,13 @@ export function byteLimit(budget: Budget, what: string): Transform {
     transform(chunk: Buffer, _enc, done) {
       budget.left -= chunk.length;
       if (budget.left < 0) {
-        done(new SnaplabError('IMAGE_TOO_LARGE', `${what} unpacks to more than ${budget.limit} bytes`, 'raise the limit with --max-size SIZE if the image is meant to be that large'));
+        done(
+          new SnaplabError(
+            'IMAGE_TOO_LARGE',
+            `${what} unpacks to more than ${budget.limit} bytes`,
+            'raise the limit with --max-size SIZE if the image is meant to be that large',
+          ),
+        );
       } else done(null, chunk);
     },
   });
@@ -44,9 +50,23 @@ function program(name: string, pkg: string): Stage {
   child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
   const done = new Promise<void>((resolve, reject) => {
     child.on('error', (e: NodeJS.ErrnoException) =>
-      reject(e.code === 'ENOENT' ? new SnaplabError('MISSING_TOOL', `${name} is needed to decompress this image`, `apt-get install ${pkg}`) : e));
+      reject(
+        e.code === 'ENOENT'
+          ? new SnaplabError('MISSING_TOOL', `${name} is needed to decompress this image`, `apt-get install ${pkg}`)
+          : e,
+      ),
+    );
     child.on('close', (code) =>
-      code === 0 ? resolve() : reject(new SnaplabError('BAD_IMAGE', `${name} could not decompress a layer: ${stderr.trim() || `exit ${code}`}`, 'the archive is corrupt or truncated')));
+      code === 0
+        ? resolve()
+        : reject(
+            new SnaplabError(
+              'BAD_IMAGE',
+              `${name} could not decompress a layer: ${stderr.trim() || `exit ${code}`}`,
+              'the archive is corrupt or truncated',
+            ),
+          ),
+    );
   });
   done.catch(() => {});
   return { stream: Duplex.from({ writable: child.stdin, readable: child.stdout }), done };
@@ -55,9 +75,13 @@ function program(name: string, pkg: string): Stage {
 /** The stage that undoes `kind` (undefined: nothing to undo). */
 export function decompressor(kind: Compression): Stage | undefined {
   switch (kind) {
-    case 'none': return undefined;
-    case 'gzip': return { stream: createGunzip(), done: Promise.resolve() };
-    case 'zstd': return program('zstd', 'zstd');
-    case 'xz': return program('xz', 'xz-utils');
+    case 'none':
+      return undefined;
+    case 'gzip':
+      return { stream: createGunzip(), done: Promise.resolve() };
+    case 'zstd':
+      return program('zstd', 'zstd');
+    case 'xz':
+      return program('xz', 'xz-utils');
   }
 }

@@ -73,7 +73,12 @@ async function prefixOf(file: string, compression: Compression): Promise<Buffer>
 async function spool(file: string, compression: Compression, into: string, budget: Budget): Promise<string> {
   const stage = decompressor(compression)!;
   const out = join(into, 'archive.tar');
-  await pipeline(createReadStream(file), stage.stream, byteLimit(budget, file), createWriteStream(out, { flags: 'wx', mode: 0o600 }));
+  await pipeline(
+    createReadStream(file),
+    stage.stream,
+    byteLimit(budget, file),
+    createWriteStream(out, { flags: 'wx', mode: 0o600 }),
+  );
   await stage.done;
   return out;
 }
@@ -81,7 +86,10 @@ async function spool(file: string, compression: Compression, into: string, budge
 function notesOf(total: UnpackStats): string[] {
   const notes: string[] = [];
   if (total.devices) notes.push(`${total.devices} device node(s) or FIFO(s) skipped: /dev is the sandbox's own`);
-  if (total.xattrsDropped) notes.push(`${total.xattrsDropped} extended attribute(s) dropped (trusted.*, user.overlay.* and security.* other than security.capability are not taken from images)`);
+  if (total.xattrsDropped)
+    notes.push(
+      `${total.xattrsDropped} extended attribute(s) dropped (trusted.*, user.overlay.* and security.* other than security.capability are not taken from images)`,
+    );
   return notes;
 }
 
@@ -91,32 +99,75 @@ function addStats(a: UnpackStats, b: UnpackStats): UnpackStats {
   return out;
 }
 
-const ZERO: UnpackStats = { entries: 0, files: 0, dirs: 0, symlinks: 0, hardlinks: 0, whiteouts: 0, opaques: 0, devices: 0, xattrsDropped: 0, bytes: 0 };
+const ZERO: UnpackStats = {
+  entries: 0,
+  files: 0,
+  dirs: 0,
+  symlinks: 0,
+  hardlinks: 0,
+  whiteouts: 0,
+  opaques: 0,
+  devices: 0,
+  xattrsDropped: 0,
+  bytes: 0,
+};
 
 /** Apply an image's layers in manifest order, each checked against its digest and diff_id. */
-async function applyLayers(root: string, blobs: Blobs, img: ResolvedImage, budget: Budget): Promise<{ layers: NonNullable<Provenance['layers']>; total: UnpackStats }> {
+async function applyLayers(
+  root: string,
+  blobs: Blobs,
+  img: ResolvedImage,
+  budget: Budget,
+): Promise<{ layers: NonNullable<Provenance['layers']>; total: UnpackStats }> {
   const layers: NonNullable<Provenance['layers']> = [];
   let total = ZERO;
   for (const [i, l] of img.layers.entries()) {
     const what = `layer ${i + 1} of ${img.layers.length} (${(l.digest ?? l.diffId).slice(0, 19)})`;
     const applied = await applyTar(root, await blobs.range(l.name), { layer: true, budget, what });
     if (l.digest && applied.blobDigest !== l.digest) {
-      throw new SnaplabError('IMAGE_DIGEST_MISMATCH', `${what}: the blob's content hashes to ${applied.blobDigest}, not ${l.digest}`, 'the archive is corrupt or was altered; export it again');
+      throw new SnaplabError(
+        'IMAGE_DIGEST_MISMATCH',
+        `${what}: the blob's content hashes to ${applied.blobDigest}, not ${l.digest}`,
+        'the archive is corrupt or was altered; export it again',
+      );
     }
     if (applied.diffId !== l.diffId) {
-      throw new SnaplabError('IMAGE_DIGEST_MISMATCH', `${what}: its uncompressed content hashes to ${applied.diffId}, the config says ${l.diffId}`, 'the archive is corrupt or was altered; export it again');
+      throw new SnaplabError(
+        'IMAGE_DIGEST_MISMATCH',
+        `${what}: its uncompressed content hashes to ${applied.diffId}, the config says ${l.diffId}`,
+        'the archive is corrupt or was altered; export it again',
+      );
     }
-    layers.push({ digest: applied.blobDigest, diffId: applied.diffId, compression: applied.compression, bytes: applied.stats.bytes });
+    layers.push({
+      digest: applied.blobDigest,
+      diffId: applied.diffId,
+      compression: applied.compression,
+      bytes: applied.stats.bytes,
+    });
     total = addStats(total, applied.stats);
   }
   return { layers, total };
 }
 
-async function fromArchive(root: string, blobs: Blobs, source: string, opts: ImportOptions, budget: Budget): Promise<Imported> {
+async function fromArchive(
+  root: string,
+  blobs: Blobs,
+  source: string,
+  opts: ImportOptions,
+  budget: Budget,
+): Promise<Imported> {
   const img = await resolveImage(blobs, opts.tag);
   const { layers, total } = await applyLayers(root, blobs, img, budget);
   return {
-    provenance: { kind: img.format, source, ref: img.ref, manifestDigest: img.manifestDigest, configDigest: img.configDigest, layers, notes: notesOf(total) },
+    provenance: {
+      kind: img.format,
+      source,
+      ref: img.ref,
+      manifestDigest: img.manifestDigest,
+      configDigest: img.configDigest,
+      layers,
+      notes: notesOf(total),
+    },
     config: img.config,
   };
 }
@@ -126,11 +177,21 @@ async function fromArchive(root: string, blobs: Blobs, source: string, opts: Imp
  * `docker save` tarball, or an OCI image layout (directory or tarball), compressed or not.
  * `scratch` is an empty directory for a decompressed copy of a compressed image archive.
  */
-export async function importInto(root: string, source: string, scratch: string, opts: ImportOptions = {}): Promise<Imported> {
+export async function importInto(
+  root: string,
+  source: string,
+  scratch: string,
+  opts: ImportOptions = {},
+): Promise<Imported> {
   const abs = resolve(source);
   const budget: Budget = { left: opts.maxBytes ?? DEFAULT_MAX_BYTES, limit: opts.maxBytes ?? DEFAULT_MAX_BYTES };
   const st = await stat(abs).catch(() => undefined);
-  if (!st) throw new SnaplabError('BAD_INPUT', `no such file or directory: ${source}`, 'give an image archive, an OCI layout directory, or a rootfs tarball or directory');
+  if (!st)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `no such file or directory: ${source}`,
+      'give an image archive, an OCI layout directory, or a rootfs tarball or directory',
+    );
   if (st.isDirectory()) {
     if (['oci-layout', 'index.json', 'manifest.json'].some((f) => existsSync(join(abs, f)))) {
       return fromArchive(root, await dirBlobs(abs), abs, opts, budget);
@@ -138,7 +199,12 @@ export async function importInto(root: string, source: string, scratch: string, 
     await run('cp', ['-a', '--', `${abs}/.`, root]);
     return { provenance: { kind: 'directory', source: abs, notes: [] } };
   }
-  if (!st.isFile()) throw new SnaplabError('BAD_INPUT', `${source} is neither a file nor a directory`, 'give an image archive or a rootfs tarball or directory');
+  if (!st.isFile())
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `${source} is neither a file nor a directory`,
+      'give an image archive or a rootfs tarball or directory',
+    );
   const compression = sniff(await readAt(abs, 0, 6));
   const verdict = await looksLikeImageArchive(await prefixOf(abs, compression));
   // a root filesystem is applied from the source, or from the decompressed copy if one was made
@@ -147,7 +213,8 @@ export async function importInto(root: string, source: string, scratch: string, 
     const tarFile = compression === 'none' ? abs : await spool(abs, compression, scratch, budget);
     const blobs = await tarBlobs(tarFile);
     const fresh = (): Budget => ({ left: budget.limit, limit: budget.limit }); // the spool counted the same bytes once already
-    if (verdict || blobs.has('manifest.json') || blobs.has('index.json')) return fromArchive(root, blobs, abs, opts, fresh());
+    if (verdict || blobs.has('manifest.json') || blobs.has('index.json'))
+      return fromArchive(root, blobs, abs, opts, fresh());
     rootfsFile = tarFile;
     Object.assign(budget, fresh());
   }

@@ -11,7 +11,11 @@ export interface TarMember {
 const BLOCK = 512;
 
 const bad = (msg: string): SnaplabError =>
-  new SnaplabError('BAD_IMAGE', `not a readable image archive: ${msg}`, 'give a `docker save` tarball, an OCI image layout (directory or tar), or a rootfs tarball');
+  new SnaplabError(
+    'BAD_IMAGE',
+    `not a readable image archive: ${msg}`,
+    'give a `docker save` tarball, an OCI image layout (directory or tar), or a rootfs tarball',
+  );
 
 function octal(h: Buffer, at: number, len: number): number {
   if (h[at]! & 0x80) {
@@ -19,7 +23,11 @@ function octal(h: Buffer, at: number, len: number): number {
     for (let i = at + 1; i < at + len; i++) v = v * 256 + h[i]!;
     return v;
   }
-  const s = h.subarray(at, at + len).toString('latin1').replace(/[\0 ]+$/, '').trim();
+  const s = h
+    .subarray(at, at + len)
+    .toString('latin1')
+    .replace(/[\0 ]+$/, '')
+    .trim();
   if (!/^[0-7]*$/.test(s)) throw bad('a header field is not a number');
   return s ? parseInt(s, 8) : 0;
 }
@@ -107,17 +115,20 @@ export async function indexTar(file: string): Promise<Map<string, TarMember>> {
   try {
     const { size: total } = await fh.stat();
     const buf = Buffer.alloc(1 << 20);
-    await walkTar(async (pos, len) => {
-      const b = len <= buf.length ? buf.subarray(0, len) : Buffer.alloc(len);
-      const { bytesRead } = await fh.read(b, 0, len, pos);
-      return b.subarray(0, bytesRead);
-    }, (h) => {
-      if (h.data + h.size > total) throw bad(`truncated: ${h.name} ends past the end of the file`);
-      if (h.type === '0' || h.type === '\0' || h.type === '7') members.set(h.name, { offset: h.data, size: h.size });
-      else if (h.type === '2') links.set(h.name, memberName(posix.join(posix.dirname(h.name), h.link)));
-      else if (h.type === '1') links.set(h.name, memberName(h.link));
-      return true;
-    });
+    await walkTar(
+      async (pos, len) => {
+        const b = len <= buf.length ? buf.subarray(0, len) : Buffer.alloc(len);
+        const { bytesRead } = await fh.read(b, 0, len, pos);
+        return b.subarray(0, bytesRead);
+      },
+      (h) => {
+        if (h.data + h.size > total) throw bad(`truncated: ${h.name} ends past the end of the file`);
+        if (h.type === '0' || h.type === '\0' || h.type === '7') members.set(h.name, { offset: h.data, size: h.size });
+        else if (h.type === '2') links.set(h.name, memberName(posix.join(posix.dirname(h.name), h.link)));
+        else if (h.type === '1') links.set(h.name, memberName(h.link));
+        return true;
+      },
+    );
   } finally {
     await fh.close();
   }
@@ -132,7 +143,8 @@ export async function indexTar(file: string): Promise<Map<string, TarMember>> {
 }
 
 /** Names that only image archives (docker save, OCI layouts) hold at their top. */
-const IMAGE_MARKER = /^(oci-layout|index\.json|manifest\.json|blobs\/sha256\/[0-9a-f]{64}|[0-9a-f]{64}(\.json|\.tar|\/layer\.tar|\/json|\/VERSION))$/;
+const IMAGE_MARKER =
+  /^(oci-layout|index\.json|manifest\.json|blobs\/sha256\/[0-9a-f]{64}|[0-9a-f]{64}(\.json|\.tar|\/layer\.tar|\/json|\/VERSION))$/;
 const IMAGE_DIR = /^(|blobs|blobs\/sha256|[0-9a-f]{64}|repositories)$/;
 
 /**
@@ -141,10 +153,13 @@ const IMAGE_DIR = /^(|blobs|blobs\/sha256|[0-9a-f]{64}|repositories)$/;
  */
 export async function looksLikeImageArchive(prefix: Buffer): Promise<boolean | undefined> {
   let verdict: boolean | undefined;
-  await walkTar(async (pos, len) => prefix.subarray(pos, pos + len), (h) => {
-    if (IMAGE_MARKER.test(h.name)) verdict = true;
-    else if (!IMAGE_DIR.test(h.name)) verdict = false;
-    return verdict === undefined;
-  }).catch(() => {});
+  await walkTar(
+    async (pos, len) => prefix.subarray(pos, pos + len),
+    (h) => {
+      if (IMAGE_MARKER.test(h.name)) verdict = true;
+      else if (!IMAGE_DIR.test(h.name)) verdict = false;
+      return verdict === undefined;
+    },
+  ).catch(() => {});
   return verdict;
 }

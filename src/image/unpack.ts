@@ -34,14 +34,24 @@ export interface Applied {
 
 export function unpackBinaryPath(): string {
   const p = join(packageRoot(), 'native', 'build', 'snaplab-unpack');
-  if (!existsSync(p)) throw new SnaplabError('INTERNAL', `image helper not found at ${p}`, 'build it: make -C native (or npm run build)');
+  if (!existsSync(p))
+    throw new SnaplabError('INTERNAL', `image helper not found at ${p}`, 'build it: make -C native (or npm run build)');
   return p;
 }
 
-const tap = (h: Hash): Transform => new Transform({ transform(c: Buffer, _e, done) { h.update(c); done(null, c); } });
+const tap = (h: Hash): Transform =>
+  new Transform({
+    transform(c: Buffer, _e, done) {
+      h.update(c);
+      done(null, c);
+    },
+  });
 
 const HELPER_CODES: Record<string, [ErrorCode, string]> = {
-  UNSAFE_PATH: ['IMAGE_UNSAFE', 'the archive would write outside its own tree or through a link; nothing of it was kept'],
+  UNSAFE_PATH: [
+    'IMAGE_UNSAFE',
+    'the archive would write outside its own tree or through a link; nothing of it was kept',
+  ],
   BAD_TAR: ['BAD_IMAGE', 'the archive is corrupt, truncated, or uses a tar feature snaplab does not take'],
   IO: ['IMAGE_IO', 'see the message; check free space under SNAPLAB_HOME'],
 };
@@ -58,13 +68,19 @@ export interface FileRange {
  * through the helper, hashing the stored and the uncompressed bytes on the way.
  * `layer`: OCI whiteouts apply. The budget is shared by every layer of one import.
  */
-export async function applyTar(root: string, src: FileRange, opts: { layer: boolean; budget: Budget; what: string }): Promise<Applied> {
+export async function applyTar(
+  root: string,
+  src: FileRange,
+  opts: { layer: boolean; budget: Budget; what: string },
+): Promise<Applied> {
   const offset = src.offset ?? 0;
   const compression = sniff(await readAt(src.file, offset, 6));
   const blobHash = createHash('sha256');
   const diffHash = createHash('sha256');
   const stage = decompressor(compression);
-  const helper = spawn(unpackBinaryPath(), [root, ...(opts.layer ? ['--layer'] : [])], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const helper = spawn(unpackBinaryPath(), [root, ...(opts.layer ? ['--layer'] : [])], {
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
   let out = '';
   let err = '';
   helper.stdout.on('data', (b: Buffer) => (out += b.toString()));
@@ -73,8 +89,18 @@ export async function applyTar(root: string, src: FileRange, opts: { layer: bool
     helper.on('error', reject);
     helper.on('close', (code) => resolve(code));
   });
-  const input = createReadStream(src.file, { start: offset, end: src.size === undefined ? undefined : offset + src.size - 1 });
-  const stages = [input, tap(blobHash), ...(stage ? [stage.stream] : []), tap(diffHash), byteLimit(opts.budget, opts.what), helper.stdin];
+  const input = createReadStream(src.file, {
+    start: offset,
+    end: src.size === undefined ? undefined : offset + src.size - 1,
+  });
+  const stages = [
+    input,
+    tap(blobHash),
+    ...(stage ? [stage.stream] : []),
+    tap(diffHash),
+    byteLimit(opts.budget, opts.what),
+    helper.stdin,
+  ];
   let streamErr: unknown;
   try {
     await pipeline(stages as unknown as [NodeJS.ReadableStream, NodeJS.WritableStream]);
@@ -87,13 +113,30 @@ export async function applyTar(root: string, src: FileRange, opts: { layer: bool
   const line = err.trim().split('\n').pop() ?? '';
   const tab = line.indexOf('\t');
   if (code !== 0 && tab > 0 && !(streamErr instanceof SnaplabError)) {
-    const [ours, hint]: [ErrorCode, string] = HELPER_CODES[line.slice(0, tab)] ?? ['BAD_IMAGE', 'the archive could not be applied'];
+    const [ours, hint]: [ErrorCode, string] = HELPER_CODES[line.slice(0, tab)] ?? [
+      'BAD_IMAGE',
+      'the archive could not be applied',
+    ];
     throw new SnaplabError(ours, `${opts.what}: ${line.slice(tab + 1)}`, hint);
   }
   if (streamErr) {
     if (streamErr instanceof SnaplabError) throw streamErr;
-    throw new SnaplabError('BAD_IMAGE', `${opts.what}: ${(streamErr as Error).message}`, 'the archive is corrupt or truncated');
+    throw new SnaplabError(
+      'BAD_IMAGE',
+      `${opts.what}: ${(streamErr as Error).message}`,
+      'the archive is corrupt or truncated',
+    );
   }
-  if (code !== 0) throw new SnaplabError('INTERNAL', `the image helper failed on ${opts.what} (exit ${code}): ${err.trim()}`, 'report this with the archive that caused it');
-  return { stats: JSON.parse(out) as UnpackStats, compression, blobDigest: `sha256:${blobHash.digest('hex')}`, diffId: `sha256:${diffHash.digest('hex')}` };
+  if (code !== 0)
+    throw new SnaplabError(
+      'INTERNAL',
+      `the image helper failed on ${opts.what} (exit ${code}): ${err.trim()}`,
+      'report this with the archive that caused it',
+    );
+  return {
+    stats: JSON.parse(out) as UnpackStats,
+    compression,
+    blobDigest: `sha256:${blobHash.digest('hex')}`,
+    diffId: `sha256:${diffHash.digest('hex')}`,
+  };
 }

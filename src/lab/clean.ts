@@ -19,7 +19,10 @@ import type { LabContext } from './context.js';
  */
 const COUNTS = ['processes', 'shm', 'sem', 'msg'];
 
-const entriesOf = (st: AgentStatus): string[] => Object.entries(st.entries).map(([d, e]) => `${d}:${e}`).sort();
+const entriesOf = (st: AgentStatus): string[] =>
+  Object.entries(st.entries)
+    .map(([d, e]) => `${d}:${e}`)
+    .sort();
 
 async function cgroupCounters(s: SandboxRecord): Promise<{ oomKills: number; pidsMax: number; procs: number }> {
   const cg = cgroupFor(s.id);
@@ -29,11 +32,19 @@ async function cgroupCounters(s: SandboxRecord): Promise<{ oomKills: number; pid
     dir ? readFile(`${dir}/pids.events`, 'utf8').catch(() => '') : Promise.resolve(''),
     dir ? readFile(`${dir}/cgroup.procs`, 'utf8').catch(() => '') : Promise.resolve(''),
   ]);
-  return { oomKills: oom, pidsMax: Number(/^max (\d+)/m.exec(events)?.[1] ?? 0), procs: procs.split('\n').filter(Boolean).length };
+  return {
+    oomKills: oom,
+    pidsMax: Number(/^max (\d+)/m.exec(events)?.[1] ?? 0),
+    procs: procs.split('\n').filter(Boolean).length,
+  };
 }
 
 /** What clean looks like for this sandbox, taken right after it became usable. Null: cannot recycle it. */
-export async function captureBaseline(ctx: LabContext, s: SandboxRecord, agent: AgentClient): Promise<CleanBaseline | null> {
+export async function captureBaseline(
+  ctx: LabContext,
+  s: SandboxRecord,
+  agent: AgentClient,
+): Promise<CleanBaseline | null> {
   if (!s.volume) return null;
   const marker = await (await ctx.readyBackend(s.storage)).changeMarker(s.volume);
   if (marker === null) return null;
@@ -57,7 +68,8 @@ export async function dirtReasons(ctx: LabContext, s: SandboxRecord, agent: Agen
   if (counters.procs > 2) reasons.push(`${counters.procs - 2} extra process(es) in the cgroup`);
   if (marker !== base.fsGeneration) reasons.push('root filesystem changed');
   const now = entriesOf(st);
-  for (const line of now) if (!base.devEntries.includes(line)) reasons.push(`${line.slice(0, line.indexOf(':'))} changed`);
+  for (const line of now)
+    if (!base.devEntries.includes(line)) reasons.push(`${line.slice(0, line.indexOf(':'))} changed`);
   if (now.length !== base.devEntries.length) reasons.push('in-memory directories changed');
   if (counters.oomKills !== base.oomKills) reasons.push('an OOM kill happened');
   if (counters.pidsMax !== base.pidsMax) reasons.push('a fork hit the pids limit');

@@ -26,7 +26,11 @@ export class LabContext {
 
   constructor(readonly home: string) {
     if (process.getuid?.() !== 0) {
-      throw new SnaplabError('NOT_ROOT', 'snaplab needs root: it makes namespaces, mounts and cgroups', 'run it as root, e.g. `sudo snaplab ...`');
+      throw new SnaplabError(
+        'NOT_ROOT',
+        'snaplab needs root: it makes namespaces, mounts and cgroups',
+        'run it as root, e.g. `sudo snaplab ...`',
+      );
     }
     this.store = new Store(openDb(home));
     this.images = new Images(home, this.store);
@@ -39,14 +43,22 @@ export class LabContext {
   driver(name = 'namespaces'): Driver {
     const d = this.drivers.get(name);
     if (!d) {
-      throw new SnaplabError('DRIVER_UNAVAILABLE', `unknown driver ${JSON.stringify(name)}`, `available drivers: ${[...this.drivers.keys()].join(', ')}`);
+      throw new SnaplabError(
+        'DRIVER_UNAVAILABLE',
+        `unknown driver ${JSON.stringify(name)}`,
+        `available drivers: ${[...this.drivers.keys()].join(', ')}`,
+      );
     }
     return d;
   }
 
   backend(kind: StorageKind): StorageBackend {
     if (!STORAGE_KINDS.includes(kind)) {
-      throw new SnaplabError('BAD_INPUT', `unknown storage ${JSON.stringify(kind)}`, `use one of: ${STORAGE_KINDS.join(', ')}`);
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `unknown storage ${JSON.stringify(kind)}`,
+        `use one of: ${STORAGE_KINDS.join(', ')}`,
+      );
     }
     let b = this.backends.get(kind);
     if (!b) this.backends.set(kind, (b = createBackend(kind, this.home)));
@@ -60,7 +72,12 @@ export class LabContext {
     if (!ready) {
       ready = (async () => {
         const a = this.probed.get(kind) ?? (await b.probe());
-        if (!a.ok) throw new SnaplabError('STORAGE_UNAVAILABLE', `storage ${kind} does not work here: ${a.reason}`, a.fix ?? 'run `snaplab doctor`');
+        if (!a.ok)
+          throw new SnaplabError(
+            'STORAGE_UNAVAILABLE',
+            `storage ${kind} does not work here: ${a.reason}`,
+            a.fix ?? 'run `snaplab doctor`',
+          );
         await b.init();
       })();
       this.ready.set(kind, ready);
@@ -86,7 +103,12 @@ export class LabContext {
   }
 
   /** Run `fn` under a trace that is stored whatever the outcome (principle 2). */
-  async traced<T>(kind: string, target: string | null, fn: (t: Trace) => Promise<T>, details?: (r: T) => unknown): Promise<{ result: T; trace: TraceSummary }> {
+  async traced<T>(
+    kind: string,
+    target: string | null,
+    fn: (t: Trace) => Promise<T>,
+    details?: (r: T) => unknown,
+  ): Promise<{ result: T; trace: TraceSummary }> {
     const trace = new Trace(kind, target);
     let result: T;
     try {
@@ -94,7 +116,8 @@ export class LabContext {
     } catch (e) {
       const summary = trace.finish(e);
       this.store.putOperation(summary);
-      if (e instanceof SnaplabError || (e instanceof Error && 'operationId' in e)) (e as Error & { operationId?: string }).operationId = summary.id;
+      if (e instanceof SnaplabError || (e instanceof Error && 'operationId' in e))
+        (e as Error & { operationId?: string }).operationId = summary.id;
       throw e;
     }
     const summary = trace.finish();

@@ -45,7 +45,11 @@ function ends(lines: string[], which: 'first' | 'last' = 'last'): { fatal: strin
 /** A machine raised by a snaplab older than cp: its agent has no tar/untar/cp and prints its usage. */
 function refuseOldAgent(lines: string[]): void {
   if (lines.some((l) => l.startsWith('usage: snaplab-agent'))) {
-    throw new SnaplabError('AGENT_PROTOCOL', "cp: the machine's agent cannot copy files (it is older than snaplab cp)", 'recreate the machine with this snaplab (its agent is the one it was raised with)');
+    throw new SnaplabError(
+      'AGENT_PROTOCOL',
+      "cp: the machine's agent cannot copy files (it is older than snaplab cp)",
+      'recreate the machine with this snaplab (its agent is the one it was raised with)',
+    );
   }
 }
 
@@ -55,9 +59,20 @@ function verdict(where: string, sender: SideEnd, receiver: SideEnd, bytes: numbe
   const s = ends(sender.lines);
   const r = ends(receiver.lines);
   // a sender that could not start (no such SRC) makes the receiver see an empty archive: the sender's reason
-  if (sender.code >= 2 && s.fatal) throw new SnaplabError('COPY_FAILED', `cp: ${s.fatal}`, `nothing or part was copied ${where}`);
-  if (receiver.code >= 2) throw new SnaplabError('COPY_FAILED', `cp: ${r.fatal ?? `the receiving side failed (exit ${receiver.code})`}`, `the copy ${where} stopped there; what it wrote before stays`);
-  if (sender.code >= 2) throw new SnaplabError('COPY_FAILED', `cp: the sending side failed (exit ${sender.code})`, 'see the messages above');
+  if (sender.code >= 2 && s.fatal)
+    throw new SnaplabError('COPY_FAILED', `cp: ${s.fatal}`, `nothing or part was copied ${where}`);
+  if (receiver.code >= 2)
+    throw new SnaplabError(
+      'COPY_FAILED',
+      `cp: ${r.fatal ?? `the receiving side failed (exit ${receiver.code})`}`,
+      `the copy ${where} stopped there; what it wrote before stays`,
+    );
+  if (sender.code >= 2)
+    throw new SnaplabError(
+      'COPY_FAILED',
+      `cp: the sending side failed (exit ${sender.code})`,
+      'see the messages above',
+    );
   return { bytes, warnings: [...s.warnings, ...r.warnings], complete: sender.code === 0 && receiver.code === 0 };
 }
 
@@ -76,7 +91,8 @@ const lines = (b: Buffer[]): string[] =>
  * a hostile machine cannot choose what lands in the destination. `..` is resolved here, as text.
  */
 export function sourceName(src: string): { path: string; expect: string } {
-  if (!src) throw new SnaplabError('BAD_INPUT', 'no path to copy from', 'give the path in the machine, e.g. /etc/hosts');
+  if (!src)
+    throw new SnaplabError('BAD_INPUT', 'no path to copy from', 'give the path in the machine, e.g. /etc/hosts');
   const contents = src === '/' || /(^|\/)\.\/*$/.test(src);
   const norm = posix.normalize(src.startsWith('/') ? src : `/${src}`).replace(/\/+$/, '') || '/';
   if (contents || norm === '/') return { path: norm === '/' ? '/.' : `${norm}/.`, expect: '.' };
@@ -84,12 +100,17 @@ export function sourceName(src: string): { path: string; expect: string } {
 }
 
 /** `snaplab-agent ARGS` on the host. */
-function hostHelper(args: string[], stdio: ['pipe' | 'ignore', 'pipe' | 'ignore']): { proc: ReturnType<typeof spawn>; done: Promise<SideEnd> } {
+function hostHelper(
+  args: string[],
+  stdio: ['pipe' | 'ignore', 'pipe' | 'ignore'],
+): { proc: ReturnType<typeof spawn>; done: Promise<SideEnd> } {
   const proc = spawn(agentBinaryPath(), args, { stdio: [stdio[0], stdio[1], 'pipe'] });
   const err: Buffer[] = [];
   proc.stderr!.on('data', (b: Buffer) => err.push(b));
   const done = new Promise<SideEnd>((resolve) => {
-    proc.on('error', (e) => resolve({ code: 2, lines: [`snaplab: cp: cannot run ${agentBinaryPath()}: ${e.message}`] }));
+    proc.on('error', (e) =>
+      resolve({ code: 2, lines: [`snaplab: cp: cannot run ${agentBinaryPath()}: ${e.message}`] }),
+    );
     proc.on('close', (code, signal) => resolve({ code: code ?? (signal ? 2 : 0), lines: lines(err) }));
   });
   return { proc, done };
@@ -106,7 +127,13 @@ interface Sender {
  * into the directory dest as it is (`snaplab cp - box:/dir`); else an archive of snaplab's tar,
  * placed by docker cp's rules. `sender` is how the producer of `source` ended, when there is one.
  */
-export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: string, source: Readable, opts: { plain?: boolean; sender?: Sender; expect?: string } = {}): Promise<CopyResult> {
+export async function sendArchive(
+  ctx: LabContext,
+  s: SandboxRecord,
+  dest: string,
+  source: Readable,
+  opts: { plain?: boolean; sender?: Sender; expect?: string } = {},
+): Promise<CopyResult> {
   let agent;
   try {
     agent = await connectAgent(ctx, s);
@@ -132,7 +159,10 @@ export async function sendArchive(ctx: LabContext, s: SandboxRecord, dest: strin
     // a receiver that failed reads no more, and one that ended early may never: a sender still
     // writing would wait on its pipe forever. Ours ends at once after its last block.
     if (r.exitCode >= 2) opts.sender?.stop();
-    else if (opts.sender) void Promise.race([opts.sender.done, new Promise((res) => setTimeout(res, 5000).unref())]).then(() => opts.sender!.stop());
+    else if (opts.sender)
+      void Promise.race([opts.sender.done, new Promise((res) => setTimeout(res, 5000).unref())]).then(() =>
+        opts.sender!.stop(),
+      );
     const sender = opts.sender ? await opts.sender.done : { code: 0, lines: [] };
     return verdict(`in ${s.name}:${dest}`, sender, { code: r.exitCode, lines: lines(err) }, bytes);
   } finally {
@@ -187,7 +217,13 @@ export async function receiveArchive(
 const sinkName = (w: Writable): string => (w === process.stdout ? 'stdout' : 'the destination');
 
 /** A host path (file or tree) into the machine at dest. */
-export async function copyIn(ctx: LabContext, s: SandboxRecord, hostSrc: string, dest: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
+export async function copyIn(
+  ctx: LabContext,
+  s: SandboxRecord,
+  hostSrc: string,
+  dest: string,
+  opts: { follow?: boolean } = {},
+): Promise<CopyResult> {
   const tar = hostHelper(['tar', ...(opts.follow ? ['-L'] : []), '--', hostSrc], ['ignore', 'pipe']);
   // taken at once: Node discards a child's unread output when it exits (a small tree is done
   // before the machine's side has started)
@@ -203,7 +239,13 @@ export async function copyIn(ctx: LabContext, s: SandboxRecord, hostSrc: string,
  * A path of the machine to hostDest. Root inside may have made anything, so nothing is created
  * on the host with setuid/setgid bits and no device node at all (`untar --untrusted`).
  */
-export async function copyOut(ctx: LabContext, s: SandboxRecord, src: string, hostDest: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
+export async function copyOut(
+  ctx: LabContext,
+  s: SandboxRecord,
+  src: string,
+  hostDest: string,
+  opts: { follow?: boolean } = {},
+): Promise<CopyResult> {
   const from = sourceName(src);
   const untar = hostHelper(['untar', '--untrusted', '--expect', from.expect, '--', hostDest], ['pipe', 'ignore']);
   try {
@@ -218,18 +260,37 @@ export async function copyOut(ctx: LabContext, s: SandboxRecord, src: string, ho
  * host, a VM's two halves would share its relay's one stream, where the reader's slowness
  * stalls the writer's acknowledgements (docs/agent-protocol.md, "Flow control").
  */
-async function copyWithin(ctx: LabContext, s: SandboxRecord, src: string, dest: string, opts: { follow?: boolean }): Promise<CopyResult> {
+async function copyWithin(
+  ctx: LabContext,
+  s: SandboxRecord,
+  src: string,
+  dest: string,
+  opts: { follow?: boolean },
+): Promise<CopyResult> {
   const from = sourceName(src);
   const agent = await connectAgent(ctx, s);
   try {
     agent.requireMinor(2, 'copy files (snaplab cp)');
     const err: Buffer[] = [];
-    const r = await (await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'cp', ...(opts.follow ? ['-L'] : []), '--expect', from.expect, '--', from.path, dest], { onStdout: () => {}, onStderr: (b) => err.push(b) })).result;
+    const r = await (
+      await spawnIn(
+        ctx,
+        s,
+        agent,
+        [MACHINE_AGENT_PATH, 'cp', ...(opts.follow ? ['-L'] : []), '--expect', from.expect, '--', from.path, dest],
+        { onStdout: () => {}, onStderr: (b) => err.push(b) },
+      )
+    ).result;
     const all = lines(err);
     refuseOldAgent(all);
     // the first failure says why: the untar half's "empty archive" only follows the tar half's
     const { fatal, warnings } = ends(all, 'first');
-    if (r.exitCode >= 2) throw new SnaplabError('COPY_FAILED', `cp: ${fatal ?? `failed (exit ${r.exitCode})`}`, `the copy in ${s.name} stopped there; what it wrote before stays`);
+    if (r.exitCode >= 2)
+      throw new SnaplabError(
+        'COPY_FAILED',
+        `cp: ${fatal ?? `failed (exit ${r.exitCode})`}`,
+        `the copy in ${s.name} stopped there; what it wrote before stays`,
+      );
     return { bytes: 0, warnings, complete: r.exitCode === 0 };
   } finally {
     await agent.close();
@@ -237,7 +298,14 @@ async function copyWithin(ctx: LabContext, s: SandboxRecord, src: string, dest: 
 }
 
 /** From one machine to another, machine to machine, without a copy on the host's disk. */
-export async function copyBetween(ctx: LabContext, from: SandboxRecord, src: string, to: SandboxRecord, dest: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
+export async function copyBetween(
+  ctx: LabContext,
+  from: SandboxRecord,
+  src: string,
+  to: SandboxRecord,
+  dest: string,
+  opts: { follow?: boolean } = {},
+): Promise<CopyResult> {
   if (from.id === to.id) return copyWithin(ctx, from, src, dest, opts);
   const pipe = new PassThrough({ highWaterMark: 1024 * 1024 });
   let receiverDone!: (e: SideEnd) => void;
@@ -251,7 +319,11 @@ export async function copyBetween(ctx: LabContext, from: SandboxRecord, src: str
       setTimeout(() => pipe.destroy(), 5000).unref();
       return r;
     },
-    (e: unknown) => (receiverDone({ code: 2, lines: [`snaplab: cp: ${(e as Error).message.replace(/^cp: /, '')}`] }), pipe.destroy(), Promise.reject(e)),
+    (e: unknown) => (
+      receiverDone({ code: 2, lines: [`snaplab: cp: ${(e as Error).message.replace(/^cp: /, '')}`] }),
+      pipe.destroy(),
+      Promise.reject(e)
+    ),
   );
   sending.catch(() => {});
   let r: CopyResult;

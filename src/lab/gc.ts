@@ -46,7 +46,9 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     await destroyRecord(ctx, r);
     removed.push(`discarded machine ${s.name}`);
   }
-  const sandboxes = await trace.phase('reconcile', async () => Promise.all(ctx.store.listSandboxes().map((s) => reconcile(ctx, s))));
+  const sandboxes = await trace.phase('reconcile', async () =>
+    Promise.all(ctx.store.listSandboxes().map((s) => reconcile(ctx, s))),
+  );
   const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
   // run directories and cgroups are named by sandbox id whatever the driver: every driver sees every live id
   const live = new Set(liveSandboxes.map((s) => s.id));
@@ -58,7 +60,8 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     const rec = ctx.store.getSandbox(id);
     return rec !== undefined && rec.id === id && rec.state !== 'dead';
   };
-  for (const [name, driver] of ctx.drivers) removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(isLive))));
+  for (const [name, driver] of ctx.drivers)
+    removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(isLive))));
   // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
   // held: asked of the store now, not of the list read at the start (a create may have finished since)
@@ -75,10 +78,13 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     const machine = machineOf(id);
     return machine ? netns.has(machineNetns(machine.sid, machine.index)) : cgroups.has(id);
   };
-  for (const f of await removeDeadClaimWrites()) removed.push(`unfinished user namespace claim ${f} (its process is gone)`);
+  for (const f of await removeDeadClaimWrites())
+    removed.push(`unfinished user namespace claim ${f} (its process is gone)`);
   for (const c of await staleClaims(ctx.home, isHeld, running, CLAIM_GRACE_MS)) {
     await releaseRange(c.base, c.home, c.id);
-    removed.push(`user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`);
+    removed.push(
+      `user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`,
+    );
   }
   removed.push(...(await trace.phase('images', () => ctx.images.collect())));
   // what a killed bench's systemd-nspawn baseline left (host-wide, by the dead bench's pid)
@@ -90,7 +96,13 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
 }
 
 /** Volumes, memory snapshots, base disks, the btrfs pool's mount and loop device that nothing records. */
-async function collectVolumes(ctx: LabContext, trace: Trace, busy: string[], removed: string[], notes: string[]): Promise<void> {
+async function collectVolumes(
+  ctx: LabContext,
+  trace: Trace,
+  busy: string[],
+  removed: string[],
+  notes: string[],
+): Promise<void> {
   if (busy.length) {
     // volumes being made are not recorded yet: leave all storage alone until they are
     notes.push(`volumes not collected: ${busy.length} operation(s) in flight (${busy.join(', ')}); run gc again later`);
@@ -114,14 +126,21 @@ async function collectVolumes(ctx: LabContext, trace: Trace, busy: string[], rem
   // VM base disks of image volumes that are gone
   removed.push(...(await gcBaseDisks(ctx.home, new Set(ctx.store.listImageVolumes().map((iv) => iv.volume.id)))));
   // memory snapshots (VM driver) no record names any more
-  const memoryDirs = new Set(ctx.store.listSnapshots().map((x) => x.memory?.dir).filter((d): d is string => !!d));
+  const memoryDirs = new Set(
+    ctx.store
+      .listSnapshots()
+      .map((x) => x.memory?.dir)
+      .filter((d): d is string => !!d),
+  );
   for (const d of await readdir(join(ctx.home, 'snapshots')).catch(() => [] as string[])) {
     const dir = join(ctx.home, 'snapshots', d);
     if (memoryDirs.has(dir)) continue;
     // one being written now (its snapshot began after the in-flight check above) is left alone;
     // a crash's leftover is removed once nothing in it has changed for a while
     if (Date.now() - (await newestChange(dir)) < MEMORY_DIR_GRACE_MS) {
-      notes.push(`memory snapshot ${dir} not collected: written to in the last ${MEMORY_DIR_GRACE_MS / 1000} s; run gc again later`);
+      notes.push(
+        `memory snapshot ${dir} not collected: written to in the last ${MEMORY_DIR_GRACE_MS / 1000} s; run gc again later`,
+      );
       continue;
     }
     await rm(dir, { recursive: true, force: true });
@@ -136,7 +155,10 @@ async function collectVolumes(ctx: LabContext, trace: Trace, busy: string[], rem
   // The btrfs pool is infrastructure while it holds anything recorded (an image, a snapshot, a
   // sandbox); an empty one is unmounted (and mounted again on demand).
   // (read now, not from the list gc began with: a create recorded since then is a user)
-  const btrfsUsers = ctx.store.listSandboxes().some((s) => s.storage === 'btrfs') || ctx.store.listSnapshots().some((s) => s.storage === 'btrfs') || ctx.store.listImageVolumes().some((v) => v.storage === 'btrfs');
+  const btrfsUsers =
+    ctx.store.listSandboxes().some((s) => s.storage === 'btrfs') ||
+    ctx.store.listSnapshots().some((s) => s.storage === 'btrfs') ||
+    ctx.store.listImageVolumes().some((v) => v.storage === 'btrfs');
   if (!btrfsUsers && (await liveInflight(ctx)).length === 0) {
     await trace.phase('btrfs pool', async () => {
       await unmountPool(ctx.home).catch(() => undefined);
@@ -165,6 +187,7 @@ const MEMORY_DIR_GRACE_MS = 120_000;
 /** When `dir` or a file in it last changed (ms since the epoch). */
 async function newestChange(dir: string): Promise<number> {
   let newest = (await stat(dir).catch(() => null))?.mtimeMs ?? 0;
-  for (const f of await readdir(dir).catch(() => [] as string[])) newest = Math.max(newest, (await stat(join(dir, f)).catch(() => null))?.mtimeMs ?? 0);
+  for (const f of await readdir(dir).catch(() => [] as string[]))
+    newest = Math.max(newest, (await stat(join(dir, f)).catch(() => null))?.mtimeMs ?? 0);
   return newest;
 }

@@ -8,15 +8,17 @@ export async function imageVolume(ctx: LabContext, image: string, storage: Stora
   const have = ctx.store.getImageVolume(image, storage);
   if (have) return have;
   const img = await ctx.images.resolve(image);
-  return trace.phase('import image', () => inflight(ctx, 'import', async () => {
-    const backend = await ctx.readyBackend(storage);
-    const v = await backend.importImage(img.path, img.name);
-    const raced = ctx.store.getImageVolume(img.name, storage);
-    if (raced) {
-      await backend.delete(v); // another process imported it meanwhile: use theirs
-      return raced;
-    }
-    ctx.store.putImageVolume(img.name, storage, v);
-    return v;
-  }));
+  return trace.phase('import image', () =>
+    inflight(ctx, 'import', async () => {
+      const backend = await ctx.readyBackend(storage);
+      const v = await backend.importImage(img.path, img.name);
+      const raced = ctx.store.getImageVolume(img.name, storage);
+      if (raced) {
+        await backend.delete(v); // another process imported it meanwhile: use theirs
+        return raced;
+      }
+      ctx.store.putImageVolume(img.name, storage, v);
+      return v;
+    }),
+  );
 }

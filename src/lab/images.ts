@@ -14,7 +14,22 @@ import { checkName, newId } from './names.js';
 export const BUILTIN_BUSYBOX = 'busybox';
 
 /** Directories every image gets, so that the sandbox's mounts never have to write into it. */
-const SKELETON = ['bin', 'sbin', 'usr', 'usr/bin', 'usr/sbin', 'etc', 'root', 'tmp', 'proc', 'dev', 'run', 'var', 'var/tmp', 'home'];
+const SKELETON = [
+  'bin',
+  'sbin',
+  'usr',
+  'usr/bin',
+  'usr/sbin',
+  'etc',
+  'root',
+  'tmp',
+  'proc',
+  'dev',
+  'run',
+  'var',
+  'var/tmp',
+  'home',
+];
 
 /**
  * Add what is missing of the skeleton without ever following a symlink of the image: an
@@ -58,8 +73,23 @@ async function sizeOf(dir: string): Promise<number> {
 async function initOf(root: string): Promise<'systemd' | undefined> {
   for (const rel of ['usr/sbin/init', 'sbin/init']) {
     // a parent that is a link (sbin -> usr/sbin, or one pointing at the host) is not gone through
-    const parents = rel.split('/').slice(0, -1).map((_, i, a) => a.slice(0, i + 1).join('/'));
-    if ((await Promise.all(parents.map((p) => lstat(join(root, p)).then((st) => st.isDirectory(), () => false)))).includes(false)) continue;
+    const parents = rel
+      .split('/')
+      .slice(0, -1)
+      .map((_, i, a) => a.slice(0, i + 1).join('/'));
+    if (
+      (
+        await Promise.all(
+          parents.map((p) =>
+            lstat(join(root, p)).then(
+              (st) => st.isDirectory(),
+              () => false,
+            ),
+          ),
+        )
+      ).includes(false)
+    )
+      continue;
     const target = await readlink(join(root, rel)).catch(() => undefined);
     if (target && /(^|\/)systemd$/.test(target)) return 'systemd';
   }
@@ -70,7 +100,10 @@ async function initOf(root: string): Promise<'systemd' | undefined> {
 export class Images {
   private building: Promise<ImageRecord> | undefined;
 
-  constructor(private readonly home: string, private readonly store: Store) {}
+  constructor(
+    private readonly home: string,
+    private readonly store: Store,
+  ) {}
 
   private dir(name: string): string {
     return join(this.home, 'images', name);
@@ -97,10 +130,18 @@ export class Images {
   async buildBusybox(): Promise<ImageRecord> {
     const busybox = (await which('busybox')) ?? '/bin/busybox';
     if (!existsSync(busybox)) {
-      throw new SnaplabError('IMAGE_NOT_FOUND', 'the built-in busybox image needs a static busybox binary', 'apt-get install busybox-static');
+      throw new SnaplabError(
+        'IMAGE_NOT_FOUND',
+        'the built-in busybox image needs a static busybox binary',
+        'apt-get install busybox-static',
+      );
     }
     if (isDynamicElf(busybox)) {
-      throw new SnaplabError('IMAGE_NOT_FOUND', `${busybox} is dynamically linked; the sandbox has no libc for it`, 'apt-get install busybox-static');
+      throw new SnaplabError(
+        'IMAGE_NOT_FOUND',
+        `${busybox} is dynamically linked; the sandbox has no libc for it`,
+        'apt-get install busybox-static',
+      );
     }
     return this.create(BUILTIN_BUSYBOX, `builtin:${busybox}`, async (root) => {
       const provenance: Provenance = { kind: 'builtin', source: busybox, notes: [] };
@@ -127,7 +168,11 @@ export class Images {
   async import(source: string, name: string, opts: ImportOptions = {}): Promise<ImageRecord> {
     checkName('image', name);
     if (this.store.getImage(name)) {
-      throw new SnaplabError('IMAGE_EXISTS', `an image named ${name} already exists`, `remove it first with \`snaplab image rm ${name}\`, or pick another --name`);
+      throw new SnaplabError(
+        'IMAGE_EXISTS',
+        `an image named ${name} already exists`,
+        `remove it first with \`snaplab image rm ${name}\`, or pick another --name`,
+      );
     }
     return this.create(name, resolve(source), async (root, scratch) => {
       const { importInto } = await import('../image/import.js');
@@ -141,7 +186,13 @@ export class Images {
    * Build in a temporary directory, then rename into place and record: a crash or a failure
    * leaves no half image (gc removes a `.tmp-*` left by a process that died).
    */
-  async create(name: string, source: string, build: (root: string, scratch: string) => Promise<Imported | void>, buildKey?: string, replace?: () => Promise<void>): Promise<ImageRecord> {
+  async create(
+    name: string,
+    source: string,
+    build: (root: string, scratch: string) => Promise<Imported | void>,
+    buildKey?: string,
+    replace?: () => Promise<void>,
+  ): Promise<ImageRecord> {
     const tmp = join(this.home, 'images', `.tmp-${process.pid}-${name}-${newId()}`);
     await mkdir(join(tmp, 'rootfs'), { recursive: true });
     await mkdir(join(tmp, 'scratch'));
@@ -165,8 +216,14 @@ export class Images {
       await removeTree(dir); // a tree no record names (a crash's)
       await rename(tmp, dir);
       const rec: ImageRecord = {
-        name, source, path: join(dir, 'rootfs'), sizeBytes, createdAt: Date.now(),
-        config: got?.config ?? null, provenance: got?.provenance ?? null, buildKey: buildKey ?? null,
+        name,
+        source,
+        path: join(dir, 'rootfs'),
+        sizeBytes,
+        createdAt: Date.now(),
+        config: got?.config ?? null,
+        provenance: got?.provenance ?? null,
+        buildKey: buildKey ?? null,
       };
       try {
         this.store.putImage(rec);
@@ -201,7 +258,13 @@ export class Images {
         continue;
       }
       // never through a mount a build left (mmdebstrap binds /proc, /sys and /dev into its tree)
-      if (!(await removeTree(dir).then(() => true, () => false))) continue;
+      if (
+        !(await removeTree(dir).then(
+          () => true,
+          () => false,
+        ))
+      )
+        continue;
       removed.push(`image directory ${dir}${tmp ? ' (an import or build that did not finish)' : ' (no image record)'}`);
     }
     return removed;

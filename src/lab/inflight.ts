@@ -63,7 +63,12 @@ async function gcDone(ctx: LabContext): Promise<void> {
       else ctx.store.endInflight(op.id);
     }
     if (by === undefined) return;
-    if (Date.now() > until) throw new SnaplabError('TIMEOUT', `gc (pid ${by}) has been collecting volumes for over ${GC_WAIT_MS / 1000} s`, 'wait for it, or stop it if it hangs; then try again');
+    if (Date.now() > until)
+      throw new SnaplabError(
+        'TIMEOUT',
+        `gc (pid ${by}) has been collecting volumes for over ${GC_WAIT_MS / 1000} s`,
+        'wait for it, or stop it if it hangs; then try again',
+      );
     await new Promise((r) => setTimeout(r, 20));
   }
 }

@@ -30,6 +30,14 @@ export function withDefaults(l: Limits | undefined, driver = 'namespaces'): Limi
 }
 
 /** A VM's memory below VM_MIN_MEMORY: `what` names it (a scenario's machine). */
-export function vmTooSmall(bytes: number, what = 'a VM', hint = `give --memory ${VM_MIN_MEMORY / 2 ** 20}M or more (default ${VM_DEFAULT_MEMORY / 2 ** 20}M)`): SnaplabError {
-  return new SnaplabError('BAD_SIZE', `${what} needs at least ${VM_MIN_MEMORY / 2 ** 20} MiB of memory, not ${Math.round(bytes / 2 ** 20)} MiB`, hint);
+export function vmTooSmall(
+  bytes: number,
+  what = 'a VM',
+  hint = `give --memory ${VM_MIN_MEMORY / 2 ** 20}M or more (default ${VM_DEFAULT_MEMORY / 2 ** 20}M)`,
+): SnaplabError {
+  return new SnaplabError(
+    'BAD_SIZE',
+    `${what} needs at least ${VM_MIN_MEMORY / 2 ** 20} MiB of memory, not ${Math.round(bytes / 2 ** 20)} MiB`,
+    hint,
+  );
 }

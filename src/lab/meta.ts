@@ -6,7 +6,17 @@ const LABEL_KEY = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/;
 
 /** A sandbox's labels and lifetime; one without a row has none. */
 export function metaOf(ctx: LabContext, id: string): SandboxMeta {
-  return ctx.store.getMeta(id) ?? { id, labels: {}, metadata: {}, owner: null, timeoutS: null, onTimeout: null, expiresAt: null };
+  return (
+    ctx.store.getMeta(id) ?? {
+      id,
+      labels: {},
+      metadata: {},
+      owner: null,
+      timeoutS: null,
+      onTimeout: null,
+      expiresAt: null,
+    }
+  );
 }
 
 export function updateMeta(ctx: LabContext, id: string, patch: Partial<Omit<SandboxMeta, 'id'>>): SandboxMeta {
@@ -16,11 +26,24 @@ export function updateMeta(ctx: LabContext, id: string, patch: Partial<Omit<Sand
 }
 
 /** Labels select (list filters); metadata is free text kept with the sandbox. Both: string to string. */
-export function checkLabels(what: 'label' | 'metadata', m: Record<string, unknown> | undefined): Record<string, string> {
+export function checkLabels(
+  what: 'label' | 'metadata',
+  m: Record<string, unknown> | undefined,
+): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [k, v] of Object.entries(m ?? {})) {
-    if (!LABEL_KEY.test(k)) throw new SnaplabError('BAD_INPUT', `invalid ${what} key ${JSON.stringify(k)}`, 'use 1-63 letters, digits, ".", "_", "/" or "-", starting with a letter or digit');
-    if (typeof v !== 'string' || v.length > (what === 'label' ? 253 : 4096)) throw new SnaplabError('BAD_INPUT', `${what} ${k} must be a string of at most ${what === 'label' ? 253 : 4096} characters`, 'give strings, e.g. {"team": "infra"}');
+    if (!LABEL_KEY.test(k))
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `invalid ${what} key ${JSON.stringify(k)}`,
+        'use 1-63 letters, digits, ".", "_", "/" or "-", starting with a letter or digit',
+      );
+    if (typeof v !== 'string' || v.length > (what === 'label' ? 253 : 4096))
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `${what} ${k} must be a string of at most ${what === 'label' ? 253 : 4096} characters`,
+        'give strings, e.g. {"team": "infra"}',
+      );
     out[k] = v;
   }
   return out;

@@ -16,7 +16,8 @@ export function checkName(kind: string, name: string): string {
 }
 
 /** What a sandbox is looked up by: an id or a name, `SCENARIO/MACHINE` being sandbox SCENARIO.MACHINE. */
-export const sandboxKey = (idOrName: string): string => (idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName);
+export const sandboxKey = (idOrName: string): string =>
+  idOrName.includes('/') ? idOrName.replace('/', '.') : idOrName;
 
 export function newId(): string {
   return randomBytes(6).toString('hex');

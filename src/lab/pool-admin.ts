@@ -36,7 +36,13 @@ export function getPool(ctx: LabContext, name: string): PoolRecord {
   const p = ctx.store.getPool(name);
   if (!p) {
     const known = ctx.store.listPools().map((x) => x.name);
-    throw new SnaplabError('POOL_NOT_FOUND', `no pool named ${JSON.stringify(name)}`, known.length ? `known pools: ${known.join(', ')}` : `create one with \`snaplab pool create ${name} --image busybox --size 4\``);
+    throw new SnaplabError(
+      'POOL_NOT_FOUND',
+      `no pool named ${JSON.stringify(name)}`,
+      known.length
+        ? `known pools: ${known.join(', ')}`
+        : `create one with \`snaplab pool create ${name} --image busybox --size 4\``,
+    );
   }
   return p;
 }
@@ -44,19 +50,41 @@ export function getPool(ctx: LabContext, name: string): PoolRecord {
 export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolRecord> {
   checkName('pool', spec.name);
   if (ctx.store.getPool(spec.name)) {
-    throw new SnaplabError('POOL_EXISTS', `a pool named ${spec.name} already exists`, `resize it with \`snaplab pool resize ${spec.name} N\`, or remove it first`);
+    throw new SnaplabError(
+      'POOL_EXISTS',
+      `a pool named ${spec.name} already exists`,
+      `resize it with \`snaplab pool resize ${spec.name} N\`, or remove it first`,
+    );
   }
-  if (!Number.isSafeInteger(spec.size) || spec.size < 0) throw new SnaplabError('BAD_INPUT', `invalid pool size ${spec.size}`, 'give a whole number ≥ 0');
+  if (!Number.isSafeInteger(spec.size) || spec.size < 0)
+    throw new SnaplabError('BAD_INPUT', `invalid pool size ${spec.size}`, 'give a whole number ≥ 0');
   const driver = ctx.driver(spec.driver ?? 'namespaces');
   if (driver.capabilities.memorySnapshot) {
     // a VM's clean check would need the guest's word for its own state: every use gets a fresh restore
-    if (spec.recycle) throw new SnaplabError('BAD_INPUT', `standbys of the ${driver.name} driver are not recycled: each execution gets a fresh restore`, 'drop --recycle');
+    if (spec.recycle)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `standbys of the ${driver.name} driver are not recycled: each execution gets a fresh restore`,
+        'drop --recycle',
+      );
   }
   await ctx.images.resolve(spec.image);
   const rec: PoolRecord = {
-    name: spec.name, image: spec.image, storage: spec.storage ?? (await ctx.defaultStorage()), limits: withDefaults(spec.limits, driver.name),
-    target: spec.size, recycle: driver.capabilities.memorySnapshot ? false : spec.recycle ?? true, hits: 0, misses: 0, recycled: 0, refusedDirty: 0, leaks: 0, createdAt: Date.now(),
-    driver: driver.name, template: null, userns: spec.userns === false ? false : null,
+    name: spec.name,
+    image: spec.image,
+    storage: spec.storage ?? (await ctx.defaultStorage()),
+    limits: withDefaults(spec.limits, driver.name),
+    target: spec.size,
+    recycle: driver.capabilities.memorySnapshot ? false : (spec.recycle ?? true),
+    hits: 0,
+    misses: 0,
+    recycled: 0,
+    refusedDirty: 0,
+    leaks: 0,
+    createdAt: Date.now(),
+    driver: driver.name,
+    template: null,
+    userns: spec.userns === false ? false : null,
   };
   ctx.store.insertPool(rec);
   return rec;
@@ -119,11 +147,16 @@ export async function removePool(ctx: LabContext, name: string): Promise<number>
   const pool = getPool(ctx, name);
   const removed = await trimPool(ctx, name, 0);
   // under the pool's lock: a template being made meanwhile is finished (and then removed here)
-  await withLock(poolLock(ctx, name), async () => {
-    ctx.store.deletePool(name);
-    // a template still in use (overlay storage under a member someone holds) stays: gc removes it later
-    if (ctx.store.getSnapshot(templateName(pool))) await removeSnapshot(ctx, templateName(pool), new Trace('pool rm', name)).catch(() => undefined);
-  }, 300_000);
+  await withLock(
+    poolLock(ctx, name),
+    async () => {
+      ctx.store.deletePool(name);
+      // a template still in use (overlay storage under a member someone holds) stays: gc removes it later
+      if (ctx.store.getSnapshot(templateName(pool)))
+        await removeSnapshot(ctx, templateName(pool), new Trace('pool rm', name)).catch(() => undefined);
+    },
+    300_000,
+  );
   return removed;
 }
 
@@ -137,7 +170,10 @@ export const templateName = (pool: PoolRecord): string => `_pool.${pool.name}.${
 /** Templates whose pool is gone (or was made again). */
 export function orphanTemplates(ctx: LabContext): string[] {
   const live = new Set(ctx.store.listPools().map(templateName));
-  return ctx.store.listSnapshots().map((s) => s.name).filter((n) => n.startsWith('_pool.') && !live.has(n));
+  return ctx.store
+    .listSnapshots()
+    .map((s) => s.name)
+    .filter((n) => n.startsWith('_pool.') && !live.has(n));
 }
 
 /** The lock held while a pool's template is made or removed. */

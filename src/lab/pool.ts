@@ -20,7 +20,6 @@ export interface Taken {
   hit: boolean;
 }
 
-
 /**
  * Holds a pool in this process: takes standbys (atomically across processes, through the
  * store), returns them after a clean check or destroys them, and, once started, keeps the pool
@@ -40,7 +39,10 @@ export class PoolRunner {
   /** errors of background refills, newest last (at most 20) */
   readonly refillErrors: string[] = [];
 
-  constructor(private readonly ctx: LabContext, readonly name: string) {}
+  constructor(
+    private readonly ctx: LabContext,
+    readonly name: string,
+  ) {}
 
   /** A usable sandbox from the pool: a thawed standby whose agent answered, or a new one on a miss. */
   async take(trace: Trace): Promise<Taken> {
@@ -62,12 +64,14 @@ export class PoolRunner {
         let agent: AgentClient;
         try {
           // (a namespace standby frozen by an earlier snaplab, which froze them all, is thawed too)
-          if (driver.capabilities.pauseStandbys || (await isFrozen(cgroupFor(rec.id)).catch(() => false))) await trace.phase('thaw', () => driver.resume(handleOf(rec)));
+          if (driver.capabilities.pauseStandbys || (await isFrozen(cgroupFor(rec.id)).catch(() => false)))
+            await trace.phase('thaw', () => driver.resume(handleOf(rec)));
           rec.state = 'running';
           agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handleOf(rec))));
           this.agents.set(rec.id, agent);
           // a VM's clock stood still while it waited (a namespace sandbox shares the host's)
-          if (driver.capabilities.memorySnapshot) await trace.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
+          if (driver.capabilities.memorySnapshot)
+            await trace.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
           else await trace.phase('agent ready', () => agent.ping());
         } catch {
           // a standby that cannot be woken is of no use to anyone: drop it, take another
@@ -138,7 +142,9 @@ export class PoolRunner {
     this.timer = setInterval(() => {
       if (!reaping) {
         reaping = true;
-        void reapLeaks(this.ctx, this.name).catch(() => undefined).finally(() => (reaping = false));
+        void reapLeaks(this.ctx, this.name)
+          .catch(() => undefined)
+          .finally(() => (reaping = false));
       }
       this.kick();
     }, 1000);
@@ -203,13 +209,28 @@ export class PoolRunner {
     this.raising++;
     try {
       // VM standbys are restores of the pool's template, a memory snapshot of one booted VM
-      const template = this.ctx.driver(pool.driver).capabilities.memorySnapshot ? await this.template(trace) : undefined;
-      const base = template ? async (): Promise<Volume> => template.volume : (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+      const template = this.ctx.driver(pool.driver).capabilities.memorySnapshot
+        ? await this.template(trace)
+        : undefined;
+      const base = template
+        ? async (): Promise<Volume> => template.volume
+        : (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
       // held by this process until it is paused or handed out (recorded in the same write that
       // makes it running): if this process dies in between, reapLeaks finds a member whose holder is gone
       const { record, agent } = await raiseSandbox(
         this.ctx,
-        { image: pool.image, storage: pool.storage, driver: pool.driver, limits: template?.limits ?? pool.limits, base, origin: template?.name ?? null, pool: this.name, heldBy: takenBy(), memory: template?.memory ?? undefined, userns: pool.userns ?? undefined },
+        {
+          image: pool.image,
+          storage: pool.storage,
+          driver: pool.driver,
+          limits: template?.limits ?? pool.limits,
+          base,
+          origin: template?.name ?? null,
+          pool: this.name,
+          heldBy: takenBy(),
+          memory: template?.memory ?? undefined,
+          userns: pool.userns ?? undefined,
+        },
         trace,
       );
       if (recordBaseline && pool.recycle) {
@@ -237,27 +258,50 @@ export class PoolRunner {
     const name = templateName(getPool(this.ctx, this.name));
     const hit = this.ctx.store.getSnapshot(name);
     if (hit) return hit;
-    return withLock(poolLock(this.ctx, this.name), async () => {
-      const again = this.ctx.store.getSnapshot(name);
-      if (again) return again;
-      const pool = getPool(this.ctx, this.name); // removed meanwhile? say so
-      // a VM left by a holder that crashed while making the template
-      const reason = `template of pool ${this.name} (held by pid ${process.pid})`;
-      const left = `template of pool ${this.name} (held by pid `;
-      for (const s of this.ctx.store.listSandboxes()) if (s.reason?.startsWith(left)) await destroyRecord(this.ctx, s);
-      const base = (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
-      const vm = await trace.phase('boot template', () =>
-        raiseSandbox(this.ctx, { image: pool.image, storage: pool.storage, driver: pool.driver, limits: pool.limits, base, origin: null, heldBy: reason }, trace),
-      );
-      try {
-        const snap = await trace.phase('snapshot template', () => snapshotSandbox(this.ctx, vm.record, name, trace, { memory: true, agent: async () => vm.agent, internal: true }));
-        this.ctx.store.setPoolTemplate(this.name, snap.name);
-        return snap;
-      } finally {
-        vm.agent.close();
-        await destroyRecord(this.ctx, vm.record);
-      }
-    }, 300_000);
+    return withLock(
+      poolLock(this.ctx, this.name),
+      async () => {
+        const again = this.ctx.store.getSnapshot(name);
+        if (again) return again;
+        const pool = getPool(this.ctx, this.name); // removed meanwhile? say so
+        // a VM left by a holder that crashed while making the template
+        const reason = `template of pool ${this.name} (held by pid ${process.pid})`;
+        const left = `template of pool ${this.name} (held by pid `;
+        for (const s of this.ctx.store.listSandboxes())
+          if (s.reason?.startsWith(left)) await destroyRecord(this.ctx, s);
+        const base = (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+        const vm = await trace.phase('boot template', () =>
+          raiseSandbox(
+            this.ctx,
+            {
+              image: pool.image,
+              storage: pool.storage,
+              driver: pool.driver,
+              limits: pool.limits,
+              base,
+              origin: null,
+              heldBy: reason,
+            },
+            trace,
+          ),
+        );
+        try {
+          const snap = await trace.phase('snapshot template', () =>
+            snapshotSandbox(this.ctx, vm.record, name, trace, {
+              memory: true,
+              agent: async () => vm.agent,
+              internal: true,
+            }),
+          );
+          this.ctx.store.setPoolTemplate(this.name, snap.name);
+          return snap;
+        } finally {
+          vm.agent.close();
+          await destroyRecord(this.ctx, vm.record);
+        }
+      },
+      300_000,
+    );
   }
 
   private async drop(rec: SandboxRecord, agent?: AgentClient): Promise<void> {

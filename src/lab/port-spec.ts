@@ -15,5 +15,9 @@ export function parsePortSpec(s: string): PortSpec {
     const local = m[1] === undefined ? remote : port(m[1], 0);
     if (remote >= 1 && remote <= 65535 && local >= 0 && local <= 65535) return { local, remote };
   }
-  throw new SnaplabError('BAD_INPUT', `invalid port ${JSON.stringify(s)}`, 'give [LOCAL:]REMOTE, e.g. 8080:80, 80, or :80 for any free local port');
+  throw new SnaplabError(
+    'BAD_INPUT',
+    `invalid port ${JSON.stringify(s)}`,
+    'give [LOCAL:]REMOTE, e.g. 8080:80, 80, or :80 for any free local port',
+  );
 }

@@ -16,7 +16,13 @@ import { feedInput, outputTo } from './streams.js';
 import type { PortSpec } from './port-spec.js';
 
 /** Carries one accepted connection to the machine's port until either side ends. */
-async function carry(ctx: LabContext, s: SandboxRecord, remote: number, sock: Socket, onError: (e: unknown) => void): Promise<void> {
+async function carry(
+  ctx: LabContext,
+  s: SandboxRecord,
+  remote: number,
+  sock: Socket,
+  onError: (e: unknown) => void,
+): Promise<void> {
   sock.pause();
   let agent;
   try {
@@ -34,14 +40,25 @@ async function carry(ctx: LabContext, s: SandboxRecord, remote: number, sock: So
     let inside: ExecProcess | undefined;
     // the client gone (both ways, or reset): nobody reads the rest
     const onStdout = outputTo(a, sock, () => !done && inside?.kill(9));
-    inside = await spawnIn(ctx, s, a, [MACHINE_AGENT_PATH, 'connect', String(remote)], { stdin: true, onStdout, onStderr: (b) => err.push(b) });
+    inside = await spawnIn(ctx, s, a, [MACHINE_AGENT_PATH, 'connect', String(remote)], {
+      stdin: true,
+      onStdout,
+      onStderr: (b) => err.push(b),
+    });
     if (sock.destroyed) inside.kill(9); // went while the command was starting
     feedInput(inside, sock); // its end (a half-close) is the machine's side's end of stream
     sock.resume();
     const r = await inside.result;
     done = true;
     const why = Buffer.concat(err).toString().trim().split('\n')[0];
-    if (r.exitCode !== 0) onError(new SnaplabError('AGENT_ERROR', `port ${remote} in ${s.name}: ${why || `exit ${r.exitCode}`}`, 'is something listening on that port inside the machine?'));
+    if (r.exitCode !== 0)
+      onError(
+        new SnaplabError(
+          'AGENT_ERROR',
+          `port ${remote} in ${s.name}: ${why || `exit ${r.exitCode}`}`,
+          'is something listening on that port inside the machine?',
+        ),
+      );
     sock.end();
   } catch (e) {
     sock.destroy();
@@ -66,7 +83,12 @@ export interface Forward {
  * many at once, for as long as the returned server is open. A local port that is taken is
  * PORT_IN_USE; errors of single connections go to onError and the forward goes on.
  */
-export async function forwardPort(ctx: LabContext, s: SandboxRecord, spec: PortSpec, onError: (e: unknown) => void): Promise<Forward> {
+export async function forwardPort(
+  ctx: LabContext,
+  s: SandboxRecord,
+  spec: PortSpec,
+  onError: (e: unknown) => void,
+): Promise<Forward> {
   const open = new Set<Socket>();
   // allowHalfOpen: a client that ends its sending (nc -N, an HTTP/1.0 client) still reads the reply
   const server = createServer({ pauseOnConnect: true, allowHalfOpen: true }, (sock) => {
@@ -78,9 +100,17 @@ export async function forwardPort(ctx: LabContext, s: SandboxRecord, spec: PortS
     server.once('error', (e: NodeJS.ErrnoException) => {
       reject(
         e.code === 'EADDRINUSE'
-          ? new SnaplabError('PORT_IN_USE', `127.0.0.1:${spec.local} is already in use on this host`, `pick another local port (e.g. ${spec.local + 1}:${spec.remote}), or :${spec.remote} for any free one`)
+          ? new SnaplabError(
+              'PORT_IN_USE',
+              `127.0.0.1:${spec.local} is already in use on this host`,
+              `pick another local port (e.g. ${spec.local + 1}:${spec.remote}), or :${spec.remote} for any free one`,
+            )
           : e.code === 'EACCES'
-            ? new SnaplabError('BAD_INPUT', `cannot listen on 127.0.0.1:${spec.local}: permission denied`, 'ports below 1024 need root; pick a port above 1023')
+            ? new SnaplabError(
+                'BAD_INPUT',
+                `cannot listen on 127.0.0.1:${spec.local}: permission denied`,
+                'ports below 1024 need root; pick a port above 1023',
+              )
             : e,
       );
     });
@@ -88,7 +118,13 @@ export async function forwardPort(ctx: LabContext, s: SandboxRecord, spec: PortS
   });
   server.on('error', onError);
   const addr = server.address();
-  return { machine: s.name, remote: spec.remote, local: typeof addr === 'object' && addr ? addr.port : spec.local, server, open };
+  return {
+    machine: s.name,
+    remote: spec.remote,
+    local: typeof addr === 'object' && addr ? addr.port : spec.local,
+    server,
+    open,
+  };
 }
 
 /** Stops listening and ends the connections being carried (their execs end with them). */

@@ -65,8 +65,16 @@ export const USERNS_STORAGE: readonly StorageKind[] = ['btrfs', 'dir', 'overlay'
  * A scenario machine joins the user namespace that owns its network namespace (made by `up`, kept
  * across resets: `uidBase`); one raised into a network namespace without one has none.
  */
-export function usernsFor(ctx: LabContext, input: Pick<RaiseInput, 'driver' | 'storage' | 'userns' | 'netns' | 'uidBase'>): boolean {
-  return input.userns !== false && ctx.driver(input.driver).capabilities.userns && USERNS_STORAGE.includes(input.storage) && (input.netns === undefined || input.uidBase !== undefined);
+export function usernsFor(
+  ctx: LabContext,
+  input: Pick<RaiseInput, 'driver' | 'storage' | 'userns' | 'netns' | 'uidBase'>,
+): boolean {
+  return (
+    input.userns !== false &&
+    ctx.driver(input.driver).capabilities.userns &&
+    USERNS_STORAGE.includes(input.storage) &&
+    (input.netns === undefined || input.uidBase !== undefined)
+  );
 }
 
 /**
@@ -74,23 +82,49 @@ export function usernsFor(ctx: LabContext, input: Pick<RaiseInput, 'driver' | 's
  * act on), clone its root filesystem, raise the machine, and run a first command in it.
  * Any failure removes everything made so far.
  */
-export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Trace, signal?: AbortSignal): Promise<{ record: SandboxRecord; agent: AgentClient }> {
+export async function raiseSandbox(
+  ctx: LabContext,
+  input: RaiseInput,
+  trace: Trace,
+  signal?: AbortSignal,
+): Promise<{ record: SandboxRecord; agent: AgentClient }> {
   const given = input.name === undefined ? undefined : checkName('sandbox', input.name);
   if (given !== undefined && ctx.store.getSandbox(given)) {
-    throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${given} already exists`, `pick another --name, or remove it with \`snaplab rm ${given}\``);
+    throw new SnaplabError(
+      'SANDBOX_EXISTS',
+      `a sandbox named ${given} already exists`,
+      `pick another --name, or remove it with \`snaplab rm ${given}\``,
+    );
   }
   const driver = ctx.driver(input.driver);
   const userns = usernsFor(ctx, input);
   // a VM is its own boundary; on namespaces systemd holds CAP_SYS_ADMIN, safe only in a user namespace
   if (input.init === 'systemd' && driver.name === 'namespaces' && !userns) {
-    throw new SnaplabError('BAD_INPUT', 'a system machine (--init systemd) needs a user namespace: its systemd holds CAP_SYS_ADMIN', 'leave out --no-userns (and use storage that can idmap: see `snaplab doctor`), or use --driver qemu');
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'a system machine (--init systemd) needs a user namespace: its systemd holds CAP_SYS_ADMIN',
+      'leave out --no-userns (and use storage that can idmap: see `snaplab doctor`), or use --driver qemu',
+    );
   }
   const make = (): SandboxRecord => {
     const id = newId();
     return {
-      id, name: given ?? defaultName(id), image: input.image, storage: input.storage, driver: driver.name, state: 'creating',
-      reason: `being created by pid ${process.pid}`, volume: null, pid: null, pidStart: null,
-      limits: input.limits, origin: input.origin, createdAt: Date.now(), pool: input.pool ?? null, baseline: null, scenario: input.scenario ?? null,
+      id,
+      name: given ?? defaultName(id),
+      image: input.image,
+      storage: input.storage,
+      driver: driver.name,
+      state: 'creating',
+      reason: `being created by pid ${process.pid}`,
+      volume: null,
+      pid: null,
+      pidStart: null,
+      limits: input.limits,
+      origin: input.origin,
+      createdAt: Date.now(),
+      pool: input.pool ?? null,
+      baseline: null,
+      scenario: input.scenario ?? null,
       uidBase: null,
       init: input.init ?? null,
     };
@@ -109,7 +143,12 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       } catch (e) {
         if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
         if (!/UNIQUE/.test(String(e))) throw e;
-        if (given !== undefined || attempt >= 20) throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${record.name} already exists`, 'pick another --name');
+        if (given !== undefined || attempt >= 20)
+          throw new SnaplabError(
+            'SANDBOX_EXISTS',
+            `a sandbox named ${record.name} already exists`,
+            'pick another --name',
+          );
         record = make();
       }
     }
@@ -122,11 +161,22 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
     const base = await input.base();
     // an image without systemd cannot boot one: said before a machine is launched (a VM's boot
     // would take seconds to find out)
-    if (input.init === 'systemd' && input.origin === null && !SYSTEMD_PATHS.some((p) => existsSync(join(base.path, p)))) {
-      throw new SnaplabError('BAD_INPUT', `image ${input.image} has no systemd (no ${SYSTEMD_PATHS.join(' or ')} in it)`, `build one with it (snaplab image build debian --packages systemd,systemd-sysv), or use --init agent`);
+    if (
+      input.init === 'systemd' &&
+      input.origin === null &&
+      !SYSTEMD_PATHS.some((p) => existsSync(join(base.path, p)))
+    ) {
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `image ${input.image} has no systemd (no ${SYSTEMD_PATHS.join(' or ')} in it)`,
+        `build one with it (snaplab image build debian --packages systemd,systemd-sysv), or use --init agent`,
+      );
     }
     const machine = {
-      id, hostname: input.hostname ?? name, limits: input.limits, netns: input.netns,
+      id,
+      hostname: input.hostname ?? name,
+      limits: input.limits,
+      netns: input.netns,
       ...(input.nics ? { nics: input.nics } : {}),
       ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
       ...(input.init ? { init: input.init } : {}),
@@ -140,17 +190,28 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
         const v = await b.clone(base, { mountOnHost: !userns });
         record.volume = v; // recorded before the mark is lifted, so gc always sees an owner
         ctx.store.updateSandbox(id, { volume: v });
-        await trace.phase('disk cap', () => capDisk(b, v, record, driver.name, input.diskAsked ?? input.limits.diskBytes !== undefined));
+        await trace.phase('disk cap', () =>
+          capDisk(b, v, record, driver.name, input.diskAsked ?? input.limits.diskBytes !== undefined),
+        );
         return v;
       });
-    const [cloned, prepared] = await Promise.allSettled([trace.phase('clone rootfs', clone), driver.prepare(machine, trace)]);
+    const [cloned, prepared] = await Promise.allSettled([
+      trace.phase('clone rootfs', clone),
+      driver.prepare(machine, trace),
+    ]);
     if (cloned.status === 'rejected') throw cloned.reason;
     const volume = cloned.value;
     if (prepared.status === 'rejected') throw prepared.reason;
-    const spec = { ...machine, rootfs: volume.path, source: { id: base.id, path: base.path, image: input.origin === null }, ...(userns && backend.stack ? { stack: backend.stack(volume) } : {}) };
-    const raised = input.memory && driver.restoreMemory
-      ? await driver.restoreMemory(spec, input.memory, trace)
-      : await driver.raise(spec, trace, signal);
+    const spec = {
+      ...machine,
+      rootfs: volume.path,
+      source: { id: base.id, path: base.path, image: input.origin === null },
+      ...(userns && backend.stack ? { stack: backend.stack(volume) } : {}),
+    };
+    const raised =
+      input.memory && driver.restoreMemory
+        ? await driver.restoreMemory(spec, input.memory, trace)
+        : await driver.raise(spec, trace, signal);
     agent = raised.agent;
     record.pid = raised.handle.pid;
     record.pidStart = raised.handle.pidStart;
@@ -160,29 +221,58 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       await trace.phase('clock set', () => raised.agent.setClock(BigInt(Date.now()) * 1_000_000n));
       // a name and machine id of its own, and the guest's random pool reseeded (every restore of
       // a snapshot would otherwise draw the same numbers): the restored machine's first answer
-      await trace.phase('identity', async () => {
-        const identity = { hostname: input.hostname ?? name, machineId: randomBytes(16).toString('hex'), entropy: randomBytes(512), system: input.init === 'systemd' };
-        // set by the agent itself (1.3): a restored guest's first fork and exec cost hundreds of
-        // milliseconds under emulation; a snapshot's older agent does it with a command
-        if (raised.agent.minor >= 3) return raised.agent.setIdentity(identity);
-        // a system machine's name is in its /etc too (systemd reads it; sudo resolves it)
-        const script = `${nameMachineSh()}\nhostname "$1" && echo "$2" > /etc/machine-id && { [ "$3" != systemd ] || name_machine "$1"; } && cat > /dev/urandom`;
-        const h = raised.agent.exec({ argv: ['sh', '-c', script, 'sh', identity.hostname, identity.machineId, input.init ?? 'agent'], env: DEFAULT_ENV, stdin: true });
-        h.write(identity.entropy);
-        h.end();
-        const r = await h.result;
-        if (r.exitCode !== 0) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${r.stderr.toString().trim()}`);
-      }).catch((e: unknown) => {
-        if (isSnaplabError(e, 'AGENT_ERROR') || isSnaplabError(e, 'TIMEOUT')) throw new SnaplabError('LAUNCH_FAILED', `cannot give the restored machine its identity: ${(e as Error).message}`, 'see `snaplab trace` of the operation; the machine is removed');
-        throw e;
-      });
+      await trace
+        .phase('identity', async () => {
+          const identity = {
+            hostname: input.hostname ?? name,
+            machineId: randomBytes(16).toString('hex'),
+            entropy: randomBytes(512),
+            system: input.init === 'systemd',
+          };
+          // set by the agent itself (1.3): a restored guest's first fork and exec cost hundreds of
+          // milliseconds under emulation; a snapshot's older agent does it with a command
+          if (raised.agent.minor >= 3) return raised.agent.setIdentity(identity);
+          // a system machine's name is in its /etc too (systemd reads it; sudo resolves it)
+          const script = `${nameMachineSh()}\nhostname "$1" && echo "$2" > /etc/machine-id && { [ "$3" != systemd ] || name_machine "$1"; } && cat > /dev/urandom`;
+          const h = raised.agent.exec({
+            argv: ['sh', '-c', script, 'sh', identity.hostname, identity.machineId, input.init ?? 'agent'],
+            env: DEFAULT_ENV,
+            stdin: true,
+          });
+          h.write(identity.entropy);
+          h.end();
+          const r = await h.result;
+          if (r.exitCode !== 0)
+            throw new SnaplabError(
+              'LAUNCH_FAILED',
+              `cannot give the restored machine its identity: ${r.stderr.toString().trim()}`,
+            );
+        })
+        .catch((e: unknown) => {
+          if (isSnaplabError(e, 'AGENT_ERROR') || isSnaplabError(e, 'TIMEOUT'))
+            throw new SnaplabError(
+              'LAUNCH_FAILED',
+              `cannot give the restored machine its identity: ${(e as Error).message}`,
+              'see `snaplab trace` of the operation; the machine is removed',
+            );
+          throw e;
+        });
     }
     // the agent's own binary, which every machine has at /run/snaplab/agent: an image need not
     // have `true` (distroless and scratch images do not), and the command still goes through
     // everything a command does (fork, exec, the seccomp filter)
-    const first = input.memory ? { exitCode: 0, stderr: Buffer.alloc(0) } : await trace.phase('first exec', () => raised.agent.exec({ argv: [MACHINE_AGENT_PATH, '--version'], env: DEFAULT_ENV }).result);
+    const first = input.memory
+      ? { exitCode: 0, stderr: Buffer.alloc(0) }
+      : await trace.phase(
+          'first exec',
+          () => raised.agent.exec({ argv: [MACHINE_AGENT_PATH, '--version'], env: DEFAULT_ENV }).result,
+        );
     if (first.exitCode !== 0) {
-      throw new SnaplabError('LAUNCH_FAILED', `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`, 'see `snaplab trace` of the operation; the machine is removed');
+      throw new SnaplabError(
+        'LAUNCH_FAILED',
+        `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`,
+        'see `snaplab trace` of the operation; the machine is removed',
+      );
     }
     let note: string | null = null;
     if (input.init === 'systemd') {
@@ -190,7 +280,15 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
       if (up.state === 'degraded') note = `degraded: ${up.failed.join(', ') || 'some units'} failed`;
     }
     Object.assign(record, { state: 'running', reason: input.heldBy ?? note });
-    await trace.phase('record running', () => ctx.store.updateSandbox(id, { state: 'running', reason: record.reason, pid: record.pid, pidStart: record.pidStart, limits: record.limits }));
+    await trace.phase('record running', () =>
+      ctx.store.updateSandbox(id, {
+        state: 'running',
+        reason: record.reason,
+        pid: record.pid,
+        pidStart: record.pidStart,
+        limits: record.limits,
+      }),
+    );
     return { record, agent };
   } catch (e) {
     agent?.close();
@@ -205,13 +303,20 @@ export async function raiseSandbox(ctx: LabContext, input: RaiseInput, trace: Tr
  * is then dropped from the record, so what `ls` and the API show is what holds (stored with the
  * running state, in the create's one last write).
  */
-async function capDisk(backend: StorageBackend, volume: Volume, record: SandboxRecord, driver: string, explicit: boolean): Promise<void> {
+async function capDisk(
+  backend: StorageBackend,
+  volume: Volume,
+  record: SandboxRecord,
+  driver: string,
+  explicit: boolean,
+): Promise<void> {
   const given = record.limits.diskBytes;
   if (given === 0) return;
   const bytes = given ?? DEFAULT_DISK_BYTES;
   let why: string | null;
   // a cap carried from a snapshot is held where it can be; the default only where it costs nothing
-  if (given === undefined && backend.capsByDefault === false) why = `${backend.kind} storage caps a disk only when asked (--disk)`;
+  if (given === undefined && backend.capsByDefault === false)
+    why = `${backend.kind} storage caps a disk only when asked (--disk)`;
   else if (driver !== 'namespaces') why = `the ${driver} driver's disk is an image file, not capped yet`;
   else if (!backend.limitDisk) why = `${backend.kind} storage cannot cap a machine's disk`;
   else {
@@ -226,7 +331,12 @@ async function capDisk(backend: StorageBackend, volume: Volume, record: SandboxR
     record.limits = { ...record.limits, diskBytes: bytes };
     return;
   }
-  if (explicit) throw new SnaplabError('BAD_INPUT', `--disk cannot be enforced here: ${why}`, 'caps hold on the namespaces driver (`snaplab doctor` says which storage caps disks); leave out --disk');
+  if (explicit)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `--disk cannot be enforced here: ${why}`,
+      'caps hold on the namespaces driver (`snaplab doctor` says which storage caps disks); leave out --disk',
+    );
   const { diskBytes: _, ...rest } = record.limits;
   record.limits = rest;
 }

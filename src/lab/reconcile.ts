@@ -22,12 +22,16 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
     if (!r.alive) reason = r.reason ?? 'its init process is gone';
     // a pool's template VM lives only while the process making the template does
     const holder = /^template of pool .* \(held by pid (\d+)\)$/.exec(s.reason ?? '');
-    if (!reason && holder && !(await pidAlive(Number(holder[1])))) reason = 'the process making its pool\'s template exited';
+    if (!reason && holder && !(await pidAlive(Number(holder[1]))))
+      reason = "the process making its pool's template exited";
   } else if (s.state === 'creating' || s.state === 'removing') {
     const m = /pid (\d+)/.exec(s.reason ?? '');
     const owner = m ? Number(m[1]) : 0;
     if (!owner || !(await pidAlive(owner))) {
-      reason = s.state === 'creating' ? 'creation was interrupted (the process creating it exited)' : 'removal was interrupted';
+      reason =
+        s.state === 'creating'
+          ? 'creation was interrupted (the process creating it exited)'
+          : 'removal was interrupted';
     }
   }
   if (reason === undefined) return s;

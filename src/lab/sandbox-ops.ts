@@ -58,13 +58,27 @@ export interface ExecResult extends AgentExecResult {
   oomKilled: boolean;
 }
 
-
 /** Throw the right error when a sandbox cannot take commands: dead (and why), paused, not ready. */
 export async function ensureUsable(ctx: LabContext, s: SandboxRecord): Promise<void> {
-  if (s.state === 'paused') throw new SnaplabError('SANDBOX_PAUSED', `sandbox ${s.name} is paused`, `resume it with \`snaplab resume ${s.name}\``);
-  if (isStopped(s)) throw new SnaplabError('SANDBOX_DEAD', `sandbox ${s.name} is stopped`, `snapshot it (\`snaplab snapshot ${s.name} --name NAME\`) and restore that, or remove it with \`snaplab rm ${s.name}\``);
+  if (s.state === 'paused')
+    throw new SnaplabError(
+      'SANDBOX_PAUSED',
+      `sandbox ${s.name} is paused`,
+      `resume it with \`snaplab resume ${s.name}\``,
+    );
+  if (isStopped(s))
+    throw new SnaplabError(
+      'SANDBOX_DEAD',
+      `sandbox ${s.name} is stopped`,
+      `snapshot it (\`snaplab snapshot ${s.name} --name NAME\`) and restore that, or remove it with \`snaplab rm ${s.name}\``,
+    );
   if (s.state === 'dead') throw deadError(s.name, s.reason ?? undefined);
-  if (s.state !== 'running') throw new SnaplabError('SANDBOX_DEAD', `sandbox ${s.name} is ${s.state}`, `wait, or remove it with \`snaplab rm ${s.name}\``);
+  if (s.state !== 'running')
+    throw new SnaplabError(
+      'SANDBOX_DEAD',
+      `sandbox ${s.name} is ${s.state}`,
+      `wait, or remove it with \`snaplab rm ${s.name}\``,
+    );
   const now = await reconcile(ctx, s); // a machine found dead is also reaped there
   if (now.state === 'dead') throw deadError(s.name, now.reason ?? undefined);
 }
@@ -80,7 +94,13 @@ export async function connectAgent(ctx: LabContext, s: SandboxRecord): Promise<A
 }
 
 /** Run argv in the sandbox through an open agent connection; map a lost agent to "it died, because...". */
-export async function execIn(ctx: LabContext, s: SandboxRecord, agent: AgentClient, argv: string[], opts: ExecOptions = {}): Promise<ExecResult> {
+export async function execIn(
+  ctx: LabContext,
+  s: SandboxRecord,
+  agent: AgentClient,
+  argv: string[],
+  opts: ExecOptions = {},
+): Promise<ExecResult> {
   return (await spawnIn(ctx, s, agent, argv, opts)).result;
 }
 
@@ -101,10 +121,26 @@ export interface ExecProcess {
 }
 
 /** Start argv in the sandbox without waiting for it (execIn waits). */
-export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentClient, argv: string[], opts: ExecOptions = {}): Promise<ExecProcess> {
-  if (argv.length === 0) throw new SnaplabError('BAD_INPUT', 'no command given', 'put the command after --, e.g. `snaplab exec box -- ls -l /`');
+export async function spawnIn(
+  ctx: LabContext,
+  s: SandboxRecord,
+  agent: AgentClient,
+  argv: string[],
+  opts: ExecOptions = {},
+): Promise<ExecProcess> {
+  if (argv.length === 0)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'no command given',
+      'put the command after --, e.g. `snaplab exec box -- ls -l /`',
+    );
   // an open connection to a frozen agent would wait for ever: say it is paused
-  if (s.state === 'paused') throw new SnaplabError('SANDBOX_PAUSED', `sandbox ${s.name} is paused`, `resume it with \`snaplab resume ${s.name}\``);
+  if (s.state === 'paused')
+    throw new SnaplabError(
+      'SANDBOX_PAUSED',
+      `sandbox ${s.name} is paused`,
+      `resume it with \`snaplab resume ${s.name}\``,
+    );
   const env = mergeEnv(opts.env);
   const limited = s.limits.memoryBytes !== undefined;
   // the OOM counter before every command, as the C fast path reads it: a kill in a command that
@@ -152,7 +188,12 @@ export async function spawnIn(ctx: LabContext, s: SandboxRecord, agent: AgentCli
 async function underStateLock<T>(ctx: LabContext, s: SandboxRecord, fn: () => Promise<T>): Promise<T> {
   return withLock(join(ctx.home, 'run', s.id, 'state.lock'), async () => {
     const fresh = ctx.store.getSandbox(s.id);
-    if (!fresh) throw new SnaplabError('SANDBOX_NOT_FOUND', `sandbox ${s.name} was removed meanwhile`, 'list sandboxes with `snaplab ls`');
+    if (!fresh)
+      throw new SnaplabError(
+        'SANDBOX_NOT_FOUND',
+        `sandbox ${s.name} was removed meanwhile`,
+        'list sandboxes with `snaplab ls`',
+      );
     Object.assign(s, fresh);
     return fn();
   });
@@ -174,22 +215,46 @@ export interface SnapshotOptions {
  * Freeze the sandbox, snapshot its filesystem, thaw it (even when the snapshot fails). With
  * `memory`, the whole machine state too, taken while it is frozen, so memory and disk agree.
  */
-export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: string, trace: Trace, opts: SnapshotOptions = {}): Promise<SnapshotRecord> {
+export async function snapshotSandbox(
+  ctx: LabContext,
+  s: SandboxRecord,
+  name: string,
+  trace: Trace,
+  opts: SnapshotOptions = {},
+): Promise<SnapshotRecord> {
   if (!opts.internal) checkName('snapshot', name);
   const memory = opts.memory === true;
   const driver = ctx.driver(s.driver);
   if (memory && !driver.snapshotMemory) {
-    throw new SnaplabError('BAD_INPUT', `the ${s.driver} driver cannot snapshot memory: processes do not survive its snapshots`, 'drop --memory (a filesystem snapshot), or use --driver qemu');
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `the ${s.driver} driver cannot snapshot memory: processes do not survive its snapshots`,
+      'drop --memory (a filesystem snapshot), or use --driver qemu',
+    );
   }
   return underStateLock(ctx, s, async () => {
     if (ctx.store.getSnapshot(name)) {
-      throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``);
+      throw new SnaplabError(
+        'SNAPSHOT_EXISTS',
+        `a snapshot named ${name} already exists`,
+        `pick another --name, or remove it with \`snaplab snapshot rm ${name}\``,
+      );
     }
     // a stopped machine's filesystem is still: taken as it is, like a paused one's
     const still = s.state === 'paused' || isStopped(s);
-    if (memory && isStopped(s)) throw new SnaplabError('BAD_INPUT', `sandbox ${s.name} is stopped: it has no memory to snapshot`, 'drop --memory');
+    if (memory && isStopped(s))
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `sandbox ${s.name} is stopped: it has no memory to snapshot`,
+        'drop --memory',
+      );
     if (!still) await ensureUsable(ctx, s);
-    if (!s.volume) throw new SnaplabError('INTERNAL', `sandbox ${s.name} has no volume recorded`, 'remove it with `snaplab rm` and create it again');
+    if (!s.volume)
+      throw new SnaplabError(
+        'INTERNAL',
+        `sandbox ${s.name} has no volume recorded`,
+        'remove it with `snaplab rm` and create it again',
+      );
     // everything that can fail without touching the machine comes before the freeze
     const backend = await ctx.readyBackend(s.storage);
     const wasPaused = still;
@@ -197,7 +262,12 @@ export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: s
     if (!memory && driver.capabilities.guestCache && !wasPaused) {
       await trace.phase('guest sync', async () => {
         const r = await execIn(ctx, s, opts.agent ? await opts.agent() : await connectAgent(ctx, s), ['sync']);
-        if (r.exitCode !== 0) throw new SnaplabError('AGENT_ERROR', `sync in ${s.name} failed (exit ${r.exitCode}): ${r.stderr.toString().trim()}`, 'does the image have sync (busybox has)?');
+        if (r.exitCode !== 0)
+          throw new SnaplabError(
+            'AGENT_ERROR',
+            `sync in ${s.name} failed (exit ${r.exitCode}): ${r.stderr.toString().trim()}`,
+            'does the image have sync (busybox has)?',
+          );
       });
     }
     return inflight(ctx, 'snapshot', async () => {
@@ -217,18 +287,33 @@ export async function snapshotSandbox(ctx: LabContext, s: SandboxRecord, name: s
         throw e;
       } finally {
         // a failed thaw must not hide why the snapshot failed
-        if (!wasPaused) await trace.phase('thaw', () => driver.resume(handleOf(s))).catch((e: unknown) => { if (!failed) throw e; });
+        if (!wasPaused)
+          await trace
+            .phase('thaw', () => driver.resume(handleOf(s)))
+            .catch((e: unknown) => {
+              if (!failed) throw e;
+            });
       }
       const rec: SnapshotRecord = {
-        name, id: volume.id, sandbox: s.name, image: s.image, storage: s.storage, volume, limits: s.limits, createdAt: Date.now(),
-        driver: s.driver, memory: image ? { ...image, driver: s.driver } : null, init: s.init ?? null,
+        name,
+        id: volume.id,
+        sandbox: s.name,
+        image: s.image,
+        storage: s.storage,
+        volume,
+        limits: s.limits,
+        createdAt: Date.now(),
+        driver: s.driver,
+        memory: image ? { ...image, driver: s.driver } : null,
+        init: s.init ?? null,
       };
       try {
         ctx.store.insertSnapshot(rec);
       } catch (e) {
         await backend.delete(volume);
         await rm(dir, { recursive: true, force: true });
-        if (/UNIQUE/.test(String(e))) throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
+        if (/UNIQUE/.test(String(e)))
+          throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
         throw e;
       }
       return rec;
@@ -248,7 +333,8 @@ export async function pauseSandbox(ctx: LabContext, s: SandboxRecord, trace: Tra
 
 /** The reason a stopped machine's record carries; its filesystem is kept for a snapshot, until rm. */
 export const STOPPED = 'stopped (snaplab stop); its filesystem is kept';
-export const isStopped = (s: Pick<SandboxRecord, 'state' | 'reason'>): boolean => s.state === 'dead' && s.reason === STOPPED;
+export const isStopped = (s: Pick<SandboxRecord, 'state' | 'reason'>): boolean =>
+  s.state === 'dead' && s.reason === STOPPED;
 
 /**
  * Stop a machine and keep its filesystem: a system machine's systemd is asked to halt (services
@@ -266,14 +352,16 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
       // guest; any other VM is synced, then killed
       if (s.init === 'systemd') await trace.phase('guest halt', () => guestHalt(ctx, s)).catch(() => undefined);
       else {
-        await trace.phase('guest sync', async () => {
-          const agent = await connectAgent(ctx, s);
-          try {
-            await execIn(ctx, s, agent, ['sync']);
-          } finally {
-            agent.close();
-          }
-        }).catch(() => undefined);
+        await trace
+          .phase('guest sync', async () => {
+            const agent = await connectAgent(ctx, s);
+            try {
+              await execIn(ctx, s, agent, ['sync']);
+            } finally {
+              agent.close();
+            }
+          })
+          .catch(() => undefined);
       }
     }
     await trace.phase('halt', () => driver.destroy(handleOf(s)));

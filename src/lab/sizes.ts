@@ -7,7 +7,11 @@ export function parseSize(text: string, what = 'size'): number {
   const m = /^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*$/i.exec(text);
   const bytes = m ? Math.round(Number(m[1]) * UNITS[m[2]!.toLowerCase()]!) : NaN;
   if (!m || !Number.isSafeInteger(bytes) || bytes <= 0) {
-    throw new SnaplabError('BAD_SIZE', `invalid ${what} ${JSON.stringify(text)}`, 'give a positive size such as 256M, 1G or 512k');
+    throw new SnaplabError(
+      'BAD_SIZE',
+      `invalid ${what} ${JSON.stringify(text)}`,
+      'give a positive size such as 256M, 1G or 512k',
+    );
   }
   return bytes;
 }
@@ -15,7 +19,11 @@ export function parseSize(text: string, what = 'size'): number {
 export function parsePositiveInt(text: string, what: string): number {
   const n = Number(text);
   if (!/^\s*\d+\s*$/.test(text) || !Number.isSafeInteger(n) || n <= 0) {
-    throw new SnaplabError('BAD_INPUT', `invalid ${what} ${JSON.stringify(text)}`, `${what} must be a positive whole number`);
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid ${what} ${JSON.stringify(text)}`,
+      `${what} must be a positive whole number`,
+    );
   }
   return n;
 }
@@ -23,7 +31,11 @@ export function parsePositiveInt(text: string, what: string): number {
 export function parseCpus(text: string): number {
   const n = Number(text);
   if (!/^\s*\d+(\.\d+)?\s*$/.test(text) || !(n > 0)) {
-    throw new SnaplabError('BAD_INPUT', `invalid cpu count ${JSON.stringify(text)}`, 'give a positive number of cores, e.g. 1 or 0.5');
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid cpu count ${JSON.stringify(text)}`,
+      'give a positive number of cores, e.g. 1 or 0.5',
+    );
   }
   return n;
 }

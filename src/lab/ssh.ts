@@ -28,8 +28,15 @@ export function sshKey(home: string): { private: string; public: string } {
   const key = join(dir, 'id_ed25519');
   if (!existsSync(key)) {
     mkdirSync(dir, { recursive: true, mode: 0o700 });
-    const r = spawnSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'snaplab', '-f', key], { encoding: 'utf8' });
-    if (r.error || r.status !== 0) throw new SnaplabError('MISSING_TOOL', `cannot make snaplab's ssh key: ${r.error?.message ?? r.stderr.trim()}`, 'install openssh-client (ssh-keygen), or run `snaplab doctor`');
+    const r = spawnSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'snaplab', '-f', key], {
+      encoding: 'utf8',
+    });
+    if (r.error || r.status !== 0)
+      throw new SnaplabError(
+        'MISSING_TOOL',
+        `cannot make snaplab's ssh key: ${r.error?.message ?? r.stderr.trim()}`,
+        'install openssh-client (ssh-keygen), or run `snaplab doctor`',
+      );
   }
   return { private: key, public: readFileSync(`${key}.pub`, 'utf8').trim() };
 }
@@ -103,7 +110,11 @@ export function inventoryIni(configPath: string, hosts: SshHost[]): string {
 export function inventoryJson(configPath: string, hosts: SshHost[]): Record<string, unknown> {
   const out: Record<string, unknown> = {
     _meta: { hostvars: Object.fromEntries(hosts.map((h) => [h.alias, { snaplab_machine: h.machine }])) },
-    all: { hosts: hosts.map((h) => h.alias), vars: { ansible_ssh_common_args: `-F ${shellArg(configPath)}`, ansible_user: 'root' }, children: [] as string[] },
+    all: {
+      hosts: hosts.map((h) => h.alias),
+      vars: { ansible_ssh_common_args: `-F ${shellArg(configPath)}`, ansible_user: 'root' },
+      children: [] as string[],
+    },
   };
   for (const h of hosts) {
     for (const g of h.groups) {
@@ -117,7 +128,11 @@ export function inventoryJson(configPath: string, hosts: SshHost[]): Record<stri
 }
 
 /** Writes HOME/ssh/TARGET.config (and .ini) and returns their paths and the config's text. */
-export async function writeSshFiles(home: string, target: string, hosts: SshHost[]): Promise<{ config: string; inventory: string; key: string; text: string }> {
+export async function writeSshFiles(
+  home: string,
+  target: string,
+  hosts: SshHost[],
+): Promise<{ config: string; inventory: string; key: string; text: string }> {
   const key = sshKey(home);
   for (const h of hosts) await authorize(h.box, key.public);
   const base = join(home, 'ssh', target.replace(/\//g, '.'));

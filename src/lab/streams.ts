@@ -34,7 +34,9 @@ export function feedInput(h: ExecInput, input: string | Buffer | Readable, broke
     ended = true;
     h.end();
   });
-  const broke = (): void => { if (!ended) broken(); };
+  const broke = (): void => {
+    if (!ended) broken();
+  };
   input.on('error', broke);
   input.on('close', broke);
   if (input.readableEnded) h.end();

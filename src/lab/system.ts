@@ -15,7 +15,11 @@ export interface SystemState {
   failed: string[];
 }
 
-async function inMachine(agent: AgentClient, argv: string[], timeoutMs: number): Promise<{ code: number; out: string }> {
+async function inMachine(
+  agent: AgentClient,
+  argv: string[],
+  timeoutMs: number,
+): Promise<{ code: number; out: string }> {
   const r = await agent.exec({ argv, env: DEFAULT_ENV, timeoutMs }).result;
   return { code: r.exitCode, out: `${r.stdout.toString()}${r.stderr.toString()}`.trim() };
 }
@@ -40,9 +44,19 @@ export async function waitSystemRunning(agent: AgentClient, timeoutMs = SYSTEM_B
   if (state === 'running') return { state, failed: [] };
   if (state === 'degraded') {
     const failed = await inMachine(agent, ['systemctl', '--failed', '--plain', '--no-legend', '--no-pager'], 10_000);
-    return { state, failed: failed.out.split('\n').map((l) => l.trim().split(/\s+/)[0]!).filter(Boolean) };
+    return {
+      state,
+      failed: failed.out
+        .split('\n')
+        .map((l) => l.trim().split(/\s+/)[0]!)
+        .filter(Boolean),
+    };
   }
-  const journal = await inMachine(agent, ['sh', '-c', 'echo "PID 1: $(cat /proc/1/comm)"; journalctl -b -n 15 --no-pager -o cat'], 10_000).catch(() => ({ out: '' }));
+  const journal = await inMachine(
+    agent,
+    ['sh', '-c', 'echo "PID 1: $(cat /proc/1/comm)"; journalctl -b -n 15 --no-pager -o cat'],
+    10_000,
+  ).catch(() => ({ out: '' }));
   throw new SnaplabError(
     'LAUNCH_FAILED',
     `the machine's systemd did not come up (${state || (r.code === 124 ? `no answer in ${timeoutMs / 1000} s` : `exit ${r.code}`)}); the journal's end:\n${journal.out}`,

@@ -20,7 +20,10 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
       await phase('delete volume', async () => (await ctx.readyBackend(s.storage)).delete(volume));
     }
   } catch (e) {
-    ctx.store.updateSandbox(s.id, { state: 'dead', reason: `removal failed: ${(e as Error).message} (run \`snaplab rm ${s.name}\` or \`snaplab gc\` again)` });
+    ctx.store.updateSandbox(s.id, {
+      state: 'dead',
+      reason: `removal failed: ${(e as Error).message} (run \`snaplab rm ${s.name}\` or \`snaplab gc\` again)`,
+    });
     throw e;
   }
   ctx.store.deleteSandbox(s.id);

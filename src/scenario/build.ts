@@ -14,17 +14,24 @@ const HOSTNAME = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/i;
 
 /** Checks what needs the whole file and returns the parsed form. Throws at the first problem. */
 export function buildSpec(raw: RawScenario, at: Locator, dir: string): ScenarioSpec {
-  if (raw.name !== undefined && !SCENARIO_NAME.test(raw.name)) at.fail(['name'], `invalid scenario name ${JSON.stringify(raw.name)}`, NAME_RULE);
-  const spec: ScenarioSpec = raw.name === undefined ? { networks: [], machines: [] } : { name: raw.name, networks: [], machines: [] };
+  if (raw.name !== undefined && !SCENARIO_NAME.test(raw.name))
+    at.fail(['name'], `invalid scenario name ${JSON.stringify(raw.name)}`, NAME_RULE);
+  const spec: ScenarioSpec =
+    raw.name === undefined ? { networks: [], machines: [] } : { name: raw.name, networks: [], machines: [] };
 
   const cidrs = new Map<string, Cidr>();
   for (const name of at.keys(['networks'])) {
-    if (!SCENARIO_NAME.test(name)) at.fail(['networks', name], `invalid network name ${JSON.stringify(name)}`, NAME_RULE, true);
+    if (!SCENARIO_NAME.test(name))
+      at.fail(['networks', name], `invalid network name ${JSON.stringify(name)}`, NAME_RULE, true);
     const subnet = raw.networks![name]!.subnet;
     const cidr = value(at, ['networks', name, 'subnet'], () => parseSubnet(subnet));
     for (const [other, c] of cidrs) {
       if (overlaps(c, cidr)) {
-        at.fail(['networks', name, 'subnet'], `subnet ${subnet} of network "${name}" overlaps network "${other}" (${formatIpv4(c.base)}/${c.prefix})`, 'give each network a subnet of its own, e.g. 10.77.1.0/24 and 10.77.2.0/24');
+        at.fail(
+          ['networks', name, 'subnet'],
+          `subnet ${subnet} of network "${name}" overlaps network "${other}" (${formatIpv4(c.base)}/${c.prefix})`,
+          'give each network a subnet of its own, e.g. 10.77.1.0/24 and 10.77.2.0/24',
+        );
       }
     }
     cidrs.set(name, cidr);
@@ -32,7 +39,12 @@ export function buildSpec(raw: RawScenario, at: Locator, dir: string): ScenarioS
   }
 
   const names = at.keys(['machines']);
-  if (names.length === 0) at.fail(['machines'], 'a scenario needs at least one machine', 'add one under machines:, e.g. `machines: { box: {} }`');
+  if (names.length === 0)
+    at.fail(
+      ['machines'],
+      'a scenario needs at least one machine',
+      'add one under machines:, e.g. `machines: { box: {} }`',
+    );
   for (const name of names) {
     spec.machines.push(machine(name, raw.machines[name]!, at, dir, cidrs));
   }
@@ -52,7 +64,12 @@ function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs:
     throw e;
   }
   const hostname = raw.hostname ?? name;
-  if (!HOSTNAME.test(hostname)) at.fail([...p, 'hostname'], `invalid hostname ${JSON.stringify(hostname)}`, 'use letters, digits and "-" (at most 63), starting and ending with a letter or digit');
+  if (!HOSTNAME.test(hostname))
+    at.fail(
+      [...p, 'hostname'],
+      `invalid hostname ${JSON.stringify(hostname)}`,
+      'use letters, digits and "-" (at most 63), starting and ending with a letter or digit',
+    );
 
   const limits: MachineFileSpec['limits'] = {};
   if (raw.memory !== undefined) limits.memoryBytes = raw.memory;
@@ -65,23 +82,50 @@ function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs:
     const cidr = cidrs.get(net);
     if (!cidr) {
       const known = [...cidrs.keys()];
-      at.fail([...p, 'networks', net], `machine "${name}" is on network "${net}", which is not defined`, known.length ? `define it under networks:, or use one of: ${known.join(', ')}` : `define it under networks:, e.g. \`networks: { ${net}: { subnet: 10.77.1.0/24 } }\``, true);
+      at.fail(
+        [...p, 'networks', net],
+        `machine "${name}" is on network "${net}", which is not defined`,
+        known.length
+          ? `define it under networks:, or use one of: ${known.join(', ')}`
+          : `define it under networks:, e.g. \`networks: { ${net}: { subnet: 10.77.1.0/24 } }\``,
+        true,
+      );
     }
     // Empty until assignAddresses: fixed ones are checked there, against every other machine.
     networks.push({ network: net, address: raw.networks?.[net]?.address ?? '', prefix: cidr.prefix });
   }
 
   const steps = (phase: 'provision' | 'start') => raw[phase].map((s, i) => step(s, [...p, phase, i], at, dir));
-  const spec: MachineFileSpec = { name, image, hostname, limits, env: raw.env, networks, provision: steps('provision'), start: steps('start'), ready: raw.ready };
+  const spec: MachineFileSpec = {
+    name,
+    image,
+    hostname,
+    limits,
+    env: raw.env,
+    networks,
+    provision: steps('provision'),
+    start: steps('start'),
+    ready: raw.ready,
+  };
   if (raw.ports.length) {
     spec.ports = raw.ports.map((v, i) => value(at, [...p, 'ports', i], () => portOf(v)));
-    for (const [i, port] of spec.ports.entries()) if (port.local === 0) at.fail([...p, 'ports', i], `machine ${name}: a scenario's ports need a fixed local port`, `write it as LOCAL:REMOTE, e.g. ${10000 + port.remote}:${port.remote}`);
+    for (const [i, port] of spec.ports.entries())
+      if (port.local === 0)
+        at.fail(
+          [...p, 'ports', i],
+          `machine ${name}: a scenario's ports need a fixed local port`,
+          `write it as LOCAL:REMOTE, e.g. ${10000 + port.remote}:${port.remote}`,
+        );
   }
   if (raw.groups.length) spec.groups = raw.groups.map((g, i) => value(at, [...p, 'groups', i], () => groupName(g)));
   if (raw.driver) spec.driver = raw.driver; // `namespaces` too: `up --driver` changes only machines that name none
   if (raw.init === 'systemd') spec.init = 'systemd';
   else if (raw.ready.some((c) => c.kind === 'unit' || c.kind === 'systemd')) {
-    at.fail([...p, 'ready'], `machine ${name}: unit and systemd checks need a system machine`, 'add `init: systemd` to the machine (and an image with systemd)');
+    at.fail(
+      [...p, 'ready'],
+      `machine ${name}: unit and systemd checks need a system machine`,
+      'add `init: systemd` to the machine (and an image with systemd)',
+    );
   }
   return spec;
 }
@@ -93,15 +137,29 @@ function step(raw: RawStep, p: Path, at: Locator, dir: string): Step {
   let mode: number;
   try {
     const st = statSync(from);
-    if (!st.isFile()) at.fail([...p, 'copy', 'from'], `copy from ${JSON.stringify(c.from)}: ${from} is not a regular file`, 'copy takes one file; copy each file of a directory with its own step');
+    if (!st.isFile())
+      at.fail(
+        [...p, 'copy', 'from'],
+        `copy from ${JSON.stringify(c.from)}: ${from} is not a regular file`,
+        'copy takes one file; copy each file of a directory with its own step',
+      );
     mode = st.mode & 0o7777;
   } catch (e) {
     if (e instanceof SnaplabError) throw e;
-    at.fail([...p, 'copy', 'from'], `copy from ${JSON.stringify(c.from)}: ${from} does not exist`, `paths are relative to the scenario file's directory (${dir})`);
+    at.fail(
+      [...p, 'copy', 'from'],
+      `copy from ${JSON.stringify(c.from)}: ${from} does not exist`,
+      `paths are relative to the scenario file's directory (${dir})`,
+    );
   }
   if (c.mode !== undefined) mode = fileMode(at, [...p, 'copy', 'mode']);
   const to = c.to.endsWith('/') ? `${c.to}${basename(from)}` : c.to;
-  if (to === '/') at.fail([...p, 'copy', 'to'], 'copy to "/": give a file path', 'e.g. to: /srv/www/index.html, or a directory ending in /');
+  if (to === '/')
+    at.fail(
+      [...p, 'copy', 'to'],
+      'copy to "/": give a file path',
+      'e.g. to: /srv/www/index.html, or a directory ending in /',
+    );
   return { copy: { from, to, mode } };
 }
 
@@ -115,8 +173,13 @@ function fileMode(at: Locator, p: Path): number {
 }
 
 function groupName(g: string): string {
-  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(g)) throw new Problem(`invalid group name ${JSON.stringify(g)}`, 'Ansible group names are letters, digits and _, not starting with a digit');
-  if (RESERVED_GROUPS.includes(g)) throw new Problem(`group name ${g} is Ansible's own`, 'pick another name (every host is in all already)');
+  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(g))
+    throw new Problem(
+      `invalid group name ${JSON.stringify(g)}`,
+      'Ansible group names are letters, digits and _, not starting with a digit',
+    );
+  if (RESERVED_GROUPS.includes(g))
+    throw new Problem(`group name ${g} is Ansible's own`, 'pick another name (every host is in all already)');
   return g;
 }
 
@@ -153,11 +216,31 @@ function assignAddresses(spec: ScenarioSpec, cidrs: Map<string, Cidr>, at: Locat
       const cidr = cidrs.get(a.network)!;
       const net = `${formatIpv4(cidr.base)}/${cidr.prefix}`;
       const ip = parseIpv4(a.address.trim());
-      if (ip === undefined) at.fail(p, `invalid address ${JSON.stringify(a.address)}`, `write a plain IPv4 address inside ${net}, without /prefix (or leave it out for a deterministic one)`);
-      if (ip < cidr.base || ip >= cidr.base + cidr.size) at.fail(p, `address ${a.address} of machine "${m.name}" is outside network "${a.network}" (${net})`, `give an address inside ${net}, or leave it out for a deterministic one`);
-      if (ip === cidr.base || ip === cidr.base + cidr.size - 1) at.fail(p, `address ${a.address} is the ${ip === cidr.base ? 'network' : 'broadcast'} address of ${net}`, `give a host address, from ${formatIpv4(cidr.base + 1)} to ${formatIpv4(cidr.base + cidr.size - 2)}`);
+      if (ip === undefined)
+        at.fail(
+          p,
+          `invalid address ${JSON.stringify(a.address)}`,
+          `write a plain IPv4 address inside ${net}, without /prefix (or leave it out for a deterministic one)`,
+        );
+      if (ip < cidr.base || ip >= cidr.base + cidr.size)
+        at.fail(
+          p,
+          `address ${a.address} of machine "${m.name}" is outside network "${a.network}" (${net})`,
+          `give an address inside ${net}, or leave it out for a deterministic one`,
+        );
+      if (ip === cidr.base || ip === cidr.base + cidr.size - 1)
+        at.fail(
+          p,
+          `address ${a.address} is the ${ip === cidr.base ? 'network' : 'broadcast'} address of ${net}`,
+          `give a host address, from ${formatIpv4(cidr.base + 1)} to ${formatIpv4(cidr.base + cidr.size - 2)}`,
+        );
       const owner = taken.get(a.network)!.get(ip);
-      if (owner !== undefined) at.fail(p, `address ${a.address} on network "${a.network}" is already machine "${owner}"'s`, 'give each machine its own address, or leave it out for a deterministic one');
+      if (owner !== undefined)
+        at.fail(
+          p,
+          `address ${a.address} on network "${a.network}" is already machine "${owner}"'s`,
+          'give each machine its own address, or leave it out for a deterministic one',
+        );
       taken.get(a.network)!.set(ip, m.name);
       a.address = formatIpv4(ip);
     }
@@ -170,7 +253,13 @@ function assignAddresses(spec: ScenarioSpec, cidrs: Map<string, Cidr>, at: Locat
       const last = cidr.base + cidr.size - 2;
       let ip = cidr.base + (cidr.size - 2 >= FIRST_AUTO_HOST ? FIRST_AUTO_HOST : 1);
       while (ip <= last && used.has(ip)) ip++;
-      if (ip > last) at.fail(['machines', m.name, 'networks', a.network], `network "${a.network}" (${formatIpv4(cidr.base)}/${cidr.prefix}) has no free address left for machine "${m.name}"`, 'use a larger subnet', true);
+      if (ip > last)
+        at.fail(
+          ['machines', m.name, 'networks', a.network],
+          `network "${a.network}" (${formatIpv4(cidr.base)}/${cidr.prefix}) has no free address left for machine "${m.name}"`,
+          'use a larger subnet',
+          true,
+        );
       used.set(ip, m.name);
       a.address = formatIpv4(ip);
     }
@@ -189,10 +278,20 @@ function resolveCheckHosts(spec: ScenarioSpec, at: Locator): void {
         return;
       }
       const target = byName.get(c.host) ?? spec.machines.find((o) => o.hostname === c.host);
-      if (!target) at.fail(p, `tcp check host ${JSON.stringify(c.host)} is neither an IPv4 address nor a machine of this scenario`, `machines: ${[...byName.keys()].join(', ')}`);
+      if (!target)
+        at.fail(
+          p,
+          `tcp check host ${JSON.stringify(c.host)} is neither an IPv4 address nor a machine of this scenario`,
+          `machines: ${[...byName.keys()].join(', ')}`,
+        );
       const mine = new Set(m.networks.map((n) => n.network));
       const shared = target.networks.find((n) => mine.has(n.network));
-      if (!shared) at.fail(p, `machine "${m.name}" shares no network with "${target.name}", so its tcp check cannot reach it`, 'put both machines on a common network');
+      if (!shared)
+        at.fail(
+          p,
+          `machine "${m.name}" shares no network with "${target.name}", so its tcp check cannot reach it`,
+          'put both machines on a common network',
+        );
       c.host = shared.address;
     });
   }

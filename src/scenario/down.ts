@@ -10,7 +10,11 @@ export function getScenario(ctx: LabContext, name: string): ScenarioRecord {
   const s = ctx.store.getScenario(name);
   if (!s) {
     const known = ctx.store.listScenarios().map((x) => x.name);
-    throw new SnaplabError('SCENARIO_NOT_FOUND', `no scenario named ${JSON.stringify(name)}`, known.length ? `scenarios up: ${known.join(', ')}` : 'raise one with `snaplab up FILE`');
+    throw new SnaplabError(
+      'SCENARIO_NOT_FOUND',
+      `no scenario named ${JSON.stringify(name)}`,
+      known.length ? `scenarios up: ${known.join(', ')}` : 'raise one with `snaplab up FILE`',
+    );
   }
   return s;
 }

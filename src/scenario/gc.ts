@@ -19,7 +19,9 @@ export async function collectScenarios(ctx: LabContext): Promise<string[]> {
     const owner = Number(/pid (\d+)/.exec(s.reason ?? '')?.[1] ?? 0);
     if (owner && (await pidAlive(owner))) continue;
     await teardownScenario(ctx, s.name);
-    removed.push(`scenario ${s.name} (${s.state === 'creating' ? 'its up was interrupted' : 'its down was interrupted'})`);
+    removed.push(
+      `scenario ${s.name} (${s.state === 'creating' ? 'its up was interrupted' : 'its down was interrupted'})`,
+    );
   }
   const live = new Set(ctx.store.listScenarios().map((s) => s.id));
   for (const ns of await listSnaplabNetns()) {

@@ -53,7 +53,11 @@ export class Locator {
 
   error(offset: number, message: string, hint?: string): SnaplabError {
     const { line, col } = this.where(offset);
-    return new SnaplabError('SCENARIO_INVALID', `${this.file}:${line}:${col}: ${message}`, hint ?? 'see docs/scenario-file.md');
+    return new SnaplabError(
+      'SCENARIO_INVALID',
+      `${this.file}:${line}:${col}: ${message}`,
+      hint ?? 'see docs/scenario-file.md',
+    );
   }
 
   fail(path: Path, message: string, hint?: string, key = false): never {

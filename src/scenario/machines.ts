@@ -27,7 +27,7 @@ export async function raiseMachine(
 ): Promise<Machine> {
   const m = scenario.spec.machines[index]!;
   const driver = m.driver ?? 'namespaces';
-  const storage = from ? from.volume.kind : storageKind ?? (await ctx.defaultStorage());
+  const storage = from ? from.volume.kind : (storageKind ?? (await ctx.defaultStorage()));
   const netns = netnsPath(machineNetns(scenario.id, index));
   // the range of the user namespace that owns the machine's network namespace, if `up` made one
   const uidBase = (await scenarioRanges(ctx.home, scenario.id)).get(index);
@@ -39,12 +39,22 @@ export async function raiseMachine(
       storage: from ? from.volume.kind : storage,
       driver,
       limits: withDefaults(m.limits, driver),
-      base: from ? async (): Promise<Volume> => from.volume : (): Promise<Volume> => imageVolume(ctx, m.image, storage, trace),
+      base: from
+        ? async (): Promise<Volume> => from.volume
+        : (): Promise<Volume> => imageVolume(ctx, m.image, storage, trace),
       origin: from?.origin ?? null,
       scenario: scenario.name,
       hostname: m.hostname,
       netns,
-      ...(isVm(m) ? { nics: m.networks.map((n, k) => ({ tap: tapName(k), mac: macFor(n.address), address: `${n.address}/${n.prefix}` })) } : {}),
+      ...(isVm(m)
+        ? {
+            nics: m.networks.map((n, k) => ({
+              tap: tapName(k),
+              mac: macFor(n.address),
+              address: `${n.address}/${n.prefix}`,
+            })),
+          }
+        : {}),
       ...(from?.memory ? { memory: from.memory } : {}),
       ...(uidBase !== undefined ? { uidBase } : {}),
       ...(m.init ? { init: m.init } : {}),

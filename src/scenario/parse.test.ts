@@ -44,7 +44,9 @@ describe('the shipped example', () => {
       { name: 'back', subnet: '10.77.2.0/24', prefix: 24 },
     ]);
     expect(spec.machines.map((m) => m.name)).toEqual(['store', 'server', 'proxy', 'client']);
-    const addr = Object.fromEntries(spec.machines.map((m) => [m.name, Object.fromEntries(m.networks.map((n) => [n.network, n.address]))]));
+    const addr = Object.fromEntries(
+      spec.machines.map((m) => [m.name, Object.fromEntries(m.networks.map((n) => [n.network, n.address]))]),
+    );
     expect(addr).toEqual({
       store: { back: '10.77.2.30' },
       server: { back: '10.77.2.10' },
@@ -60,12 +62,16 @@ describe('the shipped example', () => {
     }
     const store = spec.machines[0]!;
     expect(store.limits).toEqual({ memoryBytes: 128 * 1024 ** 2, pids: 64 });
-    expect(store.provision[0]).toEqual({ copy: { from: join(a.dir, 'files/kv.cgi'), to: '/srv/store/cgi-bin/kv', mode: 0o755 } });
+    expect(store.provision[0]).toEqual({
+      copy: { from: join(a.dir, 'files/kv.cgi'), to: '/srv/store/cgi-bin/kv', mode: 0o755 },
+    });
     expect(store.ready).toEqual([
       { kind: 'tcp', port: 8081, timeoutMs: 30_000 },
       { kind: 'log', file: '/var/log/kv.log', line: '/up on :[0-9]+/', timeoutMs: 5000 },
     ]);
-    expect(spec.machines[2]!.start).toEqual([{ run: { argv: ['httpd', '-p', '8000', '-h', '/srv/proxy'], timeoutMs: 60_000, env: {} } }]);
+    expect(spec.machines[2]!.start).toEqual([
+      { run: { argv: ['httpd', '-p', '8000', '-h', '/srv/proxy'], timeoutMs: 60_000, env: {} } },
+    ]);
   });
 
   it('loads a directory as its scenario.yaml', async () => {
@@ -159,11 +165,20 @@ describe('defaults and shapes', () => {
       "      - copy: { from: app.sh, to: /d, mode: '4755' }",
     ]);
     expect(spec.machines[0]).toMatchObject({ name: 'a', image: 'busybox', networks: [], provision: [], ready: [] });
-    expect(spec.machines[1]!.provision.map((s) => ('copy' in s ? s.copy.mode : 0))).toEqual([0o755, 0o600, 0o644, 0o4755]);
+    expect(spec.machines[1]!.provision.map((s) => ('copy' in s ? s.copy.mode : 0))).toEqual([
+      0o755, 0o600, 0o644, 0o4755,
+    ]);
   });
 
   it('resolves a tcp check host named after a machine to its address on a shared network', () => {
-    const spec = parse([...NETS, 'machines:', '  a: { networks: { back: {} } }', '  b:', '    networks: { back: {} }', '    ready: [ { tcp: "a:80" } ]']);
+    const spec = parse([
+      ...NETS,
+      'machines:',
+      '  a: { networks: { back: {} } }',
+      '  b:',
+      '    networks: { back: {} }',
+      '    ready: [ { tcp: "a:80" } ]',
+    ]);
     expect(spec.machines[1]!.ready[0]).toEqual({ kind: 'tcp', port: 80, host: '10.77.2.10', timeoutMs: 30_000 });
   });
 });
@@ -175,12 +190,24 @@ describe('errors name the file, line and column', () => {
 
   it('unknown keys, at the key, with a suggestion', () => {
     fails(['machines:', '  a: {}', 'extra: 1'], 3, /unknown key "extra" in the top level/);
-    const e = fails(['machines:', '  a:', '    image: busybox', '    memroy: 64M'], 4, /unknown key "memroy" in machine "a"/);
+    const e = fails(
+      ['machines:', '  a:', '    image: busybox', '    memroy: 64M'],
+      4,
+      /unknown key "memroy" in machine "a"/,
+    );
     expect(e.message).toMatch(/^s\.yaml:4:5: /);
     expect(e.hint).toMatch(/did you mean "memory"/);
-    fails(['machines:', '  a:', '    provision:', '      - copy: { from: app.sh, to: /x, owner: root }'], 4, /unknown key "owner"/);
+    fails(
+      ['machines:', '  a:', '    provision:', '      - copy: { from: app.sh, to: /x, owner: root }'],
+      4,
+      /unknown key "owner"/,
+    );
     fails(['machines:', '  a:', '    ready:', '      - tcp: 80', '        timout: 5s'], 5, /unknown key "timout"/);
-    fails([...NETS, 'machines:', '  a:', '    networks:', '      front: { adress: 10.77.1.5 }'], 7, /unknown key "adress"/);
+    fails(
+      [...NETS, 'machines:', '  a:', '    networks:', '      front: { adress: 10.77.1.5 }'],
+      7,
+      /unknown key "adress"/,
+    );
   });
 
   it('wrong types', () => {
@@ -200,26 +227,52 @@ describe('errors name the file, line and column', () => {
   });
 
   it('system machines: init systemd with unit and systemd checks; those checks refused on other machines', () => {
-    const spec = parse(['machines:', '  web:', '    init: systemd', '    ready:', '      - unit: nginx.service', '      - systemd: running', '        timeout: 5s']);
-    expect(spec.machines[0]).toMatchObject({ init: 'systemd', ready: [{ kind: 'unit', unit: 'nginx.service', timeoutMs: 30_000 }, { kind: 'systemd', state: 'running', timeoutMs: 5000 }] });
+    const spec = parse([
+      'machines:',
+      '  web:',
+      '    init: systemd',
+      '    ready:',
+      '      - unit: nginx.service',
+      '      - systemd: running',
+      '        timeout: 5s',
+    ]);
+    expect(spec.machines[0]).toMatchObject({
+      init: 'systemd',
+      ready: [
+        { kind: 'unit', unit: 'nginx.service', timeoutMs: 30_000 },
+        { kind: 'systemd', state: 'running', timeoutMs: 5000 },
+      ],
+    });
     fails(['machines:', '  web:', '    ready:', '      - unit: nginx.service'], 4, /need a system machine/);
     fails(['machines:', '  web:', '    init: upstart'], 3, /agent or systemd/);
     // ports and Ansible groups
-    expect(parse(['machines:', '  web:', '    ports: ["8080:80", 9000]', '    groups: [webservers]']).machines[0]).toMatchObject({ ports: [{ local: 8080, remote: 80 }, { local: 9000, remote: 9000 }], groups: ['webservers'] });
+    expect(
+      parse(['machines:', '  web:', '    ports: ["8080:80", 9000]', '    groups: [webservers]']).machines[0],
+    ).toMatchObject({
+      ports: [
+        { local: 8080, remote: 80 },
+        { local: 9000, remote: 9000 },
+      ],
+      groups: ['webservers'],
+    });
     fails(['machines:', '  web:', '    groups: [all]'], 3, /Ansible's own/);
     fails(['machines:', '  web:', '    groups: [9x]'], 3, /invalid group name/);
     fails(['machines:', '  web:', '    ports: ["80:http"]'], 3, /invalid port/);
     fails(['machines:', '  web:', '    init: systemd', '    ready:', '      - systemd: degraded'], 5, /running/);
   });
 
-  it('a machine\'s driver: qemu makes it a VM; namespaces is kept as written (up --driver leaves it); anything else is refused', () => {
+  it("a machine's driver: qemu makes it a VM; namespaces is kept as written (up --driver leaves it); anything else is refused", () => {
     const spec = parse(['machines:', '  vm:', '    driver: qemu', '  box:', '    driver: namespaces', '  plain: {}']);
     expect(spec.machines.map((m) => m.driver)).toEqual(['qemu', 'namespaces', undefined]);
     fails(['machines:', '  vm:', '    driver: firecracker'], 3, /namespaces or qemu/);
   });
 
   it('a machine on a network that is not defined', () => {
-    fails([...NETS, 'machines:', '  a:', '    networks:', '      middle: {}'], 7, /network "middle", which is not defined/);
+    fails(
+      [...NETS, 'machines:', '  a:', '    networks:', '      middle: {}'],
+      7,
+      /network "middle", which is not defined/,
+    );
   });
 
   it('bad subnets', () => {
@@ -232,7 +285,14 @@ describe('errors name the file, line and column', () => {
   });
 
   it('bad, duplicate, outside and reserved addresses', () => {
-    const m = (addr: string) => [...NETS, 'machines:', '  a: { networks: { front: 10.77.1.20 } }', '  b:', '    networks:', `      front: { address: ${addr} }`];
+    const m = (addr: string) => [
+      ...NETS,
+      'machines:',
+      '  a: { networks: { front: 10.77.1.20 } }',
+      '  b:',
+      '    networks:',
+      `      front: { address: ${addr} }`,
+    ];
     fails(m('10.77.1.256'), 8, /invalid address "10\.77\.1\.256"/);
     fails(m('10.77.1.20/24'), 8, /invalid address/);
     fails(m('10.77.1.20'), 8, /already machine "a"'s/);
@@ -242,15 +302,33 @@ describe('errors name the file, line and column', () => {
   });
 
   it('a network with no free address left', () => {
-    fails(['networks: { n: 10.77.1.0/30 }', 'machines:', '  a: { networks: { n: } }', '  b: { networks: { n: } }', '  c: { networks: { n: } }'], 5, /no free address/);
+    fails(
+      [
+        'networks: { n: 10.77.1.0/30 }',
+        'machines:',
+        '  a: { networks: { n: } }',
+        '  b: { networks: { n: } }',
+        '  c: { networks: { n: } }',
+      ],
+      5,
+      /no free address/,
+    );
   });
 
   it('a copy source that does not exist, at its from value', () => {
-    const e = fails(['machines:', '  a:', '    provision:', '      - copy:', '          to: /x', '          from: ./missing.txt'], 6, /does not exist/);
+    const e = fails(
+      ['machines:', '  a:', '    provision:', '      - copy:', '          to: /x', '          from: ./missing.txt'],
+      6,
+      /does not exist/,
+    );
     expect(e.message).toMatch(/^s\.yaml:6:17: /);
     fails(['machines:', '  a:', '    provision:', '      - copy: { from: sub, to: /x }'], 4, /not a regular file/);
     fails(['machines:', '  a:', '    provision:', '      - copy: { from: app.sh, to: x }'], 4, /not an absolute path/);
-    fails(['machines:', '  a:', '    provision:', '      - copy: { from: app.sh, to: /x, mode: 0855 }'], 4, /invalid mode/);
+    fails(
+      ['machines:', '  a:', '    provision:', '      - copy: { from: app.sh, to: /x, mode: 0855 }'],
+      4,
+      /invalid mode/,
+    );
   });
 
   it('an alias with no anchor is a located error, not a crash (found by test/fuzz.test.ts)', () => {
@@ -259,22 +337,36 @@ describe('errors name the file, line and column', () => {
   });
 
   it('a disk cap: a size, or 0 for none', () => {
-    expect(parse(['machines:', '  a:', '    disk: 512M', '  b:', '    disk: 0']).machines.map((m) => m.limits)).toEqual([{ diskBytes: 512 * 1024 ** 2 }, { diskBytes: 0 }]);
+    expect(parse(['machines:', '  a:', '    disk: 512M', '  b:', '    disk: 0']).machines.map((m) => m.limits)).toEqual(
+      [{ diskBytes: 512 * 1024 ** 2 }, { diskBytes: 0 }],
+    );
     fails(['machines:', '  a:', '    disk: plenty'], 3, /invalid disk "plenty"/);
   });
 
   it('bad sizes, timeouts and ports', () => {
     fails(['machines:', '  a:', '    memory: lots'], 3, /invalid memory "lots"/);
     fails(['machines:', '  a:', '    memory: 128'], 3, /too little/);
-    fails(['machines:', '  a:', '    ready:', '      - file: /x', '        timeout: soon'], 5, /invalid timeout "soon"/);
+    fails(
+      ['machines:', '  a:', '    ready:', '      - file: /x', '        timeout: soon'],
+      5,
+      /invalid timeout "soon"/,
+    );
     fails(['machines:', '  a:', '    start:', '      - run: { sh: x, timeout: -1s }'], 4, /invalid timeout/);
     fails(['machines:', '  a:', '    ready:', '      - tcp: 70000'], 4, /invalid port 70000/);
-    fails(['machines:', '  a:', '    ready:', '      - log: { file: /x, line: "/a(/" }'], 4, /invalid regular expression/);
+    fails(
+      ['machines:', '  a:', '    ready:', '      - log: { file: /x, line: "/a(/" }'],
+      4,
+      /invalid regular expression/,
+    );
   });
 
   it('bad names', () => {
     fails(['machines:', '  a: {}', '  Web_1: {}'], 3, /invalid machine name "Web_1"/);
-    fails(['networks:', '  front-net-with-a-name-much-too-long: 10.77.1.0/24', 'machines: { a: {} }'], 2, /invalid network name/);
+    fails(
+      ['networks:', '  front-net-with-a-name-much-too-long: 10.77.1.0/24', 'machines: { a: {} }'],
+      2,
+      /invalid network name/,
+    );
     fails(['name: My Lab', 'machines: { a: {} }'], 1, /invalid scenario name/);
     fails(['machines:', '  a:', '    env: { 1X: y }'], 3, /invalid environment variable name "1X"/);
     fails(['machines:', '  a:', '    image: "no/slash"'], 3, /invalid image name/);
@@ -282,6 +374,17 @@ describe('errors name the file, line and column', () => {
   });
 
   it('a tcp check host on no shared network', () => {
-    fails([...NETS, 'machines:', '  a: { networks: { back: {} } }', '  b:', '    networks: { front: {} }', '    ready: [ { tcp: "a:80" } ]'], 8, /shares no network/);
+    fails(
+      [
+        ...NETS,
+        'machines:',
+        '  a: { networks: { back: {} } }',
+        '  b:',
+        '    networks: { front: {} }',
+        '    ready: [ { tcp: "a:80" } ]',
+      ],
+      8,
+      /shares no network/,
+    );
   });
 });

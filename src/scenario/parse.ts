@@ -18,10 +18,20 @@ export type { LoadedScenario, ScenarioSpec } from './spec.js';
  */
 export function parseScenario(text: string, opts: { file: string; dir: string }): ScenarioSpec {
   const lines = new LineCounter();
-  const doc = parseDocument(text, { lineCounter: lines, uniqueKeys: false, prettyErrors: false, keepSourceTokens: true });
+  const doc = parseDocument(text, {
+    lineCounter: lines,
+    uniqueKeys: false,
+    prettyErrors: false,
+    keepSourceTokens: true,
+  });
   const at = new Locator(doc, lines, opts.file);
   const syntax = doc.errors[0];
-  if (syntax) throw at.error(syntax.pos[0], `YAML syntax: ${syntax.message.split('\n')[0]}`, 'fix the YAML syntax (indentation, quotes, brackets)');
+  if (syntax)
+    throw at.error(
+      syntax.pos[0],
+      `YAML syntax: ${syntax.message.split('\n')[0]}`,
+      'fix the YAML syntax (indentation, quotes, brackets)',
+    );
   prepare(doc, at);
 
   // the yaml library throws for what it parses but cannot resolve (an alias with no anchor, too
@@ -33,7 +43,11 @@ export function parseScenario(text: string, opts: { file: string; dir: string })
     // at the first alias whose anchor is not there, when that is the cause
     let pos = 0;
     visit(doc, { Alias: (_k, node) => (node.resolve(doc) ? undefined : ((pos = node.range?.[0] ?? 0), visit.BREAK)) });
-    throw at.error(pos, `YAML: ${(e as Error).message}`, 'define each anchor (&name) before its alias (*name), and keep aliases few');
+    throw at.error(
+      pos,
+      `YAML: ${(e as Error).message}`,
+      'define each anchor (&name) before its alias (*name), and keep aliases few',
+    );
   }
   const r = ScenarioFile.safeParse(value, { reportInput: true });
   if (!r.success) throw firstIssue(r.error.issues, at);
@@ -57,7 +71,12 @@ export async function loadScenario(path: string): Promise<LoadedScenario> {
     bytes = await readFile(file);
   } catch (e) {
     const why = (e as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file' : (e as Error).message;
-    throw new SnaplabError('SCENARIO_INVALID', `cannot read scenario file ${shown}: ${why}`, 'give the path of a scenario YAML file, e.g. examples/scenarios/tiny-service/scenario.yaml', { cause: e });
+    throw new SnaplabError(
+      'SCENARIO_INVALID',
+      `cannot read scenario file ${shown}: ${why}`,
+      'give the path of a scenario YAML file, e.g. examples/scenarios/tiny-service/scenario.yaml',
+      { cause: e },
+    );
   }
   const text = bytes.toString('utf8');
   const dir = dirname(file);
@@ -72,7 +91,12 @@ export async function loadScenario(path: string): Promise<LoadedScenario> {
  */
 function prepare(doc: Document, at: Locator): void {
   const walk = (node: unknown, path: Path): void => {
-    if (isScalar(node) && (typeof node.value === 'number' || typeof node.value === 'boolean') && node.source !== undefined && isText(path)) {
+    if (
+      isScalar(node) &&
+      (typeof node.value === 'number' || typeof node.value === 'boolean') &&
+      node.source !== undefined &&
+      isText(path)
+    ) {
       node.value = node.source;
     }
     if (isSeq(node)) node.items.forEach((n, i) => walk(n, [...path, i]));
@@ -83,7 +107,11 @@ function prepare(doc: Document, at: Locator): void {
       const offset = (pair.key as { range?: number[] } | null)?.range?.[0] ?? 0;
       const first = seen.get(k);
       if (first !== undefined) {
-        throw at.error(offset, `duplicate ${what(path)} "${k}" (first at line ${at.where(first).line})`, 'each name may appear once in a map: rename or merge them');
+        throw at.error(
+          offset,
+          `duplicate ${what(path)} "${k}" (first at line ${at.where(first).line})`,
+          'each name may appear once in a map: rename or merge them',
+        );
       }
       seen.set(k, offset);
       walk(pair.value, [...path, k]);
@@ -144,14 +172,22 @@ function firstIssue(issues: z.core.$ZodIssue[], at: Locator): SnaplabError {
     if (issue.code === 'unrecognized_keys') {
       const allowed = allowedKeys(path);
       for (const k of issue.keys) {
-        consider(at.offset([...path, k], true), `unknown key "${k}" in ${where(path)}`, allowed.length ? `allowed keys here: ${allowed.join(', ')}${suggest(k, allowed)}` : undefined);
+        consider(
+          at.offset([...path, k], true),
+          `unknown key "${k}" in ${where(path)}`,
+          allowed.length ? `allowed keys here: ${allowed.join(', ')}${suggest(k, allowed)}` : undefined,
+        );
       }
     } else if (issue.code === 'invalid_type' && issue.input === undefined) {
       const key = path[path.length - 1];
       consider(at.offset(path), `missing ${JSON.stringify(key)} in ${where(path.slice(0, -1))}`, `add ${String(key)}:`);
     } else {
       const params = (issue.code === 'custom' ? issue.params : undefined) ?? {};
-      consider(at.offset(path, params.key === true), `${label(path)}: ${issue.message}`, params.hint as string | undefined);
+      consider(
+        at.offset(path, params.key === true),
+        `${label(path)}: ${issue.message}`,
+        params.hint as string | undefined,
+      );
     }
   }
   return at.error(best?.offset ?? 0, best?.message ?? 'invalid scenario', best?.hint);

@@ -17,55 +17,85 @@ import { runSteps, waitReady } from './steps.js';
  * snapshot; a VM continues from its memory, running) and its readiness is checked again.
  * Default: the latest snapshot.
  */
-export async function resetScenario(ctx: LabContext, name: string, to: string | undefined, trace: Trace): Promise<{ snapshot: string; discarded: Volume[] }> {
+export async function resetScenario(
+  ctx: LabContext,
+  name: string,
+  to: string | undefined,
+  trace: Trace,
+): Promise<{ snapshot: string; discarded: Volume[] }> {
   const scn = getScenario(ctx, name);
   const snaps = ctx.store.listScenarioSnapshots(name);
   const snap = to === undefined ? snaps.at(-1) : ctx.store.getScenarioSnapshot(name, to);
   if (!snap) {
-    throw new SnaplabError('SNAPSHOT_NOT_FOUND', to === undefined ? `scenario ${name} has no snapshot` : `scenario ${name} has no snapshot named ${to}`,
-      snaps.length ? `its snapshots: ${snaps.map((s) => s.name).join(', ')}` : `take one with \`snaplab snapshot --scenario ${name} --name base\``);
+    throw new SnaplabError(
+      'SNAPSHOT_NOT_FOUND',
+      to === undefined ? `scenario ${name} has no snapshot` : `scenario ${name} has no snapshot named ${to}`,
+      snaps.length
+        ? `its snapshots: ${snaps.map((s) => s.name).join(', ')}`
+        : `take one with \`snaplab snapshot --scenario ${name} --name base\``,
+    );
   }
   const spec = scn.spec as ScenarioSpec;
   const manifest = snap.manifest as ScenarioManifest;
   const discarded: Volume[] = [];
   // storage first, once, before the machines contend for the thread pool
-  await trace.phase('storage ready', () => Promise.all([...new Set(manifest.machines.map((x) => ctx.store.getSnapshot(x.snapshot)?.storage))].filter((k) => k !== undefined).map((k) => ctx.readyBackend(k))));
-  await Promise.all(spec.machines.map(async (m, j) => {
-    const entry = manifest.machines.find((x) => x.machine === m.name);
-    const snapRec = entry && ctx.store.getSnapshot(entry.snapshot);
-    if (!snapRec) throw new SnaplabError('SNAPSHOT_NOT_FOUND', `snapshot ${snap.name} of ${name} lacks machine ${m.name}`, 'take a new scenario snapshot');
-    const old = ctx.store.getSandbox(machineSandbox(name, m.name));
-    // The old machine's processes must be gone before the new one starts its services in the
-    // same network namespace. Its volume is deleted after the reset has taken effect (deleting
-    // subvolumes would hold up the clones); if this process dies first, no record owns the
-    // volume any more and gc removes it.
-    // The new machine is raised while the old one is killed (the old record steps aside under
-    // another name); only its start steps, which may bind the same ports, wait for the old to be gone.
-    let killed: Promise<void> = Promise.resolve();
-    if (old) {
-      ctx.store.renameSandbox(old.id, `${old.name}~${old.id}`);
-      killed = trace.phase(`discard ${m.name}`, async () => {
-        // killed, not halted: its files are thrown away, and a system machine's halt costs time
-        await ctx.driver(old.driver).destroy({ ...handleOf(old), init: undefined });
-        ctx.store.deleteSandbox(old.id);
-        if (old.volume) discarded.push(old.volume);
-      });
-    }
-    // a VM continues from its memory on the same taps, which the old QEMU must have let go of
-    const memory = snapRec.memory ?? undefined;
-    if (memory) await killed;
-    const [machine] = await Promise.all([
-      trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, { name, id: scn.id, spec }, j, trace, { volume: snapRec.volume, origin: snapRec.name, ...(memory ? { memory } : {}) })),
-      killed,
-    ]);
-    try {
-      // a VM restored from memory has its services running already
-      if (m.start.length && !memory) await trace.phase(`start ${m.name}`, () => runSteps(ctx, machine, m.start, 'start'));
-      await trace.phase(`ready ${m.name}`, () => waitReady(ctx, machine));
-    } finally {
-      void machine.agent.close();
-    }
-  }));
+  await trace.phase('storage ready', () =>
+    Promise.all(
+      [...new Set(manifest.machines.map((x) => ctx.store.getSnapshot(x.snapshot)?.storage))]
+        .filter((k) => k !== undefined)
+        .map((k) => ctx.readyBackend(k)),
+    ),
+  );
+  await Promise.all(
+    spec.machines.map(async (m, j) => {
+      const entry = manifest.machines.find((x) => x.machine === m.name);
+      const snapRec = entry && ctx.store.getSnapshot(entry.snapshot);
+      if (!snapRec)
+        throw new SnaplabError(
+          'SNAPSHOT_NOT_FOUND',
+          `snapshot ${snap.name} of ${name} lacks machine ${m.name}`,
+          'take a new scenario snapshot',
+        );
+      const old = ctx.store.getSandbox(machineSandbox(name, m.name));
+      // The old machine's processes must be gone before the new one starts its services in the
+      // same network namespace. Its volume is deleted after the reset has taken effect (deleting
+      // subvolumes would hold up the clones); if this process dies first, no record owns the
+      // volume any more and gc removes it.
+      // The new machine is raised while the old one is killed (the old record steps aside under
+      // another name); only its start steps, which may bind the same ports, wait for the old to be gone.
+      let killed: Promise<void> = Promise.resolve();
+      if (old) {
+        ctx.store.renameSandbox(old.id, `${old.name}~${old.id}`);
+        killed = trace.phase(`discard ${m.name}`, async () => {
+          // killed, not halted: its files are thrown away, and a system machine's halt costs time
+          await ctx.driver(old.driver).destroy({ ...handleOf(old), init: undefined });
+          ctx.store.deleteSandbox(old.id);
+          if (old.volume) discarded.push(old.volume);
+        });
+      }
+      // a VM continues from its memory on the same taps, which the old QEMU must have let go of
+      const memory = snapRec.memory ?? undefined;
+      if (memory) await killed;
+      const [machine] = await Promise.all([
+        trace.phase(`raise ${m.name}`, () =>
+          raiseMachine(ctx, { name, id: scn.id, spec }, j, trace, {
+            volume: snapRec.volume,
+            origin: snapRec.name,
+            ...(memory ? { memory } : {}),
+          }),
+        ),
+        killed,
+      ]);
+      try {
+        // a VM restored from memory has its services running already
+        if (m.start.length && !memory)
+          await trace.phase(`start ${m.name}`, () => runSteps(ctx, machine, m.start, 'start'));
+        await trace.phase(`ready ${m.name}`, () => waitReady(ctx, machine));
+      } finally {
+        void machine.agent.close();
+      }
+    }),
+  );
   ctx.store.setScenarioState(name, 'up');
   return { snapshot: snap.name, discarded };
 }

@@ -53,7 +53,8 @@ function byKey<T>(expected: string, branches: Record<string, z.ZodType<T>>) {
   return z.unknown().transform((v, ctx): T => {
     const present = kindOf(v) === 'object' ? names.filter((k) => k in (v as object)) : [];
     if (present.length !== 1) {
-      const message = present.length > 1 ? `${present.join(' and ')} in one item: give one per list item` : `expected ${expected}`;
+      const message =
+        present.length > 1 ? `${present.join(' and ')} in one item: give one per list item` : `expected ${expected}`;
       ctx.issues.push({ code: 'custom', message, input: v });
       return z.NEVER;
     }
@@ -77,13 +78,24 @@ const Port = strOrNum('a port number').transform(conv(parsePort));
 const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 const Env = z
-  .record(z.string(), z.union([z.string(), z.number(), z.boolean()], { error: 'expected a string (or a number or boolean, taken as text)' }))
+  .record(
+    z.string(),
+    z.union([z.string(), z.number(), z.boolean()], {
+      error: 'expected a string (or a number or boolean, taken as text)',
+    }),
+  )
   .nullish()
   .transform((env, ctx): Record<string, string> => {
     const out: Record<string, string> = {};
     for (const [k, v] of Object.entries(env ?? {})) {
       if (!ENV_KEY.test(k)) {
-        ctx.issues.push({ code: 'custom', message: `invalid environment variable name ${JSON.stringify(k)}`, input: k, path: [k], params: { key: true, hint: 'use letters, digits and "_", not starting with a digit' } });
+        ctx.issues.push({
+          code: 'custom',
+          message: `invalid environment variable name ${JSON.stringify(k)}`,
+          input: k,
+          path: [k],
+          params: { key: true, hint: 'use letters, digits and "_", not starting with a digit' },
+        });
         continue;
       }
       out[k] = String(v);
@@ -92,8 +104,12 @@ const Env = z
   });
 
 // YAML reads `[sleep, 1]` as a number: arguments that are numbers or booleans are taken as text.
-const Arg = z.union([z.string(), z.number(), z.boolean()], { error: 'expected a string (one argument)' }).transform(String);
-const Argv = z.array(Arg, { error: 'expected a list of arguments' }).min(1, { error: 'expected at least the program to run' });
+const Arg = z
+  .union([z.string(), z.number(), z.boolean()], { error: 'expected a string (one argument)' })
+  .transform(String);
+const Argv = z
+  .array(Arg, { error: 'expected a list of arguments' })
+  .min(1, { error: 'expected at least the program to run' });
 const shell = (text: string): string[] => ['sh', '-c', text];
 const ShellText = str('a shell command').min(1, { error: 'expected a shell command, not an empty string' });
 const Command = byKind<string[]>('a shell command (a string) or an argv list', {
@@ -104,7 +120,8 @@ const Command = byKind<string[]>('a shell command (a string) or an argv list', {
 /** An absolute path inside the machine, normalised. */
 const MachinePath = str('an absolute path inside the machine').transform(
   conv((p: string) => {
-    if (!p.startsWith('/')) throw new Problem(`${JSON.stringify(p)} is not an absolute path`, 'paths inside a machine start with /');
+    if (!p.startsWith('/'))
+      throw new Problem(`${JSON.stringify(p)} is not an absolute path`, 'paths inside a machine start with /');
     return posix.normalize(p);
   }),
 );
@@ -113,7 +130,11 @@ const RunObject = z
   .strictObject({ argv: Argv.optional(), sh: ShellText.optional(), timeout: Duration.optional(), env: Env })
   .transform((r, ctx) => {
     if ((r.argv === undefined) === (r.sh === undefined)) {
-      ctx.issues.push({ code: 'custom', message: 'a run map takes exactly one of argv (a list) or sh (a shell command)', input: r });
+      ctx.issues.push({
+        code: 'custom',
+        message: 'a run map takes exactly one of argv (a list) or sh (a shell command)',
+        input: r,
+      });
       return z.NEVER;
     }
     return { argv: r.argv ?? shell(r.sh!), timeoutMs: r.timeout, env: r.env };
@@ -145,16 +166,19 @@ const CopyStep = z.strictObject({
   ),
 });
 
-const RunStep = z
-  .strictObject({ run: Run, timeout: Duration.optional(), env: Env })
-  .transform((s, ctx): RawStep => {
-    if (s.timeout !== undefined && s.run.timeoutMs !== undefined) {
-      ctx.issues.push({ code: 'custom', message: 'timeout given twice: beside run and inside it', input: s, path: ['timeout'] });
-      return z.NEVER;
-    }
-    const timeoutMs = s.timeout ?? s.run.timeoutMs ?? DEFAULT_RUN_TIMEOUT_MS;
-    return { run: { argv: s.run.argv, timeoutMs, env: { ...s.env, ...s.run.env } } };
-  });
+const RunStep = z.strictObject({ run: Run, timeout: Duration.optional(), env: Env }).transform((s, ctx): RawStep => {
+  if (s.timeout !== undefined && s.run.timeoutMs !== undefined) {
+    ctx.issues.push({
+      code: 'custom',
+      message: 'timeout given twice: beside run and inside it',
+      input: s,
+      path: ['timeout'],
+    });
+    return z.NEVER;
+  }
+  const timeoutMs = s.timeout ?? s.run.timeoutMs ?? DEFAULT_RUN_TIMEOUT_MS;
+  return { run: { argv: s.run.argv, timeoutMs, env: { ...s.env, ...s.run.env } } };
+});
 
 const Step = byKey<RawStep>('a step: a map with copy or run', { copy: CopyStep, run: RunStep });
 
@@ -172,43 +196,69 @@ const TcpTarget = byKind<{ port: number; host?: string }>('a port, "host:port", 
 });
 
 function checkHost(h: string): string {
-  if (!/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(h)) throw new Problem(`invalid host ${JSON.stringify(h)}`, 'give a machine name or an IPv4 address');
+  if (!/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(h))
+    throw new Problem(`invalid host ${JSON.stringify(h)}`, 'give a machine name or an IPv4 address');
   return h;
 }
 
 /** A log check's line: a substring, or /regex/flags tested against the file's whole text. */
-const LogLine = str('a line to wait for (a substring, or /regex/)').min(1).transform(
-  conv((line: string) => {
-    const re = /^\/(.*)\/([a-z]*)$/.exec(line);
-    if (re) {
-      try {
-        new RegExp(re[1]!, re[2]);
-      } catch (e) {
-        throw new Problem(`invalid regular expression ${line}: ${(e as Error).message}`, 'a line written as /.../ is a JavaScript regular expression (flags after the last /, e.g. /ready/m)');
+const LogLine = str('a line to wait for (a substring, or /regex/)')
+  .min(1)
+  .transform(
+    conv((line: string) => {
+      const re = /^\/(.*)\/([a-z]*)$/.exec(line);
+      if (re) {
+        try {
+          new RegExp(re[1]!, re[2]);
+        } catch (e) {
+          throw new Problem(
+            `invalid regular expression ${line}: ${(e as Error).message}`,
+            'a line written as /.../ is a JavaScript regular expression (flags after the last /, e.g. /ready/m)',
+          );
+        }
       }
-    }
-    return line;
-  }),
-);
+      return line;
+    }),
+  );
 
 const Check = byKey<Check>('a readiness check: a map with command, tcp, file, log, unit or systemd', {
-  unit: z.strictObject({ unit: str('a unit name such as nginx.service'), timeout: Duration.optional() }).transform((c): Check => ({ kind: 'unit', unit: c.unit, timeoutMs: timeoutMs(c.timeout) })),
-  systemd: z.strictObject({ systemd: z.literal('running', { error: 'expected running' }), timeout: Duration.optional() }).transform((c): Check => ({ kind: 'systemd', state: c.systemd, timeoutMs: timeoutMs(c.timeout) })),
-  command: z.strictObject({ command: Command, timeout: Duration.optional() }).transform((c): Check => ({ kind: 'command', argv: c.command, timeoutMs: timeoutMs(c.timeout) })),
-  tcp: z.strictObject({ tcp: TcpTarget, timeout: Duration.optional() }).transform((c): Check => ({ kind: 'tcp', ...c.tcp, timeoutMs: timeoutMs(c.timeout) })),
-  file: z.strictObject({ file: MachinePath, timeout: Duration.optional() }).transform((c): Check => ({ kind: 'file', path: c.file, timeoutMs: timeoutMs(c.timeout) })),
+  unit: z
+    .strictObject({ unit: str('a unit name such as nginx.service'), timeout: Duration.optional() })
+    .transform((c): Check => ({ kind: 'unit', unit: c.unit, timeoutMs: timeoutMs(c.timeout) })),
+  systemd: z
+    .strictObject({ systemd: z.literal('running', { error: 'expected running' }), timeout: Duration.optional() })
+    .transform((c): Check => ({ kind: 'systemd', state: c.systemd, timeoutMs: timeoutMs(c.timeout) })),
+  command: z
+    .strictObject({ command: Command, timeout: Duration.optional() })
+    .transform((c): Check => ({ kind: 'command', argv: c.command, timeoutMs: timeoutMs(c.timeout) })),
+  tcp: z
+    .strictObject({ tcp: TcpTarget, timeout: Duration.optional() })
+    .transform((c): Check => ({ kind: 'tcp', ...c.tcp, timeoutMs: timeoutMs(c.timeout) })),
+  file: z
+    .strictObject({ file: MachinePath, timeout: Duration.optional() })
+    .transform((c): Check => ({ kind: 'file', path: c.file, timeoutMs: timeoutMs(c.timeout) })),
   log: z
-    .strictObject({ log: z.strictObject({ file: MachinePath, line: LogLine }, { error: 'expected a map with file and line' }), timeout: Duration.optional() })
+    .strictObject({
+      log: z.strictObject({ file: MachinePath, line: LogLine }, { error: 'expected a map with file and line' }),
+      timeout: Duration.optional(),
+    })
     .transform((c): Check => ({ kind: 'log', file: c.log.file, line: c.log.line, timeoutMs: timeoutMs(c.timeout) })),
 });
 
 const Attachment = byKind<{ address?: string | undefined }>('an address, {} or a map with address', {
-  null: z.null().optional().transform(() => ({})),
+  null: z
+    .null()
+    .optional()
+    .transform(() => ({})),
   string: z.string().transform((address) => ({ address })),
   object: z.strictObject({ address: str('an IPv4 address').optional() }),
 });
 
-const list = <T>(item: z.ZodType<T>) => z.array(item, { error: 'expected a list' }).nullish().transform((l) => l ?? []);
+const list = <T>(item: z.ZodType<T>) =>
+  z
+    .array(item, { error: 'expected a list' })
+    .nullish()
+    .transform((l) => l ?? []);
 
 const Machine = z.strictObject(
   {
@@ -217,8 +267,15 @@ const Machine = z.strictObject(
     driver: z.enum(['namespaces', 'qemu'], { error: 'expected namespaces or qemu' }).optional(),
     hostname: str('a host name').optional(),
     memory: strOrNum('a size such as 128M').transform(conv(parseMemory)).optional(),
-    pids: z.number({ error: 'expected a whole number' }).int({ error: 'expected a whole number' }).positive({ error: 'expected a positive number' }).optional(),
-    cpus: z.number({ error: 'expected a number of cores such as 1 or 0.5' }).positive({ error: 'expected a positive number of cores' }).optional(),
+    pids: z
+      .number({ error: 'expected a whole number' })
+      .int({ error: 'expected a whole number' })
+      .positive({ error: 'expected a positive number' })
+      .optional(),
+    cpus: z
+      .number({ error: 'expected a number of cores such as 1 or 0.5' })
+      .positive({ error: 'expected a positive number of cores' })
+      .optional(),
     disk: strOrNum('a size such as 1G, or 0 for no cap').transform(conv(parseDisk)).optional(),
     env: Env,
     networks: z.record(z.string(), Attachment, { error: 'expected a map of network name to {address}' }).nullish(),
@@ -245,7 +302,10 @@ export const ScenarioFile = z.strictObject(
     networks: z.record(z.string(), Network, { error: 'expected a map of network name to {subnet}' }).nullish(),
     machines: z.record(
       z.string(),
-      byKind<RawMachine>('a map of machine settings', { null: z.null().transform((): RawMachine => Machine.parse({})), object: Machine }),
+      byKind<RawMachine>('a map of machine settings', {
+        null: z.null().transform((): RawMachine => Machine.parse({})),
+        object: Machine,
+      }),
       { error: 'expected a map of machine name to settings' },
     ),
   },

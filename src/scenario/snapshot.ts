@@ -17,29 +17,50 @@ export interface ScenarioManifest {
   machines: { machine: string; snapshot: string; addresses: { network: string; address: string }[] }[];
 }
 
-export const machineSnapshotName = (scenario: string, snap: string, machine: string): string => `${scenario}@${snap}.${machine}`;
+export const machineSnapshotName = (scenario: string, snap: string, machine: string): string =>
+  `${scenario}@${snap}.${machine}`;
 
 /**
  * One consistent point for the whole scenario: every machine frozen, every filesystem (and every
  * VM's memory) snapshotted, one manifest written, every machine thawed (thawed even when a
  * snapshot fails).
  */
-export async function snapshotScenario(ctx: LabContext, name: string, snap: string, trace: Trace): Promise<ScenarioSnapshotRecord> {
+export async function snapshotScenario(
+  ctx: LabContext,
+  name: string,
+  snap: string,
+  trace: Trace,
+): Promise<ScenarioSnapshotRecord> {
   checkName('snapshot', snap);
   const scn = getScenario(ctx, name);
-  if (scn.state !== 'up') throw new SnaplabError('SCENARIO_FAILED', `scenario ${name} is ${scn.state}`, 'snapshot a scenario that is up');
+  if (scn.state !== 'up')
+    throw new SnaplabError('SCENARIO_FAILED', `scenario ${name} is ${scn.state}`, 'snapshot a scenario that is up');
   if (ctx.store.getScenarioSnapshot(name, snap)) {
-    throw new SnaplabError('SNAPSHOT_EXISTS', `scenario ${name} already has a snapshot named ${snap}`, 'pick another --name (a scenario\'s snapshots go with `snaplab down`)');
+    throw new SnaplabError(
+      'SNAPSHOT_EXISTS',
+      `scenario ${name} already has a snapshot named ${snap}`,
+      "pick another --name (a scenario's snapshots go with `snaplab down`)",
+    );
   }
   const spec = scn.spec as ScenarioSpec;
   const machines = ctx.store.scenarioMachines(name);
   const driverOf = (m: SandboxRecord): Driver => ctx.driver(m.driver);
   const machineOf = (m: SandboxRecord): string => m.name.slice(name.length + 1);
   const missing = spec.machines.filter((x) => !machines.some((m) => machineOf(m) === x.name)).map((x) => x.name);
-  if (missing.length) throw new SnaplabError('SCENARIO_FAILED', `scenario ${name} lacks machine ${missing.join(', ')}`, `take it down and up again (\`snaplab down ${name}\`)`);
+  if (missing.length)
+    throw new SnaplabError(
+      'SCENARIO_FAILED',
+      `scenario ${name} lacks machine ${missing.join(', ')}`,
+      `take it down and up again (\`snaplab down ${name}\`)`,
+    );
   for (const m of machines) {
     const taken = machineSnapshotName(name, snap, machineOf(m));
-    if (ctx.store.getSnapshot(taken)) throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${taken} already exists`, `pick another --name, or remove it with \`snaplab snapshot rm ${taken}\``);
+    if (ctx.store.getSnapshot(taken))
+      throw new SnaplabError(
+        'SNAPSHOT_EXISTS',
+        `a snapshot named ${taken} already exists`,
+        `pick another --name, or remove it with \`snaplab snapshot rm ${taken}\``,
+      );
   }
   const frozen: SandboxRecord[] = [];
   const taken: SnapshotRecord[] = [];
@@ -50,36 +71,53 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
     if (bad) throw bad.reason;
   };
   try {
-    await trace.phase('freeze all', () => settle(machines.map(async (m) => {
-      await driverOf(m).pause(handleOf(m));
-      frozen.push(m);
-    })));
+    await trace.phase('freeze all', () =>
+      settle(
+        machines.map(async (m) => {
+          await driverOf(m).pause(handleOf(m));
+          frozen.push(m);
+        }),
+      ),
+    );
     await trace.phase('snapshot all', () =>
       // each under a volume-making mark: gc collects no volume between its making and its record
-      settle(machines.map((m) => inflight(ctx, 'snapshot', async () => {
-        const backend = await ctx.readyBackend(m.storage);
-        const volume = await backend.snapshot(m.volume!);
-        // a VM's memory too, taken while it stands still with the rest: a reset resumes it
-        // running, its services and connections as they were
-        const driver = driverOf(m);
-        let memory: MemoryImage | undefined;
-        if (driver.snapshotMemory) {
-          const dir = join(ctx.home, 'snapshots', newId());
-          try {
-            memory = await driver.snapshotMemory(handleOf(m), dir, trace);
-          } catch (e) {
-            await backend.delete(volume).catch(() => undefined);
-            await rm(dir, { recursive: true, force: true });
-            throw e;
-          }
-        }
-        const rec: SnapshotRecord = {
-          name: machineSnapshotName(name, snap, machineOf(m)), id: volume.id, sandbox: m.name, image: m.image, storage: m.storage, volume, limits: m.limits, createdAt: Date.now(),
-          driver: m.driver, memory: memory ? { ...memory, driver: m.driver } : null, init: m.init ?? null,
-        };
-        ctx.store.insertSnapshot(rec);
-        taken.push(rec);
-      }))),
+      settle(
+        machines.map((m) =>
+          inflight(ctx, 'snapshot', async () => {
+            const backend = await ctx.readyBackend(m.storage);
+            const volume = await backend.snapshot(m.volume!);
+            // a VM's memory too, taken while it stands still with the rest: a reset resumes it
+            // running, its services and connections as they were
+            const driver = driverOf(m);
+            let memory: MemoryImage | undefined;
+            if (driver.snapshotMemory) {
+              const dir = join(ctx.home, 'snapshots', newId());
+              try {
+                memory = await driver.snapshotMemory(handleOf(m), dir, trace);
+              } catch (e) {
+                await backend.delete(volume).catch(() => undefined);
+                await rm(dir, { recursive: true, force: true });
+                throw e;
+              }
+            }
+            const rec: SnapshotRecord = {
+              name: machineSnapshotName(name, snap, machineOf(m)),
+              id: volume.id,
+              sandbox: m.name,
+              image: m.image,
+              storage: m.storage,
+              volume,
+              limits: m.limits,
+              createdAt: Date.now(),
+              driver: m.driver,
+              memory: memory ? { ...memory, driver: m.driver } : null,
+              init: m.init ?? null,
+            };
+            ctx.store.insertSnapshot(rec);
+            taken.push(rec);
+          }),
+        ),
+      ),
     );
   } catch (e) {
     failure = e;
@@ -92,11 +130,13 @@ export async function snapshotScenario(ctx: LabContext, name: string, snap: stri
   }
   if (failure !== undefined) {
     // nothing of a failed scenario snapshot stays: each machine's record, volume and memory go
-    await Promise.all(taken.map(async (rec) => {
-      await (await ctx.readyBackend(rec.storage)).delete(rec.volume).catch(() => undefined); // else gc's: no record owns it
-      if (rec.memory) await rm(rec.memory.dir, { recursive: true, force: true });
-      ctx.store.deleteSnapshot(rec.name);
-    }));
+    await Promise.all(
+      taken.map(async (rec) => {
+        await (await ctx.readyBackend(rec.storage)).delete(rec.volume).catch(() => undefined); // else gc's: no record owns it
+        if (rec.memory) await rm(rec.memory.dir, { recursive: true, force: true });
+        ctx.store.deleteSnapshot(rec.name);
+      }),
+    );
     throw failure;
   }
   const manifest: ScenarioManifest = {

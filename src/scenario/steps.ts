@@ -25,7 +25,8 @@ export function hostsFile(scn: ScenarioSpec, m: MachineFileSpec): string {
   const lines = ['127.0.0.1\tlocalhost', '::1\tlocalhost'];
   for (const other of scn.machines) {
     for (const n of other.networks) {
-      if (mine.has(n.network)) lines.push(`${n.address}\t${other.hostname}${other.hostname === other.name ? '' : ` ${other.name}`}`);
+      if (mine.has(n.network))
+        lines.push(`${n.address}\t${other.hostname}${other.hostname === other.name ? '' : ` ${other.name}`}`);
     }
   }
   return `${lines.join('\n')}\n`;
@@ -43,7 +44,10 @@ export async function runSteps(ctx: LabContext, m: Machine, steps: Step[], what:
       await m.agent.putFile(step.copy.to, data, step.copy.mode);
       continue;
     }
-    const r = await execIn(ctx, m.record, m.agent, step.run.argv, { env: { ...m.spec.env, ...step.run.env }, timeoutMs: step.run.timeoutMs });
+    const r = await execIn(ctx, m.record, m.agent, step.run.argv, {
+      env: { ...m.spec.env, ...step.run.env },
+      timeoutMs: step.run.timeoutMs,
+    });
     if (r.exitCode !== 0) {
       const out = `${r.stdout.toString()}${r.stderr.toString()}`.trim().split('\n').slice(-10).join('\n');
       throw new SnaplabError(
@@ -57,12 +61,18 @@ export async function runSteps(ctx: LabContext, m: Machine, steps: Step[], what:
 
 export function checkText(c: Check): string {
   switch (c.kind) {
-    case 'command': return `command ${c.argv.join(' ')}`;
-    case 'tcp': return `tcp ${c.host ?? '127.0.0.1'}:${c.port}`;
-    case 'file': return `file ${c.path}`;
-    case 'log': return `log ${c.file} has ${JSON.stringify(c.line)}`;
-    case 'unit': return `unit ${c.unit} active`;
-    case 'systemd': return `systemd ${c.state}`;
+    case 'command':
+      return `command ${c.argv.join(' ')}`;
+    case 'tcp':
+      return `tcp ${c.host ?? '127.0.0.1'}:${c.port}`;
+    case 'file':
+      return `file ${c.path}`;
+    case 'log':
+      return `log ${c.file} has ${JSON.stringify(c.line)}`;
+    case 'unit':
+      return `unit ${c.unit} active`;
+    case 'systemd':
+      return `systemd ${c.state}`;
   }
 }
 
@@ -81,19 +91,43 @@ function lineMatches(text: string, want: string): boolean {
 }
 
 /** One attempt at a check: passed, or what it saw. */
-async function attempt(ctx: LabContext, m: Machine, c: Check, remainingMs: number): Promise<{ ok: boolean; last: string }> {
+async function attempt(
+  ctx: LabContext,
+  m: Machine,
+  c: Check,
+  remainingMs: number,
+): Promise<{ ok: boolean; last: string }> {
   switch (c.kind) {
     case 'command': {
-      const r = await execIn(ctx, m.record, m.agent, c.argv, { env: m.spec.env, timeoutMs: Math.max(100, remainingMs) });
-      return { ok: r.exitCode === 0, last: `exit ${r.exitCode}: ${`${r.stdout.toString()}${r.stderr.toString()}`.trim().slice(-500)}` };
+      const r = await execIn(ctx, m.record, m.agent, c.argv, {
+        env: m.spec.env,
+        timeoutMs: Math.max(100, remainingMs),
+      });
+      return {
+        ok: r.exitCode === 0,
+        last: `exit ${r.exitCode}: ${`${r.stdout.toString()}${r.stderr.toString()}`.trim().slice(-500)}`,
+      };
     }
     case 'tcp': {
       const host = c.host ?? '127.0.0.1';
       const ms = Math.min(1000, Math.max(50, remainingMs));
       if (isVm(m.spec)) {
         // a VM's network is its guest's own: its agent tries (the host's namespace holds no address)
-        const r = await execIn(ctx, m.record, m.agent, [MACHINE_AGENT_PATH, 'connect', '--check', host, String(c.port)], { timeoutMs: Math.max(100, ms) });
-        return { ok: r.exitCode === 0, last: r.stderr.toString().trim().replace(/^snaplab: /, '') || `exit ${r.exitCode}` };
+        const r = await execIn(
+          ctx,
+          m.record,
+          m.agent,
+          [MACHINE_AGENT_PATH, 'connect', '--check', host, String(c.port)],
+          { timeoutMs: Math.max(100, ms) },
+        );
+        return {
+          ok: r.exitCode === 0,
+          last:
+            r.stderr
+              .toString()
+              .trim()
+              .replace(/^snaplab: /, '') || `exit ${r.exitCode}`,
+        };
       }
       const r = await tcpAccepts(m.netns, host, c.port, ms);
       return { ok: r.ok, last: r.error ?? 'connected' };
@@ -104,7 +138,10 @@ async function attempt(ctx: LabContext, m: Machine, c: Check, remainingMs: numbe
     }
     case 'log': {
       const f = await fileText(m.agent, c.file);
-      return { ok: f.exists && lineMatches(f.text, c.line), last: f.error ?? `no matching line yet (${f.text.length} bytes)` };
+      return {
+        ok: f.exists && lineMatches(f.text, c.line),
+        last: f.error ?? `no matching line yet (${f.text.length} bytes)`,
+      };
     }
     case 'unit':
     case 'systemd': {

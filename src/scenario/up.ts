@@ -34,11 +34,19 @@ export interface UpOptions {
  * every sandbox raised into it joins: its root has its capabilities over its own network (ping,
  * port 80), and a reset keeps namespace, range and addresses alike.
  */
-async function wireScenario(ctx: LabContext, sid: string, spec: ScenarioSpec, storage: StorageKind, trace: Trace): Promise<void> {
+async function wireScenario(
+  ctx: LabContext,
+  sid: string,
+  spec: ScenarioSpec,
+  storage: StorageKind,
+  trace: Trace,
+): Promise<void> {
   // a VM's namespace holds its QEMU and its taps, no process of the guest's: it needs no range
   const nsUserns = usernsFor(ctx, { driver: 'namespaces', storage });
   const userns = (j: number): boolean => nsUserns && !isVm(spec.machines[j]!);
-  const ranges = await trace.phase('user namespace ranges', () => Promise.all(spec.machines.map((_, j) => (userns(j) ? claimRange(ctx.home, machineHolder(sid, j)) : undefined))));
+  const ranges = await trace.phase('user namespace ranges', () =>
+    Promise.all(spec.machines.map((_, j) => (userns(j) ? claimRange(ctx.home, machineHolder(sid, j)) : undefined))),
+  );
   await trace.phase('networks', () =>
     wire({
       networks: spec.networks.map((_, i) => ({ netns: networkNetns(sid, i) })),
@@ -46,7 +54,10 @@ async function wireScenario(ctx: LabContext, sid: string, spec: ScenarioSpec, st
         netns: machineNetns(sid, j),
         ...(ranges[j] !== undefined ? { userns: { base: ranges[j], count: USERNS_SIZE } } : {}),
         links: m.networks.map((n, k) => ({
-          bridgeNetns: networkNetns(sid, spec.networks.findIndex((x) => x.name === n.network)),
+          bridgeNetns: networkNetns(
+            sid,
+            spec.networks.findIndex((x) => x.name === n.network),
+          ),
           hostIf: vethName(sid, j, k),
           guestIf: `eth${k}`,
           address: `${n.address}/${n.prefix}`,
@@ -58,7 +69,13 @@ async function wireScenario(ctx: LabContext, sid: string, spec: ScenarioSpec, st
 }
 
 /** Raise, provision, start and check one machine, reporting progress. */
-async function bringUp(ctx: LabContext, rec: { name: string; id: string; spec: ScenarioSpec }, j: number, trace: Trace, opts: UpOptions): Promise<Machine> {
+async function bringUp(
+  ctx: LabContext,
+  rec: { name: string; id: string; spec: ScenarioSpec },
+  j: number,
+  trace: Trace,
+  opts: UpOptions,
+): Promise<Machine> {
   const m = rec.spec.machines[j]!;
   const say = (s: string): void => opts.onProgress?.(m.name, s);
   say('raising');
@@ -86,7 +103,12 @@ async function bringUp(ctx: LabContext, rec: { name: string; id: string; spec: S
 /** The file's spec with `driver` given to every machine that names none (recorded with the scenario). */
 function withDriver(spec: ScenarioSpec, driver: string | undefined): ScenarioSpec {
   if (driver === undefined || driver === 'namespaces') return spec;
-  if (driver !== 'qemu') throw new SnaplabError('BAD_INPUT', `unknown driver ${JSON.stringify(driver)} for a scenario's machines`, 'use namespaces or qemu');
+  if (driver !== 'qemu')
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `unknown driver ${JSON.stringify(driver)} for a scenario's machines`,
+      'use namespaces or qemu',
+    );
   return { ...spec, machines: spec.machines.map((m) => (m.driver ? m : { ...m, driver: 'qemu' as const })) };
 }
 
@@ -94,7 +116,12 @@ function withDriver(spec: ScenarioSpec, driver: string | undefined): ScenarioSpe
 function checkVms(spec: ScenarioSpec): void {
   for (const m of spec.machines.filter(isVm)) {
     const bytes = m.limits.memoryBytes;
-    if (bytes !== undefined && bytes < VM_MIN_MEMORY) throw vmTooSmall(bytes, `machine ${m.name}, a VM,`, `give it memory: ${VM_MIN_MEMORY / 2 ** 20}M or more (a VM's memory is its guest's RAM; default ${VM_DEFAULT_MEMORY / 2 ** 20}M)`);
+    if (bytes !== undefined && bytes < VM_MIN_MEMORY)
+      throw vmTooSmall(
+        bytes,
+        `machine ${m.name}, a VM,`,
+        `give it memory: ${VM_MIN_MEMORY / 2 ** 20}M or more (a VM's memory is its guest's RAM; default ${VM_DEFAULT_MEMORY / 2 ** 20}M)`,
+      );
   }
 }
 
@@ -103,16 +130,31 @@ function checkVms(spec: ScenarioSpec): void {
  * networks, then raise every machine in parallel. A failure removes everything `up` made, unless
  * keepOnFailure (then the scenario stays, marked failed, for `snaplab exec` and `down`).
  */
-export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: UpOptions, trace: Trace): Promise<ScenarioRecord> {
+export async function upScenario(
+  ctx: LabContext,
+  loaded: LoadedScenario,
+  opts: UpOptions,
+  trace: Trace,
+): Promise<ScenarioRecord> {
   const name = checkName('scenario', opts.name ?? loaded.spec.name ?? 'scenario');
   const spec = withDriver(loaded.spec, opts.driver);
   checkVms(spec);
   if (ctx.store.getScenario(name)) {
-    throw new SnaplabError('SCENARIO_EXISTS', `a scenario named ${name} is already up`, `take it down with \`snaplab down ${name}\`, or pick another --name`);
+    throw new SnaplabError(
+      'SCENARIO_EXISTS',
+      `a scenario named ${name} is already up`,
+      `take it down with \`snaplab down ${name}\`, or pick another --name`,
+    );
   }
   const rec: ScenarioRecord = {
-    name, id: newId().slice(0, 6), file: loaded.path, hash: loaded.hash, spec,
-    state: 'creating', reason: `being raised by pid ${process.pid}`, createdAt: Date.now(),
+    name,
+    id: newId().slice(0, 6),
+    file: loaded.path,
+    hash: loaded.hash,
+    spec,
+    state: 'creating',
+    reason: `being raised by pid ${process.pid}`,
+    createdAt: Date.now(),
   };
   ctx.store.insertScenario(rec);
   trace.target = name;
@@ -120,7 +162,9 @@ export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: 
   try {
     await mkdir(ownerDir(ctx.home, rec.id), { recursive: true });
     await wireScenario(ctx, rec.id, spec, opts.storage ?? (await ctx.defaultStorage()), trace);
-    const results = await Promise.allSettled(spec.machines.map((_, j) => bringUp(ctx, { name, id: rec.id, spec }, j, trace, opts)));
+    const results = await Promise.allSettled(
+      spec.machines.map((_, j) => bringUp(ctx, { name, id: rec.id, spec }, j, trace, opts)),
+    );
     for (const r of results) if (r.status === 'fulfilled') machines.push(r.value);
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) throw failed.reason;
@@ -140,7 +184,10 @@ export async function upScenario(ctx: LabContext, loaded: LoadedScenario, opts: 
 
 /** Remove the namespaces of a scenario id (networks and machines): what `down` and gc share. */
 export async function removeNetworks(home: string, sid: string, spec: ScenarioSpec): Promise<void> {
-  await unwire([...spec.machines.map((_, j) => machineNetns(sid, j)), ...spec.networks.map((_, i) => networkNetns(sid, i))]);
+  await unwire([
+    ...spec.machines.map((_, j) => machineNetns(sid, j)),
+    ...spec.networks.map((_, i) => networkNetns(sid, i)),
+  ]);
   // the machines' user namespaces went with their network namespaces (and their sandboxes before)
   for (const [j, base] of await scenarioRanges(home, sid)) await releaseRange(base, home, machineHolder(sid, j));
   await rm(ownerDir(home, sid), { recursive: true, force: true });

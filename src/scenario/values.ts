@@ -2,7 +2,10 @@ import { parseSize } from '../lab/sizes.js';
 
 /** A value in the file is wrong; the parser turns it into SCENARIO_INVALID at the value's position. */
 export class Problem extends Error {
-  constructor(message: string, readonly hint?: string) {
+  constructor(
+    message: string,
+    readonly hint?: string,
+  ) {
     super(message);
   }
 }
@@ -31,7 +34,10 @@ export function parseDisk(v: string | number): number {
   try {
     return parseSize(String(v), 'disk');
   } catch {
-    throw new Problem(`invalid disk ${JSON.stringify(v)}`, 'write a size such as 512M or 2G (binary units), or 0 for no cap');
+    throw new Problem(
+      `invalid disk ${JSON.stringify(v)}`,
+      'write a size such as 512M or 2G (binary units), or 0 for no cap',
+    );
   }
 }
 
@@ -44,14 +50,18 @@ export function parseMemory(v: string | number): number {
     throw new Problem(`invalid memory ${JSON.stringify(v)}`, 'write a size such as 128M or 1G (binary units)');
   }
   if (bytes < MIN_MEMORY) {
-    throw new Problem(`memory ${JSON.stringify(v)} is ${bytes} bytes, too little for a machine`, `a bare number is bytes: write ${v}M for megabytes`);
+    throw new Problem(
+      `memory ${JSON.stringify(v)} is ${bytes} bytes, too little for a machine`,
+      `a bare number is bytes: write ${v}M for megabytes`,
+    );
   }
   return bytes;
 }
 
 export function parsePort(v: string | number): number {
   const n = typeof v === 'number' ? v : /^\s*\d+\s*$/.test(v) ? Number(v) : NaN;
-  if (!Number.isInteger(n) || n < 1 || n > 65535) throw new Problem(`invalid port ${JSON.stringify(v)}`, 'a port is a whole number from 1 to 65535');
+  if (!Number.isInteger(n) || n < 1 || n > 65535)
+    throw new Problem(`invalid port ${JSON.stringify(v)}`, 'a port is a whole number from 1 to 65535');
   return n;
 }
 
@@ -87,7 +97,10 @@ export function parseSubnet(text: string): Cidr {
   }
   const prefix = Number(m[2]);
   if (prefix < 8 || prefix > 30) {
-    throw new Problem(`subnet ${text} has prefix /${prefix}; scenario networks take /8 to /30`, 'a /24 such as 10.77.1.0/24 suits most scenarios');
+    throw new Problem(
+      `subnet ${text} has prefix /${prefix}; scenario networks take /8 to /30`,
+      'a /24 such as 10.77.1.0/24 suits most scenarios',
+    );
   }
   const size = 2 ** (32 - prefix);
   if (base % size !== 0) {

@@ -88,7 +88,10 @@ export interface LabCreateOptions {
 
 export interface LabApi {
   create(opts?: LabCreateOptions): Promise<SandboxApi>;
-  restore(snapshot: string, opts?: { name?: string; limits?: Limits; labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<SandboxApi>;
+  restore(
+    snapshot: string,
+    opts?: { name?: string; limits?: Limits; labels?: Record<string, string>; metadata?: Record<string, string> },
+  ): Promise<SandboxApi>;
   get(idOrName: string): Promise<SandboxApi>;
   list(opts?: { labels?: Record<string, string> }): Promise<SandboxApi[]>;
   snapshots(): Promise<SnapshotApi[]>;

@@ -92,9 +92,25 @@ export class Lab implements LabApi {
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
       // the image's own systemd boots unless the caller says --init agent
       // (only where a system machine can run: a VM, or the namespaces driver in a user namespace)
-      const fromImage = (opts.driver ?? 'namespaces') !== 'namespaces' || opts.userns !== false ? img.provenance?.init : undefined;
-      const init = (opts.init ?? fromImage) === 'systemd' ? 'systemd' as const : undefined;
-      return raiseSandbox(this.ctx, { name: opts.name, image: img.name, storage, driver: opts.driver ?? 'namespaces', limits: withDefaults(opts.limits, opts.driver), base, origin: null, userns: opts.userns, init }, t, opts.signal);
+      const fromImage =
+        (opts.driver ?? 'namespaces') !== 'namespaces' || opts.userns !== false ? img.provenance?.init : undefined;
+      const init = (opts.init ?? fromImage) === 'systemd' ? ('systemd' as const) : undefined;
+      return raiseSandbox(
+        this.ctx,
+        {
+          name: opts.name,
+          image: img.name,
+          storage,
+          driver: opts.driver ?? 'namespaces',
+          limits: withDefaults(opts.limits, opts.driver),
+          base,
+          origin: null,
+          userns: opts.userns,
+          init,
+        },
+        t,
+        opts.signal,
+      );
     });
     if (opts.labels || opts.metadata) updateMeta(this.ctx, result.record.id, { labels, metadata });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
@@ -110,13 +126,25 @@ export class Lab implements LabApi {
       return raiseSandbox(
         this.ctx,
         {
-          name: opts.name, image: snap.image, storage: snap.storage, driver: snap.memory?.driver ?? snap.driver ?? 'namespaces',
+          name: opts.name,
+          image: snap.image,
+          storage: snap.storage,
+          driver: snap.memory?.driver ?? snap.driver ?? 'namespaces',
           // a memory snapshot continues a machine of a fixed size: its limits come with it
           // (the snapshot's disk cap is carried unless another is given)
-          limits: opts.limits && !snap.memory ? withDefaults({ ...(snap.limits.diskBytes !== undefined ? { diskBytes: snap.limits.diskBytes } : {}), ...opts.limits }) : snap.limits,
+          limits:
+            opts.limits && !snap.memory
+              ? withDefaults({
+                  ...(snap.limits.diskBytes !== undefined ? { diskBytes: snap.limits.diskBytes } : {}),
+                  ...opts.limits,
+                })
+              : snap.limits,
           // the snapshot's cap is carried as a default: held where it can be, dropped where not
           diskAsked: opts.limits?.diskBytes !== undefined,
-          base: async () => snap.volume, origin: snap.name, memory: snap.memory ?? undefined, userns: opts.userns,
+          base: async () => snap.volume,
+          origin: snap.name,
+          memory: snap.memory ?? undefined,
+          userns: opts.userns,
           ...(snap.init ? { init: snap.init } : {}),
         },
         t,
@@ -140,7 +168,9 @@ export class Lab implements LabApi {
    * `labels`: only those with every key=value given.
    */
   async list(opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
-    const recs = this.ctx.store.listSandboxes().filter((r) => !opts.labels || matches(metaOf(this.ctx, r.id).labels, opts.labels));
+    const recs = this.ctx.store
+      .listSandboxes()
+      .filter((r) => !opts.labels || matches(metaOf(this.ctx, r.id).labels, opts.labels));
     return Promise.all(recs.map(async (r) => new Sandbox(this.ctx, await reconcile(this.ctx, r))));
   }
 
@@ -171,7 +201,10 @@ export class Lab implements LabApi {
    * Get ready ahead of time, so that nothing is fetched at run time: the image (built-in busybox
    * by default), and for the VM driver its guest kernel (apt) and initramfs.
    */
-  async prepare(opts: { driver?: string; image?: string } = {}, onProgress?: (s: string) => void): Promise<{ image: string; vm?: { version: string; kernel: string; initramfs: string } }> {
+  async prepare(
+    opts: { driver?: string; image?: string } = {},
+    onProgress?: (s: string) => void,
+  ): Promise<{ image: string; vm?: { version: string; kernel: string; initramfs: string } }> {
     const driver = this.ctx.driver(opts.driver ?? 'namespaces');
     onProgress?.(`image ${opts.image ?? 'busybox'}`);
     const img = await this.ctx.images.resolve(opts.image ?? 'busybox');
@@ -187,7 +220,8 @@ export class Lab implements LabApi {
   /** Build a Debian image with mmdebstrap (cached by its inputs; see docs/images.md). */
   async buildImage(spec: DebianSpec, opts: BuildOptions = {}): Promise<Built> {
     const { buildDebian } = await import('../lab/image-build.js');
-    return (await this.ctx.traced('image build', opts.name ?? spec.suite, (t) => buildDebian(this.ctx, spec, opts, t))).result;
+    return (await this.ctx.traced('image build', opts.name ?? spec.suite, (t) => buildDebian(this.ctx, spec, opts, t)))
+      .result;
   }
 
   /** Remove an image; `force` removes the sandboxes and snapshots that use it first (their names are returned). */
@@ -198,7 +232,12 @@ export class Lab implements LabApi {
 
   /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
   async gc(): Promise<{ removed: string[]; notes: string[]; trace: TraceSummary }> {
-    const { result, trace } = await this.ctx.traced('gc', null, (t) => collectGarbage(this.ctx, t), (r) => r);
+    const { result, trace } = await this.ctx.traced(
+      'gc',
+      null,
+      (t) => collectGarbage(this.ctx, t),
+      (r) => r,
+    );
     return { ...result, trace };
   }
 
@@ -237,7 +276,10 @@ export class Lab implements LabApi {
   async run(argv: string[], opts: RunOptions & BufferOutput): Promise<RunOutcome & { trace: TraceSummary }>;
   async run(argv: string[], opts?: RunOptions): Promise<Text<RunOutcome> & { trace: TraceSummary }>;
   async run(argv: string[], opts: RunOptions = {}): Promise<(RunOutcome | Text<RunOutcome>) & { trace: TraceSummary }> {
-    if (opts.pool !== undefined) return this.pool(opts.pool).run(argv, { ...opts, encoding: 'buffer' }).then((r) => ({ ...encoded(r, opts.encoding), trace: r.trace }));
+    if (opts.pool !== undefined)
+      return this.pool(opts.pool)
+        .run(argv, { ...opts, encoding: 'buffer' })
+        .then((r) => ({ ...encoded(r, opts.encoding), trace: r.trace }));
     ({ argv, spec: opts } = withImageConfig(this.ctx, opts.image ?? BUILTIN_BUSYBOX, argv, opts));
     const { result, trace } = await this.ctx.traced('run', opts.image ?? 'busybox', (t) =>
       runOnce(
@@ -263,7 +305,9 @@ export class Lab implements LabApi {
     // the parser (yaml, zod) is loaded by the commands that read scenario files, not by every one
     const { loadScenario } = await import('../scenario/parse.js');
     const loaded = await loadScenario(file);
-    const { result, trace } = await this.ctx.traced('up', opts.name ?? loaded.spec.name ?? null, (t) => upScenario(this.ctx, loaded, opts, t));
+    const { result, trace } = await this.ctx.traced('up', opts.name ?? loaded.spec.name ?? null, (t) =>
+      upScenario(this.ctx, loaded, opts, t),
+    );
     return new Scenario(this.ctx, result.name, trace);
   }
 

@@ -8,11 +8,17 @@ import type { ExecResult } from '../lab/sandbox-ops.js';
 export type Encoding = 'utf8' | 'buffer';
 
 /** A result with its output as text. */
-export type Text<R extends { stdout: Buffer; stderr: Buffer }> = Omit<R, 'stdout' | 'stderr'> & { stdout: string; stderr: string };
+export type Text<R extends { stdout: Buffer; stderr: Buffer }> = Omit<R, 'stdout' | 'stderr'> & {
+  stdout: string;
+  stderr: string;
+};
 
 export type ExecText = Text<ExecResult>;
 
-export function encoded<R extends { stdout: Buffer; stderr: Buffer }>(r: R, encoding: Encoding | undefined): R | Text<R> {
+export function encoded<R extends { stdout: Buffer; stderr: Buffer }>(
+  r: R,
+  encoding: Encoding | undefined,
+): R | Text<R> {
   if (encoding === 'buffer') return r;
   return { ...r, stdout: r.stdout.toString('utf8'), stderr: r.stderr.toString('utf8') };
 }

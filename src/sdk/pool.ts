@@ -15,7 +15,11 @@ import { encoded, type Text } from './output.js';
  */
 export class Pool implements PoolApi {
   /** @internal */
-  constructor(private readonly ctx: LabContext, private readonly runner: PoolRunner, private readonly onClose: () => void) {}
+  constructor(
+    private readonly ctx: LabContext,
+    private readonly runner: PoolRunner,
+    private readonly onClose: () => void,
+  ) {}
 
   get name(): string {
     return this.runner.name;
@@ -81,7 +85,12 @@ export class Pool implements PoolApi {
       this.ctx.store.updateSandbox(t.record.id, { reason: `taken from pool ${this.name}`, baseline: null, pool: null });
       const summary = trace.finish();
       this.ctx.store.putOperation(summary, { sandbox: t.record.name, hit: t.hit });
-      return new Sandbox(this.ctx, { ...t.record, reason: `taken from pool ${this.name}`, baseline: null, pool: null }, t.agent, summary);
+      return new Sandbox(
+        this.ctx,
+        { ...t.record, reason: `taken from pool ${this.name}`, baseline: null, pool: null },
+        t.agent,
+        summary,
+      );
     } catch (e) {
       const summary = trace.finish(e);
       this.ctx.store.putOperation(summary);
@@ -91,7 +100,8 @@ export class Pool implements PoolApi {
 
   /** Set the target size; shrinking removes paused standbys at once, growing raises them now. */
   async resize(size: number, onProgress?: (ready: number, target: number) => void): Promise<void> {
-    if (!Number.isSafeInteger(size) || size < 0) throw new SnaplabError('BAD_INPUT', `invalid pool size ${size}`, 'give a whole number ≥ 0');
+    if (!Number.isSafeInteger(size) || size < 0)
+      throw new SnaplabError('BAD_INPUT', `invalid pool size ${size}`, 'give a whole number ≥ 0');
     this.ctx.store.setPoolTarget(this.name, size);
     await trimPool(this.ctx, this.name, size);
     await this.runner.fill(onProgress);

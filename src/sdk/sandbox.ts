@@ -1,6 +1,17 @@
 import type { AgentClient } from '../agent/client.js';
 import type { LabContext } from '../lab/context.js';
-import { connectAgent, execIn, pauseSandbox, resumeSandbox, snapshotSandbox, spawnIn, stopSandbox, type ExecOptions, type ExecProcess, type ExecResult } from '../lab/sandbox-ops.js';
+import {
+  connectAgent,
+  execIn,
+  pauseSandbox,
+  resumeSandbox,
+  snapshotSandbox,
+  spawnIn,
+  stopSandbox,
+  type ExecOptions,
+  type ExecProcess,
+  type ExecResult,
+} from '../lab/sandbox-ops.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
@@ -19,7 +30,11 @@ export interface SandboxFiles {
   remove(path: string, opts?: { recursive?: boolean; force?: boolean; user?: string }): Promise<void>;
   /** returns the bytes written */
   /** `size`: the bytes a stream will carry, when known: fewer, and the file is left as it was */
-  write(path: string, data: Buffer | string | Readable, opts?: { mode?: number; append?: boolean; user?: string; size?: number }): Promise<number>;
+  write(
+    path: string,
+    data: Buffer | string | Readable,
+    opts?: { mode?: number; append?: boolean; user?: string; size?: number },
+  ): Promise<number>;
   read(path: string, opts?: { user?: string }): Promise<Buffer>;
   /** stream into `sink` (ended after); returns the bytes read */
   readTo(path: string, sink: Writable, opts?: { user?: string }): Promise<number>;
@@ -37,20 +52,41 @@ export class Sandbox implements SandboxApi {
   private agent: AgentClient | undefined;
 
   /** @internal */
-  constructor(private readonly ctx: LabContext, private record: SandboxRecord, agent?: AgentClient, trace?: TraceSummary) {
+  constructor(
+    private readonly ctx: LabContext,
+    private record: SandboxRecord,
+    agent?: AgentClient,
+    trace?: TraceSummary,
+  ) {
     this.agent = agent;
     this.lastTrace = trace;
   }
 
-  get id(): string { return this.record.id; }
-  get name(): string { return this.record.name; }
-  get state(): SandboxRecord['state'] { return this.record.state; }
-  get image(): string { return this.record.image; }
-  get storage(): string { return this.record.storage; }
-  get driver(): string { return this.record.driver; }
+  get id(): string {
+    return this.record.id;
+  }
+  get name(): string {
+    return this.record.name;
+  }
+  get state(): SandboxRecord['state'] {
+    return this.record.state;
+  }
+  get image(): string {
+    return this.record.image;
+  }
+  get storage(): string {
+    return this.record.storage;
+  }
+  get driver(): string {
+    return this.record.driver;
+  }
   /** labels (selected by `lab.list({ labels })`) and metadata given at create or set since */
-  get labels(): Record<string, string> { return metaOf(this.ctx, this.record.id).labels; }
-  get metadata(): Record<string, string> { return metaOf(this.ctx, this.record.id).metadata; }
+  get labels(): Record<string, string> {
+    return metaOf(this.ctx, this.record.id).labels;
+  }
+  get metadata(): Record<string, string> {
+    return metaOf(this.ctx, this.record.id).metadata;
+  }
 
   /** Replace its labels and/or metadata. */
   async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
@@ -61,7 +97,9 @@ export class Sandbox implements SandboxApi {
   }
 
   /** the stored record: limits, pid, volume, origin */
-  get info(): Readonly<SandboxRecord> { return this.record; }
+  get info(): Readonly<SandboxRecord> {
+    return this.record;
+  }
 
   /** @internal the agent connection (opened on first use) */
   agentConnection(): Promise<AgentClient> {
@@ -151,7 +189,12 @@ export class Sandbox implements SandboxApi {
       readTo: (path, sink, o = {}) => readFile(ctx, rec(), path, sink, o),
       read: async (path, o = {}) => {
         const parts: Buffer[] = [];
-        const sink = new Writable({ write: (b: Buffer, _e, cb) => { parts.push(b); cb(); } });
+        const sink = new Writable({
+          write: (b: Buffer, _e, cb) => {
+            parts.push(b);
+            cb();
+          },
+        });
         await readFile(ctx, rec(), path, sink, o);
         return Buffer.concat(parts);
       },
@@ -175,7 +218,10 @@ export class Sandbox implements SandboxApi {
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<Snapshot> {
     const { result, trace } = await this.ctx.traced('snapshot', this.name, async (t) => {
       const wasRunning = this.record.state === 'running';
-      const rec = await snapshotSandbox(this.ctx, this.record, name, t, { memory: opts.memory, agent: () => this.connection() });
+      const rec = await snapshotSandbox(this.ctx, this.record, name, t, {
+        memory: opts.memory,
+        agent: () => this.connection(),
+      });
       // a VM's clock stood still while it was paused for the snapshot
       if (wasRunning && this.ctx.driver(this.record.driver).capabilities.memorySnapshot) {
         const agent = await this.connection();
@@ -222,7 +268,9 @@ export class Sandbox implements SandboxApi {
   /** Kill every process, delete the filesystem, forget the record. */
   async destroy(): Promise<TraceSummary> {
     this.close();
-    const { trace } = await this.ctx.traced('rm', this.name, (t) => t.phase('destroy', () => destroyRecord(this.ctx, this.record)));
+    const { trace } = await this.ctx.traced('rm', this.name, (t) =>
+      t.phase('destroy', () => destroyRecord(this.ctx, this.record)),
+    );
     this.record = { ...this.record, state: 'dead', reason: 'destroyed' };
     return trace;
   }
@@ -235,7 +283,16 @@ export class Sandbox implements SandboxApi {
   toJSON(): Record<string, unknown> {
     const r = this.record;
     return {
-      id: r.id, name: r.name, state: r.state, reason: r.reason, image: r.image, storage: r.storage, driver: r.driver, limits: r.limits, origin: r.origin, pid: r.pid,
+      id: r.id,
+      name: r.name,
+      state: r.state,
+      reason: r.reason,
+      image: r.image,
+      storage: r.storage,
+      driver: r.driver,
+      limits: r.limits,
+      origin: r.origin,
+      pid: r.pid,
       userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: USERNS_SIZE },
       init: r.init ?? 'agent',
       labels: this.labels,

@@ -23,7 +23,11 @@ export class Scenario {
   lastTrace: TraceSummary | undefined;
 
   /** @internal */
-  constructor(private readonly ctx: LabContext, readonly name: string, trace?: TraceSummary) {
+  constructor(
+    private readonly ctx: LabContext,
+    readonly name: string,
+    trace?: TraceSummary,
+  ) {
     this.lastTrace = trace;
   }
 
@@ -35,7 +39,11 @@ export class Scenario {
   async machine(name: string): Promise<Sandbox> {
     const rec = this.ctx.store.getSandbox(machineSandbox(this.name, name));
     if (!rec) {
-      throw new SnaplabError('SANDBOX_NOT_FOUND', `scenario ${this.name} has no machine ${JSON.stringify(name)}`, `its machines: ${this.spec.machines.map((m) => m.name).join(', ')}`);
+      throw new SnaplabError(
+        'SANDBOX_NOT_FOUND',
+        `scenario ${this.name} has no machine ${JSON.stringify(name)}`,
+        `its machines: ${this.spec.machines.map((m) => m.name).join(', ')}`,
+      );
     }
     return new Sandbox(this.ctx, await reconcile(this.ctx, rec));
   }
@@ -43,21 +51,41 @@ export class Scenario {
   async status(): Promise<ScenarioStatus> {
     const rec = getScenario(this.ctx, this.name);
     const spec = rec.spec as ScenarioSpec;
-    const machines = await Promise.all(spec.machines.map(async (m) => {
-      const sb = this.ctx.store.getSandbox(machineSandbox(this.name, m.name));
-      const r = sb ? await reconcile(this.ctx, sb) : undefined;
-      return { machine: m.name, sandbox: machineSandbox(this.name, m.name), state: r?.state ?? 'missing', reason: r?.reason ?? null, hostname: m.hostname, addresses: m.networks.map((n) => ({ network: n.network, address: n.address })) };
-    }));
+    const machines = await Promise.all(
+      spec.machines.map(async (m) => {
+        const sb = this.ctx.store.getSandbox(machineSandbox(this.name, m.name));
+        const r = sb ? await reconcile(this.ctx, sb) : undefined;
+        return {
+          machine: m.name,
+          sandbox: machineSandbox(this.name, m.name),
+          state: r?.state ?? 'missing',
+          reason: r?.reason ?? null,
+          hostname: m.hostname,
+          addresses: m.networks.map((n) => ({ network: n.network, address: n.address })),
+        };
+      }),
+    );
     // a scenario whose machines are not all running (one died, a reset was interrupted) is degraded
     const state = rec.state === 'up' && machines.some((m) => m.state !== 'running') ? 'degraded' : rec.state;
     const networks = spec.networks.map((n) => ({ name: n.name, subnet: n.subnet }));
     const blocked = rec.state === 'up' ? await blockedPairs(this.ctx, this.name) : [];
-    return { name: this.name, state, reason: rec.reason, file: rec.file, machines, networks, blocked, snapshots: this.ctx.store.listScenarioSnapshots(this.name).map((s) => s.name) };
+    return {
+      name: this.name,
+      state,
+      reason: rec.reason,
+      file: rec.file,
+      machines,
+      networks,
+      blocked,
+      snapshots: this.ctx.store.listScenarioSnapshots(this.name).map((s) => s.name),
+    };
   }
 
   /** Freeze every machine, snapshot every filesystem, write one manifest, thaw. */
   async snapshot(name: string): Promise<ScenarioSnapshotRecord & { trace: TraceSummary }> {
-    const { result, trace } = await this.exclusive(() => this.ctx.traced('scenario snapshot', this.name, (t) => snapshotScenario(this.ctx, this.name, name, t)));
+    const { result, trace } = await this.exclusive(() =>
+      this.ctx.traced('scenario snapshot', this.name, (t) => snapshotScenario(this.ctx, this.name, name, t)),
+    );
     return { ...result, trace };
   }
 
@@ -73,9 +101,13 @@ export class Scenario {
   /** Every machine back to a snapshot (default: the latest), networks and addresses intact, readiness re-checked. */
   async reset(to?: string): Promise<{ snapshot: string; trace: TraceSummary }> {
     return this.exclusive(async () => {
-      const { result, trace } = await this.ctx.traced('reset', this.name, (t) => resetScenario(this.ctx, this.name, to, t));
+      const { result, trace } = await this.ctx.traced('reset', this.name, (t) =>
+        resetScenario(this.ctx, this.name, to, t),
+      );
       // the trace ends when every machine is usable and ready; the discarded volumes go after
-      await this.ctx.traced('reset cleanup', this.name, (t) => t.phase('delete discarded volumes', () => deleteDiscarded(this.ctx, result.discarded)));
+      await this.ctx.traced('reset cleanup', this.name, (t) =>
+        t.phase('delete discarded volumes', () => deleteDiscarded(this.ctx, result.discarded)),
+      );
       return { snapshot: result.snapshot, trace };
     });
   }
@@ -102,6 +134,13 @@ export class Scenario {
 
   /** Remove machines, snapshots, bridges, veths and namespaces. */
   async down(): Promise<TraceSummary> {
-    return this.exclusive(async () => (await this.ctx.traced('down', this.name, (t) => t.phase('teardown', () => teardownScenario(this.ctx, this.name)))).trace);
+    return this.exclusive(
+      async () =>
+        (
+          await this.ctx.traced('down', this.name, (t) =>
+            t.phase('teardown', () => teardownScenario(this.ctx, this.name)),
+          )
+        ).trace,
+    );
   }
 }

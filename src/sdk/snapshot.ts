@@ -7,17 +7,33 @@ import type { TraceSummary } from '../timing/trace.js';
  */
 export class Snapshot {
   /** @internal */
-  constructor(readonly record: SnapshotRecord, readonly lastTrace?: TraceSummary) {}
+  constructor(
+    readonly record: SnapshotRecord,
+    readonly lastTrace?: TraceSummary,
+  ) {}
 
-  get name(): string { return this.record.name; }
-  get id(): string { return this.record.id; }
-  get storage(): string { return this.record.storage; }
+  get name(): string {
+    return this.record.name;
+  }
+  get id(): string {
+    return this.record.id;
+  }
+  get storage(): string {
+    return this.record.storage;
+  }
 
   toJSON(): Record<string, unknown> {
     const r = this.record;
     return {
-      name: r.name, id: r.id, sandbox: r.sandbox, image: r.image, storage: r.storage, driver: r.memory?.driver ?? r.driver ?? 'namespaces',
-      kind: r.memory ? 'memory' : 'filesystem', ...(r.memory ? { memoryBytes: r.memory.bytes } : {}), createdAt: new Date(r.createdAt).toISOString(),
+      name: r.name,
+      id: r.id,
+      sandbox: r.sandbox,
+      image: r.image,
+      storage: r.storage,
+      driver: r.memory?.driver ?? r.driver ?? 'namespaces',
+      kind: r.memory ? 'memory' : 'filesystem',
+      ...(r.memory ? { memoryBytes: r.memory.bytes } : {}),
+      createdAt: new Date(r.createdAt).toISOString(),
     };
   }
 }

@@ -46,20 +46,32 @@ export interface AppOptions {
 
 export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<FastifyInstance> {
   // ajv: a property the schema does not know is an error (Fastify's default drops it silently)
-  const app = Fastify({ logger: false, bodyLimit: 8 << 20, forceCloseConnections: true, return503OnClosing: true, ajv: { customOptions: { removeAdditional: false } } });
+  const app = Fastify({
+    logger: false,
+    bodyLimit: 8 << 20,
+    forceCloseConnections: true,
+    return503OnClosing: true,
+    ajv: { customOptions: { removeAdditional: false } },
+  });
   app.decorateRequest('caller', null as unknown as Caller);
   app.decorateRequest('opId', null);
   await app.register(swagger, {
     openapi: {
       openapi: '3.0.3',
-      info: { title: 'snaplab', version: VERSION, description: 'Isolated Linux machines: raise, exec, snapshot, reset. See docs/api.md.' },
+      info: {
+        title: 'snaplab',
+        version: VERSION,
+        description: 'Isolated Linux machines: raise, exec, snapshot, reset. See docs/api.md.',
+      },
       components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
       security: [{ bearer: [] }],
     },
   });
   await app.register(websocket, { options: { maxPayload: 16 << 20 } });
   // uploads are streamed to the machine as they come, never gathered here
-  app.addContentTypeParser(['application/octet-stream', 'application/x-tar'], (_req, payload, done) => done(null, payload));
+  app.addContentTypeParser(['application/octet-stream', 'application/x-tar'], (_req, payload, done) =>
+    done(null, payload),
+  );
 
   // (callback hooks, not async ones: a promise each per request is measurable at exec rates)
   app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
@@ -70,8 +82,12 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
         // ?token= only where a browser cannot send a header: WebSockets and the event stream
         const q = req.query as Record<string, unknown> | undefined;
         const headerless = req.headers.upgrade?.toLowerCase() === 'websocket' || req.routeOptions.url === '/events';
-        const viaGateway = opts.clusterToken ? gatewayCaller(opts.clusterToken, req.headers.authorization, req.headers[CALLER_HEADER]) : undefined;
-        req.caller = viaGateway ?? authenticate(daemon.lab.context.store, req.headers.authorization, headerless ? q?.token : undefined);
+        const viaGateway = opts.clusterToken
+          ? gatewayCaller(opts.clusterToken, req.headers.authorization, req.headers[CALLER_HEADER])
+          : undefined;
+        req.caller =
+          viaGateway ??
+          authenticate(daemon.lab.context.store, req.headers.authorization, headerless ? q?.token : undefined);
         requireScope(req.caller, scope);
       } catch (e) {
         return done(e as Error);
@@ -82,11 +98,27 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
   app.addHook('onResponse', (req, reply, done) => {
     const route = req.routeOptions.url ?? 'unknown';
     daemon.metrics.request(route, reply.statusCode);
-    daemon.log({ req: req.id, method: req.method, url: logUrl(req), status: reply.statusCode, ms: Math.round(reply.elapsedTime * 10) / 10, key: req.caller?.key ?? null, op: req.opId });
+    daemon.log({
+      req: req.id,
+      method: req.method,
+      url: logUrl(req),
+      status: reply.statusCode,
+      ms: Math.round(reply.elapsedTime * 10) / 10,
+      key: req.caller?.key ?? null,
+      op: req.opId,
+    });
     done();
   });
   app.setErrorHandler((e, _req, reply) => sendError(reply, e));
-  app.setNotFoundHandler((req, reply) => reply.status(404).send({ code: 'BAD_INPUT', message: `no route ${req.method} ${req.url.split('?')[0]}`, hint: 'see /openapi.json' }));
+  app.setNotFoundHandler((req, reply) =>
+    reply
+      .status(404)
+      .send({
+        code: 'BAD_INPUT',
+        message: `no route ${req.method} ${req.url.split('?')[0]}`,
+        hint: 'see /openapi.json',
+      }),
+  );
 
   app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, version: VERSION, pid: process.pid }));
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());

@@ -40,8 +40,14 @@ export interface DaemonOptions {
   log?: (line: Record<string, unknown>) => void;
 }
 
-export const DEFAULTS = { defaultTimeoutS: 300, execTimeoutMs: 60_000, ringBytes: 1 << 20, tickMs: 1000, createBoundS: 300, benchDir: undefined as string | undefined };
-
+export const DEFAULTS = {
+  defaultTimeoutS: 300,
+  execTimeoutMs: 60_000,
+  ringBytes: 1 << 20,
+  tickMs: 1000,
+  createBoundS: 300,
+  benchDir: undefined as string | undefined,
+};
 
 export interface ProcessSpec {
   argv: string[];
@@ -73,8 +79,14 @@ export class Daemon {
   private ticking: Promise<void> | undefined;
   private ticks = 0;
 
-  private constructor(readonly lab: Lab, opts: DaemonOptions) {
-    this.opts = { ...DEFAULTS, ...Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined)) } as typeof DEFAULTS;
+  private constructor(
+    readonly lab: Lab,
+    opts: DaemonOptions,
+  ) {
+    this.opts = {
+      ...DEFAULTS,
+      ...Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined)),
+    } as typeof DEFAULTS;
     this.events = new EventLog(lab.context.store);
     this.processes = new Processes();
     this.log = opts.log ?? (() => {});
@@ -101,14 +113,19 @@ export class Daemon {
 
   /** One pass; never two at once. */
   tick(): Promise<void> {
-    this.ticking ??= this.tickOnce().catch((e: Error) => this.log({ msg: 'tick failed', error: e.message })).finally(() => (this.ticking = undefined));
+    this.ticking ??= this.tickOnce()
+      .catch((e: Error) => this.log({ msg: 'tick failed', error: e.message }))
+      .finally(() => (this.ticking = undefined));
     return this.ticking;
   }
 
   private async tickOnce(): Promise<void> {
     const ctx = this.lab.context;
     const reconcileNow = this.ticks++ % 5 === 0;
-    if (reconcileNow) await Promise.all(ctx.store.listSandboxes().map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(() => r))));
+    if (reconcileNow)
+      await Promise.all(
+        ctx.store.listSandboxes().map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(() => r))),
+      );
     // read after the reconcile: a change made meanwhile is seen as it is now, not as it was
     const recs = ctx.store.listSandboxes();
     this.events.watch(recs);
@@ -127,11 +144,18 @@ export class Daemon {
     for (const m of ctx.store.listMeta()) {
       const r = byId.get(m.id);
       // the clock runs while the sandbox runs: started again when it was resumed by another process
-      if (m.expiresAt === null && m.timeoutS && r?.state === 'running' && !this.events.busy.has(m.id) && !this.expiring.has(m.id)) {
+      if (
+        m.expiresAt === null &&
+        m.timeoutS &&
+        r?.state === 'running' &&
+        !this.events.busy.has(m.id) &&
+        !this.expiring.has(m.id)
+      ) {
         updateMeta(ctx, m.id, { expiresAt: now + m.timeoutS * 1000 });
         continue;
       }
-      if (m.expiresAt === null || m.expiresAt > now || this.expiring.has(m.id) || (this.retryAt.get(m.id) ?? 0) > now) continue;
+      if (m.expiresAt === null || m.expiresAt > now || this.expiring.has(m.id) || (this.retryAt.get(m.id) ?? 0) > now)
+        continue;
       this.expiring.add(m.id);
       void this.expire(m).finally(() => this.expiring.delete(m.id));
     }
@@ -206,20 +230,35 @@ export class Daemon {
 
   async create(caller: Caller, body: CreateBody): Promise<Sandbox> {
     const sources = [body.image, body.snapshot, body.pool].filter((x) => x !== undefined).length;
-    if (sources > 1) throw new SnaplabError('BAD_INPUT', 'give one of image, snapshot and pool', 'a sandbox comes from an image (default busybox), a snapshot, or a pool standby');
+    if (sources > 1)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'give one of image, snapshot and pool',
+        'a sandbox comes from an image (default busybox), a snapshot, or a pool standby',
+      );
     if (body.pool !== undefined && (body.name !== undefined || body.limits || body.storage || body.driver)) {
-      throw new SnaplabError('BAD_INPUT', 'a pool standby takes no name, limits, storage or driver', "they are the pool's; give labels, metadata and a timeout only");
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'a pool standby takes no name, limits, storage or driver',
+        "they are the pool's; give labels, metadata and a timeout only",
+      );
     }
     // root inside being root outside is for the host's administrators to choose, not any key's
     if (body.userns === false && !caller.scopes.has('admin')) {
-      throw new SnaplabError('FORBIDDEN', `key ${caller.key} may not create a sandbox without a user namespace (root inside would be root on the host)`, 'this needs a key with the admin scope');
+      throw new SnaplabError(
+        'FORBIDDEN',
+        `key ${caller.key} may not create a sandbox without a user namespace (root inside would be root on the host)`,
+        'this needs a key with the admin scope',
+      );
     }
     const timeoutS = body.timeoutS ?? this.opts.defaultTimeoutS;
-    if (!Number.isSafeInteger(timeoutS) || timeoutS < 0) throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
+    if (!Number.isSafeInteger(timeoutS) || timeoutS < 0)
+      throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
     const release = this.claimSandbox(caller);
     // a name of our own is drawn again while it is taken (or being made by another request here)
     let name = body.name ?? defaultName(newId());
-    while (body.name === undefined && (this.events.making.has(name) || this.lab.context.store.getSandbox(name))) name = defaultName(newId());
+    while (body.name === undefined && (this.events.making.has(name) || this.lab.context.store.getSandbox(name)))
+      name = defaultName(newId());
     this.events.making.add(name);
     const signal = AbortSignal.timeout(this.opts.createBoundS * 1000);
     let taking = false;
@@ -236,22 +275,54 @@ export class Daemon {
         updateMeta(this.lab.context, box.id, { labels, metadata });
         how = `a standby of pool ${body.pool}`;
       } else if (body.snapshot !== undefined) {
-        box = await this.lab.restore(body.snapshot, { name, limits: body.limits, userns: body.userns, labels: body.labels, metadata: body.metadata, signal });
+        box = await this.lab.restore(body.snapshot, {
+          name,
+          limits: body.limits,
+          userns: body.userns,
+          labels: body.labels,
+          metadata: body.metadata,
+          signal,
+        });
         how = `restored from snapshot ${body.snapshot}`;
       } else {
-        const opts: CreateOptions = { image: body.image, name, storage: body.storage, driver: body.driver, limits: body.limits, userns: body.userns, init: body.init, labels: body.labels, metadata: body.metadata, signal };
+        const opts: CreateOptions = {
+          image: body.image,
+          name,
+          storage: body.storage,
+          driver: body.driver,
+          limits: body.limits,
+          userns: body.userns,
+          init: body.init,
+          labels: body.labels,
+          metadata: body.metadata,
+          signal,
+        };
         box = await this.lab.create(opts);
         how = `from image ${box.image}`;
       }
-      updateMeta(this.lab.context, box.id, { owner: caller.key, timeoutS, onTimeout: body.onTimeout ?? 'kill', expiresAt: timeoutS ? Date.now() + timeoutS * 1000 : null });
+      updateMeta(this.lab.context, box.id, {
+        owner: caller.key,
+        timeoutS,
+        onTimeout: body.onTimeout ?? 'kill',
+        expiresAt: timeoutS ? Date.now() + timeoutS * 1000 : null,
+      });
       this.cache.set(box.id, box);
       if (box.lastTrace) this.metrics.observeTrace(box.lastTrace);
-      this.events.record('created', box, how, { image: box.image, driver: box.driver, operation: box.lastTrace?.id ?? null });
+      this.events.record('created', box, how, {
+        image: box.image,
+        driver: box.driver,
+        operation: box.lastTrace?.id ?? null,
+      });
       this.events.record('ready', box, null, { ms: box.lastTrace?.totalMs ?? null });
       return box;
     } catch (e) {
       if (signal.aborted && !isSnaplabError(e, 'TIMEOUT')) {
-        throw new SnaplabError('TIMEOUT', `the create took longer than ${this.opts.createBoundS} s and was stopped (what it made is removed)`, 'see its trace; a VM under emulation can be slow to boot', { cause: e });
+        throw new SnaplabError(
+          'TIMEOUT',
+          `the create took longer than ${this.opts.createBoundS} s and was stopped (what it made is removed)`,
+          'see its trace; a VM under emulation can be slow to boot',
+          { cause: e },
+        );
       }
       throw e;
     } finally {
@@ -276,10 +347,11 @@ export class Daemon {
     await this.own(box.id, async () => {
       this.events.remember(box.id);
       // its commands end with it, held output or not
-      for (const p of this.processes.of(box.id)) if (!p.ended) {
-        p.handle?.kill(9);
-        p.abandon();
-      }
+      for (const p of this.processes.of(box.id))
+        if (!p.ended) {
+          p.handle?.kill(9);
+          p.abandon();
+        }
       const t = await box.destroy();
       this.metrics.observeTrace(t);
       this.cache.delete(box.id);
@@ -313,10 +385,19 @@ export class Daemon {
   }
 
   /** A new timeout from now (0: none). */
-  async setTimeout(idOrName: string, timeoutS: number, onTimeout?: 'kill' | 'pause', caller: Caller = LOCAL): Promise<Sandbox> {
+  async setTimeout(
+    idOrName: string,
+    timeoutS: number,
+    onTimeout?: 'kill' | 'pause',
+    caller: Caller = LOCAL,
+  ): Promise<Sandbox> {
     const box = await this.sandbox(idOrName, caller);
     const running = box.state === 'running';
-    updateMeta(this.lab.context, box.id, { timeoutS, ...(onTimeout ? { onTimeout } : {}), expiresAt: timeoutS && running ? Date.now() + timeoutS * 1000 : null });
+    updateMeta(this.lab.context, box.id, {
+      timeoutS,
+      ...(onTimeout ? { onTimeout } : {}),
+      expiresAt: timeoutS && running ? Date.now() + timeoutS * 1000 : null,
+    });
     return box;
   }
 
@@ -324,7 +405,12 @@ export class Daemon {
   private claimSandbox(caller: Caller): () => void {
     if (caller.maxSandboxes !== null) {
       const have = this.lab.context.store.countOwned(caller.key) + (this.making.get(caller.key) ?? 0);
-      if (have >= caller.maxSandboxes) throw new QuotaError('maxSandboxes', `key ${caller.key} has ${have} of its ${caller.maxSandboxes} sandboxes`, 5);
+      if (have >= caller.maxSandboxes)
+        throw new QuotaError(
+          'maxSandboxes',
+          `key ${caller.key} has ${have} of its ${caller.maxSandboxes} sandboxes`,
+          5,
+        );
     }
     this.making.set(caller.key, (this.making.get(caller.key) ?? 0) + 1);
     return () => this.making.set(caller.key, (this.making.get(caller.key) ?? 1) - 1);
@@ -333,7 +419,8 @@ export class Daemon {
   /** A slot for one more concurrent exec of this key; call the result when the exec ends. */
   claimExec(caller: Caller): () => void {
     const n = this.execs.get(caller.key) ?? 0;
-    if (caller.maxExecs !== null && n >= caller.maxExecs) throw new QuotaError('maxExecs', `key ${caller.key} runs ${n} of its ${caller.maxExecs} concurrent execs`);
+    if (caller.maxExecs !== null && n >= caller.maxExecs)
+      throw new QuotaError('maxExecs', `key ${caller.key} runs ${n} of its ${caller.maxExecs} concurrent execs`);
     this.execs.set(caller.key, n + 1);
     let done = false;
     return () => {
@@ -357,7 +444,11 @@ export class Daemon {
 
   /** Is this caller's key still there (a key removed by `snaplab key rm` in another process)? */
   stillValid(caller: Caller): boolean {
-    return caller === LOCAL || caller.viaGateway === true || (caller.hash !== undefined && this.lab.context.store.getKeyByHash(caller.hash) !== undefined);
+    return (
+      caller === LOCAL ||
+      caller.viaGateway === true ||
+      (caller.hash !== undefined && this.lab.context.store.getKeyByHash(caller.hash) !== undefined)
+    );
   }
 
   private closeRevoked(): void {
@@ -390,8 +481,13 @@ export class Daemon {
     const release = this.claimExec(caller);
     const p = new Process(box.id, spec.argv, spec.tag ?? null, spec.tty !== undefined, this.opts.ringBytes);
     const opts: ExecOptions = {
-      env: spec.env, cwd: spec.cwd, user: spec.user, timeoutMs: spec.background ? (spec.timeoutMs || undefined) : this.deadline(spec.timeoutMs), tty: spec.tty,
-      onStdout: (b) => p.output('stdout', b), onStderr: (b) => p.output('stderr', b),
+      env: spec.env,
+      cwd: spec.cwd,
+      user: spec.user,
+      timeoutMs: spec.background ? spec.timeoutMs || undefined : this.deadline(spec.timeoutMs),
+      tty: spec.tty,
+      onStdout: (b) => p.output('stdout', b),
+      onStderr: (b) => p.output('stderr', b),
       ...(spec.stdin ? { stdin: true as const } : {}),
     };
     // a connection of its own: a slow reader pauses this command's output there, and no one else's
@@ -413,7 +509,12 @@ export class Daemon {
       release();
       void agent?.close();
       this.metrics.exec.observe('kind="stream"', Date.now() - started);
-      this.events.record('process.exited', box, p.error ? p.error.message : null, { process: p.id, tag: p.tag, exitCode: p.result?.exitCode ?? null, timedOut: p.result?.timedOut ?? false });
+      this.events.record('process.exited', box, p.error ? p.error.message : null, {
+        process: p.id,
+        tag: p.tag,
+        exitCode: p.result?.exitCode ?? null,
+        timedOut: p.result?.timedOut ?? false,
+      });
     });
     return p;
   }

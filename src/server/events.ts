@@ -9,7 +9,16 @@ import { EventEmitter } from 'node:events';
 import type { Store } from '../store/store.js';
 import type { EventRecord, SandboxRecord, SandboxState } from '../store/records.js';
 
-export type EventType = 'created' | 'ready' | 'paused' | 'resumed' | 'exited' | 'destroyed' | 'failed' | 'timeout' | 'process.exited';
+export type EventType =
+  | 'created'
+  | 'ready'
+  | 'paused'
+  | 'resumed'
+  | 'exited'
+  | 'destroyed'
+  | 'failed'
+  | 'timeout'
+  | 'process.exited';
 
 /** What a state the watcher finds means as an event. */
 const STATE_EVENT: Partial<Record<SandboxState, EventType>> = { running: 'resumed', paused: 'paused', dead: 'exited' };
@@ -39,15 +48,15 @@ export class EventLog extends EventEmitter {
       if (e.type === 'destroyed' || e.type === 'failed') {
         this.known.delete(e.sandbox);
         this.owners.delete(e.sandbox);
-      }
-      else if (e.type === 'created' || e.type === 'ready' || e.type === 'resumed') this.known.set(e.sandbox, 'running');
+      } else if (e.type === 'created' || e.type === 'ready' || e.type === 'resumed')
+        this.known.set(e.sandbox, 'running');
       else if (e.type === 'paused') this.known.set(e.sandbox, 'paused');
       else if (e.type === 'exited') this.known.set(e.sandbox, 'dead');
     }
   }
 
   private *replay(): Generator<EventRecord> {
-    for (let after = 0; ;) {
+    for (let after = 0; ; ) {
       const batch = this.store.eventsAfter(after, 1000);
       if (!batch.length) return;
       yield* batch;
@@ -55,11 +64,23 @@ export class EventLog extends EventEmitter {
     }
   }
 
-  record(type: EventType, sandbox: { id: string; name?: string | null } | null, reason: string | null, data: Record<string, unknown> | null = null): EventRecord {
-    const name = sandbox ? sandbox.name ?? this.names.get(sandbox.id) ?? null : null;
-    const owner = sandbox ? this.store.getMeta(sandbox.id)?.owner ?? this.owners.get(sandbox.id) ?? null : null;
+  record(
+    type: EventType,
+    sandbox: { id: string; name?: string | null } | null,
+    reason: string | null,
+    data: Record<string, unknown> | null = null,
+  ): EventRecord {
+    const name = sandbox ? (sandbox.name ?? this.names.get(sandbox.id) ?? null) : null;
+    const owner = sandbox ? (this.store.getMeta(sandbox.id)?.owner ?? this.owners.get(sandbox.id) ?? null) : null;
     if (sandbox && owner) this.owners.set(sandbox.id, owner);
-    const e = this.store.appendEvent({ at: Date.now(), type, sandbox: sandbox?.id ?? null, name, reason, data: owner ? { ...data, owner } : data });
+    const e = this.store.appendEvent({
+      at: Date.now(),
+      type,
+      sandbox: sandbox?.id ?? null,
+      name,
+      reason,
+      data: owner ? { ...data, owner } : data,
+    });
     if (sandbox) {
       if (name) this.names.set(sandbox.id, name);
       if (type === 'destroyed' || type === 'failed') {
@@ -86,7 +107,14 @@ export class EventLog extends EventEmitter {
     for (const r of records) {
       seen.add(r.id);
       // standbys of a pool are not anyone's sandboxes until taken (pool runs use them unseen)
-      if (r.pool !== null || r.state === 'creating' || r.state === 'removing' || this.making.has(r.name) || this.busy.has(r.id)) continue;
+      if (
+        r.pool !== null ||
+        r.state === 'creating' ||
+        r.state === 'removing' ||
+        this.making.has(r.name) ||
+        this.busy.has(r.id)
+      )
+        continue;
       if (this.taking && !this.known.has(r.id) && /^taken from pool /.test(r.reason ?? '')) continue;
       const was = this.known.get(r.id);
       if (was === undefined) {

@@ -7,15 +7,51 @@ import type { FastifyError, FastifyReply } from 'fastify';
 import { SnaplabError, isSnaplabError, type ErrorCode } from '../errors.js';
 
 const STATUS: Partial<Record<ErrorCode, number>> = {
-  BAD_INPUT: 400, BAD_SIZE: 400, BAD_NAME: 400, SCENARIO_INVALID: 400, BAD_IMAGE: 400, IMAGE_UNSAFE: 400, IMAGE_TOO_LARGE: 413,
-  UNAUTHORIZED: 401, FORBIDDEN: 403,
-  SANDBOX_NOT_FOUND: 404, SNAPSHOT_NOT_FOUND: 404, IMAGE_NOT_FOUND: 404, POOL_NOT_FOUND: 404, SCENARIO_NOT_FOUND: 404,
-  OPERATION_NOT_FOUND: 404, KEY_NOT_FOUND: 404, PROCESS_NOT_FOUND: 404, FILE_NOT_FOUND: 404, RESULTS_NOT_FOUND: 404, UI_NOT_BUILT: 404, BAD_RESULTS: 422,
-  SANDBOX_EXISTS: 409, SNAPSHOT_EXISTS: 409, IMAGE_EXISTS: 409, IMAGE_IN_USE: 409, POOL_EXISTS: 409, SCENARIO_EXISTS: 409, KEY_EXISTS: 409,
-  SANDBOX_PAUSED: 409, SANDBOX_DEAD: 409, PORT_IN_USE: 409, FILE_ERROR: 409,
-  QUOTA_EXCEEDED: 429, NO_USERNS_SLOT: 503, STORAGE_UNAVAILABLE: 503, DRIVER_UNAVAILABLE: 503, MISSING_TOOL: 503,
-  CLUSTER_UNAVAILABLE: 503, NODE_UNAVAILABLE: 503, NODE_EXISTS: 409, SANDBOX_LOST: 410,
-  TIMEOUT: 504, ABORTED: 499, PAYLOAD_TOO_LARGE: 413, UNSUPPORTED_MEDIA: 415,
+  BAD_INPUT: 400,
+  BAD_SIZE: 400,
+  BAD_NAME: 400,
+  SCENARIO_INVALID: 400,
+  BAD_IMAGE: 400,
+  IMAGE_UNSAFE: 400,
+  IMAGE_TOO_LARGE: 413,
+  UNAUTHORIZED: 401,
+  FORBIDDEN: 403,
+  SANDBOX_NOT_FOUND: 404,
+  SNAPSHOT_NOT_FOUND: 404,
+  IMAGE_NOT_FOUND: 404,
+  POOL_NOT_FOUND: 404,
+  SCENARIO_NOT_FOUND: 404,
+  OPERATION_NOT_FOUND: 404,
+  KEY_NOT_FOUND: 404,
+  PROCESS_NOT_FOUND: 404,
+  FILE_NOT_FOUND: 404,
+  RESULTS_NOT_FOUND: 404,
+  UI_NOT_BUILT: 404,
+  BAD_RESULTS: 422,
+  SANDBOX_EXISTS: 409,
+  SNAPSHOT_EXISTS: 409,
+  IMAGE_EXISTS: 409,
+  IMAGE_IN_USE: 409,
+  POOL_EXISTS: 409,
+  SCENARIO_EXISTS: 409,
+  KEY_EXISTS: 409,
+  SANDBOX_PAUSED: 409,
+  SANDBOX_DEAD: 409,
+  PORT_IN_USE: 409,
+  FILE_ERROR: 409,
+  QUOTA_EXCEEDED: 429,
+  NO_USERNS_SLOT: 503,
+  STORAGE_UNAVAILABLE: 503,
+  DRIVER_UNAVAILABLE: 503,
+  MISSING_TOOL: 503,
+  CLUSTER_UNAVAILABLE: 503,
+  NODE_UNAVAILABLE: 503,
+  NODE_EXISTS: 409,
+  SANDBOX_LOST: 410,
+  TIMEOUT: 504,
+  ABORTED: 499,
+  PAYLOAD_TOO_LARGE: 413,
+  UNSUPPORTED_MEDIA: 415,
 };
 
 export function statusOf(code: ErrorCode): number {
@@ -24,8 +60,16 @@ export function statusOf(code: ErrorCode): number {
 
 /** A quota refusal: 429 with Retry-After and which limit it was. */
 export class QuotaError extends SnaplabError {
-  constructor(readonly limit: 'maxSandboxes' | 'maxExecs', message: string, readonly retryAfterS = 1) {
-    super('QUOTA_EXCEEDED', message, `wait for one to end (Retry-After), or raise the key's ${limit === 'maxSandboxes' ? '--max-sandboxes' : '--max-execs'}`);
+  constructor(
+    readonly limit: 'maxSandboxes' | 'maxExecs',
+    message: string,
+    readonly retryAfterS = 1,
+  ) {
+    super(
+      'QUOTA_EXCEEDED',
+      message,
+      `wait for one to end (Retry-After), or raise the key's ${limit === 'maxSandboxes' ? '--max-sandboxes' : '--max-execs'}`,
+    );
   }
 }
 
@@ -45,9 +89,29 @@ export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
 export function toSnaplab(e: unknown): SnaplabError {
   if (isSnaplabError(e)) return e;
   const fe = e as FastifyError;
-  if (fe?.validation) return new SnaplabError('BAD_INPUT', `invalid request: ${fe.message}`, 'see /openapi.json for what the endpoint takes');
-  if (fe?.statusCode === 413) return new SnaplabError('PAYLOAD_TOO_LARGE', fe.message, 'JSON bodies are limited to 8 MiB: send files as streams (PUT /sandboxes/{id}/files)');
-  if (fe?.statusCode === 415) return new SnaplabError('UNSUPPORTED_MEDIA', fe.message, 'JSON bodies are application/json; files application/octet-stream; trees application/x-tar');
-  if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) return new SnaplabError('BAD_INPUT', fe.message, 'see /openapi.json');
-  return new SnaplabError('INTERNAL', (e as Error)?.message ?? String(e), 'this is a bug in snaplab; the daemon log has the details');
+  if (fe?.validation)
+    return new SnaplabError(
+      'BAD_INPUT',
+      `invalid request: ${fe.message}`,
+      'see /openapi.json for what the endpoint takes',
+    );
+  if (fe?.statusCode === 413)
+    return new SnaplabError(
+      'PAYLOAD_TOO_LARGE',
+      fe.message,
+      'JSON bodies are limited to 8 MiB: send files as streams (PUT /sandboxes/{id}/files)',
+    );
+  if (fe?.statusCode === 415)
+    return new SnaplabError(
+      'UNSUPPORTED_MEDIA',
+      fe.message,
+      'JSON bodies are application/json; files application/octet-stream; trees application/x-tar',
+    );
+  if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500)
+    return new SnaplabError('BAD_INPUT', fe.message, 'see /openapi.json');
+  return new SnaplabError(
+    'INTERNAL',
+    (e as Error)?.message ?? String(e),
+    'this is a bug in snaplab; the daemon log has the details',
+  );
 }

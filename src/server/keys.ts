@@ -30,9 +30,17 @@ export const LOCAL: Caller = { key: 'local', scopes: new Set(SCOPES), maxSandbox
 export const hashKey = (token: string): string => createHash('sha256').update(token).digest('hex');
 
 export function parseScopes(text: string): Scope[] {
-  const scopes = text.split(',').map((s) => s.trim()).filter(Boolean);
+  const scopes = text
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   for (const s of scopes) {
-    if (!SCOPES.includes(s as Scope)) throw new SnaplabError('BAD_INPUT', `unknown scope ${JSON.stringify(s)}`, `scopes are ${SCOPES.join(', ')} (comma-separated)`);
+    if (!SCOPES.includes(s as Scope))
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `unknown scope ${JSON.stringify(s)}`,
+        `scopes are ${SCOPES.join(', ')} (comma-separated)`,
+      );
   }
   if (!scopes.length) throw new SnaplabError('BAD_INPUT', 'no scope given', `give one or more of ${SCOPES.join(', ')}`);
   return [...new Set(scopes)] as Scope[];
@@ -41,14 +49,29 @@ export function parseScopes(text: string): Scope[] {
 /** A new API key: shown once, only its hash kept. */
 export const newToken = (): string => PREFIX + randomBytes(32).toString('base64url');
 
-export function createKey(store: Store, name: string, opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {}): { token: string; key: ApiKeyRecord } {
+export function createKey(
+  store: Store,
+  name: string,
+  opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {},
+): { token: string; key: ApiKeyRecord } {
   checkName('key', name);
   // the Unix socket's callers own their sandboxes as "local"
-  if (name === 'local') throw new SnaplabError('BAD_NAME', 'the key name "local" is the Unix socket\'s', 'pick another name');
-  if (store.listKeys().some((k) => k.name === name)) throw new SnaplabError('KEY_EXISTS', `a key named ${name} exists`, `remove it first with \`snaplab key rm ${name}\`, or pick another name`);
+  if (name === 'local')
+    throw new SnaplabError('BAD_NAME', 'the key name "local" is the Unix socket\'s', 'pick another name');
+  if (store.listKeys().some((k) => k.name === name))
+    throw new SnaplabError(
+      'KEY_EXISTS',
+      `a key named ${name} exists`,
+      `remove it first with \`snaplab key rm ${name}\`, or pick another name`,
+    );
   const token = newToken();
   const key: ApiKeyRecord = {
-    name, hash: hashKey(token), scopes: opts.scopes ?? ['read', 'exec'], maxSandboxes: opts.maxSandboxes ?? null, maxExecs: opts.maxExecs ?? null, createdAt: Date.now(),
+    name,
+    hash: hashKey(token),
+    scopes: opts.scopes ?? ['read', 'exec'],
+    maxSandboxes: opts.maxSandboxes ?? null,
+    maxExecs: opts.maxExecs ?? null,
+    createdAt: Date.now(),
   };
   store.insertKey(key);
   return { token, key };
@@ -62,12 +85,21 @@ export function removeKey(store: Store, name: string): void {
 export function authenticate(store: Store, header: string | undefined, queryToken: unknown): Caller {
   const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
   const token = m?.[1] ?? (typeof queryToken === 'string' ? queryToken : undefined);
-  if (!token) throw new SnaplabError('UNAUTHORIZED', 'no API key given', 'send `Authorization: Bearer KEY` (make one with `snaplab key create NAME`)');
+  if (!token)
+    throw new SnaplabError(
+      'UNAUTHORIZED',
+      'no API key given',
+      'send `Authorization: Bearer KEY` (make one with `snaplab key create NAME`)',
+    );
   const hash = hashKey(token);
   const k = store.getKeyByHash(hash);
   // the lookup is by hash; compare again in constant time all the same
   if (!k || !timingSafeEqual(Buffer.from(k.hash, 'hex'), Buffer.from(hash, 'hex'))) {
-    throw new SnaplabError('UNAUTHORIZED', 'the API key is not known', 'check the key, or make a new one with `snaplab key create NAME`');
+    throw new SnaplabError(
+      'UNAUTHORIZED',
+      'the API key is not known',
+      'check the key, or make a new one with `snaplab key create NAME`',
+    );
   }
   return { key: k.name, hash: k.hash, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
 }
@@ -85,12 +117,22 @@ export const CALLER_HEADER = 'x-snaplab-caller';
  * A gateway's request: the cluster token as its bearer key, and the caller it authenticated in
  * CALLER_HEADER. Quotas of sandboxes are the gateway's to count (cluster-wide); execs count here.
  */
-export function gatewayCaller(token: string, header: string | undefined, caller: string | string[] | undefined): Caller | undefined {
+export function gatewayCaller(
+  token: string,
+  header: string | undefined,
+  caller: string | string[] | undefined,
+): Caller | undefined {
   const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
   const given = Buffer.from(m?.[1] ?? '');
   const want = Buffer.from(token);
   if (given.length !== want.length || !timingSafeEqual(given, want)) return undefined;
-  const bad = (): never => { throw new SnaplabError('UNAUTHORIZED', `a gateway request without a valid ${CALLER_HEADER}`, 'this is a bug of the gateway'); };
+  const bad = (): never => {
+    throw new SnaplabError(
+      'UNAUTHORIZED',
+      `a gateway request without a valid ${CALLER_HEADER}`,
+      'this is a bug of the gateway',
+    );
+  };
   if (typeof caller !== 'string') return bad();
   let c: { key?: unknown; scopes?: unknown; maxExecs?: unknown };
   try {
@@ -100,11 +142,21 @@ export function gatewayCaller(token: string, header: string | undefined, caller:
   }
   if (typeof c?.key !== 'string' || !Array.isArray(c.scopes)) return bad();
   const maxExecs = typeof c.maxExecs === 'number' ? c.maxExecs : null;
-  return { key: clusterOwner(c.key), scopes: new Set((c.scopes as Scope[]).filter((s) => SCOPES.includes(s))), maxSandboxes: null, maxExecs, viaGateway: true };
+  return {
+    key: clusterOwner(c.key),
+    scopes: new Set((c.scopes as Scope[]).filter((s) => SCOPES.includes(s))),
+    maxSandboxes: null,
+    maxExecs,
+    viaGateway: true,
+  };
 }
 
 export function requireScope(caller: Caller, scope: Scope): void {
   if (!caller.scopes.has(scope)) {
-    throw new SnaplabError('FORBIDDEN', `key ${caller.key} has no ${scope} scope`, `make a key with \`--scope ${scope}\` for this call`);
+    throw new SnaplabError(
+      'FORBIDDEN',
+      `key ${caller.key} has no ${scope} scope`,
+      `make a key with \`--scope ${scope}\` for this call`,
+    );
   }
 }

@@ -30,14 +30,24 @@ class Operation extends EventEmitter {
   result: unknown = null;
   error: OperationView['error'] = null;
 
-  constructor(readonly kind: string, readonly target: string | null) {
+  constructor(
+    readonly kind: string,
+    readonly target: string | null,
+  ) {
     super();
   }
 
   view(): OperationView {
     return {
-      id: this.id, kind: this.kind, target: this.target, state: this.state, startedAt: new Date(this.startedAt).toISOString(),
-      endedAt: this.endedAt ? new Date(this.endedAt).toISOString() : null, progress: this.progress, result: this.result, error: this.error,
+      id: this.id,
+      kind: this.kind,
+      target: this.target,
+      state: this.state,
+      startedAt: new Date(this.startedAt).toISOString(),
+      endedAt: this.endedAt ? new Date(this.endedAt).toISOString() : null,
+      progress: this.progress,
+      result: this.result,
+      error: this.error,
     };
   }
 }
@@ -45,36 +55,53 @@ class Operation extends EventEmitter {
 export class Operations {
   private readonly all = new Map<string, Operation>();
 
-  start(kind: string, target: string | null, work: (progress: (line: string) => void) => Promise<unknown>, onEnd?: (v: OperationView) => void): OperationView {
+  start(
+    kind: string,
+    target: string | null,
+    work: (progress: (line: string) => void) => Promise<unknown>,
+    onEnd?: (v: OperationView) => void,
+  ): OperationView {
     const op = new Operation(kind, target);
     this.all.set(op.id, op);
     const progress = (line: string): void => {
       op.progress.push(line);
       if (op.progress.length > 200) op.progress.shift();
     };
-    void work(progress).then(
-      (r) => {
-        op.state = 'done';
-        op.result = r ?? null;
-      },
-      (e) => {
-        const err = toSnaplab(e);
-        op.state = 'failed';
-        op.error = { ...err.toJSON(), ...((err as { operationId?: string }).operationId ? { operationId: (err as { operationId?: string }).operationId } : {}) };
-      },
-    ).finally(() => {
-      op.endedAt = Date.now();
-      op.emit('end');
-      onEnd?.(op.view());
-      setTimeout(() => this.all.delete(op.id), 3600_000).unref();
-    });
+    void work(progress)
+      .then(
+        (r) => {
+          op.state = 'done';
+          op.result = r ?? null;
+        },
+        (e) => {
+          const err = toSnaplab(e);
+          op.state = 'failed';
+          op.error = {
+            ...err.toJSON(),
+            ...((err as { operationId?: string }).operationId
+              ? { operationId: (err as { operationId?: string }).operationId }
+              : {}),
+          };
+        },
+      )
+      .finally(() => {
+        op.endedAt = Date.now();
+        op.emit('end');
+        onEnd?.(op.view());
+        setTimeout(() => this.all.delete(op.id), 3600_000).unref();
+      });
     return op.view();
   }
 
   /** The operation, after waiting up to `waitS` seconds for it to end (0: at once). */
   async get(id: string, waitS = 0): Promise<OperationView> {
     const op = this.all.get(id);
-    if (!op) throw new SnaplabError('OPERATION_NOT_FOUND', `no operation ${id}`, 'operations are kept an hour after they end, and not across a daemon restart; its trace is at GET /traces');
+    if (!op)
+      throw new SnaplabError(
+        'OPERATION_NOT_FOUND',
+        `no operation ${id}`,
+        'operations are kept an hour after they end, and not across a daemon restart; its trace is at GET /traces',
+      );
     if (op.state === 'running' && waitS > 0) {
       await new Promise<void>((resolve) => {
         const end = (): void => {

@@ -98,7 +98,13 @@ export class Process extends EventEmitter {
   /** its own agent connection, closed with it (or with its sandbox, or the daemon) */
   agent: { close(): unknown; pauseOutput(on: boolean): void } | undefined;
 
-  constructor(readonly sandbox: string, readonly argv: string[], readonly tag: string | null, readonly tty: boolean, ringBytes: number) {
+  constructor(
+    readonly sandbox: string,
+    readonly argv: string[],
+    readonly tag: string | null,
+    readonly tty: boolean,
+    ringBytes: number,
+  ) {
     super();
     this.setMaxListeners(0);
     this.ring = new Ring(ringBytes);
@@ -121,7 +127,10 @@ export class Process extends EventEmitter {
   attach(h: ExecProcess, holdOutput?: (on: boolean) => void): void {
     this.handle = h;
     this.holdOutput = holdOutput;
-    void h.pid.then((p) => (this.pid = p), () => {});
+    void h.pid.then(
+      (p) => (this.pid = p),
+      () => {},
+    );
     h.result.then(
       (r) => {
         this.result = r;
@@ -151,9 +160,27 @@ export class Process extends EventEmitter {
   info(): ProcessInfo {
     const r = this.result;
     return {
-      id: this.id, sandbox: this.sandbox, tag: this.tag, argv: this.argv, pid: this.pid, tty: this.tty, startedAt: new Date(this.startedAt).toISOString(),
-      state: r ? 'exited' : this.error ? 'lost' : 'running', error: this.error?.toJSON() ?? null, output: { start: this.ring.start, end: this.ring.total },
-      result: r ? { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, notFound: r.notFound, truncated: r.truncated, usage: r.usage, oomKilled: r.oomKilled } : null,
+      id: this.id,
+      sandbox: this.sandbox,
+      tag: this.tag,
+      argv: this.argv,
+      pid: this.pid,
+      tty: this.tty,
+      startedAt: new Date(this.startedAt).toISOString(),
+      state: r ? 'exited' : this.error ? 'lost' : 'running',
+      error: this.error?.toJSON() ?? null,
+      output: { start: this.ring.start, end: this.ring.total },
+      result: r
+        ? {
+            exitCode: r.exitCode,
+            signal: r.signal,
+            timedOut: r.timedOut,
+            notFound: r.notFound,
+            truncated: r.truncated,
+            usage: r.usage,
+            oomKilled: r.oomKilled,
+          }
+        : null,
     };
   }
 }
@@ -168,7 +195,8 @@ export class Processes {
     // an ended process is forgotten once its keep is over (its own, when a reader has had its end)
     this.sweeper = setInterval(() => {
       const now = Date.now();
-      for (const [id, p] of this.all) if (p.endedAt !== null && now - p.endedAt > (p.keepMs ?? this.keepMs)) this.all.delete(id);
+      for (const [id, p] of this.all)
+        if (p.endedAt !== null && now - p.endedAt > (p.keepMs ?? this.keepMs)) this.all.delete(id);
     }, 5000);
     this.sweeper.unref();
   }
@@ -186,7 +214,12 @@ export class Processes {
 
   get(sandbox: string, id: string): Process {
     const p = this.all.get(id);
-    if (!p || p.sandbox !== sandbox) throw new SnaplabError('PROCESS_NOT_FOUND', `no process ${id} in this sandbox`, 'list them with GET /sandboxes/{id}/processes (an exited one is kept 10 minutes)');
+    if (!p || p.sandbox !== sandbox)
+      throw new SnaplabError(
+        'PROCESS_NOT_FOUND',
+        `no process ${id} in this sandbox`,
+        'list them with GET /sandboxes/{id}/processes (an exited one is kept 10 minutes)',
+      );
     return p;
   }
 

@@ -20,171 +20,514 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
   const store = d.lab.context.store;
 
   // events: server-sent, with ids; Last-Event-ID (or ?after=) resumes after that id
-  app.get('/events', {
-    config: { scope: 'read' },
-    schema: { tags: ['events'], summary: 'Server-sent events: created, ready, paused, resumed, exited, destroyed, failed, timeout, process.exited; each with a reason', querystring: Type.Object({ after: Type.Optional(Type.Integer({ minimum: 0 })), sandbox: Type.Optional(Type.String()), token: Type.Optional(Type.String()) }) },
-  }, (req, reply) => {
-    const q = req.query as { after?: number; sandbox?: string };
-    const last = Number(req.headers['last-event-id']);
-    let after = Number.isSafeInteger(last) && last >= 0 ? last : q.after ?? store.lastEventId();
-    reply.hijack();
-    const res = reply.raw;
-    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' });
-    const all = req.caller.scopes.has('admin');
-    const write = (e: EventRecord): void => {
-      if (e.id <= after) return;
-      after = e.id;
-      if (q.sandbox && e.sandbox !== q.sandbox && e.name !== q.sandbox) return;
-      // a key without admin is told of its own sandboxes only
-      if (!all && (!e.sandbox || e.data?.owner !== req.caller.key)) return;
-      // a reader that does not keep up is let go: it reconnects with Last-Event-ID and misses nothing
-      if (res.writableLength > 1 << 20) return void res.destroy();
-      res.write(`id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify({ ...e, at: new Date(e.at).toISOString() })}\n\n`);
-    };
-    // listen first, then replay: nothing falls between the two
-    const queued: EventRecord[] = [];
-    let live = false;
-    const onEvent = (e: EventRecord): void => (live ? write(e) : void queued.push(e));
-    d.events.on('event', onEvent);
-    for (let batch = d.events.after(after); batch.length; batch = d.events.after(after)) batch.forEach(write);
-    live = true;
-    queued.forEach(write);
-    res.write(': connected\n\n');
-    const keepalive = setInterval(() => res.write(': keepalive\n\n'), 15_000);
-    const untrack = d.track(req.caller, { close: () => res.destroy() });
-    res.on('close', () => {
-      clearInterval(keepalive);
-      d.events.off('event', onEvent);
-      untrack();
-    });
-  });
+  app.get(
+    '/events',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['events'],
+        summary:
+          'Server-sent events: created, ready, paused, resumed, exited, destroyed, failed, timeout, process.exited; each with a reason',
+        querystring: Type.Object({
+          after: Type.Optional(Type.Integer({ minimum: 0 })),
+          sandbox: Type.Optional(Type.String()),
+          token: Type.Optional(Type.String()),
+        }),
+      },
+    },
+    (req, reply) => {
+      const q = req.query as { after?: number; sandbox?: string };
+      const last = Number(req.headers['last-event-id']);
+      let after = Number.isSafeInteger(last) && last >= 0 ? last : (q.after ?? store.lastEventId());
+      reply.hijack();
+      const res = reply.raw;
+      res.writeHead(200, {
+        'content-type': 'text/event-stream',
+        'cache-control': 'no-cache',
+        connection: 'keep-alive',
+        'x-accel-buffering': 'no',
+      });
+      const all = req.caller.scopes.has('admin');
+      const write = (e: EventRecord): void => {
+        if (e.id <= after) return;
+        after = e.id;
+        if (q.sandbox && e.sandbox !== q.sandbox && e.name !== q.sandbox) return;
+        // a key without admin is told of its own sandboxes only
+        if (!all && (!e.sandbox || e.data?.owner !== req.caller.key)) return;
+        // a reader that does not keep up is let go: it reconnects with Last-Event-ID and misses nothing
+        if (res.writableLength > 1 << 20) return void res.destroy();
+        res.write(
+          `id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify({ ...e, at: new Date(e.at).toISOString() })}\n\n`,
+        );
+      };
+      // listen first, then replay: nothing falls between the two
+      const queued: EventRecord[] = [];
+      let live = false;
+      const onEvent = (e: EventRecord): void => (live ? write(e) : void queued.push(e));
+      d.events.on('event', onEvent);
+      for (let batch = d.events.after(after); batch.length; batch = d.events.after(after)) batch.forEach(write);
+      live = true;
+      queued.forEach(write);
+      res.write(': connected\n\n');
+      const keepalive = setInterval(() => res.write(': keepalive\n\n'), 15_000);
+      const untrack = d.track(req.caller, { close: () => res.destroy() });
+      res.on('close', () => {
+        clearInterval(keepalive);
+        d.events.off('event', onEvent);
+        untrack();
+      });
+    },
+  );
 
-  app.get('/metrics', { config: { scope: 'read' }, schema: { tags: ['metrics'], summary: 'Prometheus text format' } }, async (_req, reply) => {
-    const sandboxes: Record<string, number> = { creating: 0, running: 0, paused: 0, dead: 0, removing: 0 };
-    for (const s of store.listSandboxes()) sandboxes[s.state] = (sandboxes[s.state] ?? 0) + 1;
-    const pools = await d.lab.pools();
-    const text = await d.metrics.render({ sandboxes, pools, processes: d.processes.running(), execs: d.execsRunning(), home: d.lab.home });
-    return reply.header('content-type', 'text/plain; version=0.0.4').send(text);
-  });
+  app.get(
+    '/metrics',
+    { config: { scope: 'read' }, schema: { tags: ['metrics'], summary: 'Prometheus text format' } },
+    async (_req, reply) => {
+      const sandboxes: Record<string, number> = { creating: 0, running: 0, paused: 0, dead: 0, removing: 0 };
+      for (const s of store.listSandboxes()) sandboxes[s.state] = (sandboxes[s.state] ?? 0) + 1;
+      const pools = await d.lab.pools();
+      const text = await d.metrics.render({
+        sandboxes,
+        pools,
+        processes: d.processes.running(),
+        execs: d.execsRunning(),
+        home: d.lab.home,
+      });
+      return reply.header('content-type', 'text/plain; version=0.0.4').send(text);
+    },
+  );
 
   // a key without admin sees the traces of its own machines only (by name or id), as with events
   const ownTargets = (caller: Caller): string[] | undefined =>
-    caller.scopes.has('admin') ? undefined : store.listSandboxes().filter((r) => d.visible(caller, r.id)).flatMap((r) => [r.name, r.id]);
-  app.get('/traces', { config: { scope: 'read' }, schema: { tags: ['traces'], summary: 'Stored traces, newest first; `target=` those of one machine, scenario or pool', querystring: Type.Object({ limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })), target: Type.Optional(Type.String()) }), response: { 200: Type.Array(any), ...errors } } }, async (req) => {
-    const q = req.query as { limit?: number; target?: string };
-    const own = ownTargets(req.caller);
-    const targets = q.target === undefined ? own : own && !own.includes(q.target) ? [] : [q.target];
-    return store.listOperations(q.limit ?? 20, targets);
-  });
-  app.get('/traces/:id', { config: { scope: 'read' }, schema: { tags: ['traces'], params: Type.Object({ id: Type.String() }), response: { 200: any, ...errors } } }, async (req) => {
-    const id = (req.params as { id: string }).id;
-    const t = d.lab.trace(id);
-    const own = ownTargets(req.caller);
-    if (!t || (own && !own.includes(t.target ?? ''))) throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${id}`, 'list them with GET /traces');
-    return t;
-  });
+    caller.scopes.has('admin')
+      ? undefined
+      : store
+          .listSandboxes()
+          .filter((r) => d.visible(caller, r.id))
+          .flatMap((r) => [r.name, r.id]);
+  app.get(
+    '/traces',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['traces'],
+        summary: 'Stored traces, newest first; `target=` those of one machine, scenario or pool',
+        querystring: Type.Object({
+          limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })),
+          target: Type.Optional(Type.String()),
+        }),
+        response: { 200: Type.Array(any), ...errors },
+      },
+    },
+    async (req) => {
+      const q = req.query as { limit?: number; target?: string };
+      const own = ownTargets(req.caller);
+      const targets = q.target === undefined ? own : own && !own.includes(q.target) ? [] : [q.target];
+      return store.listOperations(q.limit ?? 20, targets);
+    },
+  );
+  app.get(
+    '/traces/:id',
+    {
+      config: { scope: 'read' },
+      schema: { tags: ['traces'], params: Type.Object({ id: Type.String() }), response: { 200: any, ...errors } },
+    },
+    async (req) => {
+      const id = (req.params as { id: string }).id;
+      const t = d.lab.trace(id);
+      const own = ownTargets(req.caller);
+      if (!t || (own && !own.includes(t.target ?? '')))
+        throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${id}`, 'list them with GET /traces');
+      return t;
+    },
+  );
 
-  app.get('/operations', { config: { scope: 'read' }, schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } }, async () => d.operations.list());
-  app.get('/operations/:id', { config: { scope: 'read' }, schema: { tags: ['operations'], summary: 'A long operation; `wait=S` waits up to S seconds for its end', params: Type.Object({ id: Type.String() }), querystring: Type.Object({ wait: Type.Optional(Type.Number({ minimum: 0, maximum: 600 })) }), response: { 200: any, ...errors } } }, async (req) =>
-    d.operations.get((req.params as { id: string }).id, (req.query as { wait?: number }).wait ?? 0));
+  app.get(
+    '/operations',
+    { config: { scope: 'read' }, schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } },
+    async () => d.operations.list(),
+  );
+  app.get(
+    '/operations/:id',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['operations'],
+        summary: 'A long operation; `wait=S` waits up to S seconds for its end',
+        params: Type.Object({ id: Type.String() }),
+        querystring: Type.Object({ wait: Type.Optional(Type.Number({ minimum: 0, maximum: 600 })) }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => d.operations.get((req.params as { id: string }).id, (req.query as { wait?: number }).wait ?? 0),
+  );
 
   // snapshots (made at POST /sandboxes/{id}/snapshots; restored by POST /sandboxes {snapshot})
-  app.get('/snapshots', { config: { scope: 'read' }, schema: { tags: ['snapshots'], response: { 200: Type.Array(any), ...errors } } }, async () => (await d.lab.snapshots()).map((s) => s.toJSON()));
-  app.get('/snapshots/:name', { config: { scope: 'read' }, schema: { tags: ['snapshots'], params: NameParams, response: { 200: any, ...errors } } }, async (req) => (await d.lab.snapshot((req.params as { name: string }).name)).toJSON());
-  app.delete('/snapshots/:name', { config: { scope: 'exec' }, schema: { tags: ['snapshots'], params: NameParams, response: { 204: Type.Null(), ...errors } } }, async (req, reply) => {
-    await d.lab.removeSnapshot((req.params as { name: string }).name);
-    return reply.status(204).send();
-  });
+  app.get(
+    '/snapshots',
+    { config: { scope: 'read' }, schema: { tags: ['snapshots'], response: { 200: Type.Array(any), ...errors } } },
+    async () => (await d.lab.snapshots()).map((s) => s.toJSON()),
+  );
+  app.get(
+    '/snapshots/:name',
+    {
+      config: { scope: 'read' },
+      schema: { tags: ['snapshots'], params: NameParams, response: { 200: any, ...errors } },
+    },
+    async (req) => (await d.lab.snapshot((req.params as { name: string }).name)).toJSON(),
+  );
+  app.delete(
+    '/snapshots/:name',
+    {
+      config: { scope: 'exec' },
+      schema: { tags: ['snapshots'], params: NameParams, response: { 204: Type.Null(), ...errors } },
+    },
+    async (req, reply) => {
+      await d.lab.removeSnapshot((req.params as { name: string }).name);
+      return reply.status(204).send();
+    },
+  );
 
   // pools: the daemon holds each one, so it is refilled for as long as the daemon runs
-  app.get('/pools', { config: { scope: 'read' }, schema: { tags: ['pools'], response: { 200: Type.Array(any), ...errors } } }, async () => d.lab.pools());
-  app.get('/pools/:name', { config: { scope: 'read' }, schema: { tags: ['pools'], params: NameParams, response: { 200: any, ...errors } } }, async (req) => d.lab.pool((req.params as { name: string }).name).stats());
-  app.post('/pools', { config: { scope: 'admin' }, schema: { tags: ['pools'], summary: 'Define a pool; returns an operation that ends when its standbys are ready', body: PoolBody, response: { 202: any, ...errors } } }, async (req, reply) => {
-    const spec = req.body as PoolSpec;
-    const op = d.operations.start('pool create', spec.name, async (progress) => {
-      const pool = await d.lab.createPool({ ...spec, image: spec.image ?? 'busybox', limits: spec.limits ?? {} }, (ready, target) => progress(`${ready}/${target} ready`));
-      pool.start();
-      return pool.stats();
-    });
-    return reply.status(202).send(op);
-  });
-  app.patch('/pools/:name', { config: { scope: 'admin' }, schema: { tags: ['pools'], summary: 'Resize (returns an operation)', params: NameParams, body: Type.Object({ size: Type.Integer({ minimum: 0 }) }), response: { 202: any, ...errors } } }, async (req, reply) => {
-    const pool = d.lab.pool((req.params as { name: string }).name);
-    const op = d.operations.start('pool resize', pool.name, async (progress) => {
-      await pool.resize((req.body as { size: number }).size, (ready, target) => progress(`${ready}/${target} ready`));
-      pool.start();
-      return pool.stats();
-    });
-    return reply.status(202).send(op);
-  });
-  app.delete('/pools/:name', { config: { scope: 'admin' }, schema: { tags: ['pools'], params: NameParams, response: { 200: Type.Object({ removed: Type.Integer() }), ...errors } } }, async (req) => ({ removed: await d.lab.pool((req.params as { name: string }).name).remove() }));
-  app.post('/pools/:name/run', { config: { scope: 'exec' }, schema: { tags: ['pools'], summary: 'Run a command in a fresh sandbox of the pool and return its result', params: NameParams, body: RunBody, response: { 200: any, ...errors } } }, async (req) => {
-    const b = req.body as { argv: string[]; env?: Record<string, string>; cwd?: string; user?: string; timeoutMs?: number; stdin?: string; encoding?: 'utf8' | 'base64' };
-    const release = d.claimExec(req.caller);
-    try {
-      const r = await d.lab.pool((req.params as { name: string }).name).run(b.argv, {
-        env: b.env, cwd: b.cwd, user: b.user, timeoutMs: d.deadline(b.timeoutMs), encoding: 'buffer', ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+  app.get(
+    '/pools',
+    { config: { scope: 'read' }, schema: { tags: ['pools'], response: { 200: Type.Array(any), ...errors } } },
+    async () => d.lab.pools(),
+  );
+  app.get(
+    '/pools/:name',
+    { config: { scope: 'read' }, schema: { tags: ['pools'], params: NameParams, response: { 200: any, ...errors } } },
+    async (req) => d.lab.pool((req.params as { name: string }).name).stats(),
+  );
+  app.post(
+    '/pools',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Define a pool; returns an operation that ends when its standbys are ready',
+        body: PoolBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const spec = req.body as PoolSpec;
+      const op = d.operations.start('pool create', spec.name, async (progress) => {
+        const pool = await d.lab.createPool(
+          { ...spec, image: spec.image ?? 'busybox', limits: spec.limits ?? {} },
+          (ready, target) => progress(`${ready}/${target} ready`),
+        );
+        pool.start();
+        return pool.stats();
       });
-      req.opId = r.trace.id;
-      d.metrics.observeTrace(r.trace);
-      return { ...execView(r, b.encoding), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, operationId: r.trace.id };
-    } finally {
-      release();
-    }
-  });
+      return reply.status(202).send(op);
+    },
+  );
+  app.patch(
+    '/pools/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Resize (returns an operation)',
+        params: NameParams,
+        body: Type.Object({ size: Type.Integer({ minimum: 0 }) }),
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const pool = d.lab.pool((req.params as { name: string }).name);
+      const op = d.operations.start('pool resize', pool.name, async (progress) => {
+        await pool.resize((req.body as { size: number }).size, (ready, target) => progress(`${ready}/${target} ready`));
+        pool.start();
+        return pool.stats();
+      });
+      return reply.status(202).send(op);
+    },
+  );
+  app.delete(
+    '/pools/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        params: NameParams,
+        response: { 200: Type.Object({ removed: Type.Integer() }), ...errors },
+      },
+    },
+    async (req) => ({ removed: await d.lab.pool((req.params as { name: string }).name).remove() }),
+  );
+  app.post(
+    '/pools/:name/run',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Run a command in a fresh sandbox of the pool and return its result',
+        params: NameParams,
+        body: RunBody,
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => {
+      const b = req.body as {
+        argv: string[];
+        env?: Record<string, string>;
+        cwd?: string;
+        user?: string;
+        timeoutMs?: number;
+        stdin?: string;
+        encoding?: 'utf8' | 'base64';
+      };
+      const release = d.claimExec(req.caller);
+      try {
+        const r = await d.lab.pool((req.params as { name: string }).name).run(b.argv, {
+          env: b.env,
+          cwd: b.cwd,
+          user: b.user,
+          timeoutMs: d.deadline(b.timeoutMs),
+          encoding: 'buffer',
+          ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+        });
+        req.opId = r.trace.id;
+        d.metrics.observeTrace(r.trace);
+        return {
+          ...execView(r, b.encoding),
+          sandbox: r.sandbox,
+          hit: r.hit,
+          recycled: r.recycled,
+          operationId: r.trace.id,
+        };
+      } finally {
+        release();
+      }
+    },
+  );
 
   // images
-  app.get('/images', { config: { scope: 'read' }, schema: { tags: ['images'], response: { 200: Type.Array(any), ...errors } } }, async () => d.lab.images());
-  app.post('/images/import', { config: { scope: 'admin' }, schema: { tags: ['images'], summary: 'Import a rootfs/docker/OCI archive on the daemon\'s host (returns an operation)', body: ImportBody, response: { 202: any, ...errors } } }, async (req, reply) => {
-    const b = req.body as { source: string; name: string };
-    return reply.status(202).send(d.operations.start('image import', b.name, () => d.lab.importImage(b.source, b.name)));
-  });
-  app.post('/images/build', { config: { scope: 'admin' }, schema: { tags: ['images'], summary: 'Build a Debian image (returns an operation)', body: BuildBody, response: { 202: any, ...errors } } }, async (req, reply) => {
-    const b = req.body as { spec: DebianSpec; name?: string };
-    return reply.status(202).send(d.operations.start('image build', b.name ?? null, (progress) => d.lab.buildImage(b.spec, { name: b.name, onProgress: progress })));
-  });
-  app.delete('/images/:name', { config: { scope: 'admin' }, schema: { tags: ['images'], params: NameParams, querystring: Type.Object({ force: Type.Optional(Type.Boolean()) }), response: { 200: any, ...errors } } }, async (req) =>
-    d.lab.removeImage((req.params as { name: string }).name, { force: (req.query as { force?: boolean }).force }));
+  app.get(
+    '/images',
+    { config: { scope: 'read' }, schema: { tags: ['images'], response: { 200: Type.Array(any), ...errors } } },
+    async () => d.lab.images(),
+  );
+  app.post(
+    '/images/import',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        summary: "Import a rootfs/docker/OCI archive on the daemon's host (returns an operation)",
+        body: ImportBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as { source: string; name: string };
+      return reply
+        .status(202)
+        .send(d.operations.start('image import', b.name, () => d.lab.importImage(b.source, b.name)));
+    },
+  );
+  app.post(
+    '/images/build',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        summary: 'Build a Debian image (returns an operation)',
+        body: BuildBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as { spec: DebianSpec; name?: string };
+      return reply
+        .status(202)
+        .send(
+          d.operations.start('image build', b.name ?? null, (progress) =>
+            d.lab.buildImage(b.spec, { name: b.name, onProgress: progress }),
+          ),
+        );
+    },
+  );
+  app.delete(
+    '/images/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        params: NameParams,
+        querystring: Type.Object({ force: Type.Optional(Type.Boolean()) }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) =>
+      d.lab.removeImage((req.params as { name: string }).name, { force: (req.query as { force?: boolean }).force }),
+  );
 
   // scenarios
   // one scenario that cannot be read now (being torn down) is shown as such, not a failed list
-  app.get('/scenarios', { config: { scope: 'read' }, schema: { tags: ['scenarios'], response: { 200: Type.Array(any), ...errors } } }, async () =>
-    Promise.all(d.lab.scenarios().map((s) => s.status().catch((e: Error) => ({ name: s.name, state: 'error', reason: e.message, machines: [], networks: [], blocked: [], snapshots: [] })))));
-  app.get('/scenarios/:name', { config: { scope: 'read' }, schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } } }, async (req) => d.lab.scenario((req.params as { name: string }).name).status());
-  app.post('/scenarios', { config: { scope: 'admin' }, schema: { tags: ['scenarios'], summary: 'Raise a scenario file on the daemon\'s host (returns an operation)', body: ScenarioBody, response: { 202: any, ...errors } } }, async (req, reply) => {
-    const b = req.body as { file: string; name?: string; driver?: string };
-    return reply.status(202).send(d.operations.start('up', b.name ?? b.file, async (progress) => (await d.lab.up(b.file, { name: b.name, driver: b.driver, onProgress: (m, s) => progress(`${m}: ${s}`) })).status()));
-  });
-  app.post('/scenarios/:name/snapshot', { config: { scope: 'admin' }, schema: { tags: ['scenarios'], params: NameParams, body: Type.Object({ name: Type.String() }), response: { 200: any, ...errors } } }, async (req) =>
-    d.lab.scenario((req.params as { name: string }).name).snapshot((req.body as { name: string }).name));
-  app.post('/scenarios/:name/reset', { config: { scope: 'admin' }, schema: { tags: ['scenarios'], params: NameParams, body: Type.Object({ to: Type.Optional(Type.String()) }), response: { 200: any, ...errors } } }, async (req) =>
-    d.lab.scenario((req.params as { name: string }).name).reset((req.body as { to?: string } | undefined)?.to));
-  app.post('/scenarios/:name/net', {
-    config: { scope: 'admin' },
-    schema: { tags: ['scenarios'], summary: 'Network faults: block/unblock two machines, partition into groups, heal', params: NameParams, body: Type.Object({ action: Type.Union([Type.Literal('block'), Type.Literal('unblock'), Type.Literal('partition'), Type.Literal('heal')]), machines: Type.Optional(Type.Array(Type.String())), groups: Type.Optional(Type.Array(Type.Array(Type.String()))) }), response: { 204: Type.Null(), ...errors } },
-  }, async (req, reply) => {
-    const s = d.lab.scenario((req.params as { name: string }).name);
-    const b = req.body as { action: string; machines?: string[]; groups?: string[][] };
-    const [x, y] = b.machines ?? [];
-    if ((b.action === 'block' || b.action === 'unblock') && (!x || !y)) throw new SnaplabError('BAD_INPUT', `${b.action} needs two machines`, 'give machines: ["a", "b"]');
-    if (b.action === 'block') await s.block(x!, y!);
-    else if (b.action === 'unblock') await s.unblock(x!, y!);
-    else if (b.action === 'partition') await s.partition(...(b.groups ?? []));
-    else await s.heal();
-    return reply.status(204).send();
-  });
-  app.delete('/scenarios/:name', { config: { scope: 'admin' }, schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } } }, async (req) => d.lab.scenario((req.params as { name: string }).name).down());
+  app.get(
+    '/scenarios',
+    { config: { scope: 'read' }, schema: { tags: ['scenarios'], response: { 200: Type.Array(any), ...errors } } },
+    async () =>
+      Promise.all(
+        d.lab
+          .scenarios()
+          .map((s) =>
+            s
+              .status()
+              .catch((e: Error) => ({
+                name: s.name,
+                state: 'error',
+                reason: e.message,
+                machines: [],
+                networks: [],
+                blocked: [],
+                snapshots: [],
+              })),
+          ),
+      ),
+  );
+  app.get(
+    '/scenarios/:name',
+    {
+      config: { scope: 'read' },
+      schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } },
+    },
+    async (req) => d.lab.scenario((req.params as { name: string }).name).status(),
+  );
+  app.post(
+    '/scenarios',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['scenarios'],
+        summary: "Raise a scenario file on the daemon's host (returns an operation)",
+        body: ScenarioBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as { file: string; name?: string; driver?: string };
+      return reply
+        .status(202)
+        .send(
+          d.operations.start('up', b.name ?? b.file, async (progress) =>
+            (
+              await d.lab.up(b.file, { name: b.name, driver: b.driver, onProgress: (m, s) => progress(`${m}: ${s}`) })
+            ).status(),
+          ),
+        );
+    },
+  );
+  app.post(
+    '/scenarios/:name/snapshot',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['scenarios'],
+        params: NameParams,
+        body: Type.Object({ name: Type.String() }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => d.lab.scenario((req.params as { name: string }).name).snapshot((req.body as { name: string }).name),
+  );
+  app.post(
+    '/scenarios/:name/reset',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['scenarios'],
+        params: NameParams,
+        body: Type.Object({ to: Type.Optional(Type.String()) }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) =>
+      d.lab.scenario((req.params as { name: string }).name).reset((req.body as { to?: string } | undefined)?.to),
+  );
+  app.post(
+    '/scenarios/:name/net',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['scenarios'],
+        summary: 'Network faults: block/unblock two machines, partition into groups, heal',
+        params: NameParams,
+        body: Type.Object({
+          action: Type.Union([
+            Type.Literal('block'),
+            Type.Literal('unblock'),
+            Type.Literal('partition'),
+            Type.Literal('heal'),
+          ]),
+          machines: Type.Optional(Type.Array(Type.String())),
+          groups: Type.Optional(Type.Array(Type.Array(Type.String()))),
+        }),
+        response: { 204: Type.Null(), ...errors },
+      },
+    },
+    async (req, reply) => {
+      const s = d.lab.scenario((req.params as { name: string }).name);
+      const b = req.body as { action: string; machines?: string[]; groups?: string[][] };
+      const [x, y] = b.machines ?? [];
+      if ((b.action === 'block' || b.action === 'unblock') && (!x || !y))
+        throw new SnaplabError('BAD_INPUT', `${b.action} needs two machines`, 'give machines: ["a", "b"]');
+      if (b.action === 'block') await s.block(x!, y!);
+      else if (b.action === 'unblock') await s.unblock(x!, y!);
+      else if (b.action === 'partition') await s.partition(...(b.groups ?? []));
+      else await s.heal();
+      return reply.status(204).send();
+    },
+  );
+  app.delete(
+    '/scenarios/:name',
+    {
+      config: { scope: 'admin' },
+      schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } },
+    },
+    async (req) => d.lab.scenario((req.params as { name: string }).name).down(),
+  );
 
   // keys (admin)
-  app.get('/keys', { config: { scope: 'admin' }, schema: { tags: ['keys'], response: { 200: Type.Array(any), ...errors } } }, async () => store.listKeys().map(({ hash: _h, ...k }) => k));
-  app.post('/keys', { config: { scope: 'admin' }, schema: { tags: ['keys'], summary: 'Make a key; the response is the only time it is shown', body: KeyBody, response: { 201: any, ...errors } } }, async (req, reply) => {
-    const b = req.body as { name: string; scopes?: string[]; maxSandboxes?: number; maxExecs?: number };
-    const { token, key } = createKey(store, b.name, { scopes: b.scopes ? parseScopes(b.scopes.join(',')) : undefined, maxSandboxes: b.maxSandboxes, maxExecs: b.maxExecs });
-    const { hash: _h, ...shown } = key;
-    return reply.status(201).send({ ...shown, token });
-  });
-  app.delete('/keys/:name', { config: { scope: 'admin' }, schema: { tags: ['keys'], params: NameParams, response: { 204: Type.Null(), ...errors } } }, async (req, reply) => {
-    removeKey(store, (req.params as { name: string }).name);
-    return reply.status(204).send();
-  });
+  app.get(
+    '/keys',
+    { config: { scope: 'admin' }, schema: { tags: ['keys'], response: { 200: Type.Array(any), ...errors } } },
+    async () => store.listKeys().map(({ hash: _h, ...k }) => k),
+  );
+  app.post(
+    '/keys',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['keys'],
+        summary: 'Make a key; the response is the only time it is shown',
+        body: KeyBody,
+        response: { 201: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as { name: string; scopes?: string[]; maxSandboxes?: number; maxExecs?: number };
+      const { token, key } = createKey(store, b.name, {
+        scopes: b.scopes ? parseScopes(b.scopes.join(',')) : undefined,
+        maxSandboxes: b.maxSandboxes,
+        maxExecs: b.maxExecs,
+      });
+      const { hash: _h, ...shown } = key;
+      return reply.status(201).send({ ...shown, token });
+    },
+  );
+  app.delete(
+    '/keys/:name',
+    {
+      config: { scope: 'admin' },
+      schema: { tags: ['keys'], params: NameParams, response: { 204: Type.Null(), ...errors } },
+    },
+    async (req, reply) => {
+      removeKey(store, (req.params as { name: string }).name);
+      return reply.status(204).send();
+    },
+  );
 }

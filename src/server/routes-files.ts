@@ -17,7 +17,11 @@ type PathQ = { path: string; user?: string };
 export function streamBody(body: unknown): Readable {
   if (body === undefined || body === null) return Readable.from([]);
   if (body instanceof Readable) return body;
-  throw new SnaplabError('UNSUPPORTED_MEDIA', 'send the bytes as application/octet-stream (a file) or application/x-tar (a tree)', 'e.g. curl -T FILE -H "content-type: application/octet-stream" ...');
+  throw new SnaplabError(
+    'UNSUPPORTED_MEDIA',
+    'send the bytes as application/octet-stream (a file) or application/x-tar (a tree)',
+    'e.g. curl -T FILE -H "content-type: application/octet-stream" ...',
+  );
 }
 
 export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
@@ -25,66 +29,183 @@ export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void>
   const box = (req: FastifyRequest) => d.sandbox((req.params as { id: string }).id, req.caller);
   const info = Type.Object({}, { additionalProperties: true });
 
-  app.get('/sandboxes/:id/files', { config: { scope: 'read' }, schema: { tags, summary: 'Download a file (streamed)', params: IdParams, querystring: PathQuery } }, async (req, reply) => {
-    const q = req.query as PathQ;
-    const b = await box(req);
-    // stat first: a missing file is a 404, not a 200 that breaks off. Chunked, not a
-    // Content-Length from the stat: a file that grows or shrinks meanwhile must not break the connection
-    const st = await b.files.stat(q.path, { follow: true, user: q.user });
-    if (st.type === 'dir') throw new SnaplabError('FILE_ERROR', `read ${q.path}: it is a directory (EISDIR)`, 'list it with GET /sandboxes/{id}/files/list, or take its tar at /archive');
-    const out = new PassThrough();
-    void b.files.readTo(q.path, out, { user: q.user }).catch((e: Error) => out.destroy(e));
-    void reply.header('content-type', 'application/octet-stream').header('x-snaplab-size', String(st.size));
-    return reply.send(out);
-  });
+  app.get(
+    '/sandboxes/:id/files',
+    {
+      config: { scope: 'read' },
+      schema: { tags, summary: 'Download a file (streamed)', params: IdParams, querystring: PathQuery },
+    },
+    async (req, reply) => {
+      const q = req.query as PathQ;
+      const b = await box(req);
+      // stat first: a missing file is a 404, not a 200 that breaks off. Chunked, not a
+      // Content-Length from the stat: a file that grows or shrinks meanwhile must not break the connection
+      const st = await b.files.stat(q.path, { follow: true, user: q.user });
+      if (st.type === 'dir')
+        throw new SnaplabError(
+          'FILE_ERROR',
+          `read ${q.path}: it is a directory (EISDIR)`,
+          'list it with GET /sandboxes/{id}/files/list, or take its tar at /archive',
+        );
+      const out = new PassThrough();
+      void b.files.readTo(q.path, out, { user: q.user }).catch((e: Error) => out.destroy(e));
+      void reply.header('content-type', 'application/octet-stream').header('x-snaplab-size', String(st.size));
+      return reply.send(out);
+    },
+  );
 
-  app.put('/sandboxes/:id/files', {
-    config: { scope: 'exec' },
-    schema: { tags, summary: 'Upload a file (application/octet-stream body, streamed; parents made; whole or not at all)', params: IdParams, querystring: Type.Object({ path: Type.String({ minLength: 1 }), user: Type.Optional(Type.String()), mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })), append: Type.Optional(Type.Boolean()) }), response: { 200: Type.Object({ bytes: Type.Integer() }), ...errors } },
-  }, async (req) => {
-    const q = req.query as PathQ & { mode?: string; append?: boolean };
-    const body = streamBody(req.body);
-    const length = Number(req.headers['content-length']);
-    const bytes = await (await box(req)).files.write(q.path, body, {
-      user: q.user, mode: q.mode ? parseInt(q.mode, 8) : undefined, append: q.append, ...(Number.isSafeInteger(length) ? { size: length } : {}),
-    });
-    return { bytes };
-  });
+  app.put(
+    '/sandboxes/:id/files',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Upload a file (application/octet-stream body, streamed; parents made; whole or not at all)',
+        params: IdParams,
+        querystring: Type.Object({
+          path: Type.String({ minLength: 1 }),
+          user: Type.Optional(Type.String()),
+          mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })),
+          append: Type.Optional(Type.Boolean()),
+        }),
+        response: { 200: Type.Object({ bytes: Type.Integer() }), ...errors },
+      },
+    },
+    async (req) => {
+      const q = req.query as PathQ & { mode?: string; append?: boolean };
+      const body = streamBody(req.body);
+      const length = Number(req.headers['content-length']);
+      const bytes = await (await box(req)).files.write(q.path, body, {
+        user: q.user,
+        mode: q.mode ? parseInt(q.mode, 8) : undefined,
+        append: q.append,
+        ...(Number.isSafeInteger(length) ? { size: length } : {}),
+      });
+      return { bytes };
+    },
+  );
 
-  app.get('/sandboxes/:id/files/stat', { config: { scope: 'read' }, schema: { tags, params: IdParams, querystring: PathQuery, response: { 200: info, ...errors } } }, async (req) => {
-    const q = req.query as PathQ;
-    return (await box(req)).files.stat(q.path, { user: q.user });
-  });
+  app.get(
+    '/sandboxes/:id/files/stat',
+    {
+      config: { scope: 'read' },
+      schema: { tags, params: IdParams, querystring: PathQuery, response: { 200: info, ...errors } },
+    },
+    async (req) => {
+      const q = req.query as PathQ;
+      return (await box(req)).files.stat(q.path, { user: q.user });
+    },
+  );
 
-  app.get('/sandboxes/:id/files/list', { config: { scope: 'read' }, schema: { tags, summary: 'The entries of a directory', params: IdParams, querystring: PathQuery, response: { 200: Type.Array(info), ...errors } } }, async (req) => {
-    const q = req.query as PathQ;
-    return (await box(req)).files.list(q.path, { user: q.user });
-  });
+  app.get(
+    '/sandboxes/:id/files/list',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags,
+        summary: 'The entries of a directory',
+        params: IdParams,
+        querystring: PathQuery,
+        response: { 200: Type.Array(info), ...errors },
+      },
+    },
+    async (req) => {
+      const q = req.query as PathQ;
+      return (await box(req)).files.list(q.path, { user: q.user });
+    },
+  );
 
-  app.post('/sandboxes/:id/files/mkdir', { config: { scope: 'exec' }, schema: { tags, params: IdParams, body: Type.Object({ path: Type.String({ minLength: 1 }), parents: Type.Optional(Type.Boolean()), mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })), user: Type.Optional(Type.String()) }, { additionalProperties: false }), response: { 204: Type.Null(), ...errors } } }, async (req, reply) => {
-    const b = req.body as { path: string; parents?: boolean; mode?: string; user?: string };
-    await (await box(req)).files.mkdir(b.path, { parents: b.parents, mode: b.mode ? parseInt(b.mode, 8) : undefined, user: b.user });
-    return reply.status(204).send();
-  });
+  app.post(
+    '/sandboxes/:id/files/mkdir',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        params: IdParams,
+        body: Type.Object(
+          {
+            path: Type.String({ minLength: 1 }),
+            parents: Type.Optional(Type.Boolean()),
+            mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })),
+            user: Type.Optional(Type.String()),
+          },
+          { additionalProperties: false },
+        ),
+        response: { 204: Type.Null(), ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as { path: string; parents?: boolean; mode?: string; user?: string };
+      await (await box(req)).files.mkdir(b.path, {
+        parents: b.parents,
+        mode: b.mode ? parseInt(b.mode, 8) : undefined,
+        user: b.user,
+      });
+      return reply.status(204).send();
+    },
+  );
 
-  app.delete('/sandboxes/:id/files', { config: { scope: 'exec' }, schema: { tags, summary: 'Remove a file or (recursive) a tree; symbolic links are never followed', params: IdParams, querystring: Type.Object({ path: Type.String({ minLength: 1 }), recursive: Type.Optional(Type.Boolean()), force: Type.Optional(Type.Boolean()), user: Type.Optional(Type.String()) }), response: { 204: Type.Null(), ...errors } } }, async (req, reply) => {
-    const q = req.query as PathQ & { recursive?: boolean; force?: boolean };
-    await (await box(req)).files.remove(q.path, { recursive: q.recursive, force: q.force, user: q.user });
-    return reply.status(204).send();
-  });
+  app.delete(
+    '/sandboxes/:id/files',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Remove a file or (recursive) a tree; symbolic links are never followed',
+        params: IdParams,
+        querystring: Type.Object({
+          path: Type.String({ minLength: 1 }),
+          recursive: Type.Optional(Type.Boolean()),
+          force: Type.Optional(Type.Boolean()),
+          user: Type.Optional(Type.String()),
+        }),
+        response: { 204: Type.Null(), ...errors },
+      },
+    },
+    async (req, reply) => {
+      const q = req.query as PathQ & { recursive?: boolean; force?: boolean };
+      await (await box(req)).files.remove(q.path, { recursive: q.recursive, force: q.force, user: q.user });
+      return reply.status(204).send();
+    },
+  );
 
-  app.put('/sandboxes/:id/archive', { config: { scope: 'exec' }, schema: { tags, summary: 'Unpack a tar stream (application/x-tar) into the directory `path`', params: IdParams, querystring: Type.Object({ path: Type.String({ minLength: 1 }) }), response: { 200: info, ...errors } } }, async (req) => {
-    const body = streamBody(req.body);
-    return (await box(req)).upload((req.query as { path: string }).path, body);
-  });
+  app.put(
+    '/sandboxes/:id/archive',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Unpack a tar stream (application/x-tar) into the directory `path`',
+        params: IdParams,
+        querystring: Type.Object({ path: Type.String({ minLength: 1 }) }),
+        response: { 200: info, ...errors },
+      },
+    },
+    async (req) => {
+      const body = streamBody(req.body);
+      return (await box(req)).upload((req.query as { path: string }).path, body);
+    },
+  );
 
-  app.get('/sandboxes/:id/archive', { config: { scope: 'read' }, schema: { tags, summary: 'A tar stream of `path` (a file or a tree; `dir/.` for its contents)', params: IdParams, querystring: Type.Object({ path: Type.String({ minLength: 1 }) }) } }, async (req, reply) => {
-    const b = await box(req);
-    const path = (req.query as { path: string }).path;
-    await b.files.stat(path); // a missing path is a 404 before the stream begins
-    const out = new PassThrough();
-    void b.download(path, out).catch((e: Error) => out.destroy(e));
-    void reply.header('content-type', 'application/x-tar');
-    return reply.send(out);
-  });
+  app.get(
+    '/sandboxes/:id/archive',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags,
+        summary: 'A tar stream of `path` (a file or a tree; `dir/.` for its contents)',
+        params: IdParams,
+        querystring: Type.Object({ path: Type.String({ minLength: 1 }) }),
+      },
+    },
+    async (req, reply) => {
+      const b = await box(req);
+      const path = (req.query as { path: string }).path;
+      await b.files.stat(path); // a missing path is a 404 before the stream begins
+      const out = new PassThrough();
+      void b.download(path, out).catch((e: Error) => out.destroy(e));
+      void reply.header('content-type', 'application/x-tar');
+      return reply.send(out);
+    },
+  );
 }

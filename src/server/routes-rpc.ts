@@ -27,70 +27,119 @@ interface Call {
 }
 
 function check(c: Partial<Call>): Call {
-  const bad = (what: string): never => { throw new SnaplabError('BAD_INPUT', `rpc: invalid ${what}`, 'see docs/api.md, /rpc'); };
+  const bad = (what: string): never => {
+    throw new SnaplabError('BAD_INPUT', `rpc: invalid ${what}`, 'see docs/api.md, /rpc');
+  };
   if (typeof c.id !== 'number' && typeof c.id !== 'string') bad('id');
   if (c.op !== 'exec' && c.op !== 'run') bad('op (exec or run)');
   if (c.op === 'exec' && typeof c.sandbox !== 'string') bad('sandbox');
   if (c.op === 'run' && typeof c.pool !== 'string') bad('pool');
   if (!Array.isArray(c.argv) || c.argv.some((a) => typeof a !== 'string')) bad('argv');
-  if (c.env !== undefined && (typeof c.env !== 'object' || c.env === null || Object.values(c.env).some((v) => typeof v !== 'string'))) bad('env');
+  if (
+    c.env !== undefined &&
+    (typeof c.env !== 'object' || c.env === null || Object.values(c.env).some((v) => typeof v !== 'string'))
+  )
+    bad('env');
   for (const k of ['cwd', 'user', 'stdin'] as const) if (c[k] !== undefined && typeof c[k] !== 'string') bad(k);
   if (c.timeoutMs !== undefined && (!Number.isSafeInteger(c.timeoutMs) || c.timeoutMs < 0)) bad('timeoutMs');
   return c as Call;
 }
 
 export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  app.get('/rpc', { websocket: true, config: { scope: 'exec' }, schema: { tags: ['processes'], summary: 'One-shot execs and pool runs multiplexed on a WebSocket (docs/api.md)' } }, (ws: WebSocket, req) => {
-    const running = new Set<{ kill(sig: number): void }>();
-    ws.once('close', d.track(req.caller, ws));
-    ws.on('close', () => { for (const p of running) p.kill(9); });
-    ws.on('message', (data, isBinary) => {
-      let id: Call['id'] | null = null;
-      void (async () => {
-        if (isBinary) throw new SnaplabError('BAD_INPUT', 'rpc: send JSON text frames', 'see docs/api.md, /rpc');
-        const raw = JSON.parse(String(data)) as Partial<Call>;
-        id = raw.id ?? null;
-        const c = check(raw);
-        // a key removed since the socket opened answers no more calls
-        if (!d.stillValid(req.caller)) {
-          ws.close(1008, 'key removed');
-          throw new SnaplabError('UNAUTHORIZED', 'the API key is not known (any more)', 'make a new one with `snaplab key create NAME`');
-        }
-        const release = d.claimExec(req.caller);
-        const started = Date.now();
-        try {
-          const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
-          const opts = { env: c.env, cwd: c.cwd, user: c.user, timeoutMs: d.deadline(c.timeoutMs), encoding: 'buffer' as const, ...stdin };
-          if (c.op === 'run') {
-            // the connection going kills it, as it does an exec
-            const gone = new AbortController();
-            const kill = { kill: () => gone.abort() };
-            running.add(kill);
-            const r = await d.lab.pool(c.pool!).run(c.argv, { ...opts, signal: gone.signal }).finally(() => running.delete(kill));
-            d.metrics.observeTrace(r.trace);
-            return { ...execView(r, 'base64'), sandbox: r.sandbox, hit: r.hit, recycled: r.recycled, operationId: r.trace.id };
+  app.get(
+    '/rpc',
+    {
+      websocket: true,
+      config: { scope: 'exec' },
+      schema: { tags: ['processes'], summary: 'One-shot execs and pool runs multiplexed on a WebSocket (docs/api.md)' },
+    },
+    (ws: WebSocket, req) => {
+      const running = new Set<{ kill(sig: number): void }>();
+      ws.once('close', d.track(req.caller, ws));
+      ws.on('close', () => {
+        for (const p of running) p.kill(9);
+      });
+      ws.on('message', (data, isBinary) => {
+        let id: Call['id'] | null = null;
+        void (async () => {
+          if (isBinary) throw new SnaplabError('BAD_INPUT', 'rpc: send JSON text frames', 'see docs/api.md, /rpc');
+          const raw = JSON.parse(String(data)) as Partial<Call>;
+          id = raw.id ?? null;
+          const c = check(raw);
+          // a key removed since the socket opened answers no more calls
+          if (!d.stillValid(req.caller)) {
+            ws.close(1008, 'key removed');
+            throw new SnaplabError(
+              'UNAUTHORIZED',
+              'the API key is not known (any more)',
+              'make a new one with `snaplab key create NAME`',
+            );
           }
-          const box = await d.sandbox(c.sandbox!, req.caller);
-          const p = await box.spawn(c.argv, opts);
-          if (ws.readyState !== ws.OPEN) p.kill(9); // the socket went while it started
-          running.add(p);
+          const release = d.claimExec(req.caller);
+          const started = Date.now();
           try {
-            const r = await p.result;
-            d.metrics.exec.observe('kind="rpc"', Date.now() - started);
-            return execView(r, 'base64');
+            const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
+            const opts = {
+              env: c.env,
+              cwd: c.cwd,
+              user: c.user,
+              timeoutMs: d.deadline(c.timeoutMs),
+              encoding: 'buffer' as const,
+              ...stdin,
+            };
+            if (c.op === 'run') {
+              // the connection going kills it, as it does an exec
+              const gone = new AbortController();
+              const kill = { kill: () => gone.abort() };
+              running.add(kill);
+              const r = await d.lab
+                .pool(c.pool!)
+                .run(c.argv, { ...opts, signal: gone.signal })
+                .finally(() => running.delete(kill));
+              d.metrics.observeTrace(r.trace);
+              return {
+                ...execView(r, 'base64'),
+                sandbox: r.sandbox,
+                hit: r.hit,
+                recycled: r.recycled,
+                operationId: r.trace.id,
+              };
+            }
+            const box = await d.sandbox(c.sandbox!, req.caller);
+            const p = await box.spawn(c.argv, opts);
+            if (ws.readyState !== ws.OPEN) p.kill(9); // the socket went while it started
+            running.add(p);
+            try {
+              const r = await p.result;
+              d.metrics.exec.observe('kind="rpc"', Date.now() - started);
+              return execView(r, 'base64');
+            } finally {
+              running.delete(p);
+            }
           } finally {
-            running.delete(p);
+            release();
           }
-        } finally {
-          release();
-        }
-      })().then(
-        (result) => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ id, result })),
-        (e) => {
-          const err = toSnaplab(e instanceof SyntaxError ? new SnaplabError('BAD_INPUT', `rpc: not JSON: ${e.message}`, 'send JSON text frames') : e);
-          if (ws.readyState === ws.OPEN) ws.send(JSON.stringify({ id, error: { ...err.toJSON(), ...(err.code === 'QUOTA_EXCEEDED' ? { limit: (err as { limit?: string }).limit } : {}) } }));
-        },
-      );
-    });
-  });
+        })().then(
+          (result) => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ id, result })),
+          (e) => {
+            const err = toSnaplab(
+              e instanceof SyntaxError
+                ? new SnaplabError('BAD_INPUT', `rpc: not JSON: ${e.message}`, 'send JSON text frames')
+                : e,
+            );
+            if (ws.readyState === ws.OPEN)
+              ws.send(
+                JSON.stringify({
+                  id,
+                  error: {
+                    ...err.toJSON(),
+                    ...(err.code === 'QUOTA_EXCEEDED' ? { limit: (err as { limit?: string }).limit } : {}),
+                  },
+                }),
+              );
+          },
+        );
+      });
+    },
+  );
 }

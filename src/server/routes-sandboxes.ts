@@ -2,88 +2,230 @@
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import type { Daemon } from './daemon.js';
-import { CreateBody, ExecBody, ExecResultView, IdParams, LabelsBody, SandboxView, SnapshotBody, TimeoutBody, errors } from './schemas.js';
+import {
+  CreateBody,
+  ExecBody,
+  ExecResultView,
+  IdParams,
+  LabelsBody,
+  SandboxView,
+  SnapshotBody,
+  TimeoutBody,
+  errors,
+} from './schemas.js';
 import type { ExecResult } from '../lab/sandbox-ops.js';
 import { keyValues } from '../lab/exec.js';
 
 export function execView(r: ExecResult, encoding: 'utf8' | 'base64' = 'utf8'): Record<string, unknown> {
   return {
-    exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, notFound: r.notFound, oomKilled: r.oomKilled, truncated: r.truncated,
-    stdout: r.stdout.toString(encoding), stderr: r.stderr.toString(encoding), encoding, usage: r.usage,
+    exitCode: r.exitCode,
+    signal: r.signal,
+    timedOut: r.timedOut,
+    notFound: r.notFound,
+    oomKilled: r.oomKilled,
+    truncated: r.truncated,
+    stdout: r.stdout.toString(encoding),
+    stderr: r.stderr.toString(encoding),
+    encoding,
+    usage: r.usage,
   };
 }
 
 export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   const tags = ['sandboxes'];
-  app.post('/sandboxes', { config: { scope: 'exec' }, schema: { tags, summary: 'Create a sandbox from an image, a snapshot or a pool; returns once it is usable', body: CreateBody, response: { 201: SandboxView, ...errors } } }, async (req, reply) => {
-    const box = await d.create(req.caller, req.body as CreateBody);
-    req.opId = box.lastTrace?.id ?? null;
-    return reply.status(201).send(d.view(box));
-  });
+  app.post(
+    '/sandboxes',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Create a sandbox from an image, a snapshot or a pool; returns once it is usable',
+        body: CreateBody,
+        response: { 201: SandboxView, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const box = await d.create(req.caller, req.body as CreateBody);
+      req.opId = box.lastTrace?.id ?? null;
+      return reply.status(201).send(d.view(box));
+    },
+  );
 
-  app.get('/sandboxes', {
-    config: { scope: 'read' },
-    schema: { tags, summary: 'List sandboxes; `label=k=v` (repeatable) keeps those with every label', querystring: Type.Object({ label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])) }), response: { 200: Type.Array(SandboxView), ...errors } },
-  }, async (req) => {
-    const q = (req.query as { label?: string | string[] }).label;
-    const labels = keyValues([q ?? []].flat(), 'label filter');
-    return (await d.lab.list({ labels })).filter((b) => d.visible(req.caller, b.id)).map((b) => d.view(b));
-  });
+  app.get(
+    '/sandboxes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags,
+        summary: 'List sandboxes; `label=k=v` (repeatable) keeps those with every label',
+        querystring: Type.Object({ label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])) }),
+        response: { 200: Type.Array(SandboxView), ...errors },
+      },
+    },
+    async (req) => {
+      const q = (req.query as { label?: string | string[] }).label;
+      const labels = keyValues([q ?? []].flat(), 'label filter');
+      return (await d.lab.list({ labels })).filter((b) => d.visible(req.caller, b.id)).map((b) => d.view(b));
+    },
+  );
 
-  app.get('/sandboxes/:id', { config: { scope: 'read' }, schema: { tags, summary: 'A sandbox, reconciled with the host', params: IdParams, response: { 200: SandboxView, ...errors } } }, async (req) =>
-    d.view(await d.sandbox((req.params as { id: string }).id, req.caller)));
+  app.get(
+    '/sandboxes/:id',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags,
+        summary: 'A sandbox, reconciled with the host',
+        params: IdParams,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    async (req) => d.view(await d.sandbox((req.params as { id: string }).id, req.caller)),
+  );
 
-  app.delete('/sandboxes/:id', { config: { scope: 'exec' }, schema: { tags, summary: 'Destroy a sandbox: its processes killed, its filesystem removed', params: IdParams, response: { 204: Type.Null(), ...errors } } }, async (req, reply) => {
-    await d.destroy((req.params as { id: string }).id, undefined, req.caller);
-    return reply.status(204).send();
-  });
+  app.delete(
+    '/sandboxes/:id',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Destroy a sandbox: its processes killed, its filesystem removed',
+        params: IdParams,
+        response: { 204: Type.Null(), ...errors },
+      },
+    },
+    async (req, reply) => {
+      await d.destroy((req.params as { id: string }).id, undefined, req.caller);
+      return reply.status(204).send();
+    },
+  );
 
-  app.post('/sandboxes/:id/pause', { config: { scope: 'exec' }, schema: { tags, summary: 'Freeze every process (its timeout clock stops)', params: IdParams, response: { 200: SandboxView, ...errors } } }, async (req) =>
-    d.view(await d.pause((req.params as { id: string }).id, null, req.caller)));
+  app.post(
+    '/sandboxes/:id/pause',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Freeze every process (its timeout clock stops)',
+        params: IdParams,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    async (req) => d.view(await d.pause((req.params as { id: string }).id, null, req.caller)),
+  );
 
-  app.post('/sandboxes/:id/resume', { config: { scope: 'exec' }, schema: { tags, summary: 'Thaw it (its timeout starts again)', params: IdParams, response: { 200: SandboxView, ...errors } } }, async (req) =>
-    d.view(await d.resume((req.params as { id: string }).id, req.caller)));
+  app.post(
+    '/sandboxes/:id/resume',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Thaw it (its timeout starts again)',
+        params: IdParams,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    async (req) => d.view(await d.resume((req.params as { id: string }).id, req.caller)),
+  );
 
-  app.post('/sandboxes/:id/timeout', { config: { scope: 'exec' }, schema: { tags, summary: 'Set its timeout from now (0: none)', params: IdParams, body: TimeoutBody, response: { 200: SandboxView, ...errors } } }, async (req) => {
-    const b = req.body as { timeoutS: number; onTimeout?: 'kill' | 'pause' };
-    return d.view(await d.setTimeout((req.params as { id: string }).id, b.timeoutS, b.onTimeout, req.caller));
-  });
+  app.post(
+    '/sandboxes/:id/timeout',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Set its timeout from now (0: none)',
+        params: IdParams,
+        body: TimeoutBody,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    async (req) => {
+      const b = req.body as { timeoutS: number; onTimeout?: 'kill' | 'pause' };
+      return d.view(await d.setTimeout((req.params as { id: string }).id, b.timeoutS, b.onTimeout, req.caller));
+    },
+  );
 
-  app.patch('/sandboxes/:id', { config: { scope: 'exec' }, schema: { tags, summary: 'Replace its labels and/or metadata', params: IdParams, body: LabelsBody, response: { 200: SandboxView, ...errors } } }, async (req) => {
-    const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-    await box.setLabels(req.body as { labels?: Record<string, string> });
-    return d.view(box);
-  });
+  app.patch(
+    '/sandboxes/:id',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Replace its labels and/or metadata',
+        params: IdParams,
+        body: LabelsBody,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    async (req) => {
+      const box = await d.sandbox((req.params as { id: string }).id, req.caller);
+      await box.setLabels(req.body as { labels?: Record<string, string> });
+      return d.view(box);
+    },
+  );
 
-  app.post('/sandboxes/:id/exec', {
-    config: { scope: 'exec' },
-    schema: { tags, summary: 'Run a command and return its result; its deadline (timeoutMs) kills its whole process group, and so does the client going away', params: IdParams, body: ExecBody, response: { 200: ExecResultView, ...errors } },
-  }, async (req, reply) => {
-    const b = req.body as ExecBody;
-    const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-    const release = d.claimExec(req.caller);
-    const started = Date.now();
-    try {
-      const p = await box.spawn(b.argv, {
-        env: b.env, cwd: b.cwd, user: b.user, timeoutMs: d.deadline(b.timeoutMs), encoding: 'buffer',
-        ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+  app.post(
+    '/sandboxes/:id/exec',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary:
+          'Run a command and return its result; its deadline (timeoutMs) kills its whole process group, and so does the client going away',
+        params: IdParams,
+        body: ExecBody,
+        response: { 200: ExecResultView, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as ExecBody;
+      const box = await d.sandbox((req.params as { id: string }).id, req.caller);
+      const release = d.claimExec(req.caller);
+      const started = Date.now();
+      try {
+        const p = await box.spawn(b.argv, {
+          env: b.env,
+          cwd: b.cwd,
+          user: b.user,
+          timeoutMs: d.deadline(b.timeoutMs),
+          encoding: 'buffer',
+          ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+        });
+        // the client went before its answer: the command is killed (nobody could read its result)
+        const gone = (): void => {
+          if (!reply.raw.writableFinished) p.kill(9);
+        };
+        reply.raw.once('close', gone);
+        const r = await p.result;
+        d.metrics.exec.observe('kind="oneshot"', Date.now() - started);
+        return execView(r, b.encoding);
+      } finally {
+        release();
+      }
+    },
+  );
+
+  app.post(
+    '/sandboxes/:id/snapshots',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags: ['snapshots'],
+        summary: 'Snapshot its filesystem (and memory, VM driver: memory: true)',
+        params: IdParams,
+        body: SnapshotBody,
+        response: { 201: Type.Object({}, { additionalProperties: true }), ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as { name: string; memory?: boolean };
+      const snap = await (await d.sandbox((req.params as { id: string }).id, req.caller)).snapshot(b.name, {
+        memory: b.memory,
       });
-      // the client went before its answer: the command is killed (nobody could read its result)
-      const gone = (): void => { if (!reply.raw.writableFinished) p.kill(9); };
-      reply.raw.once('close', gone);
-      const r = await p.result;
-      d.metrics.exec.observe('kind="oneshot"', Date.now() - started);
-      return execView(r, b.encoding);
-    } finally {
-      release();
-    }
-  });
-
-  app.post('/sandboxes/:id/snapshots', { config: { scope: 'exec' }, schema: { tags: ['snapshots'], summary: 'Snapshot its filesystem (and memory, VM driver: memory: true)', params: IdParams, body: SnapshotBody, response: { 201: Type.Object({}, { additionalProperties: true }), ...errors } } }, async (req, reply) => {
-    const b = req.body as { name: string; memory?: boolean };
-    const snap = await (await d.sandbox((req.params as { id: string }).id, req.caller)).snapshot(b.name, { memory: b.memory });
-    req.opId = snap.lastTrace?.id ?? null;
-    if (snap.lastTrace) d.metrics.observeTrace(snap.lastTrace);
-    return reply.status(201).send(snap.toJSON());
-  });
+      req.opId = snap.lastTrace?.id ?? null;
+      if (snap.lastTrace) d.metrics.observeTrace(snap.lastTrace);
+      return reply.status(201).send(snap.toJSON());
+    },
+  );
 }

@@ -27,9 +27,15 @@ const HOLD_MAX_MS = 30_000;
 
 /** A signal by number or name (`TERM`, `SIGTERM`), from Node's own table. */
 export function signalNumber(s: unknown): number {
-  const named = constants.signals[`SIG${String(s).replace(/^SIG/i, '').toUpperCase()}` as keyof typeof constants.signals];
-  const n = typeof s === 'number' ? s : named ?? Number(s);
-  if (!Number.isInteger(n) || n < 0 || n > 64) throw new SnaplabError('BAD_INPUT', `unknown signal ${JSON.stringify(s)}`, 'give a number or a name such as TERM, INT, KILL, HUP');
+  const named =
+    constants.signals[`SIG${String(s).replace(/^SIG/i, '').toUpperCase()}` as keyof typeof constants.signals];
+  const n = typeof s === 'number' ? s : (named ?? Number(s));
+  if (!Number.isInteger(n) || n < 0 || n > 64)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `unknown signal ${JSON.stringify(s)}`,
+      'give a number or a name such as TERM, INT, KILL, HUP',
+    );
   return n;
 }
 
@@ -133,7 +139,12 @@ function control(p: Process, ws: WebSocket, held: [Buffer, boolean][] = []): voi
       if (m.type === 'eof') h.end();
       else if (m.type === 'signal') h.kill(signalNumber(m.signal));
       else if (m.type === 'resize' && Number.isInteger(m.cols) && Number.isInteger(m.rows)) h.resize(m.cols!, m.rows!);
-      else throw new SnaplabError('BAD_INPUT', `unknown message ${JSON.stringify(m.type)}`, 'send binary frames for stdin, or {"type": "eof" | "signal" | "resize"}');
+      else
+        throw new SnaplabError(
+          'BAD_INPUT',
+          `unknown message ${JSON.stringify(m.type)}`,
+          'send binary frames for stdin, or {"type": "eof" | "signal" | "resize"}',
+        );
     } catch (e) {
       send(ws, { type: 'error', error: toSnaplab(e).toJSON() });
     }
@@ -159,7 +170,13 @@ function startMessage(ws: WebSocket): { first: Promise<unknown>; take(): [Buffer
   };
   ws.on('message', onMessage);
   const parsed = new Promise<unknown>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new SnaplabError('TIMEOUT', 'no start message within 30 s', 'send {"type": "start", "argv": [...]} first')), 30_000);
+    const timer = setTimeout(
+      () =>
+        reject(
+          new SnaplabError('TIMEOUT', 'no start message within 30 s', 'send {"type": "start", "argv": [...]} first'),
+        ),
+      30_000,
+    );
     timer.unref();
     ws.once('close', () => {
       clearTimeout(timer);
@@ -171,7 +188,13 @@ function startMessage(ws: WebSocket): { first: Promise<unknown>; take(): [Buffer
         if (isBinary) throw new Error('binary');
         resolve(JSON.parse(String(data)));
       } catch {
-        reject(new SnaplabError('BAD_INPUT', 'the first message must be JSON: {"type": "start", "argv": [...]}', 'see docs/api.md, streaming exec'));
+        reject(
+          new SnaplabError(
+            'BAD_INPUT',
+            'the first message must be JSON: {"type": "start", "argv": [...]}',
+            'see docs/api.md, streaming exec',
+          ),
+        );
       }
     });
   });
@@ -189,14 +212,41 @@ function refuse(ws: WebSocket, e: unknown): void {
 
 /** A start message's fields, checked as the REST body's schema checks them. */
 function processSpec(m: Record<string, unknown>): ProcessSpec {
-  const bad = (what: string): never => { throw new SnaplabError('BAD_INPUT', `invalid ${what} in the start message`, 'see docs/api.md, streaming exec'); };
-  const str = (v: unknown, what: string): string | undefined => (v === undefined ? undefined : typeof v === 'string' ? v : bad(what));
-  const env = m.env === undefined ? undefined : typeof m.env === 'object' && m.env && Object.values(m.env).every((v) => typeof v === 'string') ? (m.env as Record<string, string>) : bad('env');
-  const timeoutMs = m.timeoutMs === undefined ? undefined : Number.isSafeInteger(m.timeoutMs) && (m.timeoutMs as number) >= 0 ? (m.timeoutMs as number) : bad('timeoutMs');
+  const bad = (what: string): never => {
+    throw new SnaplabError('BAD_INPUT', `invalid ${what} in the start message`, 'see docs/api.md, streaming exec');
+  };
+  const str = (v: unknown, what: string): string | undefined =>
+    v === undefined ? undefined : typeof v === 'string' ? v : bad(what);
+  const env =
+    m.env === undefined
+      ? undefined
+      : typeof m.env === 'object' && m.env && Object.values(m.env).every((v) => typeof v === 'string')
+        ? (m.env as Record<string, string>)
+        : bad('env');
+  const timeoutMs =
+    m.timeoutMs === undefined
+      ? undefined
+      : Number.isSafeInteger(m.timeoutMs) && (m.timeoutMs as number) >= 0
+        ? (m.timeoutMs as number)
+        : bad('timeoutMs');
   const t = m.tty as { cols?: unknown; rows?: unknown } | undefined;
   const size = (v: unknown): boolean => Number.isInteger(v) && (v as number) >= 1 && (v as number) <= 65535;
-  const tty = t === undefined ? undefined : typeof t === 'object' && size(t.cols) && size(t.rows) ? { cols: t.cols as number, rows: t.rows as number } : bad('tty');
-  return { argv: m.argv as string[], tag: str(m.tag, 'tag'), env, cwd: str(m.cwd, 'cwd'), user: str(m.user, 'user'), timeoutMs, tty, stdin: m.stdin === true };
+  const tty =
+    t === undefined
+      ? undefined
+      : typeof t === 'object' && size(t.cols) && size(t.rows)
+        ? { cols: t.cols as number, rows: t.rows as number }
+        : bad('tty');
+  return {
+    argv: m.argv as string[],
+    tag: str(m.tag, 'tag'),
+    env,
+    cwd: str(m.cwd, 'cwd'),
+    user: str(m.user, 'user'),
+    timeoutMs,
+    tty,
+    stdin: m.stdin === true,
+  };
 }
 
 const ProcParams = Type.Object({ id: Type.String(), pid: Type.String() });
@@ -206,118 +256,252 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
   /** A process of a sandbox the caller may see (else not found). */
   const proc = (caller: Caller, id: string, pid: string): Process => {
     const rec = d.lab.context.store.sandboxState(sandboxKey(id));
-    if (!rec || !d.visible(caller, rec.id)) throw new SnaplabError('SANDBOX_NOT_FOUND', `no sandbox with id or name ${JSON.stringify(id)}`, 'list them with GET /sandboxes');
+    if (!rec || !d.visible(caller, rec.id))
+      throw new SnaplabError(
+        'SANDBOX_NOT_FOUND',
+        `no sandbox with id or name ${JSON.stringify(id)}`,
+        'list them with GET /sandboxes',
+      );
     return d.processes.get(rec.id, pid);
   };
-  app.get('/sandboxes/:id/exec', { websocket: true, config: { scope: 'exec' }, schema: { tags, summary: 'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, tag?, onDisconnect?: "keep"|"kill"}', params: IdParams } }, (ws, req) => {
-    void (async () => {
-      let p: Process | undefined;
-      let onDisconnect = 'keep';
-      let closed = false;
-      ws.once('close', d.track(req.caller, ws));
-      // registered first: a client gone while the command starts still has it killed
-      ws.once('close', () => {
-        closed = true;
-        if (onDisconnect === 'kill' && p && !p.ended) p.handle?.kill(9);
-      });
-      const start = startMessage(ws);
-      try {
-        const m = (await start.first) as { type?: string; onDisconnect?: string } & Record<string, unknown>;
-        if (m.type !== 'start' || !Array.isArray(m.argv) || !m.argv.length || m.argv.some((a) => typeof a !== 'string')) {
-          throw new SnaplabError('BAD_INPUT', 'the first message must be {"type": "start", "argv": ["cmd", ...]}', 'see docs/api.md, streaming exec');
+  app.get(
+    '/sandboxes/:id/exec',
+    {
+      websocket: true,
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary:
+          'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, tag?, onDisconnect?: "keep"|"kill"}',
+        params: IdParams,
+      },
+    },
+    (ws, req) => {
+      void (async () => {
+        let p: Process | undefined;
+        let onDisconnect = 'keep';
+        let closed = false;
+        ws.once('close', d.track(req.caller, ws));
+        // registered first: a client gone while the command starts still has it killed
+        ws.once('close', () => {
+          closed = true;
+          if (onDisconnect === 'kill' && p && !p.ended) p.handle?.kill(9);
+        });
+        const start = startMessage(ws);
+        try {
+          const m = (await start.first) as { type?: string; onDisconnect?: string } & Record<string, unknown>;
+          if (
+            m.type !== 'start' ||
+            !Array.isArray(m.argv) ||
+            !m.argv.length ||
+            m.argv.some((a) => typeof a !== 'string')
+          ) {
+            throw new SnaplabError(
+              'BAD_INPUT',
+              'the first message must be {"type": "start", "argv": ["cmd", ...]}',
+              'see docs/api.md, streaming exec',
+            );
+          }
+          onDisconnect = m.onDisconnect === 'kill' ? 'kill' : 'keep';
+          const box = await d.sandbox((req.params as { id: string }).id, req.caller);
+          p = await d.startProcess(req.caller, box, processSpec(m));
+        } catch (e) {
+          return refuse(ws, e);
         }
-        onDisconnect = m.onDisconnect === 'kill' ? 'kill' : 'keep';
-        const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-        p = await d.startProcess(req.caller, box, processSpec(m));
-      } catch (e) {
-        return refuse(ws, e);
-      }
-      if (closed) {
-        if (onDisconnect === 'kill') p.handle?.kill(9);
-        return;
-      }
-      control(p, ws, start.take());
-      const proc = p;
-      send(ws, { type: 'started', process: proc.id, pid: await proc.handle!.pid.catch(() => null) });
-      // its reader has had the end: kept a little for a late attach, not the full ten minutes
-      pump(proc, ws, 0, () => (proc.keepMs = 30_000));
-    })();
-  });
+        if (closed) {
+          if (onDisconnect === 'kill') p.handle?.kill(9);
+          return;
+        }
+        control(p, ws, start.take());
+        const proc = p;
+        send(ws, { type: 'started', process: proc.id, pid: await proc.handle!.pid.catch(() => null) });
+        // its reader has had the end: kept a little for a late attach, not the full ten minutes
+        pump(proc, ws, 0, () => (proc.keepMs = 30_000));
+      })();
+    },
+  );
 
-  app.get('/sandboxes/:id/processes/:pid/attach', { websocket: true, config: { scope: 'exec' }, schema: { tags, summary: 'Reattach (WebSocket) from output offset N: what the ring holds after N, then live', params: ProcParams, querystring: Type.Object({ offset: Type.Optional(Type.Integer({ minimum: 0 })), token: Type.Optional(Type.String()) }) } }, (ws, req) => {
-    try {
-      const { id, pid } = req.params as { id: string; pid: string };
-      const p = proc(req.caller, id, pid);
-      ws.once('close', d.track(req.caller, ws));
-      const offset = (req.query as { offset?: number }).offset ?? 0;
-      send(ws, { type: 'attached', process: p.id, ...p.info() });
-      control(p, ws);
-      pump(p, ws, offset);
-    } catch (e) {
-      refuse(ws, e);
-    }
-  });
+  app.get(
+    '/sandboxes/:id/processes/:pid/attach',
+    {
+      websocket: true,
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Reattach (WebSocket) from output offset N: what the ring holds after N, then live',
+        params: ProcParams,
+        querystring: Type.Object({
+          offset: Type.Optional(Type.Integer({ minimum: 0 })),
+          token: Type.Optional(Type.String()),
+        }),
+      },
+    },
+    (ws, req) => {
+      try {
+        const { id, pid } = req.params as { id: string; pid: string };
+        const p = proc(req.caller, id, pid);
+        ws.once('close', d.track(req.caller, ws));
+        const offset = (req.query as { offset?: number }).offset ?? 0;
+        send(ws, { type: 'attached', process: p.id, ...p.info() });
+        control(p, ws);
+        pump(p, ws, offset);
+      } catch (e) {
+        refuse(ws, e);
+      }
+    },
+  );
 
   const info = Type.Object({}, { additionalProperties: true });
 
-  app.post('/sandboxes/:id/processes', { config: { scope: 'exec' }, schema: { tags, summary: 'Start a command in the background; it outlives the request, its output kept in a ring', params: IdParams, body: ProcessBody, response: { 201: info, ...errors } } }, async (req, reply) => {
-    const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-    const p = await d.startProcess(req.caller, box, { ...(req.body as ProcessSpec), background: true });
-    await p.handle!.pid.catch(() => null);
-    return reply.status(201).send(p.info());
-  });
+  app.post(
+    '/sandboxes/:id/processes',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Start a command in the background; it outlives the request, its output kept in a ring',
+        params: IdParams,
+        body: ProcessBody,
+        response: { 201: info, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const box = await d.sandbox((req.params as { id: string }).id, req.caller);
+      const p = await d.startProcess(req.caller, box, { ...(req.body as ProcessSpec), background: true });
+      await p.handle!.pid.catch(() => null);
+      return reply.status(201).send(p.info());
+    },
+  );
 
-  app.get('/sandboxes/:id/processes', { config: { scope: 'read' }, schema: { tags, summary: 'Processes the daemon runs (or ran, for 10 minutes) in this sandbox', params: IdParams, response: { 200: Type.Array(info), ...errors } } }, async (req) => {
-    const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-    return d.processes.of(box.id).map((p) => p.info());
-  });
+  app.get(
+    '/sandboxes/:id/processes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags,
+        summary: 'Processes the daemon runs (or ran, for 10 minutes) in this sandbox',
+        params: IdParams,
+        response: { 200: Type.Array(info), ...errors },
+      },
+    },
+    async (req) => {
+      const box = await d.sandbox((req.params as { id: string }).id, req.caller);
+      return d.processes.of(box.id).map((p) => p.info());
+    },
+  );
 
-  app.get('/sandboxes/:id/processes/:pid', { config: { scope: 'read' }, schema: { tags, params: ProcParams, response: { 200: info, ...errors } } }, async (req) => {
-    const { id, pid } = req.params as { id: string; pid: string };
-    return proc(req.caller, id, pid).info();
-  });
+  app.get(
+    '/sandboxes/:id/processes/:pid',
+    { config: { scope: 'read' }, schema: { tags, params: ProcParams, response: { 200: info, ...errors } } },
+    async (req) => {
+      const { id, pid } = req.params as { id: string; pid: string };
+      return proc(req.caller, id, pid).info();
+    },
+  );
 
-  app.get('/sandboxes/:id/processes/:pid/output', {
-    config: { scope: 'read' },
-    schema: { tags, summary: 'Output from offset N (base64 chunks), waiting up to `wait` s for more; `next` is the offset to ask for next', params: ProcParams, querystring: Type.Object({ offset: Type.Optional(Type.Integer({ minimum: 0 })), wait: Type.Optional(Type.Number({ minimum: 0, maximum: 60 })) }), response: { 200: info, ...errors } },
-  }, async (req) => {
-    const { id, pid } = req.params as { id: string; pid: string };
-    const p = proc(req.caller, id, pid);
-    const q = req.query as { offset?: number; wait?: number };
-    const offset = q.offset ?? 0;
-    if (q.wait && !p.ended && p.ring.total <= offset) {
-      await new Promise<void>((resolve) => {
-        const done = (): void => { clearTimeout(t); p.off('chunk', done); p.off('exit', done); resolve(); };
-        const t = setTimeout(done, q.wait! * 1000);
-        p.once('chunk', done);
-        p.once('exit', done);
-      });
-    }
-    const { chunks, gap } = p.ring.from(offset);
-    return { ...p.info(), gap, next: p.ring.total, chunks: chunks.map((c) => ({ stream: c.stream, offset: c.offset, data: c.data.toString('base64') })) };
-  });
+  app.get(
+    '/sandboxes/:id/processes/:pid/output',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags,
+        summary:
+          'Output from offset N (base64 chunks), waiting up to `wait` s for more; `next` is the offset to ask for next',
+        params: ProcParams,
+        querystring: Type.Object({
+          offset: Type.Optional(Type.Integer({ minimum: 0 })),
+          wait: Type.Optional(Type.Number({ minimum: 0, maximum: 60 })),
+        }),
+        response: { 200: info, ...errors },
+      },
+    },
+    async (req) => {
+      const { id, pid } = req.params as { id: string; pid: string };
+      const p = proc(req.caller, id, pid);
+      const q = req.query as { offset?: number; wait?: number };
+      const offset = q.offset ?? 0;
+      if (q.wait && !p.ended && p.ring.total <= offset) {
+        await new Promise<void>((resolve) => {
+          const done = (): void => {
+            clearTimeout(t);
+            p.off('chunk', done);
+            p.off('exit', done);
+            resolve();
+          };
+          const t = setTimeout(done, q.wait! * 1000);
+          p.once('chunk', done);
+          p.once('exit', done);
+        });
+      }
+      const { chunks, gap } = p.ring.from(offset);
+      return {
+        ...p.info(),
+        gap,
+        next: p.ring.total,
+        chunks: chunks.map((c) => ({ stream: c.stream, offset: c.offset, data: c.data.toString('base64') })),
+      };
+    },
+  );
 
-  app.post('/sandboxes/:id/processes/:pid/signal', { config: { scope: 'exec' }, schema: { tags, summary: "A signal to the process's whole group", params: ProcParams, body: Type.Object({ signal: Type.Union([Type.String(), Type.Integer()]) }), response: { 200: info, ...errors } } }, async (req) => {
-    const { id, pid } = req.params as { id: string; pid: string };
-    const p = proc(req.caller, id, pid);
-    if (!p.ended) p.handle?.kill(signalNumber((req.body as { signal: unknown }).signal));
-    return p.info();
-  });
+  app.post(
+    '/sandboxes/:id/processes/:pid/signal',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: "A signal to the process's whole group",
+        params: ProcParams,
+        body: Type.Object({ signal: Type.Union([Type.String(), Type.Integer()]) }),
+        response: { 200: info, ...errors },
+      },
+    },
+    async (req) => {
+      const { id, pid } = req.params as { id: string; pid: string };
+      const p = proc(req.caller, id, pid);
+      if (!p.ended) p.handle?.kill(signalNumber((req.body as { signal: unknown }).signal));
+      return p.info();
+    },
+  );
 
-  app.post('/sandboxes/:id/processes/:pid/stdin', { config: { scope: 'exec' }, schema: { tags, summary: 'Input (application/octet-stream body, streamed); `eof=true` ends it after', params: ProcParams, querystring: Type.Object({ eof: Type.Optional(Type.Boolean()) }), response: { 200: info, ...errors } } }, async (req) => {
-    const { id, pid } = req.params as { id: string; pid: string };
-    const p = proc(req.caller, id, pid);
-    const h = p.handle;
-    if (!h || p.ended) throw new SnaplabError('BAD_INPUT', 'the process has ended', 'start a new one');
-    for await (const b of streamBody(req.body)) if (!h.write(b as Buffer)) await h.drained();
-    if ((req.query as { eof?: boolean }).eof) h.end();
-    return p.info();
-  });
+  app.post(
+    '/sandboxes/:id/processes/:pid/stdin',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Input (application/octet-stream body, streamed); `eof=true` ends it after',
+        params: ProcParams,
+        querystring: Type.Object({ eof: Type.Optional(Type.Boolean()) }),
+        response: { 200: info, ...errors },
+      },
+    },
+    async (req) => {
+      const { id, pid } = req.params as { id: string; pid: string };
+      const p = proc(req.caller, id, pid);
+      const h = p.handle;
+      if (!h || p.ended) throw new SnaplabError('BAD_INPUT', 'the process has ended', 'start a new one');
+      for await (const b of streamBody(req.body)) if (!h.write(b as Buffer)) await h.drained();
+      if ((req.query as { eof?: boolean }).eof) h.end();
+      return p.info();
+    },
+  );
 
-  app.delete('/sandboxes/:id/processes/:pid', { config: { scope: 'exec' }, schema: { tags, summary: 'Kill it (SIGKILL to its group)', params: ProcParams, response: { 200: info, ...errors } } }, async (req) => {
-    const { id, pid } = req.params as { id: string; pid: string };
-    const p = proc(req.caller, id, pid);
-    if (!p.ended) p.handle?.kill(9);
-    return p.info();
-  });
+  app.delete(
+    '/sandboxes/:id/processes/:pid',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary: 'Kill it (SIGKILL to its group)',
+        params: ProcParams,
+        response: { 200: info, ...errors },
+      },
+    },
+    async (req) => {
+      const { id, pid } = req.params as { id: string; pid: string };
+      const p = proc(req.caller, id, pid);
+      if (!p.ended) p.handle?.kill(9);
+      return p.info();
+    },
+  );
 }

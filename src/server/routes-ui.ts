@@ -18,7 +18,8 @@ import { errors } from './schemas.js';
 
 const any = Type.Object({}, { additionalProperties: true });
 /** the page may talk to its own origin only, run no inline script, and be framed by nobody */
-const CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+const CSP =
+  "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 const RESULTS_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export const webRoot = (): string => join(packageRoot(), 'dist', 'web');
@@ -29,7 +30,11 @@ export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
     // wildcard: false routes each built file by name (found once, at start), so no catch-all
     // route can shadow an API path or serve anything outside dist/web
     await app.register(fastifyStatic, {
-      root, wildcard: false, index: 'index.html', schemaHide: true, cacheControl: false,
+      root,
+      wildcard: false,
+      index: 'index.html',
+      schemaHide: true,
+      cacheControl: false,
       setHeaders: (res, path) => {
         res.setHeader('content-security-policy', CSP);
         res.setHeader('x-content-type-options', 'nosniff');
@@ -40,55 +45,137 @@ export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
     });
   } else {
     app.get('/', { schema: { hide: true } }, async () => {
-      throw new SnaplabError('UI_NOT_BUILT', `the dashboard is not built (no ${join(root, 'index.html')})`, 'run `npm run build` in the snaplab checkout');
+      throw new SnaplabError(
+        'UI_NOT_BUILT',
+        `the dashboard is not built (no ${join(root, 'index.html')})`,
+        'run `npm run build` in the snaplab checkout',
+      );
     });
   }
 
-  app.get('/whoami', { config: { scope: 'read' }, schema: { tags: ['keys'], summary: 'The caller: its key (local on the Unix socket), scopes and quotas', response: { 200: any, ...errors } } }, async (req) => ({
-    key: req.caller.key, scopes: [...req.caller.scopes], maxSandboxes: req.caller.maxSandboxes ?? null, maxExecs: req.caller.maxExecs ?? null,
-  }));
+  app.get(
+    '/whoami',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['keys'],
+        summary: 'The caller: its key (local on the Unix socket), scopes and quotas',
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => ({
+      key: req.caller.key,
+      scopes: [...req.caller.scopes],
+      maxSandboxes: req.caller.maxSandboxes ?? null,
+      maxExecs: req.caller.maxExecs ?? null,
+    }),
+  );
 
   // one call for the whole list: the dashboard polls it and draws CPU from the difference
-  app.get('/usage', { config: { scope: 'read' }, schema: { tags: ['sandboxes'], summary: "Every visible machine's memory, pids and CPU time now (from its cgroup)", response: { 200: Type.Array(any), ...errors } } }, async (req) => {
-    const at = Date.now();
-    const recs = d.lab.context.store.listSandboxes().filter((r) => (r.state === 'running' || r.state === 'paused') && d.visible(req.caller, r.id));
-    return Promise.all(recs.map(async (r) => ({ id: r.id, at, ...(await stats(cgroupFor(r.id)).catch(() => ({}))) })));
-  });
+  app.get(
+    '/usage',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: "Every visible machine's memory, pids and CPU time now (from its cgroup)",
+        response: { 200: Type.Array(any), ...errors },
+      },
+    },
+    async (req) => {
+      const at = Date.now();
+      const recs = d.lab.context.store
+        .listSandboxes()
+        .filter((r) => (r.state === 'running' || r.state === 'paused') && d.visible(req.caller, r.id));
+      return Promise.all(
+        recs.map(async (r) => ({ id: r.id, at, ...(await stats(cgroupFor(r.id)).catch(() => ({}))) })),
+      );
+    },
+  );
 
   // every take of a pool's standbys (a pool run's take phase, or a take for the caller's own use),
   // from the stored traces: takes by the CLI and the library count as well as the daemon's own.
   // `after` is the cursor of the last answer (traces in the order they were stored); `now` is the
   // daemon's clock, which the times are on
-  app.get('/pools/:name/takes', {
-    config: { scope: 'read' },
-    schema: { tags: ['pools'], summary: 'The takes of a pool: those stored after a cursor, or that started in the last `since` ms', params: Type.Object({ name: Type.String() }), querystring: Type.Object({ after: Type.Optional(Type.Integer({ minimum: 0 })), since: Type.Optional(Type.Integer({ minimum: 0, maximum: 86_400_000 })) }), response: { 200: any, ...errors } },
-  }, async (req) => {
-    const name = (req.params as { name: string }).name;
-    await d.lab.pool(name).stats(); // POOL_NOT_FOUND for a pool that is not there
-    const q = req.query as { after?: number; since?: number };
-    const now = Date.now();
-    const { next, ops } = d.lab.context.store.operationsStored(name, ['run', 'take'], q.after !== undefined ? { cursor: q.after } : { since: now - (q.since ?? 60_000) });
-    // a pool's runs and takes say hit or miss; a one-shot run traced with an image of the same name does not
-    const takes = ops.filter((t) => typeof (t.details as { hit?: unknown } | null)?.hit === 'boolean').map((t) => {
-      const take = t.kind === 'take' ? t.totalMs : t.phases.find((p) => p.name === 'take' && p.parent === null);
-      const ms = typeof take === 'number' ? take : take ? take.endMs - take.startMs : null;
-      return { id: t.id, at: t.startedAt, kind: t.kind, ms, hit: (t.details as { hit: boolean }).hit };
-    });
-    return { now, next, takes };
-  });
+  app.get(
+    '/pools/:name/takes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['pools'],
+        summary: 'The takes of a pool: those stored after a cursor, or that started in the last `since` ms',
+        params: Type.Object({ name: Type.String() }),
+        querystring: Type.Object({
+          after: Type.Optional(Type.Integer({ minimum: 0 })),
+          since: Type.Optional(Type.Integer({ minimum: 0, maximum: 86_400_000 })),
+        }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => {
+      const name = (req.params as { name: string }).name;
+      await d.lab.pool(name).stats(); // POOL_NOT_FOUND for a pool that is not there
+      const q = req.query as { after?: number; since?: number };
+      const now = Date.now();
+      const { next, ops } = d.lab.context.store.operationsStored(
+        name,
+        ['run', 'take'],
+        q.after !== undefined ? { cursor: q.after } : { since: now - (q.since ?? 60_000) },
+      );
+      // a pool's runs and takes say hit or miss; a one-shot run traced with an image of the same name does not
+      const takes = ops
+        .filter((t) => typeof (t.details as { hit?: unknown } | null)?.hit === 'boolean')
+        .map((t) => {
+          const take = t.kind === 'take' ? t.totalMs : t.phases.find((p) => p.name === 'take' && p.parent === null);
+          const ms = typeof take === 'number' ? take : take ? take.endMs - take.startMs : null;
+          return { id: t.id, at: t.startedAt, kind: t.kind, ms, hit: (t.details as { hit: boolean }).hit };
+        });
+      return { now, next, takes };
+    },
+  );
 
   const benchDir = d.opts.benchDir ?? join(d.lab.home, 'bench');
-  app.get('/bench', { config: { scope: 'read' }, schema: { tags: ['bench'], summary: 'The `snaplab bench --results` directories in the daemon\'s bench directory (serve --bench-dir)', response: { 200: Type.Array(any), ...errors } } }, async () => {
-    const names = await readdir(benchDir).catch(() => [] as string[]);
-    const out: Record<string, unknown>[] = [];
-    for (const name of names.filter((n) => RESULTS_NAME.test(n)).sort()) {
-      const s = await readResults(benchDir, name).catch(() => undefined);
-      if (s) out.push({ name, workload: s.workload, storage: s.storage ?? null, startedAt: s.startedAt, rungs: Array.isArray(s.rungs) ? s.rungs.length : 0, compare: !!s.compare });
-    }
-    return out;
-  });
-  app.get('/bench/:name', { config: { scope: 'read' }, schema: { tags: ['bench'], summary: 'One results directory: its summary.json', params: Type.Object({ name: Type.String() }), response: { 200: any, ...errors } } }, async (req) =>
-    readResults(benchDir, (req.params as { name: string }).name));
+  app.get(
+    '/bench',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['bench'],
+        summary: "The `snaplab bench --results` directories in the daemon's bench directory (serve --bench-dir)",
+        response: { 200: Type.Array(any), ...errors },
+      },
+    },
+    async () => {
+      const names = await readdir(benchDir).catch(() => [] as string[]);
+      const out: Record<string, unknown>[] = [];
+      for (const name of names.filter((n) => RESULTS_NAME.test(n)).sort()) {
+        const s = await readResults(benchDir, name).catch(() => undefined);
+        if (s)
+          out.push({
+            name,
+            workload: s.workload,
+            storage: s.storage ?? null,
+            startedAt: s.startedAt,
+            rungs: Array.isArray(s.rungs) ? s.rungs.length : 0,
+            compare: !!s.compare,
+          });
+      }
+      return out;
+    },
+  );
+  app.get(
+    '/bench/:name',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['bench'],
+        summary: 'One results directory: its summary.json',
+        params: Type.Object({ name: Type.String() }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => readResults(benchDir, (req.params as { name: string }).name),
+  );
 }
 
 /**
@@ -97,18 +184,39 @@ export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
  * directory is checked with lstat and the file opened with O_NOFOLLOW and checked on its handle.
  * Errors name the results, not host paths, and never quote the file.
  */
-async function readResults(dir: string, name: string): Promise<Record<string, unknown> & { workload: string; startedAt: string; rungs: unknown[] }> {
-  if (!RESULTS_NAME.test(name)) throw new SnaplabError('BAD_INPUT', `invalid results name ${JSON.stringify(name)}`, 'give a directory name from GET /bench');
-  const missing = (): SnaplabError => new SnaplabError('RESULTS_NOT_FOUND', `no results ${name} in the bench directory`, 'write them with `snaplab bench --results $SNAPLAB_HOME/bench/NAME` (or serve --bench-dir); list them with GET /bench');
+async function readResults(
+  dir: string,
+  name: string,
+): Promise<Record<string, unknown> & { workload: string; startedAt: string; rungs: unknown[] }> {
+  if (!RESULTS_NAME.test(name))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid results name ${JSON.stringify(name)}`,
+      'give a directory name from GET /bench',
+    );
+  const missing = (): SnaplabError =>
+    new SnaplabError(
+      'RESULTS_NOT_FOUND',
+      `no results ${name} in the bench directory`,
+      'write them with `snaplab bench --results $SNAPLAB_HOME/bench/NAME` (or serve --bench-dir); list them with GET /bench',
+    );
   const sub = await lstat(join(dir, name)).catch(() => undefined);
   if (!sub?.isDirectory()) throw missing();
-  const fh = await open(join(dir, name, 'summary.json'), constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(() => undefined);
+  const fh = await open(
+    join(dir, name, 'summary.json'),
+    constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK,
+  ).catch(() => undefined);
   if (!fh) throw missing();
   let text: string;
   try {
     const st = await fh.stat();
     if (!st.isFile()) throw missing();
-    if (st.size > 16 << 20) throw new SnaplabError('BAD_RESULTS', `results ${name}: summary.json is ${st.size} bytes`, 'a summary.json is far smaller: is it one?');
+    if (st.size > 16 << 20)
+      throw new SnaplabError(
+        'BAD_RESULTS',
+        `results ${name}: summary.json is ${st.size} bytes`,
+        'a summary.json is far smaller: is it one?',
+      );
     text = await fh.readFile('utf8');
   } finally {
     await fh.close();
@@ -117,8 +225,17 @@ async function readResults(dir: string, name: string): Promise<Record<string, un
   try {
     o = JSON.parse(text) as Record<string, unknown>;
   } catch {
-    throw new SnaplabError('BAD_RESULTS', `results ${name}: summary.json is not JSON`, 'rerun the bench with --results into a new directory');
+    throw new SnaplabError(
+      'BAD_RESULTS',
+      `results ${name}: summary.json is not JSON`,
+      'rerun the bench with --results into a new directory',
+    );
   }
-  if (!o || typeof o !== 'object' || typeof o.workload !== 'string' || !Array.isArray(o.rungs)) throw new SnaplabError('BAD_RESULTS', `results ${name}: summary.json is not a bench summary (no workload or rungs)`, 'give a directory written by `snaplab bench --results`');
+  if (!o || typeof o !== 'object' || typeof o.workload !== 'string' || !Array.isArray(o.rungs))
+    throw new SnaplabError(
+      'BAD_RESULTS',
+      `results ${name}: summary.json is not a bench summary (no workload or rungs)`,
+      'give a directory written by `snaplab bench --results`',
+    );
   return o as Record<string, unknown> & { workload: string; startedAt: string; rungs: unknown[] };
 }

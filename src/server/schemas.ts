@@ -6,104 +6,224 @@ import { Type, type Static } from 'typebox';
 
 const open = { additionalProperties: true } as const;
 
-export const ErrorBody = Type.Object({
-  code: Type.String({ description: 'a SnaplabError code, e.g. SANDBOX_NOT_FOUND' }),
-  message: Type.String(),
-  hint: Type.Optional(Type.String()),
-  operationId: Type.Optional(Type.String({ description: 'the trace of the failed operation: GET /traces/{id}' })),
-  limit: Type.Optional(Type.String({ description: '429: which quota' })),
-}, open);
+export const ErrorBody = Type.Object(
+  {
+    code: Type.String({ description: 'a SnaplabError code, e.g. SANDBOX_NOT_FOUND' }),
+    message: Type.String(),
+    hint: Type.Optional(Type.String()),
+    operationId: Type.Optional(Type.String({ description: 'the trace of the failed operation: GET /traces/{id}' })),
+    limit: Type.Optional(Type.String({ description: '429: which quota' })),
+  },
+  open,
+);
 
 const StringMap = Type.Record(Type.String(), Type.String());
 
-export const Limits = Type.Object({
-  memoryBytes: Type.Optional(Type.Integer({ minimum: 1 })),
-  pids: Type.Optional(Type.Integer({ minimum: 1 })),
-  cpus: Type.Optional(Type.Number({ minimum: 0.01 })),
-  diskBytes: Type.Optional(Type.Integer({ minimum: 0, description: 'most the machine may write beyond its image (0: no cap)' })),
-}, { additionalProperties: false });
+export const Limits = Type.Object(
+  {
+    memoryBytes: Type.Optional(Type.Integer({ minimum: 1 })),
+    pids: Type.Optional(Type.Integer({ minimum: 1 })),
+    cpus: Type.Optional(Type.Number({ minimum: 0.01 })),
+    diskBytes: Type.Optional(
+      Type.Integer({ minimum: 0, description: 'most the machine may write beyond its image (0: no cap)' }),
+    ),
+  },
+  { additionalProperties: false },
+);
 
-export const CreateBody = Type.Object({
-  image: Type.Optional(Type.String({ description: 'image name (default busybox)' })),
-  snapshot: Type.Optional(Type.String({ description: 'restore this snapshot instead' })),
-  pool: Type.Optional(Type.String({ description: 'take a ready standby of this pool instead' })),
-  name: Type.Optional(Type.String()),
-  storage: Type.Optional(Type.Union([Type.Literal('btrfs'), Type.Literal('overlay'), Type.Literal('dir')])),
-  driver: Type.Optional(Type.Union([Type.Literal('namespaces'), Type.Literal('qemu')])),
-  limits: Type.Optional(Limits),
-  userns: Type.Optional(Type.Boolean()),
-  init: Type.Optional(Type.Union([Type.Literal('agent'), Type.Literal('systemd')])),
-  labels: Type.Optional(StringMap),
-  metadata: Type.Optional(StringMap),
-  timeoutS: Type.Optional(Type.Integer({ minimum: 0, description: 'TTL in seconds from now (0: none; default: the daemon\'s --default-timeout, 300)' })),
-  onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
-}, { additionalProperties: false });
+export const CreateBody = Type.Object(
+  {
+    image: Type.Optional(Type.String({ description: 'image name (default busybox)' })),
+    snapshot: Type.Optional(Type.String({ description: 'restore this snapshot instead' })),
+    pool: Type.Optional(Type.String({ description: 'take a ready standby of this pool instead' })),
+    name: Type.Optional(Type.String()),
+    storage: Type.Optional(Type.Union([Type.Literal('btrfs'), Type.Literal('overlay'), Type.Literal('dir')])),
+    driver: Type.Optional(Type.Union([Type.Literal('namespaces'), Type.Literal('qemu')])),
+    limits: Type.Optional(Limits),
+    userns: Type.Optional(Type.Boolean()),
+    init: Type.Optional(Type.Union([Type.Literal('agent'), Type.Literal('systemd')])),
+    labels: Type.Optional(StringMap),
+    metadata: Type.Optional(StringMap),
+    timeoutS: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        description: "TTL in seconds from now (0: none; default: the daemon's --default-timeout, 300)",
+      }),
+    ),
+    onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
+  },
+  { additionalProperties: false },
+);
 export type CreateBody = Static<typeof CreateBody>;
 
-export const SandboxView = Type.Object({
-  id: Type.String(), name: Type.String(), state: Type.String(), reason: Type.Union([Type.String(), Type.Null()]), image: Type.String(),
-  storage: Type.String(), driver: Type.String(), labels: StringMap, metadata: StringMap, owner: Type.Union([Type.String(), Type.Null()]),
-  timeoutS: Type.Integer(), onTimeout: Type.String(), expiresAt: Type.Union([Type.String(), Type.Null()]), createdAt: Type.String(),
-}, open);
+export const SandboxView = Type.Object(
+  {
+    id: Type.String(),
+    name: Type.String(),
+    state: Type.String(),
+    reason: Type.Union([Type.String(), Type.Null()]),
+    image: Type.String(),
+    storage: Type.String(),
+    driver: Type.String(),
+    labels: StringMap,
+    metadata: StringMap,
+    owner: Type.Union([Type.String(), Type.Null()]),
+    timeoutS: Type.Integer(),
+    onTimeout: Type.String(),
+    expiresAt: Type.Union([Type.String(), Type.Null()]),
+    createdAt: Type.String(),
+  },
+  open,
+);
 
 export const IdParams = Type.Object({ id: Type.String() });
 
-export const ExecBody = Type.Object({
-  argv: Type.Array(Type.String(), { minItems: 1 }),
-  env: Type.Optional(StringMap),
-  cwd: Type.Optional(Type.String()),
-  user: Type.Optional(Type.String()),
-  timeoutMs: Type.Optional(Type.Integer({ minimum: 0, description: 'deadline: kills the command\'s process group (0: none; default 60000)' })),
-  stdin: Type.Optional(Type.String({ description: 'input, as text (or base64 with encoding: base64)' })),
-  encoding: Type.Optional(Type.Union([Type.Literal('utf8'), Type.Literal('base64')], { description: 'of stdin and of the output in the result' })),
-}, { additionalProperties: false });
+export const ExecBody = Type.Object(
+  {
+    argv: Type.Array(Type.String(), { minItems: 1 }),
+    env: Type.Optional(StringMap),
+    cwd: Type.Optional(Type.String()),
+    user: Type.Optional(Type.String()),
+    timeoutMs: Type.Optional(
+      Type.Integer({ minimum: 0, description: "deadline: kills the command's process group (0: none; default 60000)" }),
+    ),
+    stdin: Type.Optional(Type.String({ description: 'input, as text (or base64 with encoding: base64)' })),
+    encoding: Type.Optional(
+      Type.Union([Type.Literal('utf8'), Type.Literal('base64')], {
+        description: 'of stdin and of the output in the result',
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
 export type ExecBody = Static<typeof ExecBody>;
 
-export const ExecResultView = Type.Object({
-  exitCode: Type.Integer(), signal: Type.Union([Type.Integer(), Type.Null()]), timedOut: Type.Boolean(), notFound: Type.Boolean(),
-  oomKilled: Type.Boolean(), truncated: Type.Boolean(), stdout: Type.String(), stderr: Type.String(), encoding: Type.String(),
-  usage: Type.Object({ wallMs: Type.Number(), userMs: Type.Number(), systemMs: Type.Number(), maxRssKb: Type.Number() }),
-}, open);
+export const ExecResultView = Type.Object(
+  {
+    exitCode: Type.Integer(),
+    signal: Type.Union([Type.Integer(), Type.Null()]),
+    timedOut: Type.Boolean(),
+    notFound: Type.Boolean(),
+    oomKilled: Type.Boolean(),
+    truncated: Type.Boolean(),
+    stdout: Type.String(),
+    stderr: Type.String(),
+    encoding: Type.String(),
+    usage: Type.Object({
+      wallMs: Type.Number(),
+      userMs: Type.Number(),
+      systemMs: Type.Number(),
+      maxRssKb: Type.Number(),
+    }),
+  },
+  open,
+);
 
-export const ProcessBody = Type.Object({
-  argv: Type.Array(Type.String(), { minItems: 1 }),
-  tag: Type.Optional(Type.String({ maxLength: 128 })),
-  env: Type.Optional(StringMap),
-  cwd: Type.Optional(Type.String()),
-  user: Type.Optional(Type.String()),
-  timeoutMs: Type.Optional(Type.Integer({ minimum: 0 })),
-  tty: Type.Optional(Type.Object({ cols: Type.Integer({ minimum: 1, maximum: 65535 }), rows: Type.Integer({ minimum: 1, maximum: 65535 }) })),
-  stdin: Type.Optional(Type.Boolean({ description: 'keep stdin open for the attach stream (else /dev/null)' })),
-}, { additionalProperties: false });
+export const ProcessBody = Type.Object(
+  {
+    argv: Type.Array(Type.String(), { minItems: 1 }),
+    tag: Type.Optional(Type.String({ maxLength: 128 })),
+    env: Type.Optional(StringMap),
+    cwd: Type.Optional(Type.String()),
+    user: Type.Optional(Type.String()),
+    timeoutMs: Type.Optional(Type.Integer({ minimum: 0 })),
+    tty: Type.Optional(
+      Type.Object({
+        cols: Type.Integer({ minimum: 1, maximum: 65535 }),
+        rows: Type.Integer({ minimum: 1, maximum: 65535 }),
+      }),
+    ),
+    stdin: Type.Optional(Type.Boolean({ description: 'keep stdin open for the attach stream (else /dev/null)' })),
+  },
+  { additionalProperties: false },
+);
 export type ProcessBody = Static<typeof ProcessBody>;
 
-export const SnapshotBody = Type.Object({ name: Type.String(), memory: Type.Optional(Type.Boolean()) }, { additionalProperties: false });
-export const TimeoutBody = Type.Object({ timeoutS: Type.Integer({ minimum: 0 }), onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])) }, { additionalProperties: false });
-export const LabelsBody = Type.Object({ labels: Type.Optional(StringMap), metadata: Type.Optional(StringMap) }, { additionalProperties: false });
+export const SnapshotBody = Type.Object(
+  { name: Type.String(), memory: Type.Optional(Type.Boolean()) },
+  { additionalProperties: false },
+);
+export const TimeoutBody = Type.Object(
+  {
+    timeoutS: Type.Integer({ minimum: 0 }),
+    onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
+  },
+  { additionalProperties: false },
+);
+export const LabelsBody = Type.Object(
+  { labels: Type.Optional(StringMap), metadata: Type.Optional(StringMap) },
+  { additionalProperties: false },
+);
 export const PathQuery = Type.Object({ path: Type.String({ minLength: 1 }), user: Type.Optional(Type.String()) });
 
-export const PoolBody = Type.Object({
-  name: Type.String(), image: Type.Optional(Type.String()), size: Type.Integer({ minimum: 0 }), limits: Type.Optional(Limits),
-  storage: Type.Optional(Type.Union([Type.Literal('btrfs'), Type.Literal('overlay'), Type.Literal('dir')])),
-  driver: Type.Optional(Type.String()), recycle: Type.Optional(Type.Boolean()), userns: Type.Optional(Type.Boolean()),
-}, { additionalProperties: false });
+export const PoolBody = Type.Object(
+  {
+    name: Type.String(),
+    image: Type.Optional(Type.String()),
+    size: Type.Integer({ minimum: 0 }),
+    limits: Type.Optional(Limits),
+    storage: Type.Optional(Type.Union([Type.Literal('btrfs'), Type.Literal('overlay'), Type.Literal('dir')])),
+    driver: Type.Optional(Type.String()),
+    recycle: Type.Optional(Type.Boolean()),
+    userns: Type.Optional(Type.Boolean()),
+  },
+  { additionalProperties: false },
+);
 
-export const RunBody = Type.Object({
-  argv: Type.Array(Type.String()),
-  env: Type.Optional(StringMap), cwd: Type.Optional(Type.String()), user: Type.Optional(Type.String()),
-  timeoutMs: Type.Optional(Type.Integer({ minimum: 0 })), stdin: Type.Optional(Type.String()),
-  encoding: Type.Optional(Type.Union([Type.Literal('utf8'), Type.Literal('base64')])),
-}, { additionalProperties: false });
+export const RunBody = Type.Object(
+  {
+    argv: Type.Array(Type.String()),
+    env: Type.Optional(StringMap),
+    cwd: Type.Optional(Type.String()),
+    user: Type.Optional(Type.String()),
+    timeoutMs: Type.Optional(Type.Integer({ minimum: 0 })),
+    stdin: Type.Optional(Type.String()),
+    encoding: Type.Optional(Type.Union([Type.Literal('utf8'), Type.Literal('base64')])),
+  },
+  { additionalProperties: false },
+);
 export type RunBody = Static<typeof RunBody>;
 
-export const ImportBody = Type.Object({ source: Type.String({ description: 'a path on the daemon\'s host' }), name: Type.String() }, { additionalProperties: false });
-export const BuildBody = Type.Object({ spec: Type.Record(Type.String(), Type.Unknown(), { description: 'as `image build` takes (docs/images.md)' }), name: Type.Optional(Type.String()) }, { additionalProperties: false });
-export const ScenarioBody = Type.Object({
-  file: Type.String({ description: 'a scenario file on the daemon\'s host' }),
-  name: Type.Optional(Type.String()),
-  driver: Type.Optional(Type.Union([Type.Literal('namespaces'), Type.Literal('qemu')], { description: 'the driver of machines whose file names none' })),
-}, { additionalProperties: false });
-export const KeyBody = Type.Object({ name: Type.String(), scopes: Type.Optional(Type.Array(Type.String())), maxSandboxes: Type.Optional(Type.Integer({ minimum: 0 })), maxExecs: Type.Optional(Type.Integer({ minimum: 0 })) }, { additionalProperties: false });
+export const ImportBody = Type.Object(
+  { source: Type.String({ description: "a path on the daemon's host" }), name: Type.String() },
+  { additionalProperties: false },
+);
+export const BuildBody = Type.Object(
+  {
+    spec: Type.Record(Type.String(), Type.Unknown(), { description: 'as `image build` takes (docs/images.md)' }),
+    name: Type.Optional(Type.String()),
+  },
+  { additionalProperties: false },
+);
+export const ScenarioBody = Type.Object(
+  {
+    file: Type.String({ description: "a scenario file on the daemon's host" }),
+    name: Type.Optional(Type.String()),
+    driver: Type.Optional(
+      Type.Union([Type.Literal('namespaces'), Type.Literal('qemu')], {
+        description: 'the driver of machines whose file names none',
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+export const KeyBody = Type.Object(
+  {
+    name: Type.String(),
+    scopes: Type.Optional(Type.Array(Type.String())),
+    maxSandboxes: Type.Optional(Type.Integer({ minimum: 0 })),
+    maxExecs: Type.Optional(Type.Integer({ minimum: 0 })),
+  },
+  { additionalProperties: false },
+);
 
 /** The error responses every route may give. */
-export const errors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 404: ErrorBody, 409: ErrorBody, 429: ErrorBody, 500: ErrorBody };
+export const errors = {
+  400: ErrorBody,
+  401: ErrorBody,
+  403: ErrorBody,
+  404: ErrorBody,
+  409: ErrorBody,
+  429: ErrorBody,
+  500: ErrorBody,
+};

@@ -38,20 +38,34 @@ export const defaultSocket = (home: string): string => join(home, 'daemon.sock')
 /** A socket file that nobody answers on is left from a daemon that died: remove it (a socket only). */
 async function claimSocket(path: string): Promise<void> {
   const st = await lstat(path).catch(() => undefined);
-  if (st && !st.isSocket()) throw new SnaplabError('BAD_INPUT', `${path} exists and is not a socket`, 'give another --socket, or remove it');
+  if (st && !st.isSocket())
+    throw new SnaplabError('BAD_INPUT', `${path} exists and is not a socket`, 'give another --socket, or remove it');
   const answered = await new Promise<boolean>((resolve) => {
     const c = connect(path);
-    c.once('connect', () => { c.destroy(); resolve(true); });
+    c.once('connect', () => {
+      c.destroy();
+      resolve(true);
+    });
     c.once('error', () => resolve(false));
   });
-  if (answered) throw new SnaplabError('DAEMON_ERROR', `a daemon already listens on ${path}`, 'stop it first, or give another --socket');
+  if (answered)
+    throw new SnaplabError(
+      'DAEMON_ERROR',
+      `a daemon already listens on ${path}`,
+      'stop it first, or give another --socket',
+    );
   await unlink(path).catch(() => undefined);
 }
 
 export function parseListen(text: string): { host: string; port: number } {
   const m = /^(?:\[([0-9a-f:]+)\]|([^:]+)):(\d{1,5})$/i.exec(text);
   const port = Number(m?.[3]);
-  if (!m || port > 65535) throw new SnaplabError('BAD_INPUT', `invalid --listen ${JSON.stringify(text)}`, 'give HOST:PORT, e.g. 127.0.0.1:7070 (port 0: any free port)');
+  if (!m || port > 65535)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid --listen ${JSON.stringify(text)}`,
+      'give HOST:PORT, e.g. 127.0.0.1:7070 (port 0: any free port)',
+    );
   return { host: m[1] ?? m[2]!, port };
 }
 
@@ -76,7 +90,8 @@ export function logger(json: boolean): { log: (line: Record<string, unknown>) =>
     const request = 'method' in line;
     let text: string;
     if (json) text = `${JSON.stringify({ time: at, ...line })}\n`;
-    else if (request) text = `${at} ${line.method} ${line.url} ${line.status} ${line.ms}ms key=${line.key ?? '-'}${line.op ? ` op=${line.op}` : ''}\n`;
+    else if (request)
+      text = `${at} ${line.method} ${line.url} ${line.status} ${line.ms}ms key=${line.key ?? '-'}${line.op ? ` op=${line.op}` : ''}\n`;
     else {
       const { msg, ...rest } = line;
       text = `${at} ${msg}${Object.keys(rest).length ? ` ${JSON.stringify(rest)}` : ''}\n`;
@@ -92,7 +107,12 @@ export function logger(json: boolean): { log: (line: Record<string, unknown>) =>
 export async function serve(opts: ServeOptions = {}): Promise<Server> {
   const lines = logger(opts.jsonLogs ?? false);
   const log = opts.log ?? lines.log;
-  if (opts.node && !opts.listen) throw new SnaplabError('BAD_INPUT', 'a node needs --listen: gateways reach it there', 'add --listen HOST:PORT (an address the gateways can reach)');
+  if (opts.node && !opts.listen)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'a node needs --listen: gateways reach it there',
+      'add --listen HOST:PORT (an address the gateways can reach)',
+    );
   const daemon = await Daemon.open({ ...opts, log });
   const apps: FastifyInstance[] = [];
   let cluster: ClusterStore | undefined;
@@ -103,10 +123,24 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
   let held: Promise<unknown> = Promise.resolve();
   try {
     await new Promise<void>((locked, failed) => {
-      held = withLock(join(daemon.lab.home, 'daemon.lock'), () => {
-        locked();
-        return new Promise<void>((r) => (unlock = r));
-      }, 300).catch((e: unknown) => failed(isSnaplabError(e, 'TIMEOUT') ? new SnaplabError('DAEMON_ERROR', `a daemon already runs on ${daemon.lab.home} (${(e as Error).message})`, 'stop it first, or give it another SNAPLAB_HOME') : e));
+      held = withLock(
+        join(daemon.lab.home, 'daemon.lock'),
+        () => {
+          locked();
+          return new Promise<void>((r) => (unlock = r));
+        },
+        300,
+      ).catch((e: unknown) =>
+        failed(
+          isSnaplabError(e, 'TIMEOUT')
+            ? new SnaplabError(
+                'DAEMON_ERROR',
+                `a daemon already runs on ${daemon.lab.home} (${(e as Error).message})`,
+                'stop it first, or give it another SNAPLAB_HOME',
+              )
+            : e,
+        ),
+      );
     });
   } catch (e) {
     daemon.close();
@@ -140,7 +174,10 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       apps.push(tcp);
       await tcp.listen({ host, port });
       const addr = tcp.server.address();
-      url = typeof addr === 'object' && addr ? `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}` : null;
+      url =
+        typeof addr === 'object' && addr
+          ? `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`
+          : null;
     }
     if (cluster && opts.node) {
       const { ClusterNode } = await import('../cluster/node.js');
@@ -148,7 +185,9 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
     }
     log({ msg: 'listening', socket, url, pid: process.pid, home: daemon.lab.home, node: node?.name ?? null });
     return {
-      daemon, socket, url,
+      daemon,
+      socket,
+      url,
       async close() {
         // withdrawn first: gateways stop sending work before the listeners close
         await node?.leave();

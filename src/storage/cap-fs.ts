@@ -40,7 +40,12 @@ const MOUNT_OPTIONS = 'loop,noatime,nosuid,discard,errors=remount-ro';
  * directory whose contents it starts with (mke2fs -d: owners, modes, links, xattrs kept).
  */
 export async function prepareCapImage(image: string, bytes: number, from?: string): Promise<string> {
-  if (!Number.isSafeInteger(bytes) || bytes < 1024 ** 2) throw new SnaplabError('BAD_SIZE', `a disk cap on this storage must be at least 1 MiB, not ${bytes} bytes`, 'give --disk 1M or more');
+  if (!Number.isSafeInteger(bytes) || bytes < 1024 ** 2)
+    throw new SnaplabError(
+      'BAD_SIZE',
+      `a disk cap on this storage must be at least 1 MiB, not ${bytes} bytes`,
+      'give --disk 1M or more',
+    );
   const tmp = `${image}.tmp`;
   try {
     await mkdir(join(image, '..'), { recursive: true });
@@ -49,11 +54,31 @@ export async function prepareCapImage(image: string, bytes: number, from?: strin
     // no journal (a sandbox's scratch), no reserved blocks (the cap is the machine's to use), one
     // inode per 8 KiB (a 64 MiB cap holds 8192 files; inode tables take ~3 %), inode tables made
     // lazily by the kernel: mkfs writes a few hundred KB whatever the size
-    await run('mkfs.ext4', ['-q', '-F', '-T', 'default', '-i', '8192', '-m', '0', '-O', '^has_journal', '-E', 'lazy_itable_init=1,nodiscard', ...(from ? ['-d', from] : []), tmp]);
+    await run('mkfs.ext4', [
+      '-q',
+      '-F',
+      '-T',
+      'default',
+      '-i',
+      '8192',
+      '-m',
+      '0',
+      '-O',
+      '^has_journal',
+      '-E',
+      'lazy_itable_init=1,nodiscard',
+      ...(from ? ['-d', from] : []),
+      tmp,
+    ]);
     return tmp;
   } catch (e) {
     await rm(tmp, { force: true });
-    throw new SnaplabError('STORAGE_FAILED', `cannot make the filesystem of a disk cap: ${(e as Error).message}`, 'see `snaplab doctor` (mkfs.ext4 and loop devices)', { cause: e });
+    throw new SnaplabError(
+      'STORAGE_FAILED',
+      `cannot make the filesystem of a disk cap: ${(e as Error).message}`,
+      'see `snaplab doctor` (mkfs.ext4 and loop devices)',
+      { cause: e },
+    );
   }
 }
 
@@ -63,7 +88,12 @@ export async function prepareCapImage(image: string, bytes: number, from?: strin
  * from the moment it is mounted over the directory nothing the directory said is hidden (a
  * clone's meta.json says which layers it stacks: a layer's delete looks there).
  */
-export async function prepareSeededCapImage(dir: string, image: string, bytes: number, keep: { files: string[]; dirs: string[] }): Promise<string> {
+export async function prepareSeededCapImage(
+  dir: string,
+  image: string,
+  bytes: number,
+  keep: { files: string[]; dirs: string[] },
+): Promise<string> {
   const seed = `${image}.seed`;
   await rm(seed, { recursive: true, force: true });
   try {
@@ -95,7 +125,12 @@ export async function mountCapFs(dir: string, tmp: string, image: string, dirs: 
     await removeCapFs(dir, image).catch(() => undefined);
     await rm(tmp, { force: true });
     for (const d of removed) await mkdir(join(dir, d), { recursive: true }).catch(() => undefined);
-    throw new SnaplabError('STORAGE_FAILED', `cannot mount the disk cap of ${dir}: ${(e as Error).message}`, 'see `snaplab doctor` (mkfs.ext4 and loop devices)', { cause: e });
+    throw new SnaplabError(
+      'STORAGE_FAILED',
+      `cannot mount the disk cap of ${dir}: ${(e as Error).message}`,
+      'see `snaplab doctor` (mkfs.ext4 and loop devices)',
+      { cause: e },
+    );
   }
 }
 
@@ -118,10 +153,19 @@ export async function remountCapFs(dir: string, image: string): Promise<void> {
   // a loop device on it: mounted still, in a machine's own mount namespace (its idmapped clone),
   // though not on the host; e2fsck must not touch a filesystem in use, nor a second mount share it
   if ((await listLoopDevices()).some((l) => l.backingFile === image)) {
-    throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is not mounted on the host but still in use (a loop device holds ${image})`, 'stop or remove the machine that uses it (snaplab rm), then its cap is mounted again by the next command');
+    throw new SnaplabError(
+      'STORAGE_FAILED',
+      `the disk cap of ${dir} is not mounted on the host but still in use (a loop device holds ${image})`,
+      'stop or remove the machine that uses it (snaplab rm), then its cap is mounted again by the next command',
+    );
   }
   const fsck = await run('e2fsck', ['-p', image], { allowFail: true });
-  if (fsck.code >= 4) throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is damaged (e2fsck: ${(fsck.stderr || fsck.stdout).trim()})`, `remove the machine (snaplab rm), or repair ${image} with e2fsck`);
+  if (fsck.code >= 4)
+    throw new SnaplabError(
+      'STORAGE_FAILED',
+      `the disk cap of ${dir} is damaged (e2fsck: ${(fsck.stderr || fsck.stdout).trim()})`,
+      `remove the machine (snaplab rm), or repair ${image} with e2fsck`,
+    );
   await mountCapImage(image, dir);
 }
 
@@ -134,14 +178,21 @@ export async function mountCapImage(image: string, dir: string): Promise<void> {
  * What crashes left in `<root>/.disks` (a backend's gc): removals cut short (.rm), caps whose
  * volume directory is gone, filesystems half-made (.tmp, once no create can be making them).
  */
-export async function sweepCaps(root: string, dirOf: (id: string) => string, locked: <T>(fn: () => Promise<T>) => Promise<T>): Promise<string[]> {
+export async function sweepCaps(
+  root: string,
+  dirOf: (id: string) => string,
+  locked: <T>(fn: () => Promise<T>) => Promise<T>,
+): Promise<string[]> {
   const removed: string[] = [];
   for (const name of await readdir(join(root, '.disks')).catch(() => [] as string[])) {
     const id = name.replace(/\.img(\.tmp|\.rm)?$/, '');
     if (!/^[0-9a-f]{12}$/.test(id)) continue;
     const path = join(root, '.disks', name);
     if (name.endsWith('.tmp')) {
-      const age = await stat(path).then((st) => Date.now() - st.mtimeMs, () => 0);
+      const age = await stat(path).then(
+        (st) => Date.now() - st.mtimeMs,
+        () => 0,
+      );
       if (age < 60_000) continue;
       await rm(path, { force: true });
       removed.push(`removed ${path}`);
@@ -156,14 +207,23 @@ export async function sweepCaps(root: string, dirOf: (id: string) => string, loc
 export async function capSupport(feature: 'disk-cap'): Promise<Availability> {
   const missing = await toolsVerdict(feature, 'a disk cap on this storage');
   if (missing) return missing;
-  if (!existsSync('/dev/loop-control')) return { ok: false, reason: 'no loop devices here (/dev/loop-control): --disk is refused', fix: 'modprobe loop' };
-  return { ok: true, reason: 'an ext4 loop file of its own per machine that asks (--disk: ~50-60 ms more at its create); writes past it fail with ENOSPC; no default cap' };
+  if (!existsSync('/dev/loop-control'))
+    return { ok: false, reason: 'no loop devices here (/dev/loop-control): --disk is refused', fix: 'modprobe loop' };
+  return {
+    ok: true,
+    reason:
+      'an ext4 loop file of its own per machine that asks (--disk: ~50-60 ms more at its create); writes past it fail with ENOSPC; no default cap',
+  };
 }
 
 /** A capped volume whose filesystem is not mounted: its dirs are not there, say so (nothing reads an empty stand-in). */
 export async function checkCapMounted(dir: string, image: string): Promise<void> {
   if (existsSync(image) && !(await isMountPoint(dir))) {
-    throw new SnaplabError('STORAGE_FAILED', `the disk cap of ${dir} is not mounted`, `the next snaplab command mounts it again after checking it (e2fsck -p); if it stays unmounted, run e2fsck ${image} to see why, or remove the machine`);
+    throw new SnaplabError(
+      'STORAGE_FAILED',
+      `the disk cap of ${dir} is not mounted`,
+      `the next snaplab command mounts it again after checking it (e2fsck -p); if it stays unmounted, run e2fsck ${image} to see why, or remove the machine`,
+    );
   }
 }
 
@@ -176,10 +236,13 @@ export async function checkCapMounted(dir: string, image: string): Promise<void>
  */
 export async function removeCapFs(dir: string, image: string): Promise<string[]> {
   const doomed = `${image}.rm`;
-  const renamed = await rename(image, doomed).then(() => true, (e: NodeJS.ErrnoException) => {
-    if (e.code !== 'ENOENT') throw e;
-    return false;
-  });
+  const renamed = await rename(image, doomed).then(
+    () => true,
+    (e: NodeJS.ErrnoException) => {
+      if (e.code !== 'ENOENT') throw e;
+      return false;
+    },
+  );
   const done = (await unmountAll(dir)).map((m) => `unmounted ${m}`);
   // never capped, or removed already: no loop device or file of it to look for (every delete
   // comes here; a loop device whose file is gone is gc's generic loop pass's)
@@ -189,7 +252,8 @@ export async function removeCapFs(dir: string, image: string): Promise<string[]>
     await detachLoop(l.device).catch(() => undefined);
     done.push(`detached ${l.device}`);
   }
-  for (let i = 0; i < 100 && (await listLoopDevices()).some((d) => ours(d.backingFile)); i++) await new Promise((r) => setTimeout(r, 20));
+  for (let i = 0; i < 100 && (await listLoopDevices()).some((d) => ours(d.backingFile)); i++)
+    await new Promise((r) => setTimeout(r, 20));
   for (const f of [doomed, `${image}.tmp`]) {
     if (!existsSync(f)) continue;
     await rm(f, { force: true });
@@ -207,5 +271,8 @@ export async function capUsage(dir: string, image: string): Promise<{ usedBytes:
 
 /** What a capped volume costs the host's filesystem: the image's allocated blocks; null if not capped. */
 export async function capHostBytes(image: string): Promise<number | null> {
-  return stat(image).then((s) => s.blocks * 512, () => null);
+  return stat(image).then(
+    (s) => s.blocks * 512,
+    () => null,
+  );
 }

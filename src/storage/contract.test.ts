@@ -1,5 +1,18 @@
 import { randomBytes } from 'node:crypto';
-import { chmod, chown, lstat, mkdir, mkdtemp, readdir, readFile, readlink, rm, symlink, unlink, writeFile } from 'node:fs/promises';
+import {
+  chmod,
+  chown,
+  lstat,
+  mkdir,
+  mkdtemp,
+  readdir,
+  readFile,
+  readlink,
+  rm,
+  symlink,
+  unlink,
+  writeFile,
+} from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -26,8 +39,13 @@ async function listing(root: string, rel = ''): Promise<Record<string, string>> 
   return out;
 }
 
-const mountsBelow = async (dir: string) => (await readMounts()).filter((m) => m.target === dir || m.target.startsWith(`${dir}/`));
-const gone = (p: string) => lstat(p).then(() => false, () => true);
+const mountsBelow = async (dir: string) =>
+  (await readMounts()).filter((m) => m.target === dir || m.target.startsWith(`${dir}/`));
+const gone = (p: string) =>
+  lstat(p).then(
+    () => false,
+    () => true,
+  );
 
 async function makeImageSrc(dir: string): Promise<void> {
   await mkdir(join(dir, 'sub', 'deep'), { recursive: true });

@@ -23,7 +23,11 @@ export function createBackend(kind: StorageKind, home: string): StorageBackend {
     case 'dir':
       return new DirBackend(home);
     default:
-      throw new SnaplabError('BAD_INPUT', `unknown storage kind ${String(kind)}`, `use one of ${KIND_PREFERENCE.join(', ')}`);
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `unknown storage kind ${String(kind)}`,
+        `use one of ${KIND_PREFERENCE.join(', ')}`,
+      );
   }
 }
 
@@ -52,5 +56,9 @@ export async function pickDefault(home: string): Promise<DefaultChoice> {
     }
     skipped.push(`${b.kind}: ${a.reason}${a.fix ? ` → ${a.fix}` : ''}`);
   }
-  throw new SnaplabError('STORAGE_UNAVAILABLE', `no storage backend works here: ${skipped.join('; ')}`, probes.dir?.fix ?? 'apt-get install coreutils');
+  throw new SnaplabError(
+    'STORAGE_UNAVAILABLE',
+    `no storage backend works here: ${skipped.join('; ')}`,
+    probes.dir?.fix ?? 'apt-get install coreutils',
+  );
 }

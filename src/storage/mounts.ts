@@ -31,4 +31,3 @@ export function overlayLowerDirs(m: MountEntry): string[] {
   }
   return layers;
 }
-

@@ -1,6 +1,17 @@
 import type Database from 'better-sqlite3';
 import type { Db } from './db.js';
-import type { ApiKeyRecord, EventRecord, ImageRecord, PoolRecord, SandboxMeta, SandboxRecord, ScenarioRecord, ScenarioSnapshotRecord, Scope, SnapshotRecord } from './records.js';
+import type {
+  ApiKeyRecord,
+  EventRecord,
+  ImageRecord,
+  PoolRecord,
+  SandboxMeta,
+  SandboxRecord,
+  ScenarioRecord,
+  ScenarioSnapshotRecord,
+  Scope,
+  SnapshotRecord,
+} from './records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import type { ImageConfig } from '../image/oci.js';
@@ -82,15 +93,24 @@ export type PoolCounter = 'hits' | 'misses' | 'recycled' | 'refused_dirty' | 'le
 
 function toMeta(r: Row): SandboxMeta {
   return {
-    id: r.id as string, labels: json(r.labels), metadata: json(r.metadata), owner: (r.owner as string | null) ?? null,
-    timeoutS: (r.timeout_s as number | null) ?? null, onTimeout: (r.on_timeout as SandboxMeta['onTimeout']) ?? null, expiresAt: (r.expires_at as number | null) ?? null,
+    id: r.id as string,
+    labels: json(r.labels),
+    metadata: json(r.metadata),
+    owner: (r.owner as string | null) ?? null,
+    timeoutS: (r.timeout_s as number | null) ?? null,
+    onTimeout: (r.on_timeout as SandboxMeta['onTimeout']) ?? null,
+    expiresAt: (r.expires_at as number | null) ?? null,
   };
 }
 
 function toKey(r: Row): ApiKeyRecord {
   return {
-    name: r.name as string, hash: r.hash as string, scopes: (r.scopes as string).split(',').filter(Boolean) as Scope[],
-    maxSandboxes: (r.max_sandboxes as number | null) ?? null, maxExecs: (r.max_execs as number | null) ?? null, createdAt: r.created_at as number,
+    name: r.name as string,
+    hash: r.hash as string,
+    scopes: (r.scopes as string).split(',').filter(Boolean) as Scope[],
+    maxSandboxes: (r.max_sandboxes as number | null) ?? null,
+    maxExecs: (r.max_execs as number | null) ?? null,
+    createdAt: r.created_at as number,
   };
 }
 
@@ -129,31 +149,57 @@ export class Store {
     return r && toImage(r);
   }
   findImageByBuildKey(key: string): ImageRecord | undefined {
-    const r = this.stmt('SELECT * FROM images WHERE build_key = ? ORDER BY created_at LIMIT 1').get(key) as Row | undefined;
+    const r = this.stmt('SELECT * FROM images WHERE build_key = ? ORDER BY created_at LIMIT 1').get(key) as
+      | Row
+      | undefined;
     return r && toImage(r);
   }
   listImages(): ImageRecord[] {
-    return (this.stmt('SELECT name FROM images ORDER BY name').all() as Row[]).map((r) => this.getImage(r.name as string)!);
+    return (this.stmt('SELECT name FROM images ORDER BY name').all() as Row[]).map(
+      (r) => this.getImage(r.name as string)!,
+    );
   }
   putImage(i: ImageRecord): void {
-    this.stmt('INSERT INTO images (name, source, path, size_bytes, created_at, config, provenance, build_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)')
-      .run(i.name, i.source, i.path, i.sizeBytes, i.createdAt, i.config ? JSON.stringify(i.config) : null, i.provenance ? JSON.stringify(i.provenance) : null, i.buildKey ?? null);
+    this.stmt(
+      'INSERT INTO images (name, source, path, size_bytes, created_at, config, provenance, build_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+    ).run(
+      i.name,
+      i.source,
+      i.path,
+      i.sizeBytes,
+      i.createdAt,
+      i.config ? JSON.stringify(i.config) : null,
+      i.provenance ? JSON.stringify(i.provenance) : null,
+      i.buildKey ?? null,
+    );
   }
   deleteImage(name: string): void {
     this.stmt('DELETE FROM images WHERE name = ?').run(name);
   }
   getImageVolume(image: string, storage: StorageKind): Volume | undefined {
-    const r = this.stmt('SELECT volume FROM image_volumes WHERE image = ? AND storage = ?').get(image, storage) as Row | undefined;
+    const r = this.stmt('SELECT volume FROM image_volumes WHERE image = ? AND storage = ?').get(image, storage) as
+      | Row
+      | undefined;
     return r && json<Volume>(r.volume);
   }
   listImageVolumes(image?: string): { image: string; storage: StorageKind; volume: Volume }[] {
-    const rows = (image === undefined
-      ? this.stmt('SELECT * FROM image_volumes').all()
-      : this.stmt('SELECT * FROM image_volumes WHERE image = ?').all(image)) as Row[];
-    return rows.map((r) => ({ image: r.image as string, storage: r.storage as StorageKind, volume: json<Volume>(r.volume) }));
+    const rows = (
+      image === undefined
+        ? this.stmt('SELECT * FROM image_volumes').all()
+        : this.stmt('SELECT * FROM image_volumes WHERE image = ?').all(image)
+    ) as Row[];
+    return rows.map((r) => ({
+      image: r.image as string,
+      storage: r.storage as StorageKind,
+      volume: json<Volume>(r.volume),
+    }));
   }
   putImageVolume(image: string, storage: StorageKind, v: Volume): void {
-    this.stmt('INSERT OR REPLACE INTO image_volumes (image, storage, volume) VALUES (?, ?, ?)').run(image, storage, JSON.stringify(v));
+    this.stmt('INSERT OR REPLACE INTO image_volumes (image, storage, volume) VALUES (?, ?, ?)').run(
+      image,
+      storage,
+      JSON.stringify(v),
+    );
   }
 
   // sandboxes
@@ -163,22 +209,43 @@ export class Store {
   }
   /** id and state only: the daemon's check that a sandbox it holds is as it left it */
   sandboxState(idOrName: string): { id: string; state: SandboxRecord['state'] } | undefined {
-    return this.stmt('SELECT id, state FROM sandboxes WHERE id = ? OR name = ?').get(idOrName, idOrName) as { id: string; state: SandboxRecord['state'] } | undefined;
+    return this.stmt('SELECT id, state FROM sandboxes WHERE id = ? OR name = ?').get(idOrName, idOrName) as
+      | { id: string; state: SandboxRecord['state'] }
+      | undefined;
   }
   listSandboxes(): SandboxRecord[] {
     return (this.stmt('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]).map(toSandbox);
   }
   insertSandbox(s: SandboxRecord): void {
     this.stmt(
-        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, init)
+      `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, init)
          VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase, @init)`,
-      )
-      .run({ ...s, init: s.init ?? null, volume: s.volume && JSON.stringify(s.volume), limits: JSON.stringify(s.limits), baseline: s.baseline && JSON.stringify(s.baseline) });
+    ).run({
+      ...s,
+      init: s.init ?? null,
+      volume: s.volume && JSON.stringify(s.volume),
+      limits: JSON.stringify(s.limits),
+      baseline: s.baseline && JSON.stringify(s.baseline),
+    });
   }
-  updateSandbox(id: string, patch: Partial<Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart' | 'pool' | 'baseline' | 'limits'>>): void {
+  updateSandbox(
+    id: string,
+    patch: Partial<
+      Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart' | 'pool' | 'baseline' | 'limits'>
+    >,
+  ): void {
     const cols: string[] = [];
     const vals: unknown[] = [];
-    const map: Record<string, string> = { state: 'state', reason: 'reason', volume: 'volume', pid: 'pid', pidStart: 'pid_start', pool: 'pool', baseline: 'baseline', limits: 'limits' };
+    const map: Record<string, string> = {
+      state: 'state',
+      reason: 'reason',
+      volume: 'volume',
+      pid: 'pid',
+      pidStart: 'pid_start',
+      pool: 'pool',
+      baseline: 'baseline',
+      limits: 'limits',
+    };
     for (const [k, v] of Object.entries(patch)) {
       cols.push(`${map[k]} = ?`);
       vals.push((k === 'volume' || k === 'baseline' || k === 'limits') && v ? JSON.stringify(v) : v);
@@ -202,12 +269,17 @@ export class Store {
     return (this.stmt('SELECT * FROM sandbox_meta').all() as Row[]).map(toMeta);
   }
   putMeta(m: SandboxMeta): void {
-    this.stmt('INSERT OR REPLACE INTO sandbox_meta (id, labels, metadata, owner, timeout_s, on_timeout, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)')
-      .run(m.id, JSON.stringify(m.labels), JSON.stringify(m.metadata), m.owner, m.timeoutS, m.onTimeout, m.expiresAt);
+    this.stmt(
+      'INSERT OR REPLACE INTO sandbox_meta (id, labels, metadata, owner, timeout_s, on_timeout, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
+    ).run(m.id, JSON.stringify(m.labels), JSON.stringify(m.metadata), m.owner, m.timeoutS, m.onTimeout, m.expiresAt);
   }
   /** sandboxes made with this key and still recorded */
   countOwned(owner: string): number {
-    return (this.stmt('SELECT COUNT(*) AS n FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ?').get(owner) as { n: number }).n;
+    return (
+      this.stmt('SELECT COUNT(*) AS n FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ?').get(
+        owner,
+      ) as { n: number }
+    ).n;
   }
 
   // API keys
@@ -219,8 +291,9 @@ export class Store {
     return (this.stmt('SELECT * FROM api_keys ORDER BY name').all() as Row[]).map(toKey);
   }
   insertKey(k: ApiKeyRecord): void {
-    this.stmt('INSERT INTO api_keys (name, hash, scopes, max_sandboxes, max_execs, created_at) VALUES (?, ?, ?, ?, ?, ?)')
-      .run(k.name, k.hash, k.scopes.join(','), k.maxSandboxes, k.maxExecs, k.createdAt);
+    this.stmt(
+      'INSERT INTO api_keys (name, hash, scopes, max_sandboxes, max_execs, created_at) VALUES (?, ?, ?, ?, ?, ?)',
+    ).run(k.name, k.hash, k.scopes.join(','), k.maxSandboxes, k.maxExecs, k.createdAt);
   }
   deleteKey(name: string): boolean {
     return this.stmt('DELETE FROM api_keys WHERE name = ?').run(name).changes > 0;
@@ -228,19 +301,32 @@ export class Store {
 
   // the event log: ids only grow; the oldest are dropped past `keep`
   appendEvent(e: Omit<EventRecord, 'id'>, keep = 10_000): EventRecord {
-    const id = Number(this.stmt('INSERT INTO events (at, type, sandbox, name, reason, data) VALUES (?, ?, ?, ?, ?, ?)')
-      .run(e.at, e.type, e.sandbox, e.name, e.reason, e.data ? JSON.stringify(e.data) : null).lastInsertRowid);
+    const id = Number(
+      this.stmt('INSERT INTO events (at, type, sandbox, name, reason, data) VALUES (?, ?, ?, ?, ?, ?)').run(
+        e.at,
+        e.type,
+        e.sandbox,
+        e.name,
+        e.reason,
+        e.data ? JSON.stringify(e.data) : null,
+      ).lastInsertRowid,
+    );
     if (id % 1000 === 0) this.stmt('DELETE FROM events WHERE id <= ?').run(id - keep);
     return { ...e, id };
   }
   eventsAfter(id: number, limit = 1000): EventRecord[] {
     return (this.stmt('SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?').all(id, limit) as Row[]).map((r) => ({
-      id: r.id as number, at: r.at as number, type: r.type as string, sandbox: (r.sandbox as string | null) ?? null, name: (r.name as string | null) ?? null,
-      reason: (r.reason as string | null) ?? null, data: r.data ? json(r.data) : null,
+      id: r.id as number,
+      at: r.at as number,
+      type: r.type as string,
+      sandbox: (r.sandbox as string | null) ?? null,
+      name: (r.name as string | null) ?? null,
+      reason: (r.reason as string | null) ?? null,
+      data: r.data ? json(r.data) : null,
     }));
   }
   lastEventId(): number {
-    return ((this.stmt('SELECT MAX(id) AS id FROM events').get() as { id: number | null }).id) ?? 0;
+    return (this.stmt('SELECT MAX(id) AS id FROM events').get() as { id: number | null }).id ?? 0;
   }
 
   // pools
@@ -252,8 +338,19 @@ export class Store {
     return (this.stmt('SELECT * FROM pools ORDER BY name').all() as Row[]).map(toPool);
   }
   insertPool(p: PoolRecord): void {
-    this.stmt('INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)')
-      .run(p.name, p.image, p.storage, JSON.stringify(p.limits), p.target, p.recycle ? 1 : 0, p.createdAt, p.driver, p.userns === null ? null : p.userns ? 1 : 0);
+    this.stmt(
+      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
+    ).run(
+      p.name,
+      p.image,
+      p.storage,
+      JSON.stringify(p.limits),
+      p.target,
+      p.recycle ? 1 : 0,
+      p.createdAt,
+      p.driver,
+      p.userns === null ? null : p.userns ? 1 : 0,
+    );
   }
   setPoolTemplate(name: string, template: string | null): void {
     this.stmt('UPDATE pools SET template = ? WHERE name = ?').run(template, name);
@@ -269,7 +366,10 @@ export class Store {
   }
   /** How many members of the pool are in each state. */
   poolCounts(name: string): Record<string, number> {
-    const rows = this.stmt('SELECT state, COUNT(*) AS n FROM sandboxes WHERE pool = ? GROUP BY state').all(name) as { state: string; n: number }[];
+    const rows = this.stmt('SELECT state, COUNT(*) AS n FROM sandboxes WHERE pool = ? GROUP BY state').all(name) as {
+      state: string;
+      n: number;
+    }[];
     return Object.fromEntries(rows.map((r) => [r.state, r.n]));
   }
   poolMembers(name: string): SandboxRecord[] {
@@ -280,7 +380,9 @@ export class Store {
    * may have moved it on (a create that finished, an rm) since it was read. True when it was marked.
    */
   markDead(seen: Pick<SandboxRecord, 'id' | 'state' | 'reason'>, reason: string): boolean {
-    const r = this.stmt(`UPDATE sandboxes SET state = 'dead', reason = ? WHERE id = ? AND state = ? AND reason IS ?`).run(reason, seen.id, seen.state, seen.reason);
+    const r = this.stmt(
+      `UPDATE sandboxes SET state = 'dead', reason = ? WHERE id = ? AND state = ? AND reason IS ?`,
+    ).run(reason, seen.id, seen.state, seen.reason);
     return r.changes === 1;
   }
 
@@ -300,11 +402,10 @@ export class Store {
    */
   claimStandby(pool: string, reason: string): SandboxRecord | undefined {
     const r = this.stmt(
-        `UPDATE sandboxes SET state = 'running', reason = ?
+      `UPDATE sandboxes SET state = 'running', reason = ?
          WHERE id = (SELECT id FROM sandboxes WHERE pool = ? AND state = 'paused' ORDER BY created_at LIMIT 1)
          RETURNING *`,
-      )
-      .get(reason, pool) as Row | undefined;
+    ).get(reason, pool) as Row | undefined;
     return r && toSandbox(r);
   }
 
@@ -313,8 +414,9 @@ export class Store {
    * wins, so a leak found by two reapers at once is removed and counted once.
    */
   claimRemoval(s: { id: string; state: string; reason: string | null }): boolean {
-    const r = this.stmt(`UPDATE sandboxes SET state = 'removing', reason = ? WHERE id = ? AND state = ? AND reason IS ?`)
-      .run(`being removed by pid ${process.pid}`, s.id, s.state, s.reason);
+    const r = this.stmt(
+      `UPDATE sandboxes SET state = 'removing', reason = ? WHERE id = ? AND state = ? AND reason IS ?`,
+    ).run(`being removed by pid ${process.pid}`, s.id, s.state, s.reason);
     return r.changes === 1;
   }
 
@@ -327,7 +429,9 @@ export class Store {
     return (this.stmt('SELECT * FROM scenarios ORDER BY created_at').all() as Row[]).map(toScenario);
   }
   insertScenario(x: ScenarioRecord): void {
-    this.stmt('INSERT INTO scenarios (name, id, file, hash, spec, state, reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)').run(x.name, x.id, x.file, x.hash, JSON.stringify(x.spec), x.state, x.reason, x.createdAt);
+    this.stmt(
+      'INSERT INTO scenarios (name, id, file, hash, spec, state, reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+    ).run(x.name, x.id, x.file, x.hash, JSON.stringify(x.spec), x.state, x.reason, x.createdAt);
   }
   setScenarioState(name: string, state: ScenarioRecord['state'], reason: string | null = null): void {
     this.stmt('UPDATE scenarios SET state = ?, reason = ? WHERE name = ?').run(state, reason, name);
@@ -337,17 +441,40 @@ export class Store {
     this.stmt('DELETE FROM scenarios WHERE name = ?').run(name);
   }
   scenarioMachines(name: string): SandboxRecord[] {
-    return (this.stmt('SELECT * FROM sandboxes WHERE scenario = ? ORDER BY created_at').all(name) as Row[]).map(toSandbox);
+    return (this.stmt('SELECT * FROM sandboxes WHERE scenario = ? ORDER BY created_at').all(name) as Row[]).map(
+      toSandbox,
+    );
   }
   putScenarioSnapshot(x: ScenarioSnapshotRecord): void {
-    this.stmt('INSERT INTO scenario_snapshots (scenario, name, manifest, created_at) VALUES (?, ?, ?, ?)').run(x.scenario, x.name, JSON.stringify(x.manifest), x.createdAt);
+    this.stmt('INSERT INTO scenario_snapshots (scenario, name, manifest, created_at) VALUES (?, ?, ?, ?)').run(
+      x.scenario,
+      x.name,
+      JSON.stringify(x.manifest),
+      x.createdAt,
+    );
   }
   getScenarioSnapshot(scenario: string, name: string): ScenarioSnapshotRecord | undefined {
-    const r = this.stmt('SELECT * FROM scenario_snapshots WHERE scenario = ? AND name = ?').get(scenario, name) as Row | undefined;
-    return r && { scenario: r.scenario as string, name: r.name as string, manifest: json(r.manifest), createdAt: r.created_at as number };
+    const r = this.stmt('SELECT * FROM scenario_snapshots WHERE scenario = ? AND name = ?').get(scenario, name) as
+      | Row
+      | undefined;
+    return (
+      r && {
+        scenario: r.scenario as string,
+        name: r.name as string,
+        manifest: json(r.manifest),
+        createdAt: r.created_at as number,
+      }
+    );
   }
   listScenarioSnapshots(scenario: string): ScenarioSnapshotRecord[] {
-    return (this.stmt('SELECT * FROM scenario_snapshots WHERE scenario = ? ORDER BY created_at').all(scenario) as Row[]).map((r) => ({ scenario: r.scenario as string, name: r.name as string, manifest: json(r.manifest), createdAt: r.created_at as number }));
+    return (
+      this.stmt('SELECT * FROM scenario_snapshots WHERE scenario = ? ORDER BY created_at').all(scenario) as Row[]
+    ).map((r) => ({
+      scenario: r.scenario as string,
+      name: r.name as string,
+      manifest: json(r.manifest),
+      createdAt: r.created_at as number,
+    }));
   }
   deleteScenarioSnapshot(scenario: string, name: string): void {
     this.stmt('DELETE FROM scenario_snapshots WHERE scenario = ? AND name = ?').run(scenario, name);
@@ -355,13 +482,23 @@ export class Store {
 
   // operations that are making volumes: gc must not take what they have not recorded yet
   beginInflight(id: string, kind: string): void {
-    this.stmt('INSERT INTO inflight (id, pid, kind, started_at) VALUES (?, ?, ?, ?)').run(id, process.pid, kind, Date.now());
+    this.stmt('INSERT INTO inflight (id, pid, kind, started_at) VALUES (?, ?, ?, ?)').run(
+      id,
+      process.pid,
+      kind,
+      Date.now(),
+    );
   }
   endInflight(id: string): void {
     this.stmt('DELETE FROM inflight WHERE id = ?').run(id);
   }
   listInflight(): { id: string; pid: number; kind: string; startedAt: number }[] {
-    return (this.stmt('SELECT * FROM inflight').all() as Row[]).map((r) => ({ id: r.id as string, pid: r.pid as number, kind: r.kind as string, startedAt: r.started_at as number }));
+    return (this.stmt('SELECT * FROM inflight').all() as Row[]).map((r) => ({
+      id: r.id as string,
+      pid: r.pid as number,
+      kind: r.kind as string,
+      startedAt: r.started_at as number,
+    }));
   }
 
   // snapshots
@@ -373,8 +510,21 @@ export class Store {
     return (this.stmt('SELECT * FROM snapshots ORDER BY created_at').all() as Row[]).map(toSnapshot);
   }
   insertSnapshot(s: SnapshotRecord): void {
-    this.stmt('INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)')
-      .run(s.name, s.id, s.sandbox, s.image, s.storage, JSON.stringify(s.volume), JSON.stringify(s.limits), s.createdAt, s.memory ? JSON.stringify(s.memory) : null, s.driver ?? null, s.init ?? null);
+    this.stmt(
+      'INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+    ).run(
+      s.name,
+      s.id,
+      s.sandbox,
+      s.image,
+      s.storage,
+      JSON.stringify(s.volume),
+      JSON.stringify(s.limits),
+      s.createdAt,
+      s.memory ? JSON.stringify(s.memory) : null,
+      s.driver ?? null,
+      s.init ?? null,
+    );
   }
   deleteSnapshot(name: string): void {
     this.stmt('DELETE FROM snapshots WHERE name = ?').run(name);
@@ -383,10 +533,22 @@ export class Store {
   // operations (traces)
   putOperation(t: TraceSummary, details?: unknown): void {
     this.stmt(
-        `INSERT OR REPLACE INTO operations (id, kind, target, started_at, total_ms, unattributed_ms, status, error, error_code, error_hint, phases, details)
+      `INSERT OR REPLACE INTO operations (id, kind, target, started_at, total_ms, unattributed_ms, status, error, error_code, error_hint, phases, details)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-      )
-      .run(t.id, t.kind, t.target, t.startedAt, t.totalMs, t.unattributedMs, t.status, t.error, t.errorCode ?? null, t.errorHint ?? null, JSON.stringify(t.phases), details === undefined ? null : JSON.stringify(details));
+    ).run(
+      t.id,
+      t.kind,
+      t.target,
+      t.startedAt,
+      t.totalMs,
+      t.unattributedMs,
+      t.status,
+      t.error,
+      t.errorCode ?? null,
+      t.errorHint ?? null,
+      JSON.stringify(t.phases),
+      details === undefined ? null : JSON.stringify(details),
+    );
   }
   getOperation(id: string): (TraceSummary & { details: unknown }) | undefined {
     const r = this.stmt('SELECT * FROM operations WHERE id = ?').get(id) as Row | undefined;
@@ -397,21 +559,41 @@ export class Store {
    * which is the order they ended: a slow one that started first is not passed over), oldest
    * first, with the cursor to ask from next. Without a cursor: those that started after `since`.
    */
-  operationsStored(target: string, kinds: string[], from: { cursor: number } | { since: number }, limit = 5000): { next: number; ops: (TraceSummary & { details: unknown })[] } {
+  operationsStored(
+    target: string,
+    kinds: string[],
+    from: { cursor: number } | { since: number },
+    limit = 5000,
+  ): { next: number; ops: (TraceSummary & { details: unknown })[] } {
     // (lists as one JSON parameter: one prepared statement whatever their length)
     const k = JSON.stringify(kinds);
-    const rows = ('cursor' in from
-      ? this.stmt('SELECT rowid AS seq, * FROM operations WHERE rowid > ? AND target = ? AND kind IN (SELECT value FROM json_each(?)) ORDER BY rowid LIMIT ?').all(from.cursor, target, k, limit)
-      : this.stmt('SELECT rowid AS seq, * FROM operations WHERE started_at > ? AND target = ? AND kind IN (SELECT value FROM json_each(?)) ORDER BY rowid LIMIT ?').all(from.since, target, k, limit)) as Row[];
-    const last = rows.length === limit ? (rows.at(-1)!.seq as number) : ((this.stmt('SELECT max(rowid) AS m FROM operations').get() as { m: number | null }).m ?? 0);
+    const rows = (
+      'cursor' in from
+        ? this.stmt(
+            'SELECT rowid AS seq, * FROM operations WHERE rowid > ? AND target = ? AND kind IN (SELECT value FROM json_each(?)) ORDER BY rowid LIMIT ?',
+          ).all(from.cursor, target, k, limit)
+        : this.stmt(
+            'SELECT rowid AS seq, * FROM operations WHERE started_at > ? AND target = ? AND kind IN (SELECT value FROM json_each(?)) ORDER BY rowid LIMIT ?',
+          ).all(from.since, target, k, limit)
+    ) as Row[];
+    const last =
+      rows.length === limit
+        ? (rows.at(-1)!.seq as number)
+        : ((this.stmt('SELECT max(rowid) AS m FROM operations').get() as { m: number | null }).m ?? 0);
     return { next: Math.max(last, 'cursor' in from ? from.cursor : 0), ops: rows.map(rowToOperation) };
   }
   listOperations(limit = 20, targets?: string[]): (TraceSummary & { details: unknown })[] {
     if (targets) {
       if (!targets.length) return [];
-      return (this.stmt('SELECT * FROM operations WHERE target IN (SELECT value FROM json_each(?)) ORDER BY started_at DESC LIMIT ?').all(JSON.stringify(targets), limit) as Row[]).map(rowToOperation);
+      return (
+        this.stmt(
+          'SELECT * FROM operations WHERE target IN (SELECT value FROM json_each(?)) ORDER BY started_at DESC LIMIT ?',
+        ).all(JSON.stringify(targets), limit) as Row[]
+      ).map(rowToOperation);
     }
-    return (this.stmt('SELECT * FROM operations ORDER BY started_at DESC LIMIT ?').all(limit) as Row[]).map(rowToOperation);
+    return (this.stmt('SELECT * FROM operations ORDER BY started_at DESC LIMIT ?').all(limit) as Row[]).map(
+      rowToOperation,
+    );
   }
 }
 
@@ -425,7 +607,9 @@ function rowToOperation(r: Row): TraceSummary & { details: unknown } {
     unattributedMs: r.unattributed_ms as number,
     status: r.status as 'ok' | 'error',
     error: (r.error as string | null) ?? null,
-    ...(r.error ? { errorCode: (r.error_code as string | null) ?? null, errorHint: (r.error_hint as string | null) ?? null } : {}),
+    ...(r.error
+      ? { errorCode: (r.error_code as string | null) ?? null, errorHint: (r.error_hint as string | null) ?? null }
+      : {}),
     phases: json(r.phases),
     details: r.details ? json(r.details) : null,
   };

@@ -74,7 +74,7 @@ export class Trace {
   }
 
   elapsedMs(): number {
-    return (this.endMs ?? nowMs() - this.t0);
+    return this.endMs ?? nowMs() - this.t0;
   }
 
   finish(error?: unknown): TraceSummary {

@@ -6,7 +6,9 @@ const fmt = (ms: number): string => (ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.t
 export function renderWaterfall(t: TraceSummary, width = 40): string {
   const total = Math.max(t.totalMs, 1e-6);
   const nameWidth = Math.max(12, ...t.phases.map((p) => p.name.length + p.depth * 2)) + 1;
-  const lines = [`${t.kind} ${t.target ?? ''}  ${t.id}  total ${fmt(t.totalMs)} ms  ${t.status}${t.error ? `: ${t.error}` : ''}`];
+  const lines = [
+    `${t.kind} ${t.target ?? ''}  ${t.id}  total ${fmt(t.totalMs)} ms  ${t.status}${t.error ? `: ${t.error}` : ''}`,
+  ];
   lines.push(`${'phase'.padEnd(nameWidth)} ${'start'.padStart(8)} ${'ms'.padStart(8)}  timeline`);
   for (const p of t.phases) {
     const a = Math.floor((p.startMs / total) * width);

@@ -25,7 +25,11 @@ let scratch: string;
 
 beforeAll(async () => {
   scratch = mkdtempSync(join(tmpdir(), 'snaplab-test-escapes-'));
-  const built = spawnSync('gcc', ['-O2', '-static', '-o', join(scratch, 'probe'), join(import.meta.dirname, 'probe.c')], { encoding: 'utf8' });
+  const built = spawnSync(
+    'gcc',
+    ['-O2', '-static', '-o', join(scratch, 'probe'), join(import.meta.dirname, 'probe.c')],
+    { encoding: 'utf8' },
+  );
   if (built.status !== 0) throw new Error(`cannot build the probe: ${built.stderr}`);
   lab = await testLab();
   box = await lab.create({ name: 'attacker' });
@@ -127,11 +131,21 @@ describe('escapes', () => {
     expect(await probe('userfaultfd')).toBe('EPERM');
   });
 
-  it('the kernel itself: modules (insmod rootkits), kexec, the clock, another process\'s memory (process_vm_*): refused', async () => {
+  it("the kernel itself: modules (insmod rootkits), kexec, the clock, another process's memory (process_vm_*): refused", async () => {
     // a module or a new kernel is the host; the clock is the host's (CAP_SYS_TIME is not given,
     // and seccomp refuses the calls as Docker's profile does); process_vm_readv/writev are ptrace
     // without the attach, refused even on the machine's own processes
-    for (const t of ['init_module', 'finit_module', 'delete_module', 'kexec_load', 'kexec_file_load', 'settime', 'settimeofday', 'adjtimex']) expect(await probe(t), t).toBe('EPERM');
+    for (const t of [
+      'init_module',
+      'finit_module',
+      'delete_module',
+      'kexec_load',
+      'kexec_file_load',
+      'settime',
+      'settimeofday',
+      'adjtimex',
+    ])
+      expect(await probe(t), t).toBe('EPERM');
     for (const t of ['process_vm_readv', 'process_vm_writev']) {
       expect(await probe(t, 'self'), t).toBe('EPERM'); // even of its own memory: the filter's answer
       expect(await probe(t, '1'), t).toBe('EPERM');
@@ -139,10 +153,12 @@ describe('escapes', () => {
     // positive controls, the same probe on the host (root, no filter): reading and writing its own
     // memory works; the kernel here has no modules or kexec at all, so the EPERM above is the
     // filter's, not the kernel's (ENOSYS). (The clock is not set on the host, even to itself.)
-    const host = (...args: string[]): string => spawnSync(join(scratch, 'probe'), args, { encoding: 'utf8' }).stdout.trim();
+    const host = (...args: string[]): string =>
+      spawnSync(join(scratch, 'probe'), args, { encoding: 'utf8' }).stdout.trim();
     expect(host('process_vm_readv', 'self')).toBe('ok');
     expect(host('process_vm_writev', 'self')).toBe('ok');
-    for (const t of ['init_module', 'kexec_load']) expect(['ENOSYS', 'EPERM', 'EINVAL', 'ENOEXEC', 'EFAULT', 'EBADMSG'], t).toContain(host(t));
+    for (const t of ['init_module', 'kexec_load'])
+      expect(['ENOSYS', 'EPERM', 'EINVAL', 'ENOEXEC', 'EFAULT', 'EBADMSG'], t).toContain(host(t));
   });
 
   it('filters that cannot read their arguments: clone3 answers ENOSYS (its flags are in memory; libc falls back to clone, whose flags the filter reads), and a 32-bit system call kills the process', async () => {
@@ -197,11 +213,15 @@ describe('escapes', () => {
     const planted = join(scratch, 'planted');
     await sh(`ln -s ${hostFile} /root/read-me && ln -s ${planted} /root/write-me`);
     // the machine's own resolution: the link points into the machine's tree, where there is no such file
-    await expect(box.getFile('/root/read-me')).rejects.toMatchObject({ message: expect.stringMatching(/No such file/) });
+    await expect(box.getFile('/root/read-me')).rejects.toMatchObject({
+      message: expect.stringMatching(/No such file/),
+    });
     // a write replaces the link itself (a new file renamed over it), never what it points to
     await box.putFile('/root/write-me', 'from the host library\n');
     expect(existsSync(planted)).toBe(false);
-    expect((await sh(`test -e ${planted} || echo none; test -L /root/write-me || cat /root/write-me`)).out).toBe('none\nfrom the host library');
+    expect((await sh(`test -e ${planted} || echo none; test -L /root/write-me || cat /root/write-me`)).out).toBe(
+      'none\nfrom the host library',
+    );
     // a copy out of the machine does not follow a link out of it
     const out = join(scratch, 'copied');
     await box.copyOut('/root/read-me', out);
@@ -216,15 +236,34 @@ describe('escapes', () => {
     writeFileSync(hostSecret, 'host secret\n');
     for (const storage of ['btrfs', 'overlay', 'dir'] as const) {
       const m = await lab.create({ name: `snap-links-${storage}`, storage });
-      await m.exec(['sh', '-c', `ln -s ${hostSecret} /root/abs && ln -s ../../../../../../..${hostSecret} /root/rel && ln -s / /root/top && echo own > /root/own`]);
+      await m.exec([
+        'sh',
+        '-c',
+        `ln -s ${hostSecret} /root/abs && ln -s ../../../../../../..${hostSecret} /root/rel && ln -s / /root/top && echo own > /root/own`,
+      ]);
       await m.snapshot(`links-${storage}`);
       const vol = lab.context.store.getSnapshot(`links-${storage}`)!.volume.id;
       const copy = await lab.restore(`links-${storage}`, { name: `snap-copy-${storage}` });
-      const seen = (await copy.exec(['sh', '-c', `for l in abs rel top; do readlink /root/$l; done; cat /root/own; cat /root/abs 2>&1 || true`])).stdout.toString();
-      expect(seen, storage).toBe(`${hostSecret}\n../../../../../../..${hostSecret}\n/\nown\ncat: can't open '/root/abs': No such file or directory\n`);
+      const seen = (
+        await copy.exec([
+          'sh',
+          '-c',
+          `for l in abs rel top; do readlink /root/$l; done; cat /root/own; cat /root/abs 2>&1 || true`,
+        ])
+      ).stdout.toString();
+      expect(seen, storage).toBe(
+        `${hostSecret}\n../../../../../../..${hostSecret}\n/\nown\ncat: can't open '/root/abs': No such file or directory\n`,
+      );
       // in the snapshot's own files on the host, too, they are links (overlay and dir keep a tree)
-      const tree = storage === 'btrfs' ? null : storage === 'overlay' ? join(lab.home, 'storage', 'overlay', vol, 'layer') : join(lab.home, 'storage', 'dir', vol, 'tree');
-      if (tree) for (const l of ['abs', 'rel', 'top']) expect(lstatSync(join(tree, 'root', l)).isSymbolicLink(), `${storage} ${l}`).toBe(true);
+      const tree =
+        storage === 'btrfs'
+          ? null
+          : storage === 'overlay'
+            ? join(lab.home, 'storage', 'overlay', vol, 'layer')
+            : join(lab.home, 'storage', 'dir', vol, 'tree');
+      if (tree)
+        for (const l of ['abs', 'rel', 'top'])
+          expect(lstatSync(join(tree, 'root', l)).isSymbolicLink(), `${storage} ${l}`).toBe(true);
       expect(readFileSync(hostSecret, 'utf8')).toBe('host secret\n');
       await copy.destroy();
       await m.destroy();
@@ -235,7 +274,13 @@ describe('escapes', () => {
   it('a pool standby left dirty in each way the recycling check claims to catch is refused, and the next execution sees none of it', async () => {
     // docs/pools.md's table, one execution per row (test/pool.test.ts has the file and process rows)
     const probeBytes = readFileSync(join(scratch, 'probe'));
-    const pool = await lab.createPool({ name: 'dirt', image: 'busybox', size: 1, limits: { memoryBytes: 48 * 2 ** 20, pids: 24 }, recycle: true });
+    const pool = await lab.createPool({
+      name: 'dirt',
+      image: 'busybox',
+      size: 1,
+      limits: { memoryBytes: 48 * 2 ** 20, pids: 24 },
+      recycle: true,
+    });
     try {
       const put = [{ from: probeBytes, to: '/run/probe', mode: 0o755 }]; // under /run: removed after the run, so no dirt of its own
       const clean = await pool.run(['/run/probe', 'fds'], { put });
@@ -244,7 +289,11 @@ describe('escapes', () => {
         { argv: ['/run/probe', 'shmget'], reason: /shm: 1 left/ },
         { argv: ['/run/probe', 'mq_open'], reason: /\/dev\/mqueue changed/ },
         { argv: ['dd', 'if=/dev/zero', 'of=/dev/null', 'bs=200M', 'count=1'], reason: /an OOM kill happened/ },
-        { argv: ['sh', '-c', 'i=0; while [ $i -lt 40 ]; do sleep 1 & i=$((i+1)); done; wait'], reason: /a fork hit the pids limit/, opts: { timeoutMs: 5000 } },
+        {
+          argv: ['sh', '-c', 'i=0; while [ $i -lt 40 ]; do sleep 1 & i=$((i+1)); done; wait'],
+          reason: /a fork hit the pids limit/,
+          opts: { timeoutMs: 5000 },
+        },
         { argv: ['sh', '-c', 'mkdir /dev/shm/d && chmod 700 /dev/shm'], reason: /dev\/shm changed/ },
         { argv: ['sh', '-c', 'echo x > /run/snaplab/left'], reason: /run\/snaplab changed|run changed/ },
       ];
@@ -255,7 +304,14 @@ describe('escapes', () => {
       }
       // the next executions see nothing of it: no segment, no queue, counters as new
       for (let i = 0; i < 2; i++) {
-        const next = await pool.run(['sh', '-c', 'cat /proc/sysvipc/shm | wc -l; ls -A /dev/mqueue | wc -l; ls -A /dev/shm | wc -l; ls /run/snaplab'], {});
+        const next = await pool.run(
+          [
+            'sh',
+            '-c',
+            'cat /proc/sysvipc/shm | wc -l; ls -A /dev/mqueue | wc -l; ls -A /dev/shm | wc -l; ls /run/snaplab',
+          ],
+          {},
+        );
         expect(next.stdout.toString().trim().split('\n').slice(0, 3), next.stdout.toString()).toEqual(['1', '0', '0']);
         expect(next.stdout.toString()).not.toMatch(/left/);
       }

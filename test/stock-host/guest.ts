@@ -80,7 +80,14 @@ export interface StockHost {
    * transient systemd scope of its own under user.slice, as a login session's shell is (not in the
    * cgroup of the snaplab agent's unit that exec runs commands in).
    */
-  snaplab(args: string[], opts?: { env?: Record<string, string>; /** default 90 s (a create took 5-7 s) */ timeoutMs?: number; scope?: boolean }): Promise<GuestRun>;
+  snaplab(
+    args: string[],
+    opts?: {
+      env?: Record<string, string> /** default 90 s (a create took 5-7 s) */;
+      timeoutMs?: number;
+      scope?: boolean;
+    },
+  ): Promise<GuestRun>;
   /** a shell command in the guest (as root, in the agent's unit) */
   sh(script: string, timeoutMs?: number): Promise<ExecText>;
 }
@@ -99,13 +106,20 @@ export async function readFacts(vm: Sandbox): Promise<StockFacts> {
   const pid1Exe = await out(vm, ['readlink', '/proc/1/exe']);
   const cgroupFs = await out(vm, ['stat', '-fc', '%T', '/sys/fs/cgroup']);
   // one process reads its mountinfo and both namespaces' names, so all three are of the same view
-  const [ns, ns1, ...mountinfo] = (await out(vm, ['sh', '-c', 'readlink /proc/self/ns/mnt /proc/1/ns/mnt && cat /proc/self/mountinfo'])).split('\n');
+  const [ns, ns1, ...mountinfo] = (
+    await out(vm, ['sh', '-c', 'readlink /proc/self/ns/mnt /proc/1/ns/mnt && cat /proc/self/mountinfo'])
+  ).split('\n');
   const mounts = mountinfo.map((l) => {
     const f = l.split(' ');
     const dash = f.indexOf('-');
     return { point: f[4]!, options: f[5]!, fstype: f[dash + 1]! };
   });
-  const df = (await out(vm, ['df', '-B1', '--output=size,avail', '/'])).split('\n').pop()!.trim().split(/\s+/).map(Number);
+  const df = (await out(vm, ['df', '-B1', '--output=size,avail', '/']))
+    .split('\n')
+    .pop()!
+    .trim()
+    .split(/\s+/)
+    .map(Number);
   return {
     pid1Exe,
     cgroupFs,
@@ -115,7 +129,15 @@ export async function readFacts(vm: Sandbox): Promise<StockFacts> {
     rootSizeBytes: df[0]!,
     rootAvailBytes: df[1]!,
     kernel: await out(vm, ['uname', '-r']),
-    unresolvedModules: (await out(vm, ['sh', '-c', `for m in ${NEEDED_MODULES.join(' ')}; do modprobe --dry-run --show-depends "$m" >/dev/null 2>&1 || echo "$m"; done`])).split('\n').filter(Boolean),
+    unresolvedModules: (
+      await out(vm, [
+        'sh',
+        '-c',
+        `for m in ${NEEDED_MODULES.join(' ')}; do modprobe --dry-run --show-depends "$m" >/dev/null 2>&1 || echo "$m"; done`,
+      ])
+    )
+      .split('\n')
+      .filter(Boolean),
   };
 }
 
@@ -156,17 +178,20 @@ export async function raiseStockHost(lab: Lab, opts: RaiseOptions = {}): Promise
   // TCG, 6.5 s with 1 GiB), half the driver's default 60 s: give a loaded host room
   const bootTimeout = process.env.SNAPLAB_VM_BOOT_TIMEOUT_MS;
   process.env.SNAPLAB_VM_BOOT_TIMEOUT_MS ||= String(BOOT_TIMEOUT_MS);
-  const vm = await step('boot (create, to systemd running)', () => lab.create({
-    name: opts.name ?? STOCK_IMAGE,
-    image: STOCK_IMAGE,
-    driver: 'qemu',
-    init: 'systemd',
-    limits: { memoryBytes: opts.memoryBytes ?? 2 * GiB, cpus: opts.cpus ?? 2 },
-    signal: opts.signal,
-  })).finally(() => {
+  const vm = await step('boot (create, to systemd running)', () =>
+    lab.create({
+      name: opts.name ?? STOCK_IMAGE,
+      image: STOCK_IMAGE,
+      driver: 'qemu',
+      init: 'systemd',
+      limits: { memoryBytes: opts.memoryBytes ?? 2 * GiB, cpus: opts.cpus ?? 2 },
+      signal: opts.signal,
+    }),
+  ).finally(() => {
     if (bootTimeout === undefined) delete process.env.SNAPLAB_VM_BOOT_TIMEOUT_MS;
   });
-  for (const p of vm.lastTrace?.phases ?? []) if (p.depth === 0) timings[`boot: ${p.name}`] = Math.round(p.endMs - p.startMs);
+  for (const p of vm.lastTrace?.phases ?? [])
+    if (p.depth === 0) timings[`boot: ${p.name}`] = Math.round(p.endMs - p.startMs);
   const facts = await step('facts', () => readFacts(vm));
 
   const runs: GuestRun[] = [];
@@ -180,11 +205,22 @@ export async function raiseStockHost(lab: Lab, opts: RaiseOptions = {}): Promise
     async snaplab(args, o = {}) {
       const argv = [
         ...(o.scope === false ? [] : ['systemd-run', '--scope', '--quiet', '--collect', '--slice=user.slice', '--']),
-        'snaplab', ...args,
+        'snaplab',
+        ...args,
       ];
       const t0 = performance.now();
-      const r = await vm.exec(argv, { env: { HOME: '/root', ...o.env }, cwd: '/root', timeoutMs: o.timeoutMs ?? 90_000 });
-      const done: GuestRun = { argv: ['snaplab', ...args], code: r.exitCode, stdout: r.stdout, stderr: r.stderr, ms: Math.round(performance.now() - t0) };
+      const r = await vm.exec(argv, {
+        env: { HOME: '/root', ...o.env },
+        cwd: '/root',
+        timeoutMs: o.timeoutMs ?? 90_000,
+      });
+      const done: GuestRun = {
+        argv: ['snaplab', ...args],
+        code: r.exitCode,
+        stdout: r.stdout,
+        stderr: r.stderr,
+        ms: Math.round(performance.now() - t0),
+      };
       runs.push(done);
       log(`guest: ${done.argv.join(' ')} → ${done.code} in ${(done.ms / 1000).toFixed(1)} s`);
       return done;
@@ -198,8 +234,12 @@ export async function raiseStockHost(lab: Lab, opts: RaiseOptions = {}): Promise
 export function report(host: StockHost): string {
   const lines = ['stock host:'];
   const s = (ms: number): string => `${(ms / 1000).toFixed(1).padStart(7)} s`;
-  lines.push(`  trees: host ${host.stage.host.cached ? 'from the cache' : 'built'}, sysd ${host.stage.sysd.cached ? 'from the cache' : 'built'}; stage ${(host.stage.bytes / 2 ** 20).toFixed(0)} MiB`);
-  lines.push(`  guest: ${host.facts.kernel}, / ${(host.facts.rootAvailBytes / 2 ** 20).toFixed(0)} MiB free of ${(host.facts.rootSizeBytes / 2 ** 20).toFixed(0)} MiB`);
+  lines.push(
+    `  trees: host ${host.stage.host.cached ? 'from the cache' : 'built'}, sysd ${host.stage.sysd.cached ? 'from the cache' : 'built'}; stage ${(host.stage.bytes / 2 ** 20).toFixed(0)} MiB`,
+  );
+  lines.push(
+    `  guest: ${host.facts.kernel}, / ${(host.facts.rootAvailBytes / 2 ** 20).toFixed(0)} MiB free of ${(host.facts.rootSizeBytes / 2 ** 20).toFixed(0)} MiB`,
+  );
   for (const [k, v] of Object.entries(host.timings)) lines.push(`  ${s(v)}  ${k}`);
   for (const r of host.runs) lines.push(`  ${s(r.ms)}  guest: ${r.argv.join(' ')} → ${r.code}`);
   return lines.join('\n');

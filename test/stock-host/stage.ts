@@ -14,7 +14,18 @@
  * there, dist/web (serve's dashboard) and the bundle's externals in node_modules (better-sqlite3, a
  * native addon, and etcd3, whose gRPC client reads .proto files beside its code): scripts/bundle.mjs.
  */
-import { cpSync, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, statSync, symlinkSync } from 'node:fs';
+import {
+  cpSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  renameSync,
+  statSync,
+  symlinkSync,
+} from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { dirname, isAbsolute, join, relative, sep } from 'node:path';
 import { run } from '../../src/host/run.js';
@@ -71,18 +82,24 @@ export function runtimePackages(checkout = CHECKOUT): string[] {
     for (let d = from; ; d = dirname(d)) {
       const p = join(d, 'node_modules', name);
       if (existsSync(join(p, 'package.json'))) return p;
-      if (d === checkout || d === dirname(d)) throw new Error(`${name} (needed by ${relative(checkout, from) || 'snaplab'}) is not installed: run npm ci`);
+      if (d === checkout || d === dirname(d))
+        throw new Error(`${name} (needed by ${relative(checkout, from) || 'snaplab'}) is not installed: run npm ci`);
     }
   };
   const walk = (dir: string): void => {
     if (seen.has(dir)) return;
     seen.add(dir);
-    const pj = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { dependencies?: Record<string, string>; optionalDependencies?: Record<string, string> };
+    const pj = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as {
+      dependencies?: Record<string, string>;
+      optionalDependencies?: Record<string, string>;
+    };
     for (const n of Object.keys(pj.dependencies ?? {})) walk(resolve(dir, n));
     for (const n of Object.keys(pj.optionalDependencies ?? {})) {
       try {
         walk(resolve(dir, n));
-      } catch { /* optional: not installed on this platform */ }
+      } catch {
+        /* optional: not installed on this platform */
+      }
     }
   };
   for (const e of externals) walk(resolve(checkout, e));
@@ -108,7 +125,11 @@ function copyPackages(checkout: string, packages: string[], into: string): void 
         if (parts.includes('node_modules')) return false;
         if (!addon) return true;
         if (parts[0] === 'deps' || parts[0] === 'src') return false;
-        if (parts[0] === 'build') return parts.length === 1 || (parts[1] === 'Release' && (parts.length === 2 || (parts.length === 3 && parts[2]!.endsWith('.node'))));
+        if (parts[0] === 'build')
+          return (
+            parts.length === 1 ||
+            (parts[1] === 'Release' && (parts.length === 2 || (parts.length === 3 && parts[2]!.endsWith('.node'))))
+          );
         return true;
       },
     });
@@ -132,22 +153,31 @@ export function staleBuild(checkout = CHECKOUT): string[] {
   const ts = newest('src', /\.(ts|json)$/);
   if (ts.ms > built('dist/bin/snaplab.js')) stale.push(`${ts.file} is newer than dist/bin/snaplab.js`);
   const c = newest('native', /\.[ch]$/);
-  if (c.ms > Math.min(built('native/build/snaplab'), built('native/build/snaplab-agent'), built('native/build/snaplab-hostops'))) stale.push(`${c.file} is newer than native/build`);
+  if (
+    c.ms >
+    Math.min(built('native/build/snaplab'), built('native/build/snaplab-agent'), built('native/build/snaplab-hostops'))
+  )
+    stale.push(`${c.file} is newer than native/build`);
   return stale;
 }
 
 /** This checkout's runtime under `stage` + GUEST_PREFIX, the node binary and the command's link. */
 export async function installRuntime(stage: string, checkout = CHECKOUT): Promise<void> {
-  for (const s of staleBuild(checkout)) console.warn(`stock-host: ${s}: the guest gets the last build (npm run build to test the change)`);
+  for (const s of staleBuild(checkout))
+    console.warn(`stock-host: ${s}: the guest gets the last build (npm run build to test the change)`);
   const prefix = join(stage, GUEST_PREFIX);
   mkdirSync(join(prefix, 'native'), { recursive: true });
   cpSync(join(checkout, 'package.json'), join(prefix, 'package.json'));
   cpSync(join(checkout, 'dist'), join(prefix, 'dist'), { recursive: true, verbatimSymlinks: true });
   cpSync(join(checkout, 'deploy'), join(prefix, 'deploy'), { recursive: true, verbatimSymlinks: true });
   // the programs, not their object files
-  cpSync(join(checkout, 'native', 'build'), join(prefix, 'native', 'build'), { recursive: true, filter: (p) => !p.endsWith('.o') });
+  cpSync(join(checkout, 'native', 'build'), join(prefix, 'native', 'build'), {
+    recursive: true,
+    filter: (p) => !p.endsWith('.o'),
+  });
   for (const f of ['snaplab', 'snaplab-agent', 'snaplab-hostops', 'snaplab-unpack']) {
-    if (!existsSync(join(prefix, 'native', 'build', f))) throw new Error(`native/build/${f} is missing: run npm run build`);
+    if (!existsSync(join(prefix, 'native', 'build', f)))
+      throw new Error(`native/build/${f} is missing: run npm run build`);
   }
   mkdirSync(join(prefix, 'src', 'host'), { recursive: true });
   cpSync(join(checkout, 'src', 'host', 'tools.json'), join(prefix, 'src', 'host', 'tools.json'));
@@ -177,7 +207,11 @@ async function kernelDeb(version: string, scratch: string): Promise<string> {
   let have = debs().find((f) => f === want) ?? (want ? undefined : debs()[0]);
   if (!have) {
     for (const f of debs()) await rm(join(dir, f), { force: true }); // an older build of this version
-    const r = await run('apt-get', ['-q', '-o', 'APT::Sandbox::User=root', 'download', pkg], { cwd: dir, allowFail: true, timeoutMs: 300_000 });
+    const r = await run('apt-get', ['-q', '-o', 'APT::Sandbox::User=root', 'download', pkg], {
+      cwd: dir,
+      allowFail: true,
+      timeoutMs: 300_000,
+    });
     if (r.code !== 0) throw new Error(`apt-get download ${pkg} failed: ${(r.stderr || r.stdout).trim()}`);
     have = debs()[0];
     if (!have) throw new Error(`apt-get download ${pkg} left no .deb in ${dir}`);
@@ -201,7 +235,10 @@ export async function installModules(stage: string, version: string, from: strin
   mkdirSync(modules, { recursive: true });
   renameSync(from, join(modules, version));
   await run('depmod', ['-b', stage, version]);
-  const dep = readFileSync(join(modules, version, 'modules.dep'), 'utf8').split('\n').map((l) => l.split(':')[0]).join('\n');
+  const dep = readFileSync(join(modules, version, 'modules.dep'), 'utf8')
+    .split('\n')
+    .map((l) => l.split(':')[0])
+    .join('\n');
   const builtin = readFileSync(join(modules, version, 'modules.builtin'), 'utf8');
   for (const m of ['loop', 'btrfs', 'overlay', 'veth', 'bridge', 'tun', 'sch_netem']) {
     const re = new RegExp(`(^|/)${m}\\.ko(\\.[a-z]+)?$`, 'm');
@@ -213,7 +250,8 @@ export async function installModules(stage: string, version: string, from: strin
 async function dropAptLists(tree: string): Promise<void> {
   const lists = join(tree, 'var', 'lib', 'apt', 'lists');
   if (!existsSync(lists)) return;
-  for (const f of readdirSync(lists)) if (f !== 'partial' && f !== 'lock') await rm(join(lists, f), { recursive: true, force: true });
+  for (const f of readdirSync(lists))
+    if (f !== 'partial' && f !== 'lock') await rm(join(lists, f), { recursive: true, force: true });
 }
 
 /**
@@ -238,7 +276,11 @@ export async function assembleStage(lab: Lab, kernelVersion: string): Promise<St
     ] as const);
     const failed = settled.find((r) => r.status === 'rejected');
     if (failed) throw (failed as PromiseRejectedResult).reason;
-    const [host, sysd, modules] = settled.map((r) => (r as PromiseFulfilledResult<unknown>).value) as [Tree, Tree, string];
+    const [host, sysd, modules] = settled.map((r) => (r as PromiseFulfilledResult<unknown>).value) as [
+      Tree,
+      Tree,
+      string,
+    ];
     await timed(ms, 'modules + depmod', () => installModules(dir, kernelVersion, modules));
     await timed(ms, 'runtime', async () => {
       await dropAptLists(sysdDir);

@@ -16,7 +16,8 @@ import { buildKey, checkSpec, hostSources, sourcesFor, type DebianSpec } from '.
 import { run } from '../../src/host/run.js';
 import type { Lab } from '../../src/sdk/lab.js';
 
-export const CACHE_DIR = process.env.SNAPLAB_TEST_CACHE === 'off' ? null : (process.env.SNAPLAB_TEST_CACHE || '/var/tmp/snaplab-test-cache');
+export const CACHE_DIR =
+  process.env.SNAPLAB_TEST_CACHE === 'off' ? null : process.env.SNAPLAB_TEST_CACHE || '/var/tmp/snaplab-test-cache';
 const MAX_AGE_MS = 7 * 24 * 3600 * 1000;
 
 /**
@@ -35,11 +36,30 @@ export const STOCK_SUITE = process.env.SNAPLAB_STOCK_SUITE || 'bookworm';
 export const HOST_SPEC: DebianSpec = {
   suite: STOCK_SUITE,
   variant: 'minbase',
-  packages: ['systemd', 'systemd-sysv', 'dbus', 'udev', 'kmod', 'bubblewrap', 'busybox-static', 'btrfs-progs', 'iproute2', 'e2fsprogs', 'procps', 'curl', 'util-linux', 'mount'],
+  packages: [
+    'systemd',
+    'systemd-sysv',
+    'dbus',
+    'udev',
+    'kmod',
+    'bubblewrap',
+    'busybox-static',
+    'btrfs-progs',
+    'iproute2',
+    'e2fsprogs',
+    'procps',
+    'curl',
+    'util-linux',
+    'mount',
+  ],
 };
 
 /** The system machine's image inside the guest: the least that boots systemd (as test/system.test.ts's, without sudo). */
-export const SYSD_SPEC: DebianSpec = { suite: STOCK_SUITE, variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'dbus'] };
+export const SYSD_SPEC: DebianSpec = {
+  suite: STOCK_SUITE,
+  variant: 'minbase',
+  packages: ['systemd', 'systemd-sysv', 'dbus'],
+};
 
 const TAR_FLAGS = ['--numeric-owner', '--xattrs', '--xattrs-include=*', '--acls'];
 

@@ -32,7 +32,12 @@ export async function adoptLinkKey(): Promise<void> {
 
 /** An error the API answered with: its code, message and hint, as the CLI prints them. */
 export class ApiError extends Error {
-  constructor(readonly status: number, readonly code: string, message: string, readonly hint?: string) {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly hint?: string,
+  ) {
     super(message);
   }
 }
@@ -65,7 +70,12 @@ export async function api<T = unknown>(method: string, path: string, body?: unkn
 }
 
 /** A raw call (file bodies both ways). */
-export async function raw(method: string, path: string, body?: BodyInit, type = 'application/octet-stream'): Promise<Response> {
+export async function raw(
+  method: string,
+  path: string,
+  body?: BodyInit,
+  type = 'application/octet-stream',
+): Promise<Response> {
   const res = await fetch(path, { method, headers: headers(body === undefined ? {} : { 'content-type': type }), body });
   if (!res.ok) throw await failure(res);
   return res;
@@ -130,13 +140,19 @@ const TYPES = ['created', 'ready', 'paused', 'resumed', 'exited', 'destroyed', '
  * The daemon's event stream. EventSource reconnects by itself and sends Last-Event-ID, so a
  * dropped connection loses nothing; `onOpen` tells the page to re-read what it shows.
  */
-export function subscribe(onEvent: (e: SnaplabEvent) => void, onOpen?: (first: boolean) => void, onLost?: () => void): () => void {
+export function subscribe(
+  onEvent: (e: SnaplabEvent) => void,
+  onOpen?: (first: boolean) => void,
+  onLost?: () => void,
+): () => void {
   const src = new EventSource(streamUrl('/events'));
   const handler = (m: MessageEvent<string>): void => onEvent(JSON.parse(m.data) as SnaplabEvent);
   for (const t of TYPES) src.addEventListener(t, handler as EventListener);
   let opened = 0;
   src.addEventListener('open', () => onOpen?.(opened++ === 0));
   // a refused stream (the key removed, `snaplab ui` restarted) is not retried by the browser
-  src.addEventListener('error', () => { if (src.readyState === EventSource.CLOSED) onLost?.(); });
+  src.addEventListener('error', () => {
+    if (src.readyState === EventSource.CLOSED) onLost?.();
+  });
   return () => src.close();
 }

@@ -56,7 +56,8 @@ export const ROW_HEAD = 'font-size:inherit;color:inherit;font-weight:600;positio
 
 const finite = (v: number | null | undefined): v is number => typeof v === 'number' && Number.isFinite(v);
 const plain = (v: number): string => String(+v.toPrecision(6));
-const tick = (v: number): string => (Math.abs(v) >= 10_000 ? `${+(v / 1000).toPrecision(3)}k` : String(+v.toPrecision(4)));
+const tick = (v: number): string =>
+  Math.abs(v) >= 10_000 ? `${+(v / 1000).toPrecision(3)}k` : String(+v.toPrecision(4));
 
 /** 1, 2 or 5 × 10^k: the round step nearest above raw. */
 function niceStep(raw: number): number {
@@ -93,13 +94,43 @@ function useWidth(initial: number) {
   return [ref, w] as const;
 }
 
-function Marker({ x, y, color, hollow, shape, r = 4, extra }: { x: number; y: number; color: string; hollow?: boolean; shape?: 'circle' | 'square'; r?: number; extra?: Record<string, string> }) {
+function Marker({
+  x,
+  y,
+  color,
+  hollow,
+  shape,
+  r = 4,
+  extra,
+}: {
+  x: number;
+  y: number;
+  color: string;
+  hollow?: boolean;
+  shape?: 'circle' | 'square';
+  r?: number;
+  extra?: Record<string, string>;
+}) {
   const fill = hollow ? '#fff' : color;
-  if (shape === 'square') return <rect x={x - r} y={y - r} width={2 * r} height={2 * r} fill={fill} stroke={color} stroke-width="1.5" {...extra} />;
+  if (shape === 'square')
+    return (
+      <rect x={x - r} y={y - r} width={2 * r} height={2 * r} fill={fill} stroke={color} stroke-width="1.5" {...extra} />
+    );
   return <circle cx={x} cy={y} r={r} fill={fill} stroke={color} stroke-width="1.5" {...extra} />;
 }
 
-export function LineChart({ title, xLabel, yLabel, series, width = 640, height = 280, xScale = 'linear', xFormat = plain, yFormat = plain, testid }: LineChartProps) {
+export function LineChart({
+  title,
+  xLabel,
+  yLabel,
+  series,
+  width = 640,
+  height = 280,
+  xScale = 'linear',
+  xFormat = plain,
+  yFormat = plain,
+  testid,
+}: LineChartProps) {
   const [ref, measured] = useWidth(width);
   const W = Math.max(280, Math.min(width, measured));
   const H = height;
@@ -110,12 +141,21 @@ export function LineChart({ title, xLabel, yLabel, series, width = 640, height =
 
   // the x domain, and what the y axis must reach (medians, spreads and reps alike)
   const pts = series.flatMap((s) => s.points);
-  const xs = [...new Set(pts.map((p) => p.x).filter((x) => finite(x) && (xScale === 'linear' || x > 0)))].sort((a, b) => a - b);
+  const xs = [...new Set(pts.map((p) => p.x).filter((x) => finite(x) && (xScale === 'linear' || x > 0)))].sort(
+    (a, b) => a - b,
+  );
   const ys = pts.flatMap((p) => [p.y, p.min, p.max, ...(p.reps ?? [])]).filter(finite);
   const yTicks = niceTicks(Math.min(0, ...ys), Math.max(0, ...ys), 4);
   const y0 = yTicks[0]!;
   const y1 = yTicks[yTicks.length - 1]! || 1;
-  const xTicks = xScale === 'log2' ? xs : xs.length ? niceTicks(xs[0]!, xs[xs.length - 1]!, Math.min(6, Math.max(1, Math.floor(pw / 80)))).filter((t) => t >= xs[0]! && t <= xs[xs.length - 1]!) : [];
+  const xTicks =
+    xScale === 'log2'
+      ? xs
+      : xs.length
+        ? niceTicks(xs[0]!, xs[xs.length - 1]!, Math.min(6, Math.max(1, Math.floor(pw / 80)))).filter(
+            (t) => t >= xs[0]! && t <= xs[xs.length - 1]!,
+          )
+        : [];
   const tx = (x: number): number => (xScale === 'log2' ? Math.log2(x) : x);
   const lo = xs.length ? tx(xs[0]!) : 0;
   const hi = xs.length ? tx(xs[xs.length - 1]!) : 1;
@@ -125,7 +165,9 @@ export function LineChart({ title, xLabel, yLabel, series, width = 640, height =
 
   // series with a spread are nudged apart a few pixels at the same x, so their whiskers and reps
   // do not sit on top of each other; the median point and the line stay at the true x
-  const spread = series.filter((s) => s.points.some((p) => (finite(p.min) && finite(p.max) && p.max > p.min) || (p.reps?.length ?? 0) > 1));
+  const spread = series.filter((s) =>
+    s.points.some((p) => (finite(p.min) && finite(p.max) && p.max > p.min) || (p.reps?.length ?? 0) > 1),
+  );
   const nudge = (s: ChartSeries): number => {
     const i = spread.indexOf(s);
     return i < 0 ? 0 : (i - (spread.length - 1) / 2) * 7;
@@ -136,7 +178,10 @@ export function LineChart({ title, xLabel, yLabel, series, width = 640, height =
     let d = '';
     let pen = false;
     for (const p of [...s.points].sort((a, b) => a.x - b.x)) {
-      if (!finite(p.y) || !xs.includes(p.x)) { pen = false; continue; }
+      if (!finite(p.y) || !xs.includes(p.x)) {
+        pen = false;
+        continue;
+      }
       d += `${pen ? 'L' : 'M'}${X(p.x).toFixed(1)},${Y(p.y).toFixed(1)}`;
       pen = true;
     }
@@ -151,56 +196,107 @@ export function LineChart({ title, xLabel, yLabel, series, width = 640, height =
     <figure style="margin:0;min-width:0">
       <figcaption style="font-weight:600;margin-bottom:4px">{title}</figcaption>
       <div ref={ref}>
-        <svg class="chart" role="img" aria-label={`${title}: ${yLabel} against ${xLabel}; the figures are in the table below`} viewBox={`0 0 ${W} ${H}`} data-testid={testid}>
+        <svg
+          class="chart"
+          role="img"
+          aria-label={`${title}: ${yLabel} against ${xLabel}; the figures are in the table below`}
+          viewBox={`0 0 ${W} ${H}`}
+          data-testid={testid}
+        >
           <title>{title}</title>
           <desc>{`${yLabel} against ${xLabel}, ${series.length} series: ${series.map((s) => s.name).join(', ')}. The same figures are in the table below the chart.`}</desc>
           {/* grid and y ticks */}
           {yTicks.map((t) => (
             <g key={`y${t}`}>
               <line x1={m.left} x2={W - m.right} y1={Y(t)} y2={Y(t)} stroke="#e6e9ed" />
-              <text x={m.left - 6} y={Y(t) + 4} text-anchor="end">{tick(t)}</text>
+              <text x={m.left - 6} y={Y(t) + 4} text-anchor="end">
+                {tick(t)}
+              </text>
             </g>
           ))}
           {xTicks.map((t) => (
             <g key={`x${t}`}>
               <line class="axis" x1={X(t)} x2={X(t)} y1={m.top + ph} y2={m.top + ph + 4} />
-              <text x={X(t)} y={m.top + ph + 16} text-anchor="middle">{xFormat(t)}</text>
+              <text x={X(t)} y={m.top + ph + 16} text-anchor="middle">
+                {xFormat(t)}
+              </text>
             </g>
           ))}
           <line class="axis" x1={m.left} x2={W - m.right} y1={m.top + ph} y2={m.top + ph} />
           <line class="axis" x1={m.left} x2={m.left} y1={m.top} y2={m.top + ph} />
-          <text x={m.left + pw / 2} y={H - 6} text-anchor="middle">{xLabel}</text>
-          <text transform={`translate(13 ${m.top + ph / 2}) rotate(-90)`} text-anchor="middle">{yLabel}</text>
-          {xs.length === 0 && <text x={m.left + pw / 2} y={m.top + ph / 2} text-anchor="middle">no data</text>}
+          <text x={m.left + pw / 2} y={H - 6} text-anchor="middle">
+            {xLabel}
+          </text>
+          <text transform={`translate(13 ${m.top + ph / 2}) rotate(-90)`} text-anchor="middle">
+            {yLabel}
+          </text>
+          {xs.length === 0 && (
+            <text x={m.left + pw / 2} y={m.top + ph / 2} text-anchor="middle">
+              no data
+            </text>
+          )}
           {series.map((s, i) => {
             const c = color(s, i);
             const dx = nudge(s);
             return (
               <g key={s.name} data-series={s.name}>
-                <path d={path(s)} fill="none" stroke={c} stroke-width="2" stroke-dasharray={s.dashed ? '6 4' : undefined} />
-                {s.points.filter((p) => xs.includes(p.x)).map((p) => (
-                  <g key={p.x}>
-                    {finite(p.min) && finite(p.max) && p.max > p.min && (
-                      <path d={`M${X(p.x) + dx - 3},${Y(p.min)}h6M${X(p.x) + dx},${Y(p.min)}V${Y(p.max)}M${X(p.x) + dx - 3},${Y(p.max)}h6`} stroke={c} stroke-width="1.5" fill="none" opacity="0.75" />
-                    )}
-                    {(p.reps ?? []).filter(finite).map((r, k) => (
-                      <circle key={k} cx={X(p.x) + dx} cy={Y(r)} r="2.5" fill="#fff" stroke={c} stroke-width="1.2" />
-                    ))}
-                    {finite(p.y) && (
-                      <Marker x={X(p.x)} y={Y(p.y)} r={s.points.length > 24 ? 2 : 4} color={c} hollow={s.dashed} shape={s.marker} extra={s.marked ? { 'data-x': String(p.x), 'data-y': String(p.y) } : undefined} />
-                    )}
-                  </g>
-                ))}
+                <path
+                  d={path(s)}
+                  fill="none"
+                  stroke={c}
+                  stroke-width="2"
+                  stroke-dasharray={s.dashed ? '6 4' : undefined}
+                />
+                {s.points
+                  .filter((p) => xs.includes(p.x))
+                  .map((p) => (
+                    <g key={p.x}>
+                      {finite(p.min) && finite(p.max) && p.max > p.min && (
+                        <path
+                          d={`M${X(p.x) + dx - 3},${Y(p.min)}h6M${X(p.x) + dx},${Y(p.min)}V${Y(p.max)}M${X(p.x) + dx - 3},${Y(p.max)}h6`}
+                          stroke={c}
+                          stroke-width="1.5"
+                          fill="none"
+                          opacity="0.75"
+                        />
+                      )}
+                      {(p.reps ?? []).filter(finite).map((r, k) => (
+                        <circle key={k} cx={X(p.x) + dx} cy={Y(r)} r="2.5" fill="#fff" stroke={c} stroke-width="1.2" />
+                      ))}
+                      {finite(p.y) && (
+                        <Marker
+                          x={X(p.x)}
+                          y={Y(p.y)}
+                          r={s.points.length > 24 ? 2 : 4}
+                          color={c}
+                          hollow={s.dashed}
+                          shape={s.marker}
+                          extra={s.marked ? { 'data-x': String(p.x), 'data-y': String(p.y) } : undefined}
+                        />
+                      )}
+                    </g>
+                  ))}
               </g>
             );
           })}
         </svg>
       </div>
-      <ul aria-label={`legend: ${title}`} style="list-style:none;display:flex;flex-wrap:wrap;gap:4px 16px;margin:4px 0;padding:0;font-size:13px">
+      <ul
+        aria-label={`legend: ${title}`}
+        style="list-style:none;display:flex;flex-wrap:wrap;gap:4px 16px;margin:4px 0;padding:0;font-size:13px"
+      >
         {series.map((s, i) => (
           <li key={s.name} style="display:flex;align-items:center;gap:6px">
             <svg width="30" height="12" viewBox="0 0 30 12" aria-hidden="true">
-              <line x1="1" x2="29" y1="6" y2="6" stroke={color(s, i)} stroke-width="2" stroke-dasharray={s.dashed ? '6 4' : undefined} />
+              <line
+                x1="1"
+                x2="29"
+                y1="6"
+                y2="6"
+                stroke={color(s, i)}
+                stroke-width="2"
+                stroke-dasharray={s.dashed ? '6 4' : undefined}
+              />
               <Marker x={15} y={6} r={3.5} color={color(s, i)} hollow={s.dashed} shape={s.marker} />
             </svg>
             {s.name}
@@ -216,20 +312,42 @@ export function LineChart({ title, xLabel, yLabel, series, width = 640, height =
               <tr>
                 <th scope="col">{xLabel}</th>
                 {series.map((s, i) => [
-                  <th scope="col" class="num" key={`v${i}`}>{s.name}</th>,
-                  hasRange[i] && <th scope="col" class="num" key={`r${i}`}>{s.name} range</th>,
-                  hasReps[i] && <th scope="col" key={`p${i}`}>{s.name} reps</th>,
+                  <th scope="col" class="num" key={`v${i}`}>
+                    {s.name}
+                  </th>,
+                  hasRange[i] && (
+                    <th scope="col" class="num" key={`r${i}`}>
+                      {s.name} range
+                    </th>
+                  ),
+                  hasReps[i] && (
+                    <th scope="col" key={`p${i}`}>
+                      {s.name} reps
+                    </th>
+                  ),
                 ])}
               </tr>
             </thead>
             <tbody>
               {rows.map((r) => (
                 <tr key={r.x}>
-                  <th scope="row" style={ROW_HEAD}>{xFormat(r.x)}</th>
+                  <th scope="row" style={ROW_HEAD}>
+                    {xFormat(r.x)}
+                  </th>
                   {r.cells.map((p, i) => [
-                    <td class="num" key={`v${i}`}>{p && finite(p.y) ? yFormat(p.y) : '—'}</td>,
-                    hasRange[i] && <td class="num" key={`r${i}`}>{p && finite(p.min) && finite(p.max) ? `${yFormat(p.min)}–${yFormat(p.max)}` : '—'}</td>,
-                    hasReps[i] && <td key={`p${i}`}>{p?.reps?.length ? p.reps.map((v) => (finite(v) ? yFormat(v) : '—')).join(', ') : '—'}</td>,
+                    <td class="num" key={`v${i}`}>
+                      {p && finite(p.y) ? yFormat(p.y) : '—'}
+                    </td>,
+                    hasRange[i] && (
+                      <td class="num" key={`r${i}`}>
+                        {p && finite(p.min) && finite(p.max) ? `${yFormat(p.min)}–${yFormat(p.max)}` : '—'}
+                      </td>
+                    ),
+                    hasReps[i] && (
+                      <td key={`p${i}`}>
+                        {p?.reps?.length ? p.reps.map((v) => (finite(v) ? yFormat(v) : '—')).join(', ') : '—'}
+                      </td>
+                    ),
                   ])}
                 </tr>
               ))}

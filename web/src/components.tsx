@@ -13,9 +13,30 @@ export function ErrorBox({ error }: { error: unknown }) {
   );
 }
 
-export function Button({ onClick, busy, children, kind, disabled, label }: { onClick: () => void; busy?: boolean; children: ComponentChildren; kind?: 'danger' | 'primary'; disabled?: boolean; label?: string }) {
+export function Button({
+  onClick,
+  busy,
+  children,
+  kind,
+  disabled,
+  label,
+}: {
+  onClick: () => void;
+  busy?: boolean;
+  children: ComponentChildren;
+  kind?: 'danger' | 'primary';
+  disabled?: boolean;
+  label?: string;
+}) {
   return (
-    <button type="button" class={kind ?? ''} onClick={onClick} disabled={busy || disabled} aria-busy={busy ? 'true' : undefined} aria-label={label}>
+    <button
+      type="button"
+      class={kind ?? ''}
+      onClick={onClick}
+      disabled={busy || disabled}
+      aria-busy={busy ? 'true' : undefined}
+      aria-label={label}
+    >
       {children}
       {busy && '…'}
     </button>
@@ -26,7 +47,15 @@ export function State({ state }: { state: string }) {
   return <span class={`state state-${state}`}>{state}</span>;
 }
 
-export function Section({ title, children, actions }: { title: string; children: ComponentChildren; actions?: ComponentChildren }) {
+export function Section({
+  title,
+  children,
+  actions,
+}: {
+  title: string;
+  children: ComponentChildren;
+  actions?: ComponentChildren;
+}) {
   return (
     <section class="card">
       <header class="card-head">

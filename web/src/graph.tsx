@@ -91,7 +91,11 @@ export function layout(s: ScenarioStatus): Layout {
 
   const nodes = new Map<string, Placed>();
   rows.forEach((row, r) => {
-    const xs = spread(row.map((o) => o.w), PAD + NODE_W / 2, width - PAD - NODE_W / 2);
+    const xs = spread(
+      row.map((o) => o.w),
+      PAD + NODE_W / 2,
+      width - PAD - NODE_W / 2,
+    );
     row.forEach((o, k) => {
       const h = nodeH(o.m);
       const top = r === 0 ? topBottom - h : bottomTop;
@@ -119,7 +123,11 @@ function blockedPath(a: Placed, b: Placed): { d: string; lx: number; ly: number 
   // its ✕ a quarter of the way down, in the gap above the bridges rather than on one
   const [t, u] = a.row === 0 ? [a, b] : [b, a];
   const k = 0.25;
-  return { d: `M${t.x},${t.bottom} L${u.x},${u.top}`, lx: t.x + (u.x - t.x) * k, ly: t.bottom + (u.top - t.bottom) * k };
+  return {
+    d: `M${t.x},${t.bottom} L${u.x},${u.top}`,
+    lx: t.x + (u.x - t.x) * k,
+    ly: t.bottom + (u.top - t.bottom) * k,
+  };
 }
 
 export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
@@ -141,7 +149,14 @@ export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
         viewBox={`0 0 ${L.width} ${L.height}`}
         role="group"
         aria-label={`network graph of scenario ${status.name}: ${status.machines.length} machines, ${status.networks.length} networks, ${status.blocked.length} blocked pairs`}
-        style={{ display: 'block', width: '100%', height: 'auto', maxWidth: `${L.width * 1.25}px`, minWidth: `${Math.round(L.width * 0.8)}px`, margin: '0 auto' }}
+        style={{
+          display: 'block',
+          width: '100%',
+          height: 'auto',
+          maxWidth: `${L.width * 1.25}px`,
+          minWidth: `${Math.round(L.width * 0.8)}px`,
+          margin: '0 auto',
+        }}
         font-family="system-ui, sans-serif"
       >
         <title>{`scenario ${status.name}`}</title>
@@ -155,7 +170,17 @@ export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
             const ex = Math.min(bx + half, Math.max(bx - half, p.x));
             const y1 = p.row === 0 ? p.bottom : p.top;
             const y2 = p.row === 0 ? L.mid - BRIDGE_H / 2 : L.mid + BRIDGE_H / 2;
-            return <line data-link={`${p.m.machine}|${a.network}`} x1={p.x} y1={y1} x2={ex} y2={y2} stroke={colour.get(a.network)} stroke-width={2} />;
+            return (
+              <line
+                data-link={`${p.m.machine}|${a.network}`}
+                x1={p.x}
+                y1={y1}
+                x2={ex}
+                y2={y2}
+                stroke={colour.get(a.network)}
+                stroke-width={2}
+              />
+            );
           }),
         )}
 
@@ -173,9 +198,29 @@ export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
           return (
             <g data-network={n.name}>
               <title>{`network ${n.name} ${n.subnet}`}</title>
-              <rect x={x - L.bridgeW / 2} y={L.mid - BRIDGE_H / 2} width={L.bridgeW} height={BRIDGE_H} rx={BRIDGE_H / 2} fill="#fff" stroke={c} stroke-width={3} />
-              <text x={x} y={L.mid - 3} text-anchor="middle" font-size={13} font-weight={700} fill={c}>{clip(n.name, 24)}</text>
-              <text x={x} y={L.mid + 13} text-anchor="middle" font-size={11} fill="#4d5663" font-family="ui-monospace, monospace">{n.subnet}</text>
+              <rect
+                x={x - L.bridgeW / 2}
+                y={L.mid - BRIDGE_H / 2}
+                width={L.bridgeW}
+                height={BRIDGE_H}
+                rx={BRIDGE_H / 2}
+                fill="#fff"
+                stroke={c}
+                stroke-width={3}
+              />
+              <text x={x} y={L.mid - 3} text-anchor="middle" font-size={13} font-weight={700} fill={c}>
+                {clip(n.name, 24)}
+              </text>
+              <text
+                x={x}
+                y={L.mid + 13}
+                text-anchor="middle"
+                font-size={11}
+                fill="#4d5663"
+                font-family="ui-monospace, monospace"
+              >
+                {n.subnet}
+              </text>
             </g>
           );
         })}
@@ -188,11 +233,30 @@ export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
             <a href={href('machines', p.m.sandbox)} tabindex={-1}>
               <g data-machine={p.m.machine} data-state={p.m.state}>
                 <title>{`${p.m.machine} (${p.m.sandbox}) ${p.m.state}${p.m.reason ? `: ${p.m.reason}` : ''}\n${p.m.addresses.map((a) => `${a.network} ${a.address}`).join('\n')}`}</title>
-                <rect x={left} y={p.top} width={NODE_W} height={p.bottom - p.top} rx={6} fill={bg} stroke={fg} stroke-width={2} />
-                <text x={left + 10} y={p.top + 18} font-size={13} font-weight={700} fill="#1b1f24">{clip(p.m.machine, 17)}</text>
-                <text x={left + 10} y={p.top + 33} font-size={11} fill={fg}>{p.m.state}</text>
+                <rect
+                  x={left}
+                  y={p.top}
+                  width={NODE_W}
+                  height={p.bottom - p.top}
+                  rx={6}
+                  fill={bg}
+                  stroke={fg}
+                  stroke-width={2}
+                />
+                <text x={left + 10} y={p.top + 18} font-size={13} font-weight={700} fill="#1b1f24">
+                  {clip(p.m.machine, 17)}
+                </text>
+                <text x={left + 10} y={p.top + 33} font-size={11} fill={fg}>
+                  {p.m.state}
+                </text>
                 {p.m.addresses.map((a, k) => (
-                  <text x={left + 10} y={p.top + 50 + k * LINE} font-size={10.5} font-family="ui-monospace, monospace" fill={colour.get(a.network) ?? '#4d5663'}>
+                  <text
+                    x={left + 10}
+                    y={p.top + 50 + k * LINE}
+                    font-size={10.5}
+                    font-family="ui-monospace, monospace"
+                    fill={colour.get(a.network) ?? '#4d5663'}
+                  >
                     {/* the network's name too, not only its colour */}
                     {`${clip(a.network, Math.max(3, 19 - a.address.length))} ${a.address}`}
                   </text>
@@ -207,7 +271,9 @@ export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
           <g data-blocked-mark={`${a}|${b}`}>
             <title>{`${a} and ${b} blocked: traffic between them is dropped`}</title>
             <circle cx={lx} cy={ly} r={9} fill="#fff" stroke="#b3261e" stroke-width={2} />
-            <text x={lx} y={ly + 4.5} text-anchor="middle" font-size={13} font-weight={700} fill="#b3261e">✕</text>
+            <text x={lx} y={ly + 4.5} text-anchor="middle" font-size={13} font-weight={700} fill="#b3261e">
+              ✕
+            </text>
           </g>
         ))}
       </svg>

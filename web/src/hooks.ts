@@ -2,7 +2,13 @@ import { useCallback, useEffect, useState } from 'preact/hooks';
 
 /** The route: the part of the location hash after `#/`, split on `/` (each segment decoded). */
 export function useRoute(): string[] {
-  const decode = (p: string): string => { try { return decodeURIComponent(p); } catch { return p; } };
+  const decode = (p: string): string => {
+    try {
+      return decodeURIComponent(p);
+    } catch {
+      return p;
+    }
+  };
   const read = (): string[] => location.hash.replace(/^#\/?/, '').split('/').filter(Boolean).map(decode);
   const [route, setRoute] = useState(read);
   useEffect(() => {
@@ -23,7 +29,11 @@ export const href = (...parts: string[]): string => `#/${parts.map(encodeURIComp
  * Load something, again every `everyMs` (0: once) and whenever `reload()` is called. The last good
  * value stays shown while a later load fails; the error is shown beside it.
  */
-export function usePoll<T>(load: () => Promise<T>, everyMs = 0, deps: unknown[] = []): { data: T | undefined; error: unknown; reload: () => void } {
+export function usePoll<T>(
+  load: () => Promise<T>,
+  everyMs = 0,
+  deps: unknown[] = [],
+): { data: T | undefined; error: unknown; reload: () => void } {
   const [data, setData] = useState<T | undefined>(undefined);
   const [error, setError] = useState<unknown>(undefined);
   const [tick, setTick] = useState(0);
@@ -39,10 +49,21 @@ export function usePoll<T>(load: () => Promise<T>, everyMs = 0, deps: unknown[] 
     let alive = true;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const run = (): void => {
-      load().then(
-        (v) => { if (alive) { setData(v); setError(undefined); } },
-        (e: unknown) => { if (alive) setError(e); },
-      ).finally(() => { if (alive && everyMs > 0) timer = setTimeout(run, everyMs); });
+      load()
+        .then(
+          (v) => {
+            if (alive) {
+              setData(v);
+              setError(undefined);
+            }
+          },
+          (e: unknown) => {
+            if (alive) setError(e);
+          },
+        )
+        .finally(() => {
+          if (alive && everyMs > 0) timer = setTimeout(run, everyMs);
+        });
     };
     run();
     return () => {
@@ -56,7 +77,9 @@ export function usePoll<T>(load: () => Promise<T>, everyMs = 0, deps: unknown[] 
 }
 
 /** Run an action with its own busy flag and error (buttons show both). */
-export function useAction<A extends unknown[]>(fn: (...args: A) => Promise<unknown>): { run: (...args: A) => Promise<void>; busy: boolean; error: unknown; clear: () => void } {
+export function useAction<A extends unknown[]>(
+  fn: (...args: A) => Promise<unknown>,
+): { run: (...args: A) => Promise<void>; busy: boolean; error: unknown; clear: () => void } {
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<unknown>(undefined);
   const run = async (...args: A): Promise<void> => {

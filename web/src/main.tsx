@@ -17,7 +17,13 @@ interface Who {
   scopes: string[];
 }
 
-const NAV: [string, string][] = [['machines', 'Machines'], ['operations', 'Operations'], ['pools', 'Pools'], ['scenarios', 'Scenarios'], ['bench', 'Bench']];
+const NAV: [string, string][] = [
+  ['machines', 'Machines'],
+  ['operations', 'Operations'],
+  ['pools', 'Pools'],
+  ['scenarios', 'Scenarios'],
+  ['bench', 'Bench'],
+];
 
 function Login({ error, onKey }: { error: unknown; onKey: () => void }) {
   const [text, setText] = useState('');
@@ -34,16 +40,34 @@ function Login({ error, onKey }: { error: unknown; onKey: () => void }) {
         }}
       >
         <h1>snaplab</h1>
-        <p>This daemon asks for an API key (<code>snaplab key create NAME</code> prints one). Through <code>snaplab ui</code>, open the URL it printed instead: its token is only good while that <code>snaplab ui</code> runs.</p>
+        <p>
+          This daemon asks for an API key (<code>snaplab key create NAME</code> prints one). Through{' '}
+          <code>snaplab ui</code>, open the URL it printed instead: its token is only good while that{' '}
+          <code>snaplab ui</code> runs.
+        </p>
         {wrong && <ErrorBox error={error} />}
         <label>
           API key
-          <input type="password" autoComplete="off" value={text} onInput={(e) => setText((e.target as HTMLInputElement).value)} required autoFocus />
+          <input
+            type="password"
+            autoComplete="off"
+            value={text}
+            onInput={(e) => setText((e.target as HTMLInputElement).value)}
+            required
+            autoFocus
+          />
         </label>
         <label class="inline">
-          <input type="checkbox" checked={remember} onChange={(e) => setRemember((e.target as HTMLInputElement).checked)} /> remember in this browser
+          <input
+            type="checkbox"
+            checked={remember}
+            onChange={(e) => setRemember((e.target as HTMLInputElement).checked)}
+          />{' '}
+          remember in this browser
         </label>
-        <button type="submit" class="primary">Sign in</button>
+        <button type="submit" class="primary">
+          Sign in
+        </button>
       </form>
     </main>
   );
@@ -60,7 +84,15 @@ class Boundary extends Component<{ children: ComponentChildren }, { error: unkno
     return (
       <main class="page">
         <ErrorBox error={this.state.error} />
-        <button type="button" onClick={() => { this.setState({ error: undefined }); location.hash = '#/machines'; }}>Back to machines</button>
+        <button
+          type="button"
+          onClick={() => {
+            this.setState({ error: undefined });
+            location.hash = '#/machines';
+          }}
+        >
+          Back to machines
+        </button>
       </main>
     );
   }
@@ -79,20 +111,38 @@ function App() {
   else if (page === 'pools') body = <PoolsPage />;
   else if (page === 'scenarios') body = <ScenariosPage name={rest[0]} />;
   else if (page === 'bench') body = <BenchPage name={rest[0]} />;
-  else body = <p>No page {page}. <a href={href('machines')}>Machines</a></p>;
+  else
+    body = (
+      <p>
+        No page {page}. <a href={href('machines')}>Machines</a>
+      </p>
+    );
   return (
     <>
       <header class="top">
-        <a class="brand" href={href('machines')}>snaplab</a>
+        <a class="brand" href={href('machines')}>
+          snaplab
+        </a>
         <nav aria-label="pages">
           {NAV.map(([id, label]) => (
-            <a href={href(id)} aria-current={page === id ? 'page' : undefined}>{label}</a>
+            <a href={href(id)} aria-current={page === id ? 'page' : undefined}>
+              {label}
+            </a>
           ))}
         </nav>
         <span class="who" title={`scopes: ${who.data.scopes.join(', ')}`}>
           {who.data.key === 'local' ? 'local (Unix socket)' : `key ${who.data.key}`}
           {who.data.key !== 'local' && (
-            <button type="button" class="link" onClick={() => { setKey(null); who.reload(); }}>sign out</button>
+            <button
+              type="button"
+              class="link"
+              onClick={() => {
+                setKey(null);
+                who.reload();
+              }}
+            >
+              sign out
+            </button>
           )}
         </span>
       </header>
@@ -101,4 +151,11 @@ function App() {
   );
 }
 
-void adoptLinkKey().finally(() => render(<Boundary><App /></Boundary>, document.getElementById('app')!));
+void adoptLinkKey().finally(() =>
+  render(
+    <Boundary>
+      <App />
+    </Boundary>,
+    document.getElementById('app')!,
+  ),
+);

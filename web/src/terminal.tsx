@@ -24,10 +24,21 @@ export default function TerminalView({ id }: { id: string }) {
     fit.fit();
     const ws = new WebSocket(streamUrl(`/sandboxes/${enc(id)}/exec`, true));
     ws.binaryType = 'arraybuffer';
-    const send = (m: unknown): void => { if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m)); };
+    const send = (m: unknown): void => {
+      if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m));
+    };
     ws.onopen = () => {
       // the shell ends with its page (closed, another tab, New session): none is left behind
-      send({ type: 'start', argv: SHELL, tty: { cols: term.cols, rows: term.rows }, stdin: true, env: ['TERM=xterm-256color', 'HOME=/root'], cwd: '/root', timeoutMs: 0, onDisconnect: 'kill' });
+      send({
+        type: 'start',
+        argv: SHELL,
+        tty: { cols: term.cols, rows: term.rows },
+        stdin: true,
+        env: ['TERM=xterm-256color', 'HOME=/root'],
+        cwd: '/root',
+        timeoutMs: 0,
+        onDisconnect: 'kill',
+      });
       term.focus();
     };
     ws.onmessage = (m: MessageEvent<ArrayBuffer | string>) => {
@@ -35,15 +46,29 @@ export default function TerminalView({ id }: { id: string }) {
         term.write(new Uint8Array(m.data, 1)); // the first byte says stdout or stderr: one screen shows both
         return;
       }
-      const msg = JSON.parse(m.data) as { type: string; result?: { exitCode: number | null }; error?: { message?: string } | string; from?: number; to?: number };
+      const msg = JSON.parse(m.data) as {
+        type: string;
+        result?: { exitCode: number | null };
+        error?: { message?: string } | string;
+        from?: number;
+        to?: number;
+      };
       if (msg.type === 'started') setStatus('connected');
       else if (msg.type === 'exit') setStatus(`exited (${msg.result?.exitCode ?? 'signal'})`);
       else if (msg.type === 'gap') term.write(`\r\n[output ${msg.from}–${msg.to} lost]\r\n`);
-      else if (msg.type === 'error') setStatus(`error: ${typeof msg.error === 'string' ? msg.error : msg.error?.message ?? 'refused'}`);
+      else if (msg.type === 'error')
+        setStatus(`error: ${typeof msg.error === 'string' ? msg.error : (msg.error?.message ?? 'refused')}`);
     };
-    ws.onclose = (e) => setStatus((s) => (s.startsWith('exited') || s.startsWith('error') ? s : `closed (${e.code}${e.reason ? `: ${e.reason}` : ''})`));
-    const data = term.onData((d) => { if (ws.readyState === WebSocket.OPEN) ws.send(new TextEncoder().encode(d)); });
-    const binary = term.onBinary((d) => { if (ws.readyState === WebSocket.OPEN) ws.send(Uint8Array.from(d, (c) => c.charCodeAt(0))); });
+    ws.onclose = (e) =>
+      setStatus((s) =>
+        s.startsWith('exited') || s.startsWith('error') ? s : `closed (${e.code}${e.reason ? `: ${e.reason}` : ''})`,
+      );
+    const data = term.onData((d) => {
+      if (ws.readyState === WebSocket.OPEN) ws.send(new TextEncoder().encode(d));
+    });
+    const binary = term.onBinary((d) => {
+      if (ws.readyState === WebSocket.OPEN) ws.send(Uint8Array.from(d, (c) => c.charCodeAt(0)));
+    });
     const resized = term.onResize(({ cols, rows }) => send({ type: 'resize', cols, rows }));
     const obs = new ResizeObserver(() => fit.fit());
     obs.observe(el.current!);
@@ -59,8 +84,12 @@ export default function TerminalView({ id }: { id: string }) {
   return (
     <div>
       <div class="row">
-        <span class="muted" data-testid="terminal-status">{status}</span>
-        <button type="button" onClick={() => setGen((g) => g + 1)}>New session</button>
+        <span class="muted" data-testid="terminal-status">
+          {status}
+        </span>
+        <button type="button" onClick={() => setGen((g) => g + 1)}>
+          New session
+        </button>
       </div>
       <div class="terminal" ref={el} data-testid="terminal" />
     </div>

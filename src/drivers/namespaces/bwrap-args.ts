@@ -46,28 +46,46 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '--as-pid-1',
     '--new-session',
     '--clearenv',
-    '--hostname', i.hostname,
-    '--bind', i.staged ? STAGED_ROOT : i.rootfs, '/',
-    '--proc', '/proc',
-    '--dev', '/dev',
+    '--hostname',
+    i.hostname,
+    '--bind',
+    i.staged ? STAGED_ROOT : i.rootfs,
+    '/',
+    '--proc',
+    '/proc',
+    '--dev',
+    '/dev',
     // /dev/shm as a mount of its own, so that /dev itself can be read-only (below)
-    '--tmpfs', '/dev/shm',
+    '--tmpfs',
+    '/dev/shm',
     // POSIX message queues of the sandbox's IPC namespace, visible so that a pool can check none is left
-    '--mqueue', '/dev/mqueue',
+    '--mqueue',
+    '/dev/mqueue',
     // (the agent makes the device nodes and /dev itself read-only: see harden in native/sandbox.c)
     // /run is a tmpfs, as on a booted machine: nothing of snaplab's lands in the root filesystem
-    '--tmpfs', '/run',
-    '--ro-bind', i.staged ? STAGED_AGENT : i.agentBinary, GUEST_AGENT,
-    '--chdir', '/',
-    '--cap-drop', 'ALL',
+    '--tmpfs',
+    '/run',
+    '--ro-bind',
+    i.staged ? STAGED_AGENT : i.agentBinary,
+    GUEST_AGENT,
+    '--chdir',
+    '/',
+    '--cap-drop',
+    'ALL',
     ...caps,
     // for the agent alone, and only until it has made /proc/sys read-only (see harden_proc)
-    '--cap-add', 'CAP_SYS_ADMIN',
-    '--info-fd', String(INFO_FD),
-    GUEST_AGENT, 'serve',
-    '--listen-fd', String(LISTEN_FD),
-    '--ready-fd', String(READY_FD),
-    '--caps', SANDBOX_CAPABILITIES.join(','),
+    '--cap-add',
+    'CAP_SYS_ADMIN',
+    '--info-fd',
+    String(INFO_FD),
+    GUEST_AGENT,
+    'serve',
+    '--listen-fd',
+    String(LISTEN_FD),
+    '--ready-fd',
+    String(READY_FD),
+    '--caps',
+    SANDBOX_CAPABILITIES.join(','),
     '--harden-proc',
   ];
 }
@@ -77,16 +95,29 @@ export function bwrapArgs(i: BwrapInput): string[] {
  * would keep sudo from ever working. The agent binary itself, staged by the launcher, makes the
  * namespaces and mounts and execs the image's init as PID 1, the agent beside it.
  */
-export function bootArgs(i: { hostname: string; sharedNetns: boolean; init: string[]; cgroups: { payload: string; agent: string } }): string[] {
+export function bootArgs(i: {
+  hostname: string;
+  sharedNetns: boolean;
+  init: string[];
+  cgroups: { payload: string; agent: string };
+}): string[] {
   return [
-    STAGED_AGENT, 'boot',
-    '--root', STAGED_ROOT,
-    '--agent', STAGED_AGENT,
-    '--hostname', i.hostname,
+    STAGED_AGENT,
+    'boot',
+    '--root',
+    STAGED_ROOT,
+    '--agent',
+    STAGED_AGENT,
+    '--hostname',
+    i.hostname,
     ...(i.sharedNetns ? [] : ['--net']),
-    '--caps', SYSTEM_CAPABILITIES.join(','),
-    '--cgroup', i.cgroups.payload,
-    '--agent-cgroup', i.cgroups.agent,
-    '--', ...i.init,
+    '--caps',
+    SYSTEM_CAPABILITIES.join(','),
+    '--cgroup',
+    i.cgroups.payload,
+    '--agent-cgroup',
+    i.cgroups.agent,
+    '--',
+    ...i.init,
   ];
 }

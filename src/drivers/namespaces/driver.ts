@@ -3,7 +3,20 @@ import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
-import { type Cgroup, cgroupFor, createCgroup, delegateCgroup, isFrozen, destroyCgroup, freeze, oomKills, probeCgroups, removeEmptySnaplabParents, snaplabCgroupsOnHost, thaw } from '../../host/cgroups.js';
+import {
+  type Cgroup,
+  cgroupFor,
+  createCgroup,
+  delegateCgroup,
+  isFrozen,
+  destroyCgroup,
+  freeze,
+  oomKills,
+  probeCgroups,
+  removeEmptySnaplabParents,
+  snaplabCgroupsOnHost,
+  thaw,
+} from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
@@ -26,7 +39,10 @@ export class NamespacesDriver implements Driver {
   readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false, pauseStandbys: false, userns: true };
   private bwrap: string | undefined;
   /** each machine's cgroup, made ahead of its raise; a system machine's with its payload leaf's cgroup.procs */
-  private readonly prepared = new Map<string, Promise<{ cg: Cgroup; delegated?: { payload: string; agent: string } }>>();
+  private readonly prepared = new Map<
+    string,
+    Promise<{ cg: Cgroup; delegated?: { payload: string; agent: string } }>
+  >();
 
   constructor(private readonly home: string) {}
 
@@ -40,7 +56,8 @@ export class NamespacesDriver implements Driver {
   }
 
   async probe(): Promise<Availability> {
-    if (process.getuid?.() !== 0) return { ok: false, reason: 'namespaces, mounts and cgroups need root', fix: 'run snaplab as root (sudo)' };
+    if (process.getuid?.() !== 0)
+      return { ok: false, reason: 'namespaces, mounts and cgroups need root', fix: 'run snaplab as root (sudo)' };
     const missing = await toolsVerdict('namespaces', 'the namespaces driver');
     if (missing) return missing;
     const bwrap = (await which('bwrap'))!;
@@ -76,15 +93,40 @@ export class NamespacesDriver implements Driver {
     this.prepared.delete(spec.id);
     const agent = agentBinaryPath();
     this.bwrap ??= (await which('bwrap')) ?? 'bwrap';
-    const bwrap = spec.init === 'systemd'
-      ? bootArgs({ hostname: spec.hostname, sharedNetns: spec.netns !== undefined, init: ['/sbin/init'], cgroups: delegated! })
-      : [this.bwrap, ...bwrapArgs({ rootfs: spec.rootfs, agentBinary: agent, hostname: spec.hostname, sharedNetns: spec.netns !== undefined, staged: spec.userns !== undefined })];
+    const bwrap =
+      spec.init === 'systemd'
+        ? bootArgs({
+            hostname: spec.hostname,
+            sharedNetns: spec.netns !== undefined,
+            init: ['/sbin/init'],
+            cgroups: delegated!,
+          })
+        : [
+            this.bwrap,
+            ...bwrapArgs({
+              rootfs: spec.rootfs,
+              agentBinary: agent,
+              hostname: spec.hostname,
+              sharedNetns: spec.netns !== undefined,
+              staged: spec.userns !== undefined,
+            }),
+          ];
     signal?.throwIfAborted();
     const t0 = Trace.now();
     const res = await launchNative(HostOps.require(), {
       socket: this.socketPath(spec.id),
       netns: spec.netns,
-      ...(spec.userns ? { userns: { ...spec.userns, rootfs: spec.rootfs, agent, ...(spec.stack ? { stack: spec.stack } : {}), allowSuid: spec.init === 'systemd' } } : {}),
+      ...(spec.userns
+        ? {
+            userns: {
+              ...spec.userns,
+              rootfs: spec.rootfs,
+              agent,
+              ...(spec.stack ? { stack: spec.stack } : {}),
+              allowSuid: spec.init === 'systemd',
+            },
+          }
+        : {}),
       cgroupProcs: cg.procsFiles,
       argv: bwrap,
       logFile: join(runDir, 'agent.log'),
@@ -120,9 +162,10 @@ export class NamespacesDriver implements Driver {
     }
     return {
       alive: false,
-      reason: ooms > 0
-        ? `its init process is gone and its memory cgroup recorded ${ooms} OOM kill(s): it ran out of memory`
-        : 'its init process is gone (killed from outside, or the host rebooted)',
+      reason:
+        ooms > 0
+          ? `its init process is gone and its memory cgroup recorded ${ooms} OOM kill(s): it ran out of memory`
+          : 'its init process is gone (killed from outside, or the host rebooted)',
     };
   }
 
@@ -141,11 +184,16 @@ export class NamespacesDriver implements Driver {
   async gc(isLive: (id: string) => boolean): Promise<string[]> {
     const removed: string[] = [];
     // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
-    const runs = new Set((await readdir(join(this.home, 'run')).catch(() => [] as string[])).filter((d) => /^[0-9a-f]{12}$/.test(d)));
+    const runs = new Set(
+      (await readdir(join(this.home, 'run')).catch(() => [] as string[])).filter((d) => /^[0-9a-f]{12}$/.test(d)),
+    );
     for (const cg of await snaplabCgroupsOnHost()) {
       if (!runs.has(cg.id) || isLive(cg.id)) continue;
       // a VM's QEMU may take seconds to exit (see killAndSweep); one stuck cgroup must not stop gc
-      const gone = await destroyCgroup(cg, 20_000).then(() => true, () => false);
+      const gone = await destroyCgroup(cg, 20_000).then(
+        () => true,
+        () => false,
+      );
       if (gone) removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
       else runs.delete(cg.id); // kept: its run directory is how the next gc knows the cgroup is this home's
     }
@@ -179,5 +227,9 @@ async function haltSystem(handle: MachineHandle): Promise<void> {
 }
 
 export function deadError(name: string, reason: string | undefined): SnaplabError {
-  return new SnaplabError('SANDBOX_DEAD', `sandbox ${name} has died: ${reason ?? 'cause unknown'}`, `remove it with \`snaplab rm ${name}\` and create a new one`);
+  return new SnaplabError(
+    'SANDBOX_DEAD',
+    `sandbox ${name} has died: ${reason ?? 'cause unknown'}`,
+    `remove it with \`snaplab rm ${name}\` and create a new one`,
+  );
 }

@@ -40,24 +40,56 @@ function logTail(file: string): string {
  */
 export async function launchNative(
   ops: HostOps,
-  opts: { socket: string; netns?: string; userns?: UsernsLaunch; cgroupProcs: string[]; argv: string[]; logFile: string; timeoutMs: number },
+  opts: {
+    socket: string;
+    netns?: string;
+    userns?: UsernsLaunch;
+    cgroupProcs: string[];
+    argv: string[];
+    logFile: string;
+    timeoutMs: number;
+  },
 ): Promise<LaunchResult> {
   const { socket, cgroupProcs, argv, logFile, timeoutMs, userns } = opts;
-  const root = userns?.stack ? ['overlay', String(userns.stack.lowers.length), ...userns.stack.lowers, userns.stack.upper, userns.stack.work] : [userns?.rootfs ?? ''];
-  const us = userns ? [`${userns.base}:${userns.count}${userns.allowSuid ? ':suid' : ''}`, ...root, userns.agent] : ['-'];
+  const root = userns?.stack
+    ? ['overlay', String(userns.stack.lowers.length), ...userns.stack.lowers, userns.stack.upper, userns.stack.work]
+    : [userns?.rootfs ?? ''];
+  const us = userns
+    ? [`${userns.base}:${userns.count}${userns.allowSuid ? ':suid' : ''}`, ...root, userns.agent]
+    : ['-'];
   try {
-    const [pid, tNs, tReady] = await ops.request('launch', logFile, String(timeoutMs), socket, opts.netns ?? '-', ...us, String(cgroupProcs.length), ...cgroupProcs, ...argv);
+    const [pid, tNs, tReady] = await ops.request(
+      'launch',
+      logFile,
+      String(timeoutMs),
+      socket,
+      opts.netns ?? '-',
+      ...us,
+      String(cgroupProcs.length),
+      ...cgroupProcs,
+      ...argv,
+    );
     return { agentPid: Number(pid), namespacesAt: Number(BigInt(tNs!)) / 1e6, readyAt: Number(BigInt(tReady!)) / 1e6 };
   } catch (e) {
     if (!(e instanceof HostOpError)) throw e;
-    if (e.errno === ETIMEDOUT) throw new SnaplabError('TIMEOUT', `the sandbox's agent did not start within ${timeoutMs} ms`, `see ${logFile}`);
+    if (e.errno === ETIMEDOUT)
+      throw new SnaplabError('TIMEOUT', `the sandbox's agent did not start within ${timeoutMs} ms`, `see ${logFile}`);
     const tail = logTail(logFile);
     // the step that failed is the last line the launcher, bwrap or the agent wrote
     // (native/userns.c, serve.c, boot.c: "snaplab-agent: harden /proc: remount … : EPERM")
-    const step = tail.split('\n').reverse().find((l) => /^(snaplab-|bwrap:)/.test(l)) ?? tail;
+    const step =
+      tail
+        .split('\n')
+        .reverse()
+        .find((l) => /^(snaplab-|bwrap:)/.test(l)) ?? tail;
     const hint = /user namespace/.test(tail)
       ? '`snaplab doctor` checks user namespaces and idmapped mounts on each storage backend; `--no-userns` runs without one (root inside is then host root)'
       : 'run `snaplab doctor`: it starts a sandbox as a create does and reports what fails';
-    throw new SnaplabError('LAUNCH_FAILED', `${e.message}: ${step || 'no output'}`, `${hint}; the sandbox's log: ${logFile}`, { cause: e });
+    throw new SnaplabError(
+      'LAUNCH_FAILED',
+      `${e.message}: ${step || 'no output'}`,
+      `${hint}; the sandbox's log: ${logFile}`,
+      { cause: e },
+    );
   }
 }

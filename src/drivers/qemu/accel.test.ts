@@ -20,7 +20,10 @@ describe('chooseAccel', () => {
     expect(probed).toBe(0);
     expect(existsSync(join(home, 'qemu', 'accel.json'))).toBe(false); // an override is not remembered
     process.env.SNAPLAB_QEMU_ACCEL = 'hvf';
-    await expect(chooseAccel(home, probe)).rejects.toMatchObject({ code: 'BAD_INPUT', hint: expect.stringMatching(/kvm or tcg/) });
+    await expect(chooseAccel(home, probe)).rejects.toMatchObject({
+      code: 'BAD_INPUT',
+      hint: expect.stringMatching(/kvm or tcg/),
+    });
   });
 
   it('remembers what a test boot decided', async () => {

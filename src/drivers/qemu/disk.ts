@@ -28,7 +28,8 @@ const inflight = new Map<string, Promise<string>>();
  * so a crash leaves no half disk and two builders never swap a disk under an overlay.
  */
 export async function ensureBaseDisk(home: string, source: { id: string; path: string }): Promise<string> {
-  if (!/^[A-Za-z0-9._-]+$/.test(source.id)) throw new SnaplabError('INTERNAL', `bad volume id ${source.id}`, 'this is a bug in snaplab; please report it');
+  if (!/^[A-Za-z0-9._-]+$/.test(source.id))
+    throw new SnaplabError('INTERNAL', `bad volume id ${source.id}`, 'this is a bug in snaplab; please report it');
   const out = baseDiskPath(home, source.id);
   if (existsSync(out)) return out;
   let p = inflight.get(out);
@@ -48,16 +49,37 @@ async function buildBaseDisk(out: string, tree: string): Promise<string> {
   try {
     const r = await run(
       'mkfs.ext4',
-      ['-q', '-F', '-L', 'snaplab-root', '-J', 'size=8', '-E', 'lazy_itable_init=1,lazy_journal_init=1', '-d', tree, tmp, `${bytes / 1024}k`],
+      [
+        '-q',
+        '-F',
+        '-L',
+        'snaplab-root',
+        '-J',
+        'size=8',
+        '-E',
+        'lazy_itable_init=1,lazy_journal_init=1',
+        '-d',
+        tree,
+        tmp,
+        `${bytes / 1024}k`,
+      ],
       { allowFail: true },
     );
     if (r.code !== 0) {
-      throw new SnaplabError('HOST_COMMAND_FAILED', `mkfs.ext4 could not make a root disk from ${tree}: ${(r.stderr || r.stdout).trim()}`, 'is e2fsprogs 1.43 or newer installed (mkfs.ext4 -d)? is there space under the snaplab home?');
+      throw new SnaplabError(
+        'HOST_COMMAND_FAILED',
+        `mkfs.ext4 could not make a root disk from ${tree}: ${(r.stderr || r.stdout).trim()}`,
+        'is e2fsprogs 1.43 or newer installed (mkfs.ext4 -d)? is there space under the snaplab home?',
+      );
     }
     await chmod(tmp, 0o444); // a base is never written: every VM writes its own overlay
     await link(tmp, out).catch((e: NodeJS.ErrnoException) => {
       if (e.code === 'EEXIST') return; // another process made it first: use theirs
-      throw new SnaplabError('STORAGE_FAILED', `cannot put the base disk in place at ${out}: ${e.message}`, 'is the snaplab home on a filesystem with hard links, and writable?');
+      throw new SnaplabError(
+        'STORAGE_FAILED',
+        `cannot put the base disk in place at ${out}: ${e.message}`,
+        'is the snaplab home on a filesystem with hard links, and writable?',
+      );
     });
     return out;
   } finally {
@@ -88,7 +110,12 @@ export async function freshVolumeDisk(volumePath: string, base: string): Promise
 export async function checkVolumeDisk(home: string, volumePath: string): Promise<{ disk: string; base: string }> {
   const dir = join(volumePath, DISK_DIR_IN_VOLUME);
   const disk = join(dir, 'disk.qcow2');
-  const bad = (why: string): SnaplabError => new SnaplabError('SNAPSHOT_NOT_FOUND', `${disk} is not a VM disk snaplab made: ${why}`, 'restore a snapshot taken of a VM (--driver qemu), or take a new one');
+  const bad = (why: string): SnaplabError =>
+    new SnaplabError(
+      'SNAPSHOT_NOT_FOUND',
+      `${disk} is not a VM disk snaplab made: ${why}`,
+      'restore a snapshot taken of a VM (--driver qemu), or take a new one',
+    );
   if (!(await lstat(dir).catch(() => null))?.isDirectory()) throw bad('no disk directory');
   if (!(await lstat(disk).catch(() => null))?.isFile()) throw bad('no disk file');
   const f = await open(disk, 'r');
@@ -106,7 +133,8 @@ export async function checkVolumeDisk(home: string, volumePath: string): Promise
     await f.read(name, 0, len, at);
     const base = name.toString('utf8');
     const m = /^(.+)\/([A-Za-z0-9._-]+)\.img$/.exec(base);
-    if (!m || m[1] !== baseDisksDir(home) || !existsSync(base)) throw bad(`its backing file ${JSON.stringify(base)} is not a base disk of this snaplab home`);
+    if (!m || m[1] !== baseDisksDir(home) || !existsSync(base))
+      throw bad(`its backing file ${JSON.stringify(base)} is not a base disk of this snaplab home`);
     return { disk, base };
   } finally {
     await f.close();
@@ -116,9 +144,15 @@ export async function checkVolumeDisk(home: string, volumePath: string): Promise
 /** A new qcow2 overlay at `overlay` whose backing file is `base` (read only). */
 export async function createOverlay(base: string, overlay: string): Promise<void> {
   await mkdir(dirname(overlay), { recursive: true });
-  const r = await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'raw', '-b', base, overlay], { allowFail: true });
+  const r = await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'raw', '-b', base, overlay], {
+    allowFail: true,
+  });
   if (r.code !== 0) {
-    throw new SnaplabError('HOST_COMMAND_FAILED', `qemu-img could not make the VM's disk: ${(r.stderr || r.stdout).trim()}`, 'apt-get install qemu-utils');
+    throw new SnaplabError(
+      'HOST_COMMAND_FAILED',
+      `qemu-img could not make the VM's disk: ${(r.stderr || r.stdout).trim()}`,
+      'apt-get install qemu-utils',
+    );
   }
 }
 

@@ -35,7 +35,12 @@ export function bootTimeoutMs(): number {
   const text = process.env.SNAPLAB_VM_BOOT_TIMEOUT_MS;
   if (text === undefined || text === '') return DEFAULT_BOOT_TIMEOUT_MS;
   const ms = Number(text);
-  if (!Number.isInteger(ms) || ms <= 0) throw new SnaplabError('BAD_INPUT', `SNAPLAB_VM_BOOT_TIMEOUT_MS must be a whole number of milliseconds, not ${JSON.stringify(text)}`, 'unset it for the default (60000)');
+  if (!Number.isInteger(ms) || ms <= 0)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `SNAPLAB_VM_BOOT_TIMEOUT_MS must be a whole number of milliseconds, not ${JSON.stringify(text)}`,
+      'unset it for the default (60000)',
+    );
   return ms;
 }
 
@@ -69,7 +74,8 @@ export class QemuDriver implements Driver {
   }
 
   async probe(): Promise<Availability> {
-    if (process.getuid?.() !== 0) return { ok: false, reason: 'the VM driver needs root (cgroups)', fix: 'run snaplab as root' };
+    if (process.getuid?.() !== 0)
+      return { ok: false, reason: 'the VM driver needs root (cgroups)', fix: 'run snaplab as root' };
     // QEMU, its disks (qemu-img, mkfs.ext4), the guest kernel's fetch (apt, dpkg-deb, depmod), the initramfs
     const missing = await toolsVerdict('qemu', 'the VM driver');
     if (missing) return missing;
@@ -79,8 +85,14 @@ export class QemuDriver implements Driver {
     } catch (e) {
       return { ok: false, reason: (e as Error).message, fix: 'make -C native' };
     }
-    const accel = await readFile(join(this.home, 'qemu', 'accel.json'), 'utf8').then((t) => JSON.parse(t) as { accel: string; reason: string }, () => null);
-    return { ok: true, reason: `${qemu}; acceleration: ${accel ? `${accel.accel} (${accel.reason})` : 'decided by a test boot on first use (KVM only if a guest boots under it)'}` };
+    const accel = await readFile(join(this.home, 'qemu', 'accel.json'), 'utf8').then(
+      (t) => JSON.parse(t) as { accel: string; reason: string },
+      () => null,
+    );
+    return {
+      ok: true,
+      reason: `${qemu}; acceleration: ${accel ? `${accel.accel} (${accel.reason})` : 'decided by a test boot on first use (KVM only if a guest boots under it)'}`,
+    };
   }
 
   /**
@@ -90,7 +102,13 @@ export class QemuDriver implements Driver {
   async prepareHost(onProgress?: (s: string) => void): Promise<{ version: string; kernel: string; initramfs: string }> {
     const kernel = await ensureGuestKernel(this.home, onProgress, { net: true });
     onProgress?.('building the initramfs');
-    const initramfs = await ensureInitramfs({ home: this.home, kernel, agent: agentBinaryPath(), machine: 'pc', caps: VM_CAPABILITIES });
+    const initramfs = await ensureInitramfs({
+      home: this.home,
+      kernel,
+      agent: agentBinaryPath(),
+      machine: 'pc',
+      caps: VM_CAPABILITIES,
+    });
     return { version: kernel.version, kernel: kernel.kernel, initramfs };
   }
 
@@ -98,32 +116,59 @@ export class QemuDriver implements Driver {
     await trace.phase('cgroup', async () => {
       await mkdir(this.runDir(spec.id), { recursive: true, mode: 0o700 });
       if (!existsSync(cgroupFor(spec.id).dirs[0] ?? '')) {
-        await createCgroup(spec.id, { memoryBytes: guestMemory(spec) + VMM_OVERHEAD, pids: 512, cpus: spec.limits.cpus });
+        await createCgroup(spec.id, {
+          memoryBytes: guestMemory(spec) + VMM_OVERHEAD,
+          pids: 512,
+          cpus: spec.limits.cpus,
+        });
       }
     });
   }
 
   private async config(spec: MachineSpec, trace: Trace): Promise<VmConfig> {
-    const nics = spec.netns ? spec.nics ?? [] : [];
+    const nics = spec.netns ? (spec.nics ?? []) : [];
     // a VM with NICs needs virtio_net, which a kernel cached before scenario VMs lacks
-    const kernel = await trace.phase('guest kernel', () => ensureGuestKernel(this.home, undefined, { net: nics.length > 0 }));
+    const kernel = await trace.phase('guest kernel', () =>
+      ensureGuestKernel(this.home, undefined, { net: nics.length > 0 }),
+    );
     const initrd = await trace.phase('initramfs', () => this.initramfs(spec.id, kernel));
     const { disk, base: diskBase } = await trace.phase('root disk', () => this.rootDisk(spec));
-    const base = { machine: 'pc' as const, memoryMb: Math.round(guestMemory(spec) / 2 ** 20), cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)), kernel: kernel.kernel, initrd, disk, diskBase, append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}` };
+    const base = {
+      machine: 'pc' as const,
+      memoryMb: Math.round(guestMemory(spec) / 2 ** 20),
+      cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)),
+      kernel: kernel.kernel,
+      initrd,
+      disk,
+      diskBase,
+      append: `${qemuKernelArgs('pc')} snaplab.hostname=${spec.hostname}`,
+    };
     // the acceleration probe boots to the agent alone: a guest's systemd would only slow it
-    const accel = await trace.phase('acceleration', () => chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })));
+    const accel = await trace.phase('acceleration', () =>
+      chooseAccel(this.home, (a) => this.testBoot(spec.id, { ...base, accel: a })),
+    );
     const ram = await vmRamPath(this.home, spec.id, guestMemory(spec));
     // a system machine: the guest's /init hands over to the image's systemd (guest-init.ts);
     // a scenario machine's /init gives its NICs their addresses, named as the kernel found them
     // (net.ifnames=0: an image's udev renames none)
-    const append = [base.append, ...(spec.init === 'systemd' ? ['snaplab.init=systemd'] : []), ...(nics.length ? ['net.ifnames=0', ...nics.map((n) => netArg(n.mac, n.address))] : [])].join(' ');
+    const append = [
+      base.append,
+      ...(spec.init === 'systemd' ? ['snaplab.init=systemd'] : []),
+      ...(nics.length ? ['net.ifnames=0', ...nics.map((n) => netArg(n.mac, n.address))] : []),
+    ].join(' ');
     const net = nics.length ? { net: { netns: spec.netns!, nics: nics.map((n) => ({ tap: n.tap, mac: n.mac })) } } : {};
     return { ...base, append, accel, memoryBackend: true, ...(ram ? { ram: { path: ram, share: true } } : {}), ...net };
   }
 
   /** The shared initramfs (cached), linked into the VM's run directory: it outlives a cache rebuild. */
   private async initramfs(id: string, kernel: Awaited<ReturnType<typeof ensureGuestKernel>>): Promise<string> {
-    const cached = await ensureInitramfs({ home: this.home, kernel, agent: agentBinaryPath(), machine: 'pc', caps: VM_CAPABILITIES });
+    const cached = await ensureInitramfs({
+      home: this.home,
+      kernel,
+      agent: agentBinaryPath(),
+      machine: 'pc',
+      caps: VM_CAPABILITIES,
+    });
     const mine = join(this.runDir(id), 'initrd.cpio.gz');
     await rm(mine, { force: true });
     await link(cached, mine).catch(() => copyFile(cached, mine));
@@ -136,7 +181,12 @@ export class QemuDriver implements Driver {
    * VM snapshot it is a clone of, checked.
    */
   private async rootDisk(spec: MachineSpec): Promise<{ disk: string; base: string }> {
-    if (!spec.source) throw new SnaplabError('INTERNAL', `no source volume for the disk in ${spec.rootfs}`, 'this is a bug in snaplab; please report it');
+    if (!spec.source)
+      throw new SnaplabError(
+        'INTERNAL',
+        `no source volume for the disk in ${spec.rootfs}`,
+        'this is a bug in snaplab; please report it',
+      );
     if (!spec.source.image) return checkVolumeDisk(this.home, spec.rootfs);
     const base = await ensureBaseDisk(this.home, spec.source);
     return { disk: await freshVolumeDisk(spec.rootfs, base), base };
@@ -158,7 +208,11 @@ export class QemuDriver implements Driver {
       return false;
     } finally {
       if (pid) {
-        try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          /* gone */
+        }
         await waitGone(pid, 5000); // its disk's image lock goes with it: the real VM opens the same disk
       }
       await rm(dir, { recursive: true, force: true });
@@ -177,18 +231,26 @@ export class QemuDriver implements Driver {
     const dir = this.runDir(id);
     const bootMs = bootTimeoutMs();
     if (memory) await checkMemoryImage(memory, config);
-    const pid = await trace.phase('spawn vmm', async () => startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles, await vmmUid(id)));
+    const pid = await trace.phase('spawn vmm', async () =>
+      startQemu(dir, config, memory !== undefined, cgroupFor(id).procsFiles, await vmmUid(id)),
+    );
     const handle: MachineHandle = { id, pid, pidStart: (await processStartTime(pid)) ?? 0 };
     // QEMU runs unprivileged: the memory file is opened here and handed over (before the QMP
     // client below takes the monitor's one connection)
     const incoming = `incoming-${randomBytes(4).toString('hex')}`;
-    if (memory) await trace.phase('hand over memory', () => handOver(vmFiles(dir).qmp, incoming, join(memory.dir, 'memory'), 'r'));
+    if (memory)
+      await trace.phase('hand over memory', () =>
+        handOver(vmFiles(dir).qmp, incoming, join(memory.dir, 'memory'), 'r'),
+      );
     const qmp = await trace.phase('qmp ready', () => QmpClient.connect(vmFiles(dir).qmp));
     try {
       if (memory) {
         await trace.phase('load memory', async () => {
           // the RAM is the snapshot's file, mapped: the stream holds the devices' state alone
-          if (config.ram) await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
+          if (config.ram)
+            await qmp.execute('migrate-set-capabilities', {
+              capabilities: [{ capability: 'x-ignore-shared', state: true }],
+            });
           await qmp.execute('migrate-incoming', { uri: `fd:${incoming}` });
           await qmp.waitMigration(60_000);
         });
@@ -211,7 +273,13 @@ export class QemuDriver implements Driver {
     const dir = this.runDir(handle.id);
     const attempt = (): Promise<AgentClient> => AgentClient.connect(vmFiles(dir).relay, { timeoutMs, reset: true });
     const gone = async (): Promise<SnaplabError | undefined> =>
-      (await sameProcess(handle.pid, handle.pidStart)) ? undefined : new SnaplabError('SANDBOX_DEAD', `the VM's QEMU process is gone:\n${await logTail(dir)}`, 'remove it with `snaplab rm`');
+      (await sameProcess(handle.pid, handle.pidStart))
+        ? undefined
+        : new SnaplabError(
+            'SANDBOX_DEAD',
+            `the VM's QEMU process is gone:\n${await logTail(dir)}`,
+            'remove it with `snaplab rm`',
+          );
     try {
       return await attempt();
     } catch (first) {
@@ -264,13 +332,19 @@ export class QemuDriver implements Driver {
     // the restore starts QEMU with the same kernel and initramfs: the initramfs goes with the
     // snapshot (the VM's run directory goes when it is destroyed; the kernel cache stays)
     const config = JSON.parse(await readFile(join(this.runDir(handle.id), 'vm.json'), 'utf8')) as VmConfig;
-    await link(config.initrd, join(dir, 'initrd.cpio.gz')).catch(() => copyFile(config.initrd, join(dir, 'initrd.cpio.gz')));
+    await link(config.initrd, join(dir, 'initrd.cpio.gz')).catch(() =>
+      copyFile(config.initrd, join(dir, 'initrd.cpio.gz')),
+    );
     // a VM with RAM of its own in a file: copy the file, stream the devices alone; any other
     // (a restored VM maps its snapshot's RAM privately): stream it all
     const ownRam = config.ram?.share === true;
     const { ram: _ram, ...rest } = config;
     // a restore of it names its RAM block as this VM does (ram0, or pc.ram for a VM from before RAM files)
-    const snapped: VmConfig = { ...rest, initrd: join(dir, 'initrd.cpio.gz'), ...(ownRam ? { ram: { path: join(dir, 'ram'), share: false } } : {}) };
+    const snapped: VmConfig = {
+      ...rest,
+      initrd: join(dir, 'initrd.cpio.gz'),
+      ...(ownRam ? { ram: { path: join(dir, 'ram'), share: false } } : {}),
+    };
     await writeFile(join(dir, 'vm.json'), JSON.stringify(snapped));
     let ramBytes = 0;
     // a name of its own per operation: a descriptor left by a failed one is never used by the next
@@ -310,9 +384,19 @@ export class QemuDriver implements Driver {
     const { disk, base: diskBase } = await checkVolumeDisk(this.home, spec.rootfs);
     // a scenario machine's NICs come back on the taps of the namespace it is restored into
     if (snapped.net && !spec.netns) {
-      throw new SnaplabError('BAD_INPUT', 'this memory snapshot is of a scenario machine with network interfaces: it continues only in its scenario', 'reset the scenario to it (`snaplab reset SCENARIO`), or take a filesystem snapshot (without --memory) to create a machine from');
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'this memory snapshot is of a scenario machine with network interfaces: it continues only in its scenario',
+        'reset the scenario to it (`snaplab reset SCENARIO`), or take a filesystem snapshot (without --memory) to create a machine from',
+      );
     }
-    const config: VmConfig = { ...snapped, initrd, disk, diskBase, ...(snapped.net ? { net: { ...snapped.net, netns: spec.netns! } } : {}) };
+    const config: VmConfig = {
+      ...snapped,
+      initrd,
+      disk,
+      diskBase,
+      ...(snapped.net ? { net: { ...snapped.net, netns: spec.netns! } } : {}),
+    };
     await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
     return this.start(spec.id, config, trace, image);
   }
@@ -351,8 +435,12 @@ function guestMemory(spec: Omit<MachineSpec, 'rootfs'>): number {
 async function checkMemoryImage(image: MemoryImage, config: VmConfig): Promise<void> {
   const files = [join(image.dir, 'memory'), ...(config.ram ? [config.ram.path] : [])];
   for (const f of files) {
-    if (!((await stat(f).catch(() => null))?.size)) {
-      throw new SnaplabError('SNAPSHOT_NOT_FOUND', `a file of this memory snapshot is missing or empty: ${f}`, 'take a new memory snapshot; this one cannot be restored');
+    if (!(await stat(f).catch(() => null))?.size) {
+      throw new SnaplabError(
+        'SNAPSHOT_NOT_FOUND',
+        `a file of this memory snapshot is missing or empty: ${f}`,
+        'take a new memory snapshot; this one cannot be restored',
+      );
     }
   }
 }
@@ -365,7 +453,9 @@ async function agentAnswers(path: string, timeoutMs: number, alive: () => Promis
   const end = Date.now() + timeoutMs;
   while (Date.now() < end && (await alive())) {
     try {
-      (await AgentClient.connect(path, { timeoutMs: Math.min(2000, Math.max(200, end - Date.now())), reset: true })).close();
+      (
+        await AgentClient.connect(path, { timeoutMs: Math.min(2000, Math.max(200, end - Date.now())), reset: true })
+      ).close();
       return true;
     } catch {
       await new Promise((r) => setTimeout(r, 50));
@@ -382,6 +472,10 @@ async function handOver(qmpSocket: string, name: string, file: string, mode: 'r'
   try {
     await HostOps.require().request('qmp-getfd', qmpSocket, name, file, mode);
   } catch (e) {
-    throw new SnaplabError('VM_ERROR', `cannot hand ${file} to QEMU: ${(e as Error).message}`, 'is the VM still running? see `snaplab ls`');
+    throw new SnaplabError(
+      'VM_ERROR',
+      `cannot hand ${file} to QEMU: ${(e as Error).message}`,
+      'is the VM still running? see `snaplab ls`',
+    );
   }
 }

@@ -41,20 +41,36 @@ function haveGnuCpio(): Promise<boolean> {
 }
 
 /** Write a newc archive of `names` (relative to `dir`) to `out`, uncompressed. */
-export async function writeNewc(dir: string, names: string[], out: string, opts: { rootOwner?: boolean } = {}): Promise<void> {
+export async function writeNewc(
+  dir: string,
+  names: string[],
+  out: string,
+  opts: { rootOwner?: boolean } = {},
+): Promise<void> {
   const owner = opts.rootOwner ? ['-R', '0:0'] : [];
   if (await haveGnuCpio()) {
-    await run('cpio', ['-o', '-H', 'newc', '--quiet', '--null', '--reproducible', '--force-local', '-O', out, ...owner], {
-      cwd: dir,
-      input: names.map((n) => `${n}\0`).join(''),
-    });
+    await run(
+      'cpio',
+      ['-o', '-H', 'newc', '--quiet', '--null', '--reproducible', '--force-local', '-O', out, ...owner],
+      {
+        cwd: dir,
+        input: names.map((n) => `${n}\0`).join(''),
+      },
+    );
     return;
   }
   const bad = names.find((n) => n.includes('\n'));
   if (bad !== undefined) {
-    throw new SnaplabError('DRIVER_UNAVAILABLE', `busybox cpio cannot archive a file name with a newline: ${JSON.stringify(bad)}`, 'apt-get install cpio');
+    throw new SnaplabError(
+      'DRIVER_UNAVAILABLE',
+      `busybox cpio cannot archive a file name with a newline: ${JSON.stringify(bad)}`,
+      'apt-get install cpio',
+    );
   }
-  await run('busybox', ['cpio', '-o', '-H', 'newc', '-F', out, ...owner], { cwd: dir, input: names.map((n) => `${n}\n`).join('') });
+  await run('busybox', ['cpio', '-o', '-H', 'newc', '-F', out, ...owner], {
+    cwd: dir,
+    input: names.map((n) => `${n}\n`).join(''),
+  });
 }
 
 /** Concatenate archives into one gzip stream (the kernel unpacks concatenated newc archives in order; later entries win). */

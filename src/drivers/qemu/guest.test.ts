@@ -1,5 +1,14 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, lstatSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  lstatSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { chmod, copyFile, mkdir, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
@@ -7,8 +16,27 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSnaplabError, type SnaplabError } from '../../errors.js';
 import { run, which } from '../../host/run.js';
 import { agentBinaryPath } from '../../agent/binary.js';
-import { ensureGuestKernel, ensureInitramfs, GUEST_AGENT_PATH, GUEST_AGENT_RUN_PATH, listInitramfs, qemuKernelArgs, readInitramfsFile, ROOT_DEVICE, type GuestKernel } from './guest.js';
-import { baseDiskPath, checkVolumeDisk, createOverlay, DISK_IN_VOLUME, ensureBaseDisk, freshVolumeDisk, gcBaseDisks, VM_DISK_BYTES } from './disk.js';
+import {
+  ensureGuestKernel,
+  ensureInitramfs,
+  GUEST_AGENT_PATH,
+  GUEST_AGENT_RUN_PATH,
+  listInitramfs,
+  qemuKernelArgs,
+  readInitramfsFile,
+  ROOT_DEVICE,
+  type GuestKernel,
+} from './guest.js';
+import {
+  baseDiskPath,
+  checkVolumeDisk,
+  createOverlay,
+  DISK_IN_VOLUME,
+  ensureBaseDisk,
+  freshVolumeDisk,
+  gcBaseDisks,
+  VM_DISK_BYTES,
+} from './disk.js';
 
 const home = mkdtempSync(join(tmpdir(), 'snaplab-qemu-guest-'));
 const log = (s: string): void => console.log(`[guest.test] ${s}`);
@@ -17,7 +45,8 @@ let rootfs: string;
 
 /** A busybox image tree as src/lab/images.ts makes it: /bin/busybox and a symlink per applet. */
 async function busyboxTree(root: string): Promise<void> {
-  for (const d of ['bin', 'sbin', 'usr/bin', 'usr/sbin', 'etc', 'tmp', 'proc', 'dev', 'run']) await mkdir(join(root, d), { recursive: true });
+  for (const d of ['bin', 'sbin', 'usr/bin', 'usr/sbin', 'etc', 'tmp', 'proc', 'dev', 'run'])
+    await mkdir(join(root, d), { recursive: true });
   await copyFile('/bin/busybox', join(root, 'bin/busybox'));
   await chmod(join(root, 'bin/busybox'), 0o755);
   const { stdout } = await run('/bin/busybox', ['--list-full']);
@@ -68,8 +97,17 @@ describe('qemu guest artefacts', () => {
 
   it('completes in place a cached kernel without virtio_net (from before scenario VMs) when a VM needs a NIC, and only then', async () => {
     const depFile = join(kernel.modulesDir, 'modules.dep');
-    const ko = readFileSync(depFile, 'utf8').split('\n').find((l) => l.includes('/virtio_net.ko:'))!.split(':')[0]!;
-    writeFileSync(depFile, readFileSync(depFile, 'utf8').split('\n').filter((l) => !l.includes('/virtio_net.ko:')).join('\n'));
+    const ko = readFileSync(depFile, 'utf8')
+      .split('\n')
+      .find((l) => l.includes('/virtio_net.ko:'))!
+      .split(':')[0]!;
+    writeFileSync(
+      depFile,
+      readFileSync(depFile, 'utf8')
+        .split('\n')
+        .filter((l) => !l.includes('/virtio_net.ko:'))
+        .join('\n'),
+    );
     rmSync(join(kernel.modulesDir, ko));
     const steps: string[] = [];
     // every other VM boots from it as it is (no apt: an offline host keeps working)
@@ -97,24 +135,36 @@ describe('qemu guest artefacts', () => {
     expect(byName.has('bin/busybox')).toBe(false); // the image is on the VM's disk
     const mods = entries.filter((e) => e.name.endsWith('.ko')).map((e) => e.name.split('/').pop());
     // (ext4 and crc32c are built into Debian's cloud kernel: asked for, and left out as built in)
-    expect(mods).toEqual(expect.arrayContaining(['virtio_ring.ko', 'virtio.ko', 'virtio_pci.ko', 'virtio_console.ko', 'virtio_blk.ko']));
+    expect(mods).toEqual(
+      expect.arrayContaining(['virtio_ring.ko', 'virtio.ko', 'virtio_pci.ko', 'virtio_console.ko', 'virtio_blk.ko']),
+    );
     expect(mods).not.toContain('virtio_mmio.ko');
     expect(byName.has(`lib/modules/${kernel.version}/modules.dep`)).toBe(true);
 
     // /init loads the modules in dependency order, mounts the disk and switches to the agent
     const script = (await readInitramfsFile(out, 'init'))!.toString();
     expect(script.startsWith('#!/.snaplab/busybox sh\n')).toBe(true);
-    const insmods = /for m in (.*); do/.exec(script)![1]!.split(' ').map((m) => m.replace(/'/g, '').split('/').pop()!);
+    const insmods = /for m in (.*); do/
+      .exec(script)![1]!
+      .split(' ')
+      .map((m) => m.replace(/'/g, '').split('/').pop()!);
     expect(insmods.indexOf('virtio_ring.ko')).toBeLessThan(insmods.indexOf('virtio.ko'));
     expect(insmods.indexOf('virtio.ko')).toBeLessThan(insmods.indexOf('virtio_pci.ko'));
     expect(script).toContain(`mount -t ext4 -o noatime ${ROOT_DEVICE} /newroot`);
-    expect(script).toMatch(new RegExp(`\n\\[ "\\$init" = systemd \\] \\|\\| exec \\$BB switch_root /newroot ${GUEST_AGENT_RUN_PATH} serve --stream "\\$port" --caps 'CAP_[A-Z_,]+'\n`));
+    expect(script).toMatch(
+      new RegExp(
+        `\n\\[ "\\$init" = systemd \\] \\|\\| exec \\$BB switch_root /newroot ${GUEST_AGENT_RUN_PATH} serve --stream "\\$port" --caps 'CAP_[A-Z_,]+'\n`,
+      ),
+    );
     // a system machine's: the image's systemd, which starts the agent as a runtime unit
     expect(script).toMatch(new RegExp(`ExecStart=${GUEST_AGENT_RUN_PATH} serve --stream \\$port --system\n`));
     expect(script).toMatch(/\nexec \$BB switch_root \/newroot \$sd\n$/);
     // the network's modules are in the archive but loaded only with snaplab.net= words
     expect(mods).toEqual(expect.arrayContaining(['virtio_net.ko', 'net_failover.ko', 'failover.ko']));
-    const netLoads = /if \[ -n "\$nets" \]; then\n  for m in (.*); do/.exec(script)![1]!.split(' ').map((m) => m.replace(/'/g, '').split('/').pop()!);
+    const netLoads = /if \[ -n "\$nets" \]; then\n  for m in (.*); do/
+      .exec(script)![1]!
+      .split(' ')
+      .map((m) => m.replace(/'/g, '').split('/').pop()!);
     expect(netLoads).toEqual(['failover.ko', 'net_failover.ko', 'virtio_net.ko']);
     expect(insmods).not.toContain('virtio_net.ko');
 
@@ -124,7 +174,9 @@ describe('qemu guest artefacts', () => {
     log(`ensureInitramfs again: ${(performance.now() - t).toFixed(0)} ms`);
     const microOut = await ensureInitramfs({ home, kernel, agent: agentBinaryPath(), machine: 'microvm' });
     expect(microOut).not.toBe(out);
-    const microMods = (await listInitramfs(microOut)).filter((e) => e.name.endsWith('.ko')).map((e) => e.name.split('/').pop());
+    const microMods = (await listInitramfs(microOut))
+      .filter((e) => e.name.endsWith('.ko'))
+      .map((e) => e.name.split('/').pop());
     expect(microMods).toContain('virtio_mmio.ko');
     expect(microMods).not.toContain('virtio_pci.ko');
     expect(readdirSync(join(home, 'qemu', 'tmp'))).toEqual([]); // staging cleaned up
@@ -147,7 +199,10 @@ describe('qemu guest artefacts', () => {
     t = performance.now();
     await createOverlay(a, overlay);
     log(`createOverlay: ${(performance.now() - t).toFixed(0)} ms`);
-    const info = JSON.parse((await run('qemu-img', ['info', '--output=json', overlay])).stdout) as Record<string, unknown>;
+    const info = JSON.parse((await run('qemu-img', ['info', '--output=json', overlay])).stdout) as Record<
+      string,
+      unknown
+    >;
     expect(info['backing-filename']).toBe(a);
     expect(info['virtual-size']).toBe(statSync(a).size);
     // gc: a disk whose image volume is gone goes, a kept one stays, a live builder's temp stays
@@ -167,12 +222,29 @@ describe('qemu guest artefacts', () => {
     expect(await checkVolumeDisk(home, vol)).toEqual({ disk: overlay, base: a });
     const planted = join(home, 'planted');
     await mkdir(join(planted, '.snaplab-vm'), { recursive: true });
-    await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'raw', '-b', '/etc/hostname', join(planted, DISK_IN_VOLUME), '1M']);
-    await expect(checkVolumeDisk(home, planted)).rejects.toMatchObject({ code: 'SNAPSHOT_NOT_FOUND', message: expect.stringMatching(/not a base disk of this snaplab home/) });
+    await run('qemu-img', [
+      'create',
+      '-q',
+      '-f',
+      'qcow2',
+      '-F',
+      'raw',
+      '-b',
+      '/etc/hostname',
+      join(planted, DISK_IN_VOLUME),
+      '1M',
+    ]);
+    await expect(checkVolumeDisk(home, planted)).rejects.toMatchObject({
+      code: 'SNAPSHOT_NOT_FOUND',
+      message: expect.stringMatching(/not a base disk of this snaplab home/),
+    });
     const linked = join(home, 'linked');
     await mkdir(linked, { recursive: true });
     await symlink(join(vol, '.snaplab-vm'), join(linked, '.snaplab-vm'));
-    await expect(checkVolumeDisk(home, linked)).rejects.toMatchObject({ code: 'SNAPSHOT_NOT_FOUND', message: expect.stringMatching(/no disk directory/) });
+    await expect(checkVolumeDisk(home, linked)).rejects.toMatchObject({
+      code: 'SNAPSHOT_NOT_FOUND',
+      message: expect.stringMatching(/no disk directory/),
+    });
     // a fresh disk replaces whatever is there, without following a link
     const fresh = await freshVolumeDisk(linked, a);
     expect(lstatSync(join(linked, '.snaplab-vm')).isDirectory()).toBe(true);
@@ -184,8 +256,16 @@ describe('qemu guest artefacts', () => {
     // fake apt tools first on PATH: the lookup works, the download and the update fail as offline
     const bin = join(home, 'fake-bin');
     await mkdir(bin, { recursive: true });
-    await writeFile(join(bin, 'apt-cache'), '#!/bin/sh\necho linux-image-cloud-amd64\necho "  Depends: linux-image-6.1.0-99-cloud-amd64"\n', { mode: 0o755 });
-    await writeFile(join(bin, 'apt-get'), '#!/bin/sh\necho "E: Failed to fetch http://deb.debian.org/x.deb  Temporary failure resolving \'deb.debian.org\'" >&2\nexit 100\n', { mode: 0o755 });
+    await writeFile(
+      join(bin, 'apt-cache'),
+      '#!/bin/sh\necho linux-image-cloud-amd64\necho "  Depends: linux-image-6.1.0-99-cloud-amd64"\n',
+      { mode: 0o755 },
+    );
+    await writeFile(
+      join(bin, 'apt-get'),
+      '#!/bin/sh\necho "E: Failed to fetch http://deb.debian.org/x.deb  Temporary failure resolving \'deb.debian.org\'" >&2\nexit 100\n',
+      { mode: 0o755 },
+    );
     const path = process.env.PATH;
     process.env.PATH = `${bin}:${path}`;
     const offline = join(home, 'offline');
@@ -217,15 +297,33 @@ describe('qemu guest artefacts', () => {
     const disk = join(home, 'boot', DISK_IN_VOLUME);
     await createOverlay(await ensureBaseDisk(home, { id: 'vol-boot', path: rootfs }), disk);
     const args = [
-      '-M', 'pc', '-accel', 'tcg', '-m', '128M', '-nographic', '-no-reboot', '-nodefaults',
-      '-serial', `file:${serial}`,
-      '-kernel', kernel.kernel, '-initrd', initrd,
-      '-append', `${qemuKernelArgs('pc')} snaplab.hostname=guest-test`,
-      '-drive', `file=${disk},if=none,id=root,format=qcow2`,
-      '-device', 'virtio-blk-pci,drive=root',
-      '-device', 'virtio-serial-pci',
-      '-chardev', `socket,path=${sock},server=on,wait=off,id=c0`,
-      '-device', 'virtserialport,chardev=c0,name=snaplab',
+      '-M',
+      'pc',
+      '-accel',
+      'tcg',
+      '-m',
+      '128M',
+      '-nographic',
+      '-no-reboot',
+      '-nodefaults',
+      '-serial',
+      `file:${serial}`,
+      '-kernel',
+      kernel.kernel,
+      '-initrd',
+      initrd,
+      '-append',
+      `${qemuKernelArgs('pc')} snaplab.hostname=guest-test`,
+      '-drive',
+      `file=${disk},if=none,id=root,format=qcow2`,
+      '-device',
+      'virtio-blk-pci,drive=root',
+      '-device',
+      'virtio-serial-pci',
+      '-chardev',
+      `socket,path=${sock},server=on,wait=off,id=c0`,
+      '-device',
+      'virtserialport,chardev=c0,name=snaplab',
     ];
     const t = performance.now();
     const qemu: ChildProcess = spawn('qemu-system-x86_64', args, { stdio: ['ignore', 'ignore', 'pipe'] });

@@ -64,7 +64,11 @@ async function cachedKernel(home: string, net: boolean): Promise<GuestKernel | u
     if (!/^[A-Za-z0-9._+-]+$/.test(version)) return undefined;
     const dir = join(kernelDir(home), version);
     const m = JSON.parse(await readFile(join(dir, 'kernel.json'), 'utf8')) as KernelManifest;
-    const k: GuestKernel = { version: m.version, kernel: join(dir, basename(m.kernel)), modulesDir: join(dir, 'lib', 'modules', m.version) };
+    const k: GuestKernel = {
+      version: m.version,
+      kernel: join(dir, basename(m.kernel)),
+      modulesDir: join(dir, 'lib', 'modules', m.version),
+    };
     if (!existsSync(k.kernel) || !(await keepsAll(k.modulesDir, net ? KEPT_MODULES : BASE_MODULES))) return undefined;
     return k;
   } catch {
@@ -78,7 +82,12 @@ async function cachedKernel(home: string, net: boolean): Promise<GuestKernel | u
  */
 async function keepsAll(modulesDir: string, wanted: readonly string[]): Promise<boolean> {
   try {
-    loadOrder(parseModulesDep(await readFile(join(modulesDir, 'modules.dep'), 'utf8')), await readBuiltin(modulesDir), wanted, modulesDir);
+    loadOrder(
+      parseModulesDep(await readFile(join(modulesDir, 'modules.dep'), 'utf8')),
+      await readBuiltin(modulesDir),
+      wanted,
+      modulesDir,
+    );
     return true;
   } catch {
     return false;
@@ -93,7 +102,11 @@ const inflightKernel = new Map<string, Promise<GuestKernel>>();
  * extracted for PVH boot, and everything but the kernel and the needed modules thrown away.
  * Built in a temporary directory and renamed into place: a crash leaves no half kernel.
  */
-export async function ensureGuestKernel(home: string, onProgress?: (s: string) => void, opts: { net?: boolean } = {}): Promise<GuestKernel> {
+export async function ensureGuestKernel(
+  home: string,
+  onProgress?: (s: string) => void,
+  opts: { net?: boolean } = {},
+): Promise<GuestKernel> {
   const hit = await cachedKernel(home, opts.net === true);
   if (hit) return hit;
   let p = inflightKernel.get(home);
@@ -118,7 +131,11 @@ async function aptUpdate(progress: (s: string) => void, why: string): Promise<vo
   progress(`${why}: running apt-get update`);
   const r = await run('apt-get', ['update', '-q'], { allowFail: true });
   if (r.code !== 0) {
-    throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get update failed: ${(r.stderr || r.stdout).trim().split('\n').slice(-3).join(' ')}`, APT_HINT);
+    throw new SnaplabError(
+      'DRIVER_UNAVAILABLE',
+      `apt-get update failed: ${(r.stderr || r.stdout).trim().split('\n').slice(-3).join(' ')}`,
+      APT_HINT,
+    );
   }
 }
 
@@ -133,7 +150,11 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
     updated = true;
     pkg = await lookUpKernelPackage();
     if (!pkg) {
-      throw new SnaplabError('DRIVER_UNAVAILABLE', `apt knows no package ${KERNEL_METAPACKAGE}, even after apt-get update`, 'add Debian 12 (bookworm) main to /etc/apt/sources.list and run `apt-get update`');
+      throw new SnaplabError(
+        'DRIVER_UNAVAILABLE',
+        `apt knows no package ${KERNEL_METAPACKAGE}, even after apt-get update`,
+        'add Debian 12 (bookworm) main to /etc/apt/sources.list and run `apt-get update`',
+      );
     }
   }
 
@@ -143,8 +164,20 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
     // apt-get download: into the cwd; as root, so that _apt's sandbox need not reach the home
     const download = async (name: string): Promise<{ ok: boolean; msg: string }> => {
       progress(`downloading ${name}`);
-      const r = await run('apt-get', ['-q', '-o', 'APT::Sandbox::User=root', 'download', name], { cwd: tmp, allowFail: true, timeoutMs: 600_000 });
-      return { ok: r.code === 0, msg: (r.stderr || r.stdout).trim().split('\n').filter((l) => !l.startsWith('W:')).slice(-3).join(' ') };
+      const r = await run('apt-get', ['-q', '-o', 'APT::Sandbox::User=root', 'download', name], {
+        cwd: tmp,
+        allowFail: true,
+        timeoutMs: 600_000,
+      });
+      return {
+        ok: r.code === 0,
+        msg: (r.stderr || r.stdout)
+          .trim()
+          .split('\n')
+          .filter((l) => !l.startsWith('W:'))
+          .slice(-3)
+          .join(' '),
+      };
     };
     let got = await download(pkg);
     if (!got.ok && !updated) {
@@ -153,7 +186,11 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
       try {
         await aptUpdate(progress, `apt-get download ${pkg} failed (${failed})`);
       } catch (e) {
-        throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get download failed: ${failed} (and ${(e as Error).message})`, APT_HINT);
+        throw new SnaplabError(
+          'DRIVER_UNAVAILABLE',
+          `apt-get download failed: ${failed} (and ${(e as Error).message})`,
+          APT_HINT,
+        );
       }
       pkg = (await lookUpKernelPackage()) ?? pkg;
       got = await download(pkg);
@@ -169,7 +206,11 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
     const version = versions.find((v) => pkg === `linux-image-${v}`) ?? versions[0];
     const vmlinuz = version ? join(x, 'boot', `vmlinuz-${version}`) : '';
     if (!version || !existsSync(vmlinuz)) {
-      throw new SnaplabError('DRIVER_UNAVAILABLE', `${deb} has no /boot/vmlinuz-VERSION and /lib/modules/VERSION`, `is ${pkg} a kernel image package?`);
+      throw new SnaplabError(
+        'DRIVER_UNAVAILABLE',
+        `${deb} has no /boot/vmlinuz-VERSION and /lib/modules/VERSION`,
+        `is ${pkg} a kernel image package?`,
+      );
     }
     progress(`depmod ${version}`);
     await run('depmod', ['-b', x, version]);
@@ -192,7 +233,8 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
     // lacks a module gets it in place (the files first, modules.dep last, renamed over): the
     // kernel and every path stay, for VMs running from them or starting now
     const finalMods = join(final, 'lib', 'modules', version);
-    if (existsSync(join(final, 'kernel.json')) && !(await keepsAll(finalMods, KEPT_MODULES))) await addModules(mods, finalMods);
+    if (existsSync(join(final, 'kernel.json')) && !(await keepsAll(finalMods, KEPT_MODULES)))
+      await addModules(mods, finalMods);
     if (!existsSync(join(final, 'kernel.json'))) {
       await rm(final, { recursive: true, force: true });
       await rename(out, final).catch((e: NodeJS.ErrnoException) => {
@@ -241,7 +283,10 @@ interface ModuleDeps {
   deps: Map<string, string[]>;
 }
 
-const moduleName = (path: string): string => basename(path).replace(/\.ko(\.(xz|zst|gz))?$/, '').replace(/-/g, '_');
+const moduleName = (path: string): string =>
+  basename(path)
+    .replace(/\.ko(\.(xz|zst|gz))?$/, '')
+    .replace(/-/g, '_');
 
 function parseModulesDep(text: string): ModuleDeps {
   const path = new Map<string, string>();
@@ -252,7 +297,15 @@ function parseModulesDep(text: string): ModuleDeps {
     const p = line.slice(0, colon).trim();
     const name = moduleName(p);
     path.set(name, p);
-    deps.set(name, line.slice(colon + 1).trim().split(/\s+/).filter(Boolean).map(moduleName));
+    deps.set(
+      name,
+      line
+        .slice(colon + 1)
+        .trim()
+        .split(/\s+/)
+        .filter(Boolean)
+        .map(moduleName),
+    );
   }
   return { path, deps };
 }
@@ -267,7 +320,11 @@ function loadOrder(md: ModuleDeps, builtin: Set<string>, wanted: readonly string
     const p = md.path.get(name);
     if (!p) {
       if (builtin.has(name)) return;
-      throw new SnaplabError('INTERNAL', `kernel module ${name} is neither in ${where}/modules.dep nor built in`, 'remove the cached kernel (qemu/kernel under the snaplab home) to fetch it again');
+      throw new SnaplabError(
+        'INTERNAL',
+        `kernel module ${name} is neither in ${where}/modules.dep nor built in`,
+        'remove the cached kernel (qemu/kernel under the snaplab home) to fetch it again',
+      );
     }
     for (const d of md.deps.get(name) ?? []) visit(d);
     order.push(p);
@@ -319,7 +376,11 @@ async function addModules(from: string, to: string): Promise<void> {
 async function staticBusybox(): Promise<string> {
   const bb = (await which('busybox')) ?? '/bin/busybox';
   if (!existsSync(bb) || isDynamicElf(bb)) {
-    throw new SnaplabError('DRIVER_UNAVAILABLE', `the guest's /init needs a static busybox; ${existsSync(bb) ? `${bb} is dynamically linked` : 'none found'}`, 'apt-get install busybox-static');
+    throw new SnaplabError(
+      'DRIVER_UNAVAILABLE',
+      `the guest's /init needs a static busybox; ${existsSync(bb) ? `${bb} is dynamically linked` : 'none found'}`,
+      'apt-get install busybox-static',
+    );
   }
   return bb;
 }
@@ -348,9 +409,18 @@ const inflightInitramfs = new Map<string, Promise<string>>();
  */
 export async function ensureInitramfs(opts: InitramfsOptions): Promise<string> {
   if (!existsSync(opts.agent)) {
-    throw new SnaplabError('INTERNAL', `agent binary not found at ${opts.agent}`, 'build it: make -C native (or npm run build:agent)');
+    throw new SnaplabError(
+      'INTERNAL',
+      `agent binary not found at ${opts.agent}`,
+      'build it: make -C native (or npm run build:agent)',
+    );
   }
-  if (isDynamicElf(opts.agent)) throw new SnaplabError('INTERNAL', `${opts.agent} is dynamically linked; the guest has no libc for it`, 'rebuild it: make -C native');
+  if (isDynamicElf(opts.agent))
+    throw new SnaplabError(
+      'INTERNAL',
+      `${opts.agent} is dynamically linked; the guest has no libc for it`,
+      'rebuild it: make -C native',
+    );
   const busybox = await staticBusybox();
   const { kernel } = opts;
   const md = parseModulesDep(await readFile(join(kernel.modulesDir, 'modules.dep'), 'utf8'));
@@ -358,11 +428,17 @@ export async function ensureInitramfs(opts: InitramfsOptions): Promise<string> {
   const base = loadOrder(md, builtin, GUEST_MODULES[opts.machine], kernel.modulesDir);
   // the network's, past what the base loads (virtio itself): loaded only by a VM with interfaces
   // (none in a kernel cached before them: the driver completes the cache for a VM with a NIC)
-  const net = (await keepsAll(kernel.modulesDir, NET_MODULES)) ? loadOrder(md, builtin, NET_MODULES, kernel.modulesDir).filter((m) => !base.includes(m)) : [];
+  const net = (await keepsAll(kernel.modulesDir, NET_MODULES))
+    ? loadOrder(md, builtin, NET_MODULES, kernel.modulesDir).filter((m) => !base.includes(m))
+    : [];
   const modules = [...base, ...net];
   const guestModulesDir = `/lib/modules/${kernel.version}`;
   const inGuest = (l: string[]): string[] => l.map((m) => `${guestModulesDir}/${m}`);
-  const init = initScript({ modules: inGuest(base), netModules: inGuest(net), caps: opts.caps ?? SANDBOX_CAPABILITIES });
+  const init = initScript({
+    modules: inGuest(base),
+    netModules: inGuest(net),
+    caps: opts.caps ?? SANDBOX_CAPABILITIES,
+  });
   const key = createHash('sha256')
     .update(JSON.stringify([kernel.version, opts.machine, init]))
     .update(await readFile(opts.agent))
@@ -373,7 +449,9 @@ export async function ensureInitramfs(opts: InitramfsOptions): Promise<string> {
   if (existsSync(out)) return out;
   let p = inflightInitramfs.get(out);
   if (!p) {
-    p = writeInitramfs(opts, { out, init, busybox, modules, guestModulesDir }).finally(() => inflightInitramfs.delete(out));
+    p = writeInitramfs(opts, { out, init, busybox, modules, guestModulesDir }).finally(() =>
+      inflightInitramfs.delete(out),
+    );
     inflightInitramfs.set(out, p);
   }
   return p;
@@ -405,7 +483,8 @@ async function writeInitramfs(
       .filter((l) => b.modules.includes(l.slice(0, l.indexOf(':'))))
       .join('\n');
     await put(`${b.guestModulesDir.slice(1)}/modules.dep`, { text: `${dep}\n` }, 0o644);
-    for (const rel of [...(await listTree(stage)), '.'].reverse()) await utimes(join(stage, rel), STAGE_MTIME, STAGE_MTIME);
+    for (const rel of [...(await listTree(stage)), '.'].reverse())
+      await utimes(join(stage, rel), STAGE_MTIME, STAGE_MTIME);
     await writeNewc(stage, await listTree(stage), join(tmp, 'snaplab.cpio'), { rootOwner: true });
     await mkdir(dirname(b.out), { recursive: true });
     await gzipConcat([join(tmp, 'snaplab.cpio')], outTmp, 1);
@@ -437,11 +516,5 @@ export function qemuKernelArgs(machine: Machine): string {
   // -no-reboot without reboot=t); the parameter keeps the call sites honest for when they differ
   void machine;
   const khz = hostTscKhz();
-  return [
-    'console=ttyS0',
-    'quiet',
-    'panic=-1',
-    ...(khz ? [`tsc_early_khz=${khz}`] : []),
-    'init_on_free=1',
-  ].join(' ');
+  return ['console=ttyS0', 'quiet', 'panic=-1', ...(khz ? [`tsc_early_khz=${khz}`] : []), 'init_on_free=1'].join(' ');
 }

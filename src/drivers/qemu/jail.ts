@@ -33,7 +33,12 @@ async function rootDirs(): Promise<string[]> {
 /** The bwrap command line that runs `qemu` (argv) jailed. */
 export async function jailArgs(runDir: string, c: VmConfig, qemu: string[]): Promise<string[]> {
   const bwrap = await which('bwrap');
-  if (!bwrap) throw new SnaplabError('DRIVER_UNAVAILABLE', 'bwrap is not installed: QEMU runs in a bubblewrap jail', 'apt-get install bubblewrap (or SNAPLAB_QEMU_JAIL=off to run QEMU unjailed)');
+  if (!bwrap)
+    throw new SnaplabError(
+      'DRIVER_UNAVAILABLE',
+      'bwrap is not installed: QEMU runs in a bubblewrap jail',
+      'apt-get install bubblewrap (or SNAPLAB_QEMU_JAIL=off to run QEMU unjailed)',
+    );
   const ro = (p: string): string[] => ['--ro-bind', p, p];
   const rw = (p: string): string[] => ['--bind', p, p];
   if (c.ram?.share) await writeFile(c.ram.path, '', { flag: 'a', mode: 0o600 }); // QEMU would make it: the bind needs it there first
@@ -41,22 +46,41 @@ export async function jailArgs(runDir: string, c: VmConfig, qemu: string[]): Pro
     bwrap,
     // a scenario machine's QEMU stays in the network namespace it was started in (its taps are
     // there): nothing else is in it, and QEMU holds no capability over it
-    ...(c.net ? [] : ['--unshare-net']), '--unshare-ipc', '--unshare-uts', '--unshare-cgroup',
-    '--cap-drop', 'ALL', '--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID', '--cap-add', 'CAP_DAC_OVERRIDE',
-    ...ro('/usr'), ...(await rootDirs()),
-    '--ro-bind-try', '/etc/ld.so.cache', '/etc/ld.so.cache',
-    '--dev', '/dev',
+    ...(c.net ? [] : ['--unshare-net']),
+    '--unshare-ipc',
+    '--unshare-uts',
+    '--unshare-cgroup',
+    '--cap-drop',
+    'ALL',
+    '--cap-add',
+    'CAP_SETUID',
+    '--cap-add',
+    'CAP_SETGID',
+    '--cap-add',
+    'CAP_DAC_OVERRIDE',
+    ...ro('/usr'),
+    ...(await rootDirs()),
+    '--ro-bind-try',
+    '/etc/ld.so.cache',
+    '/etc/ld.so.cache',
+    '--dev',
+    '/dev',
     ...(c.accel === 'kvm' ? ['--dev-bind', '/dev/kvm', '/dev/kvm'] : []),
     ...(c.net ? ['--dev-bind', '/dev/net/tun', '/dev/net/tun'] : []),
     // the run directory first: the initramfs lives in it, and its read-only bind goes on top
     ...rw(runDir),
-    ...ro(c.kernel), ...ro(c.initrd), ...ro(c.diskBase), ...rw(c.disk),
+    ...ro(c.kernel),
+    ...ro(c.initrd),
+    ...ro(c.diskBase),
+    ...rw(c.disk),
     // A snapshot's RAM file is mapped private: the guest's writes never reach it. But QEMU 7.2
     // opens it read-write (readonly=on makes the guest's RAM read only; rom=off is QEMU 8.2) and
     // keeps that descriptor, so a QEMU its guest took over could write the file every other
     // restore of the snapshot maps: a known gap (docs/security.md), not closed by the jail.
     ...(c.ram ? rw(c.ram.path) : []),
-    '--chdir', '/',
-    '--', ...qemu,
+    '--chdir',
+    '/',
+    '--',
+    ...qemu,
   ];
 }

@@ -23,7 +23,14 @@ export class QmpClient {
     socket.setEncoding('utf8');
     socket.on('data', (d: string) => this.onData(d));
     socket.on('close', () => {
-      for (const p of this.pending.values()) p.reject(new SnaplabError('VM_ERROR', `QMP connection closed during ${p.command}`, 'the VM process exited: see its log'));
+      for (const p of this.pending.values())
+        p.reject(
+          new SnaplabError(
+            'VM_ERROR',
+            `QMP connection closed during ${p.command}`,
+            'the VM process exited: see its log',
+          ),
+        );
       this.pending.clear();
     });
     socket.on('error', () => undefined);
@@ -44,7 +51,12 @@ export class QmpClient {
         await qmp.execute('qmp_capabilities');
         return qmp;
       } catch (e) {
-        if (Date.now() > end) throw new SnaplabError('VM_ERROR', `no QMP at ${path}: ${(e as Error).message}`, 'the VM did not start: see its log');
+        if (Date.now() > end)
+          throw new SnaplabError(
+            'VM_ERROR',
+            `no QMP at ${path}: ${(e as Error).message}`,
+            'the VM did not start: see its log',
+          );
         await new Promise((r) => setTimeout(r, 20));
       }
     }
@@ -88,7 +100,13 @@ export class QmpClient {
         this.pending.delete(String(msg.id));
         if ('error' in msg) {
           const err = msg.error as { class?: string; desc?: string };
-          p.reject(new SnaplabError('VM_ERROR', `QMP ${p.command}: ${err.desc ?? 'error'} (${err.class ?? '?'})`, 'see the VM log'));
+          p.reject(
+            new SnaplabError(
+              'VM_ERROR',
+              `QMP ${p.command}: ${err.desc ?? 'error'} (${err.class ?? '?'})`,
+              'see the VM log',
+            ),
+          );
         } else p.resolve(msg.return);
       }
     }
@@ -99,12 +117,20 @@ export class QmpClient {
     const call = (): Promise<T> =>
       new Promise<T>((resolve, reject) => {
         if (this.socket.destroyed || !this.socket.writable) {
-          reject(new SnaplabError('VM_ERROR', `QMP connection closed before ${command}`, 'the VM process exited: see its log'));
+          reject(
+            new SnaplabError(
+              'VM_ERROR',
+              `QMP connection closed before ${command}`,
+              'the VM process exited: see its log',
+            ),
+          );
           return;
         }
         const id = String(this.next++);
         this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject, command });
-        this.socket.write(`${JSON.stringify(args ? { execute: command, arguments: args, id } : { execute: command, id })}\n`);
+        this.socket.write(
+          `${JSON.stringify(args ? { execute: command, arguments: args, id } : { execute: command, id })}\n`,
+        );
       });
     return trace ? trace.phase(`qmp ${command}`, call) : call();
   }
@@ -118,12 +144,25 @@ export class QmpClient {
       if (st.status === 'completed') return st;
       // no status at all a second in: the migration never started (its stream could not be opened)
       if (st.status === undefined && Date.now() - started > 1000) {
-        throw new SnaplabError('VM_ERROR', 'the migration did not start: its stream could not be read or written', 'check the snapshot\'s memory file');
+        throw new SnaplabError(
+          'VM_ERROR',
+          'the migration did not start: its stream could not be read or written',
+          "check the snapshot's memory file",
+        );
       }
       if (st.status === 'failed' || st.status === 'cancelled') {
-        throw new SnaplabError('VM_ERROR', `migration ${String(st.status)}: ${String(st['error-desc'] ?? '')}`, 'see the VM log');
+        throw new SnaplabError(
+          'VM_ERROR',
+          `migration ${String(st.status)}: ${String(st['error-desc'] ?? '')}`,
+          'see the VM log',
+        );
       }
-      if (Date.now() > end) throw new SnaplabError('TIMEOUT', `migration still ${String(st.status)} after ${timeoutMs} ms`, 'see the VM log');
+      if (Date.now() > end)
+        throw new SnaplabError(
+          'TIMEOUT',
+          `migration still ${String(st.status)} after ${timeoutMs} ms`,
+          'see the VM log',
+        );
       await new Promise((r) => setTimeout(r, 5));
     }
   }

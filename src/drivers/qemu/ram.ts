@@ -14,7 +14,8 @@ import { run } from '../../host/run.js';
 const SHM = '/dev/shm';
 
 /** One home's prefix: several snaplab homes may share /dev/shm, and gc must keep to its own. */
-export const ramPrefix = (home: string): string => `snaplab-${createHash('sha256').update(home).digest('hex').slice(0, 8)}-`;
+export const ramPrefix = (home: string): string =>
+  `snaplab-${createHash('sha256').update(home).digest('hex').slice(0, 8)}-`;
 
 /**
  * Where a booted VM keeps its RAM; undefined (anonymous RAM then) when the host has no /dev/shm or
@@ -40,7 +41,12 @@ export async function vmRamPath(home: string, id: string, bytes: number): Promis
 /** Copy a stopped VM's RAM file; zero pages become holes. Resolves with the bytes it takes on disk. */
 export async function copyRam(from: string, to: string): Promise<number> {
   const r = await run('cp', ['--sparse=always', from, to], { allowFail: true });
-  if (r.code !== 0) throw new SnaplabError('HOST_COMMAND_FAILED', `cannot copy the VM's RAM to ${to}: ${r.stderr.trim()}`, 'is there space under the snaplab home?');
+  if (r.code !== 0)
+    throw new SnaplabError(
+      'HOST_COMMAND_FAILED',
+      `cannot copy the VM's RAM to ${to}: ${r.stderr.trim()}`,
+      'is there space under the snaplab home?',
+    );
   return (await stat(to)).blocks * 512;
 }
 

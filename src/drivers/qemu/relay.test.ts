@@ -3,7 +3,16 @@ import { createConnection, createServer, type Server, type Socket } from 'node:n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { decodeError, encodeFrame, encodeHello, encodeU32, FrameDecoder, MAX_PAYLOAD, MsgType, type Frame } from '../../agent/protocol.js';
+import {
+  decodeError,
+  encodeFrame,
+  encodeHello,
+  encodeU32,
+  FrameDecoder,
+  MAX_PAYLOAD,
+  MsgType,
+  type Frame,
+} from '../../agent/protocol.js';
 import { vmFiles } from './launch.js';
 import { holdRelay, releaseRelay, startRelay } from './relay.js';
 
@@ -49,8 +58,10 @@ class Client {
   }
 }
 
-const seen = (type: number, pred: (f: Frame) => boolean = () => true): Frame | undefined => agentSeen.find((f) => f.type === type && pred(f));
-const answer = (type: number, id: number, payload?: Buffer): void => void agentSock!.write(encodeFrame(type, id, payload));
+const seen = (type: number, pred: (f: Frame) => boolean = () => true): Frame | undefined =>
+  agentSeen.find((f) => f.type === type && pred(f));
+const answer = (type: number, id: number, payload?: Buffer): void =>
+  void agentSock!.write(encodeFrame(type, id, payload));
 
 beforeAll(async () => {
   server = createServer((s) => {
@@ -61,8 +72,8 @@ beforeAll(async () => {
         if (f.type === MsgType.RESET) {
           resets++;
           s.write(encodeFrame(MsgType.HELLO, f.id, HELLO));
-        }
-        else if (f.type === MsgType.PING && f.payload.toString() !== 'hold') s.write(encodeFrame(MsgType.PONG, f.id, f.payload));
+        } else if (f.type === MsgType.PING && f.payload.toString() !== 'hold')
+          s.write(encodeFrame(MsgType.PONG, f.id, f.payload));
         else agentSeen.push(f);
       }
     });

@@ -14,37 +14,84 @@ import { logTail, vmFiles } from './launch.js';
  * detached so that it outlives this process; it exits when QEMU does. Resolves once the guest's
  * agent has answered through it.
  */
-export async function startRelay(runDir: string, qemuPid: number, cgroupProcs: string[], timeoutMs: number): Promise<void> {
+export async function startRelay(
+  runDir: string,
+  qemuPid: number,
+  cgroupProcs: string[],
+  timeoutMs: number,
+): Promise<void> {
   const f = vmFiles(runDir);
   const log = openSync(f.relayLog, 'a');
   const joinCgroup = 'for f in $SNAPLAB_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"';
-  const child = spawn('/bin/sh', ['-c', joinCgroup, 'snaplab-relay', agentBinaryPath(), 'relay', '--connect', f.chardev, '--listen', f.relay, '--pid', String(qemuPid), '--ready-fd', '3'], {
-    stdio: ['ignore', log, log, 'pipe'],
-    detached: true,
-    env: { ...process.env, SNAPLAB_CGROUP_PROCS: cgroupProcs.join(' ') },
-  });
+  const child = spawn(
+    '/bin/sh',
+    [
+      '-c',
+      joinCgroup,
+      'snaplab-relay',
+      agentBinaryPath(),
+      'relay',
+      '--connect',
+      f.chardev,
+      '--listen',
+      f.relay,
+      '--pid',
+      String(qemuPid),
+      '--ready-fd',
+      '3',
+    ],
+    {
+      stdio: ['ignore', log, log, 'pipe'],
+      detached: true,
+      env: { ...process.env, SNAPLAB_CGROUP_PROCS: cgroupProcs.join(' ') },
+    },
+  );
   closeSync(log);
   const ready = child.stdio[3] as Readable;
   try {
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new SnaplabError('TIMEOUT', `the VM's agent did not answer within ${timeoutMs} ms`, 'see the guest console in the error, or raise the memory (--memory)')), timeoutMs);
+      const timer = setTimeout(
+        () =>
+          reject(
+            new SnaplabError(
+              'TIMEOUT',
+              `the VM's agent did not answer within ${timeoutMs} ms`,
+              'see the guest console in the error, or raise the memory (--memory)',
+            ),
+          ),
+        timeoutMs,
+      );
       const done = (e?: Error): void => {
         clearTimeout(timer);
         if (e) reject(e);
         else resolve();
       };
       ready.once('data', () => done());
-      child.once('error', (e) => done(new SnaplabError('LAUNCH_FAILED', `cannot start the VM's relay: ${e.message}`, 'make -C native')));
+      child.once('error', (e) =>
+        done(new SnaplabError('LAUNCH_FAILED', `cannot start the VM's relay: ${e.message}`, 'make -C native')),
+      );
       child.once('exit', (code) =>
         done(
           code === 125
-            ? new SnaplabError('CGROUP_FAILED', 'the VM\'s relay could not join the sandbox\'s cgroup', 'run `snaplab doctor`')
-            : new SnaplabError('LAUNCH_FAILED', `the VM's relay exited ${code ?? 'on a signal'} before the agent answered`, 'check the VM settings and the image (the guest console above says why it stopped)'),
+            ? new SnaplabError(
+                'CGROUP_FAILED',
+                "the VM's relay could not join the sandbox's cgroup",
+                'run `snaplab doctor`',
+              )
+            : new SnaplabError(
+                'LAUNCH_FAILED',
+                `the VM's relay exited ${code ?? 'on a signal'} before the agent answered`,
+                'check the VM settings and the image (the guest console above says why it stopped)',
+              ),
         ),
       );
     });
   } catch (e) {
-    try { if (child.pid) process.kill(child.pid, 'SIGKILL'); } catch { /* gone */ }
+    try {
+      if (child.pid) process.kill(child.pid, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
     const err = e as SnaplabError;
     throw new SnaplabError(err.code, `${err.message}:\n${await logTail(runDir)}`, err.hint);
   } finally {
@@ -83,7 +130,11 @@ export async function holdRelay(runDir: string, timeoutMs = 2000): Promise<void>
   while (!existsSync(`${f.relay}.held`)) {
     if (Date.now() > end) {
       await releaseRelay(runDir);
-      throw new SnaplabError('VM_ERROR', `the VM's relay did not stop its traffic within ${timeoutMs} ms`, 'retry; if it persists, see relay.log in the VM\'s run directory');
+      throw new SnaplabError(
+        'VM_ERROR',
+        `the VM's relay did not stop its traffic within ${timeoutMs} ms`,
+        "retry; if it persists, see relay.log in the VM's run directory",
+      );
     }
     await new Promise((r) => setTimeout(r, 2));
   }

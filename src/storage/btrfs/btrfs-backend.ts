@@ -27,16 +27,28 @@ export class BtrfsBackend implements StorageBackend {
     try {
       const missing = await toolsVerdict('btrfs', 'btrfs storage');
       if (missing) return missing;
-      if (!(await kernelHasFs('btrfs'))) return { ok: false, reason: 'the kernel has no btrfs: not in /proc/filesystems, and `modprobe btrfs` could not load it', fix: 'apt-get install kmod, or a kernel with btrfs (CONFIG_BTRFS_FS)' };
+      if (!(await kernelHasFs('btrfs')))
+        return {
+          ok: false,
+          reason: 'the kernel has no btrfs: not in /proc/filesystems, and `modprobe btrfs` could not load it',
+          fix: 'apt-get install kmod, or a kernel with btrfs (CONFIG_BTRFS_FS)',
+        };
       const layout = await this.where();
       if (!layout.image) return { ok: true, reason: `${this.home} is on btrfs: subvolumes in ${layout.volumes}` };
       if (layout.mountPoint && (await poolMounted(layout.mountPoint))) {
         return { ok: true, reason: `pool ${layout.image} mounted at ${layout.mountPoint}` };
       }
       if (!(await exists('/dev/loop-control'))) {
-        return { ok: false, reason: '/dev/loop-control missing: no loop devices for the pool file', fix: 'modprobe loop' };
+        return {
+          ok: false,
+          reason: '/dev/loop-control missing: no loop devices for the pool file',
+          fix: 'modprobe loop',
+        };
       }
-      return { ok: true, reason: `${this.home} is not on btrfs: init() makes or remounts a pool on loop file ${layout.image}` };
+      return {
+        ok: true,
+        reason: `${this.home} is not on btrfs: init() makes or remounts a pool on loop file ${layout.image}`,
+      };
     } catch (e) {
       return { ok: false, reason: `probe failed: ${(e as Error).message}` };
     }
@@ -65,11 +77,25 @@ export class BtrfsBackend implements StorageBackend {
 
   /** Does a disk cap hold here (for doctor; makes nothing)? */
   async diskCapSupport(): Promise<Availability> {
-    if (!existsSync('/sys/fs/btrfs/features/simple_quota')) return { ok: false, reason: 'this kernel has no btrfs simple quotas (Linux 6.7 or newer has): --disk is refused, no default cap', fix: 'a newer kernel' };
-    if (process.env.SNAPLAB_NO_HOSTOPS === '1' || !existsSync(HostOps.binaryPath())) return { ok: false, reason: 'the host helper (snaplab-hostops) is not built', fix: 'npm run build' };
+    if (!existsSync('/sys/fs/btrfs/features/simple_quota'))
+      return {
+        ok: false,
+        reason: 'this kernel has no btrfs simple quotas (Linux 6.7 or newer has): --disk is refused, no default cap',
+        fix: 'a newer kernel',
+      };
+    if (process.env.SNAPLAB_NO_HOSTOPS === '1' || !existsSync(HostOps.binaryPath()))
+      return { ok: false, reason: 'the host helper (snaplab-hostops) is not built', fix: 'npm run build' };
     const layout = await this.where();
-    if (!layout.image) return { ok: true, reason: `${this.home} is on a btrfs of yours: a cap holds where you turned quotas on (btrfs quota enable --simple); snaplab does not turn them on there` };
-    return { ok: true, reason: 'simple quotas in snaplab\'s pool: each machine\'s writes counted against its --disk (default 4 GiB); writes past it fail with EDQUOT' };
+    if (!layout.image)
+      return {
+        ok: true,
+        reason: `${this.home} is on a btrfs of yours: a cap holds where you turned quotas on (btrfs quota enable --simple); snaplab does not turn them on there`,
+      };
+    return {
+      ok: true,
+      reason:
+        "simple quotas in snaplab's pool: each machine's writes counted against its --disk (default 4 GiB); writes past it fail with EDQUOT",
+    };
   }
 
   /** why a disk cap is not enforced here, when init() found out */
@@ -81,12 +107,19 @@ export class BtrfsBackend implements StorageBackend {
     const ops = HostOps.get();
     if (!ops) return 'the host helper (snaplab-hostops) is not built: run `npm run build`';
     try {
-      if (!Number.isSafeInteger(bytes) || bytes < 0) throw new SnaplabError('BAD_SIZE', `invalid disk cap ${bytes}`, 'give whole bytes');
+      if (!Number.isSafeInteger(bytes) || bytes < 0)
+        throw new SnaplabError('BAD_SIZE', `invalid disk cap ${bytes}`, 'give whole bytes');
       await ops.request('btrfs-limit', await this.pathOf(volume.id), String(bytes));
       return null;
     } catch (e) {
-      if (e instanceof HostOpError && e.errno === 107 /* ENOTCONN: quotas off */) return `quotas are off on the btrfs under ${this.home} (snaplab turns them on only in a pool of its own)`;
-      throw new SnaplabError('STORAGE_FAILED', `cannot cap the disk of volume ${volume.id}: ${(e as Error).message}`, undefined, { cause: e });
+      if (e instanceof HostOpError && e.errno === 107 /* ENOTCONN: quotas off */)
+        return `quotas are off on the btrfs under ${this.home} (snaplab turns them on only in a pool of its own)`;
+      throw new SnaplabError(
+        'STORAGE_FAILED',
+        `cannot cap the disk of volume ${volume.id}: ${(e as Error).message}`,
+        undefined,
+        { cause: e },
+      );
     }
   }
 
@@ -228,7 +261,12 @@ export class BtrfsBackend implements StorageBackend {
     // not a subvolume: a crash between mkdir and subvolume create cannot happen, but be thorough
     if (r.code !== 0 && (await exists(path))) {
       if (/not a (btrfs )?subvolume/i.test(r.stderr)) await removeTree(path);
-      else throw new SnaplabError('STORAGE_FAILED', `btrfs subvolume delete ${path}: ${r.stderr.trim()}`, 'a subvolume made inside it must be deleted first (btrfs subvolume list -o)');
+      else
+        throw new SnaplabError(
+          'STORAGE_FAILED',
+          `btrfs subvolume delete ${path}: ${r.stderr.trim()}`,
+          'a subvolume made inside it must be deleted first (btrfs subvolume list -o)',
+        );
     }
   }
 
@@ -246,14 +284,21 @@ export class BtrfsBackend implements StorageBackend {
       await ops.request('btrfs-snapshot', src, dst, readOnly ? '1' : '0');
     } catch (e) {
       await this.explainUnmounted(e);
-      throw new SnaplabError('STORAGE_FAILED', `btrfs snapshot ${src} → ${dst}: ${(e as Error).message}`, undefined, { cause: e });
+      throw new SnaplabError('STORAGE_FAILED', `btrfs snapshot ${src} → ${dst}: ${(e as Error).message}`, undefined, {
+        cause: e,
+      });
     }
   }
 
   private async explainUnmounted(e: unknown): Promise<void> {
     const { image, mountPoint } = await this.where();
     if (image && mountPoint && !(await poolMounted(mountPoint))) {
-      throw new SnaplabError('STORAGE_UNAVAILABLE', `btrfs pool ${image} is not mounted at ${mountPoint}`, 'call init() (snaplab does on start)', { cause: e });
+      throw new SnaplabError(
+        'STORAGE_UNAVAILABLE',
+        `btrfs pool ${image} is not mounted at ${mountPoint}`,
+        'call init() (snaplab does on start)',
+        { cause: e },
+      );
     }
   }
 

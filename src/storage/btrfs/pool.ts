@@ -49,7 +49,11 @@ export async function loopsOf(image: string): Promise<string[]> {
 export function poolSize(env: NodeJS.ProcessEnv = process.env): string {
   const size = env['SNAPLAB_BTRFS_SIZE']?.trim() || DEFAULT_POOL_SIZE;
   if (!/^\d+[KMGT]?$/i.test(size)) {
-    throw new SnaplabError('BAD_SIZE', `SNAPLAB_BTRFS_SIZE=${size} is not a size`, 'use a number with K, M, G or T, e.g. 4G');
+    throw new SnaplabError(
+      'BAD_SIZE',
+      `SNAPLAB_BTRFS_SIZE=${size} is not a size`,
+      'use a number with K, M, G or T, e.g. 4G',
+    );
   }
   return size;
 }
@@ -92,7 +96,13 @@ export async function unmountPool(home: string): Promise<string[]> {
   if (!image || !mountPoint) return [];
   return withLock(join(home, 'btrfs.lock'), async () => {
     const done = (await unmountAll(mountPoint)).map((m) => `btrfs: unmounted ${m}`);
-    if (!(await access(image).then(() => true, () => false))) return done;
+    if (
+      !(await access(image).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return done;
     // mount -o loop sets autoclear, but the kernel detaches asynchronously: detach and wait.
     let loops = await loopsOf(image);
     done.push(...loops.map((d) => `btrfs: detached ${d}`));
@@ -102,7 +112,11 @@ export async function unmountPool(home: string): Promise<string[]> {
       loops = await loopsOf(image);
     }
     if (loops.length > 0) {
-      throw new SnaplabError('STORAGE_FAILED', `loop device ${loops.join(', ')} of ${image} stays attached`, `losetup -d ${loops.join(' ')}`);
+      throw new SnaplabError(
+        'STORAGE_FAILED',
+        `loop device ${loops.join(', ')} of ${image} stays attached`,
+        `losetup -d ${loops.join(' ')}`,
+      );
     }
     return done;
   });

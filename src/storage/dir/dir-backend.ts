@@ -3,7 +3,17 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { pidAlive } from '../../host/procs.js';
-import { capHostBytes, capImage, capSupport, checkCapMounted, mountCapImage, prepareCapImage, remountCapFs, removeCapFs, sweepCaps } from '../cap-fs.js';
+import {
+  capHostBytes,
+  capImage,
+  capSupport,
+  checkCapMounted,
+  mountCapImage,
+  prepareCapImage,
+  remountCapFs,
+  removeCapFs,
+  sweepCaps,
+} from '../cap-fs.js';
 import type { Availability } from '../../host/probe-types.js';
 import { run } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
@@ -54,7 +64,8 @@ export class DirBackend implements StorageBackend {
     await mkdir(this.root, { recursive: true });
     for (const id of await listIds(this.root)) {
       // a capped clone's filesystem holds its tree: mounted again (after a check) before anything reads it
-      if (existsSync(capImage(this.root, id))) await this.locked(() => remountCapFs(this.dir(id), capImage(this.root, id))).catch(() => undefined);
+      if (existsSync(capImage(this.root, id)))
+        await this.locked(() => remountCapFs(this.dir(id), capImage(this.root, id))).catch(() => undefined);
       const meta = await readMeta<DirMeta>(this.dir(id));
       if (meta?.readOnly) await this.makeReadOnly(join(this.dir(id), 'tree'));
     }
@@ -90,7 +101,8 @@ export class DirBackend implements StorageBackend {
    */
   async limitDisk(volume: Volume, bytes: number): Promise<string | null> {
     checkVolume(volume, 'dir');
-    if (volume.readOnly) throw new SnaplabError('BAD_INPUT', `dir volume ${volume.id} is read-only: only a clone takes a disk cap`);
+    if (volume.readOnly)
+      throw new SnaplabError('BAD_INPUT', `dir volume ${volume.id} is read-only: only a clone takes a disk cap`);
     if (bytes === 0) return null;
     const dir = this.dir(volume.id);
     const meta = (await readMeta<DirMeta>(dir)) ?? { readOnly: false };
@@ -110,7 +122,12 @@ export class DirBackend implements StorageBackend {
         await removeCapFs(dir, image).catch(() => undefined);
         await rm(tmp, { force: true });
         await rename(first, join(dir, 'tree')).catch(() => undefined);
-        throw new SnaplabError('STORAGE_FAILED', `cannot mount the disk cap of ${dir}: ${(e as Error).message}`, 'see `snaplab doctor` (mkfs.ext4 and loop devices)', { cause: e });
+        throw new SnaplabError(
+          'STORAGE_FAILED',
+          `cannot mount the disk cap of ${dir}: ${(e as Error).message}`,
+          'see `snaplab doctor` (mkfs.ext4 and loop devices)',
+          { cause: e },
+        );
       }
     });
     await rm(first, { recursive: true, force: true });
@@ -148,12 +165,18 @@ export class DirBackend implements StorageBackend {
     const removed: string[] = [];
     for (const id of await listIds(this.root)) {
       if (liveIds.has(id)) continue;
-      for (const d of await this.locked(() => removeCapFs(this.dir(id), capImage(this.root, id)))) removed.push(`dir: ${id}: ${d}`);
+      for (const d of await this.locked(() => removeCapFs(this.dir(id), capImage(this.root, id))))
+        removed.push(`dir: ${id}: ${d}`);
       for (const m of await unmountAll(this.dir(id))) removed.push(`dir: unmounted ${m}`);
       await removeTree(this.dir(id));
       removed.push(`dir: removed volume ${id} (${this.dir(id)})`);
     }
-    for (const d of await sweepCaps(this.root, (id) => this.dir(id), (fn) => this.locked(fn))) removed.push(`dir: ${d}`);
+    for (const d of await sweepCaps(
+      this.root,
+      (id) => this.dir(id),
+      (fn) => this.locked(fn),
+    ))
+      removed.push(`dir: ${d}`);
     // first copies of capped clones that a crash kept from being removed (none is in use: a
     // create renames its own, mounts, and removes it at once)
     for (const name of await readdir(join(this.root, '.trash')).catch(() => [] as string[])) {
@@ -184,7 +207,9 @@ export class DirBackend implements StorageBackend {
       await writeMeta(this.dir(id), name === undefined ? { readOnly } : { readOnly, name });
       if (readOnly) await this.makeReadOnly(tree);
     } catch (e) {
-      await unmountAll(this.dir(id)).then(() => removeTree(this.dir(id))).catch(() => undefined);
+      await unmountAll(this.dir(id))
+        .then(() => removeTree(this.dir(id)))
+        .catch(() => undefined);
       throw e;
     }
     return { kind: 'dir', id, path: tree, readOnly, ref: name === undefined ? {} : { name } };

@@ -37,7 +37,11 @@ export const OVERLAY_XATTRS = 'userxattr';
 
 /** The mount options of a stack: layers top first; no upper dir makes it read-only. */
 export function overlayOptions(lowers: string[], upper?: { upper: string; work: string }): string {
-  return [`lowerdir=${lowers.join(':')}`, ...(upper ? [`upperdir=${upper.upper}`, `workdir=${upper.work}`] : []), OVERLAY_XATTRS].join(',');
+  return [
+    `lowerdir=${lowers.join(':')}`,
+    ...(upper ? [`upperdir=${upper.upper}`, `workdir=${upper.work}`] : []),
+    OVERLAY_XATTRS,
+  ].join(',');
 }
 
 export const layerDir = (root: string, id: string): string => join(root, id, 'layer');

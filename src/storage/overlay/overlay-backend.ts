@@ -12,7 +12,18 @@ import { copyTree, diskBytes, isVolumeId, listIds, newId, removeTree } from '../
 import { layerDir, layerUsers, MAX_LAYERS, overlayOptions, type OverlayMeta } from './layers.js';
 import { moveXattrs } from './xattrs.js';
 import { probeOverlay } from './probe.js';
-import { capHostBytes, capImage, capSupport, capUsage, checkCapMounted, mountCapFs, prepareSeededCapImage, remountCapFs, removeCapFs, sweepCaps } from '../cap-fs.js';
+import {
+  capHostBytes,
+  capImage,
+  capSupport,
+  capUsage,
+  checkCapMounted,
+  mountCapFs,
+  prepareSeededCapImage,
+  remountCapFs,
+  removeCapFs,
+  sweepCaps,
+} from '../cap-fs.js';
 
 /**
  * Copy-on-write with overlayfs on any filesystem. Layout under `${home}/storage/overlay/<id>/`:
@@ -99,12 +110,21 @@ export class OverlayBackend implements StorageBackend {
     const layers = this.layersOf(base);
     if (!base.readOnly) {
       // its upper dir is not a layer: cloning it would silently drop the base's changes
-      throw new SnaplabError('BAD_INPUT', `overlay volume ${base.id} is writable: clone a snapshot of it`, 'snapshot the volume, then clone the snapshot');
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `overlay volume ${base.id} is writable: clone a snapshot of it`,
+        'snapshot the volume, then clone the snapshot',
+      );
     }
     const id = newId();
     return this.building(id, async () => {
       for (const d of ['upper', 'work', 'merged']) await mkdir(join(this.dir(id), d), { recursive: true });
-      const meta: OverlayMeta = { role: 'clone', layers: [...layers], readOnly: false, ...(opts.mountOnHost === false ? { inNamespace: true } : {}) };
+      const meta: OverlayMeta = {
+        role: 'clone',
+        layers: [...layers],
+        readOnly: false,
+        ...(opts.mountOnHost === false ? { inNamespace: true } : {}),
+      };
       // meta.json first: from here on a delete of a base layer sees this clone as its user
       await writeMeta(this.dir(id), meta);
       return this.finish(id, meta);
@@ -165,14 +185,18 @@ export class OverlayBackend implements StorageBackend {
    */
   async limitDisk(volume: Volume, bytes: number): Promise<string | null> {
     checkVolume(volume, 'overlay');
-    if (volume.readOnly) throw new SnaplabError('BAD_INPUT', `overlay volume ${volume.id} is read-only: only a clone takes a disk cap`);
+    if (volume.readOnly)
+      throw new SnaplabError('BAD_INPUT', `overlay volume ${volume.id} is read-only: only a clone takes a disk cap`);
     if (bytes === 0) return null;
     const dir = this.dir(volume.id);
     const meta = await readMeta<OverlayMeta>(dir);
     if (!meta) throw new SnaplabError('STORAGE_FAILED', `overlay volume ${volume.id} has no meta.json`);
     const image = capImage(this.root, volume.id);
     // view: the flattening snapshot's read-only mount point, made while there is room
-    const tmp = await prepareSeededCapImage(dir, image, bytes, { files: ['meta.json'], dirs: ['upper', 'work', 'merged', 'view'] });
+    const tmp = await prepareSeededCapImage(dir, image, bytes, {
+      files: ['meta.json'],
+      dirs: ['upper', 'work', 'merged', 'view'],
+    });
     await this.locked(async () => {
       const merged = join(dir, 'merged');
       if (await isMountPoint(merged)) await unmountAll(merged); // mounted again on the cap, below
@@ -182,7 +206,8 @@ export class OverlayBackend implements StorageBackend {
         // on the cap, or, when it failed, as it was
         if (!meta.inNamespace) await this.mountUnlocked(volume.id, meta).catch(() => undefined);
       }
-      if (!meta.inNamespace && !(await isMountPoint(merged))) throw new SnaplabError('STORAGE_FAILED', `cannot mount overlay volume ${volume.id} on its disk cap`);
+      if (!meta.inNamespace && !(await isMountPoint(merged)))
+        throw new SnaplabError('STORAGE_FAILED', `cannot mount overlay volume ${volume.id} on its disk cap`);
     });
     return null;
   }
@@ -222,7 +247,11 @@ export class OverlayBackend implements StorageBackend {
   async usage(volume: Volume): Promise<Usage> {
     const layers = this.layersOf(volume);
     const owns = layers[0] === volume.id;
-    const own = volume.readOnly ? (owns ? layerDir(this.root, volume.id) : undefined) : join(this.dir(volume.id), 'upper');
+    const own = volume.readOnly
+      ? owns
+        ? layerDir(this.root, volume.id)
+        : undefined
+      : join(this.dir(volume.id), 'upper');
     const lower = owns ? layers.slice(1) : layers;
     let sharedBytes = 0;
     for (const l of lower) sharedBytes += await diskBytes(layerDir(this.root, l));
@@ -249,10 +278,18 @@ export class OverlayBackend implements StorageBackend {
       await removeTree(this.dir(id));
       removed.push(`overlay: removed volume ${id} (${this.dir(id)})`);
     }
-    for (const d of await sweepCaps(this.root, (id) => this.dir(id), (fn) => this.locked(fn))) removed.push(`overlay: ${d}`);
+    for (const d of await sweepCaps(
+      this.root,
+      (id) => this.dir(id),
+      (fn) => this.locked(fn),
+    ))
+      removed.push(`overlay: ${d}`);
     // test mounts of a probe that died half-way (not one running now: probes take milliseconds)
     for (const name of (await readdir(this.root).catch(() => [] as string[])).filter((n) => n.startsWith('.probe-'))) {
-      const age = await stat(join(this.root, name)).then((st) => Date.now() - st.mtimeMs, () => 0);
+      const age = await stat(join(this.root, name)).then(
+        (st) => Date.now() - st.mtimeMs,
+        () => 0,
+      );
       if (age < 60_000) continue;
       for (const m of await unmountAll(join(this.root, name))) removed.push(`overlay: unmounted ${m}`);
       await removeTree(join(this.root, name));
@@ -266,7 +303,9 @@ export class OverlayBackend implements StorageBackend {
     try {
       return await fn();
     } catch (e) {
-      await unmountAll(this.dir(id)).then(() => removeTree(this.dir(id))).catch(() => undefined);
+      await unmountAll(this.dir(id))
+        .then(() => removeTree(this.dir(id)))
+        .catch(() => undefined);
       throw e;
     }
   }
@@ -279,14 +318,22 @@ export class OverlayBackend implements StorageBackend {
     checkVolume(v, 'overlay');
     const layers = v.ref['layers'];
     if (!Array.isArray(layers) || !layers.every((l) => typeof l === 'string' && isVolumeId(l))) {
-      throw new SnaplabError('BAD_INPUT', `overlay volume ${v.id} has no valid ref.layers`, 'pass the Volume record this backend returned, unchanged');
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `overlay volume ${v.id} has no valid ref.layers`,
+        'pass the Volume record this backend returned, unchanged',
+      );
     }
     return layers as string[];
   }
 
   stack(volume: Volume): { lowers: string[]; upper: string; work: string } {
     checkVolume(volume, 'overlay');
-    return { lowers: this.layersOf(volume).map((l) => layerDir(this.root, l)), upper: join(this.dir(volume.id), 'upper'), work: join(this.dir(volume.id), 'work') };
+    return {
+      lowers: this.layersOf(volume).map((l) => layerDir(this.root, l)),
+      upper: join(this.dir(volume.id), 'upper'),
+      work: join(this.dir(volume.id), 'work'),
+    };
   }
 
   /**

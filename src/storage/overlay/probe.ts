@@ -12,12 +12,20 @@ export async function probeOverlay(home: string, root: string): Promise<Availabi
   let dir: string | undefined;
   try {
     if (/[,:\\]/.test(root)) {
-      return { ok: false, reason: `home ${home} holds ',' ':' or '\\', which overlay options cannot carry`, fix: 'use a plain home path such as /var/lib/snaplab' };
+      return {
+        ok: false,
+        reason: `home ${home} holds ',' ':' or '\\', which overlay options cannot carry`,
+        fix: 'use a plain home path such as /var/lib/snaplab',
+      };
     }
     const missing = await toolsVerdict('overlay', 'overlay storage');
     if (missing) return missing;
     if (!(await kernelHasFs('overlay'))) {
-      return { ok: false, reason: 'the kernel has no overlay: not in /proc/filesystems, and `modprobe overlay` could not load it', fix: 'apt-get install kmod, or a kernel with overlayfs (CONFIG_OVERLAY_FS)' };
+      return {
+        ok: false,
+        reason: 'the kernel has no overlay: not in /proc/filesystems, and `modprobe overlay` could not load it',
+        fix: 'apt-get install kmod, or a kernel with overlayfs (CONFIG_OVERLAY_FS)',
+      };
     }
     await mkdir(root, { recursive: true });
     dir = await mkdtemp(join(root, '.probe-'));
@@ -25,13 +33,20 @@ export async function probeOverlay(home: string, root: string): Promise<Availabi
     const opts = overlayOptions([`${dir}/l`], { upper: `${dir}/u`, work: `${dir}/w` });
     const r = await run('mount', ['-t', 'overlay', 'overlay', '-o', opts, `${dir}/m`], { allowFail: true });
     if (r.code !== 0) {
-      return { ok: false, reason: `test overlay mount failed: ${r.stderr.trim()}`, fix: `put ${home} on ext4, xfs or btrfs (not overlay, nfs) and run as root` };
+      return {
+        ok: false,
+        reason: `test overlay mount failed: ${r.stderr.trim()}`,
+        fix: `put ${home} on ext4, xfs or btrfs (not overlay, nfs) and run as root`,
+      };
     }
     await run('umount', [`${dir}/m`], { allowFail: true });
     return { ok: true, reason: `overlayfs mounts on ${root}` };
   } catch (e) {
     return { ok: false, reason: `probe failed: ${(e as Error).message}` };
   } finally {
-    if (dir) await unmountAll(dir).then(() => rm(dir!, { recursive: true, force: true })).catch(() => undefined);
+    if (dir)
+      await unmountAll(dir)
+        .then(() => rm(dir!, { recursive: true, force: true }))
+        .catch(() => undefined);
   }
 }

@@ -8,7 +8,12 @@ import { HostOps } from '../../host/hostops.js';
  */
 export async function moveXattrs(dir: string): Promise<number> {
   const ops = HostOps.get();
-  if (!ops) throw new SnaplabError('INTERNAL', 'the host helper (snaplab-hostops) is needed to convert overlay layers', 'build it: npm run build');
+  if (!ops)
+    throw new SnaplabError(
+      'INTERNAL',
+      'the host helper (snaplab-hostops) is needed to convert overlay layers',
+      'build it: npm run build',
+    );
   const [n] = await ops.request('overlay-xattrs', dir);
   return Number(n);
 }

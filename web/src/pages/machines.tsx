@@ -18,7 +18,10 @@ interface Load {
 }
 
 /** Apply a batch of events to the list; the ids whose record must be fetched are returned. */
-export function applyEvents(list: Map<string, Sandbox>, events: SnaplabEvent[]): { list: Map<string, Sandbox>; fetch: Set<string> } {
+export function applyEvents(
+  list: Map<string, Sandbox>,
+  events: SnaplabEvent[],
+): { list: Map<string, Sandbox>; fetch: Set<string> } {
   const next = new Map(list);
   const fetch = new Set<string>();
   const patch = (id: string, p: Partial<Sandbox>): void => {
@@ -53,7 +56,12 @@ export function applyEvents(list: Map<string, Sandbox>, events: SnaplabEvent[]):
 }
 
 function limitsText(l: Sandbox['limits']): string {
-  const parts = [l.memoryBytes ? bytes(l.memoryBytes) : '', l.pids ? `${l.pids} pids` : '', l.cpus ? `${l.cpus} cpu` : '', l.diskBytes ? `disk ${bytes(l.diskBytes)}` : ''].filter(Boolean);
+  const parts = [
+    l.memoryBytes ? bytes(l.memoryBytes) : '',
+    l.pids ? `${l.pids} pids` : '',
+    l.cpus ? `${l.cpus} cpu` : '',
+    l.diskBytes ? `disk ${bytes(l.diskBytes)}` : '',
+  ].filter(Boolean);
   return parts.join(' · ') || 'none';
 }
 
@@ -74,20 +82,46 @@ class Row extends Component<RowProps> {
     const p = this.props;
     // usage compared as shown (a new poll with the same figures redraws nothing): with 500 rows,
     // redrawing every row at each poll was a long task (137 ms) every 2 s
-    return n.box !== p.box || shownLoad(n.load) !== shownLoad(p.load) || n.selected !== p.selected || Math.floor(n.now / 10_000) !== Math.floor(p.now / 10_000);
+    return (
+      n.box !== p.box ||
+      shownLoad(n.load) !== shownLoad(p.load) ||
+      n.selected !== p.selected ||
+      Math.floor(n.now / 10_000) !== Math.floor(p.now / 10_000)
+    );
   }
 
   render({ box: b, load, selected, now, onSelect }: RowProps) {
     return (
       <tr class={selected ? 'selected' : ''} data-machine={b.name} data-state={b.state}>
-        <td><input type="checkbox" checked={selected} aria-label={`select ${b.name}`} onChange={(e) => onSelect(b.id, (e.target as HTMLInputElement).checked)} /></td>
-        <td><a href={href('machines', b.id)}>{b.name}</a><div class="muted mono">{b.id}</div></td>
-        <td><State state={b.state} />{b.reason && <div class="muted">{b.reason}</div>}</td>
+        <td>
+          <input
+            type="checkbox"
+            checked={selected}
+            aria-label={`select ${b.name}`}
+            onChange={(e) => onSelect(b.id, (e.target as HTMLInputElement).checked)}
+          />
+        </td>
+        <td>
+          <a href={href('machines', b.id)}>{b.name}</a>
+          <div class="muted mono">{b.id}</div>
+        </td>
+        <td>
+          <State state={b.state} />
+          {b.reason && <div class="muted">{b.reason}</div>}
+        </td>
         <td>{b.image}</td>
-        <td class="hide-narrow">{b.driver} · {b.storage}</td>
+        <td class="hide-narrow">
+          {b.driver} · {b.storage}
+        </td>
         <td class="hide-narrow">{limitsText(b.limits)}</td>
         <td class="num">{age(b.createdAt, now)}</td>
-        <td class="hide-narrow">{Object.entries(b.labels).map(([k, v]) => <span class="label">{k}={v}</span>)}</td>
+        <td class="hide-narrow">
+          {Object.entries(b.labels).map(([k, v]) => (
+            <span class="label">
+              {k}={v}
+            </span>
+          ))}
+        </td>
         <td class="num">{cpuText(load)}</td>
         <td class="num">{bytes(load?.memoryBytes)}</td>
       </tr>
@@ -105,16 +139,29 @@ function CreateForm({ onCreated }: { onCreated: (b: Sandbox) => void }) {
     onCreated(b);
   });
   return (
-    <form class="row" onSubmit={(e) => { e.preventDefault(); void create.run(); }} aria-label="create a machine">
-      <label class="inline">image
+    <form
+      class="row"
+      onSubmit={(e) => {
+        e.preventDefault();
+        void create.run();
+      }}
+      aria-label="create a machine"
+    >
+      <label class="inline">
+        image
         <select value={image} onChange={(e) => setImage((e.target as HTMLSelectElement).value)}>
-          {(images.data ?? [{ name: 'busybox' }]).map((i) => <option value={i.name}>{i.name}</option>)}
+          {(images.data ?? [{ name: 'busybox' }]).map((i) => (
+            <option value={i.name}>{i.name}</option>
+          ))}
         </select>
       </label>
-      <label class="inline">name
+      <label class="inline">
+        name
         <input value={name} placeholder="(generated)" onInput={(e) => setName((e.target as HTMLInputElement).value)} />
       </label>
-      <button type="submit" class="primary" disabled={create.busy}>{create.busy ? 'Creating…' : 'Create'}</button>
+      <button type="submit" class="primary" disabled={create.busy}>
+        {create.busy ? 'Creating…' : 'Create'}
+      </button>
       <ErrorBox error={create.error} />
     </form>
   );
@@ -143,16 +190,22 @@ export function MachinesPage() {
     let frame: { cancel: () => void } | null = null;
     const reload = (): void => {
       during = [];
-      api<Sandbox[]>('GET', '/sandboxes').then((all) => {
-        if (!live) return;
-        const { list: next, fetch } = applyEvents(new Map(all.map((b) => [b.id, b])), during ?? []);
-        during = null;
-        listRef.current = next;
-        setList(next);
-        setError(undefined);
-        fetch.forEach(fetchOne);
-        schedule(); // what waited for the answer
-      }, (e: unknown) => { during = null; if (live) setError(e); });
+      api<Sandbox[]>('GET', '/sandboxes').then(
+        (all) => {
+          if (!live) return;
+          const { list: next, fetch } = applyEvents(new Map(all.map((b) => [b.id, b])), during ?? []);
+          during = null;
+          listRef.current = next;
+          setList(next);
+          setError(undefined);
+          fetch.forEach(fetchOne);
+          schedule(); // what waited for the answer
+        },
+        (e: unknown) => {
+          during = null;
+          if (live) setError(e);
+        },
+      );
     };
     const fetchOne = (id: string): void => {
       api<Sandbox>('GET', `/sandboxes/${enc(id)}`).then(
@@ -180,11 +233,17 @@ export function MachinesPage() {
         frame = { cancel: () => cancelAnimationFrame(f) };
       }
     };
-    const stop = subscribe((e) => {
-      pending.push(e);
-      during?.push(e);
-      schedule();
-    }, (first) => { if (!first) reload(); }, () => live && setLost(true));
+    const stop = subscribe(
+      (e) => {
+        pending.push(e);
+        during?.push(e);
+        schedule();
+      },
+      (first) => {
+        if (!first) reload();
+      },
+      () => live && setLost(true),
+    );
     reload();
     return () => {
       live = false;
@@ -204,7 +263,10 @@ export function MachinesPage() {
         const next = new Map<string, Load>();
         for (const u of us) {
           const p = prev.get(u.id);
-          const cpuPct = p?.cpuUsec !== undefined && u.cpuUsec !== undefined && u.at > p.at ? ((u.cpuUsec - p.cpuUsec) / ((u.at - p.at) * 1000)) * 100 : undefined;
+          const cpuPct =
+            p?.cpuUsec !== undefined && u.cpuUsec !== undefined && u.at > p.at
+              ? ((u.cpuUsec - p.cpuUsec) / ((u.at - p.at) * 1000)) * 100
+              : undefined;
           next.set(u.id, { memoryBytes: u.memoryBytes, pids: u.pids, cpuPct });
         }
         prev = new Map(us.map((u) => [u.id, u]));
@@ -223,13 +285,34 @@ export function MachinesPage() {
     };
   }, []);
 
-  const all = useMemo(() => [...(list?.values() ?? [])].sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0)), [list]);
+  const all = useMemo(
+    () =>
+      [...(list?.values() ?? [])].sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0)),
+    [list],
+  );
   const q = filter.trim().toLowerCase();
-  const shown = all.filter((b) => (!stateFilter || b.state === stateFilter) && (!q || [b.name, b.id, b.image, b.driver, ...Object.entries(b.labels).map(([k, v]) => `${k}=${v}`)].some((s) => s.toLowerCase().includes(q))));
+  const shown = all.filter(
+    (b) =>
+      (!stateFilter || b.state === stateFilter) &&
+      (!q ||
+        [b.name, b.id, b.image, b.driver, ...Object.entries(b.labels).map(([k, v]) => `${k}=${v}`)].some((s) =>
+          s.toLowerCase().includes(q),
+        )),
+  );
   const chosen = shown.filter((b) => selected.has(b.id));
-  const onSelect = useMemo(() => (id: string, on: boolean) => setSelected((s) => { const n = new Set(s); if (on) n.add(id); else n.delete(id); return n; }), []);
+  const onSelect = useMemo(
+    () => (id: string, on: boolean) =>
+      setSelected((s) => {
+        const n = new Set(s);
+        if (on) n.add(id);
+        else n.delete(id);
+        return n;
+      }),
+    [],
+  );
   const destroy = useAction(async () => {
-    if (!confirm(`Destroy ${chosen.length} machine${chosen.length === 1 ? '' : 's'}? Their filesystems are removed.`)) return;
+    if (!confirm(`Destroy ${chosen.length} machine${chosen.length === 1 ? '' : 's'}? Their filesystems are removed.`))
+      return;
     const results = await Promise.allSettled(chosen.map((b) => api('DELETE', `/sandboxes/${enc(b.id)}`)));
     setSelected(new Set());
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
@@ -239,38 +322,88 @@ export function MachinesPage() {
   return (
     <>
       <h1>Machines</h1>
-      <Section title="New machine"><CreateForm onCreated={(b) => setList((l) => (l ? new Map(l).set(b.id, b) : l))} /></Section>
+      <Section title="New machine">
+        <CreateForm onCreated={(b) => setList((l) => (l ? new Map(l).set(b.id, b) : l))} />
+      </Section>
       <Section
         title={`${shown.length} of ${all.length} machines`}
-        actions={<Button kind="danger" disabled={!chosen.length} busy={destroy.busy} onClick={() => void destroy.run()}>Destroy selected ({chosen.length})</Button>}
+        actions={
+          <Button kind="danger" disabled={!chosen.length} busy={destroy.busy} onClick={() => void destroy.run()}>
+            Destroy selected ({chosen.length})
+          </Button>
+        }
       >
         <div class="row">
-          <label class="inline">filter
-            <input type="search" value={filter} placeholder="name, id, image, label k=v" onInput={(e) => setFilter((e.target as HTMLInputElement).value)} />
+          <label class="inline">
+            filter
+            <input
+              type="search"
+              value={filter}
+              placeholder="name, id, image, label k=v"
+              onInput={(e) => setFilter((e.target as HTMLInputElement).value)}
+            />
           </label>
-          <label class="inline">state
+          <label class="inline">
+            state
             <select value={stateFilter} onChange={(e) => setStateFilter((e.target as HTMLSelectElement).value)}>
               <option value="">all</option>
-              {['running', 'paused', 'dead', 'creating', 'removing'].map((s) => <option value={s}>{s}</option>)}
+              {['running', 'paused', 'dead', 'creating', 'removing'].map((s) => (
+                <option value={s}>{s}</option>
+              ))}
             </select>
           </label>
         </div>
-        {lost && <div class="error" role="alert">The event stream was refused (the key removed, or <code>snaplab ui</code> restarted): this list no longer updates. Reload the page.</div>}
+        {lost && (
+          <div class="error" role="alert">
+            The event stream was refused (the key removed, or <code>snaplab ui</code> restarted): this list no longer
+            updates. Reload the page.
+          </div>
+        )}
         <ErrorBox error={error ?? destroy.error} />
         <div class="table-wrap">
           <table data-testid="machines" class="fixed">
             <thead>
               <tr>
-                <th class="w-check"><input type="checkbox" aria-label="select all shown" checked={shown.length > 0 && chosen.length === shown.length} onChange={(e) => setSelected((e.target as HTMLInputElement).checked ? new Set(shown.map((b) => b.id)) : new Set())} /></th>
-                <th>name</th><th class="w-state">state</th><th class="w-image">image</th><th class="hide-narrow w-driver">driver · storage</th><th class="hide-narrow w-limits">limits</th><th class="num w-age">age</th><th class="hide-narrow">labels</th><th class="num w-cpu">CPU</th><th class="num w-mem">memory</th>
+                <th class="w-check">
+                  <input
+                    type="checkbox"
+                    aria-label="select all shown"
+                    checked={shown.length > 0 && chosen.length === shown.length}
+                    onChange={(e) =>
+                      setSelected((e.target as HTMLInputElement).checked ? new Set(shown.map((b) => b.id)) : new Set())
+                    }
+                  />
+                </th>
+                <th>name</th>
+                <th class="w-state">state</th>
+                <th class="w-image">image</th>
+                <th class="hide-narrow w-driver">driver · storage</th>
+                <th class="hide-narrow w-limits">limits</th>
+                <th class="num w-age">age</th>
+                <th class="hide-narrow">labels</th>
+                <th class="num w-cpu">CPU</th>
+                <th class="num w-mem">memory</th>
               </tr>
             </thead>
             <tbody>
-              {shown.map((b) => <Row key={b.id} box={b} load={loads.get(b.id)} selected={selected.has(b.id)} now={now} onSelect={onSelect} />)}
+              {shown.map((b) => (
+                <Row
+                  key={b.id}
+                  box={b}
+                  load={loads.get(b.id)}
+                  selected={selected.has(b.id)}
+                  now={now}
+                  onSelect={onSelect}
+                />
+              ))}
             </tbody>
           </table>
         </div>
-        {list && !all.length && <p class="muted">No machines. Create one above, or <code>snaplab create --image busybox</code>.</p>}
+        {list && !all.length && (
+          <p class="muted">
+            No machines. Create one above, or <code>snaplab create --image busybox</code>.
+          </p>
+        )}
         {!list && !error && <p>loading…</p>}
       </Section>
     </>

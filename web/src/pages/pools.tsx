@@ -38,7 +38,10 @@ interface Take {
 const WINDOW_S = 60;
 
 /** Takes per second and median take latency, one point per second of the last minute. */
-export function perSecond(takes: Take[], now: number): { rate: { x: number; y: number }[]; latency: { x: number; y: number }[] } {
+export function perSecond(
+  takes: Take[],
+  now: number,
+): { rate: { x: number; y: number }[]; latency: { x: number; y: number }[] } {
   const rate: { x: number; y: number }[] = [];
   const latency: { x: number; y: number }[] = [];
   const buckets = new Map<number, number[]>();
@@ -72,7 +75,10 @@ function PoolCharts({ name }: { name: string }) {
     let timer: ReturnType<typeof setTimeout>;
     const poll = async (): Promise<void> => {
       try {
-        const got = await api<{ now: number; next: number; takes: Take[] }>('GET', `/pools/${enc(name)}/takes${after === undefined ? `?since=${WINDOW_S * 1000}` : `?after=${after}`}`);
+        const got = await api<{ now: number; next: number; takes: Take[] }>(
+          'GET',
+          `/pools/${enc(name)}/takes${after === undefined ? `?since=${WINDOW_S * 1000}` : `?after=${after}`}`,
+        );
         if (!live) return;
         after = got.next;
         skew = got.now - Date.now();
@@ -97,10 +103,26 @@ function PoolCharts({ name }: { name: string }) {
   return (
     <>
       <ErrorBox error={error} />
-      <p class="muted">{total} takes in the last {WINDOW_S} s{total ? `, median ${ms(median(takes.current.map((t) => t.ms)))}` : ''}</p>
+      <p class="muted">
+        {total} takes in the last {WINDOW_S} s{total ? `, median ${ms(median(takes.current.map((t) => t.ms)))}` : ''}
+      </p>
       <div class="grid" style={{ gridTemplateColumns: 'repeat(auto-fit, minmax(320px, 1fr))' }}>
-        <LineChart title={`takes per second: ${name}`} xLabel="seconds ago" yLabel="takes/s" series={[{ name: 'takes/s', points: rate, marked: true }]} height={180} testid={`takes-${name}`} />
-        <LineChart title={`take latency: ${name}`} xLabel="seconds ago" yLabel="ms (median)" series={[{ name: 'median take', points: latency, marked: true }]} height={180} testid={`take-latency-${name}`} />
+        <LineChart
+          title={`takes per second: ${name}`}
+          xLabel="seconds ago"
+          yLabel="takes/s"
+          series={[{ name: 'takes/s', points: rate, marked: true }]}
+          height={180}
+          testid={`takes-${name}`}
+        />
+        <LineChart
+          title={`take latency: ${name}`}
+          xLabel="seconds ago"
+          yLabel="ms (median)"
+          series={[{ name: 'median take', points: latency, marked: true }]}
+          height={180}
+          testid={`take-latency-${name}`}
+        />
       </div>
     </>
   );
@@ -120,21 +142,61 @@ export function PoolsPage() {
       <Section title="Pools">
         <div class="table-wrap">
           <table data-testid="pools">
-            <thead><tr><th>pool</th><th>image</th><th class="num">target</th><th class="num">ready</th><th class="num">in use</th><th class="num">raising</th><th class="num">hits</th><th class="num">misses</th><th class="num">recycled</th><th class="num">refused dirty</th><th class="num">leaks</th></tr></thead>
+            <thead>
+              <tr>
+                <th>pool</th>
+                <th>image</th>
+                <th class="num">target</th>
+                <th class="num">ready</th>
+                <th class="num">in use</th>
+                <th class="num">raising</th>
+                <th class="num">hits</th>
+                <th class="num">misses</th>
+                <th class="num">recycled</th>
+                <th class="num">refused dirty</th>
+                <th class="num">leaks</th>
+              </tr>
+            </thead>
             <tbody>
               {(pools.data ?? []).map((p) => (
                 <tr data-pool={p.name}>
-                  <td>{p.name}</td><td>{p.image} <span class="muted">{p.driver ?? 'namespaces'} · {p.storage}</span></td>
-                  <td class="num">{p.target}</td><td class="num" data-field="ready">{p.ready}</td><td class="num">{p.inUse}</td><td class="num">{p.raising}</td>
-                  <td class="num" data-field="hits">{p.hits}</td><td class="num">{p.misses}</td><td class="num">{p.recycled}</td><td class="num">{p.refusedDirty}</td><td class="num">{p.leaks}</td>
+                  <td>{p.name}</td>
+                  <td>
+                    {p.image}{' '}
+                    <span class="muted">
+                      {p.driver ?? 'namespaces'} · {p.storage}
+                    </span>
+                  </td>
+                  <td class="num">{p.target}</td>
+                  <td class="num" data-field="ready">
+                    {p.ready}
+                  </td>
+                  <td class="num">{p.inUse}</td>
+                  <td class="num">{p.raising}</td>
+                  <td class="num" data-field="hits">
+                    {p.hits}
+                  </td>
+                  <td class="num">{p.misses}</td>
+                  <td class="num">{p.recycled}</td>
+                  <td class="num">{p.refusedDirty}</td>
+                  <td class="num">{p.leaks}</td>
                 </tr>
               ))}
             </tbody>
           </table>
         </div>
-        {pools.data && !pools.data.length && <p class="muted">No pools. <code>snaplab pool create jobs --image busybox --size 8</code> (or POST /pools) keeps standbys warm.</p>}
+        {pools.data && !pools.data.length && (
+          <p class="muted">
+            No pools. <code>snaplab pool create jobs --image busybox --size 8</code> (or POST /pools) keeps standbys
+            warm.
+          </p>
+        )}
       </Section>
-      {(pools.data ?? []).map((p) => <Section key={p.name} title={`Takes: ${p.name}`}><PoolCharts name={p.name} /></Section>)}
+      {(pools.data ?? []).map((p) => (
+        <Section key={p.name} title={`Takes: ${p.name}`}>
+          <PoolCharts name={p.name} />
+        </Section>
+      ))}
     </>
   );
 }

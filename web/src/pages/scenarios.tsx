@@ -57,16 +57,29 @@ function ScenarioList() {
                   const running = s.machines.filter((m) => m.state === 'running').length;
                   return (
                     <tr data-scenario={s.name}>
-                      <td><a href={href('scenarios', s.name)}>{s.name}</a></td>
+                      <td>
+                        <a href={href('scenarios', s.name)}>{s.name}</a>
+                      </td>
                       <td>
                         <State state={s.state} />
                         {s.reason && <div class="muted">{s.reason}</div>}
                       </td>
-                      <td class="num">{s.machines.length}{running !== s.machines.length && <span class="muted"> ({running} running)</span>}</td>
+                      <td class="num">
+                        {s.machines.length}
+                        {running !== s.machines.length && <span class="muted"> ({running} running)</span>}
+                      </td>
                       <td class="num">{s.networks?.length ?? '—'}</td>
                       <td class="num">{s.blocked?.length ?? '—'}</td>
-                      <td>{s.snapshots.length ? s.snapshots.map((n) => <span class="label">{n}</span>) : <span class="muted">none</span>}</td>
-                      <td class="hide-narrow mono" style={{ overflowWrap: 'anywhere' }}>{s.file}</td>
+                      <td>
+                        {s.snapshots.length ? (
+                          s.snapshots.map((n) => <span class="label">{n}</span>)
+                        ) : (
+                          <span class="muted">none</span>
+                        )}
+                      </td>
+                      <td class="hide-narrow mono" style={{ overflowWrap: 'anywhere' }}>
+                        {s.file}
+                      </td>
                     </tr>
                   );
                 })}
@@ -82,11 +95,17 @@ function ScenarioList() {
 // ---------------------------------------------------------------------------------------------
 // one scenario
 
-type NetBody = { action: 'block' | 'unblock'; machines: [string, string] } | { action: 'partition'; groups: string[][] } | { action: 'heal' };
+type NetBody =
+  | { action: 'block' | 'unblock'; machines: [string, string] }
+  | { action: 'partition'; groups: string[][] }
+  | { action: 'heal' };
 
 /** "web,db | cache" → [["web", "db"], ["cache"]]: groups split on `|`, machines on commas or spaces. */
 export function parseGroups(text: string): string[][] {
-  return text.split('|').map((g) => g.split(/[\s,]+/).filter(Boolean)).filter((g) => g.length > 0);
+  return text
+    .split('|')
+    .map((g) => g.split(/[\s,]+/).filter(Boolean))
+    .filter((g) => g.length > 0);
 }
 
 /** A mistake caught here, shown like the daemon's own errors (code, message, hint). */
@@ -94,7 +113,8 @@ const badInput = (message: string, hint?: string): ApiError => new ApiError(0, '
 
 function checkGroups(groups: string[][], machines: string[]): void {
   const known = `its machines: ${machines.join(', ')}`;
-  if (groups.length < 2) throw badInput('a partition needs at least two groups', 'separate the groups with |, e.g. "a,b | c"');
+  if (groups.length < 2)
+    throw badInput('a partition needs at least two groups', 'separate the groups with |, e.g. "a,b | c"');
   const seen = new Set<string>();
   for (const m of groups.flat()) {
     if (!machines.includes(m)) throw badInput(`no machine ${JSON.stringify(m)} in this scenario`, known);
@@ -103,7 +123,8 @@ function checkGroups(groups: string[][], machines: string[]): void {
   }
 }
 
-const samePair = (p: [string, string], a: string, b: string): boolean => (p[0] === a && p[1] === b) || (p[0] === b && p[1] === a);
+const samePair = (p: [string, string], a: string, b: string): boolean =>
+  (p[0] === a && p[1] === b) || (p[0] === b && p[1] === a);
 
 function ScenarioPage({ name }: { name: string }) {
   const path = `/scenarios/${enc(name)}`;
@@ -155,7 +176,9 @@ function ScenarioPage({ name }: { name: string }) {
   if (!s) {
     return (
       <>
-        <p><a href={href('scenarios')}>← Scenarios</a></p>
+        <p>
+          <a href={href('scenarios')}>← Scenarios</a>
+        </p>
         <h1>Scenario {name}</h1>
         <ErrorBox error={status.error} />
         {!status.error && <p class="muted">loading…</p>}
@@ -180,18 +203,25 @@ function ScenarioPage({ name }: { name: string }) {
     checkGroups(groups, names);
     return { action: 'partition', groups };
   };
-  const example = names.length >= 2 ? `${names.slice(0, Math.ceil(names.length / 2)).join(',')} | ${names.slice(Math.ceil(names.length / 2)).join(',')}` : 'a,b | c';
+  const example =
+    names.length >= 2
+      ? `${names.slice(0, Math.ceil(names.length / 2)).join(',')} | ${names.slice(Math.ceil(names.length / 2)).join(',')}`
+      : 'a,b | c';
   const busyAny = snapshot.busy || reset.busy || net.busy || down.busy;
 
   return (
     <>
-      <p><a href={href('scenarios')}>← Scenarios</a></p>
+      <p>
+        <a href={href('scenarios')}>← Scenarios</a>
+      </p>
       <div class="row">
         <h1 style={{ margin: 0 }}>Scenario {s.name}</h1>
         <State state={s.state} />
         {s.reason && <span class="muted">{s.reason}</span>}
       </div>
-      <p class="muted mono" style={{ overflowWrap: 'anywhere' }}>{s.file}</p>
+      <p class="muted mono" style={{ overflowWrap: 'anywhere' }}>
+        {s.file}
+      </p>
       {/* a failed poll keeps the last status shown, with the error above it */}
       <ErrorBox error={status.error} />
 
@@ -200,9 +230,9 @@ function ScenarioPage({ name }: { name: string }) {
         <p class="muted" data-testid="graph-legend">
           Rounded bars are networks (name and subnet); boxes are machines, bordered by state (green running, amber
           starting or paused, red anything else), with their address on each network; a coloured line joins a machine to
-          each network it is on. A <span style={{ color: '#b3261e', fontWeight: 600 }}>red dashed line marked ✕</span> is a
-          blocked pair: traffic between the two machines is dropped both ways (as the kernel has it now). A partition is
-          just a set of blocked pairs: every pair across two groups.
+          each network it is on. A <span style={{ color: '#b3261e', fontWeight: 600 }}>red dashed line marked ✕</span>{' '}
+          is a blocked pair: traffic between the two machines is dropped both ways (as the kernel has it now). A
+          partition is just a set of blocked pairs: every pair across two groups.
         </p>
       </Section>
 
@@ -227,8 +257,16 @@ function ScenarioPage({ name }: { name: string }) {
                     {m.reason && <div class="muted">{m.reason}</div>}
                   </td>
                   <td class="mono">{m.hostname}</td>
-                  <td class="mono">{m.addresses.map((x) => <div>{x.address} <span class="muted">({x.network})</span></div>)}</td>
-                  <td><a href={href('machines', m.sandbox)}>{m.sandbox}</a></td>
+                  <td class="mono">
+                    {m.addresses.map((x) => (
+                      <div>
+                        {x.address} <span class="muted">({x.network})</span>
+                      </div>
+                    ))}
+                  </td>
+                  <td>
+                    <a href={href('machines', m.sandbox)}>{m.sandbox}</a>
+                  </td>
                 </tr>
               ))}
             </tbody>
@@ -246,10 +284,21 @@ function ScenarioPage({ name }: { name: string }) {
         >
           <label>
             Snapshot name
-            <input value={snapName} onInput={(e) => setSnapName((e.target as HTMLInputElement).value)} placeholder="base" autoComplete="off" />
+            <input
+              value={snapName}
+              onInput={(e) => setSnapName((e.target as HTMLInputElement).value)}
+              placeholder="base"
+              autoComplete="off"
+            />
           </label>
           <span style={{ alignSelf: 'end' }}>
-            <Button onClick={() => void snapshot.run(snapName.trim())} busy={snapshot.busy} disabled={!snapName.trim() || busyAny}>Snapshot</Button>
+            <Button
+              onClick={() => void snapshot.run(snapName.trim())}
+              busy={snapshot.busy}
+              disabled={!snapName.trim() || busyAny}
+            >
+              Snapshot
+            </Button>
           </span>
         </form>
         <ErrorBox error={snapshot.error} />
@@ -257,13 +306,26 @@ function ScenarioPage({ name }: { name: string }) {
         <div class="row">
           <label>
             Reset to
-            <select value={chosenSnap ?? ''} onChange={(e) => setResetTo((e.target as HTMLSelectElement).value)} disabled={!latest}>
+            <select
+              value={chosenSnap ?? ''}
+              onChange={(e) => setResetTo((e.target as HTMLSelectElement).value)}
+              disabled={!latest}
+            >
               {!latest && <option value="">no snapshot yet</option>}
-              {[...s.snapshots].reverse().map((n) => <option value={n}>{n === latest ? `${n} (latest)` : n}</option>)}
+              {[...s.snapshots].reverse().map((n) => (
+                <option value={n}>{n === latest ? `${n} (latest)` : n}</option>
+              ))}
             </select>
           </label>
           <span style={{ alignSelf: 'end' }}>
-            <Button onClick={() => chosenSnap && void reset.run(chosenSnap)} busy={reset.busy} disabled={!chosenSnap || busyAny} kind="primary">Reset</Button>
+            <Button
+              onClick={() => chosenSnap && void reset.run(chosenSnap)}
+              busy={reset.busy}
+              disabled={!chosenSnap || busyAny}
+              kind="primary"
+            >
+              Reset
+            </Button>
           </span>
         </div>
         <ErrorBox error={reset.error} />
@@ -284,19 +346,37 @@ function ScenarioPage({ name }: { name: string }) {
           <label>
             Machine A
             <select value={a} onChange={(e) => setPickA((e.target as HTMLSelectElement).value)}>
-              {names.map((n) => <option value={n}>{n}</option>)}
+              {names.map((n) => (
+                <option value={n}>{n}</option>
+              ))}
             </select>
           </label>
           <label>
             Machine B
             <select value={b} onChange={(e) => setPickB((e.target as HTMLSelectElement).value)}>
-              {names.map((n) => <option value={n}>{n}</option>)}
+              {names.map((n) => (
+                <option value={n}>{n}</option>
+              ))}
             </select>
           </label>
           <span style={{ alignSelf: 'end', display: 'flex', gap: '8px', alignItems: 'center' }}>
-            <Button onClick={() => void net.run('block', pair('block'))} busy={net.busy && netKind === 'block'} disabled={busyAny || !twoPicked}>Block</Button>
-            <Button onClick={() => void net.run('unblock', pair('unblock'))} busy={net.busy && netKind === 'unblock'} disabled={busyAny || !twoPicked}>Unblock</Button>
-            <span class="muted" data-testid="pair-state">{!twoPicked ? 'pick two different machines' : pairBlocked ? 'now blocked' : 'now open'}</span>
+            <Button
+              onClick={() => void net.run('block', pair('block'))}
+              busy={net.busy && netKind === 'block'}
+              disabled={busyAny || !twoPicked}
+            >
+              Block
+            </Button>
+            <Button
+              onClick={() => void net.run('unblock', pair('unblock'))}
+              busy={net.busy && netKind === 'unblock'}
+              disabled={busyAny || !twoPicked}
+            >
+              Unblock
+            </Button>
+            <span class="muted" data-testid="pair-state">
+              {!twoPicked ? 'pick two different machines' : pairBlocked ? 'now blocked' : 'now open'}
+            </span>
           </span>
         </div>
 
@@ -309,28 +389,55 @@ function ScenarioPage({ name }: { name: string }) {
         >
           <label style={{ flex: '1 1 260px' }}>
             Partition groups
-            <input value={groupsText} onInput={(e) => setGroupsText((e.target as HTMLInputElement).value)} placeholder={example} autoComplete="off" aria-describedby="partition-help" />
+            <input
+              value={groupsText}
+              onInput={(e) => setGroupsText((e.target as HTMLInputElement).value)}
+              placeholder={example}
+              autoComplete="off"
+              aria-describedby="partition-help"
+            />
           </label>
           <span style={{ alignSelf: 'end', display: 'flex', gap: '8px' }}>
-            <Button onClick={() => void net.run('partition', partitionBody)} busy={net.busy && netKind === 'partition'} disabled={busyAny || !groupsText.trim()}>Partition</Button>
-            <Button onClick={() => void net.run('heal', () => ({ action: 'heal' }))} busy={net.busy && netKind === 'heal'} disabled={busyAny}>Heal</Button>
+            <Button
+              onClick={() => void net.run('partition', partitionBody)}
+              busy={net.busy && netKind === 'partition'}
+              disabled={busyAny || !groupsText.trim()}
+            >
+              Partition
+            </Button>
+            <Button
+              onClick={() => void net.run('heal', () => ({ action: 'heal' }))}
+              busy={net.busy && netKind === 'heal'}
+              disabled={busyAny}
+            >
+              Heal
+            </Button>
           </span>
         </form>
         <p class="muted" id="partition-help">
-          Groups separated by <code>|</code>, machines by commas (e.g. <code>{example}</code>): every pair across groups is
-          blocked, on top of what is already blocked; machines not named keep their links. Heal unblocks every pair.
+          Groups separated by <code>|</code>, machines by commas (e.g. <code>{example}</code>): every pair across groups
+          is blocked, on top of what is already blocked; machines not named keep their links. Heal unblocks every pair.
         </p>
         <ErrorBox error={net.error} />
 
         <h3 style={{ fontSize: '14px', margin: '10px 0 6px' }}>Blocked now</h3>
         {s.blocked.length === 0 ? (
-          <p class="muted" data-testid="blocked-none">No pair is blocked.</p>
+          <p class="muted" data-testid="blocked-none">
+            No pair is blocked.
+          </p>
         ) : (
           <ul data-testid="blocked-list" style={{ margin: 0, paddingLeft: '18px' }}>
             {s.blocked.map(([x, y]) => (
               <li data-blocked-item={[x, y].sort().join('|')} style={{ marginBottom: '4px' }}>
                 {x} ✕ {y}{' '}
-                <Button onClick={() => void net.run(`unblock ${x} ${y}`, () => ({ action: 'unblock', machines: [x, y] }))} busy={net.busy && netKind === `unblock ${x} ${y}`} disabled={busyAny} label={`Unblock ${x} and ${y}`}>Unblock</Button>
+                <Button
+                  onClick={() => void net.run(`unblock ${x} ${y}`, () => ({ action: 'unblock', machines: [x, y] }))}
+                  busy={net.busy && netKind === `unblock ${x} ${y}`}
+                  disabled={busyAny}
+                  label={`Unblock ${x} and ${y}`}
+                >
+                  Unblock
+                </Button>
               </li>
             ))}
           </ul>
@@ -341,12 +448,18 @@ function ScenarioPage({ name }: { name: string }) {
         <div class="row">
           <span class="muted">Removes every machine, snapshot, bridge and namespace of {s.name}.</span>
           {!confirmDown ? (
-            <Button onClick={() => setConfirmDown(true)} kind="danger" disabled={busyAny}>Down</Button>
+            <Button onClick={() => setConfirmDown(true)} kind="danger" disabled={busyAny}>
+              Down
+            </Button>
           ) : (
             <>
               <strong>Take {s.name} down?</strong>
-              <Button onClick={() => void down.run()} kind="danger" busy={down.busy} disabled={busyAny}>Confirm down</Button>
-              <Button onClick={() => setConfirmDown(false)} disabled={down.busy}>Cancel</Button>
+              <Button onClick={() => void down.run()} kind="danger" busy={down.busy} disabled={busyAny}>
+                Confirm down
+              </Button>
+              <Button onClick={() => setConfirmDown(false)} disabled={down.busy}>
+                Cancel
+              </Button>
             </>
           )}
         </div>
