@@ -238,15 +238,13 @@ describe('the dashboard', () => {
     const trace = JSON.parse(cli(home, ['trace', create.id, '--json']).out);
     await page.goto(`${d.url}/#/operations/${create.id}`);
     await page.getByTestId('waterfall').waitFor();
-    const rows = await page
-      .locator('[data-phase]')
-      .evaluateAll((els) =>
-        els.map((e) => ({
-          name: e.getAttribute('data-phase'),
-          start: Number(e.getAttribute('data-start')),
-          end: Number(e.getAttribute('data-end')),
-        })),
-      );
+    const rows = await page.locator('[data-phase]').evaluateAll((els) =>
+      els.map((e) => ({
+        name: e.getAttribute('data-phase'),
+        start: Number(e.getAttribute('data-start')),
+        end: Number(e.getAttribute('data-end')),
+      })),
+    );
     expect(rows).toEqual(
       trace.phases.map((p: { name: string; startMs: number; endMs: number }) => ({
         name: p.name,

@@ -4,7 +4,7 @@ import { registerDoctor } from './doctor.js';
 import { registerExec, registerExecError, registerExecLost, registerShell } from './exec.js';
 import { registerGc } from './gc.js';
 import { registerImage } from './image.js';
-import { registerLifecycle } from './lifecycle.js';
+import { registerLifecycle, registerStop } from './lifecycle.js';
 import { registerSnapshot } from './snapshot.js';
 import { registerTrace } from './trace.js';
 import { registerBench } from './bench.js';
@@ -24,36 +24,45 @@ import { registerCluster } from './cluster.js';
 import { registerUi } from './ui.js';
 
 /**
- * Every command, in help order, with the names it registers. Only the invoked one is set up
- * (commander's definitions are a measurable part of a start-up that scripts pay on every call);
- * help, an unknown command or none registers them all. commands.test.ts keeps the names true.
+ * Where a command runs: `lab` ones are written over the Lab API, so they run on the embedded lab
+ * or, with SNAPLAB_HOST, through a daemon; `local` ones need the embedded lab (refused through a
+ * daemon); `host` ones are the daemon's host's own (serve, key, ui), whatever SNAPLAB_HOST says.
  */
-export const COMMANDS: [string[], (p: Command) => void][] = [
-  [['doctor'], registerDoctor],
-  [['prepare'], registerPrepare],
-  [['image'], registerImage],
-  [['create'], registerCreate],
-  [['exec'], registerExec],
-  [['shell'], registerShell],
-  [['cp'], registerCp],
-  [['port-forward', 'proxy'], registerPorts],
-  [['ssh-config', 'inventory'], registerSsh],
-  [['_exec-lost'], registerExecLost],
-  [['_exec-error'], registerExecError],
-  [['snapshot'], registerSnapshot],
-  [['restore'], registerRestore],
-  [['ls', 'rm', 'stop', 'pause', 'resume'], registerLifecycle],
-  [['logs'], registerLogs],
-  [['gc'], registerGc],
-  [['df'], registerDf],
-  [['trace'], registerTrace],
-  [['up', 'status', 'down', 'reset', 'net'], registerScenario],
-  [['pool'], registerPool],
-  [['run'], registerRun],
-  [['serve'], registerServe],
-  [['key'], registerKey],
-  [['cluster'], registerCluster],
-  [['ui'], registerUi],
-  [['bench'], registerBench],
-  [['demo'], registerDemo],
+export type Reach = 'lab' | 'local' | 'host';
+
+/**
+ * Every command, in help order, with the names it registers and its reach. Only the invoked one
+ * is set up (commander's definitions are a measurable part of a start-up that scripts pay on
+ * every call); help, an unknown command or none registers them all. commands.test.ts keeps the
+ * names true.
+ */
+export const COMMANDS: [string[], (p: Command) => void, Reach][] = [
+  [['doctor'], registerDoctor, 'local'],
+  [['prepare'], registerPrepare, 'local'],
+  [['image'], registerImage, 'local'],
+  [['create'], registerCreate, 'lab'],
+  [['exec'], registerExec, 'lab'],
+  [['shell'], registerShell, 'lab'],
+  [['cp'], registerCp, 'local'],
+  [['port-forward', 'proxy'], registerPorts, 'local'],
+  [['ssh-config', 'inventory'], registerSsh, 'local'],
+  [['_exec-lost'], registerExecLost, 'local'],
+  [['_exec-error'], registerExecError, 'local'],
+  [['snapshot'], registerSnapshot, 'lab'],
+  [['restore'], registerRestore, 'lab'],
+  [['ls', 'rm', 'pause', 'resume'], registerLifecycle, 'lab'],
+  [['stop'], registerStop, 'local'],
+  [['logs'], registerLogs, 'local'],
+  [['gc'], registerGc, 'local'],
+  [['df'], registerDf, 'local'],
+  [['trace'], registerTrace, 'local'],
+  [['up', 'status', 'down', 'reset', 'net'], registerScenario, 'local'],
+  [['pool'], registerPool, 'local'],
+  [['run'], registerRun, 'local'],
+  [['serve'], registerServe, 'host'],
+  [['key'], registerKey, 'host'],
+  [['cluster'], registerCluster, 'local'],
+  [['ui'], registerUi, 'host'],
+  [['bench'], registerBench, 'local'],
+  [['demo'], registerDemo, 'local'],
 ];

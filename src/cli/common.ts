@@ -1,8 +1,10 @@
 import type { Command } from 'commander';
 import type { Lab } from '../sdk/lab.js';
+import type { LabApi } from '../sdk/api.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { renderWaterfall } from '../timing/waterfall.js';
 import { EXIT_USAGE, reportError } from './output.js';
+import { SnaplabError } from '../errors.js';
 
 export interface CommonOptions {
   json?: boolean;
@@ -31,6 +33,37 @@ export async function withLab(
   } finally {
     lab?.close();
   }
+}
+
+/**
+ * As withLab, for a command written over the Lab API: the daemon's (the remote library, when
+ * SNAPLAB_HOST names one: the embedded lab, drivers and SQLite are not loaded) or the embedded one.
+ */
+export async function withApi(
+  opts: CommonOptions,
+  body: (lab: LabApi) => Promise<number | void>,
+  failureCode = EXIT_USAGE,
+): Promise<void> {
+  let lab: LabApi | undefined;
+  try {
+    if (process.env.SNAPLAB_HOST) lab = new (await import('../client/remote.js')).RemoteLab();
+    else lab = await (await import('../sdk/lab.js')).Lab.open();
+    process.exitCode = (await body(lab)) ?? 0;
+  } catch (e) {
+    reportError(e, !!opts.json);
+    process.exitCode = failureCode;
+  } finally {
+    lab?.close();
+  }
+}
+
+/** A command that needs the embedded lab, asked for with SNAPLAB_HOST set. */
+export function throughDaemonRefused(command: string, served?: string[]): SnaplabError {
+  return new SnaplabError(
+    'BAD_INPUT',
+    `\`snaplab ${command}\` runs on the embedded lab, not through a daemon`,
+    `${served ? `the daemon (SNAPLAB_HOST=${process.env.SNAPLAB_HOST}) serves: ${served.join(', ')}; ` : ''}unset SNAPLAB_HOST to run it here`,
+  );
 }
 
 /** Print a trace's waterfall on stderr when --trace was given (stdout stays clean for --json). */

@@ -1,21 +1,29 @@
 import { SnaplabError } from '../errors.js';
 import type { Command } from 'commander';
+import { keyValues } from '../lab/exec.js';
+import type { LabCreateOptions, SandboxApi } from '../sdk/api.js';
 import type { StorageKind } from '../storage/backend.js';
-import { addTraceOption, showTrace, withLab, type CommonOptions } from './common.js';
+import { addTraceOption, showTrace, withApi, type CommonOptions } from './common.js';
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
 import { ms, printJson } from './output.js';
 
 interface CreateCli extends CommonOptions, LimitOptions {
-  image: string;
+  image?: string;
   name?: string;
   storage?: StorageKind;
   driver?: string;
   userns: boolean;
   init?: string;
+  pool?: string;
+  label: string[];
+  timeout?: string;
+  onTimeout: string;
 }
 
+const collectKv = (v: string, prev: string[]): string[] => [...prev, v];
+
 /** Said every time a sandbox runs as host root: --no-userns, or storage that cannot idmap yet. */
-export function warnHostRoot(box: { name: string; storage: string; hostRoot: boolean }, asked: boolean): void {
+export function warnHostRoot(box: { name: string; hostRoot: boolean }, asked: boolean): void {
   if (!box.hostRoot) return;
   const why = asked ? '--no-userns' : 'not available here';
   process.stderr.write(
@@ -23,38 +31,73 @@ export function warnHostRoot(box: { name: string; storage: string; hostRoot: boo
   );
 }
 
+/**
+ * The sandbox on stdout (its name, or --json), so that `name=$(snaplab create)` works; what it
+ * took on stderr, when the lab timed it here (a daemon keeps its traces: `snaplab trace`).
+ */
+function printMade(box: SandboxApi, o: CommonOptions, verb: string): void {
+  const t = box.lastTrace;
+  if (o.json) printJson({ ...box.toJSON(), ...(t ? { operation: t.id, [`${verb}Ms`]: t.totalMs } : {}) });
+  else process.stdout.write(`${box.name}\n`);
+  if (t && !o.json) {
+    const systemd = box.init === 'systemd' ? ` (systemd ${box.reason ?? 'running'})` : '';
+    const from = box.origin ? ` from ${box.origin}` : '';
+    process.stderr.write(`${verb}d ${box.name} (${box.id})${from} on ${box.storage} in ${ms(t.totalMs)}${systemd}\n`);
+  }
+  showTrace(o, t);
+}
+
+function createOptions(o: CreateCli): LabCreateOptions {
+  if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd')
+    throw new SnaplabError('BAD_INPUT', `unknown --init ${JSON.stringify(o.init)}`, 'agent or systemd');
+  if (o.onTimeout !== 'kill' && o.onTimeout !== 'pause')
+    throw new SnaplabError('BAD_INPUT', `unknown --on-timeout ${JSON.stringify(o.onTimeout)}`, 'kill or pause');
+  const limits = limitsFrom(o);
+  const common: LabCreateOptions = {
+    labels: keyValues(o.label, 'label'),
+    ...(o.timeout !== undefined ? { timeoutS: Number(o.timeout) } : {}),
+    onTimeout: o.onTimeout,
+  };
+  // `--pool=` (empty) is no pool; a standby comes with the pool's image, storage, driver and limits
+  if (o.pool) return { ...common, pool: o.pool };
+  return {
+    ...common,
+    image: o.image ?? 'busybox',
+    name: o.name,
+    storage: o.storage,
+    driver: o.driver,
+    ...(Object.keys(limits).length ? { limits } : {}),
+    ...(o.userns ? {} : { userns: false }),
+    ...(o.init ? { init: o.init } : {}),
+  };
+}
+
 export function registerCreate(program: Command): void {
   const cmd = program
     .command('create')
     .description('create a sandbox; returns once a command has executed inside it')
-    .option('--image <name>', 'image to start from (busybox is built in)', 'busybox')
+    .option('--image <name>', 'image to start from (busybox is built in; default busybox)')
     .option('--name <name>', 'a name for the sandbox (default: generated)')
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
-    .option('--driver <name>', 'machine driver', 'namespaces')
+    .option('--driver <name>', 'machine driver (default namespaces)')
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
     .option(
       '--init <init>',
       "systemd: the image's own systemd boots (create returns once it is up; the default for images whose /sbin/init is systemd); agent: the agent is PID 1",
     )
+    .option('--pool <name>', 'take a ready standby of this pool')
+    .option('--label <k=v>', 'a label (repeatable)', collectKv, [])
+    .option('--timeout <s>', "its TTL in seconds (0: none; through a daemon, default the daemon's)")
+    .option('--on-timeout <what>', 'kill or pause at the end of its TTL', 'kill')
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
   addTraceOption(cmd);
   cmd.action((o: CreateCli) =>
-    withLab(o, async (lab) => {
-      if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd')
-        throw new SnaplabError('BAD_INPUT', `unknown --init ${JSON.stringify(o.init)}`, 'agent or systemd');
-      const box = await lab.create({
-        image: o.image,
-        name: o.name,
-        storage: o.storage,
-        driver: o.driver,
-        limits: limitsFrom(o),
-        userns: o.userns,
-        init: o.init as 'agent' | 'systemd' | undefined,
-      });
+    withApi(o, async (lab) => {
+      const box = await lab.create(createOptions(o));
       // a system machine's trace ends with its boot: the units that took longest, as systemd measured them
       const blame =
-        o.trace && box.info.init === 'systemd'
+        o.trace && box.init === 'systemd'
           ? (await box.exec(['systemd-analyze', 'blame', '--no-pager']).catch(() => undefined))?.stdout
               .toString()
               .trim()
@@ -63,13 +106,7 @@ export function registerCreate(program: Command): void {
           : undefined;
       box.close();
       warnHostRoot(box, !o.userns);
-      if (o.json) printJson({ ...box.toJSON(), operation: box.lastTrace?.id, createMs: box.lastTrace?.totalMs });
-      else {
-        process.stdout.write(
-          `created ${box.name} (${box.id}) on ${box.storage} in ${ms(box.lastTrace?.totalMs ?? 0)}${box.info.init === 'systemd' ? ` (systemd ${box.info.reason ?? 'running'})` : ''}\n`,
-        );
-      }
-      showTrace(o, box.lastTrace);
+      printMade(box, o, 'create');
       if (blame?.length)
         process.stderr.write(
           `slowest units (systemd-analyze blame):\n${blame.map((l) => `  ${l.trim()}`).join('\n')}\n`,
@@ -88,19 +125,16 @@ export function registerRestore(program: Command): void {
   addLimitOptions(cmd);
   addTraceOption(cmd);
   cmd.action((snapshot: string, o: CommonOptions & LimitOptions & { name?: string; userns: boolean }) =>
-    withLab(o, async (lab) => {
+    withApi(o, async (lab) => {
       const limits = limitsFrom(o);
       const box = await lab.restore(snapshot, {
         name: o.name,
         limits: Object.keys(limits).length ? limits : undefined,
-        userns: o.userns,
+        ...(o.userns ? {} : { userns: false }),
       });
       box.close();
       warnHostRoot(box, !o.userns);
-      if (o.json) printJson({ ...box.toJSON(), operation: box.lastTrace?.id, restoreMs: box.lastTrace?.totalMs });
-      else
-        process.stdout.write(`restored ${snapshot} as ${box.name} (${box.id}) in ${ms(box.lastTrace?.totalMs ?? 0)}\n`);
-      showTrace(o, box.lastTrace);
+      printMade(box, o, 'restore');
     }),
   );
 }

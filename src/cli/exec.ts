@@ -1,9 +1,8 @@
 import type { Command } from 'commander';
 import { parseSeconds } from '../lab/sizes.js';
-import { withLab, type CommonOptions } from './common.js';
+import { withApi, withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE } from './output.js';
 import { SnaplabError } from '../errors.js';
-import type { LabApi } from '../sdk/api.js';
 
 interface ExecCli extends CommonOptions {
   env: string[];
@@ -16,14 +15,7 @@ interface ExecCli extends CommonOptions {
 
 const collect = (v: string, prev: string[]): string[] => [...prev, v];
 
-/** How a command gets its lab: the embedded one (withLab), or a daemon's (cli/remote.ts). */
-export type Opener = (
-  opts: CommonOptions,
-  body: (lab: Pick<LabApi, 'get'>) => Promise<number | void>,
-  failureCode?: number,
-) => Promise<void>;
-
-export function registerExec(program: Command, open: Opener = withLab): void {
+export function registerExec(program: Command): void {
   program
     .command('exec <sandbox> <argv...>')
     .description('run argv in a sandbox (no shell), streaming its output; exits with its exit code')
@@ -46,7 +38,7 @@ export function registerExec(program: Command, open: Opener = withLab): void {
       "\nExit codes: the command's own; 124 timed out; 127 not found; 128+N killed by signal N; 125 snaplab failed.",
     )
     .action((sandbox: string, argv: string[], o: ExecCli) =>
-      open(
+      withApi(
         o,
         async (lab) => {
           const timeoutMs = o.timeout === undefined ? undefined : parseSeconds(o.timeout);
@@ -112,7 +104,7 @@ interface ShellCli extends CommonOptions {
   env: string[];
 }
 
-export function registerShell(program: Command, open: Opener = withLab): void {
+export function registerShell(program: Command): void {
   program
     .command('shell <machine>')
     .description(
@@ -126,7 +118,7 @@ export function registerShell(program: Command, open: Opener = withLab): void {
       "\nExits with the shell's exit code. Ctrl-C, Ctrl-Z and Ctrl-D go to the machine; `exit` leaves.",
     )
     .action((machine: string, o: ShellCli) =>
-      open(
+      withApi(
         o,
         async (lab) => {
           if (!process.stdin.isTTY)

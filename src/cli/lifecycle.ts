@@ -1,7 +1,8 @@
 import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
-import type { Sandbox } from '../sdk/sandbox.js';
-import { addTraceOption, showTrace, withLab, type CommonOptions } from './common.js';
+import { keyValues } from '../lab/exec.js';
+import type { SandboxApi } from '../sdk/api.js';
+import { addTraceOption, showTrace, withApi, withLab, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';
 
 function age(ts: number): string {
@@ -9,17 +10,31 @@ function age(ts: number): string {
   return s < 120 ? `${s}s` : s < 7200 ? `${Math.round(s / 60)}m` : `${Math.round(s / 3600)}h`;
 }
 
-export function registerLifecycle(program: Command): void {
+const collectKv = (v: string, prev: string[]): string[] => [...prev, v];
+
+/** ls's NOTE: what a reader should know first (host root), then the init, then why it is in its state. */
+function note(b: SandboxApi): string {
+  return [
+    b.hostRoot ? 'NO USER NAMESPACE (root inside is host root)' : '',
+    b.init === 'systemd' ? 'systemd' : '',
+    b.reason ?? (b.origin ? `from ${b.origin}` : ''),
+  ]
+    .filter(Boolean)
+    .join('; ');
+}
+
+function registerLs(program: Command): void {
   program
     .command('ls')
     .description('list sandboxes (state checked against the host)')
+    .option('--label <k=v>', 'only those with this label (repeatable)', collectKv, [])
     .option('--json', 'print JSON')
-    .action((o: CommonOptions) =>
-      withLab(o, async (lab) => {
-        const all = await lab.list();
+    .action((o: CommonOptions & { label: string[] }) =>
+      withApi(o, async (lab) => {
+        const all = await lab.list({ labels: keyValues(o.label, 'label') });
         if (o.json) return printJson(all.map((b) => b.toJSON()));
         printTable(
-          ['ID', 'NAME', 'STATE', 'IMAGE', 'STORAGE', 'DRIVER', 'AGE', 'NOTE'],
+          ['ID', 'NAME', 'STATE', 'IMAGE', 'STORAGE', 'DRIVER', 'AGE', 'EXPIRES', 'NOTE'],
           all.map((b) => [
             b.id,
             b.name,
@@ -27,19 +42,16 @@ export function registerLifecycle(program: Command): void {
             b.image,
             b.storage,
             b.driver,
-            age(b.info.createdAt),
-            [
-              b.hostRoot ? 'NO USER NAMESPACE (root inside is host root)' : '',
-              b.info.init === 'systemd' ? 'systemd' : '',
-              b.info.reason ?? (b.info.origin ? `from ${b.info.origin}` : ''),
-            ]
-              .filter(Boolean)
-              .join('; '),
+            age(b.createdAt),
+            b.expiresAt === null ? '-' : new Date(b.expiresAt).toISOString(),
+            note(b),
           ]),
         );
       }),
     );
+}
 
+function registerRm(program: Command): void {
   const rm = program
     .command('rm [sandboxes...]')
     .description('destroy sandboxes: kill their processes, delete their filesystems')
@@ -47,20 +59,48 @@ export function registerLifecycle(program: Command): void {
     .option('--json', 'print JSON');
   addTraceOption(rm);
   rm.action((names: string[], o: CommonOptions & { all?: boolean }) =>
-    withLab(o, async (lab) => {
+    withApi(o, async (lab) => {
       if (!o.all && names.length === 0)
         throw new SnaplabError('BAD_INPUT', 'which sandboxes?', 'give ids or names, or --all');
-      const boxes: Sandbox[] = o.all ? await lab.list() : await Promise.all(names.map((n) => lab.get(n)));
-      const removed: string[] = [];
-      for (const b of boxes) {
-        showTrace(o, await b.destroy());
-        removed.push(b.name);
-      }
-      if (o.json) printJson({ removed });
-      else process.stdout.write(removed.length ? `removed ${removed.join(', ')}\n` : 'nothing to remove\n');
+      const targets = o.all ? (await lab.list()).map((b) => b.name) : names;
+      // one after the other, as given: a name that is not there stops the command, and says which
+      for (const n of targets) showTrace(o, await (await lab.get(n)).destroy());
+      if (o.json) printJson({ removed: targets });
+      else process.stdout.write(targets.length ? `removed ${targets.join(', ')}\n` : 'nothing to remove\n');
     }),
   );
+}
 
+function registerPauseResume(program: Command): void {
+  for (const verb of ['pause', 'resume'] as const) {
+    const done = verb === 'pause' ? 'paused' : 'resumed';
+    const cmd = program
+      .command(`${verb} <sandboxes...>`)
+      .description(verb === 'pause' ? 'freeze every process of a sandbox (cgroup freezer)' : 'thaw a paused sandbox')
+      .option('--json', 'print JSON');
+    addTraceOption(cmd);
+    cmd.action((names: string[], o: CommonOptions) =>
+      withApi(o, async (lab) => {
+        for (const n of names) {
+          const b = await lab.get(n);
+          showTrace(o, verb === 'pause' ? await b.pause() : await b.resume());
+        }
+        if (o.json) printJson({ [done]: names });
+        else process.stdout.write(`${done} ${names.join(', ')}\n`);
+      }),
+    );
+  }
+}
+
+/** ls, rm, pause and resume: the Lab API's, so also through a daemon (SNAPLAB_HOST). */
+export function registerLifecycle(program: Command): void {
+  registerLs(program);
+  registerRm(program);
+  registerPauseResume(program);
+}
+
+/** stop runs on the embedded lab (a daemon has no route for it yet). */
+export function registerStop(program: Command): void {
   const stop = program
     .command('stop <sandboxes...>')
     .description(
@@ -75,22 +115,4 @@ export function registerLifecycle(program: Command): void {
       else process.stdout.write(`stopped ${names.join(', ')}\n`);
     }),
   );
-
-  for (const verb of ['pause', 'resume'] as const) {
-    const cmd = program
-      .command(`${verb} <sandboxes...>`)
-      .description(verb === 'pause' ? 'freeze every process of a sandbox (cgroup freezer)' : 'thaw a paused sandbox')
-      .option('--json', 'print JSON');
-    addTraceOption(cmd);
-    cmd.action((names: string[], o: CommonOptions) =>
-      withLab(o, async (lab) => {
-        for (const n of names) {
-          const b = await lab.get(n);
-          showTrace(o, verb === 'pause' ? await b.pause() : await b.resume());
-        }
-        if (o.json) printJson({ [verb === 'pause' ? 'paused' : 'resumed']: names });
-        else process.stdout.write(`${verb === 'pause' ? 'paused' : 'resumed'} ${names.join(', ')}\n`);
-      }),
-    );
-  }
 }

@@ -4,7 +4,8 @@
 process.env.UV_THREADPOOL_SIZE ??= '16';
 import { Command, CommanderError } from 'commander';
 import { COMMANDS } from './commands.js';
-import { EXIT_EXEC_FAILURE, EXIT_USAGE } from './output.js';
+import { EXIT_EXEC_FAILURE, EXIT_USAGE, reportError } from './output.js';
+import { throughDaemonRefused } from './common.js';
 import { VERSION } from '../version.js';
 
 const program = new Command('snaplab')
@@ -26,15 +27,19 @@ if (process.argv[2] === '--host' && process.argv[3] !== undefined) {
   process.argv.splice(2, 2);
 }
 const invoked = process.argv[2];
-// serve, key and ui are the daemon's host's own commands, whatever SNAPLAB_HOST says
-if (process.env.SNAPLAB_HOST && invoked !== 'serve' && invoked !== 'key' && invoked !== 'ui') {
-  // a daemon does the work: its commands are the remote library's
-  const { registerRemote } = await import('./remote.js');
-  registerRemote(program, invoked);
-} else {
-  const one = COMMANDS.find(([names]) => invoked !== undefined && names.includes(invoked));
-  for (const [, register] of one ? [one] : COMMANDS) register(program);
-}
+const one = COMMANDS.find(([names]) => invoked !== undefined && names.includes(invoked));
+if (process.env.SNAPLAB_HOST && one?.[2] === 'local') {
+  // a daemon does the Lab API's commands; this one needs the embedded lab
+  const served = COMMANDS.filter(([, , reach]) => reach === 'lab').flatMap(([names]) => names);
+  program
+    .command(invoked!, { hidden: true })
+    .allowUnknownOption()
+    .allowExcessArguments()
+    .action(() => {
+      reportError(throughDaemonRefused(invoked!, served), false);
+      process.exitCode = EXIT_USAGE;
+    });
+} else for (const [, register] of one ? [one] : COMMANDS) register(program);
 
 program.parseAsync(process.argv).catch((e: unknown) => {
   if (e instanceof CommanderError) {

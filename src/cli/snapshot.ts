@@ -1,7 +1,68 @@
 import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
-import { addTraceOption, showTrace, withLab, type CommonOptions } from './common.js';
+import { addTraceOption, showTrace, throughDaemonRefused, withApi, withLab, type CommonOptions } from './common.js';
 import { ms, printJson, printTable } from './output.js';
+
+type SnapshotCli = CommonOptions & { name?: string; scenario?: string; memory?: boolean };
+
+const mib = (bytes: unknown): string => `${(Number(bytes) / 2 ** 20).toFixed(1)} MiB`;
+
+/** `snapshot --scenario`: every machine of a scenario at one point (the embedded lab's). */
+function snapshotScenario(o: SnapshotCli & { scenario: string }): Promise<void> {
+  return withLab(o, async (lab) => {
+    if (process.env.SNAPLAB_HOST) throw throughDaemonRefused('snapshot --scenario');
+    if (!o.name)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'a snapshot needs a name',
+        `snaplab snapshot --scenario ${o.scenario} --name NAME`,
+      );
+    const r = await lab.scenario(o.scenario).snapshot(o.name);
+    if (o.json)
+      printJson({
+        scenario: r.scenario,
+        name: r.name,
+        manifest: r.manifest,
+        snapshotMs: r.trace.totalMs,
+        operation: r.trace.id,
+      });
+    else
+      process.stdout.write(`scenario ${o.scenario}: snapshot ${r.name} of every machine in ${ms(r.trace.totalMs)}\n`);
+    showTrace(o, r.trace);
+  });
+}
+
+/**
+ * One sandbox's snapshot: its name on stdout (or --json); what it took on stderr when the lab
+ * timed it here (a daemon keeps its traces).
+ */
+function snapshotSandbox(sandbox: string | undefined, o: SnapshotCli): Promise<void> {
+  return withApi(o, async (lab) => {
+    if (!sandbox)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'which sandbox?',
+        'snaplab snapshot <sandbox> --name NAME (or `snaplab snapshot ls`)',
+      );
+    if (!o.name)
+      throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot ${sandbox} --name NAME`);
+    const box = await lab.get(sandbox);
+    const s = await box.snapshot(o.name, { memory: o.memory });
+    box.close();
+    const j = s.toJSON();
+    const t = s.lastTrace;
+    if (o.json) printJson({ ...j, ...(t ? { operation: t.id, snapshotMs: t.totalMs } : {}) });
+    else process.stdout.write(`${s.name}\n`);
+    if (t && !o.json) {
+      const what =
+        j.kind === 'memory'
+          ? `(memory: ${mib(j.memoryBytes)}; processes continue after a restore)`
+          : '(processes are not saved)';
+      process.stderr.write(`snapshot ${s.name} of ${box.name} taken in ${ms(t.totalMs)} ${what}\n`);
+    }
+    showTrace(o, t);
+  });
+}
 
 export function registerSnapshot(program: Command): void {
   const snap = program
@@ -14,83 +75,28 @@ export function registerSnapshot(program: Command): void {
     .option('--json', 'print the snapshot as JSON')
     .enablePositionalOptions();
   addTraceOption(snap);
-  snap.action(
-    (sandbox: string | undefined, o: CommonOptions & { name?: string; scenario?: string; memory?: boolean }) =>
-      withLab(o, async (lab) => {
-        if (o.scenario) {
-          if (!o.name)
-            throw new SnaplabError(
-              'BAD_INPUT',
-              'a snapshot needs a name',
-              `snaplab snapshot --scenario ${o.scenario} --name NAME`,
-            );
-          const r = await lab.scenario(o.scenario).snapshot(o.name);
-          if (o.json)
-            printJson({
-              scenario: r.scenario,
-              name: r.name,
-              manifest: r.manifest,
-              snapshotMs: r.trace.totalMs,
-              operation: r.trace.id,
-            });
-          else
-            process.stdout.write(
-              `scenario ${o.scenario}: snapshot ${r.name} of every machine in ${ms(r.trace.totalMs)}\n`,
-            );
-          showTrace(o, r.trace);
-          return;
-        }
-        if (!sandbox)
-          throw new SnaplabError(
-            'BAD_INPUT',
-            'which sandbox?',
-            'snaplab snapshot <sandbox> --name NAME (or `snaplab snapshot ls`)',
-          );
-        if (!o.name)
-          throw new SnaplabError('BAD_INPUT', 'a snapshot needs a name', `snaplab snapshot ${sandbox} --name NAME`);
-        const box = await lab.get(sandbox);
-        const s = await box.snapshot(o.name, { memory: o.memory });
-        box.close();
-        const mem = s.record.memory;
-        if (o.json)
-          printJson({
-            ...s.toJSON(),
-            operation: s.lastTrace?.id,
-            snapshotMs: s.lastTrace?.totalMs,
-            ...(mem ? { memoryBytes: mem.bytes } : {}),
-          });
-        else
-          process.stdout.write(
-            `snapshot ${s.name} of ${box.name} taken in ${ms(s.lastTrace?.totalMs ?? 0)} ${mem ? `(memory: ${(mem.bytes / 2 ** 20).toFixed(1)} MiB; processes continue after a restore)` : '(processes are not saved)'}\n`,
-          );
-        showTrace(o, s.lastTrace);
-      }),
+  snap.action((sandbox: string | undefined, o: SnapshotCli) =>
+    o.scenario ? snapshotScenario({ ...o, scenario: o.scenario }) : snapshotSandbox(sandbox, o),
   );
   snap
     .command('ls')
     .description('list snapshots')
     .option('--json', 'print JSON')
     .action((o: CommonOptions) =>
-      withLab(o, async (lab) => {
-        const all = await lab.snapshots();
-        if (o.json) return printJson(all.map((s) => s.toJSON()));
+      withApi(o, async (lab) => {
+        const all = (await lab.snapshots()).map((s) => s.toJSON());
+        if (o.json) return printJson(all);
         printTable(
           ['NAME', 'FROM', 'IMAGE', 'STORAGE', 'DRIVER', 'KIND', 'CREATED'],
-          all.map((s) => {
-            const j = s.toJSON();
-            const kind = s.record.memory
-              ? `memory (${(s.record.memory.bytes / 2 ** 20).toFixed(1)} MiB)`
-              : 'filesystem';
-            return [
-              s.name,
-              s.record.sandbox,
-              s.record.image,
-              s.storage,
-              String(j.driver),
-              kind,
-              new Date(s.record.createdAt).toISOString(),
-            ];
-          }),
+          all.map((j) => [
+            String(j.name),
+            String(j.sandbox),
+            String(j.image),
+            String(j.storage),
+            String(j.driver),
+            j.kind === 'memory' ? `memory (${mib(j.memoryBytes)})` : 'filesystem',
+            String(j.createdAt),
+          ]),
         );
       }),
     );
@@ -99,7 +105,7 @@ export function registerSnapshot(program: Command): void {
     .description('remove snapshots')
     .option('--json', 'print JSON')
     .action((names: string[], o: CommonOptions) =>
-      withLab(o, async (lab) => {
+      withApi(o, async (lab) => {
         for (const n of names) await lab.removeSnapshot(n);
         if (o.json) printJson({ removed: names });
         else process.stdout.write(`removed ${names.join(', ')}\n`);

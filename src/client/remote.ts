@@ -108,6 +108,24 @@ export class RemoteSandbox implements SandboxApi {
   get metadata(): Record<string, string> {
     return this.v.metadata;
   }
+  get reason(): string | null {
+    return (this.v.reason as string | null | undefined) ?? null;
+  }
+  get origin(): string | null {
+    return (this.v.origin as string | null | undefined) ?? null;
+  }
+  get init(): 'agent' | 'systemd' {
+    return this.v.init === 'systemd' ? 'systemd' : 'agent';
+  }
+  get createdAt(): number {
+    return Date.parse(this.v.createdAt as string);
+  }
+  get expiresAt(): number | null {
+    return typeof this.v.expiresAt === 'string' ? Date.parse(this.v.expiresAt) : null;
+  }
+  get hostRoot(): boolean {
+    return this.v.hostRoot === true;
+  }
   /** what the daemon said last: its lifetime (timeoutS, expiresAt), owner, limits */
   get info(): Readonly<View> {
     return this.v;
@@ -266,17 +284,21 @@ export class RemoteSandbox implements SandboxApi {
     });
   }
 
-  async pause(): Promise<void> {
+  // the daemon keeps the traces (GET /traces): none is returned here
+  async pause(): Promise<undefined> {
     this.v = await this.http.json<View>('POST', this.path('/pause'));
+    return undefined;
   }
 
-  async resume(): Promise<void> {
+  async resume(): Promise<undefined> {
     this.v = await this.http.json<View>('POST', this.path('/resume'));
+    return undefined;
   }
 
-  async destroy(): Promise<void> {
+  async destroy(): Promise<undefined> {
     await this.http.json('DELETE', this.path());
     this.v = { ...this.v, state: 'dead', reason: 'destroyed' };
+    return undefined;
   }
 
   close(): void {}
@@ -484,9 +506,6 @@ export async function waitOperation<T>(http: Http, op: { id: string }): Promise<
 }
 
 export interface RemoteCreateOptions extends LabCreateOptions {
-  /** TTL in seconds (0: none; default: the daemon's, 300) and what its end does */
-  timeoutS?: number;
-  onTimeout?: 'kill' | 'pause';
   /** through a cluster's gateway: only nodes with these labels (docs/cluster.md); a single daemon refuses it */
   placement?: { labels: Record<string, string> };
 }
@@ -531,6 +550,7 @@ export class RemoteLab implements LabApi {
       limits?: Limits;
       labels?: Record<string, string>;
       metadata?: Record<string, string>;
+      userns?: boolean;
       timeoutS?: number;
       onTimeout?: 'kill' | 'pause';
     } = {},

@@ -12,6 +12,7 @@ import type { Limits } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { SandboxFiles } from './sandbox.js';
 import type { ExecText, Text } from './output.js';
+import type { TraceSummary } from '../timing/trace.js';
 
 /** A started command (as `spawn` returns); its result's output is text, or Buffers with `encoding: 'buffer'`. */
 export type ProcessApi<R = ExecText> = Omit<ExecProcess, 'result'> & { result: Promise<R> };
@@ -21,6 +22,8 @@ export type BufferOutput = { encoding: 'buffer' };
 export interface SnapshotApi {
   readonly name: string;
   readonly id: string;
+  /** the snapshot operation's trace, when this object came from taking it here */
+  readonly lastTrace?: TraceSummary;
   toJSON(): Record<string, unknown>;
 }
 
@@ -33,6 +36,19 @@ export interface SandboxApi {
   readonly driver: string;
   readonly labels: Record<string, string>;
   readonly metadata: Record<string, string>;
+  /** why it is in its state (a dead one's cause), or null */
+  readonly reason: string | null;
+  /** the snapshot it was restored from, or null */
+  readonly origin: string | null;
+  readonly init: 'agent' | 'systemd';
+  /** when it was made (ms since the epoch) */
+  readonly createdAt: number;
+  /** when its timeout ends it (ms since the epoch), or null: none, or its clock stands still while paused */
+  readonly expiresAt: number | null;
+  /** root inside is root on the host (no user namespace): said in `ls` and warned about */
+  readonly hostRoot: boolean;
+  /** the trace of the operation that produced this object (create or restore), when it was made here */
+  readonly lastTrace?: TraceSummary;
   readonly files: SandboxFiles;
   exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;
   exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
@@ -44,9 +60,10 @@ export interface SandboxApi {
   download(src: string, sink: Writable): Promise<CopyResult>;
   snapshot(name: string, opts?: { memory?: boolean }): Promise<SnapshotApi>;
   setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void>;
-  pause(): Promise<unknown>;
-  resume(): Promise<unknown>;
-  destroy(): Promise<unknown>;
+  /** each resolves with the operation's trace where the lab has it here (the embedded one), else undefined */
+  pause(): Promise<TraceSummary | undefined>;
+  resume(): Promise<TraceSummary | undefined>;
+  destroy(): Promise<TraceSummary | undefined>;
   close(): void;
   toJSON(): Record<string, unknown>;
 }
@@ -84,13 +101,32 @@ export interface LabCreateOptions {
   /** labels to select it by (`list({ labels })`) and free metadata, both string to string */
   labels?: Record<string, string>;
   metadata?: Record<string, string>;
+  /**
+   * take a ready standby of this pool instead of making one (it comes with the pool's image,
+   * storage, driver and limits: give none of those, nor a name)
+   */
+  pool?: string;
+  /**
+   * a lifetime in seconds (0: none; through a daemon, default its --default-timeout, 300) and what
+   * its end does: kill (destroy, the default) or pause.
+   * A daemon keeps the clock; the embedded lab refuses a timeout (nothing of it runs to end one).
+   */
+  timeoutS?: number;
+  onTimeout?: 'kill' | 'pause';
 }
 
 export interface LabApi {
   create(opts?: LabCreateOptions): Promise<SandboxApi>;
   restore(
     snapshot: string,
-    opts?: { name?: string; limits?: Limits; labels?: Record<string, string>; metadata?: Record<string, string> },
+    opts?: {
+      name?: string;
+      limits?: Limits;
+      labels?: Record<string, string>;
+      metadata?: Record<string, string>;
+      /** as in LabCreateOptions */
+      userns?: boolean;
+    },
   ): Promise<SandboxApi>;
   get(idOrName: string): Promise<SandboxApi>;
   list(opts?: { labels?: Record<string, string> }): Promise<SandboxApi[]>;

@@ -29,6 +29,8 @@ import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
+import { checkCreateInputs } from './create-options.js';
+import { SnaplabError } from '../errors.js';
 
 export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
 
@@ -83,9 +85,17 @@ export class Lab implements LabApi {
 
   /** Create a sandbox; resolves once a command has executed inside it. */
   async create(opts: CreateOptions = {}): Promise<Sandbox> {
-    const image = opts.image ?? 'busybox';
+    checkCreateInputs(opts);
+    if (opts.timeoutS)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        'a timeout needs a daemon: the embedded lab runs nothing that would end the sandbox',
+        'create it through `snaplab serve` (SNAPLAB_HOST), or destroy it yourself',
+      );
     const labels = checkLabels('label', opts.labels);
     const metadata = checkLabels('metadata', opts.metadata);
+    if (opts.pool !== undefined) return this.takeStandby(opts.pool, labels, metadata);
+    const image = opts.image ?? 'busybox';
     const { result, trace } = await this.ctx.traced('create', opts.name ?? null, async (t) => {
       const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
@@ -114,6 +124,17 @@ export class Lab implements LabApi {
     });
     if (opts.labels || opts.metadata) updateMeta(this.ctx, result.record.id, { labels, metadata });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
+  }
+
+  /** A ready standby of the pool, with these labels and metadata (checked before the take). */
+  private async takeStandby(
+    pool: string,
+    labels: Record<string, string>,
+    metadata: Record<string, string>,
+  ): Promise<Sandbox> {
+    const box = await this.pool(pool).take();
+    updateMeta(this.ctx, box.id, { labels, metadata });
+    return box;
   }
 
   /** A new running sandbox whose filesystem is the snapshot's. */

@@ -87,6 +87,22 @@ export class Sandbox implements SandboxApi {
   get metadata(): Record<string, string> {
     return metaOf(this.ctx, this.record.id).metadata;
   }
+  get reason(): string | null {
+    return this.record.reason;
+  }
+  get origin(): string | null {
+    return this.record.origin;
+  }
+  get init(): 'agent' | 'systemd' {
+    return this.record.init ?? 'agent';
+  }
+  get createdAt(): number {
+    return this.record.createdAt;
+  }
+  /** set by a daemon that made it with a timeout (the same home's) */
+  get expiresAt(): number | null {
+    return metaOf(this.ctx, this.record.id).expiresAt;
+  }
 
   /** Replace its labels and/or metadata. */
   async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
@@ -295,6 +311,7 @@ export class Sandbox implements SandboxApi {
       pid: r.pid,
       userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: USERNS_SIZE },
       init: r.init ?? 'agent',
+      hostRoot: this.hostRoot,
       labels: this.labels,
       metadata: this.metadata,
       createdAt: new Date(r.createdAt).toISOString(),

@@ -5,6 +5,7 @@
  * lifecycle: a sandbox is made, paused and destroyed by the same Lab calls the CLI makes.
  */
 import { Lab, type CreateOptions } from '../sdk/lab.js';
+import { checkCreateInputs } from '../sdk/create-options.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId, sandboxKey } from '../lab/names.js';
@@ -229,20 +230,7 @@ export class Daemon {
   }
 
   async create(caller: Caller, body: CreateBody): Promise<Sandbox> {
-    const sources = [body.image, body.snapshot, body.pool].filter((x) => x !== undefined).length;
-    if (sources > 1)
-      throw new SnaplabError(
-        'BAD_INPUT',
-        'give one of image, snapshot and pool',
-        'a sandbox comes from an image (default busybox), a snapshot, or a pool standby',
-      );
-    if (body.pool !== undefined && (body.name !== undefined || body.limits || body.storage || body.driver)) {
-      throw new SnaplabError(
-        'BAD_INPUT',
-        'a pool standby takes no name, limits, storage or driver',
-        "they are the pool's; give labels, metadata and a timeout only",
-      );
-    }
+    checkCreateInputs(body);
     // root inside being root outside is for the host's administrators to choose, not any key's
     if (body.userns === false && !caller.scopes.has('admin')) {
       throw new SnaplabError(
@@ -252,8 +240,6 @@ export class Daemon {
       );
     }
     const timeoutS = body.timeoutS ?? this.opts.defaultTimeoutS;
-    if (!Number.isSafeInteger(timeoutS) || timeoutS < 0)
-      throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
     const release = this.claimSandbox(caller);
     // a name of our own is drawn again while it is taken (or being made by another request here)
     let name = body.name ?? defaultName(newId());
