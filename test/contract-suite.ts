@@ -8,9 +8,14 @@ import type { LabApi } from '../src/sdk/api.js';
 
 export function contractSuite(kind: string, lab: () => LabApi): void {
   it('creates with labels, finds by them, gets by name, destroys', async () => {
-    const box = await lab().create({ name: `c-${kind}`, labels: { suite: 'contract', kind } });
+    const before = Date.now();
+    const box = await lab().create({ name: `c-${kind}`, labels: { suite: 'contract', kind }, timeoutS: 0 });
     expect(box.state).toBe('running');
     expect(box.labels).toEqual({ suite: 'contract', kind });
+    // what ls shows, the same on every implementation
+    expect([box.origin, box.init, box.hostRoot, box.expiresAt]).toEqual([null, 'agent', false, null]);
+    expect(box.createdAt).toBeGreaterThanOrEqual(before - 1000);
+    expect(box.createdAt).toBeLessThanOrEqual(Date.now());
     const found = await lab().list({ labels: { kind } });
     expect(found.map((b) => b.name)).toEqual([`c-${kind}`]);
     expect((await lab().get(`c-${kind}`)).id).toBe(box.id);
@@ -106,10 +111,26 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     expect((await box.exec(['true'])).exitCode).toBe(0);
     const copy = await lab().restore(`csnap-${kind}`, { name: `r-${kind}` });
     expect((await copy.getFile('/root/mark')).toString()).toBe(kind);
+    expect(copy.origin).toBe(`csnap-${kind}`);
     await copy.destroy();
     await box.destroy();
     await lab().removeSnapshot(`csnap-${kind}`);
     await expect(lab().snapshot(`csnap-${kind}`)).rejects.toMatchObject({ code: 'SNAPSHOT_NOT_FOUND' });
+  });
+
+  it('a timeout is kept by the lab that can end it (a daemon), or refused with BAD_INPUT', async () => {
+    const asked = Date.now();
+    const made = await lab()
+      .create({ name: `t-${kind}`, timeoutS: 60 })
+      .catch((e: Error) => e);
+    if (made instanceof Error) {
+      expect(made).toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/needs a daemon/) });
+      await expect(lab().get(`t-${kind}`)).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
+      return;
+    }
+    expect(made.expiresAt).toBeGreaterThanOrEqual(asked + 59_000);
+    expect(made.expiresAt).toBeLessThanOrEqual(Date.now() + 60_000);
+    await made.destroy();
   });
 
   it('pools: run in a fresh sandbox, take one for good', async () => {
@@ -122,6 +143,11 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     const taken = await pool.take();
     expect((await taken.exec(['echo', 'mine'])).stdout.toString()).toBe('mine\n');
     await taken.destroy();
+    // a create may take a standby too, with labels of its own; the pool's image, name and limits are its own
+    await expect(lab().create({ pool: `cpool-${kind}`, name: 'mine' })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+    const standby = await lab().create({ pool: `cpool-${kind}`, labels: { taken: kind }, timeoutS: 0 });
+    expect([standby.image, standby.labels, standby.state]).toEqual(['busybox', { taken: kind }, 'running']);
+    await standby.destroy();
     expect((await pool.stats()).name).toBe(`cpool-${kind}`);
     await pool.remove();
   });
