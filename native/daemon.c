@@ -2,7 +2,7 @@
  * `snaplab create`, `ls` and `rm` through a daemon (SNAPLAB_HOST, or --host), served by the
  * command on PATH without starting Node: one HTTP request on the daemon's socket (create, ls) or
  * two per sandbox (rm: look it up, then destroy it), exactly the requests the remote library makes,
- * printed as the Node CLI prints them (src/cli/remote.ts). A create through a daemon is then the
+ * printed as the Node CLI prints them (src/cli/create.ts, lifecycle.ts). A create through a daemon is then the
  * daemon's create and one round trip (~30 ms here), where the Node CLI pays its start-up first.
  *
  * As for exec (cli.c), this path takes only what it is sure of: any option it does not know, a
@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <math.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -472,17 +474,73 @@ static size_t js_length(const char *s, size_t n)
 	return len;
 }
 
-#define LS_COLUMNS 7
+#define LS_COLUMNS 9
 
-/* The remote ls's table (src/cli/remote.ts) of the daemon's list: a row of cells per sandbox, padded columns. */
+/* A member of the sandbox object s[0..n) as text into out (a string unescaped, a number or a literal
+ * as written); 0 if it is absent or null. */
+static int member_text(const char *s, size_t n, const char *key, struct buf *out)
+{
+	size_t vs, ve;
+	if (json_member(s, n, key, &vs, &ve) < 0 || !strncmp(s + vs, "null", 4)) return 0;
+	if (json_string(s, vs, ve, out) < 0) buf_append(out, s + vs, ve - vs);
+	return 1;
+}
+
+/* ls's AGE of an ISO time (as Date.toISOString writes it), as src/cli/lifecycle.ts's age() says it. */
+static void put_age(struct buf *out, const char *iso)
+{
+	struct tm tm = { 0 };
+	int ms = 0;
+	if (sscanf(iso, "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) < 6) {
+		put_text(out, "-");
+		return;
+	}
+	tm.tm_year -= 1900;
+	tm.tm_mon -= 1;
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	double made = (double)timegm(&tm) * 1000 + ms, at = (double)now.tv_sec * 1000 + (double)now.tv_nsec / 1e6;
+	long sec = (long)floor((at - made) / 1000 + 0.5); /* Math.round */
+	char text[32];
+	if (sec < 120) snprintf(text, sizeof text, "%lds", sec == 0 ? 0 : sec);
+	else if (sec < 7200) snprintf(text, sizeof text, "%ldm", (long)floor(sec / 60.0 + 0.5));
+	else snprintf(text, sizeof text, "%ldh", (long)floor(sec / 3600.0 + 0.5));
+	put_text(out, text);
+}
+
+/* ls's NOTE (src/cli/lifecycle.ts note()): host root first, then the init, then the reason (or where it came from). */
+static void put_note(struct buf *out, const char *s, size_t n)
+{
+	size_t vs, ve, start = out->len;
+	if (json_member(s, n, "hostRoot", &vs, &ve) == 0 && !strncmp(s + vs, "true", 4)) put_text(out, "NO USER NAMESPACE (root inside is host root)");
+	struct buf init = { 0 };
+	if (member_text(s, n, "init", &init) && init.len == 7 && !memcmp(init.data, "systemd", 7)) {
+		if (out->len > start) put_text(out, "; ");
+		put_text(out, "systemd");
+	}
+	buf_free(&init);
+	struct buf why = { 0 }, origin = { 0 };
+	/* reason ?? (origin ? `from ${origin}` : ''): an empty reason is kept (and says nothing) */
+	if (!member_text(s, n, "reason", &why) && member_text(s, n, "origin", &origin) && origin.len) {
+		put_text(&why, "from ");
+		buf_append(&why, origin.data, origin.len);
+	}
+	buf_free(&origin);
+	if (why.len) {
+		if (out->len > start) put_text(out, "; ");
+		buf_append(out, why.data, why.len);
+	}
+	buf_free(&why);
+}
+
+/* The ls table (src/cli/lifecycle.ts) of the daemon's list: a row of cells per sandbox, padded columns. */
 static int ls_table(const char *s, size_t n, struct buf *out)
 {
-	static const char *keys[LS_COLUMNS] = { "id", "name", "state", "image", "driver", "expiresAt", "reason" };
-	static const char *nulls[LS_COLUMNS] = { "-", "-", "-", "-", "-", "-", "" };
+	static const char *head[LS_COLUMNS] = { "ID", "NAME", "STATE", "IMAGE", "STORAGE", "DRIVER", "AGE", "EXPIRES", "NOTE" };
+	static const char *keys[6] = { "id", "name", "state", "image", "storage", "driver" };
 	struct buf cells = { 0 }; /* every cell, NUL-terminated, header row first */
 	size_t width[LS_COLUMNS] = { 0 };
 	int rows = 0;
-	static const char *head[LS_COLUMNS] = { "ID", "NAME", "STATE", "IMAGE", "DRIVER", "EXPIRES", "NOTE" };
 	for (int c = 0; c < LS_COLUMNS; c++) buf_append(&cells, head[c], strlen(head[c]) + 1), width[c] = strlen(head[c]);
 	size_t i = 0;
 	while (i < n && s[i] != '[') i++;
@@ -491,10 +549,22 @@ static int ls_table(const char *s, size_t n, struct buf *out)
 		if (i >= n || s[i] == ']') break;
 		long e = json_end(s, i, n);
 		if (e < 0 || s[i] != '{') return buf_free(&cells), -1;
+		const char *o = s + i;
+		size_t on = (size_t)e - i;
 		for (int c = 0; c < LS_COLUMNS; c++) {
-			size_t vs, ve, at = cells.len;
-			if (json_member(s + i, (size_t)e - i, keys[c], &vs, &ve) < 0 || !strncmp(s + i + vs, "null", 4)) put_text(&cells, nulls[c]);
-			else if (json_string(s + i, vs, ve, &cells) < 0) buf_append(&cells, s + i + vs, ve - vs); /* a number: as String() writes it */
+			size_t at = cells.len;
+			if (c < 6) {
+				if (!member_text(o, on, keys[c], &cells)) put_text(&cells, "-");
+			} else if (c == 6) {
+				struct buf made = { 0 };
+				if (member_text(o, on, "createdAt", &made)) {
+					buf_append(&made, "", 1);
+					put_age(&cells, (const char *)made.data);
+				} else put_text(&cells, "-");
+				buf_free(&made);
+			} else if (c == 7) {
+				if (!member_text(o, on, "expiresAt", &cells)) put_text(&cells, "-");
+			} else put_note(&cells, o, on);
 			size_t w = js_length((const char *)cells.data + at, cells.len - at);
 			if (w > width[c]) width[c] = w;
 			buf_append(&cells, "", 1);

@@ -440,6 +440,7 @@ describe('snaplab serve', () => {
       out: r.out
         .replaceAll(p, 'P')
         .replace(/^[0-9a-f]{12} /gm, 'ID ')
+        .replace(/(?<= )\d{1,2}s(?= )/g, (a) => 'S'.repeat(a.length)) // ls's AGE
         .replace(/"(id|createdAt|expiresAt|pid|uidBase)": ("[^"]*"|\d+)/g, '"$1": "X"'),
       err: r.err.replaceAll(p, 'P').replace(/op-[0-9a-f]+/g, 'OP'),
     });
@@ -515,7 +516,7 @@ describe('snaplab serve', () => {
     expect(JSON.parse(fast![7]!.out)).toEqual({ removed: ['P-a', 'P-j'] });
     expect(fast![8]!.err).toMatch(/^error\[SANDBOX_NOT_FOUND\]: no sandbox with id or name "ghost"/);
     expect(fast![12]!.out).toMatch(
-      /^ID {12}NAME {4}STATE {4}IMAGE {4}DRIVER {6}EXPIRES  NOTE\nID  P-l  running  busybox  namespaces  - {8}\n$/,
+      /^ID {12}NAME {4}STATE {4}IMAGE {4}STORAGE  DRIVER {6}AGE  EXPIRES  NOTE\nID  P-l  running  busybox  \w+ +namespaces  SS {3}- {8}\n$/,
     );
     expect(JSON.parse(fast![13]!.out).map((b: { name: string; labels: object }) => [b.name, b.labels])).toEqual([
       ['P-l', { by: 'P', v: 'a b&é+%' }],
