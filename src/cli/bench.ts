@@ -1,4 +1,4 @@
-import { Command } from 'commander';
+import type { Command } from 'commander';
 import { addBenchOptions, spreadCompare, toPlan, type BenchCli } from '../bench/options.js';
 import { cliPlan } from '../bench/cli-plan.js';
 import { withLab } from './common.js';

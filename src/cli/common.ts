@@ -17,6 +17,7 @@ export interface CommonOptions {
  */
 export async function withLab(
   opts: CommonOptions,
+  // biome-ignore lint/suspicious/noConfusingVoidType: a body returns its exit code, or nothing for 0
   body: (lab: Lab) => Promise<number | void>,
   failureCode = EXIT_USAGE,
 ): Promise<void> {
@@ -41,6 +42,7 @@ export async function withLab(
  */
 export async function withApi(
   opts: CommonOptions,
+  // biome-ignore lint/suspicious/noConfusingVoidType: as withLab's
   body: (lab: LabApi) => Promise<number | void>,
   failureCode = EXIT_USAGE,
 ): Promise<void> {

@@ -61,7 +61,7 @@ Examples:
           return box.info as import('../store/records.js').SandboxRecord;
         };
         const ctx = lab.context;
-        let r;
+        let r: import('../lab/copy.js').CopyResult;
         if ('machine' in from && 'machine' in to)
           r = await copyBetween(ctx, await recordOf(from.machine), from.path, await recordOf(to.machine), to.path, {
             follow,

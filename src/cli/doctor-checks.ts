@@ -136,15 +136,8 @@ async function diskCapChecks(home: string): Promise<Check[]> {
   ];
 }
 
-/** Probe everything snaplab needs; exit 0 when the default driver and a storage backend work. */
-export async function doctor(home: string): Promise<{
-  ok: boolean;
-  home: string;
-  defaultDriver: string;
-  defaultStorage: string | null;
-  defaultStorageReason: string;
-  checks: Check[];
-}> {
+/** What the host itself must give: root, cgroups. */
+async function hostChecks(): Promise<Check[]> {
   const checks: Check[] = [];
   const root = process.getuid?.() === 0;
   checks.push({
@@ -163,20 +156,12 @@ export async function doctor(home: string): Promise<{
     ...(cg.fix ? { fix: cg.fix } : {}),
   });
   checks.push({ name: 'cgroup moves', kind: 'host', optional: true, ...(await probeCgroupMoves()) });
-  const ns = await new NamespacesDriver(home).probe();
-  checks.push({ name: 'namespaces', kind: 'driver', ...ns });
-  checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
-  for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
-  checks.push(
-    ...(await usernsChecks(
-      home,
-      ns.ok,
-      new Set(checks.filter((c) => c.kind === 'storage' && c.ok).map((c) => c.name)),
-    )),
-  );
-  checks.push(...(await diskCapChecks(home)));
-  checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
-  // features beyond a single sandbox: snaplab runs without them, but they fail when used
+  return checks;
+}
+
+/** Features beyond a single sandbox: snaplab runs without them, but they fail when used. */
+async function featureChecks(): Promise<Check[]> {
+  const checks: Check[] = [];
   checks.push({
     name: 'scenarios',
     kind: 'feature',
@@ -224,6 +209,34 @@ export async function doctor(home: string): Promise<{
       reason: "etcd found (a node or gateway needs only the members' addresses: --cluster)",
     }),
   });
+  return checks;
+}
+
+/** Probe everything snaplab needs; exit 0 when the default driver and a storage backend work. */
+export async function doctor(home: string): Promise<{
+  ok: boolean;
+  home: string;
+  defaultDriver: string;
+  defaultStorage: string | null;
+  defaultStorageReason: string;
+  checks: Check[];
+}> {
+  const checks: Check[] = [];
+  checks.push(...(await hostChecks()));
+  const ns = await new NamespacesDriver(home).probe();
+  checks.push({ name: 'namespaces', kind: 'driver', ...ns });
+  checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
+  for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
+  checks.push(
+    ...(await usernsChecks(
+      home,
+      ns.ok,
+      new Set(checks.filter((c) => c.kind === 'storage' && c.ok).map((c) => c.name)),
+    )),
+  );
+  checks.push(...(await diskCapChecks(home)));
+  checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
+  checks.push(...(await featureChecks()));
   let defaultStorage: string | null = null;
   let defaultStorageReason = '';
   try {

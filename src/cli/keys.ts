@@ -13,13 +13,20 @@ interface KeyView {
   createdAt: number;
 }
 
+const cluster = (c: Command): Command =>
+  c.option('--cluster <etcd://host:port,…>', "the cluster's keys, kept in its etcd (gateways read them)");
+
 /** `snaplab key …`: the local daemon's keys, or with --cluster the cluster's (kept in etcd, read by every gateway). */
 export function registerKey(program: Command): void {
   const key = program
     .command('key')
     .description("the daemon's API keys (--cluster: the cluster's): only a hash is kept, the key is shown once");
-  const cluster = (c: Command): Command =>
-    c.option('--cluster <etcd://host:port,…>', "the cluster's keys, kept in its etcd (gateways read them)");
+  registerKeyCreate(key);
+  registerKeyLs(key);
+  registerKeyRm(key);
+}
+
+function registerKeyCreate(key: Command): void {
   cluster(
     key
       .command('create <name>')
@@ -39,14 +46,10 @@ export function registerKey(program: Command): void {
     ) => {
       const { parseScopes } = await import('../server/keys.js');
       const show = (token: string, k: KeyView): void => {
-        if (o.json)
-          return printJson({
-            name: k.name,
-            scopes: k.scopes,
-            maxSandboxes: k.maxSandboxes,
-            maxExecs: k.maxExecs,
-            token,
-          });
+        if (o.json) {
+          printJson({ name: k.name, scopes: k.scopes, maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs, token });
+          return;
+        }
         process.stdout.write(`${token}\n`);
         process.stderr.write(
           `key ${k.name} (${k.scopes.join(',')}): shown only now; send it as \`Authorization: Bearer KEY\`\n`,
@@ -67,11 +70,17 @@ export function registerKey(program: Command): void {
       });
     },
   );
+}
+
+function registerKeyLs(key: Command): void {
   cluster(
     key.command('ls').description('list keys (names, scopes, quotas; never the keys)').option('--json', 'print JSON'),
   ).action(async (o: CommonOptions & { cluster?: string }) => {
     const show = (keys: KeyView[]): void => {
-      if (o.json) return printJson(keys);
+      if (o.json) {
+        printJson(keys);
+        return;
+      }
       printTable(
         ['NAME', 'SCOPES', 'MAX SANDBOXES', 'MAX EXECS', 'CREATED'],
         keys.map((k) => [
@@ -87,6 +96,9 @@ export function registerKey(program: Command): void {
       return withCluster(o.cluster, o.json, async (store) => show((await store.keys()).map(({ hash: _h, ...k }) => k)));
     return withLab(o, async (lab) => show(lab.context.store.listKeys().map(({ hash: _h, ...k }) => k)));
   });
+}
+
+function registerKeyRm(key: Command): void {
   cluster(
     key
       .command('rm <name>')

@@ -22,6 +22,14 @@ export function registerPool(program: Command): void {
     .command('pool')
     .description('pools of paused standbys: a fresh sandbox per execution, without waiting for a raise');
 
+  registerPoolCreate(pool);
+  registerPoolLs(pool);
+  registerPoolResize(pool);
+  registerPoolRm(pool);
+  registerPoolServe(pool);
+}
+
+function registerPoolCreate(pool: Command): void {
   const create = pool
     .command('create <name>')
     .description('define a pool and raise its standbys (paused: an idle pool uses no CPU)')
@@ -75,7 +83,9 @@ export function registerPool(program: Command): void {
           );
       }),
   );
+}
 
+function registerPoolLs(pool: Command): void {
   pool
     .command('ls')
     .description('list pools: target, ready, in use, and hits, misses, recycled, refused dirty, leaks')
@@ -118,7 +128,9 @@ export function registerPool(program: Command): void {
         );
       }),
     );
+}
 
+function registerPoolResize(pool: Command): void {
   pool
     .command('resize <name> <size>')
     .description('change the target: shrinking removes paused standbys now, growing raises them now')
@@ -132,7 +144,9 @@ export function registerPool(program: Command): void {
         else process.stdout.write(`pool ${name}: target ${s.target}, ${s.ready} ready\n`);
       }),
     );
+}
 
+function registerPoolRm(pool: Command): void {
   pool
     .command('rm <names...>')
     .description('destroy the standbys and forget the pool')
@@ -147,7 +161,9 @@ export function registerPool(program: Command): void {
             process.stdout.write(`removed pool ${n} (${c} standbys destroyed)\n`);
       }),
     );
+}
 
+function registerPoolServe(pool: Command): void {
   pool
     .command('serve <name>')
     .description('hold the pool in the foreground: keep it at its target until interrupted (Ctrl-C)')

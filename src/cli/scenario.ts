@@ -25,6 +25,14 @@ function progressPrinter(json: boolean): (machine: string, status: string) => vo
 }
 
 export function registerScenario(program: Command): void {
+  registerUp(program);
+  registerStatus(program);
+  registerDown(program);
+  registerReset(program);
+  registerNet(program);
+}
+
+function registerUp(program: Command): void {
   const up = program
     .command('up <file>')
     .description('raise a scenario: networks, machines in parallel, provisioning, start steps, readiness')
@@ -71,7 +79,9 @@ export function registerScenario(program: Command): void {
           );
       }),
   );
+}
 
+function registerStatus(program: Command): void {
   program
     .command('status [scenario]')
     .description('scenarios, their machines, states and addresses')
@@ -99,7 +109,9 @@ export function registerScenario(program: Command): void {
         }
       }),
     );
+}
 
+function registerDown(program: Command): void {
   const down = program
     .command('down <scenario>')
     .description('remove a scenario: machines, snapshots, bridges, veths, namespaces')
@@ -113,7 +125,9 @@ export function registerScenario(program: Command): void {
       showTrace(o, t);
     }),
   );
+}
 
+function registerReset(program: Command): void {
   const reset = program
     .command('reset <scenario>')
     .description(
@@ -132,7 +146,9 @@ export function registerScenario(program: Command): void {
       showTrace(o, r.trace);
     }),
   );
+}
 
+function registerNet(program: Command): void {
   const net = program.command('net').description('network faults between the machines of a scenario');
   net
     .command('block <scenario> <a> <b>')

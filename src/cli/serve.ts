@@ -16,12 +16,35 @@ export const int =
     return n;
   };
 
+interface ServeCli {
+  socket?: string;
+  listen?: string;
+  jsonLogs?: boolean;
+  defaultTimeout: number;
+  execTimeout: number;
+  benchDir?: string;
+  cluster?: string;
+  node?: boolean;
+  nodeName?: string;
+  labels?: string;
+  advertise?: string;
+  leaseTtl: number;
+  gateway?: boolean;
+  choices: number;
+}
+
 export function registerServe(program: Command): void {
-  program
-    .command('serve')
-    .description(
-      'run the API daemon in the foreground: a Unix socket (no key needed) and, with --listen, TCP with API keys (docs/api.md)',
-    )
+  serveOptions(
+    program
+      .command('serve')
+      .description(
+        'run the API daemon in the foreground: a Unix socket (no key needed) and, with --listen, TCP with API keys (docs/api.md)',
+      ),
+  ).action(runServe);
+}
+
+function serveOptions(cmd: Command): Command {
+  return cmd
     .option('--socket <path>', 'Unix socket (default $SNAPLAB_HOME/daemon.sock, mode 0600)')
     .option('--listen <host:port>', 'also listen on TCP, bearer keys required (e.g. 127.0.0.1:7070)')
     .option('--json-logs', 'one JSON object per log line (stderr)')
@@ -56,79 +79,59 @@ export function registerServe(program: Command): void {
       10,
     )
     .option('--gateway', "serve the cluster's API in front of its nodes (no lab of its own; needs --listen)")
-    .option('--choices <k>', 'a gateway places each create on the best of K random candidates', int('--choices'), 2)
-    .action(
-      async (o: {
-        socket?: string;
-        listen?: string;
-        jsonLogs?: boolean;
-        defaultTimeout: number;
-        execTimeout: number;
-        benchDir?: string;
-        cluster?: string;
-        node?: boolean;
-        nodeName?: string;
-        labels?: string;
-        advertise?: string;
-        leaseTtl: number;
-        gateway?: boolean;
-        choices: number;
-      }) => {
-        try {
-          const cluster = o.cluster ?? process.env.SNAPLAB_CLUSTER;
-          if ((o.node || o.gateway) && !cluster)
-            throw new SnaplabError(
-              'BAD_INPUT',
-              `--${o.node ? 'node' : 'gateway'} needs --cluster`,
-              'give --cluster etcd://HOST:PORT[,…] (or set SNAPLAB_CLUSTER)',
-            );
-          if (o.node && o.gateway)
-            throw new SnaplabError(
-              'BAD_INPUT',
-              '--node and --gateway are two processes',
-              'run a gateway and each node separately',
-            );
-          if (o.gateway) return await runGateway(cluster!, o);
-          const { serve } = await import('../server/serve.js');
-          const node = o.node
-            ? {
-                cluster: cluster!,
-                name: o.nodeName ?? defaultNodeName(),
-                labels: parseLabels(o.labels),
-                advertise: o.advertise,
-                leaseTtlS: o.leaseTtl,
-              }
-            : undefined;
-          if (o.leaseTtl < 2)
-            throw new SnaplabError(
-              'BAD_INPUT',
-              '--lease-ttl is at least 2 s',
-              'a node renews its lease 4 times per TTL',
-            );
-          const server = await serve({
-            socket: o.socket,
-            listen: o.listen,
-            jsonLogs: o.jsonLogs,
-            defaultTimeoutS: o.defaultTimeout,
-            execTimeoutMs: o.execTimeout,
-            benchDir: o.benchDir && resolve(o.benchDir),
-            node,
-          });
-          process.stdout.write(
-            `${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid, ...(node ? { node: node.name } : {}) })}\n`,
-          );
-          await new Promise<void>((resolve) => {
-            const stop = (): void => resolve();
-            process.once('SIGTERM', stop);
-            process.once('SIGINT', stop);
-          });
-          await server.close();
-        } catch (e) {
-          reportError(e, false);
-          process.exitCode = EXIT_USAGE;
+    .option('--choices <k>', 'a gateway places each create on the best of K random candidates', int('--choices'), 2);
+}
+
+async function runServe(o: ServeCli): Promise<void> {
+  try {
+    const cluster = o.cluster ?? process.env.SNAPLAB_CLUSTER;
+    if ((o.node || o.gateway) && !cluster)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `--${o.node ? 'node' : 'gateway'} needs --cluster`,
+        'give --cluster etcd://HOST:PORT[,…] (or set SNAPLAB_CLUSTER)',
+      );
+    if (o.node && o.gateway)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        '--node and --gateway are two processes',
+        'run a gateway and each node separately',
+      );
+    if (o.gateway) return await runGateway(cluster!, o);
+    const { serve } = await import('../server/serve.js');
+    const node = o.node
+      ? {
+          cluster: cluster!,
+          name: o.nodeName ?? defaultNodeName(),
+          labels: parseLabels(o.labels),
+          advertise: o.advertise,
+          leaseTtlS: o.leaseTtl,
         }
-      },
+      : undefined;
+    if (o.leaseTtl < 2)
+      throw new SnaplabError('BAD_INPUT', '--lease-ttl is at least 2 s', 'a node renews its lease 4 times per TTL');
+    const server = await serve({
+      socket: o.socket,
+      listen: o.listen,
+      jsonLogs: o.jsonLogs,
+      defaultTimeoutS: o.defaultTimeout,
+      execTimeoutMs: o.execTimeout,
+      benchDir: o.benchDir && resolve(o.benchDir),
+      node,
+    });
+    process.stdout.write(
+      `${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid, ...(node ? { node: node.name } : {}) })}\n`,
     );
+    await new Promise<void>((resolve) => {
+      const stop = (): void => resolve();
+      process.once('SIGTERM', stop);
+      process.once('SIGINT', stop);
+    });
+    await server.close();
+  } catch (e) {
+    reportError(e, false);
+    process.exitCode = EXIT_USAGE;
+  }
 }
 
 /** The default node name: the host's, made unique per home when several homes share it. */

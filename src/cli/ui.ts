@@ -26,7 +26,7 @@ export function registerUi(program: Command): void {
         const host = process.env.SNAPLAB_HOST;
         if (!o.socket && host && !host.startsWith('unix:')) {
           // a daemon on TCP serves its dashboard itself, with keys: nothing to forward
-          const url = host.replace(/\/+$/, '') + '/';
+          const url = `${host.replace(/\/+$/, '')}/`;
           if (o.json) printJson({ url, port: null, socket: null });
           else process.stdout.write(`${url}\n(the daemon serves it; sign in with an API key)\n`);
           return;
