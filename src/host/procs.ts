@@ -34,6 +34,18 @@ export async function readStat(pid: number): Promise<ProcStat | undefined> {
   }
 }
 
+let ownStart: number | undefined;
+
+/** This process's own start time (read once: it cannot change); a record's owner is pid and this. */
+export function ownStartTime(): number {
+  if (ownStart === undefined) {
+    const st = parseStat(readFileSync('/proc/self/stat', 'utf8'));
+    if (!st) throw new Error('/proc/self/stat could not be parsed');
+    ownStart = st.startTime;
+  }
+  return ownStart;
+}
+
 /** Is `pid` a live process? Zombies count as gone: they run nothing, they only await a reaper. */
 export async function pidAlive(pid: number): Promise<boolean> {
   const st = await readStat(pid);

@@ -225,15 +225,11 @@ export class Images {
         provenance: got?.provenance ?? null,
         buildKey: buildKey ?? null,
       };
-      try {
-        this.store.putImage(rec);
-      } catch (e) {
-        // another process recorded the same image meanwhile: theirs stands
-        const theirs = this.store.getImage(name);
-        if (theirs && /UNIQUE/.test(String(e))) return theirs;
-        throw e;
-      }
-      return rec;
+      if (this.store.putImage(rec)) return rec;
+      // another process recorded the same image meanwhile: theirs stands
+      const theirs = this.store.getImage(name);
+      if (!theirs) throw new Error(`image ${name} was recorded by another process and then removed`);
+      return theirs;
     } catch (e) {
       await removeTree(tmp).catch(() => undefined); // (what is mounted there stays; gc tries again)
       throw e;

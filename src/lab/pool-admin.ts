@@ -4,7 +4,7 @@ import type { Limits, PoolRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
 import { withDefaults } from './limits.js';
 import { checkName } from './names.js';
-import { pidAlive } from '../host/procs.js';
+import { me, ownerAlive } from './owner.js';
 import { reconcile } from './reconcile.js';
 import { destroyRecord } from './teardown.js';
 import { removeSnapshot } from './removals.js';
@@ -100,7 +100,7 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
   return { ...p, ready: count('paused'), inUse: count('running'), raising: count('creating'), dead: count('dead') };
 }
 
-/** The reason a taken pool member carries: who holds it, so that a crashed holder is found. */
+/** The reason a taken pool member carries, for people: its holder is the record's owner (me('hold')). */
 export const takenBy = (): string => `taken by pid ${process.pid}`;
 
 /**
@@ -111,12 +111,11 @@ export async function reapLeaks(ctx: LabContext, name: string): Promise<number> 
   let n = 0;
   for (const s of ctx.store.poolMembers(name)) {
     const r = await reconcile(ctx, s);
-    const holder = r.state === 'running' ? /taken by pid (\d+)/.exec(r.reason ?? '') : null;
-    const orphaned = holder !== null && !(await pidAlive(Number(holder[1])));
+    const orphaned = r.state === 'running' && r.owner?.op === 'hold' && !(await ownerAlive(r.owner));
     if (r.state !== 'dead' && !orphaned) continue;
     if (r.reason?.startsWith('removal failed')) continue; // counted when found; `gc` or `rm` finishes it
     // reapers run at once (the refill timer, `pool ls`, a stats call): the one that claims it counts it
-    if (!ctx.store.claimRemoval(r)) continue;
+    if (!ctx.store.claimRemoval(r, me('remove'))) continue;
     await destroyRecord(ctx, r).catch(() => undefined);
     ctx.store.countPool(name, 'leaks');
     n++;
@@ -134,7 +133,7 @@ export async function trimPool(ctx: LabContext, name: string, keep: number): Pro
       keep--;
       continue;
     }
-    const claimed = ctx.store.claimStandby(name, takenBy()); // claim, so that no taker gets it meanwhile
+    const claimed = ctx.store.claimStandby(name, takenBy(), me('hold')); // claim, so that no taker gets it meanwhile
     if (!claimed) break;
     await destroyRecord(ctx, claimed);
     removed++;

@@ -10,6 +10,7 @@ import { captureBaseline, dirtReasons } from './clean.js';
 import type { LabContext } from './context.js';
 import { imageVolume } from './image-volume.js';
 import { getPool, poolLock, reapLeaks, takenBy, templateName } from './pool-admin.js';
+import { me } from './owner.js';
 import { raiseSandbox } from './raise.js';
 import { destroyRecord } from './teardown.js';
 
@@ -50,12 +51,12 @@ export class PoolRunner {
     this.serving++;
     try {
       for (;;) {
-        const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy()));
+        const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy(), me('hold')));
         if (!rec) break;
         const driver = this.ctx.driver(rec.driver);
         if (!(await driver.inspect(handleOf(rec))).alive) {
           // a reaper may have found it dead meanwhile: whoever claims its removal counts it
-          if (this.ctx.store.claimRemoval(rec)) {
+          if (this.ctx.store.claimRemoval(rec, me('remove'))) {
             await destroyRecord(this.ctx, rec).catch(() => undefined);
             this.ctx.store.countPool(this.name, 'leaks');
           }
@@ -75,7 +76,7 @@ export class PoolRunner {
           else await trace.phase('agent ready', () => agent.ping());
         } catch {
           // a standby that cannot be woken is of no use to anyone: drop it, take another
-          if (this.ctx.store.claimRemoval(rec)) {
+          if (this.ctx.store.claimRemoval(rec, me('remove'))) {
             await this.drop(rec).catch(() => undefined);
             this.ctx.store.countPool(this.name, 'leaks');
           }
@@ -109,7 +110,7 @@ export class PoolRunner {
       if (reasons.length === 0) {
         const driver = this.ctx.driver(rec.driver);
         if (driver.capabilities.pauseStandbys) await trace.phase('freeze', () => driver.pause(handleOf(rec)));
-        this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null });
+        this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null, owner: null });
         this.ctx.store.countPool(this.name, 'recycled');
         return { recycled: true, reasons };
       }
@@ -194,7 +195,7 @@ export class PoolRunner {
     const driver = this.ctx.driver(record.driver);
     try {
       if (driver.capabilities.pauseStandbys) await driver.pause(handleOf(record));
-      this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null });
+      this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null, owner: null });
     } catch (e) {
       await this.drop(record).catch(() => undefined); // a standby that cannot be stopped is not kept running
       throw e;
@@ -227,7 +228,7 @@ export class PoolRunner {
           base,
           origin: template?.name ?? null,
           pool: this.name,
-          heldBy: takenBy(),
+          heldBy: { reason: takenBy() },
           memory: template?.memory ?? undefined,
           userns: pool.userns ?? undefined,
         },
@@ -266,9 +267,9 @@ export class PoolRunner {
         const pool = getPool(this.ctx, this.name); // removed meanwhile? say so
         // a VM left by a holder that crashed while making the template
         const reason = `template of pool ${this.name} (held by pid ${process.pid})`;
-        const left = `template of pool ${this.name} (held by pid `;
         for (const s of this.ctx.store.listSandboxes())
-          if (s.reason?.startsWith(left)) await destroyRecord(this.ctx, s);
+          if (s.templateOf === this.name && (s.state === 'running' || s.state === 'paused'))
+            await destroyRecord(this.ctx, s);
         const base = (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
         const vm = await trace.phase('boot template', () =>
           raiseSandbox(
@@ -280,7 +281,7 @@ export class PoolRunner {
               limits: pool.limits,
               base,
               origin: null,
-              heldBy: reason,
+              heldBy: { reason, templateOf: this.name },
             },
             trace,
           ),

@@ -13,6 +13,7 @@ import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import { checkName, defaultName, newId } from './names.js';
 import { undoRaise } from './teardown.js';
+import { me } from './owner.js';
 import { DEFAULT_DISK_BYTES } from './limits.js';
 import { DEFAULT_ENV } from './exec.js';
 import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
@@ -30,8 +31,11 @@ export interface RaiseInput {
   origin: string | null;
   /** raise as a standby of this pool */
   pool?: string;
-  /** the reason the record carries once running (pools: who holds it), in the same write */
-  heldBy?: string;
+  /**
+   * held by this process once running (pools: a member until it is paused or handed out, or the
+   * pool's template VM), in the same write: the reason it then carries, and the template's pool
+   */
+  heldBy?: { reason: string; templateOf?: string };
   /** a machine of this scenario */
   scenario?: string;
   /** default: the sandbox's name */
@@ -116,6 +120,7 @@ export async function raiseSandbox(
       driver: driver.name,
       state: 'creating',
       reason: `being created by pid ${process.pid}`,
+      owner: me('create'),
       volume: null,
       pid: null,
       pidStart: null,
@@ -127,6 +132,7 @@ export async function raiseSandbox(
       scenario: input.scenario ?? null,
       uidBase: null,
       init: input.init ?? null,
+      templateOf: input.heldBy?.templateOf ?? null,
     };
   };
   // a generated name (24 bits of the id) can collide with a live one when there are hundreds:
@@ -137,20 +143,22 @@ export async function raiseSandbox(
     for (let attempt = 0; ; attempt++) {
       const own = userns && input.uidBase === undefined; // a machine's range is its scenario's
       record.uidBase = !userns ? null : own ? await claimRange(ctx.home, record.id) : input.uidBase!;
+      let taken: boolean;
       try {
-        ctx.store.insertSandbox(record);
-        return;
+        taken = !ctx.store.insertSandbox(record);
       } catch (e) {
         if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
-        if (!/UNIQUE/.test(String(e))) throw e;
-        if (given !== undefined || attempt >= 20)
-          throw new SnaplabError(
-            'SANDBOX_EXISTS',
-            `a sandbox named ${record.name} already exists`,
-            'pick another --name',
-          );
-        record = make();
+        throw e;
       }
+      if (!taken) return;
+      if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
+      if (given !== undefined || attempt >= 20)
+        throw new SnaplabError(
+          'SANDBOX_EXISTS',
+          `a sandbox named ${record.name} already exists`,
+          'pick another --name',
+        );
+      record = make();
     }
   });
   const { id, name } = record;
@@ -279,11 +287,16 @@ export async function raiseSandbox(
       const up = await trace.phase('systemd up', () => waitSystemRunning(raised.agent));
       if (up.state === 'degraded') note = `degraded: ${up.failed.join(', ') || 'some units'} failed`;
     }
-    Object.assign(record, { state: 'running', reason: input.heldBy ?? note });
+    Object.assign(record, {
+      state: 'running',
+      reason: input.heldBy?.reason ?? note,
+      owner: input.heldBy ? me('hold') : null,
+    });
     await trace.phase('record running', () =>
       ctx.store.updateSandbox(id, {
         state: 'running',
         reason: record.reason,
+        owner: record.owner,
         pid: record.pid,
         pidStart: record.pidStart,
         limits: record.limits,

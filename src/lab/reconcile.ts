@@ -1,5 +1,5 @@
 import { handleOf } from './handle.js';
-import { pidAlive } from '../host/procs.js';
+import { ownerAlive } from './owner.js';
 import { releaseRange } from '../host/userns-registry.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
@@ -21,13 +21,10 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
     const r = await ctx.driver(s.driver).inspect(handleOf(s));
     if (!r.alive) reason = r.reason ?? 'its init process is gone';
     // a pool's template VM lives only while the process making the template does
-    const holder = /^template of pool .* \(held by pid (\d+)\)$/.exec(s.reason ?? '');
-    if (!reason && holder && !(await pidAlive(Number(holder[1]))))
+    if (!reason && s.templateOf && s.owner?.op === 'hold' && !(await ownerAlive(s.owner)))
       reason = "the process making its pool's template exited";
   } else if (s.state === 'creating' || s.state === 'removing') {
-    const m = /pid (\d+)/.exec(s.reason ?? '');
-    const owner = m ? Number(m[1]) : 0;
-    if (!owner || !(await pidAlive(owner))) {
+    if (!(await ownerAlive(s.owner))) {
       reason =
         s.state === 'creating'
           ? 'creation was interrupted (the process creating it exited)'

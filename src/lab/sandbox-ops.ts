@@ -307,15 +307,18 @@ export async function snapshotSandbox(
         memory: image ? { ...image, driver: s.driver } : null,
         init: s.init ?? null,
       };
+      let recorded = false;
       try {
-        ctx.store.insertSnapshot(rec);
-      } catch (e) {
-        await backend.delete(volume);
-        await rm(dir, { recursive: true, force: true });
-        if (/UNIQUE/.test(String(e)))
-          throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
-        throw e;
+        recorded = ctx.store.insertSnapshot(rec);
+      } finally {
+        // not recorded (the name is taken, or the insert failed): what was made is nobody's
+        if (!recorded) {
+          await backend.delete(volume);
+          await rm(dir, { recursive: true, force: true });
+        }
       }
+      if (!recorded)
+        throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
       return rec;
     });
   });

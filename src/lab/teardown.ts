@@ -1,4 +1,5 @@
 import { handleOf } from './handle.js';
+import { me } from './owner.js';
 import { releaseRange } from '../host/userns-registry.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
@@ -12,7 +13,11 @@ import type { LabContext } from './context.js';
  */
 export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: Trace): Promise<void> {
   const phase = <T>(name: string, fn: () => Promise<T>): Promise<T> => (trace ? trace.phase(name, fn) : fn());
-  ctx.store.updateSandbox(s.id, { state: 'removing', reason: `being removed by pid ${process.pid}` });
+  ctx.store.updateSandbox(s.id, {
+    state: 'removing',
+    reason: `being removed by pid ${process.pid}`,
+    owner: me('remove'),
+  });
   try {
     await phase('kill', () => ctx.driver(s.driver).destroy(handleOf(s)));
     if (s.volume) {

@@ -2,6 +2,7 @@ import { rm } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import { destroyRecord } from '../lab/teardown.js';
+import { me } from '../lab/owner.js';
 import type { ScenarioRecord } from '../store/records.js';
 import type { ScenarioSpec } from './spec.js';
 import { removeNetworks } from './up.js';
@@ -22,7 +23,7 @@ export function getScenario(ctx: LabContext, name: string): ScenarioRecord {
 /** Machines, their snapshots, the network namespaces and the record: everything of the scenario. */
 export async function teardownScenario(ctx: LabContext, name: string): Promise<void> {
   const s = getScenario(ctx, name);
-  ctx.store.setScenarioState(name, 'removing', `being removed by pid ${process.pid}`);
+  ctx.store.setScenarioState(name, 'removing', `being removed by pid ${process.pid}`, me('remove'));
   await Promise.all(ctx.store.scenarioMachines(name).map((m) => destroyRecord(ctx, m)));
   for (const snap of ctx.store.listSnapshots().filter((x) => x.name.startsWith(`${name}@`))) {
     await (await ctx.readyBackend(snap.storage)).delete(snap.volume);

@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { deleteNetns, listSnaplabNetns } from '../host/netns.js';
-import { pidAlive } from '../host/procs.js';
+import { ownerAlive } from '../lab/owner.js';
 import type { LabContext } from '../lab/context.js';
 import { teardownScenario } from './down.js';
 import { ownerDir } from './names.js';
@@ -16,8 +16,7 @@ export async function collectScenarios(ctx: LabContext): Promise<string[]> {
   const removed: string[] = [];
   for (const s of ctx.store.listScenarios()) {
     if (s.state !== 'creating' && s.state !== 'removing') continue;
-    const owner = Number(/pid (\d+)/.exec(s.reason ?? '')?.[1] ?? 0);
-    if (owner && (await pidAlive(owner))) continue;
+    if (await ownerAlive(s.owner)) continue;
     await teardownScenario(ctx, s.name);
     removed.push(
       `scenario ${s.name} (${s.state === 'creating' ? 'its up was interrupted' : 'its down was interrupted'})`,

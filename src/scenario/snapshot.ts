@@ -113,7 +113,8 @@ export async function snapshotScenario(
               memory: memory ? { ...memory, driver: m.driver } : null,
               init: m.init ?? null,
             };
-            ctx.store.insertSnapshot(rec);
+            if (!ctx.store.insertSnapshot(rec))
+              throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${rec.name} already exists`);
             taken.push(rec);
           }),
         ),

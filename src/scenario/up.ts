@@ -3,6 +3,7 @@ import { SnaplabError } from '../errors.js';
 import { unwire, wire } from '../host/netns.js';
 import type { LabContext } from '../lab/context.js';
 import { checkName, newId } from '../lab/names.js';
+import { me } from '../lab/owner.js';
 import type { ScenarioRecord } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
@@ -155,6 +156,7 @@ export async function upScenario(
     state: 'creating',
     reason: `being raised by pid ${process.pid}`,
     createdAt: Date.now(),
+    owner: me('create'),
   };
   ctx.store.insertScenario(rec);
   trace.target = name;
@@ -169,7 +171,7 @@ export async function upScenario(
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) throw failed.reason;
     ctx.store.setScenarioState(name, 'up');
-    return { ...rec, state: 'up', reason: null };
+    return { ...rec, state: 'up', reason: null, owner: null };
   } catch (e) {
     if (opts.keepOnFailure) {
       ctx.store.setScenarioState(name, 'failed', (e as Error).message);

@@ -135,8 +135,8 @@ export class Daemon {
     for (const id of [...this.cache.keys()]) if (!byId.has(id)) this.evict(id);
     if (reconcileNow) this.closeRevoked();
     for (const r of recs) {
-      // a create that a dead process left: the record is dead with the reason; clean it
-      if (r.state === 'dead' && /^creation was interrupted/.test(r.reason ?? '') && !r.scenario && !r.pool) {
+      // a create that a dead process left: the record is dead, its owner's step 'create'; clean it
+      if (r.state === 'dead' && r.owner?.op === 'create' && !r.scenario && !r.pool) {
         await destroyRecord(ctx, r).catch(() => undefined);
         this.events.record('failed', r, r.reason);
         this.cache.delete(r.id);

@@ -115,7 +115,15 @@ export class EventLog extends EventEmitter {
         this.busy.has(r.id)
       )
         continue;
-      if (this.taking && !this.known.has(r.id) && /^taken from pool /.test(r.reason ?? '')) continue;
+      // a standby this daemon is taking: out of its pool, still held by this process
+      if (
+        this.taking &&
+        !this.known.has(r.id) &&
+        r.owner?.op === 'hold' &&
+        r.owner.pid === process.pid &&
+        !r.templateOf
+      )
+        continue;
       const was = this.known.get(r.id);
       if (was === undefined) {
         this.record('created', r, 'made outside the daemon');

@@ -169,4 +169,33 @@ export const migrations: string[] = [
   ALTER TABLE operations ADD COLUMN error_code TEXT;
   ALTER TABLE operations ADD COLUMN error_hint TEXT;
   `,
+  // the owner of a record as data (records.ts Owner), not prose in reason: its pid, its start
+  // time, its step; a pool's template VM names its pool. Rows written before carried the owner
+  // only in reason ('being created by pid N', 'being removed by pid N', 'taken by pid N',
+  // 'template of pool P (held by pid N)', 'being raised by pid N'): parsed here, once. Their
+  // start time was never written (NULL: the pid alone is checked for them); a dead row whose
+  // creation was interrupted keeps its step with no pid. CAST reads the digits up to the ')'.
+  `
+  ALTER TABLE sandboxes ADD COLUMN owner_pid INTEGER;
+  ALTER TABLE sandboxes ADD COLUMN owner_start INTEGER;
+  ALTER TABLE sandboxes ADD COLUMN owner_op TEXT;
+  ALTER TABLE sandboxes ADD COLUMN template_of TEXT;
+  ALTER TABLE scenarios ADD COLUMN owner_pid INTEGER;
+  ALTER TABLE scenarios ADD COLUMN owner_start INTEGER;
+  ALTER TABLE scenarios ADD COLUMN owner_op TEXT;
+  UPDATE sandboxes SET owner_op = CASE state WHEN 'creating' THEN 'create' ELSE 'remove' END,
+    owner_pid = NULLIF(CAST(substr(reason, instr(reason, 'pid ') + 4) AS INTEGER), 0)
+    WHERE state IN ('creating', 'removing') AND instr(reason, 'pid ') > 0;
+  UPDATE sandboxes SET owner_op = 'hold',
+    owner_pid = NULLIF(CAST(substr(reason, instr(reason, 'taken by pid ') + 13) AS INTEGER), 0)
+    WHERE state = 'running' AND pool IS NOT NULL AND instr(reason, 'taken by pid ') > 0;
+  UPDATE sandboxes SET owner_op = 'hold',
+    template_of = substr(reason, 18, instr(reason, ' (held by pid ') - 18),
+    owner_pid = NULLIF(CAST(substr(reason, instr(reason, ' (held by pid ') + 14) AS INTEGER), 0)
+    WHERE reason LIKE 'template of pool % (held by pid %)';
+  UPDATE sandboxes SET owner_op = 'create' WHERE state = 'dead' AND reason LIKE 'creation was interrupted%';
+  UPDATE scenarios SET owner_op = CASE state WHEN 'creating' THEN 'create' ELSE 'remove' END,
+    owner_pid = NULLIF(CAST(substr(reason, instr(reason, 'pid ') + 4) AS INTEGER), 0)
+    WHERE state IN ('creating', 'removing') AND instr(reason, 'pid ') > 0;
+  `,
 ];

@@ -12,6 +12,22 @@ export interface Limits {
 
 export type SandboxState = 'creating' | 'running' | 'paused' | 'dead' | 'removing';
 
+/**
+ * The process that holds a record in its current step, as data (never parsed from `reason`):
+ * its pid and start time (clock ticks after boot, /proc/PID/stat field 22: a reused pid is not the
+ * owner), and the step. 'create' and 'remove' are the creating and removing states; 'hold' is a
+ * pool member taken or being raised, or a pool's template VM, which lives only while its holder
+ * does. A dead record keeps the owner it died under (an interrupted create is one whose owner's
+ * step was 'create'). `pid` and `start` are null only for owners carried over from the old
+ * reason text (by the migration that added these columns), which named no start time and, once
+ * dead, no pid.
+ */
+export interface Owner {
+  pid: number | null;
+  start: number | null;
+  op: 'create' | 'remove' | 'hold';
+}
+
 export interface ImageRecord {
   name: string;
   source: string;
@@ -53,6 +69,10 @@ export interface SandboxRecord {
   uidBase: number | null;
   /** 'systemd': a system machine, whose PID 1 is the image's init (null: the agent is PID 1) */
   init?: 'systemd' | null;
+  /** who holds it now (null: nobody; it is whoever's uses it) */
+  owner?: Owner | null;
+  /** a pool's template VM: the pool's name (null: not a template) */
+  templateOf?: string | null;
 }
 
 /** The state a recycled standby must be back in before it may be handed out again. */
@@ -118,6 +138,8 @@ export interface ScenarioRecord {
   state: 'up' | 'creating' | 'failed' | 'removing';
   reason: string | null;
   createdAt: number;
+  /** the process raising ('create') or removing ('remove') it; null once up or failed */
+  owner?: Owner | null;
 }
 
 export interface ScenarioSnapshotRecord {

@@ -4,6 +4,7 @@ import type {
   ApiKeyRecord,
   EventRecord,
   ImageRecord,
+  Owner,
   PoolRecord,
   SandboxMeta,
   SandboxRecord,
@@ -19,6 +20,38 @@ import type { Provenance } from '../image/import.js';
 
 type Row = Record<string, unknown>;
 const json = <T>(v: unknown): T => JSON.parse(v as string) as T;
+
+function toOwner(r: Row): Owner | null {
+  if (r.owner_op === null || r.owner_op === undefined) return null;
+  return {
+    pid: (r.owner_pid as number | null) ?? null,
+    start: (r.owner_start as number | null) ?? null,
+    op: r.owner_op as Owner['op'],
+  };
+}
+/** An owner's three columns, as named parameters. */
+const ownerParams = (
+  o: Owner | null | undefined,
+): { ownerPid: number | null; ownerStart: number | null; ownerOp: string | null } => ({
+  ownerPid: o?.pid ?? null,
+  ownerStart: o?.start ?? null,
+  ownerOp: o?.op ?? null,
+});
+
+/**
+ * Run an insert; false when a unique key (a name, an id) is already taken. better-sqlite3 gives
+ * the constraint as the error's code: no message is read.
+ */
+function inserted(run: () => unknown): boolean {
+  try {
+    run();
+    return true;
+  } catch (e) {
+    const code = (e as { code?: unknown }).code;
+    if (code === 'SQLITE_CONSTRAINT_UNIQUE' || code === 'SQLITE_CONSTRAINT_PRIMARYKEY') return false;
+    throw e;
+  }
+}
 
 function toImage(r: Row): ImageRecord {
   return {
@@ -53,6 +86,8 @@ function toSandbox(r: Row): SandboxRecord {
     baseline: r.baseline ? json(r.baseline) : null,
     uidBase: (r.uid_base as number | null) ?? null,
     init: (r.init as 'systemd' | null) ?? null,
+    owner: toOwner(r),
+    templateOf: (r.template_of as string | null) ?? null,
   };
 }
 
@@ -86,6 +121,7 @@ function toScenario(r: Row): ScenarioRecord {
     state: r.state as ScenarioRecord['state'],
     reason: (r.reason as string | null) ?? null,
     createdAt: r.created_at as number,
+    owner: toOwner(r),
   };
 }
 
@@ -159,18 +195,21 @@ export class Store {
       (r) => this.getImage(r.name as string)!,
     );
   }
-  putImage(i: ImageRecord): void {
-    this.stmt(
-      'INSERT INTO images (name, source, path, size_bytes, created_at, config, provenance, build_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-    ).run(
-      i.name,
-      i.source,
-      i.path,
-      i.sizeBytes,
-      i.createdAt,
-      i.config ? JSON.stringify(i.config) : null,
-      i.provenance ? JSON.stringify(i.provenance) : null,
-      i.buildKey ?? null,
+  /** False when an image of that name is already recorded. */
+  putImage(i: ImageRecord): boolean {
+    return inserted(() =>
+      this.stmt(
+        'INSERT INTO images (name, source, path, size_bytes, created_at, config, provenance, build_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+      ).run(
+        i.name,
+        i.source,
+        i.path,
+        i.sizeBytes,
+        i.createdAt,
+        i.config ? JSON.stringify(i.config) : null,
+        i.provenance ? JSON.stringify(i.provenance) : null,
+        i.buildKey ?? null,
+      ),
     );
   }
   deleteImage(name: string): void {
@@ -216,22 +255,31 @@ export class Store {
   listSandboxes(): SandboxRecord[] {
     return (this.stmt('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]).map(toSandbox);
   }
-  insertSandbox(s: SandboxRecord): void {
-    this.stmt(
-      `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, init)
-         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase, @init)`,
-    ).run({
-      ...s,
-      init: s.init ?? null,
-      volume: s.volume && JSON.stringify(s.volume),
-      limits: JSON.stringify(s.limits),
-      baseline: s.baseline && JSON.stringify(s.baseline),
-    });
+  /** False when its name (or id) is already taken. */
+  insertSandbox(s: SandboxRecord): boolean {
+    const { owner, ...rest } = s;
+    return inserted(() =>
+      this.stmt(
+        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, init, owner_pid, owner_start, owner_op, template_of)
+         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase, @init, @ownerPid, @ownerStart, @ownerOp, @templateOf)`,
+      ).run({
+        ...rest,
+        ...ownerParams(owner),
+        init: s.init ?? null,
+        templateOf: s.templateOf ?? null,
+        volume: s.volume && JSON.stringify(s.volume),
+        limits: JSON.stringify(s.limits),
+        baseline: s.baseline && JSON.stringify(s.baseline),
+      }),
+    );
   }
   updateSandbox(
     id: string,
     patch: Partial<
-      Pick<SandboxRecord, 'state' | 'reason' | 'volume' | 'pid' | 'pidStart' | 'pool' | 'baseline' | 'limits'>
+      Pick<
+        SandboxRecord,
+        'state' | 'reason' | 'volume' | 'pid' | 'pidStart' | 'pool' | 'baseline' | 'limits' | 'owner' | 'templateOf'
+      >
     >,
   ): void {
     const cols: string[] = [];
@@ -245,8 +293,15 @@ export class Store {
       pool: 'pool',
       baseline: 'baseline',
       limits: 'limits',
+      templateOf: 'template_of',
     };
     for (const [k, v] of Object.entries(patch)) {
+      if (k === 'owner') {
+        const o = ownerParams(v as Owner | null);
+        cols.push('owner_pid = ?', 'owner_start = ?', 'owner_op = ?');
+        vals.push(o.ownerPid, o.ownerStart, o.ownerOp);
+        continue;
+      }
       cols.push(`${map[k]} = ?`);
       vals.push((k === 'volume' || k === 'baseline' || k === 'limits') && v ? JSON.stringify(v) : v);
     }
@@ -378,6 +433,7 @@ export class Store {
   /**
    * Mark a sandbox dead only if its record is still as `seen` (state and reason): another process
    * may have moved it on (a create that finished, an rm) since it was read. True when it was marked.
+   * Its owner stays: the step it died in (an interrupted create is told by it).
    */
   markDead(seen: Pick<SandboxRecord, 'id' | 'state' | 'reason'>, reason: string): boolean {
     const r = this.stmt(
@@ -400,12 +456,13 @@ export class Store {
    * Take one paused standby of the pool, atomically across processes: the UPDATE marks it
    * running (taken) in the same statement that finds it, so two takers never get the same one.
    */
-  claimStandby(pool: string, reason: string): SandboxRecord | undefined {
+  claimStandby(pool: string, reason: string, holder: Owner): SandboxRecord | undefined {
+    const o = ownerParams(holder);
     const r = this.stmt(
-      `UPDATE sandboxes SET state = 'running', reason = ?
+      `UPDATE sandboxes SET state = 'running', reason = ?, owner_pid = ?, owner_start = ?, owner_op = ?
          WHERE id = (SELECT id FROM sandboxes WHERE pool = ? AND state = 'paused' ORDER BY created_at LIMIT 1)
          RETURNING *`,
-    ).get(reason, pool) as Row | undefined;
+    ).get(reason, o.ownerPid, o.ownerStart, o.ownerOp, pool) as Row | undefined;
     return r && toSandbox(r);
   }
 
@@ -413,10 +470,12 @@ export class Store {
    * Take a sandbox for removal if it is still as it was read (same state and reason): one caller
    * wins, so a leak found by two reapers at once is removed and counted once.
    */
-  claimRemoval(s: { id: string; state: string; reason: string | null }): boolean {
+  claimRemoval(s: { id: string; state: string; reason: string | null }, remover: Owner): boolean {
+    const o = ownerParams(remover);
     const r = this.stmt(
-      `UPDATE sandboxes SET state = 'removing', reason = ? WHERE id = ? AND state = ? AND reason IS ?`,
-    ).run(`being removed by pid ${process.pid}`, s.id, s.state, s.reason);
+      `UPDATE sandboxes SET state = 'removing', reason = ?, owner_pid = ?, owner_start = ?, owner_op = ?
+         WHERE id = ? AND state = ? AND reason IS ?`,
+    ).run(`being removed by pid ${o.ownerPid}`, o.ownerPid, o.ownerStart, o.ownerOp, s.id, s.state, s.reason);
     return r.changes === 1;
   }
 
@@ -429,12 +488,34 @@ export class Store {
     return (this.stmt('SELECT * FROM scenarios ORDER BY created_at').all() as Row[]).map(toScenario);
   }
   insertScenario(x: ScenarioRecord): void {
+    const o = ownerParams(x.owner);
     this.stmt(
-      'INSERT INTO scenarios (name, id, file, hash, spec, state, reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-    ).run(x.name, x.id, x.file, x.hash, JSON.stringify(x.spec), x.state, x.reason, x.createdAt);
+      'INSERT INTO scenarios (name, id, file, hash, spec, state, reason, created_at, owner_pid, owner_start, owner_op) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+    ).run(
+      x.name,
+      x.id,
+      x.file,
+      x.hash,
+      JSON.stringify(x.spec),
+      x.state,
+      x.reason,
+      x.createdAt,
+      o.ownerPid,
+      o.ownerStart,
+      o.ownerOp,
+    );
   }
-  setScenarioState(name: string, state: ScenarioRecord['state'], reason: string | null = null): void {
-    this.stmt('UPDATE scenarios SET state = ?, reason = ? WHERE name = ?').run(state, reason, name);
+  /** `owner`: the process that now takes it through this state (null: none, as once up or failed). */
+  setScenarioState(
+    name: string,
+    state: ScenarioRecord['state'],
+    reason: string | null = null,
+    owner: Owner | null = null,
+  ): void {
+    const o = ownerParams(owner);
+    this.stmt(
+      'UPDATE scenarios SET state = ?, reason = ?, owner_pid = ?, owner_start = ?, owner_op = ? WHERE name = ?',
+    ).run(state, reason, o.ownerPid, o.ownerStart, o.ownerOp, name);
   }
   deleteScenario(name: string): void {
     this.stmt('DELETE FROM scenario_snapshots WHERE scenario = ?').run(name);
@@ -509,21 +590,24 @@ export class Store {
   listSnapshots(): SnapshotRecord[] {
     return (this.stmt('SELECT * FROM snapshots ORDER BY created_at').all() as Row[]).map(toSnapshot);
   }
-  insertSnapshot(s: SnapshotRecord): void {
-    this.stmt(
-      'INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
-    ).run(
-      s.name,
-      s.id,
-      s.sandbox,
-      s.image,
-      s.storage,
-      JSON.stringify(s.volume),
-      JSON.stringify(s.limits),
-      s.createdAt,
-      s.memory ? JSON.stringify(s.memory) : null,
-      s.driver ?? null,
-      s.init ?? null,
+  /** False when a snapshot of that name (or id) is already recorded. */
+  insertSnapshot(s: SnapshotRecord): boolean {
+    return inserted(() =>
+      this.stmt(
+        'INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+      ).run(
+        s.name,
+        s.id,
+        s.sandbox,
+        s.image,
+        s.storage,
+        JSON.stringify(s.volume),
+        JSON.stringify(s.limits),
+        s.createdAt,
+        s.memory ? JSON.stringify(s.memory) : null,
+        s.driver ?? null,
+        s.init ?? null,
+      ),
     );
   }
   deleteSnapshot(name: string): void {

@@ -1,0 +1,118 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, expect, it } from 'vitest';
+import { openDb } from './db.js';
+import { migrations } from './migrations.js';
+import type { SandboxRecord, SnapshotRecord } from './records.js';
+import { Store } from './store.js';
+
+const require = createRequire(import.meta.url);
+const Database = require('better-sqlite3') as typeof import('better-sqlite3');
+
+let home: string;
+beforeEach(() => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-store-'));
+});
+afterEach(() => rmSync(home, { recursive: true, force: true }));
+
+const OWNERS = migrations.findIndex((m) => m.includes('ADD COLUMN owner_pid'));
+
+/** A state.db as the snaplab before the owner columns left it. */
+function oldDb(): import('better-sqlite3').Database {
+  const db = new Database(join(home, 'state.db'));
+  for (const m of migrations.slice(0, OWNERS)) db.exec(m);
+  db.pragma(`user_version = ${OWNERS}`);
+  return db;
+}
+
+function oldSandbox(db: import('better-sqlite3').Database, id: string, state: string, reason: string, pool?: string) {
+  db.prepare(
+    `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, limits, created_at, pool)
+       VALUES (?, ?, 'busybox', 'dir', 'namespaces', ?, ?, '{}', 1, ?)`,
+  ).run(id, `n-${id}`, state, reason, pool ?? null);
+}
+
+it('moves the owner that old rows kept in reason into the owner columns', () => {
+  expect(OWNERS).toBeGreaterThan(0);
+  const db = oldDb();
+  oldSandbox(db, 'a1', 'creating', 'being created by pid 4242');
+  oldSandbox(db, 'a2', 'removing', 'being removed by pid 4343');
+  oldSandbox(db, 'a3', 'running', 'taken by pid 77', 'p1');
+  oldSandbox(db, 'a4', 'running', 'template of pool my pool (held by pid 99)');
+  oldSandbox(db, 'a5', 'dead', 'creation was interrupted (the process creating it exited)');
+  oldSandbox(db, 'a6', 'running', 'taken from pool p1');
+  oldSandbox(db, 'a7', 'dead', 'removal was interrupted');
+  db.prepare(
+    `INSERT INTO scenarios (name, id, file, hash, spec, state, reason, created_at)
+       VALUES ('s1', 'abcdef', 'f', 'h', '{}', 'creating', 'being raised by pid 555', 1)`,
+  ).run();
+  db.close();
+
+  const store = new Store(openDb(home));
+  const owner = (id: string) => store.getSandbox(id)?.owner;
+  expect(owner('a1')).toEqual({ pid: 4242, start: null, op: 'create' });
+  expect(owner('a2')).toEqual({ pid: 4343, start: null, op: 'remove' });
+  expect(owner('a3')).toEqual({ pid: 77, start: null, op: 'hold' });
+  expect(owner('a4')).toEqual({ pid: 99, start: null, op: 'hold' });
+  expect(store.getSandbox('a4')?.templateOf).toBe('my pool');
+  expect(owner('a5')).toEqual({ pid: null, start: null, op: 'create' });
+  expect(owner('a6')).toBeNull();
+  expect(owner('a7')).toBeNull();
+  expect(store.getSandbox('a3')?.templateOf).toBeNull();
+  expect(store.getScenario('s1')?.owner).toEqual({ pid: 555, start: null, op: 'create' });
+  // the human text stays as it was
+  expect(store.getSandbox('a4')?.reason).toBe('template of pool my pool (held by pid 99)');
+  store.db.close();
+});
+
+const sandbox = (id: string, name: string): SandboxRecord => ({
+  id,
+  name,
+  image: 'busybox',
+  storage: 'dir',
+  driver: 'namespaces',
+  state: 'creating',
+  reason: null,
+  volume: null,
+  pid: null,
+  pidStart: null,
+  limits: {},
+  origin: null,
+  createdAt: 1,
+  pool: null,
+  scenario: null,
+  baseline: null,
+  uidBase: null,
+  owner: { pid: 12, start: 34, op: 'create' },
+});
+
+it('answers a taken name with false, and keeps the owner it was given', () => {
+  const store = new Store(openDb(home));
+  expect(store.insertSandbox(sandbox('b1', 'box'))).toBe(true);
+  expect(store.insertSandbox(sandbox('b2', 'box'))).toBe(false); // UNIQUE (name)
+  expect(store.insertSandbox(sandbox('b1', 'other'))).toBe(false); // PRIMARY KEY (id)
+  expect(store.getSandbox('box')?.owner).toEqual({ pid: 12, start: 34, op: 'create' });
+  store.updateSandbox('b1', { state: 'running', owner: null });
+  expect(store.getSandbox('box')?.owner).toBeNull();
+
+  const snap: SnapshotRecord = {
+    name: 's',
+    id: 'v1',
+    sandbox: 'box',
+    image: 'busybox',
+    storage: 'dir',
+    volume: { id: 'v1', path: '/x' } as SnapshotRecord['volume'],
+    limits: {},
+    createdAt: 1,
+  };
+  expect(store.insertSnapshot(snap)).toBe(true);
+  expect(store.insertSnapshot({ ...snap, id: 'v2' })).toBe(false);
+  const image = { name: 'img', source: 's', path: '/p', sizeBytes: 1, createdAt: 1 };
+  expect(store.putImage(image)).toBe(true);
+  expect(store.putImage(image)).toBe(false);
+  // any other failure is still an error, not a conflict
+  expect(() => store.insertSandbox({ ...sandbox('b3', 'x'), image: null as unknown as string })).toThrow(/NOT NULL/);
+  store.db.close();
+});
