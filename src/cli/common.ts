@@ -79,5 +79,5 @@ export function addTraceOption(cmd: Command): Command {
 
 /** TARGET names a scenario (`lab`), not a machine (`box`, or a scenario's `lab/web`). */
 export function isScenario(lab: Lab, target: string): boolean {
-  return !target.includes('/') && lab.context.store.getScenario(target) !== undefined;
+  return !target.includes('/') && lab.scenarios().some((s) => s.name === target);
 }

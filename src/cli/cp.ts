@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import type { CopyResult } from '../lab/copy.js';
 import { SnaplabError } from '../errors.js';
 import { withLab, type CommonOptions } from './common.js';
 import { printJson } from './output.js';
@@ -55,25 +56,17 @@ Examples:
         const from = parseSide(src);
         const to = parseSide(dest);
         const follow = o.followLink === true;
-        const { copyBetween, copyIn, copyOut, receiveArchive, sendArchive } = await import('../lab/copy.js');
-        const recordOf = async (name: string) => {
-          const box = await lab.get(name);
-          return box.info as import('../store/records.js').SandboxRecord;
-        };
-        const ctx = lab.context;
-        let r: import('../lab/copy.js').CopyResult;
+        let r: CopyResult;
         if ('machine' in from && 'machine' in to)
-          r = await copyBetween(ctx, await recordOf(from.machine), from.path, await recordOf(to.machine), to.path, {
-            follow,
-          });
+          r = await (await lab.get(from.machine)).copyTo(from.path, await lab.get(to.machine), to.path, { follow });
         else if ('machine' in to && 'host' in from)
-          r = await copyIn(ctx, await recordOf(to.machine), from.host, to.path, { follow });
+          r = await (await lab.get(to.machine)).copyIn(from.host, to.path, { follow });
         else if ('machine' in to && 'stream' in from)
-          r = await sendArchive(ctx, await recordOf(to.machine), to.path, process.stdin, { plain: true });
+          r = await (await lab.get(to.machine)).upload(to.path, process.stdin);
         else if ('machine' in from && 'host' in to)
-          r = await copyOut(ctx, await recordOf(from.machine), from.path, to.host, { follow });
+          r = await (await lab.get(from.machine)).copyOut(from.path, to.host, { follow });
         else if ('machine' in from && 'stream' in to)
-          r = await receiveArchive(ctx, await recordOf(from.machine), from.path, process.stdout, { follow });
+          r = await (await lab.get(from.machine)).download(from.path, process.stdout, { follow });
         else
           throw new SnaplabError(
             'BAD_INPUT',

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
 import type { Lab } from '../sdk/lab.js';
-import type { SandboxRecord } from '../store/records.js';
+import type { Sandbox } from '../sdk/sandbox.js';
 import { isScenario, withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE, printJson } from './output.js';
 
@@ -10,7 +10,7 @@ async function planFor(
   lab: Lab,
   target: string,
   ports: string[],
-): Promise<{ record: SandboxRecord; local: number; remote: number }[]> {
+): Promise<{ box: Sandbox; local: number; remote: number }[]> {
   const { parsePortSpec } = await import('../lab/port-spec.js');
   if (isScenario(lab, target)) {
     if (ports.length)
@@ -21,8 +21,7 @@ async function planFor(
       );
     const sc = lab.scenario(target);
     const plan = [];
-    for (const m of sc.spec.machines)
-      for (const p of m.ports ?? []) plan.push({ record: (await sc.machine(m.name)).info as SandboxRecord, ...p });
+    for (const m of sc.spec.machines) for (const p of m.ports ?? []) plan.push({ box: await sc.machine(m.name), ...p });
     if (!plan.length)
       throw new SnaplabError(
         'BAD_INPUT',
@@ -39,7 +38,7 @@ async function planFor(
     );
   const box = await lab.get(target);
   box.close();
-  return ports.map((p) => ({ record: box.info as SandboxRecord, ...parsePortSpec(p) }));
+  return ports.map((p) => ({ box, ...parsePortSpec(p) }));
 }
 
 /**
@@ -47,7 +46,7 @@ async function planFor(
  * kubectl port-forward does. Shared by `port-forward` and `up --ports`.
  */
 export async function holdForwards(lab: Lab, target: string, ports: string[], json: boolean): Promise<number> {
-  const { closeForwards, forwardPort } = await import('../lab/ports.js');
+  const { closeForwards } = await import('../lab/ports.js');
   const plan = await planFor(lab, target, ports);
   const forwards = [];
   // one line per failed connection, and the same one once per second at most (50 refused at once are one line)
@@ -62,7 +61,7 @@ export async function holdForwards(lab: Lab, target: string, ports: string[], js
     process.stderr.write(line);
   };
   try {
-    for (const p of plan) forwards.push(await forwardPort(lab.context, p.record, p, onError));
+    for (const p of plan) forwards.push(await p.box.forwardPort(p, onError));
   } catch (e) {
     await closeForwards(forwards);
     throw e;

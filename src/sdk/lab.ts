@@ -29,6 +29,7 @@ import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
+import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { checkCreateInputs } from './create-options.js';
 import { SnaplabError } from '../errors.js';
 
@@ -260,6 +261,11 @@ export class Lab implements LabApi {
       (r) => r,
     );
     return { ...result, trace };
+  }
+
+  /** Disk use per sandbox, snapshot and image (`snaplab df`); a volume its backend cannot measure has an error. */
+  async diskUsage(): Promise<DiskUsage[]> {
+    return diskUsage(this.ctx);
   }
 
   trace(operationId: string): (TraceSummary & { details: unknown }) | undefined {

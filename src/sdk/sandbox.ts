@@ -40,7 +40,9 @@ export interface SandboxFiles {
   readTo(path: string, sink: Writable, opts?: { user?: string }): Promise<number>;
 }
 import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
-import { copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/copy.js';
+import { copyBetween, copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/copy.js';
+import { forwardPort, type Forward } from '../lab/ports.js';
+import type { PortSpec } from '../lab/port-spec.js';
 
 /**
  * A running (or paused) isolated machine. Obtain one from `lab.create()`, `lab.restore()` or
@@ -177,6 +179,19 @@ export class Sandbox implements SandboxApi {
   /** Copy a path of the machine to the host (no setuid/setgid bits, no device nodes on the host). */
   async copyOut(src: string, hostPath: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
     return copyOut(this.ctx, this.record, src, hostPath, opts);
+  }
+
+  /** Copy a path of this machine into another machine of the same lab (`snaplab cp A:SRC B:DEST`). */
+  async copyTo(src: string, to: Sandbox, dest: string, opts: { follow?: boolean } = {}): Promise<CopyResult> {
+    return copyBetween(this.ctx, this.record, src, to.record, dest, opts);
+  }
+
+  /**
+   * Carry connections to 127.0.0.1:`local` (0: a free port) to the machine's port `remote`, until
+   * the forward is closed (closeForwards); a failed connection is given to `onError`.
+   */
+  async forwardPort(spec: PortSpec, onError: (e: unknown) => void): Promise<Forward> {
+    return forwardPort(this.ctx, this.record, spec, onError);
   }
 
   /** Unpack a tar stream into the directory `dest` of the machine (every name kept below it). */
