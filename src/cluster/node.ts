@@ -218,7 +218,7 @@ export class ClusterNode {
 
   /** NodeInfo and the sandbox entries, written now; never two at once. */
   publish(): Promise<void> {
-    if (this.publishing) {
+    if (this.publishing !== undefined) {
       this.again = true;
       return this.publishing;
     }
