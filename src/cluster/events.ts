@@ -11,7 +11,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { IKeyValue } from 'etcd3';
 import type { Caller } from '../server/keys.js';
-import type { Gateway } from './gateway.js';
+import type { GatewayApi } from './gateway-api.js';
 import type { SandboxEntry } from './store.js';
 
 const SLOW_READER_BYTES = 1 << 20;
@@ -25,7 +25,7 @@ const STATE_EVENT: Record<string, string> = {
 };
 
 export async function clusterEvents(
-  g: Gateway,
+  g: GatewayApi,
   req: IncomingMessage,
   res: ServerResponse,
   caller: Caller,
