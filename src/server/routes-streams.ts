@@ -134,6 +134,7 @@ function control(p: Process, ws: WebSocket, held: [Buffer, boolean][] = []): voi
       if (isBinary) {
         if (!h.write(data as Buffer)) {
           ws.pause();
+          // never rejects: it resolves when the input drains or the connection to the agent is gone
           void h.drained().then(() => ws.resume());
         }
         return;
