@@ -318,7 +318,7 @@ export class RemoteSandbox implements SandboxApi {
 function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult> {
   const out: Buffer[] = [];
   const err: Buffer[] = [];
-  let collected = [0, 0];
+  const collected = [0, 0];
   let truncated = false;
   const keep = (into: Buffer[], i: number, b: Buffer): void => {
     const room = MAX_COLLECTED - collected[i]!;
@@ -410,19 +410,23 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
       ws.send(Buffer.from(b));
       return ws.bufferedAmount < 4 << 20;
     },
-    drained: () =>
-      new Promise<void>((resolve) => {
-        const t = setInterval(() => {
-          if (ws.readyState !== ws.OPEN || ws.bufferedAmount < 2 << 20) {
-            clearInterval(t);
-            resolve();
-          }
-        }, 5);
-      }),
+    drained: () => drained(ws),
     end: () => sendJson({ type: 'eof' }),
     kill: (signal) => sendJson({ type: 'signal', signal }),
     resize: (cols, rows) => sendJson({ type: 'resize', cols, rows }),
   };
+}
+
+/** Resolves once the socket holds less than 2 MiB unsent (or is closed): stdin's flow control. */
+function drained(ws: WebSocket): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const t = setInterval(() => {
+      if (ws.readyState !== ws.OPEN || ws.bufferedAmount < 2 << 20) {
+        clearInterval(t);
+        resolve();
+      }
+    }, 5);
+  });
 }
 
 class RemotePool implements PoolApi {

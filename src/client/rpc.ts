@@ -20,7 +20,7 @@ export class Rpc {
 
   /** The socket and the calls waiting on it (each connection its own: an old one's close fails only its calls). */
   private open(): Promise<{ ws: WebSocket; pending: Map<number, Pending> }> {
-    if (this.ws) return this.ws;
+    if (this.ws !== undefined) return this.ws;
     const opening = this.http.socket('/rpc').then((ws) => {
       const pending = new Map<number, Pending>();
       ws.on('message', (data) => {

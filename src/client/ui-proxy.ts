@@ -24,15 +24,16 @@ export interface UiProxy {
 /** what the page needs before it has its key: the page itself and its assets (public on TCP too) */
 const PUBLIC = /^\/(?:|index\.html|assets\/[A-Za-z0-9._-]+|favicon\.ico|healthz)$/;
 
-export async function startUiProxy(socketPath: string, opts: { port?: number } = {}): Promise<UiProxy> {
-  const token = randomBytes(24).toString('base64url');
-  const want = Buffer.from(token);
-  let port = 0;
-  const hosts = (): Set<string> => new Set([`127.0.0.1:${port}`, `localhost:${port}`]);
-  const origins = (): Set<string> => new Set([...hosts()].map((h) => `http://${h}`));
+type Checked = { path: string } | { status: number; message: string };
 
-  /** The path to forward (its token removed), or the status to refuse with. */
-  const check = (req: IncomingMessage, ws: boolean): { path: string } | { status: number; message: string } => {
+/**
+ * The gate: the path to forward (its token removed), or the status to refuse with. `port` is read
+ * per request (it is known once the server listens).
+ */
+function gate(want: Buffer, port: () => number): (req: IncomingMessage, ws: boolean) => Checked {
+  const hosts = (): Set<string> => new Set([`127.0.0.1:${port()}`, `localhost:${port()}`]);
+  const origins = (): Set<string> => new Set([...hosts()].map((h) => `http://${h}`));
+  return (req, ws) => {
     if (!hosts().has(req.headers.host ?? ''))
       return { status: 403, message: 'this forward answers to 127.0.0.1 and localhost only' };
     if (ws && req.headers.origin !== undefined && !origins().has(req.headers.origin))
@@ -52,14 +53,71 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
       return { status: 401, message: 'open the URL `snaplab ui` printed (its token is the key)' };
     return { path };
   };
+}
 
-  const headersFor = (req: IncomingMessage): Record<string, string | string[]> => {
-    const h: Record<string, string | string[]> = {};
-    for (const [k, v] of Object.entries(req.headers))
-      if (v !== undefined && k !== 'authorization' && k !== 'cookie' && k !== 'host') h[k] = v;
-    h.host = 'localhost';
-    return h;
+function headersFor(req: IncomingMessage): Record<string, string | string[]> {
+  const h: Record<string, string | string[]> = {};
+  for (const [k, v] of Object.entries(req.headers))
+    if (v !== undefined && k !== 'authorization' && k !== 'cookie' && k !== 'host') h[k] = v;
+  h.host = 'localhost';
+  return h;
+}
+
+/** A request that passed the gate, to the daemon's socket and its answer back. */
+function forwardRequest(socketPath: string, path: string, req: IncomingMessage, res: ServerResponse): void {
+  const up = request({ socketPath, method: req.method, path, headers: headersFor(req) }, (r) => {
+    res.writeHead(r.statusCode ?? 502, r.headers);
+    r.pipe(res);
+    // the daemon ended its side before the end (it lets a slow event reader go, it stopped):
+    // end the browser's too, so an EventSource reconnects and a download fails, not hangs
+    r.on('close', () => {
+      if (!r.complete) res.destroy();
+    });
+  });
+  up.on('error', (e) => {
+    if (!res.headersSent)
+      res.writeHead(502, { 'content-type': 'application/json' }).end(
+        JSON.stringify({
+          code: 'DAEMON_UNREACHABLE',
+          message: `the daemon at ${socketPath}: ${e.message}`,
+          hint: 'is `snaplab serve` still running?',
+        }),
+      );
+    else res.destroy();
+  });
+  // a browser that goes away ends the daemon's side too (a download, an event stream)
+  res.on('close', () => {
+    if (!res.writableFinished) up.destroy();
+  });
+  req.pipe(up);
+}
+
+/** A WebSocket upgrade that passed the gate: its request line and headers, then bytes both ways. */
+function forwardUpgrade(socketPath: string, path: string, req: IncomingMessage, client: Socket, head: Buffer): void {
+  const up = connect(socketPath);
+  const lines = [`${req.method} ${path} HTTP/1.1`];
+  for (const [k, v] of Object.entries(headersFor(req))) for (const one of [v].flat()) lines.push(`${k}: ${one}`);
+  up.on('connect', () => {
+    up.write(`${lines.join('\r\n')}\r\n\r\n`);
+    if (head.length) up.write(head);
+    up.pipe(client);
+    client.pipe(up);
+  });
+  const end = (): void => {
+    up.destroy();
+    client.destroy();
   };
+  up.on('error', end);
+  client.on('error', end);
+  up.on('close', end);
+  client.on('close', end);
+}
+
+export async function startUiProxy(socketPath: string, opts: { port?: number } = {}): Promise<UiProxy> {
+  const token = randomBytes(24).toString('base64url');
+  const want = Buffer.from(token);
+  let port = 0;
+  const check = gate(want, () => port);
 
   const CODES: Record<number, string> = { 400: 'BAD_INPUT', 401: 'UNAUTHORIZED', 403: 'FORBIDDEN' };
   const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
@@ -74,31 +132,7 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
       );
       return;
     }
-    const up = request({ socketPath, method: req.method, path: c.path, headers: headersFor(req) }, (r) => {
-      res.writeHead(r.statusCode ?? 502, r.headers);
-      r.pipe(res);
-      // the daemon ended its side before the end (it lets a slow event reader go, it stopped):
-      // end the browser's too, so an EventSource reconnects and a download fails, not hangs
-      r.on('close', () => {
-        if (!r.complete) res.destroy();
-      });
-    });
-    up.on('error', (e) => {
-      if (!res.headersSent)
-        res.writeHead(502, { 'content-type': 'application/json' }).end(
-          JSON.stringify({
-            code: 'DAEMON_UNREACHABLE',
-            message: `the daemon at ${socketPath}: ${e.message}`,
-            hint: 'is `snaplab serve` still running?',
-          }),
-        );
-      else res.destroy();
-    });
-    // a browser that goes away ends the daemon's side too (a download, an event stream)
-    res.on('close', () => {
-      if (!res.writableFinished) up.destroy();
-    });
-    req.pipe(up);
+    forwardRequest(socketPath, c.path, req, res);
   };
 
   const onUpgrade = (req: IncomingMessage, client: Socket, head: Buffer): void => {
@@ -109,25 +143,9 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
       );
       return;
     }
-    const up = connect(socketPath);
     upgraded.add(client);
     client.once('close', () => upgraded.delete(client));
-    const lines = [`${req.method} ${c.path} HTTP/1.1`];
-    for (const [k, v] of Object.entries(headersFor(req))) for (const one of [v].flat()) lines.push(`${k}: ${one}`);
-    up.on('connect', () => {
-      up.write(`${lines.join('\r\n')}\r\n\r\n`);
-      if (head.length) up.write(head);
-      up.pipe(client);
-      client.pipe(up);
-    });
-    const end = (): void => {
-      up.destroy();
-      client.destroy();
-    };
-    up.on('error', end);
-    client.on('error', end);
-    up.on('close', end);
-    client.on('close', end);
+    forwardUpgrade(socketPath, c.path, req, client, head);
   };
 
   const upgraded = new Set<Socket>();

@@ -11,7 +11,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { IKeyValue } from 'etcd3';
 import type { Caller } from '../server/keys.js';
-import type { Gateway } from './gateway.js';
+import type { GatewayApi } from './gateway-api.js';
 import type { SandboxEntry } from './store.js';
 
 const SLOW_READER_BYTES = 1 << 20;
@@ -25,7 +25,7 @@ const STATE_EVENT: Record<string, string> = {
 };
 
 export async function clusterEvents(
-  g: Gateway,
+  g: GatewayApi,
   req: IncomingMessage,
   res: ServerResponse,
   caller: Caller,
@@ -70,7 +70,10 @@ export async function clusterEvents(
       if (!e || !mine(e)) return;
       const base = { at, sandbox: e.id, name: e.name, node: e.node, data: { owner: e.owner } };
       // a forgotten one was told destroyed when its owner removed it: its tombstone's end is not news
-      if (deleted) return e.state === 'forgotten' ? undefined : send(rev, 'destroyed', { ...base, reason: null });
+      if (deleted) {
+        if (e.state !== 'forgotten') send(rev, 'destroyed', { ...base, reason: null });
+        return;
+      }
       const was = prev ? (JSON.parse(prev.value.toString()) as SandboxEntry) : undefined;
       if (!was) send(rev, 'created', { ...base, reason: null });
       else if (was.state !== e.state && STATE_EVENT[e.state])

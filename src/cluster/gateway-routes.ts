@@ -7,8 +7,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import { createKeyEntry } from './keys.js';
 import type { Caller } from '../server/keys.js';
-import { absentView, readJson, type Gateway } from './gateway.js';
-import { ask, asSnaplab, errorBody, sendJson, upstreamPath } from './proxy.js';
+import { absentView, type GatewayApi } from './gateway-api.js';
+import { ask, asSnaplab, errorBody, readJson, sendJson, upstreamPath } from './proxy.js';
 import { statusOf } from '../server/http-errors.js';
 import type { NodeInfo } from './store.js';
 import { eligible } from './placement.js';
@@ -78,7 +78,10 @@ async function onNodes<T>(
   };
 }
 
-export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
+type Route = [method: string, path: RegExp, scope: Scope | null, handler: Handler];
+
+/** What several route groups share: a call on one sandbox, on each node, on the nodes that hold a thing. */
+function helpers(g: GatewayApi) {
   /** A call on one sandbox: to its node, as it came. */
   const toSandbox: Handler = async (req, res, m, c) => g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
   /** The nodes the body's `placement.labels` (or all) name, for calls made on each node. */
@@ -135,8 +138,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
     if (!n) throw what;
     return n;
   };
+  return { toSandbox, targets, onEach, holders, firstHolder };
+}
 
-  const routes: [string, RegExp, Scope | null, Handler][] = [
+/** Health, the API document, the caller, the nodes and the event stream. */
+function serviceRoutes(g: GatewayApi): Route[] {
+  return [
     ['GET', /^\/healthz$/, null, (_q, res) => sendJson(res, 200, g.health())],
     [
       'GET',
@@ -200,7 +207,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         return sandbox ? g.nodeOf(sandbox, c).then((n) => g.forward(req, res, n, c)) : g.events(req, res, c);
       },
     ],
+  ];
+}
 
+function sandboxRoutes(g: GatewayApi): Route[] {
+  const { toSandbox } = helpers(g);
+  return [
     ['POST', /^\/sandboxes$/, 'exec', (req, res, _m, c) => g.create(req, res, c)],
     [
       'GET',
@@ -253,7 +265,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       },
     ],
     ['*', /^\/sandboxes\/([^/]+)(\/.+)?$/, 'exec', toSandbox],
+  ];
+}
 
+function snapshotRoutes(g: GatewayApi): Route[] {
+  const { firstHolder } = helpers(g);
+  return [
     [
       'GET',
       /^\/snapshots$/,
@@ -286,7 +303,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         g.forward(req, res, n.name, c);
       },
     ],
+  ];
+}
 
+/** Pools summed over the nodes that hold them, and their takes. */
+function poolRoutes(g: GatewayApi): Route[] {
+  return [
     [
       'GET',
       /^\/pools$/,
@@ -326,6 +348,28 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         sendJson(res, 200, sum);
       },
     ],
+    [
+      'GET',
+      /^\/pools\/([^/]+)\/takes$/,
+      'read',
+      async (req, res, m, c) => {
+        const q = query(req);
+        const each = await g.askAll<{ now: number; next: unknown; takes: unknown[] }>(c, `/pools/${m[1]}/takes${q}`);
+        sendJson(res, 200, {
+          now: Date.now(),
+          next: null,
+          takes: each.flatMap((a) => a.value.takes),
+          nodes: each.map((a) => ({ node: a.node, next: a.value.next })),
+        });
+      },
+    ],
+  ];
+}
+
+/** Define, resize and remove a pool: on each node it is (to be) on. */
+function poolChangeRoutes(g: GatewayApi): Route[] {
+  const { targets, onEach, holders } = helpers(g);
+  return [
     [
       'POST',
       /^\/pools$/,
@@ -375,6 +419,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         sendJson(res, 200, { removed, nodes: done.map((d) => d.node) });
       },
     ],
+  ];
+}
+
+/** A pool run: on the node placement chooses, once more elsewhere if that node could not be reached. */
+function poolRunRoute(g: GatewayApi): Route[] {
+  return [
     [
       'POST',
       /^\/pools\/([^/]+)\/run$/,
@@ -407,22 +457,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         }
       },
     ],
-    [
-      'GET',
-      /^\/pools\/([^/]+)\/takes$/,
-      'read',
-      async (req, res, m, c) => {
-        const q = query(req);
-        const each = await g.askAll<{ now: number; next: unknown; takes: unknown[] }>(c, `/pools/${m[1]}/takes${q}`);
-        sendJson(res, 200, {
-          now: Date.now(),
-          next: null,
-          takes: each.flatMap((a) => a.value.takes),
-          nodes: each.map((a) => ({ node: a.node, next: a.value.next })),
-        });
-      },
-    ],
+  ];
+}
 
+/** Operations: a node's own, or one made of a part on each node. */
+function operationRoutes(g: GatewayApi): Route[] {
+  return [
     [
       'GET',
       /^\/operations$/,
@@ -486,7 +526,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         });
       },
     ],
+  ];
+}
 
+function imageRoutes(g: GatewayApi): Route[] {
+  const { targets, onEach } = helpers(g);
+  return [
     [
       'GET',
       /^\/images$/,
@@ -545,7 +590,12 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         sendJson(res, 200, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
       },
     ],
+  ];
+}
 
+function scenarioRoutes(g: GatewayApi): Route[] {
+  const { firstHolder } = helpers(g);
+  return [
     [
       'GET',
       /^\/scenarios$/,
@@ -590,7 +640,13 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         g.forward(req, res, n.name, c);
       },
     ],
+  ];
+}
 
+/** Traces, usage and the gateway's own metrics. */
+function observeRoutes(g: GatewayApi): Route[] {
+  const { firstHolder } = helpers(g);
+  return [
     [
       'GET',
       /^\/traces$/,
@@ -646,10 +702,10 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
           '# HELP snaplab_gateway_sandboxes Sandboxes recorded in the cluster, by state',
           '# TYPE snaplab_gateway_sandboxes gauge',
           ...Object.entries(
-            [...g.view.sandboxes.values()].reduce<Record<string, number>>(
-              (a, e) => ({ ...a, [e.state]: (a[e.state] ?? 0) + 1 }),
-              {},
-            ),
+            [...g.view.sandboxes.values()].reduce<Record<string, number>>((a, e) => {
+              a[e.state] = (a[e.state] ?? 0) + 1;
+              return a;
+            }, {}),
           ).map(([s, n]) => `snaplab_gateway_sandboxes{state="${s}"} ${n}`),
           '# HELP snaplab_gateway_placement_ms Time to choose a node (recent placements)',
           '# TYPE snaplab_gateway_placement_ms summary',
@@ -660,7 +716,11 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
         res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(`${text.join('\n')}\n`);
       },
     ],
+  ];
+}
 
+function keyRoutes(g: GatewayApi): Route[] {
+  return [
     [
       'GET',
       /^\/keys$/,
@@ -698,7 +758,22 @@ export function clusterRoutes(g: Gateway): (req: IncomingMessage, res: ServerRes
       },
     ],
   ];
+}
 
+export function clusterRoutes(g: GatewayApi): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
+  const routes: Route[] = [
+    ...serviceRoutes(g),
+    ...sandboxRoutes(g),
+    ...snapshotRoutes(g),
+    ...poolRoutes(g),
+    ...poolChangeRoutes(g),
+    ...poolRunRoute(g),
+    ...operationRoutes(g),
+    ...imageRoutes(g),
+    ...scenarioRoutes(g),
+    ...observeRoutes(g),
+    ...keyRoutes(g),
+  ];
   return async (req, res) => {
     const path = new URL(req.url!, 'http://x').pathname;
     for (const [method, re, scope, handler] of routes) {

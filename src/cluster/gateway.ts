@@ -21,8 +21,9 @@ import { defaultName, newId } from '../lab/names.js';
 import { clusterOwner, hashKey, requireScope, type Caller } from '../server/keys.js';
 import { QuotaError } from '../server/http-errors.js';
 import { VERSION } from '../version.js';
+import type { GatewayApi } from './gateway-api.js';
 import { clusterRoutes } from './gateway-routes.js';
-import { ask, asSnaplab, errorBody, forward, forwardUpgrade, sendError, sendJson } from './proxy.js';
+import { ask, asSnaplab, errorBody, forward, forwardUpgrade, readJson, sendError, sendJson } from './proxy.js';
 import { statusOf } from '../server/http-errors.js';
 import { relayRpc } from './rpc-relay.js';
 import { ClusterStore, type Claim, type NodeInfo, type SandboxEntry } from './store.js';
@@ -39,35 +40,12 @@ export interface GatewayOptions {
   log?: (line: Record<string, unknown>) => void;
 }
 
-const MAX_JSON = 8 << 20;
 /** a node's create is bounded by its own limit (300 s, then cleaned); the gateway waits a little longer */
 const CREATE_TIMEOUT_MS = 330_000;
 /** a create's claim in the store lapses after this, whatever became of the gateway that made it */
 const CLAIM_TTL_S = 360;
 
-export async function readJson(req: IncomingMessage): Promise<Record<string, unknown>> {
-  const parts: Buffer[] = [];
-  let size = 0;
-  for await (const b of req) {
-    size += (b as Buffer).length;
-    if (size > MAX_JSON) throw new SnaplabError('PAYLOAD_TOO_LARGE', 'a JSON body over 8 MiB', 'send files as streams');
-    parts.push(b as Buffer);
-  }
-  if (!size) return {};
-  try {
-    const v = JSON.parse(Buffer.concat(parts).toString()) as unknown;
-    if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SyntaxError('not an object');
-    return v as Record<string, unknown>;
-  } catch (e) {
-    throw new SnaplabError(
-      'BAD_INPUT',
-      `invalid JSON body: ${(e as Error).message}`,
-      'send a JSON object (content-type: application/json)',
-    );
-  }
-}
-
-export class Gateway {
+export class Gateway implements GatewayApi {
   readonly choices: number;
   /** pool runs sent to each node and not answered, by pool: ready standbys not to count twice */
   private readonly runs = new Map<string, number>();
@@ -540,34 +518,4 @@ export function lostError(e: SandboxEntry): SnaplabError {
     `sandbox ${e.name} is lost: ${e.reason ?? `node ${e.node} is gone`}`,
     'create a new one; `DELETE /sandboxes/{id}` removes this record',
   );
-}
-
-/** What a list shows for a sandbox its node cannot answer for. */
-export function absentView(e: SandboxEntry, left: boolean): Record<string, unknown> {
-  return {
-    id: e.id,
-    name: e.name,
-    image: e.image,
-    state: e.state === 'lost' ? 'lost' : 'unreachable',
-    node: e.node,
-    owner: e.owner,
-    labels: e.labels,
-    // what the node alone knows is unknown here: the fields a view has, empty
-    metadata: {},
-    storage: null,
-    driver: null,
-    limits: {},
-    origin: null,
-    pid: null,
-    timeoutS: 0,
-    onTimeout: 'kill',
-    expiresAt: null,
-    createdAt: new Date(e.createdAt).toISOString(),
-    reason:
-      e.state === 'lost'
-        ? e.reason
-        : left
-          ? `its node ${e.node} was stopped; it serves its sandboxes again when it restarts`
-          : `its node ${e.node} is not answering`,
-  };
 }

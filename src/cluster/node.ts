@@ -110,6 +110,7 @@ export class ClusterNode {
       if (this.closed || this.lease !== lease) return;
       this.daemon.log({ msg: 'cluster lease lost; joining again', error: e.message });
       this.lease = undefined;
+      // never rejects: each failed attempt is logged and tried again
       void this.rejoin();
     });
     // the lease is the node's only once all of this is done: a failure on the way revokes it, and
@@ -212,13 +213,14 @@ export class ClusterNode {
     if (this.closed || this.soon) return;
     this.soon = setTimeout(() => {
       this.soon = undefined;
+      // never rejects: a failed publish is logged, and the next heartbeat publishes again
       void this.publish();
     }, ms);
   }
 
   /** NodeInfo and the sandbox entries, written now; never two at once. */
   publish(): Promise<void> {
-    if (this.publishing) {
+    if (this.publishing !== undefined) {
       this.again = true;
       return this.publishing;
     }

@@ -304,3 +304,28 @@ export function forwardUpgrade(
   });
   up.end();
 }
+
+const MAX_JSON = 8 << 20;
+
+/** A request's JSON object body (at most 8 MiB; none is `{}`). */
+export async function readJson(req: IncomingMessage): Promise<Record<string, unknown>> {
+  const parts: Buffer[] = [];
+  let size = 0;
+  for await (const b of req) {
+    size += (b as Buffer).length;
+    if (size > MAX_JSON) throw new SnaplabError('PAYLOAD_TOO_LARGE', 'a JSON body over 8 MiB', 'send files as streams');
+    parts.push(b as Buffer);
+  }
+  if (!size) return {};
+  try {
+    const v = JSON.parse(Buffer.concat(parts).toString()) as unknown;
+    if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SyntaxError('not an object');
+    return v as Record<string, unknown>;
+  } catch (e) {
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid JSON body: ${(e as Error).message}`,
+      'send a JSON object (content-type: application/json)',
+    );
+  }
+}

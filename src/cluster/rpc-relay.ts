@@ -10,7 +10,7 @@ import { SnaplabError } from '../errors.js';
 import type { Caller } from '../server/keys.js';
 import { CALLER_HEADER } from '../server/keys.js';
 import { asSnaplab, callerHeader, CONNECT_TIMEOUT_MS, neverConnected } from './proxy.js';
-import type { Gateway } from './gateway.js';
+import type { GatewayApi } from './gateway-api.js';
 
 interface Upstream {
   ws: Promise<WebSocket>;
@@ -18,16 +18,18 @@ interface Upstream {
   pending: Map<string, { pool?: string }>;
 }
 
-export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
-  const ups = new Map<string, Upstream>();
-  let closed = false;
-  const answer = (m: unknown): void => {
-    if (client.readyState === client.OPEN) client.send(JSON.stringify(m));
-  };
-  const fail = (id: unknown, e: SnaplabError): void => answer({ id, error: e.toJSON() });
-  const untrack = g.track(caller, () => client.close(1008, 'key removed'));
-
-  const open = (node: string): Upstream => {
+/**
+ * The node connections of one client connection (in `ups`): the function gives a node's, made on
+ * first use. Answers go to the client as they come; a node's close fails the calls it still had.
+ */
+function nodeConnections(
+  g: GatewayApi,
+  caller: Caller,
+  client: WebSocket,
+  ups: Map<string, Upstream>,
+  fail: (id: unknown, e: SnaplabError) => void,
+): (node: string) => Upstream {
+  return (node: string): Upstream => {
     const had = ups.get(node);
     if (had) return had;
     const info = g.view.live(node);
@@ -92,6 +94,18 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
     u.ws.catch(() => undefined);
     return u;
   };
+}
+
+export function relayRpc(g: GatewayApi, client: WebSocket, caller: Caller): void {
+  const ups = new Map<string, Upstream>();
+  let closed = false;
+  const answer = (m: unknown): void => {
+    if (client.readyState === client.OPEN) client.send(JSON.stringify(m));
+  };
+  const fail = (id: unknown, e: SnaplabError): void => answer({ id, error: e.toJSON() });
+  const untrack = g.track(caller, () => client.close(1008, 'key removed'));
+
+  const open = nodeConnections(g, caller, client, ups, fail);
 
   const send = async (node: string, id: unknown, text: string, pool?: string): Promise<void> => {
     const u = open(node);

@@ -24,7 +24,9 @@ class Histogram {
     const out = [`# HELP ${name} ${help}`, `# TYPE ${name} histogram`];
     for (const [labels, h] of this.counts) {
       const sep = labels ? `${labels},` : '';
-      BUCKETS_MS.forEach((b, i) => out.push(`${name}_bucket{${sep}le="${b / 1000}"} ${h.buckets[i]}`));
+      BUCKETS_MS.forEach((b, i) => {
+        out.push(`${name}_bucket{${sep}le="${b / 1000}"} ${h.buckets[i]}`);
+      });
       out.push(
         `${name}_bucket{${sep}le="+Inf"} ${h.n}`,
         `${name}_sum${labels ? `{${labels}}` : ''} ${h.sum}`,

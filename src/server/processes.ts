@@ -149,6 +149,7 @@ export class Process extends EventEmitter {
   abandon(): void {
     this.holders = 0;
     this.agent?.pauseOutput(false);
+    // never rejects: it waits for the socket's close, or destroys the socket after a second
     void this.agent?.close();
   }
 

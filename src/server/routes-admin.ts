@@ -17,6 +17,19 @@ const any = Type.Object({}, { additionalProperties: true });
 const NameParams = Type.Object({ name: Type.String() });
 
 export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
+  eventRoutes(app, d);
+  metricsRoutes(app, d);
+  operationRoutes(app, d);
+  snapshotRoutes(app, d);
+  poolRoutes(app, d);
+  poolRunRoute(app, d);
+  imageRoutes(app, d);
+  scenarioRoutes(app, d);
+  scenarioControlRoutes(app, d);
+  keyRoutes(app, d);
+}
+
+function eventRoutes(app: FastifyInstance, d: Daemon): void {
   const store = d.lab.context.store;
 
   // events: server-sent, with ids; Last-Event-ID (or ?after=) resumes after that id
@@ -78,6 +91,11 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
       });
     },
   );
+}
+
+/** Metrics and traces. */
+function metricsRoutes(app: FastifyInstance, d: Daemon): void {
+  const store = d.lab.context.store;
 
   app.get(
     '/metrics',
@@ -141,7 +159,9 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
       return t;
     },
   );
+}
 
+function operationRoutes(app: FastifyInstance, d: Daemon): void {
   app.get(
     '/operations',
     { config: { scope: 'read' }, schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } },
@@ -161,7 +181,9 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     },
     async (req) => d.operations.get((req.params as { id: string }).id, (req.query as { wait?: number }).wait ?? 0),
   );
+}
 
+function snapshotRoutes(app: FastifyInstance, d: Daemon): void {
   // snapshots (made at POST /sandboxes/{id}/snapshots; restored by POST /sandboxes {snapshot})
   app.get(
     '/snapshots',
@@ -187,7 +209,9 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
       return reply.status(204).send();
     },
   );
+}
 
+function poolRoutes(app: FastifyInstance, d: Daemon): void {
   // pools: the daemon holds each one, so it is refilled for as long as the daemon runs
   app.get(
     '/pools',
@@ -257,6 +281,9 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     },
     async (req) => ({ removed: await d.lab.pool((req.params as { name: string }).name).remove() }),
   );
+}
+
+function poolRunRoute(app: FastifyInstance, d: Daemon): void {
   app.post(
     '/pools/:name/run',
     {
@@ -303,8 +330,9 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
       }
     },
   );
+}
 
-  // images
+function imageRoutes(app: FastifyInstance, d: Daemon): void {
   app.get(
     '/images',
     { config: { scope: 'read' }, schema: { tags: ['images'], response: { 200: Type.Array(any), ...errors } } },
@@ -364,8 +392,9 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     async (req) =>
       d.lab.removeImage((req.params as { name: string }).name, { force: (req.query as { force?: boolean }).force }),
   );
+}
 
-  // scenarios
+function scenarioRoutes(app: FastifyInstance, d: Daemon): void {
   // one scenario that cannot be read now (being torn down) is shown as such, not a failed list
   app.get(
     '/scenarios',
@@ -417,6 +446,18 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
         );
     },
   );
+  app.delete(
+    '/scenarios/:name',
+    {
+      config: { scope: 'admin' },
+      schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } },
+    },
+    async (req) => d.lab.scenario((req.params as { name: string }).name).down(),
+  );
+}
+
+/** Snapshot, reset and network faults of a running scenario. */
+function scenarioControlRoutes(app: FastifyInstance, d: Daemon): void {
   app.post(
     '/scenarios/:name/snapshot',
     {
@@ -478,14 +519,10 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
       return reply.status(204).send();
     },
   );
-  app.delete(
-    '/scenarios/:name',
-    {
-      config: { scope: 'admin' },
-      schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } },
-    },
-    async (req) => d.lab.scenario((req.params as { name: string }).name).down(),
-  );
+}
+
+function keyRoutes(app: FastifyInstance, d: Daemon): void {
+  const store = d.lab.context.store;
 
   // keys (admin)
   app.get(

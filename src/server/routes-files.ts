@@ -24,10 +24,23 @@ export function streamBody(body: unknown): Readable {
   );
 }
 
+const tags = ['files'];
+const info = Type.Object({}, { additionalProperties: true });
+
+/** The sandbox of a request's `:id`, as its caller may see it. */
+function boxOf(d: Daemon) {
+  return (req: FastifyRequest) => d.sandbox((req.params as { id: string }).id, req.caller);
+}
+
 export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  const tags = ['files'];
-  const box = (req: FastifyRequest) => d.sandbox((req.params as { id: string }).id, req.caller);
-  const info = Type.Object({}, { additionalProperties: true });
+  fileContentRoutes(app, d);
+  fileEntryRoutes(app, d);
+  archiveRoutes(app, d);
+}
+
+/** A file's bytes, down and up. */
+function fileContentRoutes(app: FastifyInstance, d: Daemon): void {
+  const box = boxOf(d);
 
   app.get(
     '/sandboxes/:id/files',
@@ -84,6 +97,11 @@ export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void>
       return { bytes };
     },
   );
+}
+
+/** Stat, list, mkdir and remove. */
+function fileEntryRoutes(app: FastifyInstance, d: Daemon): void {
+  const box = boxOf(d);
 
   app.get(
     '/sandboxes/:id/files/stat',
@@ -168,6 +186,11 @@ export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void>
       return reply.status(204).send();
     },
   );
+}
+
+/** Trees as tar, both ways. */
+function archiveRoutes(app: FastifyInstance, d: Daemon): void {
+  const box = boxOf(d);
 
   app.put(
     '/sandboxes/:id/archive',

@@ -31,8 +31,16 @@ export function execView(r: ExecResult, encoding: 'utf8' | 'base64' = 'utf8'): R
   };
 }
 
+const tags = ['sandboxes'];
+
 export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  const tags = ['sandboxes'];
+  lifecycleRoutes(app, d);
+  controlRoutes(app, d);
+  execAndSnapshotRoutes(app, d);
+}
+
+/** Create, list, get, destroy. */
+function lifecycleRoutes(app: FastifyInstance, d: Daemon): void {
   app.post(
     '/sandboxes',
     {
@@ -99,7 +107,10 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
       return reply.status(204).send();
     },
   );
+}
 
+/** Pause, resume, timeout, labels. */
+function controlRoutes(app: FastifyInstance, d: Daemon): void {
   app.post(
     '/sandboxes/:id/pause',
     {
@@ -164,7 +175,9 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
       return d.view(box);
     },
   );
+}
 
+function execAndSnapshotRoutes(app: FastifyInstance, d: Daemon): void {
   app.post(
     '/sandboxes/:id/exec',
     {

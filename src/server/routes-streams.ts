@@ -116,7 +116,10 @@ function pump(p: Process, ws: WebSocket, offset: number, onExitSent?: () => void
   };
   if (ws.readyState !== ws.OPEN) return;
   catchUp();
-  if (p.ended) return finish();
+  if (p.ended) {
+    finish();
+    return;
+  }
   p.on('chunk', onChunk);
   p.once('exit', finish);
   ws.once('close', detach);
@@ -131,6 +134,7 @@ function control(p: Process, ws: WebSocket, held: [Buffer, boolean][] = []): voi
       if (isBinary) {
         if (!h.write(data as Buffer)) {
           ws.pause();
+          // never rejects: it resolves when the input drains or the connection to the agent is gone
           void h.drained().then(() => ws.resume());
         }
         return;
@@ -251,10 +255,12 @@ function processSpec(m: Record<string, unknown>): ProcessSpec {
 
 const ProcParams = Type.Object({ id: Type.String(), pid: Type.String() });
 
-export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  const tags = ['processes'];
-  /** A process of a sandbox the caller may see (else not found). */
-  const proc = (caller: Caller, id: string, pid: string): Process => {
+const tags = ['processes'];
+const info = Type.Object({}, { additionalProperties: true });
+
+/** A process of a sandbox the caller may see (else not found). */
+function procOf(d: Daemon) {
+  return (caller: Caller, id: string, pid: string): Process => {
     const rec = d.lab.context.store.sandboxState(sandboxKey(id));
     if (!rec || !d.visible(caller, rec.id))
       throw new SnaplabError(
@@ -264,6 +270,17 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
       );
     return d.processes.get(rec.id, pid);
   };
+}
+
+export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
+  execStreamRoute(app, d);
+  attachRoute(app, d);
+  processRoutes(app, d);
+  outputRoute(app, d);
+  processInputRoutes(app, d);
+}
+
+function execStreamRoute(app: FastifyInstance, d: Daemon): void {
   app.get(
     '/sandboxes/:id/exec',
     {
@@ -320,7 +337,10 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
       })();
     },
   );
+}
 
+function attachRoute(app: FastifyInstance, d: Daemon): void {
+  const proc = procOf(d);
   app.get(
     '/sandboxes/:id/processes/:pid/attach',
     {
@@ -350,9 +370,11 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
       }
     },
   );
+}
 
-  const info = Type.Object({}, { additionalProperties: true });
-
+/** Start, list and get background processes. */
+function processRoutes(app: FastifyInstance, d: Daemon): void {
+  const proc = procOf(d);
   app.post(
     '/sandboxes/:id/processes',
     {
@@ -398,7 +420,10 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
       return proc(req.caller, id, pid).info();
     },
   );
+}
 
+function outputRoute(app: FastifyInstance, d: Daemon): void {
+  const proc = procOf(d);
   app.get(
     '/sandboxes/:id/processes/:pid/output',
     {
@@ -442,7 +467,11 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
       };
     },
   );
+}
 
+/** Signal, stdin, kill. */
+function processInputRoutes(app: FastifyInstance, d: Daemon): void {
+  const proc = procOf(d);
   app.post(
     '/sandboxes/:id/processes/:pid/signal',
     {

@@ -25,6 +25,14 @@ const RESULTS_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 export const webRoot = (): string => join(packageRoot(), 'dist', 'web');
 
 export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
+  await staticFiles(app);
+  usageRoutes(app, d);
+  takesRoute(app, d);
+  benchRoutes(app, d);
+}
+
+/** The dashboard's built files, or a `/` that says they are not built. */
+async function staticFiles(app: FastifyInstance): Promise<void> {
   const root = webRoot();
   if (existsSync(join(root, 'index.html'))) {
     // wildcard: false routes each built file by name (found once, at start), so no catch-all
@@ -52,7 +60,10 @@ export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
       );
     });
   }
+}
 
+/** Who the caller is, and what its machines use. */
+function usageRoutes(app: FastifyInstance, d: Daemon): void {
   app.get(
     '/whoami',
     {
@@ -92,7 +103,9 @@ export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
       );
     },
   );
+}
 
+function takesRoute(app: FastifyInstance, d: Daemon): void {
   // every take of a pool's standbys (a pool run's take phase, or a take for the caller's own use),
   // from the stored traces: takes by the CLI and the library count as well as the daemon's own.
   // `after` is the cursor of the last answer (traces in the order they were stored); `now` is the
@@ -133,7 +146,9 @@ export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
       return { now, next, takes };
     },
   );
+}
 
+function benchRoutes(app: FastifyInstance, d: Daemon): void {
   const benchDir = d.opts.benchDir ?? join(d.lab.home, 'bench');
   app.get(
     '/bench',

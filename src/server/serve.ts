@@ -98,10 +98,49 @@ export function logger(json: boolean): { log: (line: Record<string, unknown>) =>
     }
     pending.push(text);
     size += text.length;
-    if (!request || size > 65536) return flush();
+    if (!request || size > 65536) {
+      flush();
+      return;
+    }
     timer ??= setTimeout(flush, 50);
   };
   return { log, flush };
+}
+
+/**
+ * The trusted app on the Unix socket, which only the daemon's user may open. `apps` has it before
+ * it listens, so a failed listen still closes it.
+ */
+async function listenLocal(daemon: Daemon, socket: string, apps: FastifyInstance[]): Promise<void> {
+  await mkdir(dirname(socket), { recursive: true });
+  await claimSocket(socket);
+  const local = await buildApp(daemon, { trusted: true });
+  apps.push(local);
+  // made with the umask narrowed (nothing else of this process makes files yet), then 0600
+  const mask = process.umask(0o177);
+  try {
+    await local.listen({ path: socket });
+  } finally {
+    process.umask(mask);
+  }
+  await chmod(socket, 0o600);
+}
+
+/** The keyed app on TCP (in `apps` before it listens, as above); its URL. */
+async function listenTcp(
+  daemon: Daemon,
+  listen: string,
+  token: string | undefined,
+  apps: FastifyInstance[],
+): Promise<string | null> {
+  const { host, port } = parseListen(listen);
+  const tcp = await buildApp(daemon, { trusted: false, clusterToken: token });
+  apps.push(tcp);
+  await tcp.listen({ host, port });
+  const addr = tcp.server.address();
+  return typeof addr === 'object' && addr
+    ? `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`
+    : null;
 }
 
 export async function serve(opts: ServeOptions = {}): Promise<Server> {
@@ -149,18 +188,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
   try {
     // the socket first: a second daemon on the same home stops here, before it adopts anything
     const socket = opts.socket ?? defaultSocket(daemon.lab.home ?? DEFAULT_HOME);
-    await mkdir(dirname(socket), { recursive: true });
-    await claimSocket(socket);
-    const local = await buildApp(daemon, { trusted: true });
-    apps.push(local);
-    // made with the umask narrowed (nothing else of this process makes files yet), then 0600
-    const mask = process.umask(0o177);
-    try {
-      await local.listen({ path: socket });
-    } finally {
-      process.umask(mask);
-    }
-    await chmod(socket, 0o600);
+    await listenLocal(daemon, socket, apps);
     await daemon.start();
     let url: string | null = null;
     if (opts.node) {
@@ -168,17 +196,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       cluster = await ClusterStore.open(opts.node.cluster);
       token = await cluster.token();
     }
-    if (opts.listen) {
-      const { host, port } = parseListen(opts.listen);
-      const tcp = await buildApp(daemon, { trusted: false, clusterToken: token });
-      apps.push(tcp);
-      await tcp.listen({ host, port });
-      const addr = tcp.server.address();
-      url =
-        typeof addr === 'object' && addr
-          ? `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`
-          : null;
-    }
+    if (opts.listen) url = await listenTcp(daemon, opts.listen, token, apps);
     if (cluster && opts.node) {
       const { ClusterNode } = await import('../cluster/node.js');
       node = await ClusterNode.join(daemon, cluster, token!, { ...opts.node, url: opts.node.advertise ?? url! });
