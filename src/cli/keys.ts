@@ -44,7 +44,7 @@ function registerKeyCreate(key: Command): void {
       name: string,
       o: CommonOptions & { scope: string; maxSandboxes?: number; maxExecs?: number; cluster?: string },
     ) => {
-      const { parseScopes } = await import('../server/keys.js');
+      const { parseScopes } = await import('../lab/keys.js');
       const show = (token: string, k: KeyView): void => {
         if (o.json) {
           printJson({ name: k.name, scopes: k.scopes, maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs, token });
@@ -64,8 +64,7 @@ function registerKeyCreate(key: Command): void {
         });
       }
       return withLab(o, async (lab) => {
-        const { createKey } = await import('../server/keys.js');
-        const { token, key: k } = createKey(lab.context.store, name, opts);
+        const { token, key: k } = lab.keys.create(name, opts);
         show(token, k);
       });
     },
@@ -94,7 +93,7 @@ function registerKeyLs(key: Command): void {
     };
     if (o.cluster)
       return withCluster(o.cluster, o.json, async (store) => show((await store.keys()).map(({ hash: _h, ...k }) => k)));
-    return withLab(o, async (lab) => show(lab.context.store.listKeys().map(({ hash: _h, ...k }) => k)));
+    return withLab(o, async (lab) => show(lab.keys.list()));
   });
 }
 
@@ -118,8 +117,7 @@ function registerKeyRm(key: Command): void {
       });
     }
     return withLab(o, async (lab) => {
-      const { removeKey } = await import('../server/keys.js');
-      removeKey(lab.context.store, name);
+      lab.keys.remove(name);
       if (o.json) printJson({ removed: name });
     });
   });

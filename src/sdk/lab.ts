@@ -29,6 +29,7 @@ import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
+import { KeyRing } from '../lab/keys.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { checkCreateInputs } from './create-options.js';
 import { SnaplabError } from '../errors.js';
@@ -346,6 +347,11 @@ export class Lab implements LabApi {
 
   scenarios(): Scenario[] {
     return this.ctx.store.listScenarios().map((s) => new Scenario(this.ctx, s.name));
+  }
+
+  /** The API keys of this home's daemon (`snaplab key`): only their hashes are kept. */
+  get keys(): KeyRing {
+    return new KeyRing(this.ctx.store);
   }
 
   /** @internal for the CLI's doctor and bench */

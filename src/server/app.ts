@@ -86,8 +86,7 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
           ? gatewayCaller(opts.clusterToken, req.headers.authorization, req.headers[CALLER_HEADER])
           : undefined;
         req.caller =
-          viaGateway ??
-          authenticate(daemon.lab.context.store, req.headers.authorization, headerless ? q?.token : undefined);
+          viaGateway ?? authenticate(daemon.lab.keys, req.headers.authorization, headerless ? q?.token : undefined);
         requireScope(req.caller, scope);
       } catch (e) {
         return done(e as Error);

@@ -431,16 +431,14 @@ export class Daemon {
   /** Is this caller's key still there (a key removed by `snaplab key rm` in another process)? */
   stillValid(caller: Caller): boolean {
     return (
-      caller === LOCAL ||
-      caller.viaGateway === true ||
-      (caller.hash !== undefined && this.lab.context.store.getKeyByHash(caller.hash) !== undefined)
+      caller === LOCAL || caller.viaGateway === true || (caller.hash !== undefined && this.lab.keys.has(caller.hash))
     );
   }
 
   private closeRevoked(): void {
     for (const [key, set] of this.sockets) {
       for (const e of set) {
-        if (e.hash && !this.lab.context.store.getKeyByHash(e.hash)) {
+        if (e.hash && !this.lab.keys.has(e.hash)) {
           set.delete(e);
           e.close();
         }

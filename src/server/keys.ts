@@ -4,14 +4,12 @@
  * scenarios, keys) and optional quotas. Requests on the Unix socket carry no key: the socket is
  * mode 0600, whoever can open it is root already.
  */
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { timingSafeEqual } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
-import { checkName } from '../lab/names.js';
-import type { Store } from '../store/store.js';
-import type { ApiKeyRecord, Scope } from '../store/records.js';
+import { SCOPES, type KeyRing } from '../lab/keys.js';
+import type { Scope } from '../store/records.js';
 
-export const SCOPES: readonly Scope[] = ['read', 'exec', 'admin'];
-const PREFIX = 'snaplab_';
+export { hashKey, newToken, parseScopes, SCOPES } from '../lab/keys.js';
 
 /** Who is calling: a key's name, scopes and quotas ('local' on the Unix socket: every scope, no quota). */
 export interface Caller {
@@ -27,62 +25,8 @@ export interface Caller {
 
 export const LOCAL: Caller = { key: 'local', scopes: new Set(SCOPES), maxSandboxes: null, maxExecs: null };
 
-export const hashKey = (token: string): string => createHash('sha256').update(token).digest('hex');
-
-export function parseScopes(text: string): Scope[] {
-  const scopes = text
-    .split(',')
-    .map((s) => s.trim())
-    .filter(Boolean);
-  for (const s of scopes) {
-    if (!SCOPES.includes(s as Scope))
-      throw new SnaplabError(
-        'BAD_INPUT',
-        `unknown scope ${JSON.stringify(s)}`,
-        `scopes are ${SCOPES.join(', ')} (comma-separated)`,
-      );
-  }
-  if (!scopes.length) throw new SnaplabError('BAD_INPUT', 'no scope given', `give one or more of ${SCOPES.join(', ')}`);
-  return [...new Set(scopes)] as Scope[];
-}
-
-/** A new API key: shown once, only its hash kept. */
-export const newToken = (): string => PREFIX + randomBytes(32).toString('base64url');
-
-export function createKey(
-  store: Store,
-  name: string,
-  opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {},
-): { token: string; key: ApiKeyRecord } {
-  checkName('key', name);
-  // the Unix socket's callers own their sandboxes as "local"
-  if (name === 'local')
-    throw new SnaplabError('BAD_NAME', 'the key name "local" is the Unix socket\'s', 'pick another name');
-  if (store.listKeys().some((k) => k.name === name))
-    throw new SnaplabError(
-      'KEY_EXISTS',
-      `a key named ${name} exists`,
-      `remove it first with \`snaplab key rm ${name}\`, or pick another name`,
-    );
-  const token = newToken();
-  const key: ApiKeyRecord = {
-    name,
-    hash: hashKey(token),
-    scopes: opts.scopes ?? ['read', 'exec'],
-    maxSandboxes: opts.maxSandboxes ?? null,
-    maxExecs: opts.maxExecs ?? null,
-    createdAt: Date.now(),
-  };
-  store.insertKey(key);
-  return { token, key };
-}
-
-export function removeKey(store: Store, name: string): void {
-  if (!store.deleteKey(name)) throw new SnaplabError('KEY_NOT_FOUND', `no key named ${name}`, 'see `snaplab key ls`');
-}
-
 /** The caller a bearer token stands for, or an UNAUTHORIZED error. */
-export function authenticate(store: Store, header: string | undefined, queryToken: unknown): Caller {
+export function authenticate(keys: KeyRing, header: string | undefined, queryToken: unknown): Caller {
   const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
   const token = m?.[1] ?? (typeof queryToken === 'string' ? queryToken : undefined);
   if (!token)
@@ -91,10 +35,8 @@ export function authenticate(store: Store, header: string | undefined, queryToke
       'no API key given',
       'send `Authorization: Bearer KEY` (make one with `snaplab key create NAME`)',
     );
-  const hash = hashKey(token);
-  const k = store.getKeyByHash(hash);
-  // the lookup is by hash; compare again in constant time all the same
-  if (!k || !timingSafeEqual(Buffer.from(k.hash, 'hex'), Buffer.from(hash, 'hex'))) {
+  const k = keys.find(token);
+  if (!k) {
     throw new SnaplabError(
       'UNAUTHORIZED',
       'the API key is not known',

@@ -9,7 +9,7 @@ import type { DebianSpec } from '../image/debian.js';
 import type { PoolSpec } from '../lab/pool-admin.js';
 import type { EventRecord } from '../store/records.js';
 import type { Daemon } from './daemon.js';
-import { createKey, parseScopes, removeKey, type Caller } from './keys.js';
+import { parseScopes, type Caller } from './keys.js';
 import { execView } from './routes-sandboxes.js';
 import { BuildBody, ImportBody, KeyBody, PoolBody, RunBody, ScenarioBody, errors } from './schemas.js';
 
@@ -522,13 +522,13 @@ function scenarioControlRoutes(app: FastifyInstance, d: Daemon): void {
 }
 
 function keyRoutes(app: FastifyInstance, d: Daemon): void {
-  const store = d.lab.context.store;
+  const keys = d.lab.keys;
 
   // keys (admin)
   app.get(
     '/keys',
     { config: { scope: 'admin' }, schema: { tags: ['keys'], response: { 200: Type.Array(any), ...errors } } },
-    async () => store.listKeys().map(({ hash: _h, ...k }) => k),
+    async () => keys.list(),
   );
   app.post(
     '/keys',
@@ -543,7 +543,7 @@ function keyRoutes(app: FastifyInstance, d: Daemon): void {
     },
     async (req, reply) => {
       const b = req.body as { name: string; scopes?: string[]; maxSandboxes?: number; maxExecs?: number };
-      const { token, key } = createKey(store, b.name, {
+      const { token, key } = keys.create(b.name, {
         scopes: b.scopes ? parseScopes(b.scopes.join(',')) : undefined,
         maxSandboxes: b.maxSandboxes,
         maxExecs: b.maxExecs,
@@ -559,7 +559,7 @@ function keyRoutes(app: FastifyInstance, d: Daemon): void {
       schema: { tags: ['keys'], params: NameParams, response: { 204: Type.Null(), ...errors } },
     },
     async (req, reply) => {
-      removeKey(store, (req.params as { name: string }).name);
+      keys.remove((req.params as { name: string }).name);
       return reply.status(204).send();
     },
   );
