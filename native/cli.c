@@ -37,6 +37,7 @@
 
 #include "cli.h"
 #include "frame.h"
+#include "queries.h" /* build/, from src/store/native-queries.sql */
 
 #define EXIT_EXEC_FAILURE 125
 #define OUT_HIGH (4u << 20) /* stop reading stdin while this much is queued for the agent */
@@ -266,10 +267,7 @@ static int lookup(const char *home, const char *name, struct target *t)
 	sqlite3_busy_timeout(db, 10000);
 	sqlite3_stmt *st;
 	int rc = -1;
-	if (sqlite3_prepare_v2(db,
-			       "SELECT id, driver, json_extract(limits, '$.memoryBytes') IS NOT NULL, state FROM sandboxes "
-			       "WHERE id = ?1 OR name = ?1",
-			       -1, &st, NULL) == SQLITE_OK) {
+	if (sqlite3_prepare_v2(db, SQL_LOOKUP_SANDBOX, -1, &st, NULL) == SQLITE_OK) {
 		/* SCENARIO/MACHINE names a scenario machine, whose sandbox is SCENARIO.MACHINE (as lab.get) */
 		char mapped[512];
 		const char *slash = strchr(name, '/');
