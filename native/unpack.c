@@ -3,7 +3,8 @@
  *
  *   snaplab-unpack ROOT [--layer]
  *
- * Reads ustar, pax (path, linkpath, size, uid, gid, mtime, SCHILY.xattr.*) and GNU long names.
+ * Reads ustar, pax (path, linkpath, size, uid, gid, mtime, SCHILY.xattr.*) and GNU long names,
+ * with the one tar reader of native/ (tar.c); global pax headers are skipped, as containerd does.
  * Every path is resolved below ROOT with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS |
  * RESOLVE_NO_MAGICLINKS): an entry that would write through a symlink (of this archive or of an
  * earlier layer) is refused, never followed; absolute names and `..` are refused before that.
@@ -39,14 +40,12 @@
 
 #include "tar.h"
 
-#define BLOCK 512
-#define MAX_PATH 4096
+#define MAX_PATH TAR_MAX_PATH
 #define MAX_NAME 255
-#define MAX_PAX (1 << 20)
-#define MAX_XATTRS 64
 
 static int root_fd = -1;
 static int layer_mode;
+static struct tar_reader in; /* stdin */
 
 static struct {
   uint64_t entries, files, dirs, symlinks, hardlinks, whiteouts, opaques, devices, xattrs_dropped, bytes;
@@ -63,40 +62,6 @@ static void fail(const char *code, const char *fmt, ...) {
   fprintf(stderr, "%s\t%s\n", code, msg);
   exit(2);
 }
-
-/* ---- input ---- */
-
-static void read_full(void *buf, size_t n, int eof_ok_at_start, int *eof) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = read(0, (char *)buf + got, n - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail("IO", "reading the archive: %s", strerror(errno));
-    if (r == 0) {
-      if (got == 0 && eof_ok_at_start && eof) {
-        *eof = 1;
-        return;
-      }
-      fail("BAD_TAR", "the archive ends in the middle of an entry (truncated)");
-    }
-    got += (size_t)r;
-  }
-}
-
-static void skip_bytes(uint64_t n) {
-  char buf[65536];
-  while (n > 0) {
-    size_t k = n > sizeof buf ? sizeof buf : (size_t)n;
-    read_full(buf, k, 0, NULL);
-    n -= k;
-  }
-}
-
-/* sizes past this are corrupt (and would wrap when padded to a block) */
-#define MAX_SIZE (1ull << 62)
-#define MAX_ID 0xfffffffeull
-
-static uint64_t padded(uint64_t size) { return (size + BLOCK - 1) / BLOCK * BLOCK; }
 
 /* ---- paths written by this layer (a whiteout or an opaque marker never removes these) ----
  * By path, not by inode: a hard link to a lower layer's file must not shield that file. Every
@@ -314,8 +279,6 @@ static int clear_name(int pfd, const char *base, const char *shown, int keep_dir
 
 /* ---- entries ---- */
 
-struct xattr { char *name; char *value; size_t len; };
-
 struct entry {
   char path[MAX_PATH + 1];
   char link[MAX_PATH + 1];
@@ -325,8 +288,7 @@ struct entry {
   gid_t gid;
   struct timespec mtime;
   uint64_t size;
-  struct xattr xattrs[MAX_XATTRS];
-  int nxattrs;
+  const struct tar_entry *tar; /* its extended attributes */
 };
 
 static int keep_xattr(const char *name) {
@@ -340,13 +302,14 @@ static void set_meta(int fd, const struct entry *e, const char *shown) {
   if (fchown(fd, e->uid, e->gid) < 0) fail("IO", "chown %s: %s", shown, strerror(errno));
   /* after chown, which clears setuid and setgid */
   if (fchmod(fd, e->mode & 07777) < 0) fail("IO", "chmod %s: %s", shown, strerror(errno));
-  for (int i = 0; i < e->nxattrs; i++) {
-    if (!keep_xattr(e->xattrs[i].name)) {
+  for (int i = 0; i < e->tar->nxattrs; i++) {
+    const struct tar_xattr *x = &e->tar->xattrs[i];
+    if (!keep_xattr(x->name)) {
       stats.xattrs_dropped++;
       continue;
     }
-    if (fsetxattr(fd, e->xattrs[i].name, e->xattrs[i].value, e->xattrs[i].len, 0) < 0)
-      fail("IO", "setting %s on %s: %s", e->xattrs[i].name, shown, strerror(errno));
+    if (fsetxattr(fd, x->name, x->value, x->len, 0) < 0)
+      fail("IO", "setting %s on %s: %s", x->name, shown, strerror(errno));
   }
 }
 
@@ -376,11 +339,9 @@ static void apply_dir_times(void) {
 }
 
 static void write_data(int fd, uint64_t size, const char *shown) {
-  char buf[1 << 16];
-  uint64_t left = size;
-  while (left > 0) {
-    size_t k = left > sizeof buf ? sizeof buf : (size_t)left;
-    read_full(buf, k, 0, NULL);
+  const unsigned char *buf;
+  size_t k;
+  while ((k = tar_data(&in, &buf)) > 0) {
     size_t off = 0;
     while (off < k) {
       ssize_t w = write(fd, buf + off, k - off);
@@ -388,9 +349,7 @@ static void write_data(int fd, uint64_t size, const char *shown) {
       if (w < 0) fail("IO", "writing %s: %s", shown, strerror(errno));
       off += (size_t)w;
     }
-    left -= k;
   }
-  skip_bytes(padded(size) - size);
   stats.bytes += size;
 }
 
@@ -437,7 +396,6 @@ static void apply(struct entry *e) {
     const char *slash = strrchr(e->path, '/');
     const char *base = slash ? slash + 1 : e->path;
     if (strncmp(base, ".wh.", 4) == 0) {
-      skip_bytes(padded(e->size));
       char target[MAX_PATH];
       size_t dlen = slash ? (size_t)(slash - e->path) : 0;
       if (strcmp(base, ".wh..wh..opq") == 0) {
@@ -489,7 +447,6 @@ static void apply(struct entry *e) {
     set_meta(fd, e, shown);
     close(fd);
     remember_dir_time(e->path, e->mtime);
-    skip_bytes(padded(e->size));
     stats.dirs++;
     return;
   }
@@ -499,7 +456,6 @@ static void apply(struct entry *e) {
     if (fchownat(pfd, base, e->uid, e->gid, AT_SYMLINK_NOFOLLOW) < 0) fail("IO", "chown %s: %s", shown, strerror(errno));
     struct timespec ts[2] = { e->mtime, e->mtime };
     utimensat(pfd, base, ts, AT_SYMLINK_NOFOLLOW);
-    skip_bytes(padded(e->size));
     stats.symlinks++;
     return;
   }
@@ -530,12 +486,10 @@ static void apply(struct entry *e) {
       if (linkat(tfd, tbase, pfd, base, 0) < 0) fail("IO", "link %s -> %s: %s", shown, orig, strerror(errno));
       close(tfd);
     }
-    skip_bytes(padded(e->size));
     stats.hardlinks++;
     return;
   }
   case '3': case '4': case '6':
-    skip_bytes(padded(e->size));
     stats.devices++;
     return;
   default:
@@ -543,104 +497,8 @@ static void apply(struct entry *e) {
   }
 }
 
-/* ---- tar headers ---- */
-
-static uint64_t num(const char *f, size_t n, const char *what) {
-  const unsigned char *u = (const unsigned char *)f;
-  if (u[0] & 0x80) { /* base-256 (GNU) */
-    if (u[0] != 0x80) fail("BAD_TAR", "negative or oversized %s in a header", what);
-    uint64_t v = 0;
-    for (size_t i = 1; i < n; i++) {
-      if (v >> 56) fail("BAD_TAR", "oversized %s in a header", what);
-      v = (v << 8) | u[i];
-    }
-    return v;
-  }
-  uint64_t v = 0;
-  size_t i = 0;
-  while (i < n && (f[i] == ' ' || f[i] == 0)) i++;
-  for (; i < n && f[i] >= '0' && f[i] <= '7'; i++) {
-    if (v >> 60) fail("BAD_TAR", "oversized %s in a header", what);
-    v = v * 8 + (uint64_t)(f[i] - '0');
-  }
-  for (; i < n; i++)
-    if (f[i] != ' ' && f[i] != 0) fail("BAD_TAR", "a header's %s field is not a number", what);
-  return v;
-}
-
-/* a pax number: decimal digits only (strtoull would take "-1" and wrap it) */
-static uint64_t pax_num(const char *v, const char *what, uint64_t max) {
-  if (!*v) fail("BAD_TAR", "a pax %s record is empty", what);
-  uint64_t n = 0;
-  for (const char *c = v; *c; c++) {
-    if (*c < '0' || *c > '9' || n > max / 10) fail("BAD_TAR", "a pax %s record is not a number in range", what);
-    n = n * 10 + (uint64_t)(*c - '0');
-  }
-  if (n > max) fail("BAD_TAR", "a pax %s record is not a number in range", what);
-  return n;
-}
-
-static int checksum_ok(const unsigned char *h) { return tar_sum_matches(h, num((const char *)h + 148, 8, "checksum")); }
-
-static void read_body(char **buf, uint64_t size, uint64_t limit, const char *what) {
-  if (size > limit) fail("BAD_TAR", "%s of %" PRIu64 " bytes is over the limit of %" PRIu64, what, size, limit);
-  *buf = malloc((size_t)size + 1);
-  if (!*buf) fail("IO", "out of memory");
-  read_full(*buf, (size_t)size, 0, NULL);
-  (*buf)[size] = 0;
-  skip_bytes(padded(size) - size);
-}
-
-struct pax { char *path, *link; int has_size, has_uid, has_gid, has_mtime; uint64_t size, uid, gid; struct timespec mtime; struct xattr xattrs[MAX_XATTRS]; int nxattrs; };
-
-static void pax_parse(char *buf, uint64_t len, struct pax *p) {
-  uint64_t off = 0;
-  while (off < len) {
-    char *rec = buf + off;
-    char *sp = memchr(rec, ' ', (size_t)(len - off));
-    if (!sp) fail("BAD_TAR", "a pax record has no length");
-    uint64_t n = 0;
-    for (char *c = rec; c < sp; c++) {
-      if (*c < '0' || *c > '9' || n > MAX_PAX) fail("BAD_TAR", "a pax record's length is not a number");
-      n = n * 10 + (uint64_t)(*c - '0');
-    }
-    if (n <= (uint64_t)(sp - rec) + 2 || n > len - off || rec[n - 1] != '\n') fail("BAD_TAR", "a pax record's length does not fit");
-    char *kv = sp + 1;
-    char *end = rec + n - 1;
-    char *eq = memchr(kv, '=', (size_t)(end - kv));
-    if (!eq) fail("BAD_TAR", "a pax record has no '='");
-    *eq = 0;
-    char *val = eq + 1;
-    size_t vlen = (size_t)(end - val);
-    *end = 0;
-    if ((strcmp(kv, "path") == 0 || strcmp(kv, "linkpath") == 0) && strlen(val) != vlen)
-      fail("BAD_TAR", "a pax %s record has a NUL byte in it", kv);
-    if (strcmp(kv, "path") == 0) p->path = val;
-    else if (strcmp(kv, "linkpath") == 0) p->link = val;
-    else if (strcmp(kv, "size") == 0) { p->size = pax_num(val, "size", MAX_SIZE); p->has_size = 1; }
-    else if (strcmp(kv, "uid") == 0) { p->uid = pax_num(val, "uid", MAX_ID); p->has_uid = 1; }
-    else if (strcmp(kv, "gid") == 0) { p->gid = pax_num(val, "gid", MAX_ID); p->has_gid = 1; }
-    else if (strcmp(kv, "mtime") == 0) {
-      char *dot;
-      p->mtime.tv_sec = strtoll(val, &dot, 10);
-      p->mtime.tv_nsec = 0;
-      if (*dot == '.') {
-        long ns = 0;
-        int digits = 0;
-        for (char *c = dot + 1; *c >= '0' && *c <= '9' && digits < 9; c++, digits++) ns = ns * 10 + (*c - '0');
-        for (; digits < 9; digits++) ns *= 10;
-        p->mtime.tv_nsec = ns;
-      }
-      p->has_mtime = 1;
-    } else if (strncmp(kv, "SCHILY.xattr.", 13) == 0) {
-      if (p->nxattrs == MAX_XATTRS) fail("BAD_TAR", "an entry has more than %d extended attributes", MAX_XATTRS);
-      p->xattrs[p->nxattrs++] = (struct xattr){ kv + 13, val, vlen };
-    } else if (strncmp(kv, "GNU.sparse.", 11) == 0) {
-      fail("BAD_TAR", "sparse files (GNU.sparse) are not supported; make the archive without --sparse");
-    }
-    off += n;
-  }
-}
+/* the reader's errors are this helper's: one line "CODE<TAB>message", exit 2 */
+static void tar_failed(const char *code, const char *msg) { fail(code, "%s", msg); }
 
 int main(int argc, char **argv) {
   if (argc < 2) {
@@ -659,90 +517,30 @@ int main(int argc, char **argv) {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
 
-  /* every pax header before one entry is kept until the entry is applied: the records point into them */
-  enum { MAX_PAX_HEADERS = 8 };
-  char *pax_bufs[MAX_PAX_HEADERS];
-  int npax = 0;
-  char *long_name = NULL, *long_link = NULL;
-  struct pax pax;
-  memset(&pax, 0, sizeof pax);
+  in.fd = 0;
+  in.fail = tar_failed;
+  in.keep_xattrs = 1;
+  static struct tar_entry t;
   static struct entry e;
-  unsigned char h[BLOCK];
-  int zero_blocks = 0;
-  for (;;) {
-    int eof = 0;
-    read_full(h, BLOCK, 1, &eof);
-    if (eof) break;
-    int zero = 1;
-    for (int i = 0; i < BLOCK && zero; i++) zero = h[i] == 0;
-    if (zero) {
-      if (++zero_blocks == 2) break;
-      continue;
-    }
-    if (zero_blocks) fail("BAD_TAR", "a header follows an end-of-archive block");
-    if (!checksum_ok(h)) fail("BAD_TAR", "a header's checksum is wrong (not a tar archive, or corrupt)");
-    char type = (char)h[156];
-    uint64_t size = num((char *)h + 124, 12, "size");
-    if (size > MAX_SIZE) fail("BAD_TAR", "a header's size is out of range");
-    if (type == 'x') {
-      if (npax == MAX_PAX_HEADERS) fail("BAD_TAR", "more than %d pax headers before one entry", MAX_PAX_HEADERS);
-      read_body(&pax_bufs[npax], size, MAX_PAX, "a pax header");
-      pax_parse(pax_bufs[npax++], size, &pax);
-      continue;
-    }
-    if (type == 'g') { /* global pax header: nothing in it changes how entries are applied */
-      skip_bytes(padded(size));
-      continue;
-    }
-    if (type == 'L') { free(long_name); read_body(&long_name, size, MAX_PATH, "a long name"); continue; }
-    if (type == 'K') { free(long_link); read_body(&long_link, size, MAX_PATH, "a long link name"); continue; }
-    if (type == 'S') fail("BAD_TAR", "sparse files are not supported; make the archive without --sparse");
-    if (type == 'V') { skip_bytes(padded(size)); continue; }
-
+  while (tar_next(&in, &t)) {
+    if (t.type == 'V') continue; /* a volume label */
     memset(&e, 0, sizeof e);
-    e.type = type;
-    char name[MAX_PATH * 2];
-    int ustar = memcmp(h + 257, "ustar\0", 6) == 0; /* POSIX: has a prefix field; GNU's "ustar  " has none */
-    if (pax.path) snprintf(name, sizeof name, "%s", pax.path);
-    else if (long_name) snprintf(name, sizeof name, "%s", long_name);
-    else if (ustar && h[345]) snprintf(name, sizeof name, "%.155s/%.100s", (char *)h + 345, (char *)h);
-    else snprintf(name, sizeof name, "%.100s", (char *)h);
-    if (strlen(name) >= MAX_PATH) fail("UNSAFE_PATH", "an entry's name is longer than %d bytes", MAX_PATH - 1);
-    char orig[MAX_PATH];
-    snprintf(orig, sizeof orig, "%s", name);
-    snprintf(e.path, sizeof e.path, "%s", name);
-    clean_path(e.path, "entry", orig);
-    if (pax.link) snprintf(e.link, sizeof e.link, "%s", pax.link);
-    else if (long_link) snprintf(e.link, sizeof e.link, "%s", long_link);
-    else snprintf(e.link, sizeof e.link, "%.100s", (char *)h + 157);
-    e.mode = (mode_t)num((char *)h + 100, 8, "mode");
-    uint64_t uid = pax.has_uid ? pax.uid : num((char *)h + 108, 8, "uid");
-    uint64_t gid = pax.has_gid ? pax.gid : num((char *)h + 116, 8, "gid");
-    if (uid > MAX_ID || gid > MAX_ID) fail("BAD_TAR", "%s has an owner out of range", orig);
-    e.uid = (uid_t)uid;
-    e.gid = (gid_t)gid;
-    e.size = pax.has_size ? pax.size : size;
-    if (pax.has_mtime) e.mtime = pax.mtime;
-    else e.mtime = (struct timespec){ (time_t)num((char *)h + 136, 12, "mtime"), 0 };
-    e.nxattrs = pax.nxattrs;
-    memcpy(e.xattrs, pax.xattrs, sizeof pax.xattrs);
-    if ((type == '1' || type == '2') && !e.link[0]) fail("BAD_TAR", "link %s has no target", orig);
+    e.type = t.type;
+    snprintf(e.path, sizeof e.path, "%s", t.name);
+    clean_path(e.path, "entry", t.name);
+    snprintf(e.link, sizeof e.link, "%s", t.link);
+    e.mode = t.mode;
+    e.uid = t.uid;
+    e.gid = t.gid;
+    e.mtime = t.mtime;
+    e.size = t.size;
+    e.tar = &t;
     apply(&e);
-
-    memset(&pax, 0, sizeof pax);
-    while (npax > 0) free(pax_bufs[--npax]);
-    free(long_name);
-    free(long_link);
-    long_name = long_link = NULL;
   }
   /* what follows the end of the archive (record padding, a writer's trailing bytes) is read and
      dropped: the caller hashes the whole stream, and must be able to write all of it */
-  {
-    char sink[65536];
-    ssize_t r;
-    while ((r = read(0, sink, sizeof sink)) != 0)
-      if (r < 0 && errno != EINTR) fail("IO", "reading the archive: %s", strerror(errno));
-  }
+  tar_drain(&in, UINT64_MAX);
+  tar_done(&in);
   apply_dir_times();
   printf("{\"entries\":%" PRIu64 ",\"files\":%" PRIu64 ",\"dirs\":%" PRIu64 ",\"symlinks\":%" PRIu64
          ",\"hardlinks\":%" PRIu64 ",\"whiteouts\":%" PRIu64 ",\"opaques\":%" PRIu64 ",\"devices\":%" PRIu64
