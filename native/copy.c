@@ -51,9 +51,9 @@
 #define CHUNK (256u * 1024)
 #define MAX_PATH 4096 /* an archive name, NUL included, on both sides */
 #define OCTAL11 077777777777ull /* what a 12-byte ustar field holds */
-#define OCTAL7 07777777ull      /* what an 8-byte one holds */
-#define DIRBUF 4096             /* getdents buffer, one per directory level being walked */
-#define TRAILER_MAX (1u << 20)  /* what is read and dropped after the end of the archive */
+#define OCTAL7 07777777ull /* what an 8-byte one holds */
+#define DIRBUF 4096 /* getdents buffer, one per directory level being walked */
+#define TRAILER_MAX (1u << 20) /* what is read and dropped after the end of the archive */
 #define CHOWN_WARNINGS 10
 
 static int status; /* 1 once a warning was printed */
@@ -385,9 +385,11 @@ static void put_data(int fd, uint64_t size)
 			continue;
 		if (r <= 0) {
 			if (r < 0)
-				warn("%s: %s; the rest (%" PRIu64 " bytes) is copied as zeros", shown, strerror(errno), left);
+				warn("%s: %s; the rest (%" PRIu64 " bytes) is copied as zeros", shown, strerror(errno),
+				     left);
 			else
-				warn("%s: the file shrank by %" PRIu64 " bytes while it was read; padded with zeros", shown, left);
+				warn("%s: the file shrank by %" PRIu64 " bytes while it was read; padded with zeros",
+				     shown, left);
 			out_zeros(left);
 			break;
 		}
@@ -464,7 +466,8 @@ static void walk(int fd)
 				continue;
 			size_t a = arclen, s = shownlen;
 			if (!push(d->d_name)) {
-				warn("%s/%s: the name is longer than %d bytes; not copied", shown, d->d_name, MAX_PATH - 2);
+				warn("%s/%s: the name is longer than %d bytes; not copied", shown, d->d_name,
+				     MAX_PATH - 2);
 				continue;
 			}
 			struct stat st;
@@ -626,11 +629,11 @@ static struct tar_reader in = { .fd = 0, .fail = tar_failed, .global_pax = 1, .n
 
 enum { M_PLAIN, M_CONTENTS, M_NAMED };
 static int dest_mode = -1;
-static int root_fd = -1;      /* O_PATH: the extraction root */
-static int root_new;          /* contents mode: DEST was made here, and takes the `./` entry's meta */
+static int root_fd = -1; /* O_PATH: the extraction root */
+static int root_new; /* contents mode: DEST was made here, and takes the `./` entry's meta */
 static char root_shown[MAX_PATH * 2];
 static char first_name[MAX_PATH]; /* named mode: NAME */
-static char new_name[MAX_PATH];   /* named mode, renamed: basename(DEST), else "" */
+static char new_name[MAX_PATH]; /* named mode, renamed: basename(DEST), else "" */
 static int is_root;
 /* --untrusted: the archive comes out of a machine onto the host. Root inside the machine may
  * have made anything, so no setuid/setgid bits and no device nodes are created from it (a
@@ -941,7 +944,8 @@ static void chown_failed(const char *where, const struct entry *e, int err)
 {
 	/* a user namespace that does not map the archive's owners fails every entry alike */
 	if (++chown_failures <= CHOWN_WARNINGS)
-		warn("%s: cannot give it the owner %u:%u: %s", where, (unsigned)e->uid, (unsigned)e->gid, strerror(err));
+		warn("%s: cannot give it the owner %u:%u: %s", where, (unsigned)e->uid, (unsigned)e->gid,
+		     strerror(err));
 }
 
 /* directory modes and times are set once every entry is in: writing into a directory changes
@@ -951,7 +955,7 @@ static struct dir_meta {
 	mode_t mode;
 	int fix_mode; /* made u+rwx meanwhile */
 	struct timespec mtime;
-} *dirs;
+} * dirs;
 static size_t dirs_len, dirs_cap;
 
 static void remember_dir(const char *rel, const struct entry *e, int fix_mode)
@@ -1123,7 +1127,8 @@ static void make_hardlink(int pfd, const char *base, const struct entry *e, cons
 	}
 	if (S_ISDIR(st.st_mode))
 		fatal("hard link %s -> %s points at a directory", e->orig, e->link);
-	if (fstatat(pfd, base, &have, AT_SYMLINK_NOFOLLOW) < 0 || have.st_dev != st.st_dev || have.st_ino != st.st_ino) {
+	if (fstatat(pfd, base, &have, AT_SYMLINK_NOFOLLOW) < 0 || have.st_dev != st.st_dev ||
+	    have.st_ino != st.st_ino) {
 		clear_name(pfd, base, where, 0);
 		if (linkat(tfd, tbase, pfd, base, 0) < 0)
 			fatal("%s: linking it to %s: %s", where, e->link, strerror(errno));
@@ -1225,7 +1230,8 @@ int copy_untar(const char *dest, int plain, int untrusted_archive, const char *e
 			 * begins with anything else is not the copy it asked for (a hostile machine's
 			 * tar could otherwise choose what lands in DEST, e.g. .ssh/authorized_keys) */
 			if (expect_first && strcmp(e.path, expect_first) != 0)
-				fatal("the archive begins with %s, not the %s that was asked for", e.path[0] ? e.path : "./", expect_first[0] ? expect_first : "contents (./)");
+				fatal("the archive begins with %s, not the %s that was asked for",
+				      e.path[0] ? e.path : "./", expect_first[0] ? expect_first : "contents (./)");
 			open_root(dest, plain, e.path, e.type == '5');
 		}
 		place(e.path, "entry", e.orig);

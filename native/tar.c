@@ -109,7 +109,8 @@ uint64_t tar_num(struct tar_reader *r, const unsigned char *f, size_t n, const c
 	}
 	for (; i < n; i++)
 		if (f[i] != ' ' && f[i] != 0)
-			tar_fail(r, "BAD_TAR", "a header's %s field is not a number (not a tar archive, or corrupt)", what);
+			tar_fail(r, "BAD_TAR", "a header's %s field is not a number (not a tar archive, or corrupt)",
+				 what);
 	return v;
 }
 
@@ -216,7 +217,8 @@ static void pax_record(struct tar_reader *r, char *key, char *val, size_t vlen, 
 			tar_fail(r, "BAD_TAR", "an entry has more than %d extended attributes", TAR_MAX_XATTRS);
 		p->xattrs[p->nxattrs++] = (struct tar_xattr){ key + 13, val, vlen };
 	} else if (strncmp(key, "GNU.sparse.", 11) == 0) {
-		tar_fail(r, "BAD_TAR", "sparse files (GNU.sparse) are not supported; make the archive without --sparse");
+		tar_fail(r, "BAD_TAR",
+			 "sparse files (GNU.sparse) are not supported; make the archive without --sparse");
 	}
 }
 
@@ -315,10 +317,10 @@ static void make_entry(struct tar_reader *r, const unsigned char *h, uint64_t si
 	else if (r->long_link[0]) {
 		size_t k = strlen(r->long_link);
 		if (k >= TAR_MAX_PATH)
-			tar_fail(r, "UNSAFE_PATH", "%s: its link target is longer than %d bytes", e->name, TAR_MAX_PATH - 1);
+			tar_fail(r, "UNSAFE_PATH", "%s: its link target is longer than %d bytes", e->name,
+				 TAR_MAX_PATH - 1);
 		memcpy(e->link, r->long_link, k + 1);
-	}
-	else
+	} else
 		snprintf(e->link, sizeof e->link, "%.100s", (const char *)h + 157);
 	if ((e->type == '1' || e->type == '2') && !e->link[0])
 		tar_fail(r, "BAD_TAR", "the link %s has no target", e->name);

@@ -64,17 +64,17 @@ struct tar_reader {
 	/* the input, when not read(2) from fd (the fuzz harness); returns as read(2) does */
 	ssize_t (*read)(struct tar_reader *r, void *buf, size_t n);
 	void *ctx;
-	int global_pax;  /* 'g' headers give uid, gid and mtime to every following entry (GNU tar); else skipped */
+	int global_pax; /* 'g' headers give uid, gid and mtime to every following entry (GNU tar); else skipped */
 	int keep_xattrs; /* SCHILY.xattr.* records are given with their entry */
-	int need_end;    /* the archive must have its end-of-archive block (else EOF at a header ends it) */
+	int need_end; /* the archive must have its end-of-archive block (else EOF at a header ends it) */
 
 	/* the reader's */
 	unsigned char buf[TAR_CHUNK];
 	size_t pos, len;
-	uint64_t seen;     /* bytes read */
-	uint64_t data;     /* the current entry's data not yet read */
-	uint64_t pad;      /* then its padding */
-	int zeros;         /* end-of-archive blocks seen */
+	uint64_t seen; /* bytes read */
+	uint64_t data; /* the current entry's data not yet read */
+	uint64_t pad; /* then its padding */
+	int zeros; /* end-of-archive blocks seen */
 	int ended;
 	struct tar_pax xpax, gpax; /* the next entry's ('x'), every following entry's ('g') */
 	char long_name[TAR_MAX_PATH + 1], long_link[TAR_MAX_PATH + 1];

@@ -88,7 +88,8 @@ static uint64_t read_all(int flags, int read_data)
 			if (e->nxattrs < 0 || e->nxattrs > TAR_MAX_XATTRS || (e->nxattrs && (flags & 2)))
 				abort();
 			for (int i = 0; i < e->nxattrs; i++)
-				if (!e->xattrs[i].name || !e->xattrs[i].value || e->xattrs[i].value[e->xattrs[i].len] != 0)
+				if (!e->xattrs[i].name || !e->xattrs[i].value ||
+				    e->xattrs[i].value[e->xattrs[i].len] != 0)
 					abort();
 			uint64_t d = digest;
 			d = mix(d, &e->type, 1);
