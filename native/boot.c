@@ -48,10 +48,10 @@
 /* what the monitor keeps of a system machine's console in its log, on the host's disk */
 #define CONSOLE_LOG_MAX (16 << 20)
 
-#define BOOT_FAIL(what)                                                                   \
-	do {                                                                              \
-		fprintf(stderr, "snaplab-agent boot: %s: %s\n", what, strerror(errno));  \
-		_exit(125);                                                               \
+#define BOOT_FAIL(what)                                                                 \
+	do {                                                                            \
+		fprintf(stderr, "snaplab-agent boot: %s: %s\n", what, strerror(errno)); \
+		_exit(125);                                                             \
 	} while (0)
 
 static void touch(const char *path, mode_t mode)
@@ -122,8 +122,10 @@ static void make_dev(const char *console)
 	mnt("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
 	mnt("mqueue", "dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 	static const char *const links[][2] = {
-		{ "/proc/self/fd", "dev/fd" }, { "/proc/self/fd/0", "dev/stdin" },
-		{ "/proc/self/fd/1", "dev/stdout" }, { "/proc/self/fd/2", "dev/stderr" },
+		{ "/proc/self/fd", "dev/fd" },
+		{ "/proc/self/fd/0", "dev/stdin" },
+		{ "/proc/self/fd/1", "dev/stdout" },
+		{ "/proc/self/fd/2", "dev/stderr" },
 	};
 	for (size_t i = 0; i < sizeof links / sizeof *links; i++)
 		if (symlink(links[i][0], links[i][1]) < 0)
@@ -246,7 +248,8 @@ static _Noreturn void pid1(const char *root, const char *agent, const char *host
 	int c = open("/dev/console", O_RDWR | O_CLOEXEC | O_NOCTTY);
 	if (c < 0 || dup2(c, 0) < 0 || dup2(c, 1) < 0 || dup2(c, 2) < 0)
 		BOOT_FAIL("console");
-	char *envp[] = { "container=snaplab", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=linux", NULL };
+	char *envp[] = { "container=snaplab", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+			 "TERM=linux", NULL };
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -290,9 +293,12 @@ static _Noreturn void agent_child(const char *agent, const char *caps, const cha
 	int exe = open(agent, O_PATH | O_CLOEXEC);
 	if (exe < 0)
 		BOOT_FAIL("open the agent");
-	static const struct { const char *name; int type; } ns[] = {
+	static const struct {
+		const char *name;
+		int type;
+	} ns[] = {
 		{ "cgroup", CLONE_NEWCGROUP }, { "ipc", CLONE_NEWIPC }, { "uts", CLONE_NEWUTS },
-		{ "net", CLONE_NEWNET }, { "pid", CLONE_NEWPID }, { "mnt", CLONE_NEWNS },
+		{ "net", CLONE_NEWNET },       { "pid", CLONE_NEWPID }, { "mnt", CLONE_NEWNS },
 	};
 	int fds[sizeof ns / sizeof *ns];
 	char path[64];
@@ -320,7 +326,7 @@ static _Noreturn void agent_child(const char *agent, const char *caps, const cha
 		BOOT_FAIL("agent stdio");
 	confine(caps); /* what PID 1 has */
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-	char *argv[] = { "/run/snaplab/agent", "serve", "--listen-fd", "5", "--ready-fd", "3", "--system",
+	char *argv[] = { "/run/snaplab/agent",	 "serve",      "--listen-fd", "5", "--ready-fd", "3", "--system",
 			 caps ? "--caps" : NULL, (char *)caps, NULL };
 	char *envp[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL };
 	fexecve(exe, argv, envp);
@@ -329,7 +335,8 @@ static _Noreturn void agent_child(const char *agent, const char *caps, const cha
 
 int boot_main(int argc, char **argv)
 {
-	const char *root = NULL, *agent = NULL, *hostname = "machine", *caps = NULL, *cgroup = NULL, *agent_cgroup = NULL;
+	const char *root = NULL, *agent = NULL, *hostname = "machine", *caps = NULL, *cgroup = NULL,
+		   *agent_cgroup = NULL;
 	int net = 0, i = 2;
 	for (; i < argc; i++) {
 		if (strcmp(argv[i], "--") == 0) {
@@ -356,7 +363,8 @@ int boot_main(int argc, char **argv)
 		}
 	}
 	if (!root || !agent || i >= argc) {
-		fprintf(stderr, "usage: snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] [--cgroup PROCS] [--agent-cgroup PROCS] -- INIT [ARGS]\n");
+		fprintf(stderr,
+			"usage: snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] [--cgroup PROCS] [--agent-cgroup PROCS] -- INIT [ARGS]\n");
 		return 2;
 	}
 	/* the console: a pty of the host's devpts, opened before the namespaces so that its slave
@@ -448,13 +456,15 @@ int boot_main(int argc, char **argv)
 			if (n <= 0)
 				break;
 			if (logged < CONSOLE_LOG_MAX) {
-				size_t k = logged + (size_t)n > CONSOLE_LOG_MAX ? (size_t)(CONSOLE_LOG_MAX - logged) : (size_t)n;
+				size_t k = logged + (size_t)n > CONSOLE_LOG_MAX ? (size_t)(CONSOLE_LOG_MAX - logged)
+										: (size_t)n;
 				if (write(1, buf, k) < 0) {
 					/* the log is gone: keep draining the console anyway */
 				}
 				logged += k;
 				if (logged >= CONSOLE_LOG_MAX)
-					dprintf(1, "\n[snaplab: console log stopped at %d MiB]\n", CONSOLE_LOG_MAX >> 20);
+					dprintf(1, "\n[snaplab: console log stopped at %d MiB]\n",
+						CONSOLE_LOG_MAX >> 20);
 			}
 			if (!done)
 				break;

@@ -12,7 +12,8 @@
  * are skipped. Exit 0; 1 when an entry could not be read (warned, skipped); 2 on a fatal error
  * (SRC missing, stdout gone).
  *
- * untar: the receiving side decides what DEST means from the archive's first entry (docker cp's
+ * untar: reads with the one tar reader of native/ (tar.c), which snaplab-unpack shares. The
+ * receiving side decides what DEST means from the archive's first entry (docker cp's
  * rules, see open_root). The archive may come from a hostile machine: every entry's parent is
  * resolved below the extraction root with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS |
  * RESOLVE_NO_MAGICLINKS) and the entry made with *at() calls on that parent, absolute names and
@@ -49,13 +50,10 @@
 #define BLOCK 512
 #define CHUNK (256u * 1024)
 #define MAX_PATH 4096 /* an archive name, NUL included, on both sides */
-#define MAX_PAX (1u << 20)
-#define MAX_SIZE (1ull << 62) /* past this a size is corrupt (and would wrap when padded) */
-#define MAX_ID 0xfffffffeull
 #define OCTAL11 077777777777ull /* what a 12-byte ustar field holds */
-#define OCTAL7 07777777ull      /* what an 8-byte one holds */
-#define DIRBUF 4096             /* getdents buffer, one per directory level being walked */
-#define TRAILER_MAX (1u << 20)  /* what is read and dropped after the end of the archive */
+#define OCTAL7 07777777ull /* what an 8-byte one holds */
+#define DIRBUF 4096 /* getdents buffer, one per directory level being walked */
+#define TRAILER_MAX (1u << 20) /* what is read and dropped after the end of the archive */
 #define CHOWN_WARNINGS 10
 
 static int status; /* 1 once a warning was printed */
@@ -387,9 +385,11 @@ static void put_data(int fd, uint64_t size)
 			continue;
 		if (r <= 0) {
 			if (r < 0)
-				warn("%s: %s; the rest (%" PRIu64 " bytes) is copied as zeros", shown, strerror(errno), left);
+				warn("%s: %s; the rest (%" PRIu64 " bytes) is copied as zeros", shown, strerror(errno),
+				     left);
 			else
-				warn("%s: the file shrank by %" PRIu64 " bytes while it was read; padded with zeros", shown, left);
+				warn("%s: the file shrank by %" PRIu64 " bytes while it was read; padded with zeros",
+				     shown, left);
 			out_zeros(left);
 			break;
 		}
@@ -466,7 +466,8 @@ static void walk(int fd)
 				continue;
 			size_t a = arclen, s = shownlen;
 			if (!push(d->d_name)) {
-				warn("%s/%s: the name is longer than %d bytes; not copied", shown, d->d_name, MAX_PATH - 2);
+				warn("%s/%s: the name is longer than %d bytes; not copied", shown, d->d_name,
+				     MAX_PATH - 2);
 				continue;
 			}
 			struct stat st;
@@ -615,245 +616,24 @@ int copy_tar(const char *src, int follow)
 
 /* ================================ untar ================================ */
 
-/* ---- input: one buffer; file data is written from it in place ---- */
-
-static unsigned char ibuf[CHUNK];
-static size_t ipos, ilen;
-static uint64_t in_seen;
-
-/* bytes available, reading when the buffer is empty; 0 at the end of the input */
-static size_t in_fill(void)
+/* the reader's errors end the copy as every other (its code is for snaplab-unpack's caller) */
+static void tar_failed(const char *code, const char *msg)
 {
-	if (ipos < ilen)
-		return ilen - ipos;
-	ipos = ilen = 0;
-	for (;;) {
-		ssize_t r = read(0, ibuf, CHUNK);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			fatal("reading the archive: %s", strerror(errno));
-		ilen = (size_t)r;
-		in_seen += (uint64_t)r;
-		return ilen;
-	}
+	(void)code;
+	fatal("%s", msg);
 }
 
-static size_t in_some(uint64_t max)
-{
-	size_t n = in_fill();
-	if (!n)
-		fatal("the archive ends in the middle of an entry (truncated)");
-	return n < max ? n : (size_t)max;
-}
-
-static void in_read(void *dst, size_t n)
-{
-	unsigned char *d = dst;
-	while (n > 0) {
-		size_t k = in_some(n);
-		memcpy(d, ibuf + ipos, k);
-		ipos += k;
-		d += k;
-		n -= k;
-	}
-}
-
-static void in_skip(uint64_t n)
-{
-	while (n > 0) {
-		size_t k = in_some(n);
-		ipos += k;
-		n -= k;
-	}
-}
-
-/* ---- header fields (as unpack.c reads them) ---- */
-
-static uint64_t num(const unsigned char *f, size_t n, const char *what)
-{
-	if (f[0] & 0x80) { /* base-256 (GNU) */
-		if (f[0] != 0x80)
-			fatal("the archive has a negative or oversized %s in a header", what);
-		uint64_t v = 0;
-		for (size_t i = 1; i < n; i++) {
-			if (v >> 56)
-				fatal("the archive has an oversized %s in a header", what);
-			v = (v << 8) | f[i];
-		}
-		return v;
-	}
-	uint64_t v = 0;
-	size_t i = 0;
-	while (i < n && (f[i] == ' ' || f[i] == 0))
-		i++;
-	for (; i < n && f[i] >= '0' && f[i] <= '7'; i++) {
-		if (v >> 60)
-			fatal("the archive has an oversized %s in a header", what);
-		v = v * 8 + (uint64_t)(f[i] - '0');
-	}
-	for (; i < n; i++)
-		if (f[i] != ' ' && f[i] != 0)
-			fatal("a header's %s field is not a number (not a tar archive, or corrupt)", what);
-	return v;
-}
-
-static int checksum_ok(const unsigned char *h)
-{
-	if (h[148] & 0x80)
-		return 0; /* never base-256: random bytes, not a header */
-	return tar_sum_matches(h, num(h + 148, 8, "checksum"));
-}
-
-/* ---- pax and GNU long-name records ---- */
-
-struct pax {
-	int has_path, has_link, has_size, has_uid, has_gid, has_mtime;
-	char path[MAX_PATH], link[MAX_PATH];
-	uint64_t size, uid, gid;
-	struct timespec mtime;
-};
-static struct pax xpax, gpax; /* the next entry's ('x'), every following entry's ('g') */
-static char long_name[MAX_PATH], long_link[MAX_PATH];
-
-/* decimal digits only (strtoull would take "-1" and wrap it) */
-static uint64_t pax_num(const char *v, const char *what, uint64_t max)
-{
-	uint64_t n = 0;
-	if (!*v)
-		fatal("a pax %s record is empty", what);
-	for (const char *c = v; *c; c++) {
-		if (*c < '0' || *c > '9' || n > max / 10)
-			fatal("a pax %s record is not a number in range", what);
-		n = n * 10 + (uint64_t)(*c - '0');
-	}
-	if (n > max)
-		fatal("a pax %s record is not a number in range", what);
-	return n;
-}
-
-/* [-]SECONDS[.FRACTION] */
-static struct timespec pax_time(const char *v)
-{
-	struct timespec t = { 0, 0 };
-	int neg = *v == '-';
-	const char *c = v + neg;
-	if (*c < '0' || *c > '9')
-		fatal("a pax mtime record is not a time");
-	for (; *c >= '0' && *c <= '9'; c++) {
-		if (t.tv_sec > (INT64_MAX - 9) / 10)
-			fatal("a pax mtime record is out of range");
-		t.tv_sec = t.tv_sec * 10 + (*c - '0');
-	}
-	if (*c == '.') {
-		int d = 0;
-		for (c++; *c >= '0' && *c <= '9'; c++, d++)
-			if (d < 9)
-				t.tv_nsec = t.tv_nsec * 10 + (*c - '0');
-		for (; d < 9; d++)
-			t.tv_nsec *= 10;
-	}
-	if (*c)
-		fatal("a pax mtime record is not a time");
-	if (neg) {
-		t.tv_sec = -t.tv_sec;
-		if (t.tv_nsec) {
-			t.tv_sec--;
-			t.tv_nsec = 1000000000 - t.tv_nsec;
-		}
-	}
-	return t;
-}
-
-static void pax_text(char *to, const char *key, const char *val, size_t vlen)
-{
-	if (strlen(val) != vlen)
-		fatal("a pax %s record has a NUL byte in it", key);
-	if (vlen >= MAX_PATH)
-		fatal("a pax %s record is longer than %d bytes", key, MAX_PATH - 1);
-	memcpy(to, val, vlen + 1);
-}
-
-static void pax_record(char *key, char *val, size_t vlen, struct pax *p, int global)
-{
-	/* a global path, link or size would name every entry alike: only owners and times are taken */
-	if (strcmp(key, "path") == 0 && !global) {
-		pax_text(p->path, key, val, vlen);
-		p->has_path = 1;
-	} else if (strcmp(key, "linkpath") == 0 && !global) {
-		pax_text(p->link, key, val, vlen);
-		p->has_link = 1;
-	} else if (strcmp(key, "size") == 0 && !global) {
-		p->size = pax_num(val, key, MAX_SIZE);
-		p->has_size = 1;
-	} else if (strcmp(key, "uid") == 0) {
-		p->uid = pax_num(val, key, MAX_ID);
-		p->has_uid = 1;
-	} else if (strcmp(key, "gid") == 0) {
-		p->gid = pax_num(val, key, MAX_ID);
-		p->has_gid = 1;
-	} else if (strcmp(key, "mtime") == 0) {
-		p->mtime = pax_time(val);
-		p->has_mtime = 1;
-	} else if (strncmp(key, "GNU.sparse.", 11) == 0) {
-		fatal("sparse files (GNU.sparse) are not supported; make the archive without --sparse");
-	}
-}
-
-static void read_pax(uint64_t size, struct pax *p, int global)
-{
-	if (size > MAX_PAX)
-		fatal("a pax header of %" PRIu64 " bytes is over the limit of %u", size, MAX_PAX);
-	char *buf = malloc((size_t)size + 1);
-	if (!buf)
-		fatal("out of memory");
-	in_read(buf, (size_t)size);
-	in_skip(padded(size) - size);
-	buf[size] = 0;
-	size_t len = (size_t)size, off = 0;
-	while (off < len) {
-		char *rec = buf + off;
-		char *sp = memchr(rec, ' ', len - off);
-		if (!sp)
-			fatal("a pax record has no length");
-		size_t n = 0;
-		for (char *c = rec; c < sp; c++) {
-			if (*c < '0' || *c > '9' || n > MAX_PAX)
-				fatal("a pax record's length is not a number");
-			n = n * 10 + (size_t)(*c - '0');
-		}
-		if (n <= (size_t)(sp - rec) + 2 || n > len - off || rec[n - 1] != '\n')
-			fatal("a pax record's length does not fit");
-		char *kv = sp + 1, *end = rec + n - 1;
-		char *eq = memchr(kv, '=', (size_t)(end - kv));
-		if (!eq)
-			fatal("a pax record has no '='");
-		*eq = 0;
-		*end = 0;
-		pax_record(kv, eq + 1, (size_t)(end - eq - 1), p, global);
-		off += n;
-	}
-	free(buf);
-}
-
-static void read_long(uint64_t size, char *to, const char *what)
-{
-	if (size >= MAX_PATH)
-		fatal("%s of %" PRIu64 " bytes is longer than %d", what, size, MAX_PATH - 1);
-	in_read(to, (size_t)size);
-	to[size] = 0;
-	in_skip(padded(size) - size);
-}
+static struct tar_reader in = { .fd = 0, .fail = tar_failed, .global_pax = 1, .need_end = 1 };
 
 /* ---- where entries go ---- */
 
 enum { M_PLAIN, M_CONTENTS, M_NAMED };
 static int dest_mode = -1;
-static int root_fd = -1;      /* O_PATH: the extraction root */
-static int root_new;          /* contents mode: DEST was made here, and takes the `./` entry's meta */
+static int root_fd = -1; /* O_PATH: the extraction root */
+static int root_new; /* contents mode: DEST was made here, and takes the `./` entry's meta */
 static char root_shown[MAX_PATH * 2];
 static char first_name[MAX_PATH]; /* named mode: NAME */
-static char new_name[MAX_PATH];   /* named mode, renamed: basename(DEST), else "" */
+static char new_name[MAX_PATH]; /* named mode, renamed: basename(DEST), else "" */
 static int is_root;
 /* --untrusted: the archive comes out of a machine onto the host. Root inside the machine may
  * have made anything, so no setuid/setgid bits and no device nodes are created from it (a
@@ -1164,7 +944,8 @@ static void chown_failed(const char *where, const struct entry *e, int err)
 {
 	/* a user namespace that does not map the archive's owners fails every entry alike */
 	if (++chown_failures <= CHOWN_WARNINGS)
-		warn("%s: cannot give it the owner %u:%u: %s", where, (unsigned)e->uid, (unsigned)e->gid, strerror(err));
+		warn("%s: cannot give it the owner %u:%u: %s", where, (unsigned)e->uid, (unsigned)e->gid,
+		     strerror(err));
 }
 
 /* directory modes and times are set once every entry is in: writing into a directory changes
@@ -1174,7 +955,7 @@ static struct dir_meta {
 	mode_t mode;
 	int fix_mode; /* made u+rwx meanwhile */
 	struct timespec mtime;
-} *dirs;
+} * dirs;
 static size_t dirs_len, dirs_cap;
 
 static void remember_dir(const char *rel, const struct entry *e, int fix_mode)
@@ -1252,13 +1033,9 @@ static void make_file(int pfd, const char *base, const struct entry *e, const ch
 	int fd = openat(pfd, base, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
 		fatal("%s: %s", where, strerror(errno));
-	for (uint64_t left = e->size; left > 0;) {
-		size_t k = in_some(left);
-		write_all(fd, ibuf + ipos, k, where);
-		ipos += k;
-		left -= k;
-	}
-	in_skip(padded(e->size) - e->size);
+	const unsigned char *data;
+	for (size_t k; (k = tar_data(&in, &data)) > 0;)
+		write_all(fd, data, k, where);
 	set_meta_fd(fd, e, e->mode, where);
 	struct timespec ts[2] = { e->mtime, e->mtime };
 	if (futimens(fd, ts) < 0)
@@ -1350,7 +1127,8 @@ static void make_hardlink(int pfd, const char *base, const struct entry *e, cons
 	}
 	if (S_ISDIR(st.st_mode))
 		fatal("hard link %s -> %s points at a directory", e->orig, e->link);
-	if (fstatat(pfd, base, &have, AT_SYMLINK_NOFOLLOW) < 0 || have.st_dev != st.st_dev || have.st_ino != st.st_ino) {
+	if (fstatat(pfd, base, &have, AT_SYMLINK_NOFOLLOW) < 0 || have.st_dev != st.st_dev ||
+	    have.st_ino != st.st_ino) {
 		clear_name(pfd, base, where, 0);
 		if (linkat(tfd, tbase, pfd, base, 0) < 0)
 			fatal("%s: linking it to %s: %s", where, e->link, strerror(errno));
@@ -1379,7 +1157,6 @@ static void apply(const struct entry *e)
 	show_path(where, sizeof where, e->path);
 	if (!e->path[0]) {
 		apply_root(e, where);
-		in_skip(padded(e->size));
 		return;
 	}
 	const char *base;
@@ -1388,7 +1165,7 @@ static void apply(const struct entry *e)
 	case '0':
 	case '7':
 		make_file(pfd, base, e, where);
-		return; /* its data is read */
+		break;
 	case '5':
 		make_dir(pfd, base, e, where);
 		break;
@@ -1401,90 +1178,38 @@ static void apply(const struct entry *e)
 	default: /* '3', '4', '6' */
 		make_node(pfd, base, e, where);
 	}
-	in_skip(padded(e->size));
 }
 
-/* One header block of an entry into e, with the pax and long-name records before it. Returns
- * 0 for an entry type this reader skips. */
-static int read_entry(const unsigned char *h, uint64_t size, struct entry *e)
+/* The reader's entry t into e. Returns 0 for an entry type this side skips. */
+static int read_entry(const struct tar_entry *t, struct entry *e)
 {
-	char name[MAX_PATH * 2];
-	int ustar = memcmp(h + 257, "ustar\0", 6) == 0; /* POSIX: a prefix field; GNU's "ustar  " has none */
-	if (xpax.has_path)
-		snprintf(name, sizeof name, "%s", xpax.path);
-	else if (long_name[0])
-		snprintf(name, sizeof name, "%s", long_name);
-	else if (ustar && h[345])
-		snprintf(name, sizeof name, "%.155s/%.100s", (const char *)h + 345, (const char *)h);
-	else
-		snprintf(name, sizeof name, "%.100s", (const char *)h);
-	if (strlen(name) >= MAX_PATH)
-		fatal("an entry's name is longer than %d bytes", MAX_PATH - 1);
 	memset(e, 0, sizeof *e);
-	e->type = (char)h[156];
-	size_t n = strlen(name);
+	e->type = t->type;
+	size_t n = strlen(t->name);
 	/* an old archive's directory: a regular entry whose name ends in '/' */
-	if ((e->type == '0' || e->type == '\0') && n > 0 && name[n - 1] == '/')
+	if (e->type == '0' && n > 0 && t->name[n - 1] == '/')
 		e->type = '5';
-	if (e->type == '\0')
-		e->type = '0';
 	if (!strchr("0123456", e->type) && e->type != '7') {
-		warn("%s: skipped, an entry of type '%c' this reader does not take", name, e->type);
+		warn("%s: skipped, an entry of type '%c' this reader does not take", t->name, e->type);
 		return 0;
 	}
-	memcpy(e->orig, name, n + 1); /* n < MAX_PATH, checked above */
-	memcpy(e->path, name, n + 1);
+	memcpy(e->orig, t->name, n + 1); /* n < MAX_PATH: the reader checks */
+	memcpy(e->path, t->name, n + 1);
 	clean_path(e->path, "entry", e->orig);
-	if (xpax.has_link)
-		snprintf(e->link, sizeof e->link, "%s", xpax.link);
-	else if (long_link[0])
-		snprintf(e->link, sizeof e->link, "%s", long_link);
-	else
-		snprintf(e->link, sizeof e->link, "%.100s", (const char *)h + 157);
-	if ((e->type == '1' || e->type == '2') && !e->link[0])
-		fatal("the link %s has no target", e->orig);
-	e->mode = (mode_t)num(h + 100, 8, "mode") & 07777;
+	memcpy(e->link, t->link, strlen(t->link) + 1);
+	e->mode = t->mode;
 	if (untrusted && (e->mode & (S_ISUID | S_ISGID))) {
 		e->mode &= ~(mode_t)(S_ISUID | S_ISGID);
 		untrusted_dropped++;
 	}
-	uint64_t uid = xpax.has_uid ? xpax.uid : gpax.has_uid ? gpax.uid : num(h + 108, 8, "uid");
-	uint64_t gid = xpax.has_gid ? xpax.gid : gpax.has_gid ? gpax.gid : num(h + 116, 8, "gid");
-	if (uid > MAX_ID || gid > MAX_ID)
-		fatal("%s has an owner out of range", e->orig);
-	e->uid = (uid_t)uid;
-	e->gid = (gid_t)gid;
-	e->size = xpax.has_size ? xpax.size : size;
-	if (xpax.has_mtime)
-		e->mtime = xpax.mtime;
-	else if (gpax.has_mtime)
-		e->mtime = gpax.mtime;
-	else
-		e->mtime = (struct timespec){ (time_t)num(h + 136, 12, "mtime"), 0 };
+	e->uid = t->uid;
+	e->gid = t->gid;
+	e->size = t->size;
+	e->mtime = t->mtime;
 	if (e->type == '3' || e->type == '4')
-		e->rdev = makedev((unsigned)num(h + 329, 8, "devmajor"), (unsigned)num(h + 337, 8, "devminor"));
+		e->rdev = makedev((unsigned)tar_num(&in, t->header + 329, 8, "devmajor"),
+				  (unsigned)tar_num(&in, t->header + 337, 8, "devminor"));
 	return 1;
-}
-
-static void forget_records(void)
-{
-	memset(&xpax, 0, sizeof xpax);
-	long_name[0] = long_link[0] = 0;
-}
-
-/* what follows the end of the archive (a writer's record padding) is read, up to a limit, so
- * that the writer is not cut off while it finishes */
-static void drain(void)
-{
-	uint64_t dropped = ilen - ipos;
-	ipos = ilen;
-	while (dropped < TRAILER_MAX) {
-		size_t n = in_fill();
-		if (!n)
-			break;
-		dropped += n;
-		ipos = ilen;
-	}
 }
 
 int copy_untar(const char *dest, int plain, int untrusted_archive, const char *expect)
@@ -1492,70 +1217,34 @@ int copy_untar(const char *dest, int plain, int untrusted_archive, const char *e
 	untrusted = untrusted_archive;
 	if (expect)
 		expect_first = strcmp(expect, ".") == 0 ? "" : expect;
+	static struct tar_entry t;
 	static struct entry e;
-	unsigned char h[BLOCK];
 	uint64_t entries = 0;
-	int zeros = 0;
 	umask(0);
 	is_root = geteuid() == 0;
-	for (;;) {
-		if (!in_fill()) {
-			if (zeros)
-				break; /* one end block only: taken, as GNU tar takes it */
-			if (!in_seen)
-				fatal("the archive is empty");
-			fatal("the archive ends without its end-of-archive blocks (truncated)");
-		}
-		in_read(h, BLOCK);
-		int zero = 1;
-		for (int i = 0; i < BLOCK && zero; i++)
-			zero = h[i] == 0;
-		if (zero) {
-			if (++zeros == 2)
-				break;
+	while (tar_next(&in, &t)) {
+		if (!read_entry(&t, &e))
 			continue;
-		}
-		if (zeros)
-			fatal("a header follows an end-of-archive block");
-		if (!checksum_ok(h))
-			fatal("a header's checksum is wrong (not a tar archive, or corrupt)");
-		char type = (char)h[156];
-		uint64_t size = num(h + 124, 12, "size");
-		if (size > MAX_SIZE)
-			fatal("a header's size is out of range");
-		if (type == 'x' || type == 'g') {
-			read_pax(size, type == 'x' ? &xpax : &gpax, type == 'g');
-			continue;
-		}
-		if (type == 'L' || type == 'K') {
-			read_long(size, type == 'L' ? long_name : long_link, type == 'L' ? "a long name" : "a long link name");
-			continue;
-		}
-		if (type == 'S')
-			fatal("sparse files are not supported; make the archive without --sparse");
-		if (!read_entry(h, size, &e)) {
-			in_skip(padded(xpax.has_size ? xpax.size : size));
-			forget_records();
-			continue;
-		}
 		if (!entries++) {
 			/* --expect: the host asked for NAME (or a directory's contents); an archive that
 			 * begins with anything else is not the copy it asked for (a hostile machine's
 			 * tar could otherwise choose what lands in DEST, e.g. .ssh/authorized_keys) */
 			if (expect_first && strcmp(e.path, expect_first) != 0)
-				fatal("the archive begins with %s, not the %s that was asked for", e.path[0] ? e.path : "./", expect_first[0] ? expect_first : "contents (./)");
+				fatal("the archive begins with %s, not the %s that was asked for",
+				      e.path[0] ? e.path : "./", expect_first[0] ? expect_first : "contents (./)");
 			open_root(dest, plain, e.path, e.type == '5');
 		}
 		place(e.path, "entry", e.orig);
 		apply(&e);
-		forget_records();
 	}
 	if (!entries) {
 		if (!plain)
 			fatal("the archive has no entries");
 		open_root(dest, 1, "", 0);
 	}
-	drain();
+	/* a writer's record padding after the end is read, up to a limit, so that the writer is not
+	 * cut off while it finishes */
+	tar_drain(&in, TRAILER_MAX);
 	apply_dir_meta();
 	if (chown_failures > CHOWN_WARNINGS)
 		warn("%lu more entries could not be given their owner", chown_failures - CHOWN_WARNINGS);

@@ -27,11 +27,17 @@
 
 #define CHUNK (64 * 1024)
 
-#define E(x) { x, #x }
-static const struct { int no; const char *name; } errnames[] = {
-	E(ENOENT), E(EACCES), E(EEXIST), E(ENOTDIR), E(EISDIR), E(ENOTEMPTY), E(EINVAL), E(ELOOP),
-	E(ENOSPC), E(EROFS), E(EPERM), E(EBUSY), E(ENAMETOOLONG), E(EIO), E(EXDEV), E(EDQUOT),
-	E(EFBIG), E(EMFILE), E(ENOMEM), E(EPIPE), E(ETXTBSY), E(EMLINK), E(ENXIO), E(EOPNOTSUPP),
+#define E(x)          \
+	{             \
+		x, #x \
+	}
+static const struct {
+	int no;
+	const char *name;
+} errnames[] = {
+	E(ENOENT), E(EACCES), E(EEXIST), E(ENOTDIR), E(EISDIR),	      E(ENOTEMPTY), E(EINVAL), E(ELOOP),
+	E(ENOSPC), E(EROFS),  E(EPERM),	 E(EBUSY),   E(ENAMETOOLONG), E(EIO),	    E(EXDEV),  E(EDQUOT),
+	E(EFBIG),  E(EMFILE), E(ENOMEM), E(EPIPE),   E(ETXTBSY),      E(EMLINK),    E(ENXIO),  E(EOPNOTSUPP),
 };
 
 /* The one error line, e (an errno) its cause. */
@@ -111,9 +117,10 @@ static char *base_name(const char *path)
 
 static void print_entry(const char *name, const char *path, const struct stat *st, const char *target)
 {
-	static const char *const types[16] = { [S_IFREG >> 12] = "file", [S_IFDIR >> 12] = "dir",
-		[S_IFLNK >> 12] = "symlink", [S_IFCHR >> 12] = "char", [S_IFBLK >> 12] = "block",
-		[S_IFIFO >> 12] = "fifo", [S_IFSOCK >> 12] = "socket" };
+	static const char *const types[16] = { [S_IFREG >> 12] = "file",    [S_IFDIR >> 12] = "dir",
+					       [S_IFLNK >> 12] = "symlink", [S_IFCHR >> 12] = "char",
+					       [S_IFBLK >> 12] = "block",   [S_IFIFO >> 12] = "fifo",
+					       [S_IFSOCK >> 12] = "socket" };
 	const char *type = types[(st->st_mode & S_IFMT) >> 12];
 	struct tm tm;
 	char when[64];
@@ -121,8 +128,8 @@ static void print_entry(const char *name, const char *path, const struct stat *s
 	strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
 	printf("{\"name\":"), json_str(name), printf(",\"path\":"), json_str(path);
 	printf(",\"type\":\"%s\",\"size\":%lld,\"mode\":\"%04o\",\"uid\":%u,\"gid\":%u,\"mtime\":\"%s.%03ldZ\"",
-	       type ? type : "unknown", (long long)st->st_size, (unsigned)(st->st_mode & 07777),
-	       (unsigned)st->st_uid, (unsigned)st->st_gid, when, st->st_mtim.tv_nsec / 1000000);
+	       type ? type : "unknown", (long long)st->st_size, (unsigned)(st->st_mode & 07777), (unsigned)st->st_uid,
+	       (unsigned)st->st_gid, when, st->st_mtim.tv_nsec / 1000000);
 	if (target)
 		printf(",\"target\":"), json_str(target);
 	printf("}\n");
@@ -239,6 +246,8 @@ static void drop_temp(int sig)
 
 static int cmd_cat(const char *path, int set, mode_t mode)
 {
+	(void)set; /* one signature for every command of the table */
+	(void)mode;
 	struct stat st;
 	int fd = open(path, O_RDONLY | O_CLOEXEC), rerr;
 	if (fd < 0 || fstat(fd, &st) < 0)
@@ -297,7 +306,9 @@ static int cmd_write(const char *path, int set, mode_t mode)
 			e = errno;
 		if (!e && expect_size >= 0 && n != expect_size) {
 			unlink(tmp);
-			fprintf(stderr, "snaplab: file: EPIPE: %s: the input ended after %lld of %lld bytes (the file is unchanged)\n", path, n, expect_size);
+			fprintf(stderr,
+				"snaplab: file: EPIPE: %s: the input ended after %lld of %lld bytes (the file is unchanged)\n",
+				path, n, expect_size);
 			return 1;
 		}
 		if (!e && rename(tmp, path) < 0)
@@ -315,6 +326,7 @@ static int cmd_write(const char *path, int set, mode_t mode)
 
 static int cmd_stat(const char *path, int set, mode_t mode)
 {
+	(void)mode; /* one signature for every command of the table */
 	struct stat st;
 	if ((set & F_FOLLOW ? stat(path, &st) : lstat(path, &st)) < 0)
 		return fail(errno, path);
@@ -329,6 +341,8 @@ static int by_name(const void *a, const void *b)
 
 static int cmd_ls(const char *path, int set, mode_t mode)
 {
+	(void)set; /* one signature for every command of the table */
+	(void)mode;
 	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *d = fd < 0 ? NULL : fdopendir(fd);
 	if (!d)
@@ -387,6 +401,7 @@ static int cmd_mkdir(const char *path, int set, mode_t mode)
 
 static int cmd_rm(const char *path, int set, mode_t mode)
 {
+	(void)mode; /* one signature for every command of the table */
 	struct stat st;
 	char *p = strdup(path), *base = base_name(path);
 	size_t n = strlen(path);
@@ -406,12 +421,19 @@ static int cmd_rm(const char *path, int set, mode_t mode)
 	return rmdir(p) < 0 ? fail(errno, path) : 0;
 }
 
-static const struct { const char *name; int bit; } flags[] = {
-	{ "--mode", F_MODE }, { "--parents", F_PARENTS }, { "--append", F_APPEND }, { "-L", F_FOLLOW },
-	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE }, { "--size", F_SIZE },
+static const struct {
+	const char *name;
+	int bit;
+} flags[] = {
+	{ "--mode", F_MODE },		{ "--parents", F_PARENTS }, { "--append", F_APPEND }, { "-L", F_FOLLOW },
+	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE },	    { "--size", F_SIZE },
 };
 
-static const struct { const char *name; int (*run)(const char *path, int set, mode_t mode); int allowed; } cmds[] = {
+static const struct {
+	const char *name;
+	int (*run)(const char *path, int set, mode_t mode);
+	int allowed;
+} cmds[] = {
 	{ "cat", cmd_cat, 0 },
 	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND | F_SIZE },
 	{ "stat", cmd_stat, F_FOLLOW },

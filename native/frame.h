@@ -66,21 +66,41 @@ struct buf {
 uint8_t *buf_reserve(struct buf *b, size_t n); /* room for n more bytes at data+len; NULL on OOM */
 void buf_consume(struct buf *b, size_t n);
 void buf_free(struct buf *b);
-static inline size_t buf_used(const struct buf *b) { return b->len - b->off; }
+static inline size_t buf_used(const struct buf *b)
+{
+	return b->len - b->off;
+}
 int buf_append(struct buf *b, const void *p, size_t n);
 
-static inline void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void put_u16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
 static inline void put_u32(uint8_t *p, uint32_t v)
 {
-	p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
 }
-static inline void put_u64(uint8_t *p, uint64_t v) { put_u32(p, (uint32_t)v); put_u32(p + 4, (uint32_t)(v >> 32)); }
-static inline uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline void put_u64(uint8_t *p, uint64_t v)
+{
+	put_u32(p, (uint32_t)v);
+	put_u32(p + 4, (uint32_t)(v >> 32));
+}
+static inline uint16_t get_u16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
 static inline uint32_t get_u32(const uint8_t *p)
 {
 	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
-static inline uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32); }
+static inline uint64_t get_u64(const uint8_t *p)
+{
+	return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+}
 
 struct frame {
 	uint32_t len;

@@ -364,7 +364,8 @@ static void op_btrfs_quota(struct request *r)
 	if (quota_item(fd, info.treeid, 244 /* BTRFS_QGROUP_LIMIT_KEY */, qlimit, sizeof qlimit) < 0)
 		qlimit[0] = 0;
 	close(fd);
-	unsigned long long limit = (qlimit[0] & BTRFS_QGROUP_LIMIT_MAX_EXCL) && qlimit[2] != (unsigned long long)-1 ? qlimit[2] : 0;
+	unsigned long long limit =
+		(qlimit[0] & BTRFS_QGROUP_LIMIT_MAX_EXCL) && qlimit[2] != (unsigned long long)-1 ? qlimit[2] : 0;
 	char used[32], lim[32];
 	snprintf(used, sizeof used, "%llu", qinfo[3]); /* exclusive: what the limit counts */
 	snprintf(lim, sizeof lim, "%llu", limit);
@@ -446,7 +447,8 @@ struct userns_spec {
 	const char *agent;
 };
 
-static void launch_child(char *log, const char *netns, const struct userns_spec *us, char **cgs, int ncg, char **argv, int ready_w, int info_w, int listen_fd)
+static void launch_child(char *log, const char *netns, const struct userns_spec *us, char **cgs, int ncg, char **argv,
+			 int ready_w, int info_w, int listen_fd)
 {
 	int fd = open("/dev/null", O_RDONLY);
 	if (fd >= 0 && fd != 0) {
@@ -483,11 +485,13 @@ static void launch_child(char *log, const char *netns, const struct userns_spec 
 		 * sandbox joins that one, so that its root has its capabilities over its network */
 		if (us) {
 			int o = ioctl(nfd, NS_GET_USERNS);
-			owner = o >= 0 ? fcntl(o, F_DUPFD_CLOEXEC, 20) : -1; /* clear of the fds moved onto 3..6 below */
+			owner = o >= 0 ? fcntl(o, F_DUPFD_CLOEXEC, 20)
+				       : -1; /* clear of the fds moved onto 3..6 below */
 			if (o >= 0)
 				close(o);
 			struct stat mine, theirs;
-			if (owner >= 0 && (stat("/proc/self/ns/user", &mine) < 0 || fstat(owner, &theirs) < 0 || mine.st_ino == theirs.st_ino)) {
+			if (owner >= 0 && (stat("/proc/self/ns/user", &mine) < 0 || fstat(owner, &theirs) < 0 ||
+					   mine.st_ino == theirs.st_ino)) {
 				close(owner);
 				owner = -1;
 			}
@@ -529,7 +533,8 @@ struct launch_args {
 /* NULL, or why the arguments are not a launch (EINVAL). */
 static const char *launch_parse(struct request *r, struct launch_args *a)
 {
-	static const char usage[] = "launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS|overlay N LOWER*N UPPER WORK] [AGENT] N CGROUP_PROCS... ARGV...";
+	static const char usage[] =
+		"launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS|overlay N LOWER*N UPPER WORK] [AGENT] N CGROUP_PROCS... ARGV...";
 	if (r->argc < 8)
 		return usage;
 	a->log = r->argv[1];
@@ -772,7 +777,8 @@ static void op_qmp_getfd(struct request *r)
 		return reply_err(r->id, EINVAL, "qmp-getfd QMP_SOCKET NAME FILE r|w");
 	if (strlen(r->argv[2]) > 64 || strchr(r->argv[2], '"') || strchr(r->argv[2], '\\'))
 		return reply_err(r->id, EINVAL, "fd name");
-	int file = r->argv[4][0] == 'r' ? open(r->argv[3], O_RDONLY | O_CLOEXEC) : open(r->argv[3], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int file = r->argv[4][0] == 'r' ? open(r->argv[3], O_RDONLY | O_CLOEXEC)
+					: open(r->argv[3], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (file < 0)
 		return reply_err(r->id, errno, r->argv[3]);
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
@@ -785,7 +791,8 @@ static void op_qmp_getfd(struct request *r)
 	struct timeval tv = { .tv_sec = 10 };
 	char msg[512] = "";
 	/* SO_SNDTIMEO bounds a blocking connect on a Unix socket whose listen backlog is full */
-	if (s < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 || setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0 ||
+	if (s < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+	    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0 ||
 	    connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
 		int e = errno;
 		if (s >= 0)
@@ -796,7 +803,10 @@ static void op_qmp_getfd(struct request *r)
 	const char *caps = "{\"execute\":\"qmp_capabilities\"}\n";
 	char cmd[256];
 	snprintf(cmd, sizeof cmd, "{\"execute\":\"getfd\",\"arguments\":{\"fdname\":\"%s\"}}\n", r->argv[2]);
-	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
 	struct iovec iov = { .iov_base = cmd, .iov_len = strlen(cmd) };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
 	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
@@ -805,7 +815,8 @@ static void op_qmp_getfd(struct request *r)
 	cm->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(cm), &file, sizeof(int));
 	int rc = -1;
-	if (write_all(s, caps, strlen(caps)) == 0 && qmp_answer(s, msg, sizeof msg) == 0 && sendmsg(s, &mh, 0) == (ssize_t)iov.iov_len)
+	if (write_all(s, caps, strlen(caps)) == 0 && qmp_answer(s, msg, sizeof msg) == 0 &&
+	    sendmsg(s, &mh, 0) == (ssize_t)iov.iov_len)
 		rc = qmp_answer(s, msg, sizeof msg);
 	close(s);
 	close(file);
@@ -841,7 +852,8 @@ static void *serve(void *p)
 	else if (strcmp(op, "netns-userns") == 0 && r->argc != 4)
 		reply_err(r->id, EINVAL, "netns-userns PATH BASE COUNT");
 	else if (strcmp(op, "netns-userns") == 0) {
-		if (netns_make(r->argv[1], (unsigned)strtoul(r->argv[2], NULL, 10), (unsigned)strtoul(r->argv[3], NULL, 10)) < 0)
+		if (netns_make(r->argv[1], (unsigned)strtoul(r->argv[2], NULL, 10),
+			       (unsigned)strtoul(r->argv[3], NULL, 10)) < 0)
 			reply_err(r->id, errno, r->argv[1]);
 		else
 			reply_ok(r->id);

@@ -52,13 +52,13 @@ struct client {
 	struct buf in, out;
 	size_t skip; /* bytes still to drop of a frame too big to relay */
 	uint32_t events; /* what epoll watches for it now */
-	int held;        /* its execs' output is held by the agent until it reads its backlog */
+	int held; /* its execs' output is held by the agent until it reads its backlog */
 };
 
 /* one request in flight: the relay's id, whose it is, and under which id the client knows it */
 struct route {
 	uint32_t relay_id, client_id;
-	int client;	/* index into clients; -1 = free slot */
+	int client; /* index into clients; -1 = free slot */
 	uint16_t type;
 	uint8_t started; /* an EXEC the agent has started (its ERRORs no longer end it) */
 };
@@ -267,7 +267,7 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 		frame_error(&c->out, f->id, EBUSY, "too many requests in flight through the relay");
 		return;
 	}
-	*r = (struct route){.relay_id = fresh_id(), .client_id = f->id, .client = ci, .type = f->type};
+	*r = (struct route){ .relay_id = fresh_id(), .client_id = f->id, .client = ci, .type = f->type };
 	forward(&agent_out, p, n, r->relay_id);
 	if (f->type == T_EXEC && c->held)
 		hold_route(r, 1); /* a new exec of a client that is behind starts held too */
@@ -289,7 +289,8 @@ static void agent_frame(const uint8_t *p, size_t n, const struct frame *f)
 		for (int i = 0; i < nroutes; i++) {
 			if (routes[i].client < 0)
 				continue;
-			frame_error(&clients[routes[i].client].out, routes[i].client_id, ECONNRESET, "the VM's agent started a new session");
+			frame_error(&clients[routes[i].client].out, routes[i].client_id, ECONNRESET,
+				    "the VM's agent started a new session");
 			routes[i].client = -1;
 		}
 		nroutes = 0;
@@ -382,11 +383,11 @@ static void connect_agent(const char *path, pid_t qemu)
 			die("socket");
 		if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
 			uint32_t id = 0x52454c59; /* "RELY" */
-			struct buf b = {0};
+			struct buf b = { 0 };
 			frame_put(&b, T_RESET, id, NULL, 0);
 			if (write(fd, b.data + b.off, buf_used(&b)) == (ssize_t)buf_used(&b)) {
 				buf_free(&b);
-				struct timeval tv = {.tv_sec = 0, .tv_usec = 500000};
+				struct timeval tv = { .tv_sec = 0, .tv_usec = 500000 };
 				setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 				/* an old session's output streaming in must not keep this attempt going */
 				long attempt_end = now_ms() + 2000;
@@ -456,7 +457,7 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 		clients[i].fd = -1;
 	connect_agent(connect_path, qemu);
 	fcntl(agent_fd, F_SETFL, O_NONBLOCK);
-	struct timeval none = {0};
+	struct timeval none = { 0 };
 	setsockopt(agent_fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
 
 	struct sockaddr_un a;
@@ -471,16 +472,17 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 	epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (epfd < 0)
 		die("epoll");
-	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &agent_fd};
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &agent_fd };
 	epoll_ctl(epfd, EPOLL_CTL_ADD, agent_fd, &ev);
-	ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &listen_fd};
+	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &listen_fd };
 	epoll_ctl(epfd, EPOLL_CTL_ADD, listen_fd, &ev);
-	ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &sig_fd};
+	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &sig_fd };
 	epoll_ctl(epfd, EPOLL_CTL_ADD, sig_fd, &ev);
 
 	if (ready_fd >= 0) {
 		/* the host waits on this: the relay serves from now on */
-		if (write(ready_fd, "R", 1) < 0) { /* the host gave up waiting: serve anyway */ }
+		if (write(ready_fd, "R", 1) < 0) { /* the host gave up waiting: serve anyway */
+		}
 		close(ready_fd);
 	}
 
@@ -504,7 +506,8 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 				read_hold();
 			} else if (tag == &listen_fd) {
 				int fd;
-				while ((fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0 || errno == EINTR) {
+				while ((fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0 ||
+				       errno == EINTR) {
 					if (fd < 0)
 						continue;
 					int ci = -1;
@@ -517,7 +520,7 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 					}
 					clients[ci].fd = fd;
 					clients[ci].events = EPOLLIN;
-					struct epoll_event ce = {.events = EPOLLIN, .data.ptr = &clients[ci]};
+					struct epoll_event ce = { .events = EPOLLIN, .data.ptr = &clients[ci] };
 					epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ce);
 					/* as the agent greets a new connection (a client that RESETs skips it) */
 					frame_put(&clients[ci].out, T_HELLO, 0, hello, hello_len);
@@ -551,9 +554,10 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 				continue;
 			}
 			/* backpressure the other way: clients wait while the VM has a backlog */
-			uint32_t want = (buf_used(&agent_out) > AGENT_HIGH_WATER ? 0 : EPOLLIN) | (buf_used(&c->out) ? EPOLLOUT : 0);
+			uint32_t want = (buf_used(&agent_out) > AGENT_HIGH_WATER ? 0 : EPOLLIN) |
+					(buf_used(&c->out) ? EPOLLOUT : 0);
 			if (want != c->events) {
-				struct epoll_event ce = {.events = want, .data.ptr = c};
+				struct epoll_event ce = { .events = want, .data.ptr = c };
 				epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &ce);
 				c->events = want;
 			}
@@ -572,7 +576,7 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 		 * chardev's room */
 		uint32_t want = (full || hold ? 0 : EPOLLIN) | (!hold && buf_used(&agent_out) ? EPOLLOUT : 0);
 		if (want != agent_events) {
-			struct epoll_event ae = {.events = want, .data.ptr = &agent_fd};
+			struct epoll_event ae = { .events = want, .data.ptr = &agent_fd };
 			epoll_ctl(epfd, EPOLL_CTL_MOD, agent_fd, &ae);
 			agent_events = want;
 		}

@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 /* Modelled on Docker's default profile: syscalls it denies to a container by default. */
+/* several names a line, laid out by hand */
+/* clang-format off */
 static const char *const denied[] = {
 	"kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
 	"mount", "umount2", "umount", "pivot_root", "swapon", "swapoff", "reboot", "acct", "bpf",
@@ -37,6 +39,7 @@ static const char *const denied[] = {
 	/* Docker has denied io_uring since 2023: a large attack surface that bypasses this filter */
 	"io_uring_setup", "io_uring_enter", "io_uring_register",
 };
+/* clang-format on */
 
 /* Sockets that cross network namespaces: vsock reaches the hypervisor's host whatever netns.
  * socket()'s domain and ioctl()'s request are ints to the kernel, which drops the upper 32 bits
@@ -47,17 +50,23 @@ static const char *const denied[] = {
 
 /* btrfs ioctls that make subvolumes: no capability needed, and a subvolume nested in a sandbox's
  * root would make that root impossible to delete with one ioctl. */
+/* several names a line, laid out by hand */
+/* clang-format off */
 static const unsigned long denied_ioctls[] = {
 	BTRFS_IOC_SNAP_CREATE, BTRFS_IOC_SNAP_CREATE_V2, BTRFS_IOC_SUBVOL_CREATE, BTRFS_IOC_SUBVOL_CREATE_V2,
 };
+/* clang-format on */
 
 #ifndef CLONE_NEWTIME
 #define CLONE_NEWTIME 0x00000080
 #endif
+/* several names a line, laid out by hand */
+/* clang-format off */
 static const unsigned long ns_flags[] = {
 	CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC,
 	CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME,
 };
+/* clang-format on */
 
 static int export_filter(scmp_filter_ctx ctx, struct sock_fprog *out);
 
@@ -72,7 +81,8 @@ int system_filter_build(struct sock_fprog *out)
 	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
 	if (!ctx)
 		return -1;
-	static const char *const none[] = { "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load" };
+	static const char *const none[] = { "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load",
+					    "kexec_file_load" };
 	int rc = -1;
 	if (seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS) < 0)
 		goto out;
@@ -81,10 +91,12 @@ int system_filter_build(struct sock_fprog *out)
 		if (nr != __NR_SCMP_ERROR && nr >= 0 && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0) < 0)
 			goto out;
 	}
-	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+			     SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
 		goto out;
 	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
-		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, denied_ioctls[i])) < 0)
+		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+				     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, denied_ioctls[i])) < 0)
 			goto out;
 	rc = export_filter(ctx, out);
 out:
@@ -116,7 +128,8 @@ int filter_build(struct sock_fprog *out)
 		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
 				     SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i])) < 0)
 			goto out;
-	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+			     SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
 		goto out;
 	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
 		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
@@ -154,6 +167,8 @@ out:
 	return rc;
 }
 
+/* several names a line, laid out by hand */
+/* clang-format off */
 static const char *const cap_names[] = {
 	"CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID",
 	"SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST",
@@ -163,6 +178,7 @@ static const char *const cap_names[] = {
 	"AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM",
 	"BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE",
 };
+/* clang-format on */
 #define NCAPS ((int)(sizeof cap_names / sizeof cap_names[0]))
 
 static int cap_lookup(const char *name, size_t n)
@@ -222,8 +238,9 @@ static int harden_fail(const char *what, const char *path)
 int harden_proc(int dev_readonly)
 {
 	static const char *const ro[] = { "/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq" };
-	static const char *const masked_files[] = { "/proc/sysrq-trigger", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-						    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/kallsyms" };
+	static const char *const masked_files[] = { "/proc/sysrq-trigger", "/proc/kcore",      "/proc/keys",
+						    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+						    "/proc/sched_debug",   "/proc/kallsyms" };
 	static const char *const masked_dirs[] = { "/proc/acpi", "/proc/asound", "/proc/scsi" };
 	const unsigned long ro_flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
 	for (size_t i = 0; i < sizeof ro / sizeof *ro; i++) {
@@ -253,7 +270,8 @@ int harden_proc(int dev_readonly)
 	 * inside cannot change the host's /dev/null. Then /dev itself read-only, so that nothing can be
 	 * added to it or swapped in it between executions (/dev/shm, /dev/pts, /dev/mqueue are mounts
 	 * of their own and stay writable). */
-	static const char *const devices[] = { "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty" };
+	static const char *const devices[] = { "/dev/null",   "/dev/zero",    "/dev/full",
+					       "/dev/random", "/dev/urandom", "/dev/tty" };
 	for (size_t i = 0; i < sizeof devices / sizeof *devices; i++) {
 		if (access(devices[i], F_OK) < 0)
 			continue;

@@ -26,15 +26,15 @@ struct spawn_req {
 	char **argv;
 	char **envp;
 	const char *path; /* PATH to search when argv[0] has no slash */
-	char *pathbuf;    /* scratch, strlen(path) + strlen(argv[0]) + 2 bytes */
-	const char *cwd;  /* NULL: keep the agent's */
-	int set_user;     /* run as uid:gid with groups (else as the agent: root of the namespace) */
+	char *pathbuf; /* scratch, strlen(path) + strlen(argv[0]) + 2 bytes */
+	const char *cwd; /* NULL: keep the agent's */
+	int set_user; /* run as uid:gid with groups (else as the agent: root of the namespace) */
 	uid_t uid;
 	gid_t gid;
 	int ngroups;
 	gid_t groups[MAX_GROUPS];
 	int fd_in, fd_out, fd_err;
-	int tty;        /* fd_in is a pty slave: new session, made its controlling terminal */
+	int tty; /* fd_in is a pty slave: new session, made its controlling terminal */
 	const struct sock_fprog *filter;
 	/* written by the child (shared memory, CLONE_VM) before it execs or exits */
 	volatile int stage;

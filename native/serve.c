@@ -75,9 +75,9 @@ struct conn {
 	struct buf in, out;
 	uint64_t skip; /* bytes of a refused oversized frame still to discard */
 	int dead, dirty, paused;
-	int stream;    /* the --stream connection: never closed, its sessions end instead */
-	int down;      /* stream only: hung up, out of epoll, waiting for the recheck timer */
-	unsigned gen;  /* bumped when a stream session ends: stale loops over `in` stop */
+	int stream; /* the --stream connection: never closed, its sessions end instead */
+	int down; /* stream only: hung up, out of epoll, waiting for the recheck timer */
+	unsigned gen; /* bumped when a stream session ends: stale loops over `in` stop */
 	struct conn *next_dirty, *next_grave;
 };
 
@@ -805,10 +805,18 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		goto fail;
 	}
 	struct spawn_req req = {
-		.argv = argv, .envp = envp, .path = path, .pathbuf = pathbuf,
+		.argv = argv,
+		.envp = envp,
+		.path = path,
+		.pathbuf = pathbuf,
 		.set_user = user != NULL,
-		.cwd = cwds, .fd_in = tty ? po[1] : (flags & EXEC_F_STDIN) ? pi[0] : devnull,
-		.fd_out = po[1], .fd_err = tty ? po[1] : pe[1], .tty = tty != NULL,
+		.cwd = cwds,
+		.fd_in = tty			  ? po[1]
+			 : (flags & EXEC_F_STDIN) ? pi[0]
+						  : devnull,
+		.fd_out = po[1],
+		.fd_err = tty ? po[1] : pe[1],
+		.tty = tty != NULL,
 		.filter = have_filter ? &filter : NULL,
 	};
 	if (user && parse_user(user, &req) < 0) {
@@ -834,7 +842,10 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		if (req.stage == STAGE_CHDIR)
 			reply_error(c, id, err, "chdir %s: %s", cwds, strerror(err));
 		else
-			reply_error(c, id, err, "%s: %s", req.stage == STAGE_SECCOMP ? "seccomp" : req.stage == STAGE_USER ? "setuid" : "setup",
+			reply_error(c, id, err, "%s: %s",
+				    req.stage == STAGE_SECCOMP ? "seccomp"
+				    : req.stage == STAGE_USER  ? "setuid"
+							       : "setup",
 				    strerror(err));
 		goto fail;
 	}
@@ -1009,7 +1020,8 @@ static void do_file_get(struct conn *c, uint32_t id, const uint8_t *payload, siz
 	int e = off < 0 ? ENOMEM : 0;
 	/* Read to EOF rather than trusting st_size: /proc and growing files lie about it. */
 	while (!e) {
-		size_t want = st.st_size > 0 && total < (size_t)st.st_size ? (size_t)st.st_size - total + 1 : READ_CHUNK;
+		size_t want =
+			st.st_size > 0 && total < (size_t)st.st_size ? (size_t)st.st_size - total + 1 : READ_CHUNK;
 		uint8_t *p = buf_reserve(b, want);
 		if (!p) {
 			e = ENOMEM;
@@ -1084,7 +1096,8 @@ static int list_entries(char *out, size_t cap, const char *dir)
 	if (n < 0 || lstat(dir, &st) < 0) {
 		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "-");
 	} else {
-		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%o:%u:%u", st.st_mode, st.st_uid, st.st_gid);
+		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%o:%u:%u", st.st_mode, st.st_uid,
+					st.st_gid);
 		for (int i = 0; i < n; i++) {
 			const char *nm = names[i]->d_name;
 			if (strcmp(nm, ".") != 0 && strcmp(nm, "..") != 0 && len < cap) {
@@ -1093,8 +1106,9 @@ static int list_entries(char *out, size_t cap, const char *dir)
 				struct stat es;
 				if (lstat(path, &es) < 0)
 					memset(&es, 0, sizeof es);
-				len += (size_t)snprintf(out + len, cap - len, ",%s=%o:%u:%u:%lld:%llu", nm, es.st_mode, es.st_uid, es.st_gid,
-							(long long)es.st_size, (unsigned long long)es.st_ino);
+				len += (size_t)snprintf(out + len, cap - len, ",%s=%o:%u:%u:%lld:%llu", nm, es.st_mode,
+							es.st_uid, es.st_gid, (long long)es.st_size,
+							(unsigned long long)es.st_ino);
 			}
 		}
 	}
@@ -1116,7 +1130,8 @@ static int list_entries(char *out, size_t cap, const char *dir)
  * by a command: a restored guest's first fork and exec fault in pages and, under emulation,
  * translate code for hundreds of milliseconds (docs/agent-protocol.md). */
 #ifndef FUZZ
-static int set_identity(const char *hostname, const char *machine_id, const uint8_t *entropy, size_t n, int system, const char **step)
+static int set_identity(const char *hostname, const char *machine_id, const uint8_t *entropy, size_t n, int system,
+			const char **step)
 {
 	*step = "sethostname";
 	if (sethostname(hostname, strlen(hostname)) < 0)
@@ -1169,7 +1184,8 @@ static void do_identity(struct conn *c, uint32_t id, const uint8_t *p, size_t le
 	machine_id[32] = 0;
 	for (size_t i = 0; i < hl; i++) {
 		char ch = hostname[i];
-		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '.' || ch == '_')) {
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+		      ch == '.' || ch == '_')) {
 			reply_error(c, id, EINVAL, "bad IDENTITY host name");
 			return;
 		}
@@ -1184,7 +1200,8 @@ static void do_identity(struct conn *c, uint32_t id, const uint8_t *p, size_t le
 	const uint8_t *entropy = p + 2 + hl + 32;
 	size_t n = len - 2 - hl - 32;
 	const char *step = "identity";
-	if (FUZZ_EFFECT(set_identity(hostname, machine_id, entropy, n, p[0] & 1, &step), fuzz_identity(hostname, machine_id, entropy, n, p[0] & 1)) < 0)
+	if (FUZZ_EFFECT(set_identity(hostname, machine_id, entropy, n, p[0] & 1, &step),
+			fuzz_identity(hostname, machine_id, entropy, n, p[0] & 1)) < 0)
 		reply_error(c, id, errno, "%s: %s", step, strerror(errno));
 	else
 		reply(c, T_OK, id, NULL, 0);
@@ -1239,7 +1256,8 @@ static void handle_frame(struct conn *c, const struct frame *f)
 			/* a host that ignores the window: its input for this exec ends here */
 			src_close(&e->in);
 			buf_free(&e->inq);
-			reply_error(c, f->id, ENOBUFS, "stdin beyond the flow-control window (%u bytes unacknowledged)", STDIN_WINDOW);
+			reply_error(c, f->id, ENOBUFS, "stdin beyond the flow-control window (%u bytes unacknowledged)",
+				    STDIN_WINDOW);
 		}
 		break;
 	}
@@ -1570,8 +1588,8 @@ static void after_events(void)
 	}
 }
 
-int serve_main(const char *path, int listen_fd, const char *stream_path, int stream_fd, int ready_fd,
-	       const char *caps, int harden)
+int serve_main(const char *path, int listen_fd, const char *stream_path, int stream_fd, int ready_fd, const char *caps,
+	       int harden)
 {
 	ensure_std_fds();
 	is_pid1 = getpid() == 1;
@@ -1656,7 +1674,8 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 		/* The host made, bound and listened on the socket (on a path only it can see) and
 		 * handed it over: nothing inside the sandbox can replace or redirect it. */
 		int fl = fcntl(listen_fd, F_GETFL);
-		if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(listen_fd, F_SETFD, FD_CLOEXEC) < 0)
+		if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+		    fcntl(listen_fd, F_SETFD, FD_CLOEXEC) < 0)
 			die("listen fd");
 		listen_src.fd = listen_fd;
 	} else {

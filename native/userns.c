@@ -121,7 +121,9 @@ static int idmapped_clone(const char *path, int nsfd, int allow_suid)
 		return t;
 	/* the storage pool is mounted nosuid on the host; the clone of a system machine's tree, seen
 	 * only in the machine's mount namespace, is not (its setuid files are its namespace's root's) */
-	struct mount_attr a = { .attr_set = MOUNT_ATTR_IDMAP, .attr_clr = allow_suid ? MOUNT_ATTR_NOSUID : 0, .userns_fd = (unsigned)nsfd };
+	struct mount_attr a = { .attr_set = MOUNT_ATTR_IDMAP,
+				.attr_clr = allow_suid ? MOUNT_ATTR_NOSUID : 0,
+				.userns_fd = (unsigned)nsfd };
 	if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &a, sizeof a) < 0) {
 		int e = errno;
 		close(t);
@@ -136,10 +138,10 @@ static int attach(int tree, const char *target)
 	return (int)syscall(SYS_move_mount, tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
 }
 
-#define FAIL(what)                                                                                    \
-	do {                                                                                          \
-		dprintf(2, "snaplab-hostops: user namespace: %s: %s\n", what, strerror(errno));      \
-		return -1;                                                                            \
+#define FAIL(what)                                                                              \
+	do {                                                                                    \
+		dprintf(2, "snaplab-hostops: user namespace: %s: %s\n", what, strerror(errno)); \
+		return -1;                                                                      \
 	} while (0)
 
 #define MAX_LOWER 64
@@ -266,7 +268,9 @@ int idmap_check(const char *dir, unsigned base)
 		pid_t holder = hold_userns(base, 65536, &release, &nsfd);
 		if (holder < 0)
 			_exit(10);
-		int rc = unshare(CLONE_NEWNS) < 0 ? 11 : idmapped_clone(dir, nsfd, 0) < 0 ? (errno == EINVAL ? 12 : 13) : 0;
+		int rc = unshare(CLONE_NEWNS) < 0	    ? 11
+			 : idmapped_clone(dir, nsfd, 0) < 0 ? (errno == EINVAL ? 12 : 13)
+							    : 0;
 		let_go(holder, release);
 		_exit(rc);
 	}

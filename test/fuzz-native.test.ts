@@ -1,8 +1,9 @@
 /**
  * libFuzzer harnesses of the C parsers that take untrusted bytes (native/fuzz/): the agent's frame
  * decoder and request handlers (frame), the relay's routing between its clients and a VM's agent
- * (relay), the host helper's request reader and launch parser (hostops), and the command's reader of a
- * daemon's answers (daemon: HTTP, JSON, ls's table). `make -C native fuzz`
+ * (relay), the host helper's request reader and launch parser (hostops), the command's reader of a
+ * daemon's answers (daemon: HTTP, JSON, ls's table), and the one tar reader of image layers and of
+ * cp's receiving side (tar: native/tar.c). `make -C native fuzz`
  * builds them with clang, ASan and UBSan; each then runs for SNAPLAB_FUZZ_SECONDS (default 20) on
  * a copy of its checked-in seeds in a temp dir (`make fuzz-run-NAME`, which copies them there). A
  * crash, a leak, undefined behaviour, an input over 10 s or a failed check of the harness stops
@@ -93,6 +94,7 @@ describe('fuzzing the C parsers (libFuzzer)', () => {
     relay: "the relay's routing between clients and a VM's agent",
     hostops: "the host helper's request reader and launch parser",
     daemon: "the command's reader of a daemon's answers (HTTP, JSON, ls's table)",
+    tar: "the tar reader of image layers and of cp's receiving side (native/tar.c)",
   };
   for (const [name, what] of Object.entries(harnesses)) {
     it(

@@ -189,8 +189,61 @@ const daemon = {
   'deleted': Buffer.from('HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n'),
 };
 
+// ---- tar_fuzz: a flags byte (bit 0 checksums made right, bit 1 cp's options, bits 2-4 the read size), then an archive ----
+
+/** A 512-byte header: ustar (POSIX, with a prefix) or GNU's magic, its checksum right. */
+function header(name, { type = '0', size = 0, mode = 0o644, uid = 0, gid = 0, mtime = 1700000000, link = '', prefix = '', gnu = false, major = 0, minor = 0 } = {}) {
+  const h = Buffer.alloc(512);
+  const octal = (at, width, v) => h.write(`${v.toString(8).padStart(width - 1, '0')}\0`, at, 'latin1');
+  h.write(name, 0, 100, 'utf8');
+  octal(100, 8, mode);
+  octal(108, 8, uid);
+  octal(116, 8, gid);
+  octal(124, 12, size);
+  octal(136, 12, mtime);
+  h.write(type, 156, 'latin1');
+  h.write(link, 157, 100, 'utf8');
+  h.write(gnu ? 'ustar  \0' : 'ustar\x0000', 257, 'latin1');
+  octal(329, 8, major);
+  octal(337, 8, minor);
+  h.write(prefix, 345, 155, 'utf8');
+  h.fill(' ', 148, 156);
+  let sum = 0;
+  for (const c of h) sum += c;
+  h.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 'latin1');
+  return h;
+}
+const pad = (b) => Buffer.concat([b, Buffer.alloc((512 - (b.length % 512)) % 512)]);
+/** A member: its header and its data, padded. */
+const member = (name, data = '', opts = {}) => Buffer.concat([header(name, { ...opts, size: Buffer.byteLength(data) }), pad(Buffer.from(data))]);
+/** A pax header ('x', or 'g') of records `key=value`, each with its length. */
+function paxHeader(records, type = 'x') {
+  const body = Buffer.concat(Object.entries(records).map(([k, v]) => {
+    const kv = Buffer.from(` ${k}=${v}\n`);
+    let n = kv.length + 1;
+    while (String(n).length + kv.length !== n) n++;
+    return Buffer.concat([Buffer.from(String(n)), kv]);
+  }));
+  return member('PaxHeader', body, { type });
+}
+const end = Buffer.alloc(1024);
+const seed = (flags, ...parts) => Buffer.concat([Buffer.from([flags]), ...parts]);
+
+const tarSeeds = {
+  'layer': seed(0x1c, member('etc/', '', { type: '5', mode: 0o755 }), member('etc/hostname', 'box\n'), member('bin/sh', '#!', { mode: 0o4755, uid: 1000, gid: 1000 }), member('bin/ash', '', { type: '1', link: 'bin/sh' }), member('lib', '', { type: '2', link: '/usr/lib' }), member('etc/.wh.motd'), member('var/.wh..wh..opq'), end),
+  'pax': seed(0x01, paxHeader({ path: `deep/${'d'.repeat(120)}/file`, size: '3', uid: '70000', gid: '70000', mtime: '-1.5', 'SCHILY.xattr.user.x': 'v', 'SCHILY.xattr.security.capability': 'c' }), member('short', 'abc'), paxHeader({ linkpath: `t/${'l'.repeat(110)}` }), member('s', '', { type: '2', link: 'x' }), end),
+  'pax-cp': seed(0x1f, paxHeader({ uid: '5', gid: '6', mtime: '1600000000.25', comment: 'all' }, 'g'), member('./', '', { type: '5' }), member('./a', 'data'.repeat(200)), paxHeader({ path: './b', size: '0' }), member('b'), end),
+  'gnu-long': seed(0x15, member('././@LongLink', `${'n'.repeat(300)}\0`, { type: 'L', gnu: true }), member('x', 'hi', { gnu: true }), member('././@LongLink', `${'k'.repeat(200)}\0`, { type: 'K', gnu: true }), member('y', '', { type: '2', gnu: true }), end),
+  'prefix-dev': seed(0x03, member('name', 'z', { prefix: 'some/prefix' }), member('dev/null', '', { type: '3', major: 1, minor: 3 }), member('fifo', '', { type: '6' }), member('old-dir/', '', { type: '0' }), member('label', '', { type: 'V' }), end),
+  'one-end-block': seed(0x03, member('f', 'x'), Buffer.alloc(512)),
+  'no-end': seed(0x09, member('f', 'x'.repeat(700))),
+  'big-data': seed(0x17, member('big', 'b'.repeat(5000)), member('small', 's'), end),
+  'big-data-layer': seed(0x19, member('big', 'c'.repeat(3000)), member('d/', '', { type: '5' }), end),
+  'trailer': seed(0x1f, member('f', 'y'), end, Buffer.alloc(9000, 0x41)),
+};
+
 const root = join(import.meta.dirname, 'corpus');
-for (const [name, seeds] of Object.entries({ frame: agent, relay, hostops, daemon })) {
+for (const [name, seeds] of Object.entries({ frame: agent, relay, hostops, daemon, tar: tarSeeds })) {
   mkdirSync(join(root, name), { recursive: true });
   for (const [seed, buf] of Object.entries(seeds)) writeFileSync(join(root, name, seed), buf);
 }

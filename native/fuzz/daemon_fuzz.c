@@ -17,7 +17,10 @@
 #include "../daemon.c"
 #include "../json.c"
 
-int utf8_ok(const char *s) { return s != NULL; }
+int utf8_ok(const char *s)
+{
+	return s != NULL;
+}
 
 static const char *const KEYS[] = { "name", "id", "code", "message", "hint", "operationId" };
 
@@ -25,33 +28,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct buf in = { 0 };
 	struct response r = { 0 };
-	if (buf_append(&in, data, size) < 0) return 0;
-	if (response_parse(&in, &r) < 0) return 0;
+	if (buf_append(&in, data, size) < 0)
+		return 0;
+	if (response_parse(&in, &r) < 0)
+		return 0;
 	const char *s = (const char *)r.body.data;
 	size_t n = r.body.len;
-	if (n > size || s[n] != 0) abort();
+	if (n > size || s[n] != 0)
+		abort();
 
 	for (size_t k = 0; k < sizeof KEYS / sizeof *KEYS; k++) {
 		size_t vs, ve;
-		if (json_member(s, n, KEYS[k], &vs, &ve) < 0) continue;
-		if (vs >= ve || ve > n) abort();
+		if (json_member(s, n, KEYS[k], &vs, &ve) < 0)
+			continue;
+		if (vs >= ve || ve > n)
+			abort();
 		struct buf str = { 0 };
-		if (json_string(s, vs, ve, &str) == 0 && str.len > ve - vs) abort(); /* an escape is never shorter than what it stands for */
+		if (json_string(s, vs, ve, &str) == 0 && str.len > ve - vs)
+			abort(); /* an escape is never shorter than what it stands for */
 		buf_free(&str);
 	}
 
 	struct buf once = { 0 }, twice = { 0 };
 	if (json_pretty(&once, s, n) == 0) {
-		if (json_pretty(&twice, (const char *)once.data, once.len) < 0) abort();
-		if (twice.len != once.len || (once.len && memcmp(twice.data, once.data, once.len))) abort();
+		if (json_pretty(&twice, (const char *)once.data, once.len) < 0)
+			abort();
+		if (twice.len != once.len || (once.len && memcmp(twice.data, once.data, once.len)))
+			abort();
 	}
 	buf_free(&once), buf_free(&twice);
 
 	struct buf table = { 0 };
 	if (ls_table(s, n, &table) == 0) {
 		size_t lines = 0;
-		for (size_t i = 0; i < table.len; i++) lines += table.data[i] == '\n';
-		if (lines < 1) abort();
+		for (size_t i = 0; i < table.len; i++)
+			lines += table.data[i] == '\n';
+		if (lines < 1)
+			abort();
 	}
 	buf_free(&table);
 	buf_free(&r.body);

@@ -40,19 +40,37 @@
 static const int SIGNALS[8] = { SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGSEGV, SIGPIPE, SIGALRM, SIGABRT };
 
 /* sandbox.c's other entry points: only serve_main calls them */
-int filter_build(struct sock_fprog *out) { abort(); }
-int caps_restrict(const char *list) { abort(); }
-int harden_proc(int dev_readonly) { abort(); }
+int filter_build(struct sock_fprog *out)
+{
+	abort();
+}
+int caps_restrict(const char *list)
+{
+	abort();
+}
+int harden_proc(int dev_readonly)
+{
+	abort();
+}
 
 /* stdin ends kept open by '<' commands, closed when they exit */
-static struct { pid_t pid; int fd; } kept[256];
+static struct {
+	pid_t pid;
+	int fd;
+} kept[256];
 static int nkept;
 static pid_t next_pid;
 
 pid_t spawn_child(struct spawn_req *r)
 {
-	static const struct { char c; int stage, err; } fails[] = {
-		{ '!', STAGE_CHDIR, ENOENT }, { '?', STAGE_EXEC, ENOENT }, { '%', STAGE_EXEC, EACCES }, { '#', STAGE_USER, EPERM },
+	static const struct {
+		char c;
+		int stage, err;
+	} fails[] = {
+		{ '!', STAGE_CHDIR, ENOENT },
+		{ '?', STAGE_EXEC, ENOENT },
+		{ '%', STAGE_EXEC, EACCES },
+		{ '#', STAGE_USER, EPERM },
 	};
 	if (r->ngroups < 0 || r->ngroups > MAX_GROUPS || !r->argv[0])
 		abort(); /* a bad request: groups[] is followed by the other fields, where ASan does not look */
@@ -139,8 +157,11 @@ int fuzz_identity(const char *hostname, const char *machine_id, const uint8_t *e
 /* ---- what the agent sends ---- */
 
 static struct buf seen; /* bytes from the agent not yet parsed */
-static int host_eof;      /* the agent closed the connection */
-static struct exec_id { uint32_t id; int running; } *ids; /* request ids that frames of an exec used */
+static int host_eof; /* the agent closed the connection */
+static struct exec_id {
+	uint32_t id;
+	int running;
+} * ids; /* request ids that frames of an exec used */
 static size_t nids, ids_cap;
 
 static int *running_of(uint32_t id)

@@ -79,7 +79,8 @@ static void check_request(const struct request *r)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (ftruncate(memfd, 0) < 0 || (size && pwrite(memfd, data, size, 0) != (ssize_t)size) || lseek(memfd, 0, SEEK_SET) < 0)
+	if (ftruncate(memfd, 0) < 0 || (size && pwrite(memfd, data, size, 0) != (ssize_t)size) ||
+	    lseek(memfd, 0, SEEK_SET) < 0)
 		abort();
 	struct request *r;
 	while (request_read(memfd, &r) == 1) {
