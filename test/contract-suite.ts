@@ -126,10 +126,23 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     if (made instanceof Error) {
       expect(made).toMatchObject({ code: 'BAD_INPUT', message: expect.stringMatching(/needs a daemon/) });
       await expect(lab().get(`t-${kind}`)).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
+      const box = await lab().create({ name: `t-${kind}` });
+      await expect(box.setTimeout(30)).rejects.toMatchObject({ code: 'BAD_INPUT' });
+      expect([box.timeoutS, box.expiresAt]).toEqual([0, null]);
+      await box.destroy();
       return;
     }
+    expect([made.timeoutS, made.onTimeout, made.owner]).toEqual([60, 'kill', expect.any(String)]);
     expect(made.expiresAt).toBeGreaterThanOrEqual(asked + 59_000);
     expect(made.expiresAt).toBeLessThanOrEqual(Date.now() + 60_000);
+    // the clock stands still while it is paused, and runs again from the resume
+    await made.pause();
+    expect((await lab().get(`t-${kind}`)).expiresAt).toBeNull();
+    const resumed = Date.now();
+    await made.resume();
+    expect((await lab().get(`t-${kind}`)).expiresAt).toBeGreaterThanOrEqual(resumed + 59_000);
+    await made.setTimeout(0);
+    expect(await lab().get(`t-${kind}`)).toMatchObject({ timeoutS: 0, expiresAt: null });
     await made.destroy();
   });
 

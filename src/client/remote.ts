@@ -126,6 +126,15 @@ export class RemoteSandbox implements SandboxApi {
   get hostRoot(): boolean {
     return this.v.hostRoot === true;
   }
+  get owner(): string | null {
+    return (this.v.owner as string | null | undefined) ?? null;
+  }
+  get timeoutS(): number {
+    return (this.v.timeoutS as number | undefined) ?? 0;
+  }
+  get onTimeout(): 'kill' | 'pause' {
+    return this.v.onTimeout === 'pause' ? 'pause' : 'kill';
+  }
   /** what the daemon said last: its lifetime (timeoutS, expiresAt), owner, limits */
   get info(): Readonly<View> {
     return this.v;

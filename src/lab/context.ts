@@ -24,6 +24,9 @@ export class LabContext {
   /** probe answers already had in this process (pickDefault probes on the way) */
   private readonly probed = new Map<StorageKind, Availability>();
 
+  /** a daemon stands on this lab and ends sandboxes whose timeout passed (Lab.open's keepsTime) */
+  keepsTime = false;
+
   constructor(readonly home: string) {
     if (process.getuid?.() !== 0) {
       throw new SnaplabError(

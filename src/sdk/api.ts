@@ -45,6 +45,11 @@ export interface SandboxApi {
   readonly createdAt: number;
   /** when its timeout ends it (ms since the epoch), or null: none, or its clock stands still while paused */
   readonly expiresAt: number | null;
+  /** the API key that made it through a daemon ('local': the Unix socket), or null */
+  readonly owner: string | null;
+  /** its timeout in seconds (0: none) and what the timeout's end does */
+  readonly timeoutS: number;
+  readonly onTimeout: 'kill' | 'pause';
   /** root inside is root on the host (no user namespace): said in `ls` and warned about */
   readonly hostRoot: boolean;
   /** the trace of the operation that produced this object (create or restore), when it was made here */
@@ -60,6 +65,11 @@ export interface SandboxApi {
   download(src: string, sink: Writable): Promise<CopyResult>;
   snapshot(name: string, opts?: { memory?: boolean }): Promise<SnapshotApi>;
   setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void>;
+  /**
+   * A new timeout from now (0: none) and what its end does; the clock runs while the sandbox runs.
+   * A daemon keeps the clock: the embedded lab refuses a timeout.
+   */
+  setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void>;
   /** each resolves with the operation's trace where the lab has it here (the embedded one), else undefined */
   pause(): Promise<TraceSummary | undefined>;
   resume(): Promise<TraceSummary | undefined>;

@@ -21,9 +21,9 @@ import type { DebianSpec } from '../image/debian.js';
 import type { BuildOptions, Built } from '../lab/image-build.js';
 import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/removals.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
-import type { ImageRecord, Limits, SandboxRecord } from '../store/records.js';
+import type { ImageRecord, Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
-import { Sandbox } from './sandbox.js';
+import { checkKeepsTime, Sandbox } from './sandbox.js';
 import type { BufferOutput, LabApi, LabCreateOptions } from './api.js';
 import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
@@ -32,21 +32,33 @@ import { Snapshot } from './snapshot.js';
 import { KeyRing } from '../lab/keys.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { checkCreateInputs } from './create-options.js';
-import { SnaplabError } from '../errors.js';
 
 export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
 
 export interface LabOptions {
   /** where state, images and volumes live; default $SNAPLAB_HOME or /var/lib/snaplab */
   home?: string;
+  /**
+   * @internal the daemon: it keeps the clocks of sandboxes' timeouts (and ends them), so this lab
+   * takes `timeoutS`; without it a timeout is refused (nothing would end the sandbox)
+   */
+  keepsTime?: boolean;
+}
+
+/** Who made a sandbox and how long it lives: the daemon's callers, given to the lab it stands on. */
+export interface Lifetime {
+  /** the API key that made it ('local': the Unix socket) */
+  owner?: string;
+  timeoutS?: number;
+  onTimeout?: 'kill' | 'pause';
 }
 
 /** What `create` takes: the options both libraries share (sdk/api.ts), and an AbortSignal. */
-export interface CreateOptions extends LabCreateOptions {
+export interface CreateOptions extends LabCreateOptions, Lifetime {
   signal?: AbortSignal;
 }
 
-export interface RestoreOptions {
+export interface RestoreOptions extends Lifetime {
   labels?: Record<string, string>;
   metadata?: Record<string, string>;
   name?: string;
@@ -67,7 +79,9 @@ export class Lab implements LabApi {
 
   /** Open the lab at `home` (state in SQLite there). Needs root. */
   static async open(opts: LabOptions = {}): Promise<Lab> {
-    return new Lab(new LabContext(opts.home ?? process.env.SNAPLAB_HOME ?? DEFAULT_HOME));
+    const ctx = new LabContext(opts.home ?? process.env.SNAPLAB_HOME ?? DEFAULT_HOME);
+    ctx.keepsTime = opts.keepsTime === true;
+    return new Lab(ctx);
   }
 
   /**
@@ -88,15 +102,10 @@ export class Lab implements LabApi {
   /** Create a sandbox; resolves once a command has executed inside it. */
   async create(opts: CreateOptions = {}): Promise<Sandbox> {
     checkCreateInputs(opts);
-    if (opts.timeoutS)
-      throw new SnaplabError(
-        'BAD_INPUT',
-        'a timeout needs a daemon: the embedded lab runs nothing that would end the sandbox',
-        'create it through `snaplab serve` (SNAPLAB_HOST), or destroy it yourself',
-      );
+    this.checkLifetime(opts);
     const labels = checkLabels('label', opts.labels);
     const metadata = checkLabels('metadata', opts.metadata);
-    if (opts.pool !== undefined) return this.takeStandby(opts.pool, labels, metadata);
+    if (opts.pool !== undefined) return this.takeStandby(opts.pool, { labels, metadata, ...lifetimeMeta(opts) });
     const image = opts.image ?? 'busybox';
     const { result, trace } = await this.ctx.traced('create', opts.name ?? null, async (t) => {
       const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
@@ -124,23 +133,27 @@ export class Lab implements LabApi {
         opts.signal,
       );
     });
-    if (opts.labels || opts.metadata) updateMeta(this.ctx, result.record.id, { labels, metadata });
+    const life = lifetimeMeta(opts);
+    if (opts.labels || opts.metadata || Object.keys(life).length)
+      updateMeta(this.ctx, result.record.id, { labels, metadata, ...life });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
   }
 
-  /** A ready standby of the pool, with these labels and metadata (checked before the take). */
-  private async takeStandby(
-    pool: string,
-    labels: Record<string, string>,
-    metadata: Record<string, string>,
-  ): Promise<Sandbox> {
+  /** A timeout needs a clock that ends it: the daemon's (keepsTime). */
+  private checkLifetime(o: Lifetime): void {
+    if (o.timeoutS) checkKeepsTime(this.ctx);
+  }
+
+  /** A ready standby of the pool, with these labels, metadata and lifetime (checked before the take). */
+  private async takeStandby(pool: string, meta: Partial<SandboxMeta>): Promise<Sandbox> {
     const box = await this.pool(pool).take();
-    updateMeta(this.ctx, box.id, { labels, metadata });
+    updateMeta(this.ctx, box.id, meta);
     return box;
   }
 
   /** A new running sandbox whose filesystem is the snapshot's. */
   async restore(snapshot: string, opts: RestoreOptions = {}): Promise<Sandbox> {
+    this.checkLifetime(opts);
     const labels = checkLabels('label', opts.labels);
     const metadata = checkLabels('metadata', opts.metadata);
     const { result, trace } = await this.ctx.traced('restore', opts.name ?? null, async (t) => {
@@ -174,7 +187,9 @@ export class Lab implements LabApi {
         opts.signal,
       );
     });
-    if (opts.labels || opts.metadata) updateMeta(this.ctx, result.record.id, { labels, metadata });
+    const life = lifetimeMeta(opts);
+    if (opts.labels || opts.metadata || Object.keys(life).length)
+      updateMeta(this.ctx, result.record.id, { labels, metadata, ...life });
     return new Sandbox(this.ctx, result.record, result.agent, trace);
   }
 
@@ -367,4 +382,13 @@ export class Lab implements LabApi {
   [Symbol.dispose](): void {
     this.close();
   }
+}
+
+/** The meta a lifetime sets: its owner, and a clock running from now when it has a timeout. */
+function lifetimeMeta(o: Lifetime): Partial<SandboxMeta> {
+  return {
+    ...(o.owner !== undefined ? { owner: o.owner } : {}),
+    ...(o.timeoutS !== undefined ? { timeoutS: o.timeoutS, onTimeout: o.onTimeout ?? 'kill' } : {}),
+    ...(o.timeoutS ? { expiresAt: Date.now() + o.timeoutS * 1000 } : {}),
+  };
 }

@@ -1,4 +1,5 @@
 import type { AgentClient } from '../agent/client.js';
+import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import {
   connectAgent,
@@ -101,9 +102,31 @@ export class Sandbox implements SandboxApi {
   get createdAt(): number {
     return this.record.createdAt;
   }
-  /** set by a daemon that made it with a timeout (the same home's) */
+  /** when its timeout ends it (a daemon keeps the clock); null while paused or without one */
   get expiresAt(): number | null {
     return metaOf(this.ctx, this.record.id).expiresAt;
+  }
+  /** the API key that made it through a daemon ('local': the Unix socket), or null */
+  get owner(): string | null {
+    return metaOf(this.ctx, this.record.id).owner;
+  }
+  get timeoutS(): number {
+    return metaOf(this.ctx, this.record.id).timeoutS ?? 0;
+  }
+  get onTimeout(): 'kill' | 'pause' {
+    return metaOf(this.ctx, this.record.id).onTimeout ?? 'kill';
+  }
+
+  /** A new timeout from now (0: none); its clock runs while the sandbox runs. Needs a daemon's lab. */
+  async setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void> {
+    if (!Number.isSafeInteger(timeoutS) || timeoutS < 0)
+      throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
+    if (timeoutS) checkKeepsTime(this.ctx);
+    updateMeta(this.ctx, this.record.id, {
+      timeoutS,
+      ...(onTimeout ? { onTimeout } : {}),
+      expiresAt: timeoutS && this.record.state === 'running' ? Date.now() + timeoutS * 1000 : null,
+    });
   }
 
   /** Replace its labels and/or metadata. */
@@ -274,11 +297,14 @@ export class Sandbox implements SandboxApi {
 
   /** Freeze every process (cgroup freezer); an idle paused sandbox costs no CPU. */
   async pause(): Promise<TraceSummary> {
-    return (await this.ctx.traced('pause', this.name, (t) => pauseSandbox(this.ctx, this.record, t))).trace;
+    const { trace } = await this.ctx.traced('pause', this.name, (t) => pauseSandbox(this.ctx, this.record, t));
+    // a paused sandbox's clock stands still: resume starts its timeout again
+    if (this.timeoutS) updateMeta(this.ctx, this.record.id, { expiresAt: null });
+    return trace;
   }
 
   async resume(): Promise<TraceSummary> {
-    return (
+    const trace = (
       await this.ctx.traced('resume', this.name, async (t) => {
         await resumeSandbox(this.ctx, this.record, t);
         // a VM's clock stood still while it was paused (a namespace sandbox shares the host's)
@@ -288,6 +314,9 @@ export class Sandbox implements SandboxApi {
         }
       })
     ).trace;
+    const timeoutS = this.timeoutS;
+    if (timeoutS) updateMeta(this.ctx, this.record.id, { expiresAt: Date.now() + timeoutS * 1000 });
+    return trace;
   }
 
   /** Close the agent connection; the sandbox keeps running. */
@@ -330,7 +359,19 @@ export class Sandbox implements SandboxApi {
       hostRoot: this.hostRoot,
       labels: this.labels,
       metadata: this.metadata,
+      ...this.lifetimeView(),
       createdAt: new Date(r.createdAt).toISOString(),
+    };
+  }
+
+  /** Its owner and timeout as the API shows them (the daemon's view of a sandbox is its toJSON). */
+  private lifetimeView(): Record<string, unknown> {
+    const m = metaOf(this.ctx, this.record.id);
+    return {
+      owner: m.owner,
+      timeoutS: m.timeoutS ?? 0,
+      onTimeout: m.onTimeout ?? 'kill',
+      expiresAt: m.expiresAt ? new Date(m.expiresAt).toISOString() : null,
     };
   }
 
@@ -339,4 +380,14 @@ export class Sandbox implements SandboxApi {
     // (a dead one runs nothing: its range was given back when its processes ended)
     return this.record.driver === 'namespaces' && this.record.uidBase === null && this.record.state !== 'dead';
   }
+}
+
+/** A timeout needs a clock that ends it: a daemon's lab keeps one (Lab.open's keepsTime). */
+export function checkKeepsTime(ctx: LabContext): void {
+  if (!ctx.keepsTime)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'a timeout needs a daemon: the embedded lab runs nothing that would end the sandbox',
+      'create it through `snaplab serve` (SNAPLAB_HOST), or destroy it yourself',
+    );
 }

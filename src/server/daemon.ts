@@ -9,7 +9,7 @@ import { checkCreateInputs } from '../sdk/create-options.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId, sandboxKey } from '../lab/names.js';
-import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
+import { metaOf, updateMeta } from '../lab/meta.js';
 import { reconcile } from '../lab/reconcile.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { connectAgent, spawnIn, type ExecOptions } from '../lab/sandbox-ops.js';
@@ -96,7 +96,7 @@ export class Daemon {
   readonly log: (line: Record<string, unknown>) => void;
 
   static async open(opts: DaemonOptions = {}): Promise<Daemon> {
-    return new Daemon(await Lab.open({ home: opts.home }), opts);
+    return new Daemon(await Lab.open({ home: opts.home, keepsTime: true }), opts);
   }
 
   /**
@@ -218,15 +218,9 @@ export class Daemon {
     if (box && !this.processes.of(id).some((p) => !p.ended)) box.close();
   }
 
+  /** A sandbox as the API shows it: its toJSON (owner and timeout included). */
   view(box: Sandbox): Record<string, unknown> {
-    const m = metaOf(this.lab.context, box.id);
-    return {
-      ...box.toJSON(),
-      owner: m.owner,
-      timeoutS: m.timeoutS ?? 0,
-      onTimeout: m.onTimeout ?? 'kill',
-      expiresAt: m.expiresAt ? new Date(m.expiresAt).toISOString() : null,
-    };
+    return box.toJSON();
   }
 
   async create(caller: Caller, body: CreateBody): Promise<Sandbox> {
@@ -239,7 +233,7 @@ export class Daemon {
         'this needs a key with the admin scope',
       );
     }
-    const timeoutS = body.timeoutS ?? this.opts.defaultTimeoutS;
+    const life = { owner: caller.key, timeoutS: body.timeoutS ?? this.opts.defaultTimeoutS, onTimeout: body.onTimeout };
     const release = this.claimSandbox(caller);
     // a name of our own is drawn again while it is taken (or being made by another request here)
     let name = body.name ?? defaultName(newId());
@@ -252,13 +246,9 @@ export class Daemon {
       let box: Sandbox;
       let how: string;
       if (body.pool !== undefined) {
-        // checked before the take: a standby taken and then refused would be nobody's
-        const labels = checkLabels('label', body.labels);
-        const metadata = checkLabels('metadata', body.metadata);
         this.events.taking++;
         taking = true;
-        box = await this.lab.pool(body.pool).take();
-        updateMeta(this.lab.context, box.id, { labels, metadata });
+        box = await this.lab.create({ pool: body.pool, labels: body.labels, metadata: body.metadata, ...life });
         how = `a standby of pool ${body.pool}`;
       } else if (body.snapshot !== undefined) {
         box = await this.lab.restore(body.snapshot, {
@@ -268,6 +258,7 @@ export class Daemon {
           labels: body.labels,
           metadata: body.metadata,
           signal,
+          ...life,
         });
         how = `restored from snapshot ${body.snapshot}`;
       } else {
@@ -282,16 +273,11 @@ export class Daemon {
           labels: body.labels,
           metadata: body.metadata,
           signal,
+          ...life,
         };
         box = await this.lab.create(opts);
         how = `from image ${box.image}`;
       }
-      updateMeta(this.lab.context, box.id, {
-        owner: caller.key,
-        timeoutS,
-        onTimeout: body.onTimeout ?? 'kill',
-        expiresAt: timeoutS ? Date.now() + timeoutS * 1000 : null,
-      });
       this.cache.set(box.id, box);
       if (box.lastTrace) this.metrics.observeTrace(box.lastTrace);
       this.events.record('created', box, how, {
@@ -349,10 +335,8 @@ export class Daemon {
   async pause(idOrName: string, reason: string | null = null, caller: Caller = LOCAL): Promise<Sandbox> {
     const box = await this.sandbox(idOrName, caller);
     return this.own(box.id, async () => {
-      const t = await box.pause();
+      const t = await box.pause(); // its timeout's clock stands still until it is resumed
       this.metrics.observeTrace(t);
-      // a paused sandbox's clock stands still: resume starts its timeout again
-      updateMeta(this.lab.context, box.id, { expiresAt: null });
       this.events.record('paused', box, reason, { operation: t.id });
       return box;
     });
@@ -361,10 +345,8 @@ export class Daemon {
   async resume(idOrName: string, caller: Caller = LOCAL): Promise<Sandbox> {
     const box = await this.sandbox(idOrName, caller);
     return this.own(box.id, async () => {
-      const t = await box.resume();
+      const t = await box.resume(); // and its timeout's clock runs again, from now
       this.metrics.observeTrace(t);
-      const m = metaOf(this.lab.context, box.id);
-      if (m.timeoutS) updateMeta(this.lab.context, box.id, { expiresAt: Date.now() + m.timeoutS * 1000 });
       this.events.record('resumed', box, null, { operation: t.id });
       return box;
     });
@@ -378,12 +360,7 @@ export class Daemon {
     caller: Caller = LOCAL,
   ): Promise<Sandbox> {
     const box = await this.sandbox(idOrName, caller);
-    const running = box.state === 'running';
-    updateMeta(this.lab.context, box.id, {
-      timeoutS,
-      ...(onTimeout ? { onTimeout } : {}),
-      expiresAt: timeoutS && running ? Date.now() + timeoutS * 1000 : null,
-    });
+    await box.setTimeout(timeoutS, onTimeout);
     return box;
   }
 
