@@ -63,6 +63,7 @@ export async function readJson(req: IncomingMessage): Promise<Record<string, unk
       'BAD_INPUT',
       `invalid JSON body: ${(e as Error).message}`,
       'send a JSON object (content-type: application/json)',
+      { cause: e },
     );
   }
 }

@@ -55,6 +55,7 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
               'NODE_UNAVAILABLE',
               `node ${node} did not answer: ${e.message}`,
               'see `snaplab cluster nodes`',
+              { cause: e },
             ),
             { connect: neverConnected(e) },
           ),
@@ -121,7 +122,9 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
     } catch (e) {
       return fail(
         null,
-        new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames'),
+        new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames', {
+          cause: e,
+        }),
       );
     }
     void (async () => {

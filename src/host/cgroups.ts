@@ -229,6 +229,7 @@ async function makeDir(cg: Cgroup, dir: string): Promise<void> {
         'CGROUP_FAILED',
         `cgroup ${dir} already exists`,
         `destroy sandbox ${cg.id} or run snaplab gc`,
+        { cause: e },
       );
     }
     if (errno(e) !== 'ENOENT') throw cgError(`cannot create ${dir}`, e);

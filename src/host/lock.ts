@@ -78,6 +78,7 @@ export async function withLock<T>(path: string, fn: () => Promise<T>, timeoutMs 
           'TIMEOUT',
           `lock ${path} held by pid ${pid || '?'}`,
           `if no snaplab process runs, rm ${path}`,
+          { cause: e },
         );
       }
       await new Promise((r) => setTimeout(r, 10 + Math.random() * 20));

@@ -106,6 +106,7 @@ export async function wire(plan: WirePlan): Promise<void> {
               'HOST_COMMAND_FAILED',
               `cannot create network namespace ${m.netns} in a user namespace: ${(e as Error).message}`,
               '`snaplab doctor` checks user namespaces',
+              { cause: e },
             );
           }
         }),

@@ -148,6 +148,7 @@ export async function raiseSandbox(
             'SANDBOX_EXISTS',
             `a sandbox named ${record.name} already exists`,
             'pick another --name',
+            { cause: e },
           );
         record = make();
       }
@@ -254,6 +255,7 @@ export async function raiseSandbox(
               'LAUNCH_FAILED',
               `cannot give the restored machine its identity: ${(e as Error).message}`,
               'see `snaplab trace` of the operation; the machine is removed',
+              { cause: e },
             );
           throw e;
         });

@@ -88,6 +88,7 @@ async function putFiles(agent: AgentClient, files: PutFile[]): Promise<void> {
               'BAD_INPUT',
               `cannot read ${f.from}: ${e.code ?? e.message}`,
               'give a readable local file for --put',
+              { cause: e },
             );
           })
         : f.from;

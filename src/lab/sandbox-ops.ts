@@ -313,7 +313,9 @@ export async function snapshotSandbox(
         await backend.delete(volume);
         await rm(dir, { recursive: true, force: true });
         if (/UNIQUE/.test(String(e)))
-          throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name');
+          throw new SnaplabError('SNAPSHOT_EXISTS', `a snapshot named ${name} already exists`, 'pick another --name', {
+            cause: e,
+          });
         throw e;
       }
       return rec;

@@ -187,12 +187,13 @@ function startMessage(ws: WebSocket): { first: Promise<unknown>; take(): [Buffer
       try {
         if (isBinary) throw new Error('binary');
         resolve(JSON.parse(String(data)));
-      } catch {
+      } catch (e) {
         reject(
           new SnaplabError(
             'BAD_INPUT',
             'the first message must be JSON: {"type": "start", "argv": [...]}',
             'see docs/api.md, streaming exec',
+            { cause: e },
           ),
         );
       }

@@ -224,11 +224,12 @@ async function readResults(
   let o: Record<string, unknown> | undefined;
   try {
     o = JSON.parse(text) as Record<string, unknown>;
-  } catch {
+  } catch (e) {
     throw new SnaplabError(
       'BAD_RESULTS',
       `results ${name}: summary.json is not JSON`,
       'rerun the bench with --results into a new directory',
+      { cause: e },
     );
   }
   if (!o || typeof o !== 'object' || typeof o.workload !== 'string' || !Array.isArray(o.rungs))

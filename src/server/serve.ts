@@ -137,6 +137,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
                 'DAEMON_ERROR',
                 `a daemon already runs on ${daemon.lab.home} (${(e as Error).message})`,
                 'stop it first, or give it another SNAPLAB_HOME',
+                { cause: e },
               )
             : e,
         ),

@@ -79,6 +79,7 @@ async function buildBaseDisk(out: string, tree: string): Promise<string> {
         'STORAGE_FAILED',
         `cannot put the base disk in place at ${out}: ${e.message}`,
         'is the snaplab home on a filesystem with hard links, and writable?',
+        { cause: e },
       );
     });
     return out;

@@ -476,6 +476,7 @@ async function handOver(qmpSocket: string, name: string, file: string, mode: 'r'
       'VM_ERROR',
       `cannot hand ${file} to QEMU: ${(e as Error).message}`,
       'is the VM still running? see `snaplab ls`',
+      { cause: e },
     );
   }
 }

@@ -190,6 +190,7 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
           'DRIVER_UNAVAILABLE',
           `apt-get download failed: ${failed} (and ${(e as Error).message})`,
           APT_HINT,
+          { cause: e },
         );
       }
       pkg = (await lookUpKernelPackage()) ?? pkg;

@@ -213,7 +213,14 @@ export async function startQemu(
   const code = await new Promise<number>((resolve, reject) => {
     child.once('error', (e) =>
       reject(
-        new SnaplabError('DRIVER_UNAVAILABLE', `cannot start ${QEMU}: ${e.message}`, 'apt-get install qemu-system-x86'),
+        new SnaplabError(
+          'DRIVER_UNAVAILABLE',
+          `cannot start ${QEMU}: ${e.message}`,
+          'apt-get install qemu-system-x86',
+          {
+            cause: e,
+          },
+        ),
       ),
     );
     child.once('exit', (c2) => resolve(c2 ?? 1));

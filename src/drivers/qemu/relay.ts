@@ -68,7 +68,11 @@ export async function startRelay(
       };
       ready.once('data', () => done());
       child.once('error', (e) =>
-        done(new SnaplabError('LAUNCH_FAILED', `cannot start the VM's relay: ${e.message}`, 'make -C native')),
+        done(
+          new SnaplabError('LAUNCH_FAILED', `cannot start the VM's relay: ${e.message}`, 'make -C native', {
+            cause: e,
+          }),
+        ),
       );
       child.once('exit', (code) =>
         done(
@@ -93,7 +97,7 @@ export async function startRelay(
       /* gone */
     }
     const err = e as SnaplabError;
-    throw new SnaplabError(err.code, `${err.message}:\n${await logTail(runDir)}`, err.hint);
+    throw new SnaplabError(err.code, `${err.message}:\n${await logTail(runDir)}`, err.hint, { cause: e });
   } finally {
     child.removeAllListeners('exit');
     ready.destroy();
