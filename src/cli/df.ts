@@ -34,13 +34,15 @@ export function registerDf(program: Command): void {
             ...ctx.store
               .listSnapshots()
               .map((s) => ({ kind: 'snapshot' as const, name: s.name, storage: s.storage, volume: s.volume })),
-            ...ctx.store.listSandboxes().map((s) => ({
-              kind: 'sandbox' as const,
-              name: s.name,
-              storage: s.storage,
-              volume: s.volume,
-              cap: s.limits.diskBytes,
-            })),
+            ...ctx.store
+              .listSandboxes()
+              .map((s) => ({
+                kind: 'sandbox' as const,
+                name: s.name,
+                storage: s.storage,
+                volume: s.volume,
+                cap: s.limits.diskBytes,
+              })),
           ];
         const rows: Row[] = [];
         for (const it of items) {

@@ -137,7 +137,9 @@ async function diskCapChecks(home: string): Promise<Check[]> {
 }
 
 /** Probe everything snaplab needs; exit 0 when the default driver and a storage backend work. */
-export async function doctor(home: string): Promise<{
+export async function doctor(
+  home: string,
+): Promise<{
   ok: boolean;
   home: string;
   defaultDriver: string;

@@ -175,11 +175,13 @@ export function registerScenario(program: Command): void {
           throw new SnaplabError('BAD_INPUT', `invalid loss ${o.loss}`, 'give a percentage between 0 and 100');
         if (o.delay === undefined && o.loss === undefined)
           throw new SnaplabError('BAD_INPUT', 'nothing to impair', 'give --delay, --loss, or --clear');
-        await lab.scenario(s).impair(m, {
-          delayMs: o.delay === undefined ? undefined : parseSeconds(o.delay, 'delay'),
-          jitterMs: o.jitter === undefined ? undefined : parseSeconds(o.jitter, 'jitter'),
-          lossPct,
-        });
+        await lab
+          .scenario(s)
+          .impair(m, {
+            delayMs: o.delay === undefined ? undefined : parseSeconds(o.delay, 'delay'),
+            jitterMs: o.jitter === undefined ? undefined : parseSeconds(o.jitter, 'jitter'),
+            lossPct,
+          });
       }),
     );
 }

@@ -65,13 +65,15 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
   const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
     const c = check(req, false);
     if ('status' in c) {
-      res.writeHead(c.status, { 'content-type': 'application/json' }).end(
-        JSON.stringify({
-          code: CODES[c.status],
-          message: c.message,
-          hint: 'run `snaplab ui` and open the URL it prints',
-        }),
-      );
+      res
+        .writeHead(c.status, { 'content-type': 'application/json' })
+        .end(
+          JSON.stringify({
+            code: CODES[c.status],
+            message: c.message,
+            hint: 'run `snaplab ui` and open the URL it prints',
+          }),
+        );
       return;
     }
     const up = request({ socketPath, method: req.method, path: c.path, headers: headersFor(req) }, (r) => {
@@ -85,13 +87,15 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
     });
     up.on('error', (e) => {
       if (!res.headersSent)
-        res.writeHead(502, { 'content-type': 'application/json' }).end(
-          JSON.stringify({
-            code: 'DAEMON_UNREACHABLE',
-            message: `the daemon at ${socketPath}: ${e.message}`,
-            hint: 'is `snaplab serve` still running?',
-          }),
-        );
+        res
+          .writeHead(502, { 'content-type': 'application/json' })
+          .end(
+            JSON.stringify({
+              code: 'DAEMON_UNREACHABLE',
+              message: `the daemon at ${socketPath}: ${e.message}`,
+              hint: 'is `snaplab serve` still running?',
+            }),
+          );
       else res.destroy();
     });
     // a browser that goes away ends the daemon's side too (a download, an event stream)

@@ -111,11 +111,13 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
   });
   app.setErrorHandler((e, _req, reply) => sendError(reply, e));
   app.setNotFoundHandler((req, reply) =>
-    reply.status(404).send({
-      code: 'BAD_INPUT',
-      message: `no route ${req.method} ${req.url.split('?')[0]}`,
-      hint: 'see /openapi.json',
-    }),
+    reply
+      .status(404)
+      .send({
+        code: 'BAD_INPUT',
+        message: `no route ${req.method} ${req.url.split('?')[0]}`,
+        hint: 'see /openapi.json',
+      }),
   );
 
   app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, version: VERSION, pid: process.pid }));

@@ -372,17 +372,21 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
     { config: { scope: 'read' }, schema: { tags: ['scenarios'], response: { 200: Type.Array(any), ...errors } } },
     async () =>
       Promise.all(
-        d.lab.scenarios().map((s) =>
-          s.status().catch((e: Error) => ({
-            name: s.name,
-            state: 'error',
-            reason: e.message,
-            machines: [],
-            networks: [],
-            blocked: [],
-            snapshots: [],
-          })),
-        ),
+        d.lab
+          .scenarios()
+          .map((s) =>
+            s
+              .status()
+              .catch((e: Error) => ({
+                name: s.name,
+                state: 'error',
+                reason: e.message,
+                machines: [],
+                networks: [],
+                blocked: [],
+                snapshots: [],
+              })),
+          ),
       ),
   );
   app.get(

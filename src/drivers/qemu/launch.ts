@@ -217,9 +217,7 @@ export async function startQemu(
           'DRIVER_UNAVAILABLE',
           `cannot start ${QEMU}: ${e.message}`,
           'apt-get install qemu-system-x86',
-          {
-            cause: e,
-          },
+          { cause: e },
         ),
       ),
     );
