@@ -17,9 +17,13 @@ export function describeFailure(e: unknown): string {
   return e instanceof Error ? e.message : String(e);
 }
 
+/** Whether `e`, or an error it was made from (a cgroup error made from ENOENT), has one of `codes`. */
 function expected(e: unknown, codes: readonly string[]): boolean {
-  const code = (e as { code?: unknown } | null | undefined)?.code;
-  return typeof code === 'string' && codes.includes(code);
+  for (let x = e, depth = 0; x instanceof Error && depth < 4; x = x.cause, depth++) {
+    const code = (x as { code?: unknown }).code;
+    if (typeof code === 'string' && codes.includes(code)) return true;
+  }
+  return false;
 }
 
 /** Record that the best-effort step `what` failed with `e` (see above for where). */

@@ -11,6 +11,7 @@ import type { Caller } from '../server/keys.js';
 import { CALLER_HEADER } from '../server/keys.js';
 import { asSnaplab, callerHeader, CONNECT_TIMEOUT_MS, neverConnected } from './proxy.js';
 import type { Gateway } from './gateway.js';
+import { handledElsewhere } from '../cleanup.js';
 
 interface Upstream {
   ws: Promise<WebSocket>;
@@ -35,7 +36,7 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
       const gone = Promise.reject(
         new SnaplabError('NODE_UNAVAILABLE', `node ${node} is not up`, 'see `snaplab cluster nodes`'),
       );
-      gone.catch(() => undefined);
+      gone.catch(handledElsewhere);
       return { pending: new Map(), ws: gone };
     }
     const u: Upstream = { pending: new Map(), ws: undefined as unknown as Promise<WebSocket> };
@@ -90,7 +91,7 @@ export function relayRpc(g: Gateway, client: WebSocket, caller: Caller): void {
         u.pending.clear();
       });
     });
-    u.ws.catch(() => undefined);
+    u.ws.catch(handledElsewhere);
     return u;
   };
 

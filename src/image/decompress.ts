@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process';
 import { Duplex, Transform } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import { SnaplabError } from '../errors.js';
+import { handledElsewhere } from '../cleanup.js';
 
 export type Compression = 'none' | 'gzip' | 'zstd' | 'xz';
 
@@ -68,7 +69,7 @@ function program(name: string, pkg: string): Stage {
           ),
     );
   });
-  done.catch(() => {});
+  done.catch(handledElsewhere);
   return { stream: Duplex.from({ writable: child.stdin, readable: child.stdout }), done };
 }
 

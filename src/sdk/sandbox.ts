@@ -41,6 +41,7 @@ export interface SandboxFiles {
 }
 import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
 import { copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/copy.js';
+import { handledElsewhere } from '../cleanup.js';
 
 /**
  * A running (or paused) isolated machine. Obtain one from `lab.create()`, `lab.restore()` or
@@ -146,7 +147,7 @@ export class Sandbox implements SandboxApi {
     const p: ExecProcess = await spawnIn(this.ctx, this.record, agent, argv, opts);
     if (opts.encoding === 'buffer') return p;
     const result = p.result.then((r) => encoded(r, 'utf8') as ExecText);
-    result.catch(() => {}); // as spawnIn's own: a result nobody awaits must not end the process
+    result.catch(handledElsewhere); // as spawnIn's own: a result nobody awaits must not end the process
     return { ...p, result } as ProcessApi;
   }
 

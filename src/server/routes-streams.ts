@@ -17,6 +17,7 @@ import type { Chunk, Process } from './processes.js';
 import { toSnaplab } from './http-errors.js';
 import { IdParams, ProcessBody, errors } from './schemas.js';
 import { streamBody } from './routes-files.js';
+import { failureMeans, handledElsewhere } from '../cleanup.js';
 
 const STREAM_BYTE = { stdout: 1, stderr: 2 } as const;
 // a reader is sent no more while this much waits in its socket (it stays below the ring's 1 MiB)
@@ -315,7 +316,7 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
         }
         control(p, ws, start.take());
         const proc = p;
-        send(ws, { type: 'started', process: proc.id, pid: await proc.handle!.pid.catch(() => null) });
+        send(ws, { type: 'started', process: proc.id, pid: await proc.handle!.pid.catch(failureMeans(null)) });
         // its reader has had the end: kept a little for a late attach, not the full ten minutes
         pump(proc, ws, 0, () => (proc.keepMs = 30_000));
       })();
@@ -369,7 +370,7 @@ export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<voi
     async (req, reply) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       const p = await d.startProcess(req.caller, box, { ...(req.body as ProcessSpec), background: true });
-      await p.handle!.pid.catch(() => null);
+      await p.handle!.pid.catch(handledElsewhere);
       return reply.status(201).send(p.info());
     },
   );
