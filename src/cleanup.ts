@@ -8,7 +8,7 @@ import { Trace } from './timing/trace.js';
  * any other is recorded, never swallowed: as a mark in the trace of the operation running now
  * (Trace.current(): a phase, or the whole of `Lab.context.traced`), which is stored with the
  * operation, or, outside one, as a line on stderr, `snaplab: cleanup: <what>: <message>` (the
- * daemon's stderr is its log). `npm run lint` flags a bare `.catch(() => undefined)`.
+ * daemon's stderr is its log). Biome's plugin lint/no-silent-catch.grit flags a bare `.catch(() => undefined)`.
  */
 
 /** What a failure said: a SnaplabError's code and message, an errno error's message. */
@@ -72,7 +72,8 @@ export function failureMeans<T>(value: T): () => T {
 }
 
 /**
- * A `.catch` callback for a promise whose rejection its owner awaits elsewhere: attached only so
- * that a rejection before then is not an unhandled one that ends the process.
+ * A `.catch` callback for a promise whose failure is reported by its owner (who awaits it
+ * elsewhere): attached so that a rejection before then is not an unhandled one that ends the
+ * process, or awaited here only to wait until it has settled.
  */
 export function handledElsewhere(): void {}
