@@ -94,7 +94,7 @@ export class Http {
       req.on('error', (e: NodeJS.ErrnoException) =>
         reject(
           e.name === 'AbortError'
-            ? new SnaplabError('ABORTED', `${method} ${path}: aborted`)
+            ? new SnaplabError('ABORTED', `${method} ${path}: aborted`, undefined, { cause: e })
             : unreachable(this.url, e),
         ),
       );

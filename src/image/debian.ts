@@ -238,6 +238,7 @@ export async function runMmdebstrap(
               'MISSING_TOOL',
               'building Debian images needs mmdebstrap',
               'apt-get install mmdebstrap (snaplab set-up installs it)',
+              { cause: e },
             )
           : e,
       ),

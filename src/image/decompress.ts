@@ -53,7 +53,9 @@ function program(name: string, pkg: string): Stage {
     child.on('error', (e: NodeJS.ErrnoException) =>
       reject(
         e.code === 'ENOENT'
-          ? new SnaplabError('MISSING_TOOL', `${name} is needed to decompress this image`, `apt-get install ${pkg}`)
+          ? new SnaplabError('MISSING_TOOL', `${name} is needed to decompress this image`, `apt-get install ${pkg}`, {
+              cause: e,
+            })
           : e,
       ),
     );
