@@ -8,6 +8,7 @@ import { SnaplabError } from './errors.js';
 import { openDb } from './store/db.js';
 import { Store } from './store/store.js';
 import { Trace } from './timing/trace.js';
+import { renderWaterfall } from './timing/waterfall.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'snaplab-cleanup-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -42,6 +43,8 @@ describe('best-effort cleanup', () => {
     expect(mark?.failed).toMatch(/^ENOTEMPTY/);
     expect(mark?.parent).toBe(summary.phases.findIndex((p) => p.name === 'remove'));
     expect(mark?.endMs).toBe(mark?.startMs);
+
+    expect(renderWaterfall(summary)).toMatch(new RegExp(`\\n  cleanup: remove ${busy} +[0-9.]+ +failed  ENOTEMPTY`));
 
     const store = new Store(openDb(join(dir, 'home')));
     store.putOperation(summary);
