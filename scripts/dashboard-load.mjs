@@ -14,6 +14,9 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { chromium } from 'playwright-core';
 
+/** A `.catch` for a promise rejected only to stop the run: its rejection is awaited where it is raced. */
+const handledElsewhere = () => {};
+
 const { values } = parseArgs({
   options: {
     machines: { type: 'string', default: '500' },
@@ -73,7 +76,7 @@ try {
   const aborted = new Promise((_, reject) => {
     stop = () => reject(new Error('interrupted'));
   });
-  aborted.catch(() => {});
+  aborted.catch(handledElsewhere);
   log(`making ${N} machines…`);
   const t0 = Date.now();
   const ids = [];
@@ -250,7 +253,7 @@ try {
   log(`error: ${e.message}`);
   process.exitCode = 1;
 } finally {
-  await browser?.close().catch(() => {});
+  await browser?.close().catch((e) => log(`cleanup: close the browser: ${e.message}`));
   if (daemon) {
     daemon.kill('SIGTERM');
     await new Promise((r) => daemon.once('exit', r));

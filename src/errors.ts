@@ -67,10 +67,17 @@ export type ErrorCode =
   | 'ABORTED'
   | 'INTERNAL';
 
+/** What `toJSON` says of a cause: a SnaplabError's code and message, any other error's message. */
+export interface CauseJSON {
+  code?: ErrorCode;
+  message: string;
+}
+
 export class SnaplabError extends Error {
   readonly code: ErrorCode;
   readonly hint: string | undefined;
 
+  /** `options.cause`: the error this one was made from (ES2022 `Error`'s own option), kept for `toJSON`. */
   constructor(code: ErrorCode, message: string, hint?: string, options?: { cause?: unknown }) {
     super(message, options);
     this.name = 'SnaplabError';
@@ -78,11 +85,21 @@ export class SnaplabError extends Error {
     this.hint = hint;
   }
 
-  toJSON(): { code: ErrorCode; message: string; hint?: string } {
-    return this.hint === undefined
-      ? { code: this.code, message: this.message }
-      : { code: this.code, message: this.message, hint: this.hint };
+  toJSON(): { code: ErrorCode; message: string; hint?: string; cause?: CauseJSON } {
+    const cause = causeJSON(this.cause);
+    return {
+      code: this.code,
+      message: this.message,
+      ...(this.hint === undefined ? {} : { hint: this.hint }),
+      ...(cause === undefined ? {} : { cause }),
+    };
   }
+}
+
+function causeJSON(cause: unknown): CauseJSON | undefined {
+  if (cause === undefined) return undefined;
+  if (cause instanceof SnaplabError) return { code: cause.code, message: cause.message };
+  return { message: cause instanceof Error ? cause.message : String(cause) };
 }
 
 export function isSnaplabError(e: unknown, code?: ErrorCode): e is SnaplabError {

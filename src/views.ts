@@ -12,6 +12,12 @@ export interface Phase {
   depth: number;
   startMs: number;
   endMs: number;
+  /**
+   * Set on a zero-length mark, not a timed phase: a best-effort step (cleanup) that failed and
+   * was let go, with what it said (src/cleanup.ts). Stored with the phases, so the operation's
+   * stored trace shows it.
+   */
+  failed?: string;
 }
 
 export interface TraceSummary {

@@ -15,6 +15,7 @@ import { contractSuite } from './contract-suite.js';
 import { freePort, startEtcd, type EtcdCluster } from './etcd-cluster.js';
 import { Etcd3 } from 'etcd3';
 import WebSocket from 'ws';
+import { failureMeans, noted } from '../src/cleanup.js';
 
 let etcd: EtcdCluster;
 const homes: string[] = [];
@@ -67,8 +68,8 @@ beforeAll(async () => {
 
 afterAll(async () => {
   lab?.close();
-  for (const g of gateways) await g.stop().catch(() => undefined);
-  for (const n of nodes) await n.stop().catch(() => undefined);
+  for (const g of gateways) await g.stop().catch(noted('stop a gateway'));
+  for (const n of nodes) await n.stop().catch(noted('stop a node'));
   for (const h of homes) {
     cli(h, ['pool', 'rm', 'cpool-gateway']);
     cli(h, ['pool', 'rm', 'warm']);
@@ -383,7 +384,7 @@ describe('a cluster', () => {
         for await (const chunk of r.body as unknown as AsyncIterable<Uint8Array>)
           seen.push(Buffer.from(chunk).toString());
       })
-      .catch(() => undefined);
+      .catch(failureMeans(undefined)); // the stream ends with an error when its node goes
     const doomed = (
       await api<{ id: string; name: string; node: string }>(g, 'POST', '/sandboxes', {
         placement: { labels: { zone: 'z2' } },

@@ -23,6 +23,7 @@ import { ramPrefix } from '../src/drivers/qemu/ram.js';
 import { snaplabCgroupsOnHost } from '../src/host/cgroups-host.js';
 import { SNAPLAB } from './cli-command.js';
 import { disposeLab, testLab } from './helpers.js';
+import { handledElsewhere } from '../src/cleanup.js';
 
 // Real VMs: QEMU with the Debian cloud kernel, under TCG here (KVM hangs on these hosts; the
 // probe must find that out by itself). Boots take seconds: one VM, reused across the tests.
@@ -226,7 +227,7 @@ describe('the qemu driver', () => {
         { argv: ['sh', '-c', 'head -c 400000000 /dev/zero'], env: ['PATH=/usr/bin:/bin:/usr/sbin:/sbin'] },
         { onStdout: () => {} },
       );
-      hog.result.catch(() => {});
+      hog.result.catch(handledElsewhere);
       slow.pauseOutput(true); // reads nothing from here on
       await new Promise((r) => setTimeout(r, 3000)); // the relay's queue for it passes 16 MiB
       // meanwhile another client's command, with 8 MiB of input (its STDIN_ACKs ride the same stream)
@@ -235,7 +236,7 @@ describe('the qemu driver', () => {
       expect((await vm.exec(['echo', 'still here'])).stdout.toString()).toBe('still here\n');
       hog.kill(9);
       slow.pauseOutput(false);
-      await hog.result.catch(() => undefined);
+      await hog.result.catch(handledElsewhere);
     } finally {
       await slow.close();
     }

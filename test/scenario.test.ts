@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { listSnaplabNetns } from '../src/host/netns.js';
 import type { Lab } from '../src/sdk/lab.js';
 import { disposeLab, testLab } from './helpers.js';
+import { noted } from '../src/cleanup.js';
 
 let lab: Lab;
 let dir: string;
@@ -13,7 +14,7 @@ beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'snaplab-test-scn-'));
 });
 afterAll(async () => {
-  for (const s of lab?.scenarios() ?? []) await s.down().catch(() => undefined);
+  for (const s of lab?.scenarios() ?? []) await s.down().catch(noted(`take scenario ${s.name} down`));
   await disposeLab(lab);
   rmSync(dir, { recursive: true, force: true });
 });

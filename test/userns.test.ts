@@ -25,6 +25,7 @@ import { REGISTRY } from '../src/host/userns-registry.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
 import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
+import { failureMeans } from '../src/cleanup.js';
 
 // Root inside is not root outside: each namespace sandbox in a user namespace of its own, its root
 // filesystem idmapped so that files keep their owners on disk. Real namespaces and mounts.
@@ -94,7 +95,7 @@ describe.each(['btrfs', 'dir', 'overlay'] as const)('a sandbox on %s in a user n
     expect(await out(box, ['su', '-s', '/bin/sh', 'nobody', '-c', '/root/busybox.suid id -u'])).toBe('65534');
     const r = box
       .exec(['su', '-s', '/bin/sh', 'nobody', '-c', 'exec /root/busybox.suid sleep 30'])
-      .catch(() => undefined); // ends with the sandbox
+      .catch(failureMeans(undefined)); // ends with the sandbox
     let uids: number[] = [];
     for (let i = 0; i < 200 && !uids.includes(base + 65534); i++) {
       uids = (await pids(cgroupFor(box.id))).flatMap((p) => {

@@ -27,6 +27,7 @@ import {
   type Hello,
   type WindowSize,
 } from './protocol.js';
+import { handledElsewhere } from '../cleanup.js';
 
 export interface ConnectOptions {
   /** How long to wait for the socket to accept and the agent to say HELLO. */
@@ -365,7 +366,7 @@ export class AgentClient implements AsyncDisposable {
     let resolveResult!: (r: ExecResult) => void;
     let rejectResult!: (e: unknown) => void;
     const pid = new Promise<number>((res, rej) => ((resolvePid = res), (rejectPid = rej)));
-    pid.catch(() => {}); // a caller that only awaits result must not see an unhandled rejection
+    pid.catch(handledElsewhere); // a caller that only awaits result must not see an unhandled rejection
     const result = new Promise<ExecResult>((res, rej) => ((resolveResult = res), (rejectResult = rej)));
     const out: Collected = { chunks: [], bytes: 0 };
     const err: Collected = { chunks: [], bytes: 0 };

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { run, which } from '../host/run.js';
 import { closedLoop, type LoopResult } from './loop.js';
+import { failureMeans } from '../cleanup.js';
 
 export const BASELINES = ['bare-spawn', 'raw-namespace', 'runc', 'lxc'] as const;
 /** what a scenario reset replaces */
@@ -104,7 +105,7 @@ export async function runcArm(argv: string[], rootfs: string, lim: LoopLimits): 
 /** LXD, when `lxc info` answers quickly: `lxc exec` in one running container (a peer for exec). */
 export async function lxcArm(argv: string[], lim: LoopLimits): Promise<Arm | string> {
   if (!(await which('lxc'))) return 'lxc (LXD) not installed';
-  const info = await run('lxc', ['info'], { allowFail: true, timeoutMs: 2000 }).catch(() => undefined);
+  const info = await run('lxc', ['info'], { allowFail: true, timeoutMs: 2000 }).catch(failureMeans(undefined));
   if (!info || info.code !== 0) return 'lxc installed but `lxc info` does not answer';
   const image = process.env.SNAPLAB_BENCH_LXC_IMAGE ?? 'images:alpine/edge';
   const name = `snaplab-bench-${process.pid}`;

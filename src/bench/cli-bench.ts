@@ -8,6 +8,7 @@ import { closedLoop } from './loop.js';
 import type { Progress } from './progress.js';
 import { pad } from './report-text.js';
 import { latencySummary, median, type LatencySummary } from './stats.js';
+import { noted } from '../cleanup.js';
 
 /** One command line timed as a whole process, the way a shell script runs it. */
 interface Case {
@@ -277,10 +278,11 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
   } finally {
     progress.note('removing the bench sandboxes');
     await daemon?.stop();
-    for (const b of made) await b.destroy().catch(() => undefined);
-    for (const b of await lab.list()) if (b.name.startsWith(`${tag}-`)) await b.destroy().catch(() => undefined);
+    for (const b of made) await b.destroy().catch(noted(`remove ${b.name}`));
+    for (const b of await lab.list())
+      if (b.name.startsWith(`${tag}-`)) await b.destroy().catch(noted(`remove ${b.name}`));
     for (const s of await lab.snapshots())
-      if (s.name.startsWith(`${tag}-`)) await lab.removeSnapshot(s.name).catch(() => undefined);
+      if (s.name.startsWith(`${tag}-`)) await lab.removeSnapshot(s.name).catch(noted(`remove snapshot ${s.name}`));
     progress.done();
   }
 }

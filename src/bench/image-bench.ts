@@ -8,6 +8,7 @@ import type { Lab } from '../sdk/lab.js';
 import type { Progress } from './progress.js';
 import { pad } from './report-text.js';
 import { latencySummary, type LatencySummary } from './stats.js';
+import { noted } from '../cleanup.js';
 
 export interface ImageBenchSummary {
   workload: 'image-import';
@@ -154,7 +155,7 @@ export async function imageBench(lab: Lab, rounds: number, progress: Progress): 
     };
   } finally {
     for (const i of await lab.images())
-      if (i.name.startsWith(`${tag}-`)) await lab.removeImage(i.name).catch(() => undefined);
+      if (i.name.startsWith(`${tag}-`)) await lab.removeImage(i.name).catch(noted(`remove image ${i.name}`));
     rmSync(dir, { recursive: true, force: true });
     progress.done();
   }

@@ -12,6 +12,7 @@ import type { SandboxRecord } from '../store/records.js';
 import type { Progress } from './progress.js';
 import { pad } from './report-text.js';
 import { latencySummary, type LatencySummary } from './stats.js';
+import { noted } from '../cleanup.js';
 
 /**
  * `snaplab bench --workload interactive`: what a person at a machine feels and moves.
@@ -178,7 +179,7 @@ export async function interactiveBench(
       },
     };
   } finally {
-    await box.destroy().catch(() => undefined);
+    await box.destroy().catch(noted(`remove ${box.name}`));
     rmSync(dir, { recursive: true, force: true });
     progress.done();
   }

@@ -10,6 +10,7 @@ import { SYSTEMD_PATHS } from '../lab/system.js';
 import { run, which } from '../host/run.js';
 import type { Arm, LoopLimits } from './baselines.js';
 import { closedLoop } from './loop.js';
+import { orElse } from '../cleanup.js';
 
 /** SIGRTMIN+3: systemd's "halt" (systemd(1)); Node has no name for it */
 const SIGRTMIN_3 = 37;
@@ -19,13 +20,19 @@ const BOOT_TIMEOUT_MS = 120_000;
 /** The container's PID 1: systemd-nspawn's child, once it has exec'd systemd. */
 async function leaderOf(nspawn: number, end: number, gone: () => boolean): Promise<number> {
   while (Date.now() < end && !gone()) {
-    const kids = (await readFile(`/proc/${nspawn}/task/${nspawn}/children`, 'utf8').catch(() => ''))
+    const kids = (
+      await readFile(`/proc/${nspawn}/task/${nspawn}/children`, 'utf8').catch(orElse('', 'readFile', 'ENOENT', 'ESRCH'))
+    )
       .trim()
       .split(/\s+/)
       .filter(Boolean)
       .map(Number);
     for (const k of kids) {
-      if ((await readFile(`/proc/${k}/comm`, 'utf8').catch(() => '')).trim() === 'systemd') return k;
+      if (
+        (await readFile(`/proc/${k}/comm`, 'utf8').catch(orElse('', 'readFile', 'ENOENT', 'ESRCH'))).trim() ===
+        'systemd'
+      )
+        return k;
     }
     await sleep(5);
   }

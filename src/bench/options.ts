@@ -135,6 +135,7 @@ export function parseCompare(text: string): Partial<BenchCli> {
       'BAD_INPUT',
       `--compare ${JSON.stringify(text)}: ${msg}`,
       `each --compare string holds bench options, e.g. --compare '--recycle on' '--recycle off'`,
+      { cause: e },
     );
   }
   const given = Object.keys(cmd.opts()).filter((k) => cmd.getOptionValueSource(k) === 'cli');

@@ -16,12 +16,14 @@ export function prepareResultsDir(dir: string): string {
     entries = readdirSync(abs);
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOTDIR') throw new SnaplabError('BAD_INPUT', `--results ${dir} is a file`, 'give a new directory');
+    if (code === 'ENOTDIR')
+      throw new SnaplabError('BAD_INPUT', `--results ${dir} is a file`, 'give a new directory', { cause: e });
     if (code !== 'ENOENT')
       throw new SnaplabError(
         'BAD_INPUT',
         `cannot read --results ${dir}: ${(e as Error).message}`,
         'give a directory you can write',
+        { cause: e },
       );
   }
   if (entries.length)
@@ -37,6 +39,7 @@ export function prepareResultsDir(dir: string): string {
       'BAD_INPUT',
       `cannot create --results ${dir}: ${(e as Error).message}`,
       'give a directory you can write',
+      { cause: e },
     );
   }
   return abs;

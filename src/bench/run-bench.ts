@@ -20,6 +20,7 @@ import { runWorkload } from './workloads.js';
 import { downUp } from './scenario-bench.js';
 import { bootArm } from './boot-baseline.js';
 import { nspawnArm } from './nspawn-baseline.js';
+import { noted } from '../cleanup.js';
 
 /** The baselines asked for that work here, and a note for each one that does not. */
 async function prepareBaselines(
@@ -131,7 +132,7 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
       progress,
     );
   } finally {
-    for (const a of baseArms) await a.dispose?.().catch(() => undefined);
+    for (const a of baseArms) await a.dispose?.().catch(noted('dispose of a baseline arm'));
     for (const r of remotes.values())
       void r.then(
         (l) => l.close(),

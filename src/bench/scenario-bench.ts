@@ -5,6 +5,7 @@ import type { StorageKind } from '../storage/backend.js';
 import type { LoopLimits, Arm } from './baselines.js';
 import { closedLoop, type LoopResult } from './loop.js';
 import { phasesOf } from './workloads.js';
+import { noted } from '../cleanup.js';
 
 export interface ScenarioBenchSettings extends LoopLimits {
   concurrency: number;
@@ -72,7 +73,7 @@ export function downUp(lab: Lab, s: Omit<ScenarioBenchSettings, 'concurrency'>):
           return { latencyMs: now() - t0 };
         });
       } finally {
-        await scn.down().catch(() => undefined);
+        await scn.down().catch(noted('take the bench scenario down'));
       }
     },
   };

@@ -6,6 +6,7 @@ import type { StorageKind } from '../storage/backend.js';
 import { addTraceOption, showTrace, withApi, type CommonOptions } from './common.js';
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
 import { ms, printJson } from './output.js';
+import { orElse } from '../cleanup.js';
 
 interface CreateCli extends CommonOptions, LimitOptions {
   image?: string;
@@ -98,7 +99,11 @@ export function registerCreate(program: Command): void {
       // a system machine's trace ends with its boot: the units that took longest, as systemd measured them
       const blame =
         o.trace && box.init === 'systemd'
-          ? (await box.exec(['systemd-analyze', 'blame', '--no-pager']).catch(() => undefined))?.stdout
+          ? (
+              await box
+                .exec(['systemd-analyze', 'blame', '--no-pager'])
+                .catch(orElse(undefined, 'systemd-analyze blame'))
+            )?.stdout
               .toString()
               .trim()
               .split('\n')

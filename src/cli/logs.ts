@@ -5,6 +5,7 @@ import { SnaplabError } from '../errors.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import { withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE } from './output.js';
+import { orElse } from '../cleanup.js';
 
 /**
  * `snaplab logs MACHINE`: a system machine's journal (journalctl inside, -f follows); any other
@@ -35,7 +36,7 @@ export function registerLogs(program: Command): void {
                 );
               // a VM's console is its serial log; a namespace machine's, the launcher's log
               const file = join(lab.home, 'run', box.info.id, box.info.driver === 'qemu' ? 'serial.log' : 'agent.log');
-              const text = await readFile(file, 'utf8').catch(() => undefined);
+              const text = await readFile(file, 'utf8').catch(orElse(undefined, `read ${file}`, 'ENOENT'));
               if (text === undefined)
                 throw new SnaplabError(
                   'BAD_INPUT',

@@ -5,6 +5,7 @@ import type { StorageKind } from '../storage/backend.js';
 import { withLab, type CommonOptions } from './common.js';
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
 import { printJson, printTable } from './output.js';
+import { noted } from '../cleanup.js';
 
 function parseSize(v: string): number {
   if (v === '0') return 0;
@@ -184,7 +185,7 @@ function registerPoolServe(pool: Command): void {
           if (err) process.stderr.write(`refill failed: ${err}\n`);
         };
         await new Promise<void>((resolve) => {
-          const timer = setInterval(() => void report().catch(() => undefined), 1000);
+          const timer = setInterval(() => void report().catch(noted(`report pool ${name}`)), 1000);
           const stop = (): void => {
             clearInterval(timer);
             resolve();

@@ -36,11 +36,12 @@ export class Http {
       let u: URL;
       try {
         u = new URL(url);
-      } catch {
+      } catch (e) {
         throw new SnaplabError(
           'BAD_INPUT',
           `invalid daemon URL ${JSON.stringify(url)}`,
           'give http://HOST:PORT or unix:/path/to/daemon.sock',
+          { cause: e },
         );
       }
       if (u.protocol !== 'http:')
@@ -93,7 +94,7 @@ export class Http {
       req.on('error', (e: NodeJS.ErrnoException) =>
         reject(
           e.name === 'AbortError'
-            ? new SnaplabError('ABORTED', `${method} ${path}: aborted`)
+            ? new SnaplabError('ABORTED', `${method} ${path}: aborted`, undefined, { cause: e })
             : unreachable(this.url, e),
         ),
       );
@@ -170,11 +171,12 @@ async function errorOf(res: IncomingMessage): Promise<SnaplabError> {
     if (res.headers['retry-after'])
       (e as SnaplabError & { retryAfterS?: number }).retryAfterS = Number(res.headers['retry-after']);
     return e;
-  } catch {
+  } catch (e) {
     return new SnaplabError(
       'DAEMON_ERROR',
       `the daemon answered ${res.statusCode}: ${text.slice(0, 200)}`,
       'see the daemon log',
+      { cause: e },
     );
   }
 }

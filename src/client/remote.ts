@@ -28,6 +28,7 @@ import type { SandboxFiles } from '../sdk/sandbox.js';
 import type { Limits } from '../store/records.js';
 import { collect, Http, type ConnectOptions } from './http.js';
 import { Rpc } from './rpc.js';
+import { handledElsewhere } from '../cleanup.js';
 
 const MAX_COLLECTED = 16 * 1024 * 1024;
 const enc = encodeURIComponent;
@@ -207,7 +208,7 @@ export class RemoteSandbox implements SandboxApi {
     if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
     if (opts.encoding === 'buffer') return proc;
     const result = proc.result.then((r) => encoded(r, 'utf8') as ExecText);
-    result.catch(() => {}); // a result nobody awaits must not end the caller's process
+    result.catch(handledElsewhere); // a result nobody awaits must not end the caller's process
     return { ...proc, result } as ProcessApi;
   }
 
@@ -342,7 +343,7 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
     resolvePid = res;
     rejectPid = rej;
   });
-  pid.catch(() => {});
+  pid.catch(handledElsewhere);
   let aborted = false;
   const result = new Promise<ExecResult>((resolve, reject) => {
     let ended = false;
@@ -398,7 +399,7 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
     });
     ws.on('error', () => {});
   });
-  result.catch(() => {}).finally(() => ws.close());
+  result.catch(handledElsewhere).finally(() => ws.close());
   // as the embedded library: an aborted exec is killed and rejects with ABORTED
   opts.signal?.addEventListener(
     'abort',

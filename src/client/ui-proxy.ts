@@ -160,6 +160,7 @@ export async function startUiProxy(socketPath: string, opts: { port?: number } =
               'PORT_IN_USE',
               `127.0.0.1:${opts.port} is in use`,
               'give another --port, or 0 for any free one',
+              { cause: e },
             )
           : e,
       ),

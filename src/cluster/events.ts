@@ -13,6 +13,7 @@ import type { IKeyValue } from 'etcd3';
 import type { Caller } from '../server/keys.js';
 import type { GatewayApi } from './gateway-api.js';
 import type { SandboxEntry } from './store.js';
+import { noted } from '../cleanup.js';
 
 const SLOW_READER_BYTES = 1 << 20;
 
@@ -37,7 +38,7 @@ export async function clusterEvents(
   if (from) builder.startRevision(String(BigInt(from) + 1n));
   const watcher = await builder.create();
   // gone while the watch was made: nothing more to do for it
-  if (res.destroyed || req.destroyed) return void watcher.cancel().catch(() => undefined);
+  if (res.destroyed || req.destroyed) return void watcher.cancel().catch(noted('cancel the event watch'));
   res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
   res.write(': snaplab cluster events\n\n');
   const leftSeen = new Set<string>();
@@ -98,6 +99,6 @@ export async function clusterEvents(
   res.once('close', () => {
     untrack();
     clearInterval(ping);
-    void watcher.cancel().catch(() => undefined);
+    void watcher.cancel().catch(noted('cancel the event watch'));
   });
 }

@@ -30,6 +30,7 @@ import { ClusterStore, type Claim, type NodeInfo, type SandboxEntry } from './st
 import { bestOfK, eligible, score, type PlacementRequest } from './placement.js';
 import { ClusterView } from './view.js';
 import { clusterEvents } from './events.js';
+import { noted } from '../cleanup.js';
 
 export interface GatewayOptions {
   cluster: string;
@@ -354,7 +355,7 @@ export class Gateway implements GatewayApi {
         );
         made = true;
         await this.record(r.value, node, caller);
-        await this.store.endCreate(claim, 'made').catch(() => undefined);
+        await this.store.endCreate(claim, 'made').catch(noted("end the create's claim"));
         return sendJson(res, r.status, { ...r.value, node });
       } catch (e) {
         // refused at connect: it never reached the node, which made nothing; placed once more,
@@ -362,7 +363,7 @@ export class Gateway implements GatewayApi {
         if (!made && (e as { connect?: boolean }).connect === true && attempt === 0) {
           const from = node;
           const next = await this.place({ ...request, exclude: new Set([from]) }).catch(async (err: unknown) => {
-            await this.store.endCreate(claim, 'refused').catch(() => undefined);
+            await this.store.endCreate(claim, 'refused').catch(noted("end the create's claim"));
             throw err;
           });
           if (await this.store.moveCreate(claim, next.name)) {
@@ -382,7 +383,7 @@ export class Gateway implements GatewayApi {
         const answered = (e as { status?: number }).status !== undefined;
         await this.store
           .endCreate(claim, made ? 'made' : answered || (e as { connect?: boolean }).connect ? 'refused' : 'unknown')
-          .catch(() => undefined);
+          .catch(noted("end the create's claim"));
         throw e;
       }
     }
@@ -416,7 +417,7 @@ export class Gateway implements GatewayApi {
     await lease
       .put(this.store.key('notes', `${Date.now()}-${randomUUID()}`))
       .value(JSON.stringify({ type, at: Date.now(), ...data }))
-      .catch(() => undefined);
+      .catch(noted(`store a cluster note (${type})`));
     lease.release();
   }
 

@@ -14,6 +14,7 @@ import type { EventRecord, SandboxRecord } from '../store/records.js';
 import type { Daemon } from '../server/daemon.js';
 import { VERSION } from '../version.js';
 import { HELD_STATES, unavailable, type ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
+import { handledElsewhere, noted, orElse } from '../cleanup.js';
 
 /**
  * How often a node compares every entry naming it with what it holds: a safety net (entries are
@@ -132,7 +133,7 @@ export class ClusterNode {
       await this.sync();
       joined = true;
     } finally {
-      if (!joined) await lease.revoke().catch(() => undefined);
+      if (!joined) await lease.revoke().catch(noted("revoke the node's lease"));
     }
     this.lease = lease;
     this.daemon.log({
@@ -180,7 +181,7 @@ export class ClusterNode {
 
   async info(): Promise<NodeInfo> {
     const ctx = this.daemon.lab.context;
-    const disk = await statfs(this.daemon.lab.home).catch(() => null);
+    const disk = await statfs(this.daemon.lab.home).catch(orElse(null, 'statfs', 'ENOENT'));
     const pools: NodeInfo['pools'] = {};
     for (const p of await this.daemon.lab.pools()) pools[p.name] = { image: p.image, size: p.target, ready: p.ready };
     return {
@@ -312,7 +313,7 @@ export class ClusterNode {
     if (this.timer) clearInterval(this.timer);
     if (this.soon) clearTimeout(this.soon);
     this.daemon.events.off('event', this.onEvent);
-    await this.publishing?.catch(() => undefined);
+    await this.publishing?.catch(handledElsewhere);
     // "left" and the entry's removal in one transaction: gateways report its sandboxes
     // unreachable, not lost. If it cannot be said, the lease is left to lapse (and they are lost).
     const said = await this.store.client
@@ -326,7 +327,7 @@ export class ClusterNode {
         (r) => r.succeeded,
         () => false,
       );
-    if (said) await this.lease?.revoke().catch(() => undefined);
+    if (said) await this.lease?.revoke().catch(noted("revoke the node's lease"));
     else
       this.daemon.log({
         msg: 'could not tell the cluster this node is leaving: its sandboxes will be reported lost when its lease lapses',

@@ -94,6 +94,7 @@ export function asSnaplab(e: unknown): SnaplabError {
     'INTERNAL',
     (e as Error)?.message ?? String(e),
     'this is a bug in snaplab; the gateway log has the details',
+    { cause: e },
   );
 }
 
@@ -214,9 +215,14 @@ export async function ask<T>(
           let value: unknown = null;
           try {
             value = raw ? JSON.parse(raw) : null;
-          } catch {
+          } catch (e) {
             return reject(
-              new SnaplabError('NODE_UNAVAILABLE', `node ${node} answered ${r.statusCode} with no JSON`, 'see its log'),
+              new SnaplabError(
+                'NODE_UNAVAILABLE',
+                `node ${node} answered ${r.statusCode} with no JSON`,
+                'see its log',
+                { cause: e },
+              ),
             );
           }
           if ((r.statusCode ?? 500) >= 400) {
@@ -326,6 +332,7 @@ export async function readJson(req: IncomingMessage): Promise<Record<string, unk
       'BAD_INPUT',
       `invalid JSON body: ${(e as Error).message}`,
       'send a JSON object (content-type: application/json)',
+      { cause: e },
     );
   }
 }

@@ -11,6 +11,7 @@ import type { Caller } from '../server/keys.js';
 import { CALLER_HEADER } from '../server/keys.js';
 import { asSnaplab, callerHeader, CONNECT_TIMEOUT_MS, neverConnected } from './proxy.js';
 import type { GatewayApi } from './gateway-api.js';
+import { handledElsewhere } from '../cleanup.js';
 
 interface Upstream {
   ws: Promise<WebSocket>;
@@ -37,7 +38,7 @@ function nodeConnections(
       const gone = Promise.reject(
         new SnaplabError('NODE_UNAVAILABLE', `node ${node} is not up`, 'see `snaplab cluster nodes`'),
       );
-      gone.catch(() => undefined);
+      gone.catch(handledElsewhere);
       return { pending: new Map(), ws: gone };
     }
     const u: Upstream = { pending: new Map(), ws: undefined as unknown as Promise<WebSocket> };
@@ -57,6 +58,7 @@ function nodeConnections(
               'NODE_UNAVAILABLE',
               `node ${node} did not answer: ${e.message}`,
               'see `snaplab cluster nodes`',
+              { cause: e },
             ),
             { connect: neverConnected(e) },
           ),
@@ -91,7 +93,7 @@ function nodeConnections(
         u.pending.clear();
       });
     });
-    u.ws.catch(() => undefined);
+    u.ws.catch(handledElsewhere);
     return u;
   };
 }
@@ -135,7 +137,9 @@ export function relayRpc(g: GatewayApi, client: WebSocket, caller: Caller): void
     } catch (e) {
       return fail(
         null,
-        new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames'),
+        new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames', {
+          cause: e,
+        }),
       );
     }
     void (async () => {

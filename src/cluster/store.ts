@@ -16,6 +16,7 @@ import { randomBytes } from 'node:crypto';
 import type { Etcd3, IOperation, IOptions, Lease, Watcher } from 'etcd3';
 import { SnaplabError } from '../errors.js';
 import type { ApiKeyRecord } from '../store/records.js';
+import { noted } from '../cleanup.js';
 
 export interface NodeInfo {
   name: string;
@@ -231,7 +232,8 @@ export class ClusterStore {
       .if(this.key(...(name === undefined ? ['creates', id] : ['names', name])), 'Create', '==', 0)
       .then(...ops)
       .commit();
-    if (!r.succeeded) await this.client.leaseClient.leaseRevoke({ ID: leaseId }).catch(() => undefined);
+    if (!r.succeeded)
+      await this.client.leaseClient.leaseRevoke({ ID: leaseId }).catch(noted(`revoke lease ${leaseId}`));
     return r.succeeded ? claim : null;
   }
 

@@ -19,6 +19,7 @@ import {
   type NodeInfo,
   type SandboxEntry,
 } from './store.js';
+import { noted } from '../cleanup.js';
 
 const HELD = HELD_STATES;
 
@@ -56,14 +57,14 @@ export class ClusterView extends EventEmitter {
     for (const kv of all.kvs) this.apply(kv, false, true);
     for (const h of keysBefore) if (!this.keysByHash.has(h)) this.emit('keyRemoved', h);
     const w = await this.store.watch('', all.header.revision);
-    if (this.closed) return void w.cancel().catch(() => undefined);
+    if (this.closed) return void w.cancel().catch(noted('cancel the cluster watch'));
     this.watcher = w;
     w.on('put', (kv) => this.apply(kv, false));
     w.on('delete', (kv) => this.apply(kv, true));
     w.on('error', (e: Error) => {
       if (this.closed || this.watcher !== w) return;
       this.log({ msg: 'cluster watch ended; reading the cluster again', error: e.message });
-      void w.cancel().catch(() => undefined);
+      void w.cancel().catch(noted('cancel the cluster watch'));
       this.watcher = undefined;
       const again = (): void => {
         if (this.closed) return;
@@ -184,7 +185,7 @@ export class ClusterView extends EventEmitter {
 
   async close(): Promise<void> {
     this.closed = true;
-    await this.watcher?.cancel().catch(() => undefined);
+    await this.watcher?.cancel().catch(noted('cancel the cluster watch'));
     await this.lostSweep;
   }
 }

@@ -5,6 +5,7 @@ import * as v1 from './cgroups-v1.js';
 import * as v2 from './cgroups-v2.js';
 import { isFrozen, thaw } from './cgroups.js';
 import { signal } from './procs.js';
+import { noted } from '../cleanup.js';
 
 /** Finding a cgroup's processes and tearing it down, on v1 and v2. */
 
@@ -64,11 +65,11 @@ export async function destroyCgroup(cg: Cgroup, timeoutMs = 2000): Promise<void>
     // cgroup.kill reaches the whole subtree, frozen tasks too; the loop below only waits
   } else if (cg.version === 1 && cg.controllerDirs.freezer) {
     // frozen, nothing can fork between reading the pids and killing them; the kills land on thaw
-    await v1.freezeV1(cg, 500).catch(() => undefined);
+    await v1.freezeV1(cg, 500).catch(noted(`freeze ${cg.id} before the kill`, 'ENOENT'));
     for (const p of await pidsIn(dirs)) signal(p, 'SIGKILL');
-    await v1.thawV1(cg).catch(() => undefined);
+    await v1.thawV1(cg).catch(noted(`thaw ${cg.id}`, 'ENOENT'));
   } else if (await isFrozen(cg)) {
-    await thaw(cg).catch(() => undefined);
+    await thaw(cg).catch(noted(`thaw ${cg.id}`, 'ENOENT'));
   }
   let left: number[] = [];
   const emptied = await poll(

@@ -6,6 +6,7 @@ import { cgError, errno, writeText } from './cgroups-fs.js';
 import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './cgroups-types.js';
 import * as v1 from './cgroups-v1.js';
 import * as v2 from './cgroups-v2.js';
+import { noted, orElse } from '../cleanup.js';
 
 export { detectCgroups, forgetCgroupLayouts, type CgroupLayout, type Controller } from './cgroups-detect.js';
 export type { Cgroup, CgroupLimits } from './cgroups-types.js';
@@ -86,7 +87,7 @@ function otherHierarchies(layout: ReturnType<typeof detectCgroups>): string[] {
 /** A cpuset cgroup takes no task until it has cpus and mems: copy them from its parent, top down. */
 async function cpusetReady(dir: string): Promise<void> {
   for (const f of ['cpuset.cpus', 'cpuset.mems']) {
-    const here = await readFile(`${dir}/${f}`, 'utf8').catch(() => undefined);
+    const here = await readFile(`${dir}/${f}`, 'utf8').catch(orElse(undefined, `read ${dir}/${f}`, 'ENOENT'));
     if (here === undefined || here.trim()) continue;
     await writeText(`${dir}/${f}`, (await readFile(`${dir}/../${f}`, 'utf8')).trim());
   }
@@ -213,7 +214,7 @@ export async function createCgroup(id: string, limits: CgroupLimits = {}, opts: 
   );
   const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
   if (failed) {
-    await Promise.all(created.map((d) => rmdir(d).catch(() => undefined)));
+    await Promise.all(created.map((d) => rmdir(d).catch(noted(`remove cgroup ${d}`, 'ENOENT'))));
     throw failed.reason instanceof SnaplabError ? failed.reason : cgError(`cannot create cgroup ${id}`, failed.reason);
   }
   cg.skipped = plan.skipped;
@@ -229,6 +230,7 @@ async function makeDir(cg: Cgroup, dir: string): Promise<void> {
         'CGROUP_FAILED',
         `cgroup ${dir} already exists`,
         `destroy sandbox ${cg.id} or run snaplab gc`,
+        { cause: e },
       );
     }
     if (errno(e) !== 'ENOENT') throw cgError(`cannot create ${dir}`, e);

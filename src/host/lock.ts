@@ -1,6 +1,7 @@
 import { mkdir, open, readFile, stat, unlink } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { SnaplabError } from '../errors.js';
+import { noted, orElse } from '../cleanup.js';
 
 const alive = (pid: number): boolean => {
   try {
@@ -25,11 +26,11 @@ async function takeOver(path: string, dead: number): Promise<void> {
       (st) => Date.now() - st.mtimeMs,
       () => 0,
     );
-    if (age > 5000) await unlink(guard).catch(() => undefined);
+    if (age > 5000) await unlink(guard).catch(noted(`remove stale lock guard ${guard}`, 'ENOENT'));
     return; // someone else is taking it over: try the lock again
   }
   try {
-    const now = Number(await readFile(path, 'utf8').catch(() => ''));
+    const now = Number(await readFile(path, 'utf8').catch(orElse('', 'readFile', 'ENOENT')));
     // still the stale one (an empty one must still be old: a new holder may be between open and write)
     const old =
       now > 0 ||
@@ -37,9 +38,9 @@ async function takeOver(path: string, dead: number): Promise<void> {
         (st) => Date.now() - st.mtimeMs > 5000,
         () => false,
       ));
-    if (now === dead && old) await unlink(path).catch(() => undefined);
+    if (now === dead && old) await unlink(path).catch(noted(`remove dead lock ${path}`, 'ENOENT'));
   } finally {
-    await unlink(guard).catch(() => undefined);
+    await unlink(guard).catch(noted(`remove lock guard ${guard}`, 'ENOENT'));
   }
 }
 
@@ -59,7 +60,7 @@ export async function withLock<T>(path: string, fn: () => Promise<T>, timeoutMs 
       break;
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-      const pid = Number(await readFile(path, 'utf8').catch(() => ''));
+      const pid = Number(await readFile(path, 'utf8').catch(orElse('', 'readFile', 'ENOENT')));
       // An empty file is a holder between open and write: give it a few seconds, then it is a
       // holder that died there.
       const age =
@@ -78,6 +79,7 @@ export async function withLock<T>(path: string, fn: () => Promise<T>, timeoutMs 
           'TIMEOUT',
           `lock ${path} held by pid ${pid || '?'}`,
           `if no snaplab process runs, rm ${path}`,
+          { cause: e },
         );
       }
       await new Promise((r) => setTimeout(r, 10 + Math.random() * 20));
@@ -86,6 +88,6 @@ export async function withLock<T>(path: string, fn: () => Promise<T>, timeoutMs 
   try {
     return await fn();
   } finally {
-    await unlink(path).catch(() => undefined);
+    await unlink(path).catch(noted(`release lock ${path}`, 'ENOENT'));
   }
 }

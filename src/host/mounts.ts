@@ -129,6 +129,7 @@ export async function mountFs(source: string, target: string, fstype: string, op
       'HOST_COMMAND_FAILED',
       `mount -t ${fstype} ${source} ${target}: ${(e as Error).message}`,
       "see `dmesg | tail` for the kernel's reason",
+      { cause: e },
     );
   }
 }

@@ -2,6 +2,7 @@ import { readdir } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
 import { run, type RunResult } from './run.js';
 import { NET_GROUP, NETNS_DIR, NETNS_PREFIX, checkNetnsName, netnsPath } from './net-names.js';
+import { handledElsewhere, noted } from '../cleanup.js';
 
 /**
  * Run several `ip` commands in one process inside a namespace (`ip -n NS -batch -`): a spawn costs
@@ -22,7 +23,7 @@ let firstCreate: Promise<unknown> | undefined;
 
 export async function createNetns(name: string): Promise<string> {
   checkNetnsName(name);
-  if (firstCreate) await firstCreate.catch(() => undefined);
+  if (firstCreate) await firstCreate.catch(handledElsewhere);
   const adding = run('ip', ['netns', 'add', name], { allowFail: true });
   firstCreate ??= adding;
   const res = await adding;
@@ -39,7 +40,7 @@ export async function createNetns(name: string): Promise<string> {
   try {
     await run('ip', ['-n', name, 'link', 'set', 'lo', 'up']);
   } catch (e) {
-    await deleteNetns(name).catch(() => undefined);
+    await deleteNetns(name).catch(noted(`delete network namespace ${name}`));
     throw e;
   }
   return netnsPath(name);
@@ -72,7 +73,7 @@ export async function deleteNetns(name: string): Promise<void> {
 export async function createNetnsBatch(names: string[]): Promise<void> {
   names.forEach(checkNetnsName);
   if (!names.length) return;
-  if (firstCreate) await firstCreate.catch(() => undefined);
+  if (firstCreate) await firstCreate.catch(handledElsewhere);
   const adding = run('ip', ['-batch', '-'], { input: names.map((n) => `netns add ${n}\n`).join(''), allowFail: true });
   firstCreate ??= adding;
   const res = await adding;
@@ -80,7 +81,7 @@ export async function createNetnsBatch(names: string[]): Promise<void> {
   // The batch stopped at the failing line: the ones before it are ours to remove.
   const line = Number(/Command failed -:(\d+)/.exec(res.stderr)?.[1] ?? names.length + 1);
   const name = names[line - 1] ?? names.join(', ');
-  for (const n of names.slice(0, line - 1)) await deleteNetns(n).catch(() => undefined);
+  for (const n of names.slice(0, line - 1)) await deleteNetns(n).catch(noted(`delete network namespace ${n}`));
   throw new SnaplabError(
     'HOST_COMMAND_FAILED',
     `cannot create network namespace ${name}: ${res.stderr.trim().split('\n')[0]}`,

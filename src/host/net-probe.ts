@@ -3,6 +3,7 @@ import type { Availability } from './probe-types.js';
 import { run, which } from './run.js';
 import { createNetns, deleteNetns } from './net-ns.js';
 import { NETNS_PREFIX } from './net-names.js';
+import { noted } from '../cleanup.js';
 
 function scratchName(what: string): string {
   return `${NETNS_PREFIX}probe-${what}-${process.pid}-${randomBytes(3).toString('hex')}`;
@@ -43,7 +44,7 @@ export async function probeNetworking(): Promise<Availability> {
     }
     return { ok: true, reason: 'network namespaces, bridges and veth pairs work (iproute2)' };
   } finally {
-    await deleteNetns(ns).catch(() => undefined);
+    await deleteNetns(ns).catch(noted(`delete probe network namespace ${ns}`));
   }
 }
 
@@ -73,6 +74,6 @@ export async function probeNetem(): Promise<Availability> {
       ? { ok: false, reason: `the kernel has no netem qdisc: ${msg}`, fix: 'modprobe sch_netem' }
       : { ok: false, reason: `tc netem failed: ${msg}`, fix: 'apt-get install iproute2' };
   } finally {
-    await deleteNetns(ns).catch(() => undefined);
+    await deleteNetns(ns).catch(noted(`delete probe network namespace ${ns}`));
   }
 }

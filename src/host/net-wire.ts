@@ -14,6 +14,7 @@ import {
   netnsPath,
 } from './net-names.js';
 import { HostOps } from './hostops.js';
+import { noted } from '../cleanup.js';
 
 /** A whole scenario's networks, raised in one go: what `up` needs, in 1 + networks + machines spawns. */
 export interface WirePlan {
@@ -106,6 +107,7 @@ export async function wire(plan: WirePlan): Promise<void> {
               'HOST_COMMAND_FAILED',
               `cannot create network namespace ${m.netns} in a user namespace: ${(e as Error).message}`,
               '`snaplab doctor` checks user namespaces',
+              { cause: e },
             );
           }
         }),
@@ -146,7 +148,7 @@ export async function wire(plan: WirePlan): Promise<void> {
       ),
     );
   } catch (e) {
-    await unwire(all).catch(() => undefined);
+    await unwire(all).catch(noted('unwire the half-wired network'));
     throw e;
   }
 }

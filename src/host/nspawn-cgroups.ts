@@ -4,6 +4,7 @@ import { detectCgroups } from './cgroups-detect.js';
 import { destroyCgroup } from './cgroups-destroy.js';
 import type { Cgroup } from './cgroups-types.js';
 import { sameProcess } from './procs.js';
+import { orElse } from '../cleanup.js';
 
 /*
  * The cgroups of `snaplab bench`'s systemd-nspawn baseline (src/bench/nspawn-baseline.ts): one
@@ -60,7 +61,7 @@ export async function sweepNspawnCgroups(): Promise<string[]> {
   const removed: string[] = [];
   const seen = new Set<string>();
   for (const parent of nspawnCgroupDirs('')) {
-    for (const e of await readdir(parent).catch(() => [] as string[])) {
+    for (const e of await readdir(parent).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
       if (!e.startsWith(NSPAWN_CGROUP_PREFIX) || seen.has(e)) continue;
       seen.add(e);
       const owner = ownerOf(e);

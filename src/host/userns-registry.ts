@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase } from './id-ranges.js';
 import { pidAlive } from './procs.js';
+import { noted, orElse } from '../cleanup.js';
 
 /**
  * Which user namespace ranges are in use, host-wide: one file per claimed range, named by its first
@@ -83,7 +84,7 @@ export async function claimRange(home: string, id: string): Promise<number> {
       }
     }
   } finally {
-    await unlink(tmp).catch(() => undefined);
+    await unlink(tmp).catch(noted(`remove ${tmp}`, 'ENOENT'));
   }
   throw new SnaplabError(
     'NO_USERNS_SLOT',
@@ -100,7 +101,7 @@ export async function releaseRange(base: number, home: string, id: string): Prom
   const path = join(REGISTRY, String(base));
   const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
   if (h?.home !== home || h.id !== id) return;
-  await unlink(path).catch(() => undefined);
+  await unlink(path).catch(noted(`release uid range ${path}`, 'ENOENT'));
 }
 
 /** A claim file's holder; undefined for one that is not a snaplab claim (left alone, never freed). */
@@ -120,10 +121,10 @@ function parseHolder(text: string): Holder | undefined {
  */
 export async function removeDeadClaimWrites(): Promise<string[]> {
   const removed: string[] = [];
-  for (const f of await readdir(REGISTRY).catch(() => [] as string[])) {
+  for (const f of await readdir(REGISTRY).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
     const m = /^\.tmp-(\d+)-/.exec(f);
     if (!m || (await pidAlive(Number(m[1])))) continue;
-    await unlink(join(REGISTRY, f)).catch(() => undefined);
+    await unlink(join(REGISTRY, f)).catch(noted(`remove stale ${f}`, 'ENOENT'));
     removed.push(join(REGISTRY, f));
   }
   return removed;
@@ -136,7 +137,7 @@ interface Claim extends Holder {
 
 async function claims(): Promise<Claim[]> {
   const out: Claim[] = [];
-  for (const f of await readdir(REGISTRY).catch(() => [] as string[])) {
+  for (const f of await readdir(REGISTRY).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
     const path = join(REGISTRY, f);
     if (!/^\d+$/.test(f)) continue; // a claim being written (.tmp-…)
     const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);

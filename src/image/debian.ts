@@ -4,6 +4,7 @@ import { createWriteStream } from 'node:fs';
 import { lstat, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
+import { orElse } from '../cleanup.js';
 
 /** What a Debian image is built from; the build cache's key is the hash of all of it. */
 export interface DebianSpec {
@@ -107,11 +108,13 @@ export function parseSources(text: string, deb822: boolean): Source[] {
 /** The host's apt sources (/etc/apt/sources.list and sources.list.d). */
 export async function hostSources(etcApt = '/etc/apt'): Promise<Source[]> {
   const out: Source[] = [];
-  const main = await readFile(join(etcApt, 'sources.list'), 'utf8').catch(() => '');
+  const main = await readFile(join(etcApt, 'sources.list'), 'utf8').catch(orElse('', 'readFile', 'ENOENT'));
   out.push(...parseSources(main, false));
-  for (const f of (await readdir(join(etcApt, 'sources.list.d')).catch(() => [] as string[])).sort()) {
+  for (const f of (
+    await readdir(join(etcApt, 'sources.list.d')).catch(orElse([] as string[], 'readdir', 'ENOENT'))
+  ).sort()) {
     if (!/\.(list|sources)$/.test(f)) continue;
-    const text = await readFile(join(etcApt, 'sources.list.d', f), 'utf8').catch(() => '');
+    const text = await readFile(join(etcApt, 'sources.list.d', f), 'utf8').catch(orElse('', 'readFile', 'ENOENT'));
     out.push(...parseSources(text, f.endsWith('.sources')));
   }
   return out;
@@ -235,6 +238,7 @@ export async function runMmdebstrap(
               'MISSING_TOOL',
               'building Debian images needs mmdebstrap',
               'apt-get install mmdebstrap (snaplab set-up installs it)',
+              { cause: e },
             )
           : e,
       ),
@@ -266,7 +270,7 @@ export async function runMmdebstrap(
 export async function fixUp(root: string, hostname: string): Promise<void> {
   const replace = async (rel: string, text: string | undefined): Promise<void> => {
     const p = join(root, rel);
-    const st = await lstat(p).catch(() => undefined);
+    const st = await lstat(p).catch(orElse(undefined, `lstat ${p}`, 'ENOENT'));
     if (st && !st.isDirectory()) await rm(p);
     if (text !== undefined) await writeFile(p, text, { flag: 'wx', mode: 0o644 });
   };

@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process';
 import { Duplex, Transform } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import { SnaplabError } from '../errors.js';
+import { handledElsewhere } from '../cleanup.js';
 
 export type Compression = 'none' | 'gzip' | 'zstd' | 'xz';
 
@@ -52,7 +53,9 @@ function program(name: string, pkg: string): Stage {
     child.on('error', (e: NodeJS.ErrnoException) =>
       reject(
         e.code === 'ENOENT'
-          ? new SnaplabError('MISSING_TOOL', `${name} is needed to decompress this image`, `apt-get install ${pkg}`)
+          ? new SnaplabError('MISSING_TOOL', `${name} is needed to decompress this image`, `apt-get install ${pkg}`, {
+              cause: e,
+            })
           : e,
       ),
     );
@@ -68,7 +71,7 @@ function program(name: string, pkg: string): Stage {
           ),
     );
   });
-  done.catch(() => {});
+  done.catch(handledElsewhere);
   return { stream: Duplex.from({ writable: child.stdin, readable: child.stdout }), done };
 }
 

@@ -9,6 +9,7 @@ import { dirBlobs, resolveImage, tarBlobs, type Blobs, type ImageConfig, type Re
 import { looksLikeImageArchive } from './tar-index.js';
 import { applyTar, type UnpackStats } from './unpack.js';
 import { readAt } from './read-at.js';
+import { orElse } from '../cleanup.js';
 
 /** Where an image came from and what it was made of; kept with the image (`image inspect`). */
 export interface Provenance {
@@ -185,7 +186,7 @@ export async function importInto(
 ): Promise<Imported> {
   const abs = resolve(source);
   const budget: Budget = { left: opts.maxBytes ?? DEFAULT_MAX_BYTES, limit: opts.maxBytes ?? DEFAULT_MAX_BYTES };
-  const st = await stat(abs).catch(() => undefined);
+  const st = await stat(abs).catch(orElse(undefined, `stat ${abs}`, 'ENOENT', 'ENOTDIR'));
   if (!st)
     throw new SnaplabError(
       'BAD_INPUT',

@@ -50,11 +50,12 @@ export interface Blobs {
 const MAX_JSON = 4 << 20;
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
 
-const badImage = (msg: string): SnaplabError =>
+const badImage = (msg: string, cause?: unknown): SnaplabError =>
   new SnaplabError(
     'BAD_IMAGE',
     msg,
     'give a `docker save` tarball or an OCI image layout (`skopeo copy … oci:DIR` writes one)',
+    cause === undefined ? undefined : { cause },
   );
 
 export async function tarBlobs(file: string): Promise<Blobs> {
@@ -80,8 +81,8 @@ export async function dirBlobs(dir: string): Promise<Blobs> {
   const root = await realpath(dir);
   const path = (name: string): string => join(root, memberName(name));
   const inside = async (name: string): Promise<string> => {
-    const p = await realpath(path(name)).catch(() => {
-      throw badImage(`the layout has no ${name}`);
+    const p = await realpath(path(name)).catch((e: unknown) => {
+      throw badImage(`the layout has no ${name}`, e);
     });
     if (!p.startsWith(root + sep))
       throw new SnaplabError(
@@ -117,8 +118,8 @@ async function json<T>(blobs: Blobs, name: string, digest?: string): Promise<T> 
   }
   try {
     return JSON.parse(b.toString('utf8')) as T;
-  } catch {
-    throw badImage(`${name} is not valid JSON`);
+  } catch (e) {
+    throw badImage(`${name} is not valid JSON`, e);
   }
 }
 

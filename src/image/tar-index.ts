@@ -1,6 +1,7 @@
 import { open } from 'node:fs/promises';
 import { posix } from 'node:path';
 import { SnaplabError } from '../errors.js';
+import { failureMeans } from '../cleanup.js';
 
 /** Where one member's bytes lie in an uncompressed tar file. */
 export interface TarMember {
@@ -160,6 +161,6 @@ export async function looksLikeImageArchive(prefix: Buffer): Promise<boolean | u
       else if (!IMAGE_DIR.test(h.name)) verdict = false;
       return verdict === undefined;
     },
-  ).catch(() => {});
+  ).catch(failureMeans(undefined)); // a prefix that ends mid-archive: the verdict so far stands
   return verdict;
 }

@@ -3,6 +3,7 @@ import type { AgentClient, AgentStatus } from '../agent/client.js';
 import { cgroupFor, oomKills } from '../host/cgroups.js';
 import type { CleanBaseline, SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
+import { failureMeans, orElse } from '../cleanup.js';
 
 /**
  * Reuse fails closed (principle 4). A standby goes back into its pool only when everything that
@@ -28,9 +29,9 @@ async function cgroupCounters(s: SandboxRecord): Promise<{ oomKills: number; pid
   const cg = cgroupFor(s.id);
   const dir = cg.controllerDirs.pids;
   const [oom, events, procs] = await Promise.all([
-    oomKills(cg).catch(() => -1),
-    dir ? readFile(`${dir}/pids.events`, 'utf8').catch(() => '') : Promise.resolve(''),
-    dir ? readFile(`${dir}/cgroup.procs`, 'utf8').catch(() => '') : Promise.resolve(''),
+    oomKills(cg).catch(failureMeans(-1)),
+    dir ? readFile(`${dir}/pids.events`, 'utf8').catch(orElse('', 'readFile', 'ENOENT')) : Promise.resolve(''),
+    dir ? readFile(`${dir}/cgroup.procs`, 'utf8').catch(orElse('', 'readFile', 'ENOENT')) : Promise.resolve(''),
   ]);
   return {
     oomKills: oom,
@@ -59,7 +60,7 @@ export async function dirtReasons(ctx: LabContext, s: SandboxRecord, agent: Agen
   const backend = await ctx.readyBackend(s.storage);
   const [st, marker, counters] = await Promise.all([
     agent.status().catch((e: Error) => e),
-    backend.changeMarker(s.volume).catch(() => null),
+    backend.changeMarker(s.volume).catch(orElse(null, `read the change marker of ${s.name}`)),
     cgroupCounters(s),
   ]);
   if (st instanceof Error) return [`agent status: ${st.message}`];

@@ -115,7 +115,7 @@ export class LabContext {
     const trace = new Trace(kind, target);
     let result: T;
     try {
-      result = await fn(trace);
+      result = await trace.within(() => fn(trace));
     } catch (e) {
       const summary = trace.finish(e);
       this.store.putOperation(summary);

@@ -17,6 +17,7 @@ import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
 import { connectAgent, spawnIn, type ExecProcess } from './sandbox-ops.js';
 import { feedInput, outputTo } from './streams.js';
+import { handledElsewhere } from '../cleanup.js';
 
 export interface CopyResult {
   /** bytes of the tar stream that went across */
@@ -325,13 +326,13 @@ export async function copyBetween(
       Promise.reject(e)
     ),
   );
-  sending.catch(() => {});
+  sending.catch(handledElsewhere);
   let r: CopyResult;
   try {
     r = await receiveArchive(ctx, from, from_.path, pipe, { follow: opts.follow, receiver });
   } catch (e) {
     pipe.destroy(); // the receiving machine's untar ends (its input closed) instead of waiting
-    await sending.catch(() => undefined);
+    await sending.catch(handledElsewhere);
     throw e;
   }
   await sending;

@@ -18,6 +18,7 @@ import { machineNetns } from '../scenario/names.js';
 import { snaplabCgroupsOnHost } from '../host/cgroups-host.js';
 import { listSnaplabNetns } from '../host/netns.js';
 import { destroyRecord } from './teardown.js';
+import { noted, orElse } from '../cleanup.js';
 
 /** a range claimed this recently may belong to a create that has not written its record yet */
 const CLAIM_GRACE_MS = 60_000;
@@ -132,7 +133,7 @@ async function collectVolumes(
       .map((x) => x.memory?.dir)
       .filter((d): d is string => !!d),
   );
-  for (const d of await readdir(join(ctx.home, 'snapshots')).catch(() => [] as string[])) {
+  for (const d of await readdir(join(ctx.home, 'snapshots')).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
     const dir = join(ctx.home, 'snapshots', d);
     if (memoryDirs.has(dir)) continue;
     // one being written now (its snapshot began after the in-flight check above) is left alone;
@@ -161,14 +162,14 @@ async function collectVolumes(
     ctx.store.listImageVolumes().some((v) => v.storage === 'btrfs');
   if (!btrfsUsers && (await liveInflight(ctx)).length === 0) {
     await trace.phase('btrfs pool', async () => {
-      await unmountPool(ctx.home).catch(() => undefined);
+      await unmountPool(ctx.home).catch(noted('unmount the btrfs pool'));
       if (poolWasMounted) removed.push(`btrfs pool mount under ${ctx.home} (it holds nothing any more)`);
     });
   }
   // Last resort for anything a crashed backend left mounted below the volumes' directories.
   for (const m of await mountsUnder(`${ctx.home}/storage`)) {
     if ([...volumeIds].some((id) => m.target.includes(id))) continue;
-    await unmount(m.target, { lazy: true }).catch(() => undefined);
+    await unmount(m.target, { lazy: true }).catch(noted(`unmount ${m.target}`));
     removed.push(`mount ${m.target}`);
   }
   // a loop device that a mount stands on is in use (the btrfs pool; the disk cap of a live
@@ -176,7 +177,7 @@ async function collectVolumes(
   const inUse = new Set((await listMounts()).map((m) => m.source));
   for (const loop of await loopDevicesBackedUnder(ctx.home)) {
     if (inUse.has(loop.device)) continue;
-    await detachLoop(loop.device).catch(() => undefined);
+    await detachLoop(loop.device).catch(noted(`detach ${loop.device}`));
     removed.push(`loop device ${loop.device} (${loop.backingFile})`);
   }
   ctx.forgetReady(); // before the mark is lifted: a create waiting on it mounts the pool again
@@ -186,8 +187,8 @@ const MEMORY_DIR_GRACE_MS = 120_000;
 
 /** When `dir` or a file in it last changed (ms since the epoch). */
 async function newestChange(dir: string): Promise<number> {
-  let newest = (await stat(dir).catch(() => null))?.mtimeMs ?? 0;
-  for (const f of await readdir(dir).catch(() => [] as string[]))
-    newest = Math.max(newest, (await stat(join(dir, f)).catch(() => null))?.mtimeMs ?? 0);
+  let newest = (await stat(dir).catch(orElse(null, 'stat', 'ENOENT')))?.mtimeMs ?? 0;
+  for (const f of await readdir(dir).catch(orElse([] as string[], 'readdir', 'ENOENT')))
+    newest = Math.max(newest, (await stat(join(dir, f)).catch(orElse(null, 'stat', 'ENOENT')))?.mtimeMs ?? 0);
   return newest;
 }

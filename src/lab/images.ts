@@ -10,6 +10,7 @@ import type { Store } from '../store/store.js';
 import type { ImageRecord } from '../store/records.js';
 import type { Imported, ImportOptions, Provenance } from '../image/import.js';
 import { checkName, newId } from './names.js';
+import { noted, orElse } from '../cleanup.js';
 
 export const BUILTIN_BUSYBOX = 'busybox';
 
@@ -38,7 +39,7 @@ const SKELETON = [
  */
 export async function skeleton(root: string): Promise<void> {
   const isDir = async (rel: string): Promise<boolean> => {
-    const st = await lstat(join(root, rel)).catch(() => undefined);
+    const st = await lstat(join(root, rel)).catch(orElse(undefined, `lstat ${join(root, rel)}`, 'ENOENT', 'ENOTDIR'));
     return st?.isDirectory() === true;
   };
   for (const d of SKELETON) {
@@ -90,7 +91,9 @@ async function initOf(root: string): Promise<'systemd' | undefined> {
       ).includes(false)
     )
       continue;
-    const target = await readlink(join(root, rel)).catch(() => undefined);
+    const target = await readlink(join(root, rel)).catch(
+      orElse(undefined, `readlink ${join(root, rel)}`, 'ENOENT', 'EINVAL', 'ENOTDIR'),
+    );
     if (target && /(^|\/)systemd$/.test(target)) return 'systemd';
   }
   return undefined;
@@ -231,7 +234,7 @@ export class Images {
       if (!theirs) throw new Error(`image ${name} was recorded by another process and then removed`);
       return theirs;
     } catch (e) {
-      await removeTree(tmp).catch(() => undefined); // (what is mounted there stays; gc tries again)
+      await removeTree(tmp).catch(noted(`remove ${tmp}`, 'ENOENT')); // (what is mounted there stays; gc tries again)
       throw e;
     }
   }
@@ -243,14 +246,17 @@ export class Images {
   async collect(graceMs = 60_000): Promise<string[]> {
     const removed: string[] = [];
     const base = join(this.home, 'images');
-    for (const d of await readdir(base).catch(() => [] as string[])) {
+    for (const d of await readdir(base).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
       const dir = join(base, d);
       const tmp = /^\.tmp-(\d+)-/.exec(d);
       if (tmp) {
         if (await pidAlive(Number(tmp[1]))) continue;
       } else if (d.startsWith('.') || this.store.getImage(d)) {
         continue;
-      } else if (Date.now() - ((await lstat(dir).catch(() => undefined))?.ctimeMs ?? 0) < graceMs) {
+      } else if (
+        Date.now() - ((await lstat(dir).catch(orElse(undefined, `lstat ${dir}`, 'ENOENT')))?.ctimeMs ?? 0) <
+        graceMs
+      ) {
         continue;
       }
       // never through a mount a build left (mmdebstrap binds /proc, /sys and /dev into its tree)

@@ -11,6 +11,7 @@ import { removeSnapshot } from './removals.js';
 import { Trace } from '../timing/trace.js';
 import { join } from 'node:path';
 import { withLock } from '../host/lock.js';
+import { noted } from '../cleanup.js';
 
 export interface PoolSpec {
   name: string;
@@ -116,7 +117,7 @@ export async function reapLeaks(ctx: LabContext, name: string): Promise<number> 
     if (r.reason?.startsWith('removal failed')) continue; // counted when found; `gc` or `rm` finishes it
     // reapers run at once (the refill timer, `pool ls`, a stats call): the one that claims it counts it
     if (!ctx.store.claimRemoval(r, me('remove'))) continue;
-    await destroyRecord(ctx, r).catch(() => undefined);
+    await destroyRecord(ctx, r).catch(noted(`remove ${r.name}`));
     ctx.store.countPool(name, 'leaks');
     n++;
   }
@@ -152,7 +153,9 @@ export async function removePool(ctx: LabContext, name: string): Promise<number>
       ctx.store.deletePool(name);
       // a template still in use (overlay storage under a member someone holds) stays: gc removes it later
       if (ctx.store.getSnapshot(templateName(pool)))
-        await removeSnapshot(ctx, templateName(pool), new Trace('pool rm', name)).catch(() => undefined);
+        await removeSnapshot(ctx, templateName(pool), new Trace('pool rm', name)).catch(
+          noted(`remove template ${templateName(pool)}`, 'SNAPSHOT_NOT_FOUND', 'SNAPSHOT_EXISTS'),
+        );
     },
     300_000,
   );

@@ -13,6 +13,7 @@ import { getPool, poolLock, reapLeaks, takenBy, templateName } from './pool-admi
 import { me } from './owner.js';
 import { raiseSandbox } from './raise.js';
 import { destroyRecord } from './teardown.js';
+import { failureMeans, noted } from '../cleanup.js';
 
 export interface Taken {
   record: SandboxRecord;
@@ -57,7 +58,7 @@ export class PoolRunner {
         if (!(await driver.inspect(handleOf(rec))).alive) {
           // a reaper may have found it dead meanwhile: whoever claims its removal counts it
           if (this.ctx.store.claimRemoval(rec, me('remove'))) {
-            await destroyRecord(this.ctx, rec).catch(() => undefined);
+            await destroyRecord(this.ctx, rec).catch(noted(`remove ${rec.name}`));
             this.ctx.store.countPool(this.name, 'leaks');
           }
           continue;
@@ -65,7 +66,7 @@ export class PoolRunner {
         let agent: AgentClient;
         try {
           // (a namespace standby frozen by an earlier snaplab, which froze them all, is thawed too)
-          if (driver.capabilities.pauseStandbys || (await isFrozen(cgroupFor(rec.id)).catch(() => false)))
+          if (driver.capabilities.pauseStandbys || (await isFrozen(cgroupFor(rec.id)).catch(failureMeans(false))))
             await trace.phase('thaw', () => driver.resume(handleOf(rec)));
           rec.state = 'running';
           agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handleOf(rec))));
@@ -77,7 +78,7 @@ export class PoolRunner {
         } catch {
           // a standby that cannot be woken is of no use to anyone: drop it, take another
           if (this.ctx.store.claimRemoval(rec, me('remove'))) {
-            await this.drop(rec).catch(() => undefined);
+            await this.drop(rec).catch(noted(`drop standby ${rec.name}`));
             this.ctx.store.countPool(this.name, 'leaks');
           }
           continue;
@@ -144,7 +145,7 @@ export class PoolRunner {
       if (!reaping) {
         reaping = true;
         void reapLeaks(this.ctx, this.name)
-          .catch(() => undefined)
+          .catch(noted(`reap leaked members of pool ${this.name}`))
           .finally(() => (reaping = false));
       }
       this.kick();
@@ -197,7 +198,7 @@ export class PoolRunner {
       if (driver.capabilities.pauseStandbys) await driver.pause(handleOf(record));
       this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null, owner: null });
     } catch (e) {
-      await this.drop(record).catch(() => undefined); // a standby that cannot be stopped is not kept running
+      await this.drop(record).catch(noted(`drop standby ${record.name}`)); // a standby that cannot be stopped is not kept running
       throw e;
     }
     // the pool was removed while this standby was being raised: it must not outlive it

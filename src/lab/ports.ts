@@ -104,12 +104,14 @@ export async function forwardPort(
               'PORT_IN_USE',
               `127.0.0.1:${spec.local} is already in use on this host`,
               `pick another local port (e.g. ${spec.local + 1}:${spec.remote}), or :${spec.remote} for any free one`,
+              { cause: e },
             )
           : e.code === 'EACCES'
             ? new SnaplabError(
                 'BAD_INPUT',
                 `cannot listen on 127.0.0.1:${spec.local}: permission denied`,
                 'ports below 1024 need root; pick a port above 1023',
+                { cause: e },
               )
             : e,
       );

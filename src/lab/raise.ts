@@ -262,6 +262,7 @@ export async function raiseSandbox(
               'LAUNCH_FAILED',
               `cannot give the restored machine its identity: ${(e as Error).message}`,
               'see `snaplab trace` of the operation; the machine is removed',
+              { cause: e },
             );
           throw e;
         });

@@ -6,6 +6,7 @@ import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
 import type { PoolRunner } from './pool.js';
 import { execIn, type ExecOptions, type ExecResult } from './sandbox-ops.js';
+import { noted } from '../cleanup.js';
 
 export interface PutFile {
   /** a path on the host, or the content itself */
@@ -88,6 +89,7 @@ async function putFiles(agent: AgentClient, files: PutFile[]): Promise<void> {
               'BAD_INPUT',
               `cannot read ${f.from}: ${e.code ?? e.message}`,
               'give a readable local file for --put',
+              { cause: e },
             );
           })
         : f.from;
@@ -112,7 +114,7 @@ export async function runInPool(
     if (spec.put?.length) await trace.phase('put files', () => putFiles(taken.agent, spec.put!));
     result = await trace.phase('exec', () => execIn(ctx, taken.record, taken.agent, argv, spec));
   } catch (e) {
-    await trace.phase('release', () => runner.release(taken, trace)).catch(() => undefined);
+    await trace.phase('release', () => runner.release(taken, trace)).catch(noted(`release ${taken.record.name}`));
     throw e;
   }
   // files put into in-memory directories are taken out again, so that the run can stay clean

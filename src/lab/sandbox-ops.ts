@@ -20,6 +20,7 @@ import { feedInput } from './streams.js';
 import { reconcile } from './reconcile.js';
 import { checkName, newId } from './names.js';
 import { releaseRange } from '../host/userns-registry.js';
+import { failureMeans, handledElsewhere, noted } from '../cleanup.js';
 
 export interface ExecOptions {
   /** added to (or replacing) the default environment */
@@ -145,7 +146,7 @@ export async function spawnIn(
   const limited = s.limits.memoryBytes !== undefined;
   // the OOM counter before every command, as the C fast path reads it: a kill in a command that
   // did not end in SIGKILL (a pipeline's `|| true`) must not be laid at the next one's door
-  const oomBefore = limited ? await oomKills(cgroupFor(s.id)).catch(() => 0) : 0;
+  const oomBefore = limited ? await oomKills(cgroupFor(s.id)).catch(failureMeans(0)) : 0;
   const user = opts.user === undefined ? undefined : await resolveUser(agent, opts.user);
   const tty = opts.tty === undefined ? undefined : windowSize(opts.tty.cols, opts.tty.rows);
   const h = agent.exec(
@@ -165,11 +166,11 @@ export async function spawnIn(
     // killed by SIGKILL, itself or (a shell's 137) the child it waited for: the OOM killer's if
     // the memory cgroup counted a kill meanwhile
     if ((r.signal === 9 || r.exitCode === 128 + 9) && !r.timedOut && limited) {
-      oomKilled = (await oomKills(cgroupFor(s.id)).catch(() => 0)) > oomBefore;
+      oomKilled = (await oomKills(cgroupFor(s.id)).catch(failureMeans(0))) > oomBefore;
     }
     return { ...r, oomKilled };
   })();
-  result.catch(() => {}); // the caller awaits it; an early failure must not be unhandled meanwhile
+  result.catch(handledElsewhere); // the caller awaits it; an early failure must not be unhandled meanwhile
   return {
     pid: h.pid,
     write: (b) => h.write(b),
@@ -282,7 +283,7 @@ export async function snapshotSandbox(
         if (memory) image = await driver.snapshotMemory!(handleOf(s), dir, trace);
         failed = false;
       } catch (e) {
-        if (volume) await backend.delete(volume).catch(() => undefined);
+        if (volume) await backend.delete(volume).catch(noted(`remove volume ${volume?.id}`));
         await rm(dir, { recursive: true, force: true });
         throw e;
       } finally {
@@ -353,7 +354,8 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
     if (driver.capabilities.guestCache && s.state === 'running') {
       // a system VM's systemd halts it (units stopped, disks synced) and QEMU exits with the
       // guest; any other VM is synced, then killed
-      if (s.init === 'systemd') await trace.phase('guest halt', () => guestHalt(ctx, s)).catch(() => undefined);
+      if (s.init === 'systemd')
+        await trace.phase('guest halt', () => guestHalt(ctx, s)).catch(noted(`halt ${s.name} from inside`));
       else {
         await trace
           .phase('guest sync', async () => {
@@ -364,7 +366,7 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
               agent.close();
             }
           })
-          .catch(() => undefined);
+          .catch(noted(`sync ${s.name} before the kill`));
       }
     }
     await trace.phase('halt', () => driver.destroy(handleOf(s)));

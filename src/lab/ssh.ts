@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { packageRoot } from '../agent/binary.js';
 import { SnaplabError } from '../errors.js';
 import type { Sandbox } from '../sdk/sandbox.js';
+import { noted } from '../cleanup.js';
 
 export interface SshHost {
   /** the name ssh and Ansible use: the machine's name (in a scenario, without the scenario) */
@@ -54,7 +55,7 @@ export async function authorize(box: Sandbox, publicKey: string): Promise<void> 
   if (now.split('\n').some((l) => l.trim() === publicKey)) return;
   await box.putFile(path, `${now}${now && !now.endsWith('\n') ? '\n' : ''}${publicKey}\n`, 0o600);
   // sshd's StrictModes: ~/.ssh must not be writable by others (putFile makes parents 0755)
-  await box.exec(['chmod', '700', '/root/.ssh']).catch(() => undefined);
+  await box.exec(['chmod', '700', '/root/.ssh']).catch(noted('chmod 700 /root/.ssh'));
 }
 
 /** The snaplab command ssh runs as ProxyCommand: this package's, with this home. */

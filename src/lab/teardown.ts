@@ -4,6 +4,7 @@ import { releaseRange } from '../host/userns-registry.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
+import { noted } from '../cleanup.js';
 
 /**
  * Kill the machine, delete its volume, forget the record. Idempotent; used by rm and by failed
@@ -45,6 +46,6 @@ export async function undoRaise(ctx: LabContext, s: SandboxRecord): Promise<void
   try {
     await destroyRecord(ctx, s);
   } catch {
-    await destroyRecord(ctx, s).catch(() => undefined);
+    await destroyRecord(ctx, s).catch(noted(`remove ${s.name}, second try`));
   }
 }

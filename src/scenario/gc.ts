@@ -6,6 +6,7 @@ import { ownerAlive } from '../lab/owner.js';
 import type { LabContext } from '../lab/context.js';
 import { teardownScenario } from './down.js';
 import { ownerDir } from './names.js';
+import { orElse } from '../cleanup.js';
 
 /**
  * Scenarios left half-made or half-removed by a process that exited are taken down; network
@@ -29,7 +30,7 @@ export async function collectScenarios(ctx: LabContext): Promise<string[]> {
     await deleteNetns(ns);
     removed.push(`network namespace ${ns}`);
   }
-  for (const sid of await readdir(join(ctx.home, 'run', 'net')).catch(() => [] as string[])) {
+  for (const sid of await readdir(join(ctx.home, 'run', 'net')).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
     if (live.has(sid)) continue;
     await rm(ownerDir(ctx.home, sid), { recursive: true, force: true });
   }

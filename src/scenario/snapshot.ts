@@ -10,6 +10,7 @@ import { rm } from 'node:fs/promises';
 import type { Trace } from '../timing/trace.js';
 import { getScenario } from './down.js';
 import type { ScenarioSpec } from './spec.js';
+import { noted } from '../cleanup.js';
 
 export interface ScenarioManifest {
   /** sha256 of the scenario file the scenario was raised from */
@@ -95,7 +96,7 @@ export async function snapshotScenario(
               try {
                 memory = await driver.snapshotMemory(handleOf(m), dir, trace);
               } catch (e) {
-                await backend.delete(volume).catch(() => undefined);
+                await backend.delete(volume).catch(noted(`remove volume ${volume.id}`));
                 await rm(dir, { recursive: true, force: true });
                 throw e;
               }
@@ -133,7 +134,7 @@ export async function snapshotScenario(
     // nothing of a failed scenario snapshot stays: each machine's record, volume and memory go
     await Promise.all(
       taken.map(async (rec) => {
-        await (await ctx.readyBackend(rec.storage)).delete(rec.volume).catch(() => undefined); // else gc's: no record owns it
+        await (await ctx.readyBackend(rec.storage)).delete(rec.volume).catch(noted(`remove volume ${rec.volume.id}`)); // else gc's: no record owns it
         if (rec.memory) await rm(rec.memory.dir, { recursive: true, force: true });
         ctx.store.deleteSnapshot(rec.name);
       }),

@@ -16,6 +16,7 @@ import { isVm, machineNetns, networkNetns, ownerDir, tapName, vethName } from '.
 import type { LoadedScenario, ScenarioSpec } from './spec.js';
 import { runSteps, waitReady, type Machine } from './steps.js';
 import { teardownScenario } from './down.js';
+import { noted } from '../cleanup.js';
 
 export interface UpOptions {
   name?: string;
@@ -176,7 +177,7 @@ export async function upScenario(
     if (opts.keepOnFailure) {
       ctx.store.setScenarioState(name, 'failed', (e as Error).message);
     } else {
-      await trace.phase('clean up', () => teardownScenario(ctx, name)).catch(() => undefined);
+      await trace.phase('clean up', () => teardownScenario(ctx, name)).catch(noted(`clean up scenario ${name}`));
     }
     throw e;
   } finally {

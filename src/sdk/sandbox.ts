@@ -44,6 +44,7 @@ import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
 import { copyBetween, copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/copy.js';
 import { forwardPort, type Forward } from '../lab/ports.js';
 import type { PortSpec } from '../lab/port-spec.js';
+import { handledElsewhere } from '../cleanup.js';
 
 /**
  * A running (or paused) isolated machine. Obtain one from `lab.create()`, `lab.restore()` or
@@ -187,7 +188,7 @@ export class Sandbox implements SandboxApi {
     const p: ExecProcess = await spawnIn(this.ctx, this.record, agent, argv, opts);
     if (opts.encoding === 'buffer') return p;
     const result = p.result.then((r) => encoded(r, 'utf8') as ExecText);
-    result.catch(() => {}); // as spawnIn's own: a result nobody awaits must not end the process
+    result.catch(handledElsewhere); // as spawnIn's own: a result nobody awaits must not end the process
     return { ...p, result } as ProcessApi;
   }
 

@@ -23,6 +23,7 @@ import { sandboxNotFound } from '../lab/removals.js';
 import { Metrics } from './metrics.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
+import { noted, orElse } from '../cleanup.js';
 
 export interface DaemonOptions {
   home?: string;
@@ -125,7 +126,9 @@ export class Daemon {
     const reconcileNow = this.ticks++ % 5 === 0;
     if (reconcileNow)
       await Promise.all(
-        ctx.store.listSandboxes().map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(() => r))),
+        ctx.store
+          .listSandboxes()
+          .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
       );
     // read after the reconcile: a change made meanwhile is seen as it is now, not as it was
     const recs = ctx.store.listSandboxes();
@@ -137,7 +140,7 @@ export class Daemon {
     for (const r of recs) {
       // a create that a dead process left: the record is dead, its owner's step 'create'; clean it
       if (r.state === 'dead' && r.owner?.op === 'create' && !r.scenario && !r.pool) {
-        await destroyRecord(ctx, r).catch(() => undefined);
+        await destroyRecord(ctx, r).catch(noted(`remove ${r.name}, left by an interrupted create`));
         this.events.record('failed', r, r.reason);
         this.cache.delete(r.id);
       }

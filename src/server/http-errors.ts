@@ -94,24 +94,28 @@ export function toSnaplab(e: unknown): SnaplabError {
       'BAD_INPUT',
       `invalid request: ${fe.message}`,
       'see /openapi.json for what the endpoint takes',
+      { cause: e },
     );
   if (fe?.statusCode === 413)
     return new SnaplabError(
       'PAYLOAD_TOO_LARGE',
       fe.message,
       'JSON bodies are limited to 8 MiB: send files as streams (PUT /sandboxes/{id}/files)',
+      { cause: e },
     );
   if (fe?.statusCode === 415)
     return new SnaplabError(
       'UNSUPPORTED_MEDIA',
       fe.message,
       'JSON bodies are application/json; files application/octet-stream; trees application/x-tar',
+      { cause: e },
     );
   if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500)
-    return new SnaplabError('BAD_INPUT', fe.message, 'see /openapi.json');
+    return new SnaplabError('BAD_INPUT', fe.message, 'see /openapi.json', { cause: e });
   return new SnaplabError(
     'INTERNAL',
     (e as Error)?.message ?? String(e),
     'this is a bug in snaplab; the daemon log has the details',
+    { cause: e },
   );
 }

@@ -4,6 +4,7 @@
  */
 import { freemem, loadavg, totalmem } from 'node:os';
 import { statfs } from 'node:fs/promises';
+import { orElse } from '../cleanup.js';
 
 const BUCKETS_MS = [1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000];
 
@@ -121,7 +122,7 @@ export class Metrics {
       ['kind="total"', totalmem()],
       ['kind="free"', freemem()],
     ]);
-    const fs = await statfs(gauges.home).catch(() => undefined);
+    const fs = await statfs(gauges.home).catch(orElse(undefined, `statfs ${gauges.home}`, 'ENOENT'));
     if (fs)
       gauge('snaplab_home_disk_bytes', 'the filesystem of SNAPLAB_HOME', [
         ['kind="total"', fs.blocks * fs.bsize],

@@ -124,7 +124,7 @@ export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> 
           (e) => {
             const err = toSnaplab(
               e instanceof SyntaxError
-                ? new SnaplabError('BAD_INPUT', `rpc: not JSON: ${e.message}`, 'send JSON text frames')
+                ? new SnaplabError('BAD_INPUT', `rpc: not JSON: ${e.message}`, 'send JSON text frames', { cause: e })
                 : e,
             );
             if (ws.readyState === ws.OPEN)

@@ -17,6 +17,7 @@ import type { Chunk, Process } from './processes.js';
 import { toSnaplab } from './http-errors.js';
 import { IdParams, ProcessBody, errors } from './schemas.js';
 import { streamBody } from './routes-files.js';
+import { failureMeans, handledElsewhere } from '../cleanup.js';
 
 const STREAM_BYTE = { stdout: 1, stderr: 2 } as const;
 // a reader is sent no more while this much waits in its socket (it stays below the ring's 1 MiB)
@@ -191,12 +192,13 @@ function startMessage(ws: WebSocket): { first: Promise<unknown>; take(): [Buffer
       try {
         if (isBinary) throw new Error('binary');
         resolve(JSON.parse(String(data)));
-      } catch {
+      } catch (e) {
         reject(
           new SnaplabError(
             'BAD_INPUT',
             'the first message must be JSON: {"type": "start", "argv": [...]}',
             'see docs/api.md, streaming exec',
+            { cause: e },
           ),
         );
       }
@@ -331,7 +333,7 @@ function execStreamRoute(app: FastifyInstance, d: Daemon): void {
         }
         control(p, ws, start.take());
         const proc = p;
-        send(ws, { type: 'started', process: proc.id, pid: await proc.handle!.pid.catch(() => null) });
+        send(ws, { type: 'started', process: proc.id, pid: await proc.handle!.pid.catch(failureMeans(null)) });
         // its reader has had the end: kept a little for a late attach, not the full ten minutes
         pump(proc, ws, 0, () => (proc.keepMs = 30_000));
       })();
@@ -390,7 +392,7 @@ function processRoutes(app: FastifyInstance, d: Daemon): void {
     async (req, reply) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       const p = await d.startProcess(req.caller, box, { ...(req.body as ProcessSpec), background: true });
-      await p.handle!.pid.catch(() => null);
+      await p.handle!.pid.catch(handledElsewhere);
       return reply.status(201).send(p.info());
     },
   );

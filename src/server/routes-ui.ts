@@ -15,6 +15,7 @@ import { SnaplabError } from '../errors.js';
 import { cgroupFor, stats } from '../host/cgroups.js';
 import type { Daemon } from './daemon.js';
 import { errors } from './schemas.js';
+import { orElse } from '../cleanup.js';
 
 const any = Type.Object({}, { additionalProperties: true });
 /** the page may talk to its own origin only, run no inline script, and be framed by nobody */
@@ -99,7 +100,11 @@ function usageRoutes(app: FastifyInstance, d: Daemon): void {
         .listSandboxes()
         .filter((r) => (r.state === 'running' || r.state === 'paused') && d.visible(req.caller, r.id));
       return Promise.all(
-        recs.map(async (r) => ({ id: r.id, at, ...(await stats(cgroupFor(r.id)).catch(() => ({}))) })),
+        recs.map(async (r) => ({
+          id: r.id,
+          at,
+          ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
+        })),
       );
     },
   );
@@ -161,10 +166,12 @@ function benchRoutes(app: FastifyInstance, d: Daemon): void {
       },
     },
     async () => {
-      const names = await readdir(benchDir).catch(() => [] as string[]);
+      const names = await readdir(benchDir).catch(orElse([] as string[], 'readdir', 'ENOENT'));
       const out: Record<string, unknown>[] = [];
       for (const name of names.filter((n) => RESULTS_NAME.test(n)).sort()) {
-        const s = await readResults(benchDir, name).catch(() => undefined);
+        const s = await readResults(benchDir, name).catch(
+          orElse(undefined, `read bench results ${name}`, 'BAD_RESULTS', 'RESULTS_NOT_FOUND', 'ENOENT'),
+        );
         if (s)
           out.push({
             name,
@@ -215,12 +222,12 @@ async function readResults(
       `no results ${name} in the bench directory`,
       'write them with `snaplab bench --results $SNAPLAB_HOME/bench/NAME` (or serve --bench-dir); list them with GET /bench',
     );
-  const sub = await lstat(join(dir, name)).catch(() => undefined);
+  const sub = await lstat(join(dir, name)).catch(orElse(undefined, `lstat ${join(dir, name)}`, 'ENOENT'));
   if (!sub?.isDirectory()) throw missing();
   const fh = await open(
     join(dir, name, 'summary.json'),
     constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK,
-  ).catch(() => undefined);
+  ).catch(orElse(undefined, `open ${join(dir, name, 'summary.json')}`, 'ENOENT', 'ELOOP', 'ENOTDIR'));
   if (!fh) throw missing();
   let text: string;
   try {
@@ -239,11 +246,12 @@ async function readResults(
   let o: Record<string, unknown> | undefined;
   try {
     o = JSON.parse(text) as Record<string, unknown>;
-  } catch {
+  } catch (e) {
     throw new SnaplabError(
       'BAD_RESULTS',
       `results ${name}: summary.json is not JSON`,
       'rerun the bench with --results into a new directory',
+      { cause: e },
     );
   }
   if (!o || typeof o !== 'object' || typeof o.workload !== 'string' || !Array.isArray(o.rungs))

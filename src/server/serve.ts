@@ -14,6 +14,7 @@ import { buildApp } from './app.js';
 import { Daemon, type DaemonOptions } from './daemon.js';
 import type { ClusterNode, NodeOptions } from '../cluster/node.js';
 import type { ClusterStore } from '../cluster/store.js';
+import { noted, orElse } from '../cleanup.js';
 
 export interface ServeOptions extends DaemonOptions {
   /** join a cluster as a node (needs `listen`: gateways reach it there) */
@@ -37,7 +38,7 @@ export const defaultSocket = (home: string): string => join(home, 'daemon.sock')
 
 /** A socket file that nobody answers on is left from a daemon that died: remove it (a socket only). */
 async function claimSocket(path: string): Promise<void> {
-  const st = await lstat(path).catch(() => undefined);
+  const st = await lstat(path).catch(orElse(undefined, `lstat ${path}`, 'ENOENT'));
   if (st && !st.isSocket())
     throw new SnaplabError('BAD_INPUT', `${path} exists and is not a socket`, 'give another --socket, or remove it');
   const answered = await new Promise<boolean>((resolve) => {
@@ -54,7 +55,7 @@ async function claimSocket(path: string): Promise<void> {
       `a daemon already listens on ${path}`,
       'stop it first, or give another --socket',
     );
-  await unlink(path).catch(() => undefined);
+  await unlink(path).catch(noted(`remove stale socket ${path}`, 'ENOENT'));
 }
 
 export function parseListen(text: string): { host: string; port: number } {
@@ -176,6 +177,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
                 'DAEMON_ERROR',
                 `a daemon already runs on ${daemon.lab.home} (${(e as Error).message})`,
                 'stop it first, or give it another SNAPLAB_HOME',
+                { cause: e },
               )
             : e,
         ),
@@ -211,7 +213,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
         await node?.leave();
         cluster?.close();
         await Promise.all(apps.map((a) => a.close()));
-        await unlink(socket).catch(() => undefined);
+        await unlink(socket).catch(noted(`remove socket ${socket}`, 'ENOENT'));
         daemon.close();
         unlock();
         await held;
@@ -219,9 +221,9 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       },
     };
   } catch (e) {
-    await node?.leave().catch(() => undefined);
+    await node?.leave().catch(noted('leave the cluster'));
     cluster?.close();
-    await Promise.all(apps.map((a) => a.close().catch(() => undefined)));
+    await Promise.all(apps.map((a) => a.close().catch(noted('close a listener'))));
     daemon.close();
     unlock();
     await held;

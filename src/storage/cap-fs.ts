@@ -8,6 +8,7 @@ import type { Availability } from '../host/probe-types.js';
 import { run } from '../host/run.js';
 import { toolsVerdict } from '../host/tools.js';
 import { unmountAll } from './mounts.js';
+import { noted, orElse } from '../cleanup.js';
 
 /**
  * A disk cap for storage without quotas of its own (overlay): the volume's directory becomes the
@@ -122,9 +123,10 @@ export async function mountCapFs(dir: string, tmp: string, image: string, dirs: 
     await rename(tmp, image);
     await mountCapImage(image, dir);
   } catch (e) {
-    await removeCapFs(dir, image).catch(() => undefined);
+    await removeCapFs(dir, image).catch(noted(`remove the disk cap of ${dir}`));
     await rm(tmp, { force: true });
-    for (const d of removed) await mkdir(join(dir, d), { recursive: true }).catch(() => undefined);
+    for (const d of removed)
+      await mkdir(join(dir, d), { recursive: true }).catch(noted(`put back ${join(dir, d)}`, 'EEXIST'));
     throw new SnaplabError(
       'STORAGE_FAILED',
       `cannot mount the disk cap of ${dir}: ${(e as Error).message}`,
@@ -184,7 +186,7 @@ export async function sweepCaps(
   locked: <T>(fn: () => Promise<T>) => Promise<T>,
 ): Promise<string[]> {
   const removed: string[] = [];
-  for (const name of await readdir(join(root, '.disks')).catch(() => [] as string[])) {
+  for (const name of await readdir(join(root, '.disks')).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
     const id = name.replace(/\.img(\.tmp|\.rm)?$/, '');
     if (!/^[0-9a-f]{12}$/.test(id)) continue;
     const path = join(root, '.disks', name);
@@ -249,7 +251,7 @@ export async function removeCapFs(dir: string, image: string): Promise<string[]>
   if (!renamed && !existsSync(doomed) && !existsSync(`${image}.tmp`)) return done;
   const ours = (f: string): boolean => f === image || f === doomed;
   for (const l of (await listLoopDevices()).filter((d) => ours(d.backingFile))) {
-    await detachLoop(l.device).catch(() => undefined);
+    await detachLoop(l.device).catch(noted(`detach ${l.device}`));
     done.push(`detached ${l.device}`);
   }
   for (let i = 0; i < 100 && (await listLoopDevices()).some((d) => ours(d.backingFile)); i++)

@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import type { StorageKind, Volume } from './backend.js';
 import { isVolumeId } from './tree.js';
+import { orElse } from '../cleanup.js';
 
 /**
  * Each dir/overlay volume directory holds meta.json beside the tree: what the volume is, so that
@@ -15,7 +16,9 @@ export async function writeMeta(volDir: string, meta: object): Promise<void> {
 }
 
 export async function readMeta<T>(volDir: string): Promise<T | undefined> {
-  const text = await readFile(join(volDir, 'meta.json'), 'utf8').catch(() => undefined);
+  const text = await readFile(join(volDir, 'meta.json'), 'utf8').catch(
+    orElse(undefined, `read ${volDir}/meta.json`, 'ENOENT', 'ENOTDIR'),
+  );
   if (text === undefined) return undefined;
   try {
     return JSON.parse(text) as T;

@@ -1,4 +1,5 @@
 import { mountsUnder, unmount, type MountEntry } from '../host/mounts.js';
+import { noted } from '../cleanup.js';
 
 export { listMounts as readMounts, mountsUnder, isMountPoint } from '../host/mounts.js';
 
@@ -14,7 +15,7 @@ export async function unmountAll(dir: string): Promise<string[]> {
     const mounts = await mountsUnder(dir);
     if (mounts.length === 0) break;
     for (const m of mounts) {
-      await unmount(m.target).catch(() => unmount(m.target, { lazy: true }).catch(() => undefined));
+      await unmount(m.target).catch(() => unmount(m.target, { lazy: true }).catch(noted(`unmount ${m.target}`)));
       done.push(m.target);
     }
   }

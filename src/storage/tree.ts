@@ -3,6 +3,7 @@ import { readdir, readFile, rm, stat } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
 import { run } from '../host/run.js';
 import { mountsUnder } from './mounts.js';
+import { orElse } from '../cleanup.js';
 
 /** Volume ids: 12 hex digits, safe as file names and short enough for overlay's option string. */
 export const newId = (): string => randomBytes(6).toString('hex');
@@ -32,7 +33,7 @@ export async function exists(path: string): Promise<boolean> {
 
 /** Volume ids found as entries of `dir` (a backend's volume directory). */
 export async function listIds(dir: string): Promise<string[]> {
-  const names = await readdir(dir).catch(() => [] as string[]);
+  const names = await readdir(dir).catch(orElse([] as string[], 'readdir', 'ENOENT'));
   return names.filter(isVolumeId).sort();
 }
 
@@ -53,7 +54,7 @@ export async function removeTree(path: string): Promise<void> {
 }
 
 async function listedFs(name: string): Promise<boolean> {
-  const text = await readFile('/proc/filesystems', 'utf8').catch(() => '');
+  const text = await readFile('/proc/filesystems', 'utf8').catch(orElse('', 'readFile', 'ENOENT', 'ESRCH'));
   return text.split('\n').some((l) => l.split('\t').pop()?.trim() === name);
 }
 

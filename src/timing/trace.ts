@@ -12,7 +12,7 @@ const nowMs = (): number => Number(process.hrtime.bigint()) / 1e6;
  * AsyncLocalStorage instance to every new promise, so one per trace would make each promise
  * cost more the more traces were ever made.
  */
-const running = new AsyncLocalStorage<{ trace: Trace; index: number }>();
+const running = new AsyncLocalStorage<{ trace: Trace; index: number | null }>();
 
 /**
  * A trace of one lifecycle operation (principle 2). Phases nest through AsyncLocalStorage, so
@@ -66,6 +66,29 @@ export class Trace {
       startMs: startAbsMs - this.t0,
       endMs: endAbsMs - this.t0,
     });
+  }
+
+  /**
+   * Mark that a best-effort step failed and was let go (src/cleanup.ts): a zero-length phase
+   * named `cleanup: <what>` with the failure, nested where it happened. False once the trace
+   * has finished (the mark would be lost), so the caller logs it instead.
+   */
+  note(what: string, failed: string): boolean {
+    if (this.endMs !== undefined) return false;
+    const at = nowMs();
+    this.record(`cleanup: ${what}`, at, at);
+    this.phases.at(-1)!.failed = failed;
+    return true;
+  }
+
+  /** The trace whose phase (or `within`) is running now, if any. */
+  static current(): Trace | undefined {
+    return running.getStore()?.trace;
+  }
+
+  /** Run `fn` with this trace current at top level, so best-effort steps in it note here. */
+  within<T>(fn: () => Promise<T>): Promise<T> {
+    return running.run({ trace: this, index: null }, fn);
   }
 
   /** Monotonic now in ms, on the same clock as `record`. */

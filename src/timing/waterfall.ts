@@ -15,7 +15,13 @@ export function renderWaterfall(t: TraceSummary, width = 40): string {
     const b = Math.max(a + 1, Math.round((p.endMs / total) * width));
     const bar = ' '.repeat(a) + '█'.repeat(Math.min(b, width) - a);
     const name = `${'  '.repeat(p.depth)}${p.name}`.padEnd(nameWidth);
-    lines.push(`${name} ${fmt(p.startMs).padStart(8)} ${fmt(p.endMs - p.startMs).padStart(8)}  |${bar.padEnd(width)}|`);
+    // a best-effort step that failed (a mark, src/cleanup.ts): what it said instead of a bar
+    if (p.failed !== undefined)
+      lines.push(`${name} ${fmt(p.startMs).padStart(8)} ${'failed'.padStart(8)}  ${p.failed}`);
+    else
+      lines.push(
+        `${name} ${fmt(p.startMs).padStart(8)} ${fmt(p.endMs - p.startMs).padStart(8)}  |${bar.padEnd(width)}|`,
+      );
   }
   lines.push(`${'(unattributed)'.padEnd(nameWidth)} ${''.padStart(8)} ${fmt(t.unattributedMs).padStart(8)}`);
   return lines.join('\n');

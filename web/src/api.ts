@@ -25,7 +25,10 @@ export async function adoptLinkKey(): Promise<void> {
   const m = /^#key=([A-Za-z0-9_-]{16,})$/.exec(location.hash);
   if (!m) return;
   history.replaceState(null, '', `${location.pathname}#/machines`);
-  const res = await fetch('/whoami', { headers: { authorization: `Bearer ${m[1]}` } }).catch(() => undefined);
+  const res = await fetch('/whoami', { headers: { authorization: `Bearer ${m[1]}` } }).catch((e: unknown) => {
+    console.warn('snaplab: /whoami failed; the key in the link is not used', e);
+    return undefined;
+  });
   const who = res?.ok ? ((await res.json()) as { key?: string }) : undefined;
   if (who?.key === 'local') setKey(m[1]!);
 }

@@ -27,6 +27,7 @@ import { bootArgs, bwrapArgs } from './bwrap-args.js';
 import { launchNative } from './launch.js';
 import { killAndSweep } from '../teardown.js';
 import { HostOps } from '../../host/hostops.js';
+import { failureMeans, handledElsewhere, noted, orElse } from '../../cleanup.js';
 
 const RAISE_TIMEOUT_MS = 10_000;
 
@@ -170,7 +171,7 @@ export class NamespacesDriver implements Driver {
   }
 
   async destroy(handle: MachineHandle): Promise<void> {
-    await this.prepared.get(handle.id)?.catch(() => undefined);
+    await this.prepared.get(handle.id)?.catch(handledElsewhere);
     this.prepared.delete(handle.id);
     if (handle.init === 'systemd') await haltSystem(handle);
     await killAndSweep(this.home, handle);
@@ -185,7 +186,9 @@ export class NamespacesDriver implements Driver {
     const removed: string[] = [];
     // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
     const runs = new Set(
-      (await readdir(join(this.home, 'run')).catch(() => [] as string[])).filter((d) => /^[0-9a-f]{12}$/.test(d)),
+      (await readdir(join(this.home, 'run')).catch(orElse([] as string[], 'readdir', 'ENOENT'))).filter((d) =>
+        /^[0-9a-f]{12}$/.test(d),
+      ),
     );
     for (const cg of await snaplabCgroupsOnHost()) {
       if (!runs.has(cg.id) || isLive(cg.id)) continue;
@@ -217,7 +220,7 @@ async function haltSystem(handle: MachineHandle): Promise<void> {
   if (!(await sameProcess(handle.pid, handle.pidStart))) return;
   // a paused machine cannot halt: thawed first (it is going anyway)
   const cg = cgroupFor(handle.id);
-  if (await isFrozen(cg).catch(() => false)) await thaw(cg).catch(() => undefined);
+  if (await isFrozen(cg).catch(failureMeans(false))) await thaw(cg).catch(noted(`thaw ${cg.id}`, 'ENOENT'));
   try {
     process.kill(handle.pid, SIGRTMIN_3);
   } catch {

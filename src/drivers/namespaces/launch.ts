@@ -73,7 +73,9 @@ export async function launchNative(
   } catch (e) {
     if (!(e instanceof HostOpError)) throw e;
     if (e.errno === ETIMEDOUT)
-      throw new SnaplabError('TIMEOUT', `the sandbox's agent did not start within ${timeoutMs} ms`, `see ${logFile}`);
+      throw new SnaplabError('TIMEOUT', `the sandbox's agent did not start within ${timeoutMs} ms`, `see ${logFile}`, {
+        cause: e,
+      });
     const tail = logTail(logFile);
     // the step that failed is the last line the launcher, bwrap or the agent wrote
     // (native/userns.c, serve.c, boot.c: "snaplab-agent: harden /proc: remount … : EPERM")

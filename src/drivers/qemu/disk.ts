@@ -9,6 +9,7 @@ import { chmod, link, lstat, mkdir, open, readdir, rm, stat } from 'node:fs/prom
 import { dirname, join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { run } from '../../host/run.js';
+import { orElse } from '../../cleanup.js';
 
 /** Where a VM's overlay lives inside its volume (the volume's tree is otherwise not used). */
 export const DISK_DIR_IN_VOLUME = '.snaplab-vm';
@@ -79,6 +80,7 @@ async function buildBaseDisk(out: string, tree: string): Promise<string> {
         'STORAGE_FAILED',
         `cannot put the base disk in place at ${out}: ${e.message}`,
         'is the snaplab home on a filesystem with hard links, and writable?',
+        { cause: e },
       );
     });
     return out;
@@ -116,8 +118,8 @@ export async function checkVolumeDisk(home: string, volumePath: string): Promise
       `${disk} is not a VM disk snaplab made: ${why}`,
       'restore a snapshot taken of a VM (--driver qemu), or take a new one',
     );
-  if (!(await lstat(dir).catch(() => null))?.isDirectory()) throw bad('no disk directory');
-  if (!(await lstat(disk).catch(() => null))?.isFile()) throw bad('no disk file');
+  if (!(await lstat(dir).catch(orElse(null, 'lstat', 'ENOENT')))?.isDirectory()) throw bad('no disk directory');
+  if (!(await lstat(disk).catch(orElse(null, 'lstat', 'ENOENT')))?.isFile()) throw bad('no disk file');
   const f = await open(disk, 'r');
   let h: Buffer;
   try {
@@ -158,7 +160,7 @@ export async function createOverlay(base: string, overlay: string): Promise<void
 
 /** The overlay's size on the host (what this VM wrote), or 0. */
 export async function diskBytes(volumePath: string): Promise<number> {
-  return (await stat(volumeDisk(volumePath)).catch(() => null))?.size ?? 0;
+  return (await stat(volumeDisk(volumePath)).catch(orElse(null, 'stat', 'ENOENT')))?.size ?? 0;
 }
 
 /**
@@ -167,7 +169,7 @@ export async function diskBytes(volumePath: string): Promise<number> {
  */
 export async function gcBaseDisks(home: string, keep: Set<string>): Promise<string[]> {
   const dir = baseDisksDir(home);
-  const names = await readdir(dir).catch(() => [] as string[]);
+  const names = await readdir(dir).catch(orElse([] as string[], 'readdir', 'ENOENT'));
   const removed: string[] = [];
   for (const n of names) {
     const m = /^(.+)\.img(\.tmp-(\d+)-\d+)?$/.exec(n);

@@ -25,6 +25,7 @@ import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { chooseAccel } from './accel.js';
 import { holdRelay, releaseRelay, startRelay } from './relay.js';
 import { copyRam, gcRam, removeRam, vmRamPath } from './ram.js';
+import { noted, orElse } from '../../cleanup.js';
 
 /**
  * How long a booting or restored VM's agent may take to answer: 60 s, or SNAPLAB_VM_BOOT_TIMEOUT_MS
@@ -357,16 +358,16 @@ export class QemuDriver implements Driver {
         try {
           await q.execute('migrate', { uri: `fd:${fdName}` });
         } catch (e) {
-          await q.execute('closefd', { fdname: fdName }).catch(() => undefined); // not consumed: give it back
+          await q.execute('closefd', { fdname: fdName }).catch(noted(`closefd ${fdName}`)); // not consumed: give it back
           throw e;
         }
         await q.waitMigration(120_000).catch(async (e: unknown) => {
-          await q.execute('migrate_cancel').catch(() => undefined);
+          await q.execute('migrate_cancel').catch(noted('migrate_cancel'));
           throw e;
         });
       });
       if (ownRam) ramBytes = await trace.phase('copy ram', () => copyRam(config.ram!.path, join(dir, 'ram')));
-      await chmod(join(dir, 'ram'), 0o444).catch(() => undefined); // restores map it read only
+      await chmod(join(dir, 'ram'), 0o444).catch(noted(`chmod 444 ${join(dir, 'ram')}`, 'ENOENT')); // restores map it read only
     });
     const { size } = await stat(join(dir, 'memory'));
     return { dir, bytes: size + ramBytes };
@@ -435,7 +436,7 @@ function guestMemory(spec: Omit<MachineSpec, 'rootfs'>): number {
 async function checkMemoryImage(image: MemoryImage, config: VmConfig): Promise<void> {
   const files = [join(image.dir, 'memory'), ...(config.ram ? [config.ram.path] : [])];
   for (const f of files) {
-    if (!(await stat(f).catch(() => null))?.size) {
+    if (!(await stat(f).catch(orElse(null, 'stat', 'ENOENT')))?.size) {
       throw new SnaplabError(
         'SNAPSHOT_NOT_FOUND',
         `a file of this memory snapshot is missing or empty: ${f}`,
@@ -476,6 +477,7 @@ async function handOver(qmpSocket: string, name: string, file: string, mode: 'r'
       'VM_ERROR',
       `cannot hand ${file} to QEMU: ${(e as Error).message}`,
       'is the VM still running? see `snaplab ls`',
+      { cause: e },
     );
   }
 }

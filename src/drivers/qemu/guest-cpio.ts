@@ -5,6 +5,7 @@ import { pipeline } from 'node:stream/promises';
 import { gunzipSync, createGzip } from 'node:zlib';
 import { SnaplabError } from '../../errors.js';
 import { run } from '../../host/run.js';
+import { failureMeans, orElse } from '../../cleanup.js';
 
 /**
  * Every path under `root` (relative, without "./"), parents before children, siblings in byte
@@ -36,7 +37,7 @@ let gnuCpio: Promise<boolean> | undefined;
 function haveGnuCpio(): Promise<boolean> {
   gnuCpio ??= run('cpio', ['--version'], { allowFail: true })
     .then((r) => r.code === 0 && r.stdout.includes('GNU cpio'))
-    .catch(() => false);
+    .catch(failureMeans(false)); // no cpio at all: not GNU's
   return gnuCpio;
 }
 
@@ -134,5 +135,5 @@ function parseNewc(path: string, raw: Buffer, each: (e: CpioEntry, data: Buffer)
 
 /** lstat that answers undefined for a missing path. */
 export async function lstatOrUndefined(p: string): Promise<Awaited<ReturnType<typeof lstat>> | undefined> {
-  return lstat(p).catch(() => undefined);
+  return lstat(p).catch(orElse(undefined, `lstat ${p}`, 'ENOENT', 'ENOTDIR'));
 }

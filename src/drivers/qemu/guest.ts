@@ -14,6 +14,7 @@ import { toolsVerdict } from '../../host/tools.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { gzipConcat, listTree, writeNewc } from './guest-cpio.js';
 import { GUEST_AGENT_PATH, INIT_BUSYBOX, initScript } from './guest-init.js';
+import { orElse } from '../../cleanup.js';
 
 export { listInitramfs, readInitramfsFile, type CpioEntry } from './guest-cpio.js';
 export { GUEST_AGENT_PATH, GUEST_AGENT_RUN_PATH, PORT_NAME, ROOT_DEVICE } from './guest-init.js';
@@ -190,6 +191,7 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
           'DRIVER_UNAVAILABLE',
           `apt-get download failed: ${failed} (and ${(e as Error).message})`,
           APT_HINT,
+          { cause: e },
         );
       }
       pkg = (await lookUpKernelPackage()) ?? pkg;
@@ -202,7 +204,7 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
     progress(`extracting ${deb}`);
     const x = join(tmp, 'x');
     await run('dpkg-deb', ['-x', join(tmp, deb), x]);
-    const versions = await readdir(join(x, 'lib', 'modules')).catch(() => [] as string[]);
+    const versions = await readdir(join(x, 'lib', 'modules')).catch(orElse([] as string[], 'readdir', 'ENOENT'));
     const version = versions.find((v) => pkg === `linux-image-${v}`) ?? versions[0];
     const vmlinuz = version ? join(x, 'boot', `vmlinuz-${version}`) : '';
     if (!version || !existsSync(vmlinuz)) {
@@ -334,7 +336,7 @@ function loadOrder(md: ModuleDeps, builtin: Set<string>, wanted: readonly string
 }
 
 async function readBuiltin(dir: string): Promise<Set<string>> {
-  const text = await readFile(join(dir, 'modules.builtin'), 'utf8').catch(() => '');
+  const text = await readFile(join(dir, 'modules.builtin'), 'utf8').catch(orElse('', 'readFile', 'ENOENT'));
   return new Set(text.split('\n').filter(Boolean).map(moduleName));
 }
 

@@ -14,6 +14,7 @@ import { lstat, readlink, writeFile } from 'node:fs/promises';
 import { SnaplabError } from '../../errors.js';
 import { which } from '../../host/run.js';
 import type { VmConfig } from './launch.js';
+import { orElse } from '../../cleanup.js';
 
 /** Off only with SNAPLAB_QEMU_JAIL=off (to measure what the jail costs, or to debug QEMU). */
 export const jailed = (): boolean => process.env.SNAPLAB_QEMU_JAIL !== 'off';
@@ -22,7 +23,7 @@ export const jailed = (): boolean => process.env.SNAPLAB_QEMU_JAIL !== 'off';
 async function rootDirs(): Promise<string[]> {
   const out: string[] = [];
   for (const d of ['/bin', '/sbin', '/lib', '/lib64', '/lib32', '/libx32']) {
-    const st = await lstat(d).catch(() => null);
+    const st = await lstat(d).catch(orElse(null, 'lstat', 'ENOENT'));
     if (!st) continue;
     if (st.isSymbolicLink()) out.push('--symlink', await readlink(d), d);
     else out.push('--ro-bind', d, d);

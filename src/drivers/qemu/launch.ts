@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { VMM_UID_BASE, VMM_UID_SPAN } from '../../host/id-ranges.js';
 import { jailArgs, jailed } from './jail.js';
+import { orElse } from '../../cleanup.js';
 export { VMM_UID_BASE } from '../../host/id-ranges.js';
 
 export interface VmConfig {
@@ -74,7 +75,9 @@ export const vmFiles = (
 export async function vmmUid(id: string): Promise<number> {
   const used = new Set<number>();
   // a /proc/PID directory belongs to the process's uid: one stat each, in parallel
-  const pids = (await readdir('/proc').catch(() => [] as string[])).filter((p) => /^\d+$/.test(p));
+  const pids = (await readdir('/proc').catch(orElse([] as string[], 'readdir', 'ENOENT'))).filter((p) =>
+    /^\d+$/.test(p),
+  );
   const owners = await Promise.all(
     pids.map((p) =>
       stat(`/proc/${p}`).then(
@@ -178,7 +181,7 @@ function memoryBackend(c: VmConfig): string {
 export async function logTail(runDir: string): Promise<string> {
   const f = vmFiles(runDir);
   const tail = async (p: string): Promise<string> =>
-    (await readFile(p, 'utf8').catch(() => '')).trim().split('\n').slice(-8).join('\n');
+    (await readFile(p, 'utf8').catch(orElse('', 'readFile', 'ENOENT'))).trim().split('\n').slice(-8).join('\n');
   const [q, s, r] = await Promise.all([tail(f.log), tail(f.serial), tail(f.relayLog)]);
   return [q && `qemu: ${q}`, r && `relay: ${r}`, s && `guest console:\n${s}`].filter(Boolean).join('\n');
 }
@@ -213,7 +216,12 @@ export async function startQemu(
   const code = await new Promise<number>((resolve, reject) => {
     child.once('error', (e) =>
       reject(
-        new SnaplabError('DRIVER_UNAVAILABLE', `cannot start ${QEMU}: ${e.message}`, 'apt-get install qemu-system-x86'),
+        new SnaplabError(
+          'DRIVER_UNAVAILABLE',
+          `cannot start ${QEMU}: ${e.message}`,
+          'apt-get install qemu-system-x86',
+          { cause: e },
+        ),
       ),
     );
     child.once('exit', (c2) => resolve(c2 ?? 1));

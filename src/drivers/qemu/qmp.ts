@@ -56,6 +56,7 @@ export class QmpClient {
             'VM_ERROR',
             `no QMP at ${path}: ${(e as Error).message}`,
             'the VM did not start: see its log',
+            { cause: e },
           );
         await new Promise((r) => setTimeout(r, 20));
       }

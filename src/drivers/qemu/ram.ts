@@ -10,6 +10,7 @@ import { readdir, rm, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { run } from '../../host/run.js';
+import { orElse } from '../../cleanup.js';
 
 const SHM = '/dev/shm';
 
@@ -25,13 +26,13 @@ export const ramPrefix = (home: string): string =>
  */
 export async function vmRamPath(home: string, id: string, bytes: number): Promise<string | undefined> {
   if (!existsSync(SHM)) return undefined;
-  const fs = await statfs(SHM).catch(() => null);
+  const fs = await statfs(SHM).catch(orElse(null, 'statfs', 'ENOENT'));
   if (!fs) return undefined;
   // the RAM files are sparse: what the running VMs have not touched yet is promised, not free
   let promised = 0;
-  for (const n of await readdir(SHM).catch(() => [] as string[])) {
+  for (const n of await readdir(SHM).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
     if (!n.startsWith('snaplab-') || !n.endsWith('.ram')) continue;
-    const st = await stat(join(SHM, n)).catch(() => null);
+    const st = await stat(join(SHM, n)).catch(orElse(null, 'stat', 'ENOENT'));
     if (st) promised += Math.max(0, st.size - st.blocks * 512);
   }
   if (fs.bavail * fs.bsize - promised < bytes) return undefined;
@@ -58,7 +59,7 @@ export async function removeRam(home: string, id: string): Promise<void> {
 export async function gcRam(home: string, isLive: (id: string) => boolean): Promise<string[]> {
   const mine = ramPrefix(home);
   const removed: string[] = [];
-  for (const n of await readdir(SHM).catch(() => [] as string[])) {
+  for (const n of await readdir(SHM).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
     if (!n.startsWith(mine) || !n.endsWith('.ram')) continue;
     if (isLive(n.slice(mine.length, -'.ram'.length))) continue;
     await rm(join(SHM, n), { force: true });

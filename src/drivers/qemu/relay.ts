@@ -6,6 +6,7 @@ import type { Readable } from 'node:stream';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
 import { logTail, vmFiles } from './launch.js';
+import { orElse } from '../../cleanup.js';
 
 /**
  * Start the VM's relay (`snaplab-agent relay`, native/relay.c): it takes the VM's one chardev
@@ -68,7 +69,11 @@ export async function startRelay(
       };
       ready.once('data', () => done());
       child.once('error', (e) =>
-        done(new SnaplabError('LAUNCH_FAILED', `cannot start the VM's relay: ${e.message}`, 'make -C native')),
+        done(
+          new SnaplabError('LAUNCH_FAILED', `cannot start the VM's relay: ${e.message}`, 'make -C native', {
+            cause: e,
+          }),
+        ),
       );
       child.once('exit', (code) =>
         done(
@@ -93,7 +98,7 @@ export async function startRelay(
       /* gone */
     }
     const err = e as SnaplabError;
-    throw new SnaplabError(err.code, `${err.message}:\n${await logTail(runDir)}`, err.hint);
+    throw new SnaplabError(err.code, `${err.message}:\n${await logTail(runDir)}`, err.hint, { cause: e });
   } finally {
     child.removeAllListeners('exit');
     ready.destroy();
@@ -107,9 +112,9 @@ const relayPidFile = (runDir: string): string => join(runDir, 'relay.pid');
 
 /** The VM's relay's pid, if it is running (checked by its command line, not just the number). */
 async function relayPid(runDir: string): Promise<number | undefined> {
-  const pid = Number(await readFile(relayPidFile(runDir), 'utf8').catch(() => ''));
+  const pid = Number(await readFile(relayPidFile(runDir), 'utf8').catch(orElse('', 'readFile', 'ENOENT')));
   if (!pid) return undefined;
-  const cmd = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+  const cmd = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(orElse('', 'readFile', 'ENOENT', 'ESRCH'));
   return cmd.includes('\0relay\0') && cmd.includes(vmFiles(runDir).relay) ? pid : undefined;
 }
 

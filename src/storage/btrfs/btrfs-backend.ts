@@ -10,6 +10,7 @@ import { checkVolume } from '../meta.js';
 import { unmountAll } from '../mounts.js';
 import { copyTree, exists, kernelHasFs, listIds, newId, removeTree } from '../tree.js';
 import { ensurePool, poolLayout, poolMounted, type PoolLayout } from './pool.js';
+import { noted } from '../../cleanup.js';
 
 /**
  * Images and snapshots are read-only subvolumes, clones writable subvolume snapshots: a clone or a
@@ -143,7 +144,7 @@ export class BtrfsBackend implements StorageBackend {
       await copyTree(srcDir, path);
       await this.btrfs(['property', 'set', '-ts', path, 'ro', 'true']);
     } catch (e) {
-      await this.remove(path).catch(() => undefined);
+      await this.remove(path).catch(noted(`remove half-made subvolume ${path}`));
       throw e;
     }
     return this.volume(path, true);

@@ -22,6 +22,7 @@ import { withLock } from '../../host/lock.js';
 import { checkVolume, readMeta, writeMeta } from '../meta.js';
 import { isMountPoint, unmountAll } from '../mounts.js';
 import { copyTree, diskBytes, exists, listIds, newId, removeTree } from '../tree.js';
+import { noted, orElse } from '../../cleanup.js';
 
 interface DirMeta {
   readOnly: boolean;
@@ -65,7 +66,9 @@ export class DirBackend implements StorageBackend {
     for (const id of await listIds(this.root)) {
       // a capped clone's filesystem holds its tree: mounted again (after a check) before anything reads it
       if (existsSync(capImage(this.root, id)))
-        await this.locked(() => remountCapFs(this.dir(id), capImage(this.root, id))).catch(() => undefined);
+        await this.locked(() => remountCapFs(this.dir(id), capImage(this.root, id))).catch(
+          noted(`mount the disk cap of volume ${id} again`),
+        );
       const meta = await readMeta<DirMeta>(this.dir(id));
       if (meta?.readOnly) await this.makeReadOnly(join(this.dir(id), 'tree'));
     }
@@ -119,9 +122,9 @@ export class DirBackend implements StorageBackend {
         const s = await statfs(dir);
         await writeMeta(dir, { ...meta, cap: bytes, capBase: (s.blocks - s.bfree) * s.bsize });
       } catch (e) {
-        await removeCapFs(dir, image).catch(() => undefined);
+        await removeCapFs(dir, image).catch(noted(`remove the disk cap of ${dir}`));
         await rm(tmp, { force: true });
-        await rename(first, join(dir, 'tree')).catch(() => undefined);
+        await rename(first, join(dir, 'tree')).catch(noted(`put back ${join(dir, 'tree')}`, 'ENOENT'));
         throw new SnaplabError(
           'STORAGE_FAILED',
           `cannot mount the disk cap of ${dir}: ${(e as Error).message}`,
@@ -179,7 +182,7 @@ export class DirBackend implements StorageBackend {
       removed.push(`dir: ${d}`);
     // first copies of capped clones that a crash kept from being removed (none is in use: a
     // create renames its own, mounts, and removes it at once)
-    for (const name of await readdir(join(this.root, '.trash')).catch(() => [] as string[])) {
+    for (const name of await readdir(join(this.root, '.trash')).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
       const pid = Number(name.split('-')[1]);
       if (pid && (await pidAlive(pid))) continue; // a create moving its copy out now
       await rm(join(this.root, '.trash', name), { recursive: true, force: true });
@@ -209,7 +212,7 @@ export class DirBackend implements StorageBackend {
     } catch (e) {
       await unmountAll(this.dir(id))
         .then(() => removeTree(this.dir(id)))
-        .catch(() => undefined);
+        .catch(noted(`remove half-made volume ${id}`, 'ENOENT'));
       throw e;
     }
     return { kind: 'dir', id, path: tree, readOnly, ref: name === undefined ? {} : { name } };

@@ -24,6 +24,7 @@ import {
   removeCapFs,
   sweepCaps,
 } from '../cap-fs.js';
+import { noted, orElse } from '../../cleanup.js';
 
 /**
  * Copy-on-write with overlayfs on any filesystem. Layout under `${home}/storage/overlay/<id>/`:
@@ -68,7 +69,7 @@ export class OverlayBackend implements StorageBackend {
         await remountCapFs(dir, capImage(this.root, id));
         const now = await readMeta<OverlayMeta>(dir);
         if (now && !now.inNamespace) await this.mountUnlocked(id, now);
-      }).catch(() => undefined);
+      }).catch(noted(`mount volume ${id} again`));
     }
   }
 
@@ -204,7 +205,8 @@ export class OverlayBackend implements StorageBackend {
         await mountCapFs(dir, tmp, image, ['upper', 'work', 'merged']);
       } finally {
         // on the cap, or, when it failed, as it was
-        if (!meta.inNamespace) await this.mountUnlocked(volume.id, meta).catch(() => undefined);
+        if (!meta.inNamespace)
+          await this.mountUnlocked(volume.id, meta).catch(noted(`mount volume ${volume.id} again`));
       }
       if (!meta.inNamespace && !(await isMountPoint(merged)))
         throw new SnaplabError('STORAGE_FAILED', `cannot mount overlay volume ${volume.id} on its disk cap`);
@@ -285,7 +287,9 @@ export class OverlayBackend implements StorageBackend {
     ))
       removed.push(`overlay: ${d}`);
     // test mounts of a probe that died half-way (not one running now: probes take milliseconds)
-    for (const name of (await readdir(this.root).catch(() => [] as string[])).filter((n) => n.startsWith('.probe-'))) {
+    for (const name of (await readdir(this.root).catch(orElse([] as string[], 'readdir', 'ENOENT'))).filter((n) =>
+      n.startsWith('.probe-'),
+    )) {
       const age = await stat(join(this.root, name)).then(
         (st) => Date.now() - st.mtimeMs,
         () => 0,
@@ -305,7 +309,7 @@ export class OverlayBackend implements StorageBackend {
     } catch (e) {
       await unmountAll(this.dir(id))
         .then(() => removeTree(this.dir(id)))
-        .catch(() => undefined);
+        .catch(noted(`remove half-made volume ${id}`, 'ENOENT'));
       throw e;
     }
   }

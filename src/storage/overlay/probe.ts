@@ -6,6 +6,7 @@ import { run } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
 import { unmountAll } from '../mounts.js';
 import { kernelHasFs } from '../tree.js';
+import { noted } from '../../cleanup.js';
 
 /** Overlay works here if the kernel has it and a test mount under `root` succeeds. Never throws. */
 export async function probeOverlay(home: string, root: string): Promise<Availability> {
@@ -47,6 +48,6 @@ export async function probeOverlay(home: string, root: string): Promise<Availabi
     if (dir)
       await unmountAll(dir)
         .then(() => rm(dir!, { recursive: true, force: true }))
-        .catch(() => undefined);
+        .catch(noted(`remove probe ${dir}`, 'ENOENT'));
   }
 }
