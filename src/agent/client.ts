@@ -376,7 +376,7 @@ export class AgentClient implements AsyncDisposable {
     // stdin sent and not yet acknowledged (1.2 agents), and who waits for it to fall
     const credits = this.protocolMinor >= 2;
     let unacked = 0;
-    let backlog: Buffer[] = [];
+    const backlog: Buffer[] = [];
     let backlogBytes = 0;
     let endPending = false;
     let waiters: (() => void)[] = [];

@@ -10,7 +10,7 @@ import { NET_GROUP, NETNS_DIR, NETNS_PREFIX, checkNetnsName, netnsPath } from '.
  */
 export async function ipBatch(netns: string, lines: string[], opts: { force?: boolean } = {}): Promise<RunResult> {
   const args = ['-n', netns, ...(opts.force ? ['-force'] : []), '-batch', '-'];
-  return run('ip', args, { input: lines.join('\n') + '\n', allowFail: true });
+  return run('ip', args, { input: `${lines.join('\n')}\n`, allowFail: true });
 }
 
 /**
