@@ -54,6 +54,46 @@ const snaplab = (home, args) => {
 async function main() {
   const dir = mkdtempSync(join(tmpdir(), 'snaplab-bench-cluster-'));
   dirs.push(dir);
+  const { cluster, etcd } = await startEtcd(dir);
+  const { homes, nodes, gw, clusterKey, nodeKey } = await startCluster(dir, cluster);
+  console.error(`== cluster ${cluster}; gateway ${gw.url}; nodes ${nodes.map((n) => n.url).join(' ')}`);
+
+  // 1. fresh-exec: through the gateway (3 nodes) vs node n0 direct, in one bench run
+  const hostOf = (url, key) => url.replace('http://', `http://${key}@`);
+  const bench = process.argv.includes('--placement-only')
+    ? { status: 0, stdout: '' }
+    : spawnSync(
+        'snaplab',
+        [
+          'bench',
+          '--workload',
+          'fresh-exec',
+          '--ladder',
+          ladder,
+          '--duration',
+          duration,
+          '--json',
+          '--compare',
+          `--host ${hostOf(gw.url, clusterKey)}`,
+          `--host ${hostOf(nodes[0].url, nodeKey)}`,
+          ...(results ? ['--results', results] : []),
+        ],
+        { env: { ...process.env, SNAPLAB_HOME: homes[0] }, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] },
+      );
+  if (bench.status !== 0) throw new Error('the fresh-exec bench failed');
+  process.stdout.write(`${bench.stdout.trim()}\n`);
+
+  // 2. placement with 100 and 1000 registered sandboxes (entries of the nodes, as nodes write them)
+  const registry = await registerBenchNode(etcd);
+  const placement = {};
+  for (const count of [100, 1000]) placement[count] = await placementWith(count, etcd, gw, clusterKey);
+  await registry.revoke();
+  process.stdout.write(`${JSON.stringify({ placement }, null, 2)}\n`);
+  etcd.close();
+}
+
+/** A 3-member etcd on 127.0.0.1, once it answers: its cluster URL and a client. */
+async function startEtcd(dir) {
   const ports = await Promise.all(Array.from({ length: 6 }, freePort));
   const initial = [0, 1, 2].map((i) => `m${i}=http://127.0.0.1:${ports[i * 2 + 1]}`).join(',');
   for (const i of [0, 1, 2]) {
@@ -102,6 +142,11 @@ async function main() {
     if (t > 100) throw new Error('etcd did not start');
     await new Promise((r) => setTimeout(r, 200));
   }
+  return { cluster, etcd };
+}
+
+/** 3 node daemons with homes of their own, one gateway, and a key for each side. */
+async function startCluster(dir, cluster) {
   const homes = [0, 1, 2].map((i) => {
     const h = join(dir, `n${i}`);
     dirs.push(h);
@@ -127,36 +172,14 @@ async function main() {
     cluster,
   ]).trim();
   const nodeKey = snaplab(homes[0], ['key', 'create', 'bench', '--scope', 'read,exec,admin']).trim();
-  const hostOf = (url, key) => url.replace('http://', `http://${key}@`);
-  console.error(`== cluster ${cluster}; gateway ${gw.url}; nodes ${nodes.map((n) => n.url).join(' ')}`);
+  return { homes, nodes, gw, clusterKey, nodeKey };
+}
 
-  // 1. fresh-exec: through the gateway (3 nodes) vs node n0 direct, in one bench run
-  const bench = process.argv.includes('--placement-only')
-    ? { status: 0, stdout: '' }
-    : spawnSync(
-        'snaplab',
-        [
-          'bench',
-          '--workload',
-          'fresh-exec',
-          '--ladder',
-          ladder,
-          '--duration',
-          duration,
-          '--json',
-          '--compare',
-          `--host ${hostOf(gw.url, clusterKey)}`,
-          `--host ${hostOf(nodes[0].url, nodeKey)}`,
-          ...(results ? ['--results', results] : []),
-        ],
-        { env: { ...process.env, SNAPLAB_HOME: homes[0] }, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] },
-      );
-  if (bench.status !== 0) throw new Error('the fresh-exec bench failed');
-  process.stdout.write(`${bench.stdout.trim()}\n`);
-
-  // 2. placement with 100 and 1000 registered sandboxes (entries of the nodes, as nodes write them)
-  // The registered sandboxes are a registry node's: up (under a lease), never chosen (no memory
-  // free, no image), so every placement counts them and no node's sweep removes them as its own.
+/**
+ * The registered sandboxes are a registry node's: up (under a lease), never chosen (no memory
+ * free, no image), so every placement counts them and no node's sweep removes them as its own.
+ */
+async function registerBenchNode(etcd) {
   const registry = etcd.lease(600);
   await registry.put('/snaplab/nodes/bench-registry').value(
     JSON.stringify({
@@ -177,57 +200,54 @@ async function main() {
       storage: [],
     }),
   );
-  const placement = {};
-  for (const count of [100, 1000]) {
-    for (let i = 0; i < count; i++) {
-      const id = `bench${String(i).padStart(7, '0')}`;
-      await etcd
-        .put(`/snaplab/sandboxes/${id}`)
-        .value(
-          JSON.stringify({
-            id,
-            name: id,
-            node: 'bench-registry',
-            owner: 'bench',
-            state: 'running',
-            image: 'busybox',
-            labels: {},
-            createdAt: Date.now(),
-          }),
-        );
-    }
-    await new Promise((r) => setTimeout(r, 1000)); // the gateway's watch takes them in
-    const made = [];
-    const lat = [];
-    for (let i = 0; i < 60; i++) {
-      const t0 = performance.now();
-      const r = await fetch(`${gw.url}/sandboxes`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${clusterKey}`, 'content-type': 'application/json' },
-        body: '{}',
-      });
-      lat.push(performance.now() - t0);
-      made.push((await r.json()).id);
-    }
-    const after = await metrics(gw.url, clusterKey, made.length);
-    for (const id of made)
-      await fetch(`${gw.url}/sandboxes/${id}`, {
-        method: 'DELETE',
-        headers: { authorization: `Bearer ${clusterKey}` },
-      });
-    await etcd.delete().prefix('/snaplab/sandboxes/bench');
-    lat.sort((a, b) => a - b);
-    placement[count] = {
-      placements: made.length,
-      placementP50Ms: after.p50,
-      placementP99Ms: after.p99,
-      createP50Ms: lat[Math.floor(lat.length / 2)],
-      createP99Ms: lat[Math.floor(lat.length * 0.99)],
-    };
+  return registry;
+}
+
+/** Placement and create times through the gateway with `count` sandboxes registered. */
+async function placementWith(count, etcd, gw, clusterKey) {
+  for (let i = 0; i < count; i++) {
+    const id = `bench${String(i).padStart(7, '0')}`;
+    await etcd.put(`/snaplab/sandboxes/${id}`).value(
+      JSON.stringify({
+        id,
+        name: id,
+        node: 'bench-registry',
+        owner: 'bench',
+        state: 'running',
+        image: 'busybox',
+        labels: {},
+        createdAt: Date.now(),
+      }),
+    );
   }
-  await registry.revoke();
-  process.stdout.write(`${JSON.stringify({ placement }, null, 2)}\n`);
-  etcd.close();
+  await new Promise((r) => setTimeout(r, 1000)); // the gateway's watch takes them in
+  const made = [];
+  const lat = [];
+  for (let i = 0; i < 60; i++) {
+    const t0 = performance.now();
+    const r = await fetch(`${gw.url}/sandboxes`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${clusterKey}`, 'content-type': 'application/json' },
+      body: '{}',
+    });
+    lat.push(performance.now() - t0);
+    made.push((await r.json()).id);
+  }
+  const after = await metrics(gw.url, clusterKey, made.length);
+  for (const id of made)
+    await fetch(`${gw.url}/sandboxes/${id}`, {
+      method: 'DELETE',
+      headers: { authorization: `Bearer ${clusterKey}` },
+    });
+  await etcd.delete().prefix('/snaplab/sandboxes/bench');
+  lat.sort((a, b) => a - b);
+  return {
+    placements: made.length,
+    placementP50Ms: after.p50,
+    placementP99Ms: after.p99,
+    createP50Ms: lat[Math.floor(lat.length / 2)],
+    createP99Ms: lat[Math.floor(lat.length * 0.99)],
+  };
 }
 
 async function metrics(url, key, recent) {

@@ -158,6 +158,7 @@ describe('ssh, Ansible and Testinfra reach', () => {
     expect(play.out).toMatch(/web\s+: ok=\d+\s+changed=[1-9]\d*\s+unreachable=0\s+failed=0/);
     expect(play.out).toMatch(/db\s+: ok=\d+\s+changed=[1-9]\d*\s+unreachable=0\s+failed=0/);
     for (const m of ['lab/web', 'lab/db']) {
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: dpkg-query's own format, not a template
       expect((await snaplab(['exec', m, '--', 'dpkg-query', '-W', '-f', '${Status}\n', 'snaplab-hello'])).out).toBe(
         'install ok installed\n',
       );

@@ -19,9 +19,16 @@ let home: string;
 let d: TestDaemon;
 let admin: string;
 
+/**
+ * A parsed JSON answer of the daemon. Each test reads the fields it checks by name, and its
+ * expect() fails when one is not there, so a declared shape per route would add nothing.
+ */
+// biome-ignore lint/suspicious/noExplicitAny: see above
+type Json = any;
+
 interface Res {
   status: number;
-  body: any;
+  body: Json;
   headers: string;
 }
 
@@ -62,7 +69,7 @@ function socket(path: string): Promise<WebSocket> {
   const early: [Buffer, boolean][] = [];
   const hold = (m: Buffer, binary: boolean): void => void early.push([m, binary]);
   ws.on('message', hold);
-  const on = ws.on.bind(ws) as (event: string, fn: (...args: any[]) => void) => WebSocket;
+  const on = ws.on.bind(ws) as (event: string, fn: (...args: unknown[]) => void) => WebSocket;
   let first = true;
   (ws as unknown as { on: typeof on }).on = (event, fn) => {
     on(event, fn);
@@ -166,7 +173,7 @@ describe('snaplab serve', () => {
   it('/rpc: calls answered by id in the order they end, bad calls refused, and a connection that goes kills its commands', async () => {
     curl('POST', '/sandboxes', { json: { name: 'rpc' } });
     const ws = await socket('/rpc');
-    const answers: any[] = [];
+    const answers: Json[] = [];
     ws.on('message', (m) => answers.push(JSON.parse(String(m))));
     ws.send(JSON.stringify({ id: 1, op: 'exec', sandbox: 'rpc', argv: ['sh', '-c', 'sleep 0.3; echo slow'] }));
     ws.send(
@@ -245,7 +252,7 @@ describe('snaplab serve', () => {
     let rest = Buffer.alloc(0);
     let stderr = '';
     const texts2: string[] = [];
-    const exit = await new Promise<any>((resolve, reject) => {
+    const exit = await new Promise<Json>((resolve, reject) => {
       const t = setTimeout(
         () =>
           reject(
@@ -283,7 +290,7 @@ describe('snaplab serve', () => {
     await until('it exited', () => curl('GET', `/sandboxes/stream/processes/${bg.body.id}`).body.state === 'exited');
     const out = curl('GET', `/sandboxes/stream/processes/${bg.body.id}/output?offset=0`).body;
     // what is held is the last MiB (to a chunk), and the gap is exactly what is not
-    const held = out.chunks.reduce((n: number, c: any) => n + Buffer.from(c.data, 'base64').length, 0);
+    const held = out.chunks.reduce((n: number, c: Json) => n + Buffer.from(c.data, 'base64').length, 0);
     expect(out.gap).toEqual({ from: 0, to: out.chunks[0].offset });
     expect(out.next).toBe(3 << 20);
     expect(out.gap.to + held).toBe(3 << 20);
@@ -333,7 +340,7 @@ describe('snaplab serve', () => {
     expect(curl('POST', '/sandboxes', { json: { name: 'cli-removed' } }).status).toBe(201);
     process.kill(box.pid, 'SIGKILL');
     expect(cli(home, ['rm', 'cli-removed']).code).toBe(0);
-    const events = async (): Promise<any[]> =>
+    const events = async (): Promise<Json[]> =>
       (curl('GET', `/events?after=${after}`, { timeoutS: 1 }).body as string)
         .split('\n\n')
         .filter((b) => b.startsWith('id: '))
@@ -355,7 +362,7 @@ describe('snaplab serve', () => {
       body: { name: 'via-api', scopes: ['read'], token: expect.stringMatching(/^snaplab_/) },
     });
     expect(curl('GET', '/sandboxes', { token: made.body.token }).status).toBe(200);
-    expect(curl('GET', '/keys').body.find((k: any) => k.name === 'via-api')).not.toHaveProperty('hash');
+    expect(curl('GET', '/keys').body.find((k: Json) => k.name === 'via-api')).not.toHaveProperty('hash');
     expect(curl('GET', '/keys', { token: made.body.token }).status).toBe(403);
     expect(curl('DELETE', '/keys/via-api').status).toBe(204);
     expect(curl('DELETE', '/keys/via-api')).toMatchObject({ status: 404, body: { code: 'KEY_NOT_FOUND' } });
@@ -398,7 +405,7 @@ describe('snaplab serve', () => {
     expect(remoteCli(['create', '--name', 'via-cli', '--label', 'by=cli']).stdout).toBe('via-cli\n');
     const e = remoteCli(['exec', '-i', 'via-cli', '--', 'sh', '-c', 'cat; echo err >&2; exit 3'], 'typed\n');
     expect([e.status, e.stdout, e.stderr]).toEqual([3, 'typed\n', 'err\n']);
-    expect(JSON.parse(remoteCli(['ls', '--json', '--label', 'by=cli']).stdout).map((b: any) => b.name)).toEqual([
+    expect(JSON.parse(remoteCli(['ls', '--json', '--label', 'by=cli']).stdout).map((b: Json) => b.name)).toEqual([
       'via-cli',
     ]);
     for (let i = 0; i < 2; i++) {
@@ -563,7 +570,7 @@ describe('snaplab serve', () => {
     expect(curl('POST', '/sandboxes/of-a/exec', { token: b, json: { argv: ['true'] } }).status).toBe(404);
     expect(curl('DELETE', '/sandboxes/of-a', { token: b }).status).toBe(404);
     expect(curl('GET', '/sandboxes', { token: b }).body).toEqual([]);
-    expect(curl('GET', '/sandboxes', { token: a }).body.map((x: any) => x.name)).toEqual(['of-a']);
+    expect(curl('GET', '/sandboxes', { token: a }).body.map((x: Json) => x.name)).toEqual(['of-a']);
     expect(curl('POST', '/sandboxes', { token: a, json: { userns: false } })).toMatchObject({
       status: 403,
       body: { code: 'FORBIDDEN' },
@@ -626,7 +633,7 @@ describe('snaplab serve', () => {
         }).body.stdout.trim() === '0',
     );
     expect(curl('GET', '/sandboxes/files/files?path=/data/f').body).toBe('old content\n');
-    expect(curl('GET', '/sandboxes/files/files/list?path=/data').body.map((e: any) => e.name)).toEqual(['f']);
+    expect(curl('GET', '/sandboxes/files/files/list?path=/data').body.map((e: Json) => e.name)).toEqual(['f']);
     expect(curl('PUT', '/sandboxes/files/files?path=/data/g', { json: { not: 'bytes' } })).toMatchObject({
       status: 415,
       body: { code: 'UNSUPPORTED_MEDIA' },
@@ -638,7 +645,7 @@ describe('snaplab serve', () => {
     let bytes = 0;
     let gaps = 0;
     let paused = false;
-    const exit = new Promise<any>((resolve) =>
+    const exit = new Promise<Json>((resolve) =>
       ws.on('message', (m: Buffer, binary) => {
         if (binary) {
           bytes += m.length - 1;
@@ -672,7 +679,7 @@ describe('snaplab serve', () => {
       }),
     );
     let out = '';
-    const done = new Promise<any>((resolve) =>
+    const done = new Promise<Json>((resolve) =>
       ws.on('message', (m: Buffer, binary) => {
         if (binary) out += m.subarray(1).toString();
         else if (JSON.parse(String(m)).type === 'exit') resolve(JSON.parse(String(m)));
@@ -698,7 +705,7 @@ describe('snaplab serve', () => {
     expect(Buffer.from(got.chunks[0].data, 'base64').toString()).toBe('got hello\n');
     expect(curl('POST', `/sandboxes/rest/processes/${p.id}/signal`, { json: { signal: 'TERM' } }).status).toBe(200);
     await until('it ended on TERM', () => curl('GET', `/sandboxes/rest/processes/${p.id}`).body.result?.signal === 15);
-    expect(curl('GET', '/sandboxes/rest/processes').body.map((x: any) => x.tag)).toContain('svc');
+    expect(curl('GET', '/sandboxes/rest/processes').body.map((x: Json) => x.tag)).toContain('svc');
 
     // a tree in as tar and out again
     const work = mkdtempSync(join(tmpdir(), 'snaplab-test-daemon-tar-'));
@@ -736,7 +743,7 @@ describe('snaplab serve', () => {
     expect(op.status).toBe(202);
     const ended = curl('GET', `/operations/${op.body.id}?wait=60`).body;
     expect(ended).toMatchObject({ state: 'done', kind: 'image import' });
-    expect(curl('GET', '/images').body.map((i: any) => i.name)).toContain('copied');
+    expect(curl('GET', '/images').body.map((i: Json) => i.name)).toContain('copied');
     expect(curl('GET', '/operations/nope')).toMatchObject({ status: 404, body: { code: 'OPERATION_NOT_FOUND' } });
 
     // pools: define, resize, run, remove
@@ -756,7 +763,7 @@ describe('snaplab serve', () => {
     const file = join(import.meta.dirname, '..', 'examples', 'scenarios', 'tiny-service', 'scenario.yaml');
     const sup = curl('POST', '/scenarios', { json: { file, name: 'apilab' } });
     expect(curl('GET', `/operations/${sup.body.id}?wait=120`, { timeoutS: 130 }).body).toMatchObject({ state: 'done' });
-    expect(curl('GET', '/scenarios/apilab').body.machines.map((m: any) => m.state)).toEqual([
+    expect(curl('GET', '/scenarios/apilab').body.machines.map((m: Json) => m.state)).toEqual([
       'running',
       'running',
       'running',
@@ -775,7 +782,7 @@ describe('snaplab serve', () => {
 
     // traces of what was done
     const traces = curl('GET', '/traces?limit=200').body;
-    expect(traces.map((t: any) => t.kind)).toEqual(expect.arrayContaining(['create', 'image import', 'up', 'reset']));
+    expect(traces.map((t: Json) => t.kind)).toEqual(expect.arrayContaining(['create', 'image import', 'up', 'reset']));
     expect(curl('GET', `/traces/${traces[0].id}`).body.phases).toBeInstanceOf(Array);
     curl('DELETE', '/sandboxes/rest');
     curl('DELETE', '/images/copied?force=true');

@@ -46,7 +46,7 @@ function header(name: string, type: string, size: number, e: Entry): Buffer {
   h.fill(' ', 148, 156);
   let sum = 0;
   for (const b of h) sum += b;
-  put(sum.toString(8).padStart(6, '0') + '\0 ', 148, 8);
+  put(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 8);
   return h;
 }
 

@@ -39,10 +39,21 @@ async function running(
   proc.stderr!.on('data', (b: Buffer) => (out += b.toString()));
   const exited = new Promise<number | null>((res) => proc.on('close', (c) => res(c)));
   await new Promise<void>((resolve, reject) => {
-    const t = setInterval(() => ready.test(out) && (clearInterval(t), resolve()), 20);
-    void exited.then((c) => (clearInterval(t), reject(new Error(`exited ${c} before ready: ${out}`))));
+    const t = setInterval(() => {
+      if (!ready.test(out)) return;
+      clearInterval(t);
+      resolve();
+    }, 20);
+    void exited.then((c) => {
+      clearInterval(t);
+      reject(new Error(`exited ${c} before ready: ${out}`));
+    });
   });
-  return { proc, out: () => out, stop: async () => (proc.kill('SIGINT'), exited) };
+  const stop = async () => {
+    proc.kill('SIGINT');
+    return exited;
+  };
+  return { proc, out: () => out, stop };
 }
 
 const curl = (port: number, extra: string[] = []) =>
@@ -72,7 +83,14 @@ afterAll(() => {
 
 describe('snaplab-agent connect (what each forwarded connection runs inside)', () => {
   it('carries both directions at once: a server that writes while it reads never deadlocks it', async () => {
-    const server = createServer((c) => c.on('data', (b: Buffer) => (c.write(b), c.write(b))).on('end', () => c.end()));
+    const server = createServer((c) =>
+      c
+        .on('data', (b: Buffer) => {
+          c.write(b);
+          c.write(b);
+        })
+        .on('end', () => c.end()),
+    );
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     const port = (server.address() as { port: number }).port;
     try {

@@ -332,7 +332,7 @@ describe('the qemu driver', () => {
       (await run('qemu-img', ['info', '-U', '--output=json', join(r.info.volume!.path, DISK_IN_VOLUME)])).stdout,
     ) as Record<string, string>;
     expect(info.format).toBe('qcow2');
-    expect(info['backing-filename']!.startsWith(join(lab.home, 'qemu', 'disks') + '/')).toBe(true);
+    expect(info['backing-filename']!.startsWith(`${join(lab.home, 'qemu', 'disks')}/`)).toBe(true);
     expect(statSync(info['backing-filename']!).mode & 0o222).toBe(0);
     await r.destroy();
     await lab.removeSnapshot('vm-disk');
@@ -351,7 +351,7 @@ describe('the qemu driver', () => {
     const info = JSON.parse(
       (await run('qemu-img', ['info', '-U', '--output=json', join(box.info.volume!.path, DISK_IN_VOLUME)])).stdout,
     ) as Record<string, string>;
-    expect(info['backing-filename']!.startsWith(join(lab.home, 'qemu', 'disks') + '/')).toBe(true);
+    expect(info['backing-filename']!.startsWith(`${join(lab.home, 'qemu', 'disks')}/`)).toBe(true);
     expect(await out(box, ['echo', 'ok'])).toBe('ok');
     await box.destroy();
     await lab.removeImage('evil');

@@ -480,7 +480,7 @@ describe('agent as PID 1 under bwrap', () => {
 
   it('restricts the capability bounding set and refuses SET_CLOCK without CAP_SYS_TIME', async () => {
     const status = (await run(['cat', '/proc/self/status'])).stdout.toString();
-    const bnd = BigInt('0x' + /CapBnd:\s+([0-9a-f]+)/.exec(status)![1]);
+    const bnd = BigInt(`0x${/CapBnd:\s+([0-9a-f]+)/.exec(status)![1]}`);
     expect(bnd & (1n << 21n)).toBe(0n); // CAP_SYS_ADMIN gone
     expect(bnd & (1n << 0n)).toBe(1n); // CAP_CHOWN kept
     const now = BigInt(Date.now()) * 1_000_000n;

@@ -37,13 +37,13 @@ export function spawnLoop(concurrency: number, lim: LoopLimits, cmd: string, arg
     concurrency,
     lim,
     () =>
-      new Promise<void>((resolve, reject) => {
+      new Promise<undefined>((resolve, reject) => {
         const c = spawn(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
         let err = '';
         c.stderr!.on('data', (b: Buffer) => (err += b.toString()));
         c.on('error', reject);
         c.on('exit', (code, sig) =>
-          code === 0 ? resolve() : reject(new Error(`${cmd}: ${sig ?? `exit ${code}`} ${err.trim()}`)),
+          code === 0 ? resolve(undefined) : reject(new Error(`${cmd}: ${sig ?? `exit ${code}`} ${err.trim()}`)),
         );
       }),
   );
@@ -106,7 +106,7 @@ export async function runcArm(argv: string[], rootfs: string, lim: LoopLimits): 
 export async function lxcArm(argv: string[], lim: LoopLimits): Promise<Arm | string> {
   if (!(await which('lxc'))) return 'lxc (LXD) not installed';
   const info = await run('lxc', ['info'], { allowFail: true, timeoutMs: 2000 }).catch(failureMeans(undefined));
-  if (!info || info.code !== 0) return 'lxc installed but `lxc info` does not answer';
+  if (info?.code !== 0) return 'lxc installed but `lxc info` does not answer';
   const image = process.env.SNAPLAB_BENCH_LXC_IMAGE ?? 'images:alpine/edge';
   const name = `snaplab-bench-${process.pid}`;
   const launched = await run('lxc', ['launch', image, name, '--ephemeral'], {

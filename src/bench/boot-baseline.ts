@@ -1,8 +1,7 @@
 import type { Lab } from '../sdk/lab.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { Arm, LoopLimits } from './baselines.js';
-import { closedLoop } from './loop.js';
-import { phasesOf } from './workloads.js';
+import { closedLoop, phasesOf } from './loop.js';
 
 /** The baseline a restore replaces: raising the same machine (a VM: booting it; a system machine: to systemd running) to usable. */
 export function bootArm(

@@ -73,6 +73,9 @@ function timed(argv: string[], env: NodeJS.ProcessEnv): Promise<number> {
   });
 }
 
+type BenchDaemon = { socket: string; stop: () => Promise<void> };
+type CaseRuns = { serial: number[]; parallel: number[]; errors: string[] };
+
 /**
  * The command line itself (`snaplab bench --workload cli`): whole processes of `snaplab` as a
  * shell runs them, serially and as parallel loops, beside `node -e 0` (the floor of any Node CLI)
@@ -85,7 +88,7 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
   const env = { ...process.env, SNAPLAB_HOME: lab.home };
   const tag = `bench-cli-${process.pid}`;
   const made: Sandbox[] = [];
-  let daemon: Awaited<ReturnType<typeof startBenchDaemon>>;
+  let daemon: BenchDaemon | undefined;
   try {
     progress.note(
       `raising a sandbox to exec in, one with 100 MB written to snapshot, and ${LS_SANDBOXES} idle ones for ls`,
@@ -99,80 +102,9 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
     const lxc = await which('lxc');
     daemon = await startBenchDaemon(snaplab, env, tag);
     if (daemon) progress.note(`a daemon for the create-through-a-daemon cases: ${daemon.socket}`);
-    const viaDaemon = daemon ? { SNAPLAB_HOST: `unix:${daemon.socket}` } : undefined;
     const cases: Case[] = [
-      { name: 'node -e 0', argv: [process.execPath, '-e', '0'], parallel: true, baseline: true },
-      { name: 'snaplab --version', argv: [snaplab, '--version'], parallel: true },
-      // the Node CLI's own floor: what every command but exec and --version pays
-      { name: 'snaplab --help (Node CLI)', argv: [snaplab, '--help'], parallel: true },
-      { name: `snaplab ls (${LS_SANDBOXES} sandboxes)`, argv: [snaplab, 'ls'], parallel: true },
-      { name: 'snaplab exec -- /bin/true', argv: [snaplab, 'exec', box.name, '--', '/bin/true'], parallel: true },
-      {
-        name: 'snaplab exec -- /bin/true (Node path)',
-        argv: [snaplab, 'exec', box.name, '--', '/bin/true'],
-        env: { SNAPLAB_NO_FAST_EXEC: '1' },
-        parallel: true,
-      },
-      {
-        name: 'nsenter -t PID -a /bin/true',
-        argv: ['nsenter', '-t', String(box.info.pid), '-a', '/bin/true'],
-        parallel: true,
-        baseline: true,
-      },
-      {
-        name: 'snaplab create (to usable) + rm',
-        argv: [],
-        argvAt: (i) => [snaplab, 'create', '--name', `${tag}-c${i}`],
-        after: async (i) => void (await timed([snaplab, 'rm', `${tag}-c${i}`], env)),
-        parallel: false,
-      },
-      ...(viaDaemon
-        ? [
-            {
-              name: `snaplab ls through a daemon (C client, ${LS_SANDBOXES} sandboxes)`,
-              argv: [snaplab, 'ls'],
-              env: viaDaemon,
-              parallel: true,
-            },
-            {
-              name: 'snaplab create through a daemon (C client) + rm',
-              argv: [],
-              env: viaDaemon,
-              argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-d${i}`],
-              after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-d${i}`], { ...env, ...viaDaemon })),
-              parallel: false,
-            },
-            {
-              name: 'snaplab create through a daemon (Node CLI) + rm',
-              argv: [],
-              env: { ...viaDaemon, SNAPLAB_NO_FAST: '1' },
-              argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-n${i}`],
-              after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-n${i}`], { ...env, ...viaDaemon })),
-              parallel: false,
-            },
-            {
-              // a C client making the same request (the body the command sends): the daemon's create from a shell
-              name: 'curl POST /sandboxes + rm',
-              argv: [],
-              baseline: true,
-              argvAt: (i: number) => [
-                'curl',
-                '-sf',
-                '--unix-socket',
-                daemon!.socket,
-                '-X',
-                'POST',
-                '-H',
-                'content-type: application/json',
-                '-d',
-                JSON.stringify({ image: 'busybox', name: `${tag}-u${i}`, labels: {}, onTimeout: 'kill' }),
-                'http://snaplab/sandboxes',
-              ],
-              after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-u${i}`], { ...env, ...viaDaemon })),
-              parallel: false,
-            },
-          ]
-        : []),
+      ...localCases(snaplab, tag, box, env),
+      ...(daemon ? daemonCases(snaplab, tag, daemon, env) : []),
       {
         name: 'snaplab snapshot (100 MB written)',
         argv: [],
@@ -181,85 +113,8 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
         parallel: false,
       },
     ];
-    const results = new Map<string, { serial: number[]; parallel: number[]; errors: string[] }>(
-      cases.map((c) => [c.name, { serial: [], parallel: [], errors: [] }]),
-    );
-    let n = 0;
-    for (let round = 1; round <= plan.rounds; round++) {
-      for (const c of cases) {
-        const r = results.get(c.name)!;
-        const e = { ...env, ...c.env };
-        for (let k = 0; k < SERIAL_PER_ROUND; k++) {
-          const i = n++;
-          try {
-            r.serial.push(await timed(c.argvAt?.(i) ?? c.argv, e));
-            await c.after?.(i);
-          } catch (err) {
-            r.errors.push((err as Error).message);
-          }
-        }
-        if (c.parallel) {
-          const loop = await closedLoop(plan.loops, { durationMs: plan.durationMs }, async () => ({
-            latencyMs: await timed(c.argv, e),
-          }));
-          r.parallel.push(loop.latenciesMs.length / (loop.wallMs / 1000));
-          r.errors.push(...loop.errors);
-        }
-        progress.note(
-          `round ${round}/${plan.rounds} ${c.name}: p50 ${median(r.serial).toFixed(1)} ms${c.parallel ? `, ${r.parallel.at(-1)!.toFixed(1)} calls/s with ${plan.loops} loops` : ''}`,
-        );
-      }
-    }
-    const out: CliCaseResult[] = cases.map((c) => {
-      const r = results.get(c.name)!;
-      return {
-        name: c.name,
-        argv: (c.argvAt?.(0) ?? c.argv).join(' ').replace(process.execPath, 'node'),
-        baseline: !!c.baseline,
-        ...(r.serial.length ? { serialMs: { ...latencySummary(r.serial), samples: r.serial.length } } : {}),
-        ...(r.parallel.length
-          ? {
-              parallel: {
-                loops: plan.loops,
-                callsPerSecond: round1(median(r.parallel)),
-                range: [round1(Math.min(...r.parallel)), round1(Math.max(...r.parallel))] as [number, number],
-              },
-            }
-          : {}),
-        errors: r.errors.slice(0, 3),
-      };
-    });
-    if (!daemon)
-      out.push({
-        name: 'snaplab create through a daemon',
-        argv: 'SNAPLAB_HOST=unix:SOCKET snaplab create',
-        baseline: false,
-        errors: [],
-        note: 'skipped: a daemon already serves this home (one per home); stop it to measure',
-      });
-    if (!lxc)
-      out.push({
-        name: 'lxc exec -- /bin/true',
-        argv: 'lxc exec NAME -- /bin/true',
-        baseline: true,
-        errors: [],
-        note: 'skipped: lxc not installed (apt-get install lxd-client, and a running LXD, to measure it)',
-      });
-    const p50 = (name: string): number | undefined => out.find((c) => c.name.startsWith(name))?.serialMs?.p50;
-    const ratio = (a?: number, b?: number): number | undefined =>
-      a && b ? Math.round((a / b) * 100) / 100 : undefined;
-    const ratios: Record<string, number | undefined> = {
-      'snaplab --version / node -e 0': ratio(p50('snaplab --version'), p50('node -e 0')),
-      'snaplab --help (Node CLI) / node -e 0': ratio(p50('snaplab --help'), p50('node -e 0')),
-      'exec / nsenter': ratio(p50('snaplab exec -- /bin/true'), p50('nsenter')),
-      'exec Node path / exec': ratio(p50('snaplab exec -- /bin/true (Node path)'), p50('snaplab exec -- /bin/true')),
-      'ls through a daemon (C) / ls': ratio(p50('snaplab ls through a daemon'), p50('snaplab ls (')),
-      'create through a daemon (C) / create': ratio(
-        p50('snaplab create through a daemon (C client)'),
-        p50('snaplab create (to usable)'),
-      ),
-      'create through a daemon (C) / curl': ratio(p50('snaplab create through a daemon (C client)'), p50('curl POST')),
-    };
+    const results = await runRounds(cases, plan, env, progress);
+    const out = [...cases.map((c) => caseResult(c, results.get(c.name)!, plan)), ...skipped(!!daemon, !!lxc)];
     return {
       workload: 'cli',
       command: snaplab,
@@ -273,7 +128,7 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
         lsSandboxes: LS_SANDBOXES,
       },
       cases: out,
-      ratios: Object.fromEntries(Object.entries(ratios).filter((e): e is [string, number] => e[1] !== undefined)),
+      ratios: ratiosOf(out),
     };
   } finally {
     progress.note('removing the bench sandboxes');
@@ -287,6 +142,184 @@ export async function cliBench(lab: Lab, plan: CliBenchPlan, progress: Progress)
   }
 }
 
+/** The cases of the embedded command line, and their baselines. */
+function localCases(snaplab: string, tag: string, box: Sandbox, env: NodeJS.ProcessEnv): Case[] {
+  return [
+    { name: 'node -e 0', argv: [process.execPath, '-e', '0'], parallel: true, baseline: true },
+    { name: 'snaplab --version', argv: [snaplab, '--version'], parallel: true },
+    // the Node CLI's own floor: what every command but exec and --version pays
+    { name: 'snaplab --help (Node CLI)', argv: [snaplab, '--help'], parallel: true },
+    { name: `snaplab ls (${LS_SANDBOXES} sandboxes)`, argv: [snaplab, 'ls'], parallel: true },
+    { name: 'snaplab exec -- /bin/true', argv: [snaplab, 'exec', box.name, '--', '/bin/true'], parallel: true },
+    {
+      name: 'snaplab exec -- /bin/true (Node path)',
+      argv: [snaplab, 'exec', box.name, '--', '/bin/true'],
+      env: { SNAPLAB_NO_FAST_EXEC: '1' },
+      parallel: true,
+    },
+    {
+      name: 'nsenter -t PID -a /bin/true',
+      argv: ['nsenter', '-t', String(box.info.pid), '-a', '/bin/true'],
+      parallel: true,
+      baseline: true,
+    },
+    {
+      name: 'snaplab create (to usable) + rm',
+      argv: [],
+      argvAt: (i) => [snaplab, 'create', '--name', `${tag}-c${i}`],
+      after: async (i) => void (await timed([snaplab, 'rm', `${tag}-c${i}`], env)),
+      parallel: false,
+    },
+  ];
+}
+
+/** The cases through a daemon (the C client, the Node CLI, and curl as the baseline). */
+function daemonCases(snaplab: string, tag: string, daemon: BenchDaemon, env: NodeJS.ProcessEnv): Case[] {
+  const viaDaemon = { SNAPLAB_HOST: `unix:${daemon.socket}` };
+  return [
+    {
+      name: `snaplab ls through a daemon (C client, ${LS_SANDBOXES} sandboxes)`,
+      argv: [snaplab, 'ls'],
+      env: viaDaemon,
+      parallel: true,
+    },
+    {
+      name: 'snaplab create through a daemon (C client) + rm',
+      argv: [],
+      env: viaDaemon,
+      argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-d${i}`],
+      after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-d${i}`], { ...env, ...viaDaemon })),
+      parallel: false,
+    },
+    {
+      name: 'snaplab create through a daemon (Node CLI) + rm',
+      argv: [],
+      env: { ...viaDaemon, SNAPLAB_NO_FAST: '1' },
+      argvAt: (i: number) => [snaplab, 'create', '--name', `${tag}-n${i}`],
+      after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-n${i}`], { ...env, ...viaDaemon })),
+      parallel: false,
+    },
+    {
+      // a C client making the same request (the body the command sends): the daemon's create from a shell
+      name: 'curl POST /sandboxes + rm',
+      argv: [],
+      baseline: true,
+      argvAt: (i: number) => [
+        'curl',
+        '-sf',
+        '--unix-socket',
+        daemon.socket,
+        '-X',
+        'POST',
+        '-H',
+        'content-type: application/json',
+        '-d',
+        JSON.stringify({ image: 'busybox', name: `${tag}-u${i}`, labels: {}, onTimeout: 'kill' }),
+        'http://snaplab/sandboxes',
+      ],
+      after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-u${i}`], { ...env, ...viaDaemon })),
+      parallel: false,
+    },
+  ];
+}
+
+/** Each round runs every case in turn: serial runs, then parallel loops where the case allows. */
+async function runRounds(
+  cases: Case[],
+  plan: CliBenchPlan,
+  env: NodeJS.ProcessEnv,
+  progress: Progress,
+): Promise<Map<string, CaseRuns>> {
+  const results = new Map<string, CaseRuns>(cases.map((c) => [c.name, { serial: [], parallel: [], errors: [] }]));
+  let n = 0;
+  for (let round = 1; round <= plan.rounds; round++) {
+    for (const c of cases) {
+      const r = results.get(c.name)!;
+      const e = { ...env, ...c.env };
+      for (let k = 0; k < SERIAL_PER_ROUND; k++) {
+        const i = n++;
+        try {
+          r.serial.push(await timed(c.argvAt?.(i) ?? c.argv, e));
+          await c.after?.(i);
+        } catch (err) {
+          r.errors.push((err as Error).message);
+        }
+      }
+      if (c.parallel) {
+        const loop = await closedLoop(plan.loops, { durationMs: plan.durationMs }, async () => ({
+          latencyMs: await timed(c.argv, e),
+        }));
+        r.parallel.push(loop.latenciesMs.length / (loop.wallMs / 1000));
+        r.errors.push(...loop.errors);
+      }
+      progress.note(
+        `round ${round}/${plan.rounds} ${c.name}: p50 ${median(r.serial).toFixed(1)} ms${c.parallel ? `, ${r.parallel.at(-1)!.toFixed(1)} calls/s with ${plan.loops} loops` : ''}`,
+      );
+    }
+  }
+  return results;
+}
+
+function caseResult(c: Case, r: CaseRuns, plan: CliBenchPlan): CliCaseResult {
+  return {
+    name: c.name,
+    argv: (c.argvAt?.(0) ?? c.argv).join(' ').replace(process.execPath, 'node'),
+    baseline: !!c.baseline,
+    ...(r.serial.length ? { serialMs: { ...latencySummary(r.serial), samples: r.serial.length } } : {}),
+    ...(r.parallel.length
+      ? {
+          parallel: {
+            loops: plan.loops,
+            callsPerSecond: round1(median(r.parallel)),
+            range: [round1(Math.min(...r.parallel)), round1(Math.max(...r.parallel))] as [number, number],
+          },
+        }
+      : {}),
+    errors: r.errors.slice(0, 3),
+  };
+}
+
+/** The cases this host could not run, each with why. */
+function skipped(daemon: boolean, lxc: boolean): CliCaseResult[] {
+  const out: CliCaseResult[] = [];
+  if (!daemon)
+    out.push({
+      name: 'snaplab create through a daemon',
+      argv: 'SNAPLAB_HOST=unix:SOCKET snaplab create',
+      baseline: false,
+      errors: [],
+      note: 'skipped: a daemon already serves this home (one per home); stop it to measure',
+    });
+  if (!lxc)
+    out.push({
+      name: 'lxc exec -- /bin/true',
+      argv: 'lxc exec NAME -- /bin/true',
+      baseline: true,
+      errors: [],
+      note: 'skipped: lxc not installed (apt-get install lxd-client, and a running LXD, to measure it)',
+    });
+  return out;
+}
+
+/** p50 ratios against the same run's baselines (those it could measure). */
+function ratiosOf(out: CliCaseResult[]): Record<string, number> {
+  const p50 = (name: string): number | undefined => out.find((c) => c.name.startsWith(name))?.serialMs?.p50;
+  const ratio = (a?: number, b?: number): number | undefined => (a && b ? Math.round((a / b) * 100) / 100 : undefined);
+  const ratios: Record<string, number | undefined> = {
+    'snaplab --version / node -e 0': ratio(p50('snaplab --version'), p50('node -e 0')),
+    'snaplab --help (Node CLI) / node -e 0': ratio(p50('snaplab --help'), p50('node -e 0')),
+    'exec / nsenter': ratio(p50('snaplab exec -- /bin/true'), p50('nsenter')),
+    'exec Node path / exec': ratio(p50('snaplab exec -- /bin/true (Node path)'), p50('snaplab exec -- /bin/true')),
+    'ls through a daemon (C) / ls': ratio(p50('snaplab ls through a daemon'), p50('snaplab ls (')),
+    'create through a daemon (C) / create': ratio(
+      p50('snaplab create through a daemon (C client)'),
+      p50('snaplab create (to usable)'),
+    ),
+    'create through a daemon (C) / curl': ratio(p50('snaplab create through a daemon (C client)'), p50('curl POST')),
+  };
+  return Object.fromEntries(Object.entries(ratios).filter((e): e is [string, number] => e[1] !== undefined));
+}
+
 /**
  * `snaplab serve` on a socket of its own in the bench's home, for the create-through-a-daemon
  * cases; undefined when one already serves this home (one daemon per home: it would refuse).
@@ -295,7 +328,7 @@ async function startBenchDaemon(
   snaplab: string,
   env: NodeJS.ProcessEnv,
   tag: string,
-): Promise<{ socket: string; stop: () => Promise<void> } | undefined> {
+): Promise<BenchDaemon | undefined> {
   const socket = join(env.SNAPLAB_HOME!, `${tag}.sock`);
   const proc = spawn(snaplab, ['serve', '--socket', socket, '--default-timeout', '0'], {
     env,

@@ -4,7 +4,7 @@ import { Pool } from '../sdk/pool.js';
 import type { RunOutcome } from '../lab/run.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { closedLoop, type LoopResult } from './loop.js';
-import type { BenchSettings } from './workloads.js';
+import type { BenchSettings } from './settings.js';
 
 /** Phases by path ("take/thaw"), so that the one that grows with load is visible. */
 function phasePaths(t: TraceSummary): Record<string, number> {

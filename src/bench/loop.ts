@@ -1,3 +1,5 @@
+import type { TraceSummary } from '../timing/trace.js';
+
 export interface LoopResult {
   latenciesMs: number[];
   phases: Record<string, number>[];
@@ -21,7 +23,7 @@ export const loopActivity = { ops: 0 };
 export async function closedLoop(
   concurrency: number,
   limit: { count?: number; durationMs?: number },
-  op: (worker: number) => Promise<{ latencyMs?: number; phases?: Record<string, number> } | void>,
+  op: (worker: number) => Promise<{ latencyMs?: number; phases?: Record<string, number> } | undefined>,
 ): Promise<LoopResult> {
   const res: LoopResult = { latenciesMs: [], phases: [], wallMs: 0, errors: [] };
   const t0 = now();
@@ -48,4 +50,11 @@ export async function closedLoop(
   );
   res.wallMs = now() - t0;
   return res;
+}
+
+/** The time of each top-level phase of a trace, summed by name: what a loop op reports as its phases. */
+export function phasesOf(t: TraceSummary | undefined): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const p of t?.phases ?? []) if (p.depth === 0) out[p.name] = (out[p.name] ?? 0) + p.endMs - p.startMs;
+  return out;
 }

@@ -91,37 +91,8 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
   const startedAt = new Date().toISOString();
   const defaultStorage: StorageKind = await lab.context.defaultStorage();
   const lim: LoopLimits = { durationMs: plan.durationMs, count: plan.count };
-  // a variant with --host runs through that daemon (one connection pool per URL, for the whole bench)
   const remotes = new Map<string, Promise<LabApi>>();
-  const labOf = (v: Variant): Promise<LabApi> => {
-    if (v.host === undefined) return Promise.resolve(lab);
-    let r = remotes.get(v.host);
-    if (!r) remotes.set(v.host, (r = Lab.connect({ url: v.host })));
-    return r;
-  };
-  const workloadArm = (v: Variant, fillBytes: number | undefined, name: string): Arm => ({
-    name,
-    run: async (concurrency) =>
-      runWorkload(await labOf(v), plan.workload, {
-        concurrency,
-        ...lim,
-        storage: v.storage ?? defaultStorage,
-        argv: plan.argv,
-        fillBytes,
-        recycle: v.recycle,
-        poolSize: v.poolSize,
-        scenario: plan.scenario,
-        driver: plan.driver,
-        userns: v.userns,
-        init: v.init,
-        image: plan.image,
-      }),
-  });
-  const comparing = plan.variants.length === 2;
-  const first = plan.variants[0]!;
-  const arms: Arm[] = comparing
-    ? plan.variants.map((v) => workloadArm(v, v.fills[0], `${plan.workload} ${v.label} (${v.options})`))
-    : first.fills.map((f) => workloadArm(first, f, f === undefined ? plan.workload : `${plan.workload} fill ${f}`));
+  const arms = workloadArms(plan, lim, defaultStorage, labOf(lab, remotes));
   const { arms: baseArms, skipped } = await prepareBaselines(lab, plan, lim, progress);
   let outcomes: ArmOutcome[];
   try {
@@ -141,20 +112,73 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
     progress.done();
   }
   const work = outcomes.slice(0, arms.length).map((o) => rungsOf(o, plan.ladder));
-  const rungs = work[0]!;
   const baselines: Baseline[] = outcomes.slice(arms.length).map((o) => {
     const rs = rungsOf(o, plan.ladder);
     const note = o.failed ? `${o.note ? `${o.note}; ` : ''}failed: ${o.failed}` : o.note;
     return rs.length ? toBaseline(o.name, rs, note) : { name: o.name, note: note ?? 'no rung completed' };
   });
   baselines.push(...skipped);
+  return summarise(plan, work, baselines, { startedAt, storage: plan.variants[0]!.storage ?? defaultStorage });
+}
+
+/** A variant with --host runs through that daemon (one connection pool per URL, for the whole bench). */
+function labOf(lab: Lab, remotes: Map<string, Promise<LabApi>>): (v: Variant) => Promise<LabApi> {
+  return (v) => {
+    if (v.host === undefined) return Promise.resolve(lab);
+    let r = remotes.get(v.host);
+    if (!r) remotes.set(v.host, (r = Lab.connect({ url: v.host })));
+    return r;
+  };
+}
+
+/** The workload's arms: A and B of --compare, or one per --fill size. */
+function workloadArms(
+  plan: BenchPlan,
+  lim: LoopLimits,
+  defaultStorage: StorageKind,
+  labFor: (v: Variant) => Promise<LabApi>,
+): Arm[] {
+  const workloadArm = (v: Variant, fillBytes: number | undefined, name: string): Arm => ({
+    name,
+    run: async (concurrency) =>
+      runWorkload(await labFor(v), plan.workload, {
+        concurrency,
+        ...lim,
+        storage: v.storage ?? defaultStorage,
+        argv: plan.argv,
+        fillBytes,
+        recycle: v.recycle,
+        poolSize: v.poolSize,
+        scenario: plan.scenario,
+        driver: plan.driver,
+        userns: v.userns,
+        init: v.init,
+        image: plan.image,
+      }),
+  });
+  const first = plan.variants[0]!;
+  return plan.variants.length === 2
+    ? plan.variants.map((v) => workloadArm(v, v.fills[0], `${plan.workload} ${v.label} (${v.options})`))
+    : first.fills.map((f) => workloadArm(first, f, f === undefined ? plan.workload : `${plan.workload} fill ${f}`));
+}
+
+/** The summary: the first configuration's rungs and fit, the baselines, and a --compare or a --fill series. */
+function summarise(
+  plan: BenchPlan,
+  work: Rung[][],
+  baselines: Baseline[],
+  run: { startedAt: string; storage: StorageKind },
+): BenchSummary {
+  const comparing = plan.variants.length === 2;
+  const first = plan.variants[0]!;
+  const rungs = work[0]!;
   const f = fit(rungs);
   const notes: string[] = [];
   const summary: BenchSummary = {
     workload: plan.workload,
-    storage: first.storage ?? defaultStorage,
+    storage: run.storage,
     argv: plan.argv,
-    startedAt,
+    startedAt: run.startedAt,
     finishedAt: new Date().toISOString(),
     settings: {
       ladder: plan.ladder,
@@ -176,18 +200,21 @@ export async function runBench(lab: Lab, plan: BenchPlan, progress: Progress): P
     if (plan.reps < 2)
       notes.push('one rep per configuration: the spread is unknown, so every verdict is noise; use --reps 3');
   }
-  if (first.fills.length > 1) {
-    const series = first.fills.map((fillBytes, i) => ({
-      fillBytes,
-      latencyMs: work[i]![0]?.latencyMs,
-      rungs: work[i]!,
-    }));
-    summary.extra = { fills: series };
-    const a = series[0]!.latencyMs;
-    const b = series[series.length - 1]!.latencyMs;
-    if (a && b) summary.ratios['snapshot p50 largest/smallest fill'] = Math.round((b.p50 / a.p50) * 100) / 100;
-  }
+  if (first.fills.length > 1) addFillSeries(summary, first.fills, work);
   if (rungs.some((r) => r.errors > 0)) notes.push('some operations failed: see rungs[].reps[].firstError');
   if (notes.length) summary.notes = notes;
   return summary;
+}
+
+/** --fill with several sizes: each size's rungs, and how much slower the largest is than the smallest. */
+function addFillSeries(summary: BenchSummary, fills: (number | undefined)[], work: Rung[][]): void {
+  const series = fills.map((fillBytes, i) => ({
+    fillBytes,
+    latencyMs: work[i]![0]?.latencyMs,
+    rungs: work[i]!,
+  }));
+  summary.extra = { fills: series };
+  const a = series[0]!.latencyMs;
+  const b = series[series.length - 1]!.latencyMs;
+  if (a && b) summary.ratios['snapshot p50 largest/smallest fill'] = Math.round((b.p50 / a.p50) * 100) / 100;
 }

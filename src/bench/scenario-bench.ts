@@ -3,8 +3,7 @@ import { SnaplabError } from '../errors.js';
 import type { Lab } from '../sdk/lab.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { LoopLimits, Arm } from './baselines.js';
-import { closedLoop, type LoopResult } from './loop.js';
-import { phasesOf } from './workloads.js';
+import { closedLoop, phasesOf, type LoopResult } from './loop.js';
 import { noted } from '../cleanup.js';
 
 export interface ScenarioBenchSettings extends LoopLimits {

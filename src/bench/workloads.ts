@@ -2,44 +2,14 @@ import { Lab } from '../sdk/lab.js';
 import type { LabApi, LabCreateOptions } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import type { Sandbox } from '../sdk/sandbox.js';
-import type { StorageKind } from '../storage/backend.js';
-import type { TraceSummary } from '../timing/trace.js';
 import { run } from '../host/run.js';
 import { freshExec } from './fresh-exec.js';
 import { scenarioReset, scenarioUp } from './scenario-bench.js';
-import { closedLoop, type LoopResult } from './loop.js';
+import { closedLoop, phasesOf, type LoopResult } from './loop.js';
+import type { BenchSettings, WorkloadSettings } from './settings.js';
 
 import type { Workload } from './workload-names.js';
 export { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workload-names.js';
-
-export interface BenchSettings {
-  concurrency: number;
-  durationMs: number;
-  count?: number;
-  storage?: StorageKind;
-  argv: string[];
-  /** snapshot workload: bytes written into the sandbox before snapshots are taken */
-  fillBytes?: number;
-  /** scenario workloads: the scenario file */
-  scenario?: string;
-  /** machine driver (default namespaces) */
-  driver?: string;
-  /** false: sandboxes without a user namespace (--userns off), to measure what one costs */
-  userns?: boolean;
-  /** raise, restore: systemd (system machines) or agent; absent: the image's default */
-  init?: 'systemd' | 'agent';
-  /** raise, restore: the image (default busybox) */
-  image?: string;
-}
-
-/** What fresh-exec takes on top: recycling of clean host resources, and the standby pool's size. */
-export type WorkloadSettings = BenchSettings & { recycle: boolean; poolSize?: number };
-
-export function phasesOf(t: TraceSummary | undefined): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const p of t?.phases ?? []) if (p.depth === 0) out[p.name] = (out[p.name] ?? 0) + p.endMs - p.startMs;
-  return out;
-}
 
 /** raise: create a sandbox to usable (the trace's total), then destroy it outside the timing. */
 async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {

@@ -1,9 +1,10 @@
 import { readdir, rmdir } from 'node:fs/promises';
+import type { Dirent } from 'node:fs';
 import type { Cgroup } from './cgroups-types.js';
 import { cgError, errno, poll, readText } from './cgroups-fs.js';
 import * as v1 from './cgroups-v1.js';
 import * as v2 from './cgroups-v2.js';
-import { isFrozen, thaw } from './cgroups.js';
+import { isFrozen, thaw } from './cgroups-freezer.js';
 import { signal } from './procs.js';
 import { noted } from '../cleanup.js';
 
@@ -16,7 +17,7 @@ const tops = (cg: Cgroup): string[] => [...cg.dirs, ...(cg.unifiedDir ? [cg.unif
 async function allDirs(cg: Cgroup): Promise<string[]> {
   const out: string[] = [];
   const walk = async (dir: string): Promise<void> => {
-    let entries;
+    let entries: Dirent[];
     try {
       entries = await readdir(dir, { withFileTypes: true });
     } catch (e) {
@@ -83,7 +84,7 @@ export async function destroyCgroup(cg: Cgroup, timeoutMs = 2000): Promise<void>
   if (!emptied) throw cgError(`cgroup ${cg.id} still holds pids ${left.join(' ')} after SIGKILL`);
   // each sandbox tree bottom-up (a parent is busy while it has children), the trees in parallel
   const trees = tops(cg).map((top) =>
-    dirs.filter((d) => d === top || d.startsWith(top + '/')).sort((a, b) => b.length - a.length),
+    dirs.filter((d) => d === top || d.startsWith(`${top}/`)).sort((a, b) => b.length - a.length),
   );
   let busy: string[] = [];
   const removed = await poll(

@@ -4,7 +4,7 @@ import { mkdir, readdir, rmdir } from 'node:fs/promises';
 import type { Availability } from './probe-types.js';
 import { DEFAULT_ROOT, detectCgroups } from './cgroups-detect.js';
 import { errno } from './cgroups-fs.js';
-import { cgroupFor, PARENT } from './cgroups.js';
+import { cgroupFor, PARENT } from './cgroups-paths.js';
 import type { Cgroup } from './cgroups-types.js';
 import { listMounts } from './mounts.js';
 import { ensureScope, SCOPE_PATH, SCOPE_UNIT, stopScopeIfIdle } from './cgroups-scope.js';

@@ -1,8 +1,8 @@
-import { close as fsClose, constants, existsSync, open as fsOpen, write as fsWrite } from 'node:fs';
+import { close as fsClose, constants, open as fsOpen, write as fsWrite } from 'node:fs';
 import { chown, mkdir, readFile, rmdir } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
-import { DEFAULT_ROOT, detectCgroups, USED_CONTROLLERS, type Controller } from './cgroups-detect.js';
 import { cgError, errno, writeText } from './cgroups-fs.js';
+import { cgroupFor, type CgroupOptions } from './cgroups-paths.js';
 import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './cgroups-types.js';
 import * as v1 from './cgroups-v1.js';
 import * as v2 from './cgroups-v2.js';
@@ -18,71 +18,8 @@ export {
   probeCgroupMoves,
   removeEmptySnaplabParents,
 } from './cgroups-host.js';
-
-/** Every snaplab cgroup sits below a parent of this name (principle 6: host objects are labelled). */
-export const PARENT = 'snaplab';
-const ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
-
-export interface CgroupOptions {
-  /** cgroup root: default /sys/fs/cgroup; a cgroup2 mount (e.g. /sys/fs/cgroup/unified) for v2 */
-  root?: string;
-}
-
-/** The paths of sandbox `id`'s cgroup. No I/O beyond the (cached) detection. */
-export function cgroupFor(id: string, opts: CgroupOptions = {}): Cgroup {
-  if (!ID.test(id)) {
-    throw new SnaplabError(
-      'BAD_NAME',
-      `bad cgroup id ${JSON.stringify(id)}`,
-      'use letters, digits, ".", "_" and "-" (at most 128)',
-    );
-  }
-  const layout = detectCgroups(opts.root ?? DEFAULT_ROOT);
-  const controllerDirs: Partial<Record<Controller, string>> = {};
-  const dirs: string[] = [];
-  // a sandbox made before snaplab moved into its systemd scope keeps its cgroup under the root
-  const base = layout.base !== layout.root && existsSync(`${layout.root}/${PARENT}/${id}`) ? layout.root : layout.base;
-  if (layout.version === 2) {
-    const dir = `${base}/${PARENT}/${id}`;
-    dirs.push(dir);
-    for (const c of v2.V2_LIMIT_CONTROLLERS) if (layout.controllers.includes(c)) controllerDirs[c] = dir;
-    controllerDirs.freezer = dir; // cgroup.freeze is core in v2
-  } else {
-    for (const c of ['memory', 'pids', 'cpu', 'cpuacct', 'freezer'] as const) {
-      const mount = layout.hierarchies[c];
-      if (!mount) continue;
-      const dir = `${mount}/${PARENT}/${id}`;
-      controllerDirs[c] = dir;
-      if (!dirs.includes(dir)) dirs.push(dir); // cpu,cpuacct may share one hierarchy
-    }
-  }
-  return {
-    id,
-    version: layout.version,
-    root: base,
-    dirs,
-    procsFiles: dirs.map((d) => `${d}/cgroup.procs`),
-    controllerDirs,
-    skipped: [],
-    ...(layout.version === 1 && layout.unified ? { unifiedDir: `${layout.unified}/${PARENT}/${id}` } : {}),
-    ...(layout.version === 1 ? { otherDirs: otherHierarchies(layout).map((m) => `${m}/${PARENT}/${id}`) } : {}),
-  };
-}
-
-const others = new WeakMap<ReturnType<typeof detectCgroups>, string[]>();
-
-/** v1 hierarchies snaplab sets no limits in: every mounted one but those of the controllers it uses (once per layout). */
-function otherHierarchies(layout: ReturnType<typeof detectCgroups>): string[] {
-  let found = others.get(layout);
-  if (!found) {
-    const used = new Set(USED_CONTROLLERS.map((c) => layout.hierarchies[c]).filter(Boolean));
-    const all = new Set(
-      [...Object.values(layout.hierarchies), ...Object.values(layout.named ?? {})].filter((m): m is string => !!m),
-    );
-    others.set(layout, (found = [...all].filter((m) => !used.has(m)).sort()));
-  }
-  return found;
-}
+export { cgroupFor, PARENT, type CgroupOptions } from './cgroups-paths.js';
+export { freeze, isFrozen, thaw } from './cgroups-freezer.js';
 
 /** A cpuset cgroup takes no task until it has cpus and mems: copy them from its parent, top down. */
 async function cpusetReady(dir: string): Promise<void> {
@@ -294,18 +231,6 @@ async function applyWrite(cg: Cgroup, dir: string, w: CgroupWrite, skipped: stri
   }
 }
 
-const FREEZE_TIMEOUT_MS = 2000;
-
-/** Stop every process of the cgroup; returns once the kernel says the cgroup is frozen. */
-export function freeze(cg: Cgroup, timeoutMs = FREEZE_TIMEOUT_MS): Promise<void> {
-  return cg.version === 1 ? v1.freezeV1(cg, timeoutMs) : v2.freezeV2(cg, timeoutMs);
-}
-export function thaw(cg: Cgroup): Promise<void> {
-  return cg.version === 1 ? v1.thawV1(cg) : v2.thawV2(cg);
-}
-export function isFrozen(cg: Cgroup): Promise<boolean> {
-  return cg.version === 1 ? v1.isFrozenV1(cg) : v2.isFrozenV2(cg);
-}
 /** How many processes the kernel's OOM killer has killed in this cgroup (0 without memory controller). */
 export function oomKills(cg: Cgroup): Promise<number> {
   return cg.version === 1 ? v1.oomKillsV1(cg) : v2.oomKillsV2(cg);

@@ -24,7 +24,7 @@ it('finds a loop device by the directory of its backing file, and detaches it', 
   expect(device).toMatch(/^\/dev\/loop\d+$/);
 
   expect(await loopDevicesBackedUnder(base)).toEqual([{ device, backingFile: file, deleted: false }]);
-  expect(await loopDevicesBackedUnder(base + '-other')).toEqual([]);
+  expect(await loopDevicesBackedUnder(`${base}-other`)).toEqual([]);
 
   await detachLoop(device);
   expect(await loopDevicesBackedUnder(base)).toEqual([]);

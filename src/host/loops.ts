@@ -41,7 +41,7 @@ export async function listLoopDevices(): Promise<LoopDevice[]> {
 export async function loopDevicesBackedUnder(prefix: string): Promise<LoopDevice[]> {
   const p = resolve(prefix);
   return (await listLoopDevices()).filter(
-    (d) => d.backingFile === p || d.backingFile.startsWith(p === '/' ? '/' : p + '/'),
+    (d) => d.backingFile === p || d.backingFile.startsWith(p === '/' ? '/' : `${p}/`),
   );
 }
 
@@ -62,6 +62,6 @@ export async function detachLoop(device: string): Promise<void> {
   throw new SnaplabError(
     'HOST_COMMAND_FAILED',
     `losetup -d /dev/${name} failed: ${r.stderr.trim()}`,
-    'unmount whatever is mounted from it first (see: findmnt /dev/' + name + ')',
+    `unmount whatever is mounted from it first (see: findmnt /dev/${name})`,
   );
 }

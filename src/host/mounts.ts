@@ -22,7 +22,7 @@ export interface MountEntry {
 const MOUNTINFO = '/proc/self/mountinfo';
 
 /** mountinfo escapes space, tab, newline and backslash as \ooo octal. */
-function unescape(s: string): string {
+function unescapeOctal(s: string): string {
   return s.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8)));
 }
 
@@ -38,11 +38,11 @@ export function parseMountinfo(text: string): MountEntry[] {
     const dash = f.indexOf('-', 6);
     if (dash < 0 || f.length < dash + 4) continue;
     out.push({
-      root: unescape(f[3]!),
-      target: unescape(f[4]!),
+      root: unescapeOctal(f[3]!),
+      target: unescapeOctal(f[4]!),
       options: f[5]!,
       fstype: f[dash + 1]!,
-      source: unescape(f[dash + 2]!),
+      source: unescapeOctal(f[dash + 2]!),
       superOptions: f[dash + 3]!,
     });
   }
@@ -61,7 +61,7 @@ export function listMountsSync(): MountEntry[] {
 
 function isUnder(path: string, prefix: string): boolean {
   const p = prefix.length > 1 && prefix.endsWith('/') ? prefix.slice(0, -1) : prefix;
-  return path === p || path.startsWith(p === '/' ? '/' : p + '/');
+  return path === p || path.startsWith(p === '/' ? '/' : `${p}/`);
 }
 
 /**

@@ -11,7 +11,7 @@ import { handledElsewhere, noted } from '../cleanup.js';
  */
 export async function ipBatch(netns: string, lines: string[], opts: { force?: boolean } = {}): Promise<RunResult> {
   const args = ['-n', netns, ...(opts.force ? ['-force'] : []), '-batch', '-'];
-  return run('ip', args, { input: lines.join('\n') + '\n', allowFail: true });
+  return run('ip', args, { input: `${lines.join('\n')}\n`, allowFail: true });
 }
 
 /**

@@ -15,6 +15,7 @@ import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
+import type { AgentClient } from '../agent/client.js';
 import { connectAgent, spawnIn, type ExecProcess } from './sandbox-ops.js';
 import { feedInput, outputTo } from './streams.js';
 import { handledElsewhere } from '../cleanup.js';
@@ -83,7 +84,7 @@ const lines = (b: Buffer[]): string[] =>
     .toString('utf8')
     .split('\n')
     .filter(Boolean)
-    // eslint-disable-next-line no-control-regex
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what it replaces
     .map((l) => l.replace(/[\u0000-\u001f\u007f-\u009f]/g, '?'));
 
 /**
@@ -135,7 +136,7 @@ export async function sendArchive(
   source: Readable,
   opts: { plain?: boolean; sender?: Sender; expect?: string } = {},
 ): Promise<CopyResult> {
-  let agent;
+  let agent: AgentClient;
   try {
     agent = await connectAgent(ctx, s);
   } catch (e) {
@@ -208,7 +209,7 @@ export async function receiveArchive(
     const r = await inside.result;
     ending = true;
     await new Promise<void>((resolve) => (sinkFailed || sink.destroyed ? resolve() : sink.end(resolve)));
-    const receiver = opts.receiver ? await opts.receiver : { code: 0, lines: [] };
+    const receiver = (await opts.receiver) ?? { code: 0, lines: [] };
     return verdict(`to ${sinkName(sink)}`, { code: r.exitCode, lines: lines(err) }, receiver, bytes);
   } finally {
     await agent.close();
@@ -320,11 +321,11 @@ export async function copyBetween(
       setTimeout(() => pipe.destroy(), 5000).unref();
       return r;
     },
-    (e: unknown) => (
-      receiverDone({ code: 2, lines: [`snaplab: cp: ${(e as Error).message.replace(/^cp: /, '')}`] }),
-      pipe.destroy(),
-      Promise.reject(e)
-    ),
+    (e: unknown) => {
+      receiverDone({ code: 2, lines: [`snaplab: cp: ${(e as Error).message.replace(/^cp: /, '')}`] });
+      pipe.destroy();
+      throw e;
+    },
   );
   sending.catch(handledElsewhere);
   let r: CopyResult;

@@ -192,7 +192,7 @@ export class Images {
   async create(
     name: string,
     source: string,
-    build: (root: string, scratch: string) => Promise<Imported | void>,
+    build: (root: string, scratch: string) => Promise<Imported | undefined>,
     buildKey?: string,
     replace?: () => Promise<void>,
   ): Promise<ImageRecord> {

@@ -298,7 +298,8 @@ export class PoolRunner {
           this.ctx.store.setPoolTemplate(this.name, snap.name);
           return snap;
         } finally {
-          vm.agent.close();
+          // not awaited: close() never rejects (it ends the socket, and destroys it after 1 s)
+          void vm.agent.close();
           await destroyRecord(this.ctx, vm.record);
         }
       },

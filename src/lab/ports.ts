@@ -10,6 +10,7 @@ import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
+import type { AgentClient } from '../agent/client.js';
 import { connectAgent, spawnIn, type ExecProcess } from './sandbox-ops.js';
 import { feedInput, outputTo } from './streams.js';
 
@@ -24,7 +25,7 @@ async function carry(
   onError: (e: unknown) => void,
 ): Promise<void> {
   sock.pause();
-  let agent;
+  let agent: AgentClient;
   try {
     agent = await connectAgent(ctx, s);
   } catch (e) {

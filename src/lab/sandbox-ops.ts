@@ -363,7 +363,8 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
             try {
               await execIn(ctx, s, agent, ['sync']);
             } finally {
-              agent.close();
+              // not awaited: close() never rejects (it ends the socket, and destroys it after 1 s)
+              void agent.close();
             }
           })
           .catch(noted(`sync ${s.name} before the kill`));
@@ -391,7 +392,8 @@ async function guestHalt(ctx: LabContext, s: SandboxRecord): Promise<void> {
     // --no-block: the answer comes before the agent's own unit is stopped
     await execIn(ctx, s, agent, ['systemctl', 'poweroff', '--no-block'], { timeoutMs: 10_000 });
   } finally {
-    agent.close();
+    // not awaited: close() never rejects (it ends the socket, and destroys it after 1 s)
+    void agent.close();
   }
   const end = Date.now() + GUEST_HALT_GRACE_MS;
   while (Date.now() < end && (await driver.inspect(handleOf(s))).alive) await new Promise((r) => setTimeout(r, 100));

@@ -5,7 +5,9 @@ import { destroyRecord } from '../lab/teardown.js';
 import { me } from '../lab/owner.js';
 import type { ScenarioRecord } from '../store/records.js';
 import type { ScenarioSpec } from './spec.js';
-import { removeNetworks } from './up.js';
+import { unwire } from '../host/netns.js';
+import { machineHolder, releaseRange, scenarioRanges } from '../host/userns-registry.js';
+import { machineNetns, networkNetns, ownerDir } from './names.js';
 
 export function getScenario(ctx: LabContext, name: string): ScenarioRecord {
   const s = ctx.store.getScenario(name);
@@ -32,4 +34,15 @@ export async function teardownScenario(ctx: LabContext, name: string): Promise<v
   }
   await removeNetworks(ctx.home, s.id, s.spec as ScenarioSpec);
   ctx.store.deleteScenario(name);
+}
+
+/** Remove the namespaces of a scenario id (networks and machines): what `down` and gc share. */
+export async function removeNetworks(home: string, sid: string, spec: ScenarioSpec): Promise<void> {
+  await unwire([
+    ...spec.machines.map((_, j) => machineNetns(sid, j)),
+    ...spec.networks.map((_, i) => networkNetns(sid, i)),
+  ]);
+  // the machines' user namespaces went with their network namespaces (and their sandboxes before)
+  for (const [j, base] of await scenarioRanges(home, sid)) await releaseRange(base, home, machineHolder(sid, j));
+  await rm(ownerDir(home, sid), { recursive: true, force: true });
 }

@@ -42,7 +42,13 @@ export function parseScenario(text: string, opts: { file: string; dir: string })
   } catch (e) {
     // at the first alias whose anchor is not there, when that is the cause
     let pos = 0;
-    visit(doc, { Alias: (_k, node) => (node.resolve(doc) ? undefined : ((pos = node.range?.[0] ?? 0), visit.BREAK)) });
+    visit(doc, {
+      Alias: (_k, node) => {
+        if (node.resolve(doc)) return undefined;
+        pos = node.range?.[0] ?? 0;
+        return visit.BREAK;
+      },
+    });
     throw at.error(
       pos,
       `YAML: ${(e as Error).message}`,
@@ -99,7 +105,7 @@ function prepare(doc: Document, at: Locator): void {
     ) {
       node.value = node.source;
     }
-    if (isSeq(node)) node.items.forEach((n, i) => walk(n, [...path, i]));
+    if (isSeq(node)) for (const [i, n] of node.items.entries()) walk(n, [...path, i]);
     if (!isMap(node)) return;
     const seen = new Map<string, number>();
     for (const pair of node.items) {

@@ -221,7 +221,7 @@ const LogLine = str('a line to wait for (a substring, or /regex/)')
     }),
   );
 
-const Check = byKey<Check>('a readiness check: a map with command, tcp, file, log, unit or systemd', {
+const ReadinessCheck = byKey<Check>('a readiness check: a map with command, tcp, file, log, unit or systemd', {
   unit: z
     .strictObject({ unit: str('a unit name such as nginx.service'), timeout: Duration.optional() })
     .transform((c): Check => ({ kind: 'unit', unit: c.unit, timeoutMs: timeoutMs(c.timeout) })),
@@ -281,7 +281,7 @@ const Machine = z.strictObject(
     networks: z.record(z.string(), Attachment, { error: 'expected a map of network name to {address}' }).nullish(),
     provision: list(Step),
     start: list(Step),
-    ready: list(Check),
+    ready: list(ReadinessCheck),
     /** [LOCAL:]REMOTE, forwarded from 127.0.0.1 by `snaplab up --ports` / `snaplab port-forward SCENARIO` */
     ports: list(strOrNum('a port such as "8080:80" or 80')),
     /** Ansible groups of the machine in `snaplab inventory` (beside one per network it is on) */

@@ -1,6 +1,6 @@
-import { mkdir, rm } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
-import { unwire, wire } from '../host/netns.js';
+import { wire } from '../host/netns.js';
 import type { LabContext } from '../lab/context.js';
 import { checkName, newId } from '../lab/names.js';
 import { me } from '../lab/owner.js';
@@ -9,7 +9,7 @@ import type { StorageKind } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { raiseMachine } from './machines.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
-import { claimRange, machineHolder, releaseRange, scenarioRanges } from '../host/userns-registry.js';
+import { claimRange, machineHolder } from '../host/userns-registry.js';
 import { usernsFor } from '../lab/raise.js';
 import { VM_DEFAULT_MEMORY, VM_MIN_MEMORY, vmTooSmall } from '../lab/limits.js';
 import { isVm, machineNetns, networkNetns, ownerDir, tapName, vethName } from './names.js';
@@ -183,15 +183,4 @@ export async function upScenario(
   } finally {
     for (const m of machines) void m.agent.close();
   }
-}
-
-/** Remove the namespaces of a scenario id (networks and machines): what `down` and gc share. */
-export async function removeNetworks(home: string, sid: string, spec: ScenarioSpec): Promise<void> {
-  await unwire([
-    ...spec.machines.map((_, j) => machineNetns(sid, j)),
-    ...spec.networks.map((_, i) => networkNetns(sid, i)),
-  ]);
-  // the machines' user namespaces went with their network namespaces (and their sandboxes before)
-  for (const [j, base] of await scenarioRanges(home, sid)) await releaseRange(base, home, machineHolder(sid, j));
-  await rm(ownerDir(home, sid), { recursive: true, force: true });
 }

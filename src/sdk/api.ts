@@ -10,9 +10,27 @@ import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
 import type { RunOutcome, RunSpec } from '../lab/run.js';
 import type { Limits } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
-import type { SandboxFiles } from './sandbox.js';
+import type { FileInfo } from '../lab/files.js';
 import type { ExecText, Text } from './output.js';
 import type { TraceSummary } from '../timing/trace.js';
+
+/** `sandbox.files`: the same calls on an embedded and on a remote sandbox. */
+export interface SandboxFiles {
+  stat(path: string, opts?: { follow?: boolean; user?: string }): Promise<FileInfo>;
+  list(path: string, opts?: { user?: string }): Promise<FileInfo[]>;
+  mkdir(path: string, opts?: { parents?: boolean; mode?: number; user?: string }): Promise<void>;
+  remove(path: string, opts?: { recursive?: boolean; force?: boolean; user?: string }): Promise<void>;
+  /** returns the bytes written */
+  /** `size`: the bytes a stream will carry, when known: fewer, and the file is left as it was */
+  write(
+    path: string,
+    data: Buffer | string | Readable,
+    opts?: { mode?: number; append?: boolean; user?: string; size?: number },
+  ): Promise<number>;
+  read(path: string, opts?: { user?: string }): Promise<Buffer>;
+  /** stream into `sink` (ended after); returns the bytes read */
+  readTo(path: string, sink: Writable, opts?: { user?: string }): Promise<number>;
+}
 
 /** A started command (as `spawn` returns); its result's output is text, or Buffers with `encoding: 'buffer'`. */
 export type ProcessApi<R = ExecText> = Omit<ExecProcess, 'result'> & { result: Promise<R> };

@@ -18,28 +18,12 @@ import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
-import type { BufferOutput, ProcessApi, SandboxApi } from './api.js';
+import type { BufferOutput, ProcessApi, SandboxApi, SandboxFiles } from './api.js';
 import { encoded, type ExecText } from './output.js';
 import { Writable, type Readable } from 'node:stream';
-import { listDir, makeDir, readFile, removePath, statPath, writeFile, type FileInfo } from '../lab/files.js';
+import { listDir, makeDir, readFile, removePath, statPath, writeFile } from '../lab/files.js';
 
-/** `sandbox.files`: the same calls on an embedded and on a remote sandbox. */
-export interface SandboxFiles {
-  stat(path: string, opts?: { follow?: boolean; user?: string }): Promise<FileInfo>;
-  list(path: string, opts?: { user?: string }): Promise<FileInfo[]>;
-  mkdir(path: string, opts?: { parents?: boolean; mode?: number; user?: string }): Promise<void>;
-  remove(path: string, opts?: { recursive?: boolean; force?: boolean; user?: string }): Promise<void>;
-  /** returns the bytes written */
-  /** `size`: the bytes a stream will carry, when known: fewer, and the file is left as it was */
-  write(
-    path: string,
-    data: Buffer | string | Readable,
-    opts?: { mode?: number; append?: boolean; user?: string; size?: number },
-  ): Promise<number>;
-  read(path: string, opts?: { user?: string }): Promise<Buffer>;
-  /** stream into `sink` (ended after); returns the bytes read */
-  readTo(path: string, sink: Writable, opts?: { user?: string }): Promise<number>;
-}
+export type { SandboxFiles } from './api.js';
 import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
 import { copyBetween, copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/copy.js';
 import { forwardPort, type Forward } from '../lab/ports.js';

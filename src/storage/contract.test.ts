@@ -83,13 +83,19 @@ function contractSuite(kind: StorageKind, factory: (home: string) => StorageBack
   let b: StorageBackend;
   let image: Volume;
   const live = new Map<string, Volume>();
-  const keep = (v: Volume) => (live.set(v.id, v), v);
-  const drop = async (v: Volume, backend = b) => (await backend.delete(v), live.delete(v.id));
+  const keep = (v: Volume) => {
+    live.set(v.id, v);
+    return v;
+  };
+  const drop = async (v: Volume, backend = b) => {
+    await backend.delete(v);
+    return live.delete(v.id);
+  };
 
   beforeAll(async () => {
     top = await mkdtemp(join(tmpdir(), `snaplab-test-${kind}-`));
     home = await makeHome(top);
-    process.env['SNAPLAB_BTRFS_SIZE'] = '1G';
+    process.env.SNAPLAB_BTRFS_SIZE = '1G';
     b = factory(home);
     await b.init();
     await makeImageSrc(join(top, 'src'));
@@ -276,7 +282,7 @@ function contractSuite(kind: StorageKind, factory: (home: string) => StorageBack
         await writeFile(join(c.path, `gen${i}`), `${i}\n`);
         if (i === 3) await unlink(join(c.path, 'gone.txt'));
         const s = keep(await b.snapshot(c));
-        expect((s.ref['layers'] as string[]).length).toBeLessThanOrEqual(MAX_LAYERS);
+        expect((s.ref.layers as string[]).length).toBeLessThanOrEqual(MAX_LAYERS);
         c = keep(await b.clone(s));
         made.push(s, c);
       }
@@ -338,6 +344,7 @@ describe.each(kinds)('storage contract: %s', { timeout: 60_000 }, (kind) => {
   contractSuite(kind, (home) => createBackend(kind, home));
 });
 
+// biome-ignore lint/suspicious/noTemplateCurlyInString: the title names the variable, it is not a template
 describe('storage contract: btrfs with ${home} on btrfs (no pool)', { timeout: 60_000 }, () => {
   contractSuite('btrfs', (home) => createBackend('btrfs', home), btrfsHome);
 });

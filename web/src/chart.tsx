@@ -119,25 +119,29 @@ function Marker({
   return <circle cx={x} cy={y} r={r} fill={fill} stroke={color} stroke-width="1.5" {...extra} />;
 }
 
-export function LineChart({
-  title,
-  xLabel,
-  yLabel,
-  series,
-  width = 640,
-  height = 280,
-  xScale = 'linear',
-  xFormat = plain,
-  yFormat = plain,
-  testid,
-}: LineChartProps) {
-  const [ref, measured] = useWidth(width);
-  const W = Math.max(280, Math.min(width, measured));
-  const H = height;
+/** Where everything goes: the drawing's size, the axes' ticks, and value → pixel on each axis. */
+interface Geometry {
+  W: number;
+  H: number;
+  m: { left: number; right: number; top: number; bottom: number };
+  pw: number;
+  ph: number;
+  /** the x values that are drawn (positive ones only on a log2 scale), ascending */
+  xs: number[];
+  xTicks: number[];
+  yTicks: number[];
+  X: (x: number) => number;
+  Y: (y: number) => number;
+  /** the series with a spread (whiskers or several reps) */
+  spread: ChartSeries[];
+  /** how far a series with a spread is nudged at each x */
+  nudge: (s: ChartSeries) => number;
+}
+
+function geometry(series: ChartSeries[], W: number, H: number, xScale: 'linear' | 'log2'): Geometry {
   const m = { left: 58, right: 14, top: 12, bottom: 42 };
   const pw = W - m.left - m.right;
   const ph = H - m.top - m.bottom;
-  const color = (s: ChartSeries, i: number): string => s.color ?? PALETTE[i % PALETTE.length]!;
 
   // the x domain, and what the y axis must reach (medians, spreads and reps alike)
   const pts = series.flatMap((s) => s.points);
@@ -172,26 +176,39 @@ export function LineChart({
     const i = spread.indexOf(s);
     return i < 0 ? 0 : (i - (spread.length - 1) / 2) * 7;
   };
+  return { W, H, m, pw, ph, xs, xTicks, yTicks, X, Y, spread, nudge };
+}
 
-  /** the line as a path, broken where a value is missing */
-  const path = (s: ChartSeries): string => {
-    let d = '';
-    let pen = false;
-    for (const p of [...s.points].sort((a, b) => a.x - b.x)) {
-      if (!finite(p.y) || !xs.includes(p.x)) {
-        pen = false;
-        continue;
-      }
-      d += `${pen ? 'L' : 'M'}${X(p.x).toFixed(1)},${Y(p.y).toFixed(1)}`;
-      pen = true;
+/** the line as a path, broken where a value is missing */
+function linePath(s: ChartSeries, g: Geometry): string {
+  let d = '';
+  let pen = false;
+  for (const p of [...s.points].sort((a, b) => a.x - b.x)) {
+    if (!finite(p.y) || !g.xs.includes(p.x)) {
+      pen = false;
+      continue;
     }
-    return d;
-  };
+    d += `${pen ? 'L' : 'M'}${g.X(p.x).toFixed(1)},${g.Y(p.y).toFixed(1)}`;
+    pen = true;
+  }
+  return d;
+}
 
-  const rows = xs.map((x) => ({ x, cells: series.map((s) => s.points.find((p) => p.x === x)) }));
-  const hasRange = series.map((s) => s.points.some((p) => finite(p.min) && finite(p.max)));
-  const hasReps = series.map((s) => s.points.some((p) => (p.reps?.length ?? 0) > 0));
-
+export function LineChart({
+  title,
+  xLabel,
+  yLabel,
+  series,
+  width = 640,
+  height = 280,
+  xScale = 'linear',
+  xFormat = plain,
+  yFormat = plain,
+  testid,
+}: LineChartProps) {
+  const [ref, measured] = useWidth(width);
+  const g = geometry(series, Math.max(280, Math.min(width, measured)), height, xScale);
+  const color = (s: ChartSeries, i: number): string => s.color ?? PALETTE[i % PALETTE.length]!;
   return (
     <figure style="margin:0;min-width:0">
       <figcaption style="font-weight:600;margin-bottom:4px">{title}</figcaption>
@@ -200,161 +217,226 @@ export function LineChart({
           class="chart"
           role="img"
           aria-label={`${title}: ${yLabel} against ${xLabel}; the figures are in the table below`}
-          viewBox={`0 0 ${W} ${H}`}
+          viewBox={`0 0 ${g.W} ${g.H}`}
           data-testid={testid}
         >
           <title>{title}</title>
           <desc>{`${yLabel} against ${xLabel}, ${series.length} series: ${series.map((s) => s.name).join(', ')}. The same figures are in the table below the chart.`}</desc>
-          {/* grid and y ticks */}
-          {yTicks.map((t) => (
-            <g key={`y${t}`}>
-              <line x1={m.left} x2={W - m.right} y1={Y(t)} y2={Y(t)} stroke="#e6e9ed" />
-              <text x={m.left - 6} y={Y(t) + 4} text-anchor="end">
-                {tick(t)}
-              </text>
-            </g>
+          <Axes g={g} xLabel={xLabel} yLabel={yLabel} xFormat={xFormat} />
+          {series.map((s, i) => (
+            <SeriesMarks key={s.name} s={s} c={color(s, i)} g={g} />
           ))}
-          {xTicks.map((t) => (
-            <g key={`x${t}`}>
-              <line class="axis" x1={X(t)} x2={X(t)} y1={m.top + ph} y2={m.top + ph + 4} />
-              <text x={X(t)} y={m.top + ph + 16} text-anchor="middle">
-                {xFormat(t)}
-              </text>
-            </g>
-          ))}
-          <line class="axis" x1={m.left} x2={W - m.right} y1={m.top + ph} y2={m.top + ph} />
-          <line class="axis" x1={m.left} x2={m.left} y1={m.top} y2={m.top + ph} />
-          <text x={m.left + pw / 2} y={H - 6} text-anchor="middle">
-            {xLabel}
-          </text>
-          <text transform={`translate(13 ${m.top + ph / 2}) rotate(-90)`} text-anchor="middle">
-            {yLabel}
-          </text>
-          {xs.length === 0 && (
-            <text x={m.left + pw / 2} y={m.top + ph / 2} text-anchor="middle">
-              no data
-            </text>
-          )}
-          {series.map((s, i) => {
-            const c = color(s, i);
-            const dx = nudge(s);
-            return (
-              <g key={s.name} data-series={s.name}>
-                <path
-                  d={path(s)}
-                  fill="none"
-                  stroke={c}
-                  stroke-width="2"
-                  stroke-dasharray={s.dashed ? '6 4' : undefined}
-                />
-                {s.points
-                  .filter((p) => xs.includes(p.x))
-                  .map((p) => (
-                    <g key={p.x}>
-                      {finite(p.min) && finite(p.max) && p.max > p.min && (
-                        <path
-                          d={`M${X(p.x) + dx - 3},${Y(p.min)}h6M${X(p.x) + dx},${Y(p.min)}V${Y(p.max)}M${X(p.x) + dx - 3},${Y(p.max)}h6`}
-                          stroke={c}
-                          stroke-width="1.5"
-                          fill="none"
-                          opacity="0.75"
-                        />
-                      )}
-                      {(p.reps ?? []).filter(finite).map((r, k) => (
-                        <circle key={k} cx={X(p.x) + dx} cy={Y(r)} r="2.5" fill="#fff" stroke={c} stroke-width="1.2" />
-                      ))}
-                      {finite(p.y) && (
-                        <Marker
-                          x={X(p.x)}
-                          y={Y(p.y)}
-                          r={s.points.length > 24 ? 2 : 4}
-                          color={c}
-                          hollow={s.dashed}
-                          shape={s.marker}
-                          extra={s.marked ? { 'data-x': String(p.x), 'data-y': String(p.y) } : undefined}
-                        />
-                      )}
-                    </g>
-                  ))}
-              </g>
-            );
-          })}
         </svg>
       </div>
-      <ul
-        aria-label={`legend: ${title}`}
-        style="list-style:none;display:flex;flex-wrap:wrap;gap:4px 16px;margin:4px 0;padding:0;font-size:13px"
-      >
-        {series.map((s, i) => (
-          <li key={s.name} style="display:flex;align-items:center;gap:6px">
-            <svg width="30" height="12" viewBox="0 0 30 12" aria-hidden="true">
-              <line
-                x1="1"
-                x2="29"
-                y1="6"
-                y2="6"
-                stroke={color(s, i)}
-                stroke-width="2"
-                stroke-dasharray={s.dashed ? '6 4' : undefined}
+      <Legend title={title} series={series} color={color} spread={g.spread.length > 0} />
+      <FiguresTable title={title} xLabel={xLabel} series={series} xs={g.xs} xFormat={xFormat} yFormat={yFormat} />
+    </figure>
+  );
+}
+
+/** The grid, the ticks and the axes with their labels. */
+function Axes({
+  g,
+  xLabel,
+  yLabel,
+  xFormat,
+}: {
+  g: Geometry;
+  xLabel: string;
+  yLabel: string;
+  xFormat: (x: number) => string;
+}) {
+  const { W, H, m, pw, ph, X, Y } = g;
+  return (
+    <>
+      {/* grid and y ticks */}
+      {g.yTicks.map((t) => (
+        <g key={`y${t}`}>
+          <line x1={m.left} x2={W - m.right} y1={Y(t)} y2={Y(t)} stroke="#e6e9ed" />
+          <text x={m.left - 6} y={Y(t) + 4} text-anchor="end">
+            {tick(t)}
+          </text>
+        </g>
+      ))}
+      {g.xTicks.map((t) => (
+        <g key={`x${t}`}>
+          <line class="axis" x1={X(t)} x2={X(t)} y1={m.top + ph} y2={m.top + ph + 4} />
+          <text x={X(t)} y={m.top + ph + 16} text-anchor="middle">
+            {xFormat(t)}
+          </text>
+        </g>
+      ))}
+      <line class="axis" x1={m.left} x2={W - m.right} y1={m.top + ph} y2={m.top + ph} />
+      <line class="axis" x1={m.left} x2={m.left} y1={m.top} y2={m.top + ph} />
+      <text x={m.left + pw / 2} y={H - 6} text-anchor="middle">
+        {xLabel}
+      </text>
+      <text transform={`translate(13 ${m.top + ph / 2}) rotate(-90)`} text-anchor="middle">
+        {yLabel}
+      </text>
+      {g.xs.length === 0 && (
+        <text x={m.left + pw / 2} y={m.top + ph / 2} text-anchor="middle">
+          no data
+        </text>
+      )}
+    </>
+  );
+}
+
+/** One series: its line, and at each x its whisker, its reps and its median's marker. */
+function SeriesMarks({ s, c, g }: { s: ChartSeries; c: string; g: Geometry }) {
+  const { X, Y } = g;
+  const dx = g.nudge(s);
+  return (
+    <g data-series={s.name}>
+      <path
+        d={linePath(s, g)}
+        fill="none"
+        stroke={c}
+        stroke-width="2"
+        stroke-dasharray={s.dashed ? '6 4' : undefined}
+      />
+      {s.points
+        .filter((p) => g.xs.includes(p.x))
+        .map((p) => (
+          <g key={p.x}>
+            {finite(p.min) && finite(p.max) && p.max > p.min && (
+              <path
+                d={`M${X(p.x) + dx - 3},${Y(p.min)}h6M${X(p.x) + dx},${Y(p.min)}V${Y(p.max)}M${X(p.x) + dx - 3},${Y(p.max)}h6`}
+                stroke={c}
+                stroke-width="1.5"
+                fill="none"
+                opacity="0.75"
               />
-              <Marker x={15} y={6} r={3.5} color={color(s, i)} hollow={s.dashed} shape={s.marker} />
-            </svg>
-            {s.name}
-          </li>
+            )}
+            {(p.reps ?? []).filter(finite).map((r, k) => (
+              <circle key={k} cx={X(p.x) + dx} cy={Y(r)} r="2.5" fill="#fff" stroke={c} stroke-width="1.2" />
+            ))}
+            {finite(p.y) && (
+              <Marker
+                x={X(p.x)}
+                y={Y(p.y)}
+                r={s.points.length > 24 ? 2 : 4}
+                color={c}
+                hollow={s.dashed}
+                shape={s.marker}
+                extra={s.marked ? { 'data-x': String(p.x), 'data-y': String(p.y) } : undefined}
+              />
+            )}
+          </g>
         ))}
-        {spread.length > 0 && <li class="muted">whisker: reps' min–max; hollow dots: each rep</li>}
-      </ul>
-      <details>
-        <summary>{title}: figures as a table</summary>
-        <div class="table-wrap">
-          <table>
-            <thead>
-              <tr>
-                <th scope="col">{xLabel}</th>
-                {series.map((s, i) => [
-                  <th scope="col" class="num" key={`v${i}`}>
-                    {s.name}
-                  </th>,
+    </g>
+  );
+}
+
+function Legend({
+  title,
+  series,
+  color,
+  spread,
+}: {
+  title: string;
+  series: ChartSeries[];
+  color: (s: ChartSeries, i: number) => string;
+  spread: boolean;
+}) {
+  return (
+    <ul
+      aria-label={`legend: ${title}`}
+      style="list-style:none;display:flex;flex-wrap:wrap;gap:4px 16px;margin:4px 0;padding:0;font-size:13px"
+    >
+      {series.map((s, i) => (
+        <li key={s.name} style="display:flex;align-items:center;gap:6px">
+          <svg width="30" height="12" viewBox="0 0 30 12" aria-hidden="true">
+            <line
+              x1="1"
+              x2="29"
+              y1="6"
+              y2="6"
+              stroke={color(s, i)}
+              stroke-width="2"
+              stroke-dasharray={s.dashed ? '6 4' : undefined}
+            />
+            <Marker x={15} y={6} r={3.5} color={color(s, i)} hollow={s.dashed} shape={s.marker} />
+          </svg>
+          {s.name}
+        </li>
+      ))}
+      {spread && <li class="muted">whisker: reps' min–max; hollow dots: each rep</li>}
+    </ul>
+  );
+}
+
+/** The same figures as a table, for screen readers and keyboard users. */
+function FiguresTable({
+  title,
+  xLabel,
+  series,
+  xs,
+  xFormat,
+  yFormat,
+}: {
+  title: string;
+  xLabel: string;
+  series: ChartSeries[];
+  xs: number[];
+  xFormat: (x: number) => string;
+  yFormat: (y: number) => string;
+}) {
+  const rows = xs.map((x) => ({ x, cells: series.map((s) => s.points.find((p) => p.x === x)) }));
+  const hasRange = series.map((s) => s.points.some((p) => finite(p.min) && finite(p.max)));
+  const hasReps = series.map((s) => s.points.some((p) => (p.reps?.length ?? 0) > 0));
+  return (
+    <details>
+      <summary>{title}: figures as a table</summary>
+      <div class="table-wrap">
+        <table>
+          <thead>
+            <tr>
+              <th scope="col">{xLabel}</th>
+              {series.map((s, i) => [
+                <th scope="col" class="num" key={`v${i}`}>
+                  {s.name}
+                </th>,
+                hasRange[i] && (
+                  <th scope="col" class="num" key={`r${i}`}>
+                    {s.name} range
+                  </th>
+                ),
+                hasReps[i] && (
+                  <th scope="col" key={`p${i}`}>
+                    {s.name} reps
+                  </th>
+                ),
+              ])}
+            </tr>
+          </thead>
+          <tbody>
+            {rows.map((r) => (
+              <tr key={r.x}>
+                <th scope="row" style={ROW_HEAD}>
+                  {xFormat(r.x)}
+                </th>
+                {r.cells.map((p, i) => [
+                  <td class="num" key={`v${i}`}>
+                    {p && finite(p.y) ? yFormat(p.y) : '—'}
+                  </td>,
                   hasRange[i] && (
-                    <th scope="col" class="num" key={`r${i}`}>
-                      {s.name} range
-                    </th>
+                    <td class="num" key={`r${i}`}>
+                      {p && finite(p.min) && finite(p.max) ? `${yFormat(p.min)}–${yFormat(p.max)}` : '—'}
+                    </td>
                   ),
                   hasReps[i] && (
-                    <th scope="col" key={`p${i}`}>
-                      {s.name} reps
-                    </th>
+                    <td key={`p${i}`}>
+                      {p?.reps?.length ? p.reps.map((v) => (finite(v) ? yFormat(v) : '—')).join(', ') : '—'}
+                    </td>
                   ),
                 ])}
               </tr>
-            </thead>
-            <tbody>
-              {rows.map((r) => (
-                <tr key={r.x}>
-                  <th scope="row" style={ROW_HEAD}>
-                    {xFormat(r.x)}
-                  </th>
-                  {r.cells.map((p, i) => [
-                    <td class="num" key={`v${i}`}>
-                      {p && finite(p.y) ? yFormat(p.y) : '—'}
-                    </td>,
-                    hasRange[i] && (
-                      <td class="num" key={`r${i}`}>
-                        {p && finite(p.min) && finite(p.max) ? `${yFormat(p.min)}–${yFormat(p.max)}` : '—'}
-                      </td>
-                    ),
-                    hasReps[i] && (
-                      <td key={`p${i}`}>
-                        {p?.reps?.length ? p.reps.map((v) => (finite(v) ? yFormat(v) : '—')).join(', ') : '—'}
-                      </td>
-                    ),
-                  ])}
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      </details>
-    </figure>
+            ))}
+          </tbody>
+        </table>
+      </div>
+    </details>
   );
 }

@@ -130,11 +130,13 @@ function blockedPath(a: Placed, b: Placed): { d: string; lx: number; ly: number 
   };
 }
 
+type Blocked = { a: string; b: string; d: string; lx: number; ly: number };
+
 export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
   const L = layout(status);
   const colour = new Map(status.networks.map((n, i) => [n.name, NET_COLOURS[i % NET_COLOURS.length]!]));
   const placed = [...L.nodes.values()];
-  const drawn = status.blocked.flatMap(([x, y]) => {
+  const drawn: Blocked[] = status.blocked.flatMap(([x, y]) => {
     const [a, b] = [x, y].sort() as [string, string];
     const pa = L.nodes.get(a);
     const pb = L.nodes.get(b);
@@ -144,6 +146,7 @@ export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
   // wrapper scrolls sideways on a narrow window, so the labels stay readable).
   return (
     <div class="table-wrap">
+      {/* biome-ignore lint/a11y/useSemanticElements: an SVG drawing, where no HTML element can stand; a group because its machines are links */}
       <svg
         data-testid="scenario-graph"
         viewBox={`0 0 ${L.width} ${L.height}`}
@@ -160,123 +163,157 @@ export function ScenarioGraph({ status }: { status: ScenarioStatus }) {
         font-family="system-ui, sans-serif"
       >
         <title>{`scenario ${status.name}`}</title>
-
-        {/* links: machine to each of its networks, ending on the bridge right below/above it when it can */}
-        {placed.flatMap((p) =>
-          p.m.addresses.map((a) => {
-            const bx = L.netX.get(a.network);
-            if (bx === undefined) return null;
-            const half = L.bridgeW / 2 - 12;
-            const ex = Math.min(bx + half, Math.max(bx - half, p.x));
-            const y1 = p.row === 0 ? p.bottom : p.top;
-            const y2 = p.row === 0 ? L.mid - BRIDGE_H / 2 : L.mid + BRIDGE_H / 2;
-            return (
-              <line
-                data-link={`${p.m.machine}|${a.network}`}
-                x1={p.x}
-                y1={y1}
-                x2={ex}
-                y2={y2}
-                stroke={colour.get(a.network)}
-                stroke-width={2}
-              />
-            );
-          }),
-        )}
-
-        {/* blocked pairs: under the bridges and machines (their labels stay readable), over the links */}
-        {drawn.map(({ a, b, d }) => (
-          <path data-blocked={`${a}|${b}`} d={d} fill="none" stroke="#b3261e" stroke-width={2.5} stroke-dasharray="7 5">
-            <title>{`${a} and ${b} blocked: traffic between them is dropped`}</title>
-          </path>
-        ))}
-
-        {/* bridges */}
-        {status.networks.map((n) => {
-          const x = L.netX.get(n.name)!;
-          const c = colour.get(n.name)!;
-          return (
-            <g data-network={n.name}>
-              <title>{`network ${n.name} ${n.subnet}`}</title>
-              <rect
-                x={x - L.bridgeW / 2}
-                y={L.mid - BRIDGE_H / 2}
-                width={L.bridgeW}
-                height={BRIDGE_H}
-                rx={BRIDGE_H / 2}
-                fill="#fff"
-                stroke={c}
-                stroke-width={3}
-              />
-              <text x={x} y={L.mid - 3} text-anchor="middle" font-size={13} font-weight={700} fill={c}>
-                {clip(n.name, 24)}
-              </text>
-              <text
-                x={x}
-                y={L.mid + 13}
-                text-anchor="middle"
-                font-size={11}
-                fill="#4d5663"
-                font-family="ui-monospace, monospace"
-              >
-                {n.subnet}
-              </text>
-            </g>
-          );
-        })}
-
-        {/* machines: a click opens the machine's page (keyboard users have the table's links) */}
-        {placed.map((p) => {
-          const [fg, bg] = stateColours(p.m.state);
-          const left = p.x - NODE_W / 2;
-          return (
-            <a href={href('machines', p.m.sandbox)} tabindex={-1}>
-              <g data-machine={p.m.machine} data-state={p.m.state}>
-                <title>{`${p.m.machine} (${p.m.sandbox}) ${p.m.state}${p.m.reason ? `: ${p.m.reason}` : ''}\n${p.m.addresses.map((a) => `${a.network} ${a.address}`).join('\n')}`}</title>
-                <rect
-                  x={left}
-                  y={p.top}
-                  width={NODE_W}
-                  height={p.bottom - p.top}
-                  rx={6}
-                  fill={bg}
-                  stroke={fg}
-                  stroke-width={2}
-                />
-                <text x={left + 10} y={p.top + 18} font-size={13} font-weight={700} fill="#1b1f24">
-                  {clip(p.m.machine, 17)}
-                </text>
-                <text x={left + 10} y={p.top + 33} font-size={11} fill={fg}>
-                  {p.m.state}
-                </text>
-                {p.m.addresses.map((a, k) => (
-                  <text
-                    x={left + 10}
-                    y={p.top + 50 + k * LINE}
-                    font-size={10.5}
-                    font-family="ui-monospace, monospace"
-                    fill={colour.get(a.network) ?? '#4d5663'}
-                  >
-                    {/* the network's name too, not only its colour */}
-                    {`${clip(a.network, Math.max(3, 19 - a.address.length))} ${a.address}`}
-                  </text>
-                ))}
-              </g>
-            </a>
-          );
-        })}
-
-        {/* the ✕ of each blocked pair, over everything */}
-        {drawn.map(({ a, b, lx, ly }) => (
-          <g data-blocked-mark={`${a}|${b}`}>
-            <title>{`${a} and ${b} blocked: traffic between them is dropped`}</title>
-            <circle cx={lx} cy={ly} r={9} fill="#fff" stroke="#b3261e" stroke-width={2} />
-            <text x={lx} y={ly + 4.5} text-anchor="middle" font-size={13} font-weight={700} fill="#b3261e">
-              ✕
-            </text>
-          </g>
-        ))}
+        <Links L={L} placed={placed} colour={colour} />
+        <BlockedPaths drawn={drawn} />
+        <Bridges L={L} status={status} colour={colour} />
+        <Machines placed={placed} colour={colour} />
+        <BlockedMarks drawn={drawn} />
       </svg>
     </div>
+  );
+}
+
+/** Links: machine to each of its networks, ending on the bridge right below/above it when it can. */
+function Links({ L, placed, colour }: { L: Layout; placed: Placed[]; colour: Map<string, string> }) {
+  return (
+    <>
+      {placed.flatMap((p) =>
+        p.m.addresses.map((a) => {
+          const bx = L.netX.get(a.network);
+          if (bx === undefined) return null;
+          const half = L.bridgeW / 2 - 12;
+          const ex = Math.min(bx + half, Math.max(bx - half, p.x));
+          const y1 = p.row === 0 ? p.bottom : p.top;
+          const y2 = p.row === 0 ? L.mid - BRIDGE_H / 2 : L.mid + BRIDGE_H / 2;
+          return (
+            <line
+              data-link={`${p.m.machine}|${a.network}`}
+              x1={p.x}
+              y1={y1}
+              x2={ex}
+              y2={y2}
+              stroke={colour.get(a.network)}
+              stroke-width={2}
+            />
+          );
+        }),
+      )}
+    </>
+  );
+}
+
+/** Blocked pairs: under the bridges and machines (their labels stay readable), over the links. */
+function BlockedPaths({ drawn }: { drawn: Blocked[] }) {
+  return (
+    <>
+      {drawn.map(({ a, b, d }) => (
+        <path data-blocked={`${a}|${b}`} d={d} fill="none" stroke="#b3261e" stroke-width={2.5} stroke-dasharray="7 5">
+          <title>{`${a} and ${b} blocked: traffic between them is dropped`}</title>
+        </path>
+      ))}
+    </>
+  );
+}
+
+function Bridges({ L, status, colour }: { L: Layout; status: ScenarioStatus; colour: Map<string, string> }) {
+  return (
+    <>
+      {status.networks.map((n) => {
+        const x = L.netX.get(n.name)!;
+        const c = colour.get(n.name)!;
+        return (
+          <g data-network={n.name}>
+            <title>{`network ${n.name} ${n.subnet}`}</title>
+            <rect
+              x={x - L.bridgeW / 2}
+              y={L.mid - BRIDGE_H / 2}
+              width={L.bridgeW}
+              height={BRIDGE_H}
+              rx={BRIDGE_H / 2}
+              fill="#fff"
+              stroke={c}
+              stroke-width={3}
+            />
+            <text x={x} y={L.mid - 3} text-anchor="middle" font-size={13} font-weight={700} fill={c}>
+              {clip(n.name, 24)}
+            </text>
+            <text
+              x={x}
+              y={L.mid + 13}
+              text-anchor="middle"
+              font-size={11}
+              fill="#4d5663"
+              font-family="ui-monospace, monospace"
+            >
+              {n.subnet}
+            </text>
+          </g>
+        );
+      })}
+    </>
+  );
+}
+
+/** Machines: a click opens the machine's page (keyboard users have the table's links). */
+function Machines({ placed, colour }: { placed: Placed[]; colour: Map<string, string> }) {
+  return (
+    <>
+      {placed.map((p) => {
+        const [fg, bg] = stateColours(p.m.state);
+        const left = p.x - NODE_W / 2;
+        return (
+          <a href={href('machines', p.m.sandbox)} tabindex={-1}>
+            <g data-machine={p.m.machine} data-state={p.m.state}>
+              <title>{`${p.m.machine} (${p.m.sandbox}) ${p.m.state}${p.m.reason ? `: ${p.m.reason}` : ''}\n${p.m.addresses.map((a) => `${a.network} ${a.address}`).join('\n')}`}</title>
+              <rect
+                x={left}
+                y={p.top}
+                width={NODE_W}
+                height={p.bottom - p.top}
+                rx={6}
+                fill={bg}
+                stroke={fg}
+                stroke-width={2}
+              />
+              <text x={left + 10} y={p.top + 18} font-size={13} font-weight={700} fill="#1b1f24">
+                {clip(p.m.machine, 17)}
+              </text>
+              <text x={left + 10} y={p.top + 33} font-size={11} fill={fg}>
+                {p.m.state}
+              </text>
+              {p.m.addresses.map((a, k) => (
+                <text
+                  x={left + 10}
+                  y={p.top + 50 + k * LINE}
+                  font-size={10.5}
+                  font-family="ui-monospace, monospace"
+                  fill={colour.get(a.network) ?? '#4d5663'}
+                >
+                  {/* the network's name too, not only its colour */}
+                  {`${clip(a.network, Math.max(3, 19 - a.address.length))} ${a.address}`}
+                </text>
+              ))}
+            </g>
+          </a>
+        );
+      })}
+    </>
+  );
+}
+
+/** The ✕ of each blocked pair, over everything. */
+function BlockedMarks({ drawn }: { drawn: Blocked[] }) {
+  return (
+    <>
+      {drawn.map(({ a, b, lx, ly }) => (
+        <g data-blocked-mark={`${a}|${b}`}>
+          <title>{`${a} and ${b} blocked: traffic between them is dropped`}</title>
+          <circle cx={lx} cy={ly} r={9} fill="#fff" stroke="#b3261e" stroke-width={2} />
+          <text x={lx} y={ly + 4.5} text-anchor="middle" font-size={13} font-weight={700} fill="#b3261e">
+            ✕
+          </text>
+        </g>
+      ))}
+    </>
   );
 }

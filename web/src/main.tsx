@@ -54,6 +54,7 @@ function Login({ error, onKey }: { error: unknown; onKey: () => void }) {
             value={text}
             onInput={(e) => setText((e.target as HTMLInputElement).value)}
             required
+            // biome-ignore lint/a11y/noAutofocus: the sign-in page holds this one field and nothing else to read first
             autoFocus
           />
         </label>
@@ -104,7 +105,7 @@ function App() {
   if (who.error instanceof ApiError && who.error.status === 401) return <Login error={who.error} onKey={who.reload} />;
   if (!who.data) return <main class="page">{who.error ? <ErrorBox error={who.error} /> : <p>connecting…</p>}</main>;
   const [page = 'machines', ...rest] = route;
-  let body;
+  let body: ComponentChildren;
   if (page === 'machines' && rest[0]) body = <MachinePage id={rest[0]} tab={rest[1] ?? 'overview'} />;
   else if (page === 'machines') body = <MachinesPage />;
   else if (page === 'operations') body = <OperationsPage id={rest[0]} />;

@@ -1,3 +1,5 @@
+// biome-ignore-all lint/a11y/useSemanticElements: each row is a CSS grid that lines its bar up with the axis above; a <table> would lay it out as table cells, so the ARIA table roles carry the semantics
+// biome-ignore-all lint/a11y/useFocusableInteractive: the rows are read, not operated: nothing in them takes focus
 /**
  * An operation's phases on one time axis, as `snaplab trace` prints them: one row per phase
  * (nested phases indented), its bar from start to end, its duration; then the time no top-level

@@ -454,9 +454,9 @@ async function agentAnswers(path: string, timeoutMs: number, alive: () => Promis
   const end = Date.now() + timeoutMs;
   while (Date.now() < end && (await alive())) {
     try {
-      (
+      void (
         await AgentClient.connect(path, { timeoutMs: Math.min(2000, Math.max(200, end - Date.now())), reset: true })
-      ).close();
+      ).close(); // close() never rejects
       return true;
     } catch {
       await new Promise((r) => setTimeout(r, 50));

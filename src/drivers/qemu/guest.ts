@@ -143,106 +143,13 @@ async function aptUpdate(progress: (s: string) => void, why: string): Promise<vo
 async function fetchKernel(home: string, progress: (s: string) => void): Promise<GuestKernel> {
   const missing = await toolsVerdict('qemu', 'the VM driver');
   if (missing) throw new SnaplabError('DRIVER_UNAVAILABLE', missing.reason, missing.fix);
-  let updated = false;
-  progress(`looking up the kernel package (apt-cache depends ${KERNEL_METAPACKAGE})`);
-  let pkg = await lookUpKernelPackage();
-  if (!pkg) {
-    await aptUpdate(progress, `apt does not know ${KERNEL_METAPACKAGE} (empty package lists?)`);
-    updated = true;
-    pkg = await lookUpKernelPackage();
-    if (!pkg) {
-      throw new SnaplabError(
-        'DRIVER_UNAVAILABLE',
-        `apt knows no package ${KERNEL_METAPACKAGE}, even after apt-get update`,
-        'add Debian 12 (bookworm) main to /etc/apt/sources.list and run `apt-get update`',
-      );
-    }
-  }
-
+  const found = await findKernelPackage(progress);
   await mkdir(kernelDir(home), { recursive: true });
   const tmp = await mkdtemp(join(kernelDir(home), '.tmp-'));
   try {
-    // apt-get download: into the cwd; as root, so that _apt's sandbox need not reach the home
-    const download = async (name: string): Promise<{ ok: boolean; msg: string }> => {
-      progress(`downloading ${name}`);
-      const r = await run('apt-get', ['-q', '-o', 'APT::Sandbox::User=root', 'download', name], {
-        cwd: tmp,
-        allowFail: true,
-        timeoutMs: 600_000,
-      });
-      return {
-        ok: r.code === 0,
-        msg: (r.stderr || r.stdout)
-          .trim()
-          .split('\n')
-          .filter((l) => !l.startsWith('W:'))
-          .slice(-3)
-          .join(' '),
-      };
-    };
-    let got = await download(pkg);
-    if (!got.ok && !updated) {
-      // stale lists: the mirror may have moved on to a newer kernel ABI; refresh once and retry
-      const failed = got.msg;
-      try {
-        await aptUpdate(progress, `apt-get download ${pkg} failed (${failed})`);
-      } catch (e) {
-        throw new SnaplabError(
-          'DRIVER_UNAVAILABLE',
-          `apt-get download failed: ${failed} (and ${(e as Error).message})`,
-          APT_HINT,
-          { cause: e },
-        );
-      }
-      pkg = (await lookUpKernelPackage()) ?? pkg;
-      got = await download(pkg);
-    }
-    if (!got.ok) throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get download failed: ${got.msg}`, APT_HINT);
-    const deb = (await readdir(tmp)).find((f) => f.endsWith('.deb'));
-    if (!deb) throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get download ${pkg} left no .deb in ${tmp}`, APT_HINT);
-
-    progress(`extracting ${deb}`);
-    const x = join(tmp, 'x');
-    await run('dpkg-deb', ['-x', join(tmp, deb), x]);
-    const versions = await readdir(join(x, 'lib', 'modules')).catch(orElse([] as string[], 'readdir', 'ENOENT'));
-    const version = versions.find((v) => pkg === `linux-image-${v}`) ?? versions[0];
-    const vmlinuz = version ? join(x, 'boot', `vmlinuz-${version}`) : '';
-    if (!version || !existsSync(vmlinuz)) {
-      throw new SnaplabError(
-        'DRIVER_UNAVAILABLE',
-        `${deb} has no /boot/vmlinuz-VERSION and /lib/modules/VERSION`,
-        `is ${pkg} a kernel image package?`,
-      );
-    }
-    progress(`depmod ${version}`);
-    await run('depmod', ['-b', x, version]);
-
-    const out = join(tmp, 'out');
-    const mods = join(out, 'lib', 'modules', version);
-    await mkdir(mods, { recursive: true });
-    progress('extracting the uncompressed vmlinux for PVH boot');
-    const kernelFile = (await extractVmlinux(vmlinuz, join(out, 'vmlinux'))) ? 'vmlinux' : 'vmlinuz';
-    if (kernelFile === 'vmlinuz') {
-      progress('no PVH vmlinux could be extracted: using the bzImage');
-      await copyFile(vmlinuz, join(out, 'vmlinuz'));
-    }
-    await keepModules(join(x, 'lib', 'modules', version), mods, KEPT_MODULES);
-    const manifest: KernelManifest = { version, kernel: kernelFile, package: pkg };
-    await writeFile(join(out, 'kernel.json'), `${JSON.stringify(manifest, null, 2)}\n`);
-
-    const final = join(kernelDir(home), version);
-    // another process may have cached the same version meanwhile: a whole one stands. One that
-    // lacks a module gets it in place (the files first, modules.dep last, renamed over): the
-    // kernel and every path stay, for VMs running from them or starting now
-    const finalMods = join(final, 'lib', 'modules', version);
-    if (existsSync(join(final, 'kernel.json')) && !(await keepsAll(finalMods, KEPT_MODULES)))
-      await addModules(mods, finalMods);
-    if (!existsSync(join(final, 'kernel.json'))) {
-      await rm(final, { recursive: true, force: true });
-      await rename(out, final).catch((e: NodeJS.ErrnoException) => {
-        if (!((e.code === 'ENOTEMPTY' || e.code === 'EEXIST') && existsSync(join(final, 'kernel.json')))) throw e;
-      });
-    }
+    const { deb, pkg } = await downloadKernel(tmp, found.pkg, found.updated, progress);
+    const { version, kernelFile, out, mods } = await buildKernelTree(tmp, deb, pkg, progress);
+    const final = await installKernel(home, out, mods, version);
     await writeFile(join(tmp, 'current'), `${version}\n`);
     await rename(join(tmp, 'current'), join(kernelDir(home), 'current'));
     const k = await cachedKernel(home, true);
@@ -252,6 +159,128 @@ async function fetchKernel(home: string, progress: (s: string) => void): Promise
   } finally {
     await rm(tmp, { recursive: true, force: true });
   }
+}
+
+/** The versioned kernel package, after one apt-get update if apt knows none (`updated` then). */
+async function findKernelPackage(progress: (s: string) => void): Promise<{ pkg: string; updated: boolean }> {
+  progress(`looking up the kernel package (apt-cache depends ${KERNEL_METAPACKAGE})`);
+  const pkg = await lookUpKernelPackage();
+  if (pkg) return { pkg, updated: false };
+  await aptUpdate(progress, `apt does not know ${KERNEL_METAPACKAGE} (empty package lists?)`);
+  const again = await lookUpKernelPackage();
+  if (!again) {
+    throw new SnaplabError(
+      'DRIVER_UNAVAILABLE',
+      `apt knows no package ${KERNEL_METAPACKAGE}, even after apt-get update`,
+      'add Debian 12 (bookworm) main to /etc/apt/sources.list and run `apt-get update`',
+    );
+  }
+  return { pkg: again, updated: true };
+}
+
+/** The package's .deb in `tmp`; on stale lists, refreshed once and looked up again (`pkg` may change). */
+async function downloadKernel(
+  tmp: string,
+  wanted: string,
+  updated: boolean,
+  progress: (s: string) => void,
+): Promise<{ deb: string; pkg: string }> {
+  let pkg = wanted;
+  // apt-get download: into the cwd; as root, so that _apt's sandbox need not reach the home
+  const download = async (name: string): Promise<{ ok: boolean; msg: string }> => {
+    progress(`downloading ${name}`);
+    const r = await run('apt-get', ['-q', '-o', 'APT::Sandbox::User=root', 'download', name], {
+      cwd: tmp,
+      allowFail: true,
+      timeoutMs: 600_000,
+    });
+    return {
+      ok: r.code === 0,
+      msg: (r.stderr || r.stdout)
+        .trim()
+        .split('\n')
+        .filter((l) => !l.startsWith('W:'))
+        .slice(-3)
+        .join(' '),
+    };
+  };
+  let got = await download(pkg);
+  if (!got.ok && !updated) {
+    // stale lists: the mirror may have moved on to a newer kernel ABI; refresh once and retry
+    const failed = got.msg;
+    try {
+      await aptUpdate(progress, `apt-get download ${pkg} failed (${failed})`);
+    } catch (e) {
+      throw new SnaplabError(
+        'DRIVER_UNAVAILABLE',
+        `apt-get download failed: ${failed} (and ${(e as Error).message})`,
+        APT_HINT,
+        { cause: e },
+      );
+    }
+    pkg = (await lookUpKernelPackage()) ?? pkg;
+    got = await download(pkg);
+  }
+  if (!got.ok) throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get download failed: ${got.msg}`, APT_HINT);
+  const deb = (await readdir(tmp)).find((f) => f.endsWith('.deb'));
+  if (!deb) throw new SnaplabError('DRIVER_UNAVAILABLE', `apt-get download ${pkg} left no .deb in ${tmp}`, APT_HINT);
+  return { deb, pkg };
+}
+
+/** The .deb unpacked and depmod'ed; in `out`: the kernel (PVH vmlinux, else the bzImage), the kept modules, kernel.json. */
+async function buildKernelTree(
+  tmp: string,
+  deb: string,
+  pkg: string,
+  progress: (s: string) => void,
+): Promise<{ version: string; kernelFile: 'vmlinux' | 'vmlinuz'; out: string; mods: string }> {
+  progress(`extracting ${deb}`);
+  const x = join(tmp, 'x');
+  await run('dpkg-deb', ['-x', join(tmp, deb), x]);
+  const versions = await readdir(join(x, 'lib', 'modules')).catch(orElse([] as string[], 'readdir', 'ENOENT'));
+  const version = versions.find((v) => pkg === `linux-image-${v}`) ?? versions[0];
+  const vmlinuz = version ? join(x, 'boot', `vmlinuz-${version}`) : '';
+  if (!version || !existsSync(vmlinuz)) {
+    throw new SnaplabError(
+      'DRIVER_UNAVAILABLE',
+      `${deb} has no /boot/vmlinuz-VERSION and /lib/modules/VERSION`,
+      `is ${pkg} a kernel image package?`,
+    );
+  }
+  progress(`depmod ${version}`);
+  await run('depmod', ['-b', x, version]);
+
+  const out = join(tmp, 'out');
+  const mods = join(out, 'lib', 'modules', version);
+  await mkdir(mods, { recursive: true });
+  progress('extracting the uncompressed vmlinux for PVH boot');
+  const kernelFile = (await extractVmlinux(vmlinuz, join(out, 'vmlinux'))) ? 'vmlinux' : 'vmlinuz';
+  if (kernelFile === 'vmlinuz') {
+    progress('no PVH vmlinux could be extracted: using the bzImage');
+    await copyFile(vmlinuz, join(out, 'vmlinuz'));
+  }
+  await keepModules(join(x, 'lib', 'modules', version), mods, KEPT_MODULES);
+  const manifest: KernelManifest = { version, kernel: kernelFile, package: pkg };
+  await writeFile(join(out, 'kernel.json'), `${JSON.stringify(manifest, null, 2)}\n`);
+  return { version, kernelFile, out, mods };
+}
+
+/** `out` renamed into the cache as this version's directory, unless a whole one stands there; returns its path. */
+async function installKernel(home: string, out: string, mods: string, version: string): Promise<string> {
+  const final = join(kernelDir(home), version);
+  // another process may have cached the same version meanwhile: a whole one stands. One that
+  // lacks a module gets it in place (the files first, modules.dep last, renamed over): the
+  // kernel and every path stay, for VMs running from them or starting now
+  const finalMods = join(final, 'lib', 'modules', version);
+  if (existsSync(join(final, 'kernel.json')) && !(await keepsAll(finalMods, KEPT_MODULES)))
+    await addModules(mods, finalMods);
+  if (!existsSync(join(final, 'kernel.json'))) {
+    await rm(final, { recursive: true, force: true });
+    await rename(out, final).catch((e: NodeJS.ErrnoException) => {
+      if (!((e.code === 'ENOTEMPTY' || e.code === 'EEXIST') && existsSync(join(final, 'kernel.json')))) throw e;
+    });
+  }
+  return final;
 }
 
 /**

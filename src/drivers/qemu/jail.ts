@@ -13,7 +13,7 @@
 import { lstat, readlink, writeFile } from 'node:fs/promises';
 import { SnaplabError } from '../../errors.js';
 import { which } from '../../host/run.js';
-import type { VmConfig } from './launch.js';
+import type { VmConfig } from './vm-config.js';
 import { orElse } from '../../cleanup.js';
 
 /** Off only with SNAPLAB_QEMU_JAIL=off (to measure what the jail costs, or to debug QEMU). */

@@ -47,7 +47,7 @@ export async function loopsOf(image: string): Promise<string[]> {
 }
 
 export function poolSize(env: NodeJS.ProcessEnv = process.env): string {
-  const size = env['SNAPLAB_BTRFS_SIZE']?.trim() || DEFAULT_POOL_SIZE;
+  const size = env.SNAPLAB_BTRFS_SIZE?.trim() || DEFAULT_POOL_SIZE;
   if (!/^\d+[KMGT]?$/i.test(size)) {
     throw new SnaplabError(
       'BAD_SIZE',

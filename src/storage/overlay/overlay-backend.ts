@@ -320,7 +320,7 @@ export class OverlayBackend implements StorageBackend {
 
   private layersOf(v: Volume): string[] {
     checkVolume(v, 'overlay');
-    const layers = v.ref['layers'];
+    const layers = v.ref.layers;
     if (!Array.isArray(layers) || !layers.every((l) => typeof l === 'string' && isVolumeId(l))) {
       throw new SnaplabError(
         'BAD_INPUT',

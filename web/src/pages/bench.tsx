@@ -285,17 +285,26 @@ function BenchResult({ name }: { name: string }) {
   );
 }
 
-/** Throughput and latency per rung: the workload (A and B on a compare), each baseline dashed. */
-function Charts({ s }: { s: Summary }) {
-  const bases = (s.baselines ?? []).filter((b) => b.rungs?.length);
-  const c = s.compare;
-  const a = c ? `A (${c.a.options})` : s.workload;
-  const b = c ? `B (${c.b.options})` : '';
-  const [ca, cb] = [PALETTE[0]!, PALETTE[1]!];
-  const baseColor = (i: number): string => PALETTE[(i + 2) % PALETTE.length]!;
-  const lo = (xs: number[]): number | undefined => (xs.length ? Math.min(...xs) : undefined);
-  const hi = (xs: number[]): number | undefined => (xs.length ? Math.max(...xs) : undefined);
+const lo = (xs: number[]): number | undefined => (xs.length ? Math.min(...xs) : undefined);
+const hi = (xs: number[]): number | undefined => (xs.length ? Math.max(...xs) : undefined);
+const baseColor = (i: number): string => PALETTE[(i + 2) % PALETTE.length]!;
 
+/** What both charts draw: the workload's series names and colours (A and B on a compare), and the baselines with rungs. */
+function chartParts(s: Summary) {
+  const c = s.compare;
+  return {
+    c,
+    bases: (s.baselines ?? []).filter((b) => b.rungs?.length),
+    a: c ? `A (${c.a.options})` : s.workload,
+    b: c ? `B (${c.b.options})` : '',
+    ca: PALETTE[0]!,
+    cb: PALETTE[1]!,
+  };
+}
+
+/** Throughput per rung, with the reps' range and each rep. */
+function throughputSeries(s: Summary): ChartSeries[] {
+  const { c, bases, a, b, ca, cb } = chartParts(s);
   const throughput: ChartSeries[] = [
     {
       name: a,
@@ -331,7 +340,11 @@ function Charts({ s }: { s: Summary }) {
       points: x.rungs!.map((r) => ({ x: r.concurrency, y: r.throughput })),
     })),
   ];
+  return throughput;
+}
 
+function latencySeries(s: Summary): ChartSeries[] {
+  const { c, bases, a, b, ca, cb } = chartParts(s);
   // p99 over all samples of a rung, with each rep's own p99 as the dots and their range;
   // p50 beside it in the same colour with square markers. B has no per-rep latency in the summary.
   const p99reps = (r: Rung): number[] => (r.reps ?? []).map((x) => x.latencyMs?.p99).filter((v) => Number.isFinite(v));
@@ -372,7 +385,13 @@ function Charts({ s }: { s: Summary }) {
       points: x.rungs!.map((r) => ({ x: r.concurrency, y: r.latencyMs.p99 })),
     })),
   ];
+  return latency;
+}
 
+/** Throughput and latency per rung: the workload (A and B on a compare), each baseline dashed. */
+function Charts({ s }: { s: Summary }) {
+  const throughput = throughputSeries(s);
+  const latency = latencySeries(s);
   return (
     <Section title="Per rung">
       <div style="display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,440px),1fr));gap:16px">

@@ -191,15 +191,9 @@ function Files({ box }: { box: Sandbox }) {
               <tr data-file={e.name}>
                 <td class="mono">
                   {e.type === 'dir' ? (
-                    <a
-                      href="#"
-                      onClick={(ev) => {
-                        ev.preventDefault();
-                        setDir(e.path);
-                      }}
-                    >
+                    <button type="button" class="link" onClick={() => setDir(e.path)}>
                       {e.name}/
-                    </a>
+                    </button>
                   ) : (
                     e.name
                   )}

@@ -167,14 +167,13 @@ function CreateForm({ onCreated }: { onCreated: (b: Sandbox) => void }) {
   );
 }
 
-export function MachinesPage() {
+/**
+ * The machines, kept live: the list, then the events; `lost` once the event stream was refused.
+ * `setList` is for a machine this page made itself.
+ */
+function useLiveList() {
   const [list, setList] = useState<Map<string, Sandbox> | undefined>(undefined);
   const [error, setError] = useState<unknown>(undefined);
-  const [loads, setLoads] = useState<Map<string, Load>>(new Map());
-  const [selected, setSelected] = useState<Set<string>>(new Set());
-  const [filter, setFilter] = useState('');
-  const [stateFilter, setStateFilter] = useState('');
-  const [now, setNow] = useState(Date.now());
   const [lost, setLost] = useState(false);
   const listRef = useRef(list);
   listRef.current = list;
@@ -251,7 +250,13 @@ export function MachinesPage() {
       frame?.cancel();
     };
   }, []);
+  return { list, setList, error, lost };
+}
 
+/** Each machine's memory, processes and CPU, polled; `now` moves with each poll (for the ages). */
+function useLoads() {
+  const [loads, setLoads] = useState<Map<string, Load>>(new Map());
+  const [now, setNow] = useState(Date.now());
   // usage every 2 s: CPU is the difference of cpu time over the difference of wall time
   useEffect(() => {
     let prev = new Map<string, Usage>();
@@ -284,7 +289,15 @@ export function MachinesPage() {
       clearTimeout(timer);
     };
   }, []);
+  return { loads, now };
+}
 
+export function MachinesPage() {
+  const { list, setList, error, lost } = useLiveList();
+  const { loads, now } = useLoads();
+  const [selected, setSelected] = useState<Set<string>>(new Set());
+  const [filter, setFilter] = useState('');
+  const [stateFilter, setStateFilter] = useState('');
   const all = useMemo(
     () =>
       [...(list?.values() ?? [])].sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0)),
@@ -360,45 +373,15 @@ export function MachinesPage() {
           </div>
         )}
         <ErrorBox error={error ?? destroy.error} />
-        <div class="table-wrap">
-          <table data-testid="machines" class="fixed">
-            <thead>
-              <tr>
-                <th class="w-check">
-                  <input
-                    type="checkbox"
-                    aria-label="select all shown"
-                    checked={shown.length > 0 && chosen.length === shown.length}
-                    onChange={(e) =>
-                      setSelected((e.target as HTMLInputElement).checked ? new Set(shown.map((b) => b.id)) : new Set())
-                    }
-                  />
-                </th>
-                <th>name</th>
-                <th class="w-state">state</th>
-                <th class="w-image">image</th>
-                <th class="hide-narrow w-driver">driver · storage</th>
-                <th class="hide-narrow w-limits">limits</th>
-                <th class="num w-age">age</th>
-                <th class="hide-narrow">labels</th>
-                <th class="num w-cpu">CPU</th>
-                <th class="num w-mem">memory</th>
-              </tr>
-            </thead>
-            <tbody>
-              {shown.map((b) => (
-                <Row
-                  key={b.id}
-                  box={b}
-                  load={loads.get(b.id)}
-                  selected={selected.has(b.id)}
-                  now={now}
-                  onSelect={onSelect}
-                />
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <MachineTable
+          shown={shown}
+          chosen={chosen}
+          selected={selected}
+          setSelected={setSelected}
+          onSelect={onSelect}
+          loads={loads}
+          now={now}
+        />
         {list && !all.length && (
           <p class="muted">
             No machines. Create one above, or <code>snaplab create --image busybox</code>.
@@ -407,5 +390,65 @@ export function MachinesPage() {
         {!list && !error && <p>loading…</p>}
       </Section>
     </>
+  );
+}
+
+function MachineTable({
+  shown,
+  chosen,
+  selected,
+  setSelected,
+  onSelect,
+  loads,
+  now,
+}: {
+  shown: Sandbox[];
+  chosen: Sandbox[];
+  selected: Set<string>;
+  setSelected: (s: Set<string>) => void;
+  onSelect: (id: string, on: boolean) => void;
+  loads: Map<string, Load>;
+  now: number;
+}) {
+  return (
+    <div class="table-wrap">
+      <table data-testid="machines" class="fixed">
+        <thead>
+          <tr>
+            <th class="w-check">
+              <input
+                type="checkbox"
+                aria-label="select all shown"
+                checked={shown.length > 0 && chosen.length === shown.length}
+                onChange={(e) =>
+                  setSelected((e.target as HTMLInputElement).checked ? new Set(shown.map((b) => b.id)) : new Set())
+                }
+              />
+            </th>
+            <th>name</th>
+            <th class="w-state">state</th>
+            <th class="w-image">image</th>
+            <th class="hide-narrow w-driver">driver · storage</th>
+            <th class="hide-narrow w-limits">limits</th>
+            <th class="num w-age">age</th>
+            <th class="hide-narrow">labels</th>
+            <th class="num w-cpu">CPU</th>
+            <th class="num w-mem">memory</th>
+          </tr>
+        </thead>
+        <tbody>
+          {shown.map((b) => (
+            <Row
+              key={b.id}
+              box={b}
+              load={loads.get(b.id)}
+              selected={selected.has(b.id)}
+              now={now}
+              onSelect={onSelect}
+            />
+          ))}
+        </tbody>
+      </table>
+    </div>
   );
 }

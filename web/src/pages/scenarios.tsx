@@ -130,48 +130,7 @@ function ScenarioPage({ name }: { name: string }) {
   const path = `/scenarios/${enc(name)}`;
   const status = usePoll(() => api<ScenarioStatus>('GET', path), POLL_MS, [path]);
   const s = status.data?.name === name ? status.data : undefined;
-
-  // the last snapshot/reset this page ran, with its trace
-  const [last, setLast] = useState<{ title: string; trace: Trace } | null>(null);
-  const [snapName, setSnapName] = useState('');
-  const [resetTo, setResetTo] = useState(''); // '' = the latest
-  const [pickA, setPickA] = useState('');
-  const [pickB, setPickB] = useState('');
-  const [groupsText, setGroupsText] = useState('');
-  const [netKind, setNetKind] = useState(''); // which network button is busy
-  const [confirmDown, setConfirmDown] = useState(false);
-
-  // every action re-reads the status when it ends, failed or not
-  const snapshot = useAction(async (snap: string) => {
-    try {
-      const r = await api<{ name: string; trace: Trace }>('POST', `${path}/snapshot`, { name: snap });
-      setLast({ title: `snapshot ${r.name}`, trace: r.trace });
-      setSnapName('');
-      setResetTo(''); // back to "latest", which is now this one
-    } finally {
-      status.reload();
-    }
-  });
-  const reset = useAction(async (to: string) => {
-    try {
-      const r = await api<{ snapshot: string; trace: Trace }>('POST', `${path}/reset`, { to });
-      setLast({ title: `reset to ${r.snapshot}`, trace: r.trace });
-    } finally {
-      status.reload();
-    }
-  });
-  const net = useAction(async (kind: string, body: () => NetBody) => {
-    setNetKind(kind);
-    try {
-      await api('POST', `${path}/net`, body()); // body() may throw a BAD_INPUT found here
-    } finally {
-      status.reload();
-    }
-  });
-  const down = useAction(async () => {
-    await api('DELETE', path);
-    go('scenarios');
-  });
+  const act = useScenarioActions(path, status.reload);
 
   if (!s) {
     return (
@@ -185,29 +144,6 @@ function ScenarioPage({ name }: { name: string }) {
       </>
     );
   }
-
-  const names = s.machines.map((m) => m.machine);
-  // the snapshots come oldest first; the select lists them newest first
-  const latest = s.snapshots.at(-1);
-  const chosenSnap = resetTo && s.snapshots.includes(resetTo) ? resetTo : latest;
-  const a = pickA && names.includes(pickA) ? pickA : (names[0] ?? '');
-  const b = pickB && names.includes(pickB) ? pickB : (names.find((n) => n !== a) ?? '');
-  const twoPicked = a !== '' && b !== '' && a !== b;
-  const pairBlocked = s.blocked.some((p) => samePair(p, a, b));
-  const pair = (action: 'block' | 'unblock') => (): NetBody => {
-    if (!twoPicked) throw badInput('pick two different machines');
-    return { action, machines: [a, b] };
-  };
-  const partitionBody = (): NetBody => {
-    const groups = parseGroups(groupsText);
-    checkGroups(groups, names);
-    return { action: 'partition', groups };
-  };
-  const example =
-    names.length >= 2
-      ? `${names.slice(0, Math.ceil(names.length / 2)).join(',')} | ${names.slice(Math.ceil(names.length / 2)).join(',')}`
-      : 'a,b | c';
-  const busyAny = snapshot.busy || reset.busy || net.busy || down.busy;
 
   return (
     <>
@@ -236,235 +172,328 @@ function ScenarioPage({ name }: { name: string }) {
         </p>
       </Section>
 
-      <Section title="Machines">
-        <div class="table-wrap">
-          <table data-testid="scenario-machines">
-            <thead>
-              <tr>
-                <th>Machine</th>
-                <th>State</th>
-                <th>Hostname</th>
-                <th>Addresses</th>
-                <th>Machine page</th>
-              </tr>
-            </thead>
-            <tbody>
-              {s.machines.map((m) => (
-                <tr data-machine-row={m.machine}>
-                  <td>{m.machine}</td>
-                  <td>
-                    <State state={m.state} />
-                    {m.reason && <div class="muted">{m.reason}</div>}
-                  </td>
-                  <td class="mono">{m.hostname}</td>
-                  <td class="mono">
-                    {m.addresses.map((x) => (
-                      <div>
-                        {x.address} <span class="muted">({x.network})</span>
-                      </div>
-                    ))}
-                  </td>
-                  <td>
-                    <a href={href('machines', m.sandbox)}>{m.sandbox}</a>
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      </Section>
-
-      <Section title="Snapshot and reset">
-        <form
-          class="row"
-          onSubmit={(e) => {
-            e.preventDefault();
-            if (snapName.trim() && !busyAny) void snapshot.run(snapName.trim());
-          }}
-        >
-          <label>
-            Snapshot name
-            <input
-              value={snapName}
-              onInput={(e) => setSnapName((e.target as HTMLInputElement).value)}
-              placeholder="base"
-              autoComplete="off"
-            />
-          </label>
-          <span style={{ alignSelf: 'end' }}>
-            <Button
-              onClick={() => void snapshot.run(snapName.trim())}
-              busy={snapshot.busy}
-              disabled={!snapName.trim() || busyAny}
-            >
-              Snapshot
-            </Button>
-          </span>
-        </form>
-        <ErrorBox error={snapshot.error} />
-
-        <div class="row">
-          <label>
-            Reset to
-            <select
-              value={chosenSnap ?? ''}
-              onChange={(e) => setResetTo((e.target as HTMLSelectElement).value)}
-              disabled={!latest}
-            >
-              {!latest && <option value="">no snapshot yet</option>}
-              {[...s.snapshots].reverse().map((n) => (
-                <option value={n}>{n === latest ? `${n} (latest)` : n}</option>
-              ))}
-            </select>
-          </label>
-          <span style={{ alignSelf: 'end' }}>
-            <Button
-              onClick={() => chosenSnap && void reset.run(chosenSnap)}
-              busy={reset.busy}
-              disabled={!chosenSnap || busyAny}
-              kind="primary"
-            >
-              Reset
-            </Button>
-          </span>
-        </div>
-        <ErrorBox error={reset.error} />
-
-        {last && (
-          <div data-testid="scenario-last-trace">
-            <h3 style={{ fontSize: '14px', margin: '10px 0 6px' }}>
-              Last {last.title}: {last.trace.status}
-              {last.trace.error && <span class="muted"> ({last.trace.error})</span>}
-            </h3>
-            <Waterfall trace={last.trace} />
-          </div>
-        )}
-      </Section>
-
-      <Section title="Network faults">
-        <div class="row">
-          <label>
-            Machine A
-            <select value={a} onChange={(e) => setPickA((e.target as HTMLSelectElement).value)}>
-              {names.map((n) => (
-                <option value={n}>{n}</option>
-              ))}
-            </select>
-          </label>
-          <label>
-            Machine B
-            <select value={b} onChange={(e) => setPickB((e.target as HTMLSelectElement).value)}>
-              {names.map((n) => (
-                <option value={n}>{n}</option>
-              ))}
-            </select>
-          </label>
-          <span style={{ alignSelf: 'end', display: 'flex', gap: '8px', alignItems: 'center' }}>
-            <Button
-              onClick={() => void net.run('block', pair('block'))}
-              busy={net.busy && netKind === 'block'}
-              disabled={busyAny || !twoPicked}
-            >
-              Block
-            </Button>
-            <Button
-              onClick={() => void net.run('unblock', pair('unblock'))}
-              busy={net.busy && netKind === 'unblock'}
-              disabled={busyAny || !twoPicked}
-            >
-              Unblock
-            </Button>
-            <span class="muted" data-testid="pair-state">
-              {!twoPicked ? 'pick two different machines' : pairBlocked ? 'now blocked' : 'now open'}
-            </span>
-          </span>
-        </div>
-
-        <form
-          class="row"
-          onSubmit={(e) => {
-            e.preventDefault();
-            if (!busyAny) void net.run('partition', partitionBody);
-          }}
-        >
-          <label style={{ flex: '1 1 260px' }}>
-            Partition groups
-            <input
-              value={groupsText}
-              onInput={(e) => setGroupsText((e.target as HTMLInputElement).value)}
-              placeholder={example}
-              autoComplete="off"
-              aria-describedby="partition-help"
-            />
-          </label>
-          <span style={{ alignSelf: 'end', display: 'flex', gap: '8px' }}>
-            <Button
-              onClick={() => void net.run('partition', partitionBody)}
-              busy={net.busy && netKind === 'partition'}
-              disabled={busyAny || !groupsText.trim()}
-            >
-              Partition
-            </Button>
-            <Button
-              onClick={() => void net.run('heal', () => ({ action: 'heal' }))}
-              busy={net.busy && netKind === 'heal'}
-              disabled={busyAny}
-            >
-              Heal
-            </Button>
-          </span>
-        </form>
-        <p class="muted" id="partition-help">
-          Groups separated by <code>|</code>, machines by commas (e.g. <code>{example}</code>): every pair across groups
-          is blocked, on top of what is already blocked; machines not named keep their links. Heal unblocks every pair.
-        </p>
-        <ErrorBox error={net.error} />
-
-        <h3 style={{ fontSize: '14px', margin: '10px 0 6px' }}>Blocked now</h3>
-        {s.blocked.length === 0 ? (
-          <p class="muted" data-testid="blocked-none">
-            No pair is blocked.
-          </p>
-        ) : (
-          <ul data-testid="blocked-list" style={{ margin: 0, paddingLeft: '18px' }}>
-            {s.blocked.map(([x, y]) => (
-              <li data-blocked-item={[x, y].sort().join('|')} style={{ marginBottom: '4px' }}>
-                {x} ✕ {y}{' '}
-                <Button
-                  onClick={() => void net.run(`unblock ${x} ${y}`, () => ({ action: 'unblock', machines: [x, y] }))}
-                  busy={net.busy && netKind === `unblock ${x} ${y}`}
-                  disabled={busyAny}
-                  label={`Unblock ${x} and ${y}`}
-                >
-                  Unblock
-                </Button>
-              </li>
-            ))}
-          </ul>
-        )}
-      </Section>
-
-      <Section title="Down">
-        <div class="row">
-          <span class="muted">Removes every machine, snapshot, bridge and namespace of {s.name}.</span>
-          {!confirmDown ? (
-            <Button onClick={() => setConfirmDown(true)} kind="danger" disabled={busyAny}>
-              Down
-            </Button>
-          ) : (
-            <>
-              <strong>Take {s.name} down?</strong>
-              <Button onClick={() => void down.run()} kind="danger" busy={down.busy} disabled={busyAny}>
-                Confirm down
-              </Button>
-              <Button onClick={() => setConfirmDown(false)} disabled={down.busy}>
-                Cancel
-              </Button>
-            </>
-          )}
-        </div>
-        <ErrorBox error={down.error} />
-      </Section>
+      <MachinesSection s={s} />
+      <SnapshotSection s={s} act={act} />
+      <FaultsSection s={s} act={act} />
+      <DownSection s={s} act={act} />
     </>
+  );
+}
+
+/** The page's actions, and what they leave to show; every action re-reads the status when it ends, failed or not. */
+function useScenarioActions(path: string, reload: () => void) {
+  // the last snapshot/reset this page ran, with its trace
+  const [last, setLast] = useState<{ title: string; trace: Trace } | null>(null);
+  const [snapName, setSnapName] = useState('');
+  const [resetTo, setResetTo] = useState(''); // '' = the latest
+  const [netKind, setNetKind] = useState(''); // which network button is busy
+  const snapshot = useAction(async (snap: string) => {
+    try {
+      const r = await api<{ name: string; trace: Trace }>('POST', `${path}/snapshot`, { name: snap });
+      setLast({ title: `snapshot ${r.name}`, trace: r.trace });
+      setSnapName('');
+      setResetTo(''); // back to "latest", which is now this one
+    } finally {
+      reload();
+    }
+  });
+  const reset = useAction(async (to: string) => {
+    try {
+      const r = await api<{ snapshot: string; trace: Trace }>('POST', `${path}/reset`, { to });
+      setLast({ title: `reset to ${r.snapshot}`, trace: r.trace });
+    } finally {
+      reload();
+    }
+  });
+  const net = useAction(async (kind: string, body: () => NetBody) => {
+    setNetKind(kind);
+    try {
+      await api('POST', `${path}/net`, body()); // body() may throw a BAD_INPUT found here
+    } finally {
+      reload();
+    }
+  });
+  const down = useAction(async () => {
+    await api('DELETE', path);
+    go('scenarios');
+  });
+  const busyAny = snapshot.busy || reset.busy || net.busy || down.busy;
+  return { last, snapName, setSnapName, resetTo, setResetTo, netKind, snapshot, reset, net, down, busyAny };
+}
+
+type Actions = ReturnType<typeof useScenarioActions>;
+
+function MachinesSection({ s }: { s: ScenarioStatus }) {
+  return (
+    <Section title="Machines">
+      <div class="table-wrap">
+        <table data-testid="scenario-machines">
+          <thead>
+            <tr>
+              <th>Machine</th>
+              <th>State</th>
+              <th>Hostname</th>
+              <th>Addresses</th>
+              <th>Machine page</th>
+            </tr>
+          </thead>
+          <tbody>
+            {s.machines.map((m) => (
+              <tr data-machine-row={m.machine}>
+                <td>{m.machine}</td>
+                <td>
+                  <State state={m.state} />
+                  {m.reason && <div class="muted">{m.reason}</div>}
+                </td>
+                <td class="mono">{m.hostname}</td>
+                <td class="mono">
+                  {m.addresses.map((x) => (
+                    <div>
+                      {x.address} <span class="muted">({x.network})</span>
+                    </div>
+                  ))}
+                </td>
+                <td>
+                  <a href={href('machines', m.sandbox)}>{m.sandbox}</a>
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+    </Section>
+  );
+}
+
+function SnapshotSection({ s, act }: { s: ScenarioStatus; act: Actions }) {
+  const { last, snapName, setSnapName, resetTo, setResetTo, snapshot, reset, busyAny } = act;
+  // the snapshots come oldest first; the select lists them newest first
+  const latest = s.snapshots.at(-1);
+  const chosenSnap = resetTo && s.snapshots.includes(resetTo) ? resetTo : latest;
+  return (
+    <Section title="Snapshot and reset">
+      <form
+        class="row"
+        onSubmit={(e) => {
+          e.preventDefault();
+          if (snapName.trim() && !busyAny) void snapshot.run(snapName.trim());
+        }}
+      >
+        <label>
+          Snapshot name
+          <input
+            value={snapName}
+            onInput={(e) => setSnapName((e.target as HTMLInputElement).value)}
+            placeholder="base"
+            autoComplete="off"
+          />
+        </label>
+        <span style={{ alignSelf: 'end' }}>
+          <Button
+            onClick={() => void snapshot.run(snapName.trim())}
+            busy={snapshot.busy}
+            disabled={!snapName.trim() || busyAny}
+          >
+            Snapshot
+          </Button>
+        </span>
+      </form>
+      <ErrorBox error={snapshot.error} />
+
+      <div class="row">
+        <label>
+          Reset to
+          <select
+            value={chosenSnap ?? ''}
+            onChange={(e) => setResetTo((e.target as HTMLSelectElement).value)}
+            disabled={!latest}
+          >
+            {!latest && <option value="">no snapshot yet</option>}
+            {[...s.snapshots].reverse().map((n) => (
+              <option value={n}>{n === latest ? `${n} (latest)` : n}</option>
+            ))}
+          </select>
+        </label>
+        <span style={{ alignSelf: 'end' }}>
+          <Button
+            onClick={() => chosenSnap && void reset.run(chosenSnap)}
+            busy={reset.busy}
+            disabled={!chosenSnap || busyAny}
+            kind="primary"
+          >
+            Reset
+          </Button>
+        </span>
+      </div>
+      <ErrorBox error={reset.error} />
+
+      {last && (
+        <div data-testid="scenario-last-trace">
+          <h3 style={{ fontSize: '14px', margin: '10px 0 6px' }}>
+            Last {last.title}: {last.trace.status}
+            {last.trace.error && <span class="muted"> ({last.trace.error})</span>}
+          </h3>
+          <Waterfall trace={last.trace} />
+        </div>
+      )}
+    </Section>
+  );
+}
+
+/** Block or unblock a pair, partition into groups, heal; and the pairs blocked now. */
+function FaultsSection({ s, act }: { s: ScenarioStatus; act: Actions }) {
+  const { net, netKind, busyAny } = act;
+  const [pickA, setPickA] = useState('');
+  const [pickB, setPickB] = useState('');
+  const [groupsText, setGroupsText] = useState('');
+  const names = s.machines.map((m) => m.machine);
+  const a = pickA && names.includes(pickA) ? pickA : (names[0] ?? '');
+  const b = pickB && names.includes(pickB) ? pickB : (names.find((n) => n !== a) ?? '');
+  const twoPicked = a !== '' && b !== '' && a !== b;
+  const pairBlocked = s.blocked.some((p) => samePair(p, a, b));
+  const pair = (action: 'block' | 'unblock') => (): NetBody => {
+    if (!twoPicked) throw badInput('pick two different machines');
+    return { action, machines: [a, b] };
+  };
+  const partitionBody = (): NetBody => {
+    const groups = parseGroups(groupsText);
+    checkGroups(groups, names);
+    return { action: 'partition', groups };
+  };
+  const example =
+    names.length >= 2
+      ? `${names.slice(0, Math.ceil(names.length / 2)).join(',')} | ${names.slice(Math.ceil(names.length / 2)).join(',')}`
+      : 'a,b | c';
+  return (
+    <Section title="Network faults">
+      <div class="row">
+        <label>
+          Machine A
+          <select value={a} onChange={(e) => setPickA((e.target as HTMLSelectElement).value)}>
+            {names.map((n) => (
+              <option value={n}>{n}</option>
+            ))}
+          </select>
+        </label>
+        <label>
+          Machine B
+          <select value={b} onChange={(e) => setPickB((e.target as HTMLSelectElement).value)}>
+            {names.map((n) => (
+              <option value={n}>{n}</option>
+            ))}
+          </select>
+        </label>
+        <span style={{ alignSelf: 'end', display: 'flex', gap: '8px', alignItems: 'center' }}>
+          <Button
+            onClick={() => void net.run('block', pair('block'))}
+            busy={net.busy && netKind === 'block'}
+            disabled={busyAny || !twoPicked}
+          >
+            Block
+          </Button>
+          <Button
+            onClick={() => void net.run('unblock', pair('unblock'))}
+            busy={net.busy && netKind === 'unblock'}
+            disabled={busyAny || !twoPicked}
+          >
+            Unblock
+          </Button>
+          <span class="muted" data-testid="pair-state">
+            {!twoPicked ? 'pick two different machines' : pairBlocked ? 'now blocked' : 'now open'}
+          </span>
+        </span>
+      </div>
+
+      <form
+        class="row"
+        onSubmit={(e) => {
+          e.preventDefault();
+          if (!busyAny) void net.run('partition', partitionBody);
+        }}
+      >
+        <label style={{ flex: '1 1 260px' }}>
+          Partition groups
+          <input
+            value={groupsText}
+            onInput={(e) => setGroupsText((e.target as HTMLInputElement).value)}
+            placeholder={example}
+            autoComplete="off"
+            aria-describedby="partition-help"
+          />
+        </label>
+        <span style={{ alignSelf: 'end', display: 'flex', gap: '8px' }}>
+          <Button
+            onClick={() => void net.run('partition', partitionBody)}
+            busy={net.busy && netKind === 'partition'}
+            disabled={busyAny || !groupsText.trim()}
+          >
+            Partition
+          </Button>
+          <Button
+            onClick={() => void net.run('heal', () => ({ action: 'heal' }))}
+            busy={net.busy && netKind === 'heal'}
+            disabled={busyAny}
+          >
+            Heal
+          </Button>
+        </span>
+      </form>
+      <p class="muted" id="partition-help">
+        Groups separated by <code>|</code>, machines by commas (e.g. <code>{example}</code>): every pair across groups
+        is blocked, on top of what is already blocked; machines not named keep their links. Heal unblocks every pair.
+      </p>
+      <ErrorBox error={net.error} />
+
+      <h3 style={{ fontSize: '14px', margin: '10px 0 6px' }}>Blocked now</h3>
+      {s.blocked.length === 0 ? (
+        <p class="muted" data-testid="blocked-none">
+          No pair is blocked.
+        </p>
+      ) : (
+        <ul data-testid="blocked-list" style={{ margin: 0, paddingLeft: '18px' }}>
+          {s.blocked.map(([x, y]) => (
+            <li data-blocked-item={[x, y].sort().join('|')} style={{ marginBottom: '4px' }}>
+              {x} ✕ {y}{' '}
+              <Button
+                onClick={() => void net.run(`unblock ${x} ${y}`, () => ({ action: 'unblock', machines: [x, y] }))}
+                busy={net.busy && netKind === `unblock ${x} ${y}`}
+                disabled={busyAny}
+                label={`Unblock ${x} and ${y}`}
+              >
+                Unblock
+              </Button>
+            </li>
+          ))}
+        </ul>
+      )}
+    </Section>
+  );
+}
+
+function DownSection({ s, act }: { s: ScenarioStatus; act: Actions }) {
+  const { down, busyAny } = act;
+  const [confirmDown, setConfirmDown] = useState(false);
+  return (
+    <Section title="Down">
+      <div class="row">
+        <span class="muted">Removes every machine, snapshot, bridge and namespace of {s.name}.</span>
+        {!confirmDown ? (
+          <Button onClick={() => setConfirmDown(true)} kind="danger" disabled={busyAny}>
+            Down
+          </Button>
+        ) : (
+          <>
+            <strong>Take {s.name} down?</strong>
+            <Button onClick={() => void down.run()} kind="danger" busy={down.busy} disabled={busyAny}>
+              Confirm down
+            </Button>
+            <Button onClick={() => setConfirmDown(false)} disabled={down.busy}>
+              Cancel
+            </Button>
+          </>
+        )}
+      </div>
+      <ErrorBox error={down.error} />
+    </Section>
   );
 }
