@@ -22,7 +22,8 @@ import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
 import { Trace } from '../../timing/trace.js';
-import type { DeathReport, Driver, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
+import type { DeathReport, Driver, LiveObjects, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
+import { NAMESPACES_INFO } from './info.js';
 import { bootArgs, bwrapArgs } from './bwrap-args.js';
 import { launchNative } from './launch.js';
 import { killAndSweep } from '../teardown.js';
@@ -35,8 +36,11 @@ const RAISE_TIMEOUT_MS = 10_000;
  * copy-on-write root filesystem, held in a cgroup, with the agent as its PID 1.
  */
 export class NamespacesDriver implements Driver {
-  readonly name = 'namespaces';
-  readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false, pauseStandbys: false, userns: true };
+  readonly name = NAMESPACES_INFO.name;
+  readonly capabilities = NAMESPACES_INFO.capabilities;
+  readonly memory = NAMESPACES_INFO.memory;
+  readonly consoleLog = NAMESPACES_INFO.consoleLog;
+  readonly machineNoun = NAMESPACES_INFO.machineNoun;
   private bwrap: string | undefined;
   /** each machine's cgroup, made ahead of its raise; a system machine's with its payload leaf's cgroup.procs */
   private readonly prepared = new Map<
@@ -129,7 +133,7 @@ export class NamespacesDriver implements Driver {
         : {}),
       cgroupProcs: cg.procsFiles,
       argv: bwrap,
-      logFile: join(runDir, 'agent.log'),
+      logFile: join(runDir, this.consoleLog),
       timeoutMs: RAISE_TIMEOUT_MS,
     });
     trace.record('launch', t0, res.namespacesAt);
@@ -181,7 +185,8 @@ export class NamespacesDriver implements Driver {
    * to this home when this home has its run directory: raise makes the run directory before the
    * cgroup and destroy removes it after, so a crash at any point leaves it findable.
    */
-  async gc(isLive: (id: string) => boolean): Promise<string[]> {
+  async gc(live: LiveObjects): Promise<string[]> {
+    const isLive = (id: string): boolean => live.sandbox(id);
     const removed: string[] = [];
     // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
     const runs = new Set(
@@ -205,6 +210,9 @@ export class NamespacesDriver implements Driver {
     }
     return removed;
   }
+
+  /** A namespace machine uses the image volume's tree itself: nothing is derived from it. */
+  async forgetImage(_volumeId: string): Promise<void> {}
 }
 
 /** SIGRTMIN+3: systemd's "halt" (systemd(1), SIGNALS). */
