@@ -67,7 +67,7 @@ async function busyboxTree(root: string): Promise<void> {
   await chmod(join(root, 'tmp'), 0o1777);
   await copyFile(busybox, join(root, 'bin/busybox'));
   await chmod(join(root, 'bin/busybox'), 0o755);
-  for (const applet of (await run(busybox, ['--list-full'])).stdout.split('\n').filter(Boolean)) {
+  for (const applet of (await run('busybox', ['--list-full'])).stdout.split('\n').filter(Boolean)) {
     const target = join(root, applet);
     if (applet === 'bin/busybox' || existsSync(target)) continue;
     await mkdir(join(target, '..'), { recursive: true });
