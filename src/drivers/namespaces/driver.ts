@@ -1,4 +1,4 @@
-import { mkdir, readdir, rm } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
@@ -9,12 +9,9 @@ import {
   createCgroup,
   delegateCgroup,
   isFrozen,
-  destroyCgroup,
   freeze,
   oomKills,
   probeCgroups,
-  removeEmptySnaplabParents,
-  snaplabCgroupsOnHost,
   thaw,
 } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
@@ -26,7 +23,7 @@ import type { DeathReport, Driver, LiveObjects, MachineHandle, MachineSpec, Rais
 import { NAMESPACES_INFO } from './info.js';
 import { bootArgs, bwrapArgs } from './bwrap-args.js';
 import { launchNative } from './launch.js';
-import { killAndSweep } from '../teardown.js';
+import { gcMachines, killAndSweep } from '../teardown.js';
 import { HostOps } from '../../host/hostops.js';
 
 const RAISE_TIMEOUT_MS = 10_000;
@@ -180,35 +177,9 @@ export class NamespacesDriver implements Driver {
     await killAndSweep(this.home, handle);
   }
 
-  /**
-   * Cgroups are host-wide but several homes (several labs) may share a host, so a cgroup belongs
-   * to this home when this home has its run directory: raise makes the run directory before the
-   * cgroup and destroy removes it after, so a crash at any point leaves it findable.
-   */
+  /** Cgroups and run directories of machines that are not live (drivers/teardown.ts, shared with the VM driver). */
   async gc(live: LiveObjects): Promise<string[]> {
-    const isLive = (id: string): boolean => live.sandbox(id);
-    const removed: string[] = [];
-    // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
-    const runs = new Set(
-      (await readdir(join(this.home, 'run')).catch(() => [] as string[])).filter((d) => /^[0-9a-f]{12}$/.test(d)),
-    );
-    for (const cg of await snaplabCgroupsOnHost()) {
-      if (!runs.has(cg.id) || isLive(cg.id)) continue;
-      // a VM's QEMU may take seconds to exit (see killAndSweep); one stuck cgroup must not stop gc
-      const gone = await destroyCgroup(cg, 20_000).then(
-        () => true,
-        () => false,
-      );
-      if (gone) removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
-      else runs.delete(cg.id); // kept: its run directory is how the next gc knows the cgroup is this home's
-    }
-    await removeEmptySnaplabParents();
-    for (const id of runs) {
-      if (isLive(id)) continue;
-      await rm(join(this.home, 'run', id), { recursive: true, force: true });
-      removed.push(`run directory ${join(this.home, 'run', id)}`);
-    }
-    return removed;
+    return gcMachines(this.home, (id) => live.sandbox(id));
   }
 
   /** A namespace machine uses the image volume's tree itself: nothing is derived from it. */

@@ -31,7 +31,7 @@ import { baseDiskPath, checkVolumeDisk, ensureBaseDisk, freshVolumeDisk, gcBaseD
 import { QEMU, logTail, startQemu, vmFiles, vmmUid, type VmConfig } from './launch.js';
 import { HostOps } from '../../host/hostops.js';
 import { QmpClient } from './qmp.js';
-import { killAndSweep } from '../teardown.js';
+import { gcMachines, killAndSweep } from '../teardown.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { chooseAccel } from './accel.js';
 import { holdRelay, releaseRelay, startRelay } from './relay.js';
@@ -453,12 +453,13 @@ export class QemuDriver implements Driver {
   }
 
   /**
-   * A VM's host objects are its run directory and its cgroup (QEMU and its relay are in it),
-   * named by the sandbox id like the namespaces driver's, which collects them for both drivers;
-   * its RAM file in /dev/shm and the base disks of image volumes that are gone, collected here.
+   * A VM's host objects are its run directory and its cgroup (QEMU and its relay are in it), named
+   * by the sandbox id as every driver's are (drivers/teardown.ts); its RAM file in /dev/shm; and
+   * the base disks of image volumes that are gone.
    */
   async gc(live: LiveObjects): Promise<string[]> {
     return [
+      ...(await gcMachines(this.home, (id) => live.sandbox(id))),
       ...(await gcRam(this.home, (id) => live.sandbox(id))),
       ...(await gcBaseDisks(this.home, (id) => live.imageVolume(id))),
     ];
