@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { LabApi } from '../sdk/api.js';
+import { driverInfo } from '../drivers/registry.js';
 import { Pool } from '../sdk/pool.js';
 import type { RunOutcome } from '../lab/run.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -36,7 +37,7 @@ export async function freshExec(
     storage: s.storage,
     driver: s.driver,
     // VM standbys are never recycled (each use is a fresh restore): the option does not apply
-    recycle: s.driver === 'qemu' ? undefined : s.recycle,
+    recycle: driverInfo(s.driver).capabilities.memorySnapshot ? undefined : s.recycle,
     userns: s.userns,
   });
   try {

@@ -1,5 +1,6 @@
 import { spawn } from 'node:child_process';
 import { createReadStream, createWriteStream, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { driverInfo } from '../drivers/registry.js';
 import { createConnection } from 'node:net';
 import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
@@ -120,7 +121,8 @@ export async function interactiveBench(
     const pfOurs: number[] = [];
     const pfDirect: number[] = [];
     // a namespace machine's recorded pid is its agent, the init of its namespaces
-    const pid = opts.driver === 'namespaces' ? (rec.pid ?? undefined) : undefined;
+    const caps = driverInfo(opts.driver).capabilities;
+    const pid = caps.pidIsMachineInit ? (rec.pid ?? undefined) : undefined;
     // the machine serves the file over HTTP; so does the host, for the direct baseline
     await box.copyIn(file, '/tmp/big');
     await box.exec(['httpd', '-p', '8099', '-h', '/tmp']);
@@ -138,9 +140,7 @@ export async function interactiveBench(
         await box.exec(['rm', '-f', '/tmp/cp-bench']);
         // cat into the same storage: the machine's tree (namespaces) or the home's filesystem (a VM's disk lives there)
         const target =
-          opts.driver === 'namespaces' && rec.volume
-            ? join(rec.volume.path, 'tmp', 'cat-bench')
-            : join(dir, 'cat-bench');
+          caps.rootIsVolumeTree && rec.volume ? join(rec.volume.path, 'tmp', 'cat-bench') : join(dir, 'cat-bench');
         t0 = now();
         await pipeline(createReadStream(file), createWriteStream(target));
         cpCat.push(mibs(bytes, now() - t0));

@@ -1,5 +1,6 @@
 import { Command, CommanderError } from 'commander';
 import { SnaplabError } from '../errors.js';
+import { DRIVER_NAMES, driverInfo } from '../drivers/registry.js';
 import { parsePositiveInt, parseSeconds, parseSize } from '../lab/sizes.js';
 import type { StorageKind } from '../storage/backend.js';
 import { BASELINES, RESTORE_BASELINES, SCENARIO_BASELINES, SYSTEM_BASELINES, type BaselineName } from './baselines.js';
@@ -267,7 +268,7 @@ function ladderOf(o: BenchCli, w: Workload, host: HostLimits): number[] {
     max = 1;
     why = `${w} runs one scenario at a time`;
     hint = 'use --ladder 1 (the default for this workload), or leave the ladder out';
-  } else if (o.driver === 'qemu' && VM_START_WORKLOADS.includes(w)) {
+  } else if (driverInfo(o.driver).capabilities.ownKernel && VM_START_WORKLOADS.includes(w)) {
     max = host.vms.max;
     why = host.vms.why;
     hint = `use rungs up to ${max} (the default ladder stops below it), or raise SNAPLAB_VM_BOOT_TIMEOUT_MS to allow slower boots`;
@@ -288,8 +289,8 @@ export function toPlan(
   if (!(WORKLOADS as readonly string[]).includes(o.workload))
     throw bad(`unknown workload ${JSON.stringify(o.workload)}`, `use one of: ${WORKLOADS.join(', ')}`);
   const w = o.workload as Workload;
-  if (o.driver !== undefined && !['namespaces', 'qemu'].includes(o.driver))
-    throw bad(`unknown driver ${JSON.stringify(o.driver)}`, 'use namespaces or qemu');
+  if (o.driver !== undefined && !DRIVER_NAMES.includes(o.driver))
+    throw bad(`unknown driver ${JSON.stringify(o.driver)}`, `use ${DRIVER_NAMES.join(' or ')}`);
   const ladder = ladderOf(o, w, host);
   const scenarioWork = (SCENARIO_WORKLOADS as readonly string[]).includes(w);
   if (scenarioWork && !o.scenario)
@@ -303,7 +304,7 @@ export function toPlan(
       'drop --scenario or pick a scenario workload',
     );
   // a system machine's raise on namespaces: against systemd-nspawn booting the same tree
-  const systemRaise = w === 'raise' && o.init === 'systemd' && (o.driver ?? 'namespaces') === 'namespaces';
+  const systemRaise = w === 'raise' && o.init === 'systemd' && !driverInfo(o.driver).capabilities.ownKernel;
   const known: readonly string[] = scenarioWork
     ? SCENARIO_BASELINES
     : w === 'restore'
@@ -329,7 +330,7 @@ export function toPlan(
         return variantOf({ ...o, ...own }, w, i === 0 ? 'A' : 'B', text, (k) => explicit(k) || own[k] !== undefined);
       })
     : [variantOf(o, w, w, '', explicit)];
-  if (o.driver === 'qemu' && w === 'fresh-exec') {
+  if (driverInfo(o.driver).capabilities.memorySnapshot && w === 'fresh-exec') {
     if (o.recycle === 'on' || owns.some((x) => x.recycle === 'on'))
       throw bad('VM standbys are never recycled', 'drop --recycle: each execution gets a fresh restore');
     for (const v of variants) v.recycle = false;

@@ -1,5 +1,6 @@
 import { Lab } from '../sdk/lab.js';
 import type { LabApi, LabCreateOptions } from '../sdk/api.js';
+import { driverInfo } from '../drivers/registry.js';
 import { SnaplabError } from '../errors.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import { run } from '../host/run.js';
@@ -73,7 +74,9 @@ async function snapshot(lab: Lab, s: BenchSettings): Promise<LoopResult> {
     }
     let n = 0;
     return await closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async (w) => {
-      const snap = await boxes[w]!.snapshot(`bench-${process.pid}-${w}-${n++}`, { memory: s.driver === 'qemu' });
+      const snap = await boxes[w]!.snapshot(`bench-${process.pid}-${w}-${n++}`, {
+        memory: driverInfo(s.driver).capabilities.memorySnapshot,
+      });
       await lab.removeSnapshot(snap.name);
       return { latencyMs: snap.lastTrace!.totalMs, phases: phasesOf(snap.lastTrace) };
     });
@@ -94,7 +97,7 @@ async function restore(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   const name = `bench-restore-${process.pid}-${Date.now()}`;
   try {
     // a VM's memory snapshot: a restore continues the machine, it does not boot
-    await box.snapshot(name, { memory: s.driver === 'qemu' });
+    await box.snapshot(name, { memory: driverInfo(s.driver).capabilities.memorySnapshot });
   } finally {
     await box.destroy();
   }

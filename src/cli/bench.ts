@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { addBenchOptions, spreadCompare, toPlan, type BenchCli } from '../bench/options.js';
+import { findDriverInfo } from '../drivers/registry.js';
 import { cliPlan } from '../bench/cli-plan.js';
 import { withLab } from './common.js';
 import { printJson } from './output.js';
@@ -37,7 +38,7 @@ export function registerBench(program: Command): void {
             driver: o.driver ?? 'namespaces',
             rounds: parsePositiveInt(o.reps, 'reps'),
             keystrokes: 100,
-            fileMiB: o.driver === 'qemu' ? 256 : 1024,
+            fileMiB: findDriverInfo(o.driver)?.capabilities.ownKernel ? 256 : 1024,
           },
           new Progress(process.stderr),
         );
@@ -69,7 +70,7 @@ export function registerBench(program: Command): void {
         o,
         argv,
         (k) => o[k] !== undefined && cmd.getOptionValueSource(k) === 'cli',
-        o.driver === 'qemu' ? await hostLimits(lab.home) : undefined,
+        findDriverInfo(o.driver)?.capabilities.ownKernel ? await hostLimits(lab.home) : undefined,
       );
       const results = plan.results ? prepareResultsDir(plan.results) : undefined;
       const summary = await runBench(lab, plan, new Progress(process.stderr));

@@ -1,5 +1,6 @@
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { driverInfo } from '../drivers/registry.js';
 import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
 import { parsePositiveInt } from '../lab/sizes.js';
@@ -35,7 +36,7 @@ export function registerLogs(program: Command): void {
                   `drop -f: ${box.info.name} has only the launch log the host keeps`,
                 );
               // a VM's console is its serial log; a namespace machine's, the launcher's log
-              const file = join(lab.home, 'run', box.info.id, box.info.driver === 'qemu' ? 'serial.log' : 'agent.log');
+              const file = join(lab.home, 'run', box.info.id, driverInfo(box.info.driver).consoleLog);
               const text = await readFile(file, 'utf8').catch(orElse(undefined, `read ${file}`, 'ENOENT'));
               if (text === undefined)
                 throw new SnaplabError(

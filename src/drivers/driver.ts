@@ -47,6 +47,7 @@ export interface RaisedMachine {
 
 export interface DriverCapabilities {
   pause: boolean;
+  /** `snapshotMemory` and `restoreMemory` exist: a snapshot can hold the running machine, and a restore continues it */
   memorySnapshot: boolean;
   /**
    * the guest caches its own writes (a VM's kernel): before a filesystem snapshot the lab has the
@@ -64,6 +65,69 @@ export interface DriverCapabilities {
    * unprivileged range of host ids. VMs need none: QEMU runs as a uid of its own
    */
   userns: boolean;
+  /**
+   * the machine's clock stands still while it is paused (a guest kernel's own clock): the lab sets
+   * it from the host's after a resume, a memory restore or a memory snapshot. A namespace machine
+   * reads the host's clock, which never stops.
+   */
+  clockStopsWhilePaused: boolean;
+  /**
+   * without a user namespace, root inside the machine is root on the host (the machine is a set of
+   * namespaces on the host's kernel): a system machine's systemd (CAP_SYS_ADMIN) is refused there,
+   * and `ls` warns. A VM's root is its guest's.
+   */
+  hostRootWithoutUserns: boolean;
+  /**
+   * the machine's root filesystem is the volume's tree itself, so storage's disk cap holds on what
+   * it writes (a VM writes a disk image kept in the volume, which the cap does not see yet), and
+   * the host can read its files in place
+   */
+  rootIsVolumeTree: boolean;
+  /**
+   * the handle's pid is the init of the machine's namespaces: `nsenter -t PID` reaches inside (a
+   * VM's is QEMU, a host process)
+   */
+  pidIsMachineInit: boolean;
+  /**
+   * the machine runs a kernel of its own (a VM): its network stack is its guest's (a scenario gives
+   * it taps, MachineSpec.nics, in its network namespace, and the host's view of that namespace holds
+   * none of its addresses), and a start is a boot, which costs seconds of CPU under emulation
+   */
+  ownKernel: boolean;
+}
+
+/**
+ * What is known of a driver without a host or a machine (src/drivers/registry.ts answers it by
+ * name): capabilities, defaults and where a machine's console log is.
+ */
+export interface DriverInfo {
+  readonly name: string;
+  readonly capabilities: DriverCapabilities;
+  /**
+   * memory a machine gets unless told (`defaultBytes`; none: the lab's own default) and the least it
+   * runs in (`minBytes`; none: no floor), in bytes
+   */
+  readonly memory: { defaultBytes?: number; minBytes?: number };
+  /** the machine's console, a file in its run directory (`<home>/run/<id>/`) */
+  readonly consoleLog: string;
+  /** what one machine is called in messages ("a VM") */
+  readonly machineNoun: string;
+}
+
+/** What `prepareHost` fetched and built (a VM's guest kernel and initramfs). */
+export interface PreparedHost {
+  version: string;
+  kernel: string;
+  initramfs: string;
+}
+
+/**
+ * What gc may not remove, asked when an object is about to go (a create may have begun since gc
+ * started): a sandbox by id, an image volume by id.
+ */
+export interface LiveObjects {
+  sandbox(id: string): boolean;
+  imageVolume(id: string): boolean;
 }
 
 /** Why a machine is no longer there, as far as the host can tell. */
@@ -76,15 +140,23 @@ export interface DeathReport {
  * The driver contract (DESIGN.md). `raise` returns once the agent inside answers; the lab then
  * runs a first command before it calls the machine created (principle 1).
  */
-export interface Driver {
-  readonly name: string;
-  readonly capabilities: DriverCapabilities;
+export interface Driver extends DriverInfo {
   probe(): Promise<Availability>;
+  /**
+   * Fetch and build ahead of time what every machine of this driver needs, so that nothing is
+   * downloaded at run time (`snaplab setup`). Drivers that need nothing have none.
+   */
+  prepareHost?(onProgress?: (s: string) => void): Promise<PreparedHost>;
   /**
    * Make the host objects that do not need the root filesystem (cgroup, run directory), so that
    * the lab can do it while storage clones. `raise` does it itself when it was not called.
    */
   prepare(spec: Omit<MachineSpec, 'rootfs'>, trace: Trace): Promise<void>;
+  /**
+   * A running machine on `spec.rootfs`. An abort of `signal` rejects with its reason, at the latest
+   * once the step under way ends (a VM's boot wait ends at once), and leaves nothing of the machine
+   * behind but what `prepare` made, which `destroy` removes.
+   */
   raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine>;
   connect(handle: MachineHandle, timeoutMs?: number): Promise<AgentClient>;
   /** Stop every process of the machine from running (its memory stays). */
@@ -95,16 +167,24 @@ export interface Driver {
   /** Kill every process and release host objects other than storage. Idempotent. */
   destroy(handle: MachineHandle): Promise<void>;
   /**
-   * Host objects this driver made whose ids are not live; remove them, describe each. `isLive`
-   * is asked when an object is about to go (a create may have begun since gc started).
+   * Host objects and files this driver made that nothing live owns (a machine's cgroup and run
+   * directory, a VM's RAM file, a base disk of an image volume that is gone); remove them, describe
+   * each.
    */
-  gc(isLive: (id: string) => boolean): Promise<string[]>;
+  gc(live: LiveObjects): Promise<string[]>;
+  /** An image volume is being removed: drop what this driver derived from it (a VM's base disk). Idempotent. */
+  forgetImage(volumeId: string): Promise<void>;
   /**
    * (capabilities.memorySnapshot) write the whole machine state to `dir`. The lab pauses the
    * machine first and snapshots its volume while it is paused, so memory and disk agree.
    */
   snapshotMemory?(handle: MachineHandle, dir: string, trace: Trace): Promise<MemoryImage>;
-  /** (capabilities.memorySnapshot) a new machine continuing from a memory snapshot, on `rootfs` cloned from the snapshot's volume */
+  /**
+   * (capabilities.memorySnapshot) a new machine continuing from a memory snapshot, on `rootfs`
+   * cloned from the snapshot's volume, on the host's clock and with an identity of its own
+   * (`spec.hostname`, a new machine id, its random pool reseeded): several restores of one
+   * snapshot run side by side
+   */
   restoreMemory?(spec: MachineSpec, image: MemoryImage, trace: Trace): Promise<RaisedMachine>;
 }
 

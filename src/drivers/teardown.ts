@@ -1,6 +1,7 @@
-import { rm } from 'node:fs/promises';
+import { readdir, rm } from 'node:fs/promises';
+import { orElse } from '../cleanup.js';
 import { join } from 'node:path';
-import { cgroupFor, destroyCgroup } from '../host/cgroups.js';
+import { cgroupFor, destroyCgroup, removeEmptySnaplabParents, snaplabCgroupsOnHost } from '../host/cgroups.js';
 import { sameProcess } from '../host/procs.js';
 import type { MachineHandle } from './driver.js';
 
@@ -22,4 +23,36 @@ export async function killAndSweep(home: string, handle: MachineHandle, timeoutM
   }
   await destroyCgroup(cgroupFor(handle.id), timeoutMs);
   await rm(join(home, 'run', handle.id), { recursive: true, force: true });
+}
+
+/**
+ * What every driver's gc does for machines that are not live: their cgroups (and any process in
+ * them) and run directories, both named by the sandbox id whatever the driver. Cgroups are
+ * host-wide but several homes (several labs) may share a host, so a cgroup belongs to this home
+ * when this home has its run directory: raise makes the run directory before the cgroup and
+ * destroy removes it after, so a crash at any point leaves it findable.
+ */
+export async function gcMachines(home: string, isLive: (id: string) => boolean): Promise<string[]> {
+  const removed: string[] = [];
+  // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
+  const runs = new Set(
+    (await readdir(join(home, 'run')).catch(orElse([] as string[], 'readdir', 'ENOENT'))).filter((d) => /^[0-9a-f]{12}$/.test(d)),
+  );
+  for (const cg of await snaplabCgroupsOnHost()) {
+    if (!runs.has(cg.id) || isLive(cg.id)) continue;
+    // a VM's QEMU may take seconds to exit (see killAndSweep); one stuck cgroup must not stop gc
+    const gone = await destroyCgroup(cg, 20_000).then(
+      () => true,
+      () => false,
+    );
+    if (gone) removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
+    else runs.delete(cg.id); // kept: its run directory is how the next gc knows the cgroup is this home's
+  }
+  await removeEmptySnaplabParents();
+  for (const id of runs) {
+    if (isLive(id)) continue;
+    await rm(join(home, 'run', id), { recursive: true, force: true });
+    removed.push(`run directory ${join(home, 'run', id)}`);
+  }
+  return removed;
 }

@@ -1,8 +1,7 @@
 import { SnaplabError } from '../errors.js';
 import type { Availability } from '../host/probe-types.js';
 import type { Driver } from '../drivers/driver.js';
-import { NamespacesDriver } from '../drivers/namespaces/driver.js';
-import { QemuDriver } from '../drivers/qemu/driver.js';
+import { createDrivers, DEFAULT_DRIVER, unknownDriver } from '../drivers/registry.js';
 import { createBackend, pickDefault, type StorageBackend, type StorageKind } from '../storage/index.js';
 import { openDb } from '../store/db.js';
 import { Store } from '../store/store.js';
@@ -37,21 +36,13 @@ export class LabContext {
     }
     this.store = new Store(openDb(home));
     this.images = new Images(home, this.store);
-    this.drivers = new Map<string, Driver>([
-      ['namespaces', new NamespacesDriver(home)],
-      ['qemu', new QemuDriver(home)],
-    ]);
+    this.drivers = createDrivers(home);
   }
 
-  driver(name = 'namespaces'): Driver {
+  /** The driver of that name (drivers/registry.ts), the default one when none is named. */
+  driver(name: string = DEFAULT_DRIVER): Driver {
     const d = this.drivers.get(name);
-    if (!d) {
-      throw new SnaplabError(
-        'DRIVER_UNAVAILABLE',
-        `unknown driver ${JSON.stringify(name)}`,
-        `available drivers: ${[...this.drivers.keys()].join(', ')}`,
-      );
-    }
+    if (!d) throw unknownDriver(name);
     return d;
   }
 

@@ -1,4 +1,3 @@
-import { gcBaseDisks } from '../drivers/qemu/disk.js';
 import { sweepNspawnCgroups } from '../host/nspawn-cgroups.js';
 import { orphanTemplates } from './pool-admin.js';
 import { removeSnapshot } from './removals.js';
@@ -61,8 +60,10 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     const rec = ctx.store.getSandbox(id);
     return rec !== undefined && rec.id === id && rec.state !== 'dead';
   };
+  // an image volume's derived files (a VM's base disk) go with it: asked of the store at the time
+  const imageVolume = (id: string): boolean => ctx.store.listImageVolumes().some((iv) => iv.volume.id === id);
   for (const [name, driver] of ctx.drivers)
-    removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc(isLive))));
+    removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc({ sandbox: isLive, imageVolume }))));
   // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
   // held: asked of the store now, not of the list read at the start (a create may have finished since)
@@ -96,7 +97,7 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   return { removed, notes };
 }
 
-/** Volumes, memory snapshots, base disks, the btrfs pool's mount and loop device that nothing records. */
+/** Volumes, memory snapshots, the btrfs pool's mount and loop device that nothing records. */
 async function collectVolumes(
   ctx: LabContext,
   trace: Trace,
@@ -124,8 +125,6 @@ async function collectVolumes(
       notes.push(`template ${t} of a removed pool not removed yet: ${(e as Error).message}`);
     }
   }
-  // VM base disks of image volumes that are gone
-  removed.push(...(await gcBaseDisks(ctx.home, new Set(ctx.store.listImageVolumes().map((iv) => iv.volume.id)))));
   // memory snapshots (VM driver) no record names any more
   const memoryDirs = new Set(
     ctx.store

@@ -1,4 +1,4 @@
-import { SnaplabError } from '../errors.js';
+import { findDriverInfo } from '../drivers/registry.js';
 import type { Limits } from '../store/records.js';
 
 /**
@@ -7,14 +7,6 @@ import type { Limits } from '../store/records.js';
  * per sandbox (--memory, --pids) as needed. No CPU limit by default: the scheduler shares cores.
  */
 export const DEFAULT_LIMITS: Readonly<Limits> = { memoryBytes: 1024 ** 3, pids: 1024 };
-
-/** A VM's memory is its guest's RAM (and the size of its memory snapshots): smaller by default. */
-export const VM_DEFAULT_MEMORY = 256 * 1024 * 1024;
-/**
- * The least a VM boots in: the guest kernel ran out of memory in its initcalls at 72 MiB and
- * booted at 80 (Debian's cloud kernel 6.1, busybox image, measured); 96 leaves room.
- */
-export const VM_MIN_MEMORY = 96 * 1024 * 1024;
 
 /**
  * What a machine may write to its own filesystem unless told otherwise (`--disk`): without a cap,
@@ -25,19 +17,11 @@ export const VM_MIN_MEMORY = 96 * 1024 * 1024;
  */
 export const DEFAULT_DISK_BYTES = 4 * 1024 ** 3;
 
-export function withDefaults(l: Limits | undefined, driver = 'namespaces'): Limits {
-  return { ...DEFAULT_LIMITS, ...(driver === 'qemu' ? { memoryBytes: VM_DEFAULT_MEMORY } : {}), ...l };
-}
-
-/** A VM's memory below VM_MIN_MEMORY: `what` names it (a scenario's machine). */
-export function vmTooSmall(
-  bytes: number,
-  what = 'a VM',
-  hint = `give --memory ${VM_MIN_MEMORY / 2 ** 20}M or more (default ${VM_DEFAULT_MEMORY / 2 ** 20}M)`,
-): SnaplabError {
-  return new SnaplabError(
-    'BAD_SIZE',
-    `${what} needs at least ${VM_MIN_MEMORY / 2 ** 20} MiB of memory, not ${Math.round(bytes / 2 ** 20)} MiB`,
-    hint,
-  );
+/**
+ * A machine's limits: what was asked, else the driver's own default memory (a VM's is its guest's
+ * RAM: smaller), else the lab's defaults. An unknown driver gets the lab's (its raise says why not).
+ */
+export function withDefaults(l: Limits | undefined, driver?: string): Limits {
+  const memoryBytes = findDriverInfo(driver)?.memory.defaultBytes;
+  return { ...DEFAULT_LIMITS, ...(memoryBytes === undefined ? {} : { memoryBytes }), ...l };
 }

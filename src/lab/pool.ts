@@ -72,7 +72,7 @@ export class PoolRunner {
           agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handleOf(rec))));
           this.agents.set(rec.id, agent);
           // a VM's clock stood still while it waited (a namespace sandbox shares the host's)
-          if (driver.capabilities.memorySnapshot)
+          if (driver.capabilities.clockStopsWhilePaused)
             await trace.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
           else await trace.phase('agent ready', () => agent.ping());
         } catch {

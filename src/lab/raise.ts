@@ -1,12 +1,10 @@
 import type { AgentClient } from '../agent/client.js';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { nameMachineSh } from '../drivers/qemu/guest-init.js';
-import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
-import { SnaplabError, isSnaplabError } from '../errors.js';
+import { type Driver, MACHINE_AGENT_PATH, type RaisedMachine } from '../drivers/driver.js';
+import { SnaplabError } from '../errors.js';
 import type { StorageBackend, StorageKind, Volume } from '../storage/backend.js';
 import { inflight } from './inflight.js';
-import { randomBytes } from 'node:crypto';
 import type { MemoryImage } from '../drivers/driver.js';
 import type { Limits, SandboxRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
@@ -103,13 +101,58 @@ export async function raiseSandbox(
   const driver = ctx.driver(input.driver);
   const userns = usernsFor(ctx, input);
   // a VM is its own boundary; on namespaces systemd holds CAP_SYS_ADMIN, safe only in a user namespace
-  if (input.init === 'systemd' && driver.name === 'namespaces' && !userns) {
+  if (input.init === 'systemd' && driver.capabilities.hostRootWithoutUserns && !userns) {
     throw new SnaplabError(
       'BAD_INPUT',
       'a system machine (--init systemd) needs a user namespace: its systemd holds CAP_SYS_ADMIN',
       'leave out --no-userns (and use storage that can idmap: see `snaplab doctor`), or use --driver qemu',
     );
   }
+  const record = await trace.phase('record', () => recordSandbox(ctx, input, driver.name, given, userns));
+  trace.target ??= record.name;
+  let agent: AgentClient | undefined;
+  try {
+    const raised = await raiseMachine(ctx, input, record, driver, userns, trace, signal);
+    agent = raised.agent;
+    record.pid = raised.handle.pid;
+    record.pidStart = raised.handle.pidStart;
+    const note = await firstAnswer(input, raised.agent, trace);
+    Object.assign(record, {
+      state: 'running',
+      reason: input.heldBy?.reason ?? note,
+      owner: input.heldBy ? me('hold') : null,
+    });
+    await trace.phase('record running', () =>
+      ctx.store.updateSandbox(record.id, {
+        state: 'running',
+        reason: record.reason,
+        owner: record.owner,
+        pid: record.pid,
+        pidStart: record.pidStart,
+        limits: record.limits,
+      }),
+    );
+    return { record, agent };
+  } catch (e) {
+    void agent?.close();
+    await undoRaise(ctx, record);
+    throw e;
+  }
+}
+
+/**
+ * The sandbox's record, inserted as `creating`. A generated name (24 bits of the id) can collide
+ * with a live one when there are hundreds: drawn again rather than fail the user's create. The
+ * user namespace range is claimed host-wide first (userns-registry.ts) and recorded in the same
+ * insert, so gc can always account for it.
+ */
+async function recordSandbox(
+  ctx: LabContext,
+  input: RaiseInput,
+  driver: string,
+  given: string | undefined,
+  userns: boolean,
+): Promise<SandboxRecord> {
   const make = (): SandboxRecord => {
     const id = newId();
     return {
@@ -117,7 +160,7 @@ export async function raiseSandbox(
       name: given ?? defaultName(id),
       image: input.image,
       storage: input.storage,
-      driver: driver.name,
+      driver,
       state: 'creating',
       reason: `being created by pid ${process.pid}`,
       owner: me('create'),
@@ -135,180 +178,125 @@ export async function raiseSandbox(
       templateOf: input.heldBy?.templateOf ?? null,
     };
   };
-  // a generated name (24 bits of the id) can collide with a live one when there are hundreds:
-  // draw again rather than fail the user's create. The user namespace range is claimed host-wide
-  // first (userns-registry.ts) and recorded in the same insert, so gc can always account for it.
   let record = make();
-  await trace.phase('record', async () => {
-    for (let attempt = 0; ; attempt++) {
-      const own = userns && input.uidBase === undefined; // a machine's range is its scenario's
-      record.uidBase = !userns ? null : own ? await claimRange(ctx.home, record.id) : input.uidBase!;
-      let taken: boolean;
-      try {
-        taken = !ctx.store.insertSandbox(record);
-      } catch (e) {
-        if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
-        throw e;
-      }
-      if (!taken) return;
+  for (let attempt = 0; ; attempt++) {
+    const own = userns && input.uidBase === undefined; // a machine's range is its scenario's
+    record.uidBase = !userns ? null : own ? await claimRange(ctx.home, record.id) : input.uidBase!;
+    let taken: boolean;
+    try {
+      taken = !ctx.store.insertSandbox(record);
+    } catch (e) {
       if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
-      if (given !== undefined || attempt >= 20)
-        throw new SnaplabError(
-          'SANDBOX_EXISTS',
-          `a sandbox named ${record.name} already exists`,
-          'pick another --name',
-        );
-      record = make();
+      throw e;
     }
-  });
-  const { id, name } = record;
-  trace.target ??= name;
-  let agent: AgentClient | undefined;
-  try {
-    const backend = await trace.phase('storage ready', () => ctx.readyBackend(input.storage));
-    const base = await input.base();
-    // an image without systemd cannot boot one: said before a machine is launched (a VM's boot
-    // would take seconds to find out)
-    if (
-      input.init === 'systemd' &&
-      input.origin === null &&
-      !SYSTEMD_PATHS.some((p) => existsSync(join(base.path, p)))
-    ) {
-      throw new SnaplabError(
-        'BAD_INPUT',
-        `image ${input.image} has no systemd (no ${SYSTEMD_PATHS.join(' or ')} in it)`,
-        `build one with it (snaplab image build debian --packages systemd,systemd-sysv), or use --init agent`,
-      );
-    }
-    const machine = {
-      id,
-      hostname: input.hostname ?? name,
-      limits: input.limits,
-      netns: input.netns,
-      ...(input.nics ? { nics: input.nics } : {}),
-      ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
-      ...(input.init ? { init: input.init } : {}),
-    };
-    // the cgroup does not need the root filesystem: make both at once
-    const clone = (): Promise<Volume> =>
-      inflight(ctx, 'clone', async () => {
-        // ready again under the mark (cached: no cost): a gc that collected meanwhile may have
-        // unmounted an empty btrfs pool, and forgot that it was ready
-        const b = await ctx.readyBackend(input.storage);
-        const v = await b.clone(base, { mountOnHost: !userns });
-        record.volume = v; // recorded before the mark is lifted, so gc always sees an owner
-        ctx.store.updateSandbox(id, { volume: v });
-        await trace.phase('disk cap', () =>
-          capDisk(b, v, record, driver.name, input.diskAsked ?? input.limits.diskBytes !== undefined),
-        );
-        return v;
-      });
-    const [cloned, prepared] = await Promise.allSettled([
-      trace.phase('clone rootfs', clone),
-      driver.prepare(machine, trace),
-    ]);
-    if (cloned.status === 'rejected') throw cloned.reason;
-    const volume = cloned.value;
-    if (prepared.status === 'rejected') throw prepared.reason;
-    const spec = {
-      ...machine,
-      rootfs: volume.path,
-      source: { id: base.id, path: base.path, image: input.origin === null },
-      ...(userns && backend.stack ? { stack: backend.stack(volume) } : {}),
-    };
-    const raised =
-      input.memory && driver.restoreMemory
-        ? await driver.restoreMemory(spec, input.memory, trace)
-        : await driver.raise(spec, trace, signal);
-    agent = raised.agent;
-    record.pid = raised.handle.pid;
-    record.pidStart = raised.handle.pidStart;
-    if (input.memory) {
-      // a restored machine: the clock from the host, and an identity of its own, so that several
-      // restores of one snapshot can run side by side
-      await trace.phase('clock set', () => raised.agent.setClock(BigInt(Date.now()) * 1_000_000n));
-      // a name and machine id of its own, and the guest's random pool reseeded (every restore of
-      // a snapshot would otherwise draw the same numbers): the restored machine's first answer
-      await trace
-        .phase('identity', async () => {
-          const identity = {
-            hostname: input.hostname ?? name,
-            machineId: randomBytes(16).toString('hex'),
-            entropy: randomBytes(512),
-            system: input.init === 'systemd',
-          };
-          // set by the agent itself (1.3): a restored guest's first fork and exec cost hundreds of
-          // milliseconds under emulation; a snapshot's older agent does it with a command
-          if (raised.agent.minor >= 3) return raised.agent.setIdentity(identity);
-          // a system machine's name is in its /etc too (systemd reads it; sudo resolves it)
-          const script = `${nameMachineSh()}\nhostname "$1" && echo "$2" > /etc/machine-id && { [ "$3" != systemd ] || name_machine "$1"; } && cat > /dev/urandom`;
-          const h = raised.agent.exec({
-            argv: ['sh', '-c', script, 'sh', identity.hostname, identity.machineId, input.init ?? 'agent'],
-            env: DEFAULT_ENV,
-            stdin: true,
-          });
-          h.write(identity.entropy);
-          h.end();
-          const r = await h.result;
-          if (r.exitCode !== 0)
-            throw new SnaplabError(
-              'LAUNCH_FAILED',
-              `cannot give the restored machine its identity: ${r.stderr.toString().trim()}`,
-            );
-        })
-        .catch((e: unknown) => {
-          if (isSnaplabError(e, 'AGENT_ERROR') || isSnaplabError(e, 'TIMEOUT'))
-            throw new SnaplabError(
-              'LAUNCH_FAILED',
-              `cannot give the restored machine its identity: ${(e as Error).message}`,
-              'see `snaplab trace` of the operation; the machine is removed',
-              { cause: e },
-            );
-          throw e;
-        });
-    }
-    // the agent's own binary, which every machine has at /run/snaplab/agent: an image need not
-    // have `true` (distroless and scratch images do not), and the command still goes through
-    // everything a command does (fork, exec, the seccomp filter)
-    const first = input.memory
-      ? { exitCode: 0, stderr: Buffer.alloc(0) }
-      : await trace.phase(
-          'first exec',
-          () => raised.agent.exec({ argv: [MACHINE_AGENT_PATH, '--version'], env: DEFAULT_ENV }).result,
-        );
-    if (first.exitCode !== 0) {
-      throw new SnaplabError(
-        'LAUNCH_FAILED',
-        `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`,
-        'see `snaplab trace` of the operation; the machine is removed',
-      );
-    }
-    let note: string | null = null;
-    if (input.init === 'systemd') {
-      const up = await trace.phase('systemd up', () => waitSystemRunning(raised.agent));
-      if (up.state === 'degraded') note = `degraded: ${up.failed.join(', ') || 'some units'} failed`;
-    }
-    Object.assign(record, {
-      state: 'running',
-      reason: input.heldBy?.reason ?? note,
-      owner: input.heldBy ? me('hold') : null,
-    });
-    await trace.phase('record running', () =>
-      ctx.store.updateSandbox(id, {
-        state: 'running',
-        reason: record.reason,
-        owner: record.owner,
-        pid: record.pid,
-        pidStart: record.pidStart,
-        limits: record.limits,
-      }),
-    );
-    return { record, agent };
-  } catch (e) {
-    agent?.close();
-    await undoRaise(ctx, record);
-    throw e;
+    if (!taken) return record;
+    if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
+    if (given !== undefined || attempt >= 20)
+      throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${record.name} already exists`, 'pick another --name');
+    record = make();
   }
+}
+
+/**
+ * Clone the root filesystem while the driver makes what does not need it (the cgroup), then raise
+ * the machine on it, or continue one from a memory snapshot. The volume is in the record once made.
+ */
+async function raiseMachine(
+  ctx: LabContext,
+  input: RaiseInput,
+  record: SandboxRecord,
+  driver: Driver,
+  userns: boolean,
+  trace: Trace,
+  signal?: AbortSignal,
+): Promise<RaisedMachine> {
+  const backend = await trace.phase('storage ready', () => ctx.readyBackend(input.storage));
+  const base = await input.base();
+  // an image without systemd cannot boot one: said before a machine is launched (a VM's boot
+  // would take seconds to find out)
+  if (input.init === 'systemd' && input.origin === null && !SYSTEMD_PATHS.some((p) => existsSync(join(base.path, p)))) {
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `image ${input.image} has no systemd (no ${SYSTEMD_PATHS.join(' or ')} in it)`,
+      `build one with it (snaplab image build debian --packages systemd,systemd-sysv), or use --init agent`,
+    );
+  }
+  const machine = {
+    id: record.id,
+    hostname: input.hostname ?? record.name,
+    limits: input.limits,
+    netns: input.netns,
+    ...(input.nics ? { nics: input.nics } : {}),
+    ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
+    ...(input.init ? { init: input.init } : {}),
+  };
+  // the cgroup does not need the root filesystem: make both at once
+  const [cloned, prepared] = await Promise.allSettled([
+    trace.phase('clone rootfs', () => cloneRoot(ctx, input, record, base, driver, userns, trace)),
+    driver.prepare(machine, trace),
+  ]);
+  if (cloned.status === 'rejected') throw cloned.reason;
+  const volume = cloned.value;
+  if (prepared.status === 'rejected') throw prepared.reason;
+  const spec = {
+    ...machine,
+    rootfs: volume.path,
+    source: { id: base.id, path: base.path, image: input.origin === null },
+    ...(userns && backend.stack ? { stack: backend.stack(volume) } : {}),
+  };
+  // a restored machine comes back on the host's clock, with an identity of its own (Driver.restoreMemory)
+  return input.memory && driver.restoreMemory
+    ? driver.restoreMemory(spec, input.memory, trace)
+    : driver.raise(spec, trace, signal);
+}
+
+/** The machine's root volume, recorded before gc's mark on clones is lifted (gc always sees an owner), and capped. */
+function cloneRoot(
+  ctx: LabContext,
+  input: RaiseInput,
+  record: SandboxRecord,
+  base: Volume,
+  driver: Driver,
+  userns: boolean,
+  trace: Trace,
+): Promise<Volume> {
+  return inflight(ctx, 'clone', async () => {
+    // ready again under the mark (cached: no cost): a gc that collected meanwhile may have
+    // unmounted an empty btrfs pool, and forgot that it was ready
+    const b = await ctx.readyBackend(input.storage);
+    const v = await b.clone(base, { mountOnHost: !userns });
+    record.volume = v;
+    ctx.store.updateSandbox(record.id, { volume: v });
+    await trace.phase('disk cap', () =>
+      capDisk(b, v, record, driver, input.diskAsked ?? input.limits.diskBytes !== undefined),
+    );
+    return v;
+  });
+}
+
+/**
+ * The new machine's first answer (a restored one's was its identity): the agent's own binary,
+ * which every machine has at /run/snaplab/agent (an image need not have `true`: distroless and
+ * scratch images do not), and the command still goes through everything a command does (fork,
+ * exec, the seccomp filter). A system machine then waits for systemd: a note when degraded.
+ */
+async function firstAnswer(input: RaiseInput, agent: AgentClient, trace: Trace): Promise<string | null> {
+  const first = input.memory
+    ? { exitCode: 0, stderr: Buffer.alloc(0) }
+    : await trace.phase(
+        'first exec',
+        () => agent.exec({ argv: [MACHINE_AGENT_PATH, '--version'], env: DEFAULT_ENV }).result,
+      );
+  if (first.exitCode !== 0) {
+    throw new SnaplabError(
+      'LAUNCH_FAILED',
+      `the first command in the new sandbox failed (exit ${first.exitCode}): ${first.stderr.toString().trim()}`,
+      'see `snaplab trace` of the operation; the machine is removed',
+    );
+  }
+  if (input.init !== 'systemd') return null;
+  const up = await trace.phase('systemd up', () => waitSystemRunning(agent));
+  return up.state === 'degraded' ? `degraded: ${up.failed.join(', ') || 'some units'} failed` : null;
 }
 
 /**
@@ -321,7 +309,7 @@ async function capDisk(
   backend: StorageBackend,
   volume: Volume,
   record: SandboxRecord,
-  driver: string,
+  driver: Driver,
   explicit: boolean,
 ): Promise<void> {
   const given = record.limits.diskBytes;
@@ -331,7 +319,8 @@ async function capDisk(
   // a cap carried from a snapshot is held where it can be; the default only where it costs nothing
   if (given === undefined && backend.capsByDefault === false)
     why = `${backend.kind} storage caps a disk only when asked (--disk)`;
-  else if (driver !== 'namespaces') why = `the ${driver} driver's disk is an image file, not capped yet`;
+  else if (!driver.capabilities.rootIsVolumeTree)
+    why = `the ${driver.name} driver's disk is an image file, not capped yet`;
   else if (!backend.limitDisk) why = `${backend.kind} storage cannot cap a machine's disk`;
   else {
     try {

@@ -1,6 +1,5 @@
 import { rm } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
-import { baseDiskPath } from '../drivers/qemu/disk.js';
 import type { LabContext } from './context.js';
 import type { Trace } from '../timing/trace.js';
 import { destroyRecord } from './teardown.js';
@@ -94,8 +93,8 @@ export async function removeImage(ctx: LabContext, name: string, trace: Trace, f
   for (const iv of ctx.store.listImageVolumes(name)) {
     const backend = await ctx.readyBackend(iv.storage);
     await trace.phase(`delete ${iv.storage} volume`, () => backend.delete(iv.volume));
-    // the VM driver's base disk made from it, if any (nothing uses it: no sandbox, no snapshot)
-    await rm(baseDiskPath(ctx.home, iv.volume.id), { force: true });
+    // what a driver made from it (a VM's base disk): nothing uses it any more, no sandbox, no snapshot
+    for (const driver of ctx.drivers.values()) await driver.forgetImage(iv.volume.id);
   }
   ctx.store.deleteImage(name);
   await trace.phase('delete tree', () => ctx.images.removeTree(name));

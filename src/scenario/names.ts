@@ -1,4 +1,5 @@
 import { join } from 'node:path';
+import { driverInfo } from '../drivers/registry.js';
 
 /**
  * Host object names of a scenario, all derived from its short id so that gc can find them after a
@@ -13,6 +14,10 @@ export const vethName = (sid: string, j: number, k: number): string => `sl${sid}
 export const ownerDir = (home: string, sid: string): string => join(home, 'run', 'net', sid);
 /** a VM machine's tap on its k-th network, in its own network namespace (host-net-wire.ts) */
 export const tapName = (k: number): string => `tap${k}`;
-export const isVm = (m: { driver?: string }): boolean => m.driver === 'qemu';
+/**
+ * A machine with a kernel of its own (DriverCapabilities.ownKernel): its network stack is its
+ * guest's, reached through taps in its network namespace, not the namespace itself.
+ */
+export const isVm = (m: { driver?: string }): boolean => driverInfo(m.driver).capabilities.ownKernel;
 /** the sandbox name of a scenario machine: `SCENARIO.MACHINE`; the CLI also takes SCENARIO/MACHINE */
 export const machineSandbox = (scenario: string, machine: string): string => `${scenario}.${machine}`;

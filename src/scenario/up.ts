@@ -11,9 +11,10 @@ import { raiseMachine } from './machines.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
 import { claimRange, machineHolder } from '../host/userns-registry.js';
 import { usernsFor } from '../lab/raise.js';
-import { VM_DEFAULT_MEMORY, VM_MIN_MEMORY, vmTooSmall } from '../lab/limits.js';
+import { checkMemory } from '../drivers/memory.js';
+import { DEFAULT_DRIVER, DRIVER_NAMES, driverInfo } from '../drivers/registry.js';
 import { isVm, machineNetns, networkNetns, ownerDir, tapName, vethName } from './names.js';
-import type { LoadedScenario, ScenarioSpec } from './spec.js';
+import type { LoadedScenario, MachineFileSpec, ScenarioSpec } from './spec.js';
 import { runSteps, waitReady, type Machine } from './steps.js';
 import { teardownScenario } from './down.js';
 import { noted } from '../cleanup.js';
@@ -104,26 +105,31 @@ async function bringUp(
 
 /** The file's spec with `driver` given to every machine that names none (recorded with the scenario). */
 function withDriver(spec: ScenarioSpec, driver: string | undefined): ScenarioSpec {
-  if (driver === undefined || driver === 'namespaces') return spec;
-  if (driver !== 'qemu')
+  if (driver === undefined || driver === DEFAULT_DRIVER) return spec;
+  if (!DRIVER_NAMES.includes(driver))
     throw new SnaplabError(
       'BAD_INPUT',
       `unknown driver ${JSON.stringify(driver)} for a scenario's machines`,
-      'use namespaces or qemu',
+      `use ${DRIVER_NAMES.join(' or ')}`,
     );
-  return { ...spec, machines: spec.machines.map((m) => (m.driver ? m : { ...m, driver: 'qemu' as const })) };
+  const named = driver as NonNullable<MachineFileSpec['driver']>;
+  return { ...spec, machines: spec.machines.map((m) => (m.driver ? m : { ...m, driver: named })) };
 }
 
-/** What no VM machine can be raised with, said before anything is made: a VM's memory is its guest's RAM. */
-function checkVms(spec: ScenarioSpec): void {
-  for (const m of spec.machines.filter(isVm)) {
+/** What no machine can be raised with, said before anything is made (a VM's memory is its guest's RAM: it has a floor). */
+function checkMachines(spec: ScenarioSpec): void {
+  for (const m of spec.machines) {
+    const info = driverInfo(m.driver);
     const bytes = m.limits.memoryBytes;
-    if (bytes !== undefined && bytes < VM_MIN_MEMORY)
-      throw vmTooSmall(
-        bytes,
-        `machine ${m.name}, a VM,`,
-        `give it memory: ${VM_MIN_MEMORY / 2 ** 20}M or more (a VM's memory is its guest's RAM; default ${VM_DEFAULT_MEMORY / 2 ** 20}M)`,
-      );
+    const min = info.memory.minBytes;
+    if (bytes === undefined || min === undefined) continue;
+    const dflt = info.memory.defaultBytes;
+    checkMemory(
+      info,
+      bytes,
+      `machine ${m.name}, ${info.machineNoun},`,
+      `give it memory: ${min / 2 ** 20}M or more${dflt === undefined ? '' : ` (default ${dflt / 2 ** 20}M)`}`,
+    );
   }
 }
 
@@ -140,7 +146,7 @@ export async function upScenario(
 ): Promise<ScenarioRecord> {
   const name = checkName('scenario', opts.name ?? loaded.spec.name ?? 'scenario');
   const spec = withDriver(loaded.spec, opts.driver);
-  checkVms(spec);
+  checkMachines(spec);
   if (ctx.store.getScenario(name)) {
     throw new SnaplabError(
       'SCENARIO_EXISTS',

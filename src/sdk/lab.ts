@@ -1,4 +1,4 @@
-import { QemuDriver } from '../drivers/qemu/driver.js';
+import { findDriverInfo } from '../drivers/registry.js';
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/gc.js';
 import { imageVolume } from '../lab/image-volume.js';
@@ -114,7 +114,9 @@ export class Lab implements LabApi {
       // the image's own systemd boots unless the caller says --init agent
       // (only where a system machine can run: a VM, or the namespaces driver in a user namespace)
       const fromImage =
-        (opts.driver ?? 'namespaces') !== 'namespaces' || opts.userns !== false ? img.provenance?.init : undefined;
+        findDriverInfo(opts.driver)?.capabilities.hostRootWithoutUserns !== true || opts.userns !== false
+          ? img.provenance?.init
+          : undefined;
       const init = (opts.init ?? fromImage) === 'systemd' ? ('systemd' as const) : undefined;
       return raiseSandbox(
         this.ctx,
@@ -246,7 +248,7 @@ export class Lab implements LabApi {
     const driver = this.ctx.driver(opts.driver ?? 'namespaces');
     onProgress?.(`image ${opts.image ?? 'busybox'}`);
     const img = await this.ctx.images.resolve(opts.image ?? 'busybox');
-    if (!(driver instanceof QemuDriver)) return { image: img.name };
+    if (!driver.prepareHost) return { image: img.name };
     return { image: img.name, vm: await driver.prepareHost(onProgress) };
   }
 

@@ -262,7 +262,7 @@ export class Sandbox implements SandboxApi {
         agent: () => this.connection(),
       });
       // a VM's clock stood still while it was paused for the snapshot
-      if (wasRunning && this.ctx.driver(this.record.driver).capabilities.memorySnapshot) {
+      if (wasRunning && this.ctx.driver(this.record.driver).capabilities.clockStopsWhilePaused) {
         const agent = await this.connection();
         await t.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
       }
@@ -293,7 +293,7 @@ export class Sandbox implements SandboxApi {
       await this.ctx.traced('resume', this.name, async (t) => {
         await resumeSandbox(this.ctx, this.record, t);
         // a VM's clock stood still while it was paused (a namespace sandbox shares the host's)
-        if (this.ctx.driver(this.record.driver).capabilities.memorySnapshot) {
+        if (this.ctx.driver(this.record.driver).capabilities.clockStopsWhilePaused) {
           const agent = await this.connection();
           await t.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
         }
@@ -363,7 +363,8 @@ export class Sandbox implements SandboxApi {
   /** A namespace sandbox whose root is the host's root (no user namespace): said in `ls` and warned about. */
   get hostRoot(): boolean {
     // (a dead one runs nothing: its range was given back when its processes ended)
-    return this.record.driver === 'namespaces' && this.record.uidBase === null && this.record.state !== 'dead';
+    const { hostRootWithoutUserns } = this.ctx.driver(this.record.driver).capabilities;
+    return hostRootWithoutUserns && this.record.uidBase === null && this.record.state !== 'dead';
   }
 }
 

@@ -1,4 +1,4 @@
-import { mkdir, readdir, rm } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
@@ -9,12 +9,9 @@ import {
   createCgroup,
   delegateCgroup,
   isFrozen,
-  destroyCgroup,
   freeze,
   oomKills,
   probeCgroups,
-  removeEmptySnaplabParents,
-  snaplabCgroupsOnHost,
   thaw,
 } from '../../host/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
@@ -22,12 +19,13 @@ import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
 import { Trace } from '../../timing/trace.js';
-import type { DeathReport, Driver, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
+import type { DeathReport, Driver, LiveObjects, MachineHandle, MachineSpec, RaisedMachine } from '../driver.js';
+import { NAMESPACES_INFO } from './info.js';
 import { bootArgs, bwrapArgs } from './bwrap-args.js';
 import { launchNative } from './launch.js';
-import { killAndSweep } from '../teardown.js';
+import { gcMachines, killAndSweep } from '../teardown.js';
 import { HostOps } from '../../host/hostops.js';
-import { failureMeans, handledElsewhere, noted, orElse } from '../../cleanup.js';
+import { failureMeans, handledElsewhere, noted } from '../../cleanup.js';
 
 const RAISE_TIMEOUT_MS = 10_000;
 
@@ -36,8 +34,11 @@ const RAISE_TIMEOUT_MS = 10_000;
  * copy-on-write root filesystem, held in a cgroup, with the agent as its PID 1.
  */
 export class NamespacesDriver implements Driver {
-  readonly name = 'namespaces';
-  readonly capabilities = { pause: true, memorySnapshot: false, guestCache: false, pauseStandbys: false, userns: true };
+  readonly name = NAMESPACES_INFO.name;
+  readonly capabilities = NAMESPACES_INFO.capabilities;
+  readonly memory = NAMESPACES_INFO.memory;
+  readonly consoleLog = NAMESPACES_INFO.consoleLog;
+  readonly machineNoun = NAMESPACES_INFO.machineNoun;
   private bwrap: string | undefined;
   /** each machine's cgroup, made ahead of its raise; a system machine's with its payload leaf's cgroup.procs */
   private readonly prepared = new Map<
@@ -130,7 +131,7 @@ export class NamespacesDriver implements Driver {
         : {}),
       cgroupProcs: cg.procsFiles,
       argv: bwrap,
-      logFile: join(runDir, 'agent.log'),
+      logFile: join(runDir, this.consoleLog),
       timeoutMs: RAISE_TIMEOUT_MS,
     });
     trace.record('launch', t0, res.namespacesAt);
@@ -177,37 +178,13 @@ export class NamespacesDriver implements Driver {
     await killAndSweep(this.home, handle);
   }
 
-  /**
-   * Cgroups are host-wide but several homes (several labs) may share a host, so a cgroup belongs
-   * to this home when this home has its run directory: raise makes the run directory before the
-   * cgroup and destroy removes it after, so a crash at any point leaves it findable.
-   */
-  async gc(isLive: (id: string) => boolean): Promise<string[]> {
-    const removed: string[] = [];
-    // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
-    const runs = new Set(
-      (await readdir(join(this.home, 'run')).catch(orElse([] as string[], 'readdir', 'ENOENT'))).filter((d) =>
-        /^[0-9a-f]{12}$/.test(d),
-      ),
-    );
-    for (const cg of await snaplabCgroupsOnHost()) {
-      if (!runs.has(cg.id) || isLive(cg.id)) continue;
-      // a VM's QEMU may take seconds to exit (see killAndSweep); one stuck cgroup must not stop gc
-      const gone = await destroyCgroup(cg, 20_000).then(
-        () => true,
-        () => false,
-      );
-      if (gone) removed.push(`cgroup ${cg.dirs[0] ?? cg.id} (and any process in it)`);
-      else runs.delete(cg.id); // kept: its run directory is how the next gc knows the cgroup is this home's
-    }
-    await removeEmptySnaplabParents();
-    for (const id of runs) {
-      if (isLive(id)) continue;
-      await rm(join(this.home, 'run', id), { recursive: true, force: true });
-      removed.push(`run directory ${join(this.home, 'run', id)}`);
-    }
-    return removed;
+  /** Cgroups and run directories of machines that are not live (drivers/teardown.ts, shared with the VM driver). */
+  async gc(live: LiveObjects): Promise<string[]> {
+    return gcMachines(this.home, (id) => live.sandbox(id));
   }
+
+  /** A namespace machine uses the image volume's tree itself: nothing is derived from it. */
+  async forgetImage(_volumeId: string): Promise<void> {}
 }
 
 /** SIGRTMIN+3: systemd's "halt" (systemd(1), SIGNALS). */

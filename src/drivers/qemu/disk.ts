@@ -165,9 +165,9 @@ export async function diskBytes(volumePath: string): Promise<number> {
 
 /**
  * Base disks whose source volume is gone (the image was removed), and half-built ones left by a
- * crash. `keep` holds the ids of image volumes that still exist.
+ * crash. `keep` says whether an image volume still exists.
  */
-export async function gcBaseDisks(home: string, keep: Set<string>): Promise<string[]> {
+export async function gcBaseDisks(home: string, keep: (volumeId: string) => boolean): Promise<string[]> {
   const dir = baseDisksDir(home);
   const names = await readdir(dir).catch(orElse([] as string[], 'readdir', 'ENOENT'));
   const removed: string[] = [];
@@ -175,7 +175,7 @@ export async function gcBaseDisks(home: string, keep: Set<string>): Promise<stri
     const m = /^(.+)\.img(\.tmp-(\d+)-\d+)?$/.exec(n);
     if (!m) continue;
     const builder = m[3] ? Number(m[3]) : undefined;
-    if (builder !== undefined ? isAlive(builder) : keep.has(m[1]!)) continue;
+    if (builder !== undefined ? isAlive(builder) : keep(m[1]!)) continue;
     await rm(join(dir, n), { force: true });
     removed.push(`base disk ${join(dir, n)}`);
   }

@@ -11,16 +11,27 @@ import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
-import { VM_DEFAULT_MEMORY, VM_MIN_MEMORY, vmTooSmall } from '../../lab/limits.js';
 import { Trace } from '../../timing/trace.js';
-import type { DeathReport, Driver, MachineHandle, MachineSpec, MemoryImage, RaisedMachine } from '../driver.js';
+import type {
+  DeathReport,
+  Driver,
+  LiveObjects,
+  MachineHandle,
+  MachineSpec,
+  MemoryImage,
+  PreparedHost,
+  RaisedMachine,
+} from '../driver.js';
+import { checkMemory } from '../memory.js';
+import { QEMU_INFO, VM_DEFAULT_MEMORY } from './info.js';
+import { giveIdentity } from './identity.js';
 import { ensureGuestKernel, ensureInitramfs, qemuKernelArgs } from './guest.js';
 import { netArg } from './guest-init.js';
-import { checkVolumeDisk, ensureBaseDisk, freshVolumeDisk } from './disk.js';
+import { baseDiskPath, checkVolumeDisk, ensureBaseDisk, freshVolumeDisk, gcBaseDisks } from './disk.js';
 import { QEMU, logTail, startQemu, vmFiles, vmmUid, type VmConfig } from './launch.js';
 import { HostOps } from '../../host/hostops.js';
 import { QmpClient } from './qmp.js';
-import { killAndSweep } from '../teardown.js';
+import { gcMachines, killAndSweep } from '../teardown.js';
 import { SANDBOX_CAPABILITIES } from '../namespaces/capabilities.js';
 import { chooseAccel } from './accel.js';
 import { holdRelay, releaseRelay, startRelay } from './relay.js';
@@ -65,8 +76,11 @@ const VMM_OVERHEAD = 256 * 1024 * 1024;
  * KVM only where a test boot proves it works, else emulation (TCG).
  */
 export class QemuDriver implements Driver {
-  readonly name = 'qemu';
-  readonly capabilities = { pause: true, memorySnapshot: true, guestCache: true, pauseStandbys: true, userns: false };
+  readonly name = QEMU_INFO.name;
+  readonly capabilities = QEMU_INFO.capabilities;
+  readonly memory = QEMU_INFO.memory;
+  readonly consoleLog = QEMU_INFO.consoleLog;
+  readonly machineNoun = QEMU_INFO.machineNoun;
 
   constructor(private readonly home: string) {}
 
@@ -100,7 +114,7 @@ export class QemuDriver implements Driver {
    * Fetch and build ahead of time what every VM needs, so that nothing is downloaded at run time
    * (set-up runs it): the guest kernel (apt) and the initramfs.
    */
-  async prepareHost(onProgress?: (s: string) => void): Promise<{ version: string; kernel: string; initramfs: string }> {
+  async prepareHost(onProgress?: (s: string) => void): Promise<PreparedHost> {
     const kernel = await ensureGuestKernel(this.home, onProgress, { net: true });
     onProgress?.('building the initramfs');
     const initramfs = await ensureInitramfs({
@@ -220,15 +234,29 @@ export class QemuDriver implements Driver {
     }
   }
 
-  async raise(spec: MachineSpec, trace: Trace): Promise<RaisedMachine> {
+  /**
+   * The signal is asked between steps (a guest kernel's fetch, an initramfs's build and the
+   * acceleration probe run to their end) and ends the boot wait at once; what was made by then is
+   * the machine's cgroup and run directory, which the lab's destroy removes.
+   */
+  async raise(spec: MachineSpec, trace: Trace, signal?: AbortSignal): Promise<RaisedMachine> {
     bootTimeoutMs(); // a bad SNAPLAB_VM_BOOT_TIMEOUT_MS fails before anything is made
+    signal?.throwIfAborted();
     await this.prepare(spec, trace);
+    signal?.throwIfAborted();
     const config = await this.config(spec, trace);
+    signal?.throwIfAborted();
     await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
-    return this.start(spec.id, config, trace);
+    return this.start(spec.id, config, trace, undefined, signal);
   }
 
-  private async start(id: string, config: VmConfig, trace: Trace, memory?: MemoryImage): Promise<RaisedMachine> {
+  private async start(
+    id: string,
+    config: VmConfig,
+    trace: Trace,
+    memory?: MemoryImage,
+    signal?: AbortSignal,
+  ): Promise<RaisedMachine> {
     const dir = this.runDir(id);
     const bootMs = bootTimeoutMs();
     if (memory) await checkMemoryImage(memory, config);
@@ -261,7 +289,7 @@ export class QemuDriver implements Driver {
       qmp.close();
     }
     // the relay holds the VM's one agent connection; every host process connects to it
-    await trace.phase('agent ready', () => startRelay(dir, pid, cgroupFor(id).procsFiles, bootMs));
+    await trace.phase('agent ready', () => startRelay(dir, pid, cgroupFor(id).procsFiles, bootMs, signal));
     const agent = await trace.phase('connect', () => this.connect(handle));
     return { handle, agent };
   }
@@ -399,7 +427,16 @@ export class QemuDriver implements Driver {
       ...(snapped.net ? { net: { ...snapped.net, netns: spec.netns! } } : {}),
     };
     await writeFile(join(this.runDir(spec.id), 'vm.json'), JSON.stringify(config));
-    return this.start(spec.id, config, trace, image);
+    const raised = await this.start(spec.id, config, trace, image);
+    try {
+      // its clock stood still since the snapshot: the host's, then a name of its own
+      await trace.phase('clock set', () => raised.agent.setClock(BigInt(Date.now()) * 1_000_000n));
+      await giveIdentity(raised.agent, spec.hostname, spec.init, trace);
+    } catch (e) {
+      void raised.agent.close(); // the machine itself goes with the lab's destroy of the failed restore
+      throw e;
+    }
+    return raised;
   }
 
   async inspect(handle: MachineHandle): Promise<DeathReport> {
@@ -417,18 +454,27 @@ export class QemuDriver implements Driver {
   }
 
   /**
-   * A VM's host objects are its run directory and its cgroup (QEMU and its relay are in it),
-   * named by the sandbox id like the namespaces driver's, which collects them for both drivers;
-   * and its RAM file in /dev/shm, collected here.
+   * A VM's host objects are its run directory and its cgroup (QEMU and its relay are in it), named
+   * by the sandbox id as every driver's are (drivers/teardown.ts); its RAM file in /dev/shm; and
+   * the base disks of image volumes that are gone.
    */
-  async gc(isLive: (id: string) => boolean): Promise<string[]> {
-    return gcRam(this.home, isLive);
+  async gc(live: LiveObjects): Promise<string[]> {
+    return [
+      ...(await gcMachines(this.home, (id) => live.sandbox(id))),
+      ...(await gcRam(this.home, (id) => live.sandbox(id))),
+      ...(await gcBaseDisks(this.home, (id) => live.imageVolume(id))),
+    ];
+  }
+
+  /** The base disk made from an image volume, if any (nothing uses it: no sandbox, no snapshot). */
+  async forgetImage(volumeId: string): Promise<void> {
+    await rm(baseDiskPath(this.home, volumeId), { force: true });
   }
 }
 
 function guestMemory(spec: Omit<MachineSpec, 'rootfs'>): number {
   const bytes = spec.limits.memoryBytes ?? VM_DEFAULT_MEMORY;
-  if (bytes < VM_MIN_MEMORY) throw vmTooSmall(bytes);
+  checkMemory(QEMU_INFO, bytes);
   return bytes;
 }
 

@@ -212,7 +212,7 @@ describe('qemu guest artefacts', () => {
     const crashed = `${baseDiskPath(home, 'vol-y')}.tmp-999999999-1`;
     writeFileSync(building, '');
     writeFileSync(crashed, '');
-    const removed = await gcBaseDisks(home, new Set(['vol-test1']));
+    const removed = await gcBaseDisks(home, (id) => id === 'vol-test1');
     expect(removed.sort()).toEqual([`base disk ${crashed}`, `base disk ${stray}`].sort());
     expect(existsSync(a) && existsSync(building)).toBe(true);
     rmSync(building);

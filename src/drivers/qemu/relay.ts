@@ -20,7 +20,9 @@ export async function startRelay(
   qemuPid: number,
   cgroupProcs: string[],
   timeoutMs: number,
+  signal?: AbortSignal,
 ): Promise<void> {
+  signal?.throwIfAborted();
   const f = vmFiles(runDir);
   const log = openSync(f.relayLog, 'a');
   const joinCgroup = 'for f in $SNAPLAB_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"';
@@ -62,11 +64,15 @@ export async function startRelay(
           ),
         timeoutMs,
       );
+      // an abort ends the wait at once: the caller's destroy kills QEMU, this relay is killed below
+      const aborted = (): void => done(signal?.reason as Error);
       const done = (e?: Error): void => {
         clearTimeout(timer);
+        signal?.removeEventListener('abort', aborted);
         if (e) reject(e);
         else resolve();
       };
+      signal?.addEventListener('abort', aborted, { once: true });
       ready.once('data', () => done());
       child.once('error', (e) =>
         done(
@@ -97,6 +103,7 @@ export async function startRelay(
     } catch {
       /* gone */
     }
+    if (signal?.aborted && e === signal.reason) throw e;
     const err = e as SnaplabError;
     throw new SnaplabError(err.code, `${err.message}:\n${await logTail(runDir)}`, err.hint, { cause: e });
   } finally {
