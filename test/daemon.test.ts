@@ -523,7 +523,7 @@ describe('snaplab serve', () => {
     expect(JSON.parse(fast![7]!.out)).toEqual({ removed: ['P-a', 'P-j'] });
     expect(fast![8]!.err).toMatch(/^error\[SANDBOX_NOT_FOUND\]: no sandbox with id or name "ghost"/);
     expect(fast![12]!.out).toMatch(
-      /^ID {12}NAME {4}STATE {4}IMAGE {4}STORAGE  DRIVER {6}AGE  EXPIRES  NOTE\nID  P-l  running  busybox  \w+ +namespaces  SS {3}- {8}\n$/,
+      /^ID {12}NAME {4}STATE {4}IMAGE {4}STORAGE {2}DRIVER {6}AGE {2}EXPIRES {2}NOTE\nID {2}P-l {2}running {2}busybox {2}\w+ +namespaces {2}SS {3}- {8}\n$/,
     );
     expect(JSON.parse(fast![13]!.out).map((b: { name: string; labels: object }) => [b.name, b.labels])).toEqual([
       ['P-l', { by: 'P', v: 'a b&é+%' }],

@@ -20,6 +20,7 @@ import {
 import { baseDiskPath } from './qemu/disk.js';
 import { ramPrefix } from './qemu/ram.js';
 import { createDrivers, DRIVER_NAMES, driverInfo } from './registry.js';
+import { orElse } from '../cleanup.js';
 
 /**
  * One suite for every driver (as storage/contract.test.ts is for every backend): each driver is
@@ -49,7 +50,7 @@ const RUNS: Run[] = [
     },
     derived: (home, volumeId) => [baseDiskPath(home, volumeId)],
     machineFiles: async (home, id) =>
-      (await readdir('/dev/shm').catch(() => [] as string[]))
+      (await readdir('/dev/shm').catch(orElse([] as string[], 'readdir /dev/shm', 'ENOENT')))
         .filter((n) => n === `${ramPrefix(home)}${id}.ram`)
         .map((n) => join('/dev/shm', n)),
   },

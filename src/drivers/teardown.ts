@@ -36,7 +36,9 @@ export async function gcMachines(home: string, isLive: (id: string) => boolean):
   const removed: string[] = [];
   // sandbox ids only: other directories under run/ belong to others (run/net: scenarios)
   const runs = new Set(
-    (await readdir(join(home, 'run')).catch(orElse([] as string[], 'readdir', 'ENOENT'))).filter((d) => /^[0-9a-f]{12}$/.test(d)),
+    (await readdir(join(home, 'run')).catch(orElse([] as string[], 'readdir', 'ENOENT'))).filter((d) =>
+      /^[0-9a-f]{12}$/.test(d),
+    ),
   );
   for (const cg of await snaplabCgroupsOnHost()) {
     if (!runs.has(cg.id) || isLive(cg.id)) continue;

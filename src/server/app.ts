@@ -3,7 +3,7 @@
  * request needs no key; on TCP every route but /healthz and /openapi.json needs a bearer key with
  * the route's scope. Every request is logged once, with its key and the operation it traced.
  */
-import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyPluginAsync, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
 import websocket from '@fastify/websocket';
 import { CALLER_HEADER, LOCAL, authenticate, gatewayCaller, requireScope, type Caller } from './keys.js';
@@ -119,11 +119,16 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
 
   app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, version: VERSION, pid: process.pid }));
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
-  await app.register(async (r) => sandboxRoutes(r, daemon));
-  await app.register(async (r) => streamRoutes(r, daemon));
-  await app.register(async (r) => fileRoutes(r, daemon));
-  await app.register(async (r) => adminRoutes(r, daemon));
-  await app.register(async (r) => rpcRoutes(r, daemon));
-  await app.register(async (r) => uiRoutes(r, daemon));
+  // each group of routes is a Fastify plugin of its own (its hooks and decorations stay its own)
+  const group =
+    (routes: (r: FastifyInstance, d: Daemon) => Promise<void>): FastifyPluginAsync =>
+    (r) =>
+      routes(r, daemon);
+  await app.register(group(sandboxRoutes));
+  await app.register(group(streamRoutes));
+  await app.register(group(fileRoutes));
+  await app.register(group(adminRoutes));
+  await app.register(group(rpcRoutes));
+  await app.register(group(uiRoutes));
   return app;
 }

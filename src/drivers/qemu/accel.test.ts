@@ -12,7 +12,10 @@ afterEach(() => {
 describe('chooseAccel', () => {
   it('SNAPLAB_QEMU_ACCEL decides without a test boot, and a bad value is an error with a hint', async () => {
     let probed = 0;
-    const probe = async (): Promise<boolean> => (probed++, true);
+    const probe = async (): Promise<boolean> => {
+      probed++;
+      return true;
+    };
     process.env.SNAPLAB_QEMU_ACCEL = 'tcg';
     expect(await chooseAccel(home, probe)).toBe('tcg');
     process.env.SNAPLAB_QEMU_ACCEL = 'kvm';

@@ -11,7 +11,7 @@ import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
-import { Trace } from '../../timing/trace.js';
+import type { Trace } from '../../timing/trace.js';
 import type {
   DeathReport,
   Driver,

@@ -124,14 +124,14 @@ describe('qemu guest artefacts', () => {
     let t = performance.now();
     const out = await ensureInitramfs({ home, kernel, agent: agentBinaryPath(), machine: 'pc' });
     log(`ensureInitramfs (pc): ${(performance.now() - t).toFixed(0)} ms, ${(await stat(out)).size} bytes`);
-    expect(out.startsWith(join(home, 'qemu', 'initrd') + '/')).toBe(true);
+    expect(out.startsWith(`${join(home, 'qemu', 'initrd')}/`)).toBe(true);
     const entries = await listInitramfs(out);
     const byName = new Map(entries.map((e) => [e.name, e]));
     const init = byName.get('init');
     expect(init).toBeDefined();
     expect(init!.mode & 0o170000).toBe(0o100000);
     expect(init!.mode & 0o111).toBe(0o111);
-    expect(byName.get(GUEST_AGENT_PATH.slice(1))?.mode! & 0o111).toBe(0o111);
+    expect((byName.get(GUEST_AGENT_PATH.slice(1))?.mode ?? 0) & 0o111).toBe(0o111);
     expect(byName.has('bin/busybox')).toBe(false); // the image is on the VM's disk
     const mods = entries.filter((e) => e.name.endsWith('.ko')).map((e) => e.name.split('/').pop());
     // (ext4 and crc32c are built into Debian's cloud kernel: asked for, and left out as built in)
@@ -161,7 +161,7 @@ describe('qemu guest artefacts', () => {
     expect(script).toMatch(/\nexec \$BB switch_root \/newroot \$sd\n$/);
     // the network's modules are in the archive but loaded only with snaplab.net= words
     expect(mods).toEqual(expect.arrayContaining(['virtio_net.ko', 'net_failover.ko', 'failover.ko']));
-    const netLoads = /if \[ -n "\$nets" \]; then\n  for m in (.*); do/
+    const netLoads = /if \[ -n "\$nets" \]; then\n {2}for m in (.*); do/
       .exec(script)![1]!
       .split(' ')
       .map((m) => m.replace(/'/g, '').split('/').pop()!);

@@ -92,7 +92,7 @@ export class QmpClient {
       }
       if ('QMP' in msg) {
         this.greetingSeen = true;
-        this.greetingWaiters.splice(0).forEach((w) => w());
+        for (const w of this.greetingWaiters.splice(0)) w();
       } else if ('event' in msg) {
         this.events.push({ event: String(msg.event), data: msg.data });
       } else if ('id' in msg) {
