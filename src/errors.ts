@@ -63,6 +63,7 @@ export type ErrorCode =
   | 'UNSUPPORTED_MEDIA'
   | 'CGROUP_FAILED'
   | 'HOST_COMMAND_FAILED'
+  | 'STATE_TOO_NEW'
   | 'TIMEOUT'
   | 'ABORTED'
   | 'INTERNAL';

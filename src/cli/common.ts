@@ -12,22 +12,20 @@ export interface CommonOptions {
 }
 
 /**
- * Open the lab, run the command, and turn any failure into a clean error and an exit code
- * (2, or 125 for exec and run). `body` returns the exit code for success paths.
+ * Open a lab, run the command, and turn any failure into a clean error and an exit code (2, or
+ * 125 for exec and run). `body` returns the exit code for success paths; the lab is closed after.
  */
-export async function withLab(
+async function withOpened<L extends { close(): void }>(
+  open: () => Promise<L>,
   opts: CommonOptions,
   // biome-ignore lint/suspicious/noConfusingVoidType: a body returns its exit code, or nothing for 0
-  body: (lab: Lab) => Promise<number | void>,
-  failureCode = EXIT_USAGE,
+  body: (lab: L) => Promise<number | void>,
+  failureCode: number,
 ): Promise<void> {
-  let lab: Lab | undefined;
+  let lab: L | undefined;
   try {
-    // loaded here, not at start-up: `--help`, `--version` and usage errors need none of it
-    const { Lab } = await import('../sdk/lab.js');
-    lab = await Lab.open();
-    const code = await body(lab);
-    process.exitCode = code ?? 0;
+    lab = await open();
+    process.exitCode = (await body(lab)) ?? 0;
   } catch (e) {
     reportError(e, !!opts.json);
     process.exitCode = failureCode;
@@ -36,27 +34,31 @@ export async function withLab(
   }
 }
 
-/**
- * As withLab, for a command written over the Lab API: the daemon's (the remote library, when
- * SNAPLAB_HOST names one: the embedded lab, drivers and SQLite are not loaded) or the embedded one.
- */
-export async function withApi(
+/** The embedded lab (loaded here, not at start-up: `--help`, `--version` and usage errors need none of it). */
+export function withLab(
   opts: CommonOptions,
-  // biome-ignore lint/suspicious/noConfusingVoidType: as withLab's
+  // biome-ignore lint/suspicious/noConfusingVoidType: as withOpened's
+  body: (lab: Lab) => Promise<number | void>,
+  failureCode = EXIT_USAGE,
+): Promise<void> {
+  return withOpened(async () => (await import('../sdk/lab.js')).Lab.open(), opts, body, failureCode);
+}
+
+/**
+ * For a command written over the Lab API: the daemon's (the remote library, when SNAPLAB_HOST
+ * names one: the embedded lab, drivers and SQLite are not loaded) or the embedded one.
+ */
+export function withApi(
+  opts: CommonOptions,
+  // biome-ignore lint/suspicious/noConfusingVoidType: as withOpened's
   body: (lab: LabApi) => Promise<number | void>,
   failureCode = EXIT_USAGE,
 ): Promise<void> {
-  let lab: LabApi | undefined;
-  try {
-    if (process.env.SNAPLAB_HOST) lab = new (await import('../client/remote.js')).RemoteLab();
-    else lab = await (await import('../sdk/lab.js')).Lab.open();
-    process.exitCode = (await body(lab)) ?? 0;
-  } catch (e) {
-    reportError(e, !!opts.json);
-    process.exitCode = failureCode;
-  } finally {
-    lab?.close();
-  }
+  const open = async (): Promise<LabApi> =>
+    process.env.SNAPLAB_HOST
+      ? new (await import('../client/remote.js')).RemoteLab()
+      : (await import('../sdk/lab.js')).Lab.open();
+  return withOpened(open, opts, body, failureCode);
 }
 
 /** A command that needs the embedded lab, asked for with SNAPLAB_HOST set. */

@@ -3,6 +3,7 @@ import { mkdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { migrations } from './migrations.js';
+import { SnaplabError } from '../errors.js';
 
 export type Db = DatabaseModule.Database;
 
@@ -31,8 +32,10 @@ export function openDb(home: string): Db {
 function migrate(db: Db): void {
   const current = db.pragma('user_version', { simple: true }) as number;
   if (current > migrations.length) {
-    throw new Error(
-      `state.db has schema version ${current}, newer than this snaplab knows (${migrations.length}): upgrade snaplab`,
+    throw new SnaplabError(
+      'STATE_TOO_NEW',
+      `state.db has schema version ${current}, newer than this snaplab knows (${migrations.length})`,
+      'a newer snaplab wrote this home: upgrade snaplab, or give another SNAPLAB_HOME',
     );
   }
   for (let v = current; v < migrations.length; v++) {

@@ -116,3 +116,15 @@ it('answers a taken name with false, and keeps the owner it was given', () => {
   expect(() => store.insertSandbox({ ...sandbox('b3', 'x'), image: null as unknown as string })).toThrow(/NOT NULL/);
   store.db.close();
 });
+
+it('a state.db a newer snaplab wrote is refused with a code and a hint, and left as it was', () => {
+  const db = new Database(join(home, 'state.db'));
+  db.pragma(`user_version = ${migrations.length + 1}`);
+  db.close();
+  expect(() => openDb(home)).toThrow(
+    expect.objectContaining({ code: 'STATE_TOO_NEW', hint: expect.stringMatching(/upgrade snaplab/) }),
+  );
+  const again = new Database(join(home, 'state.db'));
+  expect(again.pragma('user_version', { simple: true })).toBe(migrations.length + 1);
+  again.close();
+});
