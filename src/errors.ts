@@ -45,6 +45,7 @@ export type ErrorCode =
   | 'UNAUTHORIZED'
   | 'FORBIDDEN'
   | 'QUOTA_EXCEEDED'
+  | 'ABOVE_CEILING'
   | 'KEY_NOT_FOUND'
   | 'KEY_EXISTS'
   | 'PROCESS_NOT_FOUND'
@@ -94,6 +95,22 @@ export class SnaplabError extends Error {
       ...(this.hint === undefined ? {} : { hint: this.hint }),
       ...(cause === undefined ? {} : { cause }),
     };
+  }
+}
+
+/**
+ * A refusal for a limit: over a quota (QUOTA_EXCEEDED, 429, with Retry-After when waiting helps)
+ * or a request above a key's ceiling (ABOVE_CEILING, 403). `limit` names which, in the answer.
+ */
+export class LimitError extends SnaplabError {
+  constructor(
+    code: 'QUOTA_EXCEEDED' | 'ABOVE_CEILING',
+    readonly limit: string,
+    message: string,
+    hint: string,
+    readonly retryAfterS?: number,
+  ) {
+    super(code, message, hint);
   }
 }
 

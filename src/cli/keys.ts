@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
-import type { Scope } from '../store/records.js';
+import type { Ceilings, Scope } from '../store/records.js';
+import { formatBytes, parseCpus, parsePositiveInt, parseSize } from '../lab/sizes.js';
 import { withLab, type CommonOptions } from './common.js';
 import { withCluster } from './cluster.js';
 import { printJson, printTable } from './output.js';
@@ -10,7 +11,44 @@ interface KeyView {
   scopes: Scope[];
   maxSandboxes: number | null;
   maxExecs: number | null;
+  ceilings: Partial<Ceilings>;
   createdAt: number;
+}
+
+/** `--max-memory 2G` … or `none`: a ceiling lifted (null); not given: the default (lab/ceilings.ts). */
+const CEILING_FLAGS: [flag: string, attr: string, key: keyof Ceilings, what: string, parse: (t: string) => number][] = [
+  ['--max-memory <size>', 'maxMemory', 'memoryBytes', 'memory per sandbox', (t) => parseSize(t, 'memory ceiling')],
+  ['--max-pids <n>', 'maxPids', 'pids', 'pids per sandbox', (t) => parsePositiveInt(t, 'pids ceiling')],
+  ['--max-cpus <n>', 'maxCpus', 'cpus', 'CPUs per sandbox', parseCpus],
+  ['--max-disk <size>', 'maxDisk', 'diskBytes', 'disk per sandbox', (t) => parseSize(t, 'disk ceiling')],
+  ['--max-total-memory <size>', 'maxTotalMemory', 'totalMemoryBytes', 'memory of all its sandboxes', parseSize],
+  ['--max-total-disk <size>', 'maxTotalDisk', 'totalDiskBytes', 'disk of all its sandboxes', parseSize],
+];
+
+function ceilingOptions(c: Command): Command {
+  // `none` is kept as the word (commander turns a parser's null into '') and read by ceilingsOf
+  for (const [flag, , , what, parse] of CEILING_FLAGS)
+    c.option(flag, `ceiling of ${what} (none: no ceiling; default: docs/api.md)`, (t: string) =>
+      t === 'none' ? t : parse(t),
+    );
+  return c;
+}
+
+function ceilingsOf(opts: object): Partial<Ceilings> {
+  const o = opts as Record<string, unknown>;
+  return Object.fromEntries(
+    CEILING_FLAGS.filter(([, a]) => o[a] !== undefined).map(([, a, key]) => [key, o[a] === 'none' ? null : o[a]]),
+  );
+}
+
+/** The ceilings a key was made with, as flags say them ('-': the defaults for all). */
+function showCeilings(c: Partial<Ceilings> | undefined): string {
+  const given = CEILING_FLAGS.filter(([, , key]) => c?.[key] !== undefined).map(([flag, , key]) => {
+    const v = c?.[key];
+    const name = flag.slice(6, flag.indexOf(' '));
+    return `${name}=${v === null ? 'none' : /memory|disk/.test(name) ? formatBytes(v as number) : v}`;
+  });
+  return given.length ? given.join(',') : '-';
 }
 
 const cluster = (c: Command): Command =>
@@ -27,7 +65,7 @@ export function registerKey(program: Command): void {
 }
 
 function registerKeyCreate(key: Command): void {
-  cluster(
+  const create = cluster(
     key
       .command('create <name>')
       .description('make a key and print it (once)')
@@ -39,7 +77,8 @@ function registerKeyCreate(key: Command): void {
         int('--max-execs'),
       )
       .option('--json', 'print JSON'),
-  ).action(
+  );
+  ceilingOptions(create).action(
     async (
       name: string,
       o: CommonOptions & { scope: string; maxSandboxes?: number; maxExecs?: number; cluster?: string },
@@ -47,7 +86,8 @@ function registerKeyCreate(key: Command): void {
       const { parseScopes } = await import('../lab/keys.js');
       const show = (token: string, k: KeyView): void => {
         if (o.json) {
-          printJson({ name: k.name, scopes: k.scopes, maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs, token });
+          const { createdAt: _c, hash: _h, ...shown } = k as KeyView & { hash?: string };
+          printJson({ ...shown, token });
           return;
         }
         process.stdout.write(`${token}\n`);
@@ -55,7 +95,12 @@ function registerKeyCreate(key: Command): void {
           `key ${k.name} (${k.scopes.join(',')}): shown only now; send it as \`Authorization: Bearer KEY\`\n`,
         );
       };
-      const opts = { scopes: parseScopes(o.scope), maxSandboxes: o.maxSandboxes, maxExecs: o.maxExecs };
+      const opts = {
+        scopes: parseScopes(o.scope),
+        maxSandboxes: o.maxSandboxes,
+        maxExecs: o.maxExecs,
+        ceilings: ceilingsOf(o),
+      };
       if (o.cluster) {
         return withCluster(o.cluster, o.json, async (store) => {
           const { createKeyEntry } = await import('../cluster/keys.js');
@@ -81,12 +126,13 @@ function registerKeyLs(key: Command): void {
         return;
       }
       printTable(
-        ['NAME', 'SCOPES', 'MAX SANDBOXES', 'MAX EXECS', 'CREATED'],
+        ['NAME', 'SCOPES', 'MAX SANDBOXES', 'MAX EXECS', 'CEILINGS', 'CREATED'],
         keys.map((k) => [
           k.name,
           k.scopes.join(','),
           k.maxSandboxes ?? '-',
           k.maxExecs ?? '-',
+          showCeilings(k.ceilings),
           new Date(k.createdAt).toISOString(),
         ]),
       );

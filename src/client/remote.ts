@@ -133,6 +133,9 @@ export class RemoteSandbox implements SandboxApi {
   get timeoutS(): number {
     return (this.v.timeoutS as number | undefined) ?? 0;
   }
+  get limits(): Limits {
+    return (this.v.limits as Limits | undefined) ?? {};
+  }
   get onTimeout(): 'kill' | 'pause' {
     return this.v.onTimeout === 'pause' ? 'pause' : 'kill';
   }

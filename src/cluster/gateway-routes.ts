@@ -6,6 +6,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import { createKeyEntry } from './keys.js';
+import { NO_CEILINGS } from '../lab/ceilings.js';
 import type { Caller } from '../server/keys.js';
 import { absentView, type GatewayApi } from './gateway-api.js';
 import { ask, asSnaplab, errorBody, readJson, sendJson, upstreamPath } from './proxy.js';
@@ -165,7 +166,7 @@ function serviceRoutes(g: GatewayApi): Route[] {
               n.url,
               n.name,
               g.token,
-              { key: 'gateway', scopes: new Set(['read']), maxSandboxes: null, maxExecs: null },
+              { key: 'gateway', scopes: new Set(['read']), maxSandboxes: null, maxExecs: null, ceilings: NO_CEILINGS },
               'GET',
               '/openapi.json',
             )
@@ -183,6 +184,7 @@ function serviceRoutes(g: GatewayApi): Route[] {
           scopes: [...c.scopes],
           maxSandboxes: c.maxSandboxes,
           maxExecs: c.maxExecs,
+          ceilings: c.ceilings,
           gateway: true,
         }),
     ],
@@ -742,6 +744,7 @@ function keyRoutes(g: GatewayApi): Route[] {
           scopes: b.scopes as never,
           maxSandboxes: b.maxSandboxes as number | undefined,
           maxExecs: b.maxExecs as number | undefined,
+          ceilings: b.ceilings as never,
         });
         const { hash: _h, ...view } = key;
         sendJson(res, 201, { ...view, token });
@@ -796,4 +799,10 @@ export function clusterRoutes(g: GatewayApi): (req: IncomingMessage, res: Server
   };
 }
 
-const ANONYMOUS: Caller = { key: 'anonymous', scopes: new Set(), maxSandboxes: null, maxExecs: null };
+const ANONYMOUS: Caller = {
+  key: 'anonymous',
+  scopes: new Set(),
+  maxSandboxes: null,
+  maxExecs: null,
+  ceilings: NO_CEILINGS,
+};

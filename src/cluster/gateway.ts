@@ -31,6 +31,7 @@ import { bestOfK, eligible, score, type PlacementRequest } from './placement.js'
 import { ClusterView } from './view.js';
 import { clusterEvents } from './events.js';
 import { noted } from '../cleanup.js';
+import { NO_CEILINGS } from '../lab/ceilings.js';
 
 export interface GatewayOptions {
   cluster: string;
@@ -151,6 +152,7 @@ export class Gateway implements GatewayApi {
       scopes: new Set(k.scopes),
       maxSandboxes: k.maxSandboxes,
       maxExecs: k.maxExecs,
+      ceilings: k.ceilings ?? {}, // keys made before ceilings: the defaults
     };
     requireScope(caller, scope);
     return caller;
@@ -511,7 +513,13 @@ export class Gateway implements GatewayApi {
 }
 
 /** The gateway's own lookups on nodes (where a pool or snapshot is): it reads, as an administrator would. */
-const SYSTEM: Caller = { key: 'gateway', scopes: new Set(['read']), maxSandboxes: null, maxExecs: null };
+const SYSTEM: Caller = {
+  key: 'gateway',
+  scopes: new Set(['read']),
+  maxSandboxes: null,
+  maxExecs: null,
+  ceilings: NO_CEILINGS,
+};
 
 export function lostError(e: SandboxEntry): SnaplabError {
   return new SnaplabError(

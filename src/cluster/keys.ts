@@ -5,13 +5,14 @@
 import { SnaplabError } from '../errors.js';
 import { checkName } from '../lab/names.js';
 import { hashKey, newToken, SCOPES } from '../server/keys.js';
-import type { Scope } from '../store/records.js';
+import type { KeyOptions } from '../lab/keys.js';
+import { checkCeilings } from '../lab/ceilings.js';
 import type { ClusterStore, KeyEntry } from './store.js';
 
 export async function createKeyEntry(
   store: ClusterStore,
   name: string,
-  opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {},
+  opts: KeyOptions = {},
 ): Promise<{ token: string; key: KeyEntry }> {
   if (typeof name !== 'string') throw new SnaplabError('BAD_INPUT', 'a key needs a name', 'give {"name": "…"}');
   checkName('key', name);
@@ -30,6 +31,7 @@ export async function createKeyEntry(
     scopes: [...new Set(scopes)],
     maxSandboxes: opts.maxSandboxes ?? null,
     maxExecs: opts.maxExecs ?? null,
+    ceilings: checkCeilings(opts.ceilings ?? {}),
     createdAt: Date.now(),
   };
   if (!(await store.insertKey(key)))

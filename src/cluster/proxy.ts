@@ -35,7 +35,9 @@ const DROP = new Set([
 ]);
 
 export function callerHeader(c: Caller): string {
-  return Buffer.from(JSON.stringify({ key: c.key, scopes: [...c.scopes], maxExecs: c.maxExecs })).toString('base64url');
+  return Buffer.from(
+    JSON.stringify({ key: c.key, scopes: [...c.scopes], maxExecs: c.maxExecs, ceilings: c.ceilings }),
+  ).toString('base64url');
 }
 
 export function upstreamHeaders(

@@ -7,8 +7,17 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
 import { checkName } from './names.js';
+import { checkCeilings } from './ceilings.js';
 import type { Store } from '../store/store.js';
-import type { ApiKeyRecord, Scope } from '../store/records.js';
+import type { ApiKeyRecord, Ceilings, Scope } from '../store/records.js';
+
+/** What a key is made with: scopes, quotas of things at once, and ceilings (lab/ceilings.ts). */
+export interface KeyOptions {
+  scopes?: Scope[];
+  maxSandboxes?: number;
+  maxExecs?: number;
+  ceilings?: Partial<Ceilings>;
+}
 
 export const SCOPES: readonly Scope[] = ['read', 'exec', 'admin'];
 const PREFIX = 'snaplab_';
@@ -40,10 +49,7 @@ export class KeyRing {
   constructor(private readonly store: Store) {}
 
   /** A new key: its token (shown once) and its record. */
-  create(
-    name: string,
-    opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {},
-  ): { token: string; key: ApiKeyRecord } {
+  create(name: string, opts: KeyOptions = {}): { token: string; key: ApiKeyRecord } {
     return createKey(this.store, name, opts);
   }
 
@@ -70,11 +76,7 @@ export class KeyRing {
   }
 }
 
-function createKey(
-  store: Store,
-  name: string,
-  opts: { scopes?: Scope[]; maxSandboxes?: number; maxExecs?: number } = {},
-): { token: string; key: ApiKeyRecord } {
+function createKey(store: Store, name: string, opts: KeyOptions = {}): { token: string; key: ApiKeyRecord } {
   checkName('key', name);
   // the Unix socket's callers own their sandboxes as "local"
   if (name === 'local')
@@ -92,6 +94,7 @@ function createKey(
     scopes: opts.scopes ?? ['read', 'exec'],
     maxSandboxes: opts.maxSandboxes ?? null,
     maxExecs: opts.maxExecs ?? null,
+    ceilings: checkCeilings(opts.ceilings ?? {}),
     createdAt: Date.now(),
   };
   store.insertKey(key);

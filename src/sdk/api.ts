@@ -68,6 +68,8 @@ export interface SandboxApi {
   /** its timeout in seconds (0: none) and what the timeout's end does */
   readonly timeoutS: number;
   readonly onTimeout: 'kill' | 'pause';
+  /** what it may use: memory, pids, CPUs, disk (those it was made with) */
+  readonly limits: Limits;
   /** root inside is root on the host (no user namespace): said in `ls` and warned about */
   readonly hostRoot: boolean;
   /** the trace of the operation that produced this object (create or restore), when it was made here */

@@ -15,7 +15,7 @@ import {
 } from '../lab/sandbox-ops.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';
-import type { SandboxRecord } from '../store/records.js';
+import type { Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
 import type { BufferOutput, ProcessApi, SandboxApi, SandboxFiles } from './api.js';
@@ -97,6 +97,10 @@ export class Sandbox implements SandboxApi {
   }
   get timeoutS(): number {
     return metaOf(this.ctx, this.record.id).timeoutS ?? 0;
+  }
+  /** what it may use: memory, pids, CPUs, disk (those it was made with) */
+  get limits(): Limits {
+    return this.record.limits;
   }
   get onTimeout(): 'kill' | 'pause' {
     return metaOf(this.ctx, this.record.id).onTimeout ?? 'kill';

@@ -33,6 +33,7 @@ export class Snapshot {
       driver: r.memory?.driver ?? r.driver ?? 'namespaces',
       kind: r.memory ? 'memory' : 'filesystem',
       ...(r.memory ? { memoryBytes: r.memory.bytes } : {}),
+      limits: r.limits,
       createdAt: new Date(r.createdAt).toISOString(),
     };
   }

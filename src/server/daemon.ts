@@ -21,6 +21,7 @@ import { QuotaError } from './http-errors.js';
 import { LOCAL, type Caller } from './keys.js';
 import { sandboxNotFound } from '../lab/removals.js';
 import { Metrics } from './metrics.js';
+import { CeilingGuard, askOf } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
 import { noted, orElse } from '../cleanup.js';
@@ -69,6 +70,7 @@ export class Daemon {
   readonly processes: Processes;
   readonly operations = new Operations();
   readonly metrics = new Metrics();
+  readonly ceilings: CeilingGuard;
   readonly opts: typeof DEFAULTS;
   private readonly cache = new Map<string, Sandbox>();
   private readonly execs = new Map<string, number>();
@@ -91,6 +93,7 @@ export class Daemon {
     } as typeof DEFAULTS;
     this.events = new EventLog(lab.context.store);
     this.processes = new Processes();
+    this.ceilings = new CeilingGuard(lab);
     this.log = opts.log ?? (() => {});
   }
 
@@ -238,6 +241,10 @@ export class Daemon {
     }
     const life = { owner: caller.key, timeoutS: body.timeoutS ?? this.opts.defaultTimeoutS, onTimeout: body.onTimeout };
     const release = this.claimSandbox(caller);
+    const ceiling = await this.ceilings.claim(caller, await askOf(this.lab, body)).catch((e: unknown) => {
+      release();
+      throw e;
+    });
     // a name of our own is drawn again while it is taken (or being made by another request here)
     let name = body.name ?? defaultName(newId());
     while (body.name === undefined && (this.events.making.has(name) || this.lab.context.store.getSandbox(name)))
@@ -256,7 +263,7 @@ export class Daemon {
       } else if (body.snapshot !== undefined) {
         box = await this.lab.restore(body.snapshot, {
           name,
-          limits: body.limits,
+          limits: ceiling.limits,
           userns: body.userns,
           labels: body.labels,
           metadata: body.metadata,
@@ -270,7 +277,7 @@ export class Daemon {
           name,
           storage: body.storage,
           driver: body.driver,
-          limits: body.limits,
+          limits: ceiling.limits,
           userns: body.userns,
           init: body.init,
           labels: body.labels,
@@ -303,6 +310,7 @@ export class Daemon {
     } finally {
       if (taking) this.events.taking--;
       this.events.making.delete(name);
+      ceiling.release();
       release();
     }
   }

@@ -4,7 +4,7 @@
  * turns the body back into the same SnaplabError, so callers handle one error type either way.
  */
 import type { FastifyError, FastifyReply } from 'fastify';
-import { SnaplabError, isSnaplabError, type ErrorCode } from '../errors.js';
+import { LimitError, SnaplabError, isSnaplabError, type ErrorCode } from '../errors.js';
 
 const STATUS: Partial<Record<ErrorCode, number>> = {
   BAD_INPUT: 400,
@@ -16,6 +16,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   IMAGE_TOO_LARGE: 413,
   UNAUTHORIZED: 401,
   FORBIDDEN: 403,
+  ABOVE_CEILING: 403,
   SANDBOX_NOT_FOUND: 404,
   SNAPSHOT_NOT_FOUND: 404,
   IMAGE_NOT_FOUND: 404,
@@ -58,17 +59,15 @@ export function statusOf(code: ErrorCode): number {
   return STATUS[code] ?? 500;
 }
 
-/** A quota refusal: 429 with Retry-After and which limit it was. */
-export class QuotaError extends SnaplabError {
-  constructor(
-    readonly limit: 'maxSandboxes' | 'maxExecs',
-    message: string,
-    readonly retryAfterS = 1,
-  ) {
+/** A quota of concurrent things refused: 429 with Retry-After and which limit it was. */
+export class QuotaError extends LimitError {
+  constructor(limit: 'maxSandboxes' | 'maxExecs', message: string, retryAfterS = 1) {
     super(
       'QUOTA_EXCEEDED',
+      limit,
       message,
       `wait for one to end (Retry-After), or raise the key's ${limit === 'maxSandboxes' ? '--max-sandboxes' : '--max-execs'}`,
+      retryAfterS,
     );
   }
 }
@@ -78,9 +77,9 @@ export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
   const body: Record<string, unknown> = err.toJSON();
   const op = (err as SnaplabError & { operationId?: string }).operationId;
   if (op) body.operationId = op;
-  if (err instanceof QuotaError) {
+  if (err instanceof LimitError) {
     body.limit = err.limit;
-    void reply.header('retry-after', String(err.retryAfterS));
+    if (err.retryAfterS !== undefined) void reply.header('retry-after', String(err.retryAfterS));
   }
   return reply.status(statusOf(err.code)).send(body);
 }

@@ -8,6 +8,7 @@ import { timingSafeEqual } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
 import { SCOPES, type KeyRing } from '../lab/keys.js';
 import type { Scope } from '../store/records.js';
+import { NO_CEILINGS, checkCeilings, type Ceilings } from '../lab/ceilings.js';
 
 export { hashKey, newToken, parseScopes, SCOPES } from '../lab/keys.js';
 
@@ -19,11 +20,22 @@ export interface Caller {
   scopes: ReadonlySet<Scope>;
   maxSandboxes: number | null;
   maxExecs: number | null;
+  /**
+   * what it may ask of the host, as the key was made (null: lifted; not named: the defaults of the
+   * host that checks, lab/ceilings.ts); the Unix socket's caller has none
+   */
+  ceilings: Partial<Ceilings>;
   /** a caller a cluster gateway vouches for: the gateway checked its key (and checks it still) */
   viaGateway?: true;
 }
 
-export const LOCAL: Caller = { key: 'local', scopes: new Set(SCOPES), maxSandboxes: null, maxExecs: null };
+export const LOCAL: Caller = {
+  key: 'local',
+  scopes: new Set(SCOPES),
+  maxSandboxes: null,
+  maxExecs: null,
+  ceilings: NO_CEILINGS,
+};
 
 /** The caller a bearer token stands for, or an UNAUTHORIZED error. */
 export function authenticate(keys: KeyRing, header: string | undefined, queryToken: unknown): Caller {
@@ -43,7 +55,14 @@ export function authenticate(keys: KeyRing, header: string | undefined, queryTok
       'check the key, or make a new one with `snaplab key create NAME`',
     );
   }
-  return { key: k.name, hash: k.hash, scopes: new Set(k.scopes), maxSandboxes: k.maxSandboxes, maxExecs: k.maxExecs };
+  return {
+    key: k.name,
+    hash: k.hash,
+    scopes: new Set(k.scopes),
+    maxSandboxes: k.maxSandboxes,
+    maxExecs: k.maxExecs,
+    ceilings: k.ceilings,
+  };
 }
 
 /**
@@ -76,7 +95,7 @@ export function gatewayCaller(
     );
   };
   if (typeof caller !== 'string') return bad();
-  let c: { key?: unknown; scopes?: unknown; maxExecs?: unknown };
+  let c: { key?: unknown; scopes?: unknown; maxExecs?: unknown; ceilings?: unknown };
   try {
     c = JSON.parse(Buffer.from(caller, 'base64url').toString()) as typeof c;
   } catch {
@@ -89,6 +108,8 @@ export function gatewayCaller(
     scopes: new Set((c.scopes as Scope[]).filter((s) => SCOPES.includes(s))),
     maxSandboxes: null,
     maxExecs,
+    // as the key was made; what is not a valid set of them is the defaults
+    ceilings: validCeilings(c.ceilings),
     viaGateway: true,
   };
 }
@@ -100,5 +121,14 @@ export function requireScope(caller: Caller, scope: Scope): void {
       `key ${caller.key} has no ${scope} scope`,
       `make a key with \`--scope ${scope}\` for this call`,
     );
+  }
+}
+
+function validCeilings(c: unknown): Partial<Ceilings> {
+  if (typeof c !== 'object' || c === null) return {};
+  try {
+    return checkCeilings(c as Partial<Ceilings>);
+  } catch {
+    return {};
   }
 }

@@ -7,7 +7,7 @@ import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { PoolSpec } from '../lab/pool-admin.js';
-import type { EventRecord } from '../store/records.js';
+import type { Ceilings, EventRecord } from '../store/records.js';
 import type { Daemon } from './daemon.js';
 import { parseScopes, type Caller } from './keys.js';
 import { execView } from './routes-sandboxes.js';
@@ -542,11 +542,18 @@ function keyRoutes(app: FastifyInstance, d: Daemon): void {
       },
     },
     async (req, reply) => {
-      const b = req.body as { name: string; scopes?: string[]; maxSandboxes?: number; maxExecs?: number };
+      const b = req.body as {
+        name: string;
+        scopes?: string[];
+        maxSandboxes?: number;
+        maxExecs?: number;
+        ceilings?: Partial<Ceilings>;
+      };
       const { token, key } = keys.create(b.name, {
         scopes: b.scopes ? parseScopes(b.scopes.join(',')) : undefined,
         maxSandboxes: b.maxSandboxes,
         maxExecs: b.maxExecs,
+        ceilings: b.ceilings,
       });
       const { hash: _h, ...shown } = key;
       return reply.status(201).send({ ...shown, token });

@@ -16,6 +16,8 @@ import { cgroupFor, stats } from '../host/cgroups.js';
 import type { Daemon } from './daemon.js';
 import { errors } from './schemas.js';
 import { orElse } from '../cleanup.js';
+import { NO_CEILINGS, resolveCeilings } from '../lab/ceilings.js';
+import { LOCAL } from './keys.js';
 
 const any = Type.Object({}, { additionalProperties: true });
 /** the page may talk to its own origin only, run no inline script, and be framed by nobody */
@@ -80,6 +82,8 @@ function usageRoutes(app: FastifyInstance, d: Daemon): void {
       scopes: [...req.caller.scopes],
       maxSandboxes: req.caller.maxSandboxes ?? null,
       maxExecs: req.caller.maxExecs ?? null,
+      // what this host holds the key to (the defaults where the key names none)
+      ceilings: req.caller.key === LOCAL.key ? NO_CEILINGS : resolveCeilings(req.caller.ceilings),
     }),
   );
 

@@ -213,6 +213,20 @@ export const KeyBody = Type.Object(
     scopes: Type.Optional(Type.Array(Type.String())),
     maxSandboxes: Type.Optional(Type.Integer({ minimum: 0 })),
     maxExecs: Type.Optional(Type.Integer({ minimum: 0 })),
+    /** what its sandboxes may ask (docs/api.md#ceilings): null lifts one, not named is the default */
+    ceilings: Type.Optional(
+      Type.Object(
+        {
+          memoryBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+          pids: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+          cpus: Type.Optional(Type.Union([Type.Number({ exclusiveMinimum: 0 }), Type.Null()])),
+          diskBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+          totalMemoryBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+          totalDiskBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+        },
+        { additionalProperties: false },
+      ),
+    ),
   },
   { additionalProperties: false },
 );

@@ -198,4 +198,9 @@ export const migrations: string[] = [
     owner_pid = NULLIF(CAST(substr(reason, instr(reason, 'pid ') + 4) AS INTEGER), 0)
     WHERE state IN ('creating', 'removing') AND instr(reason, 'pid ') > 0;
   `,
+  // an API key's ceilings (lab/ceilings.ts): JSON of those it was made with (null inside: lifted);
+  // NULL, and every ceiling not named, is the defaults, so keys made before get them too
+  `
+  ALTER TABLE api_keys ADD COLUMN ceilings TEXT;
+  `,
 ];

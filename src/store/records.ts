@@ -164,6 +164,18 @@ export interface SandboxMeta {
   expiresAt: number | null;
 }
 
+/** What an API key may ask of the host (lab/ceilings.ts). */
+export interface Ceilings {
+  /** per sandbox; null: no ceiling */
+  memoryBytes: number | null;
+  pids: number | null;
+  cpus: number | null;
+  diskBytes: number | null;
+  /** over all of the key's sandboxes at once (their limits, not their use); null: no ceiling */
+  totalMemoryBytes: number | null;
+  totalDiskBytes: number | null;
+}
+
 export type Scope = 'read' | 'exec' | 'admin';
 
 export interface ApiKeyRecord {
@@ -173,6 +185,8 @@ export interface ApiKeyRecord {
   scopes: Scope[];
   maxSandboxes: number | null;
   maxExecs: number | null;
+  /** the ceilings it was made with (null: lifted); those not named are the defaults (lab/ceilings.ts) */
+  ceilings: Partial<Ceilings>;
   createdAt: number;
 }
 

@@ -146,6 +146,7 @@ function toKey(r: Row): ApiKeyRecord {
     scopes: (r.scopes as string).split(',').filter(Boolean) as Scope[],
     maxSandboxes: (r.max_sandboxes as number | null) ?? null,
     maxExecs: (r.max_execs as number | null) ?? null,
+    ceilings: r.ceilings ? (JSON.parse(r.ceilings as string) as ApiKeyRecord['ceilings']) : {},
     createdAt: r.created_at as number,
   };
 }
@@ -347,8 +348,8 @@ export class Store {
   }
   insertKey(k: ApiKeyRecord): void {
     this.stmt(
-      'INSERT INTO api_keys (name, hash, scopes, max_sandboxes, max_execs, created_at) VALUES (?, ?, ?, ?, ?, ?)',
-    ).run(k.name, k.hash, k.scopes.join(','), k.maxSandboxes, k.maxExecs, k.createdAt);
+      'INSERT INTO api_keys (name, hash, scopes, max_sandboxes, max_execs, ceilings, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
+    ).run(k.name, k.hash, k.scopes.join(','), k.maxSandboxes, k.maxExecs, JSON.stringify(k.ceilings), k.createdAt);
   }
   deleteKey(name: string): boolean {
     return this.stmt('DELETE FROM api_keys WHERE name = ?').run(name).changes > 0;

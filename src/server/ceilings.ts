@@ -1,0 +1,89 @@
+/**
+ * A key's ceilings at the daemon's door (lab/ceilings.ts has the rules): before a create, restore
+ * or standby take starts, the limits it will have are checked against the caller's key, and the
+ * key's total is counted with what its other sandboxes hold and its creates under way here hold.
+ * The Unix socket's caller (root on the host already) gets what it asks, as the library does.
+ */
+import { DEFAULT_DRIVER, findDriverInfo } from '../drivers/registry.js';
+import { limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
+import { withDefaults } from '../lab/limits.js';
+import type { LabApi } from '../sdk/api.js';
+import type { Limits } from '../store/records.js';
+import { LOCAL, type Caller } from './keys.js';
+import type { CreateBody } from './schemas.js';
+
+export interface CeilingAsk {
+  /** what the request asked (undefined: nothing) */
+  asked: Limits | undefined;
+  /** what the machine gets where nothing is asked (a driver's, a snapshot's) */
+  base: Limits;
+  driver: string;
+  /** the limits come with the machine (a standby, a memory snapshot): checked, never lowered */
+  fixed?: boolean;
+}
+
+export class CeilingGuard {
+  /** what creates under way here hold, by key */
+  private readonly making = new Map<string, Set<Held>>();
+
+  constructor(private readonly lab: LabApi) {}
+
+  /**
+   * The limits to make the machine with (undefined: as asked, the Unix socket's) and a release to
+   * call when the create has ended, however it ended.
+   */
+  async claim(caller: Caller, ask: CeilingAsk): Promise<{ limits: Limits | undefined; release: () => void }> {
+    if (caller.key === LOCAL.key) return { limits: ask.asked, release: () => {} };
+    const held = await this.listed(caller.key);
+    // from here to the claim nothing awaits: two creates of one key each count the other's
+    for (const m of this.making.get(caller.key) ?? []) {
+      held.memoryBytes += m.memoryBytes;
+      held.diskBytes += m.diskBytes;
+    }
+    const capHolds = findDriverInfo(ask.driver)?.capabilities.rootIsVolumeTree ?? false;
+    const asked = ask.fixed ? ask.base : ask.asked;
+    const limits = limitsUnder(caller.key, resolveCeilings(caller.ceilings), asked, ask.base, capHolds, held);
+    const mine: Held = { memoryBytes: limits.memoryBytes ?? 0, diskBytes: limits.diskBytes ?? 0 };
+    const set = this.making.get(caller.key) ?? new Set();
+    this.making.set(caller.key, set.add(mine));
+    return {
+      limits,
+      release: () => {
+        set.delete(mine);
+        if (!set.size) this.making.delete(caller.key);
+      },
+    };
+  }
+
+  /** What the key's machines hold: their limits (not their use). */
+  private async listed(key: string): Promise<Held> {
+    const held: Held = { memoryBytes: 0, diskBytes: 0 };
+    for (const box of await this.lab.list()) {
+      if (box.owner !== key || box.state === 'dead') continue;
+      const l = withDefaults(box.limits, box.driver);
+      held.memoryBytes += l.memoryBytes ?? 0;
+      held.diskBytes += l.diskBytes ?? 0;
+    }
+    return held;
+  }
+}
+
+/** What a create body asks, and what its machine gets where it asks nothing. */
+export async function askOf(lab: LabApi, body: CreateBody): Promise<CeilingAsk> {
+  if (body.pool !== undefined) {
+    // a standby comes made: its pool's limits are checked; an unknown pool fails in the take
+    const pool = (await lab.pools()).find((p) => p.name === body.pool);
+    return { asked: undefined, base: pool?.limits ?? {}, driver: pool?.driver ?? DEFAULT_DRIVER, fixed: true };
+  }
+  if (body.snapshot !== undefined) {
+    // a memory snapshot continues a machine of a fixed size; a filesystem one carries its disk cap
+    const snap = (await lab.snapshots()).find((s) => s.name === body.snapshot)?.toJSON();
+    const driver = typeof snap?.driver === 'string' ? snap.driver : DEFAULT_DRIVER;
+    const limits = (snap?.limits as Limits | undefined) ?? {};
+    if (snap?.kind === 'memory') return { asked: undefined, base: limits, driver, fixed: true };
+    const base = withDefaults(limits.diskBytes === undefined ? {} : { diskBytes: limits.diskBytes }, driver);
+    return { asked: body.limits, base, driver };
+  }
+  const driver = body.driver ?? DEFAULT_DRIVER;
+  return { asked: body.limits, base: withDefaults(undefined, driver), driver };
+}

@@ -1,0 +1,113 @@
+/**
+ * A key's ceilings at a real daemon (127.0.0.1, keys made by the CLI): a key cannot choose its
+ * own limits (64 GiB of memory, millions of pids were accepted before), every sandbox it makes
+ * has a disk cap on every storage type (an overlay sandbox wrote to the host's root filesystem
+ * uncapped), and its sandboxes together stay under its totals.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+
+let home: string;
+let d: TestDaemon;
+const GiB = 1024 ** 3;
+const MiB = 1024 ** 2;
+
+// biome-ignore lint/suspicious/noExplicitAny: the daemon's answers, read by field in each expect
+type Json = any;
+
+async function call(
+  token: string,
+  method: string,
+  path: string,
+  json?: unknown,
+): Promise<{ status: number; body: Json }> {
+  const r = await fetch(`${d.url}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${token}`, ...(json ? { 'content-type': 'application/json' } : {}) },
+    body: json ? JSON.stringify(json) : undefined,
+  });
+  const text = await r.text();
+  return { status: r.status, body: text ? JSON.parse(text) : null };
+}
+
+const key = (name: string, ...flags: string[]): string => {
+  const r = cli(home, ['key', 'create', name, '--scope', 'read,exec', ...flags]);
+  expect(r.code, r.err).toBe(0);
+  return r.out.trim();
+};
+
+beforeAll(async () => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-ceilings-'));
+  d = await startDaemon(home, ['--default-timeout', '0']);
+}, 120_000);
+
+afterAll(async () => {
+  await d?.stop();
+  cli(home, ['rm', '--all']);
+  cli(home, ['image', 'rm', '--force', 'busybox']);
+  cli(home, ['gc']);
+  rmSync(home, { recursive: true, force: true });
+});
+
+describe("a key's ceilings", () => {
+  it('refuse limits above them with 403, naming the limit; a key made without them has the defaults', async () => {
+    const tenant = key('tenant');
+    const big = await call(tenant, 'POST', '/sandboxes', { limits: { memoryBytes: 64 * GiB } });
+    expect([big.status, big.body.code, big.body.limit]).toEqual([403, 'ABOVE_CEILING', 'memoryBytes']);
+    expect(big.body.message).toBe("memory 64.0 GiB is above key tenant's ceiling of 4.0 GiB per sandbox");
+    const pids = await call(tenant, 'POST', '/sandboxes', { limits: { pids: 4_000_000 } });
+    expect([pids.status, pids.body.limit]).toEqual([403, 'pids']);
+    const uncapped = await call(tenant, 'POST', '/sandboxes', { storage: 'overlay', limits: { diskBytes: 0 } });
+    expect([uncapped.status, uncapped.body.limit]).toEqual([403, 'diskBytes']);
+    expect((await call(tenant, 'GET', '/whoami')).body.ceilings).toMatchObject({ memoryBytes: 4 * GiB, pids: 4096 });
+    // nothing was made
+    expect((await call(tenant, 'GET', '/sandboxes')).body).toEqual([]);
+  });
+
+  it.each(['overlay', 'dir'])('cap the disk of every sandbox, on %s too', async (storage) => {
+    const tenant = key(`disk-${storage}`, '--max-disk', '1G');
+    const made = await call(tenant, 'POST', '/sandboxes', { storage });
+    expect(made.status, JSON.stringify(made.body)).toBe(201);
+    expect(made.body.limits.diskBytes).toBe(GiB);
+    const df = await call(tenant, 'POST', `/sandboxes/${made.body.id}/exec`, { argv: ['df', '-k', '/'] });
+    const total = Number(df.body.stdout.trim().split('\n')[1].split(/\s+/)[1]) * 1024;
+    // the machine's root is its own filesystem of the cap's size, not the host's
+    expect(total).toBeGreaterThan(0.8 * GiB);
+    // (its filesystem's own metadata counted: dir's ext4 shows a little more than the cap)
+    expect(total).toBeLessThanOrEqual(1.1 * GiB);
+    expect((await call(tenant, 'DELETE', `/sandboxes/${made.body.id}`)).status).toBe(204);
+  });
+
+  it("hold a key's sandboxes under its totals (429), lowering what is not asked to the ceilings", async () => {
+    const tenant = key('totals', '--max-memory', '256M', '--max-total-memory', '600M', '--max-disk', '64M');
+    const a = await call(tenant, 'POST', '/sandboxes', {});
+    const b = await call(tenant, 'POST', '/sandboxes', {});
+    expect([a.status, b.status]).toEqual([201, 201]);
+    expect([a.body.limits.memoryBytes, b.body.limits.memoryBytes]).toEqual([256 * MiB, 256 * MiB]);
+    const c = await call(tenant, 'POST', '/sandboxes', {});
+    expect([c.status, c.body.code, c.body.limit]).toEqual([429, 'QUOTA_EXCEEDED', 'totalMemoryBytes']);
+    expect(c.body.message).toBe(
+      "key totals's sandboxes hold 512.0 MiB of memory; 256.0 MiB more is over its total of 600.0 MiB",
+    );
+    // a smaller one fits
+    const small = await call(tenant, 'POST', '/sandboxes', { limits: { memoryBytes: 64 * MiB } });
+    expect(small.status).toBe(201);
+    await call(tenant, 'DELETE', `/sandboxes/${a.body.id}`);
+    expect((await call(tenant, 'POST', '/sandboxes', {})).status).toBe(201);
+  });
+
+  it('are shown by key ls, and none lifts one', async () => {
+    const free = key('free', '--max-memory', 'none', '--max-pids', '50');
+    const ls = cli(home, ['key', 'ls']);
+    expect(ls.out).toMatch(/^free\s+read,exec\s+-\s+-\s+memory=none,pids=50\s/m);
+    expect(JSON.parse(cli(home, ['key', 'ls', '--json']).out)).toContainEqual(
+      expect.objectContaining({ name: 'free', ceilings: { memoryBytes: null, pids: 50 } }),
+    );
+    const who = (await call(free, 'GET', '/whoami')).body.ceilings;
+    expect([who.memoryBytes, who.pids]).toEqual([null, 50]);
+    expect(cli(home, ['key', 'create', 'bad', '--max-memory', 'lots']).err).toMatch(/invalid memory ceiling "lots"/);
+  });
+});
