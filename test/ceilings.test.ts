@@ -99,6 +99,23 @@ describe("a key's ceilings", () => {
     expect((await call(tenant, 'POST', '/sandboxes', {})).status).toBe(201);
   });
 
+  it('hold a restore and a standby take too: a pool with more than a key may ask is not for that key', async () => {
+    const tenant = key('restorer', '--max-memory', '512M');
+    const made = await call(tenant, 'POST', '/sandboxes', { limits: { memoryBytes: 128 * MiB } });
+    expect(made.status).toBe(201);
+    expect((await call(tenant, 'POST', `/sandboxes/${made.body.id}/snapshots`, { name: 'c-snap' })).status).toBe(201);
+    const big = await call(tenant, 'POST', '/sandboxes', { snapshot: 'c-snap', limits: { memoryBytes: GiB } });
+    expect([big.status, big.body.limit]).toEqual([403, 'memoryBytes']);
+    const ok = await call(tenant, 'POST', '/sandboxes', { snapshot: 'c-snap' });
+    expect([ok.status, ok.body.limits.memoryBytes]).toEqual([201, 512 * MiB]);
+    // the Unix socket is root: it defines a pool of 1 GiB standbys
+    expect(cli(home, ['pool', 'create', 'c-big', '--size', '1', '--memory', '1G']).code).toBe(0);
+    const take = await call(tenant, 'POST', '/sandboxes', { pool: 'c-big' });
+    expect([take.status, take.body.limit]).toEqual([403, 'memoryBytes']);
+    expect(cli(home, ['pool', 'rm', 'c-big']).code).toBe(0);
+    cli(home, ['snapshot', 'rm', 'c-snap']);
+  });
+
   it('are shown by key ls, and none lifts one', async () => {
     const free = key('free', '--max-memory', 'none', '--max-pids', '50');
     const ls = cli(home, ['key', 'ls']);
