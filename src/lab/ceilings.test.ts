@@ -19,9 +19,9 @@ describe('ceilings', () => {
     expect(e?.message).toBe("memory 64.0 GiB is above key k's ceiling of 2.0 GiB per sandbox");
     expect(() => limitsUnder('k', c({ pids: 100 }), { pids: 4_000_000 }, {}, true, none)).toThrow(/pids 4000000/);
     // what was not asked: the default, lowered to the ceiling
-    expect(limitsUnder('k', c({ memoryBytes: GiB / 2 }), undefined, { memoryBytes: GiB, pids: 1024 }, false, none)).toEqual(
-      { memoryBytes: GiB / 2, pids: 1024 },
-    );
+    expect(
+      limitsUnder('k', c({ memoryBytes: GiB / 2 }), undefined, { memoryBytes: GiB, pids: 1024 }, false, none),
+    ).toEqual({ memoryBytes: GiB / 2, pids: 1024 });
   });
 
   it('caps the disk wherever a cap holds, and refuses no cap under a disk ceiling', () => {
@@ -38,7 +38,8 @@ describe('ceilings', () => {
     expect(limitsUnder('k', ceil, { memoryBytes: GiB }, {}, false, { memoryBytes: 2 * GiB, diskBytes: 0 })).toEqual({
       memoryBytes: GiB,
     });
-    const over = () => limitsUnder('k', ceil, { memoryBytes: GiB }, {}, false, { memoryBytes: 2.5 * GiB, diskBytes: 0 });
+    const over = () =>
+      limitsUnder('k', ceil, { memoryBytes: GiB }, {}, false, { memoryBytes: 2.5 * GiB, diskBytes: 0 });
     expect(over).toThrow(expect.objectContaining({ code: 'QUOTA_EXCEEDED', limit: 'totalMemoryBytes' }));
     expect(over).toThrow("key k's sandboxes hold 2.5 GiB of memory; 1.0 GiB more is over its total of 3.0 GiB");
   });
