@@ -419,6 +419,11 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
     },
     { once: true },
   );
+  return handle(ws, pid, result);
+}
+
+/** What the caller holds of a streamed command: its input, signals, terminal size and socket. */
+function handle(ws: WebSocket, pid: Promise<number>, result: Promise<ExecResult>): ProcessApi<ExecResult> {
   const sendJson = (m: unknown): void => {
     if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(m));
   };
@@ -434,7 +439,7 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
     end: () => sendJson({ type: 'eof' }),
     kill: (signal) => sendJson({ type: 'signal', signal }),
     resize: (cols, rows) => sendJson({ type: 'resize', cols, rows }),
-    // its output held at the socket: the daemon's sends wait in TCP's buffers, then its own
+    // its output held at the socket: the daemon's sends wait in TCP's buffers, then the daemon's own
     hold: (on) => (on ? ws.pause() : ws.resume()),
     disconnect: () => ws.close(),
   };
