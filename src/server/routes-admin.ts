@@ -7,7 +7,7 @@ import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { PoolSpec } from '../lab/pool-admin.js';
-import type { EventRecord } from '../store/records.js';
+import type { EventRecord } from './served-lab.js';
 import type { Daemon } from './daemon.js';
 import { parseScopes, type Caller } from './keys.js';
 import { execView } from './routes-sandboxes.js';
