@@ -72,6 +72,7 @@ afterAll(async () => {
   for (const n of nodes) await n.stop().catch(noted('stop a node'));
   for (const h of homes) {
     cli(h, ['pool', 'rm', 'cpool-gateway']);
+    cli(h, ['pool', 'rm', 'tpool-gateway']);
     cli(h, ['pool', 'rm', 'warm']);
     cli(h, ['rm', '--all']);
     cli(h, ['snapshot', 'rm', 'csnap-gateway']);

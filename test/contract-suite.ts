@@ -164,4 +164,79 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     expect((await pool.stats()).name).toBe(`cpool-${kind}`);
     await pool.remove();
   });
+
+  it('lists by owner and as recorded; gets as recorded; refreshes; checks; traces', async () => {
+    const box = await lab().create({ name: `o-${kind}`, labels: { suite: 'owner', kind }, timeoutS: 0 });
+    try {
+      expect(box.pool).toBeNull();
+      // its owner: the key that made it through a daemon, or none (null) on the embedded lab
+      const mine = await lab().list({ owner: box.owner, labels: { kind } });
+      expect(mine.map((b) => b.name)).toContain(`o-${kind}`);
+      expect(await lab().list({ owner: 'no-such-key', labels: { kind } })).toEqual([]);
+      const recorded = await lab().list({ check: false, labels: { suite: 'owner', kind } });
+      expect(recorded.map((b) => [b.name, b.state])).toEqual([[`o-${kind}`, 'running']]);
+      expect((await lab().get(`o-${kind}`, { check: false })).id).toBe(box.id);
+      await expect(lab().get('no-such-box', { check: false })).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
+      // another handle of the same sandbox sees a pause made through this one once refreshed
+      const other = await lab().get(box.id);
+      await box.pause();
+      expect((await other.refresh()).state).toBe('paused');
+      await box.resume();
+      expect((await other.refresh()).state).toBe('running');
+      // a check pass leaves a live sandbox be, and says what it removed
+      const checked = await lab().check();
+      expect(checked.removed.map((r) => r.id)).not.toContain(box.id);
+      expect((await lab().get(box.id)).state).toBe('running');
+      // its create and pause are stored traces, found by its name
+      const traces = await lab().traces({ targets: [box.name, box.id], limit: 50 });
+      expect(traces.map((t) => t.kind)).toEqual(expect.arrayContaining(['create', 'pause', 'resume']));
+      expect(await lab().traces({ targets: [] })).toEqual([]);
+      const one = await lab().trace(traces[0]!.id);
+      expect(one).toMatchObject({ id: traces[0]!.id, kind: traces[0]!.kind });
+      expect(await lab().trace('no-such-operation')).toBeUndefined();
+    } finally {
+      await box.destroy();
+    }
+  });
+
+  it('a detached process: its output held at its source and released, its input live', async () => {
+    const box = await lab().create({ name: `d-${kind}` });
+    try {
+      const seen: string[] = [];
+      const p = await box.spawn(['sh', '-c', 'read a; sleep 0.3; echo got:$a'], {
+        detached: true,
+        stdin: true,
+        onStdout: (b) => seen.push(b.toString()),
+      });
+      expect(p.hold).toBeTypeOf('function');
+      p.hold!(true);
+      p.write('x\n');
+      let ended = false;
+      void p.result.then(() => (ended = true));
+      await new Promise((r) => setTimeout(r, 1000));
+      // held: neither its output nor its end has come through
+      expect([seen.join(''), ended]).toEqual(['', false]);
+      p.hold!(false);
+      const r = await p.result;
+      expect([r.exitCode, seen.join('')]).toEqual([0, 'got:x\n']);
+    } finally {
+      await box.destroy();
+    }
+  });
+
+  it("a pool's takes are told from its traces", async () => {
+    const pool = await lab().createPool({ name: `tpool-${kind}`, image: 'busybox', size: 1, limits: {} });
+    try {
+      const before = await pool.takes({ since: 60_000 });
+      expect(before.takes).toEqual([]);
+      const taken = await pool.take();
+      await taken.destroy();
+      const after = await pool.takes({ since: 60_000 });
+      expect(after.takes).toEqual([expect.objectContaining({ kind: 'take', hit: expect.any(Boolean) })]);
+      expect(after.now).toBeGreaterThanOrEqual(after.takes[0]!.at);
+      expect((await pool.takes({ after: after.next })).takes).toEqual([]);
+    } finally {
+      await pool.remove();
+    }
+  });
 }

@@ -31,6 +31,7 @@ afterAll(async () => {
   await daemon?.stop();
   cli(home, ['pool', 'rm', 'cpool-embedded']);
   cli(home, ['pool', 'rm', 'cpool-remote']);
+  for (const k of ['embedded', 'remote']) cli(home, ['pool', 'rm', `tpool-${k}`]);
   cli(home, ['rm', '--all']);
   for (const s of ['csnap-embedded', 'csnap-remote']) cli(home, ['snapshot', 'rm', s]);
   cli(home, ['image', 'rm', '--force', 'busybox']);

@@ -59,7 +59,7 @@ describe('gc', () => {
       expect(existsSync(volume!.path)).toBe(false);
       expect(readFileSync('/proc/self/mountinfo', 'utf8')).not.toContain(volume!.id);
       // what gc did is stored with its trace
-      expect((lab.trace(trace.id)!.details as { removed: string[] }).removed).toEqual(removed);
+      expect(((await lab.trace(trace.id))!.details as { removed: string[] }).removed).toEqual(removed);
     },
   );
 

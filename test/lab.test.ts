@@ -39,7 +39,7 @@ describe.each<StorageKind>(['btrfs', 'overlay', 'dir'])(
 describe('traces', () => {
   it('stores the phases of a create, with the unattributed remainder', async () => {
     await using box = await lab.create();
-    const t = lab.trace(box.lastTrace!.id)!;
+    const t = (await lab.trace(box.lastTrace!.id))!;
     expect(t.kind).toBe('create');
     const names = t.phases.map((p) => p.name);
     for (const n of [

@@ -13,7 +13,7 @@ export function registerTrace(program: Command): void {
     .action((id: string | undefined, o: CommonOptions & { limit: string }) =>
       withLab(o, async (lab) => {
         if (!id) {
-          const ops = lab.traces(Number(o.limit) || 20);
+          const ops = await lab.traces(Number(o.limit) || 20);
           if (o.json) return printJson(ops);
           printTable(
             ['OPERATION', 'KIND', 'TARGET', 'TOTAL', 'STATUS', 'WHEN'],
@@ -21,7 +21,7 @@ export function registerTrace(program: Command): void {
           );
           return;
         }
-        const t = lab.trace(id);
+        const t = await lab.trace(id);
         if (!t)
           throw new SnaplabError(
             'OPERATION_NOT_FOUND',

@@ -16,12 +16,18 @@ import { feedInput } from '../lab/streams.js';
 import { keyValues } from '../lab/exec.js';
 import type {
   BufferOutput,
+  CheckResult,
   LabApi,
   LabCreateOptions,
+  ListOptions,
   PoolApi,
+  PoolTakes,
   ProcessApi,
   SandboxApi,
   SnapshotApi,
+  SpawnOptions,
+  StoredTrace,
+  TraceQuery,
 } from '../sdk/api.js';
 import { encoded, type ExecText, type Text } from '../sdk/output.js';
 import type { SandboxFiles } from '../sdk/sandbox.js';
@@ -112,6 +118,9 @@ export class RemoteSandbox implements SandboxApi {
   get reason(): string | null {
     return (this.v.reason as string | null | undefined) ?? null;
   }
+  get pool(): string | null {
+    return (this.v.pool as string | null | undefined) ?? null;
+  }
   get origin(): string | null {
     return (this.v.origin as string | null | undefined) ?? null;
   }
@@ -190,9 +199,10 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   /** Start argv over a WebSocket; the command is killed if the connection is lost (use `processes` to outlive it). */
-  async spawn(argv: string[], opts: ExecOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
-  async spawn(argv: string[], opts?: ExecOptions): Promise<ProcessApi>;
-  async spawn(argv: string[], opts: ExecOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
+  // every remote command has a connection of its own (its WebSocket): `detached` changes nothing
+  async spawn(argv: string[], opts: SpawnOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
+  async spawn(argv: string[], opts?: SpawnOptions): Promise<ProcessApi>;
+  async spawn(argv: string[], opts: SpawnOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
     const ws = await this.http.socket(this.path('/exec'));
     ws.send(
       JSON.stringify({
@@ -412,6 +422,11 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
     },
     { once: true },
   );
+  return handle(ws, pid, result);
+}
+
+/** What the caller holds of a streamed command: its input, signals, terminal size and socket. */
+function handle(ws: WebSocket, pid: Promise<number>, result: Promise<ExecResult>): ProcessApi<ExecResult> {
   const sendJson = (m: unknown): void => {
     if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(m));
   };
@@ -427,6 +442,9 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
     end: () => sendJson({ type: 'eof' }),
     kill: (signal) => sendJson({ type: 'signal', signal }),
     resize: (cols, rows) => sendJson({ type: 'resize', cols, rows }),
+    // its output held at the socket: the daemon's sends wait in TCP's buffers, then the daemon's own
+    hold: (on) => (on ? ws.pause() : ws.resume()),
+    disconnect: () => ws.close(),
   };
 }
 
@@ -501,6 +519,15 @@ class RemotePool implements PoolApi {
 
   async remove(): Promise<number> {
     return (await this.http.json<{ removed: number }>('DELETE', `/pools/${enc(this.name)}`)).removed;
+  }
+
+  takes(from: { after?: number; since?: number } = {}): Promise<PoolTakes> {
+    const q = new URLSearchParams(
+      Object.entries(from)
+        .filter(([, v]) => v !== undefined)
+        .map(([k, v]) => [k, String(v)] as [string, string]),
+    ).toString();
+    return this.http.json('GET', `/pools/${enc(this.name)}/takes${q ? `?${q}` : ''}`);
   }
 }
 
@@ -579,14 +606,18 @@ export class RemoteLab implements LabApi {
     );
   }
 
-  async get(idOrName: string): Promise<RemoteSandbox> {
+  // the daemon checks records against its host as it sees fit: `check` is its to decide
+  async get(idOrName: string, _opts: { check?: boolean } = {}): Promise<RemoteSandbox> {
     return new RemoteSandbox(this.http, await this.http.json<View>('GET', `/sandboxes/${enc(idOrName)}`), this.rpc);
   }
 
-  async list(opts: { labels?: Record<string, string> } = {}): Promise<RemoteSandbox[]> {
-    const q = new URLSearchParams(
-      Object.entries(opts.labels ?? {}).map(([k, v]) => ['label', `${k}=${v}`] as [string, string]),
-    ).toString();
+  async list(opts: ListOptions = {}): Promise<RemoteSandbox[]> {
+    const q = new URLSearchParams([
+      ...Object.entries(opts.labels ?? {}).map(([k, v]) => ['label', `${k}=${v}`] as [string, string]),
+      // (no key is named "": the empty owner asks for those made without one)
+      ...(opts.owner !== undefined ? [['owner', opts.owner ?? ''] as [string, string]] : []),
+      ...(opts.check === false ? [['check', 'false'] as [string, string]] : []),
+    ]).toString();
     return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map(
       (v) => new RemoteSandbox(this.http, v, this.rpc),
     );
@@ -625,8 +656,28 @@ export class RemoteLab implements LabApi {
     return waitOperation(this.http, await this.http.json('POST', '/scenarios', { json: { file, ...opts } }));
   }
 
-  traces(limit = 20): Promise<Record<string, unknown>[]> {
-    return this.http.json('GET', `/traces?limit=${limit}`);
+  /** A check pass on the daemon's lab (needs the admin scope). */
+  check(): Promise<CheckResult> {
+    return this.http.json('POST', '/check');
+  }
+
+  /** Stored traces, newest first (a number: the limit); a key without admin sees its own sandboxes' only. */
+  traces(query: TraceQuery | number = {}): Promise<StoredTrace[]> {
+    const q = typeof query === 'number' ? { limit: query } : query;
+    const params = new URLSearchParams([
+      ['limit', String(q.limit ?? 20)],
+      ...(q.targets ?? []).map((t) => ['target', t] as [string, string]),
+    ]);
+    // no target at all: none asked for (a target none has gives nothing)
+    if (q.targets?.length === 0) return Promise.resolve([]);
+    return this.http.json('GET', `/traces?${params.toString()}`);
+  }
+
+  async trace(operationId: string): Promise<StoredTrace | undefined> {
+    return this.http.json<StoredTrace>('GET', `/traces/${enc(operationId)}`).catch((e: unknown) => {
+      if (e instanceof SnaplabError && e.code === 'OPERATION_NOT_FOUND') return undefined;
+      throw e;
+    });
   }
 
   close(): void {

@@ -8,10 +8,10 @@
 import { statfs } from 'node:fs/promises';
 import { cpus, freemem, totalmem } from 'node:os';
 import type { Lease } from 'etcd3';
-import { SnaplabError } from '../errors.js';
-import { metaOf } from '../lab/meta.js';
-import type { EventRecord, SandboxRecord } from '../store/records.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
+import type { SandboxApi } from '../sdk/api.js';
 import type { Daemon } from '../server/daemon.js';
+import type { EventRecord } from '../server/served-lab.js';
 import { VERSION } from '../version.js';
 import { HELD_STATES, unavailable, type ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
 import { handledElsewhere, noted, orElse } from '../cleanup.js';
@@ -34,9 +34,9 @@ export interface NodeOptions {
 }
 
 /** A sandbox the cluster routes to: not a pool's standby, nor one a pool run has borrowed. */
-function routed(d: Daemon, r: SandboxRecord): boolean {
+function routed(r: SandboxApi): boolean {
   if (r.state === 'creating' || r.state === 'removing') return false;
-  return r.pool === null || metaOf(d.lab.context, r.id).owner !== null;
+  return r.pool === null || r.owner !== null;
 }
 
 export class ClusterNode {
@@ -162,8 +162,7 @@ export class ClusterNode {
   private async collectLost(): Promise<void> {
     for (const e of await this.store.sandboxes()) {
       if (e.node !== this.name || (e.state !== 'lost' && e.state !== 'forgotten')) continue;
-      const rec = this.daemon.lab.context.store.getSandbox(e.id);
-      if (rec && rec.id === e.id) {
+      if (await this.holds(e.id)) {
         const ok = await this.daemon
           .destroy(e.id, `declared lost while node ${this.name} was out of the cluster (${e.reason ?? ''})`)
           .then(
@@ -179,8 +178,19 @@ export class ClusterNode {
     }
   }
 
+  /** Is this sandbox (by id) here, as recorded? */
+  private async holds(id: string): Promise<boolean> {
+    return this.daemon.lab.get(id, { check: false }).then(
+      (box) => box.id === id,
+      (e: unknown) => {
+        if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return false;
+        throw e;
+      },
+    );
+  }
+
   async info(): Promise<NodeInfo> {
-    const ctx = this.daemon.lab.context;
+    const lab = this.daemon.lab;
     const disk = await statfs(this.daemon.lab.home).catch(orElse(null, 'statfs', 'ENOENT'));
     const pools: NodeInfo['pools'] = {};
     for (const p of await this.daemon.lab.pools()) pools[p.name] = { image: p.image, size: p.target, ready: p.ready };
@@ -200,12 +210,11 @@ export class ClusterNode {
         diskBytes: disk ? disk.blocks * disk.bsize : 0,
         diskFreeBytes: disk ? disk.bavail * disk.bsize : 0,
       },
-      sandboxes: ctx.store.listSandboxes().filter((r) => routed(this.daemon, r)).length,
+      sandboxes: (await lab.list({ check: false })).filter(routed).length,
       pools,
-      images: ctx.store.listImages().map((i) => i.name),
-      snapshots: ctx.store.listSnapshots().map((s) => s.name),
-      drivers: [...ctx.drivers.keys()],
-      storage: [await ctx.defaultStorage()],
+      images: (await lab.images()).map((i) => i.name),
+      snapshots: (await lab.snapshots()).map((s) => s.name),
+      ...(await lab.capabilities()),
     };
   }
 
@@ -255,19 +264,17 @@ export class ClusterNode {
 
   /** Write each sandbox's entry that changed, remove those of sandboxes gone. */
   private async sync(): Promise<void> {
-    const ctx = this.daemon.lab.context;
     const now = new Map<string, SandboxEntry>();
-    for (const r of ctx.store.listSandboxes()) {
-      if (!routed(this.daemon, r)) continue;
-      const m = metaOf(ctx, r.id);
+    for (const r of await this.daemon.lab.list({ check: false })) {
+      if (!routed(r)) continue;
       now.set(r.id, {
         id: r.id,
         name: r.name,
         node: this.name,
-        owner: m.owner,
-        state: r.state,
+        owner: r.owner,
+        state: r.state as SandboxEntry['state'],
         image: r.image,
-        labels: m.labels,
+        labels: r.labels,
         createdAt: r.createdAt,
         reason: r.reason,
       });
@@ -297,7 +304,7 @@ export class ClusterNode {
       for (const e of await this.store.sandboxes()) {
         if (e.node !== this.name || now.has(e.id) || !HELD_STATES.has(e.state)) continue;
         // asked of the store again: a create that ended since `now` was read has its entry already
-        if (ctx.store.getSandbox(e.id)) continue;
+        if (await this.holds(e.id)) continue;
         await this.store.deleteSandbox(e);
         this.published.delete(e.id);
       }

@@ -32,8 +32,27 @@ export interface SandboxFiles {
   readTo(path: string, sink: Writable, opts?: { user?: string }): Promise<number>;
 }
 
-/** A started command (as `spawn` returns); its result's output is text, or Buffers with `encoding: 'buffer'`. */
-export type ProcessApi<R = ExecText> = Omit<ExecProcess, 'result'> & { result: Promise<R> };
+/**
+ * A started command (as `spawn` returns); its result's output is text, or Buffers with `encoding: 'buffer'`.
+ * `hold` and `disconnect` are there when it has a connection of its own (`detached: true`; every
+ * remote spawn has one, its WebSocket).
+ */
+export type ProcessApi<R = ExecText> = Omit<ExecProcess, 'result'> & {
+  result: Promise<R>;
+  /** hold its output at its source (true) until released (false): a slow reader holds this command's output, no one else's */
+  hold?: (on: boolean) => void;
+  /** let go of its connection now (what it ran is ended with it) */
+  disconnect?: () => void;
+};
+
+/** What `spawn` takes: an exec's options, and whether the command gets a connection of its own. */
+export type SpawnOptions = ExecOptions & {
+  /**
+   * a connection of its own to the machine, closed when it ends: its output can be held (`hold`)
+   * without holding anyone else's, as a server does for a client that reads slowly. Default false
+   */
+  detached?: boolean;
+};
 
 export type BufferOutput = { encoding: 'buffer' };
 
@@ -54,6 +73,8 @@ export interface SandboxApi {
   readonly driver: string;
   readonly labels: Record<string, string>;
   readonly metadata: Record<string, string>;
+  /** the pool it stands by in (a standby, nobody's yet), or null: any other, one taken from a pool included */
+  readonly pool: string | null;
   /** why it is in its state (a dead one's cause), or null */
   readonly reason: string | null;
   /** the snapshot it was restored from, or null */
@@ -77,8 +98,8 @@ export interface SandboxApi {
   readonly files: SandboxFiles;
   exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;
   exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
-  spawn(argv: string[], opts: ExecOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
-  spawn(argv: string[], opts?: ExecOptions): Promise<ProcessApi>;
+  spawn(argv: string[], opts: SpawnOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
+  spawn(argv: string[], opts?: SpawnOptions): Promise<ProcessApi>;
   putFile(path: string, data: Buffer | string, mode?: number): Promise<void>;
   getFile(path: string): Promise<Buffer>;
   upload(dest: string, tar: Readable): Promise<CopyResult>;
@@ -90,6 +111,8 @@ export interface SandboxApi {
    * A daemon keeps the clock: the embedded lab refuses a timeout.
    */
   setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void>;
+  /** read its state, reason, labels and lifetime again (another process may have paused, resumed or ended it) */
+  refresh(): Promise<this>;
   /** each resolves with the operation's trace where the lab has it here (the embedded one), else undefined */
   pause(): Promise<TraceSummary | undefined>;
   resume(): Promise<TraceSummary | undefined>;
@@ -106,6 +129,56 @@ export interface PoolApi {
   take(): Promise<SandboxApi>;
   resize(size: number): Promise<void>;
   remove(): Promise<number>;
+  /**
+   * Its takes (a pool run's take phase, or a take for good), from the stored traces: those stored
+   * after the cursor `after` (a former answer's `next`), else those that started in the last
+   * `since` ms (default 60 000). `now` is the lab's clock, which the times are on.
+   */
+  takes(from?: { after?: number; since?: number }): Promise<PoolTakes>;
+}
+
+export interface PoolTake {
+  /** the trace's id */
+  id: string;
+  at: number;
+  kind: string;
+  /** how long the take took, or null when its trace does not say */
+  ms: number | null;
+  hit: boolean;
+}
+
+export interface PoolTakes {
+  now: number;
+  next: number;
+  takes: PoolTake[];
+}
+
+/** Which sandboxes `list` gives, and how it reads them. */
+export interface ListOptions {
+  /** only those with every key=value given */
+  labels?: Record<string, string>;
+  /** only those this API key made through a daemon; null: those made without one */
+  owner?: string | null;
+  /**
+   * false: the records as they stand, without asking the host whether their processes still live
+   * (cheap enough for a server to read every second); default true
+   */
+  check?: boolean;
+}
+
+/** A stored operation's trace, with what it recorded (a gc's removals, a take's hit). */
+export type StoredTrace = TraceSummary & { details: unknown };
+
+export interface TraceQuery {
+  /** at most this many, newest first (default 20) */
+  limit?: number;
+  /** only those of these targets (sandbox, scenario or pool names and ids); [] gives none */
+  targets?: string[];
+}
+
+/** What a check pass found: the sandboxes an interrupted create left, which it removed. */
+export interface CheckResult {
+  removed: { id: string; name: string; reason: string | null; owner: string | null }[];
 }
 
 export interface LabCreateOptions {
@@ -158,8 +231,18 @@ export interface LabApi {
       userns?: boolean;
     },
   ): Promise<SandboxApi>;
-  get(idOrName: string): Promise<SandboxApi>;
-  list(opts?: { labels?: Record<string, string> }): Promise<SandboxApi[]>;
+  /** `check: false` reads the record as it stands (see ListOptions) */
+  get(idOrName: string, opts?: { check?: boolean }): Promise<SandboxApi>;
+  list(opts?: ListOptions): Promise<SandboxApi[]>;
+  /**
+   * One pass over every sandbox: its record checked against the host (one whose processes are
+   * gone is dead, with the reason; a pool's paused standbys are left to their pool), and what a
+   * create that died half-way left is removed. A server runs it on its tick.
+   */
+  check(): Promise<CheckResult>;
+  /** stored traces, newest first */
+  traces(query?: TraceQuery): Promise<StoredTrace[]>;
+  trace(operationId: string): Promise<StoredTrace | undefined>;
   snapshots(): Promise<SnapshotApi[]>;
   snapshot(name: string): Promise<SnapshotApi>;
   removeSnapshot(name: string): Promise<unknown>;

@@ -15,16 +15,25 @@ import { getScenario } from '../scenario/down.js';
 import { upScenario, type UpOptions } from '../scenario/up.js';
 import { reconcile } from '../lab/reconcile.js';
 import { sandboxKey } from '../lab/names.js';
-import { checkLabels, matches, metaOf, updateMeta } from '../lab/meta.js';
+import { checkLabels, updateMeta } from '../lab/meta.js';
+import { checkSandboxes, selectRecords, storedTraces } from '../lab/check.js';
 import type { ImportOptions } from '../image/import.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { BuildOptions, Built } from '../lab/image-build.js';
 import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/removals.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
-import type { ImageRecord, Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
+import type { EventRecord, ImageRecord, Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { checkKeepsTime, Sandbox } from './sandbox.js';
-import type { BufferOutput, LabApi, LabCreateOptions } from './api.js';
+import type {
+  BufferOutput,
+  CheckResult,
+  LabApi,
+  LabCreateOptions,
+  ListOptions,
+  StoredTrace,
+  TraceQuery,
+} from './api.js';
 import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
@@ -196,22 +205,31 @@ export class Lab implements LabApi {
   }
 
   /** The sandbox with this id or name, its state reconciled with the host. */
-  async get(idOrName: string): Promise<Sandbox> {
+  async get(idOrName: string, opts: { check?: boolean } = {}): Promise<Sandbox> {
     // SCENARIO/MACHINE names a scenario machine (its sandbox is SCENARIO.MACHINE)
     const rec = this.ctx.store.getSandbox(sandboxKey(idOrName));
     if (!rec) throw sandboxNotFound(this.ctx, idOrName);
-    return new Sandbox(this.ctx, await reconcile(this.ctx, rec));
+    return new Sandbox(this.ctx, opts.check === false ? rec : await reconcile(this.ctx, rec));
   }
 
   /**
    * Every sandbox, reconciled: one whose processes are gone is reported dead, with the reason.
-   * `labels`: only those with every key=value given.
+   * `labels`, `owner`, `check`: see ListOptions.
    */
-  async list(opts: { labels?: Record<string, string> } = {}): Promise<Sandbox[]> {
-    const recs = this.ctx.store
-      .listSandboxes()
-      .filter((r) => !opts.labels || matches(metaOf(this.ctx, r.id).labels, opts.labels));
+  async list(opts: ListOptions = {}): Promise<Sandbox[]> {
+    const recs = selectRecords(this.ctx, opts);
+    if (opts.check === false) return recs.map((r) => new Sandbox(this.ctx, r));
     return Promise.all(recs.map(async (r) => new Sandbox(this.ctx, await reconcile(this.ctx, r))));
+  }
+
+  /** A check pass (see LabApi.check): what `snaplab serve` runs on its tick. */
+  async check(): Promise<CheckResult> {
+    return checkSandboxes(this.ctx);
+  }
+
+  /** The drivers this lab has and the storage it picks: what a cluster node tells placement. */
+  async capabilities(): Promise<{ drivers: string[]; storage: StorageKind[] }> {
+    return { drivers: [...this.ctx.drivers.keys()], storage: [await this.ctx.defaultStorage()] };
   }
 
   async snapshots(): Promise<Snapshot[]> {
@@ -286,12 +304,13 @@ export class Lab implements LabApi {
     return diskUsage(this.ctx);
   }
 
-  trace(operationId: string): (TraceSummary & { details: unknown }) | undefined {
+  async trace(operationId: string): Promise<StoredTrace | undefined> {
     return this.ctx.store.getOperation(operationId);
   }
 
-  traces(limit = 20): (TraceSummary & { details: unknown })[] {
-    return this.ctx.store.listOperations(limit);
+  /** Stored traces, newest first (a number: the limit). */
+  async traces(query: TraceQuery | number = {}): Promise<StoredTrace[]> {
+    return storedTraces(this.ctx, typeof query === 'number' ? { limit: query } : query);
   }
 
   /** Define a pool of paused standbys and raise them (`size` of them) before returning. */
@@ -369,6 +388,20 @@ export class Lab implements LabApi {
   /** The API keys of this home's daemon (`snaplab key`): only their hashes are kept. */
   get keys(): KeyRing {
     return new KeyRing(this.ctx.store);
+  }
+
+  /** @internal the event journal a daemon on this home keeps (`GET /events`), in the home's store */
+  get journal(): {
+    append(e: Omit<EventRecord, 'id'>): EventRecord;
+    after(id: number, limit?: number): EventRecord[];
+    lastId(): number;
+  } {
+    const store = this.ctx.store;
+    return {
+      append: (e) => store.appendEvent(e),
+      after: (id, n) => store.eventsAfter(id, n),
+      lastId: () => store.lastEventId(),
+    };
   }
 
   /** @internal for the CLI's doctor and bench */

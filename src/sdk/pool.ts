@@ -5,7 +5,8 @@ import { runInPool, withImageConfig, type RunOutcome, type RunSpec } from '../la
 import { SnaplabError } from '../errors.js';
 import { Trace, type TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
-import type { BufferOutput, PoolApi } from './api.js';
+import type { BufferOutput, PoolApi, PoolTakes } from './api.js';
+import { poolTakes } from '../lab/check.js';
 import { encoded, type Text } from './output.js';
 
 /**
@@ -28,6 +29,11 @@ export class Pool implements PoolApi {
   /** Target, ready (paused standbys), in use, raising, and the counters: hits, misses, recycled, refused dirty, leaks. */
   stats(): Promise<PoolStats> {
     return poolStats(this.ctx, this.name);
+  }
+
+  /** Its takes from the stored traces (see PoolApi.takes). */
+  async takes(from: { after?: number; since?: number } = {}): Promise<PoolTakes> {
+    return poolTakes(this.ctx, this.name, from);
   }
 
   /** Raise standbys until the target is ready (progress reported as it goes). */

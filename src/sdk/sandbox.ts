@@ -18,7 +18,7 @@ import { USERNS_SIZE } from '../host/id-ranges.js';
 import type { Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
-import type { BufferOutput, ProcessApi, SandboxApi, SandboxFiles } from './api.js';
+import type { BufferOutput, ProcessApi, SandboxApi, SandboxFiles, SpawnOptions } from './api.js';
 import { encoded, type ExecText } from './output.js';
 import { Writable, type Readable } from 'node:stream';
 import { listDir, makeDir, readFile, removePath, statPath, writeFile } from '../lab/files.js';
@@ -77,6 +77,9 @@ export class Sandbox implements SandboxApi {
   }
   get reason(): string | null {
     return this.record.reason;
+  }
+  get pool(): string | null {
+    return this.record.pool;
   }
   get origin(): string | null {
     return this.record.origin;
@@ -139,7 +142,13 @@ export class Sandbox implements SandboxApi {
   /** @internal read its state and reason again from the store (another process paused or resumed it) */
   sync(): void {
     const now = this.ctx.store.getSandbox(this.record.id);
-    if (now) Object.assign(this.record, { state: now.state, reason: now.reason });
+    if (now) Object.assign(this.record, { state: now.state, reason: now.reason, pool: now.pool });
+  }
+
+  /** Its state and reason read again (labels and lifetime are read live). */
+  async refresh(): Promise<this> {
+    this.sync();
+    return this;
   }
 
   private connecting: Promise<AgentClient> | undefined;
@@ -167,17 +176,36 @@ export class Sandbox implements SandboxApi {
 
   /**
    * Start argv without waiting: the handle feeds its stdin (`stdin: true`), signals it, resizes
-   * its terminal (`tty: { cols, rows }`) and resolves `result` when it exits.
+   * its terminal (`tty: { cols, rows }`) and resolves `result` when it exits. `detached`: on a
+   * connection of its own (its output held by `hold` alone), closed when it ends.
    */
-  async spawn(argv: string[], opts: ExecOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
-  async spawn(argv: string[], opts?: ExecOptions): Promise<ProcessApi>;
-  async spawn(argv: string[], opts: ExecOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
-    const agent = await this.connection();
-    const p: ExecProcess = await spawnIn(this.ctx, this.record, agent, argv, opts);
-    if (opts.encoding === 'buffer') return p;
+  async spawn(argv: string[], opts: SpawnOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
+  async spawn(argv: string[], opts?: SpawnOptions): Promise<ProcessApi>;
+  async spawn(argv: string[], opts: SpawnOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
+    const { detached, ...exec } = opts;
+    const own = detached ? await connectAgent(this.ctx, this.record) : undefined;
+    let p: ExecProcess;
+    try {
+      p = await spawnIn(this.ctx, this.record, own ?? (await this.connection()), argv, exec);
+    } catch (e) {
+      void own?.close();
+      throw e;
+    }
+    const conn: Pick<ProcessApi, 'hold' | 'disconnect'> = own
+      ? {
+          hold: (on) => own.pauseOutput(on),
+          disconnect: () => {
+            own.pauseOutput(false);
+            // never rejects: it waits for the socket's close, or destroys the socket after a second
+            void own.close();
+          },
+        }
+      : {};
+    if (own) void p.result.then(conn.disconnect, conn.disconnect);
+    if (opts.encoding === 'buffer') return { ...p, ...conn };
     const result = p.result.then((r) => encoded(r, 'utf8') as ExecText);
     result.catch(handledElsewhere); // as spawnIn's own: a result nobody awaits must not end the process
-    return { ...p, result } as ProcessApi;
+    return { ...p, ...conn, result } as ProcessApi;
   }
 
   /**
@@ -342,6 +370,7 @@ export class Sandbox implements SandboxApi {
       driver: r.driver,
       limits: r.limits,
       origin: r.origin,
+      pool: r.pool,
       pid: r.pid,
       userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: USERNS_SIZE },
       init: r.init ?? 'agent',

@@ -58,8 +58,9 @@ export class CeilingGuard {
   /** What the key's machines hold: their limits (not their use). */
   private async listed(key: string): Promise<Held> {
     const held: Held = { memoryBytes: 0, diskBytes: 0 };
-    for (const box of await this.lab.list()) {
-      if (box.owner !== key || box.state === 'dead') continue;
+    // as recorded: a create must not wait for every machine of the host to be checked
+    for (const box of await this.lab.list({ owner: key, check: false })) {
+      if (box.state === 'dead') continue;
       const l = withDefaults(box.limits, box.driver);
       held.memoryBytes += l.memoryBytes ?? 0;
       held.diskBytes += l.diskBytes ?? 0;

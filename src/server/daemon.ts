@@ -4,27 +4,21 @@
  * (routes-*.ts) call it; it calls the SDK. Nothing here is a second implementation of the
  * lifecycle: a sandbox is made, paused and destroyed by the same Lab calls the CLI makes.
  */
-import { Lab, type CreateOptions } from '../sdk/lab.js';
+import { Lab } from '../sdk/lab.js';
 import { checkCreateInputs } from '../sdk/create-options.js';
-import type { Sandbox } from '../sdk/sandbox.js';
+import type { CheckResult, LabCreateOptions, SandboxApi, SpawnOptions } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
-import { defaultName, newId, sandboxKey } from '../lab/names.js';
-import { metaOf, updateMeta } from '../lab/meta.js';
-import { reconcile } from '../lab/reconcile.js';
-import { destroyRecord } from '../lab/teardown.js';
-import { connectAgent, spawnIn, type ExecOptions } from '../lab/sandbox-ops.js';
-import type { AgentClient } from '../agent/client.js';
-import type { SandboxMeta, SandboxRecord } from '../store/records.js';
+import { defaultName, newId } from '../names.js';
+import type { TraceSummary } from '../timing/trace.js';
 import { EventLog } from './events.js';
 import type { CreateBody } from './schemas.js';
 import { QuotaError } from './http-errors.js';
 import { LOCAL, type Caller } from './keys.js';
-import { sandboxNotFound } from '../lab/removals.js';
 import { Metrics } from './metrics.js';
 import { CeilingGuard, askOf } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
-import { noted, orElse } from '../cleanup.js';
+import type { Served, ServedLab } from './served-lab.js';
 
 export interface DaemonOptions {
   home?: string;
@@ -72,7 +66,7 @@ export class Daemon {
   readonly metrics = new Metrics();
   readonly ceilings: CeilingGuard;
   readonly opts: typeof DEFAULTS;
-  private readonly cache = new Map<string, Sandbox>();
+  private readonly cache = new Map<string, SandboxApi>();
   private readonly execs = new Map<string, number>();
   private readonly making = new Map<string, number>();
   /** sandboxes whose TTL is being acted on now */
@@ -83,15 +77,19 @@ export class Daemon {
   private ticking: Promise<void> | undefined;
   private ticks = 0;
 
-  private constructor(
-    readonly lab: Lab,
+  /**
+   * `lab`: what is served, through its interface only (served-lab.ts): the embedded Lab here, any
+   * other implementation of ServedLab (a cluster gateway's) the same way.
+   */
+  constructor(
+    readonly lab: ServedLab,
     opts: DaemonOptions,
   ) {
     this.opts = {
       ...DEFAULTS,
       ...Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined)),
     } as typeof DEFAULTS;
-    this.events = new EventLog(lab.context.store);
+    this.events = new EventLog(lab.journal);
     this.processes = new Processes();
     this.ceilings = new CeilingGuard(lab);
     this.log = opts.log ?? (() => {});
@@ -110,7 +108,7 @@ export class Daemon {
   async start(): Promise<void> {
     const gc = await this.lab.gc().catch((e: Error) => ({ removed: [`(gc failed: ${e.message})`], notes: [] }));
     if (gc.removed.length) this.log({ msg: 'adopted: removed what was left half-made', removed: gc.removed });
-    for (const p of this.lab.context.store.listPools()) this.lab.pool(p.name).start();
+    for (const p of await this.lab.pools()) this.lab.pool(p.name).start();
     await this.tick();
     this.timer = setInterval(() => void this.tick(), this.opts.tickMs);
     this.timer.unref();
@@ -125,85 +123,95 @@ export class Daemon {
   }
 
   private async tickOnce(): Promise<void> {
-    const ctx = this.lab.context;
-    const reconcileNow = this.ticks++ % 5 === 0;
-    if (reconcileNow)
-      await Promise.all(
-        ctx.store
-          .listSandboxes()
-          .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
-      );
-    // read after the reconcile: a change made meanwhile is seen as it is now, not as it was
-    const recs = ctx.store.listSandboxes();
-    this.events.watch(recs);
+    if (this.ticks++ % 5 === 0) await this.check();
+    // read after the check: a change made meanwhile is seen as it is now, not as it was
+    const boxes = await this.lab.list({ check: false });
+    this.events.watch(boxes);
     const now = Date.now();
-    const byId = new Map(recs.map((r) => [r.id, r]));
+    const byId = new Map(boxes.map((b) => [b.id, b]));
     for (const id of [...this.cache.keys()]) if (!byId.has(id)) this.evict(id);
-    if (reconcileNow) this.closeRevoked();
-    for (const r of recs) {
-      // a create that a dead process left: the record is dead, its owner's step 'create'; clean it
-      if (r.state === 'dead' && r.owner?.op === 'create' && !r.scenario && !r.pool) {
-        await destroyRecord(ctx, r).catch(noted(`remove ${r.name}, left by an interrupted create`));
-        this.events.record('failed', r, r.reason);
-        this.cache.delete(r.id);
-      }
+    for (const box of boxes) await this.keepTime(box, now);
+  }
+
+  /**
+   * A check pass: every sandbox's record against the host (reconciled), and what a create that a
+   * dead process left removed, each told of as failed. On the tick, and at POST /check.
+   */
+  async check(): Promise<CheckResult['removed']> {
+    const { removed } = await this.lab.check();
+    for (const r of removed) {
+      this.events.record('failed', r, r.reason);
+      this.cache.delete(r.id);
     }
-    for (const m of ctx.store.listMeta()) {
-      const r = byId.get(m.id);
-      // the clock runs while the sandbox runs: started again when it was resumed by another process
-      if (
-        m.expiresAt === null &&
-        m.timeoutS &&
-        r?.state === 'running' &&
-        !this.events.busy.has(m.id) &&
-        !this.expiring.has(m.id)
-      ) {
-        updateMeta(ctx, m.id, { expiresAt: now + m.timeoutS * 1000 });
-        continue;
-      }
-      if (m.expiresAt === null || m.expiresAt > now || this.expiring.has(m.id) || (this.retryAt.get(m.id) ?? 0) > now)
-        continue;
-      this.expiring.add(m.id);
-      void this.expire(m).finally(() => this.expiring.delete(m.id));
+    this.closeRevoked();
+    return removed;
+  }
+
+  /** A sandbox's timeout: its clock started again when it runs, its end acted on. */
+  private async keepTime(box: SandboxApi, now: number): Promise<void> {
+    const id = box.id;
+    if (!box.timeoutS || this.expiring.has(id)) return;
+    // the clock runs while the sandbox runs: started again when it was resumed by another process
+    if (box.expiresAt === null) {
+      if (box.state === 'running' && !this.events.busy.has(id)) await box.setTimeout(box.timeoutS, box.onTimeout);
+      return;
     }
+    if (box.expiresAt > now || (this.retryAt.get(id) ?? 0) > now) return;
+    this.expiring.add(id);
+    void this.expire(id).finally(() => this.expiring.delete(id));
   }
 
   /** A TTL ended: kill (destroy) or pause, as the sandbox was made to. */
-  private async expire(m: SandboxMeta): Promise<void> {
-    const rec = this.lab.context.store.getSandbox(m.id);
-    if (!rec) return;
+  private async expire(id: string): Promise<void> {
+    const box = await this.lab.get(id, { check: false }).catch((e: unknown) => {
+      if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return undefined;
+      throw e;
+    });
+    if (!box) return;
     // paused by another process: its clock stands still (a resume starts it again)
-    if (rec.state === 'paused') return void updateMeta(this.lab.context, m.id, { expiresAt: null });
-    const reason = `its timeout of ${m.timeoutS} s ended`;
-    if (!this.retryAt.has(m.id)) this.events.record('timeout', rec, reason, { onTimeout: m.onTimeout ?? 'kill' });
+    if (box.state === 'paused') return void (await box.setTimeout(box.timeoutS, box.onTimeout));
+    const reason = `its timeout of ${box.timeoutS} s ended`;
+    if (!this.retryAt.has(id)) this.events.record('timeout', box, reason, { onTimeout: box.onTimeout });
     try {
-      if (m.onTimeout === 'pause' && rec.state === 'running') {
-        updateMeta(this.lab.context, m.id, { expiresAt: null });
-        await this.pause(rec.id, reason);
-      } else {
-        await this.destroy(rec.id, reason);
-      }
-      this.retryAt.delete(m.id);
+      // a pause that fails leaves the clock ended, so the next try is a retry, not a new timeout
+      if (box.onTimeout === 'pause' && box.state === 'running') await this.pause(id, reason);
+      else await this.destroy(id, reason);
+      this.retryAt.delete(id);
     } catch (e) {
-      this.retryAt.set(m.id, Date.now() + 30_000);
-      // a pause that failed: the clock stays ended, so the next try is a retry, not a new timeout
-      if (m.onTimeout === 'pause') updateMeta(this.lab.context, m.id, { expiresAt: m.expiresAt });
-      this.log({ msg: 'timeout action failed; trying again in 30 s', sandbox: rec.name, error: (e as Error).message });
+      this.retryAt.set(id, Date.now() + 30_000);
+      this.log({ msg: 'timeout action failed; trying again in 30 s', sandbox: box.name, error: (e as Error).message });
     }
+  }
+
+  /**
+   * A sandbox the caller may see, as its record stands (no check of the host): for a request's
+   * first look, before anything is done to it. Not there or not the caller's: SANDBOX_NOT_FOUND.
+   */
+  async find(idOrName: string, caller: Caller = LOCAL): Promise<SandboxApi> {
+    const box = await this.lab.get(idOrName, { check: false }).catch((e: unknown) => {
+      if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return undefined;
+      throw e;
+    });
+    // one answer for "not there" and "not yours": a key learns nothing of others' sandboxes
+    if (!box || !this.visible(caller, box))
+      throw new SnaplabError(
+        'SANDBOX_NOT_FOUND',
+        `no sandbox with id or name ${JSON.stringify(idOrName)}`,
+        'list them with GET /sandboxes',
+      );
+    return box;
   }
 
   /**
    * The sandbox object for id or name, kept while its record lives (its agent connection with
    * it). A key without admin sees only the sandboxes it made; others are "not found" to it.
    */
-  async sandbox(idOrName: string, caller: Caller = LOCAL): Promise<Sandbox> {
-    const ctx = this.lab.context;
-    const rec = ctx.store.sandboxState(sandboxKey(idOrName));
-    if (!rec || !this.visible(caller, rec.id)) throw sandboxNotFound(ctx, idOrName);
+  async sandbox(idOrName: string, caller: Caller = LOCAL): Promise<SandboxApi> {
+    const rec = await this.find(idOrName, caller);
     const hit = this.cache.get(rec.id);
     if (hit && (rec.state === 'running' || rec.state === 'paused')) {
       // changed by another process (a pause, a resume): the same object, its record brought up to date
-      if (hit.state !== rec.state) hit.sync();
+      if (hit.state !== rec.state) await hit.refresh();
       return hit;
     }
     if (hit) this.evict(rec.id);
@@ -213,8 +221,13 @@ export class Daemon {
   }
 
   /** Admin keys and the socket see every sandbox; other keys those they made. */
-  visible(caller: Caller, id: string): boolean {
-    return caller.scopes.has('admin') || metaOf(this.lab.context, id).owner === caller.key;
+  visible(caller: Caller, box: { owner: string | null }): boolean {
+    return caller.scopes.has('admin') || box.owner === caller.key;
+  }
+
+  /** What `lab.list` is asked for a caller: every sandbox for admin, else those of its key. */
+  ownedBy(caller: Caller): string | undefined {
+    return caller.scopes.has('admin') ? undefined : caller.key;
   }
 
   private evict(id: string): void {
@@ -225,11 +238,11 @@ export class Daemon {
   }
 
   /** A sandbox as the API shows it: its toJSON (owner and timeout included). */
-  view(box: Sandbox): Record<string, unknown> {
+  view(box: SandboxApi): Record<string, unknown> {
     return box.toJSON();
   }
 
-  async create(caller: Caller, body: CreateBody): Promise<Sandbox> {
+  async create(caller: Caller, body: CreateBody): Promise<SandboxApi> {
     checkCreateInputs(body);
     // root inside being root outside is for the host's administrators to choose, not any key's
     if (body.userns === false && !caller.scopes.has('admin')) {
@@ -240,20 +253,20 @@ export class Daemon {
       );
     }
     const life = { owner: caller.key, timeoutS: body.timeoutS ?? this.opts.defaultTimeoutS, onTimeout: body.onTimeout };
-    const release = this.claimSandbox(caller);
+    const release = await this.claimSandbox(caller);
     const ceiling = await this.ceilings.claim(caller, await askOf(this.lab, body)).catch((e: unknown) => {
       release();
       throw e;
     });
     // a name of our own is drawn again while it is taken (or being made by another request here)
     let name = body.name ?? defaultName(newId());
-    while (body.name === undefined && (this.events.making.has(name) || this.lab.context.store.getSandbox(name)))
+    while (body.name === undefined && (this.events.making.has(name) || (await this.taken(name))))
       name = defaultName(newId());
     this.events.making.add(name);
     const signal = AbortSignal.timeout(this.opts.createBoundS * 1000);
     let taking = false;
     try {
-      let box: Sandbox;
+      let box: SandboxApi;
       let how: string;
       if (body.pool !== undefined) {
         this.events.taking++;
@@ -272,7 +285,7 @@ export class Daemon {
         });
         how = `restored from snapshot ${body.snapshot}`;
       } else {
-        const opts: CreateOptions = {
+        const opts: LabCreateOptions & Served = {
           image: body.image,
           name,
           storage: body.storage,
@@ -328,7 +341,7 @@ export class Daemon {
   async destroy(idOrName: string, reason = 'destroyed through the API', caller: Caller = LOCAL): Promise<void> {
     const box = await this.sandbox(idOrName, caller);
     await this.own(box.id, async () => {
-      this.events.remember(box.id);
+      this.events.remember(box);
       // its commands end with it, held output or not
       for (const p of this.processes.of(box.id))
         if (!p.ended) {
@@ -336,29 +349,29 @@ export class Daemon {
           p.abandon();
         }
       const t = await box.destroy();
-      this.metrics.observeTrace(t);
+      this.observe(t);
       this.cache.delete(box.id);
       this.processes.forget(box.id);
-      this.events.record('destroyed', box, reason, { operation: t.id });
+      this.events.record('destroyed', box, reason, { operation: t?.id ?? null });
     });
   }
 
-  async pause(idOrName: string, reason: string | null = null, caller: Caller = LOCAL): Promise<Sandbox> {
+  async pause(idOrName: string, reason: string | null = null, caller: Caller = LOCAL): Promise<SandboxApi> {
     const box = await this.sandbox(idOrName, caller);
     return this.own(box.id, async () => {
       const t = await box.pause(); // its timeout's clock stands still until it is resumed
-      this.metrics.observeTrace(t);
-      this.events.record('paused', box, reason, { operation: t.id });
+      this.observe(t);
+      this.events.record('paused', box, reason, { operation: t?.id ?? null });
       return box;
     });
   }
 
-  async resume(idOrName: string, caller: Caller = LOCAL): Promise<Sandbox> {
+  async resume(idOrName: string, caller: Caller = LOCAL): Promise<SandboxApi> {
     const box = await this.sandbox(idOrName, caller);
     return this.own(box.id, async () => {
       const t = await box.resume(); // and its timeout's clock runs again, from now
-      this.metrics.observeTrace(t);
-      this.events.record('resumed', box, null, { operation: t.id });
+      this.observe(t);
+      this.events.record('resumed', box, null, { operation: t?.id ?? null });
       return box;
     });
   }
@@ -369,16 +382,45 @@ export class Daemon {
     timeoutS: number,
     onTimeout?: 'kill' | 'pause',
     caller: Caller = LOCAL,
-  ): Promise<Sandbox> {
+  ): Promise<SandboxApi> {
     const box = await this.sandbox(idOrName, caller);
     await box.setTimeout(timeoutS, onTimeout);
     return box;
   }
 
-  /** A slot for one more sandbox of this key, held until the create ends (the store counts it after). */
-  private claimSandbox(caller: Caller): () => void {
+  /** Is a sandbox of this name there (as recorded)? */
+  private async taken(name: string): Promise<boolean> {
+    return this.lab.get(name, { check: false }).then(
+      () => true,
+      (e: unknown) => {
+        if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return false;
+        throw e;
+      },
+    );
+  }
+
+  /** A finished operation's trace into the metrics (a lab that keeps its traces elsewhere gives none). */
+  private observe(t: TraceSummary | undefined): void {
+    if (t) this.metrics.observeTrace(t);
+  }
+
+  /** claims one after another: a count and its claim are not split by another request's */
+  private claiming: Promise<unknown> = Promise.resolve();
+
+  /** A slot for one more sandbox of this key, held until the create ends (the lab counts it after). */
+  private claimSandbox(caller: Caller): Promise<() => void> {
+    const claim = this.claiming.then(() => this.claimNow(caller));
+    this.claiming = claim.then(
+      () => undefined,
+      () => undefined,
+    );
+    return claim;
+  }
+
+  private async claimNow(caller: Caller): Promise<() => void> {
     if (caller.maxSandboxes !== null) {
-      const have = this.lab.context.store.countOwned(caller.key) + (this.making.get(caller.key) ?? 0);
+      const owned = (await this.lab.list({ owner: caller.key, check: false })).length;
+      const have = owned + (this.making.get(caller.key) ?? 0);
       if (have >= caller.maxSandboxes)
         throw new QuotaError(
           'maxSandboxes',
@@ -449,10 +491,10 @@ export class Daemon {
    * Start a command whose output a client may read now or later (a streamed exec, a background
    * process): its deadline kills its process group whoever is attached.
    */
-  async startProcess(caller: Caller, box: Sandbox, spec: ProcessSpec): Promise<Process> {
+  async startProcess(caller: Caller, box: SandboxApi, spec: ProcessSpec): Promise<Process> {
     const release = this.claimExec(caller);
     const p = new Process(box.id, spec.argv, spec.tag ?? null, spec.tty !== undefined, this.opts.ringBytes);
-    const opts: ExecOptions = {
+    const opts: SpawnOptions & { encoding: 'buffer' } = {
       env: spec.env,
       cwd: spec.cwd,
       user: spec.user,
@@ -461,25 +503,22 @@ export class Daemon {
       onStdout: (b) => p.output('stdout', b),
       onStderr: (b) => p.output('stderr', b),
       ...(spec.stdin ? { stdin: true as const } : {}),
+      // a connection of its own: a slow reader pauses this command's output there, and no one else's
+      detached: true,
+      encoding: 'buffer',
     };
-    // a connection of its own: a slow reader pauses this command's output there, and no one else's
-    let agent: AgentClient | undefined;
     try {
-      const rec = box.info as SandboxRecord;
-      agent = await connectAgent(this.lab.context, rec);
-      const a = agent;
-      p.agent = a;
-      p.attach(await spawnIn(this.lab.context, rec, a, spec.argv, opts), (on) => a.pauseOutput(on));
+      const h = await box.spawn(spec.argv, opts);
+      p.agent = { close: () => h.disconnect?.(), pauseOutput: (on) => h.hold?.(on) };
+      p.attach(h, (on) => h.hold?.(on));
     } catch (e) {
       release();
-      void agent?.close();
       throw e;
     }
     this.processes.add(p);
     const started = Date.now();
     p.once('exit', () => {
       release();
-      void agent?.close();
       this.metrics.exec.observe('kind="stream"', Date.now() - started);
       this.events.record('process.exited', box, p.error ? p.error.message : null, {
         process: p.id,

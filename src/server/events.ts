@@ -6,8 +6,24 @@
  * store with what it saw last, once a second, and records with the reason it can give.
  */
 import { EventEmitter } from 'node:events';
-import type { Store } from '../store/store.js';
-import type { EventRecord, SandboxRecord, SandboxState } from '../store/records.js';
+import type { EventJournal, EventRecord } from './served-lab.js';
+
+type SandboxState = 'creating' | 'running' | 'paused' | 'dead' | 'removing';
+
+/** A sandbox as the log is told of it (a SandboxApi is one): `owner` the key that made it, if known. */
+export interface Told {
+  id: string;
+  name?: string | null;
+  owner?: string | null;
+}
+
+/** What the watcher reads of each sandbox (as `lab.list({ check: false })` gives it). */
+export interface Watched extends Told {
+  name: string;
+  state: string;
+  reason: string | null;
+  pool: string | null;
+}
 
 export type EventType =
   | 'created'
@@ -36,7 +52,7 @@ export class EventLog extends EventEmitter {
   /** pool standbys the daemon is taking now: one the watcher finds taken is left to it */
   taking = 0;
 
-  constructor(private readonly store: Store) {
+  constructor(private readonly journal: EventJournal) {
     super();
     this.setMaxListeners(0);
     // what the log said last about each sandbox: a restart does not announce them again, and one
@@ -57,7 +73,7 @@ export class EventLog extends EventEmitter {
 
   private *replay(): Generator<EventRecord> {
     for (let after = 0; ; ) {
-      const batch = this.store.eventsAfter(after, 1000);
+      const batch = this.journal.after(after, 1000);
       if (!batch.length) return;
       yield* batch;
       after = batch.at(-1)!.id;
@@ -66,14 +82,14 @@ export class EventLog extends EventEmitter {
 
   record(
     type: EventType,
-    sandbox: { id: string; name?: string | null } | null,
+    sandbox: Told | null,
     reason: string | null,
     data: Record<string, unknown> | null = null,
   ): EventRecord {
     const name = sandbox ? (sandbox.name ?? this.names.get(sandbox.id) ?? null) : null;
-    const owner = sandbox ? (this.store.getMeta(sandbox.id)?.owner ?? this.owners.get(sandbox.id) ?? null) : null;
+    const owner = sandbox ? (sandbox.owner ?? this.owners.get(sandbox.id) ?? null) : null;
     if (sandbox && owner) this.owners.set(sandbox.id, owner);
-    const e = this.store.appendEvent({
+    const e = this.journal.append({
       at: Date.now(),
       type,
       sandbox: sandbox?.id ?? null,
@@ -96,13 +112,12 @@ export class EventLog extends EventEmitter {
   }
 
   /** Note who owns a sandbox before its record goes (its `destroyed` event is then its owner's). */
-  remember(id: string): void {
-    const owner = this.store.getMeta(id)?.owner;
-    if (owner) this.owners.set(id, owner);
+  remember(box: Told): void {
+    if (box.owner) this.owners.set(box.id, box.owner);
   }
 
   /** Compare the store with what was last told; record what changed behind the daemon's back. */
-  watch(records: SandboxRecord[]): void {
+  watch(records: Watched[]): void {
     const seen = new Set<string>();
     for (const r of records) {
       seen.add(r.id);
@@ -115,21 +130,19 @@ export class EventLog extends EventEmitter {
         this.busy.has(r.id)
       )
         continue;
-      // a standby this daemon is taking: out of its pool, still held by this process
-      if (
-        this.taking &&
-        !this.known.has(r.id) &&
-        r.owner?.op === 'hold' &&
-        r.owner.pid === process.pid &&
-        !r.templateOf
-      )
-        continue;
+      // a standby a create here is taking: out of its pool, its owner not yet set (the create
+      // records it when it returns); another sandbox without an owner is told of on a later pass
+      if (this.taking && !this.known.has(r.id) && !r.owner) continue;
       const was = this.known.get(r.id);
       if (was === undefined) {
         this.record('created', r, 'made outside the daemon');
-        if (r.state !== 'running') this.record(STATE_EVENT[r.state]!, r, r.reason);
+        if (r.state !== 'running') this.record(STATE_EVENT[r.state as SandboxState]!, r, r.reason);
       } else if (was !== r.state) {
-        this.record(STATE_EVENT[r.state]!, r, r.reason ?? (r.pool ? `pool ${r.pool}` : 'outside the daemon'));
+        this.record(
+          STATE_EVENT[r.state as SandboxState]!,
+          r,
+          r.reason ?? (r.pool ? `pool ${r.pool}` : 'outside the daemon'),
+        );
       }
     }
     for (const id of [...this.known.keys()]) {
@@ -138,6 +151,6 @@ export class EventLog extends EventEmitter {
   }
 
   after(id: number, limit?: number): EventRecord[] {
-    return this.store.eventsAfter(id, limit);
+    return this.journal.after(id, limit);
   }
 }

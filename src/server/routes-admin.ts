@@ -7,7 +7,8 @@ import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { PoolSpec } from '../lab/pool-admin.js';
-import type { Ceilings, EventRecord } from '../store/records.js';
+import type { Ceilings } from '../store/records.js';
+import type { EventRecord } from './served-lab.js';
 import type { Daemon } from './daemon.js';
 import { parseScopes, type Caller } from './keys.js';
 import { execView } from './routes-sandboxes.js';
@@ -30,8 +31,6 @@ export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void
 }
 
 function eventRoutes(app: FastifyInstance, d: Daemon): void {
-  const store = d.lab.context.store;
-
   // events: server-sent, with ids; Last-Event-ID (or ?after=) resumes after that id
   app.get(
     '/events',
@@ -51,7 +50,7 @@ function eventRoutes(app: FastifyInstance, d: Daemon): void {
     (req, reply) => {
       const q = req.query as { after?: number; sandbox?: string };
       const last = Number(req.headers['last-event-id']);
-      let after = Number.isSafeInteger(last) && last >= 0 ? last : (q.after ?? store.lastEventId());
+      let after = Number.isSafeInteger(last) && last >= 0 ? last : (q.after ?? d.lab.journal.lastId());
       reply.hijack();
       const res = reply.raw;
       res.writeHead(200, {
@@ -95,14 +94,12 @@ function eventRoutes(app: FastifyInstance, d: Daemon): void {
 
 /** Metrics and traces. */
 function metricsRoutes(app: FastifyInstance, d: Daemon): void {
-  const store = d.lab.context.store;
-
   app.get(
     '/metrics',
     { config: { scope: 'read' }, schema: { tags: ['metrics'], summary: 'Prometheus text format' } },
     async (_req, reply) => {
       const sandboxes: Record<string, number> = { creating: 0, running: 0, paused: 0, dead: 0, removing: 0 };
-      for (const s of store.listSandboxes()) sandboxes[s.state] = (sandboxes[s.state] ?? 0) + 1;
+      for (const s of await d.lab.list({ check: false })) sandboxes[s.state] = (sandboxes[s.state] ?? 0) + 1;
       const pools = await d.lab.pools();
       const text = await d.metrics.render({
         sandboxes,
@@ -116,32 +113,31 @@ function metricsRoutes(app: FastifyInstance, d: Daemon): void {
   );
 
   // a key without admin sees the traces of its own machines only (by name or id), as with events
-  const ownTargets = (caller: Caller): string[] | undefined =>
-    caller.scopes.has('admin')
-      ? undefined
-      : store
-          .listSandboxes()
-          .filter((r) => d.visible(caller, r.id))
-          .flatMap((r) => [r.name, r.id]);
+  const ownTargets = async (caller: Caller): Promise<string[] | undefined> => {
+    const owner = d.ownedBy(caller);
+    if (owner === undefined) return undefined;
+    return (await d.lab.list({ owner, check: false })).flatMap((b) => [b.name, b.id]);
+  };
   app.get(
     '/traces',
     {
       config: { scope: 'read' },
       schema: {
         tags: ['traces'],
-        summary: 'Stored traces, newest first; `target=` those of one machine, scenario or pool',
+        summary: 'Stored traces, newest first; `target=` (repeatable) those of these machines, scenarios or pools',
         querystring: Type.Object({
           limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })),
-          target: Type.Optional(Type.String()),
+          target: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
         }),
         response: { 200: Type.Array(any), ...errors },
       },
     },
     async (req) => {
-      const q = req.query as { limit?: number; target?: string };
-      const own = ownTargets(req.caller);
-      const targets = q.target === undefined ? own : own && !own.includes(q.target) ? [] : [q.target];
-      return store.listOperations(q.limit ?? 20, targets);
+      const q = req.query as { limit?: number; target?: string | string[] };
+      const own = await ownTargets(req.caller);
+      const asked = q.target === undefined ? undefined : [q.target].flat();
+      const targets = asked === undefined ? own : own ? asked.filter((t) => own.includes(t)) : asked;
+      return d.lab.traces({ limit: q.limit ?? 20, targets });
     },
   );
   app.get(
@@ -152,8 +148,8 @@ function metricsRoutes(app: FastifyInstance, d: Daemon): void {
     },
     async (req) => {
       const id = (req.params as { id: string }).id;
-      const t = d.lab.trace(id);
-      const own = ownTargets(req.caller);
+      const t = await d.lab.trace(id);
+      const own = await ownTargets(req.caller);
       if (!t || (own && !own.includes(t.target ?? '')))
         throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${id}`, 'list them with GET /traces');
       return t;
@@ -162,6 +158,20 @@ function metricsRoutes(app: FastifyInstance, d: Daemon): void {
 }
 
 function operationRoutes(app: FastifyInstance, d: Daemon): void {
+  // the daemon's tick runs this every few seconds; a client (a gateway, a test) may ask for one now
+  app.post(
+    '/check',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['sandboxes'],
+        summary:
+          "A check pass now: every sandbox's record against the host, and what an interrupted create left removed (each told of as failed)",
+        response: { 200: any, ...errors },
+      },
+    },
+    async () => ({ removed: await d.check() }),
+  );
   app.get(
     '/operations',
     { config: { scope: 'read' }, schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } },
@@ -316,14 +326,14 @@ function poolRunRoute(app: FastifyInstance, d: Daemon): void {
           encoding: 'buffer',
           ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
         });
-        req.opId = r.trace.id;
-        d.metrics.observeTrace(r.trace);
+        req.opId = r.trace?.id ?? null;
+        if (r.trace) d.metrics.observeTrace(r.trace);
         return {
           ...execView(r, b.encoding),
           sandbox: r.sandbox,
           hit: r.hit,
           recycled: r.recycled,
-          operationId: r.trace.id,
+          operationId: r.trace?.id ?? null,
         };
       } finally {
         release();

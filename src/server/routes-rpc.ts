@@ -96,13 +96,13 @@ export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> 
                 .pool(c.pool!)
                 .run(c.argv, { ...opts, signal: gone.signal })
                 .finally(() => running.delete(kill));
-              d.metrics.observeTrace(r.trace);
+              if (r.trace) d.metrics.observeTrace(r.trace);
               return {
                 ...execView(r, 'base64'),
                 sandbox: r.sandbox,
                 hit: r.hit,
                 recycled: r.recycled,
-                operationId: r.trace.id,
+                operationId: r.trace?.id ?? null,
               };
             }
             const box = await d.sandbox(c.sandbox!, req.caller);

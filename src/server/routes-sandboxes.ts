@@ -65,15 +65,25 @@ function lifecycleRoutes(app: FastifyInstance, d: Daemon): void {
       config: { scope: 'read' },
       schema: {
         tags,
-        summary: 'List sandboxes; `label=k=v` (repeatable) keeps those with every label',
-        querystring: Type.Object({ label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])) }),
+        summary:
+          'List sandboxes; `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none); `check=false` reads the records without checking the host',
+        querystring: Type.Object({
+          label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
+          owner: Type.Optional(Type.String()),
+          check: Type.Optional(Type.Boolean()),
+        }),
         response: { 200: Type.Array(SandboxView), ...errors },
       },
     },
     async (req) => {
-      const q = (req.query as { label?: string | string[] }).label;
-      const labels = keyValues([q ?? []].flat(), 'label filter');
-      return (await d.lab.list({ labels })).filter((b) => d.visible(req.caller, b.id)).map((b) => d.view(b));
+      const q = req.query as { label?: string | string[]; owner?: string; check?: boolean };
+      const labels = keyValues([q.label ?? []].flat(), 'label filter');
+      const asked = q.owner === undefined ? undefined : q.owner || null;
+      const mine = d.ownedBy(req.caller);
+      // a key without admin sees its own: asking for another's gives nothing
+      if (mine !== undefined && asked !== undefined && asked !== mine) return [];
+      const boxes = await d.lab.list({ labels, owner: mine ?? asked, check: q.check });
+      return boxes.map((b) => d.view(b));
     },
   );
 

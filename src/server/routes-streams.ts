@@ -9,7 +9,6 @@ import type { FastifyInstance } from 'fastify';
 import type { WebSocket } from 'ws';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
-import { sandboxKey } from '../lab/names.js';
 import { constants } from 'node:os';
 import type { Daemon, ProcessSpec } from './daemon.js';
 import type { Caller } from './keys.js';
@@ -262,16 +261,8 @@ const info = Type.Object({}, { additionalProperties: true });
 
 /** A process of a sandbox the caller may see (else not found). */
 function procOf(d: Daemon) {
-  return (caller: Caller, id: string, pid: string): Process => {
-    const rec = d.lab.context.store.sandboxState(sandboxKey(id));
-    if (!rec || !d.visible(caller, rec.id))
-      throw new SnaplabError(
-        'SANDBOX_NOT_FOUND',
-        `no sandbox with id or name ${JSON.stringify(id)}`,
-        'list them with GET /sandboxes',
-      );
-    return d.processes.get(rec.id, pid);
-  };
+  return async (caller: Caller, id: string, pid: string): Promise<Process> =>
+    d.processes.get((await d.find(id, caller)).id, pid);
 }
 
 export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
@@ -359,17 +350,24 @@ function attachRoute(app: FastifyInstance, d: Daemon): void {
       },
     },
     (ws, req) => {
-      try {
-        const { id, pid } = req.params as { id: string; pid: string };
-        const p = proc(req.caller, id, pid);
-        ws.once('close', d.track(req.caller, ws));
-        const offset = (req.query as { offset?: number }).offset ?? 0;
-        send(ws, { type: 'attached', process: p.id, ...p.info() });
-        control(p, ws);
-        pump(p, ws, offset);
-      } catch (e) {
-        refuse(ws, e);
-      }
+      // what the client sends while its process is looked up is kept for it, in order
+      const held: [Buffer, boolean][] = [];
+      const early = (data: Buffer, isBinary: boolean): void => void held.push([data, isBinary]);
+      ws.on('message', early);
+      void (async () => {
+        try {
+          const { id, pid } = req.params as { id: string; pid: string };
+          const p = await proc(req.caller, id, pid);
+          ws.off('message', early);
+          ws.once('close', d.track(req.caller, ws));
+          const offset = (req.query as { offset?: number }).offset ?? 0;
+          send(ws, { type: 'attached', process: p.id, ...p.info() });
+          control(p, ws, held);
+          pump(p, ws, offset);
+        } catch (e) {
+          refuse(ws, e);
+        }
+      })();
     },
   );
 }
@@ -419,7 +417,7 @@ function processRoutes(app: FastifyInstance, d: Daemon): void {
     { config: { scope: 'read' }, schema: { tags, params: ProcParams, response: { 200: info, ...errors } } },
     async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      return proc(req.caller, id, pid).info();
+      return (await proc(req.caller, id, pid)).info();
     },
   );
 }
@@ -444,7 +442,7 @@ function outputRoute(app: FastifyInstance, d: Daemon): void {
     },
     async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      const p = proc(req.caller, id, pid);
+      const p = await proc(req.caller, id, pid);
       const q = req.query as { offset?: number; wait?: number };
       const offset = q.offset ?? 0;
       if (q.wait && !p.ended && p.ring.total <= offset) {
@@ -488,7 +486,7 @@ function processInputRoutes(app: FastifyInstance, d: Daemon): void {
     },
     async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      const p = proc(req.caller, id, pid);
+      const p = await proc(req.caller, id, pid);
       if (!p.ended) p.handle?.kill(signalNumber((req.body as { signal: unknown }).signal));
       return p.info();
     },
@@ -508,7 +506,7 @@ function processInputRoutes(app: FastifyInstance, d: Daemon): void {
     },
     async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      const p = proc(req.caller, id, pid);
+      const p = await proc(req.caller, id, pid);
       const h = p.handle;
       if (!h || p.ended) throw new SnaplabError('BAD_INPUT', 'the process has ended', 'start a new one');
       for await (const b of streamBody(req.body)) if (!h.write(b as Buffer)) await h.drained();
@@ -530,7 +528,7 @@ function processInputRoutes(app: FastifyInstance, d: Daemon): void {
     },
     async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      const p = proc(req.caller, id, pid);
+      const p = await proc(req.caller, id, pid);
       if (!p.ended) p.handle?.kill(9);
       return p.info();
     },

@@ -100,9 +100,9 @@ function usageRoutes(app: FastifyInstance, d: Daemon): void {
     },
     async (req) => {
       const at = Date.now();
-      const recs = d.lab.context.store
-        .listSandboxes()
-        .filter((r) => (r.state === 'running' || r.state === 'paused') && d.visible(req.caller, r.id));
+      const recs = (await d.lab.list({ owner: d.ownedBy(req.caller), check: false })).filter(
+        (r) => r.state === 'running' || r.state === 'paused',
+      );
       return Promise.all(
         recs.map(async (r) => ({
           id: r.id,
@@ -136,23 +136,10 @@ function takesRoute(app: FastifyInstance, d: Daemon): void {
     },
     async (req) => {
       const name = (req.params as { name: string }).name;
-      await d.lab.pool(name).stats(); // POOL_NOT_FOUND for a pool that is not there
+      const pool = d.lab.pool(name);
+      await pool.stats(); // POOL_NOT_FOUND for a pool that is not there
       const q = req.query as { after?: number; since?: number };
-      const now = Date.now();
-      const { next, ops } = d.lab.context.store.operationsStored(
-        name,
-        ['run', 'take'],
-        q.after !== undefined ? { cursor: q.after } : { since: now - (q.since ?? 60_000) },
-      );
-      // a pool's runs and takes say hit or miss; a one-shot run traced with an image of the same name does not
-      const takes = ops
-        .filter((t) => typeof (t.details as { hit?: unknown } | null)?.hit === 'boolean')
-        .map((t) => {
-          const take = t.kind === 'take' ? t.totalMs : t.phases.find((p) => p.name === 'take' && p.parent === null);
-          const ms = typeof take === 'number' ? take : take ? take.endMs - take.startMs : null;
-          return { id: t.id, at: t.startedAt, kind: t.kind, ms, hit: (t.details as { hit: boolean }).hit };
-        });
-      return { now, next, takes };
+      return pool.takes(q);
     },
   );
 }

@@ -1,0 +1,75 @@
+/**
+ * What the daemon serves: a LabApi (sdk/api.ts), and the few things a server needs beside it.
+ * The routes and the Daemon call this interface only, never lab/ or the store, so any
+ * implementation can be served by the same routes: the embedded Lab on a node today, a cluster
+ * gateway's Lab next. Everything a client can do is in LabApi (and held to the contract suite);
+ * what is here is a server's own: the home it runs on, its API keys, the journal its event
+ * stream is kept in, and the host's images, scenarios and gc, which only the embedded Lab has so
+ * far (not yet on the remote Lab).
+ */
+import type { BufferOutput, LabApi, LabCreateOptions, PoolApi, SandboxApi } from '../sdk/api.js';
+import type { Lab } from '../sdk/lab.js';
+import type { Text } from '../sdk/output.js';
+import type { PoolSpec } from '../lab/pool-admin.js';
+import type { RunOutcome, RunSpec } from '../lab/run.js';
+import type { TraceSummary } from '../timing/trace.js';
+import type { Limits, EventRecord } from '../store/records.js';
+
+export type { EventRecord } from '../store/records.js';
+
+/** The daemon's event log, kept where the lab keeps its state: `GET /events` resumes across restarts. */
+export interface EventJournal {
+  append(e: Omit<EventRecord, 'id'>): EventRecord;
+  after(id: number, limit?: number): EventRecord[];
+  lastId(): number;
+}
+
+/** Who a server makes a sandbox for (the caller's key), and a bound on how long it may take. */
+export interface Served {
+  owner?: string;
+  signal?: AbortSignal;
+}
+
+export interface ServedRestore extends Served {
+  name?: string;
+  limits?: Limits;
+  labels?: Record<string, string>;
+  metadata?: Record<string, string>;
+  userns?: boolean;
+  timeoutS?: number;
+  onTimeout?: 'kill' | 'pause';
+}
+
+/**
+ * A pool as a server keeps it: filled and resized with progress, kept at its target in the
+ * background while the server runs (`start`), and each run's trace where the lab has it.
+ */
+export interface ServedPool extends PoolApi {
+  run(argv: string[], spec: RunSpec & BufferOutput): Promise<RunOutcome & { trace?: TraceSummary }>;
+  run(argv: string[], spec?: RunSpec): Promise<Text<RunOutcome> & { trace?: TraceSummary }>;
+  resize(size: number, onProgress?: (ready: number, target: number) => void): Promise<void>;
+  start(): void;
+}
+
+export interface ServedLab
+  extends LabApi,
+    Pick<
+      Lab,
+      | 'home'
+      | 'keys'
+      | 'gc'
+      | 'images'
+      | 'importImage'
+      | 'buildImage'
+      | 'removeImage'
+      | 'up'
+      | 'scenario'
+      | 'scenarios'
+      | 'capabilities'
+    > {
+  create(opts?: LabCreateOptions & Served): Promise<SandboxApi>;
+  restore(snapshot: string, opts?: ServedRestore): Promise<SandboxApi>;
+  createPool(spec: PoolSpec, onProgress?: (ready: number, target: number) => void): Promise<ServedPool>;
+  pool(name: string): ServedPool;
+  readonly journal: EventJournal;
+}
