@@ -74,15 +74,19 @@ static int export_filter(scmp_filter_ctx ctx, struct sock_fprog *out);
  * A system machine's filter (its init and everything under it): systemd needs mount, unshare and
  * the rest, so only what no system container needs and what would break the host's hold on the
  * machine: subvolumes nested in its root (rm could not delete it), io_uring (a surface that
- * bypasses filters), vsock, foreign architectures.
+ * bypasses filters), vsock, foreign architectures; and keyrings, as systemd-nspawn's default
+ * filter refuses them: keys are not namespaced, their memory is charged to no cgroup, and each of
+ * the machine's uids has a quota of its own, so switching among its 65536 uids held GBs of the
+ * host's kernel memory (docs/security.md "Kernel objects"). systemd takes EPERM as "keyring
+ * access prohibited" and goes on; pam_keyinit is optional in Debian's stacks.
  */
 int system_filter_build(struct sock_fprog *out)
 {
 	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
 	if (!ctx)
 		return -1;
-	static const char *const none[] = { "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load",
-					    "kexec_file_load" };
+	static const char *const none[] = { "io_uring_setup",  "io_uring_enter", "io_uring_register", "kexec_load",
+					    "kexec_file_load", "keyctl",	 "add_key",	      "request_key" };
 	int rc = -1;
 	if (seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS) < 0)
 		goto out;

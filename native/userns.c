@@ -17,12 +17,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <linux/mount.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -55,7 +57,30 @@ static int two_pipes(int a[2], int b[2])
 }
 
 /*
- * A child in a new user namespace, mapped BASE..BASE+COUNT-1, waiting on *release until a byte is
+ * In the holder child, before it makes the namespace: run as the range's base uid and gid, keeping
+ * CAP_SYS_ADMIN alone. The kernel charges every per-user count of a namespace (its nested user,
+ * mount, net, pid, ipc namespaces, inotify instances and watches, mqueue bytes, pending signals)
+ * to the namespace's owner in the parent, the euid of the process that made it: made by host root,
+ * one machine could take host root's inotify instances or user namespaces (docs/security.md,
+ * "Kernel objects"); made by the base uid, each machine's counts are its own. CAP_SYS_ADMIN is kept
+ * so that hosts that restrict unprivileged user namespaces (kernel.unprivileged_userns_clone=0,
+ * Ubuntu's kernel.apparmor_restrict_unprivileged_userns=1) treat this as the privileged
+ * creation it is; nothing else of root's is kept, and the process is not dumpable (the uid change).
+ */
+static int become_owner(unsigned base)
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	struct __user_cap_data_struct d[2] = { { 0 } };
+	d[CAP_TO_INDEX(CAP_SYS_ADMIN)].effective = CAP_TO_MASK(CAP_SYS_ADMIN);
+	d[CAP_TO_INDEX(CAP_SYS_ADMIN)].permitted = CAP_TO_MASK(CAP_SYS_ADMIN);
+	if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresgid(base, base, base) < 0 ||
+	    setresuid(base, base, base) < 0)
+		return -1;
+	return (int)syscall(SYS_capset, &h, d);
+}
+
+/*
+ * A child in a new user namespace, owned by BASE (become_owner), mapped BASE..BASE+COUNT-1, waiting on *release until a byte is
  * written to it (let_go). Returns its pid and a descriptor of the namespace in *nsfd, or -1.
  * The caller must be single-threaded, or a fork made clean of other threads' descriptors (forks
  * of the helper's threads inherit every pipe of every concurrent request).
@@ -69,7 +94,7 @@ static pid_t hold_userns(unsigned base, unsigned count, int *release, int *nsfd)
 	if (c == 0) {
 		close(ack[0]);
 		close(rel[1]); /* else the launcher's close would never reach this read as EOF */
-		int e = unshare(CLONE_NEWUSER) == 0 ? 0 : errno;
+		int e = become_owner(base) == 0 && unshare(CLONE_NEWUSER) == 0 ? 0 : errno;
 		if (write(ack[1], &e, sizeof e) != sizeof e || e)
 			_exit(1);
 		(void)!read(rel[0], &e, 1);
@@ -136,6 +161,38 @@ static int idmapped_clone(const char *path, int nsfd, int allow_suid)
 static int attach(int tree, const char *target)
 {
 	return (int)syscall(SYS_move_mount, tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
+}
+
+/*
+ * Limits of the namespace this process is in (current_user_ns: /proc/sys/user is per namespace),
+ * written by the launcher as the namespace's root before anything of the machine runs. Each counts
+ * per uid inside the namespace; above them, the machine's whole range is charged to its base uid
+ * on the host (become_owner) against the host's own per-user limits. Neither a sandbox (no
+ * CAP_SYS_RESOURCE, /proc/sys read-only) nor anything it starts can raise them; a system
+ * machine's root can (it has CAP_SYS_RESOURCE in its namespace), and stays bounded by the host's
+ * per-user limits on its base uid. docs/security.md "Kernel objects" lists them.
+ */
+static const struct {
+	const char *name;
+	const char *value;
+} limits[] = {
+	{ "max_user_namespaces", USERNS_MAX_NAMESPACES },   { "max_mnt_namespaces", USERNS_MAX_MNT_NAMESPACES },
+	{ "max_net_namespaces", USERNS_MAX_NAMESPACES },    { "max_pid_namespaces", USERNS_MAX_NAMESPACES },
+	{ "max_ipc_namespaces", USERNS_MAX_NAMESPACES },    { "max_uts_namespaces", USERNS_MAX_NAMESPACES },
+	{ "max_cgroup_namespaces", USERNS_MAX_NAMESPACES }, { "max_time_namespaces", USERNS_MAX_NAMESPACES },
+	{ "max_inotify_instances", USERNS_MAX_INOTIFY },    { "max_inotify_watches", USERNS_MAX_INOTIFY_WATCHES },
+};
+
+static int limit_here(void)
+{
+	char path[96];
+	for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+		snprintf(path, sizeof path, "/proc/sys/user/%s", limits[i].name);
+		/* a kernel without this one (time namespaces before 5.6) has nothing to bound */
+		if (write_text(path, limits[i].value) < 0 && errno != ENOENT)
+			return -1;
+	}
+	return 0;
 }
 
 #define FAIL(what)                                                                              \
@@ -233,6 +290,9 @@ int userns_enter(unsigned base, unsigned count, int owner, const struct userns_r
 	if (setns(nsfd, CLONE_NEWUSER) < 0)
 		FAIL("join");
 	close(nsfd);
+	/* a namespace made here gets its limits now; a joined one got them when it was made (netns_make) */
+	if (holder > 0 && limit_here() < 0)
+		FAIL("per-namespace limits (/proc/sys/user)");
 	if (holder > 0)
 		let_go(holder, release); /* the namespace lives on in this process */
 	if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
@@ -295,7 +355,7 @@ static int netns_make_here(const char *path, unsigned base, unsigned count)
 	if (c == 0) {
 		close(done[0]);
 		close(go[1]);
-		int e = setns(nsfd, CLONE_NEWUSER) == 0 && unshare(CLONE_NEWNET) == 0 ? 0 : errno;
+		int e = setns(nsfd, CLONE_NEWUSER) == 0 && limit_here() == 0 && unshare(CLONE_NEWNET) == 0 ? 0 : errno;
 		(void)!write(done[1], &e, sizeof e);
 		if (!e)
 			(void)!read(go[0], &e, 1); /* alive until the namespace is bound (the caller closes go) */

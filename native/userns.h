@@ -7,6 +7,14 @@
 #define USERNS_STAGE_ROOT "/tmp/snaplab-root"
 #define USERNS_STAGE_AGENT "/tmp/snaplab-agent"
 
+/* Per-namespace limits each machine's user namespace gets (userns.c limit_here), per uid inside:
+ * nested namespaces of each kind (mount namespaces more: systemd makes one per sandboxed
+ * service), inotify instances (the kernel's default per user) and watches. */
+#define USERNS_MAX_NAMESPACES "256"
+#define USERNS_MAX_MNT_NAMESPACES "1024"
+#define USERNS_MAX_INOTIFY "128"
+#define USERNS_MAX_INOTIFY_WATCHES "65536"
+
 /*
  * In a forked, single-threaded launcher: make a user namespace mapping 0..count-1 to base..,
  * stage rootfs (idmapped) and agent for bwrap in a private mount namespace, join the user

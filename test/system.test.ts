@@ -387,7 +387,7 @@ describe('system machines (--init systemd) on namespaces', () => {
 
 /**
  * The escape suite (test/escapes/) from inside a system machine, as its root: its seccomp filter
- * allows what systemd needs (mount, unshare, keyrings, ptrace of its own processes), so what
+ * allows what systemd needs (mount, unshare, ptrace of its own processes; not keyrings), so what
  * stands between it and the host is its user namespace (ids the host does not map), its cgroup
  * and pid namespaces, and the kernel's rules for a namespace's root. Each answer is the kernel's,
  * read by the same probe (test/escapes/probe.c).
@@ -421,6 +421,8 @@ describe('system machines attacked from inside (root, with mount and unshare all
         ['subvol', 'EPERM'],
         ['vsock', 'EAFNOSUPPORT'],
         ['io_uring', 'EPERM'],
+        ['keyctl', 'EPERM'],
+        ['add_key', 'EPERM'],
         ['bpf', 'EPERM'],
         ['userfaultfd', 'EPERM'],
       ] as const) {

@@ -12,6 +12,7 @@ import { OverlayBackend } from '../storage/overlay/overlay-backend.js';
 import { DirBackend } from '../storage/dir/dir-backend.js';
 import { Lab } from '../sdk/lab.js';
 import { probeUserns } from '../host/userns-probe.js';
+import { readUsernsPolicy, usernsPolicyVerdict } from '../host/userns-policy.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { SnaplabError } from '../errors.js';
 import { join } from 'node:path';
@@ -156,6 +157,7 @@ async function hostChecks(): Promise<Check[]> {
     ...(cg.fix ? { fix: cg.fix } : {}),
   });
   checks.push({ name: 'cgroup moves', kind: 'host', optional: true, ...(await probeCgroupMoves()) });
+  checks.push({ name: 'user namespace policy', kind: 'host', ...usernsPolicyVerdict(readUsernsPolicy()) });
   return checks;
 }
 

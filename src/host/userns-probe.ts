@@ -7,7 +7,7 @@ const WHY: Record<number, Availability> = {
   10: {
     ok: false,
     reason: 'a user namespace cannot be made here',
-    fix: 'sysctl -w user.max_user_namespaces=65536 (and kernel.unprivileged_userns_clone=1 where it exists)',
+    fix: 'sysctl -w user.max_user_namespaces=65536 (snaplab makes them holding CAP_SYS_ADMIN: the unprivileged_userns_clone and AppArmor restrictions do not apply)',
   },
   11: {
     ok: false,
