@@ -116,6 +116,19 @@ describe("a key's ceilings", () => {
     cli(home, ['snapshot', 'rm', 'c-snap']);
   });
 
+  it("count a key's snapshots", async () => {
+    const tenant = key('snapper', '--max-snapshots', '2');
+    const box = await call(tenant, 'POST', '/sandboxes', {});
+    for (const n of [1, 2])
+      expect((await call(tenant, 'POST', `/sandboxes/${box.body.id}/snapshots`, { name: `s${n}` })).status).toBe(201);
+    const third = await call(tenant, 'POST', `/sandboxes/${box.body.id}/snapshots`, { name: 's3' });
+    expect([third.status, third.body.code, third.body.limit]).toEqual([429, 'QUOTA_EXCEEDED', 'snapshots']);
+    expect(third.body.message).toBe('key snapper has 2 of its 2 snapshots');
+    expect((await call(tenant, 'DELETE', '/snapshots/s1')).status).toBe(204);
+    expect((await call(tenant, 'POST', `/sandboxes/${box.body.id}/snapshots`, { name: 's3' })).status).toBe(201);
+    for (const n of ['s2', 's3']) cli(home, ['snapshot', 'rm', n]);
+  });
+
   it('are shown by key ls, and none lifts one', async () => {
     const free = key('free', '--max-memory', 'none', '--max-pids', '50');
     const ls = cli(home, ['key', 'ls']);

@@ -23,6 +23,13 @@ const CEILING_FLAGS: [flag: string, attr: string, key: keyof Ceilings, what: str
   ['--max-disk <size>', 'maxDisk', 'diskBytes', 'disk per sandbox', (t) => parseSize(t, 'disk ceiling')],
   ['--max-total-memory <size>', 'maxTotalMemory', 'totalMemoryBytes', 'memory of all its sandboxes', parseSize],
   ['--max-total-disk <size>', 'maxTotalDisk', 'totalDiskBytes', 'disk of all its sandboxes', parseSize],
+  [
+    '--max-snapshots <n>',
+    'maxSnapshots',
+    'snapshots',
+    'snapshots of its sandboxes',
+    (t) => parsePositiveInt(t, 'snapshots'),
+  ],
 ];
 
 function ceilingOptions(c: Command): Command {

@@ -22,6 +22,7 @@ export const CEILING_NAMES: readonly (keyof Ceilings)[] = [
   'diskBytes',
   'totalMemoryBytes',
   'totalDiskBytes',
+  'snapshots',
 ];
 
 export const NO_CEILINGS: Readonly<Ceilings> = {
@@ -31,13 +32,15 @@ export const NO_CEILINGS: Readonly<Ceilings> = {
   diskBytes: null,
   totalMemoryBytes: null,
   totalDiskBytes: null,
+  snapshots: null,
 };
 
 const GiB = 1024 ** 3;
 
 /**
  * The ceilings of a key made without them, from this host: 4 GiB of memory, 4096 pids, every CPU
- * and 16 GiB of disk per sandbox; half the host's memory and 64 GiB of disk over all of them.
+ * and 16 GiB of disk per sandbox; half the host's memory and 64 GiB of disk over all of them; 50
+ * snapshots.
  */
 export function defaultCeilings(): Ceilings {
   return {
@@ -47,6 +50,7 @@ export function defaultCeilings(): Ceilings {
     diskBytes: 16 * GiB,
     totalMemoryBytes: Math.max(4 * GiB, Math.floor(totalmem() / 2)),
     totalDiskBytes: 64 * GiB,
+    snapshots: 50,
   };
 }
 

@@ -19,6 +19,7 @@ import { inflight } from './inflight.js';
 import { feedInput } from './streams.js';
 import { reconcile } from './reconcile.js';
 import { checkName, newId } from './names.js';
+import { metaOf } from './meta.js';
 import { releaseRange } from '../host/userns-registry.js';
 import { failureMeans, handledElsewhere, noted } from '../cleanup.js';
 
@@ -307,6 +308,7 @@ export async function snapshotSandbox(
         driver: s.driver,
         memory: image ? { ...image, driver: s.driver } : null,
         init: s.init ?? null,
+        owner: metaOf(ctx, s.id).owner,
       };
       let recorded = false;
       try {

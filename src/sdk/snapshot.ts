@@ -34,6 +34,7 @@ export class Snapshot {
       kind: r.memory ? 'memory' : 'filesystem',
       ...(r.memory ? { memoryBytes: r.memory.bytes } : {}),
       limits: r.limits,
+      owner: r.owner ?? null,
       createdAt: new Date(r.createdAt).toISOString(),
     };
   }

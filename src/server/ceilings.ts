@@ -4,6 +4,7 @@
  * key's total is counted with what its other sandboxes hold and its creates under way here hold.
  * The Unix socket's caller (root on the host already) gets what it asks, as the library does.
  */
+import { LimitError } from '../errors.js';
 import { DEFAULT_DRIVER, findDriverInfo } from '../drivers/registry.js';
 import { limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
 import { withDefaults } from '../lab/limits.js';
@@ -25,6 +26,8 @@ export interface CeilingAsk {
 export class CeilingGuard {
   /** what creates under way here hold, by key */
   private readonly making = new Map<string, Set<Held>>();
+  /** snapshots under way here, by key */
+  private readonly snapshotting = new Map<string, number>();
 
   constructor(private readonly lab: LabApi) {}
 
@@ -52,6 +55,32 @@ export class CeilingGuard {
         set.delete(mine);
         if (!set.size) this.making.delete(caller.key);
       },
+    };
+  }
+
+  /**
+   * A slot for one more snapshot of this key's (taken of its sandbox), held until the snapshot
+   * has ended: over its ceiling is QUOTA_EXCEEDED (429, limit `snapshots`).
+   */
+  async claimSnapshot(caller: Caller): Promise<() => void> {
+    if (caller.key === LOCAL.key) return () => {};
+    const ceiling = resolveCeilings(caller.ceilings).snapshots;
+    if (ceiling === null) return () => {};
+    const have = (await this.lab.snapshots()).filter((s) => s.toJSON().owner === caller.key).length;
+    const making = this.snapshotting.get(caller.key) ?? 0;
+    if (have + making >= ceiling)
+      throw new LimitError(
+        'QUOTA_EXCEEDED',
+        'snapshots',
+        `key ${caller.key} has ${have} of its ${ceiling} snapshots`,
+        "remove one of its snapshots, or have an admin raise the key's --max-snapshots",
+      );
+    this.snapshotting.set(caller.key, making + 1);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      this.snapshotting.set(caller.key, (this.snapshotting.get(caller.key) ?? 1) - 1);
     };
   }
 

@@ -243,9 +243,9 @@ function execAndSnapshotRoutes(app: FastifyInstance, d: Daemon): void {
     },
     async (req, reply) => {
       const b = req.body as { name: string; memory?: boolean };
-      const snap = await (await d.sandbox((req.params as { id: string }).id, req.caller)).snapshot(b.name, {
-        memory: b.memory,
-      });
+      const box = await d.sandbox((req.params as { id: string }).id, req.caller);
+      const release = await d.ceilings.claimSnapshot(req.caller);
+      const snap = await box.snapshot(b.name, { memory: b.memory }).finally(release);
       req.opId = snap.lastTrace?.id ?? null;
       if (snap.lastTrace) d.metrics.observeTrace(snap.lastTrace);
       return reply.status(201).send(snap.toJSON());

@@ -223,6 +223,7 @@ export const KeyBody = Type.Object(
           diskBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
           totalMemoryBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
           totalDiskBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+          snapshots: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
         },
         { additionalProperties: false },
       ),

@@ -203,4 +203,8 @@ export const migrations: string[] = [
   `
   ALTER TABLE api_keys ADD COLUMN ceilings TEXT;
   `,
+  // a snapshot's owner: the API key whose sandbox it was taken of (its snapshots ceiling counts them)
+  `
+  ALTER TABLE snapshots ADD COLUMN owner TEXT;
+  `,
 ];

@@ -125,6 +125,8 @@ export interface SnapshotRecord {
   memory?: { dir: string; bytes: number; driver: string } | null;
   /** the init of the machine it was taken from: a restore boots the same */
   init?: 'systemd' | null;
+  /** the API key whose sandbox it was taken of (the sandbox's owner then), or null; counted by its ceilings */
+  owner?: string | null;
 }
 
 export interface ScenarioRecord {
@@ -174,6 +176,8 @@ export interface Ceilings {
   /** over all of the key's sandboxes at once (their limits, not their use); null: no ceiling */
   totalMemoryBytes: number | null;
   totalDiskBytes: number | null;
+  /** snapshots taken of the key's sandboxes that are still there */
+  snapshots: number | null;
 }
 
 export type Scope = 'read' | 'exec' | 'admin';

@@ -164,6 +164,7 @@ function toSnapshot(r: Row): SnapshotRecord {
     memory: r.memory ? json(r.memory) : null,
     driver: (r.driver as string | null) ?? null,
     init: (r.init as 'systemd' | null) ?? null,
+    owner: (r.owner as string | null) ?? null,
   };
 }
 
@@ -595,7 +596,7 @@ export class Store {
   insertSnapshot(s: SnapshotRecord): boolean {
     return inserted(() =>
       this.stmt(
-        'INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+        'INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
       ).run(
         s.name,
         s.id,
@@ -608,6 +609,7 @@ export class Store {
         s.memory ? JSON.stringify(s.memory) : null,
         s.driver ?? null,
         s.init ?? null,
+        s.owner ?? null,
       ),
     );
   }
