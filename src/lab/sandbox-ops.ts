@@ -296,20 +296,7 @@ export async function snapshotSandbox(
               if (!failed) throw e;
             });
       }
-      const rec: SnapshotRecord = {
-        name,
-        id: volume.id,
-        sandbox: s.name,
-        image: s.image,
-        storage: s.storage,
-        volume,
-        limits: s.limits,
-        createdAt: Date.now(),
-        driver: s.driver,
-        memory: image ? { ...image, driver: s.driver } : null,
-        init: s.init ?? null,
-        owner: metaOf(ctx, s.id).owner,
-      };
+      const rec = snapshotRecord(ctx, s, name, volume, image);
       let recorded = false;
       try {
         recorded = ctx.store.insertSnapshot(rec);
@@ -325,6 +312,30 @@ export async function snapshotSandbox(
       return rec;
     });
   });
+}
+
+/** What a snapshot of this machine is, as stored: it belongs to whom the machine belonged. */
+function snapshotRecord(
+  ctx: LabContext,
+  s: SandboxRecord,
+  name: string,
+  volume: Volume,
+  image: MemoryImage | undefined,
+): SnapshotRecord {
+  return {
+    name,
+    id: volume.id,
+    sandbox: s.name,
+    image: s.image,
+    storage: s.storage,
+    volume,
+    limits: s.limits,
+    createdAt: Date.now(),
+    driver: s.driver,
+    memory: image ? { ...image, driver: s.driver } : null,
+    init: s.init ?? null,
+    owner: metaOf(ctx, s.id).owner,
+  };
 }
 
 export async function pauseSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
