@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { lstat, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
@@ -173,6 +173,47 @@ export function defaultName(spec: DebianSpec, key: string): string {
 const UNREACHABLE =
   /(Temporary failure resolving|Could not resolve|Failed to fetch|Connection failed|Could not connect|Network is unreachable|No route to host|Unable to connect)/;
 
+/** After an interrupt, how long mmdebstrap has to unmount what it mounted in the tree and stop. */
+const INTERRUPT_GRACE_MS = 15_000;
+
+/**
+ * mmdebstrap's exit code. An abort interrupts its process group as ^C would (SIGINT: mmdebstrap
+ * then unmounts /proc, /sys and /dev from the tree and exits), SIGKILL after INTERRUPT_GRACE_MS.
+ */
+function exitOf(child: ChildProcess, signal: AbortSignal | undefined): Promise<number | null> {
+  const kill = (sig: NodeJS.Signals): void => {
+    try {
+      process.kill(-child.pid!, sig);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ESRCH') throw e;
+    }
+  };
+  let grace: NodeJS.Timeout | undefined;
+  const onAbort = (): void => {
+    kill('SIGINT');
+    grace = setTimeout(() => kill('SIGKILL'), INTERRUPT_GRACE_MS);
+  };
+  return new Promise<number | null>((resolve, reject) => {
+    child.on('error', (e: NodeJS.ErrnoException) =>
+      reject(
+        e.code === 'ENOENT'
+          ? new SnaplabError(
+              'MISSING_TOOL',
+              'building Debian images needs mmdebstrap',
+              'apt-get install mmdebstrap (snaplab set-up installs it)',
+              { cause: e },
+            )
+          : e,
+      ),
+    );
+    child.on('close', resolve);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  }).finally(() => {
+    signal?.removeEventListener('abort', onAbort);
+    clearTimeout(grace);
+  });
+}
+
 /**
  * Build a root filesystem into the empty directory `root` with mmdebstrap, the log in `logFile`.
  * Progress: mmdebstrap's phases (its `I:` lines) and a count of packages fetched.
@@ -184,7 +225,9 @@ export async function runMmdebstrap(
   scratch: string,
   logFile: string,
   onProgress?: (s: string) => void,
+  signal?: AbortSignal,
 ): Promise<void> {
+  signal?.throwIfAborted();
   const sourcesFile = join(scratch, 'sources.sources');
   await writeFile(sourcesFile, sources);
   const args = [
@@ -205,6 +248,8 @@ export async function runMmdebstrap(
   const child = spawn('mmdebstrap', args, {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, LC_ALL: 'C.UTF-8', DEBIAN_FRONTEND: 'noninteractive' },
+    // a process group of its own: an abort interrupts mmdebstrap and the apt and dpkg it runs
+    detached: true,
   });
   let fetched = 0;
   let pending = '';
@@ -230,22 +275,13 @@ export async function runMmdebstrap(
   };
   child.stdout.on('data', onData);
   child.stderr.on('data', onData);
-  const code = await new Promise<number | null>((resolve, reject) => {
-    child.on('error', (e: NodeJS.ErrnoException) =>
-      reject(
-        e.code === 'ENOENT'
-          ? new SnaplabError(
-              'MISSING_TOOL',
-              'building Debian images needs mmdebstrap',
-              'apt-get install mmdebstrap (snaplab set-up installs it)',
-              { cause: e },
-            )
-          : e,
-      ),
-    );
-    child.on('close', resolve);
-  });
-  await new Promise<void>((done) => log.end(done));
+  let code: number | null;
+  try {
+    code = await exitOf(child, signal);
+  } finally {
+    await new Promise<void>((done) => log.end(done));
+  }
+  if (signal?.aborted) throw signal.reason;
   if (code === 0) return;
   const all = tail.join('\n');
   const shown = tail
