@@ -54,19 +54,27 @@ const archiveRun = (
   kind: Provenance['kind'],
   write: (at: string, bad: boolean) => void,
   failCode: ErrorCode = 'IMAGE_DIGEST_MISMATCH',
-): Run => ({
-  name,
-  source: archiveSource as ImageSource<never>,
-  good: async (top) => ({ path: (write(join(top, `${name}-good`), false), join(top, `${name}-good`)) }),
-  bad: async (top) => ({ path: join(top, 'no-such-archive.tar') }),
-  badCode: 'BAD_INPUT',
-  failing: async (top) => ({ path: (write(join(top, `${name}-bad`), true), join(top, `${name}-bad`)) }),
-  failCode,
-  kind,
-  init: 'systemd',
-  has: (root) => expect(readFileSync(join(root, 'etc/os-release'), 'utf8')).toBe('ID=contract\n'),
-  ms: 30_000,
-});
+): Run => {
+  let made = 0;
+  const archive = async (top: string, bad: boolean): Promise<{ path: string }> => {
+    const at = join(top, `archive-${kind}-${++made}`);
+    write(at, bad);
+    return { path: at };
+  };
+  return {
+    name,
+    source: archiveSource as ImageSource<never>,
+    good: (top) => archive(top, false),
+    bad: async (top) => ({ path: join(top, 'no-such-archive.tar') }),
+    badCode: 'BAD_INPUT',
+    failing: (top) => archive(top, true),
+    failCode,
+    kind,
+    init: 'systemd',
+    has: (root) => expect(readFileSync(join(root, 'etc/os-release'), 'utf8')).toBe('ID=contract\n'),
+    ms: 30_000,
+  };
+};
 
 /** a mirror with no archive in it: apt finds no Release file and mmdebstrap fails in ~3 s, with no network */
 const NO_MIRROR = 'file:///nonexistent/debian';
