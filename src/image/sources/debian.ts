@@ -3,7 +3,8 @@ import type { Availability } from '../../host/probe-types.js';
 import { run } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
 import { orElse } from '../../cleanup.js';
-import { buildKey, checkSpec, type DebianSpec, fixUp, hostSources, runMmdebstrap, sourcesFor } from '../debian.js';
+import { buildKey, checkSpec, type DebianSpec, fixUp, hostSources, sourcesFor } from '../debian.js';
+import { runMmdebstrap } from '../mmdebstrap.js';
 import type { ImagePlan, ImageSource, ProduceInto, Produced } from '../source.js';
 
 export interface DebianInput {
