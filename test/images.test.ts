@@ -210,6 +210,22 @@ describe('image import: OCI layouts and docker save', () => {
     expect((await lab.images()).map((i) => i.name)).not.toContain('diffid');
     expect(leftovers()).toEqual([]);
   });
+
+  it('stops an import at an abort with its reason, leaving no image and no directory', async () => {
+    const dir = join(scratch, 'aborted');
+    ociLayout(dir, { layers: [layer1, layer2], compress: 'gzip', config });
+    const ac = new AbortController();
+    const reason = new Error('stop the import');
+    const progress: string[] = [];
+    const onProgress = (s: string): void => {
+      progress.push(s);
+      if (s.includes('layer 2 of 2')) ac.abort(reason);
+    };
+    await expect(lab.importImage(dir, 'aborted', { signal: ac.signal, onProgress })).rejects.toBe(reason);
+    expect(progress.length).toBe(2); // the first layer was applied, the second was not begun
+    expect((await lab.images()).map((i) => i.name)).not.toContain('aborted');
+    expect(leftovers()).toEqual([]);
+  });
 });
 
 describe('layer semantics at the edges', () => {

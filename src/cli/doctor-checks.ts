@@ -1,11 +1,11 @@
 import { existsSync } from 'node:fs';
-import { isDynamicElf } from '../host/elf.js';
 import { NamespacesDriver } from '../drivers/namespaces/driver.js';
 import { QemuDriver } from '../drivers/qemu/driver.js';
 import { probeCgroupMoves, probeCgroups } from '../host/cgroups.js';
 import type { Availability } from '../host/probe-types.js';
 import { which } from '../host/run.js';
 import { HOST_TOOLS, installFix, toolsVerdict, type Feature } from '../host/tools.js';
+import { busyboxSource, debianSource } from '../image/registry.js';
 import { allBackends, pickDefault } from '../storage/index.js';
 import { BtrfsBackend } from '../storage/btrfs/btrfs-backend.js';
 import { OverlayBackend } from '../storage/overlay/overlay-backend.js';
@@ -41,19 +41,6 @@ async function optionalNote(feature: Feature, found: string): Promise<Availabili
     reason: `${found}; without ${absent.map((t) => `${t.program} (${t.why})`).join('; ')}`,
     fix: installFix(absent),
   };
-}
-
-async function busyboxCheck(): Promise<Availability> {
-  const bb = (await which('busybox')) ?? '/bin/busybox';
-  if (!existsSync(bb))
-    return {
-      ok: false,
-      reason: 'busybox not found (the built-in image needs it)',
-      fix: 'apt-get install busybox-static',
-    };
-  if (isDynamicElf(bb))
-    return { ok: false, reason: `${bb} is dynamically linked`, fix: 'apt-get install busybox-static' };
-  return { ok: true, reason: `static busybox at ${bb}` };
 }
 
 /**
@@ -193,7 +180,7 @@ async function featureChecks(): Promise<Check[]> {
     name: 'image build',
     kind: 'feature',
     optional: true,
-    ...((await toolsVerdict('image-build', 'image build')) ?? { ok: true, reason: 'mmdebstrap found' }),
+    ...(await debianSource.probe()),
   });
   checks.push({
     name: 'ssh reach',
@@ -237,7 +224,7 @@ export async function doctor(home: string): Promise<{
     )),
   );
   checks.push(...(await diskCapChecks(home)));
-  checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxCheck()) });
+  checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxSource.probe()) });
   checks.push(...(await featureChecks()));
   let defaultStorage: string | null = null;
   let defaultStorageReason = '';

@@ -44,10 +44,18 @@ export function registerImageBuild(image: Command): void {
           .map((p) => p.trim())
           .filter(Boolean);
         const progress = o.json ? undefined : (s: string): void => void process.stderr.write(`… ${s}\n`);
-        const r = await lab.buildImage(
-          { suite: o.suite, variant: o.variant, packages, mirror: o.mirror },
-          { name: o.name, rebuild: o.rebuild, onProgress: progress },
-        );
+        // mmdebstrap runs in a process group of its own (an abort interrupts it and what it runs), so
+        // ^C reaches it through the abort: it undoes its mounts and nothing of the build is kept
+        const ac = new AbortController();
+        const interrupt = (): void =>
+          ac.abort(new SnaplabError('ABORTED', 'the build was interrupted', 'nothing of it was kept; run it again'));
+        process.once('SIGINT', interrupt);
+        const r = await lab
+          .buildImage(
+            { suite: o.suite, variant: o.variant, packages, mirror: o.mirror },
+            { name: o.name, rebuild: o.rebuild, onProgress: progress, signal: ac.signal },
+          )
+          .finally(() => process.off('SIGINT', interrupt));
         const seconds = (performance.now() - started) / 1000;
         if (o.json) return printJson({ ...r.image, cached: r.cached, seconds, log: r.log });
         process.stdout.write(

@@ -17,6 +17,8 @@ export interface RunOptions {
   timeoutMs?: number;
   env?: NodeJS.ProcessEnv;
   cwd?: string;
+  /** an abort kills the command (SIGKILL) and rejects with the signal's reason */
+  signal?: AbortSignal;
 }
 
 /**
@@ -31,6 +33,7 @@ export function run(cmd: string, args: string[], opts: RunOptions = {}): Promise
       cwd: opts.cwd,
       timeout: opts.timeoutMs,
       killSignal: 'SIGKILL',
+      signal: opts.signal,
     });
     const out: Buffer[] = [];
     const err: Buffer[] = [];
@@ -38,6 +41,7 @@ export function run(cmd: string, args: string[], opts: RunOptions = {}): Promise
     child.stderr!.on('data', (b: Buffer) => err.push(b));
     if (opts.input !== undefined) child.stdin!.end(opts.input);
     child.on('error', (e: NodeJS.ErrnoException) => {
+      if (opts.signal?.aborted) return reject(opts.signal.reason);
       const hint = e.code === 'ENOENT' ? `install the package that provides ${cmd}` : undefined;
       reject(new SnaplabError('HOST_COMMAND_FAILED', `${cmd}: ${e.message}`, hint, { cause: e }));
     });

@@ -1,7 +1,5 @@
-import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { createWriteStream } from 'node:fs';
-import { lstat, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { lstat, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { orElse } from '../cleanup.js';
@@ -168,98 +166,6 @@ export function buildKey(spec: DebianSpec, sources: string): string {
 
 export function defaultName(spec: DebianSpec, key: string): string {
   return `debian-${spec.suite}${spec.variant === 'minbase' ? '' : `-${spec.variant}`}${spec.packages.length ? `-${key.slice(0, 8)}` : ''}`;
-}
-
-const UNREACHABLE =
-  /(Temporary failure resolving|Could not resolve|Failed to fetch|Connection failed|Could not connect|Network is unreachable|No route to host|Unable to connect)/;
-
-/**
- * Build a root filesystem into the empty directory `root` with mmdebstrap, the log in `logFile`.
- * Progress: mmdebstrap's phases (its `I:` lines) and a count of packages fetched.
- */
-export async function runMmdebstrap(
-  root: string,
-  spec: DebianSpec,
-  sources: string,
-  scratch: string,
-  logFile: string,
-  onProgress?: (s: string) => void,
-): Promise<void> {
-  const sourcesFile = join(scratch, 'sources.sources');
-  await writeFile(sourcesFile, sources);
-  const args = [
-    '--verbose',
-    '--mode=root',
-    '--format=directory',
-    `--variant=${spec.variant}`,
-    ...(spec.packages.length ? [`--include=${spec.packages.join(',')}`] : []),
-    // apt's lists stay, so that `apt-get install` works in a machine without an update first
-    '--skip=cleanup/apt/lists',
-    spec.suite,
-    root,
-    sourcesFile,
-  ];
-  await mkdir(join(logFile, '..'), { recursive: true });
-  const log = createWriteStream(logFile, { flags: 'w' });
-  log.write(`$ mmdebstrap ${args.join(' ')}\n`);
-  const child = spawn('mmdebstrap', args, {
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, LC_ALL: 'C.UTF-8', DEBIAN_FRONTEND: 'noninteractive' },
-  });
-  let fetched = 0;
-  let pending = '';
-  let lastFetchReport = 0;
-  const tail: string[] = [];
-  const onData = (b: Buffer): void => {
-    log.write(b);
-    pending += b.toString();
-    const lines = pending.split(/\r?\n/);
-    pending = lines.pop() ?? '';
-    for (const line of lines) {
-      tail.push(line);
-      if (tail.length > 400) tail.shift();
-      if (/^I: /.test(line)) onProgress?.(line.slice(3));
-      else if (/^Get:\d+ /.test(line)) {
-        fetched++;
-        if (Date.now() - lastFetchReport > 1000) {
-          lastFetchReport = Date.now();
-          onProgress?.(`fetched ${fetched} files`);
-        }
-      }
-    }
-  };
-  child.stdout.on('data', onData);
-  child.stderr.on('data', onData);
-  const code = await new Promise<number | null>((resolve, reject) => {
-    child.on('error', (e: NodeJS.ErrnoException) =>
-      reject(
-        e.code === 'ENOENT'
-          ? new SnaplabError(
-              'MISSING_TOOL',
-              'building Debian images needs mmdebstrap',
-              'apt-get install mmdebstrap (snaplab set-up installs it)',
-              { cause: e },
-            )
-          : e,
-      ),
-    );
-    child.on('close', resolve);
-  });
-  await new Promise<void>((done) => log.end(done));
-  if (code === 0) return;
-  const all = tail.join('\n');
-  const shown = tail
-    .filter((l) => l.trim())
-    .slice(-15)
-    .join('\n');
-  const unreachable = UNREACHABLE.exec(all);
-  throw new SnaplabError(
-    'IMAGE_BUILD_FAILED',
-    `mmdebstrap failed (exit ${code})${unreachable ? ': the mirror cannot be reached' : ''}; the end of its log:\n${shown}`,
-    unreachable
-      ? `check that this host reaches its apt mirror (apt-get update), or pass --mirror URL for one it reaches; full log: ${logFile}`
-      : `full log: ${logFile}`,
-  );
 }
 
 /**

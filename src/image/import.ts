@@ -5,39 +5,26 @@ import { pipeline } from 'node:stream/promises';
 import { SnaplabError } from '../errors.js';
 import { run } from '../host/run.js';
 import { byteLimit, decompressor, sniff, type Budget, type Compression } from './decompress.js';
-import { dirBlobs, resolveImage, tarBlobs, type Blobs, type ImageConfig, type ResolvedImage } from './oci.js';
+import { dirBlobs, resolveImage, tarBlobs, type Blobs, type ResolvedImage } from './oci.js';
+import type { Produced, Provenance } from './source.js';
 import { looksLikeImageArchive } from './tar-index.js';
 import { applyTar, type UnpackStats } from './unpack.js';
 import { readAt } from './read-at.js';
 import { orElse } from '../cleanup.js';
 
-/** Where an image came from and what it was made of; kept with the image (`image inspect`). */
-export interface Provenance {
-  kind: 'builtin' | 'rootfs' | 'directory' | 'oci' | 'docker-archive' | 'debian';
-  source: string;
-  ref?: string;
-  manifestDigest?: string;
-  configDigest?: string;
-  layers?: { digest: string; diffId: string; compression: Compression; bytes: number }[];
-  /** what the import left out, and why */
-  notes: string[];
-  /** for built images: what it was built from */
-  build?: Record<string, unknown>;
-  /** the image's own init, found in its tree: machines of it boot it by default (--init) */
-  init?: 'systemd';
-}
+export type { Provenance } from './source.js';
+/** What an import made besides the tree (the contract's Produced). */
+export type Imported = Produced;
 
 export interface ImportOptions {
   /** which image of an archive holding several (a tag, or an OCI ref name) */
   tag?: string;
   /** the most an import may unpack, all layers together */
   maxBytes?: number;
-}
-
-export interface Imported {
-  provenance: Provenance;
-  /** the image's run config (OCI and docker images) */
-  config?: ImageConfig;
+  /** an abort stops the copy or the layer under way and rejects with the signal's reason */
+  signal?: AbortSignal;
+  /** a line per step (each layer) */
+  onProgress?: (s: string) => void;
 }
 
 /** 64 GiB: far past any real root filesystem, well short of filling a host. */
@@ -71,16 +58,29 @@ async function prefixOf(file: string, compression: Compression): Promise<Buffer>
 }
 
 /** A compressed image archive, decompressed once to a file so that its blobs can be read in place. */
-async function spool(file: string, compression: Compression, into: string, budget: Budget): Promise<string> {
+async function spool(
+  file: string,
+  compression: Compression,
+  into: string,
+  budget: Budget,
+  signal?: AbortSignal,
+): Promise<string> {
   const stage = decompressor(compression)!;
   const out = join(into, 'archive.tar');
-  await pipeline(
-    createReadStream(file),
-    stage.stream,
-    byteLimit(budget, file),
-    createWriteStream(out, { flags: 'wx', mode: 0o600 }),
-  );
-  await stage.done;
+  try {
+    await pipeline(
+      createReadStream(file),
+      stage.stream,
+      byteLimit(budget, file),
+      createWriteStream(out, { flags: 'wx', mode: 0o600 }),
+      { signal },
+    );
+    await stage.done;
+  } catch (e) {
+    // an abort's AbortError says less than the reason the caller gave
+    if (signal?.aborted) throw signal.reason;
+    throw e;
+  }
   return out;
 }
 
@@ -119,12 +119,15 @@ async function applyLayers(
   blobs: Blobs,
   img: ResolvedImage,
   budget: Budget,
+  opts: ImportOptions,
 ): Promise<{ layers: NonNullable<Provenance['layers']>; total: UnpackStats }> {
   const layers: NonNullable<Provenance['layers']> = [];
   let total = ZERO;
   for (const [i, l] of img.layers.entries()) {
     const what = `layer ${i + 1} of ${img.layers.length} (${(l.digest ?? l.diffId).slice(0, 19)})`;
-    const applied = await applyTar(root, await blobs.range(l.name), { layer: true, budget, what });
+    opts.signal?.throwIfAborted();
+    opts.onProgress?.(`applying ${what}`);
+    const applied = await applyTar(root, await blobs.range(l.name), { layer: true, budget, what, signal: opts.signal });
     if (l.digest && applied.blobDigest !== l.digest) {
       throw new SnaplabError(
         'IMAGE_DIGEST_MISMATCH',
@@ -158,7 +161,7 @@ async function fromArchive(
   budget: Budget,
 ): Promise<Imported> {
   const img = await resolveImage(blobs, opts.tag);
-  const { layers, total } = await applyLayers(root, blobs, img, budget);
+  const { layers, total } = await applyLayers(root, blobs, img, budget, opts);
   return {
     provenance: {
       kind: img.format,
@@ -174,6 +177,28 @@ async function fromArchive(
 }
 
 /**
+ * `source` as an absolute path, checked to be a directory or a file: BAD_INPUT otherwise, before
+ * anything is made.
+ */
+export async function checkImportSource(source: string): Promise<{ abs: string; directory: boolean }> {
+  const abs = resolve(source);
+  const st = await stat(abs).catch(orElse(undefined, `stat ${abs}`, 'ENOENT', 'ENOTDIR'));
+  if (!st)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `no such file or directory: ${source}`,
+      'give an image archive, an OCI layout directory, or a rootfs tarball or directory',
+    );
+  if (!st.isDirectory() && !st.isFile())
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `${source} is neither a file nor a directory`,
+      'give an image archive or a rootfs tarball or directory',
+    );
+  return { abs, directory: st.isDirectory() };
+}
+
+/**
  * Fill `root` (an empty directory) from `source`: a root filesystem tarball or directory, a
  * `docker save` tarball, or an OCI image layout (directory or tarball), compressed or not.
  * `scratch` is an empty directory for a decompressed copy of a compressed image archive.
@@ -184,34 +209,22 @@ export async function importInto(
   scratch: string,
   opts: ImportOptions = {},
 ): Promise<Imported> {
-  const abs = resolve(source);
+  const { abs, directory } = await checkImportSource(source);
   const budget: Budget = { left: opts.maxBytes ?? DEFAULT_MAX_BYTES, limit: opts.maxBytes ?? DEFAULT_MAX_BYTES };
-  const st = await stat(abs).catch(orElse(undefined, `stat ${abs}`, 'ENOENT', 'ENOTDIR'));
-  if (!st)
-    throw new SnaplabError(
-      'BAD_INPUT',
-      `no such file or directory: ${source}`,
-      'give an image archive, an OCI layout directory, or a rootfs tarball or directory',
-    );
-  if (st.isDirectory()) {
+  if (directory) {
     if (['oci-layout', 'index.json', 'manifest.json'].some((f) => existsSync(join(abs, f)))) {
       return fromArchive(root, await dirBlobs(abs), abs, opts, budget);
     }
-    await run('cp', ['-a', '--', `${abs}/.`, root]);
+    opts.onProgress?.(`copying ${abs}`);
+    await run('cp', ['-a', '--', `${abs}/.`, root], { signal: opts.signal });
     return { provenance: { kind: 'directory', source: abs, notes: [] } };
   }
-  if (!st.isFile())
-    throw new SnaplabError(
-      'BAD_INPUT',
-      `${source} is neither a file nor a directory`,
-      'give an image archive or a rootfs tarball or directory',
-    );
   const compression = sniff(await readAt(abs, 0, 6));
   const verdict = await looksLikeImageArchive(await prefixOf(abs, compression));
   // a root filesystem is applied from the source, or from the decompressed copy if one was made
   let rootfsFile = abs;
   if (verdict !== false) {
-    const tarFile = compression === 'none' ? abs : await spool(abs, compression, scratch, budget);
+    const tarFile = compression === 'none' ? abs : await spool(abs, compression, scratch, budget, opts.signal);
     const blobs = await tarBlobs(tarFile);
     const fresh = (): Budget => ({ left: budget.limit, limit: budget.limit }); // the spool counted the same bytes once already
     if (verdict || blobs.has('manifest.json') || blobs.has('index.json'))
@@ -219,6 +232,11 @@ export async function importInto(
     rootfsFile = tarFile;
     Object.assign(budget, fresh());
   }
-  const applied = await applyTar(root, { file: rootfsFile }, { layer: false, budget, what: source });
+  opts.onProgress?.(`applying ${source}`);
+  const applied = await applyTar(
+    root,
+    { file: rootfsFile },
+    { layer: false, budget, what: source, signal: opts.signal },
+  );
   return { provenance: { kind: 'rootfs', source: abs, notes: notesOf(applied.stats) } };
 }

@@ -71,7 +71,7 @@ export interface FileRange {
 export async function applyTar(
   root: string,
   src: FileRange,
-  opts: { layer: boolean; budget: Budget; what: string },
+  opts: { layer: boolean; budget: Budget; what: string; signal?: AbortSignal },
 ): Promise<Applied> {
   const offset = src.offset ?? 0;
   const compression = sniff(await readAt(src.file, offset, 6));
@@ -103,13 +103,15 @@ export async function applyTar(
   ];
   let streamErr: unknown;
   try {
-    await pipeline(stages as unknown as [NodeJS.ReadableStream, NodeJS.WritableStream]);
+    await pipeline(stages as unknown as [NodeJS.ReadableStream, NodeJS.WritableStream], { signal: opts.signal });
     await stage?.done;
   } catch (e) {
     streamErr = e;
     helper.kill('SIGKILL');
   }
   const code = await exited;
+  // an abort stops the stream; the helper was killed for it and has exited: that is the answer
+  if (opts.signal?.aborted) throw opts.signal.reason;
   const line = err.trim().split('\n').pop() ?? '';
   const tab = line.indexOf('\t');
   if (code !== 0 && tab > 0 && !(streamErr instanceof SnaplabError)) {

@@ -1,21 +1,12 @@
 import { join } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import { run } from '../host/run.js';
-import {
-  buildKey,
-  checkSpec,
-  defaultName,
-  fixUp,
-  hostSources,
-  runMmdebstrap,
-  sourcesFor,
-  type DebianSpec,
-} from '../image/debian.js';
-import type { Provenance } from '../image/import.js';
+import { defaultName, fixUp, type DebianSpec } from '../image/debian.js';
+import { debianSource } from '../image/registry.js';
+import type { ImagePlan, Provenance } from '../image/source.js';
 import type { ImageRecord } from '../store/records.js';
 import type { Trace } from '../timing/trace.js';
 import type { LabContext } from './context.js';
-import { skeleton } from './images.js';
 import { checkName } from './names.js';
 import { imageBlockers, imageUsers, removeImage } from './removals.js';
 
@@ -24,6 +15,8 @@ export interface BuildOptions {
   /** build again even when an image of the same inputs exists */
   rebuild?: boolean;
   onProgress?: (s: string) => void;
+  /** an abort stops mmdebstrap (its mounts undone) and rejects with the signal's reason; no image is left */
+  signal?: AbortSignal;
 }
 
 export interface Built {
@@ -31,6 +24,25 @@ export interface Built {
   /** an image of the same inputs existed: nothing was downloaded or built */
   cached: boolean;
   log?: string;
+}
+
+/** Another name for a cached build: a copy of its tree, with its own hostname (no download). */
+function copyOf(cached: ImageRecord): ImagePlan {
+  return {
+    source: cached.source,
+    buildKey: cached.buildKey ?? undefined,
+    async produce({ root, name, signal }) {
+      await run('cp', ['-a', '--reflink=auto', '--', `${cached.path}/.`, root], { signal });
+      await fixUp(root, name);
+      return {
+        provenance: {
+          ...(cached.provenance as Provenance),
+          notes: [`a copy of ${cached.name}, built from the same inputs`],
+        },
+        config: cached.config ?? undefined,
+      };
+    },
+  };
 }
 
 /**
@@ -45,10 +57,9 @@ export async function buildDebian(
   opts: BuildOptions,
   trace: Trace,
 ): Promise<Built> {
-  const spec = checkSpec(input);
-  const sources = sourcesFor(spec, spec.mirror ? [] : await hostSources());
-  const key = buildKey(spec, sources);
-  const name = opts.name ?? defaultName(spec, key);
+  const plan = await debianSource.plan({ spec: input, logDir: join(ctx.home, 'images', '.logs') });
+  const key = plan.buildKey;
+  const name = opts.name ?? defaultName(plan.spec, key);
   checkName('image', name);
   const same = ctx.store.getImage(name);
   if (same && !opts.rebuild) {
@@ -70,61 +81,15 @@ export async function buildDebian(
       );
   }
   const cached = opts.rebuild ? undefined : ctx.store.findImageByBuildKey(key);
-  const build: Record<string, unknown> = {
-    suite: spec.suite,
-    variant: spec.variant,
-    packages: spec.packages,
-    mirror: spec.mirror ?? 'host apt sources',
-    key,
-  };
-  const log = join(ctx.home, 'images', '.logs', `${key.slice(0, 16)}.log`);
-  const replaceOld = async (): Promise<void> => {
-    if (same) await removeImage(ctx, name, trace);
-  };
+  const produce = { trace, signal: opts.signal, onProgress: opts.onProgress };
   if (cached) {
     opts.onProgress?.(`copying ${cached.name} (built from the same inputs)`);
-    const image = await trace.phase('copy tree', () =>
-      ctx.images.create(
-        name,
-        cached.source,
-        async (root) => {
-          await run('cp', ['-a', '--reflink=auto', '--', `${cached.path}/.`, root]);
-          await fixUp(root, name);
-          return {
-            provenance: {
-              ...(cached.provenance as Provenance),
-              notes: [`a copy of ${cached.name}, built from the same inputs`],
-            },
-            config: cached.config ?? undefined,
-          };
-        },
-        key,
-      ),
-    );
+    const image = await trace.phase('copy tree', () => ctx.images.create(name, copyOf(cached), produce));
     return { image, cached: true };
   }
-  const v = await run('mmdebstrap', ['--version'], { allowFail: true }).catch(() => ({ stdout: '', stderr: '' }));
-  const version = `${v.stdout}${v.stderr}`.trim();
-  const image = await trace.phase('mmdebstrap', () =>
-    ctx.images.create(
-      name,
-      `debian:${spec.suite}`,
-      async (root, scratch) => {
-        await runMmdebstrap(root, spec, sources, scratch, log, opts.onProgress);
-        opts.onProgress?.('fixing up the tree for machines');
-        await fixUp(root, name);
-        await skeleton(root);
-        const provenance: Provenance = {
-          kind: 'debian',
-          source: `mmdebstrap ${spec.suite}`,
-          build: { ...build, mmdebstrap: version },
-          notes: [],
-        };
-        return { provenance };
-      },
-      key,
-      replaceOld,
-    ),
-  );
-  return { image, cached: false, log };
+  const replace = async (): Promise<void> => {
+    if (same) await removeImage(ctx, name, trace);
+  };
+  const image = await trace.phase('mmdebstrap', () => ctx.images.create(name, plan, { ...produce, replace }));
+  return { image, cached: false, log: plan.log };
 }

@@ -1,0 +1,67 @@
+import { join } from 'node:path';
+import type { Availability } from '../../host/probe-types.js';
+import { run } from '../../host/run.js';
+import { toolsVerdict } from '../../host/tools.js';
+import { orElse } from '../../cleanup.js';
+import { buildKey, checkSpec, type DebianSpec, fixUp, hostSources, sourcesFor } from '../debian.js';
+import { runMmdebstrap } from '../mmdebstrap.js';
+import type { ImagePlan, ImageSource, ProduceInto, Produced } from '../source.js';
+
+export interface DebianInput {
+  spec: DebianSpec;
+  /** where mmdebstrap's log is kept (named by the build key), for the user to read after a failure */
+  logDir: string;
+}
+
+export interface DebianPlan extends ImagePlan {
+  /** the spec as checked: packages sorted, each once */
+  readonly spec: DebianSpec;
+  readonly buildKey: string;
+  /** mmdebstrap's log */
+  readonly log: string;
+}
+
+async function produce(plan: DebianPlan, sources: string, into: ProduceInto): Promise<Produced> {
+  const { spec } = plan;
+  const v = await run('mmdebstrap', ['--version'], { allowFail: true }).catch(
+    orElse({ stdout: '', stderr: '', code: 1 }, 'mmdebstrap --version', 'ENOENT'),
+  );
+  const version = `${v.stdout}${v.stderr}`.trim();
+  await runMmdebstrap(into.root, spec, sources, into.scratch, plan.log, into.onProgress, into.signal);
+  into.onProgress?.('fixing up the tree for machines');
+  await fixUp(into.root, into.name);
+  const build = {
+    suite: spec.suite,
+    variant: spec.variant,
+    packages: spec.packages,
+    mirror: spec.mirror ?? 'host apt sources',
+    key: plan.buildKey,
+    mmdebstrap: version,
+  };
+  return { provenance: { kind: 'debian', source: `mmdebstrap ${spec.suite}`, build, notes: [] } };
+}
+
+/**
+ * A Debian tree from Debian's archive (mmdebstrap), from the host's apt sources or one mirror.
+ * The build key is everything that decides what the build makes (the lab caches by it).
+ */
+export const debianSource: ImageSource<DebianInput, DebianPlan> = {
+  kind: 'debian',
+  feature: 'image-build',
+  async probe(): Promise<Availability> {
+    return (await toolsVerdict('image-build', 'image build')) ?? { ok: true, reason: 'mmdebstrap found' };
+  },
+  async plan({ spec: input, logDir }: DebianInput): Promise<DebianPlan> {
+    const spec = checkSpec(input);
+    const sources = sourcesFor(spec, spec.mirror ? [] : await hostSources());
+    const key = buildKey(spec, sources);
+    const plan: DebianPlan = {
+      source: `debian:${spec.suite}`,
+      spec,
+      buildKey: key,
+      log: join(logDir, `${key.slice(0, 16)}.log`),
+      produce: (into) => produce(plan, sources, into),
+    };
+    return plan;
+  },
+};
