@@ -3,6 +3,7 @@ import { chmod, lstat, mkdir, readdir, readlink, rename, symlink, writeFile, cop
 import { pidAlive } from '../host/procs.js';
 import { removeTree } from '../storage/tree.js';
 import { join, relative, resolve } from 'node:path';
+import { BUILTIN_IMAGE } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import { isDynamicElf } from '../host/elf.js';
 import { run, which } from '../host/run.js';
@@ -11,8 +12,6 @@ import type { ImageRecord } from '../store/records.js';
 import type { Imported, ImportOptions, Provenance } from '../image/import.js';
 import { checkName, newId } from './names.js';
 import { noted, orElse } from '../cleanup.js';
-
-export const BUILTIN_BUSYBOX = 'busybox';
 
 /** Directories every image gets, so that the sandbox's mounts never have to write into it. */
 const SKELETON = [
@@ -116,7 +115,7 @@ export class Images {
   async resolve(name: string): Promise<ImageRecord> {
     const found = this.store.getImage(name);
     if (found) return found;
-    if (name === BUILTIN_BUSYBOX) {
+    if (name === BUILTIN_IMAGE) {
       // several machines of a scenario may ask at once: build it once
       this.building ??= this.buildBusybox().finally(() => (this.building = undefined));
       return this.building;
@@ -125,7 +124,7 @@ export class Images {
     throw new SnaplabError(
       'IMAGE_NOT_FOUND',
       `no image named ${JSON.stringify(name)}`,
-      `known images: ${[...new Set([BUILTIN_BUSYBOX, ...known])].join(', ')}; import one with \`snaplab image import <rootfs.tar|dir> --name ${name}\``,
+      `known images: ${[...new Set([BUILTIN_IMAGE, ...known])].join(', ')}; import one with \`snaplab image import <rootfs.tar|dir> --name ${name}\``,
     );
   }
 
@@ -146,7 +145,7 @@ export class Images {
         'apt-get install busybox-static',
       );
     }
-    return this.create(BUILTIN_BUSYBOX, `builtin:${busybox}`, async (root) => {
+    return this.create(BUILTIN_IMAGE, `builtin:${busybox}`, async (root) => {
       const provenance: Provenance = { kind: 'builtin', source: busybox, notes: [] };
       await skeleton(root);
       await copyFile(busybox, join(root, 'bin/busybox'));
