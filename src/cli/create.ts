@@ -127,7 +127,7 @@ export function registerCreate(program: Command): void {
 export function registerRestore(program: Command): void {
   const cmd = program
     .command('restore <snapshot>')
-    .description("start a new sandbox whose filesystem is the snapshot's")
+    .description("start a new sandbox whose filesystem is the snapshot's (and its limits, unless some are given)")
     .option('--name <name>', 'a name for the new sandbox')
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
     .option('--json', 'print the sandbox as JSON');

@@ -41,7 +41,7 @@ function registerPoolCreate(pool: Command): void {
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
     .option(
       '--driver <name>',
-      `${DRIVER_NAMES.join(', ')}: with qemu standbys are paused VMs restored from a memory snapshot of one booted VM`,
+      `${DRIVER_NAMES.join(' or ')}; with qemu, standbys are paused VMs restored from a memory snapshot of one booted VM`,
       DEFAULT_DRIVER,
     )
     .option(
