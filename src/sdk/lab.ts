@@ -30,7 +30,7 @@ import { Snapshot } from './snapshot.js';
 import { KeyRing } from '../lab/keys.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate } from './create-options.js';
-import { DEFAULT_DRIVER, DEFAULT_IMAGE } from '../defaults.js';
+import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 
 export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
 
@@ -385,7 +385,7 @@ export class Lab implements LabApi {
 function lifetimeMeta(o: Lifetime): Partial<SandboxMeta> {
   return {
     ...(o.owner !== undefined ? { owner: o.owner } : {}),
-    ...(o.timeoutS !== undefined ? { timeoutS: o.timeoutS, onTimeout: o.onTimeout ?? 'kill' } : {}),
+    ...(o.timeoutS !== undefined ? { timeoutS: o.timeoutS, onTimeout: o.onTimeout ?? DEFAULT_ON_TIMEOUT } : {}),
     ...(o.timeoutS ? { expiresAt: Date.now() + o.timeoutS * 1000 } : {}),
   };
 }

@@ -6,7 +6,7 @@
  */
 import { Lab, type CreateOptions } from '../sdk/lab.js';
 import { resolveCreate } from '../sdk/create-options.js';
-import { DAEMON_DEFAULTS } from '../defaults.js';
+import { DAEMON_DEFAULTS, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 import type { Sandbox } from '../sdk/sandbox.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId, sandboxKey } from '../lab/names.js';
@@ -161,7 +161,8 @@ export class Daemon {
     // paused by another process: its clock stands still (a resume starts it again)
     if (rec.state === 'paused') return void updateMeta(this.lab.context, m.id, { expiresAt: null });
     const reason = `its timeout of ${m.timeoutS} s ended`;
-    if (!this.retryAt.has(m.id)) this.events.record('timeout', rec, reason, { onTimeout: m.onTimeout ?? 'kill' });
+    if (!this.retryAt.has(m.id))
+      this.events.record('timeout', rec, reason, { onTimeout: m.onTimeout ?? DEFAULT_ON_TIMEOUT });
     try {
       if (m.onTimeout === 'pause' && rec.state === 'running') {
         updateMeta(this.lab.context, m.id, { expiresAt: null });
