@@ -14,6 +14,7 @@ import SwaggerParser from '@apidevtools/swagger-parser';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cli, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
 import { SNAPLAB } from './cli-command.js';
+import { DRIVER_NAMES } from '../src/drivers/registry.js';
 
 let home: string;
 let d: TestDaemon;
@@ -134,6 +135,14 @@ describe('snaplab serve', () => {
         '/pools/{name}/run',
       ]),
     );
+    // a driver is one of the registry's, in the document and in every body that names one
+    const body = (path: string) => doc.paths[path].post.requestBody.content['application/json'].schema.properties;
+    for (const path of ['/sandboxes', '/pools', '/scenarios'])
+      for (const n of DRIVER_NAMES) expect(JSON.stringify(body(path).driver)).toContain(`"${n}"`);
+    expect(curl('POST', '/pools', { json: { name: 'p-bogus', size: 0, driver: 'firecracker' } })).toMatchObject({
+      status: 400,
+      body: { code: 'BAD_INPUT' },
+    });
     // one daemon per home: a second is refused before it touches anything
     const second = spawnSync(SNAPLAB, ['serve', '--socket', join(home, 'second.sock')], {
       env: { ...process.env, SNAPLAB_HOME: home },

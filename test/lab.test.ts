@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Lab } from '../src/sdk/lab.js';
+import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_LIMITS } from '../src/defaults.js';
+import type { CreateOptions, Lab } from '../src/sdk/lab.js';
 import type { StorageKind } from '../src/storage/backend.js';
 import { disposeLab, testLab } from './helpers.js';
 
@@ -155,5 +156,20 @@ describe('bad input', () => {
     await lab.removeSnapshot('snap-taken');
     // nothing was lost: the sandbox still works
     expect((await box.exec(['true'])).exitCode).toBe(0);
+  });
+});
+
+describe('defaults (src/defaults.ts, resolved by resolveCreate)', () => {
+  it('a create that asks nothing gets the default image, driver and limits; a snapshot given past the types is restored, not ignored', async () => {
+    await using box = await lab.create();
+    expect(box.image).toBe(DEFAULT_IMAGE);
+    expect(box.driver).toBe(DEFAULT_DRIVER);
+    expect(box.info.limits).toMatchObject(DEFAULT_LIMITS);
+    const snap = await box.snapshot('snap-defaults');
+    // a JavaScript caller (or a daemon's body) may give a snapshot to create: it used to make a fresh busybox
+    await using copy = await lab.create({ snapshot: snap.name } as CreateOptions);
+    expect(copy.info.origin).toBe(snap.name);
+    await copy.destroy();
+    await lab.removeSnapshot(snap.name);
   });
 });

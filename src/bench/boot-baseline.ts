@@ -1,3 +1,4 @@
+import { DEFAULT_DRIVER } from '../defaults.js';
 import type { Lab } from '../sdk/lab.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { Arm, LoopLimits } from './baselines.js';
@@ -11,7 +12,7 @@ export function bootArm(
 ): Arm {
   return {
     name: 'boot',
-    note: `create to usable with the ${m.driver ?? 'namespaces'} driver${m.image ? `, image ${m.image}` : ''}${m.init ? `, --init ${m.init}` : ''}`,
+    note: `create to usable with the ${m.driver ?? DEFAULT_DRIVER} driver${m.image ? `, image ${m.image}` : ''}${m.init ? `, --init ${m.init}` : ''}`,
     run: (concurrency) =>
       closedLoop(concurrency, lim, async () => {
         const box = await lab.create({

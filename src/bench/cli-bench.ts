@@ -1,3 +1,4 @@
+import { DEFAULT_IMAGE } from '../defaults.js';
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { packageRoot } from '../agent/binary.js';
@@ -214,7 +215,7 @@ function daemonCases(snaplab: string, tag: string, daemon: BenchDaemon, env: Nod
         '-H',
         'content-type: application/json',
         '-d',
-        JSON.stringify({ image: 'busybox', name: `${tag}-u${i}`, labels: {}, onTimeout: 'kill' }),
+        JSON.stringify({ image: DEFAULT_IMAGE, name: `${tag}-u${i}`, labels: {}, onTimeout: 'kill' }),
         'http://snaplab/sandboxes',
       ],
       after: async (i: number) => void (await timed([snaplab, 'rm', `${tag}-u${i}`], { ...env, ...viaDaemon })),

@@ -1,3 +1,4 @@
+import { DEFAULT_IMAGE } from '../defaults.js';
 import { randomBytes } from 'node:crypto';
 import type { LabApi } from '../sdk/api.js';
 import { driverInfo } from '../drivers/registry.js';
@@ -31,7 +32,7 @@ export async function freshExec(
   const name = `bench-${randomBytes(3).toString('hex')}`;
   const pool = await lab.createPool({
     name,
-    image: 'busybox',
+    image: DEFAULT_IMAGE,
     size: s.poolSize ?? Math.max(2, s.concurrency * 2),
     limits: {},
     storage: s.storage,

@@ -104,7 +104,7 @@ export async function interactiveBench(
 ): Promise<InteractiveSummary> {
   const startedAt = new Date().toISOString();
   const name = `bench-tty-${process.pid}`;
-  const box = await lab.create({ name, driver: opts.driver as 'namespaces' });
+  const box = await lab.create({ name, driver: opts.driver });
   const dir = mkdtempSync(join(lab.home, `.bench-interactive-${process.pid}-`));
   const snaplab = join(packageRoot(), 'native', 'build', 'snaplab');
   const env = { ...process.env, SNAPLAB_HOME: lab.home, TERM: 'xterm' };

@@ -1,3 +1,4 @@
+import { BUILTIN_IMAGE, DEFAULT_IMAGE } from '../defaults.js';
 import { Lab } from '../sdk/lab.js';
 import type { LabApi } from '../sdk/api.js';
 import type { StorageKind } from '../storage/backend.js';
@@ -31,7 +32,7 @@ async function prepareBaselines(
 ): Promise<{ arms: Arm[]; skipped: Baseline[] }> {
   const arms: Arm[] = [];
   const skipped: Baseline[] = [];
-  const rootfs = async (): Promise<string> => (await lab.image('busybox')).path;
+  const rootfs = async (): Promise<string> => (await lab.image(BUILTIN_IMAGE)).path;
   for (const name of plan.baselines) {
     let arm: Arm | string;
     if (name === 'down+up')
@@ -45,7 +46,7 @@ async function prepareBaselines(
         init: v.init,
         userns: v.userns,
       });
-    } else if (name === 'nspawn') arm = await nspawnArm((await lab.image(plan.image ?? 'busybox')).path, lim);
+    } else if (name === 'nspawn') arm = await nspawnArm((await lab.image(plan.image ?? DEFAULT_IMAGE)).path, lim);
     else if (name === 'bare-spawn') arm = bareSpawn(plan.argv, lim);
     else if (name === 'raw-namespace') arm = rawNamespace(plan.argv, await rootfs(), lim);
     else if (name === 'runc') arm = await runcArm(plan.argv, await rootfs(), lim);

@@ -1,3 +1,4 @@
+import { DEFAULT_IMAGE } from '../defaults.js';
 import { Lab } from '../sdk/lab.js';
 import type { LabApi, LabCreateOptions } from '../sdk/api.js';
 import { driverInfo } from '../drivers/registry.js';
@@ -14,7 +15,7 @@ export { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workload-names.j
 
 /** raise: create a sandbox to usable (the trace's total), then destroy it outside the timing. */
 async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
-  await lab.image(s.image ?? 'busybox');
+  await lab.image(s.image ?? DEFAULT_IMAGE);
   const spec = { image: s.image, storage: s.storage, driver: s.driver, userns: s.userns, init: s.init };
   // one untimed create so that image import and pool mount are not in the samples
   await (await lab.create(spec)).destroy();

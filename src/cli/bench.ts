@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { addBenchOptions, spreadCompare, toPlan, type BenchCli } from '../bench/options.js';
+import { DEFAULT_DRIVER } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
 import { cliPlan } from '../bench/cli-plan.js';
 import { withLab } from './common.js';
@@ -35,7 +36,7 @@ export function registerBench(program: Command): void {
         const summary = await interactiveBench(
           lab,
           {
-            driver: o.driver ?? 'namespaces',
+            driver: o.driver ?? DEFAULT_DRIVER,
             rounds: parsePositiveInt(o.reps, 'reps'),
             keystrokes: 100,
             fileMiB: findDriverInfo(o.driver)?.capabilities.ownKernel ? 256 : 1024,

@@ -1,3 +1,4 @@
+import { BUILTIN_IMAGE, DAEMON_DEFAULTS, DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { Command } from 'commander';
 import { keyValues } from '../lab/exec.js';
@@ -63,7 +64,7 @@ function createOptions(o: CreateCli): LabCreateOptions {
   if (o.pool) return { ...common, pool: o.pool };
   return {
     ...common,
-    image: o.image ?? 'busybox',
+    image: o.image,
     name: o.name,
     storage: o.storage,
     driver: o.driver,
@@ -77,10 +78,10 @@ export function registerCreate(program: Command): void {
   const cmd = program
     .command('create')
     .description('create a sandbox; returns once a command has executed inside it')
-    .option('--image <name>', 'image to start from (busybox is built in; default busybox)')
+    .option('--image <name>', `image to start from (${BUILTIN_IMAGE} is built in; default ${DEFAULT_IMAGE})`)
     .option('--name <name>', 'a name for the sandbox (default: generated)')
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
-    .option('--driver <name>', 'machine driver (default namespaces)')
+    .option('--driver <name>', `machine driver (default ${DEFAULT_DRIVER})`)
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
     .option(
       '--init <init>',
@@ -88,8 +89,11 @@ export function registerCreate(program: Command): void {
     )
     .option('--pool <name>', 'take a ready standby of this pool')
     .option('--label <k=v>', 'a label (repeatable)', collectKv, [])
-    .option('--timeout <s>', "its TTL in seconds (0: none; through a daemon, default the daemon's)")
-    .option('--on-timeout <what>', 'kill or pause at the end of its TTL', 'kill')
+    .option(
+      '--timeout <s>',
+      `its TTL in seconds (0: none; through a daemon, default the daemon's: ${DAEMON_DEFAULTS.defaultTimeoutS} unless its --default-timeout says)`,
+    )
+    .option('--on-timeout <what>', 'kill or pause at the end of its TTL', DEFAULT_ON_TIMEOUT)
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
   addTraceOption(cmd);
@@ -123,7 +127,7 @@ export function registerCreate(program: Command): void {
 export function registerRestore(program: Command): void {
   const cmd = program
     .command('restore <snapshot>')
-    .description("start a new sandbox whose filesystem is the snapshot's")
+    .description("start a new sandbox whose filesystem is the snapshot's (and its limits, unless some are given)")
     .option('--name <name>', 'a name for the new sandbox')
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
     .option('--json', 'print the sandbox as JSON');

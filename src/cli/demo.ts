@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import type { TraceSummary } from '../timing/trace.js';
+import { BUILTIN_IMAGE } from '../defaults.js';
 import { withLab, type CommonOptions } from './common.js';
 import { ms, printJson, table } from './output.js';
 
@@ -23,7 +24,7 @@ export function registerDemo(program: Command): void {
         };
         const traces: TraceSummary[] = [];
         const tag = Date.now().toString(36);
-        await using box = await lab.create({ image: 'busybox', name: `demo-${tag}`, storage: o.storage });
+        await using box = await lab.create({ image: BUILTIN_IMAGE, name: `demo-${tag}`, storage: o.storage });
         traces.push(box.lastTrace!);
         say(
           `1. created ${box.name} on ${box.storage} storage in ${ms(box.lastTrace!.totalMs)} (a command ran inside before this returned)`,

@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs';
-import { NamespacesDriver } from '../drivers/namespaces/driver.js';
-import { QemuDriver } from '../drivers/qemu/driver.js';
+import { BUILTIN_IMAGE, DEFAULT_DRIVER } from '../defaults.js';
+import { createDrivers } from '../drivers/registry.js';
 import { probeCgroupMoves, probeCgroups } from '../host/cgroups.js';
 import type { Availability } from '../host/probe-types.js';
 import { which } from '../host/run.js';
@@ -81,7 +81,12 @@ async function usernsChecks(home: string, ready: boolean, working: Set<string>):
 /** (named, so that `ls` says what it is while it runs, and one left by a doctor that was killed is found) */
 async function sandboxInUserns(lab: Lab, storage: StorageKind): Promise<Availability> {
   try {
-    const box = await lab.create({ image: 'busybox', storage, userns: true, name: `doctor-${process.pid}-${storage}` });
+    const box = await lab.create({
+      image: BUILTIN_IMAGE,
+      storage,
+      userns: true,
+      name: `doctor-${process.pid}-${storage}`,
+    });
     try {
       const r = await box.exec(['cat', '/proc/self/uid_map']);
       if (r.exitCode !== 0)
@@ -212,9 +217,15 @@ export async function doctor(home: string): Promise<{
 }> {
   const checks: Check[] = [];
   checks.push(...(await hostChecks()));
-  const ns = await new NamespacesDriver(home).probe();
-  checks.push({ name: 'namespaces', kind: 'driver', ...ns });
-  checks.push({ name: 'qemu', kind: 'driver', optional: true, ...(await new QemuDriver(home).probe()) });
+  // every driver of the registry; the default one must work, the others are optional
+  for (const [name, driver] of createDrivers(home))
+    checks.push({
+      name,
+      kind: 'driver',
+      ...(name === DEFAULT_DRIVER ? {} : { optional: true }),
+      ...(await driver.probe()),
+    });
+  const ns = checks.find((c) => c.kind === 'driver' && c.name === DEFAULT_DRIVER)!;
   for (const b of allBackends(home)) checks.push({ name: b.kind, kind: 'storage', ...(await b.probe()) });
   checks.push(
     ...(await usernsChecks(
@@ -238,7 +249,7 @@ export async function doctor(home: string): Promise<{
   return {
     ok: ns.ok && defaultStorage !== null,
     home,
-    defaultDriver: 'namespaces',
+    defaultDriver: DEFAULT_DRIVER,
     defaultStorage,
     defaultStorageReason,
     checks,

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { DEFAULT_DISK_BYTES, DEFAULT_LIMITS } from '../defaults.js';
 import { parseCpus, parsePositiveInt, parseSize } from '../lab/sizes.js';
 import type { Limits } from '../store/records.js';
 
@@ -9,14 +10,19 @@ export interface LimitOptions {
   disk?: string;
 }
 
+const gib = (bytes: number): string => `${bytes / 1024 ** 3}G`;
+
 export function addLimitOptions(cmd: Command): Command {
   return cmd
-    .option('--memory <size>', 'memory limit, e.g. 256M or 1G (swap is not allowed beyond it)')
-    .option('--pids <n>', 'most processes and threads at once')
+    .option(
+      '--memory <size>',
+      `memory limit, e.g. 256M or 1G (swap is not allowed beyond it; default ${gib(DEFAULT_LIMITS.memoryBytes!)}, or the driver's own: a VM's is smaller)`,
+    )
+    .option('--pids <n>', `most processes and threads at once (default ${DEFAULT_LIMITS.pids})`)
     .option('--cpus <n>', 'CPU time as cores, e.g. 1 or 0.5')
     .option(
       '--disk <size>',
-      'most the machine may write to its filesystem beyond its image, e.g. 1G (default 4G on btrfs; on overlay and dir a cap is made only when asked; 0: no cap)',
+      `most the machine may write to its filesystem beyond its image, e.g. 1G (default ${gib(DEFAULT_DISK_BYTES)} on btrfs; on overlay and dir a cap is made only when asked; 0: no cap)`,
     );
 }
 

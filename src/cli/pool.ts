@@ -1,5 +1,7 @@
 import type { Command } from 'commander';
 import { parsePositiveInt } from '../lab/sizes.js';
+import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_POOL_SIZE } from '../defaults.js';
+import { DRIVER_NAMES } from '../drivers/registry.js';
 import { SnaplabError } from '../errors.js';
 import type { StorageKind } from '../storage/backend.js';
 import { withLab, type CommonOptions } from './common.js';
@@ -34,13 +36,13 @@ function registerPoolCreate(pool: Command): void {
   const create = pool
     .command('create <name>')
     .description('define a pool and raise its standbys (paused: an idle pool uses no CPU)')
-    .option('--image <name>', 'image of every standby', 'busybox')
-    .option('--size <n>', 'standbys to keep ready', '4')
+    .option('--image <name>', 'image of every standby', DEFAULT_IMAGE)
+    .option('--size <n>', 'standbys to keep ready', String(DEFAULT_POOL_SIZE))
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
     .option(
       '--driver <name>',
-      'namespaces, or qemu: standbys are paused VMs restored from a memory snapshot of one booted VM',
-      'namespaces',
+      `${DRIVER_NAMES.join(' or ')}; with qemu, standbys are paused VMs restored from a memory snapshot of one booted VM`,
+      DEFAULT_DRIVER,
     )
     .option(
       '--no-recycle',

@@ -1,4 +1,6 @@
 import type { Command } from 'commander';
+import { DEFAULT_DRIVER, DEFAULT_IMAGE } from '../defaults.js';
+import { DRIVER_NAMES } from '../drivers/registry.js';
 import { withLab, type CommonOptions } from './common.js';
 import { printJson } from './output.js';
 
@@ -8,8 +10,8 @@ export function registerPrepare(program: Command): void {
     .description(
       'fetch and build ahead of time what machines need, so that nothing is downloaded at run time (the image; for --driver qemu the guest kernel and initramfs)',
     )
-    .option('--driver <name>', 'namespaces or qemu', 'namespaces')
-    .option('--image <name>', 'image to make ready', 'busybox')
+    .option('--driver <name>', DRIVER_NAMES.join(' or '), DEFAULT_DRIVER)
+    .option('--image <name>', 'image to make ready', DEFAULT_IMAGE)
     .option('--json', 'print JSON')
     .action((o: CommonOptions & { driver: string; image: string }) =>
       withLab(o, async (lab) => {

@@ -1,4 +1,6 @@
 import type { Command } from 'commander';
+import { DEFAULT_DRIVER } from '../defaults.js';
+import { DRIVER_NAMES } from '../drivers/registry.js';
 import { SnaplabError } from '../errors.js';
 import { parseSeconds } from '../lab/sizes.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -39,8 +41,8 @@ function registerUp(program: Command): void {
     .option('--name <name>', "name of the scenario (default: the file's `name`)")
     .option(
       '--driver <name>',
-      'the driver of machines whose file names none: namespaces, or qemu (VMs on the scenario networks)',
-      'namespaces',
+      `the driver of machines whose file names none: ${DRIVER_NAMES.join(', ')} (qemu: VMs on the scenario networks)`,
+      DEFAULT_DRIVER,
     )
     .option('--keep-on-failure', 'leave what was raised when a step or check fails, to debug it')
     .option(

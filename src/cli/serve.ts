@@ -2,6 +2,7 @@ import { resolve } from 'node:path';
 import { InvalidArgumentError, type Command } from 'commander';
 import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
+import { DAEMON_DEFAULTS } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { checkLabels } from '../lab/meta.js';
@@ -52,13 +53,13 @@ function serveOptions(cmd: Command): Command {
       '--default-timeout <s>',
       'TTL of a sandbox whose create gives none (0: none)',
       int('--default-timeout'),
-      300,
+      DAEMON_DEFAULTS.defaultTimeoutS,
     )
     .option(
       '--exec-timeout <ms>',
       'deadline of an exec whose request gives none (0: none)',
       int('--exec-timeout'),
-      60_000,
+      DAEMON_DEFAULTS.execTimeoutMs,
     )
     .option(
       '--bench-dir <dir>',

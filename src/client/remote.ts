@@ -649,10 +649,7 @@ export class RemoteLab implements LabApi {
   }
 
   /** Raise a scenario file that is on the daemon's host; resolves with its status when it is up. */
-  async up(
-    file: string,
-    opts: { name?: string; driver?: 'namespaces' | 'qemu' } = {},
-  ): Promise<Record<string, unknown>> {
+  async up(file: string, opts: { name?: string; driver?: string } = {}): Promise<Record<string, unknown>> {
     return waitOperation(this.http, await this.http.json('POST', '/scenarios', { json: { file, ...opts } }));
   }
 

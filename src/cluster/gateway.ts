@@ -18,6 +18,7 @@ import type { Duplex } from 'node:stream';
 import { WebSocketServer } from 'ws';
 import { SnaplabError } from '../errors.js';
 import { defaultName, newId } from '../lab/names.js';
+import { resolveCreate, type CreateInputs } from '../sdk/create-options.js';
 import { clusterOwner, hashKey, requireScope, type Caller } from '../server/keys.js';
 import { QuotaError } from '../server/http-errors.js';
 import { VERSION } from '../version.js';
@@ -296,9 +297,11 @@ export class Gateway implements GatewayApi {
     const body = await readJson(req);
     const placement = body.placement as { labels?: Record<string, string> } | undefined;
     delete body.placement;
-    const pool = typeof body.pool === 'string' ? body.pool : undefined;
-    const snapshot = typeof body.snapshot === 'string' ? body.snapshot : undefined;
-    const image = pool || snapshot ? undefined : typeof body.image === 'string' ? body.image : 'busybox';
+    // checked and defaulted as a node will (the node's schema checks the rest): placement needs the image
+    const asked = resolveCreate(body as CreateInputs);
+    const pool = asked.from === 'pool' ? asked.pool : undefined;
+    const snapshot = asked.from === 'snapshot' ? asked.snapshot : undefined;
+    const image = asked.from === 'image' ? asked.image : undefined;
     const request: PlacementRequest = { pool, snapshot, image, labels: placement?.labels };
     const given = pool === undefined && typeof body.name === 'string' ? body.name : undefined;
     const owner = clusterOwner(caller.key);

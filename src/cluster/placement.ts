@@ -11,10 +11,8 @@
  * Sampling K instead of scoring all keeps placement flat in the cluster's size and keeps several
  * gateways, each with a slightly old view, from all picking the same node.
  */
+import { BUILTIN_IMAGE } from '../defaults.js';
 import type { NodeInfo } from './store.js';
-
-/** the image every node makes for itself on first use */
-const BUILTIN_IMAGE = 'busybox';
 
 export interface PlacementRequest {
   pool?: string;
@@ -54,7 +52,7 @@ export function eligible(
     up = up.filter((n) => n.snapshots.includes(req.snapshot!));
     if (!up.length) return { reason: `no node holds snapshot ${req.snapshot}` };
   } else if (req.image !== undefined && req.image !== BUILTIN_IMAGE) {
-    // an image is imported or built on nodes, one by one; the built-in one is made where it is needed
+    // an image is imported or built on nodes, one by one; the built-in one every node makes for itself on first use
     up = up.filter((n) => n.images.includes(req.image!));
     if (!up.length)
       return {

@@ -3,6 +3,7 @@
  * to its implementation. Everything else asks a driver for a capability, a default or a verb
  * (DESIGN.md: a name test outside a driver's folder is a missing capability of its contract).
  */
+import { DEFAULT_DRIVER } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { Driver, DriverInfo } from './driver.js';
 import { NamespacesDriver } from './namespaces/driver.js';
@@ -10,11 +11,9 @@ import { NAMESPACES_INFO } from './namespaces/info.js';
 import { QemuDriver } from './qemu/driver.js';
 import { QEMU_INFO } from './qemu/info.js';
 
-/** the driver a machine gets unless told */
-export const DEFAULT_DRIVER = NAMESPACES_INFO.name;
-
 const INFOS: readonly DriverInfo[] = [NAMESPACES_INFO, QEMU_INFO];
-export const DRIVER_NAMES: readonly string[] = INFOS.map((i) => i.name);
+/** every driver's name (the schemas' lists: server/schemas.ts, scenario/schema.ts); never empty */
+export const DRIVER_NAMES = INFOS.map((i) => i.name) as readonly string[] as readonly [string, ...string[]];
 
 export function unknownDriver(name: string): SnaplabError {
   return new SnaplabError(

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { checkCeilings, limitsUnder, NO_CEILINGS, resolveCeilings, type Ceilings } from './ceilings.js';
-import { DEFAULT_DISK_BYTES } from './limits.js';
+import { DEFAULT_DISK_BYTES } from '../defaults.js';
 
 const GiB = 1024 ** 3;
 const none = { memoryBytes: 0, diskBytes: 0 };

@@ -12,7 +12,7 @@ import { LimitError, SnaplabError } from '../errors.js';
 import type { Ceilings, Limits } from '../store/records.js';
 
 export type { Ceilings };
-import { DEFAULT_DISK_BYTES } from './limits.js';
+import { DEFAULT_DISK_BYTES } from '../defaults.js';
 import { formatBytes } from './sizes.js';
 
 export const CEILING_NAMES: readonly (keyof Ceilings)[] = [

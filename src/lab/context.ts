@@ -1,7 +1,8 @@
 import { SnaplabError } from '../errors.js';
 import type { Availability } from '../host/probe-types.js';
 import type { Driver } from '../drivers/driver.js';
-import { createDrivers, DEFAULT_DRIVER, unknownDriver } from '../drivers/registry.js';
+import { DEFAULT_DRIVER } from '../defaults.js';
+import { createDrivers, unknownDriver } from '../drivers/registry.js';
 import { createBackend, pickDefault, type StorageBackend, type StorageKind } from '../storage/index.js';
 import { openDb } from '../store/db.js';
 import { Store } from '../store/store.js';

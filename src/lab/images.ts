@@ -2,6 +2,7 @@ import { lstat, readdir, rename } from 'node:fs/promises';
 import { pidAlive } from '../host/procs.js';
 import { removeTree } from '../storage/tree.js';
 import { join } from 'node:path';
+import { BUILTIN_IMAGE } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import { run } from '../host/run.js';
 import type { Store } from '../store/store.js';
@@ -11,8 +12,6 @@ import { archiveSource, busyboxSource } from '../image/registry.js';
 import { type ImagePlan, type ProduceOptions, produceImage } from '../image/source.js';
 import { checkName, newId } from './names.js';
 import { noted, orElse } from '../cleanup.js';
-
-export const BUILTIN_BUSYBOX = 'busybox';
 
 async function sizeOf(dir: string): Promise<number> {
   const r = await run('du', ['-sb', dir]);
@@ -41,7 +40,7 @@ export class Images {
   async resolve(name: string): Promise<ImageRecord> {
     const found = this.store.getImage(name);
     if (found) return found;
-    if (name === BUILTIN_BUSYBOX) {
+    if (name === BUILTIN_IMAGE) {
       // several machines of a scenario may ask at once: build it once
       this.building ??= this.buildBusybox().finally(() => (this.building = undefined));
       return this.building;
@@ -50,13 +49,13 @@ export class Images {
     throw new SnaplabError(
       'IMAGE_NOT_FOUND',
       `no image named ${JSON.stringify(name)}`,
-      `known images: ${[...new Set([BUILTIN_BUSYBOX, ...known])].join(', ')}; import one with \`snaplab image import <rootfs.tar|dir> --name ${name}\``,
+      `known images: ${[...new Set([BUILTIN_IMAGE, ...known])].join(', ')}; import one with \`snaplab image import <rootfs.tar|dir> --name ${name}\``,
     );
   }
 
   /** The built-in image: Debian's static busybox and a symlink per applet. No network needed. */
   async buildBusybox(): Promise<ImageRecord> {
-    return this.create(BUILTIN_BUSYBOX, await busyboxSource.plan({}));
+    return this.create(BUILTIN_IMAGE, await busyboxSource.plan({}));
   }
 
   /**

@@ -2,6 +2,7 @@ import { SnaplabError } from '../errors.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { Limits, PoolRecord } from '../store/records.js';
 import type { LabContext } from './context.js';
+import { DEFAULT_DRIVER } from '../defaults.js';
 import { withDefaults } from './limits.js';
 import { checkName } from './names.js';
 import { me, ownerAlive } from './owner.js';
@@ -59,7 +60,7 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
   }
   if (!Number.isSafeInteger(spec.size) || spec.size < 0)
     throw new SnaplabError('BAD_INPUT', `invalid pool size ${spec.size}`, 'give a whole number ≥ 0');
-  const driver = ctx.driver(spec.driver ?? 'namespaces');
+  const driver = ctx.driver(spec.driver ?? DEFAULT_DRIVER);
   if (driver.capabilities.memorySnapshot) {
     // a VM's clean check would need the guest's word for its own state: every use gets a fresh restore
     if (spec.recycle)

@@ -12,7 +12,7 @@ import type { LabContext } from './context.js';
 import { checkName, defaultName, newId } from './names.js';
 import { undoRaise } from './teardown.js';
 import { me } from './owner.js';
-import { DEFAULT_DISK_BYTES } from './limits.js';
+import { DEFAULT_DISK_BYTES } from '../defaults.js';
 import { DEFAULT_ENV } from './exec.js';
 import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../host/id-ranges.js';

@@ -7,7 +7,8 @@ import { checkName } from '../lab/names.js';
 import type { Locator, Path } from './locate.js';
 import type { RawMachine, RawScenario, RawStep } from './schema.js';
 import type { Check, MachineFileSpec, ScenarioSpec, Step } from './spec.js';
-import { DEFAULT_IMAGE, FIRST_AUTO_HOST, NAME_RULE, RESERVED_GROUPS, SCENARIO_NAME } from './spec.js';
+import { DEFAULT_IMAGE } from '../defaults.js';
+import { FIRST_AUTO_HOST, NAME_RULE, RESERVED_GROUPS, SCENARIO_NAME } from './spec.js';
 import { formatIpv4, overlaps, parseIpv4, parseSubnet, Problem, type Cidr } from './values.js';
 
 const HOSTNAME = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/i;

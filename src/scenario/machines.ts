@@ -1,5 +1,6 @@
 import type { LabContext } from '../lab/context.js';
 import { imageVolume } from '../lab/image-volume.js';
+import { DEFAULT_DRIVER } from '../defaults.js';
 import { withDefaults } from '../lab/limits.js';
 import { raiseSandbox } from '../lab/raise.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
@@ -26,7 +27,7 @@ export async function raiseMachine(
   storageKind?: StorageKind,
 ): Promise<Machine> {
   const m = scenario.spec.machines[index]!;
-  const driver = m.driver ?? 'namespaces';
+  const driver = m.driver ?? DEFAULT_DRIVER;
   const storage = from ? from.volume.kind : (storageKind ?? (await ctx.defaultStorage()));
   const netns = netnsPath(machineNetns(scenario.id, index));
   // the range of the user namespace that owns the machine's network namespace, if `up` made one

@@ -1,7 +1,8 @@
 import { posix } from 'node:path';
 import * as z from 'zod';
 import type { Check } from './spec.js';
-import { DEFAULT_CHECK_TIMEOUT_MS, DEFAULT_RUN_TIMEOUT_MS } from './spec.js';
+import { DEFAULT_CHECK_TIMEOUT_MS, DEFAULT_RUN_TIMEOUT_MS } from '../defaults.js';
+import { DRIVER_NAMES } from '../drivers/registry.js';
 import { parseDisk, parseDuration, parseMemory, parsePort, Problem } from './values.js';
 
 /*
@@ -264,7 +265,7 @@ const Machine = z.strictObject(
   {
     image: str('an image name').optional(),
     init: z.enum(['agent', 'systemd'], { error: 'expected agent or systemd' }).optional(),
-    driver: z.enum(['namespaces', 'qemu'], { error: 'expected namespaces or qemu' }).optional(),
+    driver: z.enum(DRIVER_NAMES, { error: `expected ${DRIVER_NAMES.join(' or ')}` }).optional(),
     hostname: str('a host name').optional(),
     memory: strOrNum('a size such as 128M').transform(conv(parseMemory)).optional(),
     pids: z

@@ -19,7 +19,7 @@ export interface NetworkSpec {
 
 export interface MachineFileSpec {
   name: string;
-  /** Default 'busybox'. */
+  /** Default DEFAULT_IMAGE (src/defaults.ts). */
   image: string;
   /** Default: the machine's name. */
   hostname: string;
@@ -38,8 +38,8 @@ export interface MachineFileSpec {
   ready: Check[];
   /** 'systemd': a system machine (the image's systemd as PID 1); absent: the agent is PID 1 */
   init?: 'systemd';
-  /** 'qemu': a VM on the scenario's networks (a tap in its network namespace); absent: `up --driver`'s, else namespaces */
-  driver?: 'namespaces' | 'qemu';
+  /** a driver's name (drivers/registry.ts); 'qemu': a VM on the scenario's networks (a tap in its network namespace); absent: `up --driver`'s, else DEFAULT_DRIVER */
+  driver?: string;
   /** forwarded from 127.0.0.1 while `snaplab up --ports` (or `port-forward SCENARIO`) runs */
   ports?: { local: number; remote: number }[];
   /** Ansible groups in `snaplab inventory` (each network the machine is on is one too) */
@@ -69,9 +69,6 @@ export interface LoadedScenario {
   hash: string;
 }
 
-export const DEFAULT_IMAGE = 'busybox';
-export const DEFAULT_RUN_TIMEOUT_MS = 60_000;
-export const DEFAULT_CHECK_TIMEOUT_MS = 30_000;
 /** Deterministic addresses start at this host number of each subnet. */
 export const FIRST_AUTO_HOST = 10;
 

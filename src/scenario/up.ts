@@ -12,9 +12,10 @@ import { USERNS_SIZE } from '../host/id-ranges.js';
 import { claimRange, machineHolder } from '../host/userns-registry.js';
 import { usernsFor } from '../lab/raise.js';
 import { checkMemory } from '../drivers/memory.js';
-import { DEFAULT_DRIVER, DRIVER_NAMES, driverInfo } from '../drivers/registry.js';
+import { DEFAULT_DRIVER } from '../defaults.js';
+import { DRIVER_NAMES, driverInfo } from '../drivers/registry.js';
 import { isVm, machineNetns, networkNetns, ownerDir, tapName, vethName } from './names.js';
-import type { LoadedScenario, MachineFileSpec, ScenarioSpec } from './spec.js';
+import type { LoadedScenario, ScenarioSpec } from './spec.js';
 import { runSteps, waitReady, type Machine } from './steps.js';
 import { teardownScenario } from './down.js';
 import { noted } from '../cleanup.js';
@@ -45,8 +46,10 @@ async function wireScenario(
   trace: Trace,
 ): Promise<void> {
   // a VM's namespace holds its QEMU and its taps, no process of the guest's: it needs no range
-  const nsUserns = usernsFor(ctx, { driver: 'namespaces', storage });
-  const userns = (j: number): boolean => nsUserns && !isVm(spec.machines[j]!);
+  const userns = (j: number): boolean => {
+    const m = spec.machines[j]!;
+    return !isVm(m) && usernsFor(ctx, { driver: m.driver ?? DEFAULT_DRIVER, storage });
+  };
   const ranges = await trace.phase('user namespace ranges', () =>
     Promise.all(spec.machines.map((_, j) => (userns(j) ? claimRange(ctx.home, machineHolder(sid, j)) : undefined))),
   );
@@ -112,8 +115,7 @@ function withDriver(spec: ScenarioSpec, driver: string | undefined): ScenarioSpe
       `unknown driver ${JSON.stringify(driver)} for a scenario's machines`,
       `use ${DRIVER_NAMES.join(' or ')}`,
     );
-  const named = driver as NonNullable<MachineFileSpec['driver']>;
-  return { ...spec, machines: spec.machines.map((m) => (m.driver ? m : { ...m, driver: named })) };
+  return { ...spec, machines: spec.machines.map((m) => (m.driver ? m : { ...m, driver })) };
 }
 
 /** What no machine can be raised with, said before anything is made (a VM's memory is its guest's RAM: it has a floor). */

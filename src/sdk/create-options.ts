@@ -1,20 +1,88 @@
 /**
- * What a create may be given, checked once for every front: the embedded Lab, the daemon (and
- * through it a gateway's nodes) call this before they make anything.
+ * A create's inputs, checked and given their defaults (src/defaults.ts) once for every front: the
+ * embedded Lab, the daemon and the cluster gateway call resolveCreate before they make anything,
+ * so that a default is applied in one place and a bad combination is refused the same way by all.
  */
+import { DEFAULT_DRIVER, DEFAULT_IMAGE } from '../defaults.js';
+import { findDriverInfo } from '../drivers/registry.js';
 import { SnaplabError } from '../errors.js';
+import { withDefaults } from '../lab/limits.js';
+import type { StorageKind } from '../storage/backend.js';
+import type { Limits } from '../store/records.js';
 import type { LabCreateOptions } from './api.js';
 
 /** A create's inputs as a daemon's request carries them: also a snapshot to restore. */
 export type CreateInputs = LabCreateOptions & { snapshot?: string };
 
-export function checkCreateInputs(o: CreateInputs): void {
+/** What every create has: its lifetime (s; undefined: none). */
+interface Resolved {
+  timeoutS?: number;
+}
+
+/** A machine raised from an image: every choice made. */
+export interface ImageCreate extends Resolved {
+  from: 'image';
+  image: string;
+  driver: string;
+  /** undefined: the best backend this host has (LabContext.defaultStorage, probed) */
+  storage?: StorageKind;
+  /** as asked, over the driver's own defaults, over the lab's */
+  limits: Limits;
+  userns?: boolean;
+  /** as asked; undefined: the image's own (machineInit, once the image is known) */
+  init?: 'agent' | 'systemd';
+}
+
+/** A ready standby of a pool: the pool's image, storage, driver and limits. */
+export interface PoolCreate extends Resolved {
+  from: 'pool';
+  pool: string;
+}
+
+/** A new machine from a snapshot: its limits are the snapshot's unless others are given. */
+export interface SnapshotCreate extends Resolved {
+  from: 'snapshot';
+  snapshot: string;
+  limits?: Limits;
+  userns?: boolean;
+}
+
+export type ResolvedCreate = ImageCreate | PoolCreate | SnapshotCreate;
+
+/**
+ * Check a create's inputs and give each its default. `defaults.timeoutS` is the lifetime of a
+ * create that asks none: a daemon's --default-timeout; the embedded lab gives none (nothing of it
+ * would end the sandbox).
+ */
+export function resolveCreate(o: CreateInputs, defaults: { timeoutS?: number } = {}): ResolvedCreate {
+  checkSources(o);
+  if (o.timeoutS !== undefined && (!Number.isSafeInteger(o.timeoutS) || o.timeoutS < 0))
+    throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${o.timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
+  const timeoutS = o.timeoutS ?? defaults.timeoutS;
+  const life = timeoutS === undefined ? {} : { timeoutS };
+  if (o.pool !== undefined) return { from: 'pool', pool: o.pool, ...life };
+  if (o.snapshot !== undefined)
+    return { from: 'snapshot', snapshot: o.snapshot, limits: o.limits, userns: o.userns, ...life };
+  const driver = o.driver ?? DEFAULT_DRIVER;
+  return {
+    from: 'image',
+    image: o.image ?? DEFAULT_IMAGE,
+    driver,
+    storage: o.storage,
+    limits: withDefaults(o.limits, driver),
+    userns: o.userns,
+    init: o.init,
+    ...life,
+  };
+}
+
+function checkSources(o: CreateInputs): void {
   const sources = [o.image, o.snapshot, o.pool].filter((x) => x !== undefined).length;
   if (sources > 1)
     throw new SnaplabError(
       'BAD_INPUT',
       'give one of image, snapshot and pool',
-      'a sandbox comes from an image (default busybox), a snapshot, or a pool standby',
+      `a sandbox comes from an image (default ${DEFAULT_IMAGE}), a snapshot, or a pool standby`,
     );
   if (o.pool !== undefined && (o.name !== undefined || o.limits || o.storage || o.driver)) {
     throw new SnaplabError(
@@ -23,6 +91,18 @@ export function checkCreateInputs(o: CreateInputs): void {
       "they are the pool's; give labels, metadata and a timeout only",
     );
   }
-  if (o.timeoutS !== undefined && (!Number.isSafeInteger(o.timeoutS) || o.timeoutS < 0))
-    throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${o.timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
+}
+
+/**
+ * A machine's init once its image is known: as asked, else the image's own systemd where a system
+ * machine can run (a driver that needs no user namespace for it, or one in a user namespace),
+ * else the agent (undefined).
+ */
+export function machineInit(
+  c: Pick<ImageCreate, 'driver' | 'userns' | 'init'>,
+  imageInit?: string,
+): 'systemd' | undefined {
+  const fromImage =
+    findDriverInfo(c.driver)?.capabilities.hostRootWithoutUserns !== true || c.userns !== false ? imageInit : undefined;
+  return (c.init ?? fromImage) === 'systemd' ? 'systemd' : undefined;
 }

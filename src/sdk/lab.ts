@@ -1,4 +1,3 @@
-import { findDriverInfo } from '../drivers/registry.js';
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/gc.js';
 import { imageVolume } from '../lab/image-volume.js';
@@ -7,7 +6,6 @@ import { raiseSandbox } from '../lab/raise.js';
 import { definePool, getPool, poolStats, type PoolSpec, type PoolStats } from '../lab/pool-admin.js';
 import { PoolRunner } from '../lab/pool.js';
 import { runOnce, withImageConfig, type RunOutcome, type RunSpec } from '../lab/run.js';
-import { BUILTIN_BUSYBOX } from '../lab/images.js';
 import { destroyRecord } from '../lab/teardown.js';
 import { Pool } from './pool.js';
 import { Scenario } from './scenario.js';
@@ -40,7 +38,8 @@ import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
 import { KeyRing } from '../lab/keys.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
-import { checkCreateInputs } from './create-options.js';
+import { machineInit, resolveCreate } from './create-options.js';
+import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 
 export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
 
@@ -110,35 +109,30 @@ export class Lab implements LabApi {
 
   /** Create a sandbox; resolves once a command has executed inside it. */
   async create(opts: CreateOptions = {}): Promise<Sandbox> {
-    checkCreateInputs(opts);
-    this.checkLifetime(opts);
+    const c = resolveCreate(opts);
+    this.checkLifetime(c);
     const labels = checkLabels('label', opts.labels);
     const metadata = checkLabels('metadata', opts.metadata);
-    if (opts.pool !== undefined) return this.takeStandby(opts.pool, { labels, metadata, ...lifetimeMeta(opts) });
-    const image = opts.image ?? 'busybox';
+    if (c.from === 'pool') return this.takeStandby(c.pool, { labels, metadata, ...lifetimeMeta(opts) });
+    // a caller past the types (JavaScript, a daemon's body) may ask for a snapshot: a restore
+    if (c.from === 'snapshot') return this.restore(c.snapshot, { ...opts, limits: c.limits });
     const { result, trace } = await this.ctx.traced('create', opts.name ?? null, async (t) => {
-      const storage = opts.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
-      const img = await t.phase('resolve image', () => this.ctx.images.resolve(image));
+      const storage = c.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
+      const img = await t.phase('resolve image', () => this.ctx.images.resolve(c.image));
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
-      // the image's own systemd boots unless the caller says --init agent
-      // (only where a system machine can run: a VM, or the namespaces driver in a user namespace)
-      const fromImage =
-        findDriverInfo(opts.driver)?.capabilities.hostRootWithoutUserns !== true || opts.userns !== false
-          ? img.provenance?.init
-          : undefined;
-      const init = (opts.init ?? fromImage) === 'systemd' ? ('systemd' as const) : undefined;
       return raiseSandbox(
         this.ctx,
         {
           name: opts.name,
           image: img.name,
           storage,
-          driver: opts.driver ?? 'namespaces',
-          limits: withDefaults(opts.limits, opts.driver),
+          driver: c.driver,
+          limits: c.limits,
           base,
           origin: null,
-          userns: opts.userns,
-          init,
+          userns: c.userns,
+          // the image's own systemd boots unless the caller says --init agent (where a system machine can run)
+          init: machineInit(c, img.provenance?.init),
         },
         t,
         opts.signal,
@@ -176,7 +170,7 @@ export class Lab implements LabApi {
           name: opts.name,
           image: snap.image,
           storage: snap.storage,
-          driver: snap.memory?.driver ?? snap.driver ?? 'namespaces',
+          driver: snap.memory?.driver ?? snap.driver ?? DEFAULT_DRIVER,
           // a memory snapshot continues a machine of a fixed size: its limits come with it
           // (the snapshot's disk cap is carried unless another is given)
           limits:
@@ -263,9 +257,10 @@ export class Lab implements LabApi {
     opts: { driver?: string; image?: string } = {},
     onProgress?: (s: string) => void,
   ): Promise<{ image: string; vm?: { version: string; kernel: string; initramfs: string } }> {
-    const driver = this.ctx.driver(opts.driver ?? 'namespaces');
-    onProgress?.(`image ${opts.image ?? 'busybox'}`);
-    const img = await this.ctx.images.resolve(opts.image ?? 'busybox');
+    const driver = this.ctx.driver(opts.driver ?? DEFAULT_DRIVER);
+    const image = opts.image ?? DEFAULT_IMAGE;
+    onProgress?.(`image ${image}`);
+    const img = await this.ctx.images.resolve(image);
     if (!driver.prepareHost) return { image: img.name };
     return { image: img.name, vm: await driver.prepareHost(onProgress) };
   }
@@ -344,8 +339,8 @@ export class Lab implements LabApi {
       return this.pool(opts.pool)
         .run(argv, { ...opts, encoding: 'buffer' })
         .then((r) => ({ ...encoded(r, opts.encoding), trace: r.trace }));
-    ({ argv, spec: opts } = withImageConfig(this.ctx, opts.image ?? BUILTIN_BUSYBOX, argv, opts));
-    const { result, trace } = await this.ctx.traced('run', opts.image ?? 'busybox', (t) =>
+    ({ argv, spec: opts } = withImageConfig(this.ctx, opts.image ?? DEFAULT_IMAGE, argv, opts));
+    const { result, trace } = await this.ctx.traced('run', opts.image ?? DEFAULT_IMAGE, (t) =>
       runOnce(
         this.ctx,
         async () => {
@@ -423,7 +418,7 @@ export class Lab implements LabApi {
 function lifetimeMeta(o: Lifetime): Partial<SandboxMeta> {
   return {
     ...(o.owner !== undefined ? { owner: o.owner } : {}),
-    ...(o.timeoutS !== undefined ? { timeoutS: o.timeoutS, onTimeout: o.onTimeout ?? 'kill' } : {}),
+    ...(o.timeoutS !== undefined ? { timeoutS: o.timeoutS, onTimeout: o.onTimeout ?? DEFAULT_ON_TIMEOUT } : {}),
     ...(o.timeoutS ? { expiresAt: Date.now() + o.timeoutS * 1000 } : {}),
   };
 }

@@ -1,4 +1,5 @@
 import type { AgentClient } from '../agent/client.js';
+import { DEFAULT_ON_TIMEOUT } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import {
@@ -106,7 +107,7 @@ export class Sandbox implements SandboxApi {
     return this.record.limits;
   }
   get onTimeout(): 'kill' | 'pause' {
-    return metaOf(this.ctx, this.record.id).onTimeout ?? 'kill';
+    return metaOf(this.ctx, this.record.id).onTimeout ?? DEFAULT_ON_TIMEOUT;
   }
 
   /** A new timeout from now (0: none); its clock runs while the sandbox runs. Needs a daemon's lab. */
@@ -388,7 +389,7 @@ export class Sandbox implements SandboxApi {
     return {
       owner: m.owner,
       timeoutS: m.timeoutS ?? 0,
-      onTimeout: m.onTimeout ?? 'kill',
+      onTimeout: m.onTimeout ?? DEFAULT_ON_TIMEOUT,
       expiresAt: m.expiresAt ? new Date(m.expiresAt).toISOString() : null,
     };
   }

@@ -1,3 +1,4 @@
+import { DEFAULT_DRIVER } from '../defaults.js';
 import type { SnapshotRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 
@@ -30,7 +31,7 @@ export class Snapshot {
       sandbox: r.sandbox,
       image: r.image,
       storage: r.storage,
-      driver: r.memory?.driver ?? r.driver ?? 'namespaces',
+      driver: r.memory?.driver ?? r.driver ?? DEFAULT_DRIVER,
       kind: r.memory ? 'memory' : 'filesystem',
       ...(r.memory ? { memoryBytes: r.memory.bytes } : {}),
       limits: r.limits,

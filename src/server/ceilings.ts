@@ -5,7 +5,8 @@
  * The Unix socket's caller (root on the host already) gets what it asks, as the library does.
  */
 import { LimitError } from '../errors.js';
-import { DEFAULT_DRIVER, findDriverInfo } from '../drivers/registry.js';
+import { DEFAULT_DRIVER } from '../defaults.js';
+import { findDriverInfo } from '../drivers/registry.js';
 import { limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
 import { withDefaults } from '../lab/limits.js';
 import type { LabApi } from '../sdk/api.js';

@@ -5,7 +5,8 @@
  * lifecycle: a sandbox is made, paused and destroyed by the same Lab calls the CLI makes.
  */
 import { Lab } from '../sdk/lab.js';
-import { checkCreateInputs } from '../sdk/create-options.js';
+import { resolveCreate } from '../sdk/create-options.js';
+import { DAEMON_DEFAULTS } from '../defaults.js';
 import type { CheckResult, LabCreateOptions, SandboxApi, SpawnOptions } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId } from '../names.js';
@@ -22,29 +23,17 @@ import type { Served, ServedLab } from './served-lab.js';
 
 export interface DaemonOptions {
   home?: string;
-  /** TTL of a sandbox made through the API when the request gives none (s); 0: none */
+  /** each as in DAEMON_DEFAULTS (src/defaults.ts), which holds its default */
   defaultTimeoutS?: number;
-  /** deadline of an exec or process when the request gives none (ms); 0: none */
   execTimeoutMs?: number;
-  /** output a process keeps for a client that reconnects (bytes) */
   ringBytes?: number;
-  /** how often lifetimes, the watcher and the reaper run (ms) */
   tickMs?: number;
-  /** a create (or restore) of the daemon's own that takes longer than this is aborted and cleaned (s) */
   createBoundS?: number;
-  /** where the dashboard finds `snaplab bench --results` directories (default $SNAPLAB_HOME/bench) */
   benchDir?: string;
   log?: (line: Record<string, unknown>) => void;
 }
 
-export const DEFAULTS = {
-  defaultTimeoutS: 300,
-  execTimeoutMs: 60_000,
-  ringBytes: 1 << 20,
-  tickMs: 1000,
-  createBoundS: 300,
-  benchDir: undefined as string | undefined,
-};
+export const DEFAULTS = DAEMON_DEFAULTS;
 
 export interface ProcessSpec {
   argv: string[];
@@ -243,7 +232,7 @@ export class Daemon {
   }
 
   async create(caller: Caller, body: CreateBody): Promise<SandboxApi> {
-    checkCreateInputs(body);
+    const asked = resolveCreate(body, { timeoutS: this.opts.defaultTimeoutS });
     // root inside being root outside is for the host's administrators to choose, not any key's
     if (body.userns === false && !caller.scopes.has('admin')) {
       throw new SnaplabError(
@@ -252,7 +241,7 @@ export class Daemon {
         'this needs a key with the admin scope',
       );
     }
-    const life = { owner: caller.key, timeoutS: body.timeoutS ?? this.opts.defaultTimeoutS, onTimeout: body.onTimeout };
+    const life = { owner: caller.key, timeoutS: asked.timeoutS, onTimeout: body.onTimeout };
     const release = await this.claimSandbox(caller);
     const ceiling = await this.ceilings.claim(caller, await askOf(this.lab, body)).catch((e: unknown) => {
       release();
@@ -268,31 +257,32 @@ export class Daemon {
     try {
       let box: SandboxApi;
       let how: string;
-      if (body.pool !== undefined) {
+      if (asked.from === 'pool') {
         this.events.taking++;
         taking = true;
-        box = await this.lab.create({ pool: body.pool, labels: body.labels, metadata: body.metadata, ...life });
-        how = `a standby of pool ${body.pool}`;
-      } else if (body.snapshot !== undefined) {
-        box = await this.lab.restore(body.snapshot, {
+        box = await this.lab.create({ pool: asked.pool, labels: body.labels, metadata: body.metadata, ...life });
+        how = `a standby of pool ${asked.pool}`;
+      } else if (asked.from === 'snapshot') {
+        // the limits are the ceilings' (as asked where the caller has none: the Unix socket)
+        box = await this.lab.restore(asked.snapshot, {
           name,
           limits: ceiling.limits,
-          userns: body.userns,
+          userns: asked.userns,
           labels: body.labels,
           metadata: body.metadata,
           signal,
           ...life,
         });
-        how = `restored from snapshot ${body.snapshot}`;
+        how = `restored from snapshot ${asked.snapshot}`;
       } else {
         const opts: LabCreateOptions & Served = {
-          image: body.image,
+          image: asked.image,
           name,
-          storage: body.storage,
-          driver: body.driver,
-          limits: ceiling.limits,
-          userns: body.userns,
-          init: body.init,
+          storage: asked.storage,
+          driver: asked.driver,
+          limits: ceiling.limits ?? asked.limits,
+          userns: asked.userns,
+          init: asked.init,
           labels: body.labels,
           metadata: body.metadata,
           signal,

@@ -4,6 +4,7 @@
  */
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
+import { DEFAULT_IMAGE } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { PoolSpec } from '../lab/pool-admin.js';
@@ -248,7 +249,7 @@ function poolRoutes(app: FastifyInstance, d: Daemon): void {
       const spec = req.body as PoolSpec;
       const op = d.operations.start('pool create', spec.name, async (progress) => {
         const pool = await d.lab.createPool(
-          { ...spec, image: spec.image ?? 'busybox', limits: spec.limits ?? {} },
+          { ...spec, image: spec.image ?? DEFAULT_IMAGE, limits: spec.limits ?? {} },
           (ready, target) => progress(`${ready}/${target} ready`),
         );
         pool.start();

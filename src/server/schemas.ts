@@ -3,6 +3,15 @@
  * (/openapi.json, through @fastify/swagger), so the two cannot drift apart.
  */
 import { Type, type Static } from 'typebox';
+import { DAEMON_DEFAULTS, DEFAULT_DRIVER, DEFAULT_IMAGE } from '../defaults.js';
+import { DRIVER_NAMES } from '../drivers/registry.js';
+
+/** a driver's name: the registry's list, so that a new driver is in the API's schema (and OpenAPI) at once */
+const DriverName = (description = `machine driver (default ${DEFAULT_DRIVER})`) =>
+  Type.Union(
+    DRIVER_NAMES.map((n) => Type.Literal(n)),
+    { description },
+  );
 
 const open = { additionalProperties: true } as const;
 
@@ -33,12 +42,12 @@ export const Limits = Type.Object(
 
 export const CreateBody = Type.Object(
   {
-    image: Type.Optional(Type.String({ description: 'image name (default busybox)' })),
+    image: Type.Optional(Type.String({ description: `image name (default ${DEFAULT_IMAGE})` })),
     snapshot: Type.Optional(Type.String({ description: 'restore this snapshot instead' })),
     pool: Type.Optional(Type.String({ description: 'take a ready standby of this pool instead' })),
     name: Type.Optional(Type.String()),
     storage: Type.Optional(Type.Union([Type.Literal('btrfs'), Type.Literal('overlay'), Type.Literal('dir')])),
-    driver: Type.Optional(Type.Union([Type.Literal('namespaces'), Type.Literal('qemu')])),
+    driver: Type.Optional(DriverName()),
     limits: Type.Optional(Limits),
     userns: Type.Optional(Type.Boolean()),
     init: Type.Optional(Type.Union([Type.Literal('agent'), Type.Literal('systemd')])),
@@ -47,7 +56,7 @@ export const CreateBody = Type.Object(
     timeoutS: Type.Optional(
       Type.Integer({
         minimum: 0,
-        description: "TTL in seconds from now (0: none; default: the daemon's --default-timeout, 300)",
+        description: `TTL in seconds from now (0: none; default: the daemon's --default-timeout, ${DAEMON_DEFAULTS.defaultTimeoutS})`,
       }),
     ),
     onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
@@ -85,7 +94,10 @@ export const ExecBody = Type.Object(
     cwd: Type.Optional(Type.String()),
     user: Type.Optional(Type.String()),
     timeoutMs: Type.Optional(
-      Type.Integer({ minimum: 0, description: "deadline: kills the command's process group (0: none; default 60000)" }),
+      Type.Integer({
+        minimum: 0,
+        description: `deadline: kills the command's process group (0: none; default: the daemon's --exec-timeout, ${DAEMON_DEFAULTS.execTimeoutMs})`,
+      }),
     ),
     stdin: Type.Optional(Type.String({ description: 'input, as text (or base64 with encoding: base64)' })),
     encoding: Type.Optional(
@@ -163,7 +175,7 @@ export const PoolBody = Type.Object(
     size: Type.Integer({ minimum: 0 }),
     limits: Type.Optional(Limits),
     storage: Type.Optional(Type.Union([Type.Literal('btrfs'), Type.Literal('overlay'), Type.Literal('dir')])),
-    driver: Type.Optional(Type.String()),
+    driver: Type.Optional(DriverName()),
     recycle: Type.Optional(Type.Boolean()),
     userns: Type.Optional(Type.Boolean()),
   },
@@ -199,11 +211,7 @@ export const ScenarioBody = Type.Object(
   {
     file: Type.String({ description: "a scenario file on the daemon's host" }),
     name: Type.Optional(Type.String()),
-    driver: Type.Optional(
-      Type.Union([Type.Literal('namespaces'), Type.Literal('qemu')], {
-        description: 'the driver of machines whose file names none',
-      }),
-    ),
+    driver: Type.Optional(DriverName(`the driver of machines whose file names none (default ${DEFAULT_DRIVER})`)),
   },
   { additionalProperties: false },
 );

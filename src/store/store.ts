@@ -1,4 +1,5 @@
 import type Database from 'better-sqlite3';
+import { DEFAULT_DRIVER } from '../defaults.js';
 import type { Db } from './db.js';
 import type {
   ApiKeyRecord,
@@ -105,7 +106,8 @@ function toPool(r: Row): PoolRecord {
     refusedDirty: r.refused_dirty as number,
     leaks: r.leaks as number,
     createdAt: r.created_at as number,
-    driver: (r.driver as string | null) ?? 'namespaces',
+    // a pool from before the column: the default driver was the only one then
+    driver: (r.driver as string | null) ?? DEFAULT_DRIVER,
     userns: r.userns === null || r.userns === undefined ? null : r.userns === 1,
     template: (r.template as string | null) ?? null,
   };
