@@ -1,7 +1,8 @@
 /**
  * A cluster on one machine: a real 3-member etcd on 127.0.0.1 ports, 3 node daemons (each a
- * simulated host with a SNAPLAB_HOME of its own) and 2 gateways, all real processes. The remote
- * library's contract suite runs through a gateway; then placement, one home's gc beside
+ * simulated host with a SNAPLAB_HOME of its own) and 2 gateways, all real processes. The contract
+ * suite runs on the remote library through a gateway, and on a GatewayLab in this process (the
+ * gateway's LabApi over the same nodes and etcd); then placement, one home's gc beside
  * another's, an etcd member killed, a gateway killed mid-stream, a node killed and back.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -16,6 +17,7 @@ import { freePort, startEtcd, type EtcdCluster } from './etcd-cluster.js';
 import { Etcd3 } from 'etcd3';
 import WebSocket from 'ws';
 import { failureMeans, noted } from '../src/cleanup.js';
+import { GatewayLab } from '../src/cluster/gateway-lab.js';
 
 let etcd: EtcdCluster;
 const homes: string[] = [];
@@ -23,6 +25,7 @@ const nodes: TestDaemon[] = [];
 const gateways: TestDaemon[] = [];
 let token: string;
 let lab: LabApi;
+let gatewayLab: GatewayLab;
 const LEASE_TTL_S = 3;
 
 const startNode = (i: number): Promise<TestDaemon> =>
@@ -64,17 +67,21 @@ beforeAll(async () => {
   for (let i = 0; i < 2; i++)
     gateways.push(await startDaemon(homes[0]!, ['--gateway', '--cluster', etcd.url, '--choices', '3']));
   lab = await Lab.connect({ url: gateways[0]!.url, token });
+  gatewayLab = await GatewayLab.open({ cluster: etcd.url, token, choices: 3 });
 }, 120_000);
 
 afterAll(async () => {
   lab?.close();
+  await gatewayLab?.core.close().catch(noted('close the gateway lab'));
   for (const g of gateways) await g.stop().catch(noted('stop a gateway'));
   for (const n of nodes) await n.stop().catch(noted('stop a node'));
   for (const h of homes) {
     cli(h, ['pool', 'rm', 'cpool-gateway']);
+    cli(h, ['pool', 'rm', 'cpool-gateway-lab']);
     cli(h, ['pool', 'rm', 'warm']);
     cli(h, ['rm', '--all']);
     cli(h, ['snapshot', 'rm', 'csnap-gateway']);
+    cli(h, ['snapshot', 'rm', 'csnap-gateway-lab']);
     cli(h, ['image', 'rm', '--force', 'busybox']);
     cli(h, ['gc']);
     rmSync(h, { recursive: true, force: true });
@@ -83,6 +90,9 @@ afterAll(async () => {
 }, 300_000);
 
 describe('through a gateway, the library', () => contractSuite('gateway', () => lab));
+
+describe('in this process, the GatewayLab (placement, then the nodes\' remote labs)', () =>
+  contractSuite('gateway-lab', () => gatewayLab));
 
 describe('a cluster', () => {
   it('serves the CLI unchanged (SNAPLAB_HOST=the gateway)', () => {

@@ -14,6 +14,8 @@ export interface ConnectOptions {
   url?: string;
   /** the API key (TCP); default $SNAPLAB_TOKEN */
   token?: string;
+  /** headers sent with every request and socket (a cluster gateway names the caller it acts for here) */
+  headers?: Record<string, string>;
 }
 
 export class Http {
@@ -26,7 +28,11 @@ export class Http {
 
   readonly url: string;
 
-  constructor(url: string, token: string | undefined) {
+  constructor(
+    url: string,
+    token: string | undefined,
+    private readonly extra: Record<string, string> = {},
+  ) {
     this.url = url;
     this.token = token;
     if (url.startsWith('unix:')) {
@@ -59,7 +65,7 @@ export class Http {
   }
 
   private headers(extra: Record<string, string> = {}): Record<string, string> {
-    return { ...(this.token ? { authorization: `Bearer ${this.token}` } : {}), ...extra };
+    return { ...this.extra, ...(this.token ? { authorization: `Bearer ${this.token}` } : {}), ...extra };
   }
 
   /** Send a request; the response as a stream (status checked: an error status throws its SnaplabError). */
