@@ -26,6 +26,7 @@ const gateways: TestDaemon[] = [];
 let token: string;
 let lab: LabApi;
 let gatewayLab: GatewayLab;
+const gatewayLabLog: Record<string, unknown>[] = [];
 const LEASE_TTL_S = 3;
 
 const startNode = (i: number): Promise<TestDaemon> =>
@@ -67,7 +68,7 @@ beforeAll(async () => {
   for (let i = 0; i < 2; i++)
     gateways.push(await startDaemon(homes[0]!, ['--gateway', '--cluster', etcd.url, '--choices', '3']));
   lab = await Lab.connect({ url: gateways[0]!.url, token });
-  gatewayLab = await GatewayLab.open({ cluster: etcd.url, token, choices: 3 });
+  gatewayLab = await GatewayLab.open({ cluster: etcd.url, token, choices: 3, log: (l) => gatewayLabLog.push(l) });
 }, 120_000);
 
 afterAll(async () => {
@@ -91,7 +92,7 @@ afterAll(async () => {
 
 describe('through a gateway, the library', () => contractSuite('gateway', () => lab));
 
-describe('in this process, the GatewayLab (placement, then the nodes\' remote labs)', () =>
+describe("in this process, the GatewayLab (placement, then the nodes' remote labs)", () =>
   contractSuite('gateway-lab', () => gatewayLab));
 
 describe('a cluster', () => {
@@ -121,7 +122,8 @@ describe('a cluster', () => {
       expect(n.capacity.memoryBytes).toBeGreaterThan(0);
     }
     // a second node under a taken name is refused (another home holds it)
-    const dup = await startDaemon(mkdtempSync(join(tmpdir(), 'snaplab-test-cluster-dup-')), [
+    const dupHome = mkdtempSync(join(tmpdir(), 'snaplab-test-cluster-dup-'));
+    const dup = await startDaemon(dupHome, [
       '--node',
       '--cluster',
       etcd.url,
@@ -134,6 +136,7 @@ describe('a cluster', () => {
       },
       (e: Error) => e.message,
     );
+    rmSync(dupHome, { recursive: true, force: true });
     expect(dup).toMatch(/NODE_EXISTS|a node named n0 is in the cluster/);
   });
 
@@ -252,6 +255,19 @@ describe('a cluster', () => {
     expect((await as<{ id: string }[]>(gateways[1]!, 'GET', '/sandboxes')).body.map((b) => b.id).sort()).toEqual(
       ok.map((t) => t.body.id).sort(),
     );
+    // a GatewayLab bound to the key: the same sandboxes, the same quota, the same refusals
+    const tenantLab = gatewayLab.as(
+      await until('the lab knows the key', () => {
+        try {
+          return gatewayLab.core.callerOf(tenant);
+        } catch {
+          return undefined;
+        }
+      }),
+    );
+    expect((await tenantLab.list()).map((b) => b.id).sort()).toEqual(ok.map((t) => t.body.id).sort());
+    await expect(tenantLab.get(admins.id)).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
+    await expect(tenantLab.create()).rejects.toMatchObject({ code: 'QUOTA_EXCEEDED' });
     // its event stream ends once the key is removed
     const events = await fetch(`${gateways[1]!.url}/events`, { headers: { authorization: `Bearer ${tenant}` } });
     const ended = (async () => {
@@ -270,6 +286,12 @@ describe('a cluster', () => {
       ]),
     ).resolves.toBe('ended');
     expect((await as(gateways[0]!, 'GET', '/sandboxes')).status).toBe(401);
+    await until('the lab refuses the removed key', () =>
+      tenantLab.list().then(
+        () => false,
+        (e: { code?: string }) => e.code === 'UNAUTHORIZED',
+      ),
+    );
     for (const t of [...ok.map((x) => x.body.id), admins.id]) await api(gateways[0]!, 'DELETE', `/sandboxes/${t}`);
   }, 60_000);
 
@@ -301,6 +323,12 @@ describe('a cluster', () => {
       expect([c.status, c.body.node]).toEqual([201, 'n1']);
       expect(gateways[0]!.log()).toMatch(/create retried on another node.*"from":"ghost","to":"n1"/);
       await api(gateways[0]!, 'DELETE', `/sandboxes/${c.body.id}`);
+      // the GatewayLab's create is placed and retried by the same code
+      await until('the lab sees the ghost', () => gatewayLab.core.view.nodes.has('ghost'));
+      const viaLab = await gatewayLab.create({ placement: { labels: { zone: 'z1' } } });
+      expect(viaLab.toJSON().node).toBe('n1');
+      expect(gatewayLabLog).toContainEqual(expect.objectContaining({ from: 'ghost', to: 'n1' }));
+      await viaLab.destroy();
     } finally {
       await lease.revoke();
       client.close();
@@ -422,6 +450,14 @@ describe('a cluster', () => {
     expect(lost.reason).toMatch(/node n2 stopped answering/);
     const exec = await api<{ code: string }>(g, 'POST', `/sandboxes/${doomed.id}/exec`, { argv: ['true'] });
     expect([exec.status, exec.body.code]).toEqual([410, 'SANDBOX_LOST']);
+    // the GatewayLab shows it as the gateway does: lost, with why, every call refused
+    const viaLab = await until('the lab sees it lost', async () => {
+      const b = await gatewayLab.get(doomed.id);
+      return b.state === 'lost' ? b : undefined;
+    });
+    expect(viaLab.reason).toMatch(/node n2 stopped answering/);
+    await expect(viaLab.exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_LOST' });
+    expect((await gatewayLab.list()).find((b) => b.id === doomed.id)?.state).toBe('lost');
     // new creates avoid it
     for (let i = 0; i < 3; i++) {
       const c = await api<{ node: string; id: string }>(g, 'POST', '/sandboxes', {});
@@ -434,9 +470,18 @@ describe('a cluster', () => {
     );
     events.abort();
     await stream;
-    // one lost record removed by its owner while the node is out: gone to everyone, its name free
-    expect((await api(g, 'DELETE', `/sandboxes/${forgotten.id}`)).status).toBe(204);
-    expect((await api(g, 'GET', `/sandboxes/${forgotten.id}`)).status).toBe(404);
+    // one lost record removed by its owner (through the GatewayLab) while the node is out: gone to everyone
+    await (await gatewayLab.get(forgotten.id)).destroy();
+    await until('the lab has forgotten it', () =>
+      gatewayLab.get(forgotten.id).then(
+        () => false,
+        (e: { code?: string }) => e.code === 'SANDBOX_NOT_FOUND',
+      ),
+    );
+    await until(
+      'the gateway has forgotten it',
+      async () => (await api(g, 'GET', `/sandboxes/${forgotten.id}`)).status === 404,
+    );
     expect((await api<{ id: string }[]>(g, 'GET', '/sandboxes')).body.map((x) => x.id)).not.toContain(forgotten.id);
     // their machines outlived their daemon; back in the cluster, the node destroys what was
     // declared lost, the removed one too (its record stayed as a tombstone for this)

@@ -60,14 +60,22 @@ export class GatewayLab implements LabApi {
     return new GatewayLab(this.core, caller);
   }
 
-  /** @internal a node's remote lab, acting for this caller (refused once its key is removed) */
-  remote(node: string): RemoteLab {
+  /**
+   * Refused once the caller's key is removed: checked before a call, not per node (a fan-out
+   * would take every node's refusal for a node that did not answer, and give an empty list).
+   */
+  private guard(): void {
     if (this.caller.hash !== undefined && !this.core.stillValid(this.caller))
       throw new SnaplabError(
         'UNAUTHORIZED',
         'the API key is not known (any more)',
         'make a new one with `snaplab key create NAME --cluster …`',
       );
+  }
+
+  /** @internal a node's remote lab, acting for this caller */
+  remote(node: string): RemoteLab {
+    this.guard();
     return this.core.remote(node, this.caller);
   }
 
@@ -77,6 +85,7 @@ export class GatewayLab implements LabApi {
   }
 
   async create(opts: RemoteCreateOptions = {}): Promise<SandboxApi> {
+    this.guard();
     const { placement, ...rest } = opts;
     const pool = opts.pool;
     const image = pool === undefined ? (opts.image ?? 'busybox') : undefined;
@@ -104,6 +113,7 @@ export class GatewayLab implements LabApi {
       userns?: boolean;
     } & Placement = {},
   ): Promise<SandboxApi> {
+    this.guard();
     const { placement, ...rest } = opts;
     const { value, node } = await placeCreate(
       this.core,
@@ -115,6 +125,7 @@ export class GatewayLab implements LabApi {
   }
 
   async get(idOrName: string): Promise<SandboxApi> {
+    this.guard();
     const { view } = this.core;
     const r = view.resolve(idOrName);
     if (r?.entry && this.core.owns(this.caller, r.entry) && (r.entry.state === 'lost' || !view.live(r.node)))
@@ -125,6 +136,7 @@ export class GatewayLab implements LabApi {
 
   /** Each node's answer (those that could not answer are logged and left out). */
   async fromEach<T>(call: (lab: RemoteLab, n: NodeInfo) => Promise<T>, nodes = [...this.core.view.nodes.values()]) {
+    this.guard();
     const { done, refused } = await this.core.onNodes(nodes, (n) => onNode(n.name, () => call(this.remote(n.name), n)));
     for (const r of refused)
       if ((r.error as { status?: number }).status === undefined)

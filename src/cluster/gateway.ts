@@ -4,8 +4,11 @@
  * unchanged. A gateway keeps no state of its own: keys, nodes and where each sandbox lives are in
  * etcd (view.ts keeps a watched copy), so several can run at once and any can serve any call.
  *
+ * The gateway is ClusterCore (core.ts: placement, claims, lookups, shared with the in-process
+ * GatewayLab) plus this HTTP server.
+ *
  * - A create is placed (placement.ts), its name taken in the store for that node before it
- *   starts, then sent on; one that never reached its node is placed once more, elsewhere.
+ *   starts, then sent on (create.ts); one that never reached its node is placed once more, elsewhere.
  * - A call on a sandbox goes to the node that holds it; its body and answer are streamed, and
  *   WebSockets (exec streams, terminals) are joined byte for byte (proxy.ts).
  * - Lists are asked of every node and merged; a sandbox whose node lapsed is listed `lost`.
