@@ -5,7 +5,10 @@
  * gateway's LabApi over the same nodes and etcd); then placement, one home's gc beside
  * another's, an etcd member killed, a gateway killed mid-stream, a node killed and back.
  */
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -27,6 +30,8 @@ let token: string;
 let lab: LabApi;
 let gatewayLab: GatewayLab;
 const gatewayLabLog: Record<string, unknown>[] = [];
+/** the GatewayLab's connect deadline: short, so that a partitioned node's test is quick */
+const GATEWAY_LAB_CONNECT_MS = 2000;
 const LEASE_TTL_S = 3;
 
 const startNode = (i: number): Promise<TestDaemon> =>
@@ -68,7 +73,13 @@ beforeAll(async () => {
   for (let i = 0; i < 2; i++)
     gateways.push(await startDaemon(homes[0]!, ['--gateway', '--cluster', etcd.url, '--choices', '3']));
   lab = await Lab.connect({ url: gateways[0]!.url, token });
-  gatewayLab = await GatewayLab.open({ cluster: etcd.url, token, choices: 3, log: (l) => gatewayLabLog.push(l) });
+  gatewayLab = await GatewayLab.open({
+    cluster: etcd.url,
+    token,
+    choices: 3,
+    connectTimeoutMs: GATEWAY_LAB_CONNECT_MS,
+    log: (l) => gatewayLabLog.push(l),
+  });
 }, 120_000);
 
 afterAll(async () => {
@@ -123,13 +134,7 @@ describe('a cluster', () => {
     }
     // a second node under a taken name is refused (another home holds it)
     const dupHome = mkdtempSync(join(tmpdir(), 'snaplab-test-cluster-dup-'));
-    const dup = await startDaemon(dupHome, [
-      '--node',
-      '--cluster',
-      etcd.url,
-      '--node-name',
-      'n0',
-    ]).then(
+    const dup = await startDaemon(dupHome, ['--node', '--cluster', etcd.url, '--node-name', 'n0']).then(
       async (d) => {
         await d.stop();
         return 'started';
@@ -358,6 +363,51 @@ describe('a cluster', () => {
     ws.close();
     await new Promise((r) => ws.once('close', r));
     expect((await fetch(`${gateways[0]!.url}/healthz`)).status).toBe(200);
+  }, 60_000);
+
+  it("a GatewayLab's create on a node that never accepts the connection (a partition) is retried elsewhere at its connect deadline", async () => {
+    // a listener that never accepts, its queue full: a further connection is never made (its SYN is dropped)
+    const mute = spawn(
+      'python3',
+      [
+        '-c',
+        'import socket,time\ns=socket.socket()\ns.bind(("127.0.0.1",0))\ns.listen(0)\nprint(s.getsockname()[1],flush=True)\ntime.sleep(300)',
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    const port = Number(String((await once(mute.stdout!, 'data'))[0]).trim());
+    const fill = [0, 1, 2].map(() => connect(port, '127.0.0.1').on('error', () => {}));
+    const client = new Etcd3({
+      hosts: etcd.members.filter((m) => m.proc.exitCode === null && !m.proc.killed).map((m) => `http://${m.client}`),
+    });
+    const lease = client.lease(60);
+    try {
+      const n1 = gatewayLab.core.view.nodes.get('n1')!;
+      const cap = n1.capacity;
+      // the emptiest node of zone z1: placement picks it first
+      const node = {
+        ...n1,
+        name: 'mute',
+        url: `http://127.0.0.1:${port}`,
+        sandboxes: 0,
+        capacity: { ...cap, memoryFreeBytes: cap.memoryBytes, diskFreeBytes: cap.diskBytes },
+      };
+      await lease.put('/snaplab/nodes/mute').value(JSON.stringify(node));
+      await until('the lab sees it', () => gatewayLab.core.view.nodes.has('mute'));
+      const t0 = Date.now();
+      const box = await gatewayLab.create({ placement: { labels: { zone: 'z1' } } });
+      expect(box.toJSON().node).toBe('n1');
+      expect(Date.now() - t0).toBeGreaterThanOrEqual(GATEWAY_LAB_CONNECT_MS);
+      expect(gatewayLabLog).toContainEqual(
+        expect.objectContaining({ from: 'mute', to: 'n1', error: expect.stringMatching(/no connection within/) }),
+      );
+      await box.destroy();
+    } finally {
+      await lease.revoke();
+      client.close();
+      for (const f of fill) f.destroy();
+      mute.kill();
+    }
   }, 60_000);
 
   it("one home's gc leaves another home's sandboxes alone", async () => {

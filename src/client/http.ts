@@ -4,7 +4,7 @@
  * and WebSockets for streams. An error response becomes the same SnaplabError the embedded
  * library throws (code, message, hint, operationId).
  */
-import { Agent, request, type IncomingMessage } from 'node:http';
+import { Agent, request, type ClientRequest, type IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
 import WebSocket from 'ws';
 import { SnaplabError, type ErrorCode } from '../errors.js';
@@ -16,6 +16,11 @@ export interface ConnectOptions {
   token?: string;
   /** headers sent with every request and socket (a cluster gateway names the caller it acts for here) */
   headers?: Record<string, string>;
+  /**
+   * give up on a connection not made within this (ms): DAEMON_UNREACHABLE, its cause ETIMEDOUT.
+   * Default: none (the system's own, minutes); a gateway gives its nodes 10 s (a partition)
+   */
+  connectTimeoutMs?: number;
 }
 
 export class Http {
@@ -28,11 +33,12 @@ export class Http {
 
   readonly url: string;
 
-  constructor(
-    url: string,
-    token: string | undefined,
-    private readonly extra: Record<string, string> = {},
-  ) {
+  private readonly extra: Record<string, string>;
+  private readonly connectTimeoutMs: number | undefined;
+
+  constructor(url: string, token: string | undefined, opts: Pick<ConnectOptions, 'headers' | 'connectTimeoutMs'> = {}) {
+    this.extra = opts.headers ?? {};
+    this.connectTimeoutMs = opts.connectTimeoutMs;
     this.url = url;
     this.token = token;
     if (url.startsWith('unix:')) {
@@ -97,6 +103,7 @@ export class Http {
         },
         resolve,
       );
+      this.connectDeadline(req);
       req.on('error', (e: NodeJS.ErrnoException) =>
         reject(
           e.name === 'AbortError'
@@ -124,12 +131,31 @@ export class Http {
     return (text ? JSON.parse(text) : undefined) as T;
   }
 
+  /** A request whose connection is not made in connectTimeoutMs fails as the system's would, ETIMEDOUT. */
+  private connectDeadline(req: ClientRequest): void {
+    const ms = this.connectTimeoutMs;
+    if (!ms) return;
+    req.once('socket', (s) => {
+      if (!s.connecting) return;
+      const t = setTimeout(
+        () => req.destroy(Object.assign(new Error(`no connection within ${ms / 1000} s`), { code: 'ETIMEDOUT' })),
+        ms,
+      );
+      s.once('connect', () => clearTimeout(t));
+      s.once('close', () => clearTimeout(t));
+    });
+  }
+
   /** A WebSocket to `path`, open. */
   socket(path: string): Promise<WebSocket> {
     const url = this.socketPath
       ? `ws+unix:${this.socketPath}:${path}`
       : `ws://${this.host.includes(':') ? `[${this.host}]` : this.host}:${this.port}${path}`;
-    const ws = new WebSocket(url, { headers: this.headers(), maxPayload: 64 << 20 });
+    const ws = new WebSocket(url, {
+      headers: this.headers(),
+      maxPayload: 64 << 20,
+      ...(this.connectTimeoutMs ? { handshakeTimeout: this.connectTimeoutMs } : {}),
+    });
     return new Promise((resolve, reject) => {
       ws.once('open', () => resolve(ws));
       ws.once('unexpected-response', (_req, res) => void errorOf(res).then(reject));

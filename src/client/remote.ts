@@ -536,7 +536,7 @@ export class RemoteLab implements LabApi {
         'no daemon URL given',
         'pass { url } or set SNAPLAB_HOST (http://HOST:PORT or unix:/path/to/daemon.sock)',
       );
-    this.http = new Http(url, opts.token ?? process.env.SNAPLAB_TOKEN, opts.headers);
+    this.http = new Http(url, opts.token ?? process.env.SNAPLAB_TOKEN, opts);
     this.rpc = new Rpc(this.http);
   }
 

@@ -7,7 +7,7 @@ import { randomUUID, timingSafeEqual } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
 import { RemoteLab } from '../client/remote.js';
 import { clusterOwner, hashKey, type Caller } from '../server/keys.js';
-import { ask, callerHeader } from './proxy.js';
+import { ask, callerHeader, CONNECT_TIMEOUT_MS } from './proxy.js';
 import { ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
 import { bestOfK, eligible, score, type PlacementRequest } from './placement.js';
 import { ClusterView } from './view.js';
@@ -26,6 +26,8 @@ export interface CoreOptions {
   /** K of power-of-K placement (default 2) */
   choices?: number;
   log?: (line: Record<string, unknown>) => void;
+  /** a node that does not accept a connection in this is not answering (default CONNECT_TIMEOUT_MS, 10 s) */
+  connectTimeoutMs?: number;
 }
 
 /** The store opened and its copy watched; closed again if either fails. */
@@ -55,6 +57,7 @@ export class ClusterCore {
   readonly token: string;
   readonly choices: number;
   readonly log: (line: Record<string, unknown>) => void;
+  private readonly connectTimeoutMs: number;
   /** recent placement times (ms), for /metrics */
   readonly placements: number[] = [];
   /** pool runs sent to each node and not answered, by pool: ready standbys not to count twice */
@@ -68,6 +71,7 @@ export class ClusterCore {
     this.token = parts.token;
     this.choices = opts.choices ?? 2;
     this.log = opts.log ?? (() => {});
+    this.connectTimeoutMs = opts.connectTimeoutMs ?? CONNECT_TIMEOUT_MS;
     this.view.on('keyRemoved', (hash: string) => {
       for (const [k, r] of this.remotes)
         if (r.hash === hash) {
@@ -130,7 +134,12 @@ export class ClusterCore {
     const k = `${node} ${url} ${header}`;
     let r = this.remotes.get(k);
     if (!r) {
-      const lab = new RemoteLab({ url, token: this.token, headers: { [CALLER_HEADER]: header } });
+      const lab = new RemoteLab({
+        url,
+        token: this.token,
+        headers: { [CALLER_HEADER]: header },
+        connectTimeoutMs: this.connectTimeoutMs,
+      });
       this.remotes.set(k, (r = { lab, hash: caller.hash }));
     }
     return r.lab;
