@@ -4,6 +4,7 @@
  * (gateway-lab.ts) both stand on it, so a create is placed and claimed one way whichever asks.
  */
 import { randomUUID, timingSafeEqual } from 'node:crypto';
+import { WebSocketServer } from 'ws';
 import { SnaplabError } from '../errors.js';
 import { RemoteLab } from '../client/remote.js';
 import { clusterOwner, hashKey, type Caller } from '../server/keys.js';
@@ -62,6 +63,10 @@ export class ClusterCore {
   readonly placements: number[] = [];
   /** pool runs sent to each node and not answered, by pool: ready standbys not to count twice */
   private readonly runs = new Map<string, number>();
+  /** the WebSockets joined or relayed here (/rpc): ended with the core */
+  readonly wss = new WebSocketServer({ noServer: true, maxPayload: 64 << 20 });
+  /** long-lived connections (joined sockets, /rpc, event streams) by key hash: closed when the key is removed */
+  private readonly conns = new Map<string, Set<() => void>>();
   /** a remote lab per node and caller, kept for their connections (keep-alive, /rpc) */
   private readonly remotes = new Map<string, { lab: RemoteLab; hash: string | undefined }>();
 
@@ -73,12 +78,30 @@ export class ClusterCore {
     this.log = opts.log ?? (() => {});
     this.connectTimeoutMs = opts.connectTimeoutMs ?? CONNECT_TIMEOUT_MS;
     this.view.on('keyRemoved', (hash: string) => {
+      for (const close of this.conns.get(hash) ?? []) close();
+      this.conns.delete(hash);
       for (const [k, r] of this.remotes)
         if (r.hash === hash) {
           r.lab.close();
           this.remotes.delete(k);
         }
     });
+  }
+
+  /** Close `close` when the caller's key is removed, or the core ends; the result forgets it. */
+  track(caller: Caller, close: () => void): () => void {
+    const k = caller.hash ?? '';
+    let set = this.conns.get(k);
+    if (!set) this.conns.set(k, (set = new Set()));
+    set.add(close);
+    return () => set!.delete(close);
+  }
+
+  /** The streams joined or relayed here, ended (they never end by themselves). */
+  endStreams(): void {
+    for (const c of this.wss.clients) c.terminate();
+    for (const set of this.conns.values()) for (const close of set) close();
+    this.conns.clear();
   }
 
   /** The caller an API key stands for (keys live in the store: `snaplab key create --cluster`). */
@@ -302,6 +325,7 @@ export class ClusterCore {
 
   /** The core alone (a GatewayLab's own): the remote labs, the watch and the store. */
   async close(): Promise<void> {
+    this.endStreams();
     for (const r of this.remotes.values()) r.lab.close();
     this.remotes.clear();
     await this.view.close();

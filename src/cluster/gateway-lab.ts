@@ -5,6 +5,8 @@
  * a GatewayLab is bound to one (`GatewayLab.open` with a key, or `lab.as(caller)` for another),
  * and its nodes apply that key's scopes and ownership, as they do for the HTTP gateway's requests.
  */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
 import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
@@ -17,6 +19,7 @@ import { noted } from '../cleanup.js';
 import { placeCreate } from './create.js';
 import { eligible } from './placement.js';
 import { AbsentSandbox } from './absent.js';
+import { forwardTo, joinUpgrade } from './streams.js';
 import { ClusterPool, sumPools } from './cluster-pool.js';
 import type { NodeInfo } from './store.js';
 
@@ -207,6 +210,21 @@ export class GatewayLab implements LabApi {
   /** Pools summed over the nodes that hold them. */
   async pools(): Promise<PoolStats[]> {
     return sumPools((await this.fromEach((lab) => lab.pools())).done);
+  }
+
+  /**
+   * A capability beside LabApi, for a front that holds the raw request: a client's WebSocket
+   * (`/rpc`, a sandbox's exec or attach) joined to its node byte for byte (streams.ts).
+   */
+  joinUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
+    this.guard();
+    return joinUpgrade(this.core, this.caller, req, socket, head);
+  }
+
+  /** The same for a request on a sandbox: passed on to its node as it comes, body and answer streamed. */
+  forward(sandbox: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+    this.guard();
+    return forwardTo(this.core, this.caller, sandbox, req, res);
   }
 
   close(): void {

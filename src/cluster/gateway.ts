@@ -10,26 +10,26 @@
  * - A create is placed (placement.ts), its name taken in the store for that node before it
  *   starts, then sent on (create.ts); one that never reached its node is placed once more, elsewhere.
  * - A call on a sandbox goes to the node that holds it; its body and answer are streamed, and
- *   WebSockets (exec streams, terminals) are joined byte for byte (proxy.ts).
+ *   WebSockets (exec streams, terminals) are joined byte for byte, /rpc relayed call by call
+ *   (streams.ts: a capability of the GatewayLab, over proxy.ts and rpc-relay.ts).
  * - Lists are asked of every node and merged; a sandbox whose node lapsed is listed `lost`.
  * - Long operations that ran on several nodes (a pool defined on each) have one id that names
  *   them all (`c.` + their node and id), so any gateway can answer for it.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { WebSocketServer } from 'ws';
 import { SnaplabError } from '../errors.js';
 import { requireScope, type Caller } from '../server/keys.js';
 import { VERSION } from '../version.js';
 import type { GatewayApi } from './gateway-api.js';
 import { clusterRoutes } from './gateway-routes.js';
-import { ask, asSnaplab, errorBody, forward, forwardUpgrade, readJson, sendError, sendJson } from './proxy.js';
+import { ask, asSnaplab, errorBody, forward, readJson, sendError, sendJson } from './proxy.js';
 import { statusOf } from '../server/http-errors.js';
-import { relayRpc } from './rpc-relay.js';
 import type { PlacementRequest } from './placement.js';
 import { clusterEvents } from './events.js';
 import { ClusterCore, openCluster, type ClusterParts } from './core.js';
 import { placeCreate } from './create.js';
+import { GatewayLab } from './gateway-lab.js';
 
 export interface GatewayOptions {
   cluster: string;
@@ -45,27 +45,10 @@ const CREATE_TIMEOUT_MS = 330_000;
 
 export class Gateway extends ClusterCore implements GatewayApi {
   private server: Server | undefined;
-  private readonly wss = new WebSocketServer({ noServer: true, maxPayload: 64 << 20 });
   url = '';
-
-  /** long-lived connections (joined sockets, /rpc, event streams) by key hash: closed when the key is removed */
-  private readonly conns = new Map<string, Set<() => void>>();
 
   private constructor(parts: ClusterParts, opts: GatewayOptions) {
     super(parts, opts);
-    this.view.on('keyRemoved', (hash: string) => {
-      for (const close of this.conns.get(hash) ?? []) close();
-      this.conns.delete(hash);
-    });
-  }
-
-  /** Close `close` when the caller's key is removed, or the gateway stops; the result forgets it. */
-  track(caller: Caller, close: () => void): () => void {
-    const k = caller.hash ?? '';
-    let set = this.conns.get(k);
-    if (!set) this.conns.set(k, (set = new Set()));
-    set.add(close);
-    return () => set!.delete(close);
   }
 
   static async start(opts: GatewayOptions): Promise<Gateway> {
@@ -171,28 +154,9 @@ export class Gateway extends ClusterCore implements GatewayApi {
         );
     };
     try {
-      const path = new URL(req.url!, 'http://x').pathname;
+      // joined byte for byte (or, /rpc, relayed call by call): the GatewayLab's capability
       const caller = this.authenticate(req, 'exec', true);
-      if (path === '/rpc') {
-        this.wss.handleUpgrade(req, socket, head, (ws) => relayRpc(this, ws, caller));
-        return;
-      }
-      const m = /^\/sandboxes\/([^/]+)\/(exec|processes\/[^/]+\/attach)$/.exec(path);
-      if (!m) throw new SnaplabError('BAD_INPUT', `no WebSocket route ${path}`, 'see docs/api.md');
-      const untrack = this.track(caller, () => socket.destroy());
-      socket.once('close', untrack);
-      void this.nodeOf(decodeURIComponent(m[1]!), caller)
-        .then((node) => {
-          // its key removed while its node was looked up: refused as if it had come a moment later
-          if (!this.stillValid(caller))
-            throw new SnaplabError(
-              'UNAUTHORIZED',
-              'the API key is not known (any more)',
-              'make a new one with `snaplab key create NAME --cluster …`',
-            );
-          forwardUpgrade(req, socket, head, this.node(node).url, node, this.token, caller);
-        })
-        .catch(refuse);
+      void new GatewayLab(this, caller).joinUpgrade(req, socket, head).catch(refuse);
     } catch (e) {
       refuse(e);
     }
@@ -207,8 +171,7 @@ export class Gateway extends ClusterCore implements GatewayApi {
   }
 
   override async close(): Promise<void> {
-    for (const c of this.wss.clients) c.terminate();
-    for (const set of this.conns.values()) for (const close of set) close();
+    this.endStreams();
     // event streams and joined sockets never end by themselves: closed, not waited for
     const closed = new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
     this.server?.closeAllConnections();
