@@ -8,7 +8,7 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { connect } from 'node:net';
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -32,6 +32,8 @@ let gatewayLab: GatewayLab;
 const gatewayLabLog: Record<string, unknown>[] = [];
 /** the GatewayLab's connect deadline: short, so that a partitioned node's test is quick */
 const GATEWAY_LAB_CONNECT_MS = 2000;
+/** and its answer deadline for reads: short too, but a loaded host's node answers a list well within it */
+const GATEWAY_LAB_ANSWER_MS = 5000;
 const LEASE_TTL_S = 3;
 
 const startNode = (i: number): Promise<TestDaemon> =>
@@ -62,6 +64,25 @@ async function api<T>(
   return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
 }
 
+/** A node entry in etcd (n1's, as the emptiest of zone z1) whose address is `url`, for the length of `fn`. */
+async function withFakeNode(name: string, url: string, fn: () => Promise<void>): Promise<void> {
+  const client = new Etcd3({
+    hosts: etcd.members.filter((m) => m.proc.exitCode === null && !m.proc.killed).map((m) => `http://${m.client}`),
+  });
+  const lease = client.lease(60);
+  try {
+    const n1 = gatewayLab.core.view.nodes.get('n1')!;
+    const cap = n1.capacity;
+    const capacity = { ...cap, memoryFreeBytes: cap.memoryBytes, diskFreeBytes: cap.diskBytes };
+    await lease.put(`/snaplab/nodes/${name}`).value(JSON.stringify({ ...n1, name, url, sandboxes: 0, capacity }));
+    await until(`the lab sees ${name}`, () => gatewayLab.core.view.nodes.has(name));
+    await fn();
+  } finally {
+    await lease.revoke();
+    client.close();
+  }
+}
+
 beforeAll(async () => {
   etcd = await startEtcd(3);
   for (let i = 0; i < 3; i++) homes.push(mkdtempSync(join(tmpdir(), `snaplab-test-cluster-n${i}-`)));
@@ -78,6 +99,7 @@ beforeAll(async () => {
     token,
     choices: 3,
     connectTimeoutMs: GATEWAY_LAB_CONNECT_MS,
+    answerTimeoutMs: GATEWAY_LAB_ANSWER_MS,
     log: (l) => gatewayLabLog.push(l),
   });
 }, 120_000);
@@ -377,36 +399,44 @@ describe('a cluster', () => {
     );
     const port = Number(String((await once(mute.stdout!, 'data'))[0]).trim());
     const fill = [0, 1, 2].map(() => connect(port, '127.0.0.1').on('error', () => {}));
-    const client = new Etcd3({
-      hosts: etcd.members.filter((m) => m.proc.exitCode === null && !m.proc.killed).map((m) => `http://${m.client}`),
-    });
-    const lease = client.lease(60);
     try {
-      const n1 = gatewayLab.core.view.nodes.get('n1')!;
-      const cap = n1.capacity;
-      // the emptiest node of zone z1: placement picks it first
-      const node = {
-        ...n1,
-        name: 'mute',
-        url: `http://127.0.0.1:${port}`,
-        sandboxes: 0,
-        capacity: { ...cap, memoryFreeBytes: cap.memoryBytes, diskFreeBytes: cap.diskBytes },
-      };
-      await lease.put('/snaplab/nodes/mute').value(JSON.stringify(node));
-      await until('the lab sees it', () => gatewayLab.core.view.nodes.has('mute'));
-      const t0 = Date.now();
-      const box = await gatewayLab.create({ placement: { labels: { zone: 'z1' } } });
-      expect(box.toJSON().node).toBe('n1');
-      expect(Date.now() - t0).toBeGreaterThanOrEqual(GATEWAY_LAB_CONNECT_MS);
-      expect(gatewayLabLog).toContainEqual(
-        expect.objectContaining({ from: 'mute', to: 'n1', error: expect.stringMatching(/no connection within/) }),
-      );
-      await box.destroy();
+      await withFakeNode('mute', `http://127.0.0.1:${port}`, async () => {
+        const t0 = Date.now();
+        const box = await gatewayLab.create({ placement: { labels: { zone: 'z1' } } });
+        expect(box.toJSON().node).toBe('n1');
+        expect(Date.now() - t0).toBeGreaterThanOrEqual(GATEWAY_LAB_CONNECT_MS);
+        expect(gatewayLabLog).toContainEqual(
+          expect.objectContaining({ from: 'mute', to: 'n1', error: expect.stringMatching(/no connection within/) }),
+        );
+        await box.destroy();
+      });
     } finally {
-      await lease.revoke();
-      client.close();
       for (const f of fill) f.destroy();
       mute.kill();
+    }
+  }, 60_000);
+
+  it("a GatewayLab's fan-out leaves out a node that accepts and does not answer, at its answer deadline", async () => {
+    const held: Socket[] = [];
+    const hung = createServer((c) => held.push(c));
+    await new Promise<void>((r) => hung.listen(0, '127.0.0.1', r));
+    try {
+      await withFakeNode('hung', `http://127.0.0.1:${(hung.address() as AddressInfo).port}`, async () => {
+        const box = await gatewayLab.create({ name: 'beside-hung', placement: { labels: { zone: 'z0' } } });
+        try {
+          const t0 = Date.now();
+          expect((await gatewayLab.list()).map((b) => b.name)).toContain('beside-hung');
+          expect(Date.now() - t0).toBeGreaterThanOrEqual(GATEWAY_LAB_ANSWER_MS - 100);
+          expect(gatewayLabLog).toContainEqual(
+            expect.objectContaining({ node: 'hung', error: expect.stringMatching(/no answer from .* within 5 s/) }),
+          );
+        } finally {
+          await box.destroy();
+        }
+      });
+    } finally {
+      for (const c of held) c.destroy();
+      hung.close();
     }
   }, 60_000);
 

@@ -21,6 +21,12 @@ export interface ConnectOptions {
    * Default: none (the system's own, minutes); a gateway gives its nodes 10 s (a partition)
    */
   connectTimeoutMs?: number;
+  /**
+   * give up on a JSON call (one without a signal of its own) whose whole answer has not come in
+   * this (ms): DAEMON_UNREACHABLE. For a client that makes short calls only (a gateway's fan-out
+   * reads): a create, an upload or a long-polled operation would be cut short. Default: none
+   */
+  answerTimeoutMs?: number;
 }
 
 export class Http {
@@ -35,10 +41,16 @@ export class Http {
 
   private readonly extra: Record<string, string>;
   private readonly connectTimeoutMs: number | undefined;
+  private readonly answerTimeoutMs: number | undefined;
 
-  constructor(url: string, token: string | undefined, opts: Pick<ConnectOptions, 'headers' | 'connectTimeoutMs'> = {}) {
+  constructor(
+    url: string,
+    token: string | undefined,
+    opts: Pick<ConnectOptions, 'headers' | 'connectTimeoutMs' | 'answerTimeoutMs'> = {},
+  ) {
     this.extra = opts.headers ?? {};
     this.connectTimeoutMs = opts.connectTimeoutMs;
+    this.answerTimeoutMs = opts.answerTimeoutMs;
     this.url = url;
     this.token = token;
     if (url.startsWith('unix:')) {
@@ -126,8 +138,21 @@ export class Http {
     path: string,
     opts: { json?: unknown; body?: Readable | Buffer; contentType?: string; signal?: AbortSignal } = {},
   ): Promise<T> {
-    const res = await this.stream(method, path, opts);
-    const text = (await collect(res)).toString();
+    const ms = opts.signal ? undefined : this.answerTimeoutMs;
+    const deadline = ms ? AbortSignal.timeout(ms) : undefined;
+    let text: string;
+    try {
+      const res = await this.stream(method, path, deadline ? { ...opts, signal: deadline } : opts);
+      text = (await collect(res)).toString();
+    } catch (e) {
+      if (!deadline?.aborted) throw e;
+      throw new SnaplabError(
+        'DAEMON_UNREACHABLE',
+        `${method} ${path}: no answer from ${this.url} within ${ms! / 1000} s`,
+        'it may be overloaded, or partitioned away',
+        { cause: e },
+      );
+    }
     return (text ? JSON.parse(text) : undefined) as T;
   }
 

@@ -16,11 +16,12 @@ import type { NodeInfo } from './store.js';
 /** What a pool needs of its GatewayLab (given this, not the class: gateway-lab.ts imports this file). */
 export interface PoolHost {
   readonly core: ClusterCore;
-  remote(node: string): RemoteLab;
+  remote(node: string, read?: boolean): RemoteLab;
   create(opts: { pool: string; timeoutS: number }): Promise<SandboxApi>;
   fromEach<T>(
     call: (lab: RemoteLab, n: NodeInfo) => Promise<T>,
     nodes?: NodeInfo[],
+    read?: boolean,
   ): Promise<{ done: { node: string; value: T }[]; refused: { node: string; error: unknown }[] }>;
 }
 
@@ -92,7 +93,7 @@ export class ClusterPool implements PoolApi {
   private async onHolders<T>(call: (pool: PoolApi) => Promise<T>): Promise<T[]> {
     const names = new Set(await this.holders());
     const nodes = [...this.lab.core.view.nodes.values()].filter((n) => names.has(n.name));
-    const { done, refused } = await this.lab.fromEach((lab) => call(lab.pool(this.name)), nodes);
+    const { done, refused } = await this.lab.fromEach((lab) => call(lab.pool(this.name)), nodes, false);
     if (refused.length) throw refusedBy(refused);
     return done.map((d) => d.value);
   }

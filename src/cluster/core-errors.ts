@@ -50,8 +50,10 @@ export function unplaceable(req: PlacementRequest): SnaplabError {
 export function fromNode(node: string, e: unknown): Error {
   if (!(e instanceof SnaplabError)) return e as Error;
   if (e.code === 'DAEMON_UNREACHABLE') {
-    const cause = (e as { cause?: unknown }).cause;
-    return Object.assign(nodeUnavailable(node, (cause as Error) ?? e), { connect: neverConnected(cause) });
+    // the system's error (ECONNREFUSED, ETIMEDOUT…) says why; else (no answer in time) the client's own does
+    const cause = (e as { cause?: NodeJS.ErrnoException }).cause;
+    const errno = /^E[A-Z0-9]+$/.test(String(cause?.code)) ? cause : undefined;
+    return Object.assign(nodeUnavailable(node, errno ?? e), { connect: neverConnected(errno) });
   }
   if (e.code === 'ABORTED') return e;
   return Object.assign(e, { status: statusOf(e.code) });

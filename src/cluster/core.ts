@@ -8,7 +8,7 @@ import { WebSocketServer } from 'ws';
 import { SnaplabError } from '../errors.js';
 import { RemoteLab } from '../client/remote.js';
 import { clusterOwner, hashKey, type Caller } from '../server/keys.js';
-import { ask, callerHeader, CONNECT_TIMEOUT_MS } from './proxy.js';
+import { ask, ASK_TIMEOUT_MS, callerHeader, CONNECT_TIMEOUT_MS } from './proxy.js';
 import { ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
 import { bestOfK, eligible, score, type PlacementRequest } from './placement.js';
 import { ClusterView } from './view.js';
@@ -29,6 +29,8 @@ export interface CoreOptions {
   log?: (line: Record<string, unknown>) => void;
   /** a node that does not accept a connection in this is not answering (default CONNECT_TIMEOUT_MS, 10 s) */
   connectTimeoutMs?: number;
+  /** a node's answer to a read (a list, a lookup) not come in this is no answer (default ASK_TIMEOUT_MS, 15 s) */
+  answerTimeoutMs?: number;
 }
 
 /** The store opened and its copy watched; closed again if either fails. */
@@ -59,6 +61,7 @@ export class ClusterCore {
   readonly choices: number;
   readonly log: (line: Record<string, unknown>) => void;
   private readonly connectTimeoutMs: number;
+  private readonly answerTimeoutMs: number;
   /** recent placement times (ms), for /metrics */
   readonly placements: number[] = [];
   /** pool runs sent to each node and not answered, by pool: ready standbys not to count twice */
@@ -77,6 +80,7 @@ export class ClusterCore {
     this.choices = opts.choices ?? 2;
     this.log = opts.log ?? (() => {});
     this.connectTimeoutMs = opts.connectTimeoutMs ?? CONNECT_TIMEOUT_MS;
+    this.answerTimeoutMs = opts.answerTimeoutMs ?? ASK_TIMEOUT_MS;
     this.view.on('keyRemoved', (hash: string) => {
       for (const close of this.conns.get(hash) ?? []) close();
       this.conns.delete(hash);
@@ -149,12 +153,14 @@ export class ClusterCore {
   /**
    * The node's remote lab, acting for `caller`: the cluster token as its key and the caller named
    * in CALLER_HEADER, as the gateway's own requests to nodes (the node applies that key's scopes
-   * and ownership). Kept per node and caller, dropped when the key is removed.
+   * and ownership). Kept per node and caller, dropped when the key is removed. `read`: one for
+   * short reads, whose answers have a deadline (a node that accepts and does not answer is left
+   * out of a fan-out, as ask() does), not for creates, uploads or operations.
    */
-  remote(node: string, caller: Caller): RemoteLab {
+  remote(node: string, caller: Caller, read = false): RemoteLab {
     const { url } = this.node(node);
     const header = callerHeader(caller);
-    const k = `${node} ${url} ${header}`;
+    const k = `${node} ${url} ${read} ${header}`;
     let r = this.remotes.get(k);
     if (!r) {
       const lab = new RemoteLab({
@@ -162,6 +168,7 @@ export class ClusterCore {
         token: this.token,
         headers: { [CALLER_HEADER]: header },
         connectTimeoutMs: this.connectTimeoutMs,
+        ...(read ? { answerTimeoutMs: this.answerTimeoutMs } : {}),
       });
       this.remotes.set(k, (r = { lab, hash: caller.hash }));
     }

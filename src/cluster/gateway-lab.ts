@@ -76,10 +76,10 @@ export class GatewayLab implements LabApi {
       );
   }
 
-  /** @internal a node's remote lab, acting for this caller */
-  remote(node: string): RemoteLab {
+  /** @internal a node's remote lab, acting for this caller (`read`: for short reads, with an answer deadline) */
+  remote(node: string, read = false): RemoteLab {
     this.guard();
-    return this.core.remote(node, this.caller);
+    return this.core.remote(node, this.caller, read);
   }
 
   /** A node's sandbox, its view saying which node. */
@@ -134,13 +134,22 @@ export class GatewayLab implements LabApi {
     if (r?.entry && this.core.owns(this.caller, r.entry) && (r.entry.state === 'lost' || !view.live(r.node)))
       return new AbsentSandbox(this.core.store, r.entry, view.left.has(r.node));
     const node = await this.core.nodeOf(idOrName, this.caller);
-    return this.placed(node, (await onNode(node, () => this.remote(node).get(idOrName))).toJSON());
+    return this.placed(node, (await onNode(node, () => this.remote(node, true).get(idOrName))).toJSON());
   }
 
-  /** Each node's answer (those that could not answer are logged and left out). */
-  async fromEach<T>(call: (lab: RemoteLab, n: NodeInfo) => Promise<T>, nodes = [...this.core.view.nodes.values()]) {
+  /**
+   * Each node's answer (those that could not answer are logged and left out). `read` (the
+   * default): a short read, whose answer has a deadline; false for a change that may take long.
+   */
+  async fromEach<T>(
+    call: (lab: RemoteLab, n: NodeInfo) => Promise<T>,
+    nodes = [...this.core.view.nodes.values()],
+    read = true,
+  ) {
     this.guard();
-    const { done, refused } = await this.core.onNodes(nodes, (n) => onNode(n.name, () => call(this.remote(n.name), n)));
+    const { done, refused } = await this.core.onNodes(nodes, (n) =>
+      onNode(n.name, () => call(this.remote(n.name, read), n)),
+    );
     for (const r of refused)
       if ((r.error as { status?: number }).status === undefined)
         this.core.log({ msg: 'a node did not answer a fan-out', node: r.node, error: (r.error as Error).message });
@@ -183,7 +192,7 @@ export class GatewayLab implements LabApi {
 
   async snapshot(name: string): Promise<SnapshotApi> {
     const at = await this.snapshotNode(name);
-    const s = at.snapshot ?? (await onNode(at.node, () => this.remote(at.node).snapshot(name)));
+    const s = at.snapshot ?? (await onNode(at.node, () => this.remote(at.node, true).snapshot(name)));
     return snapshotOf({ ...s.toJSON(), node: at.node });
   }
 
@@ -198,7 +207,7 @@ export class GatewayLab implements LabApi {
     const ok = eligible(this.core.view.nodes.values(), { labels: placement?.labels }, this.core.view.drained);
     if (!Array.isArray(ok))
       throw new SnaplabError('NODE_UNAVAILABLE', `no node to run it on: ${ok.reason}`, 'see `snaplab cluster nodes`');
-    const { refused } = await this.fromEach((lab) => lab.createPool(rest), ok);
+    const { refused } = await this.fromEach((lab) => lab.createPool(rest), ok, false);
     if (refused.length) throw refusedBy(refused);
     return this.pool(spec.name);
   }
