@@ -3,16 +3,15 @@
  * and where each sandbox is. The HTTP gateway (gateway.ts) and the in-process GatewayLab
  * (gateway-lab.ts) both stand on it, so a create is placed and claimed one way whichever asks.
  */
-import { randomUUID, timingSafeEqual } from 'node:crypto';
+import { timingSafeEqual } from 'node:crypto';
 import { WebSocketServer } from 'ws';
 import { SnaplabError } from '../errors.js';
 import { RemoteLab } from '../client/remote.js';
 import { clusterOwner, hashKey, type Caller } from '../server/keys.js';
 import { ask, ASK_TIMEOUT_MS, callerHeader, CONNECT_TIMEOUT_MS } from './proxy.js';
-import { ClusterStore, type NodeInfo, type SandboxEntry } from './store.js';
+import { ClusterStore, type NodeInfo } from './store.js';
 import { bestOfK, eligible, score, type PlacementRequest } from './placement.js';
 import { ClusterView } from './view.js';
-import { noted } from '../cleanup.js';
 import { CALLER_HEADER } from '../server/keys.js';
 import { lostError, notFound, unplaceable } from './core-errors.js';
 
@@ -260,38 +259,6 @@ export class ClusterCore {
     const v = (this.runs.get(k) ?? 1) - 1;
     if (v > 0) this.runs.set(k, v);
     else this.runs.delete(k);
-  }
-
-  /**
-   * Where a new sandbox is, written before its create is answered: the client's next call may
-   * come through another gateway before its node has written it (the node's own entry, when it
-   * comes, is the same). Never over an entry the node has written already.
-   */
-  async record(v: Record<string, unknown>, node: string, caller: Caller): Promise<void> {
-    const e: SandboxEntry = {
-      id: String(v.id),
-      name: String(v.name),
-      node,
-      owner: clusterOwner(caller.key),
-      state: String(v.state ?? 'running'),
-      image: (v.image as string) ?? null,
-      labels: (v.labels as Record<string, string>) ?? {},
-      createdAt: Date.parse(String(v.createdAt)) || Date.now(),
-      reason: null,
-    };
-    this.view.sandboxes.set(e.id, e);
-    this.view.names.set(e.name, { node, id: e.id, owner: e.owner, at: e.createdAt });
-    await this.store.putSandboxIfAbsent(e);
-  }
-
-  /** A note on the event stream (create retried…), kept 10 minutes. */
-  async note(type: string, data: Record<string, unknown>): Promise<void> {
-    const lease = this.store.client.lease(600, { autoKeepAlive: false });
-    await lease
-      .put(this.store.key('notes', `${Date.now()}-${randomUUID()}`))
-      .value(JSON.stringify({ type, at: Date.now(), ...data }))
-      .catch(noted(`store a cluster note (${type})`));
-    lease.release();
   }
 
   /** Ask every node that is up; the answers of those that answered, and which did not. */

@@ -3,13 +3,14 @@
  * in the store for that node before it starts, the key's quota checked cluster-wide, then sent;
  * one that never reached its node is placed once more, elsewhere, its claim moved with it.
  */
+import { randomUUID } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
 import { defaultName, newId } from '../lab/names.js';
 import { clusterOwner, type Caller } from '../server/keys.js';
 import { QuotaError } from '../server/http-errors.js';
 import type { ClusterCore } from './core.js';
 import type { PlacementRequest } from './placement.js';
-import type { Claim } from './store.js';
+import type { Claim, SandboxEntry } from './store.js';
 import { noted } from '../cleanup.js';
 
 /** a create's claim in the store lapses after this, whatever became of the gateway that made it */
@@ -65,6 +66,38 @@ async function claim(core: ClusterCore, caller: Caller, c: PlacedCreate, node: s
   return got;
 }
 
+/**
+ * Where a new sandbox is, written before its create is answered: the client's next call may
+ * come through another gateway before its node has written it (the node's own entry, when it
+ * comes, is the same). Never over an entry the node has written already.
+ */
+async function record(core: ClusterCore, v: Record<string, unknown>, node: string, caller: Caller): Promise<void> {
+  const e: SandboxEntry = {
+    id: String(v.id),
+    name: String(v.name),
+    node,
+    owner: clusterOwner(caller.key),
+    state: String(v.state ?? 'running'),
+    image: (v.image as string) ?? null,
+    labels: (v.labels as Record<string, string>) ?? {},
+    createdAt: Date.parse(String(v.createdAt)) || Date.now(),
+    reason: null,
+  };
+  core.view.sandboxes.set(e.id, e);
+  core.view.names.set(e.name, { node, id: e.id, owner: e.owner, at: e.createdAt });
+  await core.store.putSandboxIfAbsent(e);
+}
+
+/** A note on the cluster's event stream (create retried…), kept 10 minutes. */
+async function note(core: ClusterCore, type: string, data: Record<string, unknown>): Promise<void> {
+  const lease = core.store.client.lease(600, { autoKeepAlive: false });
+  await lease
+    .put(core.store.key('notes', `${Date.now()}-${randomUUID()}`))
+    .value(JSON.stringify({ type, at: Date.now(), ...data }))
+    .catch(noted(`store a cluster note (${type})`));
+  lease.release();
+}
+
 /** Placed, claimed and sent; the node's view and the node. */
 export async function placeCreate(
   core: ClusterCore,
@@ -86,7 +119,7 @@ export async function placeCreate(
         );
       const value = await send(node, held.name);
       made = true;
-      await core.record(value, node, caller);
+      await record(core, value, node, caller);
       await core.store.endCreate(held, 'made').catch(noted("end the create's claim"));
       return { value, node };
     } catch (e) {
@@ -114,7 +147,7 @@ async function moved(core: ClusterCore, c: PlacedCreate, held: Claim, e: unknown
   });
   if (!(await core.store.moveCreate(held, next.name))) return false;
   const reason = (e as Error).message;
-  await core.note('create.retried', { from, to: next.name, name: held.name ?? null, reason });
+  await note(core, 'create.retried', { from, to: next.name, name: held.name ?? null, reason });
   core.log({ msg: 'create retried on another node', from, to: next.name, error: reason });
   return true;
 }
