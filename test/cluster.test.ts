@@ -1,10 +1,14 @@
 /**
  * A cluster on one machine: a real 3-member etcd on 127.0.0.1 ports, 3 node daemons (each a
- * simulated host with a SNAPLAB_HOME of its own) and 2 gateways, all real processes. The remote
- * library's contract suite runs through a gateway; then placement, one home's gc beside
+ * simulated host with a SNAPLAB_HOME of its own) and 2 gateways, all real processes. The contract
+ * suite runs on the remote library through a gateway, and on a GatewayLab in this process (the
+ * gateway's LabApi over the same nodes and etcd); then placement, one home's gc beside
  * another's, an etcd member killed, a gateway killed mid-stream, a node killed and back.
  */
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -16,6 +20,7 @@ import { freePort, startEtcd, type EtcdCluster } from './etcd-cluster.js';
 import { Etcd3 } from 'etcd3';
 import WebSocket from 'ws';
 import { failureMeans, noted } from '../src/cleanup.js';
+import { GatewayLab } from '../src/cluster/gateway-lab.js';
 
 let etcd: EtcdCluster;
 const homes: string[] = [];
@@ -23,6 +28,12 @@ const nodes: TestDaemon[] = [];
 const gateways: TestDaemon[] = [];
 let token: string;
 let lab: LabApi;
+let gatewayLab: GatewayLab;
+const gatewayLabLog: Record<string, unknown>[] = [];
+/** the GatewayLab's connect deadline: short, so that a partitioned node's test is quick */
+const GATEWAY_LAB_CONNECT_MS = 2000;
+/** and its answer deadline for reads: short too, but a loaded host's node answers a list well within it */
+const GATEWAY_LAB_ANSWER_MS = 5000;
 const LEASE_TTL_S = 3;
 
 const startNode = (i: number): Promise<TestDaemon> =>
@@ -53,6 +64,25 @@ async function api<T>(
   return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
 }
 
+/** A node entry in etcd (n1's, as the emptiest of zone z1) whose address is `url`, for the length of `fn`. */
+async function withFakeNode(name: string, url: string, fn: () => Promise<void>): Promise<void> {
+  const client = new Etcd3({
+    hosts: etcd.members.filter((m) => m.proc.exitCode === null && !m.proc.killed).map((m) => `http://${m.client}`),
+  });
+  const lease = client.lease(60);
+  try {
+    const n1 = gatewayLab.core.view.nodes.get('n1')!;
+    const cap = n1.capacity;
+    const capacity = { ...cap, memoryFreeBytes: cap.memoryBytes, diskFreeBytes: cap.diskBytes };
+    await lease.put(`/snaplab/nodes/${name}`).value(JSON.stringify({ ...n1, name, url, sandboxes: 0, capacity }));
+    await until(`the lab sees ${name}`, () => gatewayLab.core.view.nodes.has(name));
+    await fn();
+  } finally {
+    await lease.revoke();
+    client.close();
+  }
+}
+
 beforeAll(async () => {
   etcd = await startEtcd(3);
   for (let i = 0; i < 3; i++) homes.push(mkdtempSync(join(tmpdir(), `snaplab-test-cluster-n${i}-`)));
@@ -64,18 +94,29 @@ beforeAll(async () => {
   for (let i = 0; i < 2; i++)
     gateways.push(await startDaemon(homes[0]!, ['--gateway', '--cluster', etcd.url, '--choices', '3']));
   lab = await Lab.connect({ url: gateways[0]!.url, token });
+  gatewayLab = await GatewayLab.open({
+    cluster: etcd.url,
+    token,
+    choices: 3,
+    connectTimeoutMs: GATEWAY_LAB_CONNECT_MS,
+    answerTimeoutMs: GATEWAY_LAB_ANSWER_MS,
+    log: (l) => gatewayLabLog.push(l),
+  });
 }, 120_000);
 
 afterAll(async () => {
   lab?.close();
+  await gatewayLab?.core.close().catch(noted('close the gateway lab'));
   for (const g of gateways) await g.stop().catch(noted('stop a gateway'));
   for (const n of nodes) await n.stop().catch(noted('stop a node'));
   for (const h of homes) {
     cli(h, ['pool', 'rm', 'cpool-gateway']);
     cli(h, ['pool', 'rm', 'tpool-gateway']);
+    cli(h, ['pool', 'rm', 'cpool-gateway-lab']);
     cli(h, ['pool', 'rm', 'warm']);
     cli(h, ['rm', '--all']);
     cli(h, ['snapshot', 'rm', 'csnap-gateway']);
+    cli(h, ['snapshot', 'rm', 'csnap-gateway-lab']);
     cli(h, ['image', 'rm', '--force', 'busybox']);
     cli(h, ['gc']);
     rmSync(h, { recursive: true, force: true });
@@ -84,6 +125,9 @@ afterAll(async () => {
 }, 300_000);
 
 describe('through a gateway, the library', () => contractSuite('gateway', () => lab));
+
+describe("in this process, the GatewayLab (placement, then the nodes' remote labs)", () =>
+  contractSuite('gateway-lab', () => gatewayLab));
 
 describe('a cluster', () => {
   it('serves the CLI unchanged (SNAPLAB_HOST=the gateway)', () => {
@@ -112,19 +156,15 @@ describe('a cluster', () => {
       expect(n.capacity.memoryBytes).toBeGreaterThan(0);
     }
     // a second node under a taken name is refused (another home holds it)
-    const dup = await startDaemon(mkdtempSync(join(tmpdir(), 'snaplab-test-cluster-dup-')), [
-      '--node',
-      '--cluster',
-      etcd.url,
-      '--node-name',
-      'n0',
-    ]).then(
+    const dupHome = mkdtempSync(join(tmpdir(), 'snaplab-test-cluster-dup-'));
+    const dup = await startDaemon(dupHome, ['--node', '--cluster', etcd.url, '--node-name', 'n0']).then(
       async (d) => {
         await d.stop();
         return 'started';
       },
       (e: Error) => e.message,
     );
+    rmSync(dupHome, { recursive: true, force: true });
     expect(dup).toMatch(/NODE_EXISTS|a node named n0 is in the cluster/);
   });
 
@@ -243,6 +283,19 @@ describe('a cluster', () => {
     expect((await as<{ id: string }[]>(gateways[1]!, 'GET', '/sandboxes')).body.map((b) => b.id).sort()).toEqual(
       ok.map((t) => t.body.id).sort(),
     );
+    // a GatewayLab bound to the key: the same sandboxes, the same quota, the same refusals
+    const tenantLab = gatewayLab.as(
+      await until('the lab knows the key', () => {
+        try {
+          return gatewayLab.core.callerOf(tenant);
+        } catch {
+          return undefined;
+        }
+      }),
+    );
+    expect((await tenantLab.list()).map((b) => b.id).sort()).toEqual(ok.map((t) => t.body.id).sort());
+    await expect(tenantLab.get(admins.id)).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
+    await expect(tenantLab.create()).rejects.toMatchObject({ code: 'QUOTA_EXCEEDED' });
     // its event stream ends once the key is removed
     const events = await fetch(`${gateways[1]!.url}/events`, { headers: { authorization: `Bearer ${tenant}` } });
     const ended = (async () => {
@@ -261,6 +314,12 @@ describe('a cluster', () => {
       ]),
     ).resolves.toBe('ended');
     expect((await as(gateways[0]!, 'GET', '/sandboxes')).status).toBe(401);
+    await until('the lab refuses the removed key', () =>
+      tenantLab.list().then(
+        () => false,
+        (e: { code?: string }) => e.code === 'UNAUTHORIZED',
+      ),
+    );
     for (const t of [...ok.map((x) => x.body.id), admins.id]) await api(gateways[0]!, 'DELETE', `/sandboxes/${t}`);
   }, 60_000);
 
@@ -292,6 +351,12 @@ describe('a cluster', () => {
       expect([c.status, c.body.node]).toEqual([201, 'n1']);
       expect(gateways[0]!.log()).toMatch(/create retried on another node.*"from":"ghost","to":"n1"/);
       await api(gateways[0]!, 'DELETE', `/sandboxes/${c.body.id}`);
+      // the GatewayLab's create is placed and retried by the same code
+      await until('the lab sees the ghost', () => gatewayLab.core.view.nodes.has('ghost'));
+      const viaLab = await gatewayLab.create({ placement: { labels: { zone: 'z1' } } });
+      expect(viaLab.toJSON().node).toBe('n1');
+      expect(gatewayLabLog).toContainEqual(expect.objectContaining({ from: 'ghost', to: 'n1' }));
+      await viaLab.destroy();
     } finally {
       await lease.revoke();
       client.close();
@@ -321,6 +386,59 @@ describe('a cluster', () => {
     ws.close();
     await new Promise((r) => ws.once('close', r));
     expect((await fetch(`${gateways[0]!.url}/healthz`)).status).toBe(200);
+  }, 60_000);
+
+  it("a GatewayLab's create on a node that never accepts the connection (a partition) is retried elsewhere at its connect deadline", async () => {
+    // a listener that never accepts, its queue full: a further connection is never made (its SYN is dropped)
+    const mute = spawn(
+      'python3',
+      [
+        '-c',
+        'import socket,time\ns=socket.socket()\ns.bind(("127.0.0.1",0))\ns.listen(0)\nprint(s.getsockname()[1],flush=True)\ntime.sleep(300)',
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    const port = Number(String((await once(mute.stdout!, 'data'))[0]).trim());
+    const fill = [0, 1, 2].map(() => connect(port, '127.0.0.1').on('error', () => {}));
+    try {
+      await withFakeNode('mute', `http://127.0.0.1:${port}`, async () => {
+        const t0 = Date.now();
+        const box = await gatewayLab.create({ placement: { labels: { zone: 'z1' } } });
+        expect(box.toJSON().node).toBe('n1');
+        expect(Date.now() - t0).toBeGreaterThanOrEqual(GATEWAY_LAB_CONNECT_MS);
+        expect(gatewayLabLog).toContainEqual(
+          expect.objectContaining({ from: 'mute', to: 'n1', error: expect.stringMatching(/no connection within/) }),
+        );
+        await box.destroy();
+      });
+    } finally {
+      for (const f of fill) f.destroy();
+      mute.kill();
+    }
+  }, 60_000);
+
+  it("a GatewayLab's fan-out leaves out a node that accepts and does not answer, at its answer deadline", async () => {
+    const held: Socket[] = [];
+    const hung = createServer((c) => held.push(c));
+    await new Promise<void>((r) => hung.listen(0, '127.0.0.1', r));
+    try {
+      await withFakeNode('hung', `http://127.0.0.1:${(hung.address() as AddressInfo).port}`, async () => {
+        const box = await gatewayLab.create({ name: 'beside-hung', placement: { labels: { zone: 'z0' } } });
+        try {
+          const t0 = Date.now();
+          expect((await gatewayLab.list()).map((b) => b.name)).toContain('beside-hung');
+          expect(Date.now() - t0).toBeGreaterThanOrEqual(GATEWAY_LAB_ANSWER_MS - 100);
+          expect(gatewayLabLog).toContainEqual(
+            expect.objectContaining({ node: 'hung', error: expect.stringMatching(/no answer from .* within 5 s/) }),
+          );
+        } finally {
+          await box.destroy();
+        }
+      });
+    } finally {
+      for (const c of held) c.destroy();
+      hung.close();
+    }
   }, 60_000);
 
   it("one home's gc leaves another home's sandboxes alone", async () => {
@@ -413,6 +531,14 @@ describe('a cluster', () => {
     expect(lost.reason).toMatch(/node n2 stopped answering/);
     const exec = await api<{ code: string }>(g, 'POST', `/sandboxes/${doomed.id}/exec`, { argv: ['true'] });
     expect([exec.status, exec.body.code]).toEqual([410, 'SANDBOX_LOST']);
+    // the GatewayLab shows it as the gateway does: lost, with why, every call refused
+    const viaLab = await until('the lab sees it lost', async () => {
+      const b = await gatewayLab.get(doomed.id);
+      return b.state === 'lost' ? b : undefined;
+    });
+    expect(viaLab.reason).toMatch(/node n2 stopped answering/);
+    await expect(viaLab.exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_LOST' });
+    expect((await gatewayLab.list()).find((b) => b.id === doomed.id)?.state).toBe('lost');
     // new creates avoid it
     for (let i = 0; i < 3; i++) {
       const c = await api<{ node: string; id: string }>(g, 'POST', '/sandboxes', {});
@@ -425,9 +551,18 @@ describe('a cluster', () => {
     );
     events.abort();
     await stream;
-    // one lost record removed by its owner while the node is out: gone to everyone, its name free
-    expect((await api(g, 'DELETE', `/sandboxes/${forgotten.id}`)).status).toBe(204);
-    expect((await api(g, 'GET', `/sandboxes/${forgotten.id}`)).status).toBe(404);
+    // one lost record removed by its owner (through the GatewayLab) while the node is out: gone to everyone
+    await (await gatewayLab.get(forgotten.id)).destroy();
+    await until('the lab has forgotten it', () =>
+      gatewayLab.get(forgotten.id).then(
+        () => false,
+        (e: { code?: string }) => e.code === 'SANDBOX_NOT_FOUND',
+      ),
+    );
+    await until(
+      'the gateway has forgotten it',
+      async () => (await api(g, 'GET', `/sandboxes/${forgotten.id}`)).status === 404,
+    );
     expect((await api<{ id: string }[]>(g, 'GET', '/sandboxes')).body.map((x) => x.id)).not.toContain(forgotten.id);
     // their machines outlived their daemon; back in the cluster, the node destroys what was
     // declared lost, the removed one too (its record stayed as a tombstone for this)

@@ -4,7 +4,7 @@
  * and WebSockets for streams. An error response becomes the same SnaplabError the embedded
  * library throws (code, message, hint, operationId).
  */
-import { Agent, request, type IncomingMessage } from 'node:http';
+import { Agent, request, type ClientRequest, type IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
 import WebSocket from 'ws';
 import { SnaplabError, type ErrorCode } from '../errors.js';
@@ -14,6 +14,19 @@ export interface ConnectOptions {
   url?: string;
   /** the API key (TCP); default $SNAPLAB_TOKEN */
   token?: string;
+  /** headers sent with every request and socket (a cluster gateway names the caller it acts for here) */
+  headers?: Record<string, string>;
+  /**
+   * give up on a connection not made within this (ms): DAEMON_UNREACHABLE, its cause ETIMEDOUT.
+   * Default: none (the system's own, minutes); a gateway gives its nodes 10 s (a partition)
+   */
+  connectTimeoutMs?: number;
+  /**
+   * give up on a JSON call (one without a signal of its own) whose whole answer has not come in
+   * this (ms): DAEMON_UNREACHABLE. For a client that makes short calls only (a gateway's fan-out
+   * reads): a create, an upload or a long-polled operation would be cut short. Default: none
+   */
+  answerTimeoutMs?: number;
 }
 
 export class Http {
@@ -26,7 +39,18 @@ export class Http {
 
   readonly url: string;
 
-  constructor(url: string, token: string | undefined) {
+  private readonly extra: Record<string, string>;
+  private readonly connectTimeoutMs: number | undefined;
+  private readonly answerTimeoutMs: number | undefined;
+
+  constructor(
+    url: string,
+    token: string | undefined,
+    opts: Pick<ConnectOptions, 'headers' | 'connectTimeoutMs' | 'answerTimeoutMs'> = {},
+  ) {
+    this.extra = opts.headers ?? {};
+    this.connectTimeoutMs = opts.connectTimeoutMs;
+    this.answerTimeoutMs = opts.answerTimeoutMs;
     this.url = url;
     this.token = token;
     if (url.startsWith('unix:')) {
@@ -59,7 +83,7 @@ export class Http {
   }
 
   private headers(extra: Record<string, string> = {}): Record<string, string> {
-    return { ...(this.token ? { authorization: `Bearer ${this.token}` } : {}), ...extra };
+    return { ...this.extra, ...(this.token ? { authorization: `Bearer ${this.token}` } : {}), ...extra };
   }
 
   /** Send a request; the response as a stream (status checked: an error status throws its SnaplabError). */
@@ -91,6 +115,7 @@ export class Http {
         },
         resolve,
       );
+      this.connectDeadline(req);
       req.on('error', (e: NodeJS.ErrnoException) =>
         reject(
           e.name === 'AbortError'
@@ -113,9 +138,37 @@ export class Http {
     path: string,
     opts: { json?: unknown; body?: Readable | Buffer; contentType?: string; signal?: AbortSignal } = {},
   ): Promise<T> {
-    const res = await this.stream(method, path, opts);
-    const text = (await collect(res)).toString();
+    const ms = opts.signal ? undefined : this.answerTimeoutMs;
+    const deadline = ms ? AbortSignal.timeout(ms) : undefined;
+    let text: string;
+    try {
+      const res = await this.stream(method, path, deadline ? { ...opts, signal: deadline } : opts);
+      text = (await collect(res)).toString();
+    } catch (e) {
+      if (!deadline?.aborted) throw e;
+      throw new SnaplabError(
+        'DAEMON_UNREACHABLE',
+        `${method} ${path}: no answer from ${this.url} within ${ms! / 1000} s`,
+        'it may be overloaded, or partitioned away',
+        { cause: e },
+      );
+    }
     return (text ? JSON.parse(text) : undefined) as T;
+  }
+
+  /** A request whose connection is not made in connectTimeoutMs fails as the system's would, ETIMEDOUT. */
+  private connectDeadline(req: ClientRequest): void {
+    const ms = this.connectTimeoutMs;
+    if (!ms) return;
+    req.once('socket', (s) => {
+      if (!s.connecting) return;
+      const t = setTimeout(
+        () => req.destroy(Object.assign(new Error(`no connection within ${ms / 1000} s`), { code: 'ETIMEDOUT' })),
+        ms,
+      );
+      s.once('connect', () => clearTimeout(t));
+      s.once('close', () => clearTimeout(t));
+    });
   }
 
   /** A WebSocket to `path`, open. */
@@ -123,7 +176,11 @@ export class Http {
     const url = this.socketPath
       ? `ws+unix:${this.socketPath}:${path}`
       : `ws://${this.host.includes(':') ? `[${this.host}]` : this.host}:${this.port}${path}`;
-    const ws = new WebSocket(url, { headers: this.headers(), maxPayload: 64 << 20 });
+    const ws = new WebSocket(url, {
+      headers: this.headers(),
+      maxPayload: 64 << 20,
+      ...(this.connectTimeoutMs ? { handshakeTimeout: this.connectTimeoutMs } : {}),
+    });
     return new Promise((resolve, reject) => {
       ws.once('open', () => resolve(ws));
       ws.once('unexpected-response', (_req, res) => void errorOf(res).then(reject));

@@ -566,7 +566,7 @@ export class RemoteLab implements LabApi {
         'no daemon URL given',
         'pass { url } or set SNAPLAB_HOST (http://HOST:PORT or unix:/path/to/daemon.sock)',
       );
-    this.http = new Http(url, opts.token ?? process.env.SNAPLAB_TOKEN);
+    this.http = new Http(url, opts.token ?? process.env.SNAPLAB_TOKEN, opts);
     this.rpc = new Rpc(this.http);
   }
 
@@ -577,6 +577,11 @@ export class RemoteLab implements LabApi {
   /** @internal the transport, for the CLI and bench */
   get transport(): Http {
     return this.http;
+  }
+
+  /** @internal a sandbox over this connection from a view given elsewhere (a gateway adds its node) */
+  sandboxOf(view: Record<string, unknown>): RemoteSandbox {
+    return new RemoteSandbox(this.http, view as View, this.rpc);
   }
 
   async health(): Promise<{ ok: boolean; version: string; pid: number }> {

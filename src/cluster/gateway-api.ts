@@ -3,6 +3,7 @@
  * given this, not the Gateway class, so that gateway.ts imports them and none of them imports it.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { LabApi } from '../sdk/api.js';
 import type { Caller } from '../server/keys.js';
 import type { PlacementRequest } from './placement.js';
 import type { ClusterStore, NodeInfo, SandboxEntry } from './store.js';
@@ -29,6 +30,8 @@ export interface GatewayApi {
   forward(req: IncomingMessage, res: ServerResponse, node: string, caller: Caller): void;
   events(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void>;
   health(): Record<string, unknown>;
+  /** the cluster as a LabApi acting for this caller (the GatewayLab): routes answer through it */
+  lab(caller: Caller): LabApi;
 }
 
 /** What a list shows for a sandbox its node cannot answer for. */

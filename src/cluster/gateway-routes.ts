@@ -221,20 +221,19 @@ function sandboxRoutes(g: GatewayApi): Route[] {
       /^\/sandboxes$/,
       'read',
       async (req, res, _m, c) => {
-        const q = query(req);
-        const live = await g.askAll<Record<string, unknown>[]>(c, `/sandboxes${q}`);
-        const out: Record<string, unknown>[] = live.flatMap((a) => a.value.map((v) => ({ ...v, node: a.node })));
-        const answered = new Set(live.map((a) => a.node));
-        const filter = new URL(req.url!, 'http://x').searchParams
-          .getAll('label')
-          .map((l) => l.split('=', 2) as [string, string]);
-        for (const e of g.view.sandboxes.values()) {
-          // a lost one is listed until its record is deleted, even once its node is back
-          if ((answered.has(e.node) && e.state !== 'lost') || e.state === 'forgotten' || !g.owns(c, e)) continue;
-          if (!filter.every(([k, v]) => e.labels[k] === v)) continue;
-          out.push(absentView(e, g.view.left.has(e.node)));
-        }
-        sendJson(res, 200, out);
+        const q = new URL(req.url!, 'http://x').searchParams;
+        const labels = Object.fromEntries(q.getAll('label').map((l) => l.split('=', 2) as [string, string]));
+        const owner = q.get('owner');
+        const boxes = await g.lab(c).list({
+          labels,
+          ...(owner === null ? {} : { owner: owner || null }),
+          ...(q.get('check') === 'false' ? { check: false } : {}),
+        });
+        sendJson(
+          res,
+          200,
+          boxes.map((b) => b.toJSON()),
+        );
       },
     ],
     [
@@ -267,6 +266,8 @@ function sandboxRoutes(g: GatewayApi): Route[] {
       },
     ],
     ['*', /^\/sandboxes\/([^/]+)(\/.+)?$/, 'exec', toSandbox],
+    // a check pass on every node (each needs admin: the gateway's key is passed on)
+    ['POST', /^\/check$/, 'admin', async (_q, res, _m, c) => sendJson(res, 200, await g.lab(c).check())],
   ];
 }
 
@@ -355,14 +356,16 @@ function poolRoutes(g: GatewayApi): Route[] {
       /^\/pools\/([^/]+)\/takes$/,
       'read',
       async (req, res, m, c) => {
-        const q = query(req);
-        const each = await g.askAll<{ now: number; next: unknown; takes: unknown[] }>(c, `/pools/${m[1]}/takes${q}`);
-        sendJson(res, 200, {
-          now: Date.now(),
-          next: null,
-          takes: each.flatMap((a) => a.value.takes),
-          nodes: each.map((a) => ({ node: a.node, next: a.value.next })),
-        });
+        const q = new URL(req.url!, 'http://x').searchParams;
+        const num = (k: string): number | undefined => (q.get(k) === null ? undefined : Number(q.get(k)));
+        sendJson(
+          res,
+          200,
+          await g
+            .lab(c)
+            .pool(dec(m[1]!))
+            .takes({ after: num('after'), since: num('since') }),
+        );
       },
     ],
   ];
@@ -654,12 +657,10 @@ function observeRoutes(g: GatewayApi): Route[] {
       /^\/traces$/,
       'read',
       async (req, res, _m, c) => {
-        const q = query(req);
-        const all: Record<string, unknown>[] = (await g.askAll<Record<string, unknown>[]>(c, `/traces${q}`)).flatMap(
-          (a) => a.value.map((t) => ({ ...t, node: a.node })),
-        );
-        all.sort((a, b) => String(b.startedAt ?? '').localeCompare(String(a.startedAt ?? '')));
-        sendJson(res, 200, all);
+        const q = new URL(req.url!, 'http://x').searchParams;
+        const targets = q.getAll('target');
+        const limit = q.get('limit') === null ? undefined : Number(q.get('limit'));
+        sendJson(res, 200, await g.lab(c).traces({ limit, ...(targets.length ? { targets } : {}) }));
       },
     ],
     [

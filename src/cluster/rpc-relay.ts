@@ -10,7 +10,7 @@ import { SnaplabError } from '../errors.js';
 import type { Caller } from '../server/keys.js';
 import { CALLER_HEADER } from '../server/keys.js';
 import { asSnaplab, callerHeader, CONNECT_TIMEOUT_MS, neverConnected } from './proxy.js';
-import type { GatewayApi } from './gateway-api.js';
+import type { ClusterCore } from './core.js';
 import { handledElsewhere } from '../cleanup.js';
 
 interface Upstream {
@@ -24,7 +24,7 @@ interface Upstream {
  * first use. Answers go to the client as they come; a node's close fails the calls it still had.
  */
 function nodeConnections(
-  g: GatewayApi,
+  g: ClusterCore,
   caller: Caller,
   client: WebSocket,
   ups: Map<string, Upstream>,
@@ -98,7 +98,7 @@ function nodeConnections(
   };
 }
 
-export function relayRpc(g: GatewayApi, client: WebSocket, caller: Caller): void {
+export function relayRpc(g: ClusterCore, client: WebSocket, caller: Caller): void {
   const ups = new Map<string, Upstream>();
   let closed = false;
   const answer = (m: unknown): void => {
