@@ -361,7 +361,7 @@ static int lookup(const char *home, const char *name, struct target *t)
 }
 
 /* The memory cgroup's OOM kill count, as src/host/cgroups oomKills reads it (v1, else v2 in
- * snaplab's systemd scope on a systemd host, else v2 under the root: src/host/cgroups-scope.ts);
+ * snaplab's systemd scope on a systemd host, else v2 under the root: src/host/cgroups/scope.ts);
  * 0 if unreadable. */
 static long oom_kills(const char *id)
 {

@@ -3,7 +3,7 @@
  * value as `@default` (as execa's options.d.ts does). The SDK, the lab, scenarios, the daemon, the
  * gateway and the CLI's --help read these; a create's inputs are resolved with them once
  * (resolveCreate, sdk/create-options.ts). A driver's own defaults (a VM's memory) are the
- * driver's (DriverInfo.memory, drivers/<name>/info.ts) and are applied over the lab's (lab/limits.ts).
+ * driver's (DriverInfo.memory, drivers/<name>/info.ts) and are applied over the lab's (lab/lifecycle/limits.ts).
  *
  * This module sits beside errors.ts, below every layer: it imports nothing but a driver's
  * description (data, no code), so that anything may import it without a cycle.
@@ -17,7 +17,7 @@ import type { Limits } from './store/records.js';
  */
 export const DEFAULT_DRIVER: string = NAMESPACES_INFO.name;
 
-/** The image the lab makes itself from the host's busybox (lab/images.ts): every host has it, no import needed. */
+/** The image the lab makes itself from the host's busybox (lab/images/images.ts): every host has it, no import needed. */
 export const BUILTIN_IMAGE = 'busybox';
 
 /**

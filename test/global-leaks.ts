@@ -6,7 +6,7 @@ export function leaks(): string[] {
   for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
     if (line.includes('snaplab')) found.push(`mount: ${line.split(' ')[4]}`);
   }
-  // (on a host whose PID 1 is systemd, snaplab's cgroups are in its scope: src/host/cgroups-scope.ts)
+  // (on a host whose PID 1 is systemd, snaplab's cgroups are in its scope: src/host/cgroups/scope.ts)
   for (const root of [
     '/sys/fs/cgroup',
     '/sys/fs/cgroup/snaplab.slice/snaplab.scope',

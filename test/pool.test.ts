@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import { disposeLab, testLab } from './helpers.js';
-import { cgroupFor, freeze, isFrozen, stats } from '../src/host/cgroups.js';
+import { cgroupFor, freeze, isFrozen, stats } from '../src/host/cgroups/cgroups.js';
 
 let lab: Lab;
 beforeAll(async () => {

@@ -20,7 +20,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { ramPrefix } from '../src/drivers/qemu/ram.js';
-import { snaplabCgroupsOnHost } from '../src/host/cgroups-host.js';
+import { snaplabCgroupsOnHost } from '../src/host/cgroups/host.js';
 import { SNAPLAB } from './cli-command.js';
 import { disposeLab, testLab } from './helpers.js';
 import { handledElsewhere } from '../src/cleanup.js';
@@ -206,7 +206,7 @@ describe('the qemu driver', () => {
     expect(
       (await vm.exec(['sh', '-c', 'mkdir -p /w && echo from the vm > /w/index.html && httpd -p 8080 -h /w'])).exitCode,
     ).toBe(0);
-    const { forwardPort, closeForwards } = await import('../src/lab/ports.js');
+    const { forwardPort, closeForwards } = await import('../src/lab/io/ports.js');
     const f = await forwardPort(lab.context, vm.info as never, { local: 0, remote: 8080 }, () => {});
     try {
       const page = await run('curl', ['-s', '--max-time', '20', `http://127.0.0.1:${f.local}/`]);

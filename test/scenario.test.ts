@@ -2,7 +2,7 @@ import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { listSnaplabNetns } from '../src/host/netns.js';
+import { listSnaplabNetns } from '../src/host/net/netns.js';
 import type { Lab } from '../src/sdk/lab.js';
 import { disposeLab, testLab } from './helpers.js';
 import { noted } from '../src/cleanup.js';

@@ -11,12 +11,12 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { nspawnArm } from '../src/bench/nspawn-baseline.js';
-import { NSPAWN_CGROUP_PREFIX, nspawnCgroupDirs, nspawnRunName } from '../src/host/nspawn-cgroups.js';
+import { NSPAWN_CGROUP_PREFIX, nspawnCgroupDirs, nspawnRunName } from '../src/host/cgroups/nspawn.js';
 import { processStartTime } from '../src/host/procs.js';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cgroupFor, pids } from '../src/host/cgroups.js';
+import { cgroupFor, pids } from '../src/host/cgroups/cgroups.js';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';

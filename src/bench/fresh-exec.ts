@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import type { LabApi } from '../sdk/api.js';
 import { driverInfo } from '../drivers/registry.js';
 import { Pool } from '../sdk/pool.js';
-import type { RunOutcome } from '../lab/run.js';
+import type { RunOutcome } from '../lab/pools/run.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { closedLoop, type LoopResult } from './loop.js';
 import type { BenchSettings } from './settings.js';

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import type { CopyResult } from '../lab/copy.js';
+import type { CopyResult } from '../lab/io/copy.js';
 import { SnaplabError } from '../errors.js';
 import { withLab, type CommonOptions } from './common.js';
 import { printJson } from './output.js';

@@ -1,7 +1,7 @@
 import { BUILTIN_IMAGE, DAEMON_DEFAULTS, DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { Command } from 'commander';
-import { keyValues } from '../lab/exec.js';
+import { keyValues } from '../lab/io/exec.js';
 import type { LabCreateOptions, SandboxApi } from '../sdk/api.js';
 import type { StorageKind } from '../storage/backend.js';
 import { addTraceOption, showTrace, withApi, type CommonOptions } from './common.js';

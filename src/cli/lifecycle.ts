@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
-import { keyValues } from '../lab/exec.js';
+import { keyValues } from '../lab/io/exec.js';
 import type { SandboxApi } from '../sdk/api.js';
 import { addTraceOption, showTrace, withApi, withLab, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';

@@ -11,7 +11,7 @@ async function planFor(
   target: string,
   ports: string[],
 ): Promise<{ box: Sandbox; local: number; remote: number }[]> {
-  const { parsePortSpec } = await import('../lab/port-spec.js');
+  const { parsePortSpec } = await import('../lab/io/port-spec.js');
   if (isScenario(lab, target)) {
     if (ports.length)
       throw new SnaplabError(
@@ -46,7 +46,7 @@ async function planFor(
  * kubectl port-forward does. Shared by `port-forward` and `up --ports`.
  */
 export async function holdForwards(lab: Lab, target: string, ports: string[], json: boolean): Promise<number> {
-  const { closeForwards } = await import('../lab/ports.js');
+  const { closeForwards } = await import('../lab/io/ports.js');
   const plan = await planFor(lab, target, ports);
   const forwards = [];
   // one line per failed connection, and the same one once per second at most (50 refused at once are one line)
@@ -104,7 +104,7 @@ export function registerPorts(program: Command): void {
       withLab(
         o,
         async (lab) => {
-          const { parsePortSpec } = await import('../lab/port-spec.js');
+          const { parsePortSpec } = await import('../lab/io/port-spec.js');
           const { MACHINE_AGENT_PATH } = await import('../drivers/driver.js');
           const remote = parsePortSpec(port).remote;
           const box = await lab.get(machine);

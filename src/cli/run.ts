@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { parsePut, type PutFile } from '../lab/run.js';
+import { parsePut, type PutFile } from '../lab/pools/run.js';
 import { parseSeconds } from '../lab/sizes.js';
 import { withLab, type CommonOptions } from './common.js';
 import { badPoolArgs } from './pool.js';

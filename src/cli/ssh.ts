@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import type { SshHost } from '../lab/ssh.js';
+import type { SshHost } from '../lab/io/ssh.js';
 import type { Lab } from '../sdk/lab.js';
 import { isScenario, withLab, type CommonOptions } from './common.js';
 import { printJson } from './output.js';
@@ -30,7 +30,7 @@ async function withSshFiles(
   target: string,
   fn: (files: { config: string; inventory: string; text: string }, hosts: SshHost[]) => Promise<void>,
 ): Promise<void> {
-  const { writeSshFiles } = await import('../lab/ssh.js');
+  const { writeSshFiles } = await import('../lab/io/ssh.js');
   const hosts = await hostsOf(lab, target);
   try {
     await fn(await writeSshFiles(lab.home, target, hosts), hosts);
@@ -75,7 +75,7 @@ export function registerSsh(program: Command): void {
     .action((target: string, o: CommonOptions) =>
       withLab(o, (lab) =>
         withSshFiles(lab, target, async (files, hosts) => {
-          if (o.json) printJson((await import('../lab/ssh.js')).inventoryJson(files.config, hosts));
+          if (o.json) printJson((await import('../lab/io/ssh.js')).inventoryJson(files.config, hosts));
           else process.stdout.write(`${files.inventory}\n`);
         }),
       ),

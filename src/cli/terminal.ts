@@ -7,9 +7,9 @@
  */
 import { spawnSync } from 'node:child_process';
 import type { SandboxApi } from '../sdk/api.js';
-import type { ExecOptions } from '../lab/sandbox-ops.js';
+import type { ExecOptions } from '../lab/io/sandbox-ops.js';
 import type { ExecText } from '../sdk/output.js';
-import { feedInput } from '../lab/streams.js';
+import { feedInput } from '../lab/io/streams.js';
 
 export interface TerminalOptions {
   env: string[];

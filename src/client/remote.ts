@@ -7,13 +7,13 @@ import type { Readable, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type WebSocket from 'ws';
 import { SnaplabError, type ErrorCode } from '../errors.js';
-import type { CopyResult } from '../lab/copy.js';
-import type { FileInfo } from '../lab/files.js';
-import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
-import type { RunOutcome, RunSpec } from '../lab/run.js';
-import type { ExecOptions, ExecResult } from '../lab/sandbox-ops.js';
-import { feedInput } from '../lab/streams.js';
-import { keyValues } from '../lab/exec.js';
+import type { CopyResult } from '../lab/io/copy.js';
+import type { FileInfo } from '../lab/io/files.js';
+import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
+import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
+import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
+import { feedInput } from '../lab/io/streams.js';
+import { keyValues } from '../lab/io/exec.js';
 import type {
   BufferOutput,
   CheckResult,

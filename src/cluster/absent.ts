@@ -5,7 +5,7 @@
  */
 import { SnaplabError } from '../errors.js';
 import type { SandboxApi, SandboxFiles, SnapshotApi } from '../sdk/api.js';
-import type { CopyResult } from '../lab/copy.js';
+import type { CopyResult } from '../lab/io/copy.js';
 import { absentView } from './gateway-api.js';
 import { lostError } from './core-errors.js';
 import type { ClusterStore, SandboxEntry } from './store.js';

@@ -4,8 +4,8 @@
  * could not be reached); a take is a create from it; a resize or a removal is done on each holder.
  */
 import { SnaplabError } from '../errors.js';
-import type { PoolStats } from '../lab/pool-admin.js';
-import type { RunOutcome, RunSpec } from '../lab/run.js';
+import type { PoolStats } from '../lab/pools/admin.js';
+import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { BufferOutput, PoolApi, PoolTakes, SandboxApi } from '../sdk/api.js';
 import type { Text } from '../sdk/output.js';
 import { onNode, refusedBy } from './core-errors.js';

@@ -9,7 +9,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
-import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
+import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
 import type {
   CheckResult,
   LabApi,

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AgentClient } from '../agent/client.js';
-import { snaplabCgroupsOnHost } from '../host/cgroups-host.js';
+import { snaplabCgroupsOnHost } from '../host/cgroups/host.js';
 import { sameProcess } from '../host/procs.js';
 import { run, which } from '../host/run.js';
 import { Trace } from '../timing/trace.js';

@@ -1,7 +1,7 @@
 import { readdir, rm } from 'node:fs/promises';
 import { orElse } from '../cleanup.js';
 import { join } from 'node:path';
-import { cgroupFor, destroyCgroup, removeEmptySnaplabParents, snaplabCgroupsOnHost } from '../host/cgroups.js';
+import { cgroupFor, destroyCgroup, removeEmptySnaplabParents, snaplabCgroupsOnHost } from '../host/cgroups/cgroups.js';
 import { sameProcess } from '../host/procs.js';
 import type { MachineHandle } from './driver.js';
 

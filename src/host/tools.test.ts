@@ -31,7 +31,7 @@ const CALL_NONLITERAL = new RegExp(`${AT}(${FN})\\(\\s*(?!['")\\s])([^,)]+)`, 'g
 const NONLITERAL: Record<string, string> = {
   'src/host/run.ts cmd': 'run() itself',
   'src/host/hostops.ts bin': 'snaplab-hostops, built by npm run build',
-  'src/lab/images.ts busybox': "which('busybox')",
+  'src/lab/images/images.ts busybox': "which('busybox')",
   'src/bench/baselines.ts runc': "which('runc')",
   'src/bench/baselines.ts cmd': "spawnLoop's: its callers' programs are scanned (SPAWN_LOOP)",
   'src/agent/agent.test.ts cmd': "the agent binary, or 'bwrap' (listed)",
@@ -61,7 +61,7 @@ const NONLITERAL: Record<string, string> = {
   'test/dashboard.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/soak.test.ts SNAPLAB': 'the snaplab command, built by npm run build (clean-up after a failed soak)',
   'test/escapes/escapes.test.ts join(scratch': 'the probe the test built (probe.c), on the host as a positive control',
-  'src/lab/copy.ts agentBinaryPath(': 'the agent binary (its tar and untar, on the host side of a copy)',
+  'src/lab/io/copy.ts agentBinaryPath(': 'the agent binary (its tar and untar, on the host side of a copy)',
   'test/copy.test.ts agentBinaryPath(': 'the agent binary (its untar, fed hostile archives)',
   'test/ports.test.ts agentBinaryPath(': 'the agent binary (its connect, against a host server)',
   'src/image/decompress.ts name': "'zstd' or 'xz' (listed, via decompress.ts)",

@@ -8,7 +8,7 @@ import { openDb } from '../store/db.js';
 import { Store } from '../store/store.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Trace } from '../timing/trace.js';
-import { Images } from './images.js';
+import { Images } from './images/images.js';
 
 export { DEFAULT_HOME } from './home.js';
 export const STORAGE_KINDS: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];

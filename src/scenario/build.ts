@@ -2,7 +2,7 @@ import { statSync } from 'node:fs';
 import { basename, resolve } from 'node:path';
 import { isScalar } from 'yaml';
 import { SnaplabError } from '../errors.js';
-import { parsePortSpec } from '../lab/port-spec.js';
+import { parsePortSpec } from '../lab/io/port-spec.js';
 import { checkName } from '../lab/names.js';
 import type { Locator, Path } from './locate.js';
 import type { RawMachine, RawScenario, RawStep } from './schema.js';

@@ -1,12 +1,12 @@
 import { rm } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
-import { destroyRecord } from '../lab/teardown.js';
-import { me } from '../lab/owner.js';
+import { destroyRecord } from '../lab/lifecycle/teardown.js';
+import { me } from '../lab/lifecycle/owner.js';
 import type { ScenarioRecord } from '../store/records.js';
 import type { ScenarioSpec } from './spec.js';
-import { unwire } from '../host/netns.js';
-import { machineHolder, releaseRange, scenarioRanges } from '../host/userns-registry.js';
+import { unwire } from '../host/net/netns.js';
+import { machineHolder, releaseRange, scenarioRanges } from '../host/userns/registry.js';
 import { machineNetns, networkNetns, ownerDir } from './names.js';
 
 export function getScenario(ctx: LabContext, name: string): ScenarioRecord {

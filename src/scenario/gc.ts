@@ -1,8 +1,8 @@
 import { existsSync } from 'node:fs';
 import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { deleteNetns, listSnaplabNetns } from '../host/netns.js';
-import { ownerAlive } from '../lab/owner.js';
+import { deleteNetns, listSnaplabNetns } from '../host/net/netns.js';
+import { ownerAlive } from '../lab/lifecycle/owner.js';
 import type { LabContext } from '../lab/context.js';
 import { teardownScenario } from './down.js';
 import { ownerDir } from './names.js';

@@ -12,7 +12,7 @@ export const networkNetns = (sid: string, i: number): string => `snaplab-${sid}-
 export const machineNetns = (sid: string, j: number): string => `snaplab-${sid}-m${j}`;
 export const vethName = (sid: string, j: number, k: number): string => `sl${sid}${j.toString(36)}${k.toString(36)}`;
 export const ownerDir = (home: string, sid: string): string => join(home, 'run', 'net', sid);
-/** a VM machine's tap on its k-th network, in its own network namespace (host-net-wire.ts) */
+/** a VM machine's tap on its k-th network, in its own network namespace (host/net/wire.ts) */
 export const tapName = (k: number): string => `tap${k}`;
 /**
  * A machine with a kernel of its own (DriverCapabilities.ownKernel): its network stack is its

@@ -1,6 +1,6 @@
 import { SnaplabError } from '../errors.js';
-import { block, setImpairment, unblock } from '../host/netns.js';
-import { blackholes } from '../host/net-links.js';
+import { block, setImpairment, unblock } from '../host/net/netns.js';
+import { blackholes } from '../host/net/links.js';
 import type { LabContext } from '../lab/context.js';
 import { getScenario } from './down.js';
 import { machineIndex } from './machines.js';

@@ -1,4 +1,4 @@
-import { handleOf } from '../lab/handle.js';
+import { handleOf } from '../lab/lifecycle/handle.js';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import type { Volume } from '../storage/backend.js';

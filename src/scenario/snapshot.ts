@@ -1,5 +1,5 @@
-import { handleOf } from '../lab/handle.js';
-import { inflight } from '../lab/inflight.js';
+import { handleOf } from '../lab/lifecycle/handle.js';
+import { inflight } from '../lab/lifecycle/inflight.js';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import type { SandboxRecord, ScenarioRecord, ScenarioSnapshotRecord, SnapshotRecord } from '../store/records.js';

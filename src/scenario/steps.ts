@@ -1,9 +1,9 @@
 import { readFile } from 'node:fs/promises';
 import type { AgentClient } from '../agent/client.js';
 import { SnaplabError } from '../errors.js';
-import { tcpAccepts } from '../host/tcp-check.js';
+import { tcpAccepts } from '../host/net/tcp-check.js';
 import type { LabContext } from '../lab/context.js';
-import { execIn } from '../lab/sandbox-ops.js';
+import { execIn } from '../lab/io/sandbox-ops.js';
 import type { SandboxRecord } from '../store/records.js';
 import type { Check, MachineFileSpec, ScenarioSpec, Step } from './spec.js';
 import { isVm } from './names.js';

@@ -4,13 +4,13 @@
  * runs the same tests on both.
  */
 import type { Readable, Writable } from 'node:stream';
-import type { ExecOptions, ExecProcess, ExecResult } from '../lab/sandbox-ops.js';
-import type { CopyResult } from '../lab/copy.js';
-import type { PoolSpec, PoolStats } from '../lab/pool-admin.js';
-import type { RunOutcome, RunSpec } from '../lab/run.js';
+import type { ExecOptions, ExecProcess, ExecResult } from '../lab/io/sandbox-ops.js';
+import type { CopyResult } from '../lab/io/copy.js';
+import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
+import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { Limits } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
-import type { FileInfo } from '../lab/files.js';
+import type { FileInfo } from '../lab/io/files.js';
 import type { ExecText, Text } from './output.js';
 import type { TraceSummary } from '../timing/trace.js';
 

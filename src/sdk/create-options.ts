@@ -6,7 +6,7 @@
 import { DEFAULT_DRIVER, DEFAULT_IMAGE } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
 import { SnaplabError } from '../errors.js';
-import { withDefaults } from '../lab/limits.js';
+import { withDefaults } from '../lab/lifecycle/limits.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { Limits } from '../store/records.js';
 import type { LabCreateOptions } from './api.js';

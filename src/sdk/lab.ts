@@ -1,24 +1,24 @@
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
-import { collectGarbage } from '../lab/gc.js';
-import { imageVolume } from '../lab/image-volume.js';
-import { withDefaults } from '../lab/limits.js';
-import { raiseSandbox } from '../lab/raise.js';
-import { definePool, getPool, poolStats, type PoolSpec, type PoolStats } from '../lab/pool-admin.js';
-import { PoolRunner } from '../lab/pool.js';
-import { runOnce, withImageConfig, type RunOutcome, type RunSpec } from '../lab/run.js';
-import { destroyRecord } from '../lab/teardown.js';
+import { collectGarbage } from '../lab/lifecycle/gc.js';
+import { imageVolume } from '../lab/images/volume.js';
+import { withDefaults } from '../lab/lifecycle/limits.js';
+import { raiseSandbox } from '../lab/lifecycle/raise.js';
+import { definePool, getPool, poolStats, type PoolSpec, type PoolStats } from '../lab/pools/admin.js';
+import { PoolRunner } from '../lab/pools/runner.js';
+import { runOnce, withImageConfig, type RunOutcome, type RunSpec } from '../lab/pools/run.js';
+import { destroyRecord } from '../lab/lifecycle/teardown.js';
 import { Pool } from './pool.js';
 import { Scenario } from './scenario.js';
 import { getScenario } from '../scenario/down.js';
 import { upScenario, type UpOptions } from '../scenario/up.js';
-import { reconcile } from '../lab/reconcile.js';
+import { reconcile } from '../lab/lifecycle/reconcile.js';
 import { sandboxKey } from '../lab/names.js';
 import { checkLabels, updateMeta } from '../lab/meta.js';
-import { checkSandboxes, selectRecords, storedTraces } from '../lab/check.js';
+import { checkSandboxes, selectRecords, storedTraces } from '../lab/lifecycle/check.js';
 import type { ImportOptions } from '../image/import.js';
 import type { DebianSpec } from '../image/debian.js';
-import type { BuildOptions, Built } from '../lab/image-build.js';
-import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/removals.js';
+import type { BuildOptions, Built } from '../lab/images/build.js';
+import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/lifecycle/removals.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import type { EventRecord, ImageRecord, Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -272,7 +272,7 @@ export class Lab implements LabApi {
 
   /** Build a Debian image with mmdebstrap (cached by its inputs; see docs/images.md). */
   async buildImage(spec: DebianSpec, opts: BuildOptions = {}): Promise<Built> {
-    const { buildDebian } = await import('../lab/image-build.js');
+    const { buildDebian } = await import('../lab/images/build.js');
     return (await this.ctx.traced('image build', opts.name ?? spec.suite, (t) => buildDebian(this.ctx, spec, opts, t)))
       .result;
   }

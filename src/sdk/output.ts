@@ -3,7 +3,7 @@
  * E2B and Testcontainers do, or as Buffers with `encoding: 'buffer'` — in the embedded and the
  * remote library alike. (The layers below keep bytes; the conversion is made here, once.)
  */
-import type { ExecResult } from '../lab/sandbox-ops.js';
+import type { ExecResult } from '../lab/io/sandbox-ops.js';
 
 export type Encoding = 'utf8' | 'buffer';
 

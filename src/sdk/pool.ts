@@ -1,12 +1,12 @@
 import type { LabContext } from '../lab/context.js';
-import { poolStats, removePool, trimPool, type PoolStats } from '../lab/pool-admin.js';
-import type { PoolRunner } from '../lab/pool.js';
-import { runInPool, withImageConfig, type RunOutcome, type RunSpec } from '../lab/run.js';
+import { poolStats, removePool, trimPool, type PoolStats } from '../lab/pools/admin.js';
+import type { PoolRunner } from '../lab/pools/runner.js';
+import { runInPool, withImageConfig, type RunOutcome, type RunSpec } from '../lab/pools/run.js';
 import { SnaplabError } from '../errors.js';
 import { Trace, type TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';
 import type { BufferOutput, PoolApi, PoolTakes } from './api.js';
-import { poolTakes } from '../lab/check.js';
+import { poolTakes } from '../lab/lifecycle/check.js';
 import { encoded, type Text } from './output.js';
 
 /**

@@ -13,22 +13,22 @@ import {
   type ExecOptions,
   type ExecProcess,
   type ExecResult,
-} from '../lab/sandbox-ops.js';
-import { destroyRecord } from '../lab/teardown.js';
-import { USERNS_SIZE } from '../host/id-ranges.js';
+} from '../lab/io/sandbox-ops.js';
+import { destroyRecord } from '../lab/lifecycle/teardown.js';
+import { USERNS_SIZE } from '../host/userns/id-ranges.js';
 import type { Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
 import type { BufferOutput, ProcessApi, SandboxApi, SandboxFiles, SpawnOptions } from './api.js';
 import { encoded, type ExecText } from './output.js';
 import { Writable, type Readable } from 'node:stream';
-import { listDir, makeDir, readFile, removePath, statPath, writeFile } from '../lab/files.js';
+import { listDir, makeDir, readFile, removePath, statPath, writeFile } from '../lab/io/files.js';
 
 export type { SandboxFiles } from './api.js';
 import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
-import { copyBetween, copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/copy.js';
-import { forwardPort, type Forward } from '../lab/ports.js';
-import type { PortSpec } from '../lab/port-spec.js';
+import { copyBetween, copyIn, copyOut, receiveArchive, sendArchive, type CopyResult } from '../lab/io/copy.js';
+import { forwardPort, type Forward } from '../lab/io/ports.js';
+import type { PortSpec } from '../lab/io/port-spec.js';
 import { handledElsewhere } from '../cleanup.js';
 
 /**

@@ -5,7 +5,7 @@ import { blockedPairs, heal, impair, partition, setBlocked } from '../scenario/n
 import { deleteDiscarded, resetScenario } from '../scenario/reset.js';
 import { snapshotScenario } from '../scenario/snapshot.js';
 import type { ScenarioSpec } from '../scenario/spec.js';
-import { reconcile } from '../lab/reconcile.js';
+import { reconcile } from '../lab/lifecycle/reconcile.js';
 import type { ScenarioSnapshotRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Sandbox } from './sandbox.js';

@@ -8,7 +8,7 @@ import { LimitError } from '../errors.js';
 import { DEFAULT_DRIVER } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
 import { limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
-import { withDefaults } from '../lab/limits.js';
+import { withDefaults } from '../lab/lifecycle/limits.js';
 import type { LabApi } from '../sdk/api.js';
 import type { Limits } from '../store/records.js';
 import { LOCAL, type Caller } from './keys.js';

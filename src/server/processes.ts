@@ -9,7 +9,7 @@ import { EventEmitter } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
 import { toSnaplab } from './http-errors.js';
-import type { ExecProcess, ExecResult } from '../lab/sandbox-ops.js';
+import type { ExecProcess, ExecResult } from '../lab/io/sandbox-ops.js';
 
 export type StreamName = 'stdout' | 'stderr';
 

@@ -7,7 +7,7 @@ import { Type } from 'typebox';
 import { DEFAULT_IMAGE } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { DebianSpec } from '../image/debian.js';
-import type { PoolSpec } from '../lab/pool-admin.js';
+import type { PoolSpec } from '../lab/pools/admin.js';
 import type { Ceilings } from '../store/records.js';
 import type { EventRecord } from './served-lab.js';
 import type { Daemon } from './daemon.js';

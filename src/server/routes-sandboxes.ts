@@ -13,8 +13,8 @@ import {
   TimeoutBody,
   errors,
 } from './schemas.js';
-import type { ExecResult } from '../lab/sandbox-ops.js';
-import { keyValues } from '../lab/exec.js';
+import type { ExecResult } from '../lab/io/sandbox-ops.js';
+import { keyValues } from '../lab/io/exec.js';
 
 export function execView(r: ExecResult, encoding: 'utf8' | 'base64' = 'utf8'): Record<string, unknown> {
   return {

@@ -12,7 +12,7 @@ import fastifyStatic from '@fastify/static';
 import { Type } from 'typebox';
 import { packageRoot } from '../agent/binary.js';
 import { SnaplabError } from '../errors.js';
-import { cgroupFor, stats } from '../host/cgroups.js';
+import { cgroupFor, stats } from '../host/cgroups/cgroups.js';
 import type { Daemon } from './daemon.js';
 import { errors } from './schemas.js';
 import { orElse } from '../cleanup.js';

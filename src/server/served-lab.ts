@@ -10,8 +10,8 @@
 import type { BufferOutput, LabApi, LabCreateOptions, PoolApi, SandboxApi } from '../sdk/api.js';
 import type { Lab } from '../sdk/lab.js';
 import type { Text } from '../sdk/output.js';
-import type { PoolSpec } from '../lab/pool-admin.js';
-import type { RunOutcome, RunSpec } from '../lab/run.js';
+import type { PoolSpec } from '../lab/pools/admin.js';
+import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { Limits, EventRecord } from '../store/records.js';
 

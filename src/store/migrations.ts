@@ -116,7 +116,7 @@ export const migrations: string[] = [
   `
   ALTER TABLE pools ADD COLUMN userns INTEGER;
   `,
-  // ranges are claimed host-wide (userns-registry.ts); a scenario machine's old and new sandbox
+  // ranges are claimed host-wide (host/userns/registry.ts); a scenario machine's old and new sandbox
   // share the machine's range during a reset, so the column is not unique
   `
   DROP INDEX IF EXISTS sandboxes_uid_base;

@@ -13,7 +13,7 @@ import {
   oomKills,
   probeCgroups,
   thaw,
-} from '../../host/cgroups.js';
+} from '../../host/cgroups/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';

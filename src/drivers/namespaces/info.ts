@@ -15,7 +15,7 @@ export const NAMESPACES_INFO: DriverInfo = {
     pidIsMachineInit: true,
     ownKernel: false,
   },
-  // a cgroup's limit, not a reservation: the lab's default (lab/limits.ts) applies
+  // a cgroup's limit, not a reservation: the lab's default (lab/lifecycle/limits.ts) applies
   memory: {},
   machineNoun: 'a sandbox',
   consoleLog: 'agent.log',

@@ -6,7 +6,7 @@ import { AgentClient } from '../../agent/client.js';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError, isSnaplabError } from '../../errors.js';
 import { withLock } from '../../host/lock.js';
-import { cgroupFor, createCgroup } from '../../host/cgroups.js';
+import { cgroupFor, createCgroup } from '../../host/cgroups/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
 import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';

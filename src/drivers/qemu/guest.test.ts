@@ -43,7 +43,7 @@ const log = (s: string): void => console.log(`[guest.test] ${s}`);
 let kernel: GuestKernel;
 let rootfs: string;
 
-/** A busybox image tree as src/lab/images.ts makes it: /bin/busybox and a symlink per applet. */
+/** A busybox image tree as src/lab/images/images.ts makes it: /bin/busybox and a symlink per applet. */
 async function busyboxTree(root: string): Promise<void> {
   for (const d of ['bin', 'sbin', 'usr/bin', 'usr/sbin', 'etc', 'tmp', 'proc', 'dev', 'run'])
     await mkdir(join(root, d), { recursive: true });

@@ -4,7 +4,7 @@ import { SnaplabError, isSnaplabError } from '../../errors.js';
 import type { Trace } from '../../timing/trace.js';
 import { nameMachineSh } from './guest-init.js';
 
-/** the environment of the fallback command below (as lab/exec.ts gives every command) */
+/** the environment of the fallback command below (as lab/io/exec.ts gives every command) */
 const ENV = ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME=/root', 'TERM=xterm'];
 
 /**

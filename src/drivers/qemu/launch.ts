@@ -2,12 +2,12 @@ import { spawn } from 'node:child_process';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
-import { VMM_UID_BASE, VMM_UID_SPAN } from '../../host/id-ranges.js';
+import { VMM_UID_BASE, VMM_UID_SPAN } from '../../host/userns/id-ranges.js';
 import { jailArgs, jailed } from './jail.js';
 import { orElse } from '../../cleanup.js';
 import type { VmConfig } from './vm-config.js';
 export type { VmConfig, VmNet } from './vm-config.js';
-export { VMM_UID_BASE } from '../../host/id-ranges.js';
+export { VMM_UID_BASE } from '../../host/userns/id-ranges.js';
 
 export const QEMU = 'qemu-system-x86_64';
 

@@ -1,0 +1,213 @@
+/**
+ * Files of a machine, one at a time: read and write streamed, stat, list, mkdir, remove. Each is
+ * `snaplab-agent file ...` (native/files.c) run inside the machine as the given user, so every
+ * path is the machine's own and its permissions apply. A write lands whole or not at all (a
+ * temporary file renamed over the path). A read streams with flow control: its own agent
+ * connection is paused while the sink is full, so a large file never sits in memory.
+ */
+import type { Readable, Writable } from 'node:stream';
+import { MACHINE_AGENT_PATH } from '../../drivers/driver.js';
+import { SnaplabError } from '../../errors.js';
+import type { SandboxRecord } from '../../store/records.js';
+import type { LabContext } from '../context.js';
+import { connectAgent, spawnIn } from './sandbox-ops.js';
+import { feedInput, outputTo } from './streams.js';
+
+export interface FileInfo {
+  name: string;
+  path: string;
+  type: 'file' | 'dir' | 'symlink' | 'char' | 'block' | 'fifo' | 'socket';
+  size: number;
+  /** octal, e.g. "0644" */
+  mode: string;
+  uid: number;
+  gid: number;
+  mtime: string;
+  /** a symlink's target */
+  target?: string;
+}
+
+/** The agent's error line as an error: ENOENT is FILE_NOT_FOUND, the rest FILE_ERROR with the errno name. */
+function fileError(stderr: string, code: number, what: string): SnaplabError {
+  if (stderr.startsWith('usage: snaplab-agent')) {
+    return new SnaplabError(
+      'AGENT_PROTOCOL',
+      `${what}: the machine's agent has no file commands (it is older than the daemon's file API)`,
+      'recreate the machine with this snaplab',
+    );
+  }
+  // the agent's line names the path: "snaplab: file: ENOENT: /x: No such file or directory"
+  const m = /^snaplab: file: (E[A-Z0-9]+): (.*)$/m.exec(stderr);
+  const verb = what.split(' ')[0];
+  if (m?.[1] === 'ENOENT')
+    return new SnaplabError('FILE_NOT_FOUND', `${verb} ${m[2]}`, "check the path (it is the machine's own)");
+  return new SnaplabError(
+    'FILE_ERROR',
+    m ? `${verb} ${m[2]} (${m[1]})` : `${what}: ${stderr.trim() || `exit ${code}`}`,
+    m?.[1] === 'EACCES' || m?.[1] === 'EPERM' ? 'run as a user that may (user: root)' : 'see the message',
+  );
+}
+
+interface Opts {
+  user?: string;
+}
+
+async function fileCommand(
+  ctx: LabContext,
+  s: SandboxRecord,
+  args: string[],
+  what: string,
+  opts: Opts & { stdin?: Readable | Buffer } = {},
+): Promise<string> {
+  const agent = await connectAgent(ctx, s);
+  try {
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    const p = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'file', ...args], {
+      user: opts.user,
+      onStdout: (b) => out.push(b),
+      onStderr: (b) => err.push(b),
+      ...(opts.stdin ? { stdin: true as const } : {}),
+    });
+    // a write whose input broke off is stopped (SIGTERM: its temporary file removed), not ended
+    if (opts.stdin) feedInput(p, opts.stdin, () => p.kill(15));
+    const r = await p.result;
+    if (r.exitCode !== 0) {
+      if (r.signal === 15 && opts.stdin) {
+        const kept = args.includes('--append') ? 'what came before the break was appended' : 'the file is unchanged';
+        throw new SnaplabError('FILE_ERROR', `${what}: the input broke off; ${kept}`, 'send it again');
+      }
+      throw fileError(Buffer.concat(err).toString(), r.exitCode, what);
+    }
+    return Buffer.concat(out).toString();
+  } finally {
+    await agent.close();
+  }
+}
+
+const jsonLines = <T>(text: string): T[] =>
+  text
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as T);
+
+export async function statPath(
+  ctx: LabContext,
+  s: SandboxRecord,
+  path: string,
+  opts: Opts & { follow?: boolean } = {},
+): Promise<FileInfo> {
+  return jsonLines<FileInfo>(
+    await fileCommand(ctx, s, ['stat', ...(opts.follow ? ['-L'] : []), '--', path], `stat ${path}`, opts),
+  )[0]!;
+}
+
+export async function listDir(ctx: LabContext, s: SandboxRecord, path: string, opts: Opts = {}): Promise<FileInfo[]> {
+  return jsonLines<FileInfo>(await fileCommand(ctx, s, ['ls', '--', path], `list ${path}`, opts));
+}
+
+export async function makeDir(
+  ctx: LabContext,
+  s: SandboxRecord,
+  path: string,
+  opts: Opts & { parents?: boolean; mode?: number } = {},
+): Promise<void> {
+  await fileCommand(
+    ctx,
+    s,
+    [
+      'mkdir',
+      ...(opts.parents ? ['--parents'] : []),
+      ...(opts.mode !== undefined ? ['--mode', opts.mode.toString(8)] : []),
+      '--',
+      path,
+    ],
+    `mkdir ${path}`,
+    opts,
+  );
+}
+
+export async function removePath(
+  ctx: LabContext,
+  s: SandboxRecord,
+  path: string,
+  opts: Opts & { recursive?: boolean; force?: boolean } = {},
+): Promise<void> {
+  await fileCommand(
+    ctx,
+    s,
+    ['rm', ...(opts.recursive ? ['--recursive'] : []), ...(opts.force ? ['--force'] : []), '--', path],
+    `remove ${path}`,
+    opts,
+  );
+}
+
+/**
+ * Write `data` (streamed) to `path`, parents made; whole or not at all. `size`: the bytes the
+ * stream will carry, when known (an HTTP Content-Length): fewer, and the file is left as it was.
+ * Returns the bytes written.
+ */
+export async function writeFile(
+  ctx: LabContext,
+  s: SandboxRecord,
+  path: string,
+  data: Readable | Buffer | string,
+  opts: Opts & { mode?: number; append?: boolean; size?: number } = {},
+): Promise<number> {
+  const stdin = typeof data === 'string' ? Buffer.from(data) : data;
+  const size = Buffer.isBuffer(stdin) ? stdin.length : opts.size;
+  const args = [
+    'write',
+    '--parents',
+    ...(opts.mode !== undefined ? ['--mode', opts.mode.toString(8)] : []),
+    ...(opts.append ? ['--append'] : []),
+    ...(size !== undefined && !opts.append ? ['--size', String(size)] : []),
+    '--',
+    path,
+  ];
+  const out = await fileCommand(ctx, s, args, `write ${path}`, { ...opts, stdin });
+  return (JSON.parse(out) as { bytes: number }).bytes;
+}
+
+/** Stream the file at `path` into `sink` (ended after). Returns the bytes read. */
+export async function readFile(
+  ctx: LabContext,
+  s: SandboxRecord,
+  path: string,
+  sink: Writable,
+  opts: Opts = {},
+): Promise<number> {
+  const agent = await connectAgent(ctx, s);
+  try {
+    let bytes = 0;
+    let gone = false;
+    const err: Buffer[] = [];
+    let kill = (): void => {
+      gone = true;
+    };
+    const write = outputTo(agent, sink, () => kill());
+    const p = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'file', 'cat', '--', path], {
+      user: opts.user,
+      onStdout: (b) => {
+        bytes += b.length;
+        write(b);
+      },
+      onStderr: (b) => err.push(b),
+    });
+    kill = () => {
+      gone = true;
+      p.kill(9);
+    };
+    if (gone) p.kill(9);
+    const r = await p.result;
+    if (r.exitCode !== 0 && !gone) {
+      const e = fileError(Buffer.concat(err).toString(), r.exitCode, `read ${path}`);
+      sink.destroy(e);
+      throw e;
+    }
+    await new Promise<void>((resolve) => (sink.destroyed || sink.writableEnded ? resolve() : sink.end(resolve)));
+    return bytes;
+  } finally {
+    await agent.close();
+  }
+}

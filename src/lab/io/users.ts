@@ -1,0 +1,83 @@
+import type { AgentClient } from '../../agent/client.js';
+import { SnaplabError } from '../../errors.js';
+
+interface Passwd {
+  name: string;
+  uid: number;
+  gid: number;
+}
+interface Group {
+  name: string;
+  gid: number;
+  members: string[];
+}
+
+function parsePasswd(text: string): Passwd[] {
+  return text
+    .split('\n')
+    .map((l) => l.split(':'))
+    .filter((f) => f.length >= 4 && /^\d+$/.test(f[2]!) && /^\d+$/.test(f[3]!))
+    .map((f) => ({ name: f[0]!, uid: Number(f[2]), gid: Number(f[3]) }));
+}
+
+function parseGroup(text: string): Group[] {
+  return text
+    .split('\n')
+    .map((l) => l.split(':'))
+    .filter((f) => f.length >= 3 && /^\d+$/.test(f[2]!))
+    .map((f) => ({ name: f[0]!, gid: Number(f[2]), members: (f[3] ?? '').split(',').filter(Boolean) }));
+}
+
+const MAX_ID = 0xfffffffe;
+
+/**
+ * `user[:group]` as Docker reads it, against the machine's own /etc/passwd and /etc/group (read
+ * through the agent: the files of the machine as it is now, not of its image): a name or a uid;
+ * the group is the user's primary group unless given; supplementary groups come from /etc/group.
+ * Returns the agent's "UID:GID[:G1,...]".
+ */
+export async function resolveUser(agent: AgentClient, spec: string): Promise<string> {
+  const [u, g, extra] = spec.split(':');
+  if (!u || extra !== undefined || g === '') {
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid user ${JSON.stringify(spec)}`,
+      'give USER or USER:GROUP, each a name or a number (e.g. nginx, 1000:1000)',
+    );
+  }
+  const read = async (path: string): Promise<string> =>
+    (await agent.getFile(path).catch(() => Buffer.alloc(0))).toString('utf8');
+  const numeric = (x: string): boolean => /^\d+$/.test(x) && Number(x) <= MAX_ID;
+  // the machine's files even for a numeric uid: its primary group and groups come from there
+  const [users, groups] = [parsePasswd(await read('/etc/passwd')), parseGroup(await read('/etc/group'))];
+  const found = numeric(u) ? users.find((p) => p.uid === Number(u)) : users.find((p) => p.name === u);
+  if (!found && !numeric(u))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `no user ${JSON.stringify(u)} in the machine's /etc/passwd`,
+      'give a user that exists in the machine, or a numeric uid',
+    );
+  const uid = found?.uid ?? Number(u);
+  const name = found?.name;
+  let gid = found?.gid;
+  if (g !== undefined) {
+    if (numeric(g)) gid = Number(g);
+    else {
+      const named = groups.find((x) => x.name === g);
+      if (!named)
+        throw new SnaplabError(
+          'BAD_INPUT',
+          `no group ${JSON.stringify(g)} in the machine's /etc/group`,
+          'give a group that exists in the machine, or a numeric gid',
+        );
+      gid = named.gid;
+    }
+  }
+  // a uid the machine does not know runs with gid 0 and no groups, as in Docker
+  gid ??= 0;
+  const supplementary =
+    name === undefined
+      ? []
+      : [...new Set(groups.filter((x) => x.members.includes(name) && x.gid !== gid).map((x) => x.gid))].slice(0, 32);
+  return `${uid}:${gid}${supplementary.length ? `:${supplementary.join(',')}` : ''}`;
+}

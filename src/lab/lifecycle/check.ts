@@ -1,0 +1,87 @@
+/**
+ * What `lab.list`, `lab.check` and `lab.traces` read for the public API (sdk/api.ts): records
+ * chosen by labels and owner, the check pass a server runs on its tick, and stored traces.
+ */
+import type { TraceSummary } from '../../timing/trace.js';
+import type { SandboxMeta, SandboxRecord } from '../../store/records.js';
+import type { LabContext } from '../context.js';
+import { matches } from '../meta.js';
+import { reconcile } from './reconcile.js';
+import { destroyRecord } from './teardown.js';
+import { noted, orElse } from '../../cleanup.js';
+
+/** (sdk/api.ts's CheckResult: the lab does not import the API it is under) */
+export interface Checked {
+  removed: { id: string; name: string; reason: string | null; owner: string | null }[];
+}
+
+/** The records `list` gives: every key=value of `labels`, made by `owner` (null: by no key). */
+export function selectRecords(
+  ctx: LabContext,
+  opts: { labels?: Record<string, string>; owner?: string | null },
+): SandboxRecord[] {
+  const all = ctx.store.listSandboxes();
+  if (!opts.labels && opts.owner === undefined) return all;
+  // one read of every meta row, not one per record
+  const meta = new Map<string, SandboxMeta>(ctx.store.listMeta().map((m) => [m.id, m]));
+  return all.filter((r) => {
+    const m = meta.get(r.id);
+    if (opts.owner !== undefined && (m?.owner ?? null) !== opts.owner) return false;
+    return !opts.labels || matches(m?.labels ?? {}, opts.labels);
+  });
+}
+
+/**
+ * Every record checked against the host (a pool's paused standbys are its pool's to check), then
+ * what a create that died half-way left (dead, its owner's step 'create') removed.
+ */
+export async function checkSandboxes(ctx: LabContext): Promise<Checked> {
+  await Promise.all(
+    ctx.store
+      .listSandboxes()
+      .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
+  );
+  const removed: Checked['removed'] = [];
+  // read after the reconcile: a change made meanwhile is seen as it is now, not as it was
+  for (const r of ctx.store.listSandboxes()) {
+    if (r.state !== 'dead' || r.owner?.op !== 'create' || r.scenario || r.pool) continue;
+    const owner = ctx.store.getMeta(r.id)?.owner ?? null;
+    await destroyRecord(ctx, r).catch(noted(`remove ${r.name}, left by an interrupted create`));
+    removed.push({ id: r.id, name: r.name, reason: r.reason, owner });
+  }
+  return { removed };
+}
+
+/** Stored traces, newest first: `targets` keeps those of these sandboxes, scenarios or pools. */
+export function storedTraces(
+  ctx: LabContext,
+  q: { limit?: number; targets?: string[] },
+): (TraceSummary & { details: unknown })[] {
+  return ctx.store.listOperations(q.limit ?? 20, q.targets);
+}
+
+/**
+ * A pool's takes from the stored traces (takes by the CLI and the library count as well as a
+ * daemon's own): those stored after a cursor, or that started in the last `since` ms.
+ */
+export function poolTakes(
+  ctx: LabContext,
+  pool: string,
+  from: { after?: number; since?: number },
+): { now: number; next: number; takes: { id: string; at: number; kind: string; ms: number | null; hit: boolean }[] } {
+  const now = Date.now();
+  const { next, ops } = ctx.store.operationsStored(
+    pool,
+    ['run', 'take'],
+    from.after !== undefined ? { cursor: from.after } : { since: now - (from.since ?? 60_000) },
+  );
+  // a pool's runs and takes say hit or miss; a one-shot run traced with an image of the same name does not
+  const takes = ops
+    .filter((t) => typeof (t.details as { hit?: unknown } | null)?.hit === 'boolean')
+    .map((t) => {
+      const take = t.kind === 'take' ? t.totalMs : t.phases.find((p) => p.name === 'take' && p.parent === null);
+      const ms = typeof take === 'number' ? take : take ? take.endMs - take.startMs : null;
+      return { id: t.id, at: t.startedAt, kind: t.kind, ms, hit: (t.details as { hit: boolean }).hit };
+    });
+  return { now, next, takes };
+}

@@ -1,0 +1,101 @@
+import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { SnaplabError } from '../../errors.js';
+import { readStat } from '../../host/procs.js';
+import type { LabContext } from '../context.js';
+
+/** The mark gc's volume collection holds (a row of the same table, of kind `gc`). */
+const GC = 'gc';
+/** gc marks this process holds now: a row of this pid not among them was left by a failure */
+const held = new Set<string>();
+/** Longest wait for another gc's collection: far above any real one; then a clear error. */
+const GC_WAIT_MS = 120_000;
+
+let bootMs: number | undefined;
+/** When a process started (ms since the epoch), from /proc: to tell a reused pid from the marker. */
+async function startedAt(pid: number): Promise<number | undefined> {
+  const st = await readStat(pid);
+  if (!st || st.state === 'Z' || st.state === 'X') return undefined;
+  bootMs ??= Number(/^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'utf8'))?.[1] ?? 0) * 1000;
+  return bootMs + st.startTime * 10; // USER_HZ is 100 on Linux
+}
+
+/**
+ * Is the process that wrote a mark at `markedAt` still running? Not when its pid is gone, nor
+ * when the pid now belongs to a process started after the mark (a reuse), nor when it is this
+ * process and the mark is not one it holds (a mark whose removal failed).
+ */
+async function markLive(op: { id: string; pid: number; kind: string; startedAt: number }): Promise<boolean> {
+  if (op.pid === process.pid) return op.kind === GC ? held.has(op.id) : true;
+  const t = await startedAt(op.pid);
+  return t !== undefined && t <= op.startedAt + 2000; // btime and USER_HZ round: 2 s of slack
+}
+
+/**
+ * Mark an operation that makes volumes (clone, snapshot, import) as in flight for its duration.
+ * A volume exists on disk a moment before a record names it; gc skips volume collection while
+ * any such operation of a live process is running, so it never takes a volume being made.
+ *
+ * Both sides write their mark first and look for the other's second (the store serializes the
+ * two), so at least one sees the other: gc leaves volumes alone, or the operation waits for gc's
+ * collection to end before it makes anything. (Marking alone left a window: an operation that
+ * began after gc's look had its new volume collected; the soak found it.)
+ */
+export async function inflight<T>(ctx: LabContext, kind: string, fn: () => Promise<T>): Promise<T> {
+  const id = randomBytes(6).toString('hex');
+  ctx.store.beginInflight(id, kind);
+  try {
+    await gcDone(ctx);
+    return await fn();
+  } finally {
+    ctx.store.endInflight(id);
+  }
+}
+
+/** Wait while a live process's gc collects volumes (never long: it skips the busy). */
+async function gcDone(ctx: LabContext): Promise<void> {
+  const until = Date.now() + GC_WAIT_MS;
+  for (;;) {
+    let by: number | undefined;
+    for (const op of ctx.store.listInflight()) {
+      if (op.kind !== GC) continue;
+      if (await markLive(op)) by = op.pid;
+      else ctx.store.endInflight(op.id);
+    }
+    if (by === undefined) return;
+    if (Date.now() > until)
+      throw new SnaplabError(
+        'TIMEOUT',
+        `gc (pid ${by}) has been collecting volumes for over ${GC_WAIT_MS / 1000} s`,
+        'wait for it, or stop it if it hangs; then try again',
+      );
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** Operations of live processes that are making volumes now; rows of dead processes are dropped. */
+export async function liveInflight(ctx: LabContext): Promise<string[]> {
+  const live: string[] = [];
+  for (const op of ctx.store.listInflight()) {
+    if (op.kind === GC) continue;
+    if (await markLive(op)) live.push(`${op.kind} by pid ${op.pid}`);
+    else ctx.store.endInflight(op.id);
+  }
+  return live;
+}
+
+/**
+ * Run gc's volume collection under its mark: `fn` gets whether volumes may be collected (no
+ * volume-making operation was in flight once the mark was down), or the list of those in flight.
+ */
+export async function collecting<T>(ctx: LabContext, fn: (busy: string[]) => Promise<T>): Promise<T> {
+  const id = randomBytes(6).toString('hex');
+  held.add(id);
+  ctx.store.beginInflight(id, GC);
+  try {
+    return await fn(await liveInflight(ctx));
+  } finally {
+    held.delete(id); // first: were the row's removal to fail, it is stale at once
+    ctx.store.endInflight(id);
+  }
+}

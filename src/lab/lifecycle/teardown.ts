@@ -1,0 +1,51 @@
+import { handleOf } from './handle.js';
+import { me } from './owner.js';
+import { releaseRange } from '../../host/userns/registry.js';
+import type { SandboxRecord } from '../../store/records.js';
+import type { Trace } from '../../timing/trace.js';
+import type { LabContext } from '../context.js';
+import { noted } from '../../cleanup.js';
+
+/**
+ * Kill the machine, delete its volume, forget the record. Idempotent; used by rm and by failed
+ * raises. When a step fails the record is kept, `dead` with what failed as its reason (not
+ * `removing`: this process may live on, a pool runner for hours), so that `ls` shows it and a
+ * later `rm` or `gc` finishes the job.
+ */
+export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: Trace): Promise<void> {
+  const phase = <T>(name: string, fn: () => Promise<T>): Promise<T> => (trace ? trace.phase(name, fn) : fn());
+  ctx.store.updateSandbox(s.id, {
+    state: 'removing',
+    reason: `being removed by pid ${process.pid}`,
+    owner: me('remove'),
+  });
+  try {
+    await phase('kill', () => ctx.driver(s.driver).destroy(handleOf(s)));
+    if (s.volume) {
+      const volume = s.volume;
+      await phase('delete volume', async () => (await ctx.readyBackend(s.storage)).delete(volume));
+    }
+  } catch (e) {
+    ctx.store.updateSandbox(s.id, {
+      state: 'dead',
+      reason: `removal failed: ${(e as Error).message} (run \`snaplab rm ${s.name}\` or \`snaplab gc\` again)`,
+    });
+    throw e;
+  }
+  ctx.store.deleteSandbox(s.id);
+  // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)
+  if (s.uidBase !== null && s.scenario === null) await releaseRange(s.uidBase, ctx.home, s.id);
+}
+
+/**
+ * Remove what a failed raise made before its error goes back to the caller. A kill that did not
+ * finish (a machine slow to exit on a loaded host) is tried once more; what still fails stays
+ * recorded as `dead` with its reason (destroyRecord).
+ */
+export async function undoRaise(ctx: LabContext, s: SandboxRecord): Promise<void> {
+  try {
+    await destroyRecord(ctx, s);
+  } catch {
+    await destroyRecord(ctx, s).catch(noted(`remove ${s.name}, second try`));
+  }
+}

@@ -1,0 +1,183 @@
+import { SnaplabError } from '../../errors.js';
+import type { StorageKind } from '../../storage/backend.js';
+import type { Limits, PoolRecord } from '../../store/records.js';
+import type { LabContext } from '../context.js';
+import { DEFAULT_DRIVER } from '../../defaults.js';
+import { withDefaults } from '../lifecycle/limits.js';
+import { checkName } from '../names.js';
+import { me, ownerAlive } from '../lifecycle/owner.js';
+import { reconcile } from '../lifecycle/reconcile.js';
+import { destroyRecord } from '../lifecycle/teardown.js';
+import { removeSnapshot } from '../lifecycle/removals.js';
+import { Trace } from '../../timing/trace.js';
+import { join } from 'node:path';
+import { withLock } from '../../host/lock.js';
+import { noted } from '../../cleanup.js';
+
+export interface PoolSpec {
+  name: string;
+  image: string;
+  size: number;
+  limits: Limits;
+  storage?: StorageKind;
+  recycle?: boolean;
+  /** default namespaces; a VM driver's standbys are restored from a memory snapshot, paused */
+  driver?: string;
+  /** false: standbys without a user namespace (as create's userns) */
+  userns?: boolean;
+}
+
+export interface PoolStats extends PoolRecord {
+  ready: number;
+  inUse: number;
+  raising: number;
+  dead: number;
+}
+
+export function getPool(ctx: LabContext, name: string): PoolRecord {
+  const p = ctx.store.getPool(name);
+  if (!p) {
+    const known = ctx.store.listPools().map((x) => x.name);
+    throw new SnaplabError(
+      'POOL_NOT_FOUND',
+      `no pool named ${JSON.stringify(name)}`,
+      known.length
+        ? `known pools: ${known.join(', ')}`
+        : `create one with \`snaplab pool create ${name} --image busybox --size 4\``,
+    );
+  }
+  return p;
+}
+
+export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolRecord> {
+  checkName('pool', spec.name);
+  if (ctx.store.getPool(spec.name)) {
+    throw new SnaplabError(
+      'POOL_EXISTS',
+      `a pool named ${spec.name} already exists`,
+      `resize it with \`snaplab pool resize ${spec.name} N\`, or remove it first`,
+    );
+  }
+  if (!Number.isSafeInteger(spec.size) || spec.size < 0)
+    throw new SnaplabError('BAD_INPUT', `invalid pool size ${spec.size}`, 'give a whole number ≥ 0');
+  const driver = ctx.driver(spec.driver ?? DEFAULT_DRIVER);
+  if (driver.capabilities.memorySnapshot) {
+    // a VM's clean check would need the guest's word for its own state: every use gets a fresh restore
+    if (spec.recycle)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `standbys of the ${driver.name} driver are not recycled: each execution gets a fresh restore`,
+        'drop --recycle',
+      );
+  }
+  await ctx.images.resolve(spec.image);
+  const rec: PoolRecord = {
+    name: spec.name,
+    image: spec.image,
+    storage: spec.storage ?? (await ctx.defaultStorage()),
+    limits: withDefaults(spec.limits, driver.name),
+    target: spec.size,
+    recycle: driver.capabilities.memorySnapshot ? false : (spec.recycle ?? true),
+    hits: 0,
+    misses: 0,
+    recycled: 0,
+    refusedDirty: 0,
+    leaks: 0,
+    createdAt: Date.now(),
+    driver: driver.name,
+    template: null,
+    userns: spec.userns === false ? false : null,
+  };
+  ctx.store.insertPool(rec);
+  return rec;
+}
+
+/** The pool's counters and its members by state, reconciled with the host (dead ones counted). */
+export async function poolStats(ctx: LabContext, name: string): Promise<PoolStats> {
+  getPool(ctx, name);
+  await reapLeaks(ctx, name);
+  const p = getPool(ctx, name);
+  const members = await Promise.all(ctx.store.poolMembers(name).map((s) => reconcile(ctx, s)));
+  const count = (st: string): number => members.filter((m) => m.state === st).length;
+  return { ...p, ready: count('paused'), inUse: count('running'), raising: count('creating'), dead: count('dead') };
+}
+
+/** The reason a taken pool member carries, for people: its holder is the record's owner (me('hold')). */
+export const takenBy = (): string => `taken by pid ${process.pid}`;
+
+/**
+ * Destroy pool members nobody can use any more: dead standbys, and members taken by a process
+ * that has exited without giving them back. Each counts as a leak.
+ */
+export async function reapLeaks(ctx: LabContext, name: string): Promise<number> {
+  let n = 0;
+  for (const s of ctx.store.poolMembers(name)) {
+    const r = await reconcile(ctx, s);
+    const orphaned = r.state === 'running' && r.owner?.op === 'hold' && !(await ownerAlive(r.owner));
+    if (r.state !== 'dead' && !orphaned) continue;
+    if (r.reason?.startsWith('removal failed')) continue; // counted when found; `gc` or `rm` finishes it
+    // reapers run at once (the refill timer, `pool ls`, a stats call): the one that claims it counts it
+    if (!ctx.store.claimRemoval(r, me('remove'))) continue;
+    await destroyRecord(ctx, r).catch(noted(`remove ${r.name}`));
+    ctx.store.countPool(name, 'leaks');
+    n++;
+  }
+  return n;
+}
+
+/** Remove standbys beyond `keep` (paused ones only: taken ones belong to whoever took them). */
+export async function trimPool(ctx: LabContext, name: string, keep: number): Promise<number> {
+  let removed = 0;
+  await reapLeaks(ctx, name);
+  for (const r of ctx.store.poolMembers(name)) {
+    if (r.state !== 'paused') continue;
+    if (keep > 0) {
+      keep--;
+      continue;
+    }
+    const claimed = ctx.store.claimStandby(name, takenBy(), me('hold')); // claim, so that no taker gets it meanwhile
+    if (!claimed) break;
+    await destroyRecord(ctx, claimed);
+    removed++;
+  }
+  return removed;
+}
+
+/** Destroy the pool's standbys and forget it; sandboxes taken from it are destroyed on release. */
+export async function removePool(ctx: LabContext, name: string): Promise<number> {
+  const pool = getPool(ctx, name);
+  const removed = await trimPool(ctx, name, 0);
+  // under the pool's lock: a template being made meanwhile is finished (and then removed here)
+  await withLock(
+    poolLock(ctx, name),
+    async () => {
+      ctx.store.deletePool(name);
+      // a template still in use (overlay storage under a member someone holds) stays: gc removes it later
+      if (ctx.store.getSnapshot(templateName(pool)))
+        await removeSnapshot(ctx, templateName(pool), new Trace('pool rm', name)).catch(
+          noted(`remove template ${templateName(pool)}`, 'SNAPSHOT_NOT_FOUND', 'SNAPSHOT_EXISTS'),
+        );
+    },
+    300_000,
+  );
+  return removed;
+}
+
+/**
+ * The name of the memory snapshot a VM pool's standbys are restored from: this pool's, not a
+ * later pool's of the same name (it carries the pool's creation time). It starts with "_", which
+ * names given by users cannot (checkName), so it never collides with theirs.
+ */
+export const templateName = (pool: PoolRecord): string => `_pool.${pool.name}.${pool.createdAt.toString(36)}`;
+
+/** Templates whose pool is gone (or was made again). */
+export function orphanTemplates(ctx: LabContext): string[] {
+  const live = new Set(ctx.store.listPools().map(templateName));
+  return ctx.store
+    .listSnapshots()
+    .map((s) => s.name)
+    .filter((n) => n.startsWith('_pool.') && !live.has(n));
+}
+
+/** The lock held while a pool's template is made or removed. */
+export const poolLock = (ctx: LabContext, pool: string): string => join(ctx.home, 'run', `pool-${pool}.lock`);

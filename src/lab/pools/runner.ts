@@ -1,0 +1,316 @@
+import { handleOf } from '../lifecycle/handle.js';
+import type { AgentClient } from '../../agent/client.js';
+import { withLock } from '../../host/lock.js';
+import { cgroupFor, isFrozen } from '../../host/cgroups/cgroups.js';
+import type { Volume } from '../../storage/backend.js';
+import type { SandboxRecord, SnapshotRecord } from '../../store/records.js';
+import { snapshotSandbox } from '../io/sandbox-ops.js';
+import { Trace } from '../../timing/trace.js';
+import { captureBaseline, dirtReasons } from '../lifecycle/clean.js';
+import type { LabContext } from '../context.js';
+import { imageVolume } from '../images/volume.js';
+import { getPool, poolLock, reapLeaks, takenBy, templateName } from './admin.js';
+import { me } from '../lifecycle/owner.js';
+import { raiseSandbox } from '../lifecycle/raise.js';
+import { destroyRecord } from '../lifecycle/teardown.js';
+import { failureMeans, noted } from '../../cleanup.js';
+
+export interface Taken {
+  record: SandboxRecord;
+  agent: AgentClient;
+  /** a paused standby was there (true), or one was raised on the spot (false) */
+  hit: boolean;
+}
+
+/**
+ * Holds a pool in this process: takes standbys (atomically across processes, through the
+ * store), returns them after a clean check or destroys them, and, once started, keeps the pool
+ * at its target size in the background. Standbys are ordinary sandboxes in state `paused` (not
+ * for direct use): namespace standbys just wait (their agent blocked in epoll, the clean check or
+ * a fresh raise having shown nothing else runs), VM standbys are stopped. An idle pool costs no
+ * CPU and outlives this process; refilling needs a holder.
+ */
+export class PoolRunner {
+  /** agent connections this process holds, kept across uses of a standby */
+  private readonly agents = new Map<string, AgentClient>();
+  private raising = 0;
+  private serving = 0;
+  private running = false;
+  private timer: NodeJS.Timeout | undefined;
+  private readonly inflight = new Set<Promise<unknown>>();
+  /** errors of background refills, newest last (at most 20) */
+  readonly refillErrors: string[] = [];
+
+  constructor(
+    private readonly ctx: LabContext,
+    readonly name: string,
+  ) {}
+
+  /** A usable sandbox from the pool: a thawed standby whose agent answered, or a new one on a miss. */
+  async take(trace: Trace): Promise<Taken> {
+    const pool = getPool(this.ctx, this.name);
+    this.serving++;
+    try {
+      for (;;) {
+        const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy(), me('hold')));
+        if (!rec) break;
+        const driver = this.ctx.driver(rec.driver);
+        if (!(await driver.inspect(handleOf(rec))).alive) {
+          // a reaper may have found it dead meanwhile: whoever claims its removal counts it
+          if (this.ctx.store.claimRemoval(rec, me('remove'))) {
+            await destroyRecord(this.ctx, rec).catch(noted(`remove ${rec.name}`));
+            this.ctx.store.countPool(this.name, 'leaks');
+          }
+          continue;
+        }
+        let agent: AgentClient;
+        try {
+          // (a namespace standby frozen by an earlier snaplab, which froze them all, is thawed too)
+          if (driver.capabilities.pauseStandbys || (await isFrozen(cgroupFor(rec.id)).catch(failureMeans(false))))
+            await trace.phase('thaw', () => driver.resume(handleOf(rec)));
+          rec.state = 'running';
+          agent = this.agents.get(rec.id) ?? (await trace.phase('connect', () => driver.connect(handleOf(rec))));
+          this.agents.set(rec.id, agent);
+          // a VM's clock stood still while it waited (a namespace sandbox shares the host's)
+          if (driver.capabilities.clockStopsWhilePaused)
+            await trace.phase('clock set', () => agent.setClock(BigInt(Date.now()) * 1_000_000n));
+          else await trace.phase('agent ready', () => agent.ping());
+        } catch {
+          // a standby that cannot be woken is of no use to anyone: drop it, take another
+          if (this.ctx.store.claimRemoval(rec, me('remove'))) {
+            await this.drop(rec).catch(noted(`drop standby ${rec.name}`));
+            this.ctx.store.countPool(this.name, 'leaks');
+          }
+          continue;
+        }
+        this.ctx.store.countPool(this.name, 'hits');
+        this.kick();
+        return { record: rec, agent, hit: true };
+      }
+      this.ctx.store.countPool(this.name, 'misses');
+      const made = await this.raise(trace, pool.target > 0);
+      this.kick();
+      return { ...made, hit: false };
+    } finally {
+      this.serving--;
+    }
+  }
+
+  /**
+   * Give a taken sandbox back. It is paused and returned to the pool only when the pool wants
+   * it and it passes the clean check; otherwise it is destroyed (and counted when it was dirty).
+   */
+  async release(t: Taken, trace: Trace): Promise<{ recycled: boolean; reasons: string[] }> {
+    const pool = this.ctx.store.getPool(this.name);
+    const rec = t.record;
+    let reasons: string[] = [];
+    if (pool?.recycle && rec.baseline) {
+      reasons = await trace.phase('clean check', () => dirtReasons(this.ctx, rec, t.agent));
+      // a clean one always goes back (refill raises only what is missing); a pool is trimmed
+      // back to its target by resize
+      if (reasons.length === 0) {
+        const driver = this.ctx.driver(rec.driver);
+        if (driver.capabilities.pauseStandbys) await trace.phase('freeze', () => driver.pause(handleOf(rec)));
+        this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null, owner: null });
+        this.ctx.store.countPool(this.name, 'recycled');
+        return { recycled: true, reasons };
+      }
+      if (reasons.length) this.ctx.store.countPool(this.name, 'refused_dirty');
+    }
+    await trace.phase('destroy', () => this.drop(rec));
+    this.kick();
+    return { recycled: false, reasons };
+  }
+
+  /** Raise standbys until `target` are ready (foreground: `pool create`, `pool resize`). */
+  async fill(onProgress?: (ready: number, target: number) => void): Promise<void> {
+    const pool = getPool(this.ctx, this.name);
+    const parallel = 2;
+    let ready = this.counts().paused;
+    onProgress?.(ready, pool.target);
+    while (ready < pool.target) {
+      const batch = Math.min(parallel, pool.target - ready);
+      await Promise.all(Array.from({ length: batch }, () => this.addStandby()));
+      ready = this.counts().paused;
+      onProgress?.(ready, pool.target);
+    }
+  }
+
+  /** Keep the pool at its target in the background until stop(). */
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    let reaping = false; // one pass at a time: a pass over many members outlasts the second
+    this.timer = setInterval(() => {
+      if (!reaping) {
+        reaping = true;
+        void reapLeaks(this.ctx, this.name)
+          .catch(noted(`reap leaked members of pool ${this.name}`))
+          .finally(() => (reaping = false));
+      }
+      this.kick();
+    }, 1000);
+    this.timer.unref();
+    this.kick();
+  }
+
+  /** Stop refilling; wait for raises in flight; close connections. Standbys stay (paused). */
+  async stop(): Promise<void> {
+    this.running = false;
+    clearInterval(this.timer);
+    await Promise.allSettled([...this.inflight]);
+    for (const a of this.agents.values()) void a.close();
+    this.agents.clear();
+  }
+
+  private counts(): { paused: number; creating: number; running: number } {
+    const c = this.ctx.store.poolCounts(this.name);
+    return { paused: c.paused ?? 0, creating: c.creating ?? 0, running: c.running ?? 0 };
+  }
+
+  /** Start background raises up to the deficit; fewer while executions are being served. */
+  private kick(): void {
+    if (!this.running) return;
+    const pool = this.ctx.store.getPool(this.name);
+    if (!pool) return;
+    const c = this.counts();
+    const deficit = pool.target - c.paused - this.raising;
+    // Refill never starves executions: one raise at a time while takes are in flight.
+    const limit = this.serving > 0 ? 1 : 2;
+    for (let i = 0; i < Math.min(deficit, limit - this.raising); i++) {
+      const p = this.addStandby()
+        .catch((e: Error) => {
+          this.refillErrors.push(e.message);
+          if (this.refillErrors.length > 20) this.refillErrors.shift();
+        })
+        .finally(() => {
+          this.inflight.delete(p);
+          this.kick();
+        });
+      this.inflight.add(p);
+    }
+  }
+
+  private async addStandby(): Promise<void> {
+    const { record } = await this.raise(new Trace('pool refill', this.name), true);
+    const driver = this.ctx.driver(record.driver);
+    try {
+      if (driver.capabilities.pauseStandbys) await driver.pause(handleOf(record));
+      this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null, owner: null });
+    } catch (e) {
+      await this.drop(record).catch(noted(`drop standby ${record.name}`)); // a standby that cannot be stopped is not kept running
+      throw e;
+    }
+    // the pool was removed while this standby was being raised: it must not outlive it
+    if (!this.ctx.store.getPool(this.name)) await this.drop(record);
+  }
+
+  /** Raise a pool member with its clean baseline; `standby` members keep a connection here. */
+  private async raise(trace: Trace, recordBaseline: boolean): Promise<Omit<Taken, 'hit'>> {
+    const pool = getPool(this.ctx, this.name);
+    this.raising++;
+    try {
+      // VM standbys are restores of the pool's template, a memory snapshot of one booted VM
+      const template = this.ctx.driver(pool.driver).capabilities.memorySnapshot
+        ? await this.template(trace)
+        : undefined;
+      const base = template
+        ? async (): Promise<Volume> => template.volume
+        : (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+      // held by this process until it is paused or handed out (recorded in the same write that
+      // makes it running): if this process dies in between, reapLeaks finds a member whose holder is gone
+      const { record, agent } = await raiseSandbox(
+        this.ctx,
+        {
+          image: pool.image,
+          storage: pool.storage,
+          driver: pool.driver,
+          limits: template?.limits ?? pool.limits,
+          base,
+          origin: template?.name ?? null,
+          pool: this.name,
+          heldBy: { reason: takenBy() },
+          memory: template?.memory ?? undefined,
+          userns: pool.userns ?? undefined,
+        },
+        trace,
+      );
+      if (recordBaseline && pool.recycle) {
+        try {
+          record.baseline = await trace.phase('clean baseline', () => captureBaseline(this.ctx, record, agent));
+          this.ctx.store.updateSandbox(record.id, { baseline: record.baseline });
+        } catch (e) {
+          await this.drop(record, agent);
+          throw e;
+        }
+      }
+      this.agents.set(record.id, agent);
+      return { record, agent };
+    } finally {
+      this.raising--;
+    }
+  }
+
+  /**
+   * The memory snapshot VM standbys are restored from: made on first need by booting a VM of the
+   * pool's image and snapshotting it whole (under a lock: one boot, whoever asks). The VM it was
+   * taken from is destroyed; the snapshot goes with the pool.
+   */
+  private async template(trace: Trace): Promise<SnapshotRecord> {
+    const name = templateName(getPool(this.ctx, this.name));
+    const hit = this.ctx.store.getSnapshot(name);
+    if (hit) return hit;
+    return withLock(
+      poolLock(this.ctx, this.name),
+      async () => {
+        const again = this.ctx.store.getSnapshot(name);
+        if (again) return again;
+        const pool = getPool(this.ctx, this.name); // removed meanwhile? say so
+        // a VM left by a holder that crashed while making the template
+        const reason = `template of pool ${this.name} (held by pid ${process.pid})`;
+        for (const s of this.ctx.store.listSandboxes())
+          if (s.templateOf === this.name && (s.state === 'running' || s.state === 'paused'))
+            await destroyRecord(this.ctx, s);
+        const base = (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+        const vm = await trace.phase('boot template', () =>
+          raiseSandbox(
+            this.ctx,
+            {
+              image: pool.image,
+              storage: pool.storage,
+              driver: pool.driver,
+              limits: pool.limits,
+              base,
+              origin: null,
+              heldBy: { reason, templateOf: this.name },
+            },
+            trace,
+          ),
+        );
+        try {
+          const snap = await trace.phase('snapshot template', () =>
+            snapshotSandbox(this.ctx, vm.record, name, trace, {
+              memory: true,
+              agent: async () => vm.agent,
+              internal: true,
+            }),
+          );
+          this.ctx.store.setPoolTemplate(this.name, snap.name);
+          return snap;
+        } finally {
+          // not awaited: close() never rejects (it ends the socket, and destroys it after 1 s)
+          void vm.agent.close();
+          await destroyRecord(this.ctx, vm.record);
+        }
+      },
+      300_000,
+    );
+  }
+
+  private async drop(rec: SandboxRecord, agent?: AgentClient): Promise<void> {
+    const a = agent ?? this.agents.get(rec.id);
+    this.agents.delete(rec.id);
+    void a?.close();
+    await destroyRecord(this.ctx, rec);
+  }
+}
