@@ -31,7 +31,7 @@ const CALL_NONLITERAL = new RegExp(`${AT}(${FN})\\(\\s*(?!['")\\s])([^,)]+)`, 'g
 const NONLITERAL: Record<string, string> = {
   'src/host/run.ts cmd': 'run() itself',
   'src/host/hostops.ts bin': 'snaplab-hostops, built by npm run build',
-  'src/lab/images/images.ts busybox': "which('busybox')",
+  'src/image/sources/busybox.ts binary': "which('busybox') (or /bin/busybox, or the caller's)",
   'src/bench/baselines.ts runc': "which('runc')",
   'src/bench/baselines.ts cmd': "spawnLoop's: its callers' programs are scanned (SPAWN_LOOP)",
   'src/agent/agent.test.ts cmd': "the agent binary, or 'bwrap' (listed)",
@@ -52,6 +52,7 @@ const NONLITERAL: Record<string, string> = {
   'test/copy.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/ports.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/terminal.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/kernel-accounting.test.ts argv[0]!': 'the filler the test builds, or nsenter (listed)',
   'test/ansible.test.ts cmd': "run()'s: its callers' programs are literals (scanned)",
   'test/ansible.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/daemon-helpers.ts SNAPLAB': 'the snaplab command, built by npm run build',
