@@ -4,11 +4,11 @@
  * has a disk cap on every storage type (an overlay sandbox wrote to the host's root filesystem
  * uncapped), and its sandboxes together stay under its totals.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
 
 let home: string;
 let d: TestDaemon;
@@ -46,10 +46,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await d?.stop();
-  cli(home, ['rm', '--all']);
-  cli(home, ['image', 'rm', '--force', 'busybox']);
-  cli(home, ['gc']);
-  rmSync(home, { recursive: true, force: true });
+  removeHome(home);
 });
 
 describe("a key's ceilings", () => {

@@ -1,5 +1,6 @@
 /** A real `snaplab serve` process for the daemon tests: on a Unix socket and on 127.0.0.1. */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { SNAPLAB } from './cli-command.js';
 
@@ -27,6 +28,14 @@ export function cli(
     timeout: 120_000,
   });
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
+}
+
+/** Remove everything a test made in a home (its sandboxes, the built-in image, what gc finds), then the home. */
+export function removeHome(home: string): void {
+  cli(home, ['rm', '--all']);
+  cli(home, ['image', 'rm', '--force', 'busybox']);
+  cli(home, ['gc']);
+  rmSync(home, { recursive: true, force: true });
 }
 
 export async function startDaemon(home: string, extra: string[] = []): Promise<TestDaemon> {

@@ -12,7 +12,7 @@ import WebSocket from 'ws';
 import Database from 'better-sqlite3';
 import SwaggerParser from '@apidevtools/swagger-parser';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
+import { cli, removeHome, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
 import { SNAPLAB } from './cli-command.js';
 import { DRIVER_NAMES } from '../src/drivers/registry.js';
 
@@ -95,10 +95,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await d?.stop();
-  cli(home, ['rm', '--all']);
-  cli(home, ['image', 'rm', '--force', 'busybox']);
-  cli(home, ['gc']);
-  rmSync(home, { recursive: true, force: true });
+  removeHome(home);
 });
 
 describe('snaplab serve', () => {

@@ -15,6 +15,7 @@ import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
 import { feedInput } from '../lab/io/streams.js';
 import { keyValues } from '../lab/io/exec.js';
 import type {
+  LabRestoreOptions,
   BufferOutput,
   CheckResult,
   LabApi,
@@ -592,18 +593,7 @@ export class RemoteLab implements LabApi {
     return new RemoteSandbox(this.http, await this.http.json<View>('POST', '/sandboxes', { json: opts }), this.rpc);
   }
 
-  async restore(
-    snapshot: string,
-    opts: {
-      name?: string;
-      limits?: Limits;
-      labels?: Record<string, string>;
-      metadata?: Record<string, string>;
-      userns?: boolean;
-      timeoutS?: number;
-      onTimeout?: 'kill' | 'pause';
-    } = {},
-  ): Promise<RemoteSandbox> {
+  async restore(snapshot: string, opts: LabRestoreOptions = {}): Promise<RemoteSandbox> {
     return new RemoteSandbox(
       this.http,
       await this.http.json<View>('POST', '/sandboxes', { json: { snapshot, ...opts } }),

@@ -8,7 +8,7 @@ import { timingSafeEqual } from 'node:crypto';
 import { WebSocketServer } from 'ws';
 import { SnaplabError } from '../errors.js';
 import { RemoteLab } from '../client/remote.js';
-import { clusterOwner, hashKey, type Caller } from '../server/keys.js';
+import { clusterOwner, hashKey, keyCaller, type Caller } from '../server/keys.js';
 import { ask, ASK_TIMEOUT_MS, callerHeader, CONNECT_TIMEOUT_MS } from './proxy.js';
 import { ClusterStore, type NodeInfo } from './store.js';
 import { bestOfK, eligible, score, type PlacementRequest } from './placement.js';
@@ -125,14 +125,7 @@ export class ClusterCore {
         'check the key, or make a new one with `snaplab key create NAME --cluster …`',
       );
     }
-    return {
-      key: k.name,
-      hash: k.hash,
-      scopes: new Set(k.scopes),
-      maxSandboxes: k.maxSandboxes,
-      maxExecs: k.maxExecs,
-      ceilings: k.ceilings ?? {}, // keys made before ceilings: the defaults
-    };
+    return keyCaller(k);
   }
 
   /** May this caller see this sandbox (admin keys see all; others the sandboxes they made)? */

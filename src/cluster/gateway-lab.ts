@@ -11,6 +11,7 @@ import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
 import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
 import type {
+  LabRestoreOptions,
   CheckResult,
   LabApi,
   ListOptions,
@@ -21,7 +22,6 @@ import type {
   TraceQuery,
 } from '../sdk/api.js';
 import { DEFAULT_IMAGE } from '../defaults.js';
-import type { Limits } from '../store/records.js';
 import type { Caller } from '../server/keys.js';
 import { ClusterCore, openCluster, type CoreOptions } from './core.js';
 import { onNode, refusedBy } from './core-errors.js';
@@ -116,16 +116,7 @@ export class GatewayLab implements LabApi {
     return this.placed(node, value);
   }
 
-  async restore(
-    snapshot: string,
-    opts: {
-      name?: string;
-      limits?: Limits;
-      labels?: Record<string, string>;
-      metadata?: Record<string, string>;
-      userns?: boolean;
-    } & Placement = {},
-  ): Promise<SandboxApi> {
+  async restore(snapshot: string, opts: LabRestoreOptions & Placement = {}): Promise<SandboxApi> {
     this.guard();
     const { placement, ...rest } = opts;
     const { value, node } = await placeCreate(

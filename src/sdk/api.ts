@@ -181,6 +181,19 @@ export interface CheckResult {
   removed: { id: string; name: string; reason: string | null; owner: string | null }[];
 }
 
+/** A restore's options: a name, limits (the snapshot's disk cap is carried unless another is given), labels. */
+export interface LabRestoreOptions {
+  name?: string;
+  limits?: Limits;
+  labels?: Record<string, string>;
+  metadata?: Record<string, string>;
+  /** as in LabCreateOptions */
+  userns?: boolean;
+  /** as in LabCreateOptions (a daemon keeps the clock) */
+  timeoutS?: number;
+  onTimeout?: 'kill' | 'pause';
+}
+
 export interface LabCreateOptions {
   /** image name; `busybox` is built in */
   image?: string;
@@ -220,17 +233,7 @@ export interface LabCreateOptions {
 
 export interface LabApi {
   create(opts?: LabCreateOptions): Promise<SandboxApi>;
-  restore(
-    snapshot: string,
-    opts?: {
-      name?: string;
-      limits?: Limits;
-      labels?: Record<string, string>;
-      metadata?: Record<string, string>;
-      /** as in LabCreateOptions */
-      userns?: boolean;
-    },
-  ): Promise<SandboxApi>;
+  restore(snapshot: string, opts?: LabRestoreOptions): Promise<SandboxApi>;
   /** `check: false` reads the record as it stands (see ListOptions) */
   get(idOrName: string, opts?: { check?: boolean }): Promise<SandboxApi>;
   list(opts?: ListOptions): Promise<SandboxApi[]>;

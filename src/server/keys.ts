@@ -7,7 +7,7 @@
 import { timingSafeEqual } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
 import { SCOPES, type KeyRing } from '../lab/keys.js';
-import type { Scope } from '../store/records.js';
+import type { ApiKeyRecord, Scope } from '../store/records.js';
 import { NO_CEILINGS, checkCeilings, type Ceilings } from '../lab/ceilings.js';
 
 export { hashKey, newToken, parseScopes, SCOPES } from '../lab/keys.js';
@@ -55,13 +55,18 @@ export function authenticate(keys: KeyRing, header: string | undefined, queryTok
       'check the key, or make a new one with `snaplab key create NAME`',
     );
   }
+  return keyCaller(k);
+}
+
+/** The caller a key stands for (a daemon's, or a cluster's from etcd). */
+export function keyCaller(k: ApiKeyRecord): Caller {
   return {
     key: k.name,
     hash: k.hash,
     scopes: new Set(k.scopes),
     maxSandboxes: k.maxSandboxes,
     maxExecs: k.maxExecs,
-    ceilings: k.ceilings,
+    ceilings: k.ceilings ?? {}, // keys written before ceilings (etcd): the defaults
   };
 }
 

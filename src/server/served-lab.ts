@@ -7,13 +7,13 @@
  * stream is kept in, and the host's images, scenarios and gc, which only the embedded Lab has so
  * far (not yet on the remote Lab).
  */
-import type { BufferOutput, LabApi, LabCreateOptions, PoolApi, SandboxApi } from '../sdk/api.js';
+import type { BufferOutput, LabApi, LabCreateOptions, LabRestoreOptions, PoolApi, SandboxApi } from '../sdk/api.js';
 import type { Lab } from '../sdk/lab.js';
 import type { Text } from '../sdk/output.js';
 import type { PoolSpec } from '../lab/pools/admin.js';
 import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { TraceSummary } from '../timing/trace.js';
-import type { Limits, EventRecord } from '../store/records.js';
+import type { EventRecord } from '../store/records.js';
 
 export type { EventRecord } from '../store/records.js';
 
@@ -30,15 +30,7 @@ export interface Served {
   signal?: AbortSignal;
 }
 
-export interface ServedRestore extends Served {
-  name?: string;
-  limits?: Limits;
-  labels?: Record<string, string>;
-  metadata?: Record<string, string>;
-  userns?: boolean;
-  timeoutS?: number;
-  onTimeout?: 'kill' | 'pause';
-}
+export interface ServedRestore extends Served, LabRestoreOptions {}
 
 /**
  * A pool as a server keeps it: filled and resized with progress, kept at its target in the
