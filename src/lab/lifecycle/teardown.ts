@@ -26,6 +26,7 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
       await phase('delete volume', async () => (await ctx.readyBackend(s.storage)).delete(volume));
     }
   } catch (e) {
+    // the owner's step stays 'remove': a dead record with it is a removal that did not finish
     ctx.store.updateSandbox(s.id, {
       state: 'dead',
       reason: `removal failed: ${(e as Error).message} (run \`snaplab rm ${s.name}\` or \`snaplab gc\` again)`,

@@ -115,7 +115,8 @@ export async function reapLeaks(ctx: LabContext, name: string): Promise<number> 
     const r = await reconcile(ctx, s);
     const orphaned = r.state === 'running' && r.owner?.op === 'hold' && !(await ownerAlive(r.owner));
     if (r.state !== 'dead' && !orphaned) continue;
-    if (r.reason?.startsWith('removal failed')) continue; // counted when found; `gc` or `rm` finishes it
+    // a removal that failed (dead, its remover's step kept): counted when found; `gc` or `rm` finishes it
+    if (r.state === 'dead' && r.owner?.op === 'remove') continue;
     // reapers run at once (the refill timer, `pool ls`, a stats call): the one that claims it counts it
     if (!ctx.store.claimRemoval(r, me('remove'))) continue;
     await destroyRecord(ctx, r).catch(noted(`remove ${r.name}`));
