@@ -14,7 +14,7 @@
  * outside its pid namespace), unshares pid, ipc, uts (and net, with --net) namespaces, and forks
  * the machine's PID 1. PID 1 moves itself into the cgroup delegated to the machine's systemd
  * (--cgroup: its cgroup.procs; the monitor stays in the leaf beside it, and the agent moves into
- * a leaf of its own inside, --agent-cgroup: see src/host/cgroups.ts delegateCgroup) and makes
+ * a leaf of its own inside, --agent-cgroup: see src/host/cgroups/cgroups.ts delegateCgroup) and makes
  * its cgroup namespace there, then mounts /proc, a read-only /sys, the cgroup2 subtree of its
  * own cgroup at /sys/fs/cgroup, a /dev of bound host devices with its own devpts, tmpfs /run and
  * /tmp, the agent read-only at /run/snaplab/agent; pivots into DIR; tells the agent it may join,
@@ -280,7 +280,7 @@ static _Noreturn void agent_child(const char *agent, const char *caps, const cha
 		_exit(125); /* PID 1 did not come up: the monitor reports why */
 	close(pid_fd);
 	close(up_fd);
-	/* into the leaf made for it in the machine's delegated cgroup (src/host/cgroups.ts), while
+	/* into the leaf made for it in the machine's delegated cgroup (src/host/cgroups/cgroups.ts), while
 	 * still in the host's cgroup namespace: its commands are then inside the machine's, where its
 	 * systemd can move them (systemd-run --scope, pam_systemd); with nsdelegate it could not move
 	 * a process from outside its namespace's root */

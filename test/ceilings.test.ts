@@ -106,7 +106,7 @@ describe("a key's ceilings", () => {
     const ok = await call(tenant, 'POST', '/sandboxes', { snapshot: 'c-snap' });
     expect([ok.status, ok.body.limits.memoryBytes]).toEqual([201, 512 * MiB]);
     // the Unix socket is root: it defines a pool of 1 GiB standbys
-    expect(cli(home, ['pool', 'create', 'c-big', '--size', '1', '--memory', '1G']).code).toBe(0);
+    expect(cli(home, ['pool', 'create', 'c-big', '--size', '1', '--memory', '1G', '--disk', '256M']).code).toBe(0);
     const take = await call(tenant, 'POST', '/sandboxes', { pool: 'c-big' });
     expect([take.status, take.body.limit]).toEqual([403, 'memoryBytes']);
     expect(cli(home, ['pool', 'rm', 'c-big']).code).toBe(0);
@@ -124,6 +124,55 @@ describe("a key's ceilings", () => {
     expect((await call(tenant, 'DELETE', '/snapshots/s1')).status).toBe(204);
     expect((await call(tenant, 'POST', `/sandboxes/${box.body.id}/snapshots`, { name: 's3' })).status).toBe(201);
     for (const n of ['s2', 's3']) cli(home, ['snapshot', 'rm', n]);
+  });
+
+  it('hold what comes made: a standby without a disk cap, a pool run, a carried cap, a pool without a user namespace', async () => {
+    const tenant = key('made', '--max-disk', '1G', '--max-total-disk', 'none');
+    // the Unix socket (root) defines pools and takes snapshots as it likes
+    expect(cli(home, ['pool', 'create', 'c-open', '--size', '1', '--storage', 'overlay']).code).toBe(0);
+    const take = await call(tenant, 'POST', '/sandboxes', { pool: 'c-open' });
+    expect([take.status, take.body.limit]).toEqual([403, 'diskBytes']);
+    const run = await call(tenant, 'POST', '/pools/c-open/run', { argv: ['true'] });
+    expect([run.status, run.body.limit]).toEqual([403, 'diskBytes']);
+    expect(cli(home, ['pool', 'rm', 'c-open']).code).toBe(0);
+    expect(cli(home, ['create', '--name', 'c-wide', '--storage', 'overlay', '--disk', '2G']).code).toBe(0);
+    expect(cli(home, ['snapshot', 'c-wide', '--name', 'c-wide-snap']).code).toBe(0);
+    const carried = await call(tenant, 'POST', '/sandboxes', { snapshot: 'c-wide-snap' });
+    expect([carried.status, carried.body.limit]).toEqual([403, 'diskBytes']);
+    const smaller = await call(tenant, 'POST', '/sandboxes', { snapshot: 'c-wide-snap', limits: { diskBytes: GiB } });
+    expect([smaller.status, smaller.body.limits?.diskBytes]).toEqual([201, GiB]);
+    expect(cli(home, ['pool', 'create', 'c-root', '--size', '1', '--no-userns']).code).toBe(0);
+    const root = await call(tenant, 'POST', '/sandboxes', { pool: 'c-root' });
+    expect([root.status, root.body.code]).toEqual([403, 'FORBIDDEN']);
+    expect(cli(home, ['pool', 'rm', 'c-root']).code).toBe(0);
+    cli(home, ['rm', 'c-wide']);
+  });
+
+  it("keep a key's snapshots its own: others' are not found, the host's may be restored, not removed", async () => {
+    const [a, b] = [key('snap-a'), key('snap-b')];
+    const box = await call(a, 'POST', '/sandboxes', {});
+    expect((await call(a, 'POST', `/sandboxes/${box.body.id}/snapshots`, { name: 'a-snap' })).status).toBe(201);
+    expect((await call(b, 'GET', '/snapshots')).body.map((s: { name: string }) => s.name)).not.toContain('a-snap');
+    for (const [method, path, body] of [
+      ['GET', '/snapshots/a-snap', undefined],
+      ['DELETE', '/snapshots/a-snap', undefined],
+      ['POST', '/sandboxes', { snapshot: 'a-snap' }],
+    ] as const) {
+      const r = await call(b, method, path, body);
+      expect([r.status, r.body.code, r.body.hint], `${method} ${path}`).toEqual([
+        404,
+        'SNAPSHOT_NOT_FOUND',
+        'list them with GET /snapshots',
+      ]);
+    }
+    // the host's own snapshot (taken through the CLI): restored by a key, removed only by its owner
+    expect(cli(home, ['create', '--name', 'c-host']).code).toBe(0);
+    expect(cli(home, ['snapshot', 'c-host', '--name', 'c-host-snap']).code).toBe(0);
+    expect((await call(b, 'GET', '/snapshots/c-host-snap')).status).toBe(200);
+    expect((await call(b, 'DELETE', '/snapshots/c-host-snap')).status).toBe(404);
+    expect((await call(a, 'DELETE', '/snapshots/a-snap')).status).toBe(204);
+    for (const s of ['c-host-snap', 'c-wide-snap']) cli(home, ['snapshot', 'rm', s]);
+    cli(home, ['rm', 'c-host']);
   });
 
   it('are shown by key ls, and none lifts one', async () => {

@@ -32,7 +32,14 @@ export function cli(
 
 /** Remove everything a test made in a home (its sandboxes, the built-in image, what gc finds), then the home. */
 export function removeHome(home: string): void {
+  // what a failed test left: its pools and snapshots too
+  const listed = (args: string[]): string[] => {
+    const r = cli(home, [...args, '--json']);
+    return r.code === 0 ? (JSON.parse(r.out) as { name: string }[]).map((x) => x.name) : [];
+  };
+  for (const p of listed(['pool', 'ls'])) cli(home, ['pool', 'rm', p]);
   cli(home, ['rm', '--all']);
+  for (const s of listed(['snapshot', 'ls'])) cli(home, ['snapshot', 'rm', s]);
   cli(home, ['image', 'rm', '--force', 'busybox']);
   cli(home, ['gc']);
   rmSync(home, { recursive: true, force: true });

@@ -7,6 +7,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import { createKeyEntry } from './keys.js';
 import { NO_CEILINGS } from '../lab/ceilings.js';
+import { keyValues } from '../lab/io/exec.js';
 import type { Caller } from '../server/keys.js';
 import { absentView, type GatewayApi } from './gateway-api.js';
 import { ask, asSnaplab, errorBody, readJson, sendJson, upstreamPath } from './proxy.js';
@@ -222,7 +223,7 @@ function sandboxRoutes(g: GatewayApi): Route[] {
       'read',
       async (req, res, _m, c) => {
         const q = new URL(req.url!, 'http://x').searchParams;
-        const labels = Object.fromEntries(q.getAll('label').map((l) => l.split('=', 2) as [string, string]));
+        const labels = keyValues(q.getAll('label'), 'label');
         const owner = q.get('owner');
         const boxes = await g.lab(c).list({
           labels,

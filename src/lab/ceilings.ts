@@ -117,6 +117,14 @@ export function limitsUnder(
         `ask for at most ${show(k, ceiling)}, or have an admin make a key with a higher ${FLAG[k]}`,
       );
     if (want === undefined && k !== 'diskBytes' && out[k] !== undefined) out[k] = Math.min(out[k], ceiling);
+    // a cap carried from a snapshot is not lowered (what it holds may not fit): it is refused
+    if (want === undefined && k === 'diskBytes' && diskCapHolds && (out.diskBytes ?? 0) > ceiling)
+      throw new LimitError(
+        'ABOVE_CEILING',
+        k,
+        `the disk cap of ${show(k, out.diskBytes!)} it would carry is above key ${key}'s ceiling of ${show(k, ceiling)} per sandbox`,
+        `ask for a disk of at most ${show(k, ceiling)} (limits.diskBytes), or have an admin raise the key's --max-disk`,
+      );
   }
   if (diskCapHolds && !out.diskBytes) out.diskBytes = Math.min(DEFAULT_DISK_BYTES, c.diskBytes ?? DEFAULT_DISK_BYTES);
   if (!diskCapHolds) delete out.diskBytes;

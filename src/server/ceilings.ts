@@ -4,7 +4,7 @@
  * key's total is counted with what its other sandboxes hold and its creates under way here hold.
  * The Unix socket's caller (root on the host already) gets what it asks, as the library does.
  */
-import { LimitError } from '../errors.js';
+import { LimitError, SnaplabError } from '../errors.js';
 import { DEFAULT_DRIVER } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
 import { limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
@@ -22,6 +22,10 @@ export interface CeilingAsk {
   driver: string;
   /** the limits come with the machine (a standby, a memory snapshot): checked, never lowered */
   fixed?: boolean;
+  /** false: the machine has no user namespace (a pool defined so): for admin keys only */
+  userns?: boolean | null;
+  /** what the machine is, for an error (`pool web`) */
+  what?: string;
 }
 
 export class CeilingGuard {
@@ -45,6 +49,7 @@ export class CeilingGuard {
       held.diskBytes += m.diskBytes;
     }
     const capHolds = findDriverInfo(ask.driver)?.capabilities.rootIsVolumeTree ?? false;
+    refuseMade(caller, ask, capHolds);
     const asked = ask.fixed ? ask.base : ask.asked;
     const limits = limitsUnder(caller.key, resolveCeilings(caller.ceilings), asked, ask.base, capHolds, held);
     const mine: Held = { memoryBytes: limits.memoryBytes ?? 0, diskBytes: limits.diskBytes ?? 0 };
@@ -104,17 +109,47 @@ export async function askOf(lab: LabApi, body: CreateBody): Promise<CeilingAsk> 
   if (body.pool !== undefined) {
     // a standby comes made: its pool's limits are checked; an unknown pool fails in the take
     const pool = (await lab.pools()).find((p) => p.name === body.pool);
-    return { asked: undefined, base: pool?.limits ?? {}, driver: pool?.driver ?? DEFAULT_DRIVER, fixed: true };
+    const what = `pool ${body.pool}`;
+    return {
+      asked: undefined,
+      base: pool?.limits ?? {},
+      driver: pool?.driver ?? DEFAULT_DRIVER,
+      fixed: true,
+      userns: pool?.userns,
+      what,
+    };
   }
   if (body.snapshot !== undefined) {
     // a memory snapshot continues a machine of a fixed size; a filesystem one carries its disk cap
     const snap = (await lab.snapshots()).find((s) => s.name === body.snapshot)?.toJSON();
     const driver = typeof snap?.driver === 'string' ? snap.driver : DEFAULT_DRIVER;
     const limits = (snap?.limits as Limits | undefined) ?? {};
-    if (snap?.kind === 'memory') return { asked: undefined, base: limits, driver, fixed: true };
+    if (snap?.kind === 'memory')
+      return { asked: undefined, base: limits, driver, fixed: true, what: `snapshot ${body.snapshot}` };
     const base = withDefaults(limits.diskBytes === undefined ? {} : { diskBytes: limits.diskBytes }, driver);
     return { asked: body.limits, base, driver };
   }
   const driver = body.driver ?? DEFAULT_DRIVER;
   return { asked: body.limits, base: withDefaults(undefined, driver), driver };
+}
+
+/**
+ * What a machine that comes made (a pool's standby, a memory snapshot's machine) must already be
+ * for a key: in a user namespace unless the key is an admin's, and with a disk cap where one holds
+ * and the key has a disk ceiling (it cannot be given one now).
+ */
+function refuseMade(caller: Caller, ask: CeilingAsk, capHolds: boolean): void {
+  if (ask.userns === false && !caller.scopes.has('admin'))
+    throw new SnaplabError(
+      'FORBIDDEN',
+      `${ask.what ?? 'it'} has no user namespace (root inside is root on the host): key ${caller.key} may not have one`,
+      'this needs a key with the admin scope',
+    );
+  if (ask.fixed && capHolds && !ask.base.diskBytes && resolveCeilings(caller.ceilings).diskBytes !== null)
+    throw new LimitError(
+      'ABOVE_CEILING',
+      'diskBytes',
+      `${ask.what ?? 'it'} has no disk cap, and key ${caller.key}'s sandboxes must have one`,
+      'an admin gives the pool a disk cap (`snaplab pool create … --disk SIZE`)',
+    );
 }

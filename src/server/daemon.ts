@@ -7,7 +7,7 @@
 import { Lab } from '../sdk/lab.js';
 import { resolveCreate } from '../sdk/create-options.js';
 import { DAEMON_DEFAULTS } from '../defaults.js';
-import type { CheckResult, LabCreateOptions, SandboxApi, SpawnOptions } from '../sdk/api.js';
+import type { CheckResult, LabCreateOptions, SandboxApi, SnapshotApi, SpawnOptions } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId } from '../names.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -204,9 +204,37 @@ export class Daemon {
       return hit;
     }
     if (hit) this.evict(rec.id);
-    const box = await this.lab.get(rec.id);
+    // gone since the first look: the same answer as not there (the lab's would name others')
+    const box = await this.lab.get(rec.id).catch((e: unknown) => {
+      if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return this.find(rec.id, caller);
+      throw e;
+    });
     if (box.state === 'running' || box.state === 'paused') this.cache.set(box.id, box);
     return box;
+  }
+
+  /**
+   * A snapshot the caller may see: its key's own (taken of its sandboxes) and the host's (taken
+   * without a key: the socket, the CLI); `remove`: its own only. Admin keys and the socket: all.
+   * Not there or not the caller's: one answer, SNAPSHOT_NOT_FOUND, naming nothing else.
+   */
+  async snapshotFor(name: string, caller: Caller, remove = false): Promise<SnapshotApi> {
+    const snap = await this.lab.snapshot(name).catch((e: unknown) => {
+      if (isSnaplabError(e, 'SNAPSHOT_NOT_FOUND')) return undefined;
+      throw e;
+    });
+    if (!snap || !this.snapshotVisible(caller, snap, remove))
+      throw new SnaplabError(
+        'SNAPSHOT_NOT_FOUND',
+        `no snapshot named ${JSON.stringify(name)}`,
+        'list them with GET /snapshots',
+      );
+    return snap;
+  }
+
+  snapshotVisible(caller: Caller, snap: SnapshotApi, remove = false): boolean {
+    const owner = (snap.toJSON().owner as string | null | undefined) ?? null;
+    return caller.scopes.has('admin') || owner === caller.key || (!remove && owner === null);
   }
 
   /** Admin keys and the socket see every sandbox; other keys those they made. */
@@ -242,6 +270,7 @@ export class Daemon {
       );
     }
     const life = { owner: caller.key, timeoutS: asked.timeoutS, onTimeout: body.onTimeout };
+    if (asked.from === 'snapshot') await this.snapshotFor(asked.snapshot, caller);
     const release = await this.claimSandbox(caller);
     const ceiling = await this.ceilings.claim(caller, await askOf(this.lab, body)).catch((e: unknown) => {
       release();

@@ -13,6 +13,7 @@ import type { EventRecord } from './served-lab.js';
 import type { Daemon } from './daemon.js';
 import { parseScopes, type Caller } from './keys.js';
 import { execView } from './routes-sandboxes.js';
+import { askOf } from './ceilings.js';
 import { BuildBody, ImportBody, KeyBody, PoolBody, RunBody, ScenarioBody, errors } from './schemas.js';
 
 const any = Type.Object({}, { additionalProperties: true });
@@ -199,7 +200,7 @@ function snapshotRoutes(app: FastifyInstance, d: Daemon): void {
   app.get(
     '/snapshots',
     { config: { scope: 'read' }, schema: { tags: ['snapshots'], response: { 200: Type.Array(any), ...errors } } },
-    async () => (await d.lab.snapshots()).map((s) => s.toJSON()),
+    async (req) => (await d.lab.snapshots()).filter((s) => d.snapshotVisible(req.caller, s)).map((s) => s.toJSON()),
   );
   app.get(
     '/snapshots/:name',
@@ -207,7 +208,7 @@ function snapshotRoutes(app: FastifyInstance, d: Daemon): void {
       config: { scope: 'read' },
       schema: { tags: ['snapshots'], params: NameParams, response: { 200: any, ...errors } },
     },
-    async (req) => (await d.lab.snapshot((req.params as { name: string }).name)).toJSON(),
+    async (req) => (await d.snapshotFor((req.params as { name: string }).name, req.caller)).toJSON(),
   );
   app.delete(
     '/snapshots/:name',
@@ -216,7 +217,9 @@ function snapshotRoutes(app: FastifyInstance, d: Daemon): void {
       schema: { tags: ['snapshots'], params: NameParams, response: { 204: Type.Null(), ...errors } },
     },
     async (req, reply) => {
-      await d.lab.removeSnapshot((req.params as { name: string }).name);
+      const name = (req.params as { name: string }).name;
+      await d.snapshotFor(name, req.caller, true);
+      await d.lab.removeSnapshot(name);
       return reply.status(204).send();
     },
   );
@@ -317,9 +320,17 @@ function poolRunRoute(app: FastifyInstance, d: Daemon): void {
         stdin?: string;
         encoding?: 'utf8' | 'base64';
       };
-      const release = d.claimExec(req.caller);
+      const name = (req.params as { name: string }).name;
+      // the run's sandbox is a standby like a take's: held to the key's ceilings while it runs
+      const ceiling = await d.ceilings.claim(req.caller, await askOf(d.lab, { pool: name }));
+      let release = (): void => ceiling.release();
       try {
-        const r = await d.lab.pool((req.params as { name: string }).name).run(b.argv, {
+        const exec = d.claimExec(req.caller);
+        release = () => {
+          exec();
+          ceiling.release();
+        };
+        const r = await d.lab.pool(name).run(b.argv, {
           env: b.env,
           cwd: b.cwd,
           user: b.user,
