@@ -59,18 +59,20 @@ export function statusOf(code: ErrorCode): number {
   return STATUS[code] ?? 500;
 }
 
+const QUOTA_FLAG = {
+  maxSandboxes: "the key's --max-sandboxes",
+  maxExecs: "the key's --max-execs",
+  maxStreams: "the daemon's --max-streams-per-key",
+};
+
 /** A quota refusal: 429 with Retry-After and which limit it was. */
 export class QuotaError extends SnaplabError {
   constructor(
-    readonly limit: 'maxSandboxes' | 'maxExecs',
+    readonly limit: 'maxSandboxes' | 'maxExecs' | 'maxStreams',
     message: string,
     readonly retryAfterS = 1,
   ) {
-    super(
-      'QUOTA_EXCEEDED',
-      message,
-      `wait for one to end (Retry-After), or raise the key's ${limit === 'maxSandboxes' ? '--max-sandboxes' : '--max-execs'}`,
-    );
+    super('QUOTA_EXCEEDED', message, `wait for one to end (Retry-After), or raise ${QUOTA_FLAG[limit]}`);
   }
 }
 
