@@ -33,7 +33,7 @@ beforeAll(async () => {
   key = cli(home, ['key', 'create', 'honest', '--scope', 'read,exec']).out.trim();
   expect(cli(home, ['create', '--name', 'keep', '--timeout', '0']).code).toBe(0);
   // 1024 descriptors: 3 000 connections would take it past its limit (as 22 500 did at 65 536)
-  d = await startDaemon(home, ['--default-timeout', '0'], ['prlimit', '--nofile=1024']);
+  d = await startDaemon(home, ['--default-timeout', '0', '--max-streams-per-key', '2'], ['prlimit', '--nofile=1024']);
 }, 120_000);
 
 afterAll(async () => {
@@ -146,3 +146,37 @@ it('a flood of idle half-requests stalls neither listener and kills nothing', as
   }[];
   expect(list.map((s) => [s.name, s.state])).toEqual([['keep', 'running']]);
 }, 120_000);
+
+/** An event stream of `token`: its status, and the request to end it with. */
+function events(port: number, token: string): Promise<{ status: number; body: string; end: () => void }> {
+  return new Promise((resolve, reject) => {
+    const req = request(
+      { host: '127.0.0.1', port, path: '/events', headers: { authorization: `Bearer ${token}` } },
+      (res) => {
+        let body = '';
+        res.on('data', (c: Buffer) => (body += c.toString()));
+        const done = (): void => resolve({ status: res.statusCode ?? 0, body, end: () => req.destroy() });
+        if (res.statusCode === 200) res.once('data', done);
+        else res.on('end', done);
+      },
+    );
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+it('a key holds at most --max-streams-per-key streams; one more is a 429 naming the limit', async () => {
+  const port = Number(new URL(d.url).port);
+  const a = await events(port, key);
+  const b = await events(port, key);
+  expect([a.status, b.status]).toEqual([200, 200]);
+  const c = await events(port, key);
+  expect(c.status).toBe(429);
+  expect(JSON.parse(c.body)).toMatchObject({ code: 'QUOTA_EXCEEDED', limit: 'maxStreams' });
+  a.end();
+  await sleep(200);
+  const e = await events(port, key);
+  expect(e.status).toBe(200);
+  b.end();
+  e.end();
+});

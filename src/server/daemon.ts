@@ -196,7 +196,7 @@ export class Daemon {
   async sandbox(idOrName: string, caller: Caller = LOCAL): Promise<Sandbox> {
     const ctx = this.lab.context;
     const rec = ctx.store.sandboxState(sandboxKey(idOrName));
-    if (!rec || !this.visible(caller, rec.id)) throw sandboxNotFound(ctx, idOrName);
+    if (!rec || !this.visible(caller, rec.id)) throw sandboxNotFound(ctx, idOrName, (id) => this.visible(caller, id));
     const hit = this.cache.get(rec.id);
     if (hit && (rec.state === 'running' || rec.state === 'paused')) {
       // changed by another process (a pause, a resume): the same object, its record brought up to date
