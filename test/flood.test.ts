@@ -9,6 +9,7 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { request, Agent } from 'node:http';
 import { spawn } from 'node:child_process';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
@@ -33,7 +34,20 @@ beforeAll(async () => {
   key = cli(home, ['key', 'create', 'honest', '--scope', 'read,exec']).out.trim();
   expect(cli(home, ['create', '--name', 'keep', '--timeout', '0']).code).toBe(0);
   // 1024 descriptors: 3 000 connections would take it past its limit (as 22 500 did at 65 536)
-  d = await startDaemon(home, ['--default-timeout', '0', '--max-streams-per-key', '2'], ['prlimit', '--nofile=1024']);
+  d = await startDaemon(
+    home,
+    [
+      '--default-timeout',
+      '0',
+      '--max-streams-per-key',
+      '2',
+      '--max-unauthenticated',
+      '256',
+      '--headers-timeout',
+      '3000',
+    ],
+    ['prlimit', '--nofile=1024'],
+  );
 }, 120_000);
 
 afterAll(async () => {
@@ -179,4 +193,22 @@ it('a key holds at most --max-streams-per-key streams; one more is a 429 naming 
   expect(e.status).toBe(200);
   b.end();
   e.end();
+});
+
+it('a client sending its headers a byte a second is answered 408 and closed at --headers-timeout', async () => {
+  const port = Number(new URL(d.url).port);
+  const s = connect({ host: '127.0.0.1', port });
+  const t0 = performance.now();
+  let got = '';
+  s.on('data', (b: Buffer) => (got += b.toString()));
+  const line = 'GET /healthz HTTP/1.1\r\nHost: snaplab\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n';
+  let i = 0;
+  const drip = setInterval(() => i < line.length && !s.destroyed && s.write(line[i++]!), 1000);
+  await new Promise((r) => s.once('close', r));
+  clearInterval(drip);
+  const ms = performance.now() - t0;
+  expect(got).toMatch(/^HTTP\/1\.1 408/);
+  // Node checks every second: at the timeout, plus that second and a loaded host's slack (4.6 s seen)
+  expect(ms).toBeGreaterThan(2900);
+  expect(ms).toBeLessThan(6000);
 });

@@ -33,7 +33,7 @@ interface ServeCli {
   gateway?: boolean;
   choices: number;
   maxConnections?: number;
-  maxConnectionsPerPeer?: number;
+  maxUnauthenticatedPerPeer?: number;
   maxUnauthenticated?: number;
   maxStreamsPerKey?: number;
   headersTimeout?: number;
@@ -101,9 +101,9 @@ function limitOptions(cmd: Command): Command {
       int('--max-connections'),
     )
     .option(
-      '--max-connections-per-peer <n>',
-      'TCP connections at once from one address (default 256)',
-      int('--max-connections-per-peer'),
+      '--max-unauthenticated-per-peer <n>',
+      'TCP connections without a valid key yet from one address (default 128)',
+      int('--max-unauthenticated-per-peer'),
     )
     .option(
       '--max-unauthenticated <n>',
@@ -140,7 +140,7 @@ function limitOptions(cmd: Command): Command {
 function limitsOf(o: ServeCli): Partial<ConnectionLimits> {
   return {
     maxConnections: o.maxConnections,
-    maxPerPeer: o.maxConnectionsPerPeer,
+    maxUnauthenticatedPerPeer: o.maxUnauthenticatedPerPeer,
     maxUnauthenticated: o.maxUnauthenticated,
     maxStreamsPerKey: o.maxStreamsPerKey,
     headersTimeoutMs: o.headersTimeout,

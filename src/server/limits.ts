@@ -6,10 +6,11 @@
  *
  * - timeouts: a request's headers must arrive within `headersTimeoutMs`, the whole request within
  *   `requestTimeoutMs`; an idle keep-alive connection closes after `keepAliveTimeoutMs`;
- * - TCP connections in total, per peer address, and those not yet authenticated (no request
- *   with a valid key). At its own cap, a peer's new connection displaces that peer's oldest
- *   unauthenticated one at least a second old, else it is closed; at a cap for all, the peer
- *   holding the most connections gives up its oldest unauthenticated one (see evictHeaviest);
+ * - TCP connections in total, and those not yet authenticated (no request with a valid key) in
+ *   total and per peer address. At its own cap, a peer's new connection displaces that peer's
+ *   oldest unauthenticated one at least a second old, else it is closed; at a cap for all, the
+ *   peer holding the most unauthenticated connections gives up its oldest (see evictHeaviest);
+ *   a connection that made a keyed request is never displaced;
  * - file descriptors: the TCP cap stays `fdReserve` below the process's limit, so the Unix socket,
  *   the store, agents and /proc always have descriptors (Node raises the soft RLIMIT_NOFILE to the
  *   hard one at start; the limit read here is that one);
@@ -24,8 +25,11 @@ import { QuotaError } from './http-errors.js';
 export interface ConnectionLimits {
   /** TCP connections at once, all peers (capped at the fd limit less fdReserve) */
   maxConnections: number;
-  /** TCP connections at once from one address */
-  maxPerPeer: number;
+  /**
+   * TCP connections at once from one address that have not yet made a keyed request (keyed ones,
+   * a cluster gateway's many included, count against maxConnections only)
+   */
+  maxUnauthenticatedPerPeer: number;
   /** TCP connections that have not yet made a request with a valid key */
   maxUnauthenticated: number;
   /** WebSocket and event streams open at once per key */
@@ -40,7 +44,7 @@ export interface ConnectionLimits {
 
 export const LIMIT_DEFAULTS: ConnectionLimits = {
   maxConnections: 4096,
-  maxPerPeer: 256,
+  maxUnauthenticatedPerPeer: 128,
   maxUnauthenticated: 512,
   maxStreamsPerKey: 64,
   headersTimeoutMs: 10_000,
@@ -118,6 +122,7 @@ export interface GuardStats {
 /** The TCP connection caps, on a listener's `connection` event (before any byte is parsed). */
 export class ConnectionGuard {
   private readonly conns = new Map<Socket, Conn>();
+  /** each peer's unauthenticated connections, oldest first */
   private readonly peers = new Map<string, Map<Socket, Conn>>();
   private unauthenticated = 0;
   private refused = 0;
@@ -146,8 +151,8 @@ export class ConnectionGuard {
   authenticated(socket: Socket): void {
     const c = this.conns.get(socket);
     if (!c || c.authenticated) return;
+    this.unlist(c);
     c.authenticated = true;
-    this.unauthenticated--;
   }
 
   private admit(socket: Socket): void {
@@ -155,7 +160,7 @@ export class ConnectionGuard {
     const mine = this.peers.get(peer);
     const l = this.limits;
     if (
-      (mine !== undefined && mine.size >= l.maxPerPeer && !this.evictFrom(mine, EVICT_AGE_MS)) ||
+      (mine !== undefined && mine.size >= l.maxUnauthenticatedPerPeer && !this.evictFrom(mine, EVICT_AGE_MS)) ||
       (this.conns.size >= l.maxConnections && !this.evictHeaviest()) ||
       (this.unauthenticated >= l.maxUnauthenticated && !this.evictHeaviest())
     ) {
@@ -174,33 +179,34 @@ export class ConnectionGuard {
   }
 
   /**
-   * At a cap for all peers: the room is taken from the peer that holds the most connections (its
-   * oldest unauthenticated one, whatever its age), so that a flood from a few addresses, however
+   * At a cap for all peers: the room is taken from the peer that holds the most unauthenticated
+   * connections (its oldest, whatever its age), so that a flood from a few addresses, however
    * fast, never keeps out a client from another.
    */
   private evictHeaviest(): boolean {
     let heaviest: Map<Socket, Conn> | undefined;
     for (const set of this.peers.values()) if (!heaviest || set.size > heaviest.size) heaviest = set;
-    return (heaviest !== undefined && this.evictFrom(heaviest, 0)) || this.evictFrom(this.conns, EVICT_AGE_MS);
+    return heaviest !== undefined && this.evictFrom(heaviest, 0);
   }
 
-  /** Drop the oldest unauthenticated connection of `from` at least `minAgeMs` old. */
+  /** Drop the oldest of a peer's unauthenticated connections if it is at least `minAgeMs` old. */
   private evictFrom(from: Map<Socket, Conn>, minAgeMs: number): boolean {
-    const before = Date.now() - minAgeMs;
-    for (const c of from.values()) {
-      if (c.since > before) return false; // in order of arrival: the rest are younger
-      if (c.authenticated) continue;
-      this.forget(c);
-      c.socket.destroy();
-      this.evicted++;
-      return true;
-    }
-    return false;
+    const oldest = from.values().next().value;
+    if (!oldest || oldest.since > Date.now() - minAgeMs) return false;
+    this.forget(oldest);
+    oldest.socket.destroy();
+    this.evicted++;
+    return true;
   }
 
   private forget(c: Conn): void {
     if (!this.conns.delete(c.socket)) return;
-    if (!c.authenticated) this.unauthenticated--;
+    if (!c.authenticated) this.unlist(c);
+  }
+
+  /** No longer among its peer's unauthenticated connections. */
+  private unlist(c: Conn): void {
+    this.unauthenticated--;
     const set = this.peers.get(c.peer);
     set?.delete(c.socket);
     if (set && !set.size) this.peers.delete(c.peer);
