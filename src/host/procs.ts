@@ -166,3 +166,13 @@ export async function killTree(pid: number, graceMs = 2000, waitMs = 2000): Prom
   for (const p of left) signal(p, 'SIGKILL');
   return (await Promise.all(left.map((p) => waitGone(p, waitMs)))).every(Boolean);
 }
+
+/** The process's open-file limit now (soft, hard), from /proc/self/limits. */
+export function fdLimit(): { soft: number; hard: number } {
+  const line = readFileSync('/proc/self/limits', 'utf8')
+    .split('\n')
+    .find((l) => l.startsWith('Max open files'));
+  const [soft, hard] = (line ?? '').split(/\s+/).slice(3, 5);
+  const n = (v: string | undefined): number => (v === 'unlimited' || !v ? Number.MAX_SAFE_INTEGER : Number(v));
+  return { soft: n(soft), hard: n(hard) };
+}

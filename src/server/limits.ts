@@ -16,10 +16,10 @@
  *   hard one at start; the limit read here is that one);
  * - WebSocket and event streams per key (StreamLimiter).
  */
-import { readFileSync } from 'node:fs';
 import type { Server } from 'node:net';
 import type { Socket } from 'node:net';
 import { SnaplabError } from '../errors.js';
+import { fdLimit } from '../host/procs.js';
 import { QuotaError } from './http-errors.js';
 
 export interface ConnectionLimits {
@@ -54,16 +54,6 @@ export const LIMIT_DEFAULTS: ConnectionLimits = {
 
 /** A fresh connection has this long to make its request before a newcomer may displace it. */
 const EVICT_AGE_MS = 1000;
-
-/** The process's open-file limit now (soft, hard), from /proc/self/limits. */
-export function fdLimit(): { soft: number; hard: number } {
-  const line = readFileSync('/proc/self/limits', 'utf8')
-    .split('\n')
-    .find((l) => l.startsWith('Max open files'));
-  const [soft, hard] = (line ?? '').split(/\s+/).slice(3, 5);
-  const n = (v: string | undefined): number => (v === 'unlimited' || !v ? Number.MAX_SAFE_INTEGER : Number(v));
-  return { soft: n(soft), hard: n(hard) };
-}
 
 export interface ResolvedLimits extends Required<ConnectionLimits> {
   fdLimit: number;
