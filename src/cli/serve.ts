@@ -221,7 +221,7 @@ export function parseLabels(text: string | undefined): Record<string, string> {
   return checkLabels('label', out);
 }
 
-async function runGateway(cluster: string, o: { listen?: string; jsonLogs?: boolean; choices: number }): Promise<void> {
+async function runGateway(cluster: string, o: ServeCli): Promise<void> {
   if (!o.listen)
     throw new SnaplabError(
       'BAD_INPUT',
@@ -231,7 +231,7 @@ async function runGateway(cluster: string, o: { listen?: string; jsonLogs?: bool
   const { Gateway } = await import('../cluster/gateway.js');
   const { logger } = await import('../server/serve.js');
   const lines = logger(o.jsonLogs ?? false);
-  const g = await Gateway.start({ cluster, listen: o.listen, choices: o.choices, log: lines.log });
+  const g = await Gateway.start({ cluster, listen: o.listen, choices: o.choices, log: lines.log, limits: limitsOf(o) });
   process.stdout.write(`${JSON.stringify({ url: g.url, pid: process.pid, role: 'gateway' })}\n`);
   lines.log({ msg: 'gateway listening', url: g.url, nodes: [...g.view.nodes.keys()] });
   await new Promise<void>((resolve) => {
