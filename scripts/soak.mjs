@@ -9,9 +9,15 @@
  * host: mounts, cgroups, processes, loop devices, user-namespace id claims, /dev/shm files.
  *
  *   node scripts/soak.mjs [--clients 64] [--duration 600] [--kill-every 20] [--pool-size 8] [--json] [--host-wide]
+ *                         [--hostile [--flood 600] [--slow 50]]
  *
  * --host-wide also fails on any snaplab cgroup that appeared on the host during the soak and is
  * still there, from whatever home (the test suite, which runs nothing else meanwhile, uses it).
+ *
+ * --hostile (issue 30): the daemon listens on TCP too; a quarter of the clients run over TCP with
+ * a key, and hostile clients beside them (scripts/soak-hostile.mjs: a flood of held half-requests,
+ * slowloris, requests cut at random, all without a valid key) try to stall it. The honest ones'
+ * answers must stay right; compare their p99 with a run without --hostile (at most 2×).
  *
  * It makes a home of its own under /tmp (or --home DIR), run as root. Exit status 0 when every
  * check holds, 1 otherwise; the report (--json: one JSON object) says what was counted.
@@ -19,6 +25,7 @@
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes, randomInt } from 'node:crypto';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 
@@ -33,6 +40,9 @@ const { values: o } = parseArgs({
     home: { type: 'string' },
     json: { type: 'boolean', default: false },
     'host-wide': { type: 'boolean', default: false },
+    hostile: { type: 'boolean', default: false },
+    flood: { type: 'string', default: '600' },
+    slow: { type: 'string', default: '50' },
   },
 });
 const clients = Number(o.clients);
@@ -70,11 +80,20 @@ function cli(args) {
   });
 }
 
-// ---- the daemon, killed and started again ----
+// ---- the daemon, killed and started again (on the same TCP port, with --hostile) ----
+const tcpPort = o.hostile
+  ? await new Promise((resolve) => {
+      const probe = createServer().listen(0, '127.0.0.1', () => {
+        const { port } = probe.address();
+        probe.close(() => resolve(port));
+      });
+    })
+  : 0;
 let daemon;
 const kills = []; // [from, to]: the daemon was killed at `from` and answered again at `to`
 async function startDaemon() {
-  const proc = spawn(SNAPLAB, ['serve'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const listen = tcpPort ? ['--listen', `127.0.0.1:${tcpPort}`] : [];
+  const proc = spawn(SNAPLAB, ['serve', ...listen], { env, stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   proc.stderr.on('data', (b) => (err = (err + b).slice(-4000)));
   await new Promise((resolve, reject) => {
@@ -96,6 +115,27 @@ log(
 await startDaemon();
 const lab = await Lab.connect({ url: `unix:${join(home, 'daemon.sock')}` });
 const pool = await lab.createPool({ name: 'soak', image: 'busybox', size: poolSize, limits: LIMITS, recycle: true });
+// --hostile: honest clients over TCP with a key beside those on the socket, and the hostile ones
+const tcpLab = tcpPort
+  ? await Lab.connect({
+      url: `http://127.0.0.1:${tcpPort}`,
+      // (cli gives stdout and stderr together: the key is the line that is one)
+      token: /^snaplab_\S+$/m.exec((await cli(['key', 'create', 'soak-honest', '--scope', 'read,exec'])).out)?.[0],
+    })
+  : undefined;
+const hostile = tcpPort
+  ? spawn(
+      process.execPath,
+      [join(root, 'scripts', 'soak-hostile.mjs'), String(tcpPort), '--flood', o.flood, '--slow', o.slow],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    )
+  : undefined;
+let hostileOut = '';
+hostile?.stdout.on('data', (b) => (hostileOut += b));
+// watched from the start: one that ended early is reported, not waited for
+const hostileEnded = hostile && new Promise((r) => hostile.once('exit', (code, sig) => r(`${code ?? sig}`)));
 
 // ---- the executions ----
 // Each begins by looking for what an earlier execution may have left in its machine: the file that
@@ -186,20 +226,32 @@ function plan(kind) {
   }
 }
 
-const results = []; // {kind, outcome: 'right' | 'wrong' | 'cut', ms, detail?}
+const results = []; // {kind, via, outcome: 'right' | 'wrong' | 'cut', ms, detail?}
+const HANG_MS = 90_000;
 let refusedWhileDown = 0;
 const deadline = Date.now() + durationMs;
 // only the daemon's transport: a machine that died (AGENT_UNREACHABLE, SANDBOX_DEAD) is a wrong result
 const daemonGone = (e) => e?.code === 'DAEMON_UNREACHABLE';
 const text = (b) => (typeof b === 'string' ? b : Buffer.from(b ?? '').toString('utf8'));
 
-async function client() {
+async function client(via) {
+  const runner = via === 'tcp' ? tcpLab.pool('soak') : pool;
   while (Date.now() < deadline) {
     const kind = pick();
     const p = plan(kind);
     const t0 = Date.now();
     try {
-      const r = await pool.run(p.argv, p.opts);
+      // a call that is never answered is a wrong result (a hang), not a soak that never ends
+      let hung;
+      const r = await Promise.race([
+        runner.run(p.argv, p.opts),
+        new Promise((_, reject) => {
+          hung = setTimeout(
+            () => reject(Object.assign(new Error(`no answer in ${HANG_MS / 1000} s`), { code: 'HUNG' })),
+            HANG_MS,
+          );
+        }),
+      ]).finally(() => clearTimeout(hung));
       const res = {
         exitCode: r.exitCode,
         signal: r.signal,
@@ -212,6 +264,7 @@ async function client() {
       const right = !dirty && p.check(res);
       results.push({
         kind,
+        via,
         outcome: right ? 'right' : 'wrong',
         at: t0,
         ms: Date.now() - t0,
@@ -228,6 +281,7 @@ async function client() {
       } else if (daemonGone(e)) {
         results.push({
           kind,
+          via,
           outcome: 'cut',
           at: t0,
           ms: t1 - t0,
@@ -238,6 +292,7 @@ async function client() {
       } else {
         results.push({
           kind,
+          via,
           outcome: 'wrong',
           at: t0,
           ms: t1 - t0,
@@ -294,8 +349,20 @@ const cgroupsOnHost = () =>
 const cgroupsBefore = cgroupsOnHost();
 
 const t0 = Date.now();
-await Promise.all([killer(), ...Array.from({ length: clients }, () => client())]);
+// with --hostile a quarter of the clients (at least one) go over TCP with the key
+const tcpClients = tcpLab ? Math.max(1, Math.floor(clients / 4)) : 0;
+await Promise.all([killer(), ...Array.from({ length: clients }, (_, i) => client(i < tcpClients ? 'tcp' : 'socket'))]);
 const wallMs = Date.now() - t0;
+let hostileCounts = null;
+if (hostile) {
+  hostile.kill('SIGTERM');
+  const status = await hostileEnded;
+  try {
+    hostileCounts = JSON.parse(hostileOut);
+  } catch {
+    hostileCounts = { error: `the hostile clients ended early (${status}): ${hostileOut.slice(0, 200)}` };
+  }
+}
 
 // a cut execution must overlap a kill; any other is a wrong one
 for (const r of results) {
@@ -354,6 +421,7 @@ const counterChecks = [
 sampleIds();
 clearInterval(sampler);
 lab.close();
+tcpLab?.close();
 daemon.proc.kill('SIGTERM');
 const stopped = await Promise.race([
   daemon.exited.then(() => true),
@@ -445,7 +513,12 @@ const lat = results
   .filter((r) => r.outcome === 'right')
   .map((r) => r.ms)
   .sort((a, b) => a - b);
-const q = (p) => (lat.length ? lat[Math.min(lat.length - 1, Math.floor(p * lat.length))] : null);
+const q = (p, l = lat) => (l.length ? l[Math.min(l.length - 1, Math.floor(p * l.length))] : null);
+const latOf = (via) =>
+  results
+    .filter((r) => r.outcome === 'right' && r.via === via)
+    .map((r) => r.ms)
+    .sort((a, b) => a - b);
 const report = {
   clients,
   durationS: durationMs / 1000,
@@ -458,6 +531,15 @@ const report = {
   refusedWhileDown,
   perSecond: Math.round((done / (wallMs / 1000)) * 10) / 10,
   latencyMs: { p50: q(0.5), p99: q(0.99) },
+  ...(hostile
+    ? {
+        hostile: hostileCounts,
+        tcpClients,
+        latencyByVia: Object.fromEntries(
+          ['socket', 'tcp'].map((v) => [v, { n: latOf(v).length, p50: q(0.5, latOf(v)), p99: q(0.99, latOf(v)) }]),
+        ),
+      }
+    : {}),
   kills: kills.length,
   byKind,
   counters,
@@ -474,7 +556,11 @@ const report = {
 // without kills nothing can be half-made: the clean-up's gc must find nothing then
 const gcOk = kills.length > 0 || gcRemoved.length === 0;
 report.gcCheck = { what: `with no kill, gc after the clean-up removes nothing (${gcRemoved.length})`, ok: gcOk };
+// the hostile clients must have run all along (an early end would leave the daemon unattacked)
+const hostileOk = !hostile || (hostileCounts !== null && !hostileCounts.error);
+report.hostileCheck = hostile ? { what: 'the hostile clients ran to the end', ok: hostileOk } : undefined;
 const ok =
+  hostileOk &&
   wrong.length === 0 &&
   counterChecks.every(([, c]) => c) &&
   gcOk &&
@@ -492,6 +578,10 @@ else {
   );
   for (const [k, v] of Object.entries(byKind))
     console.log(`  ${k.padEnd(16)} right ${v.right}  wrong ${v.wrong}  cut ${v.cut}`);
+  if (hostile)
+    console.log(
+      `hostile clients: ${JSON.stringify(hostileCounts)}; honest by way: ${JSON.stringify(report.latencyByVia)}`,
+    );
   console.log(`pool: ${JSON.stringify(counters)}`);
   for (const [what, c] of counterChecks) console.log(`  ${c ? 'ok  ' : 'FAIL'} ${what}`);
   console.log(

@@ -65,6 +65,7 @@ export type ErrorCode =
   | 'CGROUP_FAILED'
   | 'HOST_COMMAND_FAILED'
   | 'STATE_TOO_NEW'
+  | 'HOST_UNREADABLE'
   | 'TIMEOUT'
   | 'ABORTED'
   | 'INTERNAL';

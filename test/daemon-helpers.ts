@@ -45,9 +45,11 @@ export function removeHome(home: string): void {
   rmSync(home, { recursive: true, force: true });
 }
 
-export async function startDaemon(home: string, extra: string[] = []): Promise<TestDaemon> {
+/** `wrap`: a command that runs the daemon, e.g. ['prlimit', '--nofile=1024'] (it must exec it, keeping its pid). */
+export async function startDaemon(home: string, extra: string[] = [], wrap: string[] = []): Promise<TestDaemon> {
   const socket = join(home, 'daemon.sock');
-  const proc = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', ...extra], {
+  const [cmd, ...args] = [...wrap, SNAPLAB, 'serve', '--listen', '127.0.0.1:0', ...extra];
+  const proc = spawn(cmd!, args, {
     env: { ...process.env, SNAPLAB_HOME: home },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

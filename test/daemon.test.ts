@@ -577,6 +577,11 @@ describe('snaplab serve', () => {
     expect(curl('DELETE', '/sandboxes/of-a', { token: b }).status).toBe(404);
     expect(curl('GET', '/sandboxes', { token: b }).body).toEqual([]);
     expect(curl('GET', '/sandboxes', { token: a }).body.map((x: Json) => x.name)).toEqual(['of-a']);
+    // a not-found error names no sandbox: of-a is not b's to know of (the hint says how to list)
+    const missing = curl('GET', '/sandboxes/nope', { token: b });
+    expect(missing).toMatchObject({ status: 404, body: { code: 'SANDBOX_NOT_FOUND' } });
+    expect(JSON.stringify(missing.body)).not.toMatch(/of-a/);
+    expect(curl('GET', '/sandboxes/nope', { token: a }).body.hint).toBe('list them with GET /sandboxes');
     expect(curl('POST', '/sandboxes', { token: a, json: { userns: false } })).toMatchObject({
       status: 403,
       body: { code: 'FORBIDDEN' },
@@ -596,6 +601,10 @@ describe('snaplab serve', () => {
 
     const ws = new WebSocket(`${d.url.replace('http', 'ws')}/rpc`, { headers: { authorization: `Bearer ${a}` } });
     await new Promise((r) => ws.once('open', r));
+    // a frame that is JSON but no object is bad input, not a bug of the daemon's
+    const answer = new Promise<Json>((r) => ws.once('message', (m) => r(JSON.parse(String(m)))));
+    ws.send('null');
+    expect(await answer).toMatchObject({ id: null, error: { code: 'BAD_INPUT' } });
     const closed = new Promise((r) => ws.once('close', r));
     expect(cli(home, ['key', 'rm', 'tenant-a']).code).toBe(0);
     await closed; // within a reconcile tick (5 s)

@@ -1,7 +1,8 @@
 /**
  * The soak's short version (#17, item 5; scripts/soak.mjs is the long one, docs/security.md):
  * 64 clients of a real daemon for 60 s of fresh executions with random commands, the daemon
- * SIGKILLed and started again every ~15 s; every execution right (or cut by a kill, inside its
+ * SIGKILLed and started again every ~15 s, hostile clients flooding and slowing its TCP port
+ * while a quarter of the clients work over it; every execution right (or cut by a kill, inside its
  * window), the pool's counters adding up, nothing of the soak's home left on the host, and no
  * snaplab cgroup new on the host (nothing else runs during a test file).
  */
@@ -36,6 +37,12 @@ describe('soak', () => {
           '--home',
           home,
           '--host-wide',
+          // and hostile clients on its TCP port (issue 30): a flood, slowloris, cut requests
+          '--hostile',
+          '--flood',
+          '300',
+          '--slow',
+          '20',
           '--json',
         ],
         { stdio: ['ignore', 'pipe', 'pipe'], detached: true },

@@ -7,6 +7,7 @@ import { SnaplabError } from '../errors.js';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { checkLabels } from '../lab/meta.js';
 import { EXIT_USAGE, reportError } from './output.js';
+import type { ConnectionLimits } from '../server/limits.js';
 
 export const int =
   (flag: string) =>
@@ -32,6 +33,14 @@ interface ServeCli {
   leaseTtl: number;
   gateway?: boolean;
   choices: number;
+  maxConnections?: number;
+  maxUnauthenticatedPerPeer?: number;
+  maxUnauthenticated?: number;
+  maxStreamsPerKey?: number;
+  headersTimeout?: number;
+  requestTimeout?: number;
+  keepAliveTimeout?: number;
+  fdReserve?: number;
 }
 
 export function registerServe(program: Command): void {
@@ -45,7 +54,7 @@ export function registerServe(program: Command): void {
 }
 
 function serveOptions(cmd: Command): Command {
-  return cmd
+  cmd
     .option('--socket <path>', 'Unix socket (default $SNAPLAB_HOME/daemon.sock, mode 0600)')
     .option('--listen <host:port>', 'also listen on TCP, bearer keys required (e.g. 127.0.0.1:7070)')
     .option('--json-logs', 'one JSON object per log line (stderr)')
@@ -81,6 +90,65 @@ function serveOptions(cmd: Command): Command {
     )
     .option('--gateway', "serve the cluster's API in front of its nodes (no lab of its own; needs --listen)")
     .option('--choices <k>', 'a gateway places each create on the best of K random candidates', int('--choices'), 2);
+  return limitOptions(cmd);
+}
+
+/** The TCP listener's limits (server/limits.ts; defaults in docs/api.md, Limits). */
+function limitOptions(cmd: Command): Command {
+  return cmd
+    .option(
+      '--max-connections <n>',
+      'TCP connections at once (default 4096, kept below the fd limit)',
+      int('--max-connections'),
+    )
+    .option(
+      '--max-unauthenticated-per-peer <n>',
+      'TCP connections without a valid key yet from one address (default 128)',
+      int('--max-unauthenticated-per-peer'),
+    )
+    .option(
+      '--max-unauthenticated <n>',
+      'TCP connections without a valid key yet (default 512)',
+      int('--max-unauthenticated'),
+    )
+    .option(
+      '--max-streams-per-key <n>',
+      'WebSocket and event streams open at once per key (default 64)',
+      int('--max-streams-per-key'),
+    )
+    .option(
+      '--headers-timeout <ms>',
+      "a request's headers must arrive within this (default 10000)",
+      int('--headers-timeout'),
+    )
+    .option(
+      '--request-timeout <ms>',
+      'a whole request, body included (default 600000; 0: none)',
+      int('--request-timeout'),
+    )
+    .option(
+      '--keep-alive-timeout <ms>',
+      'an idle keep-alive connection closes after this (default 5000)',
+      int('--keep-alive-timeout'),
+    )
+    .option(
+      '--fd-reserve <n>',
+      'file descriptors kept from TCP for the daemon (default: a quarter of its limit)',
+      int('--fd-reserve'),
+    );
+}
+
+function limitsOf(o: ServeCli): Partial<ConnectionLimits> {
+  return {
+    maxConnections: o.maxConnections,
+    maxUnauthenticatedPerPeer: o.maxUnauthenticatedPerPeer,
+    maxUnauthenticated: o.maxUnauthenticated,
+    maxStreamsPerKey: o.maxStreamsPerKey,
+    headersTimeoutMs: o.headersTimeout,
+    requestTimeoutMs: o.requestTimeout,
+    keepAliveTimeoutMs: o.keepAliveTimeout,
+    fdReserve: o.fdReserve,
+  };
 }
 
 async function runServe(o: ServeCli): Promise<void> {
@@ -119,6 +187,7 @@ async function runServe(o: ServeCli): Promise<void> {
       execTimeoutMs: o.execTimeout,
       benchDir: o.benchDir && resolve(o.benchDir),
       node,
+      limits: limitsOf(o),
     });
     process.stdout.write(
       `${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid, ...(node ? { node: node.name } : {}) })}\n`,
@@ -153,7 +222,7 @@ export function parseLabels(text: string | undefined): Record<string, string> {
   return checkLabels('label', out);
 }
 
-async function runGateway(cluster: string, o: { listen?: string; jsonLogs?: boolean; choices: number }): Promise<void> {
+async function runGateway(cluster: string, o: ServeCli): Promise<void> {
   if (!o.listen)
     throw new SnaplabError(
       'BAD_INPUT',
@@ -163,7 +232,7 @@ async function runGateway(cluster: string, o: { listen?: string; jsonLogs?: bool
   const { Gateway } = await import('../cluster/gateway.js');
   const { logger } = await import('../server/serve.js');
   const lines = logger(o.jsonLogs ?? false);
-  const g = await Gateway.start({ cluster, listen: o.listen, choices: o.choices, log: lines.log });
+  const g = await Gateway.start({ cluster, listen: o.listen, choices: o.choices, log: lines.log, limits: limitsOf(o) });
   process.stdout.write(`${JSON.stringify({ url: g.url, pid: process.pid, role: 'gateway' })}\n`);
   lines.log({ msg: 'gateway listening', url: g.url, nodes: [...g.view.nodes.keys()] });
   await new Promise<void>((resolve) => {

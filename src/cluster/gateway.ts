@@ -31,6 +31,8 @@ import { clusterEvents } from './events.js';
 import { ClusterCore, openCluster, type ClusterParts } from './core.js';
 import { placeCreate } from './create.js';
 import { GatewayLab } from './gateway-lab.js';
+import type { Socket } from 'node:net';
+import { ConnectionGuard, resolveLimits, type ConnectionLimits } from '../server/limits.js';
 
 export interface GatewayOptions {
   cluster: string;
@@ -39,6 +41,8 @@ export interface GatewayOptions {
   /** K of power-of-K placement (default 2) */
   choices?: number;
   log?: (line: Record<string, unknown>) => void;
+  /** the daemon's connection caps and timeouts (server/limits.ts); no request timeout here */
+  limits?: Partial<ConnectionLimits>;
 }
 
 /** a node's create is bounded by its own limit (300 s, then cleaned); the gateway waits a little longer */
@@ -46,6 +50,8 @@ const CREATE_TIMEOUT_MS = 330_000;
 
 export class Gateway extends ClusterCore implements GatewayApi {
   private server: Server | undefined;
+  /** the TCP connection caps (server/limits.ts), told when a request carried a valid key */
+  private guard: ConnectionGuard | undefined;
   url = '';
 
   private constructor(parts: ClusterParts, opts: GatewayOptions) {
@@ -55,7 +61,7 @@ export class Gateway extends ClusterCore implements GatewayApi {
   static async start(opts: GatewayOptions): Promise<Gateway> {
     const g = new Gateway(await openCluster(opts.cluster, opts.log), opts);
     try {
-      await g.listen(opts.listen);
+      await g.listen(opts.listen, opts.limits);
       return g;
     } catch (e) {
       await g.closeCore();
@@ -63,11 +69,14 @@ export class Gateway extends ClusterCore implements GatewayApi {
     }
   }
 
-  private async listen(listen: string): Promise<void> {
+  private async listen(listen: string, given: Partial<ConnectionLimits> = {}): Promise<void> {
     const { parseListen } = await import('../server/serve.js');
     const { host, port } = parseListen(listen);
     const routes = clusterRoutes(this);
-    this.server = createServer((req, res) => {
+    // long uploads (archives, stdin) are streamed: no overall deadline on a request, as on a node
+    const limits = resolveLimits({ requestTimeoutMs: 0, ...given });
+    const timeouts = { headersTimeout: limits.headersTimeoutMs, connectionsCheckingInterval: 1000 };
+    this.server = createServer(timeouts, (req, res) => {
       const t0 = performance.now();
       res.once('finish', () =>
         this.log({
@@ -80,8 +89,10 @@ export class Gateway extends ClusterCore implements GatewayApi {
       void routes(req, res).catch((e: unknown) => sendError(res, e));
     });
     this.server.on('upgrade', (req, socket, head) => this.upgrade(req, socket, head));
-    // long uploads (archives, stdin) are streamed: no overall deadline on a request, as on a node
     this.server.requestTimeout = 0;
+    this.server.keepAliveTimeout = limits.keepAliveTimeoutMs;
+    this.guard = new ConnectionGuard(limits, this.log);
+    this.guard.attach(this.server);
     await new Promise<void>((resolve, reject) => {
       this.server!.once('error', reject);
       this.server!.listen(port, host, () => resolve());
@@ -103,6 +114,7 @@ export class Gateway extends ClusterCore implements GatewayApi {
       );
     const caller = this.callerOf(token);
     requireScope(caller, scope);
+    this.guard?.authenticated(req.socket as Socket);
     return caller;
   }
 

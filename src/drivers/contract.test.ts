@@ -150,7 +150,7 @@ function driverContract(r: Run): void {
     expect((await sh(agent, 'hostname')).out).toBe(spec.hostname);
     const first = await agent.exec({ argv: [MACHINE_AGENT_PATH, '--version'], env: [] }).result;
     expect(first.exitCode).toBe(0);
-    expect(await driver.inspect(handle)).toEqual({ alive: true });
+    expect(await driver.inspect(handle)).toEqual({ state: 'alive' });
   });
 
   it('connect gives another client of the same machine', async () => {
@@ -273,7 +273,7 @@ function driverContract(r: Run): void {
   it('gc keeps what is live: the machine runs on, the image’s derived files stay', async () => {
     const removed = await driver.gc({ sandbox: (id) => id === spec.id, imageVolume: (id) => id === imageVolume });
     expect(removed.filter((x) => x.includes(spec.id) || x.includes(imageVolume))).toEqual([]);
-    expect(await driver.inspect(vm!.handle)).toEqual({ alive: true });
+    expect(await driver.inspect(vm!.handle)).toEqual({ state: 'alive' });
     for (const f of r.derived(home, imageVolume)) expect(existsSync(f), f).toBe(true);
   });
 
@@ -288,8 +288,7 @@ function driverContract(r: Run): void {
     expect(await r.machineFiles(home, handle.id)).toEqual([]);
     expect(existsSync(spec.rootfs)).toBe(true);
     const dead = await driver.inspect(handle);
-    expect(dead.alive).toBe(false);
-    expect(dead.reason).toMatch(/gone/);
+    expect(dead).toEqual({ state: 'dead', reason: expect.stringMatching(/gone/) });
     await driver.destroy(handle);
   });
 

@@ -131,10 +131,12 @@ export interface LiveObjects {
 }
 
 /** Why a machine is no longer there, as far as the host can tell. */
-export interface DeathReport {
-  alive: boolean;
-  reason?: string;
-}
+/**
+ * What a driver can say of a machine: alive; dead, only on evidence (its init or QEMU process is
+ * gone); or unknown, when the host could not be read (EMFILE, EACCES): then it may still run, and
+ * nothing of it may be removed. Callers retry later and report why they cannot tell.
+ */
+export type DeathReport = { state: 'alive' } | { state: 'dead'; reason: string } | { state: 'unknown'; reason: string };
 
 /**
  * The driver contract (DESIGN.md). `raise` returns once the agent inside answers; the lab then

@@ -2,7 +2,7 @@ import { readdir, rm } from 'node:fs/promises';
 import { orElse } from '../cleanup.js';
 import { join } from 'node:path';
 import { cgroupFor, destroyCgroup, removeEmptySnaplabParents, snaplabCgroupsOnHost } from '../host/cgroups/cgroups.js';
-import { sameProcess } from '../host/procs.js';
+import { liveness } from '../host/procs.js';
 import type { MachineHandle } from './driver.js';
 
 /**
@@ -14,7 +14,9 @@ import type { MachineHandle } from './driver.js';
  * with hundreds of MiB of guest RAM takes seconds to exit on a loaded host).
  */
 export async function killAndSweep(home: string, handle: MachineHandle, timeoutMs = 5000): Promise<void> {
-  if (handle.pid > 0 && (await sameProcess(handle.pid, handle.pidStart))) {
+  // killed only when known to be the machine's (a pid /proc could not read may have been reused);
+  // the cgroup sweep below kills every process of the machine either way
+  if (handle.pid > 0 && (await liveness(handle.pid, handle.pidStart)).state === 'alive') {
     try {
       process.kill(handle.pid, 'SIGKILL');
     } catch {

@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { readdir } from 'node:fs/promises';
+import { SnaplabError } from '../errors.js';
 
 export interface ProcStat {
   pid: number;
@@ -25,13 +26,53 @@ export function parseStat(text: string): ProcStat | undefined {
   return { pid: Number(text.slice(0, open).trim()), comm: text.slice(open + 1, close), state, ppid, startTime };
 }
 
-/** Read synchronously: a /proc read takes microseconds, a thread-pool round trip far longer. */
+/**
+ * Errors that are evidence a process is gone: its /proc entry does not exist (ENOENT), or it
+ * exited while being read (ESRCH). Any other failure (EMFILE when this process is out of file
+ * descriptors, ENFILE, EACCES under hidepid, EIO) says nothing about the process.
+ */
+const GONE_CODES = new Set(['ENOENT', 'ESRCH']);
+
+/**
+ * Read /proc/PID/stat: undefined only when there is no such process. Any other failure throws:
+ * EMFILE must never read as "gone" (a daemon at its fd limit once declared every machine on the
+ * host dead and removed a running VM's RAM file). Read synchronously: a /proc read takes
+ * microseconds, a thread-pool round trip far longer.
+ */
 export async function readStat(pid: number): Promise<ProcStat | undefined> {
+  let text: string;
   try {
-    return parseStat(readFileSync(`/proc/${pid}/stat`, 'utf8'));
-  } catch {
-    return undefined;
+    text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch (e) {
+    if (GONE_CODES.has((e as NodeJS.ErrnoException).code ?? '')) return undefined;
+    throw new SnaplabError(
+      'HOST_UNREADABLE',
+      `cannot tell whether process ${pid} runs: /proc/${pid}/stat could not be read (${(e as Error).message})`,
+      'nothing was removed; this is tried again later (EMFILE: the process is out of file descriptors)',
+      { cause: e },
+    );
   }
+  return parseStat(text);
+}
+
+/**
+ * What can be said of a process: 'alive'; 'gone' only on evidence (no /proc entry, ESRCH, a
+ * zombie, or another process now on its pid: a start time other than `startTime`); 'unknown'
+ * when /proc could not be read, with why. Unknown is never gone: nothing may be removed on it.
+ */
+export type Liveness = { state: 'alive' } | { state: 'gone' } | { state: 'unknown'; cause: SnaplabError };
+
+export async function liveness(pid: number, startTime?: number | null): Promise<Liveness> {
+  let st: ProcStat | undefined;
+  try {
+    st = await readStat(pid);
+  } catch (e) {
+    if (e instanceof SnaplabError) return { state: 'unknown', cause: e };
+    throw e;
+  }
+  if (st === undefined || st.state === 'Z' || st.state === 'X') return { state: 'gone' };
+  if (startTime !== undefined && startTime !== null && st.startTime !== startTime) return { state: 'gone' };
+  return { state: 'alive' };
 }
 
 let ownStart: number | undefined;
@@ -46,10 +87,13 @@ export function ownStartTime(): number {
   return ownStart;
 }
 
-/** Is `pid` a live process? Zombies count as gone: they run nothing, they only await a reaper. */
+/**
+ * May `pid` still run? False only on evidence that it is gone (see liveness); true when /proc
+ * cannot be read, so that nothing is removed on a failed read. Zombies count as gone: they run
+ * nothing, they only await a reaper. To signal a process, ask liveness for 'alive' instead.
+ */
 export async function pidAlive(pid: number): Promise<boolean> {
-  const st = await readStat(pid);
-  return st !== undefined && st.state !== 'Z' && st.state !== 'X';
+  return (await liveness(pid)).state !== 'gone';
 }
 
 /** Start time of `pid` (clock ticks after boot), undefined when there is no such process. */
@@ -57,10 +101,12 @@ export async function processStartTime(pid: number): Promise<number | undefined>
   return (await readStat(pid))?.startTime;
 }
 
-/** Is `pid` still the very process recorded earlier with `startTime` (not a reuse of its pid)? */
+/**
+ * May `pid` still be the very process recorded earlier with `startTime` (not a reuse of its pid)?
+ * As pidAlive: false only on evidence, true when /proc cannot be read.
+ */
 export async function sameProcess(pid: number, startTime: number): Promise<boolean> {
-  const st = await readStat(pid);
-  return st !== undefined && st.startTime === startTime && st.state !== 'Z' && st.state !== 'X';
+  return (await liveness(pid, startTime)).state !== 'gone';
 }
 
 /** Poll until `pid` is gone (or a zombie). Returns false if it still lives after `timeoutMs`. */
@@ -119,4 +165,14 @@ export async function killTree(pid: number, graceMs = 2000, waitMs = 2000): Prom
   const left = all.filter((_, i) => !gone[i]);
   for (const p of left) signal(p, 'SIGKILL');
   return (await Promise.all(left.map((p) => waitGone(p, waitMs)))).every(Boolean);
+}
+
+/** The process's open-file limit now (soft, hard), from /proc/self/limits. */
+export function fdLimit(): { soft: number; hard: number } {
+  const line = readFileSync('/proc/self/limits', 'utf8')
+    .split('\n')
+    .find((l) => l.startsWith('Max open files'));
+  const [soft, hard] = (line ?? '').split(/\s+/).slice(3, 5);
+  const n = (v: string | undefined): number => (v === 'unlimited' || !v ? Number.MAX_SAFE_INTEGER : Number(v));
+  return { soft: n(soft), hard: n(hard) };
 }

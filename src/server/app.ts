@@ -17,6 +17,7 @@ import { adminRoutes } from './routes-admin.js';
 import { rpcRoutes } from './routes-rpc.js';
 import { uiRoutes } from './routes-ui.js';
 import { VERSION } from '../version.js';
+import { serverOptions, type ConnectionGuard, type ResolvedLimits, type StreamLimiter } from './limits.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -42,6 +43,8 @@ export interface AppOptions {
   trusted: boolean;
   /** a cluster node: requests bearing the cluster's token act for the caller the gateway names */
   clusterToken?: string;
+  /** TCP: the connection caps, stream caps and timeouts (limits.ts) */
+  limits?: { resolved: ResolvedLimits; guard: ConnectionGuard; streams: StreamLimiter };
 }
 
 export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<FastifyInstance> {
@@ -52,7 +55,10 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
     forceCloseConnections: true,
     return503OnClosing: true,
     ajv: { customOptions: { removeAdditional: false } },
+    ...(opts.limits ? serverOptions(opts.limits.resolved) : {}),
   });
+  // before any byte of a connection is parsed: refused or admitted at the caps
+  opts.limits?.guard.attach(app.server);
   app.decorateRequest('caller', null as unknown as Caller);
   app.decorateRequest('opId', null);
   await app.register(swagger, {
@@ -88,6 +94,8 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
         req.caller =
           viaGateway ?? authenticate(daemon.lab.keys, req.headers.authorization, headerless ? q?.token : undefined);
         requireScope(req.caller, scope);
+        opts.limits?.guard.authenticated(req.raw.socket);
+        if (headerless) opts.limits?.streams.admit(req.caller.key, req.raw.socket);
       } catch (e) {
         return done(e as Error);
       }

@@ -47,6 +47,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   MISSING_TOOL: 503,
   CLUSTER_UNAVAILABLE: 503,
   NODE_UNAVAILABLE: 503,
+  HOST_UNREADABLE: 503,
   NODE_EXISTS: 409,
   SANDBOX_LOST: 410,
   TIMEOUT: 504,
@@ -59,14 +60,20 @@ export function statusOf(code: ErrorCode): number {
   return STATUS[code] ?? 500;
 }
 
+const QUOTA_FLAG = {
+  maxSandboxes: "the key's --max-sandboxes",
+  maxExecs: "the key's --max-execs",
+  maxStreams: "the daemon's --max-streams-per-key",
+};
+
 /** A quota of concurrent things refused: 429 with Retry-After and which limit it was. */
 export class QuotaError extends LimitError {
-  constructor(limit: 'maxSandboxes' | 'maxExecs', message: string, retryAfterS = 1) {
+  constructor(limit: 'maxSandboxes' | 'maxExecs' | 'maxStreams', message: string, retryAfterS = 1) {
     super(
       'QUOTA_EXCEEDED',
       limit,
       message,
-      `wait for one to end (Retry-After), or raise the key's ${limit === 'maxSandboxes' ? '--max-sandboxes' : '--max-execs'}`,
+      `wait for one to end (Retry-After), or raise ${QUOTA_FLAG[limit]}`,
       retryAfterS,
     );
   }

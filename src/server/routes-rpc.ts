@@ -63,7 +63,11 @@ export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> 
         let id: Call['id'] | null = null;
         void (async () => {
           if (isBinary) throw new SnaplabError('BAD_INPUT', 'rpc: send JSON text frames', 'see docs/api.md, /rpc');
-          const raw = JSON.parse(String(data)) as Partial<Call>;
+          const parsed = JSON.parse(String(data)) as unknown;
+          // null, a number, an array: not a call (null once answered INTERNAL, from `null.id`)
+          if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed))
+            throw new SnaplabError('BAD_INPUT', 'rpc: a frame is a JSON object {id, op, …}', 'see docs/api.md, /rpc');
+          const raw = parsed as Partial<Call>;
           id = raw.id ?? null;
           const c = check(raw);
           // a key removed since the socket opened answers no more calls

@@ -11,6 +11,7 @@ import { SnaplabError, isSnaplabError } from '../errors.js';
 import { withLock } from '../host/lock.js';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { buildApp } from './app.js';
+import { ConnectionGuard, StreamLimiter, resolveLimits, type ConnectionLimits, type ResolvedLimits } from './limits.js';
 import { Daemon, type DaemonOptions } from './daemon.js';
 import type { ClusterNode, NodeOptions } from '../cluster/node.js';
 import type { ClusterStore } from '../cluster/store.js';
@@ -24,6 +25,8 @@ export interface ServeOptions extends DaemonOptions {
   /** host:port to listen on with keys; 127.0.0.1 unless another address is given on purpose */
   listen?: string;
   jsonLogs?: boolean;
+  /** caps on TCP connections and streams, and timeouts (limits.ts; docs/api.md, Limits) */
+  limits?: Partial<ConnectionLimits>;
 }
 
 export interface Server {
@@ -133,11 +136,18 @@ async function listenTcp(
   listen: string,
   token: string | undefined,
   apps: FastifyInstance[],
+  resolved: ResolvedLimits,
 ): Promise<string | null> {
   const { host, port } = parseListen(listen);
-  const tcp = await buildApp(daemon, { trusted: false, clusterToken: token });
+  const limits = {
+    resolved,
+    guard: new ConnectionGuard(resolved, daemon.log),
+    streams: new StreamLimiter(resolved.maxStreamsPerKey),
+  };
+  const tcp = await buildApp(daemon, { trusted: false, clusterToken: token, limits });
   apps.push(tcp);
-  await tcp.listen({ host, port });
+  // a long accept queue: under a flood a new client's SYN is queued, not dropped (a 1 s retransmit)
+  await tcp.listen({ host, port, backlog: 4096 });
   const addr = tcp.server.address();
   return typeof addr === 'object' && addr
     ? `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`
@@ -153,6 +163,8 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       'a node needs --listen: gateways reach it there',
       'add --listen HOST:PORT (an address the gateways can reach)',
     );
+  // read and checked before anything is opened: a bad limit stops here
+  const limits = opts.listen ? resolveLimits(opts.limits) : undefined;
   const daemon = await Daemon.open({ ...opts, log });
   const apps: FastifyInstance[] = [];
   let cluster: ClusterStore | undefined;
@@ -198,12 +210,12 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       cluster = await ClusterStore.open(opts.node.cluster);
       token = await cluster.token();
     }
-    if (opts.listen) url = await listenTcp(daemon, opts.listen, token, apps);
+    if (opts.listen) url = await listenTcp(daemon, opts.listen, token, apps, limits!);
     if (cluster && opts.node) {
       const { ClusterNode } = await import('../cluster/node.js');
       node = await ClusterNode.join(daemon, cluster, token!, { ...opts.node, url: opts.node.advertise ?? url! });
     }
-    log({ msg: 'listening', socket, url, pid: process.pid, home: daemon.lab.home, node: node?.name ?? null });
+    log({ msg: 'listening', socket, url, pid: process.pid, home: daemon.lab.home, node: node?.name ?? null, limits });
     return {
       daemon,
       socket,

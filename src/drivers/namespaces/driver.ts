@@ -15,7 +15,7 @@ import {
   thaw,
 } from '../../host/cgroups/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
-import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
+import { liveness, processStartTime, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
 import { Trace } from '../../timing/trace.js';
@@ -155,7 +155,9 @@ export class NamespacesDriver implements Driver {
   }
 
   async inspect(handle: MachineHandle): Promise<DeathReport> {
-    if (await sameProcess(handle.pid, handle.pidStart)) return { alive: true };
+    const init = await liveness(handle.pid, handle.pidStart);
+    if (init.state === 'alive') return { state: 'alive' };
+    if (init.state === 'unknown') return { state: 'unknown', reason: init.cause.message };
     let ooms = 0;
     try {
       ooms = await oomKills(cgroupFor(handle.id));
@@ -163,7 +165,7 @@ export class NamespacesDriver implements Driver {
       /* cgroup gone */
     }
     return {
-      alive: false,
+      state: 'dead',
       reason:
         ooms > 0
           ? `its init process is gone and its memory cgroup recorded ${ooms} OOM kill(s): it ran out of memory`
@@ -194,7 +196,8 @@ export const HALT_GRACE_MS = 10_000;
 
 /** Ask a system machine's systemd to halt (services stopped, filesystems synced), and wait for it. */
 async function haltSystem(handle: MachineHandle): Promise<void> {
-  if (!(await sameProcess(handle.pid, handle.pidStart))) return;
+  // signalled only when known to be this machine's init (a pid not read may have been reused)
+  if ((await liveness(handle.pid, handle.pidStart)).state !== 'alive') return;
   // a paused machine cannot halt: thawed first (it is going anyway)
   const cg = cgroupFor(handle.id);
   if (await isFrozen(cg).catch(failureMeans(false))) await thaw(cg).catch(noted(`thaw ${cg.id}`, 'ENOENT'));

@@ -8,7 +8,7 @@ import { SnaplabError, isSnaplabError } from '../../errors.js';
 import { withLock } from '../../host/lock.js';
 import { cgroupFor, createCgroup } from '../../host/cgroups/cgroups.js';
 import type { Availability } from '../../host/probe-types.js';
-import { processStartTime, sameProcess, waitGone } from '../../host/procs.js';
+import { liveness, processStartTime, sameProcess, waitGone } from '../../host/procs.js';
 import { which } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
 import type { Trace } from '../../timing/trace.js';
@@ -440,8 +440,10 @@ export class QemuDriver implements Driver {
   }
 
   async inspect(handle: MachineHandle): Promise<DeathReport> {
-    if (await sameProcess(handle.pid, handle.pidStart)) return { alive: true };
-    return { alive: false, reason: 'its QEMU process is gone (killed from outside, or the host rebooted)' };
+    const qemu = await liveness(handle.pid, handle.pidStart);
+    if (qemu.state === 'alive') return { state: 'alive' };
+    if (qemu.state === 'unknown') return { state: 'unknown', reason: qemu.cause.message };
+    return { state: 'dead', reason: 'its QEMU process is gone (killed from outside, or the host rebooted)' };
   }
 
   async destroy(handle: MachineHandle): Promise<void> {

@@ -409,7 +409,8 @@ async function guestHalt(ctx: LabContext, s: SandboxRecord): Promise<void> {
     void agent.close();
   }
   const end = Date.now() + GUEST_HALT_GRACE_MS;
-  while (Date.now() < end && (await driver.inspect(handleOf(s))).alive) await new Promise((r) => setTimeout(r, 100));
+  while (Date.now() < end && (await driver.inspect(handleOf(s))).state !== 'dead')
+    await new Promise((r) => setTimeout(r, 100));
 }
 
 export async function resumeSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { recordFailure } from '../../cleanup.js';
 import { SnaplabError } from '../../errors.js';
 import { readStat } from '../../host/procs.js';
 import type { LabContext } from '../context.js';
@@ -27,7 +28,14 @@ async function startedAt(pid: number): Promise<number | undefined> {
  */
 async function markLive(op: { id: string; pid: number; kind: string; startedAt: number }): Promise<boolean> {
   if (op.pid === process.pid) return op.kind === GC ? held.has(op.id) : true;
-  const t = await startedAt(op.pid);
+  let t: number | undefined;
+  try {
+    t = await startedAt(op.pid);
+  } catch (e) {
+    // /proc could not be read (EMFILE, EACCES): its writer may run, so its mark holds
+    recordFailure(`check the ${op.kind} mark of pid ${op.pid} (kept)`, e);
+    return true;
+  }
   return t !== undefined && t <= op.startedAt + 2000; // btime and USER_HZ round: 2 s of slack
 }
 

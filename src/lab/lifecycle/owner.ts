@@ -9,7 +9,8 @@ export function me(op: Owner['op']): Owner {
 /**
  * Does the owner still run? The same pid with the same start time: a pid the kernel has given to
  * another process since is not the owner. Owners carried over from the old reason text have no
- * start time (the pid alone is checked, as it was then) or, dead ones, no pid (gone).
+ * start time (the pid alone is checked, as it was then) or, dead ones, no pid (gone). An owner
+ * whose /proc entry cannot be read (EMFILE, EACCES) may still run: alive (procs.ts liveness).
  */
 export async function ownerAlive(o: Owner | null | undefined): Promise<boolean> {
   if (!o || o.pid === null) return false;

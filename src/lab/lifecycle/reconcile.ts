@@ -1,3 +1,5 @@
+import { recordFailure } from '../../cleanup.js';
+import { SnaplabError } from '../../errors.js';
 import { handleOf } from './handle.js';
 import { ownerAlive } from './owner.js';
 import { releaseRange } from '../../host/userns/registry.js';
@@ -14,12 +16,18 @@ import type { LabContext } from '../context.js';
  * and its cgroup, run directory and VM RAM file are removed at once. The record and its reason
  * stay for `ls` until `rm`; its volume waits for `rm` or `gc`. Every command that reads records
  * (ls, status, exec, rm, gc, pool and scenario commands) reconciles them.
+ *
+ * Dead only on evidence: when the host cannot be read (the process is out of file descriptors,
+ * /proc refuses it) the record stays as it is, nothing is removed, and why is reported; the next
+ * reconcile (the daemon's next tick, the next command) tries again. The owners of 'creating' and
+ * 'removing' records are judged the same way (ownerAlive: alive unless known gone).
  */
 export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<SandboxRecord> {
   let reason: string | undefined;
   if (s.state === 'running' || s.state === 'paused') {
     const r = await ctx.driver(s.driver).inspect(handleOf(s));
-    if (!r.alive) reason = r.reason ?? 'its init process is gone';
+    if (r.state === 'unknown') return cannotTell(s, r.reason);
+    if (r.state === 'dead') reason = r.reason;
     // a pool's template VM lives only while the process making the template does
     if (!reason && s.templateOf && s.owner?.op === 'hold' && !(await ownerAlive(s.owner)))
       reason = "the process making its pool's template exited";
@@ -41,6 +49,12 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
   const reaped = await reap(ctx, s, reason);
   if (reaped !== reason) ctx.store.setDeadReason(s.id, reaped);
   return { ...s, state: 'dead', reason: reaped, uidBase: ctx.store.getSandbox(s.id)?.uidBase ?? null };
+}
+
+/** A record whose machine cannot be told alive or dead: kept as it is, and why reported. */
+function cannotTell(s: SandboxRecord, why: string): SandboxRecord {
+  recordFailure(`reconcile ${s.name} (kept as ${s.state})`, new SnaplabError('HOST_UNREADABLE', why));
+  return s;
 }
 
 /**

@@ -112,8 +112,19 @@ export function snapshotNotFound(ctx: LabContext, name: string): SnaplabError {
   );
 }
 
-export function sandboxNotFound(ctx: LabContext, name: string): SnaplabError {
-  const known = ctx.store.listSandboxes().map((s) => s.name);
+/**
+ * `visible`: which sandboxes the caller may see (through the daemon, a key without admin sees
+ * its own): only those are named in the hint, so that a tenant never learns another's names.
+ */
+export function sandboxNotFound(
+  ctx: LabContext,
+  name: string,
+  visible: (id: string) => boolean = () => true,
+): SnaplabError {
+  const known = ctx.store
+    .listSandboxes()
+    .filter((s) => visible(s.id))
+    .map((s) => s.name);
   return new SnaplabError(
     'SANDBOX_NOT_FOUND',
     `no sandbox with id or name ${JSON.stringify(name)}`,

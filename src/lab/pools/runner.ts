@@ -55,7 +55,8 @@ export class PoolRunner {
         const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy(), me('hold')));
         if (!rec) break;
         const driver = this.ctx.driver(rec.driver);
-        if (!(await driver.inspect(handleOf(rec))).alive) {
+        // only a standby known dead is dropped; one that cannot be told is tried (its agent answers or not)
+        if ((await driver.inspect(handleOf(rec))).state === 'dead') {
           // a reaper may have found it dead meanwhile: whoever claims its removal counts it
           if (this.ctx.store.claimRemoval(rec, me('remove'))) {
             await destroyRecord(this.ctx, rec).catch(noted(`remove ${rec.name}`));
