@@ -46,16 +46,24 @@ export function registerImageBuild(image: Command): void {
         const progress = o.json ? undefined : (s: string): void => void process.stderr.write(`… ${s}\n`);
         // mmdebstrap runs in a process group of its own (an abort interrupts it and what it runs), so
         // ^C reaches it through the abort: it undoes its mounts and nothing of the build is kept
+        // ^C, SIGTERM or a hang-up: the first aborts; the handlers stay until the build has settled, so
+        // a second one does not end this process while mmdebstrap undoes its mounts (it is killed,
+        // group and all, 15 s after the abort if it has not)
         const ac = new AbortController();
-        const interrupt = (): void =>
+        const interrupt = (): void => {
+          if (ac.signal.aborted) return void process.stderr.write('… still stopping the build (undoing its mounts)\n');
           ac.abort(new SnaplabError('ABORTED', 'the build was interrupted', 'nothing of it was kept; run it again'));
-        process.once('SIGINT', interrupt);
+        };
+        const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
+        for (const s of signals) process.on(s, interrupt);
         const r = await lab
           .buildImage(
             { suite: o.suite, variant: o.variant, packages, mirror: o.mirror },
             { name: o.name, rebuild: o.rebuild, onProgress: progress, signal: ac.signal },
           )
-          .finally(() => process.off('SIGINT', interrupt));
+          .finally(() => {
+            for (const s of signals) process.off(s, interrupt);
+          });
         const seconds = (performance.now() - started) / 1000;
         if (o.json) return printJson({ ...r.image, cached: r.cached, seconds, log: r.log });
         process.stdout.write(

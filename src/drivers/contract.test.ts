@@ -305,8 +305,9 @@ function driverContract(r: Run): void {
     const ac = new AbortController();
     const reason = new Error('contract abort');
     const raising = driver.raise(s, new Trace('raise', s.id), ac.signal);
-    // a VM is aborted in its boot (QEMU running), a namespace machine as soon as it began
-    setTimeout(() => ac.abort(reason), driver.capabilities.ownKernel ? 5000 : 0);
+    // a VM is aborted in its boot (QEMU running: its launch takes well under 1.5 s, a boot under
+    // emulation 4 s or more; at 5 s a quiet host had booted it), a namespace machine at once
+    setTimeout(() => ac.abort(reason), driver.capabilities.ownKernel ? 1500 : 0);
     const t0 = Date.now();
     await expect(raising).rejects.toBe(reason);
     expect(Date.now() - t0).toBeLessThan(driver.capabilities.ownKernel ? 15_000 : 5000);

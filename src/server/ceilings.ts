@@ -112,7 +112,8 @@ export async function askOf(lab: LabApi, body: CreateBody): Promise<CeilingAsk> 
     const what = `pool ${body.pool}`;
     return {
       asked: undefined,
-      base: pool?.limits ?? {},
+      // what its standbys hold: a storage's default cap is theirs, not in the pool's own limits
+      base: { ...pool?.limits, ...(pool?.standbyDiskBytes ? { diskBytes: pool.standbyDiskBytes } : {}) },
       driver: pool?.driver ?? DEFAULT_DRIVER,
       fixed: true,
       userns: pool?.userns,

@@ -227,7 +227,7 @@ export const KeyBody = Type.Object(
         {
           memoryBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
           pids: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
-          cpus: Type.Optional(Type.Union([Type.Number({ exclusiveMinimum: 0 }), Type.Null()])),
+          cpus: Type.Optional(Type.Union([Type.Number({ minimum: 0 }), Type.Null()])),
           diskBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
           totalMemoryBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
           totalDiskBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),

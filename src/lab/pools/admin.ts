@@ -32,6 +32,12 @@ export interface PoolStats extends PoolRecord {
   inUse: number;
   raising: number;
   dead: number;
+  /**
+   * the disk cap its ready standbys hold (the smallest; a storage's default cap included, which
+   * the pool's own limits do not name), or null when one of them has none; with none ready, the
+   * pool's own
+   */
+  standbyDiskBytes: number | null;
 }
 
 export function getPool(ctx: LabContext, name: string): PoolRecord {
@@ -99,7 +105,17 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
   const p = getPool(ctx, name);
   const members = await Promise.all(ctx.store.poolMembers(name).map((s) => reconcile(ctx, s)));
   const count = (st: string): number => members.filter((m) => m.state === st).length;
-  return { ...p, ready: count('paused'), inUse: count('running'), raising: count('creating'), dead: count('dead') };
+  const ready = members.filter((m) => m.state === 'paused');
+  const caps = ready.length ? ready.map((m) => m.limits.diskBytes ?? 0) : [p.limits.diskBytes ?? 0];
+  const standbyDiskBytes = Math.min(...caps) || null;
+  return {
+    ...p,
+    ready: ready.length,
+    inUse: count('running'),
+    raising: count('creating'),
+    dead: count('dead'),
+    standbyDiskBytes,
+  };
 }
 
 /** The reason a taken pool member carries, for people: its holder is the record's owner (me('hold')). */
