@@ -198,7 +198,8 @@ export class ClusterCore {
   }
 
   /** Where a create goes: best of K among the nodes that can take it. */
-  async place(req: PlacementRequest): Promise<NodeInfo> {
+  /** `caller`: whom the nodes are asked for, where they must be (a snapshot is its key's own) */
+  async place(req: PlacementRequest, caller: Caller = SYSTEM): Promise<NodeInfo> {
     const t0 = performance.now();
     let ok = eligible(this.view.nodes.values(), req, this.view.drained);
     if (
@@ -207,7 +208,7 @@ export class ClusterCore {
       this.view.nodes.size
     ) {
       // the nodes' last word may be older than the pool, snapshot or image (made a moment ago): ask them
-      const have = await this.holdersOf(req);
+      const have = await this.holdersOf(req, caller);
       const found = eligible(
         [...this.view.nodes.values()].filter((n) => have.has(n.name)),
         { ...req, pool: undefined, snapshot: undefined, image: undefined },
@@ -233,13 +234,13 @@ export class ClusterCore {
   }
 
   /** The nodes that say they hold the request's pool, snapshot or image. */
-  private async holdersOf(req: PlacementRequest): Promise<Set<string>> {
+  private async holdersOf(req: PlacementRequest, caller: Caller): Promise<Set<string>> {
     if (req.pool !== undefined || req.snapshot !== undefined) {
       const path =
         req.pool !== undefined
           ? `/pools/${encodeURIComponent(req.pool)}`
           : `/snapshots/${encodeURIComponent(req.snapshot!)}`;
-      return new Set((await this.askAll(SYSTEM, path)).map((a) => a.node));
+      return new Set((await this.askAll(caller, path)).map((a) => a.node));
     }
     return new Set(
       (await this.askAll<{ name: string }[]>(SYSTEM, '/images'))

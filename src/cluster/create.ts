@@ -105,7 +105,7 @@ export async function placeCreate(
   c: PlacedCreate,
   send: SendCreate,
 ): Promise<{ value: Record<string, unknown>; node: string }> {
-  const first = (await core.place(c.request)).name;
+  const first = (await core.place(c.request, caller)).name;
   const held = await claim(core, caller, c, first);
   for (let attempt = 0; ; attempt++) {
     const node = held.node;
@@ -126,7 +126,7 @@ export async function placeCreate(
       const connect = (e as { connect?: boolean }).connect === true;
       // refused at connect: it never reached the node, which made nothing; placed once more,
       // elsewhere, the claim (its name and its place in the quota's order) moved with it
-      if (!made && connect && attempt === 0 && (await moved(core, c, held, e))) continue;
+      if (!made && connect && attempt === 0 && (await moved(core, caller, c, held, e))) continue;
       // the node said no: nothing was made, the claim and name go. Made, or gone during it:
       // they stay on their lease (the node's own entries take over if it made the sandbox)
       const answered = (e as { status?: number }).status !== undefined;
@@ -139,9 +139,9 @@ export async function placeCreate(
 }
 
 /** The claim moved to another node (true), or there is none to move it to (it is ended then). */
-async function moved(core: ClusterCore, c: PlacedCreate, held: Claim, e: unknown): Promise<boolean> {
+async function moved(core: ClusterCore, caller: Caller, c: PlacedCreate, held: Claim, e: unknown): Promise<boolean> {
   const from = held.node;
-  const next = await core.place({ ...c.request, exclude: new Set([from]) }).catch(async (err: unknown) => {
+  const next = await core.place({ ...c.request, exclude: new Set([from]) }, caller).catch(async (err: unknown) => {
     await core.store.endCreate(held, 'refused').catch(noted("end the create's claim"));
     throw err;
   });
