@@ -4,7 +4,7 @@
  * key's total is counted with what its other sandboxes hold and its creates under way here hold.
  * The Unix socket's caller (root on the host already) gets what it asks, as the library does.
  */
-import { LimitError, SnaplabError } from '../errors.js';
+import { LimitError, SnaplabError, isSnaplabError } from '../errors.js';
 import { DEFAULT_DRIVER } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
 import { limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
@@ -40,8 +40,10 @@ export class CeilingGuard {
    * The limits to make the machine with (undefined: as asked, the Unix socket's) and a release to
    * call when the create has ended, however it ended.
    */
-  async claim(caller: Caller, ask: CeilingAsk): Promise<{ limits: Limits | undefined; release: () => void }> {
-    if (caller.key === LOCAL.key) return { limits: ask.asked, release: () => {} };
+  async claim(caller: Caller, body: CreateBody): Promise<{ limits: Limits | undefined; release: () => void }> {
+    // the Unix socket gets what it asks: nothing to look up for it
+    if (caller.key === LOCAL.key) return { limits: body.limits, release: () => {} };
+    const ask = await askOf(this.lab, body);
     const held = await this.listed(caller.key);
     // from here to the claim nothing awaits: two creates of one key each count the other's
     for (const m of this.making.get(caller.key) ?? []) {
@@ -108,7 +110,14 @@ export class CeilingGuard {
 export async function askOf(lab: LabApi, body: CreateBody): Promise<CeilingAsk> {
   if (body.pool !== undefined) {
     // a standby comes made: its pool's limits are checked; an unknown pool fails in the take
-    const pool = (await lab.pools()).find((p) => p.name === body.pool);
+    // this pool's stats alone (every pool's would check every standby of the host on a take)
+    const pool = await lab
+      .pool(body.pool)
+      .stats()
+      .catch((e: unknown) => {
+        if (isSnaplabError(e, 'POOL_NOT_FOUND')) return undefined;
+        throw e;
+      });
     const what = `pool ${body.pool}`;
     return {
       asked: undefined,

@@ -16,7 +16,7 @@ import type { CreateBody } from './schemas.js';
 import { QuotaError } from './http-errors.js';
 import { LOCAL, type Caller } from './keys.js';
 import { Metrics } from './metrics.js';
-import { CeilingGuard, askOf } from './ceilings.js';
+import { CeilingGuard } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
 import type { Served, ServedLab } from './served-lab.js';
@@ -272,7 +272,7 @@ export class Daemon {
     const life = { owner: caller.key, timeoutS: asked.timeoutS, onTimeout: body.onTimeout };
     if (asked.from === 'snapshot') await this.snapshotFor(asked.snapshot, caller);
     const release = await this.claimSandbox(caller);
-    const ceiling = await this.ceilings.claim(caller, await askOf(this.lab, body)).catch((e: unknown) => {
+    const ceiling = await this.ceilings.claim(caller, body).catch((e: unknown) => {
       release();
       throw e;
     });

@@ -13,7 +13,6 @@ import type { EventRecord } from './served-lab.js';
 import type { Daemon } from './daemon.js';
 import { parseScopes, type Caller } from './keys.js';
 import { execView } from './routes-sandboxes.js';
-import { askOf } from './ceilings.js';
 import { BuildBody, ImportBody, KeyBody, PoolBody, RunBody, ScenarioBody, errors } from './schemas.js';
 
 const any = Type.Object({}, { additionalProperties: true });
@@ -322,7 +321,7 @@ function poolRunRoute(app: FastifyInstance, d: Daemon): void {
       };
       const name = (req.params as { name: string }).name;
       // the run's sandbox is a standby like a take's: held to the key's ceilings while it runs
-      const ceiling = await d.ceilings.claim(req.caller, await askOf(d.lab, { pool: name }));
+      const ceiling = await d.ceilings.claim(req.caller, { pool: name });
       let release = (): void => ceiling.release();
       try {
         const exec = d.claimExec(req.caller);
