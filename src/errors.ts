@@ -66,6 +66,7 @@ export type ErrorCode =
   | 'HOST_COMMAND_FAILED'
   | 'STATE_TOO_NEW'
   | 'HOST_UNREADABLE'
+  | 'HOST_SHORT_OF_MEMORY'
   | 'TIMEOUT'
   | 'ABORTED'
   | 'INTERNAL';

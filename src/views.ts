@@ -55,4 +55,8 @@ export interface ScenarioStatus {
   /** pairs of machines whose traffic is dropped now (block, partition), as the kernel has it */
   blocked: [string, string][];
   snapshots: string[];
+  /** its standby copy (docs/architecture.md, "Standbys"): null when it has none */
+  standby: { state: string; snapshot: string; reason: string | null; raiseMs: number | null } | null;
+  /** whether its snapshots and resets keep a standby */
+  standbyWanted: boolean;
 }

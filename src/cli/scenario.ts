@@ -1,9 +1,10 @@
-import type { Command } from 'commander';
+import { type Command, Option } from 'commander';
 import { DEFAULT_DRIVER } from '../defaults.js';
 import { DRIVER_NAMES } from '../drivers/registry.js';
 import { SnaplabError } from '../errors.js';
 import { parseSeconds } from '../lab/sizes.js';
 import type { TraceSummary } from '../timing/trace.js';
+import type { ScenarioStatus } from '../views.js';
 import { addTraceOption, showTrace, withLab, type CommonOptions } from './common.js';
 import { ms, printJson, table } from './output.js';
 
@@ -31,6 +32,7 @@ export function registerScenario(program: Command): void {
   registerStatus(program);
   registerDown(program);
   registerReset(program);
+  registerStandby(program);
   registerNet(program);
 }
 
@@ -83,6 +85,14 @@ function registerUp(program: Command): void {
   );
 }
 
+/** What `status` says of a scenario's standby. */
+function standbyLine(st: ScenarioStatus): string {
+  const s = st.standby;
+  if (!s) return st.standbyWanted ? 'none yet' : 'off';
+  const took = s.raiseMs === null ? '' : `, raised in ${ms(s.raiseMs)}`;
+  return `${s.state} (of ${s.snapshot}${took}${s.reason ? `: ${s.reason}` : ''})`;
+}
+
 function registerStatus(program: Command): void {
   program
     .command('status [scenario]')
@@ -96,7 +106,7 @@ function registerStatus(program: Command): void {
         if (!all.length) return void process.stdout.write('no scenario is up\n');
         for (const st of all) {
           process.stdout.write(
-            `${st.name}: ${st.state}${st.reason ? ` (${st.reason})` : ''}; snapshots: ${st.snapshots.join(', ') || 'none'}\n`,
+            `${st.name}: ${st.state}${st.reason ? ` (${st.reason})` : ''}; snapshots: ${st.snapshots.join(', ') || 'none'}; standby: ${standbyLine(st)}\n`,
           );
           process.stdout.write(
             `${table(
@@ -136,16 +146,62 @@ function registerReset(program: Command): void {
       'every machine back to a snapshot (default: the latest), usable, addresses intact, readiness re-checked',
     )
     .option('--to <snapshot>', 'the scenario snapshot to go back to')
+    .option(
+      '--standby <0|1>',
+      "0: raise the machines again, keep no standby (default: the scenario's setting)",
+      standbyFlag,
+    )
     .option('--json', 'print JSON');
   addTraceOption(reset);
-  reset.action((name: string, o: CommonOptions & { to?: string }) =>
+  reset.action((name: string, o: CommonOptions & { to?: string; standby?: 0 | 1 }) =>
     withLab(o, async (lab) => {
       const s = lab.scenario(name);
-      const r = await s.reset(o.to);
+      const r = await s.reset(o.to, o.standby === undefined ? {} : { standby: o.standby });
       if (o.json)
-        return printJson({ scenario: name, snapshot: r.snapshot, resetMs: r.trace.totalMs, operation: r.trace.id });
-      process.stdout.write(`scenario ${name} reset to ${r.snapshot} in ${ms(r.trace.totalMs)}\n`);
+        return printJson({
+          scenario: name,
+          snapshot: r.snapshot,
+          resetMs: r.trace.totalMs,
+          standby: r.standby,
+          operation: r.trace.id,
+        });
+      const how = r.standby === 'swapped' ? 'its standby swapped in' : `raised again (${r.standby.slice(6)})`;
+      process.stdout.write(`scenario ${name} reset to ${r.snapshot} in ${ms(r.trace.totalMs)}: ${how}\n`);
       showTrace(o, r.trace);
+    }),
+  );
+}
+
+/** `--standby 0|1`. */
+export function standbyFlag(v: string): 0 | 1 {
+  if (v === '0' || v === '1') return Number(v) as 0 | 1;
+  throw new SnaplabError('BAD_INPUT', `--standby takes 0 or 1, not ${JSON.stringify(v)}`, 'e.g. --standby 0');
+}
+
+function registerStandby(program: Command): void {
+  const cmd = program
+    .command('standby <scenario>')
+    .description(
+      "raise the scenario's standby now (a copy from its latest snapshot that the next reset swaps in), or --off: keep none",
+    )
+    .option('--off', 'remove the standby and keep none (snapshots and resets raise none until `snaplab standby NAME`)')
+    .addOption(new Option('--worker <id>', 'raise the standby a snapshot or reset queued (internal)').hideHelp())
+    .option('--json', 'print JSON');
+  addTraceOption(cmd);
+  cmd.action((name: string, o: CommonOptions & { off?: boolean; worker?: string }) =>
+    withLab(o, async (lab) => {
+      const s = lab.scenario(name);
+      if (o.off) {
+        await s.removeStandby();
+        if (o.json) return printJson({ scenario: name, standby: null });
+        process.stdout.write(`scenario ${name}: no standby\n`);
+        return;
+      }
+      const t = await s.raiseStandby(o.worker === undefined ? {} : { worker: o.worker });
+      if (!t) return;
+      if (o.json) return printJson({ scenario: name, standby: 'ready', raiseMs: t.totalMs, operation: t.id });
+      process.stdout.write(`scenario ${name}: standby ready in ${ms(t.totalMs)}\n`);
+      showTrace(o, t);
     }),
   );
 }

@@ -2,8 +2,9 @@ import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
 import { addTraceOption, showTrace, throughDaemonRefused, withApi, withLab, type CommonOptions } from './common.js';
 import { ms, printJson, printTable } from './output.js';
+import { standbyFlag } from './scenario.js';
 
-type SnapshotCli = CommonOptions & { name?: string; scenario?: string; memory?: boolean };
+type SnapshotCli = CommonOptions & { name?: string; scenario?: string; memory?: boolean; standby?: 0 | 1 };
 
 const mib = (bytes: unknown): string => `${(Number(bytes) / 2 ** 20).toFixed(1)} MiB`;
 
@@ -17,7 +18,7 @@ function snapshotScenario(o: SnapshotCli & { scenario: string }): Promise<void> 
         'a snapshot needs a name',
         `snaplab snapshot --scenario ${o.scenario} --name NAME`,
       );
-    const r = await lab.scenario(o.scenario).snapshot(o.name);
+    const r = await lab.scenario(o.scenario).snapshot(o.name, o.standby === undefined ? {} : { standby: o.standby });
     if (o.json)
       printJson({
         scenario: r.scenario,
@@ -71,6 +72,11 @@ export function registerSnapshot(program: Command): void {
     .argument('[sandbox]', 'sandbox to snapshot')
     .option('--name <name>', 'name of the new snapshot')
     .option('--scenario <name>', 'snapshot every machine of a scenario as one consistent point')
+    .option(
+      '--standby <0|1>',
+      "with --scenario, 0: raise no standby of it (default: the scenario's setting)",
+      standbyFlag,
+    )
     .option('--memory', 'the whole machine state too (VM driver): a restore continues its processes')
     .option('--json', 'print the snapshot as JSON')
     .enablePositionalOptions();

@@ -134,6 +134,26 @@ export async function mountFs(source: string, target: string, fstype: string, op
   }
 }
 
+/** Bind `source` (a file or a directory) at `target`, which must exist: through the helper or the mount tool. */
+export async function bindMount(source: string, target: string): Promise<void> {
+  const ops = HostOps.get();
+  if (!ops) {
+    await run('mount', ['--bind', source, target]);
+    return;
+  }
+  try {
+    await ops.request('mount', source, target, '', String(MS_BIND), '');
+  } catch (e) {
+    throw new SnaplabError(
+      'HOST_COMMAND_FAILED',
+      `mount --bind ${source} ${target}: ${(e as Error).message}`,
+      "see `dmesg | tail` for the kernel's reason",
+      { cause: e },
+    );
+  }
+}
+
+const MS_BIND = 4096;
 const EINVAL = 22;
 const ENOENT = 2;
 const EBUSY = 16;

@@ -52,6 +52,7 @@ const NONLITERAL: Record<string, string> = {
   'test/copy.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/ports.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/terminal.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/standby.test.ts SNAPLAB': 'the snaplab command, built by npm run build (reset killed mid-way, gc)',
   'test/daemon-helpers.ts cmd!': 'the snaplab command, or the wrap its caller gives (prlimit, listed)',
   'test/kernel-accounting.test.ts argv[0]!': 'the filler the test builds, or nsenter (listed)',
   'test/ansible.test.ts cmd': "run()'s: its callers' programs are literals (scanned)",

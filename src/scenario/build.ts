@@ -19,6 +19,7 @@ export function buildSpec(raw: RawScenario, at: Locator, dir: string): ScenarioS
     at.fail(['name'], `invalid scenario name ${JSON.stringify(raw.name)}`, NAME_RULE);
   const spec: ScenarioSpec =
     raw.name === undefined ? { networks: [], machines: [] } : { name: raw.name, networks: [], machines: [] };
+  if (raw.standby !== undefined) spec.standby = raw.standby;
 
   const cidrs = new Map<string, Cidr>();
   for (const name of at.keys(['networks'])) {

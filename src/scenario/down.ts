@@ -4,10 +4,8 @@ import type { LabContext } from '../lab/context.js';
 import { destroyRecord } from '../lab/lifecycle/teardown.js';
 import { me } from '../lab/lifecycle/owner.js';
 import type { ScenarioRecord } from '../store/records.js';
-import type { ScenarioSpec } from './spec.js';
-import { unwire } from '../host/net/netns.js';
-import { machineHolder, releaseRange, scenarioRanges } from '../host/userns/registry.js';
-import { machineNetns, networkNetns, ownerDir } from './names.js';
+import { ownerDir } from './names.js';
+import { unwireNetworks } from './wiring.js';
 
 export function getScenario(ctx: LabContext, name: string): ScenarioRecord {
   const s = ctx.store.getScenario(name);
@@ -32,17 +30,12 @@ export async function teardownScenario(ctx: LabContext, name: string): Promise<v
     if (snap.memory) await rm(snap.memory.dir, { recursive: true, force: true }); // a VM machine's
     ctx.store.deleteSnapshot(snap.name);
   }
-  await removeNetworks(ctx.home, s.id, s.spec as ScenarioSpec);
+  await removeNetworks(ctx.home, s.id);
   ctx.store.deleteScenario(name);
 }
 
-/** Remove the namespaces of a scenario id (networks and machines): what `down` and gc share. */
-export async function removeNetworks(home: string, sid: string, spec: ScenarioSpec): Promise<void> {
-  await unwire([
-    ...spec.machines.map((_, j) => machineNetns(sid, j)),
-    ...spec.networks.map((_, i) => networkNetns(sid, i)),
-  ]);
-  // the machines' user namespaces went with their network namespaces (and their sandboxes before)
-  for (const [j, base] of await scenarioRanges(home, sid)) await releaseRange(base, home, machineHolder(sid, j));
+/** Remove the namespaces of a scenario id (every copy's networks and machines): what `down` and gc share. */
+export async function removeNetworks(home: string, sid: string): Promise<void> {
+  await unwireNetworks(home, sid);
   await rm(ownerDir(home, sid), { recursive: true, force: true });
 }

@@ -4,9 +4,11 @@ import { join } from 'node:path';
 import { deleteNetns, listSnaplabNetns } from '../host/net/netns.js';
 import { ownerAlive } from '../lab/lifecycle/owner.js';
 import type { LabContext } from '../lab/context.js';
-import { teardownScenario } from './down.js';
-import { ownerDir } from './names.js';
-import { orElse } from '../cleanup.js';
+import { getScenario, teardownScenario } from './down.js';
+import { finishSwap, removeSetAside, removeStandby } from './standby-swap.js';
+import { withLock } from '../host/lock.js';
+import { ownerDir, SCENARIO_NETNS } from './names.js';
+import { noted, orElse } from '../cleanup.js';
 
 /**
  * Scenarios left half-made or half-removed by a process that exited are taken down; network
@@ -23,9 +25,10 @@ export async function collectScenarios(ctx: LabContext): Promise<string[]> {
       `scenario ${s.name} (${s.state === 'creating' ? 'its up was interrupted' : 'its down was interrupted'})`,
     );
   }
+  removed.push(...(await collectStandbys(ctx)));
   const live = new Set(ctx.store.listScenarios().map((s) => s.id));
   for (const ns of await listSnaplabNetns()) {
-    const sid = /^snaplab-([0-9a-f]{6})-[nm]\d+$/.exec(ns)?.[1];
+    const sid = SCENARIO_NETNS.exec(ns)?.[1];
     if (!sid || live.has(sid) || !existsSync(ownerDir(ctx.home, sid))) continue;
     await deleteNetns(ns);
     removed.push(`network namespace ${ns}`);
@@ -33,6 +36,37 @@ export async function collectScenarios(ctx: LabContext): Promise<string[]> {
   for (const sid of await readdir(join(ctx.home, 'run', 'net')).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
     if (live.has(sid)) continue;
     await rm(ownerDir(ctx.home, sid), { recursive: true, force: true });
+  }
+  return removed;
+}
+
+/**
+ * A standby whose worker died mid-raise is removed; a swap a killed reset left half done is
+ * finished and the copy it set aside removed, under the scenario's lock (skipped while another
+ * operation holds it: that one finishes it).
+ */
+async function collectStandbys(ctx: LabContext): Promise<string[]> {
+  const removed: string[] = [];
+  for (const s of ctx.store.listScenarios()) {
+    if (s.state !== 'up') continue;
+    const st = s.standby;
+    if ((st?.state === 'raising' || (st?.state === 'queued' && st.owner)) && !(await ownerAlive(st.owner))) {
+      await removeStandby(ctx, s);
+      removed.push(`the standby of scenario ${s.name} (its raise was interrupted)`);
+    }
+    const aside = ctx.store.scenarioMachines(s.name).some((r) => /~[0-9a-f]+$/.test(r.name));
+    if (st?.state !== 'swapping' && !aside) continue;
+    await withLock(
+      join(ownerDir(ctx.home, s.id), 'op.lock'),
+      async () => {
+        await finishSwap(ctx, s.name);
+        await removeSetAside(ctx, getScenario(ctx, s.name));
+      },
+      1000,
+    ).then(
+      () => removed.push(`the machines of scenario ${s.name} a reset set aside`),
+      noted(`finish the swap of scenario ${s.name} (another operation holds it)`),
+    );
   }
   return removed;
 }

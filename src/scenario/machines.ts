@@ -7,15 +7,25 @@ import type { StorageKind, Volume } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { netnsPath } from '../host/net/netns.js';
 import { scenarioRanges } from '../host/userns/registry.js';
-import { isVm, machineNetns, machineSandbox, tapName } from './names.js';
+import { type Copy, isVm, machineNetns, machineSandbox, standbySandbox, tapName } from './names.js';
 import { macFor } from '../host/net/names.js';
 import type { MemoryImage } from '../drivers/driver.js';
 import type { MachineFileSpec, ScenarioSpec } from './spec.js';
 import { hostsFile, type Machine } from './steps.js';
 
+/** Where a scenario machine comes from and which copy it is of (scenario/names.ts Copy). */
+export interface MachineSource {
+  /** a snapshot volume (a VM's with its memory: it continues running); absent: the image */
+  from?: { volume: Volume; origin: string; memory?: MemoryImage };
+  /** the storage of a machine raised from its image (default: the best that works here) */
+  storage?: StorageKind;
+  /** default live; a standby copy's machine is named SCENARIO.MACHINE_standby */
+  copy?: Copy;
+}
+
 /**
  * Raise one scenario machine into its (already wired) network namespace, from the image or from a
- * snapshot volume (a VM's with its memory: it continues running), and write its /etc/hosts. The namespace, and so its addresses, outlive the
+ * snapshot volume, and write its /etc/hosts. The namespace, and so its addresses, outlive the
  * sandbox: a reset raises a new sandbox into the same one.
  */
 export async function raiseMachine(
@@ -23,21 +33,21 @@ export async function raiseMachine(
   scenario: { name: string; id: string; spec: ScenarioSpec },
   index: number,
   trace: Trace,
-  from?: { volume: Volume; origin: string; memory?: MemoryImage },
-  storageKind?: StorageKind,
+  src: MachineSource = {},
 ): Promise<Machine> {
+  const { from, copy = 'live' } = src;
   const m = scenario.spec.machines[index]!;
   const driver = m.driver ?? DEFAULT_DRIVER;
-  const storage = from ? from.volume.kind : (storageKind ?? (await ctx.defaultStorage()));
-  const netns = netnsPath(machineNetns(scenario.id, index));
-  // the range of the user namespace that owns the machine's network namespace, if `up` made one
-  const uidBase = (await scenarioRanges(ctx.home, scenario.id)).get(index);
+  const storage = from ? from.volume.kind : (src.storage ?? (await ctx.defaultStorage()));
+  const netns = netnsPath(machineNetns(scenario.id, index, copy));
+  // the range of the user namespace that owns the machine's network namespace, if one was made
+  const uidBase = (await scenarioRanges(ctx.home, scenario.id, copy)).get(index);
   const { record, agent } = await raiseSandbox(
     ctx,
     {
-      name: machineSandbox(scenario.name, m.name),
+      name: (copy === 'standby' ? standbySandbox : machineSandbox)(scenario.name, m.name),
       image: m.image,
-      storage: from ? from.volume.kind : storage,
+      storage,
       driver,
       limits: withDefaults(m.limits, driver),
       base: from

@@ -99,6 +99,15 @@ export async function heal(ctx: LabContext, scenario: string): Promise<void> {
   await Promise.all(jobs);
 }
 
+/** Every block and impairment of the scenario's live machines lifted (a reset that kept their namespaces). */
+export async function clearFaults(ctx: LabContext, scenario: string): Promise<void> {
+  const spec = getScenario(ctx, scenario).spec as ScenarioSpec;
+  await Promise.all([
+    heal(ctx, scenario),
+    ...spec.machines.filter((m) => !isVm(m)).map((m) => impair(ctx, scenario, m.name, null)),
+  ]);
+}
+
 /** Delay and loss on every interface of a machine (tc netem), or none (`null`). */
 export async function impair(
   ctx: LabContext,

@@ -9,6 +9,8 @@ import { machineSandbox } from './names.js';
 import type { ScenarioManifest } from './snapshot.js';
 import type { ScenarioSpec } from './spec.js';
 import { runSteps, waitReady } from './steps.js';
+import { targetSnapshot } from './standby.js';
+import { clearFaults } from './net.js';
 
 /**
  * Every machine back to the snapshot and usable: in parallel, each machine's sandbox is destroyed
@@ -24,17 +26,7 @@ export async function resetScenario(
   trace: Trace,
 ): Promise<{ snapshot: string; discarded: Volume[] }> {
   const scn = getScenario(ctx, name);
-  const snaps = ctx.store.listScenarioSnapshots(name);
-  const snap = to === undefined ? snaps.at(-1) : ctx.store.getScenarioSnapshot(name, to);
-  if (!snap) {
-    throw new SnaplabError(
-      'SNAPSHOT_NOT_FOUND',
-      to === undefined ? `scenario ${name} has no snapshot` : `scenario ${name} has no snapshot named ${to}`,
-      snaps.length
-        ? `its snapshots: ${snaps.map((s) => s.name).join(', ')}`
-        : `take one with \`snaplab snapshot --scenario ${name} --name base\``,
-    );
-  }
+  const snap = ctx.store.getScenarioSnapshot(name, targetSnapshot(ctx, name, to))!;
   const spec = scn.spec as ScenarioSpec;
   const manifest = snap.manifest as ScenarioManifest;
   const discarded: Volume[] = [];
@@ -79,9 +71,7 @@ export async function resetScenario(
       const [machine] = await Promise.all([
         trace.phase(`raise ${m.name}`, () =>
           raiseMachine(ctx, { name, id: scn.id, spec }, j, trace, {
-            volume: snapRec.volume,
-            origin: snapRec.name,
-            ...(memory ? { memory } : {}),
+            from: { volume: snapRec.volume, origin: snapRec.name, ...(memory ? { memory } : {}) },
           }),
         ),
         killed,
@@ -96,6 +86,8 @@ export async function resetScenario(
       }
     }),
   );
+  // blocks and impairments set since the snapshot live in the namespaces the machines kept
+  await trace.phase('clear faults', () => clearFaults(ctx, name));
   ctx.store.setScenarioState(name, 'up');
   return { snapshot: snap.name, discarded };
 }

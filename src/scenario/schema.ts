@@ -300,6 +300,8 @@ const Network = byKind<{ subnet: string }>('a map with subnet, or a subnet such 
 export const ScenarioFile = z.strictObject(
   {
     name: str('a scenario name').optional(),
+    /** 1 (default): snapshots and resets keep a standby copy raised in the background; 0: none */
+    standby: z.union([z.literal(0), z.literal(1)], { error: 'expected 0 or 1' }).optional(),
     networks: z.record(z.string(), Network, { error: 'expected a map of network name to {subnet}' }).nullish(),
     machines: z.record(
       z.string(),
@@ -310,7 +312,7 @@ export const ScenarioFile = z.strictObject(
       { error: 'expected a map of machine name to settings' },
     ),
   },
-  { error: 'expected a map with name, networks and machines' },
+  { error: 'expected a map with name, standby, networks and machines' },
 );
 export type RawScenario = z.output<typeof ScenarioFile>;
 
@@ -318,7 +320,7 @@ export type RawScenario = z.output<typeof ScenarioFile>;
 export function allowedKeys(path: readonly (string | number)[]): string[] {
   const p = path.map((s) => (typeof s === 'number' ? '#' : s));
   const at = (...shape: string[]) => p.length === shape.length && shape.every((s, i) => s === '*' || s === p[i]);
-  if (at()) return ['name', 'networks', 'machines'];
+  if (at()) return ['name', 'standby', 'networks', 'machines'];
   if (at('networks', '*')) return ['subnet'];
   if (at('machines', '*')) return Object.keys(Machine.shape);
   if (at('machines', '*', 'networks', '*')) return ['address'];

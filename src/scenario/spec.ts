@@ -4,6 +4,8 @@
  */
 export interface ScenarioSpec {
   name?: string;
+  /** 0: no standby copy (resets raise the machines again); absent or 1: a standby (scenario/standby.ts) */
+  standby?: 0 | 1;
   /** In file order. */
   networks: NetworkSpec[];
   /** In file order. */

@@ -1,6 +1,5 @@
 import { mkdir } from 'node:fs/promises';
 import { SnaplabError } from '../errors.js';
-import { wire } from '../host/net/netns.js';
 import type { LabContext } from '../lab/context.js';
 import { checkName, newId } from '../lab/names.js';
 import { me } from '../lab/lifecycle/owner.js';
@@ -8,13 +7,11 @@ import type { ScenarioRecord } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { raiseMachine } from './machines.js';
-import { USERNS_SIZE } from '../host/userns/id-ranges.js';
-import { claimRange, machineHolder } from '../host/userns/registry.js';
-import { usernsFor } from '../lab/lifecycle/raise.js';
 import { checkMemory } from '../drivers/memory.js';
 import { DEFAULT_DRIVER } from '../defaults.js';
 import { DRIVER_NAMES, driverInfo } from '../drivers/registry.js';
-import { isVm, machineNetns, networkNetns, ownerDir, tapName, vethName } from './names.js';
+import { ownerDir } from './names.js';
+import { wireNetworks } from './wiring.js';
 import type { LoadedScenario, ScenarioSpec } from './spec.js';
 import { runSteps, waitReady, type Machine } from './steps.js';
 import { teardownScenario } from './down.js';
@@ -31,49 +28,6 @@ export interface UpOptions {
   onProgress?: (machine: string, status: string) => void;
 }
 
-/**
- * Make the networks: one namespace per network holding its bridge; one per machine with its veths.
- * Where the machines' storage gives them user namespaces, each machine's network namespace is made
- * in a user namespace of the machine's own (a range claimed here, for the scenario's life), which
- * every sandbox raised into it joins: its root has its capabilities over its own network (ping,
- * port 80), and a reset keeps namespace, range and addresses alike.
- */
-async function wireScenario(
-  ctx: LabContext,
-  sid: string,
-  spec: ScenarioSpec,
-  storage: StorageKind,
-  trace: Trace,
-): Promise<void> {
-  // a VM's namespace holds its QEMU and its taps, no process of the guest's: it needs no range
-  const userns = (j: number): boolean => {
-    const m = spec.machines[j]!;
-    return !isVm(m) && usernsFor(ctx, { driver: m.driver ?? DEFAULT_DRIVER, storage });
-  };
-  const ranges = await trace.phase('user namespace ranges', () =>
-    Promise.all(spec.machines.map((_, j) => (userns(j) ? claimRange(ctx.home, machineHolder(sid, j)) : undefined))),
-  );
-  await trace.phase('networks', () =>
-    wire({
-      networks: spec.networks.map((_, i) => ({ netns: networkNetns(sid, i) })),
-      machines: spec.machines.map((m, j) => ({
-        netns: machineNetns(sid, j),
-        ...(ranges[j] !== undefined ? { userns: { base: ranges[j], count: USERNS_SIZE } } : {}),
-        links: m.networks.map((n, k) => ({
-          bridgeNetns: networkNetns(
-            sid,
-            spec.networks.findIndex((x) => x.name === n.network),
-          ),
-          hostIf: vethName(sid, j, k),
-          guestIf: `eth${k}`,
-          address: `${n.address}/${n.prefix}`,
-          ...(isVm(m) ? { tap: tapName(k) } : {}),
-        })),
-      })),
-    }),
-  );
-}
-
 /** Raise, provision, start and check one machine, reporting progress. */
 async function bringUp(
   ctx: LabContext,
@@ -85,7 +39,9 @@ async function bringUp(
   const m = rec.spec.machines[j]!;
   const say = (s: string): void => opts.onProgress?.(m.name, s);
   say('raising');
-  const machine = await trace.phase(`raise ${m.name}`, () => raiseMachine(ctx, rec, j, trace, undefined, opts.storage));
+  const machine = await trace.phase(`raise ${m.name}`, () =>
+    raiseMachine(ctx, rec, j, trace, opts.storage ? { storage: opts.storage } : {}),
+  );
   try {
     if (m.provision.length) {
       say('provisioning');
@@ -172,7 +128,7 @@ export async function upScenario(
   const machines: Machine[] = [];
   try {
     await mkdir(ownerDir(ctx.home, rec.id), { recursive: true });
-    await wireScenario(ctx, rec.id, spec, opts.storage ?? (await ctx.defaultStorage()), trace);
+    await wireNetworks(ctx, rec.id, spec, opts.storage ?? (await ctx.defaultStorage()), trace);
     const results = await Promise.allSettled(
       spec.machines.map((_, j) => bringUp(ctx, { name, id: rec.id, spec }, j, trace, opts)),
     );

@@ -477,6 +477,9 @@ function scenarioRoutes(app: FastifyInstance, d: Daemon): void {
   );
 }
 
+/** `standby` of a scenario snapshot or reset: 0, none (the machines raised again); 1, the scenario's standby. */
+const Standby = Type.Union([Type.Literal(0), Type.Literal(1)]);
+
 /** Snapshot, reset and network faults of a running scenario. */
 function scenarioControlRoutes(app: FastifyInstance, d: Daemon): void {
   app.post(
@@ -486,11 +489,16 @@ function scenarioControlRoutes(app: FastifyInstance, d: Daemon): void {
       schema: {
         tags: ['scenarios'],
         params: NameParams,
-        body: Type.Object({ name: Type.String() }),
+        body: Type.Object({ name: Type.String(), standby: Type.Optional(Standby) }),
         response: { 200: any, ...errors },
       },
     },
-    async (req) => d.lab.scenario((req.params as { name: string }).name).snapshot((req.body as { name: string }).name),
+    async (req) => {
+      const b = req.body as { name: string; standby?: 0 | 1 };
+      return d.lab
+        .scenario((req.params as { name: string }).name)
+        .snapshot(b.name, b.standby === undefined ? {} : { standby: b.standby });
+    },
   );
   app.post(
     '/scenarios/:name/reset',
@@ -499,12 +507,16 @@ function scenarioControlRoutes(app: FastifyInstance, d: Daemon): void {
       schema: {
         tags: ['scenarios'],
         params: NameParams,
-        body: Type.Object({ to: Type.Optional(Type.String()) }),
+        body: Type.Object({ to: Type.Optional(Type.String()), standby: Type.Optional(Standby) }),
         response: { 200: any, ...errors },
       },
     },
-    async (req) =>
-      d.lab.scenario((req.params as { name: string }).name).reset((req.body as { to?: string } | undefined)?.to),
+    async (req) => {
+      const b = (req.body ?? {}) as { to?: string; standby?: 0 | 1 };
+      return d.lab
+        .scenario((req.params as { name: string }).name)
+        .reset(b.to, b.standby === undefined ? {} : { standby: b.standby });
+    },
   );
   app.post(
     '/scenarios/:name/net',

@@ -207,4 +207,10 @@ export const migrations: string[] = [
   `
   ALTER TABLE snapshots ADD COLUMN owner TEXT;
   `,
+  // a scenario's standby copy (records.ts ScenarioStandby, JSON) and whether it wants one
+  // (NULL: its file's \`standby\` key decides)
+  `
+  ALTER TABLE scenarios ADD COLUMN standby TEXT;
+  ALTER TABLE scenarios ADD COLUMN standby_wanted INTEGER;
+  `,
 ];

@@ -142,6 +142,29 @@ export interface ScenarioRecord {
   createdAt: number;
   /** the process raising ('create') or removing ('remove') it; null once up or failed */
   owner?: Owner | null;
+  /** its standby copy (scenario/standby.ts): null when it has none */
+  standby?: ScenarioStandby | null;
+  /** whether snapshots and resets keep a standby: null, the scenario file's `standby` key decides */
+  standbyWanted?: boolean | null;
+}
+
+/**
+ * A scenario's standby copy: raised from a snapshot in the background, then swapped in by a reset.
+ * queued: a worker was started and has not begun; raising: the worker is raising it; ready: raised,
+ * its ready checks passed, waiting; swapping: a reset began to swap it in (the next operation on the
+ * scenario finishes the swap); failed: its raise failed (reason), resets take the slow path.
+ */
+export interface ScenarioStandby {
+  state: 'queued' | 'raising' | 'ready' | 'swapping' | 'failed';
+  /** the scenario snapshot it was raised from */
+  snapshot: string;
+  /** the worker process (queued, raising) */
+  owner: Owner | null;
+  reason?: string;
+  /** how long its raise took, ms (ready) */
+  raiseMs?: number;
+  /** the machine sandboxes set aside by the swap, to be removed (swapping) */
+  aside?: string[];
 }
 
 export interface ScenarioSnapshotRecord {

@@ -11,6 +11,7 @@ import type {
   SandboxRecord,
   ScenarioRecord,
   ScenarioSnapshotRecord,
+  ScenarioStandby,
   Scope,
   SnapshotRecord,
 } from './records.js';
@@ -124,6 +125,8 @@ function toScenario(r: Row): ScenarioRecord {
     reason: (r.reason as string | null) ?? null,
     createdAt: r.created_at as number,
     owner: toOwner(r),
+    standby: r.standby ? json<ScenarioStandby>(r.standby) : null,
+    standbyWanted: r.standby_wanted === null || r.standby_wanted === undefined ? null : r.standby_wanted === 1,
   };
 }
 
@@ -520,6 +523,42 @@ export class Store {
     this.stmt(
       'UPDATE scenarios SET state = ?, reason = ?, owner_pid = ?, owner_start = ?, owner_op = ? WHERE name = ?',
     ).run(state, reason, o.ownerPid, o.ownerStart, o.ownerOp, name);
+  }
+  setScenarioStandby(name: string, standby: ScenarioStandby | null): void {
+    this.stmt('UPDATE scenarios SET standby = ? WHERE name = ?').run(standby ? JSON.stringify(standby) : null, name);
+  }
+  /**
+   * Set a scenario's standby only if it is still what `expect` says (its state and worker pid):
+   * a worker whose raise was cancelled meanwhile must not write over its canceller. One
+   * transaction, so two processes cannot both see the old value.
+   */
+  updateScenarioStandby(
+    name: string,
+    expect: (now: ScenarioStandby | null) => boolean,
+    next: ScenarioStandby | null,
+  ): boolean {
+    return this.db
+      .transaction(() => {
+        const r = this.stmt('SELECT standby FROM scenarios WHERE name = ?').get(name) as Row | undefined;
+        if (!r || !expect(r.standby ? json<ScenarioStandby>(r.standby) : null)) return false;
+        this.setScenarioStandby(name, next);
+        return true;
+      })
+      .immediate();
+  }
+  setScenarioStandbyWanted(name: string, wanted: boolean | null): void {
+    this.stmt('UPDATE scenarios SET standby_wanted = ? WHERE name = ?').run(
+      wanted === null ? null : wanted ? 1 : 0,
+      name,
+    );
+  }
+  /** Rename several sandboxes at once (a swap): all or none. Each pair: id, new name. */
+  renameSandboxes(pairs: [string, string][]): void {
+    this.db.transaction(() => {
+      // through a free name first: two records may trade names
+      for (const [id] of pairs) this.renameSandbox(id, `~swap~${id}`);
+      for (const [id, name] of pairs) this.renameSandbox(id, name);
+    })();
   }
   deleteScenario(name: string): void {
     this.stmt('DELETE FROM scenario_snapshots WHERE scenario = ?').run(name);

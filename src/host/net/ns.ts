@@ -1,8 +1,9 @@
-import { readdir } from 'node:fs/promises';
+import { readdir, stat, statfs, unlink, writeFile } from 'node:fs/promises';
+import { bindMount, unmount } from '../mounts.js';
 import { SnaplabError } from '../../errors.js';
 import { run, type RunResult } from '../run.js';
 import { NET_GROUP, NETNS_DIR, NETNS_PREFIX, checkNetnsName, netnsPath } from './names.js';
-import { handledElsewhere, noted } from '../../cleanup.js';
+import { handledElsewhere, noted, orElse } from '../../cleanup.js';
 
 /**
  * Run several `ip` commands in one process inside a namespace (`ip -n NS -batch -`): a spawn costs
@@ -111,4 +112,46 @@ export function runIn(
   if (!argv.length)
     throw new SnaplabError('BAD_INPUT', 'runIn needs a command', 'pass argv, e.g. ["busybox", "ping", "-c1", ADDRESS]');
   return run('ip', ['netns', 'exec', netns, ...argv], { timeoutMs: opts.timeoutMs, allowFail: opts.allowFail });
+}
+
+/** statfs's type of a namespace file (`/proc/PID/ns/net`, or one bound under /run/netns). */
+const NSFS_MAGIC = 0x6e736673;
+const isNamespace = async (path: string): Promise<boolean> =>
+  (await statfs(path).then(
+    (s) => s.type,
+    () => undefined,
+  )) === NSFS_MAGIC;
+
+/**
+ * Give network namespace `from` the name `to`: its file bound at /run/netns/TO, then unbound from
+ * FROM. Nothing in the namespace notices (a process holds its namespace, not its name), so a
+ * scenario's standby networks become its live ones in a few syscalls. Finishes a rename that was
+ * interrupted (TO bound to the same namespace already, or an empty TO left); refuses to cover a
+ * different namespace named TO.
+ */
+export async function renameNetns(from: string, to: string): Promise<void> {
+  const src = netnsPath(from);
+  const dst = netnsPath(to);
+  if (!(await isNamespace(src))) {
+    if (await isNamespace(dst)) return; // renamed already
+    throw new SnaplabError(
+      'HOST_COMMAND_FAILED',
+      `cannot rename network namespace ${from}: there is none`,
+      '`snaplab gc` removes what a scenario left half made',
+    );
+  }
+  if (await isNamespace(dst)) {
+    const [a, b] = await Promise.all([stat(src), stat(dst)]);
+    if (a.ino !== b.ino || a.dev !== b.dev)
+      throw new SnaplabError(
+        'HOST_COMMAND_FAILED',
+        `cannot rename network namespace ${from} to ${to}: ${to} exists`,
+        `\`ip netns del ${to}\` if nothing of snaplab's uses it, or \`snaplab gc\``,
+      );
+  } else {
+    await writeFile(dst, '', { flag: 'a', mode: 0o444 });
+    await bindMount(src, dst);
+  }
+  await unmount(src, { lazy: true });
+  await unlink(src).catch(orElse(undefined, `unlink ${src}`, 'ENOENT'));
 }

@@ -1,6 +1,6 @@
 import { randomBytes, randomInt } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { link, mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs/promises';
+import { link, mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase } from './id-ranges.js';
@@ -177,21 +177,53 @@ export async function staleClaims(
   return stale;
 }
 
-/** The holder name of machine `index` of scenario `sid`: its range is the scenario's, not a sandbox's. */
-export const machineHolder = (sid: string, index: number): string => `scenario:${sid}:${index}`;
+/** A copy of a scenario's machines (scenario/names.ts Copy), as the registry spells it. */
+export type MachineCopy = 'live' | 'standby' | 'aside';
+const TAG: Record<MachineCopy, string> = { live: '', standby: 's', aside: 'x' };
+const COPY_OF: Record<string, MachineCopy> = { '': 'live', s: 'standby', x: 'aside' };
+
+/**
+ * The holder name of machine `index` of scenario `sid`: its range is the scenario's, not a
+ * sandbox's. A standby copy's machines hold `s<index>`, a set-aside copy's `x<index>`.
+ */
+export const machineHolder = (sid: string, index: number, copy: MachineCopy = 'live'): string =>
+  `scenario:${sid}:${TAG[copy]}${index}`;
 
 /** The scenario and machine a holder name names (machineHolder), or undefined for a sandbox's. */
-export function machineOf(holder: string): { sid: string; index: number } | undefined {
-  const m = /^scenario:([^:]+):(\d+)$/.exec(holder);
-  return m ? { sid: m[1]!, index: Number(m[2]) } : undefined;
+export function machineOf(holder: string): { sid: string; index: number; copy: MachineCopy } | undefined {
+  const m = /^scenario:([^:]+):([sx]?)(\d+)$/.exec(holder);
+  return m ? { sid: m[1]!, index: Number(m[3]), copy: COPY_OF[m[2]!]! } : undefined;
 }
 
-/** The ranges scenario `sid` holds, machine index → first id. */
-export async function scenarioRanges(home: string, sid: string): Promise<Map<number, number>> {
+/** The ranges scenario `sid` holds for one copy of its machines, machine index → first id. */
+export async function scenarioRanges(
+  home: string,
+  sid: string,
+  copy: MachineCopy = 'live',
+): Promise<Map<number, number>> {
   const out = new Map<number, number>();
   for (const [base, id] of await rangesOf(home)) {
     const m = machineOf(id);
-    if (m?.sid === sid) out.set(m.index, base);
+    if (m?.sid === sid && m.copy === copy) out.set(m.index, base);
   }
   return out;
+}
+
+/** Every range scenario `sid` holds, whichever copy: base → holder. */
+export async function allScenarioRanges(home: string, sid: string): Promise<Map<number, string>> {
+  return new Map([...(await rangesOf(home))].filter(([, id]) => machineOf(id)?.sid === sid));
+}
+
+/**
+ * Hand the range at `base` from holder `from` to holder `to` of the same home (a swap makes the
+ * standby's machines the live ones): the claim file is replaced whole (rename), never absent.
+ * Nothing is done when `from` does not hold it (already handed over: a swap finished twice).
+ */
+export async function relabelRange(base: number, home: string, from: string, to: string): Promise<void> {
+  const path = join(REGISTRY, String(base));
+  const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
+  if (h?.home !== home || h.id !== from) return;
+  const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  await writeFile(tmp, JSON.stringify({ ...h, id: to, pid: process.pid }), { mode: 0o600 });
+  await rename(tmp, path);
 }

@@ -78,7 +78,7 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   const netns = new Set(await listSnaplabNetns());
   const running = (id: string): boolean => {
     const machine = machineOf(id);
-    return machine ? netns.has(machineNetns(machine.sid, machine.index)) : cgroups.has(id);
+    return machine ? netns.has(machineNetns(machine.sid, machine.index, machine.copy)) : cgroups.has(id);
   };
   for (const f of await removeDeadClaimWrites())
     removed.push(`unfinished user namespace claim ${f} (its process is gone)`);
