@@ -43,6 +43,18 @@ function run(cmd: string, args: string[], timeout = 180_000): Promise<{ code: nu
 }
 const snaplab = (args: string[]) => run(SNAPLAB, args, 600_000);
 
+/** Until `snaplab status NAME --json` says its standby is ready (a worker raises it in the background). */
+async function waitForStandby(name: string): Promise<void> {
+  const end = Date.now() + 300_000;
+  let state: string | undefined;
+  while (Date.now() < end) {
+    state = JSON.parse((await snaplab(['status', name, '--json'])).out).standby?.state;
+    if (state === 'ready') return;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  expect(state).toBe('ready');
+}
+
 beforeAll(async () => {
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-ansible-'));
   const b = await snaplab([
@@ -193,6 +205,63 @@ describe('ssh, Ansible and Testinfra reach', () => {
     ]);
     expect(ti.code, ti.out + ti.err).toBe(0);
     expect(ti.out).toMatch(/4 passed/);
+  });
+
+  it('the inner loop: converge, idempotent, reset, converge again, three times (snapshot taken before any inventory; standby on, then off)', async () => {
+    writeFileSync(
+      join(home, 'loop.yaml'),
+      readFileSync(join(home, 'lab.yaml'), 'utf8')
+        .replace('name: lab', 'name: loop')
+        .replace('10.77.40.0/24', '10.77.41.0/24'),
+    );
+    const up = await snaplab(['up', join(home, 'loop.yaml')]);
+    expect(up.code, up.err).toBe(0);
+    try {
+      // the snapshot comes first: snaplab's key is not in it
+      const snap = await snaplab(['snapshot', '--scenario', 'loop', '--name', 'base']);
+      expect(snap.code, snap.err).toBe(0);
+      writeFileSync(join(home, 'hello.conf.j2'), 'host {{ inventory_hostname }}\n');
+      writeFileSync(
+        join(home, 'loop.yml'),
+        [
+          '- hosts: all',
+          '  tasks:',
+          '    - user: { name: deploy, shell: /bin/bash }',
+          '    - template: { src: hello.conf.j2, dest: /etc/hello.conf, mode: "0644" }',
+          '      notify: restart hello',
+          '    - copy:',
+          '        dest: /etc/systemd/system/hello.service',
+          '        content: "[Service]\\nExecStart=/bin/sleep infinity\\n"',
+          '      notify: restart hello',
+          '  handlers:',
+          '    - name: restart hello',
+          '      systemd: { name: hello, state: restarted, daemon_reload: true }',
+          '',
+        ].join('\n'),
+      );
+      const inv = (await snaplab(['inventory', 'loop'])).out.trim();
+      for (const turn of [1, 2, 3]) {
+        const play = await run('ansible-playbook', ['-i', inv, 'loop.yml']);
+        expect(play.code, `turn ${turn}: ${play.out}${play.err}`).toBe(0);
+        expect(play.out).toMatch(/web\s+: ok=\d+\s+changed=[1-9]\d*\s+unreachable=0\s+failed=0/);
+        const again = await run('ansible-playbook', ['-i', inv, 'loop.yml']);
+        expect(again.code, again.out + again.err).toBe(0);
+        expect(again.out).toMatch(/web\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0/);
+        expect(again.out).toMatch(/db\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0/);
+        expect((await snaplab(['exec', 'loop/db', '--', 'systemctl', 'is-active', 'hello'])).out).toBe('active\n');
+        if (turn === 3) break;
+        // turn 1's reset swaps the standby in (waited for: raised in the background); turn 2's raises again
+        if (turn === 1) await waitForStandby('loop');
+        const reset = await snaplab(['reset', 'loop', '--json', ...(turn === 2 ? ['--standby', '0'] : [])]);
+        expect(reset.code, reset.err).toBe(0);
+        expect(JSON.parse(reset.out).standby).toBe(turn === 1 ? 'swapped' : 'none: standbys are off');
+        expect((await snaplab(['exec', 'loop/db', '--', 'sh', '-c', 'ls /etc/hello.conf; id deploy'])).code).not.toBe(
+          0,
+        );
+      }
+    } finally {
+      await snaplab(['down', 'loop']);
+    }
   });
 
   it('the snaplab connection plugin: no ssh involved (ping, copy, fetch; a machine that is not there is UNREACHABLE)', async () => {

@@ -1,5 +1,6 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
+import { connect } from 'node:net';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -160,6 +161,33 @@ describe('standby resets', () => {
     expect((await listSnaplabNetns()).filter((n) => n.includes(id))).toEqual([]);
     expect([...(await rangesOf(home())).values()].filter((h) => h.includes(id))).toEqual([]);
     expect((await lab.list()).filter((b) => b.name.startsWith('sw.'))).toEqual([]);
+  });
+
+  it('a port-forward follows the machine through a swap (a held connection ends, a new one reaches the new machine) and ends when the scenario goes', async () => {
+    const s = await lab.up(file('pf', PAIR('pf').replaceAll('10.78.1', '10.78.4')));
+    await s.snapshot('base');
+    await waitStandby('pf', 'ready');
+    const env = { ...process.env, SNAPLAB_HOME: home() };
+    const fwd = spawn(SNAPLAB, ['port-forward', 'pf/a', ':8080'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const closed = once(fwd, 'close');
+    let err = '';
+    fwd.stderr.on('data', (b: Buffer) => (err += b.toString()));
+    const [line] = (await once(fwd.stdout, 'data')) as [Buffer];
+    const port = Number(/127\.0\.0\.1:(\d+)/.exec(line.toString())![1]);
+    const fetchStarted = async (): Promise<string> => (await fetch(`http://127.0.0.1:${port}/started`)).text();
+    const first = await fetchStarted();
+    // a connection held open across the swap
+    const held = connect(port, '127.0.0.1');
+    await once(held, 'connect');
+    const heldEnd = once(held, 'close');
+    expect((await s.reset()).standby).toBe('swapped');
+    await heldEnd; // the old machine is gone: its connection ended, nothing hangs
+    const second = await fetchStarted();
+    expect(second).not.toBe(first); // another machine's start step wrote it
+    await s.down();
+    const [code] = (await closed) as [number];
+    expect(code).not.toBe(0);
+    expect(err).toMatch(/pf\/a was removed: the forward ends/);
   });
 
   it('down while a standby is being raised stops the raise and leaves nothing', async () => {

@@ -187,7 +187,14 @@ describe('system machines (--init systemd) on namespaces', () => {
       for (let i = 0; i < 4; i++) answers.add(await out(proxy, ['curl', '-sf', 'http://127.0.0.1/']));
       expect([...answers].sort()).toEqual(['hello from web1', 'hello from web2']);
       await scn.snapshot('base');
-      await scn.reset('base');
+      // its standby (four more Debian machines booted from the snapshot) is raised in the background
+      const end = Date.now() + 180_000;
+      while ((await scn.status()).standby?.state !== 'ready' && Date.now() < end)
+        await new Promise((r) => setTimeout(r, 250));
+      expect((await scn.status()).standby).toMatchObject({ state: 'ready', snapshot: 'base' });
+      const r = await scn.reset('base');
+      expect(r.standby).toBe('swapped');
+      expect(r.trace.phases.map((p) => p.name).filter((p) => /^(raise|start|ready) /.test(p))).toEqual([]);
       await using again = await lab.get('dlab/proxy');
       expect(await out(again, ['curl', '-sf', 'http://127.0.0.1/'])).toMatch(/^hello from web[12]$/);
       expect(await out(again, ['systemctl', 'is-active', 'haproxy'])).toBe('active');

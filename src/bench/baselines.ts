@@ -8,7 +8,7 @@ import { failureMeans } from '../cleanup.js';
 
 export const BASELINES = ['bare-spawn', 'raw-namespace', 'runc', 'lxc'] as const;
 /** what a scenario reset replaces */
-export const SCENARIO_BASELINES = ['down+up'] as const;
+export const SCENARIO_BASELINES = ['no-standby', 'down+up'] as const;
 /** what a system machine's raise (--init systemd) is measured against: the same tree booted by systemd-nspawn */
 export const SYSTEM_BASELINES = ['nspawn'] as const;
 /** what a restore replaces: booting the same machine to usable */

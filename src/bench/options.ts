@@ -66,7 +66,7 @@ export function addBenchOptions(cmd: Command): Command {
     .option('--image <name>', 'raise, restore: the image machines are made from (default busybox)')
     .option(
       '--baselines <names>',
-      `all, none, or some of ${BASELINES.join(',')} (scenario workloads: down+up; raise --init systemd: nspawn)`,
+      `all, none, or some of ${BASELINES.join(',')} (scenario workloads: no-standby,down+up; raise --init systemd: nspawn)`,
       'all',
     )
     .option('--scenario <file>', 'scenario-up, scenario-reset: the scenario file')

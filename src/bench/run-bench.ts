@@ -18,7 +18,7 @@ import {
   type Rung,
 } from './summary.js';
 import { runWorkload } from './workloads.js';
-import { downUp } from './scenario-bench.js';
+import { downUp, noStandby } from './scenario-bench.js';
 import { bootArm } from './boot-baseline.js';
 import { nspawnArm } from './nspawn-baseline.js';
 import { noted } from '../cleanup.js';
@@ -37,6 +37,8 @@ async function prepareBaselines(
     let arm: Arm | string;
     if (name === 'down+up')
       arm = downUp(lab, { ...lim, file: plan.scenario!, storage: plan.variants[0]!.storage, driver: plan.driver });
+    else if (name === 'no-standby')
+      arm = noStandby(lab, { ...lim, file: plan.scenario!, storage: plan.variants[0]!.storage, driver: plan.driver });
     else if (name === 'boot') {
       const v = plan.variants[0]!;
       arm = bootArm(lab, lim, {

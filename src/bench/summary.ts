@@ -172,5 +172,8 @@ export function ratiosOf(s: Pick<BenchSummary, 'workload' | 'peak' | 'floorMs' |
   const downUp = b('down+up');
   if (s.workload === 'scenario-reset' && downUp?.floorMs)
     out['down+up/scenario-reset p50 (times faster)'] = round(downUp.floorMs / s.floorMs, 1);
+  const slow = b('no-standby');
+  if (s.workload === 'scenario-reset' && slow?.floorMs)
+    out['no-standby/scenario-reset p50 (times faster)'] = round(slow.floorMs / s.floorMs, 1);
   return out;
 }

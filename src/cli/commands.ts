@@ -56,7 +56,7 @@ export const COMMANDS: [string[], (p: Command) => void, Reach][] = [
   [['gc'], registerGc, 'local'],
   [['df'], registerDf, 'local'],
   [['trace'], registerTrace, 'local'],
-  [['up', 'status', 'down', 'reset', 'net'], registerScenario, 'local'],
+  [['up', 'status', 'down', 'reset', 'standby', 'net'], registerScenario, 'local'],
   [['pool'], registerPool, 'local'],
   [['run'], registerRun, 'local'],
   [['serve'], registerServe, 'host'],

@@ -41,6 +41,14 @@ if (process.env.SNAPLAB_HOST && one?.[2] === 'local') {
     });
 } else for (const [, register] of one ? [one] : COMMANDS) register(program);
 
+// a reader that went away (`snaplab status | head -1`) ends the command quietly, as it would a
+// shell tool; exec sets its own handler (its exit code says so)
+const quietOnEpipe = (e: NodeJS.ErrnoException): void => {
+  if (e.code !== 'EPIPE') throw e;
+  process.exit(process.exitCode ?? 0);
+};
+if (invoked !== 'exec') process.stdout.on('error', quietOnEpipe);
+
 program.parseAsync(process.argv).catch((e: unknown) => {
   if (e instanceof CommanderError) {
     // commander already printed its message; help and version are not failures; exec's own

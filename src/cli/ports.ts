@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
 import type { Lab } from '../sdk/lab.js';
 import type { Sandbox } from '../sdk/sandbox.js';
+import type { Forward } from '../lab/io/ports.js';
 import { isScenario, withLab, type CommonOptions } from './common.js';
 import { EXIT_EXEC_FAILURE, printJson } from './output.js';
 
@@ -41,6 +42,9 @@ async function planFor(
   return ports.map((p) => ({ box, ...parsePortSpec(p) }));
 }
 
+/** `port-forward`'s status when its machine was removed (as a command whose peer went away). */
+const EXIT_FORWARD_GONE = 1;
+
 /**
  * Holds the forwards until SIGINT/SIGTERM (or a machine's end), printing one line each as
  * kubectl port-forward does. Shared by `port-forward` and `up --ports`.
@@ -48,7 +52,7 @@ async function planFor(
 export async function holdForwards(lab: Lab, target: string, ports: string[], json: boolean): Promise<number> {
   const { closeForwards } = await import('../lab/io/ports.js');
   const plan = await planFor(lab, target, ports);
-  const forwards = [];
+  const forwards: Forward[] = [];
   // one line per failed connection, and the same one once per second at most (50 refused at once are one line)
   let last = '';
   let lastAt = 0;
@@ -73,12 +77,18 @@ export async function holdForwards(lab: Lab, target: string, ports: string[], js
   else
     for (const f of forwards)
       process.stdout.write(`Forwarding from 127.0.0.1:${f.local} -> ${shown(f.machine)}:${f.remote}\n`);
-  await new Promise<void>((resolve) => {
-    process.once('SIGINT', resolve);
-    process.once('SIGTERM', resolve);
+  // until ^C, or until a machine is removed: then the forward says so and ends non-zero
+  const gone = await new Promise<string | null>((resolve) => {
+    process.once('SIGINT', () => resolve(null));
+    process.once('SIGTERM', () => resolve(null));
+    for (const f of forwards) void f.ended.then(resolve);
   });
   await closeForwards(forwards);
-  return 0;
+  if (gone === null) return 0;
+  process.stderr.write(
+    `error[SANDBOX_NOT_FOUND]: ${shown(gone)}: the forward ends\nhint: forward another machine's port, or raise it again\n`,
+  );
+  return EXIT_FORWARD_GONE;
 }
 
 export function registerPorts(program: Command): void {
@@ -109,6 +119,12 @@ export function registerPorts(program: Command): void {
           const remote = parsePortSpec(port).remote;
           const box = await lab.get(machine);
           try {
+            // ssh's ProxyCommand: snaplab's key is given again to a machine that lacks it (a reset,
+            // a restore or a swap to a snapshot taken before `inventory` or `ssh-config` gave it)
+            if (remote === 22) {
+              const { authorizeHomeKey } = await import('../lab/io/ssh.js');
+              await authorizeHomeKey(lab.home, box);
+            }
             const r = await box.exec([MACHINE_AGENT_PATH, 'connect', String(remote)], {
               stdin: process.stdin,
               onStdout: (b) => process.stdout.write(b),

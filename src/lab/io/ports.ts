@@ -27,6 +27,15 @@ async function carry(
   sock.pause();
   let agent: AgentClient;
   try {
+    // the machine named so now: a scenario's reset (or standby swap) puts a new one under the name
+    const now = ctx.store.getSandbox(s.name);
+    if (!now)
+      throw new SnaplabError(
+        'SANDBOX_NOT_FOUND',
+        `${s.name} is not there (being reset, or removed)`,
+        'connect again in a moment; the forward ends if it was removed',
+      );
+    s = now;
     agent = await connectAgent(ctx, s);
   } catch (e) {
     sock.destroy();
@@ -71,6 +80,8 @@ async function carry(
 
 export interface Forward {
   machine: string;
+  /** settles, with why, when the machine is removed (its name gone, and no scenario of it) */
+  ended: Promise<string>;
   remote: number;
   /** the port bound on 127.0.0.1 */
   local: number;
@@ -123,11 +134,30 @@ export async function forwardPort(
   const addr = server.address();
   return {
     machine: s.name,
+    ended: watchRemoval(ctx, s, server),
     remote: spec.remote,
     local: typeof addr === 'object' && addr ? addr.port : spec.local,
     server,
     open,
   };
+}
+
+/**
+ * Settles when the forward's machine is removed: no record of its name, and (a scenario machine,
+ * whose name is free for a moment while a reset raises it again) no scenario of it either. Looks
+ * once a second while the server listens.
+ */
+function watchRemoval(ctx: LabContext, s: SandboxRecord, server: Server): Promise<string> {
+  return new Promise((resolve) => {
+    const t = setInterval(() => {
+      if (!server.listening) return clearInterval(t);
+      if (ctx.store.getSandbox(s.name)) return;
+      if (s.scenario && ctx.store.getScenario(s.scenario)) return;
+      clearInterval(t);
+      resolve(`${s.name} was removed`);
+    }, 1000);
+    t.unref();
+  });
 }
 
 /** Stops listening and ends the connections being carried (their execs end with them). */

@@ -42,6 +42,17 @@ export function sshKey(home: string): { private: string; public: string } {
   return { private: key, public: readFileSync(`${key}.pub`, 'utf8').trim() };
 }
 
+/**
+ * The home's key (if `inventory` or `ssh-config` made one) authorized in the machine: what
+ * `snaplab proxy M 22` does before each ssh connection, so that access survives every reset,
+ * restore and standby swap, whenever the snapshot was taken.
+ */
+export async function authorizeHomeKey(home: string, box: Sandbox): Promise<void> {
+  const pub = join(home, 'ssh', 'id_ed25519.pub');
+  if (!existsSync(pub)) return;
+  await authorize(box, readFileSync(pub, 'utf8').trim());
+}
+
 /** Adds the key to root's authorized_keys in the machine (once; the file is the machine's own). */
 export async function authorize(box: Sandbox, publicKey: string): Promise<void> {
   const path = '/root/.ssh/authorized_keys';
