@@ -199,7 +199,8 @@ static _Noreturn void fall_back(void)
 }
 
 struct opts {
-	const char *sandbox, *cwd, *timeout;
+	/* authorize: an ssh key the agent's connect adds first (`connect --authorize`, protocol 1.4) */
+	const char *sandbox, *cwd, *timeout, *authorize;
 	const char **env, **cmd;
 	int nenv, ncmd, interactive, json;
 };
@@ -588,8 +589,12 @@ static int fast_exec(const struct opts *o)
 	put_u32(p, timeout_ms);
 	put_u32(p + 4, o->interactive ? EXEC_F_STDIN : 0);
 	out.len += 8;
-	for (int i = 0; i < o->ncmd; i++)
+	for (int i = 0; i < o->ncmd; i++) {
+		/* after `agent connect`: an older agent's connect would refuse the flag (it keeps its key) */
+		if (i == 2 && o->authorize && minor >= 4)
+			put_field(&out, F_ARGV, "--authorize"), put_field(&out, F_ARGV, o->authorize);
 		put_field(&out, F_ARGV, o->cmd[i]);
+	}
 	put_env(&out, o);
 	if (o->cwd)
 		put_field(&out, F_CWD, o->cwd);
@@ -711,6 +716,25 @@ static int daemon_is_local(const char *host)
 	return realpath(*sock ? sock : "/", a) && realpath(home ? home : "/var/lib/snaplab", b) && !strcmp(a, b);
 }
 
+/* The home's ssh public key (HOME/ssh/id_ed25519.pub), its one line, or -1 when there is none. */
+static int home_key(char *key, size_t size)
+{
+	const char *home = getenv("SNAPLAB_HOME");
+	char path[PATH_MAX];
+	if (snprintf(path, sizeof path, "%s/ssh/id_ed25519.pub", home && *home ? home : "/var/lib/snaplab") >=
+	    (int)sizeof path)
+		return -1;
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -1;
+	int ok = fgets(key, (int)size, f) != NULL;
+	fclose(f);
+	if (!ok)
+		return -1;
+	key[strcspn(key, "\r\n")] = 0;
+	return key[0] ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
 	g_argv = argv;
@@ -746,8 +770,13 @@ int main(int argc, char **argv)
 	    strspn(argv[3], "0123456789") == strlen(argv[3]) && strlen(argv[3]) <= 5 && atoi(argv[3]) >= 1 &&
 	    atoi(argv[3]) <= 65535 && argv[3][0] != '0' && utf8_ok(argv[2]) && argv[2][0] != '-') {
 		static const char *cmd[4] = { "/run/snaplab/agent", "connect", NULL, NULL };
+		static char key[16384];
 		cmd[2] = argv[3];
 		struct opts o = { .sandbox = argv[2], .cmd = cmd, .ncmd = 3, .interactive = 1 };
+		/* ssh: the home's key (made by `inventory` or `ssh-config`) is given again first, should a
+		 * reset or restore have taken it away (the agent's connect --authorize) */
+		if (!strcmp(argv[3], "22") && home_key(key, sizeof key) == 0)
+			o.authorize = key;
 		int rc = fast_exec(&o);
 		if (rc >= 0)
 			return rc;

@@ -1,5 +1,6 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
@@ -58,6 +59,48 @@ describe('image build debian (mmdebstrap)', () => {
       kind: 'debian',
       build: { suite: 'bookworm', variant: 'minbase', packages: ['hello'] },
     });
+  }, 600_000);
+
+  it("a scenario that says how its image is made finds the one built (by name, and a machine's own by its inputs): `up` downloads nothing", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'snaplab-test-scn-image-'));
+    try {
+      writeFileSync(join(dir, 'packages'), 'hello\n');
+      writeFileSync(
+        join(dir, 'scenario.yaml'),
+        [
+          'machines:',
+          '  named:',
+          '    image: { name: deb-hello, debian: { packages: ./packages } }',
+          '  unnamed:',
+          '    image: { debian: { suite: bookworm, variant: minbase, packages: [hello] } }',
+          '',
+        ].join('\n'),
+      );
+      const before = (await lab.images()).length;
+      const progress: string[] = [];
+      let unnamed = '';
+      const scn = await lab.up(join(dir, 'scenario.yaml'), {
+        name: 'imgscn',
+        onProgress: (m, s) => progress.push(`${m}: ${s}`),
+      });
+      try {
+        expect(progress.some((p) => /^named: image: building deb-hello from Debian bookworm/.test(p))).toBe(true);
+        // the named one is the image built above; the other a copy of it under a name of its inputs, no download
+        unnamed = scn.spec.machines.find((m) => m.name === 'unnamed')!.image;
+        expect(scn.spec.machines.find((m) => m.name === 'named')!.image).toBe('deb-hello');
+        expect(unnamed).not.toBe('deb-hello');
+        const copy = (await lab.images()).find((i) => i.name === unnamed);
+        expect(copy?.provenance?.notes).toContain('a copy of deb-hello, built from the same inputs');
+        expect((await lab.images()).length).toBe(before + 1);
+        for (const m of ['named', 'unnamed'])
+          expect((await (await scn.machine(m)).exec(['hello'])).stdout.toString()).toBe('Hello, world!\n');
+      } finally {
+        await scn.down();
+        if (unnamed) await lab.removeImage(unnamed);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   }, 600_000);
 
   it('says when the mirror cannot be reached, with the log kept, and leaves no image', async () => {

@@ -4,7 +4,7 @@ import { connect } from 'node:net';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { noted } from '../src/cleanup.js';
 import { listSnaplabNetns } from '../src/host/net/netns.js';
 import { rangesOf } from '../src/host/userns/registry.js';
@@ -33,7 +33,7 @@ machines:
   a:
     networks: { net: { address: 10.78.1.10 } }
     start:
-      - run: httpd -p 8080 -h /tmp && date +%s%N > /tmp/started
+      - run: httpd -p 8080 -h /tmp && cat /proc/sys/kernel/random/uuid > /tmp/started
     ready:
       - tcp: 8080
   b:
@@ -170,6 +170,7 @@ describe('standby resets', () => {
     const env = { ...process.env, SNAPLAB_HOME: home() };
     const fwd = spawn(SNAPLAB, ['port-forward', 'pf/a', ':8080'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
     const closed = once(fwd, 'close');
+    onTestFinished(() => void fwd.kill('SIGKILL'));
     let err = '';
     fwd.stderr.on('data', (b: Buffer) => (err += b.toString()));
     const [line] = (await once(fwd.stdout, 'data')) as [Buffer];

@@ -134,6 +134,11 @@ export class AgentClient implements AsyncDisposable {
     else this.socket.resume();
   }
 
+  /** Does the agent speak at least protocol 1.minor? */
+  speaks(minor: number): boolean {
+    return this.protocolMinor >= minor;
+  }
+
   /** Throws AGENT_PROTOCOL unless the agent speaks at least 1.minor (what: what needs it). */
   requireMinor(minor: number, what: string): void {
     if (this.protocolMinor < minor) throw this.tooOld(what, minor);

@@ -120,12 +120,13 @@ export function registerPorts(program: Command): void {
           const box = await lab.get(machine);
           try {
             // ssh's ProxyCommand: snaplab's key is given again to a machine that lacks it (a reset,
-            // a restore or a swap to a snapshot taken before `inventory` or `ssh-config` gave it)
-            if (remote === 22) {
-              const { authorizeHomeKey } = await import('../lab/io/ssh.js');
-              await authorizeHomeKey(lab.home, box);
-            }
-            const r = await box.exec([MACHINE_AGENT_PATH, 'connect', String(remote)], {
+            // a restore or a swap to a snapshot taken before `inventory` or `ssh-config` gave it);
+            // native/cli.c's fast path does the same
+            const { homeKey } = await import('../lab/io/ssh.js');
+            const key = remote === 22 ? homeKey(lab.home) : undefined;
+            // an agent older than protocol 1.4 (a machine raised before an upgrade) lacks the flag
+            const authorize = key && (await box.agentConnection()).speaks(4) ? ['--authorize', key] : [];
+            const r = await box.exec([MACHINE_AGENT_PATH, 'connect', ...authorize, String(remote)], {
               stdin: process.stdin,
               onStdout: (b) => process.stdout.write(b),
               onStderr: (b) => process.stderr.write(b),

@@ -1,12 +1,12 @@
-import { statSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { basename, resolve } from 'node:path';
 import { isScalar } from 'yaml';
 import { SnaplabError } from '../errors.js';
 import { parsePortSpec } from '../lab/io/port-spec.js';
 import { checkName } from '../lab/names.js';
 import type { Locator, Path } from './locate.js';
-import type { RawMachine, RawScenario, RawStep } from './schema.js';
-import type { Check, MachineFileSpec, ScenarioSpec, Step } from './spec.js';
+import type { RawImageBuild, RawMachine, RawScenario, RawStep } from './schema.js';
+import type { Check, ImageBuildSpec, MachineFileSpec, ScenarioSpec, Step } from './spec.js';
 import { DEFAULT_IMAGE } from '../defaults.js';
 import { FIRST_AUTO_HOST, NAME_RULE, RESERVED_GROUPS, SCENARIO_NAME } from './spec.js';
 import { formatIpv4, overlaps, parseIpv4, parseSubnet, Problem, type Cidr } from './values.js';
@@ -58,13 +58,7 @@ export function buildSpec(raw: RawScenario, at: Locator, dir: string): ScenarioS
 function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs: Map<string, Cidr>): MachineFileSpec {
   const p: Path = ['machines', name];
   if (!SCENARIO_NAME.test(name)) at.fail(p, `invalid machine name ${JSON.stringify(name)}`, NAME_RULE, true);
-  const image = raw.image ?? DEFAULT_IMAGE;
-  try {
-    checkName('image', image);
-  } catch (e) {
-    if (e instanceof SnaplabError) at.fail([...p, 'image'], e.message, e.hint);
-    throw e;
-  }
+  const { image, build } = imageOf(raw.image, [...p, 'image'], at, dir);
   const hostname = raw.hostname ?? name;
   if (!HOSTNAME.test(hostname))
     at.fail(
@@ -101,6 +95,7 @@ function machine(name: string, raw: RawMachine, at: Locator, dir: string, cidrs:
   const spec: MachineFileSpec = {
     name,
     image,
+    ...(build ? { build } : {}),
     hostname,
     limits,
     env: raw.env,
@@ -297,4 +292,41 @@ function resolveCheckHosts(spec: ScenarioSpec, at: Locator): void {
       c.host = shared.address;
     });
   }
+}
+
+/** A machine's image: a name, or how it is built (its packages from a list or a file beside the scenario). */
+function imageOf(
+  raw: string | RawImageBuild | undefined,
+  p: Path,
+  at: Locator,
+  dir: string,
+): { image: string; build?: ImageBuildSpec } {
+  const name = typeof raw === 'string' ? raw : (raw?.name ?? (raw ? '' : DEFAULT_IMAGE));
+  try {
+    if (name) checkName('image', name);
+  } catch (e) {
+    if (e instanceof SnaplabError) at.fail(typeof raw === 'string' ? p : [...p, 'name'], e.message, e.hint);
+    throw e;
+  }
+  if (raw === undefined || typeof raw === 'string') return { image: name };
+  const d = raw.debian;
+  let packages: string[] = [];
+  if (typeof d.packages === 'string') {
+    const file = resolve(dir, d.packages);
+    try {
+      packages = readFileSync(file, 'utf8')
+        .split(/[\s,]+/)
+        .filter(Boolean);
+    } catch (e) {
+      at.fail(
+        [...p, 'debian', 'packages'],
+        `cannot read the package list ${file}: ${(e as Error).message}`,
+        'give a list, or the path of a file of package names, relative to the scenario file',
+      );
+    }
+  } else packages = d.packages ?? [];
+  return {
+    image: name,
+    build: { suite: d.suite ?? 'bookworm', variant: d.variant ?? 'minbase', packages },
+  };
 }

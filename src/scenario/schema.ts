@@ -261,9 +261,30 @@ const list = <T>(item: z.ZodType<T>) =>
     .nullish()
     .transform((l) => l ?? []);
 
+/** How a machine's image is made: a Debian build (mmdebstrap, cached by its inputs), maybe named. */
+const ImageBuild = z.strictObject(
+  {
+    name: str('an image name').optional(),
+    debian: z.strictObject(
+      {
+        suite: str('a Debian suite such as bookworm').optional(),
+        variant: str('an mmdebstrap variant such as minbase').optional(),
+        /** a list, or the path of a file (relative to the scenario file) of comma- or space-separated names */
+        packages: z.union([z.array(str('a package name')), str('a file of package names')]).optional(),
+      },
+      { error: 'expected a map with suite, variant, packages' },
+    ),
+  },
+  { error: 'expected a map with debian (and name)' },
+);
+export type RawImageBuild = z.output<typeof ImageBuild>;
+
 const Machine = z.strictObject(
   {
-    image: str('an image name').optional(),
+    image: byKind<string | RawImageBuild>('an image name, or a map saying how it is built ({ debian: { packages } })', {
+      string: z.string(),
+      object: ImageBuild,
+    }).optional(),
     init: z.enum(['agent', 'systemd'], { error: 'expected agent or systemd' }).optional(),
     driver: z.enum(DRIVER_NAMES, { error: `expected ${DRIVER_NAMES.join(' or ')}` }).optional(),
     hostname: str('a host name').optional(),
@@ -324,6 +345,8 @@ export function allowedKeys(path: readonly (string | number)[]): string[] {
   if (at('networks', '*')) return ['subnet'];
   if (at('machines', '*')) return Object.keys(Machine.shape);
   if (at('machines', '*', 'networks', '*')) return ['address'];
+  if (at('machines', '*', 'image')) return ['name', 'debian'];
+  if (at('machines', '*', 'image', 'debian')) return ['suite', 'variant', 'packages'];
   if (p[2] === 'provision' || p[2] === 'start') {
     if (p.length === 4) return p[4] === undefined ? ['copy', 'run', 'timeout (with run)', 'env (with run)'] : [];
     if (p[4] === 'copy') return ['from', 'to', 'mode'];

@@ -21,8 +21,10 @@ export interface NetworkSpec {
 
 export interface MachineFileSpec {
   name: string;
-  /** Default DEFAULT_IMAGE (src/defaults.ts). */
+  /** Default DEFAULT_IMAGE (src/defaults.ts); with `build`, the name it is built under ('' until `up` builds it, when the file names none). */
   image: string;
+  /** how the image is made, when the file says (`up` builds it, cached by its inputs) */
+  build?: ImageBuildSpec;
   /** Default: the machine's name. */
   hostname: string;
   limits: { memoryBytes?: number; pids?: number; cpus?: number; diskBytes?: number };
@@ -80,3 +82,10 @@ export const NAME_RULE = 'use 1-31 lowercase letters, digits or "-", starting wi
 
 /** Ansible's own group names: a scenario's groups may not take them (`snaplab inventory`). */
 export const RESERVED_GROUPS: readonly string[] = ['all', 'ungrouped', '_meta'];
+
+/** A machine's image as the scenario file says it is built: Debian's archive, through mmdebstrap. */
+export interface ImageBuildSpec {
+  suite: string;
+  variant: string;
+  packages: string[];
+}

@@ -10,6 +10,7 @@ import { SnaplabError } from '../errors.js';
 import { listSnaplabNetns } from '../host/net/netns.js';
 import { renameNetns } from '../host/net/ns.js';
 import { HostOps } from '../host/hostops.js';
+import { liveness, signal } from '../host/procs.js';
 import { allScenarioRanges, machineHolder, relabelRange } from '../host/userns/registry.js';
 import type { LabContext } from '../lab/context.js';
 import { handleOf } from '../lab/lifecycle/handle.js';
@@ -54,9 +55,28 @@ export async function swapStandby(
   const aside = spec.machines.flatMap((m) => ctx.store.getSandbox(machineSandbox(name, m.name))?.id ?? []);
   ctx.store.setScenarioStandby(name, { ...st, state: 'swapping', aside });
   await trace.phase('swap', () => switchCopies(ctx, scn, trace));
+  // the old copy is removed off the reset's path, but stopped on it: a connection held to one of
+  // its machines (ssh's ControlPersist, a port-forward) must not reach it after the reset returns
+  await trace.phase('stop the old copy', () => stopMachines(ctx, aside));
   ctx.store.setScenarioStandby(name, null);
   ctx.store.setScenarioState(name, 'up');
   return null;
+}
+
+/**
+ * SIGKILL each machine's init (the PID 1 of its pid namespace, which takes every process of it
+ * along; a VM's QEMU), not waited for: its agent's socket closes with it. Its cgroup, run
+ * directory, volume and record are removed later (removeSetAside). Only a pid known to be the
+ * machine's is signalled.
+ */
+async function stopMachines(ctx: LabContext, ids: string[]): Promise<void> {
+  await Promise.all(
+    ids.map(async (id) => {
+      const rec = ctx.store.getSandbox(id);
+      if (!rec?.pid || (await liveness(rec.pid, rec.pidStart)).state !== 'alive') return;
+      signal(rec.pid, 'SIGKILL');
+    }),
+  );
 }
 
 /** One standby machine running and answering: thawed if it was frozen (a VM's clock set). */
@@ -113,12 +133,22 @@ export async function switchCopies(ctx: LabContext, scn: ScenarioRecord, trace?:
 /** The standby's user namespace ranges labelled live, the live ones aside. */
 async function relabel(ctx: LabContext, scn: ScenarioRecord): Promise<void> {
   const spec = scn.spec as ScenarioSpec;
-  const held = new Map([...(await allScenarioRanges(ctx.home, scn.id))].map(([base, holder]) => [holder, base]));
+  // each copy's range is on its machine's record; the registry is read (every claim on the host)
+  // only when a record does not say (a live machine that is gone)
+  const bases = spec.machines.map((m) => ({
+    s: ctx.store.getSandbox(standbySandbox(scn.name, m.name))?.uidBase ?? undefined,
+    l: ctx.store.getSandbox(machineSandbox(scn.name, m.name))?.uidBase ?? undefined,
+  }));
+  if (bases.some((b) => b.s !== undefined && b.l === undefined)) {
+    const held = new Map([...(await allScenarioRanges(ctx.home, scn.id))].map(([base, holder]) => [holder, base]));
+    bases.forEach((b, j) => {
+      b.s = held.get(machineHolder(scn.id, j, 'standby'));
+      b.l = held.get(machineHolder(scn.id, j));
+    });
+  }
   await Promise.all(
-    [...spec.machines.keys()].map(async (j) => {
-      const s = held.get(machineHolder(scn.id, j, 'standby'));
+    bases.map(async ({ s, l }, j) => {
       if (s === undefined) return;
-      const l = held.get(machineHolder(scn.id, j));
       if (l !== undefined) await relabelRange(l, ctx.home, machineHolder(scn.id, j), machineHolder(scn.id, j, 'aside'));
       await relabelRange(s, ctx.home, machineHolder(scn.id, j, 'standby'), machineHolder(scn.id, j));
     }),

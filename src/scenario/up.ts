@@ -62,6 +62,34 @@ async function bringUp(
   return machine;
 }
 
+/**
+ * The images the file says how to build, built (cached by their inputs: the same inputs again
+ * download nothing), each machine's `image` then the built one's name. Before anything is made.
+ */
+async function withImages(ctx: LabContext, spec: ScenarioSpec, opts: UpOptions, trace: Trace): Promise<ScenarioSpec> {
+  const builds = new Map<string, Promise<string>>();
+  const { buildDebian } = await import('../lab/images/build.js');
+  const machines = [];
+  for (const m of spec.machines) {
+    if (!m.build) {
+      machines.push(m);
+      continue;
+    }
+    const key = JSON.stringify([m.build, m.image]);
+    let built = builds.get(key);
+    if (!built) {
+      const say = (s: string): void => opts.onProgress?.(m.name, `image: ${s}`);
+      say(`building ${m.image || 'an image'} from Debian ${m.build.suite} (cached by its inputs)`);
+      built = buildDebian(ctx, m.build, { ...(m.image ? { name: m.image } : {}), onProgress: say }, trace).then(
+        (b) => b.image.name,
+      );
+      builds.set(key, built);
+    }
+    machines.push({ ...m, image: await built });
+  }
+  return { ...spec, machines };
+}
+
 /** The file's spec with `driver` given to every machine that names none (recorded with the scenario). */
 function withDriver(spec: ScenarioSpec, driver: string | undefined): ScenarioSpec {
   if (driver === undefined || driver === DEFAULT_DRIVER) return spec;
@@ -103,8 +131,8 @@ export async function upScenario(
   trace: Trace,
 ): Promise<ScenarioRecord> {
   const name = checkName('scenario', opts.name ?? loaded.spec.name ?? 'scenario');
-  const spec = withDriver(loaded.spec, opts.driver);
-  checkMachines(spec);
+  const wanted = withDriver(loaded.spec, opts.driver);
+  checkMachines(wanted);
   if (ctx.store.getScenario(name)) {
     throw new SnaplabError(
       'SCENARIO_EXISTS',
@@ -117,12 +145,14 @@ export async function upScenario(
     id: newId().slice(0, 6),
     file: loaded.path,
     hash: loaded.hash,
-    spec,
+    spec: wanted,
     state: 'creating',
     reason: `being raised by pid ${process.pid}`,
     createdAt: Date.now(),
     owner: me('create'),
   };
+  const spec = await trace.phase('images', () => withImages(ctx, wanted, opts, trace));
+  rec.spec = spec;
   ctx.store.insertScenario(rec);
   trace.target = name;
   const machines: Machine[] = [];

@@ -49,7 +49,7 @@ export class Images {
     throw new SnaplabError(
       'IMAGE_NOT_FOUND',
       `no image named ${JSON.stringify(name)}`,
-      `known images: ${[...new Set([BUILTIN_IMAGE, ...known])].join(', ')}; import one with \`snaplab image import <rootfs.tar|dir> --name ${name}\``,
+      `known images: ${[...new Set([BUILTIN_IMAGE, ...known])].join(', ')}; build one with \`snaplab image build debian --packages PKG,... --name ${name}\` (a scenario file can say how: \`image: { name: ${name}, debian: { packages: [...] } }\`), or import one with \`snaplab image import <rootfs.tar|dir> --name ${name}\``,
     );
   }
 

@@ -43,14 +43,13 @@ export function sshKey(home: string): { private: string; public: string } {
 }
 
 /**
- * The home's key (if `inventory` or `ssh-config` made one) authorized in the machine: what
- * `snaplab proxy M 22` does before each ssh connection, so that access survives every reset,
- * restore and standby swap, whenever the snapshot was taken.
+ * The home's public key, if `inventory` or `ssh-config` made one: `snaplab proxy M 22` has the
+ * agent authorize it before each ssh connection (`connect --authorize`), so that access survives
+ * every reset, restore and standby swap, whenever the snapshot was taken.
  */
-export async function authorizeHomeKey(home: string, box: Sandbox): Promise<void> {
+export function homeKey(home: string): string | undefined {
   const pub = join(home, 'ssh', 'id_ed25519.pub');
-  if (!existsSync(pub)) return;
-  await authorize(box, readFileSync(pub, 'utf8').trim());
+  return existsSync(pub) ? readFileSync(pub, 'utf8').trim() : undefined;
 }
 
 /** Adds the key to root's authorized_keys in the machine (once; the file is the machine's own). */

@@ -5,6 +5,7 @@
  */
 import { useState } from 'preact/hooks';
 import { ApiError, api, enc, type Trace } from '../api';
+import { ms } from '../format';
 import { Button, ErrorBox, Section, State } from '../components';
 import { ScenarioGraph, type ScenarioStatus } from '../graph';
 import { go, href, useAction, usePoll } from '../hooks';
@@ -265,6 +266,15 @@ function MachinesSection({ s }: { s: ScenarioStatus }) {
   );
 }
 
+/** What the dashboard says of a scenario's standby (README, "Resets that do not wait for a boot"). */
+function standbyText(s: ScenarioStatus): string {
+  const st = s.standby;
+  if (!st) return s.standbyWanted ? 'Standby: none yet (a snapshot raises one)' : 'Standby: off';
+  const took = st.raiseMs === null ? '' : `, raised in ${ms(st.raiseMs)}`;
+  const swap = st.state === 'ready' ? ': the next reset to it swaps it in' : '';
+  return `Standby: ${st.state} (of ${st.snapshot}${took})${st.reason ? ` — ${st.reason}` : ''}${swap}`;
+}
+
 function SnapshotSection({ s, act }: { s: ScenarioStatus; act: Actions }) {
   const { last, snapName, setSnapName, resetTo, setResetTo, snapshot, reset, busyAny } = act;
   // the snapshots come oldest first; the select lists them newest first
@@ -326,6 +336,9 @@ function SnapshotSection({ s, act }: { s: ScenarioStatus; act: Actions }) {
         </span>
       </div>
       <ErrorBox error={reset.error} />
+      <p class="muted" data-testid="scenario-standby">
+        {standbyText(s)}
+      </p>
 
       {last && (
         <div data-testid="scenario-last-trace">
