@@ -368,7 +368,10 @@ describe('the dashboard: scenarios and bench results', () => {
     await until('the snapshot listed', () => api('GET', '/scenarios/lab').body.snapshots.includes('base'));
     // its standby is raised in the background, and the page says when it is ready
     await until('the standby ready', () => api('GET', '/scenarios/lab').body.standby?.state === 'ready');
-    await page.getByTestId('scenario-standby').filter({ hasText: /^Standby: ready \(of base, raised in / }).waitFor();
+    await page
+      .getByTestId('scenario-standby')
+      .filter({ hasText: /^Standby: ready \(of base, raised in / })
+      .waitFor();
     await page.getByLabel('Reset to').locator('option[value="base"]').waitFor({ state: 'attached' });
     await page.getByRole('button', { name: 'Reset', exact: true }).click();
     const reset = await until('the reset traced', () =>
