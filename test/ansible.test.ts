@@ -248,7 +248,10 @@ describe('ssh, Ansible and Testinfra reach', () => {
         expect(again.code, again.out + again.err).toBe(0);
         expect(again.out).toMatch(/web\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0/);
         expect(again.out).toMatch(/db\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0/);
-        expect((await snaplab(['exec', 'loop/db', '--', 'systemctl', 'is-active', 'hello'])).out).toBe('active\n');
+        // on loop's machines (lab's have the same names: ssh's shared connections must not mix them)
+        const active = await snaplab(['exec', 'loop/db', '--', 'systemctl', 'is-active', 'hello']);
+        expect(active.out, `turn ${turn}: ${play.out}`).toBe('active\n');
+        expect((await snaplab(['exec', 'lab/db', '--', 'systemctl', 'is-active', 'hello'])).out).not.toBe('active\n');
         if (turn === 3) break;
         // turn 1's reset swaps the standby in (waited for: raised in the background); turn 2's raises again
         if (turn === 1) await waitForStandby('loop');
@@ -262,7 +265,7 @@ describe('ssh, Ansible and Testinfra reach', () => {
     } finally {
       await snaplab(['down', 'loop']);
     }
-  });
+  }, 600_000);
 
   it('the snaplab connection plugin: no ssh involved (ping, copy, fetch; a machine that is not there is UNREACHABLE)', async () => {
     const inv = (await snaplab(['inventory', 'lab'])).out.trim();

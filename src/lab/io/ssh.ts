@@ -6,6 +6,7 @@
  * files live in HOME/ssh/ and are written again on every call (machines come and go).
  */
 import { spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -81,12 +82,21 @@ const sshArg = (s: string): string => (/[\s"]/.test(s) ? `"${s.replace(/"/g, '')
 /** An argument of ansible_ssh_common_args, which Ansible splits as a shell would. */
 const shellArg = (s: string): string => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
 
+/**
+ * The HostName of a machine in the ssh config: never dialled (the ProxyCommand carries the
+ * connection), but it is ssh's %h, and so part of the %C that names a shared connection
+ * (Ansible's ControlPersist): it names the machine and the home, so that `db` of one scenario
+ * never reuses a connection to `db` of another.
+ */
+const hostName = (home: string, machine: string): string =>
+  `${machine.replace(/[^\w.-]/g, '.')}.${createHash('sha256').update(home).digest('hex').slice(0, 8)}.snaplab`;
+
 export function sshConfig(home: string, key: string, hosts: SshHost[]): string {
   return hosts
     .map((h) =>
       [
         `Host ${h.alias}`,
-        `  HostName ${h.alias}`,
+        `  HostName ${hostName(home, h.machine)}`,
         '  User root',
         `  IdentityFile ${sshArg(key)}`,
         '  IdentitiesOnly yes',
