@@ -323,6 +323,33 @@ describe('a cluster', () => {
     for (const t of [...ok.map((x) => x.body.id), admins.id]) await api(gateways[0]!, 'DELETE', `/sandboxes/${t}`);
   }, 60_000);
 
+  it("serves the daemon's own key routes over the cluster's keys, their bodies checked by the same schema", async () => {
+    const made = await api<{ name: string; token: string; scopes: string[]; hash?: string }>(
+      gateways[0]!,
+      'POST',
+      '/keys',
+      { name: 'via-gateway', scopes: ['read'] },
+    );
+    expect(made.status).toBe(201);
+    expect(made.body).toMatchObject({ name: 'via-gateway', scopes: ['read'] });
+    expect(made.body.hash).toBeUndefined();
+    // made through one gateway, known to the other (etcd): it reads, and may not make keys
+    const listed = await until('the other gateway knows the key', async () => {
+      const r = await fetch(`${gateways[1]!.url}/keys`, { headers: { authorization: `Bearer ${made.body.token}` } });
+      return r.status === 403 ? r : undefined;
+    });
+    expect(((await listed.json()) as { code: string }).code).toBe('FORBIDDEN');
+    const keys = (await api<{ name: string; hash?: string }[]>(gateways[1]!, 'GET', '/keys')).body;
+    expect(keys.find((k) => k.name === 'via-gateway')).toMatchObject({ name: 'via-gateway' });
+    expect(keys.every((k) => k.hash === undefined)).toBe(true);
+    // a property the schema does not know is refused, as a daemon refuses it
+    const bad = await api<{ code: string }>(gateways[0]!, 'POST', '/keys', { name: 'x', colour: 'red' });
+    expect([bad.status, bad.body.code]).toEqual([400, 'BAD_INPUT']);
+    expect((await api(gateways[0]!, 'DELETE', '/keys/via-gateway')).status).toBe(204);
+    const again = await api<{ code: string }>(gateways[0]!, 'DELETE', '/keys/via-gateway');
+    expect([again.status, again.body.code]).toEqual([404, 'KEY_NOT_FOUND']);
+  });
+
   it('a create placed on a node that refuses connections is retried once elsewhere; bad /rpc frames are errors, not crashes', async () => {
     // a node entry whose address nobody listens on, the emptiest of zone z1: placement picks it
     const client = new Etcd3({

@@ -5,7 +5,6 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
-import { createKeyEntry } from './keys.js';
 import { NO_CEILINGS } from '../lab/ceilings.js';
 import { keyValues } from '../lab/io/exec.js';
 import type { Caller } from '../server/keys.js';
@@ -14,46 +13,17 @@ import { ask, asSnaplab, errorBody, readJson, sendJson, upstreamPath } from './p
 import { statusOf } from '../server/http-errors.js';
 import type { NodeInfo } from './store.js';
 import { eligible } from './placement.js';
+import { composite, type Parts } from './operations.js';
 
 type Scope = 'read' | 'exec' | 'admin';
 type Handler = (req: IncomingMessage, res: ServerResponse, m: RegExpExecArray, caller: Caller) => Promise<void> | void;
 
-const enc = encodeURIComponent;
 /** The request's query for a node, without `token=` (a client's key is not passed on). */
 const query = (req: IncomingMessage): string => {
   const q = upstreamPath(req.url!).split('?')[1];
   return q ? `?${q}` : '';
 };
 const dec = decodeURIComponent;
-
-/**
- * One id for an operation run on several nodes: `c.` and, encoded, each node's operation id, and
- * the nodes that refused to start it with their errors (so that any gateway, asked later, says so).
- */
-interface Parts {
-  ops: { node: string; id: string }[];
-  refused: { node: string; error: Record<string, unknown> }[];
-}
-
-const composite = (p: Parts): string =>
-  `c.${Buffer.from(JSON.stringify([p.ops.map((o) => [o.node, o.id]), p.refused])).toString('base64url')}`;
-
-function parts(id: string): Parts {
-  try {
-    if (!id.startsWith('c.')) throw new Error('not composite');
-    const [ops, refused] = JSON.parse(Buffer.from(id.slice(2), 'base64url').toString()) as [
-      [string, string][],
-      Parts['refused'],
-    ];
-    return { ops: ops.map(([node, i]) => ({ node, id: i })), refused: refused ?? [] };
-  } catch {
-    throw new SnaplabError(
-      'OPERATION_NOT_FOUND',
-      `no operation ${id} in the cluster`,
-      'operation ids a gateway gives start with c.',
-    );
-  }
-}
 
 /** Some nodes refused: the first refusal as the error (its status), with what the others did. */
 function partial(res: ServerResponse, refused: Parts['refused'], done: Record<string, unknown>): void {
@@ -272,106 +242,6 @@ function sandboxRoutes(g: GatewayApi): Route[] {
   ];
 }
 
-function snapshotRoutes(g: GatewayApi): Route[] {
-  const { firstHolder } = helpers(g);
-  return [
-    [
-      'GET',
-      /^\/snapshots$/,
-      'read',
-      async (_q, res, _m, c) =>
-        sendJson(
-          res,
-          200,
-          (await g.askAll<Record<string, unknown>[]>(c, '/snapshots')).flatMap((a) =>
-            a.value.map((v) => ({ ...v, node: a.node })),
-          ),
-        ),
-    ],
-    [
-      '*',
-      /^\/snapshots\/([^/]+)$/,
-      'exec',
-      async (req, res, m, c) => {
-        const n =
-          [...g.view.nodes.values()].find((x) => x.snapshots.includes(dec(m[1]!))) ??
-          (await firstHolder(
-            c,
-            `/snapshots/${m[1]}`,
-            new SnaplabError(
-              'SNAPSHOT_NOT_FOUND',
-              `no snapshot named ${dec(m[1]!)} on any node`,
-              'list them with GET /snapshots',
-            ),
-          ));
-        g.forward(req, res, n.name, c);
-      },
-    ],
-  ];
-}
-
-/** Pools summed over the nodes that hold them, and their takes. */
-function poolRoutes(g: GatewayApi): Route[] {
-  return [
-    [
-      'GET',
-      /^\/pools$/,
-      'read',
-      async (_q, res, _m, c) => {
-        const by = new Map<string, Record<string, unknown> & { nodes: string[] }>();
-        for (const a of await g.askAll<Record<string, unknown>[]>(c, '/pools')) {
-          for (const p of a.value) {
-            const had = by.get(p.name as string);
-            if (!had)
-              by.set(p.name as string, { ...p, nodes: [a.node] } as Record<string, unknown> & { nodes: string[] });
-            else {
-              for (const k of ['target', 'ready', 'inUse', 'raising', 'dead'])
-                (had as Record<string, number>)[k] = ((had[k] as number) ?? 0) + ((p[k] as number) ?? 0);
-              had.nodes.push(a.node);
-            }
-          }
-        }
-        sendJson(res, 200, [...by.values()]);
-      },
-    ],
-    [
-      'GET',
-      /^\/pools\/([^/]+)$/,
-      'read',
-      async (_q, res, m, c) => {
-        const each = await g.askAll<Record<string, unknown>>(c, `/pools/${m[1]}`);
-        if (!each.length)
-          throw new SnaplabError(
-            'POOL_NOT_FOUND',
-            `no pool named ${dec(m[1]!)} on any node`,
-            'define one: POST /pools',
-          );
-        const sum = { ...each[0]!.value, nodes: each.map((a) => a.node) } as Record<string, unknown>;
-        for (const k of ['target', 'ready', 'inUse', 'raising', 'dead'])
-          sum[k] = each.reduce((t, a) => t + ((a.value[k] as number) ?? 0), 0);
-        sendJson(res, 200, sum);
-      },
-    ],
-    [
-      'GET',
-      /^\/pools\/([^/]+)\/takes$/,
-      'read',
-      async (req, res, m, c) => {
-        const q = new URL(req.url!, 'http://x').searchParams;
-        const num = (k: string): number | undefined => (q.get(k) === null ? undefined : Number(q.get(k)));
-        sendJson(
-          res,
-          200,
-          await g
-            .lab(c)
-            .pool(dec(m[1]!))
-            .takes({ after: num('after'), since: num('since') }),
-        );
-      },
-    ],
-  ];
-}
-
 /** Define, resize and remove a pool: on each node it is (to be) on. */
 function poolChangeRoutes(g: GatewayApi): Route[] {
   const { targets, onEach, holders } = helpers(g);
@@ -461,75 +331,6 @@ function poolRunRoute(g: GatewayApi): Route[] {
             g.runDone(node, dec(m[1]!));
           }
         }
-      },
-    ],
-  ];
-}
-
-/** Operations: a node's own, or one made of a part on each node. */
-function operationRoutes(g: GatewayApi): Route[] {
-  return [
-    [
-      'GET',
-      /^\/operations$/,
-      'read',
-      async (_q, res, _m, c) =>
-        sendJson(
-          res,
-          200,
-          (await g.askAll<Record<string, unknown>[]>(c, '/operations')).flatMap((a) =>
-            a.value.map((o) => ({ ...o, id: composite({ ops: [{ node: a.node, id: o.id as string }], refused: [] }) })),
-          ),
-        ),
-    ],
-    [
-      'GET',
-      /^\/operations\/([^/]+)$/,
-      'read',
-      async (req, res, m, c) => {
-        const wait = Math.min(600, Math.max(0, Number(new URL(req.url!, 'http://x').searchParams.get('wait')) || 0));
-        // every node's part waited on at once: the answer comes when all have ended, or at the wait
-        const { ops, refused } = parts(dec(m[1]!));
-        const views: Record<string, unknown>[] = await Promise.all(
-          ops.map(async (p) => {
-            const n = g.node(p.node);
-            return {
-              ...(
-                await ask<Record<string, unknown>>(
-                  n.url,
-                  n.name,
-                  g.token,
-                  c,
-                  'GET',
-                  `/operations/${enc(p.id)}${wait ? `?wait=${wait}` : ''}`,
-                  undefined,
-                  wait * 1000 + 15_000,
-                )
-              ).value,
-              node: p.node,
-            };
-          }),
-        );
-        const running = views.some((v) => v.state === 'running');
-        const failedView = views.find((v) => v.state === 'failed');
-        const failed = failedView
-          ? { ...(failedView.error as Record<string, unknown>), node: failedView.node }
-          : !running && refused.length
-            ? {
-                ...refused[0]!.error,
-                message: `node ${refused[0]!.node} refused it: ${String(refused[0]!.error.message)}`,
-                node: refused[0]!.node,
-              }
-            : undefined;
-        sendJson(res, 200, {
-          id: dec(m[1]!),
-          state: running ? 'running' : failed ? 'failed' : 'done',
-          error: failed ?? null,
-          refused,
-          result: running || failed ? null : views[0]!.result,
-          progress: views.flatMap((v) => (v.progress as string[]).map((l) => `${v.node}: ${l}`)),
-          nodes: views,
-        });
       },
     ],
   ];
@@ -649,34 +450,9 @@ function scenarioRoutes(g: GatewayApi): Route[] {
   ];
 }
 
-/** Traces, usage and the gateway's own metrics. */
+/** Usage and the gateway's own metrics. */
 function observeRoutes(g: GatewayApi): Route[] {
-  const { firstHolder } = helpers(g);
   return [
-    [
-      'GET',
-      /^\/traces$/,
-      'read',
-      async (req, res, _m, c) => {
-        const q = new URL(req.url!, 'http://x').searchParams;
-        const targets = q.getAll('target');
-        const limit = q.get('limit') === null ? undefined : Number(q.get('limit'));
-        sendJson(res, 200, await g.lab(c).traces({ limit, ...(targets.length ? { targets } : {}) }));
-      },
-    ],
-    [
-      'GET',
-      /^\/traces\/([^/]+)$/,
-      'read',
-      async (req, res, m, c) => {
-        const n = await firstHolder(
-          c,
-          `/traces/${m[1]}`,
-          new SnaplabError('OPERATION_NOT_FOUND', `no trace ${dec(m[1]!)} on any node`, 'list them with GET /traces'),
-        );
-        g.forward(req, res, n.name, c);
-      },
-    ],
     [
       'GET',
       /^\/usage$/,
@@ -723,81 +499,41 @@ function observeRoutes(g: GatewayApi): Route[] {
   ];
 }
 
-function keyRoutes(g: GatewayApi): Route[] {
-  return [
-    [
-      'GET',
-      /^\/keys$/,
-      'admin',
-      async (_q, res) =>
-        sendJson(
-          res,
-          200,
-          (await g.store.keys()).map(({ hash: _h, ...k }) => k),
-        ),
-    ],
-    [
-      'POST',
-      /^\/keys$/,
-      'admin',
-      async (req, res) => {
-        const b = await readJson(req);
-        const { token, key } = await createKeyEntry(g.store, b.name as string, {
-          scopes: b.scopes as never,
-          maxSandboxes: b.maxSandboxes as number | undefined,
-          maxExecs: b.maxExecs as number | undefined,
-          ceilings: b.ceilings as never,
-        });
-        const { hash: _h, ...view } = key;
-        sendJson(res, 201, { ...view, token });
-      },
-    ],
-    [
-      'DELETE',
-      /^\/keys\/([^/]+)$/,
-      'admin',
-      async (_q, res, m) => {
-        if (!(await g.store.deleteKey(dec(m[1]!))))
-          throw new SnaplabError('KEY_NOT_FOUND', `no key named ${dec(m[1]!)}`, 'see GET /keys');
-        res.writeHead(204).end();
-      },
-    ],
-  ];
-}
-
-export function clusterRoutes(g: GatewayApi): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
+/**
+ * The gateway's own routes, not yet the daemon's shared ones: what answers the request, or
+ * undefined when none of them is for it (the shared routes' app answers it then: gateway.ts).
+ */
+export function clusterRoutes(
+  g: GatewayApi,
+): (req: IncomingMessage, res: ServerResponse) => (() => Promise<void>) | undefined {
   const routes: Route[] = [
     ...serviceRoutes(g),
     ...sandboxRoutes(g),
-    ...snapshotRoutes(g),
-    ...poolRoutes(g),
     ...poolChangeRoutes(g),
     ...poolRunRoute(g),
-    ...operationRoutes(g),
     ...imageRoutes(g),
     ...scenarioRoutes(g),
     ...observeRoutes(g),
-    ...keyRoutes(g),
   ];
-  return async (req, res) => {
+  return (req, res) => {
     const path = new URL(req.url!, 'http://x').pathname;
     for (const [method, re, scope, handler] of routes) {
       if (method !== '*' && method !== req.method) continue;
       const m = re.exec(path);
       if (!m) continue;
       // every GET but the keys' needs read; other methods the route's scope (the node checks its own again)
-      const need: Scope | null = scope === null ? null : req.method === 'GET' && path !== '/keys' ? 'read' : scope;
-      const c = need ? g.authenticate(req, need, path === '/events') : ANONYMOUS;
-      return handler(req, res, m, c);
+      const need: Scope | null = scope === null ? null : req.method === 'GET' ? 'read' : scope;
+      return async () => handler(req, res, m, need ? g.authenticate(req, need, path === '/events') : ANONYMOUS);
     }
-    if (path === '/' || path.startsWith('/assets/') || path.startsWith('/bench')) {
-      throw new SnaplabError(
-        'BAD_INPUT',
-        `${path} is a node's, not a gateway's`,
-        'open the dashboard of a node (its --listen address)',
-      );
-    }
-    throw new SnaplabError('BAD_INPUT', `no route ${req.method} ${path}`, 'see /openapi.json');
+    if (path === '/' || path.startsWith('/assets/') || path.startsWith('/bench'))
+      return async () => {
+        throw new SnaplabError(
+          'BAD_INPUT',
+          `${path} is a node's, not a gateway's`,
+          'open the dashboard of a node (its --listen address)',
+        );
+      };
+    return undefined;
   };
 }
 

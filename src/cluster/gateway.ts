@@ -33,6 +33,10 @@ import { placeCreate } from './create.js';
 import { GatewayLab } from './gateway-lab.js';
 import type { Socket } from 'node:net';
 import { ConnectionGuard, resolveLimits, type ConnectionLimits } from '../server/limits.js';
+import type { FastifyInstance } from 'fastify';
+import { baseApp } from '../server/app.js';
+import { sharedRoutes } from '../server/routes-shared.js';
+import { gatewayHost } from './gateway-host.js';
 
 export interface GatewayOptions {
   cluster: string;
@@ -50,6 +54,8 @@ const CREATE_TIMEOUT_MS = 330_000;
 
 export class Gateway extends ClusterCore implements GatewayApi {
   private server: Server | undefined;
+  /** the routes it shares with a single daemon (Fastify, on `server`) */
+  private app: FastifyInstance | undefined;
   /** the TCP connection caps (server/limits.ts), told when a request carried a valid key */
   private guard: ConnectionGuard | undefined;
   url = '';
@@ -76,18 +82,33 @@ export class Gateway extends ClusterCore implements GatewayApi {
     // long uploads (archives, stdin) are streamed: no overall deadline on a request, as on a node
     const limits = resolveLimits({ requestTimeoutMs: 0, ...given });
     const timeouts = { headersTimeout: limits.headersTimeoutMs, connectionsCheckingInterval: 1000 };
-    this.server = createServer(timeouts, (req, res) => {
-      const t0 = performance.now();
-      res.once('finish', () =>
-        this.log({
-          method: req.method,
-          url: req.url?.split('?')[0],
-          status: res.statusCode,
-          ms: Math.round((performance.now() - t0) * 10) / 10,
+    // the daemon's app and routes (server/app.ts, routes-shared.ts) over the cluster; what they do
+    // not serve yet is answered first by the gateway's own routes (gateway-routes.ts)
+    const app = await baseApp({
+      websocket: false,
+      // an operation's id names each node's part and each refusal (operations.ts)
+      maxParamLength: 16_384,
+      caller: (req, scope) => (scope ? this.authenticate(req.raw, scope) : undefined),
+      serverFactory: (handler) =>
+        createServer(timeouts, (req, res) => {
+          const t0 = performance.now();
+          res.once('finish', () =>
+            this.log({
+              method: req.method,
+              url: req.url?.split('?')[0],
+              status: res.statusCode,
+              ms: Math.round((performance.now() - t0) * 10) / 10,
+            }),
+          );
+          const own = routes(req, res);
+          if (own) void own().catch((e: unknown) => sendError(res, e));
+          else handler(req, res);
         }),
-      );
-      void routes(req, res).catch((e: unknown) => sendError(res, e));
     });
+    await app.register((r) => sharedRoutes(r, gatewayHost(this)));
+    await app.ready();
+    this.app = app;
+    this.server = app.server;
     this.server.on('upgrade', (req, socket, head) => this.upgrade(req, socket, head));
     this.server.requestTimeout = 0;
     this.server.keepAliveTimeout = limits.keepAliveTimeoutMs;
@@ -195,6 +216,7 @@ export class Gateway extends ClusterCore implements GatewayApi {
     const closed = new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
     this.server?.closeAllConnections();
     await closed;
+    await this.app?.close();
     await this.closeCore();
   }
 

@@ -19,7 +19,8 @@ import { Metrics } from './metrics.js';
 import { CeilingGuard } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
-import type { Served, ServedLab } from './served-lab.js';
+import type { KeyAdmin, OperationsApi, RouteHost, Served, ServedLab } from './served-lab.js';
+import { snapshotFor } from './snapshot-access.js';
 
 export interface DaemonOptions {
   home?: string;
@@ -48,7 +49,7 @@ export interface ProcessSpec {
   background?: boolean;
 }
 
-export class Daemon {
+export class Daemon implements RouteHost {
   readonly events: EventLog;
   readonly processes: Processes;
   readonly operations = new Operations();
@@ -218,24 +219,31 @@ export class Daemon {
    * without a key: the socket, the CLI); `remove`: its own only. Admin keys and the socket: all.
    * Not there or not the caller's: one answer, SNAPSHOT_NOT_FOUND, naming nothing else.
    */
-  async snapshotFor(name: string, caller: Caller, remove = false): Promise<SnapshotApi> {
-    const snap = await this.lab.snapshot(name).catch((e: unknown) => {
-      if (isSnaplabError(e, 'SNAPSHOT_NOT_FOUND')) return undefined;
-      throw e;
-    });
-    if (!snap || !this.snapshotVisible(caller, snap, remove))
-      throw new SnaplabError(
-        'SNAPSHOT_NOT_FOUND',
-        `no snapshot named ${JSON.stringify(name)}`,
-        'list them with GET /snapshots',
-      );
-    return snap;
+  snapshotFor(name: string, caller: Caller, remove = false): Promise<SnapshotApi> {
+    return snapshotFor(this, name, caller, remove);
   }
 
   snapshotVisible(caller: Caller, snap: SnapshotApi, remove = false): boolean {
     const owner = (snap.toJSON().owner as string | null | undefined) ?? null;
     return caller.scopes.has('admin') || owner === caller.key || (!remove && owner === null);
   }
+
+  /** The lab every request acts through: one for all callers (the routes keep each to its own). */
+  labFor(_caller: Caller): ServedLab {
+    return this.lab;
+  }
+
+  /** The daemon's long operations (one list for every caller). */
+  operationsFor(_caller: Caller): OperationsApi {
+    return { list: async () => this.operations.list(), get: (id, waitS) => this.operations.get(id, waitS) };
+  }
+
+  /** The daemon's API keys (its lab's store). */
+  readonly keyAdmin: KeyAdmin = {
+    list: async () => this.lab.keys.list(),
+    create: async (name, opts) => this.lab.keys.create(name, opts),
+    remove: async (name) => this.lab.keys.remove(name),
+  };
 
   /** Admin keys and the socket see every sandbox; other keys those they made. */
   visible(caller: Caller, box: { owner: string | null }): boolean {

@@ -1,6 +1,6 @@
 /**
- * Everything beside a sandbox: the event stream, metrics, traces, long operations, snapshots,
- * pools, images, scenarios and keys.
+ * Everything beside a sandbox: the event stream, metrics, long operations, pools, images and
+ * scenarios; and (routes-shared.ts, served by a cluster gateway too) traces, snapshots and keys.
  */
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
@@ -8,27 +8,26 @@ import { DEFAULT_IMAGE } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { PoolSpec } from '../lab/pools/admin.js';
-import type { Ceilings } from '../store/records.js';
 import type { EventRecord } from './served-lab.js';
 import type { Daemon } from './daemon.js';
-import { parseScopes, type Caller } from './keys.js';
+import { sharedRoutes } from './routes-shared.js';
 import { execView } from './routes-sandboxes.js';
-import { BuildBody, ImportBody, KeyBody, PoolBody, RunBody, ScenarioBody, errors } from './schemas.js';
+import { BuildBody, ImportBody, PoolBody, RunBody, ScenarioBody, errors } from './schemas.js';
 
 const any = Type.Object({}, { additionalProperties: true });
 const NameParams = Type.Object({ name: Type.String() });
 
 export async function adminRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   eventRoutes(app, d);
+  // traces, snapshots and keys: the routes a cluster gateway serves too (routes-shared.ts)
+  await sharedRoutes(app, d);
   metricsRoutes(app, d);
   operationRoutes(app, d);
-  snapshotRoutes(app, d);
   poolRoutes(app, d);
   poolRunRoute(app, d);
   imageRoutes(app, d);
   scenarioRoutes(app, d);
   scenarioControlRoutes(app, d);
-  keyRoutes(app, d);
 }
 
 function eventRoutes(app: FastifyInstance, d: Daemon): void {
@@ -112,50 +111,6 @@ function metricsRoutes(app: FastifyInstance, d: Daemon): void {
       return reply.header('content-type', 'text/plain; version=0.0.4').send(text);
     },
   );
-
-  // a key without admin sees the traces of its own machines only (by name or id), as with events
-  const ownTargets = async (caller: Caller): Promise<string[] | undefined> => {
-    const owner = d.ownedBy(caller);
-    if (owner === undefined) return undefined;
-    return (await d.lab.list({ owner, check: false })).flatMap((b) => [b.name, b.id]);
-  };
-  app.get(
-    '/traces',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags: ['traces'],
-        summary: 'Stored traces, newest first; `target=` (repeatable) those of these machines, scenarios or pools',
-        querystring: Type.Object({
-          limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })),
-          target: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
-        }),
-        response: { 200: Type.Array(any), ...errors },
-      },
-    },
-    async (req) => {
-      const q = req.query as { limit?: number; target?: string | string[] };
-      const own = await ownTargets(req.caller);
-      const asked = q.target === undefined ? undefined : [q.target].flat();
-      const targets = asked === undefined ? own : own ? asked.filter((t) => own.includes(t)) : asked;
-      return d.lab.traces({ limit: q.limit ?? 20, targets });
-    },
-  );
-  app.get(
-    '/traces/:id',
-    {
-      config: { scope: 'read' },
-      schema: { tags: ['traces'], params: Type.Object({ id: Type.String() }), response: { 200: any, ...errors } },
-    },
-    async (req) => {
-      const id = (req.params as { id: string }).id;
-      const t = await d.lab.trace(id);
-      const own = await ownTargets(req.caller);
-      if (!t || (own && !own.includes(t.target ?? '')))
-        throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${id}`, 'list them with GET /traces');
-      return t;
-    },
-  );
 }
 
 function operationRoutes(app: FastifyInstance, d: Daemon): void {
@@ -173,69 +128,11 @@ function operationRoutes(app: FastifyInstance, d: Daemon): void {
     },
     async () => ({ removed: await d.check() }),
   );
-  app.get(
-    '/operations',
-    { config: { scope: 'read' }, schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } },
-    async () => d.operations.list(),
-  );
-  app.get(
-    '/operations/:id',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags: ['operations'],
-        summary: 'A long operation; `wait=S` waits up to S seconds for its end',
-        params: Type.Object({ id: Type.String() }),
-        querystring: Type.Object({ wait: Type.Optional(Type.Number({ minimum: 0, maximum: 600 })) }),
-        response: { 200: any, ...errors },
-      },
-    },
-    async (req) => d.operations.get((req.params as { id: string }).id, (req.query as { wait?: number }).wait ?? 0),
-  );
-}
-
-function snapshotRoutes(app: FastifyInstance, d: Daemon): void {
-  // snapshots (made at POST /sandboxes/{id}/snapshots; restored by POST /sandboxes {snapshot})
-  app.get(
-    '/snapshots',
-    { config: { scope: 'read' }, schema: { tags: ['snapshots'], response: { 200: Type.Array(any), ...errors } } },
-    async (req) => (await d.lab.snapshots()).filter((s) => d.snapshotVisible(req.caller, s)).map((s) => s.toJSON()),
-  );
-  app.get(
-    '/snapshots/:name',
-    {
-      config: { scope: 'read' },
-      schema: { tags: ['snapshots'], params: NameParams, response: { 200: any, ...errors } },
-    },
-    async (req) => (await d.snapshotFor((req.params as { name: string }).name, req.caller)).toJSON(),
-  );
-  app.delete(
-    '/snapshots/:name',
-    {
-      config: { scope: 'exec' },
-      schema: { tags: ['snapshots'], params: NameParams, response: { 204: Type.Null(), ...errors } },
-    },
-    async (req, reply) => {
-      const name = (req.params as { name: string }).name;
-      await d.snapshotFor(name, req.caller, true);
-      await d.lab.removeSnapshot(name);
-      return reply.status(204).send();
-    },
-  );
 }
 
 function poolRoutes(app: FastifyInstance, d: Daemon): void {
-  // pools: the daemon holds each one, so it is refilled for as long as the daemon runs
-  app.get(
-    '/pools',
-    { config: { scope: 'read' }, schema: { tags: ['pools'], response: { 200: Type.Array(any), ...errors } } },
-    async () => d.lab.pools(),
-  );
-  app.get(
-    '/pools/:name',
-    { config: { scope: 'read' }, schema: { tags: ['pools'], params: NameParams, response: { 200: any, ...errors } } },
-    async (req) => d.lab.pool((req.params as { name: string }).name).stats(),
-  );
+  // pools: the daemon holds each one, so it is refilled for as long as the daemon runs (their
+  // reads are routes-shared.ts's)
   app.post(
     '/pools',
     {
@@ -537,57 +434,6 @@ function scenarioControlRoutes(app: FastifyInstance, d: Daemon): void {
       else if (b.action === 'unblock') await s.unblock(x!, y!);
       else if (b.action === 'partition') await s.partition(...(b.groups ?? []));
       else await s.heal();
-      return reply.status(204).send();
-    },
-  );
-}
-
-function keyRoutes(app: FastifyInstance, d: Daemon): void {
-  const keys = d.lab.keys;
-
-  // keys (admin)
-  app.get(
-    '/keys',
-    { config: { scope: 'admin' }, schema: { tags: ['keys'], response: { 200: Type.Array(any), ...errors } } },
-    async () => keys.list(),
-  );
-  app.post(
-    '/keys',
-    {
-      config: { scope: 'admin' },
-      schema: {
-        tags: ['keys'],
-        summary: 'Make a key; the response is the only time it is shown',
-        body: KeyBody,
-        response: { 201: any, ...errors },
-      },
-    },
-    async (req, reply) => {
-      const b = req.body as {
-        name: string;
-        scopes?: string[];
-        maxSandboxes?: number;
-        maxExecs?: number;
-        ceilings?: Partial<Ceilings>;
-      };
-      const { token, key } = keys.create(b.name, {
-        scopes: b.scopes ? parseScopes(b.scopes.join(',')) : undefined,
-        maxSandboxes: b.maxSandboxes,
-        maxExecs: b.maxExecs,
-        ceilings: b.ceilings,
-      });
-      const { hash: _h, ...shown } = key;
-      return reply.status(201).send({ ...shown, token });
-    },
-  );
-  app.delete(
-    '/keys/:name',
-    {
-      config: { scope: 'admin' },
-      schema: { tags: ['keys'], params: NameParams, response: { 204: Type.Null(), ...errors } },
-    },
-    async (req, reply) => {
-      keys.remove((req.params as { name: string }).name);
       return reply.status(204).send();
     },
   );

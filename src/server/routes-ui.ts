@@ -30,7 +30,6 @@ export const webRoot = (): string => join(packageRoot(), 'dist', 'web');
 export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   await staticFiles(app);
   usageRoutes(app, d);
-  takesRoute(app, d);
   benchRoutes(app, d);
 }
 
@@ -110,36 +109,6 @@ function usageRoutes(app: FastifyInstance, d: Daemon): void {
           ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
         })),
       );
-    },
-  );
-}
-
-function takesRoute(app: FastifyInstance, d: Daemon): void {
-  // every take of a pool's standbys (a pool run's take phase, or a take for the caller's own use),
-  // from the stored traces: takes by the CLI and the library count as well as the daemon's own.
-  // `after` is the cursor of the last answer (traces in the order they were stored); `now` is the
-  // daemon's clock, which the times are on
-  app.get(
-    '/pools/:name/takes',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags: ['pools'],
-        summary: 'The takes of a pool: those stored after a cursor, or that started in the last `since` ms',
-        params: Type.Object({ name: Type.String() }),
-        querystring: Type.Object({
-          after: Type.Optional(Type.Integer({ minimum: 0 })),
-          since: Type.Optional(Type.Integer({ minimum: 0, maximum: 86_400_000 })),
-        }),
-        response: { 200: any, ...errors },
-      },
-    },
-    async (req) => {
-      const name = (req.params as { name: string }).name;
-      const pool = d.lab.pool(name);
-      await pool.stats(); // POOL_NOT_FOUND for a pool that is not there
-      const q = req.query as { after?: number; since?: number };
-      return pool.takes(q);
     },
   );
 }

@@ -7,13 +7,23 @@
  * stream is kept in, and the host's images, scenarios and gc, which only the embedded Lab has so
  * far (not yet on the remote Lab).
  */
-import type { BufferOutput, LabApi, LabCreateOptions, LabRestoreOptions, PoolApi, SandboxApi } from '../sdk/api.js';
+import type {
+  BufferOutput,
+  LabApi,
+  LabCreateOptions,
+  LabRestoreOptions,
+  PoolApi,
+  SandboxApi,
+  SnapshotApi,
+} from '../sdk/api.js';
 import type { Lab } from '../sdk/lab.js';
 import type { Text } from '../sdk/output.js';
 import type { PoolSpec } from '../lab/pools/admin.js';
 import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { TraceSummary } from '../timing/trace.js';
-import type { EventRecord } from '../store/records.js';
+import type { ApiKeyRecord, EventRecord } from '../store/records.js';
+import type { KeyOptions } from '../lab/keys.js';
+import type { Caller } from './keys.js';
 
 export type { EventRecord } from '../store/records.js';
 
@@ -64,4 +74,37 @@ export interface ServedLab
   createPool(spec: PoolSpec, onProgress?: (ready: number, target: number) => void): Promise<ServedPool>;
   pool(name: string): ServedPool;
   readonly journal: EventJournal;
+}
+
+/** The API keys a server checks requests against: a daemon's (its store), a gateway's (the cluster's, in etcd). */
+export interface KeyAdmin {
+  list(): Promise<Omit<ApiKeyRecord, 'hash'>[]>;
+  /** the token is shown this once; the key keeps its hash only */
+  create(name: string, opts: KeyOptions): Promise<{ token: string; key: ApiKeyRecord }>;
+  /** KEY_NOT_FOUND when there is none of that name */
+  remove(name: string): Promise<void>;
+}
+
+/** Long operations (docs/api.md): a daemon's own, or a cluster's made of a part on each node. */
+export interface OperationsApi {
+  list(): Promise<unknown[]>;
+  /** its state, waiting up to `waitS` seconds for its end; OPERATION_NOT_FOUND when there is none */
+  get(id: string, waitS?: number): Promise<unknown>;
+}
+
+/**
+ * What the routes that a single daemon and a cluster gateway both serve (the same handlers,
+ * schemas and OpenAPI entries) need of the server: the Daemon over its embedded Lab, the
+ * gateway over a GatewayLab bound to each caller (cluster/gateway-host.ts).
+ */
+export interface RouteHost {
+  /** the lab a request acts through: the daemon's one lab, or the cluster acting for this caller */
+  labFor(caller: Caller): LabApi;
+  /** what `list` is asked for a caller: undefined for everything the caller's lab shows */
+  ownedBy(caller: Caller): string | undefined;
+  /** may the caller see (or, `remove`, remove) this snapshot of what its lab lists? */
+  snapshotVisible(caller: Caller, snap: SnapshotApi, remove?: boolean): boolean;
+  /** the long operations the caller may ask about */
+  operationsFor(caller: Caller): OperationsApi;
+  readonly keyAdmin: KeyAdmin;
 }

@@ -1,0 +1,217 @@
+/**
+ * The routes a single daemon and a cluster gateway serve with the same handlers, schemas and
+ * OpenAPI entries: traces, long operations, snapshots, pools' reads and API keys, over a RouteHost (served-lab.ts). A daemon
+ * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
+ * to the caller, whose nodes do the same.
+ */
+import type { FastifyInstance } from 'fastify';
+import { Type } from 'typebox';
+import { SnaplabError } from '../errors.js';
+import type { Ceilings } from '../store/records.js';
+import { parseScopes, type Caller } from './keys.js';
+import type { RouteHost } from './served-lab.js';
+import { snapshotFor } from './snapshot-access.js';
+import { KeyBody, errors } from './schemas.js';
+
+const any = Type.Object({}, { additionalProperties: true });
+const NameParams = Type.Object({ name: Type.String() });
+
+export async function sharedRoutes(app: FastifyInstance, h: RouteHost): Promise<void> {
+  traceRoutes(app, h);
+  operationRoutes(app, h);
+  snapshotRoutes(app, h);
+  poolReadRoutes(app, h);
+  keyRoutes(app, h);
+}
+
+function traceRoutes(app: FastifyInstance, h: RouteHost): void {
+  // a key without admin sees the traces of its own machines only (by name or id), as with events
+  const ownTargets = async (caller: Caller): Promise<string[] | undefined> => {
+    const owner = h.ownedBy(caller);
+    if (owner === undefined) return undefined;
+    return (await h.labFor(caller).list({ owner, check: false })).flatMap((b) => [b.name, b.id]);
+  };
+  app.get(
+    '/traces',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['traces'],
+        summary: 'Stored traces, newest first; `target=` (repeatable) those of these machines, scenarios or pools',
+        querystring: Type.Object({
+          limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })),
+          target: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
+        }),
+        response: { 200: Type.Array(any), ...errors },
+      },
+    },
+    async (req) => {
+      const q = req.query as { limit?: number; target?: string | string[] };
+      const own = await ownTargets(req.caller);
+      const asked = q.target === undefined ? undefined : [q.target].flat();
+      const targets = asked === undefined ? own : own ? asked.filter((t) => own.includes(t)) : asked;
+      return h.labFor(req.caller).traces({ limit: q.limit ?? 20, targets });
+    },
+  );
+  app.get(
+    '/traces/:id',
+    {
+      config: { scope: 'read' },
+      schema: { tags: ['traces'], params: Type.Object({ id: Type.String() }), response: { 200: any, ...errors } },
+    },
+    async (req) => {
+      const id = (req.params as { id: string }).id;
+      const t = await h.labFor(req.caller).trace(id);
+      const own = await ownTargets(req.caller);
+      if (!t || (own && !own.includes(t.target ?? '')))
+        throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${id}`, 'list them with GET /traces');
+      return t;
+    },
+  );
+}
+
+function operationRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/operations',
+    { config: { scope: 'read' }, schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } },
+    async (req) => h.operationsFor(req.caller).list(),
+  );
+  app.get(
+    '/operations/:id',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['operations'],
+        summary: 'A long operation; `wait=S` waits up to S seconds for its end',
+        params: Type.Object({ id: Type.String() }),
+        querystring: Type.Object({ wait: Type.Optional(Type.Number({ minimum: 0, maximum: 600 })) }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) =>
+      h.operationsFor(req.caller).get((req.params as { id: string }).id, (req.query as { wait?: number }).wait ?? 0),
+  );
+}
+
+function snapshotRoutes(app: FastifyInstance, h: RouteHost): void {
+  // snapshots (made at POST /sandboxes/{id}/snapshots; restored by POST /sandboxes {snapshot})
+  app.get(
+    '/snapshots',
+    { config: { scope: 'read' }, schema: { tags: ['snapshots'], response: { 200: Type.Array(any), ...errors } } },
+    async (req) =>
+      (await h.labFor(req.caller).snapshots()).filter((s) => h.snapshotVisible(req.caller, s)).map((s) => s.toJSON()),
+  );
+  app.get(
+    '/snapshots/:name',
+    {
+      config: { scope: 'read' },
+      schema: { tags: ['snapshots'], params: NameParams, response: { 200: any, ...errors } },
+    },
+    async (req) => (await snapshotFor(h, (req.params as { name: string }).name, req.caller)).toJSON(),
+  );
+  app.delete(
+    '/snapshots/:name',
+    {
+      config: { scope: 'exec' },
+      schema: { tags: ['snapshots'], params: NameParams, response: { 204: Type.Null(), ...errors } },
+    },
+    async (req, reply) => {
+      const name = (req.params as { name: string }).name;
+      await snapshotFor(h, name, req.caller, true);
+      await h.labFor(req.caller).removeSnapshot(name);
+      return reply.status(204).send();
+    },
+  );
+}
+
+/** A pool's counts (a cluster's: summed over the nodes that hold it), and the takes of its standbys. */
+function poolReadRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/pools',
+    { config: { scope: 'read' }, schema: { tags: ['pools'], response: { 200: Type.Array(any), ...errors } } },
+    async (req) => h.labFor(req.caller).pools(),
+  );
+  app.get(
+    '/pools/:name',
+    { config: { scope: 'read' }, schema: { tags: ['pools'], params: NameParams, response: { 200: any, ...errors } } },
+    async (req) =>
+      h
+        .labFor(req.caller)
+        .pool((req.params as { name: string }).name)
+        .stats(),
+  );
+  // every take of a pool's standbys (a pool run's take phase, or a take for the caller's own use),
+  // from the stored traces: takes by the CLI and the library count as well as the daemon's own.
+  // `after` is the cursor of the last answer (traces in the order they were stored; a cluster's:
+  // a time); `now` is the server's clock, which the times are on
+  app.get(
+    '/pools/:name/takes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['pools'],
+        summary: 'The takes of a pool: those stored after a cursor, or that started in the last `since` ms',
+        params: NameParams,
+        querystring: Type.Object({
+          after: Type.Optional(Type.Integer({ minimum: 0 })),
+          since: Type.Optional(Type.Integer({ minimum: 0, maximum: 86_400_000 })),
+        }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => {
+      const pool = h.labFor(req.caller).pool((req.params as { name: string }).name);
+      await pool.stats(); // POOL_NOT_FOUND for a pool that is not there
+      return pool.takes(req.query as { after?: number; since?: number });
+    },
+  );
+}
+
+function keyRoutes(app: FastifyInstance, h: RouteHost): void {
+  const keys = h.keyAdmin;
+  app.get(
+    '/keys',
+    { config: { scope: 'admin' }, schema: { tags: ['keys'], response: { 200: Type.Array(any), ...errors } } },
+    async () => keys.list(),
+  );
+  app.post(
+    '/keys',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['keys'],
+        summary: 'Make a key; the response is the only time it is shown',
+        body: KeyBody,
+        response: { 201: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as {
+        name: string;
+        scopes?: string[];
+        maxSandboxes?: number;
+        maxExecs?: number;
+        ceilings?: Partial<Ceilings>;
+      };
+      const { token, key } = await keys.create(b.name, {
+        scopes: b.scopes ? parseScopes(b.scopes.join(',')) : undefined,
+        maxSandboxes: b.maxSandboxes,
+        maxExecs: b.maxExecs,
+        ceilings: b.ceilings,
+      });
+      const { hash: _h, ...shown } = key;
+      return reply.status(201).send({ ...shown, token });
+    },
+  );
+  app.delete(
+    '/keys/:name',
+    {
+      config: { scope: 'admin' },
+      schema: { tags: ['keys'], params: NameParams, response: { 204: Type.Null(), ...errors } },
+    },
+    async (req, reply) => {
+      await keys.remove((req.params as { name: string }).name);
+      return reply.status(204).send();
+    },
+  );
+}
