@@ -323,7 +323,7 @@ describe('a cluster', () => {
     for (const t of [...ok.map((x) => x.body.id), admins.id]) await api(gateways[0]!, 'DELETE', `/sandboxes/${t}`);
   }, 60_000);
 
-  it("serves the daemon's own key routes over the cluster's keys, their bodies checked by the same schema", async () => {
+  it("serves the daemon's own key and scenario routes over the cluster, their bodies checked by the same schemas", async () => {
     const made = await api<{ name: string; token: string; scopes: string[]; hash?: string }>(
       gateways[0]!,
       'POST',
@@ -348,6 +348,12 @@ describe('a cluster', () => {
     expect((await api(gateways[0]!, 'DELETE', '/keys/via-gateway')).status).toBe(204);
     const again = await api<{ code: string }>(gateways[0]!, 'DELETE', '/keys/via-gateway');
     expect([again.status, again.body.code]).toEqual([404, 'KEY_NOT_FOUND']);
+    // scenarios the same way: asked of the nodes, their bodies checked by the daemon's schema
+    expect((await api<unknown[]>(gateways[0]!, 'GET', '/scenarios')).body).toEqual([]);
+    const none = await api<{ code: string }>(gateways[1]!, 'GET', '/scenarios/nope');
+    expect([none.status, none.body.code]).toEqual([404, 'SCENARIO_NOT_FOUND']);
+    const odd = await api<{ code: string }>(gateways[0]!, 'POST', '/scenarios', { file: '/x.yaml', colour: 'red' });
+    expect([odd.status, odd.body.code]).toEqual([400, 'BAD_INPUT']);
   });
 
   it('a create placed on a node that refuses connections is retried once elsewhere; bad /rpc frames are errors, not crashes', async () => {

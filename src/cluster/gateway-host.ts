@@ -11,13 +11,19 @@ import type { ClusterCore } from './core.js';
 import { GatewayLab } from './gateway-lab.js';
 import { createKeyEntry } from './keys.js';
 import { clusterOperations } from './operations.js';
+import { clusterAdmin } from './admin.js';
+import { clusterScenarios } from './scenarios.js';
 
 export function gatewayHost(core: ClusterCore): RouteHost {
   const { store } = core;
   return {
     labFor: (caller) => new GatewayLab(core, caller),
+    // on every node that answers (each needs the admin scope: the caller's key is passed on)
+    check: async (caller) => (await new GatewayLab(core, caller).check()).removed,
     ownedBy: () => undefined,
     snapshotVisible: () => true,
+    adminFor: (caller) => clusterAdmin(core, caller),
+    scenariosFor: (caller) => clusterScenarios(core, caller),
     operationsFor: (caller) => clusterOperations(core, caller),
     keyAdmin: {
       list: async () => (await store.keys()).map(({ hash: _h, ...k }) => k),

@@ -1,117 +1,27 @@
 /**
- * The gateway's routes: the single daemon's API (docs/api.md), each call answered by the node
- * that holds what it names, or by every node and merged (docs/cluster.md, "What the gateway
- * does with each call").
+ * The gateway's routes that are not yet the daemon's own (server/routes-shared.ts serves the
+ * rest, over the cluster): each call answered by the node that holds what it names, or by every
+ * node and merged (docs/cluster.md, "What the gateway does with each call").
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import { NO_CEILINGS } from '../lab/ceilings.js';
-import { keyValues } from '../lab/io/exec.js';
 import type { Caller } from '../server/keys.js';
 import { absentView, type GatewayApi } from './gateway-api.js';
-import { ask, asSnaplab, errorBody, readJson, sendJson, upstreamPath } from './proxy.js';
-import { statusOf } from '../server/http-errors.js';
-import type { NodeInfo } from './store.js';
-import { eligible } from './placement.js';
-import { composite, type Parts } from './operations.js';
+import { ask, readJson, sendJson } from './proxy.js';
 
 type Scope = 'read' | 'exec' | 'admin';
 type Handler = (req: IncomingMessage, res: ServerResponse, m: RegExpExecArray, caller: Caller) => Promise<void> | void;
 
-/** The request's query for a node, without `token=` (a client's key is not passed on). */
-const query = (req: IncomingMessage): string => {
-  const q = upstreamPath(req.url!).split('?')[1];
-  return q ? `?${q}` : '';
-};
 const dec = decodeURIComponent;
-
-/** Some nodes refused: the first refusal as the error (its status), with what the others did. */
-function partial(res: ServerResponse, refused: Parts['refused'], done: Record<string, unknown>): void {
-  const e = refused[0]!;
-  sendJson(res, statusOf((e.error.code as SnaplabError['code']) ?? 'INTERNAL'), {
-    ...e.error,
-    message: `node ${e.node} refused it: ${String(e.error.message)}`,
-    refused,
-    ...done,
-  });
-}
-
-/** Run a call on each node; what each answered, and which refused (with their errors). */
-async function onNodes<T>(
-  nodes: NodeInfo[],
-  call: (n: NodeInfo) => Promise<T>,
-): Promise<{ done: { node: string; value: T }[]; refused: Parts['refused'] }> {
-  const each = await Promise.allSettled(nodes.map(async (n) => ({ node: n.name, value: await call(n) })));
-  return {
-    done: each.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : [])),
-    refused: each.flatMap((r, i) =>
-      r.status === 'rejected' ? [{ node: nodes[i]!.name, error: errorBody(asSnaplab(r.reason)) }] : [],
-    ),
-  };
-}
 
 type Route = [method: string, path: RegExp, scope: Scope | null, handler: Handler];
 
-/** What several route groups share: a call on one sandbox, on each node, on the nodes that hold a thing. */
-function helpers(g: GatewayApi) {
-  /** A call on one sandbox: to its node, as it came. */
-  const toSandbox: Handler = async (req, res, m, c) => g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
-  /** The nodes the body's `placement.labels` (or all) name, for calls made on each node. */
-  const targets = (body: Record<string, unknown>): NodeInfo[] => {
-    const p = body.placement as { labels?: Record<string, string> } | undefined;
-    delete body.placement;
-    const ok = eligible(g.view.nodes.values(), { labels: p?.labels }, g.view.drained);
-    if (!Array.isArray(ok))
-      throw new SnaplabError('NODE_UNAVAILABLE', `no node to run it on: ${ok.reason}`, 'see `snaplab cluster nodes`');
-    return ok;
-  };
-  /** Start an operation on each node; one composite operation back. */
-  const onEach = async (
-    res: ServerResponse,
-    c: Caller,
-    nodes: NodeInfo[],
-    method: string,
-    path: string,
-    body: unknown,
-  ): Promise<void> => {
-    const { done, refused } = await onNodes(
-      nodes,
-      async (n) => (await ask<{ id: string }>(n.url, n.name, g.token, c, method, path, body)).value.id,
-    );
-    // refused everywhere: the first node's error, as a single daemon would give it
-    if (!done.length)
-      throw Object.assign(
-        new SnaplabError(
-          (refused[0]!.error.code as SnaplabError['code']) ?? 'INTERNAL',
-          String(refused[0]!.error.message),
-          refused[0]!.error.hint as string | undefined,
-        ),
-      );
-    // started on some: one operation, which fails at its end if any node refused (the error names it)
-    const ops = done.map((d) => ({ node: d.node, id: d.value }));
-    sendJson(res, 202, {
-      id: composite({ ops, refused }),
-      kind: `${method} ${path}`,
-      state: 'running',
-      progress: [],
-      result: null,
-      error: null,
-      nodes: ops.map((o) => o.node),
-      refused,
-    });
-  };
-  /** Where a named thing lives: the nodes whose answer for `path` is not a 404. */
-  const holders = async (c: Caller, path: string): Promise<NodeInfo[]> =>
-    (await g.askAll<unknown>(c, path))
-      .map((a) => g.view.nodes.get(a.node))
-      .filter((n): n is NodeInfo => n !== undefined);
-  const firstHolder = async (c: Caller, path: string, what: SnaplabError): Promise<NodeInfo> => {
-    const [n] = await holders(c, path);
-    if (!n) throw what;
-    return n;
-  };
-  return { toSandbox, targets, onEach, holders, firstHolder };
-}
+/** A call on one sandbox: to its node, as it came. */
+const toSandbox =
+  (g: GatewayApi): Handler =>
+  async (req, res, m, c) =>
+    g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
 
 /** Health, the API document, the caller, the nodes and the event stream. */
 function serviceRoutes(g: GatewayApi): Route[] {
@@ -184,29 +94,8 @@ function serviceRoutes(g: GatewayApi): Route[] {
 }
 
 function sandboxRoutes(g: GatewayApi): Route[] {
-  const { toSandbox } = helpers(g);
   return [
     ['POST', /^\/sandboxes$/, 'exec', (req, res, _m, c) => g.create(req, res, c)],
-    [
-      'GET',
-      /^\/sandboxes$/,
-      'read',
-      async (req, res, _m, c) => {
-        const q = new URL(req.url!, 'http://x').searchParams;
-        const labels = keyValues(q.getAll('label'), 'label');
-        const owner = q.get('owner');
-        const boxes = await g.lab(c).list({
-          labels,
-          ...(owner === null ? {} : { owner: owner || null }),
-          ...(q.get('check') === 'false' ? { check: false } : {}),
-        });
-        sendJson(
-          res,
-          200,
-          boxes.map((b) => b.toJSON()),
-        );
-      },
-    ],
     [
       'GET',
       /^\/sandboxes\/([^/]+)$/,
@@ -236,65 +125,7 @@ function sandboxRoutes(g: GatewayApi): Route[] {
         g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
       },
     ],
-    ['*', /^\/sandboxes\/([^/]+)(\/.+)?$/, 'exec', toSandbox],
-    // a check pass on every node (each needs admin: the gateway's key is passed on)
-    ['POST', /^\/check$/, 'admin', async (_q, res, _m, c) => sendJson(res, 200, await g.lab(c).check())],
-  ];
-}
-
-/** Define, resize and remove a pool: on each node it is (to be) on. */
-function poolChangeRoutes(g: GatewayApi): Route[] {
-  const { targets, onEach, holders } = helpers(g);
-  return [
-    [
-      'POST',
-      /^\/pools$/,
-      'admin',
-      async (req, res, _m, c) => {
-        const body = await readJson(req);
-        await onEach(res, c, targets(body), 'POST', '/pools', body);
-      },
-    ],
-    [
-      'PATCH',
-      /^\/pools\/([^/]+)$/,
-      'admin',
-      async (req, res, m, c) => {
-        const body = await readJson(req);
-        const nodes = await holders(c, `/pools/${m[1]}`);
-        if (!nodes.length)
-          throw new SnaplabError(
-            'POOL_NOT_FOUND',
-            `no pool named ${dec(m[1]!)} on any node`,
-            'define one: POST /pools',
-          );
-        await onEach(res, c, nodes, 'PATCH', `/pools/${m[1]}`, body);
-      },
-    ],
-    [
-      'DELETE',
-      /^\/pools\/([^/]+)$/,
-      'admin',
-      async (_q, res, m, c) => {
-        const nodes = await holders(c, `/pools/${m[1]}`);
-        if (!nodes.length)
-          throw new SnaplabError(
-            'POOL_NOT_FOUND',
-            `no pool named ${dec(m[1]!)} on any node`,
-            'list them with GET /pools',
-          );
-        // removing many standbys takes a while: no deadline but the node's own
-        const { done, refused } = await onNodes(
-          nodes,
-          async (n) =>
-            (await ask<{ removed: number }>(n.url, n.name, g.token, c, 'DELETE', `/pools/${m[1]}`, undefined, 0)).value
-              .removed,
-        );
-        const removed = done.reduce((a, d) => a + d.value, 0);
-        if (refused.length) return partial(res, refused, { removed, nodes: done.map((d) => d.node) });
-        sendJson(res, 200, { removed, nodes: done.map((d) => d.node) });
-      },
-    ],
+    ['*', /^\/sandboxes\/([^/]+)(\/.+)?$/, 'exec', toSandbox(g)],
   ];
 }
 
@@ -331,120 +162,6 @@ function poolRunRoute(g: GatewayApi): Route[] {
             g.runDone(node, dec(m[1]!));
           }
         }
-      },
-    ],
-  ];
-}
-
-function imageRoutes(g: GatewayApi): Route[] {
-  const { targets, onEach } = helpers(g);
-  return [
-    [
-      'GET',
-      /^\/images$/,
-      'read',
-      async (_q, res, _m, c) => {
-        const by = new Map<string, Record<string, unknown> & { nodes: string[] }>();
-        for (const a of await g.askAll<Record<string, unknown>[]>(c, '/images')) {
-          for (const i of a.value) {
-            const had = by.get(i.name as string);
-            if (had) had.nodes.push(a.node);
-            else by.set(i.name as string, { ...i, nodes: [a.node] });
-          }
-        }
-        sendJson(res, 200, [...by.values()]);
-      },
-    ],
-    [
-      'POST',
-      /^\/images\/(import|build)$/,
-      'admin',
-      async (req, res, m, c) => {
-        const body = await readJson(req);
-        await onEach(res, c, targets(body), 'POST', `/images/${m[1]}`, body);
-      },
-    ],
-    [
-      'DELETE',
-      /^\/images\/([^/]+)$/,
-      'admin',
-      async (req, res, m, c) => {
-        const q = query(req);
-        const nodes = [...g.view.nodes.values()].filter((n) => n.images.includes(dec(m[1]!)));
-        if (!nodes.length)
-          throw new SnaplabError(
-            'IMAGE_NOT_FOUND',
-            `no image named ${dec(m[1]!)} on any node`,
-            'list them with GET /images',
-          );
-        const { done, refused } = await onNodes(
-          nodes,
-          async (n) =>
-            (
-              await ask<Record<string, unknown>>(
-                n.url,
-                n.name,
-                g.token,
-                c,
-                'DELETE',
-                `/images/${m[1]}${q}`,
-                undefined,
-                0,
-              )
-            ).value,
-        );
-        if (refused.length) return partial(res, refused, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
-        sendJson(res, 200, { nodes: done.map((d) => ({ node: d.node, ...d.value })) });
-      },
-    ],
-  ];
-}
-
-function scenarioRoutes(g: GatewayApi): Route[] {
-  const { firstHolder } = helpers(g);
-  return [
-    [
-      'GET',
-      /^\/scenarios$/,
-      'read',
-      async (_q, res, _m, c) =>
-        sendJson(
-          res,
-          200,
-          (await g.askAll<Record<string, unknown>[]>(c, '/scenarios')).flatMap((a) =>
-            a.value.map((v) => ({ ...v, node: a.node })),
-          ),
-        ),
-    ],
-    [
-      'POST',
-      /^\/scenarios$/,
-      'admin',
-      async (req, res, _m, c) => {
-        // a scenario's machines share networks: all on one node, the emptiest of K
-        const body = await readJson(req);
-        const p = body.placement as { labels?: Record<string, string> } | undefined;
-        delete body.placement;
-        const n = await g.place({ labels: p?.labels });
-        const op = (await ask<{ id: string }>(n.url, n.name, g.token, c, 'POST', '/scenarios', body)).value;
-        sendJson(res, 202, { ...op, id: composite({ ops: [{ node: n.name, id: op.id }], refused: [] }), node: n.name });
-      },
-    ],
-    [
-      '*',
-      /^\/scenarios\/([^/]+)(\/(snapshot|reset|net))?$/,
-      'admin',
-      async (req, res, m, c) => {
-        const n = await firstHolder(
-          c,
-          `/scenarios/${m[1]}`,
-          new SnaplabError(
-            'SCENARIO_NOT_FOUND',
-            `no scenario named ${dec(m[1]!)} on any node`,
-            'list them with GET /scenarios',
-          ),
-        );
-        g.forward(req, res, n.name, c);
       },
     ],
   ];
@@ -506,15 +223,7 @@ function observeRoutes(g: GatewayApi): Route[] {
 export function clusterRoutes(
   g: GatewayApi,
 ): (req: IncomingMessage, res: ServerResponse) => (() => Promise<void>) | undefined {
-  const routes: Route[] = [
-    ...serviceRoutes(g),
-    ...sandboxRoutes(g),
-    ...poolChangeRoutes(g),
-    ...poolRunRoute(g),
-    ...imageRoutes(g),
-    ...scenarioRoutes(g),
-    ...observeRoutes(g),
-  ];
+  const routes: Route[] = [...serviceRoutes(g), ...sandboxRoutes(g), ...poolRunRoute(g), ...observeRoutes(g)];
   return (req, res) => {
     const path = new URL(req.url!, 'http://x').pathname;
     for (const [method, re, scope, handler] of routes) {

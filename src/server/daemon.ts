@@ -19,7 +19,8 @@ import { Metrics } from './metrics.js';
 import { CeilingGuard } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
-import type { KeyAdmin, OperationsApi, RouteHost, Served, ServedLab } from './served-lab.js';
+import type { AdminApi, KeyAdmin, OperationsApi, RouteHost, ScenariosApi, Served, ServedLab } from './served-lab.js';
+import { labAdmin, labScenarios } from './lab-admin.js';
 import { snapshotFor } from './snapshot-access.js';
 
 export interface DaemonOptions {
@@ -55,6 +56,8 @@ export class Daemon implements RouteHost {
   readonly operations = new Operations();
   readonly metrics = new Metrics();
   readonly ceilings: CeilingGuard;
+  private readonly admin: AdminApi;
+  private readonly scenarios: ScenariosApi;
   readonly opts: typeof DEFAULTS;
   private readonly cache = new Map<string, SandboxApi>();
   private readonly execs = new Map<string, number>();
@@ -82,6 +85,8 @@ export class Daemon implements RouteHost {
     this.events = new EventLog(lab.journal);
     this.processes = new Processes();
     this.ceilings = new CeilingGuard(lab);
+    this.admin = labAdmin(lab, this.operations);
+    this.scenarios = labScenarios(lab, this.operations);
     this.log = opts.log ?? (() => {});
   }
 
@@ -231,6 +236,16 @@ export class Daemon implements RouteHost {
   /** The lab every request acts through: one for all callers (the routes keep each to its own). */
   labFor(_caller: Caller): ServedLab {
     return this.lab;
+  }
+
+  /** Its lab's pools and images, each long change one of its operations. */
+  adminFor(_caller: Caller): AdminApi {
+    return this.admin;
+  }
+
+  /** Its lab's scenarios. */
+  scenariosFor(_caller: Caller): ScenariosApi {
+    return this.scenarios;
   }
 
   /** The daemon's long operations (one list for every caller). */

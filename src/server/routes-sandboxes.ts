@@ -1,4 +1,4 @@
-/** Sandboxes: create (image, snapshot or pool), list, get, destroy, pause, resume, timeout, labels, snapshots, one-shot exec. */
+/** Sandboxes: create (image, snapshot or pool), get, destroy, pause, resume, timeout, labels, snapshots, one-shot exec. */
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import type { Daemon } from './daemon.js';
@@ -14,7 +14,6 @@ import {
   errors,
 } from './schemas.js';
 import type { ExecResult } from '../lab/io/sandbox-ops.js';
-import { keyValues } from '../lab/io/exec.js';
 
 export function execView(r: ExecResult, encoding: 'utf8' | 'base64' = 'utf8'): Record<string, unknown> {
   return {
@@ -39,7 +38,7 @@ export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<vo
   execAndSnapshotRoutes(app, d);
 }
 
-/** Create, list, get, destroy. */
+/** Create, get, destroy (the list is routes-shared.ts's). */
 function lifecycleRoutes(app: FastifyInstance, d: Daemon): void {
   app.post(
     '/sandboxes',
@@ -56,34 +55,6 @@ function lifecycleRoutes(app: FastifyInstance, d: Daemon): void {
       const box = await d.create(req.caller, req.body as CreateBody);
       req.opId = box.lastTrace?.id ?? null;
       return reply.status(201).send(d.view(box));
-    },
-  );
-
-  app.get(
-    '/sandboxes',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags,
-        summary:
-          'List sandboxes; `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none); `check=false` reads the records without checking the host',
-        querystring: Type.Object({
-          label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
-          owner: Type.Optional(Type.String()),
-          check: Type.Optional(Type.Boolean()),
-        }),
-        response: { 200: Type.Array(SandboxView), ...errors },
-      },
-    },
-    async (req) => {
-      const q = req.query as { label?: string | string[]; owner?: string; check?: boolean };
-      const labels = keyValues([q.label ?? []].flat(), 'label filter');
-      const asked = q.owner === undefined ? undefined : q.owner || null;
-      const mine = d.ownedBy(req.caller);
-      // a key without admin sees its own: asking for another's gives nothing
-      if (mine !== undefined && asked !== undefined && asked !== mine) return [];
-      const boxes = await d.lab.list({ labels, owner: mine ?? asked, check: q.check });
-      return boxes.map((b) => d.view(b));
     },
   );
 

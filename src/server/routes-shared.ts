@@ -1,6 +1,7 @@
 /**
  * The routes a single daemon and a cluster gateway serve with the same handlers, schemas and
- * OpenAPI entries: traces, long operations, snapshots, pools' reads and API keys, over a RouteHost (served-lab.ts). A daemon
+ * OpenAPI entries: the list of sandboxes and a check pass, traces, long operations, snapshots, pools (but their runs), images, scenarios
+ * (routes-scenarios.ts) and API keys, over a RouteHost (served-lab.ts). A daemon
  * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
  * to the caller, whose nodes do the same.
  */
@@ -10,18 +11,71 @@ import { SnaplabError } from '../errors.js';
 import type { Ceilings } from '../store/records.js';
 import { parseScopes, type Caller } from './keys.js';
 import type { RouteHost } from './served-lab.js';
+import { scenarioRoutesOf } from './routes-scenarios.js';
 import { snapshotFor } from './snapshot-access.js';
-import { KeyBody, errors } from './schemas.js';
+import { BuildBody, ImportBody, KeyBody, PoolBody, SandboxView, errors } from './schemas.js';
+import { keyValues } from '../lab/io/exec.js';
+import type { PoolSpec } from '../lab/pools/admin.js';
+import type { DebianSpec } from '../image/debian.js';
 
 const any = Type.Object({}, { additionalProperties: true });
 const NameParams = Type.Object({ name: Type.String() });
 
 export async function sharedRoutes(app: FastifyInstance, h: RouteHost): Promise<void> {
+  listRoutes(app, h);
   traceRoutes(app, h);
   operationRoutes(app, h);
   snapshotRoutes(app, h);
   poolReadRoutes(app, h);
+  poolChangeRoutes(app, h);
+  imageRoutes(app, h);
+  scenarioRoutesOf(app, h);
   keyRoutes(app, h);
+}
+
+/** The sandboxes a caller may see (a cluster's: asked of every node and merged), and a check pass. */
+function listRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/sandboxes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['sandboxes'],
+        summary:
+          'List sandboxes; `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none); `check=false` reads the records without checking the host',
+        querystring: Type.Object({
+          label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
+          owner: Type.Optional(Type.String()),
+          check: Type.Optional(Type.Boolean()),
+        }),
+        response: { 200: Type.Array(SandboxView), ...errors },
+      },
+    },
+    async (req) => {
+      const q = req.query as { label?: string | string[]; owner?: string; check?: boolean };
+      const labels = keyValues([q.label ?? []].flat(), 'label filter');
+      const asked = q.owner === undefined ? undefined : q.owner || null;
+      const mine = h.ownedBy(req.caller);
+      // a key without admin sees its own: asking for another's gives nothing
+      if (mine !== undefined && asked !== undefined && asked !== mine) return [];
+      const boxes = await h.labFor(req.caller).list({ labels, owner: mine ?? asked, check: q.check });
+      return boxes.map((b) => b.toJSON());
+    },
+  );
+  // a daemon's tick runs this every few seconds; a client (a gateway, a test) may ask for one now
+  app.post(
+    '/check',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['sandboxes'],
+        summary:
+          "A check pass now: every sandbox's record against the host, and what an interrupted create left removed (each told of as failed)",
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => ({ removed: await h.check(req.caller) }),
+  );
 }
 
 function traceRoutes(app: FastifyInstance, h: RouteHost): void {
@@ -164,6 +218,111 @@ function poolReadRoutes(app: FastifyInstance, h: RouteHost): void {
       await pool.stats(); // POOL_NOT_FOUND for a pool that is not there
       return pool.takes(req.query as { after?: number; since?: number });
     },
+  );
+}
+
+/** Define, resize and remove a pool (a cluster's: on each node it is, or is to be, on). */
+function poolChangeRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.post(
+    '/pools',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Define a pool; returns an operation that ends when its standbys are ready',
+        body: PoolBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => reply.status(202).send(await h.adminFor(req.caller).createPool(req.body as PoolSpec)),
+  );
+  app.patch(
+    '/pools/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Resize (returns an operation)',
+        params: NameParams,
+        body: Type.Object({ size: Type.Integer({ minimum: 0 }) }),
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const name = (req.params as { name: string }).name;
+      return reply.status(202).send(await h.adminFor(req.caller).resizePool(name, (req.body as { size: number }).size));
+    },
+  );
+  app.delete(
+    '/pools/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        params: NameParams,
+        response: {
+          200: Type.Object({
+            removed: Type.Integer(),
+            nodes: Type.Optional(Type.Array(Type.String(), { description: "a cluster's: the nodes it was on" })),
+          }),
+          ...errors,
+        },
+      },
+    },
+    async (req) => h.adminFor(req.caller).removePool((req.params as { name: string }).name),
+  );
+}
+
+/** Images (a cluster's: each node's, by name, with the nodes that have it; made on each node). */
+function imageRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/images',
+    { config: { scope: 'read' }, schema: { tags: ['images'], response: { 200: Type.Array(any), ...errors } } },
+    async (req) => h.adminFor(req.caller).images(),
+  );
+  app.post(
+    '/images/import',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        summary: "Import a rootfs/docker/OCI archive on the daemon's host (returns an operation)",
+        body: ImportBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) =>
+      reply.status(202).send(await h.adminFor(req.caller).importImage(req.body as { source: string; name: string })),
+  );
+  app.post(
+    '/images/build',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        summary: 'Build a Debian image (returns an operation)',
+        body: BuildBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) =>
+      reply.status(202).send(await h.adminFor(req.caller).buildImage(req.body as { spec: DebianSpec; name?: string })),
+  );
+  app.delete(
+    '/images/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        params: NameParams,
+        querystring: Type.Object({ force: Type.Optional(Type.Boolean()) }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) =>
+      h
+        .adminFor(req.caller)
+        .removeImage((req.params as { name: string }).name, (req.query as { force?: boolean }).force),
   );
 }
 

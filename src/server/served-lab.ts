@@ -9,6 +9,7 @@
  */
 import type {
   BufferOutput,
+  CheckResult,
   LabApi,
   LabCreateOptions,
   LabRestoreOptions,
@@ -23,6 +24,7 @@ import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { ApiKeyRecord, EventRecord } from '../store/records.js';
 import type { KeyOptions } from '../lab/keys.js';
+import type { DebianSpec } from '../image/debian.js';
 import type { Caller } from './keys.js';
 
 export type { EventRecord } from '../store/records.js';
@@ -92,6 +94,48 @@ export interface OperationsApi {
   get(id: string, waitS?: number): Promise<unknown>;
 }
 
+/** Where a cluster gateway runs a change made on each node (a single daemon refuses it). */
+export interface Placement {
+  placement?: { labels?: Record<string, string> };
+}
+
+/**
+ * An admin's changes beside LabApi, which run long or (in a cluster) on each node: pools defined,
+ * resized and removed, images imported, built and removed. A long one answers an operation
+ * (OperationsApi follows it); a cluster's is one made of a part on each node.
+ */
+export interface AdminApi {
+  createPool(spec: PoolSpec & Placement): Promise<unknown>;
+  resizePool(name: string, size: number): Promise<unknown>;
+  /** how many standbys were removed (a cluster's: and on which nodes) */
+  removePool(name: string): Promise<{ removed: number }>;
+  images(): Promise<unknown[]>;
+  importImage(b: { source: string; name: string } & Placement): Promise<unknown>;
+  buildImage(b: { spec: DebianSpec; name?: string } & Placement): Promise<unknown>;
+  removeImage(name: string, force?: boolean): Promise<unknown>;
+}
+
+/** A scenario's network fault (POST /scenarios/{name}/net). */
+export interface NetFault {
+  action: 'block' | 'unblock' | 'partition' | 'heal';
+  machines?: string[];
+  groups?: string[][];
+}
+
+/**
+ * Scenarios on the server's host (a cluster's: each on one node, its machines sharing networks).
+ * `up` answers an operation; the others the scenario's own answers.
+ */
+export interface ScenariosApi {
+  list(): Promise<unknown[]>;
+  status(name: string): Promise<unknown>;
+  up(b: { file: string; name?: string; driver?: string } & Placement): Promise<unknown>;
+  down(name: string): Promise<unknown>;
+  snapshot(name: string, snapshot: string): Promise<unknown>;
+  reset(name: string, to?: string): Promise<unknown>;
+  net(name: string, fault: NetFault): Promise<void>;
+}
+
 /**
  * What the routes that a single daemon and a cluster gateway both serve (the same handlers,
  * schemas and OpenAPI entries) need of the server: the Daemon over its embedded Lab, the
@@ -100,10 +144,16 @@ export interface OperationsApi {
 export interface RouteHost {
   /** the lab a request acts through: the daemon's one lab, or the cluster acting for this caller */
   labFor(caller: Caller): LabApi;
+  /** a check pass now (a daemon's tells each removal as an event; a cluster's runs on every node) */
+  check(caller: Caller): Promise<CheckResult['removed']>;
   /** what `list` is asked for a caller: undefined for everything the caller's lab shows */
   ownedBy(caller: Caller): string | undefined;
   /** may the caller see (or, `remove`, remove) this snapshot of what its lab lists? */
   snapshotVisible(caller: Caller, snap: SnapshotApi, remove?: boolean): boolean;
+  /** an admin's changes (the routes require the admin scope) */
+  adminFor(caller: Caller): AdminApi;
+  /** scenarios (the routes require the admin scope for changes) */
+  scenariosFor(caller: Caller): ScenariosApi;
   /** the long operations the caller may ask about */
   operationsFor(caller: Caller): OperationsApi;
   readonly keyAdmin: KeyAdmin;
