@@ -354,6 +354,11 @@ describe('a cluster', () => {
     expect([none.status, none.body.code]).toEqual([404, 'SCENARIO_NOT_FOUND']);
     const odd = await api<{ code: string }>(gateways[0]!, 'POST', '/scenarios', { file: '/x.yaml', colour: 'red' });
     expect([odd.status, odd.body.code]).toEqual([400, 'BAD_INPUT']);
+    // usage: each node's machines, each with its node
+    const box = (await api<{ id: string; node: string }>(gateways[0]!, 'POST', '/sandboxes', {})).body;
+    const usage = (await api<{ id: string; node: string }[]>(gateways[1]!, 'GET', '/usage')).body;
+    expect(usage.find((u) => u.id === box.id)).toMatchObject({ id: box.id, node: box.node });
+    expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${box.id}`)).status).toBe(204);
   });
 
   it('a create placed on a node that refuses connections is retried once elsewhere; bad /rpc frames are errors, not crashes', async () => {

@@ -28,7 +28,6 @@ export interface GatewayApi {
   create(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void>;
   askAll<T>(caller: Caller, path: string, nodes?: Iterable<NodeInfo>): Promise<{ node: string; value: T }[]>;
   forward(req: IncomingMessage, res: ServerResponse, node: string, caller: Caller): void;
-  events(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void>;
   health(): Record<string, unknown>;
   /** the cluster as a LabApi acting for this caller (the GatewayLab): routes answer through it */
   lab(caller: Caller): LabApi;

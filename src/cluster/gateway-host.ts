@@ -13,6 +13,8 @@ import { createKeyEntry } from './keys.js';
 import { clusterOperations } from './operations.js';
 import { clusterAdmin } from './admin.js';
 import { clusterScenarios } from './scenarios.js';
+import { clusterEvents } from './events.js';
+import { runInPool } from './pool-run.js';
 
 export function gatewayHost(core: ClusterCore): RouteHost {
   const { store } = core;
@@ -22,6 +24,14 @@ export function gatewayHost(core: ClusterCore): RouteHost {
     check: async (caller) => (await new GatewayLab(core, caller).check()).removed,
     ownedBy: () => undefined,
     snapshotVisible: () => true,
+    runPool: (caller, pool, body) => runInPool(core, caller, pool, body),
+    usage: async (caller) =>
+      (await core.askAll<Record<string, unknown>[]>(caller, '/usage')).flatMap((a) =>
+        a.value.map((u) => ({ ...u, node: a.node })),
+      ),
+    // one sandbox's stream is its node's (process events included); the cluster's is the store's
+    streamEvents: (caller, req, res, q) =>
+      q.sandbox ? new GatewayLab(core, caller).forward(q.sandbox, req, res) : clusterEvents(core, req, res, caller),
     adminFor: (caller) => clusterAdmin(core, caller),
     scenariosFor: (caller) => clusterScenarios(core, caller),
     operationsFor: (caller) => clusterOperations(core, caller),

@@ -8,7 +8,7 @@ import { SnaplabError } from '../errors.js';
 import { NO_CEILINGS } from '../lab/ceilings.js';
 import type { Caller } from '../server/keys.js';
 import { absentView, type GatewayApi } from './gateway-api.js';
-import { ask, readJson, sendJson } from './proxy.js';
+import { ask, sendJson } from './proxy.js';
 
 type Scope = 'read' | 'exec' | 'admin';
 type Handler = (req: IncomingMessage, res: ServerResponse, m: RegExpExecArray, caller: Caller) => Promise<void> | void;
@@ -23,7 +23,7 @@ const toSandbox =
   async (req, res, m, c) =>
     g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
 
-/** Health, the API document, the caller, the nodes and the event stream. */
+/** Health, the API document, the caller and the nodes. */
 function serviceRoutes(g: GatewayApi): Route[] {
   return [
     ['GET', /^\/healthz$/, null, (_q, res) => sendJson(res, 200, g.health())],
@@ -80,16 +80,6 @@ function serviceRoutes(g: GatewayApi): Route[] {
           [...g.view.nodes.values()].map((n) => ({ ...n, drained: g.view.drained.has(n.name) })),
         ),
     ],
-    [
-      'GET',
-      /^\/events$/,
-      'read',
-      (req, res, _m, c) => {
-        const sandbox = new URL(req.url!, 'http://x').searchParams.get('sandbox');
-        // one sandbox's stream is its node's (process events included); the cluster's is the store's
-        return sandbox ? g.nodeOf(sandbox, c).then((n) => g.forward(req, res, n, c)) : g.events(req, res, c);
-      },
-    ],
   ];
 }
 
@@ -129,60 +119,9 @@ function sandboxRoutes(g: GatewayApi): Route[] {
   ];
 }
 
-/** A pool run: on the node placement chooses, once more elsewhere if that node could not be reached. */
-function poolRunRoute(g: GatewayApi): Route[] {
-  return [
-    [
-      'POST',
-      /^\/pools\/([^/]+)\/run$/,
-      'exec',
-      async (req, res, m, c) => {
-        const body = await readJson(req);
-        const tried = new Set<string>();
-        for (;;) {
-          const node = await g.placeRun(dec(m[1]!), tried);
-          try {
-            // as long as the command may run (its own deadline, or the daemon's 60 s default), and a margin
-            const ms = typeof body.timeoutMs === 'number' ? body.timeoutMs : 60_000;
-            const r = await ask<Record<string, unknown>>(
-              g.node(node).url,
-              node,
-              g.token,
-              c,
-              'POST',
-              `/pools/${m[1]}/run`,
-              body,
-              ms > 0 ? ms + 30_000 : 0,
-            );
-            return sendJson(res, 200, { ...r.value, node });
-          } catch (e) {
-            if (!(e as { connect?: boolean }).connect || tried.size) throw e;
-            tried.add(node);
-          } finally {
-            g.runDone(node, dec(m[1]!));
-          }
-        }
-      },
-    ],
-  ];
-}
-
-/** Usage and the gateway's own metrics. */
+/** The gateway's own metrics. */
 function observeRoutes(g: GatewayApi): Route[] {
   return [
-    [
-      'GET',
-      /^\/usage$/,
-      'read',
-      async (_q, res, _m, c) =>
-        sendJson(
-          res,
-          200,
-          (await g.askAll<Record<string, unknown>[]>(c, '/usage')).flatMap((a) =>
-            a.value.map((u) => ({ ...u, node: a.node })),
-          ),
-        ),
-    ],
     [
       'GET',
       /^\/metrics$/,
@@ -223,7 +162,7 @@ function observeRoutes(g: GatewayApi): Route[] {
 export function clusterRoutes(
   g: GatewayApi,
 ): (req: IncomingMessage, res: ServerResponse) => (() => Promise<void>) | undefined {
-  const routes: Route[] = [...serviceRoutes(g), ...sandboxRoutes(g), ...poolRunRoute(g), ...observeRoutes(g)];
+  const routes: Route[] = [...serviceRoutes(g), ...sandboxRoutes(g), ...observeRoutes(g)];
   return (req, res) => {
     const path = new URL(req.url!, 'http://x').pathname;
     for (const [method, re, scope, handler] of routes) {
@@ -232,7 +171,7 @@ export function clusterRoutes(
       if (!m) continue;
       // every GET but the keys' needs read; other methods the route's scope (the node checks its own again)
       const need: Scope | null = scope === null ? null : req.method === 'GET' ? 'read' : scope;
-      return async () => handler(req, res, m, need ? g.authenticate(req, need, path === '/events') : ANONYMOUS);
+      return async () => handler(req, res, m, need ? g.authenticate(req, need) : ANONYMOUS);
     }
     if (path === '/' || path.startsWith('/assets/') || path.startsWith('/bench'))
       return async () => {

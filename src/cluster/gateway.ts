@@ -5,7 +5,9 @@
  * etcd (view.ts keeps a watched copy), so several can run at once and any can serve any call.
  *
  * The gateway is ClusterCore (core.ts: placement, claims, lookups, shared with the in-process
- * GatewayLab) plus this HTTP server.
+ * GatewayLab) plus this HTTP server: the daemon's Fastify app (server/app.ts) with the routes a
+ * daemon and a gateway share (server/routes-shared.ts) over the cluster (gateway-host.ts), and,
+ * asked first, the gateway's own routes for what those do not serve yet (gateway-routes.ts).
  *
  * - A create is placed (placement.ts), its name taken in the store for that node before it
  *   starts, then sent on (create.ts); one that never reached its node is placed once more, elsewhere.
@@ -27,7 +29,6 @@ import { clusterRoutes } from './gateway-routes.js';
 import { ask, asSnaplab, errorBody, forward, readJson, sendError, sendJson } from './proxy.js';
 import { statusOf } from '../server/http-errors.js';
 import type { PlacementRequest } from './placement.js';
-import { clusterEvents } from './events.js';
 import { ClusterCore, openCluster, type ClusterParts } from './core.js';
 import { placeCreate } from './create.js';
 import { GatewayLab } from './gateway-lab.js';
@@ -88,7 +89,9 @@ export class Gateway extends ClusterCore implements GatewayApi {
       websocket: false,
       // an operation's id names each node's part and each refusal (operations.ts)
       maxParamLength: 16_384,
-      caller: (req, scope) => (scope ? this.authenticate(req.raw, scope) : undefined),
+      // ?token= only where a browser cannot send a header: the event stream (WebSockets: upgrade())
+      caller: (req, scope) =>
+        scope ? this.authenticate(req.raw, scope, req.routeOptions.url === '/events') : undefined,
       serverFactory: (handler) =>
         createServer(timeouts, (req, res) => {
           const t0 = performance.now();
@@ -196,10 +199,6 @@ export class Gateway extends ClusterCore implements GatewayApi {
     } catch (e) {
       refuse(e);
     }
-  }
-
-  events(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void> {
-    return clusterEvents(this, req, res, caller);
   }
 
   lab(caller: Caller): GatewayLab {

@@ -19,9 +19,22 @@ import { Metrics } from './metrics.js';
 import { CeilingGuard } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
-import type { AdminApi, KeyAdmin, OperationsApi, RouteHost, ScenariosApi, Served, ServedLab } from './served-lab.js';
-import { labAdmin, labScenarios } from './lab-admin.js';
+import type {
+  AdminApi,
+  EventQuery,
+  EventRecord,
+  KeyAdmin,
+  OperationsApi,
+  PoolRunBody,
+  RouteHost,
+  ScenariosApi,
+  Served,
+  ServedLab,
+} from './served-lab.js';
+import { labAdmin, labScenarios, labUsage } from './lab-admin.js';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { snapshotFor } from './snapshot-access.js';
+import { execView } from './exec-view.js';
 
 export interface DaemonOptions {
   home?: string;
@@ -241,6 +254,85 @@ export class Daemon implements RouteHost {
   /** Its lab's pools and images, each long change one of its operations. */
   adminFor(_caller: Caller): AdminApi {
     return this.admin;
+  }
+
+  /** A command in a fresh sandbox of the pool: held to the key's exec quota and ceilings while it runs. */
+  async runPool(caller: Caller, name: string, b: PoolRunBody): Promise<Record<string, unknown>> {
+    // the run's sandbox is a standby like a take's: held to the key's ceilings while it runs
+    const ceiling = await this.ceilings.claim(caller, { pool: name });
+    let release = (): void => ceiling.release();
+    try {
+      const exec = this.claimExec(caller);
+      release = () => {
+        exec();
+        ceiling.release();
+      };
+      const r = await this.lab.pool(name).run(b.argv, {
+        env: b.env,
+        cwd: b.cwd,
+        user: b.user,
+        timeoutMs: this.deadline(b.timeoutMs),
+        encoding: 'buffer',
+        ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+      });
+      if (r.trace) this.metrics.observeTrace(r.trace);
+      return {
+        ...execView(r, b.encoding),
+        sandbox: r.sandbox,
+        hit: r.hit,
+        recycled: r.recycled,
+        operationId: r.trace?.id ?? null,
+      };
+    } finally {
+      release();
+    }
+  }
+
+  /** Every visible machine's memory, pids and CPU time now, from its cgroup. */
+  usage(caller: Caller): Promise<unknown[]> {
+    return labUsage(this.lab, this.ownedBy(caller));
+  }
+
+  /**
+   * The event log as server-sent events, with ids: replayed after `q.after` (else from now), then
+   * live. A key without admin is told of its own sandboxes only.
+   */
+  streamEvents(caller: Caller, _req: IncomingMessage, res: ServerResponse, q: EventQuery): void {
+    let after = q.after ?? this.lab.journal.lastId();
+    res.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      'x-accel-buffering': 'no',
+    });
+    const all = caller.scopes.has('admin');
+    const write = (e: EventRecord): void => {
+      if (e.id <= after) return;
+      after = e.id;
+      if (q.sandbox && e.sandbox !== q.sandbox && e.name !== q.sandbox) return;
+      if (!all && (!e.sandbox || e.data?.owner !== caller.key)) return;
+      // a reader that does not keep up is let go: it reconnects with Last-Event-ID and misses nothing
+      if (res.writableLength > 1 << 20) return void res.destroy();
+      res.write(
+        `id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify({ ...e, at: new Date(e.at).toISOString() })}\n\n`,
+      );
+    };
+    // listen first, then replay: nothing falls between the two
+    const queued: EventRecord[] = [];
+    let live = false;
+    const onEvent = (e: EventRecord): void => (live ? write(e) : void queued.push(e));
+    this.events.on('event', onEvent);
+    for (let batch = this.events.after(after); batch.length; batch = this.events.after(after)) batch.forEach(write);
+    live = true;
+    queued.forEach(write);
+    res.write(': connected\n\n');
+    const keepalive = setInterval(() => res.write(': keepalive\n\n'), 15_000);
+    const untrack = this.track(caller, { close: () => res.destroy() });
+    res.on('close', () => {
+      clearInterval(keepalive);
+      this.events.off('event', onEvent);
+      untrack();
+    });
   }
 
   /** Its lab's scenarios. */

@@ -6,6 +6,8 @@
 import { DEFAULT_IMAGE } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { Operations } from './operations.js';
+import { cgroupFor, stats } from '../host/cgroups/cgroups.js';
+import { orElse } from '../cleanup.js';
 import type { AdminApi, Placement, ScenariosApi, ServedLab } from './served-lab.js';
 
 /** A placement names a cluster's nodes: a single daemon has none to choose from. */
@@ -95,4 +97,17 @@ export function labScenarios(lab: ServedLab, operations: Operations): ScenariosA
       else await s.heal();
     },
   };
+}
+
+/** The memory, pids and CPU time of the lab's running and paused machines (of `owner`'s, if named), from their cgroups. */
+export async function labUsage(lab: ServedLab, owner: string | undefined): Promise<unknown[]> {
+  const at = Date.now();
+  const recs = (await lab.list({ owner, check: false })).filter((r) => r.state === 'running' || r.state === 'paused');
+  return Promise.all(
+    recs.map(async (r) => ({
+      id: r.id,
+      at,
+      ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
+    })),
+  );
 }

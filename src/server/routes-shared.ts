@@ -1,6 +1,6 @@
 /**
  * The routes a single daemon and a cluster gateway serve with the same handlers, schemas and
- * OpenAPI entries: the list of sandboxes and a check pass, traces, long operations, snapshots, pools (but their runs), images, scenarios
+ * OpenAPI entries: the event stream, usage, the list of sandboxes and a check pass, traces, long operations, snapshots, pools and their runs, images, scenarios
  * (routes-scenarios.ts) and API keys, over a RouteHost (served-lab.ts). A daemon
  * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
  * to the caller, whose nodes do the same.
@@ -8,12 +8,13 @@
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
+import { statusOf, toSnaplab } from './http-errors.js';
 import type { Ceilings } from '../store/records.js';
 import { parseScopes, type Caller } from './keys.js';
-import type { RouteHost } from './served-lab.js';
+import type { PoolRunBody, RouteHost } from './served-lab.js';
 import { scenarioRoutesOf } from './routes-scenarios.js';
 import { snapshotFor } from './snapshot-access.js';
-import { BuildBody, ImportBody, KeyBody, PoolBody, SandboxView, errors } from './schemas.js';
+import { BuildBody, ImportBody, KeyBody, PoolBody, RunBody, SandboxView, errors } from './schemas.js';
 import { keyValues } from '../lab/io/exec.js';
 import type { PoolSpec } from '../lab/pools/admin.js';
 import type { DebianSpec } from '../image/debian.js';
@@ -22,15 +23,68 @@ const any = Type.Object({}, { additionalProperties: true });
 const NameParams = Type.Object({ name: Type.String() });
 
 export async function sharedRoutes(app: FastifyInstance, h: RouteHost): Promise<void> {
+  eventRoutes(app, h);
   listRoutes(app, h);
   traceRoutes(app, h);
   operationRoutes(app, h);
   snapshotRoutes(app, h);
   poolReadRoutes(app, h);
   poolChangeRoutes(app, h);
+  poolRunRoute(app, h);
   imageRoutes(app, h);
   scenarioRoutesOf(app, h);
   keyRoutes(app, h);
+}
+
+/** The event stream and the machines' usage. */
+function eventRoutes(app: FastifyInstance, h: RouteHost): void {
+  // events: server-sent, with ids; Last-Event-ID (or ?after=) resumes after that id
+  app.get(
+    '/events',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['events'],
+        summary:
+          'Server-sent events: created, ready, paused, resumed, exited, destroyed, failed, timeout, process.exited; each with a reason',
+        querystring: Type.Object({
+          after: Type.Optional(Type.Integer({ minimum: 0 })),
+          sandbox: Type.Optional(Type.String()),
+          token: Type.Optional(Type.String()),
+        }),
+      },
+    },
+    async (req, reply) => {
+      const q = req.query as { after?: number; sandbox?: string };
+      const last = Number(req.headers['last-event-id']);
+      const after = Number.isSafeInteger(last) && last >= 0 ? last : q.after;
+      reply.hijack();
+      try {
+        await h.streamEvents(req.caller, req.raw, reply.raw, { after, sandbox: q.sandbox });
+      } catch (e) {
+        // refused before a byte of the stream (a sandbox not there): the error, as any route's
+        const err = toSnaplab(e);
+        if (reply.raw.headersSent) reply.raw.destroy(err);
+        else
+          reply.raw
+            .writeHead(statusOf(err.code), { 'content-type': 'application/json' })
+            .end(JSON.stringify(err.toJSON()));
+      }
+    },
+  );
+  // one call for the whole list: the dashboard polls it and draws CPU from the difference
+  app.get(
+    '/usage',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: "Every visible machine's memory, pids and CPU time now (from its cgroup)",
+        response: { 200: Type.Array(any), ...errors },
+      },
+    },
+    async (req) => h.usage(req.caller),
+  );
 }
 
 /** The sandboxes a caller may see (a cluster's: asked of every node and merged), and a check pass. */
@@ -270,6 +324,28 @@ function poolChangeRoutes(app: FastifyInstance, h: RouteHost): void {
       },
     },
     async (req) => h.adminFor(req.caller).removePool((req.params as { name: string }).name),
+  );
+}
+
+/** A run in a fresh sandbox of a pool (a cluster's: where placement finds a ready standby). */
+function poolRunRoute(app: FastifyInstance, h: RouteHost): void {
+  app.post(
+    '/pools/:name/run',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Run a command in a fresh sandbox of the pool and return its result',
+        params: NameParams,
+        body: RunBody,
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => {
+      const r = await h.runPool(req.caller, (req.params as { name: string }).name, req.body as PoolRunBody);
+      req.opId = typeof r.operationId === 'string' ? r.operationId : null;
+      return r;
+    },
   );
 }
 

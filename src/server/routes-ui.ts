@@ -12,7 +12,6 @@ import fastifyStatic from '@fastify/static';
 import { Type } from 'typebox';
 import { packageRoot } from '../agent/binary.js';
 import { SnaplabError } from '../errors.js';
-import { cgroupFor, stats } from '../host/cgroups/cgroups.js';
 import type { Daemon } from './daemon.js';
 import { errors } from './schemas.js';
 import { orElse } from '../cleanup.js';
@@ -29,7 +28,7 @@ export const webRoot = (): string => join(packageRoot(), 'dist', 'web');
 
 export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   await staticFiles(app);
-  usageRoutes(app, d);
+  whoamiRoute(app);
   benchRoutes(app, d);
 }
 
@@ -64,8 +63,8 @@ async function staticFiles(app: FastifyInstance): Promise<void> {
   }
 }
 
-/** Who the caller is, and what its machines use. */
-function usageRoutes(app: FastifyInstance, d: Daemon): void {
+/** Who the caller is (what its machines use is routes-shared.ts's). */
+function whoamiRoute(app: FastifyInstance): void {
   app.get(
     '/whoami',
     {
@@ -84,32 +83,6 @@ function usageRoutes(app: FastifyInstance, d: Daemon): void {
       // what this host holds the key to (the defaults where the key names none)
       ceilings: req.caller.key === LOCAL.key ? NO_CEILINGS : resolveCeilings(req.caller.ceilings),
     }),
-  );
-
-  // one call for the whole list: the dashboard polls it and draws CPU from the difference
-  app.get(
-    '/usage',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags: ['sandboxes'],
-        summary: "Every visible machine's memory, pids and CPU time now (from its cgroup)",
-        response: { 200: Type.Array(any), ...errors },
-      },
-    },
-    async (req) => {
-      const at = Date.now();
-      const recs = (await d.lab.list({ owner: d.ownedBy(req.caller), check: false })).filter(
-        (r) => r.state === 'running' || r.state === 'paused',
-      );
-      return Promise.all(
-        recs.map(async (r) => ({
-          id: r.id,
-          at,
-          ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
-        })),
-      );
-    },
   );
 }
 

@@ -1,11 +1,11 @@
 /**
  * What the daemon serves: a LabApi (sdk/api.ts), and the few things a server needs beside it.
  * The routes and the Daemon call this interface only, never lab/ or the store, so any
- * implementation can be served by the same routes: the embedded Lab on a node today, a cluster
- * gateway's Lab next. Everything a client can do is in LabApi (and held to the contract suite);
- * what is here is a server's own: the home it runs on, its API keys, the journal its event
- * stream is kept in, and the host's images, scenarios and gc, which only the embedded Lab has so
- * far (not yet on the remote Lab).
+ * implementation can be served by the same routes: the embedded Lab on a node; a cluster gateway
+ * serves the routes it shares with a daemon over a RouteHost (below). Everything a client can do
+ * is in LabApi (and held to the contract suite); what is here is a server's own: the home it runs
+ * on, its API keys, the journal its event stream is kept in, and the host's images, scenarios and
+ * gc, which only the embedded Lab has so far (not yet on the remote Lab).
  */
 import type {
   BufferOutput,
@@ -22,6 +22,7 @@ import type { Text } from '../sdk/output.js';
 import type { PoolSpec } from '../lab/pools/admin.js';
 import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { TraceSummary } from '../timing/trace.js';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { ApiKeyRecord, EventRecord } from '../store/records.js';
 import type { KeyOptions } from '../lab/keys.js';
 import type { DebianSpec } from '../image/debian.js';
@@ -94,6 +95,23 @@ export interface OperationsApi {
   get(id: string, waitS?: number): Promise<unknown>;
 }
 
+/** `POST /pools/{name}/run`'s body (schemas.ts, RunBody). */
+export interface PoolRunBody {
+  argv: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+  timeoutMs?: number;
+  stdin?: string;
+  encoding?: 'utf8' | 'base64';
+}
+
+/** What `GET /events` asks for: resume after an id (Last-Event-ID or ?after=), one sandbox's. */
+export interface EventQuery {
+  after?: number;
+  sandbox?: string;
+}
+
 /** Where a cluster gateway runs a change made on each node (a single daemon refuses it). */
 export interface Placement {
   placement?: { labels?: Record<string, string> };
@@ -150,6 +168,19 @@ export interface RouteHost {
   ownedBy(caller: Caller): string | undefined;
   /** may the caller see (or, `remove`, remove) this snapshot of what its lab lists? */
   snapshotVisible(caller: Caller, snap: SnapshotApi, remove?: boolean): boolean;
+  /**
+   * A command in a fresh sandbox of the pool, its result as the API answers it (a cluster's: on
+   * the node placement picks, with its node)
+   */
+  runPool(caller: Caller, pool: string, run: PoolRunBody): Promise<Record<string, unknown>>;
+  /** every visible machine's memory, pids and CPU time now (a cluster's: each with its node) */
+  usage(caller: Caller): Promise<unknown[]>;
+  /**
+   * The event stream for this request, written as server-sent events to `res` until the client
+   * goes (a daemon's journal; a cluster's from etcd, or one sandbox's from its node); `after`:
+   * resume after that event id.
+   */
+  streamEvents(caller: Caller, req: IncomingMessage, res: ServerResponse, q: EventQuery): void | Promise<void>;
   /** an admin's changes (the routes require the admin scope) */
   adminFor(caller: Caller): AdminApi;
   /** scenarios (the routes require the admin scope for changes) */
