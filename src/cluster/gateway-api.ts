@@ -25,7 +25,6 @@ export interface GatewayApi {
   place(req: PlacementRequest): Promise<NodeInfo>;
   placeRun(pool: string, exclude: Set<string>): Promise<string>;
   runDone(node: string, pool: string): void;
-  create(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void>;
   askAll<T>(caller: Caller, path: string, nodes?: Iterable<NodeInfo>): Promise<{ node: string; value: T }[]>;
   forward(req: IncomingMessage, res: ServerResponse, node: string, caller: Caller): void;
   health(): Record<string, unknown>;

@@ -15,11 +15,15 @@ import { clusterAdmin } from './admin.js';
 import { clusterScenarios } from './scenarios.js';
 import { clusterEvents } from './events.js';
 import { runInPool } from './pool-run.js';
+import { createOnNode, destroyOnNode, viewOnNode } from './sandboxes.js';
 
 export function gatewayHost(core: ClusterCore): RouteHost {
   const { store } = core;
   return {
     labFor: (caller) => new GatewayLab(core, caller),
+    createSandbox: (caller, body) => createOnNode(core, caller, body),
+    sandboxView: (caller, id) => viewOnNode(core, caller, id),
+    destroySandbox: (caller, id) => destroyOnNode(core, caller, id),
     // on every node that answers (each needs the admin scope: the caller's key is passed on)
     check: async (caller) => (await new GatewayLab(core, caller).check()).removed,
     ownedBy: () => undefined,

@@ -7,7 +7,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import { NO_CEILINGS } from '../lab/ceilings.js';
 import type { Caller } from '../server/keys.js';
-import { absentView, type GatewayApi } from './gateway-api.js';
+import type { GatewayApi } from './gateway-api.js';
 import { ask, sendJson } from './proxy.js';
 
 type Scope = 'read' | 'exec' | 'admin';
@@ -83,39 +83,11 @@ function serviceRoutes(g: GatewayApi): Route[] {
   ];
 }
 
+/** A sandbox's own calls: to its node, as they came (its create, view and destroy: sandboxes.ts). */
 function sandboxRoutes(g: GatewayApi): Route[] {
   return [
-    ['POST', /^\/sandboxes$/, 'exec', (req, res, _m, c) => g.create(req, res, c)],
-    [
-      'GET',
-      /^\/sandboxes\/([^/]+)$/,
-      'read',
-      async (_q, res, m, c) => {
-        const r = g.view.resolve(dec(m[1]!));
-        if (r?.entry && g.owns(c, r.entry) && (r.entry.state === 'lost' || !g.view.live(r.node))) {
-          return sendJson(res, 200, absentView(r.entry, g.view.left.has(r.node)));
-        }
-        const node = await g.nodeOf(dec(m[1]!), c);
-        const v = await ask<Record<string, unknown>>(g.node(node).url, node, g.token, c, 'GET', `/sandboxes/${m[1]}`);
-        sendJson(res, 200, { ...v.value, node });
-      },
-    ],
-    [
-      'DELETE',
-      /^\/sandboxes\/([^/]+)$/,
-      'exec',
-      async (req, res, m, c) => {
-        const r = g.view.resolve(dec(m[1]!));
-        // a lost sandbox's record is all there is of it here: removing it is the delete (its node,
-        // if it comes back, still destroys it: the record stays as a tombstone for a day)
-        if (r?.entry?.state === 'lost' && g.owns(c, r.entry) && (await g.store.forget(r.entry))) {
-          res.writeHead(204).end();
-          return;
-        }
-        g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
-      },
-    ],
-    ['*', /^\/sandboxes\/([^/]+)(\/.+)?$/, 'exec', toSandbox(g)],
+    ['PATCH', /^\/sandboxes\/([^/]+)$/, 'exec', toSandbox(g)],
+    ['*', /^\/sandboxes\/([^/]+)\/.+$/, 'exec', toSandbox(g)],
   ];
 }
 

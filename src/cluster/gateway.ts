@@ -22,15 +22,12 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import { requireScope, type Caller } from '../server/keys.js';
-import { resolveCreate, type CreateInputs } from '../sdk/create-options.js';
 import { VERSION } from '../version.js';
 import type { GatewayApi } from './gateway-api.js';
 import { clusterRoutes } from './gateway-routes.js';
-import { ask, asSnaplab, errorBody, forward, readJson, sendError, sendJson } from './proxy.js';
+import { asSnaplab, errorBody, forward, sendError } from './proxy.js';
 import { statusOf } from '../server/http-errors.js';
-import type { PlacementRequest } from './placement.js';
 import { ClusterCore, openCluster, type ClusterParts } from './core.js';
-import { placeCreate } from './create.js';
 import { GatewayLab } from './gateway-lab.js';
 import type { Socket } from 'node:net';
 import { ConnectionGuard, resolveLimits, type ConnectionLimits } from '../server/limits.js';
@@ -49,9 +46,6 @@ export interface GatewayOptions {
   /** the daemon's connection caps and timeouts (server/limits.ts); no request timeout here */
   limits?: Partial<ConnectionLimits>;
 }
-
-/** a node's create is bounded by its own limit (300 s, then cleaned); the gateway waits a little longer */
-const CREATE_TIMEOUT_MS = 330_000;
 
 export class Gateway extends ClusterCore implements GatewayApi {
   private server: Server | undefined;
@@ -140,41 +134,6 @@ export class Gateway extends ClusterCore implements GatewayApi {
     requireScope(caller, scope);
     this.guard?.authenticated(req.socket as Socket);
     return caller;
-  }
-
-  /** POST /sandboxes: placed, claimed and sent on (create.ts); the answer has its node. */
-  async create(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void> {
-    const body = await readJson(req);
-    const placement = body.placement as { labels?: Record<string, string> } | undefined;
-    delete body.placement;
-    // checked and defaulted as a node will (the node's schema checks the rest): placement needs the image
-    const asked = resolveCreate(body as CreateInputs);
-    const pool = asked.from === 'pool' ? asked.pool : undefined;
-    const snapshot = asked.from === 'snapshot' ? asked.snapshot : undefined;
-    const image = asked.from === 'image' ? asked.image : undefined;
-    const request: PlacementRequest = { pool, snapshot, image, labels: placement?.labels };
-    const given = pool === undefined && typeof body.name === 'string' ? body.name : undefined;
-    let status = 201;
-    const { value, node } = await placeCreate(
-      this,
-      caller,
-      { request, given, standby: pool !== undefined },
-      async (n, name) => {
-        const r = await ask<Record<string, unknown>>(
-          this.node(n).url,
-          n,
-          this.token,
-          caller,
-          'POST',
-          '/sandboxes',
-          name === undefined ? body : { ...body, name },
-          CREATE_TIMEOUT_MS,
-        );
-        status = r.status;
-        return r.value;
-      },
-    );
-    sendJson(res, status, { ...value, node });
   }
 
   forward(req: IncomingMessage, res: ServerResponse, node: string, caller: Caller): void {

@@ -31,7 +31,7 @@ import type {
   Served,
   ServedLab,
 } from './served-lab.js';
-import { labAdmin, labScenarios, labUsage } from './lab-admin.js';
+import { labAdmin, labScenarios, labUsage, noPlacement } from './lab-admin.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { snapshotFor } from './snapshot-access.js';
 import { execView } from './exec-view.js';
@@ -254,6 +254,24 @@ export class Daemon implements RouteHost {
   /** Its lab's pools and images, each long change one of its operations. */
   adminFor(_caller: Caller): AdminApi {
     return this.admin;
+  }
+
+  /** POST /sandboxes: made for the caller (create), as the API shows it. */
+  async createSandbox(
+    caller: Caller,
+    body: CreateBody,
+  ): Promise<{ view: Record<string, unknown>; opId: string | null }> {
+    noPlacement(body);
+    const box = await this.create(caller, body);
+    return { view: this.view(box), opId: box.lastTrace?.id ?? null };
+  }
+
+  async sandboxView(caller: Caller, idOrName: string): Promise<Record<string, unknown>> {
+    return this.view(await this.sandbox(idOrName, caller));
+  }
+
+  destroySandbox(caller: Caller, idOrName: string): Promise<void> {
+    return this.destroy(idOrName, undefined, caller);
   }
 
   /** A command in a fresh sandbox of the pool: held to the key's exec quota and ceilings while it runs. */

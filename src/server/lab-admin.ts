@@ -11,7 +11,7 @@ import { orElse } from '../cleanup.js';
 import type { AdminApi, Placement, ScenariosApi, ServedLab } from './served-lab.js';
 
 /** A placement names a cluster's nodes: a single daemon has none to choose from. */
-function noPlacement(b: Placement): void {
+export function noPlacement(b: Placement): void {
   if (b.placement !== undefined)
     throw new SnaplabError(
       'BAD_INPUT',

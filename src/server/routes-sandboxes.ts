@@ -1,9 +1,11 @@
-/** Sandboxes: create (image, snapshot or pool), get, destroy, pause, resume, timeout, labels, snapshots, one-shot exec. */
+/**
+ * A sandbox's own calls: pause, resume, timeout, labels, snapshots, one-shot exec (its create, get,
+ * list and destroy are routes-shared.ts's).
+ */
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import type { Daemon } from './daemon.js';
 import {
-  CreateBody,
   ExecBody,
   ExecResultView,
   IdParams,
@@ -18,61 +20,8 @@ import { execView } from './exec-view.js';
 const tags = ['sandboxes'];
 
 export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  lifecycleRoutes(app, d);
   controlRoutes(app, d);
   execAndSnapshotRoutes(app, d);
-}
-
-/** Create, get, destroy (the list is routes-shared.ts's). */
-function lifecycleRoutes(app: FastifyInstance, d: Daemon): void {
-  app.post(
-    '/sandboxes',
-    {
-      config: { scope: 'exec' },
-      schema: {
-        tags,
-        summary: 'Create a sandbox from an image, a snapshot or a pool; returns once it is usable',
-        body: CreateBody,
-        response: { 201: SandboxView, ...errors },
-      },
-    },
-    async (req, reply) => {
-      const box = await d.create(req.caller, req.body as CreateBody);
-      req.opId = box.lastTrace?.id ?? null;
-      return reply.status(201).send(d.view(box));
-    },
-  );
-
-  app.get(
-    '/sandboxes/:id',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags,
-        summary: 'A sandbox, reconciled with the host',
-        params: IdParams,
-        response: { 200: SandboxView, ...errors },
-      },
-    },
-    async (req) => d.view(await d.sandbox((req.params as { id: string }).id, req.caller)),
-  );
-
-  app.delete(
-    '/sandboxes/:id',
-    {
-      config: { scope: 'exec' },
-      schema: {
-        tags,
-        summary: 'Destroy a sandbox: its processes killed, its filesystem removed',
-        params: IdParams,
-        response: { 204: Type.Null(), ...errors },
-      },
-    },
-    async (req, reply) => {
-      await d.destroy((req.params as { id: string }).id, undefined, req.caller);
-      return reply.status(204).send();
-    },
-  );
 }
 
 /** Pause, resume, timeout, labels. */

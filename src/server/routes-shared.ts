@@ -1,6 +1,6 @@
 /**
  * The routes a single daemon and a cluster gateway serve with the same handlers, schemas and
- * OpenAPI entries: the event stream, usage, the list of sandboxes and a check pass, traces, long operations, snapshots, pools and their runs, images, scenarios
+ * OpenAPI entries: a sandbox's create, get, list and destroy, a check pass, the event stream, usage, traces, long operations, snapshots, pools and their runs, images, scenarios
  * (routes-scenarios.ts) and API keys, over a RouteHost (served-lab.ts). A daemon
  * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
  * to the caller, whose nodes do the same.
@@ -14,7 +14,17 @@ import { parseScopes, type Caller } from './keys.js';
 import type { PoolRunBody, RouteHost } from './served-lab.js';
 import { scenarioRoutesOf } from './routes-scenarios.js';
 import { snapshotFor } from './snapshot-access.js';
-import { BuildBody, ImportBody, KeyBody, PoolBody, RunBody, SandboxView, errors } from './schemas.js';
+import {
+  BuildBody,
+  CreateBody,
+  IdParams,
+  ImportBody,
+  KeyBody,
+  PoolBody,
+  RunBody,
+  SandboxView,
+  errors,
+} from './schemas.js';
 import { keyValues } from '../lab/io/exec.js';
 import type { PoolSpec } from '../lab/pools/admin.js';
 import type { DebianSpec } from '../image/debian.js';
@@ -23,6 +33,7 @@ const any = Type.Object({}, { additionalProperties: true });
 const NameParams = Type.Object({ name: Type.String() });
 
 export async function sharedRoutes(app: FastifyInstance, h: RouteHost): Promise<void> {
+  lifecycleRoutes(app, h);
   eventRoutes(app, h);
   listRoutes(app, h);
   traceRoutes(app, h);
@@ -84,6 +95,56 @@ function eventRoutes(app: FastifyInstance, h: RouteHost): void {
       },
     },
     async (req) => h.usage(req.caller),
+  );
+}
+
+/** Create, get, destroy (a cluster's: placed and claimed, then on the node that holds it). */
+function lifecycleRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.post(
+    '/sandboxes',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: 'Create a sandbox from an image, a snapshot or a pool; returns once it is usable',
+        body: CreateBody,
+        response: { 201: SandboxView, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const made = await h.createSandbox(req.caller, req.body as CreateBody);
+      req.opId = made.opId;
+      return reply.status(201).send(made.view);
+    },
+  );
+  app.get(
+    '/sandboxes/:id',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: 'A sandbox, reconciled with the host',
+        params: IdParams,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    async (req) => h.sandboxView(req.caller, (req.params as { id: string }).id),
+  );
+  app.delete(
+    '/sandboxes/:id',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: 'Destroy a sandbox: its processes killed, its filesystem removed',
+        params: IdParams,
+        response: { 204: Type.Null(), ...errors },
+      },
+    },
+    async (req, reply) => {
+      await h.destroySandbox(req.caller, (req.params as { id: string }).id);
+      return reply.status(204).send();
+    },
   );
 }
 

@@ -28,7 +28,7 @@ export const ErrorBody = Type.Object(
 
 const StringMap = Type.Record(Type.String(), Type.String());
 
-/** Where a cluster gateway runs a change made on each node; a single daemon refuses it (it has no nodes). */
+/** Where a cluster gateway places a sandbox, or runs a change made on each node; a single daemon refuses it (it has no nodes). */
 const Placement = Type.Optional(
   Type.Object(
     { labels: Type.Optional(StringMap) },
@@ -68,6 +68,7 @@ export const CreateBody = Type.Object(
       }),
     ),
     onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
+    placement: Placement,
   },
   { additionalProperties: false },
 );

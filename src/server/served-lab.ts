@@ -27,6 +27,7 @@ import type { ApiKeyRecord, EventRecord } from '../store/records.js';
 import type { KeyOptions } from '../lab/keys.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { Caller } from './keys.js';
+import type { CreateBody } from './schemas.js';
 
 export type { EventRecord } from '../store/records.js';
 
@@ -162,6 +163,14 @@ export interface ScenariosApi {
 export interface RouteHost {
   /** the lab a request acts through: the daemon's one lab, or the cluster acting for this caller */
   labFor(caller: Caller): LabApi;
+  /**
+   * A sandbox made for the caller (a cluster's: placed, claimed, then made by its node), as the
+   * API shows it, and the operation it traced
+   */
+  createSandbox(caller: Caller, body: CreateBody): Promise<{ view: Record<string, unknown>; opId: string | null }>;
+  /** a sandbox the caller may see, as the API shows it (a cluster's: with its node, or lost or unreachable) */
+  sandboxView(caller: Caller, idOrName: string): Promise<Record<string, unknown>>;
+  destroySandbox(caller: Caller, idOrName: string): Promise<void>;
   /** a check pass now (a daemon's tells each removal as an event; a cluster's runs on every node) */
   check(caller: Caller): Promise<CheckResult['removed']>;
   /** what `list` is asked for a caller: undefined for everything the caller's lab shows */
