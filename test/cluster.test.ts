@@ -354,6 +354,15 @@ describe('a cluster', () => {
     expect([none.status, none.body.code]).toEqual([404, 'SCENARIO_NOT_FOUND']);
     const odd = await api<{ code: string }>(gateways[0]!, 'POST', '/scenarios', { file: '/x.yaml', colour: 'red' });
     expect([odd.status, odd.body.code]).toEqual([400, 'BAD_INPUT']);
+    // who the caller is, and the gateway's own metrics, through the shared routes
+    expect((await api<{ key: string; gateway: boolean }>(gateways[1]!, 'GET', '/whoami')).body).toMatchObject({
+      key: 'cluster-test',
+      gateway: true,
+    });
+    const metrics = await fetch(`${gateways[0]!.url}/metrics?recent=5`, {
+      headers: { authorization: `Bearer ${token}` },
+    });
+    expect(await metrics.text()).toContain('snaplab_gateway_nodes 3');
     // usage: each node's machines, each with its node
     const box = (await api<{ id: string; node: string }>(gateways[0]!, 'POST', '/sandboxes', {})).body;
     const usage = (await api<{ id: string; node: string }[]>(gateways[1]!, 'GET', '/usage')).body;

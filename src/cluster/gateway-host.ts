@@ -5,7 +5,10 @@
  * is told the caller, and keeps it to its own), so nothing is filtered here again; keys are the
  * cluster's, in etcd.
  */
+import type { FastifyInstance } from 'fastify';
+import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
+import { errors } from '../server/schemas.js';
 import type { RouteHost } from '../server/served-lab.js';
 import type { ClusterCore } from './core.js';
 import { GatewayLab } from './gateway-lab.js';
@@ -15,12 +18,23 @@ import { clusterAdmin } from './admin.js';
 import { clusterScenarios } from './scenarios.js';
 import { clusterEvents } from './events.js';
 import { runInPool } from './pool-run.js';
+import { gatewayMetrics } from './metrics.js';
 import { createOnNode, destroyOnNode, viewOnNode } from './sandboxes.js';
 
 export function gatewayHost(core: ClusterCore): RouteHost {
   const { store } = core;
   return {
     labFor: (caller) => new GatewayLab(core, caller),
+    // as the key was made (each node holds it to its own defaults where it names none)
+    whoami: (c) => ({
+      key: c.key,
+      scopes: [...c.scopes],
+      maxSandboxes: c.maxSandboxes,
+      maxExecs: c.maxExecs,
+      ceilings: c.ceilings,
+      gateway: true,
+    }),
+    metricsText: async (_caller, recent) => gatewayMetrics(core, recent),
     createSandbox: (caller, body) => createOnNode(core, caller, body),
     sandboxView: (caller, id) => viewOnNode(core, caller, id),
     destroySandbox: (caller, id) => destroyOnNode(core, caller, id),
@@ -48,4 +62,20 @@ export function gatewayHost(core: ClusterCore): RouteHost {
       },
     },
   };
+}
+
+/** The routes a gateway has and a single daemon does not: the cluster's nodes. */
+export function gatewayRoutes(app: FastifyInstance, core: ClusterCore): void {
+  app.get(
+    '/cluster/nodes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['cluster'],
+        summary: "The cluster's nodes, as `snaplab cluster nodes` shows them (a cluster gateway's)",
+        response: { 200: Type.Array(Type.Object({}, { additionalProperties: true })), ...errors },
+      },
+    },
+    async () => [...core.view.nodes.values()].map((n) => ({ ...n, drained: core.view.drained.has(n.name) })),
+  );
 }

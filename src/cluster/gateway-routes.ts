@@ -1,7 +1,7 @@
 /**
  * The gateway's routes that are not yet the daemon's own (server/routes-shared.ts serves the
- * rest, over the cluster): each call answered by the node that holds what it names, or by every
- * node and merged (docs/cluster.md, "What the gateway does with each call").
+ * rest, over the cluster): a sandbox's own calls, passed on to the node that holds it as they
+ * came, and the API document (docs/cluster.md, "What the gateway does with each call").
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
@@ -23,10 +23,9 @@ const toSandbox =
   async (req, res, m, c) =>
     g.forward(req, res, await g.nodeOf(dec(m[1]!), c), c);
 
-/** Health, the API document, the caller and the nodes. */
+/** The API document: a node's, the whole API (the gateway's app serves the shared routes only). */
 function serviceRoutes(g: GatewayApi): Route[] {
   return [
-    ['GET', /^\/healthz$/, null, (_q, res) => sendJson(res, 200, g.health())],
     [
       'GET',
       /^\/openapi\.json$/,
@@ -55,31 +54,6 @@ function serviceRoutes(g: GatewayApi): Route[] {
         );
       },
     ],
-    [
-      'GET',
-      /^\/whoami$/,
-      'read',
-      (_q, res, _m, c) =>
-        sendJson(res, 200, {
-          key: c.key,
-          scopes: [...c.scopes],
-          maxSandboxes: c.maxSandboxes,
-          maxExecs: c.maxExecs,
-          ceilings: c.ceilings,
-          gateway: true,
-        }),
-    ],
-    [
-      'GET',
-      /^\/cluster\/nodes$/,
-      'read',
-      (_q, res) =>
-        sendJson(
-          res,
-          200,
-          [...g.view.nodes.values()].map((n) => ({ ...n, drained: g.view.drained.has(n.name) })),
-        ),
-    ],
   ];
 }
 
@@ -91,42 +65,6 @@ function sandboxRoutes(g: GatewayApi): Route[] {
   ];
 }
 
-/** The gateway's own metrics. */
-function observeRoutes(g: GatewayApi): Route[] {
-  return [
-    [
-      'GET',
-      /^\/metrics$/,
-      'read',
-      (req, res) => {
-        // ?recent=N: the quantiles of the last N placements only (a bench reads its own)
-        const recent = Number(new URL(req.url!, 'http://x').searchParams.get('recent') ?? 0);
-        const t = (recent > 0 ? g.placements.slice(-recent) : [...g.placements]).sort((a, b) => a - b);
-        const q = (p: number): number => (t.length ? t[Math.min(t.length - 1, Math.floor(p * t.length))]! : 0);
-        const text = [
-          '# HELP snaplab_gateway_nodes Nodes up in the cluster',
-          '# TYPE snaplab_gateway_nodes gauge',
-          `snaplab_gateway_nodes ${g.view.nodes.size}`,
-          '# HELP snaplab_gateway_sandboxes Sandboxes recorded in the cluster, by state',
-          '# TYPE snaplab_gateway_sandboxes gauge',
-          ...Object.entries(
-            [...g.view.sandboxes.values()].reduce<Record<string, number>>((a, e) => {
-              a[e.state] = (a[e.state] ?? 0) + 1;
-              return a;
-            }, {}),
-          ).map(([s, n]) => `snaplab_gateway_sandboxes{state="${s}"} ${n}`),
-          '# HELP snaplab_gateway_placement_ms Time to choose a node (recent placements)',
-          '# TYPE snaplab_gateway_placement_ms summary',
-          `snaplab_gateway_placement_ms{quantile="0.5"} ${q(0.5)}`,
-          `snaplab_gateway_placement_ms{quantile="0.99"} ${q(0.99)}`,
-          `snaplab_gateway_placement_ms_count ${t.length}`,
-        ];
-        res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(`${text.join('\n')}\n`);
-      },
-    ],
-  ];
-}
-
 /**
  * The gateway's own routes, not yet the daemon's shared ones: what answers the request, or
  * undefined when none of them is for it (the shared routes' app answers it then: gateway.ts).
@@ -134,7 +72,7 @@ function observeRoutes(g: GatewayApi): Route[] {
 export function clusterRoutes(
   g: GatewayApi,
 ): (req: IncomingMessage, res: ServerResponse) => (() => Promise<void>) | undefined {
-  const routes: Route[] = [...serviceRoutes(g), ...sandboxRoutes(g), ...observeRoutes(g)];
+  const routes: Route[] = [...serviceRoutes(g), ...sandboxRoutes(g)];
   return (req, res) => {
     const path = new URL(req.url!, 'http://x').pathname;
     for (const [method, re, scope, handler] of routes) {

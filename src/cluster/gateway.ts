@@ -34,7 +34,7 @@ import { ConnectionGuard, resolveLimits, type ConnectionLimits } from '../server
 import type { FastifyInstance } from 'fastify';
 import { baseApp } from '../server/app.js';
 import { sharedRoutes } from '../server/routes-shared.js';
-import { gatewayHost } from './gateway-host.js';
+import { gatewayHost, gatewayRoutes } from './gateway-host.js';
 
 export interface GatewayOptions {
   cluster: string;
@@ -81,6 +81,7 @@ export class Gateway extends ClusterCore implements GatewayApi {
     // not serve yet is answered first by the gateway's own routes (gateway-routes.ts)
     const app = await baseApp({
       websocket: false,
+      health: () => this.health(),
       // an operation's id names each node's part and each refusal (operations.ts)
       maxParamLength: 16_384,
       // ?token= only where a browser cannot send a header: the event stream (WebSockets: upgrade())
@@ -102,7 +103,10 @@ export class Gateway extends ClusterCore implements GatewayApi {
           else handler(req, res);
         }),
     });
-    await app.register((r) => sharedRoutes(r, gatewayHost(this)));
+    await app.register(async (r) => {
+      await sharedRoutes(r, gatewayHost(this));
+      gatewayRoutes(r, this);
+    });
     await app.ready();
     this.app = app;
     this.server = app.server;

@@ -18,7 +18,7 @@ import type { Scope } from '../store/records.js';
 import { sandboxRoutes } from './routes-sandboxes.js';
 import { streamRoutes } from './routes-streams.js';
 import { fileRoutes } from './routes-files.js';
-import { adminRoutes } from './routes-admin.js';
+import { sharedRoutes } from './routes-shared.js';
 import { rpcRoutes } from './routes-rpc.js';
 import { uiRoutes } from './routes-ui.js';
 import { VERSION } from '../version.js';
@@ -61,6 +61,8 @@ export interface BaseAppOptions {
   websocket?: boolean;
   /** the HTTP server, made by the caller (a cluster gateway's answers some requests before the app) */
   serverFactory?: FastifyServerFactory;
+  /** GET /healthz's answer (no key needed) */
+  health: () => Record<string, unknown>;
   /** the longest path parameter (Fastify's default: 100; a cluster's operation ids name their parts) */
   maxParamLength?: number;
 }
@@ -118,6 +120,7 @@ export async function baseApp(o: BaseAppOptions): Promise<FastifyInstance> {
       hint: 'see /openapi.json',
     }),
   );
+  app.get('/healthz', { schema: { hide: true } }, async () => o.health());
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   return app;
 }
@@ -125,6 +128,7 @@ export async function baseApp(o: BaseAppOptions): Promise<FastifyInstance> {
 export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<FastifyInstance> {
   const app = await baseApp({
     resolved: opts.limits?.resolved,
+    health: () => ({ ok: true, version: VERSION, pid: process.pid }),
     caller: (req, scope) => {
       if (opts.trusted) return LOCAL;
       if (!scope) return undefined;
@@ -158,7 +162,6 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
     });
     done();
   });
-  app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, version: VERSION, pid: process.pid }));
   // each group of routes is a Fastify plugin of its own (its hooks and decorations stay its own)
   const group =
     (routes: (r: FastifyInstance, d: Daemon) => Promise<void>): FastifyPluginAsync =>
@@ -167,7 +170,8 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
   await app.register(group(sandboxRoutes));
   await app.register(group(streamRoutes));
   await app.register(group(fileRoutes));
-  await app.register(group(adminRoutes));
+  // the routes a cluster gateway serves too
+  await app.register(group(sharedRoutes));
   await app.register(group(rpcRoutes));
   await app.register(group(uiRoutes));
   return app;

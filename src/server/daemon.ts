@@ -34,6 +34,7 @@ import type {
 import { labAdmin, labScenarios, labUsage, noPlacement } from './lab-admin.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { snapshotFor } from './snapshot-access.js';
+import { NO_CEILINGS, resolveCeilings } from '../lab/ceilings.js';
 import { execView } from './exec-view.js';
 
 export interface DaemonOptions {
@@ -304,6 +305,30 @@ export class Daemon implements RouteHost {
     } finally {
       release();
     }
+  }
+
+  /** The caller, and what this host holds its key to (the defaults where the key names none). */
+  whoami(caller: Caller): Record<string, unknown> {
+    return {
+      key: caller.key,
+      scopes: [...caller.scopes],
+      maxSandboxes: caller.maxSandboxes ?? null,
+      maxExecs: caller.maxExecs ?? null,
+      ceilings: caller.key === LOCAL.key ? NO_CEILINGS : resolveCeilings(caller.ceilings),
+    };
+  }
+
+  /** Its metrics: sandboxes by state, pools, processes, execs, operation phases, the home's disk. */
+  async metricsText(): Promise<string> {
+    const sandboxes: Record<string, number> = { creating: 0, running: 0, paused: 0, dead: 0, removing: 0 };
+    for (const s of await this.lab.list({ check: false })) sandboxes[s.state] = (sandboxes[s.state] ?? 0) + 1;
+    return this.metrics.render({
+      sandboxes,
+      pools: await this.lab.pools(),
+      processes: this.processes.running(),
+      execs: this.execsRunning(),
+      home: this.lab.home,
+    });
   }
 
   /** Every visible machine's memory, pids and CPU time now, from its cgroup. */

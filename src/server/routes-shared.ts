@@ -1,7 +1,8 @@
 /**
  * The routes a single daemon and a cluster gateway serve with the same handlers, schemas and
- * OpenAPI entries: a sandbox's create, get, list and destroy, a check pass, the event stream, usage, traces, long operations, snapshots, pools and their runs, images, scenarios
- * (routes-scenarios.ts) and API keys, over a RouteHost (served-lab.ts). A daemon
+ * OpenAPI entries, over a RouteHost (served-lab.ts): who the caller is, metrics, a sandbox's
+ * create, get, list and destroy, a check pass, the event stream, usage, traces, long operations,
+ * snapshots, pools and their runs, images, scenarios (routes-scenarios.ts) and API keys. A daemon
  * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
  * to the caller, whose nodes do the same.
  */
@@ -35,6 +36,7 @@ const NameParams = Type.Object({ name: Type.String() });
 export async function sharedRoutes(app: FastifyInstance, h: RouteHost): Promise<void> {
   lifecycleRoutes(app, h);
   eventRoutes(app, h);
+  whoRoutes(app, h);
   listRoutes(app, h);
   traceRoutes(app, h);
   operationRoutes(app, h);
@@ -45,6 +47,41 @@ export async function sharedRoutes(app: FastifyInstance, h: RouteHost): Promise<
   imageRoutes(app, h);
   scenarioRoutesOf(app, h);
   keyRoutes(app, h);
+}
+
+/** Who the caller is, and the server's metrics. */
+function whoRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/whoami',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['keys'],
+        summary: 'The caller: its key (local on the Unix socket), scopes and quotas',
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => h.whoami(req.caller),
+  );
+  app.get(
+    '/metrics',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['metrics'],
+        summary: "Prometheus text format (a cluster gateway's own: nodes, sandboxes by state, placement time)",
+        querystring: Type.Object({
+          recent: Type.Optional(
+            Type.Integer({ minimum: 0, description: "a gateway's: the placement quantiles of its last N only" }),
+          ),
+        }),
+      },
+    },
+    async (req, reply) =>
+      reply
+        .header('content-type', 'text/plain; version=0.0.4')
+        .send(await h.metricsText(req.caller, (req.query as { recent?: number }).recent)),
+  );
 }
 
 /** The event stream and the machines' usage. */

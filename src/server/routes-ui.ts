@@ -1,8 +1,8 @@
 /**
  * What the dashboard needs beside the API: its static files at `/` (built by Vite into dist/web,
  * public like /healthz: they hold no data, every call they make needs the same key as any
- * client), who the caller is, every visible machine's CPU and memory in one call, and the
- * `snaplab bench --results` directories under the daemon's bench directory.
+ * client) and the `snaplab bench --results` directories under the daemon's bench directory (who
+ * the caller is and every visible machine's CPU and memory: routes-shared.ts).
  */
 import { constants, existsSync } from 'node:fs';
 import { lstat, open, readdir } from 'node:fs/promises';
@@ -15,8 +15,6 @@ import { SnaplabError } from '../errors.js';
 import type { Daemon } from './daemon.js';
 import { errors } from './schemas.js';
 import { orElse } from '../cleanup.js';
-import { NO_CEILINGS, resolveCeilings } from '../lab/ceilings.js';
-import { LOCAL } from './keys.js';
 
 const any = Type.Object({}, { additionalProperties: true });
 /** the page may talk to its own origin only, run no inline script, and be framed by nobody */
@@ -28,7 +26,6 @@ export const webRoot = (): string => join(packageRoot(), 'dist', 'web');
 
 export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   await staticFiles(app);
-  whoamiRoute(app);
   benchRoutes(app, d);
 }
 
@@ -61,29 +58,6 @@ async function staticFiles(app: FastifyInstance): Promise<void> {
       );
     });
   }
-}
-
-/** Who the caller is (what its machines use is routes-shared.ts's). */
-function whoamiRoute(app: FastifyInstance): void {
-  app.get(
-    '/whoami',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags: ['keys'],
-        summary: 'The caller: its key (local on the Unix socket), scopes and quotas',
-        response: { 200: any, ...errors },
-      },
-    },
-    async (req) => ({
-      key: req.caller.key,
-      scopes: [...req.caller.scopes],
-      maxSandboxes: req.caller.maxSandboxes ?? null,
-      maxExecs: req.caller.maxExecs ?? null,
-      // what this host holds the key to (the defaults where the key names none)
-      ceilings: req.caller.key === LOCAL.key ? NO_CEILINGS : resolveCeilings(req.caller.ceilings),
-    }),
-  );
 }
 
 function benchRoutes(app: FastifyInstance, d: Daemon): void {

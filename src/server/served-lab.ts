@@ -182,6 +182,10 @@ export interface RouteHost {
    * the node placement picks, with its node)
    */
   runPool(caller: Caller, pool: string, run: PoolRunBody): Promise<Record<string, unknown>>;
+  /** GET /whoami: the caller, its scopes and quotas, and what this server holds it to */
+  whoami(caller: Caller): Record<string, unknown>;
+  /** GET /metrics, Prometheus text (a gateway's own; `recent`: its last N placements only) */
+  metricsText(caller: Caller, recent?: number): Promise<string>;
   /** every visible machine's memory, pids and CPU time now (a cluster's: each with its node) */
   usage(caller: Caller): Promise<unknown[]>;
   /**
