@@ -79,7 +79,7 @@ export function clusterRoutes(
       if (method !== '*' && method !== req.method) continue;
       const m = re.exec(path);
       if (!m) continue;
-      // every GET but the keys' needs read; other methods the route's scope (the node checks its own again)
+      // a GET needs read; other methods the route's scope (the node checks its own again)
       const need: Scope | null = scope === null ? null : req.method === 'GET' ? 'read' : scope;
       return async () => handler(req, res, m, need ? g.authenticate(req, need) : ANONYMOUS);
     }

@@ -164,10 +164,6 @@ export class Gateway extends ClusterCore implements GatewayApi {
     }
   }
 
-  lab(caller: Caller): GatewayLab {
-    return new GatewayLab(this, caller);
-  }
-
   health(): Record<string, unknown> {
     return { ok: true, version: VERSION, pid: process.pid, role: 'gateway', nodes: this.view.nodes.size };
   }
