@@ -323,6 +323,53 @@ describe('a cluster', () => {
     for (const t of [...ok.map((x) => x.body.id), admins.id]) await api(gateways[0]!, 'DELETE', `/sandboxes/${t}`);
   }, 60_000);
 
+  it("serves the daemon's own key and scenario routes over the cluster, their bodies checked by the same schemas", async () => {
+    const made = await api<{ name: string; token: string; scopes: string[]; hash?: string }>(
+      gateways[0]!,
+      'POST',
+      '/keys',
+      { name: 'via-gateway', scopes: ['read'] },
+    );
+    expect(made.status).toBe(201);
+    expect(made.body).toMatchObject({ name: 'via-gateway', scopes: ['read'] });
+    expect(made.body.hash).toBeUndefined();
+    // made through one gateway, known to the other (etcd): it reads, and may not make keys
+    const listed = await until('the other gateway knows the key', async () => {
+      const r = await fetch(`${gateways[1]!.url}/keys`, { headers: { authorization: `Bearer ${made.body.token}` } });
+      return r.status === 403 ? r : undefined;
+    });
+    expect(((await listed.json()) as { code: string }).code).toBe('FORBIDDEN');
+    const keys = (await api<{ name: string; hash?: string }[]>(gateways[1]!, 'GET', '/keys')).body;
+    expect(keys.find((k) => k.name === 'via-gateway')).toMatchObject({ name: 'via-gateway' });
+    expect(keys.every((k) => k.hash === undefined)).toBe(true);
+    // a property the schema does not know is refused, as a daemon refuses it
+    const bad = await api<{ code: string }>(gateways[0]!, 'POST', '/keys', { name: 'x', colour: 'red' });
+    expect([bad.status, bad.body.code]).toEqual([400, 'BAD_INPUT']);
+    expect((await api(gateways[0]!, 'DELETE', '/keys/via-gateway')).status).toBe(204);
+    const again = await api<{ code: string }>(gateways[0]!, 'DELETE', '/keys/via-gateway');
+    expect([again.status, again.body.code]).toEqual([404, 'KEY_NOT_FOUND']);
+    // scenarios the same way: asked of the nodes, their bodies checked by the daemon's schema
+    expect((await api<unknown[]>(gateways[0]!, 'GET', '/scenarios')).body).toEqual([]);
+    const none = await api<{ code: string }>(gateways[1]!, 'GET', '/scenarios/nope');
+    expect([none.status, none.body.code]).toEqual([404, 'SCENARIO_NOT_FOUND']);
+    const odd = await api<{ code: string }>(gateways[0]!, 'POST', '/scenarios', { file: '/x.yaml', colour: 'red' });
+    expect([odd.status, odd.body.code]).toEqual([400, 'BAD_INPUT']);
+    // who the caller is, and the gateway's own metrics, through the shared routes
+    expect((await api<{ key: string; gateway: boolean }>(gateways[1]!, 'GET', '/whoami')).body).toMatchObject({
+      key: 'cluster-test',
+      gateway: true,
+    });
+    const metrics = await fetch(`${gateways[0]!.url}/metrics?recent=5`, {
+      headers: { authorization: `Bearer ${token}` },
+    });
+    expect(await metrics.text()).toContain('snaplab_gateway_nodes 3');
+    // usage: each node's machines, each with its node
+    const box = (await api<{ id: string; node: string }>(gateways[0]!, 'POST', '/sandboxes', {})).body;
+    const usage = (await api<{ id: string; node: string }[]>(gateways[1]!, 'GET', '/usage')).body;
+    expect(usage.find((u) => u.id === box.id)).toMatchObject({ id: box.id, node: box.node });
+    expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${box.id}`)).status).toBe(204);
+  });
+
   it('a create placed on a node that refuses connections is retried once elsewhere; bad /rpc frames are errors, not crashes', async () => {
     // a node entry whose address nobody listens on, the emptiest of zone z1: placement picks it
     const client = new Etcd3({

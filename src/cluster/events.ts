@@ -26,7 +26,7 @@ const STATE_EVENT: Record<string, string> = {
 };
 
 export async function clusterEvents(
-  g: GatewayApi,
+  g: Pick<GatewayApi, 'store' | 'view' | 'owns' | 'track'>,
   req: IncomingMessage,
   res: ServerResponse,
   caller: Caller,

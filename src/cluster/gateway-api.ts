@@ -1,12 +1,12 @@
 /**
- * What the gateway's routes, its event stream and its /rpc relay need of the gateway: they are
- * given this, not the Gateway class, so that gateway.ts imports them and none of them imports it.
+ * What the gateway's own routes (gateway-routes.ts) and its event stream need of the gateway:
+ * they are given this, not the Gateway class, so that gateway.ts imports them and none of them
+ * imports it. The routes it shares with a daemon are given the cluster as a RouteHost
+ * (gateway-host.ts).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { LabApi } from '../sdk/api.js';
 import type { Caller } from '../server/keys.js';
-import type { PlacementRequest } from './placement.js';
-import type { ClusterStore, NodeInfo, SandboxEntry } from './store.js';
+import type { ClusterStore, SandboxEntry } from './store.js';
 import type { ClusterView } from './view.js';
 
 export interface GatewayApi {
@@ -14,24 +14,11 @@ export interface GatewayApi {
   readonly view: ClusterView;
   /** the cluster token, with which the gateway speaks to nodes */
   readonly token: string;
-  /** recent placement times (ms), for /metrics */
-  readonly placements: number[];
   authenticate(req: IncomingMessage, scope: 'read' | 'exec' | 'admin', headerless?: boolean): Caller;
   owns(caller: Caller, e: { owner: string | null }): boolean;
-  stillValid(caller: Caller): boolean;
   track(caller: Caller, close: () => void): () => void;
-  node(name: string): NodeInfo;
   nodeOf(idOrName: string, caller: Caller): Promise<string>;
-  place(req: PlacementRequest): Promise<NodeInfo>;
-  placeRun(pool: string, exclude: Set<string>): Promise<string>;
-  runDone(node: string, pool: string): void;
-  create(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void>;
-  askAll<T>(caller: Caller, path: string, nodes?: Iterable<NodeInfo>): Promise<{ node: string; value: T }[]>;
   forward(req: IncomingMessage, res: ServerResponse, node: string, caller: Caller): void;
-  events(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void>;
-  health(): Record<string, unknown>;
-  /** the cluster as a LabApi acting for this caller (the GatewayLab): routes answer through it */
-  lab(caller: Caller): LabApi;
 }
 
 /** What a list shows for a sandbox its node cannot answer for. */

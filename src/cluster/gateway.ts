@@ -5,7 +5,9 @@
  * etcd (view.ts keeps a watched copy), so several can run at once and any can serve any call.
  *
  * The gateway is ClusterCore (core.ts: placement, claims, lookups, shared with the in-process
- * GatewayLab) plus this HTTP server.
+ * GatewayLab) plus this HTTP server: the daemon's Fastify app (server/app.ts) with the routes a
+ * daemon and a gateway share (server/routes-shared.ts) over the cluster (gateway-host.ts), and,
+ * asked first, the gateway's own routes for what those do not serve yet (gateway-routes.ts).
  *
  * - A create is placed (placement.ts), its name taken in the store for that node before it
  *   starts, then sent on (create.ts); one that never reached its node is placed once more, elsewhere.
@@ -20,19 +22,19 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import { requireScope, type Caller } from '../server/keys.js';
-import { resolveCreate, type CreateInputs } from '../sdk/create-options.js';
 import { VERSION } from '../version.js';
 import type { GatewayApi } from './gateway-api.js';
 import { clusterRoutes } from './gateway-routes.js';
-import { ask, asSnaplab, errorBody, forward, readJson, sendError, sendJson } from './proxy.js';
+import { asSnaplab, errorBody, forward, sendError } from './proxy.js';
 import { statusOf } from '../server/http-errors.js';
-import type { PlacementRequest } from './placement.js';
-import { clusterEvents } from './events.js';
 import { ClusterCore, openCluster, type ClusterParts } from './core.js';
-import { placeCreate } from './create.js';
 import { GatewayLab } from './gateway-lab.js';
 import type { Socket } from 'node:net';
 import { ConnectionGuard, resolveLimits, type ConnectionLimits } from '../server/limits.js';
+import type { FastifyInstance } from 'fastify';
+import { baseApp } from '../server/app.js';
+import { sharedRoutes } from '../server/routes-shared.js';
+import { gatewayHost, gatewayRoutes } from './gateway-host.js';
 
 export interface GatewayOptions {
   cluster: string;
@@ -45,11 +47,10 @@ export interface GatewayOptions {
   limits?: Partial<ConnectionLimits>;
 }
 
-/** a node's create is bounded by its own limit (300 s, then cleaned); the gateway waits a little longer */
-const CREATE_TIMEOUT_MS = 330_000;
-
 export class Gateway extends ClusterCore implements GatewayApi {
   private server: Server | undefined;
+  /** the routes it shares with a single daemon (Fastify, on `server`) */
+  private app: FastifyInstance | undefined;
   /** the TCP connection caps (server/limits.ts), told when a request carried a valid key */
   private guard: ConnectionGuard | undefined;
   url = '';
@@ -76,18 +77,39 @@ export class Gateway extends ClusterCore implements GatewayApi {
     // long uploads (archives, stdin) are streamed: no overall deadline on a request, as on a node
     const limits = resolveLimits({ requestTimeoutMs: 0, ...given });
     const timeouts = { headersTimeout: limits.headersTimeoutMs, connectionsCheckingInterval: 1000 };
-    this.server = createServer(timeouts, (req, res) => {
-      const t0 = performance.now();
-      res.once('finish', () =>
-        this.log({
-          method: req.method,
-          url: req.url?.split('?')[0],
-          status: res.statusCode,
-          ms: Math.round((performance.now() - t0) * 10) / 10,
+    // the daemon's app and routes (server/app.ts, routes-shared.ts) over the cluster; what they do
+    // not serve yet is answered first by the gateway's own routes (gateway-routes.ts)
+    const app = await baseApp({
+      websocket: false,
+      health: () => this.health(),
+      // an operation's id names each node's part and each refusal (operations.ts)
+      maxParamLength: 16_384,
+      // ?token= only where a browser cannot send a header: the event stream (WebSockets: upgrade())
+      caller: (req, scope) =>
+        scope ? this.authenticate(req.raw, scope, req.routeOptions.url === '/events') : undefined,
+      serverFactory: (handler) =>
+        createServer(timeouts, (req, res) => {
+          const t0 = performance.now();
+          res.once('finish', () =>
+            this.log({
+              method: req.method,
+              url: req.url?.split('?')[0],
+              status: res.statusCode,
+              ms: Math.round((performance.now() - t0) * 10) / 10,
+            }),
+          );
+          const own = routes(req, res);
+          if (own) void own().catch((e: unknown) => sendError(res, e));
+          else handler(req, res);
         }),
-      );
-      void routes(req, res).catch((e: unknown) => sendError(res, e));
     });
+    await app.register(async (r) => {
+      await sharedRoutes(r, gatewayHost(this));
+      gatewayRoutes(r, this);
+    });
+    await app.ready();
+    this.app = app;
+    this.server = app.server;
     this.server.on('upgrade', (req, socket, head) => this.upgrade(req, socket, head));
     this.server.requestTimeout = 0;
     this.server.keepAliveTimeout = limits.keepAliveTimeoutMs;
@@ -118,41 +140,6 @@ export class Gateway extends ClusterCore implements GatewayApi {
     return caller;
   }
 
-  /** POST /sandboxes: placed, claimed and sent on (create.ts); the answer has its node. */
-  async create(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void> {
-    const body = await readJson(req);
-    const placement = body.placement as { labels?: Record<string, string> } | undefined;
-    delete body.placement;
-    // checked and defaulted as a node will (the node's schema checks the rest): placement needs the image
-    const asked = resolveCreate(body as CreateInputs);
-    const pool = asked.from === 'pool' ? asked.pool : undefined;
-    const snapshot = asked.from === 'snapshot' ? asked.snapshot : undefined;
-    const image = asked.from === 'image' ? asked.image : undefined;
-    const request: PlacementRequest = { pool, snapshot, image, labels: placement?.labels };
-    const given = pool === undefined && typeof body.name === 'string' ? body.name : undefined;
-    let status = 201;
-    const { value, node } = await placeCreate(
-      this,
-      caller,
-      { request, given, standby: pool !== undefined },
-      async (n, name) => {
-        const r = await ask<Record<string, unknown>>(
-          this.node(n).url,
-          n,
-          this.token,
-          caller,
-          'POST',
-          '/sandboxes',
-          name === undefined ? body : { ...body, name },
-          CREATE_TIMEOUT_MS,
-        );
-        status = r.status;
-        return r.value;
-      },
-    );
-    sendJson(res, status, { ...value, node });
-  }
-
   forward(req: IncomingMessage, res: ServerResponse, node: string, caller: Caller): void {
     forward(req, res, this.node(node).url, node, this.token, caller);
   }
@@ -177,14 +164,6 @@ export class Gateway extends ClusterCore implements GatewayApi {
     }
   }
 
-  events(req: IncomingMessage, res: ServerResponse, caller: Caller): Promise<void> {
-    return clusterEvents(this, req, res, caller);
-  }
-
-  lab(caller: Caller): GatewayLab {
-    return new GatewayLab(this, caller);
-  }
-
   health(): Record<string, unknown> {
     return { ok: true, version: VERSION, pid: process.pid, role: 'gateway', nodes: this.view.nodes.size };
   }
@@ -195,6 +174,7 @@ export class Gateway extends ClusterCore implements GatewayApi {
     const closed = new Promise<void>((r) => (this.server ? this.server.close(() => r()) : r()));
     this.server?.closeAllConnections();
     await closed;
+    await this.app?.close();
     await this.closeCore();
   }
 

@@ -3,7 +3,12 @@
  * request needs no key; on TCP every route but /healthz and /openapi.json needs a bearer key with
  * the route's scope. Every request is logged once, with its key and the operation it traced.
  */
-import Fastify, { type FastifyInstance, type FastifyPluginAsync, type FastifyRequest } from 'fastify';
+import Fastify, {
+  type FastifyInstance,
+  type FastifyPluginAsync,
+  type FastifyRequest,
+  type FastifyServerFactory,
+} from 'fastify';
 import swagger from '@fastify/swagger';
 import websocket from '@fastify/websocket';
 import { CALLER_HEADER, LOCAL, authenticate, gatewayCaller, requireScope, type Caller } from './keys.js';
@@ -13,7 +18,7 @@ import type { Scope } from '../store/records.js';
 import { sandboxRoutes } from './routes-sandboxes.js';
 import { streamRoutes } from './routes-streams.js';
 import { fileRoutes } from './routes-files.js';
-import { adminRoutes } from './routes-admin.js';
+import { sharedRoutes } from './routes-shared.js';
 import { rpcRoutes } from './routes-rpc.js';
 import { uiRoutes } from './routes-ui.js';
 import { VERSION } from '../version.js';
@@ -47,7 +52,26 @@ export interface AppOptions {
   limits?: { resolved: ResolvedLimits; guard: ConnectionGuard; streams: StreamLimiter };
 }
 
-export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<FastifyInstance> {
+export interface BaseAppOptions {
+  /** the caller of a request to a route of this scope (none: a public route), or an error (UNAUTHORIZED, FORBIDDEN) */
+  caller(req: FastifyRequest, scope: Scope | undefined): Caller | undefined;
+  /** TCP: the timeouts (limits.ts) */
+  resolved?: ResolvedLimits;
+  /** WebSocket routes (a cluster gateway joins its WebSockets itself, on the server's upgrade) */
+  websocket?: boolean;
+  /** the HTTP server, made by the caller (a cluster gateway's answers some requests before the app) */
+  serverFactory?: FastifyServerFactory;
+  /** GET /healthz's answer (no key needed) */
+  health: () => Record<string, unknown>;
+  /** the longest path parameter (Fastify's default: 100; a cluster's operation ids name their parts) */
+  maxParamLength?: number;
+}
+
+/**
+ * What a daemon's app and a cluster gateway's share: bodies checked by the routes' schemas, the
+ * OpenAPI document made from them, the caller of each request, errors as SnaplabErrors' bodies.
+ */
+export async function baseApp(o: BaseAppOptions): Promise<FastifyInstance> {
   // ajv: a property the schema does not know is an error (Fastify's default drops it silently)
   const app = Fastify({
     logger: false,
@@ -55,10 +79,10 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
     forceCloseConnections: true,
     return503OnClosing: true,
     ajv: { customOptions: { removeAdditional: false } },
-    ...(opts.limits ? serverOptions(opts.limits.resolved) : {}),
+    ...(o.resolved ? serverOptions(o.resolved) : {}),
+    ...(o.serverFactory ? { serverFactory: o.serverFactory } : {}),
+    ...(o.maxParamLength ? { maxParamLength: o.maxParamLength } : {}),
   });
-  // before any byte of a connection is parsed: refused or admitted at the caps
-  opts.limits?.guard.attach(app.server);
   app.decorateRequest('caller', null as unknown as Caller);
   app.decorateRequest('opId', null);
   await app.register(swagger, {
@@ -73,35 +97,57 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
       security: [{ bearer: [] }],
     },
   });
-  await app.register(websocket, { options: { maxPayload: 16 << 20 } });
+  if (o.websocket !== false) await app.register(websocket, { options: { maxPayload: 16 << 20 } });
   // uploads are streamed to the machine as they come, never gathered here
   app.addContentTypeParser(['application/octet-stream', 'application/x-tar'], (_req, payload, done) =>
     done(null, payload),
   );
-
   // (callback hooks, not async ones: a promise each per request is measurable at exec rates)
   app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
-    const scope = req.routeOptions.config?.scope;
-    if (opts.trusted) req.caller = LOCAL;
-    else if (scope) {
-      try {
-        // ?token= only where a browser cannot send a header: WebSockets and the event stream
-        const q = req.query as Record<string, unknown> | undefined;
-        const headerless = req.headers.upgrade?.toLowerCase() === 'websocket' || req.routeOptions.url === '/events';
-        const viaGateway = opts.clusterToken
-          ? gatewayCaller(opts.clusterToken, req.headers.authorization, req.headers[CALLER_HEADER])
-          : undefined;
-        req.caller =
-          viaGateway ?? authenticate(daemon.lab.keys, req.headers.authorization, headerless ? q?.token : undefined);
-        requireScope(req.caller, scope);
-        opts.limits?.guard.authenticated(req.raw.socket);
-        if (headerless) opts.limits?.streams.admit(req.caller.key, req.raw.socket);
-      } catch (e) {
-        return done(e as Error);
-      }
+    try {
+      const caller = o.caller(req, req.routeOptions.config?.scope);
+      if (caller) req.caller = caller;
+    } catch (e) {
+      return done(e as Error);
     }
     done();
   });
+  app.setErrorHandler((e, _req, reply) => sendError(reply, e));
+  app.setNotFoundHandler((req, reply) =>
+    reply.status(404).send({
+      code: 'BAD_INPUT',
+      message: `no route ${req.method} ${req.url.split('?')[0]}`,
+      hint: 'see /openapi.json',
+    }),
+  );
+  app.get('/healthz', { schema: { hide: true } }, async () => o.health());
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  return app;
+}
+
+export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<FastifyInstance> {
+  const app = await baseApp({
+    resolved: opts.limits?.resolved,
+    health: () => ({ ok: true, version: VERSION, pid: process.pid }),
+    caller: (req, scope) => {
+      if (opts.trusted) return LOCAL;
+      if (!scope) return undefined;
+      // ?token= only where a browser cannot send a header: WebSockets and the event stream
+      const q = req.query as Record<string, unknown> | undefined;
+      const headerless = req.headers.upgrade?.toLowerCase() === 'websocket' || req.routeOptions.url === '/events';
+      const viaGateway = opts.clusterToken
+        ? gatewayCaller(opts.clusterToken, req.headers.authorization, req.headers[CALLER_HEADER])
+        : undefined;
+      const caller =
+        viaGateway ?? authenticate(daemon.lab.keys, req.headers.authorization, headerless ? q?.token : undefined);
+      requireScope(caller, scope);
+      opts.limits?.guard.authenticated(req.raw.socket);
+      if (headerless) opts.limits?.streams.admit(caller.key, req.raw.socket);
+      return caller;
+    },
+  });
+  // before any byte of a connection is parsed: refused or admitted at the caps
+  opts.limits?.guard.attach(app.server);
   app.addHook('onResponse', (req, reply, done) => {
     const route = req.routeOptions.url ?? 'unknown';
     daemon.metrics.request(route, reply.statusCode);
@@ -116,17 +162,6 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
     });
     done();
   });
-  app.setErrorHandler((e, _req, reply) => sendError(reply, e));
-  app.setNotFoundHandler((req, reply) =>
-    reply.status(404).send({
-      code: 'BAD_INPUT',
-      message: `no route ${req.method} ${req.url.split('?')[0]}`,
-      hint: 'see /openapi.json',
-    }),
-  );
-
-  app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, version: VERSION, pid: process.pid }));
-  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   // each group of routes is a Fastify plugin of its own (its hooks and decorations stay its own)
   const group =
     (routes: (r: FastifyInstance, d: Daemon) => Promise<void>): FastifyPluginAsync =>
@@ -135,7 +170,8 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
   await app.register(group(sandboxRoutes));
   await app.register(group(streamRoutes));
   await app.register(group(fileRoutes));
-  await app.register(group(adminRoutes));
+  // the routes a cluster gateway serves too
+  await app.register(group(sharedRoutes));
   await app.register(group(rpcRoutes));
   await app.register(group(uiRoutes));
   return app;

@@ -19,7 +19,23 @@ import { Metrics } from './metrics.js';
 import { CeilingGuard } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
-import type { Served, ServedLab } from './served-lab.js';
+import type {
+  AdminApi,
+  EventQuery,
+  EventRecord,
+  KeyAdmin,
+  OperationsApi,
+  PoolRunBody,
+  RouteHost,
+  ScenariosApi,
+  Served,
+  ServedLab,
+} from './served-lab.js';
+import { labAdmin, labScenarios, labUsage, noPlacement } from './lab-admin.js';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { snapshotFor } from './snapshot-access.js';
+import { NO_CEILINGS, resolveCeilings } from '../lab/ceilings.js';
+import { execView } from './exec-view.js';
 
 export interface DaemonOptions {
   home?: string;
@@ -48,12 +64,14 @@ export interface ProcessSpec {
   background?: boolean;
 }
 
-export class Daemon {
+export class Daemon implements RouteHost {
   readonly events: EventLog;
   readonly processes: Processes;
   readonly operations = new Operations();
   readonly metrics = new Metrics();
   readonly ceilings: CeilingGuard;
+  private readonly admin: AdminApi;
+  private readonly scenarios: ScenariosApi;
   readonly opts: typeof DEFAULTS;
   private readonly cache = new Map<string, SandboxApi>();
   private readonly execs = new Map<string, number>();
@@ -81,6 +99,8 @@ export class Daemon {
     this.events = new EventLog(lab.journal);
     this.processes = new Processes();
     this.ceilings = new CeilingGuard(lab);
+    this.admin = labAdmin(lab, this.operations);
+    this.scenarios = labScenarios(lab, this.operations);
     this.log = opts.log ?? (() => {});
   }
 
@@ -218,24 +238,162 @@ export class Daemon {
    * without a key: the socket, the CLI); `remove`: its own only. Admin keys and the socket: all.
    * Not there or not the caller's: one answer, SNAPSHOT_NOT_FOUND, naming nothing else.
    */
-  async snapshotFor(name: string, caller: Caller, remove = false): Promise<SnapshotApi> {
-    const snap = await this.lab.snapshot(name).catch((e: unknown) => {
-      if (isSnaplabError(e, 'SNAPSHOT_NOT_FOUND')) return undefined;
-      throw e;
-    });
-    if (!snap || !this.snapshotVisible(caller, snap, remove))
-      throw new SnaplabError(
-        'SNAPSHOT_NOT_FOUND',
-        `no snapshot named ${JSON.stringify(name)}`,
-        'list them with GET /snapshots',
-      );
-    return snap;
+  snapshotFor(name: string, caller: Caller, remove = false): Promise<SnapshotApi> {
+    return snapshotFor(this, name, caller, remove);
   }
 
   snapshotVisible(caller: Caller, snap: SnapshotApi, remove = false): boolean {
     const owner = (snap.toJSON().owner as string | null | undefined) ?? null;
     return caller.scopes.has('admin') || owner === caller.key || (!remove && owner === null);
   }
+
+  /** The lab every request acts through: one for all callers (the routes keep each to its own). */
+  labFor(_caller: Caller): ServedLab {
+    return this.lab;
+  }
+
+  /** Its lab's pools and images, each long change one of its operations. */
+  adminFor(_caller: Caller): AdminApi {
+    return this.admin;
+  }
+
+  /** POST /sandboxes: made for the caller (create), as the API shows it. */
+  async createSandbox(
+    caller: Caller,
+    body: CreateBody,
+  ): Promise<{ view: Record<string, unknown>; opId: string | null }> {
+    noPlacement(body);
+    const box = await this.create(caller, body);
+    return { view: this.view(box), opId: box.lastTrace?.id ?? null };
+  }
+
+  async sandboxView(caller: Caller, idOrName: string): Promise<Record<string, unknown>> {
+    return this.view(await this.sandbox(idOrName, caller));
+  }
+
+  destroySandbox(caller: Caller, idOrName: string): Promise<void> {
+    return this.destroy(idOrName, undefined, caller);
+  }
+
+  /** A command in a fresh sandbox of the pool: held to the key's exec quota and ceilings while it runs. */
+  async runPool(caller: Caller, name: string, b: PoolRunBody): Promise<Record<string, unknown>> {
+    // the run's sandbox is a standby like a take's: held to the key's ceilings while it runs
+    const ceiling = await this.ceilings.claim(caller, { pool: name });
+    let release = (): void => ceiling.release();
+    try {
+      const exec = this.claimExec(caller);
+      release = () => {
+        exec();
+        ceiling.release();
+      };
+      const r = await this.lab.pool(name).run(b.argv, {
+        env: b.env,
+        cwd: b.cwd,
+        user: b.user,
+        timeoutMs: this.deadline(b.timeoutMs),
+        encoding: 'buffer',
+        ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+      });
+      if (r.trace) this.metrics.observeTrace(r.trace);
+      return {
+        ...execView(r, b.encoding),
+        sandbox: r.sandbox,
+        hit: r.hit,
+        recycled: r.recycled,
+        operationId: r.trace?.id ?? null,
+      };
+    } finally {
+      release();
+    }
+  }
+
+  /** The caller, and what this host holds its key to (the defaults where the key names none). */
+  whoami(caller: Caller): Record<string, unknown> {
+    return {
+      key: caller.key,
+      scopes: [...caller.scopes],
+      maxSandboxes: caller.maxSandboxes ?? null,
+      maxExecs: caller.maxExecs ?? null,
+      ceilings: caller.key === LOCAL.key ? NO_CEILINGS : resolveCeilings(caller.ceilings),
+    };
+  }
+
+  /** Its metrics: sandboxes by state, pools, processes, execs, operation phases, the home's disk. */
+  async metricsText(): Promise<string> {
+    const sandboxes: Record<string, number> = { creating: 0, running: 0, paused: 0, dead: 0, removing: 0 };
+    for (const s of await this.lab.list({ check: false })) sandboxes[s.state] = (sandboxes[s.state] ?? 0) + 1;
+    return this.metrics.render({
+      sandboxes,
+      pools: await this.lab.pools(),
+      processes: this.processes.running(),
+      execs: this.execsRunning(),
+      home: this.lab.home,
+    });
+  }
+
+  /** Every visible machine's memory, pids and CPU time now, from its cgroup. */
+  usage(caller: Caller): Promise<unknown[]> {
+    return labUsage(this.lab, this.ownedBy(caller));
+  }
+
+  /**
+   * The event log as server-sent events, with ids: replayed after `q.after` (else from now), then
+   * live. A key without admin is told of its own sandboxes only.
+   */
+  streamEvents(caller: Caller, _req: IncomingMessage, res: ServerResponse, q: EventQuery): void {
+    let after = q.after ?? this.lab.journal.lastId();
+    res.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      'x-accel-buffering': 'no',
+    });
+    const all = caller.scopes.has('admin');
+    const write = (e: EventRecord): void => {
+      if (e.id <= after) return;
+      after = e.id;
+      if (q.sandbox && e.sandbox !== q.sandbox && e.name !== q.sandbox) return;
+      if (!all && (!e.sandbox || e.data?.owner !== caller.key)) return;
+      // a reader that does not keep up is let go: it reconnects with Last-Event-ID and misses nothing
+      if (res.writableLength > 1 << 20) return void res.destroy();
+      res.write(
+        `id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify({ ...e, at: new Date(e.at).toISOString() })}\n\n`,
+      );
+    };
+    // listen first, then replay: nothing falls between the two
+    const queued: EventRecord[] = [];
+    let live = false;
+    const onEvent = (e: EventRecord): void => (live ? write(e) : void queued.push(e));
+    this.events.on('event', onEvent);
+    for (let batch = this.events.after(after); batch.length; batch = this.events.after(after)) batch.forEach(write);
+    live = true;
+    queued.forEach(write);
+    res.write(': connected\n\n');
+    const keepalive = setInterval(() => res.write(': keepalive\n\n'), 15_000);
+    const untrack = this.track(caller, { close: () => res.destroy() });
+    res.on('close', () => {
+      clearInterval(keepalive);
+      this.events.off('event', onEvent);
+      untrack();
+    });
+  }
+
+  /** Its lab's scenarios. */
+  scenariosFor(_caller: Caller): ScenariosApi {
+    return this.scenarios;
+  }
+
+  /** The daemon's long operations (one list for every caller). */
+  operationsFor(_caller: Caller): OperationsApi {
+    return { list: async () => this.operations.list(), get: (id, waitS) => this.operations.get(id, waitS) };
+  }
+
+  /** The daemon's API keys (its lab's store). */
+  readonly keyAdmin: KeyAdmin = {
+    list: async () => this.lab.keys.list(),
+    create: async (name, opts) => this.lab.keys.create(name, opts),
+    remove: async (name) => this.lab.keys.remove(name),
+  };
 
   /** Admin keys and the socket see every sandbox; other keys those they made. */
   visible(caller: Caller, box: { owner: string | null }): boolean {

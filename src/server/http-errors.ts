@@ -85,10 +85,10 @@ export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
   const body: Record<string, unknown> = err.toJSON();
   const op = (err as SnaplabError & { operationId?: string }).operationId;
   if (op) body.operationId = op;
-  if (err instanceof LimitError) {
-    body.limit = err.limit;
-    if (err.retryAfterS !== undefined) void reply.header('retry-after', String(err.retryAfterS));
-  }
+  // a LimitError's, or one a node gave a cluster gateway (cluster/proxy.ts keeps them on the error)
+  const limit = err as SnaplabError & Partial<Pick<LimitError, 'limit' | 'retryAfterS'>>;
+  if (limit.limit !== undefined) body.limit = limit.limit;
+  if (limit.retryAfterS !== undefined) void reply.header('retry-after', String(limit.retryAfterS));
   return reply.status(statusOf(err.code)).send(body);
 }
 

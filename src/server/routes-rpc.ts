@@ -11,7 +11,7 @@ import type { WebSocket } from 'ws';
 import { SnaplabError } from '../errors.js';
 import type { Daemon } from './daemon.js';
 import { toSnaplab } from './http-errors.js';
-import { execView } from './routes-sandboxes.js';
+import { execView } from './exec-view.js';
 
 interface Call {
   id: number | string;

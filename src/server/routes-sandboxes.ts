@@ -1,9 +1,11 @@
-/** Sandboxes: create (image, snapshot or pool), list, get, destroy, pause, resume, timeout, labels, snapshots, one-shot exec. */
+/**
+ * A sandbox's own calls: pause, resume, timeout, labels, snapshots, one-shot exec (its create, get,
+ * list and destroy are routes-shared.ts's).
+ */
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import type { Daemon } from './daemon.js';
 import {
-  CreateBody,
   ExecBody,
   ExecResultView,
   IdParams,
@@ -13,110 +15,13 @@ import {
   TimeoutBody,
   errors,
 } from './schemas.js';
-import type { ExecResult } from '../lab/io/sandbox-ops.js';
-import { keyValues } from '../lab/io/exec.js';
-
-export function execView(r: ExecResult, encoding: 'utf8' | 'base64' = 'utf8'): Record<string, unknown> {
-  return {
-    exitCode: r.exitCode,
-    signal: r.signal,
-    timedOut: r.timedOut,
-    notFound: r.notFound,
-    oomKilled: r.oomKilled,
-    truncated: r.truncated,
-    stdout: r.stdout.toString(encoding),
-    stderr: r.stderr.toString(encoding),
-    encoding,
-    usage: r.usage,
-  };
-}
+import { execView } from './exec-view.js';
 
 const tags = ['sandboxes'];
 
 export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  lifecycleRoutes(app, d);
   controlRoutes(app, d);
   execAndSnapshotRoutes(app, d);
-}
-
-/** Create, list, get, destroy. */
-function lifecycleRoutes(app: FastifyInstance, d: Daemon): void {
-  app.post(
-    '/sandboxes',
-    {
-      config: { scope: 'exec' },
-      schema: {
-        tags,
-        summary: 'Create a sandbox from an image, a snapshot or a pool; returns once it is usable',
-        body: CreateBody,
-        response: { 201: SandboxView, ...errors },
-      },
-    },
-    async (req, reply) => {
-      const box = await d.create(req.caller, req.body as CreateBody);
-      req.opId = box.lastTrace?.id ?? null;
-      return reply.status(201).send(d.view(box));
-    },
-  );
-
-  app.get(
-    '/sandboxes',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags,
-        summary:
-          'List sandboxes; `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none); `check=false` reads the records without checking the host',
-        querystring: Type.Object({
-          label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
-          owner: Type.Optional(Type.String()),
-          check: Type.Optional(Type.Boolean()),
-        }),
-        response: { 200: Type.Array(SandboxView), ...errors },
-      },
-    },
-    async (req) => {
-      const q = req.query as { label?: string | string[]; owner?: string; check?: boolean };
-      const labels = keyValues([q.label ?? []].flat(), 'label filter');
-      const asked = q.owner === undefined ? undefined : q.owner || null;
-      const mine = d.ownedBy(req.caller);
-      // a key without admin sees its own: asking for another's gives nothing
-      if (mine !== undefined && asked !== undefined && asked !== mine) return [];
-      const boxes = await d.lab.list({ labels, owner: mine ?? asked, check: q.check });
-      return boxes.map((b) => d.view(b));
-    },
-  );
-
-  app.get(
-    '/sandboxes/:id',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags,
-        summary: 'A sandbox, reconciled with the host',
-        params: IdParams,
-        response: { 200: SandboxView, ...errors },
-      },
-    },
-    async (req) => d.view(await d.sandbox((req.params as { id: string }).id, req.caller)),
-  );
-
-  app.delete(
-    '/sandboxes/:id',
-    {
-      config: { scope: 'exec' },
-      schema: {
-        tags,
-        summary: 'Destroy a sandbox: its processes killed, its filesystem removed',
-        params: IdParams,
-        response: { 204: Type.Null(), ...errors },
-      },
-    },
-    async (req, reply) => {
-      await d.destroy((req.params as { id: string }).id, undefined, req.caller);
-      return reply.status(204).send();
-    },
-  );
 }
 
 /** Pause, resume, timeout, labels. */

@@ -1,8 +1,8 @@
 /**
  * What the dashboard needs beside the API: its static files at `/` (built by Vite into dist/web,
  * public like /healthz: they hold no data, every call they make needs the same key as any
- * client), who the caller is, every visible machine's CPU and memory in one call, and the
- * `snaplab bench --results` directories under the daemon's bench directory.
+ * client) and the `snaplab bench --results` directories under the daemon's bench directory (who
+ * the caller is and every visible machine's CPU and memory: routes-shared.ts).
  */
 import { constants, existsSync } from 'node:fs';
 import { lstat, open, readdir } from 'node:fs/promises';
@@ -12,12 +12,9 @@ import fastifyStatic from '@fastify/static';
 import { Type } from 'typebox';
 import { packageRoot } from '../agent/binary.js';
 import { SnaplabError } from '../errors.js';
-import { cgroupFor, stats } from '../host/cgroups/cgroups.js';
 import type { Daemon } from './daemon.js';
 import { errors } from './schemas.js';
 import { orElse } from '../cleanup.js';
-import { NO_CEILINGS, resolveCeilings } from '../lab/ceilings.js';
-import { LOCAL } from './keys.js';
 
 const any = Type.Object({}, { additionalProperties: true });
 /** the page may talk to its own origin only, run no inline script, and be framed by nobody */
@@ -29,8 +26,6 @@ export const webRoot = (): string => join(packageRoot(), 'dist', 'web');
 
 export async function uiRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   await staticFiles(app);
-  usageRoutes(app, d);
-  takesRoute(app, d);
   benchRoutes(app, d);
 }
 
@@ -63,85 +58,6 @@ async function staticFiles(app: FastifyInstance): Promise<void> {
       );
     });
   }
-}
-
-/** Who the caller is, and what its machines use. */
-function usageRoutes(app: FastifyInstance, d: Daemon): void {
-  app.get(
-    '/whoami',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags: ['keys'],
-        summary: 'The caller: its key (local on the Unix socket), scopes and quotas',
-        response: { 200: any, ...errors },
-      },
-    },
-    async (req) => ({
-      key: req.caller.key,
-      scopes: [...req.caller.scopes],
-      maxSandboxes: req.caller.maxSandboxes ?? null,
-      maxExecs: req.caller.maxExecs ?? null,
-      // what this host holds the key to (the defaults where the key names none)
-      ceilings: req.caller.key === LOCAL.key ? NO_CEILINGS : resolveCeilings(req.caller.ceilings),
-    }),
-  );
-
-  // one call for the whole list: the dashboard polls it and draws CPU from the difference
-  app.get(
-    '/usage',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags: ['sandboxes'],
-        summary: "Every visible machine's memory, pids and CPU time now (from its cgroup)",
-        response: { 200: Type.Array(any), ...errors },
-      },
-    },
-    async (req) => {
-      const at = Date.now();
-      const recs = (await d.lab.list({ owner: d.ownedBy(req.caller), check: false })).filter(
-        (r) => r.state === 'running' || r.state === 'paused',
-      );
-      return Promise.all(
-        recs.map(async (r) => ({
-          id: r.id,
-          at,
-          ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
-        })),
-      );
-    },
-  );
-}
-
-function takesRoute(app: FastifyInstance, d: Daemon): void {
-  // every take of a pool's standbys (a pool run's take phase, or a take for the caller's own use),
-  // from the stored traces: takes by the CLI and the library count as well as the daemon's own.
-  // `after` is the cursor of the last answer (traces in the order they were stored); `now` is the
-  // daemon's clock, which the times are on
-  app.get(
-    '/pools/:name/takes',
-    {
-      config: { scope: 'read' },
-      schema: {
-        tags: ['pools'],
-        summary: 'The takes of a pool: those stored after a cursor, or that started in the last `since` ms',
-        params: Type.Object({ name: Type.String() }),
-        querystring: Type.Object({
-          after: Type.Optional(Type.Integer({ minimum: 0 })),
-          since: Type.Optional(Type.Integer({ minimum: 0, maximum: 86_400_000 })),
-        }),
-        response: { 200: any, ...errors },
-      },
-    },
-    async (req) => {
-      const name = (req.params as { name: string }).name;
-      const pool = d.lab.pool(name);
-      await pool.stats(); // POOL_NOT_FOUND for a pool that is not there
-      const q = req.query as { after?: number; since?: number };
-      return pool.takes(q);
-    },
-  );
 }
 
 function benchRoutes(app: FastifyInstance, d: Daemon): void {

@@ -28,6 +28,14 @@ export const ErrorBody = Type.Object(
 
 const StringMap = Type.Record(Type.String(), Type.String());
 
+/** Where a cluster gateway places a sandbox, or runs a change made on each node; a single daemon refuses it (it has no nodes). */
+const Placement = Type.Optional(
+  Type.Object(
+    { labels: Type.Optional(StringMap) },
+    { additionalProperties: false, description: "a cluster gateway's: on the nodes with these labels (default: all)" },
+  ),
+);
+
 export const Limits = Type.Object(
   {
     memoryBytes: Type.Optional(Type.Integer({ minimum: 1 })),
@@ -60,6 +68,7 @@ export const CreateBody = Type.Object(
       }),
     ),
     onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
+    placement: Placement,
   },
   { additionalProperties: false },
 );
@@ -178,6 +187,7 @@ export const PoolBody = Type.Object(
     driver: Type.Optional(DriverName()),
     recycle: Type.Optional(Type.Boolean()),
     userns: Type.Optional(Type.Boolean()),
+    placement: Placement,
   },
   { additionalProperties: false },
 );
@@ -197,13 +207,14 @@ export const RunBody = Type.Object(
 export type RunBody = Static<typeof RunBody>;
 
 export const ImportBody = Type.Object(
-  { source: Type.String({ description: "a path on the daemon's host" }), name: Type.String() },
+  { source: Type.String({ description: "a path on the daemon's host" }), name: Type.String(), placement: Placement },
   { additionalProperties: false },
 );
 export const BuildBody = Type.Object(
   {
     spec: Type.Record(Type.String(), Type.Unknown(), { description: 'as `image build` takes (docs/images.md)' }),
     name: Type.Optional(Type.String()),
+    placement: Placement,
   },
   { additionalProperties: false },
 );
@@ -212,6 +223,7 @@ export const ScenarioBody = Type.Object(
     file: Type.String({ description: "a scenario file on the daemon's host" }),
     name: Type.Optional(Type.String()),
     driver: Type.Optional(DriverName(`the driver of machines whose file names none (default ${DEFAULT_DRIVER})`)),
+    placement: Placement,
   },
   { additionalProperties: false },
 );

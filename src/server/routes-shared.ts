@@ -1,0 +1,550 @@
+/**
+ * The routes a single daemon and a cluster gateway serve with the same handlers, schemas and
+ * OpenAPI entries, over a RouteHost (served-lab.ts): who the caller is, metrics, a sandbox's
+ * create, get, list and destroy, a check pass, the event stream, usage, traces, long operations,
+ * snapshots, pools and their runs, images, scenarios (routes-scenarios.ts) and API keys. A daemon
+ * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
+ * to the caller, whose nodes do the same.
+ */
+import type { FastifyInstance } from 'fastify';
+import { Type } from 'typebox';
+import { SnaplabError } from '../errors.js';
+import { statusOf, toSnaplab } from './http-errors.js';
+import type { Ceilings } from '../store/records.js';
+import { parseScopes, type Caller } from './keys.js';
+import type { PoolRunBody, RouteHost } from './served-lab.js';
+import { scenarioRoutesOf } from './routes-scenarios.js';
+import { snapshotFor } from './snapshot-access.js';
+import {
+  BuildBody,
+  CreateBody,
+  IdParams,
+  ImportBody,
+  KeyBody,
+  PoolBody,
+  RunBody,
+  SandboxView,
+  errors,
+} from './schemas.js';
+import { keyValues } from '../lab/io/exec.js';
+import type { PoolSpec } from '../lab/pools/admin.js';
+import type { DebianSpec } from '../image/debian.js';
+
+const any = Type.Object({}, { additionalProperties: true });
+const NameParams = Type.Object({ name: Type.String() });
+
+export async function sharedRoutes(app: FastifyInstance, h: RouteHost): Promise<void> {
+  lifecycleRoutes(app, h);
+  eventRoutes(app, h);
+  whoRoutes(app, h);
+  listRoutes(app, h);
+  traceRoutes(app, h);
+  operationRoutes(app, h);
+  snapshotRoutes(app, h);
+  poolReadRoutes(app, h);
+  poolChangeRoutes(app, h);
+  poolRunRoute(app, h);
+  imageRoutes(app, h);
+  scenarioRoutesOf(app, h);
+  keyRoutes(app, h);
+}
+
+/** Who the caller is, and the server's metrics. */
+function whoRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/whoami',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['keys'],
+        summary: 'The caller: its key (local on the Unix socket), scopes and quotas',
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => h.whoami(req.caller),
+  );
+  app.get(
+    '/metrics',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['metrics'],
+        summary: "Prometheus text format (a cluster gateway's own: nodes, sandboxes by state, placement time)",
+        querystring: Type.Object({
+          recent: Type.Optional(
+            Type.Integer({ minimum: 0, description: "a gateway's: the placement quantiles of its last N only" }),
+          ),
+        }),
+      },
+    },
+    async (req, reply) =>
+      reply
+        .header('content-type', 'text/plain; version=0.0.4')
+        .send(await h.metricsText(req.caller, (req.query as { recent?: number }).recent)),
+  );
+}
+
+/** The event stream and the machines' usage. */
+function eventRoutes(app: FastifyInstance, h: RouteHost): void {
+  // events: server-sent, with ids; Last-Event-ID (or ?after=) resumes after that id
+  app.get(
+    '/events',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['events'],
+        summary:
+          'Server-sent events: created, ready, paused, resumed, exited, destroyed, failed, timeout, process.exited; each with a reason',
+        querystring: Type.Object({
+          after: Type.Optional(Type.Integer({ minimum: 0 })),
+          sandbox: Type.Optional(Type.String()),
+          token: Type.Optional(Type.String()),
+        }),
+      },
+    },
+    async (req, reply) => {
+      const q = req.query as { after?: number; sandbox?: string };
+      const last = Number(req.headers['last-event-id']);
+      const after = Number.isSafeInteger(last) && last >= 0 ? last : q.after;
+      reply.hijack();
+      try {
+        await h.streamEvents(req.caller, req.raw, reply.raw, { after, sandbox: q.sandbox });
+      } catch (e) {
+        // refused before a byte of the stream (a sandbox not there): the error, as any route's
+        const err = toSnaplab(e);
+        if (reply.raw.headersSent) reply.raw.destroy(err);
+        else
+          reply.raw
+            .writeHead(statusOf(err.code), { 'content-type': 'application/json' })
+            .end(JSON.stringify(err.toJSON()));
+      }
+    },
+  );
+  // one call for the whole list: the dashboard polls it and draws CPU from the difference
+  app.get(
+    '/usage',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: "Every visible machine's memory, pids and CPU time now (from its cgroup)",
+        response: { 200: Type.Array(any), ...errors },
+      },
+    },
+    async (req) => h.usage(req.caller),
+  );
+}
+
+/** Create, get, destroy (a cluster's: placed and claimed, then on the node that holds it). */
+function lifecycleRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.post(
+    '/sandboxes',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: 'Create a sandbox from an image, a snapshot or a pool; returns once it is usable',
+        body: CreateBody,
+        response: { 201: SandboxView, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const made = await h.createSandbox(req.caller, req.body as CreateBody);
+      req.opId = made.opId;
+      return reply.status(201).send(made.view);
+    },
+  );
+  app.get(
+    '/sandboxes/:id',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: 'A sandbox, reconciled with the host',
+        params: IdParams,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    async (req) => h.sandboxView(req.caller, (req.params as { id: string }).id),
+  );
+  app.delete(
+    '/sandboxes/:id',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags: ['sandboxes'],
+        summary: 'Destroy a sandbox: its processes killed, its filesystem removed',
+        params: IdParams,
+        response: { 204: Type.Null(), ...errors },
+      },
+    },
+    async (req, reply) => {
+      await h.destroySandbox(req.caller, (req.params as { id: string }).id);
+      return reply.status(204).send();
+    },
+  );
+}
+
+/** The sandboxes a caller may see (a cluster's: asked of every node and merged), and a check pass. */
+function listRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/sandboxes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['sandboxes'],
+        summary:
+          'List sandboxes; `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none); `check=false` reads the records without checking the host',
+        querystring: Type.Object({
+          label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
+          owner: Type.Optional(Type.String()),
+          check: Type.Optional(Type.Boolean()),
+        }),
+        response: { 200: Type.Array(SandboxView), ...errors },
+      },
+    },
+    async (req) => {
+      const q = req.query as { label?: string | string[]; owner?: string; check?: boolean };
+      const labels = keyValues([q.label ?? []].flat(), 'label filter');
+      const asked = q.owner === undefined ? undefined : q.owner || null;
+      const mine = h.ownedBy(req.caller);
+      // a key without admin sees its own: asking for another's gives nothing
+      if (mine !== undefined && asked !== undefined && asked !== mine) return [];
+      const boxes = await h.labFor(req.caller).list({ labels, owner: mine ?? asked, check: q.check });
+      return boxes.map((b) => b.toJSON());
+    },
+  );
+  // a daemon's tick runs this every few seconds; a client (a gateway, a test) may ask for one now
+  app.post(
+    '/check',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['sandboxes'],
+        summary:
+          "A check pass now: every sandbox's record against the host, and what an interrupted create left removed (each told of as failed)",
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => ({ removed: await h.check(req.caller) }),
+  );
+}
+
+function traceRoutes(app: FastifyInstance, h: RouteHost): void {
+  // a key without admin sees the traces of its own machines only (by name or id), as with events
+  const ownTargets = async (caller: Caller): Promise<string[] | undefined> => {
+    const owner = h.ownedBy(caller);
+    if (owner === undefined) return undefined;
+    return (await h.labFor(caller).list({ owner, check: false })).flatMap((b) => [b.name, b.id]);
+  };
+  app.get(
+    '/traces',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['traces'],
+        summary: 'Stored traces, newest first; `target=` (repeatable) those of these machines, scenarios or pools',
+        querystring: Type.Object({
+          limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })),
+          target: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
+        }),
+        response: { 200: Type.Array(any), ...errors },
+      },
+    },
+    async (req) => {
+      const q = req.query as { limit?: number; target?: string | string[] };
+      const own = await ownTargets(req.caller);
+      const asked = q.target === undefined ? undefined : [q.target].flat();
+      const targets = asked === undefined ? own : own ? asked.filter((t) => own.includes(t)) : asked;
+      return h.labFor(req.caller).traces({ limit: q.limit ?? 20, targets });
+    },
+  );
+  app.get(
+    '/traces/:id',
+    {
+      config: { scope: 'read' },
+      schema: { tags: ['traces'], params: Type.Object({ id: Type.String() }), response: { 200: any, ...errors } },
+    },
+    async (req) => {
+      const id = (req.params as { id: string }).id;
+      const t = await h.labFor(req.caller).trace(id);
+      const own = await ownTargets(req.caller);
+      if (!t || (own && !own.includes(t.target ?? '')))
+        throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${id}`, 'list them with GET /traces');
+      return t;
+    },
+  );
+}
+
+function operationRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/operations',
+    { config: { scope: 'read' }, schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } },
+    async (req) => h.operationsFor(req.caller).list(),
+  );
+  app.get(
+    '/operations/:id',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['operations'],
+        summary: 'A long operation; `wait=S` waits up to S seconds for its end',
+        params: Type.Object({ id: Type.String() }),
+        querystring: Type.Object({ wait: Type.Optional(Type.Number({ minimum: 0, maximum: 600 })) }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) =>
+      h.operationsFor(req.caller).get((req.params as { id: string }).id, (req.query as { wait?: number }).wait ?? 0),
+  );
+}
+
+function snapshotRoutes(app: FastifyInstance, h: RouteHost): void {
+  // snapshots (made at POST /sandboxes/{id}/snapshots; restored by POST /sandboxes {snapshot})
+  app.get(
+    '/snapshots',
+    { config: { scope: 'read' }, schema: { tags: ['snapshots'], response: { 200: Type.Array(any), ...errors } } },
+    async (req) =>
+      (await h.labFor(req.caller).snapshots()).filter((s) => h.snapshotVisible(req.caller, s)).map((s) => s.toJSON()),
+  );
+  app.get(
+    '/snapshots/:name',
+    {
+      config: { scope: 'read' },
+      schema: { tags: ['snapshots'], params: NameParams, response: { 200: any, ...errors } },
+    },
+    async (req) => (await snapshotFor(h, (req.params as { name: string }).name, req.caller)).toJSON(),
+  );
+  app.delete(
+    '/snapshots/:name',
+    {
+      config: { scope: 'exec' },
+      schema: { tags: ['snapshots'], params: NameParams, response: { 204: Type.Null(), ...errors } },
+    },
+    async (req, reply) => {
+      const name = (req.params as { name: string }).name;
+      await snapshotFor(h, name, req.caller, true);
+      await h.labFor(req.caller).removeSnapshot(name);
+      return reply.status(204).send();
+    },
+  );
+}
+
+/** A pool's counts (a cluster's: summed over the nodes that hold it), and the takes of its standbys. */
+function poolReadRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/pools',
+    { config: { scope: 'read' }, schema: { tags: ['pools'], response: { 200: Type.Array(any), ...errors } } },
+    async (req) => h.labFor(req.caller).pools(),
+  );
+  app.get(
+    '/pools/:name',
+    { config: { scope: 'read' }, schema: { tags: ['pools'], params: NameParams, response: { 200: any, ...errors } } },
+    async (req) =>
+      h
+        .labFor(req.caller)
+        .pool((req.params as { name: string }).name)
+        .stats(),
+  );
+  // every take of a pool's standbys (a pool run's take phase, or a take for the caller's own use),
+  // from the stored traces: takes by the CLI and the library count as well as the daemon's own.
+  // `after` is the cursor of the last answer (traces in the order they were stored; a cluster's:
+  // a time); `now` is the server's clock, which the times are on
+  app.get(
+    '/pools/:name/takes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['pools'],
+        summary: 'The takes of a pool: those stored after a cursor, or that started in the last `since` ms',
+        params: NameParams,
+        querystring: Type.Object({
+          after: Type.Optional(Type.Integer({ minimum: 0 })),
+          since: Type.Optional(Type.Integer({ minimum: 0, maximum: 86_400_000 })),
+        }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => {
+      const pool = h.labFor(req.caller).pool((req.params as { name: string }).name);
+      await pool.stats(); // POOL_NOT_FOUND for a pool that is not there
+      return pool.takes(req.query as { after?: number; since?: number });
+    },
+  );
+}
+
+/** Define, resize and remove a pool (a cluster's: on each node it is, or is to be, on). */
+function poolChangeRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.post(
+    '/pools',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Define a pool; returns an operation that ends when its standbys are ready',
+        body: PoolBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => reply.status(202).send(await h.adminFor(req.caller).createPool(req.body as PoolSpec)),
+  );
+  app.patch(
+    '/pools/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Resize (returns an operation)',
+        params: NameParams,
+        body: Type.Object({ size: Type.Integer({ minimum: 0 }) }),
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const name = (req.params as { name: string }).name;
+      return reply.status(202).send(await h.adminFor(req.caller).resizePool(name, (req.body as { size: number }).size));
+    },
+  );
+  app.delete(
+    '/pools/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['pools'],
+        params: NameParams,
+        response: {
+          200: Type.Object({
+            removed: Type.Integer(),
+            nodes: Type.Optional(Type.Array(Type.String(), { description: "a cluster's: the nodes it was on" })),
+          }),
+          ...errors,
+        },
+      },
+    },
+    async (req) => h.adminFor(req.caller).removePool((req.params as { name: string }).name),
+  );
+}
+
+/** A run in a fresh sandbox of a pool (a cluster's: where placement finds a ready standby). */
+function poolRunRoute(app: FastifyInstance, h: RouteHost): void {
+  app.post(
+    '/pools/:name/run',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags: ['pools'],
+        summary: 'Run a command in a fresh sandbox of the pool and return its result',
+        params: NameParams,
+        body: RunBody,
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) => {
+      const r = await h.runPool(req.caller, (req.params as { name: string }).name, req.body as PoolRunBody);
+      req.opId = typeof r.operationId === 'string' ? r.operationId : null;
+      return r;
+    },
+  );
+}
+
+/** Images (a cluster's: each node's, by name, with the nodes that have it; made on each node). */
+function imageRoutes(app: FastifyInstance, h: RouteHost): void {
+  app.get(
+    '/images',
+    { config: { scope: 'read' }, schema: { tags: ['images'], response: { 200: Type.Array(any), ...errors } } },
+    async (req) => h.adminFor(req.caller).images(),
+  );
+  app.post(
+    '/images/import',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        summary: "Import a rootfs/docker/OCI archive on the daemon's host (returns an operation)",
+        body: ImportBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) =>
+      reply.status(202).send(await h.adminFor(req.caller).importImage(req.body as { source: string; name: string })),
+  );
+  app.post(
+    '/images/build',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        summary: 'Build a Debian image (returns an operation)',
+        body: BuildBody,
+        response: { 202: any, ...errors },
+      },
+    },
+    async (req, reply) =>
+      reply.status(202).send(await h.adminFor(req.caller).buildImage(req.body as { spec: DebianSpec; name?: string })),
+  );
+  app.delete(
+    '/images/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['images'],
+        params: NameParams,
+        querystring: Type.Object({ force: Type.Optional(Type.Boolean()) }),
+        response: { 200: any, ...errors },
+      },
+    },
+    async (req) =>
+      h
+        .adminFor(req.caller)
+        .removeImage((req.params as { name: string }).name, (req.query as { force?: boolean }).force),
+  );
+}
+
+function keyRoutes(app: FastifyInstance, h: RouteHost): void {
+  const keys = h.keyAdmin;
+  app.get(
+    '/keys',
+    { config: { scope: 'admin' }, schema: { tags: ['keys'], response: { 200: Type.Array(any), ...errors } } },
+    async () => keys.list(),
+  );
+  app.post(
+    '/keys',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        tags: ['keys'],
+        summary: 'Make a key; the response is the only time it is shown',
+        body: KeyBody,
+        response: { 201: any, ...errors },
+      },
+    },
+    async (req, reply) => {
+      const b = req.body as {
+        name: string;
+        scopes?: string[];
+        maxSandboxes?: number;
+        maxExecs?: number;
+        ceilings?: Partial<Ceilings>;
+      };
+      const { token, key } = await keys.create(b.name, {
+        scopes: b.scopes ? parseScopes(b.scopes.join(',')) : undefined,
+        maxSandboxes: b.maxSandboxes,
+        maxExecs: b.maxExecs,
+        ceilings: b.ceilings,
+      });
+      const { hash: _h, ...shown } = key;
+      return reply.status(201).send({ ...shown, token });
+    },
+  );
+  app.delete(
+    '/keys/:name',
+    {
+      config: { scope: 'admin' },
+      schema: { tags: ['keys'], params: NameParams, response: { 204: Type.Null(), ...errors } },
+    },
+    async (req, reply) => {
+      await keys.remove((req.params as { name: string }).name);
+      return reply.status(204).send();
+    },
+  );
+}
