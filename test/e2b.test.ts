@@ -1,0 +1,195 @@
+/**
+ * The E2B-compatible front (docs/e2b.md) driven by E2B's own SDK (`e2b` on npm, pinned): a real
+ * `snaplab serve --e2b-listen` on 127.0.0.1, the SDK pointed at it by E2B_API_URL,
+ * E2B_SANDBOX_URL and E2B_API_KEY, and each effect checked from outside with the snaplab CLI.
+ */
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { AuthenticationError, CommandExitError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { cli, removeHome, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
+
+let home: string;
+let d: TestDaemon;
+let key: string;
+let other: string;
+const saved = { ...process.env };
+
+/** `snaplab exec ID -- sh -c SCRIPT`: what the machine holds, seen without the front. */
+function inside(id: string, script: string): { code: number; out: string } {
+  const r = cli(home, ['exec', id, '--', 'sh', '-c', script]);
+  return { code: r.code, out: r.out };
+}
+
+/** `snaplab ls --json`: every sandbox of the home, as the CLI sees them. */
+function listed(): { id: string; owner: string | null }[] {
+  return JSON.parse(cli(home, ['ls', '--json']).out) as { id: string; owner: string | null }[];
+}
+
+beforeAll(async () => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2b-'));
+  key = cli(home, ['key', 'create', 'agent', '--e2b']).out;
+  other = cli(home, ['key', 'create', 'stranger', '--e2b']).out.trim();
+  d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
+  process.env.E2B_API_URL = d.e2bUrl;
+  process.env.E2B_SANDBOX_URL = d.e2bUrl;
+  process.env.E2B_API_KEY = key.trim();
+}, 120_000);
+
+afterAll(async () => {
+  process.env = saved;
+  await d?.stop();
+  if (home) removeHome(home);
+});
+
+describe('keys and the control API', () => {
+  it('key create --e2b prints only a key shaped e2b_<hex>', () => {
+    expect(key).toMatch(/^e2b_[0-9a-f]{40}\n$/);
+    expect(d.e2bUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+  });
+
+  it('creates a sandbox of the base template, with metadata and envs, owned by the key', async () => {
+    const sbx = await Sandbox.create({ metadata: { suite: 'e2b', who: 'first' }, envs: { GREETING: 'hello' } });
+    try {
+      const box = listed().find((b) => b.id === sbx.sandboxId);
+      expect(box?.owner).toBe('agent');
+      const info = await sbx.getInfo();
+      expect(info.templateId).toBe('base');
+      expect(info.metadata).toEqual({ suite: 'e2b', who: 'first' });
+      expect(info.state).toBe('running');
+      expect(info.endAt.getTime()).toBeGreaterThan(Date.now());
+      // the create's envs are every command's
+      const r = await sbx.commands.run('echo "$GREETING" > /tmp/greeting');
+      expect(r.exitCode).toBe(0);
+      expect(inside(sbx.sandboxId, 'cat /tmp/greeting').out).toBe('hello\n');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('lists with a metadata filter and pages with X-Next-Token; setTimeout moves the end', async () => {
+    const a = await Sandbox.create({ metadata: { suite: 'list' } });
+    const b = await Sandbox.create({ metadata: { suite: 'list' } });
+    const c = await Sandbox.create({ metadata: { suite: 'elsewhere' } });
+    try {
+      const pages = Sandbox.list({ query: { metadata: { suite: 'list' } }, limit: 1 });
+      const first = await pages.nextItems();
+      expect(pages.hasNext).toBe(true);
+      const second = await pages.nextItems();
+      // newest first
+      expect([...first, ...second].map((s) => s.sandboxId)).toEqual([b.sandboxId, a.sandboxId]);
+      if (pages.hasNext) expect(await pages.nextItems()).toEqual([]);
+      await Sandbox.setTimeout(c.sandboxId, 3600_000);
+      const end = (await Sandbox.getInfo(c.sandboxId)).endAt.getTime();
+      expect(end).toBeGreaterThan(Date.now() + 3500_000);
+    } finally {
+      for (const s of [a, b, c]) await s.kill();
+    }
+  });
+
+  it('kill ends the sandbox: gone from snaplab ls, not running, a second kill is false', async () => {
+    const sbx = await Sandbox.create();
+    expect(await sbx.isRunning()).toBe(true);
+    expect(await Sandbox.kill(sbx.sandboxId)).toBe(true);
+    expect(listed().some((b) => b.id === sbx.sandboxId)).toBe(false);
+    expect(await sbx.isRunning()).toBe(false);
+    expect(await Sandbox.kill(sbx.sandboxId)).toBe(false);
+    await expect(Sandbox.getInfo(sbx.sandboxId)).rejects.toBeInstanceOf(SandboxNotFoundError);
+  });
+
+  it('refuses an unknown key', async () => {
+    await expect(Sandbox.create({ apiKey: `e2b_${'0'.repeat(40)}` })).rejects.toBeInstanceOf(AuthenticationError);
+  });
+});
+
+describe('envd: commands and files', () => {
+  let sbx: Sandbox;
+  beforeAll(async () => {
+    sbx = await Sandbox.create({ timeoutMs: 600_000 });
+  });
+  afterAll(async () => {
+    await sbx?.kill();
+  });
+
+  it('commands.run: stdout streamed, stderr, exit codes, env, cwd, user', async () => {
+    const chunks: string[] = [];
+    const r = await sbx.commands.run('echo out; echo err >&2; echo "$X"; pwd; id -u', {
+      envs: { X: 'ex' },
+      cwd: '/tmp',
+      user: 'root',
+      onStdout: (s) => void chunks.push(s),
+    });
+    expect(r).toMatchObject({ exitCode: 0, stdout: 'out\nex\n/tmp\n0\n', stderr: 'err\n' });
+    expect(chunks.join('')).toBe(r.stdout);
+    const failed = await sbx.commands.run('echo no >&2; exit 3').catch((e: unknown) => e);
+    expect(failed).toBeInstanceOf(CommandExitError);
+    expect(failed).toMatchObject({ exitCode: 3, stderr: 'no\n' });
+    const nobody = await sbx.commands.run('id -u', { user: 'nobody' });
+    expect(nobody.stdout.trim()).toBe('65534');
+  });
+
+  it('a command past its timeout is killed inside', async () => {
+    const late = await sbx.commands.run('sleep 37', { timeoutMs: 1000 }).catch((e: unknown) => e);
+    expect(late).toBeInstanceOf(TimeoutError);
+    await until('the timed-out command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 37'));
+  });
+
+  it('a background command runs until killed', async () => {
+    const h = await sbx.commands.run('sleep 1234', { background: true });
+    expect(h.pid).toBeGreaterThan(0);
+    expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 1234');
+    expect((await sbx.commands.list()).map((p) => p.pid)).toContain(h.pid);
+    expect(await h.kill()).toBe(true);
+    await expect(h.wait()).rejects.toBeInstanceOf(CommandExitError);
+    await until('the killed command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 1234'));
+    expect(await sbx.commands.kill(h.pid)).toBe(false);
+  });
+
+  it('files: write and read, both ways; list, makeDir, rename, remove', async () => {
+    await sbx.files.write('/srv/data/hello.txt', 'hello from e2b');
+    expect(inside(sbx.sandboxId, 'cat /srv/data/hello.txt').out).toBe('hello from e2b');
+    expect(inside(sbx.sandboxId, 'printf made-inside > /srv/data/in.txt').code).toBe(0);
+    expect(await sbx.files.read('/srv/data/in.txt')).toBe('made-inside');
+    const bytes = Buffer.from([0, 1, 2, 255, 254]);
+    await sbx.files.write('/srv/bin.dat', bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length));
+    expect(Buffer.from(await sbx.files.read('/srv/bin.dat', { format: 'bytes' }))).toEqual(bytes);
+    expect((await sbx.files.list('/srv/data')).map((e) => [e.name, e.type]).sort()).toEqual([
+      ['hello.txt', 'file'],
+      ['in.txt', 'file'],
+    ]);
+    expect(await sbx.files.makeDir('/srv/new')).toBe(true);
+    expect(await sbx.files.makeDir('/srv/new')).toBe(false);
+    await sbx.files.rename('/srv/data/in.txt', '/srv/new/moved.txt');
+    expect(inside(sbx.sandboxId, 'cat /srv/new/moved.txt').out).toBe('made-inside');
+    await sbx.files.remove('/srv/new');
+    expect(await sbx.files.exists('/srv/new')).toBe(false);
+    expect(inside(sbx.sandboxId, 'test -e /srv/new').code).not.toBe(0);
+    await expect(sbx.files.read('/srv/none')).rejects.toThrow(/not found|No such/i);
+  });
+});
+
+describe('isolation', () => {
+  it('a wrong access token is refused, and another key can neither see nor drive the sandbox', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const headers = { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983' };
+      const wrong = await fetch(`${d.e2bUrl}/files?path=/etc/passwd`, {
+        headers: { ...headers, 'X-Access-Token': 'f'.repeat(48) },
+      });
+      expect(wrong.status).toBe(401);
+      const none = await fetch(`${d.e2bUrl}/files?path=/etc/passwd`, { headers });
+      expect(none.status).toBe(401);
+      const opts = { apiKey: other };
+      await expect(Sandbox.getInfo(sbx.sandboxId, opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
+      await expect(Sandbox.connect(sbx.sandboxId, opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
+      expect(await Sandbox.kill(sbx.sandboxId, opts)).toBe(false);
+      expect(await Sandbox.list(opts).nextItems()).toEqual([]);
+      // still there, and its own key still drives it (connect gives the same access token)
+      const again = await Sandbox.connect(sbx.sandboxId);
+      expect((await again.commands.run('echo still')).stdout).toBe('still\n');
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
