@@ -146,6 +146,22 @@ describe('envd: commands and files', () => {
     expect(await sbx.commands.kill(h.pid)).toBe(false);
   });
 
+  it('stdin: sendStdin and closeStdin feed a background command', async () => {
+    const h = await sbx.commands.run('cat; echo done', { background: true, stdin: true });
+    await h.sendStdin('abc\n');
+    await sbx.commands.sendStdin(h.pid, 'def\n');
+    await h.closeStdin();
+    expect((await h.wait()).stdout).toBe('abc\ndef\ndone\n');
+  });
+
+  it('files: octet-stream and gzip uploads', async () => {
+    const big = Buffer.alloc(3 << 20, 'x');
+    await sbx.files.write('/srv/plain.bin', new Blob([big]).stream(), {});
+    expect(inside(sbx.sandboxId, 'wc -c < /srv/plain.bin').out.trim()).toBe(String(big.length));
+    await sbx.files.write('/srv/zipped.txt', 'unzipped inside', { gzip: true });
+    expect(inside(sbx.sandboxId, 'cat /srv/zipped.txt').out).toBe('unzipped inside');
+  });
+
   it('files: write and read, both ways; list, makeDir, rename, remove', async () => {
     await sbx.files.write('/srv/data/hello.txt', 'hello from e2b');
     expect(inside(sbx.sandboxId, 'cat /srv/data/hello.txt').out).toBe('hello from e2b');
@@ -166,6 +182,26 @@ describe('envd: commands and files', () => {
     expect(await sbx.files.exists('/srv/new')).toBe(false);
     expect(inside(sbx.sandboxId, 'test -e /srv/new').code).not.toBe(0);
     await expect(sbx.files.read('/srv/none')).rejects.toThrow(/not found|No such/i);
+  });
+});
+
+describe('pause and connect', () => {
+  it('pause stops envd traffic; connect resumes the sandbox with its commands', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const h = await sbx.commands.run('sleep 4321', { background: true });
+      expect(await sbx.pause()).toBe(true);
+      expect(await Sandbox.pause(sbx.sandboxId)).toBe(false);
+      expect((await sbx.getInfo()).state).toBe('paused');
+      expect(await sbx.isRunning()).toBe(false);
+      const back = await Sandbox.connect(sbx.sandboxId);
+      expect((await back.getInfo()).state).toBe('running');
+      expect((await back.commands.list()).map((p) => p.pid)).toContain(h.pid);
+      expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 4321');
+      expect(await back.commands.kill(h.pid)).toBe(true);
+    } finally {
+      await sbx.kill();
+    }
   });
 });
 

@@ -125,6 +125,13 @@ export function registerControl(app: FastifyInstance, state: E2bState): void {
     await box.destroy();
     return reply.code(204).send();
   });
+  app.post('/sandboxes/:id/pause', async (req, reply) => {
+    const box = await (await state.lab(req)).get(idOf(req));
+    if (box.state === 'paused')
+      throw new SnaplabError('SANDBOX_PAUSED', 'the sandbox is paused already', 'connect to it to resume it');
+    await box.pause();
+    return reply.code(204).send();
+  });
   app.post('/sandboxes/:id/timeout', async (req, reply) => {
     const timeout = seconds(jsonBody(req).timeout);
     if (timeout === undefined) throw new SnaplabError('BAD_INPUT', 'no timeout given', 'send {"timeout": SECONDS}');

@@ -5,6 +5,7 @@
  * `sandbox.files`. The user inside is `?username=` or `Authorization: Basic user:`.
  */
 import { posix } from 'node:path';
+import { gunzipSync } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { SandboxApi } from '../sdk/api.js';
 import type { FileInfo } from '../lab/io/files.js';
@@ -57,6 +58,16 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
   }
 }
 
+function gunzip(b: Buffer): Buffer {
+  try {
+    return gunzipSync(b, { maxOutputLength: MAX_UPLOAD });
+  } catch (e) {
+    throw new SnaplabError('BAD_INPUT', 'the gzip body does not unpack', 'send gzip data, or no Content-Encoding', {
+      cause: e,
+    });
+  }
+}
+
 /** Write one file, its directories made first (as envd does); its entry as envd answers it. */
 async function writeOne(box: SandboxApi, path: string, data: Buffer, user: string | undefined) {
   await box.files.mkdir(posix.dirname(path), { parents: true, user });
@@ -69,7 +80,8 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
     const box = await state.envdSandbox(req);
     const user = userOf(req);
     const type = String(req.headers['content-type'] ?? '');
-    const body = await readBody(req.body, MAX_UPLOAD);
+    let body = await readBody(req.body, MAX_UPLOAD);
+    if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) body = gunzip(body);
     const query = (req.query as { path?: unknown }).path;
     const written = [];
     if (type.startsWith('multipart/form-data')) {

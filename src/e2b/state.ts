@@ -10,7 +10,7 @@ import { statusOf } from '../server/http-errors.js';
 import { Processes } from './processes.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
-export const ENVD_VERSION = '0.4.0';
+export const ENVD_VERSION = '0.5.7';
 
 /** What envd calls need of a sandbox: the key that made it (or connected to it) and its access token. */
 interface Session {
@@ -76,8 +76,9 @@ export class E2bState {
       throw new SnaplabError('UNAUTHORIZED', 'the access token is not this sandbox’s', 'send X-Access-Token');
     const lab = await this.labOf(s.apiKey);
     const box = await lab.get(id).catch((e: unknown) => {
-      if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) throw new EnvdUnavailable(id);
-      throw e;
+      if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) throw e;
+      this.forget(id);
+      throw new EnvdUnavailable(id);
     });
     if (box.state !== 'running') throw new EnvdUnavailable(id);
     return box;
