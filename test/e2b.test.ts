@@ -98,6 +98,26 @@ describe('keys and the control API', () => {
     await expect(Sandbox.getInfo(sbx.sandboxId)).rejects.toBeInstanceOf(SandboxNotFoundError);
   });
 
+  it("answers errors in E2B's JSON shape, and 502 for envd of an unknown sandbox", async () => {
+    const post = (body: string) =>
+      fetch(`${d.e2bUrl}/v2/sandboxes`, {
+        method: 'POST',
+        headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+        body,
+      });
+    const bad = await post('{not json');
+    expect(bad.status).toBe(400);
+    expect(await bad.json()).toMatchObject({ code: 400, message: expect.any(String) });
+    const badTimeout = await post('{"templateID": "base", "timeout": -1}');
+    expect(await badTimeout.json()).toMatchObject({ code: 400 });
+    const noKey = await fetch(`${d.e2bUrl}/sandboxes/nope`);
+    expect(noKey.status).toBe(401);
+    expect(await noKey.json()).toMatchObject({ code: 401 });
+    const health = await fetch(`${d.e2bUrl}/health`, { headers: { 'E2b-Sandbox-Id': 'nope' } });
+    expect(health.status).toBe(502);
+    expect(listed()).toEqual([]);
+  });
+
   it('refuses an unknown key', async () => {
     await expect(Sandbox.create({ apiKey: `e2b_${'0'.repeat(40)}` })).rejects.toBeInstanceOf(AuthenticationError);
   });
@@ -144,6 +164,16 @@ describe('envd: commands and files', () => {
     await expect(h.wait()).rejects.toBeInstanceOf(CommandExitError);
     await until('the killed command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 1234'));
     expect(await sbx.commands.kill(h.pid)).toBe(false);
+  });
+
+  it('commands.connect reattaches to a running command by pid', async () => {
+    const h = await sbx.commands.run('read x; echo "got $x"', { background: true, stdin: true });
+    await h.disconnect();
+    const seen: string[] = [];
+    const again = await sbx.commands.connect(h.pid, { onStdout: (s) => void seen.push(s) });
+    await sbx.commands.sendStdin(h.pid, 'it\n');
+    expect((await again.wait()).stdout).toBe('got it\n');
+    expect(seen.join('')).toBe('got it\n');
   });
 
   it('stdin: sendStdin and closeStdin feed a background command', async () => {
@@ -202,6 +232,17 @@ describe('pause and connect', () => {
     } finally {
       await sbx.kill();
     }
+  });
+});
+
+describe('kill with commands running', () => {
+  it('a kill ends the streams of its running commands', async () => {
+    const sbx = await Sandbox.create();
+    const h = await sbx.commands.run('echo started; sleep 600', { background: true });
+    const waiting = h.wait().catch((e: unknown) => e);
+    await sbx.kill();
+    expect(await waiting).toBeInstanceOf(Error);
+    expect(listed().some((b) => b.id === sbx.sandboxId)).toBe(false);
   });
 });
 
