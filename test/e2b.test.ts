@@ -2,11 +2,14 @@
  * The E2B-compatible front (docs/e2b.md) driven by E2B's own SDK (`e2b` on npm, pinned): a real
  * `snaplab serve --e2b-listen` on 127.0.0.1, the SDK pointed at it by E2B_API_URL,
  * E2B_SANDBOX_URL and E2B_API_KEY, and each effect checked from outside with the snaplab CLI.
+ * Every case runs with the latest SDK and with the oldest that routes by header (2.14.1), but
+ * for what the old one does not have (gzip and streamed uploads).
  */
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { AuthenticationError, CommandExitError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b';
+import * as latest from 'e2b';
+import * as oldest from 'e2b-v2-14';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cli, removeHome, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
 
@@ -37,236 +40,246 @@ beforeAll(async () => {
   process.env.E2B_API_KEY = key.trim();
 }, 120_000);
 
+type Sdk = typeof latest;
+
 afterAll(async () => {
   process.env = saved;
   await d?.stop();
   if (home) removeHome(home);
 });
 
-describe('keys and the control API', () => {
-  it('key create --e2b prints only a key shaped e2b_<hex>', () => {
-    expect(key).toMatch(/^e2b_[0-9a-f]{40}\n$/);
-    expect(d.e2bUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
-  });
-
-  it('creates a sandbox of the base template, with metadata and envs, owned by the key', async () => {
-    const sbx = await Sandbox.create({ metadata: { suite: 'e2b', who: 'first' }, envs: { GREETING: 'hello' } });
-    try {
-      const box = listed().find((b) => b.id === sbx.sandboxId);
-      expect(box?.owner).toBe('agent');
-      const info = await sbx.getInfo();
-      expect(info.templateId).toBe('base');
-      expect(info.metadata).toEqual({ suite: 'e2b', who: 'first' });
-      expect(info.state).toBe('running');
-      expect(info.endAt.getTime()).toBeGreaterThan(Date.now());
-      // the create's envs are every command's
-      const r = await sbx.commands.run('echo "$GREETING" > /tmp/greeting');
-      expect(r.exitCode).toBe(0);
-      expect(inside(sbx.sandboxId, 'cat /tmp/greeting').out).toBe('hello\n');
-    } finally {
-      await sbx.kill();
-    }
-  });
-
-  it('lists with a metadata filter and pages with X-Next-Token; setTimeout moves the end', async () => {
-    const a = await Sandbox.create({ metadata: { suite: 'list' } });
-    const b = await Sandbox.create({ metadata: { suite: 'list' } });
-    const c = await Sandbox.create({ metadata: { suite: 'elsewhere' } });
-    try {
-      const pages = Sandbox.list({ query: { metadata: { suite: 'list' } }, limit: 1 });
-      const first = await pages.nextItems();
-      expect(pages.hasNext).toBe(true);
-      const second = await pages.nextItems();
-      // newest first
-      expect([...first, ...second].map((s) => s.sandboxId)).toEqual([b.sandboxId, a.sandboxId]);
-      if (pages.hasNext) expect(await pages.nextItems()).toEqual([]);
-      await Sandbox.setTimeout(c.sandboxId, 3600_000);
-      const end = (await Sandbox.getInfo(c.sandboxId)).endAt.getTime();
-      expect(end).toBeGreaterThan(Date.now() + 3500_000);
-    } finally {
-      for (const s of [a, b, c]) await s.kill();
-    }
-  });
-
-  it('kill ends the sandbox: gone from snaplab ls, not running, a second kill is false', async () => {
-    const sbx = await Sandbox.create();
-    expect(await sbx.isRunning()).toBe(true);
-    expect(await Sandbox.kill(sbx.sandboxId)).toBe(true);
-    expect(listed().some((b) => b.id === sbx.sandboxId)).toBe(false);
-    expect(await sbx.isRunning()).toBe(false);
-    expect(await Sandbox.kill(sbx.sandboxId)).toBe(false);
-    await expect(Sandbox.getInfo(sbx.sandboxId)).rejects.toBeInstanceOf(SandboxNotFoundError);
-  });
-
-  it("answers errors in E2B's JSON shape, and 502 for envd of an unknown sandbox", async () => {
-    const post = (body: string) =>
-      fetch(`${d.e2bUrl}/v2/sandboxes`, {
-        method: 'POST',
-        headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
-        body,
-      });
-    const bad = await post('{not json');
-    expect(bad.status).toBe(400);
-    expect(await bad.json()).toMatchObject({ code: 400, message: expect.any(String) });
-    const badTimeout = await post('{"templateID": "base", "timeout": -1}');
-    expect(await badTimeout.json()).toMatchObject({ code: 400 });
-    const noKey = await fetch(`${d.e2bUrl}/sandboxes/nope`);
-    expect(noKey.status).toBe(401);
-    expect(await noKey.json()).toMatchObject({ code: 401 });
-    const health = await fetch(`${d.e2bUrl}/health`, { headers: { 'E2b-Sandbox-Id': 'nope' } });
-    expect(health.status).toBe(502);
-    expect(listed()).toEqual([]);
-  });
-
-  it('refuses an unknown key', async () => {
-    await expect(Sandbox.create({ apiKey: `e2b_${'0'.repeat(40)}` })).rejects.toBeInstanceOf(AuthenticationError);
-  });
-});
-
-describe('envd: commands and files', () => {
-  let sbx: Sandbox;
-  beforeAll(async () => {
-    sbx = await Sandbox.create({ timeoutMs: 600_000 });
-  });
-  afterAll(async () => {
-    await sbx?.kill();
-  });
-
-  it('commands.run: stdout streamed, stderr, exit codes, env, cwd, user', async () => {
-    const chunks: string[] = [];
-    const r = await sbx.commands.run('echo out; echo err >&2; echo "$X"; pwd; id -u', {
-      envs: { X: 'ex' },
-      cwd: '/tmp',
-      user: 'root',
-      onStdout: (s) => void chunks.push(s),
+describe.each([
+  ['e2b@2.51.0', latest, true],
+  ['e2b@2.14.1', oldest as unknown as Sdk, false],
+] as const)('with %s', (_label, sdk: Sdk, modern: boolean) => {
+  const { AuthenticationError, CommandExitError, Sandbox, TimeoutError } = sdk;
+  // 2.14 has no SandboxNotFoundError yet: its NotFoundError, which the newer one extends
+  const SandboxNotFoundError = sdk.SandboxNotFoundError ?? sdk.NotFoundError;
+  describe('keys and the control API', () => {
+    it('key create --e2b prints only a key shaped e2b_<hex>', () => {
+      expect(key).toMatch(/^e2b_[0-9a-f]{40}\n$/);
+      expect(d.e2bUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
     });
-    expect(r).toMatchObject({ exitCode: 0, stdout: 'out\nex\n/tmp\n0\n', stderr: 'err\n' });
-    expect(chunks.join('')).toBe(r.stdout);
-    const failed = await sbx.commands.run('echo no >&2; exit 3').catch((e: unknown) => e);
-    expect(failed).toBeInstanceOf(CommandExitError);
-    expect(failed).toMatchObject({ exitCode: 3, stderr: 'no\n' });
-    const nobody = await sbx.commands.run('id -u', { user: 'nobody' });
-    expect(nobody.stdout.trim()).toBe('65534');
-  });
 
-  it('a command past its timeout is killed inside', async () => {
-    const late = await sbx.commands.run('sleep 37', { timeoutMs: 1000 }).catch((e: unknown) => e);
-    expect(late).toBeInstanceOf(TimeoutError);
-    await until('the timed-out command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 37'));
-  });
+    it('creates a sandbox of the base template, with metadata and envs, owned by the key', async () => {
+      const sbx = await Sandbox.create({ metadata: { suite: 'e2b', who: 'first' }, envs: { GREETING: 'hello' } });
+      try {
+        const box = listed().find((b) => b.id === sbx.sandboxId);
+        expect(box?.owner).toBe('agent');
+        const info = await sbx.getInfo();
+        expect(info.templateId).toBe('base');
+        expect(info.metadata).toEqual({ suite: 'e2b', who: 'first' });
+        expect(info.state).toBe('running');
+        expect(info.endAt.getTime()).toBeGreaterThan(Date.now());
+        // the create's envs are every command's
+        const r = await sbx.commands.run('echo "$GREETING" > /tmp/greeting');
+        expect(r.exitCode).toBe(0);
+        expect(inside(sbx.sandboxId, 'cat /tmp/greeting').out).toBe('hello\n');
+      } finally {
+        await sbx.kill();
+      }
+    });
 
-  it('a background command runs until killed', async () => {
-    const h = await sbx.commands.run('sleep 1234', { background: true });
-    expect(h.pid).toBeGreaterThan(0);
-    expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 1234');
-    expect((await sbx.commands.list()).map((p) => p.pid)).toContain(h.pid);
-    expect(await h.kill()).toBe(true);
-    await expect(h.wait()).rejects.toBeInstanceOf(CommandExitError);
-    await until('the killed command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 1234'));
-    expect(await sbx.commands.kill(h.pid)).toBe(false);
-  });
+    it('lists with a metadata filter and pages with X-Next-Token; setTimeout moves the end', async () => {
+      const a = await Sandbox.create({ metadata: { suite: 'list' } });
+      const b = await Sandbox.create({ metadata: { suite: 'list' } });
+      const c = await Sandbox.create({ metadata: { suite: 'elsewhere' } });
+      try {
+        const pages = Sandbox.list({ query: { metadata: { suite: 'list' } }, limit: 1 });
+        const first = await pages.nextItems();
+        expect(pages.hasNext).toBe(true);
+        const second = await pages.nextItems();
+        // newest first
+        expect([...first, ...second].map((s) => s.sandboxId)).toEqual([b.sandboxId, a.sandboxId]);
+        if (pages.hasNext) expect(await pages.nextItems()).toEqual([]);
+        await Sandbox.setTimeout(c.sandboxId, 3600_000);
+        const end = (await Sandbox.getInfo(c.sandboxId)).endAt.getTime();
+        expect(end).toBeGreaterThan(Date.now() + 3500_000);
+      } finally {
+        for (const s of [a, b, c]) await s.kill();
+      }
+    });
 
-  it('commands.connect reattaches to a running command by pid', async () => {
-    const h = await sbx.commands.run('read x; echo "got $x"', { background: true, stdin: true });
-    await h.disconnect();
-    const seen: string[] = [];
-    const again = await sbx.commands.connect(h.pid, { onStdout: (s) => void seen.push(s) });
-    await sbx.commands.sendStdin(h.pid, 'it\n');
-    expect((await again.wait()).stdout).toBe('got it\n');
-    expect(seen.join('')).toBe('got it\n');
-  });
-
-  it('stdin: sendStdin and closeStdin feed a background command', async () => {
-    const h = await sbx.commands.run('cat; echo done', { background: true, stdin: true });
-    await h.sendStdin('abc\n');
-    await sbx.commands.sendStdin(h.pid, 'def\n');
-    await h.closeStdin();
-    expect((await h.wait()).stdout).toBe('abc\ndef\ndone\n');
-  });
-
-  it('files: octet-stream and gzip uploads', async () => {
-    const big = Buffer.alloc(3 << 20, 'x');
-    await sbx.files.write('/srv/plain.bin', new Blob([big]).stream(), {});
-    expect(inside(sbx.sandboxId, 'wc -c < /srv/plain.bin').out.trim()).toBe(String(big.length));
-    await sbx.files.write('/srv/zipped.txt', 'unzipped inside', { gzip: true });
-    expect(inside(sbx.sandboxId, 'cat /srv/zipped.txt').out).toBe('unzipped inside');
-  });
-
-  it('files: write and read, both ways; list, makeDir, rename, remove', async () => {
-    await sbx.files.write('/srv/data/hello.txt', 'hello from e2b');
-    expect(inside(sbx.sandboxId, 'cat /srv/data/hello.txt').out).toBe('hello from e2b');
-    expect(inside(sbx.sandboxId, 'printf made-inside > /srv/data/in.txt').code).toBe(0);
-    expect(await sbx.files.read('/srv/data/in.txt')).toBe('made-inside');
-    const bytes = Buffer.from([0, 1, 2, 255, 254]);
-    await sbx.files.write('/srv/bin.dat', bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length));
-    expect(Buffer.from(await sbx.files.read('/srv/bin.dat', { format: 'bytes' }))).toEqual(bytes);
-    expect((await sbx.files.list('/srv/data')).map((e) => [e.name, e.type]).sort()).toEqual([
-      ['hello.txt', 'file'],
-      ['in.txt', 'file'],
-    ]);
-    expect(await sbx.files.makeDir('/srv/new')).toBe(true);
-    expect(await sbx.files.makeDir('/srv/new')).toBe(false);
-    await sbx.files.rename('/srv/data/in.txt', '/srv/new/moved.txt');
-    expect(inside(sbx.sandboxId, 'cat /srv/new/moved.txt').out).toBe('made-inside');
-    await sbx.files.remove('/srv/new');
-    expect(await sbx.files.exists('/srv/new')).toBe(false);
-    expect(inside(sbx.sandboxId, 'test -e /srv/new').code).not.toBe(0);
-    await expect(sbx.files.read('/srv/none')).rejects.toThrow(/not found|No such/i);
-  });
-});
-
-describe('pause and connect', () => {
-  it('pause stops envd traffic; connect resumes the sandbox with its commands', async () => {
-    const sbx = await Sandbox.create();
-    try {
-      const h = await sbx.commands.run('sleep 4321', { background: true });
-      expect(await sbx.pause()).toBe(true);
-      expect(await Sandbox.pause(sbx.sandboxId)).toBe(false);
-      expect((await sbx.getInfo()).state).toBe('paused');
+    it('kill ends the sandbox: gone from snaplab ls, not running, a second kill is false', async () => {
+      const sbx = await Sandbox.create();
+      expect(await sbx.isRunning()).toBe(true);
+      expect(await Sandbox.kill(sbx.sandboxId)).toBe(true);
+      expect(listed().some((b) => b.id === sbx.sandboxId)).toBe(false);
       expect(await sbx.isRunning()).toBe(false);
-      const back = await Sandbox.connect(sbx.sandboxId);
-      expect((await back.getInfo()).state).toBe('running');
-      expect((await back.commands.list()).map((p) => p.pid)).toContain(h.pid);
-      expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 4321');
-      expect(await back.commands.kill(h.pid)).toBe(true);
-    } finally {
-      await sbx.kill();
-    }
-  });
-});
+      expect(await Sandbox.kill(sbx.sandboxId)).toBe(false);
+      await expect(Sandbox.getInfo(sbx.sandboxId)).rejects.toBeInstanceOf(SandboxNotFoundError);
+    });
 
-describe('kill with commands running', () => {
-  it('a kill ends the streams of its running commands', async () => {
-    const sbx = await Sandbox.create();
-    const h = await sbx.commands.run('echo started; sleep 600', { background: true });
-    const waiting = h.wait().catch((e: unknown) => e);
-    await sbx.kill();
-    expect(await waiting).toBeInstanceOf(Error);
-    expect(listed().some((b) => b.id === sbx.sandboxId)).toBe(false);
-  });
-});
+    it("answers errors in E2B's JSON shape, and 502 for envd of an unknown sandbox", async () => {
+      const post = (body: string) =>
+        fetch(`${d.e2bUrl}/v2/sandboxes`, {
+          method: 'POST',
+          headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+          body,
+        });
+      const bad = await post('{not json');
+      expect(bad.status).toBe(400);
+      expect(await bad.json()).toMatchObject({ code: 400, message: expect.any(String) });
+      const badTimeout = await post('{"templateID": "base", "timeout": -1}');
+      expect(await badTimeout.json()).toMatchObject({ code: 400 });
+      const noKey = await fetch(`${d.e2bUrl}/sandboxes/nope`);
+      expect(noKey.status).toBe(401);
+      expect(await noKey.json()).toMatchObject({ code: 401 });
+      const health = await fetch(`${d.e2bUrl}/health`, { headers: { 'E2b-Sandbox-Id': 'nope' } });
+      expect(health.status).toBe(502);
+      expect(listed()).toEqual([]);
+    });
 
-describe('isolation', () => {
-  it('a wrong access token is refused, and another key can neither see nor drive the sandbox', async () => {
-    const sbx = await Sandbox.create();
-    try {
-      const headers = { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983' };
-      const wrong = await fetch(`${d.e2bUrl}/files?path=/etc/passwd`, {
-        headers: { ...headers, 'X-Access-Token': 'f'.repeat(48) },
+    it('refuses an unknown key', async () => {
+      await expect(Sandbox.create({ apiKey: `e2b_${'0'.repeat(40)}` })).rejects.toBeInstanceOf(AuthenticationError);
+    });
+  });
+
+  describe('envd: commands and files', () => {
+    let sbx: latest.Sandbox;
+    beforeAll(async () => {
+      sbx = await Sandbox.create({ timeoutMs: 600_000 });
+    });
+    afterAll(async () => {
+      await sbx?.kill();
+    });
+
+    it('commands.run: stdout streamed, stderr, exit codes, env, cwd, user', async () => {
+      const chunks: string[] = [];
+      const r = await sbx.commands.run('echo out; echo err >&2; echo "$X"; pwd; id -u', {
+        envs: { X: 'ex' },
+        cwd: '/tmp',
+        user: 'root',
+        onStdout: (s) => void chunks.push(s),
       });
-      expect(wrong.status).toBe(401);
-      const none = await fetch(`${d.e2bUrl}/files?path=/etc/passwd`, { headers });
-      expect(none.status).toBe(401);
-      const opts = { apiKey: other };
-      await expect(Sandbox.getInfo(sbx.sandboxId, opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
-      await expect(Sandbox.connect(sbx.sandboxId, opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
-      expect(await Sandbox.kill(sbx.sandboxId, opts)).toBe(false);
-      expect(await Sandbox.list(opts).nextItems()).toEqual([]);
-      // still there, and its own key still drives it (connect gives the same access token)
-      const again = await Sandbox.connect(sbx.sandboxId);
-      expect((await again.commands.run('echo still')).stdout).toBe('still\n');
-    } finally {
+      expect(r).toMatchObject({ exitCode: 0, stdout: 'out\nex\n/tmp\n0\n', stderr: 'err\n' });
+      expect(chunks.join('')).toBe(r.stdout);
+      const failed = await sbx.commands.run('echo no >&2; exit 3').catch((e: unknown) => e);
+      expect(failed).toBeInstanceOf(CommandExitError);
+      expect(failed).toMatchObject({ exitCode: 3, stderr: 'no\n' });
+      const nobody = await sbx.commands.run('id -u', { user: 'nobody' });
+      expect(nobody.stdout.trim()).toBe('65534');
+    });
+
+    it('a command past its timeout is killed inside', async () => {
+      const late = await sbx.commands.run('sleep 37', { timeoutMs: 1000 }).catch((e: unknown) => e);
+      expect(late).toBeInstanceOf(TimeoutError);
+      await until('the timed-out command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 37'));
+    });
+
+    it('a background command runs until killed', async () => {
+      const h = await sbx.commands.run('sleep 1234', { background: true });
+      expect(h.pid).toBeGreaterThan(0);
+      expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 1234');
+      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(h.pid);
+      expect(await h.kill()).toBe(true);
+      await expect(h.wait()).rejects.toBeInstanceOf(CommandExitError);
+      await until('the killed command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 1234'));
+      expect(await sbx.commands.kill(h.pid)).toBe(false);
+    });
+
+    it('commands.connect reattaches to a running command by pid', async () => {
+      const h = await sbx.commands.run('read x; echo "got $x"', { background: true, stdin: true });
+      await h.disconnect();
+      const seen: string[] = [];
+      const again = await sbx.commands.connect(h.pid, { onStdout: (s) => void seen.push(s) });
+      await sbx.commands.sendStdin(h.pid, 'it\n');
+      expect((await again.wait()).stdout).toBe('got it\n');
+      expect(seen.join('')).toBe('got it\n');
+    });
+
+    it.runIf(modern)('stdin: sendStdin and closeStdin feed a background command', async () => {
+      const h = await sbx.commands.run('cat; echo done', { background: true, stdin: true });
+      await h.sendStdin('abc\n');
+      await sbx.commands.sendStdin(h.pid, 'def\n');
+      await h.closeStdin();
+      expect((await h.wait()).stdout).toBe('abc\ndef\ndone\n');
+    });
+
+    it.runIf(modern)('files: octet-stream and gzip uploads', async () => {
+      const big = Buffer.alloc(3 << 20, 'x');
+      await sbx.files.write('/srv/plain.bin', new Blob([big]).stream(), {});
+      expect(inside(sbx.sandboxId, 'wc -c < /srv/plain.bin').out.trim()).toBe(String(big.length));
+      await sbx.files.write('/srv/zipped.txt', 'unzipped inside', { gzip: true });
+      expect(inside(sbx.sandboxId, 'cat /srv/zipped.txt').out).toBe('unzipped inside');
+    });
+
+    it('files: write and read, both ways; list, makeDir, rename, remove', async () => {
+      await sbx.files.write('/srv/data/hello.txt', 'hello from e2b');
+      expect(inside(sbx.sandboxId, 'cat /srv/data/hello.txt').out).toBe('hello from e2b');
+      expect(inside(sbx.sandboxId, 'printf made-inside > /srv/data/in.txt').code).toBe(0);
+      expect(await sbx.files.read('/srv/data/in.txt')).toBe('made-inside');
+      const bytes = Buffer.from([0, 1, 2, 255, 254]);
+      await sbx.files.write('/srv/bin.dat', bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length));
+      expect(Buffer.from(await sbx.files.read('/srv/bin.dat', { format: 'bytes' }))).toEqual(bytes);
+      expect((await sbx.files.list('/srv/data')).map((e) => [e.name, e.type]).sort()).toEqual([
+        ['hello.txt', 'file'],
+        ['in.txt', 'file'],
+      ]);
+      expect(await sbx.files.makeDir('/srv/new')).toBe(true);
+      expect(await sbx.files.makeDir('/srv/new')).toBe(false);
+      await sbx.files.rename('/srv/data/in.txt', '/srv/new/moved.txt');
+      expect(inside(sbx.sandboxId, 'cat /srv/new/moved.txt').out).toBe('made-inside');
+      await sbx.files.remove('/srv/new');
+      expect(await sbx.files.exists('/srv/new')).toBe(false);
+      expect(inside(sbx.sandboxId, 'test -e /srv/new').code).not.toBe(0);
+      await expect(sbx.files.read('/srv/none')).rejects.toThrow(/not found|No such/i);
+    });
+  });
+
+  describe('pause and connect', () => {
+    it('pause stops envd traffic; connect resumes the sandbox with its commands', async () => {
+      const sbx = await Sandbox.create();
+      try {
+        const h = await sbx.commands.run('sleep 4321', { background: true });
+        expect(await sbx.pause()).toBe(true);
+        expect(await Sandbox.pause(sbx.sandboxId)).toBe(false);
+        expect((await sbx.getInfo()).state).toBe('paused');
+        expect(await sbx.isRunning()).toBe(false);
+        const back = await Sandbox.connect(sbx.sandboxId);
+        expect((await back.getInfo()).state).toBe('running');
+        expect((await back.commands.list()).map((p) => p.pid)).toContain(h.pid);
+        expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 4321');
+        expect(await back.commands.kill(h.pid)).toBe(true);
+      } finally {
+        await sbx.kill();
+      }
+    });
+  });
+
+  describe('kill with commands running', () => {
+    it('a kill ends the streams of its running commands', async () => {
+      const sbx = await Sandbox.create();
+      const h = await sbx.commands.run('echo started; sleep 600', { background: true });
+      const waiting = h.wait().catch((e: unknown) => e);
       await sbx.kill();
-    }
+      expect(await waiting).toBeInstanceOf(Error);
+      expect(listed().some((b) => b.id === sbx.sandboxId)).toBe(false);
+    });
+  });
+
+  describe('isolation', () => {
+    it('a wrong access token is refused, and another key can neither see nor drive the sandbox', async () => {
+      const sbx = await Sandbox.create();
+      try {
+        const headers = { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983' };
+        const wrong = await fetch(`${d.e2bUrl}/files?path=/etc/passwd`, {
+          headers: { ...headers, 'X-Access-Token': 'f'.repeat(48) },
+        });
+        expect(wrong.status).toBe(401);
+        const none = await fetch(`${d.e2bUrl}/files?path=/etc/passwd`, { headers });
+        expect(none.status).toBe(401);
+        const opts = { apiKey: other };
+        await expect(Sandbox.getInfo(sbx.sandboxId, opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
+        await expect(Sandbox.connect(sbx.sandboxId, opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
+        expect(await Sandbox.kill(sbx.sandboxId, opts)).toBe(false);
+        expect(await Sandbox.list(opts).nextItems()).toEqual([]);
+        // still there, and its own key still drives it (connect gives the same access token)
+        const again = await Sandbox.connect(sbx.sandboxId);
+        expect((await again.commands.run('echo still')).stdout).toBe('still\n');
+      } finally {
+        await sbx.kill();
+      }
+    });
   });
 });

@@ -85,8 +85,9 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
     const query = (req.query as { path?: unknown }).path;
     const written = [];
     if (type.startsWith('multipart/form-data')) {
+      // `?path=` when given (older SDKs name the part "blob"), else the part's filename
       for (const part of parseMultipart(type, body))
-        written.push(await writeOne(box, absolute(part.filename ?? query, user), part.data, user));
+        written.push(await writeOne(box, absolute(query ?? part.filename, user), part.data, user));
     } else written.push(await writeOne(box, absolute(query, user), body, user));
     return reply.type('application/json').send(written);
   } catch (e) {
