@@ -178,6 +178,18 @@ describe.each([
       expect(await sbx.commands.kill(h.pid)).toBe(false);
     });
 
+    it('pty: a terminal, its input, a resize and its end', async () => {
+      let screen = '';
+      const dec = new TextDecoder();
+      const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (b) => void (screen += dec.decode(b)) });
+      await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo "[$((6*7))]"; stty size\n'));
+      await until('the answer on the terminal', () => screen.includes('[42]') && screen.includes('24 80'));
+      await sbx.pty.resize(term.pid, { cols: 100, rows: 30 });
+      await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size; exit 0\n'));
+      expect((await term.wait()).exitCode).toBe(0);
+      expect(screen).toContain('30 100');
+    });
+
     it('commands.connect reattaches to a running command by pid', async () => {
       const h = await sbx.commands.run('read x; echo "got $x"', { background: true, stdin: true });
       await h.disconnect();

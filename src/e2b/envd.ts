@@ -42,6 +42,17 @@ function configOf(box: SandboxApi, m: StartRequest): ProcessConfig {
   return { cmd: p.cmd, args, envs, ...(typeof p.cwd === 'string' && p.cwd ? { cwd: p.cwd } : {}) };
 }
 
+/** A PTY's size (`{size: {cols, rows}}`), or undefined for none. */
+function sizeOf(pty: unknown): { cols: number; rows: number } | undefined {
+  if (pty === undefined || pty === null) return undefined;
+  const size = (pty as { size?: { cols?: unknown; rows?: unknown } }).size ?? {};
+  const cols = Number(size.cols ?? 80);
+  const rows = Number(size.rows ?? 24);
+  if (!Number.isInteger(cols) || !Number.isInteger(rows) || cols < 1 || rows < 1 || cols > 4096 || rows > 4096)
+    throw new ConnectError('invalid_argument', 'pty.size must be whole cols and rows from 1 to 4096');
+  return { cols, rows };
+}
+
 /** Send a process's events on a stream, with keepalives; the stream ends with the process. */
 function pipe(stream: ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e: ProcessEvent) => void {
   const every = Number(req.headers['keepalive-ping-interval']);
@@ -69,7 +80,6 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
   try {
     box = await state.envdSandbox(req);
     m = unenvelope(await readBody(req.body)) as StartRequest;
-    if (m.pty) throw new ConnectError('unimplemented', 'PTY commands are not supported yet (docs/e2b.md)');
   } catch (e) {
     return streamRefused(reply, e);
   }
@@ -83,6 +93,7 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
       user: userOf(req),
       stdin: m.stdin === true,
       timeoutMs: deadlineOf(req.headers['connect-timeout-ms']),
+      tty: sizeOf(m.pty),
     };
     ref.p = await state.processes.start(box, spec, listen);
     // the client went away while it started: the command runs on, to its end or its timeout
@@ -178,8 +189,19 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
       const input = (m.input ?? {}) as { stdin?: unknown; pty?: unknown };
       const data = typeof input.stdin === 'string' ? input.stdin : input.pty;
       const p = selected(state, box, m as Selector);
-      if (!p.spec.stdin) throw new ConnectError('failed_precondition', 'the command was started without stdin');
+      if (!p.spec.stdin && !p.spec.tty)
+        throw new ConnectError('failed_precondition', 'the command was started without stdin');
       if (typeof data === 'string' && !p.handle.write(Buffer.from(data, 'base64'))) await p.handle.drained();
+      return {};
+    }),
+  );
+  app.post(
+    `${P}/Update`,
+    unary(state, async (box, m) => {
+      const p = selected(state, box, m as Selector);
+      const size = sizeOf(m.pty);
+      if (!p.spec.tty || !size) throw new ConnectError('failed_precondition', 'only a PTY command has a size');
+      p.handle.resize(size.cols, size.rows);
       return {};
     }),
   );

@@ -9,7 +9,7 @@ import type { ExecResult } from '../lab/io/sandbox-ops.js';
 /** A process event as envd's `ProcessEvent` (JSON), bytes in base64. */
 export type ProcessEvent =
   | { start: { pid: number } }
-  | { data: { stdout: string } | { stderr: string } }
+  | { data: { stdout: string } | { stderr: string } | { pty: string } }
   | { end: { exitCode: number; exited: boolean; status: string; error?: string } }
   | { keepalive: Record<string, never> };
 
@@ -26,6 +26,8 @@ export interface StartSpec {
   user?: string;
   stdin: boolean;
   timeoutMs?: number;
+  /** a terminal of this size: its output comes as `pty` data, input goes to it */
+  tty?: { cols: number; rows: number };
 }
 
 export class Proc {
@@ -74,8 +76,9 @@ export class Processes {
       cwd: spec.config.cwd,
       user: spec.user,
       timeoutMs: spec.timeoutMs,
-      ...(spec.stdin ? { stdin: true as const } : {}),
-      onStdout: (b) => out({ data: { stdout: b.toString('base64') } }),
+      ...(spec.stdin || spec.tty ? { stdin: true as const } : {}),
+      tty: spec.tty,
+      onStdout: (b) => out({ data: spec.tty ? { pty: b.toString('base64') } : { stdout: b.toString('base64') } }),
       onStderr: (b) => out({ data: { stderr: b.toString('base64') } }),
       encoding: 'buffer',
     });
