@@ -34,6 +34,9 @@ beforeAll(async () => {
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2b-'));
   key = cli(home, ['key', 'create', 'agent', '--e2b']).out;
   other = cli(home, ['key', 'create', 'stranger', '--e2b']).out.trim();
+  // a template backed by a pool of warm standbys (the daemon keeps it full)
+  const made = cli(home, ['pool', 'create', 'warm', '--size', '1']);
+  if (made.code !== 0) throw new Error(`pool create: ${made.err}`);
   d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
   process.env.E2B_API_URL = d.e2bUrl;
   process.env.E2B_SANDBOX_URL = d.e2bUrl;
@@ -78,6 +81,29 @@ describe.each([
       } finally {
         await sbx.kill();
       }
+    });
+
+    it('a template that names a pool takes one of its standbys; one that names an image is made from it', async () => {
+      const hits = (): number =>
+        (JSON.parse(cli(home, ['pool', 'ls', '--json']).out) as { name: string; hits: number }[]).find(
+          (p) => p.name === 'warm',
+        )?.hits ?? -1;
+      const before = hits();
+      const pooled = await Sandbox.create('warm', { metadata: { from: 'pool' } });
+      const imaged = await Sandbox.create('busybox');
+      try {
+        const boxes = JSON.parse(cli(home, ['ls', '--json']).out) as { id: string; labels: Record<string, string> }[];
+        expect(boxes.find((b) => b.id === pooled.sandboxId)).toBeDefined();
+        expect((await pooled.getInfo()).templateId).toBe('warm');
+        expect((await pooled.getInfo()).metadata).toEqual({ from: 'pool' });
+        expect((await imaged.getInfo()).templateId).toBe('busybox');
+        expect((await pooled.commands.run('echo pooled')).stdout).toBe('pooled\n');
+        expect(hits()).toBe(before + 1);
+      } finally {
+        await pooled.kill();
+        await imaged.kill();
+      }
+      await expect(Sandbox.create('no-such-template')).rejects.toThrow(/404/);
     });
 
     it('lists with a metadata filter and pages with X-Next-Token; setTimeout moves the end', async () => {

@@ -1,7 +1,8 @@
 /**
  * E2B's control API (spec/openapi.yml of e2b-dev/E2B), each call one or two Lab API calls of the
  * caller's key: create, get, list with a metadata filter and X-Next-Token paging, kill, timeout,
- * connect. A template is an image: `base`, E2B's default, is snaplab's default image.
+ * connect. A template is a pool (a create takes one of its standbys) or an image; `base`, E2B's
+ * default, is snaplab's default image.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { LabCreateOptions, SandboxApi } from '../sdk/api.js';
@@ -85,7 +86,13 @@ const keyOf = (req: FastifyRequest): string => String(req.headers['x-api-key']);
 
 async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   const lab = await state.lab(req);
-  const box = await lab.create(createOptions(jsonBody(req) as NewSandbox));
+  const opts = createOptions(jsonBody(req) as NewSandbox);
+  // a template that names a pool is a take of one of its ready standbys (the fast path)
+  if (opts.image && (await lab.pools()).some((p) => p.name === opts.image)) {
+    opts.pool = opts.image;
+    opts.image = undefined;
+  }
+  const box = await lab.create(opts);
   return reply.code(201).send(created(state, box, keyOf(req)));
 }
 
