@@ -5,6 +5,7 @@
  * Every case runs with the latest SDK and with the oldest that routes by header (2.14.1), but
  * for what the old one does not have (gzip and streamed uploads).
  */
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -44,6 +45,9 @@ beforeAll(async () => {
 }, 120_000);
 
 type Sdk = typeof latest;
+/** what e2b_protocol.py prints: each case reads the fields it checks by name */
+// biome-ignore lint/suspicious/noExplicitAny: see above
+type Json = any;
 
 afterAll(async () => {
   process.env = saved;
@@ -319,5 +323,45 @@ describe.each([
         await sbx.kill();
       }
     });
+  });
+});
+
+describe("the Python SDK's exchanges, with Python's standard library (test/e2b_protocol.py)", () => {
+  const py = (args: string[]) => {
+    const r = spawnSync('python3', [join(import.meta.dirname, 'e2b_protocol.py'), ...args], { encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`e2b_protocol.py ${args[0]}: ${r.stderr}`);
+    return JSON.parse(r.stdout) as Json;
+  };
+
+  it('create, Start streamed, multipart upload, read, ListDir, Stat, tokens, kill', () => {
+    const s = py(['run', d.e2bUrl!, key.trim()]);
+    expect(s.create).toBe(201);
+    expect(s.envdVersion).toMatch(/^\d+\.\d+\.\d+$/);
+    expect(s.run).toMatchObject({
+      status: 200,
+      contentType: 'application/connect+json',
+      first: 'start',
+      stdout: 'py-1\n',
+      stderr: 'e\n',
+      end: { exitCode: 7, exited: true },
+      trailer: [2, {}],
+    });
+    expect(inside(s.sandboxID, 'cat /tmp/py-ran; cat /srv/py.txt').out).toBe('py-1\nwritten by python');
+    expect(s.upload).toEqual([200, [{ name: 'py.txt', type: 'file', path: '/srv/py.txt' }]]);
+    expect(s.download).toEqual([200, 'written by python']);
+    expect(s.listDir).toEqual([200, ['py.txt']]);
+    expect(s.statMissing).toEqual([404, { code: 'not_found', message: expect.any(String) }]);
+    expect(s.wrongToken).toBe(401);
+    expect(s.info[0]).toBe(200);
+    expect(s.info[1]).toMatchObject({
+      sandboxID: s.sandboxID,
+      templateID: 'base',
+      state: 'running',
+      metadata: { sdk: 'python' },
+    });
+    expect(listed().find((b) => b.id === s.sandboxID)?.owner).toBe('agent');
+    const k = py(['kill', d.e2bUrl!, key.trim(), s.sandboxID, s.token]);
+    expect(k).toEqual({ kill: 204, again: [404, { code: 404, message: expect.any(String) }], health: 502 });
+    expect(listed().some((b) => b.id === s.sandboxID)).toBe(false);
   });
 });
