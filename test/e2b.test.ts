@@ -290,6 +290,45 @@ describe.each([
     });
   });
 
+  describe('lifetimes and clients that leave', () => {
+    it('a sandbox past its timeout is killed, or paused with onTimeout pause', async () => {
+      const short = await Sandbox.create({ timeoutMs: 2000 });
+      const paused = modern ? await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause' } }) : undefined;
+      try {
+        await until('the short one is gone', () => !listed().some((b) => b.id === short.sandboxId), 30_000);
+        expect(await short.isRunning()).toBe(false);
+        if (paused) {
+          await until('the other is paused', async () => (await paused.getInfo()).state === 'paused', 30_000);
+          const back = await Sandbox.connect(paused.sandboxId, { timeoutMs: 60_000 });
+          expect((await back.commands.run('echo back')).stdout).toBe('back\n');
+        }
+      } finally {
+        await paused?.kill();
+        await Sandbox.kill(short.sandboxId);
+      }
+    });
+
+    // (2.14 takes no `signal` for a command)
+    it.runIf(modern)(
+      'a client that goes away mid-command leaves the command to its timeout, then nothing',
+      async () => {
+        const sbx = await Sandbox.create();
+        try {
+          const gone = new AbortController();
+          const run = sbx.commands.run('sleep 2345', { timeoutMs: 3000, signal: gone.signal }).catch((e: unknown) => e);
+          await until('the command runs', () => inside(sbx.sandboxId, 'ps').out.includes('sleep 2345'));
+          gone.abort();
+          expect(await run).toBeInstanceOf(Error);
+          expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 2345');
+          await until('it ended at its timeout', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 2345'), 10_000);
+          expect(await sbx.commands.list()).toEqual([]);
+        } finally {
+          await sbx.kill();
+        }
+      },
+    );
+  });
+
   describe('kill with commands running', () => {
     it('a kill ends the streams of its running commands', async () => {
       const sbx = await Sandbox.create();
