@@ -386,6 +386,9 @@ describe("the Python SDK's exchanges, with Python's standard library (test/e2b_p
       end: { exitCode: 7, exited: true },
       trailer: [2, {}],
     });
+    // a command quiet for 2.5 s, keepalives asked every second
+    expect(s.quiet.keepalives).toBeGreaterThanOrEqual(2);
+    expect(s.quiet.end).toMatchObject({ exitCode: 0 });
     expect(inside(s.sandboxID, 'cat /tmp/py-ran; cat /srv/py.txt').out).toBe('py-1\nwritten by python');
     expect(s.upload).toEqual([200, [{ name: 'py.txt', type: 'file', path: '/srv/py.txt' }]]);
     expect(s.download).toEqual([200, 'written by python']);

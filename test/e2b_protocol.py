@@ -45,7 +45,7 @@ def unenvelope(raw):
     return out
 
 
-def start(url, sid, token, script):
+def start(url, sid, token, script, keepalive="50"):
     body = envelope({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", script], "envs": {}}, "stdin": False})
     headers = envd_headers(
         sid,
@@ -54,7 +54,7 @@ def start(url, sid, token, script):
             "Content-Type": "application/connect+json",
             "Connect-Protocol-Version": "1",
             "Connect-Timeout-Ms": "60000",
-            "Keepalive-Ping-Interval": "50",
+            "Keepalive-Ping-Interval": keepalive,
             "Authorization": "Basic " + base64.b64encode(b"root:").decode(),
         },
     )
@@ -72,6 +72,7 @@ def start(url, sid, token, script):
         "stderr": err.decode(),
         "end": end,
         "trailer": frames[-1] if frames else None,
+        "keepalives": sum(1 for e in events if "keepalive" in e),
     }
 
 
@@ -91,6 +92,7 @@ def run(url, key):
     sid, token = created["sandboxID"], created["envdAccessToken"]
     summary = {"create": status, "sandboxID": sid, "token": token, "envdVersion": created["envdVersion"]}
     summary["run"] = start(url, sid, token, "echo py-$PY > /tmp/py-ran; cat /tmp/py-ran; echo e >&2; exit 7")
+    summary["quiet"] = start(url, sid, token, "sleep 2.5", keepalive="1")
     body, ctype = multipart("/srv/py.txt", b"written by python")
     status, _, raw = call("POST", f"{url}/files?path=/srv/py.txt", body, envd_headers(sid, token, {"Content-Type": ctype}))
     summary["upload"] = [status, json.loads(raw)]

@@ -55,8 +55,11 @@ function sizeOf(pty: unknown): { cols: number; rows: number } | undefined {
 
 /** Send a process's events on a stream, with keepalives; the stream ends with the process. */
 function pipe(stream: ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e: ProcessEvent) => void {
-  const every = Number(req.headers['keepalive-ping-interval']);
-  const timer = every > 0 ? setInterval(() => stream.send({ event: { keepalive: {} } }), every * 1000) : undefined;
+  // seconds, as the SDK asks (50); never more often than once a second
+  const every = Math.max(1, Number(req.headers['keepalive-ping-interval']) || 0);
+  const timer = req.headers['keepalive-ping-interval']
+    ? setInterval(() => stream.send({ event: { keepalive: {} } }), every * 1000)
+    : undefined;
   timer?.unref();
   const listen = (e: ProcessEvent): void => {
     stream.send({ event: e });
