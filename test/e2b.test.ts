@@ -278,6 +278,9 @@ describe.each([
         expect(await sbx.pause()).toBe(true);
         expect(await Sandbox.pause(sbx.sandboxId)).toBe(false);
         expect((await sbx.getInfo()).state).toBe('paused');
+        const pausedOnes = await Sandbox.list({ query: { state: ['paused'] } }).nextItems();
+        expect(pausedOnes.map((x) => x.sandboxId)).toEqual([sbx.sandboxId]);
+        expect(await Sandbox.list({ query: { state: ['running'] } }).nextItems()).toEqual([]);
         expect(await sbx.isRunning()).toBe(false);
         const back = await Sandbox.connect(sbx.sandboxId);
         expect((await back.getInfo()).state).toBe('running');
