@@ -6,6 +6,8 @@
  * key opens a LabApi (`labFor`, the daemon's own API with that key), so scopes, quotas, ceilings
  * and ownership are the daemon's, as for any other client.
  */
+import type { Server } from 'node:http';
+import type { Socket } from 'node:net';
 import Fastify, { type FastifyInstance } from 'fastify';
 import type { LabApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
@@ -17,6 +19,10 @@ export interface E2bFrontOptions {
   /** the Lab API as the holder of this key sees it (rejects with UNAUTHORIZED for an unknown key) */
   labFor: (apiKey: string) => Promise<LabApi>;
   log?: (line: Record<string, unknown>) => void;
+  /** the HTTP server's timeouts (the daemon's TCP listener's, server/limits.ts) */
+  server?: Record<string, unknown>;
+  /** caps on connections: told of each connection, and of one whose caller proved who it is */
+  guard?: { attach(server: Server): void; authenticated(socket: Socket): void };
 }
 
 /** The URL a listening app answers at. */
@@ -28,8 +34,9 @@ export function urlOf(app: FastifyInstance): string {
 }
 
 export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
-  const app = Fastify({ bodyLimit: 16 << 20, logger: false });
-  const state = new E2bState(opts.labFor);
+  const app = Fastify({ bodyLimit: 16 << 20, logger: false, ...opts.server });
+  opts.guard?.attach(app.server);
+  const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket));
   // bodies other than JSON come as streams: envelopes, multipart and octet-stream uploads
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));

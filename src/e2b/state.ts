@@ -3,6 +3,7 @@
  * and the key that drives it for envd calls) and the commands envd started.
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
+import type { Socket } from 'node:net';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
@@ -24,14 +25,20 @@ export class E2bState {
   private readonly sessions = new Map<string, Session>();
   private readonly labs = new Map<string, Promise<LabApi>>();
 
-  constructor(private readonly labFor: (apiKey: string) => Promise<LabApi>) {}
+  constructor(
+    private readonly labFor: (apiKey: string) => Promise<LabApi>,
+    /** a request on this connection proved who it is (the connection caps spare it) */
+    private readonly proved: (socket: Socket) => void = () => {},
+  ) {}
 
   /** The caller's Lab API, from its X-API-Key. */
   async lab(req: FastifyRequest): Promise<LabApi> {
     const key = req.headers['x-api-key'];
     if (typeof key !== 'string' || !key)
       throw new SnaplabError('UNAUTHORIZED', 'no API key given', 'send X-API-Key (E2B_API_KEY; docs/e2b.md)');
-    return this.labOf(key);
+    const lab = await this.labOf(key);
+    this.proved(req.raw.socket);
+    return lab;
   }
 
   private labOf(key: string): Promise<LabApi> {
@@ -74,6 +81,7 @@ export class E2bState {
     const want = Buffer.from(s.accessToken);
     if (given.length !== want.length || !timingSafeEqual(given, want))
       throw new SnaplabError('UNAUTHORIZED', 'the access token is not this sandbox’s', 'send X-Access-Token');
+    this.proved(req.raw.socket);
     const lab = await this.labOf(s.apiKey);
     const box = await lab.get(id).catch((e: unknown) => {
       if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) throw e;

@@ -11,7 +11,14 @@ import { SnaplabError, isSnaplabError } from '../errors.js';
 import { withLock } from '../host/lock.js';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { buildApp } from './app.js';
-import { ConnectionGuard, StreamLimiter, resolveLimits, type ConnectionLimits, type ResolvedLimits } from './limits.js';
+import {
+  ConnectionGuard,
+  StreamLimiter,
+  resolveLimits,
+  serverOptions,
+  type ConnectionLimits,
+  type ResolvedLimits,
+} from './limits.js';
 import { Daemon, type DaemonOptions } from './daemon.js';
 import type { ClusterNode, NodeOptions } from '../cluster/node.js';
 import type { ClusterStore } from '../cluster/store.js';
@@ -173,12 +180,16 @@ async function listenE2b(
   keyed: string,
   log: (line: Record<string, unknown>) => void,
   apps: FastifyInstance[],
+  resolved: ResolvedLimits,
 ): Promise<string> {
   const { host, port } = parseListen(listen);
   const { buildE2bApp, urlOf } = await import('../e2b/front.js');
   const labs: { close(): void }[] = [];
   const app = buildE2bApp({
     log,
+    // the same caps and timeouts as the daemon's TCP listener (limits.ts), counted on their own
+    server: serverOptions(resolved),
+    guard: new ConnectionGuard(resolved, log),
     labFor: async (key) => {
       // an unknown key opens nothing (one Lab.connect per key: a flood of made-up keys must not grow it)
       if (!daemon.lab.keys.find(key))
@@ -260,7 +271,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
     }
     if (opts.listen) url = await listenTcp(daemon, opts.listen, token, apps, limits!);
     const keyed = async (): Promise<string> => url ?? (await listenTcp(daemon, '127.0.0.1:0', token, apps, limits!))!;
-    const e2bUrl = opts.e2bListen ? await listenE2b(daemon, opts.e2bListen, await keyed(), log, apps) : null;
+    const e2bUrl = opts.e2bListen ? await listenE2b(daemon, opts.e2bListen, await keyed(), log, apps, limits!) : null;
     if (cluster && opts.node) {
       const { ClusterNode } = await import('../cluster/node.js');
       node = await ClusterNode.join(daemon, cluster, token!, { ...opts.node, url: opts.node.advertise ?? url! });
