@@ -188,6 +188,8 @@ describe.each([
       const failed = await sbx.commands.run('echo no >&2; exit 3').catch((e: unknown) => e);
       expect(failed).toBeInstanceOf(CommandExitError);
       expect(failed).toMatchObject({ exitCode: 3, stderr: 'no\n' });
+      // root's commands run in its home unless told, as envd runs a user's
+      expect((await sbx.commands.run('pwd')).stdout).toBe('/root\n');
       const nobody = await sbx.commands.run('id -u', { user: 'nobody' });
       expect(nobody.stdout.trim()).toBe('65534');
     });

@@ -32,14 +32,18 @@ interface Selector {
   process?: { pid?: unknown; tag?: unknown };
 }
 
-/** The process config of a Start, checked; the sandbox's envVars under the command's own. */
-function configOf(box: SandboxApi, m: StartRequest): ProcessConfig {
+/**
+ * The process config of a Start, checked; the sandbox's envVars under the command's own. As envd,
+ * a command runs in its user's home unless told: root's, /root (other users: the sandbox's default).
+ */
+function configOf(box: SandboxApi, m: StartRequest, user: string | undefined): ProcessConfig {
   const p = m.process ?? {};
   if (typeof p.cmd !== 'string' || !p.cmd) throw new ConnectError('invalid_argument', 'process.cmd is required');
   const args = Array.isArray(p.args) ? p.args.map(String) : [];
   const own = typeof p.envs === 'object' && p.envs !== null ? (p.envs as Record<string, string>) : {};
   const envs = { E2B_SANDBOX: 'true', E2B_SANDBOX_ID: box.id, ...fromMetadata(box).envs, ...own };
-  return { cmd: p.cmd, args, envs, ...(typeof p.cwd === 'string' && p.cwd ? { cwd: p.cwd } : {}) };
+  const cwd = typeof p.cwd === 'string' && p.cwd ? p.cwd : !user || user === 'root' ? '/root' : undefined;
+  return { cmd: p.cmd, args, envs, ...(cwd ? { cwd } : {}) };
 }
 
 /** A PTY's size (`{size: {cols, rows}}`), or undefined for none. */
@@ -91,7 +95,7 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
   const listen = pipe(stream, ref, req);
   try {
     const spec = {
-      config: configOf(box, m),
+      config: configOf(box, m, userOf(req)),
       tag: typeof m.tag === 'string' ? m.tag : undefined,
       user: userOf(req),
       stdin: m.stdin === true,
