@@ -8,6 +8,8 @@ export interface TestDaemon {
   proc: ChildProcess;
   socket: string;
   url: string;
+  /** the E2B front's URL, when started with --e2b-listen */
+  e2bUrl?: string;
   log: () => string;
   /** SIGTERM, and wait for it to exit */
   stop(): Promise<void>;
@@ -64,12 +66,13 @@ export async function startDaemon(home: string, extra: string[] = [], wrap: stri
     proc.once('exit', (c) => reject(new Error(`snaplab serve exited ${c}: ${err}`)));
     setTimeout(() => reject(new Error(`snaplab serve did not start: ${err}`)), 60_000);
   });
-  const { url } = JSON.parse(line) as { url: string };
+  const { url, e2bUrl } = JSON.parse(line) as { url: string; e2bUrl?: string };
   const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
   return {
     proc,
     socket,
     url,
+    e2bUrl,
     log: () => err,
     async stop() {
       proc.kill('SIGTERM');

@@ -83,12 +83,13 @@ function registerKeyCreate(key: Command): void {
         'at most this many concurrent execs of this key (per node in a cluster)',
         int('--max-execs'),
       )
+      .option('--e2b', "a key shaped as E2B's (e2b_<hex>) for the E2B-compatible front (docs/e2b.md)")
       .option('--json', 'print JSON'),
   );
   ceilingOptions(create).action(
     async (
       name: string,
-      o: CommonOptions & { scope: string; maxSandboxes?: number; maxExecs?: number; cluster?: string },
+      o: CommonOptions & { scope: string; maxSandboxes?: number; maxExecs?: number; cluster?: string; e2b?: boolean },
     ) => {
       const { parseScopes } = await import('../lab/keys.js');
       const show = (token: string, k: KeyView): void => {
@@ -99,7 +100,9 @@ function registerKeyCreate(key: Command): void {
         }
         process.stdout.write(`${token}\n`);
         process.stderr.write(
-          `key ${k.name} (${k.scopes.join(',')}): shown only now; send it as \`Authorization: Bearer KEY\`\n`,
+          o.e2b
+            ? `key ${k.name} (${k.scopes.join(',')}): shown only now; give it to E2B's SDK as E2B_API_KEY (docs/e2b.md)\n`
+            : `key ${k.name} (${k.scopes.join(',')}): shown only now; send it as \`Authorization: Bearer KEY\`\n`,
         );
       };
       const opts = {
@@ -107,6 +110,7 @@ function registerKeyCreate(key: Command): void {
         maxSandboxes: o.maxSandboxes,
         maxExecs: o.maxExecs,
         ceilings: ceilingsOf(o),
+        e2b: o.e2b,
       };
       if (o.cluster) {
         return withCluster(o.cluster, o.json, async (store) => {

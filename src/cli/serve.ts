@@ -21,6 +21,7 @@ export const int =
 interface ServeCli {
   socket?: string;
   listen?: string;
+  e2bListen?: string;
   jsonLogs?: boolean;
   defaultTimeout: number;
   execTimeout: number;
@@ -57,6 +58,10 @@ function serveOptions(cmd: Command): Command {
   cmd
     .option('--socket <path>', 'Unix socket (default $SNAPLAB_HOME/daemon.sock, mode 0600)')
     .option('--listen <host:port>', 'also listen on TCP, bearer keys required (e.g. 127.0.0.1:7070)')
+    .option(
+      '--e2b-listen <host:port>',
+      "also serve E2B's API and envd for code written for E2B's SDK (docs/e2b.md; e.g. 127.0.0.1:3000)",
+    )
     .option('--json-logs', 'one JSON object per log line (stderr)')
     .option(
       '--default-timeout <s>',
@@ -182,6 +187,7 @@ async function runServe(o: ServeCli): Promise<void> {
     const server = await serve({
       socket: o.socket,
       listen: o.listen,
+      e2bListen: o.e2bListen,
       jsonLogs: o.jsonLogs,
       defaultTimeoutS: o.defaultTimeout,
       execTimeoutMs: o.execTimeout,
@@ -190,7 +196,7 @@ async function runServe(o: ServeCli): Promise<void> {
       limits: limitsOf(o),
     });
     process.stdout.write(
-      `${JSON.stringify({ socket: server.socket, url: server.url, pid: process.pid, ...(node ? { node: node.name } : {}) })}\n`,
+      `${JSON.stringify({ socket: server.socket, url: server.url, ...(server.e2bUrl ? { e2bUrl: server.e2bUrl } : {}), pid: process.pid, ...(node ? { node: node.name } : {}) })}\n`,
     );
     await new Promise<void>((resolve) => {
       const stop = (): void => resolve();

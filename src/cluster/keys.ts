@@ -24,7 +24,7 @@ export async function createKeyEntry(
   for (const q of [opts.maxSandboxes, opts.maxExecs])
     if (q !== undefined && (!Number.isSafeInteger(q) || q < 0))
       throw new SnaplabError('BAD_INPUT', `invalid quota ${q}`, 'give a whole number ≥ 0');
-  const token = newToken();
+  const token = newToken(opts.e2b);
   const key: KeyEntry = {
     name,
     hash: hashKey(token),

@@ -17,6 +17,11 @@ export interface KeyOptions {
   maxSandboxes?: number;
   maxExecs?: number;
   ceilings?: Partial<Ceilings>;
+  /**
+   * shaped as E2B's keys (`e2b_` and 40 hex digits), for the E2B-compatible front (docs/e2b.md):
+   * some versions of E2B's SDK refuse a key of another shape. Still a key like any other
+   */
+  e2b?: boolean;
 }
 
 export const SCOPES: readonly Scope[] = ['read', 'exec', 'admin'];
@@ -42,7 +47,8 @@ export function parseScopes(text: string): Scope[] {
 }
 
 /** A new API key: shown once, only its hash kept. */
-export const newToken = (): string => PREFIX + randomBytes(32).toString('base64url');
+export const newToken = (e2b = false): string =>
+  e2b ? `e2b_${randomBytes(20).toString('hex')}` : PREFIX + randomBytes(32).toString('base64url');
 
 export class KeyRing {
   /** @internal */
@@ -87,7 +93,7 @@ function createKey(store: Store, name: string, opts: KeyOptions = {}): { token: 
       `a key named ${name} exists`,
       `remove it first with \`snaplab key rm ${name}\`, or pick another name`,
     );
-  const token = newToken();
+  const token = newToken(opts.e2b);
   const key: ApiKeyRecord = {
     name,
     hash: hashKey(token),

@@ -11,11 +11,19 @@ import { SnaplabError, isSnaplabError } from '../errors.js';
 import { withLock } from '../host/lock.js';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { buildApp } from './app.js';
-import { ConnectionGuard, StreamLimiter, resolveLimits, type ConnectionLimits, type ResolvedLimits } from './limits.js';
+import {
+  ConnectionGuard,
+  StreamLimiter,
+  resolveLimits,
+  serverOptions,
+  type ConnectionLimits,
+  type ResolvedLimits,
+} from './limits.js';
 import { Daemon, type DaemonOptions } from './daemon.js';
 import type { ClusterNode, NodeOptions } from '../cluster/node.js';
 import type { ClusterStore } from '../cluster/store.js';
 import { noted, orElse } from '../cleanup.js';
+import { Lab } from '../sdk/lab.js';
 
 export interface ServeOptions extends DaemonOptions {
   /** join a cluster as a node (needs `listen`: gateways reach it there) */
@@ -27,6 +35,11 @@ export interface ServeOptions extends DaemonOptions {
   jsonLogs?: boolean;
   /** caps on TCP connections and streams, and timeouts (limits.ts; docs/api.md, Limits) */
   limits?: Partial<ConnectionLimits>;
+  /**
+   * host:port of the E2B-compatible front (docs/e2b.md). It calls the daemon's keyed API with each
+   * caller's key: on `listen`'s address, else on one of its own on 127.0.0.1 (any free port)
+   */
+  e2bListen?: string;
 }
 
 export interface Server {
@@ -34,6 +47,8 @@ export interface Server {
   socket: string;
   /** the TCP URL, when listening on TCP */
   url: string | null;
+  /** the E2B front's URL, when it runs */
+  e2bUrl: string | null;
   close(): Promise<void>;
 }
 
@@ -154,6 +169,50 @@ async function listenTcp(
     : null;
 }
 
+/**
+ * The E2B front (src/e2b/), a client of the daemon's keyed API at `keyed`: each caller's key opens
+ * its own Lab.connect there, so what a key may do is what the daemon lets it. In `apps` before it
+ * listens, as above; its URL.
+ */
+async function listenE2b(
+  daemon: Daemon,
+  listen: string,
+  keyed: string,
+  log: (line: Record<string, unknown>) => void,
+  apps: FastifyInstance[],
+  resolved: ResolvedLimits,
+): Promise<string> {
+  const { host, port } = parseListen(listen);
+  const { buildE2bApp, urlOf } = await import('../e2b/front.js');
+  const labs: { close(): void }[] = [];
+  const app = buildE2bApp({
+    log,
+    // the same caps and timeouts as the daemon's TCP listener (limits.ts), counted on their own
+    server: serverOptions(resolved),
+    guard: new ConnectionGuard(resolved, log),
+    labFor: async (key) => {
+      // an unknown key opens nothing (one Lab.connect per key: a flood of made-up keys must not grow it)
+      if (!daemon.lab.keys.find(key))
+        throw new SnaplabError(
+          'UNAUTHORIZED',
+          'the API key is not known',
+          'make one with `snaplab key create NAME --e2b`',
+        );
+      const lab = await Lab.connect({ url: keyed, token: key });
+      labs.push(lab);
+      return lab;
+    },
+  });
+  app.addHook('onClose', async () => {
+    for (const l of labs) l.close();
+  });
+  apps.push(app);
+  await app.listen({ host, port });
+  const url = urlOf(app);
+  log({ msg: 'E2B front listening', url });
+  return url;
+}
+
 export async function serve(opts: ServeOptions = {}): Promise<Server> {
   const lines = logger(opts.jsonLogs ?? false);
   const log = opts.log ?? lines.log;
@@ -164,7 +223,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       'add --listen HOST:PORT (an address the gateways can reach)',
     );
   // read and checked before anything is opened: a bad limit stops here
-  const limits = opts.listen ? resolveLimits(opts.limits) : undefined;
+  const limits = opts.listen || opts.e2bListen ? resolveLimits(opts.limits) : undefined;
   const daemon = await Daemon.open({ ...opts, log });
   const apps: FastifyInstance[] = [];
   let cluster: ClusterStore | undefined;
@@ -211,6 +270,8 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       token = await cluster.token();
     }
     if (opts.listen) url = await listenTcp(daemon, opts.listen, token, apps, limits!);
+    const keyed = async (): Promise<string> => url ?? (await listenTcp(daemon, '127.0.0.1:0', token, apps, limits!))!;
+    const e2bUrl = opts.e2bListen ? await listenE2b(daemon, opts.e2bListen, await keyed(), log, apps, limits!) : null;
     if (cluster && opts.node) {
       const { ClusterNode } = await import('../cluster/node.js');
       node = await ClusterNode.join(daemon, cluster, token!, { ...opts.node, url: opts.node.advertise ?? url! });
@@ -220,6 +281,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       daemon,
       socket,
       url,
+      e2bUrl,
       async close() {
         // withdrawn first: gateways stop sending work before the listeners close
         await node?.leave();

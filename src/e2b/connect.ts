@@ -1,0 +1,152 @@
+/**
+ * The Connect protocol as E2B's SDK speaks it to envd (connectrpc.com/docs/protocol), JSON codec
+ * over HTTP/1.1: a unary call is a POST of `application/json` answered with JSON (an error: an
+ * HTTP status and `{code, message}`); a server-streaming call is a POST of
+ * `application/connect+json` whose body is one envelope (a flags byte, a 4-byte big-endian
+ * length, the JSON message), answered 200 with envelopes, the last flagged end-of-stream (0x02)
+ * and carrying `{}` or `{error: {code, message}}`.
+ */
+import type { FastifyReply } from 'fastify';
+import type { Readable } from 'node:stream';
+import { SnaplabError, isSnaplabError, type ErrorCode } from '../errors.js';
+
+/** Connect's error codes and the HTTP status each has on a unary answer. */
+export const CONNECT_STATUS = {
+  invalid_argument: 400,
+  unauthenticated: 401,
+  permission_denied: 403,
+  not_found: 404,
+  already_exists: 409,
+  failed_precondition: 412,
+  resource_exhausted: 429,
+  internal: 500,
+  unknown: 500,
+  unimplemented: 501,
+  unavailable: 503,
+  deadline_exceeded: 504,
+} as const;
+
+export type ConnectCode = keyof typeof CONNECT_STATUS;
+
+/** An error an envd call answers with, in Connect's terms. */
+export class ConnectError extends Error {
+  constructor(
+    readonly code: ConnectCode,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+const BY_SNAPLAB: Partial<Record<ErrorCode, ConnectCode>> = {
+  BAD_INPUT: 'invalid_argument',
+  UNAUTHORIZED: 'unauthenticated',
+  FORBIDDEN: 'permission_denied',
+  ABOVE_CEILING: 'permission_denied',
+  SANDBOX_NOT_FOUND: 'not_found',
+  FILE_NOT_FOUND: 'not_found',
+  PROCESS_NOT_FOUND: 'not_found',
+  FILE_ERROR: 'failed_precondition',
+  QUOTA_EXCEEDED: 'resource_exhausted',
+  SANDBOX_PAUSED: 'unavailable',
+  SANDBOX_DEAD: 'unavailable',
+  TIMEOUT: 'deadline_exceeded',
+};
+
+/** Any error as Connect's (a SnaplabError by its code; anything else is internal). */
+export function toConnectError(e: unknown): ConnectError {
+  if (e instanceof ConnectError) return e;
+  if (isSnaplabError(e)) return new ConnectError(BY_SNAPLAB[e.code] ?? 'internal', e.message);
+  return new ConnectError('internal', e instanceof Error ? e.message : String(e));
+}
+
+/** Read a whole request body (a raw stream), at most `max` bytes. */
+export async function readBody(body: unknown, max = 16 << 20): Promise<Buffer> {
+  if (Buffer.isBuffer(body)) return body;
+  if (!body || typeof (body as Readable).on !== 'function') return Buffer.alloc(0);
+  const parts: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body as Readable) {
+    size += (chunk as Buffer).length;
+    if (size > max)
+      throw new SnaplabError('PAYLOAD_TOO_LARGE', `a request body over ${max} bytes`, 'send less at once');
+    parts.push(chunk as Buffer);
+  }
+  return Buffer.concat(parts);
+}
+
+/** The message of a streaming request: its one envelope's JSON. */
+export function unenvelope(raw: Buffer): unknown {
+  if (raw.length < 5) throw new ConnectError('invalid_argument', 'a streaming request without its envelope');
+  const len = raw.readUInt32BE(1);
+  if (raw[0]! & 0x01) throw new ConnectError('unimplemented', 'compressed messages are not supported');
+  return parseJson(raw.subarray(5, 5 + len));
+}
+
+export function parseJson(b: Buffer): unknown {
+  try {
+    return b.length ? JSON.parse(b.toString('utf8')) : {};
+  } catch {
+    throw new ConnectError('invalid_argument', 'the message is not JSON');
+  }
+}
+
+export function envelope(message: unknown, end = false): Buffer {
+  const json = Buffer.from(JSON.stringify(message));
+  const head = Buffer.alloc(5);
+  head[0] = end ? 0x02 : 0x00;
+  head.writeUInt32BE(json.length, 1);
+  return Buffer.concat([head, json]);
+}
+
+/** A unary call's error answer. */
+export function sendUnaryError(reply: FastifyReply, e: unknown): FastifyReply {
+  const err = toConnectError(e);
+  return reply.code(CONNECT_STATUS[err.code]).type('application/json').send({ code: err.code, message: err.message });
+}
+
+/**
+ * A server stream on a hijacked reply: `send` writes a message, `end` the end-of-stream envelope
+ * (with an error, or none). `closed` tells when the client went away.
+ */
+export interface ServerStream {
+  send(message: unknown): void;
+  end(error?: unknown): void;
+  readonly closed: boolean;
+  onClose(fn: () => void): void;
+}
+
+export function openStream(reply: FastifyReply): ServerStream {
+  reply.hijack();
+  const res = reply.raw;
+  res.writeHead(200, { 'content-type': 'application/connect+json', 'cache-control': 'no-store' });
+  let ended = false;
+  const closers: (() => void)[] = [];
+  res.on('close', () => {
+    ended = true;
+    for (const fn of closers) fn();
+  });
+  return {
+    send(message) {
+      if (!ended) res.write(envelope(message));
+    },
+    end(error) {
+      if (ended) return;
+      ended = true;
+      const err = error === undefined ? undefined : toConnectError(error);
+      res.end(envelope(err ? { error: { code: err.code, message: err.message } } : {}, true));
+    },
+    get closed() {
+      return ended;
+    },
+    onClose(fn) {
+      closers.push(fn);
+    },
+  };
+}
+
+/** A deadline the client asked for (`Connect-Timeout-Ms`), or undefined. */
+export function deadlineOf(header: string | string[] | undefined): number | undefined {
+  const n = Number(Array.isArray(header) ? header[0] : header);
+  return Number.isFinite(n) && n > 0 ? n : undefined;
+}

@@ -1,0 +1,149 @@
+/**
+ * E2B's control API (spec/openapi.yml of e2b-dev/E2B), each call one or two Lab API calls of the
+ * caller's key: create, get, list with a metadata filter and X-Next-Token paging, kill, timeout,
+ * connect. A template is a pool (a create takes one of its standbys) or an image; `base`, E2B's
+ * default, is snaplab's default image.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { LabCreateOptions, SandboxApi } from '../sdk/api.js';
+import { SnaplabError } from '../errors.js';
+import { ENVD_VERSION, type E2bState } from './state.js';
+import { fromMetadata, listSandboxes, RESERVED } from './listing.js';
+
+/** E2B's default template, made here from snaplab's default image. */
+export const BASE_TEMPLATE = 'base';
+
+interface NewSandbox {
+  templateID?: unknown;
+  timeout?: unknown;
+  metadata?: unknown;
+  envVars?: unknown;
+  autoPause?: unknown;
+}
+
+export function jsonBody(req: FastifyRequest): Record<string, unknown> {
+  const raw = req.body;
+  if (raw === undefined || raw === null) return {};
+  try {
+    const v: unknown = Buffer.isBuffer(raw) ? JSON.parse(raw.toString('utf8') || '{}') : raw;
+    if (typeof v === 'object' && v !== null && !Array.isArray(v)) return v as Record<string, unknown>;
+  } catch {
+    // said below
+  }
+  throw new SnaplabError('BAD_INPUT', 'the body is not a JSON object', 'send a JSON object (see docs/e2b.md)');
+}
+
+function strings(v: unknown, what: string): Record<string, string> {
+  if (v === undefined || v === null) return {};
+  if (typeof v !== 'object' || Array.isArray(v) || Object.values(v).some((x) => typeof x !== 'string'))
+    throw new SnaplabError('BAD_INPUT', `${what} must be an object of strings`, 'e.g. {"team": "infra"}');
+  return v as Record<string, string>;
+}
+
+function seconds(v: unknown): number | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0)
+    throw new SnaplabError('BAD_INPUT', 'timeout must be a whole number of seconds ≥ 0', 'e.g. {"timeout": 300}');
+  return v;
+}
+
+/** What a create asks of the Lab API. */
+export function createOptions(body: NewSandbox): LabCreateOptions {
+  const template = body.templateID ?? BASE_TEMPLATE;
+  if (typeof template !== 'string' || !template)
+    throw new SnaplabError('BAD_INPUT', 'templateID must be a string', `give a template, e.g. "${BASE_TEMPLATE}"`);
+  const metadata = strings(body.metadata, 'metadata');
+  const envs = strings(body.envVars, 'envVars');
+  for (const k of Object.keys(metadata))
+    if (k.startsWith(RESERVED))
+      throw new SnaplabError('BAD_INPUT', `metadata keys starting with ${RESERVED} are the front's`, 'rename it');
+  const kept: Record<string, string> = { ...metadata, [`${RESERVED}template`]: template };
+  if (Object.keys(envs).length) kept[`${RESERVED}envs`] = JSON.stringify(envs);
+  return {
+    ...(template === BASE_TEMPLATE ? {} : { image: template }),
+    metadata: kept,
+    timeoutS: seconds(body.timeout),
+    onTimeout: body.autoPause === true ? 'pause' : 'kill',
+  };
+}
+
+/** The `Sandbox` answer of a create or a connect. */
+function created(state: E2bState, box: SandboxApi, apiKey: string): Record<string, unknown> {
+  return {
+    sandboxID: box.id,
+    templateID: fromMetadata(box).templateID,
+    alias: fromMetadata(box).templateID,
+    clientID: 'snaplab',
+    envdVersion: ENVD_VERSION,
+    envdAccessToken: state.session(box.id, apiKey),
+    trafficAccessToken: null,
+    domain: null,
+  };
+}
+
+const idOf = (req: FastifyRequest): string => (req.params as { id: string }).id;
+const keyOf = (req: FastifyRequest): string => String(req.headers['x-api-key']);
+
+async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  const lab = await state.lab(req);
+  const opts = createOptions(jsonBody(req) as NewSandbox);
+  // a template that names a pool is a take of one of its ready standbys (the fast path)
+  if (opts.image && (await lab.pools()).some((p) => p.name === opts.image)) {
+    opts.pool = opts.image;
+    opts.image = undefined;
+  }
+  const box = await lab.create(opts);
+  return reply.code(201).send(created(state, box, keyOf(req)));
+}
+
+/** Connect: a paused sandbox is resumed (201), a running one answered (200); its end time only grows. */
+async function connect(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  const lab = await state.lab(req);
+  const timeout = seconds(jsonBody(req).timeout);
+  const box = await lab.get(idOf(req));
+  let status = 200;
+  if (box.state === 'paused') {
+    await box.resume();
+    status = 201;
+  }
+  if (timeout !== undefined) {
+    await box.refresh();
+    const end = Date.now() + timeout * 1000;
+    if (box.expiresAt !== null && box.expiresAt < end) await box.setTimeout(timeout, box.onTimeout);
+  }
+  return reply.code(status).send(created(state, box, keyOf(req)));
+}
+
+export function registerControl(app: FastifyInstance, state: E2bState): void {
+  for (const path of ['/sandboxes', '/v2/sandboxes']) app.post(path, (req, reply) => create(state, req, reply));
+  for (const path of ['/sandboxes/:id/connect', '/v2/sandboxes/:id/connect'])
+    app.post(path, (req, reply) => connect(state, req, reply));
+  app.get('/sandboxes', async (req, reply) => reply.send(await listSandboxes(await state.lab(req), req, reply, false)));
+  app.get('/v2/sandboxes', async (req, reply) =>
+    reply.send(await listSandboxes(await state.lab(req), req, reply, true)),
+  );
+  app.get('/sandboxes/:id', async (req, reply) => {
+    const box = await (await state.lab(req)).get(idOf(req));
+    return reply.send(fromMetadata(box).detail);
+  });
+  app.delete('/sandboxes/:id', async (req, reply) => {
+    const box = await (await state.lab(req)).get(idOf(req));
+    state.forget(box.id);
+    await box.destroy();
+    return reply.code(204).send();
+  });
+  app.post('/sandboxes/:id/pause', async (req, reply) => {
+    const box = await (await state.lab(req)).get(idOf(req));
+    if (box.state === 'paused')
+      throw new SnaplabError('SANDBOX_PAUSED', 'the sandbox is paused already', 'connect to it to resume it');
+    await box.pause();
+    return reply.code(204).send();
+  });
+  app.post('/sandboxes/:id/timeout', async (req, reply) => {
+    const timeout = seconds(jsonBody(req).timeout);
+    if (timeout === undefined) throw new SnaplabError('BAD_INPUT', 'no timeout given', 'send {"timeout": SECONDS}');
+    const box = await (await state.lab(req)).get(idOf(req));
+    await box.setTimeout(timeout, box.onTimeout);
+    return reply.code(204).send();
+  });
+}

@@ -1,0 +1,223 @@
+/**
+ * envd's process service (spec/envd/process/process.proto) over Connect, and `GET /health`:
+ * Start streams a command's events (start, data, keepalive, end), Connect reattaches to a running
+ * one, List, SendSignal, SendInput and CloseStdin act on one by pid. The sandbox is the one named
+ * by `E2b-Sandbox-Id`, checked against its access token (state.ts).
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { SandboxApi } from '../sdk/api.js';
+import {
+  ConnectError,
+  deadlineOf,
+  openStream,
+  parseJson,
+  readBody,
+  sendUnaryError,
+  unenvelope,
+  type ServerStream,
+} from './connect.js';
+import { fromMetadata } from './listing.js';
+import type { Proc, ProcessConfig, ProcessEvent } from './processes.js';
+import { EnvdUnavailable, sendError, type E2bState } from './state.js';
+import { registerFiles, userOf } from './files.js';
+
+interface StartRequest {
+  process?: { cmd?: unknown; args?: unknown; envs?: unknown; cwd?: unknown };
+  pty?: unknown;
+  tag?: unknown;
+  stdin?: unknown;
+}
+
+interface Selector {
+  process?: { pid?: unknown; tag?: unknown };
+}
+
+/**
+ * The process config of a Start, checked; the sandbox's envVars under the command's own. As envd,
+ * a command runs in its user's home unless told: root's, /root (other users: the sandbox's default).
+ */
+function configOf(box: SandboxApi, m: StartRequest, user: string | undefined): ProcessConfig {
+  const p = m.process ?? {};
+  if (typeof p.cmd !== 'string' || !p.cmd) throw new ConnectError('invalid_argument', 'process.cmd is required');
+  const args = Array.isArray(p.args) ? p.args.map(String) : [];
+  const own = typeof p.envs === 'object' && p.envs !== null ? (p.envs as Record<string, string>) : {};
+  const envs = { E2B_SANDBOX: 'true', E2B_SANDBOX_ID: box.id, ...fromMetadata(box).envs, ...own };
+  const cwd = typeof p.cwd === 'string' && p.cwd ? p.cwd : !user || user === 'root' ? '/root' : undefined;
+  return { cmd: p.cmd, args, envs, ...(cwd ? { cwd } : {}) };
+}
+
+/** A PTY's size (`{size: {cols, rows}}`), or undefined for none. */
+function sizeOf(pty: unknown): { cols: number; rows: number } | undefined {
+  if (pty === undefined || pty === null) return undefined;
+  const size = (pty as { size?: { cols?: unknown; rows?: unknown } }).size ?? {};
+  const cols = Number(size.cols ?? 80);
+  const rows = Number(size.rows ?? 24);
+  if (!Number.isInteger(cols) || !Number.isInteger(rows) || cols < 1 || rows < 1 || cols > 4096 || rows > 4096)
+    throw new ConnectError('invalid_argument', 'pty.size must be whole cols and rows from 1 to 4096');
+  return { cols, rows };
+}
+
+/** Send a process's events on a stream, with keepalives; the stream ends with the process. */
+function pipe(stream: ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e: ProcessEvent) => void {
+  // seconds, as the SDK asks (50); never more often than once a second
+  const every = Math.max(1, Number(req.headers['keepalive-ping-interval']) || 0);
+  const timer = req.headers['keepalive-ping-interval']
+    ? setInterval(() => stream.send({ event: { keepalive: {} } }), every * 1000)
+    : undefined;
+  timer?.unref();
+  const listen = (e: ProcessEvent): void => {
+    stream.send({ event: e });
+    if ('end' in e) {
+      if (timer) clearInterval(timer);
+      stream.end(
+        ref.p?.timedOut ? new ConnectError('deadline_exceeded', 'the command ran past its timeout') : undefined,
+      );
+    }
+  };
+  stream.onClose(() => {
+    if (timer) clearInterval(timer);
+    ref.p?.listeners.delete(listen);
+  });
+  return listen;
+}
+
+async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
+  let box: SandboxApi;
+  let m: StartRequest;
+  try {
+    box = await state.envdSandbox(req);
+    m = unenvelope(await readBody(req.body)) as StartRequest;
+  } catch (e) {
+    return streamRefused(reply, e);
+  }
+  const stream = openStream(reply);
+  const ref: { p?: Proc } = {};
+  const listen = pipe(stream, ref, req);
+  try {
+    const spec = {
+      config: configOf(box, m, userOf(req)),
+      tag: typeof m.tag === 'string' ? m.tag : undefined,
+      user: userOf(req),
+      stdin: m.stdin === true,
+      timeoutMs: deadlineOf(req.headers['connect-timeout-ms']),
+      tty: sizeOf(m.pty),
+    };
+    ref.p = await state.processes.start(box, spec, listen);
+    // the client went away while it started: the command runs on, to its end or its timeout
+    if (stream.closed) ref.p.listeners.delete(listen);
+  } catch (e) {
+    stream.end(e);
+  }
+  return undefined;
+}
+
+/** A streaming call refused before its stream: an HTTP status Connect's client reads as the code. */
+function streamRefused(reply: FastifyReply, e: unknown): FastifyReply {
+  if (e instanceof EnvdUnavailable || !(e instanceof ConnectError)) return sendError(reply, e);
+  return sendUnaryError(reply, e);
+}
+
+/** The process a unary call or a reattach selects (by pid, or by tag). */
+function selected(state: E2bState, box: SandboxApi, m: Selector): Proc {
+  const pid = m.process?.pid;
+  const tag = m.process?.tag;
+  const p =
+    typeof pid === 'number'
+      ? state.processes.get(box.id, pid)
+      : state.processes.list(box.id).find((x) => x.spec.tag !== undefined && x.spec.tag === tag);
+  if (!p) throw new ConnectError('not_found', `no process ${pid ?? tag} runs in this sandbox`);
+  return p;
+}
+
+async function reattach(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
+  let p: Proc;
+  try {
+    const box = await state.envdSandbox(req);
+    p = selected(state, box, unenvelope(await readBody(req.body)) as Selector);
+  } catch (e) {
+    return streamRefused(reply, e);
+  }
+  const stream = openStream(reply);
+  const listen = pipe(stream, { p }, req);
+  stream.send({ event: { start: { pid: p.pid } } });
+  p.listeners.add(listen);
+  return undefined;
+}
+
+/** A unary call: the sandbox, the JSON message, and the answer (or its error in Connect's shape). */
+function unary(
+  state: E2bState,
+  fn: (box: SandboxApi, m: Record<string, unknown>, req: FastifyRequest) => Promise<unknown>,
+): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
+  return async (req, reply) => {
+    try {
+      const box = await state.envdSandbox(req);
+      const m = parseJson(await readBody(req.body)) as Record<string, unknown>;
+      return reply.type('application/json').send(await fn(box, m, req));
+    } catch (e) {
+      if (e instanceof EnvdUnavailable) return sendError(reply, e);
+      return sendUnaryError(reply, e);
+    }
+  };
+}
+
+const SIGNALS: Record<string, number> = { SIGNAL_SIGKILL: 9, SIGNAL_SIGTERM: 15 };
+
+export function registerEnvd(app: FastifyInstance, state: E2bState): void {
+  app.get('/health', async (req, reply) => {
+    await state.envdSandbox(req);
+    return reply.code(204).send();
+  });
+  app.post('/process.Process/Start', (req, reply) => start(state, req, reply));
+  app.post('/process.Process/Connect', (req, reply) => reattach(state, req, reply));
+  const P = '/process.Process';
+  app.post(
+    `${P}/List`,
+    unary(state, async (box) => ({
+      processes: state.processes.list(box.id).map((p) => ({
+        config: p.spec.config,
+        pid: p.pid,
+        ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),
+      })),
+    })),
+  );
+  app.post(
+    `${P}/SendSignal`,
+    unary(state, async (box, m) => {
+      const sig = typeof m.signal === 'number' ? m.signal : SIGNALS[String(m.signal)];
+      if (!sig) throw new ConnectError('invalid_argument', 'signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM');
+      selected(state, box, m as Selector).handle.kill(sig);
+      return {};
+    }),
+  );
+  app.post(
+    `${P}/SendInput`,
+    unary(state, async (box, m) => {
+      const input = (m.input ?? {}) as { stdin?: unknown; pty?: unknown };
+      const data = typeof input.stdin === 'string' ? input.stdin : input.pty;
+      const p = selected(state, box, m as Selector);
+      if (!p.spec.stdin && !p.spec.tty)
+        throw new ConnectError('failed_precondition', 'the command was started without stdin');
+      if (typeof data === 'string' && !p.handle.write(Buffer.from(data, 'base64'))) await p.handle.drained();
+      return {};
+    }),
+  );
+  app.post(
+    `${P}/Update`,
+    unary(state, async (box, m) => {
+      const p = selected(state, box, m as Selector);
+      const size = sizeOf(m.pty);
+      if (!p.spec.tty || !size) throw new ConnectError('failed_precondition', 'only a PTY command has a size');
+      p.handle.resize(size.cols, size.rows);
+      return {};
+    }),
+  );
+  app.post(
+    `${P}/CloseStdin`,
+    unary(state, async (box, m) => {
+      selected(state, box, m as Selector).handle.end();
+      return {};
+    }),
+  );
+  registerFiles(app, state, unary);
+}

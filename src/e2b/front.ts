@@ -1,0 +1,58 @@
+/**
+ * The E2B-compatible front (docs/e2b.md): code written for E2B's SDK runs unchanged with
+ * `E2B_API_URL` and `E2B_SANDBOX_URL` pointed here. One HTTP listener answers both E2B's control
+ * API (X-API-Key) and envd, the agent E2B runs in each sandbox, reached through the sandbox URL
+ * with the header `E2b-Sandbox-Id` (X-Access-Token). It stands on the Lab API only: each caller's
+ * key opens a LabApi (`labFor`, the daemon's own API with that key), so scopes, quotas, ceilings
+ * and ownership are the daemon's, as for any other client.
+ */
+import type { Server } from 'node:http';
+import type { Socket } from 'node:net';
+import Fastify, { type FastifyInstance } from 'fastify';
+import type { LabApi } from '../sdk/api.js';
+import { SnaplabError } from '../errors.js';
+import { registerControl } from './control.js';
+import { registerEnvd } from './envd.js';
+import { E2bState, sendError } from './state.js';
+
+export interface E2bFrontOptions {
+  /** the Lab API as the holder of this key sees it (rejects with UNAUTHORIZED for an unknown key) */
+  labFor: (apiKey: string) => Promise<LabApi>;
+  log?: (line: Record<string, unknown>) => void;
+  /** the HTTP server's timeouts (the daemon's TCP listener's, server/limits.ts) */
+  server?: Record<string, unknown>;
+  /** caps on connections: told of each connection, and of one whose caller proved who it is */
+  guard?: { attach(server: Server): void; authenticated(socket: Socket): void };
+}
+
+/** The URL a listening app answers at. */
+export function urlOf(app: FastifyInstance): string {
+  const addr = app.server.address();
+  if (typeof addr !== 'object' || !addr)
+    throw new SnaplabError('DAEMON_ERROR', 'the E2B front is not listening', 'this is a bug of snaplab');
+  return `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
+}
+
+export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
+  const app = Fastify({ bodyLimit: 16 << 20, logger: false, ...opts.server });
+  opts.guard?.attach(app.server);
+  const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket));
+  // bodies other than JSON come as streams: envelopes, multipart and octet-stream uploads
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+  app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
+  app.setErrorHandler((e, _req, reply) => sendError(reply, e));
+  app.setNotFoundHandler((req, reply) =>
+    sendError(
+      reply,
+      new SnaplabError('BAD_INPUT', `no route ${req.method} ${req.url.split('?')[0]}`, 'see docs/e2b.md'),
+    ),
+  );
+  app.addHook('onResponse', async (req, reply) => {
+    opts.log?.({ method: req.method, url: req.url.split('?')[0], status: reply.statusCode, front: 'e2b' });
+  });
+  app.addHook('onClose', async () => state.processes.close());
+  registerControl(app, state);
+  registerEnvd(app, state);
+  return app;
+}

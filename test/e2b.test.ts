@@ -1,0 +1,415 @@
+/**
+ * The E2B-compatible front (docs/e2b.md) driven by E2B's own SDK (`e2b` on npm, pinned): a real
+ * `snaplab serve --e2b-listen` on 127.0.0.1, the SDK pointed at it by E2B_API_URL,
+ * E2B_SANDBOX_URL and E2B_API_KEY, and each effect checked from outside with the snaplab CLI.
+ * Every case runs with the latest SDK and with the oldest that routes by header (2.14.1), but
+ * for what the old one does not have (gzip and streamed uploads).
+ */
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import * as latest from 'e2b';
+import * as oldest from 'e2b-v2-14';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { cli, removeHome, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
+
+let home: string;
+let d: TestDaemon;
+let key: string;
+let other: string;
+const saved = { ...process.env };
+
+/** `snaplab exec ID -- sh -c SCRIPT`: what the machine holds, seen without the front. */
+function inside(id: string, script: string): { code: number; out: string } {
+  const r = cli(home, ['exec', id, '--', 'sh', '-c', script]);
+  return { code: r.code, out: r.out };
+}
+
+/** `snaplab ls --json`: every sandbox of the home, as the CLI sees them. */
+function listed(): { id: string; owner: string | null }[] {
+  return JSON.parse(cli(home, ['ls', '--json']).out) as { id: string; owner: string | null }[];
+}
+
+beforeAll(async () => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2b-'));
+  key = cli(home, ['key', 'create', 'agent', '--e2b']).out;
+  other = cli(home, ['key', 'create', 'stranger', '--e2b']).out.trim();
+  // a template backed by a pool of warm standbys (the daemon keeps it full)
+  const made = cli(home, ['pool', 'create', 'warm', '--size', '1']);
+  if (made.code !== 0) throw new Error(`pool create: ${made.err}`);
+  d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
+  process.env.E2B_API_URL = d.e2bUrl;
+  process.env.E2B_SANDBOX_URL = d.e2bUrl;
+  process.env.E2B_API_KEY = key.trim();
+}, 120_000);
+
+type Sdk = typeof latest;
+/** what e2b_protocol.py prints: each case reads the fields it checks by name */
+// biome-ignore lint/suspicious/noExplicitAny: see above
+type Json = any;
+
+afterAll(async () => {
+  process.env = saved;
+  await d?.stop();
+  if (home) removeHome(home);
+});
+
+describe.each([
+  ['e2b@2.51.0', latest, true],
+  ['e2b@2.14.1', oldest as unknown as Sdk, false],
+] as const)('with %s', (_label, sdk: Sdk, modern: boolean) => {
+  const { AuthenticationError, CommandExitError, Sandbox, TimeoutError } = sdk;
+  // 2.14 has no SandboxNotFoundError yet: its NotFoundError, which the newer one extends
+  const SandboxNotFoundError = sdk.SandboxNotFoundError ?? sdk.NotFoundError;
+  describe('keys and the control API', () => {
+    it('key create --e2b prints only a key shaped e2b_<hex>', () => {
+      expect(key).toMatch(/^e2b_[0-9a-f]{40}\n$/);
+      expect(d.e2bUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+    });
+
+    it('creates a sandbox of the base template, with metadata and envs, owned by the key', async () => {
+      const sbx = await Sandbox.create({ metadata: { suite: 'e2b', who: 'first' }, envs: { GREETING: 'hello' } });
+      try {
+        const box = listed().find((b) => b.id === sbx.sandboxId);
+        expect(box?.owner).toBe('agent');
+        const info = await sbx.getInfo();
+        expect(info.templateId).toBe('base');
+        expect(info.metadata).toEqual({ suite: 'e2b', who: 'first' });
+        expect(info.state).toBe('running');
+        expect(info.endAt.getTime()).toBeGreaterThan(Date.now());
+        // the create's envs are every command's
+        const r = await sbx.commands.run('echo "$GREETING" > /tmp/greeting');
+        expect(r.exitCode).toBe(0);
+        expect(inside(sbx.sandboxId, 'cat /tmp/greeting').out).toBe('hello\n');
+      } finally {
+        await sbx.kill();
+      }
+    });
+
+    it('a template that names a pool takes one of its standbys; one that names an image is made from it', async () => {
+      const hits = (): number =>
+        (JSON.parse(cli(home, ['pool', 'ls', '--json']).out) as { name: string; hits: number }[]).find(
+          (p) => p.name === 'warm',
+        )?.hits ?? -1;
+      const before = hits();
+      const pooled = await Sandbox.create('warm', { metadata: { from: 'pool' } });
+      const imaged = await Sandbox.create('busybox');
+      try {
+        const boxes = JSON.parse(cli(home, ['ls', '--json']).out) as { id: string; labels: Record<string, string> }[];
+        expect(boxes.find((b) => b.id === pooled.sandboxId)).toBeDefined();
+        expect((await pooled.getInfo()).templateId).toBe('warm');
+        expect((await pooled.getInfo()).metadata).toEqual({ from: 'pool' });
+        expect((await imaged.getInfo()).templateId).toBe('busybox');
+        expect((await pooled.commands.run('echo pooled')).stdout).toBe('pooled\n');
+        expect(hits()).toBe(before + 1);
+      } finally {
+        await pooled.kill();
+        await imaged.kill();
+      }
+      await expect(Sandbox.create('no-such-template')).rejects.toThrow(/404/);
+    });
+
+    it('lists with a metadata filter and pages with X-Next-Token; setTimeout moves the end', async () => {
+      const a = await Sandbox.create({ metadata: { suite: 'list' } });
+      const b = await Sandbox.create({ metadata: { suite: 'list' } });
+      const c = await Sandbox.create({ metadata: { suite: 'elsewhere' } });
+      try {
+        const pages = Sandbox.list({ query: { metadata: { suite: 'list' } }, limit: 1 });
+        const first = await pages.nextItems();
+        expect(pages.hasNext).toBe(true);
+        const second = await pages.nextItems();
+        // newest first
+        expect([...first, ...second].map((s) => s.sandboxId)).toEqual([b.sandboxId, a.sandboxId]);
+        if (pages.hasNext) expect(await pages.nextItems()).toEqual([]);
+        await Sandbox.setTimeout(c.sandboxId, 3600_000);
+        const end = (await Sandbox.getInfo(c.sandboxId)).endAt.getTime();
+        expect(end).toBeGreaterThan(Date.now() + 3500_000);
+      } finally {
+        for (const s of [a, b, c]) await s.kill();
+      }
+    });
+
+    it('kill ends the sandbox: gone from snaplab ls, not running, a second kill is false', async () => {
+      const sbx = await Sandbox.create();
+      expect(await sbx.isRunning()).toBe(true);
+      expect(await Sandbox.kill(sbx.sandboxId)).toBe(true);
+      expect(listed().some((b) => b.id === sbx.sandboxId)).toBe(false);
+      expect(await sbx.isRunning()).toBe(false);
+      expect(await Sandbox.kill(sbx.sandboxId)).toBe(false);
+      await expect(Sandbox.getInfo(sbx.sandboxId)).rejects.toBeInstanceOf(SandboxNotFoundError);
+    });
+
+    it("answers errors in E2B's JSON shape, and 502 for envd of an unknown sandbox", async () => {
+      const post = (body: string) =>
+        fetch(`${d.e2bUrl}/v2/sandboxes`, {
+          method: 'POST',
+          headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+          body,
+        });
+      const bad = await post('{not json');
+      expect(bad.status).toBe(400);
+      expect(await bad.json()).toMatchObject({ code: 400, message: expect.any(String) });
+      const badTimeout = await post('{"templateID": "base", "timeout": -1}');
+      expect(await badTimeout.json()).toMatchObject({ code: 400 });
+      const noKey = await fetch(`${d.e2bUrl}/sandboxes/nope`);
+      expect(noKey.status).toBe(401);
+      expect(await noKey.json()).toMatchObject({ code: 401 });
+      const health = await fetch(`${d.e2bUrl}/health`, { headers: { 'E2b-Sandbox-Id': 'nope' } });
+      expect(health.status).toBe(502);
+      // none of the bad requests made anything (the pool's standby is nobody's)
+      expect(listed().filter((b) => b.owner !== null)).toEqual([]);
+    });
+
+    it('refuses an unknown key', async () => {
+      await expect(Sandbox.create({ apiKey: `e2b_${'0'.repeat(40)}` })).rejects.toBeInstanceOf(AuthenticationError);
+    });
+  });
+
+  describe('envd: commands and files', () => {
+    let sbx: latest.Sandbox;
+    beforeAll(async () => {
+      sbx = await Sandbox.create({ timeoutMs: 600_000 });
+    });
+    afterAll(async () => {
+      await sbx?.kill();
+    });
+
+    it('commands.run: stdout streamed, stderr, exit codes, env, cwd, user', async () => {
+      const chunks: string[] = [];
+      const r = await sbx.commands.run('echo out; echo err >&2; echo "$X"; pwd; id -u', {
+        envs: { X: 'ex' },
+        cwd: '/tmp',
+        user: 'root',
+        onStdout: (s) => void chunks.push(s),
+      });
+      expect(r).toMatchObject({ exitCode: 0, stdout: 'out\nex\n/tmp\n0\n', stderr: 'err\n' });
+      expect(chunks.join('')).toBe(r.stdout);
+      const failed = await sbx.commands.run('echo no >&2; exit 3').catch((e: unknown) => e);
+      expect(failed).toBeInstanceOf(CommandExitError);
+      expect(failed).toMatchObject({ exitCode: 3, stderr: 'no\n' });
+      // root's commands run in its home unless told, as envd runs a user's
+      expect((await sbx.commands.run('pwd')).stdout).toBe('/root\n');
+      const nobody = await sbx.commands.run('id -u', { user: 'nobody' });
+      expect(nobody.stdout.trim()).toBe('65534');
+    });
+
+    it('a command past its timeout is killed inside', async () => {
+      const late = await sbx.commands.run('sleep 37', { timeoutMs: 1000 }).catch((e: unknown) => e);
+      expect(late).toBeInstanceOf(TimeoutError);
+      await until('the timed-out command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 37'));
+    });
+
+    it('a background command runs until killed', async () => {
+      const h = await sbx.commands.run('sleep 1234', { background: true });
+      expect(h.pid).toBeGreaterThan(0);
+      expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 1234');
+      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(h.pid);
+      expect(await h.kill()).toBe(true);
+      await expect(h.wait()).rejects.toBeInstanceOf(CommandExitError);
+      await until('the killed command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 1234'));
+      expect(await sbx.commands.kill(h.pid)).toBe(false);
+    });
+
+    it('pty: a terminal, its input, a resize and its end', async () => {
+      let screen = '';
+      const dec = new TextDecoder();
+      const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (b) => void (screen += dec.decode(b)) });
+      await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo "[$((6*7))]"; stty size\n'));
+      await until('the answer on the terminal', () => screen.includes('[42]') && screen.includes('24 80'));
+      await sbx.pty.resize(term.pid, { cols: 100, rows: 30 });
+      await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size; exit 0\n'));
+      expect((await term.wait()).exitCode).toBe(0);
+      expect(screen).toContain('30 100');
+    });
+
+    it('commands.connect reattaches to a running command by pid', async () => {
+      const h = await sbx.commands.run('read x; echo "got $x"', { background: true, stdin: true });
+      await h.disconnect();
+      const seen: string[] = [];
+      const again = await sbx.commands.connect(h.pid, { onStdout: (s) => void seen.push(s) });
+      await sbx.commands.sendStdin(h.pid, 'it\n');
+      expect((await again.wait()).stdout).toBe('got it\n');
+      expect(seen.join('')).toBe('got it\n');
+    });
+
+    it.runIf(modern)('stdin: sendStdin and closeStdin feed a background command', async () => {
+      const h = await sbx.commands.run('cat; echo done', { background: true, stdin: true });
+      await h.sendStdin('abc\n');
+      await sbx.commands.sendStdin(h.pid, 'def\n');
+      await h.closeStdin();
+      expect((await h.wait()).stdout).toBe('abc\ndef\ndone\n');
+    });
+
+    it.runIf(modern)('files: octet-stream and gzip uploads', async () => {
+      const big = Buffer.alloc(3 << 20, 'x');
+      await sbx.files.write('/srv/plain.bin', new Blob([big]).stream(), {});
+      expect(inside(sbx.sandboxId, 'wc -c < /srv/plain.bin').out.trim()).toBe(String(big.length));
+      await sbx.files.write('/srv/zipped.txt', 'unzipped inside', { gzip: true });
+      expect(inside(sbx.sandboxId, 'cat /srv/zipped.txt').out).toBe('unzipped inside');
+    });
+
+    it('files: write and read, both ways; list, makeDir, rename, remove', async () => {
+      await sbx.files.write('/srv/data/hello.txt', 'hello from e2b');
+      expect(inside(sbx.sandboxId, 'cat /srv/data/hello.txt').out).toBe('hello from e2b');
+      expect(inside(sbx.sandboxId, 'printf made-inside > /srv/data/in.txt').code).toBe(0);
+      expect(await sbx.files.read('/srv/data/in.txt')).toBe('made-inside');
+      const bytes = Buffer.from([0, 1, 2, 255, 254]);
+      await sbx.files.write('/srv/bin.dat', bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length));
+      expect(Buffer.from(await sbx.files.read('/srv/bin.dat', { format: 'bytes' }))).toEqual(bytes);
+      expect((await sbx.files.list('/srv/data')).map((e) => [e.name, e.type]).sort()).toEqual([
+        ['hello.txt', 'file'],
+        ['in.txt', 'file'],
+      ]);
+      expect(await sbx.files.makeDir('/srv/new')).toBe(true);
+      expect(await sbx.files.makeDir('/srv/new')).toBe(false);
+      await sbx.files.rename('/srv/data/in.txt', '/srv/new/moved.txt');
+      expect(inside(sbx.sandboxId, 'cat /srv/new/moved.txt').out).toBe('made-inside');
+      await sbx.files.remove('/srv/new');
+      expect(await sbx.files.exists('/srv/new')).toBe(false);
+      expect(inside(sbx.sandboxId, 'test -e /srv/new').code).not.toBe(0);
+      await expect(sbx.files.read('/srv/none')).rejects.toThrow(/not found|No such/i);
+    });
+  });
+
+  describe('pause and connect', () => {
+    it('pause stops envd traffic; connect resumes the sandbox with its commands', async () => {
+      const sbx = await Sandbox.create();
+      try {
+        const h = await sbx.commands.run('sleep 4321', { background: true });
+        expect(await sbx.pause()).toBe(true);
+        expect(await Sandbox.pause(sbx.sandboxId)).toBe(false);
+        expect((await sbx.getInfo()).state).toBe('paused');
+        const pausedOnes = await Sandbox.list({ query: { state: ['paused'] } }).nextItems();
+        expect(pausedOnes.map((x) => x.sandboxId)).toEqual([sbx.sandboxId]);
+        expect(await Sandbox.list({ query: { state: ['running'] } }).nextItems()).toEqual([]);
+        expect(await sbx.isRunning()).toBe(false);
+        const back = await Sandbox.connect(sbx.sandboxId);
+        expect((await back.getInfo()).state).toBe('running');
+        expect((await back.commands.list()).map((p) => p.pid)).toContain(h.pid);
+        expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 4321');
+        expect(await back.commands.kill(h.pid)).toBe(true);
+      } finally {
+        await sbx.kill();
+      }
+    });
+  });
+
+  describe('lifetimes and clients that leave', () => {
+    it('a sandbox past its timeout is killed, or paused with onTimeout pause', async () => {
+      const short = await Sandbox.create({ timeoutMs: 2000 });
+      const paused = modern ? await Sandbox.create({ timeoutMs: 2000, lifecycle: { onTimeout: 'pause' } }) : undefined;
+      try {
+        await until('the short one is gone', () => !listed().some((b) => b.id === short.sandboxId), 30_000);
+        expect(await short.isRunning()).toBe(false);
+        if (paused) {
+          await until('the other is paused', async () => (await paused.getInfo()).state === 'paused', 30_000);
+          const back = await Sandbox.connect(paused.sandboxId, { timeoutMs: 60_000 });
+          expect((await back.commands.run('echo back')).stdout).toBe('back\n');
+        }
+      } finally {
+        await paused?.kill();
+        await Sandbox.kill(short.sandboxId);
+      }
+    });
+
+    // (2.14 takes no `signal` for a command)
+    it.runIf(modern)(
+      'a client that goes away mid-command leaves the command to its timeout, then nothing',
+      async () => {
+        const sbx = await Sandbox.create();
+        try {
+          const gone = new AbortController();
+          const run = sbx.commands.run('sleep 2345', { timeoutMs: 3000, signal: gone.signal }).catch((e: unknown) => e);
+          await until('the command runs', () => inside(sbx.sandboxId, 'ps').out.includes('sleep 2345'));
+          gone.abort();
+          expect(await run).toBeInstanceOf(Error);
+          expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 2345');
+          await until('it ended at its timeout', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 2345'), 10_000);
+          expect(await sbx.commands.list()).toEqual([]);
+        } finally {
+          await sbx.kill();
+        }
+      },
+    );
+  });
+
+  describe('kill with commands running', () => {
+    it('a kill ends the streams of its running commands', async () => {
+      const sbx = await Sandbox.create();
+      const h = await sbx.commands.run('echo started; sleep 600', { background: true });
+      const waiting = h.wait().catch((e: unknown) => e);
+      await sbx.kill();
+      expect(await waiting).toBeInstanceOf(Error);
+      expect(listed().some((b) => b.id === sbx.sandboxId)).toBe(false);
+    });
+  });
+
+  describe('isolation', () => {
+    it('a wrong access token is refused, and another key can neither see nor drive the sandbox', async () => {
+      const sbx = await Sandbox.create();
+      try {
+        const headers = { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983' };
+        const wrong = await fetch(`${d.e2bUrl}/files?path=/etc/passwd`, {
+          headers: { ...headers, 'X-Access-Token': 'f'.repeat(48) },
+        });
+        expect(wrong.status).toBe(401);
+        const none = await fetch(`${d.e2bUrl}/files?path=/etc/passwd`, { headers });
+        expect(none.status).toBe(401);
+        const opts = { apiKey: other };
+        await expect(Sandbox.getInfo(sbx.sandboxId, opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
+        await expect(Sandbox.connect(sbx.sandboxId, opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
+        expect(await Sandbox.kill(sbx.sandboxId, opts)).toBe(false);
+        expect(await Sandbox.list(opts).nextItems()).toEqual([]);
+        // still there, and its own key still drives it (connect gives the same access token)
+        const again = await Sandbox.connect(sbx.sandboxId);
+        expect((await again.commands.run('echo still')).stdout).toBe('still\n');
+      } finally {
+        await sbx.kill();
+      }
+    });
+  });
+});
+
+describe("the Python SDK's exchanges, with Python's standard library (test/e2b_protocol.py)", () => {
+  const py = (args: string[]) => {
+    const r = spawnSync('python3', [join(import.meta.dirname, 'e2b_protocol.py'), ...args], { encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`e2b_protocol.py ${args[0]}: ${r.stderr}`);
+    return JSON.parse(r.stdout) as Json;
+  };
+
+  it('create, Start streamed, multipart upload, read, ListDir, Stat, tokens, kill', () => {
+    const s = py(['run', d.e2bUrl!, key.trim()]);
+    expect(s.create).toBe(201);
+    expect(s.envdVersion).toMatch(/^\d+\.\d+\.\d+$/);
+    expect(s.run).toMatchObject({
+      status: 200,
+      contentType: 'application/connect+json',
+      first: 'start',
+      stdout: 'py-1\n',
+      stderr: 'e\n',
+      end: { exitCode: 7, exited: true },
+      trailer: [2, {}],
+    });
+    // a command quiet for 2.5 s, keepalives asked every second
+    expect(s.quiet.keepalives).toBeGreaterThanOrEqual(2);
+    expect(s.quiet.end).toMatchObject({ exitCode: 0 });
+    expect(inside(s.sandboxID, 'cat /tmp/py-ran; cat /srv/py.txt').out).toBe('py-1\nwritten by python');
+    expect(s.upload).toEqual([200, [{ name: 'py.txt', type: 'file', path: '/srv/py.txt' }]]);
+    expect(s.download).toEqual([200, 'written by python']);
+    expect(s.listDir).toEqual([200, ['py.txt']]);
+    expect(s.statMissing).toEqual([404, { code: 'not_found', message: expect.any(String) }]);
+    expect(s.wrongToken).toBe(401);
+    expect(s.info[0]).toBe(200);
+    expect(s.info[1]).toMatchObject({
+      sandboxID: s.sandboxID,
+      templateID: 'base',
+      state: 'running',
+      metadata: { sdk: 'python' },
+    });
+    expect(listed().find((b) => b.id === s.sandboxID)?.owner).toBe('agent');
+    const k = py(['kill', d.e2bUrl!, key.trim(), s.sandboxID, s.token]);
+    expect(k).toEqual({ kill: 204, again: [404, { code: 404, message: expect.any(String) }], health: 502 });
+    expect(listed().some((b) => b.id === s.sandboxID)).toBe(false);
+  });
+});
