@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -118,8 +119,14 @@ static int authorize(const char *key)
 	int fd = open(file, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return -1;
+	/* read and append under one lock: a second proxy sees the first's line */
+	if (flock(fd, LOCK_EX) < 0) {
+		close(fd);
+		return -1;
+	}
 	struct stat st;
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) {
+		errno = EFBIG;
 		close(fd);
 		return -1;
 	}
@@ -139,11 +146,22 @@ static int authorize(const char *key)
 	}
 	int rc = n < 0 ? -1 : 0;
 	if (rc == 0 && !found) {
-		char nl = '\n';
+		/* one write of the whole line: two proxies at once must not interleave their halves */
 		int needs_nl = n > 0 && text[n - 1] != '\n';
-		if ((needs_nl && write(fd, &nl, 1) != 1) || write(fd, key, klen) != (ssize_t)klen ||
-		    write(fd, &nl, 1) != 1)
+		char *line = malloc(klen + 2);
+		if (!line) {
 			rc = -1;
+		} else {
+			size_t len = 0;
+			if (needs_nl)
+				line[len++] = '\n';
+			memcpy(line + len, key, klen);
+			len += klen;
+			line[len++] = '\n';
+			if (write(fd, line, len) != (ssize_t)len)
+				rc = -1;
+			free(line);
+		}
 	}
 	free(text);
 	close(fd);

@@ -75,7 +75,7 @@ export function registerSsh(program: Command): void {
     .action((target: string, o: CommonOptions) =>
       withLab(o, (lab) =>
         withSshFiles(lab, target, async (files, hosts) => {
-          if (o.json) printJson((await import('../lab/io/ssh.js')).inventoryJson(files.config, hosts));
+          if (o.json) printJson((await import('../lab/io/ssh.js')).inventoryJson(lab.home, files.config, hosts));
           else process.stdout.write(`${files.inventory}\n`);
         }),
       ),

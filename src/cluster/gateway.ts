@@ -31,7 +31,7 @@ import { ClusterCore, openCluster, type ClusterParts } from './core.js';
 import { GatewayLab } from './gateway-lab.js';
 import type { Socket } from 'node:net';
 import { ConnectionGuard, resolveLimits, type ConnectionLimits } from '../server/limits.js';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { baseApp } from '../server/app.js';
 import { sharedRoutes } from '../server/routes-shared.js';
 import { gatewayHost, gatewayRoutes } from './gateway-host.js';
@@ -103,10 +103,11 @@ export class Gateway extends ClusterCore implements GatewayApi {
           else handler(req, res);
         }),
     });
-    await app.register(async (r) => {
+    const served: FastifyPluginAsync = async (r) => {
       await sharedRoutes(r, gatewayHost(this));
       gatewayRoutes(r, this);
-    });
+    };
+    await app.register(served);
     await app.ready();
     this.app = app;
     this.server = app.server;

@@ -314,7 +314,9 @@ function imageOf(
   if (typeof d.packages === 'string') {
     const file = resolve(dir, d.packages);
     try {
+      // `#` starts a comment, as in apt's lists
       packages = readFileSync(file, 'utf8')
+        .replace(/#.*$/gm, '')
         .split(/[\s,]+/)
         .filter(Boolean);
     } catch (e) {

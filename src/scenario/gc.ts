@@ -41,32 +41,37 @@ export async function collectScenarios(ctx: LabContext): Promise<string[]> {
 }
 
 /**
- * A standby whose worker died mid-raise is removed; a swap a killed reset left half done is
- * finished and the copy it set aside removed, under the scenario's lock (skipped while another
- * operation holds it: that one finishes it).
+ * Under each scenario's lock (skipped while another operation holds it: that one tidies up), and
+ * on the state read there: a standby whose raiser died is removed (a queued one whose worker never
+ * started, after a minute); a swap a killed reset left half done is finished, and the copy it
+ * set aside removed.
  */
 async function collectStandbys(ctx: LabContext): Promise<string[]> {
   const removed: string[] = [];
   for (const s of ctx.store.listScenarios()) {
     if (s.state !== 'up') continue;
-    const st = s.standby;
-    if ((st?.state === 'raising' || (st?.state === 'queued' && st.owner)) && !(await ownerAlive(st.owner))) {
-      await removeStandby(ctx, s);
-      removed.push(`the standby of scenario ${s.name} (its raise was interrupted)`);
-    }
-    const aside = ctx.store.scenarioMachines(s.name).some((r) => /~[0-9a-f]+$/.test(r.name));
-    if (st?.state !== 'swapping' && !aside) continue;
+    const aside = (): boolean => ctx.store.scenarioMachines(s.name).some((r) => /~[0-9a-f]+$/.test(r.name));
+    if (!s.standby && !aside()) continue;
     await withLock(
       join(ownerDir(ctx.home, s.id), 'op.lock'),
       async () => {
-        await finishSwap(ctx, s.name);
-        await removeSetAside(ctx, getScenario(ctx, s.name));
+        const now = getScenario(ctx, s.name);
+        if (now.id !== s.id) return;
+        const st = now.standby;
+        const raising = st?.state === 'raising' || st?.state === 'queued';
+        const orphan = st?.owner ? !(await ownerAlive(st.owner)) : Date.now() - (st?.at ?? 0) > 60_000;
+        if (raising && orphan) {
+          await removeStandby(ctx, now);
+          removed.push(`the standby of scenario ${s.name} (its raise was interrupted)`);
+        }
+        if (getScenario(ctx, s.name).standby?.state === 'swapping' || aside()) {
+          await finishSwap(ctx, s.name);
+          await removeSetAside(ctx, getScenario(ctx, s.name));
+          removed.push(`the machines of scenario ${s.name} a reset set aside`);
+        }
       },
       1000,
-    ).then(
-      () => removed.push(`the machines of scenario ${s.name} a reset set aside`),
-      noted(`finish the swap of scenario ${s.name} (another operation holds it)`),
-    );
+    ).catch(noted(`tidy the standby of scenario ${s.name} (another operation holds it)`));
   }
   return removed;
 }

@@ -35,7 +35,9 @@ export async function snapshotScenario(
   checkName('snapshot', snap);
   const scn = getScenario(ctx, name);
   const spec = scn.spec as ScenarioSpec;
-  const machines = ctx.store.scenarioMachines(name);
+  // the live copy's machines: not a standby's, nor those a swap set aside
+  const live = new Set(spec.machines.map((m) => `${name}.${m.name}`));
+  const machines = ctx.store.scenarioMachines(name).filter((m) => live.has(m.name));
   const machineOf = (m: SandboxRecord): string => m.name.slice(name.length + 1);
   checkSnapshottable(ctx, name, scn, snap, machines.map(machineOf));
   const frozen: SandboxRecord[] = [];

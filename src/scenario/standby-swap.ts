@@ -8,7 +8,8 @@
 import { noted } from '../cleanup.js';
 import { SnaplabError } from '../errors.js';
 import { listSnaplabNetns } from '../host/net/netns.js';
-import { renameNetns } from '../host/net/ns.js';
+import { isNamespace, renameNetns } from '../host/net/ns.js';
+import { netnsPath } from '../host/net/names.js';
 import { HostOps } from '../host/hostops.js';
 import { liveness, signal } from '../host/procs.js';
 import { allScenarioRanges, machineHolder, relabelRange } from '../host/userns/registry.js';
@@ -94,10 +95,11 @@ async function wake(ctx: LabContext, scenario: string, machine: string): Promise
     await driver.resume(handleOf(rec));
     ctx.store.updateSandbox(rec.id, { state: 'running' });
   }
-  if (!driver.capabilities.clockStopsWhilePaused) return;
+  // it answers (a machine whose agent died while it waited is no standby); a VM's clock stood still
   const agent = await driver.connect(handleOf(rec));
   try {
-    await agent.setClock(BigInt(Date.now()) * 1_000_000n);
+    if (driver.capabilities.clockStopsWhilePaused) await agent.setClock(BigInt(Date.now()) * 1_000_000n);
+    else await agent.ping();
   } finally {
     void agent.close();
   }
@@ -111,7 +113,10 @@ async function wake(ctx: LabContext, scenario: string, machine: string): Promise
 export async function switchCopies(ctx: LabContext, scn: ScenarioRecord, trace?: Trace): Promise<void> {
   const phase = <T>(n: string, fn: () => Promise<T>): Promise<T> => (trace ? trace.phase(n, fn) : fn());
   const spec = scn.spec as ScenarioSpec;
-  const present = new Set(await listSnaplabNetns());
+  // bound namespaces, not names: a rename killed mid-way leaves an empty file under the old name
+  const listed = await listSnaplabNetns();
+  const bound = await Promise.all(listed.map((n) => isNamespace(netnsPath(n))));
+  const present = new Set(listed.filter((_, i) => bound[i]));
   const names = (copy: 'live' | 'standby' | 'aside'): string[] => [
     ...spec.networks.map((_, i) => networkNetns(scn.id, i, copy)),
     ...spec.machines.map((_, j) => machineNetns(scn.id, j, copy)),

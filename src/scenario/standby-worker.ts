@@ -8,7 +8,8 @@ import { openSync, closeSync } from 'node:fs';
 import { join } from 'node:path';
 import { packageRoot } from '../agent/binary.js';
 import { noted } from '../cleanup.js';
-import { processStartTime, sameProcess } from '../host/procs.js';
+import { processStartTime } from '../host/procs.js';
+import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import { ownerAlive } from '../lab/lifecycle/owner.js';
 import { getScenario } from './down.js';
@@ -24,34 +25,34 @@ const cliEntry = (): string => join(packageRoot(), 'dist', 'bin', 'snaplab.js');
  */
 export async function queueStandby(ctx: LabContext, name: string, snapshot: string): Promise<void> {
   const scn = getScenario(ctx, name);
-  if (
-    !ctx.store.updateScenarioStandby(name, (now) => now === null || now.state === 'failed', {
-      state: 'queued',
-      snapshot,
-      owner: null,
-    })
-  )
-    return; // one is there, or being raised
-  const log = openSync(join(ownerDir(ctx.home, scn.id), 'standby.log'), 'a');
+  const queued = { state: 'queued' as const, snapshot, owner: null, worker: true, at: Date.now() };
+  if (!ctx.store.updateScenarioStandby(name, (now) => now === null || now.state === 'failed', queued)) return; // one is there, or being raised
+  let log: number | undefined;
   try {
+    log = openSync(join(ownerDir(ctx.home, scn.id), 'standby.log'), 'a');
+    // the standby command needs the embedded lab: never a daemon's (SNAPLAB_HOST)
+    const { SNAPLAB_HOST: _daemon, ...env } = process.env;
     const child = spawn(process.execPath, [cliEntry(), 'standby', name, '--worker', scn.id], {
       detached: true,
       stdio: ['ignore', log, log],
-      env: { ...process.env, SNAPLAB_HOME: ctx.home },
+      env: { ...env, SNAPLAB_HOME: ctx.home },
     });
     child.unref();
     if (child.pid === undefined) throw new Error('the worker did not start');
     // its start time as the kernel has it: a pid reused later is not taken for it
     const pid = child.pid;
-    ctx.store.updateScenarioStandby(name, (now) => now?.state === 'queued' && now.owner === null, {
-      state: 'queued',
-      snapshot,
-      owner: { pid, start: (await processStartTime(pid)) ?? null, op: 'create' },
-    });
+    const owner = { pid, start: (await processStartTime(pid)) ?? null, op: 'create' as const };
+    ctx.store.updateScenarioStandby(name, (now) => now?.state === 'queued' && now.owner === null, { ...queued, owner });
   } catch (e) {
-    ctx.store.setScenarioStandby(name, { state: 'failed', snapshot, owner: null, reason: (e as Error).message });
+    ctx.store.updateScenarioStandby(name, (now) => now?.state === 'queued', {
+      state: 'failed',
+      snapshot,
+      owner: null,
+      reason: `its worker could not be started: ${(e as Error).message}`,
+      at: Date.now(),
+    });
   } finally {
-    closeSync(log);
+    if (log !== undefined) closeSync(log);
   }
 }
 
@@ -60,25 +61,40 @@ export async function queueStandby(ctx: LabContext, name: string, snapshot: stri
  * remove what it made: before a down, a snapshot, or a reset that will not use it.
  */
 export async function cancelStandby(ctx: LabContext, name: string): Promise<void> {
-  const scn = getScenario(ctx, name);
-  const st = scn.standby;
+  const st = getScenario(ctx, name).standby;
   if (!st) return;
   const o = st.owner;
-  if ((st.state === 'queued' || st.state === 'raising') && o?.pid && (await ownerAlive(o))) {
-    signal(o.pid, 'SIGTERM');
+  if ((st.state === 'queued' || st.state === 'raising') && o?.pid) {
+    if (o.pid === process.pid)
+      throw new SnaplabError(
+        'SCENARIO_FAILED',
+        `this process is raising the standby of ${name}`,
+        'wait for its raise to end, then try again',
+      );
+    // a worker leads its own process group (its helpers go with it); any other raiser alone
+    const target = st.worker ? -o.pid : o.pid;
+    if (await ownerAlive(o)) signal(target, 'SIGTERM');
     const end = Date.now() + 5000;
     while ((await ownerAlive(o)) && Date.now() < end) await new Promise((r) => setTimeout(r, 50));
-    if (await ownerAlive(o)) signal(o.pid, 'SIGKILL');
-    while (o.start !== null && (await sameProcess(o.pid, o.start))) await new Promise((r) => setTimeout(r, 20));
+    if (await ownerAlive(o)) signal(target, 'SIGKILL');
+    const killed = Date.now() + 10_000;
+    while ((await ownerAlive(o)) && Date.now() < killed) await new Promise((r) => setTimeout(r, 20));
+    if (await ownerAlive(o))
+      throw new SnaplabError(
+        'SCENARIO_FAILED',
+        `the process ${o.pid} raising the standby of ${name} does not end`,
+        `see \`ps -o stat,wchan -p ${o.pid}\`; \`snaplab gc\` removes its standby once it is gone`,
+      );
   }
   await removeStandby(ctx, getScenario(ctx, name));
 }
 
-function signal(pid: number, sig: NodeJS.Signals): void {
+/** Signal a process (a negative pid: its group); one already gone is no failure. */
+function signal(target: number, sig: NodeJS.Signals): void {
   try {
-    process.kill(-pid, sig);
+    process.kill(target, sig);
   } catch (e) {
-    noted(`signal the standby worker ${pid}`, 'ESRCH')(e);
+    noted(`signal the standby's raiser ${target}`, 'ESRCH')(e);
   }
 }
 

@@ -91,12 +91,22 @@ function mine(now: ScenarioStandby | null): boolean {
  * `snaplab standby` in the foreground). Its state must be `queued` by this process, or absent or
  * failed; it is `ready` when this returns, or `failed` with the reason, everything it made removed.
  */
-export async function raiseStandby(ctx: LabContext, name: string, snapshot: string, trace: Trace): Promise<void> {
+export async function raiseStandby(
+  ctx: LabContext,
+  name: string,
+  snapshot: string,
+  trace: Trace,
+  worker = false,
+): Promise<void> {
   const scn = getScenario(ctx, name);
+  // a worker may start before its parent has written its pid: a queued standby with none is its
   const claimed = ctx.store.updateScenarioStandby(
     name,
-    (now) => now === null || now.state === 'failed' || (now.state === 'queued' && now.owner?.pid === process.pid),
-    { state: 'raising', snapshot, owner: me('create') },
+    (now) =>
+      now === null ||
+      now.state === 'failed' ||
+      (worker && now.state === 'queued' && (now.owner === null || now.owner.pid === process.pid)),
+    { state: 'raising', snapshot, owner: me('create'), worker, at: Date.now() },
   );
   if (!claimed)
     throw new SnaplabError(
@@ -106,6 +116,8 @@ export async function raiseStandby(ctx: LabContext, name: string, snapshot: stri
     );
   const t0 = Date.now();
   try {
+    // what a failed raise could not remove would be taken for this one's (its ranges' labels)
+    await trace.phase('leftovers', () => removeStandbyCopy(ctx, scn));
     await raiseCopy(ctx, scn, snapshot, trace);
   } catch (e) {
     await trace.phase('clean up', () => removeStandbyCopy(ctx, scn)).catch(noted(`remove the standby of ${name}`));
@@ -114,10 +126,19 @@ export async function raiseStandby(ctx: LabContext, name: string, snapshot: stri
       snapshot,
       owner: null,
       reason: (e as Error).message,
+      at: Date.now(),
     });
     throw e;
   }
-  if (!ctx.store.updateScenarioStandby(name, mine, { state: 'ready', snapshot, owner: null, raiseMs: Date.now() - t0 }))
+  if (
+    !ctx.store.updateScenarioStandby(name, mine, {
+      state: 'ready',
+      snapshot,
+      owner: null,
+      raiseMs: Date.now() - t0,
+      at: Date.now(),
+    })
+  )
     throw new SnaplabError('ABORTED', `the standby of ${name} was cancelled while it was raised`, 'nothing to do');
 }
 

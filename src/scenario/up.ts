@@ -82,6 +82,15 @@ async function withImages(ctx: LabContext, spec: ScenarioSpec, opts: UpOptions, 
       say(`building ${m.image || 'an image'} from Debian ${m.build.suite} (cached by its inputs)`);
       built = buildDebian(ctx, m.build, { ...(m.image ? { name: m.image } : {}), onProgress: say }, trace).then(
         (b) => b.image.name,
+        (e: unknown) => {
+          if (!(e instanceof SnaplabError) || e.code !== 'IMAGE_EXISTS') throw e;
+          throw new SnaplabError(
+            'IMAGE_EXISTS',
+            `machine ${m.name}: ${e.message}`,
+            `give its image another name in the scenario file, or remove the old one (\`snaplab image rm ${m.image}\`) to build it from these inputs`,
+            { cause: e },
+          );
+        },
       );
       builds.set(key, built);
     }

@@ -7,6 +7,7 @@ import { raiseStandby, standbyWanted, targetSnapshot } from '../scenario/standby
 import { finishSwap, removeSetAside, swapStandby } from '../scenario/standby-swap.js';
 import { cancelStandby, queueStandby, waitForRaise } from '../scenario/standby-worker.js';
 import { Trace } from '../timing/trace.js';
+import { noted } from '../cleanup.js';
 import { snapshotScenario } from '../scenario/snapshot.js';
 import type { ScenarioSpec } from '../scenario/spec.js';
 import { reconcile } from '../lab/lifecycle/reconcile.js';
@@ -127,9 +128,12 @@ export class Scenario {
     opts: { standby?: 0 | 1 } = {},
   ): Promise<ScenarioSnapshotRecord & { trace: TraceSummary }> {
     const { result, trace } = await this.exclusive(async () => {
-      // a standby is of one snapshot: the new one will want its own
+      const taken = await this.ctx.traced('scenario snapshot', this.name, (t) =>
+        snapshotScenario(this.ctx, this.name, name, t),
+      );
+      // a standby is of one snapshot: the new one wants its own (a failed snapshot keeps the old)
       await cancelStandby(this.ctx, this.name);
-      return this.ctx.traced('scenario snapshot', this.name, (t) => snapshotScenario(this.ctx, this.name, name, t));
+      return taken;
     });
     if (standbyWanted(getScenario(this.ctx, this.name), opts.standby))
       await queueStandby(this.ctx, this.name, result.name);
@@ -140,7 +144,7 @@ export class Scenario {
    * One snapshot, reset or down of a scenario at a time, across processes. Each first finishes a
    * swap that was interrupted and removes the machines the last one set aside.
    */
-  private async exclusive<T>(fn: () => Promise<T>): Promise<T> {
+  private async exclusive<T>(fn: () => Promise<T>, opts: { tolerant?: boolean } = {}): Promise<T> {
     const id = getScenario(this.ctx, this.name).id;
     try {
       return await withLock(
@@ -148,8 +152,13 @@ export class Scenario {
         async () => {
           const scn = getScenario(this.ctx, this.name); // still there after the wait?
           if (scn.id !== id) throw scenarioGone(this.name);
-          await finishSwap(this.ctx, this.name);
-          await removeSetAside(this.ctx, scn);
+          // a down goes on whatever these meet: it removes every copy anyway
+          const tidy = async (): Promise<void> => {
+            await finishSwap(this.ctx, this.name);
+            await removeSetAside(this.ctx, scn);
+          };
+          if (opts.tolerant) await tidy().catch(noted(`finish the last swap of ${this.name}`));
+          else await tidy();
           return fn();
         },
         LOCK_WAIT_MS,
@@ -207,8 +216,9 @@ export class Scenario {
       await this.exclusive(async () => undefined);
       const st = getScenario(this.ctx, this.name).standby;
       if (st?.state !== 'queued' || (st.owner !== null && st.owner.pid !== process.pid)) return null;
-      return (await this.ctx.traced('standby', this.name, (t) => raiseStandby(this.ctx, this.name, st.snapshot, t)))
-        .trace;
+      return (
+        await this.ctx.traced('standby', this.name, (t) => raiseStandby(this.ctx, this.name, st.snapshot, t, true))
+      ).trace;
     }
     this.ctx.store.setScenarioStandbyWanted(this.name, true);
     const target = targetSnapshot(this.ctx, this.name);
@@ -244,12 +254,15 @@ export class Scenario {
 
   /** Remove machines (a standby's too, its raise stopped), snapshots, bridges, veths and namespaces. */
   async down(): Promise<TraceSummary> {
-    return this.exclusive(async () => {
-      const { trace } = await this.ctx.traced('down', this.name, async (t) => {
-        await t.phase('stop the standby', () => cancelStandby(this.ctx, this.name));
-        await t.phase('teardown', () => teardownScenario(this.ctx, this.name));
-      });
-      return trace;
-    });
+    return this.exclusive(
+      async () => {
+        const { trace } = await this.ctx.traced('down', this.name, async (t) => {
+          await t.phase('stop the standby', () => cancelStandby(this.ctx, this.name));
+          await t.phase('teardown', () => teardownScenario(this.ctx, this.name));
+        });
+        return trace;
+      },
+      { tolerant: true },
+    );
   }
 }

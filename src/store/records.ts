@@ -158,8 +158,12 @@ export interface ScenarioStandby {
   state: 'queued' | 'raising' | 'ready' | 'swapping' | 'failed';
   /** the scenario snapshot it was raised from */
   snapshot: string;
-  /** the worker process (queued, raising) */
+  /** the process raising it (queued: the worker, once started; raising) */
   owner: Owner | null;
+  /** its raiser is a detached worker (standby-worker.ts), the leader of its process group */
+  worker?: boolean;
+  /** when it entered this state (ms since the epoch) */
+  at?: number;
   reason?: string;
   /** how long its raise took, ms (ready) */
   raiseMs?: number;

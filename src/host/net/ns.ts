@@ -116,7 +116,7 @@ export function runIn(
 
 /** statfs's type of a namespace file (`/proc/PID/ns/net`, or one bound under /run/netns). */
 const NSFS_MAGIC = 0x6e736673;
-const isNamespace = async (path: string): Promise<boolean> =>
+export const isNamespace = async (path: string): Promise<boolean> =>
   (await statfs(path).then(
     (s) => s.type,
     () => undefined,
@@ -133,7 +133,11 @@ export async function renameNetns(from: string, to: string): Promise<void> {
   const src = netnsPath(from);
   const dst = netnsPath(to);
   if (!(await isNamespace(src))) {
-    if (await isNamespace(dst)) return; // renamed already
+    if (await isNamespace(dst)) {
+      // renamed already; a rename killed between its unmount and its unlink left FROM empty
+      await unlink(src).catch(orElse(undefined, `unlink ${src}`, 'ENOENT'));
+      return;
+    }
     throw new SnaplabError(
       'HOST_COMMAND_FAILED',
       `cannot rename network namespace ${from}: there is none`,

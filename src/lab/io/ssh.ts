@@ -83,10 +83,11 @@ const sshArg = (s: string): string => (/[\s"]/.test(s) ? `"${s.replace(/"/g, '')
 const shellArg = (s: string): string => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
 
 /**
- * The HostName of a machine in the ssh config: never dialled (the ProxyCommand carries the
- * connection), but it is ssh's %h, and so part of the %C that names a shared connection
- * (Ansible's ControlPersist): it names the machine and the home, so that `db` of one scenario
- * never reuses a connection to `db` of another.
+ * A machine's second name in the ssh config (and its HostName, never dialled: the ProxyCommand
+ * carries the connection), which names the machine and the home: `ssh lab.db.<hash>.snaplab`
+ * reaches it as `ssh db` does, and Ansible, given it as ansible_host, names its shared
+ * connection (ControlPersist) after it, so that `db` of one scenario never reuses a connection
+ * to `db` of another. ssh's own %C (ControlPath) includes it as %h.
  */
 const hostName = (home: string, machine: string): string =>
   `${machine.replace(/[^\w.-]/g, '.')}.${createHash('sha256').update(home).digest('hex').slice(0, 8)}.snaplab`;
@@ -95,7 +96,7 @@ export function sshConfig(home: string, key: string, hosts: SshHost[]): string {
   return hosts
     .map((h) =>
       [
-        `Host ${h.alias}`,
+        `Host ${h.alias} ${hostName(home, h.machine)}`,
         `  HostName ${hostName(home, h.machine)}`,
         '  User root',
         `  IdentityFile ${sshArg(key)}`,
@@ -112,12 +113,14 @@ export function sshConfig(home: string, key: string, hosts: SshHost[]): string {
 }
 
 /** Ansible's INI inventory: every host, its groups, and ssh through the config above. */
-export function inventoryIni(configPath: string, hosts: SshHost[]): string {
+export function inventoryIni(home: string, configPath: string, hosts: SshHost[]): string {
   const groups = new Map<string, string[]>();
   for (const h of hosts) for (const g of h.groups) groups.set(g, [...(groups.get(g) ?? []), h.alias]);
   return [
     // snaplab_machine: what the snaplab connection plugin (integrations/ansible) runs tasks in
-    ...hosts.map((h) => `${h.alias} snaplab_machine=${h.machine}`),
+    // ansible_host: Ansible names its shared ssh connection (ControlPersist) after it, so `db` of
+    // one scenario never reuses one to `db` of another; the ssh config knows it as the machine too
+    ...hosts.map((h) => `${h.alias} snaplab_machine=${h.machine} ansible_host=${hostName(home, h.machine)}`),
     '',
     ...[...groups].flatMap(([g, members]) => [`[${g}]`, ...members, '']),
     '[all:vars]',
@@ -128,9 +131,13 @@ export function inventoryIni(configPath: string, hosts: SshHost[]): string {
 }
 
 /** The same inventory in Ansible's JSON form (`ansible-inventory --list`). */
-export function inventoryJson(configPath: string, hosts: SshHost[]): Record<string, unknown> {
+export function inventoryJson(home: string, configPath: string, hosts: SshHost[]): Record<string, unknown> {
   const out: Record<string, unknown> = {
-    _meta: { hostvars: Object.fromEntries(hosts.map((h) => [h.alias, { snaplab_machine: h.machine }])) },
+    _meta: {
+      hostvars: Object.fromEntries(
+        hosts.map((h) => [h.alias, { snaplab_machine: h.machine, ansible_host: hostName(home, h.machine) }]),
+      ),
+    },
     all: {
       hosts: hosts.map((h) => h.alias),
       vars: { ansible_ssh_common_args: `-F ${shellArg(configPath)}`, ansible_user: 'root' },
@@ -161,6 +168,6 @@ export async function writeSshFiles(
   const inventory = `${base}.ini`;
   const text = sshConfig(home, key.private, hosts);
   await writeFile(config, text, { mode: 0o600 });
-  await writeFile(inventory, inventoryIni(config, hosts), { mode: 0o600 });
+  await writeFile(inventory, inventoryIni(home, config, hosts), { mode: 0o600 });
   return { config, inventory, key: key.private, text };
 }
