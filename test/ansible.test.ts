@@ -252,6 +252,10 @@ describe('ssh, Ansible and Testinfra reach', () => {
         const active = await snaplab(['exec', 'loop/db', '--', 'systemctl', 'is-active', 'hello']);
         expect(active.out, `turn ${turn}: ${play.out}`).toBe('active\n');
         expect((await snaplab(['exec', 'lab/db', '--', 'systemctl', 'is-active', 'hello'])).out).not.toBe('active\n');
+        // the key given again by every ssh connection's proxy (the agent's connect --authorize), once
+        expect(
+          (await snaplab(['exec', 'loop/db', '--', 'grep', '-c', 'snaplab', '/root/.ssh/authorized_keys'])).out,
+        ).toBe('1\n');
         if (turn === 3) break;
         // turn 1's reset swaps the standby in (waited for: raised in the background); turn 2's raises again
         if (turn === 1) await waitForStandby('loop');

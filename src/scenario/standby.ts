@@ -99,13 +99,14 @@ export async function raiseStandby(
   worker = false,
 ): Promise<void> {
   const scn = getScenario(ctx, name);
-  // a worker may start before its parent has written its pid: a queued standby with none is its
+  // a worker raises only what was queued for it (one cancelled meanwhile is gone: it stops), and
+  // may start before its parent has written its pid: a queued standby with none is its
   const claimed = ctx.store.updateScenarioStandby(
     name,
     (now) =>
-      now === null ||
-      now.state === 'failed' ||
-      (worker && now.state === 'queued' && (now.owner === null || now.owner.pid === process.pid)),
+      worker
+        ? now?.state === 'queued' && (now.owner === null || now.owner.pid === process.pid)
+        : now === null || now.state === 'failed',
     { state: 'raising', snapshot, owner: me('create'), worker, at: Date.now() },
   );
   if (!claimed)
