@@ -109,7 +109,7 @@ describe('ssh, Ansible and Testinfra reach', () => {
     const cfg = (await snaplab(['ssh-config', 'lab', '--path'])).out.trim();
     const text = readFileSync(cfg, 'utf8');
     expect(text).toMatch(
-      /^Host web$[\s\S]*ProxyCommand env SNAPLAB_HOME=\S+ \S+\/native\/build\/snaplab proxy lab\/web 22$/m,
+      /^Host web lab\.web\.[0-9a-f]{8}\.snaplab$[\s\S]*ProxyCommand env SNAPLAB_HOME=\S+ \S+\/native\/build\/snaplab proxy lab\/web 22$/m,
     );
     const r = await run('ssh', ['-F', cfg, 'db', 'hostname; id -un; echo "$SSH_CONNECTION"']);
     expect(r.code, r.err).toBe(0);
