@@ -23,6 +23,7 @@ export type ErrorCode =
   | 'NO_USERNS_SLOT'
   | 'SANDBOX_DEAD'
   | 'SANDBOX_PAUSED'
+  | 'EGRESS_OFF'
   | 'SNAPSHOT_NOT_FOUND'
   | 'SNAPSHOT_EXISTS'
   | 'OPERATION_NOT_FOUND'

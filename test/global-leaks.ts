@@ -39,6 +39,10 @@ export function leaks(): string[] {
       }
     }
   }
+  // network namespaces (scenarios', egress's) and forwarding egress turned on in the host's namespace
+  if (existsSync('/run/netns'))
+    for (const ns of readdirSync('/run/netns').filter((n) => n.startsWith('snaplab-'))) found.push(`netns: ${ns}`);
+  if (existsSync('/run/snaplab/egress-forwarding-host')) found.push('forwarding: /run/snaplab/egress-forwarding-host');
   return found;
 }
 

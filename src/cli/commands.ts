@@ -22,6 +22,7 @@ import { registerServe } from './serve.js';
 import { registerKey } from './keys.js';
 import { registerCluster } from './cluster.js';
 import { registerUi } from './ui.js';
+import { registerEgress } from './egress.js';
 
 /**
  * Where a command runs: `lab` ones are written over the Lab API, so they run on the embedded lab
@@ -50,6 +51,7 @@ export const COMMANDS: [string[], (p: Command) => void, Reach][] = [
   [['_exec-error'], registerExecError, 'local'],
   [['snapshot'], registerSnapshot, 'lab'],
   [['restore'], registerRestore, 'lab'],
+  [['egress'], registerEgress, 'lab'],
   [['ls', 'rm', 'pause', 'resume'], registerLifecycle, 'lab'],
   [['stop'], registerStop, 'local'],
   [['logs'], registerLogs, 'local'],

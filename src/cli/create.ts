@@ -8,8 +8,9 @@ import { addTraceOption, showTrace, withApi, type CommonOptions } from './common
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
 import { ms, printJson } from './output.js';
 import { orElse } from '../cleanup.js';
+import { addEgressFlags, egressFrom, type EgressFlags } from './egress.js';
 
-interface CreateCli extends CommonOptions, LimitOptions {
+interface CreateCli extends CommonOptions, LimitOptions, EgressFlags {
   image?: string;
   name?: string;
   storage?: StorageKind;
@@ -55,6 +56,7 @@ function createOptions(o: CreateCli): LabCreateOptions {
   if (o.onTimeout !== 'kill' && o.onTimeout !== 'pause')
     throw new SnaplabError('BAD_INPUT', `unknown --on-timeout ${JSON.stringify(o.onTimeout)}`, 'kill or pause');
   const limits = limitsFrom(o);
+  const egress = egressFrom(o);
   const common: LabCreateOptions = {
     labels: keyValues(o.label, 'label'),
     ...(o.timeout !== undefined ? { timeoutS: Number(o.timeout) } : {}),
@@ -71,6 +73,7 @@ function createOptions(o: CreateCli): LabCreateOptions {
     ...(Object.keys(limits).length ? { limits } : {}),
     ...(o.userns ? {} : { userns: false }),
     ...(o.init ? { init: o.init } : {}),
+    ...(egress ? { egress } : {}),
   };
 }
 
@@ -96,6 +99,7 @@ export function registerCreate(program: Command): void {
     .option('--on-timeout <what>', 'kill or pause at the end of its TTL', DEFAULT_ON_TIMEOUT)
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
+  addEgressFlags(cmd);
   addTraceOption(cmd);
   cmd.action((o: CreateCli) =>
     withApi(o, async (lab) => {
@@ -132,14 +136,17 @@ export function registerRestore(program: Command): void {
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
+  addEgressFlags(cmd);
   addTraceOption(cmd);
-  cmd.action((snapshot: string, o: CommonOptions & LimitOptions & { name?: string; userns: boolean }) =>
+  cmd.action((snapshot: string, o: CommonOptions & LimitOptions & EgressFlags & { name?: string; userns: boolean }) =>
     withApi(o, async (lab) => {
       const limits = limitsFrom(o);
+      const egress = egressFrom(o);
       const box = await lab.restore(snapshot, {
         name: o.name,
         limits: Object.keys(limits).length ? limits : undefined,
         ...(o.userns ? {} : { userns: false }),
+        ...(egress ? { egress } : {}),
       });
       box.close();
       warnHostRoot(box, !o.userns);

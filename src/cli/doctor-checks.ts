@@ -1,3 +1,5 @@
+import { readFile } from 'node:fs/promises';
+import { orElse } from '../cleanup.js';
 import { existsSync } from 'node:fs';
 import { BUILTIN_IMAGE, DEFAULT_DRIVER } from '../defaults.js';
 import { createDrivers } from '../drivers/registry.js';
@@ -153,6 +155,25 @@ async function hostChecks(): Promise<Check[]> {
   return checks;
 }
 
+/**
+ * Egress (docs/egress.md): nftables and procps, and what the host's forwarding is: on (left as it
+ * is), or off (snaplab turns it on while a machine has egress; gc turns it off again).
+ */
+async function egressCheck(): Promise<Omit<Check, 'name' | 'kind'>> {
+  const missing = await toolsVerdict('egress', 'egress');
+  if (missing) return missing;
+  const forwarding = (
+    await readFile('/proc/sys/net/ipv4/ip_forward', 'utf8').catch(orElse('', 'read ip_forward'))
+  ).trim();
+  return {
+    ok: true,
+    reason:
+      forwarding === '1'
+        ? "nft found; the host forwards (net.ipv4.ip_forward=1): a machine's egress goes out through NAT"
+        : 'nft found; the host does not forward now: snaplab turns net.ipv4.ip_forward on while a machine has egress, and gc turns it off after',
+  };
+}
+
 /** Features beyond a single sandbox: snaplab runs without them, but they fail when used. */
 async function featureChecks(): Promise<Check[]> {
   const checks: Check[] = [];
@@ -162,6 +183,7 @@ async function featureChecks(): Promise<Check[]> {
     optional: true,
     ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }),
   });
+  checks.push({ name: 'egress', kind: 'feature', optional: true, ...(await egressCheck()) });
   checks.push({
     name: 'scenario VMs',
     kind: 'feature',

@@ -16,6 +16,9 @@ import { feedInput } from '../lab/io/streams.js';
 import { keyValues } from '../lab/io/exec.js';
 import type {
   LabRestoreOptions,
+  EgressRequest,
+  EgressUsage,
+  EgressView,
   BufferOutput,
   CheckResult,
   LabApi,
@@ -299,6 +302,18 @@ export class RemoteSandbox implements SandboxApi {
 
   async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
     this.v = await this.http.json<View>('PATCH', this.path(), { json: change });
+  }
+
+  get egress(): EgressView | null {
+    return (this.v.egress as EgressView | null | undefined) ?? null;
+  }
+
+  async setEgress(lists: EgressRequest): Promise<void> {
+    this.v = await this.http.json<View>('PUT', this.path('/egress'), { json: lists });
+  }
+
+  async egressUsage(): Promise<EgressUsage> {
+    return this.http.json<EgressUsage>('GET', this.path('/egress'));
   }
 
   /** A new timeout from now (0: none); `onTimeout` kill (default) or pause. */

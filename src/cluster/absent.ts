@@ -43,6 +43,7 @@ export class AbsentSandbox implements SandboxApi {
   readonly timeoutS = 0;
   readonly onTimeout = 'kill';
   readonly hostRoot = false;
+  readonly egress = null;
   readonly pool = null;
   readonly limits = {};
   get labels(): Record<string, string> {
@@ -97,6 +98,12 @@ export class AbsentSandbox implements SandboxApi {
     return this.refuse();
   }
   setLabels(): Promise<void> {
+    return this.refuse();
+  }
+  setEgress(): Promise<void> {
+    return this.refuse();
+  }
+  egressUsage(): Promise<never> {
     return this.refuse();
   }
   setTimeout(): Promise<void> {

@@ -30,6 +30,7 @@ const CALL_NONLITERAL = new RegExp(`${AT}(${FN})\\(\\s*(?!['")\\s])([^,)]+)`, 'g
  */
 const NONLITERAL: Record<string, string> = {
   'src/host/run.ts cmd': 'run() itself',
+  'src/host/net/egress.ts argv[0]!': "inUplink's callers: ip, nft, sysctl, getent (listed)",
   'src/host/hostops.ts bin': 'snaplab-hostops, built by npm run build',
   'src/image/sources/busybox.ts binary': "which('busybox') (or /bin/busybox, or the caller's)",
   'src/bench/baselines.ts runc': "which('runc')",
@@ -55,6 +56,7 @@ const NONLITERAL: Record<string, string> = {
   'test/standby.test.ts SNAPLAB': 'the snaplab command, built by npm run build (reset killed mid-way, gc)',
   'test/daemon-helpers.ts cmd!': 'the snaplab command, or the wrap its caller gives (prlimit, listed)',
   'test/kernel-accounting.test.ts argv[0]!': 'the filler the test builds, or nsenter (listed)',
+  'test/egress.test.ts cmd': "sh()'s: ip (listed), with literal arguments",
   'test/ansible.test.ts cmd': "run()'s: its callers' programs are literals (scanned)",
   'test/ansible.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/daemon-helpers.ts SNAPLAB': 'the snaplab command, built by npm run build',

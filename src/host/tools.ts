@@ -14,6 +14,7 @@ export type Feature =
   | 'image'
   | 'image-build'
   | 'scenario'
+  | 'egress'
   | 'ssh'
   | 'build'
   | 'test'

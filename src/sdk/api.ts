@@ -93,6 +93,8 @@ export interface SandboxApi {
   readonly limits: Limits;
   /** root inside is root on the host (no user namespace): said in `ls` and warned about */
   readonly hostRoot: boolean;
+  /** its outbound network, or null: loopback only */
+  readonly egress: EgressView | null;
   /** the trace of the operation that produced this object (create or restore), when it was made here */
   readonly lastTrace?: TraceSummary;
   readonly files: SandboxFiles;
@@ -111,6 +113,10 @@ export interface SandboxApi {
    * A daemon keeps the clock: the embedded lab refuses a timeout.
    */
   setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void>;
+  /** replace its egress lists (new connections meet them at once); EGRESS_OFF when it has none */
+  setEgress(lists: EgressRequest): Promise<void>;
+  /** its egress with its counters; EGRESS_OFF when it has none */
+  egressUsage(): Promise<EgressUsage>;
   /** read its state, reason, labels and lifetime again (another process may have paused, resumed or ended it) */
   refresh(): Promise<this>;
   /** each resolves with the operation's trace where the lab has it here (the embedded one), else undefined */
@@ -192,6 +198,8 @@ export interface LabRestoreOptions {
   /** as in LabCreateOptions (a daemon keeps the clock) */
   timeoutS?: number;
   onTimeout?: 'kill' | 'pause';
+  /** as in LabCreateOptions (a snapshot carries none: default loopback only) */
+  egress?: boolean | EgressRequest;
 }
 
 export interface LabCreateOptions {
@@ -229,6 +237,32 @@ export interface LabCreateOptions {
    */
   timeoutS?: number;
   onTimeout?: 'kill' | 'pause';
+  /**
+   * outbound network (docs/egress.md): true, or lists of IPv4 addresses and prefixes that it may
+   * (`allow`: then only those) and may not (`deny`, which wins) reach. The host, private and
+   * link-local networks are denied unless allowed by name. Default: none (loopback only)
+   */
+  egress?: boolean | EgressRequest;
+}
+
+/** What a machine may reach out to: IPv4 addresses or prefixes (deny wins over allow). */
+export interface EgressRequest {
+  allow?: string[];
+  deny?: string[];
+}
+
+/** A machine's egress as it stands: its address, its lists, and (from `egressUsage`) its counters. */
+export interface EgressView {
+  address: string;
+  allow: string[];
+  deny: string[];
+}
+
+export interface EgressUsage extends EgressView {
+  /** bytes sent out, connections let through, packets refused */
+  bytesOut: number;
+  connections: number;
+  denied: number;
 }
 
 export interface LabApi {

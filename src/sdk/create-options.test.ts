@@ -123,11 +123,12 @@ describe('resolveCreate: refusals', () => {
       { pool: 'p', limits: {} },
       { pool: 'p', storage: 'dir' },
       { pool: 'p', driver: DEFAULT_DRIVER },
+      { pool: 'p', egress: true },
     ];
     for (const o of given)
       expect(refusal(o)).toEqual({
         code: 'BAD_INPUT',
-        message: 'a pool standby takes no name, limits, storage or driver',
+        message: 'a pool standby takes no name, limits, storage, driver or egress',
         hint: "they are the pool's; give labels, metadata and a timeout only",
       });
   });
@@ -147,5 +148,18 @@ describe('machineInit', () => {
     expect(machineInit({ ...ns, userns: false, init: 'systemd' }, 'systemd')).toBe('systemd');
     // a VM needs no user namespace for one
     expect(machineInit({ driver: VM, userns: false }, 'systemd')).toBe('systemd');
+  });
+});
+
+describe('resolveCreate: egress', () => {
+  it('is off unless asked; true is on with empty lists; lists are checked', () => {
+    expect(resolveCreate({}).egress).toBeUndefined();
+    expect(resolveCreate({ egress: false }).egress).toBeUndefined();
+    expect(resolveCreate({ egress: true }).egress).toEqual({ allow: [], deny: [] });
+    expect(resolveCreate({ egress: { deny: ['198.51.100.9/24'] } }).egress).toEqual({
+      allow: [],
+      deny: ['198.51.100.0/24'],
+    });
+    expect(refusal({ egress: { allow: ['300.0.0.1'] } })).toMatchObject({ code: 'BAD_INPUT' });
   });
 });

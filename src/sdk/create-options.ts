@@ -9,14 +9,16 @@ import { SnaplabError } from '../errors.js';
 import { withDefaults } from '../lab/lifecycle/limits.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { Limits } from '../store/records.js';
-import type { LabCreateOptions } from './api.js';
+import type { EgressRequest, LabCreateOptions } from './api.js';
+import { checkLists, type EgressLists } from '../host/net/egress-rules.js';
 
 /** A create's inputs as a daemon's request carries them: also a snapshot to restore. */
 export type CreateInputs = LabCreateOptions & { snapshot?: string };
 
-/** What every create has: its lifetime (s; undefined: none). */
+/** What every create has: its lifetime (s; undefined: none), and its egress lists (undefined: none). */
 interface Resolved {
   timeoutS?: number;
+  egress?: EgressLists;
 }
 
 /** A machine raised from an image: every choice made. */
@@ -59,7 +61,8 @@ export function resolveCreate(o: CreateInputs, defaults: { timeoutS?: number } =
   if (o.timeoutS !== undefined && (!Number.isSafeInteger(o.timeoutS) || o.timeoutS < 0))
     throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${o.timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
   const timeoutS = o.timeoutS ?? defaults.timeoutS;
-  const life = timeoutS === undefined ? {} : { timeoutS };
+  const egress = resolveEgress(o.egress);
+  const life = { ...(timeoutS === undefined ? {} : { timeoutS }), ...(egress ? { egress } : {}) };
   if (o.pool !== undefined) return { from: 'pool', pool: o.pool, ...life };
   if (o.snapshot !== undefined)
     return { from: 'snapshot', snapshot: o.snapshot, limits: o.limits, userns: o.userns, ...life };
@@ -76,6 +79,15 @@ export function resolveCreate(o: CreateInputs, defaults: { timeoutS?: number } =
   };
 }
 
+/** A create's egress: off (undefined), or on with its lists checked. */
+export function resolveEgress(e: boolean | EgressRequest | undefined): EgressLists | undefined {
+  if (e === undefined || e === false) return undefined;
+  if (e === true) return { allow: [], deny: [] };
+  if (typeof e !== 'object' || e === null)
+    throw new SnaplabError('BAD_INPUT', 'egress must be true, false or { allow, deny }', 'see docs/egress.md');
+  return checkLists(e);
+}
+
 function checkSources(o: CreateInputs): void {
   const sources = [o.image, o.snapshot, o.pool].filter((x) => x !== undefined).length;
   if (sources > 1)
@@ -84,10 +96,10 @@ function checkSources(o: CreateInputs): void {
       'give one of image, snapshot and pool',
       `a sandbox comes from an image (default ${DEFAULT_IMAGE}), a snapshot, or a pool standby`,
     );
-  if (o.pool !== undefined && (o.name !== undefined || o.limits || o.storage || o.driver)) {
+  if (o.pool !== undefined && (o.name !== undefined || o.limits || o.storage || o.driver || o.egress)) {
     throw new SnaplabError(
       'BAD_INPUT',
-      'a pool standby takes no name, limits, storage or driver',
+      'a pool standby takes no name, limits, storage, driver or egress',
       "they are the pool's; give labels, metadata and a timeout only",
     );
   }

@@ -26,6 +26,7 @@ import { checkKeepsTime, Sandbox } from './sandbox.js';
 import type {
   BufferOutput,
   CheckResult,
+  EgressRequest,
   LabApi,
   LabCreateOptions,
   ListOptions,
@@ -38,7 +39,7 @@ import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
 import { KeyRing } from '../lab/keys.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
-import { machineInit, resolveCreate } from './create-options.js';
+import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
 import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 
 export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
@@ -74,6 +75,8 @@ export interface RestoreOptions extends Lifetime {
   signal?: AbortSignal;
   /** as in CreateOptions */
   userns?: boolean;
+  /** as in CreateOptions (a snapshot carries none) */
+  egress?: boolean | EgressRequest;
 }
 
 /**
@@ -115,7 +118,7 @@ export class Lab implements LabApi {
     const metadata = checkLabels('metadata', opts.metadata);
     if (c.from === 'pool') return this.takeStandby(c.pool, { labels, metadata, ...lifetimeMeta(opts) });
     // a caller past the types (JavaScript, a daemon's body) may ask for a snapshot: a restore
-    if (c.from === 'snapshot') return this.restore(c.snapshot, { ...opts, limits: c.limits });
+    if (c.from === 'snapshot') return this.restore(c.snapshot, { ...opts, limits: c.limits, egress: c.egress });
     const { result, trace } = await this.ctx.traced('create', opts.name ?? null, async (t) => {
       const storage = c.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
       const img = await t.phase('resolve image', () => this.ctx.images.resolve(c.image));
@@ -131,6 +134,7 @@ export class Lab implements LabApi {
           base,
           origin: null,
           userns: c.userns,
+          ...(c.egress ? { egress: c.egress } : {}),
           // the image's own systemd boots unless the caller says --init agent (where a system machine can run)
           init: machineInit(c, img.provenance?.init),
         },
@@ -161,6 +165,7 @@ export class Lab implements LabApi {
     this.checkLifetime(opts);
     const labels = checkLabels('label', opts.labels);
     const metadata = checkLabels('metadata', opts.metadata);
+    const egress = resolveEgress(opts.egress);
     const { result, trace } = await this.ctx.traced('restore', opts.name ?? null, async (t) => {
       const snap = this.ctx.store.getSnapshot(snapshot);
       if (!snap) throw snapshotNotFound(this.ctx, snapshot);
@@ -186,6 +191,7 @@ export class Lab implements LabApi {
           origin: snap.name,
           memory: snap.memory ?? undefined,
           userns: opts.userns,
+          ...(egress ? { egress } : {}),
           ...(snap.init ? { init: snap.init } : {}),
         },
         t,

@@ -19,7 +19,17 @@ import { USERNS_SIZE } from '../host/userns/id-ranges.js';
 import type { Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
-import type { BufferOutput, ProcessApi, SandboxApi, SandboxFiles, SpawnOptions } from './api.js';
+import type {
+  BufferOutput,
+  EgressRequest,
+  EgressUsage,
+  EgressView,
+  ProcessApi,
+  SandboxApi,
+  SandboxFiles,
+  SpawnOptions,
+} from './api.js';
+import { changeEgress, egressUsage, egressView } from '../lab/net/egress.js';
 import { encoded, type ExecText } from './output.js';
 import { Writable, type Readable } from 'node:stream';
 import { listDir, makeDir, readFile, removePath, statPath, writeFile } from '../lab/io/files.js';
@@ -120,6 +130,21 @@ export class Sandbox implements SandboxApi {
       ...(onTimeout ? { onTimeout } : {}),
       expiresAt: timeoutS && this.record.state === 'running' ? Date.now() + timeoutS * 1000 : null,
     });
+  }
+
+  /** Its outbound network, or null: loopback only (docs/egress.md). */
+  get egress(): EgressView | null {
+    return egressView(this.record);
+  }
+
+  /** Replace its egress lists: new connections meet them at once, established ones go on. */
+  async setEgress(lists: EgressRequest): Promise<void> {
+    await changeEgress(this.ctx, this.record, lists);
+  }
+
+  /** Its egress with its counters (bytes out, connections, refusals). */
+  egressUsage(): Promise<EgressUsage> {
+    return egressUsage(this.ctx, this.record);
   }
 
   /** Replace its labels and/or metadata. */
@@ -376,6 +401,7 @@ export class Sandbox implements SandboxApi {
       userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: USERNS_SIZE },
       init: r.init ?? 'agent',
       hostRoot: this.hostRoot,
+      egress: this.egress,
       labels: this.labels,
       metadata: this.metadata,
       ...this.lifetimeView(),

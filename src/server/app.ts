@@ -16,6 +16,7 @@ import { sendError } from './http-errors.js';
 import type { Daemon } from './daemon.js';
 import type { Scope } from '../store/records.js';
 import { sandboxRoutes } from './routes-sandboxes.js';
+import { egressRoutes } from './routes-egress.js';
 import { streamRoutes } from './routes-streams.js';
 import { fileRoutes } from './routes-files.js';
 import { sharedRoutes } from './routes-shared.js';
@@ -168,6 +169,7 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
     (r) =>
       routes(r, daemon);
   await app.register(group(sandboxRoutes));
+  await app.register(group(egressRoutes));
   await app.register(group(streamRoutes));
   await app.register(group(fileRoutes));
   // the routes a cluster gateway serves too

@@ -458,6 +458,7 @@ export class Daemon implements RouteHost {
           labels: body.labels,
           metadata: body.metadata,
           signal,
+          ...(asked.egress ? { egress: asked.egress } : {}),
           ...life,
         });
         how = `restored from snapshot ${asked.snapshot}`;
@@ -470,6 +471,7 @@ export class Daemon implements RouteHost {
           limits: ceiling.limits ?? asked.limits,
           userns: asked.userns,
           init: asked.init,
+          ...(asked.egress ? { egress: asked.egress } : {}),
           labels: body.labels,
           metadata: body.metadata,
           signal,

@@ -48,6 +48,27 @@ export const Limits = Type.Object(
   { additionalProperties: false },
 );
 
+const EgressEntries = Type.Array(Type.String({ maxLength: 64 }), {
+  maxItems: 4096,
+  description: 'IPv4 addresses or prefixes, e.g. 203.0.113.7 or 198.51.100.0/24',
+});
+/** A machine's egress lists (docs/egress.md): deny wins over allow; with an allow list nothing else passes. */
+export const EgressBody = Type.Object(
+  { allow: Type.Optional(EgressEntries), deny: Type.Optional(EgressEntries) },
+  { additionalProperties: false },
+);
+export const EgressUsageView = Type.Object(
+  {
+    address: Type.String(),
+    allow: Type.Array(Type.String()),
+    deny: Type.Array(Type.String()),
+    bytesOut: Type.Integer(),
+    connections: Type.Integer(),
+    denied: Type.Integer(),
+  },
+  { additionalProperties: false },
+);
+
 export const CreateBody = Type.Object(
   {
     image: Type.Optional(Type.String({ description: `image name (default ${DEFAULT_IMAGE})` })),
@@ -68,6 +89,11 @@ export const CreateBody = Type.Object(
       }),
     ),
     onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
+    egress: Type.Optional(
+      Type.Union([Type.Boolean(), EgressBody], {
+        description: 'outbound network: true, or allow/deny lists (default: none, loopback only; docs/egress.md)',
+      }),
+    ),
     placement: Placement,
   },
   { additionalProperties: false },

@@ -213,4 +213,11 @@ export const migrations: string[] = [
   ALTER TABLE scenarios ADD COLUMN standby TEXT;
   ALTER TABLE scenarios ADD COLUMN standby_wanted INTEGER;
   `,
+  // egress (host/net/egress.ts): a machine's lists (JSON) and its slot under the home's router,
+  // which gives its address and its names; unique while its record lives
+  `
+  ALTER TABLE sandboxes ADD COLUMN egress TEXT;
+  ALTER TABLE sandboxes ADD COLUMN egress_slot INTEGER;
+  CREATE UNIQUE INDEX sandboxes_egress_slot ON sandboxes(egress_slot);
+  `,
 ];

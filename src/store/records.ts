@@ -73,6 +73,16 @@ export interface SandboxRecord {
   owner?: Owner | null;
   /** a pool's template VM: the pool's name (null: not a template) */
   templateOf?: string | null;
+  /** outbound network through the home's router (docs/egress.md), or null: loopback only */
+  egress?: SandboxEgress | null;
+}
+
+/** A machine's egress: its slot under the router (its address and names) and its lists. */
+export interface SandboxEgress {
+  /** 0 until the store gives it one, at the insert */
+  slot: number;
+  allow: string[];
+  deny: string[];
 }
 
 /** The state a recycled standby must be back in before it may be handed out again. */

@@ -8,6 +8,7 @@ import type {
   Owner,
   PoolRecord,
   SandboxMeta,
+  SandboxEgress,
   SandboxRecord,
   ScenarioRecord,
   ScenarioSnapshotRecord,
@@ -90,6 +91,7 @@ function toSandbox(r: Row): SandboxRecord {
     init: (r.init as 'systemd' | null) ?? null,
     owner: toOwner(r),
     templateOf: (r.template_of as string | null) ?? null,
+    egress: r.egress ? { ...json<Omit<SandboxEgress, 'slot'>>(r.egress), slot: r.egress_slot as number } : null,
   };
 }
 
@@ -262,16 +264,44 @@ export class Store {
   listSandboxes(): SandboxRecord[] {
     return (this.stmt('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]).map(toSandbox);
   }
-  /** False when its name (or id) is already taken. */
+  /**
+   * False when its name (or id) is already taken. A record with egress is given the lowest free
+   * slot in the same write transaction (s.egress.slot is set).
+   */
   insertSandbox(s: SandboxRecord): boolean {
-    const { owner, ...rest } = s;
+    const { owner, egress, ...rest } = s;
+    const insert = (): boolean => {
+      const slot = egress ? this.freeEgressSlot() : null;
+      const ok = this.insertSandboxRow(rest, owner, egress ?? null, slot);
+      if (ok && egress && slot !== null) egress.slot = slot;
+      return ok;
+    };
+    return egress ? this.db.transaction(insert).immediate() : insert();
+  }
+  private freeEgressSlot(): number {
+    const row = this.stmt(
+      `SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM sandboxes WHERE egress_slot = 1) THEN 1
+         ELSE (SELECT MIN(a.egress_slot) + 1 FROM sandboxes a WHERE a.egress_slot IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM sandboxes b WHERE b.egress_slot = a.egress_slot + 1)) END AS slot`,
+    ).get() as { slot: number };
+    return row.slot;
+  }
+  private insertSandboxRow(
+    rest: Omit<SandboxRecord, 'owner' | 'egress'>,
+    owner: SandboxRecord['owner'],
+    egress: SandboxEgress | null,
+    slot: number | null,
+  ): boolean {
+    const s = rest;
     return inserted(() =>
       this.stmt(
-        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, init, owner_pid, owner_start, owner_op, template_of)
-         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase, @init, @ownerPid, @ownerStart, @ownerOp, @templateOf)`,
+        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, init, owner_pid, owner_start, owner_op, template_of, egress, egress_slot)
+         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase, @init, @ownerPid, @ownerStart, @ownerOp, @templateOf, @egress, @egressSlot)`,
       ).run({
         ...rest,
         ...ownerParams(owner),
+        egress: egress && JSON.stringify({ allow: egress.allow, deny: egress.deny }),
+        egressSlot: slot,
         init: s.init ?? null,
         templateOf: s.templateOf ?? null,
         volume: s.volume && JSON.stringify(s.volume),
@@ -313,6 +343,13 @@ export class Store {
       vals.push((k === 'volume' || k === 'baseline' || k === 'limits') && v ? JSON.stringify(v) : v);
     }
     if (cols.length) this.stmt(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = ?`).run(...vals, id);
+  }
+  /** A machine's egress lists (its slot stays). */
+  setSandboxEgress(id: string, lists: { allow: string[]; deny: string[] }): void {
+    this.stmt('UPDATE sandboxes SET egress = ? WHERE id = ? AND egress_slot IS NOT NULL').run(
+      JSON.stringify({ allow: lists.allow, deny: lists.deny }),
+      id,
+    );
   }
   renameSandbox(id: string, name: string): void {
     this.stmt('UPDATE sandboxes SET name = ? WHERE id = ?').run(name, id);

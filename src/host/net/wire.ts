@@ -178,7 +178,7 @@ function tapLines(dev: string, tap: string): string[] {
  * there later reaches mount namespaces made before (a launch's) and is not hidden by ip's own
  * self-bind when it comes after ours (then `ip netns del` fails with EBUSY).
  */
-async function sharedNetnsDir(): Promise<void> {
+export async function sharedNetnsDir(): Promise<void> {
   await mkdir(NETNS_DIR, { recursive: true });
   if ((await run('mount', ['--make-shared', NETNS_DIR], { allowFail: true })).code === 0) return;
   await run('mount', ['--bind', NETNS_DIR, NETNS_DIR]);

@@ -16,6 +16,7 @@ import { machineOf, releaseRange, removeDeadClaimWrites, staleClaims } from '../
 import { machineNetns } from '../../scenario/names.js';
 import { snaplabCgroupsOnHost } from '../../host/cgroups/host.js';
 import { listSnaplabNetns } from '../../host/net/netns.js';
+import { collectEgress } from '../../host/net/egress.js';
 import { destroyRecord } from './teardown.js';
 import { noted, orElse } from '../../cleanup.js';
 
@@ -64,6 +65,9 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   const imageVolume = (id: string): boolean => ctx.store.listImageVolumes().some((iv) => iv.volume.id === id);
   for (const [name, driver] of ctx.drivers)
     removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc({ sandbox: isLive, imageVolume }))));
+  // egress namespaces and rules of sandboxes it no longer records; its router when none has egress
+  const slots = (): Set<number> => new Set(ctx.store.listSandboxes().flatMap((s) => (s.egress ? [s.egress.slot] : [])));
+  removed.push(...(await trace.phase('egress', () => collectEgress(ctx.home, slots))));
   // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
   // held: asked of the store now, not of the list read at the start (a create may have finished since)

@@ -17,6 +17,8 @@ import { DEFAULT_ENV } from '../io/exec.js';
 import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
 import { claimRange, releaseRange } from '../../host/userns/registry.js';
+import { attachEgress } from '../../host/net/egress.js';
+import { GATEWAY, type EgressLists } from '../../host/net/egress-rules.js';
 
 export interface RaiseInput {
   name?: string;
@@ -55,6 +57,8 @@ export interface RaiseInput {
   init?: 'systemd';
   /** the disk cap was asked for (refused where it cannot hold), not carried as a default; default: limits.diskBytes is set */
   diskAsked?: boolean;
+  /** outbound network with these lists (docs/egress.md); default: loopback only */
+  egress?: EgressLists;
 }
 
 /** Storage on which a sandbox's root filesystem can be idmapped into its user namespace. */
@@ -176,6 +180,7 @@ async function recordSandbox(
       uidBase: null,
       init: input.init ?? null,
       templateOf: input.heldBy?.templateOf ?? null,
+      egress: input.egress ? { slot: 0, ...input.egress } : null,
     };
   };
   let record = make();
@@ -221,11 +226,12 @@ async function raiseMachine(
       `build one with it (snaplab image build debian --packages systemd,systemd-sysv), or use --init agent`,
     );
   }
+  const netns = record.egress ? await trace.phase('egress', () => egressNetns(ctx, record, driver)) : input.netns;
   const machine = {
     id: record.id,
     hostname: input.hostname ?? record.name,
     limits: input.limits,
-    netns: input.netns,
+    netns,
     ...(input.nics ? { nics: input.nics } : {}),
     ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
     ...(input.init ? { init: input.init } : {}),
@@ -248,6 +254,22 @@ async function raiseMachine(
   return input.memory && driver.restoreMemory
     ? driver.restoreMemory(spec, input.memory, trace)
     : driver.raise(spec, trace, signal);
+}
+
+/** The machine's network namespace, linked to the home's egress router (host/net/egress.ts). */
+async function egressNetns(ctx: LabContext, record: SandboxRecord, driver: Driver): Promise<string> {
+  if (driver.capabilities.ownKernel)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `egress is not available on the ${driver.name} driver yet`,
+      'use the namespaces driver for a machine with egress (docs/egress.md)',
+    );
+  const e = record.egress!;
+  return attachEgress(ctx.home, {
+    slot: e.slot,
+    lists: e,
+    ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
+  });
 }
 
 /** The machine's root volume, recorded before gc's mark on clones is lifted (gc always sees an owner), and capped. */
@@ -294,6 +316,9 @@ async function firstAnswer(input: RaiseInput, agent: AgentClient, trace: Trace):
       'see `snaplab trace` of the operation; the machine is removed',
     );
   }
+  // its resolver is the router, which sends DNS on to the uplink's
+  if (input.egress && !input.memory)
+    await trace.phase('resolv.conf', () => agent.putFile('/etc/resolv.conf', Buffer.from(`nameserver ${GATEWAY}\n`)));
   if (input.init !== 'systemd') return null;
   const up = await trace.phase('systemd up', () => waitSystemRunning(agent));
   return up.state === 'degraded' ? `degraded: ${up.failed.join(', ') || 'some units'} failed` : null;

@@ -5,6 +5,7 @@ import type { SandboxRecord } from '../../store/records.js';
 import type { Trace } from '../../timing/trace.js';
 import type { LabContext } from '../context.js';
 import { noted } from '../../cleanup.js';
+import { detachEgress } from '../../host/net/egress.js';
 
 /**
  * Kill the machine, delete its volume, forget the record. Idempotent; used by rm and by failed
@@ -32,6 +33,10 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
       reason: `removal failed: ${(e as Error).message} (run \`snaplab rm ${s.name}\` or \`snaplab gc\` again)`,
     });
     throw e;
+  }
+  if (s.egress) {
+    const slot = s.egress.slot;
+    await phase('egress', () => detachEgress(ctx.home, slot));
   }
   ctx.store.deleteSandbox(s.id);
   // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)

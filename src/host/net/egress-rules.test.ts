@@ -1,0 +1,63 @@
+import { describe, expect, it } from 'vitest';
+import { SnaplabError } from '../../errors.js';
+import {
+  EGRESS_NETNS,
+  checkEntry,
+  checkLists,
+  homeTag,
+  machineEgressNetns,
+  machineRules,
+  routerNetns,
+  slotAddress,
+  transit,
+} from './egress-rules.js';
+
+describe('egress addresses and names', () => {
+  it('gives each slot its own address in 100.96.0.0/12, after the gateway', () => {
+    expect(slotAddress(1)).toBe('100.96.0.2');
+    expect(slotAddress(254)).toBe('100.96.0.255');
+    expect(slotAddress(255)).toBe('100.96.1.0');
+    expect(slotAddress(2 ** 20 - 3)).toBe('100.111.255.254');
+    expect(() => slotAddress(0)).toThrow(SnaplabError);
+    expect(() => slotAddress(2 ** 20)).toThrow(SnaplabError);
+  });
+
+  it("names a home's namespaces by its tag, which gc reads back", () => {
+    const tag = homeTag('/var/lib/snaplab');
+    expect(tag).toMatch(/^[0-9a-f]{6}$/);
+    expect(EGRESS_NETNS.exec(routerNetns(tag))?.slice(1)).toEqual([tag, undefined]);
+    expect(EGRESS_NETNS.exec(machineEgressNetns(tag, 42))?.slice(1)).toEqual([tag, '42']);
+    // a scenario's namespaces (snaplab-<6 hex>-n0) are not egress's
+    expect(EGRESS_NETNS.test('snaplab-abcdef-n0')).toBe(false);
+    const t = transit(tag);
+    expect(t.router.split('.').slice(0, 2)).toEqual(['100', '127']);
+  });
+});
+
+describe('egress lists', () => {
+  it('takes addresses, prefixes (host bits cleared) and host names', () => {
+    expect(checkEntry('203.0.113.7')).toBe('203.0.113.7');
+    expect(checkEntry('203.0.113.7/32')).toBe('203.0.113.7');
+    expect(checkEntry('198.51.100.77/24')).toBe('198.51.100.0/24');
+    expect(checkEntry('0.0.0.0/0')).toBe('0.0.0.0/0');
+    expect(checkEntry('Example.COM.')).toBe('example.com');
+    expect(checkLists({ allow: ['203.0.113.7', '203.0.113.7/32'] })).toEqual({ allow: ['203.0.113.7'], deny: [] });
+  });
+
+  it('refuses what is neither, with a hint', () => {
+    for (const bad of ['300.1.2.3', '1.2.3.4/33', 'a b', '1.2.3', '::1', 'x;flush ruleset', '"e1"'])
+      expect(() => checkEntry(bad), bad).toThrow(/not an IPv4 address, prefix or host name/);
+    expect(() => checkLists({ allow: 'x' as unknown as string[] })).toThrow(/list of strings/);
+  });
+
+  it('puts deny before allow, allow before the defaults, and with an allow list nothing else', () => {
+    const rules = machineRules(3, { allow: ['203.0.113.0/24'], deny: ['203.0.113.9'] }).split('\n');
+    const at = (re: RegExp): number => rules.findIndex((l) => re.test(l));
+    expect(at(/ip saddr != 100\.96\.0\.4 .* drop/)).toBeGreaterThan(-1);
+    expect(at(/@m3_deny/)).toBeLessThan(at(/@m3_allow/));
+    expect(at(/@m3_allow/)).toBeLessThan(at(/@defaults/));
+    expect(rules.filter((l) => /^add rule ip snaplab m3 +counter name m3_denied/.test(l))).toHaveLength(2);
+    const open = machineRules(3, { allow: [], deny: [] });
+    expect(open).toMatch(/add rule ip snaplab m3 counter name m3_conns accept\n/);
+  });
+});

@@ -1,0 +1,242 @@
+/**
+ * The addresses and nftables rules of egress (docs/egress.md), as text: what a machine may reach
+ * is decided in snaplab's router namespace, never in the machine's own (whose root holds
+ * CAP_NET_ADMIN there). Pure: host/net/egress.ts applies them.
+ */
+import { createHash } from 'node:crypto';
+import { SnaplabError } from '../../errors.js';
+
+/** A machine's lists: IPv4 addresses or prefixes; deny wins over allow. */
+export interface EgressLists {
+  allow: string[];
+  deny: string[];
+}
+
+/** The router's table in its own namespace, and the uplink's in the uplink namespace. */
+export const ROUTER_TABLE = 'snaplab';
+/** The router's end of its link to the uplink. */
+export const UPLINK_IF = 'up0';
+/** Machines' addresses: 100.96.0.0/12 (shared address space, RFC 6598), one per slot. */
+const MACHINES_BASE = ip4('100.96.0.0');
+export const MACHINES_PREFIX = '100.96.0.0/12';
+/** Every machine's gateway, and its DNS server: the router's address on each machine's link. */
+export const GATEWAY = '100.96.0.1';
+export const MAX_SLOT = 2 ** 20 - 3;
+
+/**
+ * Never reachable unless a machine's allow list names them: this network, private and shared
+ * space, loopback, link-local (cloud metadata at 169.254.169.254), benchmarking, multicast and
+ * reserved. The host's own addresses are added to the set `host` when the router is made.
+ */
+export const DENIED_BY_DEFAULT = [
+  '0.0.0.0/8',
+  '10.0.0.0/8',
+  '100.64.0.0/10',
+  '127.0.0.0/8',
+  '169.254.0.0/16',
+  '172.16.0.0/12',
+  '192.0.0.0/24',
+  '192.168.0.0/16',
+  '198.18.0.0/15',
+  '224.0.0.0/3',
+];
+
+function ip4(s: string): number {
+  const p = s.split('.').map(Number);
+  return ((p[0]! << 24) | (p[1]! << 16) | (p[2]! << 8) | p[3]!) >>> 0;
+}
+const dotted = (n: number): string => [24, 16, 8, 0].map((s) => (n >>> s) & 255).join('.');
+
+/** A home's tag: six hex digits of its path's hash, in its namespaces' names (gc finds them by it). */
+export const homeTag = (home: string): string => createHash('sha256').update(home).digest('hex').slice(0, 6);
+export const routerNetns = (tag: string): string => `snaplab-e${tag}`;
+export const machineEgressNetns = (tag: string, slot: number): string => `snaplab-e${tag}-${slot}`;
+/** A router or machine namespace of egress: the home's tag, and the slot of a machine's. */
+export const EGRESS_NETNS = /^snaplab-e([0-9a-f]{6})(?:-(\d+))?$/;
+/** The uplink's end of the router's link, in the uplink namespace (the host's by default). */
+export const uplinkIf = (tag: string): string => `sle${tag}`;
+export const uplinkTable = (tag: string): string => `snaplab_e${tag}`;
+/** The router's end of a machine's link. */
+export const machineIf = (slot: number): string => `e${slot}`;
+
+/** The machine's address in slot `slot` (from 1). */
+export function slotAddress(slot: number): string {
+  if (!Number.isSafeInteger(slot) || slot < 1 || slot > MAX_SLOT)
+    throw new SnaplabError('BAD_INPUT', `egress slot ${slot} is out of range`, `slots are 1..${MAX_SLOT}`);
+  return dotted(MACHINES_BASE + 1 + slot);
+}
+
+/** The /30 between the router (`.2`) and the uplink (`.1`): one of 100.127.0.0/16's, by the tag. */
+export function transit(tag: string): { uplink: string; router: string } {
+  const base = ip4('100.127.0.0') + 4 * (Number.parseInt(tag, 16) % 16384);
+  return { uplink: dotted(base + 1), router: dotted(base + 2) };
+}
+
+/** A host name as a list may hold it (resolved when the list is set: host/net/egress.ts). */
+const HOST_NAME =
+  /^(?=.{1,253}$)([a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.?$/i;
+export const isHostName = (entry: string): boolean => !/^[\d./]+$/.test(entry) && HOST_NAME.test(entry);
+
+/**
+ * An entry of a list as nft takes it: an address or a prefix (its host bits cleared), or a host
+ * name (lower case, resolved when the list is set).
+ */
+export function checkEntry(entry: string): string {
+  const trimmed = entry.trim();
+  if (isHostName(trimmed)) return trimmed.toLowerCase().replace(/\.$/, '');
+  const m = /^(\d{1,3}(?:\.\d{1,3}){3})(?:\/(\d{1,2}))?$/.exec(trimmed);
+  const parts = m?.[1]?.split('.').map(Number);
+  const len = m?.[2] === undefined ? 32 : Number(m[2]);
+  if (!m || !parts || parts.some((p) => p > 255) || len > 32)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `egress entry "${entry}" is not an IPv4 address, prefix or host name`,
+      'give e.g. 203.0.113.7, 198.51.100.0/24 or example.com (IPv6 has no egress yet)',
+    );
+  const mask = len === 0 ? 0 : (0xffffffff << (32 - len)) >>> 0;
+  const net = (ip4(m[1]!) & mask) >>> 0;
+  return len === 32 ? dotted(net) : `${dotted(net)}/${len}`;
+}
+
+export function checkLists(l: Partial<EgressLists>): EgressLists {
+  const one = (xs: unknown, what: string): string[] => {
+    if (xs === undefined) return [];
+    if (!Array.isArray(xs) || xs.some((x) => typeof x !== 'string'))
+      throw new SnaplabError('BAD_INPUT', `egress ${what} must be a list of strings`, 'e.g. ["203.0.113.0/24"]');
+    if (xs.length > 4096)
+      throw new SnaplabError('BAD_INPUT', `egress ${what} has ${xs.length} entries`, 'give at most 4096');
+    return [...new Set((xs as string[]).map(checkEntry))];
+  };
+  return { allow: one(l.allow, 'allow'), deny: one(l.deny, 'deny') };
+}
+
+const elements = (xs: string[]): string => (xs.length ? ` elements = { ${xs.join(', ')} }` : '');
+const chain = (slot: number): string => `m${slot}`;
+const counterNames = (slot: number) => ({ out: `m${slot}_bytes`, conns: `m${slot}_conns`, denied: `m${slot}_denied` });
+
+/**
+ * The router's table: forwarding only from a machine's link (each through its own chain, by the
+ * interface it came in on) and back to it on established connections; DNS to the gateway sent on
+ * to the uplink's resolvers; everything masqueraded out of the uplink. `hostAddrs` are the uplink
+ * namespace's own addresses, denied like the defaults.
+ */
+export function routerRuleset(o: { hostAddrs: string[]; dns: string[]; transitRouter: string }): string {
+  const dnat = o.dns[0];
+  return [
+    `table ip ${ROUTER_TABLE} {`,
+    `  set defaults { type ipv4_addr; flags interval; auto-merge;${elements(DENIED_BY_DEFAULT)} }`,
+    `  set host { type ipv4_addr; flags interval; auto-merge;${elements(o.hostAddrs.map((a) => `${a}/32`))} }`,
+    '  map machines { type ifname : verdict; }',
+    '  chain forward {',
+    '    type filter hook forward priority 0; policy drop;',
+    `    iifname "${UPLINK_IF}" ct state established,related accept`,
+    '    iifname vmap @machines',
+    '  }',
+    '  chain input {',
+    '    type filter hook input priority 0; policy drop;',
+    '    iifname "lo" accept',
+    `    iifname "${UPLINK_IF}" ct state established,related accept`,
+    '    meta l4proto tcp reject with tcp reset',
+    '    reject with icmp type admin-prohibited',
+    '  }',
+    '  chain prerouting {',
+    '    type nat hook prerouting priority -100;',
+    ...(dnat
+      ? [`    ip daddr ${GATEWAY} udp dport 53 dnat to ${dnat}`, `    ip daddr ${GATEWAY} tcp dport 53 dnat to ${dnat}`]
+      : []),
+    '  }',
+    '  chain postrouting {',
+    '    type nat hook postrouting priority 100;',
+    `    oifname "${UPLINK_IF}" snat to ${o.transitRouter}`,
+    '  }',
+    '}',
+  ].join('\n');
+}
+
+/**
+ * One machine's objects in the router's table (its counters, lists and chain, and its entry in the
+ * `machines` map), or, `update`, only its lists and chain replaced: in one nft transaction either
+ * way, so a connection never meets half a change. A new connection must come from the machine's
+ * own address; deny beats allow, allow beats the defaults, and with an allow list nothing else
+ * passes. A refused connection is reset (TCP) or answered "administratively prohibited", so it
+ * fails at once instead of hanging.
+ */
+export function machineRules(slot: number, lists: EgressLists, update = false): string {
+  const t = ROUTER_TABLE;
+  const c = counterNames(slot);
+  const refuse = (tag: string): string[] => [
+    `add rule ip ${t} ${chain(slot)} ${tag} counter name ${c.denied} meta l4proto tcp reject with tcp reset`,
+    `add rule ip ${t} ${chain(slot)} ${tag} counter name ${c.denied} reject with icmp type admin-prohibited`,
+  ];
+  const lines = update
+    ? [`flush set ip ${t} ${chain(slot)}_allow`, `flush set ip ${t} ${chain(slot)}_deny`]
+    : [
+        `add counter ip ${t} ${c.out}`,
+        `add counter ip ${t} ${c.conns}`,
+        `add counter ip ${t} ${c.denied}`,
+        `add set ip ${t} ${chain(slot)}_allow { type ipv4_addr; flags interval; auto-merge; }`,
+        `add set ip ${t} ${chain(slot)}_deny { type ipv4_addr; flags interval; auto-merge; }`,
+        `add chain ip ${t} ${chain(slot)}`,
+      ];
+  if (lists.allow.length) lines.push(`add element ip ${t} ${chain(slot)}_allow { ${lists.allow.join(', ')} }`);
+  if (lists.deny.length) lines.push(`add element ip ${t} ${chain(slot)}_deny { ${lists.deny.join(', ')} }`);
+  lines.push(
+    `flush chain ip ${t} ${chain(slot)}`,
+    `add rule ip ${t} ${chain(slot)} ip saddr != ${slotAddress(slot)} counter name ${c.denied} drop`,
+    `add rule ip ${t} ${chain(slot)} counter name ${c.out}`,
+    `add rule ip ${t} ${chain(slot)} ct state established,related accept`,
+    // the one DNAT is DNS to the uplink's resolver, which may be a private address
+    `add rule ip ${t} ${chain(slot)} ct status dnat counter name ${c.conns} accept`,
+    ...refuse(`ip daddr @${chain(slot)}_deny`),
+    `add rule ip ${t} ${chain(slot)} ip daddr @${chain(slot)}_allow counter name ${c.conns} accept`,
+    ...refuse('ip daddr @defaults'),
+    ...refuse('ip daddr @host'),
+    ...(lists.allow.length ? refuse('') : [`add rule ip ${t} ${chain(slot)} counter name ${c.conns} accept`]),
+  );
+  if (!update) lines.push(`add element ip ${t} machines { "${machineIf(slot)}" : jump ${chain(slot)} }`);
+  return `${lines.join('\n')}\n`;
+}
+
+/** Remove a machine's objects from the router's table (its map entry first: it jumps to the chain). */
+export function machineRemoval(slot: number, present: { element: boolean }): string {
+  const t = ROUTER_TABLE;
+  const c = counterNames(slot);
+  return `${[
+    ...(present.element ? [`delete element ip ${t} machines { "${machineIf(slot)}" }`] : []),
+    `delete chain ip ${t} ${chain(slot)}`,
+    `delete set ip ${t} ${chain(slot)}_allow`,
+    `delete set ip ${t} ${chain(slot)}_deny`,
+    `delete counter ip ${t} ${c.out}`,
+    `delete counter ip ${t} ${c.conns}`,
+    `delete counter ip ${t} ${c.denied}`,
+  ].join('\n')}\n`;
+}
+
+/** The set `host` replaced by these addresses (in the same transaction as what follows). */
+export const hostSetLines = (addrs: string[]): string =>
+  `flush set ip ${ROUTER_TABLE} host\n${addrs.length ? `add element ip ${ROUTER_TABLE} host { ${addrs.join(', ')} }\n` : ''}`;
+
+/** Counter names → what they count, for reading them back. */
+export const COUNTERS = counterNames;
+
+/**
+ * The uplink namespace's table: the router's link may forward out and be answered, and what leaves
+ * by another interface is masqueraded (the host's own address, as any of its programs would use).
+ */
+export function uplinkRuleset(tag: string): string {
+  const ifn = uplinkIf(tag);
+  return [
+    `table ip ${uplinkTable(tag)} {`,
+    '  chain forward {',
+    '    type filter hook forward priority 0; policy accept;',
+    `    iifname "${ifn}" accept`,
+    `    oifname "${ifn}" ct state established,related accept`,
+    `    oifname "${ifn}" drop`,
+    '  }',
+    '  chain postrouting {',
+    '    type nat hook postrouting priority 100;',
+    `    iifname "${ifn}" oifname != "${ifn}" masquerade`,
+    '  }',
+    '}',
+  ].join('\n');
+}

@@ -1,0 +1,425 @@
+/**
+ * Egress (docs/egress.md): a home's router namespace `snaplab-e<tag>` between its machines and the
+ * uplink (the host's own network namespace, or $SNAPLAB_UPLINK_NETNS), holding every filter and
+ * the NAT; each machine with egress has a namespace `snaplab-e<tag>-<slot>` whose eth0 is a veth to
+ * the router. The machine's root may rewrite its own namespace: nothing it does there passes the
+ * router's rules, which check the link a packet came in on and its source address.
+ */
+import { existsSync } from 'node:fs';
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SnaplabError } from '../../errors.js';
+import { noted, orElse } from '../../cleanup.js';
+import { HostOps } from '../hostops.js';
+import { withLock } from '../lock.js';
+import { run, which, type RunResult } from '../run.js';
+import {
+  COUNTERS,
+  GATEWAY,
+  hostSetLines,
+  ROUTER_TABLE,
+  UPLINK_IF,
+  checkLists,
+  homeTag,
+  isHostName,
+  machineEgressNetns,
+  machineIf,
+  machineRemoval,
+  machineRules,
+  routerNetns,
+  routerRuleset,
+  slotAddress,
+  transit,
+  uplinkIf,
+  uplinkRuleset,
+  uplinkTable,
+  type EgressLists,
+} from './egress-rules.js';
+import { NET_GROUP, NETNS_DIR, checkNetnsName, netnsPath } from './names.js';
+import { createNetns, deleteNetns, ipBatch, isNamespace, listSnaplabNetns } from './ns.js';
+import { sharedNetnsDir } from './wire.js';
+
+/** The uplink: a namespace under /run/netns named by $SNAPLAB_UPLINK_NETNS (tests' "outside"), or the host's. */
+function uplink(): string | undefined {
+  const name = process.env.SNAPLAB_UPLINK_NETNS;
+  if (!name) return undefined;
+  if (!/^[A-Za-z0-9_.-]{1,200}$/.test(name) || !existsSync(join(NETNS_DIR, name)))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `SNAPLAB_UPLINK_NETNS=${name} names no network namespace under ${NETNS_DIR}`,
+      'unset it to use the host network, or make it first (`ip netns add NAME`)',
+    );
+  return name;
+}
+
+/** Run argv in the uplink namespace. */
+const inUplink = (argv: string[], opts: { input?: string; allowFail?: boolean } = {}): Promise<RunResult> => {
+  const up = uplink();
+  return up ? run('ip', ['netns', 'exec', up, ...argv], opts) : run(argv[0]!, argv.slice(1), opts);
+};
+const inNs = (ns: string, argv: string[], opts: { input?: string; allowFail?: boolean } = {}): Promise<RunResult> =>
+  run('ip', ['netns', 'exec', ns, ...argv], opts);
+
+function failed(what: string, res: RunResult, hint = '`snaplab doctor` checks egress'): SnaplabError {
+  return new SnaplabError(
+    'HOST_COMMAND_FAILED',
+    `${what}: ${res.stderr.trim().split('\n').slice(0, 3).join('; ')}`,
+    hint,
+  );
+}
+
+async function nft(ns: string | null, script: string, what: string): Promise<void> {
+  const argv = ['nft', '-f', '-'];
+  const res =
+    ns === null
+      ? await inUplink(argv, { input: script, allowFail: true })
+      : await inNs(ns, argv, { input: script, allowFail: true });
+  if (res.code !== 0)
+    throw failed(what, res, 'egress needs nftables (`apt-get install nftables`); `snaplab doctor` checks it');
+}
+
+async function batch(ns: string, lines: string[], what: string): Promise<void> {
+  const res = await ipBatch(ns, lines);
+  if (res.code !== 0) throw failed(what, res);
+}
+
+/** Homes whose router this process has seen complete (a namespace check still runs each time). */
+const ready = new Set<string>();
+
+/** The home's router, made if it is not there (under the home's egress lock). */
+export async function ensureRouter(home: string): Promise<string> {
+  const tag = homeTag(home);
+  const ns = routerNetns(tag);
+  if (ready.has(tag) && (await isNamespace(netnsPath(ns)))) return ns;
+  return withLock(join(home, 'run', 'egress.lock'), async () => {
+    if ((await isNamespace(netnsPath(ns))) && (await routerComplete(ns))) {
+      ready.add(tag);
+      return ns;
+    }
+    await removeRouter(home);
+    try {
+      await makeRouter(tag);
+    } catch (e) {
+      await removeRouter(home).catch(noted(`remove the half-made egress router ${ns}`));
+      throw e;
+    }
+    ready.add(tag);
+    return ns;
+  });
+}
+
+const routerComplete = async (ns: string): Promise<boolean> =>
+  (await inNs(ns, ['nft', 'list', 'table', 'ip', ROUTER_TABLE], { allowFail: true })).code === 0;
+
+async function makeRouter(tag: string): Promise<void> {
+  const ns = routerNetns(tag);
+  const t = transit(tag);
+  const up = uplink();
+  const upIf = uplinkIf(tag);
+  await createNetns(ns);
+  await batch(
+    ns,
+    [
+      `link add ${UPLINK_IF} group ${NET_GROUP} type veth peer name ${upIf} netns ${up ?? String(process.pid)}`,
+      `link set ${UPLINK_IF} addrgenmode none`,
+      `addr add ${t.router}/30 dev ${UPLINK_IF}`,
+      `link set ${UPLINK_IF} up`,
+      `route add default via ${t.uplink}`,
+    ],
+    `cannot link egress router ${ns} to the uplink`,
+  );
+  const upLines = [`link set ${upIf} group ${NET_GROUP}`, `addr add ${t.uplink}/30 dev ${upIf}`, `link set ${upIf} up`];
+  const res = up
+    ? await ipBatch(up, upLines)
+    : await run('ip', ['-batch', '-'], { input: `${upLines.join('\n')}\n`, allowFail: true });
+  if (res.code !== 0)
+    throw failed(
+      `cannot set up ${upIf} on the uplink`,
+      res,
+      /File exists/.test(res.stderr)
+        ? `the uplink already has ${t.uplink}: another home's egress took it; \`snaplab gc\` there`
+        : undefined,
+    );
+  await sysctl(ns, 'net.ipv4.ip_forward', '1');
+  await forwardOnUplink();
+  const [hostAddrs, dns] = await Promise.all([hostAddresses(), uplinkResolvers()]);
+  await nft(ns, routerRuleset({ hostAddrs, dns, transitRouter: t.router }), `cannot load egress rules in ${ns}`);
+  await nft(
+    null,
+    `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag)}\n`,
+    'cannot load the uplink rules of egress',
+  );
+}
+
+async function sysctl(ns: string, key: string, value: string): Promise<void> {
+  const res = await inNs(ns, ['sysctl', '-qw', `${key}=${value}`], { allowFail: true });
+  if (res.code !== 0) throw failed(`cannot set ${key} in ${ns}`, res);
+}
+
+/** Where snaplab notes that it turned on forwarding in an uplink namespace (gc turns it off again). */
+const forwardNote = (): string => `/run/snaplab/egress-forwarding-${uplink() ?? 'host'}`;
+
+/**
+ * The uplink must forward the router's packets (the host's `net.ipv4.ip_forward`). When it is off,
+ * snaplab turns it on and notes that it did: `snaplab gc` turns it off again once no home has a
+ * router on this uplink. When it is on already it is left alone.
+ */
+async function forwardOnUplink(): Promise<void> {
+  const now = await inUplink(['sysctl', '-n', 'net.ipv4.ip_forward'], { allowFail: true });
+  if (now.stdout.trim() === '1') return;
+  await mkdir('/run/snaplab', { recursive: true });
+  await writeFile(forwardNote(), '0\n');
+  const res = await inUplink(['sysctl', '-qw', 'net.ipv4.ip_forward=1'], { allowFail: true });
+  if (res.code !== 0) throw failed('cannot turn on forwarding on the uplink (net.ipv4.ip_forward)', res);
+}
+
+/**
+ * The host's own IPv4 addresses (this process's network namespace, whatever the uplink): machines
+ * may not reach them. Read again at each attach, so an address the host gained since counts.
+ */
+async function hostAddresses(): Promise<string[]> {
+  const res = await run('ip', ['-4', '-o', 'addr', 'show'], { allowFail: true });
+  return [...res.stdout.matchAll(/\binet (\d+\.\d+\.\d+\.\d+)\//g)].map((m) => m[1]!);
+}
+
+/**
+ * The uplink's DNS resolvers, as its own programs find them: /etc/netns/NAME/resolv.conf for a
+ * named namespace (what `ip netns exec` shows its programs), else /etc/resolv.conf, and behind a
+ * local stub (systemd-resolved's 127.0.0.53) the servers it forwards to.
+ */
+async function uplinkResolvers(): Promise<string[]> {
+  const up = uplink();
+  const files = [
+    ...(up ? [`/etc/netns/${up}/resolv.conf`] : []),
+    '/etc/resolv.conf',
+    '/run/systemd/resolve/resolv.conf',
+  ];
+  for (const f of files) {
+    const text = await readFile(f, 'utf8').catch(orElse('', `read ${f}`, 'ENOENT'));
+    const servers = [...text.matchAll(/^\s*nameserver\s+(\d+\.\d+\.\d+\.\d+)\s*$/gm)].map((m) => m[1]!);
+    const usable = servers.filter((s) => !s.startsWith('127.'));
+    if (usable.length) return usable;
+    if (servers.length && up) return [];
+  }
+  return [];
+}
+
+/** Remove the home's router, its uplink table, and forwarding where snaplab turned it on and no router is left. */
+export async function removeRouter(home: string): Promise<boolean> {
+  const tag = homeTag(home);
+  ready.delete(tag);
+  const ns = routerNetns(tag);
+  const had = (await listSnaplabNetns()).includes(ns);
+  if (had) await deleteNetns(ns);
+  // without nftables nothing of egress was ever made here
+  if (!(await which('nft'))) return had;
+  const del = await inUplink(['nft', 'delete', 'table', 'ip', uplinkTable(tag)], { allowFail: true });
+  if (del.code !== 0 && !/No such file|does not exist/i.test(del.stderr))
+    throw failed(`cannot delete the uplink table ${uplinkTable(tag)}`, del);
+  await restoreForwarding();
+  return had || del.code === 0;
+}
+
+async function restoreForwarding(): Promise<void> {
+  if (!existsSync(forwardNote())) return;
+  const tables = await inUplink(['nft', 'list', 'tables'], { allowFail: true });
+  if (tables.code !== 0 || /table ip snaplab_e[0-9a-f]{6}\b/.test(tables.stdout)) return;
+  const res = await inUplink(['sysctl', '-qw', 'net.ipv4.ip_forward=0'], { allowFail: true });
+  if (res.code !== 0) throw failed('cannot turn forwarding on the uplink off again', res);
+  await rm(forwardNote(), { force: true });
+}
+
+export interface EgressAttach {
+  slot: number;
+  lists: EgressLists;
+  /** the machine's user namespace, which is to own its network namespace (its root configures it) */
+  userns?: { base: number; count: number };
+}
+
+/**
+ * A machine's network namespace with eth0 linked to the router: its address by its slot, the
+ * router as its gateway and DNS server, its rules loaded. Returns the namespace's path. On failure
+ * removes what it made.
+ */
+export async function attachEgress(home: string, a: EgressAttach): Promise<string> {
+  const router = await ensureRouter(home);
+  const tag = homeTag(home);
+  const ns = machineEgressNetns(tag, a.slot);
+  const address = slotAddress(a.slot);
+  const ifn = machineIf(a.slot);
+  await makeMachineNetns(ns, a.userns);
+  try {
+    await batch(
+      router,
+      [
+        `link add ${ifn} group ${NET_GROUP} type veth peer name eth0 netns ${ns}`,
+        `link set ${ifn} addrgenmode none`,
+        `addr add ${GATEWAY}/32 dev ${ifn}`,
+        `link set ${ifn} up`,
+        `route add ${address}/32 dev ${ifn}`,
+      ],
+      `cannot link ${ns} to the egress router`,
+    );
+    await batch(
+      ns,
+      [
+        'link set lo up',
+        `link set eth0 group ${NET_GROUP}`,
+        'link set eth0 addrgenmode none',
+        `addr add ${address}/32 dev eth0`,
+        'link set eth0 up',
+        `route add ${GATEWAY}/32 dev eth0 scope link`,
+        `route add default via ${GATEWAY} dev eth0`,
+      ],
+      `cannot set up eth0 in ${ns}`,
+    );
+    const host = await hostAddresses();
+    await nft(
+      router,
+      `${hostSetLines(host)}${machineRules(a.slot, await pinNames(checkLists(a.lists)))}`,
+      `cannot load the egress rules of slot ${a.slot}`,
+    );
+  } catch (e) {
+    await detachEgress(home, a.slot).catch(noted(`remove the half-made egress of slot ${a.slot}`));
+    throw e;
+  }
+  return netnsPath(ns);
+}
+
+async function makeMachineNetns(ns: string, userns?: { base: number; count: number }): Promise<void> {
+  checkNetnsName(ns);
+  if (!userns) {
+    await createNetns(ns);
+    return;
+  }
+  await sharedNetnsDir();
+  try {
+    await HostOps.require().request('netns-userns', netnsPath(ns), String(userns.base), String(userns.count));
+  } catch (e) {
+    throw new SnaplabError(
+      'HOST_COMMAND_FAILED',
+      `cannot create network namespace ${ns} in a user namespace: ${(e as Error).message}`,
+      '`snaplab doctor` checks user namespaces',
+      { cause: e },
+    );
+  }
+}
+
+/** Replace a machine's lists: new connections meet them at once, established ones go on. */
+export async function setEgressLists(home: string, slot: number, lists: EgressLists): Promise<void> {
+  const router = routerNetns(homeTag(home));
+  const pinned = await pinNames(checkLists(lists));
+  await nft(router, machineRules(slot, pinned, true), `cannot change the egress lists of slot ${slot}`);
+}
+
+/**
+ * The lists with each host name replaced by the IPv4 addresses it has now, as the uplink's own
+ * programs resolve it (`getent ahostsv4`, in the uplink namespace): resolve and pin. A name whose
+ * addresses change later keeps the old ones until its lists are set again (docs/egress.md).
+ */
+export async function pinNames(lists: EgressLists): Promise<EgressLists> {
+  const names = [...new Set([...lists.allow, ...lists.deny].filter(isHostName))];
+  if (!names.length) return lists;
+  const found = new Map<string, string[]>();
+  await Promise.all(
+    names.map(async (n) => {
+      const res = await inUplink(['getent', 'ahostsv4', n], { allowFail: true });
+      const addrs = [...new Set([...res.stdout.matchAll(/^(\d+\.\d+\.\d+\.\d+)\s/gm)].map((m) => m[1]!))];
+      if (!addrs.length)
+        throw new SnaplabError(
+          'BAD_INPUT',
+          `egress entry ${n} does not resolve to an IPv4 address on the uplink`,
+          "check the name, or give its addresses; names are resolved by the host's resolver when the list is set",
+        );
+      found.set(n, addrs);
+    }),
+  );
+  const pin = (xs: string[]): string[] => [...new Set(xs.flatMap((x) => found.get(x) ?? [x]))];
+  return { allow: pin(lists.allow), deny: pin(lists.deny) };
+}
+
+/** Remove a machine's egress: its rules in the router and its namespace (its veth goes with it). Idempotent. */
+export async function detachEgress(home: string, slot: number): Promise<void> {
+  const tag = homeTag(home);
+  const router = routerNetns(tag);
+  if (await isNamespace(netnsPath(router))) {
+    const listed = await inNs(router, ['nft', 'list', 'chain', 'ip', ROUTER_TABLE, `m${slot}`], { allowFail: true });
+    if (listed.code === 0) {
+      const map = await inNs(router, ['nft', 'list', 'map', 'ip', ROUTER_TABLE, 'machines'], { allowFail: true });
+      const element = new RegExp(`"${machineIf(slot)}"\\s*:`).test(map.stdout);
+      await nft(router, machineRemoval(slot, { element }), `cannot remove the egress rules of slot ${slot}`);
+    }
+  }
+  await deleteNetns(machineEgressNetns(tag, slot));
+}
+
+export interface EgressCounters {
+  /** bytes the machine sent out through the router */
+  bytesOut: number;
+  /** connections it opened that were let through */
+  connections: number;
+  /** packets of connections refused (and spoofed packets dropped) */
+  denied: number;
+}
+
+/** Every machine's counters in one read of the router's table: slot → counters. */
+export async function egressCounters(home: string): Promise<Map<number, EgressCounters>> {
+  const router = routerNetns(homeTag(home));
+  const out = new Map<number, EgressCounters>();
+  if (!(await isNamespace(netnsPath(router)))) return out;
+  const res = await inNs(router, ['nft', '-j', 'list', 'counters', 'table', 'ip', ROUTER_TABLE], { allowFail: true });
+  if (res.code !== 0) throw failed('cannot read the egress counters', res);
+  const items = (
+    JSON.parse(res.stdout) as { nftables: { counter?: { name: string; packets: number; bytes: number } }[] }
+  ).nftables;
+  for (const { counter: c } of items) {
+    const m = c && /^m(\d+)_(bytes|conns|denied)$/.exec(c.name);
+    if (!c || !m) continue;
+    const slot = Number(m[1]);
+    const v = out.get(slot) ?? { bytesOut: 0, connections: 0, denied: 0 };
+    if (m[2] === 'bytes') v.bytesOut = c.bytes;
+    else if (m[2] === 'conns') v.connections = c.packets;
+    else v.denied = c.packets;
+    out.set(slot, v);
+  }
+  return out;
+}
+
+/** The counters' names of a slot (for docs and tests). */
+export const counterNames = COUNTERS;
+
+/**
+ * Egress objects of this home that no live slot holds: machine namespaces (and their rules), and
+ * the router itself when no machine has egress. Returns what was removed.
+ */
+export async function collectEgress(home: string, live: () => Set<number>): Promise<string[]> {
+  return withLock(join(home, 'run', 'egress.lock'), () => collectLocked(home, live()));
+}
+
+async function collectLocked(home: string, liveSlots: Set<number>): Promise<string[]> {
+  const tag = homeTag(home);
+  const removed: string[] = [];
+  const prefix = `${routerNetns(tag)}-`;
+  for (const ns of await listSnaplabNetns()) {
+    if (!ns.startsWith(prefix)) continue;
+    const slot = Number(ns.slice(prefix.length));
+    if (!Number.isSafeInteger(slot) || liveSlots.has(slot)) continue;
+    await detachEgress(home, slot);
+    removed.push(`egress namespace ${ns}`);
+  }
+  if (!liveSlots.size) {
+    if (await removeRouter(home)) removed.push(`egress router ${routerNetns(tag)}`);
+    return removed;
+  }
+  // rules whose namespace went (a crash between the two removals)
+  const router = routerNetns(tag);
+  if (!(await isNamespace(netnsPath(router)))) return removed;
+  const chains = await inNs(router, ['nft', 'list', 'chains', 'ip'], { allowFail: true });
+  for (const m of chains.stdout.matchAll(/chain m(\d+) \{/g)) {
+    const slot = Number(m[1]);
+    if (liveSlots.has(slot)) continue;
+    await detachEgress(home, slot);
+    removed.push(`egress rules of slot ${slot}`);
+  }
+  return removed;
+}

@@ -1,0 +1,41 @@
+/**
+ * A sandbox's egress as the lab keeps it (docs/egress.md): its record's slot and lists, the
+ * router's rules and counters (host/net/egress.ts), changed together.
+ */
+import { SnaplabError } from '../../errors.js';
+import { egressCounters, setEgressLists } from '../../host/net/egress.js';
+import { checkLists, slotAddress } from '../../host/net/egress-rules.js';
+import type { EgressRequest, EgressUsage, EgressView } from '../../sdk/api.js';
+import type { SandboxRecord } from '../../store/records.js';
+import type { LabContext } from '../context.js';
+
+export function egressView(r: SandboxRecord): EgressView | null {
+  if (!r.egress) return null;
+  return { address: slotAddress(r.egress.slot), allow: r.egress.allow, deny: r.egress.deny };
+}
+
+function egressOf(r: SandboxRecord): NonNullable<SandboxRecord['egress']> {
+  if (!r.egress)
+    throw new SnaplabError(
+      'EGRESS_OFF',
+      `sandbox ${r.name} has no egress (it reaches loopback only)`,
+      'egress is chosen at create: `snaplab create --egress` (docs/egress.md)',
+    );
+  return r.egress;
+}
+
+/** New lists for a running machine: the router's rules first, then the record. */
+export async function changeEgress(ctx: LabContext, r: SandboxRecord, req: EgressRequest): Promise<EgressView> {
+  const e = egressOf(r);
+  const lists = checkLists(req);
+  await setEgressLists(ctx.home, e.slot, lists);
+  ctx.store.setSandboxEgress(r.id, lists);
+  r.egress = { ...e, ...lists };
+  return egressView(r)!;
+}
+
+export async function egressUsage(ctx: LabContext, r: SandboxRecord): Promise<EgressUsage> {
+  const e = egressOf(r);
+  const c = (await egressCounters(ctx.home)).get(e.slot) ?? { bytesOut: 0, connections: 0, denied: 0 };
+  return { ...egressView(r)!, ...c };
+}

@@ -1,0 +1,256 @@
+/**
+ * Egress (docs/egress.md), never touching a real network: the test makes its own "outside", a
+ * network namespace with web servers and a DNS server on documentation addresses, and points
+ * snaplab's uplink at it (SNAPLAB_UPLINK_NETNS). Machines run busybox's nc and nslookup.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Lab } from '../src/sdk/lab.js';
+import type { SandboxApi } from '../src/sdk/api.js';
+import { homeTag, machineEgressNetns, routerNetns, uplinkTable } from '../src/host/net/egress-rules.js';
+import { disposeLab, testLab } from './helpers.js';
+import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+
+const UP = `sltest-up-${process.pid}`;
+const WEB = '203.0.113.10';
+const OTHER = '203.0.113.20';
+const DNS = '198.51.100.53';
+const sh = (cmd: string, args: string[]): string => {
+  const r = spawnSync(cmd, args, { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`${cmd} ${args.join(' ')}: ${r.stderr}`);
+  return r.stdout;
+};
+/** A machine's network namespace: its home's tag and the slot its address is in. */
+const machineNs = (box: SandboxApi): string => {
+  const ip = box.egress!.address.split('.').map(Number);
+  const n = ((ip[0]! << 24) | (ip[1]! << 16) | (ip[2]! << 8) | ip[3]!) >>> 0;
+  return machineEgressNetns(homeTag(lab!.home), n - ((100 << 24) | (96 << 16)) - 1);
+};
+const hostAddress = (): string =>
+  /\binet (\d+\.\d+\.\d+\.\d+)\/\d+ .*scope global/.exec(sh('ip', ['-4', '-o', 'addr', 'show']))?.[1] ?? '';
+
+let outside: ChildProcess | undefined;
+let hostService: Server | undefined;
+let hostHits = 0;
+let lab: Lab | undefined;
+
+/** What `nc` got from ADDR:PORT inside the machine, with its exit code and how long it took. */
+async function fetchIn(box: SandboxApi, addr: string, port = 8080): Promise<{ ok: boolean; out: string; ms: number }> {
+  const t0 = Date.now();
+  const r = await box.exec(['sh', '-c', `printf 'GET /p HTTP/1.0\\r\\n\\r\\n' | nc -w 5 ${addr} ${port}`]);
+  return { ok: r.exitCode === 0 && r.stdout.includes('outside'), out: r.stdout + r.stderr, ms: Date.now() - t0 };
+}
+
+beforeAll(async () => {
+  sh('ip', ['netns', 'add', UP]);
+  sh('ip', ['-n', UP, 'link', 'set', 'lo', 'up']);
+  for (const a of [WEB, OTHER, DNS]) sh('ip', ['-n', UP, 'addr', 'add', `${a}/32`, 'dev', 'lo']);
+  mkdirSync(`/etc/netns/${UP}`, { recursive: true });
+  writeFileSync(`/etc/netns/${UP}/resolv.conf`, `nameserver ${DNS}\n`);
+  outside = spawn(
+    'ip',
+    [
+      'netns',
+      'exec',
+      UP,
+      process.execPath,
+      join(import.meta.dirname, 'egress-outside.mjs'),
+      `${WEB},${OTHER}`,
+      DNS,
+      `web.test=${WEB},other.test=${OTHER}`,
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  await new Promise<void>((resolve, reject) => {
+    outside!.stdout!.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
+    outside!.once('exit', (c) => reject(new Error(`the outside exited (${c})`)));
+  });
+  // a service of the host's on loopback: nothing in a machine may reach it
+  hostService = createServer((_q, res) => {
+    hostHits++;
+    res.end('host\n');
+  });
+  await new Promise<void>((r) => hostService!.listen(0, '127.0.0.1', r));
+  process.env.SNAPLAB_UPLINK_NETNS = UP;
+  lab = await testLab();
+}, 60_000);
+
+afterAll(async () => {
+  await disposeLab(lab);
+  delete process.env.SNAPLAB_UPLINK_NETNS;
+  hostService?.close();
+  outside?.kill('SIGKILL');
+  spawnSync('ip', ['netns', 'del', UP]);
+  rmSync(`/etc/netns/${UP}`, { recursive: true, force: true });
+});
+
+describe('egress', () => {
+  it('is off by default: a machine has loopback only, and a connect fails at once', async () => {
+    const box = await lab!.create();
+    expect(box.egress).toBeNull();
+    const r = await fetchIn(box, WEB);
+    expect(r.ok).toBe(false);
+    expect(r.ms).toBeLessThan(3000);
+    await expect(box.egressUsage()).rejects.toMatchObject({ code: 'EGRESS_OFF' });
+    await box.destroy();
+  });
+
+  it('reaches the outside by address and by name, through the router, and counts it', async () => {
+    const box = await lab!.create({ egress: true });
+    expect(box.egress).toMatchObject({ allow: [], deny: [] });
+    expect(box.egress!.address).toMatch(/^100\.(9[6-9]|10\d|11[01])\./);
+    expect((await fetchIn(box, WEB)).out).toContain(`outside ${WEB} /p`);
+    expect((await fetchIn(box, 'web.test')).out).toContain(`outside ${WEB} /p`);
+    const ns = await box.exec(['nslookup', 'other.test']);
+    expect(ns.stdout).toContain(OTHER);
+    // the outside sees the router's address, not the machine's
+    const u = await box.egressUsage();
+    expect(u.bytesOut).toBeGreaterThan(0);
+    expect(u.connections).toBeGreaterThanOrEqual(2);
+    await box.destroy();
+  });
+
+  it('denies the host, link-local (metadata) and private networks, and a host service on loopback', async () => {
+    const box = await lab!.create({ egress: true });
+    const port = (hostService!.address() as AddressInfo).port;
+    for (const a of [hostAddress(), '169.254.169.254', '10.0.0.1', '192.168.1.1']) {
+      const r = await fetchIn(box, a);
+      expect(r.ok, a).toBe(false);
+      expect(r.ms, `${a} is refused at once, not left to time out`).toBeLessThan(3000);
+    }
+    expect((await fetchIn(box, '127.0.0.1', port)).ok).toBe(false);
+    expect(hostHits).toBe(0);
+    expect((await box.egressUsage()).denied).toBeGreaterThanOrEqual(4);
+    await box.destroy();
+  });
+
+  it('keeps to an allow list, a deny list, and deny over allow; host names are resolved', async () => {
+    const allow = await lab!.create({ egress: { allow: [WEB] } });
+    expect((await fetchIn(allow, WEB)).ok).toBe(true);
+    expect((await fetchIn(allow, OTHER)).ok).toBe(false);
+    const deny = await lab!.create({ egress: { deny: [`${OTHER}/32`] } });
+    expect((await fetchIn(deny, WEB)).ok).toBe(true);
+    expect((await fetchIn(deny, OTHER)).ok).toBe(false);
+    const both = await lab!.create({ egress: { allow: ['203.0.113.0/24'], deny: [OTHER] } });
+    expect((await fetchIn(both, WEB)).ok).toBe(true);
+    expect((await fetchIn(both, OTHER)).ok).toBe(false);
+    const named = await lab!.create({ egress: { allow: ['web.test'] } });
+    expect(named.egress!.allow).toEqual(['web.test']);
+    expect((await fetchIn(named, 'web.test')).ok).toBe(true);
+    expect((await fetchIn(named, OTHER)).ok).toBe(false);
+    // an allow list does not open the host's private networks unless it names them
+    expect((await fetchIn(allow, hostAddress())).ok).toBe(false);
+    for (const b of [allow, deny, both, named]) await b.destroy();
+  });
+
+  it('changes the lists of a running machine at once', async () => {
+    const box = await lab!.create({ egress: true });
+    expect((await fetchIn(box, OTHER)).ok).toBe(true);
+    await box.setEgress({ deny: [OTHER] });
+    expect(box.egress!.deny).toEqual([OTHER]);
+    expect((await fetchIn(box, OTHER)).ok).toBe(false);
+    expect((await fetchIn(box, WEB)).ok).toBe(true);
+    await box.setEgress({ allow: [OTHER] });
+    expect((await fetchIn(box, OTHER)).ok).toBe(true);
+    expect((await fetchIn(box, WEB)).ok).toBe(false);
+    const again = await lab!.get(box.name);
+    expect(again.egress).toMatchObject({ allow: [OTHER], deny: [] });
+    await expect(box.setEgress({ allow: ['not an address!'] })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+    await expect(box.setEgress({ allow: ['nowhere.test'] })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+    await box.destroy();
+  });
+
+  it("holds against the machine's own network namespace rewritten: a new address and routes do not pass the router", async () => {
+    const box = await lab!.create({ egress: { allow: [WEB] } });
+    const other = await lab!.create({ egress: true });
+    // a machine's root cannot rewrite it here (no CAP_NET_ADMIN)…
+    const tried = await box.exec(['ip', 'addr', 'flush', 'dev', 'eth0']);
+    expect(tried.exitCode).not.toBe(0);
+    // …and a system machine's could: the host's root, which can do all that and more, does it here
+    const ns = machineNs(box);
+    const inNs = (cmd: string): ReturnType<typeof spawnSync> =>
+      spawnSync('ip', ['netns', 'exec', ns, 'sh', '-c', cmd], { encoding: 'utf8' });
+    const spoof = inNs(
+      `ip addr flush dev eth0 && ip addr add ${other.egress!.address}/32 dev eth0 && ip route add 100.96.0.1/32 dev eth0 && ip route add default via 100.96.0.1 && nft flush ruleset`,
+    );
+    expect(spoof.status, String(spoof.stderr)).toBe(0);
+    const get = (a: string): boolean =>
+      inNs(`printf 'GET /p HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 3 ${a} 8080`).stdout?.includes('outside') === true;
+    expect(get(OTHER)).toBe(false);
+    expect(get(WEB)).toBe(false); // not even what its list allows, from a stolen address
+    expect((await fetchIn(other, OTHER)).ok).toBe(true); // the machine whose address it took is unharmed
+    await box.destroy();
+    await other.destroy();
+  });
+
+  it('goes through a daemon: create with lists, GET and PUT /sandboxes/:id/egress, the CLI', async () => {
+    let d: TestDaemon | undefined;
+    try {
+      d = await startDaemon(lab!.home);
+      const remote = await Lab.connect({ url: `unix:${d.socket}` });
+      const box = await remote.create({ egress: { allow: [WEB] }, timeoutS: 0 });
+      expect(box.egress).toMatchObject({ allow: [WEB], deny: [] });
+      expect((await fetchIn(box, WEB)).ok).toBe(true);
+      await box.setEgress({ allow: [OTHER] });
+      expect(box.egress!.allow).toEqual([OTHER]);
+      expect((await fetchIn(box, WEB)).ok).toBe(false);
+      const u = await box.egressUsage();
+      expect(u).toMatchObject({ address: box.egress!.address, allow: [OTHER] });
+      expect(u.denied).toBeGreaterThan(0);
+      // a bad list is the schema's 400, or the lab's BAD_INPUT: refused either way, nothing made
+      const bad = spawnSync(
+        'curl',
+        [
+          '-sS',
+          '--unix-socket',
+          d.socket,
+          '-H',
+          'content-type: application/json',
+          '-d',
+          '{"egress":{"allow":["300.1.2.3"]}}',
+          'http://x/sandboxes',
+        ],
+        { encoding: 'utf8' },
+      );
+      expect(JSON.parse(bad.stdout)).toMatchObject({ code: 'BAD_INPUT' });
+      const shown = cli(lab!.home, ['egress', box.name, '--deny', WEB, '--json'], undefined, {
+        SNAPLAB_HOST: `unix:${d.socket}`,
+      });
+      expect(shown.code, shown.err).toBe(0);
+      expect(JSON.parse(shown.out)).toMatchObject({ allow: [OTHER], deny: [WEB] });
+      expect((await remote.list()).map((b) => b.name)).toContain(box.name);
+      await box.destroy();
+    } finally {
+      await d?.stop();
+    }
+  });
+
+  it('leaves nothing after a create killed at any point, once gc has run', async () => {
+    const tag = homeTag(lab!.home);
+    for (const delay of [30, 80, 140, 200, 260, 330]) {
+      const p = spawn(
+        process.execPath,
+        [join(import.meta.dirname, '..', 'dist', 'bin', 'snaplab.js'), 'create', '--egress'],
+        {
+          env: { ...process.env, SNAPLAB_HOME: lab!.home },
+          stdio: 'ignore',
+        },
+      );
+      const exited = new Promise((r) => p.once('exit', r));
+      await new Promise((r) => setTimeout(r, delay));
+      p.kill('SIGKILL'); // (a create done by then is removed below)
+      await exited;
+    }
+    for (const b of await lab!.list()) await b.destroy();
+    await lab!.gc();
+    const netns = sh('ip', ['netns', 'list']);
+    expect(netns).not.toContain(routerNetns(tag));
+    expect(sh('ip', ['netns', 'exec', UP, 'nft', 'list', 'tables'])).not.toContain(uplinkTable(tag));
+    expect(sh('ip', ['-n', UP, '-o', 'link', 'show'])).not.toContain(`sle${tag}`);
+    expect(sh('ip', ['netns', 'exec', UP, 'sysctl', '-n', 'net.ipv4.ip_forward']).trim()).toBe('0');
+  }, 180_000);
+});
