@@ -99,6 +99,27 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     }
   });
 
+  it("usage: a sandbox's memory, CPU time, processes and disk, and what it may use", async () => {
+    const box = await lab().create({ name: `u-${kind}`, limits: { memoryBytes: 256 << 20, cpus: 1.5 } });
+    try {
+      await box.exec(['sh', '-c', 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done']);
+      const u = await box.usage();
+      expect(u.at).toBeGreaterThan(Date.now() - 10_000);
+      expect(u.memoryBytes).toBeGreaterThan(0);
+      expect(u.memoryTotalBytes).toBe(256 << 20);
+      expect(u.cpus).toBe(2);
+      expect(u.cpuUsec).toBeGreaterThan(0);
+      expect(u.pids).toBeGreaterThanOrEqual(1);
+      expect(u.diskTotalBytes).toBeGreaterThan(0);
+      await box.files.write('/data/big.bin', Buffer.alloc(8 << 20, 1));
+      const after = await box.usage();
+      expect(after.diskUsedBytes! - (u.diskUsedBytes ?? 0)).toBeGreaterThanOrEqual(4 << 20);
+      expect(after.cpuUsec).toBeGreaterThanOrEqual(u.cpuUsec);
+    } finally {
+      await box.destroy();
+    }
+  });
+
   it('snapshots and restores; pauses and resumes', async () => {
     const box = await lab().create({ name: `s-${kind}` });
     await box.putFile('/root/mark', kind);

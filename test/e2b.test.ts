@@ -272,6 +272,44 @@ describe.each([
     });
   });
 
+  describe('metrics', () => {
+    it('getMetrics: the CPUs, memory and disk the sandbox has and uses, sampled when asked', async () => {
+      const sbx = await Sandbox.create();
+      try {
+        const nproc = Number(inside(sbx.sandboxId, 'nproc').out.trim());
+        const [first] = await sbx.getMetrics();
+        expect(first!.cpuCount).toBe(nproc);
+        expect(first!.memUsed).toBeGreaterThan(0);
+        expect(first!.memTotal).toBeGreaterThan(first!.memUsed);
+        expect(first!.diskUsed).toBeGreaterThan(0);
+        expect(first!.diskTotal).toBeGreaterThan(first!.diskUsed);
+        expect(Math.abs(first!.timestamp.getTime() - Date.now())).toBeLessThan(10_000);
+        // 48 MiB held by a shell's variable (the shell waits: the last command would replace it)
+        const h = await sbx.commands.run('x=$(head -c 50331648 /dev/zero | tr "\\0" a); sleep 600; echo "$x" | wc -c', {
+          background: true,
+        });
+        const held = await until('the memory held to show', async () => {
+          const [m] = await Sandbox.getMetrics(sbx.sandboxId);
+          return m!.memUsed - first!.memUsed > 40 << 20 && m;
+        });
+        expect(held.memUsed).toBeLessThan(held.memTotal);
+        // a busy loop between two samples shows as CPU used
+        await sbx.commands.run('i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done');
+        const [busy] = await sbx.getMetrics();
+        expect(busy!.cpuUsedPct).toBeGreaterThan(1);
+        expect(busy!.cpuUsedPct).toBeLessThanOrEqual(100);
+        // a range that ended before now holds no sample (2.14 sends no range)
+        if (modern) expect(await sbx.getMetrics({ end: new Date(Date.now() - 3_600_000) })).toEqual([]);
+        await h.kill();
+      } finally {
+        await sbx.kill();
+      }
+      // (2.14 reads a 404 here as a plain SandboxError)
+      const gone = expect(Sandbox.getMetrics(sbx.sandboxId)).rejects;
+      await (modern ? gone.toBeInstanceOf(SandboxNotFoundError) : gone.toThrow(/^404: /));
+    });
+  });
+
   describe('pause and connect', () => {
     it('pause stops envd traffic; connect resumes the sandbox with its commands', async () => {
       const sbx = await Sandbox.create();

@@ -9,6 +9,7 @@ import type WebSocket from 'ws';
 import { SnaplabError, type ErrorCode } from '../errors.js';
 import type { CopyResult } from '../lab/io/copy.js';
 import type { FileInfo } from '../lab/io/files.js';
+import type { SandboxUsage } from '../lab/io/usage.js';
 import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
 import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
@@ -162,6 +163,11 @@ export class RemoteSandbox implements SandboxApi {
   async refresh(): Promise<this> {
     this.v = await this.http.json<View>('GET', this.path());
     return this;
+  }
+
+  /** Its memory, CPU time, processes and disk now, as its daemon reads them. */
+  async usage(): Promise<SandboxUsage> {
+    return this.http.json<SandboxUsage>('GET', this.path('/usage'));
   }
 
   async exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;

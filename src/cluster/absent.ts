@@ -96,6 +96,9 @@ export class AbsentSandbox implements SandboxApi {
   snapshot(): Promise<SnapshotApi> {
     return this.refuse();
   }
+  usage(): Promise<never> {
+    return this.refuse();
+  }
   setLabels(): Promise<void> {
     return this.refuse();
   }

@@ -13,6 +13,7 @@ import type { LabApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { registerControl } from './control.js';
 import { registerEnvd } from './envd.js';
+import { registerMetrics } from './metrics.js';
 import { E2bState, sendError } from './state.js';
 
 export interface E2bFrontOptions {
@@ -53,6 +54,7 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   });
   app.addHook('onClose', async () => state.processes.close());
   registerControl(app, state);
+  registerMetrics(app, state);
   registerEnvd(app, state);
   return app;
 }

@@ -11,6 +11,9 @@ import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { Limits } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { FileInfo } from '../lab/io/files.js';
+import type { SandboxUsage } from '../lab/io/usage.js';
+
+export type { SandboxUsage };
 import type { ExecText, Text } from './output.js';
 import type { TraceSummary } from '../timing/trace.js';
 
@@ -111,6 +114,8 @@ export interface SandboxApi {
    * A daemon keeps the clock: the embedded lab refuses a timeout.
    */
   setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void>;
+  /** its memory, CPU time, processes and disk now, and the CPUs, memory and disk it may use */
+  usage(): Promise<SandboxUsage>;
   /** read its state, reason, labels and lifetime again (another process may have paused, resumed or ended it) */
   refresh(): Promise<this>;
   /** each resolves with the operation's trace where the lab has it here (the embedded one), else undefined */

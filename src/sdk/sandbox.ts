@@ -30,6 +30,7 @@ import { copyBetween, copyIn, copyOut, receiveArchive, sendArchive, type CopyRes
 import { forwardPort, type Forward } from '../lab/io/ports.js';
 import type { PortSpec } from '../lab/io/port-spec.js';
 import { handledElsewhere } from '../cleanup.js';
+import { sandboxUsage, type SandboxUsage } from '../lab/io/usage.js';
 
 /**
  * A running (or paused) isolated machine. Obtain one from `lab.create()`, `lab.restore()` or
@@ -144,6 +145,11 @@ export class Sandbox implements SandboxApi {
   sync(): void {
     const now = this.ctx.store.getSandbox(this.record.id);
     if (now) Object.assign(this.record, { state: now.state, reason: now.reason, pool: now.pool });
+  }
+
+  /** Its memory, CPU time, processes and disk now (from its cgroup and its storage). */
+  async usage(): Promise<SandboxUsage> {
+    return sandboxUsage(this.ctx, this.record);
   }
 
   /** Its state and reason read again (labels and lifetime are read live). */
