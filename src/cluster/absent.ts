@@ -96,6 +96,9 @@ export class AbsentSandbox implements SandboxApi {
   snapshot(): Promise<SnapshotApi> {
     return this.refuse();
   }
+  watch(): Promise<never> {
+    return this.refuse();
+  }
   usage(): Promise<never> {
     return this.refuse();
   }

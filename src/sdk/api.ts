@@ -12,8 +12,9 @@ import type { Limits } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { FileInfo } from '../lab/io/files.js';
 import type { SandboxUsage } from '../lab/io/usage.js';
+import type { WatchEvent, WatchHandle, WatchOptions } from '../lab/io/watch.js';
 
-export type { SandboxUsage };
+export type { SandboxUsage, WatchEvent, WatchHandle, WatchOptions };
 import type { ExecText, Text } from './output.js';
 import type { TraceSummary } from '../timing/trace.js';
 
@@ -114,6 +115,11 @@ export interface SandboxApi {
    * A daemon keeps the clock: the embedded lab refuses a timeout.
    */
   setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void>;
+  /**
+   * Watch a directory of the machine (inotify inside it): `onEvent` is told each change under it,
+   * named relative to it, as it happens. Resolves once the watch holds; `close()` ends it.
+   */
+  watch(path: string, opts: WatchOptions, onEvent: (e: WatchEvent) => void): Promise<WatchHandle>;
   /** its memory, CPU time, processes and disk now, and the CPUs, memory and disk it may use */
   usage(): Promise<SandboxUsage>;
   /** read its state, reason, labels and lifetime again (another process may have paused, resumed or ended it) */
