@@ -272,6 +272,87 @@ describe.each([
     });
   });
 
+  describe('watches', () => {
+    let sbx: latest.Sandbox;
+    beforeAll(async () => {
+      sbx = await Sandbox.create({ timeoutMs: 600_000 });
+    });
+    afterAll(async () => {
+      await sbx?.kill();
+    });
+    const watchers = (): string =>
+      inside(sbx.sandboxId, 'ps -o args')
+        .out.split('\n')
+        .filter((l) => l.includes(' watch '))
+        .join('\n');
+
+    it('files.watchDir: a write, an overwrite, a new directory (recursive), a remove; stop() ends its watcher', async () => {
+      expect(await sbx.files.makeDir('/srv/watched')).toBe(true);
+      const seen: string[] = [];
+      const h = await sbx.files.watchDir('/srv/watched', (e) => void seen.push(`${e.type} ${e.name}`), {
+        recursive: true,
+      });
+      expect(watchers()).toContain('--recursive -- /srv/watched');
+      await sbx.files.write('/srv/watched/a.txt', 'one');
+      await sbx.files.write('/srv/watched/a.txt', 'two');
+      await sbx.commands.run('mkdir -p /srv/watched/later/deeper && echo x > /srv/watched/later/deeper/f.txt');
+      await sbx.files.remove('/srv/watched/a.txt');
+      await until('the remove', () => seen.includes('remove a.txt'));
+      // a new file: create then write; an overwrite: write (as envd tells them)
+      expect(seen.slice(0, 3)).toEqual(['create a.txt', 'write a.txt', 'write a.txt']);
+      expect(seen).toEqual(
+        expect.arrayContaining(['create later', 'create later/deeper', 'create later/deeper/f.txt']),
+      );
+      await h.stop();
+      await until('no watcher left in the sandbox', () => watchers() === '');
+      // a watch of a directory not there is refused
+      await expect(sbx.files.watchDir('/srv/none', () => {})).rejects.toThrow(/not found|No such/i);
+    });
+
+    it.runIf(modern)('the watcher trio: CreateWatcher, GetWatcherEvents, RemoveWatcher', async () => {
+      const connected = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
+        method: 'POST',
+        headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+        body: JSON.stringify({ timeout: 600 }),
+      });
+      const token = ((await connected.json()) as { envdAccessToken: string }).envdAccessToken;
+      const call = async (method: string, body: unknown): Promise<[number, Json]> => {
+        const r = await fetch(`${d.e2bUrl}/filesystem.Filesystem/${method}`, {
+          method: 'POST',
+          headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token, 'content-type': 'application/json' },
+          body: JSON.stringify(body),
+        });
+        return [r.status, await r.json()];
+      };
+      await sbx.files.makeDir('/srv/polled');
+      const [made, { watcherId }] = await call('CreateWatcher', { path: '/srv/polled', recursive: false });
+      expect(made).toBe(200);
+      expect(watcherId).toMatch(/^w/);
+      await sbx.commands.run(
+        'echo a > /srv/polled/p.txt; chmod 600 /srv/polled/p.txt; mv /srv/polled/p.txt /srv/polled/q.txt',
+      );
+      const events: Json[] = [];
+      await until('the rename polled', async () => {
+        const [status, r] = await call('GetWatcherEvents', { watcherId });
+        expect(status).toBe(200);
+        events.push(...r.events);
+        return events.some((e) => e.name === 'q.txt');
+      });
+      expect(events).toEqual([
+        { name: 'p.txt', type: 'EVENT_TYPE_CREATE' },
+        { name: 'p.txt', type: 'EVENT_TYPE_WRITE' },
+        { name: 'p.txt', type: 'EVENT_TYPE_CHMOD' },
+        { name: 'p.txt', type: 'EVENT_TYPE_RENAME' },
+        { name: 'q.txt', type: 'EVENT_TYPE_CREATE' },
+      ]);
+      expect(await call('GetWatcherEvents', { watcherId })).toEqual([200, { events: [] }]);
+      expect(await call('RemoveWatcher', { watcherId })).toEqual([200, {}]);
+      await until('no watcher left in the sandbox', () => watchers() === '');
+      expect((await call('GetWatcherEvents', { watcherId }))[0]).toBe(404);
+      expect((await call('CreateWatcher', { path: '/srv/none' }))[0]).toBe(404);
+    });
+  });
+
   describe('metrics', () => {
     it('getMetrics: the CPUs, memory and disk the sandbox has and uses, sampled when asked', async () => {
       const sbx = await Sandbox.create();

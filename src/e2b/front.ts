@@ -52,7 +52,10 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   app.addHook('onResponse', async (req, reply) => {
     opts.log?.({ method: req.method, url: req.url.split('?')[0], status: reply.statusCode, front: 'e2b' });
   });
-  app.addHook('onClose', async () => state.processes.close());
+  app.addHook('onClose', async () => {
+    state.processes.close();
+    state.watchers.close();
+  });
   registerControl(app, state);
   registerMetrics(app, state);
   registerEnvd(app, state);
