@@ -125,7 +125,8 @@ static void add_dir(const char *rel, int announce)
 	char *path = join(root, rel);
 	int wd = inotify_add_watch(ifd, path, MASK | (*rel ? IN_DONT_FOLLOW : 0));
 	if (wd < 0) {
-		if (!*rel || (errno != ENOENT && errno != ENOTDIR)) /* else it went before its watch held */
+		/* else it went before its watch held, or is not ours to read (its changes are not told) */
+		if (!*rel || (errno != ENOENT && errno != ENOTDIR && errno != EACCES && errno != ELOOP))
 			exit(fail(errno, path));
 		free(path);
 		return;
