@@ -309,6 +309,14 @@ describe.each([
       await expect(sbx.files.watchDir('/srv/none', () => {})).rejects.toThrow(/not found|No such/i);
     });
 
+    it('a kill ends the watches of the sandbox (onExit is called)', async () => {
+      const doomed = await Sandbox.create();
+      let exited = false;
+      await doomed.files.watchDir('/tmp', () => {}, { onExit: () => void (exited = true) });
+      await doomed.kill();
+      await until('the watch ended', () => exited);
+    });
+
     it.runIf(modern)('the watcher trio: CreateWatcher, GetWatcherEvents, RemoveWatcher', async () => {
       const connected = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
         method: 'POST',
@@ -515,6 +523,24 @@ describe("the Python SDK's exchanges, with Python's standard library (test/e2b_p
     expect(s.quiet.end).toMatchObject({ exitCode: 0 });
     expect(inside(s.sandboxID, 'cat /tmp/py-ran; cat /srv/py.txt').out).toBe('py-1\nwritten by python');
     expect(s.upload).toEqual([200, [{ name: 'py.txt', type: 'file', path: '/srv/py.txt' }]]);
+    // a watcher of the directory, made before the upload, saw it
+    expect(s.makeDir).toBe(200);
+    expect(s.createWatcher).toEqual([200, expect.stringMatching(/^w/)]);
+    expect(s.watcherEvents).toEqual([
+      200,
+      {
+        events: [
+          { name: 'py.txt', type: 'EVENT_TYPE_CREATE' },
+          { name: 'py.txt', type: 'EVENT_TYPE_WRITE' },
+        ],
+      },
+    ]);
+    expect(s.removeWatcher).toEqual([200, {}]);
+    expect(s.metrics).toEqual([
+      200,
+      [expect.objectContaining({ cpuCount: expect.any(Number), memUsed: expect.any(Number) })],
+    ]);
+    expect(s.metrics[1][0].memUsed).toBeGreaterThan(0);
     expect(s.download).toEqual([200, 'written by python']);
     expect(s.listDir).toEqual([200, ['py.txt']]);
     expect(s.statMissing).toEqual([404, { code: 'not_found', message: expect.any(String) }]);
