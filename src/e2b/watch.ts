@@ -18,6 +18,9 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
   const pending: WatchEvent[] = [];
   let send = (e: WatchEvent): void => void pending.push(e);
   let handle: WatchHandle;
+  // a client gone while the watch started: its watch is closed once it holds
+  let gone = false;
+  reply.raw.on('close', () => void (gone = true));
   try {
     const box = await state.envdSandbox(req);
     const m = unenvelope(await readBody(req.body)) as { path?: unknown; recursive?: unknown };
@@ -29,24 +32,26 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
     openStream(reply).end(e);
     return undefined;
   }
+  if (gone) {
+    handle.close().catch(noted('close a watch whose client went', 'SANDBOX_NOT_FOUND'));
+    return undefined;
+  }
   const stream = openStream(reply);
   stream.send({ start: {} });
   send = (e) => stream.send({ filesystem: eventOf(e) });
   for (const e of pending) send(e);
   // seconds, as the SDK asks (50); never more often than once a second
   const every = Math.max(1, Number(req.headers['keepalive-ping-interval']) || 0);
-  const timers = [
-    req.headers['keepalive-ping-interval']
-      ? setInterval(() => stream.send({ keepalive: {} }), every * 1000)
-      : undefined,
-    ...[deadlineOf(req.headers['connect-timeout-ms'])].map((ms) =>
-      ms
-        ? setTimeout(() => stream.end(new ConnectError('deadline_exceeded', 'the watch ran past its timeout')), ms)
-        : undefined,
-    ),
-  ];
+  const keepalive = req.headers['keepalive-ping-interval']
+    ? setInterval(() => stream.send({ keepalive: {} }), every * 1000)
+    : undefined;
+  const deadline = deadlineOf(req.headers['connect-timeout-ms']);
+  const expiry = deadline
+    ? setTimeout(() => stream.end(new ConnectError('deadline_exceeded', 'the watch ran past its timeout')), deadline)
+    : undefined;
   const stop = (): void => {
-    for (const t of timers) clearTimeout(t);
+    clearInterval(keepalive);
+    clearTimeout(expiry);
     handle.close().catch(noted('close a watch', 'SANDBOX_NOT_FOUND'));
   };
   stream.onClose(stop);
