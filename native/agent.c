@@ -41,6 +41,7 @@ int relay_main(const char *connect_path, const char *listen_path, pid_t qemu, in
 int boot_main(int argc, char **argv);
 int connect_main(int argc, char **argv);
 int file_main(int argc, char **argv);
+int watch_main(int argc, char **argv);
 int copy_main(int argc, char **argv, void (*usage)(void));
 extern int system_machine;
 
@@ -60,6 +61,7 @@ static void usage(void)
 		"       snaplab-agent file ls PATH\n"
 		"       snaplab-agent file mkdir [--parents] [--mode OCTAL] PATH\n"
 		"       snaplab-agent file rm [--recursive] [--force] PATH\n"
+		"       snaplab-agent watch [--recursive] PATH\n"
 		"       snaplab-agent --version\n");
 }
 
@@ -111,6 +113,8 @@ int main(int argc, char **argv)
 		return connect_main(argc, argv);
 	if (strcmp(argv[1], "file") == 0)
 		return file_main(argc, argv);
+	if (strcmp(argv[1], "watch") == 0)
+		return watch_main(argc, argv);
 	if (!strcmp(argv[1], "tar") || !strcmp(argv[1], "untar") || !strcmp(argv[1], "cp"))
 		return copy_main(argc, argv, usage);
 	if (strcmp(argv[1], "relay") == 0) {

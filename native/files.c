@@ -6,7 +6,7 @@
  *   cat PATH, write [--mode OCTAL] [--parents] [--append] [--size N] PATH, stat [-L] PATH, ls PATH,
  *   mkdir [--parents] [--mode OCTAL] PATH, rm [--recursive] [--force] PATH   (`--` ends the flags)
  *
- * write puts stdin in a temp file beside PATH (.NAME.snaplab-XXXXXX) renamed over it, so a reader
+ * write puts stdin in a temp file beside PATH (.NAME.snaplab-XXXXXX, + for - when PATH is new) renamed over it, so a reader
  * never sees half a file (a symlink at PATH is replaced, not written through). stat and ls print
  * one JSON object a line: {"name","path","type","size","mode":"0644","uid","gid","mtime":"...Z"
  * [,"target"]}, names as raw bytes with '"', '\' and control characters escaped. rm -r never
@@ -286,10 +286,13 @@ static int cmd_write(const char *path, int set, mode_t mode)
 		if (close(fd) < 0)
 			return fail(errno, path);
 	} else {
-		/* the temp name keeps a long NAME short enough to fit NAME_MAX */
+		/* the temp name keeps a long NAME short enough to fit NAME_MAX; its '-' says PATH is there
+		 * (replaced), '+' that it is new: what a watcher (watch.c) tells of the rename */
 		const char *base = slash ? slash + 1 : path;
 		char *tmp;
-		if (asprintf(&tmp, "%.*s.%.200s.snaplab-XXXXXX", (int)(base - path), path, base) < 0)
+		struct stat was;
+		char sign = lstat(path, &was) == 0 ? '-' : '+';
+		if (asprintf(&tmp, "%.*s.%.200s.snaplab%cXXXXXX", (int)(base - path), path, base, sign) < 0)
 			return fail(errno, path);
 		struct sigaction sa = { .sa_handler = drop_temp };
 		sigemptyset(&sa.sa_mask);

@@ -6,6 +6,12 @@ import { PassThrough } from 'node:stream';
 import { expect, it } from 'vitest';
 import type { LabApi } from '../src/sdk/api.js';
 
+/** Wait (at most 10 s) until check() holds. */
+async function until(check: () => boolean): Promise<void> {
+  for (const end = Date.now() + 10_000; !check(); await new Promise((r) => setTimeout(r, 50)))
+    if (Date.now() > end) throw new Error('timed out waiting');
+}
+
 export function contractSuite(kind: string, lab: () => LabApi): void {
   it('creates with labels, finds by them, gets by name, destroys', async () => {
     const before = Date.now();
@@ -94,6 +100,68 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
         code: 'FILE_ERROR',
         message: expect.stringMatching(/ENOTEMPTY/),
       });
+    } finally {
+      await box.destroy();
+    }
+  });
+
+  it("usage: a sandbox's memory, CPU time, processes and disk, and what it may use", async () => {
+    const box = await lab().create({ name: `u-${kind}`, limits: { memoryBytes: 256 << 20, cpus: 1.5 } });
+    try {
+      await box.exec(['sh', '-c', 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done']);
+      const u = await box.usage();
+      expect(u.at).toBeGreaterThan(Date.now() - 10_000);
+      expect(u.memoryBytes).toBeGreaterThan(0);
+      expect(u.memoryTotalBytes).toBe(256 << 20);
+      expect(u.cpus).toBe(2);
+      expect(u.cpuUsec).toBeGreaterThan(0);
+      expect(u.pids).toBeGreaterThanOrEqual(1);
+      expect(u.diskTotalBytes).toBeGreaterThan(0);
+      await box.files.write('/data/big.bin', Buffer.alloc(8 << 20, 1));
+      const after = await box.usage();
+      expect(after.diskUsedBytes! - (u.diskUsedBytes ?? 0)).toBeGreaterThanOrEqual(4 << 20);
+      expect(after.cpuUsec).toBeGreaterThanOrEqual(u.cpuUsec);
+    } finally {
+      await box.destroy();
+    }
+  });
+
+  it('watch: changes under a directory as they happen, recursive into new ones; close leaves no watcher', async () => {
+    const box = await lab().create({ name: `w-${kind}` });
+    try {
+      await box.files.mkdir('/w/old', { parents: true });
+      const seen: string[] = [];
+      const w = await box.watch('/w', { recursive: true }, (e) => void seen.push(`${e.type} ${e.name}`));
+      await box.files.write('/w/a.txt', 'one');
+      await box.files.write('/w/a.txt', 'two');
+      await box.exec(['sh', '-c', 'mkdir -p /w/new/deep && echo x > /w/new/deep/f && chmod 600 /w/a.txt']);
+      await box.exec(['sh', '-c', 'echo y > /w/old/g; mv /w/a.txt /w/b.txt; rm /w/b.txt']);
+      await until(() => seen.includes('remove b.txt'));
+      // a directory made with its contents at once is seen whole (what it held when its watch began is told as made)
+      const made = seen.filter((x) => x.includes(' new'));
+      expect(new Set(made)).toEqual(
+        new Set([
+          'create new',
+          'create new/deep',
+          'create new/deep/f',
+          ...made.filter((x) => x === 'write new/deep/f'),
+        ]),
+      );
+      expect(seen.filter((x) => !x.includes(' new'))).toEqual([
+        'create a.txt',
+        'write a.txt',
+        'write a.txt',
+        'chmod a.txt',
+        'create old/g',
+        'write old/g',
+        'rename a.txt',
+        'create b.txt',
+        'remove b.txt',
+      ]);
+      await w.close();
+      await w.done;
+      expect((await box.exec(['ps'])).stdout).not.toContain('watch');
+      await expect(box.watch('/nope', {}, () => {})).rejects.toMatchObject({ code: 'FILE_NOT_FOUND' });
     } finally {
       await box.destroy();
     }

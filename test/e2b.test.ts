@@ -272,6 +272,133 @@ describe.each([
     });
   });
 
+  describe('watches', () => {
+    let sbx: latest.Sandbox;
+    beforeAll(async () => {
+      sbx = await Sandbox.create({ timeoutMs: 600_000 });
+    });
+    afterAll(async () => {
+      await sbx?.kill();
+    });
+    const watchers = (): string =>
+      inside(sbx.sandboxId, 'ps -o args')
+        .out.split('\n')
+        .filter((l) => l.includes(' watch '))
+        .join('\n');
+
+    it('files.watchDir: a write, an overwrite, a new directory (recursive), a remove; stop() ends its watcher', async () => {
+      expect(await sbx.files.makeDir('/srv/watched')).toBe(true);
+      const seen: string[] = [];
+      const h = await sbx.files.watchDir('/srv/watched', (e) => void seen.push(`${e.type} ${e.name}`), {
+        recursive: true,
+      });
+      expect(watchers()).toContain('--recursive -- /srv/watched');
+      await sbx.files.write('/srv/watched/a.txt', 'one');
+      await sbx.files.write('/srv/watched/a.txt', 'two');
+      await sbx.commands.run('mkdir -p /srv/watched/later/deeper && echo x > /srv/watched/later/deeper/f.txt');
+      await sbx.files.remove('/srv/watched/a.txt');
+      await until('the remove', () => seen.includes('remove a.txt'));
+      // a new file: create then write; an overwrite: write (as envd tells them)
+      expect(seen.slice(0, 3)).toEqual(['create a.txt', 'write a.txt', 'write a.txt']);
+      expect(seen).toEqual(
+        expect.arrayContaining(['create later', 'create later/deeper', 'create later/deeper/f.txt']),
+      );
+      await h.stop();
+      await until('no watcher left in the sandbox', () => watchers() === '');
+      // a watch of a directory not there is refused
+      await expect(sbx.files.watchDir('/srv/none', () => {})).rejects.toThrow(/not found|No such/i);
+    });
+
+    it('a kill ends the watches of the sandbox (onExit is called)', async () => {
+      const doomed = await Sandbox.create();
+      let exited = false;
+      await doomed.files.watchDir('/tmp', () => {}, { onExit: () => void (exited = true) });
+      await doomed.kill();
+      await until('the watch ended', () => exited);
+    });
+
+    it.runIf(modern)('the watcher trio: CreateWatcher, GetWatcherEvents, RemoveWatcher', async () => {
+      const connected = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
+        method: 'POST',
+        headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+        body: JSON.stringify({ timeout: 600 }),
+      });
+      const token = ((await connected.json()) as { envdAccessToken: string }).envdAccessToken;
+      const call = async (method: string, body: unknown): Promise<[number, Json]> => {
+        const r = await fetch(`${d.e2bUrl}/filesystem.Filesystem/${method}`, {
+          method: 'POST',
+          headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token, 'content-type': 'application/json' },
+          body: JSON.stringify(body),
+        });
+        return [r.status, await r.json()];
+      };
+      await sbx.files.makeDir('/srv/polled');
+      const [made, { watcherId }] = await call('CreateWatcher', { path: '/srv/polled', recursive: false });
+      expect(made).toBe(200);
+      expect(watcherId).toMatch(/^w/);
+      await sbx.commands.run(
+        'echo a > /srv/polled/p.txt; chmod 600 /srv/polled/p.txt; mv /srv/polled/p.txt /srv/polled/q.txt',
+      );
+      const events: Json[] = [];
+      await until('the rename polled', async () => {
+        const [status, r] = await call('GetWatcherEvents', { watcherId });
+        expect(status).toBe(200);
+        events.push(...r.events);
+        return events.some((e) => e.name === 'q.txt');
+      });
+      expect(events).toEqual([
+        { name: 'p.txt', type: 'EVENT_TYPE_CREATE' },
+        { name: 'p.txt', type: 'EVENT_TYPE_WRITE' },
+        { name: 'p.txt', type: 'EVENT_TYPE_CHMOD' },
+        { name: 'p.txt', type: 'EVENT_TYPE_RENAME' },
+        { name: 'q.txt', type: 'EVENT_TYPE_CREATE' },
+      ]);
+      expect(await call('GetWatcherEvents', { watcherId })).toEqual([200, { events: [] }]);
+      expect(await call('RemoveWatcher', { watcherId })).toEqual([200, {}]);
+      await until('no watcher left in the sandbox', () => watchers() === '');
+      expect((await call('GetWatcherEvents', { watcherId }))[0]).toBe(404);
+      expect((await call('CreateWatcher', { path: '/srv/none' }))[0]).toBe(404);
+    });
+  });
+
+  describe('metrics', () => {
+    it('getMetrics: the CPUs, memory and disk the sandbox has and uses, sampled when asked', async () => {
+      const sbx = await Sandbox.create();
+      try {
+        const nproc = Number(inside(sbx.sandboxId, 'nproc').out.trim());
+        const [first] = await sbx.getMetrics();
+        expect(first!.cpuCount).toBe(nproc);
+        expect(first!.memUsed).toBeGreaterThan(0);
+        expect(first!.memTotal).toBeGreaterThan(first!.memUsed);
+        expect(first!.diskUsed).toBeGreaterThan(0);
+        expect(first!.diskTotal).toBeGreaterThan(first!.diskUsed);
+        expect(Math.abs(first!.timestamp.getTime() - Date.now())).toBeLessThan(10_000);
+        // 48 MiB held by a shell's variable (the shell waits: the last command would replace it)
+        const h = await sbx.commands.run('x=$(head -c 50331648 /dev/zero | tr "\\0" a); sleep 600; echo "$x" | wc -c', {
+          background: true,
+        });
+        const held = await until('the memory held to show', async () => {
+          const [m] = await Sandbox.getMetrics(sbx.sandboxId);
+          return m!.memUsed - first!.memUsed > 40 << 20 && m;
+        });
+        expect(held.memUsed).toBeLessThan(held.memTotal);
+        // a busy loop between two samples shows as CPU used
+        await sbx.commands.run('i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done');
+        const [busy] = await sbx.getMetrics();
+        expect(busy!.cpuUsedPct).toBeGreaterThan(1);
+        expect(busy!.cpuUsedPct).toBeLessThanOrEqual(100);
+        // a range that ended before now holds no sample (2.14 sends no range)
+        if (modern) expect(await sbx.getMetrics({ end: new Date(Date.now() - 3_600_000) })).toEqual([]);
+        await h.kill();
+      } finally {
+        await sbx.kill();
+      }
+      // (2.14 reads a 404 here as a plain SandboxError)
+      const gone = expect(Sandbox.getMetrics(sbx.sandboxId)).rejects;
+      await (modern ? gone.toBeInstanceOf(SandboxNotFoundError) : gone.toThrow(/^404: /));
+    });
+  });
+
   describe('pause and connect', () => {
     it('pause stops envd traffic; connect resumes the sandbox with its commands', async () => {
       const sbx = await Sandbox.create();
@@ -396,6 +523,24 @@ describe("the Python SDK's exchanges, with Python's standard library (test/e2b_p
     expect(s.quiet.end).toMatchObject({ exitCode: 0 });
     expect(inside(s.sandboxID, 'cat /tmp/py-ran; cat /srv/py.txt').out).toBe('py-1\nwritten by python');
     expect(s.upload).toEqual([200, [{ name: 'py.txt', type: 'file', path: '/srv/py.txt' }]]);
+    // a watcher of the directory, made before the upload, saw it
+    expect(s.makeDir).toBe(200);
+    expect(s.createWatcher).toEqual([200, expect.stringMatching(/^w/)]);
+    expect(s.watcherEvents).toEqual([
+      200,
+      {
+        events: [
+          { name: 'py.txt', type: 'EVENT_TYPE_CREATE' },
+          { name: 'py.txt', type: 'EVENT_TYPE_WRITE' },
+        ],
+      },
+    ]);
+    expect(s.removeWatcher).toEqual([200, {}]);
+    expect(s.metrics).toEqual([
+      200,
+      [expect.objectContaining({ cpuCount: expect.any(Number), memUsed: expect.any(Number) })],
+    ]);
+    expect(s.metrics[1][0].memUsed).toBeGreaterThan(0);
     expect(s.download).toEqual([200, 'written by python']);
     expect(s.listDir).toEqual([200, ['py.txt']]);
     expect(s.statMissing).toEqual([404, { code: 'not_found', message: expect.any(String) }]);

@@ -2,7 +2,9 @@
 library (the SDK itself cannot be installed on the build host: no PyPI). Read from its sources
 (e2b-dev/E2B packages/python-sdk): POST /sandboxes with the body of sandbox_sync/sandbox_api.py,
 envd's process service over Connect with the JSON codec of envd/client_shared.py, and /files as
-sandbox_sync/filesystem/filesystem.py uploads (multipart, one part named "file", `?path=`).
+sandbox_sync/filesystem/filesystem.py uploads (multipart, one part named "file", `?path=`) and
+watches (sandbox_sync/filesystem/watch_handle.py: CreateWatcher, then GetWatcherEvents polled,
+RemoveWatcher to stop), and get_metrics (GET /sandboxes/{id}/metrics).
 
   python3 e2b_protocol.py run URL KEY      -> prints a JSON summary of what it saw
   python3 e2b_protocol.py kill URL KEY ID TOKEN
@@ -12,6 +14,7 @@ import base64
 import json
 import struct
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -93,12 +96,29 @@ def run(url, key):
     summary = {"create": status, "sandboxID": sid, "token": token, "envdVersion": created["envdVersion"]}
     summary["run"] = start(url, sid, token, "echo py-$PY > /tmp/py-ran; cat /tmp/py-ran; echo e >&2; exit 7")
     summary["quiet"] = start(url, sid, token, "sleep 2.5", keepalive="1")
+    unary = envd_headers(sid, token, {"Content-Type": "application/json", "Connect-Protocol-Version": "1"})
+    fs = f"{url}/filesystem.Filesystem"
+    status, _, _ = call("POST", f"{fs}/MakeDir", json.dumps({"path": "/srv"}).encode(), unary)
+    summary["makeDir"] = status
+    status, _, raw = call("POST", f"{fs}/CreateWatcher", json.dumps({"path": "/srv", "recursive": True}).encode(), unary)
+    watcher = json.loads(raw).get("watcherId")
+    summary["createWatcher"] = [status, watcher]
     body, ctype = multipart("/srv/py.txt", b"written by python")
     status, _, raw = call("POST", f"{url}/files?path=/srv/py.txt", body, envd_headers(sid, token, {"Content-Type": ctype}))
     summary["upload"] = [status, json.loads(raw)]
     status, _, raw = call("GET", f"{url}/files?path=/srv/py.txt", None, envd_headers(sid, token))
     summary["download"] = [status, raw.decode()]
-    unary = envd_headers(sid, token, {"Content-Type": "application/json", "Connect-Protocol-Version": "1"})
+    # polled, as the SDK's get_new_events is: the events come as they happen
+    events, status, deadline = [], 0, time.monotonic() + 10
+    while len(events) < 2 and time.monotonic() < deadline:
+        status, _, raw = call("POST", f"{fs}/GetWatcherEvents", json.dumps({"watcherId": watcher}).encode(), unary)
+        events += json.loads(raw).get("events", []) if status == 200 else []
+        time.sleep(0.05)
+    summary["watcherEvents"] = [status, {"events": events}]
+    status, _, raw = call("POST", f"{fs}/RemoveWatcher", json.dumps({"watcherId": watcher}).encode(), unary)
+    summary["removeWatcher"] = [status, json.loads(raw)]
+    status, _, raw = call("GET", f"{url}/sandboxes/{sid}/metrics", None, api)
+    summary["metrics"] = [status, json.loads(raw)]
     status, _, raw = call("POST", f"{url}/filesystem.Filesystem/ListDir", json.dumps({"path": "/srv", "depth": 1}).encode(), unary)
     summary["listDir"] = [status, sorted(e["name"] for e in json.loads(raw)["entries"])]
     status, _, raw = call("POST", f"{url}/filesystem.Filesystem/Stat", json.dumps({"path": "/nope"}).encode(), unary)

@@ -9,6 +9,8 @@ import type WebSocket from 'ws';
 import { SnaplabError, type ErrorCode } from '../errors.js';
 import type { CopyResult } from '../lab/io/copy.js';
 import type { FileInfo } from '../lab/io/files.js';
+import type { SandboxUsage } from '../lab/io/usage.js';
+import { watchWith, type WatchEvent, type WatchHandle, type WatchOptions } from '../lab/io/watch.js';
 import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
 import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
@@ -165,6 +167,16 @@ export class RemoteSandbox implements SandboxApi {
   async refresh(): Promise<this> {
     this.v = await this.http.json<View>('GET', this.path());
     return this;
+  }
+
+  /** Watch a directory of the machine: the watcher runs in it as a command of this connection's own (a WebSocket). */
+  async watch(path: string, opts: WatchOptions, onEvent: (e: WatchEvent) => void): Promise<WatchHandle> {
+    return watchWith((argv, o) => this.spawn(argv, o), path, opts, onEvent);
+  }
+
+  /** Its memory, CPU time, processes and disk now, as its daemon reads them. */
+  async usage(): Promise<SandboxUsage> {
+    return this.http.json<SandboxUsage>('GET', this.path('/usage'));
   }
 
   async exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;

@@ -97,6 +97,12 @@ export class AbsentSandbox implements SandboxApi {
   snapshot(): Promise<SnapshotApi> {
     return this.refuse();
   }
+  watch(): Promise<never> {
+    return this.refuse();
+  }
+  usage(): Promise<never> {
+    return this.refuse();
+  }
   setLabels(): Promise<void> {
     return this.refuse();
   }

@@ -20,6 +20,7 @@ import { fromMetadata } from './listing.js';
 import type { Proc, ProcessConfig, ProcessEvent } from './processes.js';
 import { EnvdUnavailable, sendError, type E2bState } from './state.js';
 import { registerFiles, userOf } from './files.js';
+import { registerWatches } from './watch.js';
 
 interface StartRequest {
   process?: { cmd?: unknown; args?: unknown; envs?: unknown; cwd?: unknown };
@@ -220,4 +221,5 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
     }),
   );
   registerFiles(app, state, unary);
+  registerWatches(app, state, unary);
 }

@@ -34,7 +34,7 @@ export function userOf(req: FastifyRequest): string | undefined {
 }
 
 /** A path as envd takes it: relative ones are under the user's home. */
-function absolute(path: unknown, user: string | undefined): string {
+export function absolute(path: unknown, user: string | undefined): string {
   if (typeof path !== 'string' || !path) throw new SnaplabError('BAD_INPUT', 'no path given', 'give ?path=/FILE');
   if (path.startsWith('/')) return posix.normalize(path);
   const home = !user || user === 'root' ? '/root' : `/home/${user}`;

@@ -13,6 +13,7 @@ import type { LabApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { registerControl } from './control.js';
 import { registerEnvd } from './envd.js';
+import { registerMetrics } from './metrics.js';
 import { E2bState, sendError } from './state.js';
 
 export interface E2bFrontOptions {
@@ -51,8 +52,12 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   app.addHook('onResponse', async (req, reply) => {
     opts.log?.({ method: req.method, url: req.url.split('?')[0], status: reply.statusCode, front: 'e2b' });
   });
-  app.addHook('onClose', async () => state.processes.close());
+  app.addHook('onClose', async () => {
+    state.processes.close();
+    state.watchers.close();
+  });
   registerControl(app, state);
+  registerMetrics(app, state);
   registerEnvd(app, state);
   return app;
 }

@@ -9,6 +9,8 @@ import type { LabApi, SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { statusOf } from '../server/http-errors.js';
 import { Processes } from './processes.js';
+import { MetricsFront } from './metrics.js';
+import { Watchers } from './watchers.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
 export const ENVD_VERSION = '0.5.7';
@@ -22,6 +24,8 @@ interface Session {
 /** The state the routes share. */
 export class E2bState {
   readonly processes = new Processes();
+  readonly metrics = new MetricsFront();
+  readonly watchers = new Watchers();
   private readonly sessions = new Map<string, Session>();
   private readonly labs = new Map<string, Promise<LabApi>>();
 
@@ -67,6 +71,8 @@ export class E2bState {
   forget(id: string): void {
     this.sessions.delete(id);
     this.processes.forget(id);
+    this.metrics.forget(id);
+    this.watchers.forget(id);
   }
 
   /**

@@ -11,6 +11,10 @@ import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { Limits } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { FileInfo } from '../lab/io/files.js';
+import type { SandboxUsage } from '../lab/io/usage.js';
+import type { WatchEvent, WatchHandle, WatchOptions } from '../lab/io/watch.js';
+
+export type { SandboxUsage, WatchEvent, WatchHandle, WatchOptions };
 import type { ExecText, Text } from './output.js';
 import type { TraceSummary } from '../timing/trace.js';
 
@@ -117,6 +121,13 @@ export interface SandboxApi {
   setEgress(lists: EgressRequest): Promise<void>;
   /** its egress with its counters; EGRESS_OFF when it has none */
   egressUsage(): Promise<EgressUsage>;
+  /**
+   * Watch a directory of the machine (inotify inside it): `onEvent` is told each change under it,
+   * named relative to it, as it happens. Resolves once the watch holds; `close()` ends it.
+   */
+  watch(path: string, opts: WatchOptions, onEvent: (e: WatchEvent) => void): Promise<WatchHandle>;
+  /** its memory, CPU time, processes and disk now, and the CPUs, memory and disk it may use */
+  usage(): Promise<SandboxUsage>;
   /** read its state, reason, labels and lifetime again (another process may have paused, resumed or ended it) */
   refresh(): Promise<this>;
   /** each resolves with the operation's trace where the lab has it here (the embedded one), else undefined */

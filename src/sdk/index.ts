@@ -8,6 +8,8 @@ export type { RunSpec, RunOutcome, PutFile } from '../lab/pools/run.js';
 export type { ExecOptions, ExecProcess, ExecResult } from '../lab/io/sandbox-ops.js';
 export type { CopyResult } from '../lab/io/copy.js';
 export type { FileInfo } from '../lab/io/files.js';
+export type { SandboxUsage } from '../lab/io/usage.js';
+export type { WatchEvent, WatchHandle, WatchOptions } from '../lab/io/watch.js';
 export type { SandboxFiles } from './sandbox.js';
 export type { Limits, SandboxRecord, SnapshotRecord, ImageRecord } from '../store/records.js';
 export type { TraceSummary, Phase } from '../timing/trace.js';

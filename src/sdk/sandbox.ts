@@ -40,6 +40,8 @@ import { copyBetween, copyIn, copyOut, receiveArchive, sendArchive, type CopyRes
 import { forwardPort, type Forward } from '../lab/io/ports.js';
 import type { PortSpec } from '../lab/io/port-spec.js';
 import { handledElsewhere } from '../cleanup.js';
+import { sandboxUsage, type SandboxUsage } from '../lab/io/usage.js';
+import { watchWith, type WatchEvent, type WatchHandle, type WatchOptions } from '../lab/io/watch.js';
 
 /**
  * A running (or paused) isolated machine. Obtain one from `lab.create()`, `lab.restore()` or
@@ -169,6 +171,16 @@ export class Sandbox implements SandboxApi {
   sync(): void {
     const now = this.ctx.store.getSandbox(this.record.id);
     if (now) Object.assign(this.record, { state: now.state, reason: now.reason, pool: now.pool });
+  }
+
+  /** Watch a directory of the machine (inotify inside it, on a connection of its own); `close()` ends it. */
+  async watch(path: string, opts: WatchOptions, onEvent: (e: WatchEvent) => void): Promise<WatchHandle> {
+    return watchWith((argv, o) => this.spawn(argv, o), path, opts, onEvent);
+  }
+
+  /** Its memory, CPU time, processes and disk now (from its cgroup and its storage). */
+  async usage(): Promise<SandboxUsage> {
+    return sandboxUsage(this.ctx, this.record);
   }
 
   /** Its state and reason read again (labels and lifetime are read live). */

@@ -21,7 +21,26 @@ const tags = ['sandboxes'];
 
 export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
   controlRoutes(app, d);
+  usageRoute(app, d);
   execAndSnapshotRoutes(app, d);
+}
+
+/** One sandbox's use now (the Lab API's `sandbox.usage()`). */
+function usageRoute(app: FastifyInstance, d: Daemon): void {
+  app.get(
+    '/sandboxes/:id/usage',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags,
+        summary:
+          'Its memory, CPU time and processes (from its cgroup) and disk (from its storage) now, with the CPUs, memory and disk it may use',
+        params: IdParams,
+        response: { 200: Type.Object({}, { additionalProperties: true }), ...errors },
+      },
+    },
+    async (req) => (await d.sandbox((req.params as { id: string }).id, req.caller)).usage(),
+  );
 }
 
 /** Pause, resume, timeout, labels. */

@@ -28,7 +28,7 @@ export interface FileInfo {
 }
 
 /** The agent's error line as an error: ENOENT is FILE_NOT_FOUND, the rest FILE_ERROR with the errno name. */
-function fileError(stderr: string, code: number, what: string): SnaplabError {
+export function fileError(stderr: string, code: number, what: string): SnaplabError {
   if (stderr.startsWith('usage: snaplab-agent')) {
     return new SnaplabError(
       'AGENT_PROTOCOL',

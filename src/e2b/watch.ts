@@ -1,0 +1,91 @@
+/**
+ * envd's watches (spec/envd/filesystem/filesystem.proto) on the Lab API's `sandbox.watch` (inotify
+ * inside the machine): WatchDir streams a directory's events as they happen (a start event once
+ * the watch holds, keepalives, each change), ended by the client, its deadline, or the sandbox's
+ * end; CreateWatcher, GetWatcherEvents and RemoveWatcher keep a watch here whose events are
+ * collected until asked for.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { SandboxApi, WatchEvent, WatchHandle } from '../sdk/api.js';
+import { noted } from '../cleanup.js';
+import { ConnectError, deadlineOf, openStream, readBody, unenvelope } from './connect.js';
+import { absolute, userOf } from './files.js';
+import { EnvdUnavailable, sendError, type E2bState } from './state.js';
+import { eventOf } from './watchers.js';
+
+/** WatchDir: the watch first (a path not there ends the stream with not_found before a start), then its events. */
+async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
+  const pending: WatchEvent[] = [];
+  let send = (e: WatchEvent): void => void pending.push(e);
+  let handle: WatchHandle;
+  // a client gone while the watch started: its watch is closed once it holds
+  let gone = false;
+  reply.raw.on('close', () => void (gone = true));
+  try {
+    const box = await state.envdSandbox(req);
+    const m = unenvelope(await readBody(req.body)) as { path?: unknown; recursive?: unknown };
+    const user = userOf(req);
+    handle = await box.watch(absolute(m.path, user), { recursive: m.recursive === true, user }, (e) => send(e));
+  } catch (e) {
+    // a stream's error is its end-of-stream message (Connect reads an HTTP status as the transport's)
+    if (e instanceof EnvdUnavailable) return sendError(reply, e);
+    openStream(reply).end(e);
+    return undefined;
+  }
+  if (gone) {
+    handle.close().catch(noted('close a watch whose client went', 'SANDBOX_NOT_FOUND'));
+    return undefined;
+  }
+  const stream = openStream(reply);
+  stream.send({ start: {} });
+  send = (e) => stream.send({ filesystem: eventOf(e) });
+  for (const e of pending) send(e);
+  // seconds, as the SDK asks (50); never more often than once a second
+  const every = Math.max(1, Number(req.headers['keepalive-ping-interval']) || 0);
+  const keepalive = req.headers['keepalive-ping-interval']
+    ? setInterval(() => stream.send({ keepalive: {} }), every * 1000)
+    : undefined;
+  const deadline = deadlineOf(req.headers['connect-timeout-ms']);
+  const expiry = deadline
+    ? setTimeout(() => stream.end(new ConnectError('deadline_exceeded', 'the watch ran past its timeout')), deadline)
+    : undefined;
+  const stop = (): void => {
+    clearInterval(keepalive);
+    clearTimeout(expiry);
+    handle.close().catch(noted('close a watch', 'SANDBOX_NOT_FOUND'));
+  };
+  stream.onClose(stop);
+  handle.done.then(
+    () => stream.end(),
+    (e: unknown) => stream.end(e),
+  );
+  return undefined;
+}
+
+type Unary = (
+  state: E2bState,
+  fn: (box: SandboxApi, m: Record<string, unknown>, req: FastifyRequest) => Promise<unknown>,
+) => (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply>;
+
+export function registerWatches(app: FastifyInstance, state: E2bState, unary: Unary): void {
+  const F = '/filesystem.Filesystem';
+  app.post(`${F}/WatchDir`, (req, reply) => watchDir(state, req, reply));
+  app.post(
+    `${F}/CreateWatcher`,
+    unary(state, async (box, m, req) => {
+      const user = userOf(req);
+      return { watcherId: await state.watchers.create(box, absolute(m.path, user), m.recursive === true, user) };
+    }),
+  );
+  app.post(
+    `${F}/GetWatcherEvents`,
+    unary(state, async (box, m) => ({ events: state.watchers.take(box, m.watcherId) })),
+  );
+  app.post(
+    `${F}/RemoveWatcher`,
+    unary(state, async (box, m) => {
+      await state.watchers.remove(box, m.watcherId);
+      return {};
+    }),
+  );
+}
