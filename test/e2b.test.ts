@@ -31,7 +31,12 @@ function listed(): { id: string; owner: string | null }[] {
   return JSON.parse(cli(home, ['ls', '--json']).out) as { id: string; owner: string | null }[];
 }
 
+/** The uplink of the sandboxes' egress (on by default under E2B): a namespace of the test's, never the host's network. */
+const UPLINK = `sltest-e2b-${process.pid}`;
+
 beforeAll(async () => {
+  spawnSync('ip', ['netns', 'add', UPLINK]);
+  process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2b-'));
   key = cli(home, ['key', 'create', 'agent', '--e2b']).out;
   other = cli(home, ['key', 'create', 'stranger', '--e2b']).out.trim();
@@ -50,9 +55,10 @@ type Sdk = typeof latest;
 type Json = any;
 
 afterAll(async () => {
-  process.env = saved;
   await d?.stop();
   if (home) removeHome(home);
+  process.env = saved;
+  spawnSync('ip', ['netns', 'del', UPLINK]);
 });
 
 describe.each([
@@ -358,6 +364,39 @@ describe.each([
       await until('no watcher left in the sandbox', () => watchers() === '');
       expect((await call('GetWatcherEvents', { watcherId }))[0]).toBe(404);
       expect((await call('CreateWatcher', { path: '/srv/none' }))[0]).toBe(404);
+    });
+  });
+
+  describe('network', () => {
+    /** `snaplab egress ID --json`: the sandbox's egress as snaplab keeps it, or its error code. */
+    const egressOf = (id: string): { code?: string; allow?: string[]; deny?: string[] } => {
+      const r = cli(home, ['egress', id, '--json']);
+      return r.code === 0 ? JSON.parse(r.out) : { code: /EGRESS_OFF/.exec(r.err)?.[0] ?? r.err };
+    };
+
+    it('internet access by default, none when refused; allowOut over a denyOut of all traffic is an allow list', async () => {
+      const open = await Sandbox.create();
+      const closed = await Sandbox.create({ allowInternetAccess: false });
+      const some = await Sandbox.create({
+        network: { denyOut: [sdk.ALL_TRAFFIC ?? '0.0.0.0/0'], allowOut: ['203.0.113.7', '198.51.100.0/24'] },
+      });
+      try {
+        expect(egressOf(open.sandboxId)).toMatchObject({ allow: [], deny: [] });
+        expect(egressOf(closed.sandboxId)).toEqual({ code: 'EGRESS_OFF' });
+        expect(egressOf(some.sandboxId)).toMatchObject({ allow: ['203.0.113.7', '198.51.100.0/24'], deny: [] });
+        if (modern) {
+          const info = await some.getInfo();
+          expect(info.network?.allowOut).toEqual(['203.0.113.7', '198.51.100.0/24']);
+          expect((await closed.getInfo()).allowInternetAccess).toBe(false);
+          // an update replaces the rules (E2B: an allowed entry wins over a denied one)
+          await open.updateNetwork({ denyOut: ['198.51.100.0/30'], allowOut: ['198.51.100.1'] });
+          expect(egressOf(open.sandboxId)).toMatchObject({ allow: [], deny: ['198.51.100.2/31', '198.51.100.0'] });
+        }
+      } finally {
+        await Promise.all([open.kill(), closed.kill(), some.kill()]);
+      }
+      // a pool template's standbys have no egress yet: asked for, it is refused, not ignored
+      await expect(Sandbox.create('warm', { network: { allowOut: ['203.0.113.7'] } })).rejects.toThrow(/pool/);
     });
   });
 

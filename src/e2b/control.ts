@@ -9,6 +9,7 @@ import type { LabCreateOptions, SandboxApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { ENVD_VERSION, type E2bState } from './state.js';
 import { fromMetadata, listSandboxes, RESERVED } from './listing.js';
+import { e2bNetwork, egressFor } from './network.js';
 
 /** E2B's default template, made here from snaplab's default image. */
 export const BASE_TEMPLATE = 'base';
@@ -19,6 +20,8 @@ interface NewSandbox {
   metadata?: unknown;
   envVars?: unknown;
   autoPause?: unknown;
+  allow_internet_access?: unknown;
+  network?: unknown;
 }
 
 export function jsonBody(req: FastifyRequest): Record<string, unknown> {
@@ -59,8 +62,12 @@ export function createOptions(body: NewSandbox): LabCreateOptions {
       throw new SnaplabError('BAD_INPUT', `metadata keys starting with ${RESERVED} are the front's`, 'rename it');
   const kept: Record<string, string> = { ...metadata, [`${RESERVED}template`]: template };
   if (Object.keys(envs).length) kept[`${RESERVED}envs`] = JSON.stringify(envs);
+  const network = e2bNetwork(body);
+  kept[`${RESERVED}network`] = JSON.stringify(network);
+  const egress = egressFor(network);
   return {
     ...(template === BASE_TEMPLATE ? {} : { image: template }),
+    ...(egress ? { egress } : {}),
     metadata: kept,
     timeoutS: seconds(body.timeout),
     onTimeout: body.autoPause === true ? 'pause' : 'kill',
@@ -86,11 +93,22 @@ const keyOf = (req: FastifyRequest): string => String(req.headers['x-api-key']);
 
 async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   const lab = await state.lab(req);
-  const opts = createOptions(jsonBody(req) as NewSandbox);
+  const body = jsonBody(req) as NewSandbox;
+  const opts = createOptions(body);
   // a template that names a pool is a take of one of its ready standbys (the fast path)
   if (opts.image && (await lab.pools()).some((p) => p.name === opts.image)) {
+    // its standbys come with the pool's network: none, until pools have egress (docs/e2b.md);
+    // rules asked for are refused, not ignored (allow_internet_access: true is what older SDKs
+    // send every time, and is taken as their default)
+    if (body.network !== undefined && body.network !== null)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `template ${opts.image} is a pool, whose standbys have no internet access yet`,
+        'leave out network, or use an image template',
+      );
     opts.pool = opts.image;
     opts.image = undefined;
+    opts.egress = undefined;
   }
   const box = await lab.create(opts);
   return reply.code(201).send(created(state, box, keyOf(req)));
@@ -137,6 +155,27 @@ export function registerControl(app: FastifyInstance, state: E2bState): void {
     if (box.state === 'paused')
       throw new SnaplabError('SANDBOX_PAUSED', 'the sandbox is paused already', 'connect to it to resume it');
     await box.pause();
+    return reply.code(204).send();
+  });
+  // new egress rules for a running sandbox: E2B's update replaces them all (an omitted field clears it)
+  app.put('/sandboxes/:id/network', async (req, reply) => {
+    // (the update's body is flat: allow_internet_access, allowOut, denyOut)
+    const b = jsonBody(req);
+    const network = e2bNetwork({
+      allow_internet_access: b.allow_internet_access,
+      network: { allowOut: b.allowOut, denyOut: b.denyOut },
+    });
+    const box = await (await state.lab(req)).get(idOf(req));
+    const egress = egressFor(network);
+    if (!box.egress)
+      throw new SnaplabError(
+        'EGRESS_OFF',
+        'this sandbox was made without internet access: its network cannot be changed',
+        'create it with allowInternetAccess (the default) to change its rules later',
+      );
+    // no egress at all: an allow list that nothing matches (the machine keeps its link, unused)
+    await box.setEgress(egress === false ? { allow: ['0.0.0.0/32'] } : egress === true ? {} : egress);
+    await box.setLabels({ metadata: { ...box.metadata, [`${RESERVED}network`]: JSON.stringify(network) } });
     return reply.code(204).send();
   });
   app.post('/sandboxes/:id/timeout', async (req, reply) => {

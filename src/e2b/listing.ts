@@ -43,6 +43,7 @@ export function fromMetadata(box: SandboxApi): E2bView {
     diskSizeMB: Math.round((box.limits.diskBytes ?? 0) / MB),
     metadata,
     state: box.state === 'paused' ? 'paused' : 'running',
+    ...networkView(meta[`${RESERVED}network`]),
   };
   return { templateID, envs, detail };
 }
@@ -126,4 +127,18 @@ export async function listSandboxes(
     void reply.header('x-next-token', Buffer.from(JSON.stringify([last.createdAt, last.id])).toString('base64url'));
   }
   return page.map(({ v }) => v.detail);
+}
+
+/** The network options the sandbox was made (or last updated) with, as E2B's getInfo gives them. */
+function networkView(stored: string | undefined): Record<string, unknown> {
+  if (!stored) return {};
+  try {
+    const n = JSON.parse(stored) as { allowOut?: string[]; denyOut?: string[]; internet: boolean };
+    return {
+      allowInternetAccess: n.internet,
+      network: { ...(n.allowOut ? { allowOut: n.allowOut } : {}), ...(n.denyOut ? { denyOut: n.denyOut } : {}) },
+    };
+  } catch {
+    return {};
+  }
 }
