@@ -40,7 +40,7 @@ export function addBenchOptions(cmd: Command): Command {
   return cmd
     .option(
       '--workload <name>',
-      `one of ${WORKLOADS.join(', ')}; or cli (whole snaplab processes as a shell runs them), or image-import (an OCI import beside tar -x), or interactive (keystroke echo, cp and port-forward throughput beside nsenter, cat and direct loopback)`,
+      `one of ${WORKLOADS.join(', ')}; or cli (whole snaplab processes as a shell runs them), or image-import (an OCI import beside tar -x), or interactive (keystroke echo, cp and port-forward throughput beside nsenter, cat and direct loopback), or egress (create with egress off and on, a download through it beside a veth, connection setup with 1 and 1000 rules)`,
       'exec',
     )
     .option(

@@ -47,6 +47,21 @@ export function registerBench(program: Command): void {
         else process.stdout.write(`${renderInteractiveSummary(summary)}\n`);
         return;
       }
+      if (o.workload === 'egress') {
+        const [{ egressBench, renderEgressSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([
+          import('../bench/egress-bench.js'),
+          import('../bench/progress.js'),
+          import('../lab/sizes.js'),
+        ]);
+        const summary = await egressBench(
+          lab,
+          { rounds: parsePositiveInt(o.reps, 'reps'), raises: 10, mib: 1024, connects: 200 },
+          new Progress(process.stderr),
+        );
+        if (o.json) printJson(summary);
+        else process.stdout.write(`${renderEgressSummary(summary)}\n`);
+        return;
+      }
       if (o.workload === 'cli') {
         const explicit = (k: keyof BenchCli): boolean => cmd.getOptionValueSource(k) === 'cli';
         const plan = cliPlan(o, argv, explicit);

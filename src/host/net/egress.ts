@@ -6,8 +6,9 @@
  * router's rules, which check the link a packet came in on and its source address.
  */
 import { existsSync } from 'node:fs';
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { networkInterfaces } from 'node:os';
 import { SnaplabError } from '../../errors.js';
 import { noted, orElse } from '../../cleanup.js';
 import { HostOps } from '../hostops.js';
@@ -36,8 +37,8 @@ import {
   type EgressLists,
 } from './egress-rules.js';
 import { NET_GROUP, NETNS_DIR, checkNetnsName, netnsPath } from './names.js';
-import { createNetns, deleteNetns, ipBatch, isNamespace, listSnaplabNetns } from './ns.js';
-import { sharedNetnsDir } from './wire.js';
+import { createNetns, createNetnsBatch, deleteNetns, ipBatch, isNamespace, listSnaplabNetns } from './ns.js';
+import { sharedNetnsDir, unwire } from './wire.js';
 
 /** The uplink: a namespace under /run/netns named by $SNAPLAB_UPLINK_NETNS (tests' "outside"), or the host's. */
 function uplink(): string | undefined {
@@ -86,13 +87,22 @@ async function batch(ns: string, lines: string[], what: string): Promise<void> {
 /** Homes whose router this process has seen complete (a namespace check still runs each time). */
 const ready = new Set<string>();
 
-/** The home's router, made if it is not there (under the home's egress lock). */
+/**
+ * The home's router, made if it is not there (under the home's egress lock). A router made whole
+ * leaves a note of its namespace's inode (`run/egress.ready`): a process that finds the same
+ * namespace there trusts it without asking nft (a spawn), one that finds another makes it again.
+ */
 export async function ensureRouter(home: string): Promise<string> {
   const tag = homeTag(home);
   const ns = routerNetns(tag);
   if (ready.has(tag) && (await isNamespace(netnsPath(ns)))) return ns;
+  if (await isNoted(home, ns)) {
+    ready.add(tag);
+    return ns;
+  }
   return withLock(join(home, 'run', 'egress.lock'), async () => {
     if ((await isNamespace(netnsPath(ns))) && (await routerComplete(ns))) {
+      await note(home, ns);
       ready.add(tag);
       return ns;
     }
@@ -103,9 +113,29 @@ export async function ensureRouter(home: string): Promise<string> {
       await removeRouter(home).catch(noted(`remove the half-made egress router ${ns}`));
       throw e;
     }
+    await note(home, ns);
     ready.add(tag);
     return ns;
   });
+}
+
+const readyNote = (home: string): string => join(home, 'run', 'egress.ready');
+const inode = (path: string): Promise<string | undefined> =>
+  stat(path).then(
+    (st) => `${st.dev}:${st.ino}`,
+    () => undefined,
+  );
+async function note(home: string, ns: string): Promise<void> {
+  await writeFile(readyNote(home), `${await inode(netnsPath(ns))}\n`);
+}
+/** Whether the router's namespace is the one noted as made whole. */
+async function isNoted(home: string, ns: string): Promise<boolean> {
+  if (!(await isNamespace(netnsPath(ns)))) return false;
+  const [was, now] = await Promise.all([
+    readFile(readyNote(home), 'utf8').catch(orElse('', 'read the egress note', 'ENOENT')),
+    inode(netnsPath(ns)),
+  ]);
+  return now !== undefined && was.trim() === now;
 }
 
 const routerComplete = async (ns: string): Promise<boolean> =>
@@ -142,7 +172,7 @@ async function makeRouter(tag: string): Promise<void> {
     );
   await sysctl(ns, 'net.ipv4.ip_forward', '1');
   await forwardOnUplink();
-  const [hostAddrs, dns] = await Promise.all([hostAddresses(), uplinkResolvers()]);
+  const [hostAddrs, dns] = [hostAddresses(), await uplinkResolvers()];
   await nft(ns, routerRuleset({ hostAddrs, dns, transitRouter: t.router }), `cannot load egress rules in ${ns}`);
   await nft(
     null,
@@ -177,9 +207,11 @@ async function forwardOnUplink(): Promise<void> {
  * The host's own IPv4 addresses (this process's network namespace, whatever the uplink): machines
  * may not reach them. Read again at each attach, so an address the host gained since counts.
  */
-async function hostAddresses(): Promise<string[]> {
-  const res = await run('ip', ['-4', '-o', 'addr', 'show'], { allowFail: true });
-  return [...res.stdout.matchAll(/\binet (\d+\.\d+\.\d+\.\d+)\//g)].map((m) => m[1]!);
+function hostAddresses(): string[] {
+  return Object.values(networkInterfaces())
+    .flat()
+    .filter((a) => a?.family === 'IPv4')
+    .map((a) => a!.address);
 }
 
 /**
@@ -208,6 +240,7 @@ async function uplinkResolvers(): Promise<string[]> {
 export async function removeRouter(home: string): Promise<boolean> {
   const tag = homeTag(home);
   ready.delete(tag);
+  await rm(readyNote(home), { force: true });
   const ns = routerNetns(tag);
   const had = (await listSnaplabNetns()).includes(ns);
   if (had) await deleteNetns(ns);
@@ -247,38 +280,42 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
   const ns = machineEgressNetns(tag, a.slot);
   const address = slotAddress(a.slot);
   const ifn = machineIf(a.slot);
-  await makeMachineNetns(ns, a.userns);
+  // names first: one that does not resolve leaves nothing made
+  const lists = await pinNames(checkLists(a.lists));
+  // three steps in a row, each one spawn (or the host helper's request): the namespace; its side
+  // of the link, made there with its peer put in the router; the router's side beside its rules
   try {
-    await batch(
-      router,
-      [
-        `link add ${ifn} group ${NET_GROUP} type veth peer name eth0 netns ${ns}`,
-        `link set ${ifn} addrgenmode none`,
-        `addr add ${GATEWAY}/32 dev ${ifn}`,
-        `link set ${ifn} up`,
-        `route add ${address}/32 dev ${ifn}`,
-      ],
-      `cannot link ${ns} to the egress router`,
-    );
+    await makeMachineNetns(ns, a.userns);
     await batch(
       ns,
       [
+        `link add eth0 group ${NET_GROUP} type veth peer name ${ifn} group ${NET_GROUP} netns ${router}`,
         'link set lo up',
-        `link set eth0 group ${NET_GROUP}`,
         'link set eth0 addrgenmode none',
         `addr add ${address}/32 dev eth0`,
         'link set eth0 up',
         `route add ${GATEWAY}/32 dev eth0 scope link`,
         `route add default via ${GATEWAY} dev eth0`,
       ],
-      `cannot set up eth0 in ${ns}`,
+      `cannot link ${ns} to the egress router`,
     );
-    const host = await hostAddresses();
-    await nft(
-      router,
-      `${hostSetLines(host)}${machineRules(a.slot, await pinNames(checkLists(a.lists)))}`,
-      `cannot load the egress rules of slot ${a.slot}`,
-    );
+    await Promise.all([
+      batch(
+        router,
+        [
+          `link set ${ifn} addrgenmode none`,
+          `addr add ${GATEWAY}/32 dev ${ifn}`,
+          `link set ${ifn} up`,
+          `route add ${address}/32 dev ${ifn}`,
+        ],
+        `cannot set up ${ifn} in the egress router`,
+      ),
+      nft(
+        router,
+        `${hostSetLines(hostAddresses())}${machineRules(a.slot, lists)}`,
+        `cannot load the egress rules of slot ${a.slot}`,
+      ),
+    ]);
   } catch (e) {
     await detachEgress(home, a.slot).catch(noted(`remove the half-made egress of slot ${a.slot}`));
     throw e;
@@ -289,7 +326,7 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
 async function makeMachineNetns(ns: string, userns?: { base: number; count: number }): Promise<void> {
   checkNetnsName(ns);
   if (!userns) {
-    await createNetns(ns);
+    await createNetnsBatch([ns]); // (its loopback is brought up with its link)
     return;
   }
   await sharedNetnsDir();
@@ -338,19 +375,35 @@ export async function pinNames(lists: EgressLists): Promise<EgressLists> {
   return { allow: pin(lists.allow), deny: pin(lists.deny) };
 }
 
-/** Remove a machine's egress: its rules in the router and its namespace (its veth goes with it). Idempotent. */
+/**
+ * Remove a machine's egress: its rules in the router and its namespace (its link with it).
+ * Idempotent. The rules go in one transaction when they are all there (the usual case); what a
+ * crash left half made is read first and removed as it is.
+ */
 export async function detachEgress(home: string, slot: number): Promise<void> {
   const tag = homeTag(home);
   const router = routerNetns(tag);
-  if (await isNamespace(netnsPath(router))) {
-    const listed = await inNs(router, ['nft', 'list', 'chain', 'ip', ROUTER_TABLE, `m${slot}`], { allowFail: true });
-    if (listed.code === 0) {
-      const map = await inNs(router, ['nft', 'list', 'map', 'ip', ROUTER_TABLE, 'machines'], { allowFail: true });
-      const element = new RegExp(`"${machineIf(slot)}"\\s*:`).test(map.stdout);
-      await nft(router, machineRemoval(slot, { element }), `cannot remove the egress rules of slot ${slot}`);
-    }
-  }
-  await deleteNetns(machineEgressNetns(tag, slot));
+  const ns = machineEgressNetns(tag, slot);
+  const hasRouter = await isNamespace(netnsPath(router));
+  await Promise.all([
+    hasRouter ? removeRules(router, slot) : undefined,
+    // the link first, at once: its router end's name is free again for the slot's next machine
+    (await isNamespace(netnsPath(ns))) ? ipBatch(ns, [`link del group ${NET_GROUP}`]) : undefined,
+  ]);
+  await unwire([ns]);
+}
+
+async function removeRules(router: string, slot: number): Promise<void> {
+  const all = await inNs(router, ['nft', '-f', '-'], {
+    input: machineRemoval(slot, { element: true }),
+    allowFail: true,
+  });
+  if (all.code === 0) return;
+  const listed = await inNs(router, ['nft', 'list', 'chain', 'ip', ROUTER_TABLE, `m${slot}`], { allowFail: true });
+  if (listed.code !== 0) return; // none left
+  const map = await inNs(router, ['nft', 'list', 'map', 'ip', ROUTER_TABLE, 'machines'], { allowFail: true });
+  const element = new RegExp(`"${machineIf(slot)}"\\s*:`).test(map.stdout);
+  await nft(router, machineRemoval(slot, { element }), `cannot remove the egress rules of slot ${slot}`);
 }
 
 export interface EgressCounters {

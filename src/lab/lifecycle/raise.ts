@@ -18,6 +18,7 @@ import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
 import { claimRange, releaseRange } from '../../host/userns/registry.js';
 import { attachEgress } from '../../host/net/egress.js';
+import { handledElsewhere } from '../../cleanup.js';
 import { GATEWAY, type EgressLists } from '../../host/net/egress-rules.js';
 
 export interface RaiseInput {
@@ -226,7 +227,10 @@ async function raiseMachine(
       `build one with it (snaplab image build debian --packages systemd,systemd-sysv), or use --init agent`,
     );
   }
-  const netns = record.egress ? await trace.phase('egress', () => egressNetns(ctx, record, driver)) : input.netns;
+  // a machine with egress gets its network namespace while its root is cloned (it needs neither)
+  const egress = record.egress ? trace.phase('egress', () => egressNetns(ctx, record, driver)) : undefined;
+  egress?.catch(handledElsewhere);
+  const netns = input.netns;
   const machine = {
     id: record.id,
     hostname: input.hostname ?? record.name,
@@ -241,11 +245,14 @@ async function raiseMachine(
     trace.phase('clone rootfs', () => cloneRoot(ctx, input, record, base, driver, userns, trace)),
     driver.prepare(machine, trace),
   ]);
+  const linked = egress ? await Promise.allSettled([egress]).then(([r]) => r!) : undefined;
   if (cloned.status === 'rejected') throw cloned.reason;
   const volume = cloned.value;
   if (prepared.status === 'rejected') throw prepared.reason;
+  if (linked?.status === 'rejected') throw linked.reason;
   const spec = {
     ...machine,
+    ...(linked?.status === 'fulfilled' ? { netns: linked.value } : {}),
     rootfs: volume.path,
     source: { id: base.id, path: base.path, image: input.origin === null },
     ...(userns && backend.stack ? { stack: backend.stack(volume) } : {}),
