@@ -18,7 +18,6 @@ import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
 import { claimRange, releaseRange } from '../../host/userns/registry.js';
 import { attachEgress } from '../../host/net/egress.js';
-import { handledElsewhere } from '../../cleanup.js';
 import { GATEWAY, type EgressLists } from '../../host/net/egress-rules.js';
 
 export interface RaiseInput {
@@ -229,7 +228,6 @@ async function raiseMachine(
   }
   // a machine with egress gets its network namespace while its root is cloned (it needs neither)
   const egress = record.egress ? trace.phase('egress', () => egressNetns(ctx, record, driver)) : undefined;
-  egress?.catch(handledElsewhere);
   const netns = input.netns;
   const machine = {
     id: record.id,
@@ -241,18 +239,18 @@ async function raiseMachine(
     ...(input.init ? { init: input.init } : {}),
   };
   // the cgroup does not need the root filesystem: make both at once
-  const [cloned, prepared] = await Promise.allSettled([
+  const [cloned, prepared, linked] = await Promise.allSettled([
     trace.phase('clone rootfs', () => cloneRoot(ctx, input, record, base, driver, userns, trace)),
     driver.prepare(machine, trace),
+    egress ?? Promise.resolve(undefined),
   ]);
-  const linked = egress ? await Promise.allSettled([egress]).then(([r]) => r!) : undefined;
   if (cloned.status === 'rejected') throw cloned.reason;
   const volume = cloned.value;
   if (prepared.status === 'rejected') throw prepared.reason;
-  if (linked?.status === 'rejected') throw linked.reason;
+  if (linked.status === 'rejected') throw linked.reason;
   const spec = {
     ...machine,
-    ...(linked?.status === 'fulfilled' ? { netns: linked.value } : {}),
+    ...(linked.value ? { netns: linked.value } : {}),
     rootfs: volume.path,
     source: { id: base.id, path: base.path, image: input.origin === null },
     ...(userns && backend.stack ? { stack: backend.stack(volume) } : {}),
