@@ -63,7 +63,13 @@ const exec = (box: string, cmd: string): string => {
   return r.body.stdout as string;
 };
 
+/** The uplink of machines with egress: a namespace of the test's, never the host's network. */
+const UPLINK = `sltest-dash-${process.pid}`;
+const savedUplink = process.env.SNAPLAB_UPLINK_NETNS;
+
 beforeAll(async () => {
+  spawnSync('ip', ['netns', 'add', UPLINK]);
+  process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-dashboard-'));
   admin = cli(home, ['key', 'create', 'admin', '--scope', 'read,exec,admin']).out.trim();
   d = await startDaemon(home, ['--default-timeout', '0']);
@@ -84,6 +90,9 @@ afterAll(async () => {
   cli(home, ['image', 'rm', '--force', 'busybox']);
   cli(home, ['gc']);
   rmSync(home, { recursive: true, force: true });
+  if (savedUplink === undefined) delete process.env.SNAPLAB_UPLINK_NETNS;
+  else process.env.SNAPLAB_UPLINK_NETNS = savedUplink;
+  spawnSync('ip', ['netns', 'del', UPLINK]);
 }, 120_000);
 
 describe('the dashboard', () => {
@@ -196,6 +205,27 @@ describe('the dashboard', () => {
     await until('CPU above 30 %', async () => parseFloat((await cpu.textContent()) ?? '') > 30);
     expect(api('DELETE', `/sandboxes/${id}/processes/${spin.body.id}`).status).toBeLessThan(300);
     await until('CPU back under 10 %', async () => parseFloat((await cpu.textContent()) ?? '') < 10);
+  });
+
+  it("a machine's egress: its address, lists and counters; none for one without", async () => {
+    const made = api('POST', '/sandboxes', {
+      name: 'out1',
+      egress: { allow: ['203.0.113.0/24'], deny: ['203.0.113.9'] },
+    });
+    expect(made.status).toBe(201);
+    // a refused connection counts (the router's rules are outside the machine)
+    exec(made.body.id, 'nc -w 1 192.168.1.1 80 </dev/null; true');
+    await page.goto(`${d.url}/#/machines/${made.body.id}`);
+    const dl = page.locator('dl.egress');
+    await dl.getByText(made.body.egress.address).waitFor();
+    await dl.getByText('203.0.113.0/24').waitFor();
+    await dl.getByText('203.0.113.9').waitFor();
+    await until('the refusal counted', async () => /[1-9]\d* refused/.test((await dl.textContent()) ?? ''));
+    await b.shot(page, 'machine-egress');
+    const web1 = api('GET', '/sandboxes/web1').body.id as string;
+    await page.goto(`${d.url}/#/machines/${web1}`);
+    await page.locator('dl.egress').getByText('none (loopback only)').waitFor();
+    expect(api('DELETE', `/sandboxes/${made.body.id}`).status).toBeLessThan(300);
   });
 
   it('a snapshot taken from the page and restored as a new machine holds what was written', async () => {

@@ -222,6 +222,13 @@ describe('egress', () => {
       });
       expect(shown.code, shown.err).toBe(0);
       expect(JSON.parse(shown.out)).toMatchObject({ allow: [OTHER], deny: [WEB] });
+      // the daemon's metrics sum them over the machines there are
+      const metrics = spawnSync('curl', ['-sS', '--unix-socket', d.socket, 'http://x/metrics'], {
+        encoding: 'utf8',
+      }).stdout;
+      expect(metrics).toMatch(/^snaplab_egress_machines 1$/m);
+      expect(Number(/^snaplab_egress_bytes_out (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThan(0);
+      expect(Number(/^snaplab_egress_denied (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThan(0);
       expect((await remote.list()).map((b) => b.name)).toContain(box.name);
       await box.destroy();
     } finally {

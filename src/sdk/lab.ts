@@ -40,6 +40,7 @@ import { Snapshot } from './snapshot.js';
 import { KeyRing } from '../lab/keys.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
+import { egressTotals } from '../lab/net/egress.js';
 import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 
 export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
@@ -290,6 +291,11 @@ export class Lab implements LabApi {
   }
 
   /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
+  /** Every machine's egress counters summed (a server's metrics): how many have egress, bytes out, connections, refusals. */
+  async egressTotals(): Promise<{ machines: number; bytesOut: number; connections: number; denied: number }> {
+    return egressTotals(this.ctx);
+  }
+
   async gc(): Promise<{ removed: string[]; notes: string[]; trace: TraceSummary }> {
     const { result, trace } = await this.ctx.traced(
       'gc',

@@ -328,6 +328,7 @@ export class Daemon implements RouteHost {
       processes: this.processes.running(),
       execs: this.execsRunning(),
       home: this.lab.home,
+      egress: await this.lab.egressTotals(),
     });
   }
 

@@ -76,6 +76,7 @@ export class Metrics {
     processes: number;
     execs: number;
     home: string;
+    egress?: { machines: number; bytesOut: number; connections: number; denied: number };
   }): Promise<string> {
     const out: string[] = [];
     const gauge = (name: string, help: string, rows: [string, number][], type = 'gauge'): void => {
@@ -111,6 +112,16 @@ export class Metrics {
       ['', gauges.processes],
     ]);
     gauge('snaplab_execs_running', 'one-shot execs running now', [['', gauges.execs]]);
+    if (gauges.egress) {
+      const e = gauges.egress;
+      gauge('snaplab_egress_machines', 'machines with egress (docs/egress.md)', [['', e.machines]]);
+      // sums over the machines there are now: a removed machine's counts go with it (gauges, not counters)
+      gauge('snaplab_egress_bytes_out', "bytes they sent out through the home's router", [['', e.bytesOut]]);
+      gauge('snaplab_egress_connections', 'connections out they opened that were let through', [['', e.connections]]);
+      gauge('snaplab_egress_denied', 'packets of their connections refused (and spoofed ones dropped)', [
+        ['', e.denied],
+      ]);
+    }
     out.push(...this.exec.render('snaplab_exec_duration_seconds', 'exec wall time, request to result'));
     out.push(
       ...this.phases.render('snaplab_phase_duration_seconds', 'traced operations of the daemon: total and per phase'),

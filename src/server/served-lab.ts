@@ -72,6 +72,7 @@ export interface ServedLab
       | 'scenario'
       | 'scenarios'
       | 'capabilities'
+      | 'egressTotals'
     > {
   create(opts?: LabCreateOptions & Served): Promise<SandboxApi>;
   restore(snapshot: string, opts?: ServedRestore): Promise<SandboxApi>;

@@ -114,6 +114,18 @@ export interface Sandbox {
   origin: string | null;
   pid: number | null;
   init: string;
+  /** outbound network (docs/egress.md), or null: loopback only */
+  egress?: { address: string; allow: string[]; deny: string[] } | null;
+}
+
+/** GET /sandboxes/{id}/egress */
+export interface EgressUsage {
+  address: string;
+  allow: string[];
+  deny: string[];
+  bytesOut: number;
+  connections: number;
+  denied: number;
 }
 
 export interface Usage {

@@ -39,3 +39,19 @@ export async function egressUsage(ctx: LabContext, r: SandboxRecord): Promise<Eg
   const c = (await egressCounters(ctx.home)).get(e.slot) ?? { bytesOut: 0, connections: 0, denied: 0 };
   return { ...egressView(r)!, ...c };
 }
+
+/** Every machine's counters summed, and how many machines have egress (one read of the router). */
+export async function egressTotals(
+  ctx: LabContext,
+): Promise<{ machines: number; bytesOut: number; connections: number; denied: number }> {
+  const slots = new Set(ctx.store.listSandboxes().flatMap((s) => (s.egress ? [s.egress.slot] : [])));
+  const t = { machines: slots.size, bytesOut: 0, connections: 0, denied: 0 };
+  if (!slots.size) return t;
+  for (const [slot, c] of await egressCounters(ctx.home)) {
+    if (!slots.has(slot)) continue;
+    t.bytesOut += c.bytesOut;
+    t.connections += c.connections;
+    t.denied += c.denied;
+  }
+  return t;
+}

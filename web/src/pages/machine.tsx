@@ -1,7 +1,7 @@
 /** One machine: overview, a terminal, its files, its snapshots, its operations. */
 import { lazy, Suspense } from 'preact/compat';
 import { useEffect, useState } from 'preact/hooks';
-import { ApiError, api, enc, raw, subscribe, type Sandbox } from '../api';
+import { ApiError, api, enc, raw, subscribe, type EgressUsage, type Sandbox } from '../api';
 import { Button, ErrorBox, Section, State } from '../components';
 import { age, bytes } from '../format';
 import { go, href, useAction, usePoll } from '../hooks';
@@ -97,7 +97,45 @@ function Overview({ box, reload }: { box: Sandbox; reload: () => void }) {
           </dd>
         </div>
       </dl>
+      <Egress box={box} />
     </Section>
+  );
+}
+
+/** Its outbound network: none, or its address, lists and counters (read every 5 s). */
+function Egress({ box }: { box: Sandbox }) {
+  const u = usePoll(
+    () => (box.egress ? api<EgressUsage>('GET', `/sandboxes/${enc(box.id)}/egress`) : Promise.resolve(undefined)),
+    5000,
+    [box.id],
+  );
+  const list = (xs: string[], none: string): string => (xs.length ? xs.join(', ') : none);
+  if (!box.egress)
+    return (
+      <dl class="grid egress">
+        <div>
+          <dt>egress</dt>
+          <dd>none (loopback only)</dd>
+        </div>
+      </dl>
+    );
+  const e = u.data ?? { ...box.egress, bytesOut: undefined, connections: undefined, denied: undefined };
+  const rows: [string, string][] = [
+    ['egress from', e.address],
+    ['allow', list(e.allow, 'anything not denied')],
+    ['deny', list(e.deny, 'the host, private and link-local networks')],
+    ['sent out', e.bytesOut === undefined ? '…' : bytes(e.bytesOut)],
+    ['connections', e.connections === undefined ? '…' : `${e.connections} let through, ${e.denied} refused`],
+  ];
+  return (
+    <dl class="grid egress">
+      {rows.map(([k, v]) => (
+        <div>
+          <dt>{k}</dt>
+          <dd class={k === 'egress from' ? 'mono' : ''}>{v}</dd>
+        </div>
+      ))}
+    </dl>
   );
 }
 
