@@ -30,6 +30,15 @@ const machineNs = (box: SandboxApi): string => {
   const n = ((ip[0]! << 24) | (ip[1]! << 16) | (ip[2]! << 8) | ip[3]!) >>> 0;
   return machineEgressNetns(homeTag(lab!.home), n - ((100 << 24) | (96 << 16)) - 1);
 };
+/** What `f` gives once it gives something (every 100 ms, for at most 10 s). */
+async function until<T>(f: () => Promise<T | undefined>): Promise<T> {
+  for (let i = 0; i < 100; i++) {
+    const v = await f();
+    if (v !== undefined) return v;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error('not before 10 s');
+}
 const hostAddress = (): string =>
   /\binet (\d+\.\d+\.\d+\.\d+)\/\d+ .*scope global/.exec(sh('ip', ['-4', '-o', 'addr', 'show']))?.[1] ?? '';
 
@@ -187,6 +196,30 @@ describe('egress', () => {
     await other.destroy();
   });
 
+  it("a pool's standbys carry its lists; one handed back is given them again, its counters from zero", async () => {
+    const pool = await lab!.createPool({
+      name: 'out',
+      image: 'busybox',
+      size: 1,
+      limits: {},
+      egress: { allow: [WEB] },
+    });
+    const get = `printf 'GET /p HTTP/1.0\\r\\n\\r\\n' | nc -w 3`;
+    const first = await pool.run(['sh', '-c', `${get} ${WEB} 8080; ${get} ${OTHER} 8080 || echo refused`]);
+    expect(first.stdout).toContain(`outside ${WEB}`);
+    expect(first.stdout).toContain('refused');
+    expect(first.recycled).toBe(true);
+    // while a run holds the standby, its lists are opened up; handed back, it has the pool's again
+    const running = pool.run(['sleep', '3']);
+    const taken = await until(async () => (await lab!.list()).find((b) => b.state === 'running' && b.egress !== null));
+    await taken.setEgress({ allow: [OTHER] });
+    expect((await running).recycled).toBe(true);
+    const back = (await lab!.list()).find((b) => b.id === taken.id)!;
+    expect(back.egress).toMatchObject({ allow: [WEB], deny: [] });
+    expect(await back.egressUsage()).toMatchObject({ bytesOut: 0, connections: 0, denied: 0 });
+    await pool.remove();
+  });
+
   it('goes through a daemon: create with lists, GET and PUT /sandboxes/:id/egress, the CLI', async () => {
     let d: TestDaemon | undefined;
     try {
@@ -226,7 +259,7 @@ describe('egress', () => {
       const metrics = spawnSync('curl', ['-sS', '--unix-socket', d.socket, 'http://x/metrics'], {
         encoding: 'utf8',
       }).stdout;
-      expect(metrics).toMatch(/^snaplab_egress_machines 1$/m);
+      expect(metrics).toMatch(/^snaplab_egress_machines [1-9]\d*$/m);
       expect(Number(/^snaplab_egress_bytes_out (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThan(0);
       expect(Number(/^snaplab_egress_denied (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThan(0);
       expect((await remote.list()).map((b) => b.name)).toContain(box.name);

@@ -1,3 +1,4 @@
+import { addEgressFlags, egressFrom, type EgressFlags } from './egress.js';
 import type { Command } from 'commander';
 import { parsePositiveInt } from '../lab/sizes.js';
 import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_POOL_SIZE } from '../defaults.js';
@@ -51,11 +52,13 @@ function registerPoolCreate(pool: Command): void {
     .option('--no-userns', 'standbys without a user namespace: root inside is root on the host')
     .option('--json', 'print JSON');
   addLimitOptions(create);
+  addEgressFlags(create);
   create.action(
     (
       name: string,
       o: CommonOptions &
-        LimitOptions & {
+        LimitOptions &
+        EgressFlags & {
           image: string;
           size: string;
           storage?: StorageKind;
@@ -75,6 +78,7 @@ function registerPoolCreate(pool: Command): void {
             recycle: o.recycle ? undefined : false,
             driver: o.driver,
             userns: o.userns ? undefined : false,
+            ...(egressFrom(o) ? { egress: egressFrom(o) } : {}),
           },
           progress(o),
         );

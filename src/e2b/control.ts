@@ -97,14 +97,14 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
   const opts = createOptions(body);
   // a template that names a pool is a take of one of its ready standbys (the fast path)
   if (opts.image && (await lab.pools()).some((p) => p.name === opts.image)) {
-    // its standbys come with the pool's network: none, until pools have egress (docs/e2b.md);
-    // rules asked for are refused, not ignored (allow_internet_access: true is what older SDKs
-    // send every time, and is taken as their default)
+    // its standbys come with the pool's network (`pool create --egress …`): rules asked for here
+    // are refused, not ignored (allow_internet_access: true is what older SDKs send every time,
+    // and is taken as their default)
     if (body.network !== undefined && body.network !== null)
       throw new SnaplabError(
         'BAD_INPUT',
-        `template ${opts.image} is a pool, whose standbys have no internet access yet`,
-        'leave out network, or use an image template',
+        `template ${opts.image} is a pool: its standbys come with the pool's network`,
+        'leave out network, use an image template, or make a pool with the rules (`snaplab pool create --allow-out …`)',
       );
     opts.pool = opts.image;
     opts.image = undefined;

@@ -213,6 +213,9 @@ export const PoolBody = Type.Object(
     driver: Type.Optional(DriverName()),
     recycle: Type.Optional(Type.Boolean()),
     userns: Type.Optional(Type.Boolean()),
+    egress: Type.Optional(
+      Type.Union([Type.Boolean(), EgressBody], { description: "its standbys' outbound network, as a create's" }),
+    ),
     placement: Placement,
   },
   { additionalProperties: false },

@@ -220,4 +220,8 @@ export const migrations: string[] = [
   ALTER TABLE sandboxes ADD COLUMN egress_slot INTEGER;
   CREATE UNIQUE INDEX sandboxes_egress_slot ON sandboxes(egress_slot);
   `,
+  // a pool's egress lists (JSON; NULL: its standbys have none)
+  `
+  ALTER TABLE pools ADD COLUMN egress TEXT;
+  `,
 ];

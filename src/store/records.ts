@@ -110,6 +110,8 @@ export interface PoolRecord {
   template: string | null;
   /** false: standbys have no user namespace (--no-userns); null: wherever driver and storage allow */
   userns: boolean | null;
+  /** its standbys' egress lists (docs/egress.md), or null: they have none */
+  egress?: { allow: string[]; deny: string[] } | null;
   target: number;
   recycle: boolean;
   hits: number;

@@ -112,6 +112,7 @@ function toPool(r: Row): PoolRecord {
     // a pool from before the column: the default driver was the only one then
     driver: (r.driver as string | null) ?? DEFAULT_DRIVER,
     userns: r.userns === null || r.userns === undefined ? null : r.userns === 1,
+    egress: r.egress ? json<{ allow: string[]; deny: string[] }>(r.egress) : null,
     template: (r.template as string | null) ?? null,
   };
 }
@@ -438,7 +439,7 @@ export class Store {
   }
   insertPool(p: PoolRecord): void {
     this.stmt(
-      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
+      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns, egress) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
     ).run(
       p.name,
       p.image,
@@ -449,6 +450,7 @@ export class Store {
       p.createdAt,
       p.driver,
       p.userns === null ? null : p.userns ? 1 : 0,
+      p.egress ? JSON.stringify(p.egress) : null,
     );
   }
   setPoolTemplate(name: string, template: string | null): void {

@@ -343,10 +343,19 @@ async function makeMachineNetns(ns: string, userns?: { base: number; count: numb
 }
 
 /** Replace a machine's lists: new connections meet them at once, established ones go on. */
-export async function setEgressLists(home: string, slot: number, lists: EgressLists): Promise<void> {
+export async function setEgressLists(
+  home: string,
+  slot: number,
+  lists: EgressLists,
+  opts: { resetCounters?: boolean } = {},
+): Promise<void> {
   const router = routerNetns(homeTag(home));
   const pinned = await pinNames(checkLists(lists));
-  await nft(router, machineRules(slot, pinned, true), `cannot change the egress lists of slot ${slot}`);
+  const c = COUNTERS(slot);
+  const reset = opts.resetCounters
+    ? [c.out, c.conns, c.denied].map((n) => `reset counter ip ${ROUTER_TABLE} ${n}\n`).join('')
+    : '';
+  await nft(router, `${machineRules(slot, pinned, true)}${reset}`, `cannot change the egress lists of slot ${slot}`);
 }
 
 /**

@@ -34,6 +34,18 @@ export async function changeEgress(ctx: LabContext, r: SandboxRecord, req: Egres
   return egressView(r)!;
 }
 
+/** A recycled standby's egress as its pool gives it: the pool's lists, and its counters from zero. */
+export async function resetEgress(
+  ctx: LabContext,
+  r: SandboxRecord,
+  lists: { allow: string[]; deny: string[] },
+): Promise<void> {
+  const e = egressOf(r);
+  await setEgressLists(ctx.home, e.slot, checkLists(lists), { resetCounters: true });
+  ctx.store.setSandboxEgress(r.id, lists);
+  r.egress = { ...e, ...lists };
+}
+
 export async function egressUsage(ctx: LabContext, r: SandboxRecord): Promise<EgressUsage> {
   const e = egressOf(r);
   const c = (await egressCounters(ctx.home)).get(e.slot) ?? { bytesOut: 0, connections: 0, denied: 0 };

@@ -1,3 +1,5 @@
+import { resolveEgress } from '../../sdk/create-options.js';
+import type { EgressRequest } from '../../sdk/api.js';
 import { SnaplabError } from '../../errors.js';
 import type { StorageKind } from '../../storage/backend.js';
 import type { Limits, PoolRecord } from '../../store/records.js';
@@ -25,6 +27,8 @@ export interface PoolSpec {
   driver?: string;
   /** false: standbys without a user namespace (as create's userns) */
   userns?: boolean;
+  /** its standbys' egress (as create's): a standby handed back is given these lists again */
+  egress?: boolean | EgressRequest;
 }
 
 export interface PoolStats extends PoolRecord {
@@ -93,6 +97,7 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
     driver: driver.name,
     template: null,
     userns: spec.userns === false ? false : null,
+    egress: resolveEgress(spec.egress) ?? null,
   };
   ctx.store.insertPool(rec);
   return rec;

@@ -1,3 +1,4 @@
+import { resetEgress } from '../net/egress.js';
 import { handleOf } from '../lifecycle/handle.js';
 import type { AgentClient } from '../../agent/client.js';
 import { withLock } from '../../host/lock.js';
@@ -110,6 +111,9 @@ export class PoolRunner {
       // a clean one always goes back (refill raises only what is missing); a pool is trimmed
       // back to its target by resize
       if (reasons.length === 0) {
+        // its next user gets the pool's lists and counters from zero, whatever this one set
+        if (rec.egress && pool.egress)
+          await trace.phase('egress reset', () => resetEgress(this.ctx, rec, pool.egress!));
         const driver = this.ctx.driver(rec.driver);
         if (driver.capabilities.pauseStandbys) await trace.phase('freeze', () => driver.pause(handleOf(rec)));
         this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null, owner: null });
@@ -233,6 +237,7 @@ export class PoolRunner {
           heldBy: { reason: takenBy() },
           memory: template?.memory ?? undefined,
           userns: pool.userns ?? undefined,
+          ...(pool.egress ? { egress: pool.egress } : {}),
         },
         trace,
       );
