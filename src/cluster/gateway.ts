@@ -7,8 +7,9 @@
  * The gateway is ClusterCore (core.ts: placement, claims, lookups, shared with the in-process
  * GatewayLab) plus this HTTP server: the daemon's Fastify app (server/app.ts) with the daemon's
  * own routes and schemas, over the cluster (gateway-host.ts); a sandbox's own calls are passed to
- * its node (server/sandbox-calls.ts, streams.ts). Its OpenAPI document is its own app's, the same
- * as a daemon's but for the cluster's one route of its own (`/cluster/nodes`).
+ * its node (server/sandbox-calls.ts, streams.ts). Its OpenAPI document is its own app's: a
+ * daemon's, with the cluster's one route of its own (`/cluster/nodes`) and without the dashboard's
+ * (a node's).
  *
  * - A create is placed (placement.ts), its name taken in the store for that node before it
  *   starts, then sent on (create.ts); one that never reached its node is placed once more, elsewhere.
