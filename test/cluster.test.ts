@@ -7,6 +7,7 @@
  */
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
+import { request } from 'node:http';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -62,6 +63,33 @@ async function api<T>(
   });
   const text = await r.text();
   return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
+}
+
+/** A request to a daemon on its Unix socket (no key: the socket is trusted), its answer as `api` gives it. */
+async function onSocket(
+  socketPath: string,
+  method: string,
+  path: string,
+  body: unknown,
+): Promise<{ status: number; body: unknown }> {
+  const text = JSON.stringify(body);
+  return new Promise((resolve, reject) => {
+    const req = request(
+      {
+        socketPath,
+        method,
+        path,
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) },
+      },
+      (res) => {
+        let got = '';
+        res.on('data', (b: Buffer) => (got += b.toString()));
+        res.once('end', () => resolve({ status: res.statusCode ?? 0, body: got ? JSON.parse(got) : null }));
+      },
+    );
+    req.once('error', reject);
+    req.end(text);
+  });
 }
 
 /** A node entry in etcd (n1's, as the emptiest of zone z1) whose address is `url`, for the length of `fn`. */
@@ -369,6 +397,85 @@ describe('a cluster', () => {
     expect(usage.find((u) => u.id === box.id)).toMatchObject({ id: box.id, node: box.node });
     expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${box.id}`)).status).toBe(204);
   });
+
+  it("serves a sandbox's own calls by the daemon's routes: a daemon's document, its refusals, its WebSocket checks", async () => {
+    // the gateway's document is its own app's: a daemon's paths, and the cluster's one route, but
+    // the dashboard's bench results, which are a node's host's (the gateway refuses them)
+    const doc = async (url: string) =>
+      (await (await fetch(`${url}/openapi.json`)).json()) as { paths: Record<string, Record<string, unknown>> };
+    const [gw, node] = [await doc(gateways[0]!.url), await doc(nodes[0]!.url)];
+    const dashboard = ['/bench', '/bench/{name}'];
+    expect(Object.keys(node.paths)).toEqual(expect.arrayContaining(dashboard));
+    expect(Object.keys(gw.paths).sort()).toEqual(
+      [...Object.keys(node.paths).filter((p) => !dashboard.includes(p)), '/cluster/nodes'].sort(),
+    );
+    expect(gw.paths['/sandboxes/{id}/exec']).toEqual(node.paths['/sandboxes/{id}/exec']);
+    expect(gw.paths['/sandboxes/{id}/files']).toEqual(node.paths['/sandboxes/{id}/files']);
+    // a body a daemon refuses on a sandbox's call, the gateway refuses with the same answer
+    const box = (await api<{ id: string; node: string }>(gateways[0]!, 'POST', '/sandboxes', {})).body;
+    const home = nodes[Number(box.node.slice(1))]!;
+    for (const [method, path, body] of [
+      ['POST', `/sandboxes/${box.id}/exec`, { argv: ['true'], colour: 'red' }],
+      ['POST', `/sandboxes/${box.id}/exec`, { argv: [] }],
+      ['POST', `/sandboxes/${box.id}/exec`, { argv: ['true'], timeoutMs: -5 }],
+      ['POST', `/sandboxes/${box.id}/timeout`, { timeoutS: -1 }],
+      ['PATCH', `/sandboxes/${box.id}`, { labels: { a: { b: 1 } } }],
+    ] as const) {
+      const viaGateway = await api(gateways[1]!, method, path, body);
+      const daemon = await onSocket(home.socket, method, path, body);
+      expect(viaGateway.status, `${method} ${path}`).toBe(400);
+      expect(viaGateway).toEqual(daemon);
+    }
+    // refused by the gateway's own route: the node saw only the requests made to it directly
+    const refusedHere = (): number =>
+      home
+        .log()
+        .split('\n')
+        .filter((l) => l.includes(`/sandboxes/${box.id}`) && / 400 /.test(l)).length;
+    await until('the node logged its refusals', () => refusedHere() >= 5);
+    expect(refusedHere()).toBe(5);
+    // and what it takes, its node serves: a one-shot exec, a file up and down, its labels
+    const ran = await api<{ stdout: string }>(gateways[1]!, 'POST', `/sandboxes/${box.id}/exec`, {
+      argv: ['sh', '-c', 'echo hi'],
+    });
+    expect([ran.status, ran.body.stdout]).toEqual([200, 'hi\n']);
+    const auth = { authorization: `Bearer ${token}` };
+    const put = await fetch(`${gateways[0]!.url}/sandboxes/${box.id}/files?path=/tmp/f`, {
+      method: 'PUT',
+      headers: { ...auth, 'content-type': 'application/octet-stream' },
+      body: 'bytes through the gateway',
+    });
+    expect(await put.json()).toEqual({ bytes: 25 });
+    const got = await fetch(`${gateways[1]!.url}/sandboxes/${box.id}/files?path=/tmp/f`, { headers: auth });
+    expect(await got.text()).toBe('bytes through the gateway');
+    const patched = await api<{ labels: Record<string, string> }>(gateways[0]!, 'PATCH', `/sandboxes/${box.id}`, {
+      labels: { via: 'gateway' },
+    });
+    expect(patched.body.labels).toEqual({ via: 'gateway' });
+    // a WebSocket's query is checked by its route's schema before anything is joined, as a daemon's
+    const refused = await new Promise<number>((resolve, reject) => {
+      const ws = new WebSocket(
+        `${gateways[0]!.url.replace('http', 'ws')}/sandboxes/${box.id}/processes/p1/attach?offset=-1`,
+        {
+          headers: auth,
+        },
+      );
+      // answered before any switch: its status read, the request let go
+      ws.once('unexpected-response', (req, res) => {
+        resolve(res.statusCode ?? 0);
+        req.destroy();
+      });
+      ws.once('open', () => reject(new Error('joined')));
+      ws.once('error', reject);
+    });
+    expect(refused).toBe(400);
+    // a WebSocket route asked without an upgrade: what a daemon answers
+    expect((await fetch(`${gateways[0]!.url}/sandboxes/${box.id}/exec`, { headers: auth })).status).toBe(404);
+    // the dashboard is a node's
+    const dash = await fetch(`${gateways[0]!.url}/`);
+    expect([dash.status, ((await dash.json()) as { code: string }).code]).toEqual([400, 'BAD_INPUT']);
+    expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${box.id}`)).status).toBe(204);
+  }, 60_000);
 
   it('a create placed on a node that refuses connections is retried once elsewhere; bad /rpc frames are errors, not crashes', async () => {
     // a node entry whose address nobody listens on, the emptiest of zone z1: placement picks it

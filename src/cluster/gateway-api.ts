@@ -1,10 +1,9 @@
 /**
- * What the gateway's own routes (gateway-routes.ts) and its event stream need of the gateway:
- * they are given this, not the Gateway class, so that gateway.ts imports them and none of them
- * imports it. The routes it shares with a daemon are given the cluster as a RouteHost
- * (gateway-host.ts).
+ * What the gateway's event stream (events.ts) needs of the gateway: it is given this, not the
+ * Gateway class, so that gateway.ts imports it and it does not import gateway.ts. The routes,
+ * the daemon's own, are given the cluster as a RouteHost (gateway-host.ts).
  */
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingMessage } from 'node:http';
 import type { Caller } from '../server/keys.js';
 import type { ClusterStore, SandboxEntry } from './store.js';
 import type { ClusterView } from './view.js';
@@ -18,7 +17,6 @@ export interface GatewayApi {
   owns(caller: Caller, e: { owner: string | null }): boolean;
   track(caller: Caller, close: () => void): () => void;
   nodeOf(idOrName: string, caller: Caller): Promise<string>;
-  forward(req: IncomingMessage, res: ServerResponse, node: string, caller: Caller): void;
 }
 
 /** What a list shows for a sandbox its node cannot answer for. */

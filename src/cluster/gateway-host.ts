@@ -1,15 +1,17 @@
 /**
  * The cluster as the server's routes see it (server/served-lab.ts, RouteHost): the gateway serves
- * the single daemon's own handlers, schemas and OpenAPI entries (server/routes-shared.ts) over a
- * GatewayLab bound to each request's caller. Whom a caller may see is the nodes' to decide (each
- * is told the caller, and keeps it to its own), so nothing is filtered here again; keys are the
- * cluster's, in etcd.
+ * the single daemon's own routes, schemas and OpenAPI entries (server/routes-shared.ts and the
+ * sandbox's own calls, server/sandbox-calls.ts) over a GatewayLab bound to each request's caller;
+ * a sandbox's own calls it passes to the node that holds it. Whom a caller may see is the nodes'
+ * to decide (each is told the caller, and keeps it to its own), so nothing is filtered here again;
+ * keys are the cluster's, in etcd.
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { Readable } from 'node:stream';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
 import { errors } from '../server/schemas.js';
-import type { RouteHost } from '../server/served-lab.js';
+import type { PassToNode, RouteHost } from '../server/served-lab.js';
 import type { ClusterCore } from './core.js';
 import { GatewayLab } from './gateway-lab.js';
 import { createKeyEntry } from './keys.js';
@@ -20,8 +22,9 @@ import { clusterEvents } from './events.js';
 import { runInPool } from './pool-run.js';
 import { gatewayMetrics } from './metrics.js';
 import { createOnNode, destroyOnNode, viewOnNode } from './sandboxes.js';
+import { upgradeOf } from './streams.js';
 
-export function gatewayHost(core: ClusterCore): RouteHost {
+export function gatewayHost(core: ClusterCore): RouteHost & { passToNode: PassToNode } {
   const { store } = core;
   return {
     labFor: (caller) => new GatewayLab(core, caller),
@@ -50,6 +53,7 @@ export function gatewayHost(core: ClusterCore): RouteHost {
     // one sandbox's stream is its node's (process events included); the cluster's is the store's
     streamEvents: (caller, req, res, q) =>
       q.sandbox ? new GatewayLab(core, caller).forward(q.sandbox, req, res) : clusterEvents(core, req, res, caller),
+    passToNode: (req, reply, to) => passToNode(new GatewayLab(core, req.caller), req, reply, to),
     adminFor: (caller) => clusterAdmin(core, caller),
     scenariosFor: (caller) => clusterScenarios(core, caller),
     operationsFor: (caller) => clusterOperations(core, caller),
@@ -62,6 +66,37 @@ export function gatewayHost(core: ClusterCore): RouteHost {
       },
     },
   };
+}
+
+/**
+ * A sandbox's own call, its route's schema and scope checked here as a daemon checks them, served
+ * by its node: an upgrade joined, a request passed on with the body the route took.
+ */
+async function passToNode(
+  lab: GatewayLab,
+  req: FastifyRequest,
+  reply: FastifyReply,
+  to: { sandbox: string | null; socket: boolean },
+): Promise<void> {
+  const upgrade = upgradeOf(req.raw);
+  if (upgrade) {
+    if (!to.socket)
+      throw new SnaplabError('BAD_INPUT', `${req.routeOptions.url} is not a WebSocket route`, 'see docs/api.md');
+    return lab.joinSocket(to.sandbox, req.raw, upgrade, () => reply.hijack());
+  }
+  // a WebSocket route asked without an upgrade: what a daemon answers (@fastify/websocket's)
+  if (to.socket || to.sandbox === null) return void reply.code(404).send();
+  return lab.forward(to.sandbox, req.raw, reply.raw, bodyOf(req), () => reply.hijack());
+}
+
+/**
+ * What the route read of a request's body, to send on: none for a stream (an upload, piped as it
+ * comes) or no body at all; a parsed one as its JSON (as the route's schema took it) or its text.
+ */
+function bodyOf(req: FastifyRequest): Buffer | undefined {
+  const b = req.body;
+  if (b === undefined || b instanceof Readable) return undefined;
+  return Buffer.from(typeof b === 'string' ? b : JSON.stringify(b));
 }
 
 /** The routes a gateway has and a single daemon does not: the cluster's nodes. */
@@ -78,4 +113,13 @@ export function gatewayRoutes(app: FastifyInstance, core: ClusterCore): void {
     },
     async () => [...core.view.nodes.values()].map((n) => ({ ...n, drained: core.view.drained.has(n.name) })),
   );
+  // a node's dashboard is its own (it reads the node's host): the gateway says where it is
+  const dashboard = async (req: FastifyRequest): Promise<never> => {
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `${req.url.split('?')[0]} is a node's, not a gateway's`,
+      'open the dashboard of a node (its --listen address)',
+    );
+  };
+  for (const path of ['/', '/assets/*', '/bench', '/bench/*']) app.get(path, { schema: { hide: true } }, dashboard);
 }

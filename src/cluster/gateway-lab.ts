@@ -6,7 +6,6 @@
  * and its nodes apply that key's scopes and ownership, as they do for the HTTP gateway's requests.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
 import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
@@ -29,7 +28,7 @@ import { noted } from '../cleanup.js';
 import { placeCreate } from './create.js';
 import { eligible } from './placement.js';
 import { AbsentSandbox } from './absent.js';
-import { forwardTo, joinUpgrade } from './streams.js';
+import { forwardTo, joinSocket, type Upgrade } from './streams.js';
 import { ClusterPool, sumPools } from './cluster-pool.js';
 import type { NodeInfo } from './store.js';
 
@@ -244,18 +243,28 @@ export class GatewayLab implements LabApi {
   }
 
   /**
-   * A capability beside LabApi, for a front that holds the raw request: a client's WebSocket
-   * (`/rpc`, a sandbox's exec or attach) joined to its node byte for byte (streams.ts).
+   * A capability beside LabApi, for a front that holds the raw request (the gateway's routes:
+   * server/sandbox-calls.ts): a client's WebSocket joined to its sandbox's node byte for byte, or
+   * (sandbox null) `/rpc` relayed call by call (streams.ts). `taken`: once it cannot be refused.
    */
-  joinUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
+  joinSocket(sandbox: string | null, req: IncomingMessage, upgrade: Upgrade, taken: () => void): Promise<void> {
     this.guard();
-    return joinUpgrade(this.core, this.caller, req, socket, head);
+    return joinSocket(this.core, this.caller, sandbox, req, upgrade, taken);
   }
 
-  /** The same for a request on a sandbox: passed on to its node as it comes, body and answer streamed. */
-  forward(sandbox: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  /**
+   * The same for a request on a sandbox: passed on to its node, body (the request's own, or
+   * `body` when the route has read it) and answer streamed. `taken`: once its node is found.
+   */
+  forward(
+    sandbox: string,
+    req: IncomingMessage,
+    res: ServerResponse,
+    body?: Buffer,
+    taken?: () => void,
+  ): Promise<void> {
     this.guard();
-    return forwardTo(this.core, this.caller, sandbox, req, res);
+    return forwardTo(this.core, this.caller, sandbox, req, res, body, taken);
   }
 
   close(): void {

@@ -5,9 +5,11 @@
  * etcd (view.ts keeps a watched copy), so several can run at once and any can serve any call.
  *
  * The gateway is ClusterCore (core.ts: placement, claims, lookups, shared with the in-process
- * GatewayLab) plus this HTTP server: the daemon's Fastify app (server/app.ts) with the routes a
- * daemon and a gateway share (server/routes-shared.ts) over the cluster (gateway-host.ts), and,
- * asked first, the gateway's own routes for what those do not serve yet (gateway-routes.ts).
+ * GatewayLab) plus this HTTP server: the daemon's Fastify app (server/app.ts) with the daemon's
+ * own routes and schemas, over the cluster (gateway-host.ts); a sandbox's own calls are passed to
+ * its node (server/sandbox-calls.ts, streams.ts). Its OpenAPI document is its own app's: a
+ * daemon's, with the cluster's one route of its own (`/cluster/nodes`) and without the dashboard's
+ * (a node's).
  *
  * - A create is placed (placement.ts), its name taken in the store for that node before it
  *   starts, then sent on (create.ts); one that never reached its node is placed once more, elsewhere.
@@ -18,23 +20,20 @@
  * - Long operations that ran on several nodes (a pool defined on each) have one id that names
  *   them all (`c.` + their node and id), so any gateway can answer for it.
  */
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer, ServerResponse, type IncomingMessage, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import { requireScope, type Caller } from '../server/keys.js';
 import { VERSION } from '../version.js';
 import type { GatewayApi } from './gateway-api.js';
-import { clusterRoutes } from './gateway-routes.js';
-import { asSnaplab, errorBody, forward, sendError } from './proxy.js';
-import { statusOf } from '../server/http-errors.js';
 import { ClusterCore, openCluster, type ClusterParts } from './core.js';
-import { GatewayLab } from './gateway-lab.js';
 import type { Socket } from 'node:net';
 import { ConnectionGuard, resolveLimits, type ConnectionLimits } from '../server/limits.js';
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
-import { baseApp } from '../server/app.js';
 import { sharedRoutes } from '../server/routes-shared.js';
+import { baseApp, sandboxCallRoutes } from '../server/app.js';
 import { gatewayHost, gatewayRoutes } from './gateway-host.js';
+import { holdUpgrade } from './streams.js';
 
 export interface GatewayOptions {
   cluster: string;
@@ -49,8 +48,10 @@ export interface GatewayOptions {
 
 export class Gateway extends ClusterCore implements GatewayApi {
   private server: Server | undefined;
-  /** the routes it shares with a single daemon (Fastify, on `server`) */
+  /** the single daemon's routes over the cluster (Fastify, on `server`) */
   private app: FastifyInstance | undefined;
+  /** the app's request handler, which the server's upgrades are routed through too */
+  private handle: ((req: IncomingMessage, res: ServerResponse) => void) | undefined;
   /** the TCP connection caps (server/limits.ts), told when a request carried a valid key */
   private guard: ConnectionGuard | undefined;
   url = '';
@@ -73,22 +74,27 @@ export class Gateway extends ClusterCore implements GatewayApi {
   private async listen(listen: string, given: Partial<ConnectionLimits> = {}): Promise<void> {
     const { parseListen } = await import('../server/serve.js');
     const { host, port } = parseListen(listen);
-    const routes = clusterRoutes(this);
     // long uploads (archives, stdin) are streamed: no overall deadline on a request, as on a node
     const limits = resolveLimits({ requestTimeoutMs: 0, ...given });
     const timeouts = { headersTimeout: limits.headersTimeoutMs, connectionsCheckingInterval: 1000 };
-    // the daemon's app and routes (server/app.ts, routes-shared.ts) over the cluster; what they do
-    // not serve yet is answered first by the gateway's own routes (gateway-routes.ts)
+    // the daemon's app and routes (server/app.ts) over the cluster
     const app = await baseApp({
       websocket: false,
       health: () => this.health(),
       // an operation's id names each node's part and each refusal (operations.ts)
       maxParamLength: 16_384,
-      // ?token= only where a browser cannot send a header: the event stream (WebSockets: upgrade())
+      // ?token= only where a browser cannot send a header: WebSockets and the event stream
       caller: (req, scope) =>
-        scope ? this.authenticate(req.raw, scope, req.routeOptions.url === '/events') : undefined,
-      serverFactory: (handler) =>
-        createServer(timeouts, (req, res) => {
+        scope
+          ? this.authenticate(
+              req.raw,
+              scope,
+              req.headers.upgrade?.toLowerCase() === 'websocket' || req.routeOptions.url === '/events',
+            )
+          : undefined,
+      serverFactory: (handler) => {
+        this.handle = handler;
+        return createServer(timeouts, (req, res) => {
           const t0 = performance.now();
           res.once('finish', () =>
             this.log({
@@ -98,13 +104,14 @@ export class Gateway extends ClusterCore implements GatewayApi {
               ms: Math.round((performance.now() - t0) * 10) / 10,
             }),
           );
-          const own = routes(req, res);
-          if (own) void own().catch((e: unknown) => sendError(res, e));
-          else handler(req, res);
-        }),
+          handler(req, res);
+        });
+      },
     });
+    const cluster = gatewayHost(this);
     const served: FastifyPluginAsync = async (r) => {
-      await sharedRoutes(r, gatewayHost(this));
+      await sandboxCallRoutes(r, cluster);
+      await sharedRoutes(r, cluster);
       gatewayRoutes(r, this);
     };
     await app.register(served);
@@ -141,28 +148,21 @@ export class Gateway extends ClusterCore implements GatewayApi {
     return caller;
   }
 
-  forward(req: IncomingMessage, res: ServerResponse, node: string, caller: Caller): void {
-    forward(req, res, this.node(node).url, node, this.token, caller);
-  }
-
+  /**
+   * A WebSocket upgrade, routed by the app as any request (its route's scope and schema checked,
+   * a refusal answered as an HTTP error), then joined to its node by the route's handler
+   * (gateway-host.ts): the app has no WebSocket plugin, which would end the socket here.
+   */
   private upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
     // a client that resets the connection must not become an uncaught exception
     socket.on('error', () => socket.destroy());
-    const refuse = (e: unknown): void => {
-      const err = asSnaplab(e);
-      const body = JSON.stringify(errorBody(err));
-      if (socket.writable)
-        socket.end(
-          `HTTP/1.1 ${statusOf(err.code)} Refused\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
-        );
-    };
-    try {
-      // joined byte for byte (or, /rpc, relayed call by call): the GatewayLab's capability
-      const caller = this.authenticate(req, 'exec', true);
-      void new GatewayLab(this, caller).joinUpgrade(req, socket, head).catch(refuse);
-    } catch (e) {
-      refuse(e);
-    }
+    holdUpgrade(req, { socket, head });
+    const res = new ServerResponse(req);
+    res.shouldKeepAlive = false;
+    res.assignSocket(socket as Socket);
+    // refused (not joined): the answer written, the connection ends
+    res.once('finish', () => socket.end());
+    this.handle!(req, res);
   }
 
   health(): Record<string, unknown> {

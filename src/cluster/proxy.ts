@@ -153,7 +153,10 @@ export const ASK_TIMEOUT_MS = 15_000;
 export const neverConnected = (e: unknown): boolean =>
   ['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT'].includes((e as NodeJS.ErrnoException)?.code ?? '');
 
-/** Pass a request on to `base` (the node's URL) and its answer back, both streamed. */
+/**
+ * Pass a request on to `base` (the node's URL) and its answer back, both streamed; `body`: the
+ * body to send instead of the request's own (one the gateway's route has read and checked).
+ */
 export function forward(
   req: IncomingMessage,
   res: ServerResponse,
@@ -163,11 +166,18 @@ export function forward(
   caller: Caller,
   body?: Buffer,
 ): void {
-  // gone while its node was looked up: nothing is started for it
-  if (req.destroyed || res.destroyed) return;
+  // gone while its node was looked up: nothing is started for it (the connection, not the
+  // request: one whose body the route has read is destroyed once read)
+  if (req.socket.destroyed || res.destroyed) return;
   const up = request(
     new URL(upstreamPath(req.url!), base),
-    { method: req.method, headers: upstreamHeaders(req.headers, token, caller) },
+    {
+      method: req.method,
+      headers: {
+        ...upstreamHeaders(req.headers, token, caller),
+        ...(body ? { 'content-length': String(body.length) } : {}),
+      },
+    },
     (r) => {
       const headers: Record<string, string | string[]> = {};
       for (const [k, v] of Object.entries(r.headers)) if (v !== undefined && !HOP.has(k)) headers[k] = v;

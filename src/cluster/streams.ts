@@ -1,42 +1,69 @@
 /**
- * The streams a gateway joins instead of relaying (docs/cluster.md): a sandbox's WebSocket (an
- * exec stream, a process's attach) joined to its node's byte for byte once the node has switched
- * protocols, a request on a sandbox passed on as it comes (body and answer streamed), and `/rpc`
- * relayed call by call (its calls name different sandboxes). A capability of the GatewayLab
- * (`joinUpgrade`, `forward`), not a router: a front that holds the raw request hands it over.
+ * How a gateway serves a sandbox's own calls (server/sandbox-calls.ts): the routes are the
+ * daemon's, with its schemas and scopes, and their handlers hand each request over to this. A
+ * request is passed to the sandbox's node, its body as the route took it (an upload streamed as
+ * it comes, a JSON body as its schema checked it) and the answer streamed back; a WebSocket (an
+ * exec stream, a process's attach) is joined to its node's byte for byte once the node has
+ * switched protocols; `/rpc` is relayed call by call (its calls name different sandboxes). A
+ * capability of the GatewayLab (`joinSocket`, `forward`), not a router.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import type { Caller } from '../server/keys.js';
 import type { ClusterCore } from './core.js';
-import { forward, forwardUpgrade } from './proxy.js';
+import { asSnaplab, forward, forwardUpgrade } from './proxy.js';
 import { relayRpc } from './rpc-relay.js';
 
-/** the WebSocket routes of a sandbox (docs/api.md) */
-const SANDBOX_SOCKET = /^\/sandboxes\/([^/]+)\/(exec|processes\/[^/]+\/attach)$/;
+/** A client's WebSocket upgrade, not yet answered: its socket and what came after the headers. */
+export interface Upgrade {
+  socket: Duplex;
+  head: Buffer;
+}
+
+const UPGRADE = Symbol('snaplab.upgrade');
+type Upgrading = IncomingMessage & { [UPGRADE]?: Upgrade };
+
+/** Keep an upgrade with its request while the app routes it (gateway.ts: the route's handler joins it). */
+export function holdUpgrade(req: IncomingMessage, up: Upgrade): void {
+  (req as Upgrading)[UPGRADE] = up;
+}
+
+/** The upgrade a request asks for, if it is one. */
+export function upgradeOf(req: IncomingMessage): Upgrade | undefined {
+  return (req as Upgrading)[UPGRADE];
+}
+
+/** The node that holds a sandbox; the store not answering is CLUSTER_UNAVAILABLE, not a bug. */
+async function nodeOf(core: ClusterCore, sandbox: string, caller: Caller): Promise<string> {
+  try {
+    return await core.nodeOf(sandbox, caller);
+  } catch (e) {
+    throw asSnaplab(e);
+  }
+}
 
 /**
- * Join a client's WebSocket upgrade (`/rpc`, a sandbox's exec or attach) to where it goes, for
- * `caller`; rejects, before anything is switched, with the error a single daemon would give.
+ * Join a client's WebSocket to where it goes, for `caller`: a sandbox's to its node's, `/rpc`
+ * (sandbox null) to the relay. Rejects, before anything is switched, with the error a single
+ * daemon would give; `taken` is called once it can no longer be refused.
  */
-export async function joinUpgrade(
+export async function joinSocket(
   core: ClusterCore,
   caller: Caller,
+  sandbox: string | null,
   req: IncomingMessage,
-  socket: Duplex,
-  head: Buffer,
+  up: Upgrade,
+  taken: () => void,
 ): Promise<void> {
-  const path = new URL(req.url!, 'http://x').pathname;
-  if (path === '/rpc') {
-    core.wss.handleUpgrade(req, socket, head, (ws) => relayRpc(core, ws, caller));
+  if (sandbox === null) {
+    taken();
+    core.wss.handleUpgrade(req, up.socket, up.head, (ws) => relayRpc(core, ws, caller));
     return;
   }
-  const m = SANDBOX_SOCKET.exec(path);
-  if (!m) throw new SnaplabError('BAD_INPUT', `no WebSocket route ${path}`, 'see docs/api.md');
-  const untrack = core.track(caller, () => socket.destroy());
-  socket.once('close', untrack);
-  const node = await core.nodeOf(decodeURIComponent(m[1]!), caller);
+  const untrack = core.track(caller, () => up.socket.destroy());
+  up.socket.once('close', untrack);
+  const node = await nodeOf(core, sandbox, caller);
   // its key removed while its node was looked up: refused as if it had come a moment later
   if (!core.stillValid(caller))
     throw new SnaplabError(
@@ -44,17 +71,25 @@ export async function joinUpgrade(
       'the API key is not known (any more)',
       'make a new one with `snaplab key create NAME --cluster …`',
     );
-  forwardUpgrade(req, socket, head, core.node(node).url, node, core.token, caller);
+  taken();
+  forwardUpgrade(req, up.socket, up.head, core.node(node).url, node, core.token, caller);
 }
 
-/** Pass a request on a sandbox to its node as it comes, and the answer back, both streamed. */
+/**
+ * Pass a request on a sandbox to its node, and the answer back, streamed; `body`: what the route
+ * read of it (none: the request's own, piped as it comes). `taken` is called once the node is
+ * found, before a byte is written.
+ */
 export async function forwardTo(
   core: ClusterCore,
   caller: Caller,
   sandbox: string,
   req: IncomingMessage,
   res: ServerResponse,
+  body?: Buffer,
+  taken?: () => void,
 ): Promise<void> {
-  const node = await core.nodeOf(sandbox, caller);
-  forward(req, res, core.node(node).url, node, core.token, caller);
+  const node = await nodeOf(core, sandbox, caller);
+  taken?.();
+  forward(req, res, core.node(node).url, node, core.token, caller, body);
 }

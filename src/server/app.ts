@@ -21,6 +21,7 @@ import { streamRoutes } from './routes-streams.js';
 import { fileRoutes } from './routes-files.js';
 import { sharedRoutes } from './routes-shared.js';
 import { rpcRoutes } from './routes-rpc.js';
+import type { SandboxCalls } from './sandbox-calls.js';
 import { uiRoutes } from './routes-ui.js';
 import { VERSION } from '../version.js';
 import { serverOptions, type ConnectionGuard, type ResolvedLimits, type StreamLimiter } from './limits.js';
@@ -58,9 +59,9 @@ export interface BaseAppOptions {
   caller(req: FastifyRequest, scope: Scope | undefined): Caller | undefined;
   /** TCP: the timeouts (limits.ts) */
   resolved?: ResolvedLimits;
-  /** WebSocket routes (a cluster gateway joins its WebSockets itself, on the server's upgrade) */
+  /** WebSocket routes (a cluster gateway joins its WebSockets to its nodes' itself: gateway.ts) */
   websocket?: boolean;
-  /** the HTTP server, made by the caller (a cluster gateway's answers some requests before the app) */
+  /** the HTTP server, made by the caller (a cluster gateway's logs each request and routes upgrades) */
   serverFactory?: FastifyServerFactory;
   /** GET /healthz's answer (no key needed) */
   health: () => Record<string, unknown>;
@@ -168,13 +169,26 @@ export async function buildApp(daemon: Daemon, opts: AppOptions): Promise<Fastif
     (routes: (r: FastifyInstance, d: Daemon) => Promise<void>): FastifyPluginAsync =>
     (r) =>
       routes(r, daemon);
+  // the routes a cluster gateway serves too: a sandbox's own calls (served here), and the rest
+  await sandboxCallRoutes(app, daemon);
+  await app.register(group(sharedRoutes));
+  await app.register(group(uiRoutes));
+  return app;
+}
+
+/**
+ * A sandbox's own calls (its create, view and destroy are routes-shared.ts's), each group a
+ * plugin of its own: the Daemon serves them, a cluster gateway passes them to the sandbox's node
+ * (sandbox-calls.ts). The same routes and schemas on both, so the same OpenAPI entries.
+ */
+export async function sandboxCallRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
+  const group =
+    (routes: (r: FastifyInstance, s: SandboxCalls) => Promise<void>): FastifyPluginAsync =>
+    (r) =>
+      routes(r, s);
   await app.register(group(sandboxRoutes));
   await app.register(group(egressRoutes));
   await app.register(group(streamRoutes));
   await app.register(group(fileRoutes));
-  // the routes a cluster gateway serves too
-  await app.register(group(sharedRoutes));
   await app.register(group(rpcRoutes));
-  await app.register(group(uiRoutes));
-  return app;
 }

@@ -1,12 +1,15 @@
-/** A sandbox's egress (docs/egress.md): its lists and counters, and new lists. */
+/**
+ * A sandbox's egress (docs/egress.md): its lists and counters, and new lists. A gateway passes
+ * these to the sandbox's node (sandbox-calls.ts).
+ */
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
-import type { Daemon } from './daemon.js';
+import { servedBy, type SandboxCalls } from './sandbox-calls.js';
 import { EgressBody, EgressUsageView, IdParams, errors } from './schemas.js';
 
 const tags = ['sandboxes'];
 
-export async function egressRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
+export async function egressRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
   app.get(
     '/sandboxes/:id/egress',
     {
@@ -18,7 +21,7 @@ export async function egressRoutes(app: FastifyInstance, d: Daemon): Promise<voi
         response: { 200: EgressUsageView, ...errors },
       },
     },
-    async (req) => (await d.sandbox((req.params as { id: string }).id, req.caller)).egressUsage(),
+    servedBy(s, (d) => async (req) => (await d.sandbox((req.params as { id: string }).id, req.caller)).egressUsage()),
   );
 
   app.put(
@@ -33,10 +36,10 @@ export async function egressRoutes(app: FastifyInstance, d: Daemon): Promise<voi
         response: { 200: Type.Object({}, { additionalProperties: true }), ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       await box.setEgress(req.body as { allow?: string[]; deny?: string[] });
       return d.view(box);
-    },
+    }),
   );
 }

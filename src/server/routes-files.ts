@@ -3,12 +3,14 @@
  * comes (application/octet-stream) into a temporary file renamed over the path; `GET` streams the
  * file out with flow control. Trees travel as tar (`/archive`). Stat, list, mkdir and remove are
  * one call each. Paths are the machine's own; the calls run as `user` (default root) inside it.
+ * A gateway passes them, bodies and answers streamed, to the sandbox's node (sandbox-calls.ts).
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { PassThrough, Readable } from 'node:stream';
 import { SnaplabError } from '../errors.js';
 import { Type } from 'typebox';
 import type { Daemon } from './daemon.js';
+import { servedBy, type SandboxCalls } from './sandbox-calls.js';
 import { IdParams, PathQuery, errors } from './schemas.js';
 
 type PathQ = { path: string; user?: string };
@@ -28,29 +30,25 @@ const tags = ['files'];
 const info = Type.Object({}, { additionalProperties: true });
 
 /** The sandbox of a request's `:id`, as its caller may see it. */
-function boxOf(d: Daemon) {
-  return (req: FastifyRequest) => d.sandbox((req.params as { id: string }).id, req.caller);
-}
+const box = (d: Daemon, req: FastifyRequest) => d.sandbox((req.params as { id: string }).id, req.caller);
 
-export async function fileRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  fileContentRoutes(app, d);
-  fileEntryRoutes(app, d);
-  archiveRoutes(app, d);
+export async function fileRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
+  fileContentRoutes(app, s);
+  fileEntryRoutes(app, s);
+  archiveRoutes(app, s);
 }
 
 /** A file's bytes, down and up. */
-function fileContentRoutes(app: FastifyInstance, d: Daemon): void {
-  const box = boxOf(d);
-
+function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/files',
     {
       config: { scope: 'read' },
       schema: { tags, summary: 'Download a file (streamed)', params: IdParams, querystring: PathQuery },
     },
-    async (req, reply) => {
+    servedBy(s, (d) => async (req, reply) => {
       const q = req.query as PathQ;
-      const b = await box(req);
+      const b = await box(d, req);
       // stat first: a missing file is a 404, not a 200 that breaks off. Chunked, not a
       // Content-Length from the stat: a file that grows or shrinks meanwhile must not break the connection
       const st = await b.files.stat(q.path, { follow: true, user: q.user });
@@ -64,7 +62,7 @@ function fileContentRoutes(app: FastifyInstance, d: Daemon): void {
       void b.files.readTo(q.path, out, { user: q.user }).catch((e: Error) => out.destroy(e));
       void reply.header('content-type', 'application/octet-stream').header('x-snaplab-size', String(st.size));
       return reply.send(out);
-    },
+    }),
   );
 
   app.put(
@@ -84,35 +82,33 @@ function fileContentRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: Type.Object({ bytes: Type.Integer() }), ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const q = req.query as PathQ & { mode?: string; append?: boolean };
       const body = streamBody(req.body);
       const length = Number(req.headers['content-length']);
-      const bytes = await (await box(req)).files.write(q.path, body, {
+      const bytes = await (await box(d, req)).files.write(q.path, body, {
         user: q.user,
         mode: q.mode ? parseInt(q.mode, 8) : undefined,
         append: q.append,
         ...(Number.isSafeInteger(length) ? { size: length } : {}),
       });
       return { bytes };
-    },
+    }),
   );
 }
 
 /** Stat, list, mkdir and remove. */
-function fileEntryRoutes(app: FastifyInstance, d: Daemon): void {
-  const box = boxOf(d);
-
+function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/files/stat',
     {
       config: { scope: 'read' },
       schema: { tags, params: IdParams, querystring: PathQuery, response: { 200: info, ...errors } },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const q = req.query as PathQ;
-      return (await box(req)).files.stat(q.path, { user: q.user });
-    },
+      return (await box(d, req)).files.stat(q.path, { user: q.user });
+    }),
   );
 
   app.get(
@@ -127,10 +123,10 @@ function fileEntryRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: Type.Array(info), ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const q = req.query as PathQ;
-      return (await box(req)).files.list(q.path, { user: q.user });
-    },
+      return (await box(d, req)).files.list(q.path, { user: q.user });
+    }),
   );
 
   app.post(
@@ -152,15 +148,15 @@ function fileEntryRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 204: Type.Null(), ...errors },
       },
     },
-    async (req, reply) => {
+    servedBy(s, (d) => async (req, reply) => {
       const b = req.body as { path: string; parents?: boolean; mode?: string; user?: string };
-      await (await box(req)).files.mkdir(b.path, {
+      await (await box(d, req)).files.mkdir(b.path, {
         parents: b.parents,
         mode: b.mode ? parseInt(b.mode, 8) : undefined,
         user: b.user,
       });
       return reply.status(204).send();
-    },
+    }),
   );
 
   app.delete(
@@ -180,18 +176,16 @@ function fileEntryRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 204: Type.Null(), ...errors },
       },
     },
-    async (req, reply) => {
+    servedBy(s, (d) => async (req, reply) => {
       const q = req.query as PathQ & { recursive?: boolean; force?: boolean };
-      await (await box(req)).files.remove(q.path, { recursive: q.recursive, force: q.force, user: q.user });
+      await (await box(d, req)).files.remove(q.path, { recursive: q.recursive, force: q.force, user: q.user });
       return reply.status(204).send();
-    },
+    }),
   );
 }
 
 /** Trees as tar, both ways. */
-function archiveRoutes(app: FastifyInstance, d: Daemon): void {
-  const box = boxOf(d);
-
+function archiveRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.put(
     '/sandboxes/:id/archive',
     {
@@ -204,10 +198,10 @@ function archiveRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: info, ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const body = streamBody(req.body);
-      return (await box(req)).upload((req.query as { path: string }).path, body);
-    },
+      return (await box(d, req)).upload((req.query as { path: string }).path, body);
+    }),
   );
 
   app.get(
@@ -221,14 +215,14 @@ function archiveRoutes(app: FastifyInstance, d: Daemon): void {
         querystring: Type.Object({ path: Type.String({ minLength: 1 }) }),
       },
     },
-    async (req, reply) => {
-      const b = await box(req);
+    servedBy(s, (d) => async (req, reply) => {
+      const b = await box(d, req);
       const path = (req.query as { path: string }).path;
       await b.files.stat(path); // a missing path is a 404 before the stream begins
       const out = new PassThrough();
       void b.download(path, out).catch((e: Error) => out.destroy(e));
       void reply.header('content-type', 'application/x-tar');
       return reply.send(out);
-    },
+    }),
   );
 }

@@ -4,12 +4,15 @@
  * frame `{id, op: "exec", sandbox, argv, env?, cwd?, user?, timeoutMs?, stdin? (base64)}` or
  * `{id, op: "run", pool, ...}`; its answer is `{id, result}` or `{id, error}`, in the order the
  * commands end. HTTP costs a request and a response object, headers and a parse each way per
- * call; a frame costs a JSON parse. A connection that goes kills its commands still running.
+ * call; a frame costs a JSON parse. A connection that goes kills its commands still running. A
+ * gateway relays each call to the node of its sandbox (sandbox-calls.ts, cluster/rpc-relay.ts).
  */
 import type { FastifyInstance } from 'fastify';
 import type { WebSocket } from 'ws';
 import { SnaplabError } from '../errors.js';
 import type { Daemon } from './daemon.js';
+import type { Caller } from './keys.js';
+import { socketServedBy, type SandboxCalls } from './sandbox-calls.js';
 import { toSnaplab } from './http-errors.js';
 import { execView } from './exec-view.js';
 
@@ -45,105 +48,112 @@ function check(c: Partial<Call>): Call {
   return c as Call;
 }
 
-export async function rpcRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
+export async function rpcRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
   app.get(
     '/rpc',
     {
       websocket: true,
       config: { scope: 'exec' },
-      schema: { tags: ['processes'], summary: 'One-shot execs and pool runs multiplexed on a WebSocket (docs/api.md)' },
+      schema: {
+        hide: true,
+        tags: ['processes'],
+        summary: 'One-shot execs and pool runs multiplexed on a WebSocket (docs/api.md)',
+      },
     },
-    (ws: WebSocket, req) => {
-      const running = new Set<{ kill(sig: number): void }>();
-      ws.once('close', d.track(req.caller, ws));
-      ws.on('close', () => {
-        for (const p of running) p.kill(9);
-      });
-      ws.on('message', (data, isBinary) => {
-        let id: Call['id'] | null = null;
-        void (async () => {
-          if (isBinary) throw new SnaplabError('BAD_INPUT', 'rpc: send JSON text frames', 'see docs/api.md, /rpc');
-          const parsed = JSON.parse(String(data)) as unknown;
-          // null, a number, an array: not a call (null once answered INTERNAL, from `null.id`)
-          if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed))
-            throw new SnaplabError('BAD_INPUT', 'rpc: a frame is a JSON object {id, op, …}', 'see docs/api.md, /rpc');
-          const raw = parsed as Partial<Call>;
-          id = raw.id ?? null;
-          const c = check(raw);
-          // a key removed since the socket opened answers no more calls
-          if (!d.stillValid(req.caller)) {
-            ws.close(1008, 'key removed');
-            throw new SnaplabError(
-              'UNAUTHORIZED',
-              'the API key is not known (any more)',
-              'make a new one with `snaplab key create NAME`',
-            );
-          }
-          const release = d.claimExec(req.caller);
-          const started = Date.now();
-          try {
-            const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
-            const opts = {
-              env: c.env,
-              cwd: c.cwd,
-              user: c.user,
-              timeoutMs: d.deadline(c.timeoutMs),
-              encoding: 'buffer' as const,
-              ...stdin,
-            };
-            if (c.op === 'run') {
-              // the connection going kills it, as it does an exec
-              const gone = new AbortController();
-              const kill = { kill: () => gone.abort() };
-              running.add(kill);
-              const r = await d.lab
-                .pool(c.pool!)
-                .run(c.argv, { ...opts, signal: gone.signal })
-                .finally(() => running.delete(kill));
-              if (r.trace) d.metrics.observeTrace(r.trace);
-              return {
-                ...execView(r, 'base64'),
-                sandbox: r.sandbox,
-                hit: r.hit,
-                recycled: r.recycled,
-                operationId: r.trace?.id ?? null,
-              };
-            }
-            const box = await d.sandbox(c.sandbox!, req.caller);
-            const p = await box.spawn(c.argv, opts);
-            if (ws.readyState !== ws.OPEN) p.kill(9); // the socket went while it started
-            running.add(p);
-            try {
-              const r = await p.result;
-              d.metrics.exec.observe('kind="rpc"', Date.now() - started);
-              return execView(r, 'base64');
-            } finally {
-              running.delete(p);
-            }
-          } finally {
-            release();
-          }
-        })().then(
-          (result) => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ id, result })),
-          (e) => {
-            const err = toSnaplab(
-              e instanceof SyntaxError
-                ? new SnaplabError('BAD_INPUT', `rpc: not JSON: ${e.message}`, 'send JSON text frames', { cause: e })
-                : e,
-            );
-            if (ws.readyState === ws.OPEN)
-              ws.send(
-                JSON.stringify({
-                  id,
-                  error: {
-                    ...err.toJSON(),
-                    ...(err.code === 'QUOTA_EXCEEDED' ? { limit: (err as { limit?: string }).limit } : {}),
-                  },
-                }),
-              );
-          },
-        );
-      });
-    },
+    socketServedBy(s, (d) => (ws: WebSocket, req) => serveRpc(d, ws, req.caller)),
   );
+}
+
+/** One client's connection: its calls run as they come, answered as they end. */
+function serveRpc(d: Daemon, ws: WebSocket, caller: Caller): void {
+  const running = new Set<{ kill(sig: number): void }>();
+  ws.once('close', d.track(caller, ws));
+  ws.on('close', () => {
+    for (const p of running) p.kill(9);
+  });
+  ws.on('message', (data, isBinary) => {
+    let id: Call['id'] | null = null;
+    void (async () => {
+      if (isBinary) throw new SnaplabError('BAD_INPUT', 'rpc: send JSON text frames', 'see docs/api.md, /rpc');
+      const parsed = JSON.parse(String(data)) as unknown;
+      // null, a number, an array: not a call (null once answered INTERNAL, from `null.id`)
+      if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed))
+        throw new SnaplabError('BAD_INPUT', 'rpc: a frame is a JSON object {id, op, …}', 'see docs/api.md, /rpc');
+      const raw = parsed as Partial<Call>;
+      id = raw.id ?? null;
+      const c = check(raw);
+      // a key removed since the socket opened answers no more calls
+      if (!d.stillValid(caller)) {
+        ws.close(1008, 'key removed');
+        throw new SnaplabError(
+          'UNAUTHORIZED',
+          'the API key is not known (any more)',
+          'make a new one with `snaplab key create NAME`',
+        );
+      }
+      const release = d.claimExec(caller);
+      const started = Date.now();
+      try {
+        const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
+        const opts = {
+          env: c.env,
+          cwd: c.cwd,
+          user: c.user,
+          timeoutMs: d.deadline(c.timeoutMs),
+          encoding: 'buffer' as const,
+          ...stdin,
+        };
+        if (c.op === 'run') {
+          // the connection going kills it, as it does an exec
+          const gone = new AbortController();
+          const kill = { kill: () => gone.abort() };
+          running.add(kill);
+          const r = await d.lab
+            .pool(c.pool!)
+            .run(c.argv, { ...opts, signal: gone.signal })
+            .finally(() => running.delete(kill));
+          if (r.trace) d.metrics.observeTrace(r.trace);
+          return {
+            ...execView(r, 'base64'),
+            sandbox: r.sandbox,
+            hit: r.hit,
+            recycled: r.recycled,
+            operationId: r.trace?.id ?? null,
+          };
+        }
+        const box = await d.sandbox(c.sandbox!, caller);
+        const p = await box.spawn(c.argv, opts);
+        if (ws.readyState !== ws.OPEN) p.kill(9); // the socket went while it started
+        running.add(p);
+        try {
+          const r = await p.result;
+          d.metrics.exec.observe('kind="rpc"', Date.now() - started);
+          return execView(r, 'base64');
+        } finally {
+          running.delete(p);
+        }
+      } finally {
+        release();
+      }
+    })().then(
+      (result) => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ id, result })),
+      (e) => {
+        const err = toSnaplab(
+          e instanceof SyntaxError
+            ? new SnaplabError('BAD_INPUT', `rpc: not JSON: ${e.message}`, 'send JSON text frames', { cause: e })
+            : e,
+        );
+        if (ws.readyState === ws.OPEN)
+          ws.send(
+            JSON.stringify({
+              id,
+              error: {
+                ...err.toJSON(),
+                ...(err.code === 'QUOTA_EXCEEDED' ? { limit: (err as { limit?: string }).limit } : {}),
+              },
+            }),
+          );
+      },
+    );
+  });
 }

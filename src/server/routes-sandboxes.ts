@@ -1,10 +1,11 @@
 /**
  * A sandbox's own calls: pause, resume, timeout, labels, snapshots, one-shot exec (its create, get,
- * list and destroy are routes-shared.ts's).
+ * list and destroy are routes-shared.ts's). A daemon serves them; a gateway passes them to the
+ * sandbox's node (sandbox-calls.ts).
  */
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
-import type { Daemon } from './daemon.js';
+import { servedBy, type SandboxCalls } from './sandbox-calls.js';
 import {
   ExecBody,
   ExecResultView,
@@ -19,14 +20,14 @@ import { execView } from './exec-view.js';
 
 const tags = ['sandboxes'];
 
-export async function sandboxRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  controlRoutes(app, d);
-  usageRoute(app, d);
-  execAndSnapshotRoutes(app, d);
+export async function sandboxRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
+  controlRoutes(app, s);
+  usageRoute(app, s);
+  execAndSnapshotRoutes(app, s);
 }
 
 /** One sandbox's use now (the Lab API's `sandbox.usage()`). */
-function usageRoute(app: FastifyInstance, d: Daemon): void {
+function usageRoute(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/usage',
     {
@@ -39,12 +40,12 @@ function usageRoute(app: FastifyInstance, d: Daemon): void {
         response: { 200: Type.Object({}, { additionalProperties: true }), ...errors },
       },
     },
-    async (req) => (await d.sandbox((req.params as { id: string }).id, req.caller)).usage(),
+    servedBy(s, (d) => async (req) => (await d.sandbox((req.params as { id: string }).id, req.caller)).usage()),
   );
 }
 
 /** Pause, resume, timeout, labels. */
-function controlRoutes(app: FastifyInstance, d: Daemon): void {
+function controlRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/pause',
     {
@@ -56,7 +57,7 @@ function controlRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: SandboxView, ...errors },
       },
     },
-    async (req) => d.view(await d.pause((req.params as { id: string }).id, null, req.caller)),
+    servedBy(s, (d) => async (req) => d.view(await d.pause((req.params as { id: string }).id, null, req.caller))),
   );
 
   app.post(
@@ -70,7 +71,7 @@ function controlRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: SandboxView, ...errors },
       },
     },
-    async (req) => d.view(await d.resume((req.params as { id: string }).id, req.caller)),
+    servedBy(s, (d) => async (req) => d.view(await d.resume((req.params as { id: string }).id, req.caller))),
   );
 
   app.post(
@@ -85,10 +86,10 @@ function controlRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: SandboxView, ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const b = req.body as { timeoutS: number; onTimeout?: 'kill' | 'pause' };
       return d.view(await d.setTimeout((req.params as { id: string }).id, b.timeoutS, b.onTimeout, req.caller));
-    },
+    }),
   );
 
   app.patch(
@@ -103,15 +104,15 @@ function controlRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: SandboxView, ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       await box.setLabels(req.body as { labels?: Record<string, string> });
       return d.view(box);
-    },
+    }),
   );
 }
 
-function execAndSnapshotRoutes(app: FastifyInstance, d: Daemon): void {
+function execAndSnapshotRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/exec',
     {
@@ -125,7 +126,7 @@ function execAndSnapshotRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: ExecResultView, ...errors },
       },
     },
-    async (req, reply) => {
+    servedBy(s, (d) => async (req, reply) => {
       const b = req.body as ExecBody;
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       const release = d.claimExec(req.caller);
@@ -150,7 +151,7 @@ function execAndSnapshotRoutes(app: FastifyInstance, d: Daemon): void {
       } finally {
         release();
       }
-    },
+    }),
   );
 
   app.post(
@@ -165,7 +166,7 @@ function execAndSnapshotRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 201: Type.Object({}, { additionalProperties: true }), ...errors },
       },
     },
-    async (req, reply) => {
+    servedBy(s, (d) => async (req, reply) => {
       const b = req.body as { name: string; memory?: boolean };
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       const release = await d.ceilings.claimSnapshot(req.caller);
@@ -173,6 +174,6 @@ function execAndSnapshotRoutes(app: FastifyInstance, d: Daemon): void {
       req.opId = snap.lastTrace?.id ?? null;
       if (snap.lastTrace) d.metrics.observeTrace(snap.lastTrace);
       return reply.status(201).send(snap.toJSON());
-    },
+    }),
   );
 }

@@ -3,7 +3,8 @@
  * from its first message and streams it; every such command is also a process with an id, so a
  * client that lost its connection reattaches at `GET /sandboxes/{id}/processes/{pid}/attach?offset=N`
  * and misses nothing the ring still holds (a gap is reported when it does not). See docs/api.md
- * for the frames.
+ * for the frames. A gateway passes these to the sandbox's node, its WebSockets joined byte for
+ * byte (sandbox-calls.ts).
  */
 import type { FastifyInstance } from 'fastify';
 import type { WebSocket } from 'ws';
@@ -11,6 +12,7 @@ import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
 import { constants } from 'node:os';
 import type { Daemon, ProcessSpec } from './daemon.js';
+import { servedBy, socketServedBy, type SandboxCalls } from './sandbox-calls.js';
 import type { Caller } from './keys.js';
 import type { Chunk, Process } from './processes.js';
 import { toSnaplab } from './http-errors.js';
@@ -260,33 +262,33 @@ const tags = ['processes'];
 const info = Type.Object({}, { additionalProperties: true });
 
 /** A process of a sandbox the caller may see (else not found). */
-function procOf(d: Daemon) {
-  return async (caller: Caller, id: string, pid: string): Promise<Process> =>
-    d.processes.get((await d.find(id, caller)).id, pid);
+async function procOf(d: Daemon, caller: Caller, id: string, pid: string): Promise<Process> {
+  return d.processes.get((await d.find(id, caller)).id, pid);
 }
 
-export async function streamRoutes(app: FastifyInstance, d: Daemon): Promise<void> {
-  execStreamRoute(app, d);
-  attachRoute(app, d);
-  processRoutes(app, d);
-  outputRoute(app, d);
-  processInputRoutes(app, d);
+export async function streamRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
+  execStreamRoute(app, s);
+  attachRoute(app, s);
+  processRoutes(app, s);
+  outputRoute(app, s);
+  processInputRoutes(app, s);
 }
 
-function execStreamRoute(app: FastifyInstance, d: Daemon): void {
+function execStreamRoute(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/exec',
     {
       websocket: true,
       config: { scope: 'exec' },
       schema: {
+        hide: true,
         tags,
         summary:
           'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, tag?, onDisconnect?: "keep"|"kill"}',
         params: IdParams,
       },
     },
-    (ws, req) => {
+    socketServedBy(s, (d) => (ws, req) => {
       void (async () => {
         let p: Process | undefined;
         let onDisconnect = 'keep';
@@ -328,18 +330,18 @@ function execStreamRoute(app: FastifyInstance, d: Daemon): void {
         // its reader has had the end: kept a little for a late attach, not the full ten minutes
         pump(proc, ws, 0, () => (proc.keepMs = 30_000));
       })();
-    },
+    }),
   );
 }
 
-function attachRoute(app: FastifyInstance, d: Daemon): void {
-  const proc = procOf(d);
+function attachRoute(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/processes/:pid/attach',
     {
       websocket: true,
       config: { scope: 'exec' },
       schema: {
+        hide: true,
         tags,
         summary: 'Reattach (WebSocket) from output offset N: what the ring holds after N, then live',
         params: ProcParams,
@@ -349,7 +351,7 @@ function attachRoute(app: FastifyInstance, d: Daemon): void {
         }),
       },
     },
-    (ws, req) => {
+    socketServedBy(s, (d) => (ws, req) => {
       // what the client sends while its process is looked up is kept for it, in order
       const held: [Buffer, boolean][] = [];
       const early = (data: Buffer, isBinary: boolean): void => void held.push([data, isBinary]);
@@ -357,7 +359,7 @@ function attachRoute(app: FastifyInstance, d: Daemon): void {
       void (async () => {
         try {
           const { id, pid } = req.params as { id: string; pid: string };
-          const p = await proc(req.caller, id, pid);
+          const p = await procOf(d, req.caller, id, pid);
           ws.off('message', early);
           ws.once('close', d.track(req.caller, ws));
           const offset = (req.query as { offset?: number }).offset ?? 0;
@@ -368,13 +370,12 @@ function attachRoute(app: FastifyInstance, d: Daemon): void {
           refuse(ws, e);
         }
       })();
-    },
+    }),
   );
 }
 
 /** Start, list and get background processes. */
-function processRoutes(app: FastifyInstance, d: Daemon): void {
-  const proc = procOf(d);
+function processRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/processes',
     {
@@ -387,12 +388,12 @@ function processRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 201: info, ...errors },
       },
     },
-    async (req, reply) => {
+    servedBy(s, (d) => async (req, reply) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       const p = await d.startProcess(req.caller, box, { ...(req.body as ProcessSpec), background: true });
       await p.handle!.pid.catch(handledElsewhere);
       return reply.status(201).send(p.info());
-    },
+    }),
   );
 
   app.get(
@@ -406,24 +407,23 @@ function processRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: Type.Array(info), ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       return d.processes.of(box.id).map((p) => p.info());
-    },
+    }),
   );
 
   app.get(
     '/sandboxes/:id/processes/:pid',
     { config: { scope: 'read' }, schema: { tags, params: ProcParams, response: { 200: info, ...errors } } },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      return (await proc(req.caller, id, pid)).info();
-    },
+      return (await procOf(d, req.caller, id, pid)).info();
+    }),
   );
 }
 
-function outputRoute(app: FastifyInstance, d: Daemon): void {
-  const proc = procOf(d);
+function outputRoute(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/processes/:pid/output',
     {
@@ -440,9 +440,9 @@ function outputRoute(app: FastifyInstance, d: Daemon): void {
         response: { 200: info, ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      const p = await proc(req.caller, id, pid);
+      const p = await procOf(d, req.caller, id, pid);
       const q = req.query as { offset?: number; wait?: number };
       const offset = q.offset ?? 0;
       if (q.wait && !p.ended && p.ring.total <= offset) {
@@ -465,13 +465,12 @@ function outputRoute(app: FastifyInstance, d: Daemon): void {
         next: p.ring.total,
         chunks: chunks.map((c) => ({ stream: c.stream, offset: c.offset, data: c.data.toString('base64') })),
       };
-    },
+    }),
   );
 }
 
 /** Signal, stdin, kill. */
-function processInputRoutes(app: FastifyInstance, d: Daemon): void {
-  const proc = procOf(d);
+function processInputRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/processes/:pid/signal',
     {
@@ -484,12 +483,12 @@ function processInputRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: info, ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      const p = await proc(req.caller, id, pid);
+      const p = await procOf(d, req.caller, id, pid);
       if (!p.ended) p.handle?.kill(signalNumber((req.body as { signal: unknown }).signal));
       return p.info();
-    },
+    }),
   );
 
   app.post(
@@ -504,15 +503,15 @@ function processInputRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: info, ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      const p = await proc(req.caller, id, pid);
+      const p = await procOf(d, req.caller, id, pid);
       const h = p.handle;
       if (!h || p.ended) throw new SnaplabError('BAD_INPUT', 'the process has ended', 'start a new one');
       for await (const b of streamBody(req.body)) if (!h.write(b as Buffer)) await h.drained();
       if ((req.query as { eof?: boolean }).eof) h.end();
       return p.info();
-    },
+    }),
   );
 
   app.delete(
@@ -526,11 +525,11 @@ function processInputRoutes(app: FastifyInstance, d: Daemon): void {
         response: { 200: info, ...errors },
       },
     },
-    async (req) => {
+    servedBy(s, (d) => async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
-      const p = await proc(req.caller, id, pid);
+      const p = await procOf(d, req.caller, id, pid);
       if (!p.ended) p.handle?.kill(9);
       return p.info();
-    },
+    }),
   );
 }

@@ -2,7 +2,7 @@
  * What the daemon serves: a LabApi (sdk/api.ts), and the few things a server needs beside it.
  * The routes and the Daemon call this interface only, never lab/ or the store, so any
  * implementation can be served by the same routes: the embedded Lab on a node; a cluster gateway
- * serves the routes it shares with a daemon over a RouteHost (below). Everything a client can do
+ * serves the same routes over a RouteHost (below), passing a sandbox's own calls to its node. Everything a client can do
  * is in LabApi (and held to the contract suite); what is here is a server's own: the home it runs
  * on, its API keys, the journal its event stream is kept in, and the host's images, scenarios and
  * gc, which only the embedded Lab has so far (not yet on the remote Lab).
@@ -23,6 +23,7 @@ import type { PoolSpec } from '../lab/pools/admin.js';
 import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ApiKeyRecord, EventRecord } from '../store/records.js';
 import type { KeyOptions } from '../lab/keys.js';
 import type { DebianSpec } from '../image/debian.js';
@@ -159,6 +160,18 @@ export interface ScenariosApi {
 }
 
 /**
+ * A gateway's way of serving a sandbox's own calls: the request, its body checked by the route's
+ * schema, handed to the node that holds `sandbox` (null: /rpc, whose calls name their own) and the
+ * answer streamed back; an upgrade to a WebSocket route (`socket`) joined to the node's byte for
+ * byte (cluster/streams.ts).
+ */
+export type PassToNode = (
+  req: FastifyRequest,
+  reply: FastifyReply,
+  to: { sandbox: string | null; socket: boolean },
+) => Promise<void>;
+
+/**
  * What the routes that a single daemon and a cluster gateway both serve (the same handlers,
  * schemas and OpenAPI entries) need of the server: the Daemon over its embedded Lab, the
  * gateway over a GatewayLab bound to each caller (cluster/gateway-host.ts).
@@ -204,4 +217,9 @@ export interface RouteHost {
   /** the long operations the caller may ask about */
   operationsFor(caller: Caller): OperationsApi;
   readonly keyAdmin: KeyAdmin;
+  /**
+   * A sandbox's own calls (sandbox-calls.ts), served by passing them to the node that holds it
+   * (a gateway's); a daemon has none and serves them itself.
+   */
+  passToNode?: PassToNode;
 }
