@@ -616,7 +616,7 @@ static void put_age(struct buf *out, const char *iso)
 	put_text(out, text);
 }
 
-/* ls's NOTE (src/cli/lifecycle.ts note()): host root first, then the init, then the reason (or where it came from). */
+/* ls's NOTE (src/cli/lifecycle.ts note()): host root first, then the init, egress, then the reason (or where it came from). */
 static void put_note(struct buf *out, const char *s, size_t n)
 {
 	size_t vs, ve, start = out->len;
@@ -629,6 +629,11 @@ static void put_note(struct buf *out, const char *s, size_t n)
 		put_text(out, "systemd");
 	}
 	buf_free(&init);
+	if (json_member(s, n, "egress", &vs, &ve) == 0 && s[vs] == '{') {
+		if (out->len > start)
+			put_text(out, "; ");
+		put_text(out, "egress");
+	}
 	struct buf why = { 0 }, origin = { 0 };
 	/* reason ?? (origin ? `from ${origin}` : ''): an empty reason is kept (and says nothing) */
 	if (!member_text(s, n, "reason", &why) && member_text(s, n, "origin", &origin) && origin.len) {

@@ -255,6 +255,11 @@ describe('egress', () => {
       });
       expect(shown.code, shown.err).toBe(0);
       expect(JSON.parse(shown.out)).toMatchObject({ allow: [OTHER], deny: [WEB] });
+      // ls says so, through the daemon (the C command) and embedded (Node) alike
+      for (const env of [{ SNAPLAB_HOST: `unix:${d.socket}` }, {}]) {
+        const ls = cli(lab!.home, ['ls'], undefined, env);
+        expect(ls.out.split('\n').find((l) => l.includes(box.name))).toMatch(/ egress$/);
+      }
       // the daemon's metrics sum them over the machines there are
       const metrics = spawnSync('curl', ['-sS', '--unix-socket', d.socket, 'http://x/metrics'], {
         encoding: 'utf8',

@@ -12,11 +12,15 @@ function age(ts: number): string {
 
 const collectKv = (v: string, prev: string[]): string[] => [...prev, v];
 
-/** ls's NOTE: what a reader should know first (host root), then the init, then why it is in its state. */
+/**
+ * ls's NOTE: what a reader should know first (host root), then the init, whether it reaches out
+ * (egress), then why it is in its state.
+ */
 function note(b: SandboxApi): string {
   return [
     b.hostRoot ? 'NO USER NAMESPACE (root inside is host root)' : '',
     b.init === 'systemd' ? 'systemd' : '',
+    b.egress ? 'egress' : '',
     b.reason ?? (b.origin ? `from ${b.origin}` : ''),
   ]
     .filter(Boolean)
