@@ -1,5 +1,6 @@
 import { readFile } from 'node:fs/promises';
-import { orElse } from '../cleanup.js';
+import { describeFailure, orElse } from '../cleanup.js';
+import { probeEgressRules } from '../host/net/egress.js';
 import { existsSync } from 'node:fs';
 import { BUILTIN_IMAGE, DEFAULT_DRIVER } from '../defaults.js';
 import { createDrivers } from '../drivers/registry.js';
@@ -159,9 +160,16 @@ async function hostChecks(): Promise<Check[]> {
  * Egress (docs/egress.md): nftables and procps, and what the host's forwarding is: on (left as it
  * is), or off (snaplab turns it on while a machine has egress; gc turns it off again).
  */
-async function egressCheck(): Promise<Omit<Check, 'name' | 'kind'>> {
+async function egressCheck(home: string): Promise<Omit<Check, 'name' | 'kind'>> {
   const missing = await toolsVerdict('egress', 'egress');
   if (missing) return missing;
+  const refused = await probeEgressRules(home).catch((e: unknown) => describeFailure(e));
+  if (refused)
+    return {
+      ok: false,
+      reason: `nft refused egress's rules in a scratch namespace: ${refused}`,
+      fix: "egress needs nftables with the nf_tables, nft_nat, nft_reject and nft_counter modules (Debian's kernel has them)",
+    };
   const forwarding = (
     await readFile('/proc/sys/net/ipv4/ip_forward', 'utf8').catch(orElse('', 'read ip_forward'))
   ).trim();
@@ -169,13 +177,13 @@ async function egressCheck(): Promise<Omit<Check, 'name' | 'kind'>> {
     ok: true,
     reason:
       forwarding === '1'
-        ? "nft found; the host forwards (net.ipv4.ip_forward=1): a machine's egress goes out through NAT"
-        : 'nft found; the host does not forward now: snaplab turns net.ipv4.ip_forward on while a machine has egress, and gc turns it off after',
+        ? "nft takes its rules (tried in a scratch namespace); the host forwards (net.ipv4.ip_forward=1): a machine's egress goes out through NAT"
+        : 'nft takes its rules (tried in a scratch namespace); the host does not forward now: snaplab turns net.ipv4.ip_forward on while a machine has egress, and gc turns it off after',
   };
 }
 
 /** Features beyond a single sandbox: snaplab runs without them, but they fail when used. */
-async function featureChecks(): Promise<Check[]> {
+async function featureChecks(home: string): Promise<Check[]> {
   const checks: Check[] = [];
   checks.push({
     name: 'scenarios',
@@ -183,7 +191,7 @@ async function featureChecks(): Promise<Check[]> {
     optional: true,
     ...((await toolsVerdict('scenario', 'scenarios')) ?? { ok: true, reason: 'ip and tc (iproute2) found' }),
   });
-  checks.push({ name: 'egress', kind: 'feature', optional: true, ...(await egressCheck()) });
+  checks.push({ name: 'egress', kind: 'feature', optional: true, ...(await egressCheck(home)) });
   checks.push({
     name: 'scenario VMs',
     kind: 'feature',
@@ -258,7 +266,7 @@ export async function doctor(home: string): Promise<{
   );
   checks.push(...(await diskCapChecks(home)));
   checks.push({ name: 'busybox image', kind: 'image', ...(await busyboxSource.probe()) });
-  checks.push(...(await featureChecks()));
+  checks.push(...(await featureChecks(home)));
   let defaultStorage: string | null = null;
   let defaultStorageReason = '';
   try {

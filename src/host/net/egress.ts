@@ -485,3 +485,20 @@ async function collectLocked(home: string, liveSlots: Set<number>): Promise<stri
   }
   return removed;
 }
+
+/**
+ * Whether this host's nftables takes egress's rules: the router's table and one machine's chain
+ * loaded into a scratch namespace (slot 0 of the home's, which no machine has: gc removes it if
+ * this is killed), then removed. Undefined when it does; the nft error when not.
+ */
+export async function probeEgressRules(home: string): Promise<string | undefined> {
+  const ns = machineEgressNetns(homeTag(home), 0);
+  await createNetns(ns);
+  try {
+    const rules = `${routerRuleset({ hostAddrs: ['192.0.2.2'], dns: ['192.0.2.53'], transitRouter: '100.127.0.2' })}\n${machineRules(1, { allow: ['192.0.2.1'], deny: ['192.0.2.9'] })}`;
+    const res = await inNs(ns, ['nft', '-f', '-'], { input: rules, allowFail: true });
+    return res.code === 0 ? undefined : res.stderr.trim().split('\n')[0];
+  } finally {
+    await deleteNetns(ns);
+  }
+}
