@@ -4,7 +4,8 @@
  * snaplab's uplink at it (SNAPLAB_UPLINK_NETNS). Machines run busybox's nc and nslookup.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -13,6 +14,7 @@ import { Lab } from '../src/sdk/lab.js';
 import type { SandboxApi } from '../src/sdk/api.js';
 import { homeTag, machineEgressNetns, routerNetns, uplinkTable } from '../src/host/net/egress-rules.js';
 import { disposeLab, testLab } from './helpers.js';
+import { noted } from '../src/cleanup.js';
 import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
 
 const UP = `sltest-up-${process.pid}`;
@@ -31,13 +33,13 @@ const machineNs = (box: SandboxApi): string => {
   return machineEgressNetns(homeTag(lab!.home), n - ((100 << 24) | (96 << 16)) - 1);
 };
 /** What `f` gives once it gives something (every 100 ms, for at most 10 s). */
-async function until<T>(f: () => Promise<T | undefined>): Promise<T> {
-  for (let i = 0; i < 100; i++) {
+async function until<T>(f: () => Promise<T | undefined>, ms = 10_000): Promise<T> {
+  for (let i = 0; i < ms / 100; i++) {
     const v = await f();
     if (v !== undefined) return v;
     await new Promise((r) => setTimeout(r, 100));
   }
-  throw new Error('not before 10 s');
+  throw new Error(`not before ${ms} ms`);
 }
 const hostAddress = (): string =>
   /\binet (\d+\.\d+\.\d+\.\d+)\/\d+ .*scope global/.exec(sh('ip', ['-4', '-o', 'addr', 'show']))?.[1] ?? '';
@@ -220,6 +222,44 @@ describe('egress', () => {
     await pool.remove();
   });
 
+  it("a scenario network's uplink: its machines reach out as its lists allow, across a standby reset; down and gc leave nothing", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'snaplab-test-egress-'));
+    const file = join(dir, 'up.yaml');
+    writeFileSync(
+      file,
+      `name: upl
+networks:
+  lan: { subnet: 10.79.1.0/24, uplink: { allow: [${WEB}] } }
+  back: { subnet: 10.79.2.0/24 }
+machines:
+  a: { networks: { lan: { address: 10.79.1.10 }, back: { address: 10.79.2.10 } } }
+  b: { networks: { back: { address: 10.79.2.20 } } }
+`,
+    );
+    try {
+      const s = await lab!.up(file);
+      const get = async (m: string, addr: string): Promise<boolean> => (await fetchIn(await s.machine(m), addr)).ok;
+      expect(await get('a', WEB)).toBe(true);
+      expect(await get('a', OTHER)).toBe(false);
+      expect(await get('b', WEB)).toBe(false); // not on the uplink's network: no egress
+      // its scenario links are as they were: a reaches b over back
+      expect((await (await s.machine('a')).exec(['ping', '-c1', '-W2', '10.79.2.20'])).exitCode).toBe(0);
+      await s.snapshot('base');
+      const ready = async (): Promise<string | undefined> =>
+        (await s.status()).standby?.state === 'ready' ? 'ready' : undefined;
+      await until(ready, 60_000);
+      expect((await s.reset()).standby).toBe('swapped');
+      expect(await get('a', WEB)).toBe(true);
+      expect(await get('a', OTHER)).toBe(false);
+      await s.down();
+      await lab!.gc();
+      expect(sh('ip', ['netns', 'list'])).not.toContain(routerNetns(homeTag(lab!.home)));
+    } finally {
+      for (const x of lab!.scenarios()) await x.down().catch(noted(`take ${x.name} down`));
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 180_000);
+
   it('goes through a daemon: create with lists, GET and PUT /sandboxes/:id/egress, the CLI', async () => {
     let d: TestDaemon | undefined;
     try {
@@ -256,7 +296,7 @@ describe('egress', () => {
       expect(shown.code, shown.err).toBe(0);
       expect(JSON.parse(shown.out)).toMatchObject({ allow: [OTHER], deny: [WEB] });
       // ls says so, through the daemon (the C command) and embedded (Node) alike
-      for (const env of [{ SNAPLAB_HOST: `unix:${d.socket}` }, {}]) {
+      for (const env of [{ SNAPLAB_HOST: `unix:${d.socket}` }, {}] as Record<string, string>[]) {
         const ls = cli(lab!.home, ['ls'], undefined, env);
         expect(ls.out.split('\n').find((l) => l.includes(box.name))).toMatch(/ egress$/);
       }

@@ -1,3 +1,5 @@
+import type { EgressLists } from '../host/net/egress-rules.js';
+import { resolveEgress } from '../sdk/create-options.js';
 import { readFileSync, statSync } from 'node:fs';
 import { basename, resolve } from 'node:path';
 import { isScalar } from 'yaml';
@@ -37,7 +39,8 @@ export function buildSpec(raw: RawScenario, at: Locator, dir: string): ScenarioS
       }
     }
     cidrs.set(name, cidr);
-    spec.networks.push({ name, subnet: subnet.trim(), prefix: cidr.prefix });
+    const uplink = value(at, ['networks', name, 'uplink'], () => uplinkOf(raw.networks![name]!.uplink));
+    spec.networks.push({ name, subnet: subnet.trim(), prefix: cidr.prefix, ...(uplink ? { uplink } : {}) });
   }
 
   const names = at.keys(['machines']);
@@ -178,6 +181,16 @@ function groupName(g: string): string {
   if (RESERVED_GROUPS.includes(g))
     throw new Problem(`group name ${g} is Ansible's own`, 'pick another name (every host is in all already)');
   return g;
+}
+
+/** A network's uplink: its lists, checked as a create's egress (a bad entry said where it is). */
+function uplinkOf(v: boolean | { allow?: string[]; deny?: string[] } | undefined): EgressLists | undefined {
+  try {
+    return resolveEgress(v);
+  } catch (e) {
+    if (e instanceof SnaplabError) throw new Problem(e.message, e.hint);
+    throw e;
+  }
 }
 
 function portOf(v: string | number): { local: number; remote: number } {

@@ -1,3 +1,4 @@
+import type { EgressLists } from '../host/net/egress-rules.js';
 import type { LabContext } from '../lab/context.js';
 import { imageVolume } from '../lab/images/volume.js';
 import { DEFAULT_DRIVER } from '../defaults.js';
@@ -69,12 +70,25 @@ export async function raiseMachine(
       ...(from?.memory ? { memory: from.memory } : {}),
       ...(uidBase !== undefined ? { uidBase } : {}),
       ...(m.init ? { init: m.init } : {}),
+      ...uplinkOf(scenario.spec, m),
     },
     trace,
   );
   const machine: Machine = { spec: m, record, agent, netns };
   if (!from) await agent.putFile('/etc/hosts', Buffer.from(hostsFile(scenario.spec, m)), 0o644);
   return machine;
+}
+
+/**
+ * A machine on networks with an uplink gets egress of its own (its link to the home's router,
+ * beside its network links), with the lists of those networks together.
+ */
+function uplinkOf(spec: ScenarioSpec, m: ScenarioSpec['machines'][number]): { egress?: EgressLists } {
+  const ups = m.networks.flatMap((n) => spec.networks.find((x) => x.name === n.network)?.uplink ?? []);
+  if (!ups.length) return {};
+  return {
+    egress: { allow: [...new Set(ups.flatMap((u) => u.allow))], deny: [...new Set(ups.flatMap((u) => u.deny))] },
+  };
 }
 
 export function machineIndex(spec: ScenarioSpec, name: string): number {

@@ -313,10 +313,25 @@ const Machine = z.strictObject(
 );
 export type RawMachine = z.output<typeof Machine>;
 
-const Network = byKind<{ subnet: string }>('a map with subnet, or a subnet such as 10.77.1.0/24', {
-  string: z.string().transform((subnet) => ({ subnet })),
-  object: z.strictObject({ subnet: str('an IPv4 CIDR such as 10.77.1.0/24') }),
-});
+/** A network's uplink: true, or egress lists (docs/egress.md) */
+const Uplink = z.union(
+  [
+    z.boolean(),
+    z.strictObject({
+      allow: z.array(z.string()).optional(),
+      deny: z.array(z.string()).optional(),
+    }),
+  ],
+  { error: 'expected true, false or { allow: [...], deny: [...] }' },
+);
+
+const Network = byKind<{ subnet: string; uplink?: z.output<typeof Uplink> }>(
+  'a map with subnet, or a subnet such as 10.77.1.0/24',
+  {
+    string: z.string().transform((subnet) => ({ subnet })),
+    object: z.strictObject({ subnet: str('an IPv4 CIDR such as 10.77.1.0/24'), uplink: Uplink.optional() }),
+  },
+);
 
 export const ScenarioFile = z.strictObject(
   {
@@ -342,7 +357,7 @@ export function allowedKeys(path: readonly (string | number)[]): string[] {
   const p = path.map((s) => (typeof s === 'number' ? '#' : s));
   const at = (...shape: string[]) => p.length === shape.length && shape.every((s, i) => s === '*' || s === p[i]);
   if (at()) return ['name', 'standby', 'networks', 'machines'];
-  if (at('networks', '*')) return ['subnet'];
+  if (at('networks', '*')) return ['subnet', 'uplink'];
   if (at('machines', '*')) return Object.keys(Machine.shape);
   if (at('machines', '*', 'networks', '*')) return ['address'];
   if (at('machines', '*', 'image')) return ['name', 'debian'];

@@ -17,6 +17,8 @@ export interface NetworkSpec {
   /** CIDR as written, e.g. 10.10.1.0/24. */
   subnet: string;
   prefix: number;
+  /** its machines' egress (docs/egress.md) with these lists; absent: none */
+  uplink?: { allow: string[]; deny: string[] };
 }
 
 export interface MachineFileSpec {

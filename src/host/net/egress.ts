@@ -7,7 +7,7 @@
  */
 import { existsSync } from 'node:fs';
 import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { networkInterfaces } from 'node:os';
 import { SnaplabError } from '../../errors.js';
 import { noted, orElse } from '../../cleanup.js';
@@ -267,7 +267,15 @@ export interface EgressAttach {
   lists: EgressLists;
   /** the machine's user namespace, which is to own its network namespace (its root configures it) */
   userns?: { base: number; count: number };
+  /**
+   * a network namespace the machine has already (a scenario machine's, with its network links):
+   * the link to the router is added there as `up0`, and detachEgress leaves the namespace
+   */
+  into?: string;
 }
+
+/** The machine's side of its link to the router: eth0 in a namespace of its own, up0 beside a scenario machine's links. */
+const machineSide = (a: { into?: string }): string => (a.into ? 'up0' : 'eth0');
 
 /**
  * A machine's network namespace with eth0 linked to the router: its address by its slot, the
@@ -277,25 +285,26 @@ export interface EgressAttach {
 export async function attachEgress(home: string, a: EgressAttach): Promise<string> {
   const router = await ensureRouter(home);
   const tag = homeTag(home);
-  const ns = machineEgressNetns(tag, a.slot);
+  const ns = a.into ? basename(a.into) : machineEgressNetns(tag, a.slot);
   const address = slotAddress(a.slot);
   const ifn = machineIf(a.slot);
+  const dev = machineSide(a);
   // names first: one that does not resolve leaves nothing made
   const lists = await pinNames(checkLists(a.lists));
   // three steps in a row, each one spawn (or the host helper's request): the namespace; its side
   // of the link, made there with its peer put in the router; the router's side beside its rules
   try {
-    await makeMachineNetns(ns, a.userns);
+    if (!a.into) await makeMachineNetns(ns, a.userns);
     await batch(
       ns,
       [
-        `link add eth0 group ${NET_GROUP} type veth peer name ${ifn} group ${NET_GROUP} netns ${router}`,
+        `link add ${dev} group ${NET_GROUP} type veth peer name ${ifn} group ${NET_GROUP} netns ${router}`,
         'link set lo up',
-        'link set eth0 addrgenmode none',
-        `addr add ${address}/32 dev eth0`,
-        'link set eth0 up',
-        `route add ${GATEWAY}/32 dev eth0 scope link`,
-        `route add default via ${GATEWAY} dev eth0`,
+        `link set ${dev} addrgenmode none`,
+        `addr add ${address}/32 dev ${dev}`,
+        `link set ${dev} up`,
+        `route add ${GATEWAY}/32 dev ${dev} scope link`,
+        `route add default via ${GATEWAY} dev ${dev}`,
       ],
       `cannot link ${ns} to the egress router`,
     );
@@ -317,7 +326,9 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
       ),
     ]);
   } catch (e) {
-    await detachEgress(home, a.slot).catch(noted(`remove the half-made egress of slot ${a.slot}`));
+    await detachEgress(home, a.slot, { keepNetns: a.into !== undefined }).catch(
+      noted(`remove the half-made egress of slot ${a.slot}`),
+    );
     throw e;
   }
   return netnsPath(ns);
@@ -389,17 +400,21 @@ export async function pinNames(lists: EgressLists): Promise<EgressLists> {
  * Idempotent. The rules go in one transaction when they are all there (the usual case); what a
  * crash left half made is read first and removed as it is.
  */
-export async function detachEgress(home: string, slot: number): Promise<void> {
+export async function detachEgress(home: string, slot: number, opts: { keepNetns?: boolean } = {}): Promise<void> {
   const tag = homeTag(home);
   const router = routerNetns(tag);
   const ns = machineEgressNetns(tag, slot);
   const hasRouter = await isNamespace(netnsPath(router));
-  await Promise.all([
-    hasRouter ? removeRules(router, slot) : undefined,
-    // the link first, at once: its router end's name is free again for the slot's next machine
-    (await isNamespace(netnsPath(ns))) ? ipBatch(ns, [`link del group ${NET_GROUP}`]) : undefined,
-  ]);
-  await unwire([ns]);
+  // the link first, at once, from the router's end (both ends go): its name is free again for
+  // the slot's next machine, and a scenario machine's namespace keeps its other links
+  const link = async (): Promise<void> => {
+    if (!hasRouter) return;
+    const res = await ipBatch(router, [`link del ${machineIf(slot)}`]);
+    if (res.code !== 0 && !/Cannot find device|does not exist/i.test(res.stderr))
+      throw failed(`cannot remove the egress link of slot ${slot}`, res);
+  };
+  await Promise.all([hasRouter ? removeRules(router, slot) : undefined, link()]);
+  if (!opts.keepNetns) await unwire([ns]);
 }
 
 async function removeRules(router: string, slot: number): Promise<void> {

@@ -227,7 +227,7 @@ async function raiseMachine(
     );
   }
   // a machine with egress gets its network namespace while its root is cloned (it needs neither)
-  const egress = record.egress ? trace.phase('egress', () => egressNetns(ctx, record, driver)) : undefined;
+  const egress = record.egress ? trace.phase('egress', () => egressNetns(ctx, record, driver, input.netns)) : undefined;
   const netns = input.netns;
   const machine = {
     id: record.id,
@@ -262,7 +262,7 @@ async function raiseMachine(
 }
 
 /** The machine's network namespace, linked to the home's egress router (host/net/egress.ts). */
-async function egressNetns(ctx: LabContext, record: SandboxRecord, driver: Driver): Promise<string> {
+async function egressNetns(ctx: LabContext, record: SandboxRecord, driver: Driver, into?: string): Promise<string> {
   if (driver.capabilities.ownKernel)
     throw new SnaplabError(
       'BAD_INPUT',
@@ -273,6 +273,7 @@ async function egressNetns(ctx: LabContext, record: SandboxRecord, driver: Drive
   return attachEgress(ctx.home, {
     slot: e.slot,
     lists: e,
+    ...(into ? { into } : {}),
     ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
   });
 }

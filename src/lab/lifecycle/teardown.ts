@@ -36,7 +36,8 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
   }
   if (s.egress) {
     const slot = s.egress.slot;
-    await phase('egress', () => detachEgress(ctx.home, slot));
+    // a scenario machine's namespace is its scenario's (its network links, kept across resets)
+    await phase('egress', () => detachEgress(ctx.home, slot, { keepNetns: s.scenario !== null }));
   }
   ctx.store.deleteSandbox(s.id);
   // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)
