@@ -54,7 +54,8 @@ static int fail(int e, const char *path)
 	return 1;
 }
 
-static void json_str(const char *s)
+/* A JSON string on stdout (also watch.c's event names). */
+void json_str(const char *s)
 {
 	putchar('"');
 	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {

@@ -77,18 +77,13 @@ static char *join(const char *a, const char *b)
 	return s;
 }
 
+void json_str(const char *s); /* files.c */
+
 static void emit(const char *type, const char *rel)
 {
-	printf("{\"type\":\"%s\",\"name\":\"", type);
-	for (const unsigned char *p = (const unsigned char *)(*rel ? rel : "."); *p; p++) {
-		if (*p == '"' || *p == '\\')
-			printf("\\%c", *p);
-		else if (*p < 0x20)
-			printf("\\u%04x", *p);
-		else
-			putchar(*p);
-	}
-	printf("\"}\n");
+	printf("{\"type\":\"%s\",\"name\":", type);
+	json_str(*rel ? rel : ".");
+	printf("}\n");
 }
 
 static struct dir_watch *dir_of(int wd)

@@ -3,6 +3,7 @@
 // (A records only, RFC 1035 wire format) answering the names given. Prints "ready" when listening.
 //   node egress-outside.mjs HTTP_ADDR[,HTTP_ADDR...] DNS_ADDR name=addr[,name=addr...]
 import { createServer } from 'node:http';
+import { createServer as createTcpServer } from 'node:net';
 import { createSocket } from 'node:dgram';
 
 const [httpAddrs, dnsAddr, names] = process.argv.slice(2);
@@ -14,6 +15,12 @@ const ready = () => {
 for (const addr of httpAddrs.split(',')) {
   pending++;
   createServer((req, res) => res.end(`outside ${addr} ${req.url}\n`)).listen(8080, addr, ready);
+  // an echo on 7000: a connection that stays open as long as its client
+  pending++;
+  createTcpServer((s) => {
+    s.on('error', () => {});
+    s.pipe(s);
+  }).listen(7000, addr, ready);
 }
 
 /** The question's name and the offset just past the question. */

@@ -175,6 +175,31 @@ describe('egress', () => {
     await box.destroy();
   });
 
+  it('a wide allow entry (0.0.0.0/0) opens neither other machines nor the host, metadata or private networks', async () => {
+    const wide = await lab!.create({ egress: { allow: ['0.0.0.0/0'] } });
+    const other = await lab!.create({ egress: true });
+    expect((await fetchIn(wide, WEB)).ok).toBe(true);
+    for (const a of [other.egress!.address, hostAddress(), '169.254.169.254', '10.0.0.1', '100.127.0.1'])
+      expect((await fetchIn(wide, a)).ok, a).toBe(false);
+    // a private range named on purpose is opened (the outside has none: refused there, not here)
+    const named = await lab!.create({ egress: { allow: ['10.99.0.0/16'] } });
+    const before = (await named.egressUsage()).denied;
+    await fetchIn(named, '10.99.1.1');
+    expect((await named.egressUsage()).denied).toBe(before);
+    for (const b of [wide, other, named]) await b.destroy();
+  });
+
+  it('a list change cuts a connection already open to what it no longer allows', async () => {
+    const box = await lab!.create({ egress: true });
+    const p = await box.spawn(['sh', '-c', `(echo first; sleep 2; echo second) | nc -w 4 ${WEB} 7000`]);
+    await new Promise((r) => setTimeout(r, 800));
+    await box.setEgress({ deny: [WEB] });
+    const r = await p.result;
+    expect(r.stdout).toContain('first');
+    expect(r.stdout).not.toContain('second');
+    await box.destroy();
+  });
+
   it("holds against the machine's own network namespace rewritten: a new address and routes do not pass the router", async () => {
     const box = await lab!.create({ egress: { allow: [WEB] } });
     const other = await lab!.create({ egress: true });

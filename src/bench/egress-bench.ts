@@ -14,7 +14,11 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { homeTag, machineEgressNetns } from '../host/net/egress-rules.js';
 import { run } from '../host/run.js';
-import type { Lab } from '../sdk/lab.js';
+import { Lab as LabClass, type Lab } from '../sdk/lab.js';
+import { mkdtempSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { SandboxApi } from '../sdk/api.js';
 import type { Progress } from './progress.js';
 import { pad } from './report-text.js';
@@ -126,8 +130,13 @@ const thousand = (): string[] => [
   `${SERVER}/32`,
 ];
 
+/**
+ * The bench runs in a home of its own (under /tmp, removed at its end): a router the user's home
+ * has already would be trusted as it is, and its uplink is the host's network, where no bench
+ * packet may go.
+ */
 export async function egressBench(
-  lab: Lab,
+  _userLab: Lab,
   opts: { rounds: number; raises: number; mib: number; connects: number },
   progress: Progress,
 ): Promise<EgressSummary> {
@@ -136,6 +145,7 @@ export async function egressBench(
   const saved = process.env.SNAPLAB_UPLINK_NETNS;
   const o = await outside(tag);
   process.env.SNAPLAB_UPLINK_NETNS = o.up;
+  const lab = await LabClass.open({ home: mkdtempSync(join(tmpdir(), 'snaplab-bench-egress-')) });
   const made: SandboxApi[] = [];
   try {
     const off: number[] = [];
@@ -214,7 +224,11 @@ export async function egressBench(
   } finally {
     for (const b of made) await bestEffort(`remove ${b.name}`, () => b.destroy());
     for (const s of o.servers) s.kill('SIGKILL');
-    await bestEffort('gc the bench egress', () => lab.gc());
+    for (const b of await lab.list()) await bestEffort(`remove ${b.name}`, () => b.destroy());
+    await bestEffort('remove the bench image', () => lab.removeImage('busybox', { force: true }));
+    await bestEffort('gc the bench home', () => lab.gc());
+    lab.close();
+    await bestEffort('remove the bench home', () => rm(lab.home, { recursive: true, force: true }));
     if (saved === undefined) delete process.env.SNAPLAB_UPLINK_NETNS;
     else process.env.SNAPLAB_UPLINK_NETNS = saved;
     for (const n of [o.up, o.a, o.b]) await bestEffort(`delete ${n}`, () => run('ip', ['netns', 'del', n]));

@@ -48,9 +48,9 @@ export const Limits = Type.Object(
   { additionalProperties: false },
 );
 
-const EgressEntries = Type.Array(Type.String({ maxLength: 64 }), {
+const EgressEntries = Type.Array(Type.String({ maxLength: 253 }), {
   maxItems: 4096,
-  description: 'IPv4 addresses or prefixes, e.g. 203.0.113.7 or 198.51.100.0/24',
+  description: 'IPv4 addresses, prefixes or host names, e.g. 203.0.113.7, 198.51.100.0/24 or deb.debian.org',
 });
 /** A machine's egress lists (docs/egress.md): deny wins over allow; with an allow list nothing else passes. */
 export const EgressBody = Type.Object(

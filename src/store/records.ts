@@ -83,6 +83,8 @@ export interface SandboxEgress {
   slot: number;
   allow: string[];
   deny: string[];
+  /** the connection mark of its holder (host/net/egress-rules.ts newMark): its flows, nobody else's */
+  mark: number;
 }
 
 /** The state a recycled standby must be back in before it may be handed out again. */

@@ -301,7 +301,7 @@ export class Store {
       ).run({
         ...rest,
         ...ownerParams(owner),
-        egress: egress && JSON.stringify({ allow: egress.allow, deny: egress.deny }),
+        egress: egress && JSON.stringify({ allow: egress.allow, deny: egress.deny, mark: egress.mark }),
         egressSlot: slot,
         init: s.init ?? null,
         templateOf: s.templateOf ?? null,
@@ -346,9 +346,9 @@ export class Store {
     if (cols.length) this.stmt(`UPDATE sandboxes SET ${cols.join(', ')} WHERE id = ?`).run(...vals, id);
   }
   /** A machine's egress lists (its slot stays). */
-  setSandboxEgress(id: string, lists: { allow: string[]; deny: string[] }): void {
+  setSandboxEgress(id: string, e: { allow: string[]; deny: string[]; mark: number }): void {
     this.stmt('UPDATE sandboxes SET egress = ? WHERE id = ? AND egress_slot IS NOT NULL').run(
-      JSON.stringify({ allow: lists.allow, deny: lists.deny }),
+      JSON.stringify({ allow: e.allow, deny: e.deny, mark: e.mark }),
       id,
     );
   }

@@ -50,14 +50,54 @@ describe('egress lists', () => {
     expect(() => checkLists({ allow: 'x' as unknown as string[] })).toThrow(/list of strings/);
   });
 
-  it('puts deny before allow, allow before the defaults, and with an allow list nothing else', () => {
-    const rules = machineRules(3, { allow: ['203.0.113.0/24'], deny: ['203.0.113.9'] }).split('\n');
-    const at = (re: RegExp): number => rules.findIndex((l) => re.test(l));
+  it('puts deny before allow, a named private range before the defaults, a wide allow after them, and with an allow list nothing else', () => {
+    const rules = machineRules(
+      3,
+      { allow: ['203.0.113.0/24', '10.1.2.0/24', '0.0.0.0/0', '192.0.2.2'], deny: ['203.0.113.9'] },
+      { mark: 42, hostAddrs: ['192.0.2.2/32'] },
+    );
+    const lines = rules.split('\n');
+    const at = (re: RegExp): number => lines.findIndex((l) => re.test(l));
     expect(at(/ip saddr != 100\.96\.0\.4 .* drop/)).toBeGreaterThan(-1);
-    expect(at(/@m3_deny/)).toBeLessThan(at(/@m3_allow/));
-    expect(at(/@m3_allow/)).toBeLessThan(at(/@defaults/));
-    expect(rules.filter((l) => /^add rule ip snaplab m3 +counter name m3_denied/.test(l))).toHaveLength(2);
-    const open = machineRules(3, { allow: [], deny: [] });
-    expect(open).toMatch(/add rule ip snaplab m3 counter name m3_conns accept\n/);
+    // another holder's flows pass neither way; other machines and the router's links never
+    expect(at(/ct mark != 42 .*drop/)).toBeLessThan(at(/@m3_deny/));
+    expect(at(/ip daddr \{ 100\.96\.0\.0\/12, 100\.127\.0\.0\/16 \}/)).toBeLessThan(at(/@m3_narrow/));
+    expect(at(/@m3_deny/)).toBeLessThan(at(/@m3_narrow/));
+    expect(at(/@m3_narrow/)).toBeLessThan(at(/@defaults/));
+    expect(at(/@defaults/)).toBeLessThan(at(/@m3_wide/));
+    expect(at(/@host/)).toBeLessThan(at(/@m3_wide/));
+    // 10.1.2.0/24 and the host's own address are named on purpose; 0.0.0.0/0 and 203.0.113.0/24 are wide
+    expect(rules).toMatch(/add element ip snaplab m3_narrow \{ 10\.1\.2\.0\/24, 192\.0\.2\.2 \}/);
+    expect(rules).toMatch(/add element ip snaplab m3_wide \{ 203\.0\.113\.0\/24, 0\.0\.0\.0\/0 \}/);
+    expect(lines.filter((l) => /^add rule ip snaplab m3 +counter name m3_denied/.test(l))).toHaveLength(2);
+    expect(rules).toMatch(/add element ip snaplab inbound \{ 100\.96\.0\.4 \. 42 : accept \}/);
+    const open = machineRules(3, { allow: [], deny: [] }, { mark: 42, hostAddrs: [] });
+    expect(open).toMatch(/add rule ip snaplab m3 jump m3_ok\n/);
+  });
+});
+
+describe("the host's local addresses (fib_trie)", () => {
+  it('takes every host LOCAL entry of the Local table, prefixes too, and nothing of Main', async () => {
+    const { localPrefixes } = await import('./egress.js');
+    const text = `Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 10.9.9.9
+        /32 host LOCAL
+Local:
+  +-- 0.0.0.0/0 3 0 5
+     +-- 127.0.0.0/8 2 0 2
+        +-- 127.0.0.0/31 1 0 0
+           |-- 127.0.0.0
+              /8 host LOCAL
+           |-- 127.0.0.1
+              /32 host LOCAL
+        |-- 127.255.255.255
+           /32 link BROADCAST
+     |-- 203.0.113.99
+        /32 host LOCAL
+     |-- 198.51.100.0
+        /24 host LOCAL
+`;
+    expect(localPrefixes(text).sort()).toEqual(['127.0.0.0/8', '127.0.0.1/32', '198.51.100.0/24', '203.0.113.99/32']);
   });
 });

@@ -125,11 +125,13 @@ export function routerRuleset(o: { hostAddrs: string[]; dns: string[]; transitRo
   return [
     `table ip ${ROUTER_TABLE} {`,
     `  set defaults { type ipv4_addr; flags interval; auto-merge;${elements(DENIED_BY_DEFAULT)} }`,
-    `  set host { type ipv4_addr; flags interval; auto-merge;${elements(o.hostAddrs.map((a) => `${a}/32`))} }`,
+    `  set host { type ipv4_addr; flags interval; auto-merge;${elements(o.hostAddrs.map((a) => (a.includes('/') ? a : `${a}/32`)))} }`,
     '  map machines { type ifname : verdict; }',
+    // a reply comes in only to the machine whose connection it is: its address and its holder's mark
+    '  map inbound { type ipv4_addr . mark : verdict; }',
     '  chain forward {',
     '    type filter hook forward priority 0; policy drop;',
-    `    iifname "${UPLINK_IF}" ct state established,related accept`,
+    `    iifname "${UPLINK_IF}" ct state established,related ip daddr . ct mark vmap @inbound`,
     '    iifname vmap @machines',
     '  }',
     '  chain input {',
@@ -153,68 +155,125 @@ export function routerRuleset(o: { hostAddrs: string[]; dns: string[]; transitRo
   ].join('\n');
 }
 
+/** Whether `entry` (an address or prefix) lies inside one of `prefixes`: it names that range on purpose. */
+function inside(entry: string, prefixes: string[]): boolean {
+  const [a, l] = entry.split('/');
+  const len = l === undefined ? 32 : Number(l);
+  const n = ip4(a!);
+  return prefixes.some((p) => {
+    const [b, pl] = p.split('/');
+    const plen = pl === undefined ? 32 : Number(pl);
+    if (plen > len) return false;
+    const mask = plen === 0 ? 0 : (0xffffffff << (32 - plen)) >>> 0;
+    return (n & mask) >>> 0 === (ip4(b!) & mask) >>> 0;
+  });
+}
+
+/** Other machines and the router's links: never reachable, whatever a list says. */
+export const NEVER = [MACHINES_PREFIX, '100.127.0.0/16'];
+
 /**
- * One machine's objects in the router's table (its counters, lists and chain, and its entry in the
- * `machines` map), or, `update`, only its lists and chain replaced: in one nft transaction either
- * way, so a connection never meets half a change. A new connection must come from the machine's
- * own address; deny beats allow, allow beats the defaults, and with an allow list nothing else
- * passes. A refused connection is reset (TCP) or answered "administratively prohibited", so it
- * fails at once instead of hanging.
+ * One machine's objects in the router's table (its counters, lists and chains, its entries in the
+ * `machines` and `inbound` maps), or, `update`, its lists and chain replaced: in one nft
+ * transaction either way, so a packet never meets half a change. Every packet from the machine
+ * meets the lists (not only a connection's first): a change cuts what it no longer allows at
+ * once. Each of its connections is marked with `mark`, the holder's (a new one per sandbox, and
+ * per user of a pool's standby): a flow another holder of the slot left in the router's
+ * connection table passes neither way. A packet must come from the machine's own address; other
+ * machines and the router's links are never reachable; deny beats allow; an allow entry inside
+ * the defaults (a private network named on purpose) or naming a host address opens it, a wider
+ * one (0.0.0.0/0) does not; with an allow list nothing else passes. A refused connection is reset
+ * (TCP) or answered "administratively prohibited": it fails at once instead of hanging.
  */
-export function machineRules(slot: number, lists: EgressLists, update = false): string {
+export function machineRules(
+  slot: number,
+  lists: EgressLists,
+  o: { mark: number; hostAddrs: string[]; update?: boolean; oldMark?: number },
+): string {
   const t = ROUTER_TABLE;
+  const m = chain(slot);
   const c = counterNames(slot);
+  const addr = slotAddress(slot);
+  const rule = (r: string): string => `add rule ip ${t} ${m} ${r}`;
   const refuse = (tag: string): string[] => [
-    `add rule ip ${t} ${chain(slot)} ${tag} counter name ${c.denied} meta l4proto tcp reject with tcp reset`,
-    `add rule ip ${t} ${chain(slot)} ${tag} counter name ${c.denied} reject with icmp type admin-prohibited`,
+    rule(`${tag} counter name ${c.denied} meta l4proto tcp reject with tcp reset`),
+    rule(`${tag} counter name ${c.denied} reject with icmp type admin-prohibited`),
   ];
-  const lines = update
-    ? [`flush set ip ${t} ${chain(slot)}_allow`, `flush set ip ${t} ${chain(slot)}_deny`]
+  const named = [...DENIED_BY_DEFAULT, ...o.hostAddrs.map((h) => (h.includes('/') ? h : `${h}/32`))];
+  const narrow = lists.allow.filter((e) => inside(e, named));
+  const wide = lists.allow.filter((e) => !inside(e, named));
+  const sets = ['deny', 'narrow', 'wide'] as const;
+  const lines = o.update
+    ? sets.map((x) => `flush set ip ${t} ${m}_${x}`)
     : [
         `add counter ip ${t} ${c.out}`,
         `add counter ip ${t} ${c.conns}`,
         `add counter ip ${t} ${c.denied}`,
-        `add set ip ${t} ${chain(slot)}_allow { type ipv4_addr; flags interval; auto-merge; }`,
-        `add set ip ${t} ${chain(slot)}_deny { type ipv4_addr; flags interval; auto-merge; }`,
-        `add chain ip ${t} ${chain(slot)}`,
+        ...sets.map((x) => `add set ip ${t} ${m}_${x} { type ipv4_addr; flags interval; auto-merge; }`),
+        `add chain ip ${t} ${m}`,
+        `add chain ip ${t} ${m}_ok`,
       ];
-  if (lists.allow.length) lines.push(`add element ip ${t} ${chain(slot)}_allow { ${lists.allow.join(', ')} }`);
-  if (lists.deny.length) lines.push(`add element ip ${t} ${chain(slot)}_deny { ${lists.deny.join(', ')} }`);
+  const fill = (x: (typeof sets)[number], xs: string[]): void => {
+    if (xs.length) lines.push(`add element ip ${t} ${m}_${x} { ${xs.join(', ')} }`);
+  };
+  fill('deny', lists.deny);
+  fill('narrow', narrow);
+  fill('wide', wide);
   lines.push(
-    `flush chain ip ${t} ${chain(slot)}`,
-    `add rule ip ${t} ${chain(slot)} ip saddr != ${slotAddress(slot)} counter name ${c.denied} drop`,
-    `add rule ip ${t} ${chain(slot)} counter name ${c.out}`,
-    `add rule ip ${t} ${chain(slot)} ct state established,related accept`,
+    // what passes: counted, and a new connection once
+    `flush chain ip ${t} ${m}_ok`,
+    `add rule ip ${t} ${m}_ok counter name ${c.out}`,
+    `add rule ip ${t} ${m}_ok ct state new counter name ${c.conns}`,
+    `add rule ip ${t} ${m}_ok accept`,
+    `flush chain ip ${t} ${m}`,
+    rule(`ip saddr != ${addr} counter name ${c.denied} drop`),
+    rule(`ct state new ct mark set ${o.mark}`),
+    rule(`ct mark != ${o.mark} counter name ${c.denied} drop`),
+    ...refuse(`ip daddr { ${NEVER.join(', ')} }`),
     // the one DNAT is DNS to the uplink's resolver, which may be a private address
-    `add rule ip ${t} ${chain(slot)} ct status dnat counter name ${c.conns} accept`,
-    ...refuse(`ip daddr @${chain(slot)}_deny`),
-    `add rule ip ${t} ${chain(slot)} ip daddr @${chain(slot)}_allow counter name ${c.conns} accept`,
+    rule(`ct status dnat jump ${m}_ok`),
+    ...refuse(`ip daddr @${m}_deny`),
+    rule(`ip daddr @${m}_narrow jump ${m}_ok`),
     ...refuse('ip daddr @defaults'),
     ...refuse('ip daddr @host'),
-    ...(lists.allow.length ? refuse('') : [`add rule ip ${t} ${chain(slot)} counter name ${c.conns} accept`]),
+    rule(`ip daddr @${m}_wide jump ${m}_ok`),
+    ...(lists.allow.length ? refuse('') : [rule(`jump ${m}_ok`)]),
   );
-  if (!update) lines.push(`add element ip ${t} machines { "${machineIf(slot)}" : jump ${chain(slot)} }`);
+  if (!o.update) lines.push(`add element ip ${t} machines { "${machineIf(slot)}" : jump ${m} }`);
+  if (o.oldMark !== undefined && o.oldMark !== o.mark)
+    lines.push(`delete element ip ${t} inbound { ${addr} . ${o.oldMark} }`);
+  if (!o.update || (o.oldMark !== undefined && o.oldMark !== o.mark))
+    lines.push(`add element ip ${t} inbound { ${addr} . ${o.mark} : accept }`);
   return `${lines.join('\n')}\n`;
 }
 
-/** Remove a machine's objects from the router's table (its map entry first: it jumps to the chain). */
-export function machineRemoval(slot: number, present: { element: boolean }): string {
+/** Remove a machine's objects from the router's table (its map entries first: they lead to its chain). */
+export function machineRemoval(slot: number, present: { element: boolean; mark?: number }): string {
   const t = ROUTER_TABLE;
+  const m = chain(slot);
   const c = counterNames(slot);
   return `${[
     ...(present.element ? [`delete element ip ${t} machines { "${machineIf(slot)}" }`] : []),
-    `delete chain ip ${t} ${chain(slot)}`,
-    `delete set ip ${t} ${chain(slot)}_allow`,
-    `delete set ip ${t} ${chain(slot)}_deny`,
+    ...(present.mark !== undefined
+      ? [`delete element ip ${t} inbound { ${slotAddress(slot)} . ${present.mark} }`]
+      : []),
+    `delete chain ip ${t} ${m}`,
+    `delete chain ip ${t} ${m}_ok`,
+    `delete set ip ${t} ${m}_deny`,
+    `delete set ip ${t} ${m}_narrow`,
+    `delete set ip ${t} ${m}_wide`,
     `delete counter ip ${t} ${c.out}`,
     `delete counter ip ${t} ${c.conns}`,
     `delete counter ip ${t} ${c.denied}`,
   ].join('\n')}\n`;
 }
 
+/** A new holder's connection mark: 31 random bits, never 0 (the mark of what nobody marked). */
+export const newMark = (): number => 1 + Math.floor(Math.random() * 0x7ffffffe);
+
 /** The set `host` replaced by these addresses (in the same transaction as what follows). */
-export const hostSetLines = (addrs: string[]): string =>
-  `flush set ip ${ROUTER_TABLE} host\n${addrs.length ? `add element ip ${ROUTER_TABLE} host { ${addrs.join(', ')} }\n` : ''}`;
+export const hostSetLines = (prefixes: string[]): string =>
+  `flush set ip ${ROUTER_TABLE} host\n${prefixes.length ? `add element ip ${ROUTER_TABLE} host { ${prefixes.join(', ')} }\n` : ''}`;
 
 /** Counter names → what they count, for reading them back. */
 export const COUNTERS = counterNames;

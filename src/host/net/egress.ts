@@ -5,12 +5,11 @@
  * the router. The machine's root may rewrite its own namespace: nothing it does there passes the
  * router's rules, which check the link a packet came in on and its source address.
  */
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { networkInterfaces } from 'node:os';
 import { SnaplabError } from '../../errors.js';
-import { noted, orElse } from '../../cleanup.js';
+import { noted, orElse, recordFailure } from '../../cleanup.js';
 import { HostOps } from '../hostops.js';
 import { withLock } from '../lock.js';
 import { run, which, type RunResult } from '../run.js';
@@ -95,12 +94,12 @@ const ready = new Set<string>();
 export async function ensureRouter(home: string): Promise<string> {
   const tag = homeTag(home);
   const ns = routerNetns(tag);
-  if (ready.has(tag) && (await isNamespace(netnsPath(ns)))) return ns;
-  if (await isNoted(home, ns)) {
-    ready.add(tag);
-    return ns;
-  }
   return withLock(join(home, 'run', 'egress.lock'), async () => {
+    // (under the lock: gc removes a router under it, once no machine is recorded)
+    if ((ready.has(tag) && (await isNamespace(netnsPath(ns)))) || (await isNoted(home, ns))) {
+      ready.add(tag);
+      return ns;
+    }
     if ((await isNamespace(netnsPath(ns))) && (await routerComplete(ns))) {
       await note(home, ns);
       ready.add(tag);
@@ -170,20 +169,26 @@ async function makeRouter(tag: string): Promise<void> {
         ? `the uplink already has ${t.uplink}: another home's egress took it; \`snaplab gc\` there`
         : undefined,
     );
-  await sysctl(ns, 'net.ipv4.ip_forward', '1');
-  await forwardOnUplink();
+  // forwarding on, and no IPv6 through the router whatever the host's defaults give a new namespace
+  await sysctl(ns, ['net.ipv4.ip_forward=1', 'net.ipv6.conf.all.disable_ipv6=1']);
   const [hostAddrs, dns] = [hostAddresses(), await uplinkResolvers()];
+  // forwarding and the uplink's table together, under the host-wide lock a restore takes (so
+  // another home's gc never sees forwarding on and no table of ours); the uplink's table first:
+  // the router's own, loaded last, is what says the router is whole
+  await withLock(FORWARD_LOCK, async () => {
+    await forwardOnUplink();
+    await nft(
+      null,
+      `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag)}\n`,
+      'cannot load the uplink rules of egress',
+    );
+  });
   await nft(ns, routerRuleset({ hostAddrs, dns, transitRouter: t.router }), `cannot load egress rules in ${ns}`);
-  await nft(
-    null,
-    `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag)}\n`,
-    'cannot load the uplink rules of egress',
-  );
 }
 
-async function sysctl(ns: string, key: string, value: string): Promise<void> {
-  const res = await inNs(ns, ['sysctl', '-qw', `${key}=${value}`], { allowFail: true });
-  if (res.code !== 0) throw failed(`cannot set ${key} in ${ns}`, res);
+async function sysctl(ns: string, settings: string[]): Promise<void> {
+  const res = await inNs(ns, ['sysctl', '-qw', ...settings], { allowFail: true });
+  if (res.code !== 0) throw failed(`cannot set ${settings.join(', ')} in ${ns}`, res);
 }
 
 /** Where snaplab notes that it turned on forwarding in an uplink namespace (gc turns it off again). */
@@ -204,14 +209,35 @@ async function forwardOnUplink(): Promise<void> {
 }
 
 /**
- * The host's own IPv4 addresses (this process's network namespace, whatever the uplink): machines
- * may not reach them. Read again at each attach, so an address the host gained since counts.
+ * The host's own IPv4 addresses and local prefixes (this process's network namespace, whatever the
+ * uplink), from the kernel's local routing table (/proc/net/fib_trie): an address on an interface
+ * that is down, or a `local` route over a whole prefix, is delivered to the host all the same.
+ * Machines may not reach them. Read again at each change of a machine's rules: a file read, no
+ * spawn.
  */
-function hostAddresses(): string[] {
-  return Object.values(networkInterfaces())
-    .flat()
-    .filter((a) => a?.family === 'IPv4')
-    .map((a) => a!.address);
+export function hostAddresses(): string[] {
+  let text = '';
+  try {
+    text = readFileSync('/proc/net/fib_trie', 'utf8');
+  } catch (e) {
+    recordFailure('read /proc/net/fib_trie (the host addresses egress refuses)', e);
+    return [];
+  }
+  return localPrefixes(text);
+}
+
+/** The `host LOCAL` entries of fib_trie's Local table, as ADDRESS/PREFIX. */
+export function localPrefixes(fibTrie: string): string[] {
+  const local = fibTrie.slice(fibTrie.indexOf('Local:'));
+  const out = new Set<string>();
+  let at = '';
+  for (const line of local.split('\n')) {
+    const leaf = /\|-- (\d+\.\d+\.\d+\.\d+)\s*$/.exec(line);
+    if (leaf) at = leaf[1]!;
+    const kind = /^\s*\/(\d+) host LOCAL\s*$/.exec(line);
+    if (kind && at) out.add(`${at}/${kind[1]}`);
+  }
+  return [...out];
 }
 
 /**
@@ -253,18 +279,33 @@ export async function removeRouter(home: string): Promise<boolean> {
   return had || del.code === 0;
 }
 
+/**
+ * Forwarding off again where snaplab turned it on, once no home has a router on this uplink (no
+ * table of ours there) and it is still on; under the host-wide lock a router's making takes.
+ */
 async function restoreForwarding(): Promise<void> {
   if (!existsSync(forwardNote())) return;
-  const tables = await inUplink(['nft', 'list', 'tables'], { allowFail: true });
-  if (tables.code !== 0 || /table ip snaplab_e[0-9a-f]{6}\b/.test(tables.stdout)) return;
-  const res = await inUplink(['sysctl', '-qw', 'net.ipv4.ip_forward=0'], { allowFail: true });
-  if (res.code !== 0) throw failed('cannot turn forwarding on the uplink off again', res);
-  await rm(forwardNote(), { force: true });
+  await withLock(FORWARD_LOCK, async () => {
+    if (!existsSync(forwardNote())) return;
+    const tables = await inUplink(['nft', 'list', 'tables'], { allowFail: true });
+    if (tables.code !== 0 || /table ip snaplab_e[0-9a-f]{6}\b/.test(tables.stdout)) return;
+    const now = await inUplink(['sysctl', '-n', 'net.ipv4.ip_forward'], { allowFail: true });
+    if (now.stdout.trim() === '1') {
+      const res = await inUplink(['sysctl', '-qw', 'net.ipv4.ip_forward=0'], { allowFail: true });
+      if (res.code !== 0) throw failed('cannot turn forwarding on the uplink off again', res);
+    }
+    await rm(forwardNote(), { force: true });
+  });
 }
+
+/** Host-wide: homes share the uplink's forwarding switch. */
+const FORWARD_LOCK = '/run/snaplab/egress-forwarding.lock';
 
 export interface EgressAttach {
   slot: number;
   lists: EgressLists;
+  /** its holder's connection mark (egress-rules.ts newMark) */
+  mark: number;
   /** the machine's user namespace, which is to own its network namespace (its root configures it) */
   userns?: { base: number; count: number };
   /**
@@ -321,7 +362,7 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
       ),
       nft(
         router,
-        `${hostSetLines(hostAddresses())}${machineRules(a.slot, lists)}`,
+        `${hostSetLines(hostAddresses())}${machineRules(a.slot, lists, { mark: a.mark, hostAddrs: hostAddresses() })}`,
         `cannot load the egress rules of slot ${a.slot}`,
       ),
     ]);
@@ -354,19 +395,38 @@ async function makeMachineNetns(ns: string, userns?: { base: number; count: numb
 }
 
 /** Replace a machine's lists: new connections meet them at once, established ones go on. */
+/**
+ * Replace a machine's lists (names pinned already: pinNames): every packet meets them from now
+ * on. With `newMark` (a standby handed to its next user) its holder's mark changes too, so what
+ * the last one left in the connection table passes no more, and its counters start from zero.
+ */
 export async function setEgressLists(
   home: string,
   slot: number,
-  lists: EgressLists,
-  opts: { resetCounters?: boolean } = {},
+  pinned: EgressLists,
+  marks: { mark: number; newMark?: number },
 ): Promise<void> {
   const router = routerNetns(homeTag(home));
-  const pinned = await pinNames(checkLists(lists));
   const c = COUNTERS(slot);
-  const reset = opts.resetCounters
-    ? [c.out, c.conns, c.denied].map((n) => `reset counter ip ${ROUTER_TABLE} ${n}\n`).join('')
-    : '';
-  await nft(router, `${machineRules(slot, pinned, true)}${reset}`, `cannot change the egress lists of slot ${slot}`);
+  const reset =
+    marks.newMark !== undefined
+      ? [c.out, c.conns, c.denied].map((n) => `reset counter ip ${ROUTER_TABLE} ${n}\n`).join('')
+      : '';
+  const rules = machineRules(slot, pinned, {
+    mark: marks.newMark ?? marks.mark,
+    oldMark: marks.mark,
+    hostAddrs: hostAddresses(),
+    update: true,
+  });
+  await nft(router, `${rules}${reset}`, `cannot change the egress lists of slot ${slot}`);
+}
+
+/** Host names a machine's lists may hold (each one a lookup when they are set). */
+const MAX_NAMES = 64;
+
+/** `fn` over `xs`, at most `n` at once; the first failure is thrown once all started have ended. */
+async function inBatches<T>(xs: T[], n: number, fn: (x: T) => Promise<void>): Promise<void> {
+  for (let i = 0; i < xs.length; i += n) await Promise.all(xs.slice(i, i + n).map(fn));
 }
 
 /**
@@ -377,20 +437,24 @@ export async function setEgressLists(
 export async function pinNames(lists: EgressLists): Promise<EgressLists> {
   const names = [...new Set([...lists.allow, ...lists.deny].filter(isHostName))];
   if (!names.length) return lists;
+  if (names.length > MAX_NAMES)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `egress lists name ${names.length} hosts`,
+      `give at most ${MAX_NAMES} host names (addresses and prefixes have no such limit)`,
+    );
   const found = new Map<string, string[]>();
-  await Promise.all(
-    names.map(async (n) => {
-      const res = await inUplink(['getent', 'ahostsv4', n], { allowFail: true });
-      const addrs = [...new Set([...res.stdout.matchAll(/^(\d+\.\d+\.\d+\.\d+)\s/gm)].map((m) => m[1]!))];
-      if (!addrs.length)
-        throw new SnaplabError(
-          'BAD_INPUT',
-          `egress entry ${n} does not resolve to an IPv4 address on the uplink`,
-          "check the name, or give its addresses; names are resolved by the host's resolver when the list is set",
-        );
-      found.set(n, addrs);
-    }),
-  );
+  await inBatches(names, 8, async (n) => {
+    const res = await inUplink(['getent', 'ahostsv4', n], { allowFail: true });
+    const addrs = [...new Set([...res.stdout.matchAll(/^(\d+\.\d+\.\d+\.\d+)\s/gm)].map((m) => m[1]!))];
+    if (!addrs.length)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `egress entry ${n} does not resolve to an IPv4 address on the uplink`,
+        "check the name, or give its addresses; names are resolved by the host's resolver when the list is set",
+      );
+    found.set(n, addrs);
+  });
   const pin = (xs: string[]): string[] => [...new Set(xs.flatMap((x) => found.get(x) ?? [x]))];
   return { allow: pin(lists.allow), deny: pin(lists.deny) };
 }
@@ -400,7 +464,11 @@ export async function pinNames(lists: EgressLists): Promise<EgressLists> {
  * Idempotent. The rules go in one transaction when they are all there (the usual case); what a
  * crash left half made is read first and removed as it is.
  */
-export async function detachEgress(home: string, slot: number, opts: { keepNetns?: boolean } = {}): Promise<void> {
+export async function detachEgress(
+  home: string,
+  slot: number,
+  opts: { keepNetns?: boolean; mark?: number } = {},
+): Promise<void> {
   const tag = homeTag(home);
   const router = routerNetns(tag);
   const ns = machineEgressNetns(tag, slot);
@@ -413,21 +481,30 @@ export async function detachEgress(home: string, slot: number, opts: { keepNetns
     if (res.code !== 0 && !/Cannot find device|does not exist/i.test(res.stderr))
       throw failed(`cannot remove the egress link of slot ${slot}`, res);
   };
-  await Promise.all([hasRouter ? removeRules(router, slot) : undefined, link()]);
+  await Promise.all([hasRouter ? removeRules(router, slot, opts.mark) : undefined, link()]);
   if (!opts.keepNetns) await unwire([ns]);
 }
 
-async function removeRules(router: string, slot: number): Promise<void> {
+async function removeRules(router: string, slot: number, mark?: number): Promise<void> {
   const all = await inNs(router, ['nft', '-f', '-'], {
-    input: machineRemoval(slot, { element: true }),
+    input: machineRemoval(slot, { element: true, mark }),
     allowFail: true,
   });
   if (all.code === 0) return;
+  // what a crash left: read what is there, remove that
   const listed = await inNs(router, ['nft', 'list', 'chain', 'ip', ROUTER_TABLE, `m${slot}`], { allowFail: true });
-  if (listed.code !== 0) return; // none left
   const map = await inNs(router, ['nft', 'list', 'map', 'ip', ROUTER_TABLE, 'machines'], { allowFail: true });
+  const inbound = await inNs(router, ['nft', 'list', 'map', 'ip', ROUTER_TABLE, 'inbound'], { allowFail: true });
   const element = new RegExp(`"${machineIf(slot)}"\\s*:`).test(map.stdout);
-  await nft(router, machineRemoval(slot, { element }), `cannot remove the egress rules of slot ${slot}`);
+  const addr = slotAddress(slot).replace(/\./g, '\\.');
+  const marks = [...inbound.stdout.matchAll(new RegExp(`\\b${addr} \\. (0x[0-9a-f]+|\\d+)\\b`, 'g'))].map((m) =>
+    Number(m[1]),
+  );
+  const script = [
+    ...marks.map((k) => `delete element ip ${ROUTER_TABLE} inbound { ${slotAddress(slot)} . ${k} }\n`),
+    ...(listed.code === 0 ? [machineRemoval(slot, { element })] : []),
+  ].join('');
+  if (script) await nft(router, script, `cannot remove the egress rules of slot ${slot}`);
 }
 
 export interface EgressCounters {
@@ -470,31 +547,37 @@ export const counterNames = COUNTERS;
  * the router itself when no machine has egress. Returns what was removed.
  */
 export async function collectEgress(home: string, live: () => Set<number>): Promise<string[]> {
-  return withLock(join(home, 'run', 'egress.lock'), () => collectLocked(home, live()));
+  return withLock(join(home, 'run', 'egress.lock'), () => collectLocked(home, live));
 }
 
-async function collectLocked(home: string, liveSlots: Set<number>): Promise<string[]> {
+/**
+ * Under the home's egress lock, which every router make (ensureRouter) and every change of a
+ * machine's rules hold: the store is read again for each candidate, just before it is removed. A
+ * create records its slot before it asks for the router, so a router gc removes has no machine
+ * recorded, and a create that comes after makes it again.
+ */
+async function collectLocked(home: string, live: () => Set<number>): Promise<string[]> {
   const tag = homeTag(home);
   const removed: string[] = [];
   const prefix = `${routerNetns(tag)}-`;
   for (const ns of await listSnaplabNetns()) {
     if (!ns.startsWith(prefix)) continue;
     const slot = Number(ns.slice(prefix.length));
-    if (!Number.isSafeInteger(slot) || liveSlots.has(slot)) continue;
+    if (!Number.isSafeInteger(slot) || live().has(slot)) continue;
     await detachEgress(home, slot);
     removed.push(`egress namespace ${ns}`);
   }
-  if (!liveSlots.size) {
+  if (!live().size) {
     if (await removeRouter(home)) removed.push(`egress router ${routerNetns(tag)}`);
     return removed;
   }
-  // rules whose namespace went (a crash between the two removals)
+  // rules whose machine went (a crash between the two removals, a scenario machine's)
   const router = routerNetns(tag);
   if (!(await isNamespace(netnsPath(router)))) return removed;
   const chains = await inNs(router, ['nft', 'list', 'chains', 'ip'], { allowFail: true });
   for (const m of chains.stdout.matchAll(/chain m(\d+) \{/g)) {
     const slot = Number(m[1]);
-    if (liveSlots.has(slot)) continue;
+    if (live().has(slot)) continue;
     await detachEgress(home, slot);
     removed.push(`egress rules of slot ${slot}`);
   }
@@ -510,10 +593,14 @@ export async function probeEgressRules(home: string): Promise<string | undefined
   const ns = machineEgressNetns(homeTag(home), 0);
   await createNetns(ns);
   try {
-    const rules = `${routerRuleset({ hostAddrs: ['192.0.2.2'], dns: ['192.0.2.53'], transitRouter: '100.127.0.2' })}\n${machineRules(1, { allow: ['192.0.2.1'], deny: ['192.0.2.9'] })}`;
+    const rules = `${routerRuleset({ hostAddrs: ['192.0.2.2'], dns: ['192.0.2.53'], transitRouter: '100.127.0.2' })}\n${machineRules(1, { allow: ['192.0.2.1', '0.0.0.0/0'], deny: ['192.0.2.9'] }, { mark: 7, hostAddrs: ['192.0.2.2'] })}`;
     const res = await inNs(ns, ['nft', '-f', '-'], { input: rules, allowFail: true });
     return res.code === 0 ? undefined : res.stderr.trim().split('\n')[0];
   } finally {
     await deleteNetns(ns);
   }
 }
+
+/** Run `fn` under the home's egress lock (what changes a machine's rules against what removes them). */
+export const underEgressLock = <T>(home: string, fn: () => Promise<T>): Promise<T> =>
+  withLock(join(home, 'run', 'egress.lock'), fn);

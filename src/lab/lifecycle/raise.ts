@@ -18,7 +18,7 @@ import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
 import { claimRange, releaseRange } from '../../host/userns/registry.js';
 import { attachEgress } from '../../host/net/egress.js';
-import { GATEWAY, type EgressLists } from '../../host/net/egress-rules.js';
+import { GATEWAY, newMark, type EgressLists } from '../../host/net/egress-rules.js';
 
 export interface RaiseInput {
   name?: string;
@@ -180,7 +180,7 @@ async function recordSandbox(
       uidBase: null,
       init: input.init ?? null,
       templateOf: input.heldBy?.templateOf ?? null,
-      egress: input.egress ? { slot: 0, ...input.egress } : null,
+      egress: input.egress ? { slot: 0, ...input.egress, mark: newMark() } : null,
     };
   };
   let record = make();
@@ -273,6 +273,7 @@ async function egressNetns(ctx: LabContext, record: SandboxRecord, driver: Drive
   return attachEgress(ctx.home, {
     slot: e.slot,
     lists: e,
+    mark: e.mark,
     ...(into ? { into } : {}),
     ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
   });

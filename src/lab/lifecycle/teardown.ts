@@ -35,9 +35,9 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
     throw e;
   }
   if (s.egress) {
-    const slot = s.egress.slot;
+    const { slot, mark } = s.egress;
     // a scenario machine's namespace is its scenario's (its network links, kept across resets)
-    await phase('egress', () => detachEgress(ctx.home, slot, { keepNetns: s.scenario !== null }));
+    await phase('egress', () => detachEgress(ctx.home, slot, { keepNetns: s.scenario !== null, mark }));
   }
   ctx.store.deleteSandbox(s.id);
   // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)

@@ -3,8 +3,8 @@
  * router's rules and counters (host/net/egress.ts), changed together.
  */
 import { SnaplabError } from '../../errors.js';
-import { egressCounters, setEgressLists } from '../../host/net/egress.js';
-import { checkLists, slotAddress } from '../../host/net/egress-rules.js';
+import { egressCounters, pinNames, setEgressLists, underEgressLock } from '../../host/net/egress.js';
+import { checkLists, newMark, slotAddress } from '../../host/net/egress-rules.js';
 import type { EgressRequest, EgressUsage, EgressView } from '../../sdk/api.js';
 import type { SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
@@ -24,26 +24,40 @@ function egressOf(r: SandboxRecord): NonNullable<SandboxRecord['egress']> {
   return r.egress;
 }
 
-/** New lists for a running machine: the router's rules first, then the record. */
-export async function changeEgress(ctx: LabContext, r: SandboxRecord, req: EgressRequest): Promise<EgressView> {
+/**
+ * New lists for a running machine. Names are resolved first (they may be slow); then, under the
+ * home's egress lock, the record is read again: a sandbox removed meanwhile, whose slot another
+ * may hold by now, is not changed (SANDBOX_NOT_FOUND). `fresh`: a standby handed to its next user
+ * (a new holder's mark, counters from zero).
+ */
+async function applyLists(ctx: LabContext, r: SandboxRecord, req: EgressRequest, fresh = false): Promise<EgressView> {
   const e = egressOf(r);
   const lists = checkLists(req);
-  await setEgressLists(ctx.home, e.slot, lists);
-  ctx.store.setSandboxEgress(r.id, lists);
-  r.egress = { ...e, ...lists };
+  const pinned = await pinNames(lists);
+  await underEgressLock(ctx.home, async () => {
+    const now = ctx.store.getSandbox(r.id);
+    if (!now || now.id !== r.id || now.egress?.slot !== e.slot)
+      throw new SnaplabError('SANDBOX_NOT_FOUND', `sandbox ${r.name} is gone`, 'its egress went with it');
+    const mark = now.egress.mark;
+    const next = fresh ? newMark() : mark;
+    await setEgressLists(ctx.home, e.slot, pinned, { mark, ...(fresh ? { newMark: next } : {}) });
+    ctx.store.setSandboxEgress(r.id, { ...lists, mark: next });
+    r.egress = { ...e, ...lists, mark: next };
+  });
   return egressView(r)!;
 }
 
-/** A recycled standby's egress as its pool gives it: the pool's lists, and its counters from zero. */
+/** New lists for a running machine: every packet meets them from now on. */
+export const changeEgress = (ctx: LabContext, r: SandboxRecord, req: EgressRequest): Promise<EgressView> =>
+  applyLists(ctx, r, req);
+
+/** A recycled standby's egress as its pool gives it: the pool's lists, a new holder, counters from zero. */
 export async function resetEgress(
   ctx: LabContext,
   r: SandboxRecord,
   lists: { allow: string[]; deny: string[] },
 ): Promise<void> {
-  const e = egressOf(r);
-  await setEgressLists(ctx.home, e.slot, checkLists(lists), { resetCounters: true });
-  ctx.store.setSandboxEgress(r.id, lists);
-  r.egress = { ...e, ...lists };
+  await applyLists(ctx, r, lists, true);
 }
 
 export async function egressUsage(ctx: LabContext, r: SandboxRecord): Promise<EgressUsage> {
