@@ -23,6 +23,7 @@ import { registerKey } from './keys.js';
 import { registerCluster } from './cluster.js';
 import { registerUi } from './ui.js';
 import { registerEgress } from './egress.js';
+import { registerMcp } from './mcp.js';
 
 /**
  * Where a command runs: `lab` ones are written over the Lab API, so they run on the embedded lab
@@ -65,6 +66,7 @@ export const COMMANDS: [string[], (p: Command) => void, Reach][] = [
   [['key'], registerKey, 'host'],
   [['cluster'], registerCluster, 'local'],
   [['ui'], registerUi, 'host'],
+  [['mcp'], registerMcp, 'lab'],
   [['bench'], registerBench, 'local'],
   [['demo'], registerDemo, 'local'],
 ];

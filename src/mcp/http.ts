@@ -1,0 +1,47 @@
+/**
+ * A daemon's /mcp: the MCP server over the streamable HTTP transport, stateless (each POST a
+ * server and a transport of its own), with a key like the other routes. Each request acts through
+ * a LabApi of the caller's key (`labFor`: Lab.connect to the daemon's own keyed API, as the E2B
+ * front does), so what a key may do over MCP is what the daemon lets it; the daemon keeps each
+ * sandbox's TTL.
+ */
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { bestEffort } from '../cleanup.js';
+import type { LabApi } from '../sdk/api.js';
+import { mcpServer } from './server.js';
+
+export function mcpRoutes(app: FastifyInstance, labFor: (req: FastifyRequest) => Promise<LabApi>, ttlS = 600): void {
+  app.post('/mcp', { config: { scope: 'exec' }, schema: { hide: true } }, async (req, reply) => {
+    const lab = await labFor(req);
+    const server = mcpServer(lab, { defaultTtlS: ttlS, keepsTime: true });
+    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+    reply.raw.on('close', () => {
+      void bestEffort('close an MCP request', async () => {
+        await transport.close();
+        await server.close();
+        lab.close();
+      });
+    });
+    await server.connect(transport);
+    reply.hijack();
+    await transport.handleRequest(req.raw, reply.raw, req.body);
+  });
+  // stateless: no session to stream to or end
+  for (const method of ['GET', 'DELETE'] as const)
+    app.route({
+      method,
+      url: '/mcp',
+      config: { scope: 'read' },
+      schema: { hide: true },
+      handler: async (_req, reply) =>
+        reply
+          .status(405)
+          .header('allow', 'POST')
+          .send({
+            jsonrpc: '2.0',
+            error: { code: -32000, message: 'method not allowed: this MCP endpoint is stateless (POST only)' },
+            id: null,
+          }),
+    });
+}

@@ -1,0 +1,198 @@
+/**
+ * The MCP server (docs/mcp.md): tools over a LabApi, the same for `snaplab mcp` on stdio (the
+ * embedded lab, or a daemon with SNAPLAB_HOST) and for a daemon's /mcp (the caller's key). It
+ * stands on the Lab API only.
+ */
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
+import * as z from 'zod';
+import type { LabApi, SandboxApi } from '../sdk/api.js';
+import { VERSION } from '../version.js';
+
+export interface McpOptions {
+  /** the TTL of a sandbox made without one (seconds); every sandbox made here carries one */
+  defaultTtlS: number;
+  /** false: the lab cannot keep a clock (the embedded lab): no TTL is given, the caller removes them */
+  keepsTime: boolean;
+  /** told of each sandbox made (stdio on the embedded lab removes them when the session ends) */
+  onCreated?: (box: SandboxApi) => void;
+}
+
+/** Past this many characters of each of stdout and stderr, output is cut with a note. */
+export const MAX_OUTPUT = 64 * 1024;
+
+type Result = CallToolResult;
+
+function text(value: unknown): Result {
+  return { content: [{ type: 'text', text: typeof value === 'string' ? value : JSON.stringify(value, null, 2) }] };
+}
+
+/** A tool's body: an error becomes an isError result with its code and hint (never a crash). */
+function guarded<A>(fn: (args: A) => Promise<Result>): (args: A) => Promise<Result> {
+  return async (args) => {
+    try {
+      return await fn(args);
+    } catch (e) {
+      const err = e as { code?: string; message?: string; hint?: string };
+      const line = `${err.code ?? 'ERROR'}: ${err.message ?? String(e)}${err.hint ? ` (hint: ${err.hint})` : ''}`;
+      return { isError: true, content: [{ type: 'text', text: line }] };
+    }
+  };
+}
+
+function view(box: SandboxApi): Record<string, unknown> {
+  return {
+    id: box.id,
+    name: box.name,
+    state: box.state,
+    image: box.image,
+    expiresAt: box.expiresAt === null ? null : new Date(box.expiresAt).toISOString(),
+    timeoutS: box.timeoutS,
+  };
+}
+
+export function cut(s: string, max: number): string {
+  return s.length <= max ? s : `${s.slice(0, max)}\n[snaplab: output truncated: ${s.length - max} more characters]`;
+}
+
+const sandbox = z.string().min(1).describe('the sandbox id or name');
+
+function lifecycleTools(server: McpServer, lab: LabApi, o: McpOptions): void {
+  server.registerTool(
+    'create_sandbox',
+    {
+      description: `Create an isolated Linux sandbox. It is removed after ttl_seconds (default ${o.defaultTtlS}).`,
+      inputSchema: {
+        image: z.string().min(1).optional().describe('image name (default busybox)'),
+        name: z.string().min(1).optional(),
+        memory_mb: z.number().int().positive().optional(),
+        cpus: z.number().positive().optional(),
+        pids: z.number().int().positive().optional(),
+        ttl_seconds: z.number().int().positive().max(86400).optional(),
+      },
+    },
+    guarded(async (a) => {
+      const limits = {
+        ...(a.memory_mb ? { memoryBytes: a.memory_mb * 1024 * 1024 } : {}),
+        ...(a.cpus ? { cpus: a.cpus } : {}),
+        ...(a.pids ? { pids: a.pids } : {}),
+      };
+      const box = await lab.create({
+        image: a.image,
+        name: a.name,
+        limits,
+        ...(o.keepsTime ? { timeoutS: a.ttl_seconds ?? o.defaultTtlS, onTimeout: 'kill' as const } : {}),
+      });
+      o.onCreated?.(box);
+      return text(view(box));
+    }),
+  );
+  server.registerTool(
+    'list_sandboxes',
+    { description: 'The sandboxes this lab shows', inputSchema: {} },
+    guarded(async () => text((await lab.list()).map(view))),
+  );
+  server.registerTool(
+    'destroy_sandbox',
+    { description: 'Destroy a sandbox', inputSchema: { sandbox } },
+    guarded(async (a) => {
+      await (await lab.get(a.sandbox)).destroy();
+      return text(`destroyed ${a.sandbox}`);
+    }),
+  );
+}
+
+function runTool(server: McpServer, lab: LabApi): void {
+  server.registerTool(
+    'run_command',
+    {
+      description: `Run a command in a sandbox; returns its exit code, stdout and stderr (each cut past ${MAX_OUTPUT} characters, with a note)`,
+      inputSchema: {
+        sandbox,
+        command: z.string().min(1).describe('run by /bin/sh -c'),
+        cwd: z.string().optional(),
+        timeout_seconds: z.number().positive().max(3600).optional(),
+        max_output: z.number().int().positive().max(MAX_OUTPUT).optional(),
+      },
+    },
+    guarded(async (a) => {
+      const box = await lab.get(a.sandbox);
+      const r = await box.exec(['/bin/sh', '-c', a.command], {
+        ...(a.cwd ? { cwd: a.cwd } : {}),
+        ...(a.timeout_seconds ? { timeoutMs: a.timeout_seconds * 1000 } : {}),
+      });
+      const max = a.max_output ?? MAX_OUTPUT;
+      return {
+        content: [
+          { type: 'text', text: `exit code ${r.exitCode}` },
+          { type: 'text', text: `stdout:\n${cut(r.stdout, max)}` },
+          { type: 'text', text: `stderr:\n${cut(r.stderr, max)}` },
+        ],
+        structuredContent: { exitCode: r.exitCode, stdout: cut(r.stdout, max), stderr: cut(r.stderr, max) },
+      };
+    }),
+  );
+}
+
+function fileTools(server: McpServer, lab: LabApi): void {
+  const path = z.string().min(1).describe('an absolute path inside the sandbox');
+  server.registerTool(
+    'write_file',
+    { description: 'Write a UTF-8 text file in a sandbox', inputSchema: { sandbox, path, content: z.string() } },
+    guarded(async (a) => {
+      await (await lab.get(a.sandbox)).files.write(a.path, a.content);
+      return text(`wrote ${Buffer.byteLength(a.content)} bytes to ${a.path}`);
+    }),
+  );
+  server.registerTool(
+    'read_file',
+    {
+      description: `Read a file of a sandbox as UTF-8 (cut past ${MAX_OUTPUT} characters)`,
+      inputSchema: { sandbox, path },
+    },
+    guarded(async (a) => text(cut((await (await lab.get(a.sandbox)).files.read(a.path)).toString('utf8'), MAX_OUTPUT))),
+  );
+  server.registerTool(
+    'list_files',
+    { description: "A directory's entries in a sandbox", inputSchema: { sandbox, path } },
+    guarded(async (a) => {
+      const entries = await (await lab.get(a.sandbox)).files.list(a.path);
+      return text(entries.map((e) => ({ name: e.name, type: e.type, size: e.size, mode: e.mode })));
+    }),
+  );
+}
+
+function snapshotTools(server: McpServer, lab: LabApi, o: McpOptions): void {
+  server.registerTool(
+    'snapshot_sandbox',
+    {
+      description: "Take a named snapshot of a sandbox's filesystem",
+      inputSchema: { sandbox, snapshot: z.string().min(1) },
+    },
+    guarded(async (a) => text((await (await lab.get(a.sandbox)).snapshot(a.snapshot)).toJSON())),
+  );
+  server.registerTool(
+    'restore_snapshot',
+    {
+      description: `A new sandbox from a snapshot (removed after ttl_seconds, default ${o.defaultTtlS})`,
+      inputSchema: { snapshot: z.string().min(1), ttl_seconds: z.number().int().positive().max(86400).optional() },
+    },
+    guarded(async (a) => {
+      const box = await lab.restore(a.snapshot, {
+        ...(o.keepsTime ? { timeoutS: a.ttl_seconds ?? o.defaultTtlS, onTimeout: 'kill' as const } : {}),
+      });
+      o.onCreated?.(box);
+      return text(view(box));
+    }),
+  );
+}
+
+/** An MCP server whose tools act through `lab`. */
+export function mcpServer(lab: LabApi, o: McpOptions): McpServer {
+  const server = new McpServer({ name: 'snaplab', version: VERSION });
+  lifecycleTools(server, lab, o);
+  runTool(server, lab);
+  fileTools(server, lab);
+  snapshotTools(server, lab, o);
+  return server;
+}

@@ -1,0 +1,161 @@
+/** The MCP server (docs/mcp.md) driven by @modelcontextprotocol/sdk's own client: over stdio, and over a daemon's /mcp. */
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SNAPLAB } from './cli-command.js';
+import { cli, removeHome, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
+
+const TOOLS = [
+  'create_sandbox',
+  'destroy_sandbox',
+  'list_files',
+  'list_sandboxes',
+  'read_file',
+  'restore_snapshot',
+  'run_command',
+  'snapshot_sandbox',
+  'write_file',
+];
+
+async function call(c: Client, name: string, args: Record<string, unknown>): Promise<CallToolResult> {
+  return (await c.callTool({ name, arguments: args })) as CallToolResult;
+}
+
+function textOf(r: CallToolResult): string {
+  return r.content.map((x) => (x.type === 'text' ? x.text : '')).join('\n');
+}
+
+/** A bad argument is an MCP error: an isError result or a JSON-RPC error, and the server answers after it. */
+async function expectMcpError(c: Client, name: string, args: Record<string, unknown>): Promise<string> {
+  try {
+    const r = await call(c, name, args);
+    expect(r.isError).toBe(true);
+    return textOf(r);
+  } catch (e) {
+    expect((e as { code?: number }).code).toBeTypeOf('number');
+    return String(e);
+  }
+}
+
+/** create, run, files, list, bad arguments, destroy: the same over either transport. */
+async function exercise(c: Client, ttl: Record<string, unknown>): Promise<void> {
+  const names = (await c.listTools()).tools.map((t) => t.name).sort();
+  expect(names).toEqual(TOOLS);
+  const made = await call(c, 'create_sandbox', ttl);
+  expect(made.isError).toBeFalsy();
+  const id = (JSON.parse(textOf(made)) as { id: string }).id;
+  const run = await call(c, 'run_command', { sandbox: id, command: 'echo hello; echo oops >&2; exit 3' });
+  expect(run.structuredContent).toEqual({ exitCode: 3, stdout: 'hello\n', stderr: 'oops\n' });
+  const long = await call(c, 'run_command', { sandbox: id, command: 'seq 1 1000', max_output: 10 });
+  expect(textOf(long)).toContain('[snaplab: output truncated');
+  expect(
+    (await call(c, 'write_file', { sandbox: id, path: '/tmp/note.txt', content: 'from mcp\n' })).isError,
+  ).toBeFalsy();
+  expect(textOf(await call(c, 'read_file', { sandbox: id, path: '/tmp/note.txt' }))).toBe('from mcp\n');
+  expect(textOf(await call(c, 'list_files', { sandbox: id, path: '/tmp' }))).toContain('note.txt');
+  expect(textOf(await call(c, 'list_sandboxes', {}))).toContain(id);
+  // bad arguments: a wrong type, a missing one, an unknown sandbox, a missing file
+  await expectMcpError(c, 'run_command', { sandbox: id, command: 5 });
+  await expectMcpError(c, 'read_file', { sandbox: id });
+  expect(await expectMcpError(c, 'run_command', { sandbox: 'no-such-box', command: 'true' })).toContain('NOT_FOUND');
+  expect(await expectMcpError(c, 'read_file', { sandbox: id, path: '/nope' })).toContain('NOT_FOUND');
+  expect((await call(c, 'destroy_sandbox', { sandbox: id })).isError).toBeFalsy();
+  expect(textOf(await call(c, 'list_sandboxes', {}))).not.toContain(id);
+}
+
+function boxes(home: string): unknown[] {
+  const r = cli(home, ['ls', '--json']);
+  expect(r.code).toBe(0);
+  return JSON.parse(r.out) as unknown[];
+}
+
+describe('snaplab mcp on stdio (embedded lab)', () => {
+  let home: string;
+  beforeAll(() => {
+    home = mkdtempSync(join(tmpdir(), 'snaplab-test-mcp-'));
+  });
+  afterAll(() => removeHome(home));
+
+  const connect = async (): Promise<Client> => {
+    const c = new Client({ name: 'snaplab-test', version: '0' });
+    await c.connect(
+      new StdioClientTransport({
+        command: SNAPLAB,
+        args: ['mcp'],
+        env: { ...process.env, SNAPLAB_HOME: home } as Record<string, string>,
+        stderr: 'pipe',
+      }),
+    );
+    return c;
+  };
+
+  it('tools: list, create, run, write and read, list, bad arguments as MCP errors, destroy', async () => {
+    const c = await connect();
+    try {
+      await exercise(c, {});
+    } finally {
+      await c.close();
+    }
+  }, 120_000);
+
+  it('the sandboxes a session made are gone when its client disconnects', async () => {
+    const c = await connect();
+    const made = await call(c, 'create_sandbox', { name: 'mcp-left' });
+    expect(made.isError).toBeFalsy();
+    expect(boxes(home)).toHaveLength(1);
+    await c.close();
+    await until('the session end to remove its sandbox', () => boxes(home).length === 0, 30_000);
+  }, 120_000);
+});
+
+describe("a daemon's /mcp (streamable HTTP, a key)", () => {
+  let home: string;
+  let key: string;
+  let d: TestDaemon;
+  beforeAll(async () => {
+    home = mkdtempSync(join(tmpdir(), 'snaplab-test-mcp-http-'));
+    key = cli(home, ['key', 'create', 'agent', '--scope', 'read,exec']).out.trim();
+    d = await startDaemon(home);
+  }, 120_000);
+  afterAll(async () => {
+    await d?.stop();
+    removeHome(home);
+  });
+
+  const connect = async (token: string): Promise<Client> => {
+    const c = new Client({ name: 'snaplab-test', version: '0' });
+    await c.connect(
+      new StreamableHTTPClientTransport(new URL(`${d.url}/mcp`), {
+        requestInit: { headers: { Authorization: `Bearer ${token}` } },
+      }),
+    );
+    return c;
+  };
+
+  it('tools: list, create, run, write and read, list, bad arguments as MCP errors, destroy', async () => {
+    const c = await connect(key);
+    try {
+      await exercise(c, { ttl_seconds: 60 });
+    } finally {
+      await c.close();
+    }
+  }, 120_000);
+
+  it('without a key nothing is served', async () => {
+    await expect(connect('not-a-key')).rejects.toThrow(/401|UNAUTHORIZED/);
+  });
+
+  it('a client that disconnects leaves no sandbox after its TTL', async () => {
+    const c = await connect(key);
+    const made = await call(c, 'create_sandbox', { ttl_seconds: 2 });
+    expect(JSON.parse(textOf(made)).timeoutS).toBe(2);
+    await c.close();
+    expect(boxes(home)).toHaveLength(1);
+    await until('the TTL to remove the sandbox', () => boxes(home).length === 0, 30_000);
+  }, 60_000);
+});
