@@ -42,6 +42,17 @@ async function expectMcpError(c: Client, name: string, args: Record<string, unkn
   }
 }
 
+/** A sandbox's files as resources: its / listed, a file read, a directory's entries. */
+async function resources(c: Client, name: string): Promise<void> {
+  const listed = (await c.listResources()).resources.map((r) => r.uri);
+  expect(listed).toContain(`snaplab://sandbox/${name}/files/`);
+  const file = await c.readResource({ uri: `snaplab://sandbox/${name}/files/tmp/note.txt` });
+  expect(file.contents[0]).toMatchObject({ mimeType: 'text/plain', text: 'from mcp\n' });
+  const dir = await c.readResource({ uri: `snaplab://sandbox/${name}/files/tmp` });
+  expect(JSON.parse(String(dir.contents[0]!.text))).toContainEqual({ name: 'note.txt', type: 'file', size: 9 });
+  await expect(c.readResource({ uri: `snaplab://sandbox/${name}/files/nope` })).rejects.toThrow(/NOT_FOUND|no such/i);
+}
+
 /** create, run, files, list, bad arguments, destroy: the same over either transport. */
 async function exercise(c: Client, ttl: Record<string, unknown>): Promise<void> {
   const names = (await c.listTools()).tools.map((t) => t.name).sort();
@@ -59,6 +70,7 @@ async function exercise(c: Client, ttl: Record<string, unknown>): Promise<void> 
   expect(textOf(await call(c, 'read_file', { sandbox: id, path: '/tmp/note.txt' }))).toBe('from mcp\n');
   expect(textOf(await call(c, 'list_files', { sandbox: id, path: '/tmp' }))).toContain('note.txt');
   expect(textOf(await call(c, 'list_sandboxes', {}))).toContain(id);
+  await resources(c, (JSON.parse(textOf(made)) as { name: string }).name);
   // bad arguments: a wrong type, a missing one, an unknown sandbox, a missing file
   await expectMcpError(c, 'run_command', { sandbox: id, command: 5 });
   await expectMcpError(c, 'read_file', { sandbox: id });
@@ -146,8 +158,10 @@ describe("a daemon's /mcp (streamable HTTP, a key)", () => {
     }
   }, 120_000);
 
-  it('without a key nothing is served', async () => {
+  it('without a key nothing is served; stateless, so GET (a session stream) is 405', async () => {
     await expect(connect('not-a-key')).rejects.toThrow(/401|UNAUTHORIZED/);
+    const get = await fetch(`${d.url}/mcp`, { headers: { Authorization: `Bearer ${key}` } });
+    expect(get.status).toBe(405);
   });
 
   it('a client that disconnects leaves no sandbox after its TTL', async () => {

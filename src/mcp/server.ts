@@ -3,8 +3,8 @@
  * embedded lab, or a daemon with SNAPLAB_HOST) and for a daemon's /mcp (the caller's key). It
  * stands on the Lab API only.
  */
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
-import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
+import { McpServer, ResourceTemplate } from '@modelcontextprotocol/sdk/server/mcp.js';
+import type { CallToolResult, ReadResourceResult } from '@modelcontextprotocol/sdk/types.js';
 import * as z from 'zod';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
 import { VERSION } from '../version.js';
@@ -187,6 +187,40 @@ function snapshotTools(server: McpServer, lab: LabApi, o: McpOptions): void {
   );
 }
 
+/** A file's text (cut past MAX_OUTPUT), a binary one's bytes as base64, a directory's entries as JSON. */
+async function readResource(lab: LabApi, uri: URL, sandboxName: string, path: string): Promise<ReadResourceResult> {
+  const box = await lab.get(sandboxName);
+  const info = await box.files.stat(path);
+  if (info.type === 'dir') {
+    const entries = (await box.files.list(path)).map((e) => ({ name: e.name, type: e.type, size: e.size }));
+    return { contents: [{ uri: uri.href, mimeType: 'application/json', text: JSON.stringify(entries) }] };
+  }
+  const data = await box.files.read(path);
+  const asText = data.toString('utf8');
+  return Buffer.from(asText, 'utf8').equals(data)
+    ? { contents: [{ uri: uri.href, mimeType: 'text/plain', text: cut(asText, MAX_OUTPUT) }] }
+    : { contents: [{ uri: uri.href, mimeType: 'application/octet-stream', blob: data.toString('base64') }] };
+}
+
+/** snaplab://sandbox/NAME/files/PATH: a sandbox's files (each sandbox's / is listed). */
+function fileResources(server: McpServer, lab: LabApi): void {
+  const template = new ResourceTemplate('snaplab://sandbox/{sandbox}/files{+path}', {
+    list: async () => ({
+      resources: (await lab.list()).map((b) => ({
+        uri: `snaplab://sandbox/${b.name}/files/`,
+        name: `${b.name}:/`,
+        mimeType: 'application/json',
+      })),
+    }),
+  });
+  server.registerResource(
+    'sandbox-files',
+    template,
+    { description: "A sandbox's file (text, or base64 bytes) or directory (its entries as JSON)" },
+    async (uri, vars) => readResource(lab, uri, String(vars.sandbox), decodeURIComponent(String(vars.path))),
+  );
+}
+
 /** An MCP server whose tools act through `lab`. */
 export function mcpServer(lab: LabApi, o: McpOptions): McpServer {
   const server = new McpServer({ name: 'snaplab', version: VERSION });
@@ -194,5 +228,6 @@ export function mcpServer(lab: LabApi, o: McpOptions): McpServer {
   runTool(server, lab);
   fileTools(server, lab);
   snapshotTools(server, lab, o);
+  fileResources(server, lab);
   return server;
 }
