@@ -49,7 +49,11 @@ async function resources(c: Client, name: string): Promise<void> {
   const file = await c.readResource({ uri: `snaplab://sandbox/${name}/files/tmp/note.txt` });
   expect(file.contents[0]).toMatchObject({ mimeType: 'text/plain', text: 'from mcp\n' });
   const dir = await c.readResource({ uri: `snaplab://sandbox/${name}/files/tmp` });
-  expect(JSON.parse(String(dir.contents[0]!.text))).toContainEqual({ name: 'note.txt', type: 'file', size: 9 });
+  expect(JSON.parse(String((dir.contents[0] as { text?: string }).text))).toContainEqual({
+    name: 'note.txt',
+    type: 'file',
+    size: 9,
+  });
   await expect(c.readResource({ uri: `snaplab://sandbox/${name}/files/nope` })).rejects.toThrow(/NOT_FOUND|no such/i);
 }
 
