@@ -168,6 +168,26 @@ describe("a daemon's /mcp (streamable HTTP, a key)", () => {
     expect(get.status).toBe(405);
   });
 
+  it('snaplab mcp with SNAPLAB_HOST acts through the daemon: its sandboxes carry the default TTL', async () => {
+    const c = new Client({ name: 'snaplab-test', version: '0' });
+    const env = { ...process.env, SNAPLAB_HOME: home, SNAPLAB_HOST: d.url, SNAPLAB_TOKEN: key };
+    await c.connect(
+      new StdioClientTransport({
+        command: SNAPLAB,
+        args: ['mcp', '--ttl', '45'],
+        env: env as Record<string, string>,
+        stderr: 'pipe',
+      }),
+    );
+    try {
+      const made = JSON.parse(textOf(await call(c, 'create_sandbox', {}))) as { name: string; timeoutS: number };
+      expect(made.timeoutS).toBe(45);
+      expect((await call(c, 'destroy_sandbox', { sandbox: made.name })).isError).toBeFalsy();
+    } finally {
+      await c.close();
+    }
+  }, 60_000);
+
   it('a client that disconnects leaves no sandbox after its TTL', async () => {
     const c = await connect(key);
     const made = await call(c, 'create_sandbox', { ttl_seconds: 2 });
