@@ -12,7 +12,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Sandbox } from '@e2b/code-interpreter';
+import { Sandbox, TimeoutError } from '@e2b/code-interpreter';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SNAPLAB } from './cli-command.js';
 import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
@@ -99,4 +99,23 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       await sbx.kill();
     }
   }, 120_000);
+
+  it('a timeout interrupts the kernel, not the sandbox; two sandboxes do not share state', async () => {
+    const a = await Sandbox.create({ allowInternetAccess: false });
+    const b = await Sandbox.create({ allowInternetAccess: false });
+    try {
+      await a.runCode('z = 5');
+      await expect(a.runCode('import time; time.sleep(120)', { timeoutMs: 2000 })).rejects.toBeInstanceOf(TimeoutError);
+      // were the kernel not interrupted, this would wait for the sleep's end
+      const t0 = Date.now();
+      expect((await a.runCode('z')).text).toBe('5');
+      expect(Date.now() - t0).toBeLessThan(30_000);
+      expect(await a.isRunning()).toBe(true);
+      const other = await b.runCode('z');
+      expect(other.error?.name).toBe('NameError');
+    } finally {
+      await a.kill();
+      await b.kill();
+    }
+  }, 180_000);
 });

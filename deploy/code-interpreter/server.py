@@ -20,6 +20,7 @@ import select
 import socket
 import sys
 import threading
+import time
 import uuid
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -130,6 +131,23 @@ def gone(sock):
         return True
 
 
+def interrupt(c, msg_id, wait=10.0):
+    """Interrupt an execution whose client went away, and wait (a while) for its end: the next one then runs at once."""
+    c.km.interrupt_kernel()
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            msg = c.kc.get_iopub_msg(timeout=0.5)
+        except Empty:
+            continue
+        if (
+            msg["parent_header"].get("msg_id") == msg_id
+            and msg["msg_type"] == "status"
+            and msg["content"]["execution_state"] == "idle"
+        ):
+            return
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"  # a body ends with its connection: NDJSON streams as it comes
 
@@ -219,11 +237,11 @@ class Handler(BaseHTTPRequestHandler):
             self.run(c, str(m.get("code", "")))
 
     def run(self, c, code):
-        msg_id = c.kc.execute(code, allow_stdin=False)
+        # one execution at a time per context (its lock): an error need not abort what comes next
+        msg_id = c.kc.execute(code, allow_stdin=False, stop_on_error=False)
         while True:
             if gone(self.connection):
-                c.km.interrupt_kernel()
-                return
+                return interrupt(c, msg_id)
             if not c.km.is_alive():
                 self.send_line({"type": "unexpected_end_of_execution"})
                 return
@@ -241,8 +259,7 @@ class Handler(BaseHTTPRequestHandler):
                 try:
                     self.send_line(line)
                 except OSError:
-                    c.km.interrupt_kernel()
-                    return
+                    return interrupt(c, msg_id)
 
 
 def main():
