@@ -79,7 +79,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     }
   }, 120_000);
 
-  it('returns a matplotlib plot as a PNG; contexts keep their own state', async () => {
+  it('returns a matplotlib plot as a PNG; contexts keep their own state, a crash of one spares the other, restart', async () => {
     const sbx = await Sandbox.create({ allowInternetAccess: false });
     try {
       const plot = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()');
@@ -93,6 +93,11 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       expect((await sbx.runCode('import os; os.getcwd()', { context: ctx })).text).toBe("'/tmp'");
       expect((await sbx.runCode('"y" in dir()')).text).toBe('False');
       expect((await sbx.listCodeContexts()).map((c) => c.id)).toContain(ctx.id);
+      // its kernel dies: the default context's lives on; a restart gives the context a fresh one
+      await sbx.runCode('import os; os._exit(1)', { context: ctx });
+      expect((await sbx.runCode('1 + 1')).text).toBe('2');
+      await sbx.restartCodeContext(ctx);
+      expect((await sbx.runCode('"y" in dir()', { context: ctx })).text).toBe('False');
       await sbx.removeCodeContext(ctx);
       expect((await sbx.listCodeContexts()).map((c) => c.id)).not.toContain(ctx.id);
     } finally {
