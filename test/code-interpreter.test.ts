@@ -68,6 +68,11 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       expect(lines.join('')).toBe('line 0\nline 1\nline 2\n');
       expect(printed.logs.stdout.join('')).toBe('line 0\nline 1\nline 2\n');
 
+      const env = await sbx.runCode('import os; os.environ.get("MODE")', { envs: { MODE: 'test' } });
+      expect(env.text).toBe("'test'");
+      // put back as it was (unset: IPython shows no result for None, hence the string)
+      expect((await sbx.runCode('str(os.environ.get("MODE"))')).text).toBe("'None'");
+
       const failed = await sbx.runCode('1 / 0');
       expect(failed.error?.name).toBe('ZeroDivisionError');
       expect(failed.error?.value).toBe('division by zero');

@@ -131,9 +131,24 @@ def gone(sock):
         return True
 
 
-def interrupt(c, msg_id, wait=10.0):
-    """Interrupt an execution whose client went away, and wait (a while) for its end: the next one then runs at once."""
-    c.km.interrupt_kernel()
+# runCode's envs: set in the kernel's environment for one execution, then put back as they were
+SET_ENV = (
+    "__import__('builtins').__dict__['_snaplab_env'] = "
+    "{{k: __import__('os').environ.get(k) for k in {keys!r}}}; __import__('os').environ.update({env!r})"
+)
+RESET_ENV = (
+    "[__import__('os').environ.pop(k, None) if v is None else __import__('os').environ.__setitem__(k, v) "
+    "for k, v in __import__('builtins').__dict__.pop('_snaplab_env', {}).items()]"
+)
+
+
+def quiet(c, code):
+    """Run code in the kernel unseen (no result, no count); its messages are skipped by msg_id."""
+    return c.kc.execute(code, silent=True, store_history=False, allow_stdin=False, stop_on_error=False)
+
+
+def wait_idle(c, msg_id, wait=10.0):
+    """Wait (a while) for an execution's end."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
@@ -146,6 +161,12 @@ def interrupt(c, msg_id, wait=10.0):
             and msg["content"]["execution_state"] == "idle"
         ):
             return
+
+
+def interrupt(c, msg_id, wait=10.0):
+    """Interrupt an execution whose client went away, and wait (a while) for its end: the next one then runs at once."""
+    c.km.interrupt_kernel()
+    wait_idle(c, msg_id, wait)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -233,8 +254,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/x-ndjson")
         self.end_headers()
+        env = m.get("env_vars") or {}
+        env = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
         with c.lock:
-            self.run(c, str(m.get("code", "")))
+            if env:
+                quiet(c, SET_ENV.format(keys=sorted(env), env=env))
+            try:
+                self.run(c, str(m.get("code", "")))
+            finally:
+                if env:
+                    wait_idle(c, quiet(c, RESET_ENV))
 
     def run(self, c, code):
         # one execution at a time per context (its lock): an error need not abort what comes next
