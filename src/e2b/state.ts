@@ -11,6 +11,7 @@ import { statusOf } from '../server/http-errors.js';
 import { Processes } from './processes.js';
 import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
+import { Interpreters } from './interpreters.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
 export const ENVD_VERSION = '0.5.7';
@@ -26,6 +27,7 @@ export class E2bState {
   readonly processes = new Processes();
   readonly metrics = new MetricsFront();
   readonly watchers = new Watchers();
+  readonly interpreters = new Interpreters();
   private readonly sessions = new Map<string, Session>();
   private readonly labs = new Map<string, Promise<LabApi>>();
 
@@ -73,6 +75,7 @@ export class E2bState {
     this.processes.forget(id);
     this.metrics.forget(id);
     this.watchers.forget(id);
+    this.interpreters.forget(id);
   }
 
   /**
