@@ -13,6 +13,7 @@ import type { LabApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { registerControl } from './control.js';
 import { registerEnvd } from './envd.js';
+import { registerInterpreter, rewriteUrl } from './interpreter.js';
 import { registerMetrics } from './metrics.js';
 import { E2bState, sendError } from './state.js';
 
@@ -35,7 +36,8 @@ export function urlOf(app: FastifyInstance): string {
 }
 
 export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
-  const app = Fastify({ bodyLimit: 16 << 20, logger: false, ...opts.server });
+  // requests for the code interpreter's port (E2b-Sandbox-Port: 49999) are routed apart (interpreter.ts)
+  const app = Fastify({ bodyLimit: 16 << 20, logger: false, ...opts.server, rewriteUrl });
   opts.guard?.attach(app.server);
   const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket));
   // bodies other than JSON come as streams: envelopes, multipart and octet-stream uploads
@@ -59,5 +61,6 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   registerControl(app, state);
   registerMetrics(app, state);
   registerEnvd(app, state);
+  registerInterpreter(app, state);
   return app;
 }

@@ -11,6 +11,7 @@ import { statusOf } from '../server/http-errors.js';
 import { Processes } from './processes.js';
 import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
+import { Interpreters } from './interpreters.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
 export const ENVD_VERSION = '0.5.7';
@@ -26,6 +27,7 @@ export class E2bState {
   readonly processes = new Processes();
   readonly metrics = new MetricsFront();
   readonly watchers = new Watchers();
+  readonly interpreters = new Interpreters();
   private readonly sessions = new Map<string, Session>();
   private readonly labs = new Map<string, Promise<LabApi>>();
 
@@ -73,19 +75,24 @@ export class E2bState {
     this.processes.forget(id);
     this.metrics.forget(id);
     this.watchers.forget(id);
+    this.interpreters.forget(id);
   }
 
   /**
    * The sandbox an envd call is for (header `E2b-Sandbox-Id`), checked against its access token.
    * Unknown here, gone or not running: UNAVAILABLE (502), which E2B's SDK reads as "not running".
+   * `tokenOptional`: a request without the header is let through (one with a wrong token is not).
    */
-  async envdSandbox(req: FastifyRequest): Promise<SandboxApi> {
+  async envdSandbox(req: FastifyRequest, opts: { tokenOptional?: boolean } = {}): Promise<SandboxApi> {
     const id = String(req.headers['e2b-sandbox-id'] ?? '');
     const s = this.sessions.get(id);
     if (!s) throw new EnvdUnavailable(id);
-    const given = Buffer.from(String(req.headers['x-access-token'] ?? ''));
+    const token = req.headers['x-access-token'];
+    const given = Buffer.from(String(token ?? ''));
     const want = Buffer.from(s.accessToken);
-    if (given.length !== want.length || !timingSafeEqual(given, want))
+    // the code-interpreter SDK sends no token on its context calls (docs/e2b.md): those may omit it
+    const spared = opts.tokenOptional === true && token === undefined;
+    if (!spared && (given.length !== want.length || !timingSafeEqual(given, want)))
       throw new SnaplabError('UNAUTHORIZED', 'the access token is not this sandbox’s', 'send X-Access-Token');
     this.proved(req.raw.socket);
     const lab = await this.labOf(s.apiKey);

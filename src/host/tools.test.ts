@@ -48,6 +48,7 @@ const NONLITERAL: Record<string, string> = {
   'test/qemu.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/images.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/debian-image.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
+  'test/code-interpreter.test.ts SNAPLAB': 'the snaplab command, built by npm run build (image build)',
   'test/system.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/userns.test.ts SNAPLAB': 'the snaplab command, built by npm run build (doctor)',
   'test/copy.test.ts SNAPLAB': 'the snaplab command, built by npm run build',

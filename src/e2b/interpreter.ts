@@ -1,0 +1,112 @@
+/**
+ * E2B's code interpreter (`@e2b/code-interpreter`, docs/e2b.md): requests to the sandbox URL with
+ * `E2b-Sandbox-Port: 49999` are carried to snaplab's own interpreter server inside the machine
+ * (deploy/code-interpreter/server.py, Jupyter kernels), started there on the first such request.
+ * Each request is one HTTP exchange over one `snaplab-agent connect 49999` the front spawns in the
+ * machine through the Lab API (as `snaplab port-forward` carries a connection), so it reaches
+ * 127.0.0.1:49999 from inside the machine's own network; nothing listens outside it.
+ */
+import { request, type IncomingMessage } from 'node:http';
+import type { Socket } from 'node:net';
+import { Duplex } from 'node:stream';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
+import { SnaplabError } from '../errors.js';
+import type { ProcessApi, SandboxApi } from '../sdk/api.js';
+import { readBody } from './connect.js';
+import { sendError, type E2bState } from './state.js';
+import { INTERPRETER_PORT, type Interpreters } from './interpreters.js';
+
+/** Where the front's routes see an interpreter request (rewritten from the port header). */
+export const INTERPRETER_PREFIX = '/.code-interpreter';
+
+/** The URL a request is routed by: interpreter requests under INTERPRETER_PREFIX (Fastify's rewriteUrl). */
+export function rewriteUrl(req: { url?: string; headers: Record<string, string | string[] | undefined> }): string {
+  const url = req.url ?? '/';
+  return String(req.headers['e2b-sandbox-port']) === String(INTERPRETER_PORT) ? INTERPRETER_PREFIX + url : url;
+}
+
+/** A connection to the interpreter's port inside the machine: one `snaplab-agent connect` carrying its bytes. */
+async function tunnel(box: SandboxApi): Promise<Duplex> {
+  let proc: ProcessApi | undefined;
+  const pending: Buffer[] = [];
+  const duplex = new Duplex({
+    write(chunk: Buffer, _enc, done) {
+      if (!proc) pending.push(chunk);
+      else if (!proc.write(chunk)) return void proc.drained().then(() => done(), done);
+      done();
+    },
+    final(done) {
+      proc?.end();
+      done();
+    },
+    read() {},
+    destroy(err, done) {
+      proc?.kill(9);
+      done(err);
+    },
+  });
+  proc = await box.spawn([MACHINE_AGENT_PATH, 'connect', String(INTERPRETER_PORT)], {
+    stdin: true,
+    onStdout: (b) => duplex.push(b),
+  });
+  for (const b of pending.splice(0)) proc.write(b);
+  proc.result.then(
+    () => duplex.push(null),
+    (e: unknown) => duplex.destroy(e instanceof Error ? e : new Error(String(e))),
+  );
+  return duplex;
+}
+
+/** One request carried to the server inside; its answer streamed back as it comes. */
+async function carry(box: SandboxApi, req: FastifyRequest, body: Buffer): Promise<IncomingMessage> {
+  const conn = await tunnel(box);
+  const path = req.url.slice(INTERPRETER_PREFIX.length) || '/';
+  return new Promise((resolve, reject) => {
+    const up = request({
+      method: req.method,
+      path,
+      headers: { 'content-type': 'application/json', 'content-length': body.length, connection: 'close' },
+      createConnection: () => conn as unknown as Socket,
+    });
+    up.on('response', resolve);
+    up.on('error', (e) =>
+      reject(new SnaplabError('AGENT_ERROR', `the code interpreter in ${box.id}: ${e.message}`, 'try again', e)),
+    );
+    up.end(body);
+  });
+}
+
+async function handle(
+  state: E2bState,
+  interpreters: Interpreters,
+  req: FastifyRequest,
+  reply: FastifyReply,
+): Promise<FastifyReply> {
+  const box = await state.envdSandbox(req, { tokenOptional: true });
+  const body = await readBody(req.body);
+  await interpreters.ensure(box);
+  const res = await carry(box, req, body).catch((e: unknown) => {
+    interpreters.forget(box.id); // the server may have died: the next request probes (and starts) it again
+    throw e;
+  });
+  // the SDK gone before the end (its timeout): the connection inside ends, and the server interrupts the kernel
+  reply.raw.once('close', () => {
+    if (!reply.raw.writableFinished) res.destroy();
+  });
+  reply.code(res.statusCode ?? 502);
+  const type = res.headers['content-type'];
+  if (type) reply.type(type);
+  return reply.send(res);
+}
+
+export function registerInterpreter(app: FastifyInstance, state: E2bState): void {
+  const interpreters = state.interpreters;
+  app.all(`${INTERPRETER_PREFIX}/*`, async (req, reply) => {
+    try {
+      return await handle(state, interpreters, req, reply);
+    } catch (e) {
+      return sendError(reply, e);
+    }
+  });
+}

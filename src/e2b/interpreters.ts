@@ -1,0 +1,66 @@
+/**
+ * The code interpreter's server inside each machine (deploy/code-interpreter/server.py): started
+ * there by the E2B front on the first request for port 49999 (interpreter.ts), once per sandbox
+ * while the front runs; a sandbox the front forgets (killed) is forgotten here too.
+ */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { packageRoot } from '../agent/binary.js';
+import { SnaplabError } from '../errors.js';
+import type { SandboxApi } from '../sdk/api.js';
+
+/** The port E2B's code-interpreter SDK names in `E2b-Sandbox-Port`. */
+export const INTERPRETER_PORT = 49999;
+const SERVER_IN_MACHINE = '/usr/local/lib/snaplab/code_interpreter.py';
+
+/**
+ * Probe the server; if it is not there, write it (from stdin) and start it in a session of its own
+ * (it outlives this exec), then wait for its port.
+ */
+const START = `probe() { python3 -c 'import socket; socket.create_connection(("127.0.0.1", ${INTERPRETER_PORT}), 1)' 2>/dev/null; }
+probe && exit 0
+command -v python3 >/dev/null || { echo 'no python3 in this image (use the code-interpreter-v1 image, docs/e2b.md)' >&2; exit 3; }
+mkdir -p ${SERVER_IN_MACHINE.replace(/\/[^/]+$/, '')} && cat > ${SERVER_IN_MACHINE}
+setsid python3 ${SERVER_IN_MACHINE} </dev/null >>/var/log/snaplab-code-interpreter.log 2>&1 &
+i=0
+while ! probe; do
+  i=$((i + 1))
+  [ $i -gt 300 ] && { tail -n 5 /var/log/snaplab-code-interpreter.log >&2; exit 4; }
+  sleep 0.1
+done`;
+
+let source: Buffer | undefined;
+const serverSource = (): Buffer => {
+  source ??= readFileSync(join(packageRoot(), 'deploy', 'code-interpreter', 'server.py'));
+  return source;
+};
+
+/** Starts (once per sandbox, while this front runs) the interpreter server inside the machine. */
+export class Interpreters {
+  private readonly started = new Map<string, Promise<void>>();
+
+  ensure(box: SandboxApi): Promise<void> {
+    let p = this.started.get(box.id);
+    if (!p) {
+      p = start(box);
+      this.started.set(box.id, p);
+      // a start that failed is tried again by the next request
+      p.catch(() => this.started.delete(box.id));
+    }
+    return p;
+  }
+
+  forget(id: string): void {
+    this.started.delete(id);
+  }
+}
+
+async function start(box: SandboxApi): Promise<void> {
+  const r = await box.exec(['/bin/sh', '-c', START], { stdin: serverSource() });
+  if (r.exitCode !== 0)
+    throw new SnaplabError(
+      'AGENT_ERROR',
+      `the code interpreter did not start in ${box.id}: ${r.stderr.toString().trim() || `exit ${r.exitCode}`}`,
+      'make the sandbox from the code-interpreter-v1 image (python3 with ipykernel; docs/e2b.md)',
+    );
+}

@@ -1,0 +1,131 @@
+/**
+ * E2B's code interpreter (docs/e2b.md) driven by E2B's own `@e2b/code-interpreter` (pinned): a real
+ * `snaplab serve --e2b-listen`, the SDK's default template `code-interpreter-v1` (a Debian image
+ * with python3-ipykernel, built by mmdebstrap from the host's apt sources), and snaplab's own
+ * interpreter server inside the machine.
+ *
+ * The image takes minutes to build, so it is built once into a cache home of its own (kept between
+ * runs and test files, `SNAPLAB_TEST_IMAGE_CACHE`; a cache hit when its inputs are the same) and
+ * imported from there into this file's temporary home.
+ */
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Sandbox, TimeoutError } from '@e2b/code-interpreter';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SNAPLAB } from './cli-command.js';
+import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
+
+const CACHE = process.env.SNAPLAB_TEST_IMAGE_CACHE ?? join(tmpdir(), 'snaplab-test-image-cache');
+const PACKAGES = 'python3,python3-ipykernel,python3-jupyter-client,python3-matplotlib,python3-numpy,python3-pandas';
+
+let home: string;
+let d: TestDaemon;
+const saved = { ...process.env };
+
+beforeAll(async () => {
+  // minutes the first time (cli's own timeout is two)
+  const args = ['image', 'build', 'debian', '--packages', PACKAGES, '--name', 'code-interpreter-v1', '--json'];
+  const built = spawnSync(SNAPLAB, args, {
+    env: { ...process.env, SNAPLAB_HOME: CACHE },
+    encoding: 'utf8',
+    timeout: 900_000,
+  });
+  if (built.status !== 0) throw new Error(`image build: ${built.stderr}`);
+  const { path } = JSON.parse(built.stdout) as { path: string };
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-ci-'));
+  const imported = cli(home, ['image', 'import', path, '--name', 'code-interpreter-v1']);
+  if (imported.code !== 0) throw new Error(`image import: ${imported.err}`);
+  const key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
+  d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
+  process.env.E2B_API_URL = d.e2bUrl;
+  process.env.E2B_SANDBOX_URL = d.e2bUrl;
+  process.env.E2B_API_KEY = key;
+}, 900_000);
+
+afterAll(async () => {
+  await d?.stop();
+  if (home) cli(home, ['image', 'rm', '--force', 'code-interpreter-v1']);
+  if (home) removeHome(home);
+  process.env = saved;
+});
+
+describe('@e2b/code-interpreter@2.8.0', () => {
+  it('keeps state between runCode calls, streams stdout, and returns an error with its traceback', async () => {
+    const sbx = await Sandbox.create({ allowInternetAccess: false });
+    try {
+      expect((await sbx.runCode('x = 1')).error).toBeUndefined();
+      const two = await sbx.runCode('x + 1');
+      expect(two.text).toBe('2');
+      expect(two.results[0]?.isMainResult).toBe(true);
+      expect(two.executionCount).toBe(2);
+
+      const lines: string[] = [];
+      const printed = await sbx.runCode('for i in range(3): print("line", i)', {
+        onStdout: (m) => lines.push(m.line),
+      });
+      expect(lines.join('')).toBe('line 0\nline 1\nline 2\n');
+      expect(printed.logs.stdout.join('')).toBe('line 0\nline 1\nline 2\n');
+
+      const env = await sbx.runCode('import os; os.environ.get("MODE")', { envs: { MODE: 'test' } });
+      expect(env.text).toBe("'test'");
+      // put back as it was (unset: IPython shows no result for None, hence the string)
+      expect((await sbx.runCode('str(os.environ.get("MODE"))')).text).toBe("'None'");
+
+      const failed = await sbx.runCode('1 / 0');
+      expect(failed.error?.name).toBe('ZeroDivisionError');
+      expect(failed.error?.value).toBe('division by zero');
+      expect(failed.error?.traceback).toContain('ZeroDivisionError');
+      // the kernel lives on after an error
+      expect((await sbx.runCode('x * 10')).text).toBe('10');
+    } finally {
+      await sbx.kill();
+    }
+  }, 120_000);
+
+  it('returns a matplotlib plot as a PNG; contexts keep their own state, a crash of one spares the other, restart', async () => {
+    const sbx = await Sandbox.create({ allowInternetAccess: false });
+    try {
+      const plot = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()');
+      expect(plot.error).toBeUndefined();
+      const png = plot.results.find((r) => r.png)?.png ?? '';
+      expect(Buffer.from(png, 'base64').subarray(1, 4).toString()).toBe('PNG');
+
+      const ctx = await sbx.createCodeContext({ cwd: '/tmp' });
+      expect(ctx).toMatchObject({ language: 'python', cwd: '/tmp' });
+      await sbx.runCode('y = "own"', { context: ctx });
+      expect((await sbx.runCode('import os; os.getcwd()', { context: ctx })).text).toBe("'/tmp'");
+      expect((await sbx.runCode('"y" in dir()')).text).toBe('False');
+      expect((await sbx.listCodeContexts()).map((c) => c.id)).toContain(ctx.id);
+      // its kernel dies: the default context's lives on; a restart gives the context a fresh one
+      await sbx.runCode('import os; os._exit(1)', { context: ctx });
+      expect((await sbx.runCode('1 + 1')).text).toBe('2');
+      await sbx.restartCodeContext(ctx);
+      expect((await sbx.runCode('"y" in dir()', { context: ctx })).text).toBe('False');
+      await sbx.removeCodeContext(ctx);
+      expect((await sbx.listCodeContexts()).map((c) => c.id)).not.toContain(ctx.id);
+    } finally {
+      await sbx.kill();
+    }
+  }, 120_000);
+
+  it('a timeout interrupts the kernel, not the sandbox; two sandboxes do not share state', async () => {
+    const a = await Sandbox.create({ allowInternetAccess: false });
+    const b = await Sandbox.create({ allowInternetAccess: false });
+    try {
+      await a.runCode('z = 5');
+      await expect(a.runCode('import time; time.sleep(120)', { timeoutMs: 2000 })).rejects.toBeInstanceOf(TimeoutError);
+      // were the kernel not interrupted, this would wait for the sleep's end
+      const t0 = Date.now();
+      expect((await a.runCode('z')).text).toBe('5');
+      expect(Date.now() - t0).toBeLessThan(30_000);
+      expect(await a.isRunning()).toBe(true);
+      const other = await b.runCode('z');
+      expect(other.error?.name).toBe('NameError');
+    } finally {
+      await a.kill();
+      await b.kill();
+    }
+  }, 180_000);
+});
