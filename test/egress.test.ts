@@ -231,20 +231,25 @@ describe('egress', () => {
       limits: {},
       egress: { allow: [WEB] },
     });
-    const get = `printf 'GET /p HTTP/1.0\\r\\n\\r\\n' | nc -w 3`;
-    const first = await pool.run(['sh', '-c', `${get} ${WEB} 8080; ${get} ${OTHER} 8080 || echo refused`]);
-    expect(first.stdout).toContain(`outside ${WEB}`);
-    expect(first.stdout).toContain('refused');
-    expect(first.recycled).toBe(true);
-    // while a run holds the standby, its lists are opened up; handed back, it has the pool's again
-    const running = pool.run(['sleep', '3']);
-    const taken = await until(async () => (await lab!.list()).find((b) => b.state === 'running' && b.egress !== null));
-    await taken.setEgress({ allow: [OTHER] });
-    expect((await running).recycled).toBe(true);
-    const back = (await lab!.list()).find((b) => b.id === taken.id)!;
-    expect(back.egress).toMatchObject({ allow: [WEB], deny: [] });
-    expect(await back.egressUsage()).toMatchObject({ bytesOut: 0, connections: 0, denied: 0 });
-    await pool.remove();
+    try {
+      const get = `printf 'GET /p HTTP/1.0\\r\\n\\r\\n' | nc -w 3`;
+      const first = await pool.run(['sh', '-c', `${get} ${WEB} 8080; ${get} ${OTHER} 8080 || echo refused`]);
+      expect(first.stdout).toContain(`outside ${WEB}`);
+      expect(first.stdout).toContain('refused');
+      expect(first.recycled).toBe(true);
+      // while a run holds the standby, its lists are opened up; handed back, it has the pool's again
+      const running = pool.run(['sleep', '3']);
+      const taken = await until(async () =>
+        (await lab!.list()).find((b) => b.state === 'running' && b.egress !== null),
+      );
+      await taken.setEgress({ allow: [OTHER] });
+      expect((await running).recycled).toBe(true);
+      const back = (await lab!.list()).find((b) => b.id === taken.id)!;
+      expect(back.egress).toMatchObject({ allow: [WEB], deny: [] });
+      expect(await back.egressUsage()).toMatchObject({ bytesOut: 0, connections: 0, denied: 0 });
+    } finally {
+      await pool.remove();
+    }
   });
 
   it("a scenario network's uplink: its machines reach out as its lists allow, across a standby reset; down and gc leave nothing", async () => {
