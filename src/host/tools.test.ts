@@ -30,7 +30,7 @@ const CALL_NONLITERAL = new RegExp(`${AT}(${FN})\\(\\s*(?!['")\\s])([^,)]+)`, 'g
  */
 const NONLITERAL: Record<string, string> = {
   'src/host/run.ts cmd': 'run() itself',
-  'src/host/net/egress.ts argv[0]!': "inUplink's callers: ip, nft, sysctl, getent (listed)",
+  'src/host/net/egress-router.ts argv[0]!': "inUplink's callers: ip, nft, sysctl, getent (listed)",
   'src/host/hostops.ts bin': 'snaplab-hostops, built by npm run build',
   'src/image/sources/busybox.ts binary': "which('busybox') (or /bin/busybox, or the caller's)",
   'src/bench/baselines.ts runc': "which('runc')",

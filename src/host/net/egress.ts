@@ -1,24 +1,20 @@
 /**
- * Egress (docs/egress.md): a home's router namespace `snaplab-e<tag>` between its machines and the
- * uplink (the host's own network namespace, or $SNAPLAB_UPLINK_NETNS), holding every filter and
- * the NAT; each machine with egress has a namespace `snaplab-e<tag>-<slot>` whose eth0 is a veth to
- * the router. The machine's root may rewrite its own namespace: nothing it does there passes the
- * router's rules, which check the link a packet came in on and its source address.
+ * Egress (docs/egress.md): each machine with egress has a namespace `snaplab-e<tag>-<slot>` (or,
+ * a scenario machine, its own, with `up0` beside its links) whose link is a veth to the home's
+ * router (egress-router.ts). The machine's root may rewrite its own namespace: nothing it does
+ * there passes the router's rules, which check the link a packet came in on, its source
+ * address and its holder's mark.
  */
-import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
-import { noted, orElse, recordFailure } from '../../cleanup.js';
+import { noted } from '../../cleanup.js';
 import { HostOps } from '../hostops.js';
 import { withLock } from '../lock.js';
-import { run, which, type RunResult } from '../run.js';
 import {
   COUNTERS,
   GATEWAY,
   hostSetLines,
   ROUTER_TABLE,
-  UPLINK_IF,
   checkLists,
   homeTag,
   isHostName,
@@ -29,277 +25,14 @@ import {
   routerNetns,
   routerRuleset,
   slotAddress,
-  transit,
-  uplinkIf,
-  uplinkRuleset,
-  uplinkTable,
   type EgressLists,
 } from './egress-rules.js';
-import { NET_GROUP, NETNS_DIR, checkNetnsName, netnsPath } from './names.js';
+import { batch, ensureRouter, failed, hostAddresses, inNs, inUplink, nft, removeRouter } from './egress-router.js';
+import { NET_GROUP, checkNetnsName, netnsPath } from './names.js';
 import { createNetns, createNetnsBatch, deleteNetns, ipBatch, isNamespace, listSnaplabNetns } from './ns.js';
 import { sharedNetnsDir, unwire } from './wire.js';
 
-/** The uplink: a namespace under /run/netns named by $SNAPLAB_UPLINK_NETNS (tests' "outside"), or the host's. */
-function uplink(): string | undefined {
-  const name = process.env.SNAPLAB_UPLINK_NETNS;
-  if (!name) return undefined;
-  if (!/^[A-Za-z0-9_.-]{1,200}$/.test(name) || !existsSync(join(NETNS_DIR, name)))
-    throw new SnaplabError(
-      'BAD_INPUT',
-      `SNAPLAB_UPLINK_NETNS=${name} names no network namespace under ${NETNS_DIR}`,
-      'unset it to use the host network, or make it first (`ip netns add NAME`)',
-    );
-  return name;
-}
-
-/** Run argv in the uplink namespace. */
-const inUplink = (argv: string[], opts: { input?: string; allowFail?: boolean } = {}): Promise<RunResult> => {
-  const up = uplink();
-  return up ? run('ip', ['netns', 'exec', up, ...argv], opts) : run(argv[0]!, argv.slice(1), opts);
-};
-const inNs = (ns: string, argv: string[], opts: { input?: string; allowFail?: boolean } = {}): Promise<RunResult> =>
-  run('ip', ['netns', 'exec', ns, ...argv], opts);
-
-function failed(what: string, res: RunResult, hint = '`snaplab doctor` checks egress'): SnaplabError {
-  return new SnaplabError(
-    'HOST_COMMAND_FAILED',
-    `${what}: ${res.stderr.trim().split('\n').slice(0, 3).join('; ')}`,
-    hint,
-  );
-}
-
-async function nft(ns: string | null, script: string, what: string): Promise<void> {
-  const argv = ['nft', '-f', '-'];
-  const res =
-    ns === null
-      ? await inUplink(argv, { input: script, allowFail: true })
-      : await inNs(ns, argv, { input: script, allowFail: true });
-  if (res.code !== 0)
-    throw failed(what, res, 'egress needs nftables (`apt-get install nftables`); `snaplab doctor` checks it');
-}
-
-async function batch(ns: string, lines: string[], what: string): Promise<void> {
-  const res = await ipBatch(ns, lines);
-  if (res.code !== 0) throw failed(what, res);
-}
-
-/** Homes whose router this process has seen complete (a namespace check still runs each time). */
-const ready = new Set<string>();
-
-/**
- * The home's router, made if it is not there (under the home's egress lock). A router made whole
- * leaves a note of its namespace's inode (`run/egress.ready`): a process that finds the same
- * namespace there trusts it without asking nft (a spawn), one that finds another makes it again.
- */
-export async function ensureRouter(home: string): Promise<string> {
-  const tag = homeTag(home);
-  const ns = routerNetns(tag);
-  return withLock(join(home, 'run', 'egress.lock'), async () => {
-    // (under the lock: gc removes a router under it, once no machine is recorded)
-    if ((ready.has(tag) && (await isNamespace(netnsPath(ns)))) || (await isNoted(home, ns))) {
-      ready.add(tag);
-      return ns;
-    }
-    if ((await isNamespace(netnsPath(ns))) && (await routerComplete(ns))) {
-      await note(home, ns);
-      ready.add(tag);
-      return ns;
-    }
-    await removeRouter(home);
-    try {
-      await makeRouter(tag);
-    } catch (e) {
-      await removeRouter(home).catch(noted(`remove the half-made egress router ${ns}`));
-      throw e;
-    }
-    await note(home, ns);
-    ready.add(tag);
-    return ns;
-  });
-}
-
-const readyNote = (home: string): string => join(home, 'run', 'egress.ready');
-const inode = (path: string): Promise<string | undefined> =>
-  stat(path).then(
-    (st) => `${st.dev}:${st.ino}`,
-    () => undefined,
-  );
-async function note(home: string, ns: string): Promise<void> {
-  await writeFile(readyNote(home), `${await inode(netnsPath(ns))}\n`);
-}
-/** Whether the router's namespace is the one noted as made whole. */
-async function isNoted(home: string, ns: string): Promise<boolean> {
-  if (!(await isNamespace(netnsPath(ns)))) return false;
-  const [was, now] = await Promise.all([
-    readFile(readyNote(home), 'utf8').catch(orElse('', 'read the egress note', 'ENOENT')),
-    inode(netnsPath(ns)),
-  ]);
-  return now !== undefined && was.trim() === now;
-}
-
-const routerComplete = async (ns: string): Promise<boolean> =>
-  (await inNs(ns, ['nft', 'list', 'table', 'ip', ROUTER_TABLE], { allowFail: true })).code === 0;
-
-async function makeRouter(tag: string): Promise<void> {
-  const ns = routerNetns(tag);
-  const t = transit(tag);
-  const up = uplink();
-  const upIf = uplinkIf(tag);
-  await createNetns(ns);
-  await batch(
-    ns,
-    [
-      `link add ${UPLINK_IF} group ${NET_GROUP} type veth peer name ${upIf} netns ${up ?? String(process.pid)}`,
-      `link set ${UPLINK_IF} addrgenmode none`,
-      `addr add ${t.router}/30 dev ${UPLINK_IF}`,
-      `link set ${UPLINK_IF} up`,
-      `route add default via ${t.uplink}`,
-    ],
-    `cannot link egress router ${ns} to the uplink`,
-  );
-  const upLines = [`link set ${upIf} group ${NET_GROUP}`, `addr add ${t.uplink}/30 dev ${upIf}`, `link set ${upIf} up`];
-  const res = up
-    ? await ipBatch(up, upLines)
-    : await run('ip', ['-batch', '-'], { input: `${upLines.join('\n')}\n`, allowFail: true });
-  if (res.code !== 0)
-    throw failed(
-      `cannot set up ${upIf} on the uplink`,
-      res,
-      /File exists/.test(res.stderr)
-        ? `the uplink already has ${t.uplink}: another home's egress took it; \`snaplab gc\` there`
-        : undefined,
-    );
-  // forwarding on, and no IPv6 through the router whatever the host's defaults give a new namespace
-  await sysctl(ns, ['net.ipv4.ip_forward=1', 'net.ipv6.conf.all.disable_ipv6=1']);
-  const [hostAddrs, dns] = [hostAddresses(), await uplinkResolvers()];
-  // forwarding and the uplink's table together, under the host-wide lock a restore takes (so
-  // another home's gc never sees forwarding on and no table of ours); the uplink's table first:
-  // the router's own, loaded last, is what says the router is whole
-  await withLock(FORWARD_LOCK, async () => {
-    await forwardOnUplink();
-    await nft(
-      null,
-      `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag)}\n`,
-      'cannot load the uplink rules of egress',
-    );
-  });
-  await nft(ns, routerRuleset({ hostAddrs, dns, transitRouter: t.router }), `cannot load egress rules in ${ns}`);
-}
-
-async function sysctl(ns: string, settings: string[]): Promise<void> {
-  const res = await inNs(ns, ['sysctl', '-qw', ...settings], { allowFail: true });
-  if (res.code !== 0) throw failed(`cannot set ${settings.join(', ')} in ${ns}`, res);
-}
-
-/** Where snaplab notes that it turned on forwarding in an uplink namespace (gc turns it off again). */
-const forwardNote = (): string => `/run/snaplab/egress-forwarding-${uplink() ?? 'host'}`;
-
-/**
- * The uplink must forward the router's packets (the host's `net.ipv4.ip_forward`). When it is off,
- * snaplab turns it on and notes that it did: `snaplab gc` turns it off again once no home has a
- * router on this uplink. When it is on already it is left alone.
- */
-async function forwardOnUplink(): Promise<void> {
-  const now = await inUplink(['sysctl', '-n', 'net.ipv4.ip_forward'], { allowFail: true });
-  if (now.stdout.trim() === '1') return;
-  await mkdir('/run/snaplab', { recursive: true });
-  await writeFile(forwardNote(), '0\n');
-  const res = await inUplink(['sysctl', '-qw', 'net.ipv4.ip_forward=1'], { allowFail: true });
-  if (res.code !== 0) throw failed('cannot turn on forwarding on the uplink (net.ipv4.ip_forward)', res);
-}
-
-/**
- * The host's own IPv4 addresses and local prefixes (this process's network namespace, whatever the
- * uplink), from the kernel's local routing table (/proc/net/fib_trie): an address on an interface
- * that is down, or a `local` route over a whole prefix, is delivered to the host all the same.
- * Machines may not reach them. Read again at each change of a machine's rules: a file read, no
- * spawn.
- */
-export function hostAddresses(): string[] {
-  let text = '';
-  try {
-    text = readFileSync('/proc/net/fib_trie', 'utf8');
-  } catch (e) {
-    recordFailure('read /proc/net/fib_trie (the host addresses egress refuses)', e);
-    return [];
-  }
-  return localPrefixes(text);
-}
-
-/** The `host LOCAL` entries of fib_trie's Local table, as ADDRESS/PREFIX. */
-export function localPrefixes(fibTrie: string): string[] {
-  const local = fibTrie.slice(fibTrie.indexOf('Local:'));
-  const out = new Set<string>();
-  let at = '';
-  for (const line of local.split('\n')) {
-    const leaf = /\|-- (\d+\.\d+\.\d+\.\d+)\s*$/.exec(line);
-    if (leaf) at = leaf[1]!;
-    const kind = /^\s*\/(\d+) host LOCAL\s*$/.exec(line);
-    if (kind && at) out.add(`${at}/${kind[1]}`);
-  }
-  return [...out];
-}
-
-/**
- * The uplink's DNS resolvers, as its own programs find them: /etc/netns/NAME/resolv.conf for a
- * named namespace (what `ip netns exec` shows its programs), else /etc/resolv.conf, and behind a
- * local stub (systemd-resolved's 127.0.0.53) the servers it forwards to.
- */
-async function uplinkResolvers(): Promise<string[]> {
-  const up = uplink();
-  const files = [
-    ...(up ? [`/etc/netns/${up}/resolv.conf`] : []),
-    '/etc/resolv.conf',
-    '/run/systemd/resolve/resolv.conf',
-  ];
-  for (const f of files) {
-    const text = await readFile(f, 'utf8').catch(orElse('', `read ${f}`, 'ENOENT'));
-    const servers = [...text.matchAll(/^\s*nameserver\s+(\d+\.\d+\.\d+\.\d+)\s*$/gm)].map((m) => m[1]!);
-    const usable = servers.filter((s) => !s.startsWith('127.'));
-    if (usable.length) return usable;
-    if (servers.length && up) return [];
-  }
-  return [];
-}
-
-/** Remove the home's router, its uplink table, and forwarding where snaplab turned it on and no router is left. */
-export async function removeRouter(home: string): Promise<boolean> {
-  const tag = homeTag(home);
-  ready.delete(tag);
-  await rm(readyNote(home), { force: true });
-  const ns = routerNetns(tag);
-  const had = (await listSnaplabNetns()).includes(ns);
-  if (had) await deleteNetns(ns);
-  // without nftables nothing of egress was ever made here
-  if (!(await which('nft'))) return had;
-  const del = await inUplink(['nft', 'delete', 'table', 'ip', uplinkTable(tag)], { allowFail: true });
-  if (del.code !== 0 && !/No such file|does not exist/i.test(del.stderr))
-    throw failed(`cannot delete the uplink table ${uplinkTable(tag)}`, del);
-  await restoreForwarding();
-  return had || del.code === 0;
-}
-
-/**
- * Forwarding off again where snaplab turned it on, once no home has a router on this uplink (no
- * table of ours there) and it is still on; under the host-wide lock a router's making takes.
- */
-async function restoreForwarding(): Promise<void> {
-  if (!existsSync(forwardNote())) return;
-  await withLock(FORWARD_LOCK, async () => {
-    if (!existsSync(forwardNote())) return;
-    const tables = await inUplink(['nft', 'list', 'tables'], { allowFail: true });
-    if (tables.code !== 0 || /table ip snaplab_e[0-9a-f]{6}\b/.test(tables.stdout)) return;
-    const now = await inUplink(['sysctl', '-n', 'net.ipv4.ip_forward'], { allowFail: true });
-    if (now.stdout.trim() === '1') {
-      const res = await inUplink(['sysctl', '-qw', 'net.ipv4.ip_forward=0'], { allowFail: true });
-      if (res.code !== 0) throw failed('cannot turn forwarding on the uplink off again', res);
-    }
-    await rm(forwardNote(), { force: true });
-  });
-}
-
-/** Host-wide: homes share the uplink's forwarding switch. */
-const FORWARD_LOCK = '/run/snaplab/egress-forwarding.lock';
+export { ensureRouter, hostAddresses, localPrefixes, removeRouter } from './egress-router.js';
 
 export interface EgressAttach {
   slot: number;
