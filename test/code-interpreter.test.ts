@@ -8,7 +8,7 @@
  * runs and test files, `SNAPLAB_TEST_IMAGE_CACHE`; a cache hit when its inputs are the same) and
  * imported from there into this file's temporary home.
  */
-import { spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,18 +24,35 @@ let home: string;
 let d: TestDaemon;
 const saved = { ...process.env };
 
+/**
+ * `snaplab ARGS` in home `h`, waited for without blocking: a build or an import of minutes run
+ * with spawnSync would stall this worker's event loop past vitest's 60 s RPC timeout (its
+ * "Timeout calling onTaskUpdate" fails the whole run, every test green).
+ */
+function snaplab(h: string, args: string[], timeoutMs: number): Promise<{ code: number; out: string; err: string }> {
+  return new Promise((resolve, reject) => {
+    const p = spawn(SNAPLAB, args, {
+      env: { ...process.env, SNAPLAB_HOME: h },
+      timeout: timeoutMs,
+      killSignal: 'SIGKILL',
+    });
+    let out = '';
+    let err = '';
+    p.stdout.on('data', (b: Buffer) => (out += b.toString()));
+    p.stderr.on('data', (b: Buffer) => (err += b.toString()));
+    p.once('error', reject);
+    p.once('close', (code) => resolve({ code: code ?? -1, out, err }));
+  });
+}
+
 beforeAll(async () => {
   // minutes the first time (cli's own timeout is two)
   const args = ['image', 'build', 'debian', '--packages', PACKAGES, '--name', 'code-interpreter-v1', '--json'];
-  const built = spawnSync(SNAPLAB, args, {
-    env: { ...process.env, SNAPLAB_HOME: CACHE },
-    encoding: 'utf8',
-    timeout: 900_000,
-  });
-  if (built.status !== 0) throw new Error(`image build: ${built.stderr}`);
-  const { path } = JSON.parse(built.stdout) as { path: string };
+  const built = await snaplab(CACHE, args, 900_000);
+  if (built.code !== 0) throw new Error(`image build: ${built.err}`);
+  const { path } = JSON.parse(built.out) as { path: string };
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-ci-'));
-  const imported = cli(home, ['image', 'import', path, '--name', 'code-interpreter-v1']);
+  const imported = await snaplab(home, ['image', 'import', path, '--name', 'code-interpreter-v1'], 600_000);
   if (imported.code !== 0) throw new Error(`image import: ${imported.err}`);
   const key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
   d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
