@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Lab } from '../src/sdk/lab.js';
 import type { SandboxApi } from '../src/sdk/api.js';
-import { homeTag, machineEgressNetns, routerNetns, uplinkTable } from '../src/host/net/egress-rules.js';
+import { homeTag, machineEgressNetns, routerNetns, slotOf, uplinkTable } from '../src/host/net/egress-rules.js';
 import { disposeLab, testLab } from './helpers.js';
 import { noted } from '../src/cleanup.js';
 import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
@@ -27,11 +27,7 @@ const sh = (cmd: string, args: string[]): string => {
   return r.stdout;
 };
 /** A machine's network namespace: its home's tag and the slot its address is in. */
-const machineNs = (box: SandboxApi): string => {
-  const ip = box.egress!.address.split('.').map(Number);
-  const n = ((ip[0]! << 24) | (ip[1]! << 16) | (ip[2]! << 8) | ip[3]!) >>> 0;
-  return machineEgressNetns(homeTag(lab!.home), n - ((100 << 24) | (96 << 16)) - 1);
-};
+const machineNs = (box: SandboxApi): string => machineEgressNetns(homeTag(lab!.home), slotOf(box.egress!.address));
 /** What `f` gives once it gives something (every 100 ms, for at most 10 s). */
 async function until<T>(f: () => Promise<T | undefined>, ms = 10_000): Promise<T> {
   for (let i = 0; i < ms / 100; i++) {

@@ -12,7 +12,7 @@
  * comparison run the same client.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { homeTag, machineEgressNetns } from '../host/net/egress-rules.js';
+import { homeTag, machineEgressNetns, slotOf } from '../host/net/egress-rules.js';
 import { run } from '../host/run.js';
 import { Lab as LabClass, type Lab } from '../sdk/lab.js';
 import { mkdtempSync } from 'node:fs';
@@ -118,11 +118,8 @@ function serve(netns: string, addr: string): Promise<ChildProcess> {
   });
 }
 
-const machineNs = (lab: Lab, box: SandboxApi): string => {
-  const ip = box.egress!.address.split('.').map(Number);
-  const n = ((ip[0]! << 24) | (ip[1]! << 16) | (ip[2]! << 8) | ip[3]!) >>> 0;
-  return machineEgressNetns(homeTag(lab.home), n - (((100 << 24) | (96 << 16)) >>> 0) - 1);
-};
+const machineNs = (lab: Lab, box: SandboxApi): string =>
+  machineEgressNetns(homeTag(lab.home), slotOf(box.egress!.address));
 
 /** 1000 prefixes that do not hold the server (an allow list of that size, the server last). */
 const thousand = (): string[] => [

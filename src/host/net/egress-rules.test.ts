@@ -9,6 +9,7 @@ import {
   machineRules,
   routerNetns,
   slotAddress,
+  slotOf,
   transit,
 } from './egress-rules.js';
 
@@ -18,6 +19,7 @@ describe('egress addresses and names', () => {
     expect(slotAddress(254)).toBe('100.96.0.255');
     expect(slotAddress(255)).toBe('100.96.1.0');
     expect(slotAddress(2 ** 20 - 3)).toBe('100.111.255.254');
+    for (const n of [1, 254, 255, 2 ** 20 - 3]) expect(slotOf(slotAddress(n))).toBe(n);
     expect(() => slotAddress(0)).toThrow(SnaplabError);
     expect(() => slotAddress(2 ** 20)).toThrow(SnaplabError);
   });

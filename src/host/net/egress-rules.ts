@@ -66,6 +66,11 @@ export function slotAddress(slot: number): string {
   return dotted(MACHINES_BASE + 1 + slot);
 }
 
+/** The slot a machine's address is in (slotAddress's inverse). */
+export function slotOf(address: string): number {
+  return ip4(address) - MACHINES_BASE - 1;
+}
+
 /** The /30 between the router (`.2`) and the uplink (`.1`): one of 100.127.0.0/16's, by the tag. */
 export function transit(tag: string): { uplink: string; router: string } {
   const base = ip4('100.127.0.0') + 4 * (Number.parseInt(tag, 16) % 16384);

@@ -272,9 +272,6 @@ export async function egressCounters(home: string): Promise<Map<number, EgressCo
   return out;
 }
 
-/** The counters' names of a slot (for docs and tests). */
-export const counterNames = COUNTERS;
-
 /**
  * Egress objects of this home that no live slot holds: machine namespaces (and their rules), and
  * the router itself when no machine has egress. Returns what was removed.
