@@ -260,6 +260,7 @@ networks:
 machines:
   a: { networks: { lan: { address: 10.79.1.10 }, back: { address: 10.79.2.10 } } }
   b: { networks: { back: { address: 10.79.2.20 } } }
+  c: { driver: qemu, networks: { lan: { address: 10.79.1.30 } } }
 `,
     );
     try {
@@ -268,6 +269,9 @@ machines:
       expect(await get('a', WEB)).toBe(true);
       expect(await get('a', OTHER)).toBe(false);
       expect(await get('b', WEB)).toBe(false); // not on the uplink's network: no egress
+      expect(await get('c', WEB)).toBe(true); // a VM: its guest through a tap beside its network's
+      expect(await get('c', OTHER)).toBe(false);
+      expect((await (await s.machine('c')).exec(['ping', '-c1', '-W2', '10.79.1.10'])).exitCode).toBe(0);
       // its scenario links are as they were: a reaches b over back
       expect((await (await s.machine('a')).exec(['ping', '-c1', '-W2', '10.79.2.20'])).exitCode).toBe(0);
       await s.snapshot('base');
@@ -277,6 +281,8 @@ machines:
       expect((await s.reset()).standby).toBe('swapped');
       expect(await get('a', WEB)).toBe(true);
       expect(await get('a', OTHER)).toBe(false);
+      expect(await get('c', WEB)).toBe(true);
+      expect(await get('c', OTHER)).toBe(false);
       await s.down();
       await lab!.gc();
       expect(sh('ip', ['netns', 'list'])).not.toContain(routerNetns(homeTag(lab!.home)));
@@ -285,6 +291,34 @@ machines:
       rmSync(dir, { recursive: true, force: true });
     }
   }, 180_000);
+
+  it("a VM's guest reaches out through a tap in its namespace, as its lists allow; a memory snapshot continues with egress only", async () => {
+    const vm = await lab!.create({ driver: 'qemu', egress: { deny: [OTHER] }, name: 'vm-out' });
+    try {
+      expect(vm.egress!.address).toMatch(/^100\.(9[6-9]|10\d|11[01])\./);
+      // the guest's own address is the same in every VM; the router sees the slot's
+      expect((await vm.exec(['ip', '-4', '-o', 'addr', 'show'])).stdout.toString()).toContain('100.126.0.2/30');
+      expect((await fetchIn(vm, WEB)).out).toContain(`outside ${WEB} /p`);
+      expect((await fetchIn(vm, 'web.test')).out).toContain(`outside ${WEB} /p`);
+      for (const a of [OTHER, hostAddress(), '169.254.169.254']) expect((await fetchIn(vm, a)).ok, a).toBe(false);
+      const u = await vm.egressUsage();
+      expect(u.connections).toBeGreaterThanOrEqual(2);
+      expect(u.denied).toBeGreaterThanOrEqual(3);
+      await vm.snapshot('vm-out-mem', { memory: true });
+      await expect(lab!.restore('vm-out-mem', { name: 'vm-out-bare' })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+      const again = await lab!.restore('vm-out-mem', { name: 'vm-out-r', egress: { allow: [], deny: [] } });
+      try {
+        expect(again.egress!.address).not.toBe(vm.egress!.address);
+        expect((await fetchIn(again, OTHER)).out).toContain(`outside ${OTHER} /p`);
+      } finally {
+        await again.destroy();
+      }
+    } finally {
+      await vm.destroy();
+      await lab!.removeSnapshot('vm-out-mem').catch(noted('remove vm-out-mem'));
+    }
+    expect(sh('ip', ['netns', 'list'])).not.toMatch(new RegExp(`${routerNetns(homeTag(lab!.home))}-\\d`));
+  }, 300_000);
 
   it('goes through a daemon: create with lists, GET and PUT /sandboxes/:id/egress, the CLI', async () => {
     let d: TestDaemon | undefined;

@@ -18,9 +18,10 @@ export interface MachineSpec {
   netns?: string;
   /**
    * (a VM in a scenario) its interfaces: each a tap in `netns`, made by `up` and bridged to the
-   * machine's veth on that network, and the address (CIDR) and MAC the guest gives its NIC
+   * machine's veth on that network, and the address (CIDR) and MAC the guest gives its NIC; or
+   * (a VM with egress) the tap of its link out, with the gateway its default route goes through
    */
-  nics?: { tap: string; mac: string; address: string }[];
+  nics?: { tap: string; mac: string; address: string; gateway?: string }[];
   /** run in a user namespace of its own: ids 0..count-1 inside are base.. on the host */
   userns?: { base: number; count: number };
   /** 'systemd': a system machine, the image's own init is PID 1 and the agent runs beside it */

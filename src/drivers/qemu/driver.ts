@@ -27,6 +27,7 @@ import { QEMU_INFO, VM_DEFAULT_MEMORY } from './info.js';
 import { giveIdentity } from './identity.js';
 import { ensureGuestKernel, ensureInitramfs, qemuKernelArgs } from './guest.js';
 import { netArg } from './guest-init.js';
+import { GUEST_LINK } from '../../host/net/egress-rules.js';
 import { baseDiskPath, checkVolumeDisk, ensureBaseDisk, freshVolumeDisk, gcBaseDisks } from './disk.js';
 import { QEMU, logTail, startQemu, vmFiles, vmmUid, type VmConfig } from './launch.js';
 import { HostOps } from '../../host/hostops.js';
@@ -37,6 +38,22 @@ import { chooseAccel } from './accel.js';
 import { holdRelay, releaseRelay, startRelay } from './relay.js';
 import { copyRam, gcRam, removeRam, vmRamPath } from './ram.js';
 import { noted, orElse } from '../../cleanup.js';
+
+/** A memory snapshot continues with the NICs it had, on taps of the same names. */
+function checkRestoredNics(snapped: VmConfig, spec: MachineSpec): void {
+  const had = (snapped.net?.nics ?? []).map((n) => n.tap).join(',');
+  const has = (spec.netns ? (spec.nics ?? []) : []).map((n) => n.tap).join(',');
+  if (had === has) return;
+  throw new SnaplabError(
+    'BAD_INPUT',
+    had
+      ? `this memory snapshot is of a VM with network interfaces (${had}): it continues only with the same (${has ? `not ${has}` : 'none given'})`
+      : 'this memory snapshot is of a VM without network interfaces: it cannot continue with egress or on a network',
+    had.includes(GUEST_LINK.tap)
+      ? 'restore it with egress (--egress), or take a filesystem snapshot (without --memory) to create a machine from'
+      : 'restore it as it was taken (a scenario machine: `snaplab reset SCENARIO`; egress as it had), or take a filesystem snapshot (without --memory)',
+  );
+}
 
 /**
  * How long a booting or restored VM's agent may take to answer: 60 s, or SNAPLAB_VM_BOOT_TIMEOUT_MS
@@ -169,7 +186,7 @@ export class QemuDriver implements Driver {
     const append = [
       base.append,
       ...(spec.init === 'systemd' ? ['snaplab.init=systemd'] : []),
-      ...(nics.length ? ['net.ifnames=0', ...nics.map((n) => netArg(n.mac, n.address))] : []),
+      ...(nics.length ? ['net.ifnames=0', ...nics.map((n) => netArg(n.mac, n.address, n.gateway))] : []),
     ].join(' ');
     const net = nics.length ? { net: { netns: spec.netns!, nics: nics.map((n) => ({ tap: n.tap, mac: n.mac })) } } : {};
     return { ...base, append, accel, memoryBackend: true, ...(ram ? { ram: { path: ram, share: true } } : {}), ...net };
@@ -411,14 +428,9 @@ export class QemuDriver implements Driver {
     await link(snapped.initrd, initrd).catch(() => copyFile(snapped.initrd, initrd));
     // its disk is the one in its volume, a clone of the snapshot's, taken with the memory
     const { disk, base: diskBase } = await checkVolumeDisk(this.home, spec.rootfs);
-    // a scenario machine's NICs come back on the taps of the namespace it is restored into
-    if (snapped.net && !spec.netns) {
-      throw new SnaplabError(
-        'BAD_INPUT',
-        'this memory snapshot is of a scenario machine with network interfaces: it continues only in its scenario',
-        'reset the scenario to it (`snaplab reset SCENARIO`), or take a filesystem snapshot (without --memory) to create a machine from',
-      );
-    }
+    // its NICs come back on the taps of the namespace it is restored into (a scenario machine's,
+    // or a new link out's): the devices are the snapshot's, so that namespace must have them
+    checkRestoredNics(snapped, spec);
     const config: VmConfig = {
       ...snapped,
       initrd,

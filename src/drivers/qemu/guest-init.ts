@@ -10,9 +10,10 @@ export const ROOT_DEVICE = '/dev/vda';
 /** The virtio-serial port's name (`-device virtserialport,name=snaplab`). */
 export const PORT_NAME = 'snaplab';
 
-/** The kernel command line's word for one interface: MAC,ADDRESS/PREFIX (read by /init). */
+/** The kernel command line's word for one interface: MAC,ADDRESS/PREFIX[,GATEWAY] (read by /init). */
 export const NET_ARG = 'snaplab.net';
-export const netArg = (mac: string, cidr: string): string => `${NET_ARG}=${mac},${cidr}`;
+export const netArg = (mac: string, cidr: string, gateway?: string): string =>
+  `${NET_ARG}=${mac},${cidr}${gateway ? `,${gateway}` : ''}`;
 
 const q = (s: string): string => `'${s.replace(/'/g, `'\\''`)}'`;
 
@@ -98,9 +99,10 @@ case "$h" in
 esac
 $BB ip link set lo up 2>/dev/null
 
-# a scenario machine's interfaces: ${NET_ARG}=MAC,ADDRESS/PREFIX each, found by
-# MAC within 2 s of the driver's load; no IPv6 link-local address (as on namespaces: blocks are
-# IPv4 routes). The VM keeps them across a switch_root and a memory restore
+# a scenario machine's interfaces, and a link out's: ${NET_ARG}=MAC,ADDRESS/PREFIX[,GATEWAY]
+# each, found by MAC within 2 s of the driver's load; no IPv6 link-local address (as on
+# namespaces: blocks are IPv4 routes); a gateway is the default route. The VM keeps them across a
+# switch_root and a memory restore
 if [ -n "$nets" ]; then
   for m in ${(opts.netModules ?? []).map(q).join(' ')}; do
     $BB insmod "$m" || say "insmod $m failed"
@@ -108,6 +110,8 @@ if [ -n "$nets" ]; then
   for n in $nets; do
     mac="\${n%%,*}"
     addr="\${n#*,}"
+    gw=
+    case "$addr" in *,*) gw="\${addr#*,}"; addr="\${addr%%,*}" ;; esac
     dev=
     i=0
     while [ -z "$dev" ]; do
@@ -122,7 +126,8 @@ if [ -n "$nets" ]; then
     done
     [ -w /proc/sys/net/ipv6/conf/$dev/addr_gen_mode ] && echo 1 >/proc/sys/net/ipv6/conf/$dev/addr_gen_mode
     $BB ip addr add "$addr" dev "$dev" && $BB ip link set "$dev" up || die "cannot give $dev the address $addr"
-    say "net $dev $addr"
+    if [ -n "$gw" ]; then $BB ip route add default via "$gw" dev "$dev" || die "cannot route through $gw"; fi
+    say "net $dev $addr\${gw:+ via $gw}"
   done
 fi
 

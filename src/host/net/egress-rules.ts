@@ -304,3 +304,40 @@ export function uplinkRuleset(tag: string): string {
     '}',
   ].join('\n');
 }
+
+/**
+ * A VM's guest (a kernel of its own) reaches its machine's namespace through a tap: the guest has
+ * the same address and gateway in every VM (a memory snapshot continues on any slot), and the
+ * namespace sends what it forwards out of `dev` as the slot's address, which is what the router
+ * checks. The tap's end of the link is the gateway; nothing listens there.
+ */
+export const GUEST_LINK = {
+  tap: 'uptap',
+  mac: '52:54:00:64:7e:02',
+  address: '100.126.0.2/30',
+  gateway: '100.126.0.1',
+  /** the tap's: a restored guest's neighbour table still holds it */
+  gatewayMac: '52:54:00:64:7e:01',
+  prefix: 30,
+} as const;
+
+/** The machine namespace's table for a VM: the guest's link forwarded out of `dev` as its address, and answered; nothing else. */
+export function guestLinkRuleset(dev: string): string {
+  const t = GUEST_LINK.tap;
+  return [
+    `table ip ${ROUTER_TABLE}_guest {`,
+    '  chain forward {',
+    // accept by default: a scenario machine's namespace bridges its networks' frames, which pass
+    // here too where br_netfilter is loaded
+    '    type filter hook forward priority 0; policy accept;',
+    `    iifname "${t}" oifname != "${dev}" drop`,
+    `    oifname "${t}" iifname "${dev}" ct state established,related accept`,
+    `    oifname "${t}" drop`,
+    '  }',
+    '  chain postrouting {',
+    '    type nat hook postrouting priority 100;',
+    `    iifname "${t}" oifname "${dev}" masquerade`,
+    '  }',
+    '}',
+  ].join('\n');
+}

@@ -13,6 +13,8 @@ import { withLock } from '../lock.js';
 import {
   COUNTERS,
   GATEWAY,
+  GUEST_LINK,
+  guestLinkRuleset,
   hostSetLines,
   ROUTER_TABLE,
   checkLists,
@@ -46,6 +48,8 @@ export interface EgressAttach {
    * the link to the router is added there as `up0`, and detachEgress leaves the namespace
    */
   into?: string;
+  /** a VM's: its guest reaches the namespace through a tap (GUEST_LINK), forwarded out as the slot's address */
+  guest?: boolean;
 }
 
 /** The machine's side of its link to the router: eth0 in a namespace of its own, up0 beside a scenario machine's links. */
@@ -98,6 +102,7 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
         `${hostSetLines(hostAddresses())}${machineRules(a.slot, lists, { mark: a.mark, hostAddrs: hostAddresses() })}`,
         `cannot load the egress rules of slot ${a.slot}`,
       ),
+      a.guest ? linkGuest(ns, dev, a.into !== undefined) : undefined,
     ]);
   } catch (e) {
     await detachEgress(home, a.slot, { keepNetns: a.into !== undefined }).catch(
@@ -106,6 +111,41 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
     throw e;
   }
   return netnsPath(ns);
+}
+
+/** A VM's tap in the machine's namespace, the guest's gateway on it, forwarded out of `dev` (GUEST_LINK). */
+async function linkGuest(ns: string, dev: string, kept: boolean): Promise<void> {
+  const g = GUEST_LINK;
+  // a scenario machine's namespace outlives its machines: a reset's last one may have left them
+  if (kept) await unlinkGuest(ns);
+  await batch(
+    ns,
+    [
+      // persistent and root's: QEMU opens it before it drops to its own uid (wire.ts's taps too)
+      `tuntap add dev ${g.tap} mode tap user 0`,
+      `link set ${g.tap} group ${NET_GROUP}`,
+      `link set ${g.tap} addrgenmode none`,
+      `link set ${g.tap} address ${g.gatewayMac}`,
+      `addr add ${g.gateway}/${g.prefix} dev ${g.tap}`,
+      `link set ${g.tap} up`,
+    ],
+    `cannot make the guest's link in ${ns}`,
+  );
+  const [forward] = await Promise.all([
+    inNs(ns, ['sysctl', '-qw', 'net.ipv4.ip_forward=1'], { allowFail: true }),
+    nft(ns, guestLinkRuleset(dev), `cannot load the guest's rules in ${ns}`),
+  ]);
+  if (forward.code !== 0) throw failed(`cannot turn forwarding on in ${ns}`, forward);
+}
+
+/** What linkGuest made in a namespace that stays (a scenario machine's). */
+async function unlinkGuest(ns: string): Promise<void> {
+  const res = await ipBatch(ns, [`link del ${GUEST_LINK.tap}`]);
+  if (res.code !== 0 && !/Cannot find device|does not exist/i.test(res.stderr))
+    throw failed(`cannot remove the guest's link in ${ns}`, res);
+  const t = await inNs(ns, ['nft', 'delete', 'table', 'ip', `${ROUTER_TABLE}_guest`], { allowFail: true });
+  if (t.code !== 0 && !/No such file or directory/.test(t.stderr))
+    throw failed(`cannot remove the guest's rules in ${ns}`, t);
 }
 
 async function makeMachineNetns(ns: string, userns?: { base: number; count: number }): Promise<void> {

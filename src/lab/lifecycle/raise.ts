@@ -1,7 +1,7 @@
 import type { AgentClient } from '../../agent/client.js';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { type Driver, MACHINE_AGENT_PATH, type RaisedMachine } from '../../drivers/driver.js';
+import { type Driver, MACHINE_AGENT_PATH, type MachineSpec, type RaisedMachine } from '../../drivers/driver.js';
 import { SnaplabError } from '../../errors.js';
 import type { StorageBackend, StorageKind, Volume } from '../../storage/backend.js';
 import { inflight } from './inflight.js';
@@ -18,7 +18,7 @@ import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
 import { claimRange, releaseRange } from '../../host/userns/registry.js';
 import { attachEgress } from '../../host/net/egress.js';
-import { GATEWAY, newMark, type EgressLists } from '../../host/net/egress-rules.js';
+import { GATEWAY, GUEST_LINK, newMark, type EgressLists } from '../../host/net/egress-rules.js';
 
 export interface RaiseInput {
   name?: string;
@@ -250,7 +250,7 @@ async function raiseMachine(
   if (linked.status === 'rejected') throw linked.reason;
   const spec = {
     ...machine,
-    ...(linked.value ? { netns: linked.value } : {}),
+    ...(linked.value ? { netns: linked.value, ...guestNic(machine.nics, driver) } : {}),
     rootfs: volume.path,
     source: { id: base.id, path: base.path, image: input.origin === null },
     ...(userns && backend.stack ? { stack: backend.stack(volume) } : {}),
@@ -261,20 +261,23 @@ async function raiseMachine(
     : driver.raise(spec, trace, signal);
 }
 
+/** A VM with egress: its NICs and the one on its namespace's tap, addressed with its gateway. */
+function guestNic(nics: MachineSpec['nics'], driver: Driver): Pick<MachineSpec, 'nics'> {
+  if (!driver.capabilities.ownKernel) return {};
+  const g = GUEST_LINK;
+  return { nics: [...(nics ?? []), { tap: g.tap, mac: g.mac, address: g.address, gateway: g.gateway }] };
+}
+
 /** The machine's network namespace, linked to the home's egress router (host/net/egress.ts). */
 async function egressNetns(ctx: LabContext, record: SandboxRecord, driver: Driver, into?: string): Promise<string> {
-  if (driver.capabilities.ownKernel)
-    throw new SnaplabError(
-      'BAD_INPUT',
-      `egress is not available on the ${driver.name} driver yet`,
-      'use the namespaces driver for a machine with egress (docs/egress.md)',
-    );
   const e = record.egress!;
   return attachEgress(ctx.home, {
     slot: e.slot,
     lists: e,
     mark: e.mark,
     ...(into ? { into } : {}),
+    // a VM's guest has a NIC of its own on a tap there (GUEST_LINK)
+    ...(driver.capabilities.ownKernel ? { guest: true } : {}),
     ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
   });
 }
