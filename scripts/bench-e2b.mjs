@@ -1,0 +1,239 @@
+#!/usr/bin/env node
+// Time to interactive as E2B's users measure it (docs/e2b.md, "Figures"): Sandbox.create() to the
+// first command returned, through the real `e2b` SDK against `snaplab serve --e2b-listen`, beside
+// snaplab's own API (Lab.connect) and the embedded Lab, all in one run, alternating arm by arm.
+// From an image (busybox) and from a pool template; sequential and in bursts; then streamed stdout
+// (envd's stream against the daemon's own) and, with --interpreter, runCode against commands.run.
+// Usage: node scripts/bench-e2b.mjs [--n 100] [--bursts 10] [--burst 10] [--pool-size 12]
+//          [--stream-mib 64] [--interpreter IMAGE_DIR] [--json]
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { Sandbox } from 'e2b';
+import { Lab } from '../dist/sdk/index.js';
+
+const arg = (name, dflt) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? process.argv[i + 1] : dflt;
+};
+const N = Number(arg('n', '100'));
+const BURSTS = Number(arg('bursts', '10'));
+const BURST = Number(arg('burst', '10'));
+const POOL_SIZE = Number(arg('pool-size', '12'));
+const STREAM_MIB = Number(arg('stream-mib', '64'));
+const INTERPRETER = arg('interpreter', undefined);
+const SNAPLAB = process.env.SNAPLAB_BIN ?? 'snaplab';
+
+const home = mkdtempSync(join(tmpdir(), 'snaplab-bench-e2b-'));
+const env = { ...process.env, SNAPLAB_HOME: home };
+const cli = (args) => {
+  const r = spawnSync(SNAPLAB, args, { env, encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.stderr}`);
+  return r.stdout.trim();
+};
+const q = (xs, p) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] : NaN;
+};
+const summary = (xs) => ({ n: xs.length, p50: q(xs, 50), p95: q(xs, 95), p99: q(xs, 99) });
+const ms = (x) => `${x.toFixed(1)} ms`;
+
+async function startDaemon() {
+  const p = spawn(SNAPLAB, ['serve', '--listen', '127.0.0.1:0', '--e2b-listen', '127.0.0.1:0'], {
+    env,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let err = '';
+  p.stderr.on('data', (b) => (err = (err + b).slice(-4000)));
+  const line = await new Promise((resolve, reject) => {
+    let out = '';
+    p.stdout.on('data', (b) => {
+      out += b;
+      if (out.includes('\n')) resolve(out.split('\n')[0]);
+    });
+    p.once('exit', (c) => reject(new Error(`snaplab serve exited ${c}: ${err}`)));
+  });
+  return { proc: p, ...JSON.parse(line) };
+}
+
+/** Each arm: make a machine and run its first command; returns the time and a remover. */
+function arms(remote, embedded, image, pool) {
+  const own = (lab, opts) => async () => {
+    const t0 = performance.now();
+    const box = await lab.create(opts);
+    await box.exec(['true']);
+    return { ms: performance.now() - t0, done: () => box.destroy() };
+  };
+  const e2b = (template) => async () => {
+    const t0 = performance.now();
+    const sbx = await Sandbox.create(template);
+    await sbx.commands.run('true');
+    return { ms: performance.now() - t0, done: () => sbx.kill() };
+  };
+  return {
+    'image, E2B SDK': e2b(image),
+    'image, own API': own(remote, { image }),
+    'image, embedded': own(embedded, { image }),
+    'pool, E2B SDK': e2b(pool),
+    'pool, own API': own(remote, { pool }),
+    'pool, embedded': own(embedded, { pool }),
+  };
+}
+
+/** Wait until the pool has `size` standbys ready (a run must not measure an empty pool). */
+async function poolFull(lab, pool, size) {
+  for (let i = 0; i < 600; i++) {
+    const s = await lab.pool(pool).stats();
+    if ((s.ready ?? 0) >= size) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`pool ${pool} did not fill`);
+}
+
+async function sequential(all, remote) {
+  const times = Object.fromEntries(Object.keys(all).map((k) => [k, []]));
+  for (let i = 0; i < N; i++) {
+    for (const [name, arm] of Object.entries(all)) {
+      if (name.startsWith('pool')) await poolFull(remote, 'bench', Math.min(POOL_SIZE, 2));
+      const r = await arm();
+      times[name].push(r.ms);
+      await r.done();
+    }
+  }
+  return times;
+}
+
+async function bursts(all, remote) {
+  const times = Object.fromEntries(Object.keys(all).map((k) => [k, []]));
+  for (let b = 0; b < BURSTS; b++) {
+    for (const [name, arm] of Object.entries(all)) {
+      if (name.startsWith('pool')) await poolFull(remote, 'bench', Math.min(POOL_SIZE, BURST));
+      const rs = await Promise.all(Array.from({ length: BURST }, () => arm()));
+      times[name].push(...rs.map((r) => r.ms));
+      await Promise.all(rs.map((r) => r.done()));
+    }
+  }
+  return times;
+}
+
+/** Streamed stdout, MiB/s: envd's stream (commands.run with onStdout) against the daemon's own. */
+async function stream(remote) {
+  const cmd = `head -c ${STREAM_MIB * 2 ** 20} /dev/zero | tr '\\0' a`;
+  const sbx = await Sandbox.create('busybox');
+  const box = await remote.create({ image: 'busybox' });
+  const out = { envd: [], own: [] };
+  try {
+    for (let i = 0; i < 5; i++) {
+      let n = 0;
+      let t0 = performance.now();
+      await sbx.commands.run(cmd, { onStdout: (s) => (n += s.length), timeoutMs: 0 });
+      out.envd.push(n / 2 ** 20 / ((performance.now() - t0) / 1000));
+      t0 = performance.now();
+      const r = await box.exec(['sh', '-c', cmd]);
+      out.own.push(r.stdout.length / 2 ** 20 / ((performance.now() - t0) / 1000));
+    }
+  } finally {
+    await sbx.kill();
+    await box.destroy();
+  }
+  return out;
+}
+
+/** runCode round trips against commands.run in the same code-interpreter sandbox. */
+async function interpreter() {
+  cli(['image', 'import', INTERPRETER, '--name', 'code-interpreter-v1']);
+  const { Sandbox: CI } = await import('@e2b/code-interpreter');
+  const t0 = performance.now();
+  const sbx = await CI.create();
+  await sbx.runCode('1');
+  const first = performance.now() - t0;
+  const out = { firstResultMs: first, runCode: [], commandsRun: [] };
+  try {
+    for (let i = 0; i < 200; i++) {
+      let t = performance.now();
+      await sbx.runCode('x = 1');
+      out.runCode.push(performance.now() - t);
+      t = performance.now();
+      await sbx.commands.run('true');
+      out.commandsRun.push(performance.now() - t);
+    }
+  } finally {
+    await sbx.kill();
+  }
+  return out;
+}
+
+async function main() {
+  const key = cli(['key', 'create', 'bench', '--e2b', '--scope', 'read,exec,admin', '--max-sandboxes', '200']);
+  const d = await startDaemon();
+  process.env.E2B_API_URL = d.e2bUrl;
+  process.env.E2B_SANDBOX_URL = d.e2bUrl;
+  process.env.E2B_API_KEY = key;
+  const remote = await Lab.connect({ url: d.url, token: key });
+  const embedded = await Lab.open({ home });
+  const report = { n: N, bursts: BURSTS, burst: BURST, when: new Date().toISOString() };
+  try {
+    await remote.createPool({ name: 'bench', image: 'busybox', size: POOL_SIZE });
+    const all = arms(remote, embedded, 'busybox', 'bench');
+    for (const a of Object.values(all)) await (await a()).done(); // warm: the image's first clone, the SDK's first connection
+    console.error(`== sequential, n=${N} per arm`);
+    report.sequential = Object.fromEntries(Object.entries(await sequential(all, remote)).map(([k, v]) => [k, summary(v)]));
+    console.error(`== bursts of ${BURST}, ${BURSTS} per arm`);
+    report.bursts = Object.fromEntries(Object.entries(await bursts(all, remote)).map(([k, v]) => [k, summary(v)]));
+    console.error(`== stream, ${STREAM_MIB} MiB, 5 each`);
+    const s = await stream(remote);
+    report.stream = { envdMiBs: q(s.envd, 50), ownMiBs: q(s.own, 50), ratio: q(s.envd, 50) / q(s.own, 50) };
+    if (INTERPRETER) {
+      console.error('== code interpreter');
+      const c = await interpreter();
+      report.interpreter = {
+        firstResultMs: c.firstResultMs,
+        runCode: summary(c.runCode),
+        commandsRun: summary(c.commandsRun),
+      };
+    }
+  } finally {
+    // everything made here goes, whatever failed (said, not thrown: the first error is the one to see)
+    const tidy = async (what, f) => {
+      try {
+        await f();
+      } catch (e) {
+        console.error(`cleanup: ${what}: ${e.message}`);
+      }
+    };
+    await tidy('pool', () => remote.pool('bench').remove());
+    d.proc.kill('SIGTERM');
+    await new Promise((r) => d.proc.once('exit', r));
+    await tidy('sandboxes', () => cli(['rm', '--all']));
+    for (const image of ['busybox', ...(INTERPRETER ? ['code-interpreter-v1'] : [])])
+      spawnSync(SNAPLAB, ['image', 'rm', '--force', image], { env });
+    await tidy('gc', () => cli(['gc']));
+    rmSync(home, { recursive: true, force: true });
+  }
+  if (process.argv.includes('--json')) console.log(JSON.stringify(report, null, 2));
+  else print(report);
+}
+
+function print(r) {
+  for (const part of ['sequential', 'bursts']) {
+    console.log(`\n${part} (time to interactive: create to first command returned)`);
+    for (const [k, v] of Object.entries(r[part])) console.log(`  ${k.padEnd(18)} p50 ${ms(v.p50)}  p95 ${ms(v.p95)}  p99 ${ms(v.p99)}  (n=${v.n})`);
+    for (const from of ['image', 'pool']) {
+      const e = r[part][`${from}, E2B SDK`].p50;
+      const o = r[part][`${from}, own API`].p50;
+      console.log(`  ${from}: E2B front / own API, p50: ${(e / o).toFixed(2)}`);
+    }
+  }
+  console.log(`\nstream: envd ${r.stream.envdMiBs.toFixed(0)} MiB/s, own ${r.stream.ownMiBs.toFixed(0)} MiB/s, ratio ${r.stream.ratio.toFixed(2)}`);
+  if (r.interpreter) {
+    const i = r.interpreter;
+    console.log(`\ncode interpreter: create to first result ${ms(i.firstResultMs)}; runCode p50 ${ms(i.runCode.p50)} p99 ${ms(i.runCode.p99)}; commands.run p50 ${ms(i.commandsRun.p50)} p99 ${ms(i.commandsRun.p99)}`);
+  }
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
