@@ -145,4 +145,20 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       await b.kill();
     }
   }, 180_000);
+
+  it("a paused sandbox's kernel keeps its state: connect resumes it where it was (namespaces keep processes)", async () => {
+    const sbx = await Sandbox.create({ allowInternetAccess: false });
+    try {
+      await sbx.runCode('kept = [1, 2, 3]');
+      expect(await sbx.pause()).toBe(true);
+      expect(await sbx.isRunning()).toBe(false);
+      const again = await Sandbox.connect(sbx.sandboxId);
+      const r = await again.runCode('sum(kept)');
+      expect(r.error).toBeUndefined();
+      expect(r.text).toBe('6');
+      expect(r.executionCount).toBe(2); // the same kernel, not a fresh one
+    } finally {
+      await sbx.kill();
+    }
+  }, 120_000);
 });
