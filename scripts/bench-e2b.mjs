@@ -179,7 +179,9 @@ async function main() {
     const all = arms(remote, embedded, 'busybox', 'bench');
     for (const a of Object.values(all)) await (await a()).done(); // warm: the image's first clone, the SDK's first connection
     console.error(`== sequential, n=${N} per arm`);
-    report.sequential = Object.fromEntries(Object.entries(await sequential(all, remote)).map(([k, v]) => [k, summary(v)]));
+    report.sequential = Object.fromEntries(
+      Object.entries(await sequential(all, remote)).map(([k, v]) => [k, summary(v)]),
+    );
     console.error(`== bursts of ${BURST}, ${BURSTS} per arm`);
     report.bursts = Object.fromEntries(Object.entries(await bursts(all, remote)).map(([k, v]) => [k, summary(v)]));
     console.error(`== stream, ${STREAM_MIB} MiB, 5 each`);
@@ -219,17 +221,22 @@ async function main() {
 function print(r) {
   for (const part of ['sequential', 'bursts']) {
     console.log(`\n${part} (time to interactive: create to first command returned)`);
-    for (const [k, v] of Object.entries(r[part])) console.log(`  ${k.padEnd(18)} p50 ${ms(v.p50)}  p95 ${ms(v.p95)}  p99 ${ms(v.p99)}  (n=${v.n})`);
+    for (const [k, v] of Object.entries(r[part]))
+      console.log(`  ${k.padEnd(18)} p50 ${ms(v.p50)}  p95 ${ms(v.p95)}  p99 ${ms(v.p99)}  (n=${v.n})`);
     for (const from of ['image', 'pool']) {
       const e = r[part][`${from}, E2B SDK`].p50;
       const o = r[part][`${from}, own API`].p50;
       console.log(`  ${from}: E2B front / own API, p50: ${(e / o).toFixed(2)}`);
     }
   }
-  console.log(`\nstream: envd ${r.stream.envdMiBs.toFixed(0)} MiB/s, own ${r.stream.ownMiBs.toFixed(0)} MiB/s, ratio ${r.stream.ratio.toFixed(2)}`);
+  console.log(
+    `\nstream: envd ${r.stream.envdMiBs.toFixed(0)} MiB/s, own ${r.stream.ownMiBs.toFixed(0)} MiB/s, ratio ${r.stream.ratio.toFixed(2)}`,
+  );
   if (r.interpreter) {
     const i = r.interpreter;
-    console.log(`\ncode interpreter: create to first result ${ms(i.firstResultMs)}; runCode p50 ${ms(i.runCode.p50)} p99 ${ms(i.runCode.p99)}; commands.run p50 ${ms(i.commandsRun.p50)} p99 ${ms(i.commandsRun.p99)}`);
+    console.log(
+      `\ncode interpreter: create to first result ${ms(i.firstResultMs)}; runCode p50 ${ms(i.runCode.p50)} p99 ${ms(i.runCode.p99)}; commands.run p50 ${ms(i.commandsRun.p50)} p99 ${ms(i.commandsRun.p99)}`,
+    );
   }
 }
 

@@ -13,6 +13,9 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Sandbox, TimeoutError } from '@e2b/code-interpreter';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SNAPLAB } from './cli-command.js';
 import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
@@ -143,6 +146,49 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     } finally {
       await a.kill();
       await b.kill();
+    }
+  }, 180_000);
+
+  it("MCP's run_code (a daemon's /mcp, the SDK's client): state kept, a plot as an image, an error as isError, a timeout interrupts", async () => {
+    const c = new Client({ name: 'snaplab-test', version: '0' });
+    await c.connect(
+      new StreamableHTTPClientTransport(new URL(`${d.url}/mcp`), {
+        requestInit: { headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` } },
+      }),
+    );
+    const call = async (name: string, args: Record<string, unknown>): Promise<CallToolResult> =>
+      (await c.callTool({ name, arguments: args })) as CallToolResult;
+    const texts = (r: CallToolResult): string =>
+      r.content.map((x) => (x.type === 'text' ? x.text : `[${x.type}]`)).join('\n');
+    const made = await call('create_sandbox', { image: 'code-interpreter-v1', ttl_seconds: 600 });
+    const id = (JSON.parse(texts(made)) as { id: string }).id;
+    try {
+      expect((await call('run_code', { sandbox: id, code: 'n = 20' })).isError).toBeFalsy();
+      const two = await call('run_code', { sandbox: id, code: 'print("hi"); n + 22' });
+      expect(texts(two)).toContain('stdout:\nhi');
+      expect(texts(two)).toContain('42');
+      const plot = await call('run_code', {
+        sandbox: id,
+        code: 'import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4])\nplt.show()',
+      });
+      const image = plot.content.find((x) => x.type === 'image');
+      expect(image?.type === 'image' && image.mimeType).toBe('image/png');
+      expect(
+        Buffer.from(image?.type === 'image' ? image.data : '', 'base64')
+          .subarray(1, 4)
+          .toString(),
+      ).toBe('PNG');
+      const bad = await call('run_code', { sandbox: id, code: 'undefined_name' });
+      expect(bad.isError).toBe(true);
+      expect(texts(bad)).toContain('NameError');
+      const slow = await call('run_code', { sandbox: id, code: 'import time; time.sleep(120)', timeout_seconds: 2 });
+      expect(slow.isError).toBe(true);
+      expect(texts(slow)).toContain('TIMEOUT');
+      // interrupted, not killed: the state is there, and at once
+      expect(texts(await call('run_code', { sandbox: id, code: 'n' }))).toContain('20');
+    } finally {
+      await call('destroy_sandbox', { sandbox: id });
+      await c.close();
     }
   }, 180_000);
 

@@ -17,6 +17,7 @@ const TOOLS = [
   'list_sandboxes',
   'read_file',
   'restore_snapshot',
+  'run_code',
   'run_command',
   'snapshot_sandbox',
   'write_file',
@@ -80,6 +81,10 @@ async function exercise(c: Client, ttl: Record<string, unknown>): Promise<void> 
   await expectMcpError(c, 'read_file', { sandbox: id });
   expect(await expectMcpError(c, 'run_command', { sandbox: 'no-such-box', command: 'true' })).toContain('NOT_FOUND');
   expect(await expectMcpError(c, 'read_file', { sandbox: id, path: '/nope' })).toContain('NOT_FOUND');
+  // run_code in an image without python (test/code-interpreter.test.ts runs it where there is one)
+  const noPython = await expectMcpError(c, 'run_code', { sandbox: id, code: '1 + 1' });
+  expect(noPython).toContain('no python3 in this image');
+  expect(noPython).toContain('code-interpreter-v1');
   expect((await call(c, 'destroy_sandbox', { sandbox: id })).isError).toBeFalsy();
   expect(textOf(await call(c, 'list_sandboxes', {}))).not.toContain(id);
 }

@@ -8,14 +8,12 @@
  */
 import { request, type IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
-import { Duplex } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
-import type { ProcessApi, SandboxApi } from '../sdk/api.js';
+import type { SandboxApi } from '../sdk/api.js';
 import { readBody } from './connect.js';
 import { sendError, type E2bState } from './state.js';
-import { INTERPRETER_PORT, type Interpreters } from './interpreters.js';
+import { INTERPRETER_PORT, tunnel, type Interpreters } from '../interpreter/server.js';
 
 /** Where the front's routes see an interpreter request (rewritten from the port header). */
 export const INTERPRETER_PREFIX = '/.code-interpreter';
@@ -24,38 +22,6 @@ export const INTERPRETER_PREFIX = '/.code-interpreter';
 export function rewriteUrl(req: { url?: string; headers: Record<string, string | string[] | undefined> }): string {
   const url = req.url ?? '/';
   return String(req.headers['e2b-sandbox-port']) === String(INTERPRETER_PORT) ? INTERPRETER_PREFIX + url : url;
-}
-
-/** A connection to the interpreter's port inside the machine: one `snaplab-agent connect` carrying its bytes. */
-async function tunnel(box: SandboxApi): Promise<Duplex> {
-  let proc: ProcessApi | undefined;
-  const pending: Buffer[] = [];
-  const duplex = new Duplex({
-    write(chunk: Buffer, _enc, done) {
-      if (!proc) pending.push(chunk);
-      else if (!proc.write(chunk)) return void proc.drained().then(() => done(), done);
-      done();
-    },
-    final(done) {
-      proc?.end();
-      done();
-    },
-    read() {},
-    destroy(err, done) {
-      proc?.kill(9);
-      done(err);
-    },
-  });
-  proc = await box.spawn([MACHINE_AGENT_PATH, 'connect', String(INTERPRETER_PORT)], {
-    stdin: true,
-    onStdout: (b) => duplex.push(b),
-  });
-  for (const b of pending.splice(0)) proc.write(b);
-  proc.result.then(
-    () => duplex.push(null),
-    (e: unknown) => duplex.destroy(e instanceof Error ? e : new Error(String(e))),
-  );
-  return duplex;
 }
 
 /** One request carried to the server inside; its answer streamed back as it comes. */
@@ -71,7 +37,9 @@ async function carry(box: SandboxApi, req: FastifyRequest, body: Buffer): Promis
     });
     up.on('response', resolve);
     up.on('error', (e) =>
-      reject(new SnaplabError('AGENT_ERROR', `the code interpreter in ${box.id}: ${e.message}`, 'try again', e)),
+      reject(
+        new SnaplabError('AGENT_ERROR', `the code interpreter in ${box.id}: ${e.message}`, 'try again', { cause: e }),
+      ),
     );
     up.end(body);
   });

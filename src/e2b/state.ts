@@ -11,7 +11,7 @@ import { statusOf } from '../server/http-errors.js';
 import { Processes } from './processes.js';
 import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
-import { Interpreters } from './interpreters.js';
+import { Interpreters } from '../interpreter/server.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
 export const ENVD_VERSION = '0.5.7';

@@ -8,6 +8,8 @@ import type { CallToolResult, ReadResourceResult } from '@modelcontextprotocol/s
 import * as z from 'zod';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
 import { VERSION } from '../version.js';
+import { runCode, type Execution } from '../interpreter/run-code.js';
+import { Interpreters } from '../interpreter/server.js';
 
 export interface McpOptions {
   /** the TTL of a sandbox made without one (seconds); every sandbox made here carries one */
@@ -134,6 +136,52 @@ function runTool(server: McpServer, lab: LabApi): void {
   );
 }
 
+/** An execution as MCP content: its output and results as text, its plots as images. */
+function executionContent(r: Execution, max: number): Result {
+  const texts = [
+    ...(r.stdout ? [`stdout:\n${cut(r.stdout, max)}`] : []),
+    ...(r.stderr ? [`stderr:\n${cut(r.stderr, max)}`] : []),
+    ...r.results.filter((x) => typeof x.text === 'string').map((x) => cut(x.text!, max)),
+    ...(r.error ? [`${r.error.name}: ${r.error.value}\n${cut(r.error.traceback, max)}`] : []),
+    ...(r.crashed ? ['the kernel died while it ran: the next run_code starts a new one'] : []),
+  ];
+  const images = r.results.filter((x) => typeof x.png === 'string');
+  return {
+    content: [
+      ...texts.map((t) => ({ type: 'text' as const, text: t })),
+      ...images.map((x) => ({ type: 'image' as const, data: x.png!, mimeType: 'image/png' })),
+      ...(texts.length + images.length ? [] : [{ type: 'text' as const, text: '(no output)' }]),
+    ],
+    ...(r.error ? { isError: true } : {}),
+  };
+}
+
+function codeTool(server: McpServer, lab: LabApi): void {
+  const interpreters = new Interpreters();
+  server.registerTool(
+    'run_code',
+    {
+      description:
+        "Run Python in a sandbox's stateful interpreter (Jupyter kernel: variables are kept between calls); returns stdout, stderr, the value of the last expression, an error with its traceback, and plots as PNG images. The sandbox's image needs python3 with ipykernel (the code-interpreter-v1 image).",
+      inputSchema: {
+        sandbox,
+        code: z.string().min(1),
+        timeout_seconds: z.number().positive().max(3600).optional(),
+      },
+    },
+    guarded(async (a) => {
+      const box = await lab.get(a.sandbox);
+      const r = await runCode(
+        box,
+        interpreters,
+        a.code,
+        a.timeout_seconds ? { timeoutMs: a.timeout_seconds * 1000 } : {},
+      );
+      return executionContent(r, MAX_OUTPUT);
+    }),
+  );
+}
+
 function fileTools(server: McpServer, lab: LabApi): void {
   const path = z.string().min(1).describe('an absolute path inside the sandbox');
   server.registerTool(
@@ -226,6 +274,7 @@ export function mcpServer(lab: LabApi, o: McpOptions): McpServer {
   const server = new McpServer({ name: 'snaplab', version: VERSION });
   lifecycleTools(server, lab, o);
   runTool(server, lab);
+  codeTool(server, lab);
   fileTools(server, lab);
   snapshotTools(server, lab, o);
   fileResources(server, lab);

@@ -1,13 +1,17 @@
 /**
- * The code interpreter's server inside each machine (deploy/code-interpreter/server.py): started
- * there by the E2B front on the first request for port 49999 (interpreter.ts), once per sandbox
- * while the front runs; a sandbox the front forgets (killed) is forgotten here too.
+ * The code interpreter's server inside each machine (deploy/code-interpreter/server.py, Jupyter
+ * kernels on 127.0.0.1:49999 there): started on a front's first request for it (the E2B front's
+ * port 49999, the MCP server's run_code), once per sandbox while that front runs; a sandbox the
+ * front forgets (killed) is forgotten here too. Reached only through the Lab API: `tunnel` carries
+ * one connection over a `snaplab-agent connect` spawned in the machine.
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { Duplex } from 'node:stream';
 import { packageRoot } from '../agent/binary.js';
+import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
 import { SnaplabError } from '../errors.js';
-import type { SandboxApi } from '../sdk/api.js';
+import type { ProcessApi, SandboxApi } from '../sdk/api.js';
 
 /** The port E2B's code-interpreter SDK names in `E2b-Sandbox-Port`. */
 export const INTERPRETER_PORT = 49999;
@@ -63,4 +67,36 @@ async function start(box: SandboxApi): Promise<void> {
       `the code interpreter did not start in ${box.id}: ${r.stderr.toString().trim() || `exit ${r.exitCode}`}`,
       'make the sandbox from the code-interpreter-v1 image (python3 with ipykernel; docs/e2b.md)',
     );
+}
+
+/** A connection to the interpreter's port inside the machine: one `snaplab-agent connect` carrying its bytes. */
+export async function tunnel(box: SandboxApi): Promise<Duplex> {
+  let proc: ProcessApi | undefined;
+  const pending: Buffer[] = [];
+  const duplex = new Duplex({
+    write(chunk: Buffer, _enc, done) {
+      if (!proc) pending.push(chunk);
+      else if (!proc.write(chunk)) return void proc.drained().then(() => done(), done);
+      done();
+    },
+    final(done) {
+      proc?.end();
+      done();
+    },
+    read() {},
+    destroy(err, done) {
+      proc?.kill(9);
+      done(err);
+    },
+  });
+  proc = await box.spawn([MACHINE_AGENT_PATH, 'connect', String(INTERPRETER_PORT)], {
+    stdin: true,
+    onStdout: (b) => duplex.push(b),
+  });
+  for (const b of pending.splice(0)) proc.write(b);
+  proc.result.then(
+    () => duplex.push(null),
+    (e: unknown) => duplex.destroy(e instanceof Error ? e : new Error(String(e))),
+  );
+  return duplex;
 }
