@@ -102,12 +102,13 @@ export class SnaplabError extends Error {
 }
 
 /**
- * A refusal for a limit: over a quota (QUOTA_EXCEEDED, 429, with Retry-After when waiting helps)
- * or a request above a key's ceiling (ABOVE_CEILING, 403). `limit` names which, in the answer.
+ * A refusal for a limit: over a quota (QUOTA_EXCEEDED, 429, with Retry-After when waiting helps),
+ * a request above a key's ceiling (ABOVE_CEILING, 403), or for what a key may not have at all
+ * (FORBIDDEN, 403: egress). `limit` names which, in the answer.
  */
 export class LimitError extends SnaplabError {
   constructor(
-    code: 'QUOTA_EXCEEDED' | 'ABOVE_CEILING',
+    code: 'QUOTA_EXCEEDED' | 'ABOVE_CEILING' | 'FORBIDDEN',
     readonly limit: string,
     message: string,
     hint: string,

@@ -374,6 +374,71 @@ machines:
     }
   });
 
+  it('a key made with --no-egress: egress refused (403, limit egress) on every path, sandboxes without it made; E2B defaults to none', async () => {
+    const home = lab!.home;
+    const key = (name: string, ...flags: string[]): string => {
+      const r = cli(home, ['key', 'create', name, '--e2b', ...flags]);
+      expect(r.code, r.err).toBe(0);
+      return r.out.trim();
+    };
+    const closed = key('closed', '--no-egress');
+    const open = key('open');
+    const ls = cli(home, ['key', 'ls']).out.split('\n');
+    expect(ls.find((l) => l.startsWith('closed '))).toMatch(/ no-egress /);
+    expect(ls.find((l) => l.startsWith('open '))).not.toMatch(/no-egress/);
+    expect(cli(home, ['pool', 'create', 'outward', '--size', '0', '--egress']).code).toBe(0);
+    let d: TestDaemon | undefined;
+    const made: SandboxApi[] = [];
+    try {
+      d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
+      const raw = await fetch(`${d.url}/sandboxes`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${closed}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ egress: true }),
+      });
+      expect(raw.status).toBe(403);
+      expect(await raw.json()).toMatchObject({
+        code: 'FORBIDDEN',
+        limit: 'egress',
+        hint: expect.stringMatching(/leave out egress/),
+      });
+      const refused = { code: 'FORBIDDEN', limit: 'egress' };
+      const c = await Lab.connect({ url: d.url, token: closed });
+      await expect(c.create({ egress: { allow: [WEB] } })).rejects.toMatchObject(refused);
+      await expect(c.create({ pool: 'outward' })).rejects.toMatchObject({
+        ...refused,
+        message: expect.stringMatching(/pool outward/),
+      });
+      const box = await c.create({ timeoutS: 0 });
+      made.push(box);
+      expect(box.egress).toBeNull();
+      await expect(box.setEgress({ allow: [WEB] })).rejects.toMatchObject(refused);
+      await box.snapshot('closed-snap');
+      await expect(c.restore('closed-snap', { egress: true })).rejects.toMatchObject(refused);
+      // a key made without the flag still has egress
+      const outward = await (await Lab.connect({ url: d.url, token: open })).create({ egress: true, timeoutS: 0 });
+      made.push(outward);
+      expect((await fetchIn(outward, WEB)).ok).toBe(true);
+      // E2B's default (internet access) is this key's default, none; asked for, it is refused
+      const { Sandbox } = await import('e2b');
+      const opts = { apiKey: closed, apiUrl: d.e2bUrl, sandboxUrl: d.e2bUrl };
+      const sbx = await Sandbox.create(opts);
+      try {
+        expect((await c.get(sbx.sandboxId)).egress).toBeNull();
+        expect((await sbx.getInfo()).allowInternetAccess).toBe(false);
+      } finally {
+        await sbx.kill();
+      }
+      await expect(Sandbox.create({ ...opts, allowInternetAccess: true })).rejects.toThrow(/^403: .*egress/);
+      await expect(Sandbox.create({ ...opts, network: { allowOut: [WEB] } })).rejects.toThrow(/^403: .*egress/);
+    } finally {
+      for (const b of made) await b.destroy();
+      await lab!.removeSnapshot('closed-snap').catch(noted('remove the test snapshot'));
+      cli(home, ['pool', 'rm', 'outward']);
+      await d?.stop();
+    }
+  }, 120_000);
+
   it('leaves nothing after a create killed at any point, once gc has run', async () => {
     const tag = homeTag(lab!.home);
     for (const delay of [30, 80, 140, 200, 260, 330]) {

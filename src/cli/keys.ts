@@ -38,14 +38,18 @@ function ceilingOptions(c: Command): Command {
     c.option(flag, `ceiling of ${what} (none: no ceiling; default: docs/api.md)`, (t: string) =>
       t === 'none' ? t : parse(t),
     );
-  return c;
+  return c.option('--no-egress', 'its sandboxes may not have egress (outbound network; docs/egress.md)');
 }
 
 function ceilingsOf(opts: object): Partial<Ceilings> {
   const o = opts as Record<string, unknown>;
-  return Object.fromEntries(
-    CEILING_FLAGS.filter(([, a]) => o[a] !== undefined).map(([, a, key]) => [key, o[a] === 'none' ? null : o[a]]),
-  );
+  return {
+    ...Object.fromEntries(
+      CEILING_FLAGS.filter(([, a]) => o[a] !== undefined).map(([, a, key]) => [key, o[a] === 'none' ? null : o[a]]),
+    ),
+    // only a refusal is kept: a key made without the flag has the default (allowed)
+    ...(o.egress === false ? { egress: false } : {}),
+  };
 }
 
 /** The ceilings a key was made with, as flags say them ('-': the defaults for all). */
@@ -55,6 +59,7 @@ function showCeilings(c: Partial<Ceilings> | undefined): string {
     const name = flag.slice(6, flag.indexOf(' '));
     return `${name}=${v === null ? 'none' : /memory|disk/.test(name) ? formatBytes(v as number) : v}`;
   });
+  if (c?.egress === false) given.push('no-egress');
   return given.length ? given.join(',') : '-';
 }
 

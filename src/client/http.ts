@@ -225,6 +225,8 @@ async function errorOf(res: IncomingMessage): Promise<SnaplabError> {
     if (typeof b?.code !== 'string' || typeof b.message !== 'string') throw new Error('not a snaplab error');
     const e = new SnaplabError(b.code, b.message, b.hint);
     if (b.operationId) (e as SnaplabError & { operationId?: string }).operationId = b.operationId;
+    // which limit refused it (a quota, a ceiling, egress), as the rpc socket's errors keep it
+    if (typeof b.limit === 'string') (e as SnaplabError & { limit?: string }).limit = b.limit;
     if (res.headers['retry-after'])
       (e as SnaplabError & { retryAfterS?: number }).retryAfterS = Number(res.headers['retry-after']);
     return e;

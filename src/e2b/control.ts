@@ -6,7 +6,7 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { LabCreateOptions, SandboxApi } from '../sdk/api.js';
-import { SnaplabError } from '../errors.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
 import { ENVD_VERSION, type E2bState } from './state.js';
 import { fromMetadata, listSandboxes, RESERVED } from './listing.js';
 import { e2bNetwork, egressFor } from './network.js';
@@ -74,6 +74,26 @@ export function createOptions(body: NewSandbox): LabCreateOptions {
   };
 }
 
+/**
+ * Its egress is E2B's default alone: internet access not named and no `allowOut` (a `denyOut`
+ * only narrows the default). A key made without egress (`key create --no-egress`) has its own
+ * default, none, so such a create is made without egress, not refused.
+ */
+const defaultEgress = (body: NewSandbox): boolean =>
+  body.allow_internet_access === undefined && !(body.network as { allowOut?: unknown[] } | null)?.allowOut?.length;
+
+/** The daemon's refusal of egress to a key made without it (FORBIDDEN, limit egress). */
+const egressRefused = (e: unknown): boolean =>
+  isSnaplabError(e, 'FORBIDDEN') && (e as { limit?: string }).limit === 'egress';
+
+/** The same create without egress, its network as getInfo will say it: no internet access. */
+function withoutEgress(opts: LabCreateOptions): LabCreateOptions {
+  const metadata = { ...opts.metadata };
+  const network = JSON.parse(metadata[`${RESERVED}network`] ?? '{}') as Record<string, unknown>;
+  metadata[`${RESERVED}network`] = JSON.stringify({ ...network, internet: false });
+  return { ...opts, egress: undefined, metadata };
+}
+
 /** The `Sandbox` answer of a create or a connect. */
 function created(state: E2bState, box: SandboxApi, apiKey: string): Record<string, unknown> {
   return {
@@ -110,7 +130,11 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
     opts.image = undefined;
     opts.egress = undefined;
   }
-  const box = await lab.create(opts);
+  // a key without egress refuses it (403) before anything is made: then E2B's default is its none
+  const box = await lab.create(opts).catch((e: unknown) => {
+    if (!opts.egress || !defaultEgress(body) || !egressRefused(e)) throw e;
+    return lab.create(withoutEgress(opts));
+  });
   return reply.code(201).send(created(state, box, keyOf(req)));
 }
 

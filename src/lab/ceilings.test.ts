@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { checkCeilings, limitsUnder, NO_CEILINGS, resolveCeilings, type Ceilings } from './ceilings.js';
+import { checkCeilings, egressRefused, limitsUnder, NO_CEILINGS, resolveCeilings, type Ceilings } from './ceilings.js';
 import { DEFAULT_DISK_BYTES } from '../defaults.js';
 
 const GiB = 1024 ** 3;
@@ -51,5 +51,19 @@ describe('ceilings', () => {
     expect(() => checkCeilings({ memoryBytes: -1 })).toThrow(/invalid memoryBytes ceiling/);
     expect(() => checkCeilings({ bogus: 1 } as never)).toThrow(/unknown ceiling "bogus"/);
     expect(checkCeilings({ cpus: 0.5, diskBytes: null })).toEqual({ cpus: 0.5, diskBytes: null });
+  });
+
+  it('allows egress unless the key was made without it (true or false, nothing else)', () => {
+    expect(resolveCeilings({}).egress).toBe(true);
+    expect(NO_CEILINGS.egress).toBe(true);
+    expect(resolveCeilings(checkCeilings({ egress: false })).egress).toBe(false);
+    expect(() => checkCeilings({ egress: null } as never)).toThrow(/invalid egress ceiling null/);
+    expect(() => checkCeilings({ egress: 0 } as never)).toThrow(/invalid egress ceiling 0/);
+    const e = egressRefused('k', 'a sandbox with egress');
+    expect(e.toJSON()).toMatchObject({ code: 'FORBIDDEN', hint: expect.stringContaining('leave out egress') });
+    expect([e.limit, e.message]).toEqual([
+      'egress',
+      'a sandbox with egress refused: key k may not have egress (it was made with --no-egress)',
+    ]);
   });
 });

@@ -1,6 +1,7 @@
 /**
  * What an API key may ask of the host: ceilings on each sandbox it makes (memory, pids, CPUs,
- * disk) and on all of its sandboxes at once (memory, disk). Without them a key with the exec
+ * disk), on all of its sandboxes at once (memory, disk), and whether they may have egress (a
+ * key made with --no-egress: none, docs/egress.md). Without them a key with the exec
  * scope chose its own limits: 64 GiB of memory, 4 M pids, and an overlay sandbox writing to the
  * host's root filesystem uncapped were all accepted. A key made without ceilings gets the
  * defaults below; an admin lifts one with `none` (`--max-memory none`). The Unix socket (root on
@@ -23,6 +24,7 @@ export const CEILING_NAMES: readonly (keyof Ceilings)[] = [
   'totalMemoryBytes',
   'totalDiskBytes',
   'snapshots',
+  'egress',
 ];
 
 export const NO_CEILINGS: Readonly<Ceilings> = {
@@ -33,6 +35,7 @@ export const NO_CEILINGS: Readonly<Ceilings> = {
   totalMemoryBytes: null,
   totalDiskBytes: null,
   snapshots: null,
+  egress: true,
 };
 
 const GiB = 1024 ** 3;
@@ -40,7 +43,8 @@ const GiB = 1024 ** 3;
 /**
  * The ceilings of a key made without them, from this host: 4 GiB of memory, 4096 pids, every CPU
  * and 16 GiB of disk per sandbox; half the host's memory and 64 GiB of disk over all of them; 50
- * snapshots.
+ * snapshots; egress allowed (keys made before this ceiling had it: forbidding it by default would
+ * have taken it from them).
  */
 export function defaultCeilings(): Ceilings {
   return {
@@ -51,6 +55,7 @@ export function defaultCeilings(): Ceilings {
     totalMemoryBytes: Math.max(4 * GiB, Math.floor(totalmem() / 2)),
     totalDiskBytes: 64 * GiB,
     snapshots: 50,
+    egress: true,
   };
 }
 
@@ -59,7 +64,7 @@ export function resolveCeilings(given: Partial<Ceilings> | null | undefined): Ce
   return { ...defaultCeilings(), ...given };
 }
 
-/** Checked on the way in: each a whole number ≥ 1 (cpus: a number > 0), or null. */
+/** Checked on the way in: each a whole number ≥ 1 (cpus: a number > 0), or null; egress true or false. */
 export function checkCeilings(given: Partial<Ceilings>): Partial<Ceilings> {
   const out: Partial<Ceilings> = {};
   for (const [k, v] of Object.entries(given)) {
@@ -70,12 +75,31 @@ export function checkCeilings(given: Partial<Ceilings>): Partial<Ceilings> {
         `ceilings are ${CEILING_NAMES.join(', ')}`,
       );
     if (v === undefined) continue;
+    if (k === 'egress') {
+      if (typeof v !== 'boolean')
+        throw new SnaplabError('BAD_INPUT', `invalid egress ceiling ${JSON.stringify(v)}`, 'give true or false');
+      out.egress = v;
+      continue;
+    }
     const ok = v === null || (typeof v === 'number' && (k === 'cpus' ? v > 0 : Number.isSafeInteger(v) && v >= 1));
     if (!ok)
       throw new SnaplabError('BAD_INPUT', `invalid ${k} ceiling ${JSON.stringify(v)}`, 'give a number > 0, or none');
-    out[k as keyof Ceilings] = v as number | null;
+    out[k as Exclude<keyof Ceilings, 'egress'>] = v as number | null;
   }
   return out;
+}
+
+/**
+ * A refusal of egress to a key made without it (FORBIDDEN, 403, limit `egress`): `what` is what
+ * would have had it (`a sandbox with egress`, `new egress lists`).
+ */
+export function egressRefused(key: string, what: string): LimitError {
+  return new LimitError(
+    'FORBIDDEN',
+    'egress',
+    `${what} refused: key ${key} may not have egress (it was made with --no-egress)`,
+    'leave out egress (a machine without it has loopback only), or have an admin make a key without --no-egress',
+  );
 }
 
 /** What the key's sandboxes hold now (their limits), creates under way included. */

@@ -2,12 +2,13 @@
  * A key's ceilings at the daemon's door (lab/ceilings.ts has the rules): before a create, restore
  * or standby take starts, the limits it will have are checked against the caller's key, and the
  * key's total is counted with what its other sandboxes hold and its creates under way here hold.
+ * A key made with --no-egress is refused a machine with egress, and new egress lists.
  * The Unix socket's caller (root on the host already) gets what it asks, as the library does.
  */
 import { LimitError, SnaplabError, isSnaplabError } from '../errors.js';
 import { DEFAULT_DRIVER } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
-import { limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
+import { egressRefused, limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
 import { withDefaults } from '../lab/lifecycle/limits.js';
 import type { LabApi } from '../sdk/api.js';
 import type { Limits } from '../store/records.js';
@@ -26,6 +27,8 @@ export interface CeilingAsk {
   userns?: boolean | null;
   /** what the machine is, for an error (`pool web`) */
   what?: string;
+  /** the machine will have egress (asked for, or a pool's standbys have it): what, for a refusal */
+  egress?: string;
 }
 
 export class CeilingGuard {
@@ -44,6 +47,7 @@ export class CeilingGuard {
     // the Unix socket gets what it asks: nothing to look up for it
     if (caller.key === LOCAL.key) return { limits: body.limits, release: () => {} };
     const ask = await askOf(this.lab, body);
+    if (ask.egress) requireEgress(caller, ask.egress);
     const held = await this.listed(caller.key);
     // from here to the claim nothing awaits: two creates of one key each count the other's
     for (const m of this.making.get(caller.key) ?? []) {
@@ -127,20 +131,33 @@ export async function askOf(lab: LabApi, body: CreateBody): Promise<CeilingAsk> 
       fixed: true,
       userns: pool?.userns,
       what,
+      ...(pool?.egress ? { egress: `a standby of pool ${body.pool} (its standbys have egress)` } : {}),
     };
   }
+  // anything but false or nothing is egress (an empty list too: resolveEgress)
+  const asks = body.egress !== undefined && body.egress !== false;
+  const egress = asks ? `a ${body.snapshot === undefined ? 'sandbox' : 'restore'} with egress` : undefined;
   if (body.snapshot !== undefined) {
     // a memory snapshot continues a machine of a fixed size; a filesystem one carries its disk cap
     const snap = (await lab.snapshots()).find((s) => s.name === body.snapshot)?.toJSON();
     const driver = typeof snap?.driver === 'string' ? snap.driver : DEFAULT_DRIVER;
     const limits = (snap?.limits as Limits | undefined) ?? {};
     if (snap?.kind === 'memory')
-      return { asked: undefined, base: limits, driver, fixed: true, what: `snapshot ${body.snapshot}` };
+      return { asked: undefined, base: limits, driver, fixed: true, what: `snapshot ${body.snapshot}`, egress };
     const base = withDefaults(limits.diskBytes === undefined ? {} : { diskBytes: limits.diskBytes }, driver);
-    return { asked: body.limits, base, driver };
+    return { asked: body.limits, base, driver, egress };
   }
   const driver = body.driver ?? DEFAULT_DRIVER;
-  return { asked: body.limits, base: withDefaults(undefined, driver), driver };
+  return { asked: body.limits, base: withDefaults(undefined, driver), driver, egress };
+}
+
+/**
+ * A key made with --no-egress may have no machine with egress nor change a machine's lists:
+ * FORBIDDEN (403, limit `egress`). The Unix socket's caller may.
+ */
+export function requireEgress(caller: Caller, what: string): void {
+  if (caller.key === LOCAL.key || resolveCeilings(caller.ceilings).egress) return;
+  throw egressRefused(caller.key, what);
 }
 
 /**

@@ -1,9 +1,10 @@
 /**
- * A sandbox's egress (docs/egress.md): its lists and counters, and new lists. A gateway passes
- * these to the sandbox's node (sandbox-calls.ts).
+ * A sandbox's egress (docs/egress.md): its lists and counters, and new lists (not for a key made
+ * with --no-egress). A gateway passes these to the sandbox's node (sandbox-calls.ts).
  */
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
+import { requireEgress } from './ceilings.js';
 import { servedBy, type SandboxCalls } from './sandbox-calls.js';
 import { EgressBody, EgressUsageView, IdParams, errors } from './schemas.js';
 
@@ -37,6 +38,8 @@ export async function egressRoutes(app: FastifyInstance, s: SandboxCalls): Promi
       },
     },
     servedBy(s, (d) => async (req) => {
+      // refused before the sandbox is looked at: the key may change no machine's lists
+      requireEgress(req.caller, 'new egress lists');
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       await box.setEgress(req.body as { allow?: string[]; deny?: string[] });
       return d.view(box);

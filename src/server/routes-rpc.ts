@@ -149,7 +149,8 @@ function serveRpc(d: Daemon, ws: WebSocket, caller: Caller): void {
               id,
               error: {
                 ...err.toJSON(),
-                ...(err.code === 'QUOTA_EXCEEDED' ? { limit: (err as { limit?: string }).limit } : {}),
+                // which quota, or what a key may not have (egress): as HTTP's answers say it
+                ...((err as { limit?: string }).limit ? { limit: (err as { limit?: string }).limit } : {}),
               },
             }),
           );

@@ -273,6 +273,9 @@ export const KeyBody = Type.Object(
           totalMemoryBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
           totalDiskBytes: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
           snapshots: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+          egress: Type.Optional(
+            Type.Boolean({ description: 'false: its sandboxes may not have egress (docs/egress.md); default true' }),
+          ),
         },
         { additionalProperties: false },
       ),

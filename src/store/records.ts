@@ -219,6 +219,8 @@ export interface Ceilings {
   totalDiskBytes: number | null;
   /** snapshots taken of the key's sandboxes that are still there */
   snapshots: number | null;
+  /** may its sandboxes have egress (docs/egress.md)? true unless the key was made with --no-egress */
+  egress: boolean;
 }
 
 export type Scope = 'read' | 'exec' | 'admin';
