@@ -283,6 +283,11 @@ machines:
       expect(await get('a', OTHER)).toBe(false);
       expect(await get('c', WEB)).toBe(true);
       expect(await get('c', OTHER)).toBe(false);
+      // a reset without a standby raises each machine again in its namespace: the old link goes first
+      expect((await s.reset(undefined, { standby: 0 })).standby).not.toBe('swapped');
+      expect(await get('a', WEB)).toBe(true);
+      expect(await get('c', WEB)).toBe(true);
+      expect(await get('c', OTHER)).toBe(false);
       await s.down();
       await lab!.gc();
       expect(sh('ip', ['netns', 'list'])).not.toContain(routerNetns(homeTag(lab!.home)));
@@ -305,10 +310,13 @@ machines:
       expect(u.connections).toBeGreaterThanOrEqual(2);
       expect(u.denied).toBeGreaterThanOrEqual(3);
       await vm.snapshot('vm-out-mem', { memory: true });
-      await expect(lab!.restore('vm-out-mem', { name: 'vm-out-bare' })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+      await expect(lab!.restore('vm-out-mem', { name: 'vm-out-bare' })).rejects.toMatchObject({
+        code: 'BAD_INPUT',
+        hint: expect.stringContaining('--egress'),
+      });
       const again = await lab!.restore('vm-out-mem', { name: 'vm-out-r', egress: { allow: [], deny: [] } });
       try {
-        expect(again.egress!.address).not.toBe(vm.egress!.address);
+        // its own lists on another slot: what the first one's deny list refused, it reaches
         expect((await fetchIn(again, OTHER)).out).toContain(`outside ${OTHER} /p`);
       } finally {
         await again.destroy();
@@ -318,6 +326,29 @@ machines:
       await lab!.removeSnapshot('vm-out-mem').catch(noted('remove vm-out-mem'));
     }
     expect(sh('ip', ['netns', 'list'])).not.toMatch(new RegExp(`${routerNetns(homeTag(lab!.home))}-\\d`));
+  }, 300_000);
+
+  it("a pool of VM standbys with egress: each taken one reaches out as the pool's lists allow", async () => {
+    const pool = await lab!.createPool({
+      name: 'vm-eg',
+      image: 'busybox',
+      size: 1,
+      driver: 'qemu',
+      limits: {},
+      egress: { allow: [WEB], deny: [] },
+    });
+    try {
+      const box = await lab!.create({ pool: 'vm-eg' }); // a standby: a restore of the pool's booted VM
+      try {
+        expect(box.egress).toMatchObject({ allow: [WEB] });
+        expect((await fetchIn(box, WEB)).out).toContain(`outside ${WEB} /p`);
+        expect((await fetchIn(box, OTHER)).ok).toBe(false);
+      } finally {
+        await box.destroy();
+      }
+    } finally {
+      await pool.remove();
+    }
   }, 300_000);
 
   it('goes through a daemon: create with lists, GET and PUT /sandboxes/:id/egress, the CLI', async () => {

@@ -40,6 +40,7 @@ export async function freshExec(
     // VM standbys are never recycled (each use is a fresh restore): the option does not apply
     recycle: driverInfo(s.driver).capabilities.memorySnapshot ? undefined : s.recycle,
     userns: s.userns,
+    ...(s.egress ? { egress: true } : {}),
   });
   try {
     // the embedded pool is refilled by this process; a daemon refills the pools it holds itself

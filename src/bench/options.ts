@@ -19,6 +19,7 @@ export interface BenchCli {
   recycle?: string;
   poolSize?: string;
   userns?: string;
+  egress?: string;
   init?: string;
   image?: string;
   baselines: string;
@@ -31,7 +32,7 @@ export interface BenchCli {
 }
 
 /** What may differ between the two configurations of --compare. */
-const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill', 'userns', 'init', 'host'] as const;
+const COMPARABLE = ['storage', 'recycle', 'poolSize', 'fill', 'userns', 'egress', 'init', 'host'] as const;
 export const DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64];
 const STORAGES: readonly StorageKind[] = ['btrfs', 'overlay', 'dir'];
 
@@ -59,6 +60,7 @@ export function addBenchOptions(cmd: Command): Command {
       '--userns <on|off>',
       'namespace sandboxes in a user namespace of their own (default on, where storage allows)',
     )
+    .option('--egress <on|off>', 'raise, fresh-exec: machines with egress, no lists (default off; docs/egress.md)')
     .option(
       '--init <agent|systemd>',
       "raise, restore: systemd boots the image's own systemd (system machines; give --image)",
@@ -162,6 +164,8 @@ export interface Variant {
   poolSize?: number;
   /** false: --userns off */
   userns?: boolean;
+  /** true: --egress on */
+  egress?: boolean;
   /** --init: systemd (system machines) or agent (even for an image whose default is systemd) */
   init?: 'systemd' | 'agent';
   /** --host: the daemon the workload goes through (absent: embedded) */
@@ -209,6 +213,10 @@ function variantOf(
     throw bad('--fill applies to the snapshot workload only', 'drop --fill or use --workload snapshot');
   if (o.userns !== undefined && o.userns !== 'on' && o.userns !== 'off')
     throw bad(`invalid --userns ${JSON.stringify(o.userns)}`, 'use --userns on or --userns off');
+  if (o.egress !== undefined && o.egress !== 'on' && o.egress !== 'off')
+    throw bad(`invalid --egress ${JSON.stringify(o.egress)}`, 'use --egress on or --egress off');
+  if (o.egress === 'on' && w !== 'raise' && w !== 'fresh-exec')
+    throw bad('--egress applies to the raise and fresh-exec workloads', 'use --workload raise or fresh-exec');
   if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd')
     throw bad(`invalid --init ${JSON.stringify(o.init)}`, 'use --init agent or --init systemd');
   if (o.init === 'systemd' && w !== 'raise' && w !== 'restore')
@@ -225,6 +233,7 @@ function variantOf(
     recycle: o.recycle !== 'off',
     poolSize: o.poolSize === undefined ? undefined : parsePositiveInt(o.poolSize, 'pool size'),
     ...(o.userns === 'off' ? { userns: false } : {}),
+    ...(o.egress === 'on' ? { egress: true } : {}),
     ...(o.init === 'systemd' || o.init === 'agent' ? { init: o.init } : {}),
     ...(host !== undefined ? { host } : {}),
     fills: o.fill ? o.fill.split(',').map((f) => parseSize(f, 'fill size')) : [undefined],

@@ -155,6 +155,7 @@ function workloadArms(
         scenario: plan.scenario,
         driver: plan.driver,
         userns: v.userns,
+        egress: v.egress,
         init: v.init,
         image: plan.image,
       }),

@@ -19,6 +19,8 @@ export interface BenchSettings {
   init?: 'systemd' | 'agent';
   /** raise, restore: the image (default busybox) */
   image?: string;
+  /** raise, fresh-exec: machines (a pool's standbys) with egress, no lists (--egress on) */
+  egress?: boolean;
 }
 
 /** What fresh-exec takes on top: recycling of clean host resources, and the standby pool's size. */

@@ -16,7 +16,14 @@ export { SCENARIO_WORKLOADS, WORKLOADS, type Workload } from './workload-names.j
 /** raise: create a sandbox to usable (the trace's total), then destroy it outside the timing. */
 async function raise(lab: Lab, s: BenchSettings): Promise<LoopResult> {
   await lab.image(s.image ?? DEFAULT_IMAGE);
-  const spec = { image: s.image, storage: s.storage, driver: s.driver, userns: s.userns, init: s.init };
+  const spec = {
+    image: s.image,
+    storage: s.storage,
+    driver: s.driver,
+    userns: s.userns,
+    init: s.init,
+    ...(s.egress ? { egress: true } : {}),
+  };
   // one untimed create so that image import and pool mount are not in the samples
   await (await lab.create(spec)).destroy();
   return closedLoop(s.concurrency, { count: s.count, durationMs: s.durationMs }, async () => {

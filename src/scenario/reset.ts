@@ -1,4 +1,5 @@
 import { handleOf } from '../lab/lifecycle/handle.js';
+import { detachRecordEgress } from '../lab/lifecycle/teardown.js';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import type { Volume } from '../storage/backend.js';
@@ -61,13 +62,16 @@ export async function resetScenario(
         killed = trace.phase(`discard ${m.name}`, async () => {
           // killed, not halted: its files are thrown away, and a system machine's halt costs time
           await ctx.driver(old.driver).destroy({ ...handleOf(old), init: undefined });
+          // its link to the egress router (up0 in the namespace the next machine is raised in)
+          await detachRecordEgress(ctx, old);
           ctx.store.deleteSandbox(old.id);
           if (old.volume) discarded.push(old.volume);
         });
       }
-      // a VM continues from its memory on the same taps, which the old QEMU must have let go of
+      // a VM continues from its memory on the same taps, which the old QEMU must have let go of;
+      // a machine with egress gets its link (up0) once the old one's is gone
       const memory = snapRec.memory ?? undefined;
-      if (memory) await killed;
+      if (memory || old?.egress) await killed;
       const [machine] = await Promise.all([
         trace.phase(`raise ${m.name}`, () =>
           raiseMachine(ctx, { name, id: scn.id, spec }, j, trace, {

@@ -49,9 +49,11 @@ function checkRestoredNics(snapped: VmConfig, spec: MachineSpec): void {
     had
       ? `this memory snapshot is of a VM with network interfaces (${had}): it continues only with the same (${has ? `not ${has}` : 'none given'})`
       : 'this memory snapshot is of a VM without network interfaces: it cannot continue with egress or on a network',
-    had.includes(GUEST_LINK.tap)
-      ? 'restore it with egress (--egress), or take a filesystem snapshot (without --memory) to create a machine from'
-      : 'restore it as it was taken (a scenario machine: `snaplab reset SCENARIO`; egress as it had), or take a filesystem snapshot (without --memory)',
+    !had
+      ? 'restore it without egress, or take a filesystem snapshot (without --memory) to create a machine from'
+      : had === GUEST_LINK.tap
+        ? 'restore it with egress (--egress), or take a filesystem snapshot (without --memory) to create a machine from'
+        : 'a scenario machine continues in its scenario (`snaplab reset SCENARIO`); or take a filesystem snapshot (without --memory) to create a machine from',
   );
 }
 

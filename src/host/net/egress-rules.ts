@@ -330,9 +330,11 @@ export function guestLinkRuleset(dev: string): string {
     // accept by default: a scenario machine's namespace bridges its networks' frames, which pass
     // here too where br_netfilter is loaded
     '    type filter hook forward priority 0; policy accept;',
-    `    iifname "${t}" oifname != "${dev}" drop`,
-    `    oifname "${t}" iifname "${dev}" ct state established,related accept`,
-    `    oifname "${t}" drop`,
+    `    iifname "${t}" ct state invalid drop`,
+    `    iifname "${t}" oifname "${dev}" accept`,
+    `    iifname "${dev}" oifname "${t}" ct state established,related accept`,
+    `    iifname { "${t}", "${dev}" } drop`,
+    `    oifname { "${t}", "${dev}" } drop`,
     '  }',
     '  chain postrouting {',
     '    type nat hook postrouting priority 100;',

@@ -132,7 +132,10 @@ async function linkGuest(ns: string, dev: string, kept: boolean): Promise<void> 
     `cannot make the guest's link in ${ns}`,
   );
   const [forward] = await Promise.all([
-    inNs(ns, ['sysctl', '-qw', 'net.ipv4.ip_forward=1'], { allowFail: true }),
+    // on these two alone: a scenario machine's namespace has its networks' bridges too
+    inNs(ns, ['sysctl', '-qw', `net.ipv4.conf.${g.tap}.forwarding=1`, `net.ipv4.conf.${dev}.forwarding=1`], {
+      allowFail: true,
+    }),
     nft(ns, guestLinkRuleset(dev), `cannot load the guest's rules in ${ns}`),
   ]);
   if (forward.code !== 0) throw failed(`cannot turn forwarding on in ${ns}`, forward);

@@ -34,14 +34,19 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
     });
     throw e;
   }
-  if (s.egress) {
-    const { slot, mark } = s.egress;
-    // a scenario machine's namespace is its scenario's (its network links, kept across resets)
-    await phase('egress', () => detachEgress(ctx.home, slot, { keepNetns: s.scenario !== null, mark }));
-  }
+  if (s.egress) await phase('egress', () => detachRecordEgress(ctx, s));
   ctx.store.deleteSandbox(s.id);
   // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)
   if (s.uidBase !== null && s.scenario === null) await releaseRange(s.uidBase, ctx.home, s.id);
+}
+
+/**
+ * A machine's egress link and rules (none: nothing). A scenario machine's namespace is its
+ * scenario's, kept (its network links; a reset raises the next machine in it).
+ */
+export async function detachRecordEgress(ctx: LabContext, s: SandboxRecord): Promise<void> {
+  if (!s.egress) return;
+  await detachEgress(ctx.home, s.egress.slot, { keepNetns: s.scenario !== null, mark: s.egress.mark });
 }
 
 /**

@@ -289,6 +289,8 @@ export class PoolRunner {
               base,
               origin: null,
               heldBy: { reason, templateOf: this.name },
+              // its standbys continue it with the pool's egress: it has the NIC and resolver they need
+              ...(pool.egress ? { egress: pool.egress } : {}),
             },
             trace,
           ),
