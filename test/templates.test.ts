@@ -72,7 +72,7 @@ describe('E2B default template on the built base', () => {
     await d?.stop();
   });
 
-  it('runs commands as user `user` in /home/user with bash, python3 and tput; root when asked', async () => {
+  it('runs commands as user `user` in /home/user with bash, python3, tput and sudo; root when asked', async () => {
     // no internet access: the machine needs no uplink
     const sbx = await Sandbox.create({ allowInternetAccess: false });
     try {
@@ -82,6 +82,8 @@ describe('E2B default template on the built base', () => {
       expect((await sbx.commands.run('echo "$HOME $USER $0"; umask')).stdout).toBe('/home/user user /bin/bash\n0022\n');
       expect((await sbx.commands.run('command -v tput && TERM=xterm tput cols')).stdout).toBe('/usr/bin/tput\n80\n');
       expect((await sbx.commands.run('python3 -c "print(6 * 7)"')).stdout).toBe('42\n');
+      // passwordless sudo (its machines are system machines: no no_new_privs on commands)
+      expect((await sbx.commands.run('sudo -n true && sudo -n whoami')).stdout).toBe('root\n');
       // a relative path is under the user's home, and the file is the user's
       await sbx.files.write('notes.txt', 'hi');
       expect((await sbx.commands.run('stat -c %U:%n /home/user/notes.txt')).stdout).toBe('user:/home/user/notes.txt\n');
