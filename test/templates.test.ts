@@ -5,11 +5,14 @@
  * SDK (`e2b`, pinned) against `snaplab serve --e2b-listen` on that home: the default template is
  * that image, and commands run as its user `user`, in /home/user, as under E2B's envd.
  */
-import { mkdtempSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { mkdtempSync, readdirSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildKey, checkSpec } from '../src/image/debian.js';
+import { TEMPLATES } from '../src/image/templates.js';
 import { cli, cliAsync, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
 
 let home: string;
@@ -94,4 +97,39 @@ describe('E2B default template on the built base', () => {
       await sbx.kill();
     }
   }, 120_000);
+});
+
+describe('recipes', () => {
+  it('a user name is checked, and is in the build key only when there is one (the keys of other builds stay)', () => {
+    const spec = { suite: 'bookworm', variant: 'minbase', packages: ['python3'] };
+    for (const user of ['root', 'Bad', 'a b', "x'; rm -rf /"])
+      expect(() => checkSpec({ ...spec, user })).toThrow(expect.objectContaining({ code: 'BAD_INPUT' }));
+    const before = createHash('sha256')
+      .update(JSON.stringify({ v: 1, suite: 'bookworm', variant: 'minbase', packages: ['python3'], sources: 'S' }))
+      .digest('hex');
+    expect(buildKey(spec, 'S')).toBe(before);
+    expect(buildKey({ ...spec, user: 'user' }, 'S')).not.toBe(before);
+    expect(TEMPLATES.map((t) => [t.name, t.spec.user])).toEqual([
+      ['base', 'user'],
+      ['code-interpreter-v1', 'user'],
+    ]);
+  });
+
+  it('a first use that cannot build says why, with a hint, and leaves no image', () => {
+    // a PATH with node and nothing else: no mmdebstrap
+    const h = mkdtempSync(join(tmpdir(), 'snaplab-test-templates-fail-'));
+    const bin = mkdtempSync(join(tmpdir(), 'snaplab-test-templates-bin-'));
+    try {
+      symlinkSync(process.execPath, join(bin, 'node'));
+      const r = cli(h, ['prepare', '--image', 'base'], undefined, { PATH: bin });
+      expect(r.code).not.toBe(0);
+      expect(r.err).toContain('building image base');
+      expect(r.err).toContain('error[MISSING_TOOL]: building Debian images needs mmdebstrap');
+      expect(r.err).toContain('hint: apt-get install mmdebstrap');
+      expect(readdirSync(join(h, 'images')).filter((f) => f !== '.logs')).toEqual([]);
+    } finally {
+      removeHome(h);
+      rmSync(bin, { recursive: true, force: true });
+    }
+  });
 });
