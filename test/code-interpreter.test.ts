@@ -1,14 +1,14 @@
 /**
  * E2B's code interpreter (docs/e2b.md) driven by E2B's own `@e2b/code-interpreter` (pinned): a real
- * `snaplab serve --e2b-listen`, the SDK's default template `code-interpreter-v1` (a Debian image
- * with python3-ipykernel, built by mmdebstrap from the host's apt sources), and snaplab's own
- * interpreter server inside the machine.
+ * `snaplab serve --e2b-listen`, the SDK's default template `code-interpreter-v1` (snaplab's built-in
+ * template: a Debian image with python3-ipykernel and a user `user`, built by mmdebstrap from the
+ * host's apt sources: src/image/templates.ts), and snaplab's own interpreter server inside the machine.
  *
- * The image takes minutes to build, so it is built once into a cache home of its own (kept between
- * runs and test files, `SNAPLAB_TEST_IMAGE_CACHE`; a cache hit when its inputs are the same) and
- * imported from there into this file's temporary home.
+ * The image takes minutes to build, so it is built once (`snaplab image build code-interpreter-v1`)
+ * into a cache home of its own (kept between runs and test files, `SNAPLAB_TEST_IMAGE_CACHE`; a
+ * cache hit when its inputs are the same) and imported from there into this file's temporary home.
+ * (test/templates.test.ts builds `base` on first use, as a home without it does.)
  */
-import { spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -17,45 +17,28 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SNAPLAB } from './cli-command.js';
-import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, cliAsync, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
 
 const CACHE = process.env.SNAPLAB_TEST_IMAGE_CACHE ?? join(tmpdir(), 'snaplab-test-image-cache');
-const PACKAGES = 'python3,python3-ipykernel,python3-jupyter-client,python3-matplotlib,python3-numpy,python3-pandas';
 
 let home: string;
 let d: TestDaemon;
 const saved = { ...process.env };
 
-/**
- * `snaplab ARGS` in home `h`, waited for without blocking: a build or an import of minutes run
- * with spawnSync would stall this worker's event loop past vitest's 60 s RPC timeout (its
- * "Timeout calling onTaskUpdate" fails the whole run, every test green).
- */
-function snaplab(h: string, args: string[], timeoutMs: number): Promise<{ code: number; out: string; err: string }> {
-  return new Promise((resolve, reject) => {
-    const p = spawn(SNAPLAB, args, {
-      env: { ...process.env, SNAPLAB_HOME: h },
-      timeout: timeoutMs,
-      killSignal: 'SIGKILL',
-    });
-    let out = '';
-    let err = '';
-    p.stdout.on('data', (b: Buffer) => (out += b.toString()));
-    p.stderr.on('data', (b: Buffer) => (err += b.toString()));
-    p.once('error', reject);
-    p.once('close', (code) => resolve({ code: code ?? -1, out, err }));
-  });
-}
-
 beforeAll(async () => {
   // minutes the first time (cli's own timeout is two)
-  const args = ['image', 'build', 'debian', '--packages', PACKAGES, '--name', 'code-interpreter-v1', '--json'];
-  const built = await snaplab(CACHE, args, 900_000);
+  const build = (): ReturnType<typeof cliAsync> =>
+    cliAsync(CACHE, ['image', 'build', 'code-interpreter-v1', '--json'], 900_000);
+  let built = await build();
+  // the cache holds one built from other inputs (an older recipe): replaced
+  if (built.err.includes('error[IMAGE_EXISTS]')) {
+    cli(CACHE, ['image', 'rm', '--force', 'code-interpreter-v1']);
+    built = await build();
+  }
   if (built.code !== 0) throw new Error(`image build: ${built.err}`);
   const { path } = JSON.parse(built.out) as { path: string };
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-ci-'));
-  const imported = await snaplab(home, ['image', 'import', path, '--name', 'code-interpreter-v1'], 600_000);
+  const imported = await cliAsync(home, ['image', 'import', path, '--name', 'code-interpreter-v1'], 600_000);
   if (imported.code !== 0) throw new Error(`image import: ${imported.err}`);
   const key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
   d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);

@@ -32,7 +32,32 @@ export function cli(
   return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
 }
 
-/** Remove everything a test made in a home (its sandboxes, the built-in image, what gc finds), then the home. */
+/**
+ * `snaplab ARGS` in `home`, waited for without blocking: a build or an import of minutes run with
+ * spawnSync would stall the worker's event loop past vitest's 60 s RPC timeout (its "Timeout
+ * calling onTaskUpdate" fails the whole run, every test green).
+ */
+export function cliAsync(
+  home: string,
+  args: string[],
+  timeoutMs: number,
+): Promise<{ code: number; out: string; err: string }> {
+  return new Promise((resolve, reject) => {
+    const p = spawn(SNAPLAB, args, {
+      env: { ...process.env, SNAPLAB_HOME: home },
+      timeout: timeoutMs,
+      killSignal: 'SIGKILL',
+    });
+    let out = '';
+    let err = '';
+    p.stdout.on('data', (b: Buffer) => (out += b.toString()));
+    p.stderr.on('data', (b: Buffer) => (err += b.toString()));
+    p.once('error', reject);
+    p.once('close', (code) => resolve({ code: code ?? -1, out, err }));
+  });
+}
+
+/** Remove everything a test made in a home (its sandboxes, its images, what gc finds), then the home. */
 export function removeHome(home: string): void {
   // what a failed test left: its pools and snapshots too
   const listed = (args: string[]): string[] => {
@@ -42,7 +67,7 @@ export function removeHome(home: string): void {
   for (const p of listed(['pool', 'ls'])) cli(home, ['pool', 'rm', p]);
   cli(home, ['rm', '--all']);
   for (const s of listed(['snapshot', 'ls'])) cli(home, ['snapshot', 'rm', s]);
-  cli(home, ['image', 'rm', '--force', 'busybox']);
+  for (const i of listed(['image', 'ls'])) cli(home, ['image', 'rm', '--force', i]);
   cli(home, ['gc']);
   rmSync(home, { recursive: true, force: true });
 }

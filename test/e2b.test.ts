@@ -43,6 +43,12 @@ beforeAll(async () => {
   // a template backed by a pool of warm standbys (the daemon keeps it full)
   const made = cli(home, ['pool', 'create', 'warm', '--size', '1']);
   if (made.code !== 0) throw new Error(`pool create: ${made.err}`);
+  // E2B's default template `base` is snaplab's built-in Debian template, built on first use in
+  // minutes (test/templates.test.ts builds it and runs its user `user`): these cases are about the
+  // protocol, so `base` here is an image of that name that a user can make, a copy of busybox (root
+  // its only user, /bin/sh)
+  const base = cli(home, ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base']);
+  if (base.code !== 0) throw new Error(`image import: ${base.err}`);
   d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
   process.env.E2B_API_URL = d.e2bUrl;
   process.env.E2B_SANDBOX_URL = d.e2bUrl;

@@ -8,6 +8,7 @@ import { addTraceOption, showTrace, withApi, type CommonOptions } from './common
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
 import { ms, printJson } from './output.js';
 import { orElse } from '../cleanup.js';
+import { TEMPLATES } from '../image/templates.js';
 import { addEgressFlags, egressFrom, type EgressFlags } from './egress.js';
 
 interface CreateCli extends CommonOptions, LimitOptions, EgressFlags {
@@ -81,7 +82,10 @@ export function registerCreate(program: Command): void {
   const cmd = program
     .command('create')
     .description('create a sandbox; returns once a command has executed inside it')
-    .option('--image <name>', `image to start from (${BUILTIN_IMAGE} is built in; default ${DEFAULT_IMAGE})`)
+    .option(
+      '--image <name>',
+      `image to start from (${BUILTIN_IMAGE} is built in; ${TEMPLATES.map((t) => t.name).join(' and ')} are built on first use; default ${DEFAULT_IMAGE})`,
+    )
     .option('--name <name>', 'a name for the sandbox (default: generated)')
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
     .option('--driver <name>', `machine driver (default ${DEFAULT_DRIVER})`)
@@ -103,7 +107,9 @@ export function registerCreate(program: Command): void {
   addTraceOption(cmd);
   cmd.action((o: CreateCli) =>
     withApi(o, async (lab) => {
-      const box = await lab.create(createOptions(o));
+      // a built-in template built on first use takes a minute or more: its steps on stderr
+      const onProgress = (s: string): void => void process.stderr.write(`… ${s}\n`);
+      const box = await lab.create({ ...createOptions(o), onProgress });
       // a system machine's trace ends with its boot: the units that took longest, as systemd measured them
       const blame =
         o.trace && box.init === 'systemd'

@@ -3,6 +3,7 @@ import { SnaplabError } from '../errors.js';
 import { formatBytes } from '../lab/sizes.js';
 import { withLab, type CommonOptions } from './common.js';
 import { printJson } from './output.js';
+import { templateRecipe, TEMPLATES } from '../image/templates.js';
 
 interface BuildCli extends CommonOptions {
   suite: string;
@@ -13,11 +14,48 @@ interface BuildCli extends CommonOptions {
   rebuild?: boolean;
 }
 
+/**
+ * Run a build that ^C, SIGTERM or a hang-up interrupts: the first aborts it; the handlers stay until
+ * the build has settled, so a second one does not end this process while mmdebstrap undoes its
+ * mounts (mmdebstrap runs in a process group of its own, which the abort interrupts; it is killed,
+ * group and all, 15 s after the abort if it has not stopped). Nothing of an interrupted build is kept.
+ */
+async function interruptible<T>(build: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  const ac = new AbortController();
+  const interrupt = (): void => {
+    if (ac.signal.aborted) return void process.stderr.write('… still stopping the build (undoing its mounts)\n');
+    ac.abort(new SnaplabError('ABORTED', 'the build was interrupted', 'nothing of it was kept; run it again'));
+  };
+  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
+  for (const s of signals) process.on(s, interrupt);
+  try {
+    return await build(ac.signal);
+  } finally {
+    for (const s of signals) process.off(s, interrupt);
+  }
+}
+
+/** A built-in template is built as it is defined: the options that would change it are refused. */
+function checkTemplateOptions(name: string, o: BuildCli): void {
+  if (
+    o.packages !== undefined ||
+    o.name !== undefined ||
+    o.mirror !== undefined ||
+    o.suite !== 'bookworm' ||
+    o.variant !== 'minbase'
+  )
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `${name} is a built-in template: it takes no --packages, --name, --mirror, --suite or --variant`,
+      `\`snaplab image build ${name}\` builds it as defined; for another image: \`snaplab image build debian --packages … --name NAME\``,
+    );
+}
+
 export function registerImageBuild(image: Command): void {
   image
     .command('build <distribution>')
     .description(
-      "build an image from a distribution's archive: `debian` (mmdebstrap, from the host's apt sources); cached by its inputs",
+      `build an image from a distribution's archive: \`debian\` (mmdebstrap, from the host's apt sources), or a built-in template (${TEMPLATES.map((t) => t.name).join(', ')}: built on first use otherwise); cached by its inputs`,
     )
     .option('--suite <suite>', 'Debian suite or codename', 'bookworm')
     .option('--packages <list>', 'extra packages, comma-separated (e.g. nginx,openssh-server,python3)')
@@ -32,38 +70,28 @@ export function registerImageBuild(image: Command): void {
     .option('--json', 'print JSON')
     .action((distribution: string, o: BuildCli) =>
       withLab(o, async (lab) => {
-        if (distribution !== 'debian')
+        const recipe = templateRecipe(distribution);
+        if (distribution !== 'debian' && !recipe)
           throw new SnaplabError(
             'BAD_INPUT',
             `cannot build ${JSON.stringify(distribution)} images`,
-            'snaplab image build debian --suite bookworm',
+            `snaplab image build debian --suite bookworm, or a built-in template: ${TEMPLATES.map((t) => t.name).join(', ')}`,
           );
+        if (recipe) checkTemplateOptions(distribution, o);
         const started = performance.now();
         const packages = (o.packages ?? '')
           .split(',')
           .map((p) => p.trim())
           .filter(Boolean);
-        const progress = o.json ? undefined : (s: string): void => void process.stderr.write(`… ${s}\n`);
-        // mmdebstrap runs in a process group of its own (an abort interrupts it and what it runs), so
-        // ^C reaches it through the abort: it undoes its mounts and nothing of the build is kept
-        // ^C, SIGTERM or a hang-up: the first aborts; the handlers stay until the build has settled, so
-        // a second one does not end this process while mmdebstrap undoes its mounts (it is killed,
-        // group and all, 15 s after the abort if it has not)
-        const ac = new AbortController();
-        const interrupt = (): void => {
-          if (ac.signal.aborted) return void process.stderr.write('… still stopping the build (undoing its mounts)\n');
-          ac.abort(new SnaplabError('ABORTED', 'the build was interrupted', 'nothing of it was kept; run it again'));
-        };
-        const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
-        for (const s of signals) process.on(s, interrupt);
-        const r = await lab
-          .buildImage(
-            { suite: o.suite, variant: o.variant, packages, mirror: o.mirror },
-            { name: o.name, rebuild: o.rebuild, onProgress: progress, signal: ac.signal },
-          )
-          .finally(() => {
-            for (const s of signals) process.off(s, interrupt);
-          });
+        const onProgress = o.json ? undefined : (s: string): void => void process.stderr.write(`… ${s}\n`);
+        const r = await interruptible((signal) =>
+          recipe
+            ? lab.buildTemplate(recipe.name, { rebuild: o.rebuild, onProgress, signal })
+            : lab.buildImage(
+                { suite: o.suite, variant: o.variant, packages, mirror: o.mirror },
+                { name: o.name, rebuild: o.rebuild, onProgress, signal },
+              ),
+        );
         const seconds = (performance.now() - started) / 1000;
         if (o.json) return printJson({ ...r.image, cached: r.cached, seconds, log: r.log });
         process.stdout.write(

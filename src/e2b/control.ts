@@ -11,7 +11,10 @@ import { ENVD_VERSION, type E2bState } from './state.js';
 import { fromMetadata, listSandboxes, RESERVED } from './listing.js';
 import { e2bNetwork, egressFor } from './network.js';
 
-/** E2B's default template, made here from snaplab's default image. */
+/**
+ * E2B's default template: a pool or an image of that name, else snaplab's built-in template `base`
+ * (a Debian shaped as E2B's, built on first use: src/image/templates.ts).
+ */
 export const BASE_TEMPLATE = 'base';
 
 interface NewSandbox {
@@ -66,7 +69,7 @@ export function createOptions(body: NewSandbox): LabCreateOptions {
   kept[`${RESERVED}network`] = JSON.stringify(network);
   const egress = egressFor(network);
   return {
-    ...(template === BASE_TEMPLATE ? {} : { image: template }),
+    image: template,
     ...(egress ? { egress } : {}),
     metadata: kept,
     timeoutS: seconds(body.timeout),

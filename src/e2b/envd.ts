@@ -19,7 +19,8 @@ import {
 import { fromMetadata } from './listing.js';
 import type { Proc, ProcessConfig, ProcessEvent } from './processes.js';
 import { EnvdUnavailable, sendError, type E2bState } from './state.js';
-import { registerFiles, userOf } from './files.js';
+import { registerFiles } from './files.js';
+import type { EnvdUser } from './users.js';
 import { registerWatches } from './watch.js';
 
 interface StartRequest {
@@ -35,15 +36,19 @@ interface Selector {
 
 /**
  * The process config of a Start, checked; the sandbox's envVars under the command's own. As envd,
- * a command runs in its user's home unless told: root's, /root (other users: the sandbox's default).
+ * a command runs in its user's home unless told (a user the machine's /etc/passwd does not name:
+ * the sandbox's default working directory).
  */
-function configOf(box: SandboxApi, m: StartRequest, user: string | undefined): ProcessConfig {
+function configOf(box: SandboxApi, m: StartRequest, user: EnvdUser): ProcessConfig {
   const p = m.process ?? {};
   if (typeof p.cmd !== 'string' || !p.cmd) throw new ConnectError('invalid_argument', 'process.cmd is required');
   const args = Array.isArray(p.args) ? p.args.map(String) : [];
   const own = typeof p.envs === 'object' && p.envs !== null ? (p.envs as Record<string, string>) : {};
-  const envs = { E2B_SANDBOX: 'true', E2B_SANDBOX_ID: box.id, ...fromMetadata(box).envs, ...own };
-  const cwd = typeof p.cwd === 'string' && p.cwd ? p.cwd : !user || user === 'root' ? '/root' : undefined;
+  // as envd: the user's own HOME, USER and LOGNAME (a login shell reads its profile from HOME)
+  const who: Record<string, string> =
+    user.name && user.home ? { HOME: user.home, USER: user.name, LOGNAME: user.name } : {};
+  const envs = { ...who, E2B_SANDBOX: 'true', E2B_SANDBOX_ID: box.id, ...fromMetadata(box).envs, ...own };
+  const cwd = typeof p.cwd === 'string' && p.cwd ? p.cwd : user.home;
   return { cmd: p.cmd, args, envs, ...(cwd ? { cwd } : {}) };
 }
 
@@ -95,10 +100,11 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
   const ref: { p?: Proc } = {};
   const listen = pipe(stream, ref, req);
   try {
+    const user = await state.actAs(box, req);
     const spec = {
-      config: configOf(box, m, userOf(req)),
+      config: configOf(box, m, user),
       tag: typeof m.tag === 'string' ? m.tag : undefined,
-      user: userOf(req),
+      user: user.name,
       stdin: m.stdin === true,
       timeoutMs: deadlineOf(req.headers['connect-timeout-ms']),
       tty: sizeOf(m.pty),

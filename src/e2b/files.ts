@@ -14,6 +14,7 @@ import { orElse } from '../cleanup.js';
 import { ConnectError, readBody } from './connect.js';
 import { parseMultipart } from './multipart.js';
 import { sendError, type E2bState } from './state.js';
+import type { EnvdUser } from './users.js';
 
 type Unary = (
   state: E2bState,
@@ -23,22 +24,11 @@ type Unary = (
 /** The largest upload taken at once (a part is held in memory before it is written). */
 const MAX_UPLOAD = 256 << 20;
 
-/** The user an envd call acts as: `?username=`, else `Authorization: Basic base64(user:)`, else the default. */
-export function userOf(req: FastifyRequest): string | undefined {
-  const q = (req.query as { username?: unknown }).username;
-  if (typeof q === 'string' && q) return q;
-  const m = /^Basic\s+(\S+)$/i.exec(String(req.headers.authorization ?? ''));
-  if (!m) return undefined;
-  const user = Buffer.from(m[1]!, 'base64').toString('utf8').split(':')[0];
-  return user || undefined;
-}
-
 /** A path as envd takes it: relative ones are under the user's home. */
-export function absolute(path: unknown, user: string | undefined): string {
+export function absolute(path: unknown, user: EnvdUser): string {
   if (typeof path !== 'string' || !path) throw new SnaplabError('BAD_INPUT', 'no path given', 'give ?path=/FILE');
   if (path.startsWith('/')) return posix.normalize(path);
-  const home = !user || user === 'root' ? '/root' : `/home/${user}`;
-  return posix.join(home, path);
+  return posix.join(user.home ?? `/home/${user.name}`, path);
 }
 
 /** envd's HTTP errors: `{code, message}` with the status (a missing file: 404). */
@@ -49,9 +39,9 @@ function fileError(reply: FastifyReply, e: unknown): FastifyReply {
 async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
     const box = await state.envdSandbox(req);
-    const user = userOf(req);
+    const user = await state.actAs(box, req);
     const path = absolute((req.query as { path?: unknown }).path, user);
-    const data = await box.files.read(path, { user });
+    const data = await box.files.read(path, { user: user.name });
     return reply.type('application/octet-stream').header('content-length', data.length).send(data);
   } catch (e) {
     return fileError(reply, e);
@@ -78,7 +68,7 @@ async function writeOne(box: SandboxApi, path: string, data: Buffer, user: strin
 async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
     const box = await state.envdSandbox(req);
-    const user = userOf(req);
+    const user = await state.actAs(box, req);
     const type = String(req.headers['content-type'] ?? '');
     let body = await readBody(req.body, MAX_UPLOAD);
     if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) body = gunzip(body);
@@ -87,8 +77,8 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
     if (type.startsWith('multipart/form-data')) {
       // `?path=` when given (older SDKs name the part "blob"), else the part's filename
       for (const part of parseMultipart(type, body))
-        written.push(await writeOne(box, absolute(query ?? part.filename, user), part.data, user));
-    } else written.push(await writeOne(box, absolute(query, user), body, user));
+        written.push(await writeOne(box, absolute(query ?? part.filename, user), part.data, user.name));
+    } else written.push(await writeOne(box, absolute(query, user), body, user.name));
     return reply.type('application/json').send(written);
   } catch (e) {
     return fileError(reply, e);
@@ -147,25 +137,30 @@ export function registerFiles(app: FastifyInstance, state: E2bState, unary: Unar
   app.get('/files', (req, reply) => getFile(state, req, reply));
   app.post('/files', (req, reply) => postFiles(state, req, reply));
   const F = '/filesystem.Filesystem';
-  const at = (m: Record<string, unknown>, req: FastifyRequest): string => absolute(m.path, userOf(req));
+  // the path asked for (relative: under the user's home) and the user the call acts as
+  const at = async (box: SandboxApi, m: Record<string, unknown>, req: FastifyRequest) => {
+    const user = await state.actAs(box, req);
+    return { path: absolute(m.path, user), user: user.name };
+  };
   app.post(
     `${F}/Stat`,
-    unary(state, async (box, m, req) => ({
-      entry: entryOf(await box.files.stat(at(m, req), { user: userOf(req) }).catch(notFound)),
-    })),
+    unary(state, async (box, m, req) => {
+      const { path, user } = await at(box, m, req);
+      return { entry: entryOf(await box.files.stat(path, { user }).catch(notFound)) };
+    }),
   );
   app.post(
     `${F}/ListDir`,
     unary(state, async (box, m, req) => {
       const depth = typeof m.depth === 'number' && m.depth > 0 ? m.depth : 1;
-      return listDir(box, at(m, req), depth, userOf(req));
+      const { path, user } = await at(box, m, req);
+      return listDir(box, path, depth, user);
     }),
   );
   app.post(
     `${F}/MakeDir`,
     unary(state, async (box, m, req) => {
-      const path = at(m, req);
-      const user = userOf(req);
+      const { path, user } = await at(box, m, req);
       const there = await box.files.stat(path, { user }).catch(orElse(undefined, `stat ${path}`, 'FILE_NOT_FOUND'));
       if (there) throw new ConnectError('already_exists', `${path} exists`);
       await box.files.mkdir(path, { parents: true, user });
@@ -175,16 +170,18 @@ export function registerFiles(app: FastifyInstance, state: E2bState, unary: Unar
   app.post(
     `${F}/Remove`,
     unary(state, async (box, m, req) => {
-      await box.files.remove(at(m, req), { recursive: true, force: true, user: userOf(req) });
+      const { path, user } = await at(box, m, req);
+      await box.files.remove(path, { recursive: true, force: true, user });
       return {};
     }),
   );
   app.post(
     `${F}/Move`,
     unary(state, async (box, m, req) => {
-      const user = userOf(req);
-      const from = absolute(m.source, user);
-      const to = absolute(m.destination, user);
+      const as = await state.actAs(box, req);
+      const user = as.name;
+      const from = absolute(m.source, as);
+      const to = absolute(m.destination, as);
       await box.files.stat(from, { user }).catch(notFound);
       const r = await box.exec(['mv', '--', from, to], { user });
       if (r.exitCode !== 0) throw new ConnectError('failed_precondition', r.stderr.trim() || `mv exited ${r.exitCode}`);

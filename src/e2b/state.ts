@@ -12,6 +12,7 @@ import { Processes } from './processes.js';
 import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
 import { Interpreters } from '../interpreter/server.js';
+import { EnvdUsers, type EnvdUser } from './users.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
 export const ENVD_VERSION = '0.5.7';
@@ -28,6 +29,7 @@ export class E2bState {
   readonly metrics = new MetricsFront();
   readonly watchers = new Watchers();
   readonly interpreters = new Interpreters();
+  readonly users = new EnvdUsers();
   private readonly sessions = new Map<string, Session>();
   private readonly labs = new Map<string, Promise<LabApi>>();
 
@@ -76,6 +78,12 @@ export class E2bState {
     this.metrics.forget(id);
     this.watchers.forget(id);
     this.interpreters.forget(id);
+    this.users.forget(id);
+  }
+
+  /** Who an envd call acts as in `box`: the user it asks for, else the sandbox's default (users.ts). */
+  actAs(box: SandboxApi, req: FastifyRequest): Promise<EnvdUser> {
+    return this.users.of(box, askedUser(req));
   }
 
   /**
@@ -118,4 +126,14 @@ export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
   const status = e instanceof EnvdUnavailable ? 502 : isSnaplabError(e) ? statusOf(e.code) : 500;
   const message = e instanceof Error ? e.message : String(e);
   return reply.code(status).type('application/json').send({ code: status, message });
+}
+
+/** The user an envd call asks for: `?username=`, else `Authorization: Basic base64(user:)`, else none. */
+export function askedUser(req: FastifyRequest): string | undefined {
+  const q = (req.query as { username?: unknown }).username;
+  if (typeof q === 'string' && q) return q;
+  const m = /^Basic\s+(\S+)$/i.exec(String(req.headers.authorization ?? ''));
+  if (!m) return undefined;
+  const user = Buffer.from(m[1]!, 'base64').toString('utf8').split(':')[0];
+  return user || undefined;
 }

@@ -9,7 +9,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { SandboxApi, WatchEvent, WatchHandle } from '../sdk/api.js';
 import { noted } from '../cleanup.js';
 import { ConnectError, deadlineOf, openStream, readBody, unenvelope } from './connect.js';
-import { absolute, userOf } from './files.js';
+import { absolute } from './files.js';
 import { EnvdUnavailable, sendError, type E2bState } from './state.js';
 import { eventOf } from './watchers.js';
 
@@ -24,8 +24,10 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
   try {
     const box = await state.envdSandbox(req);
     const m = unenvelope(await readBody(req.body)) as { path?: unknown; recursive?: unknown };
-    const user = userOf(req);
-    handle = await box.watch(absolute(m.path, user), { recursive: m.recursive === true, user }, (e) => send(e));
+    const user = await state.actAs(box, req);
+    handle = await box.watch(absolute(m.path, user), { recursive: m.recursive === true, user: user.name }, (e) =>
+      send(e),
+    );
   } catch (e) {
     // a stream's error is its end-of-stream message (Connect reads an HTTP status as the transport's)
     if (e instanceof EnvdUnavailable) return sendError(reply, e);
@@ -73,8 +75,9 @@ export function registerWatches(app: FastifyInstance, state: E2bState, unary: Un
   app.post(
     `${F}/CreateWatcher`,
     unary(state, async (box, m, req) => {
-      const user = userOf(req);
-      return { watcherId: await state.watchers.create(box, absolute(m.path, user), m.recursive === true, user) };
+      const user = await state.actAs(box, req);
+      const path = absolute(m.path, user);
+      return { watcherId: await state.watchers.create(box, path, m.recursive === true, user.name) };
     }),
   );
   app.post(

@@ -11,6 +11,11 @@ export interface DebianSpec {
   packages: string[];
   /** one mirror URL instead of the host's apt sources */
   mirror?: string;
+  /**
+   * a login user made beside root, as E2B's templates have one: uid 1000, home /home/NAME, shell
+   * /bin/bash, passwordless sudo (sudo must be among the packages)
+   */
+  user?: string;
 }
 
 export const VARIANTS = [
@@ -28,6 +33,8 @@ export const VARIANTS = [
 
 const SUITE = /^[a-z][a-z0-9.-]{1,40}$/;
 const PACKAGE = /^[a-z0-9][a-z0-9+.-]+$/;
+/** Debian's adduser's default NAME_REGEX, and never root */
+const USER = /^[a-z][a-z0-9_-]{0,30}$/;
 
 export function checkSpec(s: DebianSpec): DebianSpec {
   if (!SUITE.test(s.suite))
@@ -50,6 +57,12 @@ export function checkSpec(s: DebianSpec): DebianSpec {
         'Debian package names: lower case letters, digits, + - .',
       );
   }
+  if (s.user !== undefined && (!USER.test(s.user) || s.user === 'root'))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid user name ${JSON.stringify(s.user)}`,
+      'a login name other than root: lower case letters, digits, _ and -, starting with a letter',
+    );
   if (s.mirror !== undefined && !/^(https?|file):\/\/[^\s]+$/.test(s.mirror)) {
     throw new SnaplabError(
       'BAD_INPUT',
@@ -159,8 +172,11 @@ export function sourcesFor(spec: DebianSpec, host: Source[]): string {
 
 /** The cache key: everything that decides what the build makes. */
 export function buildKey(spec: DebianSpec, sources: string): string {
+  // (the user only when there is one: the keys of builds without one stay as they were)
+  const { suite, variant, packages } = spec;
+  const user = spec.user === undefined ? {} : { user: spec.user };
   return createHash('sha256')
-    .update(JSON.stringify({ v: 1, suite: spec.suite, variant: spec.variant, packages: spec.packages, sources }))
+    .update(JSON.stringify({ v: 1, suite, variant, packages, sources, ...user }))
     .digest('hex');
 }
 

@@ -51,6 +51,18 @@ function exitOf(child: ChildProcess, signal: AbortSignal | undefined): Promise<n
 }
 
 /**
+ * mmdebstrap's customize hooks (shell run on the host once the packages are in, the tree as "$1")
+ * that add a login user beside root: uid 1000, home /home/NAME, /bin/bash, passwordless sudo.
+ * NAME is checked (checkSpec: letters, digits, _ and -), so it is safe in these lines.
+ */
+export function userHooks(name: string): string[] {
+  return [
+    `--customize-hook=chroot "$1" useradd --create-home --uid 1000 --user-group --shell /bin/bash ${name}`,
+    `--customize-hook=mkdir -p "$1/etc/sudoers.d" && echo '${name} ALL=(ALL:ALL) NOPASSWD: ALL' > "$1/etc/sudoers.d/${name}" && chmod 0440 "$1/etc/sudoers.d/${name}"`,
+  ];
+}
+
+/**
  * Build a root filesystem into the empty directory `root` with mmdebstrap, the log in `logFile`.
  * Progress: mmdebstrap's phases (its `I:` lines) and a count of packages fetched.
  */
@@ -74,6 +86,7 @@ export async function runMmdebstrap(
     ...(spec.packages.length ? [`--include=${spec.packages.join(',')}`] : []),
     // apt's lists stay, so that `apt-get install` works in a machine without an update first
     '--skip=cleanup/apt/lists',
+    ...(spec.user ? userHooks(spec.user) : []),
     spec.suite,
     root,
     sourcesFile,

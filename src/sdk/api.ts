@@ -214,8 +214,16 @@ export interface LabRestoreOptions {
 }
 
 export interface LabCreateOptions {
-  /** image name; `busybox` is built in */
+  /**
+   * image name; `busybox` is built in, and the built-in templates (`base`, `code-interpreter-v1`:
+   * Debian images shaped as E2B's) are built on first use
+   */
   image?: string;
+  /**
+   * the steps of an image built for this create (a built-in template on first use); the embedded
+   * lab tells them, a daemon's create does not (the build runs on the daemon, the create waits)
+   */
+  onProgress?: (step: string) => void;
   name?: string;
   storage?: StorageKind;
   driver?: string;

@@ -41,6 +41,9 @@ import { KeyRing } from '../lab/keys.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
 import { egressTotals } from '../lab/net/egress.js';
+import { buildTemplate, resolveImage } from '../lab/images/templates.js';
+import { templateRecipe, TEMPLATES } from '../image/templates.js';
+import { SnaplabError } from '../errors.js';
 import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 
 export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
@@ -122,7 +125,7 @@ export class Lab implements LabApi {
     if (c.from === 'snapshot') return this.restore(c.snapshot, { ...opts, limits: c.limits, egress: c.egress });
     const { result, trace } = await this.ctx.traced('create', opts.name ?? null, async (t) => {
       const storage = c.storage ?? (await t.phase('pick storage', () => this.ctx.defaultStorage()));
-      const img = await t.phase('resolve image', () => this.ctx.images.resolve(c.image));
+      const img = await t.phase('resolve image', () => resolveImage(this.ctx, c.image, opts.onProgress));
       const base = (): Promise<Volume> => imageVolume(this.ctx, img.name, storage, t);
       return raiseSandbox(
         this.ctx,
@@ -267,14 +270,26 @@ export class Lab implements LabApi {
     const driver = this.ctx.driver(opts.driver ?? DEFAULT_DRIVER);
     const image = opts.image ?? DEFAULT_IMAGE;
     onProgress?.(`image ${image}`);
-    const img = await this.ctx.images.resolve(image);
+    const img = await resolveImage(this.ctx, image, onProgress);
     if (!driver.prepareHost) return { image: img.name };
     return { image: img.name, vm: await driver.prepareHost(onProgress) };
   }
 
-  /** Make sure an image exists (builds the built-in busybox image on first use). */
-  async image(name: string): Promise<ImageRecord> {
-    return this.ctx.images.resolve(name);
+  /** Make sure an image exists (builds the built-in busybox image and the built-in templates on first use). */
+  async image(name: string, onProgress?: (s: string) => void): Promise<ImageRecord> {
+    return resolveImage(this.ctx, name, onProgress);
+  }
+
+  /** Build a built-in template (`base`, `code-interpreter-v1`: src/image/templates.ts) under its name. */
+  async buildTemplate(name: string, opts: Omit<BuildOptions, 'name'> = {}): Promise<Built> {
+    const recipe = templateRecipe(name);
+    if (!recipe)
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `no built-in template named ${JSON.stringify(name)}`,
+        `built-in templates: ${TEMPLATES.map((t) => t.name).join(', ')}; or \`snaplab image build debian --packages …\``,
+      );
+    return buildTemplate(this.ctx, recipe, opts);
   }
 
   /** Build a Debian image with mmdebstrap (cached by its inputs; see docs/images.md). */

@@ -21,9 +21,10 @@ const nativeBinding = require.resolve('better-sqlite3/build/Release/better_sqlit
 export function openDb(home: string): Db {
   mkdirSync(home, { recursive: true, mode: 0o700 });
   const db = new Database(join(home, 'state.db'), { nativeBinding });
+  // first: another process opening a new home at once holds the locks the next steps need
+  db.pragma('busy_timeout = 10000');
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = NORMAL');
-  db.pragma('busy_timeout = 10000');
   db.pragma('foreign_keys = ON');
   migrate(db);
   return db;
@@ -40,6 +41,9 @@ function migrate(db: Db): void {
   }
   for (let v = current; v < migrations.length; v++) {
     db.transaction(() => {
+      // another process may have taken this step since `current` was read (two commands on a new
+      // home at once: "table images already exists")
+      if ((db.pragma('user_version', { simple: true }) as number) > v) return;
       db.exec(migrations[v]!);
       db.pragma(`user_version = ${v + 1}`);
     }).immediate();

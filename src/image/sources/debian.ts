@@ -34,6 +34,7 @@ async function produce(plan: DebianPlan, sources: string, into: ProduceInto): Pr
     suite: spec.suite,
     variant: spec.variant,
     packages: spec.packages,
+    ...(spec.user ? { user: spec.user } : {}),
     mirror: spec.mirror ?? 'host apt sources',
     key: plan.buildKey,
     mmdebstrap: version,

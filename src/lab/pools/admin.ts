@@ -1,3 +1,4 @@
+import { resolveImage } from '../images/templates.js';
 import { resolveEgress } from '../../sdk/create-options.js';
 import type { EgressRequest } from '../../sdk/api.js';
 import { SnaplabError } from '../../errors.js';
@@ -80,7 +81,7 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
         'drop --recycle',
       );
   }
-  await ctx.images.resolve(spec.image);
+  await resolveImage(ctx, spec.image);
   const rec: PoolRecord = {
     name: spec.name,
     image: spec.image,

@@ -1,0 +1,63 @@
+/**
+ * Who an envd call acts as, as envd decides it: the user asked for (`?username=`, `Authorization:
+ * Basic user:`), else the sandbox's default, which is `user` where the image has one (E2B's
+ * templates, snaplab's built-in `base` and `code-interpreter-v1`) and root elsewhere (busybox and
+ * most imported images). A command runs in its user's home (from the machine's /etc/passwd) unless
+ * given a cwd. /etc/passwd is read once a sandbox, on its first call.
+ */
+import type { SandboxApi } from '../sdk/api.js';
+import { isSnaplabError } from '../errors.js';
+
+/** E2B's default user (envd's, and the SDK's before envd 0.4.0). */
+export const E2B_USER = 'user';
+
+export interface EnvdUser {
+  /** undefined: the sandbox's own default, root */
+  name: string | undefined;
+  /** the user's home (its working directory and where relative paths are), when known */
+  home: string | undefined;
+}
+
+/** name → home, from an /etc/passwd */
+function homes(passwd: string): Map<string, string> {
+  const m = new Map<string, string>();
+  for (const line of passwd.split('\n')) {
+    const f = line.split(':');
+    if (f.length >= 7 && f[0] && f[5]) m.set(f[0], f[5]);
+  }
+  return m;
+}
+
+export class EnvdUsers {
+  private readonly passwd = new Map<string, Promise<Map<string, string>>>();
+
+  /** The user a call acts as: `asked`, else `user` where the machine has one, else root. */
+  async of(box: SandboxApi, asked: string | undefined): Promise<EnvdUser> {
+    const known = await this.homesOf(box);
+    const name = asked ?? (known.has(E2B_USER) ? E2B_USER : undefined);
+    const home = known.get(name ?? 'root') ?? (name === undefined || name === 'root' ? '/root' : undefined);
+    return { name, home };
+  }
+
+  private homesOf(box: SandboxApi): Promise<Map<string, string>> {
+    let p = this.passwd.get(box.id);
+    if (!p) {
+      p = box.files
+        .read('/etc/passwd')
+        .then((b) => homes(b.toString('utf8')))
+        .catch((e: unknown) => {
+          // a machine without one: root alone
+          if (isSnaplabError(e, 'FILE_NOT_FOUND')) return new Map<string, string>();
+          throw e;
+        });
+      this.passwd.set(box.id, p);
+      // a failure (the machine paused, gone) is asked again next time
+      p.catch(() => this.passwd.delete(box.id));
+    }
+    return p;
+  }
+
+  forget(id: string): void {
+    this.passwd.delete(id);
+  }
+}
