@@ -141,16 +141,32 @@ async function stream(remote) {
   return out;
 }
 
-/** runCode round trips against commands.run in the same code-interpreter sandbox. */
-async function interpreter() {
+/** Create to the first runCode result (cold: from the image; then from a pool), and round trips. */
+async function interpreter(remote) {
   cli(['image', 'import', INTERPRETER, '--name', 'code-interpreter-v1']);
   const { Sandbox: CI } = await import('@e2b/code-interpreter');
-  const t0 = performance.now();
-  const sbx = await CI.create();
-  await sbx.runCode('1');
-  const first = performance.now() - t0;
-  const out = { firstResultMs: first, runCode: [], commandsRun: [] };
+  const first = async () => {
+    const t0 = performance.now();
+    const sbx = await CI.create();
+    await sbx.runCode('1');
+    const ms = performance.now() - t0;
+    await sbx.kill();
+    return ms;
+  };
+  const out = { cold: [], pool: [], runCode: [], commandsRun: [] };
+  for (let i = 0; i < 5; i++) out.cold.push(await first());
+  await remote.createPool({ name: 'code-interpreter-v1', image: 'code-interpreter-v1', size: 2 });
   try {
+    for (let i = 0; i < 5; i++) {
+      await poolFull(remote, 'code-interpreter-v1', 1);
+      out.pool.push(await first());
+    }
+  } finally {
+    await remote.pool('code-interpreter-v1').remove();
+  }
+  const sbx = await CI.create();
+  try {
+    await sbx.runCode('x = 0');
     for (let i = 0; i < 200; i++) {
       let t = performance.now();
       await sbx.runCode('x = 1');
@@ -189,9 +205,10 @@ async function main() {
     report.stream = { envdMiBs: q(s.envd, 50), ownMiBs: q(s.own, 50), ratio: q(s.envd, 50) / q(s.own, 50) };
     if (INTERPRETER) {
       console.error('== code interpreter');
-      const c = await interpreter();
+      const c = await interpreter(remote);
       report.interpreter = {
-        firstResultMs: c.firstResultMs,
+        firstResultCold: summary(c.cold),
+        firstResultPool: summary(c.pool),
         runCode: summary(c.runCode),
         commandsRun: summary(c.commandsRun),
       };
@@ -235,7 +252,7 @@ function print(r) {
   if (r.interpreter) {
     const i = r.interpreter;
     console.log(
-      `\ncode interpreter: create to first result ${ms(i.firstResultMs)}; runCode p50 ${ms(i.runCode.p50)} p99 ${ms(i.runCode.p99)}; commands.run p50 ${ms(i.commandsRun.p50)} p99 ${ms(i.commandsRun.p99)}`,
+      `\ncode interpreter: create to first result p50 ${ms(i.firstResultCold.p50)} cold, ${ms(i.firstResultPool.p50)} from a pool; runCode p50 ${ms(i.runCode.p50)} p99 ${ms(i.runCode.p99)}; commands.run p50 ${ms(i.commandsRun.p50)} p99 ${ms(i.commandsRun.p99)}`,
     );
   }
 }

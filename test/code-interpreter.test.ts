@@ -31,7 +31,7 @@ beforeAll(async () => {
     cliAsync(CACHE, ['image', 'build', 'code-interpreter-v1', '--json'], 900_000);
   let built = await build();
   // the cache holds one built from other inputs (an older recipe): replaced
-  if (built.err.includes('error[IMAGE_EXISTS]')) {
+  if (built.err.includes('IMAGE_EXISTS')) {
     cli(CACHE, ['image', 'rm', '--force', 'code-interpreter-v1']);
     built = await build();
   }
