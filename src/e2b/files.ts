@@ -48,7 +48,7 @@ function fileError(reply: FastifyReply, e: unknown): FastifyReply {
 
 async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
-    const box = await state.envdSandbox(req);
+    const box = await state.fileSandbox(req, 'read');
     const user = userOf(req);
     const path = absolute((req.query as { path?: unknown }).path, user);
     const data = await box.files.read(path, { user });
@@ -77,7 +77,7 @@ async function writeOne(box: SandboxApi, path: string, data: Buffer, user: strin
 
 async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
-    const box = await state.envdSandbox(req);
+    const box = await state.fileSandbox(req, 'write');
     const user = userOf(req);
     const type = String(req.headers['content-type'] ?? '');
     let body = await readBody(req.body, MAX_UPLOAD);
