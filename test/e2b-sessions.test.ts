@@ -155,6 +155,8 @@ describe('a daemon restart', () => {
       await sbx.files.write('/tmp/kept.txt', 'before');
       const url = await sbx.downloadUrl('/tmp/kept.txt');
       const bg = await sbx.commands.run('sleep 300', { background: true });
+      // one it detached itself (a session of its own) is not the command's: it lives on
+      await sbx.commands.run(`setsid sh -c 'sleep 301 </dev/null >/dev/null 2>&1 &'`);
       expect((await sbx.commands.list()).map((p) => p.pid)).toContain(bg.pid);
       // the token is in the store, sealed: the secret beside it is the daemon's alone
       expect(statSync(join(home, 'e2b-sessions.key')).mode & 0o777).toBe(0o600);
@@ -177,6 +179,7 @@ describe('a daemon restart', () => {
       expect(cli(home, ['exec', sbx.sandboxId, '--', 'sh', '-c', `kill -0 ${bg.pid}`]).code).not.toBe(0);
       await expect(sbx.commands.connect(bg.pid)).rejects.toThrow(/restart/);
       await expect(sbx.commands.kill(bg.pid)).resolves.toBe(false);
+      expect(cli(home, ['exec', sbx.sandboxId, '--', 'ps']).out).toContain('sleep 301');
     } finally {
       await sbx.kill();
     }
