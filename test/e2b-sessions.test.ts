@@ -61,6 +61,9 @@ describe('signed URLs', () => {
       // the user is signed too
       const root = await fetch(await sbx.downloadUrl('/tmp/signed.txt', { user: 'root' }));
       expect(await root.text()).toBe('signed bytes');
+      // the user is the signed one (none: the default): an Authorization header does not change it
+      const basic = { Authorization: `Basic ${Buffer.from('nobody:').toString('base64')}` };
+      expect(await (await fetch(url, { headers: basic })).text()).toBe('signed bytes');
       // the same with the oldest SDK that routes by header
       const old = await oldest.Sandbox.connect(sbx.sandboxId);
       expect(await (await fetch(await old.downloadUrl('/tmp/signed.txt'))).text()).toBe('signed bytes');

@@ -33,6 +33,12 @@ export function userOf(req: FastifyRequest): string | undefined {
   return user || undefined;
 }
 
+/** The user a signed URL was signed for: its `?username=` (none: the default user). */
+function signedUser(req: FastifyRequest): string | undefined {
+  const q = (req.query as { username?: unknown }).username;
+  return typeof q === 'string' && q ? q : undefined;
+}
+
 /** A path as envd takes it: relative ones are under the user's home. */
 export function absolute(path: unknown, user: string | undefined): string {
   if (typeof path !== 'string' || !path) throw new SnaplabError('BAD_INPUT', 'no path given', 'give ?path=/FILE');
@@ -48,8 +54,8 @@ function fileError(reply: FastifyReply, e: unknown): FastifyReply {
 
 async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
-    const box = await state.fileSandbox(req, 'read');
-    const user = userOf(req);
+    const { box, signed } = await state.fileSandbox(req, 'read');
+    const user = signed ? signedUser(req) : userOf(req);
     const path = absolute((req.query as { path?: unknown }).path, user);
     const data = await box.files.read(path, { user });
     return reply.type('application/octet-stream').header('content-length', data.length).send(data);
@@ -77,8 +83,8 @@ async function writeOne(box: SandboxApi, path: string, data: Buffer, user: strin
 
 async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
-    const box = await state.fileSandbox(req, 'write');
-    const user = userOf(req);
+    const { box, signed } = await state.fileSandbox(req, 'write');
+    const user = signed ? signedUser(req) : userOf(req);
     const type = String(req.headers['content-type'] ?? '');
     let body = await readBody(req.body, MAX_UPLOAD);
     if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) body = gunzip(body);

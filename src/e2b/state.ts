@@ -106,11 +106,13 @@ export class E2bState {
    * token or no signature; else the one whose access token signed the URL (`signature`, and
    * `signature_expiration` when it has one), which needs no `E2b-Sandbox-Id`: a signed URL is
    * fetched by any HTTP client. The signature covers the path, the operation and the user, as
-   * envd's does; a wrong or expired one is refused with 401, as envd refuses it.
+   * envd's does; a wrong or expired one is refused with 401, as envd refuses it. `signed`: the
+   * user is then the signed one (`?username=`) only, never an `Authorization` header's.
    */
-  async fileSandbox(req: FastifyRequest, op: Operation): Promise<SandboxApi> {
+  async fileSandbox(req: FastifyRequest, op: Operation): Promise<{ box: SandboxApi; signed: boolean }> {
     const q = req.query as Record<string, unknown>;
-    if (req.headers['x-access-token'] !== undefined || q.signature === undefined) return this.envdSandbox(req);
+    if (req.headers['x-access-token'] !== undefined || q.signature === undefined)
+      return { box: await this.envdSandbox(req), signed: false };
     const header = req.headers['e2b-sandbox-id'];
     const found = this.signer(q, op, typeof header === 'string' ? header : undefined);
     const again = 'make the URL again (sandbox.downloadUrl / uploadUrl), for this path, user and operation';
@@ -119,7 +121,7 @@ export class E2bState {
     if (typeof exp === 'string' && Number(exp) < Date.now() / 1000)
       throw new SnaplabError('UNAUTHORIZED', 'the signature has expired', again);
     this.proved(req.raw.socket);
-    return this.running(found[0], found[1]);
+    return { box: await this.running(found[0], found[1]), signed: true };
   }
 
   /** The session whose token made this signature (the header's only, when there is one). */
