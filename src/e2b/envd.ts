@@ -132,7 +132,11 @@ function selected(state: E2bState, box: SandboxApi, m: Selector): Proc {
     typeof pid === 'number'
       ? state.processes.get(box.id, pid)
       : state.processes.list(box.id).find((x) => x.spec.tag !== undefined && x.spec.tag === tag);
-  if (!p) throw new ConnectError('not_found', `no process ${pid ?? tag} runs in this sandbox`);
+  if (!p)
+    throw new ConnectError(
+      'not_found',
+      `no process ${pid ?? tag} started through this front runs in this sandbox (one started before a daemon restart may run on, but its output and input were the old daemon's: docs/e2b.md)`,
+    );
   return p;
 }
 
@@ -142,7 +146,10 @@ async function reattach(state: E2bState, req: FastifyRequest, reply: FastifyRepl
     const box = await state.envdSandbox(req);
     p = selected(state, box, unenvelope(await readBody(req.body)) as Selector);
   } catch (e) {
-    return streamRefused(reply, e);
+    if (e instanceof EnvdUnavailable || !(e instanceof ConnectError)) return sendError(reply, e);
+    // no such process: said in the stream's end, as Connect says a streaming call's error (its message kept)
+    openStream(reply).end(e);
+    return undefined;
   }
   const stream = openStream(reply);
   const listen = pipe(stream, { p }, req);

@@ -16,6 +16,7 @@ import { registerEnvd } from './envd.js';
 import { registerInterpreter, rewriteUrl } from './interpreter.js';
 import { registerMetrics } from './metrics.js';
 import { E2bState, sendError } from './state.js';
+import type { SessionStore } from './sessions.js';
 
 export interface E2bFrontOptions {
   /** the Lab API as the holder of this key sees it (rejects with UNAUTHORIZED for an unknown key) */
@@ -25,6 +26,8 @@ export interface E2bFrontOptions {
   server?: Record<string, unknown>;
   /** caps on connections: told of each connection, and of one whose caller proved who it is */
   guard?: { attach(server: Server): void; authenticated(socket: Socket): void };
+  /** where the sessions (access tokens) outlive the front: the daemon's store (sessions.ts); else memory */
+  sessions?: SessionStore;
 }
 
 /** The URL a listening app answers at. */
@@ -39,7 +42,7 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   // requests for the code interpreter's port (E2b-Sandbox-Port: 49999) are routed apart (interpreter.ts)
   const app = Fastify({ bodyLimit: 16 << 20, logger: false, ...opts.server, rewriteUrl });
   opts.guard?.attach(app.server);
-  const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket));
+  const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket), opts.sessions);
   // bodies other than JSON come as streams: envelopes, multipart and octet-stream uploads
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));

@@ -2,7 +2,7 @@
  * What the E2B front's routes share: each key's Lab API, the sessions (a sandbox's access token
  * and the key that drives it for envd calls) and the commands envd started.
  */
-import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import type { Socket } from 'node:net';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
@@ -13,15 +13,17 @@ import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
 import { Interpreters } from '../interpreter/server.js';
 import { EnvdUsers, type EnvdUser } from './users.js';
+import {
+  memorySessions,
+  sameSecret,
+  signatureOf,
+  type Operation,
+  type Session,
+  type SessionStore,
+} from './sessions.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
 export const ENVD_VERSION = '0.5.7';
-
-/** What envd calls need of a sandbox: the key that made it (or connected to it) and its access token. */
-interface Session {
-  apiKey: string;
-  accessToken: string;
-}
 
 /** The state the routes share. */
 export class E2bState {
@@ -30,14 +32,18 @@ export class E2bState {
   readonly watchers = new Watchers();
   readonly interpreters = new Interpreters();
   readonly users = new EnvdUsers();
-  private readonly sessions = new Map<string, Session>();
+  private readonly sessions: Map<string, Session>;
   private readonly labs = new Map<string, Promise<LabApi>>();
 
   constructor(
     private readonly labFor: (apiKey: string) => Promise<LabApi>,
     /** a request on this connection proved who it is (the connection caps spare it) */
     private readonly proved: (socket: Socket) => void = () => {},
-  ) {}
+    /** where sessions outlive this front (the daemon's store), loaded now */
+    private readonly kept: SessionStore = memorySessions,
+  ) {
+    this.sessions = kept.load();
+  }
 
   /** The caller's Lab API, from its X-API-Key. */
   async lab(req: FastifyRequest): Promise<LabApi> {
@@ -63,17 +69,16 @@ export class E2bState {
   /** The access token of a sandbox this key made or connected to (the same one each time). */
   session(id: string, apiKey: string): string {
     const s = this.sessions.get(id);
-    if (s) {
-      s.apiKey = apiKey;
-      return s.accessToken;
-    }
-    const accessToken = randomBytes(24).toString('hex');
-    this.sessions.set(id, { apiKey, accessToken });
-    return accessToken;
+    if (s && s.apiKey === apiKey) return s.accessToken;
+    const next = { apiKey, accessToken: s?.accessToken ?? randomBytes(24).toString('hex') };
+    this.kept.save(id, next);
+    this.sessions.set(id, next);
+    return next.accessToken;
   }
 
   forget(id: string): void {
     this.sessions.delete(id);
+    this.kept.drop(id);
     this.processes.forget(id);
     this.metrics.forget(id);
     this.watchers.forget(id);
@@ -96,13 +101,57 @@ export class E2bState {
     const s = this.sessions.get(id);
     if (!s) throw new EnvdUnavailable(id);
     const token = req.headers['x-access-token'];
-    const given = Buffer.from(String(token ?? ''));
-    const want = Buffer.from(s.accessToken);
     // the code-interpreter SDK sends no token on its context calls (docs/e2b.md): those may omit it
     const spared = opts.tokenOptional === true && token === undefined;
-    if (!spared && (given.length !== want.length || !timingSafeEqual(given, want)))
+    if (!spared && !sameSecret(String(token ?? ''), s.accessToken))
       throw new SnaplabError('UNAUTHORIZED', 'the access token is not this sandbox’s', 'send X-Access-Token');
     this.proved(req.raw.socket);
+    return this.running(id, s);
+  }
+
+  /**
+   * The sandbox of `GET`/`POST /files`: as for any envd call when the request carries an access
+   * token or no signature; else the one whose access token signed the URL (`signature`, and
+   * `signature_expiration` when it has one), which needs no `E2b-Sandbox-Id`: a signed URL is
+   * fetched by any HTTP client. The signature covers the path, the operation and the user, as
+   * envd's does; a wrong or expired one is refused with 401, as envd refuses it. `signed`: the
+   * user is then the signed one (`?username=`) only, never an `Authorization` header's.
+   */
+  async fileSandbox(req: FastifyRequest, op: Operation): Promise<{ box: SandboxApi; signed: boolean }> {
+    const q = req.query as Record<string, unknown>;
+    if (req.headers['x-access-token'] !== undefined || q.signature === undefined)
+      return { box: await this.envdSandbox(req), signed: false };
+    const header = req.headers['e2b-sandbox-id'];
+    const found = this.signer(q, op, typeof header === 'string' ? header : undefined);
+    const again = 'make the URL again (sandbox.downloadUrl / uploadUrl), for this path, user and operation';
+    if (!found) throw new SnaplabError('UNAUTHORIZED', 'the signature is not valid', again);
+    const exp = q.signature_expiration;
+    if (typeof exp === 'string' && Number(exp) < Date.now() / 1000)
+      throw new SnaplabError('UNAUTHORIZED', 'the signature has expired', again);
+    this.proved(req.raw.socket);
+    return { box: await this.running(found[0], found[1]), signed: true };
+  }
+
+  /** The session whose token made this signature (the header's only, when there is one). */
+  private signer(q: Record<string, unknown>, op: Operation, only?: string): [string, Session] | undefined {
+    const str = (v: unknown): string => (typeof v === 'string' ? v : '');
+    const exp = q.signature_expiration;
+    if (exp !== undefined && (typeof exp !== 'string' || !/^\d{1,15}$/.test(exp))) return undefined;
+    const given = str(q.signature);
+    let found: [string, Session] | undefined;
+    const candidates: [string, Session | undefined][] =
+      only === undefined ? [...this.sessions] : [[only, this.sessions.get(only)]];
+    for (const [id, s] of candidates) {
+      if (!s) continue;
+      // every session is tried, found or not: the time taken does not tell which one signed
+      const ok = sameSecret(given, signatureOf(str(q.path), op, str(q.username), s.accessToken, exp));
+      if (ok && !found) found = [id, s];
+    }
+    return found;
+  }
+
+  /** A session's sandbox, through its key's Lab API: 502 when it is gone or not running. */
+  private async running(id: string, s: Session): Promise<SandboxApi> {
     const lab = await this.labOf(s.apiKey);
     const box = await lab.get(id).catch((e: unknown) => {
       if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) throw e;

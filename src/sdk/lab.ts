@@ -20,7 +20,7 @@ import type { DebianSpec } from '../image/debian.js';
 import type { BuildOptions, Built } from '../lab/images/build.js';
 import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/lifecycle/removals.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
-import type { EventRecord, ImageRecord, Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
+import type { EventRecord, ImageRecord, Limits, SandboxMeta, SandboxRecord, SessionRows } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { checkKeepsTime, Sandbox } from './sandbox.js';
 import type {
@@ -423,6 +423,16 @@ export class Lab implements LabApi {
       append: (e) => store.appendEvent(e),
       after: (id, n) => store.eventsAfter(id, n),
       lastId: () => store.lastEventId(),
+    };
+  }
+
+  /** @internal the rows a daemon's E2B front keeps its sessions in (sealed by it: src/e2b/sessions.ts) */
+  get e2bSessions(): SessionRows {
+    const store = this.ctx.store;
+    return {
+      list: () => store.listE2bSessions(),
+      put: (id, sealed) => store.putE2bSession(id, sealed),
+      delete: (id) => store.deleteE2bSession(id),
     };
   }
 

@@ -203,9 +203,13 @@ async function listenE2b(
 ): Promise<string> {
   const { host, port } = parseListen(listen);
   const { buildE2bApp, urlOf } = await import('../e2b/front.js');
+  const { sealedSessions } = await import('../e2b/sessions.js');
   const labs: { close(): void }[] = [];
+  const rows = daemon.lab.e2bSessions;
   const app = buildE2bApp({
     log,
+    // kept in the home's store, so that a restart leaves clients' sandboxes and tokens working
+    sessions: rows ? sealedSessions(rows, join(daemon.lab.home, 'e2b-sessions.key')) : undefined,
     // the same caps and timeouts as the daemon's TCP listener (limits.ts), counted on their own
     server: serverOptions(resolved),
     guard: new ConnectionGuard(resolved, log),

@@ -24,7 +24,7 @@ import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { ApiKeyRecord, EventRecord } from '../store/records.js';
+import type { ApiKeyRecord, EventRecord, SessionRows } from '../store/records.js';
 import type { KeyOptions } from '../lab/keys.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { Caller } from './keys.js';
@@ -80,6 +80,8 @@ export interface ServedLab
   createPool(spec: PoolSpec, onProgress?: (ready: number, target: number) => void): Promise<ServedPool>;
   pool(name: string): ServedPool;
   readonly journal: EventJournal;
+  /** where the E2B front keeps its sessions (a daemon's store; a gateway has none) */
+  readonly e2bSessions?: SessionRows;
 }
 
 /** The API keys a server checks requests against: a daemon's (its store), a gateway's (the cluster's, in etcd). */

@@ -224,4 +224,14 @@ export const migrations: string[] = [
   `
   ALTER TABLE pools ADD COLUMN egress TEXT;
   `,
+  // the E2B front's sessions (src/e2b/sessions.ts): a sandbox's envd access token and the key that
+  // drives it, sealed (AES-GCM) with a secret kept beside the db; read by the daemon only, never
+  // through the API. Kept so that a daemon restart does not end them
+  `
+  CREATE TABLE e2b_sessions (
+    id          TEXT PRIMARY KEY,
+    sealed      TEXT NOT NULL,
+    created_at  INTEGER NOT NULL
+  );
+  `,
 ];

@@ -246,3 +246,10 @@ export interface EventRecord {
   reason: string | null;
   data: Record<string, unknown> | null;
 }
+
+/** Where a daemon's E2B front keeps its sessions: rows it seals and reads itself (src/e2b/sessions.ts). */
+export interface SessionRows {
+  list(): { id: string; sealed: string }[];
+  put(id: string, sealed: string): void;
+  delete(id: string): void;
+}

@@ -358,6 +358,22 @@ export class Store {
   deleteSandbox(id: string): void {
     this.stmt('DELETE FROM sandboxes WHERE id = ?').run(id);
     this.stmt('DELETE FROM sandbox_meta WHERE id = ?').run(id);
+    this.stmt('DELETE FROM e2b_sessions WHERE id = ?').run(id);
+  }
+
+  // the E2B front's sessions (e2b_sessions), sealed by the front: rows it alone reads
+  listE2bSessions(): { id: string; sealed: string }[] {
+    return this.stmt('SELECT id, sealed FROM e2b_sessions').all() as { id: string; sealed: string }[];
+  }
+  putE2bSession(id: string, sealed: string): void {
+    this.stmt('INSERT OR REPLACE INTO e2b_sessions (id, sealed, created_at) VALUES (?, ?, ?)').run(
+      id,
+      sealed,
+      Date.now(),
+    );
+  }
+  deleteE2bSession(id: string): void {
+    this.stmt('DELETE FROM e2b_sessions WHERE id = ?').run(id);
   }
 
   // labels, metadata and lifetimes (sandbox_meta); a sandbox without a row has none

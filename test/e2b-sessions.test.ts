@@ -1,0 +1,190 @@
+/**
+ * The E2B front's sessions (docs/e2b.md), driven by E2B's own SDK: signed `downloadUrl` and
+ * `uploadUrl` fetched by a plain HTTP client (no E2b-Sandbox-Id, no access token), refused when
+ * tampered with, expired or aimed at another sandbox; and sessions that outlive a daemon restart
+ * (the same Sandbox object, its token and its signed URLs work on after it).
+ */
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import * as latest from 'e2b';
+import * as oldest from 'e2b-v2-14';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
+
+let home: string;
+let d: TestDaemon;
+let key: string;
+const saved = { ...process.env };
+/** The uplink of the sandboxes' egress (on by default under E2B): a namespace of the test's. */
+const UPLINK = `sltest-e2bs-${process.pid}`;
+
+beforeAll(async () => {
+  spawnSync('ip', ['netns', 'add', UPLINK]);
+  process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2bs-'));
+  key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
+  d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
+  process.env.E2B_API_URL = d.e2bUrl;
+  process.env.E2B_SANDBOX_URL = d.e2bUrl;
+  process.env.E2B_API_KEY = key;
+}, 120_000);
+
+afterAll(async () => {
+  await d?.stop();
+  if (home) removeHome(home);
+  process.env = saved;
+  spawnSync('ip', ['netns', 'del', UPLINK]);
+});
+
+/** A signed URL with one query parameter changed. */
+function changed(url: string, name: string, value: string): string {
+  const u = new URL(url);
+  u.searchParams.set(name, value);
+  return u.toString();
+}
+
+describe('signed URLs', () => {
+  const { Sandbox } = latest;
+
+  it('a downloadUrl is fetched by a plain client, without the sandbox header or token', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.write('/tmp/signed.txt', 'signed bytes');
+      const url = await sbx.downloadUrl('/tmp/signed.txt');
+      expect(url).toMatch(/[?&]signature=v1_/);
+      expect(url).not.toContain(sbx.sandboxId);
+      const r = await fetch(url);
+      expect(r.status).toBe(200);
+      expect(await r.text()).toBe('signed bytes');
+      // the user is signed too
+      const root = await fetch(await sbx.downloadUrl('/tmp/signed.txt', { user: 'root' }));
+      expect(await root.text()).toBe('signed bytes');
+      // the user is the signed one (none: the default): an Authorization header does not change it
+      const basic = { Authorization: `Basic ${Buffer.from('nobody:').toString('base64')}` };
+      expect(await (await fetch(url, { headers: basic })).text()).toBe('signed bytes');
+      // the same with the oldest SDK that routes by header
+      const old = await oldest.Sandbox.connect(sbx.sandboxId);
+      expect(await (await fetch(await old.downloadUrl('/tmp/signed.txt'))).text()).toBe('signed bytes');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('an uploadUrl takes a multipart and an octet-stream upload', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      const form = new FormData();
+      form.append('file', new Blob(['from a form']), '/tmp/up/form.txt');
+      const multi = await fetch(await sbx.uploadUrl('/tmp/up/form.txt'), { method: 'POST', body: form });
+      expect(multi.status).toBe(200);
+      expect(await sbx.files.read('/tmp/up/form.txt')).toBe('from a form');
+      const octet = await fetch(await sbx.uploadUrl('/tmp/up/raw.bin'), {
+        method: 'POST',
+        body: 'raw bytes',
+        headers: { 'content-type': 'application/octet-stream' },
+      });
+      expect(octet.status).toBe(200);
+      expect(await sbx.files.read('/tmp/up/raw.bin')).toBe('raw bytes');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it('refuses a tampered signature, another path, user or operation, and an expired one', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.write('/tmp/a.txt', 'a');
+      await sbx.files.write('/tmp/b.txt', 'b');
+      const url = await sbx.downloadUrl('/tmp/a.txt');
+      const sig = new URL(url).searchParams.get('signature')!;
+      const flipped = sig.slice(0, -1) + (sig.endsWith('A') ? 'B' : 'A');
+      for (const bad of [
+        changed(url, 'signature', flipped),
+        changed(url, 'path', '/tmp/b.txt'),
+        changed(url, 'username', 'root'),
+        changed(url, 'signature', 'v1_'),
+      ]) {
+        const r = await fetch(bad);
+        expect(r.status).toBe(401);
+        expect(((await r.json()) as { code: number }).code).toBe(401);
+      }
+      // a read URL does not write
+      expect((await fetch(url, { method: 'POST', body: 'x' })).status).toBe(401);
+      expect(await sbx.files.read('/tmp/a.txt')).toBe('a');
+      // an expiration is signed: in time it serves, past it (or moved) it does not
+      const timed = await sbx.downloadUrl('/tmp/a.txt', { useSignatureExpiration: 60 });
+      expect(timed).toContain('signature_expiration=');
+      expect(await (await fetch(timed)).text()).toBe('a');
+      const moved = Number(new URL(timed).searchParams.get('signature_expiration')) + 3600;
+      expect((await fetch(changed(timed, 'signature_expiration', String(moved)))).status).toBe(401);
+      const expired = await fetch(await sbx.downloadUrl('/tmp/a.txt', { useSignatureExpiration: -5 }));
+      expect(expired.status).toBe(401);
+      expect(await expired.text()).toMatch(/expired/);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  it("a URL signed by sandbox A reads A's file, and never B's", async () => {
+    const a = await Sandbox.create();
+    const b = await Sandbox.create();
+    try {
+      await a.files.write('/tmp/who', 'A');
+      await b.files.write('/tmp/who', 'B');
+      const ofA = await a.downloadUrl('/tmp/who');
+      expect(await (await fetch(ofA)).text()).toBe('A');
+      expect(await (await fetch(await b.downloadUrl('/tmp/who'))).text()).toBe('B');
+      // A's signature sent to B by its header: refused
+      const r = await fetch(ofA, { headers: { 'E2b-Sandbox-Id': b.sandboxId } });
+      expect(r.status).toBe(401);
+      // once A is killed its URLs serve nothing
+      await a.kill();
+      expect((await fetch(ofA)).status).toBe(401);
+    } finally {
+      await a.kill();
+      await b.kill();
+    }
+  });
+});
+
+describe('a daemon restart', () => {
+  const { Sandbox } = latest;
+
+  it('keeps the sessions: the same Sandbox object, its token and its signed URLs work on', async () => {
+    const sbx = await Sandbox.create({ envs: { KEPT: 'yes' } });
+    try {
+      await sbx.files.write('/tmp/kept.txt', 'before');
+      const url = await sbx.downloadUrl('/tmp/kept.txt');
+      const bg = await sbx.commands.run('sleep 300', { background: true });
+      // one it detached itself (a session of its own) is not the command's: it lives on
+      await sbx.commands.run(`setsid sh -c 'sleep 301 </dev/null >/dev/null 2>&1 &'`);
+      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(bg.pid);
+      // the token is in the store, sealed: the secret beside it is the daemon's alone
+      expect(statSync(join(home, 'e2b-sessions.key')).mode & 0o777).toBe(0o600);
+      const port = new URL(d.e2bUrl!).port;
+      await d.stop();
+      d = await startDaemon(home, ['--e2b-listen', `127.0.0.1:${port}`]);
+      expect(d.e2bUrl).toBe(process.env.E2B_SANDBOX_URL);
+      expect(await sbx.isRunning()).toBe(true);
+      const r = await sbx.commands.run('echo "$KEPT"; cat /tmp/kept.txt');
+      expect(r.stdout).toBe('yes\nbefore');
+      expect(await sbx.files.read('/tmp/kept.txt')).toBe('before');
+      expect(await (await fetch(url)).text()).toBe('before');
+      // connect gives the same token: the old object and the new one both drive it
+      const again = await Sandbox.connect(sbx.sandboxId);
+      await again.files.write('/tmp/kept.txt', 'after');
+      expect(await sbx.files.read('/tmp/kept.txt')).toBe('after');
+      // the commands started before ended with the old daemon's connections to them (docs/e2b.md):
+      // not listed, not running inside, and a reattach says why
+      expect((await sbx.commands.list()).map((p) => p.pid)).not.toContain(bg.pid);
+      expect(cli(home, ['exec', sbx.sandboxId, '--', 'sh', '-c', `kill -0 ${bg.pid}`]).code).not.toBe(0);
+      await expect(sbx.commands.connect(bg.pid)).rejects.toThrow(/restart/);
+      await expect(sbx.commands.kill(bg.pid)).resolves.toBe(false);
+      expect(cli(home, ['exec', sbx.sandboxId, '--', 'ps']).out).toContain('sleep 301');
+    } finally {
+      await sbx.kill();
+    }
+  }, 120_000);
+});
