@@ -25,6 +25,16 @@ beforeAll(async () => {
   process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2bs-'));
   key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
+  // E2B's default template `base` is built on first use in minutes (test/templates.test.ts): here
+  // it is a copy of busybox of that name, as in test/e2b.test.ts (the first rm makes busybox's tree)
+  for (const args of [
+    ['create', '--name', 'first'],
+    ['rm', 'first'],
+    ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base'],
+  ]) {
+    const r = cli(home, args);
+    if (r.code !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.err}`);
+  }
   d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
   process.env.E2B_API_URL = d.e2bUrl;
   process.env.E2B_SANDBOX_URL = d.e2bUrl;
