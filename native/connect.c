@@ -5,7 +5,8 @@
  * own network namespace (or VM) without any host address being involved.
  *
  * End of stdin half-closes the connection (shutdown SHUT_WR) and the reply is read to its end;
- * the peer's end of stream closes stdout and gives stdin half a second more. It exits when both
+ * the peer's end of stream closes stdout and gives stdin half a second more (none with
+ * --no-linger). It exits when both
  * directions are done: 0, or 1 with one line on stderr when the connection could not be made or
  * broke.
  */
@@ -170,6 +171,11 @@ static int authorize(const char *key)
 
 int connect_main(int argc, char **argv)
 {
+	/* --no-linger: the peer's end of stream is the end (a request/response server that closes
+	 * once it has answered: the code interpreter's), not LINGER_MS more for the host's input */
+	int linger = LINGER_MS;
+	if (argc > 2 && strcmp(argv[2], "--no-linger") == 0)
+		linger = 0, argv++, argc--;
 	/* --check: connect and close, exit 0 (a scenario's tcp ready check in a VM) */
 	int check = argc > 2 && strcmp(argv[2], "--check") == 0;
 	if (check)
@@ -182,7 +188,7 @@ int connect_main(int argc, char **argv)
 		argv += 2, argc -= 2;
 	}
 	if (argc < 3 || argc > 4) {
-		fprintf(stderr, "usage: snaplab-agent connect [--check] [--authorize KEY] [HOST] PORT\n");
+		fprintf(stderr, "usage: snaplab-agent connect [--no-linger] [--check] [--authorize KEY] [HOST] PORT\n");
 		return 2;
 	}
 	const char *host = argc == 4 ? argv[2] : "127.0.0.1", *port = argv[argc - 1];
@@ -216,7 +222,7 @@ int connect_main(int argc, char **argv)
 			id = n, p[n++] = (struct pollfd){ .fd = s, .events = POLLIN };
 		if (!down_done && down.len)
 			od = n, p[n++] = (struct pollfd){ .fd = 1, .events = POLLOUT };
-		int ready = poll(p, (nfds_t)n, down_done ? LINGER_MS : -1);
+		int ready = poll(p, (nfds_t)n, down_done ? linger : -1);
 		if (ready < 0) {
 			if (errno == EINTR)
 				continue;

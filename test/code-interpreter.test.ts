@@ -82,6 +82,22 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       expect(failed.error?.traceback).toContain('ZeroDivisionError');
       // the kernel lives on after an error
       expect((await sbx.runCode('x * 10')).text).toBe('10');
+
+      // code runs only with the sandbox's token (its id alone lists contexts, nothing more)
+      const execute = (token?: string): Promise<Response> =>
+        fetch(`${d.e2bUrl}/execute`, {
+          method: 'POST',
+          headers: {
+            'content-type': 'application/json',
+            'e2b-sandbox-id': sbx.sandboxId,
+            'e2b-sandbox-port': '49999',
+            ...(token ? { 'x-access-token': token } : {}),
+          },
+          body: JSON.stringify({ code: 'x = 99' }),
+        });
+      expect((await execute()).status).toBe(401);
+      expect((await execute('not-the-token')).status).toBe(401);
+      expect((await sbx.runCode('x')).text).toBe('1');
     } finally {
       await sbx.kill();
     }

@@ -62,6 +62,8 @@ describe('signed URLs', () => {
     const sbx = await Sandbox.create();
     try {
       await sbx.files.write('/tmp/signed.txt', 'signed bytes');
+      // root's alone: a read as another user (nobody, below) would be refused
+      await sbx.commands.run('chmod 600 /tmp/signed.txt');
       const url = await sbx.downloadUrl('/tmp/signed.txt');
       expect(url).toMatch(/[?&]signature=v1_/);
       expect(url).not.toContain(sbx.sandboxId);

@@ -97,6 +97,22 @@ describe('E2B default template on the built base', () => {
       await sbx.kill();
     }
   }, 120_000);
+
+  it("a pool of base (the fast path): its standbys boot the image's systemd too, so sudo works in a taken one", async () => {
+    const made = cli(home, ['pool', 'create', 'base', '--image', 'base', '--size', '1']);
+    expect(made.code, made.err).toBe(0);
+    try {
+      const sbx = await Sandbox.create({ allowInternetAccess: false }); // the pool named base: a take
+      try {
+        expect((await sbx.commands.run('cat /proc/1/comm')).stdout).toBe('systemd\n');
+        expect((await sbx.commands.run('sudo -n whoami')).stdout).toBe('root\n');
+      } finally {
+        await sbx.kill();
+      }
+    } finally {
+      cli(home, ['pool', 'rm', 'base']);
+    }
+  }, 180_000);
 });
 
 describe('recipes', () => {

@@ -78,12 +78,14 @@ export function createOptions(body: NewSandbox): LabCreateOptions {
 }
 
 /**
- * Its egress is E2B's default alone: internet access not named and no `allowOut` (a `denyOut`
- * only narrows the default). A key made without egress (`key create --no-egress`) has its own
- * default, none, so such a create is made without egress, not refused.
+ * Its egress is E2B's default alone: internet access not named, or named true (SDKs before 2.15
+ * send `allow_internet_access: true` on every create), and no `allowOut` (a `denyOut` only
+ * narrows the default). A key made without egress (`key create --no-egress`) has its own
+ * default, none, so such a create is made without egress, not refused; getInfo says so.
  */
 const defaultEgress = (body: NewSandbox): boolean =>
-  body.allow_internet_access === undefined && !(body.network as { allowOut?: unknown[] } | null)?.allowOut?.length;
+  (body.allow_internet_access === undefined || body.allow_internet_access === true) &&
+  !(body.network as { allowOut?: unknown[] } | null)?.allowOut?.length;
 
 /** The daemon's refusal of egress to a key made without it (FORBIDDEN, limit egress). */
 const egressRefused = (e: unknown): boolean =>

@@ -10,7 +10,7 @@
  * padding) of sha256(`path:operation:username:token[:expiration]`).
  */
 import { createCipheriv, createDecipheriv, createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { linkSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import type { SessionRows } from '../store/records.js';
 import { SnaplabError } from '../errors.js';
 
@@ -29,11 +29,17 @@ export interface SessionStore {
 /** The home's sealing secret: made (32 random bytes, 0600) the first time, then read. */
 function secretOf(file: string): Buffer {
   const hint = 'check the home’s permissions; removing the file loses the E2B sessions (connect again)';
+  // whole or not at all: written aside, then linked in (a crash between leaves no empty secret;
+  // a daemon that linked first wins, and both read its)
+  const aside = `${file}.tmp-${process.pid}`;
   try {
-    writeFileSync(file, randomBytes(32), { mode: 0o600, flag: 'wx' });
+    writeFileSync(aside, randomBytes(32), { mode: 0o600 });
+    linkSync(aside, file);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'EEXIST')
       throw new SnaplabError('DAEMON_ERROR', `cannot write ${file}`, hint, { cause: e });
+  } finally {
+    rmSync(aside, { force: true });
   }
   let b: Buffer;
   try {

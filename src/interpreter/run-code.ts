@@ -74,7 +74,13 @@ export async function runCode(
           return reject(failed(box, new Error(`the server answered ${res.statusCode}`)));
         }
         const lines = createInterface({ input: res });
-        lines.on('line', (t) => t && collect(out, JSON.parse(t) as Line & CodeResult));
+        // what comes from inside the machine is checked: its root may answer in the server's place
+        lines.on('line', (t) => {
+          if (!t) return;
+          const line = parseLine(t);
+          if (line) collect(out, line);
+          else reject(failed(box, new Error(`the server sent a line that is not an object: ${t.slice(0, 80)}`)));
+        });
         lines.once('close', resolve);
         res.once('error', (e) => reject(failed(box, e)));
       });
@@ -89,6 +95,17 @@ export async function runCode(
     conn.destroy();
   }
   return out;
+}
+
+function parseLine(t: string): (Line & CodeResult) | undefined {
+  try {
+    const v = JSON.parse(t) as unknown;
+    return v !== null && typeof v === 'object' && !Array.isArray(v) && typeof (v as Line).type === 'string'
+      ? (v as Line & CodeResult)
+      : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 const timedOut = (ms: number): SnaplabError =>

@@ -4,7 +4,6 @@
  * so that a default is applied in one place and a bad combination is refused the same way by all.
  */
 import { DEFAULT_DRIVER, DEFAULT_IMAGE } from '../defaults.js';
-import { findDriverInfo } from '../drivers/registry.js';
 import { SnaplabError } from '../errors.js';
 import { withDefaults } from '../lab/lifecycle/limits.js';
 import type { StorageKind } from '../storage/backend.js';
@@ -105,16 +104,5 @@ function checkSources(o: CreateInputs): void {
   }
 }
 
-/**
- * A machine's init once its image is known: as asked, else the image's own systemd where a system
- * machine can run (a driver that needs no user namespace for it, or one in a user namespace),
- * else the agent (undefined).
- */
-export function machineInit(
-  c: Pick<ImageCreate, 'driver' | 'userns' | 'init'>,
-  imageInit?: string,
-): 'systemd' | undefined {
-  const fromImage =
-    findDriverInfo(c.driver)?.capabilities.hostRootWithoutUserns !== true || c.userns !== false ? imageInit : undefined;
-  return (c.init ?? fromImage) === 'systemd' ? 'systemd' : undefined;
-}
+/** A machine's init once its image is known (the rule is lab/lifecycle/init.ts's, for pools too). */
+export { initFor as machineInit } from '../lab/lifecycle/init.js';

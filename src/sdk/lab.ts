@@ -41,7 +41,7 @@ import { KeyRing } from '../lab/keys.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
 import { egressTotals } from '../lab/net/egress.js';
-import { buildTemplate, resolveImage } from '../lab/images/templates.js';
+import { buildTemplate, resolveImage, underBuildLock } from '../lab/images/templates.js';
 import { templateRecipe, TEMPLATES } from '../image/templates.js';
 import { SnaplabError } from '../errors.js';
 import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
@@ -289,7 +289,8 @@ export class Lab implements LabApi {
         `no built-in template named ${JSON.stringify(name)}`,
         `built-in templates: ${TEMPLATES.map((t) => t.name).join(', ')}; or \`snaplab image build debian --packages …\``,
       );
-    return buildTemplate(this.ctx, recipe, opts);
+    // after a first use's build of it, if one is under way: then a cache hit (or --rebuild's own)
+    return underBuildLock(this.ctx, name, () => buildTemplate(this.ctx, recipe, opts));
   }
 
   /** Build a Debian image with mmdebstrap (cached by its inputs; see docs/images.md). */

@@ -40,14 +40,18 @@ export async function resolveImage(
   // one build across processes too (two `snaplab create --image base` at once): the second finds
   // the image the first recorded. No caller's signal: a caller that goes away leaves the build to
   // finish for the next one
-  const p = withLock(
-    join(ctx.home, 'images', `.build-${name}.lock`),
+  const p = underBuildLock(
+    ctx,
+    name,
     async () => ctx.store.getImage(name) ?? (await buildTemplate(ctx, recipe, { onProgress })).image,
-    BUILD_WAIT_MS,
   );
   building.set(key, p);
   return p.finally(() => building.delete(key));
 }
+
+/** Under the template's build lock: one build of it at a time across processes (first use, `image build`). */
+export const underBuildLock = <T>(ctx: LabContext, name: string, fn: () => Promise<T>): Promise<T> =>
+  withLock(join(ctx.home, 'images', `.build-${name}.lock`), fn, BUILD_WAIT_MS);
 
 /** Build a built-in template under its name (a cache hit when an image of the same inputs exists). */
 export async function buildTemplate(

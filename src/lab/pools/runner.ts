@@ -10,6 +10,8 @@ import { Trace } from '../../timing/trace.js';
 import { captureBaseline, dirtReasons } from '../lifecycle/clean.js';
 import type { LabContext } from '../context.js';
 import { imageVolume } from '../images/volume.js';
+import { resolveImage } from '../images/templates.js';
+import { initFor } from '../lifecycle/init.js';
 import { getPool, poolLock, reapLeaks, takenBy, templateName } from './admin.js';
 import { me } from '../lifecycle/owner.js';
 import { raiseSandbox } from '../lifecycle/raise.js';
@@ -222,6 +224,8 @@ export class PoolRunner {
       const base = template
         ? async (): Promise<Volume> => template.volume
         : (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+      // a standby boots as a create of its image would: the image's own systemd where it has one
+      const init = template ? undefined : await this.imageInit(pool);
       // held by this process until it is paused or handed out (recorded in the same write that
       // makes it running): if this process dies in between, reapLeaks finds a member whose holder is gone
       const { record, agent } = await raiseSandbox(
@@ -238,6 +242,7 @@ export class PoolRunner {
           memory: template?.memory ?? undefined,
           userns: pool.userns ?? undefined,
           ...(pool.egress ? { egress: pool.egress } : {}),
+          ...(init ? { init } : {}),
         },
         trace,
       );
@@ -278,6 +283,7 @@ export class PoolRunner {
           if (s.templateOf === this.name && (s.state === 'running' || s.state === 'paused'))
             await destroyRecord(this.ctx, s);
         const base = (): Promise<Volume> => imageVolume(this.ctx, pool.image, pool.storage, trace);
+        const init = await this.imageInit(pool);
         const vm = await trace.phase('boot template', () =>
           raiseSandbox(
             this.ctx,
@@ -291,6 +297,7 @@ export class PoolRunner {
               heldBy: { reason, templateOf: this.name },
               // its standbys continue it with the pool's egress: it has the NIC and resolver they need
               ...(pool.egress ? { egress: pool.egress } : {}),
+              ...(init ? { init } : {}),
             },
             trace,
           ),
@@ -313,6 +320,16 @@ export class PoolRunner {
       },
       300_000,
     );
+  }
+
+  /** The init the pool's machines boot: the image's own systemd where it has one (lab/lifecycle/init.ts). */
+  private async imageInit(pool: {
+    image: string;
+    driver: string;
+    userns: boolean | null;
+  }): Promise<'systemd' | undefined> {
+    const img = await resolveImage(this.ctx, pool.image);
+    return initFor({ driver: pool.driver, userns: pool.userns }, img.provenance?.init);
   }
 
   private async drop(rec: SandboxRecord, agent?: AgentClient): Promise<void> {
