@@ -453,7 +453,7 @@ machines:
       // E2B's default (internet access) is this key's default, none; asked for, it is refused
       const { Sandbox } = await import('e2b');
       const opts = { apiKey: closed, apiUrl: d.e2bUrl, sandboxUrl: d.e2bUrl };
-      const sbx = await Sandbox.create(opts);
+      const sbx = await Sandbox.create('busybox', opts);
       try {
         expect((await c.get(sbx.sandboxId)).egress).toBeNull();
         expect((await sbx.getInfo()).allowInternetAccess).toBe(false);
@@ -461,13 +461,15 @@ machines:
         await sbx.kill();
       }
       // true is what SDKs before 2.15 send on every create: this key's default, none, and said so
-      const asked = await Sandbox.create({ ...opts, allowInternetAccess: true });
+      const asked = await Sandbox.create('busybox', { ...opts, allowInternetAccess: true });
       try {
         expect((await asked.getInfo()).allowInternetAccess).toBe(false);
       } finally {
         await asked.kill();
       }
-      await expect(Sandbox.create({ ...opts, network: { allowOut: [WEB] } })).rejects.toThrow(/^403: .*egress/);
+      await expect(Sandbox.create('busybox', { ...opts, network: { allowOut: [WEB] } })).rejects.toThrow(
+        /^403: .*egress/,
+      );
     } finally {
       for (const b of made) await b.destroy();
       await lab!.removeSnapshot('closed-snap').catch(noted('remove the test snapshot'));
