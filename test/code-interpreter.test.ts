@@ -17,7 +17,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, cliAsync, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, cliAsync, removeHome, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
 
 const CACHE = process.env.SNAPLAB_TEST_IMAGE_CACHE ?? join(tmpdir(), 'snaplab-test-image-cache');
 
@@ -41,10 +41,7 @@ beforeAll(async () => {
   const imported = await cliAsync(home, ['image', 'import', path, '--name', 'code-interpreter-v1'], 600_000);
   if (imported.code !== 0) throw new Error(`image import: ${imported.err}`);
   const key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
-  d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
-  process.env.E2B_API_URL = d.e2bUrl;
-  process.env.E2B_SANDBOX_URL = d.e2bUrl;
-  process.env.E2B_API_KEY = key;
+  d = await startE2bDaemon(home, key);
 }, 900_000);
 
 afterAll(async () => {

@@ -110,6 +110,18 @@ export async function startDaemon(home: string, extra: string[] = [], wrap: stri
   };
 }
 
+/**
+ * A daemon with the E2B front, and E2B's SDKs pointed at it with `key` (E2B_API_URL,
+ * E2B_SANDBOX_URL, E2B_API_KEY in this process's environment: the caller puts it back after).
+ */
+export async function startE2bDaemon(home: string, key: string): Promise<TestDaemon> {
+  const d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
+  process.env.E2B_API_URL = d.e2bUrl;
+  process.env.E2B_SANDBOX_URL = d.e2bUrl;
+  process.env.E2B_API_KEY = key;
+  return d;
+}
+
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** Wait until `fn` gives something truthy (checked every 100 ms), or fail naming `what`. */

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import * as latest from 'e2b';
 import * as oldest from 'e2b-v2-14';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, removeHome, startDaemon, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
 
 let home: string;
 let d: TestDaemon;
@@ -35,10 +35,7 @@ beforeAll(async () => {
     const r = cli(home, args);
     if (r.code !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.err}`);
   }
-  d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
-  process.env.E2B_API_URL = d.e2bUrl;
-  process.env.E2B_SANDBOX_URL = d.e2bUrl;
-  process.env.E2B_API_KEY = key;
+  d = await startE2bDaemon(home, key);
 }, 120_000);
 
 afterAll(async () => {

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import * as latest from 'e2b';
 import * as oldest from 'e2b-v2-14';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, removeHome, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
+import { cli, removeHome, startE2bDaemon, until, type TestDaemon } from './daemon-helpers.js';
 
 let home: string;
 let d: TestDaemon;
@@ -49,10 +49,7 @@ beforeAll(async () => {
   // its only user, /bin/sh)
   const base = cli(home, ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base']);
   if (base.code !== 0) throw new Error(`image import: ${base.err}`);
-  d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
-  process.env.E2B_API_URL = d.e2bUrl;
-  process.env.E2B_SANDBOX_URL = d.e2bUrl;
-  process.env.E2B_API_KEY = key.trim();
+  d = await startE2bDaemon(home, key.trim());
 }, 120_000);
 
 type Sdk = typeof latest;

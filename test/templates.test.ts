@@ -13,7 +13,7 @@ import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildKey, checkSpec } from '../src/image/debian.js';
 import { TEMPLATES } from '../src/image/templates.js';
-import { cli, cliAsync, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, cliAsync, removeHome, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
 
 let home: string;
 const saved = { ...process.env };
@@ -65,10 +65,7 @@ describe('E2B default template on the built base', () => {
 
   beforeAll(async () => {
     const key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
-    d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
-    process.env.E2B_API_URL = d.e2bUrl;
-    process.env.E2B_SANDBOX_URL = d.e2bUrl;
-    process.env.E2B_API_KEY = key;
+    d = await startE2bDaemon(home, key);
   }, 120_000);
 
   afterAll(async () => {
