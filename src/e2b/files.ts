@@ -24,12 +24,6 @@ type Unary = (
 /** The largest upload taken at once (a part is held in memory before it is written). */
 const MAX_UPLOAD = 256 << 20;
 
-/** The user a signed URL was signed for: its `?username=` alone (none: the default user). */
-function signedUser(req: FastifyRequest): string | undefined {
-  const q = (req.query as { username?: unknown }).username;
-  return typeof q === 'string' && q ? q : undefined;
-}
-
 /** A path as envd takes it: relative ones are under the user's home. */
 export function absolute(path: unknown, user: EnvdUser): string {
   if (typeof path !== 'string' || !path) throw new SnaplabError('BAD_INPUT', 'no path given', 'give ?path=/FILE');
@@ -44,9 +38,7 @@ function fileError(reply: FastifyReply, e: unknown): FastifyReply {
 
 async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
-    const { box, signed } = await state.fileSandbox(req, 'read');
-    // a signed URL acts as the user it was signed for, whatever else the request says
-    const user = signed ? await state.users.of(box, signedUser(req)) : await state.actAs(box, req);
+    const { box, user } = await state.fileSandbox(req, 'read');
     const path = absolute((req.query as { path?: unknown }).path, user);
     const data = await box.files.read(path, { user: user.name });
     return reply.type('application/octet-stream').header('content-length', data.length).send(data);
@@ -74,9 +66,7 @@ async function writeOne(box: SandboxApi, path: string, data: Buffer, user: strin
 
 async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
-    const { box, signed } = await state.fileSandbox(req, 'write');
-    // a signed URL acts as the user it was signed for, whatever else the request says
-    const user = signed ? await state.users.of(box, signedUser(req)) : await state.actAs(box, req);
+    const { box, user } = await state.fileSandbox(req, 'write');
     const type = String(req.headers['content-type'] ?? '');
     let body = await readBody(req.body, MAX_UPLOAD);
     if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) body = gunzip(body);

@@ -117,10 +117,12 @@ export class E2bState {
    * envd's does; a wrong or expired one is refused with 401, as envd refuses it. `signed`: the
    * user is then the signed one (`?username=`) only, never an `Authorization` header's.
    */
-  async fileSandbox(req: FastifyRequest, op: Operation): Promise<{ box: SandboxApi; signed: boolean }> {
+  async fileSandbox(req: FastifyRequest, op: Operation): Promise<{ box: SandboxApi; user: EnvdUser }> {
     const q = req.query as Record<string, unknown>;
-    if (req.headers['x-access-token'] !== undefined || q.signature === undefined)
-      return { box: await this.envdSandbox(req), signed: false };
+    if (req.headers['x-access-token'] !== undefined || q.signature === undefined) {
+      const box = await this.envdSandbox(req);
+      return { box, user: await this.actAs(box, req) };
+    }
     const header = req.headers['e2b-sandbox-id'];
     const found = this.signer(q, op, typeof header === 'string' ? header : undefined);
     const again = 'make the URL again (sandbox.downloadUrl / uploadUrl), for this path, user and operation';
@@ -129,7 +131,9 @@ export class E2bState {
     if (typeof exp === 'string' && Number(exp) < Date.now() / 1000)
       throw new SnaplabError('UNAUTHORIZED', 'the signature has expired', again);
     this.proved(req.raw.socket);
-    return { box: await this.running(found[0], found[1]), signed: true };
+    const box = await this.running(found[0], found[1]);
+    // a signed URL acts as the user it was signed for, whatever else the request says
+    return { box, user: await this.users.of(box, askedUser(req, { signed: true })) };
   }
 
   /** The session whose token made this signature (the header's only, when there is one). */
@@ -177,10 +181,14 @@ export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
   return reply.code(status).type('application/json').send({ code: status, message });
 }
 
-/** The user an envd call asks for: `?username=`, else `Authorization: Basic base64(user:)`, else none. */
-export function askedUser(req: FastifyRequest): string | undefined {
+/**
+ * The user an envd call asks for: `?username=`, else `Authorization: Basic base64(user:)`, else
+ * none. A signed URL's is its `?username=` alone (the signature covers it; the header it does not).
+ */
+export function askedUser(req: FastifyRequest, o: { signed?: boolean } = {}): string | undefined {
   const q = (req.query as { username?: unknown }).username;
   if (typeof q === 'string' && q) return q;
+  if (o.signed) return undefined;
   const m = /^Basic\s+(\S+)$/i.exec(String(req.headers.authorization ?? ''));
   if (!m) return undefined;
   const user = Buffer.from(m[1]!, 'base64').toString('utf8').split(':')[0];

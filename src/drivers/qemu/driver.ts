@@ -44,17 +44,22 @@ function checkRestoredNics(snapped: VmConfig, spec: MachineSpec): void {
   const had = (snapped.net?.nics ?? []).map((n) => n.tap).join(',');
   const has = (spec.netns ? (spec.nics ?? []) : []).map((n) => n.tap).join(',');
   if (had === has) return;
-  throw new SnaplabError(
-    'BAD_INPUT',
-    had
-      ? `this memory snapshot is of a VM with network interfaces (${had}): it continues only with the same (${has ? `not ${has}` : 'none given'})`
-      : 'this memory snapshot is of a VM without network interfaces: it cannot continue with egress or on a network',
-    !had
-      ? 'restore it without egress, or take a filesystem snapshot (without --memory) to create a machine from'
-      : had === GUEST_LINK.tap
-        ? 'restore it with egress (--egress), or take a filesystem snapshot (without --memory) to create a machine from'
-        : 'a scenario machine continues in its scenario (`snaplab reset SCENARIO`); or take a filesystem snapshot (without --memory) to create a machine from',
-  );
+  const orFiles = 'or take a filesystem snapshot (without --memory) to create a machine from';
+  const [message, hint] = !had
+    ? [
+        'this memory snapshot is of a VM without network interfaces: it cannot continue with egress or on a network',
+        `restore it without egress, ${orFiles}`,
+      ]
+    : had === GUEST_LINK.tap
+      ? [
+          'this memory snapshot is of a VM with egress: it continues only with egress (its NIC is in it)',
+          `restore it with egress (--egress), ${orFiles}`,
+        ]
+      : [
+          `this memory snapshot is of a scenario machine with network interfaces (${had}): it continues only in its scenario`,
+          `reset the scenario to it (\`snaplab reset SCENARIO\`), ${orFiles}`,
+        ];
+  throw new SnaplabError('BAD_INPUT', message, hint);
 }
 
 /**
