@@ -1,4 +1,6 @@
-import { readFileSync, readdirSync, existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 /** What the suite must leave behind: nothing of snaplab's in mounts, cgroups, processes or loop devices. */
 export function leaks(): string[] {
@@ -47,13 +49,21 @@ export function leaks(): string[] {
 }
 
 let before: Set<string>;
+let packages: string | undefined;
 
 export function setup(): void {
   before = new Set(leaks());
+  // one package cache for the run's Debian builds (docs/images.md): each suite's packages are
+  // fetched once per run, never kept from an earlier run
+  if (!process.env.SNAPLAB_PACKAGE_CACHE) {
+    packages = mkdtempSync(join(tmpdir(), 'snaplab-test-packages-'));
+    process.env.SNAPLAB_PACKAGE_CACHE = packages;
+  }
 }
 
 /** Fails the run when the suite left anything it did not find there at the start (test/leak-check.ts names the file). */
 export function teardown(): void {
+  if (packages) rmSync(packages, { recursive: true, force: true });
   const left = leaks().filter((l) => !before.has(l));
   if (left.length) throw new Error(`the test suite leaked snaplab host objects:\n  ${left.join('\n  ')}`);
 }

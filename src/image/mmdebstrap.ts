@@ -74,6 +74,8 @@ export async function runMmdebstrap(
   logFile: string,
   onProgress?: (s: string) => void,
   signal?: AbortSignal,
+  /** more options (the package cache's hooks, package-cache.ts) */
+  extra: string[] = [],
 ): Promise<void> {
   signal?.throwIfAborted();
   const sourcesFile = join(scratch, 'sources.sources');
@@ -87,6 +89,7 @@ export async function runMmdebstrap(
     // apt's lists stay, so that `apt-get install` works in a machine without an update first
     '--skip=cleanup/apt/lists',
     ...(spec.user ? userHooks(spec.user) : []),
+    ...extra,
     spec.suite,
     root,
     sourcesFile,

@@ -5,12 +5,15 @@ import { toolsVerdict } from '../../host/tools.js';
 import { orElse } from '../../cleanup.js';
 import { buildKey, checkSpec, type DebianSpec, fixUp, hostSources, sourcesFor } from '../debian.js';
 import { runMmdebstrap } from '../mmdebstrap.js';
+import { useCache } from '../package-cache.js';
 import type { ImagePlan, ImageSource, ProduceInto, Produced } from '../source.js';
 
 export interface DebianInput {
   spec: DebianSpec;
   /** where mmdebstrap's log is kept (named by the build key), for the user to read after a failure */
   logDir: string;
+  /** Debian packages kept between builds (package-cache.ts); none: every package is fetched */
+  packageCache?: string;
 }
 
 export interface DebianPlan extends ImagePlan {
@@ -19,6 +22,7 @@ export interface DebianPlan extends ImagePlan {
   readonly buildKey: string;
   /** mmdebstrap's log */
   readonly log: string;
+  readonly packageCache?: string;
 }
 
 async function produce(plan: DebianPlan, sources: string, into: ProduceInto): Promise<Produced> {
@@ -27,7 +31,15 @@ async function produce(plan: DebianPlan, sources: string, into: ProduceInto): Pr
     orElse({ stdout: '', stderr: '', code: 1 }, 'mmdebstrap --version', 'ENOENT'),
   );
   const version = `${v.stdout}${v.stderr}`.trim();
-  await runMmdebstrap(into.root, spec, sources, into.scratch, plan.log, into.onProgress, into.signal);
+  const cache = plan.packageCache ? await useCache(plan.packageCache) : undefined;
+  try {
+    await runMmdebstrap(into.root, spec, sources, into.scratch, plan.log, into.onProgress, into.signal, cache?.args);
+  } catch (e) {
+    await cache?.drop();
+    throw e;
+  }
+  const kept = await cache?.keep();
+  if (kept) into.onProgress?.(`kept ${kept} new packages in the package cache`);
   into.onProgress?.('fixing up the tree for machines');
   await fixUp(into.root, into.name);
   const build = {
@@ -52,7 +64,7 @@ export const debianSource: ImageSource<DebianInput, DebianPlan> = {
   async probe(): Promise<Availability> {
     return (await toolsVerdict('image-build', 'image build')) ?? { ok: true, reason: 'mmdebstrap found' };
   },
-  async plan({ spec: input, logDir }: DebianInput): Promise<DebianPlan> {
+  async plan({ spec: input, logDir, packageCache }: DebianInput): Promise<DebianPlan> {
     const spec = checkSpec(input);
     const sources = sourcesFor(spec, spec.mirror ? [] : await hostSources());
     const key = buildKey(spec, sources);
@@ -61,6 +73,7 @@ export const debianSource: ImageSource<DebianInput, DebianPlan> = {
       spec,
       buildKey: key,
       log: join(logDir, `${key.slice(0, 16)}.log`),
+      packageCache,
       produce: (into) => produce(plan, sources, into),
     };
     return plan;

@@ -3,6 +3,7 @@ import { SnaplabError } from '../../errors.js';
 import { run } from '../../host/run.js';
 import { defaultName, fixUp, type DebianSpec } from '../../image/debian.js';
 import { debianSource } from '../../image/registry.js';
+import { packageCacheDir } from '../../image/package-cache.js';
 import type { ImagePlan, Provenance } from '../../image/source.js';
 import type { ImageRecord } from '../../store/records.js';
 import type { Trace } from '../../timing/trace.js';
@@ -57,7 +58,11 @@ export async function buildDebian(
   opts: BuildOptions,
   trace: Trace,
 ): Promise<Built> {
-  const plan = await debianSource.plan({ spec: input, logDir: join(ctx.home, 'images', '.logs') });
+  const plan = await debianSource.plan({
+    spec: input,
+    logDir: join(ctx.home, 'images', '.logs'),
+    packageCache: packageCacheDir(ctx.home),
+  });
   const key = plan.buildKey;
   const name = opts.name ?? defaultName(plan.spec, key);
   checkName('image', name);
