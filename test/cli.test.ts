@@ -15,6 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 // End-to-end: the built CLI, as a user runs it (npm test builds first).
 import { SNAPLAB } from './cli-command.js';
+import { Lab } from '../src/sdk/lab.js';
 let home: string;
 
 function snaplab(
@@ -154,6 +155,30 @@ describe('snaplab CLI', () => {
     expect(snaplab(['exec', 'st2', '--', 'cat', '/root/f']).out).toBe('kept\n');
     expect(snaplab(['rm', 'st1', 'st2']).code).toBe(0);
     expect(snaplab(['snapshot', 'rm', 'st1-snap']).code).toBe(0);
+  });
+
+  it('rm --label removes every sandbox with the label, several at once; the others stay; names with --all are refused', async () => {
+    const lab = await Lab.open({ home });
+    try {
+      const made = await Promise.all(
+        Array.from({ length: 12 }, (_, i) => lab.create({ image: 'busybox', labels: { batch: i < 11 ? 'a' : 'b' } })),
+      );
+      const keep = made.slice(11).map((b) => b.name);
+      const r = snaplab(['rm', '--label', 'batch=a']);
+      expect(r, r.err).toMatchObject({ code: 0, out: 'removed 11 sandboxes\n' });
+      const left = JSON.parse(snaplab(['ls', '--json']).out) as { name: string }[];
+      expect(left.map((b) => b.name).sort()).toEqual([...keep].sort());
+      expect(snaplab(['rm', '--label', 'batch=a', '--json']).out).toBe('{\n  "removed": []\n}\n');
+      const both = snaplab(['rm', keep[0]!, '--all']);
+      expect(both.code).toBe(2);
+      expect(both.err).toMatch(/error\[BAD_INPUT\]: give names, or --all \/ --label, not both[\s\S]*hint:/);
+      expect(JSON.parse(snaplab(['rm', '--label', 'batch=b', '--json']).out)).toEqual({
+        removed: expect.arrayContaining(keep),
+      });
+      expect(JSON.parse(snaplab(['ls', '--json']).out)).toEqual([]);
+    } finally {
+      lab.close();
+    }
   });
 
   it('bad input: a code, a hint, no stack trace, exit 2 (125 from exec)', () => {

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { SnaplabError } from '../errors.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
 import { keyValues } from '../lab/io/exec.js';
 import type { SandboxApi } from '../sdk/api.js';
 import { addTraceOption, showTrace, withApi, withLab, type CommonOptions } from './common.js';
@@ -55,22 +55,89 @@ function registerLs(program: Command): void {
     );
 }
 
+/** how many removals run at once: a destroy waits on the kernel (mounts, cgroups) more than on a core */
+const RM_PARALLEL = 8;
+/** how many names `rm` prints before it prints a count instead */
+const RM_NAMES_SHOWN = 10;
+
+/**
+ * Destroy the selected sandboxes, RM_PARALLEL at a time, with progress on stderr (`progress`) at
+ * most once a second. One removed by someone else meanwhile is skipped (it is gone, as asked);
+ * other failures do not stop the rest and are said at the end.
+ */
+async function removeSelected(
+  boxes: SandboxApi[],
+  o: CommonOptions,
+  progress: ((done: number, total: number) => void) | undefined,
+): Promise<string[]> {
+  const removed: string[] = [];
+  const failed: { name: string; error: unknown }[] = [];
+  let next = 0;
+  let shown = Date.now();
+  const worker = async (): Promise<void> => {
+    while (next < boxes.length) {
+      const b = boxes[next++]!;
+      try {
+        showTrace(o, await b.destroy());
+        removed.push(b.name);
+      } catch (e) {
+        if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) failed.push({ name: b.name, error: e });
+      }
+      if (progress && Date.now() - shown >= 1000) {
+        shown = Date.now();
+        progress(removed.length + failed.length, boxes.length);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(RM_PARALLEL, boxes.length) }, worker));
+  if (failed.length) {
+    const first = failed[0]!.error;
+    throw new SnaplabError(
+      isSnaplabError(first) ? first.code : 'INTERNAL',
+      `${failed.length} of ${boxes.length} sandboxes not removed (${removed.length} removed): ${failed
+        .slice(0, 5)
+        .map((f) => `${f.name}: ${f.error instanceof Error ? f.error.message : String(f.error)}`)
+        .join('; ')}`,
+      isSnaplabError(first) ? first.hint : 'run the command again; `snaplab gc` removes what a failed removal left',
+      { cause: first },
+    );
+  }
+  return removed;
+}
+
 function registerRm(program: Command): void {
   const rm = program
     .command('rm [sandboxes...]')
     .description('destroy sandboxes: kill their processes, delete their filesystems')
     .option('--all', 'remove every sandbox')
+    .option('--label <k=v>', 'remove every sandbox with this label (repeatable: all of them)', collectKv, [])
     .option('--json', 'print JSON');
   addTraceOption(rm);
-  rm.action((names: string[], o: CommonOptions & { all?: boolean }) =>
+  rm.action((names: string[], o: CommonOptions & { all?: boolean; label: string[] }) =>
     withApi(o, async (lab) => {
-      if (!o.all && names.length === 0)
-        throw new SnaplabError('BAD_INPUT', 'which sandboxes?', 'give ids or names, or --all');
-      const targets = o.all ? (await lab.list()).map((b) => b.name) : names;
-      // one after the other, as given: a name that is not there stops the command, and says which
-      for (const n of targets) showTrace(o, await (await lab.get(n)).destroy());
-      if (o.json) printJson({ removed: targets });
-      else process.stdout.write(targets.length ? `removed ${targets.join(', ')}\n` : 'nothing to remove\n');
+      const select = o.all || o.label.length > 0;
+      if (select === names.length > 0)
+        throw new SnaplabError(
+          'BAD_INPUT',
+          select ? 'give names, or --all / --label, not both' : 'which sandboxes?',
+          'give ids or names, or --all, or --label k=v',
+        );
+      let removed: string[];
+      if (select) {
+        const boxes = await lab.list({ labels: keyValues(o.label, 'label') });
+        const progress = o.json
+          ? undefined
+          : (done: number, total: number): void => void process.stderr.write(`… ${done}/${total} removed\n`);
+        removed = await removeSelected(boxes, o, progress);
+      } else {
+        // one after the other, as given: a name that is not there stops the command, and says which
+        for (const n of names) showTrace(o, await (await lab.get(n)).destroy());
+        removed = names;
+      }
+      if (o.json) printJson({ removed });
+      else if (removed.length === 0) process.stdout.write('nothing to remove\n');
+      else if (removed.length <= RM_NAMES_SHOWN) process.stdout.write(`removed ${removed.join(', ')}\n`);
+      else process.stdout.write(`removed ${removed.length} sandboxes\n`);
     }),
   );
 }
