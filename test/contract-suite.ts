@@ -4,7 +4,9 @@
  */
 import { PassThrough } from 'node:stream';
 import { expect, it } from 'vitest';
-import type { LabApi } from '../src/sdk/api.js';
+import type { LabApi, SandboxApi } from '../src/sdk/api.js';
+import { listCursor } from '../src/sdk/paging.js';
+import { noted } from '../src/cleanup.js';
 
 /** Wait (at most 10 s) until check() holds. */
 async function until(check: () => boolean): Promise<void> {
@@ -29,6 +31,25 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     expect((await lab().list({ labels: { extra: 'yes' } })).map((b) => b.name)).toEqual([`c-${kind}`]);
     await box.destroy();
     await expect(lab().get(`c-${kind}`)).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
+  });
+
+  it("lists in pages, oldest first: limit, then after the last one's cursor; a bad cursor is BAD_INPUT", async () => {
+    const made: SandboxApi[] = [];
+    try {
+      for (const i of [0, 1, 2]) made.push(await lab().create({ name: `p${i}-${kind}`, labels: { page: kind } }));
+      const names = (l: SandboxApi[]): string[] => l.map((b) => b.name);
+      const first = await lab().list({ labels: { page: kind }, limit: 2 });
+      expect(names(first)).toEqual([`p0-${kind}`, `p1-${kind}`]);
+      const second = await lab().list({ labels: { page: kind }, limit: 2, after: listCursor(first[1]!) });
+      expect(names(second)).toEqual([`p2-${kind}`]);
+      // the cursor outlives the sandbox it names
+      await made[1]!.destroy();
+      expect(names(await lab().list({ labels: { page: kind }, after: listCursor(first[1]!) }))).toEqual([`p2-${kind}`]);
+      expect(await lab().list({ labels: { page: kind }, after: listCursor(second[0]!) })).toEqual([]);
+      await expect(lab().list({ after: 'yesterday' })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+    } finally {
+      for (const b of made) await b.destroy().catch(noted(`remove ${b.name}`, 'SANDBOX_NOT_FOUND'));
+    }
   });
 
   it('execs: output, exit codes, env, cwd, stdin, a deadline, streaming and a live stdin', async () => {

@@ -344,6 +344,16 @@ describe('snaplab serve', () => {
     );
     const box = curl('POST', '/sandboxes', { json: { name: 'dies' } }).body;
     expect(curl('POST', '/sandboxes', { json: { name: 'cli-removed' } }).status).toBe(201);
+    // the list in pages: a full page names the next one (X-Next-Cursor), the last does not
+    const names = (r: Res): string[] => (r.body as Json[]).map((b) => b.name);
+    const all = names(curl('GET', '/sandboxes'));
+    const page1 = curl('GET', '/sandboxes?limit=1');
+    const cursor = /^x-next-cursor: (\S+)$/im.exec(page1.headers)?.[1];
+    expect(cursor, page1.headers).toMatch(/^\d+\.[0-9a-f]+$/);
+    const page2 = curl('GET', `/sandboxes?limit=10000&after=${cursor}`);
+    expect([...names(page1), ...names(page2)]).toEqual(all);
+    expect(page2.headers).not.toMatch(/x-next-cursor/i);
+    expect(curl('GET', '/sandboxes?limit=0').status).toBe(400);
     process.kill(box.pid, 'SIGKILL');
     expect(cli(home, ['rm', 'cli-removed']).code).toBe(0);
     const events = async (): Promise<Json[]> =>

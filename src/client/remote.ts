@@ -639,6 +639,8 @@ export class RemoteLab implements LabApi {
       // (no key is named "": the empty owner asks for those made without one)
       ...(opts.owner !== undefined ? [['owner', opts.owner ?? ''] as [string, string]] : []),
       ...(opts.check === false ? [['check', 'false'] as [string, string]] : []),
+      ...(opts.limit !== undefined ? [['limit', String(opts.limit)] as [string, string]] : []),
+      ...(opts.after !== undefined ? [['after', opts.after] as [string, string]] : []),
     ]).toString();
     return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map(
       (v) => new RemoteSandbox(this.http, v, this.rpc),

@@ -5,6 +5,7 @@
  * a GatewayLab is bound to one (`GatewayLab.open` with a key, or `lab.as(caller)` for another),
  * and its nodes apply that key's scopes and ownership, as they do for the HTTP gateway's requests.
  */
+import { pageOf } from '../sdk/paging.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
@@ -169,7 +170,8 @@ export class GatewayLab implements LabApi {
       if (want.every(([k, v]) => e.labels[k] === v))
         out.push(new AbsentSandbox(this.core.store, e, this.core.view.left.has(e.node)));
     }
-    return out;
+    // each node answered its own page: the merged page is the first of them all
+    return pageOf(out, opts);
   }
 
   /** A check pass on every node that answers (each needs the admin scope); what each removed. */

@@ -181,6 +181,13 @@ export interface ListOptions {
    * (cheap enough for a server to read every second); default true
    */
   check?: boolean;
+  /**
+   * at most this many, oldest first (by creation time, then id): a page. Only the page is checked
+   * against the host, so a page costs the same with 10 or 10 000 sandboxes (sdk/paging.ts)
+   */
+  limit?: number;
+  /** the page after this cursor: `listCursor(last)` of the page before (a daemon's X-Next-Cursor) */
+  after?: string;
 }
 
 /** A stored operation's trace, with what it recorded (a gc's removals, a take's hit). */

@@ -1,5 +1,6 @@
 export { Lab, type LabOptions, type CreateOptions, type RestoreOptions } from './lab.js';
 export { Sandbox } from './sandbox.js';
+export { listCursor } from './paging.js';
 export { Snapshot } from './snapshot.js';
 export { Pool } from './pool.js';
 export { Scenario, type MachineStatus, type ScenarioStatus } from './scenario.js';

@@ -1,3 +1,4 @@
+import { pageOf } from './paging.js';
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/lifecycle/gc.js';
 import { imageVolume } from '../lab/images/volume.js';
@@ -221,7 +222,7 @@ export class Lab implements LabApi {
    * `labels`, `owner`, `check`: see ListOptions.
    */
   async list(opts: ListOptions = {}): Promise<Sandbox[]> {
-    const recs = selectRecords(this.ctx, opts);
+    const recs = pageOf(selectRecords(this.ctx, opts), opts);
     if (opts.check === false) return recs.map((r) => new Sandbox(this.ctx, r));
     return Promise.all(recs.map(async (r) => new Sandbox(this.ctx, await reconcile(this.ctx, r))));
   }

@@ -6,6 +6,7 @@
  * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
  * to the caller, whose nodes do the same.
  */
+import { listCursor } from '../sdk/paging.js';
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
@@ -194,23 +195,39 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
       schema: {
         tags: ['sandboxes'],
         summary:
-          'List sandboxes; `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none); `check=false` reads the records without checking the host',
+          'List sandboxes, oldest first; `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none); `check=false` reads the records without checking the host; `limit` and `after` page it (X-Next-Cursor names the next page)',
         querystring: Type.Object({
           label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
           owner: Type.Optional(Type.String()),
           check: Type.Optional(Type.Boolean()),
+          limit: Type.Optional(
+            Type.Integer({ minimum: 1, maximum: 10_000, description: 'a page of at most this many, oldest first' }),
+          ),
+          after: Type.Optional(
+            Type.String({ description: 'the page after this cursor: the X-Next-Cursor of the page before' }),
+          ),
         }),
         response: { 200: Type.Array(SandboxView), ...errors },
       },
     },
-    async (req) => {
-      const q = req.query as { label?: string | string[]; owner?: string; check?: boolean };
+    async (req, reply) => {
+      const q = req.query as {
+        label?: string | string[];
+        owner?: string;
+        check?: boolean;
+        limit?: number;
+        after?: string;
+      };
       const labels = keyValues([q.label ?? []].flat(), 'label filter');
       const asked = q.owner === undefined ? undefined : q.owner || null;
       const mine = h.ownedBy(req.caller);
       // a key without admin sees its own: asking for another's gives nothing
       if (mine !== undefined && asked !== undefined && asked !== mine) return [];
-      const boxes = await h.labFor(req.caller).list({ labels, owner: mine ?? asked, check: q.check });
+      const boxes = await h
+        .labFor(req.caller)
+        .list({ labels, owner: mine ?? asked, check: q.check, limit: q.limit, after: q.after });
+      // a full page may have a next one: its cursor (none after a shorter page)
+      if (q.limit !== undefined && boxes.length === q.limit) reply.header('x-next-cursor', listCursor(boxes.at(-1)!));
       return boxes.map((b) => b.toJSON());
     },
   );

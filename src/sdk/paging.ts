@@ -1,0 +1,40 @@
+/**
+ * Pages of a sandbox list (ListOptions `limit` and `after`): oldest first, by creation time then
+ * id, so that a page is the same whichever implementation answers it (a lab, a daemon, a cluster
+ * gateway merging its nodes' pages). A cursor names the last sandbox of the page before by its
+ * creation time and id, so it stays valid when that sandbox is removed meanwhile.
+ */
+import { SnaplabError } from '../errors.js';
+
+export interface Listed {
+  readonly id: string;
+  readonly createdAt: number;
+}
+
+/** The cursor after `b`: pass it as `after` for the next page. */
+export const listCursor = (b: Listed): string => `${b.createdAt}.${b.id}`;
+
+const CURSOR = /^(\d{1,15})\.([0-9a-z][0-9a-z-]{0,63})$/;
+
+function parseCursor(after: string): Listed {
+  const m = CURSOR.exec(after);
+  if (!m)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid list cursor ${JSON.stringify(after)}`,
+      'pass the X-Next-Cursor of the page before (listCursor of its last sandbox)',
+    );
+  return { createdAt: Number(m[1]), id: m[2]! };
+}
+
+const before = (a: Listed, b: Listed): number => a.createdAt - b.createdAt || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+
+/** The page of `all` that `limit` and `after` ask for, in list order (all of it when neither is given). */
+export function pageOf<T extends Listed>(all: T[], opts: { limit?: number; after?: string }): T[] {
+  if (opts.limit !== undefined && !(Number.isInteger(opts.limit) && opts.limit >= 1))
+    throw new SnaplabError('BAD_INPUT', `invalid list limit ${opts.limit}`, 'a whole number of sandboxes, at least 1');
+  const from = opts.after === undefined ? undefined : parseCursor(opts.after);
+  const sorted = [...all].sort(before);
+  const rest = from ? sorted.filter((b) => before(b, from) > 0) : sorted;
+  return opts.limit === undefined ? rest : rest.slice(0, opts.limit);
+}
