@@ -243,6 +243,25 @@ describe('egress', () => {
       const back = (await lab!.list()).find((b) => b.id === taken.id)!;
       expect(back.egress).toMatchObject({ allow: [WEB], deny: [] });
       expect(await back.egressUsage()).toMatchObject({ bytesOut: 0, connections: 0, denied: 0 });
+      // a pool this process keeps (a daemon's) resets the firewall after the run's answer, not before
+      const standbys = (await lab!.list()).filter((b) => b.state === 'paused' && b.egress !== null);
+      expect(standbys).toHaveLength(1); // the one the next run takes
+      pool.start();
+      const kept = pool.run(['sh', '-c', `sleep 3; ${get} ${WEB} 8080`]);
+      const held = await until(async () =>
+        (await lab!.list()).find((b) => b.id === standbys[0]!.id && b.state === 'running'),
+      );
+      await held.setEgress({ allow: [OTHER] });
+      const answer = await kept;
+      expect(answer.recycled).toBe(true);
+      expect(answer.trace.phases.map((p) => p.name)).not.toContain('egress reset');
+      const again = await until(async () => {
+        const b = (await lab!.list()).find((x) => x.id === held.id);
+        return b?.state === 'paused' ? b : undefined;
+      });
+      expect(again.egress).toMatchObject({ allow: [WEB], deny: [] });
+      expect(await again.egressUsage()).toMatchObject({ bytesOut: 0, connections: 0, denied: 0 });
+      await pool.stop();
     } finally {
       await pool.remove();
     }

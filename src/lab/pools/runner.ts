@@ -37,6 +37,10 @@ export class PoolRunner {
   /** agent connections this process holds, kept across uses of a standby */
   private readonly agents = new Map<string, AgentClient>();
   private raising = 0;
+  /** clean sandboxes being made standbys again after their run's answer (release) */
+  private recycling = 0;
+  /** takes waiting for one of those (nextPutBack) */
+  private readonly waiting: (() => void)[] = [];
   private serving = 0;
   private running = false;
   private timer: NodeJS.Timeout | undefined;
@@ -56,7 +60,14 @@ export class PoolRunner {
     try {
       for (;;) {
         const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy(), me('hold')));
-        if (!rec) break;
+        if (!rec) {
+          // one being put back is a standby in a few ms, where a raise costs far more
+          if (this.recycling > 0) {
+            await trace.phase('wait for a standby', () => this.nextPutBack());
+            continue;
+          }
+          break;
+        }
         const driver = this.ctx.driver(rec.driver);
         // only a standby known dead is dropped; one that cannot be told is tried (its agent answers or not)
         if ((await driver.inspect(handleOf(rec))).state === 'dead') {
@@ -113,13 +124,27 @@ export class PoolRunner {
       // a clean one always goes back (refill raises only what is missing); a pool is trimmed
       // back to its target by resize
       if (reasons.length === 0) {
-        // its next user gets the pool's lists and counters from zero, whatever this one set
-        if (rec.egress && pool.egress)
-          await trace.phase('egress reset', () => resetEgress(this.ctx, rec, pool.egress!));
-        const driver = this.ctx.driver(rec.driver);
-        if (driver.capabilities.pauseStandbys) await trace.phase('freeze', () => driver.pause(handleOf(rec)));
-        this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null, owner: null });
-        this.ctx.store.countPool(this.name, 'recycled');
+        if (!this.running || !rec.egress) {
+          await this.putBack(rec, trace);
+          return { recycled: true, reasons };
+        }
+        // a pool this process keeps (a daemon's): the firewall's reset (~25-40 ms of nft) is done
+        // after the answer. The sandbox stays held by this process until it is a standby again, so
+        // no one takes it meanwhile, and a crash leaves it to the reapers (orphaned: destroyed).
+        this.recycling++;
+        const back = this.putBack(rec)
+          .catch(async (e: unknown) => {
+            noted(`put ${rec.name} back in pool ${this.name}`)(e);
+            await this.drop(rec).catch(noted(`drop ${rec.name}`));
+            this.ctx.store.countPool(this.name, 'leaks');
+          })
+          .finally(() => {
+            this.recycling--;
+            this.inflight.delete(back);
+            for (const wake of this.waiting.splice(0)) wake();
+            this.kick();
+          });
+        this.inflight.add(back);
         return { recycled: true, reasons };
       }
       if (reasons.length) this.ctx.store.countPool(this.name, 'refused_dirty');
@@ -127,6 +152,27 @@ export class PoolRunner {
     await trace.phase('destroy', () => this.drop(rec));
     this.kick();
     return { recycled: false, reasons };
+  }
+
+  /**
+   * A clean sandbox made a standby again: its next user gets the pool's egress lists and counters
+   * from zero, whatever this one set; frozen where the driver freezes standbys. A pool removed
+   * meanwhile gets nothing back: the sandbox is destroyed.
+   */
+  private async putBack(rec: SandboxRecord, trace?: Trace): Promise<void> {
+    const phase = <T>(name: string, fn: () => Promise<T>): Promise<T> => (trace ? trace.phase(name, fn) : fn());
+    const pool = this.ctx.store.getPool(this.name);
+    if (!pool) return this.drop(rec);
+    if (rec.egress && pool.egress) await phase('egress reset', () => resetEgress(this.ctx, rec, pool.egress!));
+    const driver = this.ctx.driver(rec.driver);
+    if (driver.capabilities.pauseStandbys) await phase('freeze', () => driver.pause(handleOf(rec)));
+    this.ctx.store.updateSandbox(rec.id, { state: 'paused', reason: null, owner: null });
+    this.ctx.store.countPool(this.name, 'recycled');
+  }
+
+  /** Until a sandbox being put back is done (a standby again, or dropped). */
+  private nextPutBack(): Promise<void> {
+    return new Promise((wake) => this.waiting.push(wake));
   }
 
   /** Raise standbys until `target` are ready (foreground: `pool create`, `pool resize`). */
@@ -181,7 +227,7 @@ export class PoolRunner {
     const pool = this.ctx.store.getPool(this.name);
     if (!pool) return;
     const c = this.counts();
-    const deficit = pool.target - c.paused - this.raising;
+    const deficit = pool.target - c.paused - this.raising - this.recycling;
     // Refill never starves executions: one raise at a time while takes are in flight.
     const limit = this.serving > 0 ? 1 : 2;
     for (let i = 0; i < Math.min(deficit, limit - this.raising); i++) {
