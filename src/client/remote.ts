@@ -262,11 +262,12 @@ export class RemoteSandbox implements SandboxApi {
         )),
       write: async (path, data, o = {}) => {
         const body = typeof data === 'string' ? Buffer.from(data) : data;
-        const r = await this.http.json<{ bytes: number }>(
-          'PUT',
-          this.path(`/files${q(path, { user: o.user, mode: o.mode?.toString(8).padStart(4, '0'), append: o.append })}`),
-          { body },
-        );
+        const query = q(path, { user: o.user, mode: o.mode?.toString(8).padStart(4, '0'), append: o.append });
+        // each extended attribute a repeated `xattr=NAME=VALUE`
+        const xattrs = Object.entries(o.xattrs ?? {})
+          .map(([k, v]) => `&xattr=${encodeURIComponent(`${k}=${v}`)}`)
+          .join('');
+        const r = await this.http.json<{ bytes: number }>('PUT', this.path(`/files${query}${xattrs}`), { body });
         return r.bytes;
       },
       read: async (path, o = {}) =>

@@ -24,12 +24,16 @@ export interface SandboxFiles {
   list(path: string, opts?: { user?: string }): Promise<FileInfo[]>;
   mkdir(path: string, opts?: { parents?: boolean; mode?: number; user?: string }): Promise<void>;
   remove(path: string, opts?: { recursive?: boolean; force?: boolean; user?: string }): Promise<void>;
-  /** returns the bytes written */
-  /** `size`: the bytes a stream will carry, when known: fewer, and the file is left as it was */
+  /**
+   * returns the bytes written. `size`: the bytes a stream will carry, when known: fewer, and the
+   * file is left as it was. `xattrs`: `user.*` extended attributes the file lands with (a write
+   * makes a new file, so these are all it has; with `append`, they are added to its own);
+   * `stat` and `list` report them
+   */
   write(
     path: string,
     data: Buffer | string | Readable,
-    opts?: { mode?: number; append?: boolean; user?: string; size?: number },
+    opts?: { mode?: number; append?: boolean; user?: string; size?: number; xattrs?: Record<string, string> },
   ): Promise<number>;
   read(path: string, opts?: { user?: string }): Promise<Buffer>;
   /** stream into `sink` (ended after); returns the bytes read */
