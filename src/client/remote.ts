@@ -34,6 +34,7 @@ import type {
   SpawnOptions,
   StoredTrace,
   TraceQuery,
+  CallerInfo,
 } from '../sdk/api.js';
 import { encoded, type ExecText, type Text } from '../sdk/output.js';
 import type { SandboxFiles } from '../sdk/sandbox.js';
@@ -669,6 +670,10 @@ export class RemoteLab implements LabApi {
 
   pools(): Promise<PoolStats[]> {
     return this.http.json('GET', '/pools');
+  }
+
+  whoami(): Promise<CallerInfo> {
+    return this.http.json('GET', '/whoami');
   }
 
   /** Raise a scenario file that is on the daemon's host; resolves with its status when it is up. */

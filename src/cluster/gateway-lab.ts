@@ -19,9 +19,10 @@ import type {
   SnapshotApi,
   StoredTrace,
   TraceQuery,
+  CallerInfo,
 } from '../sdk/api.js';
 import { DEFAULT_IMAGE } from '../defaults.js';
-import type { Caller } from '../server/keys.js';
+import { describeCaller, type Caller } from '../server/keys.js';
 import { ClusterCore, openCluster, type CoreOptions } from './core.js';
 import { onNode, refusedBy } from './core-errors.js';
 import { noted } from '../cleanup.js';
@@ -235,6 +236,12 @@ export class GatewayLab implements LabApi {
 
   pool(name: string): PoolApi {
     return new ClusterPool(this, name);
+  }
+
+  /** The caller the gateway checked (its ceilings as the gateway resolves them). */
+  async whoami(): Promise<CallerInfo> {
+    this.guard();
+    return describeCaller(this.caller);
   }
 
   /** Pools summed over the nodes that hold them. */

@@ -17,6 +17,19 @@ import type { WatchEvent, WatchHandle, WatchOptions } from '../lab/io/watch.js';
 export type { SandboxUsage, WatchEvent, WatchHandle, WatchOptions };
 import type { ExecText, Text } from './output.js';
 import type { TraceSummary } from '../timing/trace.js';
+import type { Ceilings } from '../lab/ceilings.js';
+
+/**
+ * Who a lab acts for (`whoami`; a daemon's GET /whoami): its key ('local': the embedded lab and a
+ * daemon's Unix socket, every scope, no quota, no ceiling), scopes, quotas and ceilings.
+ */
+export interface CallerInfo {
+  key: string;
+  scopes: string[];
+  maxSandboxes: number | null;
+  maxExecs: number | null;
+  ceilings: Ceilings;
+}
 
 /** `sandbox.files`: the same calls on an embedded and on a remote sandbox. */
 export interface SandboxFiles {
@@ -309,5 +322,7 @@ export interface LabApi {
   createPool(spec: PoolSpec): Promise<PoolApi>;
   pool(name: string): PoolApi;
   pools(): Promise<PoolStats[]>;
+  /** who this lab acts for: a front reads a key's ceilings here once instead of learning them from refusals */
+  whoami(): Promise<CallerInfo>;
   close(): void;
 }
