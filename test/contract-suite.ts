@@ -73,15 +73,14 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     }
   });
 
-  it('whoami: who the lab acts for, its scopes, quotas and ceilings resolved', async () => {
+  it('whoami: who the lab acts for, its scopes, quotas and ceilings', async () => {
     const me = await lab().whoami();
     // the embedded lab acts for whoever opened the home; the others for their key
     expect(me.key === 'local').toBe(kind === 'embedded');
     expect(me.scopes).toEqual(expect.arrayContaining(['read', 'exec']));
-    expect(me.ceilings.egress).toBe(true);
-    expect(Object.keys(me.ceilings).sort()).toEqual(
-      ['cpus', 'diskBytes', 'egress', 'memoryBytes', 'pids', 'snapshots', 'totalDiskBytes', 'totalMemoryBytes'].sort(),
-    );
+    // a gateway names only the ceilings the key was made with (a node has its own defaults)
+    expect(me.ceilings.egress).not.toBe(false);
+    if (!kind.startsWith('gateway')) expect(me.ceilings.egress).toBe(true);
   });
 
   it('files: a write lands with the user.* extended attributes asked for; stat and list report them', async () => {

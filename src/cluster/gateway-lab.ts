@@ -238,10 +238,10 @@ export class GatewayLab implements LabApi {
     return new ClusterPool(this, name);
   }
 
-  /** The caller the gateway checked (its ceilings as the gateway resolves them). */
+  /** The caller the gateway checked, as its GET /whoami tells it (ceilings as the key was made: each node has its defaults). */
   async whoami(): Promise<CallerInfo> {
     this.guard();
-    return describeCaller(this.caller);
+    return { ...describeCaller(this.caller), ceilings: { ...this.caller.ceilings } };
   }
 
   /** Pools summed over the nodes that hold them. */

@@ -97,7 +97,7 @@ const egressOf = new WeakMap<LabApi, Promise<boolean>>();
 function keyMayEgress(lab: LabApi): Promise<boolean> {
   let p = egressOf.get(lab);
   if (!p) {
-    p = lab.whoami().then((me) => me.ceilings.egress);
+    p = lab.whoami().then((me) => me.ceilings.egress !== false); // not named: the default, egress
     egressOf.set(lab, p);
     p.catch(() => egressOf.delete(lab));
   }

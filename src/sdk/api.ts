@@ -28,7 +28,11 @@ export interface CallerInfo {
   scopes: string[];
   maxSandboxes: number | null;
   maxExecs: number | null;
-  ceilings: Ceilings;
+  /**
+   * a daemon's and the embedded lab's: all, the defaults filled in; a cluster gateway's: those
+   * the key was made with (each node holds it to its own defaults for the others)
+   */
+  ceilings: Partial<Ceilings>;
 }
 
 /** `sandbox.files`: the same calls on an embedded and on a remote sandbox. */
