@@ -20,9 +20,10 @@ import type {
   SnapshotApi,
   StoredTrace,
   TraceQuery,
+  CallerInfo,
 } from '../sdk/api.js';
 import { DEFAULT_IMAGE } from '../defaults.js';
-import type { Caller } from '../server/keys.js';
+import { describeCaller, type Caller } from '../server/keys.js';
 import { ClusterCore, openCluster, type CoreOptions } from './core.js';
 import { onNode, refusedBy } from './core-errors.js';
 import { noted } from '../cleanup.js';
@@ -237,6 +238,12 @@ export class GatewayLab implements LabApi {
 
   pool(name: string): PoolApi {
     return new ClusterPool(this, name);
+  }
+
+  /** The caller the gateway checked, as its GET /whoami tells it (ceilings as the key was made: each node has its defaults). */
+  async whoami(): Promise<CallerInfo> {
+    this.guard();
+    return { ...describeCaller(this.caller), ceilings: { ...this.caller.ceilings } };
   }
 
   /** Pools summed over the nodes that hold them. */

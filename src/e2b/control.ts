@@ -5,8 +5,8 @@
  * default, is snaplab's default image.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { LabCreateOptions, SandboxApi } from '../sdk/api.js';
-import { SnaplabError, isSnaplabError } from '../errors.js';
+import type { LabApi, LabCreateOptions, SandboxApi } from '../sdk/api.js';
+import { SnaplabError } from '../errors.js';
 import { ENVD_VERSION, type E2bState } from './state.js';
 import { fromMetadata, listSandboxes, RESERVED } from './listing.js';
 import { e2bNetwork, egressFor } from './network.js';
@@ -87,9 +87,22 @@ const defaultEgress = (body: NewSandbox): boolean =>
   (body.allow_internet_access === undefined || body.allow_internet_access === true) &&
   !(body.network as { allowOut?: unknown[] } | null)?.allowOut?.length;
 
-/** The daemon's refusal of egress to a key made without it (FORBIDDEN, limit egress). */
-const egressRefused = (e: unknown): boolean =>
-  isSnaplabError(e, 'FORBIDDEN') && (e as { limit?: string }).limit === 'egress';
+/**
+ * May this key's sandboxes have egress (its `egress` ceiling)? Read once per key: the front holds
+ * one LabApi per key (a key removed and made again is another LabApi), so the answer is kept with
+ * it, and a create is one create, not a refused one and another (a key's ceilings are those it was
+ * made with). A read that failed is asked again next time.
+ */
+const egressOf = new WeakMap<LabApi, Promise<boolean>>();
+function keyMayEgress(lab: LabApi): Promise<boolean> {
+  let p = egressOf.get(lab);
+  if (!p) {
+    p = lab.whoami().then((me) => me.ceilings.egress !== false); // not named: the default, egress
+    egressOf.set(lab, p);
+    p.catch(() => egressOf.delete(lab));
+  }
+  return p;
+}
 
 /** The same create without egress, its network as getInfo will say it: no internet access. */
 function withoutEgress(opts: LabCreateOptions): LabCreateOptions {
@@ -135,11 +148,10 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
     opts.image = undefined;
     opts.egress = undefined;
   }
-  // a key without egress refuses it (403) before anything is made: then E2B's default is its none
-  const box = await lab.create(opts).catch((e: unknown) => {
-    if (!opts.egress || !defaultEgress(body) || !egressRefused(e)) throw e;
-    return lab.create(withoutEgress(opts));
-  });
+  // a key without egress: E2B's default is its none (egress asked for is refused by the daemon, 403)
+  const box = await lab.create(
+    opts.egress && defaultEgress(body) && !(await keyMayEgress(lab)) ? withoutEgress(opts) : opts,
+  );
   return reply.code(201).send(created(state, box, keyOf(req)));
 }
 

@@ -23,7 +23,7 @@ import {
 } from './sessions.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
-export const ENVD_VERSION = '0.5.7';
+export const ENVD_VERSION = '0.6.4';
 
 /** The state the routes share. */
 export class E2bState {

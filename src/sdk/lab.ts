@@ -33,12 +33,14 @@ import type {
   ListOptions,
   StoredTrace,
   TraceQuery,
+  CallerInfo,
 } from './api.js';
 import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
-import { KeyRing } from '../lab/keys.js';
+import { KeyRing, SCOPES } from '../lab/keys.js';
+import { NO_CEILINGS } from '../lab/ceilings.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
 import { egressTotals } from '../lab/net/egress.js';
@@ -355,6 +357,11 @@ export class Lab implements LabApi {
 
   async pools(): Promise<PoolStats[]> {
     return Promise.all(this.ctx.store.listPools().map((p) => poolStats(this.ctx, p.name)));
+  }
+
+  /** The embedded lab acts for whoever opened the home: 'local', every scope, no quota, no ceiling. */
+  async whoami(): Promise<CallerInfo> {
+    return { key: 'local', scopes: [...SCOPES], maxSandboxes: null, maxExecs: null, ceilings: { ...NO_CEILINGS } };
   }
 
   /**
