@@ -315,6 +315,7 @@ describe('user namespace ranges', () => {
     expect(r.exitCode).not.toBe(0); // 2000 is not mapped
     chownSync(onDisk(lab, box, 'f'), 5000, 5000); // on disk beyond the range: nobody inside
     expect(await out(box, ['stat', '-c', '%u %g', '/f'])).toBe('65534 65534');
+    expect((await box.exec(['chown', '0:0', '/f'])).exitCode).not.toBe(0); // nor can root inside take it back
     const snap = await box.snapshot(`ids-${box.id}`);
     try {
       await using again = await lab.restore(snap.name);
