@@ -27,7 +27,6 @@ import { REGISTRY } from '../src/host/userns/registry.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
 import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
-import { cli, startDaemon } from './daemon-helpers.js';
 import { failureMeans } from '../src/cleanup.js';
 
 // Root inside is not root outside: each namespace sandbox in a user namespace of its own, its root
@@ -338,24 +337,6 @@ describe('user namespace ranges', () => {
     const made = JSON.parse(cli.stdout) as { name: string; userns: { size: number } };
     expect(made.userns.size).toBe(2048);
     await (await lab.get(made.name)).destroy();
-  });
-
-  it('through a daemon: the create body carries ids (CLI --ids over SNAPLAB_HOST, and Lab.connect)', async () => {
-    // on this lab's home (its image and storage are ready): the daemon adopts the home as it is
-    const d = await startDaemon(lab.home, ['--default-timeout', '0']);
-    try {
-      const r = cli(lab.home, ['create', '--ids', '2048', '--json'], undefined, { SNAPLAB_HOST: `unix:${d.socket}` });
-      expect(r.code, r.err).toBe(0);
-      const made = JSON.parse(r.out) as { name: string; userns: { uidBase: number; size: number } };
-      expect(made.userns.size).toBe(2048);
-      const remote = await Lab.connect({ url: `unix:${d.socket}` });
-      await using box = await remote.create({ ids: 8192 });
-      expect((box.toJSON() as { userns: { size: number } }).userns.size).toBe(8192);
-      await expect(remote.create({ ids: 3000 })).rejects.toMatchObject({ code: 'BAD_INPUT' });
-      await (await remote.get(made.name)).destroy();
-    } finally {
-      await d.stop();
-    }
   });
 
   it('gc gives back the small range of a sandbox whose record vanished', async () => {
