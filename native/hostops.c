@@ -530,6 +530,27 @@ struct launch_args {
 	char **cgs, **argv;
 };
 
+/*
+ * A user namespace's range from "BASE" and "COUNT" text (end: where the count's text ends): 1 to
+ * 65536 ids, all below (uid_t)-1, which no range may hold. Parsed as unsigned 32-bit values
+ * (ranges go up to 2^32-2): sscanf's %u took "-1" and 2^32 and above silently.
+ */
+static int id_range(const char *b, const char *n, char **end, unsigned *base, unsigned *count)
+{
+	char *e;
+	errno = 0;
+	unsigned long long bv = strtoull(b, &e, 10), nv;
+	if (errno || e == b || *e != (n == NULL ? ':' : '\0') || *b == '-')
+		return -1;
+	const char *c = n ? n : e + 1;
+	nv = strtoull(c, end, 10);
+	if (errno || *end == c || *c == '-' || nv == 0 || nv > 65536 || bv > 0xFFFFFFFFull - nv)
+		return -1;
+	*base = (unsigned)bv;
+	*count = (unsigned)nv;
+	return 0;
+}
+
 /* NULL, or why the arguments are not a launch (EINVAL). */
 static const char *launch_parse(struct request *r, struct launch_args *a)
 {
@@ -545,7 +566,9 @@ static const char *launch_parse(struct request *r, struct launch_args *a)
 	struct userns_spec *spec = &a->spec;
 	int at = 6;
 	if (strcmp(r->argv[5], "-") != 0) {
-		if (sscanf(r->argv[5], "%u:%u", &spec->base, &spec->count) != 2 || spec->count == 0 || r->argc < 10)
+		char *end;
+		if (id_range(r->argv[5], NULL, &end, &spec->base, &spec->count) < 0 || (*end != '\0' && *end != ':') ||
+		    r->argc < 10)
 			return usage;
 		memset(&spec->root, 0, sizeof spec->root);
 		/* BASE:COUNT:suid: a system machine's tree keeps setuid (userns.c idmapped_clone) */
@@ -852,8 +875,11 @@ static void *serve(void *p)
 	else if (strcmp(op, "netns-userns") == 0 && r->argc != 4)
 		reply_err(r->id, EINVAL, "netns-userns PATH BASE COUNT");
 	else if (strcmp(op, "netns-userns") == 0) {
-		if (netns_make(r->argv[1], (unsigned)strtoul(r->argv[2], NULL, 10),
-			       (unsigned)strtoul(r->argv[3], NULL, 10)) < 0)
+		unsigned base, count;
+		char *end;
+		if (id_range(r->argv[2], r->argv[3], &end, &base, &count) < 0 || *end != '\0')
+			reply_err(r->id, EINVAL, "netns-userns: BASE COUNT: 1 to 65536 ids below 4294967295");
+		else if (netns_make(r->argv[1], base, count) < 0)
 			reply_err(r->id, errno, r->argv[1]);
 		else
 			reply_ok(r->id);

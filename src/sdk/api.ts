@@ -234,6 +234,8 @@ export interface LabRestoreOptions {
   metadata?: Record<string, string>;
   /** as in LabCreateOptions */
   userns?: boolean;
+  /** as in LabCreateOptions; default: the size of the snapshot's sandbox */
+  ids?: number;
   /** as in LabCreateOptions (a daemon keeps the clock) */
   timeoutS?: number;
   onTimeout?: 'kill' | 'pause';
@@ -261,6 +263,13 @@ export interface LabCreateOptions {
    * seccomp filter only). Default: a user namespace of its own wherever driver and storage allow
    */
   userns?: boolean;
+  /**
+   * ids its user namespace maps (0..ids-1 inside): a power of two from 1024 to 65536. Smaller
+   * ranges let more sandboxes share the host's uids; a file owned on disk by an id ≥ ids shows as
+   * nobody (65534) inside and cannot be chowned there. Refused for a system machine and where
+   * there is no user namespace. Default 65536
+   */
+  ids?: number;
   /**
    * 'systemd': a system machine: the image's own systemd is PID 1 (the agent runs beside it), and
    * create returns once `systemctl is-system-running` says running or degraded. On namespaces it

@@ -82,6 +82,8 @@ export interface RestoreOptions extends Lifetime {
   signal?: AbortSignal;
   /** as in CreateOptions */
   userns?: boolean;
+  /** as in CreateOptions; default: the size of the snapshot's sandbox */
+  ids?: number;
   /** as in CreateOptions (a snapshot carries none) */
   egress?: boolean | EgressRequest;
 }
@@ -141,6 +143,7 @@ export class Lab implements LabApi {
           base,
           origin: null,
           userns: c.userns,
+          ...(c.ids !== undefined ? { ids: c.ids } : {}),
           ...(c.egress ? { egress: c.egress } : {}),
           // the image's own systemd boots unless the caller says --init agent (where a system machine can run)
           init: machineInit(c, img.provenance?.init),
@@ -176,6 +179,7 @@ export class Lab implements LabApi {
     const { result, trace } = await this.ctx.traced('restore', opts.name ?? null, async (t) => {
       const snap = this.ctx.store.getSnapshot(snapshot);
       if (!snap) throw snapshotNotFound(this.ctx, snapshot);
+      const ids = opts.ids ?? (opts.userns === false ? null : snap.ids);
       return raiseSandbox(
         this.ctx,
         {
@@ -198,6 +202,8 @@ export class Lab implements LabApi {
           origin: snap.name,
           memory: snap.memory ?? undefined,
           userns: opts.userns,
+          // the size of the sandbox it was taken of, unless another is asked
+          ...(ids ? { ids } : {}),
           ...(egress ? { egress } : {}),
           ...(snap.init ? { init: snap.init } : {}),
         },
