@@ -96,6 +96,11 @@ export interface CleanBaseline {
   oomKills: number;
   /** pids.events "max": how often a fork hit the limit */
   pidsMax: number;
+  /**
+   * processes in its cgroup at the start (a sandbox: its agent alone, bwrap's monitor being let
+   * go at launch); absent in baselines from before, which allowed two (the monitor too)
+   */
+  procs?: number;
 }
 
 export interface PoolRecord {
