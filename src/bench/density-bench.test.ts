@@ -1,7 +1,9 @@
-import { readdirSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { Writable } from 'node:stream';
 import { describe, expect, it } from 'vitest';
+import { disposeLab, testLab } from '../../test/helpers.js';
+import { agentBinaryPath } from '../agent/binary.js';
 import { densityBench, parseCounts, renderDensitySummary } from './density-bench.js';
 import { Progress } from './progress.js';
 
@@ -64,5 +66,52 @@ describe('snaplab bench --workload density (bounded)', () => {
     expect(parseCounts('0,1000,5000,10000')).toEqual([0, 1000, 5000, 10000]);
     for (const bad of ['1000,0', '0,0', '-1', 'x', '1.5'])
       expect(() => parseCounts(bad)).toThrow(expect.objectContaining({ code: 'BAD_INPUT' }));
+  });
+});
+
+/**
+ * The host's live processes in a sandbox's cgroup, by name. A killed monitor stays a zombie until
+ * the host's init reaps it (seconds, on these hosts' process_api), and the pids controller counts
+ * it until then: zombies are not the sandbox's.
+ */
+function liveProcesses(id: string): string[] {
+  const names: string[] = [];
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      if (!readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes(`/snaplab/${id}`)) continue;
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      if (stat.replace(/^.*\) /s, '')[0] !== 'Z') names.push(stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')));
+    } catch {
+      /* gone meanwhile */
+    }
+  }
+  return names;
+}
+
+describe('an idle sandbox on the host (docs/architecture.md "Density")', () => {
+  it("holds its agent alone: bwrap's monitor is let go once the agent serves, and the sandbox lives on", async () => {
+    const lab = await testLab();
+    const agent = readFileSync(agentBinaryPath());
+    try {
+      const box = await lab.create();
+      expect(liveProcesses(box.id)).toEqual(['agent']);
+      const r = await box.exec(['sh', '-c', 'echo $$; cat /proc/1/cmdline | tr "\\0" " "']);
+      expect(r.stdout.toString()).toMatch(/^\d+\n\/run\/snaplab\/agent serve /);
+      // every sandbox maps the host's one agent binary: root inside can neither write it nor remount it writable
+      for (const argv of [
+        ['sh', '-c', 'echo x > /run/snaplab/agent'],
+        ['mount', '-o', 'remount,bind,rw', '/run/snaplab/agent'],
+        ['chmod', '777', '/run/snaplab/agent'],
+      ])
+        expect((await box.exec(argv)).exitCode).not.toBe(0);
+      expect(readFileSync(agentBinaryPath()).equals(agent)).toBe(true);
+      // a snapshot freezes and thaws the cgroup; a restore launches again
+      await box.snapshot('idle');
+      const back = await lab.restore('idle');
+      expect((await back.exec(['/bin/true'])).exitCode).toBe(0);
+      expect(liveProcesses(back.id)).toEqual(['agent']);
+    } finally {
+      await disposeLab(lab);
+    }
   });
 });

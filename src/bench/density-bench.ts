@@ -112,7 +112,7 @@ async function fill(
       made++;
       if (now() - shown > 1000) {
         shown = now();
-        progress.note(`creating: ${made}/${n} (${Math.round((made / (shown - t0)) * 1000)}/s)`);
+        progress.note(`creating: ${made} of ${n} more (${Math.round((made / (shown - t0)) * 1000)}/s)`);
       }
     }
   };
