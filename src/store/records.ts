@@ -98,7 +98,8 @@ export interface CleanBaseline {
   pidsMax: number;
   /**
    * processes in its cgroup at the start (a sandbox: its agent alone, bwrap's monitor being let
-   * go at launch); absent in baselines from before, which allowed two (the monitor too)
+   * go at launch); the clean check allows at most this many, and never more than two (the agent
+   * and a monitor, as before: a baseline without it allows two)
    */
   procs?: number;
 }

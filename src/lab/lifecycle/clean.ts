@@ -72,7 +72,9 @@ export async function dirtReasons(ctx: LabContext, s: SandboxRecord, agent: Agen
   if (st instanceof Error) return [`agent status: ${st.message}`];
   const reasons: string[] = [];
   for (const k of COUNTS) if (st.counts[k] !== 0) reasons.push(`${k}: ${String(st.counts[k])} left`);
-  const procs = base.procs ?? 2;
+  // never more than the agent and a monitor: a machine that started with more (a system machine's
+  // services) is not judged clean by its count alone
+  const procs = Math.min(base.procs ?? 2, 2);
   if (counters.procs > procs) reasons.push(`${counters.procs - procs} extra process(es) in the cgroup`);
   if (marker !== base.fsGeneration) reasons.push('root filesystem changed');
   const now = entriesOf(st);
