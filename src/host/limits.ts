@@ -4,29 +4,27 @@ import { USERNS_MIN_SIZE, USERNS_SIZE, USERNS_SLOTS } from './userns/id-ranges.j
 
 /**
  * Host-wide kernel limits that many sandboxes meet, each with what one idle namespace sandbox
- * takes of it (counted on this host: a busybox sandbox holds 2 host pids, bwrap's monitor and the
- * agent; its launch's private mount namespace is made by host root, native/userns.c). Limits
- * counted per uid (inotify, user namespaces, a machine's own namespaces) are each sandbox's alone:
- * its user namespace is owned by its base uid (the user namespace policy check says those).
+ * takes of it (counted on this host: a busybox sandbox holds 1 host pid, its agent: bwrap's
+ * monitor is let go once the agent serves, and with it the launch's private mount namespace;
+ * docs/architecture.md "Density"). Limits counted per uid (inotify, user namespaces, a machine's
+ * own namespaces) are each sandbox's alone: its user namespace is owned by its base uid (the user
+ * namespace policy check says those).
  */
 export const HOST_LIMITS: readonly { sysctl: string; perSandbox: number; raiseTo: number; why: string }[] = [
   {
     sysctl: 'kernel.pid_max',
-    perSandbox: 2,
-    raiseTo: 4_194_304,
-    why: 'every process on the host has a pid: 2 per idle sandbox, and each command adds its own',
-  },
-  { sysctl: 'kernel.threads-max', perSandbox: 2, raiseTo: 4_194_304, why: 'every process is a thread' },
-  {
-    sysctl: 'user.max_mnt_namespaces',
     perSandbox: 1,
-    raiseTo: 1_048_576,
-    why: "each sandbox's launch keeps a mount namespace of host root's",
+    raiseTo: 4_194_304,
+    why: 'every process on the host has a pid: 1 per idle sandbox, and each command adds its own',
   },
+  { sysctl: 'kernel.threads-max', perSandbox: 1, raiseTo: 4_194_304, why: 'every process is a thread' },
 ];
 
-/** What an idle busybox sandbox holds of the host's memory (issue 34, measured with `free` over 2000). */
-export const IDLE_SANDBOX_BYTES = 1.2 * 2 ** 20;
+/**
+ * What an idle busybox sandbox holds of the host's memory: ~725 KiB of kernel and process memory
+ * at 1000 idle ones (docs/benchmarks.md "Density"), rounded up.
+ */
+export const IDLE_SANDBOX_BYTES = 0.75 * 2 ** 20;
 
 /** A sysctl's value on this host, or undefined where the kernel has none. */
 export function readSysctl(name: string): number | undefined {
@@ -56,7 +54,7 @@ export function hostLimitsVerdict(
   for (const l of HOST_LIMITS) {
     const v = values[l.sysctl];
     if (v === undefined) continue;
-    const room = Math.max(0, (v - (l.perSandbox > 1 ? used : 0)) / l.perSandbox);
+    const room = Math.max(0, (v - used) / l.perSandbox);
     parts.push(`${l.sysctl}=${v} ${n(room)}`);
     if (room < memory) short.push(`sysctl -w ${l.sysctl}=${l.raiseTo} (${l.why})`);
   }

@@ -98,6 +98,12 @@ export interface CleanBaseline {
   oomKills: number;
   /** pids.events "max": how often a fork hit the limit */
   pidsMax: number;
+  /**
+   * processes in its cgroup at the start (a sandbox: its agent alone, bwrap's monitor being let
+   * go at launch); the clean check allows at most this many, and never more than two (the agent
+   * and a monitor, as before: a baseline without it allows two)
+   */
+  procs?: number;
 }
 
 export interface PoolRecord {
