@@ -5,7 +5,7 @@
  * a GatewayLab is bound to one (`GatewayLab.open` with a key, or `lab.as(caller)` for another),
  * and its nodes apply that key's scopes and ownership, as they do for the HTTP gateway's requests.
  */
-import { pageOf } from '../sdk/paging.js';
+import { checkPage, pageOf } from '../sdk/paging.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
@@ -159,6 +159,7 @@ export class GatewayLab implements LabApi {
   }
 
   async list(opts: ListOptions = {}): Promise<SandboxApi[]> {
+    checkPage(opts); // a bad page is said here, not refused by every node
     const { done } = await this.fromEach((lab) => lab.list(opts));
     const out: SandboxApi[] = done.flatMap((d) => d.value.map((b) => this.placed(d.node, b.toJSON())));
     const answered = new Set(done.map((d) => d.node));
