@@ -119,6 +119,35 @@ describe.each([
       await expect(Sandbox.create('no-such-template')).rejects.toThrow(/404/);
     });
 
+    it('a template that was a pool and is one no more is made from its image of that name', async () => {
+      const hits = (): number =>
+        (JSON.parse(cli(home, ['pool', 'ls', '--json']).out) as { name: string; hits: number }[]).find(
+          (p) => p.name === 'base',
+        )?.hits ?? -1;
+      const pooled = cli(home, ['pool', 'create', 'base', '--image', 'base', '--size', '1']);
+      expect(pooled.code, pooled.err).toBe(0);
+      let gone = false;
+      try {
+        const before = hits();
+        // the front learns here that `base` is a pool: its next creates of it are takes at once
+        const taken = await Sandbox.create('base');
+        await taken.kill();
+        expect(hits()).toBe(before + 1);
+        expect(cli(home, ['pool', 'rm', 'base']).code).toBe(0);
+        gone = true;
+        // the take finds no pool: the template is looked up again, and is the image `base`
+        const made = await Sandbox.create('base');
+        try {
+          expect((await made.getInfo()).templateId).toBe('base');
+          expect((await made.commands.run('echo made')).stdout).toBe('made\n');
+        } finally {
+          await made.kill();
+        }
+      } finally {
+        if (!gone) cli(home, ['pool', 'rm', 'base']);
+      }
+    });
+
     it('lists with a metadata filter and pages with X-Next-Token; setTimeout moves the end', async () => {
       const a = await Sandbox.create({ metadata: { suite: 'list' } });
       const b = await Sandbox.create({ metadata: { suite: 'list' } });
