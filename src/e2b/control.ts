@@ -6,7 +6,7 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { LabApi, LabCreateOptions, SandboxApi } from '../sdk/api.js';
-import { SnaplabError } from '../errors.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
 import { ENVD_VERSION, type E2bState } from './state.js';
 import { fromMetadata, listSandboxes, RESERVED } from './listing.js';
 import { e2bNetwork, egressFor } from './network.js';
@@ -129,30 +129,51 @@ function created(state: E2bState, box: SandboxApi, apiKey: string): Record<strin
 const idOf = (req: FastifyRequest): string => (req.params as { id: string }).id;
 const keyOf = (req: FastifyRequest): string => String(req.headers['x-api-key']);
 
-async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
-  const lab = await state.lab(req);
-  const body = jsonBody(req) as NewSandbox;
+/**
+ * What a create asks of the Lab API: a template that names a pool is a take of one of its ready
+ * standbys (the fast path). `pool`: the template is known to be a pool (it was one last time),
+ * so the daemon is not asked for the pools first.
+ */
+async function optionsFor(lab: LabApi, body: NewSandbox, pool: boolean): Promise<LabCreateOptions> {
   const opts = createOptions(body);
-  // a template that names a pool is a take of one of its ready standbys (the fast path)
-  if (opts.image && (await lab.pools()).some((p) => p.name === opts.image)) {
-    // its standbys come with the pool's network (`pool create --egress …`): rules asked for here
-    // are refused, not ignored (allow_internet_access: true is what older SDKs send every time,
-    // and is taken as their default)
-    if (body.network !== undefined && body.network !== null)
-      throw new SnaplabError(
-        'BAD_INPUT',
-        `template ${opts.image} is a pool: its standbys come with the pool's network`,
-        'leave out network, use an image template, or make a pool with the rules (`snaplab pool create --allow-out …`)',
-      );
-    opts.pool = opts.image;
-    opts.image = undefined;
-    opts.egress = undefined;
-  }
+  if (!opts.image || !(pool || (await lab.pools()).some((p) => p.name === opts.image))) return opts;
+  // its standbys come with the pool's network (`pool create --egress …`): rules asked for here
+  // are refused, not ignored (allow_internet_access: true is what older SDKs send every time,
+  // and is taken as their default)
+  if (body.network !== undefined && body.network !== null)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `template ${opts.image} is a pool: its standbys come with the pool's network`,
+      'leave out network, use an image template, or make a pool with the rules (`snaplab pool create --allow-out …`)',
+    );
+  return { ...opts, pool: opts.image, image: undefined, egress: undefined };
+}
+
+/** Make it: a take from the template's pool (`taken`), or a create from its image. */
+async function make(lab: LabApi, body: NewSandbox, pool: boolean): Promise<{ box: SandboxApi; taken: boolean }> {
+  const opts = await optionsFor(lab, body, pool);
   // a key without egress: E2B's default is its none (egress asked for is refused by the daemon, 403)
   const box = await lab.create(
     opts.egress && defaultEgress(body) && !(await keyMayEgress(lab)) ? withoutEgress(opts) : opts,
   );
-  return reply.code(201).send(created(state, box, keyOf(req)));
+  return { box, taken: opts.pool !== undefined };
+}
+
+async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  const lab = await state.lab(req);
+  const key = keyOf(req);
+  const body = jsonBody(req) as NewSandbox;
+  const template = typeof body.templateID === 'string' ? body.templateID : BASE_TEMPLATE;
+  const known = state.pools.has(key, template);
+  const { box, taken } = await make(lab, body, known).catch((e: unknown) => {
+    // the pool it was is gone: the template is looked up again (an image of that name, or no such template)
+    if (!known || !isSnaplabError(e, 'POOL_NOT_FOUND')) throw e;
+    state.pools.drop(key, template);
+    return make(lab, body, false);
+  });
+  if (taken) state.pools.add(key, template);
+  state.users.fresh(box, key);
+  return reply.code(201).send(created(state, box, key));
 }
 
 /** Connect: a paused sandbox is resumed (201), a running one answered (200); its end time only grows. */
