@@ -3,15 +3,20 @@
  * machine through its agent like any command (argv exec, stdin/stdout pipes). It runs as the
  * exec's user inside the machine, so a PATH is the machine's own and its permissions apply.
  *
- *   cat PATH, write [--mode OCTAL] [--parents] [--append] [--size N] PATH, stat [-L] PATH, ls PATH,
+ *   cat PATH, write [--mode OCTAL] [--parents] [--append] [--size N] [--xattr NAME=VALUE]... PATH,
+ *   stat [-L] PATH, ls PATH,
  *   mkdir [--parents] [--mode OCTAL] PATH, rm [--recursive] [--force] PATH   (`--` ends the flags)
  *
  * write puts stdin in a temp file beside PATH (.NAME.snaplab-XXXXXX, + for - when PATH is new) renamed over it, so a reader
  * never sees half a file (a symlink at PATH is replaced, not written through). stat and ls print
  * one JSON object a line: {"name","path","type","size","mode":"0644","uid","gid","mtime":"...Z"
- * [,"target"]}, names as raw bytes with '"', '\' and control characters escaped. rm -r never
+ * [,"target"][,"xattrs":{"user.NAME":"VALUE",...}]} (the user.* extended attributes, when there are
+ * any; a value holding a NUL byte is left out), names as raw bytes with '"', '\' and control characters escaped. rm -r never
  * follows a symlink. Exit 0; 1 with one line on stderr, `snaplab: file: ERRNAME: PATH: strerror`,
- * which the daemon maps by ERRNAME (PATH "-" is stdin or stdout); 2 on bad usage.
+ * which the daemon maps by ERRNAME (PATH "-" is stdin or stdout); 2 on bad usage. write's --xattr
+ * sets each attribute on the temporary file before it is renamed, so the file lands with exactly
+ * those (an overwrite is a new file: the old one's attributes go with it); with --append they are
+ * set on the file as it is.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -22,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,7 +122,29 @@ static char *base_name(const char *path)
 	return strndup(path + b, n - b);
 }
 
-static void print_entry(const char *name, const char *path, const struct stat *st, const char *target)
+/* ,"xattrs":{...}: path's user.* extended attributes (its link's own unless follow), when it has any. */
+static void print_xattrs(const char *path, int follow)
+{
+	static char names[65536], value[65537];
+	ssize_t n = follow ? listxattr(path, names, sizeof names) : llistxattr(path, names, sizeof names);
+	int first = 1;
+	for (char *p = names; n > 0 && p < names + n; p += strlen(p) + 1) {
+		if (strncmp(p, "user.", 5))
+			continue;
+		ssize_t v = follow ? getxattr(path, p, value, sizeof value - 1)
+				   : lgetxattr(path, p, value, sizeof value - 1);
+		if (v < 0 || memchr(value, 0, (size_t)v))
+			continue;
+		value[v] = 0;
+		printf(first ? ",\"xattrs\":{" : ",");
+		first = 0;
+		json_str(p), putchar(':'), json_str(value);
+	}
+	if (!first)
+		putchar('}');
+}
+
+static void print_entry(const char *name, const char *path, const struct stat *st, const char *target, int follow)
 {
 	static const char *const types[16] = { [S_IFREG >> 12] = "file",    [S_IFDIR >> 12] = "dir",
 					       [S_IFLNK >> 12] = "symlink", [S_IFCHR >> 12] = "char",
@@ -133,6 +161,7 @@ static void print_entry(const char *name, const char *path, const struct stat *s
 	       (unsigned)st->st_gid, when, st->st_mtim.tv_nsec / 1000000);
 	if (target)
 		printf(",\"target\":"), json_str(target);
+	print_xattrs(path, follow);
 	printf("}\n");
 }
 
@@ -231,7 +260,37 @@ static int empty_dir(int fd, const char *path)
 	return rc;
 }
 
-enum { F_MODE = 1, F_PARENTS = 2, F_APPEND = 4, F_FOLLOW = 8, F_RECURSIVE = 16, F_FORCE = 32, F_SIZE = 64 };
+enum {
+	F_MODE = 1,
+	F_PARENTS = 2,
+	F_APPEND = 4,
+	F_FOLLOW = 8,
+	F_RECURSIVE = 16,
+	F_FORCE = 32,
+	F_SIZE = 64,
+	F_XATTR = 128
+};
+
+/* write: the NAME=VALUE of each --xattr, set on the file written */
+#define MAX_XATTRS 256
+static const char *xattrs[MAX_XATTRS];
+static int nxattrs;
+
+/* Set each --xattr on fd; -1 with errno on the first that fails. */
+static int set_xattrs(int fd)
+{
+	for (int i = 0; i < nxattrs; i++) {
+		const char *eq = strchr(xattrs[i], '=');
+		char name[256];
+		if ((size_t)(eq - xattrs[i]) >= sizeof name)
+			return errno = ERANGE, -1;
+		memcpy(name, xattrs[i], (size_t)(eq - xattrs[i]));
+		name[eq - xattrs[i]] = 0;
+		if (fsetxattr(fd, name, eq + 1, strlen(eq + 1), 0) < 0)
+			return -1;
+	}
+	return 0;
+}
 
 /* write: the bytes the caller says it sends (--size); fewer means its input broke off */
 static long long expect_size = -1;
@@ -280,7 +339,7 @@ static int cmd_write(const char *path, int set, mode_t mode)
 	}
 	if (set & F_APPEND) {
 		fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, mode);
-		if (fd < 0 || ((set & F_MODE) && fchmod(fd, mode) < 0))
+		if (fd < 0 || ((set & F_MODE) && fchmod(fd, mode) < 0) || set_xattrs(fd) < 0)
 			return fail(errno, path);
 		if ((n = copy_fd(0, fd, &rerr)) < 0)
 			return fail(errno, rerr ? "-" : path);
@@ -304,7 +363,7 @@ static int cmd_write(const char *path, int set, mode_t mode)
 			return fail(errno, path);
 		temp_path = tmp;
 		int e = 0;
-		if (fchmod(fd, mode) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
+		if (fchmod(fd, mode) < 0 || set_xattrs(fd) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
 			e = errno;
 		if (close(fd) < 0 && !e)
 			e = errno;
@@ -334,7 +393,7 @@ static int cmd_stat(const char *path, int set, mode_t mode)
 	struct stat st;
 	if ((set & F_FOLLOW ? stat(path, &st) : lstat(path, &st)) < 0)
 		return fail(errno, path);
-	print_entry(base_name(path), path, &st, link_target(AT_FDCWD, path, &st));
+	print_entry(base_name(path), path, &st, link_target(AT_FDCWD, path, &st), set & F_FOLLOW);
 	return flush_out();
 }
 
@@ -370,7 +429,7 @@ static int cmd_ls(const char *path, int set, mode_t mode)
 		char *sub = join(path, names[i]);
 		if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0) {
 			char *target = link_target(fd, names[i], &st);
-			print_entry(names[i], sub, &st, target);
+			print_entry(names[i], sub, &st, target, 0);
 			free(target);
 		} else if (errno != ENOENT) { /* gone since it was read: left out */
 			return fail(errno, sub);
@@ -430,7 +489,7 @@ static const struct {
 	int bit;
 } flags[] = {
 	{ "--mode", F_MODE },		{ "--parents", F_PARENTS }, { "--append", F_APPEND }, { "-L", F_FOLLOW },
-	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE },	    { "--size", F_SIZE },
+	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE },	    { "--size", F_SIZE },     { "--xattr", F_XATTR },
 };
 
 static const struct {
@@ -439,7 +498,7 @@ static const struct {
 	int allowed;
 } cmds[] = {
 	{ "cat", cmd_cat, 0 },
-	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND | F_SIZE },
+	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND | F_SIZE | F_XATTR },
 	{ "stat", cmd_stat, F_FOLLOW },
 	{ "ls", cmd_ls, 0 },
 	{ "mkdir", cmd_mkdir, F_MODE | F_PARENTS },
@@ -488,6 +547,13 @@ int file_main(int argc, char **argv)
 			expect_size = strtoll(argv[++i], &end, 10);
 			if (*end || expect_size < 0)
 				goto usage;
+		}
+		if (flags[f].bit == F_XATTR) {
+			/* NAME=VALUE, NAME not empty; repeated */
+			if (i + 1 == argc || nxattrs == MAX_XATTRS || !strchr(argv[i + 1], '=') ||
+			    argv[i + 1][0] == '=')
+				goto usage;
+			xattrs[nxattrs++] = argv[++i];
 		}
 	}
 	if (path)

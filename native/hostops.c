@@ -32,6 +32,8 @@
  *       stdout/stderr at LOG, gets a "ready" pipe on fd 3, an "info" pipe on fd 4 and the
  *       listening socket on fd 5, and execs ARGV (bwrap, which passes fds 3 and 5 to the agent). Replies "ok" AGENT_PID T_NAMESPACES_NS T_READY_NS (CLOCK_MONOTONIC) once
  *       bwrap has reported the child pid on fd 4 and the agent has written a byte to fd 3.
+ *   launch-bwrap ...                        launch, ARGV being bwrap's: once the agent serves, bwrap's
+ *       monitor (the exec'd process, the agent's parent) is let go (drop_monitor).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -59,6 +61,7 @@
 
 #include <linux/nsfs.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 
 #include "userns.h"
 
@@ -530,6 +533,27 @@ struct launch_args {
 	char **cgs, **argv;
 };
 
+/*
+ * A user namespace's range from "BASE" and "COUNT" text (end: where the count's text ends): 1 to
+ * 65536 ids, all below (uid_t)-1, which no range may hold. Parsed as unsigned 32-bit values
+ * (ranges go up to 2^32-2): sscanf's %u took "-1" and 2^32 and above silently.
+ */
+static int id_range(const char *b, const char *n, char **end, unsigned *base, unsigned *count)
+{
+	char *e;
+	errno = 0;
+	unsigned long long bv = strtoull(b, &e, 10), nv;
+	if (errno || e == b || *e != (n == NULL ? ':' : '\0') || *b == '-')
+		return -1;
+	const char *c = n ? n : e + 1;
+	nv = strtoull(c, end, 10);
+	if (errno || *end == c || *c == '-' || nv == 0 || nv > 65536 || bv > 0xFFFFFFFFull - nv)
+		return -1;
+	*base = (unsigned)bv;
+	*count = (unsigned)nv;
+	return 0;
+}
+
 /* NULL, or why the arguments are not a launch (EINVAL). */
 static const char *launch_parse(struct request *r, struct launch_args *a)
 {
@@ -545,7 +569,9 @@ static const char *launch_parse(struct request *r, struct launch_args *a)
 	struct userns_spec *spec = &a->spec;
 	int at = 6;
 	if (strcmp(r->argv[5], "-") != 0) {
-		if (sscanf(r->argv[5], "%u:%u", &spec->base, &spec->count) != 2 || spec->count == 0 || r->argc < 10)
+		char *end;
+		if (id_range(r->argv[5], NULL, &end, &spec->base, &spec->count) < 0 || (*end != '\0' && *end != ':') ||
+		    r->argc < 10)
 			return usage;
 		memset(&spec->root, 0, sizeof spec->root);
 		/* BASE:COUNT:suid: a system machine's tree keeps setuid (userns.c idmapped_clone) */
@@ -575,6 +601,36 @@ static const char *launch_parse(struct request *r, struct launch_args *a)
 	return NULL;
 }
 
+/*
+ * bwrap's monitor, the process ARGV became, waits for its child (the agent, PID 1 of the
+ * sandbox) and does nothing else once the agent runs (no --die-with-parent, no status fd). It
+ * holds ~220 KiB per sandbox (its dirty pages, page tables, kernel stack) and the launch's private
+ * mount namespace, so it is killed once the agent serves: the agent is reparented to the host's
+ * init and lives on (docs/architecture.md "Density"). The pidfd pins the monitor, and it is
+ * signalled only while it is still the agent's parent, so no other process can be hit.
+ */
+static void drop_monitor(pid_t monitor, long agent)
+{
+	int pfd = (int)syscall(SYS_pidfd_open, monitor, 0);
+	if (pfd < 0)
+		return;
+	char path[64], st[512];
+	snprintf(path, sizeof path, "/proc/%ld/stat", agent);
+	int f = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = f >= 0 ? read(f, st, sizeof st - 1) : -1;
+	if (f >= 0)
+		close(f);
+	char *end = n > 0 ? (st[n] = 0, strrchr(st, ')')) : NULL;
+	int parent = 0;
+	if (end && sscanf(end + 1, " %*c %d", &parent) == 1 && parent == monitor)
+		if (syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0) == 0) {
+			/* gone from the cgroup before the reply: a pool's clean baseline counts its processes */
+			struct pollfd p = { pfd, POLLIN, 0 };
+			(void)poll(&p, 1, 1000);
+		}
+	close(pfd);
+}
+
 static void op_launch(struct request *r)
 {
 	struct launch_args la;
@@ -602,10 +658,17 @@ static void op_launch(struct request *r)
 		close(listen_fd);
 		return reply_err(r->id, e, sock);
 	}
-	int ready[2], info[2];
+	int ready[2], info[2], mon[2];
+	if (pipe2(mon, O_CLOEXEC) < 0) {
+		int e = errno;
+		close(listen_fd);
+		return reply_err(r->id, e, "pipe");
+	}
 	if (pipe2(ready, O_CLOEXEC) < 0) {
 		int e = errno;
 		close(listen_fd);
+		close(mon[0]);
+		close(mon[1]);
 		return reply_err(r->id, e, "pipe");
 	}
 	if (pipe2(info, O_CLOEXEC) < 0) {
@@ -613,6 +676,8 @@ static void op_launch(struct request *r)
 		close(listen_fd);
 		close(ready[0]);
 		close(ready[1]);
+		close(mon[0]);
+		close(mon[1]);
 		return reply_err(r->id, e, "pipe");
 	}
 	pid_t mid = fork();
@@ -622,18 +687,26 @@ static void op_launch(struct request *r)
 		pid_t p = fork();
 		if (p == 0)
 			launch_child(log, netns, us, cgs, ncg, argv, ready[1], info[1], listen_fd);
+		/* the exec'd process's pid, for drop_monitor */
+		(void)!write(mon[1], &p, sizeof p);
 		_exit(p < 0 ? 1 : 0);
 	}
 	int fork_errno = errno;
+	close(mon[1]);
 	close(listen_fd);
 	close(ready[1]);
 	close(info[1]);
 	if (mid < 0) {
 		close(ready[0]);
 		close(info[0]);
+		close(mon[0]);
 		return reply_err(r->id, fork_errno, "fork");
 	}
 	waitpid(mid, NULL, 0);
+	pid_t monitor = 0;
+	if (read(mon[0], &monitor, sizeof monitor) != sizeof monitor)
+		monitor = 0;
+	close(mon[0]);
 
 	char infobuf[4096];
 	size_t infolen = 0;
@@ -690,6 +763,8 @@ static void op_launch(struct request *r)
 		return reply_err(r->id, failed, why);
 	if (!agent)
 		return reply_err(r->id, EPROTO, "bwrap did not report the sandbox's pid");
+	if (strcmp(r->argv[0], "launch-bwrap") == 0 && monitor > 0)
+		drop_monitor(monitor, agent);
 	char a[24], tn[24], tr[24];
 	snprintf(a, sizeof a, "%ld", agent);
 	snprintf(tn, sizeof tn, "%llu", (unsigned long long)t_ns);
@@ -852,8 +927,11 @@ static void *serve(void *p)
 	else if (strcmp(op, "netns-userns") == 0 && r->argc != 4)
 		reply_err(r->id, EINVAL, "netns-userns PATH BASE COUNT");
 	else if (strcmp(op, "netns-userns") == 0) {
-		if (netns_make(r->argv[1], (unsigned)strtoul(r->argv[2], NULL, 10),
-			       (unsigned)strtoul(r->argv[3], NULL, 10)) < 0)
+		unsigned base, count;
+		char *end;
+		if (id_range(r->argv[2], r->argv[3], &end, &base, &count) < 0 || *end != '\0')
+			reply_err(r->id, EINVAL, "netns-userns: BASE COUNT: 1 to 65536 ids below 4294967295");
+		else if (netns_make(r->argv[1], base, count) < 0)
 			reply_err(r->id, errno, r->argv[1]);
 		else
 			reply_ok(r->id);
@@ -865,7 +943,7 @@ static void *serve(void *p)
 		snprintf(code, sizeof code, "%d", rc);
 		const char *f[] = { "ok", code, NULL };
 		reply(r->id, f);
-	} else if (strcmp(op, "launch") == 0)
+	} else if (strcmp(op, "launch") == 0 || strcmp(op, "launch-bwrap") == 0)
 		op_launch(r);
 	else if (strcmp(op, "tcp-check") == 0)
 		op_tcp_check(r);

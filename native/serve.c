@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1574,6 +1575,7 @@ static void after_events(void)
 		c->dirty = 0;
 		conn_flush(c);
 	}
+	int freed = grave_execs || grave_conns;
 	while (grave_execs) {
 		struct exec *e = grave_execs;
 		grave_execs = e->next_grave;
@@ -1586,6 +1588,11 @@ static void after_events(void)
 		buf_free(&c->out);
 		free(c);
 	}
+	/* an idle agent holds what it needs and no more: a connection's 64 KiB read buffers, freed
+	 * below malloc's trim threshold, stayed resident (~100 KiB a sandbox, docs/benchmarks.md
+	 * "Density"); a few microseconds per closed connection or ended command */
+	if (freed)
+		malloc_trim(0);
 }
 
 int serve_main(const char *path, int listen_fd, const char *stream_path, int stream_fd, int ready_fd, const char *caps,

@@ -58,26 +58,34 @@ async function startDaemon() {
   return { proc: p, ...JSON.parse(line) };
 }
 
+const BASH_OR_SH = 'if [ -x /bin/bash ]; then exec /bin/bash "$@"; fi; exec /bin/sh "$@"';
+
 /** Each arm: make a machine and run its first command; returns the time and a remover. */
 function arms(remote, embedded, image, pool) {
-  const own = (lab, opts) => async () => {
+  const own =
+    (lab, opts, argv = ['true']) =>
+    async () => {
+      const t0 = performance.now();
+      const box = await lab.create(opts);
+      await box.exec(argv);
+      return { ms: performance.now() - t0, done: () => box.destroy() };
+    };
+  const e2b = (template, opts) => async () => {
     const t0 = performance.now();
-    const box = await lab.create(opts);
-    await box.exec(['true']);
-    return { ms: performance.now() - t0, done: () => box.destroy() };
-  };
-  const e2b = (template) => async () => {
-    const t0 = performance.now();
-    const sbx = await Sandbox.create(template);
+    const sbx = await Sandbox.create(template, opts);
     await sbx.commands.run('true');
     return { ms: performance.now() - t0, done: () => sbx.kill() };
   };
   return {
-    'image, E2B SDK': e2b(image),
+    // like with like: the own API's create has no egress, E2B's default has (its link: reported apart)
+    'image, E2B SDK': e2b(image, { allowInternetAccess: false }),
     'image, own API': own(remote, { image }),
+    'image, E2B egress': e2b(image),
     'image, embedded': own(embedded, { image }),
     'pool, E2B SDK': e2b(pool),
     'pool, own API': own(remote, { pool }),
+    // the command as the front runs E2B's `commands.run('true')`: `bash -l -c` (sh where there is no bash)
+    'pool, own, login': own(remote, { pool }, ['/bin/sh', '-c', BASH_OR_SH, 'sh', '-l', '-c', 'true']),
     'pool, embedded': own(embedded, { pool }),
   };
 }
@@ -245,6 +253,10 @@ function print(r) {
       const o = r[part][`${from}, own API`].p50;
       console.log(`  ${from}: E2B front / own API, p50: ${(e / o).toFixed(2)}`);
     }
+    const login = r[part]['pool, own, login'].p50;
+    console.log(
+      `  pool: E2B front / own API running the same login shell, p50: ${(r[part]['pool, E2B SDK'].p50 / login).toFixed(2)}`,
+    );
   }
   console.log(
     `\nstream: envd ${r.stream.envdMiBs.toFixed(0)} MiB/s, own ${r.stream.ownMiBs.toFixed(0)} MiB/s, ratio ${r.stream.ratio.toFixed(2)}`,

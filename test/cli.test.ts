@@ -157,7 +157,7 @@ describe('snaplab CLI', () => {
     expect(snaplab(['snapshot', 'rm', 'st1-snap']).code).toBe(0);
   });
 
-  it('rm --label removes every sandbox with the label, several at once; the others stay; names with --all are refused', async () => {
+  it('rm --label removes every sandbox with the label; the others stay; names with --all, and --all with --label, are refused', async () => {
     const lab = await Lab.open({ home });
     try {
       const made = await Promise.all(
@@ -172,6 +172,9 @@ describe('snaplab CLI', () => {
       const both = snaplab(['rm', keep[0]!, '--all']);
       expect(both.code).toBe(2);
       expect(both.err).toMatch(/error\[BAD_INPUT\]: give names, or --all \/ --label, not both[\s\S]*hint:/);
+      expect(snaplab(['rm', '--all', '--label', 'batch=b']).err).toMatch(
+        /error\[BAD_INPUT\]: --all or --label, not both/,
+      );
       expect(JSON.parse(snaplab(['rm', '--label', 'batch=b', '--json']).out)).toEqual({
         removed: expect.arrayContaining(keep),
       });

@@ -94,6 +94,37 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     }
   });
 
+  it('whoami: who the lab acts for, its scopes, quotas and ceilings', async () => {
+    const me = await lab().whoami();
+    // the embedded lab acts for whoever opened the home; the others for their key
+    expect(me.key === 'local').toBe(kind === 'embedded');
+    expect(me.scopes).toEqual(expect.arrayContaining(['read', 'exec']));
+    // a gateway names only the ceilings the key was made with (a node has its own defaults)
+    expect(me.ceilings.egress).not.toBe(false);
+    if (!kind.startsWith('gateway')) expect(me.ceilings.egress).toBe(true);
+  });
+
+  it('files: a write lands with the user.* extended attributes asked for; stat and list report them', async () => {
+    const box = await lab().create({ name: `x-${kind}` });
+    try {
+      const xattrs = { 'user.e2b.author': 'ann', 'user.note': 'a=b c' };
+      await box.files.write('/data/x.txt', 'one', { xattrs });
+      expect((await box.files.stat('/data/x.txt')).xattrs).toEqual(xattrs);
+      expect((await box.files.list('/data')).map((e) => e.xattrs)).toEqual([xattrs]);
+      // an overwrite is a new file: only what it asks for; with append, added to what it has
+      await box.files.write('/data/x.txt', 'two');
+      expect((await box.files.stat('/data/x.txt')).xattrs).toBeUndefined();
+      await box.files.write('/data/x.txt', '+', { append: true, xattrs: { 'user.a': '1' } });
+      expect((await box.files.stat('/data/x.txt')).xattrs).toEqual({ 'user.a': '1' });
+      expect((await box.files.read('/data/x.txt')).toString()).toBe('two+');
+      await expect(box.files.write('/data/y', 'z', { xattrs: { 'trusted.x': '1' } })).rejects.toMatchObject({
+        code: 'BAD_INPUT',
+      });
+    } finally {
+      await box.destroy();
+    }
+  });
+
   it('files: write, read, stat, list, mkdir, remove; a missing file is FILE_NOT_FOUND', async () => {
     const box = await lab().create({ name: `f-${kind}` });
     try {

@@ -432,6 +432,11 @@ describe('snaplab serve', () => {
     }
     expect(remoteCli(['df']).stderr).toMatch(/runs on the embedded lab/);
     expect(remoteCli(['rm', 'via-cli']).status).toBe(0);
+    // a smaller user namespace range: --ids goes in the create body (docs/architecture.md "Ranges")
+    const small = remoteCli(['create', '--name', 'via-cli-ids', '--ids', '2048', '--json']);
+    expect(JSON.parse(small.stdout).userns, small.stderr).toMatchObject({ size: 2048 });
+    expect(remoteCli(['create', '--ids', '3000']).stderr).toMatch(/BAD_INPUT|power of two/);
+    expect(remoteCli(['rm', 'via-cli-ids']).status).toBe(0);
     expect(remoteCli(['exec', 'via-cli', '--', 'true'])).toMatchObject({
       status: 125,
       stderr: expect.stringMatching(/SANDBOX_NOT_FOUND/),

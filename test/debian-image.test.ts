@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
 import { SNAPLAB } from './cli-command.js';
 import { disposeLab, testLab } from './helpers.js';
@@ -20,9 +20,11 @@ describe('image build debian (mmdebstrap)', () => {
   it('builds bookworm minbase with an extra package, fetching only what the package cache lacks and keeping what it fetched; a sandbox of it has the package; the same inputs again are a cache hit', async () => {
     // a package cache of this test's own, holding hello alone (downloaded with the host's apt)
     const cache = mkdtempSync(join(tmpdir(), 'snaplab-test-packages-'));
-    mkdirSync(join(cache, 'debs'));
-    execFileSync('apt-get', ['download', 'hello'], { cwd: join(cache, 'debs'), stdio: 'ignore' });
-    const seeded = readdirSync(join(cache, 'debs'));
+    onTestFinished(() => rmSync(cache, { recursive: true, force: true }));
+    const debs = join(cache, 'bookworm');
+    mkdirSync(debs);
+    execFileSync('apt-get', ['download', 'hello'], { cwd: debs, stdio: 'ignore' });
+    const seeded = readdirSync(debs);
     expect(seeded).toEqual([expect.stringMatching(/^hello_.*\.deb$/)]);
     const env = { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_PACKAGE_CACHE: cache };
     const build = (): { name: string; cached: boolean; path: string; log?: string } => {
@@ -55,10 +57,10 @@ describe('image build debian (mmdebstrap)', () => {
       .map((l) => l.split(' ')[4]);
     expect(fetched).toContain('libc6');
     expect(fetched).not.toContain('hello');
-    const kept = readdirSync(join(cache, 'debs'));
+    const kept = readdirSync(debs);
     expect(kept.filter((f) => f.startsWith('libc6_'))).toHaveLength(1);
     expect(kept.length).toBeGreaterThan(fetched.length); // hello, and what was fetched
-    expect(readdirSync(cache).filter((f) => f !== 'debs')).toEqual([]); // the build's own directory went
+    expect(readdirSync(cache)).toEqual(['bookworm']); // the build's own directory went
     const root = first.path;
     expect(readdirSync(join(root, 'var/cache/apt/archives')).filter((f) => f.endsWith('.deb'))).toEqual([]);
     expect(readFileSync(join(root, 'etc/machine-id'), 'utf8')).toBe('');
@@ -72,7 +74,6 @@ describe('image build debian (mmdebstrap)', () => {
     expect((await box.exec(['hello'])).stdout.toString()).toBe('Hello, world!\n');
     const again = build();
     expect(again).toMatchObject({ name: 'deb-hello', cached: true });
-    rmSync(cache, { recursive: true, force: true });
     const img = (await lab.images()).find((i) => i.name === 'deb-hello');
     expect(img?.provenance).toMatchObject({
       kind: 'debian',

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import * as latest from 'e2b';
 import * as oldest from 'e2b-v2-14';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, removeHome, startE2bDaemon, until, type TestDaemon } from './daemon-helpers.js';
+import { cli, cliAsync, removeHome, startE2bDaemon, until, type TestDaemon } from './daemon-helpers.js';
 
 let home: string;
 let d: TestDaemon;
@@ -117,6 +117,35 @@ describe.each([
         await imaged.kill();
       }
       await expect(Sandbox.create('no-such-template')).rejects.toThrow(/404/);
+    });
+
+    it('a template that was a pool and is one no more is made from its image of that name', async () => {
+      const hits = (): number =>
+        (JSON.parse(cli(home, ['pool', 'ls', '--json']).out) as { name: string; hits: number }[]).find(
+          (p) => p.name === 'base',
+        )?.hits ?? -1;
+      const pooled = cli(home, ['pool', 'create', 'base', '--image', 'base', '--size', '1']);
+      expect(pooled.code, pooled.err).toBe(0);
+      let gone = false;
+      try {
+        const before = hits();
+        // the front learns here that `base` is a pool: its next creates of it are takes at once
+        const taken = await Sandbox.create('base');
+        await taken.kill();
+        expect(hits()).toBe(before + 1);
+        expect(cli(home, ['pool', 'rm', 'base']).code).toBe(0);
+        gone = true;
+        // the take finds no pool: the template is looked up again, and is the image `base`
+        const made = await Sandbox.create('base');
+        try {
+          expect((await made.getInfo()).templateId).toBe('base');
+          expect((await made.commands.run('echo made')).stdout).toBe('made\n');
+        } finally {
+          await made.kill();
+        }
+      } finally {
+        if (!gone) cli(home, ['pool', 'rm', 'base']);
+      }
     });
 
     it('lists with a metadata filter and pages with X-Next-Token; setTimeout moves the end', async () => {
@@ -371,9 +400,14 @@ describe.each([
   });
 
   describe('network', () => {
-    /** `snaplab egress ID --json`: the sandbox's egress as snaplab keeps it, or its error code. */
-    const egressOf = (id: string): { code?: string; allow?: string[]; deny?: string[] } => {
-      const r = cli(home, ['egress', id, '--json']);
+    /**
+     * `snaplab egress ID --json`: the sandbox's egress as snaplab keeps it, or its error code. Not
+     * blocking: three CLI runs in a row with spawnSync held the worker past the front's 5 s
+     * keep-alive on a loaded host, so the front had closed the SDK's idle connections, and the
+     * worker had not yet seen it when the kills went out on them ("other side closed").
+     */
+    const egressOf = async (id: string): Promise<{ code?: string; allow?: string[]; deny?: string[] }> => {
+      const r = await cliAsync(home, ['egress', id, '--json'], 60_000);
       return r.code === 0 ? JSON.parse(r.out) : { code: /EGRESS_OFF/.exec(r.err)?.[0] ?? r.err };
     };
 
@@ -384,16 +418,19 @@ describe.each([
         network: { denyOut: [sdk.ALL_TRAFFIC ?? '0.0.0.0/0'], allowOut: ['203.0.113.7', '198.51.100.0/24'] },
       });
       try {
-        expect(egressOf(open.sandboxId)).toMatchObject({ allow: [], deny: [] });
-        expect(egressOf(closed.sandboxId)).toEqual({ code: 'EGRESS_OFF' });
-        expect(egressOf(some.sandboxId)).toMatchObject({ allow: ['203.0.113.7', '198.51.100.0/24'], deny: [] });
+        expect(await egressOf(open.sandboxId)).toMatchObject({ allow: [], deny: [] });
+        expect(await egressOf(closed.sandboxId)).toEqual({ code: 'EGRESS_OFF' });
+        expect(await egressOf(some.sandboxId)).toMatchObject({ allow: ['203.0.113.7', '198.51.100.0/24'], deny: [] });
         if (modern) {
           const info = await some.getInfo();
           expect(info.network?.allowOut).toEqual(['203.0.113.7', '198.51.100.0/24']);
           expect((await closed.getInfo()).allowInternetAccess).toBe(false);
           // an update replaces the rules (E2B: an allowed entry wins over a denied one)
           await open.updateNetwork({ denyOut: ['198.51.100.0/30'], allowOut: ['198.51.100.1'] });
-          expect(egressOf(open.sandboxId)).toMatchObject({ allow: [], deny: ['198.51.100.2/31', '198.51.100.0'] });
+          expect(await egressOf(open.sandboxId)).toMatchObject({
+            allow: [],
+            deny: ['198.51.100.2/31', '198.51.100.0'],
+          });
         }
       } finally {
         await Promise.all([open.kill(), closed.kill(), some.kill()]);

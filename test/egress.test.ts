@@ -472,6 +472,17 @@ machines:
       // E2B's default (internet access) is this key's default, none; asked for, it is refused
       const { Sandbox } = await import('e2b');
       const opts = { apiKey: closed, apiUrl: d.e2bUrl, sandboxUrl: d.e2bUrl };
+      // a create is one create: the front reads the key's ceiling once (GET /whoami), it does not
+      // learn it from a refused create (the daemon's count of 403s on /sandboxes stays)
+      const daemonUrl = d.url;
+      const refusedCreates = async (): Promise<number> => {
+        const m = await (
+          await fetch(`${daemonUrl}/metrics`, { headers: { authorization: `Bearer ${closed}` } })
+        ).text();
+        return Number(/^snaplab_http_requests_total\{route="\/sandboxes",status="403"\} (\d+)$/m.exec(m)?.[1] ?? 0);
+      };
+      const refusedBefore = await refusedCreates();
+      expect(refusedBefore).toBeGreaterThan(0); // the refusals above are counted there
       const sbx = await Sandbox.create('busybox', opts);
       try {
         expect((await c.get(sbx.sandboxId)).egress).toBeNull();
@@ -486,6 +497,7 @@ machines:
       } finally {
         await asked.kill();
       }
+      expect(await refusedCreates()).toBe(refusedBefore);
       await expect(Sandbox.create('busybox', { ...opts, network: { allowOut: [WEB] } })).rejects.toThrow(
         /^403: .*egress/,
       );

@@ -1,6 +1,8 @@
 import { spawnSync } from 'node:child_process';
+import { randomInt } from 'node:crypto';
 import {
   chownSync,
+  existsSync,
   mkdirSync,
   mkdtempSync,
   readdirSync,
@@ -20,7 +22,7 @@ import { unmountAll } from '../src/storage/mounts.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pids } from '../src/host/cgroups/destroy.js';
 import { cgroupFor } from '../src/host/cgroups/cgroups.js';
-import { USERNS_SIZE, USERNS_SLOTS, slotBase } from '../src/host/userns/id-ranges.js';
+import { USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf } from '../src/host/userns/id-ranges.js';
 import { REGISTRY } from '../src/host/userns/registry.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
@@ -249,26 +251,104 @@ describe('user namespace ranges', () => {
       const boxes = await Promise.all(Array.from({ length: 6 }, (_, i) => (i % 2 ? lab : other).create({})));
       expect(new Set(boxes.map((b) => b.info.uidBase)).size).toBe(6);
       await Promise.all(boxes.map((b) => b.destroy()));
-      // every range but one taken (by anyone): the create gets that one; the next cannot get any
-      const free = Array.from({ length: USERNS_SLOTS }, (_, n) => slotBase(n)).filter(
-        (b) => !readdirSync(REGISTRY).includes(String(b)),
-      );
-      const keep = free.shift()!; // the lowest: the highest ones overlap systemd's foreign range
-      for (const b of free) writeFileSync(join(REGISTRY, String(b)), '{"home":"/test/other","id":"x"}', { flag: 'wx' });
+      // every range but one taken (by anyone): the create gets that one; the next cannot get any.
+      // Three slots of the high stretch (SNAPLAB_USERNS_IDS), one claimed whole by another, one
+      // split by another's small range: neither is shared
+      const lo = slotBase(2569 + randomInt(32000));
+      const [whole, split, keep] = [lo, lo + USERNS_SIZE, lo + 2 * USERNS_SIZE];
+      writeFileSync(join(REGISTRY, String(whole)), '{"home":"/test/other","id":"x"}', { flag: 'wx' });
+      mkdirSync(join(REGISTRY, String(split)));
+      writeFileSync(join(REGISTRY, String(split), `${split + 2048}.2048`), '{"home":"/test/other","id":"y"}');
+      process.env.SNAPLAB_USERNS_IDS = `${lo}-${lo + 3 * USERNS_SIZE - 1}`;
       try {
         await using last = await lab.create({});
-        // (the one left, unless the host's accounts or systemd's foreign range rule it out)
-        if (last.info.uidBase !== null) expect(last.info.uidBase).toBe(keep);
+        expect(last.info.uidBase).toBe(keep);
         await expect(lab.create({})).rejects.toMatchObject({
           code: 'NO_USERNS_SLOT',
           hint: expect.stringMatching(/--no-userns/),
         });
+        await expect(lab.create({ ids: 1024 })).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
       } finally {
-        for (const b of free) unlinkSync(join(REGISTRY, String(b)));
+        delete process.env.SNAPLAB_USERNS_IDS;
+        unlinkSync(join(REGISTRY, String(whole)));
+        rmSync(join(REGISTRY, String(split)), { recursive: true });
       }
     } finally {
       await disposeLab(other);
     }
+  });
+
+  it('above 2^31 (once the low stretch is full): shown right by ls, ls -ln and /proc; ps prints it negative', async () => {
+    const lo = slotBase(2569 + randomInt(32000));
+    process.env.SNAPLAB_USERNS_IDS = `${lo}-${lo + 4 * USERNS_SIZE - 1}`;
+    try {
+      await using box = await lab.create({});
+      const base = box.info.uidBase!;
+      expect(base).toBeGreaterThanOrEqual(2 ** 31);
+      expect((await out(box, ['cat', '/proc/self/uid_map'])).split(/\s+/).map(Number)).toEqual([0, base, USERNS_SIZE]);
+      expect(hostUids(box.info.pid!)).toEqual([base, base, base, base]);
+      const ls = spawnSync(SNAPLAB, ['ls', '--json'], {
+        env: { ...process.env, SNAPLAB_HOME: lab.home },
+        encoding: 'utf8',
+      });
+      expect(ls.status, ls.stderr).toBe(0);
+      const row = (JSON.parse(ls.stdout) as { id: string; userns: unknown }[]).find((b) => b.id === box.id);
+      expect(row?.userns).toEqual({ uidBase: base, size: USERNS_SIZE });
+      const lsn = spawnSync('ls', ['-lnd', `/proc/${box.info.pid}`], { encoding: 'utf8' }).stdout.split(/\s+/);
+      expect(lsn.slice(2, 4).map(Number)).toEqual([base, base]);
+      // procps's numeric uid column is signed (docs/architecture.md "Ranges")
+      const ps = spawnSync('ps', ['-o', 'uid=', '-p', String(box.info.pid)], { encoding: 'utf8' }).stdout.trim();
+      expect(Number(ps)).toBe(base - 2 ** 32);
+    } finally {
+      delete process.env.SNAPLAB_USERNS_IDS;
+    }
+  });
+
+  it('a sandbox asks a smaller range (ids): mapped 0..ids-1, ids beyond show as nobody; a restore keeps the size', async () => {
+    await using box = await lab.create({ ids: 1024 });
+    const base = box.info.uidBase!;
+    expect((await out(box, ['cat', '/proc/self/uid_map'])).split(/\s+/).map(Number)).toEqual([0, base, 1024]);
+    expect(box.toJSON().userns).toEqual({ uidBase: base, size: 1024 });
+    expect(readdirSync(join(REGISTRY, String(slotOf(base))))).toContain(`${base}.1024`);
+    expect(await out(box, ['sh', '-c', 'echo hi > /f && chown 1000:1000 /f && stat -c %u /f'])).toBe('1000');
+    const r = await box.exec(['chown', '2000', '/f']);
+    expect(r.exitCode).not.toBe(0); // 2000 is not mapped
+    chownSync(onDisk(lab, box, 'f'), 5000, 5000); // on disk beyond the range: nobody inside
+    expect(await out(box, ['stat', '-c', '%u %g', '/f'])).toBe('65534 65534');
+    expect((await box.exec(['chown', '0:0', '/f'])).exitCode).not.toBe(0); // nor can root inside take it back
+    const snap = await box.snapshot(`ids-${box.id}`);
+    try {
+      await using again = await lab.restore(snap.name);
+      expect(again.toJSON().userns).toEqual({ uidBase: again.info.uidBase, size: 1024 });
+      expect(await out(again, ['cat', '/f'])).toBe('hi');
+      await using big = await lab.restore(snap.name, { ids: 65536 });
+      expect((await out(big, ['stat', '-c', '%u', '/f'])).trim()).toBe('5000');
+    } finally {
+      await lab.removeSnapshot(snap.name);
+    }
+    await expect(lab.create({ ids: 1000 })).rejects.toMatchObject({ code: 'BAD_INPUT', hint: /power of two/ });
+    await expect(lab.create({ ids: 1024, userns: false })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+    // from the command line
+    const cli = spawnSync(SNAPLAB, ['create', '--ids', '2048', '--json'], {
+      env: { ...process.env, SNAPLAB_HOME: lab.home },
+      encoding: 'utf8',
+    });
+    expect(cli.status, cli.stderr).toBe(0);
+    const made = JSON.parse(cli.stdout) as { name: string; userns: { size: number } };
+    expect(made.userns.size).toBe(2048);
+    await (await lab.get(made.name)).destroy();
+  });
+
+  it('gc gives back the small range of a sandbox whose record vanished', async () => {
+    const box = await lab.create({ ids: 4096 });
+    const base = box.info.uidBase!;
+    box.close();
+    lab.context.store.deleteSandbox(box.id);
+    const part = join(REGISTRY, String(slotOf(base)), `${base}.4096`);
+    utimesSync(part, new Date(Date.now() - 120_000), new Date(Date.now() - 120_000));
+    const gc = await lab.gc();
+    expect(gc.removed).toEqual(expect.arrayContaining([`user namespace range ${base} (sandbox ${box.id})`]));
+    expect(existsSync(part)).toBe(false);
   });
 
   it('gc frees the range and kills the processes of a sandbox whose record vanished', async () => {
@@ -359,7 +439,7 @@ describe('user namespace ranges', () => {
       });
       await using box = await lab.create({});
       expect(box.info.uidBase).not.toBe(base);
-      expect(readdirSync(REGISTRY).filter((f) => f.startsWith('.tmp-'))).toEqual([]); // claims are linked into place whole
+      expect(readdirSync(REGISTRY).filter((f) => f.startsWith(`.tmp-${process.pid}-`))).toEqual([]); // claims are linked into place whole (this process's: others claim meanwhile)
     } finally {
       if (!taken) unlinkSync(join(REGISTRY, String(base)));
     }

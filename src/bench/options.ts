@@ -29,6 +29,8 @@ export interface BenchCli {
   compare?: string[];
   host?: string;
   json?: boolean;
+  /** density: idle machines at each step */
+  counts?: string;
 }
 
 /** What may differ between the two configurations of --compare. */
@@ -41,14 +43,18 @@ export function addBenchOptions(cmd: Command): Command {
   return cmd
     .option(
       '--workload <name>',
-      `one of ${WORKLOADS.join(', ')}; or cli (whole snaplab processes as a shell runs them), or image-import (an OCI import beside tar -x), or interactive (keystroke echo, cp and port-forward throughput beside nsenter, cat and direct loopback), or egress (create with egress off and on, a download through it beside a veth, connection setup with 1 and 1000 rules)`,
+      `one of ${WORKLOADS.join(', ')}; or cli (whole snaplab processes as a shell runs them), or image-import (an OCI import beside tar -x), or interactive (keystroke echo, cp and port-forward throughput beside nsenter, cat and direct loopback), or egress (create with egress off and on, a download through it beside a veth, connection setup with 1 and 1000 rules), or density (the costs of one machine beside --counts idle ones)`,
       'exec',
     )
     .option(
       '--ladder <rungs>',
       `concurrency rungs, comma-separated (default ${DEFAULT_LADDER.join(',')}, cut to what the workload can run here: 1 for scenarios, the host's VM limit for --driver qemu)`,
     )
-    .option('--concurrency <n>', 'shorthand for a one-rung ladder')
+    .option(
+      '--concurrency <n>',
+      'shorthand for a one-rung ladder (density: creates in flight while filling, default 4)',
+    )
+    .option('--counts <list>', 'density: idle machines at each step, e.g. 0,1000,5000,10000 (default 0,100)')
     .option('--reps <n>', 'repetitions of each rung', '3')
     .option('--duration <seconds>', 'length of each repetition', '2')
     .option('--count <n>', 'stop a repetition after this many operations (whichever comes first)')
@@ -298,6 +304,7 @@ export function toPlan(
   if (!(WORKLOADS as readonly string[]).includes(o.workload))
     throw bad(`unknown workload ${JSON.stringify(o.workload)}`, `use one of: ${WORKLOADS.join(', ')}`);
   const w = o.workload as Workload;
+  if (o.counts !== undefined) throw bad('--counts applies to the density workload only', 'use --workload density');
   if (o.driver !== undefined && !DRIVER_NAMES.includes(o.driver))
     throw bad(`unknown driver ${JSON.stringify(o.driver)}`, `use ${DRIVER_NAMES.join(' or ')}`);
   const ladder = ladderOf(o, w, host);

@@ -5,14 +5,70 @@ import { findDriverInfo } from '../drivers/registry.js';
 import { cliPlan } from '../bench/cli-plan.js';
 import { withLab } from './common.js';
 import { printJson } from './output.js';
+import type { Lab } from '../sdk/lab.js';
+import { SnaplabError } from '../errors.js';
+
+/**
+ * The density workload: Ctrl-C (or SIGTERM, SIGHUP) stops it between steps, and it removes every
+ * machine it made before it exits.
+ */
+async function densityCommand(o: BenchCli): Promise<void> {
+  const [{ densityBench, parseCounts, renderDensitySummary, writeDensityResults }, { Progress }, sizes, results] =
+    await Promise.all([
+      import('../bench/density-bench.js'),
+      import('../bench/progress.js'),
+      import('../lab/sizes.js'),
+      import('../bench/results.js'),
+    ]);
+  const opts = {
+    counts: parseCounts(o.counts ?? '0,100'),
+    samples: o.count === undefined ? 20 : sizes.parsePositiveInt(o.count, 'count'),
+    concurrency: o.concurrency === undefined ? 4 : sizes.parsePositiveInt(o.concurrency, 'concurrency'),
+  };
+  const dir = o.results ? results.prepareResultsDir(o.results) : undefined;
+  const ac = new AbortController();
+  const interrupt = (): void => {
+    if (ac.signal.aborted) return void process.stderr.write("… still removing the bench's machines\n");
+    process.stderr.write("\n… interrupted: removing the bench's machines\n");
+    ac.abort(
+      new SnaplabError('ABORTED', 'the density bench was interrupted', 'its machines were removed; run it again'),
+    );
+  };
+  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
+  for (const s of signals) process.on(s, interrupt);
+  try {
+    const summary = await densityBench(opts, new Progress(process.stderr), ac.signal);
+    const written = dir ? writeDensityResults(dir, summary) : [];
+    if (o.json) printJson(summary);
+    else process.stdout.write(`${renderDensitySummary(summary)}\n`);
+    if (written.length) process.stderr.write(`results: ${written.join(', ')}\n`);
+  } finally {
+    for (const s of signals) process.off(s, interrupt);
+  }
+}
+
+/** The egress workload (docs/egress.md). */
+async function egressCommand(lab: Lab, o: BenchCli): Promise<void> {
+  const [{ egressBench, renderEgressSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([
+    import('../bench/egress-bench.js'),
+    import('../bench/progress.js'),
+    import('../lab/sizes.js'),
+  ]);
+  const summary = await egressBench(
+    lab,
+    { rounds: parsePositiveInt(o.reps, 'reps'), raises: 10, mib: 1024, connects: 200 },
+    new Progress(process.stderr),
+  );
+  if (o.json) printJson(summary);
+  else process.stdout.write(`${renderEgressSummary(summary)}\n`);
+}
 
 export function registerBench(program: Command): void {
   const cmd = program
     .command('bench [argv...]')
     .description('climb a concurrency ladder for a lifecycle workload, with same-run baselines (floor, slope, peak)');
   addBenchOptions(cmd);
-  // `--compare 'A' 'B'` gives one option two values: spread them before commander parses
-  const parseOptions = cmd.parseOptions.bind(cmd);
+  const parseOptions = cmd.parseOptions.bind(cmd); // `--compare 'A' 'B'` gives one option two values: spread first
   cmd.parseOptions = (args: string[]) => parseOptions(spreadCompare(args));
   cmd.action((argv: string[], o: BenchCli) =>
     withLab(o, async (lab) => {
@@ -47,21 +103,8 @@ export function registerBench(program: Command): void {
         else process.stdout.write(`${renderInteractiveSummary(summary)}\n`);
         return;
       }
-      if (o.workload === 'egress') {
-        const [{ egressBench, renderEgressSummary }, { Progress }, { parsePositiveInt }] = await Promise.all([
-          import('../bench/egress-bench.js'),
-          import('../bench/progress.js'),
-          import('../lab/sizes.js'),
-        ]);
-        const summary = await egressBench(
-          lab,
-          { rounds: parsePositiveInt(o.reps, 'reps'), raises: 10, mib: 1024, connects: 200 },
-          new Progress(process.stderr),
-        );
-        if (o.json) printJson(summary);
-        else process.stdout.write(`${renderEgressSummary(summary)}\n`);
-        return;
-      }
+      if (o.workload === 'egress') return egressCommand(lab, o);
+      if (o.workload === 'density') return densityCommand(o);
       if (o.workload === 'cli') {
         const explicit = (k: keyof BenchCli): boolean => cmd.getOptionValueSource(k) === 'cli';
         const plan = cliPlan(o, argv, explicit);

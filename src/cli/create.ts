@@ -17,6 +17,7 @@ interface CreateCli extends CommonOptions, LimitOptions, EgressFlags {
   storage?: StorageKind;
   driver?: string;
   userns: boolean;
+  ids?: string;
   init?: string;
   pool?: string;
   label: string[];
@@ -51,6 +52,9 @@ function printMade(box: SandboxApi, o: CommonOptions, verb: string): void {
   showTrace(o, t);
 }
 
+/** --ids N: checked with the rest of a create's options (resolveCreate), as a number */
+const idsFrom = (o: { ids?: string }): { ids?: number } => (o.ids === undefined ? {} : { ids: Number(o.ids) });
+
 function createOptions(o: CreateCli): LabCreateOptions {
   if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd')
     throw new SnaplabError('BAD_INPUT', `unknown --init ${JSON.stringify(o.init)}`, 'agent or systemd');
@@ -73,6 +77,7 @@ function createOptions(o: CreateCli): LabCreateOptions {
     driver: o.driver,
     ...(Object.keys(limits).length ? { limits } : {}),
     ...(o.userns ? {} : { userns: false }),
+    ...idsFrom(o),
     ...(o.init ? { init: o.init } : {}),
     ...(egress ? { egress } : {}),
   };
@@ -90,6 +95,10 @@ export function registerCreate(program: Command): void {
     .option('--storage <kind>', 'btrfs, overlay or dir (default: the best that works here)')
     .option('--driver <name>', `machine driver (default ${DEFAULT_DRIVER})`)
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
+    .option(
+      '--ids <n>',
+      'ids in its user namespace, a power of two from 1024 to 65536 (default); ids on disk beyond show as nobody inside',
+    )
     .option(
       '--init <init>',
       "systemd: the image's own systemd boots (create returns once it is up; the default for images whose /sbin/init is systemd); agent: the agent is PID 1",
@@ -140,11 +149,13 @@ export function registerRestore(program: Command): void {
     .description("start a new sandbox whose filesystem is the snapshot's (and its limits, unless some are given)")
     .option('--name <name>', 'a name for the new sandbox')
     .option('--no-userns', 'no user namespace: root inside is root on the host (warned about, shown in ls)')
+    .option('--ids <n>', "ids in its user namespace (default: as the snapshot's sandbox had; see create --ids)")
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
   addEgressFlags(cmd);
   addTraceOption(cmd);
-  cmd.action((snapshot: string, o: CommonOptions & LimitOptions & EgressFlags & { name?: string; userns: boolean }) =>
+  type RestoreCli = CommonOptions & LimitOptions & EgressFlags & { name?: string; userns: boolean; ids?: string };
+  cmd.action((snapshot: string, o: RestoreCli) =>
     withApi(o, async (lab) => {
       const limits = limitsFrom(o);
       const egress = egressFrom(o);
@@ -152,6 +163,7 @@ export function registerRestore(program: Command): void {
         name: o.name,
         limits: Object.keys(limits).length ? limits : undefined,
         ...(o.userns ? {} : { userns: false }),
+        ...idsFrom(o),
         ...(egress ? { egress } : {}),
       });
       box.close();

@@ -16,6 +16,7 @@ import { DirBackend } from '../storage/dir/dir-backend.js';
 import { Lab } from '../sdk/lab.js';
 import { probeUserns } from '../host/userns/probe.js';
 import { readUsernsPolicy, usernsPolicyVerdict } from '../host/userns/policy.js';
+import { hostLimits } from '../host/limits.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { SnaplabError } from '../errors.js';
 import { join } from 'node:path';
@@ -153,6 +154,8 @@ async function hostChecks(): Promise<Check[]> {
   });
   checks.push({ name: 'cgroup moves', kind: 'host', optional: true, ...(await probeCgroupMoves()) });
   checks.push({ name: 'user namespace policy', kind: 'host', ...usernsPolicyVerdict(readUsernsPolicy()) });
+  // many sandboxes: what stops creates before memory does (issue 34)
+  checks.push({ name: 'host limits', kind: 'host', optional: true, ...hostLimits() });
   return checks;
 }
 

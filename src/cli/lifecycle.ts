@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { keyValues } from '../lab/io/exec.js';
-import type { SandboxApi } from '../sdk/api.js';
+import type { LabApi, SandboxApi } from '../sdk/api.js';
 import { addTraceOption, showTrace, withApi, withLab, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';
 
@@ -62,10 +62,12 @@ const RM_NAMES_SHOWN = 10;
 
 /**
  * Destroy the selected sandboxes, RM_PARALLEL at a time, with progress on stderr (`progress`) at
- * most once a second. One removed by someone else meanwhile is skipped (it is gone, as asked);
+ * most once a second (removed, skipped and failed alike). One removed by someone else meanwhile is
+ * skipped (it is gone, as asked);
  * other failures do not stop the rest and are said at the end.
  */
 async function removeSelected(
+  lab: LabApi,
   boxes: SandboxApi[],
   o: CommonOptions,
   progress: ((done: number, total: number) => void) | undefined,
@@ -73,19 +75,22 @@ async function removeSelected(
   const removed: string[] = [];
   const failed: { name: string; error: unknown }[] = [];
   let next = 0;
+  let done = 0;
   let shown = Date.now();
   const worker = async (): Promise<void> => {
     while (next < boxes.length) {
       const b = boxes[next++]!;
       try {
-        showTrace(o, await b.destroy());
+        // read again now: the list may be minutes old, and a stale record must not be removed twice
+        showTrace(o, await (await lab.get(b.id, { check: false })).destroy());
         removed.push(b.name);
       } catch (e) {
         if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) failed.push({ name: b.name, error: e });
       }
+      done++;
       if (progress && Date.now() - shown >= 1000) {
         shown = Date.now();
-        progress(removed.length + failed.length, boxes.length);
+        progress(done, boxes.length);
       }
     }
   };
@@ -116,10 +121,14 @@ function registerRm(program: Command): void {
   rm.action((names: string[], o: CommonOptions & { all?: boolean; label: string[] }) =>
     withApi(o, async (lab) => {
       const select = o.all || o.label.length > 0;
-      if (select === names.length > 0)
+      if (select === names.length > 0 || (o.all && o.label.length > 0))
         throw new SnaplabError(
           'BAD_INPUT',
-          select ? 'give names, or --all / --label, not both' : 'which sandboxes?',
+          !select
+            ? 'which sandboxes?'
+            : o.all && o.label.length
+              ? '--all or --label, not both'
+              : 'give names, or --all / --label, not both',
           'give ids or names, or --all, or --label k=v',
         );
       let removed: string[];
@@ -128,7 +137,7 @@ function registerRm(program: Command): void {
         const progress = o.json
           ? undefined
           : (done: number, total: number): void => void process.stderr.write(`… ${done}/${total} removed\n`);
-        removed = await removeSelected(boxes, o, progress);
+        removed = await removeSelected(lab, boxes, o, progress);
       } else {
         // one after the other, as given: a name that is not there stops the command, and says which
         for (const n of names) showTrace(o, await (await lab.get(n)).destroy());
@@ -136,7 +145,8 @@ function registerRm(program: Command): void {
       }
       if (o.json) printJson({ removed });
       else if (removed.length === 0) process.stdout.write('nothing to remove\n');
-      else if (removed.length <= RM_NAMES_SHOWN) process.stdout.write(`removed ${removed.join(', ')}\n`);
+      // (names given are all said, as the command without Node says them: native/daemon.c)
+      else if (!select || removed.length <= RM_NAMES_SHOWN) process.stdout.write(`removed ${removed.join(', ')}\n`);
       else process.stdout.write(`removed ${removed.length} sandboxes\n`);
     }),
   );

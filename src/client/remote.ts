@@ -34,6 +34,7 @@ import type {
   SpawnOptions,
   StoredTrace,
   TraceQuery,
+  CallerInfo,
 } from '../sdk/api.js';
 import { encoded, type ExecText, type Text } from '../sdk/output.js';
 import type { SandboxFiles } from '../sdk/sandbox.js';
@@ -262,11 +263,12 @@ export class RemoteSandbox implements SandboxApi {
         )),
       write: async (path, data, o = {}) => {
         const body = typeof data === 'string' ? Buffer.from(data) : data;
-        const r = await this.http.json<{ bytes: number }>(
-          'PUT',
-          this.path(`/files${q(path, { user: o.user, mode: o.mode?.toString(8).padStart(4, '0'), append: o.append })}`),
-          { body },
-        );
+        const query = q(path, { user: o.user, mode: o.mode?.toString(8).padStart(4, '0'), append: o.append });
+        // each extended attribute a repeated `xattr=NAME=VALUE`
+        const xattrs = Object.entries(o.xattrs ?? {})
+          .map(([k, v]) => `&xattr=${encodeURIComponent(`${k}=${v}`)}`)
+          .join('');
+        const r = await this.http.json<{ bytes: number }>('PUT', this.path(`/files${query}${xattrs}`), { body });
         return r.bytes;
       },
       read: async (path, o = {}) =>
@@ -670,6 +672,10 @@ export class RemoteLab implements LabApi {
 
   pools(): Promise<PoolStats[]> {
     return this.http.json('GET', '/pools');
+  }
+
+  whoami(): Promise<CallerInfo> {
+    return this.http.json('GET', '/whoami');
   }
 
   /** Raise a scenario file that is on the daemon's host; resolves with its status when it is up. */

@@ -5,7 +5,7 @@
  * a GatewayLab is bound to one (`GatewayLab.open` with a key, or `lab.as(caller)` for another),
  * and its nodes apply that key's scopes and ownership, as they do for the HTTP gateway's requests.
  */
-import { pageOf } from '../sdk/paging.js';
+import { checkPage, pageOf } from '../sdk/paging.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
@@ -20,9 +20,10 @@ import type {
   SnapshotApi,
   StoredTrace,
   TraceQuery,
+  CallerInfo,
 } from '../sdk/api.js';
 import { DEFAULT_IMAGE } from '../defaults.js';
-import type { Caller } from '../server/keys.js';
+import { describeCaller, type Caller } from '../server/keys.js';
 import { ClusterCore, openCluster, type CoreOptions } from './core.js';
 import { onNode, refusedBy } from './core-errors.js';
 import { noted } from '../cleanup.js';
@@ -158,6 +159,7 @@ export class GatewayLab implements LabApi {
   }
 
   async list(opts: ListOptions = {}): Promise<SandboxApi[]> {
+    checkPage(opts); // a bad page is said here, not refused by every node
     const { done } = await this.fromEach((lab) => lab.list(opts));
     const out: SandboxApi[] = done.flatMap((d) => d.value.map((b) => this.placed(d.node, b.toJSON())));
     const answered = new Set(done.map((d) => d.node));
@@ -237,6 +239,12 @@ export class GatewayLab implements LabApi {
 
   pool(name: string): PoolApi {
     return new ClusterPool(this, name);
+  }
+
+  /** The caller the gateway checked, as its GET /whoami tells it (ceilings as the key was made: each node has its defaults). */
+  async whoami(): Promise<CallerInfo> {
+    this.guard();
+    return { ...describeCaller(this.caller), ceilings: { ...this.caller.ceilings } };
   }
 
   /** Pools summed over the nodes that hold them. */

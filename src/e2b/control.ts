@@ -5,7 +5,7 @@
  * default, is snaplab's default image.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { LabCreateOptions, SandboxApi } from '../sdk/api.js';
+import type { LabApi, LabCreateOptions, SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { ENVD_VERSION, type E2bState } from './state.js';
 import { fromMetadata, listSandboxes, RESERVED } from './listing.js';
@@ -87,9 +87,22 @@ const defaultEgress = (body: NewSandbox): boolean =>
   (body.allow_internet_access === undefined || body.allow_internet_access === true) &&
   !(body.network as { allowOut?: unknown[] } | null)?.allowOut?.length;
 
-/** The daemon's refusal of egress to a key made without it (FORBIDDEN, limit egress). */
-const egressRefused = (e: unknown): boolean =>
-  isSnaplabError(e, 'FORBIDDEN') && (e as { limit?: string }).limit === 'egress';
+/**
+ * May this key's sandboxes have egress (its `egress` ceiling)? Read once per key: the front holds
+ * one LabApi per key (a key removed and made again is another LabApi), so the answer is kept with
+ * it, and a create is one create, not a refused one and another (a key's ceilings are those it was
+ * made with). A read that failed is asked again next time.
+ */
+const egressOf = new WeakMap<LabApi, Promise<boolean>>();
+function keyMayEgress(lab: LabApi): Promise<boolean> {
+  let p = egressOf.get(lab);
+  if (!p) {
+    p = lab.whoami().then((me) => me.ceilings.egress !== false); // not named: the default, egress
+    egressOf.set(lab, p);
+    p.catch(() => egressOf.delete(lab));
+  }
+  return p;
+}
 
 /** The same create without egress, its network as getInfo will say it: no internet access. */
 function withoutEgress(opts: LabCreateOptions): LabCreateOptions {
@@ -116,31 +129,51 @@ function created(state: E2bState, box: SandboxApi, apiKey: string): Record<strin
 const idOf = (req: FastifyRequest): string => (req.params as { id: string }).id;
 const keyOf = (req: FastifyRequest): string => String(req.headers['x-api-key']);
 
+/**
+ * What a create asks of the Lab API: a template that names a pool is a take of one of its ready
+ * standbys (the fast path). `pool`: the template is known to be a pool (it was one last time),
+ * so the daemon is not asked for the pools first.
+ */
+async function optionsFor(lab: LabApi, body: NewSandbox, pool: boolean): Promise<LabCreateOptions> {
+  const opts = createOptions(body);
+  if (!opts.image || !(pool || (await lab.pools()).some((p) => p.name === opts.image))) return opts;
+  // its standbys come with the pool's network (`pool create --egress …`): rules asked for here
+  // are refused, not ignored (allow_internet_access: true is what older SDKs send every time,
+  // and is taken as their default)
+  if (body.network !== undefined && body.network !== null)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `template ${opts.image} is a pool: its standbys come with the pool's network`,
+      'leave out network, use an image template, or make a pool with the rules (`snaplab pool create --allow-out …`)',
+    );
+  return { ...opts, pool: opts.image, image: undefined, egress: undefined };
+}
+
+/** Make it: a take from the template's pool (`taken`), or a create from its image. */
+async function make(lab: LabApi, body: NewSandbox, pool: boolean): Promise<{ box: SandboxApi; taken: boolean }> {
+  const opts = await optionsFor(lab, body, pool);
+  // a key without egress: E2B's default is its none (egress asked for is refused by the daemon, 403)
+  const box = await lab.create(
+    opts.egress && defaultEgress(body) && !(await keyMayEgress(lab)) ? withoutEgress(opts) : opts,
+  );
+  return { box, taken: opts.pool !== undefined };
+}
+
 async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   const lab = await state.lab(req);
+  const key = keyOf(req);
   const body = jsonBody(req) as NewSandbox;
-  const opts = createOptions(body);
-  // a template that names a pool is a take of one of its ready standbys (the fast path)
-  if (opts.image && (await lab.pools()).some((p) => p.name === opts.image)) {
-    // its standbys come with the pool's network (`pool create --egress …`): rules asked for here
-    // are refused, not ignored (allow_internet_access: true is what older SDKs send every time,
-    // and is taken as their default)
-    if (body.network !== undefined && body.network !== null)
-      throw new SnaplabError(
-        'BAD_INPUT',
-        `template ${opts.image} is a pool: its standbys come with the pool's network`,
-        'leave out network, use an image template, or make a pool with the rules (`snaplab pool create --allow-out …`)',
-      );
-    opts.pool = opts.image;
-    opts.image = undefined;
-    opts.egress = undefined;
-  }
-  // a key without egress refuses it (403) before anything is made: then E2B's default is its none
-  const box = await lab.create(opts).catch((e: unknown) => {
-    if (!opts.egress || !defaultEgress(body) || !egressRefused(e)) throw e;
-    return lab.create(withoutEgress(opts));
+  const template = typeof body.templateID === 'string' ? body.templateID : BASE_TEMPLATE;
+  const known = state.pools.has(key, template);
+  const { box, taken } = await make(lab, body, known).catch((e: unknown) => {
+    // the pool it was is gone: the template is looked up again (an image of that name, or no such template)
+    if (!known || !isSnaplabError(e, 'POOL_NOT_FOUND')) throw e;
+    state.pools.drop(key, template);
+    return make(lab, body, false);
   });
-  return reply.code(201).send(created(state, box, keyOf(req)));
+  if (taken) state.pools.add(key, template);
+  state.users.fresh(box, key);
+  return reply.code(201).send(created(state, box, key));
 }
 
 /** Connect: a paused sandbox is resumed (201), a running one answered (200); its end time only grows. */

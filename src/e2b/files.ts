@@ -2,16 +2,18 @@
  * envd's files: `GET /files` (a file's bytes), `POST /files` (multipart, each part's filename the
  * full path, or an octet-stream body to `?path=`), and the filesystem service's ListDir, Stat,
  * MakeDir, Remove and Move (spec/envd/filesystem/filesystem.proto), on the Lab API's
- * `sandbox.files`. The user inside is `?username=` or `Authorization: Basic user:`.
+ * `sandbox.files`. The user inside is `?username=` or `Authorization: Basic user:`. A file's
+ * metadata (envd ≥ 0.6.2: `X-Metadata-*` upload headers, EntryInfo's `metadata`) is its
+ * `user.e2b.*` extended attributes, as envd keeps it.
  */
 import { posix } from 'node:path';
 import { gunzipSync } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { SandboxApi } from '../sdk/api.js';
-import type { FileInfo } from '../lab/io/files.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { orElse } from '../cleanup.js';
 import { ConnectError, readBody } from './connect.js';
+import { METADATA_XATTR, entryOf, metadataOf } from './entries.js';
 import { parseMultipart } from './multipart.js';
 import { sendError, type E2bState } from './state.js';
 import type { EnvdUser } from './users.js';
@@ -57,16 +59,58 @@ function gunzip(b: Buffer): Buffer {
   }
 }
 
-/** Write one file, its directories made first (as envd does); its entry as envd answers it. */
-async function writeOne(box: SandboxApi, path: string, data: Buffer, user: string | undefined) {
+/** envd's caps: a key fits a 255-byte xattr name with the prefix; all of a file's fit one 4 KiB block. */
+const MAX_METADATA_KEY = 255 - METADATA_XATTR.length;
+const MAX_METADATA = 4096;
+
+/**
+ * An upload's metadata as envd reads it: each `X-Metadata-KEY` header (the first, when repeated),
+ * its key lowercased, keys and values printable US-ASCII, within envd's caps (else 400); as the
+ * `user.e2b.*` extended attributes the files land with.
+ */
+function uploadXattrs(req: FastifyRequest): Record<string, string> {
+  const out: Record<string, string> = {};
+  let total = 0;
+  for (const [name, values] of Object.entries(req.raw.headersDistinct)) {
+    if (!name.startsWith('x-metadata-') || !values?.length) continue;
+    const key = name.slice('x-metadata-'.length);
+    const value = values[0]!;
+    if (!key) continue;
+    if (key.length > MAX_METADATA_KEY || !/^[\x20-\x7e]*$/.test(key + value))
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `invalid metadata: key ${JSON.stringify(key)} (at most ${MAX_METADATA_KEY} bytes) or its value is not printable US-ASCII`,
+        'send X-Metadata-KEY: VALUE headers of printable US-ASCII',
+      );
+    total += METADATA_XATTR.length + key.length + value.length;
+    out[METADATA_XATTR + key] = value;
+  }
+  if (total > MAX_METADATA)
+    throw new SnaplabError('BAD_INPUT', `invalid metadata: ${total} bytes, over ${MAX_METADATA}`, 'send less metadata');
+  return out;
+}
+
+/**
+ * Write one file, its directories made first (as envd does), with the upload's metadata (an
+ * overwrite replaces the file's metadata whole, as envd's); its entry as envd answers it.
+ */
+async function writeOne(
+  box: SandboxApi,
+  path: string,
+  data: Buffer,
+  user: string | undefined,
+  xattrs: Record<string, string>,
+) {
   await box.files.mkdir(posix.dirname(path), { parents: true, user });
-  await box.files.write(path, data, { user });
-  return { name: posix.basename(path), type: 'file', path };
+  await box.files.write(path, data, { user, xattrs });
+  const metadata = metadataOf(xattrs);
+  return { name: posix.basename(path), type: 'file', path, ...(metadata ? { metadata } : {}) };
 }
 
 async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
     const { box, user } = await state.fileSandbox(req, 'write');
+    const xattrs = uploadXattrs(req);
     const type = String(req.headers['content-type'] ?? '');
     let body = await readBody(req.body, MAX_UPLOAD);
     if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) body = gunzip(body);
@@ -75,40 +119,12 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
     if (type.startsWith('multipart/form-data')) {
       // `?path=` when given (older SDKs name the part "blob"), else the part's filename
       for (const part of parseMultipart(type, body))
-        written.push(await writeOne(box, absolute(query ?? part.filename, user), part.data, user.name));
-    } else written.push(await writeOne(box, absolute(query, user), body, user.name));
+        written.push(await writeOne(box, absolute(query ?? part.filename, user), part.data, user.name, xattrs));
+    } else written.push(await writeOne(box, absolute(query, user), body, user.name, xattrs));
     return reply.type('application/json').send(written);
   } catch (e) {
     return fileError(reply, e);
   }
-}
-
-const FILE_TYPE: Record<string, string> = {
-  file: 'FILE_TYPE_FILE',
-  dir: 'FILE_TYPE_DIRECTORY',
-  symlink: 'FILE_TYPE_SYMLINK',
-};
-
-/** A snaplab FileInfo as envd's EntryInfo (JSON). */
-function entryOf(f: FileInfo): Record<string, unknown> {
-  const mode = Number.parseInt(f.mode, 8);
-  return {
-    name: f.name,
-    type: FILE_TYPE[f.type] ?? 'FILE_TYPE_UNSPECIFIED',
-    path: f.path,
-    size: String(f.size),
-    mode,
-    permissions: permissions(f.type, mode),
-    owner: String(f.uid),
-    group: String(f.gid),
-    modifiedTime: f.mtime,
-    ...(f.target !== undefined ? { symlinkTarget: f.target } : {}),
-  };
-}
-
-function permissions(type: string, mode: number): string {
-  const bits = 'rwxrwxrwx'.split('').map((c, i) => (mode & (0o400 >> i) ? c : '-'));
-  return (type === 'dir' ? 'd' : type === 'symlink' ? 'L' : '-') + bits.join('');
 }
 
 /** Not found, said as Connect says it. */

@@ -55,7 +55,13 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
     ),
   );
   app.addHook('onResponse', async (req, reply) => {
-    opts.log?.({ method: req.method, url: req.url.split('?')[0], status: reply.statusCode, front: 'e2b' });
+    opts.log?.({
+      method: req.method,
+      url: req.url.split('?')[0],
+      status: reply.statusCode,
+      ms: Math.round(reply.elapsedTime * 10) / 10,
+      front: 'e2b',
+    });
   });
   app.addHook('onClose', async () => {
     state.processes.close();

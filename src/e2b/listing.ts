@@ -8,6 +8,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { ENVD_VERSION } from './state.js';
+import { checkPage, listCursor, pageOf } from '../sdk/paging.js';
 
 export const RESERVED = 'e2b.';
 const MB = 1 << 20;
@@ -72,15 +73,18 @@ interface ListQuery {
   nextToken?: string;
 }
 
-function cursorOf(token: string | undefined): [number, string] | undefined {
+/** The list cursor (sdk/paging.ts) a nextToken carries: this server's tokens are its cursors, base64url. */
+function cursorOf(token: string | undefined): string | undefined {
   if (!token) return undefined;
+  const cursor = Buffer.from(token, 'base64url').toString();
   try {
-    const c = JSON.parse(Buffer.from(token, 'base64url').toString()) as unknown;
-    if (Array.isArray(c) && typeof c[0] === 'number' && typeof c[1] === 'string') return [c[0], c[1]];
-  } catch {
-    // said below
+    checkPage({ after: cursor });
+    return cursor;
+  } catch (e) {
+    throw new SnaplabError('BAD_INPUT', 'the nextToken is not one this server gave', 'start again without it', {
+      cause: e,
+    });
   }
-  throw new SnaplabError('BAD_INPUT', 'the nextToken is not one this server gave', 'start again without it');
 }
 
 function pageLimit(text: string | undefined): number {
@@ -104,27 +108,24 @@ export async function listSandboxes(
   const after = q.startedAfter ? Date.parse(q.startedAfter) : undefined;
   if (after !== undefined && Number.isNaN(after))
     throw new SnaplabError('BAD_INPUT', 'startedAfter is not a date', 'give an ISO 8601 time');
-  const asc = q.order === 'asc';
+  const order = q.order === 'asc' ? 'asc' : 'desc';
   const boxes = (await lab.list({ check: false }))
     .filter((b) => b.state === 'running' || b.state === 'paused')
-    .map((b) => ({ b, v: fromMetadata(b) }))
-    .filter(({ b, v }) => states.includes(v.detail.state as string) && (after === undefined || b.createdAt >= after))
+    .map((b) => ({ id: b.id, createdAt: b.createdAt, v: fromMetadata(b) }))
+    .filter(
+      ({ createdAt, v }) => states.includes(v.detail.state as string) && (after === undefined || createdAt >= after),
+    )
     .filter(({ v }) => !q.template || v.templateID === q.template)
-    .filter(({ v }) => Object.entries(filter).every(([k, x]) => (v.detail.metadata as Record<string, string>)[k] === x))
-    .sort((x, y) => (x.b.createdAt - y.b.createdAt || (x.b.id < y.b.id ? -1 : 1)) * (asc ? 1 : -1));
-  if (!paged) return boxes.map(({ v }) => v.detail);
+    .filter(({ v }) =>
+      Object.entries(filter).every(([k, x]) => (v.detail.metadata as Record<string, string>)[k] === x),
+    );
+  if (!paged) return pageOf(boxes, { order }).map(({ v }) => v.detail);
   const limit = pageLimit(q.limit);
-  const cursor = cursorOf(q.nextToken);
-  const past = (b: SandboxApi): boolean => {
-    if (!cursor) return true;
-    const d = b.createdAt - cursor[0] || (b.id < cursor[1] ? -1 : b.id > cursor[1] ? 1 : 0);
-    return asc ? d > 0 : d < 0;
-  };
-  const rest = boxes.filter(({ b }) => past(b));
-  const page = rest.slice(0, limit);
-  if (rest.length > limit) {
-    const last = page[page.length - 1]!.b;
-    void reply.header('x-next-token', Buffer.from(JSON.stringify([last.createdAt, last.id])).toString('base64url'));
+  // one more than the page: a next page is named only when there is one
+  const page = pageOf(boxes, { order, limit: limit + 1, after: cursorOf(q.nextToken) });
+  if (page.length > limit) {
+    page.pop();
+    void reply.header('x-next-token', Buffer.from(listCursor(page.at(-1)!)).toString('base64url'));
   }
   return page.map(({ v }) => v.detail);
 }

@@ -23,7 +23,7 @@ import {
 } from './sessions.js';
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
-export const ENVD_VERSION = '0.5.7';
+export const ENVD_VERSION = '0.6.4';
 
 /** The state the routes share. */
 export class E2bState {
@@ -32,6 +32,7 @@ export class E2bState {
   readonly watchers = new Watchers();
   readonly interpreters = new Interpreters();
   readonly users = new EnvdUsers();
+  readonly pools = new KnownPools();
   private readonly sessions: Map<string, Session>;
   private readonly labs = new Map<string, Promise<LabApi>>();
 
@@ -164,6 +165,29 @@ export class E2bState {
     });
     if (box.state !== 'running') throw new EnvdUnavailable(id);
     return box;
+  }
+}
+
+/**
+ * The templates each key found to be pools: its next create from one is a take at once, without
+ * asking the daemon for its pools first. A take that finds the pool gone drops it (control.ts).
+ * At most the daemon's pools a key, each a name the daemon answered with.
+ */
+export class KnownPools {
+  private readonly byKey = new Map<string, Set<string>>();
+
+  has(apiKey: string, template: string): boolean {
+    return this.byKey.get(apiKey)?.has(template) === true;
+  }
+
+  add(apiKey: string, template: string): void {
+    let s = this.byKey.get(apiKey);
+    if (!s) this.byKey.set(apiKey, (s = new Set()));
+    s.add(template);
+  }
+
+  drop(apiKey: string, template: string): void {
+    this.byKey.get(apiKey)?.delete(template);
   }
 }
 

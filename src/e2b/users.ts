@@ -3,10 +3,12 @@
  * Basic user:`), else the sandbox's default, which is `user` where the image has one (E2B's
  * templates, snaplab's built-in `base` and `code-interpreter-v1`) and root elsewhere (busybox and
  * most imported images). A command runs in its user's home (from the machine's /etc/passwd) unless
- * given a cwd. /etc/passwd is read once a sandbox, on its first call.
+ * given a cwd. /etc/passwd is read once a sandbox: when the front made it, at once (its first
+ * command does not wait for that read: see `fresh`), else on its first call.
  */
 import type { SandboxApi } from '../sdk/api.js';
 import { isSnaplabError } from '../errors.js';
+import { handledElsewhere } from '../cleanup.js';
 
 /** E2B's default user (envd's, and the SDK's before envd 0.4.0). */
 export const E2B_USER = 'user';
@@ -30,6 +32,8 @@ function homes(passwd: string): Map<string, string> {
 
 export class EnvdUsers {
   private readonly passwd = new Map<string, Promise<Map<string, string>>>();
+  /** key + image → its users as a sandbox of that key and image last read them (fresh sandboxes start from these) */
+  private readonly ofImage = new Map<string, Map<string, string>>();
 
   /** The user a call acts as: `asked`, else `user` where the machine has one, else root. */
   async of(box: SandboxApi, asked: string | undefined): Promise<EnvdUser> {
@@ -39,22 +43,44 @@ export class EnvdUsers {
     return { name, home };
   }
 
+  /**
+   * A sandbox this front just made for `apiKey`: its /etc/passwd is read now, before its first
+   * call needs it; until that read is in, its users are those its key's last sandbox of the same
+   * image had (a fresh machine's /etc/passwd is its image's). The read then replaces them, for it
+   * and for the next. Nothing is shared between keys.
+   */
+  fresh(box: SandboxApi, apiKey: string): void {
+    const image = `${apiKey}\0${box.image}`;
+    const read = this.read(box);
+    const seen = this.ofImage.get(image);
+    this.passwd.set(box.id, seen ? Promise.resolve(seen) : read);
+    if (!seen) read.catch(() => this.passwd.get(box.id) === read && this.passwd.delete(box.id));
+    read.then((m) => {
+      this.ofImage.set(image, m);
+      if (this.passwd.has(box.id)) this.passwd.set(box.id, Promise.resolve(m));
+    }, handledElsewhere);
+  }
+
   private homesOf(box: SandboxApi): Promise<Map<string, string>> {
     let p = this.passwd.get(box.id);
     if (!p) {
-      p = box.files
-        .read('/etc/passwd')
-        .then((b) => homes(b.toString('utf8')))
-        .catch((e: unknown) => {
-          // a machine without one: root alone
-          if (isSnaplabError(e, 'FILE_NOT_FOUND')) return new Map<string, string>();
-          throw e;
-        });
+      p = this.read(box);
       this.passwd.set(box.id, p);
       // a failure (the machine paused, gone) is asked again next time
       p.catch(() => this.passwd.delete(box.id));
     }
     return p;
+  }
+
+  private read(box: SandboxApi): Promise<Map<string, string>> {
+    return box.files
+      .read('/etc/passwd')
+      .then((b) => homes(b.toString('utf8')))
+      .catch((e: unknown) => {
+        // a machine without one: root alone
+        if (isSnaplabError(e, 'FILE_NOT_FOUND')) return new Map<string, string>();
+        throw e;
+      });
   }
 
   forget(id: string): void {

@@ -11,23 +11,26 @@ import { noted } from '../cleanup.js';
 import { ConnectError, deadlineOf, openStream, readBody, unenvelope } from './connect.js';
 import { absolute } from './files.js';
 import { EnvdUnavailable, sendError, type E2bState } from './state.js';
-import { eventOf } from './watchers.js';
+import { envdEvents, watchAsk } from './watchers.js';
 
 /** WatchDir: the watch first (a path not there ends the stream with not_found before a start), then its events. */
 async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
   const pending: WatchEvent[] = [];
   let send = (e: WatchEvent): void => void pending.push(e);
   let handle: WatchHandle;
+  let events: ReturnType<typeof envdEvents>;
+  let stream: ReturnType<typeof openStream> | undefined;
   // a client gone while the watch started: its watch is closed once it holds
   let gone = false;
   reply.raw.on('close', () => void (gone = true));
   try {
     const box = await state.envdSandbox(req);
-    const m = unenvelope(await readBody(req.body)) as { path?: unknown; recursive?: unknown };
+    const m = unenvelope(await readBody(req.body)) as Record<string, unknown>;
     const user = await state.actAs(box, req);
-    handle = await box.watch(absolute(m.path, user), { recursive: m.recursive === true, user: user.name }, (e) =>
-      send(e),
-    );
+    const ask = watchAsk(m, absolute(m.path, user), user.name);
+    // told only once the stream is open (the events before it wait in pending)
+    events = envdEvents(box, ask, (e) => stream?.send({ filesystem: e }));
+    handle = await box.watch(ask.path, { recursive: ask.recursive, user: ask.user }, (e) => send(e));
   } catch (e) {
     // a stream's error is its end-of-stream message (Connect reads an HTTP status as the transport's)
     if (e instanceof EnvdUnavailable) return sendError(reply, e);
@@ -38,28 +41,30 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
     handle.close().catch(noted('close a watch whose client went', 'SANDBOX_NOT_FOUND'));
     return undefined;
   }
-  const stream = openStream(reply);
-  stream.send({ start: {} });
-  send = (e) => stream.send({ filesystem: eventOf(e) });
+  const out = openStream(reply);
+  stream = out;
+  out.send({ start: {} });
+  send = events.tell;
   for (const e of pending) send(e);
   // seconds, as the SDK asks (50); never more often than once a second
   const every = Math.max(1, Number(req.headers['keepalive-ping-interval']) || 0);
   const keepalive = req.headers['keepalive-ping-interval']
-    ? setInterval(() => stream.send({ keepalive: {} }), every * 1000)
+    ? setInterval(() => out.send({ keepalive: {} }), every * 1000)
     : undefined;
   const deadline = deadlineOf(req.headers['connect-timeout-ms']);
   const expiry = deadline
-    ? setTimeout(() => stream.end(new ConnectError('deadline_exceeded', 'the watch ran past its timeout')), deadline)
+    ? setTimeout(() => out.end(new ConnectError('deadline_exceeded', 'the watch ran past its timeout')), deadline)
     : undefined;
   const stop = (): void => {
     clearInterval(keepalive);
     clearTimeout(expiry);
     handle.close().catch(noted('close a watch', 'SANDBOX_NOT_FOUND'));
   };
-  stream.onClose(stop);
+  out.onClose(stop);
+  // the stream ends after the events told before the watch ended
   handle.done.then(
-    () => stream.end(),
-    (e: unknown) => stream.end(e),
+    () => events.flushed().then(() => out.end()),
+    (e: unknown) => events.flushed().then(() => out.end(e)),
   );
   return undefined;
 }
@@ -76,8 +81,7 @@ export function registerWatches(app: FastifyInstance, state: E2bState, unary: Un
     `${F}/CreateWatcher`,
     unary(state, async (box, m, req) => {
       const user = await state.actAs(box, req);
-      const path = absolute(m.path, user);
-      return { watcherId: await state.watchers.create(box, path, m.recursive === true, user.name) };
+      return { watcherId: await state.watchers.create(box, watchAsk(m, absolute(m.path, user), user.name)) };
     }),
   );
   app.post(

@@ -5,14 +5,61 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { SandboxApi, WatchEvent, WatchHandle } from '../sdk/api.js';
-import { noted } from '../cleanup.js';
+import { posix } from 'node:path';
+import { noted, orElse } from '../cleanup.js';
 import { ConnectError } from './connect.js';
+import { entryOf } from './entries.js';
 
 /** A watcher holds at most this many events not yet asked for; past that it fails (as a full queue). */
 const MAX_PENDING = 100_000;
 
-/** An event as envd sends it. */
-export const eventOf = (e: WatchEvent) => ({ name: e.name, type: `EVENT_TYPE_${e.type.toUpperCase()}` });
+/** An event as envd sends it (`entry`: with includeEntry, envd ≥ 0.6.3). */
+export const eventOf = (e: WatchEvent, entry?: Record<string, unknown>) => ({
+  name: e.name,
+  type: `EVENT_TYPE_${e.type.toUpperCase()}`,
+  ...(entry ? { entry } : {}),
+});
+
+/** What envd's WatchDirRequest and CreateWatcherRequest ask, as the front takes it. */
+export interface WatchAsk {
+  path: string;
+  recursive: boolean;
+  /** each create, write and chmod event carries the entry's EntryInfo (envd ≥ 0.6.3) */
+  includeEntry: boolean;
+  user: string | undefined;
+}
+
+/** Read from a request's message: proto3 JSON names, camelCase or as in the .proto. */
+export function watchAsk(m: Record<string, unknown>, path: string, user: string | undefined): WatchAsk {
+  return { path, recursive: m.recursive === true, includeEntry: (m.includeEntry ?? m.include_entry) === true, user };
+}
+
+/**
+ * The events of a watch as envd sends them, in the order they came. With includeEntry, a create,
+ * write or chmod is sent with its entry, stat-ed when told (as envd does: gone by then, none; a
+ * remove or rename never has one, the path's entry being another's by then). `flushed` resolves
+ * once every event told so far is sent.
+ */
+export function envdEvents(
+  box: SandboxApi,
+  ask: WatchAsk,
+  send: (e: ReturnType<typeof eventOf>) => void,
+): { tell: (e: WatchEvent) => void; flushed: () => Promise<void> } {
+  if (!ask.includeEntry) return { tell: (e) => send(eventOf(e)), flushed: async () => undefined };
+  let chain = Promise.resolve();
+  const entry = async (e: WatchEvent) => {
+    if (e.type !== 'create' && e.type !== 'write' && e.type !== 'chmod') return undefined;
+    const at = posix.join(ask.path, e.name);
+    const info = await box.files.stat(at, { user: ask.user }).catch(orElse(undefined, `stat ${at}`, 'FILE_NOT_FOUND'));
+    return info && entryOf(info);
+  };
+  return {
+    tell: (e) => {
+      chain = chain.then(async () => send(eventOf(e, await entry(e))));
+    },
+    flushed: () => chain,
+  };
+}
 
 interface Watcher {
   sandbox: string;
@@ -25,12 +72,13 @@ interface Watcher {
 export class Watchers {
   private readonly byId = new Map<string, Watcher>();
 
-  async create(box: SandboxApi, path: string, recursive: boolean, user: string | undefined): Promise<string> {
+  async create(box: SandboxApi, ask: WatchAsk): Promise<string> {
     const w: Partial<Watcher> & { events: Watcher['events'] } = { sandbox: box.id, events: [] };
-    w.handle = await box.watch(path, { recursive, user }, (e) => {
-      if (w.events.length < MAX_PENDING) w.events.push(eventOf(e));
+    const events = envdEvents(box, ask, (e) => {
+      if (w.events.length < MAX_PENDING) w.events.push(e);
       else w.error ??= new ConnectError('resource_exhausted', `over ${MAX_PENDING} events not asked for`);
     });
+    w.handle = await box.watch(ask.path, { recursive: ask.recursive, user: ask.user }, events.tell);
     w.handle.done.catch((e: unknown) => void (w.error ??= e));
     const id = `w${randomBytes(8).toString('hex')}`;
     this.byId.set(id, w as Watcher);

@@ -39,6 +39,14 @@ const serverSource = (): Buffer => {
   return source;
 };
 
+/**
+ * A front keeps at most this many sandboxes' starts; past it the oldest is forgotten. Forgetting is
+ * always safe (the next request for it probes the server first, ~10 ms, and finds it running), so
+ * the bound only keeps a long session whose sandboxes end out of its sight (their TTL, another
+ * client) from growing without end.
+ */
+const MAX_REMEMBERED = 1024;
+
 /** Starts (once per sandbox, while this front runs) the interpreter server inside the machine. */
 export class Interpreters {
   private readonly started = new Map<string, Promise<void>>();
@@ -50,12 +58,25 @@ export class Interpreters {
       this.started.set(box.id, p);
       // a start that failed is tried again by the next request
       p.catch(() => this.started.delete(box.id));
+      // a Map iterates in insertion order: the first key is the oldest
+      if (this.started.size > MAX_REMEMBERED) this.started.delete(this.started.keys().next().value!);
     }
     return p;
   }
 
   forget(id: string): void {
     this.started.delete(id);
+  }
+
+  /** Forget every sandbox not in `live` (the ids a list of the lab gave: the others are gone). */
+  retain(live: Iterable<string>): void {
+    const keep = new Set(live);
+    for (const id of this.started.keys()) if (!keep.has(id)) this.started.delete(id);
+  }
+
+  /** the sandboxes whose server this front started (for tests and diagnostics) */
+  get size(): number {
+    return this.started.size;
   }
 }
 

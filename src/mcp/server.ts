@@ -59,7 +59,7 @@ export function cut(s: string, max: number): string {
 
 const sandbox = z.string().min(1).describe('the sandbox id or name');
 
-function lifecycleTools(server: McpServer, lab: LabApi, o: McpOptions): void {
+function lifecycleTools(server: McpServer, lab: LabApi, o: McpOptions, interpreters: Interpreters): void {
   server.registerTool(
     'create_sandbox',
     {
@@ -92,13 +92,19 @@ function lifecycleTools(server: McpServer, lab: LabApi, o: McpOptions): void {
   server.registerTool(
     'list_sandboxes',
     { description: 'The sandboxes this lab shows', inputSchema: {} },
-    guarded(async () => text((await lab.list()).map(view))),
+    guarded(async () => {
+      const boxes = await lab.list();
+      interpreters.retain(boxes.map((b) => b.id)); // the sandboxes ended out of sight (their TTL, others)
+      return text(boxes.map(view));
+    }),
   );
   server.registerTool(
     'destroy_sandbox',
     { description: 'Destroy a sandbox', inputSchema: { sandbox } },
     guarded(async (a) => {
-      await (await lab.get(a.sandbox)).destroy();
+      const box = await lab.get(a.sandbox);
+      await box.destroy();
+      interpreters.forget(box.id);
       return text(`destroyed ${a.sandbox}`);
     }),
   );
@@ -156,8 +162,7 @@ function executionContent(r: Execution, max: number): Result {
   };
 }
 
-function codeTool(server: McpServer, lab: LabApi): void {
-  const interpreters = new Interpreters();
+function codeTool(server: McpServer, lab: LabApi, interpreters: Interpreters): void {
   server.registerTool(
     'run_code',
     {
@@ -272,9 +277,11 @@ function fileResources(server: McpServer, lab: LabApi): void {
 /** An MCP server whose tools act through `lab`. */
 export function mcpServer(lab: LabApi, o: McpOptions): McpServer {
   const server = new McpServer({ name: 'snaplab', version: VERSION });
-  lifecycleTools(server, lab, o);
+  // the interpreter servers this session started, by sandbox: a destroyed or ended one is forgotten
+  const interpreters = new Interpreters();
+  lifecycleTools(server, lab, o, interpreters);
   runTool(server, lab);
-  codeTool(server, lab);
+  codeTool(server, lab, interpreters);
   fileTools(server, lab);
   snapshotTools(server, lab, o);
   fileResources(server, lab);

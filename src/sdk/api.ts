@@ -17,6 +17,23 @@ import type { WatchEvent, WatchHandle, WatchOptions } from '../lab/io/watch.js';
 export type { SandboxUsage, WatchEvent, WatchHandle, WatchOptions };
 import type { ExecText, Text } from './output.js';
 import type { TraceSummary } from '../timing/trace.js';
+import type { Ceilings } from '../lab/ceilings.js';
+
+/**
+ * Who a lab acts for (`whoami`; a daemon's GET /whoami): its key ('local': the embedded lab and a
+ * daemon's Unix socket, every scope, no quota, no ceiling), scopes, quotas and ceilings.
+ */
+export interface CallerInfo {
+  key: string;
+  scopes: string[];
+  maxSandboxes: number | null;
+  maxExecs: number | null;
+  /**
+   * a daemon's and the embedded lab's: all, the defaults filled in; a cluster gateway's: those
+   * the key was made with (each node holds it to its own defaults for the others)
+   */
+  ceilings: Partial<Ceilings>;
+}
 
 /** `sandbox.files`: the same calls on an embedded and on a remote sandbox. */
 export interface SandboxFiles {
@@ -24,12 +41,16 @@ export interface SandboxFiles {
   list(path: string, opts?: { user?: string }): Promise<FileInfo[]>;
   mkdir(path: string, opts?: { parents?: boolean; mode?: number; user?: string }): Promise<void>;
   remove(path: string, opts?: { recursive?: boolean; force?: boolean; user?: string }): Promise<void>;
-  /** returns the bytes written */
-  /** `size`: the bytes a stream will carry, when known: fewer, and the file is left as it was */
+  /**
+   * returns the bytes written. `size`: the bytes a stream will carry, when known: fewer, and the
+   * file is left as it was. `xattrs`: `user.*` extended attributes the file lands with (a write
+   * makes a new file, so these are all it has; with `append`, they are added to its own);
+   * `stat` and `list` report them
+   */
   write(
     path: string,
     data: Buffer | string | Readable,
-    opts?: { mode?: number; append?: boolean; user?: string; size?: number },
+    opts?: { mode?: number; append?: boolean; user?: string; size?: number; xattrs?: Record<string, string> },
   ): Promise<number>;
   read(path: string, opts?: { user?: string }): Promise<Buffer>;
   /** stream into `sink` (ended after); returns the bytes read */
@@ -213,6 +234,8 @@ export interface LabRestoreOptions {
   metadata?: Record<string, string>;
   /** as in LabCreateOptions */
   userns?: boolean;
+  /** as in LabCreateOptions; default: the size of the snapshot's sandbox */
+  ids?: number;
   /** as in LabCreateOptions (a daemon keeps the clock) */
   timeoutS?: number;
   onTimeout?: 'kill' | 'pause';
@@ -240,6 +263,13 @@ export interface LabCreateOptions {
    * seccomp filter only). Default: a user namespace of its own wherever driver and storage allow
    */
   userns?: boolean;
+  /**
+   * ids its user namespace maps (0..ids-1 inside): a power of two from 1024 to 65536. Smaller
+   * ranges let more sandboxes share the host's uids; a file owned on disk by an id ≥ ids shows as
+   * nobody (65534) inside and cannot be chowned there. Refused for a system machine and where
+   * there is no user namespace. Default 65536
+   */
+  ids?: number;
   /**
    * 'systemd': a system machine: the image's own systemd is PID 1 (the agent runs beside it), and
    * create returns once `systemctl is-system-running` says running or degraded. On namespaces it
@@ -312,5 +342,7 @@ export interface LabApi {
   createPool(spec: PoolSpec): Promise<PoolApi>;
   pool(name: string): PoolApi;
   pools(): Promise<PoolStats[]>;
+  /** who this lab acts for: a front reads a key's ceilings here once instead of learning them from refusals */
+  whoami(): Promise<CallerInfo>;
   close(): void;
 }

@@ -124,11 +124,12 @@ describe('resolveCreate: refusals', () => {
       { pool: 'p', storage: 'dir' },
       { pool: 'p', driver: DEFAULT_DRIVER },
       { pool: 'p', egress: true },
+      { pool: 'p', ids: 1024 },
     ];
     for (const o of given)
       expect(refusal(o)).toEqual({
         code: 'BAD_INPUT',
-        message: 'a pool standby takes no name, limits, storage, driver or egress',
+        message: 'a pool standby takes no name, limits, storage, driver, ids or egress',
         hint: "they are the pool's; give labels, metadata and a timeout only",
       });
   });

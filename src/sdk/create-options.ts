@@ -10,6 +10,7 @@ import type { StorageKind } from '../storage/backend.js';
 import type { Limits } from '../store/records.js';
 import type { EgressRequest, LabCreateOptions } from './api.js';
 import { checkLists, type EgressLists } from '../host/net/egress-rules.js';
+import { checkRangeSize } from '../host/userns/registry.js';
 
 /** A create's inputs as a daemon's request carries them: also a snapshot to restore. */
 export type CreateInputs = LabCreateOptions & { snapshot?: string };
@@ -30,6 +31,8 @@ export interface ImageCreate extends Resolved {
   /** as asked, over the driver's own defaults, over the lab's */
   limits: Limits;
   userns?: boolean;
+  /** ids of its user namespace (checked: checkRangeSize); undefined: 65536 */
+  ids?: number;
   /** as asked; undefined: the image's own (machineInit, once the image is known) */
   init?: 'agent' | 'systemd';
 }
@@ -46,6 +49,8 @@ export interface SnapshotCreate extends Resolved {
   snapshot: string;
   limits?: Limits;
   userns?: boolean;
+  /** undefined: the snapshot's sandbox's */
+  ids?: number;
 }
 
 export type ResolvedCreate = ImageCreate | PoolCreate | SnapshotCreate;
@@ -63,8 +68,9 @@ export function resolveCreate(o: CreateInputs, defaults: { timeoutS?: number } =
   const egress = resolveEgress(o.egress);
   const life = { ...(timeoutS === undefined ? {} : { timeoutS }), ...(egress ? { egress } : {}) };
   if (o.pool !== undefined) return { from: 'pool', pool: o.pool, ...life };
+  const ids = o.ids === undefined ? {} : { ids: checkRangeSize(o.ids) };
   if (o.snapshot !== undefined)
-    return { from: 'snapshot', snapshot: o.snapshot, limits: o.limits, userns: o.userns, ...life };
+    return { from: 'snapshot', snapshot: o.snapshot, limits: o.limits, userns: o.userns, ...ids, ...life };
   const driver = o.driver ?? DEFAULT_DRIVER;
   return {
     from: 'image',
@@ -74,6 +80,7 @@ export function resolveCreate(o: CreateInputs, defaults: { timeoutS?: number } =
     limits: withDefaults(o.limits, driver),
     userns: o.userns,
     init: o.init,
+    ...ids,
     ...life,
   };
 }
@@ -95,10 +102,10 @@ function checkSources(o: CreateInputs): void {
       'give one of image, snapshot and pool',
       `a sandbox comes from an image (default ${DEFAULT_IMAGE}), a snapshot, or a pool standby`,
     );
-  if (o.pool !== undefined && (o.name !== undefined || o.limits || o.storage || o.driver || o.egress)) {
+  if (o.pool !== undefined && (o.name !== undefined || o.limits || o.storage || o.driver || o.egress || o.ids)) {
     throw new SnaplabError(
       'BAD_INPUT',
-      'a pool standby takes no name, limits, storage, driver or egress',
+      'a pool standby takes no name, limits, storage, driver, ids or egress',
       "they are the pool's; give labels, metadata and a timeout only",
     );
   }

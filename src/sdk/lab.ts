@@ -33,12 +33,14 @@ import type {
   ListOptions,
   StoredTrace,
   TraceQuery,
+  CallerInfo,
 } from './api.js';
 import { encoded, type Text } from './output.js';
 import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
-import { KeyRing } from '../lab/keys.js';
+import { KeyRing, SCOPES } from '../lab/keys.js';
+import { NO_CEILINGS } from '../lab/ceilings.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
 import { egressTotals } from '../lab/net/egress.js';
@@ -80,6 +82,8 @@ export interface RestoreOptions extends Lifetime {
   signal?: AbortSignal;
   /** as in CreateOptions */
   userns?: boolean;
+  /** as in CreateOptions; default: the size of the snapshot's sandbox */
+  ids?: number;
   /** as in CreateOptions (a snapshot carries none) */
   egress?: boolean | EgressRequest;
 }
@@ -139,6 +143,7 @@ export class Lab implements LabApi {
           base,
           origin: null,
           userns: c.userns,
+          ...(c.ids !== undefined ? { ids: c.ids } : {}),
           ...(c.egress ? { egress: c.egress } : {}),
           // the image's own systemd boots unless the caller says --init agent (where a system machine can run)
           init: machineInit(c, img.provenance?.init),
@@ -174,6 +179,7 @@ export class Lab implements LabApi {
     const { result, trace } = await this.ctx.traced('restore', opts.name ?? null, async (t) => {
       const snap = this.ctx.store.getSnapshot(snapshot);
       if (!snap) throw snapshotNotFound(this.ctx, snapshot);
+      const ids = opts.ids ?? (opts.userns === false ? null : snap.ids);
       return raiseSandbox(
         this.ctx,
         {
@@ -196,6 +202,8 @@ export class Lab implements LabApi {
           origin: snap.name,
           memory: snap.memory ?? undefined,
           userns: opts.userns,
+          // the size of the sandbox it was taken of, unless another is asked
+          ...(ids ? { ids } : {}),
           ...(egress ? { egress } : {}),
           ...(snap.init ? { init: snap.init } : {}),
         },
@@ -355,6 +363,11 @@ export class Lab implements LabApi {
 
   async pools(): Promise<PoolStats[]> {
     return Promise.all(this.ctx.store.listPools().map((p) => poolStats(this.ctx, p.name)));
+  }
+
+  /** The embedded lab acts for whoever opened the home: 'local', every scope, no quota, no ceiling. */
+  async whoami(): Promise<CallerInfo> {
+    return { key: 'local', scopes: [...SCOPES], maxSandboxes: null, maxExecs: null, ceilings: { ...NO_CEILINGS } };
   }
 
   /**

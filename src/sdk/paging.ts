@@ -1,8 +1,10 @@
 /**
- * Pages of a sandbox list (ListOptions `limit` and `after`): oldest first, by creation time then
- * id, so that a page is the same whichever implementation answers it (a lab, a daemon, a cluster
- * gateway merging its nodes' pages). A cursor names the last sandbox of the page before by its
- * creation time and id, so it stays valid when that sandbox is removed meanwhile.
+ * Pages of a sandbox list (ListOptions `limit` and `after`; E2B's list, newest first): ordered by
+ * creation time then id, so that a page is the same whichever implementation answers it (a lab, a
+ * daemon, a cluster gateway merging its nodes' pages). A cursor names the last sandbox of the page
+ * before by its creation time and id, so it stays valid when that sandbox is removed meanwhile. A
+ * sandbox that comes into a list while a client pages through it (made, or taken from a pool by
+ * this key, which keeps its standby's creation time) is seen only if it sorts after the cursor.
  */
 import { SnaplabError } from '../errors.js';
 
@@ -29,12 +31,25 @@ function parseCursor(after: string): Listed {
 
 const before = (a: Listed, b: Listed): number => a.createdAt - b.createdAt || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 
-/** The page of `all` that `limit` and `after` ask for, in list order (all of it when neither is given). */
-export function pageOf<T extends Listed>(all: T[], opts: { limit?: number; after?: string }): T[] {
+export interface PageAsked {
+  limit?: number;
+  after?: string;
+  /** newest first (E2B's list); default oldest first */
+  order?: 'asc' | 'desc';
+}
+
+/** Throws BAD_INPUT for a limit or cursor no page can have (before any work is asked of anyone). */
+export function checkPage(opts: PageAsked): Listed | undefined {
   if (opts.limit !== undefined && !(Number.isInteger(opts.limit) && opts.limit >= 1))
     throw new SnaplabError('BAD_INPUT', `invalid list limit ${opts.limit}`, 'a whole number of sandboxes, at least 1');
-  const from = opts.after === undefined ? undefined : parseCursor(opts.after);
-  const sorted = [...all].sort(before);
-  const rest = from ? sorted.filter((b) => before(b, from) > 0) : sorted;
+  return opts.after === undefined ? undefined : parseCursor(opts.after);
+}
+
+/** The page of `all` that `limit` and `after` ask for, in list order (all of it when neither is given). */
+export function pageOf<T extends Listed>(all: T[], opts: PageAsked): T[] {
+  const from = checkPage(opts);
+  const sign = opts.order === 'desc' ? -1 : 1;
+  const sorted = [...all].sort((a, b) => sign * before(a, b));
+  const rest = from ? sorted.filter((b) => sign * before(b, from) > 0) : sorted;
   return opts.limit === undefined ? rest : rest.slice(0, opts.limit);
 }

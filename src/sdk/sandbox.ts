@@ -410,7 +410,7 @@ export class Sandbox implements SandboxApi {
       origin: r.origin,
       pool: r.pool,
       pid: r.pid,
-      userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: USERNS_SIZE },
+      userns: r.uidBase === null ? null : { uidBase: r.uidBase, size: r.ids ?? USERNS_SIZE },
       init: r.init ?? 'agent',
       hostRoot: this.hostRoot,
       egress: this.egress,

@@ -14,7 +14,7 @@ import type { TraceSummary } from '../timing/trace.js';
 import { EventLog } from './events.js';
 import type { CreateBody } from './schemas.js';
 import { QuotaError } from './http-errors.js';
-import { LOCAL, type Caller } from './keys.js';
+import { LOCAL, describeCaller, type Caller } from './keys.js';
 import { Metrics } from './metrics.js';
 import { CeilingGuard } from './ceilings.js';
 import { Operations } from './operations.js';
@@ -34,7 +34,6 @@ import type {
 import { labAdmin, labScenarios, labUsage, noPlacement } from './lab-admin.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { snapshotFor } from './snapshot-access.js';
-import { NO_CEILINGS, resolveCeilings } from '../lab/ceilings.js';
 import { execView } from './exec-view.js';
 
 export interface DaemonOptions {
@@ -309,13 +308,7 @@ export class Daemon implements RouteHost {
 
   /** The caller, and what this host holds its key to (the defaults where the key names none). */
   whoami(caller: Caller): Record<string, unknown> {
-    return {
-      key: caller.key,
-      scopes: [...caller.scopes],
-      maxSandboxes: caller.maxSandboxes ?? null,
-      maxExecs: caller.maxExecs ?? null,
-      ceilings: caller.key === LOCAL.key ? NO_CEILINGS : resolveCeilings(caller.ceilings),
-    };
+    return { ...describeCaller(caller) };
   }
 
   /** Its metrics: sandboxes by state, pools, processes, execs, operation phases, the home's disk. */
@@ -456,6 +449,7 @@ export class Daemon implements RouteHost {
           name,
           limits: ceiling.limits,
           userns: asked.userns,
+          ...(asked.ids !== undefined ? { ids: asked.ids } : {}),
           labels: body.labels,
           metadata: body.metadata,
           signal,
@@ -471,6 +465,7 @@ export class Daemon implements RouteHost {
           driver: asked.driver,
           limits: ceiling.limits ?? asked.limits,
           userns: asked.userns,
+          ...(asked.ids !== undefined ? { ids: asked.ids } : {}),
           init: asked.init,
           ...(asked.egress ? { egress: asked.egress } : {}),
           labels: body.labels,

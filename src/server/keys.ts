@@ -8,7 +8,8 @@ import { timingSafeEqual } from 'node:crypto';
 import { SnaplabError } from '../errors.js';
 import { SCOPES, type KeyRing } from '../lab/keys.js';
 import type { ApiKeyRecord, Scope } from '../store/records.js';
-import { NO_CEILINGS, checkCeilings, type Ceilings } from '../lab/ceilings.js';
+import { NO_CEILINGS, checkCeilings, resolveCeilings, type Ceilings } from '../lab/ceilings.js';
+import type { CallerInfo } from '../sdk/api.js';
 
 export { hashKey, newToken, parseScopes, SCOPES } from '../lab/keys.js';
 
@@ -36,6 +37,17 @@ export const LOCAL: Caller = {
   maxExecs: null,
   ceilings: NO_CEILINGS,
 };
+
+/** A caller as GET /whoami and the Lab API's `whoami()` tell it (ceilings resolved: the defaults filled in). */
+export function describeCaller(caller: Caller): CallerInfo {
+  return {
+    key: caller.key,
+    scopes: [...caller.scopes],
+    maxSandboxes: caller.maxSandboxes ?? null,
+    maxExecs: caller.maxExecs ?? null,
+    ceilings: caller.key === LOCAL.key ? { ...NO_CEILINGS } : resolveCeilings(caller.ceilings),
+  };
+}
 
 /** The caller a bearer token stands for, or an UNAUTHORIZED error. */
 export function authenticate(keys: KeyRing, header: string | undefined, queryToken: unknown): Caller {

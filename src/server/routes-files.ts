@@ -78,18 +78,27 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
           user: Type.Optional(Type.String()),
           mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })),
           append: Type.Optional(Type.Boolean()),
+          xattr: Type.Optional(
+            Type.Array(Type.String({ pattern: '^user\\.[^=]+=' }), {
+              description: 'a `user.*` extended attribute the file lands with, NAME=VALUE; repeated',
+            }),
+          ),
         }),
         response: { 200: Type.Object({ bytes: Type.Integer() }), ...errors },
       },
     },
     servedBy(s, (d) => async (req) => {
-      const q = req.query as PathQ & { mode?: string; append?: boolean };
+      const q = req.query as PathQ & { mode?: string; append?: boolean; xattr?: string[] };
+      const xattrs = q.xattr?.length
+        ? Object.fromEntries(q.xattr.map((a) => [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)]))
+        : undefined;
       const body = streamBody(req.body);
       const length = Number(req.headers['content-length']);
       const bytes = await (await box(d, req)).files.write(q.path, body, {
         user: q.user,
         mode: q.mode ? parseInt(q.mode, 8) : undefined,
         append: q.append,
+        xattrs,
         ...(Number.isSafeInteger(length) ? { size: length } : {}),
       });
       return { bytes };

@@ -79,6 +79,13 @@ export const CreateBody = Type.Object(
     driver: Type.Optional(DriverName()),
     limits: Type.Optional(Limits),
     userns: Type.Optional(Type.Boolean()),
+    ids: Type.Optional(
+      Type.Integer({
+        minimum: 1024,
+        maximum: 65536,
+        description: 'ids of its user namespace, a power of two (default 65536; docs/architecture.md "Ranges")',
+      }),
+    ),
     init: Type.Optional(Type.Union([Type.Literal('agent'), Type.Literal('systemd')])),
     labels: Type.Optional(StringMap),
     metadata: Type.Optional(StringMap),

@@ -234,4 +234,10 @@ export const migrations: string[] = [
     created_at  INTEGER NOT NULL
   );
   `,
+  // a user namespace of fewer ids than 65536 (create's \`ids\`; NULL: 65536): the sandbox's, and a
+  // snapshot's (a restore keeps the size)
+  `
+  ALTER TABLE sandboxes ADD COLUMN uid_count INTEGER;
+  ALTER TABLE snapshots ADD COLUMN ids INTEGER;
+  `,
 ];

@@ -63,10 +63,12 @@ export interface SandboxRecord {
   /** for pooled sandboxes: what the clean state looked like when it became a standby */
   baseline: CleanBaseline | null;
   /**
-   * the first host uid (and gid) of the sandbox's user namespace, which maps 0..65535 inside to
-   * uidBase.. outside; null where there is none (VMs; --no-userns)
+   * the first host uid (and gid) of the sandbox's user namespace, which maps 0..ids-1 inside to
+   * uidBase.. outside; null where there is none (VMs; --no-userns). Up to 2^32−2: never `| 0` it
    */
   uidBase: number | null;
+  /** how many ids its user namespace maps (create's `ids`); null or absent: 65536 */
+  ids?: number | null;
   /** 'systemd': a system machine, whose PID 1 is the image's init (null: the agent is PID 1) */
   init?: 'systemd' | null;
   /** who holds it now (null: nobody; it is whoever's uses it) */
@@ -96,6 +98,12 @@ export interface CleanBaseline {
   oomKills: number;
   /** pids.events "max": how often a fork hit the limit */
   pidsMax: number;
+  /**
+   * processes in its cgroup at the start (a sandbox: its agent alone, bwrap's monitor being let
+   * go at launch); the clean check allows at most this many, and never more than two (the agent
+   * and a monitor, as before: a baseline without it allows two)
+   */
+  procs?: number;
 }
 
 export interface PoolRecord {
@@ -139,6 +147,8 @@ export interface SnapshotRecord {
   memory?: { dir: string; bytes: number; driver: string } | null;
   /** the init of the machine it was taken from: a restore boots the same */
   init?: 'systemd' | null;
+  /** the user namespace size of the sandbox it was taken of (null: 65536): a restore keeps it */
+  ids?: number | null;
   /** the API key whose sandbox it was taken of (the sandbox's owner then), or null; counted by its ceilings */
   owner?: string | null;
 }

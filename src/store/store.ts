@@ -88,6 +88,7 @@ function toSandbox(r: Row): SandboxRecord {
     scenario: (r.scenario as string | null) ?? null,
     baseline: r.baseline ? json(r.baseline) : null,
     uidBase: (r.uid_base as number | null) ?? null,
+    ids: (r.uid_count as number | null) ?? null,
     init: (r.init as 'systemd' | null) ?? null,
     owner: toOwner(r),
     templateOf: (r.template_of as string | null) ?? null,
@@ -172,6 +173,7 @@ function toSnapshot(r: Row): SnapshotRecord {
     memory: r.memory ? json(r.memory) : null,
     driver: (r.driver as string | null) ?? null,
     init: (r.init as 'systemd' | null) ?? null,
+    ids: (r.ids as number | null) ?? null,
     owner: (r.owner as string | null) ?? null,
   };
 }
@@ -296,14 +298,15 @@ export class Store {
     const s = rest;
     return inserted(() =>
       this.stmt(
-        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, init, owner_pid, owner_start, owner_op, template_of, egress, egress_slot)
-         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase, @init, @ownerPid, @ownerStart, @ownerOp, @templateOf, @egress, @egressSlot)`,
+        `INSERT INTO sandboxes (id, name, image, storage, driver, state, reason, volume, pid, pid_start, limits, origin, created_at, pool, baseline, scenario, uid_base, uid_count, init, owner_pid, owner_start, owner_op, template_of, egress, egress_slot)
+         VALUES (@id, @name, @image, @storage, @driver, @state, @reason, @volume, @pid, @pidStart, @limits, @origin, @createdAt, @pool, @baseline, @scenario, @uidBase, @ids, @init, @ownerPid, @ownerStart, @ownerOp, @templateOf, @egress, @egressSlot)`,
       ).run({
         ...rest,
         ...ownerParams(owner),
         egress: egress && JSON.stringify({ allow: egress.allow, deny: egress.deny, mark: egress.mark }),
         egressSlot: slot,
         init: s.init ?? null,
+        ids: s.ids ?? null,
         templateOf: s.templateOf ?? null,
         volume: s.volume && JSON.stringify(s.volume),
         limits: JSON.stringify(s.limits),
@@ -692,7 +695,7 @@ export class Store {
   insertSnapshot(s: SnapshotRecord): boolean {
     return inserted(() =>
       this.stmt(
-        'INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+        'INSERT INTO snapshots (name, id, sandbox, image, storage, volume, limits, created_at, memory, driver, init, owner, ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
       ).run(
         s.name,
         s.id,
@@ -706,6 +709,7 @@ export class Store {
         s.driver ?? null,
         s.init ?? null,
         s.owner ?? null,
+        s.ids ?? null,
       ),
     );
   }

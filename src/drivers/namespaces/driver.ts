@@ -133,6 +133,9 @@ export class NamespacesDriver implements Driver {
       argv: bwrap,
       logFile: join(runDir, this.consoleLog),
       timeoutMs: RAISE_TIMEOUT_MS,
+      // a sandbox's bwrap monitor only waits for the agent: ~220 KiB each, let go (docs/architecture.md "Density");
+      // a system machine's monitor (boot.c) holds its console and is its life
+      dropMonitor: spec.init !== 'systemd',
     });
     trace.record('launch', t0, res.namespacesAt);
     trace.record('namespaces ready → agent listening', res.namespacesAt, res.readyAt);

@@ -48,6 +48,8 @@ export async function launchNative(
     argv: string[];
     logFile: string;
     timeoutMs: number;
+    /** argv is bwrap's: let its monitor go once the agent serves (native/hostops.c drop_monitor) */
+    dropMonitor?: boolean;
   },
 ): Promise<LaunchResult> {
   const { socket, cgroupProcs, argv, logFile, timeoutMs, userns } = opts;
@@ -59,7 +61,7 @@ export async function launchNative(
     : ['-'];
   try {
     const [pid, tNs, tReady] = await ops.request(
-      'launch',
+      opts.dropMonitor ? 'launch-bwrap' : 'launch',
       logFile,
       String(timeoutMs),
       socket,

@@ -1,9 +1,9 @@
 import { randomBytes, randomInt } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { link, mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { link, mkdir, readdir, readFile, rename, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
-import { USERNS_SIZE, USERNS_SLOTS, slotBase } from './id-ranges.js';
+import { USERNS_MIN_SIZE, USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf, tierSlots } from './id-ranges.js';
 import { pidAlive } from '../procs.js';
 import { noted, orElse } from '../../cleanup.js';
 
@@ -48,60 +48,186 @@ function hostIds(): number[] {
 
 const overlaps = (base: number, lo: number, hi: number): boolean => base <= hi && base + USERNS_SIZE - 1 >= lo;
 
-/** The ranges no one may have: they hold an account, or systemd's foreign range. */
+/** The slots no one may have: they hold an account, or systemd's foreign range. */
 function unusable(base: number): boolean {
   return overlaps(base, FOREIGN[0], FOREIGN[1]) || hostIds().some((id) => overlaps(base, id, id));
 }
 
+/** random slots tried by link() before one readdir of the registry (cost flat while most are free) */
+const TRIES = 24;
+
+const errno = (e: unknown): string | undefined => (e as NodeJS.ErrnoException).code;
+
+/** A range's size as a create may ask (`ids`): a power of two from USERNS_MIN_SIZE to USERNS_SIZE. */
+export function checkRangeSize(size: number): number {
+  if (!Number.isInteger(size) || size < USERNS_MIN_SIZE || size > USERNS_SIZE || (size & (size - 1)) !== 0)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid ids ${size}`,
+      `give a power of two from ${USERNS_MIN_SIZE} to ${USERNS_SIZE} (the default; a system machine needs it)`,
+    );
+  return size;
+}
+
 /**
- * Claim a free range for sandbox `id` of `home`: drawn at random among the free ones, so that
- * concurrent claims seldom meet; one that another claimed first is skipped.
+ * Claim a free range of `size` ids for sandbox `id` of `home`, host-wide. The registry holds one
+ * name per slot: a file for a slot claimed whole, or a directory for a slot split into ranges of
+ * one size, each a file `<first id>.<size>` in it. mkdir and link fail when the name exists, so a
+ * whole claim and a split slot exclude each other; a split slot's size is what its files say
+ * (claimInSlot). Tiers in order (the stretch below 2^31 first); in each, random slots are tried
+ * (a split one first, where the last claim of that size went), and only when TRIES of them fail
+ * is the registry read whole.
  */
-export async function claimRange(home: string, id: string): Promise<number> {
+export async function claimRange(home: string, id: string, size = USERNS_SIZE): Promise<number> {
+  checkRangeSize(size);
   await mkdir(REGISTRY, { recursive: true, mode: 0o700 });
-  const taken = new Set(await readdir(REGISTRY));
-  const free: number[] = [];
-  for (let n = 0; n < USERNS_SLOTS; n++) {
-    const base = slotBase(n);
-    if (!taken.has(String(base)) && !unusable(base)) free.push(base);
-  }
   const holder: Holder = { home, id, pid: process.pid };
   // written whole first, then linked into place (link fails if the name exists): no reader, and no
   // crash, ever leaves a claim without its holder
   const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
   await writeFile(tmp, JSON.stringify(holder), { mode: 0o600 });
   try {
-    while (free.length) {
-      const i = randomInt(free.length);
-      const base = free[i]!;
-      try {
-        await link(tmp, join(REGISTRY, String(base)));
-        return base;
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-        free[i] = free[free.length - 1]!;
-        free.pop();
-      }
+    for (const [from, to] of tierSlots()) {
+      const got = (await claimByTries(tmp, size, from, to)) ?? (await claimByScan(tmp, size, from, to));
+      if (got !== undefined) return got;
     }
   } finally {
     await unlink(tmp).catch(noted(`remove ${tmp}`, 'ENOENT'));
   }
   throw new SnaplabError(
     'NO_USERNS_SLOT',
-    `every user namespace range is in use (${USERNS_SLOTS} on this host)`,
-    'remove sandboxes (`snaplab rm`, `snaplab gc`), or use --no-userns',
+    `every user namespace range is in use (${USERNS_SLOTS} of ${USERNS_SIZE} ids on this host)`,
+    'remove sandboxes (`snaplab rm`, `snaplab gc`), create with a smaller range (--ids 4096), or use --no-userns',
   );
 }
 
-/**
- * Give back the range at `base` if `home`'s `id` still holds it: a stale caller (a record read
- * hours ago, a second release of the same range) must not free a claim someone else made since.
- */
-export async function releaseRange(base: number, home: string, id: string): Promise<void> {
+async function claimByTries(tmp: string, size: number, from: number, to: number): Promise<number | undefined> {
+  const hint = size < USERNS_SIZE ? await readHint(size) : undefined;
+  if (hint !== undefined && hint >= slotBase(from) && hint <= slotBase(to - 1)) {
+    const got = await claimInSlot(tmp, hint, size);
+    if (got !== undefined) return got;
+  }
+  for (let i = 0; i < TRIES; i++) {
+    const base = slotBase(from + randomInt(to - from));
+    if (unusable(base)) continue;
+    const got = await claimInSlot(tmp, base, size);
+    if (got !== undefined) return got;
+  }
+  return undefined;
+}
+
+/** Every slot of the tier that is free, or split (a small claim packs into one of those first). */
+async function claimByScan(tmp: string, size: number, from: number, to: number): Promise<number | undefined> {
+  const names = new Map((await readdir(REGISTRY, { withFileTypes: true })).map((d) => [d.name, d.isDirectory()]));
+  const split: number[] = [];
+  const free: number[] = [];
+  for (let n = from; n < to; n++) {
+    const base = slotBase(n);
+    const dir = names.get(String(base));
+    if (dir === false || unusable(base)) continue;
+    (dir ? split : free).push(base);
+  }
+  for (const list of size < USERNS_SIZE ? [split, free] : [[...split, ...free]]) {
+    while (list.length) {
+      const i = randomInt(list.length);
+      const got = await claimInSlot(tmp, list[i]!, size);
+      if (got !== undefined) return got;
+      list[i] = list[list.length - 1]!;
+      list.pop();
+    }
+  }
+  return undefined;
+}
+
+/** The first id of the range claimed in slot `base`, or undefined when the slot has none to give. */
+async function claimInSlot(tmp: string, base: number, size: number): Promise<number | undefined> {
   const path = join(REGISTRY, String(base));
+  if (size === USERNS_SIZE) {
+    if (await linked(tmp, path)) return base;
+    // a split slot with nothing in it: taken away (a claimer about to link into it gets ENOENT)
+    await rmdir(path).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'ENOTDIR', 'EEXIST'));
+    return (await linked(tmp, path)) ? base : undefined;
+  }
+  await mkdir(path, { mode: 0o700 }).catch(noted(`split ${path}`, 'EEXIST'));
+  const names = await readdir(path).catch(orElse(undefined, `read ${path}`, 'ENOTDIR', 'ENOENT'));
+  if (!names || names.some((n) => sizeOfPart(n) !== size)) return undefined;
+  const taken = new Set(names);
+  const free: number[] = [];
+  for (let b = base; b < base + USERNS_SIZE; b += size) if (!taken.has(`${b}.${size}`)) free.push(b);
+  while (free.length) {
+    const i = randomInt(free.length);
+    const part = join(path, `${free[i]}.${size}`);
+    try {
+      await link(tmp, part);
+    } catch (e) {
+      if (errno(e) === 'ENOENT') return undefined; // the slot was emptied and removed meanwhile
+      if (errno(e) !== 'EEXIST') throw e;
+      free[i] = free[free.length - 1]!;
+      free.pop();
+      continue;
+    }
+    // two first claims of different sizes in one empty slot: each looks after linking, and one that
+    // sees another size gives way (of two, at least the later one sees the earlier: never both kept)
+    if ((await readdir(path)).some((n) => sizeOfPart(n) !== size)) {
+      await unlink(part);
+      await rmdir(path).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'));
+      return undefined;
+    }
+    await writeHint(size, base);
+    return free[i]!;
+  }
+  return undefined;
+}
+
+async function linked(tmp: string, path: string): Promise<boolean> {
+  try {
+    await link(tmp, path);
+    return true;
+  } catch (e) {
+    if (errno(e) !== 'EEXIST') throw e;
+    return false;
+  }
+}
+
+/** The size of a range in a split slot, from its file's name (`<first id>.<size>`); NaN for anything else. */
+const sizeOfPart = (name: string): number => Number(/^\d+\.(\d+)$/.exec(name)?.[1] ?? Number.NaN);
+
+/** Where the last claim of `size` went (a hint only: every claim checks the slot itself). */
+const hintPath = (size: number): string => join(REGISTRY, `.open-${size}`);
+async function readHint(size: number): Promise<number | undefined> {
+  const n = Number(await readFile(hintPath(size), 'utf8').catch(orElse('', 'read hint', 'ENOENT')));
+  return Number.isSafeInteger(n) && n > 0 && slotOf(n) === n ? n : undefined;
+}
+async function writeHint(size: number, base: number): Promise<void> {
+  if ((await readHint(size)) === base) return;
+  const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  await writeFile(tmp, String(base), { mode: 0o600 });
+  await rename(tmp, hintPath(size));
+}
+
+/** Where the claim of the range at `base` of `size` ids is (claimRange). */
+function claimPath(base: number, size: number): string {
+  return size === USERNS_SIZE ? join(REGISTRY, String(base)) : join(REGISTRY, String(slotOf(base)), `${base}.${size}`);
+}
+
+/**
+ * Give back the range at `base` (of `size` ids) if `home`'s `id` still holds it: a stale caller (a
+ * record read hours ago, a second release of the same range) must not free a claim someone else
+ * made since. A split slot left empty is removed (rmdir: only if empty, so never under a claim).
+ */
+export async function releaseRange(
+  base: number,
+  home: string,
+  id: string,
+  ids: number | null = USERNS_SIZE,
+): Promise<void> {
+  const size = ids ?? USERNS_SIZE;
+  const path = claimPath(base, size);
   const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
   if (h?.home !== home || h.id !== id) return;
   await unlink(path).catch(noted(`release uid range ${path}`, 'ENOENT'));
+  if (size < USERNS_SIZE)
+    await rmdir(dirname(path)).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'));
 }
 
 /** A claim file's holder; undefined for one that is not a snaplab claim (left alone, never freed). */
@@ -117,37 +243,61 @@ function parseHolder(text: string): Holder | undefined {
 /**
  * Claims a process began and never linked into place: it died between creating its `.tmp-PID-…`
  * file and removing it (a test worker torn down mid-create left empty ones). Removed once that
- * pid is gone; they hold no range.
+ * pid is gone; they hold no range. And split slots with no range left in them (a claimer that gave
+ * way, or died between mkdir and link): rmdir removes only an empty one.
  */
 export async function removeDeadClaimWrites(): Promise<string[]> {
   const removed: string[] = [];
-  for (const f of await readdir(REGISTRY).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
-    const m = /^\.tmp-(\d+)-/.exec(f);
+  for (const d of await readdir(REGISTRY, { withFileTypes: true }).catch(orElse([], 'readdir', 'ENOENT'))) {
+    const path = join(REGISTRY, d.name);
+    if (d.isDirectory() && /^\d+$/.test(d.name)) {
+      const gone = await rmdir(path).then(
+        () => true,
+        orElse(false, `remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'),
+      );
+      if (gone) removed.push(path);
+      continue;
+    }
+    const m = /^\.tmp-(\d+)-/.exec(d.name);
     if (!m || (await pidAlive(Number(m[1])))) continue;
-    await unlink(join(REGISTRY, f)).catch(noted(`remove stale ${f}`, 'ENOENT'));
-    removed.push(join(REGISTRY, f));
+    await unlink(path).catch(noted(`remove stale ${d.name}`, 'ENOENT'));
+    removed.push(path);
   }
   return removed;
 }
 
 interface Claim extends Holder {
   base: number;
+  /** ids in the range */
+  size: number;
   ageMs: number;
 }
 
+async function claimAt(path: string, base: number, size: number): Promise<Claim | undefined> {
+  const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
+  const age = await stat(path).then(
+    (st) => Date.now() - st.mtimeMs,
+    () => 0,
+  );
+  return h ? { ...h, base, size, ageMs: age } : undefined;
+}
+
+/** Every claim in the registry: whole slots (files), and the ranges in split slots (directories). */
 async function claims(): Promise<Claim[]> {
-  const out: Claim[] = [];
-  for (const f of await readdir(REGISTRY).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
-    const path = join(REGISTRY, f);
-    if (!/^\d+$/.test(f)) continue; // a claim being written (.tmp-…)
-    const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
-    const age = await stat(path).then(
-      (st) => Date.now() - st.mtimeMs,
-      () => 0,
-    );
-    if (h) out.push({ ...h, base: Number(f), ageMs: age });
+  const out: (Claim | undefined)[] = [];
+  for (const d of await readdir(REGISTRY, { withFileTypes: true }).catch(orElse([], 'readdir', 'ENOENT'))) {
+    if (!/^\d+$/.test(d.name)) continue; // a claim being written (.tmp-…), a hint (.open-…)
+    const path = join(REGISTRY, d.name);
+    if (!d.isDirectory()) {
+      out.push(await claimAt(path, Number(d.name), USERNS_SIZE));
+      continue;
+    }
+    for (const f of await readdir(path).catch(orElse([] as string[], `readdir ${path}`, 'ENOENT'))) {
+      const m = /^(\d+)\.(\d+)$/.exec(f);
+      if (m) out.push(await claimAt(join(path, f), Number(m[1]), Number(m[2])));
+    }
   }
-  return out;
+  return out.filter((c) => c !== undefined);
 }
 
 /** The ranges `home` holds in the registry, first id → holder (a sandbox id, or a scenario machine's). */

@@ -2,7 +2,7 @@ import { join } from 'node:path';
 import type { Availability } from '../../host/probe-types.js';
 import { run } from '../../host/run.js';
 import { toolsVerdict } from '../../host/tools.js';
-import { orElse } from '../../cleanup.js';
+import { noted, orElse } from '../../cleanup.js';
 import { buildKey, checkSpec, type DebianSpec, fixUp, hostSources, sourcesFor } from '../debian.js';
 import { runMmdebstrap } from '../mmdebstrap.js';
 import { useCache } from '../package-cache.js';
@@ -31,14 +31,17 @@ async function produce(plan: DebianPlan, sources: string, into: ProduceInto): Pr
     orElse({ stdout: '', stderr: '', code: 1 }, 'mmdebstrap --version', 'ENOENT'),
   );
   const version = `${v.stdout}${v.stderr}`.trim();
-  const cache = plan.packageCache ? await useCache(plan.packageCache) : undefined;
+  const asked = plan.packageCache ? await useCache(plan.packageCache, spec.suite) : undefined;
+  if (asked && 'off' in asked) into.onProgress?.(`package cache not used: ${asked.off}`);
+  const cache = asked && 'args' in asked ? asked : undefined;
   try {
     await runMmdebstrap(into.root, spec, sources, into.scratch, plan.log, into.onProgress, into.signal, cache?.args);
   } catch (e) {
-    await cache?.drop();
+    await cache?.drop().catch(noted("remove the build's package cache directory"));
     throw e;
   }
-  const kept = await cache?.keep();
+  // the image is built: a cache that cannot keep its packages costs the next build a download only
+  const kept = await cache?.keep().catch(orElse(0, 'keep the packages in the package cache'));
   if (kept) into.onProgress?.(`kept ${kept} new packages in the package cache`);
   into.onProgress?.('fixing up the tree for machines');
   await fixUp(into.root, into.name);

@@ -25,6 +25,21 @@ export interface FileInfo {
   mtime: string;
   /** a symlink's target */
   target?: string;
+  /** its `user.*` extended attributes (name to value), when it has any (a value with a NUL byte is left out) */
+  xattrs?: Record<string, string>;
+}
+
+/** The `--xattr NAME=VALUE` flags of a write: only `user.*` names, no `=` in a name, no NUL anywhere. */
+function xattrArgs(xattrs: Record<string, string> | undefined): string[] {
+  return Object.entries(xattrs ?? {}).flatMap(([name, value]) => {
+    if (!/^user\.[^=\0]+$/.test(name) || value.includes('\0'))
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `extended attribute ${JSON.stringify(name)}: a name is user.NAME (no "=", no NUL byte), a value has no NUL byte`,
+        'e.g. { "user.author": "ann" }',
+      );
+    return ['--xattr', `${name}=${value}`];
+  });
 }
 
 /** The agent's error line as an error: ENOENT is FILE_NOT_FOUND, the rest FILE_ERROR with the errno name. */
@@ -152,7 +167,7 @@ export async function writeFile(
   s: SandboxRecord,
   path: string,
   data: Readable | Buffer | string,
-  opts: Opts & { mode?: number; append?: boolean; size?: number } = {},
+  opts: Opts & { mode?: number; append?: boolean; size?: number; xattrs?: Record<string, string> } = {},
 ): Promise<number> {
   const stdin = typeof data === 'string' ? Buffer.from(data) : data;
   const size = Buffer.isBuffer(stdin) ? stdin.length : opts.size;
@@ -162,6 +177,7 @@ export async function writeFile(
     ...(opts.mode !== undefined ? ['--mode', opts.mode.toString(8)] : []),
     ...(opts.append ? ['--append'] : []),
     ...(size !== undefined && !opts.append ? ['--size', String(size)] : []),
+    ...xattrArgs(opts.xattrs),
     '--',
     path,
   ];

@@ -334,6 +334,7 @@ function snapshotRecord(
     driver: s.driver,
     memory: image ? { ...image, driver: s.driver } : null,
     init: s.init ?? null,
+    ids: s.ids ?? null,
     owner: metaOf(ctx, s.id).owner,
   };
 }
@@ -389,7 +390,7 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
     // nothing runs in its user namespace range any more (a scenario's machines keep theirs)
     if (s.uidBase !== null && s.scenario === null) {
       ctx.store.clearUidBase(s.id);
-      await releaseRange(s.uidBase, ctx.home, s.id);
+      await releaseRange(s.uidBase, ctx.home, s.id, s.ids ?? null);
     }
   });
 }

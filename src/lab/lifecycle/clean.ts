@@ -8,7 +8,7 @@ import { failureMeans, orElse } from '../../cleanup.js';
 /**
  * Reuse fails closed (principle 4). A standby goes back into its pool only when everything that
  * could carry state from one execution to the next is as it was when the standby was made:
- * - no process left but the agent (inside the pid namespace) and bwrap's monitor (outside);
+ * - no more processes in its cgroup than at the start (the agent alone: bwrap's monitor is let go at launch);
  * - no System V IPC object in its IPC namespace;
  * - its root filesystem unchanged (the backend's change marker; none on dir storage);
  * - /dev, /dev/shm, /dev/mqueue, /run and /run/snaplab holding exactly the entries they started with;
@@ -50,7 +50,13 @@ export async function captureBaseline(
   const marker = await (await ctx.readyBackend(s.storage)).changeMarker(s.volume);
   if (marker === null) return null;
   const [st, counters] = await Promise.all([agent.status(), cgroupCounters(s)]);
-  return { fsGeneration: marker, devEntries: entriesOf(st), oomKills: counters.oomKills, pidsMax: counters.pidsMax };
+  return {
+    fsGeneration: marker,
+    devEntries: entriesOf(st),
+    oomKills: counters.oomKills,
+    pidsMax: counters.pidsMax,
+    procs: counters.procs,
+  };
 }
 
 /** Reasons the sandbox is not back in its clean state; empty means it may be handed out again. */
@@ -66,7 +72,10 @@ export async function dirtReasons(ctx: LabContext, s: SandboxRecord, agent: Agen
   if (st instanceof Error) return [`agent status: ${st.message}`];
   const reasons: string[] = [];
   for (const k of COUNTS) if (st.counts[k] !== 0) reasons.push(`${k}: ${String(st.counts[k])} left`);
-  if (counters.procs > 2) reasons.push(`${counters.procs - 2} extra process(es) in the cgroup`);
+  // never more than the agent and a monitor: a machine that started with more (a system machine's
+  // services) is not judged clean by its count alone
+  const procs = Math.min(base.procs ?? 2, 2);
+  if (counters.procs > procs) reasons.push(`${counters.procs - procs} extra process(es) in the cgroup`);
   if (marker !== base.fsGeneration) reasons.push('root filesystem changed');
   const now = entriesOf(st);
   for (const line of now)

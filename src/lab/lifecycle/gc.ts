@@ -85,9 +85,13 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     return machine ? netns.has(machineNetns(machine.sid, machine.index, machine.copy)) : cgroups.has(id);
   };
   for (const f of await removeDeadClaimWrites())
-    removed.push(`unfinished user namespace claim ${f} (its process is gone)`);
+    removed.push(
+      /\/\.tmp-/.test(f)
+        ? `unfinished user namespace claim ${f} (its process is gone)`
+        : `empty split user namespace slot ${f}`,
+    );
   for (const c of await staleClaims(ctx.home, isHeld, running, CLAIM_GRACE_MS)) {
-    await releaseRange(c.base, c.home, c.id);
+    await releaseRange(c.base, c.home, c.id, c.size);
     removed.push(
       `user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`,
     );

@@ -16,7 +16,7 @@ import { DEFAULT_DISK_BYTES } from '../../defaults.js';
 import { DEFAULT_ENV } from '../io/exec.js';
 import { SYSTEMD_PATHS, waitSystemRunning } from './system.js';
 import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
-import { claimRange, releaseRange } from '../../host/userns/registry.js';
+import { checkRangeSize, claimRange, releaseRange } from '../../host/userns/registry.js';
 import { attachEgress } from '../../host/net/egress.js';
 import { GATEWAY, GUEST_LINK, newMark, type EgressLists } from '../../host/net/egress-rules.js';
 
@@ -55,6 +55,8 @@ export interface RaiseInput {
   uidBase?: number;
   /** 'systemd': a system machine (the image's init as PID 1; usable once systemd is up) */
   init?: 'systemd';
+  /** ids in its user namespace, a power of two (registry.ts checkRangeSize); default USERNS_SIZE */
+  ids?: number;
   /** the disk cap was asked for (refused where it cannot hold), not carried as a default; default: limits.diskBytes is set */
   diskAsked?: boolean;
   /** outbound network with these lists (docs/egress.md); default: loopback only */
@@ -81,6 +83,24 @@ export function usernsFor(
     USERNS_STORAGE.includes(input.storage) &&
     (input.netns === undefined || input.uidBase !== undefined)
   );
+}
+
+/** A smaller range (`ids`) is for a sandbox in a user namespace of its own, and not for systemd. */
+function checkIds(input: RaiseInput, userns: boolean): void {
+  if (input.ids === undefined || input.ids === USERNS_SIZE) return;
+  checkRangeSize(input.ids);
+  if (!userns || input.uidBase !== undefined)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `ids ${input.ids} sizes a user namespace, and this sandbox has none of its own`,
+      "leave out --ids (a VM, --no-userns, a scenario machine: the range is not the create's)",
+    );
+  if (input.init === 'systemd')
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `a system machine needs all ${USERNS_SIZE} ids (systemd's nobody is 65534, its dynamic users 61184-65519)`,
+      'leave out --ids, or use --init agent',
+    );
 }
 
 /**
@@ -112,6 +132,7 @@ export async function raiseSandbox(
       'leave out --no-userns (and use storage that can idmap: see `snaplab doctor`), or use --driver qemu',
     );
   }
+  checkIds(input, userns);
   const record = await trace.phase('record', () => recordSandbox(ctx, input, driver.name, given, userns));
   trace.target ??= record.name;
   let agent: AgentClient | undefined;
@@ -178,6 +199,7 @@ async function recordSandbox(
       baseline: null,
       scenario: input.scenario ?? null,
       uidBase: null,
+      ids: userns && input.ids !== undefined && input.ids !== USERNS_SIZE ? input.ids : null,
       init: input.init ?? null,
       templateOf: input.heldBy?.templateOf ?? null,
       egress: input.egress ? { slot: 0, ...input.egress, mark: newMark() } : null,
@@ -186,16 +208,20 @@ async function recordSandbox(
   let record = make();
   for (let attempt = 0; ; attempt++) {
     const own = userns && input.uidBase === undefined; // a machine's range is its scenario's
-    record.uidBase = !userns ? null : own ? await claimRange(ctx.home, record.id) : input.uidBase!;
+    record.uidBase = !userns
+      ? null
+      : own
+        ? await claimRange(ctx.home, record.id, record.ids ?? USERNS_SIZE)
+        : input.uidBase!;
     let taken: boolean;
     try {
       taken = !ctx.store.insertSandbox(record);
     } catch (e) {
-      if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
+      if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id, record.ids ?? null);
       throw e;
     }
     if (!taken) return record;
-    if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id);
+    if (own && record.uidBase !== null) await releaseRange(record.uidBase, ctx.home, record.id, record.ids ?? null);
     if (given !== undefined || attempt >= 20)
       throw new SnaplabError('SANDBOX_EXISTS', `a sandbox named ${record.name} already exists`, 'pick another --name');
     record = make();
@@ -235,7 +261,7 @@ async function raiseMachine(
     limits: input.limits,
     netns,
     ...(input.nics ? { nics: input.nics } : {}),
-    ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
+    ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: record.ids ?? USERNS_SIZE } } : {}),
     ...(input.init ? { init: input.init } : {}),
   };
   // the cgroup does not need the root filesystem: make both at once
@@ -278,7 +304,7 @@ async function egressNetns(ctx: LabContext, record: SandboxRecord, driver: Drive
     ...(into ? { into } : {}),
     // a VM's guest has a NIC of its own on a tap there (GUEST_LINK)
     ...(driver.capabilities.ownKernel ? { guest: true } : {}),
-    ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: USERNS_SIZE } } : {}),
+    ...(record.uidBase !== null ? { userns: { base: record.uidBase, count: record.ids ?? USERNS_SIZE } } : {}),
   });
 }
 

@@ -66,7 +66,7 @@ async function reap(ctx: LabContext, s: SandboxRecord, reason: string): Promise<
     await ctx.driver(s.driver).destroy(handleOf(s));
     if (s.uidBase !== null && s.scenario === null) {
       ctx.store.clearUidBase(s.id);
-      await releaseRange(s.uidBase, ctx.home, s.id);
+      await releaseRange(s.uidBase, ctx.home, s.id, s.ids ?? null);
     }
     return reason;
   } catch (e) {

@@ -37,7 +37,7 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
   if (s.egress) await phase('egress', () => detachRecordEgress(ctx, s));
   ctx.store.deleteSandbox(s.id);
   // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)
-  if (s.uidBase !== null && s.scenario === null) await releaseRange(s.uidBase, ctx.home, s.id);
+  if (s.uidBase !== null && s.scenario === null) await releaseRange(s.uidBase, ctx.home, s.id, s.ids ?? null);
 }
 
 /**

@@ -1,0 +1,117 @@
+import { readFileSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { Writable } from 'node:stream';
+import { describe, expect, it } from 'vitest';
+import { disposeLab, testLab } from '../../test/helpers.js';
+import { agentBinaryPath } from '../agent/binary.js';
+import { densityBench, parseCounts, renderDensitySummary } from './density-bench.js';
+import { Progress } from './progress.js';
+
+// A bounded density ladder (0 and a few idle machines, two samples each): the output's shape and
+// the cleanup, never the speed. The full ladder is `snaplab bench --workload density`.
+const homes = (): string[] => readdirSync(tmpdir()).filter((d) => d.startsWith('snaplab-bench-density-'));
+
+function sink(onLine: (line: string) => void = () => undefined): { progress: Progress; lines: string[] } {
+  const lines: string[] = [];
+  const out = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      for (const l of chunk.toString().split('\n').filter(Boolean)) {
+        lines.push(l);
+        onLine(l);
+      }
+      done();
+    },
+  });
+  return { progress: new Progress(out), lines };
+}
+
+describe('snaplab bench --workload density (bounded)', () => {
+  it('times every operation at each count, reads memory per idle sandbox, and removes all it made', async () => {
+    const before = homes();
+    const { progress, lines } = sink();
+    const s = await densityBench({ counts: [0, 6], samples: 2, concurrency: 3 }, progress);
+    expect(s.points.map((p) => p.count)).toEqual([0, 6]);
+    for (const p of s.points)
+      for (const op of ['create', 'exec', 'snapshot', 'restore', 'list', 'rm', 'gc'] as const) {
+        expect(p.ms[op].samples).toBe(2);
+        expect(p.ms[op].p50).toBeGreaterThan(0);
+        expect(p.ms[op].p95).toBeGreaterThanOrEqual(p.ms[op].p50);
+      }
+    expect(s.points[0]!.memory).toBeNull();
+    const at6 = s.points[1]!;
+    expect(at6.bulk).toMatchObject({ made: 6, perSecond: expect.any(Number) });
+    // what each idle sandbox's cgroup is charged: its agent's pages and kernel memory, not nothing
+    expect(at6.memory!.cgroupKiB).toBeGreaterThan(16);
+    expect(at6.memory!.counters).toHaveProperty('SUnreclaim');
+    expect(at6.loadavg).toHaveLength(3);
+    expect(renderDensitySummary(s)).toMatch(/^workload density[\s\S]*\n6 +[\d.]+ \/ [\d.]+/m);
+    expect(lines.join('\n')).toMatch(/at 6: create p50 [\d.]+ ms/);
+    expect(homes()).toEqual(before);
+  });
+
+  it('an abort between steps removes the machines already made', async () => {
+    const before = homes();
+    const ac = new AbortController();
+    // aborted once the fill toward the second count has made its machines
+    const { progress } = sink((l) => {
+      if (/^… at 4: timing/.test(l)) ac.abort();
+    });
+    await expect(
+      densityBench({ counts: [4, 8], samples: 1, concurrency: 2 }, progress, ac.signal),
+    ).rejects.toMatchObject({ code: 'ABORTED' });
+    expect(homes()).toEqual(before);
+  });
+
+  it('--counts takes ascending whole numbers', () => {
+    expect(parseCounts('0,1000,5000,10000')).toEqual([0, 1000, 5000, 10000]);
+    for (const bad of ['1000,0', '0,0', '-1', 'x', '1.5'])
+      expect(() => parseCounts(bad)).toThrow(expect.objectContaining({ code: 'BAD_INPUT' }));
+  });
+});
+
+/**
+ * The host's live processes in a sandbox's cgroup, by name. A killed monitor stays a zombie until
+ * the host's init reaps it (seconds, on these hosts' process_api), and the pids controller counts
+ * it until then: zombies are not the sandbox's.
+ */
+function liveProcesses(id: string): string[] {
+  const names: string[] = [];
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      if (!readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes(`/snaplab/${id}`)) continue;
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      if (stat.replace(/^.*\) /s, '')[0] !== 'Z') names.push(stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')));
+    } catch {
+      /* gone meanwhile */
+    }
+  }
+  return names;
+}
+
+describe('an idle sandbox on the host (docs/architecture.md "Density")', () => {
+  it("holds its agent alone: bwrap's monitor is let go once the agent serves, and the sandbox lives on", async () => {
+    const lab = await testLab();
+    const agent = readFileSync(agentBinaryPath());
+    try {
+      const box = await lab.create();
+      expect(liveProcesses(box.id)).toEqual(['agent']);
+      const r = await box.exec(['sh', '-c', 'echo $$; cat /proc/1/cmdline | tr "\\0" " "']);
+      expect(r.stdout.toString()).toMatch(/^\d+\n\/run\/snaplab\/agent serve /);
+      // every sandbox maps the host's one agent binary: root inside can neither write it nor remount it writable
+      for (const argv of [
+        ['sh', '-c', 'echo x > /run/snaplab/agent'],
+        ['mount', '-o', 'remount,bind,rw', '/run/snaplab/agent'],
+        ['chmod', '777', '/run/snaplab/agent'],
+      ])
+        expect((await box.exec(argv)).exitCode).not.toBe(0);
+      expect(readFileSync(agentBinaryPath()).equals(agent)).toBe(true);
+      // a snapshot freezes and thaws the cgroup; a restore launches again
+      await box.snapshot('idle');
+      const back = await lab.restore('idle');
+      expect((await back.exec(['/bin/true'])).exitCode).toBe(0);
+      expect(liveProcesses(back.id)).toEqual(['agent']);
+    } finally {
+      await disposeLab(lab);
+    }
+  });
+});

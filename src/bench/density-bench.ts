@@ -1,0 +1,298 @@
+/**
+ * `snaplab bench --workload density --counts 0,1000,5000,10000` (issue #34, docs/benchmarks.md
+ * "Density"): how the costs of one machine move as the number of idle machines on the host grows.
+ * At each count (idle busybox sandboxes made in bulk through the library, with progress), it
+ * times `samples` of: create, exec, snapshot and restore of one, list, rm of one, gc with nothing
+ * to do; and it reads the host memory each idle sandbox holds (MemAvailable and /proc/meminfo's
+ * kernel counters, before the first and now, less this process's own growth, divided by the
+ * count; and the mean of what the sandboxes' memory cgroups are charged) and the bulk create rate.
+ * It runs in a home of its own under /tmp, removed at its end, so that gc has only the bench's
+ * machines to see; an abort (Ctrl-C) or a failure removes everything it made.
+ */
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { availableParallelism, loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { bestEffort, orElse } from '../cleanup.js';
+import { SnaplabError } from '../errors.js';
+import { Lab } from '../sdk/lab.js';
+import type { Progress } from './progress.js';
+import { pad } from './report-text.js';
+import { percentile } from './stats.js';
+
+export interface DensityOptions {
+  /** idle machines at each step, ascending (0: none but the measured ones) */
+  counts: number[];
+  /** timed operations of each kind at each count */
+  samples: number;
+  /** creates in flight during the bulk fill */
+  concurrency: number;
+}
+
+export interface OpFigures {
+  p50: number;
+  p95: number;
+  samples: number;
+}
+
+/** /proc/meminfo's counters that a machine moves, per idle sandbox, KiB */
+const COUNTERS = ['AnonPages', 'PageTables', 'KernelStack', 'SUnreclaim', 'SReclaimable', 'Percpu', 'Shmem'] as const;
+
+export interface DensityPoint {
+  count: number;
+  /** the host's 1, 5 and 15 minute load averages when the operations were timed */
+  loadavg: number[];
+  /** the fill from the previous count to this one */
+  bulk: { made: number; seconds: number; perSecond: number } | null;
+  /** host memory per idle sandbox, KiB (null at count 0) */
+  memory: {
+    /** MemAvailable's fall, less this process's RSS growth, over the count */
+    perSandboxKiB: number;
+    /** what a sandbox's memory cgroup is charged (its processes' pages, kernel memory charged to it), mean of a sample */
+    cgroupKiB: number;
+    /** /proc/meminfo's counters' growth over the count */
+    counters: Record<(typeof COUNTERS)[number], number>;
+  } | null;
+  ms: Record<'create' | 'exec' | 'snapshot' | 'restore' | 'list' | 'rm' | 'gc', OpFigures>;
+}
+
+export interface DensitySummary {
+  workload: 'density';
+  startedAt: string;
+  finishedAt: string;
+  settings: DensityOptions & { image: string; cpus: number; memTotalKiB: number };
+  points: DensityPoint[];
+}
+
+type Meminfo = Record<string, number>;
+const meminfo = (): Meminfo =>
+  Object.fromEntries(
+    readFileSync('/proc/meminfo', 'utf8')
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => {
+        const [k, v] = l.split(/:\s+/);
+        return [k!, Number.parseInt(v!, 10)];
+      }),
+  );
+const rssKiB = (): number => Math.round(process.memoryUsage().rss / 1024);
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+const round = (v: number, d = 2): number => Math.round(v * 10 ** d) / 10 ** d;
+const now = (): number => performance.now();
+
+function figures(xs: number[]): OpFigures {
+  return { p50: round(percentile(xs, 50), 3), p95: round(percentile(xs, 95), 3), samples: xs.length };
+}
+
+function checkAbort(signal: AbortSignal | undefined): void {
+  if (signal?.aborted)
+    throw signal.reason instanceof SnaplabError
+      ? signal.reason
+      : new SnaplabError('ABORTED', 'the density bench was interrupted', 'everything it made is removed; run it again');
+}
+
+/** Make `n` idle sandboxes, `concurrency` at a time, with a progress note every second. */
+async function fill(
+  lab: Lab,
+  n: number,
+  o: DensityOptions,
+  progress: Progress,
+  signal?: AbortSignal,
+): Promise<DensityPoint['bulk']> {
+  if (n <= 0) return null;
+  const t0 = now();
+  let made = 0;
+  let started = 0;
+  let shown = t0;
+  const worker = async (): Promise<void> => {
+    while (started < n && !signal?.aborted) {
+      started++;
+      // the connection is closed at once: the library holds nothing of an idle machine
+      (await lab.create({ labels: { bench: 'density' } })).close();
+      made++;
+      if (now() - shown > 1000) {
+        shown = now();
+        progress.note(`creating: ${made} of ${n} more (${Math.round((made / (shown - t0)) * 1000)}/s)`);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(o.concurrency, n) }, worker));
+  checkAbort(signal);
+  const seconds = (now() - t0) / 1000;
+  return { made, seconds: round(seconds), perSecond: round(made / seconds, 1) };
+}
+
+/** Memory per idle sandbox now, against `base` (taken with none). */
+async function memoryAt(
+  lab: Lab,
+  base: { info: Meminfo; rss: number },
+  count: number,
+): Promise<DensityPoint['memory']> {
+  if (count === 0) return null;
+  await sleep(2000); // let the last machines settle (and deferred frees land)
+  const info = meminfo();
+  const own = rssKiB() - base.rss;
+  const per = (k: string): number => round((info[k]! - base.info[k]!) / count, 1);
+  const all = await lab.list();
+  const sample = all.filter((_, i) => i % Math.max(1, Math.floor(all.length / 20)) === 0).slice(0, 20);
+  const charged = await Promise.all(sample.map(async (b) => (await b.usage()).memoryBytes / 1024));
+  for (const b of all) b.close();
+  return {
+    perSandboxKiB: round((base.info.MemAvailable! - info.MemAvailable! - own) / count, 1),
+    cgroupKiB: round(charged.reduce((a, b) => a + b, 0) / Math.max(1, charged.length), 1),
+    counters: Object.fromEntries(COUNTERS.map((k) => [k, per(k)])) as Record<(typeof COUNTERS)[number], number>,
+  };
+}
+
+async function timed<T>(xs: number[], f: () => Promise<T>): Promise<T> {
+  const t0 = now();
+  const r = await f();
+  xs.push(now() - t0);
+  return r;
+}
+
+/** `--counts`: idle machines at each step, ascending and distinct, 0 allowed. */
+export function parseCounts(text: string): number[] {
+  const counts = text.split(',').map((t) => Number(t.trim()));
+  const ok = counts.every((c, i) => Number.isInteger(c) && c >= 0 && (i === 0 || c > counts[i - 1]!));
+  if (!ok || counts.length === 0)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `--counts ${JSON.stringify(text)}: give whole numbers in ascending order`,
+      'e.g. --counts 0,1000,5000,10000',
+    );
+  return counts;
+}
+
+/** `samples` of each operation, with `count` idle machines beside them. */
+async function operations(lab: Lab, samples: number, signal?: AbortSignal): Promise<DensityPoint['ms']> {
+  const t: Record<keyof DensityPoint['ms'], number[]> = {
+    create: [],
+    exec: [],
+    snapshot: [],
+    restore: [],
+    list: [],
+    rm: [],
+    gc: [],
+  };
+  const probe = await lab.create({ labels: { bench: 'density-probe' } });
+  try {
+    for (let i = 0; i < samples; i++) {
+      checkAbort(signal);
+      const box = await timed(t.create, () => lab.create({ labels: { bench: 'density-probe' } }));
+      await timed(t.rm, () => box.destroy());
+      const r = await timed(t.exec, () => probe.exec(['/bin/true']));
+      if (r.exitCode !== 0) throw new SnaplabError('INTERNAL', `/bin/true exited ${r.exitCode}`, 'see the probe');
+      const name = `density-${process.pid}-${i}`;
+      await timed(t.snapshot, () => probe.snapshot(name));
+      const back = await timed(t.restore, () => lab.restore(name));
+      await back.destroy();
+      await lab.removeSnapshot(name);
+      await timed(t.list, () => lab.list());
+      await timed(t.gc, () => lab.gc());
+    }
+  } finally {
+    await bestEffort('remove the probe', () => probe.destroy());
+  }
+  return Object.fromEntries(Object.entries(t).map(([k, xs]) => [k, figures(xs)])) as DensityPoint['ms'];
+}
+
+/** Remove every machine and snapshot of the bench's home, `concurrency` at a time, then its home. */
+async function clear(lab: Lab, concurrency: number, progress: Progress): Promise<void> {
+  const all = await lab.list().catch(orElse([], "list the bench's machines"));
+  let left = all.length;
+  let shown = now();
+  const worker = async (): Promise<void> => {
+    for (let b = all.pop(); b; b = all.pop()) {
+      await bestEffort(`remove ${b.name}`, () => b.destroy());
+      left--;
+      if (now() - shown > 1000) {
+        shown = now();
+        progress.note(`removing: ${left} left`);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency }, worker));
+  for (const s of await lab.snapshots().catch(orElse([], "list the bench's snapshots")))
+    await bestEffort(`remove snapshot ${s.name}`, () => lab.removeSnapshot(s.name));
+  await bestEffort('remove the bench image', () => lab.removeImage('busybox', { force: true }));
+  await bestEffort('gc the bench home', () => lab.gc());
+  const home = lab.home;
+  lab.close();
+  await bestEffort('remove the bench home', () => rm(home, { recursive: true, force: true }));
+}
+
+export async function densityBench(
+  o: DensityOptions,
+  progress: Progress,
+  signal?: AbortSignal,
+): Promise<DensitySummary> {
+  const startedAt = new Date().toISOString();
+  const lab = await Lab.open({ home: mkdtempSync(join(tmpdir(), 'snaplab-bench-density-')) });
+  const points: DensityPoint[] = [];
+  try {
+    await (await lab.create()).destroy(); // image import, pool mount, the helper: once, untimed
+    await sleep(1000);
+    const base = { info: meminfo(), rss: rssKiB() };
+    let running = 0;
+    for (const count of o.counts) {
+      const bulk = await fill(lab, count - running, o, progress, signal);
+      running = count;
+      const memory = await memoryAt(lab, base, count);
+      progress.note(`at ${count}: timing ${o.samples} of each operation`);
+      const ms = await operations(lab, o.samples, signal);
+      const point = { count, loadavg: loadavg().map((l) => round(l)), bulk, memory, ms };
+      points.push(point);
+      progress.note(pointLine(point));
+    }
+  } finally {
+    progress.note(`removing the bench's machines`);
+    await clear(lab, o.concurrency, progress);
+    progress.done();
+  }
+  return {
+    workload: 'density',
+    startedAt,
+    finishedAt: new Date().toISOString(),
+    settings: { ...o, image: 'busybox', cpus: availableParallelism(), memTotalKiB: meminfo().MemTotal! },
+    points,
+  };
+}
+
+const pointLine = (p: DensityPoint): string =>
+  `at ${p.count}: create p50 ${p.ms.create.p50.toFixed(1)} ms, exec ${p.ms.exec.p50.toFixed(1)} ms, list ${p.ms.list.p50.toFixed(1)} ms` +
+  (p.memory ? `, ${p.memory.perSandboxKiB} KiB per idle sandbox` : '') +
+  (p.bulk ? `, bulk ${p.bulk.perSecond}/s` : '') +
+  `; load ${p.loadavg.join(' ')}`;
+
+export function renderDensitySummary(s: DensitySummary): string {
+  const ops = ['create', 'exec', 'snapshot', 'restore', 'list', 'rm', 'gc'] as const;
+  const opRows = s.points.map((p) => [
+    String(p.count),
+    ...ops.map((k) => `${p.ms[k].p50.toFixed(1)} / ${p.ms[k].p95.toFixed(1)}`),
+    p.loadavg[0]!.toFixed(2),
+  ]);
+  const memRows = s.points.map((p) => [
+    String(p.count),
+    p.bulk ? `${p.bulk.perSecond}/s (${p.bulk.made} in ${p.bulk.seconds} s)` : '-',
+    p.memory ? String(p.memory.perSandboxKiB) : '-',
+    p.memory ? String(p.memory.cgroupKiB) : '-',
+    p.memory ? COUNTERS.map((k) => `${k} ${p.memory!.counters[k]}`).join(', ') : '-',
+  ]);
+  return [
+    `workload density: idle busybox sandboxes at ${s.settings.counts.join(', ')}; ${s.settings.samples} samples of each operation at each count; ${s.settings.cpus} CPUs, ${Math.round(s.settings.memTotalKiB / 1024)} MiB`,
+    ...pad(['idle', ...ops.map((k) => `${k} p50/p95 ms`), 'load'], opRows),
+    ...pad(
+      ['idle', 'bulk create', 'KiB/sandbox (MemAvailable)', 'KiB/sandbox (its cgroup)', 'meminfo KiB/sandbox'],
+      memRows,
+    ),
+  ].join('\n');
+}
+
+/** --results: summary.json and summary.md (the tables) in a directory prepareResultsDir checked. */
+export function writeDensityResults(dir: string, s: DensitySummary): string[] {
+  const files = [join(dir, 'summary.json'), join(dir, 'summary.md')];
+  writeFileSync(files[0]!, `${JSON.stringify(s, null, 2)}\n`);
+  writeFileSync(files[1]!, `# snaplab bench --workload density\n\n\`\`\`\n${renderDensitySummary(s)}\n\`\`\`\n`);
+  return files;
+}

@@ -1,0 +1,80 @@
+import { readFileSync } from 'node:fs';
+import type { Availability } from './probe-types.js';
+import { USERNS_MIN_SIZE, USERNS_SIZE, USERNS_SLOTS } from './userns/id-ranges.js';
+
+/**
+ * Host-wide kernel limits that many sandboxes meet, each with what one idle namespace sandbox
+ * takes of it (counted on this host: a busybox sandbox holds 1 host pid, its agent: bwrap's
+ * monitor is let go once the agent serves, and with it the launch's private mount namespace;
+ * docs/architecture.md "Density"). Limits counted per uid (inotify, user namespaces, a machine's
+ * own namespaces) are each sandbox's alone: its user namespace is owned by its base uid (the user
+ * namespace policy check says those).
+ */
+export const HOST_LIMITS: readonly { sysctl: string; perSandbox: number; raiseTo: number; why: string }[] = [
+  {
+    sysctl: 'kernel.pid_max',
+    perSandbox: 1,
+    raiseTo: 4_194_304,
+    why: 'every process on the host has a pid: 1 per idle sandbox, and each command adds its own',
+  },
+  { sysctl: 'kernel.threads-max', perSandbox: 1, raiseTo: 4_194_304, why: 'every process is a thread' },
+];
+
+/**
+ * What an idle busybox sandbox holds of the host's memory: ~725 KiB of kernel and process memory
+ * at 1000 idle ones (docs/benchmarks.md "Density"), rounded up.
+ */
+export const IDLE_SANDBOX_BYTES = 0.75 * 2 ** 20;
+
+/** A sysctl's value on this host, or undefined where the kernel has none. */
+export function readSysctl(name: string): number | undefined {
+  try {
+    const v = Number(readFileSync(`/proc/sys/${name.replaceAll('.', '/')}`, 'utf8').trim());
+    return Number.isFinite(v) ? v : undefined;
+  } catch {
+    return undefined; // absent on this kernel: it limits nothing
+  }
+}
+
+const n = (x: number): string => Math.floor(x).toLocaleString('en-US');
+
+/**
+ * How many idle sandboxes each limit allows beside `used` processes already running, against what
+ * memory allows (`memBytes`): ok while every limit allows at least that many, else the limits that
+ * stop short with the sysctl that raises them. The uid ranges are said too (full and smallest).
+ */
+export function hostLimitsVerdict(
+  values: Record<string, number | undefined>,
+  memBytes: number,
+  used: number,
+): Availability {
+  const memory = Math.floor(memBytes / IDLE_SANDBOX_BYTES);
+  const parts: string[] = [`memory ${n(memory)} (at ${IDLE_SANDBOX_BYTES / 2 ** 20} MiB each)`];
+  const short: string[] = [];
+  for (const l of HOST_LIMITS) {
+    const v = values[l.sysctl];
+    if (v === undefined) continue;
+    const room = Math.max(0, (v - used) / l.perSandbox);
+    parts.push(`${l.sysctl}=${v} ${n(room)}`);
+    if (room < memory) short.push(`sysctl -w ${l.sysctl}=${l.raiseTo} (${l.why})`);
+  }
+  parts.push(
+    `uid ranges ${n(USERNS_SLOTS)} of ${USERNS_SIZE} ids, ${n((USERNS_SLOTS * USERNS_SIZE) / USERNS_MIN_SIZE)} of ${USERNS_MIN_SIZE} (--ids)`,
+  );
+  const reason = `idle sandboxes this host allows: ${parts.join('; ')}`;
+  if (!short.length) return { ok: true, reason };
+  return {
+    ok: false,
+    reason: `${reason}: a create fails past the lowest`,
+    fix: `${short.join('; ')}; keep it in /etc/sysctl.d/`,
+  };
+}
+
+/** This host's limits, memory and process count, judged (doctor's "host limits"). */
+export function hostLimits(): Availability {
+  const values = Object.fromEntries(HOST_LIMITS.map((l) => [l.sysctl, readSysctl(l.sysctl)]));
+  const kib = Number(/^MemTotal:\s+(\d+)/m.exec(readFileSync('/proc/meminfo', 'utf8'))?.[1] ?? 0);
+  // /proc/loadavg's 4th field: running/existing threads (each holds a pid)
+  const used = Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[3]?.split('/')[1]);
+  return hostLimitsVerdict(values, kib * 1024, Number.isFinite(used) ? used : 0);
+}

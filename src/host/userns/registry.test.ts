@@ -1,0 +1,103 @@
+import { randomInt } from 'node:crypto';
+import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf, tierSlots } from './id-ranges.js';
+import { REGISTRY, claimRange, rangesOf, releaseRange, removeDeadClaimWrites } from './registry.js';
+
+// The host-wide registry itself (/run/snaplab/userns, real files), in a window of a few slots of
+// the high stretch picked at random (SNAPLAB_USERNS_IDS), where nothing else on the host claims.
+const HOME = `/test/registry-${process.pid}`;
+const LOW = 2569;
+let claimed: [number, string, number][] = [];
+
+function window(slots: number): number {
+  const first = LOW + randomInt(USERNS_SLOTS - LOW - slots);
+  const lo = slotBase(first);
+  process.env.SNAPLAB_USERNS_IDS = `${lo}-${lo + slots * USERNS_SIZE - 1}`;
+  return lo;
+}
+async function claim(id: string, size = USERNS_SIZE): Promise<number> {
+  const base = await claimRange(HOME, id, size);
+  claimed.push([base, id, size]);
+  return base;
+}
+afterEach(async () => {
+  delete process.env.SNAPLAB_USERNS_IDS;
+  for (const [base, id, size] of claimed) await releaseRange(base, HOME, id, size);
+  claimed = [];
+});
+
+describe('uid ranges', () => {
+  it('use the whole uid space: below 2^31 first, then up to 2^32-2, never (uid_t)-1', () => {
+    expect(USERNS_SLOTS).toBe(2569 + 32767);
+    expect(slotBase(LOW - 1) + USERNS_SIZE).toBeLessThanOrEqual(2 ** 31);
+    expect(slotBase(LOW)).toBe(2 ** 31);
+    expect(slotBase(USERNS_SLOTS - 1) + USERNS_SIZE - 1).toBeLessThan(2 ** 32 - 1);
+    expect(slotOf(slotBase(LOW) + 4096)).toBe(2 ** 31);
+    expect(slotOf(2 ** 32 - 1)).toBeUndefined();
+    expect(tierSlots()).toEqual([
+      [0, LOW],
+      [LOW, USERNS_SLOTS],
+    ]);
+    process.env.SNAPLAB_USERNS_IDS = `${2 ** 31}-${2 ** 31 + 2 * USERNS_SIZE - 1}`;
+    expect(tierSlots()).toEqual([[LOW, LOW + 2]]);
+  });
+
+  it('a split slot holds ranges of one size; a whole claim and a split slot exclude each other', async () => {
+    const lo = window(1);
+    const a = await claim('small-a', 1024);
+    const b = await claim('small-b', 1024);
+    expect(slotOf(a)).toBe(lo);
+    expect(new Set([a, b]).size).toBe(2);
+    expect([a % 1024, b % 1024]).toEqual([lo % 1024, lo % 1024]);
+    expect(statSync(join(REGISTRY, String(lo))).isDirectory()).toBe(true);
+    expect(readdirSync(join(REGISTRY, String(lo))).sort()).toEqual([`${a}.1024`, `${b}.1024`].sort());
+    // the one slot is split for 1024: neither a whole range nor one of 4096 may be had in it
+    await expect(claimRange(HOME, 'whole')).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+    await expect(claimRange(HOME, 'mid', 4096)).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+    expect((await rangesOf(HOME)).get(a)).toBe('small-a');
+    // given back: the slot, empty, is removed with its last range, and whole again
+    await releaseRange(a, HOME, 'small-a', 1024);
+    await releaseRange(b, HOME, 'small-b', 1024);
+    claimed = [];
+    expect(existsSync(join(REGISTRY, String(lo)))).toBe(false);
+    expect(await claim('whole')).toBe(lo);
+    await expect(claimRange(HOME, 'small-c', 1024)).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+  });
+
+  it('fills a slot exactly: 64 ranges of 1024 claimed at once, none shared, then full', async () => {
+    const lo = window(1);
+    const bases = await Promise.all(Array.from({ length: 64 }, (_, i) => claim(`s${i}`, 1024)));
+    expect(new Set(bases).size).toBe(64);
+    expect(Math.min(...bases)).toBe(lo);
+    expect(Math.max(...bases)).toBe(lo + USERNS_SIZE - 1024);
+    await expect(claimRange(HOME, 'one-more', 1024)).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+  });
+
+  it('an empty split slot left by a crash is taken by a whole claim, and removed by gc', async () => {
+    const lo = window(2);
+    mkdirSync(join(REGISTRY, String(lo)));
+    mkdirSync(join(REGISTRY, String(lo + USERNS_SIZE)));
+    expect(await removeDeadClaimWrites()).toContain(join(REGISTRY, String(lo)));
+    expect(existsSync(join(REGISTRY, String(lo)))).toBe(false);
+    expect(existsSync(join(REGISTRY, String(lo + USERNS_SIZE)))).toBe(false);
+    mkdirSync(join(REGISTRY, String(lo)));
+    mkdirSync(join(REGISTRY, String(lo + USERNS_SIZE)));
+    const bases = [await claim('w1'), await claim('w2')];
+    expect(bases.sort()).toEqual([lo, lo + USERNS_SIZE]);
+  });
+
+  it('a claim file of another (older) version in a slot is never shared', async () => {
+    const lo = window(1);
+    writeFileSync(join(REGISTRY, String(lo)), JSON.stringify({ home: HOME, id: 'older' }), { flag: 'wx' });
+    claimed.push([lo, 'older', USERNS_SIZE]);
+    await expect(claimRange(HOME, 'small', 2048)).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+    await expect(claimRange(HOME, 'whole')).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+  });
+
+  it('refuses a size that is not a power of two from 1024 to 65536', async () => {
+    for (const n of [512, 1000, 3000, 131072, Number.NaN])
+      await expect(claimRange(HOME, 'bad', n)).rejects.toMatchObject({ code: 'BAD_INPUT', hint: /power of two/ });
+  });
+});

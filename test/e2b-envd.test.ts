@@ -1,0 +1,190 @@
+/**
+ * What envd ≥ 0.6 brings to the E2B front (docs/e2b.md, "envd versions"), driven by E2B's own SDK
+ * (both pinned versions) against a real `snaplab serve --e2b-listen`: the advertised version, file
+ * metadata kept as `user.e2b.*` extended attributes (checked from outside through the Lab API),
+ * and the watch options (includeEntry, allowNetworkMounts).
+ */
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import * as latest from 'e2b';
+import * as oldest from 'e2b-v2-14';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Lab } from '../src/sdk/lab.js';
+import type { LabApi } from '../src/sdk/api.js';
+import { cli, removeHome, startE2bDaemon, until, type TestDaemon } from './daemon-helpers.js';
+
+let home: string;
+let d: TestDaemon;
+let key: string;
+let lab: LabApi;
+const saved = { ...process.env };
+const UPLINK = `sltest-e2benvd-${process.pid}`;
+
+beforeAll(async () => {
+  spawnSync('ip', ['netns', 'add', UPLINK]);
+  process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2benvd-'));
+  key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
+  // `base` here is a copy of busybox (as in test/e2b.test.ts: these cases are about the protocol)
+  // (the first create makes the busybox image)
+  const seed = cli(home, ['create', '--name', 'seed']);
+  if (seed.code !== 0) throw new Error(`create: ${seed.err}`);
+  cli(home, ['rm', 'seed']);
+  const base = cli(home, ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base']);
+  if (base.code !== 0) throw new Error(`image import: ${base.err}`);
+  d = await startE2bDaemon(home, key);
+  lab = await Lab.open({ home });
+}, 120_000);
+
+afterAll(async () => {
+  lab?.close();
+  await d?.stop();
+  if (home) removeHome(home);
+  process.env = saved;
+  spawnSync('ip', ['netns', 'del', UPLINK]);
+});
+
+/** A file's extended attributes as the Lab API sees them: not through the front. */
+async function xattrsOf(id: string, path: string): Promise<Record<string, string> | undefined> {
+  return (await (await lab.get(id)).files.stat(path)).xattrs;
+}
+
+type Sdk = typeof latest;
+
+describe.each([
+  ['e2b@2.51.0', latest, true],
+  ['e2b@2.14.1', oldest as unknown as Sdk, false],
+] as const)('with %s', (_label, sdk: Sdk, modern: boolean) => {
+  const { Sandbox } = sdk;
+  let sbx: latest.Sandbox;
+  beforeAll(async () => {
+    sbx = await Sandbox.create({ timeoutMs: 600_000 });
+  }, 60_000);
+  afterAll(async () => {
+    await sbx?.kill();
+  });
+
+  it('create and connect advertise envd 0.6.4', async () => {
+    const info = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-Key': key } });
+    expect(((await info.json()) as { envdVersion: string }).envdVersion).toBe('0.6.4');
+    const again = await Sandbox.connect(sbx.sandboxId);
+    expect((again as unknown as { envdApi: { version: string } }).envdApi.version).toBe('0.6.4');
+  });
+
+  it.runIf(modern)(
+    'files.write with metadata: kept as user.e2b.* xattrs, told by write, getInfo and list',
+    async () => {
+      const w = await sbx.files.write('/srv/m/a.txt', 'one', { metadata: { Author: 'ann', 'x-tag': 'a b=c' } });
+      // keys lowercased, as envd's (they travel as header names)
+      const metadata = { author: 'ann', 'x-tag': 'a b=c' };
+      expect(w.metadata).toEqual(metadata);
+      expect(await xattrsOf(sbx.sandboxId, '/srv/m/a.txt')).toEqual({
+        'user.e2b.author': 'ann',
+        'user.e2b.x-tag': 'a b=c',
+      });
+      expect((await sbx.files.getInfo('/srv/m/a.txt')).metadata).toEqual(metadata);
+      expect((await sbx.files.list('/srv/m')).map((e) => e.metadata)).toEqual([metadata]);
+      // many files in one upload get the same metadata
+      const many = await sbx.files.write(
+        [
+          { path: '/srv/m/b.txt', data: 'b' },
+          { path: '/srv/m/c.txt', data: 'c' },
+        ],
+        { metadata: { k: 'v' } },
+      );
+      expect(many.map((f) => f.metadata)).toEqual([{ k: 'v' }, { k: 'v' }]);
+      expect(await xattrsOf(sbx.sandboxId, '/srv/m/c.txt')).toEqual({ 'user.e2b.k': 'v' });
+      // an upload replaces the metadata whole: none sent, none kept (as envd's)
+      const plain = await sbx.files.write('/srv/m/a.txt', 'two');
+      expect(plain.metadata).toBeUndefined();
+      expect((await sbx.files.getInfo('/srv/m/a.txt')).metadata).toBeUndefined();
+      expect(await xattrsOf(sbx.sandboxId, '/srv/m/a.txt')).toBeUndefined();
+      // a stream upload (octet-stream) carries it too
+      const stream = new Blob(['streamed']).stream();
+      await sbx.files.write('/srv/m/s.txt', stream, { metadata: { via: 'octet' } });
+      expect((await sbx.files.getInfo('/srv/m/s.txt')).metadata).toEqual({ via: 'octet' });
+    },
+  );
+
+  it.runIf(modern)(
+    'metadata over envd caps is refused with 400 (InvalidArgumentError), the file untouched',
+    async () => {
+      const big = Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`k${i}`, 'v'.repeat(250)]));
+      await expect(sbx.files.write('/srv/m/big.txt', 'x', { metadata: big })).rejects.toBeInstanceOf(
+        sdk.InvalidArgumentError,
+      );
+      await expect(lab.get(sbx.sandboxId).then((b) => b.files.stat('/srv/m/big.txt'))).rejects.toMatchObject({
+        code: 'FILE_NOT_FOUND',
+      });
+    },
+  );
+
+  it('a file with metadata reads as any other (the old SDK ignores the field it does not know)', async () => {
+    await (await lab.get(sbx.sandboxId)).files.write('/srv/old/f.txt', 'made', { xattrs: { 'user.e2b.by': 'lab' } });
+    const info = await sbx.files.getInfo('/srv/old/f.txt');
+    expect(info.name).toBe('f.txt');
+    expect((info as { metadata?: unknown }).metadata).toEqual(modern ? { by: 'lab' } : undefined);
+    expect((await sbx.files.list('/srv/old')).map((e) => e.name)).toEqual(['f.txt']);
+  });
+
+  it.runIf(modern)(
+    'watchDir includeEntry: a create or write carries its entry (metadata too), a remove none',
+    async () => {
+      expect(await sbx.files.makeDir('/srv/w')).toBe(true);
+      const seen: latest.FilesystemEvent[] = [];
+      const h = await sbx.files.watchDir('/srv/w', (e) => void seen.push(e), {
+        includeEntry: true,
+        allowNetworkMounts: true,
+      });
+      await sbx.files.write('/srv/w/a.txt', 'hello', { metadata: { who: 'w' } });
+      await sbx.files.remove('/srv/w/a.txt');
+      await until('the remove', () => seen.some((e) => e.type === 'remove'));
+      await h.stop();
+      const told = seen.map((e) => [e.type, e.name, e.entry?.name, e.entry?.size, e.entry?.metadata]);
+      expect(told[0]).toEqual(['create', 'a.txt', 'a.txt', 5, { who: 'w' }]);
+      expect(told).toContainEqual(['remove', 'a.txt', undefined, undefined, undefined]);
+      // without includeEntry, none
+      const bare: latest.FilesystemEvent[] = [];
+      const h2 = await sbx.files.watchDir('/srv/w', (e) => void bare.push(e));
+      await sbx.files.write('/srv/w/b.txt', 'b');
+      await until('the write', () => bare.some((e) => e.type === 'write'));
+      await h2.stop();
+      expect(bare.every((e) => e.entry === undefined)).toBe(true);
+    },
+  );
+
+  it.runIf(modern)('the watcher trio takes includeEntry too', async () => {
+    const connected = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
+      method: 'POST',
+      headers: { 'X-API-Key': key, 'content-type': 'application/json' },
+      body: JSON.stringify({ timeout: 600 }),
+    });
+    const token = ((await connected.json()) as { envdAccessToken: string }).envdAccessToken;
+    const call = async (method: string, body: unknown): Promise<Record<string, unknown>> => {
+      const r = await fetch(`${d.e2bUrl}/filesystem.Filesystem/${method}`, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          'E2b-Sandbox-Id': sbx.sandboxId,
+          'E2b-Sandbox-Port': '49983',
+          'X-Access-Token': token,
+        },
+        body: JSON.stringify(body),
+      });
+      expect(r.status).toBe(200);
+      return (await r.json()) as Record<string, unknown>;
+    };
+    expect(await sbx.files.makeDir('/srv/t')).toBe(true);
+    const { watcherId } = await call('CreateWatcher', { path: '/srv/t', include_entry: true });
+    await sbx.files.write('/srv/t/x.txt', 'xyz');
+    const events: { type: string; entry?: { name: string; size: string } }[] = [];
+    await until('the write event', async () => {
+      events.push(...((await call('GetWatcherEvents', { watcherId })).events as typeof events));
+      return events.some((e) => e.type === 'EVENT_TYPE_WRITE');
+    });
+    expect(events.find((e) => e.type === 'EVENT_TYPE_WRITE')?.entry).toMatchObject({ name: 'x.txt', size: '3' });
+    await call('RemoveWatcher', { watcherId });
+  });
+});
