@@ -323,6 +323,9 @@ describe('user namespace ranges', () => {
       expect(await out(again, ['cat', '/f'])).toBe('hi');
       await using big = await lab.restore(snap.name, { ids: 65536 });
       expect((await out(big, ['stat', '-c', '%u', '/f'])).trim()).toBe('5000');
+      // a size that is none (`restore --ids abc`) is refused, not read as the default
+      for (const ids of [Number.NaN, 0])
+        await expect(lab.restore(snap.name, { ids })).rejects.toMatchObject({ code: 'BAD_INPUT' });
     } finally {
       await lab.removeSnapshot(snap.name);
     }

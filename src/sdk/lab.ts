@@ -1,4 +1,5 @@
 import { pageOf } from './paging.js';
+import { checkRangeSize } from '../host/userns/registry.js';
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/lifecycle/gc.js';
 import { imageVolume } from '../lab/images/volume.js';
@@ -179,7 +180,8 @@ export class Lab implements LabApi {
     const { result, trace } = await this.ctx.traced('restore', opts.name ?? null, async (t) => {
       const snap = this.ctx.store.getSnapshot(snapshot);
       if (!snap) throw snapshotNotFound(this.ctx, snapshot);
-      const ids = opts.ids ?? (opts.userns === false ? null : snap.ids);
+      // (an asked size is checked as a create's is: NaN or 0 is refused, never read as "none")
+      const ids = opts.ids !== undefined ? checkRangeSize(opts.ids) : opts.userns === false ? null : snap.ids;
       return raiseSandbox(
         this.ctx,
         {
@@ -203,7 +205,7 @@ export class Lab implements LabApi {
           memory: snap.memory ?? undefined,
           userns: opts.userns,
           // the size of the sandbox it was taken of, unless another is asked
-          ...(ids ? { ids } : {}),
+          ...(ids != null ? { ids } : {}),
           ...(egress ? { egress } : {}),
           ...(snap.init ? { init: snap.init } : {}),
         },

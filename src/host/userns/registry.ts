@@ -103,7 +103,8 @@ export async function claimRange(home: string, id: string, size = USERNS_SIZE): 
 
 async function claimByTries(tmp: string, size: number, from: number, to: number): Promise<number | undefined> {
   const hint = size < USERNS_SIZE ? await readHint(size) : undefined;
-  if (hint !== undefined && hint >= slotBase(from) && hint <= slotBase(to - 1)) {
+  // (a hint names a slot that was usable then: an account added since may fall in it)
+  if (hint !== undefined && hint >= slotBase(from) && hint <= slotBase(to - 1) && !unusable(hint)) {
     const got = await claimInSlot(tmp, hint, size);
     if (got !== undefined) return got;
   }
@@ -160,7 +161,8 @@ async function claimInSlot(tmp: string, base: number, size: number): Promise<num
     try {
       await link(tmp, part);
     } catch (e) {
-      if (errno(e) === 'ENOENT') return undefined; // the slot was emptied and removed meanwhile
+      // the slot was emptied and removed meanwhile (ENOENT), and perhaps claimed whole since (ENOTDIR)
+      if (errno(e) === 'ENOENT' || errno(e) === 'ENOTDIR') return undefined;
       if (errno(e) !== 'EEXIST') throw e;
       free[i] = free[free.length - 1]!;
       free.pop();
