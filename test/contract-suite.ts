@@ -105,7 +105,7 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
   });
 
   it('files: a write lands with the user.* extended attributes asked for; stat and list report them', async () => {
-    const box = await lab().create({ name: `x-${kind}` });
+    const box = await lab().create({ name: `xattr-${kind}` });
     try {
       const xattrs = { 'user.e2b.author': 'ann', 'user.note': 'a=b c' };
       await box.files.write('/data/x.txt', 'one', { xattrs });

@@ -4,7 +4,7 @@
  * (relay), the host helper's request reader and launch parser (hostops), the command's reader of a
  * daemon's answers (daemon: HTTP, JSON, ls's table), and the one tar reader of image layers and of
  * cp's receiving side (tar: native/tar.c). `make -C native fuzz`
- * builds them with clang, ASan and UBSan; each then runs for SNAPLAB_FUZZ_SECONDS (default 10) on
+ * builds them with clang, ASan and UBSan; each then runs for SNAPLAB_FUZZ_SECONDS (default 5) on
  * a copy of its checked-in seeds in a temp dir (`make fuzz-run-NAME`, which copies them there). A
  * crash, a leak, undefined behaviour, an input over 10 s or a failed check of the harness stops
  * the run with a non-zero exit and the input written next to the copy; the test then fails with
@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-const SECONDS = Number(process.env.SNAPLAB_FUZZ_SECONDS ?? 10) || 10;
+const SECONDS = Number(process.env.SNAPLAB_FUZZ_SECONDS ?? 5) || 5;
 const ROOT = join(import.meta.dirname, '..');
 const NATIVE = join(ROOT, 'native');
 // a run that makes fewer inputs than this per second has stopped fuzzing (the slowest, the

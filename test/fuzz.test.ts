@@ -5,7 +5,7 @@
  * a hint, never another exception (a TypeError is a parser bug), and in bounded time. Seeds are
  * the checked-in example scenarios and archives the tests write entry by entry; the inputs are
  * mutations and recombinations of them. Each run is bounded by time (SNAPLAB_FUZZ_SECONDS per
- * property, default 8): `SNAPLAB_FUZZ_SECONDS=600 npx vitest run test/fuzz.test.ts` is the long run.
+ * property, default 4): `SNAPLAB_FUZZ_SECONDS=600 npx vitest run test/fuzz.test.ts` is the long run.
  */
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -17,7 +17,7 @@ import { resolveImage, tarBlobs } from '../src/image/oci.js';
 import { parseScenario } from '../src/scenario/parse.js';
 import { dockerSave, tar } from './image-archives.js';
 
-const SECONDS = Number(process.env.SNAPLAB_FUZZ_SECONDS ?? 8) || 8;
+const SECONDS = Number(process.env.SNAPLAB_FUZZ_SECONDS ?? 4) || 4;
 const dir = mkdtempSync(join(tmpdir(), 'snaplab-test-fuzz-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 

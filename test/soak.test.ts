@@ -1,6 +1,6 @@
 /**
  * The soak's short version (#17, item 5; scripts/soak.mjs is the long one, docs/security.md):
- * 64 clients of a real daemon for 60 s of fresh executions with random commands, the daemon
+ * 64 clients of a real daemon for 30 s of fresh executions with random commands, the daemon
  * SIGKILLed and started again every ~15 s, hostile clients flooding and slowing its TCP port
  * while a quarter of the clients work over it; every execution right (or cut by a kill, inside its
  * window), the pool's counters adding up, nothing of the soak's home left on the host, and no
@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { SNAPLAB } from './cli-command.js';
 
-const SECONDS = Number(process.env.SNAPLAB_SOAK_SECONDS ?? 60);
+const SECONDS = Number(process.env.SNAPLAB_SOAK_SECONDS ?? 30);
 
 describe('soak', () => {
   it(

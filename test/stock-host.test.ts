@@ -89,8 +89,10 @@ describe('snaplab on the stock host', () => {
     expect(r.stdout).toMatch(/restored .* reads "before"/);
   }, 180_000);
 
+  // every backend in a user namespace; without one, overlay alone: its mount is then made on the
+  // host (the other backends' paths differ only inside, and the dev host's tests cover them)
   for (const storage of ['btrfs', 'dir', 'overlay']) {
-    for (const userns of [true, false]) {
+    for (const userns of storage === 'overlay' ? [true, false] : [true]) {
       it(`create --storage ${storage}${userns ? '' : ' --no-userns'}, exec, rm`, async () => {
         const h = need();
         const name = `s-${storage}-${userns ? 'userns' : 'root'}`;
