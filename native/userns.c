@@ -183,16 +183,44 @@ static const struct {
 	{ "max_inotify_instances", USERNS_MAX_INOTIFY },    { "max_inotify_watches", USERNS_MAX_INOTIFY_WATCHES },
 };
 
-static int limit_here(void)
+static int limit_here(int proc)
 {
 	char path[96];
 	for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
-		snprintf(path, sizeof path, "/proc/sys/user/%s", limits[i].name);
+		snprintf(path, sizeof path, "%ssys/user/%s", proc >= 0 ? "" : "/proc/", limits[i].name);
+		int fd = openat(proc >= 0 ? proc : AT_FDCWD, path, O_WRONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? write(fd, limits[i].value, strlen(limits[i].value)) : -1;
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		errno = e;
 		/* a kernel without this one (time namespaces before 5.6) has nothing to bound */
-		if (write_text(path, limits[i].value) < 0 && errno != ENOENT)
+		if (n != (ssize_t)strlen(limits[i].value) && !(fd < 0 && errno == ENOENT))
 			return -1;
 	}
 	return 0;
+}
+
+/*
+ * A proc instance of this launch alone, detached (fsopen/fsmount: mounted nowhere, gone with its
+ * descriptor), made as host root before joining the new namespace; or -1 (an older kernel: the
+ * host's /proc). Why: sysctl dentries are per proc superblock, and on the host's /proc every user
+ * namespace's /proc/sys/user/NAME hangs under one parent with one name, so each lookup compares
+ * against all of them (proc_sys_compare): with 2000 sandboxes on the host that walk was a third
+ * of every create's CPU (docs/architecture.md "Density"). A fresh instance has only this
+ * namespace's entries.
+ */
+static int private_proc(void)
+{
+	int fs = (int)syscall(SYS_fsopen, "proc", FSOPEN_CLOEXEC);
+	if (fs < 0)
+		return -1;
+	int m = -1;
+	if (syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) == 0)
+		m = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC,
+				 MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+	close(fs);
+	return m;
 }
 
 #define FAIL(what)                                                                              \
@@ -287,12 +315,15 @@ int userns_enter(unsigned base, unsigned count, int owner, const struct userns_r
 	if (root >= 0)
 		close(root);
 	close(bin);
+	int proc = holder > 0 ? private_proc() : -1;
 	if (setns(nsfd, CLONE_NEWUSER) < 0)
 		FAIL("join");
 	close(nsfd);
 	/* a namespace made here gets its limits now; a joined one got them when it was made (netns_make) */
-	if (holder > 0 && limit_here() < 0)
+	if (holder > 0 && limit_here(proc) < 0)
 		FAIL("per-namespace limits (/proc/sys/user)");
+	if (proc >= 0)
+		close(proc);
 	if (holder > 0)
 		let_go(holder, release); /* the namespace lives on in this process */
 	if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
@@ -355,7 +386,9 @@ static int netns_make_here(const char *path, unsigned base, unsigned count)
 	if (c == 0) {
 		close(done[0]);
 		close(go[1]);
-		int e = setns(nsfd, CLONE_NEWUSER) == 0 && limit_here() == 0 && unshare(CLONE_NEWNET) == 0 ? 0 : errno;
+		int proc = private_proc();
+		int e = setns(nsfd, CLONE_NEWUSER) == 0 && limit_here(proc) == 0 && unshare(CLONE_NEWNET) == 0 ? 0
+													       : errno;
 		(void)!write(done[1], &e, sizeof e);
 		if (!e)
 			(void)!read(go[0], &e, 1); /* alive until the namespace is bound (the caller closes go) */

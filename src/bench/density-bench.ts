@@ -17,6 +17,7 @@ import { bestEffort, orElse } from '../cleanup.js';
 import { SnaplabError } from '../errors.js';
 import { Lab } from '../sdk/lab.js';
 import type { Progress } from './progress.js';
+import { spawnLoop } from './baselines.js';
 import { pad } from './report-text.js';
 import { percentile } from './stats.js';
 
@@ -43,7 +44,13 @@ export interface DensityPoint {
   /** the host's 1, 5 and 15 minute load averages when the operations were timed */
   loadavg: number[];
   /** the fill from the previous count to this one */
-  bulk: { made: number; seconds: number; perSecond: number } | null;
+  bulk: {
+    made: number;
+    seconds: number;
+    perSecond: number;
+    /** the same namespaces made by `unshare` at the same concurrency right after (each exits, so its namespaces are also torn down): the host's floor */
+    unsharePerSecond: number;
+  } | null;
   /** host memory per idle sandbox, KiB (null at count 0) */
   memory: {
     /** MemAvailable's fall, less this process's RSS growth, over the count */
@@ -119,8 +126,26 @@ async function fill(
   await Promise.all(Array.from({ length: Math.min(o.concurrency, n) }, worker));
   checkAbort(signal);
   const seconds = (now() - t0) / 1000;
-  return { made, seconds: round(seconds), perSecond: round(made / seconds, 1) };
+  const floor = await spawnLoop(Math.min(o.concurrency, n), { durationMs: 3000, count: Math.min(n, 300) }, 'unshare', [
+    ...UNSHARE,
+    'true',
+  ]);
+  if (floor.errors.length > 0)
+    throw new SnaplabError(
+      'INTERNAL',
+      `the unshare baseline failed: ${floor.errors[0]}`,
+      'run it by hand: unshare ' + UNSHARE.join(' ') + ' true',
+    );
+  return {
+    made,
+    seconds: round(seconds),
+    perSecond: round(made / seconds, 1),
+    unsharePerSecond: round(floor.latenciesMs.length / (floor.wallMs / 1000), 1),
+  };
 }
+
+/** the namespaces a sandbox has, made by util-linux's unshare with nothing else: a bulk create's floor */
+const UNSHARE = ['--user', '--map-root-user', '--mount', '--pid', '--net', '--ipc', '--uts', '--cgroup', '--fork'];
 
 /** Memory per idle sandbox now, against `base` (taken with none). */
 async function memoryAt(
@@ -262,7 +287,7 @@ export async function densityBench(
 const pointLine = (p: DensityPoint): string =>
   `at ${p.count}: create p50 ${p.ms.create.p50.toFixed(1)} ms, exec ${p.ms.exec.p50.toFixed(1)} ms, list ${p.ms.list.p50.toFixed(1)} ms` +
   (p.memory ? `, ${p.memory.perSandboxKiB} KiB per idle sandbox` : '') +
-  (p.bulk ? `, bulk ${p.bulk.perSecond}/s` : '') +
+  (p.bulk ? `, bulk ${p.bulk.perSecond}/s (unshare ${p.bulk.unsharePerSecond}/s)` : '') +
   `; load ${p.loadavg.join(' ')}`;
 
 export function renderDensitySummary(s: DensitySummary): string {
@@ -275,6 +300,7 @@ export function renderDensitySummary(s: DensitySummary): string {
   const memRows = s.points.map((p) => [
     String(p.count),
     p.bulk ? `${p.bulk.perSecond}/s (${p.bulk.made} in ${p.bulk.seconds} s)` : '-',
+    p.bulk ? `${p.bulk.unsharePerSecond}/s` : '-',
     p.memory ? String(p.memory.perSandboxKiB) : '-',
     p.memory ? String(p.memory.cgroupKiB) : '-',
     p.memory ? COUNTERS.map((k) => `${k} ${p.memory!.counters[k]}`).join(', ') : '-',
@@ -283,7 +309,14 @@ export function renderDensitySummary(s: DensitySummary): string {
     `workload density: idle busybox sandboxes at ${s.settings.counts.join(', ')}; ${s.settings.samples} samples of each operation at each count; ${s.settings.cpus} CPUs, ${Math.round(s.settings.memTotalKiB / 1024)} MiB`,
     ...pad(['idle', ...ops.map((k) => `${k} p50/p95 ms`), 'load'], opRows),
     ...pad(
-      ['idle', 'bulk create', 'KiB/sandbox (MemAvailable)', 'KiB/sandbox (its cgroup)', 'meminfo KiB/sandbox'],
+      [
+        'idle',
+        'bulk create',
+        'unshare (same run)',
+        'KiB/sandbox (MemAvailable)',
+        'KiB/sandbox (its cgroup)',
+        'meminfo KiB/sandbox',
+      ],
       memRows,
     ),
   ].join('\n');
