@@ -40,12 +40,14 @@ describe('snaplab bench --workload density (bounded)', () => {
     expect(s.points[0]!.memory).toBeNull();
     const at6 = s.points[1]!;
     expect(at6.bulk).toMatchObject({ made: 6, perSecond: expect.any(Number) });
+    // the floor beside it, in the same run: util-linux's unshare of the same namespaces
+    expect(at6.bulk!.unsharePerSecond).toBeGreaterThan(0);
     // what each idle sandbox's cgroup is charged: its agent's pages and kernel memory, not nothing
     expect(at6.memory!.cgroupKiB).toBeGreaterThan(16);
     expect(at6.memory!.counters).toHaveProperty('SUnreclaim');
     expect(at6.loadavg).toHaveLength(3);
     expect(renderDensitySummary(s)).toMatch(/^workload density[\s\S]*\n6 +[\d.]+ \/ [\d.]+/m);
-    expect(lines.join('\n')).toMatch(/at 6: create p50 [\d.]+ ms/);
+    expect(lines.join('\n')).toMatch(/at 6: p50 ms create [\d.]+, .*gc [\d.]+; .*bulk [\d.]+\/s \(unshare [\d.]+\/s\)/);
     expect(homes()).toEqual(before);
   });
 

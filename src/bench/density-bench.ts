@@ -284,10 +284,13 @@ export async function densityBench(
   };
 }
 
+/** One count's figures on one line, as soon as they are measured: an interrupted run keeps them in its log. */
 const pointLine = (p: DensityPoint): string =>
-  `at ${p.count}: create p50 ${p.ms.create.p50.toFixed(1)} ms, exec ${p.ms.exec.p50.toFixed(1)} ms, list ${p.ms.list.p50.toFixed(1)} ms` +
-  (p.memory ? `, ${p.memory.perSandboxKiB} KiB per idle sandbox` : '') +
-  (p.bulk ? `, bulk ${p.bulk.perSecond}/s (unshare ${p.bulk.unsharePerSecond}/s)` : '') +
+  `at ${p.count}: p50 ms ${Object.entries(p.ms)
+    .map(([k, f]) => `${k} ${f.p50.toFixed(1)}`)
+    .join(', ')}` +
+  (p.memory ? `; ${p.memory.perSandboxKiB} KiB per idle sandbox (its cgroup ${p.memory.cgroupKiB})` : '') +
+  (p.bulk ? `; bulk ${p.bulk.perSecond}/s (unshare ${p.bulk.unsharePerSecond}/s)` : '') +
   `; load ${p.loadavg.join(' ')}`;
 
 export function renderDensitySummary(s: DensitySummary): string {

@@ -26,6 +26,20 @@ export const HOST_LIMITS: readonly { sysctl: string; perSandbox: number; raiseTo
  */
 export const IDLE_SANDBOX_BYTES = 0.75 * 2 ** 20;
 
+/**
+ * Memory cgroup ids: the kernel numbers every memory cgroup in 16 bits (MEM_CGROUP_ID_MAX), on
+ * cgroup v1 and v2 alike, and a removed one keeps its id while pages are still charged to it (a
+ * dying cgroup). Each sandbox has one. No sysctl raises it.
+ */
+export const MEMCG_ID_MAX = 65_535;
+
+/** Memory cgroups on this host, live and dying (/proc/cgroups), or undefined without the controller. */
+export function memoryCgroups(text = readFileSync('/proc/cgroups', 'utf8')): number | undefined {
+  const row = text.split('\n').find((l) => l.split(/\s+/)[0] === 'memory');
+  const v = Number(row?.split(/\s+/)[2]);
+  return row && Number.isFinite(v) ? v : undefined;
+}
+
 /** A sysctl's value on this host, or undefined where the kernel has none. */
 export function readSysctl(name: string): number | undefined {
   try {
@@ -47,21 +61,33 @@ export function hostLimitsVerdict(
   values: Record<string, number | undefined>,
   memBytes: number,
   used: number,
+  memcgs?: number,
 ): Availability {
   const memory = Math.floor(memBytes / IDLE_SANDBOX_BYTES);
   const parts: string[] = [`memory ${n(memory)} (at ${IDLE_SANDBOX_BYTES / 2 ** 20} MiB each)`];
   const short: string[] = [];
+  const rooms: [string, number][] = [['memory', memory]];
   for (const l of HOST_LIMITS) {
     const v = values[l.sysctl];
     if (v === undefined) continue;
     const room = Math.max(0, (v - used) / l.perSandbox);
     parts.push(`${l.sysctl}=${v} ${n(room)}`);
+    rooms.push([l.sysctl, room]);
     if (room < memory) short.push(`sysctl -w ${l.sysctl}=${l.raiseTo} (${l.why})`);
+  }
+  if (memcgs !== undefined) {
+    const room = Math.max(0, MEMCG_ID_MAX - memcgs);
+    parts.push(
+      `memory cgroup ids ${n(room)} (${n(memcgs)} of ${n(MEMCG_ID_MAX)} taken, dying ones too; no sysctl raises it)`,
+    );
+    rooms.push(['memory cgroup ids', room]);
   }
   parts.push(
     `uid ranges ${n(USERNS_SLOTS)} of ${USERNS_SIZE} ids, ${n((USERNS_SLOTS * USERNS_SIZE) / USERNS_MIN_SIZE)} of ${USERNS_MIN_SIZE} (--ids)`,
   );
-  const reason = `idle sandboxes this host allows: ${parts.join('; ')}`;
+  rooms.push([`uid ranges of ${USERNS_SIZE}`, USERNS_SLOTS]);
+  const [by, ceiling] = rooms.reduce((a, b) => (b[1] < a[1] ? b : a));
+  const reason = `idle sandboxes this host allows: ${n(ceiling)}, by ${by} (${parts.join('; ')})`;
   if (!short.length) return { ok: true, reason };
   return {
     ok: false,
@@ -70,11 +96,11 @@ export function hostLimitsVerdict(
   };
 }
 
-/** This host's limits, memory and process count, judged (doctor's "host limits"). */
+/** This host's limits, memory, process count and memory cgroups, judged (doctor's "host limits"). */
 export function hostLimits(): Availability {
   const values = Object.fromEntries(HOST_LIMITS.map((l) => [l.sysctl, readSysctl(l.sysctl)]));
   const kib = Number(/^MemTotal:\s+(\d+)/m.exec(readFileSync('/proc/meminfo', 'utf8'))?.[1] ?? 0);
   // /proc/loadavg's 4th field: running/existing threads (each holds a pid)
   const used = Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[3]?.split('/')[1]);
-  return hostLimitsVerdict(values, kib * 1024, Number.isFinite(used) ? used : 0);
+  return hostLimitsVerdict(values, kib * 1024, Number.isFinite(used) ? used : 0, memoryCgroups());
 }
