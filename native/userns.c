@@ -206,8 +206,8 @@ static int limit_here(int proc)
  * descriptor), made as host root before joining the new namespace; or -1 (an older kernel: the
  * host's /proc). Why: sysctl dentries are per proc superblock, and on the host's /proc every user
  * namespace's /proc/sys/user/NAME hangs under one parent with one name, so each lookup compares
- * against all of them (proc_sys_compare): with 2000 sandboxes on the host that walk was a third
- * of every create's CPU (docs/architecture.md "Density"). A fresh instance has only this
+ * against all of them (proc_sys_compare): with ~2500 sandboxes on the host that walk was ~40% of
+ * all CPU in a bulk create (docs/architecture.md "Density"). A fresh instance has only this
  * namespace's entries.
  */
 static int private_proc(void)
