@@ -424,6 +424,13 @@ describe('snaplab serve', () => {
     expect(JSON.parse(remoteCli(['ls', '--json', '--label', 'by=cli']).stdout).map((b: Json) => b.name)).toEqual([
       'via-cli',
     ]);
+    // a page and a count through the daemon (the native command leaves these flags to the Node CLI)
+    const page = JSON.parse(remoteCli(['ls', '--json', '--limit', '1', '--label', 'by=cli']).stdout);
+    expect(page).toEqual({ sandboxes: [expect.objectContaining({ name: 'via-cli' })], nextCursor: expect.any(String) });
+    expect(
+      JSON.parse(remoteCli(['ls', '--json', '--limit', '1', '--label', 'by=cli', '--after', page.nextCursor]).stdout),
+    ).toEqual({ sandboxes: [], nextCursor: null });
+    expect(remoteCli(['ls', '--count', '--label', 'by=cli']).stdout).toBe('1 sandbox: 1 running\n');
     for (let i = 0; i < 2; i++) {
       expect(remoteCli(['pause', 'via-cli']).status).toBe(0);
       expect(remoteCli(['exec', 'via-cli', '--', 'true']).stderr).toMatch(/SANDBOX_PAUSED/);
