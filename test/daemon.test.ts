@@ -424,13 +424,6 @@ describe('snaplab serve', () => {
     expect(JSON.parse(remoteCli(['ls', '--json', '--label', 'by=cli']).stdout).map((b: Json) => b.name)).toEqual([
       'via-cli',
     ]);
-    // a page and a count through the daemon (the native command leaves these flags to the Node CLI)
-    const page = JSON.parse(remoteCli(['ls', '--json', '--limit', '1', '--label', 'by=cli']).stdout);
-    expect(page).toEqual({ sandboxes: [expect.objectContaining({ name: 'via-cli' })], nextCursor: expect.any(String) });
-    expect(
-      JSON.parse(remoteCli(['ls', '--json', '--limit', '1', '--label', 'by=cli', '--after', page.nextCursor]).stdout),
-    ).toEqual({ sandboxes: [], nextCursor: null });
-    expect(remoteCli(['ls', '--count', '--label', 'by=cli']).stdout).toBe('1 sandbox: 1 running\n');
     for (let i = 0; i < 2; i++) {
       expect(remoteCli(['pause', 'via-cli']).status).toBe(0);
       expect(remoteCli(['exec', 'via-cli', '--', 'true']).stderr).toMatch(/SANDBOX_PAUSED/);
@@ -450,6 +443,23 @@ describe('snaplab serve', () => {
     });
     const noKey = spawnSync(SNAPLAB, ['ls'], { env: { ...env, SNAPLAB_TOKEN: '' }, encoding: 'utf8' });
     expect(noKey.stderr).toMatch(/UNAUTHORIZED/);
+  });
+
+  it('ls through the daemon pages (--limit, --after) and counts (--count): the Node CLI on the daemon, whose cursor it prints', () => {
+    const env = { ...process.env, SNAPLAB_HOME: '/nonexistent', SNAPLAB_HOST: d.url, SNAPLAB_TOKEN: admin };
+    const remoteCli = (args: string[]) => spawnSync(SNAPLAB, args, { env, encoding: 'utf8' });
+    expect(remoteCli(['create', '--name', 'via-cli-page', '--label', 'by=page']).stdout).toBe('via-cli-page\n');
+    // the native command leaves these flags to the Node CLI, which asks the daemon for the page
+    const page = JSON.parse(remoteCli(['ls', '--json', '--limit', '1', '--label', 'by=page']).stdout);
+    expect(page).toEqual({
+      sandboxes: [expect.objectContaining({ name: 'via-cli-page' })],
+      nextCursor: expect.any(String),
+    });
+    expect(
+      JSON.parse(remoteCli(['ls', '--json', '--limit', '1', '--label', 'by=page', '--after', page.nextCursor]).stdout),
+    ).toEqual({ sandboxes: [], nextCursor: null });
+    expect(remoteCli(['ls', '--count', '--label', 'by=page']).stdout).toBe('1 sandbox: 1 running\n');
+    expect(remoteCli(['rm', 'via-cli-page']).status).toBe(0);
   });
 
   it('create, ls and rm through the daemon: the same output, codes and errors from the command itself (no Node) and from the Node CLI', async () => {
