@@ -157,6 +157,58 @@ describe('snaplab CLI', () => {
     expect(snaplab(['snapshot', 'rm', 'st1-snap']).code).toBe(0);
   });
 
+  it('ls pages (--limit, --after: the next cursor on stderr, or in the JSON) and counts by state (--count)', async () => {
+    const lab = await Lab.open({ home });
+    try {
+      const made: string[] = [];
+      // one at a time: each sorts after the one before (creation time, then id)
+      for (let i = 0; i < 3; i++) made.push((await lab.create({ image: 'busybox', labels: { pg: 'x' } })).name);
+      const first = snaplab(['ls', '--limit', '2', '--label', 'pg=x']);
+      expect(first.code, first.err).toBe(0);
+      expect(
+        first.out
+          .trim()
+          .split('\n')
+          .slice(1)
+          .map((l) => l.split(/\s+/)[1]),
+      ).toEqual(made.slice(0, 2));
+      const cursor = /^next page: snaplab ls --limit 2 --label 'pg=x' --after (\S+)\n$/.exec(first.err)?.[1];
+      expect(cursor, first.err).toBeDefined();
+      const second = snaplab(['ls', '--limit', '2', '--label', 'pg=x', '--after', cursor!]);
+      expect(
+        second.out
+          .trim()
+          .split('\n')
+          .slice(1)
+          .map((l) => l.split(/\s+/)[1]),
+      ).toEqual([made[2]]);
+      expect(second.err).toBe(''); // a page shorter than the limit is the last
+      const json = JSON.parse(snaplab(['ls', '--json', '--limit', '2', '--label', 'pg=x']).out);
+      expect(json.sandboxes.map((b: { name: string }) => b.name)).toEqual(made.slice(0, 2));
+      expect(json.nextCursor).toBe(cursor);
+      expect(JSON.parse(snaplab(['ls', '--json', '--limit', '1', '--after', cursor!, '--label', 'pg=x']).out)).toEqual({
+        sandboxes: [expect.objectContaining({ name: made[2] })],
+        nextCursor: expect.stringMatching(/^\d+\.[0-9a-f]{12}$/),
+      });
+      await (await lab.get(made[0]!)).pause();
+      expect(snaplab(['ls', '--count', '--label', 'pg=x'])).toMatchObject({
+        code: 0,
+        out: '3 sandboxes: 1 paused, 2 running\n',
+      });
+      expect(JSON.parse(snaplab(['ls', '--count', '--json', '--label', 'pg=x']).out)).toEqual({
+        total: 3,
+        byState: { paused: 1, running: 2 },
+      });
+      expect(snaplab(['ls', '--count', '--label', 'pg=none']).out).toBe('0 sandboxes\n');
+      expect(snaplab(['ls', '--count', '--limit', '2']).err).toMatch(/error\[BAD_INPUT\]: --count[\s\S]*hint:/);
+      expect(snaplab(['ls', '--limit', '0']).err).toMatch(/error\[BAD_INPUT\]: invalid limit "0"[\s\S]*hint:/);
+      expect(snaplab(['ls', '--limit', '1', '--after', 'nope']).err).toMatch(/error\[BAD_INPUT\]: invalid list cursor/);
+      expect(snaplab(['rm', '--label', 'pg=x']).code).toBe(0);
+    } finally {
+      lab.close();
+    }
+  });
+
   it('rm --label removes every sandbox with the label; the others stay; names with --all, and --all with --label, are refused', async () => {
     const lab = await Lab.open({ home });
     try {

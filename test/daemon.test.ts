@@ -445,6 +445,23 @@ describe('snaplab serve', () => {
     expect(noKey.stderr).toMatch(/UNAUTHORIZED/);
   });
 
+  it('ls through the daemon pages (--limit, --after) and counts (--count): the Node CLI on the daemon, whose cursor it prints', () => {
+    const env = { ...process.env, SNAPLAB_HOME: '/nonexistent', SNAPLAB_HOST: d.url, SNAPLAB_TOKEN: admin };
+    const remoteCli = (args: string[]) => spawnSync(SNAPLAB, args, { env, encoding: 'utf8' });
+    expect(remoteCli(['create', '--name', 'via-cli-page', '--label', 'by=page']).stdout).toBe('via-cli-page\n');
+    // the native command leaves these flags to the Node CLI, which asks the daemon for the page
+    const page = JSON.parse(remoteCli(['ls', '--json', '--limit', '1', '--label', 'by=page']).stdout);
+    expect(page).toEqual({
+      sandboxes: [expect.objectContaining({ name: 'via-cli-page' })],
+      nextCursor: expect.any(String),
+    });
+    expect(
+      JSON.parse(remoteCli(['ls', '--json', '--limit', '1', '--label', 'by=page', '--after', page.nextCursor]).stdout),
+    ).toEqual({ sandboxes: [], nextCursor: null });
+    expect(remoteCli(['ls', '--count', '--label', 'by=page']).stdout).toBe('1 sandbox: 1 running\n');
+    expect(remoteCli(['rm', 'via-cli-page']).status).toBe(0);
+  });
+
   it('create, ls and rm through the daemon: the same output, codes and errors from the command itself (no Node) and from the Node CLI', async () => {
     // a server that reads the request and hangs up: the request was out, so it is reported, not sent again
     const hangUp = createServer((s) => s.once('data', () => s.destroy()));

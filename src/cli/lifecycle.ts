@@ -4,6 +4,8 @@ import { keyValues } from '../lab/io/exec.js';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
 import { addTraceOption, showTrace, withApi, withLab, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';
+import { parsePositiveInt } from '../lab/sizes.js';
+import { nextCursor } from '../sdk/paging.js';
 
 function age(ts: number): string {
   const s = Math.round((Date.now() - ts) / 1000);
@@ -27,33 +29,80 @@ function note(b: SandboxApi): string {
     .join('; ');
 }
 
+interface LsOptions extends CommonOptions {
+  label: string[];
+  limit?: string;
+  after?: string;
+  count?: boolean;
+}
+
+/** ls's table: one row a sandbox. */
+function printRows(all: SandboxApi[]): void {
+  printTable(
+    ['ID', 'NAME', 'STATE', 'IMAGE', 'STORAGE', 'DRIVER', 'AGE', 'EXPIRES', 'NOTE'],
+    all.map((b) => [
+      b.id,
+      b.name,
+      b.state,
+      b.image,
+      b.storage,
+      b.driver,
+      age(b.createdAt),
+      b.expiresAt === null ? '-' : new Date(b.expiresAt).toISOString(),
+      note(b),
+    ]),
+  );
+}
+
+/** `ls --count`: how many, by state, in one line (or one JSON object); no row is printed. */
+function printCount(all: SandboxApi[], json: boolean | undefined): void {
+  const byState: Record<string, number> = {};
+  for (const b of all) byState[b.state] = (byState[b.state] ?? 0) + 1;
+  if (json) {
+    printJson({ total: all.length, byState });
+    return;
+  }
+  const parts = Object.entries(byState)
+    .sort(([a], [b]) => (a < b ? -1 : 1))
+    .map(([state, n]) => `${n} ${state}`);
+  process.stdout.write(
+    `${all.length} sandbox${all.length === 1 ? '' : 'es'}${parts.length ? `: ${parts.join(', ')}` : ''}\n`,
+  );
+}
+
 function registerLs(program: Command): void {
   program
     .command('ls')
     .description('list sandboxes (state checked against the host)')
     .option('--label <k=v>', 'only those with this label (repeatable)', collectKv, [])
+    .option('--limit <n>', 'a page: at most n, oldest first (only the page is checked); the next cursor is printed')
+    .option('--after <cursor>', 'the page after this cursor (printed by the page before)')
+    .option('--count', 'only how many, by state, in one line')
     .option('--json', 'print JSON')
-    .action((o: CommonOptions & { label: string[] }) =>
+    .action((o: LsOptions) =>
       withApi(o, async (lab) => {
-        const all = await lab.list({ labels: keyValues(o.label, 'label') });
-        if (o.json) return printJson(all.map((b) => b.toJSON()));
-        printTable(
-          ['ID', 'NAME', 'STATE', 'IMAGE', 'STORAGE', 'DRIVER', 'AGE', 'EXPIRES', 'NOTE'],
-          all.map((b) => [
-            b.id,
-            b.name,
-            b.state,
-            b.image,
-            b.storage,
-            b.driver,
-            age(b.createdAt),
-            b.expiresAt === null ? '-' : new Date(b.expiresAt).toISOString(),
-            note(b),
-          ]),
-        );
+        if (o.count && (o.limit !== undefined || o.after !== undefined))
+          throw new SnaplabError('BAD_INPUT', '--count counts them all: not with --limit or --after', 'drop one');
+        const limit = o.limit === undefined ? undefined : parsePositiveInt(o.limit, 'limit');
+        const all = await lab.list({ labels: keyValues(o.label, 'label'), limit, after: o.after });
+        if (o.count) return printCount(all, o.json);
+        const next = nextCursor(all, limit);
+        // a page's JSON says its continuation, as other tools' paged lists do (a "next" token beside
+        // the items); the whole list stays a bare array
+        if (o.json)
+          return printJson(
+            limit === undefined && o.after === undefined
+              ? all.map((b) => b.toJSON())
+              : { sandboxes: all.map((b) => b.toJSON()), nextCursor: next ?? null },
+          );
+        printRows(all);
+        if (next !== undefined)
+          process.stderr.write(`next page: snaplab ls --limit ${limit}${labelArgs(o.label)} --after ${next}\n`);
       }),
     );
 }
+
+const labelArgs = (labels: string[]): string => labels.map((l) => ` --label '${l.replaceAll("'", "'\\''")}'`).join('');
 
 /** how many removals run at once: a destroy waits on the kernel (mounts, cgroups) more than on a core */
 const RM_PARALLEL = 8;

@@ -1,7 +1,7 @@
 import { readdir, rm } from 'node:fs/promises';
 import { orElse } from '../cleanup.js';
 import { join } from 'node:path';
-import { cgroupFor, destroyCgroup, removeEmptySnaplabParents, snaplabCgroupsOnHost } from '../host/cgroups/cgroups.js';
+import { cgroupFor, destroyCgroup, removeEmptySnaplabParents, snaplabCgroupsOf } from '../host/cgroups/cgroups.js';
 import { liveness } from '../host/procs.js';
 import type { MachineHandle } from './driver.js';
 
@@ -42,8 +42,10 @@ export async function gcMachines(home: string, isLive: (id: string) => boolean):
       /^[0-9a-f]{12}$/.test(d),
     ),
   );
-  for (const cg of await snaplabCgroupsOnHost()) {
-    if (!runs.has(cg.id) || isLive(cg.id)) continue;
+  // only the cgroups of this home's run directories that are not live are looked up (the host's
+  // whole list is every home's sandboxes: a gc with nothing to do looks up none)
+  for (const cg of await snaplabCgroupsOf([...runs].filter((id) => !isLive(id)))) {
+    if (isLive(cg.id)) continue;
     // a VM's QEMU may take seconds to exit (see killAndSweep); one stuck cgroup must not stop gc
     const gone = await destroyCgroup(cg, 20_000).then(
       () => true,

@@ -16,6 +16,10 @@ export interface Listed {
 /** The cursor after `b`: pass it as `after` for the next page. */
 export const listCursor = (b: Listed): string => `${b.createdAt}.${b.id}`;
 
+/** The next page's cursor after a page asked with `limit`: a full page may have one after it, a shorter one has none. */
+export const nextCursor = (page: readonly Listed[], limit: number | undefined): string | undefined =>
+  limit !== undefined && page.length === limit && page.length > 0 ? listCursor(page.at(-1)!) : undefined;
+
 const CURSOR = /^(\d{1,15})\.([0-9a-z][0-9a-z-]{0,63})$/;
 
 function parseCursor(after: string): Listed {

@@ -385,7 +385,7 @@ export class Sandbox implements SandboxApi {
   async destroy(): Promise<TraceSummary> {
     this.close();
     const { trace } = await this.ctx.traced('rm', this.name, (t) =>
-      t.phase('destroy', () => destroyRecord(this.ctx, this.record)),
+      t.phase('destroy', () => destroyRecord(this.ctx, this.record, t)),
     );
     this.record = { ...this.record, state: 'dead', reason: 'destroyed' };
     return trace;

@@ -6,7 +6,7 @@
  * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
  * to the caller, whose nodes do the same.
  */
-import { listCursor } from '../sdk/paging.js';
+import { nextCursor } from '../sdk/paging.js';
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
@@ -227,7 +227,8 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
         .labFor(req.caller)
         .list({ labels, owner: mine ?? asked, check: q.check, limit: q.limit, after: q.after });
       // a full page may have a next one: its cursor (none after a shorter page)
-      if (q.limit !== undefined && boxes.length === q.limit) reply.header('x-next-cursor', listCursor(boxes.at(-1)!));
+      const next = nextCursor(boxes, q.limit);
+      if (next !== undefined) reply.header('x-next-cursor', next);
       return boxes.map((b) => b.toJSON());
     },
   );

@@ -14,6 +14,7 @@ export { destroyCgroup, pids } from './destroy.js';
 export {
   listSnaplabCgroups,
   snaplabCgroupsOnHost,
+  snaplabCgroupsOf,
   probeCgroups,
   probeCgroupMoves,
   removeEmptySnaplabParents,

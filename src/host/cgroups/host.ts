@@ -22,27 +22,49 @@ async function idsUnder(mount: string): Promise<string[]> {
 }
 
 /**
- * Every snaplab cgroup on the host, under any cgroup mount (v1 hierarchies, the v2 root, and on
- * hybrid hosts the unified cgroup2 mount too), as Cgroup handles that destroyCgroup accepts.
+ * Where snaplab cgroups may be: every cgroup mount's snaplab/ (v1 hierarchies, the v2 root, and on
+ * hybrid hosts the unified cgroup2 mount too), with the root a Cgroup handle is made under.
  */
-export async function snaplabCgroupsOnHost(): Promise<Cgroup[]> {
+async function snaplabParents(): Promise<{ root: string; dir: string }[]> {
   const mounts = (await listMounts()).filter((m) => m.fstype === 'cgroup' || m.fstype === 'cgroup2');
+  return mounts.flatMap((m) => {
+    // v1 hierarchies belong to the default root; a cgroup2 mount is a root of its own, whose
+    // snaplab/ may be in snaplab's systemd scope (scope.ts)
+    const root = m.fstype === 'cgroup2' ? m.target : DEFAULT_ROOT;
+    // (and under the root too: a sandbox made before snaplab moved into its scope)
+    const base = m.fstype === 'cgroup2' ? detectCgroups(m.target).base : m.target;
+    return [...new Set([base, m.target])].map((dir) => ({ root, dir }));
+  });
+}
+
+/** Every snaplab cgroup on the host, in every place snaplabParents names, as Cgroup handles that destroyCgroup accepts. */
+export async function snaplabCgroupsOnHost(): Promise<Cgroup[]> {
   const found = new Map<string, Cgroup>();
   await Promise.all(
-    mounts.map(async (m) => {
-      // v1 hierarchies belong to the default root; a cgroup2 mount is a root of its own, whose
-      // snaplab/ may be in snaplab's systemd scope (scope.ts)
-      const root = m.fstype === 'cgroup2' ? m.target : DEFAULT_ROOT;
-      // (and under the root too: a sandbox made before snaplab moved into its scope)
-      const base = m.fstype === 'cgroup2' ? detectCgroups(m.target).base : m.target;
-      for (const dir of new Set([base, m.target])) {
-        for (const id of await idsUnder(dir)) {
-          const key = `${root}\0${id}`;
-          if (!found.has(key)) found.set(key, cgroupFor(id, { root }));
-        }
+    (await snaplabParents()).map(async ({ root, dir }) => {
+      for (const id of await idsUnder(dir)) {
+        const key = `${root}\0${id}`;
+        if (!found.has(key)) found.set(key, cgroupFor(id, { root }));
       }
     }),
   );
+  return [...found.values()];
+}
+
+/**
+ * The snaplab cgroups of these sandbox ids that exist on the host, found where snaplabCgroupsOnHost
+ * looks, without listing every other one: the host's list is every home's sandboxes (thousands),
+ * a gc asks about the few of its own home that are not live.
+ */
+export async function snaplabCgroupsOf(ids: Iterable<string>): Promise<Cgroup[]> {
+  const parents = await snaplabParents();
+  const found = new Map<string, Cgroup>();
+  for (const id of ids) {
+    for (const { root, dir } of parents) {
+      const key = `${root}\0${id}`;
+      if (!found.has(key) && existsSync(`${dir}/${PARENT}/${id}`)) found.set(key, cgroupFor(id, { root }));
+    }
+  }
   return [...found.values()];
 }
 

@@ -272,34 +272,58 @@ interface Claim extends Holder {
   base: number;
   /** ids in the range */
   size: number;
-  ageMs: number;
+  /** its file in the registry */
+  path: string;
 }
 
-async function claimAt(path: string, base: number, size: number): Promise<Claim | undefined> {
-  const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
-  const age = await stat(path).then(
-    (st) => Date.now() - st.mtimeMs,
-    () => 0,
-  );
-  return h ? { ...h, base, size, ageMs: age } : undefined;
-}
+/** claim files read between two turns of the event loop (each a few µs: the registry is on tmpfs) */
+const READ_BATCH = 256;
 
-/** Every claim in the registry: whole slots (files), and the ranges in split slots (directories). */
+/**
+ * Every claim in the registry: whole slots (files), and the ranges in split slots (directories).
+ * The registry is host-wide (every home's sandboxes: thousands), so its files are read
+ * synchronously, a batch per turn of the event loop: a tiny file on tmpfs is read in microseconds,
+ * one awaited read at a time took milliseconds each on a busy host (a gc with nothing to do spent
+ * seconds here beside another home's thousands of sandboxes).
+ */
 async function claims(): Promise<Claim[]> {
-  const out: (Claim | undefined)[] = [];
+  const files: [string, number, number][] = [];
   for (const d of await readdir(REGISTRY, { withFileTypes: true }).catch(orElse([], 'readdir', 'ENOENT'))) {
     if (!/^\d+$/.test(d.name)) continue; // a claim being written (.tmp-…), a hint (.open-…)
     const path = join(REGISTRY, d.name);
     if (!d.isDirectory()) {
-      out.push(await claimAt(path, Number(d.name), USERNS_SIZE));
+      files.push([path, Number(d.name), USERNS_SIZE]);
       continue;
     }
     for (const f of await readdir(path).catch(orElse([] as string[], `readdir ${path}`, 'ENOENT'))) {
       const m = /^(\d+)\.(\d+)$/.exec(f);
-      if (m) out.push(await claimAt(join(path, f), Number(m[1]), Number(m[2])));
+      if (m) files.push([join(path, f), Number(m[1]), Number(m[2])]);
     }
   }
-  return out.filter((c) => c !== undefined);
+  const out: Claim[] = [];
+  for (let i = 0; i < files.length; i++) {
+    if (i > 0 && i % READ_BATCH === 0) await new Promise<void>((r) => setImmediate(r));
+    const [path, base, size] = files[i]!;
+    const h = readHolder(path);
+    if (h) out.push({ ...h, base, size, path });
+  }
+  return out;
+}
+
+/** A claim file's holder, read synchronously (claims()); undefined when it is gone or not a claim. */
+function readHolder(path: string): Holder | undefined {
+  try {
+    return parseHolder(readFileSync(path, 'utf8'));
+  } catch {
+    // released meanwhile, or unreadable now: either way not freed by this reading (as before)
+    return undefined;
+  }
+}
+
+/** How long ago a claim was written (0 when it is gone: a release is as young as it gets). */
+async function ageOf(path: string): Promise<number> {
+  const st = await stat(path).catch(orElse(null, 'stat', 'ENOENT'));
+  return st ? Date.now() - st.mtimeMs : 0;
 }
 
 /** The ranges `home` holds in the registry, first id → holder (a sandbox id, or a scenario machine's). */
@@ -315,16 +339,19 @@ export async function rangesOf(home: string): Promise<Map<number, string>> {
 export async function staleClaims(
   home: string,
   isHeld: (id: string) => boolean,
-  running: (id: string) => boolean,
+  running: (id: string) => Promise<boolean>,
   graceMs: number,
 ): Promise<Claim[]> {
   const stale: Claim[] = [];
+  // whether another home still exists, asked once per home (thousands of claims name a few homes)
+  const homes = new Map<string, boolean>();
+  const exists = (h: string): boolean => homes.get(h) ?? homes.set(h, existsSync(h)).get(h)!;
   for (const c of await claims()) {
     if (c.home === home) {
       if (isHeld(c.id)) continue;
-      if (c.ageMs < graceMs && c.pid !== undefined && (await pidAlive(c.pid))) continue;
+      if (c.pid !== undefined && (await ageOf(c.path)) < graceMs && (await pidAlive(c.pid))) continue;
       stale.push(c);
-    } else if (!existsSync(c.home) && !running(c.id)) stale.push(c);
+    } else if (!exists(c.home) && !(await running(c.id))) stale.push(c);
   }
   return stale;
 }

@@ -14,7 +14,7 @@ import { collecting, liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
 import { machineOf, releaseRange, removeDeadClaimWrites, staleClaims } from '../../host/userns/registry.js';
 import { machineNetns } from '../../scenario/names.js';
-import { snaplabCgroupsOnHost } from '../../host/cgroups/host.js';
+import { snaplabCgroupsOf } from '../../host/cgroups/host.js';
 import { listSnaplabNetns } from '../../host/net/netns.js';
 import { collectEgress } from '../../host/net/egress.js';
 import { destroyRecord } from './teardown.js';
@@ -77,20 +77,22 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     const rec = ctx.store.getSandbox(id);
     return rec !== undefined && rec.id === id && rec.uidBase !== null;
   };
-  // another home's, gone from disk: only once nothing of it runs (a sandbox's cgroup, a machine's network namespace)
-  const cgroups = new Set((await snaplabCgroupsOnHost()).map((c) => c.id));
-  const netns = new Set(await listSnaplabNetns());
-  const running = (id: string): boolean => {
+  // another home's, gone from disk: only once nothing of it runs (a sandbox's cgroup, a machine's
+  // network namespace), looked up for those claims alone (the host's lists are every home's)
+  let netns: Promise<Set<string>> | undefined;
+  const running = async (id: string): Promise<boolean> => {
     const machine = machineOf(id);
-    return machine ? netns.has(machineNetns(machine.sid, machine.index, machine.copy)) : cgroups.has(id);
+    if (!machine) return (await snaplabCgroupsOf([id])).length > 0;
+    netns ??= listSnaplabNetns().then((l) => new Set(l));
+    return (await netns).has(machineNetns(machine.sid, machine.index, machine.copy));
   };
-  for (const f of await removeDeadClaimWrites())
+  for (const f of await trace.phase('userns writes', () => removeDeadClaimWrites()))
     removed.push(
       /\/\.tmp-/.test(f)
         ? `unfinished user namespace claim ${f} (its process is gone)`
         : `empty split user namespace slot ${f}`,
     );
-  for (const c of await staleClaims(ctx.home, isHeld, running, CLAIM_GRACE_MS)) {
+  for (const c of await trace.phase('userns claims', () => staleClaims(ctx.home, isHeld, running, CLAIM_GRACE_MS))) {
     await releaseRange(c.base, c.home, c.id, c.size);
     removed.push(
       `user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`,
@@ -100,7 +102,7 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   // what a killed bench's systemd-nspawn baseline left (host-wide, by the dead bench's pid)
   removed.push(...(await trace.phase('bench leftovers', () => sweepNspawnCgroups())));
   // volumes under gc's mark (inflight.ts): no clone, snapshot or import makes one meanwhile
-  await collecting(ctx, (busy) => collectVolumes(ctx, trace, busy, removed, notes));
+  await trace.phase('volumes', () => collecting(ctx, (busy) => collectVolumes(ctx, trace, busy, removed, notes)));
   ctx.forgetReady();
   return { removed, notes };
 }
