@@ -227,9 +227,11 @@ function followPage(per: number, after: string | undefined, st: PageState): () =
     const here = listRef.current;
     const fresh = [...ids].filter((id) => !here?.has(id));
     for (const id of ids) if (here?.has(id)) fetchOne(id);
-    if (!fresh.length || nextRef.current !== null || during) return;
-    if ((here?.size ?? 0) + fresh.length <= per) fresh.forEach(fetchOne);
-    else reload(); // full now: the page as the server cuts it, with the next one's cursor
+    const size = here?.size ?? 0;
+    // a full page with a next one: the new ones sort after it
+    if (!fresh.length || during || (nextRef.current !== null && size >= per)) return;
+    if (nextRef.current === null && size + fresh.length <= per) fresh.forEach(fetchOne);
+    else reload(); // the page as the server cuts it now (and the next one's cursor)
   };
   const flush = (): void => {
     frame = null;
