@@ -122,7 +122,7 @@ async function renderMs(url, key, rows) {
     await page.addInitScript(`sessionStorage.setItem('snaplab.key', ${JSON.stringify(key)})`);
     const t = Date.now();
     await page.goto(`${url}/#/machines`);
-    await page.waitForFunction(`document.querySelectorAll('tbody tr[data-machine]').length >= ${rows}`, null, {
+    await page.waitForFunction((n) => document.querySelectorAll('tbody tr[data-machine]').length >= n, Number(rows), {
       timeout: 120_000,
     });
     ms.push(Date.now() - t);
