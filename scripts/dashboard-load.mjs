@@ -116,7 +116,8 @@ try {
   const page = await (await browser.newContext({ viewport: { width: 1280, height: 800 } })).newPage();
   await page.addInitScript((k) => sessionStorage.setItem('snaplab.key', k), key);
   const navStart = Date.now();
-  await page.goto(`${url}/#/machines`);
+  // the whole fleet on one page (?per: 100 a page by default), so that every event has its row in view
+  await page.goto(`${url}/?per=${Math.min(N, 1000)}#/machines`);
   await page.waitForFunction((n) => document.querySelectorAll('tr[data-machine]').length >= n, N, {
     timeout: 120_000,
     polling: 'raf',

@@ -165,6 +165,38 @@ describe('the dashboard', () => {
     await page.context().close();
   });
 
+  it('pages the machine list (?per=2): a page at a time, Next and Previous, live on the page it shows, a removal from page 2', async () => {
+    const names = ['pg-1', 'pg-2', 'pg-3'];
+    for (const n of names) expect(cli(home, ['create', '--image', 'busybox', '--name', n]).code).toBe(0);
+    // oldest first, as GET /sandboxes pages them: web1 pg-1 | pg-2 pg-3
+    const order = (api('GET', '/sandboxes').body as { name: string }[]).map((s) => s.name);
+    expect(order).toEqual(['web1', ...names]);
+    const rows = () => page.locator('tbody tr[data-machine]').evaluateAll((trs) => trs.map((t) => t.dataset.machine));
+    await page.goto(`${d.url}/?per=2#/machines`);
+    await until('page 1', async () => JSON.stringify(await rows()) === JSON.stringify(['web1', 'pg-1']));
+    expect(await page.getByTestId('page').textContent()).toBe('page 1');
+    expect(await page.getByRole('button', { name: 'Previous' }).isDisabled()).toBe(true);
+    await page.getByRole('button', { name: 'Next' }).click();
+    await until('page 2', async () => JSON.stringify(await rows()) === JSON.stringify(['pg-2', 'pg-3']));
+    // an event for a machine on this page changes its row; one for another page adds nothing here
+    expect(cli(home, ['pause', 'pg-2']).code).toBe(0);
+    await page.locator('tr[data-machine="pg-2"][data-state="paused"]').waitFor({ timeout: 15_000 });
+    expect(cli(home, ['pause', 'pg-1']).code).toBe(0);
+    await until('pg-1 paused', () => api('GET', '/sandboxes/pg-1').body.state === 'paused');
+    // removed from the page: selected and destroyed
+    await page.getByLabel('select pg-3').check();
+    await page.getByRole('button', { name: /Destroy selected \(1\)/ }).click();
+    await page.locator('tr[data-machine="pg-3"]').waitFor({ state: 'detached', timeout: 15_000 });
+    // a machine made now sorts last: it joins this page, which has room again
+    expect(cli(home, ['create', '--image', 'busybox', '--name', 'pg-4']).code).toBe(0);
+    await until('pg-4 on page 2', async () => JSON.stringify(await rows()) === JSON.stringify(['pg-2', 'pg-4']));
+    await b.shot(page, 'machines-paged');
+    await page.getByRole('button', { name: 'Previous' }).click();
+    await until('page 1 again', async () => JSON.stringify(await rows()) === JSON.stringify(['web1', 'pg-1']));
+    expect(await page.locator('tr[data-machine="pg-1"]').getAttribute('data-state')).toBe('paused');
+    for (const n of ['pg-1', 'pg-2', 'pg-4']) expect(cli(home, ['rm', n]).code).toBe(0);
+  });
+
   it('a terminal: `echo hi` answers hi, and the terminal follows the window when it is resized', async () => {
     const id = api('GET', '/sandboxes/web1').body.id as string;
     await page.goto(`${d.url}/#/machines/${id}/terminal`);

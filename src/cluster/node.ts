@@ -56,8 +56,13 @@ export class ClusterNode {
   /** sandboxes gone since the last sync (their entries go even if this process never wrote them) */
   private gone = new Map<string, string>();
   private lastSweep = Date.now();
+  /** sandboxes events named since the last publish: each is read again alone, not the whole list */
+  private named = new Set<string>();
+  /** the heartbeat's publish compares every entry; an event's only those it named */
+  private full = false;
   private readonly onEvent = (e: EventRecord): void => {
     if ((e.type === 'destroyed' || e.type === 'failed') && e.sandbox) this.gone.set(e.sandbox, e.name ?? '');
+    if (e.sandbox) this.named.add(e.sandbox);
     this.schedule();
   };
 
@@ -74,7 +79,10 @@ export class ClusterNode {
     await node.register();
     daemon.events.on('event', node.onEvent);
     node.every = Math.max(200, Math.min(2000, (node.opts.leaseTtlS * 1000) / 4));
-    node.timer = setInterval(() => node.schedule(0), node.every);
+    node.timer = setInterval(() => {
+      node.full = true;
+      node.schedule(0);
+    }, node.every);
     node.timer.unref();
     return node;
   }
@@ -121,7 +129,8 @@ export class ClusterNode {
       await lease.grant().catch((e: unknown) => {
         throw unavailable(e, 'granting the node lease');
       });
-      await lease.put(key).value(JSON.stringify(await this.info()));
+      const here = (await this.daemon.lab.list({ check: false })).filter(routed).length;
+      await lease.put(key).value(JSON.stringify(await this.info(here)));
       await this.store.client.delete().key(this.store.key('left', this.name));
       await this.collectLost();
       // what the cluster says is here: entries of sandboxes gone meanwhile are removed by the sync
@@ -189,7 +198,8 @@ export class ClusterNode {
     );
   }
 
-  async info(): Promise<NodeInfo> {
+  /** What this node tells placement; `sandboxes`: how many it routes (what it has published, once synced). */
+  async info(sandboxes = this.published.size): Promise<NodeInfo> {
     const lab = this.daemon.lab;
     const disk = await statfs(this.daemon.lab.home).catch(orElse(null, 'statfs', 'ENOENT'));
     const pools: NodeInfo['pools'] = {};
@@ -210,7 +220,7 @@ export class ClusterNode {
         diskBytes: disk ? disk.blocks * disk.bsize : 0,
         diskFreeBytes: disk ? disk.bavail * disk.bsize : 0,
       },
-      sandboxes: (await lab.list({ check: false })).filter(routed).length,
+      sandboxes,
       pools,
       images: (await lab.images()).map((i) => i.name),
       snapshots: (await lab.snapshots()).map((s) => s.name),
@@ -240,6 +250,17 @@ export class ClusterNode {
         const lease = this.lease;
         if (!lease || this.closed) return;
         try {
+          // the heartbeat compares every entry; an event's publish reads only the sandboxes it named
+          const full = this.full;
+          const named = [...this.named];
+          this.full = false;
+          this.named.clear();
+          try {
+            await (full ? this.sync() : this.syncNamed(named));
+          } catch (e) {
+            this.full = true; // what was not written is compared on the next publish
+            throw e;
+          }
           // the entry is rewritten when what placement reads changed, or on the heartbeat
           const info = await this.info();
           const {
@@ -262,23 +283,50 @@ export class ClusterNode {
     return this.publishing;
   }
 
+  /** The entry a routed sandbox has in the cluster. */
+  private entryOf(r: SandboxApi): SandboxEntry {
+    return {
+      id: r.id,
+      name: r.name,
+      node: this.name,
+      owner: r.owner,
+      state: r.state as SandboxEntry['state'],
+      image: r.image,
+      labels: r.labels,
+      createdAt: r.createdAt,
+      reason: r.reason,
+    };
+  }
+
+  /**
+   * An event's share of the sync: the entries of the sandboxes the events named, each read alone
+   * (its record, not the list: the cost does not grow with the sandboxes here), then those gone.
+   */
+  private async syncNamed(ids: string[]): Promise<void> {
+    for (const id of ids) {
+      const box = await this.daemon.lab.get(id, { check: false }).catch((e: unknown) => {
+        if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return null;
+        throw e;
+      });
+      const was = this.published.get(id);
+      if (box && box.id === id && routed(box)) {
+        const e = this.entryOf(box);
+        const text = JSON.stringify(e);
+        if (was === text) continue;
+        await this.store.putSandbox(e);
+        this.published.set(id, text);
+      } else if (was !== undefined) {
+        await this.store.deleteSandbox(JSON.parse(was) as SandboxEntry);
+        this.published.delete(id);
+      }
+    }
+    await this.dropGone((id) => this.published.has(id));
+  }
+
   /** Write each sandbox's entry that changed, remove those of sandboxes gone. */
   private async sync(): Promise<void> {
     const now = new Map<string, SandboxEntry>();
-    for (const r of await this.daemon.lab.list({ check: false })) {
-      if (!routed(r)) continue;
-      now.set(r.id, {
-        id: r.id,
-        name: r.name,
-        node: this.name,
-        owner: r.owner,
-        state: r.state as SandboxEntry['state'],
-        image: r.image,
-        labels: r.labels,
-        createdAt: r.createdAt,
-        reason: r.reason,
-      });
-    }
+    for (const r of await this.daemon.lab.list({ check: false })) if (routed(r)) now.set(r.id, this.entryOf(r));
     for (const [id, e] of now) {
       const text = JSON.stringify(e);
       if (this.published.get(id) === text) continue;
@@ -290,14 +338,7 @@ export class ClusterNode {
       await this.store.deleteSandbox(JSON.parse(text) as SandboxEntry);
       this.published.delete(id);
     }
-    // gone before this node wrote them (a gateway wrote the entry; a create and destroy within one sync)
-    for (const [id, name] of [...this.gone]) {
-      this.gone.delete(id);
-      if (now.has(id)) continue;
-      const e = await this.store.sandbox(id);
-      if (e && e.node === this.name && e.state !== 'lost' && e.state !== 'forgotten')
-        await this.store.deleteSandbox({ id, name: e.name || name, node: this.name });
-    }
+    await this.dropGone((id) => now.has(id));
     // and every 5 minutes, every entry that says it is here and is not (whatever left it)
     if (Date.now() - this.lastSweep >= SWEEP_MS) {
       this.lastSweep = Date.now();
@@ -308,6 +349,20 @@ export class ClusterNode {
         await this.store.deleteSandbox(e);
         this.published.delete(e.id);
       }
+    }
+  }
+
+  /**
+   * The entries of sandboxes gone before this node wrote them (a gateway wrote the entry; a create
+   * and destroy within one publish).
+   */
+  private async dropGone(here: (id: string) => boolean): Promise<void> {
+    for (const [id, name] of [...this.gone]) {
+      this.gone.delete(id);
+      if (here(id)) continue;
+      const e = await this.store.sandbox(id);
+      if (e && e.node === this.name && e.state !== 'lost' && e.state !== 'forgotten')
+        await this.store.deleteSandbox({ id, name: e.name || name, node: this.name });
     }
   }
 

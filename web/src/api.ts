@@ -72,6 +72,13 @@ export async function api<T = unknown>(method: string, path: string, body?: unkn
   return (await res.json()) as T;
 }
 
+/** A page of a list (`limit` and `after`): its items, and the cursor of the next page when the server names one. */
+export async function apiPage<T>(path: string): Promise<{ items: T[]; next: string | null }> {
+  const res = await fetch(path, { headers: headers() });
+  if (!res.ok) throw await failure(res);
+  return { items: (await res.json()) as T[], next: res.headers.get('x-next-cursor') };
+}
+
 /** A raw call (file bodies both ways). */
 export async function raw(
   method: string,

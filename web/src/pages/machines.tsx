@@ -6,7 +6,7 @@
  */
 import { Component } from 'preact';
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
-import { api, enc, subscribe, type Sandbox, type SnaplabEvent, type Usage } from '../api';
+import { api, apiPage, enc, subscribe, type Sandbox, type SnaplabEvent, type Usage } from '../api';
 import { Button, ErrorBox, Section, State } from '../components';
 import { age, bytes, num } from '../format';
 import { href, useAction, usePoll } from '../hooks';
@@ -17,7 +17,11 @@ interface Load {
   cpuPct?: number;
 }
 
-/** Apply a batch of events to the list; the ids whose record must be fetched are returned. */
+/**
+ * Apply a batch of events to a page of the list; the ids of machines made that it does not hold
+ * and of those made ready (whose record must be fetched, if they belong to it) are returned. An event for another machine
+ * it does not hold is for another page.
+ */
 export function applyEvents(
   list: Map<string, Sandbox>,
   events: SnaplabEvent[],
@@ -27,7 +31,6 @@ export function applyEvents(
   const patch = (id: string, p: Partial<Sandbox>): void => {
     const b = next.get(id);
     if (b) next.set(id, { ...b, ...p });
-    else fetch.add(id);
   };
   for (const e of events) {
     if (!e.sandbox) continue;
@@ -167,90 +170,146 @@ function CreateForm({ onCreated }: { onCreated: (b: Sandbox) => void }) {
   );
 }
 
+interface PageState {
+  listRef: { current: Map<string, Sandbox> | undefined };
+  nextRef: { current: string | null };
+  setList: (
+    f: Map<string, Sandbox> | ((l: Map<string, Sandbox> | undefined) => Map<string, Sandbox> | undefined),
+  ) => void;
+  setNext: (n: string | null) => void;
+  setError: (e: unknown) => void;
+  setLost: (l: boolean) => void;
+}
+
 /**
- * The machines, kept live: the list, then the events; `lost` once the event stream was refused.
- * `setList` is for a machine this page made itself.
+ * Read the page, then follow the events; a reconnect of the stream reads the page again. The
+ * events that came while a read was under way are applied again on top of what it answered (each
+ * event sets a state or adds or removes a machine, so applying one twice in order changes
+ * nothing), so an answer older than an event cannot undo it, and none is dropped before the first
+ * answer. Returns what stops it.
+ */
+function followPage(per: number, after: string | undefined, st: PageState): () => void {
+  const { listRef, nextRef, setList, setNext, setError, setLost } = st;
+  let live = true;
+  const pending: SnaplabEvent[] = [];
+  let during: SnaplabEvent[] | null = null; // events since the read under way began
+  let frame: { cancel: () => void } | null = null;
+  const path = `/sandboxes?limit=${per}${after === undefined ? '' : `&after=${enc(after)}`}`;
+  const reload = (): void => {
+    during = [];
+    apiPage<Sandbox>(path).then(
+      (page) => {
+        if (!live) return;
+        const { list: next, fetch } = applyEvents(new Map(page.items.map((b) => [b.id, b])), during ?? []);
+        during = null;
+        listRef.current = next;
+        nextRef.current = page.next;
+        setList(next);
+        setNext(page.next);
+        setError(undefined);
+        added(fetch);
+        schedule(); // what waited for the answer
+      },
+      (e: unknown) => {
+        during = null;
+        if (live) setError(e);
+      },
+    );
+  };
+  const fetchOne = (id: string): void => {
+    api<Sandbox>('GET', `/sandboxes/${enc(id)}`).then(
+      (b) => live && setList((l) => (l ? new Map(l).set(b.id, b) : l)),
+      () => undefined, // gone again before we asked: its destroyed event removes it
+    );
+  };
+  // machines made or made ready: read again if here; a new one belongs to the last page
+  const added = (ids: Set<string>): void => {
+    const here = listRef.current;
+    const fresh = [...ids].filter((id) => !here?.has(id));
+    for (const id of ids) if (here?.has(id)) fetchOne(id);
+    const size = here?.size ?? 0;
+    // a full page with a next one: the new ones sort after it
+    if (!fresh.length || during || (nextRef.current !== null && size >= per)) return;
+    if (nextRef.current === null && size + fresh.length <= per) fresh.forEach(fetchOne);
+    else reload(); // the page as the server cuts it now (and the next one's cursor)
+  };
+  const flush = (): void => {
+    frame = null;
+    if (!listRef.current) return; // kept until the first answer
+    const batch = pending.splice(0);
+    const { list: next, fetch } = applyEvents(listRef.current, batch);
+    listRef.current = next;
+    setList(next);
+    added(fetch);
+  };
+  // once a frame (a burst costs one render); a hidden tab has no frames: a timer there
+  const schedule = (): void => {
+    if (frame || !pending.length) return;
+    if (document.hidden) {
+      const t = setTimeout(flush, 500);
+      frame = { cancel: () => clearTimeout(t) };
+    } else {
+      const f = requestAnimationFrame(flush);
+      frame = { cancel: () => cancelAnimationFrame(f) };
+    }
+  };
+  const stop = subscribe(
+    (e) => {
+      pending.push(e);
+      during?.push(e);
+      schedule();
+    },
+    (first) => {
+      if (!first) reload();
+    },
+    () => live && setLost(true),
+  );
+  reload();
+  return () => {
+    live = false;
+    stop();
+    frame?.cancel();
+  };
+}
+
+/** Machines per page: `?per=N` in the page's address (1 to 1000: the tests use a few), else 100. */
+export function pageSize(): number {
+  const n = Number(new URLSearchParams(location.search).get('per'));
+  return Number.isInteger(n) && n >= 1 && n <= 1000 ? n : 100;
+}
+
+/**
+ * One page of the machines, kept live: the page (GET /sandboxes?limit&after, oldest first), then
+ * the events; `lost` once the event stream was refused. A machine made while this is the last
+ * page joins it (the page is read again once it is full, for the next page's cursor); an event
+ * for a machine on another page is left to that page. `setList` is for a machine this page made.
  */
 function useLiveList() {
+  const per = useMemo(pageSize, []);
   const [list, setList] = useState<Map<string, Sandbox> | undefined>(undefined);
   const [error, setError] = useState<unknown>(undefined);
   const [lost, setLost] = useState(false);
+  // the cursor of each page seen before this one (the first page has none): Previous pops it
+  const [cursors, setCursors] = useState<string[]>([]);
+  const [next, setNext] = useState<string | null>(null);
   const listRef = useRef(list);
   listRef.current = list;
+  const nextRef = useRef(next);
+  nextRef.current = next;
+  const after = cursors.at(-1);
 
-  // the list, then the events; a reconnect of the stream reads the list again. The events that
-  // came while a read was under way are applied again on top of what it answered (each event
-  // sets a state or adds or removes a machine, so applying one twice in order changes nothing),
-  // so an answer older than an event cannot undo it, and none is dropped before the first answer.
-  useEffect(() => {
-    let live = true;
-    const pending: SnaplabEvent[] = [];
-    let during: SnaplabEvent[] | null = null; // events since the read under way began
-    let frame: { cancel: () => void } | null = null;
-    const reload = (): void => {
-      during = [];
-      api<Sandbox[]>('GET', '/sandboxes').then(
-        (all) => {
-          if (!live) return;
-          const { list: next, fetch } = applyEvents(new Map(all.map((b) => [b.id, b])), during ?? []);
-          during = null;
-          listRef.current = next;
-          setList(next);
-          setError(undefined);
-          fetch.forEach(fetchOne);
-          schedule(); // what waited for the answer
-        },
-        (e: unknown) => {
-          during = null;
-          if (live) setError(e);
-        },
-      );
-    };
-    const fetchOne = (id: string): void => {
-      api<Sandbox>('GET', `/sandboxes/${enc(id)}`).then(
-        (b) => live && setList((l) => (l ? new Map(l).set(b.id, b) : l)),
-        () => undefined, // gone again before we asked: its destroyed event removes it
-      );
-    };
-    const flush = (): void => {
-      frame = null;
-      if (!listRef.current) return; // kept until the first answer
-      const batch = pending.splice(0);
-      const { list: next, fetch } = applyEvents(listRef.current, batch);
-      listRef.current = next;
-      setList(next);
-      fetch.forEach(fetchOne);
-    };
-    // once a frame (a burst costs one render); a hidden tab has no frames: a timer there
-    const schedule = (): void => {
-      if (frame || !pending.length) return;
-      if (document.hidden) {
-        const t = setTimeout(flush, 500);
-        frame = { cancel: () => clearTimeout(t) };
-      } else {
-        const f = requestAnimationFrame(flush);
-        frame = { cancel: () => cancelAnimationFrame(f) };
-      }
-    };
-    const stop = subscribe(
-      (e) => {
-        pending.push(e);
-        during?.push(e);
-        schedule();
-      },
-      (first) => {
-        if (!first) reload();
-      },
-      () => live && setLost(true),
-    );
-    reload();
-    return () => {
-      live = false;
-      stop();
-      frame?.cancel();
-    };
-  }, []);
-  return { list, setList, error, lost };
+  useEffect(() => followPage(per, after, { listRef, nextRef, setList, setNext, setError, setLost }), [after, per]);
+  /** a machine this page made: shown if it belongs here (the last page, with room) */
+  const made = (b: Sandbox): void => {
+    if (nextRef.current === null) setList((l) => (l && l.size < per ? new Map(l).set(b.id, b) : l));
+  };
+  const paging = {
+    per,
+    page: cursors.length + 1,
+    next: next === null ? undefined : () => setCursors((c) => [...c, next]),
+    prev: cursors.length ? () => setCursors((c) => c.slice(0, -1)) : undefined,
+  };
+  return { list, made, error, lost, paging };
 }
 
 /** Each machine's memory, processes and CPU, polled; `now` moves with each poll (for the ages). */
@@ -293,14 +352,17 @@ function useLoads() {
 }
 
 export function MachinesPage() {
-  const { list, setList, error, lost } = useLiveList();
+  const { list, made, error, lost, paging } = useLiveList();
   const { loads, now } = useLoads();
   const [selected, setSelected] = useState<Set<string>>(new Set());
   const [filter, setFilter] = useState('');
   const [stateFilter, setStateFilter] = useState('');
   const all = useMemo(
     () =>
-      [...(list?.values() ?? [])].sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0)),
+      // the page's order: oldest first (by creation time, then id)
+      [...(list?.values() ?? [])].sort((a, b) =>
+        a.createdAt < b.createdAt ? -1 : a.createdAt > b.createdAt ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0,
+      ),
     [list],
   );
   const q = filter.trim().toLowerCase();
@@ -336,10 +398,10 @@ export function MachinesPage() {
     <>
       <h1>Machines</h1>
       <Section title="New machine">
-        <CreateForm onCreated={(b) => setList((l) => (l ? new Map(l).set(b.id, b) : l))} />
+        <CreateForm onCreated={made} />
       </Section>
       <Section
-        title={`${shown.length} of ${all.length} machines`}
+        title={`${shown.length} of ${all.length} machines on page ${paging.page}`}
         actions={
           <Button kind="danger" disabled={!chosen.length} busy={destroy.busy} onClick={() => void destroy.run()}>
             Destroy selected ({chosen.length})
@@ -382,7 +444,17 @@ export function MachinesPage() {
           loads={loads}
           now={now}
         />
-        {list && !all.length && (
+        <nav class="row" aria-label="pages">
+          <Button disabled={!paging.prev} onClick={() => paging.prev?.()}>
+            Previous
+          </Button>
+          <span data-testid="page">page {paging.page}</span>
+          <Button disabled={!paging.next} onClick={() => paging.next?.()}>
+            Next
+          </Button>
+          <span class="muted">{paging.per} a page, oldest first</span>
+        </nav>
+        {list && !all.length && paging.page === 1 && (
           <p class="muted">
             No machines. Create one above, or <code>snaplab create --image busybox</code>.
           </p>
