@@ -65,7 +65,7 @@ describe('snaplab bench --workload density (bounded)', () => {
     expect(at6.ms.serve.p50).toBeGreaterThan(at6.ms.apiPage.p50);
     expect(lines.join('\n')).toMatch(/at 6: create p50 [\d.]+ ms/);
     expect(homes()).toEqual(before);
-  }, 180_000); // ~40 s on a quiet host: the CLI's processes and the daemon's starts at each count
+  }, 180_000); // 136 s at a load average of 12–20 (node's starts: the CLI's and the daemon's, at each count)
 
   it('an abort between steps removes the machines already made', async () => {
     const before = homes();
