@@ -6,10 +6,24 @@ import { disposeLab, testLab } from '../../test/helpers.js';
 import { agentBinaryPath } from '../agent/binary.js';
 import { densityBench, parseCounts, renderDensitySummary } from './density-bench.js';
 import { Progress } from './progress.js';
+import { FRONT_OPS } from './density-fronts.js';
 
 // A bounded density ladder (0 and a few idle machines, two samples each): the output's shape and
 // the cleanup, never the speed. The full ladder is `snaplab bench --workload density`.
 const homes = (): string[] => readdirSync(tmpdir()).filter((d) => d.startsWith('snaplab-bench-density-'));
+
+/** `snaplab serve` processes on a bench home's socket */
+const daemons = (): string[] =>
+  readdirSync('/proc')
+    .filter((p) => /^\d+$/.test(p))
+    .map((p) => {
+      try {
+        return readFileSync(`/proc/${p}/cmdline`, 'utf8').replaceAll('\0', ' ');
+      } catch {
+        return ''; // exited meanwhile
+      }
+    })
+    .filter((c) => /serve --socket \S*snaplab-bench-density-\S*\/d\.sock/.test(c));
 
 function sink(onLine: (line: string) => void = () => undefined): { progress: Progress; lines: string[] } {
   const lines: string[] = [];
@@ -31,8 +45,9 @@ describe('snaplab bench --workload density (bounded)', () => {
     const { progress, lines } = sink();
     const s = await densityBench({ counts: [0, 6], samples: 2, concurrency: 3 }, progress);
     expect(s.points.map((p) => p.count)).toEqual([0, 6]);
+    // the library's, and the fronts': a pool take, the CLI as processes, a daemon on the home and its API
     for (const p of s.points)
-      for (const op of ['create', 'exec', 'snapshot', 'restore', 'list', 'rm', 'gc'] as const) {
+      for (const op of [...(['create', 'exec', 'snapshot', 'restore', 'list', 'rm', 'gc'] as const), ...FRONT_OPS]) {
         expect(p.ms[op].samples).toBe(2);
         expect(p.ms[op].p50).toBeGreaterThan(0);
         expect(p.ms[op].p95).toBeGreaterThanOrEqual(p.ms[op].p50);
@@ -47,9 +62,12 @@ describe('snaplab bench --workload density (bounded)', () => {
     expect(at6.memory!.counters).toHaveProperty('SUnreclaim');
     expect(at6.loadavg).toHaveLength(3);
     expect(renderDensitySummary(s)).toMatch(/^workload density[\s\S]*\n6 +[\d.]+ \/ [\d.]+/m);
+    expect(renderDensitySummary(s)).toMatch(/serve, adopted p50\/p95 ms[\s\S]*\n6 +[\d.]+ \/ [\d.]+/);
+    // a daemon's start is at least a process's: it answered only once up
+    expect(at6.ms.serve.p50).toBeGreaterThan(at6.ms.apiPage.p50);
     expect(lines.join('\n')).toMatch(/at 6: p50 ms create [\d.]+, .*gc [\d.]+; .*bulk [\d.]+\/s \(unshare [\d.]+\/s\)/);
     expect(homes()).toEqual(before);
-  });
+  }, 180_000); // 136 s at a load average of 12–20 (node's starts: the CLI's and the daemon's, at each count)
 
   it('an abort between steps removes the machines already made', async () => {
     const before = homes();
@@ -62,6 +80,20 @@ describe('snaplab bench --workload density (bounded)', () => {
       densityBench({ counts: [4, 8], samples: 1, concurrency: 2 }, progress, ac.signal),
     ).rejects.toMatchObject({ code: 'ABORTED' });
     expect(homes()).toEqual(before);
+  });
+
+  it('an abort with the daemon up stops the daemon and removes everything', async () => {
+    const before = homes();
+    const running = daemons();
+    const ac = new AbortController();
+    const { progress } = sink((l) => {
+      if (/a daemon on the bench home answers/.test(l)) ac.abort();
+    });
+    await expect(densityBench({ counts: [0], samples: 1, concurrency: 1 }, progress, ac.signal)).rejects.toMatchObject({
+      code: 'ABORTED',
+    });
+    expect(homes()).toEqual(before);
+    expect(daemons()).toEqual(running);
   });
 
   it('--counts takes ascending whole numbers', () => {

@@ -6,8 +6,11 @@
  * to do; and it reads the host memory each idle sandbox holds (MemAvailable and /proc/meminfo's
  * kernel counters, before the first and now, less this process's own growth, divided by the
  * count; and the mean of what the sandboxes' memory cgroups are charged) and the bulk create rate.
+ * Beside those, the fronts (density-fronts.ts): a take from a pool of 2, the CLI's create, rm, ls
+ * and ls --json as whole processes, and a daemon on the same home (its start with every machine
+ * adopted, the API's paged and whole list, a create's `ready` event on GET /events).
  * It runs in a home of its own under /tmp, removed at its end, so that gc has only the bench's
- * machines to see; an abort (Ctrl-C) or a failure removes everything it made.
+ * machines to see; an abort (Ctrl-C) or a failure removes everything it made and stops its daemon.
  */
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
@@ -17,6 +20,7 @@ import { bestEffort, orElse } from '../cleanup.js';
 import { SnaplabError } from '../errors.js';
 import { Lab } from '../sdk/lab.js';
 import type { Progress } from './progress.js';
+import { DENSITY_POOL, FRONT_OPS, type FrontOp, cliOps, daemonOps, poolOps } from './density-fronts.js';
 import { spawnLoop } from './baselines.js';
 import { pad } from './report-text.js';
 import { percentile } from './stats.js';
@@ -60,8 +64,11 @@ export interface DensityPoint {
     /** /proc/meminfo's counters' growth over the count */
     counters: Record<(typeof COUNTERS)[number], number>;
   } | null;
-  ms: Record<'create' | 'exec' | 'snapshot' | 'restore' | 'list' | 'rm' | 'gc', OpFigures>;
+  ms: Record<LibraryOp | FrontOp, OpFigures>;
 }
+
+const LIBRARY_OPS = ['create', 'exec', 'snapshot', 'restore', 'list', 'rm', 'gc'] as const;
+type LibraryOp = (typeof LIBRARY_OPS)[number];
 
 export interface DensitySummary {
   workload: 'density';
@@ -190,8 +197,8 @@ export function parseCounts(text: string): number[] {
 }
 
 /** `samples` of each operation, with `count` idle machines beside them. */
-async function operations(lab: Lab, samples: number, signal?: AbortSignal): Promise<DensityPoint['ms']> {
-  const t: Record<keyof DensityPoint['ms'], number[]> = {
+async function libraryOps(lab: Lab, samples: number, signal?: AbortSignal): Promise<Record<LibraryOp, number[]>> {
+  const t: Record<LibraryOp, number[]> = {
     create: [],
     exec: [],
     snapshot: [],
@@ -219,11 +226,30 @@ async function operations(lab: Lab, samples: number, signal?: AbortSignal): Prom
   } finally {
     await bestEffort('remove the probe', () => probe.destroy());
   }
+  return t;
+}
+
+/** `samples` of each operation, library and fronts, with `count` idle machines beside them. */
+async function operations(
+  lab: Lab,
+  samples: number,
+  progress: Progress,
+  signal?: AbortSignal,
+): Promise<DensityPoint['ms']> {
+  const check = (): void => checkAbort(signal);
+  const t = {
+    ...(await libraryOps(lab, samples, signal)),
+    poolTake: await poolOps(lab, samples, check),
+    ...(await cliOps(lab.home, samples, check)),
+    ...(await daemonOps(lab.home, samples, check, (l) => progress.note(l))),
+  };
   return Object.fromEntries(Object.entries(t).map(([k, xs]) => [k, figures(xs)])) as DensityPoint['ms'];
 }
 
 /** Remove every machine and snapshot of the bench's home, `concurrency` at a time, then its home. */
 async function clear(lab: Lab, concurrency: number, progress: Progress): Promise<void> {
+  if ((await lab.pools().catch(orElse([], "list the bench's pools"))).length)
+    await bestEffort('remove the bench pool', () => lab.pool(DENSITY_POOL).remove());
   const all = await lab.list().catch(orElse([], "list the bench's machines"));
   let left = all.length;
   let shown = now();
@@ -257,6 +283,7 @@ export async function densityBench(
   const points: DensityPoint[] = [];
   try {
     await (await lab.create()).destroy(); // image import, pool mount, the helper: once, untimed
+    await lab.createPool({ name: DENSITY_POOL, image: 'busybox', size: 2, limits: {} });
     await sleep(1000);
     const base = { info: meminfo(), rss: rssKiB() };
     let running = 0;
@@ -265,7 +292,7 @@ export async function densityBench(
       running = count;
       const memory = await memoryAt(lab, base, count);
       progress.note(`at ${count}: timing ${o.samples} of each operation`);
-      const ms = await operations(lab, o.samples, signal);
+      const ms = await operations(lab, o.samples, progress, signal);
       const point = { count, loadavg: loadavg().map((l) => round(l)), bulk, memory, ms };
       points.push(point);
       progress.note(pointLine(point));
@@ -293,13 +320,27 @@ const pointLine = (p: DensityPoint): string =>
   (p.bulk ? `; bulk ${p.bulk.perSecond}/s (unshare ${p.bulk.unsharePerSecond}/s)` : '') +
   `; load ${p.loadavg.join(' ')}`;
 
+/** the fronts' columns: what each times */
+const FRONT_HEADS: Record<FrontOp, string> = {
+  poolTake: 'pool take',
+  cliCreate: 'CLI create',
+  cliRm: 'CLI rm',
+  cliLs: 'CLI ls',
+  cliLsJson: 'CLI ls --json',
+  serve: 'serve, adopted',
+  apiPage: 'API list ?limit=100',
+  apiList: 'API list',
+  apiCreate: 'API create',
+  apiEvent: 'API create to ready event',
+};
+
 export function renderDensitySummary(s: DensitySummary): string {
-  const ops = ['create', 'exec', 'snapshot', 'restore', 'list', 'rm', 'gc'] as const;
-  const opRows = s.points.map((p) => [
-    String(p.count),
-    ...ops.map((k) => `${p.ms[k].p50.toFixed(1)} / ${p.ms[k].p95.toFixed(1)}`),
-    p.loadavg[0]!.toFixed(2),
-  ]);
+  const rows = (ops: readonly (LibraryOp | FrontOp)[]): string[][] =>
+    s.points.map((p) => [
+      String(p.count),
+      ...ops.map((k) => `${p.ms[k].p50.toFixed(1)} / ${p.ms[k].p95.toFixed(1)}`),
+      p.loadavg[0]!.toFixed(2),
+    ]);
   const memRows = s.points.map((p) => [
     String(p.count),
     p.bulk ? `${p.bulk.perSecond}/s (${p.bulk.made} in ${p.bulk.seconds} s)` : '-',
@@ -310,7 +351,8 @@ export function renderDensitySummary(s: DensitySummary): string {
   ]);
   return [
     `workload density: idle busybox sandboxes at ${s.settings.counts.join(', ')}; ${s.settings.samples} samples of each operation at each count; ${s.settings.cpus} CPUs, ${Math.round(s.settings.memTotalKiB / 1024)} MiB`,
-    ...pad(['idle', ...ops.map((k) => `${k} p50/p95 ms`), 'load'], opRows),
+    ...pad(['idle', ...LIBRARY_OPS.map((k) => `${k} p50/p95 ms`), 'load'], rows(LIBRARY_OPS)),
+    ...pad(['idle', ...FRONT_OPS.map((k) => `${FRONT_HEADS[k]} p50/p95 ms`), 'load'], rows(FRONT_OPS)),
     ...pad(
       [
         'idle',

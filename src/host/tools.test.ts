@@ -44,6 +44,8 @@ const NONLITERAL: Record<string, string> = {
   'src/drivers/qemu/driver.ts QEMU': "'qemu-system-x86_64' (listed)",
   'src/bench/cli-bench.ts argv[0]!': "the cli bench's cases: snaplab, node, nsenter, curl (listed)",
   'src/bench/cli-bench.ts snaplab': 'the snaplab command (its serve, for the create-through-a-daemon cases)',
+  'src/bench/density-fronts.ts snaplabCommand(':
+    "the snaplab command of this build (the density bench's CLI and serve)",
   'test/cli.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/qemu.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/images.test.ts SNAPLAB': 'the snaplab command, built by npm run build',

@@ -330,9 +330,10 @@ export interface LabApi {
   /**
    * One pass over every sandbox: its record checked against the host (one whose processes are
    * gone is dead, with the reason; a pool's paused standbys are left to their pool), and what a
-   * create that died half-way left is removed. A server runs it on its tick.
+   * create that died half-way left is removed. A server runs it on its tick. `reconciled`: every
+   * record was checked against the host just now (a gc's pass): only the removal is done.
    */
-  check(): Promise<CheckResult>;
+  check(opts?: { reconciled?: boolean }): Promise<CheckResult>;
   /** stored traces, newest first */
   traces(query?: TraceQuery): Promise<StoredTrace[]>;
   trace(operationId: string): Promise<StoredTrace | undefined>;

@@ -82,6 +82,8 @@ export class Daemon implements RouteHost {
   private timer: NodeJS.Timeout | undefined;
   private ticking: Promise<void> | undefined;
   private ticks = 0;
+  /** gc checked every record against the host just now (start): the first check need not again */
+  private reconciled = false;
 
   /**
    * `lab`: what is served, through its interface only (served-lab.ts): the embedded Lab here, any
@@ -114,7 +116,13 @@ export class Daemon implements RouteHost {
    * at its target, then tick: the watcher, lifetimes, the reaper.
    */
   async start(): Promise<void> {
-    const gc = await this.lab.gc().catch((e: Error) => ({ removed: [`(gc failed: ${e.message})`], notes: [] }));
+    let gc: { removed: string[] };
+    try {
+      gc = await this.lab.gc();
+      this.reconciled = true;
+    } catch (e) {
+      gc = { removed: [`(gc failed: ${(e as Error).message})`] };
+    }
     if (gc.removed.length) this.log({ msg: 'adopted: removed what was left half-made', removed: gc.removed });
     for (const p of await this.lab.pools()) this.lab.pool(p.name).start();
     await this.tick();
@@ -146,7 +154,9 @@ export class Daemon implements RouteHost {
    * dead process left removed, each told of as failed. On the tick, and at POST /check.
    */
   async check(): Promise<CheckResult['removed']> {
-    const { removed } = await this.lab.check();
+    // adoption probes each machine once (gc's pass), not twice: the first check only removes
+    const { removed } = await this.lab.check({ reconciled: this.reconciled });
+    this.reconciled = false;
     for (const r of removed) {
       this.events.record('failed', r, r.reason);
       this.cache.delete(r.id);

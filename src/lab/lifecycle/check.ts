@@ -33,14 +33,17 @@ export function selectRecords(
 
 /**
  * Every record checked against the host (a pool's paused standbys are its pool's to check), then
- * what a create that died half-way left (dead, its owner's step 'create') removed.
+ * what a create that died half-way left (dead, its owner's step 'create') removed. `reconciled`:
+ * the records were checked against the host just now (a daemon's start, after its gc): only the
+ * removal, not a second probe of every machine.
  */
-export async function checkSandboxes(ctx: LabContext): Promise<Checked> {
-  await Promise.all(
-    ctx.store
-      .listSandboxes()
-      .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
-  );
+export async function checkSandboxes(ctx: LabContext, reconciled = false): Promise<Checked> {
+  if (!reconciled)
+    await Promise.all(
+      ctx.store
+        .listSandboxes()
+        .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
+    );
   const removed: Checked['removed'] = [];
   // read after the reconcile: a change made meanwhile is seen as it is now, not as it was
   for (const r of ctx.store.listSandboxes()) {

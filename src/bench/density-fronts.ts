@@ -1,0 +1,231 @@
+/**
+ * The density bench's fronts (issue #34, docs/benchmarks.md "Density"): at each count, beside the
+ * idle machines, the CLI as whole processes (`snaplab create`, `rm`, `ls`, `ls --json`, with the
+ * bench's home as SNAPLAB_HOME), the daemon (`snaplab serve` on that home: until it answers with
+ * every machine adopted; then the API's list, paged and whole, through the project's client, and
+ * a create through the API until its `ready` event arrives on `GET /events`), and a pool take
+ * (`lab.create({ pool })` from a pool of 2). Each front stops what it started, also on a failure.
+ */
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { join } from 'node:path';
+import type { Readable } from 'node:stream';
+import { promisify } from 'node:util';
+import { packageRoot } from '../agent/binary.js';
+import { bestEffort, noted } from '../cleanup.js';
+import { RemoteLab } from '../client/remote.js';
+import { SnaplabError } from '../errors.js';
+import type { Lab } from '../sdk/lab.js';
+
+const run = promisify(execFile);
+const now = (): number => performance.now();
+
+/** the worktree's own command (its build), never another install on PATH */
+export const snaplabCommand = (): string => join(packageRoot(), 'native', 'build', 'snaplab');
+
+/** the pool the bench keeps in its home (2 standbys), made once before the first count */
+export const DENSITY_POOL = 'density';
+
+export type CliOp = 'cliCreate' | 'cliRm' | 'cliLs' | 'cliLsJson';
+export type DaemonOp = 'serve' | 'apiPage' | 'apiList' | 'apiCreate' | 'apiEvent';
+export type FrontOp = CliOp | DaemonOp | 'poolTake';
+export const FRONT_OPS: FrontOp[] = [
+  'poolTake',
+  'cliCreate',
+  'cliRm',
+  'cliLs',
+  'cliLsJson',
+  'serve',
+  'apiPage',
+  'apiList',
+  'apiCreate',
+  'apiEvent',
+];
+
+function benchEnv(home: string): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env, SNAPLAB_HOME: home };
+  // the CLI acts on the bench's home itself, never through a daemon named elsewhere
+  delete env.SNAPLAB_HOST;
+  delete env.SNAPLAB_TOKEN;
+  return env;
+}
+
+async function cli(home: string, args: string[]): Promise<string> {
+  try {
+    return (await run(snaplabCommand(), args, { env: benchEnv(home), maxBuffer: 1 << 28 })).stdout;
+  } catch (e) {
+    throw new SnaplabError(
+      'INTERNAL',
+      `snaplab ${args.join(' ')} failed in the density bench: ${(e as { stderr?: string }).stderr ?? (e as Error).message}`,
+      `run it by hand with SNAPLAB_HOME=${home}`,
+      { cause: e },
+    );
+  }
+}
+
+async function timed<T>(xs: number[], f: () => Promise<T>): Promise<T> {
+  const t0 = now();
+  const r = await f();
+  xs.push(now() - t0);
+  return r;
+}
+
+/** `samples` of each CLI command as a whole process (node's start included, as a user pays it). */
+export async function cliOps(home: string, samples: number, check: () => void): Promise<Record<CliOp, number[]>> {
+  const t: Record<CliOp, number[]> = { cliCreate: [], cliRm: [], cliLs: [], cliLsJson: [] };
+  for (let i = 0; i < samples; i++) {
+    check();
+    const made = JSON.parse(
+      await timed(t.cliCreate, () => cli(home, ['create', '--json', '--label', 'bench=density-probe'])),
+    ) as { name: string };
+    await timed(t.cliRm, () => cli(home, ['rm', made.name]));
+    await timed(t.cliLs, () => cli(home, ['ls']));
+    await timed(t.cliLsJson, () => cli(home, ['ls', '--json']));
+  }
+  return t;
+}
+
+/** `samples` takes from the bench's pool of 2, each refilled (untimed) before the next. */
+export async function poolOps(lab: Lab, samples: number, check: () => void): Promise<number[]> {
+  const xs: number[] = [];
+  const pool = lab.pool(DENSITY_POOL);
+  for (let i = 0; i < samples; i++) {
+    check();
+    await pool.fill();
+    const box = await timed(xs, () => lab.create({ pool: DENSITY_POOL, labels: { bench: 'density-probe' } }));
+    await box.destroy();
+  }
+  await pool.fill();
+  return xs;
+}
+
+/** A daemon on the bench's home, up once it logs that it listens (after it adopted what is there). */
+async function startDaemon(home: string, socket: string): Promise<ChildProcess> {
+  const child = spawn(snaplabCommand(), ['serve', '--socket', socket], {
+    env: benchEnv(home),
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  let log = '';
+  try {
+    await new Promise<void>((up, failed) => {
+      child.stderr!.on('data', (b: Buffer) => {
+        log += b.toString();
+        if (/ listening /.test(log)) up();
+      });
+      child.once('error', failed);
+      child.once('exit', (code) => failed(new Error(`it exited (${code}) before it listened: ${log.slice(-2000)}`)));
+    });
+  } catch (e) {
+    await stopDaemon(child);
+    throw new SnaplabError('DAEMON_ERROR', `snaplab serve on the bench home: ${(e as Error).message}`, 'see its log', {
+      cause: e,
+    });
+  }
+  child.stderr!.resume(); // its request log is not read: let it flow
+  return child;
+}
+
+async function stopDaemon(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const gone = once(child, 'exit');
+  child.kill('SIGTERM');
+  const late = setTimeout(() => child.kill('SIGKILL'), 20_000);
+  await gone;
+  clearTimeout(late);
+}
+
+/** The `ready` events of `GET /events` from now on: when the one of a sandbox of this name arrived. */
+function readyEvents(res: Readable): { see(name: string): Promise<number> } {
+  const waiting = new Map<string, (at: number) => void>();
+  const arrived = new Map<string, number>();
+  let buf = '';
+  res.on('data', (b: Buffer) => {
+    buf += b.toString();
+    for (let end = buf.indexOf('\n\n'); end >= 0; end = buf.indexOf('\n\n')) {
+      const block = buf.slice(0, end);
+      buf = buf.slice(end + 2);
+      if (!/^event: ready$/m.test(block)) continue;
+      const { name } = JSON.parse(block.split('\ndata: ')[1]!) as { name: string };
+      arrived.set(name, now());
+      waiting.get(name)?.(now());
+    }
+  });
+  const see = (name: string): Promise<number> =>
+    arrived.has(name)
+      ? Promise.resolve(arrived.get(name)!)
+      : new Promise((seen, failed) => {
+          const late = setTimeout(
+            () =>
+              failed(
+                new SnaplabError(
+                  'TIMEOUT',
+                  `no ready event for ${name} in 60 s`,
+                  "read the daemon's GET /events by hand",
+                ),
+              ),
+            60_000,
+          );
+          waiting.set(name, (at) => {
+            clearTimeout(late);
+            seen(at);
+          });
+        });
+  return { see };
+}
+
+/**
+ * `samples` starts of a daemon on the bench's home (each until it answers, every machine adopted),
+ * and with the last one up: the API's first page of 100 and whole list, and a create through the
+ * API with the time until its `ready` event arrives. The daemon is stopped at the end, always.
+ */
+export async function daemonOps(
+  home: string,
+  samples: number,
+  check: () => void,
+  note: (line: string) => void,
+): Promise<Record<DaemonOp, number[]>> {
+  const t: Record<DaemonOp, number[]> = { serve: [], apiPage: [], apiList: [], apiCreate: [], apiEvent: [] };
+  const socket = join(home, 'd.sock');
+  for (let i = 0; i < samples; i++) {
+    check();
+    const t0 = now();
+    const child = await startDaemon(home, socket);
+    const remote = new RemoteLab({ url: `unix:${socket}` });
+    const events = new AbortController();
+    try {
+      await remote.health();
+      t.serve.push(now() - t0);
+      note(`a daemon on the bench home answers, every machine adopted, in ${Math.round(now() - t0)} ms`);
+      if (i < samples - 1) continue;
+      await apiOps(remote, samples, t, events.signal, check);
+    } finally {
+      events.abort();
+      remote.close();
+      await bestEffort('stop the bench daemon', () => stopDaemon(child));
+    }
+  }
+  return t;
+}
+
+async function apiOps(
+  remote: RemoteLab,
+  samples: number,
+  t: Record<DaemonOp, number[]>,
+  signal: AbortSignal,
+  check: () => void,
+): Promise<void> {
+  const stream = await remote.transport.stream('GET', '/events', { signal });
+  stream.on('error', noted("read the bench daemon's events", 'ABORT_ERR', 'ECONNRESET')); // ended by the abort
+  const ready = readyEvents(stream);
+  for (let i = 0; i < samples; i++) {
+    check();
+    await timed(t.apiPage, () => remote.list({ limit: 100 }));
+    await timed(t.apiList, () => remote.list());
+    const name = `density-api-${process.pid}-${i}`;
+    const t0 = now();
+    const box = await remote.create({ name, labels: { bench: 'density-probe' } });
+    t.apiCreate.push(now() - t0);
+    t.apiEvent.push((await ready.see(name)) - t0);
+    await box.destroy();
+  }
+}
