@@ -65,7 +65,9 @@ describe('snaplab bench --workload density (bounded)', () => {
     expect(renderDensitySummary(s)).toMatch(/serve, adopted p50\/p95 ms[\s\S]*\n6 +[\d.]+ \/ [\d.]+/);
     // a daemon's start is at least a process's: it answered only once up
     expect(at6.ms.serve.p50).toBeGreaterThan(at6.ms.apiPage.p50);
-    expect(lines.join('\n')).toMatch(/at 6: p50 ms create [\d.]+, .*gc [\d.]+; .*bulk [\d.]+\/s \(unshare [\d.]+\/s\)/);
+    expect(lines.join('\n')).toMatch(
+      /at 6: p50 ms create [\d.]+, .*gc [\d.]+, .*serve [\d.]+.*; bulk [\d.]+\/s \(unshare [\d.]+\/s\)/,
+    );
     expect(homes()).toEqual(before);
   }, 180_000); // 136 s at a load average of 12–20 (node's starts: the CLI's and the daemon's, at each count)
 
