@@ -9,7 +9,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SNAPLAB } from './cli-command.js';
-import { cachedImage, debianArgs } from './image-cache.js';
 
 let home: string;
 const PLUGINS = join(import.meta.dirname, '..', 'integrations', 'ansible', 'connection_plugins');
@@ -58,12 +57,18 @@ async function waitForStandby(name: string): Promise<void> {
 
 beforeAll(async () => {
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-ansible-'));
-  // the image is not what this file tests: built once, kept between runs (test/image-cache.ts)
-  await cachedImage(
-    home,
-    debianArgs('sshd', ['systemd', 'systemd-sysv', 'dbus', 'sudo', 'openssh-server', 'python3', 'python3-apt']),
+  const b = await snaplab([
+    'image',
+    'build',
+    'debian',
+    '--suite',
+    'bookworm',
+    '--packages',
+    'systemd,systemd-sysv,dbus,sudo,openssh-server,python3,python3-apt',
+    '--name',
     'sshd',
-  );
+  ]);
+  expect(b.code, b.err).toBe(0);
   writeFileSync(
     join(home, 'lab.yaml'),
     [
