@@ -5,8 +5,8 @@
  * host's apt sources: src/image/templates.ts), and snaplab's own interpreter server inside the machine.
  *
  * The image takes minutes to build, so it is built once (`snaplab image build code-interpreter-v1`)
- * into a cache home of its own (kept between runs and test files, `SNAPLAB_TEST_IMAGE_CACHE`; a
- * cache hit when its inputs are the same) and imported from there into this file's temporary home.
+ * into a cache home of its own (test/image-cache.ts: kept between runs and test files, a cache hit
+ * when its inputs are the same) and imported from there into this file's temporary home.
  * (test/templates.test.ts builds `base` on first use, as a home without it does.)
  */
 import { mkdtempSync } from 'node:fs';
@@ -17,29 +17,16 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, cliAsync, removeHome, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
-
-const CACHE = process.env.SNAPLAB_TEST_IMAGE_CACHE ?? join(tmpdir(), 'snaplab-test-image-cache');
+import { cli, removeHome, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cachedImage } from './image-cache.js';
 
 let home: string;
 let d: TestDaemon;
 const saved = { ...process.env };
 
 beforeAll(async () => {
-  // minutes the first time (cli's own timeout is two)
-  const build = (): ReturnType<typeof cliAsync> =>
-    cliAsync(CACHE, ['image', 'build', 'code-interpreter-v1', '--json'], 900_000);
-  let built = await build();
-  // the cache holds one built from other inputs (an older recipe): replaced
-  if (built.err.includes('IMAGE_EXISTS')) {
-    cli(CACHE, ['image', 'rm', '--force', 'code-interpreter-v1']);
-    built = await build();
-  }
-  if (built.code !== 0) throw new Error(`image build: ${built.err}`);
-  const { path } = JSON.parse(built.out) as { path: string };
   home = mkdtempSync(join(tmpdir(), 'snaplab-test-ci-'));
-  const imported = await cliAsync(home, ['image', 'import', path, '--name', 'code-interpreter-v1'], 600_000);
-  if (imported.code !== 0) throw new Error(`image import: ${imported.err}`);
+  await cachedImage(home, ['code-interpreter-v1'], 'code-interpreter-v1');
   const key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
   d = await startE2bDaemon(home, key);
 }, 900_000);

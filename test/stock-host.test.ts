@@ -84,7 +84,10 @@ describe('snaplab on the stock host', () => {
     expect(check('cgroup v2')?.reason).toMatch(/snaplab\.scope \(delegated\)/);
   }, 180_000);
 
-  it('runs the demo', async () => {
+  // the demo and the storage cases run at once (it.concurrent): each is a few snaplab commands,
+  // each a Node start of seconds on one of the guest's two emulated CPUs, and none reads what the
+  // others make (own names; nothing counts the sandboxes under snaplab.scope, as the cases below do)
+  it.concurrent('runs the demo', async () => {
     const r = await ok(['demo'], { timeoutMs: 150_000 });
     expect(r.stdout).toMatch(/restored .* reads "before"/);
   }, 180_000);
@@ -93,7 +96,7 @@ describe('snaplab on the stock host', () => {
   // host (the other backends' paths differ only inside, and the dev host's tests cover them)
   for (const storage of ['btrfs', 'dir', 'overlay']) {
     for (const userns of storage === 'overlay' ? [true, false] : [true]) {
-      it(`create --storage ${storage}${userns ? '' : ' --no-userns'}, exec, rm`, async () => {
+      it.concurrent(`create --storage ${storage}${userns ? '' : ' --no-userns'}, exec, rm`, async () => {
         const h = need();
         const name = `s-${storage}-${userns ? 'userns' : 'root'}`;
         const create = await h.snaplab([

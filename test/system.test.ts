@@ -21,6 +21,7 @@ import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
 import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
+import { cachedImage, debianArgs } from './image-cache.js';
 import { spawnSync } from 'node:child_process';
 
 // System machines: Debian 12 with its own systemd as PID 1 (built here from Debian's archive).
@@ -336,10 +337,8 @@ describe('system machines (--init systemd) on namespaces', () => {
   });
 
   it('boot Debian 13 (systemd 257) too: its systemctl says "system scope bus" while it starts', async () => {
-    await lab.buildImage(
-      { suite: 'trixie', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'dbus'] },
-      { name: 'sysd13' },
-    );
+    // built once, kept between runs (test/image-cache.ts): this file's own build is sysd's
+    await cachedImage(lab.home, debianArgs('sysd13', ['systemd', 'systemd-sysv', 'dbus'], 'trixie'), 'sysd13');
     await using box = await lab.create({ image: 'sysd13', init: 'systemd' });
     expect(await out(box, ['systemctl', 'is-system-running'])).toBe('running');
     expect(await out(box, ['sh', '-c', '. /etc/os-release && echo $VERSION_CODENAME'])).toBe('trixie');
