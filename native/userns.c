@@ -223,6 +223,15 @@ static int private_proc(void)
 	return m;
 }
 
+/* The limits through a private proc instance (private_proc), or through /proc when there is
+ * none or when it refuses (an LSM may judge a detached mount differently): the same writes. */
+static int set_limits(int proc)
+{
+	if (proc >= 0 && limit_here(proc) == 0)
+		return 0;
+	return limit_here(-1);
+}
+
 #define FAIL(what)                                                                              \
 	do {                                                                                    \
 		dprintf(2, "snaplab-hostops: user namespace: %s: %s\n", what, strerror(errno)); \
@@ -320,7 +329,7 @@ int userns_enter(unsigned base, unsigned count, int owner, const struct userns_r
 		FAIL("join");
 	close(nsfd);
 	/* a namespace made here gets its limits now; a joined one got them when it was made (netns_make) */
-	if (holder > 0 && limit_here(proc) < 0)
+	if (holder > 0 && set_limits(proc) < 0)
 		FAIL("per-namespace limits (/proc/sys/user)");
 	if (proc >= 0)
 		close(proc);
@@ -387,7 +396,7 @@ static int netns_make_here(const char *path, unsigned base, unsigned count)
 		close(done[0]);
 		close(go[1]);
 		int proc = private_proc();
-		int e = setns(nsfd, CLONE_NEWUSER) == 0 && limit_here(proc) == 0 && unshare(CLONE_NEWNET) == 0 ? 0
+		int e = setns(nsfd, CLONE_NEWUSER) == 0 && set_limits(proc) == 0 && unshare(CLONE_NEWNET) == 0 ? 0
 													       : errno;
 		(void)!write(done[1], &e, sizeof e);
 		if (!e)

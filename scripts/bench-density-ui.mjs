@@ -46,6 +46,9 @@ function cpuMs(pid) {
   return ((Number(f[11]) + Number(f[12])) * 1000) / 100;
 }
 
+/** daemons this script started and has not stopped: stopped before its cleanup, whatever failed */
+const serving = new Set();
+
 async function serve(pkg, extra) {
   const p = spawn('node', [join(pkg, 'dist/bin/snaplab.js'), 'serve', '--listen', '127.0.0.1:0', ...extra], {
     env,
@@ -59,14 +62,16 @@ async function serve(pkg, extra) {
     });
     p.once('exit', (c) => no(new Error(`serve exited ${c}`)));
   });
-  const exited = new Promise((r) => p.once('exit', r));
+  const exited = new Promise((r) => p.once('exit', r)).finally(() => serving.delete(stop));
+  const stop = () => {
+    p.kill('SIGTERM');
+    return exited;
+  };
+  serving.add(stop);
   return {
     pid: p.pid,
     url: JSON.parse(line).url,
-    stop: () => {
-      p.kill('SIGTERM');
-      return exited;
-    },
+    stop,
   };
 }
 
@@ -209,6 +214,7 @@ async function main() {
     out.renderAfter = { rows: Math.min(100, count), ms: await renderMs(d.url, key, Math.min(100, count)) };
     await d.stop();
   } finally {
+    await Promise.all([...serving].map((stop) => stop()));
     etcd.kill();
     out.load = loadavg();
     console.log(JSON.stringify(out, null, 1));

@@ -109,7 +109,7 @@ async function startDaemon(home: string, socket: string): Promise<ChildProcess> 
   try {
     await new Promise<void>((up, failed) => {
       child.stderr!.on('data', (b: Buffer) => {
-        log += b.toString();
+        log = (log + b.toString()).slice(-4000); // its request log flows here as long as it runs: the end is kept
         if (/ listening /.test(log)) up();
       });
       child.once('error', failed);

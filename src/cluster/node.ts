@@ -274,7 +274,6 @@ export class ClusterNode {
             this.lastGist = gist;
             this.lastPut = Date.now();
           }
-          await this.sync();
         } catch (e) {
           this.daemon.log({ msg: 'publishing to the cluster failed', error: (e as Error).message });
         }

@@ -25,7 +25,7 @@ async function idsUnder(mount: string): Promise<string[]> {
  * Where snaplab cgroups may be: every cgroup mount's snaplab/ (v1 hierarchies, the v2 root, and on
  * hybrid hosts the unified cgroup2 mount too), with the root a Cgroup handle is made under.
  */
-async function snaplabParents(): Promise<{ root: string; dir: string }[]> {
+export async function snaplabParents(): Promise<{ root: string; dir: string }[]> {
   const mounts = (await listMounts()).filter((m) => m.fstype === 'cgroup' || m.fstype === 'cgroup2');
   return mounts.flatMap((m) => {
     // v1 hierarchies belong to the default root; a cgroup2 mount is a root of its own, whose
@@ -54,10 +54,14 @@ export async function snaplabCgroupsOnHost(): Promise<Cgroup[]> {
 /**
  * The snaplab cgroups of these sandbox ids that exist on the host, found where snaplabCgroupsOnHost
  * looks, without listing every other one: the host's list is every home's sandboxes (thousands),
- * a gc asks about the few of its own home that are not live.
+ * a gc asks about the few of its own home that are not live. `parents`: snaplabParents() read once
+ * by a caller that asks many times (it reads the host's mount table).
  */
-export async function snaplabCgroupsOf(ids: Iterable<string>): Promise<Cgroup[]> {
-  const parents = await snaplabParents();
+export async function snaplabCgroupsOf(
+  ids: Iterable<string>,
+  parents?: { root: string; dir: string }[],
+): Promise<Cgroup[]> {
+  parents ??= await snaplabParents();
   const found = new Map<string, Cgroup>();
   for (const id of ids) {
     for (const { root, dir } of parents) {

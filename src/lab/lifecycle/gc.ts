@@ -14,7 +14,7 @@ import { collecting, liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
 import { machineOf, releaseRange, removeDeadClaimWrites, staleClaims } from '../../host/userns/registry.js';
 import { machineNetns } from '../../scenario/names.js';
-import { snaplabCgroupsOf } from '../../host/cgroups/host.js';
+import { snaplabCgroupsOf, snaplabParents } from '../../host/cgroups/host.js';
 import { listSnaplabNetns } from '../../host/net/netns.js';
 import { collectEgress } from '../../host/net/egress.js';
 import { destroyRecord } from './teardown.js';
@@ -80,9 +80,10 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   // another home's, gone from disk: only once nothing of it runs (a sandbox's cgroup, a machine's
   // network namespace), looked up for those claims alone (the host's lists are every home's)
   let netns: Promise<Set<string>> | undefined;
+  let parents: ReturnType<typeof snaplabParents> | undefined; // the mount table, read once a pass
   const running = async (id: string): Promise<boolean> => {
     const machine = machineOf(id);
-    if (!machine) return (await snaplabCgroupsOf([id])).length > 0;
+    if (!machine) return (await snaplabCgroupsOf([id], await (parents ??= snaplabParents()))).length > 0;
     netns ??= listSnaplabNetns().then((l) => new Set(l));
     return (await netns).has(machineNetns(machine.sid, machine.index, machine.copy));
   };

@@ -174,7 +174,7 @@ interface PageState {
   listRef: { current: Map<string, Sandbox> | undefined };
   nextRef: { current: string | null };
   setList: (
-    f: Map<string, Sandbox> | ((l: Map<string, Sandbox> | undefined) => Map<string, Sandbox> | undefined),
+    f: Map<string, Sandbox> | undefined | ((l: Map<string, Sandbox> | undefined) => Map<string, Sandbox> | undefined),
   ) => void;
   setNext: (n: string | null) => void;
   setError: (e: unknown) => void;
@@ -190,7 +190,14 @@ interface PageState {
  */
 function followPage(per: number, after: string | undefined, st: PageState): () => void {
   const { listRef, nextRef, setList, setNext, setError, setLost } = st;
+  // another page: nothing of the one before is shown, patched or paged from until this one answers
+  listRef.current = undefined;
+  nextRef.current = null;
+  setList(undefined);
+  setNext(null);
   let live = true;
+  // machines new to this page being read (fetchOne): shown only if still wanted when read
+  const wanted = new Set<string>();
   const pending: SnaplabEvent[] = [];
   let during: SnaplabEvent[] | null = null; // events since the read under way began
   let frame: { cancel: () => void } | null = null;
@@ -216,10 +223,15 @@ function followPage(per: number, after: string | undefined, st: PageState): () =
       },
     );
   };
+  // a machine's record read again: kept if it is on the page or still wanted there (a destroyed or
+  // failed event meanwhile, or a new page, drops it: an answer older than those cannot bring it back)
   const fetchOne = (id: string): void => {
     api<Sandbox>('GET', `/sandboxes/${enc(id)}`).then(
-      (b) => live && setList((l) => (l ? new Map(l).set(b.id, b) : l)),
-      () => undefined, // gone again before we asked: its destroyed event removes it
+      (b) => {
+        if (live && (listRef.current?.has(b.id) || wanted.delete(b.id)))
+          setList((l) => (l ? new Map(l).set(b.id, b) : l));
+      },
+      () => wanted.delete(id), // gone again before we asked: its destroyed event removes it
     );
   };
   // machines made or made ready: read again if here; a new one belongs to the last page
@@ -227,10 +239,15 @@ function followPage(per: number, after: string | undefined, st: PageState): () =
     const here = listRef.current;
     const fresh = [...ids].filter((id) => !here?.has(id));
     for (const id of ids) if (here?.has(id)) fetchOne(id);
-    const size = here?.size ?? 0;
+    // those already being read count toward the page's size
+    const size = (here?.size ?? 0) + wanted.size;
     // a full page with a next one: the new ones sort after it
     if (!fresh.length || during || (nextRef.current !== null && size >= per)) return;
-    if (nextRef.current === null && size + fresh.length <= per) fresh.forEach(fetchOne);
+    if (nextRef.current === null && size + fresh.length <= per)
+      for (const id of fresh) {
+        wanted.add(id);
+        fetchOne(id);
+      }
     else reload(); // the page as the server cuts it now (and the next one's cursor)
   };
   const flush = (): void => {
@@ -255,6 +272,7 @@ function followPage(per: number, after: string | undefined, st: PageState): () =
   };
   const stop = subscribe(
     (e) => {
+      if (e.sandbox && (e.type === 'destroyed' || e.type === 'failed')) wanted.delete(e.sandbox);
       pending.push(e);
       during?.push(e);
       schedule();
