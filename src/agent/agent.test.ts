@@ -391,6 +391,19 @@ describe('agent on the host', () => {
     await expect(pre.result).rejects.toMatchObject({ code: 'ABORTED' });
   });
 
+  it('takes a HELLO that came while this process was too busy to read it: no false timeout', async () => {
+    const pending = AgentClient.connect(agent.socketPath, { timeoutMs: 100 });
+    // hold the event loop well past the wait, as a daemon's pass over thousands of records or a
+    // loaded host does; the agent (another process) answers meanwhile
+    const until = Date.now() + 600;
+    while (Date.now() < until) {
+      /* busy */
+    }
+    const c = await pending;
+    expect(c.protocolVersion).toBe('1.4');
+    await c.close();
+  });
+
   it('kills the execs of a connection that closes', async () => {
     const c2 = await AgentClient.connect(agent.socketPath, { timeoutMs: 5000 });
     const h = c2.exec({ argv: ['sleep', '30'], env: ENV });

@@ -16,6 +16,7 @@ import {
   type Pending,
 } from './exec.js';
 import { greet, type ConnectOptions } from './handshake.js';
+import { type Deadline, deadline } from '../timing/deadline.js';
 import {
   encodeFilePut,
   encodeFrame,
@@ -188,9 +189,9 @@ export class AgentClient implements AsyncDisposable {
    */
   async setIdentity(identity: Identity, timeoutMs = 30_000): Promise<void> {
     this.requireMinor(3, "set a machine's identity");
-    let timer: NodeJS.Timeout | undefined;
+    let timer: Deadline | undefined;
     const late = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => {
+      timer = deadline(timeoutMs, () => {
         this.socket.destroy();
         reject(
           new SnaplabError(
@@ -199,12 +200,12 @@ export class AgentClient implements AsyncDisposable {
             "see the machine's console (`snaplab logs`)",
           ),
         );
-      }, timeoutMs);
+      });
     });
     try {
       await Promise.race([this.call(MsgType.IDENTITY, encodeIdentity(identity), MsgType.OK), late]);
     } finally {
-      clearTimeout(timer);
+      timer?.clear();
     }
   }
 

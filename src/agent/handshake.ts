@@ -5,6 +5,7 @@
 import { randomInt } from 'node:crypto';
 import { createConnection, type Socket } from 'node:net';
 import { SnaplabError } from '../errors.js';
+import { deadline } from '../timing/deadline.js';
 import { aborted } from './agent-errors.js';
 import {
   decodeError,
@@ -129,7 +130,7 @@ export function greet<T>(socketPath: string, opts: ConnectOptions, open: (g: Gre
     let done = false;
     const cleanup = (): void => {
       done = true;
-      clearTimeout(timer);
+      timer.clear();
       opts.signal?.removeEventListener('abort', onAbort);
       sock.off('data', onData);
       sock.off('error', onError);
@@ -174,15 +175,14 @@ export function greet<T>(socketPath: string, opts: ConnectOptions, open: (g: Gre
       const firstId = opts.reset ? (resetId >= 0xffffffff ? 1 : resetId + 1) : 1;
       resolve(open({ socket: sock, decoder, hello, firstId, rest: frames.slice(1) }));
     };
-    const timer = setTimeout(
-      () =>
-        fail(
-          new SnaplabError(
-            'TIMEOUT',
-            `agent at ${socketPath} did not answer${opts.reset ? ' RESET' : ''} within ${opts.timeoutMs} ms`,
-          ),
+    // a HELLO that arrived while this process was too busy to read it is not a timeout (timing/deadline.ts)
+    const timer = deadline(opts.timeoutMs, () =>
+      fail(
+        new SnaplabError(
+          'TIMEOUT',
+          `agent at ${socketPath} did not answer${opts.reset ? ' RESET' : ''} within ${opts.timeoutMs} ms`,
         ),
-      opts.timeoutMs,
+      ),
     );
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     sock.on('connect', onConnect);

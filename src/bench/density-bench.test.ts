@@ -1,4 +1,5 @@
-import { readFileSync, readdirSync } from 'node:fs';
+import { mkdirSync, readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { Writable } from 'node:stream';
 import { describe, expect, it } from 'vitest';
@@ -97,6 +98,32 @@ describe('snaplab bench --workload density (bounded)', () => {
     expect(homes()).toEqual(before);
     expect(daemons()).toEqual(running);
   });
+
+  it('a sample that fails is recorded with what it said, and the run goes on', async () => {
+    const before = homes();
+    // the daemon's socket path taken by a directory: every start of a daemon on the home fails
+    let home = '';
+    const { progress, lines } = sink((l) => {
+      home ||= /^… in (\S+) \(removed at the end\)/.exec(l)?.[1] ?? '';
+      if (/^… at 0: timing/.test(l)) mkdirSync(join(home, 'd.sock'));
+    });
+    const s = await densityBench({ counts: [0], samples: 2, concurrency: 1 }, progress);
+    const p = s.points[0]!;
+    expect(p.failures).toHaveLength(2);
+    expect(p.failures[0]).toMatchObject({
+      what: 'serve',
+      code: 'DAEMON_ERROR',
+      message: expect.stringContaining('d.sock'),
+    });
+    expect(p.ms.serve).toEqual({ p50: null, p95: null, samples: 0 });
+    // what did not fail is measured as always
+    for (const op of ['create', 'exec', 'gc', 'poolTake', 'cliCreate', 'cliLs'] as const)
+      expect(p.ms[op].samples).toBe(2);
+    expect(lines.join('\n')).toMatch(/a serve sample failed: \[DAEMON_ERROR\]/);
+    expect(lines.join('\n')).toMatch(/at 0: p50 ms create [\d.]+, .*serve -, .*; 2 sample\(s\) failed/);
+    expect(renderDensitySummary(s)).toMatch(/at 0: a serve sample failed: \[DAEMON_ERROR\]/);
+    expect(homes()).toEqual(before);
+  }, 120_000);
 
   it('--counts takes ascending whole numbers', () => {
     expect(parseCounts('0,1000,5000,10000')).toEqual([0, 1000, 5000, 10000]);

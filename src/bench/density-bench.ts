@@ -20,9 +20,19 @@ import { bestEffort, orElse } from '../cleanup.js';
 import { SnaplabError } from '../errors.js';
 import { Lab } from '../sdk/lab.js';
 import type { Progress } from './progress.js';
-import { DENSITY_POOL, FRONT_OPS, type FrontOp, cliOps, daemonOps, poolOps } from './density-fronts.js';
+import {
+  DENSITY_POOL,
+  FRONT_OPS,
+  type FrontOp,
+  type SampleFailure,
+  type Sampler,
+  cliOps,
+  daemonOps,
+  poolOps,
+} from './density-fronts.js';
 import { spawnLoop } from './baselines.js';
 import { pad } from './report-text.js';
+import { renderWaterfall } from '../timing/waterfall.js';
 import { percentile } from './stats.js';
 
 export interface DensityOptions {
@@ -35,8 +45,9 @@ export interface DensityOptions {
 }
 
 export interface OpFigures {
-  p50: number;
-  p95: number;
+  /** null when every sample of it failed (the failures say why) */
+  p50: number | null;
+  p95: number | null;
   samples: number;
 }
 
@@ -65,6 +76,8 @@ export interface DensityPoint {
     counters: Record<(typeof COUNTERS)[number], number>;
   } | null;
   ms: Record<LibraryOp | FrontOp, OpFigures>;
+  /** samples that failed: the run goes on (its other samples and counts are kept), each with what it said */
+  failures: SampleFailure[];
 }
 
 const LIBRARY_OPS = ['create', 'exec', 'snapshot', 'restore', 'list', 'rm', 'gc'] as const;
@@ -95,8 +108,11 @@ const round = (v: number, d = 2): number => Math.round(v * 10 ** d) / 10 ** d;
 const now = (): number => performance.now();
 
 function figures(xs: number[]): OpFigures {
+  if (xs.length === 0) return { p50: null, p95: null, samples: 0 };
   return { p50: round(percentile(xs, 50), 3), p95: round(percentile(xs, 95), 3), samples: xs.length };
 }
+
+const ms1 = (v: number | null): string => (v === null ? '-' : v.toFixed(1));
 
 function checkAbort(signal: AbortSignal | undefined): void {
   if (signal?.aborted)
@@ -141,7 +157,7 @@ async function fill(
     throw new SnaplabError(
       'INTERNAL',
       `the unshare baseline failed: ${floor.errors[0]}`,
-      'run it by hand: unshare ' + UNSHARE.join(' ') + ' true',
+      `run it by hand: unshare ${UNSHARE.join(' ')} true`,
     );
   return {
     made,
@@ -197,7 +213,7 @@ export function parseCounts(text: string): number[] {
 }
 
 /** `samples` of each operation, with `count` idle machines beside them. */
-async function libraryOps(lab: Lab, samples: number, signal?: AbortSignal): Promise<Record<LibraryOp, number[]>> {
+async function libraryOps(lab: Lab, samples: number, sample: Sampler): Promise<Record<LibraryOp, number[]>> {
   const t: Record<LibraryOp, number[]> = {
     create: [],
     exec: [],
@@ -207,26 +223,59 @@ async function libraryOps(lab: Lab, samples: number, signal?: AbortSignal): Prom
     rm: [],
     gc: [],
   };
-  const probe = await lab.create({ labels: { bench: 'density-probe' } });
+  const probe = await lab.create({ name: PROBE, labels: { bench: 'density-probe' } });
   try {
-    for (let i = 0; i < samples; i++) {
-      checkAbort(signal);
-      const box = await timed(t.create, () => lab.create({ labels: { bench: 'density-probe' } }));
-      await timed(t.rm, () => box.destroy());
-      const r = await timed(t.exec, () => probe.exec(['/bin/true']));
-      if (r.exitCode !== 0) throw new SnaplabError('INTERNAL', `/bin/true exited ${r.exitCode}`, 'see the probe');
-      const name = `density-${process.pid}-${i}`;
-      await timed(t.snapshot, () => probe.snapshot(name));
-      const back = await timed(t.restore, () => lab.restore(name));
-      await back.destroy();
-      await lab.removeSnapshot(name);
-      await timed(t.list, () => lab.list());
-      await timed(t.gc, () => lab.gc());
-    }
+    for (let i = 0; i < samples; i++)
+      await sample('library', async () => {
+        const box = await timed(t.create, () => lab.create({ labels: { bench: 'density-probe' } }));
+        await timed(t.rm, () => box.destroy());
+        const r = await timed(t.exec, () => probe.exec(['/bin/true']));
+        if (r.exitCode !== 0) throw new SnaplabError('INTERNAL', `/bin/true exited ${r.exitCode}`, 'see the probe');
+        const name = `density-${process.pid}-${i}`;
+        await timed(t.snapshot, () => probe.snapshot(name));
+        const back = await timed(t.restore, () => lab.restore(name));
+        await back.destroy();
+        await lab.removeSnapshot(name);
+        await timed(t.list, () => lab.list());
+        await timed(t.gc, () => lab.gc());
+      });
   } finally {
     await bestEffort('remove the probe', () => probe.destroy());
   }
   return t;
+}
+
+/** the library's probe: the machine exec and snapshot are timed on */
+export const PROBE = 'density-probe';
+
+/**
+ * Runs one sample; one that fails is told of at once and kept with what it said (its trace's
+ * phases, read while the bench's home is still there), and the run goes on: at 5 000 idle
+ * machines a single timeout must not lose a half-hour ladder. An abort still ends the run.
+ */
+function sampler(lab: Lab, failures: SampleFailure[], progress: Progress, signal?: AbortSignal): Sampler {
+  return async (what, f) => {
+    checkAbort(signal);
+    try {
+      await f();
+    } catch (e) {
+      if (signal?.aborted || (e instanceof SnaplabError && e.code === 'ABORTED')) throw e;
+      const err = e as SnaplabError & { operationId?: string };
+      const stored = err.operationId
+        ? await lab.trace(err.operationId).catch(orElse(undefined, 'read its trace'))
+        : undefined;
+      const failure: SampleFailure = {
+        what,
+        code: err.code ?? 'INTERNAL',
+        message: err.message,
+        ...(stored ? { trace: renderWaterfall(stored) } : {}),
+      };
+      failures.push(failure);
+      progress.note(
+        `a ${what} sample failed: [${failure.code}] ${failure.message}${failure.trace ? `\n${failure.trace}` : ''}`,
+      );
+    }
+  };
 }
 
 /** `samples` of each operation, library and fronts, with `count` idle machines beside them. */
@@ -235,15 +284,17 @@ async function operations(
   samples: number,
   progress: Progress,
   signal?: AbortSignal,
-): Promise<DensityPoint['ms']> {
-  const check = (): void => checkAbort(signal);
+): Promise<Pick<DensityPoint, 'ms' | 'failures'>> {
+  const failures: SampleFailure[] = [];
+  const sample = sampler(lab, failures, progress, signal);
   const t = {
-    ...(await libraryOps(lab, samples, signal)),
-    poolTake: await poolOps(lab, samples, check),
-    ...(await cliOps(lab.home, samples, check)),
-    ...(await daemonOps(lab.home, samples, check, (l) => progress.note(l))),
+    ...(await libraryOps(lab, samples, sample)),
+    poolTake: await poolOps(lab, samples, sample),
+    ...(await cliOps(lab.home, samples, sample)),
+    ...(await daemonOps(lab.home, samples, sample, (l) => progress.note(l))),
   };
-  return Object.fromEntries(Object.entries(t).map(([k, xs]) => [k, figures(xs)])) as DensityPoint['ms'];
+  const ms = Object.fromEntries(Object.entries(t).map(([k, xs]) => [k, figures(xs)])) as DensityPoint['ms'];
+  return { ms, failures };
 }
 
 /** Remove every machine and snapshot of the bench's home, `concurrency` at a time, then its home. */
@@ -281,6 +332,7 @@ export async function densityBench(
   const startedAt = new Date().toISOString();
   const lab = await Lab.open({ home: mkdtempSync(join(tmpdir(), 'snaplab-bench-density-')) });
   const points: DensityPoint[] = [];
+  progress.note(`in ${lab.home} (removed at the end)`);
   try {
     await (await lab.create()).destroy(); // image import, pool mount, the helper: once, untimed
     await lab.createPool({ name: DENSITY_POOL, image: 'busybox', size: 2, limits: {} });
@@ -292,8 +344,8 @@ export async function densityBench(
       running = count;
       const memory = await memoryAt(lab, base, count);
       progress.note(`at ${count}: timing ${o.samples} of each operation`);
-      const ms = await operations(lab, o.samples, progress, signal);
-      const point = { count, loadavg: loadavg().map((l) => round(l)), bulk, memory, ms };
+      const { ms, failures } = await operations(lab, o.samples, progress, signal);
+      const point = { count, loadavg: loadavg().map((l) => round(l)), bulk, memory, ms, failures };
       points.push(point);
       progress.note(pointLine(point));
     }
@@ -314,10 +366,11 @@ export async function densityBench(
 /** One count's figures on one line, as soon as they are measured: an interrupted run keeps them in its log. */
 const pointLine = (p: DensityPoint): string =>
   `at ${p.count}: p50 ms ${Object.entries(p.ms)
-    .map(([k, f]) => `${k} ${f.p50.toFixed(1)}`)
+    .map(([k, f]) => `${k} ${ms1(f.p50)}`)
     .join(', ')}` +
   (p.memory ? `; ${p.memory.perSandboxKiB} KiB per idle sandbox (its cgroup ${p.memory.cgroupKiB})` : '') +
   (p.bulk ? `; bulk ${p.bulk.perSecond}/s (unshare ${p.bulk.unsharePerSecond}/s)` : '') +
+  (p.failures.length ? `; ${p.failures.length} sample(s) failed` : '') +
   `; load ${p.loadavg.join(' ')}`;
 
 /** the fronts' columns: what each times */
@@ -338,7 +391,7 @@ export function renderDensitySummary(s: DensitySummary): string {
   const rows = (ops: readonly (LibraryOp | FrontOp)[]): string[][] =>
     s.points.map((p) => [
       String(p.count),
-      ...ops.map((k) => `${p.ms[k].p50.toFixed(1)} / ${p.ms[k].p95.toFixed(1)}`),
+      ...ops.map((k) => `${ms1(p.ms[k].p50)} / ${ms1(p.ms[k].p95)}`),
       p.loadavg[0]!.toFixed(2),
     ]);
   const memRows = s.points.map((p) => [
@@ -363,6 +416,9 @@ export function renderDensitySummary(s: DensitySummary): string {
         'meminfo KiB/sandbox',
       ],
       memRows,
+    ),
+    ...s.points.flatMap((p) =>
+      p.failures.map((f) => `at ${p.count}: a ${f.what} sample failed: [${f.code}] ${f.message}`),
     ),
   ].join('\n');
 }

@@ -26,6 +26,19 @@ export const snaplabCommand = (): string => join(packageRoot(), 'native', 'build
 /** the pool the bench keeps in its home (2 standbys), made once before the first count */
 export const DENSITY_POOL = 'density';
 
+/** a sample that failed, and what it said (density-bench.ts's sampler) */
+export interface SampleFailure {
+  /** the group of operations the sample was in: library, pool, cli, serve, api */
+  what: string;
+  code: string;
+  message: string;
+  /** its stored trace's phases, when it had one */
+  trace?: string;
+}
+
+/** Runs one sample of a group; one that fails is recorded and the run goes on (an abort ends it). */
+export type Sampler = (what: string, f: () => Promise<void>) => Promise<void>;
+
 export type CliOp = 'cliCreate' | 'cliRm' | 'cliLs' | 'cliLsJson';
 export type DaemonOp = 'serve' | 'apiPage' | 'apiList' | 'apiCreate' | 'apiEvent';
 export type FrontOp = CliOp | DaemonOp | 'poolTake';
@@ -71,31 +84,31 @@ async function timed<T>(xs: number[], f: () => Promise<T>): Promise<T> {
 }
 
 /** `samples` of each CLI command as a whole process (node's start included, as a user pays it). */
-export async function cliOps(home: string, samples: number, check: () => void): Promise<Record<CliOp, number[]>> {
+export async function cliOps(home: string, samples: number, sample: Sampler): Promise<Record<CliOp, number[]>> {
   const t: Record<CliOp, number[]> = { cliCreate: [], cliRm: [], cliLs: [], cliLsJson: [] };
-  for (let i = 0; i < samples; i++) {
-    check();
-    const made = JSON.parse(
-      await timed(t.cliCreate, () => cli(home, ['create', '--json', '--label', 'bench=density-probe'])),
-    ) as { name: string };
-    await timed(t.cliRm, () => cli(home, ['rm', made.name]));
-    await timed(t.cliLs, () => cli(home, ['ls']));
-    await timed(t.cliLsJson, () => cli(home, ['ls', '--json']));
-  }
+  for (let i = 0; i < samples; i++)
+    await sample('cli', async () => {
+      const made = JSON.parse(
+        await timed(t.cliCreate, () => cli(home, ['create', '--json', '--label', 'bench=density-probe'])),
+      ) as { name: string };
+      await timed(t.cliRm, () => cli(home, ['rm', made.name]));
+      await timed(t.cliLs, () => cli(home, ['ls']));
+      await timed(t.cliLsJson, () => cli(home, ['ls', '--json']));
+    });
   return t;
 }
 
 /** `samples` takes from the bench's pool of 2, each refilled (untimed) before the next. */
-export async function poolOps(lab: Lab, samples: number, check: () => void): Promise<number[]> {
+export async function poolOps(lab: Lab, samples: number, sample: Sampler): Promise<number[]> {
   const xs: number[] = [];
   const pool = lab.pool(DENSITY_POOL);
-  for (let i = 0; i < samples; i++) {
-    check();
-    await pool.fill();
-    const box = await timed(xs, () => lab.create({ pool: DENSITY_POOL, labels: { bench: 'density-probe' } }));
-    await box.destroy();
-  }
-  await pool.fill();
+  for (let i = 0; i < samples; i++)
+    await sample('pool', async () => {
+      await pool.fill();
+      const box = await timed(xs, () => lab.create({ pool: DENSITY_POOL, labels: { bench: 'density-probe' } }));
+      await box.destroy();
+    });
+  await sample('pool', () => pool.fill());
   return xs;
 }
 
@@ -181,29 +194,28 @@ function readyEvents(res: Readable): { see(name: string): Promise<number> } {
 export async function daemonOps(
   home: string,
   samples: number,
-  check: () => void,
+  sample: Sampler,
   note: (line: string) => void,
 ): Promise<Record<DaemonOp, number[]>> {
   const t: Record<DaemonOp, number[]> = { serve: [], apiPage: [], apiList: [], apiCreate: [], apiEvent: [] };
   const socket = join(home, 'd.sock');
-  for (let i = 0; i < samples; i++) {
-    check();
-    const t0 = now();
-    const child = await startDaemon(home, socket);
-    const remote = new RemoteLab({ url: `unix:${socket}` });
-    const events = new AbortController();
-    try {
-      await remote.health();
-      t.serve.push(now() - t0);
-      note(`a daemon on the bench home answers, every machine adopted, in ${Math.round(now() - t0)} ms`);
-      if (i < samples - 1) continue;
-      await apiOps(remote, samples, t, events.signal, check);
-    } finally {
-      events.abort();
-      remote.close();
-      await bestEffort('stop the bench daemon', () => stopDaemon(child));
-    }
-  }
+  for (let i = 0; i < samples; i++)
+    await sample('serve', async () => {
+      const t0 = now();
+      const child = await startDaemon(home, socket);
+      const remote = new RemoteLab({ url: `unix:${socket}` });
+      const events = new AbortController();
+      try {
+        await remote.health();
+        t.serve.push(now() - t0);
+        note(`a daemon on the bench home answers, every machine adopted, in ${Math.round(now() - t0)} ms`);
+        if (i === samples - 1) await apiOps(remote, samples, t, events.signal, sample);
+      } finally {
+        events.abort();
+        remote.close();
+        await bestEffort('stop the bench daemon', () => stopDaemon(child));
+      }
+    });
   return t;
 }
 
@@ -212,20 +224,20 @@ async function apiOps(
   samples: number,
   t: Record<DaemonOp, number[]>,
   signal: AbortSignal,
-  check: () => void,
+  sample: Sampler,
 ): Promise<void> {
   const stream = await remote.transport.stream('GET', '/events', { signal });
   stream.on('error', noted("read the bench daemon's events", 'ABORT_ERR', 'ECONNRESET')); // ended by the abort
   const ready = readyEvents(stream);
-  for (let i = 0; i < samples; i++) {
-    check();
-    await timed(t.apiPage, () => remote.list({ limit: 100 }));
-    await timed(t.apiList, () => remote.list());
-    const name = `density-api-${process.pid}-${i}`;
-    const t0 = now();
-    const box = await remote.create({ name, labels: { bench: 'density-probe' } });
-    t.apiCreate.push(now() - t0);
-    t.apiEvent.push((await ready.see(name)) - t0);
-    await box.destroy();
-  }
+  for (let i = 0; i < samples; i++)
+    await sample('api', async () => {
+      await timed(t.apiPage, () => remote.list({ limit: 100 }));
+      await timed(t.apiList, () => remote.list());
+      const name = `density-api-${process.pid}-${i}`;
+      const t0 = now();
+      const box = await remote.create({ name, labels: { bench: 'density-probe' } });
+      t.apiCreate.push(now() - t0);
+      t.apiEvent.push((await ready.see(name)) - t0);
+      await box.destroy();
+    });
 }

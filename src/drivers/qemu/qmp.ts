@@ -1,6 +1,7 @@
 import { createConnection, type Socket } from 'node:net';
 import { SnaplabError } from '../../errors.js';
 import type { Trace } from '../../timing/trace.js';
+import { deadline } from '../../timing/deadline.js';
 
 interface Pending {
   resolve(v: unknown): void;
@@ -69,9 +70,9 @@ export class QmpClient {
   private greeting(timeoutMs: number): Promise<void> {
     if (this.greetingSeen) return Promise.resolve();
     return new Promise((resolve, reject) => {
-      const t = setTimeout(() => reject(new Error('no QMP greeting')), timeoutMs);
+      const t = deadline(timeoutMs, () => reject(new Error('no QMP greeting')));
       this.greetingWaiters.push(() => {
-        clearTimeout(t);
+        t.clear();
         resolve();
       });
     });

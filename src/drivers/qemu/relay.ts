@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { agentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
+import { deadline } from '../../timing/deadline.js';
 import { logTail, vmFiles } from './launch.js';
 import { orElse } from '../../cleanup.js';
 
@@ -53,21 +54,19 @@ export async function startRelay(
   const ready = child.stdio[3] as Readable;
   try {
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(
-        () =>
-          reject(
-            new SnaplabError(
-              'TIMEOUT',
-              `the VM's agent did not answer within ${timeoutMs} ms`,
-              'see the guest console in the error, or raise the memory (--memory)',
-            ),
+      const timer = deadline(timeoutMs, () =>
+        reject(
+          new SnaplabError(
+            'TIMEOUT',
+            `the VM's agent did not answer within ${timeoutMs} ms`,
+            'see the guest console in the error, or raise the memory (--memory)',
           ),
-        timeoutMs,
+        ),
       );
       // an abort ends the wait at once: the caller's destroy kills QEMU, this relay is killed below
       const aborted = (): void => done(signal?.reason as Error);
       const done = (e?: Error): void => {
-        clearTimeout(timer);
+        timer.clear();
         signal?.removeEventListener('abort', aborted);
         if (e) reject(e);
         else resolve();
