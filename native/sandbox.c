@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -239,6 +240,71 @@ static int harden_fail(const char *what, const char *path)
 	return -1;
 }
 
+/*
+ * The masked directories of /proc, all bound from one empty directory that is then removed: a
+ * directory made in /dev's tmpfs (a superblock the machine has anyway), bound read-only over each
+ * and deleted, so the binds hold a directory the kernel lets nothing be created in (a removed
+ * directory takes no new entry, read-only or not). A tmpfs per mask, as before, cost a superblock
+ * each, and every superblock a shrinker id that each memory cgroup on the host pays for
+ * (docs/architecture.md "Density").
+ */
+#define MASK_SOURCE "/dev/.snaplab-masked"
+
+static int mask_dirs(const char *const *dirs, size_t n)
+{
+	const unsigned long ro_flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	int made = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (access(dirs[i], F_OK) < 0)
+			continue;
+		if (!made && mkdir(MASK_SOURCE, 0555) < 0 && errno != EEXIST)
+			return harden_fail("mkdir", MASK_SOURCE);
+		made = 1;
+		if (mount(MASK_SOURCE, dirs[i], NULL, MS_BIND, NULL) < 0)
+			return harden_fail("mask", dirs[i]);
+		if (remount_keeping(dirs[i], ro_flags) < 0)
+			return harden_fail("remount read-only", dirs[i]);
+	}
+	if (made && rmdir(MASK_SOURCE) < 0)
+		return harden_fail("rmdir", MASK_SOURCE);
+	return 0;
+}
+
+/*
+ * A sandbox's /dev/shm: the directory bwrap makes in /dev's tmpfs (mode 1777, as on any Linux),
+ * bound over itself so that it stays writable when /dev goes read-only, and that tmpfs capped at
+ * SHM_BYTES, the size Docker and E2B give /dev/shm (/dev holds nothing else that takes pages:
+ * empty files the host's devices are bound on, directories, symlinks). A tmpfs of its own, as
+ * before, cost a superblock (see mask_dirs). Its pages are charged to the sandbox's memory cgroup
+ * as before, so its memory limit bounds it too. A /dev/shm that is already a mount is left as it is.
+ */
+#define SHM_BYTES "64m"
+
+static int shm_in_dev(void)
+{
+	struct stat dev, shm;
+	if (stat("/dev", &dev) < 0 || stat("/dev/shm", &shm) < 0)
+		return harden_fail("stat", "/dev/shm");
+	if (dev.st_dev != shm.st_dev)
+		return 0;
+	if (chmod("/dev/shm", 01777) < 0)
+		return harden_fail("chmod", "/dev/shm");
+	if (mount("/dev/shm", "/dev/shm", NULL, MS_BIND, NULL) < 0)
+		return harden_fail("bind", "/dev/shm");
+	if (remount_keeping("/dev/shm", MS_NOSUID | MS_NODEV) < 0)
+		return harden_fail("remount", "/dev/shm");
+	/* the superblock's size alone (fspick: no mount flag changes with it) */
+	int fs = (int)syscall(SYS_fspick, AT_FDCWD, "/dev", FSPICK_CLOEXEC);
+	int rc = fs < 0 ? -1 : (int)syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "size", SHM_BYTES, 0);
+	if (rc == 0)
+		rc = (int)syscall(SYS_fsconfig, fs, FSCONFIG_CMD_RECONFIGURE, NULL, NULL, 0);
+	int e = errno;
+	if (fs >= 0)
+		close(fs);
+	errno = e;
+	return rc < 0 ? harden_fail("cap the size of", "/dev (and /dev/shm in it)") : 0;
+}
+
 int harden_proc(int dev_readonly)
 {
 	static const char *const ro[] = { "/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq" };
@@ -263,12 +329,10 @@ int harden_proc(int dev_readonly)
 		if (remount_keeping(masked_files[i], MS_RDONLY) < 0)
 			return harden_fail("remount read-only", masked_files[i]);
 	}
-	for (size_t i = 0; i < sizeof masked_dirs / sizeof *masked_dirs; i++) {
-		if (access(masked_dirs[i], F_OK) < 0)
-			continue;
-		if (mount("tmpfs", masked_dirs[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0") < 0)
-			return harden_fail("mask", masked_dirs[i]);
-	}
+	if (mask_dirs(masked_dirs, sizeof masked_dirs / sizeof *masked_dirs) < 0)
+		return -1;
+	if (dev_readonly && shm_in_dev() < 0)
+		return -1;
 	/* The device nodes bwrap binds are the host's own inodes: read-only mounts (devices stay
 	 * usable: a read-only mount does not stop writes to a character device) so that chmod or chown
 	 * inside cannot change the host's /dev/null. Then /dev itself read-only, so that nothing can be

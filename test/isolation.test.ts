@@ -1,6 +1,7 @@
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SANDBOX_CAPABILITIES } from '../src/drivers/namespaces/capabilities.js';
+import { SANDBOX_SUPERBLOCKS } from '../src/host/shrinkers.js';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
@@ -98,6 +99,61 @@ describe('isolation', () => {
     expect(unshare.code).not.toBe(0);
     expect(unshare.err).toMatch(/Operation not permitted|not permitted/i);
   });
+});
+
+/** A mount table's rows: superblock (major:minor), mount point, options, filesystem type. */
+const mounts = (text: string): { dev: string; at: string; opts: string; fstype: string }[] =>
+  text
+    .split('\n')
+    .filter((l) => l.includes(' - '))
+    .map((l) => {
+      const [head = '', tail = ''] = l.split(' - ');
+      const f = head.split(' ');
+      return { dev: f[2]!, at: f[4]!, opts: f[5]!, fstype: tail.split(' ')[0]! };
+    });
+
+describe('superblocks (docs/architecture.md "Density")', () => {
+  it("holds five of its own: /dev/shm and the /proc masks live in /dev's tmpfs", async () => {
+    // each superblock costs every memory cgroup on the host a slot in its shrinker map, up to the
+    // host's peak: a tmpfs each for /dev/shm and the masks made it 7
+    const host = new Set(mounts(readFileSync('/proc/self/mountinfo', 'utf8')).map((m) => m.dev));
+    const inside = mounts((await sh('cat /proc/self/mountinfo')).out);
+    // the root is the storage's (the host's btrfs pool or directory here); everything else that is
+    // not on a host superblock is the sandbox's own
+    const own = new Map(inside.filter((m) => m.at !== '/' && !host.has(m.dev)).map((m) => [m.dev, m.fstype]));
+    expect([...own.values()].sort()).toEqual(['devpts', 'mqueue', 'proc', 'tmpfs', 'tmpfs']);
+    expect(own.size).toBe(SANDBOX_SUPERBLOCKS);
+    const at = (path: string) => inside.filter((m) => m.at === path).at(-1)!;
+    expect(at('/dev/shm').dev).toBe(at('/dev').dev);
+    expect(at('/run').dev).not.toBe(at('/dev').dev);
+  });
+
+  it('/dev/shm is a writable directory of /dev, mode 1777, capped at 64 MiB; /dev stays read-only', async () => {
+    expect((await sh('stat -c %a /dev/shm; stat -f -c "%b %S" /dev/shm')).out).toBe('1777\n16384 4096');
+    const full = await sh('dd if=/dev/zero of=/dev/shm/big bs=1M count=65 2>&1; r=$?; rm -f /dev/shm/big; exit $r');
+    expect(full.code).not.toBe(0);
+    expect(full.out).toMatch(/No space left on device/);
+    expect((await sh('echo x > /dev/shm/a && cat /dev/shm/a')).out).toBe('x');
+    // the one superblock does not open /dev: no link, rename or path through /dev/shm reaches it
+    expect((await sh('ln /dev/shm/a /dev/a')).code).not.toBe(0);
+    expect((await sh('mv /dev/shm/a /dev/a')).code).not.toBe(0);
+    expect((await sh('touch /dev/shm/../extra')).code).not.toBe(0);
+    expect((await sh('rm /dev/shm/a; ls -A /dev | grep -c -e "^a$" -e extra -e snaplab')).out).toBe('0');
+    expect((await sh('mount -o remount,rw /dev')).code).not.toBe(0);
+  });
+
+  it.runIf(existsSync('/proc/acpi'))(
+    'the /proc masks still hold: empty, read-only, nothing can be made in them',
+    async () => {
+      expect((await sh('ls -A /proc/acpi | wc -l')).out).toBe('0');
+      expect((await sh('touch /proc/acpi/x')).code).not.toBe(0);
+      expect((await sh('mkdir /proc/acpi/d')).code).not.toBe(0);
+      expect((await sh('mount -o remount,rw /proc/acpi')).code).not.toBe(0);
+      expect((await sh('umount /proc/acpi')).code).not.toBe(0);
+      expect((await sh('grep " /proc/acpi " /proc/self/mountinfo')).out).toMatch(/ \/proc\/acpi ro,/);
+      expect((await sh('wc -c < /proc/keys')).out).toBe('0'); // a file mask: /dev/null, as before
+    },
+  );
 });
 
 describe('limits', () => {

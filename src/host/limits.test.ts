@@ -1,6 +1,29 @@
 import { describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
-import { HOST_LIMITS, hostLimits, hostLimitsVerdict, MEMCG_ID_MAX, memoryCgroups, readSysctl } from './limits.js';
+import {
+  HOST_LIMITS,
+  hostLimits,
+  hostLimitsVerdict,
+  IDLE_SANDBOX_BYTES,
+  MEMCG_ID_MAX,
+  memoryCgroups,
+  memoryRoom,
+  readSysctl,
+  sandboxBytesAt,
+} from './limits.js';
+import {
+  KERNEL_SHRINKERS,
+  possibleNodes,
+  SANDBOX_SUPERBLOCKS,
+  shrinkerBytesAt,
+  shrinkerIdsAt,
+  shrinkerMapBytes,
+  superblocksMounted,
+} from './shrinkers.js';
+
+/** A host with 40 superblocks in its mount table, one NUMA node, Linux 6.18 (as this one, but fixed). */
+const HOST = { mounted: 40, nodes: 1, kernel: '6.18.44' };
+const gib = 2 ** 30;
 
 describe('host limits (doctor)', () => {
   it("reads this host's limits and says how many idle sandboxes each allows", () => {
@@ -15,31 +38,78 @@ describe('host limits (doctor)', () => {
     expect(memcgs).toBeGreaterThan(0);
     expect(v.reason).toContain(`(${memcgs.toLocaleString('en-US')} of 65,535 taken`);
     expect(readFileSync('/proc/cgroups', 'utf8')).toMatch(new RegExp(`^memory\\s+\\d+\\s+${memcgs}\\s`, 'm'));
+    // memory's room counts this host's superblocks (its mount table changes as other tests mount)
+    expect(superblocksMounted()).toBeGreaterThan(3);
+    expect(v.reason).toMatch(
+      /by \S+.*memory [\d,]+ \(at [\d,]+ KiB each there: 512 of its own and [\d,]+ of shrinker maps/,
+    );
+    expect(v.reason).toMatch(/, \d+ in the host's mount table, 32 the kernel's and 5 per sandbox/);
   });
 
   it('says the ceiling and what sets it, memory cgroup ids included (no sysctl raises those)', () => {
-    const gib = 2 ** 30;
     const high = { 'kernel.pid_max': 4194304, 'kernel.threads-max': 4194304 };
-    expect(hostLimitsVerdict(high, 24 * gib, 500, 100).reason).toMatch(/allows: 32,768, by memory \(/);
-    // 256 GiB: memory allows 349 525, the memory cgroup ids 65 435: the ceiling, not a failure
-    const big = hostLimitsVerdict(high, 256 * gib, 500, 100);
+    // 24 GiB: 14 910 sandboxes, each 512 KiB of its own and the maps of 74 622 shrinker ids (1 175 KiB)
+    expect(hostLimitsVerdict(high, 24 * gib, 500, 100, HOST).reason).toMatch(
+      /allows: 14,910, by memory \(memory 14,910 \(at 1,687 KiB each there: 512 of its own and 1,175 of shrinker maps for ~74,622 superblocks, 40 in the host's mount table/,
+    );
+    // 256 GiB: memory allows 55 217, the memory cgroup ids 65 435: the uid ranges are the ceiling, not a failure
+    const big = hostLimitsVerdict(high, 256 * gib, 500, 100, HOST);
     expect(big).toMatchObject({ ok: true, reason: expect.stringMatching(/allows: 35,336, by uid ranges of 65536/) });
-    const dying = hostLimitsVerdict(high, 256 * gib, 500, MEMCG_ID_MAX - 20_000);
+    expect(big.reason).toMatch(/memory 55,217 /);
+    const dying = hostLimitsVerdict(high, 256 * gib, 500, MEMCG_ID_MAX - 20_000, HOST);
     expect(dying.reason).toMatch(/allows: 20,000, by memory cgroup ids \(.*45,535 of 65,535 taken/);
     expect(memoryCgroups('#subsys_name\thierarchy\tnum_cgroups\tenabled\nmemory\t0\t42\t1\n')).toBe(42);
     expect(memoryCgroups('#subsys_name\thierarchy\tnum_cgroups\tenabled\npids\t0\t42\t1\n')).toBeUndefined();
   });
 
   it('says which limit stops creates before memory does, with the sysctl that raises it', () => {
-    const gib = 2 ** 30;
-    const low = { 'kernel.pid_max': 32768, 'kernel.threads-max': 192738 };
-    // 24 GiB: 32 768 by memory; pid_max 32768 less 500 running allows 32 268
-    const v = hostLimitsVerdict(low, 24 * gib, 500);
-    expect(v).toMatchObject({ ok: false, reason: expect.stringMatching(/kernel\.pid_max=32768 32,268/) });
+    const low = { 'kernel.pid_max': 8192, 'kernel.threads-max': 192738 };
+    // 24 GiB: 14 910 by memory; pid_max 8192 less 500 running allows 7 692
+    const v = hostLimitsVerdict(low, 24 * gib, 500, undefined, HOST);
+    expect(v).toMatchObject({ ok: false, reason: expect.stringMatching(/kernel\.pid_max=8192 7,692/) });
     expect(v.fix).toMatch(/^sysctl -w kernel\.pid_max=4194304 /);
     expect(v.fix).not.toMatch(/threads-max/);
-    expect(hostLimitsVerdict({ ...low, 'kernel.pid_max': 4194304 }, 24 * gib, 500).ok).toBe(true);
-    expect(hostLimitsVerdict(low, 8 * gib, 500).ok).toBe(true); // memory is the lower bound there
+    expect(hostLimitsVerdict({ ...low, 'kernel.pid_max': 4194304 }, 24 * gib, 500, undefined, HOST).ok).toBe(true);
+    // 8 GiB: memory allows 7 563, the lower bound there
+    expect(hostLimitsVerdict(low, 8 * gib, 500, undefined, HOST)).toMatchObject({
+      ok: true,
+      reason: expect.stringMatching(/allows: 7,563, by memory/),
+    });
     expect(HOST_LIMITS.every((l) => l.raiseTo > 0 && l.why.length > 0)).toBe(true);
+  });
+
+  it("counts the shrinker maps every memory cgroup holds for the host's peak of superblocks", () => {
+    // Linux 6.7+: 64 ids a unit, a kmalloc-1k object and a pointer each, per node; 50 000 ids is
+    // ~788 KiB (a memory cgroup made on this host after a climb to 7 700 sandboxes of 7 superblocks
+    // each took ~767 KB of kmalloc-1k: docs/benchmarks.md "A quiet ladder to 3000")
+    expect(shrinkerMapBytes(50_000, 1, '6.18.44')).toBe(24 + 782 * 1032);
+    expect(shrinkerMapBytes(50_000, 2, '6.7.0')).toBe(2 * (24 + 782 * 1032));
+    // before 6.7: one allocation a node (8 bytes and a bit an id), rounded up to a power of two
+    expect(shrinkerMapBytes(50_000, 1, '6.1.0-27-amd64')).toBe(512 * 1024);
+    expect(shrinkerMapBytes(100, 1, '5.10.0')).toBe(1024);
+    // what a host of N sandboxes counts: its mount table, the kernel's own, 5 per sandbox
+    expect(SANDBOX_SUPERBLOCKS).toBe(5);
+    expect(shrinkerIdsAt(HOST, 10_000)).toBe(40 + KERNEL_SHRINKERS + 50_000);
+    expect(sandboxBytesAt(HOST, 10_000)).toBe(IDLE_SANDBOX_BYTES + shrinkerBytesAt(HOST, 10_000));
+    // quadratic over a host: per sandbox ~0.58 MiB at 1000, ~1.3 MiB at 10 000
+    expect(Math.round(sandboxBytesAt(HOST, 1000) / 1024)).toBe(512 + 81);
+    expect(Math.round(sandboxBytesAt(HOST, 10_000) / 1024)).toBe(512 + 789);
+    // the room is the largest count whose sandboxes all fit
+    const room = memoryRoom(24 * gib, HOST);
+    expect(room * sandboxBytesAt(HOST, room)).toBeLessThanOrEqual(24 * gib);
+    expect((room + 1) * sandboxBytesAt(HOST, room + 1)).toBeGreaterThan(24 * gib);
+    // the mount table's superblocks: one per major:minor, binds and subvolumes of one counted once
+    const mountinfo = [
+      '22 1 254:0 / / rw - ext4 /dev/vda rw',
+      '23 22 0:20 / /proc rw - proc proc rw',
+      '24 22 254:0 /srv /srv rw - ext4 /dev/vda rw',
+      '25 22 0:39 / /pool rw - btrfs /dev/loop0 rw',
+      '26 22 0:39 /sub /pool/sub rw - btrfs /dev/loop0 rw',
+      '',
+    ].join('\n');
+    expect(superblocksMounted(mountinfo)).toBe(3);
+    expect(possibleNodes('0\n')).toBe(1);
+    expect(possibleNodes('0-3,6\n')).toBe(5);
+    expect(possibleNodes()).toBeGreaterThanOrEqual(1);
   });
 });

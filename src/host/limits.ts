@@ -1,5 +1,13 @@
 import { readFileSync } from 'node:fs';
 import type { Availability } from './probe-types.js';
+import {
+  KERNEL_SHRINKERS,
+  SANDBOX_SUPERBLOCKS,
+  type ShrinkerHost,
+  shrinkerBytesAt,
+  shrinkerHost,
+  shrinkerIdsAt,
+} from './shrinkers.js';
 import { USERNS_MIN_SIZE, USERNS_SIZE, USERNS_SLOTS } from './userns/id-ranges.js';
 
 /**
@@ -21,10 +29,32 @@ export const HOST_LIMITS: readonly { sysctl: string; perSandbox: number; raiseTo
 ];
 
 /**
- * What an idle busybox sandbox holds of the host's memory: ~725 KiB of kernel and process memory
- * at 1000 idle ones (docs/benchmarks.md "Density"), rounded up.
+ * What an idle busybox sandbox holds of the host's memory besides its memory cgroup's shrinker maps
+ * (shrinkers.ts, added by count): 400–560 KiB of kernel and process memory measured at 200–1000
+ * idle ones on a host whose peak was then a few thousand sandboxes, so that up to ~200 KiB of those
+ * figures was already the maps (docs/benchmarks.md "Density"); rounded up.
  */
-export const IDLE_SANDBOX_BYTES = 0.75 * 2 ** 20;
+export const IDLE_SANDBOX_BYTES = 0.5 * 2 ** 20;
+
+/** What one idle sandbox holds on a host holding `count`: its own memory and its shrinker maps. */
+export function sandboxBytesAt(host: ShrinkerHost, count: number): number {
+  return IDLE_SANDBOX_BYTES + shrinkerBytesAt(host, count);
+}
+
+/**
+ * How many idle sandboxes `memBytes` holds, each paying for the shrinker ids of all of them
+ * (sandboxBytesAt grows with the count: the largest count that fits, by bisection).
+ */
+export function memoryRoom(memBytes: number, host: ShrinkerHost): number {
+  let lo = 0;
+  let hi = Math.floor(memBytes / IDLE_SANDBOX_BYTES) + 1;
+  while (hi - lo > 1) {
+    const mid = Math.floor((lo + hi) / 2);
+    if (mid * sandboxBytesAt(host, mid) <= memBytes) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
 
 /**
  * Memory cgroup ids: the kernel numbers every memory cgroup in 16 bits (MEM_CGROUP_ID_MAX), on
@@ -52,6 +82,19 @@ export function readSysctl(name: string): number | undefined {
 
 const n = (x: number): string => Math.floor(x).toLocaleString('en-US');
 
+const inKiB = (bytes: number): string => n(bytes / 1024);
+
+/** The memory room, with what each sandbox holds there and the shrinker ids it is paid for. */
+function memoryPart(memory: number, host: ShrinkerHost): string {
+  const maps = shrinkerBytesAt(host, memory);
+  const ids = shrinkerIdsAt(host, memory);
+  return (
+    `memory ${n(memory)} (at ${inKiB(IDLE_SANDBOX_BYTES + maps)} KiB each there: ${inKiB(IDLE_SANDBOX_BYTES)} of its own ` +
+    `and ${inKiB(maps)} of shrinker maps for ~${n(ids)} superblocks, ${n(host.mounted)} in the host's mount table, ` +
+    `${KERNEL_SHRINKERS} the kernel's and ${SANDBOX_SUPERBLOCKS} per sandbox; a host that held more since boot pays more)`
+  );
+}
+
 /**
  * How many idle sandboxes each limit allows beside `used` processes already running, against what
  * memory allows (`memBytes`): ok while every limit allows at least that many, else the limits that
@@ -62,9 +105,10 @@ export function hostLimitsVerdict(
   memBytes: number,
   used: number,
   memcgs?: number,
+  shrinkers: ShrinkerHost = shrinkerHost(),
 ): Availability {
-  const memory = Math.floor(memBytes / IDLE_SANDBOX_BYTES);
-  const parts: string[] = [`memory ${n(memory)} (at ${IDLE_SANDBOX_BYTES / 2 ** 20} MiB each)`];
+  const memory = memoryRoom(memBytes, shrinkers);
+  const parts: string[] = [memoryPart(memory, shrinkers)];
   const short: string[] = [];
   const rooms: [string, number][] = [['memory', memory]];
   for (const l of HOST_LIMITS) {

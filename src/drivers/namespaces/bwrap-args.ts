@@ -53,15 +53,18 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '/',
     '--proc',
     '/proc',
+    // a tmpfs with the host's harmless devices bound in, a devpts instance of its own, and /dev/shm,
+    // a directory of that tmpfs: the agent binds it over itself (writable, mode 1777) before it makes
+    // /dev read-only, and caps the tmpfs at 64 MiB (shm_in_dev, native/sandbox.c). Not a tmpfs of its
+    // own: every superblock costs each memory cgroup on the host (SANDBOX_SUPERBLOCKS, host/limits.ts)
     '--dev',
     '/dev',
-    // /dev/shm as a mount of its own, so that /dev itself can be read-only (below)
-    '--tmpfs',
-    '/dev/shm',
-    // POSIX message queues of the sandbox's IPC namespace, visible so that a pool can check none is left
+    // POSIX message queues of the sandbox's IPC namespace, visible so that a pool can check none is
+    // left (no superblock added: the kernel makes the namespace's mqueue instance with it)
     '--mqueue',
     '/dev/mqueue',
-    // (the agent makes the device nodes and /dev itself read-only: see harden in native/sandbox.c)
+    // (the agent makes the device nodes and /dev itself read-only, and masks /proc: harden_proc in
+    // native/sandbox.c)
     // /run is a tmpfs, as on a booted machine: nothing of snaplab's lands in the root filesystem
     '--tmpfs',
     '/run',
