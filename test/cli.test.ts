@@ -148,7 +148,7 @@ describe('snaplab CLI', () => {
     expect(snaplab(['ls']).out).not.toMatch(/st1.*NO USER NAMESPACE/);
     expect(snaplab(['exec', 'st1', '--', 'true'])).toMatchObject({
       code: 125,
-      err: expect.stringMatching(/SANDBOX_DEAD.*is stopped[\s\S]*hint: snapshot it/),
+      err: expect.stringMatching(/SANDBOX_STOPPED.*is stopped[\s\S]*hint: start it again/),
     });
     expect(snaplab(['snapshot', 'st1', '--name', 'st1-snap']).code).toBe(0);
     expect(snaplab(['restore', 'st1-snap', '--name', 'st2']).code).toBe(0);

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { keyValues } from '../lab/io/exec.js';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
-import { addTraceOption, showTrace, withApi, withLab, type CommonOptions } from './common.js';
+import { addTraceOption, showTrace, withApi, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import { nextCursor } from '../sdk/paging.js';
@@ -222,27 +222,33 @@ function registerPauseResume(program: Command): void {
   }
 }
 
-/** ls, rm, pause and resume: the Lab API's, so also through a daemon (SNAPLAB_HOST). */
+/** ls, rm, pause, resume, stop and start: the Lab API's, so also through a daemon (SNAPLAB_HOST). */
 export function registerLifecycle(program: Command): void {
   registerLs(program);
   registerRm(program);
   registerPauseResume(program);
+  registerStopStart(program);
 }
 
-/** stop runs on the embedded lab (a daemon has no route for it yet). */
-export function registerStop(program: Command): void {
-  const stop = program
-    .command('stop <sandboxes...>')
-    .description(
-      'stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then snapshot or rm',
-    )
-    .option('--json', 'print JSON');
-  addTraceOption(stop);
-  stop.action((names: string[], o: CommonOptions) =>
-    withLab(o, async (lab) => {
-      for (const n of names) showTrace(o, await (await lab.get(n)).stop());
-      if (o.json) printJson({ stopped: names });
-      else process.stdout.write(`stopped ${names.join(', ')}\n`);
-    }),
-  );
+/** stop and start: the Lab API's too (a daemon's POST /sandboxes/{id}/stop and /start). */
+function registerStopStart(program: Command): void {
+  const about = {
+    stop: 'stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then start, snapshot or rm',
+    start: 'raise stopped machines again on their filesystems, under the same ids: a fresh boot (new processes)',
+  };
+  for (const verb of ['stop', 'start'] as const) {
+    const cmd = program.command(`${verb} <sandboxes...>`).description(about[verb]).option('--json', 'print JSON');
+    addTraceOption(cmd);
+    cmd.action((names: string[], o: CommonOptions) =>
+      withApi(o, async (lab) => {
+        for (const n of names) {
+          const b = await lab.get(n);
+          showTrace(o, verb === 'stop' ? await b.stop() : await b.start());
+        }
+        const done = verb === 'stop' ? 'stopped' : 'started';
+        if (o.json) printJson({ [done]: names });
+        else process.stdout.write(`${done} ${names.join(', ')}\n`);
+      }),
+    );
+  }
 }

@@ -122,6 +122,9 @@ export class RemoteSandbox implements SandboxApi {
   get metadata(): Record<string, string> {
     return this.v.metadata;
   }
+  get stopped(): boolean {
+    return this.v.stopped === true;
+  }
   get reason(): string | null {
     return (this.v.reason as string | null | undefined) ?? null;
   }
@@ -345,6 +348,16 @@ export class RemoteSandbox implements SandboxApi {
 
   async resume(): Promise<undefined> {
     this.v = await this.http.json<View>('POST', this.path('/resume'));
+    return undefined;
+  }
+
+  async stop(): Promise<undefined> {
+    this.v = await this.http.json<View>('POST', this.path('/stop'));
+    return undefined;
+  }
+
+  async start(): Promise<undefined> {
+    this.v = await this.http.json<View>('POST', this.path('/start'));
     return undefined;
   }
 

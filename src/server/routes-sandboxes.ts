@@ -1,5 +1,5 @@
 /**
- * A sandbox's own calls: pause, resume, timeout, labels, snapshots, one-shot exec (its create, get,
+ * A sandbox's own calls: pause, resume, stop, start, timeout, labels, snapshots, one-shot exec (its create, get,
  * list and destroy are routes-shared.ts's). A daemon serves them; a gateway passes them to the
  * sandbox's node (sandbox-calls.ts).
  */
@@ -22,8 +22,42 @@ const tags = ['sandboxes'];
 
 export async function sandboxRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
   controlRoutes(app, s);
+  stopStartRoutes(app, s);
   usageRoute(app, s);
   execAndSnapshotRoutes(app, s);
+}
+
+/** Stop (its filesystem kept) and start again (a fresh boot on it, under the same id). */
+function stopStartRoutes(app: FastifyInstance, s: SandboxCalls): void {
+  app.post(
+    '/sandboxes/:id/stop',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary:
+          'Halt every process and keep its filesystem, user namespace range and address (its timeout clock stops); 409 SANDBOX_STOPPED when it is stopped already',
+        params: IdParams,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    servedBy(s, (d) => async (req) => d.view(await d.stopSandbox((req.params as { id: string }).id, req.caller))),
+  );
+
+  app.post(
+    '/sandboxes/:id/start',
+    {
+      config: { scope: 'exec' },
+      schema: {
+        tags,
+        summary:
+          'Raise a stopped sandbox again on its volume under the same id: new processes, the files it had (its timeout starts again); 409 SANDBOX_RUNNING when it runs or is paused',
+        params: IdParams,
+        response: { 200: SandboxView, ...errors },
+      },
+    },
+    servedBy(s, (d) => async (req) => d.view(await d.startSandbox((req.params as { id: string }).id, req.caller))),
+  );
 }
 
 /** One sandbox's use now (the Lab API's `sandbox.usage()`). */
