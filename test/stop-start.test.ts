@@ -160,6 +160,20 @@ describe('stop and start, the embedded lab alone', () => {
     }
   }, 120_000);
 
+  it('a VM (qemu) stops with its disk and starts again on it: a fresh boot', async () => {
+    const vm = await lab().create({ driver: 'qemu', image: 'busybox' });
+    try {
+      await vm.exec(['sh', '-c', 'echo kept > /root/f']);
+      const boot = await out(vm, 'cat /proc/sys/kernel/random/boot_id');
+      await vm.stop(); // (the guest syncs first)
+      await vm.start();
+      expect(await out(vm, 'cat /root/f')).toBe('kept\n');
+      expect(await out(vm, 'cat /proc/sys/kernel/random/boot_id')).not.toBe(boot);
+    } finally {
+      await vm.destroy();
+    }
+  }, 400_000);
+
   it('the daemon tells of a stop and a start on its event stream', async () => {
     const remote = labs.remote!;
     const box = await remote.create({ name: 'ss-events', image: 'busybox' });

@@ -201,19 +201,36 @@ function registerRm(program: Command): void {
   );
 }
 
-function registerPauseResume(program: Command): void {
-  for (const verb of ['pause', 'resume'] as const) {
-    const done = verb === 'pause' ? 'paused' : 'resumed';
-    const cmd = program
-      .command(`${verb} <sandboxes...>`)
-      .description(verb === 'pause' ? 'freeze every process of a sandbox (cgroup freezer)' : 'thaw a paused sandbox')
-      .option('--json', 'print JSON');
+/** What pause, resume, stop and start say of themselves, and of what they did. */
+const STATE_VERBS = {
+  pause: { done: 'paused', about: 'freeze every process of a sandbox (cgroup freezer)' },
+  resume: { done: 'resumed', about: 'thaw a paused sandbox' },
+  stop: {
+    done: 'stopped',
+    about:
+      'stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then start, snapshot or rm',
+  },
+  start: {
+    done: 'started',
+    about: 'raise stopped machines again on their filesystems, under the same ids: a fresh boot (new processes)',
+  },
+} as const;
+
+/** pause, resume, stop and start: one after the other, as given; a daemon's routes of the same names. */
+function registerStateVerbs(program: Command): void {
+  for (const verb of ['pause', 'resume', 'stop', 'start'] as const) {
+    const { done, about } = STATE_VERBS[verb];
+    const cmd = program.command(`${verb} <sandboxes...>`).description(about).option('--json', 'print JSON');
     addTraceOption(cmd);
     cmd.action((names: string[], o: CommonOptions) =>
       withApi(o, async (lab) => {
         for (const n of names) {
           const b = await lab.get(n);
-          showTrace(o, verb === 'pause' ? await b.pause() : await b.resume());
+          try {
+            showTrace(o, await b[verb]());
+          } finally {
+            b.close(); // a started machine's connection (it keeps running)
+          }
         }
         if (o.json) printJson({ [done]: names });
         else process.stdout.write(`${done} ${names.join(', ')}\n`);
@@ -226,29 +243,5 @@ function registerPauseResume(program: Command): void {
 export function registerLifecycle(program: Command): void {
   registerLs(program);
   registerRm(program);
-  registerPauseResume(program);
-  registerStopStart(program);
-}
-
-/** stop and start: the Lab API's too (a daemon's POST /sandboxes/{id}/stop and /start). */
-function registerStopStart(program: Command): void {
-  const about = {
-    stop: 'stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then start, snapshot or rm',
-    start: 'raise stopped machines again on their filesystems, under the same ids: a fresh boot (new processes)',
-  };
-  for (const verb of ['stop', 'start'] as const) {
-    const cmd = program.command(`${verb} <sandboxes...>`).description(about[verb]).option('--json', 'print JSON');
-    addTraceOption(cmd);
-    cmd.action((names: string[], o: CommonOptions) =>
-      withApi(o, async (lab) => {
-        for (const n of names) {
-          const b = await lab.get(n);
-          showTrace(o, verb === 'stop' ? await b.stop() : await b.start());
-        }
-        const done = verb === 'stop' ? 'stopped' : 'started';
-        if (o.json) printJson({ [done]: names });
-        else process.stdout.write(`${done} ${names.join(', ')}\n`);
-      }),
-    );
-  }
+  registerStateVerbs(program);
 }

@@ -341,23 +341,25 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   // the daemon keeps the traces (GET /traces): none is returned here
-  async pause(): Promise<undefined> {
-    this.v = await this.http.json<View>('POST', this.path('/pause'));
-    return undefined;
+  pause(): Promise<undefined> {
+    return this.change('pause');
   }
 
-  async resume(): Promise<undefined> {
-    this.v = await this.http.json<View>('POST', this.path('/resume'));
-    return undefined;
+  resume(): Promise<undefined> {
+    return this.change('resume');
   }
 
-  async stop(): Promise<undefined> {
-    this.v = await this.http.json<View>('POST', this.path('/stop'));
-    return undefined;
+  stop(): Promise<undefined> {
+    return this.change('stop');
   }
 
-  async start(): Promise<undefined> {
-    this.v = await this.http.json<View>('POST', this.path('/start'));
+  start(): Promise<undefined> {
+    return this.change('start');
+  }
+
+  /** POST /sandboxes/{id}/VERB: the daemon answers with the sandbox as it is now. */
+  private async change(verb: 'pause' | 'resume' | 'stop' | 'start'): Promise<undefined> {
+    this.v = await this.http.json<View>('POST', this.path(`/${verb}`));
     return undefined;
   }
 
