@@ -4,6 +4,7 @@
  * labels, limits and egress address are the same; bad states are refused with codes; a failed
  * start removes what it made; gc finds a stopped machine's leftovers; the daemon tells of both.
  */
+import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -13,7 +14,8 @@ import type { LabApi, SandboxApi } from '../src/sdk/api.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { cgroupFor } from '../src/host/cgroups/cgroups.js';
 import { handledElsewhere } from '../src/cleanup.js';
-import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, removeHome, sleep, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { SNAPLAB } from './cli-command.js';
 
 let home: string;
 let daemon: TestDaemon;
@@ -155,6 +157,33 @@ describe('stop and start, the embedded lab alone', () => {
       expect(removed).toContain(`run directory ${join(home, 'run', box.id)}`);
       await box.start();
       expect(await out(box, 'cat /root/f')).toBe('kept\n');
+    } finally {
+      await box.destroy();
+    }
+  }, 120_000);
+
+  it('a start whose process is killed half-way is stopped again by the next reader, and starts after', async () => {
+    const box = await lab().create({ image: 'busybox' });
+    try {
+      await box.exec(['sh', '-c', 'echo kept > /root/f']);
+      await box.stop();
+      const child = spawn(SNAPLAB, ['start', box.name], {
+        env: { ...process.env, SNAPLAB_HOME: home },
+        stdio: 'ignore',
+      });
+      const exited = new Promise((r) => child.once('exit', r));
+      // killed as soon as its record says it is being started
+      let seen = '';
+      for (const end = Date.now() + 20_000; seen !== 'creating' && Date.now() < end; await sleep(2))
+        seen = (await lab().get(box.id, { check: false })).state;
+      child.kill('SIGKILL');
+      await exited;
+      expect(seen).toBe('creating');
+      const after = await lab().get(box.id); // reconciled: its owner is gone
+      expect([after.state, after.stopped]).toEqual(['dead', true]);
+      for (const dir of cgroupFor(box.id).dirs) expect(existsSync(dir)).toBe(false);
+      await after.start();
+      expect(await out(after, 'cat /root/f')).toBe('kept\n');
     } finally {
       await box.destroy();
     }
