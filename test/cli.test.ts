@@ -139,7 +139,7 @@ describe('snaplab CLI', () => {
     expect(snaplab(['snapshot', 'rm', 'cli-snap']).code).toBe(0);
   });
 
-  it('stop keeps the filesystem: ls says stopped, exec is refused with a hint, a snapshot of it restores', () => {
+  it('stop keeps the filesystem: ls says stopped, exec is refused with a hint, a snapshot of it restores, start boots it again', () => {
     expect(snaplab(['create', '--name', 'st1']).code).toBe(0);
     expect(snaplab(['exec', 'st1', '--', 'sh', '-c', 'echo kept > /root/f']).code).toBe(0);
     expect(snaplab(['stop', 'st1'])).toMatchObject({ code: 0, out: 'stopped st1\n' });
@@ -148,11 +148,22 @@ describe('snaplab CLI', () => {
     expect(snaplab(['ls']).out).not.toMatch(/st1.*NO USER NAMESPACE/);
     expect(snaplab(['exec', 'st1', '--', 'true'])).toMatchObject({
       code: 125,
-      err: expect.stringMatching(/SANDBOX_DEAD.*is stopped[\s\S]*hint: snapshot it/),
+      err: expect.stringMatching(/SANDBOX_STOPPED.*is stopped[\s\S]*hint: start it again/),
     });
     expect(snaplab(['snapshot', 'st1', '--name', 'st1-snap']).code).toBe(0);
     expect(snaplab(['restore', 'st1-snap', '--name', 'st2']).code).toBe(0);
     expect(snaplab(['exec', 'st2', '--', 'cat', '/root/f']).out).toBe('kept\n');
+    // stopped again: refused; started: a fresh boot on its files
+    expect(snaplab(['stop', 'st1'])).toMatchObject({ code: 2, err: expect.stringMatching(/SANDBOX_STOPPED/) });
+    expect(snaplab(['start', 'st1', '--json'])).toMatchObject({
+      code: 0,
+      out: '{\n  "started": [\n    "st1"\n  ]\n}\n',
+    });
+    expect(snaplab(['exec', 'st1', '--', 'cat', '/root/f']).out).toBe('kept\n');
+    expect(snaplab(['start', 'st1'])).toMatchObject({
+      code: 2,
+      err: expect.stringMatching(/SANDBOX_RUNNING[\s\S]*hint: stop it first/),
+    });
     expect(snaplab(['rm', 'st1', 'st2']).code).toBe(0);
     expect(snaplab(['snapshot', 'rm', 'st1-snap']).code).toBe(0);
   });

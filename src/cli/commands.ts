@@ -4,7 +4,7 @@ import { registerDoctor } from './doctor.js';
 import { registerExec, registerExecError, registerExecLost, registerShell } from './exec.js';
 import { registerGc } from './gc.js';
 import { registerImage } from './image.js';
-import { registerLifecycle, registerStop } from './lifecycle.js';
+import { registerLifecycle } from './lifecycle.js';
 import { registerSnapshot } from './snapshot.js';
 import { registerTrace } from './trace.js';
 import { registerBench } from './bench.js';
@@ -53,8 +53,7 @@ export const COMMANDS: [string[], (p: Command) => void, Reach][] = [
   [['snapshot'], registerSnapshot, 'lab'],
   [['restore'], registerRestore, 'lab'],
   [['egress'], registerEgress, 'lab'],
-  [['ls', 'rm', 'pause', 'resume'], registerLifecycle, 'lab'],
-  [['stop'], registerStop, 'local'],
+  [['ls', 'rm', 'pause', 'resume', 'stop', 'start'], registerLifecycle, 'lab'],
   [['logs'], registerLogs, 'local'],
   [['gc'], registerGc, 'local'],
   [['df'], registerDf, 'local'],

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { keyValues } from '../lab/io/exec.js';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
-import { addTraceOption, showTrace, withApi, withLab, type CommonOptions } from './common.js';
+import { addTraceOption, showTrace, withApi, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import { nextCursor } from '../sdk/paging.js';
@@ -201,19 +201,36 @@ function registerRm(program: Command): void {
   );
 }
 
-function registerPauseResume(program: Command): void {
-  for (const verb of ['pause', 'resume'] as const) {
-    const done = verb === 'pause' ? 'paused' : 'resumed';
-    const cmd = program
-      .command(`${verb} <sandboxes...>`)
-      .description(verb === 'pause' ? 'freeze every process of a sandbox (cgroup freezer)' : 'thaw a paused sandbox')
-      .option('--json', 'print JSON');
+/** What pause, resume, stop and start say of themselves, and of what they did. */
+const STATE_VERBS = {
+  pause: { done: 'paused', about: 'freeze every process of a sandbox (cgroup freezer)' },
+  resume: { done: 'resumed', about: 'thaw a paused sandbox' },
+  stop: {
+    done: 'stopped',
+    about:
+      'stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then start, snapshot or rm',
+  },
+  start: {
+    done: 'started',
+    about: 'raise stopped machines again on their filesystems, under the same ids: a fresh boot (new processes)',
+  },
+} as const;
+
+/** pause, resume, stop and start: one after the other, as given; a daemon's routes of the same names. */
+function registerStateVerbs(program: Command): void {
+  for (const verb of ['pause', 'resume', 'stop', 'start'] as const) {
+    const { done, about } = STATE_VERBS[verb];
+    const cmd = program.command(`${verb} <sandboxes...>`).description(about).option('--json', 'print JSON');
     addTraceOption(cmd);
     cmd.action((names: string[], o: CommonOptions) =>
       withApi(o, async (lab) => {
         for (const n of names) {
           const b = await lab.get(n);
-          showTrace(o, verb === 'pause' ? await b.pause() : await b.resume());
+          try {
+            showTrace(o, await b[verb]());
+          } finally {
+            b.close(); // a started machine's connection (it keeps running)
+          }
         }
         if (o.json) printJson({ [done]: names });
         else process.stdout.write(`${done} ${names.join(', ')}\n`);
@@ -222,27 +239,9 @@ function registerPauseResume(program: Command): void {
   }
 }
 
-/** ls, rm, pause and resume: the Lab API's, so also through a daemon (SNAPLAB_HOST). */
+/** ls, rm, pause, resume, stop and start: the Lab API's, so also through a daemon (SNAPLAB_HOST). */
 export function registerLifecycle(program: Command): void {
   registerLs(program);
   registerRm(program);
-  registerPauseResume(program);
-}
-
-/** stop runs on the embedded lab (a daemon has no route for it yet). */
-export function registerStop(program: Command): void {
-  const stop = program
-    .command('stop <sandboxes...>')
-    .description(
-      'stop machines and keep their filesystems: a system machine halts cleanly (killed past a 10 s grace); then snapshot or rm',
-    )
-    .option('--json', 'print JSON');
-  addTraceOption(stop);
-  stop.action((names: string[], o: CommonOptions) =>
-    withLab(o, async (lab) => {
-      for (const n of names) showTrace(o, await (await lab.get(n)).stop());
-      if (o.json) printJson({ stopped: names });
-      else process.stdout.write(`stopped ${names.join(', ')}\n`);
-    }),
-  );
+  registerStateVerbs(program);
 }

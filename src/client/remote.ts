@@ -122,6 +122,9 @@ export class RemoteSandbox implements SandboxApi {
   get metadata(): Record<string, string> {
     return this.v.metadata;
   }
+  get stopped(): boolean {
+    return this.v.stopped === true;
+  }
   get reason(): string | null {
     return (this.v.reason as string | null | undefined) ?? null;
   }
@@ -338,13 +341,25 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   // the daemon keeps the traces (GET /traces): none is returned here
-  async pause(): Promise<undefined> {
-    this.v = await this.http.json<View>('POST', this.path('/pause'));
-    return undefined;
+  pause(): Promise<undefined> {
+    return this.change('pause');
   }
 
-  async resume(): Promise<undefined> {
-    this.v = await this.http.json<View>('POST', this.path('/resume'));
+  resume(): Promise<undefined> {
+    return this.change('resume');
+  }
+
+  stop(): Promise<undefined> {
+    return this.change('stop');
+  }
+
+  start(): Promise<undefined> {
+    return this.change('start');
+  }
+
+  /** POST /sandboxes/{id}/VERB: the daemon answers with the sandbox as it is now. */
+  private async change(verb: 'pause' | 'resume' | 'stop' | 'start'): Promise<undefined> {
+    this.v = await this.http.json<View>('POST', this.path(`/${verb}`));
     return undefined;
   }
 

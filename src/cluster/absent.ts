@@ -49,6 +49,8 @@ export class AbsentSandbox implements SandboxApi {
   get labels(): Record<string, string> {
     return this.e.labels;
   }
+  /** (whatever it was on its node: nothing can be done with it here) */
+  readonly stopped = false;
   get reason(): string | null {
     return (this.v.reason as string | null) ?? null;
   }
@@ -119,6 +121,12 @@ export class AbsentSandbox implements SandboxApi {
     return this.refuse();
   }
   resume(): Promise<undefined> {
+    return this.refuse();
+  }
+  stop(): Promise<undefined> {
+    return this.refuse();
+  }
+  start(): Promise<undefined> {
     return this.refuse();
   }
 

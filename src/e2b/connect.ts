@@ -49,6 +49,7 @@ const BY_SNAPLAB: Partial<Record<ErrorCode, ConnectCode>> = {
   FILE_ERROR: 'failed_precondition',
   QUOTA_EXCEEDED: 'resource_exhausted',
   SANDBOX_PAUSED: 'unavailable',
+  SANDBOX_STOPPED: 'unavailable',
   SANDBOX_DEAD: 'unavailable',
   TIMEOUT: 'deadline_exceeded',
 };

@@ -176,14 +176,17 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
   return reply.code(201).send(created(state, box, key));
 }
 
-/** Connect: a paused sandbox is resumed (201), a running one answered (200); its end time only grows. */
+/**
+ * Connect: a paused sandbox is resumed (201), one paused without its memory (stopped) started
+ * again, a fresh boot on its files (201); a running one answered (200). Its end time only grows.
+ */
 async function connect(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   const lab = await state.lab(req);
   const timeout = seconds(jsonBody(req).timeout);
   const box = await lab.get(idOf(req));
   let status = 200;
-  if (box.state === 'paused') {
-    await box.resume();
+  if (box.state === 'paused' || box.stopped) {
+    await (box.stopped ? box.start() : box.resume());
     status = 201;
   }
   if (timeout !== undefined) {
@@ -192,6 +195,27 @@ async function connect(state: E2bState, req: FastifyRequest, reply: FastifyReply
     if (box.expiresAt !== null && box.expiresAt < end) await box.setTimeout(timeout, box.onTimeout);
   }
   return reply.code(status).send(created(state, box, keyOf(req)));
+}
+
+/**
+ * Pause: its processes frozen with their memory (a connect resumes them), or, with `memory: false`
+ * (the SDK's `keepMemory: false`), stopped: its files kept, and a connect boots it afresh on them.
+ * Either way its access token stays, and envd calls to it answer 502 until a connect.
+ */
+async function pause(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  const memory = jsonBody(req).memory;
+  if (memory !== undefined && memory !== null && typeof memory !== 'boolean')
+    throw new SnaplabError('BAD_INPUT', 'memory must be true or false', 'send {"memory": false} to keep files only');
+  const box = await (await state.lab(req)).get(idOf(req));
+  if (box.state === 'paused' || box.stopped)
+    throw new SnaplabError('SANDBOX_PAUSED', 'the sandbox is paused already', 'connect to it to resume it');
+  if (memory === false) {
+    // its commands and watchers end with its processes
+    state.processes.forget(box.id);
+    state.watchers.forget(box.id);
+    await box.stop();
+  } else await box.pause();
+  return reply.code(204).send();
 }
 
 export function registerControl(app: FastifyInstance, state: E2bState): void {
@@ -212,13 +236,7 @@ export function registerControl(app: FastifyInstance, state: E2bState): void {
     await box.destroy();
     return reply.code(204).send();
   });
-  app.post('/sandboxes/:id/pause', async (req, reply) => {
-    const box = await (await state.lab(req)).get(idOf(req));
-    if (box.state === 'paused')
-      throw new SnaplabError('SANDBOX_PAUSED', 'the sandbox is paused already', 'connect to it to resume it');
-    await box.pause();
-    return reply.code(204).send();
-  });
+  app.post('/sandboxes/:id/pause', (req, reply) => pause(state, req, reply));
   // new egress rules for a running sandbox: E2B's update replaces them all (an omitted field clears it)
   app.put('/sandboxes/:id/network', async (req, reply) => {
     // (the update's body is flat: allow_internet_access, allowOut, denyOut)

@@ -43,7 +43,8 @@ export function fromMetadata(box: SandboxApi): E2bView {
     memoryMB: Math.round((box.limits.memoryBytes ?? 0) / MB),
     diskSizeMB: Math.round((box.limits.diskBytes ?? 0) / MB),
     metadata,
-    state: box.state === 'paused' ? 'paused' : 'running',
+    // one paused without its memory is stopped: paused to E2B's callers, a connect starts it
+    state: box.state === 'paused' || box.stopped ? 'paused' : 'running',
     ...networkView(meta[`${RESERVED}network`]),
   };
   return { templateID, envs, detail };
@@ -110,7 +111,7 @@ export async function listSandboxes(
     throw new SnaplabError('BAD_INPUT', 'startedAfter is not a date', 'give an ISO 8601 time');
   const order = q.order === 'asc' ? 'asc' : 'desc';
   const boxes = (await lab.list({ check: false }))
-    .filter((b) => b.state === 'running' || b.state === 'paused')
+    .filter((b) => b.state === 'running' || b.state === 'paused' || b.stopped)
     .map((b) => ({ id: b.id, createdAt: b.createdAt, v: fromMetadata(b) }))
     .filter(
       ({ createdAt, v }) => states.includes(v.detail.state as string) && (after === undefined || createdAt >= after),

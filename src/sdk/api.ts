@@ -100,6 +100,8 @@ export interface SandboxApi {
   readonly metadata: Record<string, string>;
   /** the pool it stands by in (a standby, nobody's yet), or null: any other, one taken from a pool included */
   readonly pool: string | null;
+  /** stopped (`stop`): its state is dead, its filesystem kept, and `start` raises it again */
+  readonly stopped: boolean;
   /** why it is in its state (a dead one's cause), or null */
   readonly reason: string | null;
   /** the snapshot it was restored from, or null */
@@ -154,6 +156,17 @@ export interface SandboxApi {
   /** each resolves with the operation's trace where the lab has it here (the embedded one), else undefined */
   pause(): Promise<TraceSummary | undefined>;
   resume(): Promise<TraceSummary | undefined>;
+  /**
+   * Halt every process and keep its filesystem, user namespace range and network address (a system
+   * machine halts cleanly); SANDBOX_STOPPED when it is stopped already
+   */
+  stop(): Promise<TraceSummary | undefined>;
+  /**
+   * Raise a stopped machine again on its own volume under the same id: a fresh boot (new processes,
+   * a new PID 1), the files it had. SANDBOX_RUNNING when it runs or is paused; a start that fails
+   * removes what it made and leaves it stopped
+   */
+  start(): Promise<TraceSummary | undefined>;
   destroy(): Promise<TraceSummary | undefined>;
   close(): void;
   toJSON(): Record<string, unknown>;

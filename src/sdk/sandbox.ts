@@ -15,6 +15,8 @@ import {
   type ExecResult,
 } from '../lab/io/sandbox-ops.js';
 import { destroyRecord } from '../lab/lifecycle/teardown.js';
+import { startSandbox } from '../lab/lifecycle/start.js';
+import { isStopped } from '../lab/lifecycle/stopped.js';
 import { USERNS_SIZE } from '../host/userns/id-ranges.js';
 import type { Limits, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -170,7 +172,8 @@ export class Sandbox implements SandboxApi {
   /** @internal read its state and reason again from the store (another process paused or resumed it) */
   sync(): void {
     const now = this.ctx.store.getSandbox(this.record.id);
-    if (now) Object.assign(this.record, { state: now.state, reason: now.reason, pool: now.pool });
+    // all of it: a start elsewhere gave it a new init (pid) along with its state
+    if (now) Object.assign(this.record, now);
   }
 
   /** Watch a directory of the machine (inotify inside it, on a connection of its own); `close()` ends it. */
@@ -343,11 +346,32 @@ export class Sandbox implements SandboxApi {
 
   /**
    * Stop it and keep its filesystem: a system machine halts cleanly (killed past a 10 s grace).
-   * Then `snapshot` (and restore) or `destroy`; it does not run again itself.
+   * Then `start` (a fresh boot on the same files, under the same id), `snapshot` or `destroy`.
+   * Its timeout's clock stands still while it is stopped.
    */
   async stop(): Promise<TraceSummary> {
     this.close();
-    return (await this.ctx.traced('stop', this.name, (t) => stopSandbox(this.ctx, this.record, t))).trace;
+    const { trace } = await this.ctx.traced('stop', this.name, (t) => stopSandbox(this.ctx, this.record, t));
+    if (this.timeoutS) updateMeta(this.ctx, this.record.id, { expiresAt: null });
+    return trace;
+  }
+
+  /**
+   * Raise a stopped machine again on its volume, under the same id, name, limits and network
+   * address: new processes (a new PID 1), the files it had. Its timeout starts again from now.
+   */
+  async start(): Promise<TraceSummary> {
+    this.close();
+    const { result, trace } = await this.ctx.traced('start', this.name, (t) => startSandbox(this.ctx, this.record, t));
+    this.agent = result;
+    const timeoutS = this.timeoutS;
+    if (timeoutS) updateMeta(this.ctx, this.record.id, { expiresAt: Date.now() + timeoutS * 1000 });
+    return trace;
+  }
+
+  /** It is stopped (`stop`): dead, its filesystem kept, and `start` raises it again. */
+  get stopped(): boolean {
+    return isStopped(this.record);
   }
 
   /** Freeze every process (cgroup freezer); an idle paused sandbox costs no CPU. */
@@ -402,6 +426,7 @@ export class Sandbox implements SandboxApi {
       id: r.id,
       name: r.name,
       state: r.state,
+      stopped: this.stopped,
       reason: r.reason,
       image: r.image,
       storage: r.storage,

@@ -527,16 +527,10 @@ export class Daemon implements RouteHost {
     const box = await this.sandbox(idOrName, caller);
     await this.own(box.id, async () => {
       this.events.remember(box);
-      // its commands end with it, held output or not
-      for (const p of this.processes.of(box.id))
-        if (!p.ended) {
-          p.handle?.kill(9);
-          p.abandon();
-        }
+      this.endProcesses(box.id);
       const t = await box.destroy();
       this.observe(t);
       this.cache.delete(box.id);
-      this.processes.forget(box.id);
       this.events.record('destroyed', box, reason, { operation: t?.id ?? null });
     });
   }
@@ -559,6 +553,41 @@ export class Daemon implements RouteHost {
       this.events.record('resumed', box, null, { operation: t?.id ?? null });
       return box;
     });
+  }
+
+  /** Stop it, keeping its filesystem: its commands end, its timeout's clock stands still. */
+  async stopSandbox(idOrName: string, caller: Caller = LOCAL): Promise<SandboxApi> {
+    const box = await this.sandbox(idOrName, caller);
+    return this.own(box.id, async () => {
+      this.endProcesses(box.id);
+      const t = await box.stop();
+      this.observe(t);
+      this.cache.delete(box.id);
+      this.events.record('stopped', box, box.reason, { operation: t?.id ?? null });
+      return box;
+    });
+  }
+
+  /** Raise a stopped sandbox again on its volume (a fresh boot); its timeout runs again from now. */
+  async startSandbox(idOrName: string, caller: Caller = LOCAL): Promise<SandboxApi> {
+    const box = await this.sandbox(idOrName, caller);
+    return this.own(box.id, async () => {
+      const t = await box.start();
+      this.observe(t);
+      this.cache.set(box.id, box);
+      this.events.record('started', box, null, { operation: t?.id ?? null });
+      return box;
+    });
+  }
+
+  /** A sandbox's commands end with what runs them (held output or not). */
+  private endProcesses(id: string): void {
+    for (const p of this.processes.of(id))
+      if (!p.ended) {
+        p.handle?.kill(9);
+        p.abandon();
+      }
+    this.processes.forget(id);
   }
 
   /** A new timeout from now (0: none). */

@@ -1,6 +1,6 @@
 /**
- * The event log behind `GET /events`: created, ready, paused, resumed, exited, destroyed, failed,
- * timeout, each with the sandbox, a reason and an id that only grows. Kept in the store, so a
+ * The event log behind `GET /events`: created, ready, paused, resumed, stopped, started, exited,
+ * destroyed, failed, timeout, each with the sandbox, a reason and an id that only grows. Kept in the store, so a
  * client resumes with Last-Event-ID across a daemon restart. What the daemon does it records as
  * it does it; what other processes do (the CLI, the library) a watcher finds by comparing the
  * store with what it saw last, once a second, and records with the reason it can give.
@@ -23,6 +23,8 @@ export interface Watched extends Told {
   state: string;
   reason: string | null;
   pool: string | null;
+  /** dead by a stop, its filesystem kept (SandboxApi.stopped) */
+  stopped?: boolean;
 }
 
 export type EventType =
@@ -30,6 +32,8 @@ export type EventType =
   | 'ready'
   | 'paused'
   | 'resumed'
+  | 'stopped'
+  | 'started'
   | 'exited'
   | 'destroyed'
   | 'failed'
@@ -38,6 +42,13 @@ export type EventType =
 
 /** What a state the watcher finds means as an event. */
 const STATE_EVENT: Partial<Record<SandboxState, EventType>> = { running: 'resumed', paused: 'paused', dead: 'exited' };
+
+/** What a change the watcher finds means: a stop and a start are told as such, not as an exit and a resume. */
+function changeEvent(was: SandboxState, r: Watched): EventType {
+  if (r.state === 'dead' && r.stopped) return 'stopped';
+  if (r.state === 'running' && was === 'dead') return 'started';
+  return STATE_EVENT[r.state as SandboxState]!;
+}
 
 export class EventLog extends EventEmitter {
   /** the state of each sandbox as the log last told it */
@@ -64,10 +75,10 @@ export class EventLog extends EventEmitter {
       if (e.type === 'destroyed' || e.type === 'failed') {
         this.known.delete(e.sandbox);
         this.owners.delete(e.sandbox);
-      } else if (e.type === 'created' || e.type === 'ready' || e.type === 'resumed')
+      } else if (e.type === 'created' || e.type === 'ready' || e.type === 'resumed' || e.type === 'started')
         this.known.set(e.sandbox, 'running');
       else if (e.type === 'paused') this.known.set(e.sandbox, 'paused');
-      else if (e.type === 'exited') this.known.set(e.sandbox, 'dead');
+      else if (e.type === 'exited' || e.type === 'stopped') this.known.set(e.sandbox, 'dead');
     }
   }
 
@@ -104,7 +115,7 @@ export class EventLog extends EventEmitter {
         this.names.delete(sandbox.id);
         this.owners.delete(sandbox.id);
       } else if (type === 'paused') this.known.set(sandbox.id, 'paused');
-      else if (type === 'exited') this.known.set(sandbox.id, 'dead');
+      else if (type === 'exited' || type === 'stopped') this.known.set(sandbox.id, 'dead');
       else if (type !== 'timeout' && type !== 'process.exited') this.known.set(sandbox.id, 'running');
     }
     this.emit('event', e);
@@ -138,11 +149,7 @@ export class EventLog extends EventEmitter {
         this.record('created', r, 'made outside the daemon');
         if (r.state !== 'running') this.record(STATE_EVENT[r.state as SandboxState]!, r, r.reason);
       } else if (was !== r.state) {
-        this.record(
-          STATE_EVENT[r.state as SandboxState]!,
-          r,
-          r.reason ?? (r.pool ? `pool ${r.pool}` : 'outside the daemon'),
-        );
+        this.record(changeEvent(was, r), r, r.reason ?? (r.pool ? `pool ${r.pool}` : 'outside the daemon'));
       }
     }
     for (const id of [...this.known.keys()]) {

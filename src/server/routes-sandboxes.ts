@@ -1,5 +1,5 @@
 /**
- * A sandbox's own calls: pause, resume, timeout, labels, snapshots, one-shot exec (its create, get,
+ * A sandbox's own calls: pause, resume, stop, start, timeout, labels, snapshots, one-shot exec (its create, get,
  * list and destroy are routes-shared.ts's). A daemon serves them; a gateway passes them to the
  * sandbox's node (sandbox-calls.ts).
  */
@@ -17,13 +17,52 @@ import {
   errors,
 } from './schemas.js';
 import { execView } from './exec-view.js';
+import type { Daemon } from './daemon.js';
+import type { Caller } from './keys.js';
+import type { SandboxApi } from '../sdk/api.js';
 
 const tags = ['sandboxes'];
 
 export async function sandboxRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
+  stateRoutes(app, s);
   controlRoutes(app, s);
   usageRoute(app, s);
   execAndSnapshotRoutes(app, s);
+}
+
+/**
+ * The calls that change what runs in a sandbox, each answered with the sandbox as it is after:
+ * what the OpenAPI document says of each, and the daemon's call that does it.
+ */
+const STATE_CALLS: Record<
+  'pause' | 'resume' | 'stop' | 'start',
+  { summary: string; act: (d: Daemon, id: string, caller: Caller) => Promise<SandboxApi> }
+> = {
+  pause: { summary: 'Freeze every process (its timeout clock stops)', act: (d, id, c) => d.pause(id, null, c) },
+  resume: { summary: 'Thaw it (its timeout starts again)', act: (d, id, c) => d.resume(id, c) },
+  stop: {
+    summary:
+      'Halt every process and keep its filesystem, user namespace range and address (its timeout clock stops); 409 SANDBOX_STOPPED when it is stopped already',
+    act: (d, id, c) => d.stopSandbox(id, c),
+  },
+  start: {
+    summary:
+      'Raise a stopped sandbox again on its volume under the same id: new processes, the files it had (its timeout starts again); 409 SANDBOX_RUNNING when it runs or is paused',
+    act: (d, id, c) => d.startSandbox(id, c),
+  },
+};
+
+/** Pause, resume, stop (its filesystem kept) and start (a fresh boot on it, under the same id). */
+function stateRoutes(app: FastifyInstance, s: SandboxCalls): void {
+  for (const [verb, { summary, act }] of Object.entries(STATE_CALLS))
+    app.post(
+      `/sandboxes/:id/${verb}`,
+      {
+        config: { scope: 'exec' },
+        schema: { tags, summary, params: IdParams, response: { 200: SandboxView, ...errors } },
+      },
+      servedBy(s, (d) => async (req) => d.view(await act(d, (req.params as { id: string }).id, req.caller))),
+    );
 }
 
 /** One sandbox's use now (the Lab API's `sandbox.usage()`). */
@@ -44,36 +83,8 @@ function usageRoute(app: FastifyInstance, s: SandboxCalls): void {
   );
 }
 
-/** Pause, resume, timeout, labels. */
+/** Timeout, labels. */
 function controlRoutes(app: FastifyInstance, s: SandboxCalls): void {
-  app.post(
-    '/sandboxes/:id/pause',
-    {
-      config: { scope: 'exec' },
-      schema: {
-        tags,
-        summary: 'Freeze every process (its timeout clock stops)',
-        params: IdParams,
-        response: { 200: SandboxView, ...errors },
-      },
-    },
-    servedBy(s, (d) => async (req) => d.view(await d.pause((req.params as { id: string }).id, null, req.caller))),
-  );
-
-  app.post(
-    '/sandboxes/:id/resume',
-    {
-      config: { scope: 'exec' },
-      schema: {
-        tags,
-        summary: 'Thaw it (its timeout starts again)',
-        params: IdParams,
-        response: { 200: SandboxView, ...errors },
-      },
-    },
-    servedBy(s, (d) => async (req) => d.view(await d.resume((req.params as { id: string }).id, req.caller))),
-  );
-
   app.post(
     '/sandboxes/:id/timeout',
     {

@@ -95,7 +95,7 @@ function eventRoutes(app: FastifyInstance, h: RouteHost): void {
       schema: {
         tags: ['events'],
         summary:
-          'Server-sent events: created, ready, paused, resumed, exited, destroyed, failed, timeout, process.exited; each with a reason',
+          'Server-sent events: created, ready, paused, resumed, stopped, started, exited, destroyed, failed, timeout, process.exited; each with a reason',
         querystring: Type.Object({
           after: Type.Optional(Type.Integer({ minimum: 0 })),
           sandbox: Type.Optional(Type.String()),

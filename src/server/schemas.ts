@@ -112,6 +112,9 @@ export const SandboxView = Type.Object(
     id: Type.String(),
     name: Type.String(),
     state: Type.String(),
+    stopped: Type.Optional(
+      Type.Boolean({ description: 'stopped (POST /sandboxes/{id}/stop): dead, its filesystem kept for a start' }),
+    ),
     reason: Type.Union([Type.String(), Type.Null()]),
     image: Type.String(),
     storage: Type.String(),

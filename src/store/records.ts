@@ -17,7 +17,8 @@ export type SandboxState = 'creating' | 'running' | 'paused' | 'dead' | 'removin
  * its pid and start time (clock ticks after boot, /proc/PID/stat field 22: a reused pid is not the
  * owner), and the step. 'create' and 'remove' are the creating and removing states; 'hold' is a
  * pool member taken or being raised, or a pool's template VM, which lives only while its holder
- * does. A dead record keeps the owner it died under (an interrupted create is one whose owner's
+ * does; 'start' is a stopped machine being raised again (creating; interrupted, it is stopped
+ * again). A dead record keeps the owner it died under (an interrupted create is one whose owner's
  * step was 'create'). `pid` and `start` are null only for owners carried over from the old
  * reason text (by the migration that added these columns), which named no start time and, once
  * dead, no pid.
@@ -25,7 +26,7 @@ export type SandboxState = 'creating' | 'running' | 'paused' | 'dead' | 'removin
 export interface Owner {
   pid: number | null;
   start: number | null;
-  op: 'create' | 'remove' | 'hold';
+  op: 'create' | 'remove' | 'hold' | 'start';
 }
 
 export interface ImageRecord {

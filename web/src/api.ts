@@ -156,7 +156,19 @@ export interface SnaplabEvent {
 // the daemon's own definitions (src/views.ts): a change there is a type error here
 export type { Phase, TraceSummary as Trace } from '../../src/views';
 
-const TYPES = ['created', 'ready', 'paused', 'resumed', 'exited', 'destroyed', 'failed', 'timeout', 'process.exited'];
+const TYPES = [
+  'created',
+  'ready',
+  'paused',
+  'resumed',
+  'stopped',
+  'started',
+  'exited',
+  'destroyed',
+  'failed',
+  'timeout',
+  'process.exited',
+];
 
 /**
  * The daemon's event stream. EventSource reconnects by itself and sends Last-Event-ID, so a

@@ -52,6 +52,10 @@ export interface EgressAttach {
   guest?: boolean;
 }
 
+/** The path of a machine's own egress namespace (a stopped machine keeps it: `start` joins it again). */
+export const machineEgressNetnsPath = (home: string, slot: number): string =>
+  netnsPath(machineEgressNetns(homeTag(home), slot));
+
 /** The machine's side of its link to the router: eth0 in a namespace of its own, up0 beside a scenario machine's links. */
 const machineSide = (a: { into?: string }): string => (a.into ? 'up0' : 'eth0');
 

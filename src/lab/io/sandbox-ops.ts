@@ -2,7 +2,6 @@ import { handleOf } from '../lifecycle/handle.js';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
-import { withLock } from '../../host/lock.js';
 import type { AgentClient, ExecResult as AgentExecResult } from '../../agent/client.js';
 import { deadError } from '../../drivers/namespaces/driver.js';
 import { SnaplabError, isSnaplabError } from '../../errors.js';
@@ -20,7 +19,7 @@ import { feedInput } from './streams.js';
 import { reconcile } from '../lifecycle/reconcile.js';
 import { checkName, newId } from '../names.js';
 import { metaOf } from '../meta.js';
-import { releaseRange } from '../../host/userns/registry.js';
+import { STOPPED, checkStoppable, isStopped, underStateLock } from '../lifecycle/stopped.js';
 import { failureMeans, handledElsewhere, noted } from '../../cleanup.js';
 
 export interface ExecOptions {
@@ -70,9 +69,9 @@ export async function ensureUsable(ctx: LabContext, s: SandboxRecord): Promise<v
     );
   if (isStopped(s))
     throw new SnaplabError(
-      'SANDBOX_DEAD',
+      'SANDBOX_STOPPED',
       `sandbox ${s.name} is stopped`,
-      `snapshot it (\`snaplab snapshot ${s.name} --name NAME\`) and restore that, or remove it with \`snaplab rm ${s.name}\``,
+      `start it again (\`snaplab start ${s.name}\`), snapshot it, or remove it with \`snaplab rm ${s.name}\``,
     );
   if (s.state === 'dead') throw deadError(s.name, s.reason ?? undefined);
   if (s.state !== 'running')
@@ -181,24 +180,6 @@ export async function spawnIn(
     resize: (cols, rows) => h.resize(windowSize(cols, rows)),
     result,
   };
-}
-
-/**
- * Run `fn` holding the sandbox's state lock, with its record as it is now: pause, resume and
- * snapshot each freeze or thaw, and without the lock one could thaw what another just froze.
- */
-async function underStateLock<T>(ctx: LabContext, s: SandboxRecord, fn: () => Promise<T>): Promise<T> {
-  return withLock(join(ctx.home, 'run', s.id, 'state.lock'), async () => {
-    const fresh = ctx.store.getSandbox(s.id);
-    if (!fresh)
-      throw new SnaplabError(
-        'SANDBOX_NOT_FOUND',
-        `sandbox ${s.name} was removed meanwhile`,
-        'list sandboxes with `snaplab ls`',
-      );
-    Object.assign(s, fresh);
-    return fn();
-  });
 }
 
 export interface SnapshotOptions {
@@ -349,20 +330,17 @@ export async function pauseSandbox(ctx: LabContext, s: SandboxRecord, trace: Tra
   });
 }
 
-/** The reason a stopped machine's record carries; its filesystem is kept for a snapshot, until rm. */
-export const STOPPED = 'stopped (snaplab stop); its filesystem is kept';
-export const isStopped = (s: Pick<SandboxRecord, 'state' | 'reason'>): boolean =>
-  s.state === 'dead' && s.reason === STOPPED;
-
 /**
  * Stop a machine and keep its filesystem: a system machine's systemd is asked to halt (services
  * stopped, filesystems synced) and killed only past the grace period (a system VM's with
  * `systemctl poweroff` in the guest); any other VM's cache is written to its disk first. The
- * record stays (state dead, reason STOPPED) for `snapshot` and `rm`.
+ * record stays (state dead, reason STOPPED) for `start`, `snapshot` and `rm`, with its user
+ * namespace range and its egress namespace (no process holds either), so `start` raises it again
+ * as it was. A machine stopped already is refused (SANDBOX_STOPPED).
  */
 export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
   await underStateLock(ctx, s, async () => {
-    if (isStopped(s)) return;
+    checkStoppable(s);
     if (s.state !== 'running' && s.state !== 'paused') await ensureUsable(ctx, s); // says why not
     const driver = ctx.driver(s.driver);
     if (driver.capabilities.guestCache && s.state === 'running') {
@@ -387,11 +365,6 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
     await trace.phase('halt', () => driver.destroy(handleOf(s)));
     ctx.store.updateSandbox(s.id, { state: 'dead', reason: STOPPED });
     Object.assign(s, { state: 'dead', reason: STOPPED });
-    // nothing runs in its user namespace range any more (a scenario's machines keep theirs)
-    if (s.uidBase !== null && s.scenario === null) {
-      ctx.store.clearUidBase(s.id);
-      await releaseRange(s.uidBase, ctx.home, s.id, s.ids ?? null);
-    }
   });
 }
 

@@ -288,14 +288,19 @@ async function raiseMachine(
 }
 
 /** A VM with egress: its NICs and the one on its namespace's tap, addressed with its gateway. */
-function guestNic(nics: MachineSpec['nics'], driver: Driver): Pick<MachineSpec, 'nics'> {
+export function guestNic(nics: MachineSpec['nics'], driver: Driver): Pick<MachineSpec, 'nics'> {
   if (!driver.capabilities.ownKernel) return {};
   const g = GUEST_LINK;
   return { nics: [...(nics ?? []), { tap: g.tap, mac: g.mac, address: g.address, gateway: g.gateway }] };
 }
 
 /** The machine's network namespace, linked to the home's egress router (host/net/egress.ts). */
-async function egressNetns(ctx: LabContext, record: SandboxRecord, driver: Driver, into?: string): Promise<string> {
+export async function egressNetns(
+  ctx: LabContext,
+  record: SandboxRecord,
+  driver: Driver,
+  into?: string,
+): Promise<string> {
   const e = record.egress!;
   return attachEgress(ctx.home, {
     slot: e.slot,
@@ -336,9 +341,14 @@ function cloneRoot(
  * The new machine's first answer (a restored one's was its identity): the agent's own binary,
  * which every machine has at /run/snaplab/agent (an image need not have `true`: distroless and
  * scratch images do not), and the command still goes through everything a command does (fork,
- * exec, the seccomp filter). A system machine then waits for systemd: a note when degraded.
+ * exec, the seccomp filter). A system machine then waits for systemd: a note when degraded. A
+ * started machine (start.ts) is asked the same.
  */
-async function firstAnswer(input: RaiseInput, agent: AgentClient, trace: Trace): Promise<string | null> {
+export async function firstAnswer(
+  input: Pick<RaiseInput, 'memory' | 'egress' | 'init'>,
+  agent: AgentClient,
+  trace: Trace,
+): Promise<string | null> {
   const first = input.memory
     ? { exitCode: 0, stderr: Buffer.alloc(0) }
     : await trace.phase(

@@ -3,6 +3,7 @@ import { SnaplabError } from '../../errors.js';
 import { handleOf } from './handle.js';
 import { ownerAlive } from './owner.js';
 import { releaseRange } from '../../host/userns/registry.js';
+import { STOPPED } from './stopped.js';
 import type { SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
 
@@ -33,10 +34,13 @@ export async function reconcile(ctx: LabContext, s: SandboxRecord): Promise<Sand
       reason = "the process making its pool's template exited";
   } else if (s.state === 'creating' || s.state === 'removing') {
     if (!(await ownerAlive(s.owner))) {
+      // an interrupted start leaves the machine stopped, as it was before (start.ts)
       reason =
-        s.state === 'creating'
-          ? 'creation was interrupted (the process creating it exited)'
-          : 'removal was interrupted';
+        s.state === 'removing'
+          ? 'removal was interrupted'
+          : s.owner?.op === 'start'
+            ? STOPPED
+            : 'creation was interrupted (the process creating it exited)';
     }
   }
   if (reason === undefined) return s;
@@ -64,7 +68,8 @@ function cannotTell(s: SandboxRecord, why: string): SandboxRecord {
 async function reap(ctx: LabContext, s: SandboxRecord, reason: string): Promise<string> {
   try {
     await ctx.driver(s.driver).destroy(handleOf(s));
-    if (s.uidBase !== null && s.scenario === null) {
+    // a stopped machine keeps its range for its next start (stopped.ts)
+    if (s.uidBase !== null && s.scenario === null && reason !== STOPPED) {
       ctx.store.clearUidBase(s.id);
       await releaseRange(s.uidBase, ctx.home, s.id, s.ids ?? null);
     }

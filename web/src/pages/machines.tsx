@@ -37,6 +37,7 @@ export function applyEvents(
     switch (e.type) {
       case 'created':
       case 'ready':
+      case 'started': // a fresh boot: its pid, its reason, read again
         fetch.add(e.sandbox);
         break;
       case 'paused':
@@ -46,6 +47,7 @@ export function applyEvents(
         patch(e.sandbox, { state: 'running', reason: null });
         break;
       case 'exited':
+      case 'stopped':
         patch(e.sandbox, { state: 'dead', reason: e.reason });
         break;
       case 'destroyed':

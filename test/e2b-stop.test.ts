@@ -1,0 +1,87 @@
+/**
+ * E2B's `pause({ keepMemory: false })` (the latest `e2b` SDK; 2.14 has no such option) through a
+ * real `snaplab serve --e2b-listen`: the files are kept, the processes are not (a fresh boot, a
+ * new PID 1), the sandbox is paused meanwhile (envd answers 502, its access token is kept), and a
+ * connect starts it again (201 resumed).
+ */
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Sandbox } from 'e2b';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { cli, removeHome, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
+
+let home: string;
+let d: TestDaemon;
+let key: string;
+const saved = { ...process.env };
+/** The uplink of the sandboxes' egress (on by default under E2B): a namespace of the test's. */
+const UPLINK = `sltest-e2bs-${process.pid}`;
+
+beforeAll(async () => {
+  spawnSync('ip', ['netns', 'add', UPLINK]);
+  process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2bstop-'));
+  key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
+  // `base` as an image a user can make, a copy of busybox (as test/e2b.test.ts does)
+  // (the built-in busybox is made on first use)
+  expect(cli(home, ['create', '--name', 'first']).code).toBe(0);
+  expect(cli(home, ['rm', 'first']).code).toBe(0);
+  const base = cli(home, ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base']);
+  if (base.code !== 0) throw new Error(`image import: ${base.err}`);
+  d = await startE2bDaemon(home, key);
+}, 120_000);
+
+afterAll(async () => {
+  await d?.stop();
+  if (home) removeHome(home);
+  process.env = saved;
+  spawnSync('ip', ['netns', 'del', UPLINK]);
+});
+
+/** The start time of the machine's PID 1 (/proc/1/stat field 22). */
+async function initStart(sbx: Sandbox): Promise<string> {
+  const stat = (await sbx.commands.run('cat /proc/1/stat')).stdout;
+  return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]!;
+}
+
+describe('pause with keepMemory false', () => {
+  it('keeps files only: connect boots it afresh (201), the file is there, the background command is not', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.write('/root/kept.txt', 'before the pause');
+      const bg = await sbx.commands.run('sleep 4321', { background: true });
+      const init = await initStart(sbx);
+      expect(await sbx.pause({ keepMemory: false })).toBe(true);
+      // paused to E2B's callers meanwhile, once only; envd is not there (502: not running)
+      expect(await Sandbox.pause(sbx.sandboxId, { keepMemory: false })).toBe(false);
+      expect((await sbx.getInfo()).state).toBe('paused');
+      const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems();
+      expect(paused.map((x) => x.sandboxId)).toEqual([sbx.sandboxId]);
+      expect(await sbx.isRunning()).toBe(false);
+      // (isRunning is GET /health through the sandbox URL with its token: 502 says not running)
+      await expect(sbx.files.read('/root/kept.txt')).rejects.toThrow();
+      // connect starts it: 201 (resumed), as for a sandbox paused with its memory
+      const res = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
+        method: 'POST',
+        headers: { 'X-API-Key': key, 'content-type': 'application/json' },
+        body: JSON.stringify({ timeout: 300 }),
+      });
+      expect(res.status).toBe(201);
+      const back = await Sandbox.connect(sbx.sandboxId);
+      expect((await back.getInfo()).state).toBe('running');
+      // its access token is kept: the handle made before the pause drives it still
+      expect(await sbx.files.read('/root/kept.txt')).toBe('before the pause');
+      expect((await back.commands.list()).map((p) => p.pid)).not.toContain(bg.pid);
+      expect((await back.commands.run('ps -o args')).stdout).not.toContain('sleep 4321');
+      expect(await initStart(back)).not.toBe(init);
+      // and it pauses with its memory as any other
+      expect(await back.pause()).toBe(true);
+      expect((await Sandbox.connect(sbx.sandboxId)).sandboxId).toBe(sbx.sandboxId);
+    } finally {
+      await sbx.kill();
+    }
+    expect(JSON.parse(cli(home, ['ls', '--json']).out)).toEqual([]);
+  }, 120_000);
+});

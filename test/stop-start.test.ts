@@ -1,0 +1,235 @@
+/**
+ * stop and start on both libraries (embedded, and remote through a real `snaplab serve` with an
+ * API key): the files stay, the processes do not (a fresh boot, a new PID 1), the id, name,
+ * labels, limits and egress address are the same; bad states are refused with codes; a failed
+ * start removes what it made; gc finds a stopped machine's leftovers; the daemon tells of both.
+ */
+import { spawn } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Lab } from '../src/sdk/lab.js';
+import type { LabApi, SandboxApi } from '../src/sdk/api.js';
+import type { Sandbox } from '../src/sdk/sandbox.js';
+import { cgroupFor } from '../src/host/cgroups/cgroups.js';
+import { handledElsewhere } from '../src/cleanup.js';
+import { cli, removeHome, sleep, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { SNAPLAB } from './cli-command.js';
+
+let home: string;
+let daemon: TestDaemon;
+let token: string;
+const labs: Record<string, LabApi> = {};
+
+beforeAll(async () => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-test-stopstart-'));
+  const k = cli(home, ['key', 'create', 'stopstart', '--scope', 'read,exec']);
+  expect(k.code, k.err).toBe(0);
+  token = k.out.trim();
+  daemon = await startDaemon(home);
+  labs.embedded = await Lab.open({ home });
+  labs.remote = await Lab.connect({ url: daemon.url, token });
+}, 120_000);
+
+afterAll(async () => {
+  for (const lab of Object.values(labs)) lab.close();
+  await daemon?.stop();
+  cli(home, ['rm', '--all']);
+  cli(home, ['image', 'rm', '--force', 'busybox']);
+  cli(home, ['gc']);
+  removeHome(home);
+});
+
+/** The start time of the machine's PID 1 (/proc/1/stat field 22): a new init has a new one. */
+async function initStart(box: SandboxApi): Promise<string> {
+  const stat = (await box.exec(['cat', '/proc/1/stat'])).stdout;
+  return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]!;
+}
+
+const out = async (box: SandboxApi, script: string): Promise<string> => (await box.exec(['sh', '-c', script])).stdout;
+
+describe.each(['embedded', 'remote'])('stop and start, %s', (kind) => {
+  const lab = (): LabApi => labs[kind]!;
+
+  it('keeps its files and who it is; its processes are not kept (a fresh boot, a new PID 1)', async () => {
+    const box = await lab().create({
+      name: `ss-${kind}`,
+      image: 'busybox',
+      labels: { suite: 'stop-start' },
+      limits: { memoryBytes: 128 << 20, pids: 200 },
+    });
+    try {
+      await box.exec(['sh', '-c', 'echo kept > /root/f']);
+      const bg = await box.spawn(['sleep', '1000']);
+      // it ends with the machine: its result rejects then, and is not waited for
+      bg.result.catch(handledElsewhere);
+      const bgPid = await bg.pid;
+      const before = { init: await initStart(box), pid: box.toJSON().pid };
+      await box.stop();
+      await box.refresh();
+      expect([box.state, box.stopped]).toEqual(['dead', true]);
+      // nothing runs: its cgroup is gone (remote too: the same host)
+      for (const dir of cgroupFor(box.id).dirs) expect(existsSync(dir)).toBe(false);
+      await expect(box.exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_STOPPED' });
+      await expect(box.stop()).rejects.toMatchObject({ code: 'SANDBOX_STOPPED', hint: expect.stringMatching(/start/) });
+      await box.start();
+      const again = await lab().get(box.id);
+      expect([again.state, again.stopped, again.name, again.labels, again.limits]).toEqual([
+        'running',
+        false,
+        `ss-${kind}`,
+        { suite: 'stop-start' },
+        box.limits,
+      ]);
+      expect(await out(again, 'cat /root/f')).toBe('kept\n');
+      // the background command went with the old boot, and PID 1 is another process
+      expect(await out(again, `ps -o pid,args | grep -c '[s]leep 1000' || true`)).toBe('0\n');
+      expect(await out(again, `test -d /proc/${bgPid} && echo there || echo gone`)).toBe('gone\n');
+      expect(await initStart(again)).not.toBe(before.init);
+      expect(again.toJSON().pid).not.toBe(before.pid);
+      await expect(again.start()).rejects.toMatchObject({
+        code: 'SANDBOX_RUNNING',
+        hint: expect.stringMatching(/stop/),
+      });
+      await again.pause();
+      await expect(again.start()).rejects.toMatchObject({
+        code: 'SANDBOX_RUNNING',
+        hint: expect.stringMatching(/resume/),
+      });
+      await again.resume();
+      // and again: stop and start are repeatable
+      await again.stop();
+      await again.start();
+      expect(await out(again, 'cat /root/f')).toBe('kept\n');
+    } finally {
+      await box.destroy();
+    }
+  }, 120_000);
+
+  it('keeps its egress address across a stop and a start', async () => {
+    const box = await lab().create({ image: 'busybox', egress: true });
+    try {
+      const address = box.egress!.address;
+      const inside = (): Promise<string> => out(box, 'ip addr show eth0');
+      expect(await inside()).toContain(address);
+      await box.stop();
+      await box.start();
+      await box.refresh();
+      expect(box.egress!.address).toBe(address);
+      expect(await inside()).toContain(address);
+    } finally {
+      await box.destroy();
+    }
+  }, 120_000);
+});
+
+describe('stop and start, the embedded lab alone', () => {
+  const lab = (): Lab => labs.embedded as Lab;
+
+  it('a start that fails removes what it made and leaves the machine stopped; it can be removed', async () => {
+    const box = (await lab().create({ image: 'busybox', egress: true })) as Sandbox;
+    try {
+      // a start writes its resolver (egress): a directory in its place makes the start fail
+      await box.exec(['sh', '-c', 'rm -f /etc/resolv.conf && mkdir /etc/resolv.conf']);
+      await box.stop();
+      await expect(box.start()).rejects.toThrow();
+      await box.refresh();
+      expect([box.state, box.stopped]).toEqual(['dead', true]);
+      expect(existsSync(join(home, 'run', box.id))).toBe(false);
+      for (const dir of cgroupFor(box.id).dirs) expect(existsSync(dir)).toBe(false);
+      const failed = (await lab().traces({ targets: [box.name] })).find((t) => t.kind === 'start');
+      expect(failed?.error).toBeTruthy();
+    } finally {
+      await box.destroy();
+    }
+    expect(existsSync(join(home, 'run', box.id))).toBe(false);
+  }, 120_000);
+
+  it("gc removes a stopped machine's host leftovers and keeps the machine, which starts again", async () => {
+    const box = await lab().create({ image: 'busybox' });
+    try {
+      await box.exec(['sh', '-c', 'echo kept > /root/f']);
+      await box.stop();
+      // what a crash could leave: a run directory
+      mkdirSync(join(home, 'run', box.id), { recursive: true });
+      const { removed } = await lab().gc();
+      expect(removed).toContain(`run directory ${join(home, 'run', box.id)}`);
+      await box.start();
+      expect(await out(box, 'cat /root/f')).toBe('kept\n');
+    } finally {
+      await box.destroy();
+    }
+  }, 120_000);
+
+  it('a start whose process is killed half-way is stopped again by the next reader, and starts after', async () => {
+    const box = await lab().create({ image: 'busybox' });
+    try {
+      await box.exec(['sh', '-c', 'echo kept > /root/f']);
+      await box.stop();
+      const child = spawn(SNAPLAB, ['start', box.name], {
+        env: { ...process.env, SNAPLAB_HOME: home },
+        stdio: 'ignore',
+      });
+      const exited = new Promise((r) => child.once('exit', r));
+      // killed as soon as its record says it is being started
+      let seen = '';
+      for (const end = Date.now() + 20_000; seen !== 'creating' && Date.now() < end; await sleep(2))
+        seen = (await lab().get(box.id, { check: false })).state;
+      child.kill('SIGKILL');
+      await exited;
+      expect(seen).toBe('creating');
+      const after = await lab().get(box.id); // reconciled: its owner is gone
+      expect([after.state, after.stopped]).toEqual(['dead', true]);
+      for (const dir of cgroupFor(box.id).dirs) expect(existsSync(dir)).toBe(false);
+      await after.start();
+      expect(await out(after, 'cat /root/f')).toBe('kept\n');
+    } finally {
+      await box.destroy();
+    }
+  }, 120_000);
+
+  it('a VM (qemu) stops with its disk and starts again on it: a fresh boot', async () => {
+    const vm = await lab().create({ driver: 'qemu', image: 'busybox' });
+    try {
+      await vm.exec(['sh', '-c', 'echo kept > /root/f']);
+      const boot = await out(vm, 'cat /proc/sys/kernel/random/boot_id');
+      await vm.stop(); // (the guest syncs first)
+      await vm.start();
+      expect(await out(vm, 'cat /root/f')).toBe('kept\n');
+      expect(await out(vm, 'cat /proc/sys/kernel/random/boot_id')).not.toBe(boot);
+    } finally {
+      await vm.destroy();
+    }
+  }, 400_000);
+
+  it('the daemon tells of a stop and a start on its event stream', async () => {
+    const remote = labs.remote!;
+    const box = await remote.create({ name: 'ss-events', image: 'busybox' });
+    try {
+      await box.stop();
+      await box.start();
+      const ctl = new AbortController();
+      const res = await fetch(`${daemon.url}/events?after=0`, {
+        headers: { authorization: `Bearer ${token}` },
+        signal: ctl.signal,
+      });
+      let text = '';
+      const reader = res.body!.getReader();
+      const end = Date.now() + 3000;
+      while (!/event: started\ndata: [^\n]*ss-events/.test(text) && Date.now() < end) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += Buffer.from(value).toString();
+      }
+      ctl.abort();
+      const types = [...text.matchAll(/event: (\S+)\ndata: ([^\n]*)/g)]
+        .filter((m) => m[2]!.includes('"ss-events"'))
+        .map((m) => m[1]);
+      expect(types).toEqual(expect.arrayContaining(['stopped', 'started']));
+      expect(types.indexOf('stopped')).toBeLessThan(types.indexOf('started'));
+    } finally {
+      await box.destroy();
+    }
+  }, 120_000);
+});
