@@ -139,6 +139,8 @@ describe.each([
         allowNetworkMounts: true,
       });
       await sbx.files.write('/srv/w/a.txt', 'hello', { metadata: { who: 'w' } });
+      // the entry is read when the event is: a remove before it (a loaded host) leaves none to read
+      await until('the create', () => seen.some((e) => e.type === 'create'));
       await sbx.files.remove('/srv/w/a.txt');
       await until('the remove', () => seen.some((e) => e.type === 'remove'));
       await h.stop();
