@@ -223,13 +223,9 @@ export interface SandboxQuery {
   labels?: Record<string, string>;
   /** made by this API key; null: by none */
   owner?: string | null;
-  /** in one of these states */
-  states?: readonly SandboxRecord['state'][];
-  /** the rows after this one in the order asked (a page's cursor, sdk/paging.ts) */
+  /** the rows after this one (a page's cursor, sdk/paging.ts) */
   after?: { createdAt: number; id: string };
   limit?: number;
-  /** default oldest first */
-  order?: 'asc' | 'desc';
 }
 
 /** A listed sandbox: its record and its labels and lifetime, read together. */
@@ -352,7 +348,7 @@ export class Store {
   }
   /**
    * Sandboxes with their labels and lifetime (null: no sandbox_meta row), in the list's order
-   * (sdk/paging.ts: creation time, then id; `desc`: newest first), filtered and paged here, in
+   * (sdk/paging.ts: creation time, then id), filtered and paged here, in
    * one statement: only the rows after the cursor that pass the filters are read, at most
    * `limit`, walking the index on (created_at, id). A page costs the same with 10 or 10 000 rows
    * when its rows are dense in that order (no filter, or one most rows pass).
@@ -360,18 +356,13 @@ export class Store {
   pageSandboxes(q: SandboxQuery): ListedRecord[] {
     const where: string[] = [];
     const args: unknown[] = [];
-    const desc = q.order === 'desc';
     if (q.after) {
-      where.push(`(s.created_at, s.id) ${desc ? '<' : '>'} (?, ?)`);
+      where.push('(s.created_at, s.id) > (?, ?)');
       args.push(q.after.createdAt, q.after.id);
     }
     if (q.owner !== undefined) {
       where.push('m.owner IS ?');
       args.push(q.owner);
-    }
-    if (q.states) {
-      where.push(`s.state IN (${q.states.map(() => '?').join(', ')})`);
-      args.push(...q.states);
     }
     // (json_each, not a JSON path: a key is compared as it is, whatever characters it holds)
     for (const [k, v] of Object.entries(q.labels ?? {})) {
@@ -379,10 +370,9 @@ export class Store {
       args.push(k, v);
     }
     if (q.limit !== undefined) args.push(q.limit);
-    const dir = desc ? ' DESC' : '';
     const sql = `SELECT ${sandboxColumns('s')}, ${META_COLUMNS} FROM sandboxes s LEFT JOIN sandbox_meta m ON m.id = s.id
       ${where.length ? `WHERE ${where.join(' AND ')}` : ''}
-      ORDER BY s.created_at${dir}, s.id${dir}${q.limit !== undefined ? ' LIMIT ?' : ''}`;
+      ORDER BY s.created_at, s.id${q.limit !== undefined ? ' LIMIT ?' : ''}`;
     return this.sandboxes(sql, ...args).map((a) => ({ record: toSandbox(a), meta: listedMeta(a) }));
   }
   /**
