@@ -375,6 +375,34 @@ export class Store {
       ORDER BY s.created_at, s.id${q.limit !== undefined ? ' LIMIT ?' : ''}`;
     return this.sandboxes(sql, ...args).map((a) => ({ record: toSandbox(a), meta: listedMeta(a) }));
   }
+  // what gc and a check pass ask of the store now, after their one read of every record: a
+  // column or two, not every record made again
+  /** ids of the sandboxes that hold a user namespace range */
+  sandboxesWithRange(): Set<string> {
+    return new Set(this.sandboxes('SELECT id FROM sandboxes WHERE uid_base IS NOT NULL').map((a) => a[0] as string));
+  }
+  /** the egress slots recorded */
+  egressSlots(): Set<number> {
+    return new Set(
+      this.sandboxes('SELECT egress_slot FROM sandboxes WHERE egress_slot IS NOT NULL').map((a) => a[0] as number),
+    );
+  }
+  /** the ids of the volumes sandboxes record */
+  sandboxVolumeIds(): string[] {
+    return this.sandboxes(
+      "SELECT json_extract(volume, '$.id') FROM sandboxes WHERE json_extract(volume, '$.id') IS NOT NULL",
+    ).map((a) => a[0] as string);
+  }
+  /** is any sandbox recorded on this storage? */
+  sandboxOn(storage: StorageKind): boolean {
+    return this.sandboxes('SELECT 1 FROM sandboxes WHERE storage = ? LIMIT 1', storage).length > 0;
+  }
+  /** dead records whose owner's step was 'create' (an interrupted create), outside pools and scenarios */
+  interruptedCreates(): SandboxRecord[] {
+    return this.sandboxes(
+      `SELECT ${sandboxColumns()} FROM sandboxes WHERE state = 'dead' AND owner_op = 'create' AND scenario IS NULL AND pool IS NULL ORDER BY created_at`,
+    ).map(toSandbox);
+  }
   /**
    * False when its name (or id) is already taken. A record with egress is given the lowest free
    * slot in the same write transaction (s.egress.slot is set).

@@ -27,9 +27,9 @@ export async function checkSandboxes(ctx: LabContext, reconciled = false): Promi
         .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
     );
   const removed: Checked['removed'] = [];
-  // read after the reconcile: a change made meanwhile is seen as it is now, not as it was
-  for (const r of ctx.store.listSandboxes()) {
-    if (r.state !== 'dead' || r.owner?.op !== 'create' || r.scenario || r.pool) continue;
+  // read after the reconcile: a change made meanwhile is seen as it is now, not as it was (those
+  // rows alone: a daemon's start reads every record once, in gc's pass)
+  for (const r of ctx.store.interruptedCreates()) {
     const owner = ctx.store.getMeta(r.id)?.owner ?? null;
     await destroyRecord(ctx, r).catch(noted(`remove ${r.name}, left by an interrupted create`));
     removed.push({ id: r.id, name: r.name, reason: r.reason, owner });
