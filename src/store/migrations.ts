@@ -243,6 +243,6 @@ export const migrations: string[] = [
   // the list's order (sdk/paging.ts: creation time, then id): a page is read from here, only its
   // rows, after its cursor (store.ts pageSandboxes), not every record sorted
   `
-  CREATE INDEX sandboxes_created ON sandboxes(created_at, id);
+  CREATE INDEX IF NOT EXISTS sandboxes_created ON sandboxes(created_at, id);
   `,
 ];
