@@ -4,19 +4,20 @@ import type { LabContext } from './context.js';
 
 const LABEL_KEY = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/;
 
+/** The labels and lifetime of a sandbox without a sandbox_meta row: none. */
+export const noMeta = (id: string): SandboxMeta => ({
+  id,
+  labels: {},
+  metadata: {},
+  owner: null,
+  timeoutS: null,
+  onTimeout: null,
+  expiresAt: null,
+});
+
 /** A sandbox's labels and lifetime; one without a row has none. */
 export function metaOf(ctx: LabContext, id: string): SandboxMeta {
-  return (
-    ctx.store.getMeta(id) ?? {
-      id,
-      labels: {},
-      metadata: {},
-      owner: null,
-      timeoutS: null,
-      onTimeout: null,
-      expiresAt: null,
-    }
-  );
+  return ctx.store.getMeta(id) ?? noMeta(id);
 }
 
 export function updateMeta(ctx: LabContext, id: string, patch: Partial<Omit<SandboxMeta, 'id'>>): SandboxMeta {

@@ -1,4 +1,4 @@
-import { pageOf } from './paging.js';
+import { checkPage } from './paging.js';
 import { checkRangeSize } from '../host/userns/registry.js';
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/lifecycle/gc.js';
@@ -15,8 +15,8 @@ import { getScenario } from '../scenario/down.js';
 import { upScenario, type UpOptions } from '../scenario/up.js';
 import { reconcile } from '../lab/lifecycle/reconcile.js';
 import { sandboxKey } from '../lab/names.js';
-import { checkLabels, updateMeta } from '../lab/meta.js';
-import { checkSandboxes, selectRecords, storedTraces } from '../lab/lifecycle/check.js';
+import { checkLabels, noMeta, updateMeta } from '../lab/meta.js';
+import { checkSandboxes, storedTraces } from '../lab/lifecycle/check.js';
 import type { ImportOptions } from '../image/import.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { BuildOptions, Built } from '../lab/images/build.js';
@@ -229,12 +229,23 @@ export class Lab implements LabApi {
 
   /**
    * Every sandbox, reconciled: one whose processes are gone is reported dead, with the reason.
-   * `labels`, `owner`, `check`: see ListOptions.
+   * `labels`, `owner`, `check`, `limit`, `after`: see ListOptions. The filters and the page are
+   * read from the store in one query (only the page's rows), and only the page is checked against
+   * the host. Each sandbox's labels and lifetime are as this list read them (with its state),
+   * until it changes them itself or is refreshed.
    */
   async list(opts: ListOptions = {}): Promise<Sandbox[]> {
-    const recs = pageOf(selectRecords(this.ctx, opts), opts);
-    if (opts.check === false) return recs.map((r) => new Sandbox(this.ctx, r));
-    return Promise.all(recs.map(async (r) => new Sandbox(this.ctx, await reconcile(this.ctx, r))));
+    const after = checkPage(opts);
+    const rows = this.ctx.store.pageSandboxes({
+      ...(opts.labels ? { labels: opts.labels } : {}),
+      ...(opts.owner !== undefined ? { owner: opts.owner } : {}),
+      ...(after ? { after } : {}),
+      ...(opts.limit !== undefined ? { limit: opts.limit } : {}),
+    });
+    const listed = (r: SandboxRecord, meta: SandboxMeta | null): Sandbox =>
+      new Sandbox(this.ctx, r, undefined, undefined, meta ?? noMeta(r.id));
+    if (opts.check === false) return rows.map((r) => listed(r.record, r.meta));
+    return Promise.all(rows.map(async (r) => listed(await reconcile(this.ctx, r.record), r.meta)));
   }
 
   /** A check pass (see LabApi.check): what `snaplab serve` runs on its tick. */

@@ -5,6 +5,9 @@
  * before by its creation time and id, so it stays valid when that sandbox is removed meanwhile. A
  * sandbox that comes into a list while a client pages through it (made, or taken from a pool by
  * this key, which keeps its standby's creation time) is seen only if it sorts after the cursor.
+ * A lab reads its page in this order from its store, only the page's rows (Store.pageSandboxes: a
+ * keyset query on an index of creation time and id); `pageOf` pages a list already in hand (a
+ * gateway's merge of its nodes' pages, the E2B front's filtered list).
  */
 import { SnaplabError } from '../errors.js';
 

@@ -18,7 +18,7 @@ import { destroyRecord } from '../lab/lifecycle/teardown.js';
 import { startSandbox } from '../lab/lifecycle/start.js';
 import { isStopped } from '../lab/lifecycle/stopped.js';
 import { USERNS_SIZE } from '../host/userns/id-ranges.js';
-import type { Limits, SandboxRecord } from '../store/records.js';
+import type { Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
 import type {
@@ -54,15 +54,30 @@ export class Sandbox implements SandboxApi {
   lastTrace: TraceSummary | undefined;
   private agent: AgentClient | undefined;
 
-  /** @internal */
+  /**
+   * @internal `listed`: its labels and lifetime as a list read them with its record (a list of
+   * thousands reads them once, not once per sandbox and getter); without it they are read live
+   */
   constructor(
     private readonly ctx: LabContext,
     private record: SandboxRecord,
     agent?: AgentClient,
     trace?: TraceSummary,
+    private listed?: SandboxMeta,
   ) {
     this.agent = agent;
     this.lastTrace = trace;
+  }
+
+  /** Its labels and lifetime: as listed, else read now. */
+  private meta(): SandboxMeta {
+    return this.listed ?? metaOf(this.ctx, this.record.id);
+  }
+
+  /** Change its labels or lifetime; read live from then on. */
+  private changeMeta(patch: Partial<Omit<SandboxMeta, 'id'>>): void {
+    this.listed = undefined;
+    updateMeta(this.ctx, this.record.id, patch);
   }
 
   get id(): string {
@@ -85,10 +100,10 @@ export class Sandbox implements SandboxApi {
   }
   /** labels (selected by `lab.list({ labels })`) and metadata given at create or set since */
   get labels(): Record<string, string> {
-    return metaOf(this.ctx, this.record.id).labels;
+    return this.meta().labels;
   }
   get metadata(): Record<string, string> {
-    return metaOf(this.ctx, this.record.id).metadata;
+    return this.meta().metadata;
   }
   get reason(): string | null {
     return this.record.reason;
@@ -107,21 +122,21 @@ export class Sandbox implements SandboxApi {
   }
   /** when its timeout ends it (a daemon keeps the clock); null while paused or without one */
   get expiresAt(): number | null {
-    return metaOf(this.ctx, this.record.id).expiresAt;
+    return this.meta().expiresAt;
   }
   /** the API key that made it through a daemon ('local': the Unix socket), or null */
   get owner(): string | null {
-    return metaOf(this.ctx, this.record.id).owner;
+    return this.meta().owner;
   }
   get timeoutS(): number {
-    return metaOf(this.ctx, this.record.id).timeoutS ?? 0;
+    return this.meta().timeoutS ?? 0;
   }
   /** what it may use: memory, pids, CPUs, disk (those it was made with) */
   get limits(): Limits {
     return this.record.limits;
   }
   get onTimeout(): 'kill' | 'pause' {
-    return metaOf(this.ctx, this.record.id).onTimeout ?? DEFAULT_ON_TIMEOUT;
+    return this.meta().onTimeout ?? DEFAULT_ON_TIMEOUT;
   }
 
   /** A new timeout from now (0: none); its clock runs while the sandbox runs. Needs a daemon's lab. */
@@ -129,7 +144,7 @@ export class Sandbox implements SandboxApi {
     if (!Number.isSafeInteger(timeoutS) || timeoutS < 0)
       throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
     if (timeoutS) checkKeepsTime(this.ctx);
-    updateMeta(this.ctx, this.record.id, {
+    this.changeMeta({
       timeoutS,
       ...(onTimeout ? { onTimeout } : {}),
       expiresAt: timeoutS && this.record.state === 'running' ? Date.now() + timeoutS * 1000 : null,
@@ -156,7 +171,7 @@ export class Sandbox implements SandboxApi {
     const patch: { labels?: Record<string, string>; metadata?: Record<string, string> } = {};
     if (change.labels) patch.labels = checkLabels('label', change.labels);
     if (change.metadata) patch.metadata = checkLabels('metadata', change.metadata);
-    updateMeta(this.ctx, this.record.id, patch);
+    this.changeMeta(patch);
   }
 
   /** the stored record: limits, pid, volume, origin */
@@ -186,9 +201,10 @@ export class Sandbox implements SandboxApi {
     return sandboxUsage(this.ctx, this.record);
   }
 
-  /** Its state and reason read again (labels and lifetime are read live). */
+  /** Its state and reason read again, and its labels and lifetime from now on read live. */
   async refresh(): Promise<this> {
     this.sync();
+    this.listed = undefined;
     return this;
   }
 
@@ -378,7 +394,7 @@ export class Sandbox implements SandboxApi {
   async pause(): Promise<TraceSummary> {
     const { trace } = await this.ctx.traced('pause', this.name, (t) => pauseSandbox(this.ctx, this.record, t));
     // a paused sandbox's clock stands still: resume starts its timeout again
-    if (this.timeoutS) updateMeta(this.ctx, this.record.id, { expiresAt: null });
+    if (this.timeoutS) this.changeMeta({ expiresAt: null });
     return trace;
   }
 
@@ -394,7 +410,7 @@ export class Sandbox implements SandboxApi {
       })
     ).trace;
     const timeoutS = this.timeoutS;
-    if (timeoutS) updateMeta(this.ctx, this.record.id, { expiresAt: Date.now() + timeoutS * 1000 });
+    if (timeoutS) this.changeMeta({ expiresAt: Date.now() + timeoutS * 1000 });
     return trace;
   }
 
@@ -422,6 +438,7 @@ export class Sandbox implements SandboxApi {
 
   toJSON(): Record<string, unknown> {
     const r = this.record;
+    const m = this.meta(); // once: a list's JSON of thousands reads no row per sandbox
     return {
       id: r.id,
       name: r.name,
@@ -439,21 +456,10 @@ export class Sandbox implements SandboxApi {
       init: r.init ?? 'agent',
       hostRoot: this.hostRoot,
       egress: this.egress,
-      labels: this.labels,
-      metadata: this.metadata,
-      ...this.lifetimeView(),
+      labels: m.labels,
+      metadata: m.metadata,
+      ...lifetimeView(m),
       createdAt: new Date(r.createdAt).toISOString(),
-    };
-  }
-
-  /** Its owner and timeout as the API shows them (the daemon's view of a sandbox is its toJSON). */
-  private lifetimeView(): Record<string, unknown> {
-    const m = metaOf(this.ctx, this.record.id);
-    return {
-      owner: m.owner,
-      timeoutS: m.timeoutS ?? 0,
-      onTimeout: m.onTimeout ?? DEFAULT_ON_TIMEOUT,
-      expiresAt: m.expiresAt ? new Date(m.expiresAt).toISOString() : null,
     };
   }
 
@@ -473,4 +479,14 @@ export function checkKeepsTime(ctx: LabContext): void {
       'a timeout needs a daemon: the embedded lab runs nothing that would end the sandbox',
       'create it through `snaplab serve` (SNAPLAB_HOST), or destroy it yourself',
     );
+}
+
+/** Its owner and timeout as the API shows them (the daemon's view of a sandbox is its toJSON). */
+function lifetimeView(m: SandboxMeta): Record<string, unknown> {
+  return {
+    owner: m.owner,
+    timeoutS: m.timeoutS ?? 0,
+    onTimeout: m.onTimeout ?? DEFAULT_ON_TIMEOUT,
+    expiresAt: m.expiresAt ? new Date(m.expiresAt).toISOString() : null,
+  };
 }

@@ -240,4 +240,9 @@ export const migrations: string[] = [
   ALTER TABLE sandboxes ADD COLUMN uid_count INTEGER;
   ALTER TABLE snapshots ADD COLUMN ids INTEGER;
   `,
+  // the list's order (sdk/paging.ts: creation time, then id): a page is read from here, only its
+  // rows, after its cursor (store.ts pageSandboxes), not every record sorted
+  `
+  CREATE INDEX IF NOT EXISTS sandboxes_created ON sandboxes(created_at, id);
+  `,
 ];

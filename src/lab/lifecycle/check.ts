@@ -1,11 +1,9 @@
 /**
- * What `lab.list`, `lab.check` and `lab.traces` read for the public API (sdk/api.ts): records
- * chosen by labels and owner, the check pass a server runs on its tick, and stored traces.
+ * What `lab.check` and `lab.traces` read for the public API (sdk/api.ts): the check pass a server
+ * runs on its tick, and stored traces. (`lab.list` reads its page in one query: Store.pageSandboxes.)
  */
 import type { TraceSummary } from '../../timing/trace.js';
-import type { SandboxMeta, SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
-import { matches } from '../meta.js';
 import { reconcile } from './reconcile.js';
 import { destroyRecord } from './teardown.js';
 import { noted, orElse } from '../../cleanup.js';
@@ -13,22 +11,6 @@ import { noted, orElse } from '../../cleanup.js';
 /** (sdk/api.ts's CheckResult: the lab does not import the API it is under) */
 export interface Checked {
   removed: { id: string; name: string; reason: string | null; owner: string | null }[];
-}
-
-/** The records `list` gives: every key=value of `labels`, made by `owner` (null: by no key). */
-export function selectRecords(
-  ctx: LabContext,
-  opts: { labels?: Record<string, string>; owner?: string | null },
-): SandboxRecord[] {
-  const all = ctx.store.listSandboxes();
-  if (!opts.labels && opts.owner === undefined) return all;
-  // one read of every meta row, not one per record
-  const meta = new Map<string, SandboxMeta>(ctx.store.listMeta().map((m) => [m.id, m]));
-  return all.filter((r) => {
-    const m = meta.get(r.id);
-    if (opts.owner !== undefined && (m?.owner ?? null) !== opts.owner) return false;
-    return !opts.labels || matches(m?.labels ?? {}, opts.labels);
-  });
 }
 
 /**
@@ -45,9 +27,9 @@ export async function checkSandboxes(ctx: LabContext, reconciled = false): Promi
         .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
     );
   const removed: Checked['removed'] = [];
-  // read after the reconcile: a change made meanwhile is seen as it is now, not as it was
-  for (const r of ctx.store.listSandboxes()) {
-    if (r.state !== 'dead' || r.owner?.op !== 'create' || r.scenario || r.pool) continue;
+  // read after the reconcile: a change made meanwhile is seen as it is now, not as it was (those
+  // rows alone: a daemon's start reads every record once, in gc's pass)
+  for (const r of ctx.store.interruptedCreates()) {
     const owner = ctx.store.getMeta(r.id)?.owner ?? null;
     await destroyRecord(ctx, r).catch(noted(`remove ${r.name}, left by an interrupted create`));
     removed.push({ id: r.id, name: r.name, reason: r.reason, owner });

@@ -8,6 +8,7 @@ import { listMounts, mountsUnder, unmount } from '../../host/mounts.js';
 import { unmountPool } from '../../storage/index.js';
 import type { Trace } from '../../timing/trace.js';
 import type { LabContext } from '../context.js';
+import type { SandboxRecord } from '../../store/records.js';
 import { STORAGE_KINDS } from '../context.js';
 import { collectScenarios } from '../../scenario/gc.js';
 import { collecting, liveInflight } from './inflight.js';
@@ -32,24 +33,10 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   const removed: string[] = [];
   const notes: string[] = [];
   removed.push(...(await trace.phase('scenarios', () => collectScenarios(ctx))));
-  // standbys of a pool that no longer exists (removed while a refill was raising them)
-  const pools = new Set(ctx.store.listPools().map((p) => p.name));
-  for (const s of ctx.store.listSandboxes()) {
-    if (s.pool === null || pools.has(s.pool) || s.state !== 'paused') continue;
-    await destroyRecord(ctx, s);
-    removed.push(`standby ${s.name} of removed pool ${s.pool}`);
-  }
-  // machines an interrupted reset had set aside (renamed NAME~ID) and that are dead now
-  for (const s of ctx.store.listSandboxes()) {
-    if (!s.name.includes('~')) continue;
-    const r = await reconcile(ctx, s);
-    if (r.state !== 'dead') continue;
-    await destroyRecord(ctx, r);
-    removed.push(`discarded machine ${s.name}`);
-  }
-  const sandboxes = await trace.phase('reconcile', async () =>
-    Promise.all(ctx.store.listSandboxes().map((s) => reconcile(ctx, s))),
-  );
+  // every record, read once (a daemon's start: once, not once per step); what is asked later is
+  // asked of the store again at that time, a column at a time (see each)
+  const records = await trace.phase('read records', async () => ctx.store.listSandboxes());
+  const sandboxes = await trace.phase('reconcile', () => discardAndReconcile(ctx, records, removed));
   const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
   // run directories and cgroups are named by sandbox id whatever the driver: every driver sees every live id
   const live = new Set(liveSandboxes.map((s) => s.id));
@@ -66,14 +53,17 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   for (const [name, driver] of ctx.drivers)
     removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc({ sandbox: isLive, imageVolume }))));
   // egress namespaces and rules of sandboxes it no longer records; its router when none has egress
-  const slots = (): Set<number> => new Set(ctx.store.listSandboxes().flatMap((s) => (s.egress ? [s.egress.slot] : [])));
-  removed.push(...(await trace.phase('egress', () => collectEgress(ctx.home, slots))));
+  removed.push(...(await trace.phase('egress', () => collectEgress(ctx.home, () => ctx.store.egressSlots()))));
   // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
-  // held: asked of the store now, not of the list read at the start (a create may have finished since)
+  // held: asked of the store now, not of the list read at the start (a create may have finished
+  // since): the holders read once here, and a claim none of them names asked of its own record
+  // (one that lost its range since this read is only kept for the next pass)
+  let holders: Set<string> | undefined;
   const isHeld = (id: string): boolean => {
     const machine = machineOf(id);
     if (machine) return ctx.store.listScenarios().some((x) => x.id === machine.sid);
+    if ((holders ??= ctx.store.sandboxesWithRange()).has(id)) return true;
     const rec = ctx.store.getSandbox(id);
     return rec !== undefined && rec.id === id && rec.uidBase !== null;
   };
@@ -108,6 +98,34 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   return { removed, notes };
 }
 
+/**
+ * Every record checked against the host, in one pass, after what needs no check is removed:
+ * standbys of a pool that no longer exists (removed while a refill was raising them), and
+ * machines an interrupted reset had set aside (renamed NAME~ID) once they are dead. The records
+ * left, reconciled (a record removed here is not among them).
+ */
+async function discardAndReconcile(
+  ctx: LabContext,
+  records: SandboxRecord[],
+  removed: string[],
+): Promise<SandboxRecord[]> {
+  const pools = new Set(ctx.store.listPools().map((p) => p.name));
+  const gone = new Set<string>();
+  for (const s of records) {
+    if (s.pool === null || pools.has(s.pool) || s.state !== 'paused') continue;
+    await destroyRecord(ctx, s);
+    gone.add(s.id);
+    removed.push(`standby ${s.name} of removed pool ${s.pool}`);
+  }
+  const reconciled = await Promise.all(records.filter((s) => !gone.has(s.id)).map((s) => reconcile(ctx, s)));
+  const aside = reconciled.filter((r) => r.name.includes('~') && r.state === 'dead');
+  for (const r of aside) {
+    await destroyRecord(ctx, r);
+    removed.push(`discarded machine ${r.name}`);
+  }
+  return reconciled.filter((r) => !aside.includes(r));
+}
+
 /** Volumes, memory snapshots, the btrfs pool's mount and loop device that nothing records. */
 async function collectVolumes(
   ctx: LabContext,
@@ -121,10 +139,9 @@ async function collectVolumes(
     notes.push(`volumes not collected: ${busy.length} operation(s) in flight (${busy.join(', ')}); run gc again later`);
     return;
   }
-  const volumeIds = new Set<string>();
   // read again, after the in-flight check: a clone that finished since the list above was read
   // has recorded its volume before it lifted its mark (the soak met one deleted under its create)
-  for (const s of ctx.store.listSandboxes()) if (s.volume) volumeIds.add(s.volume.id);
+  const volumeIds = new Set<string>(ctx.store.sandboxVolumeIds());
   for (const s of ctx.store.listSnapshots()) volumeIds.add(s.volume.id);
   for (const iv of ctx.store.listImageVolumes()) volumeIds.add(iv.volume.id);
   // VM pool templates whose pool is gone (kept by pool rm while a member still used them)
@@ -167,7 +184,7 @@ async function collectVolumes(
   // sandbox); an empty one is unmounted (and mounted again on demand).
   // (read now, not from the list gc began with: a create recorded since then is a user)
   const btrfsUsers =
-    ctx.store.listSandboxes().some((s) => s.storage === 'btrfs') ||
+    ctx.store.sandboxOn('btrfs') ||
     ctx.store.listSnapshots().some((s) => s.storage === 'btrfs') ||
     ctx.store.listImageVolumes().some((v) => v.storage === 'btrfs');
   if (!btrfsUsers && (await liveInflight(ctx)).length === 0) {

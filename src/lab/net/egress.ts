@@ -70,7 +70,7 @@ export async function egressUsage(ctx: LabContext, r: SandboxRecord): Promise<Eg
 export async function egressTotals(
   ctx: LabContext,
 ): Promise<{ machines: number; bytesOut: number; connections: number; denied: number }> {
-  const slots = new Set(ctx.store.listSandboxes().flatMap((s) => (s.egress ? [s.egress.slot] : [])));
+  const slots = ctx.store.egressSlots();
   const t = { machines: slots.size, bytesOut: 0, connections: 0, denied: 0 };
   if (!slots.size) return t;
   for (const [slot, c] of await egressCounters(ctx.home)) {
