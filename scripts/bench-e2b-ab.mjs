@@ -3,9 +3,10 @@
 // "The E2B front and the code interpreter"): one `snaplab serve --e2b-listen` of each build, each
 // with a home and a pool of its own, the real `e2b` SDK pointed at each by apiUrl/sandboxUrl, and
 // snaplab's own API (Lab.connect, this checkout's client) on each daemon; arms alternated round by
-// round, so both builds see the same load. Prints p50 (p95) per arm and E2B / own per build.
+// round, so both builds see the same load. Prints p50 (p95) per arm and E2B / own per build, then
+// streamed stdout per build (envd's stream and the own API's one-shot exec, MiB/s).
 // Usage: node scripts/bench-e2b-ab.mjs --a 'node /path/a/dist/bin/snaplab.js' --b 'node dist/bin/snaplab.js'
-//          [--n 30] [--pool-size 4] [--json]
+//          [--n 30] [--pool-size 4] [--stream-mib 32] [--json]
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, openSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
@@ -20,6 +21,7 @@ const arg = (name, dflt) => {
 };
 const N = Number(arg('n', '30'));
 const POOL_SIZE = Number(arg('pool-size', '4'));
+const STREAM_MIB = Number(arg('stream-mib', '32'));
 const BUILDS = { a: arg('a', undefined), b: arg('b', 'node dist/bin/snaplab.js') };
 if (!BUILDS.a) throw new Error('give --a (the command of the build to compare with)');
 
@@ -117,6 +119,41 @@ async function poolFull(lab) {
   throw new Error('the pool did not fill');
 }
 
+/** Streamed stdout, MiB/s (median of 5): envd's stream (commands.run with onStdout) and the own API's one-shot exec, per build. */
+async function streams(sides) {
+  const cmd = `head -c ${STREAM_MIB * 2 ** 20} /dev/zero | tr '\\0' a`;
+  const rate = async (run) => {
+    let n = 0;
+    const t0 = performance.now();
+    await run((x) => (n += x.length));
+    return n / 2 ** 20 / ((performance.now() - t0) / 1000);
+  };
+  const made = await Promise.all(
+    sides.map(async (s) => ({
+      s,
+      sbx: await Sandbox.create('busybox', { ...s.sdk, allowInternetAccess: false }),
+      box: await s.lab.create({ image: 'busybox' }),
+    })),
+  );
+  const out = {};
+  try {
+    for (let i = 0; i < 5; i++)
+      for (const { s, sbx, box } of made) {
+        (out[`envd, ${s.name}`] ??= []).push(await rate((on) => sbx.commands.run(cmd, { onStdout: on, timeoutMs: 0 })));
+        // (an exec: this checkout's client spawns with an op the other build's daemon may not have)
+        (out[`own exec, ${s.name}`] ??= []).push(
+          await rate(async (on) => on((await box.exec(['sh', '-c', cmd], { encoding: 'buffer' })).stdout)),
+        );
+      }
+  } finally {
+    for (const { sbx, box } of made) {
+      await sbx.kill();
+      await box.destroy();
+    }
+  }
+  return Object.fromEntries(Object.entries(out).map(([k, xs]) => [k, q(xs, 50)]));
+}
+
 async function main() {
   const sides = [await side('a', BUILDS.a), await side('b', BUILDS.b)];
   const report = { n: N, builds: BUILDS, load: { before: loadavg() }, arms: {} };
@@ -130,8 +167,9 @@ async function main() {
         if (k.startsWith('pool')) await poolFull(labOf(k));
         times[k].push(await a());
       }
-    report.load.after = loadavg();
     for (const [k, xs] of Object.entries(times)) report.arms[k] = { p50: q(xs, 50), p95: q(xs, 95), n: xs.length };
+    report.stream = await streams(sides);
+    report.load.after = loadavg();
     print(report);
   } finally {
     // both daemons stopped before either home is cleaned
@@ -146,6 +184,7 @@ function print(report) {
   console.log(`load ${report.load.before.map(f).join(' ')} → ${report.load.after.map(f).join(' ')}`);
   for (const [k, v] of Object.entries(report.arms))
     console.log(`  ${k.padEnd(24)} p50 ${f(v.p50)} (p95 ${f(v.p95)}) ms`);
+  for (const [k, v] of Object.entries(report.stream)) console.log(`  stream, ${k.padEnd(14)} ${f(v)} MiB/s`);
   for (const s of ['a', 'b'])
     for (const from of ['pool', 'image']) {
       const r = report.arms[`${from}, E2B SDK, ${s}`].p50 / report.arms[`${from}, own API, ${s}`].p50;
