@@ -3,12 +3,15 @@
  * Basic user:`), else the sandbox's default, which is `user` where the image has one (E2B's
  * templates, snaplab's built-in `base` and `code-interpreter-v1`) and root elsewhere (busybox and
  * most imported images). A command runs in its user's home (from the machine's /etc/passwd) unless
- * given a cwd. /etc/passwd is read once a sandbox: when the front made it, at once (its first
+ * given a cwd. /etc/passwd is read once a sandbox: when the front made it, soon after (its first
  * command does not wait for that read: see `fresh`), else on its first call.
  */
 import type { SandboxApi } from '../sdk/api.js';
 import { isSnaplabError } from '../errors.js';
 import { handledElsewhere } from '../cleanup.js';
+
+/** How long after its create a sandbox's users, taken from its key's last sandbox of its image, are checked. */
+const VERIFY_AFTER_MS = 2000;
 
 /** E2B's default user (envd's, and the SDK's before envd 0.4.0). */
 export const E2B_USER = 'user';
@@ -44,21 +47,33 @@ export class EnvdUsers {
   }
 
   /**
-   * A sandbox this front just made for `apiKey`: its /etc/passwd is read now, before its first
-   * call needs it; until that read is in, its users are those its key's last sandbox of the same
-   * image had (a fresh machine's /etc/passwd is its image's). The read then replaces them, for it
-   * and for the next. Nothing is shared between keys.
+   * A sandbox this front just made for `apiKey`: its users are those its key's last sandbox of the
+   * same image had (a fresh machine's /etc/passwd is its image's), and its /etc/passwd is read to
+   * check them, VERIFY_AFTER_MS later, unless it is gone by then: that read (two agent commands)
+   * took the same cores as its first command, which used the known users all the same (a first
+   * `commands.run` from a pool 152 → 103 ms, docs/benchmarks.md). The read replaces them, for it
+   * and for the next. The key's first sandbox of an image has its read at once, and its first
+   * call waits for it. Nothing is shared between keys.
    */
   fresh(box: SandboxApi, apiKey: string): void {
     const image = `${apiKey}\0${box.image}`;
-    const read = this.read(box);
     const seen = this.ofImage.get(image);
-    this.passwd.set(box.id, seen ? Promise.resolve(seen) : read);
-    if (!seen) read.catch(() => this.passwd.get(box.id) === read && this.passwd.delete(box.id));
-    read.then((m) => {
-      this.ofImage.set(image, m);
-      if (this.passwd.has(box.id)) this.passwd.set(box.id, Promise.resolve(m));
-    }, handledElsewhere);
+    const check = (): void => {
+      const read = this.read(box);
+      if (!seen) read.catch(() => this.passwd.get(box.id) === read && this.passwd.delete(box.id));
+      read.then((m) => {
+        this.ofImage.set(image, m);
+        if (this.passwd.has(box.id)) this.passwd.set(box.id, Promise.resolve(m));
+      }, handledElsewhere);
+      if (!seen) this.passwd.set(box.id, read);
+    };
+    if (!seen) {
+      check();
+      return;
+    }
+    this.passwd.set(box.id, Promise.resolve(seen));
+    // (a sandbox forgotten meanwhile, killed: nothing to check)
+    setTimeout(() => this.passwd.has(box.id) && check(), VERIFY_AFTER_MS).unref();
   }
 
   private homesOf(box: SandboxApi): Promise<Map<string, string>> {

@@ -51,25 +51,62 @@ function exitMessage(p: Process): Record<string, unknown> {
 }
 
 /**
- * Send a process's output from `offset` on to a socket, then its exit. A socket that does not keep
+ * Where a process's output goes: a socket of its own (a streamed exec, an attach), or its call on
+ * a shared `/rpc` connection (rpc-spawn.ts), whose frames carry the call's id.
+ */
+export interface OutputSink {
+  readonly open: boolean;
+  /** bytes sent and not yet gone out */
+  readonly buffered: number;
+  chunk(stream: keyof typeof STREAM_BYTE, data: Buffer): void;
+  gap(from: number, to: number): void;
+  /** the command's end (its socket is then closed, where it has one of its own) */
+  exit(p: Process): void;
+  /** the reader read nothing for too long: let go of it */
+  tooSlow(): void;
+  onClose(fn: () => void): void;
+}
+
+/** A socket of the process's own as its output's sink. */
+function socketSink(ws: WebSocket): OutputSink {
+  return {
+    get open() {
+      return ws.readyState === ws.OPEN;
+    },
+    get buffered() {
+      return ws.bufferedAmount;
+    },
+    chunk: (stream, data) => ws.send(Buffer.concat([Buffer.of(STREAM_BYTE[stream]), data])),
+    gap: (from, to) => send(ws, { type: 'gap', from, to }),
+    exit: (p) => {
+      send(ws, exitMessage(p));
+      ws.close(1000, 'exited');
+    },
+    tooSlow: () => ws.close(1008, 'reader too slow: reattach from your offset'),
+    onClose: (fn) => void ws.once('close', fn),
+  };
+}
+
+/**
+ * Send a process's output from `offset` on to a sink, then its exit. A sink that does not keep
  * up is sent no more until its queue has drained below LOW, and the command's output is held at
  * its source meanwhile, so the reader misses nothing; it continues from the ring (a gap only if the
  * ring moved past it before the hold took: output of a command nobody was reading).
  */
-function pump(p: Process, ws: WebSocket, offset: number, onExitSent?: () => void): void {
+export function pump(p: Process, to: WebSocket | OutputSink, offset: number, onExitSent?: () => void): void {
+  const sink = 'chunk' in to ? to : socketSink(to);
   let next = offset;
   let waiting = false;
   let poll: NodeJS.Timeout | undefined;
   const sendChunk = (c: Chunk): void => {
     if (c.offset + c.data.length <= next) return;
-    const data = c.offset < next ? c.data.subarray(next - c.offset) : c.data;
-    ws.send(Buffer.concat([Buffer.of(STREAM_BYTE[c.stream]), data]));
+    sink.chunk(c.stream, c.offset < next ? c.data.subarray(next - c.offset) : c.data);
     next = c.offset + c.data.length;
   };
   const catchUp = (): void => {
     const { chunks, gap } = p.ring.from(next);
     if (gap) {
-      send(ws, { type: 'gap', from: gap.from, to: gap.to });
+      sink.gap(gap.from, gap.to);
       next = gap.to;
     }
     for (const c of chunks) sendChunk(c);
@@ -81,20 +118,20 @@ function pump(p: Process, ws: WebSocket, offset: number, onExitSent?: () => void
     waiting = false;
   };
   const onChunk = (c: Chunk): void => {
-    if (waiting || ws.readyState !== ws.OPEN) return;
-    if (ws.bufferedAmount > HIGH) {
+    if (waiting || !sink.open) return;
+    if (sink.buffered > HIGH) {
       // hold the command's output at its source until this reader has caught up
       waiting = true;
       p.hold(true);
       const since = Date.now();
       poll = setInterval(() => {
-        if (ws.readyState !== ws.OPEN) return resume();
+        if (!sink.open) return resume();
         // a reader that reads nothing for this long lets go of the command: it may reattach from its offset
         if (Date.now() - since > HOLD_MAX_MS) {
           resume();
-          return void ws.close(1008, 'reader too slow: reattach from your offset');
+          return sink.tooSlow();
         }
-        if (ws.bufferedAmount > LOW) return;
+        if (sink.buffered > LOW) return;
         resume();
         catchUp();
         if (p.ended) finish();
@@ -104,19 +141,19 @@ function pump(p: Process, ws: WebSocket, offset: number, onExitSent?: () => void
     if (c.offset > next) catchUp();
     else sendChunk(c);
   };
-  const finish = (): void => {
-    if (waiting || ws.readyState !== ws.OPEN) return;
-    catchUp();
-    send(ws, exitMessage(p));
-    onExitSent?.();
-    ws.close(1000, 'exited');
-  };
   const detach = (): void => {
     resume();
     p.off('chunk', onChunk);
     p.off('exit', finish);
   };
-  if (ws.readyState !== ws.OPEN) return;
+  function finish(): void {
+    if (waiting || !sink.open) return;
+    catchUp();
+    detach();
+    sink.exit(p);
+    onExitSent?.();
+  }
+  if (!sink.open) return;
   catchUp();
   if (p.ended) {
     finish();
@@ -124,7 +161,7 @@ function pump(p: Process, ws: WebSocket, offset: number, onExitSent?: () => void
   }
   p.on('chunk', onChunk);
   p.once('exit', finish);
-  ws.once('close', detach);
+  sink.onClose(detach);
 }
 
 /** What a client sends: binary frames are stdin; text frames are {type: eof|signal|resize}. `held`: what came before. */
@@ -218,7 +255,7 @@ function refuse(ws: WebSocket, e: unknown): void {
 }
 
 /** A start message's fields, checked as the REST body's schema checks them. */
-function processSpec(m: Record<string, unknown>): ProcessSpec {
+export function processSpec(m: Record<string, unknown>): ProcessSpec {
   const bad = (what: string): never => {
     throw new SnaplabError('BAD_INPUT', `invalid ${what} in the start message`, 'see docs/api.md, streaming exec');
   };
