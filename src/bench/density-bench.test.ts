@@ -51,7 +51,7 @@ describe('snaplab bench --workload density (bounded)', () => {
       for (const op of [...(['create', 'exec', 'snapshot', 'restore', 'list', 'rm', 'gc'] as const), ...FRONT_OPS]) {
         expect(p.ms[op].samples).toBe(2);
         expect(p.ms[op].p50).toBeGreaterThan(0);
-        expect(p.ms[op].p95).toBeGreaterThanOrEqual(p.ms[op].p50);
+        expect(p.ms[op].p95).toBeGreaterThanOrEqual(p.ms[op].p50!);
       }
     expect(s.points[0]!.memory).toBeNull();
     const at6 = s.points[1]!;
@@ -65,7 +65,7 @@ describe('snaplab bench --workload density (bounded)', () => {
     expect(renderDensitySummary(s)).toMatch(/^workload density[\s\S]*\n6 +[\d.]+ \/ [\d.]+/m);
     expect(renderDensitySummary(s)).toMatch(/serve, adopted p50\/p95 ms[\s\S]*\n6 +[\d.]+ \/ [\d.]+/);
     // a daemon's start is at least a process's: it answered only once up
-    expect(at6.ms.serve.p50).toBeGreaterThan(at6.ms.apiPage.p50);
+    expect(at6.ms.serve.p50).toBeGreaterThan(at6.ms.apiPage.p50!);
     expect(lines.join('\n')).toMatch(
       /at 6: p50 ms create [\d.]+, .*gc [\d.]+, .*serve [\d.]+.*; bulk [\d.]+\/s \(unshare [\d.]+\/s\)/,
     );
