@@ -209,53 +209,6 @@ describe('snaplab serve', () => {
     curl('DELETE', '/sandboxes/rpc');
   });
 
-  it('/rpc spawn: started, output frames tagged by call, stdin, eof, signal, the result; a connection that goes kills it', async () => {
-    curl('POST', '/sandboxes', { json: { name: 'rpcspawn' } });
-    const ws = await socket('/rpc');
-    const texts: Json[] = [];
-    const out = new Map<number, string>();
-    ws.on('message', (m: Buffer, binary) => {
-      if (!binary) return void texts.push(JSON.parse(String(m)));
-      const id = m.readUInt32BE(1);
-      out.set(id, (out.get(id) ?? '') + `${m[0]}:${m.subarray(5).toString()}`);
-    });
-    const input = (id: number, text: string): void =>
-      ws.send(Buffer.concat([Buffer.of(0, 0, 0, 0, id), Buffer.from(text)]), { binary: true });
-    const spawn = { op: 'spawn', sandbox: 'rpcspawn' };
-    ws.send(JSON.stringify({ id: 7, ...spawn, argv: ['sh', '-c', 'cat; echo err >&2; exit 3'], stdin: true }));
-    ws.send(JSON.stringify({ id: 8, ...spawn, argv: ['sleep', '100'] }));
-    ws.send(JSON.stringify({ id: 'x', ...spawn, argv: ['true'] }));
-    await until('both started', () => texts.filter((t) => t.started).length === 2);
-    expect(texts.find((t) => t.id === 'x').error).toMatchObject({
-      code: 'BAD_INPUT',
-      message: expect.stringMatching(/id/),
-    });
-    expect(texts.find((t) => t.id === 7).started).toMatchObject({
-      pid: expect.any(Number),
-      process: expect.any(String),
-    });
-    input(7, 'hello');
-    ws.send(JSON.stringify({ id: 7, op: 'eof' }));
-    ws.send(JSON.stringify({ id: 8, op: 'signal', signal: 'BOGUS' }));
-    await until(
-      '7 ended, the bad signal refused',
-      () => texts.some((t) => t.id === 7 && t.result) && texts.some((t) => t.refused),
-    );
-    expect(out.get(7)).toBe('1:hello2:err\n');
-    expect(texts.find((t) => t.id === 7 && t.result).result).toMatchObject({ exitCode: 3, signal: null });
-    expect(texts.find((t) => t.refused)).toMatchObject({ id: 8, refused: { code: 'BAD_INPUT' } });
-    // listed as the sandbox's processes, as a streamed exec is
-    expect(curl('GET', '/sandboxes/rpcspawn/processes').body.map((p: Json) => p.argv[0])).toContain('sleep');
-    const sleeping = (): string =>
-      curl('POST', '/sandboxes/rpcspawn/exec', {
-        json: { argv: ['sh', '-c', 'ps -o comm | grep -c sleep || true'] },
-      }).body.stdout.trim();
-    expect(sleeping()).toBe('1');
-    ws.terminate();
-    await until('the sleep killed with its connection', () => sleeping() === '0');
-    curl('DELETE', '/sandboxes/rpcspawn');
-  });
-
   it('a stream cut mid-command is reattached from its offset with nothing lost; a ring overrun is a gap', async () => {
     const made = curl('POST', '/sandboxes', { json: { name: 'stream' } });
     expect(made.status, JSON.stringify(made.body)).toBe(201);

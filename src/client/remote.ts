@@ -5,6 +5,7 @@
  */
 import type { Readable, Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
+import type WebSocket from 'ws';
 import { SnaplabError, type ErrorCode } from '../errors.js';
 import type { CopyResult } from '../lab/io/copy.js';
 import type { FileInfo } from '../lab/io/files.js';
@@ -217,24 +218,26 @@ export class RemoteSandbox implements SandboxApi {
     return toResult(await this.rpc.call<ResultView>({ op: 'exec', sandbox: this.v.id, ...call }));
   }
 
-  /**
-   * Start argv as a call of the shared `/rpc` connection (its output in frames tagged with the
-   * call); the command is killed if the connection is lost (use `processes` to outlive it).
-   */
-  // every remote command's output is held at the daemon by an agent connection of its own: `detached` changes nothing
+  /** Start argv over a WebSocket; the command is killed if the connection is lost (use `processes` to outlive it). */
+  // every remote command has a connection of its own (its WebSocket): `detached` changes nothing
   async spawn(argv: string[], opts: SpawnOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
   async spawn(argv: string[], opts?: SpawnOptions): Promise<ProcessApi>;
   async spawn(argv: string[], opts: SpawnOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
-    const proc = await spawnProcess(this.rpc, opts, {
-      sandbox: this.v.id,
-      argv,
-      env: envObject(opts.env),
-      cwd: opts.cwd,
-      user: opts.user,
-      timeoutMs: opts.timeoutMs ?? 0,
-      tty: opts.tty,
-      stdin: opts.stdin !== undefined,
-    });
+    const ws = await this.http.socket(this.path('/exec'));
+    ws.send(
+      JSON.stringify({
+        type: 'start',
+        argv,
+        env: envObject(opts.env),
+        cwd: opts.cwd,
+        user: opts.user,
+        timeoutMs: opts.timeoutMs ?? 0,
+        tty: opts.tty,
+        stdin: opts.stdin !== undefined,
+        onDisconnect: 'kill',
+      }),
+    );
+    const proc = streamProcess(ws, opts);
     if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
     if (opts.encoding === 'buffer') return proc;
     const result = proc.result.then((r) => encoded(r, 'utf8') as ExecText);
@@ -379,36 +382,19 @@ export class RemoteSandbox implements SandboxApi {
   }
 }
 
-/** Output collected for a result, up to MAX_COLLECTED a stream (more is cut, and said). */
-function collector(): { keep(i: 0 | 1, b: Buffer): void; parts: [Buffer[], Buffer[]]; truncated: boolean } {
-  const sizes = [0, 0];
-  const c = {
-    parts: [[], []] as [Buffer[], Buffer[]],
-    truncated: false,
-    keep(i: 0 | 1, b: Buffer): void {
-      const room = MAX_COLLECTED - sizes[i]!;
-      if (room <= 0) return void (c.truncated = true);
-      c.parts[i].push(room < b.length ? b.subarray(0, room) : b);
-      if (room < b.length) c.truncated = true;
-      sizes[i]! += Math.min(room, b.length);
-    },
+/** The client half of a streamed exec (frames: docs/api.md). */
+function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult> {
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  const collected = [0, 0];
+  let truncated = false;
+  const keep = (into: Buffer[], i: number, b: Buffer): void => {
+    const room = MAX_COLLECTED - collected[i]!;
+    if (room <= 0) return void (truncated = true);
+    into.push(room < b.length ? b.subarray(0, room) : b);
+    if (room < b.length) truncated = true;
+    collected[i]! += Math.min(room, b.length);
   };
-  return c;
-}
-
-/**
- * A spawn on `/rpc` as the caller holds it (frames: docs/api.md). Input and control calls made
- * before it has started wait for its `started`, so none reaches the daemon ahead of it.
- */
-async function spawnProcess(
-  rpc: Rpc,
-  opts: ExecOptions,
-  body: Record<string, unknown>,
-): Promise<ProcessApi<ExecResult>> {
-  const out = collector();
-  let started = false;
-  const early: (() => void)[] = [];
-  const whenStarted = (fn: () => void): void => (started ? fn() : void early.push(fn));
   let resolvePid!: (n: number) => void;
   let rejectPid!: (e: Error) => void;
   const pid = new Promise<number>((res, rej) => {
@@ -417,77 +403,106 @@ async function spawnProcess(
   });
   pid.catch(handledElsewhere);
   let aborted = false;
-  // let go of (disconnect): its end is told now, its later frames dropped
-  let gone = false;
-  let settle!: { resolve: (r: ExecResult) => void; reject: (e: Error) => void };
-  const result = new Promise<ExecResult>((resolve, reject) => (settle = { resolve, reject }));
-  result.catch(handledElsewhere);
-  const ch = await rpc.spawn(body, {
-    started: (n) => {
-      started = true;
-      resolvePid(n);
-      for (const fn of early.splice(0)) fn();
-    },
-    data: (kind, b) => {
-      if (gone) return;
-      if (kind === 1) opts.onStdout ? opts.onStdout(b) : out.keep(0, b);
-      else if (kind === 2) opts.onStderr ? opts.onStderr(b) : out.keep(1, b);
-    },
-    gap: () => void (out.truncated = true), // output the daemon could no longer give (said, never silently missing)
-    end: (r) => {
-      if (aborted) return settle.reject(new SnaplabError('ABORTED', 'the exec was aborted', 'its command was killed'));
-      const v = r as unknown as Omit<ExecResult, 'stdout' | 'stderr'>;
-      settle.resolve({
-        ...v,
-        stdout: Buffer.concat(out.parts[0]),
-        stderr: Buffer.concat(out.parts[1]),
-        truncated: out.truncated || v.truncated,
-      });
-    },
-    failed: (e) => {
+  const result = new Promise<ExecResult>((resolve, reject) => {
+    let ended = false;
+    ws.on('message', (data: Buffer, isBinary) => {
+      if (isBinary) {
+        const b = data.subarray(1);
+        if (data[0] === 1) opts.onStdout ? opts.onStdout(b) : keep(out, 0, b);
+        else opts.onStderr ? opts.onStderr(b) : keep(err, 1, b);
+        return;
+      }
+      const m = JSON.parse(String(data)) as {
+        type: string;
+        pid?: number;
+        result?: Omit<ExecResult, 'stdout' | 'stderr'>;
+        error?: { code: ErrorCode; message: string; hint?: string };
+      };
+      if (m.type === 'started') {
+        resolvePid(m.pid ?? 0);
+      } else if (m.type === 'gap') {
+        truncated = true; // output the daemon could no longer give (it is said, never silently missing)
+      } else if (m.type === 'error' && !(m as { fatal?: boolean }).fatal) {
+        // a refused control message (a bad signal, input without stdin): the command runs on
+      } else if (m.type === 'exit' || m.type === 'error') {
+        ended = true;
+        if (aborted) reject(new SnaplabError('ABORTED', 'the exec was aborted', 'its command was killed'));
+        else if (m.result)
+          resolve({
+            ...m.result,
+            stdout: Buffer.concat(out),
+            stderr: Buffer.concat(err),
+            truncated: truncated || m.result.truncated,
+          });
+        else {
+          const e = new SnaplabError(
+            m.error?.code ?? 'DAEMON_ERROR',
+            m.error?.message ?? 'the command was lost',
+            m.error?.hint,
+          );
+          rejectPid(e);
+          reject(e);
+        }
+      }
+    });
+    ws.on('close', () => {
+      if (ended) return;
+      const e = new SnaplabError(
+        'DAEMON_UNREACHABLE',
+        'the connection to the daemon closed before the command ended',
+        'the command was killed with it; use background processes to outlive a connection',
+      );
       rejectPid(e);
-      settle.reject(e);
-    },
+      reject(e);
+    });
+    ws.on('error', () => {});
   });
-  const control = (m: Record<string, unknown>): void => whenStarted(() => ch.control(m));
+  result.catch(handledElsewhere).finally(() => ws.close());
   // as the embedded library: an aborted exec is killed and rejects with ABORTED
   opts.signal?.addEventListener(
     'abort',
     () => {
       aborted = true;
-      control({ op: 'signal', signal: 9 });
+      if (ws.readyState === ws.OPEN) ws.send(JSON.stringify({ type: 'signal', signal: 9 }));
     },
     { once: true },
   );
+  return handle(ws, pid, result);
+}
+
+/** What the caller holds of a streamed command: its input, signals, terminal size and socket. */
+function handle(ws: WebSocket, pid: Promise<number>, result: Promise<ExecResult>): ProcessApi<ExecResult> {
+  const sendJson = (m: unknown): void => {
+    if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(m));
+  };
   return {
     pid,
     result,
     write: (b) => {
-      if (!started) {
-        early.push(() => void ch.input(Buffer.from(b)));
-        return true;
-      }
-      return ch.input(Buffer.from(b));
+      if (ws.readyState !== ws.OPEN) return true;
+      ws.send(Buffer.from(b));
+      return ws.bufferedAmount < 4 << 20;
     },
-    drained: () => ch.drained(),
-    end: () => control({ op: 'eof' }),
-    kill: (signal) => control({ op: 'signal', signal }),
-    resize: (cols, rows) => control({ op: 'resize', cols, rows }),
-    // its output held at the daemon, at its agent connection: no one else's waits
-    hold: (on) => control({ op: 'hold', on }),
-    disconnect: () => {
-      gone = true;
-      const e = new SnaplabError(
-        'DAEMON_UNREACHABLE',
-        'the command was let go before it ended',
-        'it was killed; use background processes to outlive a connection',
-      );
-      rejectPid(e);
-      settle.reject(e);
-      // (once it has started, when it has not yet)
-      control({ op: 'signal', signal: 9 });
-    },
+    drained: () => drained(ws),
+    end: () => sendJson({ type: 'eof' }),
+    kill: (signal) => sendJson({ type: 'signal', signal }),
+    resize: (cols, rows) => sendJson({ type: 'resize', cols, rows }),
+    // its output held at the socket: the daemon's sends wait in TCP's buffers, then the daemon's own
+    hold: (on) => (on ? ws.pause() : ws.resume()),
+    disconnect: () => ws.close(),
   };
+}
+
+/** Resolves once the socket holds less than 2 MiB unsent (or is closed): stdin's flow control. */
+function drained(ws: WebSocket): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const t = setInterval(() => {
+      if (ws.readyState !== ws.OPEN || ws.bufferedAmount < 2 << 20) {
+        clearInterval(t);
+        resolve();
+      }
+    }, 5);
+  });
 }
 
 class RemotePool implements PoolApi {

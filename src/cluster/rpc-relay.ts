@@ -1,8 +1,7 @@
 /**
  * `GET /rpc` on a gateway: the client's calls, each sent on to the node that holds its sandbox
- * (exec, spawn) or that placement picks for it (a pool run), on one node connection per node and
- * client connection; a spawn's input and control calls follow it to its node, its output frames
- * come back as they are. Answers come back as the nodes give them. A node connection that closes
+ * (exec) or that placement picks for it (a pool run), on one node connection per node and
+ * client connection. Answers come back as the nodes give them. A node connection that closes
  * fails its calls still running with NODE_UNAVAILABLE; the client's closing closes them all, and
  * the nodes kill those commands, as a single daemon does.
  */
@@ -13,10 +12,6 @@ import { CALLER_HEADER } from '../server/keys.js';
 import { asSnaplab, callerHeader, CONNECT_TIMEOUT_MS, neverConnected } from './proxy.js';
 import type { ClusterCore } from './core.js';
 import { handledElsewhere } from '../cleanup.js';
-import { FRAME, FRAME_HEAD, frameId } from '../server/rpc-spawn.js';
-
-/** A spawn's calls on its id: sent to the node that runs it, never answered unless refused. */
-const SPAWN_CONTROL = new Set(['eof', 'signal', 'resize', 'hold']);
 
 interface Upstream {
   ws: Promise<WebSocket>;
@@ -69,23 +64,17 @@ function nodeConnections(
           ),
         );
       });
-      ws.on('message', (data: RawData, isBinary: boolean) => {
-        // a spawn's output, its call's id in the frame: passed on as it is
-        if (isBinary) return void (client.readyState === client.OPEN && client.send(data, { binary: true }));
+      ws.on('message', (data: RawData) => {
         const text = String(data);
-        let m: { id?: unknown; result?: unknown; error?: unknown } | null;
+        let id: unknown;
         try {
-          m = JSON.parse(text) as typeof m;
+          id = (JSON.parse(text) as { id?: unknown } | null)?.id;
         } catch {
           return;
         }
-        // a call's end is its result or its error (a spawn's `started`, `gap` or `refused` is not)
-        const key = JSON.stringify(m?.id);
-        if (m && (m.result !== undefined || m.error !== undefined)) {
-          const p = u.pending.get(key);
-          u.pending.delete(key);
-          if (p?.pool) g.runDone(node, p.pool);
-        }
+        const p = u.pending.get(JSON.stringify(id));
+        u.pending.delete(JSON.stringify(id));
+        if (p?.pool) g.runDone(node, p.pool);
         if (client.readyState === client.OPEN) client.send(text);
       });
       ws.once('close', () => {
@@ -107,26 +96,6 @@ function nodeConnections(
     u.ws.catch(handledElsewhere);
     return u;
   };
-}
-
-type RelayedCall = { id?: unknown; op?: string; sandbox?: unknown; pool?: unknown };
-
-/** A client's text frame as a call (with an id: a call without one could never be answered). */
-function callOf(text: string, isBinary: boolean): RelayedCall {
-  try {
-    if (isBinary) throw new SyntaxError('a binary frame');
-    const v = JSON.parse(text) as unknown;
-    if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SyntaxError('not an object');
-    const call = v as RelayedCall;
-    // (nor its node's answer matched)
-    if (typeof call.id !== 'string' && typeof call.id !== 'number')
-      throw new SyntaxError('no id (a string or a number)');
-    return call;
-  } catch (e) {
-    throw new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames', {
-      cause: e,
-    });
-  }
 }
 
 export function relayRpc(g: ClusterCore, client: WebSocket, caller: Caller): void {
@@ -154,26 +123,24 @@ export function relayRpc(g: ClusterCore, client: WebSocket, caller: Caller): voi
     ws.send(text);
   };
 
-  /** the node connection a running call was sent on */
-  const holding = (id: unknown): Upstream | undefined =>
-    [...ups.values()].find((u) => u.pending.has(JSON.stringify(id)));
-
   client.on('message', (data: RawData, isBinary: boolean) => {
-    // a spawn's input, and its eof, signal, resize or hold: to the node that runs it (none: it has ended)
-    const b = data as Buffer;
-    if (isBinary && b.length >= FRAME_HEAD && b[0] === FRAME.stdin) {
-      void holding(frameId(b))?.ws.then(
-        (ws) => ws.readyState === ws.OPEN && ws.send(b, { binary: true }),
-        handledElsewhere,
-      );
-      return;
-    }
     const text = String(data);
-    let call: RelayedCall;
+    let call: { id?: unknown; op?: string; sandbox?: unknown; pool?: unknown };
     try {
-      call = callOf(text, isBinary);
+      if (isBinary) throw new SyntaxError('a binary frame');
+      const v = JSON.parse(text) as unknown;
+      if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new SyntaxError('not an object');
+      call = v as typeof call;
+      // the id names its answer: a call without one could never be answered (nor its node's answer matched)
+      if (typeof call.id !== 'string' && typeof call.id !== 'number')
+        throw new SyntaxError('no id (a string or a number)');
     } catch (e) {
-      return fail(null, e as SnaplabError);
+      return fail(
+        null,
+        new SnaplabError('BAD_INPUT', `rpc: not a JSON object: ${(e as Error).message}`, 'send JSON text frames', {
+          cause: e,
+        }),
+      );
     }
     void (async () => {
       if (!g.stillValid(caller)) {
@@ -198,12 +165,7 @@ export function relayRpc(g: ClusterCore, client: WebSocket, caller: Caller): voi
           }
         }
       }
-      if (call.op !== undefined && SPAWN_CONTROL.has(call.op)) {
-        const ws = await holding(call.id)?.ws;
-        if (ws && ws.readyState === ws.OPEN) ws.send(text);
-        return;
-      }
-      if ((call.op === 'exec' || call.op === 'spawn') && typeof call.sandbox === 'string')
+      if (call.op === 'exec' && typeof call.sandbox === 'string')
         return send(await g.nodeOf(call.sandbox, caller), call.id, text);
       // anything else: the first node says what is wrong with it
       const any = [...g.view.nodes.keys()][0];

@@ -173,9 +173,7 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
   });
   if (taken) state.pools.add(key, template);
   state.users.fresh(box, key);
-  const answer = created(state, box, key);
-  state.known(box);
-  return reply.code(201).send(answer);
+  return reply.code(201).send(created(state, box, key));
 }
 
 /**
@@ -196,9 +194,7 @@ async function connect(state: E2bState, req: FastifyRequest, reply: FastifyReply
     const end = Date.now() + timeout * 1000;
     if (box.expiresAt !== null && box.expiresAt < end) await box.setTimeout(timeout, box.onTimeout);
   }
-  const answer = created(state, box, keyOf(req));
-  state.known(box);
-  return reply.code(status).send(answer);
+  return reply.code(status).send(created(state, box, keyOf(req)));
 }
 
 /**

@@ -60,7 +60,7 @@ export interface SandboxFiles {
 /**
  * A started command (as `spawn` returns); its result's output is text, or Buffers with `encoding: 'buffer'`.
  * `hold` and `disconnect` are there when it has a connection of its own (`detached: true`; every
- * remote spawn has one, at the daemon: its output is held there).
+ * remote spawn has one, its WebSocket).
  */
 export type ProcessApi<R = ExecText> = Omit<ExecProcess, 'result'> & {
   result: Promise<R>;

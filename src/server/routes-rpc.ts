@@ -1,9 +1,9 @@
 /**
- * `GET /rpc` (WebSocket): one-shot execs and streamed commands multiplexed on one connection, for
- * clients that run many commands (the remote library uses it for exec, spawn and pool runs). A
- * request is one text frame `{id, op: "exec", sandbox, argv, env?, cwd?, user?, timeoutMs?, stdin?
- * (base64)}` or `{id, op: "run", pool, ...}`; its answer is `{id, result}` or `{id, error}`, in
- * the order the commands end. `{id, op: "spawn", ...}` streams (rpc-spawn.ts). HTTP costs a request and a response object, headers and a parse each way per
+ * `GET /rpc` (WebSocket): one-shot execs multiplexed on one connection, for clients that run many
+ * small commands (the remote library uses it for exec and pool runs). A request is one text
+ * frame `{id, op: "exec", sandbox, argv, env?, cwd?, user?, timeoutMs?, stdin? (base64)}` or
+ * `{id, op: "run", pool, ...}`; its answer is `{id, result}` or `{id, error}`, in the order the
+ * commands end. HTTP costs a request and a response object, headers and a parse each way per
  * call; a frame costs a JSON parse. A connection that goes kills its commands still running. A
  * gateway relays each call to the node of its sandbox (sandbox-calls.ts, cluster/rpc-relay.ts).
  */
@@ -15,16 +15,10 @@ import type { Caller } from './keys.js';
 import { socketServedBy, type SandboxCalls } from './sandbox-calls.js';
 import { toSnaplab } from './http-errors.js';
 import { execView } from './exec-view.js';
-import { FRAME, FRAME_HEAD, RpcSpawns, spawnId } from './rpc-spawn.js';
-
-/** What a call that answers with frames of its own (a spawn, a spawn's control) returns. */
-const NO_ANSWER = Symbol('no answer');
-
-const isInputFrame = (b: Buffer): boolean => b.length >= FRAME_HEAD && b[0] === FRAME.stdin;
 
 interface Call {
   id: number | string;
-  op: 'exec' | 'run' | 'spawn';
+  op: 'exec' | 'run';
   sandbox?: string;
   pool?: string;
   argv: string[];
@@ -40,10 +34,8 @@ function check(c: Partial<Call>): Call {
     throw new SnaplabError('BAD_INPUT', `rpc: invalid ${what}`, 'see docs/api.md, /rpc');
   };
   if (typeof c.id !== 'number' && typeof c.id !== 'string') bad('id');
-  if (c.op !== 'exec' && c.op !== 'run' && c.op !== 'spawn') bad('op (exec, run or spawn)');
-  if ((c.op === 'exec' || c.op === 'spawn') && typeof c.sandbox !== 'string') bad('sandbox');
-  // a spawn's output frames carry its id in 32 bits
-  if (c.op === 'spawn' && !spawnId(c.id)) bad('id (a spawn’s: a whole number below 2^32)');
+  if (c.op !== 'exec' && c.op !== 'run') bad('op (exec or run)');
+  if (c.op === 'exec' && typeof c.sandbox !== 'string') bad('sandbox');
   if (c.op === 'run' && typeof c.pool !== 'string') bad('pool');
   if (!Array.isArray(c.argv) || c.argv.some((a) => typeof a !== 'string')) bad('argv');
   if (
@@ -51,9 +43,7 @@ function check(c: Partial<Call>): Call {
     (typeof c.env !== 'object' || c.env === null || Object.values(c.env).some((v) => typeof v !== 'string'))
   )
     bad('env');
-  // (a spawn's stdin is `true`, its input frames to come; its other fields are checked as a streamed exec's)
-  for (const k of ['cwd', 'user', ...(c.op === 'spawn' ? [] : (['stdin'] as const))] as const)
-    if (c[k] !== undefined && typeof c[k] !== 'string') bad(k);
+  for (const k of ['cwd', 'user', 'stdin'] as const) if (c[k] !== undefined && typeof c[k] !== 'string') bad(k);
   if (c.timeoutMs !== undefined && (!Number.isSafeInteger(c.timeoutMs) || c.timeoutMs < 0)) bad('timeoutMs');
   return c as Call;
 }
@@ -77,17 +67,13 @@ export async function rpcRoutes(app: FastifyInstance, s: SandboxCalls): Promise<
 /** One client's connection: its calls run as they come, answered as they end. */
 function serveRpc(d: Daemon, ws: WebSocket, caller: Caller): void {
   const running = new Set<{ kill(sig: number): void }>();
-  const spawns = new RpcSpawns(d, ws, caller);
   ws.once('close', d.track(caller, ws));
   ws.on('close', () => {
     for (const p of running) p.kill(9);
-    spawns.close();
   });
   ws.on('message', (data, isBinary) => {
     let id: Call['id'] | null = null;
     void (async () => {
-      // a spawn's input (its call's id in the frame)
-      if (isBinary && isInputFrame(data as Buffer)) return spawns.input(data as Buffer);
       if (isBinary) throw new SnaplabError('BAD_INPUT', 'rpc: send JSON text frames', 'see docs/api.md, /rpc');
       const parsed = JSON.parse(String(data)) as unknown;
       // null, a number, an array: not a call (null once answered INTERNAL, from `null.id`)
@@ -95,8 +81,6 @@ function serveRpc(d: Daemon, ws: WebSocket, caller: Caller): void {
         throw new SnaplabError('BAD_INPUT', 'rpc: a frame is a JSON object {id, op, …}', 'see docs/api.md, /rpc');
       const raw = parsed as Partial<Call>;
       id = raw.id ?? null;
-      // eof, signal, resize, hold of a spawn: answered only when refused
-      if (spawns.control(raw as Record<string, unknown>)) return NO_ANSWER;
       const c = check(raw);
       // a key removed since the socket opened answers no more calls
       if (!d.stillValid(caller)) {
@@ -106,11 +90,6 @@ function serveRpc(d: Daemon, ws: WebSocket, caller: Caller): void {
           'the API key is not known (any more)',
           'make a new one with `snaplab key create NAME`',
         );
-      }
-      if (c.op === 'spawn') {
-        // answered by its own frames: started, output, then its result or error
-        await spawns.start(c.id as number, raw as Record<string, unknown>);
-        return NO_ANSWER;
       }
       const release = d.claimExec(caller);
       const started = Date.now();
@@ -157,7 +136,7 @@ function serveRpc(d: Daemon, ws: WebSocket, caller: Caller): void {
         release();
       }
     })().then(
-      (result) => result !== NO_ANSWER && ws.readyState === ws.OPEN && ws.send(JSON.stringify({ id, result })),
+      (result) => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ id, result })),
       (e) => {
         const err = toSnaplab(
           e instanceof SyntaxError

@@ -51,62 +51,25 @@ function exitMessage(p: Process): Record<string, unknown> {
 }
 
 /**
- * Where a process's output goes: a socket of its own (a streamed exec, an attach), or its call on
- * a shared `/rpc` connection (rpc-spawn.ts), whose frames carry the call's id.
- */
-export interface OutputSink {
-  readonly open: boolean;
-  /** bytes sent and not yet gone out */
-  readonly buffered: number;
-  chunk(stream: keyof typeof STREAM_BYTE, data: Buffer): void;
-  gap(from: number, to: number): void;
-  /** the command's end (its socket is then closed, where it has one of its own) */
-  exit(p: Process): void;
-  /** the reader read nothing for too long: let go of it */
-  tooSlow(): void;
-  onClose(fn: () => void): void;
-}
-
-/** A socket of the process's own as its output's sink. */
-function socketSink(ws: WebSocket): OutputSink {
-  return {
-    get open() {
-      return ws.readyState === ws.OPEN;
-    },
-    get buffered() {
-      return ws.bufferedAmount;
-    },
-    chunk: (stream, data) => ws.send(Buffer.concat([Buffer.of(STREAM_BYTE[stream]), data])),
-    gap: (from, to) => send(ws, { type: 'gap', from, to }),
-    exit: (p) => {
-      send(ws, exitMessage(p));
-      ws.close(1000, 'exited');
-    },
-    tooSlow: () => ws.close(1008, 'reader too slow: reattach from your offset'),
-    onClose: (fn) => void ws.once('close', fn),
-  };
-}
-
-/**
- * Send a process's output from `offset` on to a sink, then its exit. A sink that does not keep
+ * Send a process's output from `offset` on to a socket, then its exit. A socket that does not keep
  * up is sent no more until its queue has drained below LOW, and the command's output is held at
  * its source meanwhile, so the reader misses nothing; it continues from the ring (a gap only if the
  * ring moved past it before the hold took: output of a command nobody was reading).
  */
-export function pump(p: Process, to: WebSocket | OutputSink, offset: number, onExitSent?: () => void): void {
-  const sink = 'chunk' in to ? to : socketSink(to);
+function pump(p: Process, ws: WebSocket, offset: number, onExitSent?: () => void): void {
   let next = offset;
   let waiting = false;
   let poll: NodeJS.Timeout | undefined;
   const sendChunk = (c: Chunk): void => {
     if (c.offset + c.data.length <= next) return;
-    sink.chunk(c.stream, c.offset < next ? c.data.subarray(next - c.offset) : c.data);
+    const data = c.offset < next ? c.data.subarray(next - c.offset) : c.data;
+    ws.send(Buffer.concat([Buffer.of(STREAM_BYTE[c.stream]), data]));
     next = c.offset + c.data.length;
   };
   const catchUp = (): void => {
     const { chunks, gap } = p.ring.from(next);
     if (gap) {
-      sink.gap(gap.from, gap.to);
+      send(ws, { type: 'gap', from: gap.from, to: gap.to });
       next = gap.to;
     }
     for (const c of chunks) sendChunk(c);
@@ -118,20 +81,20 @@ export function pump(p: Process, to: WebSocket | OutputSink, offset: number, onE
     waiting = false;
   };
   const onChunk = (c: Chunk): void => {
-    if (waiting || !sink.open) return;
-    if (sink.buffered > HIGH) {
+    if (waiting || ws.readyState !== ws.OPEN) return;
+    if (ws.bufferedAmount > HIGH) {
       // hold the command's output at its source until this reader has caught up
       waiting = true;
       p.hold(true);
       const since = Date.now();
       poll = setInterval(() => {
-        if (!sink.open) return resume();
+        if (ws.readyState !== ws.OPEN) return resume();
         // a reader that reads nothing for this long lets go of the command: it may reattach from its offset
         if (Date.now() - since > HOLD_MAX_MS) {
           resume();
-          return sink.tooSlow();
+          return void ws.close(1008, 'reader too slow: reattach from your offset');
         }
-        if (sink.buffered > LOW) return;
+        if (ws.bufferedAmount > LOW) return;
         resume();
         catchUp();
         if (p.ended) finish();
@@ -141,19 +104,19 @@ export function pump(p: Process, to: WebSocket | OutputSink, offset: number, onE
     if (c.offset > next) catchUp();
     else sendChunk(c);
   };
+  const finish = (): void => {
+    if (waiting || ws.readyState !== ws.OPEN) return;
+    catchUp();
+    send(ws, exitMessage(p));
+    onExitSent?.();
+    ws.close(1000, 'exited');
+  };
   const detach = (): void => {
     resume();
     p.off('chunk', onChunk);
     p.off('exit', finish);
   };
-  function finish(): void {
-    if (waiting || !sink.open) return;
-    catchUp();
-    detach();
-    sink.exit(p);
-    onExitSent?.();
-  }
-  if (!sink.open) return;
+  if (ws.readyState !== ws.OPEN) return;
   catchUp();
   if (p.ended) {
     finish();
@@ -161,7 +124,7 @@ export function pump(p: Process, to: WebSocket | OutputSink, offset: number, onE
   }
   p.on('chunk', onChunk);
   p.once('exit', finish);
-  sink.onClose(detach);
+  ws.once('close', detach);
 }
 
 /** What a client sends: binary frames are stdin; text frames are {type: eof|signal|resize}. `held`: what came before. */
@@ -255,7 +218,7 @@ function refuse(ws: WebSocket, e: unknown): void {
 }
 
 /** A start message's fields, checked as the REST body's schema checks them. */
-export function processSpec(m: Record<string, unknown>): ProcessSpec {
+function processSpec(m: Record<string, unknown>): ProcessSpec {
   const bad = (what: string): never => {
     throw new SnaplabError('BAD_INPUT', `invalid ${what} in the start message`, 'see docs/api.md, streaming exec');
   };
