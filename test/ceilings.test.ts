@@ -96,6 +96,18 @@ describe("a key's ceilings", () => {
     expect((await call(tenant, 'POST', '/sandboxes', {})).status).toBe(201);
   });
 
+  it('count a stopped machine: it keeps its room, so stop, create, start cannot pass the totals', async () => {
+    const tenant = key('stopper', '--max-memory', '256M', '--max-total-memory', '600M', '--max-disk', '64M');
+    const a = await call(tenant, 'POST', '/sandboxes', {});
+    const b = await call(tenant, 'POST', '/sandboxes', {});
+    expect([a.status, b.status]).toEqual([201, 201]);
+    expect((await call(tenant, 'POST', `/sandboxes/${a.body.id}/stop`)).status).toBe(200);
+    const c = await call(tenant, 'POST', '/sandboxes', {});
+    expect([c.status, c.body.code, c.body.limit]).toEqual([429, 'QUOTA_EXCEEDED', 'totalMemoryBytes']);
+    expect((await call(tenant, 'POST', `/sandboxes/${a.body.id}/start`)).status).toBe(200);
+    for (const x of [a, b]) await call(tenant, 'DELETE', `/sandboxes/${x.body.id}`);
+  });
+
   it('hold a restore and a standby take too: a pool with more than a key may ask is not for that key', async () => {
     const tenant = key('restorer', '--max-memory', '512M');
     const made = await call(tenant, 'POST', '/sandboxes', { limits: { memoryBytes: 128 * MiB } });

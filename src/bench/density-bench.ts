@@ -233,9 +233,12 @@ async function libraryOps(lab: Lab, samples: number, sample: Sampler): Promise<R
         if (r.exitCode !== 0) throw new SnaplabError('INTERNAL', `/bin/true exited ${r.exitCode}`, 'see the probe');
         const name = `density-${process.pid}-${i}`;
         await timed(t.snapshot, () => probe.snapshot(name));
-        const back = await timed(t.restore, () => lab.restore(name));
-        await back.destroy();
-        await lab.removeSnapshot(name);
+        try {
+          const back = await timed(t.restore, () => lab.restore(name));
+          await back.destroy();
+        } finally {
+          await lab.removeSnapshot(name);
+        }
         await timed(t.list, () => lab.list());
         await timed(t.gc, () => lab.gc());
       });

@@ -236,8 +236,11 @@ async function apiOps(
       const name = `density-api-${process.pid}-${i}`;
       const t0 = now();
       const box = await remote.create({ name, labels: { bench: 'density-probe' } });
-      t.apiCreate.push(now() - t0);
-      t.apiEvent.push((await ready.see(name)) - t0);
-      await box.destroy();
+      try {
+        t.apiCreate.push(now() - t0);
+        t.apiEvent.push((await ready.see(name)) - t0);
+      } finally {
+        await box.destroy(); // also when its event did not come: the idle count stays what it says
+      }
     });
 }

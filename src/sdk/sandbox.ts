@@ -368,7 +368,7 @@ export class Sandbox implements SandboxApi {
   async stop(): Promise<TraceSummary> {
     this.close();
     const { trace } = await this.ctx.traced('stop', this.name, (t) => stopSandbox(this.ctx, this.record, t));
-    if (this.timeoutS) updateMeta(this.ctx, this.record.id, { expiresAt: null });
+    if (this.timeoutS) this.changeMeta({ expiresAt: null });
     return trace;
   }
 
@@ -381,7 +381,7 @@ export class Sandbox implements SandboxApi {
     const { result, trace } = await this.ctx.traced('start', this.name, (t) => startSandbox(this.ctx, this.record, t));
     this.agent = result;
     const timeoutS = this.timeoutS;
-    if (timeoutS) updateMeta(this.ctx, this.record.id, { expiresAt: Date.now() + timeoutS * 1000 });
+    if (timeoutS) this.changeMeta({ expiresAt: Date.now() + timeoutS * 1000 });
     return trace;
   }
 

@@ -101,7 +101,8 @@ export class CeilingGuard {
     const held: Held = { memoryBytes: 0, diskBytes: 0 };
     // as recorded: a create must not wait for every machine of the host to be checked
     for (const box of await this.lab.list({ owner: key, check: false })) {
-      if (box.state === 'dead') continue;
+      // a stopped machine keeps its volume and its room: its start must not take the key past its ceilings
+      if (box.state === 'dead' && !box.stopped) continue;
       const l = withDefaults(box.limits, box.driver);
       held.memoryBytes += l.memoryBytes ?? 0;
       held.diskBytes += l.diskBytes ?? 0;
