@@ -24,15 +24,14 @@ import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
 import { cachedImage, debianArgs } from './image-cache.js';
 import { spawnSync } from 'node:child_process';
 
-// System machines: Debian 12 with its own systemd as PID 1 (built here from Debian's archive).
+// System machines: Debian 12 with its own systemd as PID 1 (bookworm minbase from Debian's archive,
+// built once and kept between runs: test/image-cache.ts; the builds themselves are
+// test/debian-image.test.ts's and test/templates.test.ts's, and this file's debian-lab case's).
 let lab: Lab;
 beforeAll(async () => {
   lab = await testLab();
-  await lab.buildImage(
-    { suite: 'bookworm', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'sudo', 'dbus'] },
-    { name: 'sysd' },
-  );
-}, 600_000);
+  await cachedImage(lab.home, debianArgs('sysd', ['systemd', 'systemd-sysv', 'sudo', 'dbus']), 'sysd');
+}, 900_000);
 afterAll(async () => {
   await disposeLab(lab);
 });
@@ -168,7 +167,7 @@ describe('system machines (--init systemd) on namespaces', () => {
     }
   });
 
-  it('are what an image with systemd makes by default (found at build); --init agent makes the agent PID 1 instead', async () => {
+  it('are what an image with systemd makes by default (found when the image is made, here by its import); --init agent makes the agent PID 1 instead', async () => {
     expect((await lab.images()).find((i) => i.name === 'sysd')?.provenance?.init).toBe('systemd');
     await using box = await lab.create({ image: 'sysd' });
     expect(box.info.init).toBe('systemd');
@@ -337,7 +336,7 @@ describe('system machines (--init systemd) on namespaces', () => {
   });
 
   it('boot Debian 13 (systemd 257) too: its systemctl says "system scope bus" while it starts', async () => {
-    // built once, kept between runs (test/image-cache.ts): this file's own build is sysd's
+    // built once, kept between runs (test/image-cache.ts), as sysd is
     await cachedImage(lab.home, debianArgs('sysd13', ['systemd', 'systemd-sysv', 'dbus'], 'trixie'), 'sysd13');
     await using box = await lab.create({ image: 'sysd13', init: 'systemd' });
     expect(await out(box, ['systemctl', 'is-system-running'])).toBe('running');
@@ -498,7 +497,26 @@ describe('system machines attacked from inside (root, with mount and unshare all
 });
 
 describe("system machines on qemu (the image's systemd boots in a VM)", () => {
-  it("boot to running from the VM's disk with the agent as a unit; a memory restore resumes them running, services and all, without a boot", async () => {
+  // the VM cases below run at once (it.concurrent): each boots its own VM (own names, its own
+  // scenario network) and waits mostly on QEMU's emulation, one vCPU each of the host's two here;
+  // the refusal first, alone, since it is timed (no VM booted to find out)
+  it('refuse --init systemd on an image without systemd before anything boots', async () => {
+    for (const driver of ['qemu', 'namespaces']) {
+      const t0 = performance.now();
+      const err = await lab
+        .create({ driver, image: 'busybox', init: 'systemd', name: 'nosd' })
+        .catch((e: unknown) => e);
+      expect(err).toMatchObject({
+        code: 'BAD_INPUT',
+        message: expect.stringMatching(/image busybox has no systemd/),
+        hint: expect.stringMatching(/--init agent/),
+      });
+      expect(performance.now() - t0).toBeLessThan(5000); // no VM booted to find out
+      expect((await lab.list()).map((b) => b.name)).not.toContain('nosd');
+    }
+  });
+
+  it.concurrent("boot to running from the VM's disk with the agent as a unit; a memory restore resumes them running, services and all, without a boot", async () => {
     // an image with systemd boots it on qemu too, by default (no user namespace needed: the VM is the boundary)
     const vm = await lab.create({ driver: 'qemu', image: 'sysd', name: 'vmsys' });
     try {
@@ -541,7 +559,7 @@ describe("system machines on qemu (the image's systemd boots in a VM)", () => {
     }
   }, 300_000);
 
-  it('stop powers the guest off cleanly (its units stopped) and keeps the disk; a restore of it boots again', async () => {
+  it.concurrent('stop powers the guest off cleanly (its units stopped) and keeps the disk; a restore of it boots again', async () => {
     const vm = await lab.create({ driver: 'qemu', image: 'sysd', name: 'vmstop' });
     try {
       // a unit whose stop writes a mark: only a clean halt stops units (a kill would not)
@@ -568,23 +586,7 @@ describe("system machines on qemu (the image's systemd boots in a VM)", () => {
     }
   }, 300_000);
 
-  it('refuse --init systemd on an image without systemd before anything boots', async () => {
-    for (const driver of ['qemu', 'namespaces']) {
-      const t0 = performance.now();
-      const err = await lab
-        .create({ driver, image: 'busybox', init: 'systemd', name: 'nosd' })
-        .catch((e: unknown) => e);
-      expect(err).toMatchObject({
-        code: 'BAD_INPUT',
-        message: expect.stringMatching(/image busybox has no systemd/),
-        hint: expect.stringMatching(/--init agent/),
-      });
-      expect(performance.now() - t0).toBeLessThan(5000); // no VM booted to find out
-      expect((await lab.list()).map((b) => b.name)).not.toContain('nosd');
-    }
-  });
-
-  it("run in scenarios beside namespace machines: each reaches the other's service; a reset resumes the VM from memory, its services and network intact", async () => {
+  it.concurrent("run in scenarios beside namespace machines: each reaches the other's service; a reset resumes the VM from memory, its services and network intact", async () => {
     // a socket-activated service of the VM's own systemd, and a busybox httpd on a namespace machine
     writeFileSync(
       join(lab.home, 'hello.socket'),
