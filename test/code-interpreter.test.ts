@@ -39,9 +39,7 @@ afterAll(async () => {
 });
 
 describe('@e2b/code-interpreter@2.8.0', () => {
-  // the cases run at once (it.concurrent): each makes its own sandboxes (and MCP's its own) and
-  // waits mostly on their kernels' Python; none reads what another makes
-  it.concurrent('keeps state between runCode calls, streams stdout, and returns an error with its traceback', async () => {
+  it('keeps state between runCode calls, streams stdout, and returns an error with its traceback', async () => {
     const sbx = await Sandbox.create({ allowInternetAccess: false });
     try {
       expect((await sbx.runCode('x = 1')).error).toBeUndefined();
@@ -89,7 +87,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     }
   }, 120_000);
 
-  it.concurrent('returns a matplotlib plot as a PNG; contexts keep their own state, a crash of one spares the other, restart', async () => {
+  it('returns a matplotlib plot as a PNG; contexts keep their own state, a crash of one spares the other, restart', async () => {
     const sbx = await Sandbox.create({ allowInternetAccess: false });
     try {
       const plot = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()');
@@ -115,7 +113,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     }
   }, 120_000);
 
-  it.concurrent('a timeout interrupts the kernel, not the sandbox; two sandboxes do not share state', async () => {
+  it('a timeout interrupts the kernel, not the sandbox; two sandboxes do not share state', async () => {
     const a = await Sandbox.create({ allowInternetAccess: false });
     const b = await Sandbox.create({ allowInternetAccess: false });
     try {
@@ -134,7 +132,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     }
   }, 180_000);
 
-  it.concurrent("MCP's run_code (a daemon's /mcp, the SDK's client): state kept, a plot as an image, an error as isError, a timeout interrupts", async () => {
+  it("MCP's run_code (a daemon's /mcp, the SDK's client): state kept, a plot as an image, an error as isError, a timeout interrupts", async () => {
     const c = new Client({ name: 'snaplab-test', version: '0' });
     await c.connect(
       new StreamableHTTPClientTransport(new URL(`${d.url}/mcp`), {
@@ -177,7 +175,7 @@ describe('@e2b/code-interpreter@2.8.0', () => {
     }
   }, 180_000);
 
-  it.concurrent("a paused sandbox's kernel keeps its state: connect resumes it where it was (namespaces keep processes)", async () => {
+  it("a paused sandbox's kernel keeps its state: connect resumes it where it was (namespaces keep processes)", async () => {
     const sbx = await Sandbox.create({ allowInternetAccess: false });
     try {
       await sbx.runCode('kept = [1, 2, 3]');
