@@ -497,35 +497,7 @@ describe('system machines attacked from inside (root, with mount and unshare all
 });
 
 describe("system machines on qemu (the image's systemd boots in a VM)", () => {
-  // the VM cases below run at once (it.concurrent): each boots its own VM (own names, its own
-  // scenario network) and waits mostly on QEMU's emulation, one vCPU each of the host's two here;
-  // the refusal first, alone, since it is timed (no VM booted to find out). Three VMs booting at
-  // once on a loaded host took their agents past the driver's 60 s (load ~15 here): 180 s, as the
-  // stock host's VM has.
-  const bootTimeout = process.env.SNAPLAB_VM_BOOT_TIMEOUT_MS;
-  beforeAll(() => {
-    process.env.SNAPLAB_VM_BOOT_TIMEOUT_MS ||= '180000';
-  });
-  afterAll(() => {
-    if (bootTimeout === undefined) delete process.env.SNAPLAB_VM_BOOT_TIMEOUT_MS;
-  });
-  it('refuse --init systemd on an image without systemd before anything boots', async () => {
-    for (const driver of ['qemu', 'namespaces']) {
-      const t0 = performance.now();
-      const err = await lab
-        .create({ driver, image: 'busybox', init: 'systemd', name: 'nosd' })
-        .catch((e: unknown) => e);
-      expect(err).toMatchObject({
-        code: 'BAD_INPUT',
-        message: expect.stringMatching(/image busybox has no systemd/),
-        hint: expect.stringMatching(/--init agent/),
-      });
-      expect(performance.now() - t0).toBeLessThan(5000); // no VM booted to find out
-      expect((await lab.list()).map((b) => b.name)).not.toContain('nosd');
-    }
-  });
-
-  it.concurrent("boot to running from the VM's disk with the agent as a unit; a memory restore resumes them running, services and all, without a boot", async () => {
+  it("boot to running from the VM's disk with the agent as a unit; a memory restore resumes them running, services and all, without a boot", async () => {
     // an image with systemd boots it on qemu too, by default (no user namespace needed: the VM is the boundary)
     const vm = await lab.create({ driver: 'qemu', image: 'sysd', name: 'vmsys' });
     try {
@@ -568,7 +540,7 @@ describe("system machines on qemu (the image's systemd boots in a VM)", () => {
     }
   }, 300_000);
 
-  it.concurrent('stop powers the guest off cleanly (its units stopped) and keeps the disk; a restore of it boots again', async () => {
+  it('stop powers the guest off cleanly (its units stopped) and keeps the disk; a restore of it boots again', async () => {
     const vm = await lab.create({ driver: 'qemu', image: 'sysd', name: 'vmstop' });
     try {
       // a unit whose stop writes a mark: only a clean halt stops units (a kill would not)
@@ -595,7 +567,23 @@ describe("system machines on qemu (the image's systemd boots in a VM)", () => {
     }
   }, 300_000);
 
-  it.concurrent("run in scenarios beside namespace machines: each reaches the other's service; a reset resumes the VM from memory, its services and network intact", async () => {
+  it('refuse --init systemd on an image without systemd before anything boots', async () => {
+    for (const driver of ['qemu', 'namespaces']) {
+      const t0 = performance.now();
+      const err = await lab
+        .create({ driver, image: 'busybox', init: 'systemd', name: 'nosd' })
+        .catch((e: unknown) => e);
+      expect(err).toMatchObject({
+        code: 'BAD_INPUT',
+        message: expect.stringMatching(/image busybox has no systemd/),
+        hint: expect.stringMatching(/--init agent/),
+      });
+      expect(performance.now() - t0).toBeLessThan(5000); // no VM booted to find out
+      expect((await lab.list()).map((b) => b.name)).not.toContain('nosd');
+    }
+  });
+
+  it("run in scenarios beside namespace machines: each reaches the other's service; a reset resumes the VM from memory, its services and network intact", async () => {
     // a socket-activated service of the VM's own systemd, and a busybox httpd on a namespace machine
     writeFileSync(
       join(lab.home, 'hello.socket'),
