@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Lab } from '../src/sdk/lab.js';
 import type { LabApi } from '../src/sdk/api.js';
-import { cli, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
+import { cli, cliAsync, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
 import { contractSuite } from './contract-suite.js';
 import { freePort, startEtcd, type EtcdCluster } from './etcd-cluster.js';
 import { Etcd3 } from 'etcd3';
@@ -114,7 +114,12 @@ async function withFakeNode(name: string, url: string, fn: () => Promise<void>):
 beforeAll(async () => {
   etcd = await startEtcd(3);
   for (let i = 0; i < 3; i++) homes.push(mkdtempSync(join(tmpdir(), `snaplab-test-cluster-n${i}-`)));
-  for (let i = 0; i < 3; i++) nodes.push(await startNode(i));
+  // the nodes start at once, each in its own home (a Node start and the home's first open: seconds
+  // on a loaded host); every one that started is kept for afterAll, then the first failure thrown
+  const started = await Promise.allSettled([0, 1, 2].map((i) => startNode(i)));
+  for (const r of started) if (r.status === 'fulfilled') nodes.push(r.value);
+  const failed = started.find((r) => r.status === 'rejected');
+  if (failed) throw (failed as PromiseRejectedResult).reason;
   const k = cli(homes[0]!, ['key', 'create', 'cluster-test', '--scope', 'read,exec,admin', '--cluster', etcd.url]);
   expect(k.code, k.err).toBe(0);
   token = k.out.trim();
@@ -137,18 +142,25 @@ afterAll(async () => {
   await gatewayLab?.core.close().catch(noted('close the gateway lab'));
   for (const g of gateways) await g.stop().catch(noted('stop a gateway'));
   for (const n of nodes) await n.stop().catch(noted('stop a node'));
-  for (const h of homes) {
-    cli(h, ['pool', 'rm', 'cpool-gateway']);
-    cli(h, ['pool', 'rm', 'tpool-gateway']);
-    cli(h, ['pool', 'rm', 'cpool-gateway-lab']);
-    cli(h, ['pool', 'rm', 'warm']);
-    cli(h, ['rm', '--all']);
-    cli(h, ['snapshot', 'rm', 'csnap-gateway']);
-    cli(h, ['snapshot', 'rm', 'csnap-gateway-lab']);
-    cli(h, ['image', 'rm', '--force', 'busybox']);
-    cli(h, ['gc']);
-    rmSync(h, { recursive: true, force: true });
-  }
+  // nine CLI calls (a Node start each) per home: the homes are cleaned at once (one home's gc leaves
+  // another's sandboxes alone, as a case below shows)
+  const steps = [
+    ['pool', 'rm', 'cpool-gateway'],
+    ['pool', 'rm', 'tpool-gateway'],
+    ['pool', 'rm', 'cpool-gateway-lab'],
+    ['pool', 'rm', 'warm'],
+    ['rm', '--all'],
+    ['snapshot', 'rm', 'csnap-gateway'],
+    ['snapshot', 'rm', 'csnap-gateway-lab'],
+    ['image', 'rm', '--force', 'busybox'],
+    ['gc'],
+  ];
+  await Promise.all(
+    homes.map(async (h) => {
+      for (const args of steps) await cliAsync(h, args, 120_000);
+      rmSync(h, { recursive: true, force: true });
+    }),
+  );
   await etcd?.stop();
 }, 300_000);
 

@@ -24,15 +24,14 @@ import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
 import { cachedImage, debianArgs } from './image-cache.js';
 import { spawnSync } from 'node:child_process';
 
-// System machines: Debian 12 with its own systemd as PID 1 (built here from Debian's archive).
+// System machines: Debian 12 with its own systemd as PID 1 (bookworm minbase from Debian's archive,
+// built once and kept between runs: test/image-cache.ts; the builds themselves are
+// test/debian-image.test.ts's and test/templates.test.ts's, and this file's debian-lab case's).
 let lab: Lab;
 beforeAll(async () => {
   lab = await testLab();
-  await lab.buildImage(
-    { suite: 'bookworm', variant: 'minbase', packages: ['systemd', 'systemd-sysv', 'sudo', 'dbus'] },
-    { name: 'sysd' },
-  );
-}, 600_000);
+  await cachedImage(lab.home, debianArgs('sysd', ['systemd', 'systemd-sysv', 'sudo', 'dbus']), 'sysd');
+}, 900_000);
 afterAll(async () => {
   await disposeLab(lab);
 });
@@ -168,7 +167,7 @@ describe('system machines (--init systemd) on namespaces', () => {
     }
   });
 
-  it('are what an image with systemd makes by default (found at build); --init agent makes the agent PID 1 instead', async () => {
+  it('are what an image with systemd makes by default (found when the image is made, here by its import); --init agent makes the agent PID 1 instead', async () => {
     expect((await lab.images()).find((i) => i.name === 'sysd')?.provenance?.init).toBe('systemd');
     await using box = await lab.create({ image: 'sysd' });
     expect(box.info.init).toBe('systemd');
@@ -337,7 +336,7 @@ describe('system machines (--init systemd) on namespaces', () => {
   });
 
   it('boot Debian 13 (systemd 257) too: its systemctl says "system scope bus" while it starts', async () => {
-    // built once, kept between runs (test/image-cache.ts): this file's own build is sysd's
+    // built once, kept between runs (test/image-cache.ts), as sysd is
     await cachedImage(lab.home, debianArgs('sysd13', ['systemd', 'systemd-sysv', 'dbus'], 'trixie'), 'sysd13');
     await using box = await lab.create({ image: 'sysd13', init: 'systemd' });
     expect(await out(box, ['systemctl', 'is-system-running'])).toBe('running');
