@@ -46,6 +46,7 @@ const NONLITERAL: Record<string, string> = {
   'src/bench/cli-bench.ts snaplab': 'the snaplab command (its serve, for the create-through-a-daemon cases)',
   'src/bench/density-fronts.ts snaplabCommand(':
     "the snaplab command of this build (the density bench's CLI and serve)",
+  'test/stop-start.test.ts SNAPLAB': 'the snaplab command, built by npm run build (a start killed half-way)',
   'test/cli.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/qemu.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/images.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
