@@ -2,28 +2,18 @@
  * One contract, two implementations: the same tests run on the embedded library (Lab.open) and
  * on the remote one (Lab.connect) against a real `snaplab serve` on 127.0.0.1 with an API key.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect } from 'vitest';
-import { Lab } from '../src/sdk/lab.js';
+import { rmSync } from 'node:fs';
+import { afterAll, beforeAll, describe } from 'vitest';
 import type { LabApi } from '../src/sdk/api.js';
-import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { bothLabs, cli, type TestDaemon } from './daemon-helpers.js';
 import { contractSuite } from './contract-suite.js';
 
 let home: string;
 let daemon: TestDaemon;
-let token: string;
 const labs: Record<string, LabApi> = {};
 
 beforeAll(async () => {
-  home = mkdtempSync(join(tmpdir(), 'snaplab-test-contract-'));
-  const k = cli(home, ['key', 'create', 'contract', '--scope', 'read,exec,admin']);
-  expect(k.code, k.err).toBe(0);
-  token = k.out.trim();
-  daemon = await startDaemon(home);
-  labs.embedded = await Lab.open({ home });
-  labs.remote = await Lab.connect({ url: daemon.url, token });
+  ({ home, daemon } = await bothLabs('contract', 'read,exec,admin', labs));
 }, 120_000);
 
 afterAll(async () => {

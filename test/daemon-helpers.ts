@@ -1,7 +1,11 @@
 /** A real `snaplab serve` process for the daemon tests: on a Unix socket and on 127.0.0.1. */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { expect } from 'vitest';
+import type { LabApi } from '../src/sdk/api.js';
+import { Lab } from '../src/sdk/lab.js';
 import { SNAPLAB } from './cli-command.js';
 
 export interface TestDaemon {
@@ -137,4 +141,24 @@ export async function until<T>(
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
     await sleep(100);
   }
+}
+
+/**
+ * A fresh home with a daemon on it and a key of `scopes` (comma-separated), and the Lab API both
+ * ways into `labs`: `embedded` on the home, `remote` through the daemon with the key. The caller
+ * closes the labs and stops the daemon.
+ */
+export async function bothLabs(
+  name: string,
+  scopes: string,
+  labs: Record<string, LabApi>,
+): Promise<{ home: string; daemon: TestDaemon; token: string }> {
+  const home = mkdtempSync(join(tmpdir(), `snaplab-test-${name}-`));
+  const k = cli(home, ['key', 'create', name, '--scope', scopes]);
+  expect(k.code, k.err).toBe(0);
+  const token = k.out.trim();
+  const daemon = await startDaemon(home);
+  labs.embedded = await Lab.open({ home });
+  labs.remote = await Lab.connect({ url: daemon.url, token });
+  return { home, daemon, token };
 }

@@ -17,7 +17,7 @@ let d: TestDaemon;
 let key: string;
 const saved = { ...process.env };
 /** The uplink of the sandboxes' egress (on by default under E2B): a namespace of the test's. */
-const UPLINK = `sltest-e2bs-${process.pid}`;
+const UPLINK = `sltest-e2bp-${process.pid}`;
 
 beforeAll(async () => {
   spawnSync('ip', ['netns', 'add', UPLINK]);

@@ -5,16 +5,15 @@
  * start removes what it made; gc finds a stopped machine's leftovers; the daemon tells of both.
  */
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Lab } from '../src/sdk/lab.js';
+import type { Lab } from '../src/sdk/lab.js';
 import type { LabApi, SandboxApi } from '../src/sdk/api.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { cgroupFor } from '../src/host/cgroups/cgroups.js';
 import { handledElsewhere } from '../src/cleanup.js';
-import { cli, removeHome, sleep, startDaemon, type TestDaemon } from './daemon-helpers.js';
+import { bothLabs, cli, removeHome, sleep, type TestDaemon } from './daemon-helpers.js';
 import { SNAPLAB } from './cli-command.js';
 
 let home: string;
@@ -23,13 +22,7 @@ let token: string;
 const labs: Record<string, LabApi> = {};
 
 beforeAll(async () => {
-  home = mkdtempSync(join(tmpdir(), 'snaplab-test-stopstart-'));
-  const k = cli(home, ['key', 'create', 'stopstart', '--scope', 'read,exec']);
-  expect(k.code, k.err).toBe(0);
-  token = k.out.trim();
-  daemon = await startDaemon(home);
-  labs.embedded = await Lab.open({ home });
-  labs.remote = await Lab.connect({ url: daemon.url, token });
+  ({ home, daemon, token } = await bothLabs('stopstart', 'read,exec', labs));
 }, 120_000);
 
 afterAll(async () => {
