@@ -105,7 +105,7 @@ describe('system machines (--init systemd) on namespaces', () => {
     const stopped = await lab.get(box.id);
     expect([stopped.state, stopped.info.reason]).toEqual(['dead', expect.stringMatching(/^stopped/)]);
     await expect(stopped.exec(['true'])).rejects.toMatchObject({
-      code: 'SANDBOX_DEAD',
+      code: 'SANDBOX_STOPPED',
       message: expect.stringMatching(/is stopped/),
     });
     await stopped.snapshot('after-stop');
