@@ -157,7 +157,10 @@ describe('standby resets', () => {
     await lab.scenario('sw').down();
     const gc = spawnSync(SNAPLAB, ['gc', '--json'], { env, encoding: 'utf8' });
     expect(gc.status, gc.stderr).toBe(0);
-    expect(JSON.parse(gc.stdout).removed).toEqual([]);
+    // a kill that lands while a machine claims its uid range leaves the claim's unfinished write,
+    // which only gc can tell is its dead process's (docs/architecture.md, principle 6); nothing else
+    const removed = (JSON.parse(gc.stdout) as { removed: string[] }).removed;
+    expect(removed.filter((r) => !/^unfinished user namespace claim \S+ \(its process is gone\)$/.test(r))).toEqual([]);
     expect((await listSnaplabNetns()).filter((n) => n.includes(id))).toEqual([]);
     expect([...(await rangesOf(home())).values()].filter((h) => h.includes(id))).toEqual([]);
     expect((await lab.list()).filter((b) => b.name.startsWith('sw.'))).toEqual([]);
