@@ -61,6 +61,9 @@ describe('snaplab bench --workload density (bounded)', () => {
     // what each idle sandbox's cgroup is charged: its agent's pages and kernel memory, not nothing
     expect(at6.memory!.cgroupKiB).toBeGreaterThan(16);
     expect(at6.memory!.counters).toHaveProperty('SUnreclaim');
+    // the daemon's own memory, read from its process with every machine adopted: a node process's
+    expect(at6.daemon!.rssKiB).toBeGreaterThan(20_000);
+    expect(at6.daemon!.peakKiB).toBeGreaterThanOrEqual(at6.daemon!.rssKiB);
     expect(at6.loadavg).toHaveLength(3);
     expect(renderDensitySummary(s)).toMatch(/^workload density[\s\S]*\n6 +[\d.]+ \/ [\d.]+/m);
     expect(renderDensitySummary(s)).toMatch(/serve, adopted p50\/p95 ms[\s\S]*\n6 +[\d.]+ \/ [\d.]+/);
@@ -116,6 +119,7 @@ describe('snaplab bench --workload density (bounded)', () => {
       message: expect.stringContaining('d.sock'),
     });
     expect(p.ms.serve).toEqual({ p50: null, p95: null, samples: 0 });
+    expect(p.daemon).toBeNull();
     // what did not fail is measured as always
     for (const op of ['create', 'exec', 'gc', 'poolTake', 'cliCreate', 'cliLs'] as const)
       expect(p.ms[op].samples).toBe(2);

@@ -27,6 +27,7 @@ import {
   type SampleFailure,
   type Sampler,
   cliOps,
+  type DaemonMemory,
   daemonOps,
   poolOps,
 } from './density-fronts.js';
@@ -76,6 +77,8 @@ export interface DensityPoint {
     counters: Record<(typeof COUNTERS)[number], number>;
   } | null;
   ms: Record<LibraryOp | FrontOp, OpFigures>;
+  /** the daemon's resident memory with every machine adopted (null when its last sample failed) */
+  daemon: DaemonMemory | null;
   /** samples that failed: the run goes on (its other samples and counts are kept), each with what it said */
   failures: SampleFailure[];
 }
@@ -287,17 +290,19 @@ async function operations(
   samples: number,
   progress: Progress,
   signal?: AbortSignal,
-): Promise<Pick<DensityPoint, 'ms' | 'failures'>> {
+): Promise<Pick<DensityPoint, 'ms' | 'daemon' | 'failures'>> {
   const failures: SampleFailure[] = [];
   const sample = sampler(lab, failures, progress, signal);
   const t = {
     ...(await libraryOps(lab, samples, sample)),
     poolTake: await poolOps(lab, samples, sample),
     ...(await cliOps(lab.home, samples, sample)),
-    ...(await daemonOps(lab.home, samples, sample, (l) => progress.note(l))),
   };
-  const ms = Object.fromEntries(Object.entries(t).map(([k, xs]) => [k, figures(xs)])) as DensityPoint['ms'];
-  return { ms, failures };
+  const { ms: daemonMs, daemon } = await daemonOps(lab.home, samples, sample, (l) => progress.note(l));
+  const ms = Object.fromEntries(
+    Object.entries({ ...t, ...daemonMs }).map(([k, xs]) => [k, figures(xs)]),
+  ) as DensityPoint['ms'];
+  return { ms, daemon, failures };
 }
 
 /** Remove every machine and snapshot of the bench's home, `concurrency` at a time, then its home. */
@@ -347,8 +352,8 @@ export async function densityBench(
       running = count;
       const memory = await memoryAt(lab, base, count);
       progress.note(`at ${count}: timing ${o.samples} of each operation`);
-      const { ms, failures } = await operations(lab, o.samples, progress, signal);
-      const point = { count, loadavg: loadavg().map((l) => round(l)), bulk, memory, ms, failures };
+      const { ms, daemon, failures } = await operations(lab, o.samples, progress, signal);
+      const point = { count, loadavg: loadavg().map((l) => round(l)), bulk, memory, ms, daemon, failures };
       points.push(point);
       progress.note(pointLine(point));
     }
@@ -373,6 +378,7 @@ const pointLine = (p: DensityPoint): string =>
     .join(', ')}` +
   (p.memory ? `; ${p.memory.perSandboxKiB} KiB per idle sandbox (its cgroup ${p.memory.cgroupKiB})` : '') +
   (p.bulk ? `; bulk ${p.bulk.perSecond}/s (unshare ${p.bulk.unsharePerSecond}/s)` : '') +
+  (p.daemon ? `; daemon RSS ${p.daemon.rssKiB} KiB` : '') +
   (p.failures.length ? `; ${p.failures.length} sample(s) failed` : '') +
   `; load ${p.loadavg.join(' ')}`;
 
@@ -403,6 +409,7 @@ export function renderDensitySummary(s: DensitySummary): string {
     p.bulk ? `${p.bulk.unsharePerSecond}/s` : '-',
     p.memory ? String(p.memory.perSandboxKiB) : '-',
     p.memory ? String(p.memory.cgroupKiB) : '-',
+    p.daemon ? `${p.daemon.rssKiB} (peak ${p.daemon.peakKiB})` : '-',
     p.memory ? COUNTERS.map((k) => `${k} ${p.memory!.counters[k]}`).join(', ') : '-',
   ]);
   return [
@@ -416,6 +423,7 @@ export function renderDensitySummary(s: DensitySummary): string {
         'unshare (same run)',
         'KiB/sandbox (MemAvailable)',
         'KiB/sandbox (its cgroup)',
+        'daemon RSS KiB',
         'meminfo KiB/sandbox',
       ],
       memRows,

@@ -8,6 +8,7 @@
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { promisify } from 'node:util';
@@ -147,6 +148,19 @@ async function stopDaemon(child: ChildProcess): Promise<void> {
   clearTimeout(late);
 }
 
+/** the daemon's memory with every machine adopted and the API timed (VmRSS and VmHWM of its process) */
+export interface DaemonMemory {
+  rssKiB: number;
+  peakKiB: number;
+}
+
+function daemonMemory(pid: number): DaemonMemory {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const kib = (k: string): number =>
+    Number.parseInt(new RegExp(`^${k}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? 'NaN', 10);
+  return { rssKiB: kib('VmRSS'), peakKiB: kib('VmHWM') };
+}
+
 /** The `ready` events of `GET /events` from now on: when the one of a sandbox of this name arrived. */
 function readyEvents(res: Readable): { see(name: string): Promise<number> } {
   const waiting = new Map<string, (at: number) => void>();
@@ -189,15 +203,17 @@ function readyEvents(res: Readable): { see(name: string): Promise<number> } {
 /**
  * `samples` starts of a daemon on the bench's home (each until it answers, every machine adopted),
  * and with the last one up: the API's first page of 100 and whole list, and a create through the
- * API with the time until its `ready` event arrives. The daemon is stopped at the end, always.
+ * API with the time until its `ready` event arrives, then the daemon's memory (null when that
+ * sample failed). The daemon is stopped at the end, always.
  */
 export async function daemonOps(
   home: string,
   samples: number,
   sample: Sampler,
   note: (line: string) => void,
-): Promise<Record<DaemonOp, number[]>> {
+): Promise<{ ms: Record<DaemonOp, number[]>; daemon: DaemonMemory | null }> {
   const t: Record<DaemonOp, number[]> = { serve: [], apiPage: [], apiList: [], apiCreate: [], apiEvent: [] };
+  let daemon: DaemonMemory | null = null;
   const socket = join(home, 'd.sock');
   for (let i = 0; i < samples; i++)
     await sample('serve', async () => {
@@ -209,14 +225,18 @@ export async function daemonOps(
         await remote.health();
         t.serve.push(now() - t0);
         note(`a daemon on the bench home answers, every machine adopted, in ${Math.round(now() - t0)} ms`);
-        if (i === samples - 1) await apiOps(remote, samples, t, events.signal, sample);
+        if (i === samples - 1) {
+          await apiOps(remote, samples, t, events.signal, sample);
+          daemon = daemonMemory(child.pid!);
+          note(`the daemon holds ${daemon.rssKiB} KiB (its peak ${daemon.peakKiB} KiB)`);
+        }
       } finally {
         events.abort();
         remote.close();
         await bestEffort('stop the bench daemon', () => stopDaemon(child));
       }
     });
-  return t;
+  return { ms: t, daemon };
 }
 
 async function apiOps(
