@@ -223,11 +223,13 @@ describe('a cluster', () => {
       ),
     );
     const made = [];
-    for (let i = 0; i < 6; i++)
-      made.push(
-        (await api<{ id: string; node: string }>(gateways[i % 2]!, 'POST', '/sandboxes', { labels: { spread: 'yes' } }))
-          .body,
-      );
+    for (let i = 0; i < 6; i++) {
+      const r = await api<{ id: string; node: string }>(gateways[i % 2]!, 'POST', '/sandboxes', {
+        labels: { spread: 'yes' },
+      });
+      expect(r.status, JSON.stringify(r.body)).toBe(201);
+      made.push(r.body);
+    }
     const per = new Map<string, number>();
     for (const m of made) per.set(m.node, (per.get(m.node) ?? 0) + 1);
     expect([...per.values()]).toEqual([2, 2, 2]);
@@ -361,6 +363,63 @@ describe('a cluster', () => {
       ),
     );
     for (const t of [...ok.map((x) => x.body.id), admins.id]) await api(gateways[0]!, 'DELETE', `/sandboxes/${t}`);
+  }, 60_000);
+
+  it('stops and starts a sandbox through a gateway: the events say stopped and started, and a stopped one still counts against its key', async () => {
+    const k = cli(homes[0]!, [
+      'key',
+      'create',
+      'stopper',
+      '--scope',
+      'read,exec',
+      '--max-sandboxes',
+      '1',
+      '--cluster',
+      etcd.url,
+    ]);
+    expect(k.code, k.err).toBe(0);
+    const key = k.out.trim();
+    const as = async <T>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> => {
+      const r = await fetch(`${gateways[1]!.url}${path}`, {
+        method,
+        headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+        body: body ? JSON.stringify(body) : undefined,
+      });
+      const text = await r.text();
+      return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
+    };
+    const seen: string[] = [];
+    const events = new AbortController();
+    const stream = fetch(`${gateways[0]!.url}/events`, {
+      headers: { authorization: `Bearer ${key}` },
+      signal: events.signal,
+    })
+      .then(async (r) => {
+        for await (const chunk of r.body as unknown as AsyncIterable<Uint8Array>)
+          seen.push(Buffer.from(chunk).toString());
+      })
+      .catch(failureMeans(undefined)); // ended by the abort
+    const made = await as<{ id: string }>('POST', '/sandboxes', {});
+    expect(made.status, JSON.stringify(made.body)).toBe(201);
+    const id = made.body.id;
+    const stopped = await as<{ state: string; stopped: boolean }>('POST', `/sandboxes/${id}/stop`);
+    expect([stopped.status, stopped.body.state, stopped.body.stopped]).toEqual([200, 'dead', true]);
+    // held: its volume and range are kept, so the key's one sandbox is taken
+    const over = await as<{ code: string }>('POST', '/sandboxes', {});
+    expect([over.status, over.body.code]).toEqual([429, 'QUOTA_EXCEEDED']);
+    const started = await as<{ state: string }>('POST', `/sandboxes/${id}/start`);
+    expect([started.status, started.body.state]).toEqual([200, 'running']);
+    const told = (type: string): boolean =>
+      seen
+        .join('')
+        .split('\n\n')
+        .some((block) => block.includes(`event: ${type}\n`) && block.includes(`"sandbox":"${id}"`));
+    await until('the cluster events said stopped, then started', () => told('stopped') && told('started'));
+    expect(told('resumed') || told('exited')).toBe(false);
+    events.abort();
+    await stream;
+    expect((await as('DELETE', `/sandboxes/${id}`)).status).toBe(204);
+    expect(cli(homes[0]!, ['key', 'rm', 'stopper', '--cluster', etcd.url]).code).toBe(0);
   }, 60_000);
 
   it("serves the daemon's own key and scenario routes over the cluster, their bodies checked by the same schemas", async () => {

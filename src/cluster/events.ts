@@ -5,7 +5,7 @@
  * starts after that revision. One sandbox's stream (`?sandbox=`) is its node's.
  *
  *   node.joined, node.left (stopped on purpose), node.lost (its lease lapsed)
- *   created, destroyed, paused, resumed, exited, lost (its node lapsed)
+ *   created, destroyed, paused, resumed, stopped, started, exited, lost (its node lapsed)
  *   create.retried (a gateway placed a create again: its first node never got it)
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -24,6 +24,13 @@ const STATE_EVENT: Record<string, string> = {
   lost: 'lost',
   forgotten: 'destroyed',
 };
+
+/** The event of a sandbox entry's change: a stopped machine is dead with its volume kept, and runs again `started`. */
+function changeOf(was: SandboxEntry, e: SandboxEntry): string | undefined {
+  if (e.state === 'dead' && e.stopped) return 'stopped';
+  if (e.state === 'running' && was.stopped) return 'started';
+  return STATE_EVENT[e.state];
+}
 
 export async function clusterEvents(
   g: Pick<GatewayApi, 'store' | 'view' | 'owns' | 'track'>,
@@ -77,8 +84,10 @@ export async function clusterEvents(
       }
       const was = prev ? (JSON.parse(prev.value.toString()) as SandboxEntry) : undefined;
       if (!was) send(rev, 'created', { ...base, reason: null });
-      else if (was.state !== e.state && STATE_EVENT[e.state])
-        send(rev, STATE_EVENT[e.state]!, { ...base, reason: e.reason ?? null });
+      else if (was.state !== e.state || !was.stopped !== !e.stopped) {
+        const type = changeOf(was, e);
+        if (type) send(rev, type, { ...base, reason: e.reason ?? null });
+      }
     } else if (kind === 'notes' && !deleted && caller.scopes.has('admin')) {
       const n = JSON.parse(kv.value.toString()) as { type: string };
       send(rev, n.type, { at, data: n });

@@ -294,6 +294,7 @@ export class ClusterNode {
       labels: r.labels,
       createdAt: r.createdAt,
       reason: r.reason,
+      ...(r.stopped ? { stopped: true } : {}),
     };
   }
 

@@ -50,6 +50,8 @@ export interface SandboxEntry {
   createdAt: number;
   reason?: string | null;
   lostAt?: number;
+  /** its machine was stopped (`stop`): state dead, its volume kept for a `start` */
+  stopped?: boolean;
 }
 
 export interface NameEntry {
