@@ -121,7 +121,8 @@ export function openStream(reply: FastifyReply): ServerStream {
   reply.hijack();
   const res = reply.raw;
   res.writeHead(200, { 'content-type': 'application/connect+json', 'cache-control': 'no-store' });
-  let ended = false;
+  // a client gone before the stream opened: nothing is sent, and `closed` says so
+  let ended = res.destroyed || res.socket?.destroyed === true;
   const closers: (() => void)[] = [];
   res.on('close', () => {
     ended = true;

@@ -173,7 +173,9 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
   });
   if (taken) state.pools.add(key, template);
   state.users.fresh(box, key);
-  return reply.code(201).send(created(state, box, key));
+  const answer = created(state, box, key);
+  state.known(box);
+  return reply.code(201).send(answer);
 }
 
 /**
@@ -194,7 +196,9 @@ async function connect(state: E2bState, req: FastifyRequest, reply: FastifyReply
     const end = Date.now() + timeout * 1000;
     if (box.expiresAt !== null && box.expiresAt < end) await box.setTimeout(timeout, box.onTimeout);
   }
-  return reply.code(status).send(created(state, box, keyOf(req)));
+  const answer = created(state, box, keyOf(req));
+  state.known(box);
+  return reply.code(status).send(answer);
 }
 
 /**

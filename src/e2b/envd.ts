@@ -63,15 +63,29 @@ function sizeOf(pty: unknown): { cols: number; rows: number } | undefined {
   return { cols, rows };
 }
 
-/** Send a process's events on a stream, with keepalives; the stream ends with the process. */
-function pipe(stream: ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e: ProcessEvent) => void {
+/**
+ * Send a process's events on a stream, with keepalives; the stream ends with the process. The
+ * stream is opened by its first event (`open`), so that a start refused before it (the sandbox
+ * gone or paused) is still an HTTP status.
+ */
+function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e: ProcessEvent) => void {
   // seconds, as the SDK asks (50); never more often than once a second
   const every = Math.max(1, Number(req.headers['keepalive-ping-interval']) || 0);
-  const timer = req.headers['keepalive-ping-interval']
-    ? setInterval(() => stream.send({ event: { keepalive: {} } }), every * 1000)
-    : undefined;
-  timer?.unref();
+  let stream: ServerStream | undefined;
+  let timer: NodeJS.Timeout | undefined;
   const listen = (e: ProcessEvent): void => {
+    if (!stream) {
+      stream = open();
+      if (req.headers['keepalive-ping-interval']) {
+        const s = stream;
+        timer = setInterval(() => s.send({ event: { keepalive: {} } }), every * 1000);
+        timer.unref();
+      }
+      stream.onClose(() => {
+        if (timer) clearInterval(timer);
+        ref.p?.listeners.delete(listen);
+      });
+    }
     stream.send({ event: e });
     if ('end' in e) {
       if (timer) clearInterval(timer);
@@ -80,14 +94,13 @@ function pipe(stream: ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e:
       );
     }
   };
-  stream.onClose(() => {
-    if (timer) clearInterval(timer);
-    ref.p?.listeners.delete(listen);
-  });
   return listen;
 }
 
 async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
+  let stream: ServerStream | undefined;
+  const open = (): ServerStream => (stream ??= openStream(reply));
+  const ref: { p?: Proc } = {};
   let box: SandboxApi;
   let m: StartRequest;
   try {
@@ -96,9 +109,6 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
   } catch (e) {
     return streamRefused(reply, e);
   }
-  const stream = openStream(reply);
-  const ref: { p?: Proc } = {};
-  const listen = pipe(stream, ref, req);
   try {
     const user = await state.actAs(box, req);
     const spec = {
@@ -109,11 +119,15 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
       timeoutMs: deadlineOf(req.headers['connect-timeout-ms']),
       tty: sizeOf(m.pty),
     };
+    const listen = pipe(open, ref, req);
     ref.p = await state.processes.start(box, spec, listen);
     // the client went away while it started: the command runs on, to its end or its timeout
-    if (stream.closed) ref.p.listeners.delete(listen);
-  } catch (e) {
-    stream.end(e);
+    if (open().closed) ref.p.listeners.delete(listen);
+  } catch (err) {
+    // the sandbox gone or paused, found by the start itself: 502, as before any stream
+    const e = state.unavailable(req, err);
+    if (!stream && e instanceof EnvdUnavailable) return sendError(reply, e);
+    open().end(e);
   }
   return undefined;
 }
@@ -145,15 +159,15 @@ async function reattach(state: E2bState, req: FastifyRequest, reply: FastifyRepl
   try {
     const box = await state.envdSandbox(req);
     p = selected(state, box, unenvelope(await readBody(req.body)) as Selector);
-  } catch (e) {
+  } catch (err) {
+    const e = state.unavailable(req, err);
     if (e instanceof EnvdUnavailable || !(e instanceof ConnectError)) return sendError(reply, e);
     // no such process: said in the stream's end, as Connect says a streaming call's error (its message kept)
     openStream(reply).end(e);
     return undefined;
   }
-  const stream = openStream(reply);
-  const listen = pipe(stream, { p }, req);
-  stream.send({ event: { start: { pid: p.pid } } });
+  const listen = pipe(() => openStream(reply), { p }, req);
+  listen({ start: { pid: p.pid } });
   p.listeners.add(listen);
   return undefined;
 }
@@ -168,7 +182,8 @@ function unary(
       const box = await state.envdSandbox(req);
       const m = parseJson(await readBody(req.body)) as Record<string, unknown>;
       return reply.type('application/json').send(await fn(box, m, req));
-    } catch (e) {
+    } catch (err) {
+      const e = state.unavailable(req, err);
       if (e instanceof EnvdUnavailable) return sendError(reply, e);
       return sendUnaryError(reply, e);
     }
@@ -179,7 +194,8 @@ const SIGNALS: Record<string, number> = { SIGNAL_SIGKILL: 9, SIGNAL_SIGTERM: 15 
 
 export function registerEnvd(app: FastifyInstance, state: E2bState): void {
   app.get('/health', async (req, reply) => {
-    await state.envdSandbox(req);
+    // the one envd call that asks for the sandbox's state (isRunning())
+    await state.envdSandbox(req, { fresh: true });
     return reply.code(204).send();
   });
   app.post('/process.Process/Start', (req, reply) => start(state, req, reply));

@@ -34,18 +34,21 @@ export function absolute(path: unknown, user: EnvdUser): string {
 }
 
 /** envd's HTTP errors: `{code, message}` with the status (a missing file: 404). */
-function fileError(reply: FastifyReply, e: unknown): FastifyReply {
-  return sendError(reply, e);
+function fileError(state: E2bState, req: FastifyRequest, reply: FastifyReply, e: unknown): FastifyReply {
+  // the sandbox gone or paused: 502 (a signed URL's read names its sandbox itself, below)
+  return sendError(reply, state.unavailable(req, e));
 }
 
 async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
     const { box, user } = await state.fileSandbox(req, 'read');
     const path = absolute((req.query as { path?: unknown }).path, user);
-    const data = await box.files.read(path, { user: user.name });
+    const data = await box.files.read(path, { user: user.name }).catch((e: unknown) => {
+      throw state.unavailable(req, e, box.id);
+    });
     return reply.type('application/octet-stream').header('content-length', data.length).send(data);
   } catch (e) {
-    return fileError(reply, e);
+    return fileError(state, req, reply, e);
   }
 }
 
@@ -123,7 +126,7 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
     } else written.push(await writeOne(box, absolute(query, user), body, user.name, xattrs));
     return reply.type('application/json').send(written);
   } catch (e) {
-    return fileError(reply, e);
+    return fileError(state, req, reply, e);
   }
 }
 

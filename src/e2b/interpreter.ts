@@ -77,7 +77,7 @@ export function registerInterpreter(app: FastifyInstance, state: E2bState): void
     try {
       return await handle(state, interpreters, req, reply);
     } catch (e) {
-      return sendError(reply, e);
+      return sendError(reply, state.unavailable(req, e));
     }
   });
 }

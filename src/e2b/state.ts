@@ -35,6 +35,12 @@ export class E2bState {
   readonly pools = new KnownPools();
   private readonly sessions: Map<string, Session>;
   private readonly labs = new Map<string, Promise<LabApi>>();
+  /**
+   * The sandboxes envd calls act on, each a handle got once (from its create or connect, else
+   * one GET): a call does not ask the daemon for its sandbox first; its own answer says whether
+   * the sandbox is gone or paused (`unavailable`). Only `/health` asks for its state.
+   */
+  private readonly handles = new Map<string, SandboxApi>();
 
   constructor(
     private readonly labFor: (apiKey: string) => Promise<LabApi>,
@@ -72,12 +78,20 @@ export class E2bState {
     const s = this.sessions.get(id);
     if (s && s.apiKey === apiKey) return s.accessToken;
     const next = { apiKey, accessToken: s?.accessToken ?? randomBytes(24).toString('hex') };
+    // driven by another key now: its handle is that key's to get
+    this.handles.delete(id);
     this.kept.save(id, next);
     this.sessions.set(id, next);
     return next.accessToken;
   }
 
+  /** A sandbox this front made or connected to, as the key that drives it got it: its envd calls use it. */
+  known(box: SandboxApi): void {
+    if (this.sessions.has(box.id)) this.handles.set(box.id, box);
+  }
+
   forget(id: string): void {
+    this.handles.delete(id);
     this.sessions.delete(id);
     this.kept.drop(id);
     this.processes.forget(id);
@@ -96,8 +110,10 @@ export class E2bState {
    * The sandbox an envd call is for (header `E2b-Sandbox-Id`), checked against its access token.
    * Unknown here, gone or not running: UNAVAILABLE (502), which E2B's SDK reads as "not running".
    * `tokenOptional`: a request without the header is let through (one with a wrong token is not).
+   * The sandbox is the handle kept of it (no call to the daemon), unless `fresh`: its state asked
+   * for now (`/health`). A call that then finds it gone or paused is answered 502 (`unavailable`).
    */
-  async envdSandbox(req: FastifyRequest, opts: { tokenOptional?: boolean } = {}): Promise<SandboxApi> {
+  async envdSandbox(req: FastifyRequest, opts: { tokenOptional?: boolean; fresh?: boolean } = {}): Promise<SandboxApi> {
     const id = String(req.headers['e2b-sandbox-id'] ?? '');
     const s = this.sessions.get(id);
     if (!s) throw new EnvdUnavailable(id);
@@ -107,7 +123,24 @@ export class E2bState {
     if (!spared && !sameSecret(String(token ?? ''), s.accessToken))
       throw new SnaplabError('UNAUTHORIZED', 'the access token is not this sandbox’s', 'send X-Access-Token');
     this.proved(req.raw.socket);
-    return this.running(id, s);
+    return (!opts.fresh && this.handles.get(id)) || this.running(id, s);
+  }
+
+  /**
+   * An envd call's failure as the SDK must see it: the sandbox gone, paused, stopped or dead (the call's
+   * own answer, its state not asked first) is UNAVAILABLE (502), and its handle is let go (gone:
+   * its session too); any other error as it is.
+   */
+  unavailable(req: FastifyRequest, e: unknown, id = String(req.headers['e2b-sandbox-id'] ?? '')): unknown {
+    if (
+      !isSnaplabError(e) ||
+      !['SANDBOX_NOT_FOUND', 'SANDBOX_PAUSED', 'SANDBOX_STOPPED', 'SANDBOX_DEAD'].includes(e.code)
+    )
+      return e;
+    if (e instanceof EnvdUnavailable) return e;
+    if (e.code === 'SANDBOX_NOT_FOUND' && this.sessions.has(id)) this.forget(id);
+    else this.handles.delete(id);
+    return new EnvdUnavailable(id, e);
   }
 
   /**
@@ -164,6 +197,7 @@ export class E2bState {
       throw new EnvdUnavailable(id);
     });
     if (box.state !== 'running') throw new EnvdUnavailable(id);
+    if (this.sessions.get(id) === s) this.handles.set(id, box);
     return box;
   }
 }
@@ -193,8 +227,13 @@ export class KnownPools {
 
 /** A sandbox envd cannot be reached in (gone, paused, unknown): 502, as E2B's proxy answers. */
 export class EnvdUnavailable extends SnaplabError {
-  constructor(id: string) {
-    super('SANDBOX_NOT_FOUND', `sandbox ${JSON.stringify(id)} is not running`, 'create one, or connect to it again');
+  constructor(id: string, cause?: unknown) {
+    super(
+      'SANDBOX_NOT_FOUND',
+      `sandbox ${JSON.stringify(id)} is not running`,
+      'create one, or connect to it again',
+      cause === undefined ? undefined : { cause },
+    );
   }
 }
 

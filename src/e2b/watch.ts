@@ -31,7 +31,8 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
     // told only once the stream is open (the events before it wait in pending)
     events = envdEvents(box, ask, (e) => stream?.send({ filesystem: e }));
     handle = await box.watch(ask.path, { recursive: ask.recursive, user: ask.user }, (e) => send(e));
-  } catch (e) {
+  } catch (err) {
+    const e = state.unavailable(req, err);
     // a stream's error is its end-of-stream message (Connect reads an HTTP status as the transport's)
     if (e instanceof EnvdUnavailable) return sendError(reply, e);
     openStream(reply).end(e);
