@@ -276,6 +276,26 @@ describe('the dashboard', () => {
     await page.getByRole('heading', { name: /running/ }).waitFor();
   });
 
+  it('a machine stopped and started from its page: shown stopped (not dead) in the list, running again with its files', async () => {
+    expect(cli(home, ['create', '--image', 'busybox', '--name', 'halt1']).code).toBe(0);
+    const id = api('GET', '/sandboxes/halt1').body.id as string;
+    exec(id, 'echo kept > /root/marker');
+    await page.goto(`${d.url}/#/machines/${id}`);
+    await page.getByRole('button', { name: 'Stop' }).click();
+    await page.getByRole('heading', { name: /stopped/ }).waitFor();
+    expect(await page.getByRole('button', { name: 'Pause' }).count()).toBe(0);
+    // its last pid is not shown as if it still ran
+    expect(await page.locator('dt:text-is("host pid") + dd').textContent()).toBe('—');
+    await b.shot(page, 'machine-stopped');
+    await page.goto(`${d.url}/#/machines`);
+    await page.locator('tr[data-machine="halt1"][data-state="stopped"]').waitFor();
+    await page.goto(`${d.url}/#/machines/${id}`);
+    await page.getByRole('button', { name: 'Start' }).click();
+    await page.getByRole('heading', { name: /running/ }).waitFor();
+    expect(exec(id, 'cat /root/marker')).toBe('kept\n');
+    expect(cli(home, ['rm', 'halt1']).code).toBe(0);
+  });
+
   it("a machine's files: browse, upload from the page, download what is there, remove", async () => {
     const id = api('GET', '/sandboxes/web1').body.id as string;
     exec(id, 'mkdir -p /root/sub && printf "from the machine\\n" > /root/sub/out.txt');

@@ -102,6 +102,9 @@ export function streamUrl(path: string, ws = false): string {
 
 export const enc = encodeURIComponent;
 
+/** The state a machine is shown in: a stopped one is dead with its filesystem kept, shown `stopped`. */
+export const shownState = (b: Pick<Sandbox, 'state' | 'stopped'>): string => (b.stopped ? 'stopped' : b.state);
+
 export interface Sandbox {
   id: string;
   name: string;
@@ -121,6 +124,8 @@ export interface Sandbox {
   origin: string | null;
   pid: number | null;
   init: string;
+  /** stopped (`stop`): dead with its filesystem kept; `start` raises it again */
+  stopped?: boolean;
   /** outbound network (docs/egress.md), or null: loopback only */
   egress?: { address: string; allow: string[]; deny: string[] } | null;
 }

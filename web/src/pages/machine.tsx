@@ -1,7 +1,7 @@
 /** One machine: overview, a terminal, its files, its snapshots, its operations. */
 import { lazy, Suspense } from 'preact/compat';
 import { useEffect, useState } from 'preact/hooks';
-import { ApiError, api, enc, raw, subscribe, type EgressUsage, type Sandbox } from '../api';
+import { ApiError, api, enc, raw, shownState, subscribe, type EgressUsage, type Sandbox } from '../api';
 import { Button, ErrorBox, Section, State } from '../components';
 import { age, bytes } from '../format';
 import { go, href, useAction, usePoll } from '../hooks';
@@ -18,7 +18,7 @@ const TABS: [string, string][] = [
 ];
 
 function Overview({ box, reload }: { box: Sandbox; reload: () => void }) {
-  const act = useAction(async (what: 'pause' | 'resume' | 'destroy') => {
+  const act = useAction(async (what: 'pause' | 'resume' | 'stop' | 'start' | 'destroy') => {
     if (what === 'destroy') {
       if (!confirm(`Destroy ${box.name}? Its filesystem is removed.`)) return;
       await api('DELETE', `/sandboxes/${enc(box.id)}`);
@@ -43,7 +43,8 @@ function Overview({ box, reload }: { box: Sandbox; reload: () => void }) {
     ['on timeout', box.onTimeout],
     ['owner', box.owner ?? '—'],
     ['from', box.origin ?? '—'],
-    ['host pid', box.pid ?? '—'],
+    // a dead or stopped machine's last pid is no longer its own
+    ['host pid', (box.state === 'running' || box.state === 'paused') && box.pid ? box.pid : '—'],
   ];
   return (
     <Section
@@ -51,13 +52,23 @@ function Overview({ box, reload }: { box: Sandbox; reload: () => void }) {
       actions={
         <>
           {box.state === 'running' && (
-            <Button busy={act.busy} onClick={() => void act.run('pause')}>
-              Pause
-            </Button>
+            <>
+              <Button busy={act.busy} onClick={() => void act.run('pause')}>
+                Pause
+              </Button>
+              <Button busy={act.busy} onClick={() => void act.run('stop')}>
+                Stop
+              </Button>
+            </>
           )}
           {box.state === 'paused' && (
             <Button busy={act.busy} onClick={() => void act.run('resume')}>
               Resume
+            </Button>
+          )}
+          {box.stopped && (
+            <Button busy={act.busy} onClick={() => void act.run('start')}>
+              Start
             </Button>
           )}
           <Button kind="danger" busy={act.busy} onClick={() => void act.run('destroy')}>
@@ -380,7 +391,7 @@ export function MachinePage({ id, tab }: { id: string; tab: string }) {
   return (
     <>
       <h1>
-        {b.name} <State state={b.state} />
+        {b.name} <State state={shownState(b)} />
       </h1>
       {b.reason && <p class="muted">{b.reason}</p>}
       <ErrorBox error={box.error} />

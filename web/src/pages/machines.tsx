@@ -6,7 +6,7 @@
  */
 import { Component } from 'preact';
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
-import { api, apiPage, enc, subscribe, type Sandbox, type SnaplabEvent, type Usage } from '../api';
+import { api, apiPage, enc, shownState, subscribe, type Sandbox, type SnaplabEvent, type Usage } from '../api';
 import { Button, ErrorBox, Section, State } from '../components';
 import { age, bytes, num } from '../format';
 import { href, useAction, usePoll } from '../hooks';
@@ -47,8 +47,10 @@ export function applyEvents(
         patch(e.sandbox, { state: 'running', reason: null });
         break;
       case 'exited':
-      case 'stopped':
         patch(e.sandbox, { state: 'dead', reason: e.reason });
+        break;
+      case 'stopped':
+        patch(e.sandbox, { state: 'dead', stopped: true, reason: e.reason });
         break;
       case 'destroyed':
       case 'failed':
@@ -97,7 +99,7 @@ class Row extends Component<RowProps> {
 
   render({ box: b, load, selected, now, onSelect }: RowProps) {
     return (
-      <tr class={selected ? 'selected' : ''} data-machine={b.name} data-state={b.state}>
+      <tr class={selected ? 'selected' : ''} data-machine={b.name} data-state={shownState(b)}>
         <td>
           <input
             type="checkbox"
@@ -111,7 +113,7 @@ class Row extends Component<RowProps> {
           <div class="muted mono">{b.id}</div>
         </td>
         <td>
-          <State state={b.state} />
+          <State state={shownState(b)} />
           {b.reason && <div class="muted">{b.reason}</div>}
         </td>
         <td>{b.image}</td>
@@ -388,7 +390,7 @@ export function MachinesPage() {
   const q = filter.trim().toLowerCase();
   const shown = all.filter(
     (b) =>
-      (!stateFilter || b.state === stateFilter) &&
+      (!stateFilter || shownState(b) === stateFilter) &&
       (!q ||
         [b.name, b.id, b.image, b.driver, ...Object.entries(b.labels).map(([k, v]) => `${k}=${v}`)].some((s) =>
           s.toLowerCase().includes(q),
@@ -442,7 +444,7 @@ export function MachinesPage() {
             state
             <select value={stateFilter} onChange={(e) => setStateFilter((e.target as HTMLSelectElement).value)}>
               <option value="">all</option>
-              {['running', 'paused', 'dead', 'creating', 'removing'].map((s) => (
+              {['running', 'paused', 'stopped', 'dead', 'creating', 'removing'].map((s) => (
                 <option value={s}>{s}</option>
               ))}
             </select>
