@@ -55,14 +55,32 @@ async function api<T>(
   method: string,
   path: string,
   body?: unknown,
+  key = token,
 ): Promise<{ status: number; body: T }> {
   const r = await fetch(`${gw.url}${path}`, {
     method,
-    headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+    headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) },
     body: body ? JSON.stringify(body) : undefined,
   });
   const text = await r.text();
   return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
+}
+
+/** A key of the cluster's that may read and exec, with at most `max` sandboxes: its token. */
+function clusterKey(name: string, max: number): string {
+  const k = cli(homes[0]!, [
+    'key',
+    'create',
+    name,
+    '--scope',
+    'read,exec',
+    '--max-sandboxes',
+    String(max),
+    '--cluster',
+    etcd.url,
+  ]);
+  expect(k.code, k.err).toBe(0);
+  return k.out.trim();
 }
 
 /** A request to a daemon on its Unix socket (no key: the socket is trusted), its answer as `api` gives it. */
@@ -281,33 +299,9 @@ describe('a cluster', () => {
   }, 180_000);
 
   it('keeps keys to their own sandboxes and quotas cluster-wide; a removed key loses its streams', async () => {
-    const k = cli(homes[0]!, [
-      'key',
-      'create',
-      'tenant',
-      '--scope',
-      'read,exec',
-      '--max-sandboxes',
-      '2',
-      '--cluster',
-      etcd.url,
-    ]);
-    expect(k.code, k.err).toBe(0);
-    const tenant = k.out.trim();
-    const as = async <T>(
-      gw: TestDaemon,
-      method: string,
-      path: string,
-      body?: unknown,
-    ): Promise<{ status: number; body: T }> => {
-      const r = await fetch(`${gw.url}${path}`, {
-        method,
-        headers: { authorization: `Bearer ${tenant}`, ...(body ? { 'content-type': 'application/json' } : {}) },
-        body: body ? JSON.stringify(body) : undefined,
-      });
-      const text = await r.text();
-      return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
-    };
+    const tenant = clusterKey('tenant', 2);
+    const as = <T>(gw: TestDaemon, method: string, path: string, body?: unknown) =>
+      api<T>(gw, method, path, body, tenant);
     // four creates at once through two gateways: the quota holds cluster-wide
     const tries = await Promise.all(
       [0, 1, 2, 3].map((i) => as<{ id: string; code?: string }>(gateways[i % 2]!, 'POST', '/sandboxes', {})),
@@ -366,28 +360,8 @@ describe('a cluster', () => {
   }, 60_000);
 
   it('stops and starts a sandbox through a gateway: the events say stopped and started, and a stopped one still counts against its key', async () => {
-    const k = cli(homes[0]!, [
-      'key',
-      'create',
-      'stopper',
-      '--scope',
-      'read,exec',
-      '--max-sandboxes',
-      '1',
-      '--cluster',
-      etcd.url,
-    ]);
-    expect(k.code, k.err).toBe(0);
-    const key = k.out.trim();
-    const as = async <T>(method: string, path: string, body?: unknown): Promise<{ status: number; body: T }> => {
-      const r = await fetch(`${gateways[1]!.url}${path}`, {
-        method,
-        headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) },
-        body: body ? JSON.stringify(body) : undefined,
-      });
-      const text = await r.text();
-      return { status: r.status, body: (text ? JSON.parse(text) : null) as T };
-    };
+    const key = clusterKey('stopper', 1);
+    const as = <T>(method: string, path: string, body?: unknown) => api<T>(gateways[1]!, method, path, body, key);
     const seen: string[] = [];
     const events = new AbortController();
     const stream = fetch(`${gateways[0]!.url}/events`, {
