@@ -3,7 +3,9 @@
 // first command returned, through the real `e2b` SDK against `snaplab serve --e2b-listen`, beside
 // snaplab's own API (Lab.connect) and the embedded Lab, all in one run, alternating arm by arm.
 // From an image (busybox) and from a pool template; sequential and in bursts; then streamed stdout
-// (envd's stream against the daemon's own) and, with --interpreter, runCode against commands.run.
+// (envd's stream against the daemon's own), the time split in its parts (a create alone, a command
+// on a kept sandbox, a unary call against the same request by fetch) and, with --interpreter,
+// runCode against commands.run.
 // Usage: node scripts/bench-e2b.mjs [--n 100] [--bursts 10] [--burst 10] [--pool-size 12]
 //          [--stream-mib 64] [--interpreter IMAGE_DIR] [--json]
 import { spawn, spawnSync } from 'node:child_process';
@@ -149,6 +151,53 @@ async function stream(remote) {
   return out;
 }
 
+/**
+ * The time to interactive split in two, and a command on a kept sandbox: an SDK create against the
+ * own API's take, E2B's `commands.run('true')` against the own API's exec of the same login shell,
+ * and a unary envd call (`commands.list()`) against the same request sent by `fetch` (the SDK's
+ * own share). N rounds, alternated.
+ */
+async function split(remote, pool, e2bUrl) {
+  const out = { sdkCreate: [], ownCreate: [], sdkRun: [], ownLoginExec: [], sdkList: [], fetchList: [] };
+  const login = ['/bin/sh', '-c', BASH_OR_SH, 'sh', '-l', '-c', 'true'];
+  const sbx = await Sandbox.create(pool);
+  const box = await remote.create({ pool });
+  const time = async (xs, f) => {
+    const t0 = performance.now();
+    const r = await f();
+    xs.push(performance.now() - t0);
+    return r;
+  };
+  const listed = () =>
+    fetch(`${e2bUrl}/process.Process/List`, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        'connect-protocol-version': '1',
+        'e2b-sandbox-id': sbx.sandboxId,
+        'e2b-sandbox-port': '49983',
+        'x-access-token': sbx.envdAccessToken ?? '',
+      },
+      body: '{}',
+    }).then((r) => r.text());
+  try {
+    for (let i = 0; i < N; i++) {
+      await poolFull(remote, pool, 2);
+      await (await time(out.sdkCreate, () => Sandbox.create(pool))).kill();
+      await poolFull(remote, pool, 2);
+      await (await time(out.ownCreate, () => remote.create({ pool }))).destroy();
+      await time(out.sdkRun, () => sbx.commands.run('true'));
+      await time(out.ownLoginExec, () => box.exec(login));
+      await time(out.sdkList, () => sbx.commands.list());
+      await time(out.fetchList, listed);
+    }
+  } finally {
+    await sbx.kill();
+    await box.destroy();
+  }
+  return out;
+}
+
 /** Create to the first runCode result (cold: from the image; then from a pool), and round trips. */
 async function interpreter(remote) {
   cli(['image', 'import', INTERPRETER, '--name', 'code-interpreter-v1']);
@@ -211,6 +260,10 @@ async function main() {
     console.error(`== stream, ${STREAM_MIB} MiB, 5 each`);
     const s = await stream(remote);
     report.stream = { envdMiBs: q(s.envd, 50), ownMiBs: q(s.own, 50), ratio: q(s.envd, 50) / q(s.own, 50) };
+    console.error(`== split, n=${N}`);
+    report.split = Object.fromEntries(
+      Object.entries(await split(remote, 'bench', d.e2bUrl)).map(([k, v]) => [k, summary(v)]),
+    );
     if (INTERPRETER) {
       console.error('== code interpreter');
       const c = await interpreter(remote);
@@ -261,6 +314,9 @@ function print(r) {
   console.log(
     `\nstream: envd ${r.stream.envdMiBs.toFixed(0)} MiB/s, own ${r.stream.ownMiBs.toFixed(0)} MiB/s, ratio ${r.stream.ratio.toFixed(2)}`,
   );
+  console.log('\nsplit (a create alone; a command on a kept sandbox; a unary envd call)');
+  for (const [k, v] of Object.entries(r.split))
+    console.log(`  ${k.padEnd(18)} p50 ${ms(v.p50)}  p95 ${ms(v.p95)}  (n=${v.n})`);
   if (r.interpreter) {
     const i = r.interpreter;
     console.log(
