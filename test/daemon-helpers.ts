@@ -126,6 +126,57 @@ export async function startE2bDaemon(home: string, key: string): Promise<TestDae
   return d;
 }
 
+/** An event of a daemon's stream (GET /events), as its data line says it. */
+export interface DaemonEvent {
+  id: number;
+  type: string;
+  sandbox: string | null;
+  name: string | null;
+  reason: string | null;
+}
+
+/**
+ * The events of one sandbox (id or name) on a daemon's stream, from the first: read until `enough`
+ * says so of those read, or for `ms` at most (without `enough`: all of `ms`).
+ */
+export async function eventsOf(
+  url: string,
+  token: string,
+  sandbox: string,
+  enough: (read: DaemonEvent[]) => boolean = () => false,
+  ms = 3000,
+): Promise<DaemonEvent[]> {
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), ms);
+  const read: DaemonEvent[] = [];
+  try {
+    const res = await fetch(`${url}/events?after=0&sandbox=${encodeURIComponent(sandbox)}`, {
+      headers: { authorization: `Bearer ${token}` },
+      signal: ctl.signal,
+    });
+    const reader = res.body!.getReader();
+    let text = '';
+    while (!enough(read)) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += Buffer.from(value).toString();
+      const blocks = text.split('\n\n');
+      text = blocks.pop()!;
+      for (const b of blocks) {
+        const data = /^data: (.*)$/m.exec(b)?.[1];
+        if (data) read.push(JSON.parse(data) as DaemonEvent);
+      }
+    }
+  } catch (e) {
+    // the end of `ms`: what was read is the answer
+    if (!ctl.signal.aborted) throw e;
+  } finally {
+    clearTimeout(timer);
+    ctl.abort();
+  }
+  return read;
+}
+
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** Wait until `fn` gives something truthy (checked every 100 ms), or fail naming `what`. */
