@@ -102,6 +102,13 @@ describe('autoResume', () => {
     try {
       expect((await sbx.getInfo()).lifecycle).toEqual({ onTimeout: 'pause', autoResume: true });
       expect((await plain.getInfo()).lifecycle).toEqual({ onTimeout: 'pause', autoResume: false });
+      // the list says it too (the SDK's list does not read it: the API's answer)
+      const list = await fetch(`${h.d.e2bUrl}/v2/sandboxes`, { headers: { 'X-API-Key': h.key } });
+      const listed = (await list.json()) as { sandboxID: string; lifecycle: unknown }[];
+      expect(Object.fromEntries(listed.map((x) => [x.sandboxID, x.lifecycle]))).toEqual({
+        [sbx.sandboxId]: { onTimeout: 'pause', autoResume: true },
+        [plain.sandboxId]: { onTimeout: 'pause', autoResume: false },
+      });
       const bg = await sbx.commands.run('sleep 4321', { background: true });
       await sbx.setTimeout(2000);
       await plain.setTimeout(2000);
