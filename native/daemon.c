@@ -434,7 +434,7 @@ int daemon_create(int argc, char **argv, int first, const char *url)
 	/* Number(--timeout) of anything but digits, and a --on-timeout the daemon refuses: Node's to say */
 	if (timeout && (!*timeout || strspn(timeout, "0123456789") != strlen(timeout) || strlen(timeout) > 9))
 		return -1;
-	if (strcmp(on_timeout, "kill") && strcmp(on_timeout, "pause"))
+	if (strcmp(on_timeout, "kill") && strcmp(on_timeout, "pause") && strcmp(on_timeout, "stop"))
 		return -1;
 	if (!utf8_ok(image) || (name && !utf8_ok(name)) || (pool && !utf8_ok(pool)))
 		return -1;

@@ -9,7 +9,7 @@
  * description (data, no code), so that anything may import it without a cycle.
  */
 import { NAMESPACES_INFO } from './drivers/namespaces/info.js';
-import type { Limits } from './store/records.js';
+import type { Limits, OnTimeout } from './store/records.js';
 
 /**
  * The driver a machine gets unless told (a sandbox, a pool's standbys, a scenario's machines).
@@ -50,6 +50,9 @@ export const DEFAULT_DISK_BYTES = 4 * 1024 ** 3;
  * @default 'kill'
  */
 export const DEFAULT_ON_TIMEOUT = 'kill' as const;
+
+/** What the end of a sandbox's lifetime may do (OnTimeout): the list the API, the CLI and the schemas check against. */
+export const ON_TIMEOUT_ACTIONS: readonly OnTimeout[] = ['kill', 'pause', 'stop'];
 
 /**
  * The standbys a pool keeps ready unless told (`snaplab pool create --size`).

@@ -126,6 +126,109 @@ export async function startE2bDaemon(home: string, key: string): Promise<TestDae
   return d;
 }
 
+/** A home for E2B's SDKs and its daemon (e2bHome); `d` is replaced when a test restarts the daemon. */
+export interface E2bHome {
+  home: string;
+  /** the key E2B's SDKs are given (E2B_API_KEY) */
+  key: string;
+  d: TestDaemon;
+  /** stop the daemon, remove what the home holds and the home, the uplink namespace; the environment put back */
+  close(): Promise<void>;
+}
+
+/**
+ * A fresh home for E2B's SDKs: a key made `--e2b`; `base` as a copy of busybox (E2B's default
+ * template is snaplab's built-in Debian, built on first use in minutes, as test/templates.test.ts
+ * does: these tests are about the protocol; the first create makes busybox's tree); a daemon with
+ * the E2B front that the SDKs are pointed at (startE2bDaemon); and the uplink of the sandboxes'
+ * egress (on by default under E2B) a network namespace of the test's, never the host's network.
+ */
+export async function e2bHome(tag: string): Promise<E2bHome> {
+  const saved = { ...process.env };
+  const uplink = `sltest-${tag}-${process.pid}`;
+  spawnSync('ip', ['netns', 'add', uplink]);
+  process.env.SNAPLAB_UPLINK_NETNS = uplink;
+  const home = mkdtempSync(join(tmpdir(), `snaplab-test-${tag}-`));
+  const h: E2bHome = {
+    home,
+    key: '',
+    d: undefined as unknown as TestDaemon,
+    async close() {
+      await h.d?.stop();
+      removeHome(home);
+      process.env = saved;
+      spawnSync('ip', ['netns', 'del', uplink]);
+    },
+  };
+  try {
+    h.key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
+    for (const args of [
+      ['create', '--name', 'first'],
+      ['rm', 'first'],
+      ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base'],
+    ]) {
+      const r = cli(home, args);
+      if (r.code !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.err}`);
+    }
+    h.d = await startE2bDaemon(home, h.key);
+  } catch (e) {
+    await h.close();
+    throw e;
+  }
+  return h;
+}
+
+/** An event of a daemon's stream (GET /events), as its data line says it. */
+export interface DaemonEvent {
+  id: number;
+  type: string;
+  sandbox: string | null;
+  name: string | null;
+  reason: string | null;
+}
+
+/**
+ * The events of one sandbox (id or name) on a daemon's stream, from the first: read until `enough`
+ * says so of those read, or for `ms` at most (without `enough`: all of `ms`).
+ */
+export async function eventsOf(
+  url: string,
+  token: string,
+  sandbox: string,
+  enough: (read: DaemonEvent[]) => boolean = () => false,
+  ms = 3000,
+): Promise<DaemonEvent[]> {
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), ms);
+  const read: DaemonEvent[] = [];
+  try {
+    const res = await fetch(`${url}/events?after=0&sandbox=${encodeURIComponent(sandbox)}`, {
+      headers: { authorization: `Bearer ${token}` },
+      signal: ctl.signal,
+    });
+    const reader = res.body!.getReader();
+    let text = '';
+    while (!enough(read)) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += Buffer.from(value).toString();
+      const blocks = text.split('\n\n');
+      text = blocks.pop()!;
+      for (const b of blocks) {
+        const data = /^data: (.*)$/m.exec(b)?.[1];
+        if (data) read.push(JSON.parse(data) as DaemonEvent);
+      }
+    }
+  } catch (e) {
+    // the end of `ms`: what was read is the answer
+    if (!ctl.signal.aborted) throw e;
+  } finally {
+    clearTimeout(timer);
+    ctl.abort();
+  }
+  return read;
+}
+
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** Wait until `fn` gives something truthy (checked every 100 ms), or fail naming `what`. */

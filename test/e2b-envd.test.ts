@@ -4,46 +4,24 @@
  * metadata kept as `user.e2b.*` extended attributes (checked from outside through the Lab API),
  * and the watch options (includeEntry, allowNetworkMounts).
  */
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import * as latest from 'e2b';
 import * as oldest from 'e2b-v2-14';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Lab } from '../src/sdk/lab.js';
 import type { LabApi } from '../src/sdk/api.js';
-import { cli, removeHome, startE2bDaemon, until, type TestDaemon } from './daemon-helpers.js';
+import { e2bHome, until, type E2bHome } from './daemon-helpers.js';
 
-let home: string;
-let d: TestDaemon;
-let key: string;
+let h: E2bHome;
 let lab: LabApi;
-const saved = { ...process.env };
-const UPLINK = `sltest-e2benvd-${process.pid}`;
 
 beforeAll(async () => {
-  spawnSync('ip', ['netns', 'add', UPLINK]);
-  process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
-  home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2benvd-'));
-  key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
-  // `base` here is a copy of busybox (as in test/e2b.test.ts: these cases are about the protocol)
-  // (the first create makes the busybox image)
-  const seed = cli(home, ['create', '--name', 'seed']);
-  if (seed.code !== 0) throw new Error(`create: ${seed.err}`);
-  cli(home, ['rm', 'seed']);
-  const base = cli(home, ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base']);
-  if (base.code !== 0) throw new Error(`image import: ${base.err}`);
-  d = await startE2bDaemon(home, key);
-  lab = await Lab.open({ home });
+  h = await e2bHome('e2benvd');
+  lab = await Lab.open({ home: h.home });
 }, 120_000);
 
 afterAll(async () => {
   lab?.close();
-  await d?.stop();
-  if (home) removeHome(home);
-  process.env = saved;
-  spawnSync('ip', ['netns', 'del', UPLINK]);
+  await h?.close();
 });
 
 /** A file's extended attributes as the Lab API sees them: not through the front. */
@@ -67,7 +45,7 @@ describe.each([
   });
 
   it('envd calls ask the daemon nothing first (no GET of the sandbox each); /health asks its state', async () => {
-    const gets = (): number => d.log().split(`GET /sandboxes/${sbx.sandboxId} `).length - 1;
+    const gets = (): number => h.d.log().split(`GET /sandboxes/${sbx.sandboxId} `).length - 1;
     await sbx.files.write('/tmp/probe.txt', 'x');
     const before = gets();
     for (let i = 0; i < 3; i++) {
@@ -80,7 +58,7 @@ describe.each([
   });
 
   it('create and connect advertise envd 0.6.4', async () => {
-    const info = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-Key': key } });
+    const info = await fetch(`${h.d.e2bUrl}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-Key': h.key } });
     expect(((await info.json()) as { envdVersion: string }).envdVersion).toBe('0.6.4');
     const again = await Sandbox.connect(sbx.sandboxId);
     expect((again as unknown as { envdApi: { version: string } }).envdApi.version).toBe('0.6.4');
@@ -171,14 +149,14 @@ describe.each([
   );
 
   it.runIf(modern)('the watcher trio takes includeEntry too', async () => {
-    const connected = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
+    const connected = await fetch(`${h.d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
       method: 'POST',
-      headers: { 'X-API-Key': key, 'content-type': 'application/json' },
+      headers: { 'X-API-Key': h.key, 'content-type': 'application/json' },
       body: JSON.stringify({ timeout: 600 }),
     });
     const token = ((await connected.json()) as { envdAccessToken: string }).envdAccessToken;
     const call = async (method: string, body: unknown): Promise<Record<string, unknown>> => {
-      const r = await fetch(`${d.e2bUrl}/filesystem.Filesystem/${method}`, {
+      const r = await fetch(`${h.d.e2bUrl}/filesystem.Filesystem/${method}`, {
         method: 'POST',
         headers: {
           'content-type': 'application/json',

@@ -4,46 +4,20 @@
  * tampered with, expired or aimed at another sandbox; and sessions that outlive a daemon restart
  * (the same Sandbox object, its token and its signed URLs work on after it).
  */
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import * as latest from 'e2b';
 import * as oldest from 'e2b-v2-14';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, removeHome, startDaemon, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, e2bHome, startDaemon, type E2bHome } from './daemon-helpers.js';
 
-let home: string;
-let d: TestDaemon;
-let key: string;
-const saved = { ...process.env };
-/** The uplink of the sandboxes' egress (on by default under E2B): a namespace of the test's. */
-const UPLINK = `sltest-e2bs-${process.pid}`;
+let h: E2bHome;
 
 beforeAll(async () => {
-  spawnSync('ip', ['netns', 'add', UPLINK]);
-  process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
-  home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2bs-'));
-  key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
-  // E2B's default template `base` is built on first use in minutes (test/templates.test.ts): here
-  // it is a copy of busybox of that name, as in test/e2b.test.ts (the first rm makes busybox's tree)
-  for (const args of [
-    ['create', '--name', 'first'],
-    ['rm', 'first'],
-    ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base'],
-  ]) {
-    const r = cli(home, args);
-    if (r.code !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.err}`);
-  }
-  d = await startE2bDaemon(home, key);
+  h = await e2bHome('e2bs');
 }, 120_000);
 
-afterAll(async () => {
-  await d?.stop();
-  if (home) removeHome(home);
-  process.env = saved;
-  spawnSync('ip', ['netns', 'del', UPLINK]);
-});
+afterAll(() => h?.close());
 
 /** A signed URL with one query parameter changed. */
 function changed(url: string, name: string, value: string): string {
@@ -171,11 +145,11 @@ describe('a daemon restart', () => {
       await sbx.commands.run(`setsid sh -c 'sleep 301 </dev/null >/dev/null 2>&1 &'`);
       expect((await sbx.commands.list()).map((p) => p.pid)).toContain(bg.pid);
       // the token is in the store, sealed: the secret beside it is the daemon's alone
-      expect(statSync(join(home, 'e2b-sessions.key')).mode & 0o777).toBe(0o600);
-      const port = new URL(d.e2bUrl!).port;
-      await d.stop();
-      d = await startDaemon(home, ['--e2b-listen', `127.0.0.1:${port}`]);
-      expect(d.e2bUrl).toBe(process.env.E2B_SANDBOX_URL);
+      expect(statSync(join(h.home, 'e2b-sessions.key')).mode & 0o777).toBe(0o600);
+      const port = new URL(h.d.e2bUrl!).port;
+      await h.d.stop();
+      h.d = await startDaemon(h.home, ['--e2b-listen', `127.0.0.1:${port}`]);
+      expect(h.d.e2bUrl).toBe(process.env.E2B_SANDBOX_URL);
       expect(await sbx.isRunning()).toBe(true);
       const r = await sbx.commands.run('echo "$KEPT"; cat /tmp/kept.txt');
       expect(r.stdout).toBe('yes\nbefore');
@@ -188,10 +162,10 @@ describe('a daemon restart', () => {
       // the commands started before ended with the old daemon's connections to them (docs/e2b.md):
       // not listed, not running inside, and a reattach says why
       expect((await sbx.commands.list()).map((p) => p.pid)).not.toContain(bg.pid);
-      expect(cli(home, ['exec', sbx.sandboxId, '--', 'sh', '-c', `kill -0 ${bg.pid}`]).code).not.toBe(0);
+      expect(cli(h.home, ['exec', sbx.sandboxId, '--', 'sh', '-c', `kill -0 ${bg.pid}`]).code).not.toBe(0);
       await expect(sbx.commands.connect(bg.pid)).rejects.toThrow(/restart/);
       await expect(sbx.commands.kill(bg.pid)).resolves.toBe(false);
-      expect(cli(home, ['exec', sbx.sandboxId, '--', 'ps']).out).toContain('sleep 301');
+      expect(cli(h.home, ['exec', sbx.sandboxId, '--', 'ps']).out).toContain('sleep 301');
     } finally {
       await sbx.kill();
     }

@@ -4,41 +4,17 @@
  * new PID 1), the sandbox is paused meanwhile (envd answers 502, its access token is kept), and a
  * connect starts it again (201 resumed).
  */
-import { spawnSync } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, removeHome, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
+import { cli, e2bHome, type E2bHome } from './daemon-helpers.js';
 
-let home: string;
-let d: TestDaemon;
-let key: string;
-const saved = { ...process.env };
-/** The uplink of the sandboxes' egress (on by default under E2B): a namespace of the test's. */
-const UPLINK = `sltest-e2bp-${process.pid}`;
+let h: E2bHome;
 
 beforeAll(async () => {
-  spawnSync('ip', ['netns', 'add', UPLINK]);
-  process.env.SNAPLAB_UPLINK_NETNS = UPLINK;
-  home = mkdtempSync(join(tmpdir(), 'snaplab-test-e2bstop-'));
-  key = cli(home, ['key', 'create', 'agent', '--e2b']).out.trim();
-  // `base` as an image a user can make, a copy of busybox (as test/e2b.test.ts does)
-  // (the built-in busybox is made on first use)
-  expect(cli(home, ['create', '--name', 'first']).code).toBe(0);
-  expect(cli(home, ['rm', 'first']).code).toBe(0);
-  const base = cli(home, ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base']);
-  if (base.code !== 0) throw new Error(`image import: ${base.err}`);
-  d = await startE2bDaemon(home, key);
+  h = await e2bHome('e2bstop');
 }, 120_000);
 
-afterAll(async () => {
-  await d?.stop();
-  if (home) removeHome(home);
-  process.env = saved;
-  spawnSync('ip', ['netns', 'del', UPLINK]);
-});
+afterAll(() => h?.close());
 
 /** The start time of the machine's PID 1 (/proc/1/stat field 22). */
 async function initStart(sbx: Sandbox): Promise<string> {
@@ -64,9 +40,9 @@ describe('pause with keepMemory false', () => {
       // an envd call is a 502 too, which the SDK reads as its TimeoutError (not running)
       await expect(sbx.files.read('/root/kept.txt')).rejects.toThrow(/likely due to sandbox timeout/);
       // connect starts it: 201 (resumed), as for a sandbox paused with its memory
-      const res = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
+      const res = await fetch(`${h.d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
         method: 'POST',
-        headers: { 'X-API-Key': key, 'content-type': 'application/json' },
+        headers: { 'X-API-Key': h.key, 'content-type': 'application/json' },
         body: JSON.stringify({ timeout: 300 }),
       });
       expect(res.status).toBe(201);
@@ -83,6 +59,6 @@ describe('pause with keepMemory false', () => {
     } finally {
       await sbx.kill();
     }
-    expect(JSON.parse(cli(home, ['ls', '--json']).out)).toEqual([]);
+    expect(JSON.parse(cli(h.home, ['ls', '--json']).out)).toEqual([]);
   }, 120_000);
 });

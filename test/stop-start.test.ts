@@ -13,7 +13,7 @@ import type { LabApi, SandboxApi } from '../src/sdk/api.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { cgroupFor } from '../src/host/cgroups/cgroups.js';
 import { handledElsewhere } from '../src/cleanup.js';
-import { bothLabs, cli, removeHome, sleep, type TestDaemon } from './daemon-helpers.js';
+import { bothLabs, cli, eventsOf, removeHome, sleep, until, type TestDaemon } from './daemon-helpers.js';
 import { SNAPLAB } from './cli-command.js';
 
 let home: string;
@@ -202,27 +202,78 @@ describe('stop and start, the embedded lab alone', () => {
     try {
       await box.stop();
       await box.start();
-      const ctl = new AbortController();
-      const res = await fetch(`${daemon.url}/events?after=0`, {
-        headers: { authorization: `Bearer ${token}` },
-        signal: ctl.signal,
-      });
-      let text = '';
-      const reader = res.body!.getReader();
-      const end = Date.now() + 3000;
-      while (!/event: started\ndata: [^\n]*ss-events/.test(text) && Date.now() < end) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        text += Buffer.from(value).toString();
-      }
-      ctl.abort();
-      const types = [...text.matchAll(/event: (\S+)\ndata: ([^\n]*)/g)]
-        .filter((m) => m[2]!.includes('"ss-events"'))
-        .map((m) => m[1]);
+      const types = (await eventsOf(daemon.url, token, 'ss-events', (es) => es.some((e) => e.type === 'started'))).map(
+        (e) => e.type,
+      );
       expect(types).toEqual(expect.arrayContaining(['stopped', 'started']));
       expect(types.indexOf('stopped')).toBeLessThan(types.indexOf('started'));
     } finally {
       await box.destroy();
+    }
+  }, 120_000);
+});
+
+describe('a timeout that stops (onTimeout stop), through the daemon', () => {
+  /** The sandbox when it is stopped, else nothing. */
+  const stopped = async (idOrName: string): Promise<SandboxApi | undefined> => {
+    const b = await labs.remote!.get(idOrName);
+    return b.stopped ? b : undefined;
+  };
+
+  it('the API: stopped at its end (told why), its clock still until a start, which boots it afresh on its files', async () => {
+    const remote = labs.remote!;
+    const box = await remote.create({ name: 'ss-ttl', image: 'busybox', timeoutS: 600, onTimeout: 'stop' });
+    try {
+      expect(box.onTimeout).toBe('stop');
+      await box.exec(['sh', '-c', 'echo kept > /root/f']);
+      const init = await initStart(box);
+      // POST …/timeout with the action named
+      await box.setTimeout(1, 'stop');
+      const after = await until('stopped at its timeout', () => stopped(box.id), 30_000);
+      expect([after.state, after.stopped, after.expiresAt, after.onTimeout]).toEqual(['dead', true, null, 'stop']);
+      // its clock stands still while it is stopped: past its timeout again, it is there, stopped
+      await sleep(2500);
+      expect((await stopped(box.id))?.state).toBe('dead');
+      const events = await eventsOf(daemon.url, token, box.id, (es) => es.some((e) => e.type === 'stopped'));
+      expect(events.map((e) => e.type)).toEqual(['created', 'ready', 'timeout', 'stopped']);
+      expect(events.at(-1)!.reason).toMatch(/timeout of 1 s ended/);
+      // a start: the files it had, a new PID 1, and its clock runs again (to another stop)
+      await after.start();
+      expect(await out(after, 'cat /root/f')).toBe('kept\n');
+      expect(await initStart(after)).not.toBe(init);
+      expect(after.expiresAt).not.toBeNull();
+      await until('stopped again at its timeout', () => stopped(box.id), 30_000);
+    } finally {
+      await box.destroy();
+    }
+  }, 120_000);
+
+  it('the CLI: `create --on-timeout stop` on both paths (the C command and Node) makes one that stops', async () => {
+    const env = { SNAPLAB_HOST: daemon.url, SNAPLAB_TOKEN: token };
+    // with no node on PATH only the C command can answer; SNAPLAB_NO_FAST: Node's
+    const made = [
+      cli(home, ['create', '--name', 'ss-c', '--timeout', '1', '--on-timeout', 'stop', '--json'], undefined, {
+        ...env,
+        PATH: '/nonexistent',
+      }),
+      cli(home, ['create', '--name', 'ss-node', '--timeout', '1', '--on-timeout', 'stop', '--json'], undefined, {
+        ...env,
+        SNAPLAB_NO_FAST: '1',
+      }),
+    ];
+    try {
+      for (const r of made) {
+        expect(r.code, r.err).toBe(0);
+        expect(JSON.parse(r.out)).toMatchObject({ timeoutS: 1, onTimeout: 'stop' });
+      }
+      for (const name of ['ss-c', 'ss-node']) await until(`${name} stopped`, () => stopped(name), 30_000);
+      const bad = cli(home, ['create', '--on-timeout', 'sleep'], undefined, env);
+      expect([bad.code, bad.err]).toEqual([
+        2,
+        expect.stringMatching(/unknown --on-timeout "sleep"\nhint: kill, pause or stop/),
+      ]);
+    } finally {
+      for (const name of ['ss-c', 'ss-node']) cli(home, ['rm', name], undefined, env);
     }
   }, 120_000);
 });

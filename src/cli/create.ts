@@ -1,4 +1,11 @@
-import { BUILTIN_IMAGE, DAEMON_DEFAULTS, DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
+import {
+  BUILTIN_IMAGE,
+  DAEMON_DEFAULTS,
+  DEFAULT_DRIVER,
+  DEFAULT_IMAGE,
+  DEFAULT_ON_TIMEOUT,
+  ON_TIMEOUT_ACTIONS,
+} from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { Command } from 'commander';
 import { keyValues } from '../lab/io/exec.js';
@@ -58,14 +65,15 @@ const idsFrom = (o: { ids?: string }): { ids?: number } => (o.ids === undefined 
 function createOptions(o: CreateCli): LabCreateOptions {
   if (o.init !== undefined && o.init !== 'agent' && o.init !== 'systemd')
     throw new SnaplabError('BAD_INPUT', `unknown --init ${JSON.stringify(o.init)}`, 'agent or systemd');
-  if (o.onTimeout !== 'kill' && o.onTimeout !== 'pause')
-    throw new SnaplabError('BAD_INPUT', `unknown --on-timeout ${JSON.stringify(o.onTimeout)}`, 'kill or pause');
+  const onTimeout = ON_TIMEOUT_ACTIONS.find((a) => a === o.onTimeout);
+  if (!onTimeout)
+    throw new SnaplabError('BAD_INPUT', `unknown --on-timeout ${JSON.stringify(o.onTimeout)}`, 'kill, pause or stop');
   const limits = limitsFrom(o);
   const egress = egressFrom(o);
   const common: LabCreateOptions = {
     labels: keyValues(o.label, 'label'),
     ...(o.timeout !== undefined ? { timeoutS: Number(o.timeout) } : {}),
-    onTimeout: o.onTimeout,
+    onTimeout,
   };
   // `--pool=` (empty) is no pool; a standby comes with the pool's image, storage, driver and limits
   if (o.pool) return { ...common, pool: o.pool };
@@ -109,7 +117,11 @@ export function registerCreate(program: Command): void {
       '--timeout <s>',
       `its TTL in seconds (0: none; through a daemon, default the daemon's: ${DAEMON_DEFAULTS.defaultTimeoutS} unless its --default-timeout says)`,
     )
-    .option('--on-timeout <what>', 'kill or pause at the end of its TTL', DEFAULT_ON_TIMEOUT)
+    .option(
+      '--on-timeout <what>',
+      'at the end of its TTL: kill (destroy it), pause (freeze it, memory kept: resume) or stop (its processes end, its files are kept: start)',
+      DEFAULT_ON_TIMEOUT,
+    )
     .option('--json', 'print the sandbox as JSON');
   addLimitOptions(cmd);
   addEgressFlags(cmd);

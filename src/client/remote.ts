@@ -38,10 +38,11 @@ import type {
 } from '../sdk/api.js';
 import { encoded, type ExecText, type Text } from '../sdk/output.js';
 import type { SandboxFiles } from '../sdk/sandbox.js';
-import type { Limits } from '../store/records.js';
+import type { Limits, OnTimeout } from '../store/records.js';
 import { collect, Http, type ConnectOptions } from './http.js';
 import { Rpc } from './rpc.js';
 import { handledElsewhere } from '../cleanup.js';
+import { DEFAULT_ON_TIMEOUT, ON_TIMEOUT_ACTIONS } from '../defaults.js';
 
 const MAX_COLLECTED = 16 * 1024 * 1024;
 const enc = encodeURIComponent;
@@ -155,8 +156,8 @@ export class RemoteSandbox implements SandboxApi {
   get limits(): Limits {
     return (this.v.limits as Limits | undefined) ?? {};
   }
-  get onTimeout(): 'kill' | 'pause' {
-    return this.v.onTimeout === 'pause' ? 'pause' : 'kill';
+  get onTimeout(): OnTimeout {
+    return ON_TIMEOUT_ACTIONS.find((a) => a === this.v.onTimeout) ?? DEFAULT_ON_TIMEOUT;
   }
   /** what the daemon said last: its lifetime (timeoutS, expiresAt), owner, limits */
   get info(): Readonly<View> {
@@ -333,8 +334,8 @@ export class RemoteSandbox implements SandboxApi {
     return this.http.json<EgressUsage>('GET', this.path('/egress'));
   }
 
-  /** A new timeout from now (0: none); `onTimeout` kill (default) or pause. */
-  async setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void> {
+  /** A new timeout from now (0: none); `onTimeout` kill (default), pause or stop. */
+  async setTimeout(timeoutS: number, onTimeout?: OnTimeout): Promise<void> {
     this.v = await this.http.json<View>('POST', this.path('/timeout'), {
       json: { timeoutS, ...(onTimeout ? { onTimeout } : {}) },
     });

@@ -5,10 +5,10 @@
  * default, is snaplab's default image.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { LabApi, LabCreateOptions, SandboxApi } from '../sdk/api.js';
+import type { LabApi, LabCreateOptions, OnTimeout, SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
-import { ENVD_VERSION, type E2bState } from './state.js';
-import { fromMetadata, listSandboxes, RESERVED } from './listing.js';
+import type { E2bState } from './state.js';
+import { ENVD_VERSION, fromMetadata, listSandboxes, RESERVED } from './listing.js';
 import { e2bNetwork, egressFor } from './network.js';
 
 /**
@@ -23,6 +23,8 @@ interface NewSandbox {
   metadata?: unknown;
   envVars?: unknown;
   autoPause?: unknown;
+  autoPauseMemory?: unknown;
+  autoResume?: unknown;
   allow_internet_access?: unknown;
   network?: unknown;
 }
@@ -53,6 +55,42 @@ function seconds(v: unknown): number | undefined {
   return v;
 }
 
+/**
+ * What the end of its timeout does, as E2B's create asks (the SDK's `lifecycle.onTimeout`):
+ * `autoPause` pauses it with its memory, or, with `autoPauseMemory: false` (`keepMemory: false`),
+ * keeps its files only, which is the Lab API's stop (a connect boots it afresh); else it is killed.
+ */
+function onTimeoutOf(body: NewSandbox): OnTimeout {
+  if (body.autoPause !== true) return 'kill';
+  return body.autoPauseMemory === false ? 'stop' : 'pause';
+}
+
+/**
+ * E2B's `autoResume: {enabled}`: an envd call for it while it is paused resumes it (state.ts).
+ * Only a pause with its memory can be: a sandbox kept as its files alone boots afresh, which a
+ * connect asks for (E2B's SDK refuses the pair before it is sent; its API does too).
+ */
+function autoResumeOf(body: NewSandbox, onTimeout: OnTimeout): boolean {
+  const asked = body.autoResume;
+  if (asked === undefined || asked === null) return false;
+  const enabled = typeof asked === 'object' ? (asked as { enabled?: unknown }).enabled : undefined;
+  if (typeof enabled !== 'boolean')
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'autoResume must be {"enabled": true} or {"enabled": false}',
+      'e.g. {"autoPause": true, "autoResume": {"enabled": true}}',
+    );
+  if (enabled && onTimeout !== 'pause')
+    throw new SnaplabError(
+      'BAD_INPUT',
+      onTimeout === 'stop'
+        ? 'autoResume needs a pause that keeps the memory: one kept as its files alone is resumed by connect only'
+        : 'autoResume needs autoPause: true (lifecycle.onTimeout "pause")',
+      'create with lifecycle {onTimeout: "pause", autoResume: true}, or leave autoResume out and connect to resume',
+    );
+  return enabled;
+}
+
 /** What a create asks of the Lab API. */
 export function createOptions(body: NewSandbox): LabCreateOptions {
   const template = body.templateID ?? BASE_TEMPLATE;
@@ -65,6 +103,8 @@ export function createOptions(body: NewSandbox): LabCreateOptions {
       throw new SnaplabError('BAD_INPUT', `metadata keys starting with ${RESERVED} are the front's`, 'rename it');
   const kept: Record<string, string> = { ...metadata, [`${RESERVED}template`]: template };
   if (Object.keys(envs).length) kept[`${RESERVED}envs`] = JSON.stringify(envs);
+  const onTimeout = onTimeoutOf(body);
+  if (autoResumeOf(body, onTimeout)) kept[`${RESERVED}autoResume`] = 'true';
   const network = e2bNetwork(body);
   kept[`${RESERVED}network`] = JSON.stringify(network);
   const egress = egressFor(network);
@@ -73,7 +113,7 @@ export function createOptions(body: NewSandbox): LabCreateOptions {
     ...(egress ? { egress } : {}),
     metadata: kept,
     timeoutS: seconds(body.timeout),
-    onTimeout: body.autoPause === true ? 'pause' : 'kill',
+    onTimeout,
   };
 }
 
@@ -179,16 +219,20 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
 }
 
 /**
- * Connect: a paused sandbox is resumed (201), one paused without its memory (stopped) started
- * again, a fresh boot on its files (201); a running one answered (200). Its end time only grows.
+ * Connect: a paused sandbox is resumed (201; the one resume of any envd calls that woke it at
+ * the same time, state.ts), one paused without its memory (stopped) started again, a fresh boot
+ * on its files (201); a running one answered (200). Its end time only grows.
  */
 async function connect(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   const lab = await state.lab(req);
   const timeout = seconds(jsonBody(req).timeout);
-  const box = await lab.get(idOf(req));
+  let box = await lab.get(idOf(req));
   let status = 200;
-  if (box.state === 'paused' || box.stopped) {
-    await (box.stopped ? box.start() : box.resume());
+  if (box.stopped) {
+    await box.start();
+    status = 201;
+  } else if (box.state === 'paused') {
+    box = await state.resume(box);
     status = 201;
   }
   if (timeout !== undefined) {

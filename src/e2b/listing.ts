@@ -1,22 +1,27 @@
 /**
  * A sandbox as E2B's API shows it (SandboxDetail, ListedSandbox), and the list with its filters
  * (metadata, state, startedAfter inclusive, template), newest first, paged with X-Next-Token.
- * What the front keeps of a sandbox (its template, its envVars) is in its metadata under `e2b.`,
- * which E2B's callers do not see.
+ * What the front keeps of a sandbox (its template, its envVars, its network options, whether it
+ * asked for autoResume) is in its metadata under `e2b.`, which E2B's callers do not see; its
+ * lifecycle's onTimeout is the sandbox's own (the Lab API's onTimeout), not a copy.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { LabApi, SandboxApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
-import { ENVD_VERSION } from './state.js';
 import { checkPage, listCursor, pageOf } from '../sdk/paging.js';
 
 export const RESERVED = 'e2b.';
+
+/** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
+export const ENVD_VERSION = '0.6.4';
 const MB = 1 << 20;
 
 export interface E2bView {
   templateID: string;
   /** the create's envVars, given to every command */
   envs: Record<string, string>;
+  /** the create asked for autoResume: an envd call for it while it is paused resumes it (state.ts) */
+  autoResume: boolean;
   detail: Record<string, unknown>;
 }
 
@@ -31,6 +36,7 @@ export function fromMetadata(box: SandboxApi): E2bView {
   }
   const metadata = Object.fromEntries(Object.entries(meta).filter(([k]) => !k.startsWith(RESERVED)));
   const end = box.expiresAt ?? (box.timeoutS ? Date.now() + box.timeoutS * 1000 : Date.UTC(9999, 0));
+  const autoResume = meta[`${RESERVED}autoResume`] === 'true';
   const detail = {
     sandboxID: box.id,
     templateID,
@@ -45,9 +51,11 @@ export function fromMetadata(box: SandboxApi): E2bView {
     metadata,
     // one paused without its memory is stopped: paused to E2B's callers, a connect starts it
     state: box.state === 'paused' || box.stopped ? 'paused' : 'running',
+    // E2B's two actions: a stop on timeout is its pause without the memory
+    lifecycle: { onTimeout: box.onTimeout === 'kill' ? 'kill' : 'pause', autoResume },
     ...networkView(meta[`${RESERVED}network`]),
   };
-  return { templateID, envs, detail };
+  return { templateID, envs, autoResume, detail };
 }
 
 /** E2B's metadata filter: `k=v&k2=v2`, each key and value URL-encoded again inside. */

@@ -13,6 +13,7 @@ import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
 import { Interpreters } from '../interpreter/server.js';
 import { EnvdUsers, type EnvdUser } from './users.js';
+import { fromMetadata } from './listing.js';
 import {
   memorySessions,
   sameSecret,
@@ -22,8 +23,12 @@ import {
   type SessionStore,
 } from './sessions.js';
 
-/** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
-export const ENVD_VERSION = '0.6.4';
+/**
+ * The least a sandbox woken by its traffic (autoResume) is given to run, in seconds: E2B gives it
+ * the longer of this and its own timeout, counted from the resume (docs/e2b.md, Lifecycle), so a
+ * sandbox with a short timeout is not paused again while the calls that woke it go on.
+ */
+export const AUTO_RESUME_MIN_TIMEOUT_S = 300;
 
 /** The state the routes share. */
 export class E2bState {
@@ -41,6 +46,8 @@ export class E2bState {
    * the sandbox is gone or paused (`unavailable`). Only `/health` asks for its state.
    */
   private readonly handles = new Map<string, SandboxApi>();
+  /** the resume in flight of each sandbox: every caller that finds it paused meanwhile waits for that one */
+  private readonly resuming = new Map<string, Promise<SandboxApi>>();
 
   constructor(
     private readonly labFor: (apiKey: string) => Promise<LabApi>,
@@ -101,6 +108,28 @@ export class E2bState {
     this.users.forget(id);
   }
 
+  /**
+   * Resume a paused sandbox, once for all who ask at once (the calls of a burst that woke it, a
+   * connect): they wait for the one resume, so the daemon resumes it and tells of it once. One
+   * resumed meanwhile (by the resume before) is not resumed again. `then`: what that resume is
+   * followed by before any of them goes on (an auto-resume's longer timeout). The sandbox as it is
+   * after, the same object for them all.
+   */
+  resume(box: SandboxApi, then?: (box: SandboxApi) => Promise<void>): Promise<SandboxApi> {
+    let p = this.resuming.get(box.id);
+    if (!p) {
+      p = (async () => {
+        await box.refresh();
+        if (box.state !== 'paused') return box;
+        await box.resume();
+        await then?.(box);
+        return box;
+      })().finally(() => this.resuming.delete(box.id));
+      this.resuming.set(box.id, p);
+    }
+    return p;
+  }
+
   /** Who an envd call acts as in `box`: the user it asks for, else the sandbox's default (users.ts). */
   actAs(box: SandboxApi, req: FastifyRequest): Promise<EnvdUser> {
     return this.users.of(box, askedUser(req));
@@ -108,10 +137,12 @@ export class E2bState {
 
   /**
    * The sandbox an envd call is for (header `E2b-Sandbox-Id`), checked against its access token.
-   * Unknown here, gone or not running: UNAVAILABLE (502), which E2B's SDK reads as "not running".
+   * Unknown here, gone or not running: UNAVAILABLE (502), which E2B's SDK reads as "not running";
+   * paused, of a create that asked for autoResume: resumed first (`running`).
    * `tokenOptional`: a request without the header is let through (one with a wrong token is not).
-   * The sandbox is the handle kept of it (no call to the daemon), unless `fresh`: its state asked
-   * for now (`/health`). A call that then finds it gone or paused is answered 502 (`unavailable`).
+   * The sandbox is the handle kept of it (no call to the daemon), unless `fresh` (its state asked
+   * for now: `/health`) or it asked for autoResume. A call that then finds it gone or paused is
+   * answered 502 (`unavailable`).
    */
   async envdSandbox(req: FastifyRequest, opts: { tokenOptional?: boolean; fresh?: boolean } = {}): Promise<SandboxApi> {
     const id = String(req.headers['e2b-sandbox-id'] ?? '');
@@ -123,7 +154,11 @@ export class E2bState {
     if (!spared && !sameSecret(String(token ?? ''), s.accessToken))
       throw new SnaplabError('UNAUTHORIZED', 'the access token is not this sandbox’s', 'send X-Access-Token');
     this.proved(req.raw.socket);
-    return (!opts.fresh && this.handles.get(id)) || this.running(id, s);
+    const kept = opts.fresh ? undefined : this.handles.get(id);
+    // one that wakes on traffic is asked for its state each time: a call that finds it paused must
+    // resume it (`running`), not be answered 502 by the call's own error
+    if (kept && !fromMetadata(kept).autoResume) return kept;
+    return this.running(id, s);
   }
 
   /**
@@ -188,18 +223,30 @@ export class E2bState {
     return found;
   }
 
-  /** A session's sandbox, through its key's Lab API: 502 when it is gone or not running. */
+  /**
+   * A session's sandbox, through its key's Lab API: 502 when it is gone or not running. Paused
+   * with its memory, of a create that asked for autoResume, it is resumed (by the key that drives
+   * it), as E2B's proxy resumes one when traffic comes for it, the health probe (isRunning) too;
+   * a stopped one (paused without its memory) is left to a connect, as E2B leaves it.
+   */
   private async running(id: string, s: Session): Promise<SandboxApi> {
     const lab = await this.labOf(s.apiKey);
-    const box = await lab.get(id).catch((e: unknown) => {
+    let box = await lab.get(id).catch((e: unknown) => {
       if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) throw e;
       this.forget(id);
       throw new EnvdUnavailable(id);
     });
+    if (box.state === 'paused' && fromMetadata(box).autoResume) box = await this.resume(box, longerTimeout);
     if (box.state !== 'running') throw new EnvdUnavailable(id);
     if (this.sessions.get(id) === s) this.handles.set(id, box);
     return box;
   }
+}
+
+/** A sandbox woken by its traffic runs at least AUTO_RESUME_MIN_TIMEOUT_S from now, as E2B's does. */
+async function longerTimeout(box: SandboxApi): Promise<void> {
+  if (box.timeoutS > 0 && box.timeoutS < AUTO_RESUME_MIN_TIMEOUT_S)
+    await box.setTimeout(AUTO_RESUME_MIN_TIMEOUT_S, box.onTimeout);
 }
 
 /**

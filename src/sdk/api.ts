@@ -8,13 +8,13 @@ import type { ExecOptions, ExecProcess, ExecResult } from '../lab/io/sandbox-ops
 import type { CopyResult } from '../lab/io/copy.js';
 import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
 import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
-import type { Limits } from '../store/records.js';
+import type { Limits, OnTimeout } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { FileInfo } from '../lab/io/files.js';
 import type { SandboxUsage } from '../lab/io/usage.js';
 import type { WatchEvent, WatchHandle, WatchOptions } from '../lab/io/watch.js';
 
-export type { SandboxUsage, WatchEvent, WatchHandle, WatchOptions };
+export type { OnTimeout, SandboxUsage, WatchEvent, WatchHandle, WatchOptions };
 import type { ExecText, Text } from './output.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { Ceilings } from '../lab/ceilings.js';
@@ -113,9 +113,9 @@ export interface SandboxApi {
   readonly expiresAt: number | null;
   /** the API key that made it through a daemon ('local': the Unix socket), or null */
   readonly owner: string | null;
-  /** its timeout in seconds (0: none) and what the timeout's end does */
+  /** its timeout in seconds (0: none) and what the timeout's end does (kill, pause or stop) */
   readonly timeoutS: number;
-  readonly onTimeout: 'kill' | 'pause';
+  readonly onTimeout: OnTimeout;
   /** what it may use: memory, pids, CPUs, disk (those it was made with) */
   readonly limits: Limits;
   /** root inside is root on the host (no user namespace): said in `ls` and warned about */
@@ -139,7 +139,7 @@ export interface SandboxApi {
    * A new timeout from now (0: none) and what its end does; the clock runs while the sandbox runs.
    * A daemon keeps the clock: the embedded lab refuses a timeout.
    */
-  setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void>;
+  setTimeout(timeoutS: number, onTimeout?: OnTimeout): Promise<void>;
   /** replace its egress lists (new connections meet them at once); EGRESS_OFF when it has none */
   setEgress(lists: EgressRequest): Promise<void>;
   /** its egress with its counters; EGRESS_OFF when it has none */
@@ -251,7 +251,7 @@ export interface LabRestoreOptions {
   ids?: number;
   /** as in LabCreateOptions (a daemon keeps the clock) */
   timeoutS?: number;
-  onTimeout?: 'kill' | 'pause';
+  onTimeout?: OnTimeout;
   /** as in LabCreateOptions (a snapshot carries none: default loopback only) */
   egress?: boolean | EgressRequest;
 }
@@ -301,11 +301,13 @@ export interface LabCreateOptions {
   pool?: string;
   /**
    * a lifetime in seconds (0: none; through a daemon, default its --default-timeout, 300) and what
-   * its end does: kill (destroy, the default) or pause.
+   * its end does: kill (destroy, the default), pause (freeze it with its memory: `resume` thaws
+   * its processes) or stop (end its processes and keep its files: `start` boots it afresh on them).
+   * A paused or stopped sandbox's clock stands still until a resume or a start.
    * A daemon keeps the clock; the embedded lab refuses a timeout (nothing of it runs to end one).
    */
   timeoutS?: number;
-  onTimeout?: 'kill' | 'pause';
+  onTimeout?: OnTimeout;
   /**
    * outbound network (docs/egress.md): true, or lists of IPv4 addresses and prefixes that it may
    * (`allow`: then only those) and may not (`deny`, which wins) reach. The host, private and

@@ -12,7 +12,7 @@ export type { FileInfo } from '../lab/io/files.js';
 export type { SandboxUsage } from '../lab/io/usage.js';
 export type { WatchEvent, WatchHandle, WatchOptions } from '../lab/io/watch.js';
 export type { SandboxFiles } from './sandbox.js';
-export type { Limits, SandboxRecord, SnapshotRecord, ImageRecord } from '../store/records.js';
+export type { Limits, OnTimeout, SandboxRecord, SnapshotRecord, ImageRecord } from '../store/records.js';
 export type { TraceSummary, Phase } from '../timing/trace.js';
 export { SnaplabError, type ErrorCode } from '../errors.js';
 export { renderWaterfall } from '../timing/waterfall.js';

@@ -22,7 +22,15 @@ import type { DebianSpec } from '../image/debian.js';
 import type { BuildOptions, Built } from '../lab/images/build.js';
 import { removeImage, removeSnapshot, sandboxNotFound, snapshotNotFound } from '../lab/lifecycle/removals.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
-import type { EventRecord, ImageRecord, Limits, SandboxMeta, SandboxRecord, SessionRows } from '../store/records.js';
+import type {
+  EventRecord,
+  ImageRecord,
+  Limits,
+  OnTimeout,
+  SandboxMeta,
+  SandboxRecord,
+  SessionRows,
+} from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { checkKeepsTime, Sandbox } from './sandbox.js';
 import type {
@@ -67,7 +75,7 @@ export interface Lifetime {
   /** the API key that made it ('local': the Unix socket) */
   owner?: string;
   timeoutS?: number;
-  onTimeout?: 'kill' | 'pause';
+  onTimeout?: OnTimeout;
 }
 
 /** What `create` takes: the options both libraries share (sdk/api.ts), and an AbortSignal. */

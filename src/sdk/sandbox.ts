@@ -18,7 +18,7 @@ import { destroyRecord } from '../lab/lifecycle/teardown.js';
 import { startSandbox } from '../lab/lifecycle/start.js';
 import { isStopped } from '../lab/lifecycle/stopped.js';
 import { USERNS_SIZE } from '../host/userns/id-ranges.js';
-import type { Limits, SandboxMeta, SandboxRecord } from '../store/records.js';
+import type { Limits, OnTimeout, SandboxMeta, SandboxRecord } from '../store/records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
 import type {
@@ -135,12 +135,12 @@ export class Sandbox implements SandboxApi {
   get limits(): Limits {
     return this.record.limits;
   }
-  get onTimeout(): 'kill' | 'pause' {
+  get onTimeout(): OnTimeout {
     return this.meta().onTimeout ?? DEFAULT_ON_TIMEOUT;
   }
 
   /** A new timeout from now (0: none); its clock runs while the sandbox runs. Needs a daemon's lab. */
-  async setTimeout(timeoutS: number, onTimeout?: 'kill' | 'pause'): Promise<void> {
+  async setTimeout(timeoutS: number, onTimeout?: OnTimeout): Promise<void> {
     if (!Number.isSafeInteger(timeoutS) || timeoutS < 0)
       throw new SnaplabError('BAD_INPUT', `invalid timeoutS ${timeoutS}`, 'give whole seconds ≥ 0 (0: no timeout)');
     if (timeoutS) checkKeepsTime(this.ctx);

@@ -7,7 +7,7 @@
 import { Lab } from '../sdk/lab.js';
 import { resolveCreate } from '../sdk/create-options.js';
 import { DAEMON_DEFAULTS } from '../defaults.js';
-import type { CheckResult, LabCreateOptions, SandboxApi, SnapshotApi, SpawnOptions } from '../sdk/api.js';
+import type { CheckResult, LabCreateOptions, OnTimeout, SandboxApi, SnapshotApi, SpawnOptions } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId } from '../names.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -179,20 +179,21 @@ export class Daemon implements RouteHost {
     void this.expire(id).finally(() => this.expiring.delete(id));
   }
 
-  /** A TTL ended: kill (destroy) or pause, as the sandbox was made to. */
+  /** A TTL ended: kill (destroy), pause or stop, as the sandbox was made to. */
   private async expire(id: string): Promise<void> {
     const box = await this.lab.get(id, { check: false }).catch((e: unknown) => {
       if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return undefined;
       throw e;
     });
     if (!box) return;
-    // paused by another process: its clock stands still (a resume starts it again)
-    if (box.state === 'paused') return void (await box.setTimeout(box.timeoutS, box.onTimeout));
+    // paused or stopped by another process: its clock stands still (a resume or a start starts it again)
+    if (box.state === 'paused' || box.stopped) return void (await box.setTimeout(box.timeoutS, box.onTimeout));
     const reason = `its timeout of ${box.timeoutS} s ended`;
     if (!this.retryAt.has(id)) this.events.record('timeout', box, reason, { onTimeout: box.onTimeout });
     try {
-      // a pause that fails leaves the clock ended, so the next try is a retry, not a new timeout
+      // a pause or stop that fails leaves the clock ended, so the next try is a retry, not a new timeout
       if (box.onTimeout === 'pause' && box.state === 'running') await this.pause(id, reason);
+      else if (box.onTimeout === 'stop' && box.state === 'running') await this.stopSandbox(id, reason);
       else await this.destroy(id, reason);
       this.retryAt.delete(id);
     } catch (e) {
@@ -556,14 +557,14 @@ export class Daemon implements RouteHost {
   }
 
   /** Stop it, keeping its filesystem: its commands end, its timeout's clock stands still. */
-  async stopSandbox(idOrName: string, caller: Caller = LOCAL): Promise<SandboxApi> {
+  async stopSandbox(idOrName: string, reason: string | null = null, caller: Caller = LOCAL): Promise<SandboxApi> {
     const box = await this.sandbox(idOrName, caller);
     return this.own(box.id, async () => {
       this.endProcesses(box.id);
       const t = await box.stop();
       this.observe(t);
       this.cache.delete(box.id);
-      this.events.record('stopped', box, box.reason, { operation: t?.id ?? null });
+      this.events.record('stopped', box, reason ?? box.reason, { operation: t?.id ?? null });
       return box;
     });
   }
@@ -594,7 +595,7 @@ export class Daemon implements RouteHost {
   async setTimeout(
     idOrName: string,
     timeoutS: number,
-    onTimeout?: 'kill' | 'pause',
+    onTimeout?: OnTimeout,
     caller: Caller = LOCAL,
   ): Promise<SandboxApi> {
     const box = await this.sandbox(idOrName, caller);

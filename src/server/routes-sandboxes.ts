@@ -19,7 +19,7 @@ import {
 import { execView } from './exec-view.js';
 import type { Daemon } from './daemon.js';
 import type { Caller } from './keys.js';
-import type { SandboxApi } from '../sdk/api.js';
+import type { OnTimeout, SandboxApi } from '../sdk/api.js';
 
 const tags = ['sandboxes'];
 
@@ -43,7 +43,7 @@ const STATE_CALLS: Record<
   stop: {
     summary:
       'Halt every process and keep its filesystem, user namespace range and address (its timeout clock stops); 409 SANDBOX_STOPPED when it is stopped already',
-    act: (d, id, c) => d.stopSandbox(id, c),
+    act: (d, id, c) => d.stopSandbox(id, null, c),
   },
   start: {
     summary:
@@ -98,7 +98,7 @@ function controlRoutes(app: FastifyInstance, s: SandboxCalls): void {
       },
     },
     servedBy(s, (d) => async (req) => {
-      const b = req.body as { timeoutS: number; onTimeout?: 'kill' | 'pause' };
+      const b = req.body as { timeoutS: number; onTimeout?: OnTimeout };
       return d.view(await d.setTimeout((req.params as { id: string }).id, b.timeoutS, b.onTimeout, req.caller));
     }),
   );

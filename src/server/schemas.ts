@@ -3,7 +3,7 @@
  * (/openapi.json, through @fastify/swagger), so the two cannot drift apart.
  */
 import { Type, type Static } from 'typebox';
-import { DAEMON_DEFAULTS, DEFAULT_DRIVER, DEFAULT_IMAGE } from '../defaults.js';
+import { DAEMON_DEFAULTS, DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT, ON_TIMEOUT_ACTIONS } from '../defaults.js';
 import { DRIVER_NAMES } from '../drivers/registry.js';
 
 /** a driver's name: the registry's list, so that a new driver is in the API's schema (and OpenAPI) at once */
@@ -12,6 +12,14 @@ const DriverName = (description = `machine driver (default ${DEFAULT_DRIVER})`) 
     DRIVER_NAMES.map((n) => Type.Literal(n)),
     { description },
   );
+
+/** what the end of a timeout does: the defaults' list, so that the schema (and OpenAPI) says every one */
+const OnTimeout = Type.Union(
+  ON_TIMEOUT_ACTIONS.map((a) => Type.Literal(a)),
+  {
+    description: `at the end of its timeout: kill (destroy it), pause (freeze it, memory kept) or stop (its processes end, its files are kept) (default ${DEFAULT_ON_TIMEOUT})`,
+  },
+);
 
 const open = { additionalProperties: true } as const;
 
@@ -95,7 +103,7 @@ export const CreateBody = Type.Object(
         description: `TTL in seconds from now (0: none; default: the daemon's --default-timeout, ${DAEMON_DEFAULTS.defaultTimeoutS})`,
       }),
     ),
-    onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
+    onTimeout: Type.Optional(OnTimeout),
     egress: Type.Optional(
       Type.Union([Type.Boolean(), EgressBody], {
         description: 'outbound network: true, or allow/deny lists (default: none, loopback only; docs/egress.md)',
@@ -203,7 +211,7 @@ export const SnapshotBody = Type.Object(
 export const TimeoutBody = Type.Object(
   {
     timeoutS: Type.Integer({ minimum: 0 }),
-    onTimeout: Type.Optional(Type.Union([Type.Literal('kill'), Type.Literal('pause')])),
+    onTimeout: Type.Optional(OnTimeout),
   },
   { additionalProperties: false },
 );

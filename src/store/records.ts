@@ -2,6 +2,13 @@ import type { ImageConfig } from '../image/oci.js';
 import type { Provenance } from '../image/import.js';
 import type { Volume, StorageKind } from '../storage/backend.js';
 
+/**
+ * What the end of a sandbox's timeout does: kill (destroy it), pause (freeze it with its memory;
+ * a resume thaws its processes) or stop (end its processes and keep its files; a start boots it
+ * afresh on them).
+ */
+export type OnTimeout = 'kill' | 'pause' | 'stop';
+
 export interface Limits {
   memoryBytes?: number;
   pids?: number;
@@ -213,7 +220,7 @@ export interface SandboxMeta {
   owner: string | null;
   /** its TTL in seconds (null or 0: none) and what happens at its end */
   timeoutS: number | null;
-  onTimeout: 'kill' | 'pause' | null;
+  onTimeout: OnTimeout | null;
   /** when the TTL ends (ms since the epoch); null: no clock running (none, or paused) */
   expiresAt: number | null;
 }
