@@ -376,24 +376,27 @@ describe('a cluster', () => {
     const made = await as<{ id: string }>('POST', '/sandboxes', {});
     expect(made.status, JSON.stringify(made.body)).toBe(201);
     const id = made.body.id;
-    const stopped = await as<{ state: string; stopped: boolean }>('POST', `/sandboxes/${id}/stop`);
-    expect([stopped.status, stopped.body.state, stopped.body.stopped]).toEqual([200, 'dead', true]);
-    // held: its volume and range are kept, so the key's one sandbox is taken
-    const over = await as<{ code: string }>('POST', '/sandboxes', {});
-    expect([over.status, over.body.code]).toEqual([429, 'QUOTA_EXCEEDED']);
-    const started = await as<{ state: string }>('POST', `/sandboxes/${id}/start`);
-    expect([started.status, started.body.state]).toEqual([200, 'running']);
-    const told = (type: string): boolean =>
-      seen
-        .join('')
-        .split('\n\n')
-        .some((block) => block.includes(`event: ${type}\n`) && block.includes(`"sandbox":"${id}"`));
-    await until('the cluster events said stopped, then started', () => told('stopped') && told('started'));
-    expect(told('resumed') || told('exited')).toBe(false);
-    events.abort();
-    await stream;
-    expect((await as('DELETE', `/sandboxes/${id}`)).status).toBe(204);
-    expect(cli(homes[0]!, ['key', 'rm', 'stopper', '--cluster', etcd.url]).code).toBe(0);
+    try {
+      const stopped = await as<{ state: string; stopped: boolean }>('POST', `/sandboxes/${id}/stop`);
+      expect([stopped.status, stopped.body.state, stopped.body.stopped]).toEqual([200, 'dead', true]);
+      // held: its volume and range are kept, so the key's one sandbox is taken
+      const over = await as<{ code: string }>('POST', '/sandboxes', {});
+      expect([over.status, over.body.code]).toEqual([429, 'QUOTA_EXCEEDED']);
+      const started = await as<{ state: string }>('POST', `/sandboxes/${id}/start`);
+      expect([started.status, started.body.state]).toEqual([200, 'running']);
+      const told = (type: string): boolean =>
+        seen
+          .join('')
+          .split('\n\n')
+          .some((block) => block.includes(`event: ${type}\n`) && block.includes(`"sandbox":"${id}"`));
+      await until('the cluster events said stopped, then started', () => told('stopped') && told('started'));
+      expect(told('resumed') || told('exited')).toBe(false);
+    } finally {
+      events.abort();
+      await stream;
+      await as('DELETE', `/sandboxes/${id}`);
+      cli(homes[0]!, ['key', 'rm', 'stopper', '--cluster', etcd.url]);
+    }
   }, 60_000);
 
   it("serves the daemon's own key and scenario routes over the cluster, their bodies checked by the same schemas", async () => {

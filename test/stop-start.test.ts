@@ -237,16 +237,35 @@ describe('a timeout that stops (onTimeout stop), through the daemon', () => {
       const events = await eventsOf(daemon.url, token, box.id, (es) => es.some((e) => e.type === 'stopped'));
       expect(events.map((e) => e.type)).toEqual(['created', 'ready', 'timeout', 'stopped']);
       expect(events.at(-1)!.reason).toMatch(/timeout of 1 s ended/);
-      // a start: the files it had, a new PID 1, and its clock runs again (to another stop)
+      // a start: the files it had, a new PID 1, and its clock runs again (to another stop); long
+      // enough first that the reaper does not stop it while it is read
+      await after.setTimeout(600, 'stop');
       await after.start();
       expect(await out(after, 'cat /root/f')).toBe('kept\n');
       expect(await initStart(after)).not.toBe(init);
       expect(after.expiresAt).not.toBeNull();
+      await after.setTimeout(1, 'stop');
       await until('stopped again at its timeout', () => stopped(box.id), 30_000);
     } finally {
       await box.destroy();
     }
   }, 120_000);
+
+  it('one dead by itself (its init killed) when its timeout ends is kept, not removed: a stop keeps files', async () => {
+    const remote = labs.remote!;
+    const box = await remote.create({ name: 'ss-dead', image: 'busybox', timeoutS: 4, onTimeout: 'stop' });
+    try {
+      process.kill(box.toJSON().pid as number, 'SIGKILL');
+      await until('seen dead', async () => ((await remote.get(box.id)).state === 'dead' ? true : undefined), 10_000);
+      await sleep(6000); // past its timeout, with the reaper's tick
+      const after = await remote.get(box.id);
+      expect([after.state, after.stopped]).toEqual(['dead', false]);
+      const events = await eventsOf(daemon.url, token, box.id, (es) => es.some((e) => e.type === 'timeout'));
+      expect(events.map((e) => e.type)).not.toContain('destroyed');
+    } finally {
+      await box.destroy();
+    }
+  }, 60_000);
 
   it('the CLI: `create --on-timeout stop` on both paths (the C command and Node) makes one that stops', async () => {
     const env = { SNAPLAB_HOST: daemon.url, SNAPLAB_TOKEN: token };

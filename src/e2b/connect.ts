@@ -121,11 +121,13 @@ export function openStream(reply: FastifyReply): ServerStream {
   reply.hijack();
   const res = reply.raw;
   res.writeHead(200, { 'content-type': 'application/connect+json', 'cache-control': 'no-store' });
-  // a client gone before the stream opened: nothing is sent, and `closed` says so
-  let ended = res.destroyed || res.socket?.destroyed === true;
+  // a client gone before the stream opened: nothing is sent, `closed` says so, and what waits for
+  // the close runs at once (its 'close' came before anyone listened)
+  let gone = res.destroyed || res.socket?.destroyed === true;
+  let ended = gone;
   const closers: (() => void)[] = [];
   res.on('close', () => {
-    ended = true;
+    gone = ended = true;
     for (const fn of closers) fn();
   });
   return {
@@ -142,7 +144,8 @@ export function openStream(reply: FastifyReply): ServerStream {
       return ended;
     },
     onClose(fn) {
-      closers.push(fn);
+      if (gone) fn();
+      else closers.push(fn);
     },
   };
 }

@@ -18,7 +18,7 @@ import {
 } from './connect.js';
 import { fromMetadata } from './listing.js';
 import type { Proc, ProcessConfig, ProcessEvent } from './processes.js';
-import { EnvdUnavailable, sendError, type E2bState } from './state.js';
+import { EnvdUnavailable, FROM_MEMORY, sendError, type E2bState } from './state.js';
 import { registerFiles } from './files.js';
 import type { EnvdUser } from './users.js';
 import { registerWatches } from './watch.js';
@@ -157,7 +157,7 @@ function selected(state: E2bState, box: SandboxApi, m: Selector): Proc {
 async function reattach(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
   let p: Proc;
   try {
-    const box = await state.envdSandbox(req);
+    const box = await state.envdSandbox(req, FROM_MEMORY);
     p = selected(state, box, unenvelope(await readBody(req.body)) as Selector);
   } catch (err) {
     const e = state.unavailable(req, err);
@@ -166,20 +166,27 @@ async function reattach(state: E2bState, req: FastifyRequest, reply: FastifyRepl
     openStream(reply).end(e);
     return undefined;
   }
-  const listen = pipe(() => openStream(reply), { p }, req);
+  let stream: ServerStream | undefined;
+  const listen = pipe(() => (stream = openStream(reply)), { p }, req);
   listen({ start: { pid: p.pid } });
-  p.listeners.add(listen);
+  // a client gone already is not kept as a listener until the command ends
+  if (!stream?.closed) p.listeners.add(listen);
   return undefined;
 }
 
-/** A unary call: the sandbox, the JSON message, and the answer (or its error in Connect's shape). */
+/**
+ * A unary call: the sandbox, the JSON message, and the answer (or its error in Connect's shape).
+ * `fresh`: a call the front answers from its own memory (its process table, a watcher's queue)
+ * asks for the sandbox's state first, since nothing the daemon answers would say it is gone or paused.
+ */
 function unary(
   state: E2bState,
   fn: (box: SandboxApi, m: Record<string, unknown>, req: FastifyRequest) => Promise<unknown>,
+  opts: { fresh?: boolean } = {},
 ): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply> {
   return async (req, reply) => {
     try {
-      const box = await state.envdSandbox(req);
+      const box = await state.envdSandbox(req, opts);
       const m = parseJson(await readBody(req.body)) as Record<string, unknown>;
       return reply.type('application/json').send(await fn(box, m, req));
     } catch (err) {
@@ -192,6 +199,8 @@ function unary(
 
 const SIGNALS: Record<string, number> = { SIGNAL_SIGKILL: 9, SIGNAL_SIGTERM: 15 };
 
+export type Unary = typeof unary;
+
 export function registerEnvd(app: FastifyInstance, state: E2bState): void {
   app.get('/health', async (req, reply) => {
     // the one envd call that asks for the sandbox's state (isRunning())
@@ -203,51 +212,71 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
   const P = '/process.Process';
   app.post(
     `${P}/List`,
-    unary(state, async (box) => ({
-      processes: state.processes.list(box.id).map((p) => ({
-        config: p.spec.config,
-        pid: p.pid,
-        ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),
-      })),
-    })),
+    unary(
+      state,
+      async (box) => ({
+        processes: state.processes.list(box.id).map((p) => ({
+          config: p.spec.config,
+          pid: p.pid,
+          ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),
+        })),
+      }),
+      FROM_MEMORY,
+    ),
   );
   app.post(
     `${P}/SendSignal`,
-    unary(state, async (box, m) => {
-      const sig = typeof m.signal === 'number' ? m.signal : SIGNALS[String(m.signal)];
-      if (!sig) throw new ConnectError('invalid_argument', 'signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM');
-      selected(state, box, m as Selector).handle.kill(sig);
-      return {};
-    }),
+    unary(
+      state,
+      async (box, m) => {
+        const sig = typeof m.signal === 'number' ? m.signal : SIGNALS[String(m.signal)];
+        if (!sig) throw new ConnectError('invalid_argument', 'signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM');
+        selected(state, box, m as Selector).handle.kill(sig);
+        return {};
+      },
+      FROM_MEMORY,
+    ),
   );
   app.post(
     `${P}/SendInput`,
-    unary(state, async (box, m) => {
-      const input = (m.input ?? {}) as { stdin?: unknown; pty?: unknown };
-      const data = typeof input.stdin === 'string' ? input.stdin : input.pty;
-      const p = selected(state, box, m as Selector);
-      if (!p.spec.stdin && !p.spec.tty)
-        throw new ConnectError('failed_precondition', 'the command was started without stdin');
-      if (typeof data === 'string' && !p.handle.write(Buffer.from(data, 'base64'))) await p.handle.drained();
-      return {};
-    }),
+    unary(
+      state,
+      async (box, m) => {
+        const input = (m.input ?? {}) as { stdin?: unknown; pty?: unknown };
+        const data = typeof input.stdin === 'string' ? input.stdin : input.pty;
+        const p = selected(state, box, m as Selector);
+        if (!p.spec.stdin && !p.spec.tty)
+          throw new ConnectError('failed_precondition', 'the command was started without stdin');
+        if (typeof data === 'string' && !p.handle.write(Buffer.from(data, 'base64'))) await p.handle.drained();
+        return {};
+      },
+      FROM_MEMORY,
+    ),
   );
   app.post(
     `${P}/Update`,
-    unary(state, async (box, m) => {
-      const p = selected(state, box, m as Selector);
-      const size = sizeOf(m.pty);
-      if (!p.spec.tty || !size) throw new ConnectError('failed_precondition', 'only a PTY command has a size');
-      p.handle.resize(size.cols, size.rows);
-      return {};
-    }),
+    unary(
+      state,
+      async (box, m) => {
+        const p = selected(state, box, m as Selector);
+        const size = sizeOf(m.pty);
+        if (!p.spec.tty || !size) throw new ConnectError('failed_precondition', 'only a PTY command has a size');
+        p.handle.resize(size.cols, size.rows);
+        return {};
+      },
+      FROM_MEMORY,
+    ),
   );
   app.post(
     `${P}/CloseStdin`,
-    unary(state, async (box, m) => {
-      selected(state, box, m as Selector).handle.end();
-      return {};
-    }),
+    unary(
+      state,
+      async (box, m) => {
+        selected(state, box, m as Selector).handle.end();
+        return {};
+      },
+      FROM_MEMORY,
+    ),
   );
   registerFiles(app, state, unary);
   registerWatches(app, state, unary);

@@ -15,13 +15,9 @@ import { orElse } from '../cleanup.js';
 import { ConnectError, readBody } from './connect.js';
 import { METADATA_XATTR, entryOf, metadataOf } from './entries.js';
 import { parseMultipart } from './multipart.js';
+import type { Unary } from './envd.js';
 import { sendError, type E2bState } from './state.js';
 import type { EnvdUser } from './users.js';
-
-type Unary = (
-  state: E2bState,
-  fn: (box: SandboxApi, m: Record<string, unknown>, req: FastifyRequest) => Promise<unknown>,
-) => (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply>;
 
 /** The largest upload taken at once (a part is held in memory before it is written). */
 const MAX_UPLOAD = 256 << 20;

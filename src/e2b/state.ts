@@ -13,7 +13,8 @@ import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
 import { Interpreters } from '../interpreter/server.js';
 import { EnvdUsers, type EnvdUser } from './users.js';
-import { fromMetadata } from './listing.js';
+import { RESERVED } from './listing.js';
+import { noted } from '../cleanup.js';
 import {
   memorySessions,
   sameSecret,
@@ -31,6 +32,9 @@ import {
 export const AUTO_RESUME_MIN_TIMEOUT_S = 300;
 
 /** The state the routes share. */
+/** the options of an envd call the front answers from its own memory (its process table, a watcher's queue): the sandbox's state is asked first */
+export const FROM_MEMORY = { fresh: true } as const;
+
 export class E2bState {
   readonly processes = new Processes();
   readonly metrics = new MetricsFront();
@@ -47,7 +51,7 @@ export class E2bState {
    */
   private readonly handles = new Map<string, SandboxApi>();
   /** the resume in flight of each sandbox: every caller that finds it paused meanwhile waits for that one */
-  private readonly resuming = new Map<string, Promise<SandboxApi>>();
+  private readonly resuming = new Map<string, Promise<void>>();
 
   constructor(
     private readonly labFor: (apiKey: string) => Promise<LabApi>,
@@ -111,23 +115,22 @@ export class E2bState {
   /**
    * Resume a paused sandbox, once for all who ask at once (the calls of a burst that woke it, a
    * connect): they wait for the one resume, so the daemon resumes it and tells of it once. One
-   * resumed meanwhile (by the resume before) is not resumed again. `then`: what that resume is
-   * followed by before any of them goes on (an auto-resume's longer timeout). The sandbox as it is
-   * after, the same object for them all.
+   * resumed meanwhile (by the resume before) is not resumed again. Each caller's own object (its
+   * own key's handle, never another's) is then brought up to date.
    */
-  resume(box: SandboxApi, then?: (box: SandboxApi) => Promise<void>): Promise<SandboxApi> {
+  async resume(box: SandboxApi): Promise<SandboxApi> {
     let p = this.resuming.get(box.id);
+    const mine = !p;
     if (!p) {
       p = (async () => {
         await box.refresh();
-        if (box.state !== 'paused') return box;
-        await box.resume();
-        await then?.(box);
-        return box;
+        if (box.state === 'paused') await box.resume();
       })().finally(() => this.resuming.delete(box.id));
       this.resuming.set(box.id, p);
     }
-    return p;
+    await p;
+    if (!mine) await box.refresh();
+    return box;
   }
 
   /** Who an envd call acts as in `box`: the user it asks for, else the sandbox's default (users.ts). */
@@ -157,8 +160,10 @@ export class E2bState {
     const kept = opts.fresh ? undefined : this.handles.get(id);
     // one that wakes on traffic is asked for its state each time: a call that finds it paused must
     // resume it (`running`), not be answered 502 by the call's own error
-    if (kept && !fromMetadata(kept).autoResume) return kept;
-    return this.running(id, s);
+    if (kept && !wakes(kept)) return kept;
+    // a call without its token (the interpreter's) is served, but wakes nothing: only who holds
+    // the token or a signature may resume it (and lengthen its timeout)
+    return this.running(id, s, !spared);
   }
 
   /**
@@ -229,19 +234,26 @@ export class E2bState {
    * it), as E2B's proxy resumes one when traffic comes for it, the health probe (isRunning) too;
    * a stopped one (paused without its memory) is left to a connect, as E2B leaves it.
    */
-  private async running(id: string, s: Session): Promise<SandboxApi> {
+  private async running(id: string, s: Session, wake = true): Promise<SandboxApi> {
     const lab = await this.labOf(s.apiKey);
     let box = await lab.get(id).catch((e: unknown) => {
       if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) throw e;
       this.forget(id);
       throw new EnvdUnavailable(id);
     });
-    if (box.state === 'paused' && fromMetadata(box).autoResume) box = await this.resume(box, longerTimeout);
+    if (box.state === 'paused' && wake && wakes(box)) {
+      box = await this.resume(box);
+      // each waker, also one that joined a connect's resume; a failure leaves the shorter timeout
+      await longerTimeout(box).catch(noted('give a woken sandbox its five minutes'));
+    }
     if (box.state !== 'running') throw new EnvdUnavailable(id);
     if (this.sessions.get(id) === s) this.handles.set(id, box);
     return box;
   }
 }
+
+/** Did its create ask for autoResume (`e2b.autoResume` in its metadata: listing.ts)? Read without parsing the rest. */
+const wakes = (box: SandboxApi): boolean => box.metadata?.[`${RESERVED}autoResume`] === 'true';
 
 /** A sandbox woken by its traffic runs at least AUTO_RESUME_MIN_TIMEOUT_S from now, as E2B's does. */
 async function longerTimeout(box: SandboxApi): Promise<void> {

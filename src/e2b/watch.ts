@@ -6,11 +6,12 @@
  * collected until asked for.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { SandboxApi, WatchEvent, WatchHandle } from '../sdk/api.js';
+import type { WatchEvent, WatchHandle } from '../sdk/api.js';
 import { noted } from '../cleanup.js';
 import { ConnectError, deadlineOf, openStream, readBody, unenvelope } from './connect.js';
 import { absolute } from './files.js';
-import { EnvdUnavailable, sendError, type E2bState } from './state.js';
+import type { Unary } from './envd.js';
+import { EnvdUnavailable, FROM_MEMORY, sendError, type E2bState } from './state.js';
 import { envdEvents, watchAsk } from './watchers.js';
 
 /** WatchDir: the watch first (a path not there ends the stream with not_found before a start), then its events. */
@@ -70,11 +71,6 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
   return undefined;
 }
 
-type Unary = (
-  state: E2bState,
-  fn: (box: SandboxApi, m: Record<string, unknown>, req: FastifyRequest) => Promise<unknown>,
-) => (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply>;
-
 export function registerWatches(app: FastifyInstance, state: E2bState, unary: Unary): void {
   const F = '/filesystem.Filesystem';
   app.post(`${F}/WatchDir`, (req, reply) => watchDir(state, req, reply));
@@ -87,7 +83,7 @@ export function registerWatches(app: FastifyInstance, state: E2bState, unary: Un
   );
   app.post(
     `${F}/GetWatcherEvents`,
-    unary(state, async (box, m) => ({ events: state.watchers.take(box, m.watcherId) })),
+    unary(state, async (box, m) => ({ events: state.watchers.take(box, m.watcherId) }), FROM_MEMORY),
   );
   app.post(
     `${F}/RemoveWatcher`,

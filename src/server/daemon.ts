@@ -194,6 +194,8 @@ export class Daemon implements RouteHost {
       // a pause or stop that fails leaves the clock ended, so the next try is a retry, not a new timeout
       if (box.onTimeout === 'pause' && box.state === 'running') await this.pause(id, reason);
       else if (box.onTimeout === 'stop' && box.state === 'running') await this.stopSandbox(id, reason);
+      // dead by itself (its init gone): a stop keeps files, so they are kept; its clock is ended
+      else if (box.onTimeout === 'stop' && box.state === 'dead') await box.setTimeout(0, 'stop');
       else await this.destroy(id, reason);
       this.retryAt.delete(id);
     } catch (e) {
