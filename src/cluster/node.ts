@@ -309,6 +309,8 @@ export class ClusterNode {
         throw e;
       });
       const was = this.published.get(id);
+      // being started again (a stopped one): the cluster keeps its entry as it was until it runs
+      if (box && was !== undefined && box.state === 'creating') continue;
       if (box && box.id === id && routed(box)) {
         const e = this.entryOf(box);
         const text = JSON.stringify(e);
@@ -326,7 +328,12 @@ export class ClusterNode {
   /** Write each sandbox's entry that changed, remove those of sandboxes gone. */
   private async sync(): Promise<void> {
     const now = new Map<string, SandboxEntry>();
-    for (const r of await this.daemon.lab.list({ check: false })) if (routed(r)) now.set(r.id, this.entryOf(r));
+    for (const r of await this.daemon.lab.list({ check: false })) {
+      const was = this.published.get(r.id);
+      // being started again (a stopped one): its entry stays as it was until it runs (not destroyed, then created)
+      if (r.state === 'creating' && was !== undefined) now.set(r.id, JSON.parse(was) as SandboxEntry);
+      else if (routed(r)) now.set(r.id, this.entryOf(r));
+    }
     for (const [id, e] of now) {
       const text = JSON.stringify(e);
       if (this.published.get(id) === text) continue;
