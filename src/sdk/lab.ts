@@ -1,4 +1,5 @@
-import { checkPage } from './paging.js';
+import { alternatives, checkList } from './paging.js';
+import { STOPPED_REASONS } from '../lab/lifecycle/stopped.js';
 import { checkRangeSize } from '../host/userns/registry.js';
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/lifecycle/gc.js';
@@ -237,16 +238,23 @@ export class Lab implements LabApi {
 
   /**
    * Every sandbox, reconciled: one whose processes are gone is reported dead, with the reason.
-   * `labels`, `owner`, `check`, `limit`, `after`: see ListOptions. The filters and the page are
-   * read from the store in one query (only the page's rows), and only the page is checked against
-   * the host. Each sandbox's labels and lifetime are as this list read them (with its state),
-   * until it changes them itself or is refreshed.
+   * The filters (`labels`, `owner`, `metadata`, `state`, `createdSince`), `order`, `check`,
+   * `limit` and `after`: see ListOptions. The filters and the page are read from the store in one
+   * query (only the page's rows), and only the page is checked against the host. Each sandbox's
+   * labels and lifetime are as this list read them (with its state), until it changes them itself
+   * or is refreshed.
    */
   async list(opts: ListOptions = {}): Promise<Sandbox[]> {
-    const after = checkPage(opts);
+    const after = checkList(opts);
     const rows = this.ctx.store.pageSandboxes({
       ...(opts.labels ? { labels: opts.labels } : {}),
       ...(opts.owner !== undefined ? { owner: opts.owner } : {}),
+      ...(opts.metadata
+        ? { metadata: Object.fromEntries(Object.entries(opts.metadata).map(([k, v]) => [k, alternatives(v)])) }
+        : {}),
+      ...(opts.state ? { state: opts.state, stoppedReasons: STOPPED_REASONS } : {}),
+      ...(opts.createdSince !== undefined ? { createdSince: opts.createdSince } : {}),
+      ...(opts.order ? { order: opts.order } : {}),
       ...(after ? { after } : {}),
       ...(opts.limit !== undefined ? { limit: opts.limit } : {}),
     });

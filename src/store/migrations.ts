@@ -245,4 +245,33 @@ export const migrations: string[] = [
   `
   CREATE INDEX IF NOT EXISTS sandboxes_created ON sandboxes(created_at, id);
   `,
+  // a sandbox's metadata a row a key (its text values), for a list's metadata filter (store.ts
+  // pageSandboxes): a filter few rows pass is read from its index, not walked to through every
+  // row's JSON. Kept by triggers from sandbox_meta.metadata, which stays the record: whoever writes
+  // that (any process, any version from this one on) keeps this true. (putMeta's INSERT OR REPLACE
+  // fires no delete trigger: the insert's first clears the id's rows.)
+  `
+  CREATE TABLE sandbox_metadata (
+    id     TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    PRIMARY KEY (key, value, id)
+  ) WITHOUT ROWID;
+  CREATE INDEX sandbox_metadata_id ON sandbox_metadata(id);
+  CREATE TRIGGER sandbox_metadata_insert AFTER INSERT ON sandbox_meta BEGIN
+    DELETE FROM sandbox_metadata WHERE id = NEW.id;
+    INSERT OR IGNORE INTO sandbox_metadata (id, key, value)
+      SELECT NEW.id, key, value FROM json_each(NEW.metadata) WHERE type = 'text';
+  END;
+  CREATE TRIGGER sandbox_metadata_update AFTER UPDATE OF id, metadata ON sandbox_meta BEGIN
+    DELETE FROM sandbox_metadata WHERE id = OLD.id;
+    INSERT OR IGNORE INTO sandbox_metadata (id, key, value)
+      SELECT NEW.id, key, value FROM json_each(NEW.metadata) WHERE type = 'text';
+  END;
+  CREATE TRIGGER sandbox_metadata_delete AFTER DELETE ON sandbox_meta BEGIN
+    DELETE FROM sandbox_metadata WHERE id = OLD.id;
+  END;
+  INSERT OR IGNORE INTO sandbox_metadata (id, key, value)
+    SELECT m.id, j.key, j.value FROM sandbox_meta m, json_each(m.metadata) j WHERE j.type = 'text';
+  `,
 ];
