@@ -277,6 +277,26 @@ function stateFilter(states: readonly string[], stopped: readonly string[]): unk
   return [conds.length ? `(${conds.join(' OR ')})` : '0', ...args];
 }
 
+/** How many changes a removal is kept in sandbox_changes (its migration's trigger says the same). */
+const REMOVALS_KEPT = 100_000;
+
+/** What changed among the sandboxes since a mark (Store.sandboxChanges). */
+export interface SandboxChanges {
+  /** pass it as `since` next time */
+  mark: number;
+  /** every sandbox was read (no mark given, or one too old): one not among them is gone */
+  complete: boolean;
+  rows: ListedRecord[];
+  /** ids removed since the mark (or asked for again and not there) */
+  removed: string[];
+}
+
+/** Where a reader of the changes got to, and the ids it wants to read again (Store.watchMark). */
+export interface WatchMark {
+  mark: number;
+  again: string[];
+}
+
 /** sandbox_meta's columns after a listed sandbox's SANDBOX_COLUMNS (listedMeta reads them) */
 const META_COLUMNS = 'm.id, m.labels, m.metadata, m.owner, m.timeout_s, m.on_timeout, m.expires_at';
 
@@ -463,6 +483,50 @@ export class Store {
       if (n <= DRIVE_MAX && (!best || n < best[1])) best = [k, n];
     }
     return best?.[0];
+  }
+  /**
+   * The sandboxes whose record changed after `since` (inserted; its state, reason, name or pool
+   * changed: sandbox_changes, kept by triggers whoever writes), with those of `again` however they
+   * are, read with their labels and lifetime, in the list's order; the ids of those removed; and
+   * the mark to pass next time, all in one read transaction. Without a mark, or with one older than
+   * the removals kept (or newer than any: another state.db), every sandbox (`complete`).
+   */
+  sandboxChanges(since: number | undefined, again: readonly string[] = []): SandboxChanges {
+    return this.db.transaction((): SandboxChanges => {
+      const mark = (this.stmt('SELECT MAX(seq) AS n FROM sandbox_changes').get() as { n: number | null }).n ?? 0;
+      if (since === undefined || since > mark || since < mark - REMOVALS_KEPT)
+        return { mark, complete: true, rows: this.pageSandboxes({}), removed: [] };
+      const changed = this.stmt('SELECT id FROM sandbox_changes WHERE seq > ?').all(since) as { id: string }[];
+      const ids = new Set([...changed.map((c) => c.id), ...again]);
+      if (!ids.size) return { mark, complete: false, rows: [], removed: [] };
+      const rows = this.sandboxes(
+        `SELECT ${sandboxColumns('s')}, ${META_COLUMNS} FROM sandboxes s LEFT JOIN sandbox_meta m ON m.id = s.id
+          WHERE s.id IN (SELECT value FROM json_each(?)) ORDER BY s.created_at, s.id`,
+        JSON.stringify([...ids]),
+      ).map((a) => ({ record: toSandbox(a), meta: listedMeta(a) }));
+      const present = new Set(rows.map((r) => r.record.id));
+      return { mark, complete: false, rows, removed: [...ids].filter((id) => !present.has(id)) };
+    })();
+  }
+  /** Sandboxes whose timeout's clock (expires_at) ends at or before `by`, soonest first, read by that index. */
+  expiredSandboxes(by: number): ListedRecord[] {
+    return this.sandboxes(
+      `SELECT ${sandboxColumns('s')}, ${META_COLUMNS} FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id
+        WHERE m.expires_at <= ? ORDER BY m.expires_at`,
+      by,
+    ).map((a) => ({ record: toSandbox(a), meta: listedMeta(a) }));
+  }
+  /** Where the reader `name` of the changes got to (undefined: it has not read them yet). */
+  watchMark(name: string): WatchMark | undefined {
+    const r = this.stmt('SELECT mark, again FROM watch_marks WHERE name = ?').get(name) as Row | undefined;
+    return r && { mark: r.mark as number, again: json<string[]>(r.again) };
+  }
+  setWatchMark(name: string, m: WatchMark): void {
+    this.stmt('INSERT OR REPLACE INTO watch_marks (name, mark, again) VALUES (?, ?, ?)').run(
+      name,
+      m.mark,
+      JSON.stringify(m.again),
+    );
   }
   // what gc and a check pass ask of the store now, after their one read of every record: a
   // column or two, not every record made again
