@@ -534,6 +534,12 @@ export class Store {
   sandboxesWithRange(): Set<string> {
     return new Set(this.sandboxes('SELECT id FROM sandboxes WHERE uid_base IS NOT NULL').map((a) => a[0] as string));
   }
+  /** the user namespace ranges sandboxes record (first id, ids or null: the default), scenario machines' aside */
+  sandboxRanges(): [number, number | null][] {
+    return this.sandboxes(
+      'SELECT uid_base, uid_count FROM sandboxes WHERE uid_base IS NOT NULL AND scenario IS NULL',
+    ) as [number, number | null][];
+  }
   /** the egress slots recorded */
   egressSlots(): Set<number> {
     return new Set(
