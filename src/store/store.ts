@@ -409,6 +409,12 @@ export class Store {
   listSandboxes(): SandboxRecord[] {
     return this.sandboxes(`SELECT ${sandboxColumns()} FROM sandboxes ORDER BY created_at`).map(toSandbox);
   }
+  /** Those not dead: what a reconcile asks the host about (a dead record is as it stays). */
+  unsettledSandboxes(): SandboxRecord[] {
+    return this.sandboxes(`SELECT ${sandboxColumns()} FROM sandboxes WHERE state != 'dead' ORDER BY created_at`).map(
+      toSandbox,
+    );
+  }
   /**
    * Sandboxes with their labels and lifetime (null: no sandbox_meta row), in the list's order
    * (sdk/paging.ts: creation time, then id), filtered and paged here, in
