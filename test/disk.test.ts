@@ -88,6 +88,13 @@ describe('disk caps', () => {
       await new Promise((r) => setTimeout(r, 200));
     }
     expect(qgroups()).not.toMatch(/<stale>/);
+    // a sweep that found none marks the pool clean: the next gc asks no `qgroup show` (it reads
+    // every subvolume) until a delete takes the mark away first
+    await lab.gc();
+    const clean = join(lab.home, 'btrfs', '.qgroups-clean');
+    expect(existsSync(clean)).toBe(true);
+    await (await lab.create({ name: 'again', storage: 'btrfs' })).destroy();
+    expect(existsSync(clean)).toBe(false);
   });
 
   it('--disk 0 is no cap; where it cannot hold (a VM), --disk is refused with a hint and leaves nothing; overlay and dir record no default', async () => {

@@ -160,6 +160,22 @@ describe.each([
         // newest first
         expect([...first, ...second].map((s) => s.sandboxId)).toEqual([b.sandboxId, a.sandboxId]);
         if (pages.hasNext) expect(await pages.nextItems()).toEqual([]);
+        // what the SDK does not send, as E2B's API takes it (read in the daemon's store: the Lab API's list)
+        const raw = async (q: string, metadata = 'suite=list'): Promise<string[]> => {
+          const r = await fetch(`${d.e2bUrl}/v2/sandboxes?metadata=${encodeURIComponent(metadata)}&${q}`, {
+            headers: { 'X-API-Key': key.trim() },
+          });
+          return ((await r.json()) as { sandboxID: string }[]).map((x) => x.sandboxID);
+        };
+        expect(await raw('order=asc')).toEqual([a.sandboxId, b.sandboxId]);
+        // startedAfter is inclusive
+        const bStart = (await Sandbox.getInfo(b.sandboxId)).startedAt.toISOString();
+        expect(await raw(`startedAfter=${encodeURIComponent(bStart)}`)).toEqual([b.sandboxId]);
+        expect(await raw('template=base&state=running')).toEqual([b.sandboxId, a.sandboxId]);
+        expect(await raw('template=elsewhere')).toEqual([]);
+        expect(await raw('state=paused')).toEqual([]);
+        // the front's own keys are not the caller's metadata
+        expect(await raw('', 'suite=list&e2b.template=base')).toEqual([]);
         await Sandbox.setTimeout(c.sandboxId, 3600_000);
         const end = (await Sandbox.getInfo(c.sandboxId)).endAt.getTime();
         expect(end).toBeGreaterThan(Date.now() + 3500_000);

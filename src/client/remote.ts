@@ -659,6 +659,10 @@ export class RemoteLab implements LabApi {
       ...(opts.check === false ? [['check', 'false'] as [string, string]] : []),
       ...(opts.limit !== undefined ? [['limit', String(opts.limit)] as [string, string]] : []),
       ...(opts.after !== undefined ? [['after', opts.after] as [string, string]] : []),
+      ...(opts.metadata !== undefined ? [['metadata', JSON.stringify(opts.metadata)] as [string, string]] : []),
+      ...(opts.state !== undefined ? [['state', opts.state.join(',')] as [string, string]] : []),
+      ...(opts.createdSince !== undefined ? [['createdSince', String(opts.createdSince)] as [string, string]] : []),
+      ...(opts.order !== undefined ? [['order', opts.order] as [string, string]] : []),
     ]).toString();
     return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map(
       (v) => new RemoteSandbox(this.http, v, this.rpc),

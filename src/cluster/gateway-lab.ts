@@ -5,7 +5,7 @@
  * a GatewayLab is bound to one (`GatewayLab.open` with a key, or `lab.as(caller)` for another),
  * and its nodes apply that key's scopes and ownership, as they do for the HTTP gateway's requests.
  */
-import { checkPage, pageOf } from '../sdk/paging.js';
+import { checkList, listFilter, pageOf } from '../sdk/paging.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
@@ -159,18 +159,20 @@ export class GatewayLab implements LabApi {
   }
 
   async list(opts: ListOptions = {}): Promise<SandboxApi[]> {
-    checkPage(opts); // a bad page is said here, not refused by every node
+    checkList(opts); // a bad page or filter is said here, not refused by every node
     const { done } = await this.fromEach((lab) => lab.list(opts));
     const out: SandboxApi[] = done.flatMap((d) => d.value.map((b) => this.placed(d.node, b.toJSON())));
     const answered = new Set(done.map((d) => d.node));
     const want = Object.entries(opts.labels ?? {});
+    const passes = listFilter(opts);
     for (const e of this.core.view.sandboxes.values()) {
       // a lost one is listed until its record is deleted, even once its node is back
       if ((answered.has(e.node) && e.state !== 'lost') || e.state === 'forgotten' || !this.core.owns(this.caller, e))
         continue;
       if (opts.owner !== undefined && e.owner !== opts.owner) continue;
-      if (want.every(([k, v]) => e.labels[k] === v))
-        out.push(new AbsentSandbox(this.core.store, e, this.core.view.left.has(e.node)));
+      if (!want.every(([k, v]) => e.labels[k] === v)) continue;
+      const absent = new AbsentSandbox(this.core.store, e, this.core.view.left.has(e.node));
+      if (passes(absent)) out.push(absent);
     }
     // each node answered its own page: the merged page is the first of them all
     return pageOf(out, opts);

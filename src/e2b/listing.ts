@@ -6,9 +6,9 @@
  * lifecycle's onTimeout is the sandbox's own (the Lab API's onTimeout), not a copy.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { LabApi, SandboxApi } from '../sdk/api.js';
+import type { LabApi, ListOptions, ListState, SandboxApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
-import { checkPage, listCursor, pageOf } from '../sdk/paging.js';
+import { checkPage, listCursor } from '../sdk/paging.js';
 
 export const RESERVED = 'e2b.';
 
@@ -25,9 +25,12 @@ export interface E2bView {
   detail: Record<string, unknown>;
 }
 
+/** The template a sandbox without one (made through snaplab's own API by the same key) is shown with. */
+const NO_TEMPLATE = 'base';
+
 export function fromMetadata(box: SandboxApi): E2bView {
   const meta = box.metadata ?? {};
-  const templateID = meta[`${RESERVED}template`] ?? 'base';
+  const templateID = meta[`${RESERVED}template`] ?? NO_TEMPLATE;
   let envs: Record<string, string> = {};
   try {
     envs = JSON.parse(meta[`${RESERVED}envs`] ?? '{}') as Record<string, string>;
@@ -104,6 +107,34 @@ function pageLimit(text: string | undefined): number {
   return n;
 }
 
+/** E2B's states, as the Lab API's list filters them: a stopped machine is `paused` to E2B (fromMetadata). */
+const E2B_STATES: Record<string, ListState[]> = { running: ['running'], paused: ['paused', 'stopped'] };
+
+/**
+ * What the Lab API's list is asked for E2B's filters, or undefined when no sandbox can pass them:
+ * the filters are read in the lab's store (its page only), never over every sandbox here.
+ */
+function listOptions(q: ListQuery): ListOptions | undefined {
+  const filter = metadataFilter(q.metadata);
+  const asked = (q.state ?? 'running,paused').split(',').filter(Boolean);
+  const state = [...new Set(asked.flatMap((s) => (Object.hasOwn(E2B_STATES, s) ? E2B_STATES[s]! : [])))];
+  const after = q.startedAfter ? Date.parse(q.startedAfter) : undefined;
+  if (after !== undefined && Number.isNaN(after))
+    throw new SnaplabError('BAD_INPUT', 'startedAfter is not a date', 'give an ISO 8601 time');
+  // the front's own keys are not the caller's metadata: a filter on one keeps nothing
+  if (Object.keys(filter).some((k) => k.startsWith(RESERVED))) return undefined;
+  const metadata: Record<string, string | (string | null)[]> = { ...filter };
+  // (a sandbox without a template is shown with NO_TEMPLATE, and kept by a filter on it)
+  if (q.template) metadata[`${RESERVED}template`] = q.template === NO_TEMPLATE ? [NO_TEMPLATE, null] : q.template;
+  return {
+    check: false,
+    state,
+    metadata,
+    order: q.order === 'asc' ? 'asc' : 'desc',
+    ...(after !== undefined ? { createdSince: after } : {}),
+  };
+}
+
 /** The caller's sandboxes as E2B lists them; `paged`: v2, with limit and X-Next-Token. */
 export async function listSandboxes(
   lab: LabApi,
@@ -112,31 +143,18 @@ export async function listSandboxes(
   paged: boolean,
 ): Promise<Record<string, unknown>[]> {
   const q = req.query as ListQuery;
-  const filter = metadataFilter(q.metadata);
-  const states = (q.state ?? 'running,paused').split(',').filter(Boolean);
-  const after = q.startedAfter ? Date.parse(q.startedAfter) : undefined;
-  if (after !== undefined && Number.isNaN(after))
-    throw new SnaplabError('BAD_INPUT', 'startedAfter is not a date', 'give an ISO 8601 time');
-  const order = q.order === 'asc' ? 'asc' : 'desc';
-  const boxes = (await lab.list({ check: false }))
-    .filter((b) => b.state === 'running' || b.state === 'paused' || b.stopped)
-    .map((b) => ({ id: b.id, createdAt: b.createdAt, v: fromMetadata(b) }))
-    .filter(
-      ({ createdAt, v }) => states.includes(v.detail.state as string) && (after === undefined || createdAt >= after),
-    )
-    .filter(({ v }) => !q.template || v.templateID === q.template)
-    .filter(({ v }) =>
-      Object.entries(filter).every(([k, x]) => (v.detail.metadata as Record<string, string>)[k] === x),
-    );
-  if (!paged) return pageOf(boxes, { order }).map(({ v }) => v.detail);
-  const limit = pageLimit(q.limit);
+  const opts = listOptions(q);
+  const limit = paged ? pageLimit(q.limit) : undefined;
+  const after = paged ? cursorOf(q.nextToken) : undefined;
+  if (!opts) return [];
+  if (limit === undefined) return (await lab.list(opts)).map((b) => fromMetadata(b).detail);
   // one more than the page: a next page is named only when there is one
-  const page = pageOf(boxes, { order, limit: limit + 1, after: cursorOf(q.nextToken) });
+  const page = await lab.list({ ...opts, limit: limit + 1, ...(after !== undefined ? { after } : {}) });
   if (page.length > limit) {
     page.pop();
     void reply.header('x-next-token', Buffer.from(listCursor(page.at(-1)!)).toString('base64url'));
   }
-  return page.map(({ v }) => v.detail);
+  return page.map((b) => fromMetadata(b).detail);
 }
 
 /** The network options the sandbox was made (or last updated) with, as E2B's getInfo gives them. */

@@ -222,7 +222,27 @@ export interface ListOptions {
   limit?: number;
   /** the page after this cursor: `listCursor(last)` of the page before (a daemon's X-Next-Cursor) */
   after?: string;
+  /**
+   * only those whose metadata has, for every key given, this value or one of these values (null
+   * among them: or no such key). Keys and values are compared as they are
+   */
+  metadata?: Record<string, string | readonly (string | null)[]>;
+  /**
+   * only those in one of these states, as recorded (ListState: a stopped one is `stopped`, not
+   * `dead`); [] gives none. With `check` the host may then find one dead: it is listed so
+   */
+  state?: readonly ListState[];
+  /** only those made at or after this time (ms since the epoch) */
+  createdSince?: number;
+  /** `desc`: newest first, and `after` pages toward older ones; default `asc`, oldest first */
+  order?: 'asc' | 'desc';
 }
+
+/**
+ * A sandbox's state as a list filters it: its `state`, except that one stopped (`stop`: dead, its
+ * filesystem kept, `start` raises it again) is `stopped`, and `dead` is every other dead one.
+ */
+export type ListState = 'creating' | 'running' | 'paused' | 'stopped' | 'dead' | 'removing';
 
 /** A stored operation's trace, with what it recorded (a gc's removals, a take's hit). */
 export type StoredTrace = TraceSummary & { details: unknown };

@@ -16,7 +16,16 @@ export type { Limits, OnTimeout, SandboxRecord, SnapshotRecord, ImageRecord } fr
 export type { TraceSummary, Phase } from '../timing/trace.js';
 export { SnaplabError, type ErrorCode } from '../errors.js';
 export { renderWaterfall } from '../timing/waterfall.js';
-export type { LabApi, SandboxApi, PoolApi, ProcessApi, SnapshotApi, LabCreateOptions } from './api.js';
+export type {
+  LabApi,
+  SandboxApi,
+  PoolApi,
+  ProcessApi,
+  SnapshotApi,
+  LabCreateOptions,
+  ListOptions,
+  ListState,
+} from './api.js';
 export type { RemoteLab, RemoteSandbox, RemoteCreateOptions } from '../client/remote.js';
 export type { ConnectOptions } from '../client/http.js';
 export type { Encoding, ExecText, Text } from './output.js';

@@ -1,4 +1,5 @@
-import { checkPage } from './paging.js';
+import { alternatives, checkList } from './paging.js';
+import { STOPPED_REASONS } from '../lab/lifecycle/stopped.js';
 import { checkRangeSize } from '../host/userns/registry.js';
 import { LabContext, DEFAULT_HOME } from '../lab/context.js';
 import { collectGarbage } from '../lab/lifecycle/gc.js';
@@ -31,6 +32,7 @@ import type {
   SandboxRecord,
   SessionRows,
 } from '../store/records.js';
+import type { WatchMark } from '../store/store.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { checkKeepsTime, Sandbox } from './sandbox.js';
 import type {
@@ -69,6 +71,20 @@ export interface LabOptions {
    */
   keepsTime?: boolean;
 }
+
+/** What changed among a lab's sandboxes since a mark (Lab.changes). */
+export interface SandboxChanges {
+  /** pass it as `since` next time */
+  mark: number;
+  /** every sandbox was read (no mark, or one too old to tell from): one not among them is gone */
+  complete: boolean;
+  sandboxes: Sandbox[];
+  /** ids of those removed since the mark (or asked for again and gone) */
+  removed: string[];
+}
+
+/** The name a daemon's event log keeps its place in the changes under (Store.watchMark). */
+const JOURNAL_WATCH = 'events';
 
 /** Who made a sandbox and how long it lives: the daemon's callers, given to the lab it stands on. */
 export interface Lifetime {
@@ -237,16 +253,23 @@ export class Lab implements LabApi {
 
   /**
    * Every sandbox, reconciled: one whose processes are gone is reported dead, with the reason.
-   * `labels`, `owner`, `check`, `limit`, `after`: see ListOptions. The filters and the page are
-   * read from the store in one query (only the page's rows), and only the page is checked against
-   * the host. Each sandbox's labels and lifetime are as this list read them (with its state),
-   * until it changes them itself or is refreshed.
+   * The filters (`labels`, `owner`, `metadata`, `state`, `createdSince`), `order`, `check`,
+   * `limit` and `after`: see ListOptions. The filters and the page are read from the store in one
+   * query (only the page's rows), and only the page is checked against the host. Each sandbox's
+   * labels and lifetime are as this list read them (with its state), until it changes them itself
+   * or is refreshed.
    */
   async list(opts: ListOptions = {}): Promise<Sandbox[]> {
-    const after = checkPage(opts);
+    const after = checkList(opts);
     const rows = this.ctx.store.pageSandboxes({
       ...(opts.labels ? { labels: opts.labels } : {}),
       ...(opts.owner !== undefined ? { owner: opts.owner } : {}),
+      ...(opts.metadata
+        ? { metadata: Object.fromEntries(Object.entries(opts.metadata).map(([k, v]) => [k, alternatives(v)])) }
+        : {}),
+      ...(opts.state ? { state: opts.state, stoppedReasons: STOPPED_REASONS } : {}),
+      ...(opts.createdSince !== undefined ? { createdSince: opts.createdSince } : {}),
+      ...(opts.order ? { order: opts.order } : {}),
       ...(after ? { after } : {}),
       ...(opts.limit !== undefined ? { limit: opts.limit } : {}),
     });
@@ -453,13 +476,42 @@ export class Lab implements LabApi {
     append(e: Omit<EventRecord, 'id'>): EventRecord;
     after(id: number, limit?: number): EventRecord[];
     lastId(): number;
+    watched(): WatchMark | undefined;
+    setWatched(m: WatchMark): void;
   } {
     const store = this.ctx.store;
     return {
       append: (e) => store.appendEvent(e),
       after: (id, n) => store.eventsAfter(id, n),
       lastId: () => store.lastEventId(),
+      watched: () => store.watchMark(JOURNAL_WATCH),
+      setWatched: (m) => store.setWatchMark(JOURNAL_WATCH, m),
     };
+  }
+
+  /**
+   * @internal what a server's tick reads instead of every record: the sandboxes whose record
+   * changed since `since` (a mark this gave before; undefined: every sandbox, `complete`), and
+   * those of `again` however they are, as listed (check: false); the ids of those removed; the
+   * mark to pass next time (Store.sandboxChanges).
+   */
+  async changes(since: number | undefined, again: readonly string[] = []): Promise<SandboxChanges> {
+    const c = this.ctx.store.sandboxChanges(since, again);
+    return {
+      mark: c.mark,
+      complete: c.complete,
+      sandboxes: c.rows.map(
+        (r) => new Sandbox(this.ctx, r.record, undefined, undefined, r.meta ?? noMeta(r.record.id)),
+      ),
+      removed: c.removed,
+    };
+  }
+
+  /** @internal the sandboxes whose timeout's clock ended by `by` (ms since the epoch), as listed: a server's tick */
+  async expired(by: number): Promise<Sandbox[]> {
+    return this.ctx.store
+      .expiredSandboxes(by)
+      .map((r) => new Sandbox(this.ctx, r.record, undefined, undefined, r.meta ?? noMeta(r.record.id)));
   }
 
   /** @internal the rows a daemon's E2B front keeps its sessions in (sealed by it: src/e2b/sessions.ts) */

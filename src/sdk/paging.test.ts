@@ -7,6 +7,7 @@ import type { SandboxRecord } from '../store/records.js';
 import { Store } from '../store/store.js';
 import { Lab } from './lab.js';
 import { listCursor, nextCursor } from './paging.js';
+import type { ListOptions } from './api.js';
 
 // The page a lab lists is read from its store (records only, check: false): no machine is made here.
 let home: string;
@@ -130,4 +131,119 @@ it('gives each listed sandbox the labels and lifetime read with it, live again o
   expect(box!.toJSON()).toMatchObject({ labels: { team: 'y' }, metadata: { note: 'n' } });
   await expect(lab.list({ limit: 0 })).rejects.toMatchObject({ code: 'BAD_INPUT' });
   await expect(lab.list({ after: '1.a/b' })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+});
+
+const STOPPED = 'stopped (snaplab stop); its filesystem is kept: `snaplab start` runs it again';
+
+/** A record made at `at`, in a state (a stopped one: dead with stop's reason), with metadata. */
+function putMeta(id: string, at: number, state: string, metadata: Record<string, string>, owner = 'k1'): void {
+  put(id, at, {}, owner);
+  store.db
+    .prepare('UPDATE sandboxes SET state = ?, reason = ? WHERE id = ?')
+    .run(state === 'stopped' ? 'dead' : state, state === 'stopped' ? STOPPED : `${state} here`, id);
+  store.putMeta({ id, labels: {}, metadata, owner, timeoutS: null, onTimeout: null, expiresAt: null });
+}
+
+/** Every page of `limit` (ids, and whether a next page was named), following each page's cursor. */
+async function filteredPages(q: ListOptions, limit: number): Promise<string[][]> {
+  const out: string[][] = [];
+  let after: string | undefined;
+  for (;;) {
+    const page = await lab.list({ ...q, limit, check: false, ...(after ? { after } : {}) });
+    out.push(page.map((b) => b.id));
+    after = nextCursor(page, limit);
+    if (after === undefined) return out;
+  }
+}
+
+const chunks = (ids: string[], n: number): string[][] => {
+  const out: string[][] = [];
+  for (let i = 0; i < ids.length; i += n) out.push(ids.slice(i, i + n));
+  // a full last page has one (empty) page after it
+  if (ids.length % n === 0) out.push([]);
+  return out;
+};
+
+it('filters by metadata, state and creation time in its one query, newest first too, each page and cursor exact', async () => {
+  // 1 100 rows with suite=wide (a filter too broad to read from its rows: the list's order is
+  // walked), 1 in 100 with user=u7 (few: read from them); states in turn; some without a
+  // template, and other keys' rows around them
+  const STATES = ['running', 'paused', 'stopped', 'dead', 'creating'];
+  const rows: { id: string; at: number; state: string; meta: Record<string, string>; owner: string }[] = [];
+  for (let i = 0; i < 1100; i++) {
+    const meta: Record<string, string> = { suite: 'wide', user: `u${i % 100}` };
+    if (i % 3) meta['e2b.template'] = i % 2 ? 'base' : 'py';
+    // ties on the creation time, broken by id
+    rows.push({
+      id: `r${String(i).padStart(4, '0')}`,
+      at: 1000 + Math.floor(i / 2),
+      state: STATES[i % 5]!,
+      meta,
+      owner: i % 11 ? 'k1' : 'k2',
+    });
+  }
+  store.db.transaction(() => {
+    for (const r of rows) putMeta(r.id, r.at, r.state, r.meta, r.owner);
+  })();
+  const want = (keep: (r: (typeof rows)[number]) => boolean, desc: boolean): string[] => {
+    const out = rows.filter(keep).sort((a, b) => a.at - b.at || (a.id < b.id ? -1 : 1));
+    return (desc ? out.reverse() : out).map((r) => r.id);
+  };
+  const e2bPaused = new Set(['paused', 'stopped']);
+  // selective (read from its rows), newest first, with state and a start, as the E2B front asks
+  const q1: ListOptions = {
+    owner: 'k1',
+    metadata: { user: 'u7' },
+    state: ['paused', 'stopped'],
+    createdSince: 1100,
+    order: 'desc',
+  };
+  const w1 = want((r) => r.owner === 'k1' && r.meta.user === 'u7' && e2bPaused.has(r.state) && r.at >= 1100, true);
+  expect(w1.length).toBeGreaterThan(2);
+  expect(await filteredPages(q1, 2)).toEqual(chunks(w1, 2));
+  // broad (1 100 rows: walked in the list's order), oldest first, and one that keeps rows without a key
+  const q2: ListOptions = {
+    owner: 'k1',
+    metadata: { suite: 'wide', 'e2b.template': ['py', null] },
+    state: ['running'],
+  };
+  const w2 = want((r) => r.owner === 'k1' && r.meta['e2b.template'] !== 'base' && r.state === 'running', false);
+  expect(w2.length).toBeGreaterThan(30);
+  expect(await filteredPages(q2, 7)).toEqual(chunks(w2, 7));
+  expect(await filteredPages({ ...q2, order: 'desc' }, 50)).toEqual(chunks([...w2].reverse(), 50));
+  // one of several values, or without the key (null): E2B's `base` template, shown for none
+  const q3: ListOptions = { owner: 'k2', metadata: { 'e2b.template': ['base', null], user: ['u0', 'u1', 'u22'] } };
+  const w3 = want(
+    (r) =>
+      r.owner === 'k2' && (r.meta['e2b.template'] ?? 'base') === 'base' && ['u0', 'u1', 'u22'].includes(r.meta.user!),
+    false,
+  );
+  expect(w3.length).toBeGreaterThan(1);
+  expect((await lab.list({ ...q3, check: false })).map((b) => b.id)).toEqual(w3);
+  // `stopped` is not `dead`: each its own; none asked, none given
+  const dead = await lab.list({ state: ['dead'], createdSince: 1540, check: false });
+  expect(dead.map((b) => b.id)).toEqual(want((r) => r.state === 'dead' && r.at >= 1540, false));
+  expect(dead.every((b) => !b.stopped)).toBe(true);
+  const stopped = await lab.list({ state: ['stopped'], createdSince: 1540, check: false });
+  expect(stopped.map((b) => b.id)).toEqual(want((r) => r.state === 'stopped' && r.at >= 1540, false));
+  expect(stopped.every((b) => b.stopped)).toBe(true);
+  expect(await lab.list({ state: [], check: false })).toEqual([]);
+  expect(await lab.list({ metadata: { user: [] }, check: false })).toEqual([]);
+  // the side table follows the metadata: changed, and removed with its sandbox
+  const [first] = await lab.list({ metadata: { user: 'u7' }, limit: 1, check: false });
+  await first!.setLabels({ metadata: { user: 'moved' } });
+  expect((await lab.list({ metadata: { user: 'moved' }, check: false })).map((b) => b.id)).toEqual([first!.id]);
+  expect((await lab.list({ metadata: { user: 'u7' }, check: false })).map((b) => b.id)).not.toContain(first!.id);
+  store.deleteSandbox(first!.id);
+  expect(await lab.list({ metadata: { user: 'moved' }, check: false })).toEqual([]);
+  expect(store.db.prepare('SELECT COUNT(*) AS n FROM sandbox_metadata WHERE id = ?').get(first!.id)).toEqual({ n: 0 });
+  // what no list can have is refused before any work
+  for (const bad of [
+    { state: ['asleep'] },
+    { metadata: { user: 7 } },
+    { metadata: { user: [1] } },
+    { order: 'up' },
+    { createdSince: 1.5 },
+  ])
+    await expect(lab.list(bad as ListOptions)).rejects.toMatchObject({ code: 'BAD_INPUT' });
 });

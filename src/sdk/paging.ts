@@ -6,10 +6,12 @@
  * sandbox that comes into a list while a client pages through it (made, or taken from a pool by
  * this key, which keeps its standby's creation time) is seen only if it sorts after the cursor.
  * A lab reads its page in this order from its store, only the page's rows (Store.pageSandboxes: a
- * keyset query on an index of creation time and id); `pageOf` pages a list already in hand (a
- * gateway's merge of its nodes' pages, the E2B front's filtered list).
+ * keyset query on an index of creation time and id), with every filter of ListOptions in the same
+ * statement; `pageOf` pages a list already in hand (a gateway's merge of its nodes' pages), and
+ * `listFilter` filters what a gateway holds of its own (its absent sandboxes) as a store does.
  */
 import { SnaplabError } from '../errors.js';
+import type { ListOptions, ListState } from './api.js';
 
 export interface Listed {
   readonly id: string;
@@ -59,4 +61,61 @@ export function pageOf<T extends Listed>(all: T[], opts: PageAsked): T[] {
   const sorted = [...all].sort((a, b) => sign * before(a, b));
   const rest = from ? sorted.filter((b) => sign * before(b, from) > 0) : sorted;
   return opts.limit === undefined ? rest : rest.slice(0, opts.limit);
+}
+
+export const LIST_STATES: readonly ListState[] = ['creating', 'running', 'paused', 'stopped', 'dead', 'removing'];
+
+const badList = (what: string, hint: string): SnaplabError =>
+  new SnaplabError('BAD_INPUT', `invalid list ${what}`, hint);
+
+/**
+ * Throws BAD_INPUT for list options no list can have (checkPage's, and the filters': a state
+ * that is not a ListState, metadata values that are not strings or lists of strings and null, a
+ * time that is not a whole number of ms, an order that is neither asc nor desc).
+ */
+export function checkList(opts: ListOptions): Listed | undefined {
+  const from = checkPage(opts);
+  for (const st of opts.state ?? [])
+    if (!LIST_STATES.includes(st)) throw badList(`state ${JSON.stringify(st)}`, `one of ${LIST_STATES.join(', ')}`);
+  for (const [k, v] of Object.entries(opts.metadata ?? {})) {
+    const ok =
+      typeof v === 'string' || (Array.isArray(v) && v.every((x: unknown) => typeof x === 'string' || x === null));
+    if (!ok)
+      throw badList(
+        `metadata filter ${JSON.stringify(k)}`,
+        'give each key a string, or a list of strings (null among them: or without the key)',
+      );
+  }
+  if (opts.createdSince !== undefined && !Number.isSafeInteger(opts.createdSince))
+    throw badList(`createdSince ${opts.createdSince}`, 'a time in ms since the epoch (a whole number)');
+  if (opts.order !== undefined && opts.order !== 'asc' && opts.order !== 'desc')
+    throw badList(`order ${JSON.stringify(opts.order)}`, 'asc (oldest first) or desc (newest first)');
+  return from;
+}
+
+/** A metadata filter's alternatives for one key (null: without the key). */
+export const alternatives = (v: string | readonly (string | null)[]): readonly (string | null)[] =>
+  typeof v === 'string' ? [v] : v;
+
+/** What a list filters a sandbox by. */
+export interface Filtered extends Listed {
+  readonly state: string;
+  readonly stopped: boolean;
+  readonly metadata: Record<string, string>;
+}
+
+/** Its state as a list filters it (ListState; a state no list names, e.g. a gateway's `lost`, as it is). */
+export const listStateOf = (b: Filtered): string => (b.stopped ? 'stopped' : b.state);
+
+/**
+ * Does `b` pass the filters of ListOptions this module knows (metadata, state, createdSince)? For a
+ * list a gateway holds itself; a lab's store runs the same filters in SQL (Store.pageSandboxes).
+ */
+export function listFilter(opts: ListOptions): (b: Filtered) => boolean {
+  const meta = Object.entries(opts.metadata ?? {}).map(([k, v]) => [k, alternatives(v)] as const);
+  const states = opts.state && new Set<string>(opts.state);
+  return (b) =>
+    (states === undefined || states.has(listStateOf(b))) &&
+    (opts.createdSince === undefined || b.createdAt >= opts.createdSince) &&
+    meta.every(([k, alts]) => alts.includes(Object.hasOwn(b.metadata, k) ? b.metadata[k]! : null));
 }

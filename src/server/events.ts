@@ -2,11 +2,12 @@
  * The event log behind `GET /events`: created, ready, paused, resumed, stopped, started, exited,
  * destroyed, failed, timeout, each with the sandbox, a reason and an id that only grows. Kept in the store, so a
  * client resumes with Last-Event-ID across a daemon restart. What the daemon does it records as
- * it does it; what other processes do (the CLI, the library) a watcher finds by comparing the
- * store with what it saw last, once a second, and records with the reason it can give.
+ * it does it; what other processes do (the CLI, the library) a watcher finds in what changed in
+ * the store since it looked last (Lab.changes), once a second, and records with the reason it can give.
  */
 import { EventEmitter } from 'node:events';
 import type { EventJournal, EventRecord } from './served-lab.js';
+import type { WatchMark } from '../store/store.js';
 
 type SandboxState = 'creating' | 'running' | 'paused' | 'dead' | 'removing';
 
@@ -17,7 +18,7 @@ export interface Told {
   owner?: string | null;
 }
 
-/** What the watcher reads of each sandbox (as `lab.list({ check: false })` gives it). */
+/** What the watcher reads of each sandbox (as Lab.changes gives it, the records as they stand). */
 export interface Watched extends Told {
   name: string;
   state: string;
@@ -62,6 +63,8 @@ export class EventLog extends EventEmitter {
   readonly busy = new Set<string>();
   /** pool standbys the daemon is taking now: one the watcher finds taken is left to it */
   taking = 0;
+  /** where the watcher got to, as last kept in the journal */
+  private kept: WatchMark | undefined;
 
   constructor(private readonly journal: EventJournal) {
     super();
@@ -127,23 +130,32 @@ export class EventLog extends EventEmitter {
     if (box.owner) this.owners.set(box.id, box.owner);
   }
 
-  /** Compare the store with what was last told; record what changed behind the daemon's back. */
-  watch(records: Watched[]): void {
+  /** Where the watcher got to in the lab's changes when the log was last kept (a restart reads on from there). */
+  watchedTo(): WatchMark | undefined {
+    return (this.kept = this.journal.watched());
+  }
+
+  /**
+   * Compare what changed (Lab.changes: the records read, every one when `complete`, a known
+   * sandbox not among them then gone; the ids removed) with what was last told; record what
+   * changed behind the daemon's back, then keep where the log got to. Those it leaves to the daemon
+   * for now (being made, changed or taken here) are kept with it: the next pass reads them again,
+   * changed or not. Returns where to read on from.
+   */
+  watch(changes: { mark: number; complete: boolean; sandboxes: Watched[]; removed: readonly string[] }): WatchMark {
+    const again: string[] = [];
     const seen = new Set<string>();
-    for (const r of records) {
+    for (const r of changes.sandboxes) {
       seen.add(r.id);
-      // standbys of a pool are not anyone's sandboxes until taken (pool runs use them unseen)
-      if (
-        r.pool !== null ||
-        r.state === 'creating' ||
-        r.state === 'removing' ||
-        this.making.has(r.name) ||
-        this.busy.has(r.id)
-      )
-        continue;
+      // standbys of a pool are not anyone's sandboxes until taken (pool runs use them unseen); a
+      // create or a removal ends in a change of state, read then
+      if (r.pool !== null || r.state === 'creating' || r.state === 'removing') continue;
       // a standby a create here is taking: out of its pool, its owner not yet set (the create
       // records it when it returns); another sandbox without an owner is told of on a later pass
-      if (this.taking && !this.known.has(r.id) && !r.owner) continue;
+      if (this.making.has(r.name) || this.busy.has(r.id) || (this.taking && !this.known.has(r.id) && !r.owner)) {
+        again.push(r.id);
+        continue;
+      }
       const was = this.known.get(r.id);
       if (was === undefined) {
         this.record('created', r, 'made outside the daemon');
@@ -152,9 +164,18 @@ export class EventLog extends EventEmitter {
         this.record(changeEvent(was, r), r, r.reason ?? (r.pool ? `pool ${r.pool}` : 'outside the daemon'));
       }
     }
-    for (const id of [...this.known.keys()]) {
-      if (!seen.has(id) && !this.busy.has(id)) this.record('destroyed', { id }, 'removed outside the daemon');
+    const gone = changes.complete
+      ? [...this.known.keys()].filter((id) => !seen.has(id))
+      : changes.removed.filter((id) => this.known.has(id));
+    for (const id of gone) {
+      if (this.busy.has(id)) again.push(id);
+      else this.record('destroyed', { id }, 'removed outside the daemon');
     }
+    const to = { mark: changes.mark, again };
+    // kept when it moved (an idle daemon writes nothing)
+    if (to.mark !== this.kept?.mark || to.again.join() !== this.kept.again.join()) this.journal.setWatched(to);
+    this.kept = to;
+    return to;
   }
 
   after(id: number, limit?: number): EventRecord[] {

@@ -6,7 +6,8 @@
  * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
  * to the caller, whose nodes do the same.
  */
-import { nextCursor } from '../sdk/paging.js';
+import { LIST_STATES, nextCursor } from '../sdk/paging.js';
+import type { ListOptions, ListState } from '../sdk/api.js';
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
@@ -186,6 +187,21 @@ function lifecycleRoutes(app: FastifyInstance, h: RouteHost): void {
   );
 }
 
+/** A list's `metadata` query (JSON, as RemoteLab sends it): its shape is checked by the lab's list (checkList). */
+function metadataFilter(text: string): NonNullable<ListOptions['metadata']> {
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch (e) {
+    throw new SnaplabError('BAD_INPUT', 'the metadata filter is not JSON', 'send metadata={"key":"value"}', {
+      cause: e,
+    });
+  }
+  if (typeof v !== 'object' || v === null || Array.isArray(v))
+    throw new SnaplabError('BAD_INPUT', 'the metadata filter is not a JSON object', 'send metadata={"key":"value"}');
+  return v as NonNullable<ListOptions['metadata']>;
+}
+
 /** The sandboxes a caller may see (a cluster's: asked of every node and merged), and a check pass. */
 function listRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
@@ -195,10 +211,23 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
       schema: {
         tags: ['sandboxes'],
         summary:
-          'List sandboxes, oldest first; `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none); `check=false` reads the records without checking the host; `limit` and `after` page it (X-Next-Cursor names the next page)',
+          'List sandboxes, oldest first (`order=desc`: newest first); `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none), `metadata` (JSON) those with every metadata key=value, `state=a,b` those in one of these states, `createdSince=MS` those made since; `check=false` reads the records without checking the host; `limit` and `after` page it (X-Next-Cursor names the next page)',
         querystring: Type.Object({
           label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
           owner: Type.Optional(Type.String()),
+          metadata: Type.Optional(
+            Type.String({
+              description:
+                'JSON: {"k": "v", "k2": ["a", "b", null]}: every key has this value, or one of these (null: or has no such key)',
+            }),
+          ),
+          state: Type.Optional(
+            Type.String({
+              description: `comma-separated, any of ${LIST_STATES.join(', ')} (stopped: dead by stop; dead: any other dead one); empty: none`,
+            }),
+          ),
+          createdSince: Type.Optional(Type.Integer({ description: 'made at or after this time, ms since the epoch' })),
+          order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')])),
           check: Type.Optional(Type.Boolean()),
           limit: Type.Optional(
             Type.Integer({ minimum: 1, maximum: 10_000, description: 'a page of at most this many, oldest first' }),
@@ -214,6 +243,10 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
       const q = req.query as {
         label?: string | string[];
         owner?: string;
+        metadata?: string;
+        state?: string;
+        createdSince?: number;
+        order?: 'asc' | 'desc';
         check?: boolean;
         limit?: number;
         after?: string;
@@ -223,9 +256,17 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
       const mine = h.ownedBy(req.caller);
       // a key without admin sees its own: asking for another's gives nothing
       if (mine !== undefined && asked !== undefined && asked !== mine) return [];
-      const boxes = await h
-        .labFor(req.caller)
-        .list({ labels, owner: mine ?? asked, check: q.check, limit: q.limit, after: q.after });
+      const boxes = await h.labFor(req.caller).list({
+        labels,
+        owner: mine ?? asked,
+        ...(q.metadata !== undefined ? { metadata: metadataFilter(q.metadata) } : {}),
+        ...(q.state !== undefined ? { state: q.state.split(',').filter(Boolean) as ListState[] } : {}),
+        ...(q.createdSince !== undefined ? { createdSince: q.createdSince } : {}),
+        ...(q.order !== undefined ? { order: q.order } : {}),
+        check: q.check,
+        limit: q.limit,
+        after: q.after,
+      });
       // a full page may have a next one: its cursor (none after a shorter page)
       const next = nextCursor(boxes, q.limit);
       if (next !== undefined) reply.header('x-next-cursor', next);

@@ -25,6 +25,7 @@ import type { TraceSummary } from '../timing/trace.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { ApiKeyRecord, EventRecord, SessionRows } from '../store/records.js';
+import type { WatchMark } from '../store/store.js';
 import type { KeyOptions } from '../lab/keys.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { Caller } from './keys.js';
@@ -37,6 +38,9 @@ export interface EventJournal {
   append(e: Omit<EventRecord, 'id'>): EventRecord;
   after(id: number, limit?: number): EventRecord[];
   lastId(): number;
+  /** where the log's watcher got to in the lab's changes (Lab.changes), kept with the log */
+  watched(): WatchMark | undefined;
+  setWatched(m: WatchMark): void;
 }
 
 /** Who a server makes a sandbox for (the caller's key), and a bound on how long it may take. */
@@ -74,6 +78,8 @@ export interface ServedLab
       | 'scenarios'
       | 'capabilities'
       | 'egressTotals'
+      | 'changes'
+      | 'expired'
     > {
   create(opts?: LabCreateOptions & Served): Promise<SandboxApi>;
   restore(snapshot: string, opts?: ServedRestore): Promise<SandboxApi>;

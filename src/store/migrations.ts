@@ -245,4 +245,64 @@ export const migrations: string[] = [
   `
   CREATE INDEX IF NOT EXISTS sandboxes_created ON sandboxes(created_at, id);
   `,
+  // a sandbox's metadata a row a key (its text values), for a list's metadata filter (store.ts
+  // pageSandboxes): a filter few rows pass is read from its index, not walked to through every
+  // row's JSON. Kept by triggers from sandbox_meta.metadata, which stays the record: whoever writes
+  // that (any process, any version from this one on) keeps this true. (putMeta's INSERT OR REPLACE
+  // fires no delete trigger: the insert's first clears the id's rows.)
+  `
+  CREATE TABLE sandbox_metadata (
+    id     TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    PRIMARY KEY (key, value, id)
+  ) WITHOUT ROWID;
+  CREATE INDEX sandbox_metadata_id ON sandbox_metadata(id);
+  CREATE TRIGGER sandbox_metadata_insert AFTER INSERT ON sandbox_meta BEGIN
+    DELETE FROM sandbox_metadata WHERE id = NEW.id;
+    INSERT OR IGNORE INTO sandbox_metadata (id, key, value)
+      SELECT NEW.id, key, value FROM json_each(NEW.metadata) WHERE type = 'text';
+  END;
+  CREATE TRIGGER sandbox_metadata_update AFTER UPDATE OF id, metadata ON sandbox_meta BEGIN
+    DELETE FROM sandbox_metadata WHERE id = OLD.id;
+    INSERT OR IGNORE INTO sandbox_metadata (id, key, value)
+      SELECT NEW.id, key, value FROM json_each(NEW.metadata) WHERE type = 'text';
+  END;
+  CREATE TRIGGER sandbox_metadata_delete AFTER DELETE ON sandbox_meta BEGIN
+    DELETE FROM sandbox_metadata WHERE id = OLD.id;
+  END;
+  INSERT OR IGNORE INTO sandbox_metadata (id, key, value)
+    SELECT m.id, j.key, j.value FROM sandbox_meta m, json_each(m.metadata) j WHERE j.type = 'text';
+  `,
+  // what changed among the sandboxes, for a reader that keeps up (a daemon's tick: Store.sandboxChanges):
+  // an insert, a change of state, reason, name or pool, and a delete each take the next seq, one row
+  // per sandbox (its last change; gone = 1 once deleted), so a reader asks for what came after the
+  // seq it read last instead of every record. Kept by triggers, whoever writes; a deleted sandbox's
+  // row is kept for 100 000 changes (a reader further behind reads everything). And the due
+  // timeouts, read by their end (Store.expiredSandboxes), not found in every record. watch_marks:
+  // where a reader (the daemon's event log) got to, so that a restart reads on from there.
+  `
+  CREATE TABLE sandbox_changes (
+    seq   INTEGER PRIMARY KEY AUTOINCREMENT,
+    id    TEXT NOT NULL UNIQUE,
+    gone  INTEGER NOT NULL DEFAULT 0
+  );
+  CREATE INDEX sandbox_changes_gone ON sandbox_changes(seq) WHERE gone = 1;
+  CREATE TRIGGER sandbox_changes_insert AFTER INSERT ON sandboxes BEGIN
+    INSERT OR REPLACE INTO sandbox_changes (id, gone) VALUES (NEW.id, 0);
+  END;
+  CREATE TRIGGER sandbox_changes_update AFTER UPDATE OF state, reason, name, pool ON sandboxes BEGIN
+    INSERT OR REPLACE INTO sandbox_changes (id, gone) VALUES (NEW.id, 0);
+  END;
+  CREATE TRIGGER sandbox_changes_delete AFTER DELETE ON sandboxes BEGIN
+    INSERT OR REPLACE INTO sandbox_changes (id, gone) VALUES (OLD.id, 1);
+    DELETE FROM sandbox_changes WHERE gone = 1 AND seq < (SELECT MAX(seq) FROM sandbox_changes) - 100000;
+  END;
+  CREATE INDEX sandbox_meta_expires ON sandbox_meta(expires_at);
+  CREATE TABLE watch_marks (
+    name   TEXT PRIMARY KEY,
+    mark   INTEGER NOT NULL,
+    again  TEXT NOT NULL
+  );
+  `,
 ];

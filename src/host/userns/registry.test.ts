@@ -3,7 +3,15 @@ import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from 'nod
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf, tierSlots } from './id-ranges.js';
-import { REGISTRY, claimRange, rangesOf, releaseRange, removeDeadClaimWrites } from './registry.js';
+import {
+  REGISTRY,
+  claimRange,
+  rangesOf,
+  registryNames,
+  releaseRange,
+  removeDeadClaimWrites,
+  staleClaims,
+} from './registry.js';
 
 // The host-wide registry itself (/run/snaplab/userns, real files), in a window of a few slots of
 // the high stretch picked at random (SNAPLAB_USERNS_IDS), where nothing else on the host claims.
@@ -79,13 +87,48 @@ describe('uid ranges', () => {
     const lo = window(2);
     mkdirSync(join(REGISTRY, String(lo)));
     mkdirSync(join(REGISTRY, String(lo + USERNS_SIZE)));
-    expect(await removeDeadClaimWrites()).toContain(join(REGISTRY, String(lo)));
+    expect(await removeDeadClaimWrites(await registryNames())).toContain(join(REGISTRY, String(lo)));
     expect(existsSync(join(REGISTRY, String(lo)))).toBe(false);
     expect(existsSync(join(REGISTRY, String(lo + USERNS_SIZE)))).toBe(false);
     mkdirSync(join(REGISTRY, String(lo)));
     mkdirSync(join(REGISTRY, String(lo + USERNS_SIZE)));
     const bases = [await claim('w1'), await claim('w2')];
     expect(bases.sort()).toEqual([lo, lo + USERNS_SIZE]);
+  });
+
+  it("gc reads no claim of a range its home's records hold (by name), and finds one none holds", async () => {
+    window(4);
+    const held = await claim('held', 4096);
+    const lost = await claim('lost');
+    const names = await registryNames();
+    expect(names.claims.filter((c) => c.base === held || c.base === lost).map((c) => c.size)).toEqual(
+      expect.arrayContaining([4096, USERNS_SIZE]),
+    );
+    // every holder denied, no grace: a claim read is a claim given back; the recorded one is not read
+    const recorded = (base: number, size: number): boolean => base === held && size === 4096;
+    const stale = await staleClaims(
+      HOME,
+      names,
+      recorded,
+      () => false,
+      async () => true,
+      0,
+    );
+    expect(stale.filter((c) => c.home === HOME).map((c) => c.id)).toEqual(['lost']);
+    const all = await staleClaims(
+      HOME,
+      names,
+      () => false,
+      () => false,
+      async () => true,
+      0,
+    );
+    expect(
+      all
+        .filter((c) => c.home === HOME)
+        .map((c) => c.id)
+        .sort(),
+    ).toEqual(['held', 'lost']);
   });
 
   it('a claim file of another (older) version in a slot is never shared', async () => {

@@ -243,27 +243,56 @@ function parseHolder(text: string): Holder | undefined {
 }
 
 /**
+ * The registry's names, read once a pass (gc): every claim file, whole slots and the ranges in
+ * split slots (named `<first id>` and `<slot>/<first id>.<size>`: nothing is read of them here),
+ * the split slots it found empty, and the claims being written (`.tmp-PID-…`).
+ */
+export interface RegistryNames {
+  claims: { path: string; base: number; size: number }[];
+  emptySlots: string[];
+  writes: { path: string; pid: number }[];
+}
+
+export async function registryNames(): Promise<RegistryNames> {
+  const out: RegistryNames = { claims: [], emptySlots: [], writes: [] };
+  for (const d of await readdir(REGISTRY, { withFileTypes: true }).catch(orElse([], 'readdir', 'ENOENT'))) {
+    const path = join(REGISTRY, d.name);
+    const tmp = /^\.tmp-(\d+)-/.exec(d.name);
+    if (tmp) out.writes.push({ path, pid: Number(tmp[1]) });
+    if (!/^\d+$/.test(d.name)) continue; // a claim being written (above), a hint (.open-…)
+    if (!d.isDirectory()) {
+      out.claims.push({ path, base: Number(d.name), size: USERNS_SIZE });
+      continue;
+    }
+    const parts = await readdir(path).catch(orElse(undefined, `readdir ${path}`, 'ENOENT'));
+    if (parts?.length === 0) out.emptySlots.push(path);
+    for (const f of parts ?? []) {
+      const m = /^(\d+)\.(\d+)$/.exec(f);
+      if (m) out.claims.push({ path: join(path, f), base: Number(m[1]), size: Number(m[2]) });
+    }
+  }
+  return out;
+}
+
+/**
  * Claims a process began and never linked into place: it died between creating its `.tmp-PID-…`
  * file and removing it (a test worker torn down mid-create left empty ones). Removed once that
  * pid is gone; they hold no range. And split slots with no range left in them (a claimer that gave
  * way, or died between mkdir and link): rmdir removes only an empty one.
  */
-export async function removeDeadClaimWrites(): Promise<string[]> {
+export async function removeDeadClaimWrites(names: RegistryNames): Promise<string[]> {
   const removed: string[] = [];
-  for (const d of await readdir(REGISTRY, { withFileTypes: true }).catch(orElse([], 'readdir', 'ENOENT'))) {
-    const path = join(REGISTRY, d.name);
-    if (d.isDirectory() && /^\d+$/.test(d.name)) {
-      const gone = await rmdir(path).then(
-        () => true,
-        orElse(false, `remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'),
-      );
-      if (gone) removed.push(path);
-      continue;
-    }
-    const m = /^\.tmp-(\d+)-/.exec(d.name);
-    if (!m || (await pidAlive(Number(m[1])))) continue;
-    await unlink(path).catch(noted(`remove stale ${d.name}`, 'ENOENT'));
-    removed.push(path);
+  for (const path of names.emptySlots) {
+    const gone = await rmdir(path).then(
+      () => true,
+      orElse(false, `remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'),
+    );
+    if (gone) removed.push(path);
+  }
+  for (const w of names.writes) {
+    if (await pidAlive(w.pid)) continue;
+    await unlink(w.path).catch(noted(`remove stale ${w.path}`, 'ENOENT'));
+    removed.push(w.path);
   }
   return removed;
 }
@@ -280,30 +309,20 @@ interface Claim extends Holder {
 const READ_BATCH = 256;
 
 /**
- * Every claim in the registry: whole slots (files), and the ranges in split slots (directories).
- * The registry is host-wide (every home's sandboxes: thousands), so its files are read
- * synchronously, a batch per turn of the event loop: a tiny file on tmpfs is read in microseconds,
- * one awaited read at a time took milliseconds each on a busy host (a gc with nothing to do spent
- * seconds here beside another home's thousands of sandboxes).
+ * The claims among `names` (every one when `skip` is not given): their files read. The registry is
+ * host-wide (every home's sandboxes: thousands), so its files are read synchronously, a batch per
+ * turn of the event loop: a tiny file on tmpfs is read in microseconds, one awaited read at a time
+ * took milliseconds each on a busy host.
  */
-async function claims(): Promise<Claim[]> {
-  const files: [string, number, number][] = [];
-  for (const d of await readdir(REGISTRY, { withFileTypes: true }).catch(orElse([], 'readdir', 'ENOENT'))) {
-    if (!/^\d+$/.test(d.name)) continue; // a claim being written (.tmp-…), a hint (.open-…)
-    const path = join(REGISTRY, d.name);
-    if (!d.isDirectory()) {
-      files.push([path, Number(d.name), USERNS_SIZE]);
-      continue;
-    }
-    for (const f of await readdir(path).catch(orElse([] as string[], `readdir ${path}`, 'ENOENT'))) {
-      const m = /^(\d+)\.(\d+)$/.exec(f);
-      if (m) files.push([join(path, f), Number(m[1]), Number(m[2])]);
-    }
-  }
+async function claims(
+  names: RegistryNames['claims'],
+  skip: (base: number, size: number) => boolean = () => false,
+): Promise<Claim[]> {
   const out: Claim[] = [];
-  for (let i = 0; i < files.length; i++) {
-    if (i > 0 && i % READ_BATCH === 0) await new Promise<void>((r) => setImmediate(r));
-    const [path, base, size] = files[i]!;
+  let read = 0;
+  for (const { path, base, size } of names) {
+    if (skip(base, size)) continue;
+    if (++read % READ_BATCH === 0) await new Promise<void>((r) => setImmediate(r));
     const h = readHolder(path);
     if (h) out.push({ ...h, base, size, path });
   }
@@ -328,16 +347,23 @@ async function ageOf(path: string): Promise<number> {
 
 /** The ranges `home` holds in the registry, first id → holder (a sandbox id, or a scenario machine's). */
 export async function rangesOf(home: string): Promise<Map<number, string>> {
-  return new Map((await claims()).filter((c) => c.home === home).map((c) => [c.base, c.id]));
+  return new Map(
+    (await claims((await registryNames()).claims)).filter((c) => c.home === home).map((c) => [c.base, c.id]),
+  );
 }
 
 /**
  * The claims gc may give back: `home`'s whose holder `isHeld` denies, unless the claim is young and
  * its claimer alive, this process included (a create claims its range a moment before it writes
  * its record); and any home's that no longer exists, once nothing of the holder runs (`running`).
+ * A claim of a range `recorded` says this home's records hold (first id and size: one claim per
+ * range on the host, so it is theirs) is not read: a gc with nothing to do reads no claim of its
+ * own sandboxes; what a crash leaves (a claim no record holds) is read and found as before.
  */
 export async function staleClaims(
   home: string,
+  names: RegistryNames,
+  recorded: (base: number, size: number) => boolean,
   isHeld: (id: string) => boolean,
   running: (id: string) => Promise<boolean>,
   graceMs: number,
@@ -346,7 +372,7 @@ export async function staleClaims(
   // whether another home still exists, asked once per home (thousands of claims name a few homes)
   const homes = new Map<string, boolean>();
   const exists = (h: string): boolean => homes.get(h) ?? homes.set(h, existsSync(h)).get(h)!;
-  for (const c of await claims()) {
+  for (const c of await claims(names.claims, recorded)) {
     if (c.home === home) {
       if (isHeld(c.id)) continue;
       if (c.pid !== undefined && (await ageOf(c.path)) < graceMs && (await pidAlive(c.pid))) continue;

@@ -20,10 +20,12 @@ export interface Checked {
  * removal, not a second probe of every machine.
  */
 export async function checkSandboxes(ctx: LabContext, reconciled = false): Promise<Checked> {
+  // (the records reconcile has something to ask of: a dead one has nothing; thousands of stopped
+  // machines are not read every pass)
   if (!reconciled)
     await Promise.all(
       ctx.store
-        .listSandboxes()
+        .unsettledSandboxes()
         .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
     );
   const removed: Checked['removed'] = [];

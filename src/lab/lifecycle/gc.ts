@@ -13,7 +13,14 @@ import { STORAGE_KINDS } from '../context.js';
 import { collectScenarios } from '../../scenario/gc.js';
 import { collecting, liveInflight } from './inflight.js';
 import { reconcile } from './reconcile.js';
-import { machineOf, releaseRange, removeDeadClaimWrites, staleClaims } from '../../host/userns/registry.js';
+import {
+  machineOf,
+  registryNames,
+  releaseRange,
+  removeDeadClaimWrites,
+  staleClaims,
+} from '../../host/userns/registry.js';
+import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
 import { machineNetns } from '../../scenario/names.js';
 import { snaplabCgroupsOf, snaplabParents } from '../../host/cgroups/host.js';
 import { listSnaplabNetns } from '../../host/net/netns.js';
@@ -77,13 +84,22 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     netns ??= listSnaplabNetns().then((l) => new Set(l));
     return (await netns).has(machineNetns(machine.sid, machine.index, machine.copy));
   };
-  for (const f of await trace.phase('userns writes', () => removeDeadClaimWrites()))
+  // the registry's names, read once (its claims' files are read below only where they must be)
+  const names = await trace.phase('userns registry', () => registryNames());
+  for (const f of await trace.phase('userns writes', () => removeDeadClaimWrites(names)))
     removed.push(
       /\/\.tmp-/.test(f)
         ? `unfinished user namespace claim ${f} (its process is gone)`
         : `empty split user namespace slot ${f}`,
     );
-  for (const c of await trace.phase('userns claims', () => staleClaims(ctx.home, isHeld, running, CLAIM_GRACE_MS))) {
+  // the ranges this home's sandboxes record are theirs: those claims are not read (a scenario's
+  // machines' ranges are the scenario's, asked of its claim)
+  const recorded = new Set(ctx.store.sandboxRanges().map(([base, ids]) => `${base}.${ids ?? USERNS_SIZE}`));
+  const mine = (base: number, size: number): boolean => recorded.has(`${base}.${size}`);
+  const stale = await trace.phase('userns claims', () =>
+    staleClaims(ctx.home, names, mine, isHeld, running, CLAIM_GRACE_MS),
+  );
+  for (const c of stale) {
     await releaseRange(c.base, c.home, c.id, c.size);
     removed.push(
       `user namespace range ${c.base} (${machineOf(c.id) ? c.id : `sandbox ${c.id}`}${c.home === ctx.home ? '' : ` of ${c.home}, which is gone`})`,

@@ -18,8 +18,11 @@ export const STOPPED = 'stopped (snaplab stop); its filesystem is kept: `snaplab
  */
 const STOPPED_BEFORE_START = 'stopped (snaplab stop); its filesystem is kept';
 
+/** The reasons a stopped machine's record may carry (a list's `stopped` filters by them in SQL). */
+export const STOPPED_REASONS: readonly string[] = [STOPPED, STOPPED_BEFORE_START];
+
 export const isStopped = (s: Pick<SandboxRecord, 'state' | 'reason'>): boolean =>
-  s.state === 'dead' && (s.reason === STOPPED || s.reason === STOPPED_BEFORE_START);
+  s.state === 'dead' && s.reason !== null && STOPPED_REASONS.includes(s.reason);
 
 /**
  * Run `fn` holding the sandbox's state lock, with its record as it is now: pause, resume,

@@ -1,0 +1,126 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, expect, it, vi } from 'vitest';
+import { openDb } from '../store/db.js';
+import type { SandboxRecord } from '../store/records.js';
+import { Store } from '../store/store.js';
+import { Lab } from '../sdk/lab.js';
+import { Daemon } from './daemon.js';
+
+// The daemon's tick over records only (stopped sandboxes: no machine behind them, so gc and the
+// check pass leave them be); `store` is another process's connection to the same state.db.
+const STOPPED = 'stopped (snaplab stop); its filesystem is kept: `snaplab start` runs it again';
+let home: string;
+let store: Store;
+let daemon: Daemon | undefined;
+beforeEach(() => {
+  home = mkdtempSync(join(tmpdir(), 'snaplab-tick-'));
+  store = new Store(openDb(home));
+});
+afterEach(() => {
+  daemon?.close();
+  daemon = undefined;
+  store.db.close();
+  rmSync(home, { recursive: true, force: true });
+});
+
+function put(id: string, at: number, expiresAt: number | null = null, reason = STOPPED): void {
+  const r: SandboxRecord = {
+    id,
+    name: `n-${id}`,
+    image: 'busybox',
+    storage: 'dir',
+    driver: 'namespaces',
+    state: 'dead',
+    reason,
+    volume: null,
+    pid: null,
+    pidStart: null,
+    limits: {},
+    origin: null,
+    createdAt: at,
+    pool: null,
+    scenario: null,
+    baseline: null,
+    uidBase: null,
+  };
+  expect(store.insertSandbox(r)).toBe(true);
+  const timeoutS = expiresAt === null ? null : 60;
+  store.putMeta({ id, labels: {}, metadata: {}, owner: null, timeoutS, onTimeout: 'kill', expiresAt });
+}
+
+/** A daemon on `home` whose tick runs when the test says; how many sandboxes each of its reads gave. */
+async function started(): Promise<{ d: Daemon; reads: { complete: boolean; n: number; removed: string[] }[] }> {
+  const lab = await Lab.open({ home, keepsTime: true });
+  const reads: { complete: boolean; n: number; removed: string[] }[] = [];
+  const changes = lab.changes.bind(lab);
+  vi.spyOn(lab, 'changes').mockImplementation(async (...a) => {
+    const c = await changes(...a);
+    reads.push({ complete: c.complete, n: c.sandboxes.length, removed: c.removed });
+    return c;
+  });
+  vi.spyOn(lab, 'list');
+  daemon = new Daemon(lab, { tickMs: 3_600_000 });
+  await daemon.start();
+  return { d: daemon, reads };
+}
+
+const told = (d: Daemon, after: number): string[] =>
+  d.events.after(after).map((e) => `${e.type} ${e.name ?? e.sandbox}`);
+
+it('a tick reads what changed since the last, not every record; a restart reads on from where the log got to', async () => {
+  store.db.transaction(() => {
+    for (let i = 0; i < 300; i++) put(`s${String(i).padStart(3, '0')}`, 1000 + i);
+  })();
+  const { d, reads } = await started();
+  // the first pass of a log with no place in the changes reads them all (and tells of them)
+  expect(reads).toEqual([{ complete: true, n: 300, removed: [] }]);
+  const mark = d.events.after(0).at(-1)!.id;
+  await d.tick();
+  expect(reads[1]).toEqual({ complete: false, n: 0, removed: [] });
+  // changed behind the daemon's back: one paused, one removed, one made
+  store.db.prepare("UPDATE sandboxes SET state = 'paused', reason = NULL WHERE id = 's010'").run();
+  store.deleteSandbox('s020');
+  put('t000', 5000);
+  await d.tick();
+  expect(reads[2]).toEqual({ complete: false, n: 2, removed: ['s020'] });
+  expect(told(d, mark)).toEqual(['paused n-s010', 'created n-t000', 'exited n-t000', 'destroyed n-s020']);
+  // the ticks read the changes only: never the whole list
+  expect(d.lab.list).not.toHaveBeenCalled();
+  const before = d.events.after(0).at(-1)!.id;
+  d.close();
+  daemon = undefined;
+
+  // while no daemon runs: one more removed; the next start reads that alone, and what its gc
+  // found (the paused one has no machine: dead)
+  store.deleteSandbox('s030');
+  const again = await started();
+  expect(again.reads).toEqual([{ complete: false, n: 1, removed: ['s030'] }]);
+  expect(told(again.d, before)).toEqual(['exited n-s010', 'destroyed n-s030']);
+});
+
+it('a timeout still ends its sandbox when due, read by its end; one not due is left', async () => {
+  // (dead by itself, not stopped: a stopped one's clock stands still)
+  put('a', 1000, null, 'its init process is gone');
+  put('b', 1001, Date.now() + 3_600_000, 'its init process is gone');
+  const { d, reads } = await started();
+  const mark = d.events.after(0).at(-1)?.id ?? 0;
+  // its clock set by another process (a CLI's `timeout`): due now
+  store.putMeta({
+    id: 'a',
+    labels: {},
+    metadata: {},
+    owner: null,
+    timeoutS: 1,
+    onTimeout: 'kill',
+    expiresAt: Date.now() - 1,
+  });
+  await d.tick();
+  // (the meta row is no record change: nothing was read for it but the due timeout)
+  expect(reads.at(-1)).toEqual({ complete: false, n: 0, removed: [] });
+  for (let i = 0; i < 100 && store.getSandbox('a'); i++) await new Promise((r) => setTimeout(r, 50));
+  expect(store.getSandbox('a')).toBeUndefined();
+  expect(store.getSandbox('b')).toBeDefined();
+  expect(told(d, mark)).toEqual(['timeout n-a', 'destroyed n-a']);
+});
