@@ -247,3 +247,22 @@ it('filters by metadata, state and creation time in its one query, newest first 
   ])
     await expect(lab.list(bad as ListOptions)).rejects.toMatchObject({ code: 'BAD_INPUT' });
 });
+
+it('a metadata filter is one statement whatever the number of values; past the caps, BAD_INPUT', async () => {
+  putMeta('v1', 1, 'running', { k: 'x17' });
+  putMeta('v2', 2, 'running', { k: 'other' });
+  const many = Array.from({ length: 256 }, (_, i) => `x${i}`);
+  // the lab's own store: the statements it keeps prepared
+  const labStore = (lab as unknown as { ctx: { store: Store } }).ctx.store;
+  const prepared = (): number => (labStore as unknown as { arrays: Map<string, unknown> }).arrays.size;
+  expect((await lab.list({ metadata: { k: many }, check: false })).map((b) => b.id)).toEqual(['v1']);
+  const shapes = prepared();
+  expect(shapes).toBeGreaterThan(0);
+  // another number of values: the same statement (its values are one parameter)
+  expect((await lab.list({ metadata: { k: many.slice(0, 20) }, check: false })).map((b) => b.id)).toEqual(['v1']);
+  expect((await lab.list({ metadata: { k: [...many.slice(0, 3), null] }, check: false })).map((b) => b.id)).toEqual([]);
+  expect(prepared()).toBeLessThanOrEqual(shapes + 1); // (+1: the null alternative's own shape)
+  await expect(lab.list({ metadata: { k: [...many, 'one more'] } })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+  const keys = Object.fromEntries(Array.from({ length: 33 }, (_, i) => [`k${i}`, 'v']));
+  await expect(lab.list({ metadata: keys })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+});

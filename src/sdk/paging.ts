@@ -73,11 +73,20 @@ const badList = (what: string, hint: string): SnaplabError =>
  * that is not a ListState, metadata values that are not strings or lists of strings and null, a
  * time that is not a whole number of ms, an order that is neither asc nor desc).
  */
+/** a list's filter: at most this many label and metadata keys, and this many values a metadata key */
+export const MAX_FILTER_KEYS = 32;
+export const MAX_ALTERNATIVES = 256;
+
 export function checkList(opts: ListOptions): Listed | undefined {
   const from = checkPage(opts);
   for (const st of opts.state ?? [])
     if (!LIST_STATES.includes(st)) throw badList(`state ${JSON.stringify(st)}`, `one of ${LIST_STATES.join(', ')}`);
+  const keys = Object.keys(opts.metadata ?? {}).length + Object.keys(opts.labels ?? {}).length;
+  if (keys > MAX_FILTER_KEYS)
+    throw badList(`a filter of ${keys} keys`, `at most ${MAX_FILTER_KEYS} label and metadata keys in one list`);
   for (const [k, v] of Object.entries(opts.metadata ?? {})) {
+    if (Array.isArray(v) && v.length > MAX_ALTERNATIVES)
+      throw badList(`metadata filter ${JSON.stringify(k)} of ${v.length} values`, `at most ${MAX_ALTERNATIVES} a key`);
     const ok =
       typeof v === 'string' || (Array.isArray(v) && v.every((x: unknown) => typeof x === 'string' || x === null));
     if (!ok)

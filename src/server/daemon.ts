@@ -161,7 +161,14 @@ export class Daemon implements RouteHost {
       for (const id of [...this.cache.keys()]) if (!ids.has(id)) this.evict(id);
     }
     for (const id of changes.removed) this.evict(id);
-    for (const box of changes.sandboxes) await this.startClock(box);
+    // a clock that could not be started is read again next pass (its change is not lost with the mark)
+    const failed: string[] = [];
+    for (const box of changes.sandboxes)
+      await this.startClock(box).catch((e: unknown) => {
+        failed.push(box.id);
+        this.log({ msg: 'starting a timeout clock failed', id: box.id, error: (e as Error).message });
+      });
+    if (failed.length) this.watched = this.events.retry(failed);
     const now = Date.now();
     for (const box of await this.lab.expired(now)) this.keepTime(box, now);
   }

@@ -178,6 +178,14 @@ export class EventLog extends EventEmitter {
     return to;
   }
 
+  /** Read these again on the next pass (what was done for them failed): kept with the mark. */
+  retry(ids: string[]): WatchMark | undefined {
+    if (!this.kept || !ids.length) return this.kept;
+    const to = { mark: this.kept.mark, again: [...new Set([...this.kept.again, ...ids])] };
+    this.journal.setWatched(to);
+    return (this.kept = to);
+  }
+
   after(id: number, limit?: number): EventRecord[] {
     return this.journal.after(id, limit);
   }

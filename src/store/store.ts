@@ -450,20 +450,22 @@ export class Store {
     }
     const meta = Object.entries(q.metadata ?? {});
     const drive = this.drivingFilter(meta);
+    // a key's alternatives are one JSON parameter: the statement's text has a shape of its own per
+    // number of keys only (each kept prepared), never per number of values a caller sends
     for (const [k, alts] of meta) {
       const values = alts.filter((x): x is string => x !== null);
-      const marks = values.map(() => '?').join(', ');
+      const marks = 'SELECT value FROM json_each(?)';
       if (k === drive) {
         // few rows have it: read from them (the side table's primary key), not walked to
         where.push(`s.id IN (SELECT id FROM sandbox_metadata WHERE key = ? AND value IN (${marks}))`);
-        args.push(k, ...values);
+        args.push(k, JSON.stringify(values));
         continue;
       }
       const has = `EXISTS (SELECT 1 FROM sandbox_metadata x WHERE x.id = s.id AND x.key = ? AND x.value IN (${marks}))`;
       const lacks = 'NOT EXISTS (SELECT 1 FROM sandbox_metadata x WHERE x.id = s.id AND x.key = ?)';
       const conds = [...(values.length ? [has] : []), ...(values.length < alts.length ? [lacks] : [])];
       where.push(conds.length ? `(${conds.join(' OR ')})` : '0');
-      if (values.length) args.push(k, ...values);
+      if (values.length) args.push(k, JSON.stringify(values));
       if (values.length < alts.length) args.push(k);
     }
     if (q.limit !== undefined) args.push(q.limit);
@@ -483,8 +485,8 @@ export class Store {
       if (alts.includes(null) || alts.length === 0) continue;
       const n = (
         this.stmt(
-          `SELECT COUNT(*) AS n FROM (SELECT 1 FROM sandbox_metadata WHERE key = ? AND value IN (${alts.map(() => '?').join(', ')}) LIMIT ?)`,
-        ).get(k, ...alts, DRIVE_MAX + 1) as { n: number }
+          'SELECT COUNT(*) AS n FROM (SELECT 1 FROM sandbox_metadata WHERE key = ? AND value IN (SELECT value FROM json_each(?)) LIMIT ?)',
+        ).get(k, JSON.stringify(alts), DRIVE_MAX + 1) as { n: number }
       ).n;
       if (n <= DRIVE_MAX && (!best || n < best[1])) best = [k, n];
     }

@@ -229,27 +229,36 @@ export class BtrfsBackend implements StorageBackend {
   private async dropStaleQgroups(mountPoint: string): Promise<string[]> {
     const clean = join(mountPoint, QGROUPS_CLEAN);
     if (await exists(clean)) return [];
+    // marked before the look: a delete meanwhile (another process) removes the mark after this
+    // writes it, so a sweep that found nothing never hides a qgroup made while it looked
+    await writeFile(clean, '', { mode: 0o600 });
     const r = await run('btrfs', ['qgroup', 'show', '--raw', mountPoint], { allowFail: true });
     if (r.code !== 0) return []; // quotas off
     const done: string[] = [];
     let stale = 0;
     for (const line of r.stdout.split('\n')) {
       const [id, rfer, , path] = line.trim().split(/\s+/);
-      if (!id || !/^0\/\d+$/.test(id) || path !== '<stale>') continue;
+      // `<stale>`, and in newer btrfs-progs `<under deletion>` (not `<toplevel>`, the pool's own)
+      if (!id || !/^0\/\d+$/.test(id) || (path !== '<stale>' && path !== '<under')) continue;
       stale++;
       // (one whose extents the kernel has not freed yet is left for a later sweep)
       if (rfer !== '0') continue;
       const d = await run('btrfs', ['qgroup', 'destroy', id, mountPoint], { allowFail: true });
       if (d.code === 0) done.push(`btrfs: removed the empty qgroup ${id} of a deleted volume`);
     }
-    if (stale === 0) await writeFile(clean, '', { mode: 0o600 }).catch(noted(`write ${clean}`));
+    // one left for later keeps the next gc looking
+    if (stale > done.length) await unlink(clean).catch(noted(`unmark ${clean}`, 'ENOENT'));
     return done;
   }
 
   /** Before a delete: a stale qgroup may follow it (dropStaleQgroups sweeps again). */
   private async qgroupsMayGoStale(): Promise<void> {
     const { mountPoint } = await this.where();
-    if (mountPoint) await unlink(join(mountPoint, QGROUPS_CLEAN)).catch(noted('unmark clean qgroups', 'ENOENT'));
+    // a mark that cannot be removed fails the delete (record first): gc would never sweep after it
+    if (mountPoint)
+      await unlink(join(mountPoint, QGROUPS_CLEAN)).catch((e: NodeJS.ErrnoException) => {
+        if (e.code !== 'ENOENT') throw e;
+      });
   }
 
   private async where(): Promise<PoolLayout> {
@@ -268,6 +277,15 @@ export class BtrfsBackend implements StorageBackend {
   private async remove(path: string): Promise<void> {
     if (!(await exists(path))) return;
     await this.qgroupsMayGoStale();
+    try {
+      await this.deleteVolume(path);
+    } finally {
+      // and after: a gc that swept while this deleted may have marked the pool clean meanwhile
+      await this.qgroupsMayGoStale();
+    }
+  }
+
+  private async deleteVolume(path: string): Promise<void> {
     await unmountAll(path);
     const ops = HostOps.get();
     if (ops) {
