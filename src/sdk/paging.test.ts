@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, expect, it } from 'vitest';
 import { openDb } from '../store/db.js';
-import type { SandboxRecord } from '../store/records.js';
+import { testRecord } from '../store/test-record.js';
 import { Store } from '../store/store.js';
 import { Lab } from './lab.js';
 import { listCursor, nextCursor } from './paging.js';
@@ -25,35 +25,13 @@ afterEach(() => {
 
 /** A record (no machine behind it) made at `at` by `owner`, with labels. */
 function put(id: string, at: number, labels: Record<string, string>, owner: string | null = null): void {
-  const r: SandboxRecord = {
-    id,
-    name: `n-${id}`,
-    image: 'busybox',
-    storage: 'dir',
-    driver: 'namespaces',
-    state: 'dead',
-    reason: 'a record of the paging test',
-    volume: null,
-    pid: null,
-    pidStart: null,
-    limits: {},
-    origin: null,
-    createdAt: at,
-    pool: null,
-    scenario: null,
-    baseline: null,
-    uidBase: null,
-  };
+  const r = testRecord(id, { reason: 'a record of the paging test', createdAt: at });
   expect(store.insertSandbox(r)).toBe(true);
   store.putMeta({ id, labels, metadata: {}, owner, timeoutS: null, onTimeout: null, expiresAt: null });
 }
 
 /** Every page of `limit` with these filters, following each page's cursor; `between` runs after each page. */
-async function pages(
-  q: { labels?: Record<string, string>; owner?: string | null },
-  limit: number,
-  between: (page: number) => void = () => {},
-): Promise<string[][]> {
+async function pages(q: ListOptions, limit: number, between: (page: number) => void = () => {}): Promise<string[][]> {
   const out: string[][] = [];
   let after: string | undefined;
   for (;;) {
@@ -144,18 +122,6 @@ function putMeta(id: string, at: number, state: string, metadata: Record<string,
   store.putMeta({ id, labels: {}, metadata, owner, timeoutS: null, onTimeout: null, expiresAt: null });
 }
 
-/** Every page of `limit` (ids, and whether a next page was named), following each page's cursor. */
-async function filteredPages(q: ListOptions, limit: number): Promise<string[][]> {
-  const out: string[][] = [];
-  let after: string | undefined;
-  for (;;) {
-    const page = await lab.list({ ...q, limit, check: false, ...(after ? { after } : {}) });
-    out.push(page.map((b) => b.id));
-    after = nextCursor(page, limit);
-    if (after === undefined) return out;
-  }
-}
-
 const chunks = (ids: string[], n: number): string[][] => {
   const out: string[][] = [];
   for (let i = 0; i < ids.length; i += n) out.push(ids.slice(i, i + n));
@@ -200,7 +166,7 @@ it('filters by metadata, state and creation time in its one query, newest first 
   };
   const w1 = want((r) => r.owner === 'k1' && r.meta.user === 'u7' && e2bPaused.has(r.state) && r.at >= 1100, true);
   expect(w1.length).toBeGreaterThan(2);
-  expect(await filteredPages(q1, 2)).toEqual(chunks(w1, 2));
+  expect(await pages(q1, 2)).toEqual(chunks(w1, 2));
   // broad (1 100 rows: walked in the list's order), oldest first, and one that keeps rows without a key
   const q2: ListOptions = {
     owner: 'k1',
@@ -209,8 +175,8 @@ it('filters by metadata, state and creation time in its one query, newest first 
   };
   const w2 = want((r) => r.owner === 'k1' && r.meta['e2b.template'] !== 'base' && r.state === 'running', false);
   expect(w2.length).toBeGreaterThan(30);
-  expect(await filteredPages(q2, 7)).toEqual(chunks(w2, 7));
-  expect(await filteredPages({ ...q2, order: 'desc' }, 50)).toEqual(chunks([...w2].reverse(), 50));
+  expect(await pages(q2, 7)).toEqual(chunks(w2, 7));
+  expect(await pages({ ...q2, order: 'desc' }, 50)).toEqual(chunks([...w2].reverse(), 50));
   // one of several values, or without the key (null): E2B's `base` template, shown for none
   const q3: ListOptions = { owner: 'k2', metadata: { 'e2b.template': ['base', null], user: ['u0', 'u1', 'u22'] } };
   const w3 = want(

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, expect, it, vi } from 'vitest';
 import { openDb } from '../store/db.js';
-import type { SandboxRecord } from '../store/records.js';
+import { testRecord } from '../store/test-record.js';
 import { Store } from '../store/store.js';
 import { Lab } from '../sdk/lab.js';
 import { Daemon } from './daemon.js';
@@ -26,25 +26,7 @@ afterEach(() => {
 });
 
 function put(id: string, at: number, expiresAt: number | null = null, reason = STOPPED): void {
-  const r: SandboxRecord = {
-    id,
-    name: `n-${id}`,
-    image: 'busybox',
-    storage: 'dir',
-    driver: 'namespaces',
-    state: 'dead',
-    reason,
-    volume: null,
-    pid: null,
-    pidStart: null,
-    limits: {},
-    origin: null,
-    createdAt: at,
-    pool: null,
-    scenario: null,
-    baseline: null,
-    uidBase: null,
-  };
+  const r = testRecord(id, { reason, createdAt: at });
   expect(store.insertSandbox(r)).toBe(true);
   const timeoutS = expiresAt === null ? null : 60;
   store.putMeta({ id, labels: {}, metadata: {}, owner: null, timeoutS, onTimeout: 'kill', expiresAt });

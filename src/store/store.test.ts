@@ -7,6 +7,7 @@ import { openDb } from './db.js';
 import { migrations } from './migrations.js';
 import type { SandboxRecord, SnapshotRecord } from './records.js';
 import { Store } from './store.js';
+import { testRecord } from './test-record.js';
 
 const require = createRequire(import.meta.url);
 const Database = require('better-sqlite3') as typeof import('better-sqlite3');
@@ -67,26 +68,8 @@ it('moves the owner that old rows kept in reason into the owner columns', () => 
   store.db.close();
 });
 
-const sandbox = (id: string, name: string): SandboxRecord => ({
-  id,
-  name,
-  image: 'busybox',
-  storage: 'dir',
-  driver: 'namespaces',
-  state: 'creating',
-  reason: null,
-  volume: null,
-  pid: null,
-  pidStart: null,
-  limits: {},
-  origin: null,
-  createdAt: 1,
-  pool: null,
-  scenario: null,
-  baseline: null,
-  uidBase: null,
-  owner: { pid: 12, start: 34, op: 'create' },
-});
+const sandbox = (id: string, name: string): SandboxRecord =>
+  testRecord(id, { name, state: 'creating', owner: { pid: 12, start: 34, op: 'create' } });
 
 it('answers a taken name with false, and keeps the owner it was given', () => {
   const store = new Store(openDb(home));
