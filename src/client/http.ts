@@ -101,6 +101,26 @@ export class Http {
           : {},
     );
     if (Buffer.isBuffer(body)) headers['content-length'] = String(body.length);
+    // a kept connection the daemon closed as idle just as this was sent: the request never reached
+    // it (no answer began), so it is sent once more on a new connection (Node's `reusedSocket`);
+    // a streamed body cannot be sent twice
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.send(method, path, headers, body, opts.signal);
+      } catch (e) {
+        const again = (e as { again?: boolean }).again === true && attempt === 0 && !(body && !Buffer.isBuffer(body));
+        if (!again) throw e;
+      }
+    }
+  }
+
+  private async send(
+    method: string,
+    path: string,
+    headers: Record<string, string>,
+    body: Readable | Buffer | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<IncomingMessage> {
     const res = await new Promise<IncomingMessage>((resolve, reject) => {
       const req = request(
         {
@@ -111,7 +131,7 @@ export class Http {
           host: this.host,
           port: this.port,
           socketPath: this.socketPath,
-          signal: opts.signal,
+          signal,
         },
         resolve,
       );
@@ -120,7 +140,7 @@ export class Http {
         reject(
           e.name === 'AbortError'
             ? new SnaplabError('ABORTED', `${method} ${path}: aborted`, undefined, { cause: e })
-            : unreachable(this.url, e),
+            : Object.assign(unreachable(this.url, e), { again: req.reusedSocket && e.code === 'ECONNRESET' }),
         ),
       );
       if (Buffer.isBuffer(body)) req.end(body);
