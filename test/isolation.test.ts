@@ -181,10 +181,14 @@ describe('limits', () => {
     const piped = await small.exec(['sh', '-c', 'head -c 200m /dev/zero | tail > /dev/null']);
     expect([piped.exitCode, piped.oomKilled]).toEqual([137, true]);
     // and a SIGKILL that was not the OOM killer's is not called one, even after an OOM kill
-    // that no command reported (the counter is read before every command); one allocating
-    // process, so no second victim can take the shell
+    // that no command reported (the counter is read before every command). The killer takes dd
+    // (the shell passes on 0), or now and then the shell itself, which scores as high (CI,
+    // 2026-12-05): then that command is reported as what it is, 137 and OOM-killed
     const masked = await small.exec(['sh', '-c', 'dd if=/dev/zero of=/dev/null bs=200M count=1 2>/dev/null || true']);
-    expect([masked.exitCode, masked.oomKilled]).toEqual([0, false]);
+    expect([
+      [0, false],
+      [137, true],
+    ]).toContainEqual([masked.exitCode, masked.oomKilled]);
     const killed = await small.exec(['sh', '-c', 'sleep 5 & kill -9 $!; wait $!']);
     expect([killed.exitCode, killed.oomKilled]).toEqual([137, false]);
   });
