@@ -265,3 +265,11 @@ export async function bothLabs(
   labs.remote = await Lab.connect({ url: daemon.url, token });
   return { home, daemon, token };
 }
+
+/** The start time of an E2B sandbox's PID 1 (/proc/1/stat field 22): a fresh boot has another. */
+export async function e2bInitStart(sbx: {
+  commands: { run(cmd: string): Promise<{ stdout: string }> };
+}): Promise<string> {
+  const stat = (await sbx.commands.run('cat /proc/1/stat')).stdout;
+  return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]!;
+}

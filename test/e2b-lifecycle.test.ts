@@ -8,7 +8,7 @@
  */
 import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, e2bHome, eventsOf, until, type E2bHome } from './daemon-helpers.js';
+import { cli, e2bHome, e2bInitStart as initStart, eventsOf, until, type E2bHome } from './daemon-helpers.js';
 
 let h: E2bHome;
 
@@ -17,12 +17,6 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(() => h?.close());
-
-/** The start time of the machine's PID 1 (/proc/1/stat field 22): a fresh boot has another. */
-async function initStart(sbx: Sandbox): Promise<string> {
-  const stat = (await sbx.commands.run('cat /proc/1/stat')).stdout;
-  return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]!;
-}
 
 /** `snaplab ls --json`'s view of a sandbox: what the daemon made of it, not the front. */
 function daemonView(id: string): { state: string; stopped?: boolean } | undefined {

@@ -6,7 +6,7 @@
  */
 import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, e2bHome, type E2bHome } from './daemon-helpers.js';
+import { cli, e2bHome, e2bInitStart as initStart, type E2bHome } from './daemon-helpers.js';
 
 let h: E2bHome;
 
@@ -15,12 +15,6 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(() => h?.close());
-
-/** The start time of the machine's PID 1 (/proc/1/stat field 22). */
-async function initStart(sbx: Sandbox): Promise<string> {
-  const stat = (await sbx.commands.run('cat /proc/1/stat')).stdout;
-  return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]!;
-}
 
 describe('pause with keepMemory false', () => {
   it('keeps files only: connect boots it afresh (201), the file is there, the background command is not', async () => {
