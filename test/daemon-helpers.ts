@@ -118,8 +118,8 @@ export async function startDaemon(home: string, extra: string[] = [], wrap: stri
  * A daemon with the E2B front, and E2B's SDKs pointed at it with `key` (E2B_API_URL,
  * E2B_SANDBOX_URL, E2B_API_KEY in this process's environment: the caller puts it back after).
  */
-export async function startE2bDaemon(home: string, key: string): Promise<TestDaemon> {
-  const d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0']);
+export async function startE2bDaemon(home: string, key: string, extra: string[] = []): Promise<TestDaemon> {
+  const d = await startDaemon(home, ['--e2b-listen', '127.0.0.1:0', ...extra]);
   process.env.E2B_API_URL = d.e2bUrl;
   process.env.E2B_SANDBOX_URL = d.e2bUrl;
   process.env.E2B_API_KEY = key;
@@ -142,8 +142,9 @@ export interface E2bHome {
  * does: these tests are about the protocol; the first create makes busybox's tree); a daemon with
  * the E2B front that the SDKs are pointed at (startE2bDaemon); and the uplink of the sandboxes'
  * egress (on by default under E2B) a network namespace of the test's, never the host's network.
+ * `serveArgs`: more of `snaplab serve`'s options.
  */
-export async function e2bHome(tag: string): Promise<E2bHome> {
+export async function e2bHome(tag: string, serveArgs: string[] = []): Promise<E2bHome> {
   const saved = { ...process.env };
   const uplink = `sltest-${tag}-${process.pid}`;
   spawnSync('ip', ['netns', 'add', uplink]);
@@ -170,7 +171,7 @@ export async function e2bHome(tag: string): Promise<E2bHome> {
       const r = cli(home, args);
       if (r.code !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.err}`);
     }
-    h.d = await startE2bDaemon(home, h.key);
+    h.d = await startE2bDaemon(home, h.key, serveArgs);
   } catch (e) {
     await h.close();
     throw e;

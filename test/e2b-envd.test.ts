@@ -44,19 +44,6 @@ describe.each([
     await sbx?.kill();
   });
 
-  it('envd calls ask the daemon nothing first (no GET of the sandbox each); /health asks its state', async () => {
-    const gets = (): number => h.d.log().split(`GET /sandboxes/${sbx.sandboxId} `).length - 1;
-    await sbx.files.write('/tmp/probe.txt', 'x');
-    const before = gets();
-    for (let i = 0; i < 3; i++) {
-      expect((await sbx.commands.run('echo hi')).stdout).toBe('hi\n');
-      expect(await sbx.files.read('/tmp/probe.txt')).toBe('x');
-    }
-    expect(gets()).toBe(before);
-    expect(await sbx.isRunning()).toBe(true);
-    await until('the daemon logged the health check', () => gets() === before + 1);
-  });
-
   it('create and connect advertise envd 0.6.4', async () => {
     const info = await fetch(`${h.d.e2bUrl}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-Key': h.key } });
     expect(((await info.json()) as { envdVersion: string }).envdVersion).toBe('0.6.4');

@@ -75,7 +75,7 @@ function toResult(r: ResultView): ExecResult {
   return { ...r, stdout: Buffer.from(r.stdout, r.encoding), stderr: Buffer.from(r.stderr, r.encoding) } as ExecResult;
 }
 
-function envObject(env: ExecOptions['env']): Record<string, string> | undefined {
+export function envObject(env: ExecOptions['env']): Record<string, string> | undefined {
   return env === undefined || !Array.isArray(env) ? env : keyValues(env);
 }
 

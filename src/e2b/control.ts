@@ -5,7 +5,7 @@
  * default, is snaplab's default image.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { LabApi, LabCreateOptions, OnTimeout, SandboxApi } from '../sdk/api.js';
+import type { KeyedLabApi, LabCreateOptions, OnTimeout, SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import type { E2bState } from './state.js';
 import { ENVD_VERSION, fromMetadata, listSandboxes, RESERVED } from './listing.js';
@@ -129,12 +129,12 @@ const defaultEgress = (body: NewSandbox): boolean =>
 
 /**
  * May this key's sandboxes have egress (its `egress` ceiling)? Read once per key: the front holds
- * one LabApi per key (a key removed and made again is another LabApi), so the answer is kept with
+ * one KeyedLabApi per key (a key removed and made again is another KeyedLabApi), so the answer is kept with
  * it, and a create is one create, not a refused one and another (a key's ceilings are those it was
  * made with). A read that failed is asked again next time.
  */
-const egressOf = new WeakMap<LabApi, Promise<boolean>>();
-function keyMayEgress(lab: LabApi): Promise<boolean> {
+const egressOf = new WeakMap<KeyedLabApi, Promise<boolean>>();
+function keyMayEgress(lab: KeyedLabApi): Promise<boolean> {
   let p = egressOf.get(lab);
   if (!p) {
     p = lab.whoami().then((me) => me.ceilings.egress !== false); // not named: the default, egress
@@ -174,7 +174,7 @@ const keyOf = (req: FastifyRequest): string => String(req.headers['x-api-key']);
  * standbys (the fast path). `pool`: the template is known to be a pool (it was one last time),
  * so the daemon is not asked for the pools first.
  */
-async function optionsFor(lab: LabApi, body: NewSandbox, pool: boolean): Promise<LabCreateOptions> {
+async function optionsFor(lab: KeyedLabApi, body: NewSandbox, pool: boolean): Promise<LabCreateOptions> {
   const opts = createOptions(body);
   if (!opts.image || !(pool || (await lab.pools()).some((p) => p.name === opts.image))) return opts;
   // its standbys come with the pool's network (`pool create --egress …`): rules asked for here
@@ -190,7 +190,7 @@ async function optionsFor(lab: LabApi, body: NewSandbox, pool: boolean): Promise
 }
 
 /** Make it: a take from the template's pool (`taken`), or a create from its image. */
-async function make(lab: LabApi, body: NewSandbox, pool: boolean): Promise<{ box: SandboxApi; taken: boolean }> {
+async function make(lab: KeyedLabApi, body: NewSandbox, pool: boolean): Promise<{ box: SandboxApi; taken: boolean }> {
   const opts = await optionsFor(lab, body, pool);
   // a key without egress: E2B's default is its none (egress asked for is refused by the daemon, 403)
   const box = await lab.create(

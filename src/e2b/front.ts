@@ -3,13 +3,13 @@
  * `E2B_API_URL` and `E2B_SANDBOX_URL` pointed here. One HTTP listener answers both E2B's control
  * API (X-API-Key) and envd, the agent E2B runs in each sandbox, reached through the sandbox URL
  * with the header `E2b-Sandbox-Id` (X-Access-Token). It stands on the Lab API only: each caller's
- * key opens a LabApi (`labFor`, the daemon's own API with that key), so scopes, quotas, ceilings
+ * key opens a KeyedLabApi (`labFor`, the daemon's own API with that key), so scopes, quotas, ceilings
  * and ownership are the daemon's, as for any other client.
  */
 import type { Server } from 'node:http';
 import type { Socket } from 'node:net';
 import Fastify, { type FastifyInstance } from 'fastify';
-import type { LabApi } from '../sdk/api.js';
+import type { KeyedLabApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { registerControl } from './control.js';
 import { registerEnvd } from './envd.js';
@@ -20,7 +20,7 @@ import type { SessionStore } from './sessions.js';
 
 export interface E2bFrontOptions {
   /** the Lab API as the holder of this key sees it (rejects with UNAUTHORIZED for an unknown key) */
-  labFor: (apiKey: string) => Promise<LabApi>;
+  labFor: (apiKey: string) => Promise<KeyedLabApi>;
   log?: (line: Record<string, unknown>) => void;
   /** the HTTP server's timeouts (the daemon's TCP listener's, server/limits.ts) */
   server?: Record<string, unknown>;

@@ -6,7 +6,7 @@
  * lifecycle's onTimeout is the sandbox's own (the Lab API's onTimeout), not a copy.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { LabApi, ListOptions, ListState, SandboxApi } from '../sdk/api.js';
+import type { KeyedLabApi, ListOptions, ListState, SandboxApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { checkPage, listCursor } from '../sdk/paging.js';
 
@@ -137,7 +137,7 @@ function listOptions(q: ListQuery): ListOptions | undefined {
 
 /** The caller's sandboxes as E2B lists them; `paged`: v2, with limit and X-Next-Token. */
 export async function listSandboxes(
-  lab: LabApi,
+  lab: KeyedLabApi,
   req: FastifyRequest,
   reply: FastifyReply,
   paged: boolean,

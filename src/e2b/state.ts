@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Socket } from 'node:net';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { LabApi, SandboxApi } from '../sdk/api.js';
+import type { KeyedLabApi, SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { statusOf } from '../server/http-errors.js';
 import { Processes } from './processes.js';
@@ -43,7 +43,7 @@ export class E2bState {
   readonly users = new EnvdUsers();
   readonly pools = new KnownPools();
   private readonly sessions: Map<string, Session>;
-  private readonly labs = new Map<string, Promise<LabApi>>();
+  private readonly labs = new Map<string, Promise<KeyedLabApi>>();
   /**
    * The sandboxes envd calls act on, each a handle got once (from its create or connect, else
    * one GET): a call does not ask the daemon for its sandbox first; its own answer says whether
@@ -54,7 +54,7 @@ export class E2bState {
   private readonly resuming = new Map<string, Promise<void>>();
 
   constructor(
-    private readonly labFor: (apiKey: string) => Promise<LabApi>,
+    private readonly labFor: (apiKey: string) => Promise<KeyedLabApi>,
     /** a request on this connection proved who it is (the connection caps spare it) */
     private readonly proved: (socket: Socket) => void = () => {},
     /** where sessions outlive this front (the daemon's store), loaded now */
@@ -64,7 +64,7 @@ export class E2bState {
   }
 
   /** The caller's Lab API, from its X-API-Key. */
-  async lab(req: FastifyRequest): Promise<LabApi> {
+  async lab(req: FastifyRequest): Promise<KeyedLabApi> {
     const key = req.headers['x-api-key'];
     if (typeof key !== 'string' || !key)
       throw new SnaplabError('UNAUTHORIZED', 'no API key given', 'send X-API-Key (E2B_API_KEY; docs/e2b.md)');
@@ -73,7 +73,7 @@ export class E2bState {
     return lab;
   }
 
-  private labOf(key: string): Promise<LabApi> {
+  private labOf(key: string): Promise<KeyedLabApi> {
     let lab = this.labs.get(key);
     if (!lab) {
       lab = this.labFor(key);

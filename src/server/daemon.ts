@@ -8,6 +8,9 @@ import { Lab } from '../sdk/lab.js';
 import { resolveCreate } from '../sdk/create-options.js';
 import { DAEMON_DEFAULTS } from '../defaults.js';
 import type { CheckResult, LabCreateOptions, OnTimeout, SandboxApi, SnapshotApi, SpawnOptions } from '../sdk/api.js';
+import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
+import { KeyedLab } from './keyed-lab.js';
+import type { StreamLimiter } from './limits.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId } from '../names.js';
 import type { TraceSummary } from '../timing/trace.js';
@@ -62,6 +65,12 @@ export interface ProcessSpec {
   stdin?: boolean;
   /** POST /processes: no deadline unless one is given (it is meant to outlive requests) */
   background?: boolean;
+  /**
+   * on a connection of its own to the machine (default), so that a client that reads slowly holds
+   * this command's output alone; false: on the sandbox's shared one, for a caller that never holds
+   * it (an in-process front's commands: no connection to open first)
+   */
+  detached?: boolean;
 }
 
 export class Daemon implements RouteHost {
@@ -303,9 +312,24 @@ export class Daemon implements RouteHost {
     caller: Caller,
     body: CreateBody,
   ): Promise<{ view: Record<string, unknown>; opId: string | null }> {
-    noPlacement(body);
-    const box = await this.create(caller, body);
+    const box = await this.createFor(caller, body);
     return { view: this.view(box), opId: box.lastTrace?.id ?? null };
+  }
+
+  /** A sandbox made for the caller (a daemon has no nodes: a placement is refused). */
+  createFor(caller: Caller, body: CreateBody): Promise<SandboxApi> {
+    noPlacement(body);
+    return this.create(caller, body);
+  }
+
+  /**
+   * The Lab API as the holder of `token` has it, in this process (keyed-lab.ts): each call is
+   * checked as the HTTP route that does the same is (the key, its scope, ownership, quotas,
+   * ceilings), by the same functions. An in-process front (E2B's) stands on it; `streams`: the
+   * front's own per-key count of long streams, which its commands count in.
+   */
+  keyed(token: string, streams?: StreamLimiter): KeyedLab {
+    return new KeyedLab(this, token, streams);
   }
 
   async sandboxView(caller: Caller, idOrName: string): Promise<Record<string, unknown>> {
@@ -634,6 +658,41 @@ export class Daemon implements RouteHost {
     return box;
   }
 
+  /**
+   * A command run to its end for the caller (POST /sandboxes/{id}/exec, an /rpc exec, a keyed
+   * lab's exec): held to its key's exec quota while it runs, with the request's deadline (none
+   * given: the daemon's default; 0: none), timed into the metrics as `kind`. `started` is told of
+   * the command as soon as it runs (a route kills it when its client goes).
+   */
+  async runExec(
+    caller: Caller,
+    box: SandboxApi,
+    argv: string[],
+    opts: ExecOptions,
+    kind: 'oneshot' | 'rpc',
+    started?: (p: { kill(signal: number): void }) => void,
+  ): Promise<ExecResult> {
+    const release = this.claimExec(caller);
+    const t0 = Date.now();
+    try {
+      const p = await box.spawn(argv, { ...opts, timeoutMs: this.deadline(opts.timeoutMs), encoding: 'buffer' });
+      started?.(p);
+      const r = await p.result;
+      this.metrics.exec.observe(`kind="${kind}"`, Date.now() - t0);
+      return r;
+    } finally {
+      release();
+    }
+  }
+
+  /** A snapshot of the caller's sandbox, held to its key's snapshot ceiling while it is taken. */
+  async snapshotOf(caller: Caller, box: SandboxApi, name: string, opts: { memory?: boolean }): Promise<SnapshotApi> {
+    const release = await this.ceilings.claimSnapshot(caller);
+    const snap = await box.snapshot(name, opts).finally(release);
+    if (snap.lastTrace) this.metrics.observeTrace(snap.lastTrace);
+    return snap;
+  }
+
   /** Is a sandbox of this name there (as recorded)? */
   private async taken(name: string): Promise<boolean> {
     return this.lab.get(name, { check: false }).then(
@@ -750,7 +809,7 @@ export class Daemon implements RouteHost {
       onStderr: (b) => p.output('stderr', b),
       ...(spec.stdin ? { stdin: true as const } : {}),
       // a connection of its own: a slow reader pauses this command's output there, and no one else's
-      detached: true,
+      detached: spec.detached ?? true,
       encoding: 'buffer',
     };
     try {

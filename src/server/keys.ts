@@ -59,6 +59,14 @@ export function authenticate(keys: KeyRing, header: string | undefined, queryTok
       'no API key given',
       'send `Authorization: Bearer KEY` (make one with `snaplab key create NAME`)',
     );
+  return callerOf(keys, token);
+}
+
+/**
+ * The caller a key stands for now (UNAUTHORIZED when there is none: never made, or removed since).
+ * Every request is asked this: a route's, and each call of an in-process keyed lab (keyed-lab.ts).
+ */
+export function callerOf(keys: KeyRing, token: string): Caller {
   const k = keys.find(token);
   if (!k) {
     throw new SnaplabError(

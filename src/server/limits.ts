@@ -217,8 +217,11 @@ export class StreamLimiter {
 
   constructor(private readonly max: number) {}
 
-  /** Count a stream of `key` on `socket` until it closes, or refuse it. */
-  admit(key: string, socket: Socket): void {
+  /**
+   * Count a stream of `key` until it closes (its socket; a command an in-process front started,
+   * keyed-lab.ts), or refuse it.
+   */
+  admit(key: string, socket: { once(event: 'close', fn: () => void): unknown }): void {
     const n = this.open.get(key) ?? 0;
     if (n >= this.max)
       throw new QuotaError('maxStreams', `key ${key} has ${n} streams open (WebSocket and events), its limit`);

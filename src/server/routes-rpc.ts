@@ -91,47 +91,40 @@ function serveRpc(d: Daemon, ws: WebSocket, caller: Caller): void {
           'make a new one with `snaplab key create NAME`',
         );
       }
-      const release = d.claimExec(caller);
-      const started = Date.now();
-      try {
-        const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
-        const opts = {
-          env: c.env,
-          cwd: c.cwd,
-          user: c.user,
-          timeoutMs: d.deadline(c.timeoutMs),
-          encoding: 'buffer' as const,
-          ...stdin,
-        };
-        if (c.op === 'run') {
-          // the connection going kills it, as it does an exec
-          const gone = new AbortController();
-          const kill = { kill: () => gone.abort() };
-          running.add(kill);
-          const r = await d.lab
-            .pool(c.pool!)
-            .run(c.argv, { ...opts, signal: gone.signal })
-            .finally(() => running.delete(kill));
-          if (r.trace) d.metrics.observeTrace(r.trace);
-          return {
-            ...execView(r, 'base64'),
-            sandbox: r.sandbox,
-            hit: r.hit,
-            recycled: r.recycled,
-            operationId: r.trace?.id ?? null,
-          };
-        }
+      const stdin = c.stdin !== undefined ? { stdin: Buffer.from(c.stdin, 'base64') } : {};
+      const opts = { env: c.env, cwd: c.cwd, user: c.user, timeoutMs: c.timeoutMs, ...stdin };
+      if (c.op === 'exec') {
         const box = await d.sandbox(c.sandbox!, caller);
-        const p = await box.spawn(c.argv, opts);
-        if (ws.readyState !== ws.OPEN) p.kill(9); // the socket went while it started
-        running.add(p);
+        let p: { kill(signal: number): void } | undefined;
         try {
-          const r = await p.result;
-          d.metrics.exec.observe('kind="rpc"', Date.now() - started);
+          const r = await d.runExec(caller, box, c.argv, opts, 'rpc', (started) => {
+            p = started;
+            if (ws.readyState !== ws.OPEN) started.kill(9); // the socket went while it started
+            running.add(started);
+          });
           return execView(r, 'base64');
         } finally {
-          running.delete(p);
+          if (p) running.delete(p);
         }
+      }
+      // a pool's run: the connection going kills it, as it does an exec
+      const release = d.claimExec(caller);
+      try {
+        const gone = new AbortController();
+        const kill = { kill: () => gone.abort() };
+        running.add(kill);
+        const r = await d.lab
+          .pool(c.pool!)
+          .run(c.argv, { ...opts, timeoutMs: d.deadline(c.timeoutMs), encoding: 'buffer', signal: gone.signal })
+          .finally(() => running.delete(kill));
+        if (r.trace) d.metrics.observeTrace(r.trace);
+        return {
+          ...execView(r, 'base64'),
+          sandbox: r.sandbox,
+          hit: r.hit,
+          recycled: r.recycled,
+          operationId: r.trace?.id ?? null,
+        };
       } finally {
         release();
       }

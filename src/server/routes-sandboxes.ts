@@ -140,28 +140,20 @@ function execAndSnapshotRoutes(app: FastifyInstance, s: SandboxCalls): void {
     servedBy(s, (d) => async (req, reply) => {
       const b = req.body as ExecBody;
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-      const release = d.claimExec(req.caller);
-      const started = Date.now();
-      try {
-        const p = await box.spawn(b.argv, {
-          env: b.env,
-          cwd: b.cwd,
-          user: b.user,
-          timeoutMs: d.deadline(b.timeoutMs),
-          encoding: 'buffer',
-          ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
-        });
-        // the client went before its answer: the command is killed (nobody could read its result)
-        const gone = (): void => {
+      const opts = {
+        env: b.env,
+        cwd: b.cwd,
+        user: b.user,
+        timeoutMs: b.timeoutMs,
+        ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+      };
+      // the client went before its answer: the command is killed (nobody could read its result)
+      const r = await d.runExec(req.caller, box, b.argv, opts, 'oneshot', (p) =>
+        reply.raw.once('close', () => {
           if (!reply.raw.writableFinished) p.kill(9);
-        };
-        reply.raw.once('close', gone);
-        const r = await p.result;
-        d.metrics.exec.observe('kind="oneshot"', Date.now() - started);
-        return execView(r, b.encoding);
-      } finally {
-        release();
-      }
+        }),
+      );
+      return execView(r, b.encoding);
     }),
   );
 
@@ -180,10 +172,8 @@ function execAndSnapshotRoutes(app: FastifyInstance, s: SandboxCalls): void {
     servedBy(s, (d) => async (req, reply) => {
       const b = req.body as { name: string; memory?: boolean };
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-      const release = await d.ceilings.claimSnapshot(req.caller);
-      const snap = await box.snapshot(b.name, { memory: b.memory }).finally(release);
+      const snap = await d.snapshotOf(req.caller, box, b.name, { memory: b.memory });
       req.opId = snap.lastTrace?.id ?? null;
-      if (snap.lastTrace) d.metrics.observeTrace(snap.lastTrace);
       return reply.status(201).send(snap.toJSON());
     }),
   );

@@ -15,6 +15,7 @@ import { statusOf, toSnaplab } from './http-errors.js';
 import type { Ceilings } from '../store/records.js';
 import { parseScopes, type Caller } from './keys.js';
 import type { PoolRunBody, RouteHost } from './served-lab.js';
+import { listFor } from './owned-list.js';
 import { scenarioRoutesOf } from './routes-scenarios.js';
 import { snapshotFor } from './snapshot-access.js';
 import {
@@ -252,13 +253,9 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
         after?: string;
       };
       const labels = keyValues([q.label ?? []].flat(), 'label filter');
-      const asked = q.owner === undefined ? undefined : q.owner || null;
-      const mine = h.ownedBy(req.caller);
-      // a key without admin sees its own: asking for another's gives nothing
-      if (mine !== undefined && asked !== undefined && asked !== mine) return [];
-      const boxes = await h.labFor(req.caller).list({
+      const boxes = await listFor(h, req.caller, {
         labels,
-        owner: mine ?? asked,
+        ...(q.owner !== undefined ? { owner: q.owner || null } : {}),
         ...(q.metadata !== undefined ? { metadata: metadataFilter(q.metadata) } : {}),
         ...(q.state !== undefined ? { state: q.state.split(',').filter(Boolean) as ListState[] } : {}),
         ...(q.createdSince !== undefined ? { createdSince: q.createdSince } : {}),

@@ -36,8 +36,8 @@ export interface ServeOptions extends DaemonOptions {
   /** caps on TCP connections and streams, and timeouts (limits.ts; docs/api.md, Limits) */
   limits?: Partial<ConnectionLimits>;
   /**
-   * host:port of the E2B-compatible front (docs/e2b.md). It calls the daemon's keyed API with each
-   * caller's key: on `listen`'s address, else on one of its own on 127.0.0.1 (any free port)
+   * host:port of the E2B-compatible front (docs/e2b.md), on the daemon's keyed lab in this process:
+   * each caller's key is held to what the daemon's routes hold it to (keyed-lab.ts)
    */
   e2bListen?: string;
 }
@@ -189,14 +189,13 @@ async function mcpOn(daemon: Daemon, tcp: FastifyInstance): Promise<void> {
 }
 
 /**
- * The E2B front (src/e2b/), a client of the daemon's keyed API at `keyed`: each caller's key opens
- * its own Lab.connect there, so what a key may do is what the daemon lets it. In `apps` before it
- * listens, as above; its URL.
+ * The E2B front (src/e2b/), on the daemon's keyed lab in this process (keyed-lab.ts): each
+ * caller's key is held to what the daemon's routes hold it to, by the same functions, without a
+ * loopback hop per call. In `apps` before it listens, as above; its URL.
  */
 async function listenE2b(
   daemon: Daemon,
   listen: string,
-  keyed: string,
   log: (line: Record<string, unknown>) => void,
   apps: FastifyInstance[],
   resolved: ResolvedLimits,
@@ -204,8 +203,9 @@ async function listenE2b(
   const { host, port } = parseListen(listen);
   const { buildE2bApp, urlOf } = await import('../e2b/front.js');
   const { sealedSessions } = await import('../e2b/sessions.js');
-  const labs: { close(): void }[] = [];
   const rows = daemon.lab.e2bSessions;
+  // its commands are long streams of their keys, counted as the TCP listener counts WebSockets
+  const streams = new StreamLimiter(resolved.maxStreamsPerKey);
   const app = buildE2bApp({
     log,
     // kept in the home's store, so that a restart leaves clients' sandboxes and tokens working
@@ -214,20 +214,15 @@ async function listenE2b(
     server: serverOptions(resolved),
     guard: new ConnectionGuard(resolved, log),
     labFor: async (key) => {
-      // an unknown key opens nothing (one Lab.connect per key: a flood of made-up keys must not grow it)
+      // an unknown key opens nothing (the front keeps one lab per key: made-up keys must not grow it)
       if (!daemon.lab.keys.find(key))
         throw new SnaplabError(
           'UNAUTHORIZED',
           'the API key is not known',
           'make one with `snaplab key create NAME --e2b`',
         );
-      const lab = await Lab.connect({ url: keyed, token: key });
-      labs.push(lab);
-      return lab;
+      return daemon.keyed(key, streams);
     },
-  });
-  app.addHook('onClose', async () => {
-    for (const l of labs) l.close();
   });
   apps.push(app);
   await app.listen({ host, port });
@@ -293,8 +288,7 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       token = await cluster.token();
     }
     if (opts.listen) url = await listenTcp(daemon, opts.listen, token, apps, limits!);
-    const keyed = async (): Promise<string> => url ?? (await listenTcp(daemon, '127.0.0.1:0', token, apps, limits!))!;
-    const e2bUrl = opts.e2bListen ? await listenE2b(daemon, opts.e2bListen, await keyed(), log, apps, limits!) : null;
+    const e2bUrl = opts.e2bListen ? await listenE2b(daemon, opts.e2bListen, log, apps, limits!) : null;
     if (cluster && opts.node) {
       const { ClusterNode } = await import('../cluster/node.js');
       node = await ClusterNode.join(daemon, cluster, token!, { ...opts.node, url: opts.node.advertise ?? url! });

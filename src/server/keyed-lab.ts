@@ -1,0 +1,413 @@
+/**
+ * The Lab API as one key has it, in the daemon's own process: what an in-process front (E2B's,
+ * src/e2b/) stands on instead of a client of the daemon's HTTP API on loopback. Each call is held
+ * to what the HTTP route that does the same holds a request to, by the same functions, never a copy
+ * of them: the key is looked up on every call (`callerOf`: one removed since answers UNAUTHORIZED),
+ * its scope checked (`requireScope`, the route's scope), its sandboxes found as its own
+ * (`Daemon.sandbox`), its bodies checked against the route's schema (`checked`), its commands held
+ * to its exec quota (`Daemon.runExec`, `Daemon.startProcess`), its creates and snapshots to its
+ * quotas and ceilings (`Daemon.create`, `Daemon.snapshotOf`), and its changes told as the
+ * daemon's events (`Daemon.pause` …). A command it starts is a process of the daemon (listed,
+ * timed, told of when it exits) counted in the front's per-key stream limit, and ended with its key.
+ */
+import { EventEmitter } from 'node:events';
+import type { Readable, Writable } from 'node:stream';
+import type {
+  CallerInfo,
+  EgressRequest,
+  EgressUsage,
+  LabApi,
+  LabCreateOptions,
+  ListOptions,
+  OnTimeout,
+  ProcessApi,
+  SandboxApi,
+  SandboxFiles,
+  SnapshotApi,
+  SpawnOptions,
+  WatchHandle,
+  WatchOptions,
+  WatchEvent,
+  BufferOutput,
+  KeyedLabApi,
+} from '../sdk/api.js';
+import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
+import type { Scope } from '../store/records.js';
+import { encoded, type ExecText } from '../sdk/output.js';
+import { feedInput } from '../lab/io/streams.js';
+import { watchWith } from '../lab/io/watch.js';
+import { envObject } from '../client/remote.js';
+import { handledElsewhere } from '../cleanup.js';
+import { callerOf, describeCaller, requireScope, type Caller } from './keys.js';
+import { requireEgress } from './ceilings.js';
+import { checked } from './checked.js';
+import { CreateBody, EgressBody, LabelsBody, TimeoutBody } from './schemas.js';
+import { listFor } from './owned-list.js';
+import type { Daemon } from './daemon.js';
+import type { Process } from './processes.js';
+import type { StreamLimiter } from './limits.js';
+
+export class KeyedLab implements KeyedLabApi {
+  constructor(
+    readonly daemon: Daemon,
+    private readonly token: string,
+    private readonly streams?: StreamLimiter,
+  ) {}
+
+  /** The caller the key stands for now, held to the scope a route of this call requires. */
+  caller(scope: Scope): Caller {
+    const c = callerOf(this.daemon.lab.keys, this.token);
+    requireScope(c, scope);
+    return c;
+  }
+
+  /** A long stream of this key (a command it started) counted until it closes, or refused (429). */
+  admit(caller: Caller, closes: EventEmitter): void {
+    this.streams?.admit(caller.key, closes);
+  }
+
+  /** POST /sandboxes: the options as the remote lab sends them (JSON), checked by its schema. */
+  async create(opts: LabCreateOptions = {}): Promise<SandboxApi> {
+    const c = this.caller('exec');
+    const body = checked(CreateBody, JSON.parse(JSON.stringify(opts)) as unknown, 'create');
+    return new KeyedSandbox(this, await this.daemon.createFor(c, body));
+  }
+
+  /** GET /sandboxes/{id} */
+  async get(idOrName: string): Promise<SandboxApi> {
+    return new KeyedSandbox(this, await this.daemon.sandbox(idOrName, this.caller('read')));
+  }
+
+  /** GET /sandboxes */
+  async list(opts: ListOptions = {}): Promise<SandboxApi[]> {
+    return (await listFor(this.daemon, this.caller('read'), opts)).map((b) => new KeyedSandbox(this, b));
+  }
+
+  /** GET /pools */
+  pools(): ReturnType<LabApi['pools']> {
+    this.caller('read');
+    return this.daemon.lab.pools();
+  }
+
+  /** GET /whoami */
+  async whoami(): Promise<CallerInfo> {
+    return describeCaller(this.caller('read'));
+  }
+
+  /** Nothing to let go: the sandboxes' objects are the daemon's. */
+  close(): void {}
+}
+
+/**
+ * One sandbox through a keyed lab: its fields are the daemon's object of it as the last call found
+ * it; every call finds it again as the key's own (`Daemon.sandbox`: not there or not the key's is
+ * SANDBOX_NOT_FOUND), as each request does.
+ */
+class KeyedSandbox implements SandboxApi {
+  constructor(
+    private readonly k: KeyedLab,
+    private inner: SandboxApi,
+  ) {}
+
+  /** The sandbox as the caller may reach it now, for a call of this scope. */
+  private async reach(scope: Scope): Promise<{ c: Caller; box: SandboxApi }> {
+    const c = this.k.caller(scope);
+    this.inner = await this.k.daemon.sandbox(this.inner.id, c);
+    return { c, box: this.inner };
+  }
+
+  get id(): string {
+    return this.inner.id;
+  }
+  get name(): string {
+    return this.inner.name;
+  }
+  get state(): string {
+    return this.inner.state;
+  }
+  get image(): string {
+    return this.inner.image;
+  }
+  get storage(): string {
+    return this.inner.storage;
+  }
+  get driver(): string {
+    return this.inner.driver;
+  }
+  get labels(): Record<string, string> {
+    return this.inner.labels;
+  }
+  get metadata(): Record<string, string> {
+    return this.inner.metadata;
+  }
+  get pool(): string | null {
+    return this.inner.pool;
+  }
+  get stopped(): boolean {
+    return this.inner.stopped;
+  }
+  get reason(): string | null {
+    return this.inner.reason;
+  }
+  get origin(): string | null {
+    return this.inner.origin;
+  }
+  get init(): 'agent' | 'systemd' {
+    return this.inner.init;
+  }
+  get createdAt(): number {
+    return this.inner.createdAt;
+  }
+  get expiresAt(): number | null {
+    return this.inner.expiresAt;
+  }
+  get owner(): string | null {
+    return this.inner.owner;
+  }
+  get timeoutS(): number {
+    return this.inner.timeoutS;
+  }
+  get onTimeout(): OnTimeout {
+    return this.inner.onTimeout;
+  }
+  get limits(): SandboxApi['limits'] {
+    return this.inner.limits;
+  }
+  get hostRoot(): boolean {
+    return this.inner.hostRoot;
+  }
+  get egress(): SandboxApi['egress'] {
+    return this.inner.egress;
+  }
+  get lastTrace(): SandboxApi['lastTrace'] {
+    return this.inner.lastTrace;
+  }
+
+  /** The file routes: reading is `read`, changing is `exec`. */
+  get files(): SandboxFiles {
+    const on = async (scope: Scope): Promise<SandboxFiles> => (await this.reach(scope)).box.files;
+    return {
+      stat: async (path, o) => (await on('read')).stat(path, o),
+      list: async (path, o) => (await on('read')).list(path, o),
+      mkdir: async (path, o) => (await on('exec')).mkdir(path, o),
+      remove: async (path, o) => (await on('exec')).remove(path, o),
+      write: async (path, data, o) => (await on('exec')).write(path, data, o),
+      read: async (path, o) => (await on('read')).read(path, o),
+      readTo: async (path, sink, o) => (await on('read')).readTo(path, sink, o),
+    };
+  }
+
+  /** POST /sandboxes/{id}/exec: the daemon's default deadline where none is given, 0 none (as the remote lab sends). */
+  async exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;
+  async exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
+  async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult | ExecText> {
+    const { c, box } = await this.reach('exec');
+    const r = await this.k.daemon.runExec(c, box, argv, { ...opts, timeoutMs: opts.timeoutMs ?? 0 }, 'oneshot');
+    return encoded(r, opts.encoding);
+  }
+
+  /**
+   * GET /sandboxes/{id}/exec (a streamed exec): a process of the daemon (`startProcess`; on the
+   * sandbox's shared connection unless `detached`, as the embedded lab's spawn), killed
+   * when the caller lets go of it (`disconnect`) or its key is removed, as a remote spawn is when
+   * its WebSocket closes. Output without a callback is collected from the process's ring (its
+   * last --ring-bytes; `truncated` when some of it is gone).
+   */
+  async spawn(argv: string[], opts: SpawnOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
+  async spawn(argv: string[], opts?: SpawnOptions): Promise<ProcessApi>;
+  async spawn(argv: string[], opts: SpawnOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
+    const { c, box } = await this.reach('exec');
+    const d = this.k.daemon;
+    const closes = new EventEmitter();
+    this.k.admit(c, closes);
+    let p: Process;
+    try {
+      p = await d.startProcess(c, box, {
+        argv,
+        env: envObject(opts.env),
+        cwd: opts.cwd,
+        user: opts.user,
+        timeoutMs: opts.timeoutMs ?? 0,
+        tty: opts.tty,
+        stdin: opts.stdin !== undefined,
+        // a connection of its own only when asked for (its output then held by `hold`), as the embedded lab's spawn
+        detached: opts.detached === true,
+      });
+    } catch (e) {
+      closes.emit('close');
+      throw e;
+    }
+    const untrack = d.track(c, { close: () => ended() });
+    const ended = (): void => {
+      if (!p.ended) p.handle?.kill(9);
+      p.abandon();
+    };
+    const proc = processApi(p, opts, opts.detached === true, ended, () => {
+      untrack();
+      closes.emit('close');
+    });
+    if (opts.signal) opts.signal.addEventListener('abort', () => proc.kill(9), { once: true });
+    if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
+    if (opts.encoding === 'buffer') return proc;
+    const result = proc.result.then((r) => encoded(r, 'utf8') as ExecText);
+    result.catch(handledElsewhere); // a result nobody awaits must not end the caller's process
+    return { ...proc, result };
+  }
+
+  async putFile(path: string, data: Buffer | string, mode?: number): Promise<void> {
+    return (await this.reach('exec')).box.putFile(path, data, mode);
+  }
+
+  async getFile(path: string): Promise<Buffer> {
+    return (await this.reach('read')).box.getFile(path);
+  }
+
+  /** PUT /sandboxes/{id}/archive */
+  async upload(dest: string, tar: Readable): Promise<Awaited<ReturnType<SandboxApi['upload']>>> {
+    return (await this.reach('exec')).box.upload(dest, tar);
+  }
+
+  /** GET /sandboxes/{id}/archive */
+  async download(src: string, sink: Writable): Promise<Awaited<ReturnType<SandboxApi['download']>>> {
+    return (await this.reach('read')).box.download(src, sink);
+  }
+
+  /** POST /sandboxes/{id}/snapshots */
+  async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<SnapshotApi> {
+    const { c, box } = await this.reach('exec');
+    return this.k.daemon.snapshotOf(c, box, name, opts);
+  }
+
+  /** PATCH /sandboxes/{id} */
+  async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
+    const body = checked(LabelsBody, change, 'labels');
+    await (await this.reach('exec')).box.setLabels(body);
+  }
+
+  /** POST /sandboxes/{id}/timeout */
+  async setTimeout(timeoutS: number, onTimeout?: OnTimeout): Promise<void> {
+    const b = checked(TimeoutBody, { timeoutS, ...(onTimeout ? { onTimeout } : {}) }, 'timeout');
+    const c = this.k.caller('exec');
+    this.inner = await this.k.daemon.setTimeout(this.inner.id, b.timeoutS, b.onTimeout, c);
+  }
+
+  /** PUT /sandboxes/{id}/egress: refused before the sandbox is looked at for a key without egress */
+  async setEgress(lists: EgressRequest): Promise<void> {
+    requireEgress(this.k.caller('exec'), 'new egress lists');
+    const body = checked(EgressBody, lists, 'egress lists');
+    await (await this.reach('exec')).box.setEgress(body);
+  }
+
+  /** GET /sandboxes/{id}/egress */
+  async egressUsage(): Promise<EgressUsage> {
+    return (await this.reach('read')).box.egressUsage();
+  }
+
+  /** A watcher in the machine, as the remote lab's: a command of the key's (spawn, above). */
+  watch(path: string, opts: WatchOptions, onEvent: (e: WatchEvent) => void): Promise<WatchHandle> {
+    return watchWith((argv, o) => this.spawn(argv, o), path, opts, onEvent);
+  }
+
+  /** GET /sandboxes/{id}/usage */
+  async usage(): Promise<Awaited<ReturnType<SandboxApi['usage']>>> {
+    return (await this.reach('read')).box.usage();
+  }
+
+  /** GET /sandboxes/{id} */
+  async refresh(): Promise<this> {
+    await this.reach('read');
+    return this;
+  }
+
+  /** POST /sandboxes/{id}/pause … start and DELETE: the daemon's own calls, which tell them as events. */
+  async pause(): Promise<undefined> {
+    this.inner = await this.k.daemon.pause(this.inner.id, null, this.k.caller('exec'));
+    return undefined;
+  }
+
+  async resume(): Promise<undefined> {
+    this.inner = await this.k.daemon.resume(this.inner.id, this.k.caller('exec'));
+    return undefined;
+  }
+
+  async stop(): Promise<undefined> {
+    this.inner = await this.k.daemon.stopSandbox(this.inner.id, null, this.k.caller('exec'));
+    return undefined;
+  }
+
+  async start(): Promise<undefined> {
+    this.inner = await this.k.daemon.startSandbox(this.inner.id, this.k.caller('exec'));
+    return undefined;
+  }
+
+  async destroy(): Promise<undefined> {
+    await this.k.daemon.destroySandbox(this.k.caller('exec'), this.inner.id);
+    return undefined;
+  }
+
+  /** Nothing to let go: the object is the daemon's. */
+  close(): void {}
+
+  toJSON(): Record<string, unknown> {
+    return this.inner.toJSON();
+  }
+}
+
+/**
+ * A daemon's process as the Lab API's spawn gives one back: its output to the caller's callbacks
+ * (what came before they were set, from the ring), its input and signals to its handle.
+ */
+function processApi(
+  p: Process,
+  opts: ExecOptions,
+  own: boolean,
+  disconnect: () => void,
+  done: () => void,
+): ProcessApi<ExecResult> {
+  const h = p.handle!;
+  const collected = !opts.onStdout || !opts.onStderr;
+  const deliver = (c: { stream: 'stdout' | 'stderr'; data: Buffer }): void => {
+    (c.stream === 'stdout' ? opts.onStdout : opts.onStderr)?.(c.data);
+  };
+  for (const c of p.ring.from(0).chunks) deliver(c);
+  p.on('chunk', deliver);
+  const result = new Promise<ExecResult>((resolve, reject) => {
+    const end = (): void => {
+      p.off('chunk', deliver);
+      done();
+      // its reader has had the end: kept a little for a late look, not the full ten minutes (as a streamed exec's)
+      p.keepMs = 30_000;
+      if (!p.result) {
+        reject(p.error);
+        return;
+      }
+      // output no callback took: what the ring still holds of it
+      const held = collected ? p.ring.from(0) : { chunks: [], gap: null };
+      const of = (s: 'stdout' | 'stderr'): Buffer =>
+        (s === 'stdout' ? opts.onStdout : opts.onStderr)
+          ? Buffer.alloc(0)
+          : Buffer.concat(held.chunks.filter((c) => c.stream === s).map((c) => c.data));
+      resolve({
+        ...p.result,
+        stdout: of('stdout'),
+        stderr: of('stderr'),
+        truncated: p.result.truncated || held.gap !== null,
+      });
+    };
+    if (p.ended) end();
+    else p.once('exit', end);
+  });
+  result.catch(handledElsewhere);
+  return {
+    pid: h.pid,
+    write: (b) => h.write(b),
+    drained: () => h.drained(),
+    end: () => h.end(),
+    kill: (signal) => h.kill(signal),
+    resize: (cols, rows) => h.resize(cols, rows),
+    result,
+    // holding output needs a connection of its own (detached)
+    ...(own ? { hold: (on: boolean) => p.hold(on) } : {}),
+    disconnect,
+  };
+}
