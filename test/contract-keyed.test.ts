@@ -6,8 +6,9 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LabApi } from '../src/sdk/api.js';
+import { isSnaplabError } from '../src/errors.js';
 import { Daemon } from '../src/server/daemon.js';
 import { cli } from './daemon-helpers.js';
 import { contractSuite } from './contract-suite.js';
@@ -35,3 +36,41 @@ afterAll(() => {
 
 // the keyed lab serves KeyedLabApi, not all of LabApi: the suite runs only the cases of what it serves
 describe('the keyed lab, in-process', () => contractSuite('keyed', () => d.keyed(token) as unknown as LabApi));
+
+describe('the keyed lab holds its calls as the routes do', () => {
+  it("refuses what the route's schema refuses (BAD_INPUT), before the sandbox is looked at", async () => {
+    const box = await d.keyed(token).create({ name: 'schema' });
+    try {
+      const bad = { X: {} } as unknown as Record<string, string>;
+      await expect(box.spawn(['true'], { env: bad })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+      await expect(box.exec(['true'], { timeoutMs: 1.5 })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+      await expect(box.exec([])).rejects.toMatchObject({ code: 'BAD_INPUT' });
+      await expect(box.setTimeout(-1)).rejects.toMatchObject({ code: 'BAD_INPUT' });
+      expect((await box.exec(['echo', 'ok'])).stdout).toBe('ok\n');
+    } finally {
+      await box.destroy();
+    }
+  });
+
+  it('a key removed: its calls are UNAUTHORIZED, and its running exec and spawn are killed at the check', async () => {
+    const k = cli(home, ['key', 'create', 'going', '--scope', 'read,exec']);
+    expect(k.code, k.err).toBe(0);
+    const lab = d.keyed(k.out.trim());
+    const box = await lab.create({ name: 'going' });
+    try {
+      const exec = box.exec(['sleep', '600']).catch((e: unknown) => e);
+      const spawned = await box.spawn(['sleep', '600']);
+      // both running: the agent lists them
+      const sleeping = async (): Promise<string> =>
+        (await (await d.sandbox(box.id)).exec(['sh', '-c', 'ps -o args | grep -c "^sleep 600"'])).stdout.trim();
+      await expect.poll(sleeping).toBe('2');
+      expect(cli(home, ['key', 'rm', 'going']).code).toBe(0);
+      await expect(lab.get(box.id)).rejects.toSatisfy((e: unknown) => isSnaplabError(e, 'UNAUTHORIZED'));
+      await d.check();
+      expect(await exec).toMatchObject({ signal: 9 });
+      expect(await spawned.result).toMatchObject({ signal: 9 });
+    } finally {
+      await (await d.sandbox(box.id)).destroy();
+    }
+  });
+});

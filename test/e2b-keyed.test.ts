@@ -28,15 +28,24 @@ function keyOf(name: string, ...opts: string[]): string {
 
 describe('the front on the daemon in-process', () => {
   it("asks nothing of the daemon's HTTP API: create, commands, files and kill log no request of the key there", async () => {
-    // the daemon logs each request of its API with its key; the front's own lines carry none
-    const asked = (): number => h.d.log().split(' key=agent').length - 1;
+    // the daemon logs each request of its API with its key; the front's own lines say front=e2b
+    const asked = (): number =>
+      h.d
+        .log()
+        .split('\n')
+        .filter((l) => l.includes(' key=agent') && !l.endsWith(' front=e2b')).length;
     const before = asked();
     const sbx = await Sandbox.create();
     expect((await sbx.commands.run('echo hi')).stdout).toBe('hi\n');
     await sbx.files.write('/tmp/probe.txt', 'x');
     expect(await sbx.files.read('/tmp/probe.txt')).toBe('x');
     await sbx.kill();
-    await until('the front logged the kill', () => /DELETE \/sandboxes\/\S+ 204/.test(h.d.log()));
+    // each of the front's lines names the key that acted, a create and an envd call as a kill
+    await until('the front logged the kill', () =>
+      /DELETE \/sandboxes\/\S+ 204 \S+ms key=agent front=e2b/.test(h.d.log()),
+    );
+    expect(h.d.log()).toMatch(/POST \/v2\/sandboxes 201 \S+ms key=agent front=e2b/);
+    expect(h.d.log()).toMatch(/POST \/process\.Process\/Start 200 \S+ms key=agent front=e2b/);
     expect(asked()).toBe(before);
     // and nothing of it is left (the kill went through the daemon's own call)
     const ls = JSON.parse(cli(h.home, ['ls', '--json']).out) as { id: string }[];
@@ -67,11 +76,23 @@ describe('the front on the daemon in-process', () => {
     }
   });
 
-  it("a key's commands count in its stream limit (--max-streams-per-key): a third is refused (429)", async () => {
+  it("a key's commands count in its stream limit (--max-streams-per-key), with its streams on the TCP API: a third is refused (429)", async () => {
     const apiKey = keyOf('streams');
     const sbx = await Sandbox.create({ apiKey });
+    // one of the key's streams on the daemon's TCP API (its event stream): the same count
+    const events = new AbortController();
+    const stream = await fetch(`${h.d.url}/events?token=${apiKey}`, { signal: events.signal });
+    expect(stream.status).toBe(200);
     try {
       const one = await sbx.commands.run('sleep 60', { background: true });
+      await expect(sbx.commands.run('true')).rejects.toThrow(/streams open/);
+      events.abort();
+      await until('the event stream is let go', async () =>
+        sbx.commands.run('true').then(
+          () => true,
+          () => false,
+        ),
+      );
       const two = await sbx.commands.run('sleep 60', { background: true });
       await expect(sbx.commands.run('true')).rejects.toThrow(/streams open/);
       await one.kill();

@@ -28,6 +28,8 @@ export interface E2bFrontOptions {
   guard?: { attach(server: Server): void; authenticated(socket: Socket): void };
   /** where the sessions (access tokens) outlive the front: the daemon's store (sessions.ts); else memory */
   sessions?: SessionStore;
+  /** the name of the key an API key is (logged with each request it made), if it is one */
+  keyName?: (apiKey: string) => string | undefined;
 }
 
 /** The URL a listening app answers at. */
@@ -55,7 +57,10 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
     ),
   );
   app.addHook('onResponse', async (req, reply) => {
+    const actor = state.actor(req);
     opts.log?.({
+      // who did it: as the daemon's own request lines name their key
+      key: actor === undefined ? null : (opts.keyName?.(actor) ?? null),
       method: req.method,
       url: req.url.split('?')[0],
       status: reply.statusCode,

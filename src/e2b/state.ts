@@ -46,10 +46,13 @@ export class E2bState {
   private readonly labs = new Map<string, Promise<KeyedLabApi>>();
   /**
    * The sandboxes envd calls act on, each a handle got once (from its create or connect, else
-   * one GET): a call does not ask the daemon for its sandbox first; its own answer says whether
-   * the sandbox is gone or paused (`unavailable`). Only `/health` asks for its state.
+   * one `get`): a call is not preceded by a look at its state (the keyed lab still finds the
+   * sandbox as the key's own, in-process, as every route does); its own answer says whether the
+   * sandbox is gone or paused (`unavailable`). Only `/health` asks for its state.
    */
   private readonly handles = new Map<string, SandboxApi>();
+  /** the key each request acted as (its X-API-Key, or its session's): the front's log line names it */
+  private readonly actors = new WeakMap<FastifyRequest, string>();
   /** the resume in flight of each sandbox: every caller that finds it paused meanwhile waits for that one */
   private readonly resuming = new Map<string, Promise<void>>();
 
@@ -70,7 +73,13 @@ export class E2bState {
       throw new SnaplabError('UNAUTHORIZED', 'no API key given', 'send X-API-Key (E2B_API_KEY; docs/e2b.md)');
     const lab = await this.labOf(key);
     this.proved(req.raw.socket);
+    this.actors.set(req, key);
     return lab;
+  }
+
+  /** The API key a request acted as, once it was proved (its X-API-Key, or its sandbox session's). */
+  actor(req: FastifyRequest): string | undefined {
+    return this.actors.get(req);
   }
 
   private labOf(key: string): Promise<KeyedLabApi> {
@@ -157,6 +166,7 @@ export class E2bState {
     if (!spared && !sameSecret(String(token ?? ''), s.accessToken))
       throw new SnaplabError('UNAUTHORIZED', 'the access token is not this sandbox’s', 'send X-Access-Token');
     this.proved(req.raw.socket);
+    this.actors.set(req, s.apiKey);
     const kept = opts.fresh ? undefined : this.handles.get(id);
     // one that wakes on traffic is asked for its state each time: a call that finds it paused must
     // resume it (`running`), not be answered 502 by the call's own error
@@ -205,6 +215,7 @@ export class E2bState {
     if (typeof exp === 'string' && Number(exp) < Date.now() / 1000)
       throw new SnaplabError('UNAUTHORIZED', 'the signature has expired', again);
     this.proved(req.raw.socket);
+    this.actors.set(req, found[1].apiKey);
     const box = await this.running(found[0], found[1]);
     // a signed URL acts as the user it was signed for, whatever else the request says
     return { box, user: await this.users.of(box, askedUser(req, { signed: true })) };

@@ -32,6 +32,7 @@ import type {
   KeyedLabApi,
 } from '../sdk/api.js';
 import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
+import { collected, type Collected } from '../agent/output-cap.js';
 import type { Scope } from '../store/records.js';
 import { encoded, type ExecText } from '../sdk/output.js';
 import { feedInput } from '../lab/io/streams.js';
@@ -41,7 +42,7 @@ import { handledElsewhere } from '../cleanup.js';
 import { callerOf, describeCaller, requireScope, type Caller } from './keys.js';
 import { requireEgress } from './ceilings.js';
 import { checked } from './checked.js';
-import { CreateBody, EgressBody, LabelsBody, TimeoutBody } from './schemas.js';
+import { CreateBody, EgressBody, ExecBody, LabelsBody, ProcessBody, SnapshotBody, TimeoutBody } from './schemas.js';
 import { listFor } from './owned-list.js';
 import type { Daemon } from './daemon.js';
 import type { Process } from './processes.js';
@@ -84,7 +85,7 @@ export class KeyedLab implements KeyedLabApi {
   }
 
   /** GET /pools */
-  pools(): ReturnType<LabApi['pools']> {
+  async pools(): ReturnType<LabApi['pools']> {
     this.caller('read');
     return this.daemon.lab.pools();
   }
@@ -197,42 +198,56 @@ class KeyedSandbox implements SandboxApi {
     };
   }
 
-  /** POST /sandboxes/{id}/exec: the daemon's default deadline where none is given, 0 none (as the remote lab sends). */
+  /**
+   * POST /sandboxes/{id}/exec: no deadline where none is given (0, as the remote lab sends it); its
+   * body checked as the route's (ExecBody); killed when its key is removed, as an /rpc exec is.
+   */
   async exec(argv: string[], opts: ExecOptions & BufferOutput): Promise<ExecResult>;
   async exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
   async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult | ExecText> {
+    const asked = { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0 };
+    checked(ExecBody, defined(asked), 'exec');
     const { c, box } = await this.reach('exec');
-    const r = await this.k.daemon.runExec(c, box, argv, { ...opts, timeoutMs: opts.timeoutMs ?? 0 }, 'oneshot');
-    return encoded(r, opts.encoding);
+    const d = this.k.daemon;
+    let untrack = (): void => {};
+    try {
+      const r = await d.runExec(c, box, argv, { ...opts, ...asked }, 'oneshot', (p) => {
+        untrack = d.track(c, { close: () => p.kill(9) });
+      });
+      return encoded(r, opts.encoding);
+    } finally {
+      untrack();
+    }
   }
 
   /**
    * GET /sandboxes/{id}/exec (a streamed exec): a process of the daemon (`startProcess`; on the
    * sandbox's shared connection unless `detached`, as the embedded lab's spawn), killed
    * when the caller lets go of it (`disconnect`) or its key is removed, as a remote spawn is when
-   * its WebSocket closes. Output without a callback is collected from the process's ring (its
-   * last --ring-bytes; `truncated` when some of it is gone).
+   * its WebSocket closes. Its options are checked as the route's (ProcessBody); a stream without a
+   * callback is collected into the result (its first 16 MiB, as the remote lab's).
    */
   async spawn(argv: string[], opts: SpawnOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
   async spawn(argv: string[], opts?: SpawnOptions): Promise<ProcessApi>;
   async spawn(argv: string[], opts: SpawnOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
+    const spec = {
+      argv,
+      env: envObject(opts.env),
+      cwd: opts.cwd,
+      user: opts.user,
+      timeoutMs: opts.timeoutMs ?? 0,
+      tty: opts.tty,
+      stdin: opts.stdin !== undefined,
+    };
+    checked(ProcessBody, defined(spec), 'command');
     const { c, box } = await this.reach('exec');
     const d = this.k.daemon;
     const closes = new EventEmitter();
     this.k.admit(c, closes);
     let p: Process;
     try {
-      p = await d.startProcess(c, box, {
-        argv,
-        env: envObject(opts.env),
-        cwd: opts.cwd,
-        user: opts.user,
-        timeoutMs: opts.timeoutMs ?? 0,
-        tty: opts.tty,
-        stdin: opts.stdin !== undefined,
-        // a connection of its own only when asked for (its output then held by `hold`), as the embedded lab's spawn
-        detached: opts.detached === true,
-      });
+      // a connection of its own only when asked for (its output then held by `hold`), as the embedded lab's spawn
+      p = await d.startProcess(c, box, { ...spec, detached: opts.detached === true });
     } catch (e) {
       closes.emit('close');
       throw e;
@@ -246,7 +261,16 @@ class KeyedSandbox implements SandboxApi {
       untrack();
       closes.emit('close');
     });
-    if (opts.signal) opts.signal.addEventListener('abort', () => proc.kill(9), { once: true });
+    const signal = opts.signal;
+    if (signal?.aborted) proc.kill(9);
+    else if (signal) {
+      const abort = (): void => proc.kill(9);
+      signal.addEventListener('abort', abort, { once: true });
+      void proc.result.then(
+        () => signal.removeEventListener('abort', abort),
+        () => signal.removeEventListener('abort', abort),
+      );
+    }
     if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
     if (opts.encoding === 'buffer') return proc;
     const result = proc.result.then((r) => encoded(r, 'utf8') as ExecText);
@@ -254,12 +278,14 @@ class KeyedSandbox implements SandboxApi {
     return { ...proc, result };
   }
 
-  async putFile(path: string, data: Buffer | string, mode?: number): Promise<void> {
-    return (await this.reach('exec')).box.putFile(path, data, mode);
+  /** PUT /sandboxes/{id}/files, as the remote lab's */
+  async putFile(path: string, data: Buffer | string, mode = 0o644): Promise<void> {
+    await this.files.write(path, data, { mode });
   }
 
-  async getFile(path: string): Promise<Buffer> {
-    return (await this.reach('read')).box.getFile(path);
+  /** GET /sandboxes/{id}/files, as the remote lab's */
+  getFile(path: string): Promise<Buffer> {
+    return this.files.read(path);
   }
 
   /** PUT /sandboxes/{id}/archive */
@@ -267,13 +293,16 @@ class KeyedSandbox implements SandboxApi {
     return (await this.reach('exec')).box.upload(dest, tar);
   }
 
-  /** GET /sandboxes/{id}/archive */
+  /** GET /sandboxes/{id}/archive: a missing path is FILE_NOT_FOUND before anything is written */
   async download(src: string, sink: Writable): Promise<Awaited<ReturnType<SandboxApi['download']>>> {
-    return (await this.reach('read')).box.download(src, sink);
+    const { box } = await this.reach('read');
+    await box.files.stat(src);
+    return box.download(src, sink);
   }
 
   /** POST /sandboxes/{id}/snapshots */
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<SnapshotApi> {
+    checked(SnapshotBody, defined({ name, memory: opts.memory }), 'snapshot');
     const { c, box } = await this.reach('exec');
     return this.k.daemon.snapshotOf(c, box, name, opts);
   }
@@ -365,11 +394,17 @@ function processApi(
   done: () => void,
 ): ProcessApi<ExecResult> {
   const h = p.handle!;
-  const collected = !opts.onStdout || !opts.onStderr;
+  // a stream without a callback is collected, as the remote lab collects it (its first 16 MiB)
+  const kept = { stdout: { chunks: [], bytes: 0 } as Collected, stderr: { chunks: [], bytes: 0 } as Collected };
+  let cut = false;
   const deliver = (c: { stream: 'stdout' | 'stderr'; data: Buffer }): void => {
-    (c.stream === 'stdout' ? opts.onStdout : opts.onStderr)?.(c.data);
+    const fn = c.stream === 'stdout' ? opts.onStdout : opts.onStderr;
+    if (fn) fn(c.data);
+    else if (collected(kept[c.stream], c.data)) cut = true;
   };
-  for (const c of p.ring.from(0).chunks) deliver(c);
+  // what came before this listener, from the ring (the same tick: nothing comes between)
+  const { chunks, gap } = p.ring.from(0);
+  for (const c of chunks) deliver(c);
   p.on('chunk', deliver);
   const result = new Promise<ExecResult>((resolve, reject) => {
     const end = (): void => {
@@ -381,17 +416,12 @@ function processApi(
         reject(p.error);
         return;
       }
-      // output no callback took: what the ring still holds of it
-      const held = collected ? p.ring.from(0) : { chunks: [], gap: null };
-      const of = (s: 'stdout' | 'stderr'): Buffer =>
-        (s === 'stdout' ? opts.onStdout : opts.onStderr)
-          ? Buffer.alloc(0)
-          : Buffer.concat(held.chunks.filter((c) => c.stream === s).map((c) => c.data));
       resolve({
         ...p.result,
-        stdout: of('stdout'),
-        stderr: of('stderr'),
-        truncated: p.result.truncated || held.gap !== null,
+        stdout: Buffer.concat(kept.stdout.chunks),
+        stderr: Buffer.concat(kept.stderr.chunks),
+        // a ring that had let some go before the listener (not in one tick: never, but said if so)
+        truncated: p.result.truncated || cut || gap !== null,
       });
     };
     if (p.ended) end();
@@ -410,4 +440,9 @@ function processApi(
     ...(own ? { hold: (on: boolean) => p.hold(on) } : {}),
     disconnect,
   };
+}
+
+/** A call's options as their JSON body has them (what is undefined is not sent), for `checked`. */
+function defined<T extends Record<string, unknown>>(o: T): Partial<T> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
 }

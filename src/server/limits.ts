@@ -224,7 +224,10 @@ export class StreamLimiter {
   admit(key: string, socket: { once(event: 'close', fn: () => void): unknown }): void {
     const n = this.open.get(key) ?? 0;
     if (n >= this.max)
-      throw new QuotaError('maxStreams', `key ${key} has ${n} streams open (WebSocket and events), its limit`);
+      throw new QuotaError(
+        'maxStreams',
+        `key ${key} has ${n} streams open (WebSockets, event streams and E2B commands), its limit`,
+      );
     this.open.set(key, n + 1);
     socket.once('close', () => {
       const left = (this.open.get(key) ?? 1) - 1;

@@ -110,7 +110,7 @@ export function logger(json: boolean): { log: (line: Record<string, unknown>) =>
     let text: string;
     if (json) text = `${JSON.stringify({ time: at, ...line })}\n`;
     else if (request)
-      text = `${at} ${line.method} ${line.url} ${line.status} ${line.ms}ms key=${line.key ?? '-'}${line.op ? ` op=${line.op}` : ''}\n`;
+      text = `${at} ${line.method} ${line.url} ${line.status} ${line.ms}ms key=${line.key ?? '-'}${line.op ? ` op=${line.op}` : ''}${line.front ? ` front=${line.front}` : ''}\n`;
     else {
       const { msg, ...rest } = line;
       text = `${at} ${msg}${Object.keys(rest).length ? ` ${JSON.stringify(rest)}` : ''}\n`;
@@ -152,13 +152,10 @@ async function listenTcp(
   token: string | undefined,
   apps: FastifyInstance[],
   resolved: ResolvedLimits,
+  streams: StreamLimiter,
 ): Promise<string | null> {
   const { host, port } = parseListen(listen);
-  const limits = {
-    resolved,
-    guard: new ConnectionGuard(resolved, daemon.log),
-    streams: new StreamLimiter(resolved.maxStreamsPerKey),
-  };
+  const limits = { resolved, guard: new ConnectionGuard(resolved, daemon.log), streams };
   const tcp = await buildApp(daemon, { trusted: false, clusterToken: token, limits });
   apps.push(tcp);
   await mcpOn(daemon, tcp);
@@ -199,13 +196,12 @@ async function listenE2b(
   log: (line: Record<string, unknown>) => void,
   apps: FastifyInstance[],
   resolved: ResolvedLimits,
+  streams: StreamLimiter,
 ): Promise<string> {
   const { host, port } = parseListen(listen);
   const { buildE2bApp, urlOf } = await import('../e2b/front.js');
   const { sealedSessions } = await import('../e2b/sessions.js');
   const rows = daemon.lab.e2bSessions;
-  // its commands are long streams of their keys, counted as the TCP listener counts WebSockets
-  const streams = new StreamLimiter(resolved.maxStreamsPerKey);
   const app = buildE2bApp({
     log,
     // kept in the home's store, so that a restart leaves clients' sandboxes and tokens working
@@ -213,6 +209,7 @@ async function listenE2b(
     // the same caps and timeouts as the daemon's TCP listener (limits.ts), counted on their own
     server: serverOptions(resolved),
     guard: new ConnectionGuard(resolved, log),
+    keyName: (key) => daemon.lab.keys.find(key)?.name,
     labFor: async (key) => {
       // an unknown key opens nothing (the front keeps one lab per key: made-up keys must not grow it)
       if (!daemon.lab.keys.find(key))
@@ -287,8 +284,11 @@ export async function serve(opts: ServeOptions = {}): Promise<Server> {
       cluster = await ClusterStore.open(opts.node.cluster);
       token = await cluster.token();
     }
-    if (opts.listen) url = await listenTcp(daemon, opts.listen, token, apps, limits!);
-    const e2bUrl = opts.e2bListen ? await listenE2b(daemon, opts.e2bListen, log, apps, limits!) : null;
+    // a key's long streams are counted once, whichever listener carries them: its WebSockets and
+    // event streams on the TCP API, its commands through the E2B front
+    const streams = limits ? new StreamLimiter(limits.maxStreamsPerKey) : undefined;
+    if (opts.listen) url = await listenTcp(daemon, opts.listen, token, apps, limits!, streams!);
+    const e2bUrl = opts.e2bListen ? await listenE2b(daemon, opts.e2bListen, log, apps, limits!, streams!) : null;
     if (cluster && opts.node) {
       const { ClusterNode } = await import('../cluster/node.js');
       node = await ClusterNode.join(daemon, cluster, token!, { ...opts.node, url: opts.node.advertise ?? url! });

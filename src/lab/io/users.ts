@@ -48,8 +48,10 @@ export async function resolveUser(agent: AgentClient, spec: string): Promise<str
   const read = async (path: string): Promise<string> =>
     (await agent.getFile(path).catch(() => Buffer.alloc(0))).toString('utf8');
   const numeric = (x: string): boolean => /^\d+$/.test(x) && Number(x) <= MAX_ID;
-  // the machine's files even for a numeric uid: its primary group and groups come from there
-  const [users, groups] = [parsePasswd(await read('/etc/passwd')), parseGroup(await read('/etc/group'))];
+  // the machine's files even for a numeric uid: its primary group and groups come from there (both
+  // asked at once: every command run as a user waits for them)
+  const [passwd, group] = await Promise.all([read('/etc/passwd'), read('/etc/group')]);
+  const [users, groups] = [parsePasswd(passwd), parseGroup(group)];
   const found = numeric(u) ? users.find((p) => p.uid === Number(u)) : users.find((p) => p.name === u);
   if (!found && !numeric(u))
     throw new SnaplabError(
