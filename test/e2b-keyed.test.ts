@@ -45,7 +45,10 @@ describe('the front on the daemon in-process', () => {
       /DELETE \/sandboxes\/\S+ 204 \S+ms key=agent front=e2b/.test(h.d.log()),
     );
     expect(h.d.log()).toMatch(/POST \/v2\/sandboxes 201 \S+ms key=agent front=e2b/);
-    expect(h.d.log()).toMatch(/POST \/process\.Process\/Start 200 \S+ms key=agent front=e2b/);
+    // a Start's line carries its phases: the sandbox found, its user known, its pid (ms from its start)
+    expect(h.d.log()).toMatch(
+      /POST \/process\.Process\/Start 200 \S+ms key=agent phases=sandbox:[\d.]+,user:[\d.]+,pid:[\d.]+ front=e2b/,
+    );
     expect(asked()).toBe(before);
     // and nothing of it is left (the kill went through the daemon's own call)
     const ls = JSON.parse(cli(h.home, ['ls', '--json']).out) as { id: string }[];

@@ -98,6 +98,11 @@ function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest):
 }
 
 async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
+  // its phases on its log line: the sandbox found, its user known, its pid (the start event)
+  const t0 = performance.now();
+  const phases: Record<string, number> = {};
+  req.phases = phases;
+  const mark = (name: string): void => void (phases[name] = Math.round((performance.now() - t0) * 10) / 10);
   let stream: ServerStream | undefined;
   const open = (): ServerStream => (stream ??= openStream(reply));
   const ref: { p?: Proc } = {};
@@ -106,11 +111,13 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
   try {
     box = await state.envdSandbox(req);
     m = unenvelope(await readBody(req.body)) as StartRequest;
+    mark('sandbox');
   } catch (e) {
     return streamRefused(reply, e);
   }
   try {
     const user = await state.actAs(box, req);
+    mark('user');
     const spec = {
       config: configOf(box, m, user),
       tag: typeof m.tag === 'string' ? m.tag : undefined,
@@ -121,6 +128,7 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
     };
     const listen = pipe(open, ref, req);
     ref.p = await state.processes.start(box, spec, listen);
+    mark('pid');
     // the client went away while it started: the command runs on, to its end or its timeout
     if (open().closed) ref.p.listeners.delete(listen);
   } catch (err) {

@@ -18,6 +18,13 @@ import { registerMetrics } from './metrics.js';
 import { E2bState, sendError } from './state.js';
 import type { SessionStore } from './sessions.js';
 
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** how far a request had got at each of its phases, in ms from its start (a Start's: sandbox, user, pid), for its log line */
+    phases: Record<string, number> | null;
+  }
+}
+
 export interface E2bFrontOptions {
   /** the Lab API as the holder of this key sees it (rejects with UNAUTHORIZED for an unknown key) */
   labFor: (apiKey: string) => Promise<KeyedLabApi>;
@@ -49,6 +56,7 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
   app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
+  app.decorateRequest('phases', null);
   app.setErrorHandler((e, _req, reply) => sendError(reply, e));
   app.setNotFoundHandler((req, reply) =>
     sendError(
@@ -65,6 +73,7 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
       url: req.url.split('?')[0],
       status: reply.statusCode,
       ms: Math.round(reply.elapsedTime * 10) / 10,
+      ...(req.phases ? { phases: req.phases } : {}),
       front: 'e2b',
     });
   });

@@ -54,6 +54,9 @@ export interface DaemonOptions {
 
 export const DEFAULTS = DAEMON_DEFAULTS;
 
+/** What changes what runs in a sandbox (POST /sandboxes/{id}/{verb}). */
+export type StateVerb = 'pause' | 'resume' | 'stop' | 'start';
+
 export interface ProcessSpec {
   argv: string[];
   tag?: string;
@@ -634,6 +637,14 @@ export class Daemon implements RouteHost {
       this.events.record('started', box, null, { operation: t?.id ?? null });
       return box;
     });
+  }
+
+  /** POST /sandboxes/{id}/{verb}: the daemon's call of each (its event told), for the route and a keyed lab. */
+  changeState(verb: StateVerb, idOrName: string, caller: Caller): Promise<SandboxApi> {
+    if (verb === 'pause') return this.pause(idOrName, null, caller);
+    if (verb === 'resume') return this.resume(idOrName, caller);
+    if (verb === 'stop') return this.stopSandbox(idOrName, null, caller);
+    return this.startSandbox(idOrName, caller);
   }
 
   /** A sandbox's commands end with what runs them (held output or not). */

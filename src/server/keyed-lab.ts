@@ -44,7 +44,7 @@ import { requireEgress } from './ceilings.js';
 import { checked } from './checked.js';
 import { CreateBody, EgressBody, ExecBody, LabelsBody, ProcessBody, SnapshotBody, TimeoutBody } from './schemas.js';
 import { listFor } from './owned-list.js';
-import type { Daemon } from './daemon.js';
+import type { Daemon, StateVerb } from './daemon.js';
 import type { Process } from './processes.js';
 import type { StreamLimiter } from './limits.js';
 
@@ -349,23 +349,24 @@ class KeyedSandbox implements SandboxApi {
   }
 
   /** POST /sandboxes/{id}/pause … start and DELETE: the daemon's own calls, which tell them as events. */
-  async pause(): Promise<undefined> {
-    this.inner = await this.k.daemon.pause(this.inner.id, null, this.k.caller('exec'));
-    return undefined;
+  pause(): Promise<undefined> {
+    return this.change('pause');
   }
 
-  async resume(): Promise<undefined> {
-    this.inner = await this.k.daemon.resume(this.inner.id, this.k.caller('exec'));
-    return undefined;
+  resume(): Promise<undefined> {
+    return this.change('resume');
   }
 
-  async stop(): Promise<undefined> {
-    this.inner = await this.k.daemon.stopSandbox(this.inner.id, null, this.k.caller('exec'));
-    return undefined;
+  stop(): Promise<undefined> {
+    return this.change('stop');
   }
 
-  async start(): Promise<undefined> {
-    this.inner = await this.k.daemon.startSandbox(this.inner.id, this.k.caller('exec'));
+  start(): Promise<undefined> {
+    return this.change('start');
+  }
+
+  private async change(verb: StateVerb): Promise<undefined> {
+    this.inner = await this.k.daemon.changeState(verb, this.inner.id, this.k.caller('exec'));
     return undefined;
   }
 

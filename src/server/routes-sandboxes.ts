@@ -17,9 +17,8 @@ import {
   errors,
 } from './schemas.js';
 import { execView } from './exec-view.js';
-import type { Daemon } from './daemon.js';
-import type { Caller } from './keys.js';
-import type { OnTimeout, SandboxApi } from '../sdk/api.js';
+import type { StateVerb } from './daemon.js';
+import type { OnTimeout } from '../sdk/api.js';
 
 const tags = ['sandboxes'];
 
@@ -31,37 +30,30 @@ export async function sandboxRoutes(app: FastifyInstance, s: SandboxCalls): Prom
 }
 
 /**
- * The calls that change what runs in a sandbox, each answered with the sandbox as it is after:
- * what the OpenAPI document says of each, and the daemon's call that does it.
+ * The calls that change what runs in a sandbox, each answered with the sandbox as it is after
+ * (the daemon's `changeState`): what the OpenAPI document says of each.
  */
-const STATE_CALLS: Record<
-  'pause' | 'resume' | 'stop' | 'start',
-  { summary: string; act: (d: Daemon, id: string, caller: Caller) => Promise<SandboxApi> }
-> = {
-  pause: { summary: 'Freeze every process (its timeout clock stops)', act: (d, id, c) => d.pause(id, null, c) },
-  resume: { summary: 'Thaw it (its timeout starts again)', act: (d, id, c) => d.resume(id, c) },
-  stop: {
-    summary:
-      'Halt every process and keep its filesystem, user namespace range and address (its timeout clock stops); 409 SANDBOX_STOPPED when it is stopped already',
-    act: (d, id, c) => d.stopSandbox(id, null, c),
-  },
-  start: {
-    summary:
-      'Raise a stopped sandbox again on its volume under the same id: new processes, the files it had (its timeout starts again); 409 SANDBOX_RUNNING when it runs or is paused',
-    act: (d, id, c) => d.startSandbox(id, c),
-  },
+const STATE_CALLS: Record<StateVerb, string> = {
+  pause: 'Freeze every process (its timeout clock stops)',
+  resume: 'Thaw it (its timeout starts again)',
+  stop: 'Halt every process and keep its filesystem, user namespace range and address (its timeout clock stops); 409 SANDBOX_STOPPED when it is stopped already',
+  start:
+    'Raise a stopped sandbox again on its volume under the same id: new processes, the files it had (its timeout starts again); 409 SANDBOX_RUNNING when it runs or is paused',
 };
 
 /** Pause, resume, stop (its filesystem kept) and start (a fresh boot on it, under the same id). */
 function stateRoutes(app: FastifyInstance, s: SandboxCalls): void {
-  for (const [verb, { summary, act }] of Object.entries(STATE_CALLS))
+  for (const [verb, summary] of Object.entries(STATE_CALLS) as [StateVerb, string][])
     app.post(
       `/sandboxes/:id/${verb}`,
       {
         config: { scope: 'exec' },
         schema: { tags, summary, params: IdParams, response: { 200: SandboxView, ...errors } },
       },
-      servedBy(s, (d) => async (req) => d.view(await act(d, (req.params as { id: string }).id, req.caller))),
+      servedBy(
+        s,
+        (d) => async (req) => d.view(await d.changeState(verb, (req.params as { id: string }).id, req.caller)),
+      ),
     );
 }
 

@@ -93,6 +93,14 @@ export function parseListen(text: string): { host: string; port: number } {
  * 50 ms (or at 64 KiB): at thousands of requests a second, a write per line was a tenth of the
  * daemon's CPU. Messages that are not request lines go out at once.
  */
+/** A request's phases on its text log line: ` phases=sandbox:0.4,user:0.5,pid:3.1` (ms from its start). */
+function phasesOf(p: unknown): string {
+  if (typeof p !== 'object' || p === null) return '';
+  return ` phases=${Object.entries(p)
+    .map(([k, v]) => `${k}:${v}`)
+    .join(',')}`;
+}
+
 export function logger(json: boolean): { log: (line: Record<string, unknown>) => void; flush: () => void } {
   let pending: string[] = [];
   let size = 0;
@@ -110,7 +118,7 @@ export function logger(json: boolean): { log: (line: Record<string, unknown>) =>
     let text: string;
     if (json) text = `${JSON.stringify({ time: at, ...line })}\n`;
     else if (request)
-      text = `${at} ${line.method} ${line.url} ${line.status} ${line.ms}ms key=${line.key ?? '-'}${line.op ? ` op=${line.op}` : ''}${line.front ? ` front=${line.front}` : ''}\n`;
+      text = `${at} ${line.method} ${line.url} ${line.status} ${line.ms}ms key=${line.key ?? '-'}${line.op ? ` op=${line.op}` : ''}${phasesOf(line.phases)}${line.front ? ` front=${line.front}` : ''}\n`;
     else {
       const { msg, ...rest } = line;
       text = `${at} ${msg}${Object.keys(rest).length ? ` ${JSON.stringify(rest)}` : ''}\n`;
