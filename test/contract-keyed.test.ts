@@ -52,6 +52,28 @@ describe('the keyed lab holds its calls as the routes do', () => {
     }
   });
 
+  it("snapshots and restores as its key: another key's restore of it is SNAPSHOT_NOT_FOUND", async () => {
+    const lab = d.keyed(token);
+    const box = await lab.create({ name: 'snapped' });
+    const other = cli(home, ['key', 'create', 'other', '--scope', 'read,exec']);
+    expect(other.code, other.err).toBe(0);
+    try {
+      await box.files.write('/etc/mark', 'kept');
+      expect((await box.snapshot('keyed-snap')).name).toBe('keyed-snap');
+      const copy = await lab.restore('keyed-snap', { name: 'restored' });
+      expect((await copy.files.read('/etc/mark')).toString()).toBe('kept');
+      expect(copy.owner).toBe('keyed');
+      await copy.destroy();
+      await expect(d.keyed(other.out.trim()).restore('keyed-snap')).rejects.toMatchObject({
+        code: 'SNAPSHOT_NOT_FOUND',
+      });
+    } finally {
+      await box.destroy();
+      await d.lab.removeSnapshot('keyed-snap');
+      cli(home, ['key', 'rm', 'other']);
+    }
+  });
+
   it('a key removed: its calls are UNAUTHORIZED, and its running exec and spawn are killed at the check', async () => {
     const k = cli(home, ['key', 'create', 'going', '--scope', 'read,exec']);
     expect(k.code, k.err).toBe(0);

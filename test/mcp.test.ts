@@ -165,6 +165,13 @@ describe("a daemon's /mcp (streamable HTTP, a key)", () => {
     } finally {
       await c.close();
     }
+    // the tools act through the key's lab in the daemon's process: the key's only requests are to /mcp
+    const mine = d
+      .log()
+      .split('\n')
+      .filter((l) => l.includes(' key=agent'));
+    expect(mine.length).toBeGreaterThan(0);
+    expect(mine.filter((l) => !/ (POST|GET|DELETE) \/mcp /.test(l))).toEqual([]);
   }, 120_000);
 
   it('without a key nothing is served; stateless, so GET (a session stream) is 405', async () => {

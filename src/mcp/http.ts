@@ -1,17 +1,20 @@
 /**
  * A daemon's /mcp: the MCP server over the streamable HTTP transport, stateless (each POST a
  * server and a transport of its own), with a key like the other routes. Each request acts through
- * a LabApi of the caller's key (`labFor`: Lab.connect to the daemon's own keyed API, as the E2B
- * front does), so what a key may do over MCP is what the daemon lets it; the daemon keeps each
- * sandbox's TTL.
+ * the caller's key's lab (`labFor`: the daemon's keyed lab in its own process, as the E2B front's),
+ * so what a key may do over MCP is what the daemon lets it; the daemon keeps each sandbox's TTL.
  */
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { bestEffort } from '../cleanup.js';
-import type { LabApi } from '../sdk/api.js';
+import type { KeyedLabApi } from '../sdk/api.js';
 import { mcpServer } from './server.js';
 
-export function mcpRoutes(app: FastifyInstance, labFor: (req: FastifyRequest) => Promise<LabApi>, ttlS = 600): void {
+export function mcpRoutes(
+  app: FastifyInstance,
+  labFor: (req: FastifyRequest) => Promise<KeyedLabApi>,
+  ttlS = 600,
+): void {
   app.post('/mcp', { config: { scope: 'exec' }, schema: { hide: true } }, async (req, reply) => {
     const lab = await labFor(req);
     const server = mcpServer(lab, { defaultTtlS: ttlS, keepsTime: true });

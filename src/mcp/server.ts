@@ -1,12 +1,12 @@
 /**
- * The MCP server (docs/mcp.md): tools over a LabApi, the same for `snaplab mcp` on stdio (the
+ * The MCP server (docs/mcp.md): tools over a KeyedLabApi, the same for `snaplab mcp` on stdio (the
  * embedded lab, or a daemon with SNAPLAB_HOST) and for a daemon's /mcp (the caller's key). It
  * stands on the Lab API only.
  */
 import { McpServer, ResourceTemplate } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult, ReadResourceResult } from '@modelcontextprotocol/sdk/types.js';
 import * as z from 'zod';
-import type { LabApi, SandboxApi } from '../sdk/api.js';
+import type { KeyedLabApi, SandboxApi } from '../sdk/api.js';
 import { VERSION } from '../version.js';
 import { runCode, type Execution } from '../interpreter/run-code.js';
 import { Interpreters } from '../interpreter/server.js';
@@ -59,7 +59,7 @@ export function cut(s: string, max: number): string {
 
 const sandbox = z.string().min(1).describe('the sandbox id or name');
 
-function lifecycleTools(server: McpServer, lab: LabApi, o: McpOptions, interpreters: Interpreters): void {
+function lifecycleTools(server: McpServer, lab: KeyedLabApi, o: McpOptions, interpreters: Interpreters): void {
   server.registerTool(
     'create_sandbox',
     {
@@ -110,7 +110,7 @@ function lifecycleTools(server: McpServer, lab: LabApi, o: McpOptions, interpret
   );
 }
 
-function runTool(server: McpServer, lab: LabApi): void {
+function runTool(server: McpServer, lab: KeyedLabApi): void {
   server.registerTool(
     'run_command',
     {
@@ -162,7 +162,7 @@ function executionContent(r: Execution, max: number): Result {
   };
 }
 
-function codeTool(server: McpServer, lab: LabApi, interpreters: Interpreters): void {
+function codeTool(server: McpServer, lab: KeyedLabApi, interpreters: Interpreters): void {
   server.registerTool(
     'run_code',
     {
@@ -187,7 +187,7 @@ function codeTool(server: McpServer, lab: LabApi, interpreters: Interpreters): v
   );
 }
 
-function fileTools(server: McpServer, lab: LabApi): void {
+function fileTools(server: McpServer, lab: KeyedLabApi): void {
   const path = z.string().min(1).describe('an absolute path inside the sandbox');
   server.registerTool(
     'write_file',
@@ -215,7 +215,7 @@ function fileTools(server: McpServer, lab: LabApi): void {
   );
 }
 
-function snapshotTools(server: McpServer, lab: LabApi, o: McpOptions): void {
+function snapshotTools(server: McpServer, lab: KeyedLabApi, o: McpOptions): void {
   server.registerTool(
     'snapshot_sandbox',
     {
@@ -241,7 +241,12 @@ function snapshotTools(server: McpServer, lab: LabApi, o: McpOptions): void {
 }
 
 /** A file's text (cut past MAX_OUTPUT), a binary one's bytes as base64, a directory's entries as JSON. */
-async function readResource(lab: LabApi, uri: URL, sandboxName: string, path: string): Promise<ReadResourceResult> {
+async function readResource(
+  lab: KeyedLabApi,
+  uri: URL,
+  sandboxName: string,
+  path: string,
+): Promise<ReadResourceResult> {
   const box = await lab.get(sandboxName);
   const info = await box.files.stat(path);
   if (info.type === 'dir') {
@@ -256,7 +261,7 @@ async function readResource(lab: LabApi, uri: URL, sandboxName: string, path: st
 }
 
 /** snaplab://sandbox/NAME/files/PATH: a sandbox's files (each sandbox's / is listed). */
-function fileResources(server: McpServer, lab: LabApi): void {
+function fileResources(server: McpServer, lab: KeyedLabApi): void {
   const template = new ResourceTemplate('snaplab://sandbox/{sandbox}/files{+path}', {
     list: async () => ({
       resources: (await lab.list()).map((b) => ({
@@ -275,7 +280,7 @@ function fileResources(server: McpServer, lab: LabApi): void {
 }
 
 /** An MCP server whose tools act through `lab`. */
-export function mcpServer(lab: LabApi, o: McpOptions): McpServer {
+export function mcpServer(lab: KeyedLabApi, o: McpOptions): McpServer {
   const server = new McpServer({ name: 'snaplab', version: VERSION });
   // the interpreter servers this session started, by sandbox: a destroyed or ended one is forgotten
   const interpreters = new Interpreters();

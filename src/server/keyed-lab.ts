@@ -18,6 +18,7 @@ import type {
   EgressUsage,
   LabApi,
   LabCreateOptions,
+  LabRestoreOptions,
   ListOptions,
   OnTimeout,
   ProcessApi,
@@ -71,6 +72,13 @@ export class KeyedLab implements KeyedLabApi {
   async create(opts: LabCreateOptions = {}): Promise<SandboxApi> {
     const c = this.caller('exec');
     const body = checked(CreateBody, JSON.parse(JSON.stringify(opts)) as unknown, 'create');
+    return new KeyedSandbox(this, await this.daemon.createFor(c, body));
+  }
+
+  /** POST /sandboxes with a snapshot: the options as the remote lab sends them, checked by its schema. */
+  async restore(snapshot: string, opts: LabRestoreOptions = {}): Promise<SandboxApi> {
+    const c = this.caller('exec');
+    const body = checked(CreateBody, JSON.parse(JSON.stringify({ snapshot, ...opts })) as unknown, 'restore');
     return new KeyedSandbox(this, await this.daemon.createFor(c, body));
   }
 

@@ -23,7 +23,6 @@ import { Daemon, type DaemonOptions } from './daemon.js';
 import type { ClusterNode, NodeOptions } from '../cluster/node.js';
 import type { ClusterStore } from '../cluster/store.js';
 import { noted, orElse } from '../cleanup.js';
-import { Lab } from '../sdk/lab.js';
 
 export interface ServeOptions extends DaemonOptions {
   /** join a cluster as a node (needs `listen`: gateways reach it there) */
@@ -166,7 +165,7 @@ async function listenTcp(
   const limits = { resolved, guard: new ConnectionGuard(resolved, daemon.log), streams };
   const tcp = await buildApp(daemon, { trusted: false, clusterToken: token, limits });
   apps.push(tcp);
-  await mcpOn(daemon, tcp);
+  await mcpOn(daemon, tcp, streams);
   // a long accept queue: under a flood a new client's SYN is queued, not dropped (a 1 s retransmit)
   await tcp.listen({ host, port, backlog: 4096 });
   const addr = tcp.server.address();
@@ -179,17 +178,15 @@ async function listenTcp(
  * /mcp on the keyed app (src/mcp/http.ts): each request acts through a Lab.connect of its caller's
  * key to this same app, as the E2B front does, so a key may do over MCP what it may do here.
  */
-async function mcpOn(daemon: Daemon, tcp: FastifyInstance): Promise<void> {
+async function mcpOn(daemon: Daemon, tcp: FastifyInstance, streams: StreamLimiter): Promise<void> {
   const { mcpRoutes } = await import('../mcp/http.js');
   mcpRoutes(tcp, async (req) => {
     const auth = req.headers.authorization ?? '';
     const key = auth.startsWith('Bearer ') ? auth.slice('Bearer '.length).trim() : '';
     if (!key || !daemon.lab.keys.find(key))
       throw new SnaplabError('UNAUTHORIZED', 'MCP needs an API key of this daemon', 'send Authorization: Bearer KEY');
-    const addr = tcp.server.address();
-    if (typeof addr !== 'object' || !addr) throw new SnaplabError('INTERNAL', 'the daemon has no TCP address', '');
-    const host = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
-    return Lab.connect({ url: `http://${host}:${addr.port}`, token: key });
+    // the key's lab in this process (keyed-lab.ts), as the E2B front's: no loopback hop per tool call
+    return daemon.keyed(key, streams);
   });
 }
 
