@@ -174,6 +174,39 @@ describe("a daemon's /mcp (streamable HTTP, a key)", () => {
     expect(mine.filter((l) => !/ (POST|GET|DELETE) \/mcp /.test(l))).toEqual([]);
   }, 120_000);
 
+  it("a command whose request its client left is killed, as the REST API's exec is", async () => {
+    const c = await connect(key);
+    const made = JSON.parse(textOf(await call(c, 'create_sandbox', { ttl_seconds: 120 }))) as { name: string };
+    await c.close();
+    try {
+      // a tools/call of its own (stateless: no session), left before its answer
+      const left = new AbortController();
+      const asked = fetch(`${d.url}/mcp`, {
+        method: 'POST',
+        headers: {
+          Authorization: `Bearer ${key}`,
+          'content-type': 'application/json',
+          accept: 'application/json, text/event-stream',
+        },
+        body: JSON.stringify({
+          jsonrpc: '2.0',
+          id: 1,
+          method: 'tools/call',
+          params: { name: 'run_command', arguments: { sandbox: made.name, command: 'sleep 600' } },
+        }),
+        signal: left.signal,
+      }).catch((e: unknown) => e);
+      const sleeping = (): boolean =>
+        cli(home, ['exec', made.name, '--', 'sh', '-c', 'ps -o args | grep -c "^sleep 600"']).out.trim() === '1';
+      await until('the command runs', sleeping, 10_000);
+      left.abort();
+      await asked;
+      await until('the command is killed', () => !sleeping(), 10_000);
+    } finally {
+      cli(home, ['rm', made.name]);
+    }
+  }, 60_000);
+
   it('without a key nothing is served; stateless, so GET (a session stream) is 405', async () => {
     await expect(connect('not-a-key')).rejects.toThrow(/401|UNAUTHORIZED/);
     const get = await fetch(`${d.url}/mcp`, { headers: { Authorization: `Bearer ${key}` } });

@@ -153,5 +153,6 @@ export function openStream(reply: FastifyReply): ServerStream {
 /** A deadline the client asked for (`Connect-Timeout-Ms`), or undefined. */
 export function deadlineOf(header: string | string[] | undefined): number | undefined {
   const n = Number(Array.isArray(header) ? header[0] : header);
-  return Number.isFinite(n) && n > 0 ? n : undefined;
+  // whole milliseconds (a deadline is one), rounded up: never shorter than asked
+  return Number.isFinite(n) && n > 0 ? Math.ceil(n) : undefined;
 }

@@ -43,7 +43,11 @@ function configOf(box: SandboxApi, m: StartRequest, user: EnvdUser): ProcessConf
   const p = m.process ?? {};
   if (typeof p.cmd !== 'string' || !p.cmd) throw new ConnectError('invalid_argument', 'process.cmd is required');
   const args = Array.isArray(p.args) ? p.args.map(String) : [];
-  const own = typeof p.envs === 'object' && p.envs !== null ? (p.envs as Record<string, string>) : {};
+  // values as text, as the daemon's routes take them (a client that sends a number means its digits)
+  const own =
+    typeof p.envs === 'object' && p.envs !== null
+      ? Object.fromEntries(Object.entries(p.envs).map(([k, v]) => [k, typeof v === 'string' ? v : String(v)]))
+      : {};
   // as envd: the user's own HOME, USER and LOGNAME (a login shell reads its profile from HOME)
   const who: Record<string, string> =
     user.name && user.home ? { HOME: user.home, USER: user.name, LOGNAME: user.name } : {};
@@ -101,8 +105,10 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
   // its phases on its log line: the sandbox found, its user known, its pid (the start event)
   const t0 = performance.now();
   const phases: Record<string, number> = {};
-  req.phases = phases;
-  const mark = (name: string): void => void (phases[name] = Math.round((performance.now() - t0) * 10) / 10);
+  const mark = (name: string): void => {
+    phases[name] = Math.round((performance.now() - t0) * 10) / 10;
+    req.phases = phases;
+  };
   let stream: ServerStream | undefined;
   const open = (): ServerStream => (stream ??= openStream(reply));
   const ref: { p?: Proc } = {};

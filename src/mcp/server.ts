@@ -127,7 +127,7 @@ function runTool(server: McpServer, lab: KeyedLabApi): void {
       const box = await lab.get(a.sandbox);
       const r = await box.exec(['/bin/sh', '-c', a.command], {
         ...(a.cwd ? { cwd: a.cwd } : {}),
-        ...(a.timeout_seconds ? { timeoutMs: a.timeout_seconds * 1000 } : {}),
+        ...(a.timeout_seconds ? { timeoutMs: Math.ceil(a.timeout_seconds * 1000) } : {}),
       });
       const max = a.max_output ?? MAX_OUTPUT;
       return {
@@ -180,7 +180,7 @@ function codeTool(server: McpServer, lab: KeyedLabApi, interpreters: Interpreter
         box,
         interpreters,
         a.code,
-        a.timeout_seconds ? { timeoutMs: a.timeout_seconds * 1000 } : {},
+        a.timeout_seconds ? { timeoutMs: Math.ceil(a.timeout_seconds * 1000) } : {},
       );
       return executionContent(r, MAX_OUTPUT);
     }),

@@ -328,8 +328,9 @@ export class Daemon implements RouteHost {
   /**
    * The Lab API as the holder of `token` has it, in this process (keyed-lab.ts): each call is
    * checked as the HTTP route that does the same is (the key, its scope, ownership, quotas,
-   * ceilings), by the same functions. An in-process front (E2B's) stands on it; `streams`: the
-   * front's own per-key count of long streams, which its commands count in.
+   * ceilings), by the same functions. The in-process fronts (E2B's, MCP's /mcp) stand on it;
+   * `streams`: the key's one count of long streams (its WebSockets and event streams on the TCP
+   * listener too), which its commands count in.
    */
   keyed(token: string, streams?: StreamLimiter): KeyedLab {
     return new KeyedLab(this, token, streams);

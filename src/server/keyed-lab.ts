@@ -1,14 +1,15 @@
 /**
- * The Lab API as one key has it, in the daemon's own process: what an in-process front (E2B's,
- * src/e2b/) stands on instead of a client of the daemon's HTTP API on loopback. Each call is held
+ * The Lab API as one key has it, in the daemon's own process: what the in-process fronts (E2B's,
+ * src/e2b/; MCP's /mcp) stand on instead of a client of the daemon's HTTP API on loopback. Each call is held
  * to what the HTTP route that does the same holds a request to, by the same functions, never a copy
  * of them: the key is looked up on every call (`callerOf`: one removed since answers UNAUTHORIZED),
  * its scope checked (`requireScope`, the route's scope), its sandboxes found as its own
  * (`Daemon.sandbox`), its bodies checked against the route's schema (`checked`), its commands held
  * to its exec quota (`Daemon.runExec`, `Daemon.startProcess`), its creates and snapshots to its
  * quotas and ceilings (`Daemon.create`, `Daemon.snapshotOf`), and its changes told as the
- * daemon's events (`Daemon.pause` …). A command it starts is a process of the daemon (listed,
- * timed, told of when it exits) counted in the front's per-key stream limit, and ended with its key.
+ * daemon's events (`Daemon.changeState` …). A command it starts is a process of the daemon (listed,
+ * timed, told of when it exits) counted in the key's one stream count; its commands end with their
+ * key, and with the lab (`close`: a request of MCP's that its client left).
  */
 import { EventEmitter } from 'node:events';
 import type { Readable, Writable } from 'node:stream';
@@ -40,6 +41,7 @@ import { feedInput } from '../lab/io/streams.js';
 import { watchWith } from '../lab/io/watch.js';
 import { envObject } from '../client/remote.js';
 import { handledElsewhere } from '../cleanup.js';
+import { aborted } from '../agent/agent-errors.js';
 import { callerOf, describeCaller, requireScope, type Caller } from './keys.js';
 import { requireEgress } from './ceilings.js';
 import { checked } from './checked.js';
@@ -103,8 +105,17 @@ export class KeyedLab implements KeyedLabApi {
     return describeCaller(this.caller('read'));
   }
 
-  /** Nothing to let go: the sandboxes' objects are the daemon's. */
-  close(): void {}
+  /** the commands running through this lab now: each one's kill */
+  readonly running = new Set<() => void>();
+
+  /**
+   * Its commands still running are killed, as a remote lab's are when its connections close (a
+   * request of MCP's that its client left); the sandboxes' objects are the daemon's, kept.
+   */
+  close(): void {
+    for (const kill of [...this.running]) kill();
+    this.running.clear();
+  }
 }
 
 /**
@@ -214,16 +225,22 @@ class KeyedSandbox implements SandboxApi {
   async exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
   async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult | ExecText> {
     const asked = { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0 };
+    // the key and its scope first, then the body, then the sandbox: a route's order
+    this.k.caller('exec');
     checked(ExecBody, defined(asked), 'exec');
     const { c, box } = await this.reach('exec');
     const d = this.k.daemon;
     let untrack = (): void => {};
+    const kill = { fn: (): void => {} };
     try {
       const r = await d.runExec(c, box, argv, { ...opts, ...asked }, 'oneshot', (p) => {
-        untrack = d.track(c, { close: () => p.kill(9) });
+        kill.fn = () => p.kill(9);
+        this.k.running.add(kill.fn);
+        untrack = d.track(c, { close: kill.fn });
       });
       return encoded(r, opts.encoding);
     } finally {
+      this.k.running.delete(kill.fn);
       untrack();
     }
   }
@@ -247,6 +264,7 @@ class KeyedSandbox implements SandboxApi {
       tty: opts.tty,
       stdin: opts.stdin !== undefined,
     };
+    this.k.caller('exec');
     checked(ProcessBody, defined(spec), 'command');
     const { c, box } = await this.reach('exec');
     const d = this.k.daemon;
@@ -260,29 +278,43 @@ class KeyedSandbox implements SandboxApi {
       closes.emit('close');
       throw e;
     }
-    const untrack = d.track(c, { close: () => ended() });
     const ended = (): void => {
       if (!p.ended) p.handle?.kill(9);
       p.abandon();
     };
+    const untrack = d.track(c, { close: ended });
+    this.k.running.add(ended);
     const proc = processApi(p, opts, opts.detached === true, ended, () => {
+      this.k.running.delete(ended);
       untrack();
       closes.emit('close');
     });
+    // its signal aborts it, as the other labs' spawn: killed, and its result rejects (ABORTED)
+    let abortedBy = false;
     const signal = opts.signal;
-    if (signal?.aborted) proc.kill(9);
-    else if (signal) {
-      const abort = (): void => proc.kill(9);
-      signal.addEventListener('abort', abort, { once: true });
-      void proc.result.then(
-        () => signal.removeEventListener('abort', abort),
-        () => signal.removeEventListener('abort', abort),
-      );
-    }
-    if (opts.stdin !== undefined && opts.stdin !== true) feedInput(proc, opts.stdin);
-    if (opts.encoding === 'buffer') return proc;
-    const result = proc.result.then((r) => encoded(r, 'utf8') as ExecText);
-    result.catch(handledElsewhere); // a result nobody awaits must not end the caller's process
+    const abort = (): void => {
+      abortedBy = true;
+      proc.kill(9);
+    };
+    if (signal?.aborted) abort();
+    else signal?.addEventListener('abort', abort, { once: true });
+    const settled = proc.result.then(
+      (r) => {
+        signal?.removeEventListener('abort', abort);
+        if (abortedBy) throw aborted(`exec of ${argv[0] ?? '?'}`);
+        return r;
+      },
+      (e: unknown) => {
+        signal?.removeEventListener('abort', abort);
+        throw e;
+      },
+    );
+    settled.catch(handledElsewhere); // a result nobody awaits must not end the caller's process
+    const bytes = { ...proc, result: settled };
+    if (opts.stdin !== undefined && opts.stdin !== true) feedInput(bytes, opts.stdin);
+    if (opts.encoding === 'buffer') return bytes;
+    const result = settled.then((r) => encoded(r, 'utf8') as ExecText);
+    result.catch(handledElsewhere);
     return { ...proc, result };
   }
 
@@ -310,6 +342,7 @@ class KeyedSandbox implements SandboxApi {
 
   /** POST /sandboxes/{id}/snapshots */
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<SnapshotApi> {
+    this.k.caller('exec');
     checked(SnapshotBody, defined({ name, memory: opts.memory }), 'snapshot');
     const { c, box } = await this.reach('exec');
     return this.k.daemon.snapshotOf(c, box, name, opts);
@@ -317,14 +350,15 @@ class KeyedSandbox implements SandboxApi {
 
   /** PATCH /sandboxes/{id} */
   async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
+    this.k.caller('exec');
     const body = checked(LabelsBody, change, 'labels');
     await (await this.reach('exec')).box.setLabels(body);
   }
 
   /** POST /sandboxes/{id}/timeout */
   async setTimeout(timeoutS: number, onTimeout?: OnTimeout): Promise<void> {
-    const b = checked(TimeoutBody, { timeoutS, ...(onTimeout ? { onTimeout } : {}) }, 'timeout');
     const c = this.k.caller('exec');
+    const b = checked(TimeoutBody, { timeoutS, ...(onTimeout ? { onTimeout } : {}) }, 'timeout');
     this.inner = await this.k.daemon.setTimeout(this.inner.id, b.timeoutS, b.onTimeout, c);
   }
 

@@ -226,7 +226,7 @@ export class StreamLimiter {
     if (n >= this.max)
       throw new QuotaError(
         'maxStreams',
-        `key ${key} has ${n} streams open (WebSockets, event streams and E2B commands), its limit`,
+        `key ${key} has ${n} streams open (WebSockets, event streams, commands through the E2B front or MCP), its limit`,
       );
     this.open.set(key, n + 1);
     socket.once('close', () => {

@@ -87,18 +87,19 @@ export function parseListen(text: string): { host: string; port: number } {
   return { host: m[1] ?? m[2]!, port };
 }
 
+/** A request's phases on its text log line: ` phases=sandbox:0.4,user:0.5,pid:3.1` (ms from its start). */
+function phasesOf(p: unknown): string {
+  if (typeof p !== 'object' || p === null || !Object.keys(p).length) return '';
+  return ` phases=${Object.entries(p)
+    .map(([k, v]) => `${k}:${v}`)
+    .join(',')}`;
+}
+
 /**
  * One line per request and per event of note, on stderr. Lines are gathered and written every
  * 50 ms (or at 64 KiB): at thousands of requests a second, a write per line was a tenth of the
  * daemon's CPU. Messages that are not request lines go out at once.
  */
-/** A request's phases on its text log line: ` phases=sandbox:0.4,user:0.5,pid:3.1` (ms from its start). */
-function phasesOf(p: unknown): string {
-  if (typeof p !== 'object' || p === null) return '';
-  return ` phases=${Object.entries(p)
-    .map(([k, v]) => `${k}:${v}`)
-    .join(',')}`;
-}
 
 export function logger(json: boolean): { log: (line: Record<string, unknown>) => void; flush: () => void } {
   let pending: string[] = [];
@@ -175,8 +176,9 @@ async function listenTcp(
 }
 
 /**
- * /mcp on the keyed app (src/mcp/http.ts): each request acts through a Lab.connect of its caller's
- * key to this same app, as the E2B front does, so a key may do over MCP what it may do here.
+ * /mcp on the keyed app (src/mcp/http.ts): each request acts through its caller's key's lab in
+ * this process (keyed-lab.ts), as the E2B front does, so a key may do over MCP what it may do here;
+ * a request its client leaves has its commands killed (the lab's close).
  */
 async function mcpOn(daemon: Daemon, tcp: FastifyInstance, streams: StreamLimiter): Promise<void> {
   const { mcpRoutes } = await import('../mcp/http.js');
