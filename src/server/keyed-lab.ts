@@ -45,6 +45,7 @@ import { aborted } from '../agent/agent-errors.js';
 import { callerOf, describeCaller, requireScope, type Caller } from './keys.js';
 import { requireEgress } from './ceilings.js';
 import { checked } from './checked.js';
+import type { TSchema } from 'typebox';
 import { CreateBody, EgressBody, ExecBody, LabelsBody, ProcessBody, SnapshotBody, TimeoutBody } from './schemas.js';
 import { listFor } from './owned-list.js';
 import type { Daemon, StateVerb } from './daemon.js';
@@ -130,8 +131,12 @@ class KeyedSandbox implements SandboxApi {
   ) {}
 
   /** The sandbox as the caller may reach it now, for a call of this scope. */
-  private async reach(scope: Scope): Promise<{ c: Caller; box: SandboxApi }> {
-    const c = this.k.caller(scope);
+  private reach(scope: Scope): Promise<{ c: Caller; box: SandboxApi }> {
+    return this.as(this.k.caller(scope));
+  }
+
+  /** The sandbox as this caller (its key and scope already checked) may reach it now. */
+  private async as(c: Caller): Promise<{ c: Caller; box: SandboxApi }> {
     this.inner = await this.k.daemon.sandbox(this.inner.id, c);
     return { c, box: this.inner };
   }
@@ -226,9 +231,7 @@ class KeyedSandbox implements SandboxApi {
   async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult | ExecText> {
     const asked = { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0 };
     // the key and its scope first, then the body, then the sandbox: a route's order
-    this.k.caller('exec');
-    checked(ExecBody, defined(asked), 'exec');
-    const { c, box } = await this.reach('exec');
+    const { c, box } = await this.as(checkedAs(this.k.caller('exec'), ExecBody, asked, 'exec'));
     const d = this.k.daemon;
     let untrack = (): void => {};
     const kill = { fn: (): void => {} };
@@ -264,9 +267,7 @@ class KeyedSandbox implements SandboxApi {
       tty: opts.tty,
       stdin: opts.stdin !== undefined,
     };
-    this.k.caller('exec');
-    checked(ProcessBody, defined(spec), 'command');
-    const { c, box } = await this.reach('exec');
+    const { c, box } = await this.as(checkedAs(this.k.caller('exec'), ProcessBody, spec, 'command'));
     const d = this.k.daemon;
     const closes = new EventEmitter();
     this.k.admit(c, closes);
@@ -342,17 +343,16 @@ class KeyedSandbox implements SandboxApi {
 
   /** POST /sandboxes/{id}/snapshots */
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<SnapshotApi> {
-    this.k.caller('exec');
-    checked(SnapshotBody, defined({ name, memory: opts.memory }), 'snapshot');
-    const { c, box } = await this.reach('exec');
+    const asked = { name, memory: opts.memory };
+    const { c, box } = await this.as(checkedAs(this.k.caller('exec'), SnapshotBody, asked, 'snapshot'));
     return this.k.daemon.snapshotOf(c, box, name, opts);
   }
 
   /** PATCH /sandboxes/{id} */
   async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
-    this.k.caller('exec');
+    const c = this.k.caller('exec');
     const body = checked(LabelsBody, change, 'labels');
-    await (await this.reach('exec')).box.setLabels(body);
+    await (await this.as(c)).box.setLabels(body);
   }
 
   /** POST /sandboxes/{id}/timeout */
@@ -364,9 +364,10 @@ class KeyedSandbox implements SandboxApi {
 
   /** PUT /sandboxes/{id}/egress: refused before the sandbox is looked at for a key without egress */
   async setEgress(lists: EgressRequest): Promise<void> {
-    requireEgress(this.k.caller('exec'), 'new egress lists');
+    const c = this.k.caller('exec');
+    requireEgress(c, 'new egress lists');
     const body = checked(EgressBody, lists, 'egress lists');
-    await (await this.reach('exec')).box.setEgress(body);
+    await (await this.as(c)).box.setEgress(body);
   }
 
   /** GET /sandboxes/{id}/egress */
@@ -483,6 +484,12 @@ function processApi(
     ...(own ? { hold: (on: boolean) => p.hold(on) } : {}),
     disconnect,
   };
+}
+
+/** The caller, once the call's options (as their JSON body has them) pass the route's schema. */
+function checkedAs<T extends TSchema>(c: Caller, schema: T, o: Record<string, unknown>, what: string): Caller {
+  checked(schema, defined(o), what);
+  return c;
 }
 
 /** A call's options as their JSON body has them (what is undefined is not sent), for `checked`. */
