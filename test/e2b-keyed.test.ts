@@ -26,6 +26,14 @@ function keyOf(name: string, ...opts: string[]): string {
   return r.out.trim();
 }
 
+/** Does a command run in it now (not refused by a quota or a limit)? */
+function runs(sbx: Sandbox): Promise<boolean> {
+  return sbx.commands.run('echo ok').then(
+    (r) => r.stdout === 'ok\n',
+    () => false,
+  );
+}
+
 describe('the front on the daemon in-process', () => {
   it("asks nothing of the daemon's HTTP API: create, commands, files and kill log no request of the key there", async () => {
     // the daemon logs each request of its API with its key; the front's own lines say front=e2b
@@ -68,12 +76,7 @@ describe('the front on the daemon in-process', () => {
       const bg = await sbx.commands.run('sleep 60', { background: true });
       await expect(sbx.commands.run('true')).rejects.toThrow(/concurrent execs/);
       await bg.kill();
-      await until('the quota is free again', async () =>
-        sbx.commands.run('echo ok').then(
-          (r) => r.stdout === 'ok\n',
-          () => false,
-        ),
-      );
+      await until('the quota is free again', () => runs(sbx));
     } finally {
       await sbx.kill();
     }
@@ -90,22 +93,12 @@ describe('the front on the daemon in-process', () => {
       const one = await sbx.commands.run('sleep 60', { background: true });
       await expect(sbx.commands.run('true')).rejects.toThrow(/streams open/);
       events.abort();
-      await until('the event stream is let go', async () =>
-        sbx.commands.run('true').then(
-          () => true,
-          () => false,
-        ),
-      );
+      await until('the event stream is let go', () => runs(sbx));
       const two = await sbx.commands.run('sleep 60', { background: true });
       await expect(sbx.commands.run('true')).rejects.toThrow(/streams open/);
       await one.kill();
       await two.kill();
-      await until('the streams are let go', async () =>
-        sbx.commands.run('echo again').then(
-          (r) => r.stdout === 'again\n',
-          () => false,
-        ),
-      );
+      await until('the streams are let go', () => runs(sbx));
     } finally {
       await sbx.kill();
     }
