@@ -140,7 +140,8 @@ describe('a daemon restart', () => {
     try {
       await sbx.files.write('/tmp/kept.txt', 'before');
       const url = await sbx.downloadUrl('/tmp/kept.txt');
-      const bg = await sbx.commands.run('sleep 300', { background: true });
+      // no timeout: a daemon's stop must not wait for the command's stream to end
+      const bg = await sbx.commands.run('sleep 300', { background: true, timeoutMs: 0 });
       // one it detached itself (a session of its own) is not the command's: it lives on
       await sbx.commands.run(`setsid sh -c 'sleep 301 </dev/null >/dev/null 2>&1 &'`);
       expect((await sbx.commands.list()).map((p) => p.pid)).toContain(bg.pid);

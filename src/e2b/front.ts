@@ -49,7 +49,8 @@ export function urlOf(app: FastifyInstance): string {
 
 export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   // requests for the code interpreter's port (E2b-Sandbox-Port: 49999) are routed apart (interpreter.ts)
-  const app = Fastify({ bodyLimit: 16 << 20, logger: false, ...opts.server, rewriteUrl });
+  // a close ends the streams it serves (commands', watches'): a stop does not wait on a command's timeout
+  const app = Fastify({ bodyLimit: 16 << 20, logger: false, forceCloseConnections: true, ...opts.server, rewriteUrl });
   opts.guard?.attach(app.server);
   const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket), opts.sessions);
   // bodies other than JSON come as streams: envelopes, multipart and octet-stream uploads
@@ -77,7 +78,7 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
       front: 'e2b',
     });
   });
-  app.addHook('onClose', async () => {
+  app.addHook('preClose', async () => {
     state.processes.close();
     state.watchers.close();
   });
