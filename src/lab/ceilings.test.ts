@@ -1,5 +1,15 @@
 import { describe, expect, it } from 'vitest';
-import { checkCeilings, egressRefused, limitsUnder, NO_CEILINGS, resolveCeilings, type Ceilings } from './ceilings.js';
+import {
+  checkCeilings,
+  egressRefused,
+  heldBy,
+  limitsUnder,
+  NO_CEILINGS,
+  resolveCeilings,
+  type Ceilings,
+} from './ceilings.js';
+import { withDefaults } from './lifecycle/limits.js';
+import { STOPPED } from './lifecycle/stopped.js';
 import { DEFAULT_DISK_BYTES } from '../defaults.js';
 
 const GiB = 1024 ** 3;
@@ -65,5 +75,29 @@ describe('ceilings', () => {
       'egress',
       'a sandbox with egress refused: key k may not have egress (it was made with --no-egress)',
     ]);
+  });
+});
+
+describe('heldBy', () => {
+  it("counts every recorded sandbox toward the quota, and the limits of those that hold room toward the totals", () => {
+    const row = (state: 'running' | 'dead', reason: string | null, memoryBytes?: number) => ({
+      driver: 'namespaces',
+      limits: memoryBytes === undefined ? {} : { memoryBytes },
+      state,
+      reason,
+    });
+    const held = heldBy([
+      row('running', null, GiB),
+      // a stopped one keeps its room; one dead otherwise holds none
+      row('dead', STOPPED, 2 * GiB),
+      row('dead', 'its init exited', 4 * GiB),
+      // no limit asked: the driver's default counts
+      row('running', null),
+    ]);
+    const fallback = withDefaults({}, 'namespaces');
+    expect(held.sandboxes).toBe(4);
+    expect(held.memoryBytes).toBe(3 * GiB + (fallback.memoryBytes ?? 0));
+    expect(held.diskBytes).toBe(3 * (fallback.diskBytes ?? 0));
+    expect(heldBy([])).toEqual({ sandboxes: 0, memoryBytes: 0, diskBytes: 0 });
   });
 });

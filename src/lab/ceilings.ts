@@ -10,7 +10,9 @@
  */
 import { availableParallelism, totalmem } from 'node:os';
 import { LimitError, SnaplabError } from '../errors.js';
-import type { Ceilings, Limits } from '../store/records.js';
+import type { Ceilings, Limits, SandboxRecord } from '../store/records.js';
+import { withDefaults } from './lifecycle/limits.js';
+import { isStopped } from './lifecycle/stopped.js';
 
 export type { Ceilings };
 import { DEFAULT_DISK_BYTES } from '../defaults.js';
@@ -106,6 +108,27 @@ export function egressRefused(key: string, what: string): LimitError {
 export interface Held {
   memoryBytes: number;
   diskBytes: number;
+}
+
+/** What a key's recorded sandboxes hold: how many (its sandbox quota) and their limits (its totals). */
+export interface Owned extends Held {
+  sandboxes: number;
+}
+
+/**
+ * What these sandboxes of a key hold: every recorded one counts toward its quota; their limits
+ * (the driver's defaults where none was set) toward its totals, a dead one's only when it was
+ * stopped (it keeps its volume and its room: its start must not take the key past its ceilings).
+ */
+export function heldBy(rows: readonly Pick<SandboxRecord, 'driver' | 'limits' | 'state' | 'reason'>[]): Owned {
+  const held: Owned = { sandboxes: rows.length, memoryBytes: 0, diskBytes: 0 };
+  for (const r of rows) {
+    if (r.state === 'dead' && !isStopped(r)) continue;
+    const l = withDefaults(r.limits, r.driver);
+    held.memoryBytes += l.memoryBytes ?? 0;
+    held.diskBytes += l.diskBytes ?? 0;
+  }
+  return held;
 }
 
 const show = (k: 'memoryBytes' | 'pids' | 'cpus' | 'diskBytes', n: number): string =>

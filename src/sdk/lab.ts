@@ -51,7 +51,7 @@ import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
 import { KeyRing, SCOPES } from '../lab/keys.js';
-import { NO_CEILINGS } from '../lab/ceilings.js';
+import { NO_CEILINGS, heldBy, type Owned } from '../lab/ceilings.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
 import { egressTotals } from '../lab/net/egress.js';
@@ -360,6 +360,11 @@ export class Lab implements LabApi {
   }
 
   /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
+  /** What the sandboxes made with this key hold: their count and limits (lab/ceilings.ts heldBy), a key's rows only. */
+  async held(owner: string): Promise<Owned> {
+    return heldBy(this.ctx.store.ownedLimits(owner));
+  }
+
   /** Every machine's egress counters summed (a server's metrics): how many have egress, bytes out, connections, refusals. */
   async egressTotals(): Promise<{ machines: number; bytesOut: number; connections: number; denied: number }> {
     return egressTotals(this.ctx);

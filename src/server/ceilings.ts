@@ -11,6 +11,7 @@ import { findDriverInfo } from '../drivers/registry.js';
 import { egressRefused, limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
 import { withDefaults } from '../lab/lifecycle/limits.js';
 import type { LabApi } from '../sdk/api.js';
+import type { ServedLab } from './served-lab.js';
 import type { Limits } from '../store/records.js';
 import { LOCAL, type Caller } from './keys.js';
 import type { CreateBody } from './schemas.js';
@@ -37,7 +38,7 @@ export class CeilingGuard {
   /** snapshots under way here, by key */
   private readonly snapshotting = new Map<string, number>();
 
-  constructor(private readonly lab: LabApi) {}
+  constructor(private readonly lab: LabApi & Pick<ServedLab, 'held'>) {}
 
   /**
    * The limits to make the machine with (undefined: as asked, the Unix socket's) and a release to
@@ -96,18 +97,10 @@ export class CeilingGuard {
     };
   }
 
-  /** What the key's machines hold: their limits (not their use). */
+  /** What the key's machines hold: their limits (not their use), as recorded (a create must not wait for every machine to be checked). */
   private async listed(key: string): Promise<Held> {
-    const held: Held = { memoryBytes: 0, diskBytes: 0 };
-    // as recorded: a create must not wait for every machine of the host to be checked
-    for (const box of await this.lab.list({ owner: key, check: false })) {
-      // a stopped machine keeps its volume and its room: its start must not take the key past its ceilings
-      if (box.state === 'dead' && !box.stopped) continue;
-      const l = withDefaults(box.limits, box.driver);
-      held.memoryBytes += l.memoryBytes ?? 0;
-      held.diskBytes += l.diskBytes ?? 0;
-    }
-    return held;
+    const { memoryBytes, diskBytes } = await this.lab.held(key);
+    return { memoryBytes, diskBytes };
   }
 }
 

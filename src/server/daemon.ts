@@ -736,7 +736,7 @@ export class Daemon implements RouteHost {
 
   private async claimNow(caller: Caller): Promise<() => void> {
     if (caller.maxSandboxes !== null) {
-      const owned = (await this.lab.list({ owner: caller.key, check: false })).length;
+      const owned = (await this.lab.held(caller.key)).sandboxes;
       const have = owned + (this.making.get(caller.key) ?? 0);
       if (have >= caller.maxSandboxes)
         throw new QuotaError(

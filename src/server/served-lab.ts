@@ -78,6 +78,7 @@ export interface ServedLab
       | 'scenarios'
       | 'capabilities'
       | 'egressTotals'
+      | 'held'
       | 'changes'
       | 'expired'
     > {

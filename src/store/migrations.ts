@@ -305,4 +305,9 @@ export const migrations: string[] = [
     again  TEXT NOT NULL
   );
   `,
+  // a key's sandboxes found by their owner (a keyed create's quota and ceilings, a keyed list),
+  // not by walking every sandbox of the host
+  `
+  CREATE INDEX sandbox_meta_owner ON sandbox_meta(owner);
+  `,
 ];

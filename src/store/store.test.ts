@@ -111,3 +111,31 @@ it('a state.db a newer snaplab wrote is refused with a code and a hint, and left
   expect(again.pragma('user_version', { simple: true })).toBe(migrations.length + 1);
   again.close();
 });
+
+it("reads a key's sandboxes by the owner's index: its rows' limits and states, and a list filtered by it", () => {
+  const store = new Store(openDb(home));
+  const meta = (id: string, owner: string | null) =>
+    store.putMeta({ id, labels: {}, metadata: {}, owner, timeoutS: null, onTimeout: 'kill', expiresAt: null });
+  store.insertSandbox(testRecord('k1', { state: 'running', limits: { memoryBytes: 5 }, createdAt: 2 }));
+  store.insertSandbox(testRecord('k2', { state: 'dead', reason: 'gone', createdAt: 1 }));
+  store.insertSandbox(testRecord('o1', { state: 'running' }));
+  store.insertSandbox(testRecord('n1', { state: 'running' }));
+  meta('k1', 'key');
+  meta('k2', 'key');
+  meta('o1', 'other');
+  expect(store.ownedLimits('key').sort((a, b) => a.state.localeCompare(b.state))).toEqual([
+    { driver: 'namespaces', limits: {}, state: 'dead', reason: 'gone' },
+    { driver: 'namespaces', limits: { memoryBytes: 5 }, state: 'running', reason: null },
+  ]);
+  expect(store.ownedLimits('nobody')).toEqual([]);
+  expect(store.pageSandboxes({ owner: 'key' }).map((r) => r.record.id)).toEqual(['k2', 'k1']);
+  // no owner: those made without a key, and those with no meta row at all
+  expect(store.pageSandboxes({ owner: null }).map((r) => r.record.id)).toEqual(['n1']);
+  // a key's rows are found by the index, not by walking every sandbox of the host
+  const plan = (sql: string) =>
+    (store.db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all('key') as { detail: string }[]).map((r) => r.detail).join('; ');
+  expect(plan('SELECT s.id FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ?')).toMatch(
+    /SEARCH m USING (COVERING )?INDEX sandbox_meta_owner/,
+  );
+  store.db.close();
+});

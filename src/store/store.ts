@@ -5,11 +5,13 @@ import type {
   ApiKeyRecord,
   EventRecord,
   ImageRecord,
+  Limits,
   Owner,
   PoolRecord,
   SandboxMeta,
   SandboxEgress,
   SandboxRecord,
+  SandboxState,
   ScenarioRecord,
   ScenarioSnapshotRecord,
   ScenarioStandby,
@@ -439,8 +441,10 @@ export class Store {
       where.push(cond as string);
       args.push(...stateArgs);
     }
-    if (q.owner !== undefined) {
-      where.push('m.owner IS ?');
+    if (q.owner === null) where.push('m.owner IS NULL');
+    else if (q.owner !== undefined) {
+      // `=`, not IS: the join is then an inner one, read from the owner's index (a key's rows only)
+      where.push('m.owner = ?');
       args.push(q.owner);
     }
     // (json_each, not a JSON path: a key is compared as it is, whatever characters it holds)
@@ -692,13 +696,21 @@ export class Store {
       'INSERT OR REPLACE INTO sandbox_meta (id, labels, metadata, owner, timeout_s, on_timeout, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
     ).run(m.id, JSON.stringify(m.labels), JSON.stringify(m.metadata), m.owner, m.timeoutS, m.onTimeout, m.expiresAt);
   }
-  /** sandboxes made with this key and still recorded */
-  countOwned(owner: string): number {
+  /**
+   * The sandboxes made with this key and still recorded, as much of each as what they hold needs
+   * (lab/ceilings.ts heldBy): read by the owner's index, a key's rows only, whatever the host holds.
+   */
+  ownedLimits(owner: string): Pick<SandboxRecord, 'driver' | 'limits' | 'state' | 'reason'>[] {
     return (
-      this.stmt('SELECT COUNT(*) AS n FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ?').get(
-        owner,
-      ) as { n: number }
-    ).n;
+      this.stmt(
+        'SELECT s.driver, s.limits, s.state, s.reason FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ?',
+      ).all(owner) as Row[]
+    ).map((r) => ({
+      driver: r.driver as string,
+      limits: json<Limits>(r.limits),
+      state: r.state as SandboxState,
+      reason: r.reason as string | null,
+    }));
   }
 
   // API keys
