@@ -79,7 +79,7 @@ describe('ceilings', () => {
 });
 
 describe('heldBy', () => {
-  it("counts every recorded sandbox toward the quota, and the limits of those that hold room toward the totals", () => {
+  it('counts every recorded sandbox toward the quota, and the limits of those that hold room toward the totals', () => {
     const row = (state: 'running' | 'dead', reason: string | null, memoryBytes?: number) => ({
       driver: 'namespaces',
       limits: memoryBytes === undefined ? {} : { memoryBytes },
