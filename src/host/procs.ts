@@ -121,6 +121,20 @@ export async function waitGone(pid: number, timeoutMs: number): Promise<boolean>
   }
 }
 
+/**
+ * Is there a process with this pid (any: its start time is not read)? One kill(pid, 0), no
+ * /proc read: false only when the kernel says there is none (ESRCH). A zombie or a reuse of the
+ * pid is "there": what tells those apart is liveness.
+ */
+export function pidThere(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code !== 'ESRCH';
+  }
+}
+
 /** Send `signal`, ignoring a process that is already gone. */
 export function signal(pid: number, sig: NodeJS.Signals | number): boolean {
   try {

@@ -373,8 +373,11 @@ export interface LabApi {
    * gone is dead, with the reason; a pool's paused standbys are left to their pool), and what a
    * create that died half-way left is removed. A server runs it on its tick. `reconciled`: every
    * record was checked against the host just now (a gc's pass): only the removal is done.
+   * `quick`: only machines whose recorded process is gone are checked (lab/lifecycle/check.ts:
+   * a pid taken since by another process is seen by the next full pass only); a lab that cannot
+   * tell cheaply does a full pass.
    */
-  check(opts?: { reconciled?: boolean }): Promise<CheckResult>;
+  check(opts?: { reconciled?: boolean; quick?: boolean }): Promise<CheckResult>;
   /** stored traces, newest first */
   traces(query?: TraceQuery): Promise<StoredTrace[]>;
   trace(operationId: string): Promise<StoredTrace | undefined>;

@@ -280,8 +280,8 @@ export class Lab implements LabApi {
   }
 
   /** A check pass (see LabApi.check): what `snaplab serve` runs on its tick. */
-  async check(opts: { reconciled?: boolean } = {}): Promise<CheckResult> {
-    return checkSandboxes(this.ctx, opts.reconciled ?? false);
+  async check(opts: { reconciled?: boolean; quick?: boolean } = {}): Promise<CheckResult> {
+    return checkSandboxes(this.ctx, opts);
   }
 
   /** The drivers this lab has and the storage it picks: what a cluster node tells placement. */

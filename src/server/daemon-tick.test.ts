@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -6,7 +7,8 @@ import { openDb } from '../store/db.js';
 import { testRecord } from '../store/test-record.js';
 import { Store } from '../store/store.js';
 import { Lab } from '../sdk/lab.js';
-import { Daemon } from './daemon.js';
+import { pidThere, processStartTime } from '../host/procs.js';
+import { Daemon, FULL_CHECK_EVERY } from './daemon.js';
 
 // The daemon's tick over records only (stopped sandboxes: no machine behind them, so gc and the
 // check pass leave them be); `store` is another process's connection to the same state.db.
@@ -105,4 +107,43 @@ it('a timeout still ends its sandbox when due, read by its end; one not due is l
   expect(store.getSandbox('a')).toBeUndefined();
   expect(store.getSandbox('b')).toBeDefined();
   expect(told(d, mark)).toEqual(['timeout n-a', 'destroyed n-a']);
+});
+
+it("the tick's checks find a machine's process gone at once, and a pid taken by another process at the full pass", async () => {
+  // two "machines" whose recorded process is a real one of this test's
+  const procs = [spawn('sleep', ['1000']), spawn('sleep', ['1000'])];
+  try {
+    const [a, b] = await Promise.all(
+      procs.map(async (p) => ({ pid: p.pid!, start: (await processStartTime(p.pid!))! })),
+    );
+    for (const [id, p] of [
+      ['reused', a!],
+      ['gone', b!],
+    ] as const) {
+      expect(store.insertSandbox(testRecord(id, { state: 'running', pid: p.pid, pidStart: p.start }))).toBe(true);
+    }
+    const { d } = await started();
+    const state = (id: string) => store.getSandbox(id)?.state;
+    expect([state('reused'), state('gone')]).toEqual(['running', 'running']);
+    // one process ends; the other's pid now names another process than the one recorded
+    procs[1]!.kill('SIGKILL');
+    await new Promise((r) => procs[1]!.once('exit', r));
+    store.db.prepare('UPDATE sandboxes SET pid_start = pid_start + 1 WHERE id = ?').run('reused');
+    // a check every 5 ticks (the start's tick was the first): the next one is quick, and sees the end
+    for (let i = 0; i < 5; i++) await d.tick();
+    expect(store.getSandbox('gone')?.reason).toMatch(/its init process is gone/);
+    // a quick check does not read a process that is there: until the full one (the 12th after
+    // the start's, at the 60th tick after it) it stands as running
+    for (let i = 5; i < 5 * FULL_CHECK_EVERY - 1; i++) await d.tick();
+    expect(state('reused')).toBe('running');
+    await d.tick();
+    expect([state('reused'), store.getSandbox('reused')?.reason]).toEqual([
+      'dead',
+      expect.stringMatching(/its init process is gone/),
+    ]);
+    // not the machine's: the process now behind the pid was not killed with it
+    expect(pidThere(a!.pid)).toBe(true);
+  } finally {
+    for (const p of procs) p.kill('SIGKILL');
+  }
 });

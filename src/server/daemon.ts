@@ -54,6 +54,12 @@ export interface DaemonOptions {
 
 export const DEFAULTS = DAEMON_DEFAULTS;
 
+/**
+ * Of the tick's check passes, every this many is a full one (each machine's process read: a pid
+ * taken by another process is seen within a minute); the others only find that it is there.
+ */
+export const FULL_CHECK_EVERY = 12;
+
 /** What changes what runs in a sandbox (POST /sandboxes/{id}/{verb}). */
 export type StateVerb = 'pause' | 'resume' | 'stop' | 'start';
 
@@ -95,6 +101,7 @@ export class Daemon implements RouteHost {
   private timer: NodeJS.Timeout | undefined;
   private ticking: Promise<void> | undefined;
   private ticks = 0;
+  private checks = 0;
   /** gc checked every record against the host just now (start): the first check need not again */
   private reconciled = false;
   /** where the tick got to in the lab's changes (undefined: it reads every record first) */
@@ -164,7 +171,8 @@ export class Daemon implements RouteHost {
    * read by their end (Lab.expired).
    */
   private async tickOnce(): Promise<void> {
-    if (this.ticks++ % 5 === 0) await this.check();
+    // a check every 5 ticks; a full one (each machine's process read, not only found) every 12th
+    if (this.ticks++ % 5 === 0) await this.checkPass(this.checks++ % FULL_CHECK_EVERY !== 0);
     // read after the check: a change made meanwhile is seen as it is now, not as it was
     const changes = await this.lab.changes(this.watched?.mark, this.watched?.again);
     this.watched = this.events.watch(changes);
@@ -187,11 +195,16 @@ export class Daemon implements RouteHost {
 
   /**
    * A check pass: every sandbox's record against the host (reconciled), and what a create that a
-   * dead process left removed, each told of as failed. On the tick, and at POST /check.
+   * dead process left removed, each told of as failed. On the tick (quick but every twelfth: a
+   * machine whose process is there is not read further, lab/lifecycle/check.ts), and at POST /check.
    */
   async check(): Promise<CheckResult['removed']> {
+    return this.checkPass(false);
+  }
+
+  private async checkPass(quick: boolean): Promise<CheckResult['removed']> {
     // adoption probes each machine once (gc's pass), not twice: the first check only removes
-    const { removed } = await this.lab.check({ reconciled: this.reconciled });
+    const { removed } = await this.lab.check({ reconciled: this.reconciled, quick });
     this.reconciled = false;
     for (const r of removed) {
       this.events.record('failed', r, r.reason);

@@ -417,6 +417,13 @@ export class Store {
       toSandbox,
     );
   }
+  /** Of those not dead, what a quick check pass asks the host about first (lab/lifecycle/check.ts). */
+  unsettledProbes(): Pick<SandboxRecord, 'id' | 'state' | 'pid' | 'pool'>[] {
+    return this.stmt("SELECT id, state, pid, pool FROM sandboxes WHERE state != 'dead'").all() as Pick<
+      SandboxRecord,
+      'id' | 'state' | 'pid' | 'pool'
+    >[];
+  }
   /**
    * Sandboxes with their labels and lifetime (null: no sandbox_meta row), in the list's order
    * (sdk/paging.ts: creation time, then id), filtered and paged here, in

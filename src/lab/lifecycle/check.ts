@@ -7,6 +7,8 @@ import type { LabContext } from '../context.js';
 import { reconcile } from './reconcile.js';
 import { destroyRecord } from './teardown.js';
 import { noted, orElse } from '../../cleanup.js';
+import { pidThere } from '../../host/procs.js';
+import type { SandboxRecord } from '../../store/records.js';
 
 /** (sdk/api.ts's CheckResult: the lab does not import the API it is under) */
 export interface Checked {
@@ -17,12 +19,28 @@ export interface Checked {
  * Every record checked against the host (a pool's paused standbys are its pool's to check), then
  * what a create that died half-way left (dead, its owner's step 'create') removed. `reconciled`:
  * the records were checked against the host just now (a daemon's start, after its gc): only the
- * removal, not a second probe of every machine.
+ * removal, not a second probe of every machine. `quick`: a machine whose process is there (one
+ * kill(pid, 0), not a read of its /proc stat) is taken as running; only the others are
+ * reconciled. A machine's record names the process whose life is the machine's (its init, its
+ * QEMU: each driver's inspect reads that one), so a death is seen by a quick pass as by a full
+ * one; what only a full pass sees is a pid taken since by another process (or a zombie nobody
+ * reaps). A daemon's tick makes every twelfth pass a full one.
  */
-export async function checkSandboxes(ctx: LabContext, reconciled = false): Promise<Checked> {
+export async function checkSandboxes(
+  ctx: LabContext,
+  opts: { reconciled?: boolean; quick?: boolean } = {},
+): Promise<Checked> {
   // (the records reconcile has something to ask of: a dead one has nothing; thousands of stopped
   // machines are not read every pass)
-  if (!reconciled)
+  if (opts.quick && !opts.reconciled) {
+    const due = ctx.store.unsettledProbes().filter((p) => !(p.pool && p.state === 'paused') && !processThere(p));
+    await Promise.all(
+      due.map((p) => {
+        const r = ctx.store.getSandbox(p.id);
+        return r && reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`));
+      }),
+    );
+  } else if (!opts.reconciled)
     await Promise.all(
       ctx.store
         .unsettledSandboxes()
@@ -37,6 +55,11 @@ export async function checkSandboxes(ctx: LabContext, reconciled = false): Promi
     removed.push({ id: r.id, name: r.name, reason: r.reason, owner });
   }
   return { removed };
+}
+
+/** A running or paused machine whose recorded process is there (creating and removing ones are always asked about). */
+function processThere(p: Pick<SandboxRecord, 'state' | 'pid'>): boolean {
+  return (p.state === 'running' || p.state === 'paused') && p.pid !== null && pidThere(p.pid);
 }
 
 /** Stored traces, newest first: `targets` keeps those of these sandboxes, scenarios or pools. */
