@@ -30,6 +30,7 @@ import type {
   OnTimeout,
   SandboxMeta,
   SandboxRecord,
+  SandboxState,
   SessionRows,
 } from '../store/records.js';
 import type { WatchMark } from '../store/store.js';
@@ -360,6 +361,11 @@ export class Lab implements LabApi {
   }
 
   /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
+  /** How many sandboxes are recorded in each state, as recorded (no machine checked, no sandbox read): a server's metrics. */
+  async countByState(): Promise<Partial<Record<SandboxState, number>>> {
+    return this.ctx.store.countByState();
+  }
+
   /** What the sandboxes made with this key hold: their count and limits (lab/ceilings.ts heldBy), a key's rows only. */
   async held(owner: string): Promise<Owned> {
     return heldBy(this.ctx.store.ownedLimits(owner));

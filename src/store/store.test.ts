@@ -128,6 +128,8 @@ it("reads a key's sandboxes by the owner's index: its rows' limits and states, a
     { driver: 'namespaces', limits: { memoryBytes: 5 }, state: 'running', reason: null },
   ]);
   expect(store.ownedLimits('nobody')).toEqual([]);
+  // a server's metrics: counted in the store, whoever owns them
+  expect(store.countByState()).toEqual({ running: 3, dead: 1 });
   expect(store.pageSandboxes({ owner: 'key' }).map((r) => r.record.id)).toEqual(['k2', 'k1']);
   // no owner: those made without a key, and those with no meta row at all
   expect(store.pageSandboxes({ owner: null }).map((r) => r.record.id)).toEqual(['n1']);

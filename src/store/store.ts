@@ -417,6 +417,14 @@ export class Store {
       toSandbox,
     );
   }
+  /** How many sandboxes are recorded in each state (only states some sandbox is in). */
+  countByState(): Partial<Record<SandboxState, number>> {
+    const rows = this.stmt('SELECT state, COUNT(*) AS n FROM sandboxes GROUP BY state').all() as {
+      state: SandboxState;
+      n: number;
+    }[];
+    return Object.fromEntries(rows.map((r) => [r.state, r.n]));
+  }
   /** Of those not dead, what a quick check pass asks the host about first (lab/lifecycle/check.ts). */
   unsettledProbes(): Pick<SandboxRecord, 'id' | 'state' | 'pid' | 'pool'>[] {
     return this.stmt("SELECT id, state, pid, pool FROM sandboxes WHERE state != 'dead'").all() as Pick<
