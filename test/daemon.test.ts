@@ -839,7 +839,7 @@ describe('snaplab serve', () => {
     const listed = curl('GET', '/sandboxes', { token: admin }).body as Json[];
     const m = curl('GET', '/metrics', { token: admin }).body as string;
     // as many as the list has in each state (counted in the store), states none is in at 0
-    for (const state of ['running', 'dead', 'removing'])
+    for (const state of ['creating', 'running', 'paused', 'dead', 'removing'])
       expect(m).toContain(`snaplab_sandboxes{state="${state}"} ${listed.filter((b) => b.state === state).length}\n`);
     expect(m).toMatch(/^snaplab_exec_duration_seconds_count\{kind="oneshot"\} \d+$/m);
     expect(m).toMatch(/^snaplab_phase_duration_seconds_count\{operation="create",phase="total"\} \d+$/m);

@@ -360,7 +360,6 @@ export class Lab implements LabApi {
     return { removed: r.result, trace: r.trace };
   }
 
-  /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
   /** How many sandboxes are recorded in each state, as recorded (no machine checked, no sandbox read): a server's metrics. */
   async countByState(): Promise<Partial<Record<SandboxState, number>>> {
     return this.ctx.store.countByState();
@@ -376,6 +375,7 @@ export class Lab implements LabApi {
     return egressTotals(this.ctx);
   }
 
+  /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */
   async gc(): Promise<{ removed: string[]; notes: string[]; trace: TraceSummary }> {
     const { result, trace } = await this.ctx.traced(
       'gc',

@@ -110,10 +110,15 @@ it('a timeout still ends its sandbox when due, read by its end; one not due is l
 });
 
 it("the tick's checks find a machine's process gone at once, and a pid taken by another process at the full pass", async () => {
-  // two "machines" whose recorded process is a real one of this test's
-  const procs = [spawn('sleep', ['1000']), spawn('sleep', ['1000'])];
+  // "machines" whose recorded process is a real one of this test's, and the process making a
+  // pool's template (the template lives only while it does)
+  const procs = Array.from({ length: 4 }, () => spawn('sleep', ['1000']));
+  const end = async (i: number) => {
+    procs[i]!.kill('SIGKILL');
+    await new Promise((r) => procs[i]!.once('exit', r));
+  };
   try {
-    const [a, b] = await Promise.all(
+    const [a, b, c, maker] = await Promise.all(
       procs.map(async (p) => ({ pid: p.pid!, start: (await processStartTime(p.pid!))! })),
     );
     for (const [id, p] of [
@@ -122,16 +127,22 @@ it("the tick's checks find a machine's process gone at once, and a pid taken by 
     ] as const) {
       expect(store.insertSandbox(testRecord(id, { state: 'running', pid: p.pid, pidStart: p.start }))).toBe(true);
     }
+    const template = testRecord('template', { state: 'running', pid: c!.pid, pidStart: c!.start, templateOf: 'p' });
+    template.owner = { pid: maker!.pid, start: maker!.start, op: 'hold' };
+    expect(store.insertSandbox(template)).toBe(true);
     const { d } = await started();
     const state = (id: string) => store.getSandbox(id)?.state;
-    expect([state('reused'), state('gone')]).toEqual(['running', 'running']);
-    // one process ends; the other's pid now names another process than the one recorded
-    procs[1]!.kill('SIGKILL');
-    await new Promise((r) => procs[1]!.once('exit', r));
+    expect([state('reused'), state('gone'), state('template')]).toEqual(['running', 'running', 'running']);
+    // one process ends, and the template's maker; the other's pid now names another process
+    // than the one recorded
+    await end(1);
+    await end(3);
     store.db.prepare('UPDATE sandboxes SET pid_start = pid_start + 1 WHERE id = ?').run('reused');
     // a check every 5 ticks (the start's tick was the first): the next one is quick, and sees the end
     for (let i = 0; i < 5; i++) await d.tick();
     expect(store.getSandbox('gone')?.reason).toMatch(/its init process is gone/);
+    // a template is asked about whole in a quick pass too: its machine's process is there, its maker's is not
+    expect(store.getSandbox('template')?.reason).toMatch(/the process making its pool's template exited/);
     // a quick check does not read a process that is there: until the full one (the 12th after
     // the start's, at the 60th tick after it) it stands as running
     for (let i = 5; i < 5 * FULL_CHECK_EVERY - 1; i++) await d.tick();

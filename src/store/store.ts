@@ -426,11 +426,10 @@ export class Store {
     return Object.fromEntries(rows.map((r) => [r.state, r.n]));
   }
   /** Of those not dead, what a quick check pass asks the host about first (lab/lifecycle/check.ts). */
-  unsettledProbes(): Pick<SandboxRecord, 'id' | 'state' | 'pid' | 'pool'>[] {
-    return this.stmt("SELECT id, state, pid, pool FROM sandboxes WHERE state != 'dead'").all() as Pick<
-      SandboxRecord,
-      'id' | 'state' | 'pid' | 'pool'
-    >[];
+  unsettledProbes(): Pick<SandboxRecord, 'id' | 'state' | 'pid' | 'pool' | 'templateOf'>[] {
+    return this.stmt(
+      "SELECT id, state, pid, pool, template_of AS templateOf FROM sandboxes WHERE state != 'dead'",
+    ).all() as Pick<SandboxRecord, 'id' | 'state' | 'pid' | 'pool' | 'templateOf'>[];
   }
   /**
    * Sandboxes with their labels and lifetime (null: no sandbox_meta row), in the list's order

@@ -57,9 +57,14 @@ export async function checkSandboxes(
   return { removed };
 }
 
-/** A running or paused machine whose recorded process is there (creating and removing ones are always asked about). */
-function processThere(p: Pick<SandboxRecord, 'state' | 'pid'>): boolean {
-  return (p.state === 'running' || p.state === 'paused') && p.pid !== null && pidThere(p.pid);
+/**
+ * A running or paused machine whose recorded process is there. Always asked about: creating and
+ * removing ones (their owner's life is the question), and a pool's template (it lives only while
+ * the process making it does: reconcile asks that too).
+ */
+function processThere(p: Pick<SandboxRecord, 'state' | 'pid' | 'templateOf'>): boolean {
+  if (p.templateOf !== null) return false;
+  return (p.state === 'running' || p.state === 'paused') && p.pid !== null && p.pid > 0 && pidThere(p.pid);
 }
 
 /** Stored traces, newest first: `targets` keeps those of these sandboxes, scenarios or pools. */
