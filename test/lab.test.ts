@@ -1,3 +1,5 @@
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_LIMITS } from '../src/defaults.js';
 import type { CreateOptions, Lab } from '../src/sdk/lab.js';
@@ -172,4 +174,31 @@ describe('defaults (src/defaults.ts, resolved by resolveCreate)', () => {
     await copy.destroy();
     await lab.removeSnapshot(snap.name);
   });
+});
+
+// the built library (npm test builds first) in a process of its own, which must end by itself
+const SCRIPT = `
+  import { Lab } from ${JSON.stringify(join(import.meta.dirname, '..', 'dist', 'sdk', 'index.js'))};
+  const lab = await Lab.open({ home: process.env.SNAPLAB_HOME });
+  const box = await lab.create({ image: 'busybox', name: 'left-running' });
+  await box.exec(['true']);
+  // a command under way holds the process until it ends; not awaited here
+  void box.exec(['sh', '-c', 'sleep 0.5; echo late'], { onStdout: (b) => process.stdout.write(b) });
+  lab.close();
+`;
+
+describe('a script that leaves its sandboxes running', () => {
+  it('ends by itself once its commands have (an idle agent connection holds nothing), the sandbox running on', async () => {
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', SCRIPT], {
+      env: { ...process.env, SNAPLAB_HOME: lab.home },
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+    expect([r.status, r.signal, r.stderr]).toEqual([0, null, '']);
+    // the command it did not wait for had ended with its output first
+    expect(r.stdout).toBe('late\n');
+    const box = await lab.get('left-running');
+    expect(box.state).toBe('running');
+    await box.destroy();
+  }, 120_000);
 });

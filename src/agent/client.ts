@@ -74,8 +74,14 @@ export class AgentClient implements AsyncDisposable {
       closedError: () => this.closedError,
       send: (type, id, payload) => this.send(type, id, payload),
       sendQuiet: (type, id, payload) => this.sendQuiet(type, id, payload),
-      listen: (id, p) => this.pending.set(id, p),
-      forget: (id) => this.pending.delete(id),
+      listen: (id, p) => {
+        this.pending.set(id, p);
+        this.held();
+      },
+      forget: (id) => {
+        this.pending.delete(id);
+        this.held();
+      },
       queued: () => this.socket.writableLength,
       drained: () => this.drained(),
     };
@@ -89,6 +95,17 @@ export class AgentClient implements AsyncDisposable {
       );
     });
     socket.on('close', () => this.failAll());
+    this.held();
+  }
+
+  /**
+   * An idle connection does not keep the process alive (as Node's HTTP agent lets go of a free
+   * socket): a script that leaves its sandboxes running ends when its work does. A request or a
+   * command under way holds it.
+   */
+  private held(): void {
+    if (this.pending.size > 0) this.socket.ref();
+    else this.socket.unref();
   }
 
   /** Connects, waits for HELLO and refuses an agent whose protocol major version differs. */
@@ -241,6 +258,7 @@ export class AgentClient implements AsyncDisposable {
       this.pending.set(id, {
         onFrame: (f) => {
           this.pending.delete(id);
+          this.held();
           if (f.type === expect) resolve(f.payload);
           else if (f.type === MsgType.ERROR) reject(agentError(f.payload));
           else
@@ -253,10 +271,12 @@ export class AgentClient implements AsyncDisposable {
         },
         onClose: reject,
       });
+      this.held();
       try {
         this.send(type, id, payload);
       } catch (e) {
         this.pending.delete(id);
+        this.held();
         reject(e);
       }
     });
@@ -323,6 +343,7 @@ export class AgentClient implements AsyncDisposable {
       } catch (e) {
         // A throwing callback or a malformed payload ends that request only.
         this.pending.delete(f.id);
+        this.held();
         this.sendQuiet(MsgType.SIGNAL, f.id, encodeU32(SIGKILL));
         p.onClose(e instanceof SnaplabError ? e : new SnaplabError('INTERNAL', String(e), undefined, { cause: e }));
       }
