@@ -211,6 +211,12 @@ describe('snaplab CLI', () => {
         byState: { paused: 1, running: 2 },
       });
       expect(snaplab(['ls', '--count', '--label', 'pg=none']).out).toBe('0 sandboxes\n');
+      // a count checks the records first: one whose init was killed from outside is counted dead
+      const victim = (await lab.get(made[1]!)).info.pid!;
+      process.kill(victim, 'SIGKILL');
+      for (const end = Date.now() + 10_000; existsSync(`/proc/${victim}`) && Date.now() < end; )
+        await new Promise((r) => setTimeout(r, 50));
+      expect(snaplab(['ls', '--count', '--label', 'pg=x']).out).toBe('3 sandboxes: 1 dead, 1 paused, 1 running\n');
       expect(snaplab(['ls', '--count', '--limit', '2']).err).toMatch(/error\[BAD_INPUT\]: --count[\s\S]*hint:/);
       expect(snaplab(['ls', '--limit', '0']).err).toMatch(/error\[BAD_INPUT\]: invalid limit "0"[\s\S]*hint:/);
       expect(snaplab(['ls', '--limit', '1', '--after', 'nope']).err).toMatch(/error\[BAD_INPUT\]: invalid list cursor/);

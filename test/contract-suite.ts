@@ -43,6 +43,12 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     try {
       for (const i of [0, 1, 2]) made.push(await lab().create({ name: `p${i}-${kind}`, labels: { page: kind } }));
       const names = (l: SandboxApi[]): string[] => l.map((b) => b.name);
+      // the summary form: how many the list has, by state, none of them listed
+      expect(await lab().count({ labels: { page: kind } })).toEqual({ total: 3, byState: { running: 3 } });
+      expect(await lab().count({ labels: { page: kind }, state: ['paused'], check: false })).toEqual({
+        total: 0,
+        byState: {},
+      });
       const first = await lab().list({ labels: { page: kind }, limit: 2 });
       expect(names(first)).toEqual([`p0-${kind}`, `p1-${kind}`]);
       const second = await lab().list({ labels: { page: kind }, limit: 2, after: listCursor(first[1]!) });

@@ -609,6 +609,14 @@ describe('snaplab serve', () => {
     expect(curl('DELETE', '/sandboxes/of-a', { token: b }).status).toBe(404);
     expect(curl('GET', '/sandboxes', { token: b }).body).toEqual([]);
     expect(curl('GET', '/sandboxes', { token: a }).body.map((x: Json) => x.name)).toEqual(['of-a']);
+    // and their counts: a key's own, and nothing of another's when it asks for that owner
+    expect(curl('GET', '/counts/sandboxes', { token: b }).body).toEqual({ total: 0, byState: {} });
+    expect(curl('GET', '/counts/sandboxes', { token: a }).body).toEqual({ total: 1, byState: { running: 1 } });
+    expect(curl('GET', '/counts/sandboxes?owner=tenant-a', { token: b }).body).toEqual({ total: 0, byState: {} });
+    expect(curl('GET', '/counts/sandboxes?state=bogus', { token: a })).toMatchObject({
+      status: 400,
+      body: { code: 'BAD_INPUT' },
+    });
     // a not-found error names no sandbox: of-a is not b's to know of (the hint says how to list)
     const missing = curl('GET', '/sandboxes/nope', { token: b });
     expect(missing).toMatchObject({ status: 404, body: { code: 'SANDBOX_NOT_FOUND' } });

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { keyValues } from '../lab/io/exec.js';
-import type { LabApi, SandboxApi } from '../sdk/api.js';
+import type { LabApi, SandboxApi, SandboxCount } from '../sdk/api.js';
 import { addTraceOption, showTrace, withApi, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';
 import { parsePositiveInt } from '../lab/sizes.js';
@@ -55,18 +55,16 @@ function printRows(all: SandboxApi[]): void {
 }
 
 /** `ls --count`: how many, by state, in one line (or one JSON object); no row is printed. */
-function printCount(all: SandboxApi[], json: boolean | undefined): void {
-  const byState: Record<string, number> = {};
-  for (const b of all) byState[b.state] = (byState[b.state] ?? 0) + 1;
+function printCount(c: SandboxCount, json: boolean | undefined): void {
   if (json) {
-    printJson({ total: all.length, byState });
+    printJson(c);
     return;
   }
-  const parts = Object.entries(byState)
+  const parts = Object.entries(c.byState)
     .sort(([a], [b]) => (a < b ? -1 : 1))
     .map(([state, n]) => `${n} ${state}`);
   process.stdout.write(
-    `${all.length} sandbox${all.length === 1 ? '' : 'es'}${parts.length ? `: ${parts.join(', ')}` : ''}\n`,
+    `${c.total} sandbox${c.total === 1 ? '' : 'es'}${parts.length ? `: ${parts.join(', ')}` : ''}\n`,
   );
 }
 
@@ -83,9 +81,11 @@ function registerLs(program: Command): void {
       withApi(o, async (lab) => {
         if (o.count && (o.limit !== undefined || o.after !== undefined))
           throw new SnaplabError('BAD_INPUT', '--count counts them all: not with --limit or --after', 'drop one');
+        const labels = keyValues(o.label, 'label');
+        // counted where the records are (a daemon's store, or this home's): no list is read
+        if (o.count) return printCount(await lab.count({ labels }), o.json);
         const limit = o.limit === undefined ? undefined : parsePositiveInt(o.limit, 'limit');
-        const all = await lab.list({ labels: keyValues(o.label, 'label'), limit, after: o.after });
-        if (o.count) return printCount(all, o.json);
+        const all = await lab.list({ labels, limit, after: o.after });
         const next = nextCursor(all, limit);
         // a page's JSON says its continuation, as other tools' paged lists do (a "next" token beside
         // the items); the whole list stays a bare array

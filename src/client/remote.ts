@@ -23,6 +23,7 @@ import type {
   EgressView,
   BufferOutput,
   CheckResult,
+  CountOptions,
   LabApi,
   LabCreateOptions,
   ListOptions,
@@ -30,6 +31,7 @@ import type {
   PoolTakes,
   ProcessApi,
   SandboxApi,
+  SandboxCount,
   SnapshotApi,
   SpawnOptions,
   StoredTrace,
@@ -653,20 +655,23 @@ export class RemoteLab implements LabApi {
 
   async list(opts: ListOptions = {}): Promise<RemoteSandbox[]> {
     const q = new URLSearchParams([
-      ...Object.entries(opts.labels ?? {}).map(([k, v]) => ['label', `${k}=${v}`] as [string, string]),
-      // (no key is named "": the empty owner asks for those made without one)
-      ...(opts.owner !== undefined ? [['owner', opts.owner ?? ''] as [string, string]] : []),
+      ...filterQuery(opts),
       ...(opts.check === false ? [['check', 'false'] as [string, string]] : []),
       ...(opts.limit !== undefined ? [['limit', String(opts.limit)] as [string, string]] : []),
       ...(opts.after !== undefined ? [['after', opts.after] as [string, string]] : []),
-      ...(opts.metadata !== undefined ? [['metadata', JSON.stringify(opts.metadata)] as [string, string]] : []),
-      ...(opts.state !== undefined ? [['state', opts.state.join(',')] as [string, string]] : []),
-      ...(opts.createdSince !== undefined ? [['createdSince', String(opts.createdSince)] as [string, string]] : []),
       ...(opts.order !== undefined ? [['order', opts.order] as [string, string]] : []),
     ]).toString();
     return (await this.http.json<View[]>('GET', `/sandboxes${q ? `?${q}` : ''}`)).map(
       (v) => new RemoteSandbox(this.http, v, this.rpc),
     );
+  }
+
+  async count(opts: CountOptions = {}): Promise<SandboxCount> {
+    const q = new URLSearchParams([
+      ...filterQuery(opts),
+      ...(opts.check === false ? [['check', 'false'] as [string, string]] : []),
+    ]).toString();
+    return this.http.json<SandboxCount>('GET', `/counts/sandboxes${q ? `?${q}` : ''}`);
   }
 
   async snapshots(): Promise<SnapshotApi[]> {
@@ -731,4 +736,16 @@ export class RemoteLab implements LabApi {
     this.rpc.close();
     this.http.close();
   }
+}
+
+/** A list's filters as GET /sandboxes (and GET /counts/sandboxes) take them. */
+function filterQuery(opts: CountOptions): [string, string][] {
+  return [
+    ...Object.entries(opts.labels ?? {}).map(([k, v]) => ['label', `${k}=${v}`] as [string, string]),
+    // (no key is named "": the empty owner asks for those made without one)
+    ...(opts.owner !== undefined ? [['owner', opts.owner ?? ''] as [string, string]] : []),
+    ...(opts.metadata !== undefined ? [['metadata', JSON.stringify(opts.metadata)] as [string, string]] : []),
+    ...(opts.state !== undefined ? [['state', opts.state.join(',')] as [string, string]] : []),
+    ...(opts.createdSince !== undefined ? [['createdSince', String(opts.createdSince)] as [string, string]] : []),
+  ];
 }

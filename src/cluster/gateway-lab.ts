@@ -5,7 +5,7 @@
  * a GatewayLab is bound to one (`GatewayLab.open` with a key, or `lab.as(caller)` for another),
  * and its nodes apply that key's scopes and ownership, as they do for the HTTP gateway's requests.
  */
-import { checkList, listFilter, pageOf } from '../sdk/paging.js';
+import { checkList, countOf, listFilter, pageOf } from '../sdk/paging.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { SnaplabError } from '../errors.js';
 import type { RemoteCreateOptions, RemoteLab, RemoteSandbox } from '../client/remote.js';
@@ -13,10 +13,12 @@ import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
 import type {
   LabRestoreOptions,
   CheckResult,
+  CountOptions,
   LabApi,
   ListOptions,
   PoolApi,
   SandboxApi,
+  SandboxCount,
   SnapshotApi,
   StoredTrace,
   TraceQuery,
@@ -176,6 +178,11 @@ export class GatewayLab implements LabApi {
     }
     // each node answered its own page: the merged page is the first of them all
     return pageOf(out, opts);
+  }
+
+  /** The count of its merged list (each node's own sandboxes, and the absent ones it lists). */
+  async count(opts: CountOptions = {}): Promise<SandboxCount> {
+    return countOf(await this.list(opts));
   }
 
   /** A check pass on every node that answers (each needs the admin scope); what each removed. */

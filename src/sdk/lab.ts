@@ -17,7 +17,7 @@ import { upScenario, type UpOptions } from '../scenario/up.js';
 import { reconcile } from '../lab/lifecycle/reconcile.js';
 import { sandboxKey } from '../lab/names.js';
 import { checkLabels, noMeta, updateMeta } from '../lab/meta.js';
-import { checkSandboxes, storedTraces } from '../lab/lifecycle/check.js';
+import { checkSandboxes, reconcileUnsettled, storedTraces } from '../lab/lifecycle/check.js';
 import type { ImportOptions } from '../image/import.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { BuildOptions, Built } from '../lab/images/build.js';
@@ -30,19 +30,20 @@ import type {
   OnTimeout,
   SandboxMeta,
   SandboxRecord,
-  SandboxState,
   SessionRows,
 } from '../store/records.js';
-import type { WatchMark } from '../store/store.js';
+import type { SandboxQuery, WatchMark } from '../store/store.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { checkKeepsTime, Sandbox } from './sandbox.js';
 import type {
   BufferOutput,
   CheckResult,
+  CountOptions,
   EgressRequest,
   LabApi,
   LabCreateOptions,
   ListOptions,
+  SandboxCount,
   StoredTrace,
   TraceQuery,
   CallerInfo,
@@ -263,13 +264,7 @@ export class Lab implements LabApi {
   async list(opts: ListOptions = {}): Promise<Sandbox[]> {
     const after = checkList(opts);
     const rows = this.ctx.store.pageSandboxes({
-      ...(opts.labels ? { labels: opts.labels } : {}),
-      ...(opts.owner !== undefined ? { owner: opts.owner } : {}),
-      ...(opts.metadata
-        ? { metadata: Object.fromEntries(Object.entries(opts.metadata).map(([k, v]) => [k, alternatives(v)])) }
-        : {}),
-      ...(opts.state ? { state: opts.state, stoppedReasons: STOPPED_REASONS } : {}),
-      ...(opts.createdSince !== undefined ? { createdSince: opts.createdSince } : {}),
+      ...queryOf(opts),
       ...(opts.order ? { order: opts.order } : {}),
       ...(after ? { after } : {}),
       ...(opts.limit !== undefined ? { limit: opts.limit } : {}),
@@ -278,6 +273,13 @@ export class Lab implements LabApi {
       new Sandbox(this.ctx, r, undefined, undefined, meta ?? noMeta(r.id));
     if (opts.check === false) return rows.map((r) => listed(r.record, r.meta));
     return Promise.all(rows.map(async (r) => listed(await reconcile(this.ctx, r.record), r.meta)));
+  }
+
+  /** How many a list with these filters gives, by state, counted in the store (LabApi.count). */
+  async count(opts: CountOptions = {}): Promise<SandboxCount> {
+    checkList(opts);
+    if (opts.check !== false) await reconcileUnsettled(this.ctx, true);
+    return this.ctx.store.countSandboxes(queryOf(opts), STOPPED_REASONS);
   }
 
   /** A check pass (see LabApi.check): what `snaplab serve` runs on its tick. */
@@ -358,11 +360,6 @@ export class Lab implements LabApi {
   async removeImage(name: string, opts: { force?: boolean } = {}): Promise<{ removed: string[]; trace: TraceSummary }> {
     const r = await this.ctx.traced('image rm', name, (t) => removeImage(this.ctx, name, t, opts.force));
     return { removed: r.result, trace: r.trace };
-  }
-
-  /** How many sandboxes are recorded in each state, as recorded (no machine checked, no sandbox read): a server's metrics. */
-  async countByState(): Promise<Partial<Record<SandboxState, number>>> {
-    return this.ctx.store.countByState();
   }
 
   /** What the sandboxes made with this key hold: their count and limits (lab/ceilings.ts heldBy), a key's rows only. */
@@ -556,5 +553,18 @@ function lifetimeMeta(o: Lifetime): Partial<SandboxMeta> {
     ...(o.owner !== undefined ? { owner: o.owner } : {}),
     ...(o.timeoutS !== undefined ? { timeoutS: o.timeoutS, onTimeout: o.onTimeout ?? DEFAULT_ON_TIMEOUT } : {}),
     ...(o.timeoutS ? { expiresAt: Date.now() + o.timeoutS * 1000 } : {}),
+  };
+}
+
+/** A list's filters as the store reads them (its page aside). */
+function queryOf(opts: CountOptions): SandboxQuery {
+  return {
+    ...(opts.labels ? { labels: opts.labels } : {}),
+    ...(opts.owner !== undefined ? { owner: opts.owner } : {}),
+    ...(opts.metadata
+      ? { metadata: Object.fromEntries(Object.entries(opts.metadata).map(([k, v]) => [k, alternatives(v)])) }
+      : {}),
+    ...(opts.state ? { state: opts.state, stoppedReasons: STOPPED_REASONS } : {}),
+    ...(opts.createdSince !== undefined ? { createdSince: opts.createdSince } : {}),
   };
 }

@@ -11,7 +11,7 @@
  * `listFilter` filters what a gateway holds of its own (its absent sandboxes) as a store does.
  */
 import { SnaplabError } from '../errors.js';
-import type { ListOptions, ListState } from './api.js';
+import type { ListOptions, ListState, SandboxApi, SandboxCount } from './api.js';
 
 export interface Listed {
   readonly id: string;
@@ -127,4 +127,17 @@ export function listFilter(opts: ListOptions): (b: Filtered) => boolean {
     (states === undefined || states.has(listStateOf(b))) &&
     (opts.createdSince === undefined || b.createdAt >= opts.createdSince) &&
     meta.every(([k, alts]) => alts.includes(Object.hasOwn(b.metadata, k) ? b.metadata[k]! : null));
+}
+
+/**
+ * A count of sandboxes already listed, by state as a list filters it (a stopped one `stopped`):
+ * LabApi.count where the lab has no store to count in (a gateway, from its merged list).
+ */
+export function countOf(boxes: readonly Pick<SandboxApi, 'state' | 'stopped'>[]): SandboxCount {
+  const byState: SandboxCount['byState'] = {};
+  for (const b of boxes) {
+    const st = (b.stopped ? 'stopped' : b.state) as ListState;
+    byState[st] = (byState[st] ?? 0) + 1;
+  }
+  return { total: boxes.length, byState };
 }

@@ -15,6 +15,7 @@ import { SnaplabError, isSnaplabError } from '../errors.js';
 import { defaultName, newId } from '../names.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { WatchMark } from '../store/store.js';
+import type { SandboxState } from '../store/records.js';
 import { EventLog } from './events.js';
 import type { CreateBody } from './schemas.js';
 import { QuotaError } from './http-errors.js';
@@ -396,8 +397,10 @@ export class Daemon implements RouteHost {
 
   /** Its metrics: sandboxes by state, pools, processes, execs, operation phases, the home's disk. */
   async metricsText(): Promise<string> {
-    // counted in the store: a scrape beside 10 000 makes no sandbox object
-    const sandboxes = { creating: 0, running: 0, paused: 0, dead: 0, removing: 0, ...(await this.lab.countByState()) };
+    // counted in the store: a scrape beside 10 000 makes no sandbox object (a stopped one is dead here)
+    const { byState } = await this.lab.count({ check: false });
+    const sandboxes: Record<SandboxState, number> = { creating: 0, running: 0, paused: 0, dead: 0, removing: 0 };
+    for (const [st, n] of Object.entries(byState)) sandboxes[st === 'stopped' ? 'dead' : (st as SandboxState)] += n;
     return this.metrics.render({
       sandboxes,
       pools: await this.lab.pools(),

@@ -15,6 +15,7 @@ import { EventEmitter } from 'node:events';
 import type { Readable, Writable } from 'node:stream';
 import type {
   CallerInfo,
+  CountOptions,
   EgressRequest,
   EgressUsage,
   LabApi,
@@ -24,6 +25,7 @@ import type {
   OnTimeout,
   ProcessApi,
   SandboxApi,
+  SandboxCount,
   SandboxFiles,
   SnapshotApi,
   SpawnOptions,
@@ -47,7 +49,7 @@ import { requireEgress } from './ceilings.js';
 import { checked } from './checked.js';
 import type { TSchema } from 'typebox';
 import { CreateBody, EgressBody, ExecBody, LabelsBody, ProcessBody, SnapshotBody, TimeoutBody } from './schemas.js';
-import { listFor } from './owned-list.js';
+import { countFor, listFor } from './owned-list.js';
 import type { Daemon, StateVerb } from './daemon.js';
 import type { Process } from './processes.js';
 import type { StreamLimiter } from './limits.js';
@@ -93,6 +95,11 @@ export class KeyedLab implements KeyedLabApi {
   /** GET /sandboxes */
   async list(opts: ListOptions = {}): Promise<SandboxApi[]> {
     return (await listFor(this.daemon, this.caller('read'), opts)).map((b) => new KeyedSandbox(this, b));
+  }
+
+  /** GET /counts/sandboxes */
+  async count(opts: CountOptions = {}): Promise<SandboxCount> {
+    return countFor(this.daemon, this.caller('read'), opts);
   }
 
   /** GET /pools */

@@ -7,7 +7,7 @@
  * to the caller, whose nodes do the same.
  */
 import { LIST_STATES, nextCursor } from '../sdk/paging.js';
-import type { ListOptions, ListState } from '../sdk/api.js';
+import type { CountOptions, ListOptions, ListState } from '../sdk/api.js';
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
 import { SnaplabError } from '../errors.js';
@@ -15,7 +15,7 @@ import { statusOf, toSnaplab } from './http-errors.js';
 import type { Ceilings } from '../store/records.js';
 import { parseScopes, type Caller } from './keys.js';
 import type { PoolRunBody, RouteHost } from './served-lab.js';
-import { listFor } from './owned-list.js';
+import { countFor, listFor } from './owned-list.js';
 import { scenarioRoutesOf } from './routes-scenarios.js';
 import { snapshotFor } from './snapshot-access.js';
 import {
@@ -188,6 +188,43 @@ function lifecycleRoutes(app: FastifyInstance, h: RouteHost): void {
   );
 }
 
+/** A list's filters in its query (GET /sandboxes, GET /counts/sandboxes): as RemoteLab sends them. */
+const FILTERS = {
+  label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
+  owner: Type.Optional(Type.String()),
+  metadata: Type.Optional(
+    Type.String({
+      description:
+        'JSON: {"k": "v", "k2": ["a", "b", null]}: every key has this value, or one of these (null: or has no such key)',
+    }),
+  ),
+  state: Type.Optional(
+    Type.String({
+      description: `comma-separated, any of ${LIST_STATES.join(', ')} (stopped: dead by stop; dead: any other dead one); empty: none`,
+    }),
+  ),
+  createdSince: Type.Optional(Type.Integer({ description: 'made at or after this time, ms since the epoch' })),
+};
+
+interface FilterQuery {
+  label?: string | string[];
+  owner?: string;
+  metadata?: string;
+  state?: string;
+  createdSince?: number;
+}
+
+/** The filters a list's query asks for (the empty owner: those made without a key). */
+function filtersOf(q: FilterQuery): CountOptions {
+  return {
+    labels: keyValues([q.label ?? []].flat(), 'label filter'),
+    ...(q.owner !== undefined ? { owner: q.owner || null } : {}),
+    ...(q.metadata !== undefined ? { metadata: metadataFilter(q.metadata) } : {}),
+    ...(q.state !== undefined ? { state: q.state.split(',').filter(Boolean) as ListState[] } : {}),
+    ...(q.createdSince !== undefined ? { createdSince: q.createdSince } : {}),
+  };
+}
+
 /** A list's `metadata` query (JSON, as RemoteLab sends it): its shape is checked by the lab's list (checkList). */
 function metadataFilter(text: string): NonNullable<ListOptions['metadata']> {
   let v: unknown;
@@ -214,20 +251,7 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
         summary:
           'List sandboxes, oldest first (`order=desc`: newest first); `label=k=v` (repeatable) keeps those with every label, `owner=KEY` those made by a key (empty: by none), `metadata` (JSON) those with every metadata key=value, `state=a,b` those in one of these states, `createdSince=MS` those made since; `check=false` reads the records without checking the host; `limit` and `after` page it (X-Next-Cursor names the next page)',
         querystring: Type.Object({
-          label: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
-          owner: Type.Optional(Type.String()),
-          metadata: Type.Optional(
-            Type.String({
-              description:
-                'JSON: {"k": "v", "k2": ["a", "b", null]}: every key has this value, or one of these (null: or has no such key)',
-            }),
-          ),
-          state: Type.Optional(
-            Type.String({
-              description: `comma-separated, any of ${LIST_STATES.join(', ')} (stopped: dead by stop; dead: any other dead one); empty: none`,
-            }),
-          ),
-          createdSince: Type.Optional(Type.Integer({ description: 'made at or after this time, ms since the epoch' })),
+          ...FILTERS,
           order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')])),
           check: Type.Optional(Type.Boolean()),
           limit: Type.Optional(
@@ -241,24 +265,14 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
       },
     },
     async (req, reply) => {
-      const q = req.query as {
-        label?: string | string[];
-        owner?: string;
-        metadata?: string;
-        state?: string;
-        createdSince?: number;
+      const q = req.query as FilterQuery & {
         order?: 'asc' | 'desc';
         check?: boolean;
         limit?: number;
         after?: string;
       };
-      const labels = keyValues([q.label ?? []].flat(), 'label filter');
       const boxes = await listFor(h, req.caller, {
-        labels,
-        ...(q.owner !== undefined ? { owner: q.owner || null } : {}),
-        ...(q.metadata !== undefined ? { metadata: metadataFilter(q.metadata) } : {}),
-        ...(q.state !== undefined ? { state: q.state.split(',').filter(Boolean) as ListState[] } : {}),
-        ...(q.createdSince !== undefined ? { createdSince: q.createdSince } : {}),
+        ...filtersOf(q),
         ...(q.order !== undefined ? { order: q.order } : {}),
         check: q.check,
         limit: q.limit,
@@ -268,6 +282,27 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
       const next = nextCursor(boxes, q.limit);
       if (next !== undefined) reply.header('x-next-cursor', next);
       return boxes.map((b) => b.toJSON());
+    },
+  );
+  // the summary form of the list: its filters, no row read (a lab with a store counts there)
+  app.get(
+    '/counts/sandboxes',
+    {
+      config: { scope: 'read' },
+      schema: {
+        tags: ['sandboxes'],
+        summary:
+          "How many sandboxes GET /sandboxes would list with these filters, in all and by state (stopped apart from dead), without listing them; a key's own only, as its list. `check=false`: the records as they stand (else a machine whose process is gone is found dead first)",
+        querystring: Type.Object({ ...FILTERS, check: Type.Optional(Type.Boolean()) }),
+        response: {
+          200: Type.Object({ total: Type.Integer(), byState: Type.Record(Type.String(), Type.Integer()) }),
+          ...errors,
+        },
+      },
+    },
+    async (req) => {
+      const q = req.query as FilterQuery & { check?: boolean };
+      return countFor(h, req.caller, { ...filtersOf(q), ...(q.check !== undefined ? { check: q.check } : {}) });
     },
   );
   // a daemon's tick runs this every few seconds; a client (a gateway, a test) may ask for one now

@@ -79,7 +79,6 @@ export interface ServedLab
       | 'capabilities'
       | 'egressTotals'
       | 'held'
-      | 'countByState'
       | 'changes'
       | 'expired'
     > {

@@ -128,8 +128,11 @@ it("reads a key's sandboxes by the owner's index: its rows' limits and states, a
     { driver: 'namespaces', limits: { memoryBytes: 5 }, state: 'running', reason: null },
   ]);
   expect(store.ownedLimits('nobody')).toEqual([]);
-  // a server's metrics: counted in the store, whoever owns them
-  expect(store.countByState()).toEqual({ running: 3, dead: 1 });
+  // counted in the store with a list's filters: by state as a list filters it (a stopped one apart)
+  expect(store.countSandboxes({}, [])).toEqual({ total: 4, byState: { running: 3, dead: 1 } });
+  expect(store.countSandboxes({ owner: 'key' }, ['gone'])).toEqual({ total: 2, byState: { running: 1, stopped: 1 } });
+  expect(store.countSandboxes({ owner: null, state: ['running'] }, [])).toEqual({ total: 1, byState: { running: 1 } });
+  expect(store.countSandboxes({ owner: 'nobody' }, [])).toEqual({ total: 0, byState: {} });
   const prepare = vi.spyOn(store.db, 'prepare');
   expect(store.pageSandboxes({ owner: 'key' }).map((r) => r.record.id)).toEqual(['k2', 'k1']);
   const listSql = prepare.mock.calls.map(([sql]) => sql).find((sql) => sql.includes('m.owner'));

@@ -250,6 +250,12 @@ export interface SandboxQuery {
  */
 const DRIVE_MAX = 1000;
 
+/** How many sandboxes a count found: in all, and by state as a list filters it (`stopped` apart from `dead`). */
+export interface SandboxCount {
+  total: number;
+  byState: Record<string, number>;
+}
+
 /** A listed sandbox: its record and its labels and lifetime, read together. */
 export interface ListedRecord {
   record: SandboxRecord;
@@ -417,14 +423,6 @@ export class Store {
       toSandbox,
     );
   }
-  /** How many sandboxes are recorded in each state (only states some sandbox is in). */
-  countByState(): Partial<Record<SandboxState, number>> {
-    const rows = this.stmt('SELECT state, COUNT(*) AS n FROM sandboxes GROUP BY state').all() as {
-      state: SandboxState;
-      n: number;
-    }[];
-    return Object.fromEntries(rows.map((r) => [r.state, r.n]));
-  }
   /** Of those not dead, what a quick check pass asks the host about first (lab/lifecycle/check.ts). */
   unsettledProbes(): Pick<SandboxRecord, 'id' | 'state' | 'pid' | 'pool' | 'templateOf'>[] {
     return this.stmt(
@@ -439,13 +437,36 @@ export class Store {
    * when its rows are dense in that order (no filter, or one most rows pass).
    */
   pageSandboxes(q: SandboxQuery): ListedRecord[] {
-    const where: string[] = [];
-    const args: unknown[] = [];
+    const { where, args } = this.filtered(q);
     const dir = q.order === 'desc' ? 'DESC' : 'ASC';
     if (q.after) {
-      where.push(`(s.created_at, s.id) ${q.order === 'desc' ? '<' : '>'} (?, ?)`);
-      args.push(q.after.createdAt, q.after.id);
+      where.unshift(`(s.created_at, s.id) ${q.order === 'desc' ? '<' : '>'} (?, ?)`);
+      args.unshift(q.after.createdAt, q.after.id);
     }
+    if (q.limit !== undefined) args.push(q.limit);
+    const sql = `SELECT ${sandboxColumns('s')}, ${META_COLUMNS} FROM sandboxes s LEFT JOIN sandbox_meta m ON m.id = s.id
+      ${where.length ? `WHERE ${where.join(' AND ')}` : ''}
+      ORDER BY s.created_at ${dir}, s.id ${dir}${q.limit !== undefined ? ' LIMIT ?' : ''}`;
+    return this.sandboxes(sql, ...args).map((a) => ({ record: toSandbox(a), meta: listedMeta(a) }));
+  }
+  /**
+   * How many sandboxes pass a list's filters (its page aside), in all and by state as a list
+   * filters it (a dead one whose reason is among `stoppedReasons` is `stopped`): one statement,
+   * no row made into a record.
+   */
+  countSandboxes(q: Omit<SandboxQuery, 'after' | 'order' | 'limit'>, stoppedReasons: readonly string[]): SandboxCount {
+    const { where, args } = this.filtered(q);
+    const rows = this.stmt(
+      `SELECT CASE WHEN s.state = 'dead' AND s.reason IN (SELECT value FROM json_each(?)) THEN 'stopped' ELSE s.state END AS st,
+        COUNT(*) AS n FROM sandboxes s LEFT JOIN sandbox_meta m ON m.id = s.id
+        ${where.length ? `WHERE ${where.join(' AND ')}` : ''} GROUP BY st`,
+    ).all(JSON.stringify(stoppedReasons), ...args) as { st: string; n: number }[];
+    return { total: rows.reduce((t, r) => t + r.n, 0), byState: Object.fromEntries(rows.map((r) => [r.st, r.n])) };
+  }
+  /** A list's filters as SQL conditions over `sandboxes s LEFT JOIN sandbox_meta m`, and their arguments in order. */
+  private filtered(q: SandboxQuery): { where: string[]; args: unknown[] } {
+    const where: string[] = [];
+    const args: unknown[] = [];
     if (q.createdSince !== undefined) {
       where.push('s.created_at >= ?');
       args.push(q.createdSince);
@@ -486,11 +507,7 @@ export class Store {
       if (values.length) args.push(k, JSON.stringify(values));
       if (values.length < alts.length) args.push(k);
     }
-    if (q.limit !== undefined) args.push(q.limit);
-    const sql = `SELECT ${sandboxColumns('s')}, ${META_COLUMNS} FROM sandboxes s LEFT JOIN sandbox_meta m ON m.id = s.id
-      ${where.length ? `WHERE ${where.join(' AND ')}` : ''}
-      ORDER BY s.created_at ${dir}, s.id ${dir}${q.limit !== undefined ? ' LIMIT ?' : ''}`;
-    return this.sandboxes(sql, ...args).map((a) => ({ record: toSandbox(a), meta: listedMeta(a) }));
+    return { where, args };
   }
   /**
    * The metadata filter a page is read from (its key), when one matches at most DRIVE_MAX rows:

@@ -30,22 +30,7 @@ export async function checkSandboxes(
   ctx: LabContext,
   opts: { reconciled?: boolean; quick?: boolean } = {},
 ): Promise<Checked> {
-  // (the records reconcile has something to ask of: a dead one has nothing; thousands of stopped
-  // machines are not read every pass)
-  if (opts.quick && !opts.reconciled) {
-    const due = ctx.store.unsettledProbes().filter((p) => !(p.pool && p.state === 'paused') && !processThere(p));
-    await Promise.all(
-      due.map((p) => {
-        const r = ctx.store.getSandbox(p.id);
-        return r && reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`));
-      }),
-    );
-  } else if (!opts.reconciled)
-    await Promise.all(
-      ctx.store
-        .unsettledSandboxes()
-        .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
-    );
+  if (!opts.reconciled) await reconcileUnsettled(ctx, opts.quick ?? false);
   const removed: Checked['removed'] = [];
   // read after the reconcile: a change made meanwhile is seen as it is now, not as it was (those
   // rows alone: a daemon's start reads every record once, in gc's pass)
@@ -55,6 +40,27 @@ export async function checkSandboxes(
     removed.push({ id: r.id, name: r.name, reason: r.reason, owner });
   }
   return { removed };
+}
+
+/**
+ * The records a reconcile has something to ask of, reconciled (a dead one has nothing; thousands
+ * of stopped machines are not read): each, or with `quick` those whose process is not there.
+ */
+export async function reconcileUnsettled(ctx: LabContext, quick: boolean): Promise<void> {
+  if (quick) {
+    const due = ctx.store.unsettledProbes().filter((p) => !(p.pool && p.state === 'paused') && !processThere(p));
+    await Promise.all(
+      due.map((p) => {
+        const r = ctx.store.getSandbox(p.id);
+        return r && reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`));
+      }),
+    );
+  } else
+    await Promise.all(
+      ctx.store
+        .unsettledSandboxes()
+        .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
+    );
 }
 
 /**
