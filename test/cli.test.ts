@@ -216,6 +216,7 @@ describe('snaplab CLI', () => {
       process.kill(victim, 'SIGKILL');
       for (const end = Date.now() + 10_000; existsSync(`/proc/${victim}`) && Date.now() < end; )
         await new Promise((r) => setTimeout(r, 50));
+      expect(existsSync(`/proc/${victim}`), 'its init reaped').toBe(false);
       expect(snaplab(['ls', '--count', '--label', 'pg=x']).out).toBe('3 sandboxes: 1 dead, 1 paused, 1 running\n');
       expect(snaplab(['ls', '--count', '--limit', '2']).err).toMatch(/error\[BAD_INPUT\]: --count[\s\S]*hint:/);
       expect(snaplab(['ls', '--limit', '0']).err).toMatch(/error\[BAD_INPUT\]: invalid limit "0"[\s\S]*hint:/);

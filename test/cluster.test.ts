@@ -743,7 +743,15 @@ describe('a cluster', () => {
     });
     expect(viaLab.reason).toMatch(/node n2 stopped answering/);
     await expect(viaLab.exec(['true'])).rejects.toMatchObject({ code: 'SANDBOX_LOST' });
-    expect((await gatewayLab.list()).find((b) => b.id === doomed.id)?.state).toBe('lost');
+    const listed = await gatewayLab.list();
+    expect(listed.find((b) => b.id === doomed.id)?.state).toBe('lost');
+    // its count (the nodes' counts summed, the absent ones counted from the gateway's copy) agrees
+    const lostListed = listed.filter((b) => b.state === 'lost').length;
+    expect(lostListed).toBeGreaterThan(0);
+    expect(await gatewayLab.count()).toMatchObject({
+      total: listed.length,
+      byState: expect.objectContaining({ lost: lostListed }),
+    });
     // new creates avoid it
     for (let i = 0; i < 3; i++) {
       const c = await api<{ node: string; id: string }>(g, 'POST', '/sandboxes', {});

@@ -104,6 +104,8 @@ export class AgentClient implements AsyncDisposable {
    * command under way holds it.
    */
   private held(): void {
+    // (a destroyed socket has no handle: its ref and unref would wait for a 'connect' that never comes)
+    if (this.socket.destroyed) return;
     if (this.pending.size > 0) this.socket.ref();
     else this.socket.unref();
   }

@@ -164,11 +164,21 @@ export class GatewayLab implements LabApi {
     checkList(opts); // a bad page or filter is said here, not refused by every node
     const { done } = await this.fromEach((lab) => lab.list(opts));
     const out: SandboxApi[] = done.flatMap((d) => d.value.map((b) => this.placed(d.node, b.toJSON())));
-    const answered = new Set(done.map((d) => d.node));
+    out.push(...this.absent(opts, new Set(done.map((d) => d.node))));
+    // each node answered its own page: the merged page is the first of them all
+    return pageOf(out, opts);
+  }
+
+  /**
+   * The caller's sandboxes of the watched copy that no node's answer has (its node did not
+   * answer, or it is lost: listed until its record is deleted, even once its node is back), as a
+   * list with these filters shows them.
+   */
+  private absent(opts: CountOptions, answered: Set<string>): AbsentSandbox[] {
+    const out: AbsentSandbox[] = [];
     const want = Object.entries(opts.labels ?? {});
     const passes = listFilter(opts);
     for (const e of this.core.view.sandboxes.values()) {
-      // a lost one is listed until its record is deleted, even once its node is back
       if ((answered.has(e.node) && e.state !== 'lost') || e.state === 'forgotten' || !this.core.owns(this.caller, e))
         continue;
       if (opts.owner !== undefined && e.owner !== opts.owner) continue;
@@ -176,13 +186,19 @@ export class GatewayLab implements LabApi {
       const absent = new AbsentSandbox(this.core.store, e, this.core.view.left.has(e.node));
       if (passes(absent)) out.push(absent);
     }
-    // each node answered its own page: the merged page is the first of them all
-    return pageOf(out, opts);
+    return out;
   }
 
-  /** The count of its merged list (each node's own sandboxes, and the absent ones it lists). */
+  /** Each node's count summed (no node lists), with the absent ones its list would show. */
   async count(opts: CountOptions = {}): Promise<SandboxCount> {
-    return countOf(await this.list(opts));
+    checkList(opts);
+    const { done } = await this.fromEach((lab) => lab.count(opts));
+    const sum = countOf(this.absent(opts, new Set(done.map((d) => d.node))));
+    for (const { value } of done) {
+      sum.total += value.total;
+      for (const [st, n] of Object.entries(value.byState)) sum.byState[st] = (sum.byState[st] ?? 0) + n;
+    }
+    return sum;
   }
 
   /** A check pass on every node that answers (each needs the admin scope); what each removed. */

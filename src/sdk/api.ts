@@ -8,7 +8,7 @@ import type { ExecOptions, ExecProcess, ExecResult } from '../lab/io/sandbox-ops
 import type { CopyResult } from '../lab/io/copy.js';
 import type { PoolSpec, PoolStats } from '../lab/pools/admin.js';
 import type { RunOutcome, RunSpec } from '../lab/pools/run.js';
-import type { Limits, OnTimeout } from '../store/records.js';
+import type { Limits, OnTimeout, SandboxCount } from '../store/records.js';
 import type { StorageKind } from '../storage/backend.js';
 import type { FileInfo } from '../lab/io/files.js';
 import type { SandboxUsage } from '../lab/io/usage.js';
@@ -241,18 +241,13 @@ export interface ListOptions {
 /**
  * What a count filters by: a list's filters (ListOptions), without its page. `check` (default
  * true): the records are first brought up to date with the host, as cheaply as a daemon's quick
- * check pass does (a machine whose process is gone is found dead); false: as they stand.
+ * check pass does (a machine whose process is gone is found dead; a reused pid or a zombie is
+ * the full check's to see), and then counted, so a `state` filter counts by the state found; a
+ * checked list filters by the recorded state and shows the one it finds. false: as they stand.
  */
 export type CountOptions = Pick<ListOptions, 'labels' | 'owner' | 'metadata' | 'state' | 'createdSince' | 'check'>;
 
-/**
- * How many sandboxes pass a count's filters: in all, and by state as a list filters it
- * (ListState: a stopped one is `stopped`, not `dead`). States none is in are left out.
- */
-export interface SandboxCount {
-  total: number;
-  byState: Partial<Record<ListState, number>>;
-}
+export type { SandboxCount };
 
 /**
  * A sandbox's state as a list filters it: its `state`, except that one stopped (`stop`: dead, its

@@ -11,7 +11,7 @@
  * `listFilter` filters what a gateway holds of its own (its absent sandboxes) as a store does.
  */
 import { SnaplabError } from '../errors.js';
-import type { ListOptions, ListState, SandboxApi, SandboxCount } from './api.js';
+import type { ListOptions, ListState, SandboxCount } from './api.js';
 
 export interface Listed {
   readonly id: string;
@@ -130,14 +130,11 @@ export function listFilter(opts: ListOptions): (b: Filtered) => boolean {
 }
 
 /**
- * A count of sandboxes already listed, by state as a list filters it (a stopped one `stopped`):
- * LabApi.count where the lab has no store to count in (a gateway, from its merged list).
+ * A count of sandboxes already at hand, by state as a list filters it (a stopped one `stopped`):
+ * where there is no store to count in (a gateway's absent ones, from its watched copy).
  */
-export function countOf(boxes: readonly Pick<SandboxApi, 'state' | 'stopped'>[]): SandboxCount {
+export function countOf(boxes: readonly Filtered[]): SandboxCount {
   const byState: SandboxCount['byState'] = {};
-  for (const b of boxes) {
-    const st = (b.stopped ? 'stopped' : b.state) as ListState;
-    byState[st] = (byState[st] ?? 0) + 1;
-  }
+  for (const b of boxes) byState[listStateOf(b)] = (byState[listStateOf(b)] ?? 0) + 1;
   return { total: boxes.length, byState };
 }

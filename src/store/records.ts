@@ -271,3 +271,13 @@ export interface SessionRows {
   put(id: string, sealed: string): void;
   delete(id: string): void;
 }
+
+/**
+ * How many sandboxes pass a count's filters (LabApi.count): in all, and by state as a list
+ * filters it (a ListState: `stopped` apart from `dead`; a cluster gateway adds `lost` and
+ * `unreachable` for those of nodes it cannot read). States none is in are left out.
+ */
+export interface SandboxCount {
+  total: number;
+  byState: Record<string, number>;
+}

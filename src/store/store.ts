@@ -11,6 +11,7 @@ import type {
   SandboxMeta,
   SandboxEgress,
   SandboxRecord,
+  SandboxCount,
   SandboxState,
   ScenarioRecord,
   ScenarioSnapshotRecord,
@@ -249,12 +250,6 @@ export interface SandboxQuery {
  * of 100 at 10 000 rows: ~0.5 ms either way, where the other way took up to 17 ms; docs/architecture.md "Density").
  */
 const DRIVE_MAX = 1000;
-
-/** How many sandboxes a count found: in all, and by state as a list filters it (`stopped` apart from `dead`). */
-export interface SandboxCount {
-  total: number;
-  byState: Record<string, number>;
-}
 
 /** A listed sandbox: its record and its labels and lifetime, read together. */
 export interface ListedRecord {
