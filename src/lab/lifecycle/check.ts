@@ -47,21 +47,17 @@ export async function checkSandboxes(
  * of stopped machines are not read): each, or with `quick` those whose process is not there.
  */
 export async function reconcileUnsettled(ctx: LabContext, quick: boolean): Promise<void> {
-  if (quick) {
-    const due = ctx.store.unsettledProbes().filter((p) => !(p.pool && p.state === 'paused') && !processThere(p));
-    await Promise.all(
-      due.map((p) => {
-        const r = ctx.store.getSandbox(p.id);
-        return r && reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`));
-      }),
-    );
-  } else
-    await Promise.all(
-      ctx.store
-        .unsettledSandboxes()
-        .map((r) => (r.pool && r.state === 'paused' ? r : reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`)))),
-    );
+  const due = quick
+    ? ctx.store
+        .unsettledProbes()
+        .filter((p) => !poolsToCheck(p) && !processThere(p))
+        .map((p) => ctx.store.getSandbox(p.id))
+    : ctx.store.unsettledSandboxes().filter((r) => !poolsToCheck(r));
+  await Promise.all(due.map((r) => r && reconcile(ctx, r).catch(orElse(r, `reconcile ${r.name}`))));
 }
+
+/** A pool's paused standby: its pool checks it. */
+const poolsToCheck = (r: Pick<SandboxRecord, 'pool' | 'state'>): boolean => r.pool !== null && r.state === 'paused';
 
 /**
  * A running or paused machine whose recorded process is there. Always asked about: creating and
