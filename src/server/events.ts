@@ -8,6 +8,7 @@
 import { EventEmitter } from 'node:events';
 import type { EventJournal, EventRecord } from './served-lab.js';
 import type { WatchMark } from '../store/store.js';
+import { END_EVENTS, STATE_EVENTS } from '../store/records.js';
 
 type SandboxState = 'creating' | 'running' | 'paused' | 'dead' | 'removing';
 
@@ -28,18 +29,22 @@ export interface Watched extends Told {
   stopped?: boolean;
 }
 
-export type EventType =
-  | 'created'
-  | 'ready'
-  | 'paused'
-  | 'resumed'
-  | 'stopped'
-  | 'started'
-  | 'exited'
-  | 'destroyed'
-  | 'failed'
-  | 'timeout'
-  | 'process.exited';
+/** What the log tells: a sandbox's state (STATE_EVENTS), its end (END_EVENTS), and two that change neither. */
+export type EventType = (typeof STATE_EVENTS)[number] | (typeof END_EVENTS)[number] | 'timeout' | 'process.exited';
+
+/** The state each state-telling event leaves a sandbox in (the journal keeps each sandbox's newest). */
+const TOLD: Record<(typeof STATE_EVENTS)[number], SandboxState> = {
+  created: 'running',
+  ready: 'running',
+  resumed: 'running',
+  started: 'running',
+  paused: 'paused',
+  exited: 'dead',
+  stopped: 'dead',
+};
+const told = (type: string): SandboxState | undefined =>
+  (STATE_EVENTS as readonly string[]).includes(type) ? TOLD[type as keyof typeof TOLD] : undefined;
+const ends = (type: string): boolean => (END_EVENTS as readonly string[]).includes(type);
 
 /** What a state the watcher finds means as an event. */
 const STATE_EVENT: Partial<Record<SandboxState, EventType>> = { running: 'resumed', paused: 'paused', dead: 'exited' };
@@ -75,13 +80,11 @@ export class EventLog extends EventEmitter {
       if (!e.sandbox) continue;
       if (e.name) this.names.set(e.sandbox, e.name);
       if (typeof e.data?.owner === 'string') this.owners.set(e.sandbox, e.data.owner);
-      if (e.type === 'destroyed' || e.type === 'failed') {
+      const state = told(e.type);
+      if (ends(e.type)) {
         this.known.delete(e.sandbox);
         this.owners.delete(e.sandbox);
-      } else if (e.type === 'created' || e.type === 'ready' || e.type === 'resumed' || e.type === 'started')
-        this.known.set(e.sandbox, 'running');
-      else if (e.type === 'paused') this.known.set(e.sandbox, 'paused');
-      else if (e.type === 'exited' || e.type === 'stopped') this.known.set(e.sandbox, 'dead');
+      } else if (state) this.known.set(e.sandbox, state);
     }
   }
 
@@ -113,13 +116,12 @@ export class EventLog extends EventEmitter {
     });
     if (sandbox) {
       if (name) this.names.set(sandbox.id, name);
-      if (type === 'destroyed' || type === 'failed') {
+      const state = told(type);
+      if (ends(type)) {
         this.known.delete(sandbox.id);
         this.names.delete(sandbox.id);
         this.owners.delete(sandbox.id);
-      } else if (type === 'paused') this.known.set(sandbox.id, 'paused');
-      else if (type === 'exited' || type === 'stopped') this.known.set(sandbox.id, 'dead');
-      else if (type !== 'timeout' && type !== 'process.exited') this.known.set(sandbox.id, 'running');
+      } else if (state) this.known.set(sandbox.id, state);
     }
     this.emit('event', e);
     return e;

@@ -255,6 +255,14 @@ export interface ApiKeyRecord {
   createdAt: number;
 }
 
+/**
+ * Event types that tell a sandbox's state, and those that end it. The daemon's log rebuilds what
+ * it last told of each sandbox from them on a restart, so the journal keeps, however old, each
+ * sandbox's newest of them until one ends it (Store.appendEvent).
+ */
+export const STATE_EVENTS = ['created', 'ready', 'paused', 'resumed', 'stopped', 'started', 'exited'] as const;
+export const END_EVENTS = ['destroyed', 'failed'] as const;
+
 export interface EventRecord {
   id: number;
   at: number;

@@ -19,6 +19,7 @@ import type {
   Scope,
   SnapshotRecord,
 } from './records.js';
+import { END_EVENTS, STATE_EVENTS } from './records.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import type { ImageConfig } from '../image/oci.js';
@@ -279,6 +280,14 @@ function stateFilter(states: readonly string[], stopped: readonly string[]): unk
   }
   return [conds.length ? `(${conds.join(' OR ')})` : '0', ...args];
 }
+
+const quoted = (types: readonly string[]): string => types.map((t) => `'${t}'`).join(', ');
+/** Drop the events up to a mark, but each sandbox's newest state-telling one unless an end came after. */
+const TRIM_EVENTS = `DELETE FROM events WHERE id <= ? AND id NOT IN (
+  SELECT id FROM (
+    SELECT MAX(id) AS id, type FROM events
+      WHERE sandbox IS NOT NULL AND type IN (${quoted([...STATE_EVENTS, ...END_EVENTS])}) GROUP BY sandbox
+  ) WHERE type NOT IN (${quoted(END_EVENTS)}))`;
 
 /** How many changes a removal is kept in sandbox_changes (its migration's trigger says the same). */
 const REMOVALS_KEPT = 100_000;
@@ -756,7 +765,13 @@ export class Store {
     return this.stmt('DELETE FROM api_keys WHERE name = ?').run(name).changes > 0;
   }
 
-  // the event log: ids only grow; the oldest are dropped past `keep`
+  /**
+   * The event log: ids only grow. Past the newest `keep` events, the older are dropped, but for
+   * each sandbox not ended its newest event that told its state (STATE_EVENTS): a restart rebuilds
+   * from them what the log last told of every sandbox, so one made 10 000 events ago still has its
+   * removal told (a `destroyed`), and a change of it is not told as a creation. What is kept past
+   * `keep` is one row a sandbox that is there.
+   */
   appendEvent(e: Omit<EventRecord, 'id'>, keep = 10_000): EventRecord {
     const id = Number(
       this.stmt('INSERT INTO events (at, type, sandbox, name, reason, data) VALUES (?, ?, ?, ?, ?, ?)').run(
@@ -768,7 +783,7 @@ export class Store {
         e.data ? JSON.stringify(e.data) : null,
       ).lastInsertRowid,
     );
-    if (id % 1000 === 0) this.stmt('DELETE FROM events WHERE id <= ?').run(id - keep);
+    if (id % 1000 === 0) this.stmt(TRIM_EVENTS).run(id - keep);
     return { ...e, id };
   }
   eventsAfter(id: number, limit = 1000): EventRecord[] {
