@@ -158,3 +158,35 @@ it("the tick's checks find a machine's process gone at once, and a pid taken by 
     for (const p of procs) p.kill('SIGKILL');
   }
 });
+
+it('a sandbox removed by another process while a request looked it up is not kept in the cache', async () => {
+  const proc = spawn('sleep', ['1000']);
+  try {
+    const start = (await processStartTime(proc.pid!))!;
+    expect(store.insertSandbox(testRecord('r1', { state: 'running', pid: proc.pid, pidStart: start }))).toBe(true);
+    const { d } = await started();
+    const cache = d['cache'] as Map<string, unknown>;
+    // the lab's checked get under way (the record read) when the CLI removes the sandbox and a
+    // pass reads that removal: there is nothing cached yet for it to let go
+    const get = d.lab.get.bind(d.lab);
+    vi.spyOn(d.lab, 'get').mockImplementation(async (idOrName, opts) => {
+      const box = await get(idOrName, opts);
+      if (opts?.check !== false && box.id === 'r1') {
+        store.deleteSandbox(box.id);
+        await d.tick();
+      }
+      return box;
+    });
+    const box = await d.sandbox('r1');
+    expect(box.id).toBe('r1');
+    expect(cache.has('r1')).toBe(false);
+    // a sandbox that stays is kept
+    expect(store.insertSandbox(testRecord('r2', { state: 'running', pid: proc.pid, pidStart: start }))).toBe(true);
+    vi.mocked(d.lab.get).mockImplementation(get);
+    await d.tick();
+    await d.sandbox('r2');
+    expect(cache.has('r2')).toBe(true);
+  } finally {
+    proc.kill('SIGKILL');
+  }
+});

@@ -107,6 +107,8 @@ export class Daemon implements RouteHost {
   private reconciled = false;
   /** where the tick got to in the lab's changes (undefined: it reads every record first) */
   private watched: WatchMark | undefined;
+  /** passes that read the lab's changes so far: a cache entry made across one is looked at again */
+  private changesRead = 0;
 
   /**
    * `lab`: what is served, through its interface only (served-lab.ts): the embedded Lab here, any
@@ -176,6 +178,7 @@ export class Daemon implements RouteHost {
     if (this.ticks++ % 5 === 0) await this.checkPass(this.checks++ % FULL_CHECK_EVERY !== 0);
     // read after the check: a change made meanwhile is seen as it is now, not as it was
     const changes = await this.lab.changes(this.watched?.mark, this.watched?.again);
+    this.changesRead++;
     this.watched = this.events.watch(changes);
     if (changes.complete) {
       const ids = new Set(changes.sandboxes.map((b) => b.id));
@@ -236,10 +239,7 @@ export class Daemon implements RouteHost {
 
   /** A TTL ended: kill (destroy), pause or stop, as the sandbox was made to. */
   private async expire(id: string): Promise<void> {
-    const box = await this.lab.get(id, { check: false }).catch((e: unknown) => {
-      if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return undefined;
-      throw e;
-    });
+    const box = await this.lookup(id);
     if (!box) return;
     // paused or stopped by another process: its clock stands still (a resume or a start starts it again)
     if (box.state === 'paused' || box.stopped) return void (await box.setTimeout(box.timeoutS, box.onTimeout));
@@ -264,10 +264,7 @@ export class Daemon implements RouteHost {
    * first look, before anything is done to it. Not there or not the caller's: SANDBOX_NOT_FOUND.
    */
   async find(idOrName: string, caller: Caller = LOCAL): Promise<SandboxApi> {
-    const box = await this.lab.get(idOrName, { check: false }).catch((e: unknown) => {
-      if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return undefined;
-      throw e;
-    });
+    const box = await this.lookup(idOrName);
     // one answer for "not there" and "not yours": a key learns nothing of others' sandboxes
     if (!box || !this.visible(caller, box))
       throw new SnaplabError(
@@ -291,13 +288,26 @@ export class Daemon implements RouteHost {
       return hit;
     }
     if (hit) this.evict(rec.id);
+    const read = this.changesRead;
     // gone since the first look: the same answer as not there (the lab's would name others')
     const box = await this.lab.get(rec.id).catch((e: unknown) => {
       if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return this.find(rec.id, caller);
       throw e;
     });
-    if (box.state === 'running' || box.state === 'paused') this.cache.set(box.id, box);
+    if (box.state !== 'running' && box.state !== 'paused') return box;
+    this.cache.set(box.id, box);
+    // a removal (by the CLI, say) that a pass read while this get was under way found nothing
+    // cached to let go, and no later pass reads it again: asked here, or the entry stays until a restart
+    if (this.changesRead !== read && !(await this.lookup(box.id))) this.cache.delete(box.id);
     return box;
+  }
+
+  /** The record of a sandbox as it stands (no check of the host), undefined when there is none. */
+  private lookup(idOrName: string): Promise<SandboxApi | undefined> {
+    return this.lab.get(idOrName, { check: false }).catch((e: unknown) => {
+      if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return undefined;
+      throw e;
+    });
   }
 
   /**
