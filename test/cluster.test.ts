@@ -752,6 +752,10 @@ describe('a cluster', () => {
       total: listed.length,
       byState: expect.objectContaining({ lost: lostListed }),
     });
+    // a metadata filter leaves them out, a `null` ("not set") too: their metadata is their node's alone
+    const unset = { metadata: { 'never-set': [null] } };
+    expect((await gatewayLab.list(unset)).some((b) => b.state === 'lost')).toBe(false);
+    expect((await gatewayLab.count(unset)).byState.lost).toBeUndefined();
     // new creates avoid it
     for (let i = 0; i < 3; i++) {
       const c = await api<{ node: string; id: string }>(g, 'POST', '/sandboxes', {});

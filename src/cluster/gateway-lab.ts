@@ -176,6 +176,9 @@ export class GatewayLab implements LabApi {
    */
   private absent(opts: CountOptions, answered: Set<string>): AbsentSandbox[] {
     const out: AbsentSandbox[] = [];
+    // their metadata is their node's alone (the cluster's record has none): under a metadata
+    // filter they are not known to pass, so none is shown (as `{}` they all passed a `null`, "not set")
+    if (Object.keys(opts.metadata ?? {}).length) return out;
     const want = Object.entries(opts.labels ?? {});
     const passes = listFilter(opts);
     for (const e of this.core.view.sandboxes.values()) {
