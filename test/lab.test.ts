@@ -74,6 +74,21 @@ describe('pause and resume', () => {
   });
 });
 
+describe('an agent connection that ended under a running sandbox', () => {
+  it('is opened again by the next call, the sandbox not declared anything', async () => {
+    await using box = await lab.create();
+    expect(out(await box.exec(['echo', 'one']))).toBe('one');
+    const first = await box.agentConnection();
+    // the socket closed under the client (not by it), the machine running on
+    const socket = first['socket'];
+    await new Promise((r) => socket.once('close', r).destroy());
+    expect(first.closed).toBe(true);
+    expect(out(await box.exec(['echo', 'two']))).toBe('two');
+    expect(await box.agentConnection()).not.toBe(first);
+    expect((await lab.get(box.id)).state).toBe('running');
+  });
+});
+
 describe('a sandbox that died', () => {
   it('is reported dead with a reason, and exec says so', async () => {
     const box = await lab.create();

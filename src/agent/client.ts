@@ -233,6 +233,11 @@ export class AgentClient implements AsyncDisposable {
     return this.protocolMinor;
   }
 
+  /** The connection ended (closed, failed, or a new session on a stream agent): every call now fails. */
+  get closed(): boolean {
+    return this.closedError !== undefined;
+  }
+
   /** Ends the connection; the agent kills the execs this connection started. */
   async close(): Promise<void> {
     if (this.socket.destroyed) return;

@@ -210,9 +210,14 @@ export class Sandbox implements SandboxApi {
 
   private connecting: Promise<AgentClient> | undefined;
 
-  /** One connection, also for calls that come at once before it is open. */
+  /**
+   * One connection, also for calls that come at once before it is open; one that ended (its
+   * agent's socket closed under it) is opened again, not kept failing every call of a machine
+   * that may well be running (a call that fails on it asks: ensureUsable).
+   */
   private async connection(): Promise<AgentClient> {
-    if (this.agent) return this.agent;
+    if (this.agent && !this.agent.closed) return this.agent;
+    this.agent = undefined;
     this.connecting ??= connectAgent(this.ctx, this.record).finally(() => (this.connecting = undefined));
     this.agent = await this.connecting;
     return this.agent;
