@@ -80,6 +80,7 @@ describe('an agent connection that ended under a running sandbox', () => {
     expect(out(await box.exec(['echo', 'one']))).toBe('one');
     const first = await box.agentConnection();
     // the socket closed under the client (not by it), the machine running on
+    // biome-ignore lint/complexity/useLiteralKeys: the client's private socket, closed by this test
     const socket = first['socket'];
     await new Promise((r) => socket.once('close', r).destroy());
     expect(first.closed).toBe(true);

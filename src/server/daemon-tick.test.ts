@@ -165,6 +165,7 @@ it('a sandbox removed by another process while a request looked it up is not kep
     const start = (await processStartTime(proc.pid!))!;
     expect(store.insertSandbox(testRecord('r1', { state: 'running', pid: proc.pid, pidStart: start }))).toBe(true);
     const { d } = await started();
+    // biome-ignore lint/complexity/useLiteralKeys: the daemon's private cache, read by this test
     const cache = d['cache'] as Map<string, unknown>;
     // the lab's checked get under way (the record read) when the CLI removes the sandbox and a
     // pass reads that removal: there is nothing cached yet for it to let go
