@@ -193,7 +193,10 @@ describe('limits', () => {
     // is counted while the next command runs: the counter is the sandbox's, not a command's, so
     // that kill would be laid to the next one (CI, 2026-12-05; documented in the README). The
     // check below is about a SIGKILL that no OOM kill came near: it starts once dd is gone
-    await small.exec(['sh', '-c', 'while pidof dd > /dev/null; do usleep 50000; done']);
+    const settled = await small.exec(['sh', '-c', 'while pidof dd > /dev/null; do usleep 50000; done'], {
+      timeoutMs: 10_000,
+    });
+    expect(settled.exitCode, 'the masked command\'s dd still there after 10 s').toBe(0);
     const killed = await small.exec(['sh', '-c', 'sleep 5 & kill -9 $!; wait $!']);
     expect([killed.exitCode, killed.oomKilled]).toEqual([137, false]);
   });

@@ -79,14 +79,35 @@ describe('an agent connection that ended under a running sandbox', () => {
     await using box = await lab.create();
     expect(out(await box.exec(['echo', 'one']))).toBe('one');
     const first = await box.agentConnection();
+    // a live one is kept: one connection for every call
+    expect(first.closed).toBe(false);
+    expect(out(await box.exec(['echo', 'again']))).toBe('again');
+    expect(await box.agentConnection()).toBe(first);
     // the socket closed under the client (not by it), the machine running on
     // biome-ignore lint/complexity/useLiteralKeys: the client's private socket, closed by this test
     const socket = first['socket'];
     await new Promise((r) => socket.once('close', r).destroy());
     expect(first.closed).toBe(true);
     expect(out(await box.exec(['echo', 'two']))).toBe('two');
-    expect(await box.agentConnection()).not.toBe(first);
+    const second = await box.agentConnection();
+    expect(second).not.toBe(first);
+    expect(second.closed).toBe(false);
+    expect(out(await box.exec(['echo', 'three']))).toBe('three');
+    expect(await box.agentConnection()).toBe(second);
     expect((await lab.get(box.id)).state).toBe('running');
+  });
+
+  it('one opened across a close() is not kept (nothing would close it): that call fails, the next opens its own', async () => {
+    await using box = await lab.create();
+    const again = await lab.get(box.id); // no connection yet
+    const call = again.exec(['true']);
+    again.close();
+    await expect(call).rejects.toMatchObject({
+      code: 'AGENT_UNREACHABLE',
+      message: /closed while it was being opened/,
+    });
+    expect(out(await again.exec(['echo', 'after']))).toBe('after');
+    again.close();
   });
 });
 

@@ -235,7 +235,7 @@ export class AgentClient implements AsyncDisposable {
 
   /** The connection ended (closed, failed, or a new session on a stream agent): every call now fails. */
   get closed(): boolean {
-    return this.closedError !== undefined;
+    return this.closedError !== null;
   }
 
   /** Ends the connection; the agent kills the execs this connection started. */

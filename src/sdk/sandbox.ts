@@ -209,6 +209,8 @@ export class Sandbox implements SandboxApi {
   }
 
   private connecting: Promise<AgentClient> | undefined;
+  /** close() calls so far: a connection opened across one is not kept (nothing would close it) */
+  private closes = 0;
 
   /**
    * One connection, also for calls that come at once before it is open; one that ended (its
@@ -218,9 +220,24 @@ export class Sandbox implements SandboxApi {
   private async connection(): Promise<AgentClient> {
     if (this.agent && !this.agent.closed) return this.agent;
     this.agent = undefined;
-    this.connecting ??= connectAgent(this.ctx, this.record).finally(() => (this.connecting = undefined));
-    this.agent = await this.connecting;
-    return this.agent;
+    const closes = this.closes;
+    if (!this.connecting) {
+      const opening: Promise<AgentClient> = connectAgent(this.ctx, this.record).finally(() => {
+        if (this.connecting === opening) this.connecting = undefined;
+      });
+      this.connecting = opening;
+    }
+    const agent = await this.connecting;
+    if (closes !== this.closes) {
+      void agent.close();
+      throw new SnaplabError(
+        'AGENT_UNREACHABLE',
+        `the connection to sandbox ${this.name} was closed while it was being opened`,
+        'get the sandbox again (lab.get) and retry',
+      );
+    }
+    this.agent = agent;
+    return agent;
   }
 
   /**
@@ -421,6 +438,8 @@ export class Sandbox implements SandboxApi {
 
   /** Close the agent connection; the sandbox keeps running. */
   close(): void {
+    this.closes++;
+    this.connecting = undefined; // a call after this opens its own
     // closing ends its socket; nothing is waited for, and a close has nothing to report
     void this.agent?.close();
     this.agent = undefined;

@@ -159,7 +159,7 @@ it("the tick's checks find a machine's process gone at once, and a pid taken by 
   }
 });
 
-it('a sandbox removed by another process while a request looked it up is not kept in the cache', async () => {
+it('a sandbox removed by another process while a request looked it up is not kept in the cache, and not found', async () => {
   const proc = spawn('sleep', ['1000']);
   try {
     const start = (await processStartTime(proc.pid!))!;
@@ -178,8 +178,8 @@ it('a sandbox removed by another process while a request looked it up is not kep
       }
       return box;
     });
-    const box = await d.sandbox('r1');
-    expect(box.id).toBe('r1');
+    // the request is told what is true now (not there), and nothing of it is kept
+    await expect(d.sandbox('r1')).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
     expect(cache.has('r1')).toBe(false);
     // a sandbox that stays is kept
     expect(store.insertSandbox(testRecord('r2', { state: 'running', pid: proc.pid, pidStart: start }))).toBe(true);

@@ -295,11 +295,21 @@ export class Daemon implements RouteHost {
       throw e;
     });
     if (box.state !== 'running' && box.state !== 'paused') return box;
+    // removed since: the same answer as not there
+    return (await this.keep(box, read)) ? box : this.find(rec.id, caller);
+  }
+
+  /**
+   * Cache a sandbox got while the pass `read` counted. A removal (by the CLI, say) that a pass read
+   * meanwhile found nothing cached to let go, and no later pass reads it again: so after such a
+   * pass its record is asked for here, or the entry would stay, its connection open, until a
+   * restart. False when it is gone.
+   */
+  private async keep(box: SandboxApi, read: number): Promise<boolean> {
     this.cache.set(box.id, box);
-    // a removal (by the CLI, say) that a pass read while this get was under way found nothing
-    // cached to let go, and no later pass reads it again: asked here, or the entry stays until a restart
-    if (this.changesRead !== read && !(await this.lookup(box.id))) this.cache.delete(box.id);
-    return box;
+    if (this.changesRead === read || (await this.lookup(box.id))) return true;
+    if (this.cache.get(box.id) === box) this.evict(box.id);
+    return false;
   }
 
   /** The record of a sandbox as it stands (no check of the host), undefined when there is none. */
@@ -531,6 +541,7 @@ export class Daemon implements RouteHost {
     this.events.making.add(name);
     const signal = AbortSignal.timeout(this.opts.createBoundS * 1000);
     let taking = false;
+    const read = this.changesRead;
     try {
       let box: SandboxApi;
       let how: string;
@@ -572,7 +583,7 @@ export class Daemon implements RouteHost {
         box = await this.lab.create(opts);
         how = `from image ${box.image}`;
       }
-      this.cache.set(box.id, box);
+      await this.keep(box, read);
       if (box.lastTrace) this.metrics.observeTrace(box.lastTrace);
       this.events.record('created', box, how, {
         image: box.image,
@@ -658,9 +669,10 @@ export class Daemon implements RouteHost {
   async startSandbox(idOrName: string, caller: Caller = LOCAL): Promise<SandboxApi> {
     const box = await this.sandbox(idOrName, caller);
     return this.own(box.id, async () => {
+      const read = this.changesRead;
       const t = await box.start();
       this.observe(t);
-      this.cache.set(box.id, box);
+      await this.keep(box, read);
       this.events.record('started', box, null, { operation: t?.id ?? null });
       return box;
     });

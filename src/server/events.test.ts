@@ -13,7 +13,10 @@ beforeEach(() => {
   home = mkdtempSync(join(tmpdir(), 'snaplab-events-'));
   store = new Store(openDb(home));
 });
-afterEach(() => rmSync(home, { recursive: true, force: true }));
+afterEach(() => {
+  store.db.close();
+  rmSync(home, { recursive: true, force: true });
+});
 
 /** The journal as the embedded lab gives it to a daemon (sdk/lab.ts), on a real store. */
 const journal = (): EventJournal => ({
