@@ -196,7 +196,7 @@ describe('limits', () => {
     const settled = await small.exec(['sh', '-c', 'while pidof dd > /dev/null; do usleep 50000; done'], {
       timeoutMs: 10_000,
     });
-    expect(settled.exitCode, 'the masked command\'s dd still there after 10 s').toBe(0);
+    expect(settled.exitCode, "the masked command's dd still there after 10 s").toBe(0);
     const killed = await small.exec(['sh', '-c', 'sleep 5 & kill -9 $!; wait $!']);
     expect([killed.exitCode, killed.oomKilled]).toEqual([137, false]);
   });
