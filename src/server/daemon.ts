@@ -303,11 +303,11 @@ export class Daemon implements RouteHost {
    * Cache a sandbox got while the pass `read` counted. A removal (by the CLI, say) that a pass read
    * meanwhile found nothing cached to let go, and no later pass reads it again: so after such a
    * pass its record is asked for here, or the entry would stay, its connection open, until a
-   * restart. False when it is gone.
+   * restart. False when it is gone (a read that fails says nothing: it is kept, as before).
    */
   private async keep(box: SandboxApi, read: number): Promise<boolean> {
     this.cache.set(box.id, box);
-    if (this.changesRead === read || (await this.lookup(box.id))) return true;
+    if (this.changesRead === read || (await this.lookup(box.id).catch(() => box))) return true;
     if (this.cache.get(box.id) === box) this.evict(box.id);
     return false;
   }
