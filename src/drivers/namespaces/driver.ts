@@ -163,7 +163,7 @@ export class NamespacesDriver implements Driver {
     if (init.state === 'unknown') return { state: 'unknown', reason: init.cause.message };
     let ooms = 0;
     try {
-      ooms = await oomKills(cgroupFor(handle.id));
+      ooms = oomKills(cgroupFor(handle.id));
     } catch {
       /* cgroup gone */
     }

@@ -232,8 +232,8 @@ async function applyWrite(cg: Cgroup, dir: string, w: CgroupWrite, skipped: stri
   }
 }
 
-/** How many processes the kernel's OOM killer has killed in this cgroup (0 without memory controller). */
-export function oomKills(cg: Cgroup): Promise<number> {
+/** How many processes the kernel's OOM killer has killed in this cgroup (0 without memory controller), read at once. */
+export function oomKills(cg: Cgroup): number {
   return cg.version === 1 ? v1.oomKillsV1(cg) : v2.oomKillsV2(cg);
 }
 /** Memory in use (bytes), processes, CPU time used (µs); a figure is absent when its controller is. */

@@ -1,5 +1,5 @@
 import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './types.js';
-import { cgError, keyed, parseNumber, poll, readText, writeText } from './fs.js';
+import { cgError, keyed, parseNumber, poll, readText, readTextNow, writeText } from './fs.js';
 
 /** cgroup v1: a directory per hierarchy, freezer.state, memory.oom_control, cpu.cfs_quota_us. */
 
@@ -68,9 +68,9 @@ export async function isFrozenV1(cg: Cgroup): Promise<boolean> {
   return s === 'FROZEN' || s === 'FREEZING';
 }
 
-export async function oomKillsV1(cg: Cgroup): Promise<number> {
+export function oomKillsV1(cg: Cgroup): number {
   const dir = cg.controllerDirs.memory;
-  return dir ? (keyed(await readText(`${dir}/memory.oom_control`), 'oom_kill') ?? 0) : 0;
+  return dir ? (keyed(readTextNow(`${dir}/memory.oom_control`), 'oom_kill') ?? 0) : 0;
 }
 
 export async function statsV1(cg: Cgroup): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {

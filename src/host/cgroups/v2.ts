@@ -1,6 +1,6 @@
 import { mkdir } from 'node:fs/promises';
 import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './types.js';
-import { cgError, errno, keyed, parseNumber, poll, readText, writeText } from './fs.js';
+import { cgError, errno, keyed, parseNumber, poll, readText, readTextNow, writeText } from './fs.js';
 import { ensureScope, SCOPE_PATH } from './scope.js';
 
 /** cgroup v2: one directory, controllers enabled from the parent, cgroup.freeze/events/kill. */
@@ -96,9 +96,9 @@ export async function killV2(cg: Cgroup): Promise<boolean> {
   }
 }
 
-export async function oomKillsV2(cg: Cgroup): Promise<number> {
+export function oomKillsV2(cg: Cgroup): number {
   const dir = cg.controllerDirs.memory;
-  return dir ? (keyed(await readText(`${dir}/memory.events`), 'oom_kill') ?? 0) : 0;
+  return dir ? (keyed(readTextNow(`${dir}/memory.events`), 'oom_kill') ?? 0) : 0;
 }
 
 export async function statsV2(cg: Cgroup): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {

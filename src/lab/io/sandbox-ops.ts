@@ -20,7 +20,7 @@ import { reconcile } from '../lifecycle/reconcile.js';
 import { checkName, newId } from '../names.js';
 import { metaOf } from '../meta.js';
 import { STOPPED, checkStoppable, isStopped, underStateLock } from '../lifecycle/stopped.js';
-import { failureMeans, handledElsewhere, noted } from '../../cleanup.js';
+import { handledElsewhere, noted } from '../../cleanup.js';
 
 export interface ExecOptions {
   /** added to (or replacing) the default environment */
@@ -122,6 +122,15 @@ export interface ExecProcess {
 }
 
 /** Start argv in the sandbox without waiting for it (execIn waits). */
+/** The sandbox's OOM kill count now (0 when it cannot be read: a command is then not called OOM-killed). */
+function oomCount(id: string): number {
+  try {
+    return oomKills(cgroupFor(id));
+  } catch {
+    return 0;
+  }
+}
+
 export async function spawnIn(
   ctx: LabContext,
   s: SandboxRecord,
@@ -146,7 +155,7 @@ export async function spawnIn(
   const limited = s.limits.memoryBytes !== undefined;
   // the OOM counter before every command, as the C fast path reads it: a kill in a command that
   // did not end in SIGKILL (a pipeline's `|| true`) must not be laid at the next one's door
-  const oomBefore = limited ? await oomKills(cgroupFor(s.id)).catch(failureMeans(0)) : 0;
+  const oomBefore = limited ? oomCount(s.id) : 0;
   const user = opts.user === undefined ? undefined : await resolveUser(agent, opts.user);
   const tty = opts.tty === undefined ? undefined : windowSize(opts.tty.cols, opts.tty.rows);
   const h = agent.exec(
@@ -166,7 +175,7 @@ export async function spawnIn(
     // killed by SIGKILL, itself or (a shell's 137) the child it waited for: the OOM killer's if
     // the memory cgroup counted a kill meanwhile
     if ((r.signal === 9 || r.exitCode === 128 + 9) && !r.timedOut && limited) {
-      oomKilled = (await oomKills(cgroupFor(s.id)).catch(failureMeans(0))) > oomBefore;
+      oomKilled = oomCount(s.id) > oomBefore;
     }
     return { ...r, oomKilled };
   })();

@@ -3,7 +3,7 @@ import type { AgentClient, AgentStatus } from '../../agent/client.js';
 import { cgroupFor, oomKills } from '../../host/cgroups/cgroups.js';
 import type { CleanBaseline, SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
-import { failureMeans, orElse } from '../../cleanup.js';
+import { orElse } from '../../cleanup.js';
 
 /**
  * Reuse fails closed (principle 4). A standby goes back into its pool only when everything that
@@ -28,8 +28,13 @@ const entriesOf = (st: AgentStatus): string[] =>
 async function cgroupCounters(s: SandboxRecord): Promise<{ oomKills: number; pidsMax: number; procs: number }> {
   const cg = cgroupFor(s.id);
   const dir = cg.controllerDirs.pids;
-  const [oom, events, procs] = await Promise.all([
-    oomKills(cg).catch(failureMeans(-1)),
+  let oom = -1; // -1: not read
+  try {
+    oom = oomKills(cg);
+  } catch {
+    // (the cgroup gone or unreadable)
+  }
+  const [events, procs] = await Promise.all([
     dir ? readFile(`${dir}/pids.events`, 'utf8').catch(orElse('', 'readFile', 'ENOENT')) : Promise.resolve(''),
     dir ? readFile(`${dir}/cgroup.procs`, 'utf8').catch(orElse('', 'readFile', 'ENOENT')) : Promise.resolve(''),
   ]);
