@@ -12,6 +12,7 @@ import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
 import { KeyedLab } from './keyed-lab.js';
 import type { StreamLimiter } from './limits.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
+import { orElse } from '../cleanup.js';
 import { defaultName, newId } from '../names.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { WatchMark } from '../store/store.js';
@@ -307,7 +308,8 @@ export class Daemon implements RouteHost {
    */
   private async keep(box: SandboxApi, read: number): Promise<boolean> {
     this.cache.set(box.id, box);
-    if (this.changesRead === read || (await this.lookup(box.id).catch(() => box))) return true;
+    if (this.changesRead === read || (await this.lookup(box.id).catch(orElse(box, `look up ${box.id} after a pass`))))
+      return true;
     if (this.cache.get(box.id) === box) this.evict(box.id);
     return false;
   }

@@ -121,16 +121,17 @@ export interface ExecProcess {
   result: Promise<ExecResult>;
 }
 
-/** Start argv in the sandbox without waiting for it (execIn waits). */
 /** The sandbox's OOM kill count now (0 when it cannot be read: a command is then not called OOM-killed). */
 function oomCount(id: string): number {
+  const cg = cgroupFor(id);
   try {
-    return oomKills(cgroupFor(id));
+    return oomKills(cg);
   } catch {
     return 0;
   }
 }
 
+/** Start argv in the sandbox without waiting for it (execIn waits). */
 export async function spawnIn(
   ctx: LabContext,
   s: SandboxRecord,

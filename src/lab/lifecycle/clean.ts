@@ -32,7 +32,7 @@ async function cgroupCounters(s: SandboxRecord): Promise<{ oomKills: number; pid
   try {
     oom = oomKills(cg);
   } catch {
-    // (the cgroup gone or unreadable)
+    // unreadable (a cgroup gone reads as 0)
   }
   const [events, procs] = await Promise.all([
     dir ? readFile(`${dir}/pids.events`, 'utf8').catch(orElse('', 'readFile', 'ENOENT')) : Promise.resolve(''),
