@@ -187,6 +187,17 @@ it('a sandbox removed by another process while a request looked it up is not kep
     await d.tick();
     await d.sandbox('r2');
     expect(cache.has('r2')).toBe(true);
+    // and one whose second look fails (the store busy, say) is kept as it was: a failed read says nothing
+    expect(store.insertSandbox(testRecord('r3', { state: 'running', pid: proc.pid, pidStart: start }))).toBe(true);
+    await d.tick();
+    vi.mocked(d.lab.get).mockImplementation(async (idOrName, opts) => {
+      if (opts?.check === false && idOrName === 'r3' && cache.has('r3')) throw new Error('database is locked');
+      const box = await get(idOrName, opts);
+      if (opts?.check !== false) await d.tick();
+      return box;
+    });
+    expect((await d.sandbox('r3')).id).toBe('r3');
+    expect(cache.has('r3')).toBe(true);
   } finally {
     proc.kill('SIGKILL');
   }
