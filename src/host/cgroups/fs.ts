@@ -8,8 +8,8 @@ export function errno(e: unknown): string | undefined {
 }
 
 /**
- * readText at once, for a counter read on every command's path (the OOM kills before and after
- * an exec): ~13 µs here, where the thread pool's round trips took ~120 µs on an idle daemon and
+ * readText at once, for a counter read on a command's path (the OOM kills before a command in a
+ * sandbox with a memory limit, and after one that ended in SIGKILL): ~13 µs here, where the thread pool's round trips took ~120 µs on an idle daemon and
  * milliseconds behind a busy event loop. A cgroupfs file never waits on a disk, so the event loop
  * is held no longer than the read.
  */
@@ -19,7 +19,7 @@ export function readTextNow(path: string): string | undefined {
   } catch (e) {
     const code = errno(e);
     if (code === 'ENOENT' || code === 'ENODEV') return undefined;
-    throw cgError(`cannot read ${path}`, e as NodeJS.ErrnoException);
+    throw cgError(`cannot read ${path}`, e);
   }
 }
 
