@@ -1,12 +1,17 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { connect } from 'node:net';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { noted } from '../src/cleanup.js';
+import { bindMount } from '../src/host/mounts.js';
+import { netnsPath } from '../src/host/net/names.js';
 import { listSnaplabNetns } from '../src/host/net/netns.js';
+import { renameNetns } from '../src/host/net/ns.js';
+import { machineNetns } from '../src/scenario/names.js';
+import type { Store } from '../src/store/store.js';
 import { rangesOf } from '../src/host/userns/registry.js';
 import type { Lab } from '../src/sdk/lab.js';
 import { SNAPLAB } from './cli-command.js';
@@ -131,6 +136,30 @@ describe('standby resets', () => {
     expect(st.machines.every((m) => m.state === 'running')).toBe(true);
     expect((await sh('sw', 'a', 'cat /root/state')).out).toBe('kept');
     await waitStandby('sw', 'ready');
+  });
+
+  it('a swap killed between binding the standby namespace to the live name and unbinding it is finished by the next reset', async () => {
+    await waitStandby('sw', 'ready');
+    const store = (lab as unknown as { ctx: { store: Store } }).ctx.store;
+    const scn = store.getScenario('sw')!;
+    const [live, standby, aside] = (['live', 'standby', 'aside'] as const).map((c) => machineNetns(scn.id, 0, c));
+    const was = statSync(netnsPath(standby!)).ino;
+    // what swapStandby had done when it was killed: the scenario swapping, machine a's live
+    // namespace set aside, its standby one bound to the live name and not yet unbound there
+    store.setScenarioStandby('sw', { ...scn.standby!, state: 'swapping', aside: [] });
+    await renameNetns(live!, aside!);
+    writeFileSync(netnsPath(live!), '');
+    await bindMount(netnsPath(standby!), netnsPath(live!));
+    expect(statSync(netnsPath(live!)).ino).toBe(was);
+
+    const r = await lab.scenario('sw').reset();
+    expect(r.snapshot).toBe('base');
+    const st = await lab.scenario('sw').status();
+    expect(st.machines.every((m) => m.state === 'running')).toBe(true);
+    expect((await sh('sw', 'b', 'wget -q -O- http://a:8080/started')).exitCode).toBe(0);
+    expect((await listSnaplabNetns()).filter((n) => n === standby)).toEqual([]);
+    await waitStandby('sw', 'ready');
+    expect((await listSnaplabNetns()).filter((n) => n.includes(scn.id) && /-x-/.test(n))).toEqual([]);
   });
 
   it('kill -9 of `snaplab reset` at any point: status is one scenario, the next reset works, down and gc leave nothing', async () => {

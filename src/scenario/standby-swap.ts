@@ -8,7 +8,7 @@
 import { noted } from '../cleanup.js';
 import { SnaplabError } from '../errors.js';
 import { listSnaplabNetns } from '../host/net/netns.js';
-import { isNamespace, renameNetns } from '../host/net/ns.js';
+import { isNamespace, renameNetns, sameNamespace } from '../host/net/ns.js';
 import { netnsPath } from '../host/net/names.js';
 import { HostOps } from '../host/hostops.js';
 import { liveness, signal } from '../host/procs.js';
@@ -126,7 +126,10 @@ export async function switchCopies(ctx: LabContext, scn: ScenarioRecord, trace?:
     Promise.all(
       standby.map(async (s, k) => {
         if (!present.has(s)) return;
-        if (present.has(live[k]!)) await renameNetns(live[k]!, aside[k]!);
+        // a rename of the standby killed between its bind and its unbind left the live name bound
+        // to the standby's namespace: the live copy was set aside already
+        const setAside = present.has(live[k]!) && !(await sameNamespace(netnsPath(s), netnsPath(live[k]!)));
+        if (setAside) await renameNetns(live[k]!, aside[k]!);
         await renameNetns(s, live[k]!);
       }),
     ),

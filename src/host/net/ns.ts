@@ -122,6 +122,12 @@ export const isNamespace = async (path: string): Promise<boolean> =>
     () => undefined,
   )) === NSFS_MAGIC;
 
+/** Are two namespace files (bound names, or /proc/PID/ns/net) the same namespace? */
+export async function sameNamespace(a: string, b: string): Promise<boolean> {
+  const [x, y] = await Promise.all([stat(a), stat(b)]);
+  return x.ino === y.ino && x.dev === y.dev;
+}
+
 /**
  * Give network namespace `from` the name `to`: its file bound at /run/netns/TO, then unbound from
  * FROM. Nothing in the namespace notices (a process holds its namespace, not its name), so a
@@ -145,8 +151,7 @@ export async function renameNetns(from: string, to: string): Promise<void> {
     );
   }
   if (await isNamespace(dst)) {
-    const [a, b] = await Promise.all([stat(src), stat(dst)]);
-    if (a.ino !== b.ino || a.dev !== b.dev)
+    if (!(await sameNamespace(src, dst)))
       throw new SnaplabError(
         'HOST_COMMAND_FAILED',
         `cannot rename network namespace ${from} to ${to}: ${to} exists`,
