@@ -60,7 +60,8 @@ async function startDaemon() {
   return { proc: p, ...JSON.parse(line) };
 }
 
-const BASH_OR_SH = 'if [ -x /bin/bash ]; then exec /bin/bash "$@"; fi; exec /bin/sh "$@"';
+// the command as the front runs E2B's `commands.run('true')` in a machine without bash (busybox)
+const LOGIN = ['/bin/sh', '-l', '-c', 'true'];
 
 /** Each arm: make a machine and run its first command; returns the time and a remover. */
 function arms(remote, embedded, image, pool) {
@@ -86,8 +87,7 @@ function arms(remote, embedded, image, pool) {
     'image, embedded': own(embedded, { image }),
     'pool, E2B SDK': e2b(pool),
     'pool, own API': own(remote, { pool }),
-    // the command as the front runs E2B's `commands.run('true')`: `bash -l -c` (sh where there is no bash)
-    'pool, own, login': own(remote, { pool }, ['/bin/sh', '-c', BASH_OR_SH, 'sh', '-l', '-c', 'true']),
+    'pool, own, login': own(remote, { pool }, LOGIN),
     'pool, embedded': own(embedded, { pool }),
   };
 }
@@ -159,7 +159,6 @@ async function stream(remote) {
  */
 async function split(remote, pool, e2bUrl) {
   const out = { sdkCreate: [], ownCreate: [], sdkRun: [], ownLoginExec: [], sdkList: [], fetchList: [] };
-  const login = ['/bin/sh', '-c', BASH_OR_SH, 'sh', '-l', '-c', 'true'];
   const sbx = await Sandbox.create(pool);
   const box = await remote.create({ pool });
   const time = async (xs, f) => {
@@ -187,7 +186,7 @@ async function split(remote, pool, e2bUrl) {
       await poolFull(remote, pool, 2);
       await (await time(out.ownCreate, () => remote.create({ pool }))).destroy();
       await time(out.sdkRun, () => sbx.commands.run('true'));
-      await time(out.ownLoginExec, () => box.exec(login));
+      await time(out.ownLoginExec, () => box.exec(LOGIN));
       await time(out.sdkList, () => sbx.commands.list());
       await time(out.fetchList, listed);
     }

@@ -239,6 +239,8 @@ describe.each([
       });
       expect(r).toMatchObject({ exitCode: 0, stdout: 'out\nex\n/tmp\n0\n', stderr: 'err\n' });
       expect(chunks.join('')).toBe(r.stdout);
+      // E2B's `/bin/bash -l -c`: this machine has no bash, so its sh runs the command (base: bash)
+      expect((await sbx.commands.run('echo $0')).stdout).toBe('/bin/sh\n');
       const failed = await sbx.commands.run('echo no >&2; exit 3').catch((e: unknown) => e);
       expect(failed).toBeInstanceOf(CommandExitError);
       expect(failed).toMatchObject({ exitCode: 3, stderr: 'no\n' });

@@ -128,6 +128,7 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
       config: configOf(box, m, user),
       tag: typeof m.tag === 'string' ? m.tag : undefined,
       user: user.name,
+      shell: user.shell,
       stdin: m.stdin === true,
       timeoutMs: deadlineOf(req.headers['connect-timeout-ms']),
       tty: sizeOf(m.pty),

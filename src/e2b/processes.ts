@@ -24,6 +24,8 @@ export interface StartSpec {
   config: ProcessConfig;
   tag?: string;
   user?: string;
+  /** what runs E2B's `/bin/bash` here (EnvdUser.shell) */
+  shell: string;
   stdin: boolean;
   timeoutMs?: number;
   /** a terminal of this size: its output comes as `pty` data, input goes to it */
@@ -48,12 +50,11 @@ export class Proc {
 }
 
 /**
- * E2B runs `/bin/bash -l -c CMD`; an image without bash (the built-in busybox) runs it with sh.
+ * E2B runs `/bin/bash -l -c CMD`; a machine without bash (the built-in busybox) runs it with sh:
+ * `shell`, what the machine has (users.ts), which saves a shell's exec on every command.
  */
-export function argvOf(c: ProcessConfig): string[] {
-  if (c.cmd !== '/bin/bash') return [c.cmd, ...c.args];
-  const pick = 'if [ -x /bin/bash ]; then exec /bin/bash "$@"; fi; exec /bin/sh "$@"';
-  return ['/bin/sh', '-c', pick, 'sh', ...c.args];
+export function argvOf(c: ProcessConfig, shell: string): string[] {
+  return [c.cmd === '/bin/bash' ? shell : c.cmd, ...c.args];
 }
 
 export class Processes {
@@ -71,7 +72,7 @@ export class Processes {
       if (started) p.emit(e);
       else held.push(e);
     };
-    p.handle = await box.spawn(argvOf(spec.config), {
+    p.handle = await box.spawn(argvOf(spec.config, spec.shell), {
       env: spec.config.envs,
       cwd: spec.config.cwd,
       user: spec.user,

@@ -3,8 +3,9 @@
  * Basic user:`), else the sandbox's default, which is `user` where the image has one (E2B's
  * templates, snaplab's built-in `base` and `code-interpreter-v1`) and root elsewhere (busybox and
  * most imported images). A command runs in its user's home (from the machine's /etc/passwd) unless
- * given a cwd. /etc/passwd is read once a sandbox: when the front made it, soon after (its first
- * command does not wait for that read: see `fresh`), else on its first call.
+ * given a cwd; E2B's `/bin/bash -l -c CMD` runs with /bin/sh where the machine has no /bin/bash.
+ * Both are read once a sandbox: when the front made it, soon after (its first command does not
+ * wait for that read: see `fresh`), else on its first call.
  */
 import type { SandboxApi } from '../sdk/api.js';
 import { isSnaplabError } from '../errors.js';
@@ -21,6 +22,14 @@ export interface EnvdUser {
   name: string | undefined;
   /** the user's home (its working directory and where relative paths are), when known */
   home: string | undefined;
+  /** what runs E2B's `/bin/bash` in this machine: itself, or /bin/sh where it has none */
+  shell: '/bin/bash' | '/bin/sh';
+}
+
+/** What a machine's calls need known of it: its users' homes, and whether it has /bin/bash. */
+interface Facts {
+  homes: Map<string, string>;
+  bash: boolean;
 }
 
 /** name → home, from an /etc/passwd */
@@ -34,22 +43,22 @@ function homes(passwd: string): Map<string, string> {
 }
 
 export class EnvdUsers {
-  private readonly passwd = new Map<string, Promise<Map<string, string>>>();
-  /** key + image → its users as a sandbox of that key and image last read them (fresh sandboxes start from these) */
-  private readonly ofImage = new Map<string, Map<string, string>>();
+  private readonly facts = new Map<string, Promise<Facts>>();
+  /** key + image → its facts as a sandbox of that key and image last read them (fresh sandboxes start from these) */
+  private readonly ofImage = new Map<string, Facts>();
 
   /** The user a call acts as: `asked`, else `user` where the machine has one, else root. */
   async of(box: SandboxApi, asked: string | undefined): Promise<EnvdUser> {
-    const known = await this.homesOf(box);
+    const { homes: known, bash } = await this.factsOf(box);
     const name = asked ?? (known.has(E2B_USER) ? E2B_USER : undefined);
     const home = known.get(name ?? 'root') ?? (name === undefined || name === 'root' ? '/root' : undefined);
-    return { name, home };
+    return { name, home, shell: bash ? '/bin/bash' : '/bin/sh' };
   }
 
   /**
-   * A sandbox this front just made for `apiKey`: its users are those its key's last sandbox of the
-   * same image had (a fresh machine's /etc/passwd is its image's), and its /etc/passwd is read to
-   * check them, VERIFY_AFTER_MS later, unless it is gone by then: that read (two agent commands)
+   * A sandbox this front just made for `apiKey`: its facts are those its key's last sandbox of the
+   * same image had (a fresh machine's /etc/passwd and /bin/bash are its image's), and they are read
+   * to check them, VERIFY_AFTER_MS later, unless it is gone by then: that read (two agent commands)
    * took the same cores as its first command, which used the known users all the same (a first
    * `commands.run` from a pool 152 → 103 ms, docs/benchmarks.md). The read replaces them, for it
    * and for the next. The key's first sandbox of an image has its read at once, and its first
@@ -60,45 +69,49 @@ export class EnvdUsers {
     const seen = this.ofImage.get(image);
     const check = (): void => {
       const read = this.read(box);
-      if (!seen) read.catch(() => this.passwd.get(box.id) === read && this.passwd.delete(box.id));
-      read.then((m) => {
-        this.ofImage.set(image, m);
-        if (this.passwd.has(box.id)) this.passwd.set(box.id, Promise.resolve(m));
+      if (!seen) read.catch(() => this.facts.get(box.id) === read && this.facts.delete(box.id));
+      read.then((f) => {
+        this.ofImage.set(image, f);
+        if (this.facts.has(box.id)) this.facts.set(box.id, Promise.resolve(f));
       }, handledElsewhere);
-      if (!seen) this.passwd.set(box.id, read);
+      if (!seen) this.facts.set(box.id, read);
     };
     if (!seen) {
       check();
       return;
     }
-    this.passwd.set(box.id, Promise.resolve(seen));
+    this.facts.set(box.id, Promise.resolve(seen));
     // (a sandbox forgotten meanwhile, killed: nothing to check)
-    setTimeout(() => this.passwd.has(box.id) && check(), VERIFY_AFTER_MS).unref();
+    setTimeout(() => this.facts.has(box.id) && check(), VERIFY_AFTER_MS).unref();
   }
 
-  private homesOf(box: SandboxApi): Promise<Map<string, string>> {
-    let p = this.passwd.get(box.id);
+  private factsOf(box: SandboxApi): Promise<Facts> {
+    let p = this.facts.get(box.id);
     if (!p) {
       p = this.read(box);
-      this.passwd.set(box.id, p);
+      this.facts.set(box.id, p);
       // a failure (the machine paused, gone) is asked again next time
-      p.catch(() => this.passwd.delete(box.id));
+      p.catch(() => this.facts.delete(box.id));
     }
     return p;
   }
 
-  private read(box: SandboxApi): Promise<Map<string, string>> {
-    return box.files
-      .read('/etc/passwd')
-      .then((b) => homes(b.toString('utf8')))
-      .catch((e: unknown) => {
-        // a machine without one: root alone
-        if (isSnaplabError(e, 'FILE_NOT_FOUND')) return new Map<string, string>();
+  private async read(box: SandboxApi): Promise<Facts> {
+    // a machine without /etc/passwd: root alone; without /bin/bash: sh
+    const missing =
+      <T>(none: T) =>
+      (e: unknown): T => {
+        if (isSnaplabError(e, 'FILE_NOT_FOUND')) return none;
         throw e;
-      });
+      };
+    const [homesRead, bash] = await Promise.all([
+      box.files.read('/etc/passwd').then((b) => homes(b.toString('utf8')), missing(new Map<string, string>())),
+      box.files.stat('/bin/bash', { follow: true }).then((i) => i.type === 'file', missing(false)),
+    ]);
+    return { homes: homesRead, bash };
   }
 
   forget(id: string): void {
-    this.passwd.delete(id);
+    this.facts.delete(id);
   }
 }
