@@ -80,24 +80,27 @@ describe('ceilings', () => {
 
 describe('heldBy', () => {
   it('counts every recorded sandbox toward the quota, and the limits of those that hold room toward the totals', () => {
-    const row = (state: 'running' | 'dead', reason: string | null, memoryBytes?: number) => ({
+    const row = (holdsRoom: boolean, memoryBytes?: number, count = 1) => ({
       driver: 'namespaces',
       limits: memoryBytes === undefined ? {} : { memoryBytes },
-      state,
-      reason,
+      holdsRoom,
+      count,
     });
     const held = heldBy([
-      row('running', null, GiB),
-      // a stopped one keeps its room; one dead otherwise holds none
-      row('dead', STOPPED, 2 * GiB),
-      row('dead', 'its init exited', 4 * GiB),
+      row(true, GiB),
+      // a stopped one holds its room, one dead otherwise none (Store.ownedLimits tells which)
+      row(true, 2 * GiB),
+      row(false, 4 * GiB),
       // no limit asked: the driver's default counts
-      row('running', null),
+      row(true),
+      // a row stands for `count` alike
+      row(true, GiB, 3),
+      row(false, GiB, 2),
     ]);
     const fallback = withDefaults({}, 'namespaces');
-    expect(held.sandboxes).toBe(4);
-    expect(held.memoryBytes).toBe(3 * GiB + (fallback.memoryBytes ?? 0));
-    expect(held.diskBytes).toBe(3 * (fallback.diskBytes ?? 0));
+    expect(held.sandboxes).toBe(9);
+    expect(held.memoryBytes).toBe(6 * GiB + (fallback.memoryBytes ?? 0));
+    expect(held.diskBytes).toBe(6 * (fallback.diskBytes ?? 0));
     expect(heldBy([])).toEqual({ sandboxes: 0, memoryBytes: 0, diskBytes: 0 });
   });
 });

@@ -10,9 +10,8 @@
  */
 import { availableParallelism, totalmem } from 'node:os';
 import { LimitError, SnaplabError } from '../errors.js';
-import type { Ceilings, Limits, SandboxRecord } from '../store/records.js';
+import type { Ceilings, Limits } from '../store/records.js';
 import { withDefaults } from './lifecycle/limits.js';
-import { isStopped } from './lifecycle/stopped.js';
 
 export type { Ceilings };
 import { DEFAULT_DISK_BYTES } from '../defaults.js';
@@ -116,17 +115,19 @@ export interface Owned extends Held {
 }
 
 /**
- * What these sandboxes of a key hold: every recorded one counts toward its quota; their limits
- * (the driver's defaults where none was set) toward its totals, a dead one's only when it was
- * stopped (it keeps its volume and its room: its start must not take the key past its ceilings).
+ * What these sandboxes of a key hold: every recorded one counts toward its quota; the limits of
+ * those that hold room (the driver's defaults where none was set) toward its totals. A dead one
+ * holds room only when it was stopped (it keeps its volume: its start must not take the key past
+ * its ceilings). Each row stands for `count` alike (Store.ownedLimits groups them).
  */
-export function heldBy(rows: readonly Pick<SandboxRecord, 'driver' | 'limits' | 'state' | 'reason'>[]): Owned {
-  const held: Owned = { sandboxes: rows.length, memoryBytes: 0, diskBytes: 0 };
+export function heldBy(rows: readonly { driver: string; limits: Limits; holdsRoom: boolean; count: number }[]): Owned {
+  const held: Owned = { sandboxes: 0, memoryBytes: 0, diskBytes: 0 };
   for (const r of rows) {
-    if (r.state === 'dead' && !isStopped(r)) continue;
+    held.sandboxes += r.count;
+    if (!r.holdsRoom) continue;
     const l = withDefaults(r.limits, r.driver);
-    held.memoryBytes += l.memoryBytes ?? 0;
-    held.diskBytes += l.diskBytes ?? 0;
+    held.memoryBytes += r.count * (l.memoryBytes ?? 0);
+    held.diskBytes += r.count * (l.diskBytes ?? 0);
   }
   return held;
 }

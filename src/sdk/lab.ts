@@ -364,7 +364,7 @@ export class Lab implements LabApi {
 
   /** What the sandboxes made with this key hold: their count and limits (lab/ceilings.ts heldBy), a key's rows only. */
   async held(owner: string): Promise<Owned> {
-    return heldBy(this.ctx.store.ownedLimits(owner));
+    return heldBy(this.ctx.store.ownedLimits(owner, STOPPED_REASONS));
   }
 
   /** Every machine's egress counters summed (a server's metrics): how many have egress, bytes out, connections, refusals. */

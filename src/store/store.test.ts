@@ -123,11 +123,17 @@ it("reads a key's sandboxes by the owner's index: its rows' limits and states, a
   meta('k1', 'key');
   meta('k2', 'key');
   meta('o1', 'other');
-  expect(store.ownedLimits('key').sort((a, b) => a.state.localeCompare(b.state))).toEqual([
-    { driver: 'namespaces', limits: {}, state: 'dead', reason: 'gone' },
-    { driver: 'namespaces', limits: { memoryBytes: 5 }, state: 'running', reason: null },
+  const byHolds = (rows: ReturnType<Store['ownedLimits']>) =>
+    rows.sort((a, b) =>
+      `${a.holdsRoom}${JSON.stringify(a.limits)}`.localeCompare(`${b.holdsRoom}${JSON.stringify(b.limits)}`),
+    );
+  expect(byHolds(store.ownedLimits('key', ['stopped']))).toEqual([
+    { driver: 'namespaces', limits: {}, holdsRoom: false, count: 1 },
+    { driver: 'namespaces', limits: { memoryBytes: 5 }, holdsRoom: true, count: 1 },
   ]);
-  expect(store.ownedLimits('nobody')).toEqual([]);
+  // a dead one with a stop's reason holds its room
+  expect(byHolds(store.ownedLimits('key', ['gone'])).map((r) => r.holdsRoom)).toEqual([true, true]);
+  expect(store.ownedLimits('nobody', [])).toEqual([]);
   // counted in the store with a list's filters: by state as a list filters it (a stopped one apart)
   expect(store.countSandboxes({}, [])).toEqual({ total: 4, byState: { running: 3, dead: 1 } });
   expect(store.countSandboxes({ owner: 'key' }, ['gone'])).toEqual({ total: 2, byState: { running: 1, stopped: 1 } });
@@ -145,5 +151,22 @@ it("reads a key's sandboxes by the owner's index: its rows' limits and states, a
   // (the list's own statement, and ownedLimits')
   for (const sql of [listSql, 'SELECT s.id FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ?'])
     expect(plan(sql ?? 'no statement with the owner')).toMatch(/SEARCH m USING (COVERING )?INDEX sandbox_meta_owner/);
+  // alike ones come as one row with their count: the same driver, limits, and whether they hold room
+  for (const [id, over] of [
+    ['g1', { state: 'running', limits: { memoryBytes: 5 }, reason: 'taken by x' }],
+    ['g2', { state: 'paused', limits: { memoryBytes: 5 } }],
+    ['g3', { state: 'dead', reason: 'gone' }],
+    ['g4', { state: 'dead', reason: 'another' }],
+    ['g5', { state: 'dead', reason: null }],
+    ['g6', { state: 'dead', reason: 'stopped' }],
+  ] as const) {
+    store.insertSandbox(testRecord(id, over));
+    meta(id, 'grouped');
+  }
+  expect(byHolds(store.ownedLimits('grouped', ['stopped']))).toEqual([
+    { driver: 'namespaces', limits: {}, holdsRoom: false, count: 3 },
+    { driver: 'namespaces', limits: { memoryBytes: 5 }, holdsRoom: true, count: 2 },
+    { driver: 'namespaces', limits: {}, holdsRoom: true, count: 1 },
+  ]);
   store.db.close();
 });
