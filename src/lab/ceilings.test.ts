@@ -9,7 +9,6 @@ import {
   type Ceilings,
 } from './ceilings.js';
 import { withDefaults } from './lifecycle/limits.js';
-import { STOPPED } from './lifecycle/stopped.js';
 import { DEFAULT_DISK_BYTES } from '../defaults.js';
 
 const GiB = 1024 ** 3;
