@@ -4,12 +4,13 @@
  * tampered with, expired or aimed at another sandbox; and sessions that outlive a daemon restart
  * (the same Sandbox object, its token and its signed URLs work on after it).
  */
+import { spawnSync } from 'node:child_process';
 import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import * as latest from 'e2b';
 import * as oldest from 'e2b-v2-14';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { cli, e2bHome, startDaemon, type E2bHome } from './daemon-helpers.js';
+import { cli, e2bHome, startDaemon, until, type E2bHome } from './daemon-helpers.js';
 
 let h: E2bHome;
 
@@ -130,6 +131,29 @@ describe('signed URLs', () => {
       await b.kill();
     }
   });
+});
+
+describe('sandboxes that end outside the front', () => {
+  const { Sandbox } = latest;
+  /** the daemon's gauge of the sandboxes the front keeps a session of */
+  const sessions = (): number => {
+    const m = spawnSync('curl', ['-sS', '--unix-socket', h.d.socket, 'http://x/metrics'], { encoding: 'utf8' });
+    const v = /^snaplab_e2b_sessions (\d+)$/m.exec(m.stdout)?.[1];
+    if (v === undefined) throw new Error(`no snaplab_e2b_sessions in /metrics: ${m.stdout.slice(0, 200)} ${m.stderr}`);
+    return Number(v);
+  };
+
+  it('leave nothing of them in the front: one removed by `snaplab rm`, one past its timeout', async () => {
+    const before = sessions();
+    const removed = await Sandbox.create();
+    const expiring = await Sandbox.create({ timeoutMs: 3000 });
+    expect(sessions()).toBe(before + 2);
+    // the CLI on the home, not through the daemon: the daemon reads the removal among its changes
+    expect(cli(h.home, ['rm', removed.sandboxId]).code).toBe(0);
+    await until('both ended sandboxes forgotten by the front', () => sessions() === before, 30_000);
+    expect(await removed.isRunning()).toBe(false);
+    expect(await expiring.isRunning()).toBe(false);
+  }, 60_000);
 });
 
 describe('a daemon restart', () => {

@@ -37,6 +37,20 @@ export interface E2bFrontOptions {
   sessions?: SessionStore;
   /** the name of the key an API key is (logged with each request it made), if it is one */
   keyName?: (apiKey: string) => string | undefined;
+  /**
+   * Tells the front of each sandbox whose record is gone however it went (the daemon's `destroyed`
+   * and `failed` events: a TTL, `snaplab rm`, another front), so that it keeps nothing of it (its
+   * session, handle, users, streams); returns what stops the telling. Without it, what the front
+   * keeps of a sandbox removed elsewhere goes only when a call comes for it.
+   */
+  ended?: (forget: (id: string) => void) => () => void;
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** how many sandboxes the front keeps a session of (the daemon's metrics: snaplab_e2b_sessions) */
+    e2bSessions(): number;
+  }
 }
 
 /** The URL a listening app answers at. */
@@ -78,7 +92,10 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
       front: 'e2b',
     });
   });
+  const unsubscribe = opts.ended?.((id) => state.forget(id));
+  app.decorate('e2bSessions', () => state.sessionCount);
   app.addHook('preClose', async () => {
+    unsubscribe?.();
     state.processes.close();
     state.watchers.close();
   });

@@ -66,6 +66,11 @@ export class E2bState {
     this.sessions = kept.load();
   }
 
+  /** How many sandboxes the front keeps a session of. */
+  get sessionCount(): number {
+    return this.sessions.size;
+  }
+
   /** The caller's Lab API, from its X-API-Key. */
   async lab(req: FastifyRequest): Promise<KeyedLabApi> {
     const key = req.headers['x-api-key'];

@@ -86,6 +86,8 @@ export interface ProcessSpec {
 
 export class Daemon implements RouteHost {
   readonly events: EventLog;
+  /** gauges of the fronts beside the daemon, read when scraped (serve.ts sets them) */
+  readonly gauges: { e2bSessions?: () => number } = {};
   readonly processes: Processes;
   readonly operations = new Operations();
   readonly metrics = new Metrics();
@@ -430,6 +432,7 @@ export class Daemon implements RouteHost {
       execs: this.execsRunning(),
       home: this.lab.home,
       egress: await this.lab.egressTotals(),
+      e2bSessions: this.gauges.e2bSessions?.(),
     });
   }
 

@@ -77,6 +77,8 @@ export class Metrics {
     execs: number;
     home: string;
     egress?: { machines: number; bytesOut: number; connections: number; denied: number };
+    /** sandboxes the E2B front keeps a session of, when it listens */
+    e2bSessions?: number;
   }): Promise<string> {
     const out: string[] = [];
     const gauge = (name: string, help: string, rows: [string, number][], type = 'gauge'): void => {
@@ -122,6 +124,10 @@ export class Metrics {
         ['', e.denied],
       ]);
     }
+    if (gauges.e2bSessions !== undefined)
+      gauge('snaplab_e2b_sessions', 'sandboxes the E2B front keeps a session of (docs/e2b.md)', [
+        ['', gauges.e2bSessions],
+      ]);
     out.push(...this.exec.render('snaplab_exec_duration_seconds', 'exec wall time, request to result'));
     out.push(
       ...this.phases.render('snaplab_phase_duration_seconds', 'traced operations of the daemon: total and per phase'),

@@ -8,6 +8,7 @@ import { connect } from 'node:net';
 import { dirname, join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { SnaplabError, isSnaplabError } from '../errors.js';
+import { END_EVENTS, type EventRecord } from '../store/records.js';
 import { withLock } from '../host/lock.js';
 import { DEFAULT_HOME } from '../lab/home.js';
 import { buildApp } from './app.js';
@@ -217,6 +218,13 @@ async function listenE2b(
     server: serverOptions(resolved),
     guard: new ConnectionGuard(resolved, log),
     keyName: (key) => daemon.lab.keys.find(key)?.name,
+    ended: (forget) => {
+      const on = (e: EventRecord): void => {
+        if (e.sandbox && (END_EVENTS as readonly string[]).includes(e.type)) forget(e.sandbox);
+      };
+      daemon.events.on('event', on);
+      return () => daemon.events.off('event', on);
+    },
     labFor: async (key) => {
       // an unknown key opens nothing (the front keeps one lab per key: made-up keys must not grow it)
       if (!daemon.lab.keys.find(key))
@@ -229,6 +237,7 @@ async function listenE2b(
     },
   });
   apps.push(app);
+  daemon.gauges.e2bSessions = () => app.e2bSessions();
   await app.listen({ host, port });
   const url = urlOf(app);
   log({ msg: 'E2B front listening', url });
