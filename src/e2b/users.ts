@@ -8,7 +8,7 @@
  * wait for that read: see `fresh`), else on its first call.
  */
 import type { SandboxApi } from '../sdk/api.js';
-import { isSnaplabError } from '../errors.js';
+import { isSnaplabError, type ErrorCode } from '../errors.js';
 import { handledElsewhere } from '../cleanup.js';
 
 /** How long after its create a sandbox's users, taken from its key's last sandbox of its image, are checked. */
@@ -61,8 +61,12 @@ export class EnvdUsers {
    * to check them, VERIFY_AFTER_MS later, unless it is gone by then: that read (two agent commands)
    * took the same cores as its first command, which used the known users all the same (a first
    * `commands.run` from a pool 152 → 103 ms, docs/benchmarks.md). The read replaces them, for it
-   * and for the next. The key's first sandbox of an image has its read at once, and its first
-   * call waits for it. Nothing is shared between keys.
+   * and for the next, but for bash: a check may find bash the sandbox installed in its first
+   * seconds, which the image has not, so the next ones are told of bash only by a key's first read
+   * of an image (at once, before any command of it); a check that finds none says none for the
+   * next (a machine without bash runs E2B's commands with sh, one with it but told none runs them
+   * with sh too, not an exec that fails). The key's first sandbox of an image has its read at
+   * once, and its first call waits for it. Nothing is shared between keys.
    */
   fresh(box: SandboxApi, apiKey: string): void {
     const image = `${apiKey}\0${box.image}`;
@@ -71,7 +75,8 @@ export class EnvdUsers {
       const read = this.read(box);
       if (!seen) read.catch(() => this.facts.get(box.id) === read && this.facts.delete(box.id));
       read.then((f) => {
-        this.ofImage.set(image, f);
+        const was = this.ofImage.get(image);
+        this.ofImage.set(image, was ? { homes: f.homes, bash: was.bash && f.bash } : f);
         if (this.facts.has(box.id)) this.facts.set(box.id, Promise.resolve(f));
       }, handledElsewhere);
       if (!seen) this.facts.set(box.id, read);
@@ -97,16 +102,21 @@ export class EnvdUsers {
   }
 
   private async read(box: SandboxApi): Promise<Facts> {
-    // a machine without /etc/passwd: root alone; without /bin/bash: sh
+    // a machine without /etc/passwd: root alone; without a /bin/bash it can stat: sh (as a shell's
+    // `[ -x /bin/bash ]` says false on any error), while a machine paused or gone fails the read
     const missing =
-      <T>(none: T) =>
+      <T>(none: T, codes: ErrorCode[]) =>
       (e: unknown): T => {
-        if (isSnaplabError(e, 'FILE_NOT_FOUND')) return none;
+        if (codes.some((c) => isSnaplabError(e, c))) return none;
         throw e;
       };
     const [homesRead, bash] = await Promise.all([
-      box.files.read('/etc/passwd').then((b) => homes(b.toString('utf8')), missing(new Map<string, string>())),
-      box.files.stat('/bin/bash', { follow: true }).then((i) => i.type === 'file', missing(false)),
+      box.files
+        .read('/etc/passwd')
+        .then((b) => homes(b.toString('utf8')), missing(new Map<string, string>(), ['FILE_NOT_FOUND'])),
+      box.files
+        .stat('/bin/bash', { follow: true })
+        .then((i) => i.type === 'file', missing(false, ['FILE_NOT_FOUND', 'FILE_ERROR'])),
     ]);
     return { homes: homesRead, bash };
   }

@@ -128,8 +128,8 @@ export async function switchCopies(ctx: LabContext, scn: ScenarioRecord, trace?:
         if (!present.has(s)) return;
         // a rename of the standby killed between its bind and its unbind left the live name bound
         // to the standby's namespace: the live copy was set aside already
-        const setAside = present.has(live[k]!) && !(await sameNamespace(netnsPath(s), netnsPath(live[k]!)));
-        if (setAside) await renameNetns(live[k]!, aside[k]!);
+        const liveToSetAside = present.has(live[k]!) && !(await sameNamespace(netnsPath(s), netnsPath(live[k]!)));
+        if (liveToSetAside) await renameNetns(live[k]!, aside[k]!);
         await renameNetns(s, live[k]!);
       }),
     ),
