@@ -417,6 +417,12 @@ export class Store {
       | { id: string; state: SandboxRecord['state'] }
       | undefined;
   }
+  /** The names of the first `limit` sandboxes made (a not-found error's hint names a few: the rest are not read). */
+  sandboxNames(limit: number): string[] {
+    return (this.stmt('SELECT name FROM sandboxes ORDER BY created_at LIMIT ?').all(limit) as { name: string }[]).map(
+      (r) => r.name,
+    );
+  }
   listSandboxes(): SandboxRecord[] {
     return this.sandboxes(`SELECT ${sandboxColumns()} FROM sandboxes ORDER BY created_at`).map(toSandbox);
   }
@@ -1056,6 +1062,12 @@ export class Store {
   getSnapshot(name: string): SnapshotRecord | undefined {
     const r = this.stmt('SELECT * FROM snapshots WHERE name = ? OR id = ?').get(name, name) as Row | undefined;
     return r && toSnapshot(r);
+  }
+  /** The names of the first `limit` snapshots taken (for a hint, as sandboxNames). */
+  snapshotNames(limit: number): string[] {
+    return (this.stmt('SELECT name FROM snapshots ORDER BY created_at LIMIT ?').all(limit) as { name: string }[]).map(
+      (r) => r.name,
+    );
   }
   listSnapshots(): SnapshotRecord[] {
     return (this.stmt('SELECT * FROM snapshots ORDER BY created_at').all() as Row[]).map(toSnapshot);

@@ -101,35 +101,25 @@ export async function removeImage(ctx: LabContext, name: string, trace: Trace, f
   return users;
 }
 
+/** How many names a not-found error's hint gives (read alone: a lab of 10 000 is not listed for it). */
+const HINTED = 10;
+
 export function snapshotNotFound(ctx: LabContext, name: string): SnaplabError {
-  const known = ctx.store.listSnapshots().map((s) => s.name);
+  const known = ctx.store.snapshotNames(HINTED);
   return new SnaplabError(
     'SNAPSHOT_NOT_FOUND',
     `no snapshot named ${JSON.stringify(name)}`,
-    known.length
-      ? `known snapshots: ${known.slice(0, 10).join(', ')}`
-      : 'take one with `snaplab snapshot <sandbox> --name NAME`',
+    known.length ? `known snapshots: ${known.join(', ')}` : 'take one with `snaplab snapshot <sandbox> --name NAME`',
   );
 }
 
-/**
- * `visible`: which sandboxes the caller may see (through the daemon, a key without admin sees
- * its own): only those are named in the hint, so that a tenant never learns another's names.
- */
-export function sandboxNotFound(
-  ctx: LabContext,
-  name: string,
-  visible: (id: string) => boolean = () => true,
-): SnaplabError {
-  const known = ctx.store
-    .listSandboxes()
-    .filter((s) => visible(s.id))
-    .map((s) => s.name);
+export function sandboxNotFound(ctx: LabContext, name: string): SnaplabError {
+  const known = ctx.store.sandboxNames(HINTED);
   return new SnaplabError(
     'SANDBOX_NOT_FOUND',
     `no sandbox with id or name ${JSON.stringify(name)}`,
     known.length
-      ? `known sandboxes: ${known.slice(0, 10).join(', ')} (see \`snaplab ls\`)`
+      ? `known sandboxes: ${known.join(', ')} (see \`snaplab ls\`)`
       : 'create one with `snaplab create --image busybox`',
   );
 }
