@@ -100,6 +100,18 @@ describe('pool refill', () => {
     await pool.remove();
   });
 
+  it('its stats reap a standby that died: counted a leak, not ready nor dead, its record gone', async () => {
+    const pool = await lab.createPool({ name: 'reap', image: 'busybox', size: 2, limits: {} });
+    expect((await pool.stats()).ready).toBe(2);
+    const victim = (await lab.list({ check: false })).find((b) => b.info.pool === pool.name)!;
+    process.kill(victim.info.pid!, 'SIGKILL');
+    await until(async () => (await pool.stats()).leaks === 1);
+    const s = await pool.stats();
+    expect(s).toMatchObject({ ready: 1, dead: 0, inUse: 0, raising: 0, leaks: 1 });
+    expect((await lab.list({ check: false })).some((b) => b.id === victim.id)).toBe(false);
+    await pool.remove();
+  });
+
   it('a holder killed mid-refill leaves nothing gc cannot remove', async () => {
     await lab.createPool({ name: 'crash', image: 'busybox', size: 0, limits: {} });
     const script = `
