@@ -133,7 +133,14 @@ export async function askOf(lab: LabApi, body: CreateBody): Promise<CeilingAsk> 
   const egress = asks ? `a ${body.snapshot === undefined ? 'sandbox' : 'restore'} with egress` : undefined;
   if (body.snapshot !== undefined) {
     // a memory snapshot continues a machine of a fixed size; a filesystem one carries its disk cap
-    const snap = (await lab.snapshots()).find((s) => s.name === body.snapshot)?.toJSON();
+    // this one alone (every snapshot of the host was listed for it); an unknown one fails in the restore
+    const snap = await lab.snapshot(body.snapshot).then(
+      (s) => s.toJSON(),
+      (e: unknown) => {
+        if (isSnaplabError(e, 'SNAPSHOT_NOT_FOUND')) return undefined;
+        throw e;
+      },
+    );
     const driver = typeof snap?.driver === 'string' ? snap.driver : DEFAULT_DRIVER;
     const limits = (snap?.limits as Limits | undefined) ?? {};
     if (snap?.kind === 'memory')
