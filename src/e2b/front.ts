@@ -92,7 +92,8 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
       front: 'e2b',
     });
   });
-  const unsubscribe = opts.ended?.((id) => state.forget(id));
+  // (most sandboxes that end were never the front's: nothing to forget, no store row to drop)
+  const unsubscribe = opts.ended?.((id) => state.hasSession(id) && state.forget(id));
   app.decorate('e2bSessions', () => state.sessionCount);
   app.addHook('preClose', async () => {
     unsubscribe?.();

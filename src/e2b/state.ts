@@ -66,6 +66,11 @@ export class E2bState {
     this.sessions = kept.load();
   }
 
+  /** Does the front keep a session of this sandbox? */
+  hasSession(id: string): boolean {
+    return this.sessions.has(id);
+  }
+
   /** How many sandboxes the front keeps a session of. */
   get sessionCount(): number {
     return this.sessions.size;

@@ -30,6 +30,21 @@ export interface EnvdUser {
 interface Facts {
   homes: Map<string, string>;
   bash: boolean;
+  /** false: /bin/bash could not be stat'ed (not "not there": a helper killed, a loop of links), so `bash` is a guess */
+  sure: boolean;
+}
+
+/**
+ * What a key's next sandboxes of an image start from, after a sandbox of it was read: that read,
+ * where none was known; else only what both say. A sandbox read seconds after its create may have
+ * changed its files (a user added, bash installed): what it alone has is not the image's. A user
+ * or bash the image gains is then not known until the front restarts: the user is left out (root
+ * is the default) and sh runs E2B's commands, never an exec that fails or a user that is not there.
+ */
+function merged(was: Facts | undefined, f: Facts): Facts | undefined {
+  if (!was) return f.sure ? f : undefined;
+  const homesBoth = new Map([...f.homes].filter(([name]) => was.homes.has(name)));
+  return { homes: homesBoth, bash: f.sure ? was.bash && f.bash : was.bash, sure: true };
 }
 
 /** name → home, from an /etc/passwd */
@@ -60,13 +75,9 @@ export class EnvdUsers {
    * same image had (a fresh machine's /etc/passwd and /bin/bash are its image's), and they are read
    * to check them, VERIFY_AFTER_MS later, unless it is gone by then: that read (two agent commands)
    * took the same cores as its first command, which used the known users all the same (a first
-   * `commands.run` from a pool 152 → 103 ms, docs/benchmarks.md). The read replaces them, for it
-   * and for the next, but for bash: a check may find bash the sandbox installed in its first
-   * seconds, which the image has not, so the next ones are told of bash only by a key's first read
-   * of an image (at once, before any command of it); a check that finds none says none for the
-   * next (a machine without bash runs E2B's commands with sh, one with it but told none runs them
-   * with sh too, not an exec that fails). The key's first sandbox of an image has its read at
-   * once, and its first call waits for it. Nothing is shared between keys.
+   * `commands.run` from a pool 152 → 103 ms, docs/benchmarks.md). The read replaces them for it,
+   * and for the next only where both agree (`merged`). The key's first sandbox of an image has its
+   * read at once, and its first call waits for it. Nothing is shared between keys.
    */
   fresh(box: SandboxApi, apiKey: string): void {
     const image = `${apiKey}\0${box.image}`;
@@ -75,8 +86,8 @@ export class EnvdUsers {
       const read = this.read(box);
       if (!seen) read.catch(() => this.facts.get(box.id) === read && this.facts.delete(box.id));
       read.then((f) => {
-        const was = this.ofImage.get(image);
-        this.ofImage.set(image, was ? { homes: f.homes, bash: was.bash && f.bash } : f);
+        const next = merged(this.ofImage.get(image), f);
+        if (next) this.ofImage.set(image, next);
         if (this.facts.has(box.id)) this.facts.set(box.id, Promise.resolve(f));
       }, handledElsewhere);
       if (!seen) this.facts.set(box.id, read);
@@ -116,9 +127,10 @@ export class EnvdUsers {
         .then((b) => homes(b.toString('utf8')), missing(new Map<string, string>(), ['FILE_NOT_FOUND'])),
       box.files
         .stat('/bin/bash', { follow: true })
-        .then((i) => i.type === 'file', missing(false, ['FILE_NOT_FOUND', 'FILE_ERROR'])),
+        .then((i) => (i.type === 'file' ? 'yes' : 'no'), missing('no' as const, ['FILE_NOT_FOUND']))
+        .catch(missing('unsure' as const, ['FILE_ERROR'])),
     ]);
-    return { homes: homesRead, bash };
+    return { homes: homesRead, bash: bash === 'yes', sure: bash !== 'unsure' };
   }
 
   forget(id: string): void {

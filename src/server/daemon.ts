@@ -39,7 +39,7 @@ import type {
 } from './served-lab.js';
 import { labAdmin, labScenarios, labUsage, noPlacement } from './lab-admin.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { snapshotFor } from './snapshot-access.js';
+import { asGone, snapshotFor } from './snapshot-access.js';
 import { execView } from './exec-view.js';
 
 export interface DaemonOptions {
@@ -557,17 +557,19 @@ export class Daemon implements RouteHost {
         how = `a standby of pool ${asked.pool}`;
       } else if (asked.from === 'snapshot') {
         // the limits are the ceilings' (as asked where the caller has none: the Unix socket)
-        box = await this.lab.restore(asked.snapshot, {
-          name,
-          limits: ceiling.limits,
-          userns: asked.userns,
-          ...(asked.ids !== undefined ? { ids: asked.ids } : {}),
-          labels: body.labels,
-          metadata: body.metadata,
-          signal,
-          ...(asked.egress ? { egress: asked.egress } : {}),
-          ...life,
-        });
+        box = await this.lab
+          .restore(asked.snapshot, {
+            name,
+            limits: ceiling.limits,
+            userns: asked.userns,
+            ...(asked.ids !== undefined ? { ids: asked.ids } : {}),
+            labels: body.labels,
+            metadata: body.metadata,
+            signal,
+            ...(asked.egress ? { egress: asked.egress } : {}),
+            ...life,
+          })
+          .catch(asGone(asked.snapshot));
         how = `restored from snapshot ${asked.snapshot}`;
       } else {
         const opts: LabCreateOptions & Served = {

@@ -17,7 +17,7 @@ import { parseScopes, type Caller } from './keys.js';
 import type { PoolRunBody, RouteHost } from './served-lab.js';
 import { countFor, listFor } from './owned-list.js';
 import { scenarioRoutesOf } from './routes-scenarios.js';
-import { snapshotFor } from './snapshot-access.js';
+import { asGone, snapshotFor } from './snapshot-access.js';
 import {
   BuildBody,
   CreateBody,
@@ -415,7 +415,7 @@ function snapshotRoutes(app: FastifyInstance, h: RouteHost): void {
     async (req, reply) => {
       const name = (req.params as { name: string }).name;
       await snapshotFor(h, name, req.caller, true);
-      await h.labFor(req.caller).removeSnapshot(name);
+      await h.labFor(req.caller).removeSnapshot(name).catch(asGone(name));
       return reply.status(204).send();
     },
   );

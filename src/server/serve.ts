@@ -219,8 +219,14 @@ async function listenE2b(
     guard: new ConnectionGuard(resolved, log),
     keyName: (key) => daemon.lab.keys.find(key)?.name,
     ended: (forget) => {
+      // told inside the log's record: a failure here must not fail the removal that is told of
       const on = (e: EventRecord): void => {
-        if (e.sandbox && (END_EVENTS as readonly string[]).includes(e.type)) forget(e.sandbox);
+        if (!e.sandbox || !(END_EVENTS as readonly string[]).includes(e.type)) return;
+        try {
+          forget(e.sandbox);
+        } catch (err) {
+          noted(`forget ${e.sandbox} in the E2B front`)(err);
+        }
       };
       daemon.events.on('event', on);
       return () => daemon.events.off('event', on);

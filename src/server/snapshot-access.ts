@@ -16,11 +16,27 @@ export async function snapshotFor(h: RouteHost, name: string, caller: Caller, re
       if (isSnaplabError(e, 'SNAPSHOT_NOT_FOUND')) return undefined;
       throw e;
     });
-  if (!snap || !h.snapshotVisible(caller, snap, remove))
-    throw new SnaplabError(
-      'SNAPSHOT_NOT_FOUND',
-      `no snapshot named ${JSON.stringify(name)}`,
-      'list them with GET /snapshots',
-    );
+  if (!snap || !h.snapshotVisible(caller, snap, remove)) throw snapshotGone(name);
   return snap;
 }
+
+/** The one answer for a snapshot not there or not the caller's: it names no other. */
+function snapshotGone(name: string): SnaplabError {
+  return new SnaplabError(
+    'SNAPSHOT_NOT_FOUND',
+    `no snapshot named ${JSON.stringify(name)}`,
+    'list them with GET /snapshots',
+  );
+}
+
+/**
+ * For what acts on a snapshot after `snapshotFor` let it: one removed meanwhile (another request's
+ * delete) fails in the lab with a hint naming the host's snapshots, others' too; it is answered as
+ * `snapshotFor` answers.
+ */
+export const asGone =
+  (name: string) =>
+  (e: unknown): never => {
+    if (isSnaplabError(e, 'SNAPSHOT_NOT_FOUND')) throw snapshotGone(name);
+    throw e;
+  };

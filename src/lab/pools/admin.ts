@@ -109,9 +109,12 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
   getPool(ctx, name);
   // each member checked once (a take's ceilings ask for these: twice was ~0.9 ms a take at 12)
   const checked = await Promise.all(ctx.store.poolMembers(name).map((s) => reconcile(ctx, s)));
-  const reaped = await reapFrom(ctx, name, checked);
+  const { reaped, tried } = await reapFrom(ctx, name, checked);
   const p = getPool(ctx, name);
-  const members = checked.filter((m) => !reaped.has(m.id));
+  // one it tried to reap and did not (another reaper claimed it, its removal failed) as it is now
+  const members = checked.flatMap((m) =>
+    reaped.has(m.id) ? [] : tried.has(m.id) ? (ctx.store.getSandbox(m.id) ?? []) : [m],
+  );
   const count = (st: string): number => members.filter((m) => m.state === st).length;
   const ready = members.filter((m) => m.state === 'paused');
   const caps = ready.length ? ready.map((m) => m.limits.diskBytes ?? 0) : [p.limits.diskBytes ?? 0];
@@ -136,15 +139,21 @@ export const takenBy = (): string => `taken by pid ${process.pid}`;
 export async function reapLeaks(ctx: LabContext, name: string): Promise<number> {
   const members: SandboxRecord[] = [];
   for (const s of ctx.store.poolMembers(name)) members.push(await reconcile(ctx, s));
-  return (await reapFrom(ctx, name, members)).size;
+  return (await reapFrom(ctx, name, members)).reaped.size;
 }
 
-/** reapLeaks on members already checked: the ids it removed. */
-async function reapFrom(ctx: LabContext, name: string, checked: SandboxRecord[]): Promise<Set<string>> {
+/** reapLeaks on members already checked: the ids it removed, and those it found to remove (`tried`). */
+async function reapFrom(
+  ctx: LabContext,
+  name: string,
+  checked: SandboxRecord[],
+): Promise<{ reaped: Set<string>; tried: Set<string> }> {
   const reaped = new Set<string>();
+  const tried = new Set<string>();
   for (const r of checked) {
     const orphaned = r.state === 'running' && r.owner?.op === 'hold' && !(await ownerAlive(r.owner));
     if (r.state !== 'dead' && !orphaned) continue;
+    tried.add(r.id);
     // a removal that failed (dead, its remover's step kept): counted when found; `gc` or `rm` finishes it
     if (r.state === 'dead' && r.owner?.op === 'remove') continue;
     // reapers run at once (the refill timer, `pool ls`, a stats call): the one that claims it counts it
@@ -160,7 +169,7 @@ async function reapFrom(ctx: LabContext, name: string, checked: SandboxRecord[])
     );
     if (removed) reaped.add(r.id);
   }
-  return reaped;
+  return { reaped, tried };
 }
 
 /** Remove standbys beyond `keep` (paused ones only: taken ones belong to whoever took them). */
