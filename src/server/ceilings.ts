@@ -79,7 +79,7 @@ export class CeilingGuard {
     if (caller.key === LOCAL.key) return () => {};
     const ceiling = resolveCeilings(caller.ceilings).snapshots;
     if (ceiling === null) return () => {};
-    const have = (await this.lab.snapshots()).filter((s) => s.toJSON().owner === caller.key).length;
+    const have = (await this.lab.held(caller.key)).snapshots;
     const making = this.snapshotting.get(caller.key) ?? 0;
     if (have + making >= ceiling)
       throw new LimitError(

@@ -153,15 +153,15 @@ it("reads a key's sandboxes by the owner's index: its rows' limits and states, a
   // the list's own statement, and ownedLimits' (a store of its own: its statements not yet made)
   const owned = vi.spyOn(store.db, 'prepare');
   new Store(store.db).ownedLimits('key', []);
-  const ownedSql = owned.mock.calls.map(([sql]) => sql).find((sql) => sql.includes('m.owner'));
+  const ownedSql = owned.mock.calls.map(([sql]) => sql).find((sql) => sql.includes('owner_held'));
   owned.mockRestore();
-  for (const [sql, args] of [
-    [listSql, ['key']],
-    [ownedSql, ['[]', 'key']],
-  ] as const)
-    expect(plan(sql ?? 'no statement with the owner', ...args)).toMatch(
-      /SEARCH m USING (COVERING )?INDEX sandbox_meta_owner/,
-    );
+  expect(plan(listSql ?? 'no statement with the owner', 'key')).toMatch(
+    /SEARCH m USING (COVERING )?INDEX sandbox_meta_owner/,
+  );
+  // what a key holds: its own counted groups, not its sandboxes' rows
+  expect(plan(ownedSql ?? 'no statement of owner_held', 'key')).toMatch(
+    /SEARCH owner_held USING PRIMARY KEY \(owner=\?\)/,
+  );
   // alike ones come as one row with their count: the same driver, limits, and whether they hold room
   for (const [id, over] of [
     ['g1', { state: 'running', limits: { memoryBytes: 5 }, reason: 'taken by x' }],
@@ -178,6 +178,96 @@ it("reads a key's sandboxes by the owner's index: its rows' limits and states, a
     { driver: 'namespaces', limits: {}, holdsRoom: false, count: 3 },
     { driver: 'namespaces', limits: { memoryBytes: 5 }, holdsRoom: true, count: 2 },
     { driver: 'namespaces', limits: {}, holdsRoom: true, count: 1 },
+  ]);
+  store.db.close();
+});
+
+it("keeps a key's counted groups as its sandboxes change, whoever writes and in whichever order", () => {
+  const store = new Store(openDb(home));
+  const meta = (id: string, owner: string | null, labels: Record<string, string> = {}) =>
+    store.putMeta({ id, labels, metadata: {}, owner, timeoutS: null, onTimeout: 'kill', expiresAt: null });
+  // what the groups must be: the same grouping read from every row (the statement owner_held replaced)
+  const recount = (owner: string) =>
+    (
+      store.db
+        .prepare(
+          `SELECT s.driver, s.limits, s.state = 'dead' AS dead,
+             CASE WHEN s.state = 'dead' THEN coalesce(s.reason, '') ELSE '' END AS reason, COUNT(*) AS count
+           FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ? GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4`,
+        )
+        .all(owner) as unknown[]
+    ).map((r) => JSON.stringify(r));
+  const kept = (owner: string) =>
+    (
+      store.db
+        .prepare('SELECT driver, limits, dead, reason, count FROM owner_held WHERE owner = ? ORDER BY 1, 2, 3, 4')
+        .all(owner) as unknown[]
+    ).map((r) => JSON.stringify(r));
+  const agree = () => {
+    for (const owner of ['a', 'b']) expect(kept(owner)).toEqual(recount(owner));
+    // no group is left at zero, none for rows without an owner
+    expect(store.db.prepare('SELECT COUNT(*) AS n FROM owner_held WHERE count <= 0').get()).toEqual({ n: 0 });
+  };
+  // the sandbox first, then its meta; and the meta first, then the sandbox
+  store.insertSandbox(testRecord('s1', { state: 'creating', limits: { memoryBytes: 5 } }));
+  meta('s1', 'a');
+  meta('s2', 'a');
+  store.insertSandbox(testRecord('s2', { state: 'creating' }));
+  store.insertSandbox(testRecord('s3', { state: 'running' }));
+  meta('s3', null);
+  agree();
+  expect(kept('a')).toHaveLength(2);
+  // state, reason, limits and driver changes move a sandbox between groups; a running one's reason does not
+  store.updateSandbox('s1', { state: 'running', reason: 'taken by x' });
+  store.updateSandbox('s2', { state: 'dead', reason: 'stopped' });
+  store.updateSandbox('s3', { state: 'paused' });
+  agree();
+  store.updateSandbox('s2', { reason: 'crashed' });
+  store.db.prepare("UPDATE sandboxes SET limits = '{\"memoryBytes\":9}', driver = 'qemu' WHERE id = 's1'").run();
+  agree();
+  // a meta written again (its labels, its owner): counted once, under its owner now
+  meta('s1', 'a', { x: '1' });
+  meta('s3', 'b');
+  meta('s2', 'b');
+  agree();
+  expect(kept('b').reduce((n, r) => n + (JSON.parse(r) as { count: number }).count, 0)).toBe(2);
+  // removed: the record (deleteSandbox removes both rows), or one row alone in either order
+  store.deleteSandbox('s1');
+  store.db.prepare("DELETE FROM sandbox_meta WHERE id = 's2'").run();
+  store.db.prepare("DELETE FROM sandboxes WHERE id = 's3'").run();
+  agree();
+  expect(kept('a')).toEqual([]);
+  expect(kept('b')).toEqual([]);
+  // many alike: one group, counted
+  for (let i = 0; i < 50; i++) {
+    store.insertSandbox(testRecord(`m${i}`, { state: 'running' }));
+    meta(`m${i}`, 'a');
+  }
+  agree();
+  expect(store.ownedLimits('a', [])).toEqual([{ driver: 'namespaces', limits: {}, holdsRoom: true, count: 50 }]);
+  store.db.close();
+});
+
+it('counts the groups of a store made before owner_held from its rows, when it is migrated', () => {
+  const db = new Database(join(home, 'state.db'));
+  const before = migrations.findIndex((m) => m.includes('CREATE TABLE owner_held'));
+  db.exec('BEGIN');
+  for (const m of migrations.slice(0, before)) db.exec(m);
+  db.pragma(`user_version = ${before}`);
+  db.exec('COMMIT');
+  const old = new Store(db);
+  old.insertSandbox(testRecord('o1', { state: 'running' }));
+  old.insertSandbox(testRecord('o2', { state: 'dead', reason: 'stopped' }));
+  for (const id of ['o1', 'o2'])
+    db.prepare("INSERT INTO sandbox_meta (id, labels, metadata, owner) VALUES (?, '{}', '{}', 'k')").run(id);
+  db.close();
+  const store = new Store(openDb(home));
+  expect(store.ownedLimits('k', ['stopped'])).toEqual([
+    { driver: 'namespaces', limits: {}, holdsRoom: true, count: 2 },
+  ]);
+  expect(store.ownedLimits('k', [])).toEqual([
+    { driver: 'namespaces', limits: {}, holdsRoom: true, count: 1 },
+    { driver: 'namespaces', limits: {}, holdsRoom: false, count: 1 },
   ]);
   store.db.close();
 });

@@ -733,34 +733,47 @@ export class Store {
   }
   putMeta(m: SandboxMeta): void {
     this.stmt(
-      'INSERT OR REPLACE INTO sandbox_meta (id, labels, metadata, owner, timeout_s, on_timeout, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
+      // an upsert, not a REPLACE: a REPLACE deletes the row it replaces without its delete
+      // triggers, and owner_held's would then count the sandbox twice (migrations.ts)
+      `INSERT INTO sandbox_meta (id, labels, metadata, owner, timeout_s, on_timeout, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+       ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, metadata = excluded.metadata, owner = excluded.owner,
+         timeout_s = excluded.timeout_s, on_timeout = excluded.on_timeout, expires_at = excluded.expires_at`,
     ).run(m.id, JSON.stringify(m.labels), JSON.stringify(m.metadata), m.owner, m.timeoutS, m.onTimeout, m.expiresAt);
   }
   /**
    * The sandboxes made with this key and still recorded, as much of each as what they hold needs
    * (lab/ceilings.ts heldBy): their driver, their limits, whether they hold room (all but the dead
    * that were not stopped: a reason of `stoppedReasons`), those alike counted together (`count`).
-   * Read by the owner's index, a key's rows only, whatever the host holds, and grouped in SQLite:
-   * a key's create costs a few groups' work in JavaScript, not its every sandbox's (docs/benchmarks.md).
+   * Read from owner_held, the counts that triggers keep as the key's sandboxes change
+   * (migrations.ts): a few rows a key, whatever its count or the host's (docs/benchmarks.md).
    */
   ownedLimits(
     owner: string,
     stoppedReasons: readonly string[],
   ): { driver: string; limits: Limits; holdsRoom: boolean; count: number }[] {
-    return (
-      this.stmt(
-        `SELECT s.driver, s.limits,
-           CASE WHEN s.state <> 'dead' OR s.reason IN (SELECT value FROM json_each(?)) THEN 1 ELSE 0 END AS holds,
-           COUNT(*) AS count
-         FROM sandbox_meta m JOIN sandboxes s ON s.id = m.id WHERE m.owner = ?
-         GROUP BY s.driver, s.limits, holds`,
-      ).all(JSON.stringify(stoppedReasons), owner) as Row[]
-    ).map((r) => ({
-      driver: r.driver as string,
-      limits: json<Limits>(r.limits),
-      holdsRoom: r.holds === 1,
-      count: r.count as number,
-    }));
+    const groups = new Map<string, { driver: string; limits: Limits; holdsRoom: boolean; count: number }>();
+    const rows = this.stmt(
+      'SELECT driver, limits, dead, reason, count FROM owner_held WHERE owner = ? AND count > 0',
+    ).all(owner) as Row[];
+    for (const r of rows) {
+      const holdsRoom = r.dead === 0 || stoppedReasons.includes(r.reason as string);
+      const key = JSON.stringify([r.driver, r.limits, holdsRoom]);
+      const g = groups.get(key);
+      if (g) g.count += r.count as number;
+      else
+        groups.set(key, {
+          driver: r.driver as string,
+          limits: json<Limits>(r.limits),
+          holdsRoom,
+          count: r.count as number,
+        });
+    }
+    return [...groups.values()];
+  }
+
+  /** How many snapshots this key's sandboxes have (its snapshots ceiling), by the owner's index. */
+  countSnapshotsOf(owner: string): number {
+    return (this.stmt('SELECT COUNT(*) AS n FROM snapshots WHERE owner = ?').get(owner) as { n: number }).n;
   }
 
   // API keys
