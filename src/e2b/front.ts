@@ -92,8 +92,9 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
       front: 'e2b',
     });
   });
-  // (most sandboxes that end were never the front's: nothing to forget, no store row to drop)
-  const unsubscribe = opts.ended?.((id) => state.hasSession(id) && state.forget(id));
+  // (most sandboxes that end were never the front's: nothing to forget, no store row to drop; each
+  // is remembered as ended a while, for a connect that looked it up before its end)
+  const unsubscribe = opts.ended?.((id) => state.endedElsewhere(id));
   app.decorate('e2bSessions', () => state.sessionCount);
   app.addHook('preClose', async () => {
     unsubscribe?.();

@@ -31,6 +31,10 @@ import {
  */
 export const AUTO_RESUME_MIN_TIMEOUT_S = 300;
 
+/** How many ended sandboxes the front remembers as ended, and for how long (E2bState.endedElsewhere). */
+const ENDED_KEPT = 10_000;
+const ENDED_KEPT_MS = 10 * 60_000;
+
 /** The state the routes share. */
 /** the options of an envd call the front answers from its own memory (its process table, a watcher's queue): the sandbox's state is asked first */
 export const FROM_MEMORY = { fresh: true } as const;
@@ -55,6 +59,12 @@ export class E2bState {
   private readonly actors = new WeakMap<FastifyRequest, string>();
   /** the resume in flight of each sandbox: every caller that finds it paused meanwhile waits for that one */
   private readonly resuming = new Map<string, Promise<void>>();
+  /**
+   * Sandboxes told ended lately (id → when): a create or connect that found one before its end
+   * and answers after it must not make it a session again (`session`), which nothing would remove
+   * until a call came for it. Ids are never reused, so a stale entry refuses nothing real.
+   */
+  private readonly ended = new Map<string, number>();
 
   constructor(
     private readonly labFor: (apiKey: string) => Promise<KeyedLabApi>,
@@ -64,11 +74,6 @@ export class E2bState {
     private readonly kept: SessionStore = memorySessions,
   ) {
     this.sessions = kept.load();
-  }
-
-  /** Does the front keep a session of this sandbox? */
-  hasSession(id: string): boolean {
-    return this.sessions.has(id);
   }
 
   /** How many sandboxes the front keeps a session of. */
@@ -103,8 +108,28 @@ export class E2bState {
     return lab;
   }
 
+  /**
+   * A sandbox ended outside the front (its timeout, `snaplab rm`, another client, found dead): its
+   * session and all the front holds of it are let go, and it is remembered a while as ended.
+   */
+  endedElsewhere(id: string): void {
+    const now = Date.now();
+    this.ended.set(id, now);
+    for (const [old, at] of this.ended) {
+      if (this.ended.size <= ENDED_KEPT && now - at < ENDED_KEPT_MS) break;
+      this.ended.delete(old);
+    }
+    if (this.sessions.has(id)) this.forget(id);
+  }
+
   /** The access token of a sandbox this key made or connected to (the same one each time). */
   session(id: string, apiKey: string): string {
+    if (this.ended.has(id))
+      throw new SnaplabError(
+        'SANDBOX_NOT_FOUND',
+        `sandbox ${id} has ended`,
+        'it was removed while this call ran (its timeout, a kill, snaplab rm): create another',
+      );
     const s = this.sessions.get(id);
     if (s && s.apiKey === apiKey) return s.accessToken;
     const next = { apiKey, accessToken: s?.accessToken ?? randomBytes(24).toString('hex') };
