@@ -212,8 +212,9 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
     return make(lab, body, false);
   });
   if (taken) state.pools.add(key, template);
-  state.users.fresh(box, key);
+  // its session first: a sandbox that ended meanwhile is not found, and nothing is kept of it
   const answer = created(state, box, key);
+  state.users.fresh(box, key);
   state.known(box);
   return reply.code(201).send(answer);
 }

@@ -114,6 +114,7 @@ export class E2bState {
    */
   endedElsewhere(id: string): void {
     const now = Date.now();
+    this.ended.delete(id); // (told twice: it goes last, as the newest)
     this.ended.set(id, now);
     for (const [old, at] of this.ended) {
       if (this.ended.size <= ENDED_KEPT && now - at < ENDED_KEPT_MS) break;

@@ -114,11 +114,6 @@ export interface Owned extends Held {
   sandboxes: number;
 }
 
-/** What a key holds: what its sandboxes hold (heldBy), and how many snapshots it has (its snapshots ceiling). */
-export interface KeyHolds extends Owned {
-  snapshots: number;
-}
-
 /**
  * What these sandboxes of a key hold: every recorded one counts toward its quota; the limits of
  * those that hold room (the driver's defaults where none was set) toward its totals. A dead one

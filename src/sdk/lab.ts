@@ -53,7 +53,7 @@ import type { ConnectOptions } from '../client/http.js';
 import type { RemoteLab } from '../client/remote.js';
 import { Snapshot } from './snapshot.js';
 import { KeyRing, SCOPES } from '../lab/keys.js';
-import { NO_CEILINGS, heldBy, type KeyHolds } from '../lab/ceilings.js';
+import { NO_CEILINGS, heldBy, type Owned } from '../lab/ceilings.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
 import { egressTotals } from '../lab/net/egress.js';
@@ -362,12 +362,14 @@ export class Lab implements LabApi {
     return { removed: r.result, trace: r.trace };
   }
 
-  /** What this key holds: its sandboxes' count and limits (lab/ceilings.ts heldBy) and its snapshots' count, read from its own rows. */
-  async held(owner: string): Promise<KeyHolds> {
-    return {
-      ...heldBy(this.ctx.store.ownedLimits(owner, STOPPED_REASONS)),
-      snapshots: this.ctx.store.countSnapshotsOf(owner),
-    };
+  /** What the sandboxes made with this key hold: their count and limits (lab/ceilings.ts heldBy), a key's rows only. */
+  async held(owner: string): Promise<Owned> {
+    return heldBy(this.ctx.store.ownedLimits(owner, STOPPED_REASONS));
+  }
+
+  /** How many snapshots this key's sandboxes have (its snapshots ceiling), by the owner's index. */
+  async ownedSnapshots(owner: string): Promise<number> {
+    return this.ctx.store.countSnapshotsOf(owner);
   }
 
   /** Every machine's egress counters summed (a server's metrics): how many have egress, bytes out, connections, refusals. */

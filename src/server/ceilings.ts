@@ -38,7 +38,7 @@ export class CeilingGuard {
   /** snapshots under way here, by key */
   private readonly snapshotting = new Map<string, number>();
 
-  constructor(private readonly lab: LabApi & Pick<ServedLab, 'held'>) {}
+  constructor(private readonly lab: LabApi & Pick<ServedLab, 'held' | 'ownedSnapshots'>) {}
 
   /**
    * The limits to make the machine with (undefined: as asked, the Unix socket's) and a release to
@@ -79,7 +79,7 @@ export class CeilingGuard {
     if (caller.key === LOCAL.key) return () => {};
     const ceiling = resolveCeilings(caller.ceilings).snapshots;
     if (ceiling === null) return () => {};
-    const have = (await this.lab.held(caller.key)).snapshots;
+    const have = await this.lab.ownedSnapshots(caller.key);
     const making = this.snapshotting.get(caller.key) ?? 0;
     if (have + making >= ceiling)
       throw new LimitError(

@@ -1,3 +1,4 @@
+import { OWNER_HELD_COUNT } from './migrations.js';
 import type Database from 'better-sqlite3';
 import { DEFAULT_DRIVER } from '../defaults.js';
 import type { Db } from './db.js';
@@ -769,6 +770,19 @@ export class Store {
         });
     }
     return [...groups.values()];
+  }
+
+  /**
+   * owner_held counted again from the rows (gc): its triggers keep it, but a writer that REPLACEs a
+   * sandbox_meta row (a snaplab from before them, still running) makes it drift. True when it had.
+   */
+  recountOwned(): boolean {
+    const all = (): string => JSON.stringify(this.stmt('SELECT * FROM owner_held ORDER BY 1, 2, 3, 4, 5').all());
+    return this.db.transaction(() => {
+      const was = all();
+      this.db.exec(`DELETE FROM owner_held; ${OWNER_HELD_COUNT}`);
+      return all() !== was;
+    })();
   }
 
   /** How many snapshots this key's sandboxes have (its snapshots ceiling), by the owner's index. */

@@ -61,6 +61,11 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
     removed.push(...(await trace.phase(`driver ${name}`, () => driver.gc({ sandbox: isLive, imageVolume }))));
   // egress namespaces and rules of sandboxes it no longer records; its router when none has egress
   removed.push(...(await trace.phase('egress', () => collectEgress(ctx.home, () => ctx.store.egressSlots()))));
+  // what each key's sandboxes hold, as its quota and ceilings read it: counted again from the rows
+  if (await trace.phase('key totals', async () => ctx.store.recountOwned()))
+    notes.push(
+      "keys' held totals had drifted from their sandboxes' records (a writer from an older snaplab): counted again",
+    );
   // user namespace ranges this home claimed for sandboxes it no longer records (a crash between
   // claim and insert, a record deleted by hand): their cgroups went above, so no process holds them
   // held: asked of the store now, not of the list read at the start (a create may have finished
