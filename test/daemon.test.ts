@@ -3,6 +3,7 @@
  * WebSockets for a stream cut and reattached, deadlines that kill a process tree, TTLs, quotas,
  * the event stream resumed, and a daemon killed with SIGKILL mid-create and started again.
  */
+import { ROUTE_SCOPES } from '../src/server/scopes.js';
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
@@ -153,6 +154,43 @@ describe('snaplab serve', () => {
       () =>
         /GET \/sandboxes 401 [\d.]+ms key=-/.test(d.log()) && /GET \/sandboxes 200 [\d.]+ms key=local/.test(d.log()),
     );
+  });
+
+  it('every route holds a request to the scope server/scopes.ts names for it: none is 401, one scope short is 403', () => {
+    const reader = cli(home, ['key', 'create', 'scope-reader', '--scope', 'read']).out.trim();
+    const runner = cli(home, ['key', 'create', 'scope-runner', '--scope', 'read,exec']).out.trim();
+    const seen: string[] = [];
+    try {
+      for (const [route, scope] of Object.entries(ROUTE_SCOPES)) {
+        const [method, path] = route.split(' ') as [string, string];
+        if (path.startsWith('/cluster/')) continue; // a cluster gateway's
+        const url = path.replace(':id', 'nope').replace(':pid', '1').replace(':name', 'nope');
+        // refused before anything else is looked at (an unknown route would be 404)
+        expect([route, curl(method, url, { tcp: true, timeoutS: 5 }).status]).toEqual([route, 401]);
+        if (method === 'GET') {
+          // (curl -I: -X HEAD waits for the body the length announces)
+          const head = spawnSync('curl', [
+            '-s',
+            '-I',
+            '-o',
+            '/dev/null',
+            '-w',
+            '%{http_code}',
+            '--max-time',
+            '5',
+            `${d.url}${url}`,
+          ]);
+          expect([route, `HEAD ${head.stdout}`]).toEqual([route, 'HEAD 401']);
+        }
+        const short = scope === 'exec' ? reader : scope === 'admin' ? runner : undefined;
+        if (short) expect([route, curl(method, url, { token: short }).body?.code]).toEqual([route, 'FORBIDDEN']);
+        seen.push(route);
+      }
+    } finally {
+      cli(home, ['key', 'rm', 'scope-reader']);
+      cli(home, ['key', 'rm', 'scope-runner']);
+    }
+    expect(seen.length).toBeGreaterThan(60);
   });
 
   it('an exec deadline kills the whole tree; a client that goes kills its exec', async () => {

@@ -104,7 +104,6 @@ export function gatewayRoutes(app: FastifyInstance, core: ClusterCore): void {
   app.get(
     '/cluster/nodes',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['cluster'],
         summary: "The cluster's nodes, as `snaplab cluster nodes` shows them (a cluster gateway's)",

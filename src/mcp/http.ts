@@ -15,7 +15,7 @@ export function mcpRoutes(
   labFor: (req: FastifyRequest) => Promise<KeyedLabApi>,
   ttlS = 600,
 ): void {
-  app.post('/mcp', { config: { scope: 'exec' }, schema: { hide: true } }, async (req, reply) => {
+  app.post('/mcp', { schema: { hide: true } }, async (req, reply) => {
     const lab = await labFor(req);
     const server = mcpServer(lab, { defaultTtlS: ttlS, keepsTime: true });
     const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
@@ -35,7 +35,6 @@ export function mcpRoutes(
     app.route({
       method,
       url: '/mcp',
-      config: { scope: 'read' },
       schema: { hide: true },
       handler: async (_req, reply) =>
         reply

@@ -3,6 +3,7 @@
  * request needs no key; on TCP every route but /healthz and /openapi.json needs a bearer key with
  * the route's scope. Every request is logged once, with its key and the operation it traced.
  */
+import { registeredScope } from './scopes.js';
 import Fastify, {
   type FastifyInstance,
   type FastifyPluginAsync,
@@ -87,6 +88,14 @@ export async function baseApp(o: BaseAppOptions): Promise<FastifyInstance> {
   });
   app.decorateRequest('caller', null as unknown as Caller);
   app.decorateRequest('opId', null);
+  // each route's scope from the one table (server/scopes.ts), which the keyed lab reads too
+  app.addHook('onRoute', (r) => {
+    const scope = registeredScope(r.method, r.url ?? '', {
+      hidden: (r.schema as { hide?: boolean } | undefined)?.hide === true,
+      ownScope: r.config?.scope,
+    });
+    if (scope) r.config = { ...r.config, scope };
+  });
   await app.register(swagger, {
     openapi: {
       openapi: '3.0.3',

@@ -37,7 +37,6 @@ import type {
 } from '../sdk/api.js';
 import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
 import { collected, type Collected } from '../agent/output-cap.js';
-import type { Scope } from '../store/records.js';
 import { encoded, type ExecText } from '../sdk/output.js';
 import { feedInput } from '../lab/io/streams.js';
 import { watchWith } from '../lab/io/watch.js';
@@ -45,6 +44,7 @@ import { envObject } from '../client/remote.js';
 import { handledElsewhere } from '../cleanup.js';
 import { aborted } from '../agent/agent-errors.js';
 import { callerOf, describeCaller, requireScope, type Caller } from './keys.js';
+import { scopeOf, type Route } from './scopes.js';
 import { requireEgress } from './ceilings.js';
 import { checked } from './checked.js';
 import type { TSchema } from 'typebox';
@@ -61,10 +61,10 @@ export class KeyedLab implements KeyedLabApi {
     private readonly streams?: StreamLimiter,
   ) {}
 
-  /** The caller the key stands for now, held to the scope a route of this call requires. */
-  caller(scope: Scope): Caller {
+  /** The caller the key stands for now, held to the scope of the route that does what this call does (server/scopes.ts). */
+  caller(route: Route): Caller {
     const c = callerOf(this.daemon.lab.keys, this.token);
-    requireScope(c, scope);
+    requireScope(c, scopeOf(route));
     return c;
   }
 
@@ -75,42 +75,42 @@ export class KeyedLab implements KeyedLabApi {
 
   /** POST /sandboxes: the options as the remote lab sends them (JSON), checked by its schema. */
   async create(opts: LabCreateOptions = {}): Promise<SandboxApi> {
-    const c = this.caller('exec');
+    const c = this.caller('POST /sandboxes');
     const body = checked(CreateBody, JSON.parse(JSON.stringify(opts)) as unknown, 'create');
     return new KeyedSandbox(this, await this.daemon.createFor(c, body));
   }
 
   /** POST /sandboxes with a snapshot: the options as the remote lab sends them, checked by its schema. */
   async restore(snapshot: string, opts: LabRestoreOptions = {}): Promise<SandboxApi> {
-    const c = this.caller('exec');
+    const c = this.caller('POST /sandboxes');
     const body = checked(CreateBody, JSON.parse(JSON.stringify({ snapshot, ...opts })) as unknown, 'restore');
     return new KeyedSandbox(this, await this.daemon.createFor(c, body));
   }
 
   /** GET /sandboxes/{id} */
   async get(idOrName: string): Promise<SandboxApi> {
-    return new KeyedSandbox(this, await this.daemon.sandbox(idOrName, this.caller('read')));
+    return new KeyedSandbox(this, await this.daemon.sandbox(idOrName, this.caller('GET /sandboxes/:id')));
   }
 
   /** GET /sandboxes */
   async list(opts: ListOptions = {}): Promise<SandboxApi[]> {
-    return (await listFor(this.daemon, this.caller('read'), opts)).map((b) => new KeyedSandbox(this, b));
+    return (await listFor(this.daemon, this.caller('GET /sandboxes'), opts)).map((b) => new KeyedSandbox(this, b));
   }
 
   /** GET /counts/sandboxes */
   async count(opts: CountOptions = {}): Promise<SandboxCount> {
-    return countFor(this.daemon, this.caller('read'), opts);
+    return countFor(this.daemon, this.caller('GET /counts/sandboxes'), opts);
   }
 
   /** GET /pools */
   async pools(): ReturnType<LabApi['pools']> {
-    this.caller('read');
+    this.caller('GET /pools');
     return this.daemon.lab.pools();
   }
 
   /** GET /whoami */
   async whoami(): Promise<CallerInfo> {
-    return describeCaller(this.caller('read'));
+    return describeCaller(this.caller('GET /whoami'));
   }
 
   /** the commands running through this lab now: each one's kill */
@@ -137,9 +137,9 @@ class KeyedSandbox implements SandboxApi {
     private inner: SandboxApi,
   ) {}
 
-  /** The sandbox as the caller may reach it now, for a call of this scope. */
-  private reach(scope: Scope): Promise<{ c: Caller; box: SandboxApi }> {
-    return this.as(this.k.caller(scope));
+  /** The sandbox as the caller may reach it now, for a call that does what this route does. */
+  private reach(route: Route): Promise<{ c: Caller; box: SandboxApi }> {
+    return this.as(this.k.caller(route));
   }
 
   /** The sandbox as this caller (its key and scope already checked) may reach it now. */
@@ -217,15 +217,15 @@ class KeyedSandbox implements SandboxApi {
 
   /** The file routes: reading is `read`, changing is `exec`. */
   get files(): SandboxFiles {
-    const on = async (scope: Scope): Promise<SandboxFiles> => (await this.reach(scope)).box.files;
+    const on = async (route: Route): Promise<SandboxFiles> => (await this.reach(route)).box.files;
     return {
-      stat: async (path, o) => (await on('read')).stat(path, o),
-      list: async (path, o) => (await on('read')).list(path, o),
-      mkdir: async (path, o) => (await on('exec')).mkdir(path, o),
-      remove: async (path, o) => (await on('exec')).remove(path, o),
-      write: async (path, data, o) => (await on('exec')).write(path, data, o),
-      read: async (path, o) => (await on('read')).read(path, o),
-      readTo: async (path, sink, o) => (await on('read')).readTo(path, sink, o),
+      stat: async (path, o) => (await on('GET /sandboxes/:id/files/stat')).stat(path, o),
+      list: async (path, o) => (await on('GET /sandboxes/:id/files/list')).list(path, o),
+      mkdir: async (path, o) => (await on('POST /sandboxes/:id/files/mkdir')).mkdir(path, o),
+      remove: async (path, o) => (await on('DELETE /sandboxes/:id/files')).remove(path, o),
+      write: async (path, data, o) => (await on('PUT /sandboxes/:id/files')).write(path, data, o),
+      read: async (path, o) => (await on('GET /sandboxes/:id/files')).read(path, o),
+      readTo: async (path, sink, o) => (await on('GET /sandboxes/:id/files')).readTo(path, sink, o),
     };
   }
 
@@ -238,7 +238,7 @@ class KeyedSandbox implements SandboxApi {
   async exec(argv: string[], opts: ExecOptions = {}): Promise<ExecResult | ExecText> {
     const asked = { argv, env: envObject(opts.env), cwd: opts.cwd, user: opts.user, timeoutMs: opts.timeoutMs ?? 0 };
     // the key and its scope first, then the body, then the sandbox: a route's order
-    const { c, box } = await this.as(checkedAs(this.k.caller('exec'), ExecBody, asked, 'exec'));
+    const { c, box } = await this.as(checkedAs(this.k.caller('POST /sandboxes/:id/exec'), ExecBody, asked, 'exec'));
     const d = this.k.daemon;
     let untrack = (): void => {};
     const kill = { fn: (): void => {} };
@@ -274,7 +274,9 @@ class KeyedSandbox implements SandboxApi {
       tty: opts.tty,
       stdin: opts.stdin !== undefined,
     };
-    const { c, box } = await this.as(checkedAs(this.k.caller('exec'), ProcessBody, spec, 'command'));
+    const { c, box } = await this.as(
+      checkedAs(this.k.caller('POST /sandboxes/:id/processes'), ProcessBody, spec, 'command'),
+    );
     const d = this.k.daemon;
     const closes = new EventEmitter();
     this.k.admit(c, closes);
@@ -338,12 +340,12 @@ class KeyedSandbox implements SandboxApi {
 
   /** PUT /sandboxes/{id}/archive */
   async upload(dest: string, tar: Readable): Promise<Awaited<ReturnType<SandboxApi['upload']>>> {
-    return (await this.reach('exec')).box.upload(dest, tar);
+    return (await this.reach('PUT /sandboxes/:id/archive')).box.upload(dest, tar);
   }
 
   /** GET /sandboxes/{id}/archive: a missing path is FILE_NOT_FOUND before anything is written */
   async download(src: string, sink: Writable): Promise<Awaited<ReturnType<SandboxApi['download']>>> {
-    const { box } = await this.reach('read');
+    const { box } = await this.reach('GET /sandboxes/:id/archive');
     await box.files.stat(src);
     return box.download(src, sink);
   }
@@ -351,27 +353,29 @@ class KeyedSandbox implements SandboxApi {
   /** POST /sandboxes/{id}/snapshots */
   async snapshot(name: string, opts: { memory?: boolean } = {}): Promise<SnapshotApi> {
     const asked = { name, memory: opts.memory };
-    const { c, box } = await this.as(checkedAs(this.k.caller('exec'), SnapshotBody, asked, 'snapshot'));
+    const { c, box } = await this.as(
+      checkedAs(this.k.caller('POST /sandboxes/:id/snapshots'), SnapshotBody, asked, 'snapshot'),
+    );
     return this.k.daemon.snapshotOf(c, box, name, opts);
   }
 
   /** PATCH /sandboxes/{id} */
   async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
-    const c = this.k.caller('exec');
+    const c = this.k.caller('PATCH /sandboxes/:id');
     const body = checked(LabelsBody, change, 'labels');
     await (await this.as(c)).box.setLabels(body);
   }
 
   /** POST /sandboxes/{id}/timeout */
   async setTimeout(timeoutS: number, onTimeout?: OnTimeout): Promise<void> {
-    const c = this.k.caller('exec');
+    const c = this.k.caller('POST /sandboxes/:id/timeout');
     const b = checked(TimeoutBody, { timeoutS, ...(onTimeout ? { onTimeout } : {}) }, 'timeout');
     this.inner = await this.k.daemon.setTimeout(this.inner.id, b.timeoutS, b.onTimeout, c);
   }
 
   /** PUT /sandboxes/{id}/egress: refused before the sandbox is looked at for a key without egress */
   async setEgress(lists: EgressRequest): Promise<void> {
-    const c = this.k.caller('exec');
+    const c = this.k.caller('PUT /sandboxes/:id/egress');
     requireEgress(c, 'new egress lists');
     const body = checked(EgressBody, lists, 'egress lists');
     await (await this.as(c)).box.setEgress(body);
@@ -379,7 +383,7 @@ class KeyedSandbox implements SandboxApi {
 
   /** GET /sandboxes/{id}/egress */
   async egressUsage(): Promise<EgressUsage> {
-    return (await this.reach('read')).box.egressUsage();
+    return (await this.reach('GET /sandboxes/:id/egress')).box.egressUsage();
   }
 
   /** A watcher in the machine, as the remote lab's: a command of the key's (spawn, above). */
@@ -389,12 +393,12 @@ class KeyedSandbox implements SandboxApi {
 
   /** GET /sandboxes/{id}/usage */
   async usage(): Promise<Awaited<ReturnType<SandboxApi['usage']>>> {
-    return (await this.reach('read')).box.usage();
+    return (await this.reach('GET /sandboxes/:id/usage')).box.usage();
   }
 
   /** GET /sandboxes/{id} */
   async refresh(): Promise<this> {
-    await this.reach('read');
+    await this.reach('GET /sandboxes/:id');
     return this;
   }
 
@@ -416,12 +420,12 @@ class KeyedSandbox implements SandboxApi {
   }
 
   private async change(verb: StateVerb): Promise<undefined> {
-    this.inner = await this.k.daemon.changeState(verb, this.inner.id, this.k.caller('exec'));
+    this.inner = await this.k.daemon.changeState(verb, this.inner.id, this.k.caller(`POST /sandboxes/:id/${verb}`));
     return undefined;
   }
 
   async destroy(): Promise<undefined> {
-    await this.k.daemon.destroySandbox(this.k.caller('exec'), this.inner.id);
+    await this.k.daemon.destroySandbox(this.k.caller('DELETE /sandboxes/:id'), this.inner.id);
     return undefined;
   }
 

@@ -14,7 +14,6 @@ export async function egressRoutes(app: FastifyInstance, s: SandboxCalls): Promi
   app.get(
     '/sandboxes/:id/egress',
     {
-      config: { scope: 'read' },
       schema: {
         tags,
         summary: 'Its outbound network: address, lists, bytes out, connections let through and refused',
@@ -28,7 +27,6 @@ export async function egressRoutes(app: FastifyInstance, s: SandboxCalls): Promi
   app.put(
     '/sandboxes/:id/egress',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Replace its allow and deny lists (new connections meet them at once)',

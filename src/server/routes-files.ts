@@ -43,7 +43,6 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/files',
     {
-      config: { scope: 'read' },
       schema: { tags, summary: 'Download a file (streamed)', params: IdParams, querystring: PathQuery },
     },
     servedBy(s, (d) => async (req, reply) => {
@@ -68,7 +67,6 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.put(
     '/sandboxes/:id/files',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Upload a file (application/octet-stream body, streamed; parents made; whole or not at all)',
@@ -111,7 +109,6 @@ function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/files/stat',
     {
-      config: { scope: 'read' },
       schema: { tags, params: IdParams, querystring: PathQuery, response: { 200: info, ...errors } },
     },
     servedBy(s, (d) => async (req) => {
@@ -123,7 +120,6 @@ function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/files/list',
     {
-      config: { scope: 'read' },
       schema: {
         tags,
         summary: 'The entries of a directory',
@@ -141,7 +137,6 @@ function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/files/mkdir',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         params: IdParams,
@@ -171,7 +166,6 @@ function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.delete(
     '/sandboxes/:id/files',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Remove a file or (recursive) a tree; symbolic links are never followed',
@@ -198,7 +192,6 @@ function archiveRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.put(
     '/sandboxes/:id/archive',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Unpack a tar stream (application/x-tar) into the directory `path`',
@@ -216,7 +209,6 @@ function archiveRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/archive',
     {
-      config: { scope: 'read' },
       schema: {
         tags,
         summary: 'A tar stream of `path` (a file or a tree; `dir/.` for its contents)',

@@ -53,7 +53,6 @@ export async function rpcRoutes(app: FastifyInstance, s: SandboxCalls): Promise<
     '/rpc',
     {
       websocket: true,
-      config: { scope: 'exec' },
       schema: {
         hide: true,
         tags: ['processes'],

@@ -47,7 +47,6 @@ function stateRoutes(app: FastifyInstance, s: SandboxCalls): void {
     app.post(
       `/sandboxes/:id/${verb}`,
       {
-        config: { scope: 'exec' },
         schema: { tags, summary, params: IdParams, response: { 200: SandboxView, ...errors } },
       },
       servedBy(
@@ -62,7 +61,6 @@ function usageRoute(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/usage',
     {
-      config: { scope: 'read' },
       schema: {
         tags,
         summary:
@@ -80,7 +78,6 @@ function controlRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/timeout',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Set its timeout from now (0: none)',
@@ -98,7 +95,6 @@ function controlRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.patch(
     '/sandboxes/:id',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Replace its labels and/or metadata',
@@ -119,7 +115,6 @@ function execAndSnapshotRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/exec',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary:
@@ -152,7 +147,6 @@ function execAndSnapshotRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/snapshots',
     {
-      config: { scope: 'exec' },
       schema: {
         tags: ['snapshots'],
         summary: 'Snapshot its filesystem (and memory, VM driver: memory: true)',

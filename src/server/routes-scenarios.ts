@@ -18,13 +18,12 @@ export function scenarioRoutesOf(app: FastifyInstance, h: RouteHost): void {
 function scenarioRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/scenarios',
-    { config: { scope: 'read' }, schema: { tags: ['scenarios'], response: { 200: Type.Array(any), ...errors } } },
+    { schema: { tags: ['scenarios'], response: { 200: Type.Array(any), ...errors } } },
     async (req) => h.scenariosFor(req.caller).list(),
   );
   app.get(
     '/scenarios/:name',
     {
-      config: { scope: 'read' },
       schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } },
     },
     async (req) => h.scenariosFor(req.caller).status((req.params as { name: string }).name),
@@ -32,7 +31,6 @@ function scenarioRoutes(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/scenarios',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['scenarios'],
         summary: "Raise a scenario file on the daemon's host (returns an operation)",
@@ -48,7 +46,6 @@ function scenarioRoutes(app: FastifyInstance, h: RouteHost): void {
   app.delete(
     '/scenarios/:name',
     {
-      config: { scope: 'admin' },
       schema: { tags: ['scenarios'], params: NameParams, response: { 200: any, ...errors } },
     },
     async (req) => h.scenariosFor(req.caller).down((req.params as { name: string }).name),
@@ -63,7 +60,6 @@ function scenarioControlRoutes(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/scenarios/:name/snapshot',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['scenarios'],
         params: NameParams,
@@ -81,7 +77,6 @@ function scenarioControlRoutes(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/scenarios/:name/reset',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['scenarios'],
         params: NameParams,
@@ -99,7 +94,6 @@ function scenarioControlRoutes(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/scenarios/:name/net',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['scenarios'],
         summary: 'Network faults: block/unblock two machines, partition into groups, heal',

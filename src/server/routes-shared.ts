@@ -57,7 +57,6 @@ function whoRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/whoami',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['keys'],
         summary: 'The caller: its key (local on the Unix socket), scopes and quotas',
@@ -69,7 +68,6 @@ function whoRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/metrics',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['metrics'],
         summary: "Prometheus text format (a cluster gateway's own: nodes, sandboxes by state, placement time)",
@@ -93,7 +91,6 @@ function eventRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/events',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['events'],
         summary:
@@ -127,7 +124,6 @@ function eventRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/usage',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['sandboxes'],
         summary: "Every visible machine's memory, pids and CPU time now (from its cgroup)",
@@ -143,7 +139,6 @@ function lifecycleRoutes(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/sandboxes',
     {
-      config: { scope: 'exec' },
       schema: {
         tags: ['sandboxes'],
         summary: 'Create a sandbox from an image, a snapshot or a pool; returns once it is usable',
@@ -160,7 +155,6 @@ function lifecycleRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/sandboxes/:id',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['sandboxes'],
         summary: 'A sandbox, reconciled with the host',
@@ -173,7 +167,6 @@ function lifecycleRoutes(app: FastifyInstance, h: RouteHost): void {
   app.delete(
     '/sandboxes/:id',
     {
-      config: { scope: 'exec' },
       schema: {
         tags: ['sandboxes'],
         summary: 'Destroy a sandbox: its processes killed, its filesystem removed',
@@ -245,7 +238,6 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/sandboxes',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['sandboxes'],
         summary:
@@ -288,7 +280,6 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/counts/sandboxes',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['sandboxes'],
         summary:
@@ -309,7 +300,6 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/check',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['sandboxes'],
         summary:
@@ -331,7 +321,6 @@ function traceRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/traces',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['traces'],
         summary: 'Stored traces, newest first; `target=` (repeatable) those of these machines, scenarios or pools',
@@ -353,7 +342,6 @@ function traceRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/traces/:id',
     {
-      config: { scope: 'read' },
       schema: { tags: ['traces'], params: Type.Object({ id: Type.String() }), response: { 200: any, ...errors } },
     },
     async (req) => {
@@ -370,13 +358,12 @@ function traceRoutes(app: FastifyInstance, h: RouteHost): void {
 function operationRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/operations',
-    { config: { scope: 'read' }, schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } },
+    { schema: { tags: ['operations'], response: { 200: Type.Array(any), ...errors } } },
     async (req) => h.operationsFor(req.caller).list(),
   );
   app.get(
     '/operations/:id',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['operations'],
         summary: 'A long operation; `wait=S` waits up to S seconds for its end',
@@ -394,14 +381,13 @@ function snapshotRoutes(app: FastifyInstance, h: RouteHost): void {
   // snapshots (made at POST /sandboxes/{id}/snapshots; restored by POST /sandboxes {snapshot})
   app.get(
     '/snapshots',
-    { config: { scope: 'read' }, schema: { tags: ['snapshots'], response: { 200: Type.Array(any), ...errors } } },
+    { schema: { tags: ['snapshots'], response: { 200: Type.Array(any), ...errors } } },
     async (req) =>
       (await h.labFor(req.caller).snapshots()).filter((s) => h.snapshotVisible(req.caller, s)).map((s) => s.toJSON()),
   );
   app.get(
     '/snapshots/:name',
     {
-      config: { scope: 'read' },
       schema: { tags: ['snapshots'], params: NameParams, response: { 200: any, ...errors } },
     },
     async (req) => (await snapshotFor(h, (req.params as { name: string }).name, req.caller)).toJSON(),
@@ -409,7 +395,6 @@ function snapshotRoutes(app: FastifyInstance, h: RouteHost): void {
   app.delete(
     '/snapshots/:name',
     {
-      config: { scope: 'exec' },
       schema: { tags: ['snapshots'], params: NameParams, response: { 204: Type.Null(), ...errors } },
     },
     async (req, reply) => {
@@ -423,14 +408,12 @@ function snapshotRoutes(app: FastifyInstance, h: RouteHost): void {
 
 /** A pool's counts (a cluster's: summed over the nodes that hold it), and the takes of its standbys. */
 function poolReadRoutes(app: FastifyInstance, h: RouteHost): void {
-  app.get(
-    '/pools',
-    { config: { scope: 'read' }, schema: { tags: ['pools'], response: { 200: Type.Array(any), ...errors } } },
-    async (req) => h.labFor(req.caller).pools(),
+  app.get('/pools', { schema: { tags: ['pools'], response: { 200: Type.Array(any), ...errors } } }, async (req) =>
+    h.labFor(req.caller).pools(),
   );
   app.get(
     '/pools/:name',
-    { config: { scope: 'read' }, schema: { tags: ['pools'], params: NameParams, response: { 200: any, ...errors } } },
+    { schema: { tags: ['pools'], params: NameParams, response: { 200: any, ...errors } } },
     async (req) =>
       h
         .labFor(req.caller)
@@ -444,7 +427,6 @@ function poolReadRoutes(app: FastifyInstance, h: RouteHost): void {
   app.get(
     '/pools/:name/takes',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['pools'],
         summary: 'The takes of a pool: those stored after a cursor, or that started in the last `since` ms',
@@ -469,7 +451,6 @@ function poolChangeRoutes(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/pools',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['pools'],
         summary: 'Define a pool; returns an operation that ends when its standbys are ready',
@@ -482,7 +463,6 @@ function poolChangeRoutes(app: FastifyInstance, h: RouteHost): void {
   app.patch(
     '/pools/:name',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['pools'],
         summary: 'Resize (returns an operation)',
@@ -499,7 +479,6 @@ function poolChangeRoutes(app: FastifyInstance, h: RouteHost): void {
   app.delete(
     '/pools/:name',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['pools'],
         params: NameParams,
@@ -521,7 +500,6 @@ function poolRunRoute(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/pools/:name/run',
     {
-      config: { scope: 'exec' },
       schema: {
         tags: ['pools'],
         summary: 'Run a command in a fresh sandbox of the pool and return its result',
@@ -540,15 +518,12 @@ function poolRunRoute(app: FastifyInstance, h: RouteHost): void {
 
 /** Images (a cluster's: each node's, by name, with the nodes that have it; made on each node). */
 function imageRoutes(app: FastifyInstance, h: RouteHost): void {
-  app.get(
-    '/images',
-    { config: { scope: 'read' }, schema: { tags: ['images'], response: { 200: Type.Array(any), ...errors } } },
-    async (req) => h.adminFor(req.caller).images(),
+  app.get('/images', { schema: { tags: ['images'], response: { 200: Type.Array(any), ...errors } } }, async (req) =>
+    h.adminFor(req.caller).images(),
   );
   app.post(
     '/images/import',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['images'],
         summary: "Import a rootfs/docker/OCI archive on the daemon's host (returns an operation)",
@@ -562,7 +537,6 @@ function imageRoutes(app: FastifyInstance, h: RouteHost): void {
   app.post(
     '/images/build',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['images'],
         summary: 'Build a Debian image (returns an operation)',
@@ -576,7 +550,6 @@ function imageRoutes(app: FastifyInstance, h: RouteHost): void {
   app.delete(
     '/images/:name',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['images'],
         params: NameParams,
@@ -593,15 +566,12 @@ function imageRoutes(app: FastifyInstance, h: RouteHost): void {
 
 function keyRoutes(app: FastifyInstance, h: RouteHost): void {
   const keys = h.keyAdmin;
-  app.get(
-    '/keys',
-    { config: { scope: 'admin' }, schema: { tags: ['keys'], response: { 200: Type.Array(any), ...errors } } },
-    async () => keys.list(),
+  app.get('/keys', { schema: { tags: ['keys'], response: { 200: Type.Array(any), ...errors } } }, async () =>
+    keys.list(),
   );
   app.post(
     '/keys',
     {
-      config: { scope: 'admin' },
       schema: {
         tags: ['keys'],
         summary: 'Make a key; the response is the only time it is shown',
@@ -630,7 +600,6 @@ function keyRoutes(app: FastifyInstance, h: RouteHost): void {
   app.delete(
     '/keys/:name',
     {
-      config: { scope: 'admin' },
       schema: { tags: ['keys'], params: NameParams, response: { 204: Type.Null(), ...errors } },
     },
     async (req, reply) => {

@@ -279,7 +279,6 @@ function execStreamRoute(app: FastifyInstance, s: SandboxCalls): void {
     '/sandboxes/:id/exec',
     {
       websocket: true,
-      config: { scope: 'exec' },
       schema: {
         hide: true,
         tags,
@@ -339,7 +338,6 @@ function attachRoute(app: FastifyInstance, s: SandboxCalls): void {
     '/sandboxes/:id/processes/:pid/attach',
     {
       websocket: true,
-      config: { scope: 'exec' },
       schema: {
         hide: true,
         tags,
@@ -379,7 +377,6 @@ function processRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/processes',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Start a command in the background; it outlives the request, its output kept in a ring',
@@ -399,7 +396,6 @@ function processRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/processes',
     {
-      config: { scope: 'read' },
       schema: {
         tags,
         summary: 'Processes the daemon runs (or ran, for 10 minutes) in this sandbox',
@@ -415,7 +411,7 @@ function processRoutes(app: FastifyInstance, s: SandboxCalls): void {
 
   app.get(
     '/sandboxes/:id/processes/:pid',
-    { config: { scope: 'read' }, schema: { tags, params: ProcParams, response: { 200: info, ...errors } } },
+    { schema: { tags, params: ProcParams, response: { 200: info, ...errors } } },
     servedBy(s, (d) => async (req) => {
       const { id, pid } = req.params as { id: string; pid: string };
       return (await procOf(d, req.caller, id, pid)).info();
@@ -427,7 +423,6 @@ function outputRoute(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/processes/:pid/output',
     {
-      config: { scope: 'read' },
       schema: {
         tags,
         summary:
@@ -474,7 +469,6 @@ function processInputRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/processes/:pid/signal',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: "A signal to the process's whole group",
@@ -494,7 +488,6 @@ function processInputRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.post(
     '/sandboxes/:id/processes/:pid/stdin',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Input (application/octet-stream body, streamed); `eof=true` ends it after',
@@ -517,7 +510,6 @@ function processInputRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.delete(
     '/sandboxes/:id/processes/:pid',
     {
-      config: { scope: 'exec' },
       schema: {
         tags,
         summary: 'Kill it (SIGKILL to its group)',

@@ -65,7 +65,6 @@ function benchRoutes(app: FastifyInstance, d: Daemon): void {
   app.get(
     '/bench',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['bench'],
         summary: "The `snaplab bench --results` directories in the daemon's bench directory (serve --bench-dir)",
@@ -95,7 +94,6 @@ function benchRoutes(app: FastifyInstance, d: Daemon): void {
   app.get(
     '/bench/:name',
     {
-      config: { scope: 'read' },
       schema: {
         tags: ['bench'],
         summary: 'One results directory: its summary.json',
