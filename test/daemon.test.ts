@@ -157,10 +157,10 @@ describe('snaplab serve', () => {
   });
 
   it('every route holds a request to the scope server/scopes.ts names for it: none is 401, one scope short is 403', () => {
-    const reader = cli(home, ['key', 'create', 'scope-reader', '--scope', 'read']).out.trim();
-    const runner = cli(home, ['key', 'create', 'scope-runner', '--scope', 'read,exec']).out.trim();
     const seen: string[] = [];
     try {
+      const reader = cli(home, ['key', 'create', 'scope-reader', '--scope', 'read']).out.trim();
+      const runner = cli(home, ['key', 'create', 'scope-runner', '--scope', 'read,exec']).out.trim();
       for (const [route, scope] of Object.entries(ROUTE_SCOPES)) {
         const [method, path] = route.split(' ') as [string, string];
         if (path.startsWith('/cluster/')) continue; // a cluster gateway's

@@ -120,5 +120,6 @@ export function gatewayRoutes(app: FastifyInstance, core: ClusterCore): void {
       'open the dashboard of a node (its --listen address)',
     );
   };
-  for (const path of ['/', '/assets/*', '/bench', '/bench/*']) app.get(path, { schema: { hide: true } }, dashboard);
+  for (const path of ['/', '/assets/*', '/bench', '/bench/*'])
+    app.get(path, { config: { public: true }, schema: { hide: true } }, dashboard);
 }

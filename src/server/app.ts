@@ -3,12 +3,13 @@
  * request needs no key; on TCP every route but /healthz and /openapi.json needs a bearer key with
  * the route's scope. Every request is logged once, with its key and the operation it traced.
  */
-import { registeredScope } from './scopes.js';
+import { publicOrFail, registeredScope } from './scopes.js';
 import Fastify, {
   type FastifyInstance,
   type FastifyPluginAsync,
   type FastifyRequest,
   type FastifyServerFactory,
+  type RouteOptions,
 } from 'fastify';
 import swagger from '@fastify/swagger';
 import websocket from '@fastify/websocket';
@@ -35,6 +36,8 @@ declare module 'fastify' {
   }
   interface FastifyContextConfig {
     scope?: Scope;
+    /** needs no key (server/scopes.ts publicOrFail): /healthz, /openapi.json, the dashboard's files */
+    public?: boolean;
   }
 }
 
@@ -88,13 +91,23 @@ export async function baseApp(o: BaseAppOptions): Promise<FastifyInstance> {
   });
   app.decorateRequest('caller', null as unknown as Caller);
   app.decorateRequest('opId', null);
-  // each route's scope from the one table (server/scopes.ts), which the keyed lab reads too
+  // each route's scope from the one table (server/scopes.ts), which the keyed lab reads too. The
+  // config is replaced, not changed in place: the HEAD route Fastify adds for a GET is made from
+  // the GET's options as given, and comes through here in turn. One the table does not name must
+  // be marked public, which a hook of its own context may do after this one: checked when ready.
+  const unscoped: (RouteOptions & { websocket?: boolean })[] = [];
   app.addHook('onRoute', (r) => {
-    const scope = registeredScope(r.method, r.url ?? '', {
-      hidden: (r.schema as { hide?: boolean } | undefined)?.hide === true,
-      ownScope: r.config?.scope,
-    });
+    const scope = registeredScope(r.method, r.url ?? '', r.config?.scope);
     if (scope) r.config = { ...r.config, scope };
+    else unscoped.push(r);
+  });
+  app.addHook('onReady', (done) => {
+    try {
+      unscoped.forEach(publicOrFail);
+      done();
+    } catch (e) {
+      done(e as Error);
+    }
   });
   await app.register(swagger, {
     openapi: {
@@ -131,8 +144,8 @@ export async function baseApp(o: BaseAppOptions): Promise<FastifyInstance> {
       hint: 'see /openapi.json',
     }),
   );
-  app.get('/healthz', { schema: { hide: true } }, async () => o.health());
-  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  app.get('/healthz', { config: { public: true }, schema: { hide: true } }, async () => o.health());
+  app.get('/openapi.json', { config: { public: true }, schema: { hide: true } }, async () => app.swagger());
   return app;
 }
 

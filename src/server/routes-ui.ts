@@ -7,7 +7,7 @@
 import { constants, existsSync } from 'node:fs';
 import { lstat, open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import fastifyStatic from '@fastify/static';
 import { Type } from 'typebox';
 import { packageRoot } from '../agent/binary.js';
@@ -35,22 +35,32 @@ async function staticFiles(app: FastifyInstance): Promise<void> {
   if (existsSync(join(root, 'index.html'))) {
     // wildcard: false routes each built file by name (found once, at start), so no catch-all
     // route can shadow an API path or serve anything outside dist/web
-    await app.register(fastifyStatic, {
-      root,
-      wildcard: false,
-      index: 'index.html',
-      schemaHide: true,
-      cacheControl: false,
-      setHeaders: (res, path) => {
-        res.setHeader('content-security-policy', CSP);
-        res.setHeader('x-content-type-options', 'nosniff');
-        res.setHeader('referrer-policy', 'no-referrer');
-        // Vite names assets by their hash: they never change; the page itself is checked each time
-        res.setHeader('cache-control', path.includes('/assets/') ? 'public, max-age=31536000, immutable' : 'no-cache');
-      },
-    });
+    // its files need no key: marked so in a context of their own (server/scopes.ts publicOrFail)
+    const files: FastifyPluginAsync = async (scope) => {
+      scope.addHook('onRoute', (r) => {
+        r.config = { ...r.config, public: true };
+      });
+      await scope.register(fastifyStatic, {
+        root,
+        wildcard: false,
+        index: 'index.html',
+        schemaHide: true,
+        cacheControl: false,
+        setHeaders: (res, path) => {
+          res.setHeader('content-security-policy', CSP);
+          res.setHeader('x-content-type-options', 'nosniff');
+          res.setHeader('referrer-policy', 'no-referrer');
+          // Vite names assets by their hash: they never change; the page itself is checked each time
+          res.setHeader(
+            'cache-control',
+            path.includes('/assets/') ? 'public, max-age=31536000, immutable' : 'no-cache',
+          );
+        },
+      });
+    };
+    await app.register(files);
   } else {
-    app.get('/', { schema: { hide: true } }, async () => {
+    app.get('/', { config: { public: true }, schema: { hide: true } }, async () => {
       throw new SnaplabError(
         'UI_NOT_BUILT',
         `the dashboard is not built (no ${join(root, 'index.html')})`,

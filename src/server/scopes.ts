@@ -99,23 +99,36 @@ export function scopeOf(route: Route): Scope {
 }
 
 /**
- * The scope of a route being registered (`methods` as Fastify gives them; a HEAD is its GET's),
- * undefined for a hidden GET the table does not name (no key needed); else an error that says
- * where its scope is written.
+ * The scope of a route being registered (`methods` as Fastify gives them; a HEAD is its GET's), or
+ * undefined where the table does not name it: such a route must be marked public (`config.public`,
+ * checked when the server is ready: `publicOrFail`). A route that writes its own scope, or whose
+ * methods the table gives different scopes, is an error that says where its scope is written.
  */
-export function registeredScope(
-  methods: string | string[],
-  url: string,
-  opts: { hidden: boolean; ownScope: unknown },
-): Scope | undefined {
+export function registeredScope(methods: string | string[], url: string, ownScope: unknown): Scope | undefined {
   const where = `route ${[methods].flat().join(',')} ${url}`;
-  if (opts.ownScope !== undefined)
+  if (ownScope !== undefined)
     throw new Error(`${where} names its own scope: a route's scope is written in server/scopes.ts (ROUTE_SCOPES)`);
   const named = [...new Set([methods].flat().map((m) => (m === 'HEAD' ? 'GET' : m)))];
-  const scopes = named.map((m) => (ROUTE_SCOPES as Record<string, Scope>)[`${m} ${url}`]);
-  if (scopes.every((s) => s === undefined) && opts.hidden && named.every((m) => m === 'GET')) return undefined;
-  const [first] = scopes;
-  if (first === undefined || scopes.some((s) => s !== first))
-    throw new Error(`${where} has no scope in server/scopes.ts (ROUTE_SCOPES): add it there`);
-  return first;
+  const scopes = new Set(named.map((m) => (ROUTE_SCOPES as Record<string, Scope>)[`${m} ${url}`]));
+  if (scopes.size > 1) throw new Error(`${where}: its methods have different scopes in server/scopes.ts`);
+  return [...scopes][0];
+}
+
+/**
+ * A route the table does not name, once every hook has had its say: it needs no key only where it
+ * is marked public (/healthz, /openapi.json, the dashboard's built files), never a WebSocket or a
+ * route with a parameter; anything else fails the server's start, so a route added without its
+ * scope is never open to every caller.
+ */
+export function publicOrFail(r: {
+  method: string | string[];
+  url?: string;
+  websocket?: boolean;
+  config?: { public?: boolean };
+}): void {
+  const where = `route ${[r.method].flat().join(',')} ${r.url ?? ''}`;
+  if (r.config?.public !== true)
+    throw new Error(`${where} has no scope in server/scopes.ts (ROUTE_SCOPES): add it there, or mark it config.public`);
+  if (r.websocket || (r.url ?? '').includes(':'))
+    throw new Error(`${where} is marked public, but a WebSocket or a route with a parameter never is: give it a scope`);
 }

@@ -778,11 +778,14 @@ export class Store {
    */
   recountOwned(): boolean {
     const all = (): string => JSON.stringify(this.stmt('SELECT * FROM owner_held ORDER BY 1, 2, 3, 4, 5').all());
-    return this.db.transaction(() => {
-      const was = all();
-      this.db.exec(`DELETE FROM owner_held; ${OWNER_HELD_COUNT}`);
-      return all() !== was;
-    })();
+    // immediate: a deferred one, which reads first, fails at its write if another process wrote meanwhile
+    return this.db
+      .transaction(() => {
+        const was = all();
+        this.db.exec(`DELETE FROM owner_held; ${OWNER_HELD_COUNT}`);
+        return all() !== was;
+      })
+      .immediate();
   }
 
   /** How many snapshots this key's sandboxes have (its snapshots ceiling), by the owner's index. */
