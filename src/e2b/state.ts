@@ -35,10 +35,10 @@ export const AUTO_RESUME_MIN_TIMEOUT_S = 300;
 const ENDED_KEPT = 10_000;
 const ENDED_KEPT_MS = 10 * 60_000;
 
-/** The state the routes share. */
 /** the options of an envd call the front answers from its own memory (its process table, a watcher's queue): the sandbox's state is asked first */
 export const FROM_MEMORY = { fresh: true } as const;
 
+/** The state the routes share. */
 export class E2bState {
   readonly processes = new Processes();
   readonly metrics = new MetricsFront();
