@@ -163,6 +163,16 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
         code: 'FILE_ERROR',
         message: expect.stringMatching(/ENOTEMPTY/),
       });
+      // as another user of the machine: what it makes is its own, and root's files stay root's
+      await box.files.mkdir('/tmp/theirs', { user: 'nobody' });
+      await box.files.write('/tmp/theirs/x', 'x', { user: 'nobody' });
+      expect([(await box.files.stat('/tmp/theirs')).uid, (await box.files.stat('/tmp/theirs/x')).uid]).toEqual([
+        65534, 65534,
+      ]);
+      await expect(box.files.write('/data/hello.txt', 'no', { user: 'nobody' })).rejects.toMatchObject({
+        code: 'FILE_ERROR',
+        message: expect.stringMatching(/EACCES/),
+      });
     } finally {
       await box.destroy();
     }

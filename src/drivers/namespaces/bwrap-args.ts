@@ -68,6 +68,12 @@ export function bwrapArgs(i: BwrapInput): string[] {
     // /run is a tmpfs, as on a booted machine: nothing of snaplab's lands in the root filesystem
     '--tmpfs',
     '/run',
+    // searchable by every user inside (bwrap would make it 0700): the file commands of the Lab API
+    // run the agent as the user they act for (files.ts), as a booted machine's does (boot.c)
+    '--perms',
+    '0755',
+    '--dir',
+    '/run/snaplab',
     '--ro-bind',
     i.staged ? STAGED_AGENT : i.agentBinary,
     GUEST_AGENT,
