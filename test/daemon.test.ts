@@ -122,6 +122,16 @@ describe('snaplab serve', () => {
       body: { code: 'BAD_INPUT' },
     });
     expect(curl('GET', '/sandboxes/nope')).toMatchObject({ status: 404, body: { code: 'SANDBOX_NOT_FOUND' } });
+    // a path routing refuses answers in the same shape, with a hint, and without echoing it whole
+    for (const path of [`/sandboxes/${'x'.repeat(300)}`, '/sandboxes/%E0%A4%A'])
+      expect(curl('GET', path)).toMatchObject({
+        status: 400,
+        body: {
+          code: 'BAD_INPUT',
+          message: expect.stringMatching(/^.{1,200}$/),
+          hint: expect.stringMatching(/at most 100/),
+        },
+      });
     const doc = curl('GET', '/openapi.json').body;
     await expect(SwaggerParser.validate(structuredClone(doc))).resolves.toBeTruthy();
     expect(Object.keys(doc.paths)).toEqual(

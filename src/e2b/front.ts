@@ -64,7 +64,21 @@ export function urlOf(app: FastifyInstance): string {
 export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   // requests for the code interpreter's port (E2b-Sandbox-Port: 49999) are routed apart (interpreter.ts)
   // a close ends the streams it serves (commands', watches'): a stop does not wait on a command's timeout
-  const app = Fastify({ bodyLimit: 16 << 20, logger: false, forceCloseConnections: true, ...opts.server, rewriteUrl });
+  const app = Fastify({
+    bodyLimit: 16 << 20,
+    logger: false,
+    forceCloseConnections: true,
+    ...opts.server,
+    rewriteUrl,
+    // a path routing refuses: its only parameter is a sandbox's id, and none is that long (E2B's 404)
+    frameworkErrors: (e, _req, reply) =>
+      void sendError(
+        reply,
+        e.code === 'FST_ERR_MAX_PARAM_LENGTH'
+          ? new SnaplabError('SANDBOX_NOT_FOUND', 'no sandbox has an id that long', 'ids are at most 100 characters')
+          : e,
+      ),
+  });
   opts.guard?.attach(app.server);
   const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket), opts.sessions);
   // bodies other than JSON come as streams: envelopes, multipart and octet-stream uploads

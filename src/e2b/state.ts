@@ -7,7 +7,7 @@ import type { Socket } from 'node:net';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { KeyedLabApi, SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
-import { statusOf } from '../server/http-errors.js';
+import { statusOf, toSnaplab } from '../server/http-errors.js';
 import { Processes } from './processes.js';
 import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
@@ -345,7 +345,8 @@ export class EnvdUnavailable extends SnaplabError {
 
 /** An error in E2B's control API shape: `{code, message}` with the HTTP status as code. */
 export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
-  const status = e instanceof EnvdUnavailable ? 502 : isSnaplabError(e) ? statusOf(e.code) : 500;
+  // Fastify's own errors (a bad body, a path it cannot route) by their status, as the daemon's API maps them
+  const status = e instanceof EnvdUnavailable ? 502 : statusOf(toSnaplab(e).code);
   const message = e instanceof Error ? e.message : String(e);
   return reply.code(status).type('application/json').send({ code: status, message });
 }

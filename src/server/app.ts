@@ -88,6 +88,8 @@ export async function baseApp(o: BaseAppOptions): Promise<FastifyInstance> {
     ...(o.resolved ? serverOptions(o.resolved) : {}),
     ...(o.serverFactory ? { serverFactory: o.serverFactory } : {}),
     ...(o.maxParamLength ? { maxParamLength: o.maxParamLength } : {}),
+    // a path routing refuses (a part too long, bad percent-encoding) answers in snaplab's shape too
+    frameworkErrors: (e, _req, reply) => void sendError(reply, e),
   });
   app.decorateRequest('caller', null as unknown as Caller);
   app.decorateRequest('opId', null);
