@@ -47,7 +47,7 @@ function start(cmd, args, env = {}) {
 
 const snaplab = (home, args) => {
   const r = spawnSync('snaplab', args, { env: { ...process.env, SNAPLAB_HOME: home }, encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.stderr}`);
+  if (r.status !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.error?.message ?? r.stderr}`);
   return r.stdout;
 };
 

@@ -37,7 +37,7 @@ async function side(name, command) {
   const env = { ...process.env, SNAPLAB_HOME: home };
   const cli = (args) => {
     const r = spawnSync(bin, [...pre, ...args], { env, encoding: 'utf8' });
-    if (r.status !== 0) throw new Error(`${command} ${args.join(' ')}: ${r.stderr}`);
+    if (r.status !== 0) throw new Error(`${command} ${args.join(' ')}: ${r.error?.message ?? r.stderr}`);
     return r.stdout.trim();
   };
   const key = cli(['key', 'create', 'bench', '--e2b', '--scope', 'read,exec,admin', '--max-sandboxes', '200']);

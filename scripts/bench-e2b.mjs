@@ -32,7 +32,7 @@ const home = mkdtempSync(join(tmpdir(), 'snaplab-bench-e2b-'));
 const env = { ...process.env, SNAPLAB_HOME: home };
 const cli = (args) => {
   const r = spawnSync(SNAPLAB, args, { env, encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.stderr}`);
+  if (r.status !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.error?.message ?? r.stderr}`);
   return r.stdout.trim();
 };
 const q = (xs, p) => {

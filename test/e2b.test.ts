@@ -6,6 +6,7 @@
  * for what the old one does not have (gzip and streamed uploads).
  */
 import { spawnSync } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -179,6 +180,19 @@ describe.each([
         await Sandbox.setTimeout(c.sandboxId, 3600_000);
         const end = (await Sandbox.getInfo(c.sandboxId)).endAt.getTime();
         expect(end).toBeGreaterThan(Date.now() + 3500_000);
+        // a connect never shortens the end; a running sandbox's connect answers 200 (a resumed one 201)
+        await Sandbox.connect(c.sandboxId, { timeoutMs: 60_000 });
+        expect((await Sandbox.getInfo(c.sandboxId)).endAt.getTime()).toBe(end);
+        for (const path of [`/sandboxes/${c.sandboxId}/connect`, `/v2/sandboxes/${c.sandboxId}/connect`]) {
+          const r = await fetch(`${d.e2bUrl}${path}`, {
+            method: 'POST',
+            headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+            body: JSON.stringify({ timeout: 60 }),
+          });
+          expect([path, r.status]).toEqual([path, 200]);
+          expect(await r.json()).toMatchObject({ sandboxID: c.sandboxId, envdVersion: expect.any(String) });
+        }
+        expect((await Sandbox.getInfo(c.sandboxId)).endAt.getTime()).toBe(end);
       } finally {
         for (const s of [a, b, c]) await s.kill();
       }
@@ -211,6 +225,25 @@ describe.each([
       expect(await noKey.json()).toMatchObject({ code: 401 });
       const health = await fetch(`${d.e2bUrl}/health`, { headers: { 'E2b-Sandbox-Id': 'nope' } });
       expect(health.status).toBe(502);
+      // ids that name nothing, with a good key: 404 in E2B's shape, whatever the id holds
+      for (const id of ['nope', 'x'.repeat(300), '..%2F..%2Fetc', '%00', 'a%20b']) {
+        for (const [method, path] of [
+          ['GET', `/sandboxes/${id}`],
+          ['DELETE', `/sandboxes/${id}`],
+          ['POST', `/sandboxes/${id}/connect`],
+          ['POST', `/sandboxes/${id}/timeout`],
+          ['POST', `/sandboxes/${id}/pause`],
+          ['GET', `/sandboxes/${id}/metrics`],
+        ]) {
+          const r = await fetch(`${d.e2bUrl}${path}`, {
+            method,
+            headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+            body: method === 'POST' ? '{"timeout": 60}' : undefined,
+          });
+          expect([method, path, r.status]).toEqual([method, path, 404]);
+          expect(await r.json()).toMatchObject({ code: 404, message: expect.any(String) });
+        }
+      }
       // none of the bad requests made anything (the pool's standby is nobody's)
       expect(listed().filter((b) => b.owner !== null)).toEqual([]);
     });
@@ -250,10 +283,14 @@ describe.each([
       expect(nobody.stdout.trim()).toBe('65534');
     });
 
-    it('a command past its timeout is killed inside', async () => {
-      const late = await sbx.commands.run('sleep 37', { timeoutMs: 1000 }).catch((e: unknown) => e);
+    it('a command past its timeout is killed inside, with what it started', async () => {
+      // the shell, a child in the background and one in the foreground: the whole group goes
+      const late = await sbx.commands.run('sleep 371 & sleep 372', { timeoutMs: 1000 }).catch((e: unknown) => e);
       expect(late).toBeInstanceOf(TimeoutError);
-      await until('the timed-out command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 37'));
+      await until(
+        'the timed-out command and its children are gone',
+        () => !/sleep 37[12]/.test(inside(sbx.sandboxId, 'ps').out),
+      );
     });
 
     it('a background command runs until killed', async () => {
@@ -277,6 +314,13 @@ describe.each([
       await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size; exit 0\n'));
       expect((await term.wait()).exitCode).toBe(0);
       expect(screen).toContain('30 100');
+      // a terminal killed: its shell ends, and the command list no longer has it
+      const other = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} });
+      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(other.pid);
+      expect(await sbx.pty.kill(other.pid)).toBe(true);
+      await expect(other.wait()).rejects.toBeInstanceOf(CommandExitError);
+      expect((await sbx.commands.list()).map((p) => p.pid)).not.toContain(other.pid);
+      expect(await sbx.pty.kill(other.pid)).toBe(false);
     });
 
     it('commands.connect reattaches to a running command by pid', async () => {
@@ -325,6 +369,51 @@ describe.each([
       expect(await sbx.files.exists('/srv/new')).toBe(false);
       expect(inside(sbx.sandboxId, 'test -e /srv/new').code).not.toBe(0);
       await expect(sbx.files.read('/srv/none')).rejects.toThrow(/not found|No such/i);
+      // removing what is not there succeeds, as envd's does
+      await sbx.files.remove('/srv/none');
+    });
+
+    it('files: 20 MiB of binary both ways, unchanged', async () => {
+      const big = randomBytes(20 << 20);
+      await sbx.files.write('/srv/big.bin', big.buffer.slice(big.byteOffset, big.byteOffset + big.length));
+      const sum = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');
+      expect(inside(sbx.sandboxId, 'sha256sum /srv/big.bin').out.split(' ')[0]).toBe(sum(big));
+      expect(sum(await sbx.files.read('/srv/big.bin', { format: 'bytes' }))).toBe(sum(big));
+      await sbx.files.remove('/srv/big.bin');
+    });
+
+    it('files.list with a depth: every entry down to it, depth first, names in order', async () => {
+      expect(
+        inside(
+          sbx.sandboxId,
+          'mkdir -p /srv/tree/b/y/deeper /srv/tree/a && touch /srv/tree/c /srv/tree/b/x /srv/tree/b/y/z',
+        ).code,
+      ).toBe(0);
+      const at = async (depth: number) => (await sbx.files.list('/srv/tree', { depth })).map((e) => e.path);
+      expect(await at(1)).toEqual(['/srv/tree/a', '/srv/tree/b', '/srv/tree/c']);
+      expect(await at(3)).toEqual([
+        '/srv/tree/a',
+        '/srv/tree/b',
+        '/srv/tree/b/x',
+        '/srv/tree/b/y',
+        '/srv/tree/b/y/deeper',
+        '/srv/tree/b/y/z',
+        '/srv/tree/c',
+      ]);
+    });
+
+    it('files and filesystem calls as another user: the files are theirs', async () => {
+      // /files takes the user in its `username` query, the filesystem RPCs in Basic authorization
+      await sbx.files.write('/tmp/by-nobody.txt', 'x', { user: 'nobody' });
+      expect(await sbx.files.makeDir('/tmp/dir-by-nobody', { user: 'nobody' })).toBe(true);
+      expect(inside(sbx.sandboxId, 'stat -c %u /tmp/by-nobody.txt /tmp/dir-by-nobody').out.split('\n')).toEqual([
+        '65534',
+        '65534',
+        '',
+      ]);
+      // nobody cannot write where only root may
+      await expect(sbx.files.write('/root/no.txt', 'x', { user: 'nobody' })).rejects.toThrow();
+      expect(inside(sbx.sandboxId, 'test -e /root/no.txt').code).not.toBe(0);
     });
   });
 
@@ -497,9 +586,10 @@ describe.each([
   });
 
   describe('pause and connect', () => {
-    it('pause stops envd traffic; connect resumes the sandbox with its commands', async () => {
-      const sbx = await Sandbox.create();
+    it('pause stops envd traffic; connect resumes the sandbox with its commands, env and files', async () => {
+      const sbx = await Sandbox.create({ envs: { KEPT: 'kept-env' } });
       try {
+        await sbx.files.write('/tmp/kept.txt', 'kept-file');
         const h = await sbx.commands.run('sleep 4321', { background: true });
         expect(await sbx.pause()).toBe(true);
         expect(await Sandbox.pause(sbx.sandboxId)).toBe(false);
@@ -512,6 +602,9 @@ describe.each([
         expect((await back.getInfo()).state).toBe('running');
         expect((await back.commands.list()).map((p) => p.pid)).toContain(h.pid);
         expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 4321');
+        expect((await back.commands.run('echo "$KEPT"; cat /tmp/kept.txt')).stdout).toBe('kept-env\nkept-file');
+        // the Sandbox object from before the pause still drives it: its access token is the same
+        expect((await sbx.commands.run('echo again')).stdout).toBe('again\n');
         expect(await back.commands.kill(h.pid)).toBe(true);
       } finally {
         await sbx.kill();
