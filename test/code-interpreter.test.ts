@@ -67,20 +67,29 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       // the kernel lives on after an error
       expect((await sbx.runCode('x * 10')).text).toBe('10');
 
-      // code runs only with the sandbox's token (its id alone lists contexts, nothing more)
-      const execute = (token?: string): Promise<Response> =>
-        fetch(`${d.e2bUrl}/execute`, {
-          method: 'POST',
+      // the sandbox's id alone reaches nothing: code runs with its access token, and its contexts
+      // answer that or its traffic token (which the SDK sends on its context calls)
+      const call = (path: string, headers: Record<string, string>, body?: unknown): Promise<Response> =>
+        fetch(`${d.e2bUrl}${path}`, {
+          method: body === undefined ? 'GET' : 'POST',
           headers: {
             'content-type': 'application/json',
             'e2b-sandbox-id': sbx.sandboxId,
             'e2b-sandbox-port': '49999',
-            ...(token ? { 'x-access-token': token } : {}),
+            ...headers,
           },
-          body: JSON.stringify({ code: 'x = 99' }),
+          body: body === undefined ? undefined : JSON.stringify(body),
         });
-      expect((await execute()).status).toBe(401);
-      expect((await execute('not-the-token')).status).toBe(401);
+      const code = { code: 'x = 99' };
+      expect((await call('/execute', {}, code)).status).toBe(401);
+      expect((await call('/execute', { 'x-access-token': 'not-the-token' }, code)).status).toBe(401);
+      expect((await call('/contexts', {})).status).toBe(401);
+      expect((await call('/contexts', { 'e2b-traffic-access-token': 'not-the-token' })).status).toBe(401);
+      expect((await call('/contexts', { 'x-access-token': 'not-the-token' })).status).toBe(401);
+      expect((await call('/contexts/python/restart', {}, {})).status).toBe(401);
+      const traffic = (sbx as unknown as { trafficAccessToken?: string }).trafficAccessToken;
+      expect(traffic).toMatch(/^[0-9a-f]{48}$/);
+      expect((await call('/contexts', { 'e2b-traffic-access-token': traffic! })).status).toBe(200);
       expect((await sbx.runCode('x')).text).toBe('1');
     } finally {
       await sbx.kill();

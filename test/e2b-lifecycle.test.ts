@@ -130,11 +130,11 @@ describe('autoResume', () => {
       // isRunning is traffic too (GET /health): it wakes it, as E2B's proxy does, and says true
       await sbx.setTimeout(2000);
       await until('paused again', () => pausedNow(sbx), 30_000);
-      // a call without its token (the code interpreter's health probe) does not wake it: 502, still paused
+      // a call without a token (to the code interpreter's port) is refused and does not wake it
       const tokenless = await fetch(`${h.d.e2bUrl}/health`, {
         headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49999' },
       });
-      expect(tokenless.status).toBe(502);
+      expect(tokenless.status).toBe(401);
       expect(await pausedNow(sbx)).toBe(true);
       expect(await sbx.isRunning()).toBe(true);
       expect((await sbx.getInfo()).state).toBe('running');

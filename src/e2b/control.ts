@@ -6,6 +6,7 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { KeyedLabApi, LabCreateOptions, OnTimeout, SandboxApi } from '../sdk/api.js';
+import { trafficTokenOf } from './sessions.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import type { E2bState } from './state.js';
 import { ENVD_VERSION, fromMetadata, listSandboxes, RESERVED } from './listing.js';
@@ -154,14 +155,15 @@ function withoutEgress(opts: LabCreateOptions): LabCreateOptions {
 
 /** The `Sandbox` answer of a create or a connect. */
 function created(state: E2bState, box: SandboxApi, apiKey: string): Record<string, unknown> {
+  const token = state.session(box.id, apiKey);
   return {
     sandboxID: box.id,
     templateID: fromMetadata(box).templateID,
     alias: fromMetadata(box).templateID,
     clientID: 'snaplab',
     envdVersion: ENVD_VERSION,
-    envdAccessToken: state.session(box.id, apiKey),
-    trafficAccessToken: null,
+    envdAccessToken: token,
+    trafficAccessToken: trafficTokenOf(token),
     domain: null,
   };
 }

@@ -51,10 +51,8 @@ async function handle(
   req: FastifyRequest,
   reply: FastifyReply,
 ): Promise<FastifyReply> {
-  // the SDK sends no token on its context calls (and the health probe): those alone may omit it;
-  // running code always needs it
-  const path = req.url.slice(INTERPRETER_PREFIX.length);
-  const box = await state.envdSandbox(req, { tokenOptional: /^\/(contexts|health)\b/.test(path) });
+  // the SDK sends the traffic token, not the access token, on its context calls: either serves
+  const box = await state.envdSandbox(req, { traffic: true });
   const body = await readBody(req.body);
   await interpreters.ensure(box);
   const res = await carry(box, req, body).catch((e: unknown) => {

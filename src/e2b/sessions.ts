@@ -104,6 +104,16 @@ export function signatureOf(path: string, op: Operation, user: string, token: st
   return `v1_${createHash('sha256').update(raw).digest('base64').replace(/=+$/, '')}`;
 }
 
+/**
+ * A sandbox's traffic access token (`trafficAccessToken` in create and connect answers), which
+ * E2B's code-interpreter SDK (≥ 2.3.1) sends as `E2B-Traffic-Access-Token` on its context calls,
+ * where it sends no `X-Access-Token`. Derived from the access token, so it is as secret, the same
+ * across connects and restarts, and no more is kept.
+ */
+export function trafficTokenOf(accessToken: string): string {
+  return createHash('sha256').update(`snaplab-e2b-traffic:${accessToken}`).digest('hex').slice(0, 48);
+}
+
 /** Two strings compared in constant time (for their length's sake, through their hashes). */
 export function sameSecret(a: string, b: string): boolean {
   const ha = createHash('sha256').update(a).digest();

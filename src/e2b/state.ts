@@ -18,6 +18,7 @@ import { noted } from '../cleanup.js';
 import {
   memorySessions,
   sameSecret,
+  trafficTokenOf,
   signatureOf,
   type Operation,
   type Session,
@@ -187,29 +188,37 @@ export class E2bState {
    * The sandbox an envd call is for (header `E2b-Sandbox-Id`), checked against its access token.
    * Unknown here, gone or not running: UNAVAILABLE (502), which E2B's SDK reads as "not running";
    * paused, of a create that asked for autoResume: resumed first (`running`).
-   * `tokenOptional`: a request without the header is let through (one with a wrong token is not).
+   * `traffic`: the sandbox's traffic token (`E2B-Traffic-Access-Token`) serves as well as its
+   * access token: the code interpreter's context calls carry only that one.
    * The sandbox is the handle kept of it (no call to the daemon), unless `fresh` (its state asked
    * for now: `/health`) or it asked for autoResume. A call that then finds it gone or paused is
    * answered 502 (`unavailable`).
    */
-  async envdSandbox(req: FastifyRequest, opts: { tokenOptional?: boolean; fresh?: boolean } = {}): Promise<SandboxApi> {
+  async envdSandbox(req: FastifyRequest, opts: { traffic?: boolean; fresh?: boolean } = {}): Promise<SandboxApi> {
     const id = String(req.headers['e2b-sandbox-id'] ?? '');
     const s = this.sessions.get(id);
     if (!s) throw new EnvdUnavailable(id);
     const token = req.headers['x-access-token'];
-    // the code-interpreter SDK sends no token on its context calls (docs/e2b.md): those may omit it
-    const spared = opts.tokenOptional === true && token === undefined;
-    if (!spared && !sameSecret(String(token ?? ''), s.accessToken))
-      throw new SnaplabError('UNAUTHORIZED', 'the access token is not this sandbox’s', 'send X-Access-Token');
+    const traffic = req.headers['e2b-traffic-access-token'];
+    const proved =
+      token !== undefined
+        ? sameSecret(String(token), s.accessToken)
+        : opts.traffic === true && sameSecret(String(traffic ?? ''), trafficTokenOf(s.accessToken));
+    if (!proved)
+      throw new SnaplabError(
+        'UNAUTHORIZED',
+        'the access token is not this sandbox’s',
+        opts.traffic
+          ? 'send X-Access-Token, or E2B-Traffic-Access-Token (@e2b/code-interpreter 2.3.1 and later send it)'
+          : 'send X-Access-Token',
+      );
     this.proved(req.raw.socket);
     this.actors.set(req, s.apiKey);
     const kept = opts.fresh ? undefined : this.handles.get(id);
     // one that wakes on traffic is asked for its state each time: a call that finds it paused must
     // resume it (`running`), not be answered 502 by the call's own error
     if (kept && !wakes(kept)) return kept;
-    // a call without its token (the interpreter's) is served, but wakes nothing: only who holds
-    // the token or a signature may resume it (and lengthen its timeout)
-    return this.running(id, s, !spared);
+    return this.running(id, s);
   }
 
   /**
@@ -281,14 +290,14 @@ export class E2bState {
    * it), as E2B's proxy resumes one when traffic comes for it, the health probe (isRunning) too;
    * a stopped one (paused without its memory) is left to a connect, as E2B leaves it.
    */
-  private async running(id: string, s: Session, wake = true): Promise<SandboxApi> {
+  private async running(id: string, s: Session): Promise<SandboxApi> {
     const lab = await this.labOf(s.apiKey);
     let box = await lab.get(id).catch((e: unknown) => {
       if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) throw e;
       this.forget(id);
       throw new EnvdUnavailable(id);
     });
-    if (box.state === 'paused' && wake && wakes(box)) {
+    if (box.state === 'paused' && wakes(box)) {
       box = await this.resume(box);
       // each waker, also one that joined a connect's resume; a failure leaves the shorter timeout
       await longerTimeout(box).catch(noted('give a woken sandbox its five minutes'));
