@@ -4,18 +4,23 @@ library (the SDK itself cannot be installed on the build host: no PyPI). Read fr
 envd's process service over Connect with the JSON codec of envd/client_shared.py, and /files as
 sandbox_sync/filesystem/filesystem.py uploads (multipart, one part named "file", `?path=`) and
 watches (sandbox_sync/filesystem/watch_handle.py: CreateWatcher, then GetWatcherEvents polled,
-RemoveWatcher to stop), and get_metrics (GET /sandboxes/{id}/metrics).
+RemoveWatcher to stop), get_metrics (GET /sandboxes/{id}/metrics), a background command
+(commands.run(background=True): Start's stream read as it comes, in a thread in the SDK), list,
+send_signal, Move and Remove, and the control calls set_timeout, pause, connect and list
+(GET /v2/sandboxes with `metadata` as k=v, url-encoded).
 
   python3 e2b_protocol.py run URL KEY      -> prints a JSON summary of what it saw
   python3 e2b_protocol.py kill URL KEY ID TOKEN
 """
 
 import base64
+import http.client
 import json
 import struct
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 
@@ -79,6 +84,34 @@ def start(url, sid, token, script, keepalive="50"):
     }
 
 
+def background(url, sid, token, script):
+    """Start read as a stream: the start event (its pid) first, while the command runs; then the rest."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    body = envelope({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", script], "envs": {}}, "stdin": False})
+    headers = envd_headers(sid, token, {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"})
+    conn.request("POST", "/process.Process/Start", body, headers)
+    res = conn.getresponse()
+
+    def frame():
+        flags, size = struct.unpack(">BI", res.read(5))
+        return flags, json.loads(res.read(size))
+
+    flags, first = frame()
+    pid = first["event"]["start"]["pid"]
+
+    def rest():
+        events = []
+        while True:
+            flags, m = frame()
+            if flags & 2:
+                conn.close()
+                return events
+            events.append(m.get("event", {}))
+
+    return pid, rest
+
+
 def multipart(path, data):
     boundary = "----e2bpython"
     head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path}"\r\n'
@@ -127,6 +160,38 @@ def run(url, key):
     summary["wrongToken"] = status
     status, _, raw = call("GET", f"{url}/sandboxes/{sid}", None, api)
     summary["info"] = [status, json.loads(raw)]
+    # a background command: listed, then killed by a signal, its stream ending with how it ended
+    pid, rest = background(url, sid, token, "sleep 4242")
+    proc = f"{url}/process.Process"
+    status, _, raw = call("POST", f"{proc}/List", b"{}", unary)
+    summary["list"] = [status, [p["pid"] for p in json.loads(raw).get("processes", [])], pid]
+    signal = {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}
+    status, _, raw = call("POST", f"{proc}/SendSignal", json.dumps(signal).encode(), unary)
+    summary["sendSignal"] = [status, json.loads(raw)]
+    summary["killedEnd"] = next((e["end"] for e in rest() if "end" in e), None)
+    # Move and Remove (a second Remove of the same path succeeds too)
+    move = {"source": "/srv/py.txt", "destination": "/srv/moved.txt"}
+    status, _, raw = call("POST", f"{fs}/Move", json.dumps(move).encode(), unary)
+    summary["move"] = [status, json.loads(raw)]
+    status, _, _ = call("POST", f"{fs}/Remove", json.dumps({"path": "/srv/moved.txt"}).encode(), unary)
+    again, _, _ = call("POST", f"{fs}/Remove", json.dumps({"path": "/srv/moved.txt"}).encode(), unary)
+    summary["remove"] = [status, again]
+    # the control calls
+    status, _, _ = call("POST", f"{url}/sandboxes/{sid}/timeout", json.dumps({"timeout": 300}).encode(), api)
+    summary["setTimeout"] = status
+    query = urllib.parse.urlencode({"metadata": "sdk=python", "state": "running"})
+    status, _, raw = call("GET", f"{url}/v2/sandboxes?{query}", None, api)
+    summary["listed"] = [status, [s["sandboxID"] for s in json.loads(raw)]]
+    status, _, raw = call("POST", f"{url}/sandboxes/{sid}/connect", json.dumps({"timeout": 60}).encode(), api)
+    summary["connectRunning"] = [status, json.loads(raw).get("envdAccessToken") == token]
+    status, _, _ = call("POST", f"{url}/sandboxes/{sid}/pause", None, api)
+    again, _, raw = call("POST", f"{url}/sandboxes/{sid}/pause", None, api)
+    summary["pause"] = [status, again, json.loads(raw).get("code")]
+    status, _, _ = call("GET", f"{url}/health", None, envd_headers(sid, token))
+    summary["healthPaused"] = status
+    status, _, raw = call("POST", f"{url}/sandboxes/{sid}/connect", json.dumps({"timeout": 60}).encode(), api)
+    summary["connectPaused"] = [status, json.loads(raw).get("envdAccessToken") == token]
+    summary["afterResume"] = start(url, sid, token, "cat /tmp/py-ran")["stdout"]
     print(json.dumps(summary))
 
 
