@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
 import {
+  filesRoom,
   HOST_LIMITS,
   hostLimits,
   hostLimitsVerdict,
@@ -44,6 +45,29 @@ describe('host limits (doctor)', () => {
       /by \S+.*memory [\d,]+ \(at [\d,]+ KiB each there: 512 of its own and [\d,]+ of shrinker maps/,
     );
     expect(v.reason).toMatch(/, \d+ in the host's mount table, 32 the kernel's and 5 per sandbox/);
+    // the open-file limit a daemon started from here would get (Node raises its soft limit to this)
+    const hard = Number(/^Max open files\s+\S+\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))![1]);
+    expect(v.reason).toContain(
+      `open files ${filesRoom(hard).toLocaleString('en-US')} (a daemon's hard limit ${hard.toLocaleString('en-US')}:`,
+    );
+  });
+
+  it('says when the open-file limit stops a daemon before memory does, and how to raise it', () => {
+    const high = { 'kernel.pid_max': 4194304, 'kernel.threads-max': 4194304 };
+    // 24 GiB allows 14 910; a daemon under a hard limit of 20 000 serves 15 648 beside 4 096 TCP
+    // connections and 256 of its own
+    expect(filesRoom(20_000)).toBe(15_648);
+    expect(hostLimitsVerdict(high, 24 * gib, 500, 100, HOST, { hard: 20_000 }).ok).toBe(true);
+    // 8 192: 4 096 TCP connections (below its limit less a quarter) and 256 leave 3 840; at 4 096,
+    // 3 072 TCP connections (a quarter in reserve) and 256 leave 768
+    const low = hostLimitsVerdict(high, 24 * gib, 500, 100, HOST, { hard: 8192, nrOpen: 524_288 });
+    expect(low).toMatchObject({ ok: false, reason: expect.stringMatching(/allows: 3,840, by open files \(/) });
+    expect(low.fix).toBe(
+      'ulimit -Hn 524288 in the shell that starts snaplab serve, or LimitNOFILE=524288 in its unit (deploy/systemd/snaplab.service has it; fs.nr_open bounds it)',
+    );
+    expect(filesRoom(4096)).toBe(768);
+    expect(filesRoom(1024)).toBe(0);
+    expect(filesRoom(1_048_576)).toBe(1_044_224);
   });
 
   it('says the ceiling and what sets it, memory cgroup ids included (no sysctl raises those)', () => {

@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import type { Availability } from './probe-types.js';
+import { fdLimit, tcpRoom } from './procs.js';
 import {
   KERNEL_SHRINKERS,
   SANDBOX_SUPERBLOCKS,
@@ -70,6 +71,22 @@ export function memoryCgroups(text = readFileSync('/proc/cgroups', 'utf8')): num
   return row && Number.isFinite(v) ? v : undefined;
 }
 
+/**
+ * Open files: a daemon keeps one descriptor per sandbox it has served (its agent connection, until
+ * the sandbox goes), beside its TCP connections at their default cap (4 096, kept below the limit
+ * less its reserve: tcpRoom) and its own few (the store, the Unix socket, pipes, /proc reads:
+ * DAEMON_OWN_FILES). Node raises the soft limit to the hard one at start, so the hard one is what a
+ * daemon started from here gets; a systemd unit sets its own (deploy/systemd/snaplab.service:
+ * LimitNOFILE=1048576).
+ */
+export const DAEMON_OWN_FILES = 256;
+const DEFAULT_TCP_CAP = 4096;
+
+/** How many sandboxes a daemon under the open-file limit `hard` can serve at once, its TCP connections all open. */
+export function filesRoom(hard: number): number {
+  return Math.max(0, hard - Math.max(0, tcpRoom(hard, DEFAULT_TCP_CAP).room) - DAEMON_OWN_FILES);
+}
+
 /** A sysctl's value on this host, or undefined where the kernel has none. */
 export function readSysctl(name: string): number | undefined {
   try {
@@ -106,6 +123,7 @@ export function hostLimitsVerdict(
   used: number,
   memcgs?: number,
   shrinkers: ShrinkerHost = shrinkerHost(),
+  files?: { hard: number; nrOpen?: number },
 ): Availability {
   const memory = memoryRoom(memBytes, shrinkers);
   const parts: string[] = [memoryPart(memory, shrinkers)];
@@ -118,6 +136,17 @@ export function hostLimitsVerdict(
     parts.push(`${l.sysctl}=${v} ${n(room)}`);
     rooms.push([l.sysctl, room]);
     if (room < memory) short.push(`sysctl -w ${l.sysctl}=${l.raiseTo} (${l.why})`);
+  }
+  if (files !== undefined) {
+    const room = filesRoom(files.hard);
+    parts.push(`open files ${n(room)} (a daemon's hard limit ${n(files.hard)}: one descriptor a sandbox it serves)`);
+    rooms.push(['open files', room]);
+    if (room < memory) {
+      const to = Math.min(1_048_576, files.nrOpen ?? 1_048_576);
+      short.push(
+        `ulimit -Hn ${to} in the shell that starts snaplab serve, or LimitNOFILE=${to} in its unit (deploy/systemd/snaplab.service has it; fs.nr_open bounds it)`,
+      );
+    }
   }
   if (memcgs !== undefined) {
     const room = Math.max(0, MEMCG_ID_MAX - memcgs);
@@ -136,7 +165,7 @@ export function hostLimitsVerdict(
   return {
     ok: false,
     reason: `${reason}: a create fails past the lowest`,
-    fix: `${short.join('; ')}; keep it in /etc/sysctl.d/`,
+    fix: `${short.join('; ')}${short.some((s) => s.startsWith('sysctl')) ? '; keep sysctls in /etc/sysctl.d/' : ''}`,
   };
 }
 
@@ -146,5 +175,13 @@ export function hostLimits(): Availability {
   const kib = Number(/^MemTotal:\s+(\d+)/m.exec(readFileSync('/proc/meminfo', 'utf8'))?.[1] ?? 0);
   // /proc/loadavg's 4th field: running/existing threads (each holds a pid)
   const used = Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[3]?.split('/')[1]);
-  return hostLimitsVerdict(values, kib * 1024, Number.isFinite(used) ? used : 0, memoryCgroups());
+  const files = { hard: fdLimit().hard, nrOpen: readSysctl('fs.nr_open') };
+  return hostLimitsVerdict(
+    values,
+    kib * 1024,
+    Number.isFinite(used) ? used : 0,
+    memoryCgroups(),
+    shrinkerHost(),
+    files,
+  );
 }

@@ -181,6 +181,12 @@ export async function killTree(pid: number, graceMs = 2000, waitMs = 2000): Prom
   return (await Promise.all(left.map((p) => waitGone(p, waitMs)))).every(Boolean);
 }
 
+/** A daemon's TCP connections at most: its cap, kept `fdReserve` (default a quarter, ≥ 64) below its open-file limit. */
+export function tcpRoom(fds: number, maxConnections: number, fdReserve?: number): { fdReserve: number; room: number } {
+  const reserve = fdReserve ?? Math.max(64, Math.floor(fds / 4));
+  return { fdReserve: reserve, room: Math.min(maxConnections, fds - reserve) };
+}
+
 /** The process's open-file limit now (soft, hard), from /proc/self/limits. */
 export function fdLimit(): { soft: number; hard: number } {
   const line = readFileSync('/proc/self/limits', 'utf8')

@@ -19,7 +19,7 @@
 import type { Server } from 'node:net';
 import type { Socket } from 'node:net';
 import { SnaplabError } from '../errors.js';
-import { fdLimit } from '../host/procs.js';
+import { fdLimit, tcpRoom } from '../host/procs.js';
 import { QuotaError } from './http-errors.js';
 
 export interface ConnectionLimits {
@@ -67,15 +67,14 @@ export function resolveLimits(given: Partial<ConnectionLimits> = {}): ResolvedLi
     if (!Number.isSafeInteger(v) || v < 0)
       throw new SnaplabError('BAD_INPUT', `limit ${k} must be a whole number ≥ 0, not ${v}`, 'see docs/api.md, Limits');
   const { soft } = fdLimit();
-  const fdReserve = l.fdReserve ?? Math.max(64, Math.floor(soft / 4));
-  const room = soft - fdReserve;
-  if (room < 16)
+  const { fdReserve, room } = tcpRoom(soft, l.maxConnections, l.fdReserve);
+  if (soft - fdReserve < 16)
     throw new SnaplabError(
       'BAD_INPUT',
       `the open-file limit (${soft}) leaves no room for TCP connections beside ${fdReserve} held in reserve`,
       'raise the limit (ulimit -n, LimitNOFILE=) or lower the reserve',
     );
-  return { ...l, fdReserve, fdLimit: soft, maxConnections: Math.min(l.maxConnections, room) };
+  return { ...l, fdReserve, fdLimit: soft, maxConnections: room };
 }
 
 /** Fastify's options for a listener under these limits (Node checks its timeouts every second). */
