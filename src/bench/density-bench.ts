@@ -389,9 +389,12 @@ const FRONT_HEADS: Record<FrontOp, string> = {
   cliRm: 'CLI rm',
   cliLs: 'CLI ls',
   cliLsJson: 'CLI ls --json',
+  cliLsPage: 'CLI ls --limit 100',
+  cliLsCount: 'CLI ls --count',
   serve: 'serve, adopted',
   apiPage: 'API list ?limit=100',
   apiList: 'API list',
+  apiCount: 'API count',
   apiCreate: 'API create',
   apiEvent: 'API create to ready event',
 };

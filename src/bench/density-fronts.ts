@@ -1,8 +1,9 @@
 /**
  * The density bench's fronts (issue #34, docs/benchmarks.md "Density"): at each count, beside the
- * idle machines, the CLI as whole processes (`snaplab create`, `rm`, `ls`, `ls --json`, with the
- * bench's home as SNAPLAB_HOME), the daemon (`snaplab serve` on that home: until it answers with
- * every machine adopted; then the API's list, paged and whole, through the project's client, and
+ * idle machines, the CLI as whole processes (`snaplab create`, `rm`, `ls`, `ls --json`, `ls --limit
+ * 100`, `ls --count`, with the bench's home as SNAPLAB_HOME), the daemon (`snaplab serve` on that
+ * home: until it answers with every machine adopted; then the API's list, paged and whole, and its
+ * count (GET /counts/sandboxes), through the project's client, and
  * a create through the API until its `ready` event arrives on `GET /events`), and a pool take
  * (`lab.create({ pool })` from a pool of 2). Each front stops what it started, also on a failure.
  */
@@ -40,8 +41,8 @@ export interface SampleFailure {
 /** Runs one sample of a group; one that fails is recorded and the run goes on (an abort ends it). */
 export type Sampler = (what: string, f: () => Promise<void>) => Promise<void>;
 
-export type CliOp = 'cliCreate' | 'cliRm' | 'cliLs' | 'cliLsJson';
-export type DaemonOp = 'serve' | 'apiPage' | 'apiList' | 'apiCreate' | 'apiEvent';
+export type CliOp = 'cliCreate' | 'cliRm' | 'cliLs' | 'cliLsJson' | 'cliLsPage' | 'cliLsCount';
+export type DaemonOp = 'serve' | 'apiPage' | 'apiList' | 'apiCount' | 'apiCreate' | 'apiEvent';
 export type FrontOp = CliOp | DaemonOp | 'poolTake';
 export const FRONT_OPS: FrontOp[] = [
   'poolTake',
@@ -49,9 +50,12 @@ export const FRONT_OPS: FrontOp[] = [
   'cliRm',
   'cliLs',
   'cliLsJson',
+  'cliLsPage',
+  'cliLsCount',
   'serve',
   'apiPage',
   'apiList',
+  'apiCount',
   'apiCreate',
   'apiEvent',
 ];
@@ -86,7 +90,14 @@ async function timed<T>(xs: number[], f: () => Promise<T>): Promise<T> {
 
 /** `samples` of each CLI command as a whole process (node's start included, as a user pays it). */
 export async function cliOps(home: string, samples: number, sample: Sampler): Promise<Record<CliOp, number[]>> {
-  const t: Record<CliOp, number[]> = { cliCreate: [], cliRm: [], cliLs: [], cliLsJson: [] };
+  const t: Record<CliOp, number[]> = {
+    cliCreate: [],
+    cliRm: [],
+    cliLs: [],
+    cliLsJson: [],
+    cliLsPage: [],
+    cliLsCount: [],
+  };
   for (let i = 0; i < samples; i++)
     await sample('cli', async () => {
       const made = JSON.parse(
@@ -95,6 +106,9 @@ export async function cliOps(home: string, samples: number, sample: Sampler): Pr
       await timed(t.cliRm, () => cli(home, ['rm', made.name]));
       await timed(t.cliLs, () => cli(home, ['ls']));
       await timed(t.cliLsJson, () => cli(home, ['ls', '--json']));
+      // the forms that need not grow with the count: a page, and a count by state
+      await timed(t.cliLsPage, () => cli(home, ['ls', '--limit', '100']));
+      await timed(t.cliLsCount, () => cli(home, ['ls', '--count']));
     });
   return t;
 }
@@ -212,7 +226,14 @@ export async function daemonOps(
   sample: Sampler,
   note: (line: string) => void,
 ): Promise<{ ms: Record<DaemonOp, number[]>; daemon: DaemonMemory | null }> {
-  const t: Record<DaemonOp, number[]> = { serve: [], apiPage: [], apiList: [], apiCreate: [], apiEvent: [] };
+  const t: Record<DaemonOp, number[]> = {
+    serve: [],
+    apiPage: [],
+    apiList: [],
+    apiCount: [],
+    apiCreate: [],
+    apiEvent: [],
+  };
   let daemon: DaemonMemory | null = null;
   const socket = join(home, 'd.sock');
   for (let i = 0; i < samples; i++)
@@ -253,6 +274,7 @@ async function apiOps(
     await sample('api', async () => {
       await timed(t.apiPage, () => remote.list({ limit: 100 }));
       await timed(t.apiList, () => remote.list());
+      await timed(t.apiCount, () => remote.count());
       const name = `density-api-${process.pid}-${i}`;
       const t0 = now();
       const box = await remote.create({ name, labels: { bench: 'density-probe' } });
