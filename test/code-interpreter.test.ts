@@ -90,6 +90,10 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       const traffic = (sbx as unknown as { trafficAccessToken?: string }).trafficAccessToken;
       expect(traffic).toMatch(/^[0-9a-f]{48}$/);
       expect((await call('/contexts', { 'e2b-traffic-access-token': traffic! })).status).toBe(200);
+      // a wrong access token is not saved by a right traffic token, and code needs the access token
+      const both = { 'x-access-token': 'not-the-token', 'e2b-traffic-access-token': traffic! };
+      expect((await call('/contexts', both)).status).toBe(401);
+      expect((await call('/execute', { 'e2b-traffic-access-token': traffic! }, code)).status).toBe(401);
       expect((await sbx.runCode('x')).text).toBe('1');
     } finally {
       await sbx.kill();

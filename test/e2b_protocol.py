@@ -127,6 +127,16 @@ def run(url, key):
     created = json.loads(raw)
     sid, token = created["sandboxID"], created["envdAccessToken"]
     summary = {"create": status, "sandboxID": sid, "token": token, "envdVersion": created["envdVersion"]}
+    try:
+        exchanges(url, api, sid, token, summary)
+    except BaseException:
+        # nothing left behind when a step fails: the sandbox goes before the error is told
+        call("DELETE", f"{url}/sandboxes/{sid}", None, {"X-API-Key": key})
+        raise
+    print(json.dumps(summary))
+
+
+def exchanges(url, api, sid, token, summary):
     summary["run"] = start(url, sid, token, "echo py-$PY > /tmp/py-ran; cat /tmp/py-ran; echo e >&2; exit 7")
     summary["quiet"] = start(url, sid, token, "sleep 2.5", keepalive="1")
     unary = envd_headers(sid, token, {"Content-Type": "application/json", "Connect-Protocol-Version": "1"})
@@ -192,7 +202,6 @@ def run(url, key):
     status, _, raw = call("POST", f"{url}/sandboxes/{sid}/connect", json.dumps({"timeout": 60}).encode(), api)
     summary["connectPaused"] = [status, json.loads(raw).get("envdAccessToken") == token]
     summary["afterResume"] = start(url, sid, token, "cat /tmp/py-ran")["stdout"]
-    print(json.dumps(summary))
 
 
 def kill(url, key, sid, token):

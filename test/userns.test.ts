@@ -278,7 +278,7 @@ describe('user namespace ranges', () => {
     }
   });
 
-  it('above 2^31 (once the low stretch is full): shown right by ls, ls -ln and /proc; ps prints it negative', async () => {
+  it('above 2^31 (once the low stretch is full): shown right by ls, ls -ln, /proc and ps -o user; ps -o uid prints it negative', async () => {
     const lo = slotBase(2569 + randomInt(32000));
     process.env.SNAPLAB_USERNS_IDS = `${lo}-${lo + 4 * USERNS_SIZE - 1}`;
     try {
@@ -299,6 +299,9 @@ describe('user namespace ranges', () => {
       // procps's numeric uid column is signed (docs/architecture.md "Ranges")
       const ps = spawnSync('ps', ['-o', 'uid=', '-p', String(box.info.pid)], { encoding: 'utf8' }).stdout.trim();
       expect(Number(ps)).toBe(base - 2 ** 32);
+      // its user column prints the id as it is (given room: its default width is 8)
+      const user = spawnSync('ps', ['-o', 'user:12=', '-p', String(box.info.pid)], { encoding: 'utf8' }).stdout.trim();
+      expect(user).toBe(String(base));
     } finally {
       delete process.env.SNAPLAB_USERNS_IDS;
     }

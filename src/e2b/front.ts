@@ -11,6 +11,7 @@ import type { Socket } from 'node:net';
 import Fastify, { type FastifyInstance } from 'fastify';
 import type { KeyedLabApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
+import { routingError } from '../server/http-errors.js';
 import { registerControl } from './control.js';
 import { registerEnvd } from './envd.js';
 import { registerInterpreter, rewriteUrl } from './interpreter.js';
@@ -76,7 +77,7 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
         reply,
         e.code === 'FST_ERR_MAX_PARAM_LENGTH'
           ? new SnaplabError('SANDBOX_NOT_FOUND', 'no sandbox has an id that long', 'ids are at most 100 characters')
-          : e,
+          : routingError(e, 100),
       ),
   });
   opts.guard?.attach(app.server);

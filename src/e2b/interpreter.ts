@@ -52,7 +52,9 @@ async function handle(
   reply: FastifyReply,
 ): Promise<FastifyReply> {
   // the SDK sends the traffic token, not the access token, on its context calls: either serves
-  const box = await state.envdSandbox(req, { traffic: true });
+  // there; running code (`/execute`) needs the access token
+  const path = req.url.slice(INTERPRETER_PREFIX.length);
+  const box = await state.envdSandbox(req, { traffic: /^\/(contexts|health)(\/|\?|$)/.test(path) });
   const body = await readBody(req.body);
   await interpreters.ensure(box);
   const res = await carry(box, req, body).catch((e: unknown) => {

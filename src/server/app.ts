@@ -14,7 +14,7 @@ import Fastify, {
 import swagger from '@fastify/swagger';
 import websocket from '@fastify/websocket';
 import { CALLER_HEADER, LOCAL, authenticate, gatewayCaller, requireScope, type Caller } from './keys.js';
-import { sendError } from './http-errors.js';
+import { routingError, sendError } from './http-errors.js';
 import type { Daemon } from './daemon.js';
 import type { Scope } from '../store/records.js';
 import { sandboxRoutes } from './routes-sandboxes.js';
@@ -89,7 +89,7 @@ export async function baseApp(o: BaseAppOptions): Promise<FastifyInstance> {
     ...(o.serverFactory ? { serverFactory: o.serverFactory } : {}),
     ...(o.maxParamLength ? { maxParamLength: o.maxParamLength } : {}),
     // a path routing refuses (a part too long, bad percent-encoding) answers in snaplab's shape too
-    frameworkErrors: (e, _req, reply) => void sendError(reply, e),
+    frameworkErrors: (e, _req, reply) => void sendError(reply, routingError(e, o.maxParamLength ?? 100)),
   });
   app.decorateRequest('caller', null as unknown as Caller);
   app.decorateRequest('opId', null);

@@ -97,6 +97,20 @@ export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
 
 const clip = (s: string): string => (s.length > 120 ? `${s.slice(0, 117)}...` : s);
 
+/**
+ * A path Fastify's router refused (its frameworkErrors: a part longer than `maxParamLength`, bad
+ * percent-encoding) as a BAD_INPUT that echoes only the path's start.
+ */
+export function routingError(e: FastifyError, maxParamLength: number): SnaplabError {
+  const long = e.code === 'FST_ERR_MAX_PARAM_LENGTH';
+  return new SnaplabError(
+    'BAD_INPUT',
+    long ? `a part of the path is longer than any id or name: ${clip(e.message)}` : clip(e.message),
+    long ? `ids and names are at most ${maxParamLength} characters` : 'percent-encode the path as URLs are',
+    { cause: e },
+  );
+}
+
 /** Fastify's own errors (schema validation, a body too large, bad JSON, a path it cannot route) as SnaplabErrors. */
 export function toSnaplab(e: unknown): SnaplabError {
   if (isSnaplabError(e)) return e;
@@ -120,16 +134,6 @@ export function toSnaplab(e: unknown): SnaplabError {
       'UNSUPPORTED_MEDIA',
       fe.message,
       'JSON bodies are application/json; files application/octet-stream; trees application/x-tar',
-      { cause: e },
-    );
-  // a path that routing refused (Fastify's frameworkErrors): echo only its start
-  if (fe?.code === 'FST_ERR_MAX_PARAM_LENGTH' || fe?.code === 'FST_ERR_BAD_URL')
-    return new SnaplabError(
-      'BAD_INPUT',
-      fe.code === 'FST_ERR_BAD_URL'
-        ? `${clip(fe.message)} (bad percent-encoding)`
-        : `a part of the path is longer than any id or name: ${clip(fe.message)}`,
-      'ids and names are at most 100 characters, percent-encoded as URLs are',
       { cause: e },
     );
   if (fe?.statusCode && fe.statusCode >= 400 && fe.statusCode < 500)

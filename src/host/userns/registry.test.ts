@@ -52,6 +52,17 @@ describe('uid ranges', () => {
     expect(tierSlots()).toEqual([[LOW, LOW + 2]]);
   });
 
+  it("never hands out systemd's foreign range (0x7ffe0000-0x7ffeffff, nspawn's --private-users=managed)", async () => {
+    // the range falls across two slots (the second stretch starts at 2 100 000 000, not on a
+    // multiple of 65 536): both are barred, so a window of those two alone has no room at all
+    const [a, b] = [slotOf(0x7ffe_0000)!, slotOf(0x7ffe_ffff)!];
+    expect(b - a).toBe(USERNS_SIZE);
+    expect(a).toBeLessThan(0x7ffe_0000);
+    process.env.SNAPLAB_USERNS_IDS = `${a}-${b + USERNS_SIZE - 1}`;
+    await expect(claimRange(HOME, 'foreign-a', USERNS_SIZE)).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+    await expect(claimRange(HOME, 'foreign-b', 1024)).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+  });
+
   it('a split slot holds ranges of one size; a whole claim and a split slot exclude each other', async () => {
     const lo = window(1);
     const a = await claim('small-a', 1024);
