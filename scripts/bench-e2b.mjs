@@ -4,11 +4,13 @@
 // snaplab's own API (Lab.connect) and the embedded Lab, all in one run, alternating arm by arm.
 // From an image (busybox) and from a pool template; sequential and in bursts; then streamed stdout
 // (envd's stream against the daemon's own), the time split in its parts (a create alone, a command
-// on a kept sandbox, a unary call against the same request by fetch) and, with --interpreter,
+// on a kept sandbox, a unary call against the same request by fetch, the SDK's own floor against a
+// server that answers at once) and, with --interpreter,
 // runCode against commands.run.
 // Usage: node scripts/bench-e2b.mjs [--n 100] [--bursts 10] [--burst 10] [--pool-size 12]
 //          [--stream-mib 64] [--interpreter IMAGE_DIR] [--json]
 import { spawn, spawnSync } from 'node:child_process';
+import { createServer } from 'node:http';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -197,6 +199,62 @@ async function split(remote, pool, e2bUrl) {
   return out;
 }
 
+/**
+ * The SDK's own floor: the same create and `commands.run('true')` against a server on loopback that
+ * answers each at once with what the front would (a sandbox's JSON; a Connect stream of start and
+ * end), so what is left is E2B's SDK and HTTP/1.1 themselves, beside the front's figures above.
+ */
+async function sdkFloor() {
+  const frame = (flags, obj) => {
+    const body = Buffer.from(JSON.stringify(obj));
+    const head = Buffer.alloc(5);
+    head[0] = flags;
+    head.writeUInt32BE(body.length, 1);
+    return Buffer.concat([head, body]);
+  };
+  let n = 0;
+  const stub = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      if (req.method === 'POST' && /\/sandboxes$/.test(req.url)) {
+        const body = JSON.stringify({
+          sandboxID: `floor${++n}`,
+          templateID: 'base',
+          clientID: 'floor',
+          envdVersion: '0.6.4',
+          envdAccessToken: 'floor',
+        });
+        res.writeHead(201, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+        return res.end(body);
+      }
+      if (req.url.startsWith('/process.Process/Start')) {
+        res.writeHead(200, { 'content-type': 'application/connect+json' });
+        res.write(frame(0, { event: { start: { pid: 1 } } }));
+        res.write(frame(0, { event: { end: { exitCode: 0, exited: true, status: 'exit status 0' } } }));
+        return res.end(frame(2, {}));
+      }
+      res.writeHead(404).end();
+    });
+  });
+  await new Promise((r) => stub.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${stub.address().port}`;
+  const out = { sdkFloorCreate: [], sdkFloorRun: [] };
+  try {
+    for (let i = 0; i < N + 10; i++) {
+      const t0 = performance.now();
+      const sbx = await Sandbox.create({ apiUrl: url, sandboxUrl: url, allowInternetAccess: false });
+      const t1 = performance.now();
+      await sbx.commands.run('true');
+      if (i < 10) continue; // the first calls warm the SDK's modules
+      out.sdkFloorCreate.push(t1 - t0);
+      out.sdkFloorRun.push(performance.now() - t1);
+    }
+  } finally {
+    stub.close();
+  }
+  return out;
+}
+
 /** Create to the first runCode result (cold: from the image; then from a pool), and round trips. */
 async function interpreter(remote) {
   cli(['image', 'import', INTERPRETER, '--name', 'code-interpreter-v1']);
@@ -261,7 +319,10 @@ async function main() {
     report.stream = { envdMiBs: q(s.envd, 50), ownMiBs: q(s.own, 50), ratio: q(s.envd, 50) / q(s.own, 50) };
     console.error(`== split, n=${N}`);
     report.split = Object.fromEntries(
-      Object.entries(await split(remote, 'bench', d.e2bUrl)).map(([k, v]) => [k, summary(v)]),
+      Object.entries({ ...(await split(remote, 'bench', d.e2bUrl)), ...(await sdkFloor()) }).map(([k, v]) => [
+        k,
+        summary(v),
+      ]),
     );
     if (INTERPRETER) {
       console.error('== code interpreter');
@@ -313,7 +374,9 @@ function print(r) {
   console.log(
     `\nstream: envd ${r.stream.envdMiBs.toFixed(0)} MiB/s, own ${r.stream.ownMiBs.toFixed(0)} MiB/s, ratio ${r.stream.ratio.toFixed(2)}`,
   );
-  console.log('\nsplit (a create alone; a command on a kept sandbox; a unary envd call)');
+  console.log(
+    "\nsplit (a create alone; a command on a kept sandbox; a unary envd call; the SDK's floor: the same against a server that answers at once)",
+  );
   for (const [k, v] of Object.entries(r.split))
     console.log(`  ${k.padEnd(18)} p50 ${ms(v.p50)}  p95 ${ms(v.p95)}  (n=${v.n})`);
   if (r.interpreter) {
