@@ -319,10 +319,11 @@ async function main() {
     report.stream = { envdMiBs: q(s.envd, 50), ownMiBs: q(s.own, 50), ratio: q(s.envd, 50) / q(s.own, 50) };
     console.error(`== split, n=${N}`);
     report.split = Object.fromEntries(
-      Object.entries({ ...(await split(remote, 'bench', d.e2bUrl)), ...(await sdkFloor()) }).map(([k, v]) => [
-        k,
-        summary(v),
-      ]),
+      Object.entries({
+        ...(await split(remote, 'bench', d.e2bUrl)),
+        // with the pool full, so that no refill runs beside the floor
+        ...(await poolFull(remote, 'bench', POOL_SIZE).then(sdkFloor)),
+      }).map(([k, v]) => [k, summary(v)]),
     );
     if (INTERPRETER) {
       console.error('== code interpreter');

@@ -90,6 +90,8 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       const traffic = (sbx as unknown as { trafficAccessToken?: string }).trafficAccessToken;
       expect(traffic).toMatch(/^[0-9a-f]{48}$/);
       expect((await call('/contexts', { 'e2b-traffic-access-token': traffic! })).status).toBe(200);
+      // with the query the SDK adds when E2B_USER_AGENT_SOURCE is set
+      expect((await call('/contexts?source=test', { 'e2b-traffic-access-token': traffic! })).status).toBe(200);
       // a wrong access token is not saved by a right traffic token, and code needs the access token
       const both = { 'x-access-token': 'not-the-token', 'e2b-traffic-access-token': traffic! };
       expect((await call('/contexts', both)).status).toBe(401);

@@ -697,71 +697,78 @@ describe("the Python SDK's exchanges, with Python's standard library (test/e2b_p
 
   it('create, Start streamed, multipart upload, read, ListDir, Stat, tokens, a background command signalled, Move, Remove, timeout, list, pause, connect, kill', () => {
     const s = py(['run', d.e2bUrl!, key.trim()]);
-    expect(s.create).toBe(201);
-    expect(s.envdVersion).toMatch(/^\d+\.\d+\.\d+$/);
-    expect(s.run).toMatchObject({
-      status: 200,
-      contentType: 'application/connect+json',
-      first: 'start',
-      stdout: 'py-1\n',
-      stderr: 'e\n',
-      end: { exitCode: 7, exited: true },
-      trailer: [2, {}],
-    });
-    // a command quiet for 2.5 s, keepalives asked every second
-    expect(s.quiet.keepalives).toBeGreaterThanOrEqual(2);
-    expect(s.quiet.end).toMatchObject({ exitCode: 0 });
-    // (the upload is read back by the download below: it was moved and removed since)
-    expect(inside(s.sandboxID, 'cat /tmp/py-ran').out).toBe('py-1\n');
-    expect(s.upload).toEqual([200, [{ name: 'py.txt', type: 'file', path: '/srv/py.txt' }]]);
-    // a watcher of the directory, made before the upload, saw it
-    expect(s.makeDir).toBe(200);
-    expect(s.createWatcher).toEqual([200, expect.stringMatching(/^w/)]);
-    expect(s.watcherEvents).toEqual([
-      200,
-      {
-        events: [
-          { name: 'py.txt', type: 'EVENT_TYPE_CREATE' },
-          { name: 'py.txt', type: 'EVENT_TYPE_WRITE' },
-        ],
-      },
-    ]);
-    expect(s.removeWatcher).toEqual([200, {}]);
-    expect(s.metrics).toEqual([
-      200,
-      [expect.objectContaining({ cpuCount: expect.any(Number), memUsed: expect.any(Number) })],
-    ]);
-    expect(s.metrics[1][0].memUsed).toBeGreaterThan(0);
-    expect(s.download).toEqual([200, 'written by python']);
-    expect(s.listDir).toEqual([200, ['py.txt']]);
-    expect(s.statMissing).toEqual([404, { code: 'not_found', message: expect.any(String) }]);
-    expect(s.wrongToken).toBe(401);
-    expect(s.info[0]).toBe(200);
-    expect(s.info[1]).toMatchObject({
-      sandboxID: s.sandboxID,
-      templateID: 'base',
-      state: 'running',
-      metadata: { sdk: 'python' },
-    });
-    expect(s.list).toEqual([200, expect.arrayContaining([s.list[2]]), expect.any(Number)]);
-    expect(s.sendSignal).toEqual([200, {}]);
-    expect(s.killedEnd).toMatchObject({ exited: false, status: expect.stringMatching(/killed/) });
-    expect(s.move).toEqual([
-      200,
-      { entry: expect.objectContaining({ path: '/srv/moved.txt', type: 'FILE_TYPE_FILE' }) },
-    ]);
-    expect(s.remove).toEqual([200, 200]);
-    expect(inside(s.sandboxID, 'ls /srv').out).toBe('');
-    expect(s.setTimeout).toBe(204);
-    expect(s.listed).toEqual([200, [s.sandboxID]]);
-    expect(s.connectRunning).toEqual([200, true]);
-    expect(s.pause).toEqual([204, 409, 409]);
-    expect(s.healthPaused).toBe(502);
-    expect(s.connectPaused).toEqual([201, true]);
-    expect(s.afterResume).toBe('py-1\n');
-    expect(listed().find((b) => b.id === s.sandboxID)?.owner).toBe('agent');
-    const k = py(['kill', d.e2bUrl!, key.trim(), s.sandboxID, s.token]);
-    expect(k).toEqual({ kill: 204, again: [404, { code: 404, message: expect.any(String) }], health: 502 });
-    expect(listed().some((b) => b.id === s.sandboxID)).toBe(false);
+    let killed = false;
+    try {
+      expect(s.create).toBe(201);
+      expect(s.envdVersion).toMatch(/^\d+\.\d+\.\d+$/);
+      expect(s.run).toMatchObject({
+        status: 200,
+        contentType: 'application/connect+json',
+        first: 'start',
+        stdout: 'py-1\n',
+        stderr: 'e\n',
+        end: { exitCode: 7, exited: true },
+        trailer: [2, {}],
+      });
+      // a command quiet for 2.5 s, keepalives asked every second
+      expect(s.quiet.keepalives).toBeGreaterThanOrEqual(2);
+      expect(s.quiet.end).toMatchObject({ exitCode: 0 });
+      // (the upload is read back by the download below: it was moved and removed since)
+      expect(inside(s.sandboxID, 'cat /tmp/py-ran').out).toBe('py-1\n');
+      expect(s.upload).toEqual([200, [{ name: 'py.txt', type: 'file', path: '/srv/py.txt' }]]);
+      // a watcher of the directory, made before the upload, saw it
+      expect(s.makeDir).toBe(200);
+      expect(s.createWatcher).toEqual([200, expect.stringMatching(/^w/)]);
+      expect(s.watcherEvents).toEqual([
+        200,
+        {
+          events: [
+            { name: 'py.txt', type: 'EVENT_TYPE_CREATE' },
+            { name: 'py.txt', type: 'EVENT_TYPE_WRITE' },
+          ],
+        },
+      ]);
+      expect(s.removeWatcher).toEqual([200, {}]);
+      expect(s.metrics).toEqual([
+        200,
+        [expect.objectContaining({ cpuCount: expect.any(Number), memUsed: expect.any(Number) })],
+      ]);
+      expect(s.metrics[1][0].memUsed).toBeGreaterThan(0);
+      expect(s.download).toEqual([200, 'written by python']);
+      expect(s.listDir).toEqual([200, ['py.txt']]);
+      expect(s.statMissing).toEqual([404, { code: 'not_found', message: expect.any(String) }]);
+      expect(s.wrongToken).toBe(401);
+      expect(s.info[0]).toBe(200);
+      expect(s.info[1]).toMatchObject({
+        sandboxID: s.sandboxID,
+        templateID: 'base',
+        state: 'running',
+        metadata: { sdk: 'python' },
+      });
+      expect(s.list).toEqual([200, expect.arrayContaining([s.list[2]]), expect.any(Number)]);
+      expect(s.sendSignal).toEqual([200, {}]);
+      expect(s.killedEnd).toMatchObject({ exited: false, status: expect.stringMatching(/killed/) });
+      expect(s.move).toEqual([
+        200,
+        { entry: expect.objectContaining({ path: '/srv/moved.txt', type: 'FILE_TYPE_FILE' }) },
+      ]);
+      expect(s.remove).toEqual([200, 200]);
+      expect(inside(s.sandboxID, 'ls /srv').out).toBe('');
+      expect(s.setTimeout).toBe(204);
+      expect(s.listed).toEqual([200, [s.sandboxID]]);
+      expect(s.connectRunning).toEqual([200, true]);
+      expect(s.pause).toEqual([204, 409, 409]);
+      expect(s.healthPaused).toBe(502);
+      expect(s.connectPaused).toEqual([201, true]);
+      expect(s.afterResume).toBe('py-1\n');
+      expect(listed().find((b) => b.id === s.sandboxID)?.owner).toBe('agent');
+      const k = py(['kill', d.e2bUrl!, key.trim(), s.sandboxID, s.token]);
+      killed = true;
+      expect(k).toEqual({ kill: 204, again: [404, { code: 404, message: expect.any(String) }], health: 502 });
+      expect(listed().some((b) => b.id === s.sandboxID)).toBe(false);
+    } finally {
+      // an assertion that failed above leaves nothing behind either
+      if (!killed) py(['kill', d.e2bUrl!, key.trim(), s.sandboxID, s.token]);
+    }
   });
 });

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -195,21 +196,26 @@ class Handler(BaseHTTPRequestHandler):
         with contexts_lock:
             return contexts.get(cid)
 
+    @property
+    def route(self):
+        """The path without its query (the SDK adds ?source=... when E2B_USER_AGENT_SOURCE is set)."""
+        return urllib.parse.urlsplit(self.path).path
+
     def do_GET(self):
-        if self.path == "/health":
+        if self.route == "/health":
             self.send_response(200)
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"OK")
-        elif self.path == "/contexts":
+        elif self.route == "/contexts":
             default_context()
             with contexts_lock:
                 self.answer(200, [c.view() for c in contexts.values()])
         else:
-            self.answer(404, {"error": "no route " + self.path})
+            self.answer(404, {"error": "no route " + self.route})
 
     def do_DELETE(self):
-        cid = self.path[len("/contexts/"):] if self.path.startswith("/contexts/") else ""
+        cid = self.route[len("/contexts/"):] if self.route.startswith("/contexts/") else ""
         with contexts_lock:
             c = contexts.pop(cid, None) if cid else None
         if c is None:
@@ -222,9 +228,9 @@ class Handler(BaseHTTPRequestHandler):
             m = self.body()
         except ValueError:
             return self.answer(400, {"error": "the body is not JSON"})
-        if self.path == "/execute":
+        if self.route == "/execute":
             return self.execute(m)
-        if self.path == "/contexts":
+        if self.route == "/contexts":
             language = m.get("language") or "python"
             if language != "python":
                 return self.answer(400, {"error": "only python contexts are served here"})
@@ -232,13 +238,13 @@ class Handler(BaseHTTPRequestHandler):
             with contexts_lock:
                 contexts[c.id] = c
             return self.answer(200, c.view())
-        if self.path.startswith("/contexts/") and self.path.endswith("/restart"):
-            c = self.context(self.path[len("/contexts/"):-len("/restart")])
+        if self.route.startswith("/contexts/") and self.route.endswith("/restart"):
+            c = self.context(self.route[len("/contexts/"):-len("/restart")])
             if c is None:
                 return self.answer(404, {"error": "no such context"})
             c.restart()
             return self.answer(204)
-        self.answer(404, {"error": "no route " + self.path})
+        self.answer(404, {"error": "no route " + self.route})
 
     def send_line(self, line):
         self.wfile.write(json.dumps(line).encode() + b"\n")

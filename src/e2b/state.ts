@@ -207,10 +207,11 @@ export class E2bState {
     if (!proved)
       throw new SnaplabError(
         'UNAUTHORIZED',
-        'the access token is not this sandbox’s',
-        opts.traffic
-          ? 'send X-Access-Token, or E2B-Traffic-Access-Token (@e2b/code-interpreter 2.3.1 and later send it)'
-          : 'send X-Access-Token',
+        // E2B's answer carries the message alone: what to do goes in it
+        opts.traffic && token === undefined && traffic === undefined
+          ? 'no token: send X-Access-Token or E2B-Traffic-Access-Token (@e2b/code-interpreter sends the latter from 2.3.1: upgrade an older one)'
+          : 'the access token is not this sandbox’s',
+        opts.traffic ? 'send X-Access-Token, or E2B-Traffic-Access-Token' : 'send X-Access-Token',
       );
     this.proved(req.raw.socket);
     this.actors.set(req, s.apiKey);

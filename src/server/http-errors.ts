@@ -102,13 +102,16 @@ const clip = (s: string): string => (s.length > 120 ? `${s.slice(0, 117)}...` : 
  * percent-encoding) as a BAD_INPUT that echoes only the path's start.
  */
 export function routingError(e: FastifyError, maxParamLength: number): SnaplabError {
-  const long = e.code === 'FST_ERR_MAX_PARAM_LENGTH';
-  return new SnaplabError(
-    'BAD_INPUT',
-    long ? `a part of the path is longer than any id or name: ${clip(e.message)}` : clip(e.message),
-    long ? `ids and names are at most ${maxParamLength} characters` : 'percent-encode the path as URLs are',
-    { cause: e },
-  );
+  if (e.code === 'FST_ERR_MAX_PARAM_LENGTH')
+    return new SnaplabError(
+      'BAD_INPUT',
+      `a part of the path is longer than any id or name: ${clip(e.message)}`,
+      `a part of the path is at most ${maxParamLength} characters here (ids and names at most 100)`,
+      { cause: e },
+    );
+  if (e.code === 'FST_ERR_BAD_URL')
+    return new SnaplabError('BAD_INPUT', clip(e.message), 'percent-encode the path as URLs are', { cause: e });
+  return toSnaplab(e);
 }
 
 /** Fastify's own errors (schema validation, a body too large, bad JSON, a path it cannot route) as SnaplabErrors. */
