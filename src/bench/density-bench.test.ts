@@ -73,7 +73,7 @@ describe('snaplab bench --workload density (bounded)', () => {
       /at 6: p50 ms create [\d.]+, .*gc [\d.]+, .*serve [\d.]+.*; bulk [\d.]+\/s \(unshare [\d.]+\/s\)/,
     );
     expect(homes()).toEqual(before);
-  }, 240_000); // 136 s at a load average of 12–20 (before the ls --limit and --count samples) (node's starts: the CLI's and the daemon's, at each count)
+  }, 240_000); // 136 s at a load average of 12–20 before the ls --limit and --count samples (node's starts: the CLI's and the daemon's, at each count)
 
   it('an abort between steps removes the machines already made', async () => {
     const before = homes();

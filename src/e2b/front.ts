@@ -77,7 +77,7 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
         reply,
         e.code === 'FST_ERR_MAX_PARAM_LENGTH'
           ? new SnaplabError('SANDBOX_NOT_FOUND', 'no sandbox has an id that long', 'ids are at most 100 characters')
-          : routingError(e, app.initialConfig.maxParamLength ?? 100),
+          : routingError(e, 100),
       ),
   });
   opts.guard?.attach(app.server);
