@@ -9,6 +9,7 @@ import {
   rmSync,
   writeFileSync,
 } from 'node:fs';
+import { once } from 'node:events';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -227,12 +228,51 @@ describe('snaplab CLI', () => {
     }
   });
 
+  it('create --count makes them in order under a prefix, or none: a failure or ^C removes what it made', async () => {
+    const made = snaplab(['create', '--count', '4', '--name', 'n', '--label', 'batch=n']);
+    expect(made, made.err).toMatchObject({ code: 0, out: 'n-1\nn-2\nn-3\nn-4\n' });
+    expect(made.err).toMatch(/^created 4 in [\d.]+ s \([\d.]+\/s\)\n$/);
+    // every name is taken: none made
+    const clash = snaplab(['create', '--count', '4', '--name', 'n', '--parallel', '1', '--json']);
+    expect(clash.code).toBe(2);
+    expect(JSON.parse(clash.err).error).toMatchObject({ code: 'SANDBOX_EXISTS', message: /^no sandbox made: / });
+    // n-3 is taken: n-1 and n-2 (one at a time) are made, then removed
+    snaplab(['rm', 'n-1', 'n-2']);
+    const again = snaplab(['create', '--count', '4', '--name', 'n', '--parallel', '1']);
+    expect(again.err).toMatch(/error\[SANDBOX_EXISTS\]: the 2 made were removed: a sandbox named n-3/);
+    expect(snaplab(['ls', '--count', '--label', 'batch=n']).out).toBe('2 sandboxes: 2 running\n');
+    for (const [args, re] of [
+      [['--count', '0'], /error\[BAD_INPUT\]: a count of 0 sandboxes\nhint: a whole number from 1 to 100000/],
+      [['--count', '2', '--parallel', '65'], /error\[BAD_INPUT\]: --parallel 65\nhint: a whole number from 1 to 64/],
+      [['--count', '2', '--trace'], /error\[BAD_INPUT\]: --trace shows one create/],
+    ] as [string[], RegExp][])
+      expect(snaplab(['create', ...args]).err).toMatch(re);
+    // ^C once it has told its progress: what it made is removed, and it says so
+    const child = spawn(SNAPLAB, ['create', '--count', '2000', '--label', 'batch=int'], {
+      env: { ...process.env, SNAPLAB_HOME: home },
+    });
+    let err = '';
+    let interrupted = false;
+    child.stderr.on('data', (b: Buffer) => {
+      err += b;
+      if (/created \(/.test(err) && child.signalCode === null && !interrupted) interrupted = child.kill('SIGINT');
+    });
+    const [code] = await once(child, 'exit');
+    expect(code, err).toBe(2);
+    expect(err).toMatch(
+      /… \d+\/2000 created \([\d.]+\/s\)\n[\s\S]*error\[ABORTED\]: the \d+ made were removed: the create was interrupted\nhint:/,
+    );
+    expect(snaplab(['ls', '--count', '--label', 'batch=int']).out).toBe('0 sandboxes\n');
+    expect(snaplab(['rm', '--label', 'batch=n']).out).toMatch(/^removed n-[34], n-[34]\n$/);
+  });
+
   it('rm --label removes every sandbox with the label; the others stay; names with --all, and --all with --label, are refused', async () => {
     const lab = await Lab.open({ home });
     try {
-      const made = await Promise.all(
-        Array.from({ length: 12 }, (_, i) => lab.create({ image: 'busybox', labels: { batch: i < 11 ? 'a' : 'b' } })),
-      );
+      const made = [
+        ...JSON.parse(snaplab(['create', '--count', '11', '--label', 'batch=a', '--json']).out),
+        await lab.create({ image: 'busybox', labels: { batch: 'b' } }),
+      ] as { name: string }[];
       const keep = made.slice(11).map((b) => b.name);
       const r = snaplab(['rm', '--label', 'batch=a']);
       expect(r, r.err).toMatchObject({ code: 0, out: 'removed 11 sandboxes\n' });

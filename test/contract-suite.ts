@@ -6,6 +6,7 @@ import { PassThrough } from 'node:stream';
 import { expect, it } from 'vitest';
 import type { LabApi, SandboxApi } from '../src/sdk/api.js';
 import { listCursor } from '../src/sdk/paging.js';
+import { createMany, removeMany } from '../src/sdk/bulk.js';
 import { noted } from '../src/cleanup.js';
 
 /** Wait (at most 10 s) until check() holds. */
@@ -36,6 +37,21 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     expect((await lab().list({ labels: { extra: 'yes' } })).map((b) => b.name)).toEqual([`c-${kind}`]);
     await box.destroy();
     await expect(lab().get(`c-${kind}`)).rejects.toMatchObject({ code: 'SANDBOX_NOT_FOUND' });
+  });
+
+  it('in bulk: made in order under a prefix; a failure removes what the bulk made; removed all', async () => {
+    const labels = { suite: 'contract', bulk: kind };
+    const made = await createMany(lab(), 5, { name: `m-${kind}`, labels, timeoutS: 0 }, { parallel: 3 });
+    expect(made.map((b) => b.name)).toEqual([1, 2, 3, 4, 5].map((i) => `m-${kind}-${i}`));
+    // one after the other: m-KIND-x-1 is made, m-KIND-x-2 is taken (m-KIND-x-3 is never begun)
+    await lab().create({ name: `m-${kind}-x-2`, labels, timeoutS: 0 });
+    const clash = createMany(lab(), 3, { name: `m-${kind}-x`, labels, timeoutS: 0 }, { parallel: 1 });
+    await expect(clash).rejects.toMatchObject({ code: 'SANDBOX_EXISTS', message: /the 1 made were removed/ });
+    const left = await lab().list({ labels });
+    expect(left.map((b) => b.name).sort()).toEqual([...made.map((b) => b.name), `m-${kind}-x-2`].sort());
+    expect((await removeMany(lab(), left)).sort()).toEqual(left.map((b) => b.name).sort());
+    expect(await lab().list({ labels })).toEqual([]);
+    await expect(createMany(lab(), 0)).rejects.toMatchObject({ code: 'BAD_INPUT', hint: /whole number/ });
   });
 
   it("lists in pages, oldest first: limit, then after the last one's cursor; a bad cursor is BAD_INPUT", async () => {

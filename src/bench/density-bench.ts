@@ -19,6 +19,7 @@ import { join } from 'node:path';
 import { bestEffort, orElse } from '../cleanup.js';
 import { SnaplabError } from '../errors.js';
 import { Lab } from '../sdk/lab.js';
+import { createMany } from '../sdk/bulk.js';
 import type { Progress } from './progress.js';
 import {
   DENSITY_POOL,
@@ -134,22 +135,22 @@ async function fill(
 ): Promise<DensityPoint['bulk']> {
   if (n <= 0) return null;
   const t0 = now();
-  let made = 0;
-  let started = 0;
-  let shown = t0;
-  const worker = async (): Promise<void> => {
-    while (started < n && !signal?.aborted) {
-      started++;
-      // the connection is closed at once: the library holds nothing of an idle machine
-      (await lab.create({ labels: { bench: 'density' } })).close();
-      made++;
-      if (now() - shown > 1000) {
-        shown = now();
-        progress.note(`creating: ${made} of ${n} more (${Math.round((made / (shown - t0)) * 1000)}/s)`);
-      }
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(o.concurrency, n) }, worker));
+  // (its connections are closed at once: the library holds nothing of an idle machine)
+  const made = (
+    await createMany(
+      lab,
+      n,
+      { labels: { bench: 'density' } },
+      {
+        parallel: o.concurrency,
+        signal,
+        onProgress: (p) => progress.note(`creating: ${p.done} of ${n} more (${Math.round(p.perSecond)}/s)`),
+      },
+    ).catch((e: unknown) => {
+      checkAbort(signal);
+      throw e;
+    })
+  ).length;
   checkAbort(signal);
   const seconds = (now() - t0) / 1000;
   const floor = await spawnLoop(Math.min(o.concurrency, n), { durationMs: 3000, count: Math.min(n, 300) }, 'unshare', [

@@ -34,6 +34,29 @@ async function withOpened<L extends { close(): void }>(
   }
 }
 
+/**
+ * Run long work that ^C, SIGTERM or a hang-up interrupts: the first aborts its signal with
+ * `stop.error`; the handlers stay until the work has settled, so a second one does not end this
+ * process while the work undoes what it made (it says `stop.still` instead).
+ */
+export async function interruptible<T>(
+  stop: { still: string; error: SnaplabError },
+  work: (signal: AbortSignal) => Promise<T>,
+): Promise<T> {
+  const ac = new AbortController();
+  const interrupt = (): void => {
+    if (ac.signal.aborted) return void process.stderr.write(`… ${stop.still}\n`);
+    ac.abort(stop.error);
+  };
+  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
+  for (const s of signals) process.on(s, interrupt);
+  try {
+    return await work(ac.signal);
+  } finally {
+    for (const s of signals) process.off(s, interrupt);
+  }
+}
+
 /** The embedded lab (loaded here, not at start-up: `--help`, `--version` and usage errors need none of it). */
 export function withLab(
   opts: CommonOptions,

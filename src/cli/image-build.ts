@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
 import { formatBytes } from '../lab/sizes.js';
-import { withLab, type CommonOptions } from './common.js';
+import { interruptible, withLab, type CommonOptions } from './common.js';
 import { printJson } from './output.js';
 import { templateRecipe, TEMPLATES } from '../image/templates.js';
 
@@ -14,26 +14,11 @@ interface BuildCli extends CommonOptions {
   rebuild?: boolean;
 }
 
-/**
- * Run a build that ^C, SIGTERM or a hang-up interrupts: the first aborts it; the handlers stay until
- * the build has settled, so a second one does not end this process while mmdebstrap undoes its
- * mounts (mmdebstrap runs in a process group of its own, which the abort interrupts; it is killed,
- * group and all, 15 s after the abort if it has not stopped). Nothing of an interrupted build is kept.
- */
-async function interruptible<T>(build: (signal: AbortSignal) => Promise<T>): Promise<T> {
-  const ac = new AbortController();
-  const interrupt = (): void => {
-    if (ac.signal.aborted) return void process.stderr.write('… still stopping the build (undoing its mounts)\n');
-    ac.abort(new SnaplabError('ABORTED', 'the build was interrupted', 'nothing of it was kept; run it again'));
-  };
-  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
-  for (const s of signals) process.on(s, interrupt);
-  try {
-    return await build(ac.signal);
-  } finally {
-    for (const s of signals) process.off(s, interrupt);
-  }
-}
+/** ^C during a build: mmdebstrap runs in a process group of its own, killed 15 s after if it has not stopped */
+const BUILD_STOP = {
+  still: 'still stopping the build (undoing its mounts)',
+  error: new SnaplabError('ABORTED', 'the build was interrupted', 'nothing of it was kept; run it again'),
+};
 
 /** A built-in template is built as it is defined: the options that would change it are refused. */
 function checkTemplateOptions(name: string, o: BuildCli): void {
@@ -84,7 +69,7 @@ export function registerImageBuild(image: Command): void {
           .map((p) => p.trim())
           .filter(Boolean);
         const onProgress = o.json ? undefined : (s: string): void => void process.stderr.write(`… ${s}\n`);
-        const r = await interruptible((signal) =>
+        const r = await interruptible(BUILD_STOP, (signal) =>
           recipe
             ? lab.buildTemplate(recipe.name, { rebuild: o.rebuild, onProgress, signal })
             : lab.buildImage(

@@ -1,11 +1,12 @@
 import type { Command } from 'commander';
-import { SnaplabError, isSnaplabError } from '../errors.js';
+import { SnaplabError } from '../errors.js';
 import { keyValues } from '../lab/io/exec.js';
-import type { LabApi, SandboxApi, SandboxCount } from '../sdk/api.js';
+import type { SandboxApi, SandboxCount } from '../sdk/api.js';
 import { addTraceOption, showTrace, withApi, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import { nextCursor } from '../sdk/paging.js';
+import { removeMany } from '../sdk/bulk.js';
 
 function age(ts: number): string {
   const s = Math.round((Date.now() - ts) / 1000);
@@ -104,60 +105,8 @@ function registerLs(program: Command): void {
 
 const labelArgs = (labels: string[]): string => labels.map((l) => ` --label '${l.replaceAll("'", "'\\''")}'`).join('');
 
-/** how many removals run at once: a destroy waits on the kernel (mounts, cgroups) more than on a core */
-const RM_PARALLEL = 8;
 /** how many names `rm` prints before it prints a count instead */
 const RM_NAMES_SHOWN = 10;
-
-/**
- * Destroy the selected sandboxes, RM_PARALLEL at a time, with progress on stderr (`progress`) at
- * most once a second (removed, skipped and failed alike). One removed by someone else meanwhile is
- * skipped (it is gone, as asked);
- * other failures do not stop the rest and are said at the end.
- */
-async function removeSelected(
-  lab: LabApi,
-  boxes: SandboxApi[],
-  o: CommonOptions,
-  progress: ((done: number, total: number) => void) | undefined,
-): Promise<string[]> {
-  const removed: string[] = [];
-  const failed: { name: string; error: unknown }[] = [];
-  let next = 0;
-  let done = 0;
-  let shown = Date.now();
-  const worker = async (): Promise<void> => {
-    while (next < boxes.length) {
-      const b = boxes[next++]!;
-      try {
-        // read again now: the list may be minutes old, and a stale record must not be removed twice
-        showTrace(o, await (await lab.get(b.id, { check: false })).destroy());
-        removed.push(b.name);
-      } catch (e) {
-        if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) failed.push({ name: b.name, error: e });
-      }
-      done++;
-      if (progress && Date.now() - shown >= 1000) {
-        shown = Date.now();
-        progress(done, boxes.length);
-      }
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(RM_PARALLEL, boxes.length) }, worker));
-  if (failed.length) {
-    const first = failed[0]!.error;
-    throw new SnaplabError(
-      isSnaplabError(first) ? first.code : 'INTERNAL',
-      `${failed.length} of ${boxes.length} sandboxes not removed (${removed.length} removed): ${failed
-        .slice(0, 5)
-        .map((f) => `${f.name}: ${f.error instanceof Error ? f.error.message : String(f.error)}`)
-        .join('; ')}`,
-      isSnaplabError(first) ? first.hint : 'run the command again; `snaplab gc` removes what a failed removal left',
-      { cause: first },
-    );
-  }
-  return removed;
-}
 
 function registerRm(program: Command): void {
   const rm = program
@@ -183,10 +132,10 @@ function registerRm(program: Command): void {
       let removed: string[];
       if (select) {
         const boxes = await lab.list({ labels: keyValues(o.label, 'label') });
-        const progress = o.json
-          ? undefined
-          : (done: number, total: number): void => void process.stderr.write(`… ${done}/${total} removed\n`);
-        removed = await removeSelected(lab, boxes, o, progress);
+        removed = await removeMany(lab, boxes, {
+          onTrace: (t) => showTrace(o, t),
+          ...(o.json ? {} : { onProgress: (p) => void process.stderr.write(`… ${p.done}/${p.total} removed\n`) }),
+        });
       } else {
         // one after the other, as given: a name that is not there stops the command, and says which
         for (const n of names) showTrace(o, await (await lab.get(n)).destroy());
