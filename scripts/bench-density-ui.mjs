@@ -8,7 +8,8 @@
  *     one sandbox; publish CPU per event = (node's event CPU - its idle) - (plain's - its idle)
  *   - the write size of the node's entry and of one sandbox entry
  *   - the time Chromium takes from navigation to the list's rows, with BEFORE_WEB's bundle and
- *     with this one's (5 loads each, median)
+ *     with this one's (5 loads each, median; BEFORE_ROWS: the rows BEFORE_WEB draws, when it pages
+ *     too), and the daemon's CPU with the list open beside none (its usage polls included)
  * usage: node scripts/bench-density-ui.mjs BEFORE_PACKAGE_DIR BEFORE_WEB_DIR [N]
  * (BEFORE_WEB_DIR: a dist/web built before; BEFORE_PACKAGE_DIR: a built checkout, e.g. main)
  */
@@ -137,6 +138,42 @@ async function renderMs(url, key, rows) {
   return median(ms);
 }
 
+/**
+ * The daemon's CPU (ms a second) over 10 s with no page open, then over 10 s with the machine
+ * list open in Chromium (after its rows are drawn and 2 s more): what the open list costs it, its
+ * polls of GET /usage included.
+ */
+async function openCpu(d, url, key, rows) {
+  const window = async () => {
+    const [c0, t0] = [cpuMs(d.pid), Date.now()];
+    await sleep(10_000);
+    return ((cpuMs(d.pid) - c0) / (Date.now() - t0)) * 1000;
+  };
+  const idle = await window();
+  const browser = await chromium.launch({
+    executablePath: '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox'],
+  });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+    await page.addInitScript(`sessionStorage.setItem('snaplab.key', ${JSON.stringify(key)})`);
+    await page.goto(`${url}/#/machines`);
+    await page.waitForFunction((n) => document.querySelectorAll('tbody tr[data-machine]').length >= n, Number(rows), {
+      timeout: 120_000,
+    });
+    await sleep(2000);
+    const open = await window();
+    return {
+      idleCpuMsPerS: Math.round(idle),
+      openCpuMsPerS: Math.round(open),
+      listCostMsPerS: Math.round(open - idle),
+    };
+  } finally {
+    await browser.close();
+  }
+}
+
 /** the plain daemon, then a node of BEFORE's package, then one of this */
 async function nodes(out, etcdUrl, client, beforePkg) {
   const plain = await serve(here, []);
@@ -161,14 +198,14 @@ async function nodes(out, etcdUrl, client, beforePkg) {
 async function main() {
   const key = cli(here, ['key', 'create', `bench-${Date.now()}`, '--scope', 'read,exec,admin']).stdout.trim();
   const made = Date.now();
-  // through the library, two at a time (a CLI process per create is most of a create's CPU)
+  // through the library, four at a time (a CLI process per create is most of a create's CPU)
   const lab = await Lab.open({ home });
   const have = new Set((await lab.list({ check: false })).map((b) => b.name));
   const todo = Array.from({ length: N }, (_, i) => `d${i}`).filter((name) => !have.has(name));
   const worker = async () => {
     for (let name = todo.shift(); name; name = todo.shift()) (await lab.create({ image: 'busybox', name })).close();
   };
-  await Promise.all([worker(), worker()]);
+  await Promise.all([worker(), worker(), worker(), worker()]);
   const count = (await lab.list({ check: false })).length;
   lab.close();
   console.log(JSON.stringify({ sandboxes: count, createS: (Date.now() - made) / 1000, load: loadavg() }));
@@ -205,13 +242,15 @@ async function main() {
       });
       cpSync(beforeWeb, join(pkg, 'dist', 'web'), { recursive: true });
       const old = await serve(pkg, []);
-      out.renderBefore = { rows: count, ms: await renderMs(old.url, key, count) };
+      const rows = Number(process.env.BEFORE_ROWS ?? count);
+      out.renderBefore = { rows, ms: await renderMs(old.url, key, rows), ...(await openCpu(old, old.url, key, rows)) };
       await old.stop();
     } finally {
       rmSync(pkg, { recursive: true, force: true });
     }
     const d = await serve(here, []);
-    out.renderAfter = { rows: Math.min(100, count), ms: await renderMs(d.url, key, Math.min(100, count)) };
+    const rows = Math.min(100, count);
+    out.renderAfter = { rows, ms: await renderMs(d.url, key, rows), ...(await openCpu(d, d.url, key, rows)) };
     await d.stop();
   } finally {
     await Promise.all([...serving].map((stop) => stop()));

@@ -446,6 +446,9 @@ describe('a cluster', () => {
     const box = (await api<{ id: string; node: string }>(gateways[0]!, 'POST', '/sandboxes', {})).body;
     const usage = (await api<{ id: string; node: string }[]>(gateways[1]!, 'GET', '/usage')).body;
     expect(usage.find((u) => u.id === box.id)).toMatchObject({ id: box.id, node: box.node });
+    // a page's usage: those ids only, from whichever node holds each
+    const page = (await api<{ id: string; node: string }[]>(gateways[1]!, 'GET', `/usage?id=${box.id},nope`)).body;
+    expect(page.map((u) => [u.id, u.node])).toEqual([[box.id, box.node]]);
     expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${box.id}`)).status).toBe(204);
   });
 

@@ -684,6 +684,18 @@ describe('snaplab serve', () => {
       .map((x) => JSON.parse(x.split('\ndata: ')[1]!));
     expect(seen.filter((e) => e.name === 'of-a-2').map((e) => e.type)).toEqual(['created', 'ready', 'destroyed']);
     expect(seen.some((e) => e.name === 'of-b' || (e.name !== 'of-a' && e.name !== 'of-a-2'))).toBe(false);
+    // usage: a key's own machines; with ids (the dashboard's page), those only, never another key's
+    const [ofA, ofB] = ['of-a', 'of-b'].map((n) => curl('GET', `/sandboxes/${n}`).body.id as string);
+    const usage = (token: string, q = ''): string[] =>
+      (curl('GET', `/usage${q}`, { token }).body as Json[]).map((u) => `${u.id}:${typeof u.memoryBytes}`);
+    expect(usage(a)).toEqual([`${ofA}:number`]);
+    expect(usage(b, `?id=${ofA},${ofB},nope`)).toEqual([`${ofB}:number`]);
+    expect(usage(a, `?id=${ofB}&id=${ofA}`)).toEqual([`${ofA}:number`]);
+    expect(usage(a, '?id=')).toEqual([]);
+    expect(curl('GET', `/usage?id=${Array(1001).fill(ofA).join(',')}`, { token: a })).toMatchObject({
+      status: 400,
+      body: { code: 'BAD_INPUT', hint: /at most 1000/ },
+    });
     curl('DELETE', '/sandboxes/of-b');
 
     const ws = new WebSocket(`${d.url.replace('http', 'ws')}/rpc`, { headers: { authorization: `Bearer ${a}` } });

@@ -46,10 +46,13 @@ export function gatewayHost(core: ClusterCore): RouteHost & { passToNode: PassTo
     ownedBy: () => undefined,
     snapshotVisible: () => true,
     runPool: (caller, pool, body) => runInPool(core, caller, pool, body),
-    usage: async (caller) =>
-      (await core.askAll<Record<string, unknown>[]>(caller, '/usage')).flatMap((a) =>
-        a.value.map((u) => ({ ...u, node: a.node })),
-      ),
+    usage: async (caller, ids) =>
+      (
+        await core.askAll<Record<string, unknown>[]>(
+          caller,
+          ids ? `/usage?id=${ids.map(encodeURIComponent).join(',')}` : '/usage',
+        )
+      ).flatMap((a) => a.value.map((u) => ({ ...u, node: a.node }))),
     // one sandbox's stream is its node's (process events included); the cluster's is the store's
     streamEvents: (caller, req, res, q) =>
       q.sandbox ? new GatewayLab(core, caller).forward(q.sandbox, req, res) : clusterEvents(core, req, res, caller),

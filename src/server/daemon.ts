@@ -436,9 +436,9 @@ export class Daemon implements RouteHost {
     });
   }
 
-  /** Every visible machine's memory, pids and CPU time now, from its cgroup. */
-  usage(caller: Caller): Promise<unknown[]> {
-    return labUsage(this.lab, this.ownedBy(caller));
+  /** Every visible machine's memory, pids and CPU time now, from its cgroup (with `ids`, those only). */
+  usage(caller: Caller, ids?: string[]): Promise<unknown[]> {
+    return labUsage(this.lab, this.ownedBy(caller), ids);
   }
 
   /**

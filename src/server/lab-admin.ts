@@ -9,6 +9,7 @@ import type { Operations } from './operations.js';
 import { cgroupFor, stats } from '../host/cgroups/cgroups.js';
 import { orElse } from '../cleanup.js';
 import type { AdminApi, Placement, ScenariosApi, ServedLab } from './served-lab.js';
+import type { SandboxApi } from '../sdk/api.js';
 
 /** A placement names a cluster's nodes: a single daemon has none to choose from. */
 export function noPlacement(b: Placement): void {
@@ -99,15 +100,31 @@ export function labScenarios(lab: ServedLab, operations: Operations): ScenariosA
   };
 }
 
-/** The memory, pids and CPU time of the lab's running and paused machines (of `owner`'s, if named), from their cgroups. */
-export async function labUsage(lab: ServedLab, owner: string | undefined): Promise<unknown[]> {
+/**
+ * The memory, pids and CPU time of the lab's running and paused machines (of `owner`'s, if named),
+ * from their cgroups; with `ids`, of those only (a dashboard's page: its cost follows the page, not
+ * the host's count). An id that names nothing, or another owner's machine, is left out, as a list
+ * leaves it out.
+ */
+export async function labUsage(lab: ServedLab, owner: string | undefined, ids?: string[]): Promise<unknown[]> {
   const at = Date.now();
-  const recs = (await lab.list({ owner, check: false })).filter((r) => r.state === 'running' || r.state === 'paused');
+  const visible = (r: SandboxApi | undefined): r is SandboxApi => !!r && (owner === undefined || r.owner === owner);
+  const recs = ids
+    ? (
+        await Promise.all(
+          [...new Set(ids)].map((id) =>
+            lab.get(id, { check: false }).catch(orElse(undefined, 'usage', 'SANDBOX_NOT_FOUND', 'BAD_INPUT')),
+          ),
+        )
+      ).filter(visible)
+    : await lab.list({ owner, check: false });
   return Promise.all(
-    recs.map(async (r) => ({
-      id: r.id,
-      at,
-      ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
-    })),
+    recs
+      .filter((r) => r.state === 'running' || r.state === 'paused')
+      .map(async (r) => ({
+        id: r.id,
+        at,
+        ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
+      })),
   );
 }

@@ -85,6 +85,25 @@ function whoRoutes(app: FastifyInstance, h: RouteHost): void {
   );
 }
 
+/** the most machines one usage call names: a dashboard's largest page */
+const USAGE_IDS_MAX = 1000;
+
+/** `?id=a&id=b` or `?id=a,b`: the ids, at most USAGE_IDS_MAX; none: every visible machine */
+function usageIds(q: string | string[] | undefined): string[] | undefined {
+  if (q === undefined) return undefined;
+  const ids = [q]
+    .flat()
+    .flatMap((v) => v.split(','))
+    .filter(Boolean);
+  if (ids.length > USAGE_IDS_MAX)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `${ids.length} ids in one usage call`,
+      `at most ${USAGE_IDS_MAX}: ask in pages`,
+    );
+  return ids;
+}
+
 /** The event stream and the machines' usage. */
 function eventRoutes(app: FastifyInstance, h: RouteHost): void {
   // events: server-sent, with ids; Last-Event-ID (or ?after=) resumes after that id
@@ -120,17 +139,21 @@ function eventRoutes(app: FastifyInstance, h: RouteHost): void {
       }
     },
   );
-  // one call for the whole list: the dashboard polls it and draws CPU from the difference
+  // one call for a list: the dashboard polls it for its page and draws CPU from the difference
   app.get(
     '/usage',
     {
       schema: {
         tags: ['sandboxes'],
-        summary: "Every visible machine's memory, pids and CPU time now (from its cgroup)",
+        summary:
+          "Every visible machine's memory, pids and CPU time now (from its cgroup); with `id` (repeatable, or comma-separated), those machines' only",
+        querystring: Type.Object({
+          id: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: USAGE_IDS_MAX })])),
+        }),
         response: { 200: Type.Array(any), ...errors },
       },
     },
-    async (req) => h.usage(req.caller),
+    async (req) => h.usage(req.caller, usageIds((req.query as { id?: string | string[] }).id)),
   );
 }
 

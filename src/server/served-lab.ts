@@ -213,7 +213,8 @@ export interface RouteHost {
   /** GET /metrics, Prometheus text (a gateway's own; `recent`: its last N placements only) */
   metricsText(caller: Caller, recent?: number): Promise<string>;
   /** every visible machine's memory, pids and CPU time now (a cluster's: each with its node) */
-  usage(caller: Caller): Promise<unknown[]>;
+  /** with `ids`: of those machines only (the others that name nothing visible are left out) */
+  usage(caller: Caller, ids?: string[]): Promise<unknown[]>;
   /**
    * The event stream for this request, written as server-sent events to `res` until the client
    * goes (a daemon's journal; a cluster's from etcd, or one sandbox's from its node); `after`:

@@ -1,6 +1,6 @@
 /**
  * The machine list, live: read once, then kept by the event stream (created, paused, resumed,
- * exited, destroyed, failed) without reloading; CPU and memory from GET /usage every 2 s. Events
+ * exited, destroyed, failed) without reloading; CPU and memory of its page from GET /usage every 2 s. Events
  * are gathered and applied once per frame, so a burst of them costs one render, and each row
  * renders again only when its machine or its usage changed.
  */
@@ -334,8 +334,12 @@ function useLiveList() {
   return { list, made, error, lost, paging };
 }
 
-/** Each machine's memory, processes and CPU, polled; `now` moves with each poll (for the ages). */
-function useLoads() {
+/**
+ * The memory, processes and CPU of the machines on the page (`ids`, read at each poll: the page
+ * as it is then), polled; `now` moves with each poll (for the ages). Only the page's are asked
+ * for, so a poll costs the same beside 10 000 machines as beside 100.
+ */
+function useLoads(ids: { current: string[] }) {
   const [loads, setLoads] = useState<Map<string, Load>>(new Map());
   const [now, setNow] = useState(Date.now());
   // usage every 2 s: CPU is the difference of cpu time over the difference of wall time
@@ -345,7 +349,7 @@ function useLoads() {
     let live = true;
     const poll = async (): Promise<void> => {
       try {
-        const us = await api<Usage[]>('GET', '/usage');
+        const us = await api<Usage[]>('GET', `/usage?id=${ids.current.map(enc).join(',')}`);
         const next = new Map<string, Load>();
         for (const u of us) {
           const p = prev.get(u.id);
@@ -375,7 +379,9 @@ function useLoads() {
 
 export function MachinesPage() {
   const { list, made, error, lost, paging } = useLiveList();
-  const { loads, now } = useLoads();
+  const pageIds = useRef<string[]>([]);
+  pageIds.current = [...(list?.keys() ?? [])];
+  const { loads, now } = useLoads(pageIds);
   const [selected, setSelected] = useState<Set<string>>(new Set());
   const [filter, setFilter] = useState('');
   const [stateFilter, setStateFilter] = useState('');
