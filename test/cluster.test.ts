@@ -449,6 +449,17 @@ describe('a cluster', () => {
     // a page's usage: those ids only, from whichever node holds each
     const page = (await api<{ id: string; node: string }[]>(gateways[1]!, 'GET', `/usage?id=${box.id},nope`)).body;
     expect(page.map((u) => [u.id, u.node])).toEqual([[box.id, box.node]]);
+    // a relabel reaches the cluster's entry on the node's next heartbeat, which reads the store's
+    // changes, not every record (a full comparison is a minute apart: this waits 10 s)
+    await until('its entry written', () => gatewayLab.core.view.sandboxes.get(box.id)?.state === 'running');
+    await sleep(2500); // past the publishes its create's events asked for, and a heartbeat
+    const patched = await api(gateways[0]!, 'PATCH', `/sandboxes/${box.id}`, { labels: { relabelled: 'yes' } });
+    expect(patched.status, JSON.stringify(patched.body)).toBe(200);
+    await until(
+      'the new label in its entry',
+      () => gatewayLab.core.view.sandboxes.get(box.id)?.labels.relabelled,
+      10_000,
+    );
     expect((await api(gateways[0]!, 'DELETE', `/sandboxes/${box.id}`)).status).toBe(204);
   });
 

@@ -21,6 +21,13 @@ import { handledElsewhere, noted, orElse } from '../cleanup.js';
  * removed as sandboxes go), and a read of every sandbox entry, so not often.
  */
 const SWEEP_MS = 300_000;
+/**
+ * How often the heartbeat compares every record with what it published; between, it reads the
+ * store's changes since its last pass (Lab.changes: a relabel is one), so that beside 10 000 idle
+ * sandboxes a heartbeat reads none (docs/benchmarks.md, "Density: the machine list and the node
+ * at 10 000"). The full pass stays as a backstop for whatever the changes do not carry.
+ */
+const FULL_SYNC_MS = 60_000;
 
 export interface NodeOptions {
   cluster: string;
@@ -56,6 +63,9 @@ export class ClusterNode {
   /** sandboxes gone since the last sync (their entries go even if this process never wrote them) */
   private gone = new Map<string, string>();
   private lastSweep = Date.now();
+  /** where the heartbeat's last pass read the store's changes to; undefined: every record next */
+  private mark: number | undefined;
+  private lastFull = 0;
   /** sandboxes events named since the last publish: each is read again alone, not the whole list */
   private named = new Set<string>();
   /** the heartbeat's publish compares every entry; an event's only those it named */
@@ -308,27 +318,51 @@ export class ClusterNode {
         if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) return null;
         throw e;
       });
-      const was = this.published.get(id);
-      // being started again (a stopped one): the cluster keeps its entry as it was until it runs
-      if (box && was !== undefined && box.state === 'creating') continue;
-      if (box && box.id === id && routed(box)) {
-        const e = this.entryOf(box);
-        const text = JSON.stringify(e);
-        if (was === text) continue;
-        await this.store.putSandbox(e);
-        this.published.set(id, text);
-      } else if (was !== undefined) {
-        await this.store.deleteSandbox(JSON.parse(was) as SandboxEntry);
-        this.published.delete(id);
-      }
+      await this.syncOne(id, box);
     }
     await this.dropGone((id) => this.published.has(id));
   }
 
-  /** Write each sandbox's entry that changed, remove those of sandboxes gone. */
+  /** One sandbox's entry as its record now is (null: it is gone). */
+  private async syncOne(id: string, box: SandboxApi | null): Promise<void> {
+    const was = this.published.get(id);
+    // being started again (a stopped one): the cluster keeps its entry as it was until it runs
+    if (box && was !== undefined && box.state === 'creating') return;
+    if (box && box.id === id && routed(box)) {
+      const e = this.entryOf(box);
+      const text = JSON.stringify(e);
+      if (was === text) return;
+      await this.store.putSandbox(e);
+      this.published.set(id, text);
+    } else if (was !== undefined) {
+      await this.store.deleteSandbox(JSON.parse(was) as SandboxEntry);
+      this.published.delete(id);
+    }
+  }
+
+  /**
+   * The heartbeat's pass: what changed in the store since the last one (each read as syncNamed
+   * reads one), or, every FULL_SYNC_MS and first, every record compared (syncAll). The mark moves
+   * only once the pass has written all it read: a failed one is read again.
+   */
   private async sync(): Promise<void> {
+    const full = this.mark === undefined || Date.now() - this.lastFull >= FULL_SYNC_MS;
+    const c = await this.daemon.lab.changes(full ? undefined : this.mark);
+    if (c.complete) {
+      await this.syncAll(c.sandboxes);
+      this.lastFull = Date.now();
+    } else {
+      for (const box of c.sandboxes) await this.syncOne(box.id, box);
+      for (const id of c.removed) await this.syncOne(id, null);
+      await this.dropGone((id) => this.published.has(id));
+    }
+    this.mark = c.mark;
+  }
+
+  /** Write each sandbox's entry that changed, remove those of sandboxes gone. */
+  private async syncAll(all: SandboxApi[]): Promise<void> {
     const now = new Map<string, SandboxEntry>();
-    for (const r of await this.daemon.lab.list({ check: false })) {
+    for (const r of all) {
       const was = this.published.get(r.id);
       // being started again (a stopped one): its entry stays as it was until it runs (not destroyed, then created)
       if (r.state === 'creating' && was !== undefined) now.set(r.id, JSON.parse(was) as SandboxEntry);

@@ -385,4 +385,21 @@ export const migrations: string[] = [
   ${OWNER_HELD_COUNT}
   CREATE INDEX snapshots_owner ON snapshots(owner);
   `,
+  // a sandbox's labels and owner are among its changes too (sandbox_meta), so that a reader of the
+  // changes (a cluster node's heartbeat: cluster/node.ts) need not read every record to see a
+  // relabel. Only when one of them is new: putMeta rewrites the whole row on every timeout change.
+  // (A delete and an insert, not INSERT OR REPLACE: putMeta is an upsert, and the conflict clause of
+  // the statement that fires a trigger overrides the trigger's own, so REPLACE would fail there.)
+  `
+  CREATE TRIGGER sandbox_changes_meta_insert AFTER INSERT ON sandbox_meta
+    WHEN EXISTS (SELECT 1 FROM sandboxes WHERE id = NEW.id) BEGIN
+    DELETE FROM sandbox_changes WHERE id = NEW.id;
+    INSERT INTO sandbox_changes (id, gone) VALUES (NEW.id, 0);
+  END;
+  CREATE TRIGGER sandbox_changes_meta_update AFTER UPDATE OF labels, owner ON sandbox_meta
+    WHEN NEW.labels IS NOT OLD.labels OR NEW.owner IS NOT OLD.owner BEGIN
+    DELETE FROM sandbox_changes WHERE id = NEW.id;
+    INSERT INTO sandbox_changes (id, gone) VALUES (NEW.id, 0);
+  END;
+  `,
 ];
