@@ -240,10 +240,19 @@ describe('snaplab CLI', () => {
     snaplab(['rm', 'n-1', 'n-2']);
     const again = snaplab(['create', '--count', '4', '--name', 'n', '--parallel', '1']);
     expect(again.err).toMatch(/error\[SANDBOX_EXISTS\]: the 2 made were removed: a sandbox named n-3/);
-    expect(snaplab(['ls', '--count', '--label', 'batch=n']).out).toBe('2 sandboxes: 2 running\n');
+    expect(snaplab(['ls', '--count']).out).toBe('2 sandboxes: 2 running\n');
+    // a name is a prefix whatever the count
+    expect(snaplab(['create', '--count', '1', '--name', 'solo']).out).toBe('solo-1\n');
+    expect(snaplab(['rm', 'solo-1']).code).toBe(0);
     for (const [args, re] of [
-      [['--count', '0'], /error\[BAD_INPUT\]: a count of 0 sandboxes\nhint: a whole number from 1 to 100000/],
-      [['--count', '2', '--parallel', '65'], /error\[BAD_INPUT\]: --parallel 65\nhint: a whole number from 1 to 64/],
+      [['--count', '0'], /error\[BAD_INPUT\]: invalid --count "0"\nhint: --count must be a positive whole number/],
+      [['--count', '1e1'], /error\[BAD_INPUT\]: invalid --count "1e1"/],
+      [['--count', '100001'], /error\[BAD_INPUT\]: a count of 100001 sandboxes\nhint: a whole number from 1 to 100000/],
+      [
+        ['--count', '2', '--parallel', '65'],
+        /error\[BAD_INPUT\]: 65 calls in flight\nhint: parallel: a whole number from 1 to 64/,
+      ],
+      [['--parallel', '2'], /error\[BAD_INPUT\]: --parallel is for --count/],
       [['--count', '2', '--trace'], /error\[BAD_INPUT\]: --trace shows one create/],
     ] as [string[], RegExp][])
       expect(snaplab(['create', ...args]).err).toMatch(re);
@@ -264,7 +273,7 @@ describe('snaplab CLI', () => {
     );
     expect(snaplab(['ls', '--count', '--label', 'batch=int']).out).toBe('0 sandboxes\n');
     expect(snaplab(['rm', '--label', 'batch=n']).out).toMatch(/^removed n-[34], n-[34]\n$/);
-  });
+  }, 120_000);
 
   it('rm --label removes every sandbox with the label; the others stay; names with --all, and --all with --label, are refused', async () => {
     const lab = await Lab.open({ home });

@@ -41,6 +41,14 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
 
   it('in bulk: made in order under a prefix; a failure removes what the bulk made; removed all', async () => {
     const labels = { suite: 'contract', bulk: kind };
+    try {
+      await bulkCase(labels);
+    } finally {
+      for (const b of await lab().list({ labels })) await b.destroy().catch(noted('contract cleanup'));
+    }
+  });
+
+  async function bulkCase(labels: Record<string, string>): Promise<void> {
     const made = await createMany(lab(), 5, { name: `m-${kind}`, labels, timeoutS: 0 }, { parallel: 3 });
     expect(made.map((b) => b.name)).toEqual([1, 2, 3, 4, 5].map((i) => `m-${kind}-${i}`));
     // one after the other: m-KIND-x-1 is made, m-KIND-x-2 is taken (m-KIND-x-3 is never begun)
@@ -52,7 +60,8 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     expect((await removeMany(lab(), left)).sort()).toEqual(left.map((b) => b.name).sort());
     expect(await lab().list({ labels })).toEqual([]);
     await expect(createMany(lab(), 0)).rejects.toMatchObject({ code: 'BAD_INPUT', hint: /whole number/ });
-  });
+    await expect(createMany(lab(), 2, {}, { parallel: Number.NaN })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+  }
 
   it("lists in pages, oldest first: limit, then after the last one's cursor; a bad cursor is BAD_INPUT", async () => {
     const made: SandboxApi[] = [];

@@ -3,7 +3,7 @@ import { addBenchOptions, spreadCompare, toPlan, type BenchCli } from '../bench/
 import { DEFAULT_DRIVER } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
 import { cliPlan } from '../bench/cli-plan.js';
-import { withLab } from './common.js';
+import { interruptible, withLab } from './common.js';
 import { printJson } from './output.js';
 import type { Lab } from '../sdk/lab.js';
 import { SnaplabError } from '../errors.js';
@@ -26,25 +26,22 @@ async function densityCommand(o: BenchCli): Promise<void> {
     concurrency: o.concurrency === undefined ? 4 : sizes.parsePositiveInt(o.concurrency, 'concurrency'),
   };
   const dir = o.results ? results.prepareResultsDir(o.results) : undefined;
-  const ac = new AbortController();
-  const interrupt = (): void => {
-    if (ac.signal.aborted) return void process.stderr.write("… still removing the bench's machines\n");
-    process.stderr.write("\n… interrupted: removing the bench's machines\n");
-    ac.abort(
-      new SnaplabError('ABORTED', 'the density bench was interrupted', 'its machines were removed; run it again'),
-    );
-  };
-  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
-  for (const s of signals) process.on(s, interrupt);
-  try {
-    const summary = await densityBench(opts, new Progress(process.stderr), ac.signal);
-    const written = dir ? writeDensityResults(dir, summary) : [];
-    if (o.json) printJson(summary);
-    else process.stdout.write(`${renderDensitySummary(summary)}\n`);
-    if (written.length) process.stderr.write(`results: ${written.join(', ')}\n`);
-  } finally {
-    for (const s of signals) process.off(s, interrupt);
-  }
+  const summary = await interruptible(
+    {
+      first: "interrupted: removing the bench's machines",
+      still: "still removing the bench's machines",
+      error: new SnaplabError(
+        'ABORTED',
+        'the density bench was interrupted',
+        'its machines were removed; run it again',
+      ),
+    },
+    (signal) => densityBench(opts, new Progress(process.stderr), signal),
+  );
+  const written = dir ? writeDensityResults(dir, summary) : [];
+  if (o.json) printJson(summary);
+  else process.stdout.write(`${renderDensitySummary(summary)}\n`);
+  if (written.length) process.stderr.write(`results: ${written.join(', ')}\n`);
 }
 
 /** The egress workload (docs/egress.md). */

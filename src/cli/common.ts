@@ -36,24 +36,33 @@ async function withOpened<L extends { close(): void }>(
 
 /**
  * Run long work that ^C, SIGTERM or a hang-up interrupts: the first aborts its signal with
- * `stop.error`; the handlers stay until the work has settled, so a second one does not end this
- * process while the work undoes what it made (it says `stop.still` instead).
+ * `stop.error` (saying `stop.first`, if given); the handlers stay until the work has settled, so a
+ * second one does not end this process while the work undoes what it made (it says `stop.still`
+ * instead). A third ends it at once (exit 130), saying that `snaplab gc` removes what is left: a
+ * cleanup that hangs is not waited for forever.
  */
 export async function interruptible<T>(
-  stop: { still: string; error: SnaplabError },
+  stop: { first?: string; still: string; error: SnaplabError },
   work: (signal: AbortSignal) => Promise<T>,
 ): Promise<T> {
   const ac = new AbortController();
+  let signals = 0;
   const interrupt = (): void => {
-    if (ac.signal.aborted) return void process.stderr.write(`… ${stop.still}\n`);
+    signals++;
+    if (signals >= 3) {
+      process.stderr.write('\n… stopped before its cleanup ended: `snaplab gc` removes what it left\n');
+      process.exit(130);
+    }
+    if (ac.signal.aborted) return void process.stderr.write(`… ${stop.still} (once more to stop at once)\n`);
+    if (stop.first) process.stderr.write(`\n… ${stop.first}\n`);
     ac.abort(stop.error);
   };
-  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
-  for (const s of signals) process.on(s, interrupt);
+  const names = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
+  for (const s of names) process.on(s, interrupt);
   try {
     return await work(ac.signal);
   } finally {
-    for (const s of signals) process.off(s, interrupt);
+    for (const s of names) process.off(s, interrupt);
   }
 }
 

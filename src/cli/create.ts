@@ -10,7 +10,8 @@ import { SnaplabError } from '../errors.js';
 import type { Command } from 'commander';
 import { keyValues } from '../lab/io/exec.js';
 import type { LabApi, LabCreateOptions, SandboxApi } from '../sdk/api.js';
-import { createMany } from '../sdk/bulk.js';
+import { createMany, PARALLEL_MAX } from '../sdk/bulk.js';
+import { parsePositiveInt } from '../lab/sizes.js';
 import type { StorageKind } from '../storage/backend.js';
 import { addTraceOption, interruptible, showTrace, withApi, type CommonOptions } from './common.js';
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
@@ -96,15 +97,13 @@ function createOptions(o: CreateCli): LabCreateOptions {
 
 /** `create --count N`: the SDK's createMany, interruptible, its names on stdout one a line. */
 async function createCounted(lab: LabApi, o: CreateCli): Promise<void> {
-  const count = Number(o.count);
-  const parallel = Number(o.parallel);
+  const count = parsePositiveInt(o.count!, '--count');
+  const parallel = o.parallel === undefined ? undefined : parsePositiveInt(o.parallel, '--parallel');
   if (o.trace) throw new SnaplabError('BAD_INPUT', '--trace shows one create', '`snaplab trace` lists every one made');
-  if (!Number.isInteger(parallel) || parallel < 1 || parallel > 64)
-    throw new SnaplabError('BAD_INPUT', `--parallel ${o.parallel}`, 'a whole number from 1 to 64');
   const t0 = performance.now();
   const boxes = await interruptible(BULK_STOP, (signal) =>
     createMany(lab, count, createOptions(o), {
-      parallel,
+      ...(parallel ? { parallel } : {}),
       signal,
       ...(o.json
         ? {}
@@ -160,7 +159,7 @@ export function registerCreate(program: Command): void {
       '--count <n>',
       'make n alike, --parallel at a time, with progress on stderr; --name is then a prefix (NAME-1 …); one failure removes them all',
     )
-    .option('--parallel <n>', 'with --count: creates in flight', '8')
+    .option('--parallel <n>', `with --count: creates in flight, up to ${PARALLEL_MAX} (default 8)`)
     .option('--json', 'print the sandbox as JSON (with --count: an array)');
   addLimitOptions(cmd);
   addEgressFlags(cmd);
@@ -168,6 +167,8 @@ export function registerCreate(program: Command): void {
   cmd.action((o: CreateCli) =>
     withApi(o, async (lab) => {
       if (o.count !== undefined) return createCounted(lab, o);
+      if (o.parallel !== undefined)
+        throw new SnaplabError('BAD_INPUT', '--parallel is for --count', 'add --count N, or leave --parallel out');
       // a built-in template built on first use takes a minute or more: its steps on stderr
       const onProgress = (s: string): void => void process.stderr.write(`… ${s}\n`);
       const box = await lab.create({ ...createOptions(o), onProgress });

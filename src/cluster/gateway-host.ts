@@ -13,6 +13,7 @@ import { SnaplabError } from '../errors.js';
 import { errors } from '../server/schemas.js';
 import type { PassToNode, RouteHost } from '../server/served-lab.js';
 import type { ClusterCore } from './core.js';
+import type { Caller } from '../server/keys.js';
 import { GatewayLab } from './gateway-lab.js';
 import { createKeyEntry } from './keys.js';
 import { clusterOperations } from './operations.js';
@@ -47,12 +48,9 @@ export function gatewayHost(core: ClusterCore): RouteHost & { passToNode: PassTo
     snapshotVisible: () => true,
     runPool: (caller, pool, body) => runInPool(core, caller, pool, body),
     usage: async (caller, ids) =>
-      (
-        await core.askAll<Record<string, unknown>[]>(
-          caller,
-          ids ? `/usage?id=${ids.map(encodeURIComponent).join(',')}` : '/usage',
-        )
-      ).flatMap((a) => a.value.map((u) => ({ ...u, node: a.node }))),
+      (ids ? await usageOf(core, caller, ids) : await core.askAll<Record<string, unknown>[]>(caller, '/usage')).flatMap(
+        (a) => a.value.map((u) => ({ ...u, node: a.node })),
+      ),
     // one sandbox's stream is its node's (process events included); the cluster's is the store's
     streamEvents: (caller, req, res, q) =>
       q.sandbox ? new GatewayLab(core, caller).forward(q.sandbox, req, res) : clusterEvents(core, req, res, caller),
@@ -125,4 +123,30 @@ export function gatewayRoutes(app: FastifyInstance, core: ClusterCore): void {
   };
   for (const path of ['/', '/assets/*', '/bench', '/bench/*'])
     app.get(path, { config: { public: true }, schema: { hide: true } }, dashboard);
+}
+
+/**
+ * The usage of these sandboxes: each asked of the node the cluster says holds it (an id it does not
+ * know, of every node), so that a page's poll costs the page, not the page times the nodes.
+ */
+async function usageOf(
+  core: ClusterCore,
+  caller: Caller,
+  ids: string[],
+): Promise<{ node: string; value: Record<string, unknown>[] }[]> {
+  const byNode = new Map<string, string[]>();
+  const unknown: string[] = [];
+  for (const id of ids) {
+    const node = core.view.sandboxes.get(id)?.node;
+    if (node && core.view.nodes.has(node)) byNode.set(node, [...(byNode.get(node) ?? []), id]);
+    else unknown.push(id);
+  }
+  const path = (some: string[]): string => `/usage?id=${some.map(encodeURIComponent).join(',')}`;
+  const asked = await Promise.all([
+    ...[...byNode].map(([node, some]) =>
+      core.askAll<Record<string, unknown>[]>(caller, path(some), [core.view.nodes.get(node)!]),
+    ),
+    unknown.length ? core.askAll<Record<string, unknown>[]>(caller, path(unknown)) : [],
+  ]);
+  return asked.flat();
 }

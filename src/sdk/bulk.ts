@@ -32,28 +32,53 @@ export interface BulkOptions {
 /** the most one bulk create makes: ten times this host's 10 000 (docs/benchmarks.md "Density"); more is a typo */
 export const BULK_MAX = 100_000;
 const DEFAULT_PARALLEL = 8;
+/** calls in flight at most: past a few per core they only queue on the kernel's locks */
+export const PARALLEL_MAX = 64;
 
-/** Runs `work` on 0..total-1, `parallel` at a time, telling progress; `stop` ends the starting of more. */
+/** `parallel` checked: a whole number from 1 to PARALLEL_MAX (default DEFAULT_PARALLEL) */
+function parallelOf(o: BulkOptions): number {
+  const p = o.parallel ?? DEFAULT_PARALLEL;
+  if (!Number.isInteger(p) || p < 1 || p > PARALLEL_MAX)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `${String(p)} calls in flight`,
+      `parallel: a whole number from 1 to ${PARALLEL_MAX}`,
+    );
+  return p;
+}
+
+/**
+ * Runs `work` on 0..total-1, `parallel` at a time, telling progress; `stop` ends the starting of
+ * more. A progress callback that throws stops it too: its error is returned (never thrown from a
+ * worker, which would leave the others running and their work undone).
+ */
 async function each(
   total: number,
   o: BulkOptions,
   work: (i: number) => Promise<boolean>,
   stop: () => boolean,
-): Promise<void> {
+): Promise<unknown> {
+  const parallel = Math.min(parallelOf(o), Math.max(1, total));
+  let told: unknown;
   const t0 = performance.now();
   let next = 0;
   let done = 0;
   let failed = 0;
   let shown = t0;
-  const tell = (): void =>
-    o.onProgress?.({
-      done,
-      failed,
-      total,
-      perSecond: Math.round((done / Math.max(1, performance.now() - t0)) * 10_000) / 10,
-    });
+  const tell = (): void => {
+    try {
+      o.onProgress?.({
+        done,
+        failed,
+        total,
+        perSecond: Math.round((done / Math.max(1, performance.now() - t0)) * 10_000) / 10,
+      });
+    } catch (e) {
+      told ??= e;
+    }
+  };
   const worker = async (): Promise<void> => {
-    while (next < total && !stop() && !o.signal?.aborted) {
+    while (next < total && !stop() && !o.signal?.aborted && told === undefined) {
       if (await work(next++)) done++;
       else failed++;
       if (performance.now() - shown >= (o.everyMs ?? 1000)) {
@@ -62,8 +87,8 @@ async function each(
       }
     }
   };
-  const parallel = Math.max(1, Math.min(o.parallel ?? DEFAULT_PARALLEL, total));
   await Promise.all(Array.from({ length: parallel }, worker));
+  return told;
 }
 
 /** `count` checked: a whole number from 1 to BULK_MAX */
@@ -77,7 +102,8 @@ export function checkCount(count: number): void {
 }
 
 /**
- * Make `count` sandboxes with the same options (a name, if given, is a prefix: NAME-1 … NAME-count).
+ * Make `count` sandboxes with the same options (a name, if given, is a prefix: NAME-1 … NAME-count,
+ * also for a count of 1, so that a script's names do not depend on its count).
  * Each connection is closed as it is made (a library holds nothing of an idle sandbox; a call
  * opens one again). On the first failure, or an abort, no more are started; those begun finish,
  * and every one made is removed: it throws the first error, saying how many were made and removed.
@@ -89,15 +115,16 @@ export async function createMany(
   o: BulkOptions = {},
 ): Promise<SandboxApi[]> {
   checkCount(count);
+  parallelOf(o);
   // by index, so that a caller gets them in order (NAME-1 first), however they finished
   const made: SandboxApi[] = [];
   let first: unknown;
-  await each(
+  const told = await each(
     count,
     o,
     async (i) => {
       try {
-        const box = await lab.create(opts.name && count > 1 ? { ...opts, name: `${opts.name}-${i + 1}` } : opts);
+        const box = await lab.create(opts.name ? { ...opts, name: `${opts.name}-${i + 1}` } : opts);
         box.close();
         made[i] = box;
         return true;
@@ -108,23 +135,30 @@ export async function createMany(
     },
     () => first !== undefined,
   );
+  first ??= told;
   const boxes = made.filter(Boolean);
   if (first === undefined && !o.signal?.aborted) return boxes;
+  // (not given the signal: an abort's cleanup is not itself aborted)
   const left = await removeMany(lab, boxes, { parallel: o.parallel }).then(
-    () => 0,
-    (e: unknown) => (e instanceof BulkError ? e.failed.length : boxes.length),
+    () => [] as string[],
+    (e: unknown) => (e instanceof BulkError ? e.failed.map((f) => f.name) : boxes.map((b) => b.name)),
   );
   const cause =
     first ??
     (o.signal?.reason instanceof SnaplabError
       ? o.signal.reason
       : new SnaplabError('ABORTED', 'the create was interrupted', 'run it again'));
-  const undone = left
-    ? `${boxes.length} made, ${left} of them not removed (\`snaplab gc\` or \`snaplab rm\` them)`
-    : `the ${boxes.length} made were removed`;
+  const why = cause instanceof Error ? cause.message : String(cause);
+  if (left.length)
+    throw new SnaplabError(
+      isSnaplabError(cause) ? cause.code : 'INTERNAL',
+      `${boxes.length} made, ${left.length} of them not removed (${left.slice(0, 5).join(', ')}${left.length > 5 ? ', …' : ''}): ${why}`,
+      `remove them: \`snaplab rm ${left.slice(0, 5).join(' ')}${left.length > 5 ? ' …' : ''}\` (or \`snaplab gc\`)`,
+      { cause },
+    );
   throw new SnaplabError(
     isSnaplabError(cause) ? cause.code : 'INTERNAL',
-    `${boxes.length === 0 ? 'no sandbox made' : undone}: ${cause instanceof Error ? cause.message : String(cause)}`,
+    `${boxes.length === 0 ? 'no sandbox made' : `the ${boxes.length} made were removed`}: ${why}`,
     isSnaplabError(cause) ? cause.hint : 'run it again',
     { cause },
   );
@@ -153,8 +187,9 @@ export class BulkError extends SnaplabError {
 /**
  * Destroy these sandboxes, reading each again first (the list may be minutes old: a stale record
  * is not removed twice). One removed by someone else meanwhile is skipped (it is gone, as asked);
- * other failures do not stop the rest and are thrown at the end (BulkError). Returns the names
- * removed; `onTrace` gets each destroy's trace.
+ * other failures do not stop the rest and are thrown at the end (BulkError). An abort stops the
+ * starting of more and throws ABORTED, saying how many are left. Returns the names removed;
+ * `onTrace` gets each destroy's trace.
  */
 export async function removeMany(
   lab: Pick<LabApi, 'get'>,
@@ -163,11 +198,13 @@ export async function removeMany(
 ): Promise<string[]> {
   const removed: string[] = [];
   const failed: { name: string; error: unknown }[] = [];
-  await each(
+  let done = 0;
+  const told = await each(
     boxes.length,
     o,
     async (i) => {
       const b = boxes[i]!;
+      done++;
       try {
         const t = await (await lab.get(b.id, { check: false })).destroy();
         o.onTrace?.(t);
@@ -183,5 +220,12 @@ export async function removeMany(
     () => false,
   );
   if (failed.length) throw new BulkError(removed, failed, boxes.length);
+  if (told !== undefined) throw told;
+  if (done < boxes.length)
+    throw new SnaplabError(
+      'ABORTED',
+      `the removal was interrupted: ${removed.length} removed, ${boxes.length - done} left`,
+      'run it again: one gone already is skipped',
+    );
   return removed;
 }

@@ -10,6 +10,10 @@ import { cgroupFor, stats } from '../host/cgroups/cgroups.js';
 import { orElse } from '../cleanup.js';
 import type { AdminApi, Placement, ScenariosApi, ServedLab } from './served-lab.js';
 import type { SandboxApi } from '../sdk/api.js';
+import { mapLimit } from '../concurrency.js';
+
+/** cgroups read at once by a usage call */
+const USAGE_READS = 32;
 
 /** A placement names a cluster's nodes: a single daemon has none to choose from. */
 export function noPlacement(b: Placement): void {
@@ -118,13 +122,14 @@ export async function labUsage(lab: ServedLab, owner: string | undefined, ids?: 
         )
       ).filter(visible)
     : await lab.list({ owner, check: false });
-  return Promise.all(
-    recs
-      .filter((r) => r.state === 'running' || r.state === 'paused')
-      .map(async (r) => ({
-        id: r.id,
-        at,
-        ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
-      })),
+  // a few cgroups at a time: every machine's files opened at once ran out of descriptors at 10 000
+  return mapLimit(
+    recs.filter((r) => r.state === 'running' || r.state === 'paused'),
+    USAGE_READS,
+    async (r) => ({
+      id: r.id,
+      at,
+      ...(await stats(cgroupFor(r.id)).catch(orElse({}, `stats of ${r.id}`, 'ENOENT'))),
+    }),
   );
 }

@@ -10,6 +10,7 @@ import { SnaplabError } from '../../errors.js';
 import { noted } from '../../cleanup.js';
 import { HostOps } from '../hostops.js';
 import { withLock } from '../lock.js';
+import { mapLimit } from '../../concurrency.js';
 import {
   COUNTERS,
   GATEWAY,
@@ -204,11 +205,6 @@ export async function setEgressLists(
 /** Host names a machine's lists may hold (each one a lookup when they are set). */
 const MAX_NAMES = 64;
 
-/** `fn` over `xs`, at most `n` at once; the first failure is thrown once all started have ended. */
-async function inBatches<T>(xs: T[], n: number, fn: (x: T) => Promise<void>): Promise<void> {
-  for (let i = 0; i < xs.length; i += n) await Promise.all(xs.slice(i, i + n).map(fn));
-}
-
 /**
  * The lists with each host name replaced by the IPv4 addresses it has now, as the uplink's own
  * programs resolve it (`getent ahostsv4`, in the uplink namespace): resolve and pin. A name whose
@@ -224,7 +220,7 @@ export async function pinNames(lists: EgressLists): Promise<EgressLists> {
       `give at most ${MAX_NAMES} host names (addresses and prefixes have no such limit)`,
     );
   const found = new Map<string, string[]>();
-  await inBatches(names, 8, async (n) => {
+  await mapLimit(names, 8, async (n) => {
     const res = await inUplink(['getent', 'ahostsv4', n], { allowFail: true });
     const addrs = [...new Set([...res.stdout.matchAll(/^(\d+\.\d+\.\d+\.\d+)\s/gm)].map((m) => m[1]!))];
     if (!addrs.length)

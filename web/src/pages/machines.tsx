@@ -348,6 +348,11 @@ function useLoads(ids: { current: string[] }) {
     let timer: ReturnType<typeof setTimeout>;
     let live = true;
     const poll = async (): Promise<void> => {
+      // no page yet (or an empty one): nothing to ask; looked at again soon, not in 2 s
+      if (!ids.current.length) {
+        if (live) timer = setTimeout(() => void poll(), 250);
+        return;
+      }
       try {
         const us = await api<Usage[]>('GET', `/usage?id=${ids.current.map(enc).join(',')}`);
         const next = new Map<string, Load>();
