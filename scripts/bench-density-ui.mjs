@@ -243,7 +243,17 @@ async function main() {
       cpSync(beforeWeb, join(pkg, 'dist', 'web'), { recursive: true });
       const old = await serve(pkg, []);
       const rows = Number(process.env.BEFORE_ROWS ?? count);
-      out.renderBefore = { rows, ms: await renderMs(old.url, key, rows), ...(await openCpu(old, old.url, key, rows)) };
+      // a BEFORE that fails under the count (it did: every machine's cgroup read at once, EMFILE)
+      // is recorded as such, and the run goes on to this one's
+      try {
+        out.renderBefore = {
+          rows,
+          ms: await renderMs(old.url, key, rows),
+          ...(await openCpu(old, old.url, key, rows)),
+        };
+      } catch (e) {
+        out.renderBefore = { rows, error: String(e.message ?? e).split('\n')[0] };
+      }
       await old.stop();
     } finally {
       rmSync(pkg, { recursive: true, force: true });
