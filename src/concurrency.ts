@@ -5,6 +5,7 @@
  * The first failure is thrown once those begun have ended; no more are begun after it.
  */
 export async function mapLimit<T, R>(xs: readonly T[], n: number, fn: (x: T) => Promise<R>): Promise<R[]> {
+  if (!Number.isInteger(n) || n < 1) throw new RangeError(`mapLimit: ${n} at once`);
   const out = new Array<R>(xs.length);
   let next = 0;
   let failed = false;

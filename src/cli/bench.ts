@@ -4,6 +4,7 @@ import { DEFAULT_DRIVER } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
 import { cliPlan } from '../bench/cli-plan.js';
 import { interruptible, withLab } from './common.js';
+import { PARALLEL_MAX } from '../sdk/bulk.js';
 import { printJson } from './output.js';
 import type { Lab } from '../sdk/lab.js';
 import { SnaplabError } from '../errors.js';
@@ -25,11 +26,18 @@ async function densityCommand(o: BenchCli): Promise<void> {
     samples: o.count === undefined ? 20 : sizes.parsePositiveInt(o.count, 'count'),
     concurrency: o.concurrency === undefined ? 4 : sizes.parsePositiveInt(o.concurrency, 'concurrency'),
   };
+  if (opts.concurrency > PARALLEL_MAX)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `--concurrency ${opts.concurrency}`,
+      `at most ${PARALLEL_MAX} creates in flight`,
+    );
   const dir = o.results ? results.prepareResultsDir(o.results) : undefined;
   const summary = await interruptible(
     {
       first: "interrupted: removing the bench's machines",
       still: "still removing the bench's machines",
+      left: "the bench's machines may be left in its home (/tmp/snaplab-bench-density-*): `SNAPLAB_HOME=DIR snaplab rm --all`, then `snaplab gc` there",
       error: new SnaplabError(
         'ABORTED',
         'the density bench was interrupted',

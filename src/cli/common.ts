@@ -38,11 +38,11 @@ async function withOpened<L extends { close(): void }>(
  * Run long work that ^C, SIGTERM or a hang-up interrupts: the first aborts its signal with
  * `stop.error` (saying `stop.first`, if given); the handlers stay until the work has settled, so a
  * second one does not end this process while the work undoes what it made (it says `stop.still`
- * instead). A third ends it at once (exit 130), saying that `snaplab gc` removes what is left: a
- * cleanup that hangs is not waited for forever.
+ * instead). A third ends it at once (exit 130), saying `stop.left`: what may be left and how to
+ * remove it (a cleanup that hangs is not waited for forever).
  */
 export async function interruptible<T>(
-  stop: { first?: string; still: string; error: SnaplabError },
+  stop: { first?: string; still: string; left: string; error: SnaplabError },
   work: (signal: AbortSignal) => Promise<T>,
 ): Promise<T> {
   const ac = new AbortController();
@@ -50,7 +50,7 @@ export async function interruptible<T>(
   const interrupt = (): void => {
     signals++;
     if (signals >= 3) {
-      process.stderr.write('\n… stopped before its cleanup ended: `snaplab gc` removes what it left\n');
+      process.stderr.write(`\n… stopped before its cleanup ended: ${stop.left}\n`);
       process.exit(130);
     }
     if (ac.signal.aborted) return void process.stderr.write(`… ${stop.still} (once more to stop at once)\n`);

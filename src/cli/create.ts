@@ -121,6 +121,7 @@ async function createCounted(lab: LabApi, o: CreateCli): Promise<void> {
 
 const BULK_STOP = {
   still: 'still removing the sandboxes made',
+  left: 'some it made may be left, and creates under way may finish: `snaplab ls` shows them, `snaplab rm` removes them',
   error: new SnaplabError('ABORTED', 'the create was interrupted', 'the sandboxes it made were removed; run it again'),
 };
 

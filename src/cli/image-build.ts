@@ -17,6 +17,7 @@ interface BuildCli extends CommonOptions {
 /** ^C during a build: mmdebstrap runs in a process group of its own, killed 15 s after if it has not stopped */
 const BUILD_STOP = {
   still: 'still stopping the build (undoing its mounts)',
+  left: 'its mounts and files may be left: `snaplab gc` removes them',
   error: new SnaplabError('ABORTED', 'the build was interrupted', 'nothing of it was kept; run it again'),
 };
 

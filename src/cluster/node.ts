@@ -6,6 +6,7 @@
  * sandboxes declared lost meanwhile are destroyed here: their owners were told they were gone.
  */
 import { statfs } from 'node:fs/promises';
+import { setTimeout as sleepFor } from 'node:timers/promises';
 import { cpus, freemem, totalmem } from 'node:os';
 import type { Lease } from 'etcd3';
 import { SnaplabError, isSnaplabError } from '../errors.js';
@@ -149,6 +150,12 @@ export class ClusterNode {
           .filter((e) => e.node === this.name && HELD_STATES.has(e.state))
           .map((e) => [e.id, JSON.stringify(e)]),
       );
+      // a publish still under way (on the old lease) ends first (waited for 5 s at most: etcd may
+      // be what is failing), and this pass compares every record: what etcd says may differ from
+      // what this node published before it left
+      if (this.publishing !== undefined)
+        await Promise.race([this.publishing, sleepFor(5000, undefined, { ref: false })]);
+      this.mark = undefined;
       await this.sync();
       joined = true;
     } finally {

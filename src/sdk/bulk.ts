@@ -205,9 +205,9 @@ export async function removeMany(
     async (i) => {
       const b = boxes[i]!;
       done++;
+      let trace: TraceSummary | undefined;
       try {
-        const t = await (await lab.get(b.id, { check: false })).destroy();
-        o.onTrace?.(t);
+        trace = await (await lab.get(b.id, { check: false })).destroy();
         removed.push(b.name);
       } catch (e) {
         if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) {
@@ -215,6 +215,7 @@ export async function removeMany(
           return false;
         }
       }
+      o.onTrace?.(trace);
       return true;
     },
     () => false,

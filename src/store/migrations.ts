@@ -397,7 +397,8 @@ export const migrations: string[] = [
     INSERT INTO sandbox_changes (id, gone) VALUES (NEW.id, 0);
   END;
   CREATE TRIGGER sandbox_changes_meta_update AFTER UPDATE OF labels, owner ON sandbox_meta
-    WHEN NEW.labels IS NOT OLD.labels OR NEW.owner IS NOT OLD.owner BEGIN
+    WHEN (NEW.labels IS NOT OLD.labels OR NEW.owner IS NOT OLD.owner)
+      AND EXISTS (SELECT 1 FROM sandboxes WHERE id = NEW.id) BEGIN
     DELETE FROM sandbox_changes WHERE id = NEW.id;
     INSERT INTO sandbox_changes (id, gone) VALUES (NEW.id, 0);
   END;
