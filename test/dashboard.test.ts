@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { connect } from 'node:net';
-import type { Page } from 'playwright-core';
+import type { Page, Request } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { launch, type TestBrowser } from './browser.js';
 import { cli, sleep, startDaemon, until, type TestDaemon } from './daemon-helpers.js';
@@ -172,12 +172,23 @@ describe('the dashboard', () => {
     const order = (api('GET', '/sandboxes').body as { name: string }[]).map((s) => s.name);
     expect(order).toEqual(['web1', ...names]);
     const rows = () => page.locator('tbody tr[data-machine]').evaluateAll((trs) => trs.map((t) => t.dataset.machine));
+    // the usage it polls is its page's (at 10 000 the poll of every machine took the daemon down)
+    const asked: string[] = [];
+    const onRequest = (r: Request): void => {
+      const u = new URL(r.url());
+      if (u.pathname === '/usage') asked.push(u.searchParams.get('id') ?? '(every machine)');
+    };
+    page.on('request', onRequest);
     await page.goto(`${d.url}/?per=2#/machines`);
     await until('page 1', async () => JSON.stringify(await rows()) === JSON.stringify(['web1', 'pg-1']));
     expect(await page.getByTestId('page').textContent()).toBe('page 1');
     expect(await page.getByRole('button', { name: 'Previous' }).isDisabled()).toBe(true);
     await page.getByRole('button', { name: 'Next' }).click();
     await until('page 2', async () => JSON.stringify(await rows()) === JSON.stringify(['pg-2', 'pg-3']));
+    const page2 = ['pg-2', 'pg-3'].map((n) => api('GET', `/sandboxes/${n}`).body.id as string).sort();
+    await until('usage asked for page 2', () => asked.at(-1)?.split(',').sort().join() === page2.join());
+    page.off('request', onRequest);
+    expect(asked).not.toContain('(every machine)');
     // an event for a machine on this page changes its row; one for another page adds nothing here
     expect(cli(home, ['pause', 'pg-2']).code).toBe(0);
     await page.locator('tr[data-machine="pg-2"][data-state="paused"]').waitFor({ timeout: 15_000 });
