@@ -9,6 +9,7 @@
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import type { LabApi, LabCreateOptions, SandboxApi } from './api.js';
 import type { TraceSummary } from '../timing/trace.js';
+import { mapLimit } from '../concurrency.js';
 
 /** what a bulk call has done so far */
 export interface BulkProgress {
@@ -48,8 +49,9 @@ function parallelOf(o: BulkOptions): number {
 }
 
 /**
- * Runs `work` on 0..total-1, `parallel` at a time, telling progress; `stop` ends the starting of
- * more. A progress callback that throws stops it too: its error is returned (never thrown from a
+ * Runs `work` on 0..total-1, `parallel` at a time (mapLimit), telling progress; `stop` ends the
+ * starting of more (those not begun are skipped). `work` never throws: it says whether it did.
+ * A progress callback that throws stops it too: its error is returned (never thrown from a
  * worker, which would leave the others running and their work undone).
  */
 async function each(
@@ -58,10 +60,9 @@ async function each(
   work: (i: number) => Promise<boolean>,
   stop: () => boolean,
 ): Promise<unknown> {
-  const parallel = Math.min(parallelOf(o), Math.max(1, total));
+  const parallel = parallelOf(o);
   let told: unknown;
   const t0 = performance.now();
-  let next = 0;
   let done = 0;
   let failed = 0;
   let shown = t0;
@@ -77,17 +78,16 @@ async function each(
       told ??= e;
     }
   };
-  const worker = async (): Promise<void> => {
-    while (next < total && !stop() && !o.signal?.aborted && told === undefined) {
-      if (await work(next++)) done++;
-      else failed++;
-      if (performance.now() - shown >= (o.everyMs ?? 1000)) {
-        shown = performance.now();
-        tell();
-      }
+  const indices = Array.from({ length: total }, (_, i) => i);
+  await mapLimit(indices, parallel, async (i) => {
+    if (stop() || o.signal?.aborted || told !== undefined) return;
+    if (await work(i)) done++;
+    else failed++;
+    if (performance.now() - shown >= (o.everyMs ?? 1000)) {
+      shown = performance.now();
+      tell();
     }
-  };
-  await Promise.all(Array.from({ length: parallel }, worker));
+  });
   return told;
 }
 
