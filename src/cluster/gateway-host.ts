@@ -138,8 +138,9 @@ async function usageOf(
   const unknown: string[] = [];
   for (const id of ids) {
     const node = core.view.sandboxes.get(id)?.node;
-    if (node && core.view.nodes.has(node)) byNode.set(node, [...(byNode.get(node) ?? []), id]);
-    else unknown.push(id);
+    if (!node || !core.view.nodes.has(node)) unknown.push(id);
+    else if (byNode.has(node)) byNode.get(node)!.push(id);
+    else byNode.set(node, [id]);
   }
   const path = (some: string[]): string => `/usage?id=${some.map(encodeURIComponent).join(',')}`;
   const asked = await Promise.all([
