@@ -8,7 +8,7 @@
 // server that answers at once) and, with --interpreter,
 // runCode against commands.run.
 // Usage: node scripts/bench-e2b.mjs [--n 100] [--bursts 10] [--burst 10] [--pool-size 12]
-//          [--stream-mib 64] [--interpreter IMAGE_DIR] [--json]
+//          [--stream-mib 64] [--interpreter IMAGE_DIR [--interpreter-only]] [--json]
 import { spawn, spawnSync } from 'node:child_process';
 import { createServer } from 'node:http';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -28,6 +28,8 @@ const BURST = Number(arg('burst', '10'));
 const POOL_SIZE = Number(arg('pool-size', '12'));
 const STREAM_MIB = Number(arg('stream-mib', '64'));
 const INTERPRETER = arg('interpreter', undefined);
+// the code interpreter's arms alone (with --interpreter)
+const INTERPRETER_ONLY = process.argv.includes('--interpreter-only');
 const SNAPLAB = process.env.SNAPLAB_BIN ?? 'snaplab';
 
 const home = mkdtempSync(join(tmpdir(), 'snaplab-bench-e2b-'));
@@ -255,6 +257,12 @@ async function sdkFloor() {
   return out;
 }
 
+/** The memory its cgroup counts (page cache included) of each ready standby of the pool, MiB. */
+async function standbyMemory(remote, pool) {
+  const ready = (await remote.list()).filter((b) => b.pool === pool && b.state === 'paused');
+  return Promise.all(ready.map(async (b) => Math.round((await b.usage()).memoryBytes / 2 ** 20)));
+}
+
 /** Create to the first runCode result (cold: from the image; then from a pool), and round trips. */
 async function interpreter(remote) {
   cli(['image', 'import', INTERPRETER, '--name', 'code-interpreter-v1']);
@@ -267,13 +275,33 @@ async function interpreter(remote) {
     await sbx.kill();
     return ms;
   };
-  const out = { cold: [], pool: [], runCode: [], commandsRun: [] };
+  const out = { cold: [], pool: [], warm: [], warmRefilling: [], runCode: [], commandsRun: [], standbyMiB: {} };
   for (let i = 0; i < 5; i++) out.cold.push(await first());
   await remote.createPool({ name: 'code-interpreter-v1', image: 'code-interpreter-v1', size: 2 });
   try {
     for (let i = 0; i < 5; i++) {
       await poolFull(remote, 'code-interpreter-v1', 1);
       out.pool.push(await first());
+    }
+    await poolFull(remote, 'code-interpreter-v1', 2);
+    out.standbyMiB.plain = await standbyMemory(remote, 'code-interpreter-v1');
+  } finally {
+    await remote.pool('code-interpreter-v1').remove();
+  }
+  // standbys with the server and its kernel started ahead (pool create --warm interpreter)
+  await remote.createPool({ name: 'code-interpreter-v1', image: 'code-interpreter-v1', size: 2, warm: 'interpreter' });
+  try {
+    // with the pool full (no standby warming beside the take), then with one standby ready while
+    // the other warms (a kernel's start takes most of a core for seconds)
+    await poolFull(remote, 'code-interpreter-v1', 2);
+    out.standbyMiB.warm = await standbyMemory(remote, 'code-interpreter-v1');
+    for (let i = 0; i < 10; i++) {
+      await poolFull(remote, 'code-interpreter-v1', 2);
+      out.warm.push(await first());
+    }
+    for (let i = 0; i < 10; i++) {
+      await poolFull(remote, 'code-interpreter-v1', 1);
+      out.warmRefilling.push(await first());
     }
   } finally {
     await remote.pool('code-interpreter-v1').remove();
@@ -295,6 +323,30 @@ async function interpreter(remote) {
   return out;
 }
 
+/** The busybox arms: in a row, in bursts, the stream and the split. */
+async function busyboxArms(report, remote, embedded, d) {
+  await remote.createPool({ name: 'bench', image: 'busybox', size: POOL_SIZE });
+  const all = arms(remote, embedded, 'busybox', 'bench');
+  for (const a of Object.values(all)) await (await a()).done(); // warm: the image's first clone, the SDK's first connection
+  console.error(`== sequential, n=${N} per arm`);
+  report.sequential = Object.fromEntries(
+    Object.entries(await sequential(all, remote)).map(([k, v]) => [k, summary(v)]),
+  );
+  console.error(`== bursts of ${BURST}, ${BURSTS} per arm`);
+  report.bursts = Object.fromEntries(Object.entries(await bursts(all, remote)).map(([k, v]) => [k, summary(v)]));
+  console.error(`== stream, ${STREAM_MIB} MiB, 5 each`);
+  const s = await stream(remote);
+  report.stream = { envdMiBs: q(s.envd, 50), ownMiBs: q(s.own, 50), ratio: q(s.envd, 50) / q(s.own, 50) };
+  console.error(`== split, n=${N}`);
+  report.split = Object.fromEntries(
+    Object.entries({
+      ...(await split(remote, 'bench', d.e2bUrl)),
+      // with the pool full, so that no refill runs beside the floor
+      ...(await poolFull(remote, 'bench', POOL_SIZE).then(sdkFloor)),
+    }).map(([k, v]) => [k, summary(v)]),
+  );
+}
+
 async function main() {
   const key = cli(['key', 'create', 'bench', '--e2b', '--scope', 'read,exec,admin', '--max-sandboxes', '200']);
   const d = await startDaemon();
@@ -305,32 +357,16 @@ async function main() {
   const embedded = await Lab.open({ home });
   const report = { n: N, bursts: BURSTS, burst: BURST, when: new Date().toISOString() };
   try {
-    await remote.createPool({ name: 'bench', image: 'busybox', size: POOL_SIZE });
-    const all = arms(remote, embedded, 'busybox', 'bench');
-    for (const a of Object.values(all)) await (await a()).done(); // warm: the image's first clone, the SDK's first connection
-    console.error(`== sequential, n=${N} per arm`);
-    report.sequential = Object.fromEntries(
-      Object.entries(await sequential(all, remote)).map(([k, v]) => [k, summary(v)]),
-    );
-    console.error(`== bursts of ${BURST}, ${BURSTS} per arm`);
-    report.bursts = Object.fromEntries(Object.entries(await bursts(all, remote)).map(([k, v]) => [k, summary(v)]));
-    console.error(`== stream, ${STREAM_MIB} MiB, 5 each`);
-    const s = await stream(remote);
-    report.stream = { envdMiBs: q(s.envd, 50), ownMiBs: q(s.own, 50), ratio: q(s.envd, 50) / q(s.own, 50) };
-    console.error(`== split, n=${N}`);
-    report.split = Object.fromEntries(
-      Object.entries({
-        ...(await split(remote, 'bench', d.e2bUrl)),
-        // with the pool full, so that no refill runs beside the floor
-        ...(await poolFull(remote, 'bench', POOL_SIZE).then(sdkFloor)),
-      }).map(([k, v]) => [k, summary(v)]),
-    );
+    if (!INTERPRETER_ONLY) await busyboxArms(report, remote, embedded, d);
     if (INTERPRETER) {
       console.error('== code interpreter');
       const c = await interpreter(remote);
       report.interpreter = {
         firstResultCold: summary(c.cold),
         firstResultPool: summary(c.pool),
+        firstResultWarm: summary(c.warm),
+        firstResultWarmRefilling: summary(c.warmRefilling),
+        standbyMiB: c.standbyMiB,
         runCode: summary(c.runCode),
         commandsRun: summary(c.commandsRun),
       };
@@ -344,7 +380,7 @@ async function main() {
         console.error(`cleanup: ${what}: ${e.message}`);
       }
     };
-    await tidy('pool', () => remote.pool('bench').remove());
+    if (!INTERPRETER_ONLY) await tidy('pool', () => remote.pool('bench').remove());
     d.proc.kill('SIGTERM');
     await new Promise((r) => d.proc.once('exit', r));
     await tidy('sandboxes', () => cli(['rm', '--all']));
@@ -358,6 +394,16 @@ async function main() {
 }
 
 function print(r) {
+  if (r.sequential) printBusybox(r);
+  if (r.interpreter) {
+    const i = r.interpreter;
+    console.log(
+      `\ncode interpreter: create to first result p50 ${ms(i.firstResultCold.p50)} cold, ${ms(i.firstResultPool.p50)} from a pool, ${ms(i.firstResultWarm.p50)} (p95 ${ms(i.firstResultWarm.p95)}) from a full warm pool, ${ms(i.firstResultWarmRefilling.p50)} (p95 ${ms(i.firstResultWarmRefilling.p95)}) from one warming a standby beside; runCode p50 ${ms(i.runCode.p50)} p99 ${ms(i.runCode.p99)}; commands.run p50 ${ms(i.commandsRun.p50)} p99 ${ms(i.commandsRun.p99)}; a standby's memory (its cgroup's, MiB) ${i.standbyMiB.plain.join(', ')} plain, ${i.standbyMiB.warm.join(', ')} warm`,
+    );
+  }
+}
+
+function printBusybox(r) {
   for (const part of ['sequential', 'bursts']) {
     console.log(`\n${part} (time to interactive: create to first command returned)`);
     for (const [k, v] of Object.entries(r[part]))
@@ -380,12 +426,6 @@ function print(r) {
   );
   for (const [k, v] of Object.entries(r.split))
     console.log(`  ${k.padEnd(18)} p50 ${ms(v.p50)}  p95 ${ms(v.p95)}  (n=${v.n})`);
-  if (r.interpreter) {
-    const i = r.interpreter;
-    console.log(
-      `\ncode interpreter: create to first result p50 ${ms(i.firstResultCold.p50)} cold, ${ms(i.firstResultPool.p50)} from a pool; runCode p50 ${ms(i.runCode.p50)} p99 ${ms(i.runCode.p99)}; commands.run p50 ${ms(i.commandsRun.p50)} p99 ${ms(i.commandsRun.p99)}`,
-    );
-  }
 }
 
 main().catch((e) => {

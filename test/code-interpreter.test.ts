@@ -19,6 +19,7 @@ import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cli, removeHome, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
 import { cachedImage } from './image-cache.js';
+import { cgroupFor, isFrozen, stats } from '../src/host/cgroups/cgroups.js';
 
 let home: string;
 let d: TestDaemon;
@@ -40,7 +41,7 @@ afterAll(async () => {
 
 describe('@e2b/code-interpreter@2.8.0', () => {
   it('keeps state between runCode calls, streams stdout, and returns an error with its traceback', async () => {
-    const sbx = await Sandbox.create({ allowInternetAccess: false });
+    const sbx = await Sandbox.create({ allowInternetAccess: false, envs: { GREETING: 'made' } });
     try {
       expect((await sbx.runCode('x = 1')).error).toBeUndefined();
       const two = await sbx.runCode('x + 1');
@@ -59,6 +60,10 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       expect(env.text).toBe("'test'");
       // put back as it was (unset: IPython shows no result for None, hence the string)
       expect((await sbx.runCode('str(os.environ.get("MODE"))')).text).toBe("'None'");
+      // the create's envs are the kernel's, as E2B's server reads them from envd; a call's own win for that call
+      expect((await sbx.runCode('os.environ["GREETING"], os.environ["E2B_SANDBOX"]')).text).toBe("('made', 'true')");
+      expect((await sbx.runCode('os.environ["GREETING"]', { envs: { GREETING: 'call' } })).text).toBe("'call'");
+      expect((await sbx.runCode('os.environ["GREETING"]')).text).toBe("'made'");
 
       const failed = await sbx.runCode('1 / 0');
       expect(failed.error?.name).toBe('ZeroDivisionError');
@@ -189,6 +194,88 @@ describe('@e2b/code-interpreter@2.8.0', () => {
       await c.close();
     }
   }, 180_000);
+
+  it('a pool with warm interpreters: a take finds its kernel up (started before the create, frozen while it waited), each sandbox a kernel of its own', async () => {
+    // named as the SDK's default template, so Sandbox.create() takes from it
+    const made = cli(home, [
+      'pool',
+      'create',
+      'code-interpreter-v1',
+      '--image',
+      'code-interpreter-v1',
+      '--size',
+      '1',
+      '--warm',
+      'interpreter',
+      '--json',
+    ]);
+    expect(made.code, made.err).toBe(0);
+    expect(JSON.parse(made.out)).toMatchObject({ warm: 'interpreter', recycle: false, ready: 1 });
+    const pool = (): { ready: number; hits: number; misses: number } =>
+      (
+        JSON.parse(cli(home, ['pool', 'ls', '--json']).out) as {
+          name: string;
+          ready: number;
+          hits: number;
+          misses: number;
+        }[]
+      ).find((p) => p.name === 'code-interpreter-v1')!;
+    const standby = (): string | undefined =>
+      (JSON.parse(cli(home, ['ls', '--json']).out) as { id: string; state: string; pool?: string | null }[]).find(
+        (b) => b.pool === 'code-interpreter-v1' && b.state === 'paused',
+      )?.id;
+    const until = async (check: () => boolean, what: string): Promise<void> => {
+      const end = Date.now() + 120_000;
+      while (!check()) {
+        if (Date.now() > end) throw new Error(`not in time: ${what}`);
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    };
+    // its kernel's start, read in the kernel (the host's boot time, whole seconds, plus the process's start in ticks)
+    const started =
+      'import os\n' +
+      "_t = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19]) / os.sysconf('SC_CLK_TCK')\n" +
+      "int((int([l for l in open('/proc/stat') if l.startswith('btime')][0].split()[1]) + _t) * 1000)";
+    try {
+      // the standby waits frozen: a kernel and its heartbeats would otherwise wake it
+      const id = standby();
+      expect(id).toBeDefined();
+      expect(await isFrozen(cgroupFor(id!))).toBe(true);
+      const cpu0 = (await stats(cgroupFor(id!))).cpuUsec;
+      await new Promise((r) => setTimeout(r, 1000));
+      expect((await stats(cgroupFor(id!))).cpuUsec).toBe(cpu0);
+
+      const before = pool().hits;
+      const t0 = Date.now();
+      const a = await Sandbox.create({ allowInternetAccess: false, envs: { GREETING: 'warm' } });
+      try {
+        expect(a.sandboxId).toBe(id);
+        expect(pool().hits).toBe(before + 1);
+        const first = await a.runCode(started);
+        // the kernel ran nothing before this sandbox's code, and was up seconds before the create
+        // (the boot time is whole seconds: a second's slack)
+        expect(first.executionCount).toBe(1);
+        expect(Number(first.text)).toBeLessThan(t0 - 1000);
+        // the create's envs reach a kernel started before it
+        expect((await a.runCode('os.environ["GREETING"]')).text).toBe("'warm'");
+        await a.runCode('secret = 42');
+      } finally {
+        await a.kill();
+      }
+      // the pool raises another warm standby; the next sandbox's kernel is its own
+      await until(() => pool().ready >= 1, 'the pool refilled');
+      const b = await Sandbox.create({ allowInternetAccess: false });
+      try {
+        expect(b.sandboxId).not.toBe(a.sandboxId);
+        expect((await b.runCode('secret')).error?.name).toBe('NameError');
+      } finally {
+        await b.kill();
+      }
+      expect(pool().misses).toBe(0);
+    } finally {
+      expect(cli(home, ['pool', 'rm', 'code-interpreter-v1']).code).toBe(0);
+    }
+  }, 300_000);
 
   it("a paused sandbox's kernel keeps its state: connect resumes it where it was (namespaces keep processes)", async () => {
     const sbx = await Sandbox.create({ allowInternetAccess: false });

@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
+import type { PoolSpec } from '../src/lab/pools/admin.js';
 import { disposeLab, testLab } from './helpers.js';
 import { cgroupFor, freeze, isFrozen, stats } from '../src/host/cgroups/cgroups.js';
 
@@ -98,6 +99,23 @@ describe('pool refill', () => {
     await pool.resize(1);
     expect((await pool.stats()).ready).toBe(1);
     await pool.remove();
+  });
+
+  it('a warm pool is refused what it cannot keep, and one whose standbys cannot warm is not left behind', async () => {
+    const refused = async (spec: Partial<PoolSpec>, code: string, message: RegExp): Promise<void> => {
+      const e = await lab.createPool({ name: 'warm', image: 'busybox', size: 1, limits: {}, ...spec }).then(
+        () => undefined,
+        (x: unknown) => x,
+      );
+      expect(e).toMatchObject({ code });
+      expect((e as Error).message).toMatch(message);
+      expect((await lab.pools()).map((p) => p.name)).not.toContain('warm');
+    };
+    await refused({ warm: 'kernel' as 'interpreter' }, 'BAD_INPUT', /cannot warm "kernel"/);
+    await refused({ warm: 'interpreter', recycle: true }, 'BAD_INPUT', /not recycled/);
+    // busybox has no python3: the fill fails, and the pool and its standby go
+    await refused({ warm: 'interpreter' }, 'AGENT_ERROR', /no python3 in this image/);
+    expect((await lab.list()).filter((b) => b.info.pool === 'warm')).toEqual([]);
   });
 
   it('its stats reap a standby that died: counted a leak, not ready nor dead, its record gone', async () => {

@@ -6,7 +6,8 @@ standard library and Debian's python3-jupyter-client only. One kernel per contex
 context ("python") is started with the server. A context's kernel that dies does not end another's;
 a client that goes away (the SDK's timeout) interrupts its kernel, and the sandbox runs on.
 
-  POST /execute            {code, context_id?, language?, env_vars?} -> NDJSON lines
+  POST /execute            {code, context_id?, language?, env_vars?, global_env_vars?} -> NDJSON lines
+                           (global_env_vars: the sandbox's own, set for good at a context's first execution)
   POST /contexts           {language?, cwd?} -> {id, language, cwd}
   GET /contexts            -> [{id, language, cwd}]
   DELETE /contexts/ID      -> 204
@@ -51,6 +52,8 @@ class Context:
         self.id = cid
         self.cwd = cwd
         self.lock = threading.Lock()
+        # the sandbox's own variables (its create's envVars), set in the kernel at its first execution
+        self.globals_set = False
         env = dict(os.environ)
         # plots as PNG display data, as in a notebook
         env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
@@ -67,6 +70,7 @@ class Context:
         with self.lock:
             self.kc.stop_channels()
             self.km.restart_kernel(now=True)
+            self.globals_set = False
             self.kc = self.km.client()
             self.kc.start_channels()
             self.kc.wait_for_ready(timeout=60)
@@ -132,6 +136,8 @@ def gone(sock):
         return True
 
 
+# the sandbox's variables (E2B's /envs: its create's envVars), set for good at a kernel's first execution
+SET_GLOBALS = "__import__('os').environ.update({env!r})"
 # runCode's envs: set in the kernel's environment for one execution, then put back as they were
 SET_ENV = (
     "__import__('builtins').__dict__['_snaplab_env'] = "
@@ -141,6 +147,11 @@ RESET_ENV = (
     "[__import__('os').environ.pop(k, None) if v is None else __import__('os').environ.__setitem__(k, v) "
     "for k, v in __import__('builtins').__dict__.pop('_snaplab_env', {}).items()]"
 )
+
+
+def strings(d):
+    """A JSON object of variables as str -> str (anything else: none)."""
+    return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}
 
 
 def quiet(c, code):
@@ -260,9 +271,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/x-ndjson")
         self.end_headers()
-        env = m.get("env_vars") or {}
-        env = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+        env = strings(m.get("env_vars"))
+        glob = strings(m.get("global_env_vars"))
         with c.lock:
+            if glob and not c.globals_set:
+                quiet(c, SET_GLOBALS.format(env=glob))
+                c.globals_set = True
             if env:
                 quiet(c, SET_ENV.format(keys=sorted(env), env=env))
             try:

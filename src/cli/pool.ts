@@ -5,6 +5,7 @@ import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_POOL_SIZE } from '../defaults.js
 import { DRIVER_NAMES } from '../drivers/registry.js';
 import { SnaplabError } from '../errors.js';
 import type { StorageKind } from '../storage/backend.js';
+import type { PoolWarm } from '../store/records.js';
 import { withLab, type CommonOptions } from './common.js';
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
 import { printJson, printTable } from './output.js';
@@ -50,6 +51,10 @@ function registerPoolCreate(pool: Command): void {
       'never give a used sandbox back to the pool, even when it is clean (VM standbys are never recycled)',
     )
     .option('--no-userns', 'standbys without a user namespace: root inside is root on the host')
+    .option(
+      '--warm <what>',
+      "start it in each standby before it waits: `interpreter` (the code interpreter's server and kernel; such standbys are not recycled)",
+    )
     .option('--json', 'print JSON');
   addLimitOptions(create);
   addEgressFlags(create);
@@ -65,6 +70,7 @@ function registerPoolCreate(pool: Command): void {
           recycle: boolean;
           driver: string;
           userns: boolean;
+          warm?: string;
         },
     ) =>
       withLab(o, async (lab) => {
@@ -79,6 +85,7 @@ function registerPoolCreate(pool: Command): void {
             driver: o.driver,
             userns: o.userns ? undefined : false,
             ...(egressFrom(o) ? { egress: egressFrom(o) } : {}),
+            ...(o.warm === undefined ? {} : { warm: o.warm as PoolWarm }),
           },
           progress(o),
         );
@@ -107,6 +114,7 @@ function registerPoolLs(pool: Command): void {
             'IMAGE',
             'STORAGE',
             'DRIVER',
+            'WARM',
             'TARGET',
             'READY',
             'IN USE',
@@ -122,6 +130,7 @@ function registerPoolLs(pool: Command): void {
             p.image,
             p.storage,
             p.driver,
+            p.warm ?? '-',
             p.target,
             p.ready,
             p.inUse,

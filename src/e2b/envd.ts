@@ -34,6 +34,13 @@ interface Selector {
   process?: { pid?: unknown; tag?: unknown };
 }
 
+/** A sandbox's own variables, as envd's /envs gives them: every command's and every code interpreter kernel's. */
+export const sandboxEnvs = (box: SandboxApi): Record<string, string> => ({
+  E2B_SANDBOX: 'true',
+  E2B_SANDBOX_ID: box.id,
+  ...fromMetadata(box).envs,
+});
+
 /**
  * The process config of a Start, checked; the sandbox's envVars under the command's own. As envd,
  * a command runs in its user's home unless told (a user the machine's /etc/passwd does not name:
@@ -51,7 +58,7 @@ function configOf(box: SandboxApi, m: StartRequest, user: EnvdUser): ProcessConf
   // as envd: the user's own HOME, USER and LOGNAME (a login shell reads its profile from HOME)
   const who: Record<string, string> =
     user.name && user.home ? { HOME: user.home, USER: user.name, LOGNAME: user.name } : {};
-  const envs = { ...who, E2B_SANDBOX: 'true', E2B_SANDBOX_ID: box.id, ...fromMetadata(box).envs, ...own };
+  const envs = { ...who, ...sandboxEnvs(box), ...own };
   const cwd = typeof p.cwd === 'string' && p.cwd ? p.cwd : user.home;
   return { cmd: p.cmd, args, envs, ...(cwd ? { cwd } : {}) };
 }

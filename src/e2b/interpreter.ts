@@ -12,6 +12,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { SnaplabError } from '../errors.js';
 import type { SandboxApi } from '../sdk/api.js';
 import { readBody } from './connect.js';
+import { sandboxEnvs } from './envd.js';
 import { sendError, type E2bState } from './state.js';
 import { INTERPRETER_PORT, tunnel, type Interpreters } from '../interpreter/server.js';
 
@@ -45,6 +46,23 @@ async function carry(box: SandboxApi, req: FastifyRequest, body: Buffer): Promis
   });
 }
 
+/**
+ * An execution carries the sandbox's own variables (E2B_SANDBOX, its id, its create's envVars), which
+ * the server sets in a kernel at its first execution, as E2B's reads them from envd's /envs.
+ */
+function withSandboxEnvs(box: SandboxApi, path: string, body: Buffer): Buffer {
+  if (!/^\/execute(\?|$)/.test(path)) return body;
+  let m: unknown;
+  try {
+    m = JSON.parse(body.toString());
+  } catch {
+    return body; // the server answers it 400
+  }
+  if (typeof m !== 'object' || m === null || Array.isArray(m)) return body;
+  const global_env_vars = sandboxEnvs(box);
+  return Buffer.from(JSON.stringify({ ...m, global_env_vars }));
+}
+
 async function handle(
   state: E2bState,
   interpreters: Interpreters,
@@ -55,7 +73,7 @@ async function handle(
   // there; running code (`/execute`) needs the access token
   const path = req.url.slice(INTERPRETER_PREFIX.length);
   const box = await state.envdSandbox(req, { traffic: /^\/(contexts|health)(\/|\?|$)/.test(path) });
-  const body = await readBody(req.body);
+  const body = withSandboxEnvs(box, path, await readBody(req.body));
   await interpreters.ensure(box);
   const res = await carry(box, req, body).catch((e: unknown) => {
     interpreters.forget(box.id); // the server may have died: the next request probes (and starts) it again

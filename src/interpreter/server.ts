@@ -5,39 +5,12 @@
  * front forgets (killed) is forgotten here too. Reached only through the Lab API: `tunnel` carries
  * one connection over a `snaplab-agent connect` spawned in the machine.
  */
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { Duplex } from 'node:stream';
-import { packageRoot } from '../agent/binary.js';
 import { MACHINE_AGENT_PATH } from '../drivers/driver.js';
-import { SnaplabError } from '../errors.js';
 import type { ProcessApi, SandboxApi } from '../sdk/api.js';
+import { INTERPRETER_PORT, startInterpreter } from './start.js';
 
-/** The port E2B's code-interpreter SDK names in `E2b-Sandbox-Port`. */
-export const INTERPRETER_PORT = 49999;
-const SERVER_IN_MACHINE = '/usr/local/lib/snaplab/code_interpreter.py';
-
-/**
- * Probe the server; if it is not there, write it (from stdin) and start it in a session of its own
- * (it outlives this exec), then wait for its port.
- */
-const START = `probe() { python3 -c 'import socket; socket.create_connection(("127.0.0.1", ${INTERPRETER_PORT}), 1)' 2>/dev/null; }
-probe && exit 0
-command -v python3 >/dev/null || { echo 'no python3 in this image (use the code-interpreter-v1 image, docs/e2b.md)' >&2; exit 3; }
-mkdir -p ${SERVER_IN_MACHINE.replace(/\/[^/]+$/, '')} && cat > ${SERVER_IN_MACHINE}
-setsid python3 ${SERVER_IN_MACHINE} </dev/null >>/var/log/snaplab-code-interpreter.log 2>&1 &
-i=0
-while ! probe; do
-  i=$((i + 1))
-  [ $i -gt 300 ] && { tail -n 5 /var/log/snaplab-code-interpreter.log >&2; exit 4; }
-  sleep 0.1
-done`;
-
-let source: Buffer | undefined;
-const serverSource = (): Buffer => {
-  source ??= readFileSync(join(packageRoot(), 'deploy', 'code-interpreter', 'server.py'));
-  return source;
-};
+export { INTERPRETER_PORT } from './start.js';
 
 /**
  * A front keeps at most this many sandboxes' starts; past it the oldest is forgotten. Forgetting is
@@ -80,15 +53,7 @@ export class Interpreters {
   }
 }
 
-async function start(box: SandboxApi): Promise<void> {
-  const r = await box.exec(['/bin/sh', '-c', START], { stdin: serverSource() });
-  if (r.exitCode !== 0)
-    throw new SnaplabError(
-      'AGENT_ERROR',
-      `the code interpreter did not start in ${box.id}: ${r.stderr.toString().trim() || `exit ${r.exitCode}`}`,
-      'make the sandbox from the code-interpreter-v1 image (python3 with ipykernel; docs/e2b.md)',
-    );
-}
+const start = (box: SandboxApi): Promise<void> => startInterpreter(box.id, (argv, stdin) => box.exec(argv, { stdin }));
 
 /**
  * A connection to the interpreter's port inside the machine: one `snaplab-agent connect` carrying

@@ -1,3 +1,4 @@
+import { noted } from '../cleanup.js';
 import { alternatives, checkList } from './paging.js';
 import { STOPPED_REASONS } from '../lab/lifecycle/stopped.js';
 import { checkRangeSize } from '../host/userns/registry.js';
@@ -406,7 +407,13 @@ export class Lab implements LabApi {
   async createPool(spec: PoolSpec, onProgress?: (ready: number, target: number) => void): Promise<Pool> {
     await definePool(this.ctx, spec);
     const pool = this.pool(spec.name);
-    await pool.fill(onProgress);
+    try {
+      await pool.fill(onProgress);
+    } catch (e) {
+      // a pool whose standbys cannot be raised (an image without what --warm needs) is not left behind
+      await pool.remove().catch(noted(`remove pool ${spec.name}`));
+      throw e;
+    }
     return pool;
   }
 
@@ -416,6 +423,15 @@ export class Lab implements LabApi {
     let runner = this.runners.get(name);
     if (!runner) this.runners.set(name, (runner = new PoolRunner(this.ctx, name)));
     return new Pool(this.ctx, runner, () => this.runners.delete(name));
+  }
+
+  /**
+   * Keep every pool of the home at its target from this process (a daemon does, at its start and
+   * on its tick): pools another process defined since, too (`snaplab pool create` without
+   * SNAPLAB_HOST beside a running daemon). Starting one already held does nothing.
+   */
+  holdPools(): void {
+    for (const p of this.ctx.store.listPools()) this.pool(p.name).start();
   }
 
   async pools(): Promise<PoolStats[]> {

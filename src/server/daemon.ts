@@ -141,7 +141,7 @@ export class Daemon implements RouteHost {
 
   /**
    * Adopt what is there: finish or clean what a dead process left half-made (gc), keep every pool
-   * at its target, then tick: the watcher, lifetimes, the reaper.
+   * at its target (and, on the tick, those defined since), then tick: the watcher, lifetimes, the reaper.
    */
   async start(): Promise<void> {
     let gc: { removed: string[] };
@@ -155,7 +155,7 @@ export class Daemon implements RouteHost {
     // the log reads on from where it got to before this start: what changed meanwhile, gc's findings
     // included, not every record again
     this.watched = this.events.watchedTo();
-    for (const p of await this.lab.pools()) this.lab.pool(p.name).start();
+    this.lab.holdPools();
     await this.tick();
     this.timer = setInterval(() => void this.tick(), this.opts.tickMs);
     this.timer.unref();
@@ -178,7 +178,11 @@ export class Daemon implements RouteHost {
    */
   private async tickOnce(): Promise<void> {
     // a check every 5 ticks; a full one (each machine's process read, not only found) every 12th
-    if (this.ticks++ % 5 === 0) await this.checkPass(this.checks++ % FULL_CHECK_EVERY !== 0);
+    if (this.ticks++ % 5 === 0) {
+      await this.checkPass(this.checks++ % FULL_CHECK_EVERY !== 0);
+      // a pool defined since by another process (an embedded `snaplab pool create`) is kept full too
+      this.lab.holdPools();
+    }
     // read after the check: a change made meanwhile is seen as it is now, not as it was
     const changes = await this.lab.changes(this.watched?.mark, this.watched?.again);
     this.changesRead++;

@@ -234,6 +234,12 @@ export const PoolBody = Type.Object(
     egress: Type.Optional(
       Type.Union([Type.Boolean(), EgressBody], { description: "its standbys' outbound network, as a create's" }),
     ),
+    warm: Type.Optional(
+      Type.Literal('interpreter', {
+        description:
+          "what each standby starts before it waits: the code interpreter's server and kernel (never recycled)",
+      }),
+    ),
     placement: Placement,
   },
   { additionalProperties: false },

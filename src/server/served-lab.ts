@@ -82,6 +82,7 @@ export interface ServedLab
       | 'ownedSnapshots'
       | 'changes'
       | 'expired'
+      | 'holdPools'
     > {
   create(opts?: LabCreateOptions & Served): Promise<SandboxApi>;
   restore(snapshot: string, opts?: ServedRestore): Promise<SandboxApi>;

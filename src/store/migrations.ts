@@ -403,4 +403,7 @@ export const migrations: string[] = [
     INSERT INTO sandbox_changes (id, gone) VALUES (NEW.id, 0);
   END;
   `,
+  // what a pool starts in each standby before it waits (lab/pools/runner.ts): 'interpreter', the
+  // code interpreter's server and its kernel; null, nothing
+  `ALTER TABLE pools ADD COLUMN warm TEXT;`,
 ];

@@ -114,6 +114,10 @@ export interface CleanBaseline {
   procs?: number;
 }
 
+/** What a pool can start in its standbys ahead of a take (PoolRecord.warm). */
+export const POOL_WARMS = ['interpreter'] as const;
+export type PoolWarm = (typeof POOL_WARMS)[number];
+
 export interface PoolRecord {
   name: string;
   image: string;
@@ -130,6 +134,8 @@ export interface PoolRecord {
   userns: boolean | null;
   /** its standbys' egress lists (docs/egress.md), or null: they have none */
   egress?: { allow: string[]; deny: string[] } | null;
+  /** what each standby starts before it waits: 'interpreter' (the code interpreter's server and kernel), or nothing */
+  warm?: PoolWarm | null;
   target: number;
   recycle: boolean;
   hits: number;

@@ -324,6 +324,7 @@ const SHIPPED = [
   'ce3759ccefbec3dd',
   '4b66e11898c2c4e6',
   '663bff2c3809bab8',
+  '7ab264987bac9142',
 ];
 
 it('keeps every shipped migration as it shipped', () => {

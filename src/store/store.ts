@@ -9,6 +9,7 @@ import type {
   Limits,
   Owner,
   PoolRecord,
+  PoolWarm,
   SandboxMeta,
   SandboxEgress,
   SandboxRecord,
@@ -158,6 +159,7 @@ function toPool(r: Row): PoolRecord {
     userns: r.userns === null || r.userns === undefined ? null : r.userns === 1,
     egress: r.egress ? json<{ allow: string[]; deny: string[] }>(r.egress) : null,
     template: (r.template as string | null) ?? null,
+    warm: (r.warm as PoolWarm | null) ?? null,
   };
 }
 
@@ -856,7 +858,7 @@ export class Store {
   }
   insertPool(p: PoolRecord): void {
     this.stmt(
-      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns, egress) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns, egress, warm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
     ).run(
       p.name,
       p.image,
@@ -868,6 +870,7 @@ export class Store {
       p.driver,
       p.userns === null ? null : p.userns ? 1 : 0,
       p.egress ? JSON.stringify(p.egress) : null,
+      p.warm ?? null,
     );
   }
   setPoolTemplate(name: string, template: string | null): void {

@@ -3,7 +3,7 @@ import { resolveEgress } from '../../sdk/create-options.js';
 import type { EgressRequest } from '../../sdk/api.js';
 import { SnaplabError } from '../../errors.js';
 import type { StorageKind } from '../../storage/backend.js';
-import type { Limits, PoolRecord, SandboxRecord } from '../../store/records.js';
+import { POOL_WARMS, type Limits, type PoolRecord, type PoolWarm, type SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
 import { DEFAULT_DRIVER } from '../../defaults.js';
 import { withDefaults } from '../lifecycle/limits.js';
@@ -30,6 +30,11 @@ export interface PoolSpec {
   userns?: boolean;
   /** its standbys' egress (as create's): a standby handed back is given these lists again */
   egress?: boolean | EgressRequest;
+  /**
+   * what each standby starts before it waits, so a take finds it running: 'interpreter', the code
+   * interpreter's server and its default kernel (docs/pools.md). Such standbys are never recycled.
+   */
+  warm?: PoolWarm;
 }
 
 export interface PoolStats extends PoolRecord {
@@ -81,6 +86,7 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
         'drop --recycle',
       );
   }
+  if (spec.warm !== undefined) checkWarm(spec, driver.capabilities.memorySnapshot, driver.name);
   await resolveImage(ctx, spec.image);
   const rec: PoolRecord = {
     name: spec.name,
@@ -88,7 +94,8 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
     storage: spec.storage ?? (await ctx.defaultStorage()),
     limits: withDefaults(spec.limits, driver.name),
     target: spec.size,
-    recycle: driver.capabilities.memorySnapshot ? false : (spec.recycle ?? true),
+    // a warm standby's kernel carries what its execution left there, which no clean check can see
+    recycle: driver.capabilities.memorySnapshot || spec.warm ? false : (spec.recycle ?? true),
     hits: 0,
     misses: 0,
     recycled: 0,
@@ -99,9 +106,31 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
     template: null,
     userns: spec.userns === false ? false : null,
     egress: resolveEgress(spec.egress) ?? null,
+    warm: spec.warm ?? null,
   };
   ctx.store.insertPool(rec);
   return rec;
+}
+
+function checkWarm(spec: PoolSpec, vm: boolean, driver: string): void {
+  if (!(POOL_WARMS as readonly string[]).includes(spec.warm!))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `a pool cannot warm ${JSON.stringify(spec.warm)}`,
+      `give one of: ${POOL_WARMS.join(', ')}`,
+    );
+  if (spec.recycle)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'standbys with a warm interpreter are not recycled: its kernel keeps what an execution left in it, which no clean check sees',
+      'drop --recycle (each take gets a standby of its own, and the pool raises another)',
+    );
+  if (vm)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `a pool of the ${driver} driver cannot warm an interpreter yet (its standbys are restores of one memory snapshot)`,
+      'use the namespaces driver for a warm pool, or drop --warm (the first runCode then starts the kernel)',
+    );
 }
 
 /** The pool's counters and its members by state, reconciled with the host (dead ones counted). */

@@ -5,7 +5,8 @@ import { withLock } from '../../host/lock.js';
 import { cgroupFor, isFrozen } from '../../host/cgroups/cgroups.js';
 import type { Volume } from '../../storage/backend.js';
 import type { SandboxRecord, SnapshotRecord } from '../../store/records.js';
-import { snapshotSandbox } from '../io/sandbox-ops.js';
+import { execIn, snapshotSandbox } from '../io/sandbox-ops.js';
+import { startInterpreter } from '../../interpreter/start.js';
 import { Trace } from '../../timing/trace.js';
 import { captureBaseline, dirtReasons } from '../lifecycle/clean.js';
 import type { LabContext } from '../context.js';
@@ -183,7 +184,10 @@ export class PoolRunner {
     onProgress?.(ready, pool.target);
     while (ready < pool.target) {
       const batch = Math.min(parallel, pool.target - ready);
-      await Promise.all(Array.from({ length: batch }, () => this.addStandby()));
+      // every raise of the batch settled before a failure is thrown: none goes on behind the caller's cleanup
+      const settled = await Promise.allSettled(Array.from({ length: batch }, () => this.addStandby()));
+      const failed = settled.find((r) => r.status === 'rejected');
+      if (failed) throw failed.reason;
       ready = this.counts().paused;
       onProgress?.(ready, pool.target);
     }
@@ -248,7 +252,10 @@ export class PoolRunner {
     const { record } = await this.raise(new Trace('pool refill', this.name), true);
     const driver = this.ctx.driver(record.driver);
     try {
-      if (driver.capabilities.pauseStandbys) await driver.pause(handleOf(record));
+      // a warm standby has more than its agent running (a kernel, its heartbeats): frozen, it
+      // costs no CPU while it waits either (a take thaws it, as one frozen by an older snaplab)
+      if (driver.capabilities.pauseStandbys || this.ctx.store.getPool(this.name)?.warm)
+        await driver.pause(handleOf(record));
       this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null, owner: null });
     } catch (e) {
       await this.drop(record).catch(noted(`drop standby ${record.name}`)); // a standby that cannot be stopped is not kept running
@@ -292,6 +299,18 @@ export class PoolRunner {
         },
         trace,
       );
+      if (pool.warm === 'interpreter') {
+        try {
+          await trace.phase('warm interpreter', () =>
+            startInterpreter(record.name, (argv, stdin) => execIn(this.ctx, record, agent, argv, { stdin }), {
+              kernel: true,
+            }),
+          );
+        } catch (e) {
+          await this.drop(record, agent);
+          throw e;
+        }
+      }
       if (recordBaseline && pool.recycle) {
         try {
           record.baseline = await trace.phase('clean baseline', () => captureBaseline(this.ctx, record, agent));
