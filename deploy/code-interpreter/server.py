@@ -150,8 +150,12 @@ RESET_ENV = (
 
 
 def strings(d):
-    """A JSON object of variables as str -> str (anything else: none)."""
-    return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}
+    """A JSON object of variables as str -> str (anything else: none); a name the environment cannot
+    hold (empty, with '=' or NUL) or a value with NUL is left out, not let fail the others."""
+    if not isinstance(d, dict):
+        return {}
+    out = {str(k): str(v) for k, v in d.items()}
+    return {k: v for k, v in out.items() if k and "=" not in k and "\0" not in k and "\0" not in v}
 
 
 def quiet(c, code):
@@ -239,6 +243,8 @@ class Handler(BaseHTTPRequestHandler):
             m = self.body()
         except ValueError:
             return self.answer(400, {"error": "the body is not JSON"})
+        if not isinstance(m, dict):
+            return self.answer(400, {"error": "the body is not a JSON object"})
         if self.route == "/execute":
             return self.execute(m)
         if self.route == "/contexts":

@@ -51,7 +51,8 @@ async function carry(box: SandboxApi, req: FastifyRequest, body: Buffer): Promis
  * the server sets in a kernel at its first execution, as E2B's reads them from envd's /envs.
  */
 function withSandboxEnvs(box: SandboxApi, path: string, body: Buffer): Buffer {
-  if (!/^\/execute(\?|$)/.test(path)) return body;
+  // by the path as the server routes it (its query and any fragment cut off)
+  if (new URL(path, 'http://in').pathname !== '/execute') return body;
   let m: unknown;
   try {
     m = JSON.parse(body.toString());

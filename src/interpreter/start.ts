@@ -63,6 +63,6 @@ export async function startInterpreter(id: string, run: RunInMachine, opts: { ke
     throw new SnaplabError(
       'AGENT_ERROR',
       `the code interpreter did not start in ${id}: ${r.stderr.toString().trim() || `exit ${r.exitCode}`}`,
-      'make the sandbox from the code-interpreter-v1 image (python3 with ipykernel; docs/e2b.md)',
+      'use an image with python3 and ipykernel: the code-interpreter-v1 image (`--image code-interpreter-v1`; docs/e2b.md)',
     );
 }

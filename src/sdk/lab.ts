@@ -60,7 +60,7 @@ import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
 import { egressTotals } from '../lab/net/egress.js';
 import { buildTemplate, resolveImage, underBuildLock } from '../lab/images/templates.js';
 import { templateRecipe, TEMPLATES } from '../image/templates.js';
-import { SnaplabError } from '../errors.js';
+import { isSnaplabError, SnaplabError } from '../errors.js';
 import { DEFAULT_DRIVER, DEFAULT_IMAGE, DEFAULT_ON_TIMEOUT } from '../defaults.js';
 
 export type RunOptions = RunSpec & { pool?: string; image?: string; storage?: StorageKind; limits?: Limits };
@@ -122,6 +122,8 @@ export interface RestoreOptions extends Lifetime {
  */
 export class Lab implements LabApi {
   private readonly runners = new Map<string, PoolRunner>();
+  /** pools this Lab is removing: holdPools leaves them be */
+  private readonly removing = new Set<string>();
 
   private constructor(private readonly ctx: LabContext) {}
 
@@ -422,7 +424,11 @@ export class Lab implements LabApi {
     getPool(this.ctx, name);
     let runner = this.runners.get(name);
     if (!runner) this.runners.set(name, (runner = new PoolRunner(this.ctx, name)));
-    return new Pool(this.ctx, runner, () => this.runners.delete(name));
+    return new Pool(this.ctx, runner, () => {
+      this.runners.delete(name);
+      this.removing.add(name);
+      return () => this.removing.delete(name);
+    });
   }
 
   /**
@@ -431,7 +437,22 @@ export class Lab implements LabApi {
    * SNAPLAB_HOST beside a running daemon). Starting one already held does nothing.
    */
   holdPools(): void {
-    for (const p of this.ctx.store.listPools()) this.pool(p.name).start();
+    const live = new Set(this.ctx.store.listPools().map((p) => p.name));
+    for (const name of live) {
+      if (this.removing.has(name)) continue;
+      try {
+        this.pool(name).start();
+      } catch (e) {
+        // removed since the list was read: nothing to hold
+        if (!isSnaplabError(e, 'POOL_NOT_FOUND')) throw e;
+      }
+    }
+    // a pool another process removed: its runner here stops (its timer, its reaper, its connections)
+    for (const [name, runner] of this.runners)
+      if (!live.has(name)) {
+        this.runners.delete(name);
+        void runner.close();
+      }
   }
 
   async pools(): Promise<PoolStats[]> {

@@ -19,7 +19,8 @@ export class Pool implements PoolApi {
   constructor(
     private readonly ctx: LabContext,
     private readonly runner: PoolRunner,
-    private readonly onClose: () => void,
+    /** the pool is being removed: its runner is forgotten; call what it returns once it is gone */
+    private readonly onClose: () => () => void,
   ) {}
 
   get name(): string {
@@ -115,8 +116,14 @@ export class Pool implements PoolApi {
 
   /** Destroy the standbys and forget the pool. */
   async remove(): Promise<number> {
-    await this.runner.stop();
-    this.onClose();
-    return removePool(this.ctx, this.name);
+    // let go of the runner for good first: a holder's pass (a daemon's holdPools) must neither
+    // start it again nor make another while the pool is being removed
+    const done = this.onClose();
+    try {
+      await this.runner.close();
+      return await removePool(this.ctx, this.name);
+    } finally {
+      done();
+    }
   }
 }

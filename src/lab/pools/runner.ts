@@ -19,6 +19,11 @@ import { raiseSandbox } from '../lifecycle/raise.js';
 import { destroyRecord } from '../lifecycle/teardown.js';
 import { failureMeans, noted } from '../../cleanup.js';
 
+/** The reason a standby carries while it is raised (and warmed): other holders count it as coming. */
+const RAISING = 'raising a standby';
+/** A warm-up that takes longer is killed, and its standby dropped (a kernel starts in seconds). */
+const WARM_TIMEOUT_MS = 120_000;
+
 export interface Taken {
   record: SandboxRecord;
   agent: AgentClient;
@@ -44,6 +49,11 @@ export class PoolRunner {
   private readonly waiting: (() => void)[] = [];
   private serving = 0;
   private running = false;
+  /** closed for good (its pool removed): start() does nothing */
+  private closed = false;
+  /** refills that failed in a row, and when the next may start (backing off: 1 s, 2 s, … 60 s) */
+  private failures = 0;
+  private retryAt = 0;
   private timer: NodeJS.Timeout | undefined;
   private readonly inflight = new Set<Promise<unknown>>();
   /** errors of background refills, newest last (at most 20) */
@@ -183,7 +193,13 @@ export class PoolRunner {
     let ready = this.counts().paused;
     onProgress?.(ready, pool.target);
     while (ready < pool.target) {
-      const batch = Math.min(parallel, pool.target - ready);
+      // what another holder is raising for it counts (a daemon refilling it beside this fill)
+      const batch = Math.min(parallel, pool.target - ready - this.raisingElsewhere());
+      if (batch <= 0) {
+        await new Promise((r) => setTimeout(r, 200));
+        ready = this.counts().paused;
+        continue;
+      }
       // every raise of the batch settled before a failure is thrown: none goes on behind the caller's cleanup
       const settled = await Promise.allSettled(Array.from({ length: batch }, () => this.addStandby()));
       const failed = settled.find((r) => r.status === 'rejected');
@@ -195,7 +211,7 @@ export class PoolRunner {
 
   /** Keep the pool at its target in the background until stop(). */
   start(): void {
-    if (this.running) return;
+    if (this.running || this.closed) return;
     this.running = true;
     let reaping = false; // one pass at a time: a pass over many members outlasts the second
     this.timer = setInterval(() => {
@@ -209,6 +225,12 @@ export class PoolRunner {
     }, 1000);
     this.timer.unref();
     this.kick();
+  }
+
+  /** Stop for good (the pool is being removed): as stop(), and start() does nothing after. */
+  close(): Promise<void> {
+    this.closed = true;
+    return this.stop();
   }
 
   /** Stop refilling; wait for raises in flight; close connections. Standbys stay (paused). */
@@ -230,15 +252,23 @@ export class PoolRunner {
     if (!this.running) return;
     const pool = this.ctx.store.getPool(this.name);
     if (!pool) return;
+    // a refill that keeps failing (an image without what --warm needs) is not retried at once
+    if (Date.now() < this.retryAt) return;
     const c = this.counts();
-    const deficit = pool.target - c.paused - this.raising - this.recycling;
+    // another holder's raises count too (an embedded `pool create` filling beside a daemon)
+    const deficit = pool.target - c.paused - this.raising - this.raisingElsewhere() - this.recycling;
     // Refill never starves executions: one raise at a time while takes are in flight.
     const limit = this.serving > 0 ? 1 : 2;
     for (let i = 0; i < Math.min(deficit, limit - this.raising); i++) {
       const p = this.addStandby()
+        .then(() => {
+          this.failures = 0;
+        })
         .catch((e: Error) => {
           this.refillErrors.push(e.message);
           if (this.refillErrors.length > 20) this.refillErrors.shift();
+          this.failures++;
+          this.retryAt = Date.now() + Math.min(60_000, 1000 * 2 ** (this.failures - 1));
         })
         .finally(() => {
           this.inflight.delete(p);
@@ -248,8 +278,25 @@ export class PoolRunner {
     }
   }
 
+  /** Standbys another live process is raising for this pool now (its creates, and its warm-ups). */
+  private raisingElsewhere(): number {
+    let n = 0;
+    for (const m of this.ctx.store.poolMembers(this.name)) {
+      const pid = m.owner?.pid;
+      if (!pid || pid === process.pid) continue;
+      if (m.state !== 'creating' && !(m.state === 'running' && m.reason?.startsWith(RAISING))) continue;
+      try {
+        process.kill(pid, 0); // its holder lives (a dead one's are the reapers')
+        n++;
+      } catch {
+        // gone
+      }
+    }
+    return n;
+  }
+
   private async addStandby(): Promise<void> {
-    const { record } = await this.raise(new Trace('pool refill', this.name), true);
+    const { record } = await this.raise(new Trace('pool refill', this.name), true, true);
     const driver = this.ctx.driver(record.driver);
     try {
       // a warm standby has more than its agent running (a kernel, its heartbeats): frozen, it
@@ -265,8 +312,11 @@ export class PoolRunner {
     if (!this.ctx.store.getPool(this.name)) await this.drop(record);
   }
 
-  /** Raise a pool member with its clean baseline; `standby` members keep a connection here. */
-  private async raise(trace: Trace, recordBaseline: boolean): Promise<Omit<Taken, 'hit'>> {
+  /**
+   * Raise a pool member with its clean baseline; a `standby` is warmed as the pool asks (a take's
+   * miss is not: its taker may never run code, and the fronts start the interpreter on first use).
+   */
+  private async raise(trace: Trace, recordBaseline: boolean, standby = false): Promise<Omit<Taken, 'hit'>> {
     const pool = getPool(this.ctx, this.name);
     this.raising++;
     try {
@@ -291,7 +341,7 @@ export class PoolRunner {
           base,
           origin: template?.name ?? null,
           pool: this.name,
-          heldBy: { reason: takenBy() },
+          heldBy: { reason: standby ? `${RAISING} (pid ${process.pid})` : takenBy() },
           memory: template?.memory ?? undefined,
           userns: pool.userns ?? undefined,
           ...(pool.egress ? { egress: pool.egress } : {}),
@@ -299,15 +349,17 @@ export class PoolRunner {
         },
         trace,
       );
-      if (pool.warm === 'interpreter') {
+      if (standby && pool.warm === 'interpreter') {
         try {
           await trace.phase('warm interpreter', () =>
-            startInterpreter(record.name, (argv, stdin) => execIn(this.ctx, record, agent, argv, { stdin }), {
-              kernel: true,
-            }),
+            startInterpreter(
+              record.name,
+              (argv, stdin) => execIn(this.ctx, record, agent, argv, { stdin, timeoutMs: WARM_TIMEOUT_MS }),
+              { kernel: true },
+            ),
           );
         } catch (e) {
-          await this.drop(record, agent);
+          await this.drop(record, agent).catch(noted(`drop standby ${record.name}`));
           throw e;
         }
       }
