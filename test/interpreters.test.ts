@@ -1,8 +1,8 @@
 /**
  * The fronts' record of the interpreter servers they started (src/interpreter/server.ts): a
  * sandbox destroyed or ended out of sight is forgotten, so a long MCP session does not keep
- * every sandbox it ever ran code in. Real machines; their `python3` is a script that answers the
- * server's probe, so a start finds a server "running" without building the interpreter image.
+ * every sandbox it ever ran code in. Real machines; busybox's httpd listens on the server's port,
+ * so a start's probe finds a server "running" without building the interpreter image.
  */
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -27,10 +27,10 @@ afterAll(() => {
   if (home) removeHome(home);
 });
 
-/** A machine whose probe of port 49999 succeeds: its python3 exits 0. */
+/** A machine whose probe of port 49999 succeeds: something listens there (busybox's httpd, in the background). */
 async function answering(name: string): Promise<SandboxApi> {
   const box = await lab.get(name);
-  await box.files.write('/usr/local/bin/python3', '#!/bin/sh\nexit 0\n', { mode: 0o755 });
+  expect((await box.exec(['httpd', '-p', '127.0.0.1:49999', '-h', '/tmp'])).exitCode).toBe(0);
   return box;
 }
 
@@ -48,8 +48,8 @@ it('a destroyed sandbox is forgotten (forget), and so is one ended out of sight 
   expect(interpreters.size).toBe(1);
   interpreters.forget(b.id);
   expect(interpreters.size).toBe(0);
-  // a start that fails is not kept
-  await b.files.remove('/usr/local/bin/python3');
+  // a start that fails (nothing listens, and busybox has no python3 to start the server) is not kept
+  expect((await b.exec(['killall', 'httpd'])).exitCode).toBe(0);
   await expect(interpreters.ensure(b)).rejects.toMatchObject({ code: 'AGENT_ERROR' });
   expect(interpreters.size).toBe(0);
 });
