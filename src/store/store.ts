@@ -893,6 +893,19 @@ export class Store {
     }[];
     return Object.fromEntries(rows.map((r) => [r.state, r.n]));
   }
+  /**
+   * The holders (pids) of the pool's members being raised by a process other than `pid`: those
+   * creating, and those running with a reason that starts with `raising` (a standby not yet handed
+   * over: lab/pools/runner.ts). One row each; a handful at most.
+   */
+  poolRaisingHolders(name: string, pid: number, raising: string): number[] {
+    return (
+      this.stmt(
+        `SELECT owner_pid AS pid FROM sandboxes WHERE pool = ? AND owner_pid IS NOT NULL AND owner_pid != ?
+           AND (state = 'creating' OR (state = 'running' AND substr(reason, 1, length(?)) = ?))`,
+      ).all(name, pid, raising, raising) as { pid: number }[]
+    ).map((r) => r.pid);
+  }
   poolMembers(name: string): SandboxRecord[] {
     return this.sandboxes(`SELECT ${sandboxColumns()} FROM sandboxes WHERE pool = ? ORDER BY created_at`, name).map(
       toSandbox,

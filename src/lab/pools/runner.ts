@@ -281,10 +281,8 @@ export class PoolRunner {
   /** Standbys another live process is raising for this pool now (its creates, and its warm-ups). */
   private raisingElsewhere(): number {
     let n = 0;
-    for (const m of this.ctx.store.poolMembers(this.name)) {
-      const pid = m.owner?.pid;
-      if (!pid || pid === process.pid) continue;
-      if (m.state !== 'creating' && !(m.state === 'running' && m.reason?.startsWith(RAISING))) continue;
+    // one query of the few rows in question: this runs on every take (kick), not a read of every member
+    for (const pid of this.ctx.store.poolRaisingHolders(this.name, process.pid, RAISING)) {
       try {
         process.kill(pid, 0); // its holder lives (a dead one's are the reapers')
         n++;
