@@ -3,6 +3,7 @@ import { handleOf } from '../lifecycle/handle.js';
 import type { AgentClient } from '../../agent/client.js';
 import { withLock } from '../../host/lock.js';
 import { cgroupFor, isFrozen } from '../../host/cgroups/cgroups.js';
+import { pidThere } from '../../host/procs.js';
 import type { Volume } from '../../storage/backend.js';
 import type { SandboxRecord, SnapshotRecord } from '../../store/records.js';
 import { execIn, snapshotSandbox } from '../io/sandbox-ops.js';
@@ -280,17 +281,9 @@ export class PoolRunner {
 
   /** Standbys another live process is raising for this pool now (its creates, and its warm-ups). */
   private raisingElsewhere(): number {
-    let n = 0;
-    // one query of the few rows in question: this runs on every take (kick), not a read of every member
-    for (const pid of this.ctx.store.poolRaisingHolders(this.name, process.pid, RAISING)) {
-      try {
-        process.kill(pid, 0); // its holder lives (a dead one's are the reapers')
-        n++;
-      } catch {
-        // gone
-      }
-    }
-    return n;
+    // one query of the few rows in question: this runs on every take (kick), not a read of every
+    // member; a holder that is gone is left out (its members are the reapers')
+    return this.ctx.store.poolRaisingHolders(this.name, process.pid, RAISING).filter(pidThere).length;
   }
 
   private async addStandby(): Promise<void> {
