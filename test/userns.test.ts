@@ -1,5 +1,5 @@
 import { spawnSync } from 'node:child_process';
-import { randomInt } from 'node:crypto';
+import { randomInt, randomUUID } from 'node:crypto';
 import {
   chownSync,
   existsSync,
@@ -25,9 +25,12 @@ import { cgroupFor } from '../src/host/cgroups/cgroups.js';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf } from '../src/host/userns/id-ranges.js';
 import { REGISTRY } from '../src/host/userns/registry.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
+import type { SandboxApi } from '../src/sdk/api.js';
+import { createMany, removeMany } from '../src/sdk/bulk.js';
+import { listCursor } from '../src/sdk/paging.js';
 import { disposeLab, testLab } from './helpers.js';
 import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
-import { failureMeans } from '../src/cleanup.js';
+import { failureMeans, noted } from '../src/cleanup.js';
 
 // Root inside is not root outside: each namespace sandbox in a user namespace of its own, its root
 // filesystem idmapped so that files keep their owners on disk. Real namespaces and mounts.
@@ -306,6 +309,69 @@ describe('user namespace ranges', () => {
       delete process.env.SNAPLAB_USERNS_IDS;
     }
   });
+
+  // issue #34's bounded case of density: what the 10 000 ladder does at scale (docs/benchmarks.md
+  // "Density"), at a count the suite can afford. Five full slots above 2^31 hold the 300 ranges
+  // of 1024 ids, 64 to a slot: each is its own and claimed where the registry says
+  it('300 at once with 1024 ids each, packed 64 to a slot above 2^31: each range its own and claimed, listed once page by page, removed with nothing left', async () => {
+    const SLOTS = 5;
+    const lo = slotBase(2569 + randomInt(32000));
+    const labels = { density: randomUUID() };
+    process.env.SNAPLAB_USERNS_IDS = `${lo}-${lo + SLOTS * USERNS_SIZE - 1}`;
+    let boxes: SandboxApi[];
+    try {
+      boxes = await createMany(lab, 300, { ids: 1024, labels }, { parallel: 8 });
+    } finally {
+      delete process.env.SNAPLAB_USERNS_IDS;
+    }
+    const removed = { done: false };
+    try {
+      const bases = boxes.map((b) => b.toJSON().userns?.uidBase ?? -1);
+      expect(new Set(bases).size).toBe(300);
+      expect(bases.every((b) => b >= lo && b < lo + SLOTS * USERNS_SIZE && (b - lo) % 1024 === 0)).toBe(true);
+      expect(new Set(bases.map((b) => slotOf(b))).size).toBe(SLOTS); // 300 ranges in 5 slots: packed
+      const claims = new Set(
+        [...new Set(bases.map((b) => slotOf(b)!))].flatMap((s) => readdirSync(join(REGISTRY, String(s)))),
+      );
+      expect(bases.filter((b) => !claims.has(`${b}.1024`))).toEqual([]);
+      // listed once each, oldest first, through pages of 64 (five pages: 64 × 4 + 44)
+      const seen: string[] = [];
+      let after: string | undefined;
+      let pages = 0;
+      for (;;) {
+        const page = await lab.list({ labels, limit: 64, ...(after ? { after } : {}) });
+        pages++;
+        seen.push(...page.map((b) => b.id));
+        if (page.length < 64) break;
+        after = listCursor(page.at(-1)!);
+      }
+      expect(pages).toBe(5);
+      expect(seen.length).toBe(300);
+      expect([...seen].sort()).toEqual(boxes.map((b) => b.id).sort());
+      expect(await lab.count({ labels })).toEqual({ total: 300, byState: { running: 300 } });
+      // the first and the last made run, each in its own range
+      for (const b of [boxes[0]!, boxes[299]!]) {
+        const box = await lab.get(b.id);
+        const base = box.info.uidBase!;
+        expect((await out(box, ['cat', '/proc/self/uid_map'])).split(/\s+/).map(Number)).toEqual([0, base, 1024]);
+        expect(hostUids(box.info.pid!)).toEqual([base, base, base, base]);
+        box.close();
+      }
+      const ids = boxes.map((b) => b.id);
+      await removeMany(lab, boxes, { parallel: 8 });
+      removed.done = true;
+      expect(await lab.count({ labels })).toEqual({ total: 0, byState: {} });
+      const left = new Set(
+        [...new Set(bases.map((b) => slotOf(b)!))].flatMap((s) =>
+          existsSync(join(REGISTRY, String(s))) ? readdirSync(join(REGISTRY, String(s))) : [],
+        ),
+      );
+      expect(bases.filter((b) => left.has(`${b}.1024`))).toEqual([]); // every claim given back
+      expect(ids.flatMap((id) => cgroupFor(id).dirs.filter((d) => existsSync(d)))).toEqual([]);
+    } finally {
+      if (!removed.done) await removeMany(lab, boxes).catch(noted('removing the 300 after a failed check')); // what is left, disposeLab's gc removes
+    }
+  }, 300_000);
 
   it('a sandbox asks a smaller range (ids): mapped 0..ids-1, ids beyond show as nobody; a restore keeps the size', async () => {
     await using box = await lab.create({ ids: 1024 });
