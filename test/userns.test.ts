@@ -326,7 +326,7 @@ describe('user namespace ranges', () => {
     }
     const removed = { done: false };
     try {
-      const bases = boxes.map((b) => b.toJSON().userns?.uidBase ?? -1);
+      const bases = boxes.map((b) => (b as Sandbox).info.uidBase ?? -1); // the embedded lab's sandboxes
       expect(new Set(bases).size).toBe(300);
       expect(bases.every((b) => b >= lo && b < lo + SLOTS * USERNS_SIZE && (b - lo) % 1024 === 0)).toBe(true);
       expect(new Set(bases.map((b) => slotOf(b))).size).toBe(SLOTS); // 300 ranges in 5 slots: packed
