@@ -20,6 +20,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { cli, removeHome, startE2bDaemon, type TestDaemon } from './daemon-helpers.js';
 import { cachedImage } from './image-cache.js';
 import { cgroupFor, isFrozen, stats } from '../src/host/cgroups/cgroups.js';
+import { interpreterVersion } from '../src/interpreter/start.js';
+import Database from 'better-sqlite3';
 
 let home: string;
 let d: TestDaemon;
@@ -279,6 +281,28 @@ describe('@e2b/code-interpreter@2.8.0', () => {
         await b.kill();
       }
       expect(pool()).toMatchObject({ hits: before + 2, misses: 0 });
+      // after an upgrade its standbys run another build's server (the pool's recorded version
+      // says so): the take hands none out; they are removed, and it is a miss
+      await until(() => standbys().length === 1, 'the pool refilled again');
+      const old = standbys()[0]!;
+      const db = new Database(join(home, 'state.db'));
+      const version = db.prepare('SELECT warm_version FROM pools WHERE name = ?').pluck();
+      try {
+        expect(version.get('code-interpreter-v1')).toBe(interpreterVersion());
+        db.prepare('UPDATE pools SET warm_version = ? WHERE name = ?').run('an older build', 'code-interpreter-v1');
+        const c = await Sandbox.create({ allowInternetAccess: false });
+        try {
+          expect(c.sandboxId).not.toBe(old);
+          expect(pool()).toMatchObject({ hits: before + 2, misses: 1 });
+          expect(version.get('code-interpreter-v1')).toBe(interpreterVersion());
+          const ids = (JSON.parse(cli(home, ['ls', '--json']).out) as { id: string }[]).map((b) => b.id);
+          expect(ids).not.toContain(old);
+        } finally {
+          await c.kill();
+        }
+      } finally {
+        db.close();
+      }
     } finally {
       expect(cli(home, ['pool', 'rm', 'code-interpreter-v1']).code).toBe(0);
     }

@@ -5,6 +5,7 @@
  * pool with warm interpreters runs it in each standby it raises (lab/pools/runner.ts), so a take
  * finds the server and its kernel already up. It depends on no layer of snaplab's: both sides share it.
  */
+import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { packageRoot } from '../agent/binary.js';
@@ -49,6 +50,17 @@ const serverSource = (): Buffer => {
   source ??= readFileSync(join(packageRoot(), 'deploy', 'code-interpreter', 'server.py'));
   return source;
 };
+
+/**
+ * What a warm standby was started with: a hash of the server and of the command that starts it.
+ * A pool records it (PoolRecord.warmVersion); standbys warmed by another build of snaplab (an
+ * upgrade) are then raised again, not handed out with the old server (lab/pools/runner.ts).
+ */
+let version: string | undefined;
+export function interpreterVersion(): string {
+  version ??= createHash('sha256').update(start(true)).update(serverSource()).digest('hex').slice(0, 16);
+  return version;
+}
 
 /** Runs argv in the machine with `stdin` as its input; its exit code and stderr. */
 export type RunInMachine = (argv: string[], stdin: Buffer) => Promise<{ exitCode: number; stderr: Buffer | string }>;

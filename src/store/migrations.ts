@@ -406,4 +406,7 @@ export const migrations: string[] = [
   // what a pool starts in each standby before it waits (lab/pools/runner.ts): 'interpreter', the
   // code interpreter's server and its kernel; null, nothing
   `ALTER TABLE pools ADD COLUMN warm TEXT;`,
+  // which server a warm pool's standbys run (interpreter/start.ts interpreterVersion): one warmed
+  // by another build of snaplab is raised again, not handed out (lab/pools/runner.ts)
+  `ALTER TABLE pools ADD COLUMN warm_version TEXT;`,
 ];

@@ -325,6 +325,7 @@ const SHIPPED = [
   '4b66e11898c2c4e6',
   '663bff2c3809bab8',
   '7ab264987bac9142',
+  'ab321cb61c96ff18',
 ];
 
 it('keeps every shipped migration as it shipped', () => {

@@ -160,6 +160,7 @@ function toPool(r: Row): PoolRecord {
     egress: r.egress ? json<{ allow: string[]; deny: string[] }>(r.egress) : null,
     template: (r.template as string | null) ?? null,
     warm: (r.warm as PoolWarm | null) ?? null,
+    warmVersion: (r.warm_version as string | null) ?? null,
   };
 }
 
@@ -858,7 +859,7 @@ export class Store {
   }
   insertPool(p: PoolRecord): void {
     this.stmt(
-      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns, egress, warm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns, egress, warm, warm_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
     ).run(
       p.name,
       p.image,
@@ -871,7 +872,11 @@ export class Store {
       p.userns === null ? null : p.userns ? 1 : 0,
       p.egress ? JSON.stringify(p.egress) : null,
       p.warm ?? null,
+      p.warmVersion ?? null,
     );
+  }
+  setPoolWarmVersion(name: string, version: string): void {
+    this.stmt('UPDATE pools SET warm_version = ? WHERE name = ?').run(version, name);
   }
   setPoolTemplate(name: string, template: string | null): void {
     this.stmt('UPDATE pools SET template = ? WHERE name = ?').run(template, name);

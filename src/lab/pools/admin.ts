@@ -16,6 +16,7 @@ import { Trace } from '../../timing/trace.js';
 import { join } from 'node:path';
 import { withLock } from '../../host/lock.js';
 import { noted } from '../../cleanup.js';
+import { interpreterVersion } from '../../interpreter/start.js';
 
 export interface PoolSpec {
   name: string;
@@ -107,6 +108,7 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
     userns: spec.userns === false ? false : null,
     egress: resolveEgress(spec.egress) ?? null,
     warm: spec.warm ?? null,
+    warmVersion: spec.warm ? interpreterVersion() : null,
   };
   ctx.store.insertPool(rec);
   return rec;

@@ -7,14 +7,14 @@ import { pidThere } from '../../host/procs.js';
 import type { Volume } from '../../storage/backend.js';
 import type { SandboxRecord, SnapshotRecord } from '../../store/records.js';
 import { execIn, snapshotSandbox } from '../io/sandbox-ops.js';
-import { startInterpreter } from '../../interpreter/start.js';
+import { interpreterVersion, startInterpreter } from '../../interpreter/start.js';
 import { Trace } from '../../timing/trace.js';
 import { captureBaseline, dirtReasons } from '../lifecycle/clean.js';
 import type { LabContext } from '../context.js';
 import { imageVolume } from '../images/volume.js';
 import { resolveImage } from '../images/templates.js';
 import { initFor } from '../lifecycle/init.js';
-import { getPool, poolLock, reapLeaks, takenBy, templateName } from './admin.js';
+import { getPool, poolLock, reapLeaks, takenBy, templateName, trimPool } from './admin.js';
 import { me } from '../lifecycle/owner.js';
 import { raiseSandbox } from '../lifecycle/raise.js';
 import { destroyRecord } from '../lifecycle/teardown.js';
@@ -70,6 +70,8 @@ export class PoolRunner {
     const pool = getPool(this.ctx, this.name);
     this.serving++;
     try {
+      // (once after an upgrade: a holder's start does it first, when a daemon holds the pool)
+      if (this.stale(pool)) await trace.phase('renew warm standbys', () => this.renewWarm());
       for (;;) {
         const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy(), me('hold')));
         if (!rec) {
@@ -225,7 +227,28 @@ export class PoolRunner {
       this.kick();
     }, 1000);
     this.timer.unref();
-    this.kick();
+    // standbys warmed by another build go before the first refill, so that it raises their successors
+    void this.renewWarm()
+      .catch(noted(`renew the warm standbys of pool ${this.name}`))
+      .finally(() => this.kick());
+  }
+
+  /** A warm pool whose standbys another build of snaplab warmed (another server or start command). */
+  private stale(pool: { warm?: string | null; warmVersion?: string | null }): boolean {
+    return pool.warm === 'interpreter' && pool.warmVersion !== interpreterVersion();
+  }
+
+  /**
+   * After an upgrade, a warm standby still runs the old build's server (its kernel has been up
+   * since before): it is removed, not handed out, and the refill raises one with this build's. The
+   * version is recorded first, so that one holder renews them. (A standby that a holder of the old
+   * build raises after that is not told apart: two builds holding one pool at once is not supported.)
+   */
+  private async renewWarm(): Promise<void> {
+    const pool = this.ctx.store.getPool(this.name);
+    if (!pool || !this.stale(pool)) return;
+    this.ctx.store.setPoolWarmVersion(this.name, interpreterVersion());
+    await trimPool(this.ctx, this.name, 0);
   }
 
   /** Stop for good (the pool is being removed): as stop(), and start() does nothing after. */
