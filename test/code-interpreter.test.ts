@@ -281,25 +281,26 @@ describe('@e2b/code-interpreter@2.8.0', () => {
         await b.kill();
       }
       expect(pool()).toMatchObject({ hits: before + 2, misses: 0 });
-      // after an upgrade its standbys run another build's server (the pool's recorded version
-      // says so): the take hands none out; they are removed, and it is a miss
+      // after an upgrade a standby runs another build's server (as its record says): a take passes
+      // it by (a miss), and a fill (`pool resize`) removes it and raises one of this build's
       await until(() => standbys().length === 1, 'the pool refilled again');
       const old = standbys()[0]!;
       const db = new Database(join(home, 'state.db'));
-      const version = db.prepare('SELECT warm_version FROM pools WHERE name = ?').pluck();
+      const warmedAs = db.prepare('SELECT warm_version FROM sandboxes WHERE id = ?').pluck();
       try {
-        expect(version.get('code-interpreter-v1')).toBe(interpreterVersion());
-        db.prepare('UPDATE pools SET warm_version = ? WHERE name = ?').run('an older build', 'code-interpreter-v1');
+        expect(warmedAs.get(old)).toBe(interpreterVersion());
+        db.prepare('UPDATE sandboxes SET warm_version = ? WHERE id = ?').run('an older build', old);
         const c = await Sandbox.create({ allowInternetAccess: false });
         try {
           expect(c.sandboxId).not.toBe(old);
           expect(pool()).toMatchObject({ hits: before + 2, misses: 1 });
-          expect(version.get('code-interpreter-v1')).toBe(interpreterVersion());
-          const ids = (JSON.parse(cli(home, ['ls', '--json']).out) as { id: string }[]).map((b) => b.id);
-          expect(ids).not.toContain(old);
         } finally {
           await c.kill();
         }
+        expect(cli(home, ['pool', 'resize', 'code-interpreter-v1', '1']).code).toBe(0);
+        const now = standbys();
+        expect(now).not.toContain(old);
+        expect(now.map((id) => warmedAs.get(id))).toEqual([interpreterVersion()]);
       } finally {
         db.close();
       }

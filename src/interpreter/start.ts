@@ -53,8 +53,8 @@ const serverSource = (): Buffer => {
 
 /**
  * What a warm standby was started with: a hash of the server and of the command that starts it.
- * A pool records it (PoolRecord.warmVersion); standbys warmed by another build of snaplab (an
- * upgrade) are then raised again, not handed out with the old server (lab/pools/runner.ts).
+ * Each warm standby records it (sandboxes.warm_version); a take claims only those of its own build,
+ * so after an upgrade none is handed out with the old server (lab/pools/runner.ts).
  */
 let version: string | undefined;
 export function interpreterVersion(): string {

@@ -409,4 +409,13 @@ export const migrations: string[] = [
   // which server a warm pool's standbys run (interpreter/start.ts interpreterVersion): one warmed
   // by another build of snaplab is raised again, not handed out (lab/pools/runner.ts)
   `ALTER TABLE pools ADD COLUMN warm_version TEXT;`,
+  // the server a warm standby runs is its own, not its pool's (one column on the pool could not
+  // say which of its standbys another build warmed, nor keep a take from being handed one while
+  // they were replaced): a take claims only standbys warmed as its build warms them
+  `
+  ALTER TABLE sandboxes ADD COLUMN warm_version TEXT;
+  UPDATE sandboxes SET warm_version = (SELECT p.warm_version FROM pools p WHERE p.name = sandboxes.pool)
+    WHERE pool IS NOT NULL;
+  ALTER TABLE pools DROP COLUMN warm_version;
+  `,
 ];

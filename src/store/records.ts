@@ -136,8 +136,6 @@ export interface PoolRecord {
   egress?: { allow: string[]; deny: string[] } | null;
   /** what each standby starts before it waits: 'interpreter' (the code interpreter's server and kernel), or nothing */
   warm?: PoolWarm | null;
-  /** (warm pools) the server its standbys were warmed with: interpreterVersion() of that build */
-  warmVersion?: string | null;
   target: number;
   recycle: boolean;
   hits: number;

@@ -326,6 +326,7 @@ const SHIPPED = [
   '663bff2c3809bab8',
   '7ab264987bac9142',
   'ab321cb61c96ff18',
+  '34ffa4291a4aac8b',
 ];
 
 it('keeps every shipped migration as it shipped', () => {

@@ -160,7 +160,6 @@ function toPool(r: Row): PoolRecord {
     egress: r.egress ? json<{ allow: string[]; deny: string[] }>(r.egress) : null,
     template: (r.template as string | null) ?? null,
     warm: (r.warm as PoolWarm | null) ?? null,
-    warmVersion: (r.warm_version as string | null) ?? null,
   };
 }
 
@@ -859,7 +858,7 @@ export class Store {
   }
   insertPool(p: PoolRecord): void {
     this.stmt(
-      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns, egress, warm, warm_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+      'INSERT INTO pools (name, image, storage, limits, target, recycle, created_at, driver, userns, egress, warm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
     ).run(
       p.name,
       p.image,
@@ -872,11 +871,7 @@ export class Store {
       p.userns === null ? null : p.userns ? 1 : 0,
       p.egress ? JSON.stringify(p.egress) : null,
       p.warm ?? null,
-      p.warmVersion ?? null,
     );
-  }
-  setPoolWarmVersion(name: string, version: string): void {
-    this.stmt('UPDATE pools SET warm_version = ? WHERE name = ?').run(version, name);
   }
   setPoolTemplate(name: string, template: string | null): void {
     this.stmt('UPDATE pools SET template = ? WHERE name = ?').run(template, name);
@@ -942,19 +937,49 @@ export class Store {
    * Take one paused standby of the pool, atomically across processes: the UPDATE marks it
    * running (taken) in the same statement that finds it, so two takers never get the same one.
    */
-  claimStandby(pool: string, reason: string, holder: Owner): SandboxRecord | undefined {
+  /**
+   * `warm`: only a standby warmed so (its warm_version; null: one warmed with nothing), where a
+   * taker asks; omitted, any (a trim's).
+   */
+  claimStandby(pool: string, reason: string, holder: Owner, warm?: string | null): SandboxRecord | undefined {
     const o = ownerParams(holder);
     const [r] = this.sandboxes(
       `UPDATE sandboxes SET state = 'running', reason = ?, owner_pid = ?, owner_start = ?, owner_op = ?
-         WHERE id = (SELECT id FROM sandboxes WHERE pool = ? AND state = 'paused' ORDER BY created_at LIMIT 1)
+         WHERE id = (SELECT id FROM sandboxes WHERE pool = ? AND state = 'paused'${warm === undefined ? '' : ' AND warm_version IS ?'}
+           ORDER BY created_at LIMIT 1)
          RETURNING ${sandboxColumns()}`,
       reason,
       o.ownerPid,
       o.ownerStart,
       o.ownerOp,
       pool,
+      ...(warm === undefined ? [] : [warm]),
     );
     return r && toSandbox(r);
+  }
+
+  /** What a warm standby runs (interpreter/start.ts interpreterVersion), set before it is paused. */
+  setWarmVersion(id: string, version: string): void {
+    this.stmt('UPDATE sandboxes SET warm_version = ? WHERE id = ?').run(version, id);
+  }
+
+  /** The pool's paused standbys warmed so (`IS`: null matches those warmed with nothing). */
+  poolReady(pool: string, warm: string | null): number {
+    return (
+      this.stmt("SELECT COUNT(*) AS n FROM sandboxes WHERE pool = ? AND state = 'paused' AND warm_version IS ?").get(
+        pool,
+        warm,
+      ) as { n: number }
+    ).n;
+  }
+
+  /** The pool's paused standbys warmed otherwise than `warm` (by another build of snaplab). */
+  poolStale(pool: string, warm: string | null): SandboxRecord[] {
+    return this.sandboxes(
+      `SELECT ${sandboxColumns()} FROM sandboxes WHERE pool = ? AND state = 'paused' AND warm_version IS NOT ?`,
+      pool,
+      warm,
+    ).map(toSandbox);
   }
 
   /**

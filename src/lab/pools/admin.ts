@@ -108,7 +108,6 @@ export async function definePool(ctx: LabContext, spec: PoolSpec): Promise<PoolR
     userns: spec.userns === false ? false : null,
     egress: resolveEgress(spec.egress) ?? null,
     warm: spec.warm ?? null,
-    warmVersion: spec.warm ? interpreterVersion() : null,
   };
   ctx.store.insertPool(rec);
   return rec;
@@ -147,7 +146,9 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
     reaped.has(m.id) ? [] : tried.has(m.id) ? (ctx.store.getSandbox(m.id) ?? []) : [m],
   );
   const count = (st: string): number => members.filter((m) => m.state === st).length;
-  const ready = members.filter((m) => m.state === 'paused');
+  // a warm pool's standbys another build warmed are no standbys to this one (runner.ts dropStale)
+  const stale = new Set(p.warm ? ctx.store.poolStale(name, interpreterVersion()).map((m) => m.id) : []);
+  const ready = members.filter((m) => m.state === 'paused' && !stale.has(m.id));
   const caps = ready.length ? ready.map((m) => m.limits.diskBytes ?? 0) : [p.limits.diskBytes ?? 0];
   const standbyDiskBytes = Math.min(...caps) || null;
   return {

@@ -14,7 +14,7 @@ import type { LabContext } from '../context.js';
 import { imageVolume } from '../images/volume.js';
 import { resolveImage } from '../images/templates.js';
 import { initFor } from '../lifecycle/init.js';
-import { getPool, poolLock, reapLeaks, takenBy, templateName, trimPool } from './admin.js';
+import { getPool, poolLock, reapLeaks, takenBy, templateName } from './admin.js';
 import { me } from '../lifecycle/owner.js';
 import { raiseSandbox } from '../lifecycle/raise.js';
 import { destroyRecord } from '../lifecycle/teardown.js';
@@ -70,10 +70,12 @@ export class PoolRunner {
     const pool = getPool(this.ctx, this.name);
     this.serving++;
     try {
-      // (once after an upgrade: a holder's start does it first, when a daemon holds the pool)
-      if (this.stale(pool)) await trace.phase('renew warm standbys', () => this.renewWarm());
       for (;;) {
-        const rec = await trace.phase('claim', () => this.ctx.store.claimStandby(this.name, takenBy(), me('hold')));
+        // only a standby warmed as this build warms them: after an upgrade, one that runs the old
+        // build's server is not handed out (a holder's start and a fill remove them: dropStale)
+        const rec = await trace.phase('claim', () =>
+          this.ctx.store.claimStandby(this.name, takenBy(), me('hold'), this.warmedAs(pool)),
+        );
         if (!rec) {
           // one being put back is a standby in a few ms, where a raise costs far more
           if (this.recycling > 0) {
@@ -192,6 +194,7 @@ export class PoolRunner {
   /** Raise standbys until `target` are ready (foreground: `pool create`, `pool resize`). */
   async fill(onProgress?: (ready: number, target: number) => void): Promise<void> {
     const pool = getPool(this.ctx, this.name);
+    await this.dropStale();
     const parallel = 2;
     let ready = this.counts().paused;
     onProgress?.(ready, pool.target);
@@ -227,28 +230,37 @@ export class PoolRunner {
       this.kick();
     }, 1000);
     this.timer.unref();
-    // standbys warmed by another build go before the first refill, so that it raises their successors
-    void this.renewWarm()
-      .catch(noted(`renew the warm standbys of pool ${this.name}`))
-      .finally(() => this.kick());
-  }
-
-  /** A warm pool whose standbys another build of snaplab warmed (another server or start command). */
-  private stale(pool: { warm?: string | null; warmVersion?: string | null }): boolean {
-    return pool.warm === 'interpreter' && pool.warmVersion !== interpreterVersion();
+    // standbys another build warmed go at a holder's start (its refill raises their successors)
+    const p = this.dropStale()
+      .catch(noted(`remove the standbys another build warmed in pool ${this.name}`))
+      .finally(() => {
+        this.inflight.delete(p);
+        this.kick();
+      });
+    this.inflight.add(p);
   }
 
   /**
-   * After an upgrade, a warm standby still runs the old build's server (its kernel has been up
-   * since before): it is removed, not handed out, and the refill raises one with this build's. The
-   * version is recorded first, so that one holder renews them. (A standby that a holder of the old
-   * build raises after that is not told apart: two builds holding one pool at once is not supported.)
+   * How this build warms a standby of `pool`, as its standbys record it: the code interpreter's
+   * server and start command (interpreterVersion), or null for a pool that warms nothing.
    */
-  private async renewWarm(): Promise<void> {
+  private warmedAs(pool: { warm?: string | null }): string | null {
+    return pool.warm === 'interpreter' ? interpreterVersion() : null;
+  }
+
+  /**
+   * Remove the standbys another build warmed (after an upgrade they run the old build's server,
+   * its kernel up since before): takes pass them by, and they count for nothing. Each is claimed
+   * for removal first, so that two removers remove it once. A holder's start and a fill do it, not
+   * every pass: two builds holding one pool at once would otherwise remove each other's for ever.
+   */
+  private async dropStale(): Promise<void> {
     const pool = this.ctx.store.getPool(this.name);
-    if (!pool || !this.stale(pool)) return;
-    this.ctx.store.setPoolWarmVersion(this.name, interpreterVersion());
-    await trimPool(this.ctx, this.name, 0);
+    if (!pool) return;
+    for (const rec of this.ctx.store.poolStale(this.name, this.warmedAs(pool)))
+      if (this.ctx.store.claimRemoval(rec, me('remove')))
+        // one that cannot be removed now is gc's (claimed, it is no standby): the others still go
+        await this.drop(rec).catch(noted(`remove standby ${rec.name}, warmed by another build`));
   }
 
   /** Stop for good (the pool is being removed): as stop(), and start() does nothing after. */
@@ -266,9 +278,12 @@ export class PoolRunner {
     this.agents.clear();
   }
 
+  /** Its members by state; `paused`: the standbys a take of this build can have (warmed as it warms them). */
   private counts(): { paused: number; creating: number; running: number } {
     const c = this.ctx.store.poolCounts(this.name);
-    return { paused: c.paused ?? 0, creating: c.creating ?? 0, running: c.running ?? 0 };
+    const pool = this.ctx.store.getPool(this.name);
+    const paused = pool?.warm ? this.ctx.store.poolReady(this.name, this.warmedAs(pool)) : (c.paused ?? 0);
+    return { paused, creating: c.creating ?? 0, running: c.running ?? 0 };
   }
 
   /** Start background raises up to the deficit; fewer while executions are being served. */
@@ -315,8 +330,10 @@ export class PoolRunner {
     try {
       // a warm standby has more than its agent running (a kernel, its heartbeats): frozen, it
       // costs no CPU while it waits either (a take thaws it, as one frozen by an older snaplab)
-      if (driver.capabilities.pauseStandbys || this.ctx.store.getPool(this.name)?.warm)
-        await driver.pause(handleOf(record));
+      const pool = this.ctx.store.getPool(this.name);
+      if (driver.capabilities.pauseStandbys || pool?.warm) await driver.pause(handleOf(record));
+      // what it runs, written before it can be taken (a take claims only what its build warms)
+      if (pool?.warm) this.ctx.store.setWarmVersion(record.id, this.warmedAs(pool)!);
       this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null, owner: null });
     } catch (e) {
       await this.drop(record).catch(noted(`drop standby ${record.name}`)); // a standby that cannot be stopped is not kept running
