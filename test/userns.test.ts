@@ -352,10 +352,13 @@ describe('user namespace ranges', () => {
       // the first and the last made run, each in its own range
       for (const b of [boxes[0]!, boxes[299]!]) {
         const box = await lab.get(b.id);
-        const base = box.info.uidBase!;
-        expect((await out(box, ['cat', '/proc/self/uid_map'])).split(/\s+/).map(Number)).toEqual([0, base, 1024]);
-        expect(hostUids(box.info.pid!)).toEqual([base, base, base, base]);
-        box.close();
+        try {
+          const base = box.info.uidBase!;
+          expect((await out(box, ['cat', '/proc/self/uid_map'])).split(/\s+/).map(Number)).toEqual([0, base, 1024]);
+          expect(hostUids(box.info.pid!)).toEqual([base, base, base, base]);
+        } finally {
+          box.close();
+        }
       }
       const ids = boxes.map((b) => b.id);
       await removeMany(lab, boxes, { parallel: 8 });

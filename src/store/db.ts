@@ -29,7 +29,7 @@ export function openDb(home: string): Db {
   // a statement's temporary tables in memory: with the default (a temporary file, opened lazily), a
   // write whose triggers or RETURNING need one set up and tore down a temporary pager and its page
   // cache each time (~1 ms of malloc, brk and page faults on this host; 0.1 ms in memory: a pool
-  // take's claim went 1.9 → ~0.2 ms). They are small here: a page of records, a sort of a list
+  // take's claim went 1.9 → 0.3 ms). They are small here: a page of records, a sort of a list
   db.pragma('temp_store = MEMORY');
   migrate(db);
   return db;
