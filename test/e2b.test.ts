@@ -7,7 +7,9 @@
  */
 import { spawnSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { request } from 'node:http';
+import { Readable } from 'node:stream';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as latest from 'e2b';
@@ -380,6 +382,106 @@ describe.each([
       expect(inside(sbx.sandboxId, 'sha256sum /srv/big.bin').out.split(' ')[0]).toBe(sum(big));
       expect(sum(await sbx.files.read('/srv/big.bin', { format: 'bytes' }))).toBe(sum(big));
       await sbx.files.remove('/srv/big.bin');
+    });
+
+    // streamed both ways, not held whole by the daemon: over the 256 MiB it once refused, its peak
+    // resident memory grows by far less than the file; an upload cut off leaves the file as it was
+    it.runIf(modern)('files: 300 MiB streamed each way; a cut upload changes nothing', async () => {
+      const peak = (): number =>
+        Number(/VmHWM:\s+(\d+)/.exec(readFileSync(`/proc/${d.proc.pid}/status`, 'utf8'))![1]) * 1024;
+      const MIB = 300;
+      const block = randomBytes(1 << 20);
+      const sent = createHash('sha256');
+      function* blocks(): Generator<Buffer> {
+        for (let i = 0; i < MIB; i++) {
+          const b = Buffer.from(block);
+          b.writeUInt32BE(i, 0); // each MiB its own: a block out of place changes the sum
+          sent.update(b);
+          yield b;
+        }
+      }
+      const before = peak();
+      await sbx.files.write('/srv/huge.bin', Readable.toWeb(Readable.from(blocks())) as ReadableStream);
+      const sum = sent.digest('hex');
+      expect(inside(sbx.sandboxId, 'sha256sum /srv/huge.bin').out.split(' ')[0]).toBe(sum);
+      const got = createHash('sha256');
+      let bytes = 0;
+      for await (const c of await sbx.files.read('/srv/huge.bin', { format: 'stream' })) {
+        got.update(c);
+        bytes += c.length;
+      }
+      expect([bytes, got.digest('hex')]).toEqual([MIB << 20, sum]);
+      expect(peak() - before).toBeLessThan(128 << 20);
+      // cut off after 5 MiB, sent chunked (no length to fall short of): once the write is under way
+      // (its temporary file there) the client goes; the file keeps its bytes, and nothing is left
+      const url = new URL(await sbx.uploadUrl('/srv/huge.bin'));
+      const req = request(url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/octet-stream', 'transfer-encoding': 'chunked' },
+      });
+      const gone = new Promise<void>((resolve) => req.on('close', resolve));
+      req.on('error', () => undefined); // the cut is the point
+      req.write(randomBytes(5 << 20));
+      const temporary = (): boolean => inside(sbx.sandboxId, 'ls -a /srv').out.includes('snaplab');
+      await until('the write under way', temporary);
+      req.destroy();
+      await gone;
+      await until('the temporary file gone', () => !temporary());
+      expect(inside(sbx.sandboxId, 'sha256sum /srv/huge.bin').out.split(' ')[0]).toBe(sum);
+      await sbx.files.remove('/srv/huge.bin');
+    });
+
+    it.runIf(modern)('files: a bad upload gets a 400 and changes nothing; 200 parts are written in order', async () => {
+      const connected = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
+        method: 'POST',
+        headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+        body: JSON.stringify({ timeout: 600 }),
+      });
+      const token = ((await connected.json()) as { envdAccessToken: string }).envdAccessToken;
+      const post = async (
+        query: string,
+        body: string,
+        headers: Record<string, string> = {},
+      ): Promise<[number, Json]> => {
+        const r = await fetch(`${d.e2bUrl}/files${query}`, {
+          method: 'POST',
+          headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token, ...headers },
+          body,
+        });
+        return [r.status, await r.json()];
+      };
+      await sbx.files.write('/srv/kept.txt', 'kept');
+      const form = (parts: string): [string, Record<string, string>] => [
+        parts,
+        { 'content-type': 'multipart/form-data; boundary=XX' },
+      ];
+      // a part with neither a filename nor ?path=; a body cut before its closing boundary; gzip
+      // that is not: each a 400 with its reason, and the daemon serves on
+      const part = (disposition: string, data: string) =>
+        `--XX\r\nContent-Disposition: form-data; ${disposition}\r\nContent-Type: application/octet-stream\r\n\r\n${data}\r\n`;
+      expect(await post('', ...form(`${part('name="file"', 'x')}--XX--\r\n`))).toMatchObject([
+        400,
+        { message: /no path/ },
+      ]);
+      const [cut, cutBody] = await post('', ...form(part('name="file"; filename="/srv/kept.txt"', 'replaced')));
+      expect([cut, cutBody.message]).toEqual([400, expect.stringMatching(/malformed multipart/)]);
+      const [zip, zipBody] = await post('?path=/srv/kept.txt', 'not gzip at all', {
+        'content-type': 'application/octet-stream',
+        'content-encoding': 'gzip',
+      });
+      expect([zip, zipBody.message]).toEqual([400, expect.stringMatching(/gzip/)]);
+      expect(inside(sbx.sandboxId, 'cat /srv/kept.txt; ls -a /srv | grep -c snaplab').out).toBe('kept0\n');
+      // 200 small parts, one after another (at once they were 200 processes in the sandbox)
+      const many = Array.from({ length: 200 }, (_, i) => part(`name="file"; filename="/srv/many/${i}.txt"`, String(i)));
+      const [ok, entries] = await post('', ...form(`${many.join('')}--XX--\r\n`));
+      expect(ok).toBe(200);
+      expect((entries as { path: string }[]).map((e) => e.path)).toEqual(
+        Array.from({ length: 200 }, (_, i) => `/srv/many/${i}.txt`),
+      );
+      expect(inside(sbx.sandboxId, 'cat /srv/many/0.txt /srv/many/199.txt; ls /srv/many | wc -l').out).toBe(
+        '0199200\n',
+      );
+      expect(inside(sbx.sandboxId, 'rm -r /srv/many /srv/kept.txt').code).toBe(0);
     });
 
     it('files.list with a depth: every entry down to it, depth first, names in order', async () => {

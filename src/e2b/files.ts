@@ -7,20 +7,18 @@
  * `user.e2b.*` extended attributes, as envd keeps it.
  */
 import { posix } from 'node:path';
-import { gunzipSync } from 'node:zlib';
+import { once } from 'node:events';
+import { PassThrough, type Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { orElse } from '../cleanup.js';
-import { ConnectError, readBody } from './connect.js';
+import { ConnectError } from './connect.js';
 import { METADATA_XATTR, entryOf, metadataOf } from './entries.js';
-import { parseMultipart } from './multipart.js';
+import { eachUpload } from './uploads.js';
 import type { Unary } from './envd.js';
 import { sendError, type E2bState } from './state.js';
 import type { EnvdUser } from './users.js';
-
-/** The largest upload taken at once (a part is held in memory before it is written). */
-const MAX_UPLOAD = 256 << 20;
 
 /** A path as envd takes it: relative ones are under the user's home. */
 export function absolute(path: unknown, user: EnvdUser): string {
@@ -39,22 +37,18 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
   try {
     const { box, user } = await state.fileSandbox(req, 'read');
     const path = absolute((req.query as { path?: unknown }).path, user);
-    const data = await box.files.read(path, { user: user.name }).catch((e: unknown) => {
+    // streamed as it is read, not held whole; the status waits for its first bytes (or its end, or
+    // its error: a missing file is still a 404). An error after that cuts the response short
+    const out = new PassThrough();
+    const reading = box.files.readTo(path, out, { user: user.name });
+    await Promise.race([once(out, 'readable'), reading]).catch((e: unknown) => {
       throw state.unavailable(req, e, box.id);
     });
-    return reply.type('application/octet-stream').header('content-length', data.length).send(data);
+    // a failure after the first bytes (the sandbox gone mid-read) ends the response short, not never
+    reading.catch((e: unknown) => out.destroy(e instanceof Error ? e : new Error(String(e))));
+    return reply.type('application/octet-stream').send(out);
   } catch (e) {
     return fileError(state, req, reply, e);
-  }
-}
-
-function gunzip(b: Buffer): Buffer {
-  try {
-    return gunzipSync(b, { maxOutputLength: MAX_UPLOAD });
-  } catch (e) {
-    throw new SnaplabError('BAD_INPUT', 'the gzip body does not unpack', 'send gzip data, or no Content-Encoding', {
-      cause: e,
-    });
   }
 }
 
@@ -96,12 +90,13 @@ function uploadXattrs(req: FastifyRequest): Record<string, string> {
 async function writeOne(
   box: SandboxApi,
   path: string,
-  data: Buffer,
+  data: Readable,
   user: string | undefined,
   xattrs: Record<string, string>,
+  size: number | undefined,
 ) {
   await box.files.mkdir(posix.dirname(path), { parents: true, user });
-  await box.files.write(path, data, { user, xattrs });
+  await box.files.write(path, data, { user, xattrs, ...(size === undefined ? {} : { size }) });
   const metadata = metadataOf(xattrs);
   return { name: posix.basename(path), type: 'file', path, ...(metadata ? { metadata } : {}) };
 }
@@ -110,16 +105,10 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
   try {
     const { box, user } = await state.fileSandbox(req, 'write');
     const xattrs = uploadXattrs(req);
-    const type = String(req.headers['content-type'] ?? '');
-    let body = await readBody(req.body, MAX_UPLOAD);
-    if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) body = gunzip(body);
-    const query = (req.query as { path?: unknown }).path;
-    const written = [];
-    if (type.startsWith('multipart/form-data')) {
-      // `?path=` when given (older SDKs name the part "blob"), else the part's filename
-      for (const part of parseMultipart(type, body))
-        written.push(await writeOne(box, absolute(query ?? part.filename, user), part.data, user.name, xattrs));
-    } else written.push(await writeOne(box, absolute(query, user), body, user.name, xattrs));
+    // each file streamed into the sandbox as it comes (uploads.ts)
+    const written = await eachUpload(req, (f) =>
+      writeOne(box, absolute(f.path, user), f.data, user.name, xattrs, f.size),
+    );
     return reply.type('application/json').send(written);
   } catch (e) {
     return fileError(state, req, reply, e);

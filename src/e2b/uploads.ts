@@ -1,0 +1,155 @@
+/**
+ * envd's uploads (`POST /files`), streamed into the sandbox as they come: an octet-stream body to
+ * `?path=`, or multipart/form-data (RFC 7578) as E2B's SDKs send it, each part a file whose
+ * filename is its full path (`?path=`, when given, names it instead: older SDKs call the part
+ * "blob"). gzip bodies (`Content-Encoding: gzip`) are unpacked on the way. Nothing is held whole:
+ * each file goes to the Lab API's streamed write, which lands it whole or not at all (a body that
+ * breaks off leaves the file as it was), so the daemon's memory does not grow with an upload and
+ * no size is refused but what the sandbox's disk refuses. The multipart reader is fastify's
+ * busboy (@fastify/busboy), not one of ours.
+ */
+import { Readable } from 'node:stream';
+import { createGunzip } from 'node:zlib';
+import { Busboy, type BusboyInstance } from '@fastify/busboy';
+import type { FastifyRequest } from 'fastify';
+import { SnaplabError } from '../errors.js';
+
+/** One file of an upload: where it goes (as the request names it) and its bytes, as they come. */
+export interface UploadedFile {
+  /** `?path=`, else the part's filename (undefined when neither is given) */
+  path: string | undefined;
+  data: Readable;
+  /** the bytes it carries, when the request says (an octet-stream body's Content-Length) */
+  size?: number;
+}
+
+type Write<T> = (f: UploadedFile) => Promise<T>;
+
+/** The most parts one multipart upload may have (E2B's SDKs send one per file written at once). */
+const MAX_PARTS = 1000;
+
+const badInput = (message: string, cause?: unknown): SnaplabError =>
+  new SnaplabError('BAD_INPUT', message, 'send multipart/form-data, or one file as application/octet-stream', {
+    cause,
+  });
+const brokeOff = (): SnaplabError => new SnaplabError('FILE_ERROR', 'the upload broke off', 'send it again');
+
+/** The request's body as a stream: a JSON body comes parsed as bytes, none as nothing. */
+function bodyOf(req: FastifyRequest): Readable {
+  const b = req.body;
+  if (Buffer.isBuffer(b)) return Readable.from([b]);
+  if (b && typeof (b as Readable).on === 'function' && typeof (b as Readable).pipe === 'function') return b as Readable;
+  return Readable.from([]);
+}
+
+/**
+ * Write each file of the request's upload with `write`, one after another in the body's order, as
+ * the body comes; resolves with what each write returned. The first failure (a write's, the body's
+ * framing, a body cut off, gzip that does not unpack) rejects at once: the part being written is
+ * ended with an error, so its write leaves the file as it was, and the rest of the body is read
+ * and dropped, so that the client, still sending, gets the answer.
+ */
+export async function eachUpload<T>(req: FastifyRequest, write: Write<T>): Promise<T[]> {
+  const query = (req.query as { path?: unknown }).path;
+  const given = typeof query === 'string' && query ? query : undefined;
+  const raw = bodyOf(req);
+  // the client left while its sandbox was found (or resumed): nothing more will come
+  if (raw.destroyed && !raw.readableEnded) throw brokeOff();
+  let unpackError: unknown;
+  let body = raw;
+  if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) {
+    const unzip = createGunzip();
+    // recorded before the write that reads it sees the error: the answer is then a 400
+    unzip.on('error', (e) => {
+      unpackError ??= e;
+    });
+    raw.once('error', (e) => unzip.destroy(e));
+    raw.once('close', () => {
+      if (!raw.readableEnded) unzip.destroy(brokeOff());
+    });
+    body = raw.pipe(unzip);
+  }
+  try {
+    if (String(req.headers['content-type'] ?? '').startsWith('multipart/form-data'))
+      return await eachPart(req, body, given, write);
+    const length = Number(req.headers['content-length']);
+    const size = body === raw && Number.isSafeInteger(length) && length >= 0 ? length : undefined;
+    return [await write({ path: given, data: body, ...(size === undefined ? {} : { size }) })];
+  } catch (e) {
+    raw.unpipe();
+    raw.resume();
+    if (unpackError)
+      throw new SnaplabError('BAD_INPUT', 'the gzip body does not unpack', 'send gzip data, or no Content-Encoding', {
+        cause: unpackError,
+      });
+    throw e;
+  }
+}
+
+/** Each part of a multipart body, written in order as it is read (see eachUpload). */
+function eachPart<T>(req: FastifyRequest, body: Readable, given: string | undefined, write: Write<T>): Promise<T[]> {
+  return new Promise<T[]>((resolve, reject) => {
+    let parser: BusboyInstance;
+    try {
+      parser = new Busboy({
+        headers: req.headers as { 'content-type': string },
+        // the filename is the file's full path in the sandbox (busboy keeps only its base otherwise)
+        preservePath: true,
+        // every part is a file (one without a filename goes to ?path=), as envd reads them
+        isPartAFile: () => true,
+        limits: { files: MAX_PARTS, parts: MAX_PARTS, headerPairs: 100 },
+      });
+    } catch (e) {
+      reject(badInput(`a multipart body that cannot be read: ${(e as Error).message}`, e));
+      return;
+    }
+    const results: T[] = [];
+    let parts = 0;
+    // one write at a time: a part waits in busboy (its stream paused, and the body with it) until
+    // the one before it is written; at once, a thousand small parts were a thousand processes
+    let chain = Promise.resolve();
+    let writing: Readable | undefined;
+    let done = false;
+    const fail = (e: unknown): void => {
+      if (done) return;
+      done = true;
+      body.unpipe(parser);
+      writing?.destroy(brokeOff());
+      reject(e);
+    };
+    parser.on('file', (_field, file, filename) => {
+      // a part's errors reach its write (which then keeps the file as it was) or fail(), never
+      // the process: busboy ends a part cut short with one, and fail() ends the part being written
+      file.on('error', () => undefined);
+      if (done) {
+        file.resume();
+        return;
+      }
+      parts++;
+      chain = chain.then(async () => {
+        if (done) return void file.resume();
+        writing = file;
+        results.push(await write({ path: given ?? (filename || undefined), data: file }));
+        writing = undefined;
+      });
+      chain.catch(fail);
+    });
+    const tooMany = (): void => fail(badInput(`an upload of over ${MAX_PARTS} parts`));
+    parser.on('partsLimit', tooMany);
+    parser.on('filesLimit', tooMany);
+    parser.on('error', (e) => fail(badInput(`a malformed multipart body: ${(e as Error).message}`, e)));
+    parser.on('finish', () => {
+      if (!parts) fail(badInput('a multipart body without parts'));
+      chain.then(() => {
+        if (done) return;
+        done = true;
+        resolve(results);
+      }, fail);
+    });
+    body.once('error', fail);
+    body.once('close', () => {
+      if (!body.readableEnded) fail(brokeOff());
+    });
+    body.pipe(parser);
+  });
+}
