@@ -44,9 +44,9 @@ export interface PoolStats extends PoolRecord {
   raising: number;
   dead: number;
   /**
-   * the disk cap its ready standbys hold (the smallest; a storage's default cap included, which
-   * the pool's own limits do not name), or null when one of them has none; with none ready, the
-   * pool's own
+   * the disk cap its standbys hold, ready or being raised (the smallest; a storage's default cap
+   * included, which the pool's own limits do not name), or null when one of them has none; with
+   * none, the pool's own
    */
   standbyDiskBytes: number | null;
 }
@@ -149,7 +149,10 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
   // a warm pool's standbys another build warmed are no standbys to this one (runner.ts dropStale)
   const stale = new Set(p.warm ? ctx.store.poolStale(name, interpreterVersion()).map((m) => m.id) : []);
   const ready = members.filter((m) => m.state === 'paused' && !stale.has(m.id));
-  const caps = ready.length ? ready.map((m) => m.limits.diskBytes ?? 0) : [p.limits.diskBytes ?? 0];
+  // the cap a take gets: its standbys' (another build's too, and those being raised, whose cap is
+  // set before they run: each was raised as a miss would be); with none of them, the pool's own
+  const made = members.filter((m) => m.state === 'paused' || m.state === 'running');
+  const caps = made.length ? made.map((m) => m.limits.diskBytes ?? 0) : [p.limits.diskBytes ?? 0];
   const standbyDiskBytes = Math.min(...caps) || null;
   return {
     ...p,
