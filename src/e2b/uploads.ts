@@ -33,6 +33,8 @@ const badInput = (message: string, cause?: unknown): SnaplabError =>
     cause,
   });
 const brokeOff = (): SnaplabError => new SnaplabError('FILE_ERROR', 'the upload broke off', 'send it again');
+/** zlib's own errors (Z_DATA_ERROR, Z_BUF_ERROR…): the body is not gzip, or ends short of its trailer */
+const unpacking = (e: unknown): boolean => !!(e as NodeJS.ErrnoException | undefined)?.code?.startsWith('Z_');
 
 /** The request's body as a stream: a JSON body comes parsed as bytes, none as nothing. */
 function bodyOf(req: FastifyRequest): Readable {
@@ -44,10 +46,12 @@ function bodyOf(req: FastifyRequest): Readable {
 
 /**
  * Write each file of the request's upload with `write`, one after another in the body's order, as
- * the body comes; resolves with what each write returned. The first failure (a write's, the body's
- * framing, a body cut off, gzip that does not unpack) rejects at once: the part being written is
- * ended with an error, so its write leaves the file as it was, and the rest of the body is read
- * and dropped, so that the client, still sending, gets the answer.
+ * the body comes; resolves with what each write returned. On the first failure (a write's, the
+ * body's framing, a body cut off, gzip that does not unpack) no more parts are written, the part
+ * being read is ended with an error (its write leaves the file as it was; a part the body carried
+ * whole before the failure is written), and it rejects once that write has settled, so that the
+ * answer comes after the sandbox's files have stopped changing. The rest of the body is read and
+ * dropped, so that a client still sending gets the answer.
  */
 export async function eachUpload<T>(req: FastifyRequest, write: Write<T>): Promise<T[]> {
   const query = (req.query as { path?: unknown }).path;
@@ -57,20 +61,23 @@ export async function eachUpload<T>(req: FastifyRequest, write: Write<T>): Promi
   if (raw.destroyed && !raw.readableEnded) throw brokeOff();
   let unpackError: unknown;
   let body = raw;
+  let unzip: ReturnType<typeof createGunzip> | undefined;
   if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) {
-    const unzip = createGunzip();
-    // recorded before the write that reads it sees the error: the answer is then a 400
+    unzip = createGunzip();
+    // recorded before the write that reads it sees the error: the answer is then a 400 (a body
+    // cut off is not a bad one: the client is gone, and its error is the cut's)
     unzip.on('error', (e) => {
-      unpackError ??= e;
+      if (unpacking(e)) unpackError ??= e;
     });
-    raw.once('error', (e) => unzip.destroy(e));
+    const z = unzip;
+    raw.once('error', () => z.destroy(brokeOff()));
     raw.once('close', () => {
-      if (!raw.readableEnded) unzip.destroy(brokeOff());
+      if (!raw.readableEnded) z.destroy(brokeOff());
     });
-    body = raw.pipe(unzip);
+    body = raw.pipe(z);
   }
   try {
-    if (String(req.headers['content-type'] ?? '').startsWith('multipart/form-data'))
+    if (/^multipart\/form-data/i.test(String(req.headers['content-type'] ?? '')))
       return await eachPart(req, body, given, write);
     const length = Number(req.headers['content-length']);
     const size = body === raw && Number.isSafeInteger(length) && length >= 0 ? length : undefined;
@@ -78,6 +85,7 @@ export async function eachUpload<T>(req: FastifyRequest, write: Write<T>): Promi
   } catch (e) {
     raw.unpipe();
     raw.resume();
+    unzip?.destroy();
     if (unpackError)
       throw new SnaplabError('BAD_INPUT', 'the gzip body does not unpack', 'send gzip data, or no Content-Encoding', {
         cause: unpackError,
@@ -115,7 +123,10 @@ function eachPart<T>(req: FastifyRequest, body: Readable, given: string | undefi
       done = true;
       body.unpipe(parser);
       writing?.destroy(brokeOff());
-      reject(e);
+      // the answer once the write under way has settled (killed, or landed whole); the parts
+      // queued behind it are skipped
+      const answer = (): void => reject(e);
+      chain.then(answer, answer);
     };
     parser.on('file', (_field, file, filename) => {
       // a part's errors reach its write (which then keeps the file as it was) or fail(), never
@@ -146,7 +157,8 @@ function eachPart<T>(req: FastifyRequest, body: Readable, given: string | undefi
         resolve(results);
       }, fail);
     });
-    body.once('error', fail);
+    // the request's own errors are a client gone (ECONNRESET): said as a cut; zlib's are a bad body
+    body.once('error', (e) => fail(unpacking(e) ? e : brokeOff()));
     body.once('close', () => {
       if (!body.readableEnded) fail(brokeOff());
     });
