@@ -55,6 +55,16 @@ beforeAll(async () => {
   d = await startE2bDaemon(home, key.trim());
 }, 120_000);
 
+/** A sandbox's envd access token, as the control API's connect answers it (for raw envd calls). */
+async function accessToken(id: string): Promise<string> {
+  const connected = await fetch(`${d.e2bUrl}/sandboxes/${id}/connect`, {
+    method: 'POST',
+    headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+    body: JSON.stringify({ timeout: 600 }),
+  });
+  return ((await connected.json()) as { envdAccessToken: string }).envdAccessToken;
+}
+
 type Sdk = typeof latest;
 /** what e2b_protocol.py prints: each case reads the fields it checks by name */
 // biome-ignore lint/suspicious/noExplicitAny: see above
@@ -432,12 +442,7 @@ describe.each([
     });
 
     it.runIf(modern)('files: a bad upload gets a 400 and changes nothing; 200 parts are written in order', async () => {
-      const connected = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
-        method: 'POST',
-        headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
-        body: JSON.stringify({ timeout: 600 }),
-      });
-      const token = ((await connected.json()) as { envdAccessToken: string }).envdAccessToken;
+      const token = await accessToken(sbx.sandboxId);
       const post = async (
         query: string,
         body: string,
@@ -565,12 +570,7 @@ describe.each([
     });
 
     it.runIf(modern)('the watcher trio: CreateWatcher, GetWatcherEvents, RemoveWatcher', async () => {
-      const connected = await fetch(`${d.e2bUrl}/sandboxes/${sbx.sandboxId}/connect`, {
-        method: 'POST',
-        headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
-        body: JSON.stringify({ timeout: 600 }),
-      });
-      const token = ((await connected.json()) as { envdAccessToken: string }).envdAccessToken;
+      const token = await accessToken(sbx.sandboxId);
       const call = async (method: string, body: unknown): Promise<[number, Json]> => {
         const r = await fetch(`${d.e2bUrl}/filesystem.Filesystem/${method}`, {
           method: 'POST',
