@@ -125,6 +125,25 @@ describe("a key's ceilings", () => {
     cli(home, ['snapshot', 'rm', 'c-snap']);
   });
 
+  // a take is checked against what its standby holds; with none ready (the last one taken, the
+  // refill still being made), against what the miss will be raised with: the storage's default
+  // cap here. That was the pool's own limits (no cap), and every take right after another was refused
+  it('hold a pool drained by takes one after another as its standbys: the default cap, not a refusal', async () => {
+    const tenant = key('drainer', '--max-disk', '8G', '--max-total-disk', 'none');
+    expect(cli(home, ['pool', 'create', 'c-drain', '--size', '1']).code).toBe(0);
+    const taken: Json[] = [];
+    try {
+      for (let i = 0; i < 3; i++) {
+        const t = await call(tenant, 'POST', '/sandboxes', { pool: 'c-drain' });
+        expect([t.status, t.body.limits?.diskBytes], JSON.stringify(t.body)).toEqual([201, 4 * GiB]);
+        taken.push(t.body);
+      }
+    } finally {
+      for (const t of taken) await call(tenant, 'DELETE', `/sandboxes/${t.id}`);
+      expect(cli(home, ['pool', 'rm', 'c-drain']).code).toBe(0);
+    }
+  });
+
   it("count a key's snapshots", async () => {
     const tenant = key('snapper', '--max-snapshots', '2');
     const box = await call(tenant, 'POST', '/sandboxes', {});

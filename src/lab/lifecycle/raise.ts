@@ -371,6 +371,18 @@ export async function firstAnswer(
 }
 
 /**
+ * Why a disk cap cannot be put on a machine of this storage and driver (null: it can, unless the
+ * storage then says otherwise): `asked`, a cap given (--disk, a snapshot's); else the default,
+ * which holds only where it costs nothing. What a pool's take will get reads it too (pools/admin.ts).
+ */
+export function capRefused(backend: StorageBackend, driver: Driver, asked: boolean): string | null {
+  if (!asked && backend.capsByDefault === false) return `${backend.kind} storage caps a disk only when asked (--disk)`;
+  if (!driver.capabilities.rootIsVolumeTree) return `the ${driver.name} driver's disk is an image file, not capped yet`;
+  if (!backend.limitDisk) return `${backend.kind} storage cannot cap a machine's disk`;
+  return null;
+}
+
+/**
  * Cap what the machine may write (limits.diskBytes; the default where the storage enforces one),
  * before anything runs in it. An explicit cap that cannot be enforced here is refused; the default
  * is then dropped from the record, so what `ls` and the API show is what holds (stored with the
@@ -386,16 +398,10 @@ async function capDisk(
   const given = record.limits.diskBytes;
   if (given === 0) return;
   const bytes = given ?? DEFAULT_DISK_BYTES;
-  let why: string | null;
-  // a cap carried from a snapshot is held where it can be; the default only where it costs nothing
-  if (given === undefined && backend.capsByDefault === false)
-    why = `${backend.kind} storage caps a disk only when asked (--disk)`;
-  else if (!driver.capabilities.rootIsVolumeTree)
-    why = `the ${driver.name} driver's disk is an image file, not capped yet`;
-  else if (!backend.limitDisk) why = `${backend.kind} storage cannot cap a machine's disk`;
-  else {
+  let why = capRefused(backend, driver, given !== undefined);
+  if (why === null) {
     try {
-      why = await backend.limitDisk(volume, bytes);
+      why = await backend.limitDisk!(volume, bytes); // (capRefused: there is one)
     } catch (e) {
       if (explicit) throw e;
       why = (e as Error).message; // a default that fails is dropped (and said nowhere but here), not a failed create

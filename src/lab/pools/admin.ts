@@ -5,7 +5,8 @@ import { SnaplabError } from '../../errors.js';
 import type { StorageKind } from '../../storage/backend.js';
 import { POOL_WARMS, type Limits, type PoolRecord, type PoolWarm, type SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
-import { DEFAULT_DRIVER } from '../../defaults.js';
+import { DEFAULT_DISK_BYTES, DEFAULT_DRIVER } from '../../defaults.js';
+import { capRefused } from '../lifecycle/raise.js';
 import { withDefaults } from '../lifecycle/limits.js';
 import { checkName } from '../names.js';
 import { me, ownerAlive } from '../lifecycle/owner.js';
@@ -150,9 +151,10 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
   const stale = new Set(p.warm ? ctx.store.poolStale(name, interpreterVersion()).map((m) => m.id) : []);
   const ready = members.filter((m) => m.state === 'paused' && !stale.has(m.id));
   // the cap a take gets: its standbys' (another build's too, and those being raised, whose cap is
-  // set before they run: each was raised as a miss would be); with none of them, the pool's own
+  // set before they run: each was raised as a miss would be); with none of them (all taken, the
+  // refill not yet running), the one a miss will get: the pool's own, else the storage's default
   const made = members.filter((m) => m.state === 'paused' || m.state === 'running');
-  const caps = made.length ? made.map((m) => m.limits.diskBytes ?? 0) : [p.limits.diskBytes ?? 0];
+  const caps = made.length ? made.map((m) => m.limits.diskBytes ?? 0) : [p.limits.diskBytes ?? missCap(ctx, p)];
   const standbyDiskBytes = Math.min(...caps) || null;
   return {
     ...p,
@@ -162,6 +164,11 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
     dead: count('dead'),
     standbyDiskBytes,
   };
+}
+
+/** The default disk cap a pool's miss is raised with, where its storage and driver hold one (raise.ts capDisk), else 0. */
+function missCap(ctx: LabContext, p: PoolRecord): number {
+  return capRefused(ctx.backend(p.storage), ctx.driver(p.driver), false) === null ? DEFAULT_DISK_BYTES : 0;
 }
 
 /** The reason a taken pool member carries, for people: its holder is the record's owner (me('hold')). */
