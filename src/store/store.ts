@@ -936,8 +936,6 @@ export class Store {
   /**
    * Take one paused standby of the pool, atomically across processes: the UPDATE marks it
    * running (taken) in the same statement that finds it, so two takers never get the same one.
-   */
-  /**
    * `warm`: only a standby warmed so (its warm_version; null: one warmed with nothing), where a
    * taker asks; omitted, any (a trim's).
    */
