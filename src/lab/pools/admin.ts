@@ -148,7 +148,7 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
   );
   const count = (st: string): number => members.filter((m) => m.state === st).length;
   // a warm pool's standbys another build warmed are no standbys to this one (runner.ts dropStale)
-  const stale = new Set(p.warm ? ctx.store.poolStale(name, interpreterVersion()).map((m) => m.id) : []);
+  const stale = new Set(p.warm ? ctx.store.poolStale(name, warmedAs(p)).map((m) => m.id) : []);
   const ready = members.filter((m) => m.state === 'paused' && !stale.has(m.id));
   // the cap a take gets: its standbys' (another build's too, and those being raised, whose cap is
   // set before they run: each was raised as a miss would be); with none of them (all taken, the
@@ -164,6 +164,15 @@ export async function poolStats(ctx: LabContext, name: string): Promise<PoolStat
     dead: count('dead'),
     standbyDiskBytes,
   };
+}
+
+/**
+ * How this build warms a standby of `pool`, as its standbys record it (sandboxes.warm_version): the
+ * code interpreter's server and start command (interpreterVersion), or null for a pool that warms
+ * nothing. A take claims only these (runner.ts).
+ */
+export function warmedAs(pool: { warm?: string | null }): string | null {
+  return pool.warm === 'interpreter' ? interpreterVersion() : null;
 }
 
 /** The default disk cap a pool's miss is raised with, where its storage and driver hold one (raise.ts capDisk), else 0. */

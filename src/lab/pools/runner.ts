@@ -5,16 +5,16 @@ import { withLock } from '../../host/lock.js';
 import { cgroupFor, isFrozen } from '../../host/cgroups/cgroups.js';
 import { pidThere } from '../../host/procs.js';
 import type { Volume } from '../../storage/backend.js';
-import type { SandboxRecord, SnapshotRecord } from '../../store/records.js';
+import type { PoolRecord, SandboxRecord, SnapshotRecord } from '../../store/records.js';
 import { execIn, snapshotSandbox } from '../io/sandbox-ops.js';
-import { interpreterVersion, startInterpreter } from '../../interpreter/start.js';
+import { startInterpreter } from '../../interpreter/start.js';
 import { Trace } from '../../timing/trace.js';
 import { captureBaseline, dirtReasons } from '../lifecycle/clean.js';
 import type { LabContext } from '../context.js';
 import { imageVolume } from '../images/volume.js';
 import { resolveImage } from '../images/templates.js';
 import { initFor } from '../lifecycle/init.js';
-import { getPool, poolLock, reapLeaks, takenBy, templateName } from './admin.js';
+import { getPool, poolLock, reapLeaks, takenBy, templateName, warmedAs } from './admin.js';
 import { me } from '../lifecycle/owner.js';
 import { raiseSandbox } from '../lifecycle/raise.js';
 import { destroyRecord } from '../lifecycle/teardown.js';
@@ -74,7 +74,7 @@ export class PoolRunner {
         // only a standby warmed as this build warms them: after an upgrade, one that runs the old
         // build's server is not handed out (a holder's start and a fill remove them: dropStale)
         const rec = await trace.phase('claim', () =>
-          this.ctx.store.claimStandby(this.name, takenBy(), me('hold'), this.warmedAs(pool)),
+          this.ctx.store.claimStandby(this.name, takenBy(), me('hold'), warmedAs(pool)),
         );
         if (!rec) {
           // one being put back is a standby in a few ms, where a raise costs far more
@@ -196,21 +196,21 @@ export class PoolRunner {
     const pool = getPool(this.ctx, this.name);
     await this.dropStale();
     const parallel = 2;
-    let ready = this.counts().paused;
+    let ready = this.counts(pool).paused;
     onProgress?.(ready, pool.target);
     while (ready < pool.target) {
       // what another holder is raising for it counts (a daemon refilling it beside this fill)
       const batch = Math.min(parallel, pool.target - ready - this.raisingElsewhere());
       if (batch <= 0) {
         await new Promise((r) => setTimeout(r, 200));
-        ready = this.counts().paused;
+        ready = this.counts(pool).paused;
         continue;
       }
       // every raise of the batch settled before a failure is thrown: none goes on behind the caller's cleanup
       const settled = await Promise.allSettled(Array.from({ length: batch }, () => this.addStandby()));
       const failed = settled.find((r) => r.status === 'rejected');
       if (failed) throw failed.reason;
-      ready = this.counts().paused;
+      ready = this.counts(pool).paused;
       onProgress?.(ready, pool.target);
     }
   }
@@ -241,14 +241,6 @@ export class PoolRunner {
   }
 
   /**
-   * How this build warms a standby of `pool`, as its standbys record it: the code interpreter's
-   * server and start command (interpreterVersion), or null for a pool that warms nothing.
-   */
-  private warmedAs(pool: { warm?: string | null }): string | null {
-    return pool.warm === 'interpreter' ? interpreterVersion() : null;
-  }
-
-  /**
    * Remove the standbys another build warmed (after an upgrade they run the old build's server,
    * its kernel up since before): takes pass them by, and they count for nothing. Each is claimed
    * for removal first, so that two removers remove it once. A holder's start and a fill do it, not
@@ -257,7 +249,7 @@ export class PoolRunner {
   private async dropStale(): Promise<void> {
     const pool = this.ctx.store.getPool(this.name);
     if (!pool) return;
-    for (const rec of this.ctx.store.poolStale(this.name, this.warmedAs(pool)))
+    for (const rec of this.ctx.store.poolStale(this.name, warmedAs(pool)))
       if (this.ctx.store.claimRemoval(rec, me('remove')))
         // one that cannot be removed now is gc's (claimed, it is no standby): the others still go
         await this.drop(rec).catch(noted(`remove standby ${rec.name}, warmed by another build`));
@@ -279,10 +271,9 @@ export class PoolRunner {
   }
 
   /** Its members by state; `paused`: the standbys a take of this build can have (warmed as it warms them). */
-  private counts(): { paused: number; creating: number; running: number } {
+  private counts(pool: PoolRecord): { paused: number; creating: number; running: number } {
     const c = this.ctx.store.poolCounts(this.name);
-    const pool = this.ctx.store.getPool(this.name);
-    const paused = pool?.warm ? this.ctx.store.poolReady(this.name, this.warmedAs(pool)) : (c.paused ?? 0);
+    const paused = pool.warm ? this.ctx.store.poolReady(this.name, warmedAs(pool)) : (c.paused ?? 0);
     return { paused, creating: c.creating ?? 0, running: c.running ?? 0 };
   }
 
@@ -293,7 +284,7 @@ export class PoolRunner {
     if (!pool) return;
     // a refill that keeps failing (an image without what --warm needs) is not retried at once
     if (Date.now() < this.retryAt) return;
-    const c = this.counts();
+    const c = this.counts(pool);
     // another holder's raises count too (an embedded `pool create` filling beside a daemon)
     const deficit = pool.target - c.paused - this.raising - this.raisingElsewhere() - this.recycling;
     // Refill never starves executions: one raise at a time while takes are in flight.
@@ -333,7 +324,7 @@ export class PoolRunner {
       const pool = this.ctx.store.getPool(this.name);
       if (driver.capabilities.pauseStandbys || pool?.warm) await driver.pause(handleOf(record));
       // what it runs, written before it can be taken (a take claims only what its build warms)
-      if (pool?.warm) this.ctx.store.setWarmVersion(record.id, this.warmedAs(pool)!);
+      if (pool?.warm) this.ctx.store.setWarmVersion(record.id, warmedAs(pool)!);
       this.ctx.store.updateSandbox(record.id, { state: 'paused', reason: null, owner: null });
     } catch (e) {
       await this.drop(record).catch(noted(`drop standby ${record.name}`)); // a standby that cannot be stopped is not kept running
