@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define PROTO_MAJOR 1
-#define PROTO_MINOR 4
+#define PROTO_MINOR 5
 #define AGENT_VERSION "0.1.0"
 
 #define FRAME_HDR 12u
@@ -36,6 +36,8 @@ enum frame_type {
 	T_RESIZE = 0x0a, /* 1.2: u16 cols, u16 rows for a tty exec */
 	T_HOLD_OUTPUT = 0x0b, /* 1.2: u32 1 = stop reading an exec's output, 0 = read it again (the relay) */
 	T_IDENTITY = 0x0c, /* 1.3: a restored machine's own name, machine id and entropy (docs/agent-protocol.md) */
+	T_LIST_KEPT = 0x0d, /* 1.5: the kept execs (EXEC_F_KEEP) that still run, answered by DATA */
+	T_ATTACH = 0x0e, /* 1.5: u32 pid: a kept exec no connection holds, taken on under this request's id */
 	/* responses: agent -> host */
 	T_HELLO = 0x80,
 	T_PONG = 0x81,
@@ -49,8 +51,10 @@ enum frame_type {
 	T_STDIN_ACK = 0x89, /* 1.2: u32 bytes of an exec's stdin the agent has passed on since the last */
 };
 
-enum exec_field { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_USER = 4, F_TTY = 5 };
+enum exec_field { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_USER = 4, F_TTY = 5, F_TAG = 6 };
 #define EXEC_F_STDIN 0x1u
+#define EXEC_F_KEEP 0x2u /* 1.5: the exec outlives its connection (docs/agent-protocol.md "Kept execs") */
+#define TAG_MAX 4096u /* a kept exec's tag: the host's own words about it, given back by LIST_KEPT */
 
 #define EXIT_F_TIMED_OUT 0x1u
 #define EXIT_F_NOT_FOUND 0x2u

@@ -403,6 +403,10 @@ static void connect_agent(const char *path, pid_t qemu)
 						if (f.type == T_HELLO && f.id == id && f.len <= sizeof hello) {
 							memcpy(hello, f.payload, f.len);
 							hello_len = f.len;
+							/* the relay kills a client's execs when it goes and routes no ATTACH:
+							 * its clients are told 1.4 at most, so none asks for a kept exec (1.5) */
+							if (hello_len >= 4 && get_u16(hello + 2) > 4)
+								put_u16(hello + 2, 4);
 							buf_consume(&b, (size_t)used);
 							/* whatever follows it is the session's: keep it in step */
 							buf_append(&agent_in, b.data + b.off, buf_used(&b));

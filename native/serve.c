@@ -94,6 +94,9 @@ struct exec {
 	uint64_t unacked; /* stdin bytes passed on (or dropped) since the last STDIN_ACK */
 	int held; /* HOLD_OUTPUT: its output is not read until released (a VM relay's slow client) */
 	uint32_t flags;
+	int keep; /* EXEC_F_KEEP: its connection's end leaves it running, unheld (LIST_KEPT, ATTACH) */
+	char *tag; /* a kept exec's tag (F_TAG), or NULL */
+	uint32_t tag_len;
 	int exec_errno;
 	uint64_t start_ns, deadline_ns;
 	struct exec *prev, *next, *hnext, *next_grave;
@@ -466,7 +469,18 @@ static void reap(void)
 static void detach_execs(struct conn *c)
 {
 	for (struct exec *e = execs; e; e = e->next)
-		if (e->conn == c) {
+		if (e->conn == c && e->keep) {
+			/* kept: it runs on, its output read and dropped until an ATTACH; input that was
+			 * on its way is lost with the connection, its stdin stays open for the next */
+			e->conn = NULL;
+			buf_free(&e->inq);
+			e->unacked = 0;
+			e->held = 0;
+			e->out.paused = e->err.paused = 0;
+			ep_set(&e->out, EPOLLIN);
+			ep_set(&e->err, EPOLLIN);
+			ep_set(&e->in, 0);
+		} else if (e->conn == c) {
 			exec_signal(e, SIGKILL);
 			e->conn = NULL;
 			src_close(&e->in);
@@ -739,6 +753,10 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 			envc++;
 		else if (tag == F_CWD)
 			cwd_len = n;
+		else if (tag == F_TAG && n > TAG_MAX) {
+			reply_error(c, id, EINVAL, "exec tag of %u bytes is over %u", n, TAG_MAX);
+			return;
+		}
 		strbytes += n + 1;
 	}
 	if (scan.bad || r.bad) {
@@ -759,8 +777,8 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	char **argv = (char **)block, **envp = argv + argc + 1;
 	char *sp = block + ptrs, *cwds = NULL;
 	const char *path = DEFAULT_PATH;
-	const char *user = NULL, *tty = NULL;
-	size_t ai = 0, ei = 0, argv0_len = 0;
+	const char *user = NULL, *tty = NULL, *tagp = NULL;
+	size_t ai = 0, ei = 0, argv0_len = 0, tag_n = 0;
 	while (r.n) {
 		uint8_t tag = rd_u8(&r);
 		uint32_t n = rd_u32(&r);
@@ -781,6 +799,10 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 			user = sp;
 		else if (tag == F_TTY)
 			tty = sp;
+		else if (tag == F_TAG) {
+			tagp = sp;
+			tag_n = n;
+		}
 		sp += n + 1;
 	}
 	argv[ai] = NULL;
@@ -851,6 +873,10 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		goto fail;
 	}
 	struct exec *e = calloc(1, sizeof *e);
+	if (e && tagp && !(e->tag = malloc(tag_n ? tag_n : 1))) {
+		free(e);
+		e = NULL;
+	}
 	if (!e) {
 		kill(pid, SIGKILL);
 		reply_error(c, id, ENOMEM, "out of memory");
@@ -859,6 +885,11 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	e->conn = c;
 	e->id = id;
 	e->pid = pid;
+	e->keep = (flags & EXEC_F_KEEP) != 0;
+	if (tagp) {
+		memcpy(e->tag, tagp, tag_n);
+		e->tag_len = (uint32_t)tag_n;
+	}
 	e->ns_pid = req.ns_pid > 0 ? req.ns_pid : pid;
 	if (req.stage == STAGE_OK)
 		oom_first(e->ns_pid);
@@ -1225,6 +1256,71 @@ static void do_status(struct conn *c, uint32_t id)
 		reply(c, T_DATA, id, text, (uint32_t)n);
 }
 
+/* LIST_KEPT (1.5): each kept exec still running, oldest first: u32 pid (as the machine sees it),
+ * u32 flags (bit 0 a connection holds it, bit 1 a terminal, bit 2 it has stdin), u64 its age in
+ * microseconds, u32 tag length, the tag. */
+static void do_list_kept(struct conn *c, uint32_t id)
+{
+	struct buf b = { 0 };
+	struct exec *last = NULL;
+	for (struct exec *e = execs; e; e = e->next)
+		last = e;
+	uint64_t now = now_ns();
+	for (struct exec *e = last; e; e = e->prev) { /* execs is newest first */
+		if (!e->keep)
+			continue;
+		uint8_t *p = buf_reserve(&b, 20 + e->tag_len);
+		if (!p) {
+			buf_free(&b);
+			reply_error(c, id, ENOMEM, "out of memory");
+			return;
+		}
+		uint32_t fl = (e->conn ? 1u : 0) | (e->tty ? 2u : 0) | (e->in.fd >= 0 ? 4u : 0);
+		put_u32(p, (uint32_t)e->ns_pid);
+		put_u32(p + 4, fl);
+		put_u64(p + 8, (now - e->start_ns) / 1000u);
+		put_u32(p + 16, e->tag_len);
+		if (e->tag_len)
+			memcpy(p + 20, e->tag, e->tag_len);
+		b.len += 20 + e->tag_len;
+	}
+	reply(c, T_DATA, id, b.data ? b.data + b.off : NULL, buf_used(&b));
+	buf_free(&b);
+}
+
+/* ATTACH (1.5): a kept exec that no connection holds is this connection's, under this request's
+ * id: STARTED (its pid, then u32 flags as LIST_KEPT's), then its output from now on and its EXIT,
+ * and STDIN, SIGNAL and RESIZE by this id, as if it had been started here. */
+static void do_attach(struct conn *c, uint32_t id, const uint8_t *payload, size_t len)
+{
+	if (len != 4) {
+		reply_error(c, id, EINVAL, "bad ATTACH payload");
+		return;
+	}
+	if (exec_by_id(c, id)) {
+		reply_error(c, id, EBUSY, "request id %u already names a running exec", id);
+		return;
+	}
+	pid_t pid = (pid_t)get_u32(payload);
+	struct exec *e = execs;
+	while (e && !(e->keep && e->ns_pid == pid))
+		e = e->next;
+	if (!e) {
+		reply_error(c, id, ESRCH, "no kept command has pid %d", (int)pid);
+		return;
+	}
+	if (e->conn) {
+		reply_error(c, id, EBUSY, "command %d is held by another connection", (int)pid);
+		return;
+	}
+	e->conn = c;
+	e->id = id;
+	uint8_t p[8];
+	put_u32(p, (uint32_t)e->ns_pid);
+	put_u32(p + 4, (e->tty ? 2u : 0) | (e->in.fd >= 0 ? 4u : 0));
+	reply(c, T_STARTED, id, p, sizeof p);
+}
+
 static void handle_frame(struct conn *c, const struct frame *f)
 {
 	struct rd r = { f->payload, f->len, 0 };
@@ -1334,6 +1430,12 @@ static void handle_frame(struct conn *c, const struct frame *f)
 	}
 	case T_IDENTITY:
 		do_identity(c, f->id, f->payload, f->len);
+		break;
+	case T_LIST_KEPT:
+		do_list_kept(c, f->id);
+		break;
+	case T_ATTACH:
+		do_attach(c, f->id, f->payload, f->len);
 		break;
 	case T_RESET:
 		/* End the session: the host (re)connected, e.g. to a restored VM whose agent never saw
@@ -1579,6 +1681,7 @@ static void after_events(void)
 	while (grave_execs) {
 		struct exec *e = grave_execs;
 		grave_execs = e->next_grave;
+		free(e->tag);
 		free(e);
 	}
 	while (grave_conns) {

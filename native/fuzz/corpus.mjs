@@ -7,7 +7,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const T = { PING: 1, EXEC: 2, STDIN: 3, SIGNAL: 4, FILE_PUT: 5, FILE_GET: 6, SET_CLOCK: 7, STATUS: 8, RESET: 9, RESIZE: 0x0a, HOLD_OUTPUT: 0x0b };
+const T = { PING: 1, EXEC: 2, STDIN: 3, SIGNAL: 4, FILE_PUT: 5, FILE_GET: 6, SET_CLOCK: 7, STATUS: 8, RESET: 9, RESIZE: 0x0a, HOLD_OUTPUT: 0x0b, LIST_KEPT: 0x0d, ATTACH: 0x0e };
 const R = { HELLO: 0x80, PONG: 0x81, STARTED: 0x82, STDOUT: 0x83, STDERR: 0x84, EXIT: 0x85, DATA: 0x86, OK: 0x87, ERROR: 0x88, STDIN_ACK: 0x89 };
 
 const u16 = (v) => { const b = Buffer.alloc(2); b.writeUInt16LE(v); return b; };
@@ -21,14 +21,15 @@ function frame(type, id, payload = Buffer.alloc(0)) {
   return Buffer.concat([u32(p.length), u16(type), u16(0), u32(id), p]);
 }
 
-/** An EXEC payload: timeout, flags, then tagged fields (argv 1, env 2, cwd 3, user 4, tty 5). */
-function exec({ argv, env = ['PATH=/usr/bin:/bin'], cwd, user, tty, stdin = false, timeoutMs = 0 }) {
+/** An EXEC payload: timeout, flags, then tagged fields (argv 1, env 2, cwd 3, user 4, tty 5, tag 6). */
+function exec({ argv, env = ['PATH=/usr/bin:/bin'], cwd, user, tty, stdin = false, timeoutMs = 0, keep }) {
   const field = (tag, s) => Buffer.concat([Buffer.from([tag]), u32(Buffer.byteLength(s)), Buffer.from(s)]);
   const fields = [...argv.map((a) => field(1, a)), ...env.map((e) => field(2, e))];
   if (cwd !== undefined) fields.push(field(3, cwd));
   if (user !== undefined) fields.push(field(4, user));
   if (tty !== undefined) fields.push(field(5, tty));
-  return Buffer.concat([u32(timeoutMs), u32(stdin ? 1 : 0), ...fields]);
+  if (keep !== undefined) fields.push(field(6, keep));
+  return Buffer.concat([u32(timeoutMs), u32((stdin ? 1 : 0) | (keep !== undefined ? 2 : 0)), ...fields]);
 }
 
 function filePut(mode, path, data) {
@@ -95,6 +96,19 @@ const agent = {
     send(frame(T.EXEC, 10, exec({ argv: ['<x', 'out'], stdin: true }))),
     send(Buffer.concat([frame(T.HOLD_OUTPUT, 10, u32(1)), frame(T.STDIN, 10, 'in'), frame(T.HOLD_OUTPUT, 10, u32(0))])),
     exits(0, 0),
+  ]),
+  'kept': Buffer.concat([
+    send(Buffer.concat([
+      frame(T.EXEC, 12, exec({ argv: ['<cat', 'x'], stdin: true, keep: '{"id":"k"}' })),
+      frame(T.EXEC, 13, exec({ argv: ['true'], keep: 'x'.repeat(4097) })), // a tag over 4096
+      frame(T.LIST_KEPT, 14),
+      frame(T.ATTACH, 15, u32(1)), // no kept exec has that pid
+      frame(T.ATTACH, 16, u16(1)), // short
+      frame(T.STDIN, 12, 'in'),
+    ])),
+    exits(0, 0),
+    // one kept at the host's EOF: it outlives the connection, until its command exits
+    send(Buffer.concat([frame(T.LIST_KEPT, 17), frame(T.EXEC, 18, exec({ argv: ['<cat', 'y'], stdin: true, keep: 't' }))])),
   ]),
   'oversize': send(Buffer.concat([Buffer.concat([u32(0x04000001), u16(T.PING), u16(0), u32(9)]), Buffer.from('the payload that is skipped')])),
 };

@@ -111,7 +111,7 @@ describe('agent on the host', () => {
   });
 
   it('says HELLO and answers ping', async () => {
-    expect(client.protocolVersion).toBe('1.4');
+    expect(client.protocolVersion).toBe('1.5');
     expect(client.agentVersion).toMatch(/^\d+\.\d+\.\d+/);
     expect(client.agentPid).toBe(agent.proc.pid);
     expect(await client.ping()).toBeGreaterThanOrEqual(0);
@@ -400,7 +400,7 @@ describe('agent on the host', () => {
       /* busy */
     }
     const c = await pending;
-    expect(c.protocolVersion).toBe('1.4');
+    expect(c.protocolVersion).toBe('1.5');
     await c.close();
   });
 
@@ -411,6 +411,62 @@ describe('agent on the host', () => {
     await c2.close();
     await expect(h.result).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
     expect(await waitGone(pid)).toBe(true);
+  });
+
+  it('keeps a command started with keep past its connection: listed with its tag, taken on by another (1.5)', async () => {
+    const c2 = await AgentClient.connect(agent.socketPath, { timeoutMs: 5000 });
+    // counts once a second; reads a line of input and echoes it
+    const script = 'i=0; while :; do i=$((i+1)); echo tick $i; read -t 1 l && echo got $l; done';
+    const h = c2.exec({ argv: ['bash', '-c', script], env: ENV, stdin: true, keep: { tag: '{"id":"t1"}' } });
+    const plain = c2.exec({ argv: ['sleep', '30'], env: ENV });
+    const pid = await h.pid;
+    const plainPid = await plain.pid;
+    expect((await c2.kept()).map((k) => [k.pid, k.tag, k.held, k.stdin])).toEqual([[pid, '{"id":"t1"}', true, true]]);
+    // held by c2: another connection may not take it
+    const c3 = await AgentClient.connect(agent.socketPath, { timeoutMs: 5000 });
+    await expect(c3.attach(pid).result).rejects.toMatchObject({ code: 'AGENT_ERROR', message: /EBUSY/ });
+    await c2.close();
+    await expect(h.result).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
+    await expect(plain.result).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
+    expect(await waitGone(plainPid)).toBe(true); // the one not kept ends with its connection
+    // it runs on, unheld, its output read and dropped meanwhile (~3 lines)
+    await new Promise((r) => setTimeout(r, 2500));
+    expect(process.kill(pid, 0)).toBe(true);
+    expect((await c3.kept()).map((k) => [k.pid, k.held])).toEqual([[pid, false]]);
+    let out = '';
+    const again = c3.attach(pid, { onStdout: (b) => (out += b.toString()) });
+    expect(await again.pid).toBe(pid);
+    again.write('hello\n');
+    await vi.waitFor(() => expect(out).toContain('got hello'), { timeout: 5000 });
+    // its output from now on: the counting went on while nobody held it
+    const first = Number(/tick (\d+)/.exec(out)?.[1]);
+    expect(first).toBeGreaterThanOrEqual(3);
+    again.kill(15);
+    const r = await again.result;
+    expect(r.signal).toBe(15);
+    expect(await c3.kept()).toEqual([]);
+    await expect(c3.attach(pid).result).rejects.toMatchObject({ message: /ESRCH/ });
+    await c3.close();
+  });
+
+  it('refuses a tag over 4096 bytes, and keep to an agent older than 1.5 (it would kill the command)', async () => {
+    expect(() => client.exec({ argv: ['true'], env: ENV, keep: { tag: 'x'.repeat(4097) } })).toThrow(/4096/);
+    const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-old-agent-'));
+    const path = join(dir, 'old.sock');
+    const server = createServer((c) =>
+      c.write(encodeFrame(MsgType.HELLO, 0, encodeHello({ major: 1, minor: 4, pid: 1, agentVersion: '0.0.9' }))),
+    );
+    await new Promise<void>((res) => server.listen(path, res));
+    try {
+      const old = await AgentClient.connect(path, { timeoutMs: 2000 });
+      const tooOld = { code: 'AGENT_PROTOCOL', message: expect.stringMatching(/protocol 1\.4.*\(1\.5 can\)/) };
+      expect(() => old.exec({ argv: ['sh'], env: ENV, keep: { tag: '' } })).toThrow(expect.objectContaining(tooOld));
+      await expect(old.kept()).rejects.toMatchObject(tooOld);
+      await old.close();
+    } finally {
+      server.close();
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it('answers an oversized raw frame with EMSGSIZE and keeps the connection', async () => {

@@ -8,6 +8,7 @@ import { SnaplabError } from '../errors.js';
 import { agentError } from './agent-errors.js';
 import {
   SIGKILL,
+  attachExec,
   startExec,
   type ExecChannel,
   type ExecHandle,
@@ -18,6 +19,9 @@ import {
 import { greet, type ConnectOptions } from './handshake.js';
 import { type Deadline, deadline } from '../timing/deadline.js';
 import {
+  decodeKept,
+  type KeptExec,
+  TAG_MAX,
   encodeFilePut,
   encodeFrame,
   encodeSetClock,
@@ -34,6 +38,7 @@ import { STDIN_WINDOW } from './stdin-window.js';
 export { agentErrorOf } from './agent-errors.js';
 export type { ExecHandle, ExecOptions, ExecRequest, ExecResult, ExecUsage } from './exec.js';
 export type { ConnectOptions } from './handshake.js';
+export type { KeptExec } from './protocol.js';
 export { MAX_COLLECTED } from './output-cap.js';
 
 /** STATUS: counts (processes, shm, sem, msg) and the entries of the sandbox's in-memory directories. */
@@ -131,7 +136,29 @@ export class AgentClient implements AsyncDisposable {
     if (req.user !== undefined && this.protocolMinor < 1) throw this.tooOld('run a command as another user', 1);
     // a 1.1 agent would skip the tty field and run the command on pipes
     if (req.tty !== undefined && this.protocolMinor < 2) throw this.tooOld('run a command on a terminal', 2);
+    // a 1.4 agent would ignore the flag and kill the command with this connection
+    if (req.keep !== undefined) {
+      if (this.protocolMinor < 5) throw this.tooOld('keep a command past its connection', 5);
+      if (Buffer.byteLength(req.keep.tag) > TAG_MAX)
+        throw new SnaplabError('BAD_INPUT', `a kept command's tag is at most ${TAG_MAX} bytes`);
+    }
     return startExec(this.channel, this.allocId(), req, opts);
+  }
+
+  /** The commands started with `keep` that still run, oldest first (1.5). */
+  async kept(): Promise<KeptExec[]> {
+    this.requireMinor(5, 'keep a command past its connection');
+    return decodeKept(await this.call(MsgType.LIST_KEPT, Buffer.alloc(0), MsgType.DATA));
+  }
+
+  /**
+   * Takes on a kept command that no connection holds (1.5), as if it had started on this one: its
+   * output from now on, its input, signals and exit. ESRCH (NOT_FOUND) when no kept command has
+   * that pid, EBUSY when a connection holds it.
+   */
+  attach(pid: number, opts: ExecOptions = {}): ExecHandle {
+    this.requireMinor(5, 'keep a command past its connection');
+    return attachExec(this.channel, this.allocId(), pid, opts);
   }
 
   /** Resolves once the socket's send queue is below STDIN_WINDOW (or the connection is gone). */

@@ -37,6 +37,12 @@ export interface ExecRequest {
    * stdout, input (with stdin: true) goes to the terminal, resize() changes its size.
    */
   tty?: WindowSize;
+  /**
+   * (1.5) The command outlives this connection: when it closes the agent lets the command run on
+   * (its output read and dropped) instead of killing it, lists it (`kept()`, with this tag, at most
+   * 4096 bytes) and lets another connection take it on (`attach(pid)`).
+   */
+  keep?: { tag: string };
 }
 
 export interface ExecOptions {
@@ -112,7 +118,25 @@ export const SIGKILL = 9;
 
 /** Starts `req` as request `id` on `ch`: STARTED, then output and stdin acks, then EXIT (or ERROR). */
 export function startExec(ch: ExecChannel, id: number, req: ExecRequest, opts: ExecOptions): ExecHandle {
-  return new Exec(ch, id, req, opts).start();
+  const first = { type: MsgType.EXEC, payload: encodeExec(req), label: `exec of ${req.argv[0] ?? '?'}` };
+  return new Exec(ch, id, first, { stdin: req.stdin === true, tty: req.tty !== undefined }, opts).start();
+}
+
+/**
+ * Takes on the kept exec `pid` (1.5) as request `id` on `ch`, as if it had started there: STARTED,
+ * its output from now on, then EXIT. Its stdin and terminal are the agent's to say (STARTED's
+ * flags); until then input and resizes are sent, and the agent drops what does not apply.
+ */
+export function attachExec(ch: ExecChannel, id: number, pid: number, opts: ExecOptions): ExecHandle {
+  const first = { type: MsgType.ATTACH, payload: encodeU32(pid), label: `attach to command ${pid}` };
+  return new Exec(ch, id, first, { stdin: true, tty: true }, opts).start();
+}
+
+/** The request that starts an exec's frames (EXEC, or ATTACH), and how errors name it. */
+interface First {
+  type: number;
+  payload: Buffer;
+  label: string;
 }
 
 class Exec {
@@ -134,7 +158,9 @@ class Exec {
   constructor(
     private readonly ch: ExecChannel,
     private readonly id: number,
-    private readonly req: ExecRequest,
+    private readonly first: First,
+    /** what the command has: a stdin pipe, a terminal */
+    private readonly has: { stdin: boolean; tty: boolean },
     private readonly opts: ExecOptions,
   ) {
     this.pid = new Promise<number>((res, rej) => {
@@ -158,7 +184,7 @@ class Exec {
   start(): ExecHandle {
     const handle = this.handle();
     if (this.opts.signal?.aborted) {
-      this.fail(aborted(`exec of ${this.req.argv[0] ?? '?'}`));
+      this.fail(aborted(this.first.label));
       return handle;
     }
     const closed = this.ch.closedError();
@@ -169,7 +195,7 @@ class Exec {
     this.ch.listen(this.id, { onFrame: (f) => this.onFrame(f), onClose: (e) => this.fail(e) });
     this.opts.signal?.addEventListener('abort', this.onAbort, { once: true });
     try {
-      this.ch.send(MsgType.EXEC, this.id, encodeExec(this.req));
+      this.ch.send(this.first.type, this.id, this.first.payload);
     } catch (e) {
       this.fail(e);
     }
@@ -177,17 +203,17 @@ class Exec {
   }
 
   private handle(): ExecHandle {
-    const { ch, id, req } = this;
+    const { ch, id, has } = this;
     return {
       pid: this.pid,
       result: this.result,
       write: (b) => this.write(b),
       drained: () => (this.stdin ? this.stdin.drained(this.settled || ch.closedError() !== null) : ch.drained()),
       resize: (size) => {
-        if (!this.settled && req.tty) ch.sendQuiet(MsgType.RESIZE, id, encodeResize(size));
+        if (!this.settled && has.tty) ch.sendQuiet(MsgType.RESIZE, id, encodeResize(size));
       },
       end: () => {
-        if (this.settled || this.ended || !req.stdin) return;
+        if (this.settled || this.ended || !has.stdin) return;
         this.ended = true;
         if (this.stdin) this.stdin.end();
         else ch.sendQuiet(MsgType.STDIN, id, Buffer.alloc(0));
@@ -200,7 +226,7 @@ class Exec {
 
   private write(b: Buffer | string): boolean {
     if (this.settled || this.ended) return true;
-    if (!this.req.stdin)
+    if (!this.has.stdin)
       throw new SnaplabError('BAD_INPUT', 'exec was started without stdin: true; cannot write to it');
     const buf = typeof b === 'string' ? Buffer.from(b) : b;
     // An empty STDIN frame means EOF on the wire, so empty writes are skipped.
@@ -214,7 +240,7 @@ class Exec {
   private readonly onAbort = (): void => {
     if (this.settled) return;
     this.ch.sendQuiet(MsgType.SIGNAL, this.id, encodeU32(SIGKILL));
-    this.fail(aborted(`exec of ${this.req.argv[0] ?? '?'}`));
+    this.fail(aborted(this.first.label));
   };
 
   private settle(): void {
@@ -235,6 +261,12 @@ class Exec {
     switch (f.type) {
       case MsgType.STARTED:
         this.started = true;
+        // an ATTACH's STARTED says what the command has (1.5)
+        if (this.first.type === MsgType.ATTACH && f.payload.length >= 8) {
+          const flags = f.payload.readUInt32LE(4);
+          this.has.tty = (flags & 2) !== 0;
+          this.has.stdin = (flags & 4) !== 0;
+        }
         this.resolvePid(decodeStarted(f.payload));
         break;
       case MsgType.STDIN_ACK:

@@ -6,7 +6,7 @@
 import { SnaplabError } from '../errors.js';
 
 export const PROTOCOL_MAJOR = 1;
-export const PROTOCOL_MINOR = 3;
+export const PROTOCOL_MINOR = 5;
 export const HEADER_SIZE = 12;
 export const MAX_PAYLOAD = 64 * 1024 * 1024;
 
@@ -25,6 +25,10 @@ export const MsgType = {
   RESIZE: 0x0a,
   /** 1.3: a restored machine's own host name, machine id and entropy, set by the agent itself */
   IDENTITY: 0x0c,
+  /** 1.5: the kept execs that still run (DATA: see decodeKept) */
+  LIST_KEPT: 0x0d,
+  /** 1.5: u32 pid: a kept exec no connection holds becomes this request's (STARTED, output, EXIT) */
+  ATTACH: 0x0e,
   // responses, agent -> host
   HELLO: 0x80,
   PONG: 0x81,
@@ -39,8 +43,12 @@ export const MsgType = {
 } as const;
 export type MsgType = (typeof MsgType)[keyof typeof MsgType];
 
-export const ExecField = { ARGV: 1, ENV: 2, CWD: 3, USER: 4, TTY: 5 } as const;
+export const ExecField = { ARGV: 1, ENV: 2, CWD: 3, USER: 4, TTY: 5, TAG: 6 } as const;
 export const EXEC_FLAG_STDIN = 0x1;
+/** 1.5: the exec outlives its connection (docs/agent-protocol.md "Kept execs") */
+export const EXEC_FLAG_KEEP = 0x2;
+/** the most bytes a kept exec's tag may have */
+export const TAG_MAX = 4096;
 export const ExitFlag = { TIMED_OUT: 0x1, NOT_FOUND: 0x2, NOT_EXECUTABLE: 0x4 } as const;
 
 export interface Frame {
@@ -174,6 +182,8 @@ export interface ExecPayload {
   stdin?: boolean | undefined;
   /** 1.2: run on a pseudo-terminal of this size (stdout carries the terminal's output, no stderr) */
   tty?: WindowSize | undefined;
+  /** 1.5: the command outlives its connection; `tag` (at most TAG_MAX bytes) is given back by LIST_KEPT */
+  keep?: { tag: string } | undefined;
 }
 
 export interface WindowSize {
@@ -202,12 +212,13 @@ export function encodeExec(req: ExecPayload): Buffer {
   if (req.cwd !== undefined) fields.push([ExecField.CWD, Buffer.from(req.cwd, 'utf8')]);
   if (req.user !== undefined) fields.push([ExecField.USER, Buffer.from(req.user, 'utf8')]);
   if (req.tty !== undefined) fields.push([ExecField.TTY, Buffer.from(`${req.tty.cols}x${req.tty.rows}`, 'utf8')]);
+  if (req.keep !== undefined) fields.push([ExecField.TAG, Buffer.from(req.keep.tag, 'utf8')]);
   let size = 8;
   for (const [, v] of fields) size += 5 + v.length;
   const b = Buffer.allocUnsafe(size);
   const timeout = req.timeoutMs === undefined ? 0 : Math.max(1, Math.min(0xffffffff, Math.ceil(req.timeoutMs)));
   b.writeUInt32LE(timeout, 0);
-  b.writeUInt32LE(req.stdin ? EXEC_FLAG_STDIN : 0, 4);
+  b.writeUInt32LE((req.stdin ? EXEC_FLAG_STDIN : 0) | (req.keep ? EXEC_FLAG_KEEP : 0), 4);
   let off = 8;
   for (const [tag, v] of fields) {
     b.writeUInt8(tag, off);
@@ -287,6 +298,41 @@ export function encodeU32(v: number): Buffer {
 export function decodeStarted(p: Buffer): number {
   need(p, 4, 'STARTED');
   return p.readUInt32LE(0);
+}
+
+/** A kept exec as LIST_KEPT gives it (1.5). */
+export interface KeptExec {
+  /** its pid as the machine sees it */
+  pid: number;
+  /** a connection holds it now (an ATTACH of it is refused) */
+  held: boolean;
+  tty: boolean;
+  stdin: boolean;
+  /** how long it has run, ms */
+  ageMs: number;
+  /** what the host gave it at its start (anything the machine's root could have changed since) */
+  tag: string;
+}
+
+export function decodeKept(p: Buffer): KeptExec[] {
+  const out: KeptExec[] = [];
+  let off = 0;
+  while (off < p.length) {
+    need(p, off + 20, 'LIST_KEPT entry');
+    const len = p.readUInt32LE(off + 16);
+    need(p, off + 20 + len, 'LIST_KEPT tag');
+    const flags = p.readUInt32LE(off + 4);
+    out.push({
+      pid: p.readUInt32LE(off),
+      held: (flags & 1) !== 0,
+      tty: (flags & 2) !== 0,
+      stdin: (flags & 4) !== 0,
+      ageMs: Number(p.readBigUInt64LE(off + 8) / 1000n),
+      tag: p.toString('utf8', off + 20, off + 20 + len),
+    });
+    off += 20 + len;
+  }
+  return out;
 }
 
 export function encodeFilePut(path: string, data: Buffer, mode: number): Buffer {
