@@ -52,6 +52,7 @@ export type ErrorCode =
   | 'KEY_NOT_FOUND'
   | 'KEY_EXISTS'
   | 'PROCESS_NOT_FOUND'
+  | 'PROCESS_BUSY'
   | 'FILE_NOT_FOUND'
   | 'FILE_ERROR'
   | 'RESULTS_NOT_FOUND'

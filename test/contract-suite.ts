@@ -390,6 +390,41 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     }
   });
 
+  it('a kept process outlives its caller: listed with its tag, taken on again by pid, its output from then', async () => {
+    const box = await lab().create({ name: `k-${kind}` });
+    try {
+      const p = await box.spawn(['sh', '-c', 'echo early; read a; echo got:$a'], {
+        keep: true,
+        tag: 'job',
+        stdin: true,
+        detached: true,
+        onStdout: () => {},
+      });
+      const pid = await p.pid;
+      const plain = await box.spawn(['sleep', '600'], { detached: true });
+      expect((await box.kept()).map((k) => [k.pid, k.tag, k.stdin, k.tty])).toEqual([[pid, 'job', true, false]]);
+      // its caller lets go: it runs on (the one not kept ends)
+      p.disconnect!();
+      plain.disconnect!();
+      await p.result.catch(noted);
+      await plain.result.catch(noted);
+      const kept = await box.kept();
+      expect(kept.map((k) => [k.pid, k.tag, k.held])).toEqual([[pid, 'job', false]]);
+      expect(kept[0]!.startedAt).toBeLessThanOrEqual(Date.now());
+      let out = '';
+      const again = await box.attach(pid, { onStdout: (b) => (out += b.toString()) });
+      expect(await again.pid).toBe(pid);
+      again.write('x\n');
+      const r = await again.result;
+      // what it wrote while nobody held it is not replayed
+      expect([r.exitCode, out]).toEqual([0, 'got:x\n']);
+      expect(await box.kept()).toEqual([]);
+      await expect(box.attach(pid, {})).rejects.toMatchObject({ code: 'PROCESS_NOT_FOUND' });
+    } finally {
+      await box.destroy();
+    }
+  });
+
   it.runIf(whole)("a pool's takes are told from its traces", async () => {
     const pool = await lab().createPool({ name: `tpool-${kind}`, image: 'busybox', size: 1, limits: {} });
     try {

@@ -915,6 +915,12 @@ describe('snaplab serve', () => {
   it('kill -9 mid-create, then a restart: every sandbox exists and works, or is gone; nothing leaks; the rest is adopted', async () => {
     expect(curl('POST', '/sandboxes', { json: { name: 'survivor', timeoutS: 3600 } }).status).toBe(201);
     const expires = curl('GET', '/sandboxes/survivor').body.expiresAt;
+    // a background process outlives the daemon (the machine's agent keeps it); one asked not to does not
+    const svc = curl('POST', '/sandboxes/survivor/processes', {
+      json: { argv: ['sh', '-c', 'echo up; read x; echo "got $x"'], tag: 'svc', stdin: true },
+    }).body;
+    const brief = curl('POST', '/sandboxes/survivor/processes', { json: { argv: ['sleep', '600'], keep: false } }).body;
+    expect([svc.kept, brief.kept]).toEqual([true, false]);
     for (const delay of [5, 40, 90]) {
       const c = spawn('curl', [
         '-s',
@@ -973,6 +979,30 @@ describe('snaplab serve', () => {
     expect(gc.removed).toEqual([]);
     const s = curl('GET', '/sandboxes/survivor').body;
     expect([s.state, s.expiresAt]).toEqual(['running', expires]);
+    // four daemons later: the same id and tag, its output from its finding on, its stdin and end
+    const procs = curl('GET', '/sandboxes/survivor/processes').body as Json[];
+    expect(procs.map((p) => [p.id, p.tag, p.state, p.kept, p.found, p.pid])).toEqual([
+      [svc.id, 'svc', 'running', true, true, svc.pid],
+    ]);
+    // its output counts from 0 again: an offset of the old daemon's past the end is refused, not waited on for ever
+    const past = curl('GET', `/sandboxes/survivor/processes/${svc.id}/output?offset=3`);
+    expect(past).toMatchObject({
+      status: 400,
+      body: { code: 'BAD_INPUT', hint: expect.stringMatching(/from 0 again/) },
+    });
+    expect(curl('GET', `/sandboxes/survivor/processes/${brief.id}`).status).toBe(404);
+    curl('POST', `/sandboxes/survivor/processes/${svc.id}/stdin`, {
+      data: 'again\n',
+      headers: ['content-type: application/octet-stream'],
+    });
+    await until(
+      'the kept one read its input',
+      () => curl('GET', `/sandboxes/survivor/processes/${svc.id}`).body.state === 'exited',
+    );
+    const out = curl('GET', `/sandboxes/survivor/processes/${svc.id}/output?offset=0`).body;
+    const text = out.chunks.map((c: Json) => Buffer.from(c.data, 'base64').toString()).join('');
+    expect([out.gap, text]).toEqual([null, 'got again\n']);
+    expect(curl('GET', `/sandboxes/survivor/processes/${svc.id}`).body.result.exitCode).toBe(0);
     expect(curl('POST', '/sandboxes/survivor/exec', { json: { argv: ['true'] } }).body.exitCode).toBe(0);
     curl('DELETE', '/sandboxes/survivor');
   });

@@ -37,7 +37,10 @@ import type {
   StoredTrace,
   TraceQuery,
   CallerInfo,
+  KeptProcess,
+  AttachOptions,
 } from '../sdk/api.js';
+import type { ProcessInfo } from '../server/processes.js';
 import { encoded, type ExecText, type Text } from '../sdk/output.js';
 import type { SandboxFiles } from '../sdk/sandbox.js';
 import type { Limits, OnTimeout } from '../store/records.js';
@@ -237,7 +240,9 @@ export class RemoteSandbox implements SandboxApi {
         timeoutMs: opts.timeoutMs ?? 0,
         tty: opts.tty,
         stdin: opts.stdin !== undefined,
-        onDisconnect: 'kill',
+        tag: opts.tag,
+        // a kept command runs on when this connection goes (and when the daemon does)
+        ...(opts.keep ? { keep: true, onDisconnect: 'keep' } : { onDisconnect: 'kill' }),
       }),
     );
     const proc = streamProcess(ws, opts);
@@ -246,6 +251,35 @@ export class RemoteSandbox implements SandboxApi {
     const result = proc.result.then((r) => encoded(r, 'utf8') as ExecText);
     result.catch(handledElsewhere); // a result nobody awaits must not end the caller's process
     return { ...proc, result } as ProcessApi;
+  }
+
+  /** GET /sandboxes/{id}/processes: the daemon's kept processes that run (a previous daemon's too) */
+  async kept(): Promise<KeptProcess[]> {
+    const all = await this.http.json<ProcessInfo[]>('GET', this.path('/processes'));
+    return all
+      .filter((p) => p.kept && p.state === 'running' && p.pid !== null)
+      .map((p) => ({
+        pid: p.pid!,
+        tag: p.tag,
+        tty: p.tty,
+        stdin: p.stdin,
+        held: false,
+        startedAt: Date.parse(p.startedAt),
+      }));
+  }
+
+  /** GET /sandboxes/{id}/processes/{process}/attach from its output's end: its output from now on */
+  async attach(pid: number, opts: AttachOptions): Promise<ProcessApi<ExecResult>> {
+    const all = await this.http.json<ProcessInfo[]>('GET', this.path('/processes'));
+    const p = all.find((x) => x.pid === pid && x.state === 'running');
+    if (!p)
+      throw new SnaplabError(
+        'PROCESS_NOT_FOUND',
+        `no running process has pid ${pid} in sandbox ${this.name}`,
+        'it has ended: list them with kept()',
+      );
+    const ws = await this.http.socket(this.path(`/processes/${enc(p.id)}/attach?offset=${p.output.end}`));
+    return streamProcess(ws, opts);
   }
 
   get files(): SandboxFiles {
@@ -421,7 +455,7 @@ function streamProcess(ws: WebSocket, opts: ExecOptions): ProcessApi<ExecResult>
         result?: Omit<ExecResult, 'stdout' | 'stderr'>;
         error?: { code: ErrorCode; message: string; hint?: string };
       };
-      if (m.type === 'started') {
+      if (m.type === 'started' || m.type === 'attached') {
         resolvePid(m.pid ?? 0);
       } else if (m.type === 'gap') {
         truncated = true; // output the daemon could no longer give (it is said, never silently missing)

@@ -84,6 +84,12 @@ export class AbsentSandbox implements SandboxApi {
   spawn(): Promise<never> {
     return this.refuse();
   }
+  kept(): Promise<never> {
+    return this.refuse();
+  }
+  attach(): Promise<never> {
+    return this.refuse();
+  }
   putFile(): Promise<void> {
     return this.refuse();
   }

@@ -77,6 +77,36 @@ export type SpawnOptions = ExecOptions & {
    * without holding anyone else's, as a server does for a client that reads slowly. Default false
    */
   detached?: boolean;
+  /**
+   * the command outlives the connection that started it (this process, a daemon that restarts):
+   * the machine's agent lets it run on, lists it (`kept()`) and lets a later caller take it on
+   * (`attach(pid)`). Machines whose agent is reached through a VM's relay cannot keep a command:
+   * AGENT_PROTOCOL. Default false: a command ends with its connection
+   */
+  keep?: boolean;
+  /** a kept command's words about itself, given back by `kept()` (at most 2048 bytes of UTF-8) */
+  tag?: string;
+};
+
+/** A command started with `keep` that still runs (`kept()`). */
+export interface KeptProcess {
+  /** its pid as the machine sees it: what `attach` takes */
+  pid: number;
+  /** what `spawn` was given as `tag`, or null */
+  tag: string | null;
+  tty: boolean;
+  /** it has a stdin pipe (`write`, `end`) */
+  stdin: boolean;
+  /** someone holds it (its output goes to them): `attach` is refused (PROCESS_BUSY) until they let go */
+  held: boolean;
+  /** when it started, ms since the epoch (as the machine's agent counts its age) */
+  startedAt: number;
+}
+
+/** What `attach` takes: where the output goes from now on, and how the command is held. */
+export type AttachOptions = Pick<ExecOptions, 'onStdout' | 'onStderr' | 'signal'> & {
+  /** a connection of its own to the machine (its output held by `hold` alone), as spawn's */
+  detached?: boolean;
 };
 
 export type BufferOutput = { encoding: 'buffer' };
@@ -129,6 +159,14 @@ export interface SandboxApi {
   exec(argv: string[], opts?: ExecOptions): Promise<ExecText>;
   spawn(argv: string[], opts: SpawnOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
   spawn(argv: string[], opts?: SpawnOptions): Promise<ProcessApi>;
+  /** the commands started with `keep: true` that still run, oldest first */
+  kept(): Promise<KeptProcess[]>;
+  /**
+   * Take on a kept command (`kept()`) as if it had started here: its output from now on (what it
+   * wrote while nobody held it is gone), its input, signals and end. PROCESS_NOT_FOUND when no
+   * kept command has that pid (it ended), PROCESS_BUSY when someone else holds it
+   */
+  attach(pid: number, opts: AttachOptions): Promise<ProcessApi<ExecResult>>;
   putFile(path: string, data: Buffer | string, mode?: number): Promise<void>;
   getFile(path: string): Promise<Buffer>;
   upload(dest: string, tar: Readable): Promise<CopyResult>;

@@ -3,8 +3,11 @@ import { DEFAULT_ON_TIMEOUT } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import type { LabContext } from '../lab/context.js';
 import {
+  attachIn,
   connectAgent,
+  ensureUsable,
   execIn,
+  keptIn,
   pauseSandbox,
   resumeSandbox,
   snapshotSandbox,
@@ -22,10 +25,12 @@ import type { Limits, OnTimeout, SandboxMeta, SandboxRecord } from '../store/rec
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
 import type {
+  AttachOptions,
   BufferOutput,
   EgressRequest,
   EgressUsage,
   EgressView,
+  KeptProcess,
   ProcessApi,
   SandboxApi,
   SandboxFiles,
@@ -261,11 +266,38 @@ export class Sandbox implements SandboxApi {
   async spawn(argv: string[], opts: SpawnOptions & BufferOutput): Promise<ProcessApi<ExecResult>>;
   async spawn(argv: string[], opts?: SpawnOptions): Promise<ProcessApi>;
   async spawn(argv: string[], opts: SpawnOptions = {}): Promise<ProcessApi<ExecResult> | ProcessApi> {
+    // a tag is a kept command's (a daemon's processes show theirs all the same)
+    const { detached, keep, tag, ...exec } = opts;
+    return this.handOut(detached, opts.encoding, (agent) =>
+      spawnIn(this.ctx, this.record, agent, argv, { ...exec, ...(keep ? { keep: { tag } } : {}) }),
+    );
+  }
+
+  /** The commands started with `keep: true` that still run, as the machine's agent keeps them. */
+  async kept(): Promise<KeptProcess[]> {
+    // an open connection to a frozen agent would wait for ever: say it is paused
+    this.sync();
+    if (this.record.state === 'paused') await ensureUsable(this.ctx, this.record);
+    return keptIn(await this.connection());
+  }
+
+  /** Take on a kept command by pid (`kept()`): its output from now on, its input, signals and end. */
+  async attach(pid: number, opts: AttachOptions): Promise<ProcessApi<ExecResult>> {
     const { detached, ...exec } = opts;
+    const p = await this.handOut(detached, 'buffer', (agent) => attachIn(this.ctx, this.record, agent, pid, exec));
+    return p as ProcessApi<ExecResult>;
+  }
+
+  /** A command started (or taken on) on the shared connection, or on one of its own (`detached`). */
+  private async handOut(
+    detached: boolean | undefined,
+    encoding: 'utf8' | 'buffer' | undefined,
+    start: (agent: AgentClient) => Promise<ExecProcess>,
+  ): Promise<ProcessApi<ExecResult> | ProcessApi> {
     const own = detached ? await connectAgent(this.ctx, this.record) : undefined;
     let p: ExecProcess;
     try {
-      p = await spawnIn(this.ctx, this.record, own ?? (await this.connection()), argv, exec);
+      p = await start(own ?? (await this.connection()));
     } catch (e) {
       void own?.close();
       throw e;
@@ -281,7 +313,7 @@ export class Sandbox implements SandboxApi {
         }
       : {};
     if (own) void p.result.then(conn.disconnect, conn.disconnect);
-    if (opts.encoding === 'buffer') return { ...p, ...conn };
+    if (encoding === 'buffer') return { ...p, ...conn };
     const result = p.result.then((r) => encoded(r, 'utf8') as ExecText);
     result.catch(handledElsewhere); // as spawnIn's own: a result nobody awaits must not end the process
     return { ...p, ...conn, result } as ProcessApi;

@@ -25,6 +25,7 @@ import { Metrics } from './metrics.js';
 import { CeilingGuard } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
+import { KeptProcesses, spawnKept } from './kept.js';
 import type {
   AdminApi,
   EventQuery,
@@ -82,6 +83,11 @@ export interface ProcessSpec {
    * it (an in-process front's commands: no connection to open first)
    */
   detached?: boolean;
+  /**
+   * kept by the machine's agent past its connection, so that it outlives this daemon (kept.ts);
+   * where the agent cannot keep it (a VM's relay) it runs as without, and its info says so
+   */
+  keep?: boolean;
 }
 
 export class Daemon implements RouteHost {
@@ -89,6 +95,8 @@ export class Daemon implements RouteHost {
   /** gauges of the fronts beside the daemon, read when scraped (serve.ts sets them) */
   readonly gauges: { e2bSessions?: () => number } = {};
   readonly processes: Processes;
+  /** the processes a previous daemon left running in the machines (kept.ts) */
+  readonly kept: KeptProcesses;
   readonly operations = new Operations();
   readonly metrics = new Metrics();
   readonly ceilings: CeilingGuard;
@@ -127,6 +135,7 @@ export class Daemon implements RouteHost {
     } as typeof DEFAULTS;
     this.events = new EventLog(lab.journal);
     this.processes = new Processes();
+    this.kept = new KeptProcesses(this, this.opts.ringBytes);
     this.ceilings = new CeilingGuard(lab);
     this.admin = labAdmin(lab, this.operations);
     this.scenarios = labScenarios(lab, this.operations);
@@ -705,6 +714,7 @@ export class Daemon implements RouteHost {
         p.abandon();
       }
     this.processes.forget(id);
+    this.kept.forget(id);
   }
 
   /** A new timeout from now (0: none). */
@@ -860,6 +870,7 @@ export class Daemon implements RouteHost {
   async startProcess(caller: Caller, box: SandboxApi, spec: ProcessSpec): Promise<Process> {
     const release = this.claimExec(caller);
     const p = new Process(box.id, spec.argv, spec.tag ?? null, spec.tty !== undefined, this.opts.ringBytes);
+    p.stdin = spec.stdin === true;
     const opts: SpawnOptions & { encoding: 'buffer' } = {
       env: spec.env,
       cwd: spec.cwd,
@@ -874,13 +885,19 @@ export class Daemon implements RouteHost {
       encoding: 'buffer',
     };
     try {
-      const h = await box.spawn(spec.argv, opts);
+      const h = await spawnKept(box, p, spec, opts);
       p.agent = { close: () => h.disconnect?.(), pauseOutput: (on) => h.hold?.(on) };
       p.attach(h, (on) => h.hold?.(on));
     } catch (e) {
       release();
       throw e;
     }
+    this.runs(box, p, release);
+    return p;
+  }
+
+  /** A process of this daemon's from now on: listed, told of when it exits, its exec claim released then. */
+  runs(box: SandboxApi, p: Process, release: () => void): void {
     this.processes.add(p);
     const started = Date.now();
     p.once('exit', () => {
@@ -893,7 +910,15 @@ export class Daemon implements RouteHost {
         timedOut: p.result?.timedOut ?? false,
       });
     });
-    return p;
+  }
+
+  /**
+   * A sandbox's processes, those a previous daemon started and the machine kept included (found
+   * once, the first time they are asked for: kept.ts).
+   */
+  async processesOf(box: SandboxApi): Promise<Process[]> {
+    await this.kept.adopt(box);
+    return this.processes.of(box.id);
   }
 
   close(): void {

@@ -34,7 +34,10 @@ import type {
   WatchEvent,
   BufferOutput,
   KeyedLabApi,
+  KeptProcess,
+  AttachOptions,
 } from '../sdk/api.js';
+import { SnaplabError } from '../errors.js';
 import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
 import { collected, type Collected } from '../agent/output-cap.js';
 import { encoded, type ExecText } from '../sdk/output.js';
@@ -273,6 +276,8 @@ class KeyedSandbox implements SandboxApi {
       timeoutMs: opts.timeoutMs ?? 0,
       tty: opts.tty,
       stdin: opts.stdin !== undefined,
+      tag: opts.tag,
+      keep: opts.keep,
     };
     const { c, box } = await this.as(
       checkedAs(this.k.caller('POST /sandboxes/:id/processes'), ProcessBody, spec, 'command'),
@@ -292,10 +297,70 @@ class KeyedSandbox implements SandboxApi {
       if (!p.ended) p.handle?.kill(9);
       p.abandon();
     };
-    const untrack = d.track(c, { close: ended });
-    this.k.running.add(ended);
-    const proc = processApi(p, opts, opts.detached === true, ended, () => {
-      this.k.running.delete(ended);
+    // a kept one let go of (a front that stops) runs on: that is what keeping it is for
+    return this.handOut(c, p, opts, opts.detached === true, ended, p.kept, closes);
+  }
+
+  /** GET /sandboxes/{id}/processes: the daemon's kept ones that run (a previous daemon's too) */
+  async kept(): Promise<KeptProcess[]> {
+    const { box } = await this.reach('GET /sandboxes/:id/processes');
+    return (await this.k.daemon.processesOf(box))
+      .filter((p) => p.kept && !p.ended && p.pid !== null)
+      .map((p) => ({
+        pid: p.pid!,
+        tag: p.tag,
+        tty: p.tty,
+        stdin: p.stdin,
+        held: false, // the daemon's processes are read by any number of readers at once
+        startedAt: p.startedAt,
+      }));
+  }
+
+  /**
+   * GET /sandboxes/{id}/processes/{process}/attach from the output's end, by the command's pid:
+   * its output from now on; letting go of it (`disconnect`) leaves it running.
+   */
+  async attach(pid: number, opts: AttachOptions): Promise<ProcessApi<ExecResult>> {
+    const { c, box } = await this.reach('GET /sandboxes/:id/processes/:pid/attach');
+    const p = (await this.k.daemon.processesOf(box)).find((x) => x.pid === pid && !x.ended);
+    if (!p)
+      throw new SnaplabError(
+        'PROCESS_NOT_FOUND',
+        `no running process has pid ${pid} in sandbox ${box.name}`,
+        'it has ended: list them with kept()',
+      );
+    const closes = new EventEmitter();
+    this.k.admit(c, closes);
+    const kill = (): void => {
+      if (!p.ended) p.handle?.kill(9);
+    };
+    const h = this.handOut(c, p, { ...opts, encoding: 'buffer' }, false, kill, true, closes, p.ring.total);
+    return h as ProcessApi<ExecResult>;
+  }
+
+  /**
+   * A daemon's process to the caller, from `from` in its output on, until it ends or is let go
+   * (`disconnect`, this lab closed): `kill` ends it then, unless `runsOn` (a kept one's, an
+   * attach's: the caller stops listening, the command runs on). Its key removed, it is killed.
+   */
+  private handOut(
+    c: Caller,
+    p: Process,
+    opts: SpawnOptions,
+    own: boolean,
+    kill: () => void,
+    runsOn: boolean,
+    closes: EventEmitter,
+    from = 0,
+  ): ProcessApi<ExecResult> | ProcessApi {
+    const d = this.k.daemon;
+    const argv = p.argv;
+    let proc: ProcessApi<ExecResult> | undefined;
+    const letGo = runsOn ? (): void => proc?.disconnect?.() : kill;
+    const untrack = d.track(c, { close: kill });
+    this.k.running.add(letGo);
+    proc = processApi(p, opts, own, from, runsOn ? null : kill, () => {
+      this.k.running.delete(letGo);
       untrack();
       closes.emit('close');
     });
@@ -445,7 +510,8 @@ function processApi(
   p: Process,
   opts: ExecOptions,
   own: boolean,
-  disconnect: () => void,
+  from: number,
+  kill: (() => void) | null,
   done: () => void,
 ): ProcessApi<ExecResult> {
   const h = p.handle!;
@@ -457,11 +523,19 @@ function processApi(
     if (fn) fn(c.data);
     else if (collected(kept[c.stream], c.data)) cut = true;
   };
-  // what came before this listener, from the ring (the same tick: nothing comes between)
-  const { chunks, gap } = p.ring.from(0);
+  // what came before this listener since `from`, from the ring (the same tick: nothing comes between)
+  const { chunks, gap } = p.ring.from(from);
   for (const c of chunks) deliver(c);
   p.on('chunk', deliver);
+  let letGo = (): void => {};
   const result = new Promise<ExecResult>((resolve, reject) => {
+    // an attach let go of: no more output to this caller, the command runs on
+    letGo = (): void => {
+      p.off('chunk', deliver);
+      p.off('exit', end);
+      done();
+      reject(new SnaplabError('ABORTED', `let go of command ${p.pid ?? '?'}; it runs on`));
+    };
     const end = (): void => {
       p.off('chunk', deliver);
       done();
@@ -493,7 +567,7 @@ function processApi(
     result,
     // holding output needs a connection of its own (detached)
     ...(own ? { hold: (on: boolean) => p.hold(on) } : {}),
-    disconnect,
+    disconnect: kill ?? ((): void => letGo()),
   };
 }
 

@@ -72,6 +72,12 @@ export interface ProcessInfo {
   argv: string[];
   pid: number | null;
   tty: boolean;
+  /** it outlives the daemon: a daemon started after it finds it again (its output since then only) */
+  kept: boolean;
+  /** a daemon started since found it running in its machine: its output offsets count from then */
+  found: boolean;
+  /** it has a stdin pipe */
+  stdin: boolean;
   startedAt: string;
   state: 'running' | 'exited' | 'lost';
   /** output offsets: everything before `start` is gone from the ring; `end` is the next byte */
@@ -82,9 +88,15 @@ export interface ProcessInfo {
 
 /** One command: its handle, its ring, and who listens ('chunk', 'exit'). */
 export class Process extends EventEmitter {
-  readonly id = randomBytes(8).toString('hex');
+  readonly id: string;
   readonly ring: Ring;
-  readonly startedAt = Date.now();
+  readonly startedAt: number;
+  /** the machine's agent keeps it past its connection, so it outlives this daemon (kept.ts) */
+  kept = false;
+  /** it has a stdin pipe */
+  stdin = false;
+  /** a previous daemon started it and this one found it in its machine (kept.ts): its output counts from then */
+  readonly found: boolean;
   pid: number | null = null;
   result: ExecResult | null = null;
   error: SnaplabError | null = null;
@@ -104,10 +116,15 @@ export class Process extends EventEmitter {
     readonly tag: string | null,
     readonly tty: boolean,
     ringBytes: number,
+    /** a process a previous daemon started (kept.ts): its id and start */
+    was?: { id: string; startedAt: number },
   ) {
     super();
     this.setMaxListeners(0);
     this.ring = new Ring(ringBytes);
+    this.id = was?.id ?? randomBytes(8).toString('hex');
+    this.startedAt = was?.startedAt ?? Date.now();
+    this.found = was !== undefined;
   }
 
   output(stream: StreamName, data: Buffer): void {
@@ -167,6 +184,9 @@ export class Process extends EventEmitter {
       argv: this.argv,
       pid: this.pid,
       tty: this.tty,
+      kept: this.kept,
+      found: this.found,
+      stdin: this.stdin,
       startedAt: new Date(this.startedAt).toISOString(),
       state: r ? 'exited' : this.error ? 'lost' : 'running',
       error: this.error?.toJSON() ?? null,
@@ -226,6 +246,10 @@ export class Processes {
 
   of(sandbox: string): Process[] {
     return [...this.all.values()].filter((p) => p.sandbox === sandbox);
+  }
+
+  has(id: string): boolean {
+    return this.all.has(id);
   }
 
   /** the sandbox is gone: its processes end with it */

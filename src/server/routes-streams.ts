@@ -253,6 +253,7 @@ function processSpec(m: Record<string, unknown>): ProcessSpec {
     timeoutMs,
     tty,
     stdin: m.stdin === true,
+    keep: m.keep === true,
   };
 }
 
@@ -261,9 +262,29 @@ const ProcParams = Type.Object({ id: Type.String(), pid: Type.String() });
 const tags = ['processes'];
 const info = Type.Object({}, { additionalProperties: true });
 
+/**
+ * An offset of the process's output, refused past its end: nothing would ever be sent from there
+ * (a process a new daemon found counts its output from 0 again).
+ */
+function within(p: Process, offset: number): number {
+  if (offset > p.ring.total)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `offset ${offset} is past the end of process ${p.id}'s output (${p.ring.total} bytes)`,
+      p.found
+        ? 'a daemon started since found this process in its machine: its output counts from 0 again (what it wrote before is gone)'
+        : 'ask from an offset you were given (`next`, or the bytes received)',
+    );
+  return offset;
+}
+
 /** A process of a sandbox the caller may see (else not found). */
 async function procOf(d: Daemon, caller: Caller, id: string, pid: string): Promise<Process> {
-  return d.processes.get((await d.find(id, caller)).id, pid);
+  const box = await d.find(id, caller);
+  // one a previous daemon started is found in its machine the first time (kept.ts)
+  if (!d.processes.has(pid) && (box.state === 'running' || box.state === 'paused'))
+    await d.processesOf(await d.sandbox(box.id, caller));
+  return d.processes.get(box.id, pid);
 }
 
 export async function streamRoutes(app: FastifyInstance, s: SandboxCalls): Promise<void> {
@@ -283,7 +304,7 @@ function execStreamRoute(app: FastifyInstance, s: SandboxCalls): void {
         hide: true,
         tags,
         summary:
-          'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, tag?, onDisconnect?: "keep"|"kill"}',
+          'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, tag?, keep?, onDisconnect?: "keep"|"kill"}',
         params: IdParams,
       },
     },
@@ -360,7 +381,7 @@ function attachRoute(app: FastifyInstance, s: SandboxCalls): void {
           const p = await procOf(d, req.caller, id, pid);
           ws.off('message', early);
           ws.once('close', d.track(req.caller, ws));
-          const offset = (req.query as { offset?: number }).offset ?? 0;
+          const offset = within(p, (req.query as { offset?: number }).offset ?? 0);
           send(ws, { type: 'attached', process: p.id, ...p.info() });
           control(p, ws, held);
           pump(p, ws, offset);
@@ -387,7 +408,8 @@ function processRoutes(app: FastifyInstance, s: SandboxCalls): void {
     },
     servedBy(s, (d) => async (req, reply) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-      const p = await d.startProcess(req.caller, box, { ...(req.body as ProcessSpec), background: true });
+      // kept by the machine's agent unless asked not to: it outlives this daemon (kept.ts)
+      const p = await d.startProcess(req.caller, box, { keep: true, ...(req.body as ProcessSpec), background: true });
       await p.handle!.pid.catch(handledElsewhere);
       return reply.status(201).send(p.info());
     }),
@@ -398,14 +420,15 @@ function processRoutes(app: FastifyInstance, s: SandboxCalls): void {
     {
       schema: {
         tags,
-        summary: 'Processes the daemon runs (or ran, for 10 minutes) in this sandbox',
+        summary:
+          'Processes the daemon runs (or ran, for 10 minutes) in this sandbox, and those a previous daemon started and the machine kept',
         params: IdParams,
         response: { 200: Type.Array(info), ...errors },
       },
     },
     servedBy(s, (d) => async (req) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
-      return d.processes.of(box.id).map((p) => p.info());
+      return (await d.processesOf(box)).map((p) => p.info());
     }),
   );
 
@@ -439,7 +462,7 @@ function outputRoute(app: FastifyInstance, s: SandboxCalls): void {
       const { id, pid } = req.params as { id: string; pid: string };
       const p = await procOf(d, req.caller, id, pid);
       const q = req.query as { offset?: number; wait?: number };
-      const offset = q.offset ?? 0;
+      const offset = within(p, q.offset ?? 0);
       if (q.wait && !p.ended && p.ring.total <= offset) {
         await new Promise<void>((resolve) => {
           const done = (): void => {

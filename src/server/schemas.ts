@@ -187,7 +187,7 @@ export const ExecResultView = Type.Object(
 export const ProcessBody = Type.Object(
   {
     argv: Type.Array(Type.String(), { minItems: 1 }),
-    tag: Type.Optional(Type.String({ maxLength: 128 })),
+    tag: Type.Optional(Type.String({ maxLength: 1024 })),
     env: Type.Optional(StringMap),
     cwd: Type.Optional(Type.String()),
     user: Type.Optional(Type.String()),
@@ -199,6 +199,12 @@ export const ProcessBody = Type.Object(
       }),
     ),
     stdin: Type.Optional(Type.Boolean({ description: 'keep stdin open for the attach stream (else /dev/null)' })),
+    keep: Type.Optional(
+      Type.Boolean({
+        description:
+          "the machine's agent keeps it past its connection, so it outlives the daemon (default: true for a background process, false for a streamed exec)",
+      }),
+    ),
   },
   { additionalProperties: false },
 );

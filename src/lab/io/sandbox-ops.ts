@@ -2,7 +2,8 @@ import { handleOf } from '../lifecycle/handle.js';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
-import type { AgentClient, ExecResult as AgentExecResult } from '../../agent/client.js';
+import type { AgentClient, ExecHandle, ExecResult as AgentExecResult } from '../../agent/client.js';
+import type { KeptProcess } from '../../sdk/api.js';
 import { deadError } from '../../drivers/namespaces/driver.js';
 import { SnaplabError, isSnaplabError } from '../../errors.js';
 import { cgroupFor, oomKills } from '../../host/cgroups/cgroups.js';
@@ -137,7 +138,7 @@ export async function spawnIn(
   s: SandboxRecord,
   agent: AgentClient,
   argv: string[],
-  opts: ExecOptions = {},
+  opts: ExecOptions & { keep?: { tag?: string } } = {},
 ): Promise<ExecProcess> {
   if (argv.length === 0)
     throw new SnaplabError(
@@ -159,11 +160,19 @@ export async function spawnIn(
   const oomBefore = limited ? oomCount(s.id) : 0;
   const user = opts.user === undefined ? undefined : await resolveUser(agent, opts.user);
   const tty = opts.tty === undefined ? undefined : windowSize(opts.tty.cols, opts.tty.rows);
+  if (opts.keep?.tag !== undefined && Buffer.byteLength(opts.keep.tag) > KEPT_TAG_MAX)
+    throw new SnaplabError('BAD_INPUT', `a kept command's tag is at most ${KEPT_TAG_MAX} bytes`);
+  const keep = opts.keep ? { tag: JSON.stringify({ v: 1, tag: opts.keep.tag ?? null }) } : undefined;
   const h = agent.exec(
-    { argv, env, cwd: opts.cwd, user, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined, tty },
+    { argv, env, cwd: opts.cwd, user, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined, tty, keep },
     { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
   );
   if (opts.stdin !== undefined && opts.stdin !== true) feedInput(h, opts.stdin);
+  return processOf(ctx, s, h, limited, oomBefore);
+}
+
+/** A started (or attached) command as the Lab hands it out: its result says whether the OOM killer ended it. */
+function processOf(ctx: LabContext, s: SandboxRecord, h: ExecHandle, limited: boolean, oomBefore: number): ExecProcess {
   const result = (async (): Promise<ExecResult> => {
     let r: AgentExecResult;
     try {
@@ -190,6 +199,77 @@ export async function spawnIn(
     resize: (cols, rows) => h.resize(windowSize(cols, rows)),
     result,
   };
+}
+
+/** The most bytes of a kept command's own tag (the agent's limit is 4096 with the Lab's wrapping). */
+export const KEPT_TAG_MAX = 2048;
+
+/** The kept commands (spawn's `keep`) of a sandbox that still run, oldest first. */
+export async function keptIn(agent: AgentClient): Promise<KeptProcess[]> {
+  const now = Date.now();
+  return (await agent.kept()).map((k) => ({
+    pid: k.pid,
+    tag: tagOf(k.tag),
+    tty: k.tty,
+    stdin: k.stdin,
+    held: k.held,
+    startedAt: now - k.ageMs,
+  }));
+}
+
+/**
+ * What spawn's `tag` was: the agent gives back what the Lab gave it, as the machine's root may have
+ * left it (it can write the agent's memory): anything but the Lab's shape is no tag.
+ */
+function tagOf(raw: string): string | null {
+  try {
+    const o = JSON.parse(raw) as unknown;
+    if (typeof o === 'object' && o !== null && 'tag' in o && typeof o.tag === 'string') return o.tag;
+  } catch {
+    // not the Lab's: none
+  }
+  return null;
+}
+
+/** Take on a kept command by pid: its output from now on, its input, signals and end. */
+export async function attachIn(
+  ctx: LabContext,
+  s: SandboxRecord,
+  agent: AgentClient,
+  pid: number,
+  opts: ExecOptions = {},
+): Promise<ExecProcess> {
+  if (!Number.isInteger(pid) || pid <= 0 || pid > 0xffffffff)
+    throw new SnaplabError('BAD_INPUT', `bad pid ${pid}`, 'a pid as kept() gives it');
+  if (s.state === 'paused')
+    throw new SnaplabError(
+      'SANDBOX_PAUSED',
+      `sandbox ${s.name} is paused`,
+      `resume it with \`snaplab resume ${s.name}\``,
+    );
+  const limited = s.limits.memoryBytes !== undefined;
+  const oomBefore = limited ? oomCount(s.id) : 0;
+  const h = agent.attach(pid, { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal });
+  h.result.catch(handledElsewhere); // a refused attach rejects both: the pid's is the one answered
+  try {
+    await h.pid;
+  } catch (e) {
+    const m = isSnaplabError(e, 'AGENT_ERROR') ? /\((ESRCH|EBUSY)\)$/.exec(e.message) : null;
+    if (m?.[1] === 'ESRCH')
+      throw new SnaplabError(
+        'PROCESS_NOT_FOUND',
+        `no kept command has pid ${pid} in sandbox ${s.name}`,
+        'it has ended, or was not started with keep: list them with kept()',
+      );
+    if (m?.[1] === 'EBUSY')
+      throw new SnaplabError(
+        'PROCESS_BUSY',
+        `command ${pid} in sandbox ${s.name} is held by another connection`,
+        'it is attached elsewhere; a connection that goes lets it go',
+      );
+    throw e;
+  }
+  return processOf(ctx, s, h, limited, oomBefore);
 }
 
 export interface SnapshotOptions {
