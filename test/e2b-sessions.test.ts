@@ -159,20 +159,26 @@ describe('sandboxes that end outside the front', () => {
 describe('a daemon restart', () => {
   const { Sandbox } = latest;
 
-  it('keeps the sessions: the same Sandbox object, its token and its signed URLs work on', async () => {
+  it('keeps the sessions and the commands: the same Sandbox object, its token, its signed URLs and its background commands work on', async () => {
     const sbx = await Sandbox.create({ envs: { KEPT: 'yes' } });
     try {
       await sbx.files.write('/tmp/kept.txt', 'before');
       const url = await sbx.downloadUrl('/tmp/kept.txt');
       // no timeout: a daemon's stop must not wait for the command's stream to end
-      const bg = await sbx.commands.run('sleep 300', { background: true, timeoutMs: 0 });
-      // one it detached itself (a session of its own) is not the command's: it lives on
-      await sbx.commands.run(`setsid sh -c 'sleep 301 </dev/null >/dev/null 2>&1 &'`);
-      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(bg.pid);
+      const counter = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo "n$i"; sleep 0.2; done', {
+        background: true,
+        timeoutMs: 0,
+      });
+      const reader = await sbx.commands.run('read x; echo "got $x"', { background: true, stdin: true, timeoutMs: 0 });
+      const doomed = await sbx.commands.run('sleep 300', { background: true, timeoutMs: 0 });
+      const bgPids = [counter.pid, reader.pid, doomed.pid];
+      expect((await sbx.commands.list()).map((p) => p.pid)).toEqual(expect.arrayContaining(bgPids));
       // the token is in the store, sealed: the secret beside it is the daemon's alone
       expect(statSync(join(h.home, 'e2b-sessions.key')).mode & 0o777).toBe(0o600);
       const port = new URL(h.d.e2bUrl!).port;
       await h.d.stop();
+      // the machine's agent kept them while no daemon held them
+      expect(cli(h.home, ['exec', sbx.sandboxId, '--', 'sh', '-c', `kill -0 ${bgPids.join(' ')}`]).code).toBe(0);
       h.d = await startDaemon(h.home, ['--e2b-listen', `127.0.0.1:${port}`]);
       expect(h.d.e2bUrl).toBe(process.env.E2B_SANDBOX_URL);
       expect(await sbx.isRunning()).toBe(true);
@@ -184,13 +190,26 @@ describe('a daemon restart', () => {
       const again = await Sandbox.connect(sbx.sandboxId);
       await again.files.write('/tmp/kept.txt', 'after');
       expect(await sbx.files.read('/tmp/kept.txt')).toBe('after');
-      // the commands started before ended with the old daemon's connections to them (docs/e2b.md):
-      // not listed, not running inside, and a reattach says why
-      expect((await sbx.commands.list()).map((p) => p.pid)).not.toContain(bg.pid);
-      expect(cli(h.home, ['exec', sbx.sandboxId, '--', 'sh', '-c', `kill -0 ${bg.pid}`]).code).not.toBe(0);
-      await expect(sbx.commands.connect(bg.pid)).rejects.toThrow(/restart/);
-      await expect(sbx.commands.kill(bg.pid)).resolves.toBe(false);
-      expect(cli(h.home, ['exec', sbx.sandboxId, '--', 'ps']).out).toContain('sleep 301');
+      // the commands started before run on: listed with their config and tag, reattached (their
+      // output from now on), fed and killed by pid (docs/e2b.md, Daemon restarts)
+      const listed = await again.commands.list();
+      expect(listed.map((p) => p.pid)).toEqual(expect.arrayContaining(bgPids));
+      const c = listed.find((p) => p.pid === counter.pid)!;
+      expect(c.cmd).toBe('/bin/bash');
+      expect(c.args.join(' ')).toContain('echo "n$i"');
+      let seen = '';
+      const back = await sbx.commands.connect(counter.pid, { onStdout: (s) => void (seen += s) });
+      await until('the counter heard again', () => /n\d+\nn\d+\n/.test(seen), 10_000);
+      const reread = await sbx.commands.connect(reader.pid);
+      await sbx.commands.sendStdin(reader.pid, 'it\n');
+      expect((await reread.wait()).stdout).toBe('got it\n');
+      expect(await sbx.commands.kill(counter.pid)).toBe(true);
+      await expect(back.wait()).rejects.toThrow();
+      expect(await sbx.commands.kill(doomed.pid)).toBe(true);
+      await until('both killed', async () => !(await sbx.commands.list()).some((p) => bgPids.includes(p.pid)), 10_000);
+      expect(cli(h.home, ['exec', sbx.sandboxId, '--', 'sh', '-c', `kill -0 ${counter.pid}`]).code).not.toBe(0);
+      await expect(sbx.commands.connect(counter.pid)).rejects.toThrow();
+      await expect(sbx.commands.kill(counter.pid)).resolves.toBe(false);
     } finally {
       await sbx.kill();
     }

@@ -46,6 +46,7 @@ const BY_SNAPLAB: Partial<Record<ErrorCode, ConnectCode>> = {
   SANDBOX_NOT_FOUND: 'not_found',
   FILE_NOT_FOUND: 'not_found',
   PROCESS_NOT_FOUND: 'not_found',
+  PROCESS_BUSY: 'failed_precondition',
   FILE_ERROR: 'failed_precondition',
   QUOTA_EXCEEDED: 'resource_exhausted',
   SANDBOX_PAUSED: 'unavailable',

@@ -160,8 +160,12 @@ function streamRefused(reply: FastifyReply, e: unknown): FastifyReply {
   return sendUnaryError(reply, e);
 }
 
-/** The process a unary call or a reattach selects (by pid, or by tag). */
-function selected(state: E2bState, box: SandboxApi, m: Selector): Proc {
+/**
+ * The process a unary call or a reattach selects (by pid, or by tag): one started before a daemon
+ * restart is found in the machine the first time (Processes.adopt).
+ */
+async function selected(state: E2bState, box: SandboxApi, m: Selector): Promise<Proc> {
+  await state.processes.adopt(box);
   const pid = m.process?.pid;
   const tag = m.process?.tag;
   const p =
@@ -169,10 +173,7 @@ function selected(state: E2bState, box: SandboxApi, m: Selector): Proc {
       ? state.processes.get(box.id, pid)
       : state.processes.list(box.id).find((x) => x.spec.tag !== undefined && x.spec.tag === tag);
   if (!p)
-    throw new ConnectError(
-      'not_found',
-      `no process ${pid ?? tag} started through this front runs in this sandbox (one started before a daemon restart may run on, but its output and input were the old daemon's: docs/e2b.md)`,
-    );
+    throw new ConnectError('not_found', `no process ${pid ?? tag} started through this front runs in this sandbox`);
   return p;
 }
 
@@ -180,7 +181,7 @@ async function reattach(state: E2bState, req: FastifyRequest, reply: FastifyRepl
   let p: Proc;
   try {
     const box = await state.envdSandbox(req, FROM_MEMORY);
-    p = selected(state, box, unenvelope(await readBody(req.body)) as Selector);
+    p = await selected(state, box, unenvelope(await readBody(req.body)) as Selector);
   } catch (err) {
     const e = state.unavailable(req, err);
     if (e instanceof EnvdUnavailable || !(e instanceof ConnectError)) return sendError(reply, e);
@@ -236,13 +237,16 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
     `${P}/List`,
     unary(
       state,
-      async (box) => ({
-        processes: state.processes.list(box.id).map((p) => ({
-          config: p.spec.config,
-          pid: p.pid,
-          ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),
-        })),
-      }),
+      async (box) => {
+        await state.processes.adopt(box);
+        return {
+          processes: state.processes.list(box.id).map((p) => ({
+            config: p.spec.config,
+            pid: p.pid,
+            ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),
+          })),
+        };
+      },
       FROM_MEMORY,
     ),
   );
@@ -253,7 +257,7 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
       async (box, m) => {
         const sig = typeof m.signal === 'number' ? m.signal : SIGNALS[String(m.signal)];
         if (!sig) throw new ConnectError('invalid_argument', 'signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM');
-        selected(state, box, m as Selector).handle.kill(sig);
+        (await selected(state, box, m as Selector)).handle.kill(sig);
         return {};
       },
       FROM_MEMORY,
@@ -266,7 +270,7 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
       async (box, m) => {
         const input = (m.input ?? {}) as { stdin?: unknown; pty?: unknown };
         const data = typeof input.stdin === 'string' ? input.stdin : input.pty;
-        const p = selected(state, box, m as Selector);
+        const p = await selected(state, box, m as Selector);
         if (!p.spec.stdin && !p.spec.tty)
           throw new ConnectError('failed_precondition', 'the command was started without stdin');
         if (typeof data === 'string' && !p.handle.write(Buffer.from(data, 'base64'))) await p.handle.drained();
@@ -280,7 +284,7 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
     unary(
       state,
       async (box, m) => {
-        const p = selected(state, box, m as Selector);
+        const p = await selected(state, box, m as Selector);
         const size = sizeOf(m.pty);
         if (!p.spec.tty || !size) throw new ConnectError('failed_precondition', 'only a PTY command has a size');
         p.handle.resize(size.cols, size.rows);
@@ -294,7 +298,7 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
     unary(
       state,
       async (box, m) => {
-        selected(state, box, m as Selector).handle.end();
+        (await selected(state, box, m as Selector)).handle.end();
         return {};
       },
       FROM_MEMORY,

@@ -5,6 +5,7 @@
  */
 import type { ProcessApi, SandboxApi } from '../sdk/api.js';
 import type { ExecResult } from '../lab/io/sandbox-ops.js';
+import { failureMeans } from '../cleanup.js';
 
 /** A process event as envd's `ProcessEvent` (JSON), bytes in base64. */
 export type ProcessEvent =
@@ -79,15 +80,23 @@ export class Processes {
       timeoutMs: spec.timeoutMs,
       ...(spec.stdin || spec.tty ? { stdin: true as const } : {}),
       tty: spec.tty,
-      onStdout: (b) => out({ data: spec.tty ? { pty: b.toString('base64') } : { stdout: b.toString('base64') } }),
-      onStderr: (b) => out({ data: { stderr: b.toString('base64') } }),
+      ...outputTo(spec, out),
       encoding: 'buffer',
+      // it outlives the daemon, as a command outlives envd's clients (a machine that cannot keep it runs it as without)
+      keep: true,
+      tag: tagOf(spec),
     });
     p.pid = await p.handle.pid;
     p.listeners.add(listen);
     p.emit({ start: { pid: p.pid } });
     started = true;
     for (const e of held) p.emit(e);
+    this.runs(p);
+    return p;
+  }
+
+  /** A command of this front's from now on: listed by pid until its end, which is told to its listeners. */
+  private runs(p: Proc): void {
     this.add(p);
     void p.handle.result.then(
       (r) => {
@@ -97,7 +106,45 @@ export class Processes {
       (e: unknown) =>
         this.finish(p, { exitCode: -1, exited: false, status: 'error', error: (e as Error).message ?? String(e) }),
     );
-    return p;
+  }
+
+  /** sandboxes whose commands kept from before a daemon restart this front has taken on */
+  private readonly found = new Set<string>();
+
+  /**
+   * The commands a previous daemon started through this front and the machine kept (the Lab's
+   * `kept()`), taken on once a sandbox: listed, reattached, signalled and fed as before, their
+   * output from now on.
+   */
+  async adopt(box: SandboxApi): Promise<void> {
+    if (this.found.has(box.id)) return;
+    const kept = await box.kept().catch(failureMeans(null));
+    if (!kept) return; // asked again next time
+    for (const k of kept) {
+      const known = this.get(box.id, k.pid);
+      const config = known ? null : configOf(k.tag);
+      if (!config) continue;
+      const spec: StartSpec = {
+        config: config.config,
+        tag: config.tag,
+        shell: '',
+        stdin: k.stdin,
+        ...(k.tty ? { tty: { cols: 80, rows: 24 } } : {}),
+      };
+      const p = new Proc(box.id, spec);
+      try {
+        p.handle = await box.attach(
+          k.pid,
+          outputTo(spec, (e) => p.emit(e)),
+        );
+      } catch {
+        continue; // ended meanwhile
+      }
+      p.pid = k.pid;
+      this.runs(p);
+    }
+    // a paused machine's agent is not asked (its daemon finds its commands once it runs): asked again then
+    if (box.state === 'running') this.found.add(box.id);
   }
 
   private add(p: Proc): void {
@@ -123,6 +170,7 @@ export class Processes {
 
   /** A sandbox killed: its commands' streams are cut (their ends come from the lost connection). */
   forget(sandbox: string): void {
+    this.found.delete(sandbox);
     for (const p of this.list(sandbox)) p.handle.disconnect?.();
     this.bySandbox.delete(sandbox);
   }
@@ -130,6 +178,59 @@ export class Processes {
   close(): void {
     for (const id of [...this.bySandbox.keys()]) this.forget(id);
   }
+}
+
+/** Where a command's output goes: envd's data events (a terminal's as `pty`). */
+function outputTo(
+  spec: StartSpec,
+  out: (e: ProcessEvent) => void,
+): { onStdout: (b: Buffer) => void; onStderr: (b: Buffer) => void } {
+  return {
+    onStdout: (b) => out({ data: spec.tty ? { pty: b.toString('base64') } : { stdout: b.toString('base64') } }),
+    onStderr: (b) => out({ data: { stderr: b.toString('base64') } }),
+  };
+}
+
+/** the most a kept command's tag may hold (the daemon's ProcessBody) */
+const TAG_MAX = 1024;
+
+/**
+ * What the front keeps with a command so that it lists it after a daemon restart (List's config and
+ * tag): its envs left out if they do not fit, then its args.
+ */
+function tagOf(spec: StartSpec): string {
+  const c = spec.config;
+  const tries = [
+    { c: c.cmd, a: c.args, e: c.envs, w: c.cwd, t: spec.tag },
+    { c: c.cmd, a: c.args, w: c.cwd, t: spec.tag },
+    { c: c.cmd.slice(0, 256), a: [], t: spec.tag?.slice(0, 256) },
+  ];
+  for (const t of tries) {
+    const s = JSON.stringify(t);
+    if (s.length <= TAG_MAX) return s;
+  }
+  return JSON.stringify({ c: c.cmd.slice(0, 256), a: [] });
+}
+
+/** A kept command's tag as tagOf wrote it (the machine's root could have changed it: checked), or null. */
+function configOf(tag: string | null): { config: ProcessConfig; tag?: string } | null {
+  if (tag === null) return null;
+  let o: { c?: unknown; a?: unknown; e?: unknown; w?: unknown; t?: unknown };
+  try {
+    o = JSON.parse(tag) as typeof o;
+  } catch {
+    return null;
+  }
+  const strs = (v: unknown): v is string[] => Array.isArray(v) && v.every((x) => typeof x === 'string');
+  const envs =
+    typeof o.e === 'object' && o.e !== null && Object.values(o.e).every((v) => typeof v === 'string')
+      ? (o.e as Record<string, string>)
+      : {};
+  if (typeof o !== 'object' || o === null || typeof o.c !== 'string' || !strs(o.a)) return null;
+  return {
+    config: { cmd: o.c, args: o.a, envs, ...(typeof o.w === 'string' ? { cwd: o.w } : {}) },
+    ...(typeof o.t === 'string' ? { tag: o.t } : {}),
+  };
 }
 
 /** A snaplab exec result as envd's end event (a signal's death as Go says it: exit code -1). */
