@@ -95,6 +95,7 @@ struct exec {
 	int held; /* HOLD_OUTPUT: its output is not read until released (a VM relay's slow client) */
 	uint32_t flags;
 	int keep; /* EXEC_F_KEEP: its connection's end leaves it running, unheld (LIST_KEPT, ATTACH) */
+	uint64_t out_total; /* bytes of output it has written (read from its pipes, sent or dropped): an ATTACH starts there */
 	char *tag; /* a kept exec's tag (F_TAG), or NULL */
 	uint32_t tag_len;
 	int exec_errno;
@@ -333,6 +334,8 @@ static ssize_t pump_once(struct exec *e, struct src *s)
 			src_close(s);
 			return 0;
 		}
+		if (n > 0)
+			e->out_total += (uint64_t)n;
 		return n < 0 ? -1 : n;
 	}
 	struct buf *b = &e->conn->out;
@@ -346,6 +349,7 @@ static ssize_t pump_once(struct exec *e, struct src *s)
 		put_u16(p + 6, 0);
 		put_u32(p + 8, e->id);
 		b->len += FRAME_HDR + (size_t)n;
+		e->out_total += (uint64_t)n;
 		mark_dirty(e->conn);
 		return n;
 	}
@@ -465,7 +469,8 @@ static void reap(void)
 /* ---- connections ---- */
 
 /* End the execs a connection (or a stream session) started: SIGKILL their process groups and
- * forget their output. They are still reaped, silently. */
+ * forget their output. They are still reaped, silently. A kept one (1.5) is let go instead: it
+ * runs on, held by no connection, until an ATTACH takes it. */
 static void detach_execs(struct conn *c)
 {
 	for (struct exec *e = execs; e; e = e->next)
@@ -474,6 +479,8 @@ static void detach_execs(struct conn *c)
 			 * on its way is lost with the connection, its stdin stays open for the next */
 			e->conn = NULL;
 			buf_free(&e->inq);
+			if (e->in_eof)
+				src_close(&e->in); /* its end of input was on its way: it still gets it */
 			e->unacked = 0;
 			e->held = 0;
 			e->out.paused = e->err.paused = 0;
@@ -914,7 +921,9 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 				 notfound ? "command not found" : strerror(req.err));
 		e->flags = notfound ? EXIT_F_NOT_FOUND : EXIT_F_NOT_EXECUTABLE;
 		e->exec_errno = req.err;
-		reply(c, T_STDERR, id, msg, (size_t)(m < (int)sizeof msg ? m : (int)sizeof msg - 1));
+		size_t mlen = (size_t)(m < (int)sizeof msg ? m : (int)sizeof msg - 1);
+		e->out_total += mlen;
+		reply(c, T_STDERR, id, msg, mlen);
 	}
 	if (timeout_ms) {
 		e->deadline_ns = start + (uint64_t)timeout_ms * 1000000ull;
@@ -1289,8 +1298,9 @@ static void do_list_kept(struct conn *c, uint32_t id)
 }
 
 /* ATTACH (1.5): a kept exec that no connection holds is this connection's, under this request's
- * id: STARTED (its pid, then u32 flags as LIST_KEPT's), then its output from now on and its EXIT,
- * and STDIN, SIGNAL and RESIZE by this id, as if it had been started here. */
+ * id: STARTED (its pid, u32 flags as LIST_KEPT's, u64 the bytes of output it has written so far:
+ * where this connection's share of it starts), then its output from now on and its EXIT, and
+ * STDIN, SIGNAL and RESIZE by this id, as if it had been started here. */
 static void do_attach(struct conn *c, uint32_t id, const uint8_t *payload, size_t len)
 {
 	if (len != 4) {
@@ -1315,9 +1325,10 @@ static void do_attach(struct conn *c, uint32_t id, const uint8_t *payload, size_
 	}
 	e->conn = c;
 	e->id = id;
-	uint8_t p[8];
+	uint8_t p[16];
 	put_u32(p, (uint32_t)e->ns_pid);
 	put_u32(p + 4, (e->tty ? 2u : 0) | (e->in.fd >= 0 ? 4u : 0));
+	put_u64(p + 8, e->out_total);
 	reply(c, T_STARTED, id, p, sizeof p);
 }
 

@@ -403,6 +403,8 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
       const pid = await p.pid;
       const plain = await box.spawn(['sleep', '600'], { detached: true });
       expect((await box.kept()).map((k) => [k.pid, k.tag, k.stdin, k.tty])).toEqual([[pid, 'job', true, false]]);
+      // only a kept one is taken on by pid
+      await expect(box.attach(await plain.pid, {})).rejects.toMatchObject({ code: 'PROCESS_NOT_FOUND' });
       // its caller lets go: it runs on (the one not kept ends)
       p.disconnect!();
       plain.disconnect!();
@@ -414,6 +416,8 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
       let out = '';
       const again = await box.attach(pid, { onStdout: (b) => (out += b.toString()) });
       expect(await again.pid).toBe(pid);
+      // its output starts after what it wrote before ("early\n")
+      expect(again.since).toBe(6);
       again.write('x\n');
       const r = await again.result;
       // what it wrote while nobody held it is not replayed

@@ -170,7 +170,8 @@ describe('a daemon restart', () => {
         timeoutMs: 0,
       });
       const reader = await sbx.commands.run('read x; echo "got $x"', { background: true, stdin: true, timeoutMs: 0 });
-      const doomed = await sbx.commands.run('sleep 300', { background: true, timeoutMs: 0 });
+      // a command longer than the front keeps of it: kept all the same, listed without its args
+      const doomed = await sbx.commands.run(`sleep 300 # ${'y'.repeat(1500)}`, { background: true, timeoutMs: 0 });
       const bgPids = [counter.pid, reader.pid, doomed.pid];
       expect((await sbx.commands.list()).map((p) => p.pid)).toEqual(expect.arrayContaining(bgPids));
       // the token is in the store, sealed: the secret beside it is the daemon's alone
@@ -197,6 +198,7 @@ describe('a daemon restart', () => {
       const c = listed.find((p) => p.pid === counter.pid)!;
       expect(c.cmd).toBe('/bin/bash');
       expect(c.args.join(' ')).toContain('echo "n$i"');
+      expect(listed.find((p) => p.pid === doomed.pid)).toMatchObject({ cmd: '/bin/bash', args: [] });
       let seen = '';
       const back = await sbx.commands.connect(counter.pid, { onStdout: (s) => void (seen += s) });
       await until('the counter heard again', () => /n\d+\nn\d+\n/.test(seen), 10_000);

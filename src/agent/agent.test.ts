@@ -436,6 +436,8 @@ describe('agent on the host', () => {
     let out = '';
     const again = c3.attach(pid, { onStdout: (b) => (out += b.toString()) });
     expect(await again.pid).toBe(pid);
+    // what it wrote before, read by c2 or dropped since: `tick 1` … `tick 3` at least
+    expect(await again.since).toBeGreaterThanOrEqual('tick 1\ntick 2\ntick 3\n'.length);
     again.write('hello\n');
     await vi.waitFor(() => expect(out).toContain('got hello'), { timeout: 5000 });
     // its output from now on: the counting went on while nobody held it
@@ -447,6 +449,23 @@ describe('agent on the host', () => {
     expect(await c3.kept()).toEqual([]);
     await expect(c3.attach(pid).result).rejects.toMatchObject({ message: /ESRCH/ });
     await c3.close();
+  });
+
+  it('a kept command whose end of input was on its way when its connection closed still gets it', async () => {
+    const c2 = await AgentClient.connect(agent.socketPath, { timeoutMs: 5000 });
+    // it reads nothing for a second: the input waits in the agent, the end of input behind it
+    const h = c2.exec({
+      argv: ['sh', '-c', 'sleep 1; cat >/dev/null'],
+      env: ENV,
+      stdin: true,
+      keep: { tag: '' },
+    });
+    const pid = await h.pid;
+    h.write(Buffer.alloc(200 << 10, 'x'));
+    h.end();
+    await c2.close();
+    await expect(h.result).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
+    expect(await waitGone(pid, 5000)).toBe(true);
   });
 
   it('refuses a tag over 4096 bytes, and keep to an agent older than 1.5 (it would kill the command)', async () => {

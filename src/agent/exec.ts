@@ -77,6 +77,11 @@ export interface ExecResult {
 export interface ExecHandle {
   pid: Promise<number>;
   /**
+   * bytes of output the command had written before this handle's first (0 for a command started
+   * here; for an attach, what it wrote before, held or dropped): resolves with `pid`
+   */
+  since: Promise<number>;
+  /**
    * Queues input for the command; false once 4 MiB are unacknowledged or waiting (protocol 1.2
    * credits; with an older agent, the socket's queue): wait for drained() before writing more.
    */
@@ -141,6 +146,8 @@ interface First {
 
 class Exec {
   readonly pid: Promise<number>;
+  private since = 0;
+  private readonly sinceKnown: Promise<number>;
   readonly result: Promise<ExecResult>;
   private resolvePid!: (pid: number) => void;
   private rejectPid!: (e: unknown) => void;
@@ -168,6 +175,8 @@ class Exec {
       this.rejectPid = rej;
     });
     this.pid.catch(handledElsewhere); // a caller that only awaits result must not see an unhandled rejection
+    this.sinceKnown = this.pid.then(() => this.since);
+    this.sinceKnown.catch(handledElsewhere);
     this.result = new Promise<ExecResult>((res, rej) => {
       this.resolveResult = res;
       this.rejectResult = rej;
@@ -206,6 +215,7 @@ class Exec {
     const { ch, id, has } = this;
     return {
       pid: this.pid,
+      since: this.sinceKnown,
       result: this.result,
       write: (b) => this.write(b),
       drained: () => (this.stdin ? this.stdin.drained(this.settled || ch.closedError() !== null) : ch.drained()),
@@ -262,10 +272,11 @@ class Exec {
       case MsgType.STARTED:
         this.started = true;
         // an ATTACH's STARTED says what the command has (1.5)
-        if (this.first.type === MsgType.ATTACH && f.payload.length >= 8) {
+        if (this.first.type === MsgType.ATTACH && f.payload.length >= 16) {
           const flags = f.payload.readUInt32LE(4);
           this.has.tty = (flags & 2) !== 0;
           this.has.stdin = (flags & 4) !== 0;
+          this.since = Number(f.payload.readBigUInt64LE(8));
         }
         this.resolvePid(decodeStarted(f.payload));
         break;

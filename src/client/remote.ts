@@ -39,6 +39,7 @@ import type {
   CallerInfo,
   KeptProcess,
   AttachOptions,
+  AttachedProcess,
 } from '../sdk/api.js';
 import type { ProcessInfo } from '../server/processes.js';
 import { encoded, type ExecText, type Text } from '../sdk/output.js';
@@ -269,17 +270,18 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   /** GET /sandboxes/{id}/processes/{process}/attach from its output's end: its output from now on */
-  async attach(pid: number, opts: AttachOptions): Promise<ProcessApi<ExecResult>> {
+  async attach(pid: number, opts: AttachOptions): Promise<AttachedProcess> {
     const all = await this.http.json<ProcessInfo[]>('GET', this.path('/processes'));
-    const p = all.find((x) => x.pid === pid && x.state === 'running');
+    const p = all.find((x) => x.kept && x.pid === pid && x.state === 'running');
     if (!p)
       throw new SnaplabError(
         'PROCESS_NOT_FOUND',
-        `no running process has pid ${pid} in sandbox ${this.name}`,
-        'it has ended: list them with kept()',
+        `no kept command has pid ${pid} in sandbox ${this.name}`,
+        'it has ended, or was not started with keep: list them with kept()',
       );
-    const ws = await this.http.socket(this.path(`/processes/${enc(p.id)}/attach?offset=${p.output.end}`));
-    return streamProcess(ws, opts);
+    const since = p.output.end;
+    const ws = await this.http.socket(this.path(`/processes/${enc(p.id)}/attach?offset=${since}`));
+    return { ...streamProcess(ws, opts), since };
   }
 
   get files(): SandboxFiles {

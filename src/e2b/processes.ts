@@ -97,32 +97,50 @@ export class Processes {
 
   /** A command of this front's from now on: listed by pid until its end, which is told to its listeners. */
   private runs(p: Proc): void {
+    // one found (adopt) while this front's own start of it was under way: this one is it
+    const twin = this.get(p.sandbox, p.pid);
+    if (twin && twin !== p) {
+      twin.listeners.clear();
+      twin.handle.disconnect?.();
+    }
     this.add(p);
     void p.handle.result.then(
       (r) => {
         p.timedOut = r.timedOut;
         this.finish(p, endOf(r));
       },
-      (e: unknown) =>
-        this.finish(p, { exitCode: -1, exited: false, status: 'error', error: (e as Error).message ?? String(e) }),
+      (e: unknown) => {
+        // no end came: a kept command may run on in its machine, and is looked for there again
+        this.found.delete(p.sandbox);
+        this.finish(p, { exitCode: -1, exited: false, status: 'error', error: (e as Error).message ?? String(e) });
+      },
     );
   }
 
   /** sandboxes whose commands kept from before a daemon restart this front has taken on */
   private readonly found = new Set<string>();
+  private readonly finding = new Map<string, Promise<void>>();
 
   /**
    * The commands a previous daemon started through this front and the machine kept (the Lab's
-   * `kept()`), taken on once a sandbox: listed, reattached, signalled and fed as before, their
-   * output from now on.
+   * `kept()`), taken on once a sandbox (one look at a time): listed, reattached, signalled and fed
+   * as before, their output from now on.
    */
-  async adopt(box: SandboxApi): Promise<void> {
-    if (this.found.has(box.id)) return;
+  adopt(box: SandboxApi): Promise<void> {
+    if (this.found.has(box.id)) return Promise.resolve();
+    let going = this.finding.get(box.id);
+    if (!going) {
+      going = this.find(box).finally(() => this.finding.delete(box.id));
+      this.finding.set(box.id, going);
+    }
+    return going;
+  }
+
+  private async find(box: SandboxApi): Promise<void> {
     const kept = await box.kept().catch(failureMeans(null));
     if (!kept) return; // asked again next time
     for (const k of kept) {
-      const known = this.get(box.id, k.pid);
-      const config = known ? null : configOf(k.tag);
+      const config = this.get(box.id, k.pid) ? null : configOf(k.tag);
       if (!config) continue;
       const spec: StartSpec = {
         config: config.config,
@@ -141,6 +159,11 @@ export class Processes {
         continue; // ended meanwhile
       }
       p.pid = k.pid;
+      // started by this front meanwhile (its start was under way): that one is it
+      if (this.get(box.id, k.pid)) {
+        p.handle.disconnect?.();
+        continue;
+      }
       this.runs(p);
     }
     // a paused machine's agent is not asked (its daemon finds its commands once it runs): asked again then
@@ -157,7 +180,8 @@ export class Processes {
     p.ended = true;
     p.emit({ end: end });
     p.listeners.clear();
-    this.bySandbox.get(p.sandbox)?.delete(p.pid);
+    const m = this.bySandbox.get(p.sandbox);
+    if (m?.get(p.pid) === p) m.delete(p.pid);
   }
 
   get(sandbox: string, pid: number): Proc | undefined {
@@ -203,7 +227,7 @@ function tagOf(spec: StartSpec): string {
   const tries = [
     { c: c.cmd, a: c.args, e: c.envs, w: c.cwd, t: spec.tag },
     { c: c.cmd, a: c.args, w: c.cwd, t: spec.tag },
-    { c: c.cmd.slice(0, 256), a: [], t: spec.tag?.slice(0, 256) },
+    { c: c.cmd, a: [], w: c.cwd, t: spec.tag },
   ];
   for (const t of tries) {
     const s = JSON.stringify(t);

@@ -84,7 +84,10 @@ export type SpawnOptions = ExecOptions & {
    * AGENT_PROTOCOL. Default false: a command ends with its connection
    */
   keep?: boolean;
-  /** a kept command's words about itself, given back by `kept()` (at most 2048 bytes of UTF-8) */
+  /**
+   * a kept command's words about itself, given back by `kept()`: at most 4093 bytes of UTF-8
+   * (through a daemon, 1024 characters: a daemon keeps its own words about the process beside it)
+   */
   tag?: string;
 };
 
@@ -97,11 +100,23 @@ export interface KeptProcess {
   tty: boolean;
   /** it has a stdin pipe (`write`, `end`) */
   stdin: boolean;
-  /** someone holds it (its output goes to them): `attach` is refused (PROCESS_BUSY) until they let go */
+  /**
+   * someone holds it (its output goes to them): `attach` is refused (PROCESS_BUSY) until they let
+   * go. A daemon's processes are never held: any number of its callers read one at once
+   */
   held: boolean;
   /** when it started, ms since the epoch (as the machine's agent counts its age) */
   startedAt: number;
 }
+
+/** A kept command taken on (`attach`). */
+export type AttachedProcess = ProcessApi<ExecResult> & {
+  /**
+   * bytes of output (stdout and stderr together) the command had written before this attach,
+   * read by its earlier holders or dropped while nobody held it: this handle's output starts there
+   */
+  since: number;
+};
 
 /** What `attach` takes: where the output goes from now on, and how the command is held. */
 export type AttachOptions = Pick<ExecOptions, 'onStdout' | 'onStderr' | 'signal'> & {
@@ -166,7 +181,7 @@ export interface SandboxApi {
    * wrote while nobody held it is gone), its input, signals and end. PROCESS_NOT_FOUND when no
    * kept command has that pid (it ended), PROCESS_BUSY when someone else holds it
    */
-  attach(pid: number, opts: AttachOptions): Promise<ProcessApi<ExecResult>>;
+  attach(pid: number, opts: AttachOptions): Promise<AttachedProcess>;
   putFile(path: string, data: Buffer | string, mode?: number): Promise<void>;
   getFile(path: string): Promise<Buffer>;
   upload(dest: string, tar: Readable): Promise<CopyResult>;

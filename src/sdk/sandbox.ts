@@ -25,6 +25,7 @@ import type { Limits, OnTimeout, SandboxMeta, SandboxRecord } from '../store/rec
 import type { TraceSummary } from '../timing/trace.js';
 import { Snapshot } from './snapshot.js';
 import type {
+  AttachedProcess,
   AttachOptions,
   BufferOutput,
   EgressRequest,
@@ -282,10 +283,16 @@ export class Sandbox implements SandboxApi {
   }
 
   /** Take on a kept command by pid (`kept()`): its output from now on, its input, signals and end. */
-  async attach(pid: number, opts: AttachOptions): Promise<ProcessApi<ExecResult>> {
-    const { detached, ...exec } = opts;
-    const p = await this.handOut(detached, 'buffer', (agent) => attachIn(this.ctx, this.record, agent, pid, exec));
-    return p as ProcessApi<ExecResult>;
+  async attach(pid: number, opts: AttachOptions): Promise<AttachedProcess> {
+    // always on a connection of its own: letting go of it (`disconnect`) must not close the shared one
+    const { detached: _, ...exec } = opts;
+    let since = 0;
+    const p = await this.handOut(true, 'buffer', async (agent) => {
+      const a = await attachIn(this.ctx, this.record, agent, pid, exec);
+      since = a.since;
+      return a;
+    });
+    return { ...(p as ProcessApi<ExecResult>), since };
   }
 
   /** A command started (or taken on) on the shared connection, or on one of its own (`detached`). */

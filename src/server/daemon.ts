@@ -813,12 +813,20 @@ export class Daemon implements RouteHost {
     const n = this.execs.get(caller.key) ?? 0;
     if (caller.maxExecs !== null && n >= caller.maxExecs)
       throw new QuotaError('maxExecs', `key ${caller.key} runs ${n} of its ${caller.maxExecs} concurrent execs`);
-    this.execs.set(caller.key, n + 1);
+    return this.countExec(caller.key);
+  }
+
+  /**
+   * One more exec of this key's, past its quota if need be (a process a previous daemon started
+   * for it, found running: kept.ts), until the returned release.
+   */
+  countExec(key: string): () => void {
+    this.execs.set(key, (this.execs.get(key) ?? 0) + 1);
     let done = false;
     return () => {
       if (done) return;
       done = true;
-      this.execs.set(caller.key, (this.execs.get(caller.key) ?? 1) - 1);
+      this.execs.set(key, (this.execs.get(key) ?? 1) - 1);
     };
   }
 
@@ -902,6 +910,11 @@ export class Daemon implements RouteHost {
     const started = Date.now();
     p.once('exit', () => {
       release();
+      // its connection broke while its machine may run on: a kept one is looked for there again
+      if (p.kept && p.error?.code === 'AGENT_UNREACHABLE') {
+        this.processes.delete(p);
+        this.kept.forget(box.id);
+      }
       this.metrics.exec.observe('kind="stream"', Date.now() - started);
       this.events.record('process.exited', box, p.error ? p.error.message : null, {
         process: p.id,

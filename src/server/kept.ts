@@ -7,7 +7,8 @@
  */
 import { isSnaplabError } from '../errors.js';
 import type { ExecResult } from '../lab/io/sandbox-ops.js';
-import type { KeptProcess, ProcessApi, SandboxApi, SpawnOptions } from '../sdk/api.js';
+import { KEPT_TAG_MAX } from '../lab/io/sandbox-ops.js';
+import type { AttachedProcess, KeptProcess, ProcessApi, SandboxApi, SpawnOptions } from '../sdk/api.js';
 import type { Daemon, ProcessSpec } from './daemon.js';
 import { Process } from './processes.js';
 
@@ -22,15 +23,20 @@ interface KeptTag {
   at: number;
 }
 
-/** the room for the daemon's tag in a kept command's (the Lab takes up to 4 KiB) */
-const TAG_ROOM = 3072;
+/** the most kept commands a daemon takes on in one sandbox (each is a process of the daemon's, with its ring) */
+export const MAX_FOUND = 64;
+/** how long a caller waits for a sandbox's kept commands to be found (its agent answers LIST_KEPT and each ATTACH) */
+const FIND_MS = 10_000;
 
-/** The tag of a process to keep, its argv cut to its first word if the whole does not fit; undefined if even that does not. */
+/**
+ * The tag of a process to keep, its argv cut to its first word if the whole does not fit, undefined
+ * if even that does not (its user tag, escaped: then it is not kept).
+ */
 function tagOf(p: Process): string | undefined {
   const t: KeptTag = { d: 1, id: p.id, tag: p.tag, argv: p.argv, tty: p.tty, at: p.startedAt };
   for (const argv of [p.argv, [(p.argv[0] ?? '').slice(0, 256)]]) {
     const s = JSON.stringify({ ...t, argv });
-    if (Buffer.byteLength(s) <= TAG_ROOM) return s;
+    if (Buffer.byteLength(s) <= KEPT_TAG_MAX) return s;
   }
   return undefined;
 }
@@ -39,7 +45,7 @@ function tagOf(p: Process): string | undefined {
  * A kept command's tag as a daemon wrote it, or null. The machine's root could have changed it (it
  * can write the agent's memory): it names a process of that sandbox only, and is checked field by field.
  */
-function parseTag(s: string | null): KeptTag | null {
+export function parseTag(s: string | null, now = Date.now()): KeptTag | null {
   if (s === null) return null;
   let o: Partial<KeptTag>;
   try {
@@ -58,7 +64,9 @@ function parseTag(s: string | null): KeptTag | null {
     o.argv.length > 0 &&
     o.argv.every((a) => typeof a === 'string') &&
     typeof o.tty === 'boolean' &&
-    Number.isSafeInteger(o.at);
+    Number.isSafeInteger(o.at) &&
+    (o.at as number) >= 0 &&
+    (o.at as number) <= now + 60_000;
   return ok ? (o as KeptTag) : null;
 }
 
@@ -83,7 +91,10 @@ export async function spawnKept(
   return box.spawn(spec.argv, opts);
 }
 
-/** The processes a previous daemon left running, found and taken on once a sandbox. */
+/**
+ * The processes a previous daemon left running, found and taken on once a sandbox; again when one
+ * of them is lost (its connection broke: the machine may still run it) or was held by someone else.
+ */
 export class KeptProcesses {
   /** sandboxes whose kept commands this daemon has taken on */
   private readonly done = new Set<string>();
@@ -94,15 +105,21 @@ export class KeptProcesses {
     private readonly ringBytes: number,
   ) {}
 
-  /** Take on the sandbox's kept commands that no one holds, the first time it is asked (at once after). */
-  adopt(box: SandboxApi): Promise<void> {
-    if (this.done.has(box.id)) return Promise.resolve();
+  /**
+   * Take on the sandbox's kept commands that no one holds, the first time it is asked (at once
+   * after). A caller waits at most 10 s: an agent that does not answer delays its own sandbox's
+   * calls only, and they go on with the processes known.
+   */
+  async adopt(box: SandboxApi): Promise<void> {
+    if (this.done.has(box.id)) return;
     let going = this.going.get(box.id);
     if (!going) {
       going = this.find(box).finally(() => this.going.delete(box.id));
       this.going.set(box.id, going);
     }
-    return going;
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([going, new Promise<void>((r) => (timer = setTimeout(r, FIND_MS)))]);
+    clearTimeout(timer);
   }
 
   private async find(box: SandboxApi): Promise<void> {
@@ -115,31 +132,43 @@ export class KeptProcesses {
       // paused, stopped, unreachable: asked again next time
       return;
     }
+    let complete = true;
+    const seen = new Set<number>();
+    let found = this.d.processes.of(box.id).filter((p) => p.found && !p.ended).length;
     for (const k of kept) {
       const t = parseTag(k.tag);
-      if (!t || k.held || this.d.processes.has(t.id)) continue;
+      if (!t || seen.has(k.pid) || this.d.processes.has(box.id, t.id)) continue;
+      seen.add(k.pid);
+      if (k.held) {
+        complete = false; // someone else has it now: looked for again next time
+        continue;
+      }
+      if (found >= MAX_FOUND) break;
       const p = new Process(box.id, t.argv, t.tag, t.tty, this.ringBytes, { id: t.id, startedAt: t.at });
       p.kept = true;
       p.stdin = k.stdin;
-      let h: ProcessApi<ExecResult>;
+      let h: AttachedProcess;
       try {
         h = await box.attach(k.pid, {
           onStdout: (b) => p.output('stdout', b),
           onStderr: (b) => p.output('stderr', b),
-          // a connection of its own, as every process of the daemon's: a slow reader holds it alone
-          detached: true,
         });
       } catch {
-        continue; // it ended meanwhile, or someone else took it
+        complete = false; // ended meanwhile, or taken: looked for again next time
+        continue;
       }
+      // its output counts from what it wrote before: an old daemon's offset below that is a gap
+      p.ring.rebase(h.since);
       p.agent = { close: () => h.disconnect?.(), pauseOutput: (on) => h.hold?.(on) };
       p.attach(h, (on) => h.hold?.(on));
-      this.d.runs(box, p, () => {});
+      // its owner's exec, as when it was started (past the key's quota if need be: it runs already)
+      this.d.runs(box, p, this.d.countExec(box.owner ?? 'local'));
+      found++;
     }
-    this.done.add(box.id);
+    if (complete) this.done.add(box.id);
   }
 
-  /** the sandbox is gone */
+  /** Look in the sandbox again next time: one of its kept processes was lost, or it is gone. */
   forget(id: string): void {
     this.done.delete(id);
   }

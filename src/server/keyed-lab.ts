@@ -36,6 +36,7 @@ import type {
   KeyedLabApi,
   KeptProcess,
   AttachOptions,
+  AttachedProcess,
 } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
@@ -320,22 +321,23 @@ class KeyedSandbox implements SandboxApi {
    * GET /sandboxes/{id}/processes/{process}/attach from the output's end, by the command's pid:
    * its output from now on; letting go of it (`disconnect`) leaves it running.
    */
-  async attach(pid: number, opts: AttachOptions): Promise<ProcessApi<ExecResult>> {
+  async attach(pid: number, opts: AttachOptions): Promise<AttachedProcess> {
     const { c, box } = await this.reach('GET /sandboxes/:id/processes/:pid/attach');
-    const p = (await this.k.daemon.processesOf(box)).find((x) => x.pid === pid && !x.ended);
+    const p = (await this.k.daemon.processesOf(box)).find((x) => x.kept && x.pid === pid && !x.ended);
     if (!p)
       throw new SnaplabError(
         'PROCESS_NOT_FOUND',
-        `no running process has pid ${pid} in sandbox ${box.name}`,
-        'it has ended: list them with kept()',
+        `no kept command has pid ${pid} in sandbox ${box.name}`,
+        'it has ended, or was not started with keep: list them with kept()',
       );
     const closes = new EventEmitter();
     this.k.admit(c, closes);
     const kill = (): void => {
       if (!p.ended) p.handle?.kill(9);
     };
-    const h = this.handOut(c, p, { ...opts, encoding: 'buffer' }, false, kill, true, closes, p.ring.total);
-    return h as ProcessApi<ExecResult>;
+    const since = p.ring.total;
+    const h = this.handOut(c, p, { ...opts, encoding: 'buffer' }, false, kill, true, closes, since);
+    return { ...(h as ProcessApi<ExecResult>), since };
   }
 
   /**

@@ -50,6 +50,15 @@ export class Ring {
     return c;
   }
 
+  /**
+   * Count what it holds from `base` on: the output of a command found after `base` bytes (kept.ts),
+   * before anyone has read it, so that an old offset below `base` is told as a gap.
+   */
+  rebase(base: number): void {
+    for (const c of this.chunks) c.offset += base;
+    this.total += base;
+  }
+
   /** What is held from `offset` on; `gap` when some of what was asked for is gone. */
   from(offset: number): { chunks: Chunk[]; gap: { from: number; to: number } | null } {
     const start = this.start;
@@ -206,6 +215,11 @@ export class Process extends EventEmitter {
   }
 }
 
+/** Processes by sandbox and id: an id is a sandbox's own (one a machine's root forged names nothing elsewhere). */
+function keyOf(sandbox: string, id: string): string {
+  return `${sandbox}/${id}`;
+}
+
 /** Every process of this daemon; an exited one is kept for `keepMs` so a late client still reads its end. */
 export class Processes {
   private readonly all = new Map<string, Process>();
@@ -223,7 +237,7 @@ export class Processes {
   }
 
   add(p: Process): Process {
-    this.all.set(p.id, p);
+    this.all.set(keyOf(p.sandbox, p.id), p);
     return p;
   }
 
@@ -234,8 +248,8 @@ export class Processes {
   }
 
   get(sandbox: string, id: string): Process {
-    const p = this.all.get(id);
-    if (!p || p.sandbox !== sandbox)
+    const p = this.all.get(keyOf(sandbox, id));
+    if (!p)
       throw new SnaplabError(
         'PROCESS_NOT_FOUND',
         `no process ${id} in this sandbox`,
@@ -248,13 +262,18 @@ export class Processes {
     return [...this.all.values()].filter((p) => p.sandbox === sandbox);
   }
 
-  has(id: string): boolean {
-    return this.all.has(id);
+  has(sandbox: string, id: string): boolean {
+    return this.all.has(keyOf(sandbox, id));
+  }
+
+  /** a process that is no more (lost: its command is found again in its machine, kept.ts) */
+  delete(p: Process): void {
+    if (this.all.get(keyOf(p.sandbox, p.id)) === p) this.all.delete(keyOf(p.sandbox, p.id));
   }
 
   /** the sandbox is gone: its processes end with it */
   forget(sandbox: string): void {
-    for (const p of this.of(sandbox)) this.all.delete(p.id);
+    for (const p of this.of(sandbox)) this.all.delete(keyOf(p.sandbox, p.id));
   }
 
   running(): number {

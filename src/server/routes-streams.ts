@@ -244,9 +244,11 @@ function processSpec(m: Record<string, unknown>): ProcessSpec {
       : typeof t === 'object' && size(t.cols) && size(t.rows)
         ? { cols: t.cols as number, rows: t.rows as number }
         : bad('tty');
+  const tag = str(m.tag, 'tag');
+  if (tag !== undefined && tag.length > 1024) bad('tag (at most 1024 characters)');
   return {
     argv: m.argv as string[],
-    tag: str(m.tag, 'tag'),
+    tag,
     env,
     cwd: str(m.cwd, 'cwd'),
     user: str(m.user, 'user'),
@@ -262,18 +264,13 @@ const ProcParams = Type.Object({ id: Type.String(), pid: Type.String() });
 const tags = ['processes'];
 const info = Type.Object({}, { additionalProperties: true });
 
-/**
- * An offset of the process's output, refused past its end: nothing would ever be sent from there
- * (a process a new daemon found counts its output from 0 again).
- */
+/** An offset of the process's output, refused past its end: nothing would ever be sent from there. */
 function within(p: Process, offset: number): number {
   if (offset > p.ring.total)
     throw new SnaplabError(
       'BAD_INPUT',
       `offset ${offset} is past the end of process ${p.id}'s output (${p.ring.total} bytes)`,
-      p.found
-        ? 'a daemon started since found this process in its machine: its output counts from 0 again (what it wrote before is gone)'
-        : 'ask from an offset you were given (`next`, or the bytes received)',
+      'ask from an offset you were given (`next`, `output.end`, or the bytes received)',
     );
   return offset;
 }
@@ -282,7 +279,7 @@ function within(p: Process, offset: number): number {
 async function procOf(d: Daemon, caller: Caller, id: string, pid: string): Promise<Process> {
   const box = await d.find(id, caller);
   // one a previous daemon started is found in its machine the first time (kept.ts)
-  if (!d.processes.has(pid) && (box.state === 'running' || box.state === 'paused'))
+  if (!d.processes.has(box.id, pid) && (box.state === 'running' || box.state === 'paused'))
     await d.processesOf(await d.sandbox(box.id, caller));
   return d.processes.get(box.id, pid);
 }

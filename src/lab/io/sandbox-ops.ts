@@ -161,8 +161,8 @@ export async function spawnIn(
   const user = opts.user === undefined ? undefined : await resolveUser(agent, opts.user);
   const tty = opts.tty === undefined ? undefined : windowSize(opts.tty.cols, opts.tty.rows);
   if (opts.keep?.tag !== undefined && Buffer.byteLength(opts.keep.tag) > KEPT_TAG_MAX)
-    throw new SnaplabError('BAD_INPUT', `a kept command's tag is at most ${KEPT_TAG_MAX} bytes`);
-  const keep = opts.keep ? { tag: JSON.stringify({ v: 1, tag: opts.keep.tag ?? null }) } : undefined;
+    throw new SnaplabError('BAD_INPUT', `a kept command's tag is at most ${KEPT_TAG_MAX} bytes of UTF-8`);
+  const keep = opts.keep ? { tag: opts.keep.tag === undefined ? 'L0:' : `L1:${opts.keep.tag}` } : undefined;
   const h = agent.exec(
     { argv, env, cwd: opts.cwd, user, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined, tty, keep },
     { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
@@ -201,8 +201,8 @@ function processOf(ctx: LabContext, s: SandboxRecord, h: ExecHandle, limited: bo
   };
 }
 
-/** The most bytes of a kept command's own tag (the agent's limit is 4096 with the Lab's wrapping). */
-export const KEPT_TAG_MAX = 2048;
+/** The most bytes of a kept command's own tag: the agent's 4096, less the Lab's mark before it. */
+export const KEPT_TAG_MAX = 4093;
 
 /** The kept commands (spawn's `keep`) of a sandbox that still run, oldest first. */
 export async function keptIn(agent: AgentClient): Promise<KeptProcess[]> {
@@ -218,17 +218,12 @@ export async function keptIn(agent: AgentClient): Promise<KeptProcess[]> {
 }
 
 /**
- * What spawn's `tag` was: the agent gives back what the Lab gave it, as the machine's root may have
- * left it (it can write the agent's memory): anything but the Lab's shape is no tag.
+ * What spawn's `tag` was: the agent gives back what the Lab gave it ("L1:" and the tag, "L0:" for
+ * none), as the machine's root may have left it (it can write the agent's memory): anything else
+ * is no tag.
  */
 function tagOf(raw: string): string | null {
-  try {
-    const o = JSON.parse(raw) as unknown;
-    if (typeof o === 'object' && o !== null && 'tag' in o && typeof o.tag === 'string') return o.tag;
-  } catch {
-    // not the Lab's: none
-  }
-  return null;
+  return raw.startsWith('L1:') ? raw.slice(3) : null;
 }
 
 /** Take on a kept command by pid: its output from now on, its input, signals and end. */
@@ -238,7 +233,7 @@ export async function attachIn(
   agent: AgentClient,
   pid: number,
   opts: ExecOptions = {},
-): Promise<ExecProcess> {
+): Promise<ExecProcess & { since: number }> {
   if (!Number.isInteger(pid) || pid <= 0 || pid > 0xffffffff)
     throw new SnaplabError('BAD_INPUT', `bad pid ${pid}`, 'a pid as kept() gives it');
   if (s.state === 'paused')
@@ -269,7 +264,7 @@ export async function attachIn(
       );
     throw e;
   }
-  return processOf(ctx, s, h, limited, oomBefore);
+  return { ...processOf(ctx, s, h, limited, oomBefore), since: await h.since };
 }
 
 export interface SnapshotOptions {
