@@ -190,6 +190,9 @@ describe('the qemu driver', () => {
     await vi.waitFor(() => expect(text).toContain('40 120'), { timeout: 20_000 });
     p.write('\x03');
     expect((await p.result).exitCode).toBe(130);
+    // the relay cannot keep a command past its client: it says 1.4, and keep is refused, not ignored
+    await expect(vm.spawn(['true'], { keep: true })).rejects.toMatchObject({ code: 'AGENT_PROTOCOL' });
+    expect((await vm.agentConnection()).protocolVersion).toBe('1.4');
     // cp both ways, a tree with a link and a mode
     const dir = mkdtempSync(join(lab.home, 'cp-'));
     mkdirSync(join(dir, 'tree'));
