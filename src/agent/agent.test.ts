@@ -96,6 +96,24 @@ async function waitGone(pid: number, ms = 2000): Promise<boolean> {
   return !alive(pid);
 }
 
+/** A client of a fake agent that says protocol 1.`minor` and nothing more, for `fn`. */
+async function withOldAgent(minor: number, fn: (old: AgentClient) => void | Promise<void>): Promise<void> {
+  const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-old-agent-'));
+  const path = join(dir, 'old.sock');
+  const server = createServer((c) =>
+    c.write(encodeFrame(MsgType.HELLO, 0, encodeHello({ major: 1, minor, pid: 1, agentVersion: '0.0.9' }))),
+  );
+  await new Promise<void>((res) => server.listen(path, res));
+  try {
+    const old = await AgentClient.connect(path, { timeoutMs: 2000 });
+    await fn(old);
+    await old.close();
+  } finally {
+    server.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
 describe('agent on the host', () => {
   let agent: RunningAgent;
   let client: AgentClient;
@@ -288,14 +306,7 @@ describe('agent on the host', () => {
   });
 
   it('refuses a terminal to an agent older than protocol 1.2, clearly', async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-old-agent-'));
-    const path = join(dir, 'old.sock');
-    const server = createServer((c) =>
-      c.write(encodeFrame(MsgType.HELLO, 0, encodeHello({ major: 1, minor: 1, pid: 1, agentVersion: '0.0.9' }))),
-    );
-    await new Promise<void>((res) => server.listen(path, res));
-    try {
-      const old = await AgentClient.connect(path, { timeoutMs: 2000 });
+    await withOldAgent(1, (old) => {
       let e: unknown;
       try {
         old.exec({ argv: ['sh'], env: ENV, tty: { cols: 80, rows: 24 } });
@@ -306,11 +317,7 @@ describe('agent on the host', () => {
         code: 'AGENT_PROTOCOL',
         message: expect.stringMatching(/protocol 1\.1.*terminal \(1\.2 can\)/),
       });
-      await old.close();
-    } finally {
-      server.close();
-      await rm(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it('passes env exactly and honours cwd', async () => {
@@ -470,22 +477,11 @@ describe('agent on the host', () => {
 
   it('refuses a tag over 4096 bytes, and keep to an agent older than 1.5 (it would kill the command)', async () => {
     expect(() => client.exec({ argv: ['true'], env: ENV, keep: { tag: 'x'.repeat(4097) } })).toThrow(/4096/);
-    const dir = await mkdtemp(join(tmpdir(), 'snaplab-test-old-agent-'));
-    const path = join(dir, 'old.sock');
-    const server = createServer((c) =>
-      c.write(encodeFrame(MsgType.HELLO, 0, encodeHello({ major: 1, minor: 4, pid: 1, agentVersion: '0.0.9' }))),
-    );
-    await new Promise<void>((res) => server.listen(path, res));
-    try {
-      const old = await AgentClient.connect(path, { timeoutMs: 2000 });
+    await withOldAgent(4, async (old) => {
       const tooOld = { code: 'AGENT_PROTOCOL', message: expect.stringMatching(/protocol 1\.4.*\(1\.5 can\)/) };
       expect(() => old.exec({ argv: ['sh'], env: ENV, keep: { tag: '' } })).toThrow(expect.objectContaining(tooOld));
       await expect(old.kept()).rejects.toMatchObject(tooOld);
-      await old.close();
-    } finally {
-      server.close();
-      await rm(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it('answers an oversized raw frame with EMSGSIZE and keeps the connection', async () => {
