@@ -925,6 +925,14 @@ describe('snaplab serve', () => {
       json: { argv: ['sh', '-c', `sleep 600 # ${'x'.repeat(5000)}`] },
     }).body;
     expect([svc.kept, brief.kept, long.kept]).toEqual([true, false, true]);
+    // a tag too long to keep once written down: refused when keep was asked for, else run unkept
+    const wordy = { argv: ['true'], tag: '\u0001'.repeat(700) };
+    const refused = curl('POST', '/sandboxes/survivor/processes', { json: { ...wordy, keep: true } });
+    expect(refused).toMatchObject({
+      status: 400,
+      body: { code: 'BAD_INPUT', message: expect.stringMatching(/too long/) },
+    });
+    expect(curl('POST', '/sandboxes/survivor/processes', { json: wordy }).body.kept).toBe(false);
     for (const delay of [5, 40, 90]) {
       const c = spawn('curl', [
         '-s',

@@ -272,11 +272,13 @@ class Exec {
       case MsgType.STARTED:
         this.started = true;
         // an ATTACH's STARTED says what the command has (1.5)
-        if (this.first.type === MsgType.ATTACH && f.payload.length >= 16) {
+        if (this.first.type === MsgType.ATTACH && f.payload.length >= 8) {
           const flags = f.payload.readUInt32LE(4);
           this.has.tty = (flags & 2) !== 0;
           this.has.stdin = (flags & 4) !== 0;
-          this.since = Number(f.payload.readBigUInt64LE(8));
+          // the machine's count of its output: one past what a number holds exactly is not believed
+          const since = f.payload.length >= 16 ? f.payload.readBigUInt64LE(8) : 0n;
+          this.since = since <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(since) : 0;
         }
         this.resolvePid(decodeStarted(f.payload));
         break;

@@ -161,17 +161,21 @@ function streamRefused(reply: FastifyReply, e: unknown): FastifyReply {
 }
 
 /**
- * The process a unary call or a reattach selects (by pid, or by tag): one started before a daemon
- * restart is found in the machine the first time (Processes.adopt).
+ * The process a unary call or a reattach selects (by pid, or by tag): one this front does not know
+ * (started before a daemon restart) is looked for in the machine (Processes.adopt).
  */
 async function selected(state: E2bState, box: SandboxApi, m: Selector): Promise<Proc> {
-  await state.processes.adopt(box);
   const pid = m.process?.pid;
   const tag = m.process?.tag;
-  const p =
+  const find = (): Proc | undefined =>
     typeof pid === 'number'
       ? state.processes.get(box.id, pid)
       : state.processes.list(box.id).find((x) => x.spec.tag !== undefined && x.spec.tag === tag);
+  let p = find();
+  if (!p) {
+    await state.processes.adopt(box);
+    p = find();
+  }
   if (!p)
     throw new ConnectError('not_found', `no process ${pid ?? tag} started through this front runs in this sandbox`);
   return p;

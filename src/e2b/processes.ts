@@ -97,9 +97,11 @@ export class Processes {
 
   /** A command of this front's from now on: listed by pid until its end, which is told to its listeners. */
   private runs(p: Proc): void {
-    // one found (adopt) while this front's own start of it was under way: this one is it
+    // one found (adopt) while this front's own start of it was under way: this one is it, and
+    // whoever listened to the found one listens to it
     const twin = this.get(p.sandbox, p.pid);
     if (twin && twin !== p) {
+      for (const fn of twin.listeners) p.listeners.add(fn);
       twin.listeners.clear();
       twin.handle.disconnect?.();
     }
@@ -109,36 +111,33 @@ export class Processes {
         p.timedOut = r.timedOut;
         this.finish(p, endOf(r));
       },
-      (e: unknown) => {
-        // no end came: a kept command may run on in its machine, and is looked for there again
-        this.found.delete(p.sandbox);
-        this.finish(p, { exitCode: -1, exited: false, status: 'error', error: (e as Error).message ?? String(e) });
-      },
+      (e: unknown) =>
+        this.finish(p, { exitCode: -1, exited: false, status: 'error', error: (e as Error).message ?? String(e) }),
     );
   }
 
-  /** sandboxes whose commands kept from before a daemon restart this front has taken on */
-  private readonly found = new Set<string>();
   private readonly finding = new Map<string, Promise<void>>();
 
   /**
    * The commands a previous daemon started through this front and the machine kept (the Lab's
-   * `kept()`), taken on once a sandbox (one look at a time): listed, reattached, signalled and fed
-   * as before, their output from now on.
+   * `kept()`), taken on (one look at a time a sandbox): listed, reattached, signalled and fed as
+   * before, their output from now on. Asked on every List, and by any call for a pid or tag this
+   * front does not know; a caller waits at most 10 s, then goes on with what is known.
    */
-  adopt(box: SandboxApi): Promise<void> {
-    if (this.found.has(box.id)) return Promise.resolve();
+  async adopt(box: SandboxApi): Promise<void> {
     let going = this.finding.get(box.id);
     if (!going) {
       going = this.find(box).finally(() => this.finding.delete(box.id));
       this.finding.set(box.id, going);
     }
-    return going;
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([going, new Promise<void>((r) => (timer = setTimeout(r, FIND_MS)))]);
+    clearTimeout(timer);
   }
 
   private async find(box: SandboxApi): Promise<void> {
     const kept = await box.kept().catch(failureMeans(null));
-    if (!kept) return; // asked again next time
+    if (!kept) return; // paused, gone, or a key that may not list processes: as known
     for (const k of kept) {
       const config = this.get(box.id, k.pid) ? null : configOf(k.tag);
       if (!config) continue;
@@ -166,8 +165,6 @@ export class Processes {
       }
       this.runs(p);
     }
-    // a paused machine's agent is not asked (its daemon finds its commands once it runs): asked again then
-    if (box.state === 'running') this.found.add(box.id);
   }
 
   private add(p: Proc): void {
@@ -194,7 +191,6 @@ export class Processes {
 
   /** A sandbox killed: its commands' streams are cut (their ends come from the lost connection). */
   forget(sandbox: string): void {
-    this.found.delete(sandbox);
     for (const p of this.list(sandbox)) p.handle.disconnect?.();
     this.bySandbox.delete(sandbox);
   }
@@ -215,8 +211,10 @@ function outputTo(
   };
 }
 
-/** the most a kept command's tag may hold (the daemon's ProcessBody) */
+/** the most a kept command's tag may hold (the daemon's ProcessBody: characters) */
 const TAG_MAX = 1024;
+/** how long a call waits for the commands kept in a machine to be found */
+const FIND_MS = 10_000;
 
 /**
  * What the front keeps with a command so that it lists it after a daemon restart (List's config and
@@ -228,12 +226,13 @@ function tagOf(spec: StartSpec): string {
     { c: c.cmd, a: c.args, e: c.envs, w: c.cwd, t: spec.tag },
     { c: c.cmd, a: c.args, w: c.cwd, t: spec.tag },
     { c: c.cmd, a: [], w: c.cwd, t: spec.tag },
+    { c: c.cmd.slice(0, 64), a: [] },
   ];
   for (const t of tries) {
     const s = JSON.stringify(t);
-    if (s.length <= TAG_MAX) return s;
+    if ([...s].length <= TAG_MAX) return s;
   }
-  return JSON.stringify({ c: c.cmd.slice(0, 256), a: [] });
+  return JSON.stringify({ c: '', a: [] });
 }
 
 /** A kept command's tag as tagOf wrote it (the machine's root could have changed it: checked), or null. */

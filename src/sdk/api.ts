@@ -86,7 +86,8 @@ export type SpawnOptions = ExecOptions & {
   keep?: boolean;
   /**
    * a kept command's words about itself, given back by `kept()`: at most 4093 bytes of UTF-8
-   * (through a daemon, 1024 characters: a daemon keeps its own words about the process beside it)
+   * (through a daemon, 1024 characters, and what a daemon keeps beside it, its id and argv, must
+   * fit the same 4 KiB once written as JSON: else BAD_INPUT)
    */
   tag?: string;
 };
@@ -118,11 +119,11 @@ export type AttachedProcess = ProcessApi<ExecResult> & {
   since: number;
 };
 
-/** What `attach` takes: where the output goes from now on, and how the command is held. */
-export type AttachOptions = Pick<ExecOptions, 'onStdout' | 'onStderr' | 'signal'> & {
-  /** a connection of its own to the machine (its output held by `hold` alone), as spawn's */
-  detached?: boolean;
-};
+/**
+ * What `attach` takes: where the output goes from now on (an attach is on a connection of its own,
+ * so that letting go of it, `disconnect`, leaves the command running and holds no one else's).
+ */
+export type AttachOptions = Pick<ExecOptions, 'onStdout' | 'onStderr' | 'signal'>;
 
 export type BufferOutput = { encoding: 'buffer' };
 

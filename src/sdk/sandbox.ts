@@ -285,10 +285,9 @@ export class Sandbox implements SandboxApi {
   /** Take on a kept command by pid (`kept()`): its output from now on, its input, signals and end. */
   async attach(pid: number, opts: AttachOptions): Promise<AttachedProcess> {
     // always on a connection of its own: letting go of it (`disconnect`) must not close the shared one
-    const { detached: _, ...exec } = opts;
     let since = 0;
     const p = await this.handOut(true, 'buffer', async (agent) => {
-      const a = await attachIn(this.ctx, this.record, agent, pid, exec);
+      const a = await attachIn(this.ctx, this.record, agent, pid, opts);
       since = a.since;
       return a;
     });

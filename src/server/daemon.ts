@@ -25,7 +25,7 @@ import { Metrics } from './metrics.js';
 import { CeilingGuard } from './ceilings.js';
 import { Operations } from './operations.js';
 import { Process, Processes } from './processes.js';
-import { KeptProcesses, spawnKept } from './kept.js';
+import { KeptProcesses, lost, spawnKept } from './kept.js';
 import type {
   AdminApi,
   EventQuery,
@@ -85,9 +85,11 @@ export interface ProcessSpec {
   detached?: boolean;
   /**
    * kept by the machine's agent past its connection, so that it outlives this daemon (kept.ts);
-   * where the agent cannot keep it (a VM's relay) it runs as without, and its info says so
+   * where the agent cannot keep it (a VM's relay) it runs as without, and its info says so.
+   * `true`: asked for, so a tag too long to keep is refused; 'if-able' (a background process's
+   * default): such a one runs unkept
    */
-  keep?: boolean;
+  keep?: boolean | 'if-able';
 }
 
 export class Daemon implements RouteHost {
@@ -714,7 +716,7 @@ export class Daemon implements RouteHost {
         p.abandon();
       }
     this.processes.forget(id);
-    this.kept.forget(id);
+    this.kept.drop(id);
   }
 
   /** A new timeout from now (0: none). */
@@ -910,10 +912,11 @@ export class Daemon implements RouteHost {
     const started = Date.now();
     p.once('exit', () => {
       release();
-      // its connection broke while its machine may run on: a kept one is looked for there again
-      if (p.kept && p.error?.code === 'AGENT_UNREACHABLE') {
-        this.processes.delete(p);
+      // its connection broke while its machine may run on: listed as lost, and looked for there
+      // again (found, it takes this one's place); its end is told when it comes
+      if (lost(p)) {
         this.kept.forget(box.id);
+        return;
       }
       this.metrics.exec.observe('kind="stream"', Date.now() - started);
       this.events.record('process.exited', box, p.error ? p.error.message : null, {

@@ -13,6 +13,8 @@ describe('parseTag', () => {
   it("takes the daemon's shape", () => {
     expect(parseTag(tag({}), now)).toEqual(good);
     expect(parseTag(tag({ tag: null }), now)?.tag).toBeNull();
+    // 1024 characters as the routes count them (code points), not UTF-16 units
+    expect(parseTag(tag({ tag: '😀'.repeat(1024) }), now)?.tag).toHaveLength(2048);
   });
 
   it('refuses anything else: not JSON, another shape, ids and times it never writes', () => {

@@ -5,7 +5,7 @@
  * a sandbox's processes are asked for, and takes each on under its old id: its output from then on
  * (what it wrote while no daemon held it is gone), its input, signals and end.
  */
-import { isSnaplabError } from '../errors.js';
+import { SnaplabError, isSnaplabError } from '../errors.js';
 import type { ExecResult } from '../lab/io/sandbox-ops.js';
 import { KEPT_TAG_MAX } from '../lab/io/sandbox-ops.js';
 import type { AttachedProcess, KeptProcess, ProcessApi, SandboxApi, SpawnOptions } from '../sdk/api.js';
@@ -59,7 +59,7 @@ export function parseTag(s: string | null, now = Date.now()): KeptTag | null {
     o.d === 1 &&
     typeof o.id === 'string' &&
     /^[0-9a-f]{16}$/.test(o.id) &&
-    (o.tag === null || (typeof o.tag === 'string' && o.tag.length <= 1024)) &&
+    (o.tag === null || (typeof o.tag === 'string' && [...o.tag].length <= 1024)) &&
     Array.isArray(o.argv) &&
     o.argv.length > 0 &&
     o.argv.every((a) => typeof a === 'string') &&
@@ -78,6 +78,13 @@ export async function spawnKept(
   opts: SpawnOptions & { encoding: 'buffer' },
 ): Promise<ProcessApi<ExecResult>> {
   const tag = spec.keep ? tagOf(p) : undefined;
+  // asked for in so many words, and the machine's 4 KiB cannot hold what the daemon keeps of it
+  if (spec.keep === true && tag === undefined)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `the tag of a kept command is too long once written down (${KEPT_TAG_MAX} bytes for the tag, escaped as JSON, and the command's first word)`,
+      'give a shorter tag, or fewer characters JSON escapes (control characters take six bytes each)',
+    );
   if (tag !== undefined) {
     try {
       const h = await box.spawn(spec.argv, { ...opts, keep: true, tag });
@@ -99,6 +106,8 @@ export class KeptProcesses {
   /** sandboxes whose kept commands this daemon has taken on */
   private readonly done = new Set<string>();
   private readonly going = new Map<string, Promise<void>>();
+  /** a sandbox's count of forget()s: a find that saw one come meanwhile does not say it is done */
+  private readonly generation = new Map<string, number>();
 
   constructor(
     private readonly d: Daemon,
@@ -123,6 +132,7 @@ export class KeptProcesses {
   }
 
   private async find(box: SandboxApi): Promise<void> {
+    const generation = this.generation.get(box.id) ?? 0;
     let kept: KeptProcess[];
     try {
       kept = await box.kept();
@@ -137,7 +147,10 @@ export class KeptProcesses {
     let found = this.d.processes.of(box.id).filter((p) => p.found && !p.ended).length;
     for (const k of kept) {
       const t = parseTag(k.tag);
-      if (!t || seen.has(k.pid) || this.d.processes.has(box.id, t.id)) continue;
+      if (!t || seen.has(k.pid)) continue;
+      // known, unless lost (its connection broke while the machine ran it on): then taken on again
+      const known = this.d.processes.has(box.id, t.id) ? this.d.processes.get(box.id, t.id) : undefined;
+      if (known && !lost(known)) continue;
       seen.add(k.pid);
       if (k.held) {
         complete = false; // someone else has it now: looked for again next time
@@ -165,11 +178,23 @@ export class KeptProcesses {
       this.d.runs(box, p, this.d.countExec(box.owner ?? 'local'));
       found++;
     }
-    if (complete) this.done.add(box.id);
+    if (complete && generation === (this.generation.get(box.id) ?? 0)) this.done.add(box.id);
   }
 
   /** Look in the sandbox again next time: one of its kept processes was lost, or it is gone. */
   forget(id: string): void {
     this.done.delete(id);
+    this.generation.set(id, (this.generation.get(id) ?? 0) + 1);
   }
+
+  /** The sandbox is gone: nothing of it is kept here. */
+  drop(id: string): void {
+    this.done.delete(id);
+    this.generation.delete(id);
+  }
+}
+
+/** A kept process whose connection broke while its machine may run it on: looked for there again. */
+export function lost(p: Process): boolean {
+  return p.kept && p.error?.code === 'AGENT_UNREACHABLE';
 }

@@ -323,7 +323,9 @@ class KeyedSandbox implements SandboxApi {
    */
   async attach(pid: number, opts: AttachOptions): Promise<AttachedProcess> {
     const { c, box } = await this.reach('GET /sandboxes/:id/processes/:pid/attach');
-    const p = (await this.k.daemon.processesOf(box)).find((x) => x.kept && x.pid === pid && !x.ended);
+    const running = (x: Process): boolean => x.kept && x.pid === pid && !x.ended;
+    // the daemon's first, its machine's only if it is not there
+    const p = this.k.daemon.processes.of(box.id).find(running) ?? (await this.k.daemon.processesOf(box)).find(running);
     if (!p)
       throw new SnaplabError(
         'PROCESS_NOT_FOUND',

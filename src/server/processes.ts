@@ -83,7 +83,7 @@ export interface ProcessInfo {
   tty: boolean;
   /** it outlives the daemon: a daemon started after it finds it again (its output since then only) */
   kept: boolean;
-  /** a daemon started since found it running in its machine: its output offsets count from then */
+  /** a daemon started since found it running in its machine: its output offsets go on from what it had written (the agent's count) */
   found: boolean;
   /** it has a stdin pipe */
   stdin: boolean;
@@ -104,7 +104,7 @@ export class Process extends EventEmitter {
   kept = false;
   /** it has a stdin pipe */
   stdin = false;
-  /** a previous daemon started it and this one found it in its machine (kept.ts): its output counts from then */
+  /** a previous daemon started it and this one found it in its machine (kept.ts) */
   readonly found: boolean;
   pid: number | null = null;
   result: ExecResult | null = null;
@@ -264,11 +264,6 @@ export class Processes {
 
   has(sandbox: string, id: string): boolean {
     return this.all.has(keyOf(sandbox, id));
-  }
-
-  /** a process that is no more (lost: its command is found again in its machine, kept.ts) */
-  delete(p: Process): void {
-    if (this.all.get(keyOf(p.sandbox, p.id)) === p) this.all.delete(keyOf(p.sandbox, p.id));
   }
 
   /** the sandbox is gone: its processes end with it */

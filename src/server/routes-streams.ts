@@ -245,7 +245,7 @@ function processSpec(m: Record<string, unknown>): ProcessSpec {
         ? { cols: t.cols as number, rows: t.rows as number }
         : bad('tty');
   const tag = str(m.tag, 'tag');
-  if (tag !== undefined && tag.length > 1024) bad('tag (at most 1024 characters)');
+  if (tag !== undefined && [...tag].length > 1024) bad('tag (at most 1024 characters)');
   return {
     argv: m.argv as string[],
     tag,
@@ -406,7 +406,8 @@ function processRoutes(app: FastifyInstance, s: SandboxCalls): void {
     servedBy(s, (d) => async (req, reply) => {
       const box = await d.sandbox((req.params as { id: string }).id, req.caller);
       // kept by the machine's agent unless asked not to: it outlives this daemon (kept.ts)
-      const p = await d.startProcess(req.caller, box, { keep: true, ...(req.body as ProcessSpec), background: true });
+      const body = req.body as ProcessSpec;
+      const p = await d.startProcess(req.caller, box, { ...body, keep: body.keep ?? 'if-able', background: true });
       await p.handle!.pid.catch(handledElsewhere);
       return reply.status(201).send(p.info());
     }),
