@@ -95,7 +95,7 @@ struct exec {
 	int held; /* HOLD_OUTPUT: its output is not read until released (a VM relay's slow client) */
 	uint32_t flags;
 	int keep; /* EXEC_F_KEEP: its connection's end leaves it running, unheld (LIST_KEPT, ATTACH) */
-	uint64_t out_total; /* bytes of output it has written (read from its pipes, sent or dropped): an ATTACH starts there */
+	uint64_t out_total; /* output bytes it has written, sent or dropped: where an ATTACH starts */
 	char *tag; /* a kept exec's tag (F_TAG), or NULL */
 	uint32_t tag_len;
 	int exec_errno;

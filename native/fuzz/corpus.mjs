@@ -110,6 +110,18 @@ const agent = {
     // one kept at the host's EOF: it outlives the connection, until its command exits
     send(Buffer.concat([frame(T.LIST_KEPT, 17), frame(T.EXEC, 18, exec({ argv: ['<cat', 'y'], stdin: true, keep: 't' }))])),
   ]),
+  // kept past a RESET (its session's end), then taken on again by its pid (the harness's first)
+  'kept-reset': Buffer.concat([
+    send(Buffer.concat([
+      frame(T.EXEC, 20, exec({ argv: ['<cat', 'z'], stdin: true, keep: '{"id":"r"}' })),
+      frame(T.RESET, 21),
+      frame(T.LIST_KEPT, 22),
+      frame(T.ATTACH, 23, u32(1 << 23)),
+      frame(T.STDIN, 23, 'again'),
+      frame(T.ATTACH, 24, u32(1 << 23)), // held now: EBUSY
+    ])),
+    exits(0, 0),
+  ]),
   'oversize': send(Buffer.concat([Buffer.concat([u32(0x04000001), u16(T.PING), u16(0), u32(9)]), Buffer.from('the payload that is skipped')])),
 };
 

@@ -28,7 +28,8 @@
  * Checked beyond what ASan and UBSan see (abort() on a failure): every byte the agent sends is a
  * whole frame of a response type with a payload of its type's size; per request id, STARTED
  * only when no exec of that id runs, STDOUT, STDERR, STDIN_ACK and EXIT only while one does
- * (a HELLO starts a session: RESET detaches the execs of the last, which send nothing more);
+ * (a HELLO starts a session: RESET detaches the execs of the last, which send nothing more, but
+ * a kept one, which an ATTACH of the new session may take on);
  * what spawn_child is given is a request it can carry out (at most MAX_GROUPS groups, an argv);
  * after an input no exec, connection or file descriptor is left.
  */
@@ -204,7 +205,8 @@ static void check_frame(const struct frame *f)
 			abort();
 		break;
 	case T_STARTED:
-		if (f->len != 4 || *running)
+		/* an EXEC's is its pid; an ATTACH's (1.5) adds flags and the output count */
+		if ((f->len != 4 && f->len != 16) || *running)
 			abort(); /* an EXEC of an id that still runs is refused (EBUSY) */
 		*running = 1;
 		break;
