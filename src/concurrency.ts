@@ -25,3 +25,24 @@ export async function mapLimit<T, R>(xs: readonly T[], n: number, fn: (x: T) => 
   if (failed) throw first;
   return out;
 }
+
+/**
+ * One run of `fn` at a time per key (a caller that comes while one runs joins it), each caller
+ * waiting for it at most `waitMs`: a run that hangs delays its key's callers only, and they go on.
+ */
+export class OneAtATime {
+  private readonly running = new Map<string, Promise<void>>();
+
+  constructor(private readonly waitMs: number) {}
+
+  async run(key: string, fn: () => Promise<void>): Promise<void> {
+    let going = this.running.get(key);
+    if (!going) {
+      going = fn().finally(() => this.running.delete(key));
+      this.running.set(key, going);
+    }
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([going, new Promise<void>((r) => (timer = setTimeout(r, this.waitMs)))]);
+    clearTimeout(timer);
+  }
+}

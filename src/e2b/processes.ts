@@ -6,6 +6,7 @@
 import type { ProcessApi, SandboxApi } from '../sdk/api.js';
 import type { ExecResult } from '../lab/io/sandbox-ops.js';
 import { failureMeans } from '../cleanup.js';
+import { OneAtATime } from '../concurrency.js';
 
 /** A process event as envd's `ProcessEvent` (JSON), bytes in base64. */
 export type ProcessEvent =
@@ -116,7 +117,7 @@ export class Processes {
     );
   }
 
-  private readonly finding = new Map<string, Promise<void>>();
+  private readonly finding = new OneAtATime(FIND_MS);
 
   /**
    * The commands a previous daemon started through this front and the machine kept (the Lab's
@@ -124,15 +125,8 @@ export class Processes {
    * before, their output from now on. Asked on every List, and by any call for a pid or tag this
    * front does not know; a caller waits at most 10 s, then goes on with what is known.
    */
-  async adopt(box: SandboxApi): Promise<void> {
-    let going = this.finding.get(box.id);
-    if (!going) {
-      going = this.find(box).finally(() => this.finding.delete(box.id));
-      this.finding.set(box.id, going);
-    }
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([going, new Promise<void>((r) => (timer = setTimeout(r, FIND_MS)))]);
-    clearTimeout(timer);
+  adopt(box: SandboxApi): Promise<void> {
+    return this.finding.run(box.id, () => this.find(box));
   }
 
   private async find(box: SandboxApi): Promise<void> {

@@ -5,6 +5,7 @@
  * a sandbox's processes are asked for, and takes each on under its old id: its output from then on
  * (what it wrote while no daemon held it is gone), its input, signals and end.
  */
+import { OneAtATime } from '../concurrency.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import type { ExecResult } from '../lab/io/sandbox-ops.js';
 import { KEPT_TAG_MAX } from '../lab/io/sandbox-ops.js';
@@ -105,7 +106,7 @@ export async function spawnKept(
 export class KeptProcesses {
   /** sandboxes whose kept commands this daemon has taken on */
   private readonly done = new Set<string>();
-  private readonly going = new Map<string, Promise<void>>();
+  private readonly finding = new OneAtATime(FIND_MS);
   /** a sandbox's count of forget()s: a find that saw one come meanwhile does not say it is done */
   private readonly generation = new Map<string, number>();
 
@@ -121,14 +122,7 @@ export class KeptProcesses {
    */
   async adopt(box: SandboxApi): Promise<void> {
     if (this.done.has(box.id)) return;
-    let going = this.going.get(box.id);
-    if (!going) {
-      going = this.find(box).finally(() => this.going.delete(box.id));
-      this.going.set(box.id, going);
-    }
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([going, new Promise<void>((r) => (timer = setTimeout(r, FIND_MS)))]);
-    clearTimeout(timer);
+    await this.finding.run(box.id, () => this.find(box));
   }
 
   private async find(box: SandboxApi): Promise<void> {
