@@ -208,6 +208,9 @@ static void check_frame(const struct frame *f)
 		/* an EXEC's is its pid; an ATTACH's (1.5) adds flags and the output count */
 		if ((f->len != 4 && f->len != 16) || *running)
 			abort(); /* an EXEC of an id that still runs is refused (EBUSY) */
+		/* an ATTACH's: one of the harness's pids, flags bit 0 (held) clear: it is this connection's now */
+		if (f->len == 16 && (get_u32(f->payload) < FAKE_PID_BASE || (get_u32(f->payload + 4) & 1)))
+			abort();
 		*running = 1;
 		break;
 	case T_STDOUT:

@@ -98,14 +98,8 @@ export class Processes {
 
   /** A command of this front's from now on: listed by pid until its end, which is told to its listeners. */
   private runs(p: Proc): void {
-    // one found (adopt) while this front's own start of it was under way: this one is it, and
-    // whoever listened to the found one listens to it
-    const twin = this.get(p.sandbox, p.pid);
-    if (twin && twin !== p) {
-      for (const fn of twin.listeners) p.listeners.add(fn);
-      twin.listeners.clear();
-      twin.handle.disconnect?.();
-    }
+    // (one found by adopt while this front's own start of it was under way runs on beside it, for
+    // whoever listens to it already, to the command's end: this one is the one listed)
     this.add(p);
     void p.handle.result.then(
       (r) => {
@@ -207,6 +201,11 @@ function outputTo(
 
 /** the most a kept command's tag may hold (the daemon's ProcessBody: characters) */
 const TAG_MAX = 1024;
+/**
+ * its bytes once escaped again: the daemon's tag (src/server/kept.ts) holds this, its own ~100
+ * bytes and the command's first 256 characters (at most 1 536 bytes escaped) in 4 093
+ */
+const TAG_BYTES = 2400;
 /** how long a call waits for the commands kept in a machine to be found */
 const FIND_MS = 10_000;
 
@@ -224,7 +223,9 @@ function tagOf(spec: StartSpec): string {
   ];
   for (const t of tries) {
     const s = JSON.stringify(t);
-    if ([...s].length <= TAG_MAX) return s;
+    // the daemon's limit in characters, and room in the machine's 4 KiB once the daemon writes it
+    // down again (escaped, beside its own words): never a reason to refuse the command
+    if ([...s].length <= TAG_MAX && Buffer.byteLength(JSON.stringify(s)) <= TAG_BYTES) return s;
   }
   return JSON.stringify({ c: '', a: [] });
 }

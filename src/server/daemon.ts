@@ -528,6 +528,7 @@ export class Daemon implements RouteHost {
   private evict(id: string): void {
     const box = this.cache.get(id);
     this.cache.delete(id);
+    this.kept.drop(id);
     // its connection may carry other requests' commands: closed once they have ended
     if (box && !this.processes.of(id).some((p) => !p.ended)) box.close();
   }
@@ -913,8 +914,9 @@ export class Daemon implements RouteHost {
     p.once('exit', () => {
       release();
       // its connection broke while its machine may run on: listed as lost, and looked for there
-      // again (found, it takes this one's place); its end is told when it comes
-      if (lost(p)) {
+      // again (found, it takes this one's place); its end is told when it comes. One no longer
+      // listed (its sandbox ended it: endProcesses) has ended, and is told as such
+      if (lost(p) && this.processes.has(box.id, p.id) && this.processes.get(box.id, p.id) === p) {
         this.kept.forget(box.id);
         return;
       }
