@@ -3,12 +3,11 @@
  * is kept by the machine's agent past the connection it came on (agent protocol 1.5), with a tag
  * that says which process of the daemon's it is. A daemon started later finds them the first time
  * a sandbox's processes are asked for, and takes each on under its old id: its output from then on
- * (what it wrote while no daemon held it is gone), its input, signals and end.
+ * (what it wrote while no daemon held it is told as a gap), its input, signals and end.
  */
 import { OneAtATime } from '../concurrency.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
-import type { ExecResult } from '../lab/io/sandbox-ops.js';
-import { KEPT_TAG_MAX } from '../lab/io/sandbox-ops.js';
+import { type ExecResult, KEPT_TAG_MAX } from '../lab/io/sandbox-ops.js';
 import type { AttachedProcess, KeptProcess, ProcessApi, SandboxApi, SpawnOptions } from '../sdk/api.js';
 import type { Daemon, ProcessSpec } from './daemon.js';
 import { Process } from './processes.js';
