@@ -191,8 +191,12 @@ export class Http {
     });
   }
 
-  /** A WebSocket to `path`, open. */
-  socket(path: string): Promise<WebSocket> {
+  /**
+   * A WebSocket to `path`, open. `listen` is given it at once, before it opens: a server that
+   * speaks first (an attach's `attached`) may have its first message handled before this
+   * promise's continuation runs, so a caller that must not miss it listens there.
+   */
+  socket(path: string, listen?: (ws: WebSocket) => void): Promise<WebSocket> {
     const url = this.socketPath
       ? `ws+unix:${this.socketPath}:${path}`
       : `ws://${this.host.includes(':') ? `[${this.host}]` : this.host}:${this.port}${path}`;
@@ -201,6 +205,7 @@ export class Http {
       maxPayload: 64 << 20,
       ...(this.connectTimeoutMs ? { handshakeTimeout: this.connectTimeoutMs } : {}),
     });
+    listen?.(ws);
     return new Promise((resolve, reject) => {
       ws.once('open', () => resolve(ws));
       ws.once('unexpected-response', (_req, res) => void errorOf(res).then(reject));

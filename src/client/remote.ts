@@ -280,8 +280,12 @@ export class RemoteSandbox implements SandboxApi {
         'it has ended, or was not started with keep: list them with kept()',
       );
     const since = p.output.end;
-    const ws = await this.http.socket(this.path(`/processes/${enc(p.id)}/attach?offset=${since}`));
-    return { ...streamProcess(ws, opts), since };
+    // the daemon speaks first (`attached`): listened to from before the socket opens
+    let proc: ProcessApi<ExecResult> | undefined;
+    await this.http.socket(this.path(`/processes/${enc(p.id)}/attach?offset=${since}`), (ws) => {
+      proc = streamProcess(ws, opts);
+    });
+    return { ...proc!, since };
   }
 
   get files(): SandboxFiles {
