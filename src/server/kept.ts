@@ -24,7 +24,7 @@ interface KeptTag {
 }
 
 /** the most kept commands a daemon takes on in one sandbox (each is a process of the daemon's, with its ring) */
-export const MAX_FOUND = 64;
+const MAX_FOUND = 64;
 /** how long a caller waits for a sandbox's kept commands to be found (its agent answers LIST_KEPT and each ATTACH) */
 const FIND_MS = 10_000;
 
