@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define PROTO_MAJOR 1
-#define PROTO_MINOR 5
+#define PROTO_MINOR 6
 #define AGENT_VERSION "0.1.0"
 
 #define FRAME_HDR 12u
@@ -38,6 +38,7 @@ enum frame_type {
 	T_IDENTITY = 0x0c, /* 1.3: a restored machine's own name, machine id and entropy (docs/agent-protocol.md) */
 	T_LIST_KEPT = 0x0d, /* 1.5: the kept execs (EXEC_F_KEEP) that still run, answered by DATA */
 	T_ATTACH = 0x0e, /* 1.5: u32 pid: a kept exec no connection holds, taken on under this request's id */
+	T_DETACH = 0x0f, /* 1.6: let this kept exec of the connection go, as the connection's end would */
 	/* responses: agent -> host */
 	T_HELLO = 0x80,
 	T_PONG = 0x81,

@@ -10,7 +10,8 @@
  * each request gets an id of the relay's, and responses go back to their client under the
  * client's id. A client's RESET is answered here (HELLO with its id) and ends only that client's
  * execs; a client that disconnects has its execs killed (SIGKILL), as the agent does for a
- * session. The relay exits when the VM's connection ends or QEMU (--pid) is gone. While the file
+ * session, and its kept execs let go (DETACH, agent 1.6): they run on in the VM for an ATTACH,
+ * which is routed as an exec. The relay exits when the VM's connection ends or QEMU (--pid) is gone. While the file
  * LISTEN_PATH.hold exists (read at start and on every SIGUSR1) the relay neither writes to the VM
  * nor reads from it, and creates LISTEN_PATH.held once QEMU has taken what was already sent: the
  * driver holds the relay while the VM is paused, so that nothing moves in the guest's memory while
@@ -59,8 +60,9 @@ struct client {
 struct route {
 	uint32_t relay_id, client_id;
 	int client; /* index into clients; -1 = free slot */
-	uint16_t type;
+	uint16_t type; /* an ATTACH's is T_EXEC: it goes on as one */
 	uint8_t started; /* an EXEC the agent has started (its ERRORs no longer end it) */
+	uint8_t keep; /* a kept EXEC (flags bit 1) or an ATTACH: let go, not killed, when its client goes */
 };
 
 static struct client clients[MAX_CLIENTS];
@@ -164,14 +166,30 @@ static void agent_send_signal(uint32_t relay_id, uint32_t sig)
 	frame_put(&agent_out, T_SIGNAL, relay_id, p, sizeof p);
 }
 
-/* End a client's session: its execs are killed, its requests forgotten. */
+/* The agent's protocol minor, from its HELLO (0 before one). */
+static int agent_minor(void)
+{
+	return hello_len >= 4 && get_u16(hello) == PROTO_MAJOR ? get_u16(hello + 2) : 0;
+}
+
+/* The agent can let one exec go (DETACH): the relay can keep its clients' execs (1.6). */
+static int agent_detaches(void)
+{
+	return agent_minor() >= 6;
+}
+
+/* End a client's session: its execs are killed (its kept ones let go), its requests forgotten. */
 static void drop_routes_of(int ci, int kill_execs)
 {
 	for (int i = 0; i < nroutes; i++) {
 		if (routes[i].client != ci)
 			continue;
-		if (kill_execs && routes[i].type == T_EXEC)
-			agent_send_signal(routes[i].relay_id, SIGKILL);
+		if (kill_execs && routes[i].type == T_EXEC) {
+			if (routes[i].keep && agent_detaches())
+				frame_put(&agent_out, T_DETACH, routes[i].relay_id, NULL, 0);
+			else
+				agent_send_signal(routes[i].relay_id, SIGKILL);
+		}
 		routes[i].client = -1;
 	}
 	while (nroutes > 0 && routes[nroutes - 1].client < 0)
@@ -193,10 +211,10 @@ static void close_client(int ci)
 	drop_routes_of(ci, 1);
 }
 
-/* The agent speaks 1.2 or later (HOLD_OUTPUT): its HELLO's minor. */
+/* The agent speaks 1.2 or later (HOLD_OUTPUT). */
 static int agent_holds(void)
 {
-	return hello_len >= 4 && get_u16(hello) == PROTO_MAJOR && get_u16(hello + 2) >= 2;
+	return agent_minor() >= 2;
 }
 
 static void hold_route(const struct route *r, int on)
@@ -257,9 +275,26 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 			forward(&agent_out, p, n, r->relay_id);
 		return;
 	}
-	if (f->type == T_EXEC && route_by_client(ci, f->id)) {
-		/* as the agent answers an EXEC whose id is still running */
+	int exec = f->type == T_EXEC || f->type == T_ATTACH;
+	if (exec && route_by_client(ci, f->id)) {
+		/* as the agent answers an EXEC (or ATTACH) whose id is still running */
 		frame_error(&c->out, f->id, EBUSY, "an exec with this request id is still running");
+		return;
+	}
+	if (f->type == T_DETACH) {
+		/* answered here as the agent would; a kept exec's goes on to the agent, which answers
+		 * nothing when done, and the route ends with it */
+		struct route *d = route_by_client(ci, f->id);
+		if (!d || d->type != T_EXEC)
+			frame_error(&c->out, f->id, ESRCH, "no running exec has this request id");
+		else if (!d->keep || !agent_detaches())
+			frame_error(&c->out, f->id, EINVAL, "this exec is not kept (EXEC flag bit 1)");
+		else if (f->len)
+			frame_error(&c->out, f->id, EINVAL, "bad DETACH payload");
+		else {
+			forward(&agent_out, p, n, d->relay_id);
+			d->client = -1;
+		}
 		return;
 	}
 	struct route *r = new_route();
@@ -267,9 +302,15 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 		frame_error(&c->out, f->id, EBUSY, "too many requests in flight through the relay");
 		return;
 	}
-	*r = (struct route){ .relay_id = fresh_id(), .client_id = f->id, .client = ci, .type = f->type };
+	/* EXEC: u32 timeout, u32 flags (bit 1 keep), fields; an ATTACH takes on a kept one */
+	int keep = f->type == T_ATTACH || (f->type == T_EXEC && f->len >= 8 && (get_u32(f->payload + 4) & EXEC_F_KEEP));
+	*r = (struct route){ .relay_id = fresh_id(),
+			     .client_id = f->id,
+			     .client = ci,
+			     .type = exec ? T_EXEC : f->type,
+			     .keep = (uint8_t)keep };
 	forward(&agent_out, p, n, r->relay_id);
-	if (f->type == T_EXEC && c->held)
+	if (exec && c->held)
 		hold_route(r, 1); /* a new exec of a client that is behind starts held too */
 }
 
@@ -403,10 +444,13 @@ static void connect_agent(const char *path, pid_t qemu)
 						if (f.type == T_HELLO && f.id == id && f.len <= sizeof hello) {
 							memcpy(hello, f.payload, f.len);
 							hello_len = f.len;
-							/* the relay kills a client's execs when it goes and routes no ATTACH:
-							 * its clients are told 1.4 at most, so none asks for a kept exec (1.5) */
-							if (hello_len >= 4 && get_u16(hello + 2) > 4)
-								put_u16(hello + 2, 4);
+							/* a client's kept execs outlive it only where the agent can let
+							 * one go alone (DETACH, 1.6): an older one's clients are told 1.4,
+							 * so none asks for a kept exec (1.5); a newer one's, what the
+							 * relay routes (1.6) */
+							int most = agent_detaches() ? 6 : 4;
+							if (hello_len >= 4 && get_u16(hello + 2) > most)
+								put_u16(hello + 2, (uint16_t)most);
 							buf_consume(&b, (size_t)used);
 							/* whatever follows it is the session's: keep it in step */
 							buf_append(&agent_in, b.data + b.off, buf_used(&b));

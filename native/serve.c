@@ -471,23 +471,28 @@ static void reap(void)
 /* End the execs a connection (or a stream session) started: SIGKILL their process groups and
  * forget their output. They are still reaped, silently. A kept one (1.5) is let go instead: it
  * runs on, held by no connection, until an ATTACH takes it. */
+static void let_go(struct exec *e)
+{
+	/* kept: it runs on, its output read and dropped until an ATTACH; input that was on its way
+	 * is lost with the connection, its stdin stays open for the next */
+	e->conn = NULL;
+	buf_free(&e->inq);
+	if (e->in_eof)
+		src_close(&e->in); /* its end of input was on its way: it still gets it */
+	e->unacked = 0;
+	e->held = 0;
+	e->out.paused = e->err.paused = 0;
+	ep_set(&e->out, EPOLLIN);
+	ep_set(&e->err, EPOLLIN);
+	ep_set(&e->in, 0);
+}
+
 static void detach_execs(struct conn *c)
 {
 	for (struct exec *e = execs; e; e = e->next)
-		if (e->conn == c && e->keep) {
-			/* kept: it runs on, its output read and dropped until an ATTACH; input that was
-			 * on its way is lost with the connection, its stdin stays open for the next */
-			e->conn = NULL;
-			buf_free(&e->inq);
-			if (e->in_eof)
-				src_close(&e->in); /* its end of input was on its way: it still gets it */
-			e->unacked = 0;
-			e->held = 0;
-			e->out.paused = e->err.paused = 0;
-			ep_set(&e->out, EPOLLIN);
-			ep_set(&e->err, EPOLLIN);
-			ep_set(&e->in, 0);
-		} else if (e->conn == c) {
+		if (e->conn == c && e->keep)
+			let_go(e);
+		else if (e->conn == c) {
 			exec_signal(e, SIGKILL);
 			e->conn = NULL;
 			src_close(&e->in);
@@ -1332,6 +1337,23 @@ static void do_attach(struct conn *c, uint32_t id, const uint8_t *payload, size_
 	reply(c, T_STARTED, id, p, sizeof p);
 }
 
+/* DETACH (1.6): let one kept exec of this connection go, as its connection's end would (a relay
+ * whose client went, while the relay's own session goes on). No answer when done; ERROR ESRCH
+ * when no running exec has this id here, EINVAL when it is not kept (it would be killed: the host
+ * sends SIGNAL for that). */
+static void do_detach(struct conn *c, uint32_t id, size_t len)
+{
+	struct exec *e = exec_by_id(c, id);
+	if (len != 0)
+		reply_error(c, id, EINVAL, "bad DETACH payload");
+	else if (!e)
+		reply_error(c, id, ESRCH, "no running exec has request id %u", id);
+	else if (!e->keep)
+		reply_error(c, id, EINVAL, "exec %u is not kept (EXEC flag bit 1)", id);
+	else
+		let_go(e);
+}
+
 static void handle_frame(struct conn *c, const struct frame *f)
 {
 	struct rd r = { f->payload, f->len, 0 };
@@ -1447,6 +1469,9 @@ static void handle_frame(struct conn *c, const struct frame *f)
 		break;
 	case T_ATTACH:
 		do_attach(c, f->id, f->payload, f->len);
+		break;
+	case T_DETACH:
+		do_detach(c, f->id, f->len);
 		break;
 	case T_RESET:
 		/* End the session: the host (re)connected, e.g. to a restored VM whose agent never saw

@@ -190,9 +190,30 @@ describe('the qemu driver', () => {
     await vi.waitFor(() => expect(text).toContain('40 120'), { timeout: 20_000 });
     p.write('\x03');
     expect((await p.result).exitCode).toBe(130);
-    // the relay cannot keep a command past its client: it says 1.4, and keep is refused, not ignored
-    await expect(vm.spawn(['true'], { keep: true })).rejects.toMatchObject({ code: 'AGENT_PROTOCOL' });
-    expect((await vm.agentConnection()).protocolVersion).toBe('1.4');
+    // a command kept past its client: the relay lets it go (DETACH, 1.6) and routes an ATTACH to it
+    expect((await vm.agentConnection()).protocolVersion).toBe('1.6');
+    const holder = await lab.get('vm1');
+    const ticks = 'i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.2; done';
+    const kept = await holder.spawn(['sh', '-c', ticks], { keep: true, tag: 'vm-kept' });
+    const keptPid = await kept.pid;
+    const letGo = kept.result.then(
+      () => null,
+      (e: unknown) => e,
+    );
+    holder.close();
+    // its holder's handle ends with its connection; the command does not
+    expect(await letGo).toMatchObject({ code: 'AGENT_UNREACHABLE' });
+    await vi.waitFor(
+      async () => expect((await vm.kept()).map((k) => [k.pid, k.tag, k.held])).toEqual([[keptPid, 'vm-kept', false]]),
+      { timeout: 20_000, interval: 200 },
+    );
+    let ticked = '';
+    const back = await vm.attach(keptPid, { onStdout: (b) => (ticked += b.toString()) });
+    expect(back.since).toBeGreaterThan(0); // what it wrote before, counted
+    await vi.waitFor(() => expect(ticked).toMatch(/tick \d+\n/), { timeout: 20_000 });
+    back.kill(9);
+    expect((await back.result).signal).toBe(9);
+    expect(await vm.kept()).toEqual([]);
     // cp both ways, a tree with a link and a mode
     const dir = mkdtempSync(join(lab.home, 'cp-'));
     mkdirSync(join(dir, 'tree'));

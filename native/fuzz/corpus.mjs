@@ -7,7 +7,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const T = { PING: 1, EXEC: 2, STDIN: 3, SIGNAL: 4, FILE_PUT: 5, FILE_GET: 6, SET_CLOCK: 7, STATUS: 8, RESET: 9, RESIZE: 0x0a, HOLD_OUTPUT: 0x0b, LIST_KEPT: 0x0d, ATTACH: 0x0e };
+const T = { PING: 1, EXEC: 2, STDIN: 3, SIGNAL: 4, FILE_PUT: 5, FILE_GET: 6, SET_CLOCK: 7, STATUS: 8, RESET: 9, RESIZE: 0x0a, HOLD_OUTPUT: 0x0b, LIST_KEPT: 0x0d, ATTACH: 0x0e, DETACH: 0x0f };
 const R = { HELLO: 0x80, PONG: 0x81, STARTED: 0x82, STDOUT: 0x83, STDERR: 0x84, EXIT: 0x85, DATA: 0x86, OK: 0x87, ERROR: 0x88, STDIN_ACK: 0x89 };
 
 const u16 = (v) => { const b = Buffer.alloc(2); b.writeUInt16LE(v); return b; };
@@ -119,6 +119,9 @@ const agent = {
       frame(T.ATTACH, 23, u32(1 << 23)),
       frame(T.STDIN, 23, 'again'),
       frame(T.ATTACH, 24, u32(1 << 23)), // held now: EBUSY
+      frame(T.DETACH, 23), // let go again (1.6), its connection staying
+      frame(T.DETACH, 26), // no exec has that id: ESRCH
+      frame(T.ATTACH, 25, u32(1 << 23)), // free again: taken on
     ])),
     exits(0, 0),
   ]),
@@ -138,7 +141,7 @@ function from(who, buf) {
 const AGENT = 4;
 const gone = (client) => Buffer.from([7, client]);
 const exitPayload = (code) => Buffer.concat([u32(code), u32(0), u32(0), u32(0), Buffer.alloc(32)]);
-const hello = Buffer.concat([u16(1), u16(2), u32(1), Buffer.from('0.1.0')]);
+const hello = Buffer.concat([u16(1), u16(6), u32(1), Buffer.from('0.1.0')]);
 
 // relay ids are handed out from 1, in the order the relay forwards requests
 const relay = {
@@ -166,6 +169,19 @@ const relay = {
     from(AGENT, frame(R.HELLO, 3, hello)),
     from(3, frame(T.PING, 2)),
     from(AGENT, frame(R.PONG, 4)),
+  ]),
+  // a kept exec let go when its client leaves (DETACH), taken on by another (ATTACH), let go in so many words
+  'kept': Buffer.concat([
+    from(0, frame(T.EXEC, 1, exec({ argv: ['cat'], stdin: true, keep: 'k' }))),
+    from(AGENT, frame(R.STARTED, 1, u32(42))),
+    gone(0),
+    from(1, frame(T.ATTACH, 4, u32(42))),
+    from(AGENT, Buffer.concat([frame(R.STARTED, 2, Buffer.concat([u32(42), u32(4), Buffer.alloc(8)])), frame(R.STDOUT, 2, 'late')])),
+    from(1, Buffer.concat([frame(T.STDIN, 4, 'x'), frame(T.DETACH, 4), frame(T.DETACH, 5)])),
+    from(1, frame(T.EXEC, 6, exec({ argv: ['true'] }))),
+    from(AGENT, frame(R.STARTED, 3, u32(43))),
+    from(1, frame(T.DETACH, 6)), // not kept: EINVAL
+    from(AGENT, frame(R.EXIT, 3, exitPayload(0))),
   ]),
   'errors': Buffer.concat([
     from(0, frame(T.EXEC, 3, exec({ argv: ['x'], cwd: '/no' }))),

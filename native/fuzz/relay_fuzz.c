@@ -8,7 +8,8 @@
  * oversized-frame skip). A client connects, as relay_main's accept does (a free slot, HELLO id 0
  * with the agent's payload), the first time it sends, on /dev/null instead of a socket; it goes
  * through close_client(), as when its socket reads EOF. An agent frame that frames() refuses ends
- * the input: the relay exits there. The agent's HELLO is that of a 1.2 agent.
+ * the input: the relay exits there. The agent's HELLO is that of a 1.6 agent (it lets kept execs go:
+ * DETACH).
  *
  * Input: a sequence of operations, each a byte OP and a byte N:
  *   OP % 8 = 0..3  client OP % 8 sends the next N + 1 bytes
@@ -70,15 +71,15 @@ static void client_connects(int ci)
 
 static void reset(void)
 {
-	static const uint8_t hello12[] = { 1, 0, 2, 0, 1, 0, 0, 0, '0', '.', '1', '.', '0' };
+	static const uint8_t hello16[] = { 1, 0, 6, 0, 1, 0, 0, 0, '0', '.', '1', '.', '0' };
 	for (int i = 0; i < MAX_CLIENTS; i++)
 		clients[i] = (struct client){ .fd = -1 };
 	nroutes = 0;
 	next_id = 1;
 	resync_id = 0;
 	hold = held_reported = 0;
-	memcpy(hello, hello12, sizeof hello12);
-	hello_len = sizeof hello12;
+	memcpy(hello, hello16, sizeof hello16);
+	hello_len = sizeof hello16;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -13,7 +13,21 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { isSnaplabError } from '../errors.js';
 import { agentBinaryPath } from './binary.js';
 import { AgentClient, type ExecRequest } from './client.js';
-import { encodeFrame, encodeHello, FrameDecoder, HEADER_SIZE, MAX_PAYLOAD, MsgType, decodeError } from './protocol.js';
+import {
+  decodeError,
+  decodeKept,
+  decodeStarted,
+  encodeExec,
+  encodeFrame,
+  encodeHello,
+  encodeU32,
+  type Frame,
+  FrameDecoder,
+  HEADER_SIZE,
+  type KeptExec,
+  MAX_PAYLOAD,
+  MsgType,
+} from './protocol.js';
 
 const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin', 'LANG=C'];
 // Docker's default capability set: without CAP_SYS_TIME, SET_CLOCK must fail rather than move the host clock.
@@ -129,7 +143,7 @@ describe('agent on the host', () => {
   });
 
   it('says HELLO and answers ping', async () => {
-    expect(client.protocolVersion).toBe('1.5');
+    expect(client.protocolVersion).toBe('1.6');
     expect(client.agentVersion).toMatch(/^\d+\.\d+\.\d+/);
     expect(client.agentPid).toBe(agent.proc.pid);
     expect(await client.ping()).toBeGreaterThanOrEqual(0);
@@ -407,7 +421,7 @@ describe('agent on the host', () => {
       /* busy */
     }
     const c = await pending;
-    expect(c.protocolVersion).toBe('1.5');
+    expect(c.protocolVersion).toBe('1.6');
     await c.close();
   });
 
@@ -473,6 +487,58 @@ describe('agent on the host', () => {
     await c2.close();
     await expect(h.result).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE' });
     expect(await waitGone(pid, 5000)).toBe(true);
+  });
+
+  it('lets one kept exec go on request (DETACH, 1.6), its connection staying: a relay whose client left', async () => {
+    const s = connect(agent.socketPath);
+    const dec = new FrameDecoder();
+    const frames: Frame[] = [];
+    s.on('data', (b: Buffer) => frames.push(...dec.push(b)));
+    const next = (type: number, id: number): Promise<Frame> =>
+      vi.waitFor(
+        () => {
+          const f = frames.find((x) => x.type === type && x.id === id);
+          if (!f) throw new Error(`no 0x${type.toString(16)} for ${id} yet`);
+          return f;
+        },
+        { timeout: 5000 },
+      );
+    const kept = async (id: number): Promise<KeptExec[]> => {
+      s.write(encodeFrame(MsgType.LIST_KEPT, id));
+      return decodeKept((await next(MsgType.DATA, id)).payload);
+    };
+    try {
+      expect((await next(MsgType.HELLO, 0)).payload.readUInt16LE(2)).toBe(6);
+      const loop = ['sh', '-c', 'while :; do echo x; sleep 0.1; done'];
+      s.write(encodeFrame(MsgType.EXEC, 1, encodeExec({ argv: loop, env: ENV, keep: { tag: 'k' } })));
+      s.write(encodeFrame(MsgType.EXEC, 2, encodeExec({ argv: ['sleep', '30'], env: ENV })));
+      const pid = decodeStarted((await next(MsgType.STARTED, 1)).payload);
+      const plainPid = decodeStarted((await next(MsgType.STARTED, 2)).payload);
+      expect((await kept(3)).map((k) => [k.pid, k.held])).toEqual([[pid, true]]);
+      s.write(encodeFrame(MsgType.DETACH, 1));
+      // let go: no answer, no more output under its id, listed as held by no one; the connection goes on
+      expect((await kept(4)).map((k) => [k.pid, k.held])).toEqual([[pid, false]]);
+      const outputs = frames.filter((f) => f.id === 1).length;
+      await new Promise((r) => setTimeout(r, 400));
+      expect(frames.filter((f) => f.id === 1)).toHaveLength(outputs);
+      expect(frames.some((f) => f.id === 1 && (f.type === MsgType.ERROR || f.type === MsgType.EXIT))).toBe(false);
+      // one not kept is not let go (it would run on with nobody to end it), an id that runs nothing neither
+      s.write(encodeFrame(MsgType.DETACH, 2));
+      expect(decodeError((await next(MsgType.ERROR, 2)).payload).errno).toBe(22); // EINVAL
+      s.write(encodeFrame(MsgType.DETACH, 9));
+      expect(decodeError((await next(MsgType.ERROR, 9)).payload).errno).toBe(3); // ESRCH
+      expect(process.kill(plainPid, 0)).toBe(true);
+      // taken on again, by this same connection, under a new id
+      s.write(encodeFrame(MsgType.ATTACH, 5, encodeU32(pid)));
+      expect(decodeStarted((await next(MsgType.STARTED, 5)).payload)).toBe(pid);
+      await next(MsgType.STDOUT, 5);
+      s.write(encodeFrame(MsgType.SIGNAL, 5, encodeU32(9)));
+      s.write(encodeFrame(MsgType.SIGNAL, 2, encodeU32(9)));
+      await next(MsgType.EXIT, 5);
+      await next(MsgType.EXIT, 2);
+    } finally {
+      s.destroy();
+    }
   });
 
   it('refuses a tag over 4096 bytes, and keep to an agent older than 1.5 (it would kill the command)', async () => {

@@ -29,6 +29,8 @@ export const MsgType = {
   LIST_KEPT: 0x0d,
   /** 1.5: u32 pid: a kept exec no connection holds becomes this request's (STARTED, output, EXIT) */
   ATTACH: 0x0e,
+  /** 1.6: let this kept exec of the connection go, as the connection's end would (no answer when done) */
+  DETACH: 0x0f,
   // responses, agent -> host
   HELLO: 0x80,
   PONG: 0x81,

@@ -80,8 +80,9 @@ export type SpawnOptions = ExecOptions & {
   /**
    * the command outlives the connection that started it (this process, a daemon that restarts):
    * the machine's agent lets it run on, lists it (`kept()`) and lets a later caller take it on
-   * (`attach(pid)`). Machines whose agent is reached through a VM's relay cannot keep a command:
-   * AGENT_PROTOCOL. Default false: a command ends with its connection
+   * (`attach(pid)`), in a VM too (its relay lets it go when its client leaves). An agent too old
+   * to keep one (before 1.5; a VM's before 1.6): AGENT_PROTOCOL. Default false: a command ends
+   * with its connection
    */
   keep?: boolean;
   /**

@@ -85,7 +85,7 @@ export interface ProcessSpec {
   detached?: boolean;
   /**
    * kept by the machine's agent past its connection, so that it outlives this daemon (kept.ts);
-   * where the agent cannot keep it (a VM's relay) it runs as without, and its info says so.
+   * where the agent cannot keep it (an older one's) it runs as without, and its info says so.
    * `true`: asked for, so a tag too long to keep is refused; 'if-able' (a background process's
    * default): such a one runs unkept
    */

@@ -91,7 +91,7 @@ export async function spawnKept(
       p.kept = true;
       return h;
     } catch (e) {
-      // an agent that cannot keep it (a VM's, through its relay): it runs as without
+      // an agent that cannot keep it (before 1.5; a VM's before 1.6, whose relay says 1.4): it runs as without
       if (!isSnaplabError(e, 'AGENT_PROTOCOL')) throw e;
     }
   }
@@ -130,7 +130,7 @@ export class KeptProcesses {
     try {
       kept = await box.kept();
     } catch (e) {
-      // an agent that keeps nothing (older, or a VM's relay): nothing to find, ever
+      // an agent that keeps nothing (older: a namespace's before 1.5, a VM's before 1.6): nothing to find, ever
       if (isSnaplabError(e, 'AGENT_PROTOCOL')) this.done.add(box.id);
       // paused, stopped, unreachable: asked again next time
       return;

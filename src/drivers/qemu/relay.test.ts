@@ -8,6 +8,7 @@ import {
   encodeFrame,
   encodeHello,
   encodeU32,
+  EXEC_FLAG_KEEP,
   FrameDecoder,
   MAX_PAYLOAD,
   MsgType,
@@ -18,15 +19,7 @@ import { holdRelay, releaseRelay, startRelay } from './relay.js';
 
 // The relay (native/relay.c) against a scripted agent on a Unix socket standing in for QEMU's
 // chardev: real process, real sockets, the protocol as the agent speaks it.
-const dir = mkdtempSync(join(tmpdir(), 'snaplab-relay-'));
-const files = vmFiles(dir);
 const HELLO = encodeHello({ major: 1, minor: 0, pid: 1, agentVersion: 'fake' });
-
-/** Frames the fake agent received after the relay's RESET, and a way to answer them. */
-let agentSeen: Frame[] = [];
-let resets = 0;
-let agentSock: Socket | undefined;
-let server: Server;
 
 /** Wait until `pick` finds something (polling: the frames arrive asynchronously). */
 async function until<T>(pick: () => T | undefined, what: string, ms = 5000): Promise<T> {
@@ -45,8 +38,8 @@ class Client {
   constructor(readonly sock: Socket) {
     sock.on('data', (b: Buffer) => this.frames.push(...this.dec.push(b)));
   }
-  static async open(): Promise<Client> {
-    const s = createConnection(files.relay);
+  static async open(path: string): Promise<Client> {
+    const s = createConnection(path);
     await new Promise((r, j) => s.once('connect', r).once('error', j));
     return new Client(s);
   }
@@ -58,50 +51,85 @@ class Client {
   }
 }
 
-const seen = (type: number, pred: (f: Frame) => boolean = () => true): Frame | undefined =>
-  agentSeen.find((f) => f.type === type && pred(f));
-const answer = (type: number, id: number, payload?: Buffer): void =>
-  void agentSock!.write(encodeFrame(type, id, payload));
+/** A VM as the relay sees it: a fake agent greeting with `hello` on the chardev, and its relay. */
+class FakeVm {
+  readonly dir = mkdtempSync(join(tmpdir(), 'snaplab-relay-'));
+  readonly files = vmFiles(this.dir);
+  /** frames the fake agent received after the relay's RESET (PINGs it answered and RESETs aside) */
+  agentSeen: Frame[] = [];
+  resets = 0;
+  agentSock: Socket | undefined;
+  private server!: Server;
+
+  constructor(readonly hello: Buffer) {}
+
+  async start(): Promise<this> {
+    this.server = createServer((s) => {
+      this.agentSock = s;
+      const dec = new FrameDecoder();
+      s.on('data', (b: Buffer) => {
+        for (const f of dec.push(b)) {
+          if (f.type === MsgType.RESET) {
+            this.resets++;
+            s.write(encodeFrame(MsgType.HELLO, f.id, this.hello));
+          } else if (f.type === MsgType.PING && f.payload.toString() !== 'hold')
+            s.write(encodeFrame(MsgType.PONG, f.id, f.payload));
+          else this.agentSeen.push(f);
+        }
+      });
+    });
+    await new Promise<void>((r) => this.server.listen(this.files.chardev, r));
+    await startRelay(this.dir, process.pid, [], 5000);
+    return this;
+  }
+
+  seen(type: number, pred: (f: Frame) => boolean = () => true): Frame | undefined {
+    return this.agentSeen.find((f) => f.type === type && pred(f));
+  }
+
+  answer(type: number, id: number, payload?: Buffer): void {
+    void this.agentSock!.write(encodeFrame(type, id, payload));
+  }
+
+  client(): Promise<Client> {
+    return Client.open(this.files.relay);
+  }
+
+  async stop(): Promise<void> {
+    this.agentSock?.destroy(); // the relay exits when its VM's connection ends
+    await new Promise((r) => this.server.close(r));
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+const vm = new FakeVm(HELLO);
+const files = vm.files;
+const seen = vm.seen.bind(vm);
+const answer = vm.answer.bind(vm);
+const open = (): Promise<Client> => vm.client();
 
 beforeAll(async () => {
-  server = createServer((s) => {
-    agentSock = s;
-    const dec = new FrameDecoder();
-    s.on('data', (b: Buffer) => {
-      for (const f of dec.push(b)) {
-        if (f.type === MsgType.RESET) {
-          resets++;
-          s.write(encodeFrame(MsgType.HELLO, f.id, HELLO));
-        } else if (f.type === MsgType.PING && f.payload.toString() !== 'hold')
-          s.write(encodeFrame(MsgType.PONG, f.id, f.payload));
-        else agentSeen.push(f);
-      }
-    });
-  });
-  await new Promise<void>((r) => server.listen(files.chardev, r));
-  await startRelay(dir, process.pid, [], 5000);
+  await vm.start();
 });
 
 afterAll(async () => {
-  agentSock?.destroy(); // the relay exits when its VM's connection ends
-  await new Promise((r) => server.close(r));
-  rmSync(dir, { recursive: true, force: true });
+  await vm.stop();
 });
 
 describe('the VM relay', () => {
   it('holds what is bound for the VM while it is paused, and lets it go on resume', async () => {
-    const c = await Client.open();
+    const c = await open();
     await c.next(MsgType.HELLO, 0);
     // a release and a hold in quick succession end held (the hold is a state, not a signal pair)
-    await holdRelay(dir);
-    await releaseRelay(dir);
-    await holdRelay(dir);
+    await holdRelay(vm.dir);
+    await releaseRelay(vm.dir);
+    await holdRelay(vm.dir);
     expect(existsSync(`${files.relay}.held`)).toBe(true); // nothing was in flight: held at once
-    agentSeen = [];
+    vm.agentSeen = [];
     c.send(MsgType.PING, 21, Buffer.from('hold')); // 'hold': the fake agent records it, does not answer
     await new Promise((r) => setTimeout(r, 100));
     expect(seen(MsgType.PING)).toBeUndefined();
-    await releaseRelay(dir);
+    await releaseRelay(vm.dir);
     await until(() => seen(MsgType.PING, (f) => f.payload.toString() === 'hold'), 'the held PING at the agent');
     expect(existsSync(`${files.relay}.held`)).toBe(false);
     answer(MsgType.PONG, seen(MsgType.PING)!.id, Buffer.from('hold'));
@@ -110,8 +138,8 @@ describe('the VM relay', () => {
   });
 
   it('greets clients, answers their RESET itself, and keeps their requests apart', async () => {
-    const a = await Client.open();
-    const b = await Client.open();
+    const a = await open();
+    const b = await open();
     expect((await a.next(MsgType.HELLO, 0)).payload.equals(HELLO)).toBe(true);
     a.send(MsgType.RESET, 99);
     expect((await a.next(MsgType.HELLO, 99)).payload.equals(HELLO)).toBe(true);
@@ -126,8 +154,8 @@ describe('the VM relay', () => {
   });
 
   it('routes an exec until its EXIT: STDIN and SIGNAL follow it, an ERROR after STARTED does not end it', async () => {
-    agentSeen = [];
-    const c = await Client.open();
+    vm.agentSeen = [];
+    const c = await open();
     c.send(MsgType.EXEC, 7, Buffer.from('argv'));
     const exec = await until(() => seen(MsgType.EXEC), 'the EXEC at the agent');
     expect(exec.id).not.toBe(0);
@@ -142,7 +170,7 @@ describe('the VM relay', () => {
     answer(MsgType.EXIT, exec.id, Buffer.alloc(48));
     await c.next(MsgType.EXIT, 7);
     // finished: a later SIGNAL for it goes nowhere
-    agentSeen = [];
+    vm.agentSeen = [];
     c.send(MsgType.SIGNAL, 7, encodeU32(9));
     c.send(MsgType.PING, 8, Buffer.from('after'));
     await c.next(MsgType.PONG, 8);
@@ -151,8 +179,8 @@ describe('the VM relay', () => {
   });
 
   it('kills the execs of a client that goes away', async () => {
-    agentSeen = [];
-    const c = await Client.open();
+    vm.agentSeen = [];
+    const c = await open();
     c.send(MsgType.EXEC, 3, Buffer.from('argv'));
     const exec = await until(() => seen(MsgType.EXEC), 'the EXEC at the agent');
     answer(MsgType.STARTED, exec.id, encodeU32(99));
@@ -163,7 +191,7 @@ describe('the VM relay', () => {
   });
 
   it('answers a frame over the limit with EMSGSIZE and keeps the connection', async () => {
-    const c = await Client.open();
+    const c = await open();
     const head = Buffer.alloc(12);
     head.writeUInt32LE(MAX_PAYLOAD + 1, 0);
     head.writeUInt16LE(MsgType.FILE_PUT, 4);
@@ -178,17 +206,104 @@ describe('the VM relay', () => {
   });
 
   it('fails what was in flight when the agent starts a new session, and stays up', async () => {
-    const c = await Client.open();
+    const c = await open();
     c.send(MsgType.PING, 11, Buffer.from('hold')); // the fake agent does not answer this one
     await until(() => seen(MsgType.PING, (f) => f.payload.toString() === 'hold'), 'the held PING at the agent');
-    const before = resets;
+    const before = vm.resets;
     answer(MsgType.HELLO, 0, HELLO);
     const err = await c.next(MsgType.ERROR, 11);
-    await until(() => (resets > before ? true : undefined), 'the relay to RESET the new session'); // so that requests on their way run in a session that ends them
+    await until(() => (vm.resets > before ? true : undefined), 'the relay to RESET the new session'); // so that requests on their way run in a session that ends them
     expect(decodeError(err.payload).errno).toBe(104); // ECONNRESET
     expect(c.frames.filter((f) => f.type === MsgType.HELLO && f.id === 0)).toHaveLength(1); // only the greeting
     c.send(MsgType.PING, 12, Buffer.from('next'));
     expect((await c.next(MsgType.PONG, 12)).payload.toString()).toBe('next');
     c.sock.destroy();
+  });
+});
+
+/** An EXEC's payload as the relay reads it: u32 timeout, u32 flags (bit 1 keep), then fields. */
+const execPayload = (keep: boolean): Buffer => {
+  const b = Buffer.alloc(8);
+  b.writeUInt32LE(keep ? EXEC_FLAG_KEEP : 0, 4);
+  return Buffer.concat([b, Buffer.from('argv')]);
+};
+const minorOf = (hello: Frame): number => hello.payload.readUInt16LE(2);
+const errnoOf = (f: Frame): number => decodeError(f.payload).errno;
+
+describe('kept execs through the relay', () => {
+  const v16 = new FakeVm(encodeHello({ major: 1, minor: 6, pid: 1, agentVersion: 'fake' }));
+  const v15 = new FakeVm(encodeHello({ major: 1, minor: 5, pid: 1, agentVersion: 'fake' }));
+  beforeAll(async () => {
+    await Promise.all([v16.start(), v15.start()]);
+  });
+  afterAll(async () => {
+    await Promise.all([v16.stop(), v15.stop()]);
+  });
+
+  /** A client's EXEC (kept or not) started by the fake agent: the relay's id for it. */
+  async function started(c: Client, at: FakeVm, id: number, keep: boolean, pid: number): Promise<number> {
+    const execs = (): Frame[] => at.agentSeen.filter((f) => f.type === MsgType.EXEC);
+    const before = execs().length;
+    c.send(MsgType.EXEC, id, execPayload(keep));
+    const exec = await until(() => execs()[before], 'the EXEC at the agent');
+    at.answer(MsgType.STARTED, exec.id, encodeU32(pid));
+    await c.next(MsgType.STARTED, id);
+    return exec.id;
+  }
+
+  it('lets a kept exec go when its client leaves (DETACH), kills the rest, and routes an ATTACH as an exec', async () => {
+    const a = await v16.client();
+    expect(minorOf(await a.next(MsgType.HELLO, 0))).toBe(6); // it can keep: its clients may ask
+    const kept = await started(a, v16, 1, true, 100);
+    const plain = await started(a, v16, 2, false, 101);
+    a.sock.destroy();
+    const detach = await until(() => v16.seen(MsgType.DETACH), 'DETACH at the agent');
+    expect(detach.id).toBe(kept);
+    expect(detach.payload.length).toBe(0);
+    const kill = await until(() => v16.seen(MsgType.SIGNAL), 'SIGKILL at the agent');
+    expect([kill.id, kill.payload.readUInt32LE(0)]).toEqual([plain, 9]);
+    expect(v16.agentSeen.filter((f) => f.type === MsgType.SIGNAL && f.id === kept)).toHaveLength(0);
+
+    // another client takes it on: the ATTACH is an exec of its, to its EXIT
+    const b = await v16.client();
+    b.send(MsgType.ATTACH, 5, encodeU32(100));
+    const attach = await until(() => v16.seen(MsgType.ATTACH), 'the ATTACH at the agent');
+    expect(attach.payload.readUInt32LE(0)).toBe(100);
+    v16.answer(MsgType.STARTED, attach.id, Buffer.alloc(16));
+    await b.next(MsgType.STARTED, 5);
+    b.send(MsgType.ATTACH, 5, encodeU32(100)); // its id runs: refused, as the agent would
+    expect(errnoOf(await b.next(MsgType.ERROR, 5))).toBe(16); // EBUSY
+    v16.answer(MsgType.STDOUT, attach.id, Buffer.from('out'));
+    expect((await b.next(MsgType.STDOUT, 5)).payload.toString()).toBe('out');
+    b.send(MsgType.STDIN, 5, Buffer.from('in'));
+    expect((await until(() => v16.seen(MsgType.STDIN), 'STDIN at the agent')).id).toBe(attach.id);
+    // one it lets go of in so many words: forwarded, and its route ends (no answer comes)
+    b.send(MsgType.DETACH, 5);
+    await until(() => v16.seen(MsgType.DETACH, (f) => f.id === attach.id), 'the second DETACH at the agent');
+    v16.answer(MsgType.STDOUT, attach.id, Buffer.from('late'));
+    b.send(MsgType.PING, 6, Buffer.from('after'));
+    await b.next(MsgType.PONG, 6);
+    expect(b.frames.filter((f) => f.type === MsgType.STDOUT)).toHaveLength(1);
+
+    // a DETACH the relay refuses itself: an exec that is not kept, and an id that runs nothing
+    const plain2 = await started(b, v16, 7, false, 102);
+    b.send(MsgType.DETACH, 7);
+    expect(errnoOf(await b.next(MsgType.ERROR, 7))).toBe(22); // EINVAL: it would be killed, not kept
+    b.send(MsgType.DETACH, 8);
+    expect(errnoOf(await b.next(MsgType.ERROR, 8))).toBe(3); // ESRCH
+    expect(v16.agentSeen.filter((f) => f.type === MsgType.DETACH)).toHaveLength(2);
+    v16.answer(MsgType.EXIT, plain2, Buffer.alloc(48));
+    await b.next(MsgType.EXIT, 7);
+    b.sock.destroy();
+  });
+
+  it('an agent before 1.6 cannot let one exec go: its clients are told 1.4, and a kept exec dies with its client', async () => {
+    const c = await v15.client();
+    expect(minorOf(await c.next(MsgType.HELLO, 0))).toBe(4);
+    const id = await started(c, v15, 1, true, 200);
+    c.sock.destroy();
+    const kill = await until(() => v15.seen(MsgType.SIGNAL), 'SIGKILL at the agent');
+    expect([kill.id, kill.payload.readUInt32LE(0)]).toEqual([id, 9]);
+    expect(v15.seen(MsgType.DETACH)).toBeUndefined();
   });
 });
