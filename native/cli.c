@@ -524,10 +524,8 @@ static _Noreturn void exec_refused(const struct opts *o, const struct frame *f)
 static int fast_exec(const struct opts *o)
 {
 	const char *home = getenv("SNAPLAB_HOME");
-	if (home && !*home)
-		return -1; /* Node reads an empty SNAPLAB_HOME as the current directory */
-	if (!home)
-		home = "/var/lib/snaplab";
+	if (!home || !*home)
+		home = "/var/lib/snaplab"; /* set but empty is unset, as the Node CLI reads it (envHome) */
 	struct target t;
 	if (lookup(home, o->sandbox, &t) < 0)
 		return -1;
@@ -706,14 +704,15 @@ static int daemon_is_local(const char *host)
 {
 	const char *home = getenv("SNAPLAB_HOME");
 	char sock[PATH_MAX], a[PATH_MAX], b[PATH_MAX];
-	if (strncmp(host, "unix:", 5) || (home && !*home) || strlen(host + 5) >= sizeof sock)
+	if (strncmp(host, "unix:", 5) || strlen(host + 5) >= sizeof sock)
 		return 0;
 	strcpy(sock, host + 5);
 	char *slash = strrchr(sock, '/');
 	if (!slash || strcmp(slash, "/daemon.sock"))
 		return 0;
 	*slash = 0;
-	return realpath(*sock ? sock : "/", a) && realpath(home ? home : "/var/lib/snaplab", b) && !strcmp(a, b);
+	return realpath(*sock ? sock : "/", a) && realpath(home && *home ? home : "/var/lib/snaplab", b) &&
+	       !strcmp(a, b);
 }
 
 /* The home's ssh public key (HOME/ssh/id_ed25519.pub), its one line, or -1 when there is none. */

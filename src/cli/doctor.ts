@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { DEFAULT_HOME } from '../lab/home.js';
+import { envHome } from '../lab/home.js';
 import { printJson, printTable, reportError } from './output.js';
 
 export function registerDoctor(program: Command): void {
@@ -10,7 +10,7 @@ export function registerDoctor(program: Command): void {
     .action(async (o: { json?: boolean }) => {
       try {
         const { doctor } = await import('./doctor-checks.js');
-        const r = await doctor(process.env.SNAPLAB_HOME ?? DEFAULT_HOME);
+        const r = await doctor(envHome());
         if (o.json) printJson(r);
         else {
           printTable(

@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
 import { DAEMON_DEFAULTS } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
-import { DEFAULT_HOME } from '../lab/home.js';
+import { DEFAULT_HOME, envHome } from '../lab/home.js';
 import { checkLabels } from '../lab/meta.js';
 import { EXIT_USAGE, reportError } from './output.js';
 import type { ConnectionLimits } from '../server/limits.js';
@@ -212,8 +212,8 @@ async function runServe(o: ServeCli): Promise<void> {
 
 /** The default node name: the host's, made unique per home when several homes share it. */
 function defaultNodeName(): string {
-  const home = process.env.SNAPLAB_HOME;
-  return home && home !== DEFAULT_HOME
+  const home = envHome();
+  return home !== DEFAULT_HOME
     ? `${hostname()}-${createHash('sha256').update(home).digest('hex').slice(0, 6)}`
     : hostname();
 }

@@ -1,6 +1,6 @@
 import { InvalidArgumentError, type Command } from 'commander';
 import { join } from 'node:path';
-import { DEFAULT_HOME } from '../lab/home.js';
+import { envHome } from '../lab/home.js';
 import { EXIT_USAGE, printJson, reportError } from './output.js';
 
 /** `snaplab ui`: the dashboard of the daemon on this host's Unix socket, through a forward with a token. */
@@ -32,10 +32,7 @@ export function registerUi(program: Command): void {
           return;
         }
         const socket =
-          o.socket ??
-          (host?.startsWith('unix:')
-            ? host.slice('unix:'.length)
-            : join(process.env.SNAPLAB_HOME ?? DEFAULT_HOME, 'daemon.sock'));
+          o.socket ?? (host?.startsWith('unix:') ? host.slice('unix:'.length) : join(envHome(), 'daemon.sock'));
         const { Http } = await import('../client/http.js');
         const http = new Http(`unix:${socket}`, undefined);
         await http.json('GET', '/healthz').finally(() => http.close()); // DAEMON_UNREACHABLE, with a hint, when none answers

@@ -2,7 +2,8 @@ import { noted } from '../cleanup.js';
 import { alternatives, checkList } from './paging.js';
 import { STOPPED_REASONS } from '../lab/lifecycle/stopped.js';
 import { checkRangeSize } from '../host/userns/registry.js';
-import { LabContext, DEFAULT_HOME } from '../lab/context.js';
+import { LabContext } from '../lab/context.js';
+import { envHome } from '../lab/home.js';
 import { collectGarbage } from '../lab/lifecycle/gc.js';
 import { imageVolume } from '../lab/images/volume.js';
 import { withDefaults } from '../lab/lifecycle/limits.js';
@@ -129,7 +130,7 @@ export class Lab implements LabApi {
 
   /** Open the lab at `home` (state in SQLite there). Needs root. */
   static async open(opts: LabOptions = {}): Promise<Lab> {
-    const ctx = new LabContext(opts.home ?? process.env.SNAPLAB_HOME ?? DEFAULT_HOME);
+    const ctx = new LabContext(opts.home ?? envHome());
     ctx.keepsTime = opts.keepsTime === true;
     return new Lab(ctx);
   }
