@@ -63,6 +63,7 @@ struct route {
 	uint16_t type; /* an ATTACH's is T_EXEC: it goes on as one */
 	uint8_t started; /* an EXEC the agent has started (its ERRORs no longer end it) */
 	uint8_t keep; /* a kept EXEC (flags bit 1) or an ATTACH: let go, not killed, when its client goes */
+	uint8_t detaching; /* its client sent DETACH: the route ends with the answer (OK, or its EXIT or an ERROR) */
 };
 
 static struct client clients[MAX_CLIENTS];
@@ -184,7 +185,7 @@ static void drop_routes_of(int ci, int kill_execs)
 	for (int i = 0; i < nroutes; i++) {
 		if (routes[i].client != ci)
 			continue;
-		if (kill_execs && routes[i].type == T_EXEC) {
+		if (kill_execs && routes[i].type == T_EXEC && !routes[i].detaching) {
 			if (routes[i].keep && agent_detaches())
 				frame_put(&agent_out, T_DETACH, routes[i].relay_id, NULL, 0);
 			else
@@ -276,24 +277,24 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 		return;
 	}
 	int exec = f->type == T_EXEC || f->type == T_ATTACH;
-	if (exec && route_by_client(ci, f->id)) {
+	struct route *running = route_by_client(ci, f->id);
+	if (exec && running && running->type == T_EXEC) {
 		/* as the agent answers an EXEC (or ATTACH) whose id is still running */
 		frame_error(&c->out, f->id, EBUSY, "an exec with this request id is still running");
 		return;
 	}
 	if (f->type == T_DETACH) {
-		/* answered here as the agent would; a kept exec's goes on to the agent, which answers
-		 * nothing when done, and the route ends with it */
-		struct route *d = route_by_client(ci, f->id);
-		if (!d || d->type != T_EXEC)
-			frame_error(&c->out, f->id, ESRCH, "no running exec has this request id");
-		else if (!d->keep || !agent_detaches())
-			frame_error(&c->out, f->id, EINVAL, "this exec is not kept (EXEC flag bit 1)");
-		else if (f->len)
+		/* refused here as the agent would; a kept exec's goes on to the agent, and its route ends
+		 * with the answer (OK; or the exec's EXIT or ERROR, had it ended or failed first) */
+		if (f->len)
 			frame_error(&c->out, f->id, EINVAL, "bad DETACH payload");
+		else if (!running || running->type != T_EXEC)
+			frame_error(&c->out, f->id, ESRCH, "no running exec has this request id");
+		else if (!running->keep || !agent_detaches())
+			frame_error(&c->out, f->id, EINVAL, "this exec is not kept (EXEC flag bit 1)");
 		else {
-			forward(&agent_out, p, n, d->relay_id);
-			d->client = -1;
+			forward(&agent_out, p, n, running->relay_id);
+			running->detaching = 1;
 		}
 		return;
 	}
@@ -323,8 +324,10 @@ static void agent_frame(const uint8_t *p, size_t n, const struct frame *f)
 		return; /* the old session's tail, or frames for requests already failed */
 	}
 	if (f->type == T_HELLO && f->id == 0) {
-		/* the agent started a new session (its execs were killed): fail what was in flight, and
-		 * RESET it, so that requests already on their way run in a session that ends them */
+		/* the agent started a new session (its execs were killed, its kept ones let go: they run
+		 * on for an ATTACH): fail what was in flight with ECONNRESET, which a client reads as its
+		 * connection to the machine lost, and RESET it, so that requests already on their way run
+		 * in a session that ends them */
 		resync_id = fresh_id();
 		frame_put(&agent_out, T_RESET, resync_id, NULL, 0);
 		for (int i = 0; i < nroutes; i++) {
@@ -345,8 +348,10 @@ static void agent_frame(const uint8_t *p, size_t n, const struct frame *f)
 	if (r->type == T_EXEC && f->type == T_STARTED)
 		r->started = 1;
 	/* an EXEC ends with EXIT, or with an ERROR before it started (after, an ERROR answers a bad
-	 * STDIN or SIGNAL for it); any other request with its one answer */
-	int done = r->type != T_EXEC || f->type == T_EXIT || (f->type == T_ERROR && !r->started);
+	 * STDIN or SIGNAL for it), or, let go (DETACH), with the answer to that; any other request
+	 * with its one answer */
+	int done = r->type != T_EXEC || f->type == T_EXIT || (f->type == T_ERROR && !r->started) ||
+		   (r->detaching && (f->type == T_OK || f->type == T_ERROR));
 	if (done)
 		r->client = -1;
 }

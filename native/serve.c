@@ -1338,9 +1338,8 @@ static void do_attach(struct conn *c, uint32_t id, const uint8_t *payload, size_
 }
 
 /* DETACH (1.6): let one kept exec of this connection go, as its connection's end would (a relay
- * whose client went, while the relay's own session goes on). No answer when done; ERROR ESRCH
- * when no running exec has this id here, EINVAL when it is not kept (it would be killed: the host
- * sends SIGNAL for that). */
+ * whose client went, while the relay's own session goes on), answered by OK; ERROR ESRCH when no
+ * running exec has this id here, EINVAL when it is not kept (let go, nothing would end it). */
 static void do_detach(struct conn *c, uint32_t id, size_t len)
 {
 	struct exec *e = exec_by_id(c, id);
@@ -1350,8 +1349,10 @@ static void do_detach(struct conn *c, uint32_t id, size_t len)
 		reply_error(c, id, ESRCH, "no running exec has request id %u", id);
 	else if (!e->keep)
 		reply_error(c, id, EINVAL, "exec %u is not kept (EXEC flag bit 1)", id);
-	else
+	else {
 		let_go(e);
+		reply(c, T_OK, id, NULL, 0);
+	}
 }
 
 static void handle_frame(struct conn *c, const struct frame *f)

@@ -516,7 +516,8 @@ describe('agent on the host', () => {
       const plainPid = decodeStarted((await next(MsgType.STARTED, 2)).payload);
       expect((await kept(3)).map((k) => [k.pid, k.held])).toEqual([[pid, true]]);
       s.write(encodeFrame(MsgType.DETACH, 1));
-      // let go: no answer, no more output under its id, listed as held by no one; the connection goes on
+      // let go (OK): no more output under its id, listed as held by no one; the connection goes on
+      await next(MsgType.OK, 1);
       expect((await kept(4)).map((k) => [k.pid, k.held])).toEqual([[pid, false]]);
       const outputs = frames.filter((f) => f.id === 1).length;
       await new Promise((r) => setTimeout(r, 400));
@@ -527,6 +528,8 @@ describe('agent on the host', () => {
       expect(decodeError((await next(MsgType.ERROR, 2)).payload).errno).toBe(22); // EINVAL
       s.write(encodeFrame(MsgType.DETACH, 9));
       expect(decodeError((await next(MsgType.ERROR, 9)).payload).errno).toBe(3); // ESRCH
+      s.write(encodeFrame(MsgType.DETACH, 2, Buffer.from('x')));
+      expect(decodeError((await next(MsgType.ERROR, 2)).payload).errno).toBe(22); // a payload: EINVAL
       expect(process.kill(plainPid, 0)).toBe(true);
       // taken on again, by this same connection, under a new id
       s.write(encodeFrame(MsgType.ATTACH, 5, encodeU32(pid)));

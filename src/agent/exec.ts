@@ -4,9 +4,10 @@
  */
 import { handledElsewhere } from '../cleanup.js';
 import { SnaplabError } from '../errors.js';
-import { aborted, agentError } from './agent-errors.js';
+import { aborted, agentErrorOf } from './agent-errors.js';
 import { collected, type Collected } from './output-cap.js';
 import {
+  decodeError,
   decodeExit,
   decodeStarted,
   encodeExec,
@@ -18,6 +19,9 @@ import {
   type WindowSize,
 } from './protocol.js';
 import { STDIN_CHUNK, STDIN_WINDOW, StdinWindow } from './stdin-window.js';
+
+/** A VM relay's word for "the guest's agent started a new session" (native/relay.c) */
+const ECONNRESET = 104;
 
 export interface ExecRequest {
   /** Run as given: argv[0] is looked up in the PATH of `env`, no shell is involved. */
@@ -296,12 +300,21 @@ class Exec {
       case MsgType.EXIT:
         this.exited(f.payload);
         break;
-      case MsgType.ERROR:
+      case MsgType.ERROR: {
+        // a VM's relay: the guest's agent started a new session, which killed its execs and let
+        // its kept ones go (they run on: a later ATTACH finds them). This exec's tie to the
+        // machine is lost, as when a connection breaks; nothing of it is there to signal
+        const e = decodeError(f.payload);
+        if (e.errno === ECONNRESET) {
+          this.fail(new SnaplabError('AGENT_UNREACHABLE', `the machine's agent started a new session: ${e.message}`));
+          break;
+        }
         // after STARTED an ERROR answers one of our STDIN/SIGNAL/RESIZE frames: the exec is
         // failed here, so its command must not run on unobserved
         if (this.started) this.ch.sendQuiet(MsgType.SIGNAL, this.id, encodeU32(SIGKILL));
-        this.fail(agentError(f.payload));
+        this.fail(agentErrorOf(e.errno, e.message));
         break;
+      }
       default:
         throw new SnaplabError('AGENT_PROTOCOL', `unexpected frame type 0x${f.type.toString(16)} for an exec`);
     }

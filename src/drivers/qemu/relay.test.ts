@@ -14,6 +14,7 @@ import {
   MsgType,
   type Frame,
 } from '../../agent/protocol.js';
+import { AgentClient } from '../../agent/client.js';
 import { vmFiles } from './launch.js';
 import { holdRelay, releaseRelay, startRelay } from './relay.js';
 
@@ -277,13 +278,19 @@ describe('kept execs through the relay', () => {
     expect((await b.next(MsgType.STDOUT, 5)).payload.toString()).toBe('out');
     b.send(MsgType.STDIN, 5, Buffer.from('in'));
     expect((await until(() => v16.seen(MsgType.STDIN), 'STDIN at the agent')).id).toBe(attach.id);
-    // one it lets go of in so many words: forwarded, and its route ends (no answer comes)
+    // one it lets go of in so many words: forwarded, and its route ends with the agent's answer
     b.send(MsgType.DETACH, 5);
     await until(() => v16.seen(MsgType.DETACH, (f) => f.id === attach.id), 'the second DETACH at the agent');
+    v16.answer(MsgType.STDOUT, attach.id, Buffer.from('before the answer'));
+    v16.answer(MsgType.OK, attach.id);
+    await b.next(MsgType.OK, 5);
     v16.answer(MsgType.STDOUT, attach.id, Buffer.from('late'));
     b.send(MsgType.PING, 6, Buffer.from('after'));
     await b.next(MsgType.PONG, 6);
-    expect(b.frames.filter((f) => f.type === MsgType.STDOUT)).toHaveLength(1);
+    expect(b.frames.filter((f) => f.type === MsgType.STDOUT).map((f) => f.payload.toString())).toEqual([
+      'out',
+      'before the answer',
+    ]);
 
     // a DETACH the relay refuses itself: an exec that is not kept, and an id that runs nothing
     const plain2 = await started(b, v16, 7, false, 102);
@@ -291,10 +298,40 @@ describe('kept execs through the relay', () => {
     expect(errnoOf(await b.next(MsgType.ERROR, 7))).toBe(22); // EINVAL: it would be killed, not kept
     b.send(MsgType.DETACH, 8);
     expect(errnoOf(await b.next(MsgType.ERROR, 8))).toBe(3); // ESRCH
+    b.send(MsgType.DETACH, 9, Buffer.from('x'));
+    expect(errnoOf(await b.next(MsgType.ERROR, 9))).toBe(22); // a payload: EINVAL, as the agent says first
     expect(v16.agentSeen.filter((f) => f.type === MsgType.DETACH)).toHaveLength(2);
     v16.answer(MsgType.EXIT, plain2, Buffer.alloc(48));
     await b.next(MsgType.EXIT, 7);
     b.sock.destroy();
+  });
+
+  it("a kept exec whose agent ended its own session fails at its client as a connection lost (it runs on there), as does a client's RESET let it go", async () => {
+    // the agent side of a new session: a 1.6 agent killed its execs and let its kept ones go
+    const c = await AgentClient.connect(v16.files.relay, { timeoutMs: 5000 });
+    const execs = (): Frame[] => v16.agentSeen.filter((f) => f.type === MsgType.EXEC);
+    const before = execs().length;
+    const h = c.exec({ argv: ['sleep', '60'], env: [], keep: { tag: 't' } });
+    const exec = await until(() => execs()[before], 'the EXEC at the agent');
+    v16.answer(MsgType.STARTED, exec.id, encodeU32(300));
+    expect(await h.pid).toBe(300);
+    const signals = v16.agentSeen.filter((f) => f.type === MsgType.SIGNAL).length;
+    v16.answer(MsgType.HELLO, 0, v16.hello);
+    // read as the daemon reads a broken connection (AGENT_UNREACHABLE: lost, looked for again), not as an exec that failed
+    await expect(h.result).rejects.toMatchObject({ code: 'AGENT_UNREACHABLE', message: /new session/ });
+    expect(v16.agentSeen.filter((f) => f.type === MsgType.SIGNAL)).toHaveLength(signals);
+    await c.close();
+
+    // a client's RESET ends its session as its leaving does: its kept exec let go, the client stays
+    const r = await v16.client();
+    await r.next(MsgType.HELLO, 0);
+    const id = await started(r, v16, 1, true, 301);
+    r.send(MsgType.RESET, 2);
+    await r.next(MsgType.HELLO, 2);
+    expect(
+      (await until(() => v16.seen(MsgType.DETACH, (f) => f.id === id), 'DETACH after the RESET')).payload,
+    ).toHaveLength(0);
+    r.sock.destroy();
   });
 
   it('an agent before 1.6 cannot let one exec go: its clients are told 1.4, and a kept exec dies with its client', async () => {
