@@ -194,8 +194,14 @@ describe('the qemu driver', () => {
     expect((await vm.agentConnection()).protocolVersion).toBe('1.6');
     const holder = await lab.get('vm1');
     const ticks = 'i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.2; done';
-    const kept = await holder.spawn(['sh', '-c', ticks], { keep: true, tag: 'vm-kept' });
+    let first = '';
+    const kept = await holder.spawn(['sh', '-c', ticks], {
+      keep: true,
+      tag: 'vm-kept',
+      onStdout: (b) => (first += b.toString()),
+    });
     const keptPid = await kept.pid;
+    await vi.waitFor(() => expect(first).toContain('tick 1\n'), { timeout: 20_000 });
     const letGo = kept.result.then(
       () => null,
       (e: unknown) => e,
@@ -209,7 +215,7 @@ describe('the qemu driver', () => {
     );
     let ticked = '';
     const back = await vm.attach(keptPid, { onStdout: (b) => (ticked += b.toString()) });
-    expect(back.since).toBeGreaterThan(0); // what it wrote before, counted
+    expect(back.since).toBeGreaterThanOrEqual('tick 1\n'.length); // what it wrote before, counted
     await vi.waitFor(() => expect(ticked).toMatch(/tick \d+\n/), { timeout: 20_000 });
     back.kill(9);
     expect((await back.result).signal).toBe(9);
