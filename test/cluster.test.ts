@@ -240,8 +240,18 @@ describe('a cluster', () => {
         n.images.includes('busybox'),
       ),
     );
+    // what a gateway's view says the nodes hold (their entries, each written after its sandboxes' own)
+    const held = async (gw: TestDaemon): Promise<number> =>
+      (await api<{ sandboxes: number }[]>(gw, 'GET', '/cluster/nodes')).body.reduce((a, n) => a + n.sandboxes, 0);
+    const base = await until('both gateways see the same nodes', async () => {
+      const [a, b] = [await held(gateways[0]!), await held(gateways[1]!)];
+      return a === b && { n: a };
+    });
     const made = [];
     for (let i = 0; i < 6; i++) {
+      // the gateway placing it has seen the ones before (placement reads its view: a create answered
+      // by the other gateway a moment ago may not have reached it yet, and its node would look emptier)
+      await until(`gateway ${i % 2} sees ${i} made`, async () => (await held(gateways[i % 2]!)) === base.n + i);
       const r = await api<{ id: string; node: string }>(gateways[i % 2]!, 'POST', '/sandboxes', {
         labels: { spread: 'yes' },
       });

@@ -13,10 +13,20 @@
  *   <prefix>token             the secret gateways send nodes (made by the first member to need it)
  */
 import { randomBytes } from 'node:crypto';
-import type { Etcd3, IOperation, IOptions, Lease, Watcher } from 'etcd3';
+import type { Etcd3, IOperation, IOptions, Isolation, Lease, Watcher } from 'etcd3';
 import { SnaplabError } from '../errors.js';
 import type { ApiKeyRecord } from '../store/records.js';
 import { noted } from '../cleanup.js';
+
+/**
+ * How a read-check-write transaction reads (etcd3's STM isolation RepeatableReads: its `const enum`
+ * has no runtime object): each read a plain, linearizable one, and the commit checks that none of
+ * what was read has changed since. The default (SerializableSnapshot) reads all but the first at
+ * the first one's revision, serializably, from whichever member a connection picks; one that is
+ * behind that revision refuses ("mvcc: required revision is a future revision"), which failed a
+ * create in the suite's three-member cluster.
+ */
+const READ_CHECKED = { retries: 3, isolation: 2 as Isolation };
 
 export interface NodeInfo {
   name: string;
@@ -315,7 +325,7 @@ export class ClusterStore {
   async putSandbox(e: SandboxEntry): Promise<void> {
     const nk = this.key('names', e.name);
     const name = JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry);
-    await this.client.stm({ retries: 3 }).transact(async (tx) => {
+    await this.client.stm(READ_CHECKED).transact(async (tx) => {
       await tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
       // the name only if it is free, this sandbox's, or claimed for its create on this node:
       // never over another sandbox's (one reused after a lost record was removed)
@@ -327,7 +337,7 @@ export class ClusterStore {
   /** The same, unless the node wrote the sandbox's entry first; the name only where putSandbox would. */
   async putSandboxIfAbsent(e: SandboxEntry): Promise<void> {
     const nk = this.key('names', e.name);
-    await this.client.stm({ retries: 3 }).transact(async (tx) => {
+    await this.client.stm(READ_CHECKED).transact(async (tx) => {
       if (await tx.get(this.key('sandboxes', e.id)).string()) return;
       await tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
       const cur = json<NameEntry>(await tx.get(nk).string());
