@@ -36,6 +36,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/random.h>
+
 #include "frame.h"
 #include "sandbox.h"
 
@@ -1172,7 +1174,8 @@ static int list_entries(char *out, size_t cap, const char *dir)
 /* IDENTITY (1.3), for a machine restored from a memory snapshot, so that several restores of one
  * snapshot can run side by side: u8 flags (1: a system machine, its name goes into /etc too),
  * u8 length and the host name, 32 hex digits of machine id, then entropy to mix into the
- * kernel's pool (every restore would otherwise draw the same random numbers). Done here, not
+ * kernel's pool, from which its generator is then reseeded (every restore would otherwise draw
+ * the same random numbers). Done here, not
  * by a command: a restored guest's first fork and exec fault in pages and, under emulation,
  * translate code for hundreds of milliseconds (docs/agent-protocol.md). */
 #ifndef FUZZ
@@ -1200,16 +1203,42 @@ static int set_identity(const char *hostname, const char *machine_id, const uint
 		errno = EIO;
 		return -1;
 	}
+	/* The entropy comes from the host's own generator over the host's connection: it is credited
+	 * (RNDADDENTROPY, as virtio-rng's would be), which makes a generator that was not yet ready
+	 * (a small guest with nothing that waited on getrandom before its snapshot) ready, seeded from
+	 * it. One that was ready already is rekeyed from the pool at once (RNDRESEEDCRNG): a write or
+	 * a credit alone reaches it only at its next scheduled reseed, up to a minute away (a vmgenid
+	 * device would tell the kernel at the restore; QEMU's restores here have none). Until then
+	 * every restore of one snapshot would draw the same numbers. */
 	*step = "/dev/urandom";
 	f = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
 	if (f < 0)
 		return -1;
-	ssize_t w = n ? write(f, entropy, n) : 0;
+	int r = 0;
+	if (n) {
+		struct rand_pool_info *info = malloc(sizeof *info + n);
+		if (!info) {
+			close(f);
+			errno = ENOMEM;
+			return -1;
+		}
+		info->entropy_count = (int)(n * 8);
+		info->buf_size = (int)n;
+		memcpy(info->buf, entropy, n);
+		*step = "RNDADDENTROPY";
+		r = ioctl(f, RNDADDENTROPY, info);
+		free(info);
+		if (r == 0) {
+			*step = "RNDRESEEDCRNG";
+			r = ioctl(f, RNDRESEEDCRNG);
+		}
+	}
+	int e = errno;
 	close(f);
-	if (w >= 0 && (size_t)w != n)
-		errno = EIO;
-	if (w < 0 || (size_t)w != n)
+	if (r < 0) {
+		errno = e;
 		return -1;
+	}
 	if (system)
 		name_machine(hostname);
 	return 0;

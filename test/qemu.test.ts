@@ -279,6 +279,8 @@ describe('the qemu driver', () => {
       '(i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.2; done) >/dev/null 2>&1 &',
     ]);
     await vm.exec(['sh', '-c', 'echo before > /root/f']);
+    // its random generator ready, as in any guest where something has waited on getrandom (sshd, systemd)
+    await vm.exec(['sh', '-c', 'head -c 1 /dev/random >/dev/null'], { timeoutMs: 60_000 });
     await new Promise((r) => setTimeout(r, 600));
     const snap = await vm.snapshot('vm-snap', { memory: true });
     expect(snap.record.memory!.bytes).toBeGreaterThan(1_000_000);
@@ -297,6 +299,13 @@ describe('the qemu driver', () => {
     await new Promise((r) => setTimeout(r, 2000)); // guest time moves on; the restore must correct the clock
     const a = await lab.restore('vm-snap', { name: 'vm-a' });
     const b = await lab.restore('vm-snap', { name: 'vm-b' });
+    // each restore's own random numbers from its first draw: the generator was reseeded with the
+    // host's entropy at its identity (restored with one key, both drew the same bytes before)
+    const draw = (r: Sandbox): Promise<string> =>
+      out(r, ['sh', '-c', 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \\n"']);
+    const [ra, rb] = [await draw(a), await draw(b)];
+    expect(ra).toMatch(/^[0-9a-f]{32}$/);
+    expect(ra).not.toBe(rb);
     for (const r of [a, b]) {
       const n = Number(await out(r, ['cat', '/run/count']));
       expect(n).toBeGreaterThanOrEqual(atSnapshot - 1); // continues from the snapshot, not from a boot
@@ -400,15 +409,18 @@ describe('the qemu driver', () => {
     const argv = [
       'sh',
       '-c',
-      'echo $(hostname) $(cat /etc/machine-id) $(date +%s) $(cat /root/mark 2>/dev/null); echo used > /root/mark',
+      // its random numbers first: each restore's own from its first draw (the generator reseeded at its identity)
+      'echo $(head -c 16 /dev/urandom | od -An -tx1 | tr -d " \\n") $(hostname) $(cat /etc/machine-id) $(date +%s) $(cat /root/mark 2>/dev/null); echo used > /root/mark',
     ];
     const a = await pool.run(argv);
     const b = await pool.run(argv);
     expect([a.hit, b.hit, a.recycled, b.recycled]).toEqual([true, true, false, false]);
-    const [ha, ia, ta, markA] = a.stdout.toString().trim().split(' ');
-    const [hb, ib, tb, markB] = b.stdout.toString().trim().split(' ');
+    const [ra, ha, ia, ta, markA] = a.stdout.toString().trim().split(' ');
+    const [rb, hb, ib, tb, markB] = b.stdout.toString().trim().split(' ');
     expect(ha).not.toBe(hb); // each restore has its own identity
     expect(ia).not.toBe(ib);
+    expect(ra).toMatch(/^[0-9a-f]{32}$/);
+    expect(ra).not.toBe(rb);
     expect(markA ?? markB).toBeUndefined(); // nothing one execution left reaches the next
     for (const t of [ta, tb]) expect(Math.abs(Number(t) - Date.now() / 1000)).toBeLessThan(5); // the clock was set on take
     const phases = a.trace.phases.map((p) => p.name);
