@@ -117,6 +117,15 @@ static int unix_socket(const char *path, struct sockaddr_un *a)
 	return socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 }
 
+/* The client's running exec (an EXEC or an ATTACH) of this id, not another request's. */
+static struct route *exec_route(int ci, uint32_t client_id)
+{
+	for (int i = 0; i < nroutes; i++)
+		if (routes[i].client == ci && routes[i].client_id == client_id && routes[i].type == T_EXEC)
+			return &routes[i];
+	return NULL;
+}
+
 static struct route *route_by_relay(uint32_t relay_id);
 
 /* The next relay id not in flight (after 2^32 requests ids come round again; 0 is HELLO's). */
@@ -234,14 +243,6 @@ static void hold_client(int ci, int on)
 			hold_route(&routes[i], on);
 }
 
-static struct route *route_by_client(int ci, uint32_t client_id)
-{
-	for (int i = 0; i < nroutes; i++)
-		if (routes[i].client == ci && routes[i].client_id == client_id)
-			return &routes[i];
-	return NULL;
-}
-
 static struct route *route_by_relay(uint32_t relay_id)
 {
 	for (int i = 0; i < nroutes; i++)
@@ -271,14 +272,14 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 	}
 	if (f->type == T_STDIN || f->type == T_SIGNAL || f->type == T_RESIZE) {
 		/* addressed to one of this client's execs, by its id */
-		struct route *r = route_by_client(ci, f->id);
-		if (r && r->type == T_EXEC)
+		struct route *r = exec_route(ci, f->id);
+		if (r)
 			forward(&agent_out, p, n, r->relay_id);
 		return;
 	}
 	int exec = f->type == T_EXEC || f->type == T_ATTACH;
-	struct route *running = route_by_client(ci, f->id);
-	if (exec && running && running->type == T_EXEC) {
+	struct route *running = exec_route(ci, f->id);
+	if (exec && running) {
 		/* as the agent answers an EXEC (or ATTACH) whose id is still running */
 		frame_error(&c->out, f->id, EBUSY, "an exec with this request id is still running");
 		return;
@@ -288,7 +289,7 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 		 * with the answer (OK; or the exec's EXIT or ERROR, had it ended or failed first) */
 		if (f->len)
 			frame_error(&c->out, f->id, EINVAL, "bad DETACH payload");
-		else if (!running || running->type != T_EXEC)
+		else if (!running || running->detaching) /* let go already, as the agent would say */
 			frame_error(&c->out, f->id, ESRCH, "no running exec has this request id");
 		else if (!running->keep || !agent_detaches())
 			frame_error(&c->out, f->id, EINVAL, "this exec is not kept (EXEC flag bit 1)");
@@ -348,10 +349,11 @@ static void agent_frame(const uint8_t *p, size_t n, const struct frame *f)
 	if (r->type == T_EXEC && f->type == T_STARTED)
 		r->started = 1;
 	/* an EXEC ends with EXIT, or with an ERROR before it started (after, an ERROR answers a bad
-	 * STDIN or SIGNAL for it), or, let go (DETACH), with the answer to that; any other request
-	 * with its one answer */
+	 * STDIN or SIGNAL for it), or, let go (DETACH), with the answer to that: OK, or ESRCH (it had
+	 * ended; the relay refused every other DETACH itself); any other request with its one answer */
 	int done = r->type != T_EXEC || f->type == T_EXIT || (f->type == T_ERROR && !r->started) ||
-		   (r->detaching && (f->type == T_OK || f->type == T_ERROR));
+		   (r->detaching &&
+		    (f->type == T_OK || (f->type == T_ERROR && f->len >= 4 && get_u32(f->payload) == ESRCH)));
 	if (done)
 		r->client = -1;
 }

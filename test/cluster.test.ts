@@ -243,9 +243,15 @@ describe('a cluster', () => {
     // what a gateway's view says the nodes hold (their entries, each written after its sandboxes' own)
     const held = async (gw: TestDaemon): Promise<number> =>
       (await api<{ sandboxes: number }[]>(gw, 'GET', '/cluster/nodes')).body.reduce((a, n) => a + n.sandboxes, 0);
-    const base = await until('both gateways see the same nodes', async () => {
+    // settled: both say the same twice, 300 ms apart (a node publishes its count a moment after
+    // a removal is answered, so a count read at once may still hold the image loop's last one)
+    let last = -1;
+    const base = await until('the nodes to settle', async () => {
+      await sleep(300);
       const [a, b] = [await held(gateways[0]!), await held(gateways[1]!)];
-      return a === b && { n: a };
+      const settled = a === b && a === last;
+      last = a === b ? a : -1;
+      return settled && { n: a };
     });
     const made = [];
     for (let i = 0; i < 6; i++) {

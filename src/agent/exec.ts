@@ -4,7 +4,7 @@
  */
 import { handledElsewhere } from '../cleanup.js';
 import { SnaplabError } from '../errors.js';
-import { aborted, agentErrorOf } from './agent-errors.js';
+import { aborted, execErrorOf } from './agent-errors.js';
 import { collected, type Collected } from './output-cap.js';
 import {
   decodeError,
@@ -19,9 +19,6 @@ import {
   type WindowSize,
 } from './protocol.js';
 import { STDIN_CHUNK, STDIN_WINDOW, StdinWindow } from './stdin-window.js';
-
-/** A VM relay's word for "the guest's agent started a new session" (native/relay.c) */
-const ECONNRESET = 104;
 
 export interface ExecRequest {
   /** Run as given: argv[0] is looked up in the PATH of `env`, no shell is involved. */
@@ -301,18 +298,14 @@ class Exec {
         this.exited(f.payload);
         break;
       case MsgType.ERROR: {
-        // a VM's relay: the guest's agent started a new session, which killed its execs and let
-        // its kept ones go (they run on: a later ATTACH finds them). This exec's tie to the
-        // machine is lost, as when a connection breaks; nothing of it is there to signal
         const e = decodeError(f.payload);
-        if (e.errno === ECONNRESET) {
-          this.fail(new SnaplabError('AGENT_UNREACHABLE', `the machine's agent started a new session: ${e.message}`));
-          break;
-        }
+        const err = execErrorOf(e.errno, e.message);
         // after STARTED an ERROR answers one of our STDIN/SIGNAL/RESIZE frames: the exec is
-        // failed here, so its command must not run on unobserved
-        if (this.started) this.ch.sendQuiet(MsgType.SIGNAL, this.id, encodeU32(SIGKILL));
-        this.fail(agentErrorOf(e.errno, e.message));
+        // failed here, so its command must not run on unobserved. A lost tie (a VM relay's new
+        // session) has nothing of it there to signal
+        if (this.started && err.code !== 'AGENT_UNREACHABLE')
+          this.ch.sendQuiet(MsgType.SIGNAL, this.id, encodeU32(SIGKILL));
+        this.fail(err);
         break;
       }
       default:

@@ -357,7 +357,7 @@ export interface Identity {
   hostname: string;
   /** 32 lowercase hex digits */
   machineId: string;
-  /** mixed into the guest's random pool (not credited), at most 4 KiB */
+  /** credited to the guest's random pool, its generator then reseeded from it; at most 4 KiB */
   entropy: Buffer;
   /** a system machine: its name goes into /etc/hostname and /etc/hosts too */
   system: boolean;

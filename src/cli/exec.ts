@@ -184,8 +184,8 @@ export function registerExecError(program: Command): void {
       withLab(
         o,
         async () => {
-          const { agentErrorOf } = await import('../agent/client.js');
-          throw agentErrorOf(Number(errno), message);
+          const { execErrorOf } = await import('../agent/agent-errors.js');
+          throw execErrorOf(Number(errno), message);
         },
         EXIT_EXEC_FAILURE,
       ),

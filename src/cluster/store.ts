@@ -13,20 +13,33 @@
  *   <prefix>token             the secret gateways send nodes (made by the first member to need it)
  */
 import { randomBytes } from 'node:crypto';
-import type { Etcd3, IOperation, IOptions, Isolation, Lease, Watcher } from 'etcd3';
+import {
+  STMConflictError,
+  type Etcd3,
+  type IOperation,
+  type IOptions,
+  type Isolation,
+  type Lease,
+  type SoftwareTransaction as STM,
+  type Watcher,
+} from 'etcd3';
 import { SnaplabError } from '../errors.js';
 import type { ApiKeyRecord } from '../store/records.js';
 import { noted } from '../cleanup.js';
 
 /**
  * How a read-check-write transaction reads (etcd3's STM isolation RepeatableReads: its `const enum`
- * has no runtime object): each read a plain, linearizable one, and the commit checks that none of
- * what was read has changed since. The default (SerializableSnapshot) reads all but the first at
- * the first one's revision, serializably, from whichever member a connection picks; one that is
- * behind that revision refuses ("mvcc: required revision is a future revision"), which failed a
- * create in the suite's three-member cluster.
+ * has no runtime object): each read a serializable one, from the member its connection picks, and
+ * the commit (a transaction the leader orders) checks that none of what was read has changed
+ * since; if one has, or the member was behind, the whole is tried again. The default
+ * (SerializableSnapshot) reads all but the first at the first one's revision; a member behind that
+ * revision refuses ("mvcc: required revision is a future revision"), which failed a create in the
+ * suite's three-member cluster. STM's own retries come at once, before a lagging member can catch
+ * up: `transact` below spaces further attempts.
  */
-const READ_CHECKED = { retries: 3, isolation: 2 as Isolation };
+const READ_CHECKED = { retries: 2, isolation: 2 as Isolation };
+/** attempts of a read-check-write transaction, each after the one before failed with a conflict */
+const TRANSACT_ATTEMPTS = 5;
 
 export interface NodeInfo {
   name: string;
@@ -321,11 +334,23 @@ export class ClusterStore {
     if (outcome !== 'unknown') await this.client.leaseClient.leaseRevoke({ ID: c.leaseId });
   }
 
+  /** A read-check-write transaction; on a conflict (a read changed, or was stale) tried again after 20, 40, 80, 160 ms. */
+  private async transact(fn: (tx: STM) => Promise<void>): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.client.stm(READ_CHECKED).transact(fn);
+      } catch (e) {
+        if (!(e instanceof STMConflictError) || attempt >= TRANSACT_ATTEMPTS) throw e;
+        await new Promise((r) => setTimeout(r, 10 * 2 ** attempt));
+      }
+    }
+  }
+
   /** Write what a node holds: the entries given, and the names with them. */
   async putSandbox(e: SandboxEntry): Promise<void> {
     const nk = this.key('names', e.name);
     const name = JSON.stringify({ node: e.node, id: e.id, owner: e.owner, at: e.createdAt } satisfies NameEntry);
-    await this.client.stm(READ_CHECKED).transact(async (tx) => {
+    await this.transact(async (tx) => {
       await tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
       // the name only if it is free, this sandbox's, or claimed for its create on this node:
       // never over another sandbox's (one reused after a lost record was removed)
@@ -337,7 +362,7 @@ export class ClusterStore {
   /** The same, unless the node wrote the sandbox's entry first; the name only where putSandbox would. */
   async putSandboxIfAbsent(e: SandboxEntry): Promise<void> {
     const nk = this.key('names', e.name);
-    await this.client.stm(READ_CHECKED).transact(async (tx) => {
+    await this.transact(async (tx) => {
       if (await tx.get(this.key('sandboxes', e.id)).string()) return;
       await tx.put(this.key('sandboxes', e.id)).value(JSON.stringify(e));
       const cur = json<NameEntry>(await tx.get(nk).string());

@@ -281,9 +281,16 @@ describe('kept execs through the relay', () => {
     // one it lets go of in so many words: forwarded, and its route ends with the agent's answer
     b.send(MsgType.DETACH, 5);
     await until(() => v16.seen(MsgType.DETACH, (f) => f.id === attach.id), 'the second DETACH at the agent');
+    // one more while it is on its way: let go already, as the agent would say (not sent on)
+    const errors5 = (): number[] => b.frames.filter((f) => f.type === MsgType.ERROR && f.id === 5).map(errnoOf);
+    b.send(MsgType.DETACH, 5);
+    expect(await until(() => (errors5().length === 2 ? errors5() : undefined), 'its ESRCH')).toEqual([16, 3]);
+    // an ERROR that answers its earlier STDIN is not the DETACH's answer: the route goes on to the OK
+    v16.answer(MsgType.ERROR, attach.id, Buffer.concat([encodeU32(105), Buffer.from('no buffer space')]));
     v16.answer(MsgType.STDOUT, attach.id, Buffer.from('before the answer'));
     v16.answer(MsgType.OK, attach.id);
     await b.next(MsgType.OK, 5);
+    expect(errors5()).toEqual([16, 3, 105]); // EBUSY (the ATTACH again, above), ESRCH, ENOBUFS
     v16.answer(MsgType.STDOUT, attach.id, Buffer.from('late'));
     b.send(MsgType.PING, 6, Buffer.from('after'));
     await b.next(MsgType.PONG, 6);
@@ -301,6 +308,11 @@ describe('kept execs through the relay', () => {
     b.send(MsgType.DETACH, 9, Buffer.from('x'));
     expect(errnoOf(await b.next(MsgType.ERROR, 9))).toBe(22); // a payload: EINVAL, as the agent says first
     expect(v16.agentSeen.filter((f) => f.type === MsgType.DETACH)).toHaveLength(2);
+    // an EXEC whose id a pending request of another kind has is no running exec's: it runs
+    v16.agentSeen = [];
+    b.send(MsgType.PING, 11, Buffer.from('hold')); // the fake agent holds this one unanswered
+    await until(() => v16.seen(MsgType.PING), 'the held PING at the agent');
+    await started(b, v16, 11, false, 103);
     v16.answer(MsgType.EXIT, plain2, Buffer.alloc(48));
     await b.next(MsgType.EXIT, 7);
     b.sock.destroy();
