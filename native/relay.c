@@ -11,11 +11,11 @@
  * client's id. A client's RESET is answered here (HELLO with its id) and ends only that client's
  * execs; a client that disconnects has its execs killed (SIGKILL), as the agent does for a
  * session, and its kept execs let go (DETACH, agent 1.6): they run on in the VM for an ATTACH,
- * which is routed as an exec. The relay exits when the VM's connection ends or QEMU (--pid) is gone. While the file
- * LISTEN_PATH.hold exists (read at start and on every SIGUSR1) the relay neither writes to the VM
- * nor reads from it, and creates LISTEN_PATH.held once QEMU has taken what was already sent: the
- * driver holds the relay while the VM is paused, so that nothing moves in the guest's memory while
- * a memory snapshot is written. A state in a file, not a signal pair: signals merge and reorder.
+ * which is routed as an exec. The relay exits when the VM's connection ends or QEMU (--pid) is
+ * gone. While the file LISTEN_PATH.hold exists (read at start and on every SIGUSR1) the relay
+ * neither writes to the VM nor reads from it, and creates LISTEN_PATH.held once QEMU has taken
+ * what was already sent: the driver holds the relay while the VM is paused, so that nothing moves
+ * in the guest's memory while a memory snapshot is written. A state in a file, not a signal pair: signals merge and reorder.
  * See docs/agent-protocol.md ("Relay").
  */
 #define _GNU_SOURCE
@@ -63,7 +63,7 @@ struct route {
 	uint16_t type; /* an ATTACH's is T_EXEC: it goes on as one */
 	uint8_t started; /* an EXEC the agent has started (its ERRORs no longer end it) */
 	uint8_t keep; /* a kept EXEC (flags bit 1) or an ATTACH: let go, not killed, when its client goes */
-	uint8_t detaching; /* its client sent DETACH: the route ends with the answer (OK, or its EXIT or an ERROR) */
+	uint8_t detaching; /* its client sent DETACH: the route ends with the answer (OK, or ESRCH or its EXIT) */
 };
 
 static struct client clients[MAX_CLIENTS];
@@ -115,15 +115,6 @@ static int unix_socket(const char *path, struct sockaddr_un *a)
 	a->sun_family = AF_UNIX;
 	strcpy(a->sun_path, path);
 	return socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-}
-
-/* The client's running exec (an EXEC or an ATTACH) of this id, not another request's. */
-static struct route *exec_route(int ci, uint32_t client_id)
-{
-	for (int i = 0; i < nroutes; i++)
-		if (routes[i].client == ci && routes[i].client_id == client_id && routes[i].type == T_EXEC)
-			return &routes[i];
-	return NULL;
 }
 
 static struct route *route_by_relay(uint32_t relay_id);
@@ -241,6 +232,15 @@ static void hold_client(int ci, int on)
 	for (int i = 0; i < nroutes; i++)
 		if (routes[i].client == ci && routes[i].type == T_EXEC)
 			hold_route(&routes[i], on);
+}
+
+/* The client's running exec (an EXEC or an ATTACH) of this id, not another request's. */
+static struct route *exec_route(int ci, uint32_t client_id)
+{
+	for (int i = 0; i < nroutes; i++)
+		if (routes[i].client == ci && routes[i].client_id == client_id && routes[i].type == T_EXEC)
+			return &routes[i];
+	return NULL;
 }
 
 static struct route *route_by_relay(uint32_t relay_id)

@@ -470,13 +470,11 @@ static void reap(void)
 
 /* ---- connections ---- */
 
-/* End the execs a connection (or a stream session) started: SIGKILL their process groups and
- * forget their output. They are still reaped, silently. A kept one (1.5) is let go instead: it
- * runs on, held by no connection, until an ATTACH takes it. */
+/* Let a kept exec go (its connection ended, or DETACH): it runs on, held by no connection, its
+ * output read and dropped until an ATTACH; input that was on its way is lost with the
+ * connection, its stdin stays open for the next holder. */
 static void let_go(struct exec *e)
 {
-	/* kept: it runs on, its output read and dropped until an ATTACH; input that was on its way
-	 * is lost with the connection, its stdin stays open for the next */
 	e->conn = NULL;
 	buf_free(&e->inq);
 	if (e->in_eof)
@@ -489,6 +487,8 @@ static void let_go(struct exec *e)
 	ep_set(&e->in, 0);
 }
 
+/* End the execs a connection (or a stream session) started: SIGKILL their process groups and
+ * forget their output. They are still reaped, silently. A kept one (1.5) is let go instead. */
 static void detach_execs(struct conn *c)
 {
 	for (struct exec *e = execs; e; e = e->next)
