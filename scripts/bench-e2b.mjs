@@ -5,13 +5,13 @@
 // From an image (busybox) and from a pool template; sequential and in bursts; then streamed stdout
 // (envd's stream against the daemon's own), the time split in its parts (a create alone, a command
 // on a kept sandbox, a unary call against the same request by fetch, the SDK's own floor against a
-// server that answers at once) and, with --interpreter,
+// server that answers at once), the CPU a call costs the daemon and the client, and, with --interpreter,
 // runCode against commands.run.
 // Usage: node scripts/bench-e2b.mjs [--n 100] [--bursts 10] [--burst 10] [--pool-size 12]
 //          [--stream-mib 64] [--interpreter IMAGE_DIR [--interpreter-only]] [--json]
 import { spawn, spawnSync } from 'node:child_process';
 import { createServer } from 'node:http';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -257,6 +257,76 @@ async function sdkFloor() {
   return out;
 }
 
+/**
+ * The CPU each call costs, on a kept sandbox: the daemon's (user and system time from
+ * /proc/PID/stat, its whole process) and this process's (the client's: E2B's SDK, fetch or the
+ * own API's client) per call, beside the wall time, for E2B's `commands.run('true')` through the
+ * SDK, the same Start sent by `fetch`, a `/health` probe through the front, and the own API's
+ * exec of the same login shell. Arms alternate in blocks after a warm-up (the daemon's JIT).
+ */
+async function cpuSplit(remote, pool, e2bUrl, daemonPid) {
+  const sbx = await Sandbox.create(pool);
+  const box = await remote.create({ pool });
+  const hz = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100;
+  const daemonMs = () => {
+    const f = readFileSync(`/proc/${daemonPid}/stat`, 'utf8').split(') ')[1].split(' ');
+    return ((Number(f[11]) + Number(f[12])) * 1000) / hz;
+  };
+  const clientMs = () => {
+    const u = process.cpuUsage();
+    return (u.user + u.system) / 1000;
+  };
+  const headers = {
+    'connect-protocol-version': '1',
+    'e2b-sandbox-id': sbx.sandboxId,
+    'e2b-sandbox-port': '49983',
+    'x-access-token': sbx.envdAccessToken ?? '',
+  };
+  const message = Buffer.from(JSON.stringify({ process: { cmd: '/bin/bash', args: ['-l', '-c', 'true'], envs: {} } }));
+  const head = Buffer.alloc(5);
+  head.writeUInt32BE(message.length, 1);
+  const startBody = Buffer.concat([head, message]);
+  const arms = {
+    sdkRun: () => sbx.commands.run('true'),
+    fetchStart: () =>
+      fetch(`${e2bUrl}/process.Process/Start`, {
+        method: 'POST',
+        headers: { ...headers, 'content-type': 'application/connect+json' },
+        body: startBody,
+      }).then((r) => r.arrayBuffer()),
+    fetchHealth: () => fetch(`${e2bUrl}/health`, { headers }).then((r) => r.text()),
+    ownLoginExec: () => box.exec(LOGIN),
+  };
+  const out = Object.fromEntries(Object.keys(arms).map((k) => [k, { daemonMs: 0, clientMs: 0, n: 0, wall: [] }]));
+  const block = Math.max(10, Math.round(N / 2));
+  try {
+    for (const f of Object.values(arms)) for (let i = 0; i < 50; i++) await f(); // warm: the daemon's JIT
+    for (let round = 0; round < 2; round++)
+      for (const [k, f] of Object.entries(arms)) {
+        const o = out[k];
+        const d0 = daemonMs();
+        const c0 = clientMs();
+        for (let i = 0; i < block; i++) {
+          const t0 = performance.now();
+          await f();
+          o.wall.push(performance.now() - t0);
+        }
+        o.daemonMs += daemonMs() - d0;
+        o.clientMs += clientMs() - c0;
+        o.n += block;
+      }
+  } finally {
+    await sbx.kill();
+    await box.destroy();
+  }
+  return Object.fromEntries(
+    Object.entries(out).map(([k, o]) => [
+      k,
+      { daemonMs: o.daemonMs / o.n, clientMs: o.clientMs / o.n, wall: summary(o.wall) },
+    ]),
+  );
+}
+
 /** The memory its cgroup counts (page cache included) of each ready standby of the pool, MiB. */
 async function standbyMemory(remote, pool) {
   const ready = (await remote.list()).filter((b) => b.pool === pool && b.state === 'paused');
@@ -345,6 +415,8 @@ async function busyboxArms(report, remote, embedded, d) {
       ...(await poolFull(remote, 'bench', POOL_SIZE).then(sdkFloor)),
     }).map(([k, v]) => [k, summary(v)]),
   );
+  console.error(`== cpu per call, ${Math.max(10, Math.round(N / 2)) * 2} a call`);
+  report.cpu = await poolFull(remote, 'bench', POOL_SIZE).then(() => cpuSplit(remote, 'bench', d.e2bUrl, d.pid));
 }
 
 async function main() {
@@ -426,6 +498,11 @@ function printBusybox(r) {
   );
   for (const [k, v] of Object.entries(r.split))
     console.log(`  ${k.padEnd(18)} p50 ${ms(v.p50)}  p95 ${ms(v.p95)}  (n=${v.n})`);
+  console.log('\ncpu per call on a kept sandbox (the daemon process and this client, ms of CPU a call; wall p50)');
+  for (const [k, v] of Object.entries(r.cpu))
+    console.log(
+      `  ${k.padEnd(18)} daemon ${v.daemonMs.toFixed(2)}  client ${v.clientMs.toFixed(2)}  wall p50 ${ms(v.wall.p50)}  (n=${v.wall.n})`,
+    );
 }
 
 main().catch((e) => {
