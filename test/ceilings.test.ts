@@ -8,6 +8,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Lab } from '../src/sdk/lab.js';
 import { cli, removeHome, startDaemon, type TestDaemon } from './daemon-helpers.js';
 
 let home: string;
@@ -165,6 +166,17 @@ describe("a key's ceilings", () => {
     expect([take.status, take.body.limit]).toEqual([403, 'diskBytes']);
     const run = await call(tenant, 'POST', '/pools/c-open/run', { argv: ['true'] });
     expect([run.status, run.body.limit]).toEqual([403, 'diskBytes']);
+    // the library's pool.run goes over /rpc: held to the same ceilings (it once ran past them all)
+    const lab = await Lab.connect({ url: d.url, token: tenant });
+    try {
+      const viaRpc = await lab
+        .pool('c-open')
+        .run(['true'])
+        .catch((e: Json) => e);
+      expect([viaRpc.code, viaRpc.limit], String(viaRpc)).toEqual(['ABOVE_CEILING', 'diskBytes']);
+    } finally {
+      lab.close();
+    }
     expect(cli(home, ['pool', 'rm', 'c-open']).code).toBe(0);
     expect(cli(home, ['create', '--name', 'c-wide', '--storage', 'overlay', '--disk', '2G']).code).toBe(0);
     expect(cli(home, ['snapshot', 'c-wide', '--name', 'c-wide-snap']).code).toBe(0);
@@ -175,6 +187,19 @@ describe("a key's ceilings", () => {
     expect(cli(home, ['pool', 'create', 'c-root', '--size', '1', '--no-userns']).code).toBe(0);
     const root = await call(tenant, 'POST', '/sandboxes', { pool: 'c-root' });
     expect([root.status, root.body.code]).toEqual([403, 'FORBIDDEN']);
+    const rootRun = await call(tenant, 'POST', '/pools/c-root/run', { argv: ['true'] });
+    expect([rootRun.status, rootRun.body.code]).toEqual([403, 'FORBIDDEN']);
+    // over /rpc as well: a key without admin never runs as the host's root
+    const rootLab = await Lab.connect({ url: d.url, token: tenant });
+    try {
+      const viaRpc = await rootLab
+        .pool('c-root')
+        .run(['cat', '/proc/self/uid_map'])
+        .catch((e: Json) => e);
+      expect(viaRpc.code, String(viaRpc.stdout ?? viaRpc)).toBe('FORBIDDEN');
+    } finally {
+      rootLab.close();
+    }
     expect(cli(home, ['pool', 'rm', 'c-root']).code).toBe(0);
     cli(home, ['rm', 'c-wide']);
   });

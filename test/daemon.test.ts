@@ -871,6 +871,11 @@ describe('snaplab serve', () => {
       stdout: 'pooled\n',
       hit: true,
     });
+    // a run whose client goes before its answer is killed, its standby not held for ever
+    expect(curl('POST', '/pools/pp/run', { json: { argv: ['sleep', '1000'], timeoutMs: 0 }, timeoutS: 1 }).status).toBe(
+      0,
+    );
+    await until('the abandoned run killed', () => curl('GET', '/pools/pp').body.inUse === 0);
     expect(curl('DELETE', '/pools/pp').body.removed).toBeGreaterThanOrEqual(2);
 
     // a scenario: up (an operation), status, snapshot, net, reset, down

@@ -46,7 +46,7 @@ export function gatewayHost(core: ClusterCore): RouteHost & { passToNode: PassTo
     check: async (caller) => (await new GatewayLab(core, caller).check()).removed,
     ownedBy: () => undefined,
     snapshotVisible: () => true,
-    runPool: (caller, pool, body) => runInPool(core, caller, pool, body),
+    runPool: (caller, pool, body, signal) => runInPool(core, caller, pool, body, signal),
     usage: async (caller, ids) =>
       (ids ? await usageOf(core, caller, ids) : await core.askAll<Record<string, unknown>[]>(caller, '/usage')).flatMap(
         (a) => a.value.map((u) => ({ ...u, node: a.node })),

@@ -13,6 +13,7 @@ export async function runInPool(
   caller: Caller,
   pool: string,
   body: PoolRunBody,
+  signal?: AbortSignal,
 ): Promise<Record<string, unknown>> {
   const tried = new Set<string>();
   for (;;) {
@@ -30,6 +31,7 @@ export async function runInPool(
         path,
         body,
         ms > 0 ? ms + 30_000 : 0,
+        signal,
       );
       return { ...r.value, node };
     } catch (e) {

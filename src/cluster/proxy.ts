@@ -206,6 +206,8 @@ export async function ask<T>(
   path: string,
   body?: unknown,
   timeoutMs = ASK_TIMEOUT_MS,
+  /** the caller went: the request to the node is ended, so that the node ends its work too */
+  signal?: AbortSignal,
 ): Promise<{ status: number; value: T; headers: IncomingHttpHeaders }> {
   return new Promise((resolve, reject) => {
     const text = body === undefined ? undefined : JSON.stringify(body);
@@ -215,9 +217,10 @@ export async function ask<T>(
       ...(text ? { 'content-type': 'application/json' } : {}),
     };
     // a node partitioned away must not hold a request (or a whole fan-out) for TCP's minutes
+    const signals = [...(timeoutMs > 0 ? [AbortSignal.timeout(timeoutMs)] : []), ...(signal ? [signal] : [])];
     const up = request(
       new URL(path, base),
-      { method, headers, ...(timeoutMs > 0 ? { signal: AbortSignal.timeout(timeoutMs) } : {}) },
+      { method, headers, ...(signals.length ? { signal: AbortSignal.any(signals) } : {}) },
       (r) => {
         const parts: Buffer[] = [];
         r.on('data', (b: Buffer) => parts.push(b));

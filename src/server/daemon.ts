@@ -41,7 +41,8 @@ import type {
 import { labAdmin, labScenarios, labUsage, noPlacement } from './lab-admin.js';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { asGone, snapshotFor } from './snapshot-access.js';
-import { execView } from './exec-view.js';
+import { poolRunView } from './exec-view.js';
+import type { RunOutcome } from '../lab/pools/run.js';
 
 export interface DaemonOptions {
   home?: string;
@@ -397,8 +398,38 @@ export class Daemon implements RouteHost {
     return this.destroy(idOrName, undefined, caller);
   }
 
-  /** A command in a fresh sandbox of the pool: held to the key's exec quota and ceilings while it runs. */
-  async runPool(caller: Caller, name: string, b: PoolRunBody): Promise<Record<string, unknown>> {
+  /**
+   * POST /pools/{name}/run: `run` with the body's encoding for stdin and the output; `signal`
+   * aborts it (its client gone before the answer).
+   */
+  async runPool(caller: Caller, name: string, b: PoolRunBody, signal?: AbortSignal): Promise<Record<string, unknown>> {
+    const r = await this.run(
+      caller,
+      name,
+      {
+        argv: b.argv,
+        env: b.env,
+        cwd: b.cwd,
+        user: b.user,
+        timeoutMs: b.timeoutMs,
+        ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
+      },
+      signal,
+    );
+    return poolRunView(r, b.encoding);
+  }
+
+  /**
+   * A command in a fresh sandbox of the pool, for HTTP's route and /rpc's run alike: held to the
+   * key's ceilings (the standby's limits, egress, a user namespace) and its exec quota while it
+   * runs; `signal` (its client gone) kills it.
+   */
+  async run(
+    caller: Caller,
+    name: string,
+    spec: Omit<ExecOptions, 'encoding'> & { argv: string[]; stdin?: Buffer },
+    signal?: AbortSignal,
+  ): Promise<RunOutcome & { trace?: TraceSummary }> {
     // the run's sandbox is a standby like a take's: held to the key's ceilings while it runs
     const ceiling = await this.ceilings.claim(caller, { pool: name });
     let release = (): void => ceiling.release();
@@ -408,22 +439,12 @@ export class Daemon implements RouteHost {
         exec();
         ceiling.release();
       };
-      const r = await this.lab.pool(name).run(b.argv, {
-        env: b.env,
-        cwd: b.cwd,
-        user: b.user,
-        timeoutMs: this.deadline(b.timeoutMs),
-        encoding: 'buffer',
-        ...(b.stdin !== undefined ? { stdin: Buffer.from(b.stdin, b.encoding ?? 'utf8') } : {}),
-      });
+      const { argv, ...opts } = spec;
+      const r = await this.lab
+        .pool(name)
+        .run(argv, { ...opts, timeoutMs: this.deadline(spec.timeoutMs), encoding: 'buffer', signal });
       if (r.trace) this.metrics.observeTrace(r.trace);
-      return {
-        ...execView(r, b.encoding),
-        sandbox: r.sandbox,
-        hit: r.hit,
-        recycled: r.recycled,
-        operationId: r.trace?.id ?? null,
-      };
+      return r;
     } finally {
       release();
     }

@@ -14,7 +14,7 @@ import type { Daemon } from './daemon.js';
 import type { Caller } from './keys.js';
 import { socketServedBy, type SandboxCalls } from './sandbox-calls.js';
 import { toSnaplab } from './http-errors.js';
-import { execView } from './exec-view.js';
+import { execView, poolRunView } from './exec-view.js';
 
 interface Call {
   id: number | string;
@@ -106,26 +106,14 @@ function serveRpc(d: Daemon, ws: WebSocket, caller: Caller): void {
           if (p) running.delete(p);
         }
       }
-      // a pool's run: the connection going kills it, as it does an exec
-      const release = d.claimExec(caller);
+      // a pool's run: held to the key's ceilings and exec quota as HTTP's is; the connection going kills it, as it does an exec
+      const gone = new AbortController();
+      const kill = { kill: () => gone.abort() };
+      running.add(kill);
       try {
-        const gone = new AbortController();
-        const kill = { kill: () => gone.abort() };
-        running.add(kill);
-        const r = await d.lab
-          .pool(c.pool!)
-          .run(c.argv, { ...opts, timeoutMs: d.deadline(c.timeoutMs), encoding: 'buffer', signal: gone.signal })
-          .finally(() => running.delete(kill));
-        if (r.trace) d.metrics.observeTrace(r.trace);
-        return {
-          ...execView(r, 'base64'),
-          sandbox: r.sandbox,
-          hit: r.hit,
-          recycled: r.recycled,
-          operationId: r.trace?.id ?? null,
-        };
+        return poolRunView(await d.run(caller, c.pool!, { ...opts, argv: c.argv }, gone.signal), 'base64');
       } finally {
-        release();
+        running.delete(kill);
       }
     })().then(
       (result) => ws.readyState === ws.OPEN && ws.send(JSON.stringify({ id, result })),

@@ -531,8 +531,18 @@ function poolRunRoute(app: FastifyInstance, h: RouteHost): void {
         response: { 200: any, ...errors },
       },
     },
-    async (req) => {
-      const r = await h.runPool(req.caller, (req.params as { name: string }).name, req.body as PoolRunBody);
+    async (req, reply) => {
+      // the client went before its answer: the command is killed (nobody could read its result)
+      const gone = new AbortController();
+      reply.raw.once('close', () => {
+        if (!reply.raw.writableFinished) gone.abort();
+      });
+      const r = await h.runPool(
+        req.caller,
+        (req.params as { name: string }).name,
+        req.body as PoolRunBody,
+        gone.signal,
+      );
       req.opId = typeof r.operationId === 'string' ? r.operationId : null;
       return r;
     },

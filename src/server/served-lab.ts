@@ -206,9 +206,9 @@ export interface RouteHost {
   snapshotVisible(caller: Caller, snap: SnapshotApi, remove?: boolean): boolean;
   /**
    * A command in a fresh sandbox of the pool, its result as the API answers it (a cluster's: on
-   * the node placement picks, with its node)
+   * the node placement picks, with its node); `signal`: its client went, the command is killed
    */
-  runPool(caller: Caller, pool: string, run: PoolRunBody): Promise<Record<string, unknown>>;
+  runPool(caller: Caller, pool: string, run: PoolRunBody, signal?: AbortSignal): Promise<Record<string, unknown>>;
   /** GET /whoami: the caller, its scopes and quotas, and what this server holds it to */
   whoami(caller: Caller): Record<string, unknown>;
   /** GET /metrics, Prometheus text (a gateway's own; `recent`: its last N placements only) */
