@@ -938,6 +938,13 @@ describe('snaplab serve', () => {
       body: { code: 'BAD_INPUT', message: expect.stringMatching(/too long/) },
     });
     expect(curl('POST', '/sandboxes/survivor/processes', { json: wordy }).body.kept).toBe(false);
+    // a key's kept commands hold its exec quota in the daemons after (each restart once gave it the whole quota again)
+    const capped = cli(home, ['key', 'create', 'capped', '--scope', 'read,exec', '--max-execs', '2']).out.trim();
+    const mine = curl('POST', '/sandboxes', { token: capped, json: {} }).body;
+    for (let i = 0; i < 2; i++)
+      expect(
+        curl('POST', `/sandboxes/${mine.id}/processes`, { token: capped, json: { argv: ['sleep', '600'] } }).status,
+      ).toBe(201);
     for (const delay of [5, 40, 90]) {
       const c = spawn('curl', [
         '-s',
@@ -1025,5 +1032,13 @@ describe('snaplab serve', () => {
     expect(curl('GET', `/sandboxes/survivor/processes/${svc.id}`).body.result.exitCode).toBe(0);
     expect(curl('POST', '/sandboxes/survivor/exec', { json: { argv: ['true'] } }).body.exitCode).toBe(0);
     curl('DELETE', '/sandboxes/survivor');
+    const third = curl('POST', `/sandboxes/${mine.id}/exec`, { token: capped, json: { argv: ['true'] } });
+    expect([third.status, third.body.limit]).toEqual([429, 'maxExecs']);
+    expect(curl('GET', `/sandboxes/${mine.id}/processes`, { token: capped }).body.map((p: Json) => p.found)).toEqual([
+      true,
+      true,
+    ]);
+    curl('DELETE', `/sandboxes/${mine.id}`);
+    cli(home, ['key', 'rm', 'capped']);
   });
 });

@@ -12,7 +12,7 @@ import type { ExecOptions, ExecResult } from '../lab/io/sandbox-ops.js';
 import { KeyedLab } from './keyed-lab.js';
 import type { StreamLimiter } from './limits.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
-import { orElse } from '../cleanup.js';
+import { noted, orElse } from '../cleanup.js';
 import { defaultName, newId } from '../names.js';
 import type { TraceSummary } from '../timing/trace.js';
 import type { WatchMark } from '../store/store.js';
@@ -434,7 +434,7 @@ export class Daemon implements RouteHost {
     const ceiling = await this.ceilings.claim(caller, { pool: name });
     let release = (): void => ceiling.release();
     try {
-      const exec = this.claimExec(caller);
+      const exec = await this.claimExec(caller);
       release = () => {
         exec();
         ceiling.release();
@@ -767,7 +767,7 @@ export class Daemon implements RouteHost {
     kind: 'oneshot' | 'rpc',
     started?: (p: { kill(signal: number): void }) => void,
   ): Promise<ExecResult> {
-    const release = this.claimExec(caller);
+    const release = await this.claimExec(caller);
     const t0 = Date.now();
     try {
       const p = await box.spawn(argv, { ...opts, timeoutMs: this.deadline(opts.timeoutMs), encoding: 'buffer' });
@@ -833,11 +833,43 @@ export class Daemon implements RouteHost {
   }
 
   /** A slot for one more concurrent exec of this key; call the result when the exec ends. */
-  claimExec(caller: Caller): () => void {
+  async claimExec(caller: Caller): Promise<() => void> {
+    await this.keptCounted(caller);
     const n = this.execs.get(caller.key) ?? 0;
     if (caller.maxExecs !== null && n >= caller.maxExecs)
       throw new QuotaError('maxExecs', `key ${caller.key} runs ${n} of its ${caller.maxExecs} concurrent execs`);
     return this.countExec(caller.key);
+  }
+
+  /** keys whose kept commands (a previous daemon's) this daemon has counted; and those being counted */
+  private readonly keptKeys = new Set<string>();
+  private readonly countingKept = new Map<string, Promise<void>>();
+
+  /**
+   * Before a key's first exec here is counted against its quota: the commands a previous daemon
+   * started for it that its running machines kept, found (kept.ts) and counted, so that a restart
+   * does not give the key its whole quota again on top of them. Once a key (those without an exec
+   * quota never): each of its running sandboxes is asked for its kept commands, 8 at a time.
+   */
+  private async keptCounted(caller: Caller): Promise<void> {
+    if (caller === LOCAL || caller.maxExecs === null || this.keptKeys.has(caller.key)) return;
+    let counting = this.countingKept.get(caller.key);
+    if (!counting) {
+      counting = (async () => {
+        const boxes = await this.lab.list({ owner: caller.key, state: ['running'], check: false });
+        for (let i = 0; i < boxes.length; i += 8)
+          await Promise.all(
+            boxes.slice(i, i + 8).map((b) =>
+              this.sandbox(b.id)
+                .then((box) => this.kept.adopt(box))
+                .catch(noted(`find the kept commands of ${b.name}`)),
+            ),
+          );
+        this.keptKeys.add(caller.key);
+      })().finally(() => this.countingKept.delete(caller.key));
+      this.countingKept.set(caller.key, counting);
+    }
+    await counting;
   }
 
   /**
@@ -900,7 +932,7 @@ export class Daemon implements RouteHost {
    * process): its deadline kills its process group whoever is attached.
    */
   async startProcess(caller: Caller, box: SandboxApi, spec: ProcessSpec): Promise<Process> {
-    const release = this.claimExec(caller);
+    const release = await this.claimExec(caller);
     const p = new Process(box.id, spec.argv, spec.tag ?? null, spec.tty !== undefined, this.opts.ringBytes);
     p.stdin = spec.stdin === true;
     const opts: SpawnOptions & { encoding: 'buffer' } = {
