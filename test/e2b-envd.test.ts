@@ -168,3 +168,71 @@ describe.each([
     await call('RemoveWatcher', { watcherId });
   });
 });
+
+// Found by a review: what a client that stops, floods or never reads could hold of the daemon
+describe("envd's files against clients that leave, flood or never read", () => {
+  let sbx: latest.Sandbox;
+  let token: string;
+  const headers = (): Record<string, string> => ({
+    'E2b-Sandbox-Id': sbx.sandboxId,
+    'E2b-Sandbox-Port': '49983',
+    'X-Access-Token': token,
+  });
+  /** the newest pid in the sandbox's pid namespace, read from outside the front */
+  const lastPid = async (): Promise<number> =>
+    Number((await (await lab.get(sbx.sandboxId)).exec(['cat', '/proc/sys/kernel/ns_last_pid'])).stdout);
+  beforeAll(async () => {
+    sbx = await latest.Sandbox.create({ timeoutMs: 600_000 });
+    token = (sbx as unknown as { envdAccessToken?: string }).envdAccessToken ?? '';
+  }, 60_000);
+  afterAll(async () => {
+    await sbx?.kill();
+  });
+
+  it('a download abandoned before its first byte ends its read in the machine', async () => {
+    await sbx.commands.run('mkfifo /tmp/fifo');
+    for (let i = 0; i < 3; i++) {
+      const gone = new AbortController();
+      setTimeout(() => gone.abort(), 300);
+      await expect(
+        fetch(`${h.d.e2bUrl}/files?path=/tmp/fifo`, { headers: headers(), signal: gone.signal }),
+      ).rejects.toThrow();
+    }
+    // each read was a `file cat` of the FIFO, blocked until a writer came: killed with its client
+    const box = await lab.get(sbx.sandboxId);
+    await until(
+      'the reads ended',
+      async () => (await box.exec(['sh', '-c', 'ps -o args | grep -c "[f]ile cat" || true'])).stdout.trim() === '0',
+    );
+  });
+
+  it('a JSON body over 1 MiB is refused before anyone reads who sent it', async () => {
+    const r = await fetch(`${h.d.e2bUrl}/filesystem.Filesystem/Stat`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'E2b-Sandbox-Id': sbx.sandboxId },
+      body: JSON.stringify({ path: 'x'.repeat(2 << 20) }),
+    });
+    expect(r.status).toBe(413);
+  });
+
+  it('a flood of events with includeEntry: stats wait at most 1000 at once, the rest come without entries', async () => {
+    expect(await sbx.files.makeDir('/tmp/flood')).toBe(true);
+    const seen: latest.FilesystemEvent[] = [];
+    const w = await sbx.files.watchDir('/tmp/flood', (e) => void seen.push(e), { includeEntry: true });
+    try {
+      await sbx.commands.run('i=0; while [ $i -lt 3000 ]; do : > /tmp/flood/f$i; i=$((i+1)); done');
+      const creates = (): latest.FilesystemEvent[] => seen.filter((e) => e.type === 'create');
+      await until('every create told', () => creates().length >= 3000, 120_000);
+      const withEntry = creates().filter((e) => e.entry).length;
+      // one agent command a stat: 3000 in a burst would have queued ~3000 (minutes of work on a busy host)
+      expect(withEntry).toBeGreaterThan(0);
+      expect(withEntry).toBeLessThan(3000);
+    } finally {
+      await w.stop();
+    }
+    // nothing queued runs on after the watch: the sandbox makes (almost) no process in 2 s
+    const before = await lastPid();
+    await new Promise((r) => setTimeout(r, 2000));
+    expect((await lastPid()) - before).toBeLessThan(20);
+  }, 180_000);
+});

@@ -114,6 +114,10 @@ export function sendUnaryError(reply: FastifyReply, e: unknown): FastifyReply {
 export interface ServerStream {
   send(message: unknown): void;
   end(error?: unknown): void;
+  /** bytes written and not yet taken by the client */
+  readonly unread: number;
+  /** let go of a client that does not read: the connection closed, what waits for it dropped */
+  drop(): void;
   readonly closed: boolean;
   onClose(fn: () => void): void;
 }
@@ -144,6 +148,13 @@ export function openStream(reply: FastifyReply): ServerStream {
     get closed() {
       return ended;
     },
+    get unread() {
+      return res.writableLength;
+    },
+    drop() {
+      ended = true;
+      res.destroy();
+    },
     onClose(fn) {
       if (gone) fn();
       else closers.push(fn);
@@ -151,9 +162,25 @@ export function openStream(reply: FastifyReply): ServerStream {
   };
 }
 
-/** A deadline the client asked for (`Connect-Timeout-Ms`), or undefined. */
+/** The longest wait a Node timer keeps (a longer one fires at once): ~24.8 days. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * A deadline the client asked for (`Connect-Timeout-Ms`), or undefined: none asked, or one longer
+ * than a timer holds (a wait of ~25 days is none; Node would fire it after 1 ms).
+ */
 export function deadlineOf(header: string | string[] | undefined): number | undefined {
   const n = Number(Array.isArray(header) ? header[0] : header);
   // whole milliseconds (a deadline is one), rounded up: never shorter than asked
-  return Number.isFinite(n) && n > 0 ? Math.ceil(n) : undefined;
+  return Number.isFinite(n) && n > 0 && n <= MAX_TIMER_MS ? Math.ceil(n) : undefined;
+}
+
+/**
+ * How often a stream sends a keepalive (`Keepalive-Ping-Interval`, seconds, as the SDK asks: 50),
+ * in ms: never more often than once a second, never past what a timer holds; undefined when not asked.
+ */
+export function keepaliveMs(header: string | string[] | undefined): number | undefined {
+  if (header === undefined) return undefined;
+  const s = Number(Array.isArray(header) ? header[0] : header) || 0;
+  return Math.min(MAX_TIMER_MS, Math.max(1, s) * 1000);
 }

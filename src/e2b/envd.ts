@@ -9,6 +9,7 @@ import type { SandboxApi } from '../sdk/api.js';
 import {
   ConnectError,
   deadlineOf,
+  keepaliveMs,
   openStream,
   parseJson,
   readBody,
@@ -80,16 +81,15 @@ function sizeOf(pty: unknown): { cols: number; rows: number } | undefined {
  * gone or paused) is still an HTTP status.
  */
 function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e: ProcessEvent) => void {
-  // seconds, as the SDK asks (50); never more often than once a second
-  const every = Math.max(1, Number(req.headers['keepalive-ping-interval']) || 0);
+  const every = keepaliveMs(req.headers['keepalive-ping-interval']);
   let stream: ServerStream | undefined;
   let timer: NodeJS.Timeout | undefined;
   const listen = (e: ProcessEvent): void => {
     if (!stream) {
       stream = open();
-      if (req.headers['keepalive-ping-interval']) {
+      if (every) {
         const s = stream;
-        timer = setInterval(() => s.send({ event: { keepalive: {} } }), every * 1000);
+        timer = setInterval(() => s.send({ event: { keepalive: {} } }), every);
         timer.unref();
       }
       stream.onClose(() => {

@@ -40,6 +40,11 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
     // streamed as it is read, not held whole; the status waits for its first bytes (or its end, or
     // its error: a missing file is still a 404). An error after that cuts the response short
     const out = new PassThrough();
+    // a client gone before the first bytes (a FIFO nobody writes, a slow file) ends the read: its
+    // command is killed with the sink, never left holding a descriptor and a process
+    reply.raw.once('close', () => {
+      if (!reply.raw.writableFinished) out.destroy();
+    });
     const reading = box.files.readTo(path, out, { user: user.name });
     await Promise.race([once(out, 'readable'), reading]).catch((e: unknown) => {
       throw state.unavailable(req, e, box.id);

@@ -62,6 +62,9 @@ export function urlOf(app: FastifyInstance): string {
   return `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
 }
 
+/** the most a JSON request body may hold (read before its sender is known) */
+export const JSON_BODY_MAX = 1 << 20;
+
 export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   // requests for the code interpreter's port (E2b-Sandbox-Port: 49999) are routed apart (interpreter.ts)
   // a close ends the streams it serves (commands', watches'): a stop does not wait on a command's timeout
@@ -84,7 +87,11 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket), opts.sessions);
   // bodies other than JSON come as streams: envelopes, multipart and octet-stream uploads
   app.removeAllContentTypeParsers();
-  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+  // JSON bodies are read whole before a handler checks who sent them: envd's messages and the
+  // control API's are small (a create's metadata and envs), so 1 MiB, not the 16 an upload may stream
+  app.addContentTypeParser('application/json', { parseAs: 'buffer', bodyLimit: JSON_BODY_MAX }, (_req, body, done) =>
+    done(null, body),
+  );
   app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
   app.decorateRequest('phases', null);
   app.setErrorHandler((e, _req, reply) => sendError(reply, e));

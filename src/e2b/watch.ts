@@ -8,11 +8,14 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { WatchEvent, WatchHandle } from '../sdk/api.js';
 import { noted } from '../cleanup.js';
-import { ConnectError, deadlineOf, openStream, readBody, unenvelope } from './connect.js';
+import { ConnectError, deadlineOf, keepaliveMs, openStream, readBody, unenvelope } from './connect.js';
 import { absolute } from './files.js';
 import type { Unary } from './envd.js';
 import { EnvdUnavailable, FROM_MEMORY, sendError, type E2bState } from './state.js';
 import { envdEvents, watchAsk } from './watchers.js';
+
+/** A WatchDir client this far behind (its events written, not read) is let go: its watch ends. */
+const MAX_UNREAD = 4 << 20;
 
 /** WatchDir: the watch first (a path not there ends the stream with not_found before a start), then its events. */
 async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
@@ -30,7 +33,11 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
     const user = await state.actAs(box, req);
     const ask = watchAsk(m, absolute(m.path, user), user.name);
     // told only once the stream is open (the events before it wait in pending)
-    events = envdEvents(box, ask, (e) => stream?.send({ filesystem: e }));
+    events = envdEvents(box, ask, (e) => {
+      stream?.send({ filesystem: e });
+      // a client that does not read would have its events held here without end
+      if (stream && stream.unread > MAX_UNREAD) stream.drop();
+    });
     handle = await box.watch(ask.path, { recursive: ask.recursive, user: ask.user }, (e) => send(e));
   } catch (err) {
     const e = state.unavailable(req, err);
@@ -48,16 +55,14 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
   out.send({ start: {} });
   send = events.tell;
   for (const e of pending) send(e);
-  // seconds, as the SDK asks (50); never more often than once a second
-  const every = Math.max(1, Number(req.headers['keepalive-ping-interval']) || 0);
-  const keepalive = req.headers['keepalive-ping-interval']
-    ? setInterval(() => out.send({ keepalive: {} }), every * 1000)
-    : undefined;
+  const every = keepaliveMs(req.headers['keepalive-ping-interval']);
+  const keepalive = every ? setInterval(() => out.send({ keepalive: {} }), every) : undefined;
   const deadline = deadlineOf(req.headers['connect-timeout-ms']);
   const expiry = deadline
     ? setTimeout(() => out.end(new ConnectError('deadline_exceeded', 'the watch ran past its timeout')), deadline)
     : undefined;
   const stop = (): void => {
+    events.stop();
     clearInterval(keepalive);
     clearTimeout(expiry);
     handle.close().catch(noted('close a watch', 'SANDBOX_NOT_FOUND'));

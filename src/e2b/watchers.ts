@@ -10,8 +10,20 @@ import { noted, orElse } from '../cleanup.js';
 import { ConnectError } from './connect.js';
 import { entryOf } from './entries.js';
 
-/** A watcher holds at most this many events not yet asked for; past that it fails (as a full queue). */
-const MAX_PENDING = 100_000;
+/**
+ * A watcher holds at most this many bytes of events not yet asked for (names, and entries counted
+ * at ENTRY_BYTES each); past that it fails, as a full queue: a client that never asks holds at most
+ * this much of the daemon's memory a watcher, whatever its sandbox does.
+ */
+const MAX_PENDING_BYTES = 4 << 20;
+const EVENT_BYTES = 64;
+const ENTRY_BYTES = 512;
+/** With includeEntry, at most this many events wait for their entry's stat (the rest are sent without). */
+const MAX_QUEUED = 1000;
+
+/** What a watch's events hold of memory here, roughly. */
+export const sizeOf = (e: ReturnType<typeof eventOf>): number =>
+  EVENT_BYTES + e.name.length + (e.entry ? ENTRY_BYTES : 0);
 
 /** An event as envd sends it (`entry`: with includeEntry, envd ≥ 0.6.3). */
 export const eventOf = (e: WatchEvent, entry?: Record<string, unknown>) => ({
@@ -38,26 +50,39 @@ export function watchAsk(m: Record<string, unknown>, path: string, user: string 
  * The events of a watch as envd sends them, in the order they came. With includeEntry, a create,
  * write or chmod is sent with its entry, stat-ed when told (as envd does: gone by then, none; a
  * remove or rename never has one, the path's entry being another's by then). `flushed` resolves
- * once every event told so far is sent.
+ * once every event told so far is sent. At most MAX_QUEUED stats wait at once: an event that
+ * comes while they do is sent without its entry, in its turn (a sandbox that changes files faster
+ * than they can be stat-ed, one agent command each, would queue work and memory here without end).
+ * `stop` drops what waits.
  */
 export function envdEvents(
   box: SandboxApi,
   ask: WatchAsk,
   send: (e: ReturnType<typeof eventOf>) => void,
-): { tell: (e: WatchEvent) => void; flushed: () => Promise<void> } {
-  if (!ask.includeEntry) return { tell: (e) => send(eventOf(e)), flushed: async () => undefined };
+): { tell: (e: WatchEvent) => void; flushed: () => Promise<void>; stop: () => void } {
+  let stopped = false;
+  const stop = (): void => void (stopped = true);
+  if (!ask.includeEntry) return { tell: (e) => stopped || send(eventOf(e)), flushed: async () => undefined, stop };
   let chain = Promise.resolve();
+  let stats = 0;
   const entry = async (e: WatchEvent) => {
-    if (e.type !== 'create' && e.type !== 'write' && e.type !== 'chmod') return undefined;
     const at = posix.join(ask.path, e.name);
     const info = await box.files.stat(at, { user: ask.user }).catch(orElse(undefined, `stat ${at}`, 'FILE_NOT_FOUND'));
     return info && entryOf(info);
   };
   return {
     tell: (e) => {
-      chain = chain.then(async () => send(eventOf(e, await entry(e))));
+      if (stopped) return;
+      const stat = (e.type === 'create' || e.type === 'write' || e.type === 'chmod') && stats < MAX_QUEUED;
+      if (stat) stats++;
+      chain = chain.then(async () => {
+        const info = stat && !stopped ? await entry(e) : undefined;
+        if (stat) stats--;
+        if (!stopped) send(eventOf(e, info));
+      });
     },
     flushed: () => chain,
+    stop,
   };
 }
 
@@ -65,6 +90,9 @@ interface Watcher {
   sandbox: string;
   handle: WatchHandle;
   events: ReturnType<typeof eventOf>[];
+  /** what `events` holds, roughly (sizeOf) */
+  bytes: number;
+  stop: () => void;
   error?: unknown;
 }
 
@@ -73,11 +101,23 @@ export class Watchers {
   private readonly byId = new Map<string, Watcher>();
 
   async create(box: SandboxApi, ask: WatchAsk): Promise<string> {
-    const w: Partial<Watcher> & { events: Watcher['events'] } = { sandbox: box.id, events: [] };
+    const w: Partial<Watcher> & { events: Watcher['events']; bytes: number } = {
+      sandbox: box.id,
+      events: [],
+      bytes: 0,
+    };
+    const full = (e: ConnectError): void => {
+      w.error ??= e;
+      w.events = [];
+      w.bytes = 0;
+      events.stop();
+    };
     const events = envdEvents(box, ask, (e) => {
-      if (w.events.length < MAX_PENDING) w.events.push(e);
-      else w.error ??= new ConnectError('resource_exhausted', `over ${MAX_PENDING} events not asked for`);
+      w.bytes += sizeOf(e);
+      if (w.bytes <= MAX_PENDING_BYTES) w.events.push(e);
+      else full(new ConnectError('resource_exhausted', `over ${MAX_PENDING_BYTES >> 20} MiB of events not asked for`));
     });
+    w.stop = events.stop;
     w.handle = await box.watch(ask.path, { recursive: ask.recursive, user: ask.user }, events.tell);
     w.handle.done.catch((e: unknown) => void (w.error ??= e));
     const id = `w${randomBytes(8).toString('hex')}`;
@@ -95,12 +135,15 @@ export class Watchers {
   take(box: SandboxApi, id: unknown): Watcher['events'] {
     const w = this.of(box, id);
     if (w.error) throw w.error;
-    return this.byId.get(w.id)!.events.splice(0);
+    const kept = this.byId.get(w.id)!;
+    kept.bytes = 0;
+    return kept.events.splice(0);
   }
 
   async remove(box: SandboxApi, id: unknown): Promise<void> {
     const w = this.of(box, id);
     this.byId.delete(w.id);
+    w.stop();
     await w.handle.close();
   }
 
@@ -109,12 +152,16 @@ export class Watchers {
     for (const [id, w] of this.byId)
       if (w.sandbox === sandbox) {
         this.byId.delete(id);
+        w.stop();
         w.handle.close().catch(noted('close a watcher of a sandbox gone', 'SANDBOX_NOT_FOUND'));
       }
   }
 
   close(): void {
-    for (const w of this.byId.values()) w.handle.close().catch(noted('close a watcher'));
+    for (const w of this.byId.values()) {
+      w.stop();
+      w.handle.close().catch(noted('close a watcher'));
+    }
     this.byId.clear();
   }
 }
