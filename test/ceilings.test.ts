@@ -204,6 +204,30 @@ describe("a key's ceilings", () => {
     cli(home, ['rm', 'c-wide']);
   });
 
+  it("keep a key's traces its own: not another key's under a name used again, not a pool's runs", async () => {
+    const [a, b] = [key('trace-a'), key('trace-b')];
+    const first = await call(a, 'POST', '/sandboxes', { name: 'reused' });
+    expect(first.status).toBe(201);
+    expect((await call(a, 'DELETE', `/sandboxes/${first.body.id}`)).status).toBe(204);
+    expect(cli(home, ['pool', 'create', 'c-traced', '--size', '1']).code).toBe(0);
+    expect((await call(a, 'POST', '/pools/c-traced/run', { argv: ['true'] })).status).toBe(200);
+    const ids: string[] = [];
+    try {
+      for (const name of ['reused', 'c-traced']) {
+        const made = await call(b, 'POST', '/sandboxes', { name });
+        expect(made.status).toBe(201);
+        ids.push(made.body.id);
+      }
+      const seen = (await call(b, 'GET', '/traces?limit=100')).body.map((t: Json) => `${t.kind} ${t.target}`);
+      expect(seen.sort()).toEqual(['create c-traced', 'create reused']);
+      const aCreate = (await call(a, 'GET', '/traces?limit=100')).body;
+      expect(aCreate).toEqual([]); // a's machine is gone: its traces with it, for a key
+    } finally {
+      for (const id of ids) await call(b, 'DELETE', `/sandboxes/${id}`);
+      cli(home, ['pool', 'rm', 'c-traced']);
+    }
+  });
+
   it("keep a key's snapshots its own: others' are not found, the host's may be restored, not removed", async () => {
     const [a, b] = [key('snap-a'), key('snap-b')];
     const box = await call(a, 'POST', '/sandboxes', {});

@@ -335,12 +335,30 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
 }
 
 function traceRoutes(app: FastifyInstance, h: RouteHost): void {
-  // a key without admin sees the traces of its own machines only (by name or id), as with events
-  const ownTargets = async (caller: Caller): Promise<string[] | undefined> => {
+  // a key without admin sees the traces of its own machines only, as with events: by id, or by
+  // name when they ended after the machine was made (a name is reused: an earlier machine's of that
+  // name, another key's perhaps, is not its); never a pool's (a run or a take names the pool)
+  const ownTargets = async (caller: Caller): Promise<Map<string, number> | undefined> => {
     const owner = h.ownedBy(caller);
     if (owner === undefined) return undefined;
-    return (await h.labFor(caller).list({ owner, check: false })).flatMap((b) => [b.name, b.id]);
+    const since = new Map<string, number>();
+    for (const b of await h.labFor(caller).list({ owner, check: false })) {
+      since.set(b.id, 0);
+      since.set(b.name, Math.min(since.get(b.name) ?? b.createdAt, b.createdAt));
+    }
+    return since;
   };
+  const POOL_KINDS = new Set(['run', 'take', 'pool rm', 'pool refill']);
+  const visible = (
+    own: Map<string, number> | undefined,
+    t: { kind: string; target: string | null; startedAt: number; totalMs: number },
+  ) =>
+    own === undefined ||
+    (!POOL_KINDS.has(t.kind) &&
+      t.target !== null &&
+      own.has(t.target) &&
+      // ended once the machine was there (its own create ends after it is recorded; an earlier one's rm before)
+      t.startedAt + t.totalMs >= own.get(t.target)!);
   app.get(
     '/traces',
     {
@@ -358,8 +376,9 @@ function traceRoutes(app: FastifyInstance, h: RouteHost): void {
       const q = req.query as { limit?: number; target?: string | string[] };
       const own = await ownTargets(req.caller);
       const asked = q.target === undefined ? undefined : [q.target].flat();
-      const targets = asked === undefined ? own : own ? asked.filter((t) => own.includes(t)) : asked;
-      return h.labFor(req.caller).traces({ limit: q.limit ?? 20, targets });
+      const mine = own && [...own.keys()];
+      const targets = asked === undefined ? mine : mine ? asked.filter((t) => mine.includes(t)) : asked;
+      return (await h.labFor(req.caller).traces({ limit: q.limit ?? 20, targets })).filter((t) => visible(own, t));
     },
   );
   app.get(
@@ -371,7 +390,7 @@ function traceRoutes(app: FastifyInstance, h: RouteHost): void {
       const id = (req.params as { id: string }).id;
       const t = await h.labFor(req.caller).trace(id);
       const own = await ownTargets(req.caller);
-      if (!t || (own && !own.includes(t.target ?? '')))
+      if (!t || !visible(own, t))
         throw new SnaplabError('OPERATION_NOT_FOUND', `no trace ${id}`, 'list them with GET /traces');
       return t;
     },
