@@ -170,7 +170,7 @@ describe.each([
 });
 
 // Found by a review: what a client that stops, floods or never reads could hold of the daemon
-describe("envd's files against clients that leave, flood or never read", () => {
+describe("envd's files as envd answers them, and against clients that leave, flood or never read", () => {
   let sbx: latest.Sandbox;
   let token: string;
   const headers = (): Record<string, string> => ({
@@ -204,6 +204,16 @@ describe("envd's files against clients that leave, flood or never read", () => {
       'the reads ended',
       async () => (await box.exec(['sh', '-c', 'ps -o args | grep -c "[f]ile cat" || true'])).stdout.trim() === '0',
     );
+  });
+
+  it("as envd: ListDir follows a link to a directory (Debian's /bin), MakeDir on a file is invalid_argument", async () => {
+    await sbx.commands.run('mkdir -p /tmp/real/sub && : > /tmp/real/f && ln -s /tmp/real /tmp/link');
+    expect((await sbx.files.list('/tmp/link')).map((e) => [e.name, e.path]).sort()).toEqual([
+      ['f', '/tmp/link/f'],
+      ['sub', '/tmp/link/sub'],
+    ]);
+    expect(await sbx.files.makeDir('/tmp/real')).toBe(false);
+    await expect(sbx.files.makeDir('/tmp/real/f')).rejects.toBeInstanceOf(latest.InvalidArgumentError);
   });
 
   it('a JSON body over 1 MiB is refused before anyone reads who sent it', async () => {

@@ -134,7 +134,9 @@ async function listDir(box: SandboxApi, path: string, depth: number, user: strin
       if (f.type === 'dir' && level < depth) await walk(f.path, level + 1);
     }
   };
-  const top = await box.files.stat(path, { user }).catch(notFound);
+  // a link to a directory is listed as the directory, under the path asked for (envd follows it:
+  // Debian's /bin, /lib and /sbin are such links)
+  const top = await box.files.stat(path, { user, follow: true }).catch(notFound);
   if (top.type !== 'dir') throw new ConnectError('invalid_argument', `${path} is not a directory`);
   await walk(path, 1);
   return { entries: out };
@@ -168,8 +170,12 @@ export function registerFiles(app: FastifyInstance, state: E2bState, unary: Unar
     `${F}/MakeDir`,
     unary(state, async (box, m, req) => {
       const { path, user } = await at(box, m, req);
-      const there = await box.files.stat(path, { user }).catch(orElse(undefined, `stat ${path}`, 'FILE_NOT_FOUND'));
-      if (there) throw new ConnectError('already_exists', `${path} exists`);
+      const there = await box.files
+        .stat(path, { user, follow: true })
+        .catch(orElse(undefined, `stat ${path}`, 'FILE_NOT_FOUND'));
+      // as envd: a directory there already is already_exists (the SDK's false), anything else an error
+      if (there?.type === 'dir') throw new ConnectError('already_exists', `${path} exists`);
+      if (there) throw new ConnectError('invalid_argument', `${path} exists and is not a directory`);
       await box.files.mkdir(path, { parents: true, user });
       return { entry: entryOf(await box.files.stat(path, { user })) };
     }),
