@@ -5,12 +5,14 @@
  * reconciling process is a real one, under `prlimit --nofile`, that fills its table before it
  * lists and collects: the machines it cannot see must stay running, with every file they use.
  */
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { ramPrefix } from '../src/drivers/qemu/ram.js';
 import { snaplabCgroupsOnHost } from '../src/host/cgroups/host.js';
+import { cgroupFor, isFrozen } from '../src/host/cgroups/cgroups.js';
+import { SNAPLAB } from './cli-command.js';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
@@ -46,6 +48,7 @@ const SCRIPT = `
   process.stdout.write(JSON.stringify(out));
 `;
 
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const ramFiles = (): string[] => readdirSync('/dev/shm').filter((n) => n.startsWith(ramPrefix(lab.home)));
 
 it('procfs reads failing with EMFILE leave running machines running, with their files', async () => {
@@ -84,4 +87,30 @@ it('procfs reads failing with EMFILE leave running machines running, with their 
     expect((await snaplabCgroupsOnHost()).some((c) => c.id === b.id)).toBe(true);
     expect((await b.exec(['echo', 'still here'])).stdout.trim()).toBe('still here');
   }
+}, 180_000);
+
+// A snapshot freezes its machine, copies its storage, thaws it. Killed in between, it left the
+// machine frozen while its record said running: exec hung, ls and gc said nothing, and resume
+// returned at once ("running"). Its freeze mark is the evidence: the next ls thaws it.
+it('a snapshot killed while its machine is frozen: the next ls thaws it (and resume would)', async () => {
+  const frozen = await lab.create({ image: 'busybox', name: 'frozen', storage: 'dir' });
+  // a tree whose copy takes long enough to be caught frozen
+  expect((await frozen.exec(['dd', 'if=/dev/zero', 'of=/big', 'bs=1M', 'count=400'])).exitCode).toBe(0);
+  const cg = cgroupFor(frozen.id);
+  const env = { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_NO_FAST: '1' };
+  const snap = spawn(SNAPLAB, ['snapshot', 'frozen', '--name', 'frozen-snap'], { env, stdio: 'ignore' });
+  const exited = new Promise((r) => snap.once('exit', r));
+  for (const end = Date.now() + 30_000; !(await isFrozen(cg)); await sleep(2))
+    if (Date.now() > end) throw new Error('the snapshot never froze its machine');
+  snap.kill('SIGKILL');
+  await exited;
+  expect(await isFrozen(cg)).toBe(true);
+  const listed = spawnSync(SNAPLAB, ['ls'], { env, encoding: 'utf8' });
+  expect(listed.status, listed.stderr).toBe(0);
+  expect(listed.stdout).toMatch(/frozen +running/);
+  expect(await isFrozen(cg)).toBe(false);
+  expect((await frozen.exec(['echo', 'thawed'])).stdout.trim()).toBe('thawed');
+  await frozen.destroy();
+  // what the killed snapshot half made (its copy) goes with gc
+  await lab.gc();
 }, 180_000);

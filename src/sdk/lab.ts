@@ -20,6 +20,7 @@ import { reconcile } from '../lab/lifecycle/reconcile.js';
 import { sandboxKey } from '../lab/names.js';
 import { checkLabels, noMeta, updateMeta } from '../lab/meta.js';
 import { checkSandboxes, reconcileUnsettled, storedTraces } from '../lab/lifecycle/check.js';
+import { thawOrphans } from '../lab/lifecycle/inflight.js';
 import type { ImportOptions } from '../image/import.js';
 import type { DebianSpec } from '../image/debian.js';
 import type { BuildOptions, Built } from '../lab/images/build.js';
@@ -276,6 +277,7 @@ export class Lab implements LabApi {
     const listed = (r: SandboxRecord, meta: SandboxMeta | null): Sandbox =>
       new Sandbox(this.ctx, r, undefined, undefined, meta ?? noMeta(r.id));
     if (opts.check === false) return rows.map((r) => listed(r.record, r.meta));
+    await thawOrphans(this.ctx);
     return Promise.all(rows.map(async (r) => listed(await reconcile(this.ctx, r.record), r.meta)));
   }
 

@@ -1,4 +1,5 @@
 import { handleOf } from '../lifecycle/handle.js';
+import { freezeMark, thawOrphans } from '../lifecycle/inflight.js';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
@@ -343,7 +344,10 @@ export async function snapshotSandbox(
       let image: MemoryImage | undefined;
       let failed = true;
       const dir = join(ctx.home, 'snapshots', newId());
-      if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s)));
+      // marked first: a process killed while the machine is frozen leaves the mark, by which the
+      // next ls, gc, check or resume thaws it (thawOrphans)
+      const unmark = wasPaused ? () => {} : freezeMark(ctx, s.id);
+      if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s))).catch(unmarked(unmark));
       try {
         // memory and disk are taken while the machine stands still, so they agree
         volume = await trace.phase('snapshot storage', () => backend.snapshot(s.volume!));
@@ -355,12 +359,16 @@ export async function snapshotSandbox(
         throw e;
       } finally {
         // a failed thaw must not hide why the snapshot failed
-        if (!wasPaused)
-          await trace
-            .phase('thaw', () => driver.resume(handleOf(s)))
-            .catch((e: unknown) => {
-              if (!failed) throw e;
-            });
+        try {
+          if (!wasPaused)
+            await trace
+              .phase('thaw', () => driver.resume(handleOf(s)))
+              .catch((e: unknown) => {
+                if (!failed) throw e;
+              });
+        } finally {
+          unmark();
+        }
       }
       const rec = snapshotRecord(ctx, s, name, volume, image);
       let recorded = false;
@@ -475,7 +483,11 @@ async function guestHalt(ctx: LabContext, s: SandboxRecord): Promise<void> {
 export async function resumeSandbox(ctx: LabContext, s: SandboxRecord, trace: Trace): Promise<void> {
   await underStateLock(ctx, s, async () => {
     if (s.state !== 'paused') {
-      if (s.state === 'running') return;
+      // running already, unless a snapshot killed mid-way left it frozen: then thawed
+      if (s.state === 'running') {
+        await trace.phase('thaw', () => thawOrphans(ctx, s.id));
+        return;
+      }
       await ensureUsable(ctx, s);
     }
     await trace.phase('thaw', () => ctx.driver(s.driver).resume(handleOf(s)));
@@ -483,3 +495,11 @@ export async function resumeSandbox(ctx: LabContext, s: SandboxRecord, trace: Tr
     s.state = 'running';
   });
 }
+
+/** A freeze that failed holds no machine frozen: its mark goes, and the failure goes on. */
+const unmarked =
+  (unmark: () => void) =>
+  (e: unknown): never => {
+    unmark();
+    throw e;
+  };

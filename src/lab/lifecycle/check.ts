@@ -5,6 +5,7 @@
 import type { TraceSummary } from '../../timing/trace.js';
 import type { LabContext } from '../context.js';
 import { reconcile } from './reconcile.js';
+import { thawOrphans } from './inflight.js';
 import { destroyRecord } from './teardown.js';
 import { noted, orElse } from '../../cleanup.js';
 import { pidThere } from '../../host/procs.js';
@@ -31,6 +32,7 @@ export async function checkSandboxes(
   opts: { reconciled?: boolean; quick?: boolean } = {},
 ): Promise<Checked> {
   if (!opts.reconciled) await reconcileUnsettled(ctx, opts.quick ?? false);
+  await thawOrphans(ctx);
   const removed: Checked['removed'] = [];
   // read after the reconcile: a change made meanwhile is seen as it is now, not as it was (those
   // rows alone: a daemon's start reads every record once, in gc's pass)

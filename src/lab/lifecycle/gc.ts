@@ -11,7 +11,7 @@ import type { LabContext } from '../context.js';
 import type { SandboxRecord } from '../../store/records.js';
 import { STORAGE_KINDS } from '../context.js';
 import { collectScenarios } from '../../scenario/gc.js';
-import { collecting, liveInflight } from './inflight.js';
+import { collecting, liveInflight, thawOrphans } from './inflight.js';
 import { reconcile } from './reconcile.js';
 import {
   machineOf,
@@ -44,6 +44,8 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   // asked of the store again at that time, a column at a time (see each)
   const records = await trace.phase('read records', async () => ctx.store.listSandboxes());
   const sandboxes = await trace.phase('reconcile', () => discardAndReconcile(ctx, records, removed));
+  for (const name of await trace.phase('thaw', () => thawOrphans(ctx)))
+    removed.push(`the freeze of ${name} (the snapshot that froze it ended mid-way): thawed`);
   const liveSandboxes = sandboxes.filter((s) => s.state !== 'dead');
   // run directories and cgroups are named by sandbox id whatever the driver: every driver sees every live id
   const live = new Set(liveSandboxes.map((s) => s.id));

@@ -4,6 +4,7 @@ import { recordFailure } from '../../cleanup.js';
 import { SnaplabError } from '../../errors.js';
 import { readStat } from '../../host/procs.js';
 import type { LabContext } from '../context.js';
+import { handleOf } from './handle.js';
 
 /** The mark gc's volume collection holds (a row of the same table, of kind `gc`). */
 const GC = 'gc';
@@ -85,7 +86,8 @@ async function gcDone(ctx: LabContext): Promise<void> {
 export async function liveInflight(ctx: LabContext): Promise<string[]> {
   const live: string[] = [];
   for (const op of ctx.store.listInflight()) {
-    if (op.kind === GC) continue;
+    // a freeze mark makes no volume; a dead one's machine is thawOrphans' to thaw
+    if (op.kind === GC || op.kind.startsWith(FREEZE)) continue;
     if (await markLive(op)) live.push(`${op.kind} by pid ${op.pid}`);
     else ctx.store.endInflight(op.id);
   }
@@ -106,4 +108,46 @@ export async function collecting<T>(ctx: LabContext, fn: (busy: string[]) => Pro
     held.delete(id); // first: were the row's removal to fail, it is stale at once
     ctx.store.endInflight(id);
   }
+}
+
+/**
+ * The mark a snapshot holds while it has a machine frozen (`freezeMark`): a process killed between
+ * its freeze and its thaw leaves it, and the machine frozen while its record says running (its
+ * `exec` hangs, nothing is declared). `thawOrphans` thaws such a machine once the mark's process is
+ * gone: the evidence is the mark, never the frozen state alone (a pause is frozen too).
+ */
+const FREEZE = 'freeze ';
+
+/** Mark `sandbox` frozen by this process until the returned release. */
+export function freezeMark(ctx: LabContext, sandbox: string): () => void {
+  const id = randomBytes(6).toString('hex');
+  ctx.store.beginInflight(id, `${FREEZE}${sandbox}`);
+  return () => ctx.store.endInflight(id);
+}
+
+/**
+ * Thaw the machines (all, or `only` one) whose freeze mark's process is gone, if their records
+ * still say running (a pause since is the user's); each mark is dropped once dealt with. The
+ * names of those thawed.
+ */
+export async function thawOrphans(ctx: LabContext, only?: string): Promise<string[]> {
+  const thawed: string[] = [];
+  for (const op of ctx.store.listInflight()) {
+    if (!op.kind.startsWith(FREEZE)) continue;
+    const id = op.kind.slice(FREEZE.length);
+    if ((only !== undefined && id !== only) || (await markLive(op))) continue;
+    const s = ctx.store.getSandbox(id);
+    if (s && s.id === id && s.state === 'running') {
+      try {
+        await ctx.driver(s.driver).resume(handleOf(s));
+      } catch (e) {
+        // the machine gone meanwhile, or its driver refusing: the mark stays for the next look
+        recordFailure(`thaw ${s.name}, frozen by a snapshot whose process ended`, e);
+        continue;
+      }
+      thawed.push(s.name);
+    }
+    ctx.store.endInflight(op.id);
+  }
+  return thawed;
 }
