@@ -178,7 +178,8 @@ export async function mountCapImage(image: string, dir: string): Promise<void> {
 
 /**
  * What crashes left in `<root>/.disks` (a backend's gc): removals cut short (.rm), caps whose
- * volume directory is gone, filesystems half-made (.tmp, once no create can be making them).
+ * volume directory is gone, filesystems half-made (.tmp) and their seed directories (.seed: what
+ * mke2fs -d was filling one from), once no create can be making them (a minute old).
  */
 export async function sweepCaps(
   root: string,
@@ -187,16 +188,16 @@ export async function sweepCaps(
 ): Promise<string[]> {
   const removed: string[] = [];
   for (const name of await readdir(join(root, '.disks')).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
-    const id = name.replace(/\.img(\.tmp|\.rm)?$/, '');
+    const id = name.replace(/\.img(\.tmp|\.rm|\.seed)?$/, '');
     if (!/^[0-9a-f]{12}$/.test(id)) continue;
     const path = join(root, '.disks', name);
-    if (name.endsWith('.tmp')) {
+    if (name.endsWith('.tmp') || name.endsWith('.seed')) {
       const age = await stat(path).then(
         (st) => Date.now() - st.mtimeMs,
         () => 0,
       );
       if (age < 60_000) continue;
-      await rm(path, { force: true });
+      await rm(path, { recursive: true, force: true });
       removed.push(`removed ${path}`);
     } else if (name.endsWith('.rm') || !existsSync(dirOf(id))) {
       for (const d of await locked(() => removeCapFs(dirOf(id), capImage(root, id)))) removed.push(`${id}: ${d}`);
@@ -248,7 +249,7 @@ export async function removeCapFs(dir: string, image: string): Promise<string[]>
   const done = (await unmountAll(dir)).map((m) => `unmounted ${m}`);
   // never capped, or removed already: no loop device or file of it to look for (every delete
   // comes here; a loop device whose file is gone is gc's generic loop pass's)
-  if (!renamed && !existsSync(doomed) && !existsSync(`${image}.tmp`)) return done;
+  if (!renamed && !existsSync(doomed) && !existsSync(`${image}.tmp`) && !existsSync(`${image}.seed`)) return done;
   const ours = (f: string): boolean => f === image || f === doomed;
   for (const l of (await listLoopDevices()).filter((d) => ours(d.backingFile))) {
     await detachLoop(l.device).catch(noted(`detach ${l.device}`));
@@ -256,9 +257,9 @@ export async function removeCapFs(dir: string, image: string): Promise<string[]>
   }
   for (let i = 0; i < 100 && (await listLoopDevices()).some((d) => ours(d.backingFile)); i++)
     await new Promise((r) => setTimeout(r, 20));
-  for (const f of [doomed, `${image}.tmp`]) {
+  for (const f of [doomed, `${image}.tmp`, `${image}.seed`]) {
     if (!existsSync(f)) continue;
-    await rm(f, { force: true });
+    await rm(f, { recursive: true, force: true });
     done.push(`removed ${f}`);
   }
   return done;
