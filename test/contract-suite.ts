@@ -393,14 +393,19 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
   it('a kept process outlives its caller: listed with its tag, taken on again by pid, its output from then', async () => {
     const box = await lab().create({ name: `k-${kind}` });
     try {
+      let early = '';
       const p = await box.spawn(['sh', '-c', 'echo early; read a; echo got:$a'], {
         keep: true,
         tag: 'job',
         stdin: true,
         detached: true,
-        onStdout: () => {},
+        onStdout: (b) => void (early += b.toString()),
       });
       const pid = await p.pid;
+      // its first line read before it is let go (on a loaded host the shell may not have written it
+      // yet): what `since` counts below
+      for (const end = Date.now() + 20_000; !early.includes('early'); await new Promise((r) => setTimeout(r, 20)))
+        if (Date.now() > end) throw new Error('the kept command never wrote its first line');
       const plain = await box.spawn(['sleep', '600'], { detached: true });
       expect((await box.kept()).map((k) => [k.pid, k.tag, k.stdin, k.tty])).toEqual([[pid, 'job', true, false]]);
       // only a kept one is taken on by pid

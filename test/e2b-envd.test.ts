@@ -4,6 +4,7 @@
  * metadata kept as `user.e2b.*` extended attributes (checked from outside through the Lab API),
  * and the watch options (includeEntry, allowNetworkMounts).
  */
+import { connect } from 'node:net';
 import * as latest from 'e2b';
 import * as oldest from 'e2b-v2-14';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -214,6 +215,50 @@ describe("envd's files as envd answers them, and against clients that leave, flo
     ]);
     expect(await sbx.files.makeDir('/tmp/real')).toBe(false);
     await expect(sbx.files.makeDir('/tmp/real/f')).rejects.toBeInstanceOf(latest.InvalidArgumentError);
+  });
+
+  it("a client that stops reading a command's output holds the command, not the daemon's memory", async () => {
+    const box = await lab.get(sbx.sandboxId);
+    await box.files.write(
+      '/tmp/flood.sh',
+      'echo $$ > /tmp/flood.pid; i=0; while :; do head -c 65536 /dev/zero; i=$((i+1)); echo $i > /tmp/progress; done\n',
+    );
+    const message = Buffer.from(JSON.stringify({ process: { cmd: '/bin/sh', args: ['/tmp/flood.sh'], envs: {} } }));
+    const head = Buffer.alloc(5);
+    head.writeUInt32BE(message.length, 1);
+    const body = Buffer.concat([head, message]);
+    const u = new URL(h.d.e2bUrl ?? '');
+    const client = connect(Number(u.port), u.hostname);
+    try {
+      client.write(
+        `POST /process.Process/Start HTTP/1.1\r\nhost: x\r\ncontent-type: application/connect+json\r\n` +
+          `e2b-sandbox-id: ${sbx.sandboxId}\r\ne2b-sandbox-port: 49983\r\nx-access-token: ${token}\r\n` +
+          `content-length: ${body.length}\r\n\r\n`,
+      );
+      client.write(body);
+      client.pause(); // and never read
+      const progress = async (): Promise<number> =>
+        Number((await box.exec(['sh', '-c', 'cat /tmp/progress 2>/dev/null || echo 0'])).stdout.trim());
+      await until('the command started', async () => (await progress()) > 0);
+      await new Promise((r) => setTimeout(r, 3000));
+      const a = await progress();
+      await new Promise((r) => setTimeout(r, 1000));
+      const b = await progress();
+      // held: it waits on a full pipe, a few MiB written (64 KiB an iteration); unheld it wrote
+      // hundreds of MiB into the daemon's memory in these seconds
+      expect(b).toBe(a);
+      expect(b).toBeLessThan(600);
+    } finally {
+      client.destroy();
+      // kept, it would run on after its client: ended here, and seen ended (the next test counts pids)
+      await box.exec(['sh', '-c', 'kill -9 $(cat /tmp/flood.pid)']);
+      await until(
+        'the flood ended',
+        async () =>
+          (await box.exec(['sh', '-c', 'kill -0 $(cat /tmp/flood.pid) 2>/dev/null || echo gone'])).stdout.trim() ===
+          'gone',
+      );
+    }
   });
 
   it('a JSON body over 1 MiB is refused before anyone reads who sent it', async () => {

@@ -93,6 +93,12 @@ export interface ExecHandle {
   kill(sig: number): void;
   /** a tty exec's new terminal size (the command gets SIGWINCH); ignored otherwise */
   resize(size: WindowSize): void;
+  /**
+   * Hold (true) or release this exec's output at the agent (HOLD_OUTPUT, 1.2): its command blocks
+   * on a full pipe meanwhile, the connection's other execs go on. Only to an agent's own
+   * connection: a VM's relay takes no client's HOLD_OUTPUT.
+   */
+  hold(on: boolean): void;
   result: Promise<ExecResult>;
 }
 
@@ -231,6 +237,9 @@ class Exec {
       },
       kill: (sig) => {
         if (!this.settled) ch.sendQuiet(MsgType.SIGNAL, id, encodeU32(sig));
+      },
+      hold: (on) => {
+        if (!this.settled) ch.sendQuiet(MsgType.HOLD_OUTPUT, id, encodeU32(on ? 1 : 0));
       },
     };
   }

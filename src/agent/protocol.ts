@@ -23,6 +23,8 @@ export const MsgType = {
   /** Ends the session (the agent kills its execs) and is answered by HELLO with the same id. */
   RESET: 0x09,
   RESIZE: 0x0a,
+  /** 1.2: u32 1 hold / 0 release: the agent stops (or resumes) reading this exec's output (no answer) */
+  HOLD_OUTPUT: 0x0b,
   /** 1.3: a restored machine's own host name, machine id and entropy, set by the agent itself */
   IDENTITY: 0x0c,
   /** 1.5: the kept execs that still run (DATA: see decodeKept) */

@@ -48,6 +48,12 @@ export interface RaisedMachine {
 
 export interface DriverCapabilities {
   pause: boolean;
+  /**
+   * a machine's agent connection is the agent's own, so one exec's output can be held there
+   * (HOLD_OUTPUT) while the connection's others go on; a VM's is its relay's, which takes no
+   * client's hold (it holds a client's execs itself when that client falls behind)
+   */
+  execHold?: boolean;
   /** `snapshotMemory` and `restoreMemory` exist: a snapshot can hold the running machine, and a restore continues it */
   memorySnapshot: boolean;
   /**

@@ -118,6 +118,8 @@ export interface ServerStream {
   readonly unread: number;
   /** let go of a client that does not read: the connection closed, what waits for it dropped */
   drop(): void;
+  /** once what was written has all been taken by the client (at once if it has) */
+  onDrain(fn: () => void): void;
   readonly closed: boolean;
   onClose(fn: () => void): void;
 }
@@ -154,6 +156,10 @@ export function openStream(reply: FastifyReply): ServerStream {
     drop() {
       ended = true;
       res.destroy();
+    },
+    onDrain(fn) {
+      if (res.writableLength === 0 || res.destroyed) fn();
+      else res.once('drain', fn);
     },
     onClose(fn) {
       if (gone) fn();

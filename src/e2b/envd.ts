@@ -75,15 +75,29 @@ function sizeOf(pty: unknown): { cols: number; rows: number } | undefined {
   return { cols, rows };
 }
 
+/** A client this far behind a command's output has it held at its source until it has read it all. */
+const HOLD_AT = 4 << 20;
+/** Where output cannot be held (a VM's relay takes no hold), a client this far behind is let go. */
+const DROP_AT = 64 << 20;
+
 /**
  * Send a process's events on a stream, with keepalives; the stream ends with the process. The
  * stream is opened by its first event (`open`), so that a start refused before it (the sandbox
- * gone or paused) is still an HTTP status.
+ * gone or paused) is still an HTTP status. A client that reads slower than the command writes
+ * holds its output at the machine (the command waits on a full pipe, as under envd) rather than
+ * in the daemon's memory; where that cannot be, it is let go 64 MiB behind (the command runs on,
+ * to be reattached by Connect).
  */
 function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e: ProcessEvent) => void {
   const every = keepaliveMs(req.headers['keepalive-ping-interval']);
   let stream: ServerStream | undefined;
   let timer: NodeJS.Timeout | undefined;
+  let holding = false;
+  const release = (): void => {
+    if (!holding) return;
+    holding = false;
+    ref.p?.hold(false);
+  };
   const listen = (e: ProcessEvent): void => {
     if (!stream) {
       stream = open();
@@ -95,9 +109,20 @@ function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest):
       stream.onClose(() => {
         if (timer) clearInterval(timer);
         ref.p?.listeners.delete(listen);
+        release();
       });
     }
     stream.send({ event: e });
+    const p = ref.p;
+    if (p && !holding && stream.unread > HOLD_AT) {
+      if (p.holdable) {
+        holding = true;
+        p.hold(true);
+        stream.onDrain(release);
+      } else if (stream.unread > DROP_AT) {
+        stream.drop();
+      }
+    }
     if ('end' in e) {
       if (timer) clearInterval(timer);
       stream.end(

@@ -40,6 +40,20 @@ export class Proc {
   pid = 0;
   timedOut = false;
   handle!: ProcessApi<ExecResult>;
+  /** how many of its listeners hold its output now (a client behind: envd.ts) */
+  private holders = 0;
+
+  /** One listener more (true) or less holding its output: held at its source while any does. */
+  hold(on: boolean): void {
+    const before = this.holders > 0;
+    this.holders = Math.max(0, this.holders + (on ? 1 : -1));
+    if (before !== this.holders > 0) this.handle.hold?.(this.holders > 0);
+  }
+
+  /** Can its output be held at its source (a namespace machine's agent; not a VM's relay)? */
+  get holdable(): boolean {
+    return this.handle.hold !== undefined;
+  }
 
   constructor(
     readonly sandbox: string,

@@ -951,6 +951,7 @@ export class Daemon implements RouteHost {
     try {
       const h = await spawnKept(box, p, spec, opts);
       p.agent = { close: () => h.disconnect?.(), pauseOutput: (on) => h.hold?.(on) };
+      p.canHold = h.hold !== undefined;
       p.attach(h, (on) => h.hold?.(on));
     } catch (e) {
       release();

@@ -166,6 +166,7 @@ export class KeptProcesses {
       // its output counts from what it wrote before: an old daemon's offset below that is a gap
       p.ring.rebase(h.since);
       p.agent = { close: () => h.disconnect?.(), pauseOutput: (on) => h.hold?.(on) };
+      p.canHold = h.hold !== undefined;
       p.attach(h, (on) => h.hold?.(on));
       // its owner's exec, as when it was started (past the key's quota if need be: it runs already)
       this.d.runs(box, p, this.d.countExec(box.owner ?? 'local'));

@@ -569,8 +569,8 @@ function processApi(
     kill: (signal) => h.kill(signal),
     resize: (cols, rows) => h.resize(cols, rows),
     result,
-    // holding output needs a connection of its own (detached)
-    ...(own ? { hold: (on: boolean) => p.hold(on) } : {}),
+    // holding output needs a connection of its own (detached), or an agent that holds one exec's
+    ...(own || p.canHold ? { hold: (on: boolean) => p.hold(on) } : {}),
     disconnect: kill ?? ((): void => letGo()),
   };
 }

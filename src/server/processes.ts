@@ -118,6 +118,8 @@ export class Process extends EventEmitter {
   endedAt: number | null = null;
   /** its own agent connection, closed with it (or with its sandbox, or the daemon) */
   agent: { close(): unknown; pauseOutput(on: boolean): void } | undefined;
+  /** its output can be held at its source (a connection of its own, or an agent's that takes HOLD_OUTPUT) */
+  canHold = false;
 
   constructor(
     readonly sandbox: string,

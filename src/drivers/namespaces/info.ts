@@ -5,6 +5,7 @@ export const NAMESPACES_INFO: DriverInfo = {
   name: 'namespaces',
   capabilities: {
     pause: true,
+    execHold: true,
     memorySnapshot: false,
     guestCache: false,
     pauseStandbys: false,

@@ -12,6 +12,7 @@ export const VM_MIN_MEMORY = 96 * 1024 * 1024;
 export const QEMU_INFO: DriverInfo = {
   name: 'qemu',
   capabilities: {
+    execHold: false,
     pause: true,
     memorySnapshot: true,
     guestCache: true,

@@ -120,6 +120,11 @@ export interface ExecProcess {
   kill(signal: number): void;
   /** (tty) a new terminal size: the command gets SIGWINCH */
   resize(cols: number, rows: number): void;
+  /**
+   * hold (true) or release its output at the machine's agent, the connection's other commands going
+   * on: there only where the connection is the agent's own (a VM's relay takes no client's hold)
+   */
+  hold?: (on: boolean) => void;
   result: Promise<ExecResult>;
 }
 
@@ -198,6 +203,7 @@ function processOf(ctx: LabContext, s: SandboxRecord, h: ExecHandle, limited: bo
     end: () => h.end(),
     kill: (sig) => h.kill(sig),
     resize: (cols, rows) => h.resize(windowSize(cols, rows)),
+    ...(ctx.driver(s.driver).capabilities.execHold ? { hold: (on: boolean) => h.hold(on) } : {}),
     result,
   };
 }
