@@ -261,13 +261,26 @@ describe("envd's files as envd answers them, and against clients that leave, flo
     }
   });
 
-  it('a JSON body over 1 MiB is refused before anyone reads who sent it', async () => {
-    const r = await fetch(`${h.d.e2bUrl}/filesystem.Filesystem/Stat`, {
+  it("JSON bodies: the control API's at most 1 MiB, envd's token checked before its body, stdin of 900 kB sent", async () => {
+    const big = JSON.stringify({ path: 'x'.repeat(2 << 20) });
+    const create = await fetch(`${h.d.e2bUrl}/sandboxes`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'X-API-Key': h.key },
+      body: big,
+    });
+    expect(create.status).toBe(413);
+    // no token: refused before the body is read (a body may be 16 MiB here)
+    const stat = await fetch(`${h.d.e2bUrl}/filesystem.Filesystem/Stat`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'E2b-Sandbox-Id': sbx.sandboxId },
-      body: JSON.stringify({ path: 'x'.repeat(2 << 20) }),
+      body: big,
     });
-    expect(r.status).toBe(413);
+    expect(stat.status).toBe(401);
+    // SendInput carries stdin in base64 JSON: 900 kB of it is 1.2 MB of body
+    const cat = await sbx.commands.run('wc -c', { background: true, stdin: true });
+    await sbx.commands.sendStdin(cat.pid, 'y'.repeat(900_000));
+    await sbx.commands.closeStdin(cat.pid);
+    expect((await cat.wait()).stdout.trim()).toBe('900000');
   });
 
   it('a flood of events with includeEntry: stats wait at most 1000 at once, the rest come without entries', async () => {

@@ -6,6 +6,7 @@
  * lists and collects: the machines it cannot see must stay running, with every file they use.
  */
 import { spawn, spawnSync } from 'node:child_process';
+import Database from 'better-sqlite3';
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
@@ -105,12 +106,29 @@ it('a snapshot killed while its machine is frozen: the next ls thaws it (and res
   snap.kill('SIGKILL');
   await exited;
   expect(await isFrozen(cg)).toBe(true);
+  // a second snapshot, stopped while it has the machine frozen (its own mark beside the dead one):
+  // ls must leave it frozen, for that snapshot's copy is under way
+  const db = new Database(join(lab.home, 'state.db'), { readonly: true, fileMustExist: true });
+  const marks = db.prepare('SELECT COUNT(*) AS n FROM inflight WHERE kind = ?');
+  const second = spawn(SNAPLAB, ['snapshot', 'frozen', '--name', 'frozen-snap2'], { env, stdio: 'ignore' });
+  const secondExited = new Promise((r) => second.once('exit', r));
+  for (const end = Date.now() + 30_000; (marks.get(`freeze ${frozen.id}`) as { n: number }).n < 2; await sleep(2))
+    if (Date.now() > end) throw new Error('the second snapshot never froze the machine');
+  second.kill('SIGSTOP');
+  db.close();
+  const during = spawnSync(SNAPLAB, ['ls'], { env, encoding: 'utf8' });
+  expect(during.status, during.stderr).toBe(0);
+  expect(await isFrozen(cg)).toBe(true);
+  second.kill('SIGCONT');
+  await secondExited;
+  expect(second.exitCode).toBe(0);
   const listed = spawnSync(SNAPLAB, ['ls'], { env, encoding: 'utf8' });
   expect(listed.status, listed.stderr).toBe(0);
   expect(listed.stdout).toMatch(/frozen +running/);
   expect(await isFrozen(cg)).toBe(false);
   expect((await frozen.exec(['echo', 'thawed'])).stdout.trim()).toBe('thawed');
   await frozen.destroy();
+  await lab.removeSnapshot('frozen-snap2');
   // what the killed snapshot half made (its copy) goes with gc
   await lab.gc();
 }, 180_000);

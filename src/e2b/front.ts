@@ -8,10 +8,11 @@
  */
 import type { Server } from 'node:http';
 import type { Socket } from 'node:net';
-import Fastify, { type FastifyInstance } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import type { KeyedLabApi } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { routingError } from '../server/http-errors.js';
+import { ConnectError, sendUnaryError } from './connect.js';
 import { registerControl } from './control.js';
 import { registerEnvd } from './envd.js';
 import { registerInterpreter, rewriteUrl } from './interpreter.js';
@@ -62,14 +63,18 @@ export function urlOf(app: FastifyInstance): string {
   return `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
 }
 
-/** the most a JSON request body may hold (read before its sender is known) */
+/** the most a JSON request body may hold before its sender is known (the control API's) */
 export const JSON_BODY_MAX = 1 << 20;
+/** the most an envd call's body may hold (its token checked first) */
+const ENVD_BODY_MAX = 16 << 20;
+/** envd's Connect services, each call of which carries the sandbox's access token */
+const ENVD_PATH = /^\/(process\.Process|filesystem\.Filesystem)\//;
 
 export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   // requests for the code interpreter's port (E2b-Sandbox-Port: 49999) are routed apart (interpreter.ts)
   // a close ends the streams it serves (commands', watches'): a stop does not wait on a command's timeout
   const app = Fastify({
-    bodyLimit: 16 << 20,
+    bodyLimit: JSON_BODY_MAX,
     logger: false,
     forceCloseConnections: true,
     ...opts.server,
@@ -87,14 +92,32 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
   const state = new E2bState(opts.labFor, (socket) => opts.guard?.authenticated(socket), opts.sessions);
   // bodies other than JSON come as streams: envelopes, multipart and octet-stream uploads
   app.removeAllContentTypeParsers();
-  // JSON bodies are read whole before a handler checks who sent them: envd's messages and the
-  // control API's are small (a create's metadata and envs), so 1 MiB, not the 16 an upload may stream
-  app.addContentTypeParser('application/json', { parseAs: 'buffer', bodyLimit: JSON_BODY_MAX }, (_req, body, done) =>
-    done(null, body),
-  );
+  // JSON bodies are read whole before a handler checks who sent them: the control API's are small
+  // (a create's metadata and envs), so 1 MiB; envd's calls may carry more (SendInput's stdin, in
+  // base64), so theirs take 16 MiB, their token checked before the body is read (onRoute below)
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+  app.addHook('onRoute', (route) => {
+    if (!ENVD_PATH.test(route.url)) return;
+    route.bodyLimit = ENVD_BODY_MAX;
+    const before = route.preParsing === undefined ? [] : [route.preParsing].flat();
+    route.preParsing = [
+      async (req: FastifyRequest) => {
+        state.envdToken(req); // a payload is what a preParsing hook returns: nothing, the body as it is
+      },
+      ...before,
+    ];
+  });
   app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
   app.decorateRequest('phases', null);
-  app.setErrorHandler((e, _req, reply) => sendError(reply, e));
+  app.setErrorHandler((e, req, reply) =>
+    // an envd call's body over its limit: said as Connect says it, not as an unknown error
+    ENVD_PATH.test(req.url) && (e as { code?: string }).code === 'FST_ERR_CTP_BODY_TOO_LARGE'
+      ? sendUnaryError(
+          reply,
+          new ConnectError('resource_exhausted', `the request body is over ${ENVD_BODY_MAX >> 20} MiB`),
+        )
+      : sendError(reply, e),
+  );
   app.setNotFoundHandler((req, reply) =>
     sendError(
       reply,

@@ -196,6 +196,23 @@ export class E2bState {
    */
   async envdSandbox(req: FastifyRequest, opts: { traffic?: boolean; fresh?: boolean } = {}): Promise<SandboxApi> {
     const id = String(req.headers['e2b-sandbox-id'] ?? '');
+    const s = this.envdToken(req, opts);
+    this.proved(req.raw.socket);
+    this.actors.set(req, s.apiKey);
+    const kept = opts.fresh ? undefined : this.handles.get(id);
+    // one that wakes on traffic is asked for its state each time: a call that finds it paused must
+    // resume it (`running`), not be answered 502 by the call's own error
+    if (kept && !wakes(kept)) return kept;
+    return this.running(id, s);
+  }
+
+  /**
+   * The session of an envd call's sandbox (`E2b-Sandbox-Id`) once its token is proved (unknown
+   * here: UNAVAILABLE, 502; a wrong token: UNAUTHORIZED): checked before anything else of the
+   * call is read, its body included (front.ts).
+   */
+  envdToken(req: FastifyRequest, opts: { traffic?: boolean } = {}): Session {
+    const id = String(req.headers['e2b-sandbox-id'] ?? '');
     const s = this.sessions.get(id);
     if (!s) throw new EnvdUnavailable(id);
     const token = req.headers['x-access-token'];
@@ -213,13 +230,7 @@ export class E2bState {
           : 'the access token is not this sandbox’s',
         opts.traffic ? 'send X-Access-Token, or E2B-Traffic-Access-Token' : 'send X-Access-Token',
       );
-    this.proved(req.raw.socket);
-    this.actors.set(req, s.apiKey);
-    const kept = opts.fresh ? undefined : this.handles.get(id);
-    // one that wakes on traffic is asked for its state each time: a call that finds it paused must
-    // resume it (`running`), not be answered 502 by the call's own error
-    if (kept && !wakes(kept)) return kept;
-    return this.running(id, s);
+    return s;
   }
 
   /**

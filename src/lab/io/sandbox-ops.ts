@@ -352,7 +352,7 @@ export async function snapshotSandbox(
       const dir = join(ctx.home, 'snapshots', newId());
       // marked first: a process killed while the machine is frozen leaves the mark, by which the
       // next ls, gc, check or resume thaws it (thawOrphans)
-      const unmark = wasPaused ? () => {} : freezeMark(ctx, s.id);
+      const unmark = wasPaused ? (_thawed: boolean) => {} : freezeMark(ctx, s.id);
       if (!wasPaused) await trace.phase('freeze', () => driver.pause(handleOf(s))).catch(unmarked(unmark));
       try {
         // memory and disk are taken while the machine stands still, so they agree
@@ -364,17 +364,18 @@ export async function snapshotSandbox(
         await rm(dir, { recursive: true, force: true });
         throw e;
       } finally {
-        // a failed thaw must not hide why the snapshot failed
-        try {
-          if (!wasPaused)
-            await trace
-              .phase('thaw', () => driver.resume(handleOf(s)))
-              .catch((e: unknown) => {
-                if (!failed) throw e;
-              });
-        } finally {
-          unmark();
-        }
+        let thawed = true;
+        if (!wasPaused)
+          await trace
+            .phase('thaw', () => driver.resume(handleOf(s)))
+            .catch((e: unknown) => {
+              // a failed thaw leaves its mark: the next ls, gc or resume tries again
+              thawed = false;
+              unmark(false);
+              // a failed thaw must not hide why the snapshot failed
+              if (!failed) throw e;
+            });
+        if (thawed) unmark(true);
       }
       const rec = snapshotRecord(ctx, s, name, volume, image);
       let recorded = false;
@@ -491,7 +492,7 @@ export async function resumeSandbox(ctx: LabContext, s: SandboxRecord, trace: Tr
     if (s.state !== 'paused') {
       // running already, unless a snapshot killed mid-way left it frozen: then thawed
       if (s.state === 'running') {
-        await trace.phase('thaw', () => thawOrphans(ctx, s.id));
+        await trace.phase('thaw', () => thawOrphans(ctx, { id: s.id, locked: true }));
         return;
       }
       await ensureUsable(ctx, s);
@@ -504,8 +505,8 @@ export async function resumeSandbox(ctx: LabContext, s: SandboxRecord, trace: Tr
 
 /** A freeze that failed holds no machine frozen: its mark goes, and the failure goes on. */
 const unmarked =
-  (unmark: () => void) =>
+  (unmark: (thawed: boolean) => void) =>
   (e: unknown): never => {
-    unmark();
+    unmark(true);
     throw e;
   };

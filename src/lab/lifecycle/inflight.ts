@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { recordFailure } from '../../cleanup.js';
-import { SnaplabError } from '../../errors.js';
+import { SnaplabError, isSnaplabError } from '../../errors.js';
 import { readStat } from '../../host/procs.js';
 import type { LabContext } from '../context.js';
 import { handleOf } from './handle.js';
+import { underStateLock } from './stopped.js';
 
 /** The mark gc's volume collection holds (a row of the same table, of kind `gc`). */
 const GC = 'gc';
@@ -28,7 +29,8 @@ async function startedAt(pid: number): Promise<number | undefined> {
  * process and the mark is not one it holds (a mark whose removal failed).
  */
 async function markLive(op: { id: string; pid: number; kind: string; startedAt: number }): Promise<boolean> {
-  if (op.pid === process.pid) return op.kind === GC ? held.has(op.id) : true;
+  if (op.pid === process.pid)
+    return op.kind === GC ? held.has(op.id) : op.kind.startsWith(FREEZE) ? heldFreezes.has(op.id) : true;
   let t: number | undefined;
   try {
     t = await startedAt(op.pid);
@@ -118,36 +120,68 @@ export async function collecting<T>(ctx: LabContext, fn: (busy: string[]) => Pro
  */
 const FREEZE = 'freeze ';
 
-/** Mark `sandbox` frozen by this process until the returned release. */
-export function freezeMark(ctx: LabContext, sandbox: string): () => void {
+/** freeze marks this process holds now: one of this pid not among them was left by a failed thaw */
+const heldFreezes = new Set<string>();
+
+/**
+ * Mark `sandbox` frozen by this process (under its state lock, before the freeze) until the
+ * returned release: `thawed` false (the thaw failed) leaves the mark, as a killed process's is, for
+ * thawOrphans to try again, in this process too.
+ */
+export function freezeMark(ctx: LabContext, sandbox: string): (thawed: boolean) => void {
   const id = randomBytes(6).toString('hex');
   ctx.store.beginInflight(id, `${FREEZE}${sandbox}`);
-  return () => ctx.store.endInflight(id);
+  heldFreezes.add(id);
+  return (thawed) => {
+    heldFreezes.delete(id);
+    if (thawed) ctx.store.endInflight(id);
+  };
 }
 
 /**
- * Thaw the machines (all, or `only` one) whose freeze mark's process is gone, if their records
- * still say running (a pause since is the user's); each mark is dropped once dealt with. The
- * names of those thawed.
+ * Thaw the machines (all, or `only` one) frozen by a snapshot that ended before its thaw: every
+ * freeze mark of the machine is a dead process's (or a failed thaw's), none live (a snapshot
+ * freezing it now thaws it itself). Under the machine's state lock, as a pause or a snapshot is
+ * (a short wait: one under way, it is the next look's), and only if its record still says running
+ * (a pause is the user's); `only.locked`: the caller holds that lock (resume). Each mark is dropped
+ * once dealt with. The names of those thawed.
  */
-export async function thawOrphans(ctx: LabContext, only?: string): Promise<string[]> {
+export async function thawOrphans(ctx: LabContext, only?: { id: string; locked?: boolean }): Promise<string[]> {
   const thawed: string[] = [];
+  const bySandbox = new Map<string, ReturnType<LabContext['store']['listInflight']>>();
   for (const op of ctx.store.listInflight()) {
     if (!op.kind.startsWith(FREEZE)) continue;
     const id = op.kind.slice(FREEZE.length);
-    if ((only !== undefined && id !== only) || (await markLive(op))) continue;
+    if (only !== undefined && id !== only.id) continue;
+    bySandbox.set(id, [...(bySandbox.get(id) ?? []), op]);
+  }
+  for (const [id, marks] of bySandbox) {
+    if ((await Promise.all(marks.map(markLive))).some(Boolean)) continue;
+    const drop = (): void => {
+      for (const op of marks) ctx.store.endInflight(op.id);
+    };
     const s = ctx.store.getSandbox(id);
-    if (s && s.id === id && s.state === 'running') {
-      try {
-        await ctx.driver(s.driver).resume(handleOf(s));
-      } catch (e) {
-        // the machine gone meanwhile, or its driver refusing: the mark stays for the next look
-        recordFailure(`thaw ${s.name}, frozen by a snapshot whose process ended`, e);
-        continue;
-      }
-      thawed.push(s.name);
+    if (!s || s.id !== id) {
+      drop();
+      continue;
     }
-    ctx.store.endInflight(op.id);
+    const thaw = async (): Promise<void> => {
+      if (s.state === 'running') {
+        await ctx.driver(s.driver).resume(handleOf(s));
+        thawed.push(s.name);
+      }
+      drop();
+    };
+    try {
+      if (only?.locked) await thaw();
+      else await underStateLock(ctx, s, thaw, 200);
+    } catch (e) {
+      // its lock busy (a pause, a snapshot under way): the next look's; the machine gone meanwhile:
+      // nothing to thaw; else the marks stay for the next look
+      if (isSnaplabError(e, 'SANDBOX_NOT_FOUND')) drop();
+      else if (!isSnaplabError(e, 'TIMEOUT'))
+        recordFailure(`thaw ${s.name}, frozen by a snapshot that ended before its thaw`, e);
+    }
   }
   return thawed;
 }

@@ -29,18 +29,27 @@ export const isStopped = (s: Pick<SandboxRecord, 'state' | 'reason'>): boolean =
  * snapshot, stop and start each change what runs, and without the lock one could thaw what
  * another just froze, or start what another is stopping.
  */
-export async function underStateLock<T>(ctx: LabContext, s: SandboxRecord, fn: () => Promise<T>): Promise<T> {
-  return withLock(join(ctx.home, 'run', s.id, 'state.lock'), async () => {
-    const fresh = ctx.store.getSandbox(s.id);
-    if (!fresh)
-      throw new SnaplabError(
-        'SANDBOX_NOT_FOUND',
-        `sandbox ${s.name} was removed meanwhile`,
-        'list sandboxes with `snaplab ls`',
-      );
-    Object.assign(s, fresh);
-    return fn();
-  });
+export async function underStateLock<T>(
+  ctx: LabContext,
+  s: SandboxRecord,
+  fn: () => Promise<T>,
+  timeoutMs?: number,
+): Promise<T> {
+  return withLock(
+    join(ctx.home, 'run', s.id, 'state.lock'),
+    async () => {
+      const fresh = ctx.store.getSandbox(s.id);
+      if (!fresh)
+        throw new SnaplabError(
+          'SANDBOX_NOT_FOUND',
+          `sandbox ${s.name} was removed meanwhile`,
+          'list sandboxes with `snaplab ls`',
+        );
+      Object.assign(s, fresh);
+      return fn();
+    },
+    timeoutMs,
+  );
 }
 
 /** Refuse a stop of a machine that is stopped already. */
