@@ -849,7 +849,8 @@ export class Daemon implements RouteHost {
    * Before a key's first exec here is counted against its quota: the commands a previous daemon
    * started for it that its running machines kept, found (kept.ts) and counted, so that a restart
    * does not give the key its whole quota again on top of them. Once a key (those without an exec
-   * quota never): each of its running sandboxes is asked for its kept commands, 8 at a time.
+   * quota never): each of its running sandboxes is asked for its kept commands, 8 at a time; a
+   * caller waits for that at most 10 s.
    */
   private async keptCounted(caller: Caller): Promise<void> {
     if (caller === LOCAL || caller.maxExecs === null || this.keptKeys.has(caller.key)) return;
@@ -869,7 +870,11 @@ export class Daemon implements RouteHost {
       })().finally(() => this.countingKept.delete(caller.key));
       this.countingKept.set(caller.key, counting);
     }
-    await counting;
+    // at most 10 s (machines whose agents do not answer: each look waits up to 10 s): then on with
+    // what is counted, the rest counted as it is found
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([counting, new Promise((r) => (timer = setTimeout(r, 10_000)))]);
+    clearTimeout(timer);
   }
 
   /**
