@@ -47,6 +47,8 @@ const NONLITERAL: Record<string, string> = {
   'src/bench/density-fronts.ts snaplabCommand(':
     "the snaplab command of this build (the density bench's CLI and serve)",
   'test/stop-start.test.ts SNAPLAB': 'the snaplab command, built by npm run build (a start killed half-way)',
+  'test/evidence.test.ts SNAPLAB':
+    'the snaplab command, built by npm run build (a snapshot killed while it has its machine frozen, then ls)',
   'test/cli.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/qemu.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
   'test/images.test.ts SNAPLAB': 'the snaplab command, built by npm run build',
