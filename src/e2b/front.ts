@@ -64,7 +64,7 @@ export function urlOf(app: FastifyInstance): string {
 }
 
 /** the most a JSON request body may hold before its sender is known (the control API's) */
-export const JSON_BODY_MAX = 1 << 20;
+const JSON_BODY_MAX = 1 << 20;
 /** the most an envd call's body may hold (its token checked first) */
 const ENVD_BODY_MAX = 16 << 20;
 /** envd's Connect services, each call of which carries the sandbox's access token */

@@ -22,8 +22,7 @@ const ENTRY_BYTES = 512;
 const MAX_QUEUED = 1000;
 
 /** What a watch's events hold of memory here, roughly. */
-export const sizeOf = (e: ReturnType<typeof eventOf>): number =>
-  EVENT_BYTES + e.name.length + (e.entry ? ENTRY_BYTES : 0);
+const sizeOf = (e: ReturnType<typeof eventOf>): number => EVENT_BYTES + e.name.length + (e.entry ? ENTRY_BYTES : 0);
 
 /** An event as envd sends it (`entry`: with includeEntry, envd ≥ 0.6.3). */
 export const eventOf = (e: WatchEvent, entry?: Record<string, unknown>) => ({
