@@ -3,9 +3,17 @@
  * machine through its agent like any command (argv exec, stdin/stdout pipes). It runs as the
  * exec's user inside the machine, so a PATH is the machine's own and its permissions apply.
  *
- *   cat PATH, write [--mode OCTAL] [--parents] [--append] [--size N] [--xattr NAME=VALUE]... PATH,
- *   stat [-L] PATH, ls PATH,
- *   mkdir [--parents] [--mode OCTAL] PATH, rm [--recursive] [--force] PATH   (`--` ends the flags)
+ *   cat PATH, write [--mode OCTAL] [--parents] [--append] [--size N] [--xattr NAME=VALUE]...
+ *   [--owner UID:GID] PATH, stat [-L] PATH, ls [--depth N] PATH,
+ *   mkdir [--parents] [--mode OCTAL] [--owner UID:GID] PATH, rm [--recursive] [--force] PATH,
+ *   mv [--parents] [--owner UID:GID] FROM TO   (`--` ends the flags)
+ *
+ * --owner gives what the command makes (the directories --parents makes, the file written, the
+ * directory made) to UID:GID, as envd does when it acts for a user: the caller runs it as root.
+ * A write without --mode keeps the permission bits of the regular file it replaces (0644 for a new
+ * one). ls --depth N lists N levels, each directory's entries (sorted) followed by its own, never
+ * through a link. mv is rename(2): a file onto a directory fails (EISDIR), as does a directory
+ * onto a non-empty one (ENOTEMPTY) or across filesystems (EXDEV).
  *
  * write puts stdin in a temp file beside PATH (.NAME.snaplab-XXXXXX, + for - when PATH is new) renamed over it, so a reader
  * never sees half a file (a symlink at PATH is replaced, not written through). stat and ls print
@@ -183,12 +191,14 @@ static char *join(const char *dir, const char *name)
 	return s;
 }
 
+static int own(const char *path);
+
 static int flush_out(void)
 {
 	return fflush(stdout) == EOF || ferror(stdout) ? fail(errno, "-") : 0;
 }
 
-/* mkdir -p: every missing directory of path made (mode 0755, the last `mode`); an existing
+/* mkdir -p: every missing directory of path made (mode 0755, the last `mode`; each given to --owner); an existing
  * directory (or a link to one) is fine, an existing non-directory is EEXIST (last) or ENOTDIR.
  * *made: the last one was created. */
 static int make_dirs(char *path, mode_t mode, int *made)
@@ -203,6 +213,8 @@ static int make_dirs(char *path, mode_t mode, int *made)
 		struct stat st;
 		*p = 0;
 		int r = mkdir(path, c ? 0755 : mode), e = errno;
+		if (r == 0 && own(path) < 0)
+			return fail(errno, path);
 		if (r == 0 && !c)
 			*made = 1;
 		else if (r < 0 && stat(path, &st) == 0)
@@ -268,8 +280,24 @@ enum {
 	F_RECURSIVE = 16,
 	F_FORCE = 32,
 	F_SIZE = 64,
-	F_XATTR = 128
+	F_XATTR = 128,
+	F_OWNER = 256,
+	F_DEPTH = 512
 };
+
+/* --owner: who what the command makes belongs to (-1: its maker) */
+static uid_t owner_uid = (uid_t)-1;
+static gid_t owner_gid = (gid_t)-1;
+/* ls --depth: the levels listed */
+static long list_depth = 1;
+/* mv: the second path */
+static const char *dest_path;
+
+/* Give what path names (made by this command) to --owner's ids, when given. */
+static int own(const char *path)
+{
+	return owner_uid == (uid_t)-1 || lchown(path, owner_uid, owner_gid) == 0 ? 0 : -1;
+}
 
 /* write: the NAME=VALUE of each --xattr, set on the file written */
 #define MAX_XATTRS 256
@@ -339,7 +367,8 @@ static int cmd_write(const char *path, int set, mode_t mode)
 	}
 	if (set & F_APPEND) {
 		fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, mode);
-		if (fd < 0 || ((set & F_MODE) && fchmod(fd, mode) < 0) || set_xattrs(fd) < 0)
+		if (fd < 0 || (owner_uid != (uid_t)-1 && fchown(fd, owner_uid, owner_gid) < 0) ||
+		    ((set & F_MODE) && fchmod(fd, mode) < 0) || set_xattrs(fd) < 0)
 			return fail(errno, path);
 		if ((n = copy_fd(0, fd, &rerr)) < 0)
 			return fail(errno, rerr ? "-" : path);
@@ -352,6 +381,9 @@ static int cmd_write(const char *path, int set, mode_t mode)
 		char *tmp;
 		struct stat was;
 		char sign = lstat(path, &was) == 0 ? '-' : '+';
+		/* a file replaced keeps its permission bits (not set-id or sticky) unless --mode says */
+		if (sign == '-' && S_ISREG(was.st_mode) && !(set & F_MODE))
+			mode = was.st_mode & 0777;
 		if (asprintf(&tmp, "%.*s.%.200s.snaplab%cXXXXXX", (int)(base - path), path, base, sign) < 0)
 			return fail(errno, path);
 		struct sigaction sa = { .sa_handler = drop_temp };
@@ -363,7 +395,8 @@ static int cmd_write(const char *path, int set, mode_t mode)
 			return fail(errno, path);
 		temp_path = tmp;
 		int e = 0;
-		if (fchmod(fd, mode) < 0 || set_xattrs(fd) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
+		if ((owner_uid != (uid_t)-1 && fchown(fd, owner_uid, owner_gid) < 0) || fchmod(fd, mode) < 0 ||
+		    set_xattrs(fd) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
 			e = errno;
 		if (close(fd) < 0 && !e)
 			e = errno;
@@ -402,11 +435,10 @@ static int by_name(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int cmd_ls(const char *path, int set, mode_t mode)
+/* The entries of the directory fd (consumed; path its name in output), sorted, each followed by
+ * its own when it is a directory (not a link to one) and level < list_depth. */
+static int list_dir(int fd, const char *path, long level)
 {
-	(void)set; /* one signature for every command of the table */
-	(void)mode;
-	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *d = fd < 0 ? NULL : fdopendir(fd);
 	if (!d)
 		return fail(errno, path);
@@ -424,19 +456,34 @@ static int cmd_ls(const char *path, int set, mode_t mode)
 	if (errno)
 		return fail(errno, path);
 	qsort(names, n, sizeof *names, by_name);
+	int rc = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct stat st;
 		char *sub = join(path, names[i]);
-		if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		if (rc) {
+			/* an error below: the rest freed, not listed */
+		} else if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0) {
 			char *target = link_target(fd, names[i], &st);
 			print_entry(names[i], sub, &st, target, 0);
 			free(target);
+			if (S_ISDIR(st.st_mode) && level < list_depth)
+				rc = list_dir(openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC),
+					      sub, level + 1);
 		} else if (errno != ENOENT) { /* gone since it was read: left out */
-			return fail(errno, sub);
+			rc = fail(errno, sub);
 		}
 		free(sub), free(names[i]);
 	}
-	return flush_out();
+	free(names);
+	closedir(d);
+	return rc;
+}
+
+static int cmd_ls(const char *path, int set, mode_t mode)
+{
+	(void)set; /* one signature for every command of the table */
+	(void)mode;
+	return list_dir(open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC), path, 1) || flush_out();
 }
 
 static int cmd_mkdir(const char *path, int set, mode_t mode)
@@ -451,7 +498,7 @@ static int cmd_mkdir(const char *path, int set, mode_t mode)
 	if (set & F_PARENTS) {
 		if (make_dirs(p, m, &made))
 			return 1;
-	} else if (mkdir(path, m) < 0) {
+	} else if (mkdir(path, m) < 0 || own(path) < 0) {
 		return fail(errno, path);
 	} else {
 		made = 1;
@@ -484,28 +531,52 @@ static int cmd_rm(const char *path, int set, mode_t mode)
 	return rmdir(p) < 0 ? fail(errno, path) : 0;
 }
 
+static int cmd_mv(const char *path, int set, mode_t mode)
+{
+	(void)mode; /* one signature for every command of the table */
+	const char *slash = strrchr(dest_path, '/');
+	if (!*path || !*dest_path)
+		return fail(ENOENT, *path ? dest_path : path);
+	if ((set & F_PARENTS) && slash && slash > dest_path) {
+		char *dir = strndup(dest_path, (size_t)(slash - dest_path));
+		int made = 0;
+		if (!dir || make_dirs(dir, 0755, &made))
+			return dir ? 1 : fail(errno, dest_path);
+		free(dir);
+	}
+	if (rename(path, dest_path) == 0)
+		return 0;
+	/* which path the error is of: the source when it is not there, else the target */
+	struct stat st;
+	int e = errno;
+	return fail(e, e == ENOENT && lstat(path, &st) < 0 ? path : dest_path);
+}
+
 static const struct {
 	const char *name;
 	int bit;
 } flags[] = {
 	{ "--mode", F_MODE },		{ "--parents", F_PARENTS }, { "--append", F_APPEND }, { "-L", F_FOLLOW },
 	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE },	    { "--size", F_SIZE },     { "--xattr", F_XATTR },
+	{ "--owner", F_OWNER },		{ "--depth", F_DEPTH },
 };
 
 static const struct {
 	const char *name;
 	int (*run)(const char *path, int set, mode_t mode);
 	int allowed;
+	int paths;
 } cmds[] = {
-	{ "cat", cmd_cat, 0 },
-	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND | F_SIZE | F_XATTR },
-	{ "stat", cmd_stat, F_FOLLOW },
-	{ "ls", cmd_ls, 0 },
-	{ "mkdir", cmd_mkdir, F_MODE | F_PARENTS },
-	{ "rm", cmd_rm, F_RECURSIVE | F_FORCE },
+	{ "cat", cmd_cat, 0, 1 },
+	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND | F_SIZE | F_XATTR | F_OWNER, 1 },
+	{ "stat", cmd_stat, F_FOLLOW, 1 },
+	{ "ls", cmd_ls, F_DEPTH, 1 },
+	{ "mkdir", cmd_mkdir, F_MODE | F_PARENTS | F_OWNER, 1 },
+	{ "rm", cmd_rm, F_RECURSIVE | F_FORCE, 1 },
+	{ "mv", cmd_mv, F_PARENTS | F_OWNER, 2 },
 };
 
-/* argv[1] is "file": flags, then exactly one PATH (`--` ends the flags). */
+/* argv[1] is "file": flags, then exactly one PATH, two for mv (`--` ends the flags). */
 int file_main(int argc, char **argv)
 {
 	size_t c = 0, ncmds = sizeof cmds / sizeof cmds[0];
@@ -517,10 +588,10 @@ int file_main(int argc, char **argv)
 	for (int i = 3; argc > 2 && c < ncmds && i < argc; i++) {
 		const char *a = argv[i];
 		size_t f = 0, nflags = sizeof flags / sizeof flags[0];
-		if (path)
+		if (dest_path || (path && cmds[c].paths == 1))
 			goto usage;
 		if (flags_done || a[0] != '-') {
-			path = a;
+			*(path ? &dest_path : &path) = a;
 			continue;
 		}
 		if (!strcmp(a, "--")) {
@@ -555,10 +626,32 @@ int file_main(int argc, char **argv)
 				goto usage;
 			xattrs[nxattrs++] = argv[++i];
 		}
+		if (flags[f].bit == F_OWNER) {
+			/* UID:GID, both numbers (the caller resolved the names) */
+			unsigned long u, g;
+			char *end;
+			if (i + 1 == argc || argv[i + 1][0] < '0' || argv[i + 1][0] > '9')
+				goto usage;
+			u = strtoul(argv[++i], &end, 10);
+			if (*end != ':' || end[1] < '0' || end[1] > '9')
+				goto usage;
+			g = strtoul(end + 1, &end, 10);
+			if (*end || u >= 0xffffffffUL || g >= 0xffffffffUL)
+				goto usage;
+			owner_uid = (uid_t)u, owner_gid = (gid_t)g;
+		}
+		if (flags[f].bit == F_DEPTH) {
+			char *end;
+			if (i + 1 == argc || argv[i + 1][0] < '1' || argv[i + 1][0] > '9')
+				goto usage;
+			list_depth = strtol(argv[++i], &end, 10);
+			if (*end || list_depth < 1)
+				goto usage;
+		}
 	}
-	if (path)
+	if (path && (cmds[c].paths == 1 || dest_path))
 		return cmds[c].run(path, set, mode);
 usage:
-	fprintf(stderr, "usage: snaplab-agent file cat|write|stat|ls|mkdir|rm ...\n");
+	fprintf(stderr, "usage: snaplab-agent file cat|write|stat|ls|mkdir|rm|mv ...\n");
 	return 2;
 }

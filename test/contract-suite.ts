@@ -161,7 +161,7 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
     }
   });
 
-  it('files: write, read, stat, list, mkdir, remove; a missing file is FILE_NOT_FOUND', async () => {
+  it('files: write, read, stat, list, mkdir, remove, move, owner; a missing file is FILE_NOT_FOUND', async () => {
     const box = await lab().create({ name: `f-${kind}` });
     try {
       const big = Buffer.alloc(3 << 20, 7);
@@ -198,6 +198,50 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
         code: 'FILE_ERROR',
         message: expect.stringMatching(/EACCES/),
       });
+      // as root, given to nobody (envd's way): the file and the directories made for it, not those there
+      await box.files.write('/data/given/deep/x', 'x', { owner: 'nobody' });
+      await box.files.mkdir('/data/made/a', { parents: true, owner: '65534:0' });
+      await box.files.move('/data/hello.txt', '/data/moved/to/hello.txt', { parents: true, owner: 'nobody' });
+      const ids = async (p: string) => {
+        const st = await box.files.stat(p);
+        return `${st.uid}:${st.gid}`;
+      };
+      const owners = await Promise.all(
+        ['/data/given', '/data/given/deep/x', '/data/made', '/data/made/a', '/data/moved/to', '/data'].map(ids),
+      );
+      expect(owners).toEqual(['65534:65534', '65534:65534', '65534:0', '65534:0', '65534:65534', '0:0']);
+      // the file moved is as it was (root's); rename(2): a file onto a directory fails, nothing changed
+      expect(await ids('/data/moved/to/hello.txt')).toBe('0:0');
+      await expect(box.files.move('/data/moved/to/hello.txt', '/data/made')).rejects.toMatchObject({
+        code: 'FILE_ERROR',
+        message: expect.stringMatching(/EISDIR/),
+      });
+      await expect(box.files.move('/data/nope', '/data/x')).rejects.toMatchObject({ code: 'FILE_NOT_FOUND' });
+      await expect(box.files.write('/data/y', 'y', { owner: 'no-such-user' })).rejects.toMatchObject({
+        code: 'BAD_INPUT',
+      });
+      // a file replaced keeps its permission bits, unless a mode is given
+      await box.files.write('/data/run.sh', '#!/bin/sh\n', { mode: 0o750 });
+      await box.files.write('/data/run.sh', '#!/bin/sh\ntrue\n');
+      expect((await box.files.stat('/data/run.sh')).mode).toBe('0750');
+      // a listing of levels: each directory followed by its entries, never through a link
+      await box.files.remove('/data/deep', { recursive: true });
+      await box.exec(['ln', '-s', '/etc', '/data/made/etc']);
+      expect((await box.files.list('/data/made', { depth: 5 })).map((e) => e.path)).toEqual([
+        '/data/made/a',
+        '/data/made/etc',
+      ]);
+      expect((await box.files.list('/data', { depth: 2 })).map((e) => e.path)).toEqual([
+        '/data/given',
+        '/data/given/deep',
+        '/data/made',
+        '/data/made/a',
+        '/data/made/etc',
+        '/data/moved',
+        '/data/moved/to',
+        '/data/run.sh',
+      ]);
+      await expect(box.files.list('/data', { depth: 0 })).rejects.toMatchObject({ code: 'BAD_INPUT' });
     } finally {
       await box.destroy();
     }

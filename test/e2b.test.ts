@@ -509,18 +509,33 @@ describe.each([
       ]);
     });
 
-    it('files and filesystem calls as another user: the files are theirs', async () => {
+    it('files and filesystem calls as another user: run as root, what they make is theirs (as envd)', async () => {
       // /files takes the user in its `username` query, the filesystem RPCs in Basic authorization
       await sbx.files.write('/tmp/by-nobody.txt', 'x', { user: 'nobody' });
-      expect(await sbx.files.makeDir('/tmp/dir-by-nobody', { user: 'nobody' })).toBe(true);
-      expect(inside(sbx.sandboxId, 'stat -c %u /tmp/by-nobody.txt /tmp/dir-by-nobody').out.split('\n')).toEqual([
-        '65534',
-        '65534',
-        '',
-      ]);
-      // nobody cannot write where only root may
-      await expect(sbx.files.write('/root/no.txt', 'x', { user: 'nobody' })).rejects.toThrow(/EACCES|denied/i);
-      expect(inside(sbx.sandboxId, 'test -e /root/no.txt').code).not.toBe(0);
+      expect(await sbx.files.makeDir('/tmp/dir-by-nobody/a/b', { user: 'nobody' })).toBe(true);
+      // where only root may write: envd writes as root and gives the file to the user
+      await sbx.files.write('/root/for-nobody/x.txt', 'x', { user: 'nobody' });
+      expect(
+        inside(
+          sbx.sandboxId,
+          'stat -c %u /tmp/by-nobody.txt /tmp/dir-by-nobody /tmp/dir-by-nobody/a/b /root/for-nobody /root/for-nobody/x.txt /root',
+        ).out,
+      ).toBe('65534\n65534\n65534\n65534\n65534\n0\n');
+      // read and listed as root; EntryInfo names the owner and group as the machine does
+      expect(inside(sbx.sandboxId, 'echo secret > /root/only-root && chmod 600 /root/only-root').code).toBe(0);
+      expect(await sbx.files.read('/root/only-root', { user: 'nobody' })).toBe('secret\n');
+      const entries = await sbx.files.list('/root/for-nobody', { user: 'nobody' });
+      expect(entries.map((e) => [e.name, e.owner, e.group])).toEqual([['x.txt', 'nobody', 'nogroup']]);
+      // Move is rename(2): the target's missing parents made (the user's), a file onto a directory refused
+      await sbx.files.rename('/root/for-nobody/x.txt', '/root/moved/here/x.txt', { user: 'nobody' });
+      expect(inside(sbx.sandboxId, 'stat -c %u:%n /root/moved/here; cat /root/moved/here/x.txt').out).toBe(
+        '65534:/root/moved/here\nx',
+      );
+      await expect(sbx.files.rename('/root/moved/here/x.txt', '/root/moved')).rejects.toThrow(/EISDIR|directory/i);
+      expect(inside(sbx.sandboxId, 'test -f /root/moved/here/x.txt').code).toBe(0);
+      await sbx.files.remove('/root/moved', { user: 'nobody' });
+      expect(inside(sbx.sandboxId, 'test -e /root/moved || echo gone').out).toBe('gone\n');
+      expect(inside(sbx.sandboxId, 'rm -r /root/for-nobody /root/only-root /tmp/dir-by-nobody').code).toBe(0);
     });
   });
 

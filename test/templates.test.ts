@@ -88,6 +88,14 @@ describe('E2B default template on the built base', () => {
       await sbx.files.write('notes.txt', 'hi');
       expect((await sbx.commands.run('stat -c %U:%n /home/user/notes.txt')).stdout).toBe('user:/home/user/notes.txt\n');
       expect(await sbx.files.read('/home/user/notes.txt')).toBe('hi');
+      // as envd: file calls run as root and give what they make to the user, where only root may write
+      await sbx.files.write('/opt/app/config.json', '{}');
+      expect(await sbx.files.makeDir('/srv/data/cache')).toBe(true);
+      expect(
+        (await sbx.commands.run('stat -c %U:%G:%n /opt/app /opt/app/config.json /srv/data/cache /opt')).stdout,
+      ).toBe('user:user:/opt/app\nuser:user:/opt/app/config.json\nuser:user:/srv/data/cache\nroot:root:/opt\n');
+      const listed = await sbx.files.list('/opt');
+      expect(listed.map((e) => [e.name, e.owner, e.group])).toEqual([['app', 'user', 'user']]);
       const root = await sbx.commands.run('whoami; pwd', { user: 'root' });
       expect(root.stdout).toBe('root\n/root\n');
     } finally {

@@ -289,7 +289,7 @@ export class RemoteSandbox implements SandboxApi {
   }
 
   get files(): SandboxFiles {
-    const q = (path: string, extra: Record<string, string | boolean | undefined> = {}): string =>
+    const q = (path: string, extra: Record<string, string | number | boolean | undefined> = {}): string =>
       `?${new URLSearchParams(
         Object.entries({ path, ...extra })
           .filter(([, v]) => v !== undefined)
@@ -297,10 +297,15 @@ export class RemoteSandbox implements SandboxApi {
       ).toString()}`;
     return {
       stat: (path, o = {}) => this.http.json<FileInfo>('GET', this.path(`/files/stat${q(path, { user: o.user })}`)),
-      list: (path, o = {}) => this.http.json<FileInfo[]>('GET', this.path(`/files/list${q(path, { user: o.user })}`)),
+      list: (path, o = {}) =>
+        this.http.json<FileInfo[]>('GET', this.path(`/files/list${q(path, { user: o.user, depth: o.depth })}`)),
       mkdir: async (path, o = {}) =>
         void (await this.http.json('POST', this.path('/files/mkdir'), {
-          json: { path, parents: o.parents, user: o.user, mode: o.mode?.toString(8).padStart(4, '0') },
+          json: { path, parents: o.parents, user: o.user, owner: o.owner, mode: o.mode?.toString(8).padStart(4, '0') },
+        })),
+      move: async (from, to, o = {}) =>
+        void (await this.http.json('POST', this.path('/files/move'), {
+          json: { from, to, parents: o.parents, user: o.user, owner: o.owner },
         })),
       remove: async (path, o = {}) =>
         void (await this.http.json(
@@ -309,7 +314,12 @@ export class RemoteSandbox implements SandboxApi {
         )),
       write: async (path, data, o = {}) => {
         const body = typeof data === 'string' ? Buffer.from(data) : data;
-        const query = q(path, { user: o.user, mode: o.mode?.toString(8).padStart(4, '0'), append: o.append });
+        const query = q(path, {
+          user: o.user,
+          owner: o.owner,
+          mode: o.mode?.toString(8).padStart(4, '0'),
+          append: o.append,
+        });
         // each extended attribute a repeated `xattr=NAME=VALUE`
         const xattrs = Object.entries(o.xattrs ?? {})
           .map(([k, v]) => `&xattr=${encodeURIComponent(`${k}=${v}`)}`)

@@ -75,7 +75,7 @@ export class AbsentSandbox implements SandboxApi {
 
   get files(): SandboxFiles {
     const r = this.refuse;
-    return { stat: r, list: r, mkdir: r, remove: r, write: r, read: r, readTo: r };
+    return { stat: r, list: r, mkdir: r, remove: r, move: r, write: r, read: r, readTo: r };
   }
 
   exec(): Promise<never> {

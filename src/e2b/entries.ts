@@ -5,6 +5,7 @@
  * every such attribute, the prefix taken off.
  */
 import type { FileInfo } from '../lab/io/files.js';
+import type { IdNames } from './users.js';
 
 /** The xattr namespace of envd's file metadata. */
 export const METADATA_XATTR = 'user.e2b.';
@@ -28,8 +29,8 @@ function permissions(type: string, mode: number): string {
   return (type === 'dir' ? 'd' : type === 'symlink' ? 'L' : '-') + bits.join('');
 }
 
-/** A snaplab FileInfo as envd's EntryInfo (JSON). */
-export function entryOf(f: FileInfo): Record<string, unknown> {
+/** A snaplab FileInfo as envd's EntryInfo (JSON): its owner and group named as the machine names them. */
+export function entryOf(f: FileInfo, ids: IdNames): Record<string, unknown> {
   const mode = Number.parseInt(f.mode, 8);
   const metadata = metadataOf(f.xattrs);
   return {
@@ -39,8 +40,8 @@ export function entryOf(f: FileInfo): Record<string, unknown> {
     size: String(f.size),
     mode,
     permissions: permissions(f.type, mode),
-    owner: String(f.uid),
-    group: String(f.gid),
+    owner: ids.users.get(f.uid) ?? String(f.uid),
+    group: ids.groups.get(f.gid) ?? String(f.gid),
     modifiedTime: f.mtime,
     ...(f.target !== undefined ? { symlinkTarget: f.target } : {}),
     ...(metadata ? { metadata } : {}),

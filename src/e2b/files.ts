@@ -2,9 +2,11 @@
  * envd's files: `GET /files` (a file's bytes), `POST /files` (multipart, each part's filename the
  * full path, or an octet-stream body to `?path=`), and the filesystem service's ListDir, Stat,
  * MakeDir, Remove and Move (spec/envd/filesystem/filesystem.proto), on the Lab API's
- * `sandbox.files`. The user inside is `?username=` or `Authorization: Basic user:`. A file's
- * metadata (envd ≥ 0.6.2: `X-Metadata-*` upload headers, EntryInfo's `metadata`) is its
- * `user.e2b.*` extended attributes, as envd keeps it.
+ * `sandbox.files`. As envd, each runs as root inside, and what an upload, MakeDir or Move makes
+ * (files, missing directories) is given to the call's user (`?username=`, `Authorization: Basic
+ * user:`, else the sandbox's default), whose home relative paths are under. A file's metadata
+ * (envd ≥ 0.6.2: `X-Metadata-*` upload headers, EntryInfo's `metadata`) is its `user.e2b.*`
+ * extended attributes, as envd keeps it.
  */
 import { posix } from 'node:path';
 import { once } from 'node:events';
@@ -18,7 +20,13 @@ import { METADATA_XATTR, entryOf, metadataOf } from './entries.js';
 import { eachUpload } from './uploads.js';
 import type { Unary } from './envd.js';
 import { sendError, type E2bState } from './state.js';
-import type { EnvdUser } from './users.js';
+import type { EnvdUser, IdNames } from './users.js';
+
+/** The deepest ListDir walks (envd's depth is a uint32: a depth past any real tree's is the whole tree). */
+const MAX_DEPTH = 10000;
+
+/** Who what a call makes is given to: its user (root's own need no giving). */
+const ownerOf = (user: EnvdUser): string | undefined => (user.name === 'root' ? undefined : user.name);
 
 /** A path as envd takes it: relative ones are under the user's home. */
 export function absolute(path: unknown, user: EnvdUser): string {
@@ -45,7 +53,7 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
     reply.raw.once('close', () => {
       if (!reply.raw.writableFinished) out.destroy();
     });
-    const reading = box.files.readTo(path, out, { user: user.name });
+    const reading = box.files.readTo(path, out);
     await Promise.race([once(out, 'readable'), reading]).catch((e: unknown) => {
       throw state.unavailable(req, e, box.id);
     });
@@ -89,19 +97,19 @@ function uploadXattrs(req: FastifyRequest): Record<string, string> {
 }
 
 /**
- * Write one file, its directories made first (as envd does), with the upload's metadata (an
- * overwrite replaces the file's metadata whole, as envd's); its entry as envd answers it.
+ * Write one file, its missing directories made, both given to `owner` (as envd does), with the
+ * upload's metadata (an overwrite replaces the file's metadata whole, as envd's); its entry as
+ * envd answers it.
  */
 async function writeOne(
   box: SandboxApi,
   path: string,
   data: Readable,
-  user: string | undefined,
+  owner: string | undefined,
   xattrs: Record<string, string>,
   size: number | undefined,
 ) {
-  await box.files.mkdir(posix.dirname(path), { parents: true, user });
-  await box.files.write(path, data, { user, xattrs, ...(size === undefined ? {} : { size }) });
+  await box.files.write(path, data, { owner, xattrs, ...(size === undefined ? {} : { size }) });
   const metadata = metadataOf(xattrs);
   return { name: posix.basename(path), type: 'file', path, ...(metadata ? { metadata } : {}) };
 }
@@ -112,7 +120,7 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
     const xattrs = uploadXattrs(req);
     // each file streamed into the sandbox as it comes (uploads.ts)
     const written = await eachUpload(req, (f) =>
-      writeOne(box, absolute(f.path, user), f.data, user.name, xattrs, f.size),
+      writeOne(box, absolute(f.path, user), f.data, ownerOf(user), xattrs, f.size),
     );
     return reply.type('application/json').send(written);
   } catch (e) {
@@ -126,79 +134,75 @@ function notFound(e: unknown): never {
   throw e;
 }
 
-async function listDir(box: SandboxApi, path: string, depth: number, user: string | undefined) {
-  const out: Record<string, unknown>[] = [];
-  const walk = async (dir: string, level: number): Promise<void> => {
-    for (const f of await box.files.list(dir, { user })) {
-      out.push(entryOf(f));
-      if (f.type === 'dir' && level < depth) await walk(f.path, level + 1);
-    }
-  };
-  // a link to a directory is listed as the directory, under the path asked for (envd follows it:
-  // Debian's /bin, /lib and /sbin are such links)
-  const top = await box.files.stat(path, { user, follow: true }).catch(notFound);
+/**
+ * ListDir: `depth` levels under `path` in one call, each directory followed by its entries (as
+ * envd's walk); a link to a directory is listed as the directory, under the path asked for (envd
+ * follows it: Debian's /bin, /lib and /sbin are such links), links below it are not followed.
+ */
+async function listDir(box: SandboxApi, path: string, depth: number, ids: IdNames) {
+  const top = await box.files.stat(path, { follow: true }).catch(notFound);
   if (top.type !== 'dir') throw new ConnectError('invalid_argument', `${path} is not a directory`);
-  await walk(path, 1);
-  return { entries: out };
+  return { entries: (await box.files.list(path, { depth }).catch(notFound)).map((f) => entryOf(f, ids)) };
 }
 
 export function registerFiles(app: FastifyInstance, state: E2bState, unary: Unary): void {
   app.get('/files', (req, reply) => getFile(state, req, reply));
   app.post('/files', (req, reply) => postFiles(state, req, reply));
   const F = '/filesystem.Filesystem';
-  // the path asked for (relative: under the user's home) and the user the call acts as
+  // the path asked for (relative: under the user's home), who is given what the call makes, and
+  // how owners are named
   const at = async (box: SandboxApi, m: Record<string, unknown>, req: FastifyRequest) => {
     const user = await state.actAs(box, req);
-    return { path: absolute(m.path, user), user: user.name };
+    return { path: absolute(m.path, user), owner: ownerOf(user), ids: user.ids };
   };
   app.post(
     `${F}/Stat`,
     unary(state, async (box, m, req) => {
-      const { path, user } = await at(box, m, req);
-      return { entry: entryOf(await box.files.stat(path, { user }).catch(notFound)) };
+      const { path, ids } = await at(box, m, req);
+      return { entry: entryOf(await box.files.stat(path).catch(notFound), ids) };
     }),
   );
   app.post(
     `${F}/ListDir`,
     unary(state, async (box, m, req) => {
-      const depth = typeof m.depth === 'number' && m.depth > 0 ? m.depth : 1;
-      const { path, user } = await at(box, m, req);
-      return listDir(box, path, depth, user);
+      // envd's depth is a uint32; 0 is one level
+      const depth = typeof m.depth === 'number' && m.depth > 0 ? Math.min(Math.floor(m.depth), MAX_DEPTH) : 1;
+      const { path, ids } = await at(box, m, req);
+      return listDir(box, path, depth, ids);
     }),
   );
   app.post(
     `${F}/MakeDir`,
     unary(state, async (box, m, req) => {
-      const { path, user } = await at(box, m, req);
+      const { path, owner, ids } = await at(box, m, req);
       const there = await box.files
-        .stat(path, { user, follow: true })
+        .stat(path, { follow: true })
         .catch(orElse(undefined, `stat ${path}`, 'FILE_NOT_FOUND'));
       // as envd: a directory there already is already_exists (the SDK's false), anything else an error
       if (there?.type === 'dir') throw new ConnectError('already_exists', `${path} exists`);
       if (there) throw new ConnectError('invalid_argument', `${path} exists and is not a directory`);
-      await box.files.mkdir(path, { parents: true, user });
-      return { entry: entryOf(await box.files.stat(path, { user })) };
+      await box.files.mkdir(path, { parents: true, owner });
+      return { entry: entryOf(await box.files.stat(path), ids) };
     }),
   );
   app.post(
     `${F}/Remove`,
     unary(state, async (box, m, req) => {
-      const { path, user } = await at(box, m, req);
-      await box.files.remove(path, { recursive: true, force: true, user });
+      const { path } = await at(box, m, req);
+      await box.files.remove(path, { recursive: true, force: true });
       return {};
     }),
   );
   app.post(
     `${F}/Move`,
     unary(state, async (box, m, req) => {
-      const as = await state.actAs(box, req);
-      const user = as.name;
-      const from = absolute(m.source, as);
-      const to = absolute(m.destination, as);
-      await box.files.stat(from, { user }).catch(notFound);
-      const r = await box.exec(['mv', '--', from, to], { user });
-      if (r.exitCode !== 0) throw new ConnectError('failed_precondition', r.stderr.trim() || `mv exited ${r.exitCode}`);
-      return { entry: entryOf(await box.files.stat(to, { user })) };
+      const user = await state.actAs(box, req);
+      const [owner, ids] = [ownerOf(user), user.ids];
+      const from = absolute(m.source, user);
+      const to = absolute(m.destination, user);
+      // rename(2), the target's missing directories made and given to the user first, as envd's
+      await box.files.move(from, to, { parents: true, owner }).catch(notFound);
+      return { entry: entryOf(await box.files.stat(to), ids) };
     }),
   );
 }

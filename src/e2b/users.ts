@@ -5,7 +5,8 @@
  * most imported images). A command runs in its user's home (from the machine's /etc/passwd) unless
  * given a cwd; E2B's `/bin/bash -l -c CMD` runs with /bin/sh where the machine has no /bin/bash.
  * Both are read once a sandbox: when the front made it, soon after (its first command does not
- * wait for that read: see `fresh`), else on its first call.
+ * wait for that read: see `fresh`), else on its first call; with them, the names of its users and
+ * groups (EntryInfo's `owner` and `group`, which envd looks up in the same files).
  */
 import type { SandboxApi } from '../sdk/api.js';
 import { isSnaplabError, type ErrorCode } from '../errors.js';
@@ -17,9 +18,16 @@ const VERIFY_AFTER_MS = 2000;
 /** E2B's default user (envd's, and the SDK's before envd 0.4.0). */
 export const E2B_USER = 'user';
 
+/** A machine's user and group names by id (its /etc/passwd and /etc/group), as envd names a file's owner. */
+export interface IdNames {
+  users: ReadonlyMap<number, string>;
+  groups: ReadonlyMap<number, string>;
+}
+
 export interface EnvdUser {
   /** undefined: the sandbox's own default, root */
   name: string | undefined;
+  ids: IdNames;
   /** the user's home (its working directory and where relative paths are), when known */
   home: string | undefined;
   /** what runs E2B's `/bin/bash` in this machine: itself, or /bin/sh where it has none */
@@ -29,6 +37,7 @@ export interface EnvdUser {
 /** What a machine's calls need known of it: its users' homes, and whether it has /bin/bash. */
 interface Facts {
   homes: Map<string, string>;
+  ids: IdNames;
   bash: boolean;
   /** false: /bin/bash could not be stat'ed (not "not there": a helper killed, a loop of links), so `bash` is a guess */
   sure: boolean;
@@ -44,7 +53,19 @@ interface Facts {
 function merged(was: Facts | undefined, f: Facts): Facts | undefined {
   if (!was) return f.sure ? f : undefined;
   const homesBoth = new Map([...f.homes].filter(([name]) => was.homes.has(name)));
-  return { homes: homesBoth, bash: f.sure ? was.bash && f.bash : was.bash, sure: true };
+  const both = <K, V>(a: ReadonlyMap<K, V>, b: ReadonlyMap<K, V>) => new Map([...a].filter(([k, v]) => b.get(k) === v));
+  const ids = { users: both(f.ids.users, was.ids.users), groups: both(f.ids.groups, was.ids.groups) };
+  return { homes: homesBoth, ids, bash: f.sure ? was.bash && f.bash : was.bash, sure: true };
+}
+
+/** id → name, from an /etc/passwd or /etc/group (the first name of an id) */
+function idNames(text: string): Map<number, string> {
+  const m = new Map<number, string>();
+  for (const line of text.split('\n')) {
+    const f = line.split(':');
+    if (f.length >= 3 && f[0] && /^\d+$/.test(f[2]!) && !m.has(Number(f[2]))) m.set(Number(f[2]), f[0]);
+  }
+  return m;
 }
 
 /** name → home, from an /etc/passwd */
@@ -64,10 +85,10 @@ export class EnvdUsers {
 
   /** The user a call acts as: `asked`, else `user` where the machine has one, else root. */
   async of(box: SandboxApi, asked: string | undefined): Promise<EnvdUser> {
-    const { homes: known, bash } = await this.factsOf(box);
+    const { homes: known, bash, ids } = await this.factsOf(box);
     const name = asked ?? (known.has(E2B_USER) ? E2B_USER : undefined);
     const home = known.get(name ?? 'root') ?? (name === undefined || name === 'root' ? '/root' : undefined);
-    return { name, home, shell: bash ? '/bin/bash' : '/bin/sh' };
+    return { name, ids, home, shell: bash ? '/bin/bash' : '/bin/sh' };
   }
 
   /**
@@ -121,16 +142,20 @@ export class EnvdUsers {
         if (codes.some((c) => isSnaplabError(e, c))) return none;
         throw e;
       };
-    const [homesRead, bash] = await Promise.all([
-      box.files
-        .read('/etc/passwd')
-        .then((b) => homes(b.toString('utf8')), missing(new Map<string, string>(), ['FILE_NOT_FOUND'])),
+    const [passwd, group, bash] = await Promise.all([
+      box.files.read('/etc/passwd').then((b) => b.toString('utf8'), missing('', ['FILE_NOT_FOUND'])),
+      box.files.read('/etc/group').then((b) => b.toString('utf8'), missing('', ['FILE_NOT_FOUND'])),
       box.files
         .stat('/bin/bash', { follow: true })
         .then((i) => (i.type === 'file' ? 'yes' : 'no'), missing('no' as const, ['FILE_NOT_FOUND']))
         .catch(missing('unsure' as const, ['FILE_ERROR'])),
     ]);
-    return { homes: homesRead, bash: bash === 'yes', sure: bash !== 'unsure' };
+    return {
+      homes: homes(passwd),
+      ids: { users: idNames(passwd), groups: idNames(group) },
+      bash: bash === 'yes',
+      sure: bash !== 'unsure',
+    };
   }
 
   forget(id: string): void {

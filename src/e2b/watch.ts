@@ -31,14 +31,14 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
     const box = await state.envdSandbox(req);
     const m = unenvelope(await readBody(req.body)) as Record<string, unknown>;
     const user = await state.actAs(box, req);
-    const ask = watchAsk(m, absolute(m.path, user), user.name);
+    const ask = watchAsk(m, absolute(m.path, user), user.ids);
     // told only once the stream is open (the events before it wait in pending)
     events = envdEvents(box, ask, (e) => {
       stream?.send({ filesystem: e });
       // a client that does not read would have its events held here without end
       if (stream && stream.unread > MAX_UNREAD) stream.drop();
     });
-    handle = await box.watch(ask.path, { recursive: ask.recursive, user: ask.user }, (e) => send(e));
+    handle = await box.watch(ask.path, { recursive: ask.recursive }, (e) => send(e));
   } catch (err) {
     const e = state.unavailable(req, err);
     // a stream's error is its end-of-stream message (Connect reads an HTTP status as the transport's)
@@ -83,7 +83,7 @@ export function registerWatches(app: FastifyInstance, state: E2bState, unary: Un
     `${F}/CreateWatcher`,
     unary(state, async (box, m, req) => {
       const user = await state.actAs(box, req);
-      return { watcherId: await state.watchers.create(box, watchAsk(m, absolute(m.path, user), user.name)) };
+      return { watcherId: await state.watchers.create(box, watchAsk(m, absolute(m.path, user), user.ids)) };
     }),
   );
   app.post(

@@ -9,6 +9,7 @@ import { posix } from 'node:path';
 import { noted, orElse } from '../cleanup.js';
 import { ConnectError } from './connect.js';
 import { entryOf } from './entries.js';
+import type { IdNames } from './users.js';
 
 /**
  * A watcher holds at most this many bytes of events not yet asked for (names, and entries counted
@@ -37,12 +38,16 @@ export interface WatchAsk {
   recursive: boolean;
   /** each create, write and chmod event carries the entry's EntryInfo (envd ≥ 0.6.3) */
   includeEntry: boolean;
-  user: string | undefined;
+  /** how an entry's owner and group are named */
+  ids: IdNames;
 }
 
-/** Read from a request's message: proto3 JSON names, camelCase or as in the .proto. */
-export function watchAsk(m: Record<string, unknown>, path: string, user: string | undefined): WatchAsk {
-  return { path, recursive: m.recursive === true, includeEntry: (m.includeEntry ?? m.include_entry) === true, user };
+/**
+ * Read from a request's message: proto3 JSON names, camelCase or as in the .proto. A watch, and the
+ * stat of an event's entry, run as root, as envd's do (its inotify is its own, root's).
+ */
+export function watchAsk(m: Record<string, unknown>, path: string, ids: IdNames): WatchAsk {
+  return { path, recursive: m.recursive === true, includeEntry: (m.includeEntry ?? m.include_entry) === true, ids };
 }
 
 /**
@@ -66,8 +71,8 @@ export function envdEvents(
   let stats = 0;
   const entry = async (e: WatchEvent) => {
     const at = posix.join(ask.path, e.name);
-    const info = await box.files.stat(at, { user: ask.user }).catch(orElse(undefined, `stat ${at}`, 'FILE_NOT_FOUND'));
-    return info && entryOf(info);
+    const info = await box.files.stat(at).catch(orElse(undefined, `stat ${at}`, 'FILE_NOT_FOUND'));
+    return info && entryOf(info, ask.ids);
   };
   return {
     tell: (e) => {
@@ -117,7 +122,7 @@ export class Watchers {
       else full(new ConnectError('resource_exhausted', `over ${MAX_PENDING_BYTES >> 20} MiB of events not asked for`));
     });
     w.stop = events.stop;
-    w.handle = await box.watch(ask.path, { recursive: ask.recursive, user: ask.user }, events.tell);
+    w.handle = await box.watch(ask.path, { recursive: ask.recursive }, events.tell);
     w.handle.done.catch((e: unknown) => void (w.error ??= e));
     const id = `w${randomBytes(8).toString('hex')}`;
     this.byId.set(id, w as Watcher);

@@ -35,22 +35,39 @@ export interface CallerInfo {
   ceilings: Partial<Ceilings>;
 }
 
-/** `sandbox.files`: the same calls on an embedded and on a remote sandbox. */
+/**
+ * `sandbox.files`: the same calls on an embedded and on a remote sandbox. Each runs inside as
+ * `user` (default root); `owner` (USER[:GROUP], the machine's names or numbers) gives what a write,
+ * mkdir or move makes (the file, the directories) to that user, as envd does acting for one.
+ */
 export interface SandboxFiles {
   stat(path: string, opts?: { follow?: boolean; user?: string }): Promise<FileInfo>;
-  list(path: string, opts?: { user?: string }): Promise<FileInfo[]>;
-  mkdir(path: string, opts?: { parents?: boolean; mode?: number; user?: string }): Promise<void>;
+  /** sorted by name; `depth` N > 1: N levels, a directory's entries right after it (never through a link) */
+  list(path: string, opts?: { depth?: number; user?: string }): Promise<FileInfo[]>;
+  mkdir(path: string, opts?: { parents?: boolean; mode?: number; user?: string; owner?: string }): Promise<void>;
   remove(path: string, opts?: { recursive?: boolean; force?: boolean; user?: string }): Promise<void>;
+  /**
+   * rename(2): a file onto a directory, a directory onto a non-empty one, or across filesystems
+   * fail (FILE_ERROR); `parents`: the missing directories of `to` made first
+   */
+  move(from: string, to: string, opts?: { parents?: boolean; user?: string; owner?: string }): Promise<void>;
   /**
    * returns the bytes written. `size`: the bytes a stream will carry, when known: fewer, and the
    * file is left as it was. `xattrs`: `user.*` extended attributes the file lands with (a write
    * makes a new file, so these are all it has; with `append`, they are added to its own);
-   * `stat` and `list` report them
+   * `stat` and `list` report them. Without `mode`, a file replaced keeps its permission bits
    */
   write(
     path: string,
     data: Buffer | string | Readable,
-    opts?: { mode?: number; append?: boolean; user?: string; size?: number; xattrs?: Record<string, string> },
+    opts?: {
+      mode?: number;
+      append?: boolean;
+      user?: string;
+      owner?: string;
+      size?: number;
+      xattrs?: Record<string, string>;
+    },
   ): Promise<number>;
   read(path: string, opts?: { user?: string }): Promise<Buffer>;
   /** stream into `sink` (ended after); returns the bytes read */

@@ -40,7 +40,7 @@ import type {
 import { changeEgress, egressUsage, egressView } from '../lab/net/egress.js';
 import { encoded, type ExecText } from './output.js';
 import { Writable, type Readable } from 'node:stream';
-import { listDir, makeDir, readFile, removePath, statPath, writeFile } from '../lab/io/files.js';
+import { listDir, makeDir, movePath, readFile, removePath, statPath, writeFile } from '../lab/io/files.js';
 
 export type { SandboxFiles } from './api.js';
 import { checkLabels, metaOf, updateMeta } from '../lab/meta.js';
@@ -363,7 +363,7 @@ export class Sandbox implements SandboxApi {
 
   /**
    * The machine's files, each call run inside it as `user` (default root): streamed reads and
-   * writes (a write lands whole or not at all), stat, list, mkdir, remove.
+   * writes (a write lands whole or not at all), stat, list, mkdir, remove, move.
    */
   get files(): SandboxFiles {
     const ctx = this.ctx;
@@ -373,6 +373,7 @@ export class Sandbox implements SandboxApi {
       list: (path, o = {}) => listDir(ctx, rec(), path, o),
       mkdir: (path, o = {}) => makeDir(ctx, rec(), path, o),
       remove: (path, o = {}) => removePath(ctx, rec(), path, o),
+      move: (from, to, o = {}) => movePath(ctx, rec(), from, to, o),
       write: (path, data, o = {}) => writeFile(ctx, rec(), path, data, o),
       readTo: (path, sink, o = {}) => readFile(ctx, rec(), path, sink, o),
       read: async (path, o = {}) => {

@@ -227,6 +227,7 @@ class KeyedSandbox implements SandboxApi {
       list: async (path, o) => (await on('GET /sandboxes/:id/files/list')).list(path, o),
       mkdir: async (path, o) => (await on('POST /sandboxes/:id/files/mkdir')).mkdir(path, o),
       remove: async (path, o) => (await on('DELETE /sandboxes/:id/files')).remove(path, o),
+      move: async (from, to, o) => (await on('POST /sandboxes/:id/files/move')).move(from, to, o),
       write: async (path, data, o) => (await on('PUT /sandboxes/:id/files')).write(path, data, o),
       read: async (path, o) => (await on('GET /sandboxes/:id/files')).read(path, o),
       readTo: async (path, sink, o) => (await on('GET /sandboxes/:id/files')).readTo(path, sink, o),

@@ -74,6 +74,7 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
         querystring: Type.Object({
           path: Type.String({ minLength: 1 }),
           user: Type.Optional(Type.String()),
+          owner: Type.Optional(Type.String({ minLength: 1, description: 'USER[:GROUP] the file is given to' })),
           mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })),
           append: Type.Optional(Type.Boolean()),
           xattr: Type.Optional(
@@ -86,7 +87,7 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
       },
     },
     servedBy(s, (d) => async (req) => {
-      const q = req.query as PathQ & { mode?: string; append?: boolean; xattr?: string[] };
+      const q = req.query as PathQ & { owner?: string; mode?: string; append?: boolean; xattr?: string[] };
       const xattrs = q.xattr?.length
         ? Object.fromEntries(q.xattr.map((a) => [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)]))
         : undefined;
@@ -94,6 +95,7 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
       const length = Number(req.headers['content-length']);
       const bytes = await (await box(d, req)).files.write(q.path, body, {
         user: q.user,
+        owner: q.owner,
         mode: q.mode ? parseInt(q.mode, 8) : undefined,
         append: q.append,
         xattrs,
@@ -104,7 +106,7 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
   );
 }
 
-/** Stat, list, mkdir and remove. */
+/** Stat, list, mkdir, remove and move. */
 function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
   app.get(
     '/sandboxes/:id/files/stat',
@@ -122,15 +124,19 @@ function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
     {
       schema: {
         tags,
-        summary: 'The entries of a directory',
+        summary: 'The entries of a directory, sorted; `depth` N: N levels, a directory followed by its entries',
         params: IdParams,
-        querystring: PathQuery,
+        querystring: Type.Object({
+          path: Type.String({ minLength: 1 }),
+          user: Type.Optional(Type.String()),
+          depth: Type.Optional(Type.Integer({ minimum: 1, maximum: 10000 })),
+        }),
         response: { 200: Type.Array(info), ...errors },
       },
     },
     servedBy(s, (d) => async (req) => {
-      const q = req.query as PathQ;
-      return (await box(d, req)).files.list(q.path, { user: q.user });
+      const q = req.query as PathQ & { depth?: number };
+      return (await box(d, req)).files.list(q.path, { user: q.user, depth: q.depth });
     }),
   );
 
@@ -146,6 +152,7 @@ function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
             parents: Type.Optional(Type.Boolean()),
             mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })),
             user: Type.Optional(Type.String()),
+            owner: Type.Optional(Type.String({ minLength: 1 })),
           },
           { additionalProperties: false },
         ),
@@ -153,12 +160,40 @@ function fileEntryRoutes(app: FastifyInstance, s: SandboxCalls): void {
       },
     },
     servedBy(s, (d) => async (req, reply) => {
-      const b = req.body as { path: string; parents?: boolean; mode?: string; user?: string };
+      const b = req.body as { path: string; parents?: boolean; mode?: string; user?: string; owner?: string };
       await (await box(d, req)).files.mkdir(b.path, {
         parents: b.parents,
         mode: b.mode ? parseInt(b.mode, 8) : undefined,
         user: b.user,
+        owner: b.owner,
       });
+      return reply.status(204).send();
+    }),
+  );
+
+  app.post(
+    '/sandboxes/:id/files/move',
+    {
+      schema: {
+        tags,
+        summary: 'Rename a file or directory (rename(2)); `parents`: the missing directories of `to` made first',
+        params: IdParams,
+        body: Type.Object(
+          {
+            from: Type.String({ minLength: 1 }),
+            to: Type.String({ minLength: 1 }),
+            parents: Type.Optional(Type.Boolean()),
+            user: Type.Optional(Type.String()),
+            owner: Type.Optional(Type.String({ minLength: 1 })),
+          },
+          { additionalProperties: false },
+        ),
+        response: { 204: Type.Null(), ...errors },
+      },
+    },
+    servedBy(s, (d) => async (req, reply) => {
+      const b = req.body as { from: string; to: string; parents?: boolean; user?: string; owner?: string };
+      await (await box(d, req)).files.move(b.from, b.to, { parents: b.parents, user: b.user, owner: b.owner });
       return reply.status(204).send();
     }),
   );

@@ -57,6 +57,7 @@ export const ROUTE_SCOPES = {
   'GET /sandboxes/:id/files/list': 'read',
   'GET /sandboxes/:id/files/stat': 'read',
   'POST /sandboxes/:id/files/mkdir': 'exec',
+  'POST /sandboxes/:id/files/move': 'exec',
   'GET /sandboxes/:id/archive': 'read',
   'PUT /sandboxes/:id/archive': 'exec',
 

@@ -1,9 +1,11 @@
 /**
- * Files of a machine, one at a time: read and write streamed, stat, list, mkdir, remove. Each is
- * `snaplab-agent file ...` (native/files.c) run inside the machine as the given user, so every
- * path is the machine's own and its permissions apply. A write lands whole or not at all (a
- * temporary file renamed over the path). A read streams with flow control: its own agent
- * connection is paused while the sink is full, so a large file never sits in memory.
+ * Files of a machine, one at a time: read and write streamed, stat, list, mkdir, remove, move.
+ * Each is `snaplab-agent file ...` (native/files.c) run inside the machine as the given user, so
+ * every path is the machine's own and its permissions apply; `owner` (write, mkdir, move) gives
+ * what the call makes to another user, as envd does when it acts for one as root. A write lands
+ * whole or not at all (a temporary file renamed over the path). A read streams with flow control:
+ * its own agent connection is paused while the sink is full, so a large file never sits in memory.
+ * Every other call's answer is held whole, at most MAX_ANSWER bytes (a listing of a huge tree).
  */
 import type { Readable, Writable } from 'node:stream';
 import { MACHINE_AGENT_PATH } from '../../drivers/driver.js';
@@ -12,6 +14,10 @@ import type { SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
 import { connectAgent, spawnIn } from './sandbox-ops.js';
 import { feedInput, outputTo } from './streams.js';
+import { resolveUser } from './users.js';
+
+/** The most a file call's answer (a stat, a listing) may hold: ~150 000 entries of a listing. */
+const MAX_ANSWER = 32 << 20;
 
 export interface FileInfo {
   name: string;
@@ -66,27 +72,46 @@ export function fileError(stderr: string, code: number, what: string): SnaplabEr
 interface Opts {
   user?: string;
 }
+/** `owner`: USER[:GROUP] (names or numbers, the machine's), who what the call makes belongs to */
+type Owned = Opts & { owner?: string };
 
 async function fileCommand(
   ctx: LabContext,
   s: SandboxRecord,
   args: string[],
   what: string,
-  opts: Opts & { stdin?: Readable | Buffer } = {},
+  opts: Owned & { stdin?: Readable | Buffer } = {},
 ): Promise<string> {
   const agent = await connectAgent(ctx, s);
   try {
     const out: Buffer[] = [];
     const err: Buffer[] = [];
-    const p = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'file', ...args], {
+    let held = 0;
+    // the owner's "UID:GID" (its supplementary groups are not a file's)
+    const owner =
+      opts.owner === undefined ? [] : ['--owner', (await resolveUser(agent, opts.owner)).split(':', 2).join(':')];
+    let stop = (): void => undefined;
+    const p = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'file', args[0]!, ...owner, ...args.slice(1)], {
       user: opts.user,
-      onStdout: (b) => out.push(b),
+      onStdout: (b) => {
+        held += b.length;
+        if (held <= MAX_ANSWER) out.push(b);
+        else stop();
+      },
       onStderr: (b) => err.push(b),
       ...(opts.stdin ? { stdin: true as const } : {}),
     });
+    stop = () => p.kill(9);
+    if (held > MAX_ANSWER) stop();
     // a write whose input broke off is stopped (SIGTERM: its temporary file removed), not ended
     if (opts.stdin) feedInput(p, opts.stdin, () => p.kill(15));
     const r = await p.result;
+    if (held > MAX_ANSWER)
+      throw new SnaplabError(
+        'FILE_ERROR',
+        `${what}: the answer is over ${MAX_ANSWER >> 20} MiB`,
+        'ask for less (a smaller depth, a deeper directory)',
+      );
     if (r.exitCode !== 0) {
       if (r.signal === 15 && opts.stdin) {
         const kept = args.includes('--append') ? 'what came before the break was appended' : 'the file is unchanged';
@@ -117,15 +142,28 @@ export async function statPath(
   )[0]!;
 }
 
-export async function listDir(ctx: LabContext, s: SandboxRecord, path: string, opts: Opts = {}): Promise<FileInfo[]> {
-  return jsonLines<FileInfo>(await fileCommand(ctx, s, ['ls', '--', path], `list ${path}`, opts));
+/**
+ * The entries of the directory at `path`, sorted by name; with `depth` N > 1, N levels, each
+ * directory's entries right after it (never through a link).
+ */
+export async function listDir(
+  ctx: LabContext,
+  s: SandboxRecord,
+  path: string,
+  opts: Opts & { depth?: number } = {},
+): Promise<FileInfo[]> {
+  const depth = opts.depth ?? 1;
+  if (!Number.isInteger(depth) || depth < 1)
+    throw new SnaplabError('BAD_INPUT', `depth ${depth}: a whole number from 1`, 'e.g. depth: 2');
+  const args = ['ls', ...(depth > 1 ? ['--depth', String(depth)] : []), '--', path];
+  return jsonLines<FileInfo>(await fileCommand(ctx, s, args, `list ${path}`, opts));
 }
 
 export async function makeDir(
   ctx: LabContext,
   s: SandboxRecord,
   path: string,
-  opts: Opts & { parents?: boolean; mode?: number } = {},
+  opts: Owned & { parents?: boolean; mode?: number } = {},
 ): Promise<void> {
   await fileCommand(
     ctx,
@@ -158,7 +196,22 @@ export async function removePath(
 }
 
 /**
- * Write `data` (streamed) to `path`, parents made; whole or not at all. `size`: the bytes the
+ * Rename `from` to `to` (rename(2): a file onto a directory, a directory onto a non-empty one, or
+ * across filesystems fail); `parents`: the missing directories of `to` made first.
+ */
+export async function movePath(
+  ctx: LabContext,
+  s: SandboxRecord,
+  from: string,
+  to: string,
+  opts: Owned & { parents?: boolean } = {},
+): Promise<void> {
+  await fileCommand(ctx, s, ['mv', ...(opts.parents ? ['--parents'] : []), '--', from, to], `move ${from}`, opts);
+}
+
+/**
+ * Write `data` (streamed) to `path`, parents made; whole or not at all. Without `mode`, a file it
+ * replaces keeps its permission bits (a new one is 0644). `size`: the bytes the
  * stream will carry, when known (an HTTP Content-Length): fewer, and the file is left as it was.
  * Returns the bytes written.
  */
@@ -167,7 +220,7 @@ export async function writeFile(
   s: SandboxRecord,
   path: string,
   data: Readable | Buffer | string,
-  opts: Opts & { mode?: number; append?: boolean; size?: number; xattrs?: Record<string, string> } = {},
+  opts: Owned & { mode?: number; append?: boolean; size?: number; xattrs?: Record<string, string> } = {},
 ): Promise<number> {
   const stdin = typeof data === 'string' ? Buffer.from(data) : data;
   const size = Buffer.isBuffer(stdin) ? stdin.length : opts.size;
