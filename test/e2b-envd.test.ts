@@ -217,6 +217,24 @@ describe("envd's files as envd answers them, and against clients that leave, flo
     await expect(sbx.files.makeDir('/tmp/real/f')).rejects.toBeInstanceOf(latest.InvalidArgumentError);
   });
 
+  it('a ListDir whose answer would be over 32 MiB is refused, its walk ended', async () => {
+    // 10 000 entries with paths of ~3.5 KiB each: ~35 MiB of answer, which the daemon would hold whole
+    const made = await sbx.commands.run(
+      'n=$(head -c 250 /dev/zero | tr "\\0" a); p=/tmp/wide; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do p=$p/$n; done; ' +
+        'mkdir -p $p && cd $p && seq 10000 | xargs touch && ls | wc -l',
+    );
+    expect(made.stdout.trim()).toBe('10000');
+    await expect(sbx.files.list('/tmp/wide', { depth: 20 })).rejects.toThrow(/over 32 MiB/);
+    const box = await lab.get(sbx.sandboxId);
+    await until(
+      'the walk ended',
+      async () => (await box.exec(['sh', '-c', 'ps -o args | grep -c "[f]ile ls" || true'])).stdout.trim() === '0',
+    );
+    // a depth that stops above the files is answered
+    expect((await sbx.files.list('/tmp/wide', { depth: 14 })).length).toBe(14);
+    await sbx.commands.run('rm -r /tmp/wide');
+  });
+
   it("a client that stops reading a command's output holds the command, not the daemon's memory", async () => {
     const box = await lab.get(sbx.sandboxId);
     await box.files.write(
