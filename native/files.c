@@ -8,10 +8,10 @@
  *   mkdir [--parents] [--mode OCTAL] [--owner UID:GID] PATH, rm [--recursive] [--force] PATH,
  *   mv [--parents] [--owner UID:GID] FROM TO   (`--` ends the flags)
  *
- * --owner gives what the command makes (the directories --parents makes, the file written, the
- * directory made) to UID:GID, as envd does when it acts for a user: the caller runs it as root.
- * A write without --mode keeps the permission bits of the regular file it replaces (0644 for a new
- * one). ls --depth N lists N levels, each directory's entries (sorted) followed by its own, never
+ * --owner gives what the command makes or writes (the directories --parents makes, the file
+ * written or appended to, the directory made) to UID:GID, as envd does when it acts for a user:
+ * the caller runs it as root. A write keeps the owner (where the writer may give it) and, without
+ * --mode, the permission bits of the regular file it replaces (0644 for a new one). ls --depth N lists N levels, each directory's entries (sorted) followed by its own, never
  * through a link. mv is rename(2): a file onto a directory fails (EISDIR), as does a directory
  * onto a non-empty one (ENOTEMPTY) or across filesystems (EXDEV).
  *
@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <time.h>
@@ -381,8 +382,9 @@ static int cmd_write(const char *path, int set, mode_t mode)
 		char *tmp;
 		struct stat was;
 		char sign = lstat(path, &was) == 0 ? '-' : '+';
+		int replaces = sign == '-' && S_ISREG(was.st_mode);
 		/* a file replaced keeps its permission bits (not set-id or sticky) unless --mode says */
-		if (sign == '-' && S_ISREG(was.st_mode) && !(set & F_MODE))
+		if (replaces && !(set & F_MODE))
 			mode = was.st_mode & 0777;
 		if (asprintf(&tmp, "%.*s.%.200s.snaplab%cXXXXXX", (int)(base - path), path, base, sign) < 0)
 			return fail(errno, path);
@@ -395,8 +397,11 @@ static int cmd_write(const char *path, int set, mode_t mode)
 			return fail(errno, path);
 		temp_path = tmp;
 		int e = 0;
-		if ((owner_uid != (uid_t)-1 && fchown(fd, owner_uid, owner_gid) < 0) || fchmod(fd, mode) < 0 ||
-		    set_xattrs(fd) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
+		/* and its owner, where the writer may give it (root; else the writer's own file stays its) */
+		if (replaces && owner_uid == (uid_t)-1 && fchown(fd, was.st_uid, was.st_gid) < 0 && errno != EPERM)
+			e = errno;
+		if (!e && ((owner_uid != (uid_t)-1 && fchown(fd, owner_uid, owner_gid) < 0) || fchmod(fd, mode) < 0 ||
+			   set_xattrs(fd) < 0 || (n = copy_fd(0, fd, &rerr)) < 0))
 			e = errno;
 		if (close(fd) < 0 && !e)
 			e = errno;
@@ -466,9 +471,12 @@ static int list_dir(int fd, const char *path, long level)
 			char *target = link_target(fd, names[i], &st);
 			print_entry(names[i], sub, &st, target, 0);
 			free(target);
-			if (S_ISDIR(st.st_mode) && level < list_depth)
-				rc = list_dir(openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC),
-					      sub, level + 1);
+			int sfd = S_ISDIR(st.st_mode) && level < list_depth
+					  ? openat(fd, names[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+					  : -2;
+			/* gone, or no longer a directory, since it was read: its entry stands, nothing under it */
+			if (sfd >= 0 || (sfd == -1 && errno != ENOENT && errno != ENOTDIR && errno != ELOOP))
+				rc = list_dir(sfd, sub, level + 1);
 		} else if (errno != ENOENT) { /* gone since it was read: left out */
 			rc = fail(errno, sub);
 		}
@@ -483,6 +491,12 @@ static int cmd_ls(const char *path, int set, mode_t mode)
 {
 	(void)set; /* one signature for every command of the table */
 	(void)mode;
+	/* a descriptor a level: a deep walk may take as many as the hard limit allows */
+	struct rlimit rl;
+	if (list_depth > 1 && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
 	return list_dir(open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC), path, 1) || flush_out();
 }
 

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define PROTO_MAJOR 1
-#define PROTO_MINOR 6
+#define PROTO_MINOR 7
 #define AGENT_VERSION "0.1.0"
 
 #define FRAME_HDR 12u

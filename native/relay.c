@@ -11,8 +11,9 @@
  * client's id. A client's RESET is answered here (HELLO with its id) and ends only that client's
  * execs; a client that disconnects has its execs killed (SIGKILL), as the agent does for a
  * session, and its kept execs let go (DETACH, agent 1.6): they run on in the VM for an ATTACH,
- * which is routed as an exec. The relay exits when the VM's connection ends or QEMU (--pid) is
- * gone. While the file LISTEN_PATH.hold exists (read at start and on every SIGUSR1) the relay
+ * which is routed as an exec. A client's HOLD_OUTPUT for one of its execs goes on to the agent
+ * (the exec stays held while its client asks or the relay holds the client). The relay exits when
+ * the VM's connection ends or QEMU (--pid) is gone. While the file LISTEN_PATH.hold exists (read at start and on every SIGUSR1) the relay
  * neither writes to the VM nor reads from it, and creates LISTEN_PATH.held once QEMU has taken
  * what was already sent: the driver holds the relay while the VM is paused, so that nothing moves
  * in the guest's memory while a memory snapshot is written. A state in a file, not a signal pair: signals merge and reorder.
@@ -64,6 +65,7 @@ struct route {
 	uint8_t started; /* an EXEC the agent has started (its ERRORs no longer end it) */
 	uint8_t keep; /* a kept EXEC (flags bit 1) or an ATTACH: let go, not killed, when its client goes */
 	uint8_t detaching; /* its client sent DETACH: the route ends with the answer (OK, or ESRCH or its EXIT) */
+	uint8_t asked_hold; /* its client sent HOLD_OUTPUT 1 for it (and not 0 since) */
 };
 
 static struct client clients[MAX_CLIENTS];
@@ -225,12 +227,12 @@ static void hold_route(const struct route *r, int on)
 	frame_put(&agent_out, T_HOLD_OUTPUT, r->relay_id, p, sizeof p);
 }
 
-/* Hold (or release) the output of every exec of client ci. */
+/* Hold (or release) the output of every exec of client ci (those it holds itself stay held). */
 static void hold_client(int ci, int on)
 {
 	clients[ci].held = on;
 	for (int i = 0; i < nroutes; i++)
-		if (routes[i].client == ci && routes[i].type == T_EXEC)
+		if (routes[i].client == ci && routes[i].type == T_EXEC && !routes[i].asked_hold)
 			hold_route(&routes[i], on);
 }
 
@@ -268,6 +270,23 @@ static void client_frame(int ci, const uint8_t *p, size_t n, const struct frame 
 	if (f->type == T_RESET) {
 		drop_routes_of(ci, 1);
 		frame_put(&c->out, T_HELLO, f->id, hello, hello_len);
+		return;
+	}
+	if (f->type == T_HOLD_OUTPUT) {
+		/* a client holding one exec's output (it reads that one slowly) as the agent takes it; an
+		 * exec the relay holds for its client stays held until both let go. An agent before 1.2
+		 * cannot hold one exec: ignored there (the relay stops reading the VM for a client behind) */
+		struct route *r = exec_route(ci, f->id);
+		if (f->len != 4) {
+			frame_error(&c->out, f->id, EINVAL, "bad HOLD_OUTPUT payload");
+			return;
+		}
+		uint8_t on = get_u32(f->payload) != 0;
+		if (!r || !agent_holds() || r->asked_hold == on)
+			return;
+		r->asked_hold = on;
+		if (!c->held)
+			hold_route(r, on);
 		return;
 	}
 	if (f->type == T_STDIN || f->type == T_SIGNAL || f->type == T_RESIZE) {
@@ -454,8 +473,8 @@ static void connect_agent(const char *path, pid_t qemu)
 							/* a client's kept execs outlive it only where the agent can let
 							 * one go alone (DETACH, 1.6): an older one's clients are told 1.4,
 							 * so none asks for a kept exec (1.5); a newer one's, what the
-							 * relay routes (1.6) */
-							int most = agent_detaches() ? 6 : 4;
+							 * relay routes (1.7: a client's HOLD_OUTPUT too) */
+							int most = agent_detaches() ? 7 : 4;
 							if (hello_len >= 4 && get_u16(hello + 2) > most)
 								put_u16(hello + 2, (uint16_t)most);
 							buf_consume(&b, (size_t)used);

@@ -220,7 +220,9 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
       await expect(box.files.write('/data/y', 'y', { owner: 'no-such-user' })).rejects.toMatchObject({
         code: 'BAD_INPUT',
       });
-      // a file replaced keeps its permission bits, unless a mode is given
+      // a file replaced keeps its owner, and its permission bits unless a mode is given
+      await box.files.write('/data/given/deep/x', 'again');
+      expect(await ids('/data/given/deep/x')).toBe('65534:65534');
       await box.files.write('/data/run.sh', '#!/bin/sh\n', { mode: 0o750 });
       await box.files.write('/data/run.sh', '#!/bin/sh\ntrue\n');
       expect((await box.files.stat('/data/run.sh')).mode).toBe('0750');

@@ -191,7 +191,7 @@ describe('the qemu driver', () => {
     p.write('\x03');
     expect((await p.result).exitCode).toBe(130);
     // a command kept past its client: the relay lets it go (DETACH, 1.6) and routes an ATTACH to it
-    expect((await vm.agentConnection()).protocolVersion).toBe('1.6');
+    expect((await vm.agentConnection()).protocolVersion).toBe('1.7');
     const holder = await lab.get('vm1');
     const ticks = 'i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.2; done';
     let first = '';

@@ -143,7 +143,7 @@ describe('agent on the host', () => {
   });
 
   it('says HELLO and answers ping', async () => {
-    expect(client.protocolVersion).toBe('1.6');
+    expect(client.protocolVersion).toBe('1.7');
     expect(client.agentVersion).toMatch(/^\d+\.\d+\.\d+/);
     expect(client.agentPid).toBe(agent.proc.pid);
     expect(await client.ping()).toBeGreaterThanOrEqual(0);
@@ -421,7 +421,7 @@ describe('agent on the host', () => {
       /* busy */
     }
     const c = await pending;
-    expect(c.protocolVersion).toBe('1.6');
+    expect(c.protocolVersion).toBe('1.7');
     await c.close();
   });
 
@@ -508,7 +508,7 @@ describe('agent on the host', () => {
       return decodeKept((await next(MsgType.DATA, id)).payload);
     };
     try {
-      expect((await next(MsgType.HELLO, 0)).payload.readUInt16LE(2)).toBe(6);
+      expect((await next(MsgType.HELLO, 0)).payload.readUInt16LE(2)).toBe(7);
       const loop = ['sh', '-c', 'while :; do echo x; sleep 0.1; done'];
       s.write(encodeFrame(MsgType.EXEC, 1, encodeExec({ argv: loop, env: ENV, keep: { tag: 'k' } })));
       s.write(encodeFrame(MsgType.EXEC, 2, encodeExec({ argv: ['sleep', '30'], env: ENV })));

@@ -96,7 +96,7 @@ export interface ExecHandle {
   /**
    * Hold (true) or release this exec's output at the agent (HOLD_OUTPUT, 1.2): its command blocks
    * on a full pipe meanwhile, the connection's other execs go on. Only to an agent's own
-   * connection: a VM's relay takes no client's HOLD_OUTPUT.
+   * connection, or a VM's relay from 1.7 (an older one would route it as a new request).
    */
   hold(on: boolean): void;
   result: Promise<ExecResult>;

@@ -50,8 +50,8 @@ export interface DriverCapabilities {
   pause: boolean;
   /**
    * a machine's agent connection is the agent's own, so one exec's output can be held there
-   * (HOLD_OUTPUT) while the connection's others go on; a VM's is its relay's, which takes no
-   * client's hold (it holds a client's execs itself when that client falls behind)
+   * (HOLD_OUTPUT, 1.2) while the connection's others go on; a VM's is its relay's, which routes a
+   * client's hold only from 1.7 (an older relay, of a VM raised before an upgrade, says 1.6)
    */
   execHold?: boolean;
   /** `snapshotMemory` and `restoreMemory` exist: a snapshot can hold the running machine, and a restore continues it */

@@ -77,7 +77,7 @@ function sizeOf(pty: unknown): { cols: number; rows: number } | undefined {
 
 /** A client this far behind a command's output has it held at its source until it has read it all. */
 const HOLD_AT = 4 << 20;
-/** Where output cannot be held (a VM's relay takes no hold), a client this far behind is let go. */
+/** Where output cannot be held (a VM raised before protocol 1.7), a client this far behind is let go. */
 const DROP_AT = 64 << 20;
 
 /**
@@ -85,8 +85,8 @@ const DROP_AT = 64 << 20;
  * stream is opened by its first event (`open`), so that a start refused before it (the sandbox
  * gone or paused) is still an HTTP status. A client that reads slower than the command writes
  * holds its output at the machine (the command waits on a full pipe, as under envd) rather than
- * in the daemon's memory; where that cannot be, it is let go 64 MiB behind (the command runs on,
- * to be reattached by Connect).
+ * in the daemon's memory; where that cannot be (or a hold does not take), it is let go 64 MiB
+ * behind (the command runs on, to be reattached by Connect).
  */
 function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest): (e: ProcessEvent) => void {
   const every = keepaliveMs(req.headers['keepalive-ping-interval']);
@@ -114,14 +114,13 @@ function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest):
     }
     stream.send({ event: e });
     const p = ref.p;
-    if (p && !holding && stream.unread > HOLD_AT) {
-      if (p.holdable) {
-        holding = true;
-        p.hold(true);
-        stream.onDrain(release);
-      } else if (stream.unread > DROP_AT) {
-        stream.drop();
-      }
+    if (p && !holding && p.holdable && stream.unread > HOLD_AT) {
+      holding = true;
+      p.hold(true);
+      stream.onDrain(release);
+    } else if (stream.unread > DROP_AT) {
+      // no hold here, or one that did not take (an agent that ignores it): let the client go
+      stream.drop();
     }
     if ('end' in e) {
       if (timer) clearInterval(timer);

@@ -9,7 +9,7 @@
  * groups (EntryInfo's `owner` and `group`, which envd looks up in the same files).
  */
 import type { SandboxApi } from '../sdk/api.js';
-import { isSnaplabError, type ErrorCode } from '../errors.js';
+import { SnaplabError, isSnaplabError, type ErrorCode } from '../errors.js';
 import { handledElsewhere } from '../cleanup.js';
 
 /** How long after its create a sandbox's users, taken from its key's last sandbox of its image, are checked. */
@@ -83,9 +83,24 @@ export class EnvdUsers {
   /** key + image → its facts as a sandbox of that key and image last read them (fresh sandboxes start from these) */
   private readonly ofImage = new Map<string, Facts>();
 
-  /** The user a call acts as: `asked`, else `user` where the machine has one, else root. */
+  /**
+   * The user a call acts as: `asked`, else `user` where the machine has one, else root. A user the
+   * machine's /etc/passwd does not name (read again once, for one added since) is refused as envd
+   * refuses it: UNAUTHORIZED, "invalid username" (the file calls run as root: nothing else would).
+   */
   async of(box: SandboxApi, asked: string | undefined): Promise<EnvdUser> {
-    const { homes: known, bash, ids } = await this.factsOf(box);
+    let facts = await this.factsOf(box);
+    if (asked !== undefined && asked !== 'root' && !facts.homes.has(asked)) {
+      this.facts.delete(box.id);
+      facts = await this.factsOf(box);
+      if (!facts.homes.has(asked))
+        throw new SnaplabError(
+          'UNAUTHORIZED',
+          `invalid username: ${JSON.stringify(asked)} is not a user of sandbox ${box.id}`,
+          "give a user in the sandbox's /etc/passwd",
+        );
+    }
+    const { homes: known, bash, ids } = facts;
     const name = asked ?? (known.has(E2B_USER) ? E2B_USER : undefined);
     const home = known.get(name ?? 'root') ?? (name === undefined || name === 'root' ? '/root' : undefined);
     return { name, ids, home, shell: bash ? '/bin/bash' : '/bin/sh' };

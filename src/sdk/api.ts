@@ -78,7 +78,7 @@ export interface SandboxFiles {
  * A started command (as `spawn` returns); its result's output is text, or Buffers with `encoding: 'buffer'`.
  * `hold` and `disconnect` are there when it has a connection of its own (`detached: true`; every
  * remote spawn has one, its WebSocket); `hold` also on a shared connection to a namespace machine's
- * agent, which holds one command's output (HOLD_OUTPUT) while the others go on (a VM's relay does not).
+ * agent, which holds one command's output (HOLD_OUTPUT) while the others go on (a VM's relay too, from protocol 1.7).
  */
 export type ProcessApi<R = ExecText> = Omit<ExecProcess, 'result'> & {
   result: Promise<R>;

@@ -12,7 +12,7 @@ export const VM_MIN_MEMORY = 96 * 1024 * 1024;
 export const QEMU_INFO: DriverInfo = {
   name: 'qemu',
   capabilities: {
-    execHold: false,
+    execHold: false, // its connection is the relay's: a hold from 1.7 (sandbox-ops.ts)
     pause: true,
     memorySnapshot: true,
     guestCache: true,

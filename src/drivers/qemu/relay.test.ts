@@ -346,6 +346,52 @@ describe('kept execs through the relay', () => {
     r.sock.destroy();
   });
 
+  it("a client's HOLD_OUTPUT holds its one exec at the agent; the relay's own hold of the client does not undo it", async () => {
+    const c = await v16.client();
+    await c.next(MsgType.HELLO, 0);
+    const held = await started(c, v16, 1, false, 401);
+    const other = await started(c, v16, 2, false, 402);
+    const holds = (): Frame[] => v16.agentSeen.filter((f) => f.type === MsgType.HOLD_OUTPUT);
+    c.send(MsgType.HOLD_OUTPUT, 1, encodeU32(1));
+    c.send(MsgType.HOLD_OUTPUT, 1, encodeU32(1)); // held already: not sent again
+    c.send(MsgType.HOLD_OUTPUT, 9, encodeU32(1)); // no exec of this client: nowhere
+    c.send(MsgType.HOLD_OUTPUT, 2, Buffer.from('x'));
+    expect(errnoOf(await c.next(MsgType.ERROR, 2))).toBe(22); // EINVAL, as the agent answers it
+    c.send(MsgType.HOLD_OUTPUT, 1, encodeU32(0));
+    c.send(MsgType.PING, 3, Buffer.from('after'));
+    await c.next(MsgType.PONG, 3);
+    expect(holds().map((f) => [f.id, f.payload.readUInt32LE(0)])).toEqual([
+      [held, 1],
+      [held, 0],
+    ]);
+    // held by its client while the relay holds the client (over 16 MiB unread) and lets it go:
+    // the exec stays held, the other is held and released with the client
+    c.send(MsgType.HOLD_OUTPUT, 1, encodeU32(1));
+    await until(() => (holds().length === 3 ? true : undefined), 'the hold at the agent');
+    c.sock.pause();
+    const chunk = Buffer.alloc(1 << 20, 7);
+    for (let i = 0; i < 24; i++) v16.answer(MsgType.STDOUT, other, chunk);
+    await until(
+      () => (holds().some((f) => f.id === other && f.payload.readUInt32LE(0) === 1) ? true : undefined),
+      "the relay's hold of the client",
+    );
+    expect(holds().filter((f) => f.id === held)).toHaveLength(3); // not sent again by the relay
+    c.sock.resume();
+    await until(
+      () => (holds().some((f) => f.id === other && f.payload.readUInt32LE(0) === 0) ? true : undefined),
+      "the relay's release",
+    );
+    expect(
+      holds()
+        .filter((f) => f.id === held)
+        .map((f) => f.payload.readUInt32LE(0)),
+    ).toEqual([1, 0, 1]);
+    v16.answer(MsgType.EXIT, held, Buffer.alloc(48));
+    v16.answer(MsgType.EXIT, other, Buffer.alloc(48));
+    await c.next(MsgType.EXIT, 2);
+    c.sock.destroy();
+  });
+
   it('an agent before 1.6 cannot let one exec go: its clients are told 1.4, and a kept exec dies with its client', async () => {
     const c = await v15.client();
     expect(minorOf(await c.next(MsgType.HELLO, 0))).toBe(4);

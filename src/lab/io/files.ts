@@ -153,7 +153,7 @@ export async function listDir(
   opts: Opts & { depth?: number } = {},
 ): Promise<FileInfo[]> {
   const depth = opts.depth ?? 1;
-  if (!Number.isInteger(depth) || depth < 1)
+  if (!Number.isSafeInteger(depth) || depth < 1)
     throw new SnaplabError('BAD_INPUT', `depth ${depth}: a whole number from 1`, 'e.g. depth: 2');
   const args = ['ls', ...(depth > 1 ? ['--depth', String(depth)] : []), '--', path];
   return jsonLines<FileInfo>(await fileCommand(ctx, s, args, `list ${path}`, opts));

@@ -122,7 +122,7 @@ export interface ExecProcess {
   resize(cols: number, rows: number): void;
   /**
    * hold (true) or release its output at the machine's agent, the connection's other commands going
-   * on: there only where the connection is the agent's own (a VM's relay takes no client's hold)
+   * on: where the connection is the agent's own, or a VM's relay that routes it (protocol 1.7)
    */
   hold?: (on: boolean) => void;
   result: Promise<ExecResult>;
@@ -174,11 +174,18 @@ export async function spawnIn(
     { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
   );
   if (opts.stdin !== undefined && opts.stdin !== true) feedInput(h, opts.stdin);
-  return processOf(ctx, s, h, limited, oomBefore);
+  return processOf(ctx, s, agent, h, limited, oomBefore);
 }
 
 /** A started (or attached) command as the Lab hands it out: its result says whether the OOM killer ended it. */
-function processOf(ctx: LabContext, s: SandboxRecord, h: ExecHandle, limited: boolean, oomBefore: number): ExecProcess {
+function processOf(
+  ctx: LabContext,
+  s: SandboxRecord,
+  agent: AgentClient,
+  h: ExecHandle,
+  limited: boolean,
+  oomBefore: number,
+): ExecProcess {
   const result = (async (): Promise<ExecResult> => {
     let r: AgentExecResult;
     try {
@@ -203,7 +210,10 @@ function processOf(ctx: LabContext, s: SandboxRecord, h: ExecHandle, limited: bo
     end: () => h.end(),
     kill: (sig) => h.kill(sig),
     resize: (cols, rows) => h.resize(windowSize(cols, rows)),
-    ...(ctx.driver(s.driver).capabilities.execHold ? { hold: (on: boolean) => h.hold(on) } : {}),
+    // the agent's own connection holds one exec from 1.2; a VM's relay routes a client's hold from 1.7
+    ...((ctx.driver(s.driver).capabilities.execHold && agent.speaks(2)) || agent.speaks(7)
+      ? { hold: (on: boolean) => h.hold(on) }
+      : {}),
     result,
   };
 }
@@ -271,7 +281,7 @@ export async function attachIn(
       );
     throw e;
   }
-  return { ...processOf(ctx, s, h, limited, oomBefore), since: await h.since };
+  return { ...processOf(ctx, s, agent, h, limited, oomBefore), since: await h.since };
 }
 
 export interface SnapshotOptions {

@@ -13,18 +13,28 @@ interface Group {
 }
 
 function parsePasswd(text: string): Passwd[] {
-  return text
-    .split('\n')
-    .map((l) => l.split(':'))
-    .filter((f) => f.length >= 4 && /^\d+$/.test(f[2]!) && /^\d+$/.test(f[3]!))
-    .map((f) => ({ name: f[0]!, uid: Number(f[2]), gid: Number(f[3]) }));
+  return (
+    text
+      .split('\n')
+      .map((l) => l.split(':'))
+      // an id past MAX_ID ((uid_t)-1 is "no change" to the kernel) names no one
+      .filter(
+        (f) =>
+          f.length >= 4 &&
+          /^\d+$/.test(f[2]!) &&
+          /^\d+$/.test(f[3]!) &&
+          Number(f[2]) <= MAX_ID &&
+          Number(f[3]) <= MAX_ID,
+      )
+      .map((f) => ({ name: f[0]!, uid: Number(f[2]), gid: Number(f[3]) }))
+  );
 }
 
 function parseGroup(text: string): Group[] {
   return text
     .split('\n')
     .map((l) => l.split(':'))
-    .filter((f) => f.length >= 3 && /^\d+$/.test(f[2]!))
+    .filter((f) => f.length >= 3 && /^\d+$/.test(f[2]!) && Number(f[2]) <= MAX_ID)
     .map((f) => ({ name: f[0]!, gid: Number(f[2]), members: (f[3] ?? '').split(',').filter(Boolean) }));
 }
 
