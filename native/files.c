@@ -4,21 +4,24 @@
  * exec's user inside the machine, so a PATH is the machine's own and its permissions apply.
  *
  *   cat PATH, write [--mode OCTAL] [--parents] [--append] [--size N] [--xattr NAME=VALUE]...
- *   [--owner UID:GID] PATH, stat [-L] PATH, ls [--depth N] PATH,
+ *   [--owner UID:GID] [--through] PATH, stat [-L] PATH, ls [--depth N] PATH,
  *   mkdir [--parents] [--mode OCTAL] [--owner UID:GID] PATH, rm [--recursive] [--force] PATH,
  *   mv [--parents] [--owner UID:GID] FROM TO   (`--` ends the flags)
  *
  * --owner gives what the command makes or writes (the directories --parents makes, the file
  * written or appended to, the directory made) to UID:GID, as envd does when it acts for a user:
  * the caller runs it as root. A write keeps the owner (where the writer may give it) and, without
- * --mode, the permission bits of the regular file it replaces (0644 for a new one). ls --depth N lists N levels, each directory's entries (sorted) followed by its own, never
- * through a link. mv is rename(2): a file onto a directory fails (EISDIR), as does a directory
+ * --mode, the permission bits of the regular file it replaces (0644 for a new one). --through: a
+ * link at PATH is written through (the file it ends at replaced, or made), not replaced. ls
+ * --depth N lists N levels, each directory's entries (sorted) followed by its own, never through
+ * a link. mv is rename(2): a file onto a directory fails (EISDIR), as does a directory
  * onto a non-empty one (ENOTEMPTY) or across filesystems (EXDEV).
  *
  * write puts stdin in a temp file beside PATH (.NAME.snaplab-XXXXXX, + for - when PATH is new) renamed over it, so a reader
  * never sees half a file (a symlink at PATH is replaced, not written through). stat and ls print
  * one JSON object a line: {"name","path","type","size","mode":"0644","uid","gid","mtime":"...Z"
- * [,"target"][,"xattrs":{"user.NAME":"VALUE",...}]} (the user.* extended attributes, when there are
+ * [,"target"[,"resolved":{"path","type","mode"}]][,"xattrs":{"user.NAME":"VALUE",...}]} (a link's
+ * resolved: its realpath and what is there, when it ends at something) (the user.* extended attributes, when there are
  * any; a value holding a NUL byte is left out), names as raw bytes with '"', '\' and control characters escaped. rm -r never
  * follows a symlink. Exit 0; 1 with one line on stderr, `snaplab: file: ERRNAME: PATH: strerror`,
  * which the daemon maps by ERRNAME (PATH "-" is stdin or stdout); 2 on bad usage. write's --xattr
@@ -153,12 +156,27 @@ static void print_xattrs(const char *path, int follow)
 		putchar('}');
 }
 
+static const char *const types[16] = { [S_IFREG >> 12] = "file",    [S_IFDIR >> 12] = "dir",
+				       [S_IFLNK >> 12] = "symlink", [S_IFCHR >> 12] = "char",
+				       [S_IFBLK >> 12] = "block",   [S_IFIFO >> 12] = "fifo",
+				       [S_IFSOCK >> 12] = "socket" };
+
+/* ,"resolved":{"path","type","mode"}: where a link at path ends (every link followed), when it
+ * ends at something */
+static void print_resolved(const char *path)
+{
+	struct stat ts;
+	char *rp = realpath(path, NULL);
+	if (rp && stat(rp, &ts) == 0) {
+		const char *type = types[(ts.st_mode & S_IFMT) >> 12];
+		printf(",\"resolved\":{\"path\":"), json_str(rp);
+		printf(",\"type\":\"%s\",\"mode\":\"%04o\"}", type ? type : "unknown", (unsigned)(ts.st_mode & 07777));
+	}
+	free(rp);
+}
+
 static void print_entry(const char *name, const char *path, const struct stat *st, const char *target, int follow)
 {
-	static const char *const types[16] = { [S_IFREG >> 12] = "file",    [S_IFDIR >> 12] = "dir",
-					       [S_IFLNK >> 12] = "symlink", [S_IFCHR >> 12] = "char",
-					       [S_IFBLK >> 12] = "block",   [S_IFIFO >> 12] = "fifo",
-					       [S_IFSOCK >> 12] = "socket" };
 	const char *type = types[(st->st_mode & S_IFMT) >> 12];
 	struct tm tm;
 	char when[64];
@@ -169,7 +187,7 @@ static void print_entry(const char *name, const char *path, const struct stat *s
 	       type ? type : "unknown", (long long)st->st_size, (unsigned)(st->st_mode & 07777), (unsigned)st->st_uid,
 	       (unsigned)st->st_gid, when, st->st_mtim.tv_nsec / 1000000);
 	if (target)
-		printf(",\"target\":"), json_str(target);
+		printf(",\"target\":"), json_str(target), print_resolved(path);
 	print_xattrs(path, follow);
 	printf("}\n");
 }
@@ -283,7 +301,8 @@ enum {
 	F_SIZE = 64,
 	F_XATTR = 128,
 	F_OWNER = 256,
-	F_DEPTH = 512
+	F_DEPTH = 512,
+	F_THROUGH = 1024
 };
 
 /* --owner: who what the command makes belongs to (-1: its maker) */
@@ -349,6 +368,30 @@ static int cmd_cat(const char *path, int set, mode_t mode)
 	return 0;
 }
 
+/* write --through: where a write to path goes when a link there is written through, as an open
+ * of it would (every link followed, to a target that need not exist yet). A new string. */
+static char *through_links(const char *path)
+{
+	char *p = strdup(path);
+	for (int i = 0; p && i < 40; i++) {
+		struct stat st;
+		char buf[4097], *next;
+		ssize_t n;
+		if (lstat(p, &st) < 0 || !S_ISLNK(st.st_mode) || (n = readlink(p, buf, sizeof buf - 1)) < 0)
+			return p;
+		buf[n] = 0;
+		const char *slash = strrchr(p, '/');
+		int keep = buf[0] == '/' || !slash ? 0 : (int)(slash - p + 1);
+		if (asprintf(&next, "%.*s%s", keep, p, buf) < 0)
+			next = NULL;
+		free(p);
+		p = next;
+	}
+	if (p)
+		free(p), errno = ELOOP;
+	return NULL;
+}
+
 static int cmd_write(const char *path, int set, mode_t mode)
 {
 	long long n = 0;
@@ -356,6 +399,11 @@ static int cmd_write(const char *path, int set, mode_t mode)
 	mode = set & F_MODE ? mode : 0644;
 	if (!*path)
 		return fail(ENOENT, path);
+	if (set & F_THROUGH) {
+		const char *asked = path;
+		if (!(path = through_links(asked)))
+			return fail(errno, asked);
+	}
 	if (path[strlen(path) - 1] == '/')
 		return fail(EISDIR, path);
 	const char *slash = strrchr(path, '/');
@@ -570,9 +618,9 @@ static const struct {
 	const char *name;
 	int bit;
 } flags[] = {
-	{ "--mode", F_MODE },		{ "--parents", F_PARENTS }, { "--append", F_APPEND }, { "-L", F_FOLLOW },
-	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE },	    { "--size", F_SIZE },     { "--xattr", F_XATTR },
-	{ "--owner", F_OWNER },		{ "--depth", F_DEPTH },
+	{ "--mode", F_MODE },		{ "--parents", F_PARENTS }, { "--append", F_APPEND },	{ "-L", F_FOLLOW },
+	{ "--recursive", F_RECURSIVE }, { "--force", F_FORCE },	    { "--size", F_SIZE },	{ "--xattr", F_XATTR },
+	{ "--owner", F_OWNER },		{ "--depth", F_DEPTH },	    { "--through", F_THROUGH },
 };
 
 static const struct {
@@ -582,7 +630,7 @@ static const struct {
 	int paths;
 } cmds[] = {
 	{ "cat", cmd_cat, 0, 1 },
-	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND | F_SIZE | F_XATTR | F_OWNER, 1 },
+	{ "write", cmd_write, F_MODE | F_PARENTS | F_APPEND | F_SIZE | F_XATTR | F_OWNER | F_THROUGH, 1 },
 	{ "stat", cmd_stat, F_FOLLOW, 1 },
 	{ "ls", cmd_ls, F_DEPTH, 1 },
 	{ "mkdir", cmd_mkdir, F_MODE | F_PARENTS | F_OWNER, 1 },

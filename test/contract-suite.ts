@@ -244,6 +244,23 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
         '/data/run.sh',
       ]);
       await expect(box.files.list('/data', { depth: 0 })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+      // a link: replaced by a write, or written through; stat tells where it ends
+      await box.exec(['ln', '-s', 'run.sh', '/data/link']);
+      expect((await box.files.stat('/data/link')).resolved).toEqual({
+        path: '/data/run.sh',
+        type: 'file',
+        mode: '0750',
+      });
+      await box.files.write('/data/link', 'through', { through: true });
+      expect([(await box.files.read('/data/run.sh')).toString(), (await box.files.stat('/data/link')).type]).toEqual([
+        'through',
+        'symlink',
+      ]);
+      await box.files.write('/data/link', 'replaced');
+      expect([(await box.files.read('/data/run.sh')).toString(), (await box.files.stat('/data/link')).type]).toEqual([
+        'through',
+        'file',
+      ]);
     } finally {
       await box.destroy();
     }

@@ -81,7 +81,7 @@ describe.each([
   ['e2b@2.51.0', latest, true],
   ['e2b@2.14.1', oldest as unknown as Sdk, false],
 ] as const)('with %s', (_label, sdk: Sdk, modern: boolean) => {
-  const { AuthenticationError, CommandExitError, Sandbox, TimeoutError } = sdk;
+  const { AuthenticationError, CommandExitError, InvalidArgumentError, Sandbox, TimeoutError } = sdk;
   // 2.14 has no SandboxNotFoundError yet: its NotFoundError, which the newer one extends
   const SandboxNotFoundError = sdk.SandboxNotFoundError ?? sdk.NotFoundError;
   describe('keys and the control API', () => {
@@ -288,11 +288,48 @@ describe.each([
       expect((await sbx.commands.run('echo $0')).stdout).toBe('/bin/sh\n');
       const failed = await sbx.commands.run('echo no >&2; exit 3').catch((e: unknown) => e);
       expect(failed).toBeInstanceOf(CommandExitError);
-      expect(failed).toMatchObject({ exitCode: 3, stderr: 'no\n' });
+      // its message is its wait's error, as envd's end event says it
+      expect(failed).toMatchObject({ exitCode: 3, stderr: 'no\n', message: 'exit status 3' });
       // root's commands run in its home unless told, as envd runs a user's
       expect((await sbx.commands.run('pwd')).stdout).toBe('/root\n');
       const nobody = await sbx.commands.run('id -u', { user: 'nobody' });
       expect(nobody.stdout.trim()).toBe('65534');
+    });
+
+    it('as envd: ~ and relative paths and cwds under the home, a missing cwd, links, a late connect', async () => {
+      expect((await sbx.commands.run('mkdir -p ~/sub && echo "$E2B_TEMPLATE_ID"')).stdout).toBe('base\n');
+      for (const cwd of ['sub', '~/sub', '/root/sub'])
+        expect((await sbx.commands.run('pwd', { cwd })).stdout).toBe('/root/sub\n');
+      await expect(sbx.commands.run('pwd', { cwd: '/nope' })).rejects.toBeInstanceOf(InvalidArgumentError);
+      await sbx.files.write('~/sub/t.txt', 'tilde');
+      expect(inside(sbx.sandboxId, 'cat /root/sub/t.txt').out).toBe('tilde');
+      expect(await sbx.files.exists('~/sub/t.txt')).toBe(true);
+      // a directory read as a file: InvalidArgumentError (envd's 400)
+      await expect(sbx.files.read('/root/sub')).rejects.toBeInstanceOf(InvalidArgumentError);
+      // a link written through, as envd's open of it; listed as where it ends
+      expect(inside(sbx.sandboxId, 'cd /root/sub && ln -s t.txt l && ln -s /root/sub d && ln -s /none gone').code).toBe(
+        0,
+      );
+      await sbx.files.write('/root/sub/l', 'through');
+      expect(inside(sbx.sandboxId, 'cat /root/sub/t.txt; test -L /root/sub/l && echo " link"').out).toBe(
+        'through link\n',
+      );
+      const entries = await sbx.files.list('/root/sub');
+      const of = (name: string) => entries.find((e) => e.name === name);
+      expect([of('d')?.type, of('d')?.symlinkTarget, of('l')?.type, of('l')?.symlinkTarget]).toEqual([
+        'dir',
+        '/root/sub',
+        'file',
+        '/root/sub/t.txt',
+      ]);
+      // a dangling link has no type: the SDK leaves it out of a listing, as under envd
+      expect(of('gone')).toBeUndefined();
+      // a command that ended is still told of to a Connect for 30 s (envd ≥ 0.6.12)
+      const h = await sbx.commands.run('exit 7', { background: true });
+      await expect(h.wait()).rejects.toBeInstanceOf(CommandExitError);
+      const late = await sbx.commands.connect(h.pid);
+      await expect(late.wait()).rejects.toMatchObject({ exitCode: 7 });
+      expect(inside(sbx.sandboxId, 'rm -r /root/sub').code).toBe(0);
     });
 
     it('a command past its timeout is killed inside, with what it started', async () => {

@@ -24,12 +24,21 @@ const ECONNRESET = osConstants.errno.ECONNRESET;
  * library and the C fast path's report alike. A VM relay's ECONNRESET: the guest's agent started a
  * new session, which killed its execs and let its kept ones go (they run on; a later ATTACH finds
  * them). The exec's tie to the machine is lost, as when a connection breaks (AGENT_UNREACHABLE,
- * which the daemon reads as a kept process lost, to be looked for again); anything else the agent
- * refused is AGENT_ERROR.
+ * which the daemon reads as a kept process lost, to be looked for again). A working directory the
+ * command could not enter (the agent's "chdir CWD: …") is the caller's: BAD_INPUT. Anything else the
+ * agent refused is AGENT_ERROR.
  */
 export function execErrorOf(errno: number, message: string): SnaplabError {
   if (errno === ECONNRESET)
     return new SnaplabError('AGENT_UNREACHABLE', `the machine's agent started a new session: ${message}`);
+  if (message.startsWith('chdir ')) {
+    const name = errnoNames.get(errno);
+    return new SnaplabError(
+      'BAD_INPUT',
+      `cwd ${message.slice('chdir '.length)}${name ? ` (${name})` : ''}`,
+      'give a directory that exists in the machine (and that the user may enter)',
+    );
+  }
   return agentErrorOf(errno, message);
 }
 

@@ -342,7 +342,10 @@ describe('agent on the host', () => {
     // PATH comes from the command's env, not the agent's
     expect((await client.exec({ argv: ['true'], env: ['PATH=/nowhere'] }).result).exitCode).toBe(127);
     const bad = run(['true'], { cwd: '/no/such/dir' });
-    await expect(bad).rejects.toMatchObject({ code: 'AGENT_ERROR', message: expect.stringMatching(/chdir .*ENOENT/) });
+    await expect(bad).rejects.toMatchObject({
+      code: 'BAD_INPUT',
+      message: expect.stringMatching(/^cwd \/no\/such\/dir: .*ENOENT/),
+    });
   });
 
   it('does not wait for a background grandchild holding the pipe', async () => {

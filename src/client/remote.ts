@@ -319,6 +319,7 @@ export class RemoteSandbox implements SandboxApi {
           owner: o.owner,
           mode: o.mode?.toString(8).padStart(4, '0'),
           append: o.append,
+          through: o.through,
         });
         // each extended attribute a repeated `xattr=NAME=VALUE`
         const xattrs = Object.entries(o.xattrs ?? {})

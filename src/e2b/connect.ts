@@ -55,9 +55,18 @@ const BY_SNAPLAB: Partial<Record<ErrorCode, ConnectCode>> = {
   TIMEOUT: 'deadline_exceeded',
 };
 
+/**
+ * A file call on the wrong kind of path (a directory read or written as a file, a file watched or
+ * listed as a directory): envd's invalid_argument (its HTTP 400), where other file errors are not.
+ */
+export function wrongKind(e: unknown): boolean {
+  return isSnaplabError(e, 'FILE_ERROR') && /\((EISDIR|ENOTDIR)\)$/.test(e.message);
+}
+
 /** Any error as Connect's (a SnaplabError by its code; anything else is internal). */
 export function toConnectError(e: unknown): ConnectError {
   if (e instanceof ConnectError) return e;
+  if (wrongKind(e)) return new ConnectError('invalid_argument', (e as Error).message);
   if (isSnaplabError(e)) return new ConnectError(BY_SNAPLAB[e.code] ?? 'internal', e.message);
   return new ConnectError('internal', e instanceof Error ? e.message : String(e));
 }

@@ -24,26 +24,47 @@ const FILE_TYPE: Record<string, string> = {
   symlink: 'FILE_TYPE_SYMLINK',
 };
 
-function permissions(type: string, mode: number): string {
+/** Go's FileMode.String() of a Linux mode, as envd's `permissions` says it: `dtrwxrwxrwx`, `Lrwxrwxrwx`, `Dcrw-rw-rw-`. */
+function permissions(type: FileInfo['type'], mode: number): string {
+  // Go's letters in its order ("dalTLDpSugct?"), those a Linux file can have
+  const letters =
+    (type === 'dir' ? 'd' : '') +
+    (type === 'symlink' ? 'L' : '') +
+    (type === 'block' || type === 'char' ? 'D' : '') +
+    (type === 'fifo' ? 'p' : '') +
+    (type === 'socket' ? 'S' : '') +
+    (mode & 0o4000 ? 'u' : '') +
+    (mode & 0o2000 ? 'g' : '') +
+    (type === 'char' ? 'c' : '') +
+    (mode & 0o1000 ? 't' : '');
   const bits = 'rwxrwxrwx'.split('').map((c, i) => (mode & (0o400 >> i) ? c : '-'));
-  return (type === 'dir' ? 'd' : type === 'symlink' ? 'L' : '-') + bits.join('');
+  return (letters || '-') + bits.join('');
 }
 
-/** A snaplab FileInfo as envd's EntryInfo (JSON): its owner and group named as the machine names them. */
+/**
+ * A snaplab FileInfo as envd's EntryInfo (JSON): its owner and group named as the machine names
+ * them, its mode the permission bits (Go's Perm()). A link is shown as envd shows it: the type and
+ * mode of where it ends (none: unspecified, 0), `symlinkTarget` that end's real path (none: the
+ * link's own path), its size and `permissions` its own.
+ */
 export function entryOf(f: FileInfo, ids: IdNames): Record<string, unknown> {
-  const mode = Number.parseInt(f.mode, 8);
+  const own = Number.parseInt(f.mode, 8);
   const metadata = metadataOf(f.xattrs);
+  const link = f.type === 'symlink';
+  const end = link ? f.resolved : undefined;
+  const type = link ? end?.type : f.type;
+  const mode = link ? (end ? Number.parseInt(end.mode, 8) & 0o777 : 0) : own & 0o777;
   return {
     name: f.name,
-    type: FILE_TYPE[f.type] ?? 'FILE_TYPE_UNSPECIFIED',
+    type: (type && FILE_TYPE[type]) ?? 'FILE_TYPE_UNSPECIFIED',
     path: f.path,
     size: String(f.size),
     mode,
-    permissions: permissions(f.type, mode),
+    permissions: permissions(f.type, own),
     owner: ids.users.get(f.uid) ?? String(f.uid),
     group: ids.groups.get(f.gid) ?? String(f.gid),
     modifiedTime: f.mtime,
-    ...(f.target !== undefined ? { symlinkTarget: f.target } : {}),
+    ...(link ? { symlinkTarget: end?.path ?? f.path } : {}),
     ...(metadata ? { metadata } : {}),
   };
 }

@@ -20,7 +20,7 @@ import {
 import { fromMetadata } from './listing.js';
 import type { Proc, ProcessConfig, ProcessEvent } from './processes.js';
 import { EnvdUnavailable, FROM_MEMORY, sendError, type E2bState } from './state.js';
-import { registerFiles } from './files.js';
+import { absolute, registerFiles } from './files.js';
 import type { EnvdUser } from './users.js';
 import { registerWatches } from './watch.js';
 
@@ -36,11 +36,10 @@ interface Selector {
 }
 
 /** A sandbox's own variables, as envd's /envs gives them: every command's and every code interpreter kernel's. */
-export const sandboxEnvs = (box: SandboxApi): Record<string, string> => ({
-  E2B_SANDBOX: 'true',
-  E2B_SANDBOX_ID: box.id,
-  ...fromMetadata(box).envs,
-});
+export const sandboxEnvs = (box: SandboxApi): Record<string, string> => {
+  const { templateID, envs } = fromMetadata(box);
+  return { E2B_SANDBOX: 'true', E2B_SANDBOX_ID: box.id, E2B_TEMPLATE_ID: templateID, ...envs };
+};
 
 /**
  * The process config of a Start, checked; the sandbox's envVars under the command's own. As envd,
@@ -60,7 +59,8 @@ function configOf(box: SandboxApi, m: StartRequest, user: EnvdUser): ProcessConf
   const who: Record<string, string> =
     user.name && user.home ? { HOME: user.home, USER: user.name, LOGNAME: user.name } : {};
   const envs = { ...who, ...sandboxEnvs(box), ...own };
-  const cwd = typeof p.cwd === 'string' && p.cwd ? p.cwd : user.home;
+  // as envd: `~` and a relative cwd are under the user's home
+  const cwd = typeof p.cwd === 'string' && p.cwd ? absolute(p.cwd, user) : user.home;
   return { cmd: p.cmd, args, envs, ...(cwd ? { cwd } : {}) };
 }
 
@@ -207,14 +207,27 @@ async function selected(state: E2bState, box: SandboxApi, m: Selector): Promise<
 
 async function reattach(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply | undefined> {
   let p: Proc;
+  let box: SandboxApi | undefined;
+  let m: Selector = {};
   try {
-    const box = await state.envdSandbox(req, FROM_MEMORY);
-    p = await selected(state, box, unenvelope(await readBody(req.body)) as Selector);
+    box = await state.envdSandbox(req, FROM_MEMORY);
+    m = unenvelope(await readBody(req.body)) as Selector;
+    p = await selected(state, box, m);
   } catch (err) {
     const e = state.unavailable(req, err);
     if (e instanceof EnvdUnavailable || !(e instanceof ConnectError)) return sendError(reply, e);
+    // one that ended in the last 30 s: its start and end, as envd (≥ 0.6.12) retains them
+    const ended =
+      box && e.code === 'not_found' ? state.processes.ended(box.id, m.process?.pid, m.process?.tag) : undefined;
+    const stream = openStream(reply);
+    if (ended) {
+      stream.send({ event: { start: { pid: ended.pid } } });
+      stream.send({ event: { end: ended.end } });
+      stream.end();
+      return undefined;
+    }
     // no such process: said in the stream's end, as Connect says a streaming call's error (its message kept)
-    openStream(reply).end(e);
+    stream.end(e);
     return undefined;
   }
   let stream: ServerStream | undefined;

@@ -15,7 +15,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { orElse } from '../cleanup.js';
-import { ConnectError } from './connect.js';
+import { ConnectError, wrongKind } from './connect.js';
 import { METADATA_XATTR, entryOf, metadataOf } from './entries.js';
 import { eachUpload } from './uploads.js';
 import type { Unary } from './envd.js';
@@ -28,15 +28,32 @@ const MAX_DEPTH = 10000;
 /** Who what a call makes is given to: its user (root's own need no giving). */
 const ownerOf = (user: EnvdUser): string | undefined => (user.name === 'root' ? undefined : user.name);
 
-/** A path as envd takes it: relative ones are under the user's home. */
+/**
+ * A path as envd takes it: `~` and `~/…` are the user's home, a relative one (or none) is under it.
+ * (`~other` is refused, as envd refuses it.)
+ */
 export function absolute(path: unknown, user: EnvdUser): string {
-  if (typeof path !== 'string' || !path) throw new SnaplabError('BAD_INPUT', 'no path given', 'give ?path=/FILE');
-  if (path.startsWith('/')) return posix.normalize(path);
-  return posix.join(user.home ?? `/home/${user.name}`, path);
+  if (path !== undefined && typeof path !== 'string')
+    throw new SnaplabError('BAD_INPUT', 'the path is not a string', 'give ?path=/FILE');
+  const home = user.home ?? `/home/${user.name ?? 'root'}`;
+  let p = path ?? '';
+  if (p.startsWith('~')) {
+    if (p.length > 1 && p[1] !== '/')
+      throw new SnaplabError(
+        'BAD_INPUT',
+        `cannot expand ${JSON.stringify(p)}: only ~ is the user's home`,
+        'give ~/PATH',
+      );
+    p = home + p.slice(1);
+  }
+  if (p.startsWith('/')) return posix.normalize(p);
+  return posix.join(home, p);
 }
 
 /** envd's HTTP errors: `{code, message}` with the status (a missing file: 404). */
 function fileError(state: E2bState, req: FastifyRequest, reply: FastifyReply, e: unknown): FastifyReply {
+  // a directory read or written as a file: 400, as envd answers it
+  if (wrongKind(e)) return sendError(reply, new SnaplabError('BAD_INPUT', (e as Error).message));
   // the sandbox gone or paused: 502 (a signed URL's read names its sandbox itself, below)
   return sendError(reply, state.unavailable(req, e));
 }
@@ -109,7 +126,8 @@ async function writeOne(
   xattrs: Record<string, string>,
   size: number | undefined,
 ) {
-  await box.files.write(path, data, { owner, xattrs, ...(size === undefined ? {} : { size }) });
+  // a link at the path is written through, as envd's open of it does
+  await box.files.write(path, data, { owner, xattrs, through: true, ...(size === undefined ? {} : { size }) });
   const metadata = metadataOf(xattrs);
   return { name: posix.basename(path), type: 'file', path, ...(metadata ? { metadata } : {}) };
 }
@@ -126,6 +144,11 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
   } catch (e) {
     return fileError(state, req, reply, e);
   }
+}
+
+/** A path a call must name (an empty one would be the user's home). */
+function required(path: unknown, what: string): void {
+  if (typeof path !== 'string' || !path) throw new ConnectError('invalid_argument', `${what} is required`);
 }
 
 /** Not found, said as Connect says it. */
@@ -188,6 +211,8 @@ export function registerFiles(app: FastifyInstance, state: E2bState, unary: Unar
   app.post(
     `${F}/Remove`,
     unary(state, async (box, m, req) => {
+      // (no path would be the user's home, as envd reads it: never removed by default)
+      required(m.path, 'path');
       const { path } = await at(box, m, req);
       await box.files.remove(path, { recursive: true, force: true });
       return {};
@@ -196,6 +221,8 @@ export function registerFiles(app: FastifyInstance, state: E2bState, unary: Unar
   app.post(
     `${F}/Move`,
     unary(state, async (box, m, req) => {
+      required(m.source, 'source');
+      required(m.destination, 'destination');
       const user = await state.actAs(box, req);
       const [owner, ids] = [ownerOf(user), user.ids];
       const from = absolute(m.source, user);

@@ -73,8 +73,24 @@ export function argvOf(c: ProcessConfig, shell: string): string[] {
   return [c.cmd === '/bin/bash' ? shell : c.cmd, ...c.args];
 }
 
+type EndEvent = Extract<ProcessEvent, { end: unknown }>['end'];
+
+/** How long a command's end is kept for a Connect that comes after it (envd ≥ 0.6.12: 30 s). */
+const RETAIN_MS = 30_000;
+/** The most ends kept a sandbox (the oldest go first): a loop of short commands holds no more. */
+const RETAIN_MAX = 1000;
+
+/** A command that ended in the last RETAIN_MS: what a late Connect is told of it. */
+export interface Ended {
+  pid: number;
+  tag?: string;
+  end: EndEvent;
+  at: number;
+}
+
 export class Processes {
   private readonly bySandbox = new Map<string, Map<number, Proc>>();
+  private readonly endedBy = new Map<string, Map<number, Ended>>();
 
   /**
    * Start a command; `listen` gets its events from the first (`start`) to the last (`end`).
@@ -175,12 +191,42 @@ export class Processes {
     m.set(p.pid, p);
   }
 
-  private finish(p: Proc, end: Extract<ProcessEvent, { end: unknown }>['end']): void {
+  private finish(p: Proc, end: EndEvent): void {
     p.ended = true;
     p.emit({ end: end });
     p.listeners.clear();
     const m = this.bySandbox.get(p.sandbox);
     if (m?.get(p.pid) === p) m.delete(p.pid);
+    this.retain(p.sandbox, {
+      pid: p.pid,
+      ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),
+      end,
+      at: Date.now(),
+    });
+  }
+
+  /**
+   * Keep a command's end for a late Connect, as envd does (RETAIN_MS, at most RETAIN_MAX a sandbox;
+   * those past their time go at the next end, or with the sandbox: no timer a command).
+   */
+  private retain(sandbox: string, e: Ended): void {
+    let m = this.endedBy.get(sandbox);
+    if (!m) this.endedBy.set(sandbox, (m = new Map()));
+    m.delete(e.pid);
+    m.set(e.pid, e);
+    // oldest first: those past their time, then any past the most
+    for (const [pid, old] of m) {
+      if (old.at > Date.now() - RETAIN_MS && m.size <= RETAIN_MAX) break;
+      m.delete(pid);
+    }
+  }
+
+  /** A command of this sandbox that ended in the last 30 s, by pid or by tag (the latest). */
+  ended(sandbox: string, pid: unknown, tag: unknown): Ended | undefined {
+    const since = Date.now() - RETAIN_MS;
+    const m = [...(this.endedBy.get(sandbox)?.values() ?? [])].filter((e) => e.at > since);
+    if (typeof pid === 'number') return m.find((e) => e.pid === pid);
+    return m.reverse().find((e) => e.tag !== undefined && e.tag === tag);
   }
 
   get(sandbox: string, pid: number): Proc | undefined {
@@ -195,6 +241,7 @@ export class Processes {
   forget(sandbox: string): void {
     for (const p of this.list(sandbox)) p.handle.disconnect?.();
     this.bySandbox.delete(sandbox);
+    this.endedBy.delete(sandbox);
   }
 
   close(): void {
@@ -265,12 +312,36 @@ function configOf(tag: string | null): { config: ProcessConfig; tag?: string } |
   };
 }
 
-/** A snaplab exec result as envd's end event (a signal's death as Go says it: exit code -1). */
+/** Go's names of the signals (syscall.Signal's String), as envd's status and error say them. */
+const GO_SIGNALS: Record<number, string> = {
+  1: 'hangup',
+  2: 'interrupt',
+  3: 'quit',
+  4: 'illegal instruction',
+  5: 'trace/breakpoint trap',
+  6: 'aborted',
+  7: 'bus error',
+  8: 'floating point exception',
+  9: 'killed',
+  10: 'user defined signal 1',
+  11: 'segmentation fault',
+  12: 'user defined signal 2',
+  13: 'broken pipe',
+  14: 'alarm clock',
+  15: 'terminated',
+};
+
+/**
+ * A snaplab exec result as envd's end event: a signal's death as Go says it (exit code -1); a
+ * command that did not exit 0 has its wait's error, the same words (`exit status 3`, `signal:
+ * killed`), which E2B's SDK makes CommandExitError's message.
+ */
 function endOf(r: ExecResult): { exitCode: number; exited: boolean; status: string; error?: string } {
   if (r.timedOut) return { exitCode: -1, exited: false, status: 'signal: killed', error: 'deadline exceeded' };
   if (r.signal !== null) {
-    const name = r.signal === 9 ? 'killed' : r.signal === 15 ? 'terminated' : `signal ${r.signal}`;
-    return { exitCode: -1, exited: false, status: `signal: ${name}` };
+    const status = `signal: ${GO_SIGNALS[r.signal] ?? `signal ${r.signal}`}`;
+    return { exitCode: -1, exited: false, status, error: status };
   }
-  return { exitCode: r.exitCode, exited: true, status: `exit status ${r.exitCode}` };
+  const status = `exit status ${r.exitCode}`;
+  return { exitCode: r.exitCode, exited: true, status, ...(r.exitCode !== 0 ? { error: status } : {}) };
 }

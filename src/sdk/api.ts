@@ -55,7 +55,9 @@ export interface SandboxFiles {
    * returns the bytes written. `size`: the bytes a stream will carry, when known: fewer, and the
    * file is left as it was. `xattrs`: `user.*` extended attributes the file lands with (a write
    * makes a new file, so these are all it has; with `append`, they are added to its own);
-   * `stat` and `list` report them. Without `mode`, a file replaced keeps its permission bits
+   * `stat` and `list` report them. A file replaced keeps its owner (where the caller may give it)
+   * and, without `mode`, its permission bits. `through`: a link at `path` is written through (the
+   * file it ends at is replaced, or made), as an open of it would; by default the link is replaced
    */
   write(
     path: string,
@@ -65,6 +67,7 @@ export interface SandboxFiles {
       append?: boolean;
       user?: string;
       owner?: string;
+      through?: boolean;
       size?: number;
       xattrs?: Record<string, string>;
     },

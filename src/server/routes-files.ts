@@ -77,6 +77,7 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
           owner: Type.Optional(Type.String({ minLength: 1, description: 'USER[:GROUP] the file is given to' })),
           mode: Type.Optional(Type.String({ pattern: '^[0-7]{3,4}$' })),
           append: Type.Optional(Type.Boolean()),
+          through: Type.Optional(Type.Boolean({ description: 'a link at path is written through, not replaced' })),
           xattr: Type.Optional(
             Type.Array(Type.String({ pattern: '^user\\.[^=]+=' }), {
               description: 'a `user.*` extended attribute the file lands with, NAME=VALUE; repeated',
@@ -87,7 +88,13 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
       },
     },
     servedBy(s, (d) => async (req) => {
-      const q = req.query as PathQ & { owner?: string; mode?: string; append?: boolean; xattr?: string[] };
+      const q = req.query as PathQ & {
+        owner?: string;
+        mode?: string;
+        append?: boolean;
+        through?: boolean;
+        xattr?: string[];
+      };
       const xattrs = q.xattr?.length
         ? Object.fromEntries(q.xattr.map((a) => [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)]))
         : undefined;
@@ -98,6 +105,7 @@ function fileContentRoutes(app: FastifyInstance, s: SandboxCalls): void {
         owner: q.owner,
         mode: q.mode ? parseInt(q.mode, 8) : undefined,
         append: q.append,
+        through: q.through,
         xattrs,
         ...(Number.isSafeInteger(length) ? { size: length } : {}),
       });

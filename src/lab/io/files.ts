@@ -31,6 +31,8 @@ export interface FileInfo {
   mtime: string;
   /** a symlink's target */
   target?: string;
+  /** a symlink's end, every link followed (its real path, and what is there), when it ends at something */
+  resolved?: { path: string; type: FileInfo['type'] | 'unknown'; mode: string };
   /** its `user.*` extended attributes (name to value), when it has any (a value with a NUL byte is left out) */
   xattrs?: Record<string, string>;
 }
@@ -220,7 +222,13 @@ export async function writeFile(
   s: SandboxRecord,
   path: string,
   data: Readable | Buffer | string,
-  opts: Owned & { mode?: number; append?: boolean; size?: number; xattrs?: Record<string, string> } = {},
+  opts: Owned & {
+    mode?: number;
+    append?: boolean;
+    through?: boolean;
+    size?: number;
+    xattrs?: Record<string, string>;
+  } = {},
 ): Promise<number> {
   const stdin = typeof data === 'string' ? Buffer.from(data) : data;
   const size = Buffer.isBuffer(stdin) ? stdin.length : opts.size;
@@ -229,6 +237,7 @@ export async function writeFile(
     '--parents',
     ...(opts.mode !== undefined ? ['--mode', opts.mode.toString(8)] : []),
     ...(opts.append ? ['--append'] : []),
+    ...(opts.through ? ['--through'] : []),
     ...(size !== undefined && !opts.append ? ['--size', String(size)] : []),
     ...xattrArgs(opts.xattrs),
     '--',
