@@ -173,8 +173,12 @@ export interface Driver extends DriverInfo {
   resume(handle: MachineHandle): Promise<void>;
   /** Is the machine alive, and if not, why (OOM, killed)? Never throws. */
   inspect(handle: MachineHandle): Promise<DeathReport>;
-  /** Kill every process and release host objects other than storage. Idempotent. */
-  destroy(handle: MachineHandle): Promise<void>;
+  /**
+   * Kill every process and release host objects other than storage. Idempotent. `halt`: the
+   * machine's files are kept (a stop), so a system machine's init is asked to halt first (its
+   * services stopped, its writes synced); without, it is killed outright (an rm: the files go).
+   */
+  destroy(handle: MachineHandle, opts?: { halt?: boolean }): Promise<void>;
   /**
    * Host objects and files this driver made that nothing live owns (a machine's cgroup and run
    * directory, a VM's RAM file, a base disk of an image volume that is gone); remove them, describe

@@ -472,7 +472,7 @@ export async function stopSandbox(ctx: LabContext, s: SandboxRecord, trace: Trac
           .catch(noted(`sync ${s.name} before the kill`));
       }
     }
-    await trace.phase('halt', () => driver.destroy(handleOf(s)));
+    await trace.phase('halt', () => driver.destroy(handleOf(s), { halt: true }));
     ctx.store.updateSandbox(s.id, { state: 'dead', reason: STOPPED });
     Object.assign(s, { state: 'dead', reason: STOPPED });
   });
