@@ -12,7 +12,8 @@
  * written or appended to, the directory made) to UID:GID, as envd does when it acts for a user:
  * the caller runs it as root. A write keeps the owner (where the writer may give it) and, without
  * --mode, the permission bits of the regular file it replaces (0644 for a new one). --through: a
- * link at PATH is written through (the file it ends at replaced, or made), not replaced. ls
+ * link at PATH is written through (the file it ends at replaced, or made; a device or FIFO there
+ * written into), not replaced; --parents makes PATH's parents, never the link target's. ls
  * --depth N lists N levels, each directory's entries (sorted) followed by its own, never through
  * a link. mv is rename(2): a file onto a directory fails (EISDIR), as does a directory
  * onto a non-empty one (ENOTEMPTY) or across filesystems (EXDEV).
@@ -399,20 +400,37 @@ static int cmd_write(const char *path, int set, mode_t mode)
 	mode = set & F_MODE ? mode : 0644;
 	if (!*path)
 		return fail(ENOENT, path);
-	if (set & F_THROUGH) {
-		const char *asked = path;
-		if (!(path = through_links(asked)))
-			return fail(errno, asked);
-	}
 	if (path[strlen(path) - 1] == '/')
 		return fail(EISDIR, path);
 	const char *slash = strrchr(path, '/');
+	/* the parents of the path asked for (never of where a link there leads) */
 	if ((set & F_PARENTS) && slash && slash > path) {
 		char *dir = strndup(path, (size_t)(slash - path));
 		int made = 0;
 		if (!dir || make_dirs(dir, 0755, &made))
 			return dir ? 1 : fail(errno, path);
 		free(dir);
+	}
+	if (set & F_THROUGH) {
+		const char *asked = path;
+		struct stat end;
+		if (!(path = through_links(asked)))
+			return fail(errno, asked);
+		slash = strrchr(path, '/');
+		/* a device, a FIFO or a socket at the end is written into, as an open of the link would
+		 * (renamed over, it would be replaced by a file: /dev/null behind ~/.bash_history) */
+		if (stat(path, &end) == 0 && !S_ISREG(end.st_mode)) {
+			if (S_ISDIR(end.st_mode))
+				return fail(EISDIR, path);
+			if ((fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC)) < 0)
+				return fail(errno, path);
+			if ((n = copy_fd(0, fd, &rerr)) < 0)
+				return fail(errno, rerr ? "-" : path);
+			if (close(fd) < 0)
+				return fail(errno, path);
+			printf("{\"bytes\":%lld}\n", n);
+			return flush_out();
+		}
 	}
 	if (set & F_APPEND) {
 		fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, mode);

@@ -57,16 +57,21 @@ const BY_SNAPLAB: Partial<Record<ErrorCode, ConnectCode>> = {
 
 /**
  * A file call on the wrong kind of path (a directory read or written as a file, a file watched or
- * listed as a directory): envd's invalid_argument (its HTTP 400), where other file errors are not.
+ * listed as a directory): envd's invalid_argument (its HTTP 400) for those calls; elsewhere (Stat,
+ * Remove, MakeDir, Move) envd's words differ, and the error is mapped as any other.
  */
 export function wrongKind(e: unknown): boolean {
   return isSnaplabError(e, 'FILE_ERROR') && /\((EISDIR|ENOTDIR)\)$/.test(e.message);
 }
 
+/** An error of a call where envd checks the kind of path (a read, a write, a listing, a watch): invalid_argument then. */
+export function kindChecked(e: unknown): unknown {
+  return wrongKind(e) ? new ConnectError('invalid_argument', (e as Error).message) : e;
+}
+
 /** Any error as Connect's (a SnaplabError by its code; anything else is internal). */
 export function toConnectError(e: unknown): ConnectError {
   if (e instanceof ConnectError) return e;
-  if (wrongKind(e)) return new ConnectError('invalid_argument', (e as Error).message);
   if (isSnaplabError(e)) return new ConnectError(BY_SNAPLAB[e.code] ?? 'internal', e.message);
   return new ConnectError('internal', e instanceof Error ? e.message : String(e));
 }

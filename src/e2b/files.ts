@@ -15,7 +15,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { SandboxApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import { orElse } from '../cleanup.js';
-import { ConnectError, wrongKind } from './connect.js';
+import { ConnectError, kindChecked, wrongKind } from './connect.js';
 import { METADATA_XATTR, entryOf, metadataOf } from './entries.js';
 import { eachUpload } from './uploads.js';
 import type { Unary } from './envd.js';
@@ -29,14 +29,16 @@ const MAX_DEPTH = 10000;
 const ownerOf = (user: EnvdUser): string | undefined => (user.name === 'root' ? undefined : user.name);
 
 /**
- * A path as envd takes it: `~` and `~/…` are the user's home, a relative one (or none) is under it.
- * (`~other` is refused, as envd refuses it.)
+ * A path as envd takes it: an absolute one as given (the machine's kernel resolves its `..`, through
+ * its links); `~` and `~/…` the user's home, a relative one (or none) under it, cleaned as Go's
+ * filepath.Join cleans (no trailing slash). (`~other` is refused, as envd refuses it.)
  */
 export function absolute(path: unknown, user: EnvdUser): string {
   if (path !== undefined && typeof path !== 'string')
     throw new SnaplabError('BAD_INPUT', 'the path is not a string', 'give ?path=/FILE');
   const home = user.home ?? `/home/${user.name ?? 'root'}`;
   let p = path ?? '';
+  if (p.startsWith('/')) return p;
   if (p.startsWith('~')) {
     if (p.length > 1 && p[1] !== '/')
       throw new SnaplabError(
@@ -44,10 +46,10 @@ export function absolute(path: unknown, user: EnvdUser): string {
         `cannot expand ${JSON.stringify(p)}: only ~ is the user's home`,
         'give ~/PATH',
       );
-    p = home + p.slice(1);
+    p = p.slice(1);
   }
-  if (p.startsWith('/')) return posix.normalize(p);
-  return posix.join(home, p);
+  const joined = posix.join(home, p);
+  return joined.length > 1 ? joined.replace(/\/+$/, '') : joined;
 }
 
 /** envd's HTTP errors: `{code, message}` with the status (a missing file: 404). */
@@ -165,7 +167,8 @@ function notFound(e: unknown): never {
 async function listDir(box: SandboxApi, path: string, depth: number, ids: IdNames) {
   const top = await box.files.stat(path, { follow: true }).catch(notFound);
   if (top.type !== 'dir') throw new ConnectError('invalid_argument', `${path} is not a directory`);
-  return { entries: (await box.files.list(path, { depth }).catch(notFound)).map((f) => entryOf(f, ids)) };
+  const entries = await box.files.list(path, { depth }).catch((e: unknown) => notFound(kindChecked(e)));
+  return { entries: entries.map((f) => entryOf(f, ids)) };
 }
 
 export function registerFiles(app: FastifyInstance, state: E2bState, unary: Unary): void {

@@ -196,7 +196,8 @@ export class Processes {
     p.emit({ end: end });
     p.listeners.clear();
     const m = this.bySandbox.get(p.sandbox);
-    if (m?.get(p.pid) === p) m.delete(p.pid);
+    if (m?.get(p.pid) !== p) return; // its sandbox forgotten (killed, stopped): nothing kept of it
+    m.delete(p.pid);
     this.retain(p.sandbox, {
       pid: p.pid,
       ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),
@@ -329,6 +330,22 @@ const GO_SIGNALS: Record<number, string> = {
   13: 'broken pipe',
   14: 'alarm clock',
   15: 'terminated',
+  16: 'stack fault',
+  17: 'child exited',
+  18: 'continued',
+  19: 'stopped (signal)',
+  20: 'stopped',
+  21: 'stopped (tty input)',
+  22: 'stopped (tty output)',
+  23: 'urgent I/O condition',
+  24: 'CPU time limit exceeded',
+  25: 'file size limit exceeded',
+  26: 'virtual timer expired',
+  27: 'profiling timer expired',
+  28: 'window changed',
+  29: 'I/O possible',
+  30: 'power failure',
+  31: 'bad system call',
 };
 
 /**

@@ -15,6 +15,9 @@ import { handledElsewhere } from '../cleanup.js';
 /** How long after its create a sandbox's users, taken from its key's last sandbox of its image, are checked. */
 const VERIFY_AFTER_MS = 2000;
 
+/** The least time between two reads of a sandbox's users for names they lack. */
+const REREAD_MS = 1000;
+
 /** E2B's default user (envd's, and the SDK's before envd 0.4.0). */
 export const E2B_USER = 'user';
 
@@ -80,6 +83,8 @@ function homes(passwd: string): Map<string, string> {
 
 export class EnvdUsers {
   private readonly facts = new Map<string, Promise<Facts>>();
+  /** when a sandbox's facts were last read again for a name they lacked */
+  private readonly reread = new Map<string, number>();
   /** key + image → its facts as a sandbox of that key and image last read them (fresh sandboxes start from these) */
   private readonly ofImage = new Map<string, Facts>();
 
@@ -91,7 +96,13 @@ export class EnvdUsers {
   async of(box: SandboxApi, asked: string | undefined): Promise<EnvdUser> {
     let facts = await this.factsOf(box);
     if (asked !== undefined && asked !== 'root' && !facts.homes.has(asked)) {
-      this.facts.delete(box.id);
+      // read again at most once a second a sandbox, callers meanwhile sharing that read: a flood
+      // of names it does not have costs no more than that
+      const last = this.reread.get(box.id) ?? 0;
+      if (Date.now() - last >= REREAD_MS) {
+        this.reread.set(box.id, Date.now());
+        this.facts.delete(box.id);
+      }
       facts = await this.factsOf(box);
       if (!facts.homes.has(asked))
         throw new SnaplabError(
@@ -175,5 +186,6 @@ export class EnvdUsers {
 
   forget(id: string): void {
     this.facts.delete(id);
+    this.reread.delete(id);
   }
 }

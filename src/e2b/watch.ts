@@ -8,7 +8,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { WatchEvent, WatchHandle } from '../sdk/api.js';
 import { noted } from '../cleanup.js';
-import { ConnectError, deadlineOf, keepaliveMs, openStream, readBody, unenvelope } from './connect.js';
+import { ConnectError, deadlineOf, keepaliveMs, kindChecked, openStream, readBody, unenvelope } from './connect.js';
 import { absolute } from './files.js';
 import type { Unary } from './envd.js';
 import { EnvdUnavailable, FROM_MEMORY, sendError, type E2bState } from './state.js';
@@ -40,7 +40,8 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
     });
     handle = await box.watch(ask.path, { recursive: ask.recursive }, (e) => send(e));
   } catch (err) {
-    const e = state.unavailable(req, err);
+    // a file watched as a directory: invalid_argument, as envd
+    const e = kindChecked(state.unavailable(req, err));
     // a stream's error is its end-of-stream message (Connect reads an HTTP status as the transport's)
     if (e instanceof EnvdUnavailable) return sendError(reply, e);
     openStream(reply).end(e);
@@ -83,7 +84,8 @@ export function registerWatches(app: FastifyInstance, state: E2bState, unary: Un
     `${F}/CreateWatcher`,
     unary(state, async (box, m, req) => {
       const user = await state.actAs(box, req);
-      return { watcherId: await state.watchers.create(box, watchAsk(m, absolute(m.path, user), user.ids)) };
+      const ask = watchAsk(m, absolute(m.path, user), user.ids);
+      return { watcherId: await state.watchers.create(box, ask).catch((e: unknown) => Promise.reject(kindChecked(e))) };
     }),
   );
   app.post(

@@ -7,12 +7,13 @@
  * its own agent connection is paused while the sink is full, so a large file never sits in memory.
  * Every other call's answer is held whole, at most MAX_ANSWER bytes (a listing of a huge tree).
  */
+import { posix } from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { MACHINE_AGENT_PATH } from '../../drivers/driver.js';
-import { SnaplabError } from '../../errors.js';
+import { SnaplabError, isSnaplabError } from '../../errors.js';
 import type { SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
-import { connectAgent, spawnIn } from './sandbox-ops.js';
+import { connectAgent, execIn, spawnIn } from './sandbox-ops.js';
 import { feedInput, outputTo } from './streams.js';
 import { resolveUser } from './users.js';
 
@@ -77,10 +78,20 @@ interface Opts {
 /** `owner`: USER[:GROUP] (names or numbers, the machine's), who what the call makes belongs to */
 type Owned = Opts & { owner?: string };
 
+/**
+ * The agent protocol minor whose `file` has `write --owner/--through`, `mkdir --owner`, `ls
+ * --depth` and `mv`. A machine raised by an older build (adopted after an upgrade) has an older
+ * agent: there a write or mkdir for an owner runs as the owner (its permissions apply), a write
+ * replaces a link rather than writing through it, and `ls --depth` and `mv` are OLD_AGENT, which
+ * their callers do another way.
+ */
+const FILES_MINOR = 7;
+const OLD_AGENT = "the machine's agent is older than protocol 1.7";
+
 async function fileCommand(
   ctx: LabContext,
   s: SandboxRecord,
-  args: string[],
+  given: string[],
   what: string,
   opts: Owned & { stdin?: Readable | Buffer } = {},
 ): Promise<string> {
@@ -89,12 +100,20 @@ async function fileCommand(
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     let held = 0;
-    // the owner's "UID:GID" (its supplementary groups are not a file's)
-    const owner =
-      opts.owner === undefined ? [] : ['--owner', (await resolveUser(agent, opts.owner)).split(':', 2).join(':')];
+    let args = given;
+    let user = opts.user;
+    let owner: string[] = [];
+    if (!agent.speaks(FILES_MINOR)) {
+      if (args[0] === 'mv' || args.includes('--depth')) throw new SnaplabError('AGENT_PROTOCOL', OLD_AGENT);
+      args = args.filter((a) => a !== '--through');
+      user = opts.owner ?? user;
+    } else if (opts.owner !== undefined) {
+      // the owner's "UID:GID" (its supplementary groups are not a file's)
+      owner = ['--owner', (await resolveUser(agent, opts.owner)).split(':', 2).join(':')];
+    }
     let stop = (): void => undefined;
     const p = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'file', args[0]!, ...owner, ...args.slice(1)], {
-      user: opts.user,
+      user,
       onStdout: (b) => {
         held += b.length;
         if (held <= MAX_ANSWER) out.push(b);
@@ -158,7 +177,21 @@ export async function listDir(
   if (!Number.isSafeInteger(depth) || depth < 1)
     throw new SnaplabError('BAD_INPUT', `depth ${depth}: a whole number from 1`, 'e.g. depth: 2');
   const args = ['ls', ...(depth > 1 ? ['--depth', String(depth)] : []), '--', path];
-  return jsonLines<FileInfo>(await fileCommand(ctx, s, args, `list ${path}`, opts));
+  try {
+    return jsonLines<FileInfo>(await fileCommand(ctx, s, args, `list ${path}`, opts));
+  } catch (e) {
+    if (!isSnaplabError(e, 'AGENT_PROTOCOL') || e.message !== OLD_AGENT) throw e;
+  }
+  // an older agent: a command a directory, each followed by its entries
+  const out: FileInfo[] = [];
+  const walk = async (dir: string, level: number): Promise<void> => {
+    for (const f of await listDir(ctx, s, dir, { user: opts.user })) {
+      out.push(f);
+      if (f.type === 'dir' && level < depth) await walk(f.path, level + 1);
+    }
+  };
+  await walk(path, 1);
+  return out;
 }
 
 export async function makeDir(
@@ -208,7 +241,28 @@ export async function movePath(
   to: string,
   opts: Owned & { parents?: boolean } = {},
 ): Promise<void> {
-  await fileCommand(ctx, s, ['mv', ...(opts.parents ? ['--parents'] : []), '--', from, to], `move ${from}`, opts);
+  try {
+    await fileCommand(ctx, s, ['mv', ...(opts.parents ? ['--parents'] : []), '--', from, to], `move ${from}`, opts);
+    return;
+  } catch (e) {
+    if (!isSnaplabError(e, 'AGENT_PROTOCOL') || e.message !== OLD_AGENT) throw e;
+  }
+  // an older agent: its parents made as the owner, then `mv` (into a directory there, unlike rename)
+  const as = opts.owner ?? opts.user;
+  if (opts.parents) await makeDir(ctx, s, posix.dirname(to), { parents: true, user: as });
+  const agent = await connectAgent(ctx, s);
+  try {
+    const r = await execIn(ctx, s, agent, ['mv', '--', from, to], { user: as });
+    const said = r.stderr.toString().trim();
+    if (r.exitCode !== 0)
+      throw new SnaplabError(
+        /No such file/.test(said) ? 'FILE_NOT_FOUND' : 'FILE_ERROR',
+        `move ${from}: ${said || `mv exited ${r.exitCode}`}`,
+        "check the paths (they are the machine's own)",
+      );
+  } finally {
+    await agent.close();
+  }
 }
 
 /**
