@@ -471,11 +471,13 @@ describe('snaplab CLI', () => {
     expect(fast!.map((r) => r.code)).toEqual([7, 127, 137, 0, 0, 124, 125, 0, 0, 137, 125, 125, 125, 125]);
     expect(fast![4]!.out).toBe('12 /bin /etc\n');
     expect(fast![5]!.err).toBe('snaplab: timed out after 0.3 s; killed\n');
-    expect(fast![6]!.err).toMatch(/^error\[AGENT_ERROR\]: agent: chdir \/nope: No such file or directory \(ENOENT\)/);
+    expect(fast![6]!.err).toMatch(
+      /^error\[BAD_INPUT\]: cwd \/nope: No such file or directory \(ENOENT\)\nhint: give a directory/,
+    );
     expect(fast![7]!.out).toBe('operands and argv\n');
     expect(fast![8]!.out).toBe('dashes\n');
     expect(fast![9]!.err).toMatch(/killed by the OOM killer/);
-    expect(JSON.parse(fast![13]!.err).error.code).toBe('AGENT_ERROR');
+    expect(JSON.parse(fast![13]!.err).error.code).toBe('BAD_INPUT');
     expect(snaplab(['rm', 'both']).code).toBe(0);
   });
 

@@ -343,10 +343,13 @@ describe.each([
     });
 
     it('a background command runs until killed', async () => {
-      const h = await sbx.commands.run('sleep 1234', { background: true });
+      const h = await sbx.commands.run('sleep 1234', { background: true, envs: { MINE: '1' } });
       expect(h.pid).toBeGreaterThan(0);
       expect(inside(sbx.sandboxId, 'ps').out).toContain('sleep 1234');
-      expect((await sbx.commands.list()).map((p) => p.pid)).toContain(h.pid);
+      // listed with its config as sent, as envd lists it (not the environment it runs with)
+      const listed = (await sbx.commands.list()).find((p) => p.pid === h.pid);
+      expect(listed).toMatchObject({ cmd: '/bin/bash', envs: { MINE: '1' } });
+      expect(listed?.cwd).toBeUndefined();
       expect(await h.kill()).toBe(true);
       await expect(h.wait()).rejects.toBeInstanceOf(CommandExitError);
       await until('the killed command is gone', () => !inside(sbx.sandboxId, 'ps').out.includes('sleep 1234'));

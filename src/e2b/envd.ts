@@ -44,9 +44,10 @@ export const sandboxEnvs = (box: SandboxApi): Record<string, string> => {
 /**
  * The process config of a Start, checked; the sandbox's envVars under the command's own. As envd,
  * a command runs in its user's home unless told (a user the machine's /etc/passwd does not name:
- * the sandbox's default working directory).
+ * the sandbox's default working directory). `shown`: the config as sent, which List gives back (as
+ * envd's does), not what it ran with.
  */
-function configOf(box: SandboxApi, m: StartRequest, user: EnvdUser): ProcessConfig {
+function configOf(box: SandboxApi, m: StartRequest, user: EnvdUser): { config: ProcessConfig; shown: ProcessConfig } {
   const p = m.process ?? {};
   if (typeof p.cmd !== 'string' || !p.cmd) throw new ConnectError('invalid_argument', 'process.cmd is required');
   const args = Array.isArray(p.args) ? p.args.map(String) : [];
@@ -61,7 +62,10 @@ function configOf(box: SandboxApi, m: StartRequest, user: EnvdUser): ProcessConf
   const envs = { ...who, ...sandboxEnvs(box), ...own };
   // as envd: `~` and a relative cwd are under the user's home
   const cwd = typeof p.cwd === 'string' && p.cwd ? absolute(p.cwd, user) : user.home;
-  return { cmd: p.cmd, args, envs, ...(cwd ? { cwd } : {}) };
+  return {
+    config: { cmd: p.cmd, args, envs, ...(cwd ? { cwd } : {}) },
+    shown: { cmd: p.cmd, args, envs: own, ...(typeof p.cwd === 'string' && p.cwd ? { cwd: p.cwd } : {}) },
+  };
 }
 
 /** A PTY's size (`{size: {cols, rows}}`), or undefined for none. */
@@ -156,7 +160,7 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
     const user = await state.actAs(box, req);
     mark('user');
     const spec = {
-      config: configOf(box, m, user),
+      ...configOf(box, m, user),
       tag: typeof m.tag === 'string' ? m.tag : undefined,
       user: user.name,
       shell: user.shell,
@@ -282,7 +286,7 @@ export function registerEnvd(app: FastifyInstance, state: E2bState): void {
         await state.processes.adopt(box);
         return {
           processes: state.processes.list(box.id).map((p) => ({
-            config: p.spec.config,
+            config: p.spec.shown ?? p.spec.config,
             pid: p.pid,
             ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),
           })),

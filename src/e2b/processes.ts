@@ -24,6 +24,8 @@ export interface ProcessConfig {
 
 export interface StartSpec {
   config: ProcessConfig;
+  /** the config as its Start sent it, which List gives back (config: what it runs with) */
+  shown?: ProcessConfig;
   tag?: string;
   user?: string;
   /** what runs E2B's `/bin/bash` here (EnvdUser.shell) */
@@ -276,7 +278,7 @@ const FIND_MS = 10_000;
  * tag): its envs left out if they do not fit, then its args.
  */
 function tagOf(spec: StartSpec): string {
-  const c = spec.config;
+  const c = spec.shown ?? spec.config;
   const tries = [
     { c: c.cmd, a: c.args, e: c.envs, w: c.cwd, t: spec.tag },
     { c: c.cmd, a: c.args, w: c.cwd, t: spec.tag },
