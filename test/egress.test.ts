@@ -509,6 +509,31 @@ machines:
     }
   }, 120_000);
 
+  it('an rm whose egress rules cannot be removed leaves the sandbox dead with why, and a later rm finishes', async () => {
+    const box = await lab!.create({ name: 'stuck-rules', egress: {} });
+    const router = routerNetns(homeTag(lab!.home));
+    const chain = `m${slotOf(box.egress!.address)}`;
+    // a chain of someone else's that jumps to the machine's: nft refuses to delete the machine's (EBUSY)
+    const nft = (script: string): void => {
+      const r = spawnSync('ip', ['netns', 'exec', router, 'nft', '-f', '-'], { input: script, encoding: 'utf8' });
+      expect(r.status, r.stderr).toBe(0);
+    };
+    nft(`add chain ip snaplab holder\nadd rule ip snaplab holder jump ${chain}\n`);
+    await expect(box.destroy()).rejects.toThrow(/egress/);
+    // its volume went with the egress link's removal under way: not left `removing` by a live process
+    const left = (await lab!.list()).find((b) => b.name === 'stuck-rules');
+    expect([left?.state, left?.reason]).toEqual([
+      'dead',
+      expect.stringMatching(/^removal failed: .*snaplab rm stuck-rules/),
+    ]);
+    nft('delete chain ip snaplab holder\n');
+    await (await lab!.get('stuck-rules')).destroy();
+    expect((await lab!.list()).some((b) => b.name === 'stuck-rules')).toBe(false);
+    expect(sh('ip', ['netns', 'exec', router, 'nft', 'list', 'table', 'ip', 'snaplab'])).not.toContain(
+      `chain ${chain} `,
+    );
+  });
+
   it('leaves nothing after a create killed at any point, once gc has run', async () => {
     const tag = homeTag(lab!.home);
     for (const delay of [30, 80, 140, 200, 260, 330]) {

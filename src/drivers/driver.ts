@@ -174,9 +174,10 @@ export interface Driver extends DriverInfo {
   /** Is the machine alive, and if not, why (OOM, killed)? Never throws. */
   inspect(handle: MachineHandle): Promise<DeathReport>;
   /**
-   * Kill every process and release host objects other than storage. Idempotent. `halt`: the
-   * machine's files are kept (a stop), so a system machine's init is asked to halt first (its
-   * services stopped, its writes synced); without, it is killed outright (an rm: the files go).
+   * Kill every process and release host objects other than storage. Idempotent. `halt` (a stop,
+   * whose files a later start boots again): a system machine's init is asked to halt first (its
+   * services stopped, its writes synced). Without, it is killed outright: an rm (the files go), a
+   * failed or interrupted start (a machine at most half booted, whose systemd may never halt).
    */
   destroy(handle: MachineHandle, opts?: { halt?: boolean }): Promise<void>;
   /**

@@ -168,7 +168,8 @@ async function listDir(box: SandboxApi, path: string, depth: number, ids: IdName
   const top = await box.files.stat(path, { follow: true }).catch(notFound);
   if (top.type !== 'dir') throw new ConnectError('invalid_argument', `${path} is not a directory`);
   const entries = await box.files.list(path, { depth }).catch((e: unknown) => notFound(kindChecked(e)));
-  return { entries: entries.map((f) => entryOf(f, ids)) };
+  // each entry's path cleaned, as envd's walk joins it (Go's filepath.Join)
+  return { entries: entries.map((f) => entryOf({ ...f, path: posix.normalize(f.path) }, ids)) };
 }
 
 export function registerFiles(app: FastifyInstance, state: E2bState, unary: Unary): void {

@@ -15,9 +15,6 @@ import { handledElsewhere } from '../cleanup.js';
 /** How long after its create a sandbox's users, taken from its key's last sandbox of its image, are checked. */
 const VERIFY_AFTER_MS = 2000;
 
-/** The least time between two reads of a sandbox's users for names they lack. */
-const REREAD_MS = 1000;
-
 /** E2B's default user (envd's, and the SDK's before envd 0.4.0). */
 export const E2B_USER = 'user';
 
@@ -83,8 +80,8 @@ function homes(passwd: string): Map<string, string> {
 
 export class EnvdUsers {
   private readonly facts = new Map<string, Promise<Facts>>();
-  /** when a sandbox's facts were last read again for a name they lacked */
-  private readonly reread = new Map<string, number>();
+  /** a sandbox's facts being read again for a name they lacked */
+  private readonly rereading = new Map<string, Promise<Facts>>();
   /** key + image → its facts as a sandbox of that key and image last read them (fresh sandboxes start from these) */
   private readonly ofImage = new Map<string, Facts>();
 
@@ -96,14 +93,17 @@ export class EnvdUsers {
   async of(box: SandboxApi, asked: string | undefined): Promise<EnvdUser> {
     let facts = await this.factsOf(box);
     if (asked !== undefined && asked !== 'root' && !facts.homes.has(asked)) {
-      // read again at most once a second a sandbox, callers meanwhile sharing that read: a flood
-      // of names it does not have costs no more than that
-      const last = this.reread.get(box.id) ?? 0;
-      if (Date.now() - last >= REREAD_MS) {
-        this.reread.set(box.id, Date.now());
+      // read again; callers meanwhile share that read (a flood of names it lacks, at once, costs
+      // one), and one that comes after it reads again (a user added since is found)
+      let again = this.rereading.get(box.id);
+      if (!again) {
         this.facts.delete(box.id);
+        again = this.factsOf(box);
+        this.rereading.set(box.id, again);
+        const done = (): void => void (this.rereading.get(box.id) === again && this.rereading.delete(box.id));
+        again.then(done, done);
       }
-      facts = await this.factsOf(box);
+      facts = await again;
       if (!facts.homes.has(asked))
         throw new SnaplabError(
           'UNAUTHORIZED',
@@ -186,6 +186,6 @@ export class EnvdUsers {
 
   forget(id: string): void {
     this.facts.delete(id);
-    this.reread.delete(id);
+    this.rereading.delete(id);
   }
 }

@@ -104,8 +104,11 @@ async function fileCommand(
     let user = opts.user;
     let owner: string[] = [];
     if (!agent.speaks(FILES_MINOR)) {
-      if (args[0] === 'mv' || args.includes('--depth')) throw new SnaplabError('AGENT_PROTOCOL', OLD_AGENT);
-      args = args.filter((a) => a !== '--through');
+      // (the flags are those before `--`: a path may be spelled like one)
+      const end = args.indexOf('--');
+      const flags = args.slice(0, end < 0 ? args.length : end);
+      if (args[0] === 'mv' || flags.includes('--depth')) throw new SnaplabError('AGENT_PROTOCOL', OLD_AGENT);
+      args = [...flags.filter((a) => a !== '--through'), ...(end < 0 ? [] : args.slice(end))];
       user = opts.owner ?? user;
     } else if (opts.owner !== undefined) {
       // the owner's "UID:GID" (its supplementary groups are not a file's)

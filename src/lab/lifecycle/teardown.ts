@@ -4,7 +4,7 @@ import { releaseRange } from '../../host/userns/registry.js';
 import type { SandboxRecord } from '../../store/records.js';
 import type { Trace } from '../../timing/trace.js';
 import type { LabContext } from '../context.js';
-import { handledElsewhere, noted } from '../../cleanup.js';
+import { noted } from '../../cleanup.js';
 import { detachEgress } from '../../host/net/egress.js';
 
 /**
@@ -20,19 +20,19 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
     reason: `being removed by pid ${process.pid}`,
     owner: me('remove'),
   });
-  let egress: Promise<void> | undefined;
   try {
     await phase('kill', () => ctx.driver(s.driver).destroy(handleOf(s)));
     // with the machine dead its volume and its egress link are apart: both go at once (one after
-    // the other, an E2B kill of a sandbox with internet access waited ~50 + ~100 ms)
-    egress = s.egress ? phase('egress', () => detachRecordEgress(ctx, s)) : undefined;
-    egress?.catch(handledElsewhere); // awaited below, or its failure noted with the volume's
-    if (s.volume) {
-      const volume = s.volume;
-      await phase('delete volume', async () => (await ctx.readyBackend(s.storage)).delete(volume));
-    }
+    // the other, an E2B kill of a sandbox with internet access waited ~50 + ~100 ms); the first
+    // failure is the removal's, once both have settled
+    const volume = s.volume;
+    const steps = await Promise.allSettled([
+      volume ? phase('delete volume', async () => (await ctx.readyBackend(s.storage)).delete(volume)) : undefined,
+      s.egress ? phase('egress', () => detachRecordEgress(ctx, s)) : undefined,
+    ]);
+    const failed = steps.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
   } catch (e) {
-    await egress?.catch(noted(`remove the egress link of ${s.name}`));
     // the owner's step stays 'remove': a dead record with it is a removal that did not finish
     ctx.store.updateSandbox(s.id, {
       state: 'dead',
@@ -40,7 +40,6 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
     });
     throw e;
   }
-  await egress;
   ctx.store.deleteSandbox(s.id);
   // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)
   if (s.uidBase !== null && s.scenario === null) await releaseRange(s.uidBase, ctx.home, s.id, s.ids ?? null);
