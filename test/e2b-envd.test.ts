@@ -213,6 +213,9 @@ describe("envd's files as envd answers them, and against clients that leave, flo
       ['f', '/tmp/link/f'],
       ['sub', '/tmp/link/sub'],
     ]);
+    // a file listed: invalid_argument; nothing there: not_found (as envd's ListDir)
+    await expect(sbx.files.list('/tmp/real/f')).rejects.toBeInstanceOf(latest.InvalidArgumentError);
+    await expect(sbx.files.list('/tmp/none')).rejects.toBeInstanceOf(latest.NotFoundError);
     expect(await sbx.files.makeDir('/tmp/real')).toBe(false);
     await expect(sbx.files.makeDir('/tmp/real/f')).rejects.toBeInstanceOf(latest.InvalidArgumentError);
   });

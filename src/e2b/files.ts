@@ -160,13 +160,13 @@ function notFound(e: unknown): never {
 }
 
 /**
- * ListDir: `depth` levels under `path` in one call, each directory followed by its entries (as
+ * ListDir: `depth` levels under `path` in one command, each directory followed by its entries (as
  * envd's walk); a link to a directory is listed as the directory, under the path asked for (envd
- * follows it: Debian's /bin, /lib and /sbin are such links), links below it are not followed.
+ * follows it: Debian's /bin, /lib and /sbin are such links), links below it are not followed. A
+ * path that is not a directory is the listing's own ENOTDIR (invalid_argument), a missing one its
+ * ENOENT (not_found): no stat first.
  */
 async function listDir(box: SandboxApi, path: string, depth: number, ids: IdNames) {
-  const top = await box.files.stat(path, { follow: true }).catch(notFound);
-  if (top.type !== 'dir') throw new ConnectError('invalid_argument', `${path} is not a directory`);
   const entries = await box.files.list(path, { depth }).catch((e: unknown) => notFound(kindChecked(e)));
   // each entry's path cleaned, as envd's walk joins it (Go's filepath.Join)
   return { entries: entries.map((f) => entryOf({ ...f, path: posix.normalize(f.path) }, ids)) };
