@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define PROTO_MAJOR 1
-#define PROTO_MINOR 7
+#define PROTO_MINOR 8
 #define AGENT_VERSION "0.1.0"
 
 #define FRAME_HDR 12u
@@ -55,6 +55,7 @@ enum frame_type {
 enum exec_field { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_USER = 4, F_TTY = 5, F_TAG = 6 };
 #define EXEC_F_STDIN 0x1u
 #define EXEC_F_KEEP 0x2u /* 1.5: the exec outlives its connection (docs/agent-protocol.md "Kept execs") */
+#define EXEC_F_WAIT_OUTPUT 0x4u /* 1.8: EXIT waits for the end of its stdout and stderr ("Waiting for output") */
 #define TAG_MAX 4096u /* a kept exec's tag: the host's own words about it, given back by LIST_KEPT */
 
 #define EXIT_F_TIMED_OUT 0x1u

@@ -473,8 +473,9 @@ static void connect_agent(const char *path, pid_t qemu)
 							/* a client's kept execs outlive it only where the agent can let
 							 * one go alone (DETACH, 1.6): an older one's clients are told 1.4,
 							 * so none asks for a kept exec (1.5); a newer one's, what the
-							 * relay routes (1.7: a client's HOLD_OUTPUT too) */
-							int most = agent_detaches() ? 7 : 4;
+							 * relay routes (1.7: a client's HOLD_OUTPUT too; 1.8: an EXEC's
+							 * flags, passed on as they are, wait for output's end) */
+							int most = agent_detaches() ? 8 : 4;
 							if (hello_len >= 4 && get_u16(hello + 2) > most)
 								put_u16(hello + 2, (uint16_t)most);
 							buf_consume(&b, (size_t)used);

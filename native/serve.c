@@ -102,6 +102,11 @@ struct exec {
 	uint32_t tag_len;
 	int exec_errno;
 	uint64_t start_ns, deadline_ns;
+	/* EXEC_F_WAIT_OUTPUT (1.8): its EXIT waits for the end of its output, not only its process */
+	int wait_output;
+	/* its process ended (reaped, out of by_pid) while what it left still held its output */
+	int exited, status;
+	struct rusage ru;
 	struct exec *prev, *next, *hnext, *next_grave;
 };
 
@@ -188,6 +193,15 @@ static void exec_link(struct exec *e)
 	*b = e;
 }
 
+static void pid_unhash(struct exec *e)
+{
+	for (struct exec **b = &by_pid[(unsigned)e->pid % PID_BUCKETS]; *b; b = &(*b)->hnext)
+		if (*b == e) {
+			*b = e->hnext;
+			break;
+		}
+}
+
 static void exec_unlink(struct exec *e)
 {
 	if (e->prev)
@@ -196,11 +210,8 @@ static void exec_unlink(struct exec *e)
 		execs = e->next;
 	if (e->next)
 		e->next->prev = e->prev;
-	for (struct exec **b = &by_pid[(unsigned)e->pid % PID_BUCKETS]; *b; b = &(*b)->hnext)
-		if (*b == e) {
-			*b = e->hnext;
-			break;
-		}
+	if (!e->exited)
+		pid_unhash(e);
 }
 
 static struct exec *exec_by_pid(pid_t pid)
@@ -278,7 +289,8 @@ static void kill_session(pid_t sid)
 
 static void exec_signal(struct exec *e, int sig)
 {
-	if (kill(-e->pid, sig) < 0)
+	/* one whose process has ended: what is left of its group (its pid, reaped, may be another's) */
+	if (kill(-e->pid, sig) < 0 && !e->exited)
 		kill(e->pid, sig);
 	if (e->tty && sig == SIGKILL)
 		kill_session(e->ns_pid);
@@ -299,6 +311,24 @@ static void timer_update(void)
 	timer_armed = next;
 }
 
+static void exec_finish(struct exec *e, int status, const struct rusage *ru);
+
+/* EXEC_F_WAIT_OUTPUT: one whose process has ended is done once its output has ended too. */
+static void output_ended(struct exec *e)
+{
+	if (e->exited && e->out.fd < 0 && e->err.fd < 0)
+		exec_finish(e, e->status, &e->ru);
+}
+
+/* Its output is not waited for any more (a timeout, a SIGKILL or SIGTERM from the host, its
+ * connection gone), as envd stops reading a command's output there: ended now if its process has. */
+static void stop_waiting(struct exec *e)
+{
+	e->wait_output = 0;
+	if (e->exited)
+		exec_finish(e, e->status, &e->ru);
+}
+
 static void on_timer(void)
 {
 	uint64_t ticks;
@@ -310,6 +340,7 @@ static void on_timer(void)
 		if (e->deadline_ns && !e->timed_out && e->deadline_ns <= now) {
 			e->timed_out = 1;
 			exec_signal(e, SIGKILL);
+			stop_waiting(e); /* (a finished one stays readable until freed after the events) */
 		}
 	timer_armed = UINT64_MAX; /* force a re-arm */
 	timer_update();
@@ -462,7 +493,13 @@ static void reap(void)
 		if (pid <= 0)
 			return;
 		struct exec *e = exec_by_pid(pid);
-		if (e)
+		if (e && e->wait_output && (e->out.fd >= 0 || e->err.fd >= 0)) {
+			/* what it left running still holds its output: its EXIT waits for that to end */
+			pid_unhash(e);
+			e->exited = 1;
+			e->status = status;
+			e->ru = ru;
+		} else if (e)
 			exec_finish(e, status, &ru);
 		/* else: an orphan we inherited as PID 1 / subreaper, or a failed spawn: just reaped */
 	}
@@ -501,6 +538,7 @@ static void detach_execs(struct conn *c)
 			src_close(&e->out);
 			src_close(&e->err);
 			buf_free(&e->inq);
+			stop_waiting(e);
 		}
 	c->paused = 0;
 }
@@ -900,6 +938,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 	e->id = id;
 	e->pid = pid;
 	e->keep = (flags & EXEC_F_KEEP) != 0;
+	e->wait_output = (flags & EXEC_F_WAIT_OUTPUT) && !tty; /* a terminal's end is its process's */
 	if (tagp) {
 		memcpy(e->tag, tagp, tag_n);
 		e->tag_len = (uint32_t)tag_n;
@@ -1426,8 +1465,11 @@ static void handle_frame(struct conn *c, const struct frame *f)
 		struct exec *e = exec_by_id(c, f->id);
 		if (r.bad || sig == 0 || sig > 64)
 			reply_error(c, f->id, EINVAL, "bad SIGNAL payload");
-		else if (e)
+		else if (e) {
 			exec_signal(e, (int)sig);
+			if (sig == SIGKILL || sig == SIGTERM)
+				stop_waiting(e);
+		}
 		break;
 	}
 	case T_HOLD_OUTPUT: {
@@ -1718,6 +1760,8 @@ static void on_event(struct src *s, uint32_t ev)
 		pump_once(e, s);
 		if (s->fd >= 0)
 			pause_check(e, s);
+		else
+			output_ended(e);
 		break;
 	}
 	case K_IN: {

@@ -119,6 +119,10 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
       p.end();
       const pr = await p.result;
       expect([pr.exitCode, pr.stdout.toString()]).toEqual([0, 'got:one\ntwo\n']);
+      // waitOutput: its end waits for what it left in the background writing its output (and not without)
+      const bg = ['sh', '-c', '(sleep 0.2; echo late) & echo early'];
+      expect((await (await box.spawn(bg, { waitOutput: true })).result).stdout).toBe('early\nlate\n');
+      expect((await (await box.spawn(bg)).result).stdout).toBe('early\n');
 
       const input = new PassThrough();
       const piped = box.exec(['wc', '-c'], { stdin: input });

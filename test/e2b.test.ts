@@ -294,6 +294,8 @@ describe.each([
       expect((await sbx.commands.run('pwd')).stdout).toBe('/root\n');
       const nobody = await sbx.commands.run('id -u', { user: 'nobody' });
       expect(nobody.stdout.trim()).toBe('65534');
+      // as envd's, a command ends with its output: what it left in the background writing there is read
+      expect((await sbx.commands.run('(sleep 0.3; echo late) & echo early')).stdout).toBe('early\nlate\n');
     });
 
     it('as envd: ~ and relative paths and cwds under the home, a missing cwd, links, a late connect', async () => {

@@ -191,7 +191,10 @@ describe('the qemu driver', () => {
     p.write('\x03');
     expect((await p.result).exitCode).toBe(130);
     // a command kept past its client: the relay lets it go (DETACH, 1.6) and routes an ATTACH to it
-    expect((await vm.agentConnection()).protocolVersion).toBe('1.7');
+    expect((await vm.agentConnection()).protocolVersion).toBe('1.8');
+    // the relay passes an EXEC's flags on: its end waits for a background child's output (1.8)
+    const late = await vm.spawn(['sh', '-c', '(sleep 0.5; echo late) & echo early'], { waitOutput: true });
+    expect((await late.result).stdout).toBe('early\nlate\n');
     const holder = await lab.get('vm1');
     const ticks = 'i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.2; done';
     let first = '';

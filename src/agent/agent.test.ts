@@ -143,7 +143,7 @@ describe('agent on the host', () => {
   });
 
   it('says HELLO and answers ping', async () => {
-    expect(client.protocolVersion).toBe('1.7');
+    expect(client.protocolVersion).toBe('1.8');
     expect(client.agentVersion).toMatch(/^\d+\.\d+\.\d+/);
     expect(client.agentPid).toBe(agent.proc.pid);
     expect(await client.ping()).toBeGreaterThanOrEqual(0);
@@ -355,6 +355,48 @@ describe('agent on the host', () => {
     expect(performance.now() - t0).toBeLessThan(1500);
   });
 
+  it('with waitOutput (1.8), waits for what the command left holding its output, and stops waiting on a kill or a timeout', async () => {
+    // what a background child writes after its shell has exited, on both streams, comes before the end
+    const late = await run(['sh', '-c', '(sleep 0.3; echo late; echo also >&2) & echo early; exit 3'], {
+      waitOutput: true,
+    });
+    expect([late.exitCode, late.stdout.toString(), late.stderr.toString()]).toEqual([3, 'early\nlate\n', 'also\n']);
+    // one that holds it in a session of its own (out of the group's reach): a SIGKILL, or a timeout, ends the wait
+    const held: number[] = [];
+    try {
+      for (const how of ['kill', 'timeout'] as const) {
+        let out = '';
+        const h = client.exec(
+          {
+            argv: ['sh', '-c', 'setsid sleep 30 & echo $!'],
+            env: ENV,
+            waitOutput: true,
+            timeoutMs: how === 'timeout' ? 800 : undefined,
+          },
+          { onStdout: (b) => (out += b.toString()) },
+        );
+        await vi.waitFor(() => expect(out).toMatch(/^\d+\n$/), { timeout: 5000 });
+        held.push(Number(out));
+        const t0 = performance.now();
+        if (how === 'kill') {
+          // its shell is gone, its output still held: the end has not come
+          await new Promise((r) => setTimeout(r, 300));
+          let ended = false;
+          void h.result.then(() => (ended = true));
+          await new Promise((r) => setTimeout(r, 50));
+          expect(ended).toBe(false);
+          h.kill(9);
+        }
+        const r = await h.result;
+        expect(performance.now() - t0).toBeLessThan(5000);
+        // the shell's own status (it exited 0 before the kill); a timeout says so
+        expect([r.exitCode, r.timedOut]).toEqual(how === 'kill' ? [0, false] : [124, true]);
+      }
+    } finally {
+      for (const pid of held) if (pid > 0) process.kill(pid, 'SIGKILL');
+    }
+  });
+
   it('puts and gets files, 1 MiB binary, creating parents atomically', async () => {
     const data = randomBytes(1024 * 1024);
     const p = join(agent.dir, 'a/b/c/blob.bin');
@@ -424,7 +466,7 @@ describe('agent on the host', () => {
       /* busy */
     }
     const c = await pending;
-    expect(c.protocolVersion).toBe('1.7');
+    expect(c.protocolVersion).toBe('1.8');
     await c.close();
   });
 
@@ -511,7 +553,7 @@ describe('agent on the host', () => {
       return decodeKept((await next(MsgType.DATA, id)).payload);
     };
     try {
-      expect((await next(MsgType.HELLO, 0)).payload.readUInt16LE(2)).toBe(7);
+      expect((await next(MsgType.HELLO, 0)).payload.readUInt16LE(2)).toBe(8);
       const loop = ['sh', '-c', 'while :; do echo x; sleep 0.1; done'];
       s.write(encodeFrame(MsgType.EXEC, 1, encodeExec({ argv: loop, env: ENV, keep: { tag: 'k' } })));
       s.write(encodeFrame(MsgType.EXEC, 2, encodeExec({ argv: ['sleep', '30'], env: ENV })));

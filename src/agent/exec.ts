@@ -44,6 +44,14 @@ export interface ExecRequest {
    * 4096 bytes) and lets another connection take it on (`attach(pid)`).
    */
   keep?: { tag: string };
+  /**
+   * (1.8) The result waits for the end of the command's stdout and stderr, not only its process:
+   * what it left running in the background and still writes there is read until it closes them
+   * (as Go's exec and E2B's envd wait). A timeout, a SIGKILL or SIGTERM through kill(), or this
+   * connection's end stops the wait. Pipes only (a terminal's end is its process's); an agent
+   * before 1.8 ignores it.
+   */
+  waitOutput?: boolean;
 }
 
 export interface ExecOptions {

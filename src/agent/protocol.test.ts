@@ -85,7 +85,14 @@ describe('FrameDecoder', () => {
 
 describe('payloads', () => {
   it('EXEC round-trips', () => {
-    const req = { argv: ['sh', '-c', 'echo ünïcode'], env: ['A=1', 'B='], cwd: '/x y', timeoutMs: 1500, stdin: true };
+    const req = {
+      argv: ['sh', '-c', 'echo ünïcode'],
+      env: ['A=1', 'B='],
+      cwd: '/x y',
+      timeoutMs: 1500,
+      stdin: true,
+      waitOutput: true,
+    };
     expect(decodeExec(encodeExec(req))).toEqual(req);
     expect(decodeExec(encodeExec({ argv: ['true'], env: [] }))).toEqual({
       argv: ['true'],
@@ -93,6 +100,7 @@ describe('payloads', () => {
       cwd: undefined,
       timeoutMs: 0,
       stdin: false,
+      waitOutput: false,
     });
   });
 

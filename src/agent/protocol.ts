@@ -51,6 +51,8 @@ export const ExecField = { ARGV: 1, ENV: 2, CWD: 3, USER: 4, TTY: 5, TAG: 6 } as
 export const EXEC_FLAG_STDIN = 0x1;
 /** 1.5: the exec outlives its connection (docs/agent-protocol.md "Kept execs") */
 export const EXEC_FLAG_KEEP = 0x2;
+/** 1.8: EXIT waits for the end of the command's stdout and stderr (docs/agent-protocol.md "Waiting for output") */
+export const EXEC_FLAG_WAIT_OUTPUT = 0x4;
 /** the most bytes a kept exec's tag may have */
 export const TAG_MAX = 4096;
 export const ExitFlag = { TIMED_OUT: 0x1, NOT_FOUND: 0x2, NOT_EXECUTABLE: 0x4 } as const;
@@ -188,6 +190,8 @@ export interface ExecPayload {
   tty?: WindowSize | undefined;
   /** 1.5: the command outlives its connection; `tag` (at most TAG_MAX bytes) is given back by LIST_KEPT */
   keep?: { tag: string } | undefined;
+  /** 1.8: the result waits for the end of its output (an older agent ignores the flag) */
+  waitOutput?: boolean | undefined;
 }
 
 export interface WindowSize {
@@ -222,7 +226,10 @@ export function encodeExec(req: ExecPayload): Buffer {
   const b = Buffer.allocUnsafe(size);
   const timeout = req.timeoutMs === undefined ? 0 : Math.max(1, Math.min(0xffffffff, Math.ceil(req.timeoutMs)));
   b.writeUInt32LE(timeout, 0);
-  b.writeUInt32LE((req.stdin ? EXEC_FLAG_STDIN : 0) | (req.keep ? EXEC_FLAG_KEEP : 0), 4);
+  b.writeUInt32LE(
+    (req.stdin ? EXEC_FLAG_STDIN : 0) | (req.keep ? EXEC_FLAG_KEEP : 0) | (req.waitOutput ? EXEC_FLAG_WAIT_OUTPUT : 0),
+    4,
+  );
   let off = 8;
   for (const [tag, v] of fields) {
     b.writeUInt8(tag, off);
@@ -233,7 +240,7 @@ export function encodeExec(req: ExecPayload): Buffer {
   return b;
 }
 
-export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin: boolean } {
+export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin: boolean; waitOutput: boolean } {
   need(p, 8, 'EXEC');
   const out = {
     argv: [] as string[],
@@ -243,6 +250,7 @@ export function decodeExec(p: Buffer): ExecPayload & { timeoutMs: number; stdin:
     tty: undefined as WindowSize | undefined,
     timeoutMs: p.readUInt32LE(0),
     stdin: (p.readUInt32LE(4) & EXEC_FLAG_STDIN) !== 0,
+    waitOutput: (p.readUInt32LE(4) & EXEC_FLAG_WAIT_OUTPUT) !== 0,
   };
   let off = 8;
   while (off < p.length) {

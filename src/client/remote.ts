@@ -241,6 +241,7 @@ export class RemoteSandbox implements SandboxApi {
         timeoutMs: opts.timeoutMs ?? 0,
         tty: opts.tty,
         stdin: opts.stdin !== undefined,
+        ...(opts.waitOutput ? { waitOutput: true } : {}),
         tag: opts.tag,
         // a kept command runs on when this connection goes (and when the daemon does)
         ...(opts.keep ? { keep: true, onDisconnect: 'keep' } : { onDisconnect: 'kill' }),

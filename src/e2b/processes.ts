@@ -113,6 +113,9 @@ export class Processes {
       timeoutMs: spec.timeoutMs,
       ...(spec.stdin || spec.tty ? { stdin: true as const } : {}),
       tty: spec.tty,
+      // as envd's: its end waits for its output's, so what it left in the background and still
+      // writes there is read (`(sleep 1; echo late) &`), and `run('server &')` waits as there
+      waitOutput: true,
       ...outputTo(spec, out),
       encoding: 'buffer',
       // it outlives the daemon, as a command outlives envd's clients (a machine that cannot keep it runs it as without)

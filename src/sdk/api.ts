@@ -112,6 +112,15 @@ export type SpawnOptions = ExecOptions & {
    * fit the same 4 KiB once written as JSON: else BAD_INPUT)
    */
   tag?: string;
+  /**
+   * the result waits for the end of the command's output, not only its process: what it left
+   * running in the background and still writes to its stdout or stderr is read until that closes
+   * them (Go's exec, and E2B's envd, wait so: `sh -c '(sleep 1; echo late) &'` ends with `late`).
+   * A timeout, a kill with SIGKILL or SIGTERM, or the caller's going stops the wait; a terminal's
+   * command ends with its process; so does one on a machine whose agent is older than protocol
+   * 1.8. Default false
+   */
+  waitOutput?: boolean;
 };
 
 /** A command started with `keep` that still runs (`kept()`). */

@@ -76,6 +76,8 @@ export interface ProcessSpec {
   timeoutMs?: number;
   tty?: { cols: number; rows: number };
   stdin?: boolean;
+  /** its end waits for the end of its output (SpawnOptions' `waitOutput`) */
+  waitOutput?: boolean;
   /** POST /processes: no deadline unless one is given (it is meant to outlive requests) */
   background?: boolean;
   /**
@@ -946,6 +948,7 @@ export class Daemon implements RouteHost {
       user: spec.user,
       timeoutMs: spec.background ? spec.timeoutMs || undefined : this.deadline(spec.timeoutMs),
       tty: spec.tty,
+      ...(spec.waitOutput ? { waitOutput: true } : {}),
       onStdout: (b) => p.output('stdout', b),
       onStderr: (b) => p.output('stderr', b),
       ...(spec.stdin ? { stdin: true as const } : {}),

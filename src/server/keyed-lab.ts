@@ -278,6 +278,7 @@ class KeyedSandbox implements SandboxApi {
       timeoutMs: opts.timeoutMs ?? 0,
       tty: opts.tty,
       stdin: opts.stdin !== undefined,
+      ...(opts.waitOutput ? { waitOutput: true } : {}),
       tag: opts.tag,
       keep: opts.keep,
     };

@@ -245,6 +245,7 @@ function processSpec(m: Record<string, unknown>): ProcessSpec {
         ? { cols: t.cols as number, rows: t.rows as number }
         : bad('tty');
   const tag = str(m.tag, 'tag');
+  if (m.waitOutput !== undefined && typeof m.waitOutput !== 'boolean') bad('waitOutput');
   if (tag !== undefined && [...tag].length > 1024) bad('tag (at most 1024 characters)');
   return {
     argv: m.argv as string[],
@@ -255,6 +256,7 @@ function processSpec(m: Record<string, unknown>): ProcessSpec {
     timeoutMs,
     tty,
     stdin: m.stdin === true,
+    waitOutput: m.waitOutput === true,
     keep: m.keep === true,
   };
 }
@@ -301,7 +303,7 @@ function execStreamRoute(app: FastifyInstance, s: SandboxCalls): void {
         hide: true,
         tags,
         summary:
-          'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, tag?, keep?, onDisconnect?: "keep"|"kill"}',
+          'Streaming exec (WebSocket): first message {type:"start", argv, tty?, stdin?, env?, cwd?, user?, timeoutMs?, waitOutput?, tag?, keep?, onDisconnect?: "keep"|"kill"}',
         params: IdParams,
       },
     },

@@ -199,6 +199,12 @@ export const ProcessBody = Type.Object(
       }),
     ),
     stdin: Type.Optional(Type.Boolean({ description: 'keep stdin open for the attach stream (else /dev/null)' })),
+    waitOutput: Type.Optional(
+      Type.Boolean({
+        description:
+          'its end waits for the end of its output: what it left in the background writing there is read until it closes it (default false)',
+      }),
+    ),
     keep: Type.Optional(
       Type.Boolean({
         description:

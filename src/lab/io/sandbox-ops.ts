@@ -144,7 +144,7 @@ export async function spawnIn(
   s: SandboxRecord,
   agent: AgentClient,
   argv: string[],
-  opts: ExecOptions & { keep?: { tag?: string } } = {},
+  opts: ExecOptions & { keep?: { tag?: string }; waitOutput?: boolean } = {},
 ): Promise<ExecProcess> {
   if (argv.length === 0)
     throw new SnaplabError(
@@ -170,7 +170,17 @@ export async function spawnIn(
     throw new SnaplabError('BAD_INPUT', `a kept command's tag is at most ${KEPT_TAG_MAX} bytes of UTF-8`);
   const keep = opts.keep ? { tag: opts.keep.tag === undefined ? 'L0:' : `L1:${opts.keep.tag}` } : undefined;
   const h = agent.exec(
-    { argv, env, cwd: opts.cwd, user, timeoutMs: opts.timeoutMs, stdin: opts.stdin !== undefined, tty, keep },
+    {
+      argv,
+      env,
+      cwd: opts.cwd,
+      user,
+      timeoutMs: opts.timeoutMs,
+      stdin: opts.stdin !== undefined,
+      tty,
+      keep,
+      waitOutput: opts.waitOutput,
+    },
     { onStdout: opts.onStdout, onStderr: opts.onStderr, signal: opts.signal },
   );
   if (opts.stdin !== undefined && opts.stdin !== true) feedInput(h, opts.stdin);
