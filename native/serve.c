@@ -104,8 +104,9 @@ struct exec {
 	uint64_t start_ns, deadline_ns;
 	/* EXEC_F_WAIT_OUTPUT (1.8): its EXIT waits for the end of its output, not only its process */
 	int wait_output;
-	/* its process ended (reaped, out of by_pid) while what it left still held its output */
-	int exited, status;
+	/* its process ended (reaped, out of by_pid) while what it left still held its output;
+	 * group_gone: no process was left in its group then (the number may be another's later) */
+	int exited, status, group_gone;
 	struct rusage ru;
 	struct exec *prev, *next, *hnext, *next_grave;
 };
@@ -289,7 +290,10 @@ static void kill_session(pid_t sid)
 
 static void exec_signal(struct exec *e, int sig)
 {
-	/* one whose process has ended: what is left of its group (its pid, reaped, may be another's) */
+	/* one whose process has ended: what is left of its group (its pid, reaped, may be another's),
+	 * unless nothing was (then the number may be another group's) */
+	if (e->exited && e->group_gone)
+		return;
 	if (kill(-e->pid, sig) < 0 && !e->exited)
 		kill(e->pid, sig);
 	if (e->tty && sig == SIGKILL)
@@ -499,6 +503,7 @@ static void reap(void)
 			e->exited = 1;
 			e->status = status;
 			e->ru = ru;
+			e->group_gone = kill(-e->pid, 0) < 0 && errno == ESRCH;
 		} else if (e)
 			exec_finish(e, status, &ru);
 		/* else: an orphan we inherited as PID 1 / subreaper, or a failed spawn: just reaped */
@@ -956,6 +961,11 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		ep_add(&e->err, EPOLLIN);
 	if (e->in.fd >= 0)
 		ep_add(&e->in, 0);
+	/* one still waiting for its output whose pid this is now (they wrapped round) ends here, so a
+	 * pid names one exec: LIST_KEPT's, ATTACH's and the host's, and its group is this one's */
+	for (struct exec *o = execs; o; o = o->next)
+		if (o->exited && (o->pid == pid || o->ns_pid == e->ns_pid))
+			stop_waiting(o);
 	exec_link(e);
 	uint8_t p[4];
 	put_u32(p, (uint32_t)e->ns_pid); /* the pid the command has, where it runs */

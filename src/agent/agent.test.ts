@@ -676,6 +676,44 @@ describe('agent as PID 1 under bwrap', () => {
     expect(states).not.toContain('Z');
   });
 
+  it('a pid that comes round again names one exec: one still waiting for its output (1.8) ends when a new one takes its pid', async () => {
+    // (an agent of its own: setting the namespace's next pid takes CAP_SYS_ADMIN, which this one's commands lack)
+    const full = await startAgent({ bwrap: true });
+    const c = await AgentClient.connect(full.socketPath, { timeoutMs: 5000 });
+    try {
+      let said = '';
+      const a = c.exec(
+        { argv: ['sh', '-c', 'setsid sleep 30 & echo $$'], env: ENV, waitOutput: true, keep: { tag: 'a' } },
+        { onStdout: (b) => (said += b.toString()) },
+      );
+      await vi.waitFor(() => expect(said).toMatch(/^\d+\n$/), { timeout: 5000 });
+      const pid = Number(said);
+      const gone = async (): Promise<boolean> =>
+        (
+          await c.exec({ argv: ['sh', '-c', `test -e /proc/${pid} || echo gone`], env: ENV }).result
+        ).stdout.toString() === 'gone\n';
+      await vi.waitFor(async () => expect(await gone()).toBe(true), { timeout: 5000 });
+      let ended = false;
+      void a.result.then(() => (ended = true));
+      expect(ended).toBe(false); // its shell reaped, its output held by the setsid'd sleep
+      // the next fork gets its pid again (echo is the shell's own: no fork between)
+      const set = await c.exec({ argv: ['sh', '-c', `echo ${pid - 1} > /proc/sys/kernel/ns_last_pid`], env: ENV })
+        .result;
+      expect(set.exitCode).toBe(0);
+      const b = c.exec({ argv: ['sleep', '30'], env: ENV, keep: { tag: 'b' } });
+      expect(await b.pid).toBe(pid);
+      // at once, not when the sleep's 30 s are up
+      const soon = new Promise((r) => setTimeout(() => r('still waiting'), 5000));
+      expect(await Promise.race([a.result.then((r) => r.exitCode), soon])).toBe(0);
+      expect((await c.kept()).map((k) => [k.pid, k.tag])).toEqual([[pid, 'b']]);
+      b.kill(9);
+      expect((await b.result).signal).toBe(9);
+    } finally {
+      await c.close();
+      await full.stop();
+    }
+  });
+
   it('restricts the capability bounding set and refuses SET_CLOCK without CAP_SYS_TIME', async () => {
     const status = (await run(['cat', '/proc/self/status'])).stdout.toString();
     const bnd = BigInt(`0x${/CapBnd:\s+([0-9a-f]+)/.exec(status)![1]}`);

@@ -116,7 +116,8 @@ export type SpawnOptions = ExecOptions & {
    * the result waits for the end of the command's output, not only its process: what it left
    * running in the background and still writes to its stdout or stderr is read until that closes
    * them (Go's exec, and E2B's envd, wait so: `sh -c '(sleep 1; echo late) &'` ends with `late`).
-   * A timeout, a kill with SIGKILL or SIGTERM, or the caller's going stops the wait; a terminal's
+   * A timeout or a kill with SIGKILL or SIGTERM stops the wait (so does the caller's going, unless
+   * the command is kept: it waits on, and `kept()` lists it until its output ends); a terminal's
    * command ends with its process; so does one on a machine whose agent is older than protocol
    * 1.8. Default false
    */
