@@ -114,7 +114,7 @@ export class Processes {
       ...(spec.stdin || spec.tty ? { stdin: true as const } : {}),
       tty: spec.tty,
       // as envd's: its end waits for its output's, so what it left in the background and still
-      // writes there is read (`(sleep 1; echo late) &`), and `run('server &')` waits as there
+      // writes there is read (`(sleep 1; echo late) &`), and a server started with & and not redirected is waited for, as there
       waitOutput: true,
       ...outputTo(spec, out),
       encoding: 'buffer',
