@@ -42,6 +42,25 @@ describe('signed URLs', () => {
       const r = await fetch(url);
       expect(r.status).toBe(200);
       expect(await r.text()).toBe('signed bytes');
+      // as envd's ServeContent: a type (by extension, else sniffed), inline with its name, one range
+      expect([r.headers.get('content-type'), r.headers.get('content-disposition')]).toEqual([
+        'text/plain; charset=utf-8',
+        'inline; filename=signed.txt',
+      ]);
+      const part = await fetch(url, { headers: { Range: 'bytes=2-5' } });
+      expect([part.status, part.headers.get('content-range'), await part.text()]).toEqual([
+        206,
+        'bytes 2-5/12',
+        'gned',
+      ]);
+      const tail = await fetch(url, { headers: { Range: 'bytes=-5' } });
+      expect([tail.status, await tail.text()]).toEqual([206, 'bytes']);
+      const past = await fetch(url, { headers: { Range: 'bytes=12-' } });
+      expect([past.status, past.headers.get('content-range')]).toEqual([416, 'bytes */12']);
+      await past.arrayBuffer();
+      const png = Buffer.from('\x89PNG\r\n\x1a\n rest', 'latin1');
+      await sbx.files.write('/tmp/pic', png.buffer.slice(png.byteOffset, png.byteOffset + png.length));
+      expect((await sbx.files.read('/tmp/pic', { format: 'blob' })).type).toBe('image/png');
       // the user is signed too
       const root = await fetch(await sbx.downloadUrl('/tmp/signed.txt', { user: 'root' }));
       expect(await root.text()).toBe('signed bytes');

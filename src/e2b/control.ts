@@ -5,7 +5,8 @@
  * default, is snaplab's default image.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { KeyedLabApi, LabCreateOptions, OnTimeout, SandboxApi } from '../sdk/api.js';
+import type { KeyedLabApi, LabCreateOptions, LabRestoreOptions, OnTimeout, SandboxApi } from '../sdk/api.js';
+import { snapshotNameOf } from './snapshot-names.js';
 import { trafficTokenOf } from './sessions.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
 import type { E2bState } from './state.js';
@@ -146,7 +147,7 @@ function keyMayEgress(lab: KeyedLabApi): Promise<boolean> {
 }
 
 /** The same create without egress, its network as getInfo will say it: no internet access. */
-function withoutEgress(opts: LabCreateOptions): LabCreateOptions {
+function withoutEgress<T extends LabCreateOptions | LabRestoreOptions>(opts: T): T {
   const metadata = { ...opts.metadata };
   const network = JSON.parse(metadata[`${RESERVED}network`] ?? '{}') as Record<string, unknown>;
   metadata[`${RESERVED}network`] = JSON.stringify({ ...network, internet: false });
@@ -191,14 +192,41 @@ async function optionsFor(lab: KeyedLabApi, body: NewSandbox, pool: boolean): Pr
   return { ...opts, pool: opts.image, image: undefined, egress: undefined };
 }
 
-/** Make it: a take from the template's pool (`taken`), or a create from its image. */
+/**
+ * Make it: a take from the template's pool (`taken`), a create from its image, or a restore of the
+ * key's snapshot of that name (`alias:tag`, or an alias no image has: snapshots.ts).
+ */
 async function make(lab: KeyedLabApi, body: NewSandbox, pool: boolean): Promise<{ box: SandboxApi; taken: boolean }> {
+  const template = typeof body.templateID === 'string' ? body.templateID : BASE_TEMPLATE;
+  const snapshot = snapshotNameOf(template);
+  if (snapshot) return { box: await restored(lab, body, snapshot), taken: false };
   const opts = await optionsFor(lab, body, pool);
-  // a key without egress: E2B's default is its none (egress asked for is refused by the daemon, 403)
-  const box = await lab.create(
-    opts.egress && defaultEgress(body) && !(await keyMayEgress(lab)) ? withoutEgress(opts) : opts,
-  );
+  const box = await lab.create(await egressed(lab, body, opts)).catch((e: unknown) => {
+    // no image of that name: one of the key's snapshots, if it has one (else the image's error)
+    if (opts.pool !== undefined || !isSnaplabError(e, 'IMAGE_NOT_FOUND')) throw e;
+    return restored(lab, body, template).catch((again: unknown) => {
+      throw isSnaplabError(again, 'SNAPSHOT_NOT_FOUND') ? e : again;
+    });
+  });
   return { box, taken: opts.pool !== undefined };
+}
+
+/** A key without egress: E2B's default is its none (egress asked for is refused by the daemon, 403). */
+async function egressed<T extends LabCreateOptions | LabRestoreOptions>(
+  lab: KeyedLabApi,
+  body: NewSandbox,
+  opts: T,
+): Promise<T> {
+  return opts.egress && defaultEgress(body) && !(await keyMayEgress(lab)) ? withoutEgress(opts) : opts;
+}
+
+/** A create from a snapshot: its files (a VM's memory too), with the create's metadata, envs, network and timeout. */
+async function restored(lab: KeyedLabApi, body: NewSandbox, snapshot: string): Promise<SandboxApi> {
+  const { metadata, timeoutS, onTimeout, egress } = createOptions(body);
+  return lab.restore(
+    snapshot,
+    await egressed(lab, body, { metadata, timeoutS, onTimeout, ...(egress ? { egress } : {}) }),
+  );
 }
 
 async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {

@@ -18,6 +18,7 @@ import { orElse } from '../cleanup.js';
 import { ConnectError, kindChecked, wrongKind } from './connect.js';
 import { METADATA_XATTR, entryOf, metadataOf } from './entries.js';
 import { eachUpload } from './uploads.js';
+import { contentTypeOf, dispositionOf, rangeOf, sliceOf, type Wanted } from './download.js';
 import type { Unary } from './envd.js';
 import { sendError, type E2bState } from './state.js';
 import type { EnvdUser, IdNames } from './users.js';
@@ -64,6 +65,22 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
   try {
     const { box, user } = await state.fileSandbox(req, 'read');
     const path = absolute((req.query as { path?: unknown }).path, user);
+    // one byte range, as envd's ServeContent answers it: the size first (a read ends at the file's end)
+    let part: Wanted;
+    let size = 0;
+    if (typeof req.headers.range === 'string') {
+      const info = await box.files.stat(path).catch((e: unknown) => {
+        throw state.unavailable(req, e, box.id);
+      });
+      size = info.size;
+      if (info.type === 'file') part = rangeOf(req.headers.range, size);
+      if (part === 'unsatisfiable')
+        return reply
+          .code(416)
+          .header('content-range', `bytes */${size}`)
+          .type('text/plain; charset=utf-8')
+          .send('invalid range: failed to overlap\n');
+    }
     // streamed as it is read, not held whole; the status waits for its first bytes (or its end, or
     // its error: a missing file is still a 404). An error after that cuts the response short
     const out = new PassThrough();
@@ -78,7 +95,22 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
     });
     // a failure after the first bytes (the sandbox gone mid-read) ends the response short, not never
     reading.catch((e: unknown) => out.destroy(e instanceof Error ? e : new Error(String(e))));
-    return reply.type('application/octet-stream').send(out);
+    // its type from its name, else from its first bytes (looked at, and put back)
+    const head = (out.read() as Buffer | null) ?? Buffer.alloc(0);
+    if (head.length) out.unshift(head);
+    reply
+      .type(contentTypeOf(path, head))
+      .header('content-disposition', dispositionOf(path))
+      .header('accept-ranges', 'bytes')
+      .header('vary', 'Accept-Encoding');
+    if (!part || typeof part !== 'object') return reply.send(out);
+    // the range's bytes, and the read ended once they are through
+    const body = out.pipe(sliceOf(part.start, part.end, () => out.destroy()));
+    return reply
+      .code(206)
+      .header('content-range', `bytes ${part.start}-${part.end}/${size}`)
+      .header('content-length', String(part.end - part.start + 1))
+      .send(body);
   } catch (e) {
     return fileError(state, req, reply, e);
   }

@@ -14,6 +14,7 @@ import { SnaplabError } from '../errors.js';
 import { routingError } from '../server/http-errors.js';
 import { ConnectError, sendUnaryError } from './connect.js';
 import { registerControl } from './control.js';
+import { registerSnapshots } from './snapshots.js';
 import { registerEnvd } from './envd.js';
 import { registerInterpreter, rewriteUrl } from './interpreter.js';
 import { registerMetrics } from './metrics.js';
@@ -147,6 +148,7 @@ export function buildE2bApp(opts: E2bFrontOptions): FastifyInstance {
     state.watchers.close();
   });
   registerControl(app, state);
+  registerSnapshots(app, state);
   registerMetrics(app, state);
   registerEnvd(app, state);
   registerInterpreter(app, state);

@@ -457,7 +457,10 @@ export interface EgressUsage extends EgressView {
  * What a front that stands on one key's lab needs of it (the E2B front, MCP's tools): a daemon's
  * in-process keyed lab (server/keyed-lab.ts) serves it; a sandbox's calls are all of SandboxApi.
  */
-export type KeyedLabApi = Pick<LabApi, 'create' | 'restore' | 'get' | 'list' | 'count' | 'pools' | 'whoami' | 'close'>;
+export type KeyedLabApi = Pick<
+  LabApi,
+  'create' | 'restore' | 'get' | 'list' | 'count' | 'pools' | 'snapshots' | 'removeSnapshot' | 'whoami' | 'close'
+>;
 
 export interface LabApi {
   create(opts?: LabCreateOptions): Promise<SandboxApi>;

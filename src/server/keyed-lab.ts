@@ -54,6 +54,7 @@ import { checked } from './checked.js';
 import type { TSchema } from 'typebox';
 import { CreateBody, EgressBody, ExecBody, LabelsBody, ProcessBody, SnapshotBody, TimeoutBody } from './schemas.js';
 import { countFor, listFor } from './owned-list.js';
+import { asGone, snapshotFor } from './snapshot-access.js';
 import type { Daemon, StateVerb } from './daemon.js';
 import type { Process } from './processes.js';
 import type { StreamLimiter } from './limits.js';
@@ -110,6 +111,19 @@ export class KeyedLab implements KeyedLabApi {
   async pools(): ReturnType<LabApi['pools']> {
     this.caller('GET /pools');
     return this.daemon.lab.pools();
+  }
+
+  /** GET /snapshots: those the key may see */
+  async snapshots(): Promise<SnapshotApi[]> {
+    const c = this.caller('GET /snapshots');
+    return (await this.daemon.labFor(c).snapshots()).filter((s) => this.daemon.snapshotVisible(c, s));
+  }
+
+  /** DELETE /snapshots/{name}: one the key may remove, else SNAPSHOT_NOT_FOUND (naming no other) */
+  async removeSnapshot(name: string): Promise<void> {
+    const c = this.caller('DELETE /snapshots/:name');
+    await snapshotFor(this.daemon, name, c, true);
+    await this.daemon.labFor(c).removeSnapshot(name).catch(asGone(name));
   }
 
   /** GET /whoami */
