@@ -142,9 +142,10 @@ export interface E2bHome {
  * does: these tests are about the protocol; the first create makes busybox's tree); a daemon with
  * the E2B front that the SDKs are pointed at (startE2bDaemon); and the uplink of the sandboxes'
  * egress (on by default under E2B) a network namespace of the test's, never the host's network.
- * `serveArgs`: more of `snaplab serve`'s options.
+ * `serveArgs`: more of `snaplab serve`'s options; `before`: `snaplab` commands run before the
+ * daemon starts (a pool of its templates).
  */
-export async function e2bHome(tag: string, serveArgs: string[] = []): Promise<E2bHome> {
+export async function e2bHome(tag: string, serveArgs: string[] = [], before: string[][] = []): Promise<E2bHome> {
   const saved = { ...process.env };
   const uplink = `sltest-${tag}-${process.pid}`;
   spawnSync('ip', ['netns', 'add', uplink]);
@@ -167,6 +168,7 @@ export async function e2bHome(tag: string, serveArgs: string[] = []): Promise<E2
       ['create', '--name', 'first'],
       ['rm', 'first'],
       ['image', 'import', join(home, 'images', 'busybox', 'rootfs'), '--name', 'base'],
+      ...before,
     ]) {
       const r = cli(home, args);
       if (r.code !== 0) throw new Error(`snaplab ${args.join(' ')}: ${r.err}`);

@@ -2,7 +2,7 @@
  * E2B's snapshots (docs/e2b.md "Snapshots") through a real `snaplab serve --e2b-listen`, driven by
  * E2B's own SDK (the latest pinned: 2.14.1 has no snapshots): a sandbox's snapshot, named or not,
  * made while it runs on; a create from it has its files; listed by sandbox and by name, paged;
- * deleted once; another key neither sees nor uses it.
+ * deleted once; another key neither sees nor uses it. A VM's keeps its memory: its processes resume.
  */
 import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -12,7 +12,12 @@ let h: E2bHome;
 let other: string;
 
 beforeAll(async () => {
-  h = await e2bHome('e2bsnap');
+  // a template of VMs (the qemu driver): their snapshots keep their memory
+  h = await e2bHome(
+    'e2bsnap',
+    [],
+    [['pool', 'create', 'vms', '--image', 'busybox', '--driver', 'qemu', '--size', '1']],
+  );
   other = cli(h.home, ['key', 'create', 'other', '--e2b']).out.trim();
 }, 120_000);
 
@@ -82,10 +87,31 @@ describe('snapshots', () => {
       expect(await Sandbox.deleteSnapshot('my-snap')).toBe(true);
       expect(await Sandbox.deleteSnapshot(fresh.snapshotId)).toBe(true);
       expect(await snapshotsOf()).toEqual([]);
-      expect(JSON.parse(cli(h.home, ['snapshot', 'ls', '--json']).out)).toEqual([]);
+      // (the VM pool's own template aside)
+      const left = JSON.parse(cli(h.home, ['snapshot', 'ls', '--json']).out) as { name: string }[];
+      expect(left.map((s) => s.name).filter((n) => !n.startsWith('_pool.'))).toEqual([]);
     } finally {
       for (const s of made) await s.kill();
       await sbx.kill();
+    }
+  });
+
+  it("a VM's snapshot keeps its memory: a create from it resumes its processes, on the network it had", async () => {
+    const vm = await Sandbox.create('vms');
+    const made: Sandbox[] = [];
+    try {
+      await vm.commands.run('echo 41 > /root/n; sleep 1234', { background: true });
+      const snap = await vm.createSnapshot();
+      // E2B's default (internet access) asked: the VM had none, so none, as its snapshot keeps its network
+      const from = await Sandbox.create(snap.snapshotId);
+      made.push(from);
+      expect(await from.files.read('/root/n')).toBe('41\n');
+      expect((await from.commands.run('ps')).stdout).toContain('sleep 1234');
+      expect((await from.getInfo()).allowInternetAccess).toBe(false);
+      expect(await Sandbox.deleteSnapshot(snap.snapshotId)).toBe(true);
+    } finally {
+      for (const s of made) await s.kill();
+      await vm.kill();
     }
   });
 });

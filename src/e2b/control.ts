@@ -220,13 +220,21 @@ async function egressed<T extends LabCreateOptions | LabRestoreOptions>(
   return opts.egress && defaultEgress(body) && !(await keyMayEgress(lab)) ? withoutEgress(opts) : opts;
 }
 
-/** A create from a snapshot: its files (a VM's memory too), with the create's metadata, envs, network and timeout. */
+/**
+ * A create from a snapshot: its files (a VM's memory too), with the create's metadata, envs,
+ * network and timeout. A VM's memory snapshot continues with the network it had (the daemon
+ * refuses another, BAD_INPUT): where the create asked only E2B's default, internet access, and the
+ * VM had none, it is restored without, as E2B's snapshot keeps its sandbox's network.
+ */
 async function restored(lab: KeyedLabApi, body: NewSandbox, snapshot: string): Promise<SandboxApi> {
   const { metadata, timeoutS, onTimeout, egress } = createOptions(body);
-  return lab.restore(
-    snapshot,
-    await egressed(lab, body, { metadata, timeoutS, onTimeout, ...(egress ? { egress } : {}) }),
-  );
+  const opts = await egressed(lab, body, { metadata, timeoutS, onTimeout, ...(egress ? { egress } : {}) });
+  return lab.restore(snapshot, opts).catch((e: unknown) => {
+    if (!isSnaplabError(e, 'BAD_INPUT') || !opts.egress || !defaultEgress(body)) throw e;
+    return lab.restore(snapshot, withoutEgress(opts)).catch(() => {
+      throw e; // not that: the first refusal says what was wrong
+    });
+  });
 }
 
 async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {

@@ -66,7 +66,8 @@ const memoryOf = (box: SandboxApi): boolean => box.driver === 'qemu';
 async function list(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   const lab = await state.lab(req);
   const q = req.query as Record<string, string | undefined>;
-  let snaps = await lab.snapshots();
+  // (not a VM pool's own template, `_pool.…`: snaplab's, no user's)
+  let snaps = (await lab.snapshots()).filter((s) => !s.name.startsWith('_'));
   if (q.sandboxID) {
     const names = await namesOf(lab, q.sandboxID);
     snaps = snaps.filter((s) => names.has(String(s.toJSON().sandbox)));
