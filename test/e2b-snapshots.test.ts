@@ -72,9 +72,25 @@ describe('snapshots', () => {
         'my-snap:v2',
       ]);
       expect((await snapshotsOf({ name: 'my-snap:v2' })).map((s) => s.snapshotId)).toEqual(['my-snap:v2']);
-      // two a page: every one once
+      // two a page: every one once, also when a page's are removed before the next is asked for
       const paged = await snapshotsOf({ limit: 2 });
       expect(paged.map((s) => s.snapshotId).sort()).toEqual(all);
+      // the newest two, removed once read: the pages after them go on from where they were
+      await sbx.createSnapshot({ name: 'spare-a' });
+      await sbx.createSnapshot({ name: 'spare-b' });
+      const pages = Sandbox.listSnapshots({ limit: 2 });
+      const first = await pages.nextItems();
+      expect(first.map((s) => s.snapshotId).sort()).toEqual(['spare-a:default', 'spare-b:default']);
+      for (const s of first) expect(await Sandbox.deleteSnapshot(s.snapshotId)).toBe(true);
+      const rest = [];
+      while (pages.hasNext) rest.push(...(await pages.nextItems()));
+      expect(rest.map((s) => s.snapshotId).sort()).toEqual(all);
+      // a name the host has (a snapshot made without a key) is not this key's to move: 409
+      expect(cli(h.home, ['create', '--name', 'hs']).code).toBe(0);
+      expect(cli(h.home, ['snapshot', 'hs', '--name', 'hostsnap']).code).toBe(0);
+      expect(cli(h.home, ['rm', 'hs']).code).toBe(0);
+      await expect(sbx.createSnapshot({ name: 'hostsnap' })).rejects.toThrow(/409|not this key's/);
+      expect(cli(h.home, ['snapshot', 'rm', 'hostsnap']).code).toBe(0);
 
       // another key sees none, uses none, removes none
       expect(await snapshotsOf({ apiKey: other })).toEqual([]);

@@ -13,6 +13,10 @@ describe("GET /files' headers, as Go's ServeContent", () => {
     expect(sniff(Buffer.from('plain words\n\tand an ESC \x1b'))).toBe('text/plain; charset=utf-8');
     expect(sniff(Buffer.from([0x41, 0x00, 0x42]))).toBe('application/octet-stream');
     expect(sniff(Buffer.alloc(0))).toBe('text/plain; charset=utf-8');
+    // Go's byte-order marks are four-byte patterns; its <?xml is case-sensitive
+    expect(sniff(Buffer.from('\xFE\xFF', 'latin1'))).toBe('text/plain; charset=utf-8');
+    expect(sniff(Buffer.from('\xFE\xFF\x00A', 'latin1'))).toBe('text/plain; charset=utf-16be');
+    expect(sniff(Buffer.from('<?XML x'))).toBe('text/plain; charset=utf-8');
     // a tag must end with a space or '>'
     expect(sniff(Buffer.from('<Bogus'))).toBe('text/plain; charset=utf-8');
   });
@@ -23,7 +27,7 @@ describe("GET /files' headers, as Go's ServeContent", () => {
     expect(dispositionOf('/x/résumé.txt')).toBe("inline; filename*=utf-8''r%C3%A9sum%C3%A9.txt");
   });
 
-  it('reads one range; several, or a malformed one, are the whole file; one past the end is unsatisfiable', () => {
+  it('reads one range; several are the whole file; one past the end, reversed or malformed is unsatisfiable', () => {
     expect(rangeOf('bytes=2-5', 12)).toEqual({ start: 2, end: 5 });
     expect(rangeOf('bytes=2-', 12)).toEqual({ start: 2, end: 11 });
     expect(rangeOf('bytes=-5', 12)).toEqual({ start: 7, end: 11 });
@@ -32,8 +36,9 @@ describe("GET /files' headers, as Go's ServeContent", () => {
     expect(rangeOf('bytes=12-', 12)).toBe('unsatisfiable');
     expect(rangeOf('bytes=-0', 12)).toBe('unsatisfiable');
     expect(rangeOf('bytes=0-1,4-5', 12)).toBeUndefined();
-    expect(rangeOf('bytes=5-2', 12)).toBeUndefined();
-    expect(rangeOf('lines=1-2', 12)).toBeUndefined();
+    expect(rangeOf('bytes=5-2', 12)).toBe('unsatisfiable');
+    expect(rangeOf('lines=1-2', 12)).toBe('unsatisfiable');
+    expect(rangeOf('bytes=x-', 12)).toBe('unsatisfiable');
     expect(rangeOf(undefined, 12)).toBeUndefined();
   });
 

@@ -27,13 +27,13 @@ const BY_EXTENSION: Record<string, string> = {
   '.xml': 'text/xml; charset=utf-8',
 };
 
-/** Exact signatures of http.DetectContentType, in its order (a mask of all ones where none is given). */
+/**
+ * The common exact signatures of http.DetectContentType (not its fonts other than WOFF, MP4, AIFF
+ * or .snd, which come out as octet-stream here). Its byte-order marks need four bytes (below).
+ */
 const SIGNATURES: [prefix: string, type: string, offset?: number][] = [
   ['%PDF-', 'application/pdf'],
   ['%!PS-Adobe-', 'application/postscript'],
-  ['\xFE\xFF', 'text/plain; charset=utf-16be'],
-  ['\xFF\xFE', 'text/plain; charset=utf-16le'],
-  ['\xEF\xBB\xBF', 'text/plain; charset=utf-8'],
   ['\x00\x00\x01\x00', 'image/x-icon'],
   ['\x00\x00\x02\x00', 'image/x-icon'],
   ['BM', 'image/bmp'],
@@ -55,6 +55,12 @@ const SIGNATURES: [prefix: string, type: string, offset?: number][] = [
   ['\x00asm', 'application/wasm'],
   ['wOFF', 'font/woff'],
   ['wOF2', 'font/woff2'],
+];
+
+const BOMS: [string, string][] = [
+  ['\xFE\xFF', 'text/plain; charset=utf-16be'],
+  ['\xFF\xFE', 'text/plain; charset=utf-16le'],
+  ['\xEF\xBB\xBF', 'text/plain; charset=utf-8'],
 ];
 
 /** The tags http.DetectContentType takes for HTML, each followed by a space or `>`. */
@@ -84,6 +90,8 @@ const startsAt = (b: Buffer, s: string, at = 0): boolean =>
 /** http.DetectContentType's answer for a file's first bytes (at most 512 are looked at). */
 export function sniff(data: Buffer): string {
   const b = data.subarray(0, 512);
+  // Go's byte-order marks are masked four-byte patterns: a shorter file is not one
+  if (b.length >= 4) for (const [mark, type] of BOMS) if (startsAt(b, mark)) return type;
   // RIFF's kinds are told at offset 8, behind "RIFF" and a length
   for (const [prefix, type, offset] of SIGNATURES)
     if (offset === undefined ? startsAt(b, prefix) : startsAt(b, 'RIFF') && startsAt(b, prefix, offset)) return type;
@@ -94,7 +102,7 @@ export function sniff(data: Buffer): string {
     const after = text.charCodeAt(tag.length);
     if (text.startsWith(tag) && (after === 0x20 || after === 0x3e)) return 'text/html; charset=utf-8';
   }
-  if (text.startsWith('<?XML')) return 'text/xml; charset=utf-8';
+  if (b.subarray(i).toString('latin1').startsWith('<?xml')) return 'text/xml; charset=utf-8'; // (its case, as Go's)
   // a control byte other than whitespace and ESC makes it binary
   const binary = b.some((c) => c <= 0x08 || c === 0x0b || (c >= 0x0e && c <= 0x1a) || (c >= 0x1c && c <= 0x1f));
   return binary ? 'application/octet-stream' : 'text/plain; charset=utf-8';
@@ -124,12 +132,15 @@ export type Wanted = { start: number; end: number } | 'unsatisfiable' | undefine
 
 /**
  * One range of a `Range: bytes=…` header against a file of `size` bytes (`end` inclusive), as
- * ServeContent reads it: undefined for none, a malformed header or several ranges (the whole file
- * is sent: RFC 9110 lets a server ignore Range); 'unsatisfiable' when it starts past the end.
+ * ServeContent reads it: undefined for none, or for several ranges (the whole file is sent, where
+ * Go sends them as multipart/byteranges: RFC 9110 lets a server ignore Range); 'unsatisfiable'
+ * (416) for one past the end, reversed or malformed, as Go's parseRange refuses them.
  */
 export function rangeOf(header: string | undefined, size: number): Wanted {
-  const m = header === undefined ? null : /^bytes=\s*(\d*)\s*-\s*(\d*)\s*$/.exec(header);
-  if (!m || (m[1] === '' && m[2] === '')) return undefined;
+  if (header === undefined || header === '') return undefined;
+  if (/^bytes=[^,]*,/.test(header)) return undefined;
+  const m = /^bytes=\s*(\d*)\s*-\s*(\d*)\s*$/.exec(header);
+  if (!m || (m[1] === '' && m[2] === '')) return 'unsatisfiable';
   if (m[1] === '') {
     // the last N bytes
     const n = Number(m[2]);
@@ -139,7 +150,7 @@ export function rangeOf(header: string | undefined, size: number): Wanted {
   const start = Number(m[1]);
   const end = m[2] === '' ? size - 1 : Math.min(Number(m[2]), size - 1);
   if (!Number.isSafeInteger(start) || start >= size) return 'unsatisfiable';
-  if (end < start) return undefined;
+  if (end < start) return 'unsatisfiable';
   return { start, end };
 }
 

@@ -69,7 +69,8 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
     let part: Wanted;
     let size = 0;
     if (typeof req.headers.range === 'string') {
-      const info = await box.files.stat(path).catch((e: unknown) => {
+      // (through a link, as envd's os.Stat)
+      const info = await box.files.stat(path, { follow: true }).catch((e: unknown) => {
         throw state.unavailable(req, e, box.id);
       });
       size = info.size;
@@ -105,7 +106,14 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
       .header('vary', 'Accept-Encoding');
     if (!part || typeof part !== 'object') return reply.send(out);
     // the range's bytes, and the read ended once they are through
-    const body = out.pipe(sliceOf(part.start, part.end, () => out.destroy()));
+    // the read stopped once the range is through; failing mid-range, it fails the body (the
+    // response cut short, never left open); a client that leaves has the body ended by Fastify
+    const body = sliceOf(part.start, part.end, () => {
+      out.unpipe(body);
+      out.destroy();
+    });
+    out.once('error', (e) => body.destroy(e));
+    out.pipe(body);
     return reply
       .code(206)
       .header('content-range', `bytes ${part.start}-${part.end}/${size}`)

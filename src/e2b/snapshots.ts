@@ -10,9 +10,8 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { KeyedLabApi, SandboxApi, SnapshotApi } from '../sdk/api.js';
+import type { SandboxApi, SnapshotApi } from '../sdk/api.js';
 import { SnaplabError, isSnaplabError } from '../errors.js';
-import { defaultName } from '../names.js';
 import type { E2bState } from './state.js';
 import { jsonBody } from './control.js';
 import { DEFAULT_TAG, idOf, nameOf, parseRef } from './snapshot-names.js';
@@ -37,7 +36,9 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
   const body = jsonBody(req) as { name?: unknown };
   if (body.name !== undefined && body.name !== null && typeof body.name !== 'string')
     throw new SnaplabError('BAD_INPUT', 'name must be a string', 'e.g. {"name": "my-snapshot"}');
-  const ref = typeof body.name === 'string' ? parseRef(body.name) : { alias: freshId(), tag: DEFAULT_TAG };
+  // lowercased, as E2B keeps a name
+  const ref =
+    typeof body.name === 'string' ? parseRef(body.name.toLowerCase()) : { alias: freshId(), tag: DEFAULT_TAG };
   if (!ref)
     throw new SnaplabError(
       'BAD_INPUT',
@@ -48,7 +49,17 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
   const name = nameOf(ref);
   const take = (): Promise<SnapshotApi> => box.snapshot(name, { memory: memoryOf(box) });
   const snap = await take().catch(async (e: unknown) => {
-    if (!isSnaplabError(e, 'SNAPSHOT_EXISTS') || !(await lab.snapshots()).some((s) => s.name === name)) throw e;
+    // the name moves only from the key's own snapshot (not the host's, not another key's, which an
+    // admin key sees too), and only from a sandbox that can be taken now: the old one goes first
+    if (!isSnaplabError(e, 'SNAPSHOT_EXISTS')) throw e;
+    const me = (await lab.whoami()).key;
+    const old = (await lab.snapshots()).find((s) => s.name === name);
+    if (old?.toJSON().owner !== me || !['running', 'paused'].includes(box.state))
+      throw new SnaplabError(
+        'SNAPSHOT_EXISTS',
+        `a snapshot named ${JSON.stringify(body.name)} exists and is not this key's to replace`,
+        'give another name',
+      );
     await lab.removeSnapshot(name);
     return take();
   });
@@ -59,9 +70,11 @@ async function create(state: E2bState, req: FastifyRequest, reply: FastifyReply)
 const memoryOf = (box: SandboxApi): boolean => box.driver === 'qemu';
 
 /**
- * GET /snapshots?sandboxID&name&limit&nextToken: the key's snapshots, newest first; `sandboxID`
- * those of that sandbox (by its name, the default one of its id while it is gone), `name` those of
- * that alias (any tag) or that `alias:tag`; X-Next-Token pages.
+ * GET /snapshots?sandboxID&name&limit&nextToken: the snapshots the key may see (its own, and the
+ * host's, made without a key), newest first; `sandboxID` those of that sandbox while it is there
+ * (a snapshot names its sandbox by name), `name` those of that alias (any tag) or that
+ * `alias:tag`; X-Next-Token pages by position (the last one's time and name), so a page's
+ * snapshots removed before the next page is asked for move nothing.
  */
 async function list(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   const lab = await state.lab(req);
@@ -69,33 +82,40 @@ async function list(state: E2bState, req: FastifyRequest, reply: FastifyReply): 
   // (not a VM pool's own template, `_pool.…`: snaplab's, no user's)
   let snaps = (await lab.snapshots()).filter((s) => !s.name.startsWith('_'));
   if (q.sandboxID) {
-    const names = await namesOf(lab, q.sandboxID);
-    snaps = snaps.filter((s) => names.has(String(s.toJSON().sandbox)));
+    const box = await lab
+      .get(q.sandboxID)
+      .catch(orElse(undefined, 'find the sandbox a snapshot list names', 'SANDBOX_NOT_FOUND'));
+    snaps = box ? snaps.filter((s) => s.toJSON().sandbox === box.name) : [];
   }
   if (q.name) {
     const ref = parseRef(q.name);
     const exact = q.name.includes(':');
     snaps = ref ? snaps.filter((s) => (exact ? s.name === nameOf(ref) : idOf(s.name).split(':')[0] === ref.alias)) : [];
   }
-  const createdAt = (s: SnapshotApi): string => String(s.toJSON().createdAt);
-  snaps.sort((a, b) => createdAt(b).localeCompare(createdAt(a)) || a.name.localeCompare(b.name));
+  const keyOf = (s: SnapshotApi): [string, string] => [String(s.toJSON().createdAt), s.name];
+  // newest first, then by name
+  const before = (a: [string, string], b: [string, string]): boolean => a[0] > b[0] || (a[0] === b[0] && a[1] < b[1]);
+  snaps.sort((a, b) => (before(keyOf(a), keyOf(b)) ? -1 : before(keyOf(b), keyOf(a)) ? 1 : 0));
   const limit = q.limit === undefined ? 100 : Number(q.limit);
   if (!Number.isInteger(limit) || limit < 1 || limit > 100)
     throw new SnaplabError('BAD_INPUT', 'limit must be 1 to 100', 'e.g. ?limit=50');
-  const from = q.nextToken ? snaps.findIndex((s) => s.name === q.nextToken) + 1 : 0;
-  if (q.nextToken && from === 0)
-    throw new SnaplabError('BAD_INPUT', 'nextToken is not one this list gave', 'list again from the start');
-  const page = snaps.slice(from, from + limit);
-  if (from + limit < snaps.length) reply.header('x-next-token', page[page.length - 1]!.name);
+  const after = q.nextToken ? tokenKey(q.nextToken) : undefined;
+  const rest = after ? snaps.filter((s) => before(after, keyOf(s))) : snaps;
+  const page = rest.slice(0, limit);
+  if (rest.length > limit)
+    reply.header('x-next-token', Buffer.from(JSON.stringify(keyOf(page[page.length - 1]!))).toString('base64url'));
   return reply.send(page.map((s) => infoOf(s, true)));
 }
 
-/** The names a sandbox's snapshots give as theirs: its own while it is there, and its default one. */
-async function namesOf(lab: KeyedLabApi, id: string): Promise<Set<string>> {
-  const names = new Set([/^[0-9a-f]{6}/.test(id) ? defaultName(id) : id]);
-  const box = await lab.get(id).catch(orElse(undefined, 'find the sandbox a snapshot list names', 'SANDBOX_NOT_FOUND'));
-  if (box) names.add(box.name);
-  return names;
+/** A page's position from its token: the last snapshot's time and name. */
+function tokenKey(token: string): [string, string] {
+  try {
+    const k = JSON.parse(Buffer.from(token, 'base64url').toString('utf8')) as unknown;
+    if (Array.isArray(k) && k.length === 2 && k.every((x) => typeof x === 'string')) return k as [string, string];
+  } catch {
+    // said below
+  }
+  throw new SnaplabError('BAD_INPUT', 'nextToken is not one this list gave', 'list again from the start');
 }
 
 /** DELETE /templates/{id}: a snapshot of the key's removed (204), else 404 (the SDK's false). */
