@@ -42,6 +42,17 @@ const out = async (box: Sandbox, argv: string[], user?: string): Promise<string>
   return r.stdout.toString().trim();
 };
 
+/** A unit whose stop writes /root/halt-mark: only a clean halt stops units (a kill would not). */
+const markHalt = (box: Sandbox): Promise<string> =>
+  out(box, [
+    'systemd-run',
+    '--unit=mark',
+    '--remain-after-exit',
+    '-p',
+    'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"',
+    '/bin/true',
+  ]);
+
 describe('system machines (--init systemd) on namespaces', () => {
   it("boot the image's systemd as PID 1 to running, no unit failed, in a user namespace; the agent runs beside it", async () => {
     await using box = await lab.create({ image: 'sysd', init: 'systemd', name: 'sys1' });
@@ -95,15 +106,7 @@ describe('system machines (--init systemd) on namespaces', () => {
 
   it('stop halts cleanly and keeps the filesystem: refused for exec, taken by snapshot, booted again by restore', async () => {
     const box = await lab.create({ image: 'sysd', init: 'systemd' });
-    // a unit whose stop writes a mark: only a clean halt stops units (a kill would not)
-    await out(box, [
-      'systemd-run',
-      '--unit=mark',
-      '--remain-after-exit',
-      '-p',
-      'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"',
-      '/bin/true',
-    ]);
+    await markHalt(box);
     const t0 = performance.now();
     const t = await box.stop();
     expect(performance.now() - t0).toBeLessThan(10_000);
@@ -544,15 +547,7 @@ describe("system machines on qemu (the image's systemd boots in a VM)", () => {
         expect([sudo.exitCode, sudo.stdout.toString(), sudo.stderr.toString()]).toEqual([0, '0\n', '']);
         await lab.removeSnapshot('vmsys-mem');
 
-        // a unit whose stop writes a mark: only a clean halt stops units (a kill would not)
-        await out(copy, [
-          'systemd-run',
-          '--unit=mark',
-          '--remain-after-exit',
-          '-p',
-          'ExecStop=/bin/sh -c "echo halted-cleanly > /root/halt-mark"',
-          '/bin/true',
-        ]);
+        await markHalt(copy);
         const t = await copy.stop();
         expect(t.phases.map((p) => p.name)).toEqual(expect.arrayContaining(['guest halt', 'halt']));
         const stopped = await lab.get('vmsys-copy');
