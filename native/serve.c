@@ -130,6 +130,7 @@ static struct exec *execs;
 static struct exec *by_pid[PID_BUCKETS];
 static struct conn *dirty_list, *grave_conns;
 static struct exec *grave_execs;
+static unsigned waiting_execs; /* reaped, their EXIT waiting for their output (EXEC_F_WAIT_OUTPUT) */
 static unsigned tmp_counter;
 
 static uint64_t now_ns(void)
@@ -463,6 +464,8 @@ static void stdin_flush(struct exec *e)
 
 static void exec_finish(struct exec *e, int status, const struct rusage *ru)
 {
+	if (e->exited)
+		waiting_execs--;
 	drain(e, &e->out);
 	drain(e, &e->err);
 	src_close(&e->in);
@@ -501,6 +504,7 @@ static void reap(void)
 			/* what it left running still holds its output: its EXIT waits for that to end */
 			pid_unhash(e);
 			e->exited = 1;
+			waiting_execs++;
 			e->status = status;
 			e->ru = ru;
 			e->group_gone = kill(-e->pid, 0) < 0 && errno == ESRCH;
@@ -963,7 +967,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		ep_add(&e->in, 0);
 	/* one still waiting for its output whose pid this is now (they wrapped round) ends here, so a
 	 * pid names one exec: LIST_KEPT's, ATTACH's and the host's, and its group is this one's */
-	for (struct exec *o = execs; o; o = o->next)
+	for (struct exec *o = waiting_execs ? execs : NULL; o; o = o->next)
 		if (o->exited && (o->pid == pid || o->ns_pid == e->ns_pid))
 			stop_waiting(o);
 	exec_link(e);

@@ -1,8 +1,8 @@
 /**
  * E2B's control API (spec/openapi.yml of e2b-dev/E2B), each call one or two Lab API calls of the
  * caller's key: create, get, list with a metadata filter and X-Next-Token paging, kill, timeout,
- * connect. A template is a pool (a create takes one of its standbys) or an image; `base`, E2B's
- * default, is snaplab's default image.
+ * connect. A template is a pool (a create takes one of its standbys), an image, or one of the
+ * key's snapshots (a restore: snapshots.ts); `base`, E2B's default, is snaplab's default image.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { KeyedLabApi, LabCreateOptions, LabRestoreOptions, OnTimeout, SandboxApi } from '../sdk/api.js';
@@ -194,7 +194,7 @@ async function optionsFor(lab: KeyedLabApi, body: NewSandbox, pool: boolean): Pr
 
 /**
  * Make it: a take from the template's pool (`taken`), a create from its image, or a restore of the
- * key's snapshot of that name (`alias:tag`, or an alias no image has: snapshots.ts).
+ * key's snapshot of that name (`alias:tag`, or an alias no image has: snapshot-names.ts).
  */
 async function make(lab: KeyedLabApi, body: NewSandbox, pool: boolean): Promise<{ box: SandboxApi; taken: boolean }> {
   const template = typeof body.templateID === 'string' ? body.templateID : BASE_TEMPLATE;

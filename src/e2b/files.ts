@@ -105,8 +105,7 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
       .header('accept-ranges', 'bytes')
       .header('vary', 'Accept-Encoding');
     if (!part || typeof part !== 'object') return reply.send(out);
-    // the range's bytes, and the read ended once they are through
-    // the read stopped once the range is through; failing mid-range, it fails the body (the
+    // the range's bytes, the read stopped once they are through; failing mid-range, it fails the body (the
     // response cut short, never left open); a client that leaves has the body ended by Fastify
     const body = sliceOf(part.start, part.end, () => {
       out.unpipe(body);
