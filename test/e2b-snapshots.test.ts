@@ -116,7 +116,9 @@ describe('snapshots', () => {
     const vm = await Sandbox.create('vms');
     const made: Sandbox[] = [];
     try {
-      await vm.commands.run('echo 41 > /root/n; sleep 1234', { background: true });
+      // (the file first, in its own command: a background command's start is not its first line done)
+      await vm.commands.run('echo 41 > /root/n');
+      await vm.commands.run('sleep 1234', { background: true });
       const snap = await vm.createSnapshot();
       // E2B's default (internet access) asked: the VM had none, so none, as its snapshot keeps its network
       const from = await Sandbox.create(snap.snapshotId);
