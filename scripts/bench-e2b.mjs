@@ -8,7 +8,9 @@
 // server that answers at once), the CPU a call costs the daemon and the client, and, with --interpreter,
 // runCode against commands.run.
 // Usage: node scripts/bench-e2b.mjs [--n 100] [--bursts 10] [--burst 10] [--pool-size 12]
-//          [--stream-mib 64] [--interpreter IMAGE_DIR [--interpreter-only]] [--json]
+//          [--stream-mib 64] [--fresh] [--interpreter IMAGE_DIR [--interpreter-only]] [--json]
+// --fresh: the pool does not recycle, so every take is a standby no one has used (as on a platform
+// whose sandboxes run code that leaves something: a dirty one is never put back)
 import { spawn, spawnSync } from 'node:child_process';
 import { createServer } from 'node:http';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -30,6 +32,7 @@ const STREAM_MIB = Number(arg('stream-mib', '64'));
 const INTERPRETER = arg('interpreter', undefined);
 // the code interpreter's arms alone (with --interpreter)
 const INTERPRETER_ONLY = process.argv.includes('--interpreter-only');
+const FRESH = process.argv.includes('--fresh');
 const SNAPLAB = process.env.SNAPLAB_BIN ?? 'snaplab';
 
 const home = mkdtempSync(join(tmpdir(), 'snaplab-bench-e2b-'));
@@ -395,7 +398,7 @@ async function interpreter(remote) {
 
 /** The busybox arms: in a row, in bursts, the stream and the split. */
 async function busyboxArms(report, remote, embedded, d) {
-  await remote.createPool({ name: 'bench', image: 'busybox', size: POOL_SIZE });
+  await remote.createPool({ name: 'bench', image: 'busybox', size: POOL_SIZE, ...(FRESH ? { recycle: false } : {}) });
   const all = arms(remote, embedded, 'busybox', 'bench');
   for (const a of Object.values(all)) await (await a()).done(); // warm: the image's first clone, the SDK's first connection
   console.error(`== sequential, n=${N} per arm`);

@@ -1,4 +1,4 @@
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lab } from '../src/sdk/lab.js';
@@ -98,6 +98,28 @@ describe('pool refill', () => {
     await pool.stop();
     await pool.resize(1);
     expect((await pool.stats()).ready).toBe(1);
+    await pool.remove();
+  });
+
+  it("a standby ran its image's shell (its clone's page cache is warm); a plain create's is cold", async () => {
+    // a btrfs clone's files are inodes of their own: none of the image's page cache comes with it
+    // (overlay shares its lower layer's, so only btrfs shows the difference)
+    const resident = (root: string): number => {
+      const r = spawnSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', join(root, 'bin/busybox')], {
+        encoding: 'utf8',
+      });
+      if (r.status !== 0) throw new Error(`fincore: ${r.stderr}`);
+      return Number(r.stdout.trim());
+    };
+    const plain = await lab.create({ image: 'busybox', storage: 'btrfs', limits: {} });
+    try {
+      expect(resident(plain.info.volume!.path)).toBe(0);
+    } finally {
+      await plain.destroy();
+    }
+    const pool = await lab.createPool({ name: 'warm-shell', image: 'busybox', size: 1, limits: {}, storage: 'btrfs' });
+    const standby = (await lab.list({ check: false })).find((b) => b.info.pool === pool.name)!;
+    expect(resident(standby.info.volume!.path)).toBeGreaterThan(0);
     await pool.remove();
   });
 

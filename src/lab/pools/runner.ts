@@ -19,6 +19,7 @@ import { me } from '../lifecycle/owner.js';
 import { raiseSandbox } from '../lifecycle/raise.js';
 import { destroyRecord } from '../lifecycle/teardown.js';
 import { failureMeans, noted } from '../../cleanup.js';
+import { warmShell } from './warm-shell.js';
 
 /** The reason a standby carries while it is raised (and warmed): other holders count it as coming. */
 const RAISING = 'raising a standby';
@@ -371,6 +372,8 @@ export class PoolRunner {
         },
         trace,
       );
+      // a VM standby restores a template's memory, its page cache with it
+      if (standby && !template) await trace.phase('warm shells', () => warmShell(this.ctx, record, agent));
       if (standby && pool.warm === 'interpreter') {
         try {
           await trace.phase('warm interpreter', () =>
