@@ -108,6 +108,7 @@ describe('pool refill', () => {
       const r = spawnSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', join(root, 'bin/busybox')], {
         encoding: 'utf8',
       });
+      if (r.error) throw r.error;
       if (r.status !== 0) throw new Error(`fincore: ${r.stderr}`);
       return Number(r.stdout.trim());
     };
@@ -118,9 +119,15 @@ describe('pool refill', () => {
       await plain.destroy();
     }
     const pool = await lab.createPool({ name: 'warm-shell', image: 'busybox', size: 1, limits: {}, storage: 'btrfs' });
-    const standby = (await lab.list({ check: false })).find((b) => b.info.pool === pool.name)!;
-    expect(resident(standby.info.volume!.path)).toBeGreaterThan(0);
-    await pool.remove();
+    try {
+      const standby = (await lab.list({ check: false })).find((b) => b.info.pool === pool.name);
+      expect(standby).toBeDefined();
+      expect(resident(standby!.info.volume!.path)).toBeGreaterThan(0);
+      // and it left nothing a take would find: the clean check passes on a run that leaves nothing
+      expect(await pool.run(['true'])).toMatchObject({ exitCode: 0, hit: true, recycled: true, dirt: [] });
+    } finally {
+      await pool.remove();
+    }
   });
 
   it('a warm pool is refused what it cannot keep, and one whose standbys cannot warm is not left behind', async () => {

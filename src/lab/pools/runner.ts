@@ -372,8 +372,16 @@ export class PoolRunner {
         },
         trace,
       );
-      // a VM standby restores a template's memory, its page cache with it
-      if (standby && !template) await trace.phase('warm shells', () => warmShell(this.ctx, record, agent));
+      // a namespace standby's clone has no page cache of its own yet (warm-shell.ts); a VM
+      // standby restores its template's memory, page cache with it
+      if (standby && !template) {
+        try {
+          await trace.phase('warm shells', () => warmShell(this.ctx, record, agent));
+        } catch (e) {
+          await this.drop(record, agent).catch(noted(`drop standby ${record.name}`));
+          throw e;
+        }
+      }
       if (standby && pool.warm === 'interpreter') {
         try {
           await trace.phase('warm interpreter', () =>
