@@ -17,7 +17,7 @@ import {
   unenvelope,
   type ServerStream,
 } from './connect.js';
-import { fromMetadata } from './listing.js';
+import { keptOf } from './listing.js';
 import type { Proc, ProcessConfig, ProcessEvent } from './processes.js';
 import { EnvdUnavailable, FROM_MEMORY, sendError, type E2bState } from './state.js';
 import { absolute, registerFiles } from './files.js';
@@ -37,7 +37,7 @@ interface Selector {
 
 /** A sandbox's own variables, as envd's /envs gives them: every command's and every code interpreter kernel's. */
 export const sandboxEnvs = (box: SandboxApi): Record<string, string> => {
-  const { templateID, envs } = fromMetadata(box);
+  const { templateID, envs } = keptOf(box.metadata ?? {});
   return { E2B_SANDBOX: 'true', E2B_SANDBOX_ID: box.id, E2B_TEMPLATE_ID: templateID, ...envs };
 };
 

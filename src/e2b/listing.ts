@@ -30,13 +30,7 @@ const NO_TEMPLATE = 'base';
 
 export function fromMetadata(box: SandboxApi): E2bView {
   const meta = box.metadata ?? {};
-  const templateID = meta[`${RESERVED}template`] ?? NO_TEMPLATE;
-  let envs: Record<string, string> = {};
-  try {
-    envs = JSON.parse(meta[`${RESERVED}envs`] ?? '{}') as Record<string, string>;
-  } catch {
-    envs = {};
-  }
+  const { templateID, envs } = keptOf(meta);
   const metadata = Object.fromEntries(Object.entries(meta).filter(([k]) => !k.startsWith(RESERVED)));
   const end = box.expiresAt ?? (box.timeoutS ? Date.now() + box.timeoutS * 1000 : Date.UTC(9999, 0));
   const autoResume = meta[`${RESERVED}autoResume`] === 'true';
@@ -59,6 +53,19 @@ export function fromMetadata(box: SandboxApi): E2bView {
     ...networkView(meta[`${RESERVED}network`]),
   };
   return { templateID, envs, autoResume, detail };
+}
+
+/**
+ * The template and envVars the front kept in a sandbox's metadata (one read of it: a command's
+ * Start needs these alone, not the rest of the view, each part of which is a read of the record).
+ */
+export function keptOf(meta: Record<string, string>): Pick<E2bView, 'templateID' | 'envs'> {
+  const templateID = meta[`${RESERVED}template`] ?? NO_TEMPLATE;
+  try {
+    return { templateID, envs: JSON.parse(meta[`${RESERVED}envs`] ?? '{}') as Record<string, string> };
+  } catch {
+    return { templateID, envs: {} };
+  }
 }
 
 /** E2B's metadata filter: `k=v&k2=v2`, each key and value URL-encoded again inside. */

@@ -104,7 +104,9 @@ export class EventLog extends EventEmitter {
     data: Record<string, unknown> | null = null,
   ): EventRecord {
     const name = sandbox ? (sandbox.name ?? this.names.get(sandbox.id) ?? null) : null;
-    const owner = sandbox ? (sandbox.owner ?? this.owners.get(sandbox.id) ?? null) : null;
+    // a sandbox's owner, once it has one, is for good (its key's): known, it is not read again
+    // (a read of its record, on every command's end event)
+    const owner = sandbox ? (this.owners.get(sandbox.id) ?? sandbox.owner ?? null) : null;
     if (sandbox && owner) this.owners.set(sandbox.id, owner);
     const e = this.journal.append({
       at: Date.now(),
