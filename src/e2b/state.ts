@@ -55,7 +55,7 @@ export class E2bState {
    * sandbox as the key's own, in-process, as every route does); its own answer says whether the
    * sandbox is gone or paused (`unavailable`). Only `/health` asks for its state.
    */
-  private readonly handles = new Map<string, SandboxApi>();
+  private readonly handles = new Map<string, Handle>();
   /** the key each request acted as (its X-API-Key, or its session's): the front's log line names it */
   private readonly actors = new WeakMap<FastifyRequest, string>();
   /** the resume in flight of each sandbox: every caller that finds it paused meanwhile waits for that one */
@@ -144,7 +144,7 @@ export class E2bState {
 
   /** A sandbox this front made or connected to, as the key that drives it got it: its envd calls use it. */
   known(box: SandboxApi): void {
-    if (this.sessions.has(box.id)) this.handles.set(box.id, box);
+    if (this.sessions.has(box.id)) this.handles.set(box.id, handle(box));
   }
 
   forget(id: string): void {
@@ -202,7 +202,7 @@ export class E2bState {
     const kept = opts.fresh ? undefined : this.handles.get(id);
     // one that wakes on traffic is asked for its state each time: a call that finds it paused must
     // resume it (`running`), not be answered 502 by the call's own error
-    if (kept && !wakes(kept)) return kept;
+    if (kept && !kept.wakes) return kept.box;
     return this.running(id, s);
   }
 
@@ -315,13 +315,20 @@ export class E2bState {
       await longerTimeout(box).catch(noted('give a woken sandbox its five minutes'));
     }
     if (box.state !== 'running') throw new EnvdUnavailable(id);
-    if (this.sessions.get(id) === s) this.handles.set(id, box);
+    if (this.sessions.get(id) === s) this.handles.set(id, handle(box));
     return box;
   }
 }
 
 /** Did its create ask for autoResume (`e2b.autoResume` in its metadata: listing.ts)? Read without parsing the rest. */
 const wakes = (box: SandboxApi): boolean => box.metadata?.[`${RESERVED}autoResume`] === 'true';
+
+/** A handle kept, with whether it wakes on traffic: read once (the metadata is a read of the record), not on every call. */
+interface Handle {
+  box: SandboxApi;
+  wakes: boolean;
+}
+const handle = (box: SandboxApi): Handle => ({ box, wakes: wakes(box) });
 
 /** A sandbox woken by its traffic runs at least AUTO_RESUME_MIN_TIMEOUT_S from now, as E2B's does. */
 async function longerTimeout(box: SandboxApi): Promise<void> {

@@ -198,6 +198,24 @@ async function mcpOn(daemon: Daemon, tcp: FastifyInstance, streams: StreamLimite
  * caller's key is held to what the daemon's routes hold it to, by the same functions, without a
  * loopback hop per call. In `apps` before it listens, as above; its URL.
  */
+/**
+ * The name a key's request lines show, remembered: a key's name does not change, and each line
+ * was a hash of the key and a read of its row (on every call of the E2B front). A key removed
+ * since still names its lines (it authorises nothing: each call's own check reads the row).
+ */
+function keyNames(daemon: Daemon): (key: string) => string | undefined {
+  const known = new Map<string, string>();
+  return (key) => {
+    const hit = known.get(key);
+    if (hit !== undefined) return hit;
+    const name = daemon.lab.keys.find(key)?.name;
+    if (name === undefined) return undefined;
+    if (known.size >= 1024) known.clear(); // a few keys drive a front; a bound all the same
+    known.set(key, name);
+    return name;
+  };
+}
+
 async function listenE2b(
   daemon: Daemon,
   listen: string,
@@ -217,7 +235,7 @@ async function listenE2b(
     // the same caps and timeouts as the daemon's TCP listener (limits.ts), counted on their own
     server: serverOptions(resolved),
     guard: new ConnectionGuard(resolved, log),
-    keyName: (key) => daemon.lab.keys.find(key)?.name,
+    keyName: keyNames(daemon),
     ended: (forget) => {
       // told inside the log's record: a failure here must not fail the removal that is told of
       const on = (e: EventRecord): void => {
