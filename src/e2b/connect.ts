@@ -151,22 +151,9 @@ export function openStream(reply: FastifyReply): ServerStream {
     gone = ended = true;
     for (const fn of closers) fn();
   });
-  // the messages of one turn of the loop go out in one write (a command's end event and the
-  // end-of-stream envelope, output read in one go): a write each was a system call each
-  let corked = false;
-  const uncork = (): void => {
-    corked = false;
-    res.uncork();
-  };
   return {
     send(message) {
-      if (ended) return;
-      if (!corked) {
-        corked = true;
-        res.cork();
-        process.nextTick(uncork);
-      }
-      res.write(envelope(message));
+      if (!ended) res.write(envelope(message));
     },
     end(error) {
       if (ended) return;

@@ -194,11 +194,6 @@ async function mcpOn(daemon: Daemon, tcp: FastifyInstance, streams: StreamLimite
 }
 
 /**
- * The E2B front (src/e2b/), on the daemon's keyed lab in this process (keyed-lab.ts): each
- * caller's key is held to what the daemon's routes hold it to, by the same functions, without a
- * loopback hop per call. In `apps` before it listens, as above; its URL.
- */
-/**
  * The name a key's request lines show, remembered: a key's name does not change, and each line
  * was a hash of the key and a read of its row (on every call of the E2B front). A key removed
  * since still names its lines (it authorises nothing: each call's own check reads the row).
@@ -216,6 +211,11 @@ function keyNames(daemon: Daemon): (key: string) => string | undefined {
   };
 }
 
+/**
+ * The E2B front (src/e2b/), on the daemon's keyed lab in this process (keyed-lab.ts): each
+ * caller's key is held to what the daemon's routes hold it to, by the same functions, without a
+ * loopback hop per call. In `apps` before it listens, as above; its URL.
+ */
 async function listenE2b(
   daemon: Daemon,
   listen: string,
