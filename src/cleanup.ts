@@ -33,6 +33,16 @@ export function recordFailure(what: string, e: unknown, trace: Trace | undefined
   process.stderr.write(`snaplab: cleanup: ${what}: ${failed}\n`);
 }
 
+/**
+ * Write on stderr the failures recorded in a trace that is not stored (a pool's background
+ * refill): recorded there, they were lost. The trace is finished first, so that a later record
+ * goes to stderr at once.
+ */
+export function tellUnkept(trace: Trace): void {
+  for (const p of trace.finish().phases)
+    if (p.failed && p.name.startsWith('cleanup: ')) process.stderr.write(`snaplab: ${p.name}: ${p.failed}\n`);
+}
+
 /** A `.catch` callback for a cleanup step: `rm(x).catch(noted('remove x', 'ENOENT'))`. */
 export function noted(what: string, ...expectedCodes: string[]): (e: unknown) => void {
   const trace = Trace.current();

@@ -33,7 +33,7 @@ export function fromMetadata(box: SandboxApi): E2bView {
   const { templateID, envs } = keptOf(meta);
   const metadata = Object.fromEntries(Object.entries(meta).filter(([k]) => !k.startsWith(RESERVED)));
   const end = box.expiresAt ?? (box.timeoutS ? Date.now() + box.timeoutS * 1000 : Date.UTC(9999, 0));
-  const autoResume = meta[`${RESERVED}autoResume`] === 'true';
+  const autoResume = asksAutoResume(meta);
   const detail = {
     sandboxID: box.id,
     templateID,
@@ -54,6 +54,10 @@ export function fromMetadata(box: SandboxApi): E2bView {
   };
   return { templateID, envs, autoResume, detail };
 }
+
+/** Did its create ask for autoResume (`e2b.autoResume`, control.ts)? */
+export const asksAutoResume = (meta: Record<string, string> | undefined): boolean =>
+  meta?.[`${RESERVED}autoResume`] === 'true';
 
 /**
  * The template and envVars the front kept in a sandbox's metadata (one read of it: a command's

@@ -13,7 +13,7 @@ import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
 import { Interpreters } from '../interpreter/server.js';
 import { EnvdUsers, type EnvdUser } from './users.js';
-import { RESERVED } from './listing.js';
+import { asksAutoResume } from './listing.js';
 import { noted } from '../cleanup.js';
 import {
   memorySessions,
@@ -320,8 +320,8 @@ export class E2bState {
   }
 }
 
-/** Did its create ask for autoResume (`e2b.autoResume` in its metadata: listing.ts)? Read without parsing the rest. */
-const wakes = (box: SandboxApi): boolean => box.metadata?.[`${RESERVED}autoResume`] === 'true';
+/** Did its create ask for autoResume (listing.ts)? Read without parsing the rest. */
+const wakes = (box: SandboxApi): boolean => asksAutoResume(box.metadata);
 
 /** A handle kept, with whether it wakes on traffic: read once (the metadata is a read of the record), not on every call. */
 interface Handle {

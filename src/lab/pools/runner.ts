@@ -18,7 +18,7 @@ import { getPool, poolLock, reapLeaks, takenBy, templateName, warmedAs } from '.
 import { me } from '../lifecycle/owner.js';
 import { raiseSandbox } from '../lifecycle/raise.js';
 import { destroyRecord } from '../lifecycle/teardown.js';
-import { failureMeans, noted } from '../../cleanup.js';
+import { failureMeans, noted, tellUnkept } from '../../cleanup.js';
 import { warmShell } from './warm-shell.js';
 
 /** The reason a standby carries while it is raised (and warmed): other holders count it as coming. */
@@ -317,7 +317,17 @@ export class PoolRunner {
   }
 
   private async addStandby(): Promise<void> {
-    const { record } = await this.raise(new Trace('pool refill', this.name), true, true);
+    // a refill's trace is not stored: what its steps record goes to stderr when it ends
+    const trace = new Trace('pool refill', this.name);
+    try {
+      await this.addStandbyIn(trace);
+    } finally {
+      tellUnkept(trace);
+    }
+  }
+
+  private async addStandbyIn(trace: Trace): Promise<void> {
+    const { record } = await this.raise(trace, true, true);
     const driver = this.ctx.driver(record.driver);
     try {
       // a warm standby has more than its agent running (a kernel, its heartbeats): frozen, it

@@ -1,4 +1,5 @@
 import type { AgentClient } from '../../agent/client.js';
+import { recordFailure } from '../../cleanup.js';
 import type { SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
 import { execIn } from '../io/sandbox-ops.js';
@@ -20,14 +21,11 @@ const NOT_FOUND = 127;
 /**
  * Run WARM_SHELL in a standby. A failure to run it at all (the agent gone, the machine dead)
  * throws, as any step of a raise does, and the standby is dropped; a shell that fails or outlasts
- * its time leaves a standby that is fine but cold, told on stderr (a refill's trace is not kept).
+ * its time leaves a standby that is fine but cold, recorded (a refill's trace: on stderr).
  */
 export async function warmShell(ctx: LabContext, record: SandboxRecord, agent: AgentClient): Promise<void> {
   const r = await execIn(ctx, record, agent, WARM_SHELL, { timeoutMs: WARM_SHELL_TIMEOUT_MS });
   if (r.exitCode === 0 || (r.exitCode === NOT_FOUND && !r.timedOut)) return;
   const said = r.timedOut ? `timed out after ${WARM_SHELL_TIMEOUT_MS} ms` : `exit ${r.exitCode}`;
-  // on stderr itself: recordFailure would file it in the running trace, the refill's, which is not kept
-  process.stderr.write(
-    `snaplab: warm the shells of standby ${record.name}: ${said}: ${r.stderr.toString().trim().slice(0, 500)}\n`,
-  );
+  recordFailure(`warm the shells of standby ${record.name}`, new Error(`${said}: ${r.stderr.toString().trim()}`));
 }
