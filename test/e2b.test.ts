@@ -109,6 +109,24 @@ describe.each([
       }
     });
 
+    it("the daemon's own PATCH of a sandbox's metadata keeps what the front keeps (template, envs)", async () => {
+      const sbx = await Sandbox.create('busybox', { metadata: { first: '1' }, envs: { KEPT: 'kept' } });
+      try {
+        const patched = await fetch(`${d.url}/sandboxes/${sbx.sandboxId}`, {
+          method: 'PATCH',
+          headers: { authorization: `Bearer ${key.trim()}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ metadata: { second: '2' } }),
+        });
+        expect(patched.status).toBe(200);
+        const info = await sbx.getInfo();
+        expect(info.metadata).toEqual({ second: '2' });
+        expect(info.templateId).toBe('busybox');
+        expect((await sbx.commands.run('echo "$KEPT"')).stdout).toBe('kept\n');
+      } finally {
+        await sbx.kill();
+      }
+    });
+
     it('a template that names a pool takes one of its standbys; one that names an image is made from it', async () => {
       const hits = (): number =>
         (JSON.parse(cli(home, ['pool', 'ls', '--json']).out) as { name: string; hits: number }[]).find(

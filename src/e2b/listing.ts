@@ -6,11 +6,18 @@
  * lifecycle's onTimeout is the sandbox's own (the Lab API's onTimeout), not a copy.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { KeyedLabApi, ListOptions, ListState, SandboxApi } from '../sdk/api.js';
+import {
+  FRONT_METADATA_PREFIXES,
+  type KeyedLabApi,
+  type ListOptions,
+  type ListState,
+  type SandboxApi,
+} from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { checkPage, listCursor } from '../sdk/paging.js';
 
-export const RESERVED = 'e2b.';
+/** the front's own metadata keys' prefix: kept by a replace of the metadata that does not name them */
+export const RESERVED = FRONT_METADATA_PREFIXES.e2b;
 
 /** The envd version advertised: the features of envd this front implements (docs/e2b.md). */
 export const ENVD_VERSION = '0.6.4';

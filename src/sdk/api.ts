@@ -290,6 +290,14 @@ export interface PoolTakes {
   takes: PoolTake[];
 }
 
+/**
+ * Metadata keys a front keeps for its own work, by prefix: the E2B front's `e2b.` (a sandbox's
+ * template, envVars, network and autoResume; docs/e2b.md). A `setLabels` that replaces the metadata
+ * keeps those it does not name, so that a caller of another front (the daemon's `PATCH
+ * /sandboxes/{id}`) cannot unmake what that front needs to serve the sandbox.
+ */
+export const FRONT_METADATA_PREFIXES = { e2b: 'e2b.' } as const;
+
 /** Which sandboxes `list` gives, and how it reads them. */
 export interface ListOptions {
   /** only those with every key=value given */

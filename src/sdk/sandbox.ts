@@ -37,6 +37,7 @@ import type {
   SandboxFiles,
   SpawnOptions,
 } from './api.js';
+import { FRONT_METADATA_PREFIXES } from './api.js';
 import { changeEgress, egressUsage, egressView } from '../lab/net/egress.js';
 import { encoded, type ExecText } from './output.js';
 import { Writable, type Readable } from 'node:stream';
@@ -172,11 +173,16 @@ export class Sandbox implements SandboxApi {
     return egressUsage(this.ctx, this.record);
   }
 
-  /** Replace its labels and/or metadata. */
+  /** Replace its labels and/or metadata (a front's own metadata keys are kept unless named: FRONT_METADATA_PREFIXES). */
   async setLabels(change: { labels?: Record<string, string>; metadata?: Record<string, string> }): Promise<void> {
     const patch: { labels?: Record<string, string>; metadata?: Record<string, string> } = {};
     if (change.labels) patch.labels = checkLabels('label', change.labels);
-    if (change.metadata) patch.metadata = checkLabels('metadata', change.metadata);
+    if (change.metadata) {
+      const fronts = Object.entries(this.metadata).filter(([k]) =>
+        Object.values(FRONT_METADATA_PREFIXES).some((p) => k.startsWith(p)),
+      );
+      patch.metadata = { ...Object.fromEntries(fronts), ...checkLabels('metadata', change.metadata) };
+    }
     this.changeMeta(patch);
   }
 
