@@ -116,6 +116,12 @@ function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest):
         release();
       });
     }
+    if ('end' in e && ref.p?.cut) {
+      // no end is known (Proc.cut): the stream is cut, as envd's is with its machine
+      if (timer) clearInterval(timer);
+      stream.drop();
+      return;
+    }
     stream.send({ event: e });
     const p = ref.p;
     if (p && !holding && p.holdable && stream.unread > HOLD_AT) {

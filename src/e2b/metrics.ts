@@ -16,12 +16,17 @@ const PREVIOUS_MS = 10 * 60_000;
 /** At most this many sandboxes' previous samples are kept (the oldest go first). */
 const KEPT = 4096;
 
+/** E2B's SandboxMetric (spec/openapi.yml): every field its spec requires */
 interface Sample {
   timestamp: string;
+  /** the same time in Unix seconds */
+  timestampUnix: number;
   cpuCount: number;
   cpuUsedPct: number;
+  /** its cgroup's memory, page cache included (memCache of it) */
   memUsed: number;
   memTotal: number;
+  memCache: number;
   diskUsed: number;
   diskTotal: number;
 }
@@ -56,10 +61,12 @@ export class MetricsFront {
     if (this.previous.size > KEPT) this.previous.delete(this.previous.keys().next().value as string);
     return {
       timestamp: new Date(now.at).toISOString(),
+      timestampUnix: Math.floor(now.at / 1000),
       cpuCount: now.cpus,
       cpuUsedPct: this.cpuPct(now, from),
       memUsed: now.memoryBytes,
       memTotal: now.memoryTotalBytes,
+      memCache: now.memoryCacheBytes,
       diskUsed: now.diskUsedBytes ?? 0,
       diskTotal: now.diskTotalBytes ?? 0,
     };

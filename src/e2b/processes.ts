@@ -39,6 +39,12 @@ export interface StartSpec {
 export class Proc {
   readonly listeners = new Set<(e: ProcessEvent) => void>();
   ended = false;
+  /**
+   * Its end is not known (its sandbox killed, paused without memory or gone; the daemon closing):
+   * its streams are cut, not ended, as envd's are when its machine goes, so that E2B's SDK asks the
+   * sandbox's health and says it ended (TimeoutError), not that the command failed.
+   */
+  cut = false;
   pid = 0;
   timedOut = false;
   handle!: ProcessApi<ExecResult>;
@@ -141,8 +147,10 @@ export class Processes {
         p.timedOut = r.timedOut;
         this.finish(p, endOf(r));
       },
-      (e: unknown) =>
-        this.finish(p, { exitCode: -1, exited: false, status: 'error', error: (e as Error).message ?? String(e) }),
+      (e: unknown) => {
+        p.cut = true;
+        this.finish(p, { exitCode: -1, exited: false, status: 'error', error: (e as Error).message ?? String(e) });
+      },
     );
   }
 
@@ -203,6 +211,7 @@ export class Processes {
     const m = this.bySandbox.get(p.sandbox);
     if (m?.get(p.pid) !== p) return; // its sandbox forgotten (killed, stopped): nothing kept of it
     m.delete(p.pid);
+    if (p.cut) return; // no end known: none is kept for a late Connect (one that runs on is found again: adopt)
     this.retain(p.sandbox, {
       pid: p.pid,
       ...(p.spec.tag !== undefined ? { tag: p.spec.tag } : {}),

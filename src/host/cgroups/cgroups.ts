@@ -3,7 +3,7 @@ import { chown, mkdir, readFile, rmdir } from 'node:fs/promises';
 import { SnaplabError } from '../../errors.js';
 import { cgError, errno, writeText } from './fs.js';
 import { cgroupFor, type CgroupOptions } from './paths.js';
-import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './types.js';
+import type { Cgroup, CgroupLimits, CgroupPlan, CgroupStats, CgroupWrite } from './types.js';
 import * as v1 from './v1.js';
 import * as v2 from './v2.js';
 import { noted, orElse } from '../../cleanup.js';
@@ -237,6 +237,6 @@ export function oomKills(cg: Cgroup): number {
   return cg.version === 1 ? v1.oomKillsV1(cg) : v2.oomKillsV2(cg);
 }
 /** Memory in use (bytes), processes, CPU time used (µs); a figure is absent when its controller is. */
-export function stats(cg: Cgroup): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {
+export function stats(cg: Cgroup): Promise<CgroupStats> {
   return cg.version === 1 ? v1.statsV1(cg) : v2.statsV2(cg);
 }

@@ -52,3 +52,13 @@ export interface CgroupPlan {
   writes: Map<string, CgroupWrite[]>;
   skipped: string[];
 }
+
+/** What a cgroup counts now (each absent where its controller is not there). */
+export interface CgroupStats {
+  /** memory charged to it, page cache included */
+  memoryBytes?: number;
+  /** of that, the page cache (v2 memory.stat `file`, v1 `total_cache`) */
+  cacheBytes?: number;
+  pids?: number;
+  cpuUsec?: number;
+}

@@ -1,4 +1,4 @@
-import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './types.js';
+import type { Cgroup, CgroupLimits, CgroupPlan, CgroupStats, CgroupWrite } from './types.js';
 import { cgError, keyed, parseNumber, poll, readText, readTextNow, writeText } from './fs.js';
 
 /** cgroup v1: a directory per hierarchy, freezer.state, memory.oom_control, cpu.cfs_quota_us. */
@@ -73,18 +73,21 @@ export function oomKillsV1(cg: Cgroup): number {
   return dir ? (keyed(readTextNow(`${dir}/memory.oom_control`), 'oom_kill') ?? 0) : 0;
 }
 
-export async function statsV1(cg: Cgroup): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {
+export async function statsV1(cg: Cgroup): Promise<CgroupStats> {
   const { memory, pids, cpuacct } = cg.controllerDirs;
-  const [mem, n, ns] = await Promise.all([
+  const [mem, stat, n, ns] = await Promise.all([
     memory ? readText(`${memory}/memory.usage_in_bytes`) : undefined,
+    memory ? readText(`${memory}/memory.stat`) : undefined,
     pids ? readText(`${pids}/pids.current`) : undefined,
     cpuacct ? readText(`${cpuacct}/cpuacct.usage`) : undefined,
   ]);
-  const out: { memoryBytes?: number; pids?: number; cpuUsec?: number } = {};
+  const out: CgroupStats = {};
   const m = parseNumber(mem);
+  const cache = keyed(stat, 'total_cache') ?? keyed(stat, 'cache');
   const p = parseNumber(n);
   const c = parseNumber(ns);
   if (m !== undefined) out.memoryBytes = m;
+  if (cache !== undefined) out.cacheBytes = cache;
   if (p !== undefined) out.pids = p;
   if (c !== undefined) out.cpuUsec = Math.round(c / 1000);
   return out;

@@ -1,5 +1,5 @@
 import { mkdir } from 'node:fs/promises';
-import type { Cgroup, CgroupLimits, CgroupPlan, CgroupWrite } from './types.js';
+import type { Cgroup, CgroupLimits, CgroupPlan, CgroupStats, CgroupWrite } from './types.js';
 import { cgError, errno, keyed, parseNumber, poll, readText, readTextNow, writeText } from './fs.js';
 import { ensureScope, SCOPE_PATH } from './scope.js';
 
@@ -101,19 +101,22 @@ export function oomKillsV2(cg: Cgroup): number {
   return dir ? (keyed(readTextNow(`${dir}/memory.events`), 'oom_kill') ?? 0) : 0;
 }
 
-export async function statsV2(cg: Cgroup): Promise<{ memoryBytes?: number; pids?: number; cpuUsec?: number }> {
+export async function statsV2(cg: Cgroup): Promise<CgroupStats> {
   const dir = cg.dirs[0]!;
   const { memory, pids } = cg.controllerDirs;
-  const [mem, n, cpu] = await Promise.all([
+  const [mem, stat, n, cpu] = await Promise.all([
     memory ? readText(`${dir}/memory.current`) : undefined,
+    memory ? readText(`${dir}/memory.stat`) : undefined,
     pids ? readText(`${dir}/pids.current`) : undefined,
     readText(`${dir}/cpu.stat`), // core file: usage_usec is there without the cpu controller
   ]);
-  const out: { memoryBytes?: number; pids?: number; cpuUsec?: number } = {};
+  const out: CgroupStats = {};
   const m = parseNumber(mem);
+  const cache = keyed(stat, 'file');
   const p = parseNumber(n);
   const c = keyed(cpu, 'usage_usec');
   if (m !== undefined) out.memoryBytes = m;
+  if (cache !== undefined) out.cacheBytes = cache;
   if (p !== undefined) out.pids = p;
   if (c !== undefined) out.cpuUsec = c;
   return out;

@@ -17,6 +17,8 @@ export interface SandboxUsage {
   at: number;
   /** memory in use (its cgroup's count: page cache included), bytes */
   memoryBytes: number;
+  /** of memoryBytes, the page cache (files read or written, tmpfs), bytes */
+  memoryCacheBytes: number;
   /** its memory limit, else the host's memory */
   memoryTotalBytes: number;
   /** CPU time used since it started, µs */
@@ -41,6 +43,7 @@ export async function sandboxUsage(ctx: LabContext, rec: SandboxRecord): Promise
   return {
     at,
     memoryBytes: cg.memoryBytes ?? 0,
+    memoryCacheBytes: cg.cacheBytes ?? 0,
     memoryTotalBytes: rec.limits.memoryBytes ?? totalmem(),
     cpuUsec: cg.cpuUsec ?? 0,
     cpus: rec.limits.cpus ? Math.max(1, Math.ceil(rec.limits.cpus)) : availableParallelism(),
