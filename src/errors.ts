@@ -55,6 +55,7 @@ export type ErrorCode =
   | 'PROCESS_BUSY'
   | 'FILE_NOT_FOUND'
   | 'FILE_ERROR'
+  | 'DISK_FULL'
   | 'RESULTS_NOT_FOUND'
   | 'BAD_RESULTS'
   | 'UI_NOT_BUILT'

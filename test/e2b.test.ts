@@ -228,6 +228,20 @@ describe.each([
       }
     });
 
+    it("a timeout of 0 is E2B's: refused at create (400), and the end now when set", async () => {
+      const refused = await fetch(`${d.e2bUrl}/v2/sandboxes`, {
+        method: 'POST',
+        headers: { 'X-API-Key': key.trim(), 'content-type': 'application/json' },
+        body: JSON.stringify({ templateID: 'busybox', timeout: 0 }),
+      });
+      expect(refused.status).toBe(400);
+      expect(await refused.json()).toMatchObject({ code: 400, message: expect.stringMatching(/greater than 0/) });
+      const sbx = await Sandbox.create('busybox');
+      await sbx.setTimeout(0);
+      await until('ended by its timeout of 0', () => !listed().some((b) => b.id === sbx.sandboxId), 15_000);
+      expect(await sbx.isRunning()).toBe(false);
+    });
+
     it('kill ends the sandbox: gone from snaplab ls, not running, a second kill is false', async () => {
       const sbx = await Sandbox.create();
       expect(await sbx.isRunning()).toBe(true);
@@ -605,6 +619,28 @@ describe.each([
       await sbx.files.write('/tmp/ghost.txt', 'x', { user: 'ghost' });
       expect(inside(sbx.sandboxId, 'stat -c %u /tmp/ghost.txt && rm /tmp/ghost.txt').out).toBe('4321\n');
       expect(inside(sbx.sandboxId, "sed -i '/^ghost:/d' /etc/passwd").code).toBe(0);
+    });
+  });
+
+  describe('a full disk', () => {
+    it("an upload past the sandbox's disk answers 507, the SDK's NotEnoughSpaceError", async () => {
+      // a sandbox of the key's with a disk of 16 MiB, made through snaplab's own API (E2B's create has no disk size)
+      const made = await fetch(`${d.url}/sandboxes`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${key.trim()}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ image: 'busybox', limits: { diskBytes: 16 << 20 } }),
+      });
+      expect(made.status).toBe(201);
+      const sbx = await Sandbox.connect(((await made.json()) as { id: string }).id);
+      try {
+        const big = randomBytes(32 << 20);
+        const full = await sbx.files.write('/root/big.bin', big.buffer as ArrayBuffer).catch((e: unknown) => e);
+        expect(full).toBeInstanceOf(sdk.NotEnoughSpaceError);
+        // the rest of the sandbox goes on
+        expect((await sbx.commands.run('echo on')).stdout).toBe('on\n');
+      } finally {
+        await sbx.kill();
+      }
     });
   });
 

@@ -57,6 +57,18 @@ function seconds(v: unknown): number | undefined {
   return v;
 }
 
+/** A create's timeout: E2B's API refuses 0 (the Lab API would take it as none) */
+function createTimeout(v: unknown): number | undefined {
+  const t = seconds(v);
+  if (t === 0)
+    throw new SnaplabError(
+      'BAD_INPUT',
+      'timeout must be greater than 0',
+      'give seconds, e.g. {"timeout": 300}, or leave it out',
+    );
+  return t;
+}
+
 /**
  * What the end of its timeout does, as E2B's create asks (the SDK's `lifecycle.onTimeout`):
  * `autoPause` pauses it with its memory, or, with `autoPauseMemory: false` (`keepMemory: false`),
@@ -114,7 +126,7 @@ export function createOptions(body: NewSandbox): LabCreateOptions {
     image: template,
     ...(egress ? { egress } : {}),
     metadata: kept,
-    timeoutS: seconds(body.timeout),
+    timeoutS: createTimeout(body.timeout),
     onTimeout,
   };
 }
@@ -349,7 +361,8 @@ export function registerControl(app: FastifyInstance, state: E2bState): void {
     const timeout = seconds(jsonBody(req).timeout);
     if (timeout === undefined) throw new SnaplabError('BAD_INPUT', 'no timeout given', 'send {"timeout": SECONDS}');
     const box = await (await state.lab(req)).get(idOf(req));
-    await box.setTimeout(timeout, box.onTimeout);
+    // E2B's 0 ends it now (its end time is now); the Lab API's 0 is no timeout, so a second is the least asked
+    await box.setTimeout(Math.max(1, timeout), box.onTimeout);
     return reply.code(204).send();
   });
 }

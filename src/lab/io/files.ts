@@ -51,7 +51,7 @@ function xattrArgs(xattrs: Record<string, string> | undefined): string[] {
   });
 }
 
-/** The agent's error line as an error: ENOENT is FILE_NOT_FOUND, the rest FILE_ERROR with the errno name. */
+/** The agent's error line as an error: ENOENT is FILE_NOT_FOUND, ENOSPC and EDQUOT DISK_FULL, the rest FILE_ERROR with the errno name. */
 export function fileError(stderr: string, code: number, what: string): SnaplabError {
   if (stderr.startsWith('usage: snaplab-agent')) {
     return new SnaplabError(
@@ -65,6 +65,12 @@ export function fileError(stderr: string, code: number, what: string): SnaplabEr
   const verb = what.split(' ')[0];
   if (m?.[1] === 'ENOENT')
     return new SnaplabError('FILE_NOT_FOUND', `${verb} ${m[2]}`, "check the path (it is the machine's own)");
+  if (m?.[1] === 'ENOSPC' || m?.[1] === 'EDQUOT')
+    return new SnaplabError(
+      'DISK_FULL',
+      `${verb} ${m[2]} (${m[1]})`,
+      'the machine is at its disk size (--disk) or its filesystem is full: remove files, or make it with a larger --disk',
+    );
   return new SnaplabError(
     'FILE_ERROR',
     m ? `${verb} ${m[2]} (${m[1]})` : `${what}: ${stderr.trim() || `exit ${code}`}`,
