@@ -179,6 +179,27 @@ describe("gc's mark", () => {
   });
 });
 
+describe("gc and doctor's probe cgroup", () => {
+  it("removes the probe cgroup of a doctor that is gone, not a live one's", async () => {
+    const { existsSync, mkdirSync, rmdirSync } = await import('node:fs');
+    const { detectCgroups, DEFAULT_ROOT } = await import('../src/host/cgroups/detect.js');
+    const { probeParent } = await import('../src/host/cgroups/host.js');
+    const parent = probeParent(detectCgroups(DEFAULT_ROOT));
+    const dead = `${parent}/snaplab-probe-${2 ** 22 + 7}`; // above any pid_max: no such process
+    const live = `${parent}/snaplab-probe-${process.pid}`;
+    mkdirSync(dead);
+    mkdirSync(live);
+    try {
+      await lab.gc();
+      // (gone whichever gc removed it: another test file's may run at the same time)
+      expect(existsSync(dead)).toBe(false);
+      expect(existsSync(live)).toBe(true);
+    } finally {
+      for (const d of [dead, live]) if (existsSync(d)) rmdirSync(d);
+    }
+  });
+});
+
 describe('bad input', () => {
   it('names the problem with a code and a hint', async () => {
     await expect(lab.create({ image: 'nope' })).rejects.toMatchObject({

@@ -9,11 +9,12 @@ import {
   rmSync,
   readFileSync,
   statSync,
+  symlinkSync,
   unlinkSync,
   utimesSync,
   writeFileSync,
 } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { dirname, join, relative } from 'node:path';
 import { tmpdir } from 'node:os';
 import { Lab } from '../src/sdk/lab.js';
 import type { SnaplabError } from '../src/errors.js';
@@ -190,6 +191,47 @@ describe('user namespace ranges', () => {
     expect(readdirSync(REGISTRY)).not.toContain(String(first));
     await Promise.all(boxes.slice(1).map((b) => b.destroy()));
     expect(USERNS_SLOTS).toBeGreaterThan(2000);
+  });
+
+  it("a stopped machine's range is claimed again by its start (a reboot empties the registry), never taken from another", async () => {
+    const box = await lab.create({});
+    const base = box.info.uidBase!;
+    const claim = join(REGISTRY, String(base));
+    await box.stop();
+    expect(readdirSync(REGISTRY)).toContain(String(base)); // kept while it is stopped
+    unlinkSync(claim); // as a reboot leaves the registry (tmpfs)
+    await box.start();
+    expect(JSON.parse(readFileSync(claim, 'utf8'))).toMatchObject({ home: lab.home, id: box.id });
+    expect(box.info.uidBase).toBe(base);
+    // claimed by another sandbox since (after the reboot, before this start): the start is refused
+    await box.stop();
+    unlinkSync(claim);
+    writeFileSync(claim, JSON.stringify({ home: '/test/other', id: 'taken' }), { flag: 'wx' });
+    try {
+      const refused = await box.start().catch((e: unknown) => e as SnaplabError);
+      expect(refused).toMatchObject({
+        code: 'NO_USERNS_SLOT',
+        message: expect.stringMatching(/held by sandbox taken of \/test\/other/),
+      });
+      expect((await lab.get(box.id)).stopped).toBe(true);
+    } finally {
+      unlinkSync(claim);
+      await box.destroy();
+    }
+  });
+
+  it('a home named relatively or through a link is one home, spelt whole (claims name their home by it)', async () => {
+    const link = join(tmpdir(), `snaplab-test-home-link-${process.pid}`);
+    symlinkSync(lab.home, link);
+    try {
+      for (const given of [relative(process.cwd(), lab.home), `${lab.home}/`, link]) {
+        const other = await Lab.open({ home: given });
+        expect([given, other.home]).toEqual([given, lab.home]);
+        other.close();
+      }
+    } finally {
+      unlinkSync(link);
+    }
   });
 
   it('--no-userns (userns: false) runs as host root, and says so', async () => {

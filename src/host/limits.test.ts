@@ -82,6 +82,10 @@ describe('host limits (doctor)', () => {
     expect(big.reason).toMatch(/memory 55,217 /);
     const dying = hostLimitsVerdict(high, 256 * gib, 500, MEMCG_ID_MAX - 20_000, HOST);
     expect(dying.reason).toMatch(/allows: 20,000, by memory cgroup ids \(.*45,535 of 65,535 taken/);
+    // more than half the ids held (dying ones among them) and fewer left than memory allows: a failure, with what frees them
+    expect(dying).toMatchObject({ ok: false, fix: expect.stringMatching(/drop_caches.*a reboot frees all/) });
+    // a quarter held: the ceiling, not a failure
+    expect(hostLimitsVerdict(high, 256 * gib, 500, 16_000, HOST).ok).toBe(true);
     expect(memoryCgroups('#subsys_name\thierarchy\tnum_cgroups\tenabled\nmemory\t0\t42\t1\n')).toBe(42);
     expect(memoryCgroups('#subsys_name\thierarchy\tnum_cgroups\tenabled\npids\t0\t42\t1\n')).toBeUndefined();
   });

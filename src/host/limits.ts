@@ -154,6 +154,11 @@ export function hostLimitsVerdict(
       `memory cgroup ids ${n(room)} (${n(memcgs)} of ${n(MEMCG_ID_MAX)} taken, dying ones too; no sysctl raises it)`,
     );
     rooms.push(['memory cgroup ids', room]);
+    // the kernel's count, no sysctl's: only worth a fix when what holds them is more than half of it
+    if (room < memory && room < MEMCG_ID_MAX / 2)
+      short.push(
+        `free memory cgroup ids: ${n(memcgs)} are taken, dying ones (removed, their cache pages still charged) among them; \`sync; echo 3 > /proc/sys/vm/drop_caches\` lets those go, a reboot frees all`,
+      );
   }
   parts.push(
     `uid ranges ${n(USERNS_SLOTS)} of ${USERNS_SIZE} ids, ${n((USERNS_SLOTS * USERNS_SIZE) / USERNS_MIN_SIZE)} of ${USERNS_MIN_SIZE} (--ids)`,

@@ -1,3 +1,5 @@
+import { realpathSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { SnaplabError } from '../errors.js';
 import type { Availability } from '../host/probe-types.js';
 import type { Driver } from '../drivers/driver.js';
@@ -27,7 +29,14 @@ export class LabContext {
   /** a daemon stands on this lab and ends sandboxes whose timeout passed (Lab.open's keepsTime) */
   keepsTime = false;
 
-  constructor(readonly home: string) {
+  /**
+   * The home's one spelling, absolute with no link in it: host-wide objects name their home by its
+   * path (the user namespace registry's claims, the cgroups), so `./lab`, `lab/` and a link to it
+   * must be one home to every process, whatever its working directory.
+   */
+  readonly home: string;
+
+  constructor(home: string) {
     if (process.getuid?.() !== 0) {
       throw new SnaplabError(
         'NOT_ROOT',
@@ -35,9 +44,11 @@ export class LabContext {
         'run it as root, e.g. `sudo snaplab ...`',
       );
     }
-    this.store = new Store(openDb(home));
-    this.images = new Images(home, this.store);
-    this.drivers = createDrivers(home);
+    const db = openDb(resolve(home)); // (which makes the directory)
+    this.home = realpathSync(resolve(home));
+    this.store = new Store(db);
+    this.images = new Images(this.home, this.store);
+    this.drivers = createDrivers(this.home);
   }
 
   /** The driver of that name (drivers/registry.ts), the default one when none is named. */

@@ -8,6 +8,8 @@ import { cgroupFor, PARENT } from './paths.js';
 import type { Cgroup } from './types.js';
 import { listMounts } from '../mounts.js';
 import { ensureScope, SCOPE_PATH, SCOPE_UNIT, stopScopeIfIdle } from './scope.js';
+import { pidAlive } from '../procs.js';
+import { noted, orElse } from '../../cleanup.js';
 
 /** Host-wide views of snaplab's cgroups: what exists (for gc) and whether cgroups work here. */
 
@@ -144,17 +146,37 @@ export async function removeEmptySnaplabParents(): Promise<void> {
  * moves are cheap, at a small cost to every fork and exit on the host. snaplab does not change
  * host-wide settings itself: doctor measures one move and says what would help.
  */
+const PROBE = `${PARENT}-probe-`;
+
+/** Where doctor's probe cgroup goes: in snaplab's systemd scope on a systemd host, never the root's own. */
+export function probeParent(layout: ReturnType<typeof detectCgroups>): string {
+  return layout.version === 2 ? layout.base : `${layout.hierarchies.pids ?? layout.hierarchies.freezer}`;
+}
+
+/**
+ * The probe cgroups of doctors that are gone (killed during the probe, or whose rmdir failed),
+ * removed (gc). One whose process lives, or cannot be read, is left; one still holding a process
+ * (its `sleep`, for up to 5 s) is left for the next gc.
+ */
+export async function sweepProbeCgroups(): Promise<string[]> {
+  const parent = probeParent(detectCgroups(DEFAULT_ROOT));
+  const removed: string[] = [];
+  for (const e of await readdir(parent).catch(orElse([] as string[], `readdir ${parent}`, 'ENOENT'))) {
+    const pid = Number(/^snaplab-probe-(\d+)$/.exec(e)?.[1]);
+    if (!e.startsWith(PROBE) || !Number.isInteger(pid) || (await pidAlive(pid))) continue;
+    const dir = `${parent}/${e}`;
+    if (await rmdir(dir).then(() => true, noted(`remove ${dir}`, 'ENOENT', 'EBUSY'))) removed.push(`cgroup ${dir}`);
+  }
+  return removed;
+}
+
 export async function probeCgroupMoves(): Promise<Availability> {
   const layout = detectCgroups(DEFAULT_ROOT);
   const mountPoint = layout.version === 2 ? layout.root : layout.unified;
   const fix = mountPoint
     ? `mount -o remount,favordynmods ${mountPoint}`
     : 'mount a cgroup2 hierarchy with -o favordynmods';
-  // where snaplab's cgroups go: in its systemd scope on a systemd host, never the root's own
-  const dir =
-    layout.version === 2
-      ? `${layout.base}/${PARENT}-probe-${process.pid}`
-      : `${layout.hierarchies.pids ?? layout.hierarchies.freezer}/${PARENT}-probe-${process.pid}`;
+  const dir = `${probeParent(layout)}/${PROBE}${process.pid}`;
   const scoped = layout.base.endsWith(SCOPE_PATH);
   const child = spawn('sleep', ['5'], { stdio: 'ignore' });
   let verdict: Availability;

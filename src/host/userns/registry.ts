@@ -1,7 +1,7 @@
 import { randomBytes, randomInt } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { link, mkdir, readdir, readFile, rename, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { dirname, isAbsolute, join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { USERNS_MIN_SIZE, USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf, tierSlots } from './id-ranges.js';
 import { pidAlive } from '../procs.js';
@@ -232,6 +232,54 @@ export async function releaseRange(
     await rmdir(dirname(path)).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'));
 }
 
+/**
+ * Make sure `home`'s `id` holds the range at `base` of `size` ids, as its record says: a stopped
+ * machine keeps its range, but the registry is on tmpfs, so after a reboot its claim is gone and
+ * its start claims that range again. Resolves with who holds it when another does (then nothing is
+ * claimed), else undefined.
+ */
+export async function holdRange(
+  base: number,
+  home: string,
+  id: string,
+  ids: number | null = USERNS_SIZE,
+): Promise<string | undefined> {
+  const size = ids ?? USERNS_SIZE;
+  const path = claimPath(base, size);
+  const held = async (): Promise<string | undefined> => {
+    const text = await readFile(path, 'utf8').catch(orElse(undefined, `read ${path}`, 'ENOENT', 'EISDIR', 'ENOTDIR'));
+    if (text === undefined) return undefined;
+    const h = parseHolder(text);
+    return h?.home === home && h.id === id ? '' : h ? `sandbox ${h.id} of ${h.home}` : `${path} (not a claim)`;
+  };
+  const now = await held();
+  if (now !== undefined) return now || undefined;
+  const slot = slotOf(base);
+  if (slot === undefined) return 'no one: it is outside the ranges snaplab gives';
+  if (unusable(slot)) return 'an account of the host (/etc/passwd, /etc/group) or systemd';
+  await mkdir(REGISTRY, { recursive: true, mode: 0o700 });
+  const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  await writeFile(tmp, JSON.stringify({ home, id, pid: process.pid } satisfies Holder), { mode: 0o600 });
+  try {
+    if (size < USERNS_SIZE) {
+      const dir = dirname(path);
+      await mkdir(dir, { mode: 0o700 }).catch(noted(`split ${dir}`, 'EEXIST'));
+      const names = await readdir(dir).catch(orElse(undefined, `read ${dir}`, 'ENOTDIR', 'ENOENT'));
+      if (!names) return `a claim of the whole slot ${dir}`;
+      if (names.some((n) => sizeOfPart(n) !== size)) return `ranges of another size in ${dir}`;
+    }
+    try {
+      await link(tmp, path);
+      return undefined;
+    } catch (e) {
+      if (errno(e) !== 'EEXIST' && errno(e) !== 'ENOENT' && errno(e) !== 'ENOTDIR') throw e;
+      return (await held()) || `another claim at ${path}`; // claimed meanwhile (by itself in another process: fine)
+    }
+  } finally {
+    await unlink(tmp).catch(noted(`remove ${tmp}`, 'ENOENT'));
+  }
+}
+
 /** A claim file's holder; undefined for one that is not a snaplab claim (left alone, never freed). */
 function parseHolder(text: string): Holder | undefined {
   try {
@@ -371,7 +419,7 @@ export async function staleClaims(
   const stale: Claim[] = [];
   // whether another home still exists, asked once per home (thousands of claims name a few homes)
   const homes = new Map<string, boolean>();
-  const exists = (h: string): boolean => homes.get(h) ?? homes.set(h, existsSync(h)).get(h)!;
+  const exists = (h: string): boolean => homes.get(h) ?? homes.set(h, homeExists(h)).get(h)!;
   for (const c of await claims(names.claims, recorded)) {
     if (c.home === home) {
       if (isHeld(c.id)) continue;
@@ -380,6 +428,21 @@ export async function staleClaims(
     } else if (!exists(c.home) && !(await running(c.id))) stale.push(c);
   }
   return stale;
+}
+
+/**
+ * Does another home still exist? Only its absence is evidence that it is gone (ENOENT, ENOTDIR): a
+ * stat that fails otherwise (EACCES, ESTALE), or a path not absolute (a claim from before homes
+ * were spelt whole, relative to a working directory not known here), says it may.
+ */
+function homeExists(home: string): boolean {
+  if (!isAbsolute(home)) return true;
+  try {
+    statSync(home);
+    return true;
+  } catch (e) {
+    return errno(e) !== 'ENOENT' && errno(e) !== 'ENOTDIR';
+  }
 }
 
 /** A copy of a scenario's machines (scenario/names.ts Copy), as the registry spells it. */

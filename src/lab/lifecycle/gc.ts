@@ -22,7 +22,7 @@ import {
 } from '../../host/userns/registry.js';
 import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
 import { machineNetns } from '../../scenario/names.js';
-import { snaplabCgroupsOf, snaplabParents } from '../../host/cgroups/host.js';
+import { snaplabCgroupsOf, snaplabParents, sweepProbeCgroups } from '../../host/cgroups/host.js';
 import { listSnaplabNetns } from '../../host/net/netns.js';
 import { collectEgress } from '../../host/net/egress.js';
 import { destroyRecord } from './teardown.js';
@@ -122,6 +122,8 @@ export async function collectGarbage(ctx: LabContext, trace: Trace): Promise<{ r
   removed.push(...(await trace.phase('images', () => ctx.images.collect())));
   // what a killed bench's systemd-nspawn baseline left (host-wide, by the dead bench's pid)
   removed.push(...(await trace.phase('bench leftovers', () => sweepNspawnCgroups())));
+  // doctor's probe cgroup, where a doctor was killed during its probe
+  removed.push(...(await trace.phase('doctor leftovers', () => sweepProbeCgroups())));
   // volumes under gc's mark (inflight.ts): no clone, snapshot or import makes one meanwhile
   await trace.phase('volumes', () => collecting(ctx, (busy) => collectVolumes(ctx, trace, busy, removed, notes)));
   ctx.forgetReady();

@@ -9,6 +9,7 @@ import { SnaplabError } from '../../errors.js';
 import { machineEgressNetnsPath } from '../../host/net/egress.js';
 import { isNamespace } from '../../host/net/ns.js';
 import { USERNS_SIZE } from '../../host/userns/id-ranges.js';
+import { holdRange } from '../../host/userns/registry.js';
 import type { SandboxRecord } from '../../store/records.js';
 import type { Trace } from '../../timing/trace.js';
 import type { LabContext } from '../context.js';
@@ -64,6 +65,16 @@ export async function startSandbox(ctx: LabContext, s: SandboxRecord, trace: Tra
 async function startMachine(ctx: LabContext, s: SandboxRecord, driver: Driver, trace: Trace): Promise<RaisedMachine> {
   const backend = await trace.phase('storage ready', () => ctx.readyBackend(s.storage));
   const volume = s.volume!;
+  if (s.uidBase !== null && s.scenario === null) {
+    // its range is its own still, but the registry is on tmpfs: after a reboot it is claimed again
+    const other = await holdRange(s.uidBase, ctx.home, s.id, s.ids ?? null);
+    if (other !== undefined)
+      throw new SnaplabError(
+        'NO_USERNS_SLOT',
+        `the user namespace range of ${s.name} (host ids ${s.uidBase}…) is held by ${other}, claimed since it stopped (a reboot frees every claim)`,
+        `two machines on one range would share host ids: remove the other, or this one (\`snaplab rm ${s.name}\`)`,
+      );
+  }
   const machine = {
     id: s.id,
     hostname: s.name,
