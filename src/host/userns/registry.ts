@@ -1,6 +1,6 @@
 import { randomBytes, randomInt } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
-import { link, mkdir, readdir, readFile, rename, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
+import { link, mkdir, open, readdir, readFile, rename, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
 import { dirname, isAbsolute, join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { USERNS_MIN_SIZE, USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf, tierSlots } from './id-ranges.js';
@@ -225,9 +225,16 @@ export async function releaseRange(
 ): Promise<void> {
   const size = ids ?? USERNS_SIZE;
   const path = claimPath(base, size);
-  const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
-  if (h?.home !== home || h.id !== id) return;
-  await unlink(path).catch(noted(`release uid range ${path}`, 'ENOENT'));
+  const read = await readClaim(path);
+  if (read?.holder.home !== home || read.holder.id !== id) return;
+  // moved aside, then checked to be the claim read: two releases of one claim at once (rm and gc)
+  // must not free a claim made between one's read and the other's unlink
+  const aside = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  const moved = await rename(path, aside).then(() => true, noted(`release uid range ${path}`, 'ENOENT'));
+  if (!moved) return; // released meanwhile
+  if ((await stat(aside)).ino !== read.ino)
+    await link(aside, path).catch(noted(`put back the claim at ${path}`, 'EEXIST', 'ENOENT'));
+  await unlink(aside).catch(noted(`remove ${aside}`, 'ENOENT'));
   if (size < USERNS_SIZE)
     await rmdir(dirname(path)).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'));
 }
@@ -277,6 +284,19 @@ export async function holdRange(
     }
   } finally {
     await unlink(tmp).catch(noted(`remove ${tmp}`, 'ENOENT'));
+  }
+}
+
+/** A claim's holder and the inode read (which claim it was); undefined when there is none to read. */
+async function readClaim(path: string): Promise<{ holder: Holder; ino: number } | undefined> {
+  const fd = await open(path, 'r').catch(orElse(undefined, `open ${path}`, 'ENOENT', 'EISDIR', 'ENOTDIR'));
+  if (!fd) return undefined;
+  try {
+    const [st, text] = await Promise.all([fd.stat(), fd.readFile('utf8')]);
+    const holder = parseHolder(text);
+    return holder ? { holder, ino: st.ino } : undefined;
+  } finally {
+    await fd.close();
   }
 }
 
