@@ -25,12 +25,33 @@ interface Holder {
 
 const FOREIGN: [number, number] = [0x7ffe_0000, 0x7ffe_ffff];
 
-let named: number[] | undefined;
-/** uids and gids the host's account files name (a range must not contain a real account). */
+/** the ids the account files named when last read, and when they were last looked at */
+let named: { ids: number[]; mtimes: string; at: number } | undefined;
+const ACCOUNT_FILES = ['/etc/passwd', '/etc/group'];
+/** how often a process looks whether the account files changed (a daemon runs for months) */
+const ACCOUNTS_CHECK_MS = 5000;
+
+/**
+ * uids and gids the host's account files name (a range must not contain a real account), read
+ * again when either file changed. Accounts only an NSS service knows (sssd, LDAP) are not seen:
+ * docs/security.md.
+ */
 function hostIds(): number[] {
-  if (named) return named;
+  const now = Date.now();
+  if (named && now - named.at < ACCOUNTS_CHECK_MS) return named.ids;
+  const mtimes = ACCOUNT_FILES.map((f) => {
+    try {
+      return String(statSync(f).mtimeMs);
+    } catch {
+      return '-';
+    }
+  }).join(' ');
+  if (named?.mtimes === mtimes) {
+    named.at = now;
+    return named.ids;
+  }
   const ids: number[] = [];
-  for (const f of ['/etc/passwd', '/etc/group']) {
+  for (const f of ACCOUNT_FILES) {
     let text = '';
     try {
       text = readFileSync(f, 'utf8');
@@ -42,8 +63,8 @@ function hostIds(): number[] {
       if (Number.isInteger(n) && n >= 0x7000_0000) ids.push(n);
     }
   }
-  named = ids;
-  return named;
+  named = { ids, mtimes, at: now };
+  return ids;
 }
 
 const overlaps = (base: number, lo: number, hi: number): boolean => base <= hi && base + USERNS_SIZE - 1 >= lo;
