@@ -158,6 +158,35 @@ describe('signed URLs', () => {
       await b.kill();
     }
   });
+
+  it('a peer whose signed URLs match no sandbox is held back (429), not hashed against every session', async () => {
+    const sbx = await Sandbox.create();
+    try {
+      await sbx.files.write('/tmp/a.txt', 'a');
+      const url = await sbx.downloadUrl('/tmp/a.txt');
+      const made = (i: number): string =>
+        changed(url, 'signature', `v1_${'A'.repeat(42)}${String(i).padStart(1, '0')}`);
+      const statuses: number[] = [];
+      const t0 = Date.now();
+      for (let i = 0; i < 60; i++) statuses.push((await fetch(made(i))).status);
+      const judged = statuses.filter((x) => x === 401).length;
+      expect(statuses.slice(0, 20).every((x) => x === 401)).toBe(true); // a burst is judged
+      // then held back: no more judged than the burst (30) and what 5 a second gave back meanwhile
+      expect(judged).toBeLessThanOrEqual(30 + Math.ceil(((Date.now() - t0) / 1000) * 5) + 1);
+      expect(statuses.slice(judged).some((x) => x === 429)).toBe(true);
+      expect(statuses.every((x) => x === 401 || x === 429)).toBe(true);
+      await until('its budget spent', async () => (await fetch(made(99))).status === 429);
+      const held = await fetch(url);
+      expect([held.status, ((await held.json()) as { code: number }).code]).toEqual([429, 429]);
+      // a URL that names its sandbox is checked against that one alone: not held back
+      expect(await (await fetch(url, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } })).text()).toBe('a');
+      // and the budget comes back with time
+      await new Promise((r) => setTimeout(r, 1200));
+      expect(await (await fetch(url)).text()).toBe('a');
+    } finally {
+      await sbx.kill();
+    }
+  });
 });
 
 describe('sandboxes that end outside the front', () => {

@@ -2,6 +2,7 @@
  * What the E2B front's routes share: each key's Lab API, the sessions (a sandbox's access token
  * and the key that drives it for envd calls) and the commands envd started.
  */
+import { PeerBudgets } from './budgets.js';
 import { randomBytes } from 'node:crypto';
 import type { Socket } from 'node:net';
 import type { FastifyReply, FastifyRequest } from 'fastify';
@@ -40,6 +41,10 @@ const ENDED_KEPT_MS = 10 * 60_000;
 export const FROM_MEMORY = { fresh: true } as const;
 
 /** The state the routes share. */
+/** signed URLs without the sandbox's id that may match no session, per peer: at once, and a second after */
+const SEARCH_BURST = 30;
+const SEARCH_PER_S = 5;
+
 export class E2bState {
   readonly processes = new Processes();
   readonly metrics = new MetricsFront();
@@ -56,6 +61,8 @@ export class E2bState {
    * sandbox is gone or paused (`unavailable`). Only `/health` asks for its state.
    */
   private readonly handles = new Map<string, Handle>();
+  /** each peer's budget of signed URLs that matched no session (fileSandbox) */
+  private readonly searches = new PeerBudgets(SEARCH_BURST, SEARCH_PER_S);
   /** the key each request acted as (its X-API-Key, or its session's): the front's log line names it */
   private readonly actors = new WeakMap<FastifyRequest, string>();
   /** the resume in flight of each sandbox: every caller that finds it paused meanwhile waits for that one */
@@ -265,8 +272,20 @@ export class E2bState {
       return { box, user: await this.actAs(box, req) };
     }
     const header = req.headers['e2b-sandbox-id'];
-    const found = this.signer(q, op, typeof header === 'string' ? header : undefined);
+    const only = typeof header === 'string' ? header : undefined;
+    const peer = req.raw.socket.remoteAddress ?? '';
+    // a URL without the sandbox's id is checked against every session's token: a peer whose such
+    // URLs match none spends a budget (SEARCH_BURST, refilled SEARCH_PER_S a second), so that
+    // made-up signatures cannot keep the daemon hashing for every sandbox
+    if (only === undefined && !this.searches.take(peer, 0))
+      throw new SnaplabError(
+        'QUOTA_EXCEEDED',
+        'too many signed URLs from this address matched no sandbox',
+        'wait a few seconds; check that the URL is the one downloadUrl/uploadUrl made (or send E2b-Sandbox-Id)',
+      );
+    const found = this.signer(q, op, only);
     const again = 'make the URL again (sandbox.downloadUrl / uploadUrl), for this path, user and operation';
+    if (!found && only === undefined) this.searches.take(peer, 1);
     if (!found) throw new SnaplabError('UNAUTHORIZED', 'the signature is not valid', again);
     const exp = q.signature_expiration;
     if (typeof exp === 'string' && Number(exp) < Date.now() / 1000)
