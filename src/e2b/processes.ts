@@ -3,6 +3,8 @@
  * it (a background command, a client gone), so a kill, an input or a reattach finds it here. Each
  * is a `spawn` of the Lab API; its output goes to whoever listens now (nothing is replayed).
  */
+import { SnaplabError } from '../errors.js';
+import { Underway } from './underway.js';
 import type { ProcessApi, SandboxApi } from '../sdk/api.js';
 import type { ExecResult } from '../lab/io/sandbox-ops.js';
 import { failureMeans } from '../cleanup.js';
@@ -99,6 +101,7 @@ export interface Ended {
 export class Processes {
   private readonly bySandbox = new Map<string, Map<number, Proc>>();
   private readonly endedBy = new Map<string, Map<number, Ended>>();
+  private readonly underway = new Underway();
 
   /**
    * Start a command; `listen` gets its events from the first (`start`) to the last (`end`).
@@ -112,23 +115,34 @@ export class Processes {
       if (started) p.emit(e);
       else held.push(e);
     };
-    p.handle = await box.spawn(argvOf(spec.config, spec.shell), {
-      env: spec.config.envs,
-      cwd: spec.config.cwd,
-      user: spec.user,
-      timeoutMs: spec.timeoutMs,
-      ...(spec.stdin || spec.tty ? { stdin: true as const } : {}),
-      tty: spec.tty,
-      // as envd's: its end waits for its output's, so what it left in the background and still
-      // writes there is read (`(sleep 1; echo late) &`), and a server started with & and not redirected is waited for, as there
-      waitOutput: true,
-      ...outputTo(spec, out),
-      encoding: 'buffer',
-      // it outlives the daemon, as a command outlives envd's clients (a machine that cannot keep it runs it as without)
-      keep: true,
-      tag: tagOf(spec),
+    const { forgotten } = await this.underway.run(box.id, async () => {
+      p.handle = await box.spawn(argvOf(spec.config, spec.shell), {
+        env: spec.config.envs,
+        cwd: spec.config.cwd,
+        user: spec.user,
+        timeoutMs: spec.timeoutMs,
+        ...(spec.stdin || spec.tty ? { stdin: true as const } : {}),
+        tty: spec.tty,
+        // as envd's: its end waits for its output's, so what it left in the background and still
+        // writes there is read (`(sleep 1; echo late) &`), and a server started with & and not redirected is waited for, as there
+        waitOutput: true,
+        ...outputTo(spec, out),
+        encoding: 'buffer',
+        // it outlives the daemon, as a command outlives envd's clients (a machine that cannot keep it runs it as without)
+        keep: true,
+        tag: tagOf(spec),
+      });
+      p.pid = await p.handle.pid;
     });
-    p.pid = await p.handle.pid;
+    if (forgotten) {
+      // its sandbox was killed or stopped while it started: nothing is kept of it (forget)
+      p.handle.disconnect?.();
+      throw new SnaplabError(
+        'SANDBOX_NOT_FOUND',
+        `sandbox ${box.id} ended while the command started`,
+        'create another',
+      );
+    }
     p.listeners.add(listen);
     p.emit({ start: { pid: p.pid } });
     started = true;
@@ -254,6 +268,7 @@ export class Processes {
 
   /** A sandbox killed: its commands' streams are cut (their ends come from the lost connection). */
   forget(sandbox: string): void {
+    this.underway.forget(sandbox);
     for (const p of this.list(sandbox)) p.handle.disconnect?.();
     this.bySandbox.delete(sandbox);
     this.endedBy.delete(sandbox);

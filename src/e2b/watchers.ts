@@ -3,6 +3,8 @@
  * the Lab API's `sandbox.watch` kept here, its events collected until GetWatcherEvents asks for
  * them, ended by RemoveWatcher or with its sandbox.
  */
+import { SnaplabError } from '../errors.js';
+import { Underway } from './underway.js';
 import { randomBytes } from 'node:crypto';
 import type { SandboxApi, WatchEvent, WatchHandle } from '../sdk/api.js';
 import { posix } from 'node:path';
@@ -103,6 +105,7 @@ interface Watcher {
 /** The watchers CreateWatcher made, by id. */
 export class Watchers {
   private readonly byId = new Map<string, Watcher>();
+  private readonly underway = new Underway();
 
   async create(box: SandboxApi, ask: WatchAsk): Promise<string> {
     const w: Partial<Watcher> & { events: Watcher['events']; bytes: number } = {
@@ -122,8 +125,17 @@ export class Watchers {
       else full(new ConnectError('resource_exhausted', `over ${MAX_PENDING_BYTES >> 20} MiB of events not asked for`));
     });
     w.stop = events.stop;
-    w.handle = await box.watch(ask.path, { recursive: ask.recursive }, events.tell);
+    const { value: handle, forgotten } = await this.underway.run(box.id, () =>
+      box.watch(ask.path, { recursive: ask.recursive }, events.tell),
+    );
+    w.handle = handle;
     w.handle.done.catch((e: unknown) => void (w.error ??= e));
+    if (forgotten) {
+      // its sandbox was killed or stopped while the watch began: nothing is kept of it (forget)
+      events.stop();
+      await handle.close().catch(noted('close a watcher of a sandbox gone', 'SANDBOX_NOT_FOUND'));
+      throw new SnaplabError('SANDBOX_NOT_FOUND', `sandbox ${box.id} ended while the watch began`, 'create another');
+    }
     const id = `w${randomBytes(8).toString('hex')}`;
     this.byId.set(id, w as Watcher);
     return id;
@@ -153,6 +165,7 @@ export class Watchers {
 
   /** A sandbox gone: its watchers with it (their watches end with it). */
   forget(sandbox: string): void {
+    this.underway.forget(sandbox);
     for (const [id, w] of this.byId)
       if (w.sandbox === sandbox) {
         this.byId.delete(id);

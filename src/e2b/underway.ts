@@ -1,0 +1,27 @@
+/**
+ * Calls under way for a sandbox (a command's start, a watcher's), so that one whose sandbox the
+ * front forgot while it ran (killed, stopped, gone) is seen when it returns: what it made is then
+ * let go, not kept under a sandbox nothing will forget again.
+ */
+export class Underway {
+  private readonly bySandbox = new Map<string, Set<{ forgotten: boolean }>>();
+
+  /** `f`'s value, and whether `sandbox` was forgotten while it ran. */
+  async run<T>(sandbox: string, f: () => Promise<T>): Promise<{ value: T; forgotten: boolean }> {
+    const call = { forgotten: false };
+    let calls = this.bySandbox.get(sandbox);
+    if (!calls) this.bySandbox.set(sandbox, (calls = new Set()));
+    calls.add(call);
+    try {
+      const value = await f();
+      return { value, forgotten: call.forgotten };
+    } finally {
+      calls.delete(call);
+      if (!calls.size && this.bySandbox.get(sandbox) === calls) this.bySandbox.delete(sandbox);
+    }
+  }
+
+  forget(sandbox: string): void {
+    for (const call of this.bySandbox.get(sandbox) ?? []) call.forgotten = true;
+  }
+}
