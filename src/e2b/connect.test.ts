@@ -17,8 +17,11 @@ describe("a client's timers", () => {
 
   it('send keepalives at most once a second, at least once a timer can hold', () => {
     expect(keepaliveMs('50')).toBe(50_000);
-    expect([keepaliveMs('0'), keepaliveMs('0.2'), keepaliveMs('junk')]).toEqual([1000, 1000, 1000]);
+    expect([keepaliveMs('0'), keepaliveMs('-3')]).toEqual([1000, 1000]);
     expect(keepaliveMs('3000000')).toBe(2 ** 31 - 1);
-    expect(keepaliveMs(undefined)).toBeUndefined();
+    // as envd: none asked, or none it can read, is every 90 s
+    expect([keepaliveMs(undefined), keepaliveMs('0.2'), keepaliveMs('junk'), keepaliveMs('')]).toEqual([
+      90_000, 90_000, 90_000, 90_000,
+    ]);
   });
 });

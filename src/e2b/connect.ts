@@ -195,12 +195,16 @@ export function deadlineOf(header: string | string[] | undefined): number | unde
   return Number.isFinite(n) && n > 0 && n <= MAX_TIMER_MS ? Math.ceil(n) : undefined;
 }
 
+/** envd's keepalive when a stream's request names none, or none it can read (a whole number of seconds) */
+const DEFAULT_KEEPALIVE_S = 90;
+
 /**
- * How often a stream sends a keepalive (`Keepalive-Ping-Interval`, seconds, as the SDK asks: 50),
- * in ms: never more often than once a second, never past what a timer holds; undefined when not asked.
+ * How often a stream sends a keepalive (`Keepalive-Ping-Interval`, whole seconds, as the SDK asks:
+ * 50), in ms: as envd, 90 s when the header is absent or not a whole number; never more often than
+ * once a second (envd's 0 is no interval at all), never past what a timer holds.
  */
-export function keepaliveMs(header: string | string[] | undefined): number | undefined {
-  if (header === undefined) return undefined;
-  const s = Number(Array.isArray(header) ? header[0] : header) || 0;
+export function keepaliveMs(header: string | string[] | undefined): number {
+  const text = (Array.isArray(header) ? header[0] : header)?.trim() ?? '';
+  const s = /^[+-]?\d+$/.test(text) ? Number(text) : DEFAULT_KEEPALIVE_S;
   return Math.min(MAX_TIMER_MS, Math.max(1, s) * 1000);
 }
