@@ -207,6 +207,19 @@ describe.each([
         expect(await raw('state=paused')).toEqual([]);
         // the front's own keys are not the caller's metadata
         expect(await raw('', 'suite=list&e2b.template=base')).toEqual([]);
+        // an order or a state E2B's API does not know is refused, as there (not read as the default)
+        for (const q of ['order=newest', 'state=sleeping']) {
+          const r = await fetch(`${d.e2bUrl}/v2/sandboxes?${q}`, { headers: { 'X-API-Key': key.trim() } });
+          expect([q, r.status]).toEqual([q, 400]);
+        }
+        // v1 lists the running ones only, as E2B's: a paused one is not among them
+        await a.pause();
+        const v1 = await fetch(`${d.e2bUrl}/sandboxes?metadata=${encodeURIComponent('suite=list')}`, {
+          headers: { 'X-API-Key': key.trim() },
+        });
+        expect(((await v1.json()) as { sandboxID: string }[]).map((x) => x.sandboxID)).toEqual([b.sandboxId]);
+        expect(await raw('state=paused')).toEqual([a.sandboxId]);
+        await Sandbox.connect(a.sandboxId);
         await Sandbox.setTimeout(c.sandboxId, 3600_000);
         const end = (await Sandbox.getInfo(c.sandboxId)).endAt.getTime();
         expect(end).toBeGreaterThan(Date.now() + 3500_000);

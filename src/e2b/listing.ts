@@ -132,10 +132,16 @@ const E2B_STATES: Record<string, ListState[]> = { running: ['running'], paused: 
  * What the Lab API's list is asked for E2B's filters, or undefined when no sandbox can pass them:
  * the filters are read in the lab's store (its page only), never over every sandbox here.
  */
-function listOptions(q: ListQuery): ListOptions | undefined {
+function listOptions(q: ListQuery, paged: boolean): ListOptions | undefined {
   const filter = metadataFilter(q.metadata);
-  const asked = (q.state ?? 'running,paused').split(',').filter(Boolean);
-  const state = [...new Set(asked.flatMap((s) => (Object.hasOwn(E2B_STATES, s) ? E2B_STATES[s]! : [])))];
+  // v1 lists the running ones, as E2B's; v2 both states unless asked, an unknown one refused as there
+  const asked = paged ? (q.state ?? 'running,paused').split(',').filter(Boolean) : ['running'];
+  for (const s of asked)
+    if (!Object.hasOwn(E2B_STATES, s))
+      throw new SnaplabError('BAD_INPUT', `unknown state ${JSON.stringify(s)}`, 'state: running, paused or both');
+  if (q.order !== undefined && q.order !== 'asc' && q.order !== 'desc')
+    throw new SnaplabError('BAD_INPUT', `unknown order ${JSON.stringify(q.order)}`, 'order: asc or desc');
+  const state = [...new Set(asked.flatMap((s) => E2B_STATES[s]!))];
   const after = q.startedAfter ? Date.parse(q.startedAfter) : undefined;
   if (after !== undefined && Number.isNaN(after))
     throw new SnaplabError('BAD_INPUT', 'startedAfter is not a date', 'give an ISO 8601 time');
@@ -161,7 +167,7 @@ export async function listSandboxes(
   paged: boolean,
 ): Promise<Record<string, unknown>[]> {
   const q = req.query as ListQuery;
-  const opts = listOptions(q);
+  const opts = listOptions(q, paged);
   const limit = paged ? pageLimit(q.limit) : undefined;
   const after = paged ? cursorOf(q.nextToken) : undefined;
   if (!opts) return [];
