@@ -170,11 +170,13 @@ export class BulkError extends SnaplabError {
     readonly removed: string[],
     readonly failed: { name: string; error: unknown }[],
     total: number,
+    /** not begun: the removal was interrupted (an abort, a progress callback that threw) */
+    readonly notBegun = 0,
   ) {
     const first = failed[0]?.error;
     super(
       isSnaplabError(first) ? first.code : 'INTERNAL',
-      `${failed.length} of ${total} sandboxes not removed (${removed.length} removed): ${failed
+      `${failed.length + notBegun} of ${total} sandboxes not removed (${removed.length} removed${notBegun ? `; ${notBegun} not begun: interrupted` : ''}): ${failed
         .slice(0, 5)
         .map((f) => `${f.name}: ${f.error instanceof Error ? f.error.message : String(f.error)}`)
         .join('; ')}`,
@@ -220,7 +222,7 @@ export async function removeMany(
     },
     () => false,
   );
-  if (failed.length) throw new BulkError(removed, failed, boxes.length);
+  if (failed.length) throw new BulkError(removed, failed, boxes.length, boxes.length - done);
   if (told !== undefined) throw told;
   if (done < boxes.length)
     throw new SnaplabError(
