@@ -281,6 +281,25 @@ describe('user namespace ranges', () => {
       expect(await out(again, ['sh', '-c', 'ping -c1 -W2 10.88.0.3 >/dev/null && echo reached'])).toBe('reached');
       again.close();
       expect(readdirSync(REGISTRY)).toContain(String(base));
+      // its claim gone from the registry (lost, or written under another spelling of the home):
+      // a reset refuses to raise it, never raises it without a user namespace (root inside would be host root)
+      const claim = join(REGISTRY, String(base));
+      const text = readFileSync(claim, 'utf8');
+      unlinkSync(claim);
+      try {
+        const refused = await scn.reset().catch((e: unknown) => e as SnaplabError);
+        expect(refused).toMatchObject({
+          code: 'SCENARIO_FAILED',
+          message: expect.stringMatching(/no user namespace range/),
+        });
+        expect(
+          (await lab.list()).filter(
+            (x) => x.info.scenario === 'uns' && x.state === 'running' && x.info.uidBase === null,
+          ),
+        ).toEqual([]);
+      } finally {
+        writeFileSync(claim, text, { flag: 'wx' });
+      }
     } finally {
       await scn.down();
     }

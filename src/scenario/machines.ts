@@ -3,7 +3,8 @@ import type { LabContext } from '../lab/context.js';
 import { imageVolume } from '../lab/images/volume.js';
 import { DEFAULT_DRIVER } from '../defaults.js';
 import { withDefaults } from '../lab/lifecycle/limits.js';
-import { raiseSandbox } from '../lab/lifecycle/raise.js';
+import { raiseSandbox, usernsFor } from '../lab/lifecycle/raise.js';
+import { SnaplabError } from '../errors.js';
 import type { StorageKind, Volume } from '../storage/backend.js';
 import type { Trace } from '../timing/trace.js';
 import { netnsPath } from '../host/net/netns.js';
@@ -43,6 +44,14 @@ export async function raiseMachine(
   const netns = netnsPath(machineNetns(scenario.id, index, copy));
   // the range of the user namespace that owns the machine's network namespace, if one was made
   const uidBase = (await scenarioRanges(ctx.home, scenario.id, copy)).get(index);
+  // one that should have a range (wireNetworks claimed one) and has none in the registry is not
+  // raised without: in its network namespace without a user namespace, root inside is host root
+  if (uidBase === undefined && !isVm(m) && usernsFor(ctx, { driver, storage }))
+    throw new SnaplabError(
+      'SCENARIO_FAILED',
+      `machine ${m.name} of ${scenario.name} has no user namespace range in the host's registry (${copy} copy)`,
+      `bring the scenario down and up again (\`snaplab down ${scenario.name}\`, then \`snaplab up FILE\`): its networks and ranges are made afresh`,
+    );
   const { record, agent } = await raiseSandbox(
     ctx,
     {
