@@ -22,3 +22,18 @@ export class PeerBudgets {
     return b.tokens >= 1;
   }
 }
+
+/** A peer as a budget knows it: an IPv4 address, or an IPv6 one's /64 (one host's to rotate through). */
+export function peerOf(address: string | undefined): string {
+  const a = address ?? '';
+  if (!a.includes(':') || a.startsWith('::ffff:')) return a;
+  const full = a.includes('::') ? expandV6(a) : a.split(':');
+  return `${full.slice(0, 4).join(':')}::/64`;
+}
+
+function expandV6(a: string): string[] {
+  const [head, tail] = a.split('::') as [string, string];
+  const h = head ? head.split(':') : [];
+  const t = tail ? tail.split(':') : [];
+  return [...h, ...Array(Math.max(0, 8 - h.length - t.length)).fill('0'), ...t];
+}

@@ -48,6 +48,7 @@ const BY_SNAPLAB: Partial<Record<ErrorCode, ConnectCode>> = {
   PROCESS_NOT_FOUND: 'not_found',
   PROCESS_BUSY: 'failed_precondition',
   FILE_ERROR: 'failed_precondition',
+  DISK_FULL: 'failed_precondition',
   QUOTA_EXCEEDED: 'resource_exhausted',
   SANDBOX_PAUSED: 'unavailable',
   SANDBOX_STOPPED: 'unavailable',

@@ -175,7 +175,7 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
       tty: sizeOf(m.pty),
     };
     const listen = pipe(open, ref, req);
-    ref.p = await state.processes.start(box, spec, listen);
+    ref.p = await state.processes.start(box, spec, listen, (p) => (ref.p = p));
     mark('pid');
     // the client went away while it started: the command runs on, to its end or its timeout
     if (open().closed) ref.p.listeners.delete(listen);

@@ -107,8 +107,14 @@ export class Processes {
    * Start a command; `listen` gets its events from the first (`start`) to the last (`end`).
    * Output that comes before the pid is known is held until the start event is out.
    */
-  async start(box: SandboxApi, spec: StartSpec, listen: (e: ProcessEvent) => void): Promise<Proc> {
+  async start(
+    box: SandboxApi,
+    spec: StartSpec,
+    listen: (e: ProcessEvent) => void,
+    made?: (p: Proc) => void,
+  ): Promise<Proc> {
     const p = new Proc(box.id, spec);
+    made?.(p); // before any wait: its listener may need it at once (an end that comes early: Proc.cut)
     const held: ProcessEvent[] = [];
     let started = false;
     const out = (e: ProcessEvent): void => {
@@ -137,10 +143,11 @@ export class Processes {
     if (forgotten) {
       // its sandbox was killed or stopped while it started: nothing is kept of it (forget)
       p.handle.disconnect?.();
+      // (stopped, not "not found": a pause that keeps its files forgets too, and its session stays)
       throw new SnaplabError(
-        'SANDBOX_NOT_FOUND',
-        `sandbox ${box.id} ended while the command started`,
-        'create another',
+        'SANDBOX_STOPPED',
+        `sandbox ${box.id} ended or stopped while the command started`,
+        'connect to it again',
       );
     }
     p.listeners.add(listen);

@@ -2,7 +2,7 @@
  * What the E2B front's routes share: each key's Lab API, the sessions (a sandbox's access token
  * and the key that drives it for envd calls) and the commands envd started.
  */
-import { PeerBudgets } from './budgets.js';
+import { PeerBudgets, peerOf } from './budgets.js';
 import { randomBytes } from 'node:crypto';
 import type { Socket } from 'node:net';
 import type { FastifyReply, FastifyRequest } from 'fastify';
@@ -273,7 +273,7 @@ export class E2bState {
     }
     const header = req.headers['e2b-sandbox-id'];
     const only = typeof header === 'string' ? header : undefined;
-    const peer = req.raw.socket.remoteAddress ?? '';
+    const peer = peerOf(req.raw.socket.remoteAddress);
     // a URL without the sandbox's id is checked against every session's token: a peer whose such
     // URLs match none spends a budget (SEARCH_BURST, refilled SEARCH_PER_S a second), so that
     // made-up signatures cannot keep the daemon hashing for every sandbox

@@ -134,7 +134,12 @@ export class Watchers {
       // its sandbox was killed or stopped while the watch began: nothing is kept of it (forget)
       events.stop();
       await handle.close().catch(noted('close a watcher of a sandbox gone', 'SANDBOX_NOT_FOUND'));
-      throw new SnaplabError('SANDBOX_NOT_FOUND', `sandbox ${box.id} ended while the watch began`, 'create another');
+      // (stopped, not "not found": a pause that keeps its files forgets too, and its session stays)
+      throw new SnaplabError(
+        'SANDBOX_STOPPED',
+        `sandbox ${box.id} ended or stopped while the watch began`,
+        'connect to it again',
+      );
     }
     const id = `w${randomBytes(8).toString('hex')}`;
     this.byId.set(id, w as Watcher);

@@ -237,6 +237,7 @@ export function oomKills(cg: Cgroup): number {
   return cg.version === 1 ? v1.oomKillsV1(cg) : v2.oomKillsV2(cg);
 }
 /** Memory in use (bytes), processes, CPU time used (µs); a figure is absent when its controller is. */
-export function stats(cg: Cgroup): Promise<CgroupStats> {
-  return cg.version === 1 ? v1.statsV1(cg) : v2.statsV2(cg);
+/** What `cg` counts now; `cache`: its page cache too (one more file read: memory.stat). */
+export function stats(cg: Cgroup, o: { cache?: boolean } = {}): Promise<CgroupStats> {
+  return cg.version === 1 ? v1.statsV1(cg, o) : v2.statsV2(cg, o);
 }

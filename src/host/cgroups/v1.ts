@@ -73,11 +73,11 @@ export function oomKillsV1(cg: Cgroup): number {
   return dir ? (keyed(readTextNow(`${dir}/memory.oom_control`), 'oom_kill') ?? 0) : 0;
 }
 
-export async function statsV1(cg: Cgroup): Promise<CgroupStats> {
+export async function statsV1(cg: Cgroup, o: { cache?: boolean } = {}): Promise<CgroupStats> {
   const { memory, pids, cpuacct } = cg.controllerDirs;
   const [mem, stat, n, ns] = await Promise.all([
     memory ? readText(`${memory}/memory.usage_in_bytes`) : undefined,
-    memory ? readText(`${memory}/memory.stat`) : undefined,
+    memory && o.cache ? readText(`${memory}/memory.stat`) : undefined,
     pids ? readText(`${pids}/pids.current`) : undefined,
     cpuacct ? readText(`${cpuacct}/cpuacct.usage`) : undefined,
   ]);

@@ -101,12 +101,12 @@ export function oomKillsV2(cg: Cgroup): number {
   return dir ? (keyed(readTextNow(`${dir}/memory.events`), 'oom_kill') ?? 0) : 0;
 }
 
-export async function statsV2(cg: Cgroup): Promise<CgroupStats> {
+export async function statsV2(cg: Cgroup, o: { cache?: boolean } = {}): Promise<CgroupStats> {
   const dir = cg.dirs[0]!;
   const { memory, pids } = cg.controllerDirs;
   const [mem, stat, n, cpu] = await Promise.all([
     memory ? readText(`${dir}/memory.current`) : undefined,
-    memory ? readText(`${dir}/memory.stat`) : undefined,
+    memory && o.cache ? readText(`${dir}/memory.stat`) : undefined,
     pids ? readText(`${dir}/pids.current`) : undefined,
     readText(`${dir}/cpu.stat`), // core file: usage_usec is there without the cpu controller
   ]);

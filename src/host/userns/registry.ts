@@ -1,7 +1,7 @@
 import { randomBytes, randomInt } from 'node:crypto';
-import { readFileSync, statSync } from 'node:fs';
+import { readFileSync, realpathSync, statSync } from 'node:fs';
 import { link, mkdir, open, readdir, readFile, rename, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
-import { dirname, isAbsolute, join } from 'node:path';
+import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { USERNS_MIN_SIZE, USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf, tierSlots } from './id-ranges.js';
 import { pidAlive } from '../procs.js';
@@ -247,14 +247,14 @@ export async function releaseRange(
   const size = ids ?? USERNS_SIZE;
   const path = claimPath(base, size);
   const read = await readClaim(path);
-  if (read?.holder.home !== home || read.holder.id !== id) return;
+  if (!read || !sameHome(read.holder.home, home) || read.holder.id !== id) return;
   // moved aside, then checked to be the claim read: two releases of one claim at once (rm and gc)
   // must not free a claim made between one's read and the other's unlink
   const aside = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
   const moved = await rename(path, aside).then(() => true, noted(`release uid range ${path}`, 'ENOENT'));
   if (!moved) return; // released meanwhile
   if ((await stat(aside)).ino !== read.ino)
-    await link(aside, path).catch(noted(`put back the claim at ${path}`, 'EEXIST', 'ENOENT'));
+    await link(aside, path).catch(noted(`put back the claim at ${path}`, 'ENOENT'));
   await unlink(aside).catch(noted(`remove ${aside}`, 'ENOENT'));
   if (size < USERNS_SIZE)
     await rmdir(dirname(path)).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'));
@@ -278,7 +278,11 @@ export async function holdRange(
     const text = await readFile(path, 'utf8').catch(orElse(undefined, `read ${path}`, 'ENOENT', 'EISDIR', 'ENOTDIR'));
     if (text === undefined) return undefined;
     const h = parseHolder(text);
-    return h?.home === home && h.id === id ? '' : h ? `sandbox ${h.id} of ${h.home}` : `${path} (not a claim)`;
+    return h && sameHome(h.home, home) && h.id === id
+      ? ''
+      : h
+        ? `sandbox ${h.id} of ${h.home}`
+        : `${path} (not a claim)`;
   };
   const now = await held();
   if (now !== undefined) return now || undefined;
@@ -289,19 +293,25 @@ export async function holdRange(
   const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
   await writeFile(tmp, JSON.stringify({ home, id, pid: process.pid } satisfies Holder), { mode: 0o600 });
   try {
-    if (size < USERNS_SIZE) {
-      const dir = dirname(path);
-      await mkdir(dir, { mode: 0o700 }).catch(noted(`split ${dir}`, 'EEXIST'));
-      const names = await readdir(dir).catch(orElse(undefined, `read ${dir}`, 'ENOTDIR', 'ENOENT'));
-      if (!names) return `a claim of the whole slot ${dir}`;
-      if (names.some((n) => sizeOfPart(n) !== size)) return `ranges of another size in ${dir}`;
-    }
-    try {
-      await link(tmp, path);
-      return undefined;
-    } catch (e) {
-      if (errno(e) !== 'EEXIST' && errno(e) !== 'ENOENT' && errno(e) !== 'ENOTDIR') throw e;
-      return (await held()) || `another claim at ${path}`; // claimed meanwhile (by itself in another process: fine)
+    // (a split slot emptied and removed between its mkdir and the link: once more)
+    for (let attempt = 0; ; attempt++) {
+      if (size < USERNS_SIZE) {
+        const dir = dirname(path);
+        await mkdir(dir, { mode: 0o700 }).catch(noted(`split ${dir}`, 'EEXIST'));
+        const names = await readdir(dir).catch(orElse(undefined, `read ${dir}`, 'ENOTDIR', 'ENOENT'));
+        if (!names) return `a claim of the whole slot ${dir}`;
+        if (names.some((n) => sizeOfPart(n) !== size)) return `ranges of another size in ${dir}`;
+      }
+      try {
+        await link(tmp, path);
+        return undefined;
+      } catch (e) {
+        if (errno(e) === 'ENOENT' && size < USERNS_SIZE && attempt < 3) continue;
+        if (errno(e) !== 'EEXIST' && errno(e) !== 'ENOENT' && errno(e) !== 'ENOTDIR') throw e;
+        // claimed meanwhile: by this machine in another process (its own: fine), or by another
+        const h = await held();
+        return h === '' ? undefined : (h ?? `another claim at ${path}`);
+      }
     }
   } finally {
     await unlink(tmp).catch(noted(`remove ${tmp}`, 'ENOENT'));
@@ -319,6 +329,28 @@ async function readClaim(path: string): Promise<{ holder: Holder; ino: number } 
   } finally {
     await fd.close();
   }
+}
+
+/** homes as claims spell them → their one spelling (realpath), each looked up once */
+const spelt = new Map<string, string>();
+/**
+ * Is a claim's home `home` (spelt whole: LabContext.home)? Claims written before homes were spelt
+ * whole (a trailing `/`, a link) are the same home; a relative one cannot be told and is not.
+ */
+function sameHome(claimed: string, home: string): boolean {
+  if (claimed === home) return true;
+  if (!isAbsolute(claimed)) return false;
+  let whole = spelt.get(claimed);
+  if (whole === undefined) {
+    try {
+      whole = realpathSync(claimed);
+    } catch {
+      whole = resolve(claimed);
+    }
+    if (spelt.size > 1000) spelt.clear();
+    spelt.set(claimed, whole);
+  }
+  return whole === home;
 }
 
 /** A claim file's holder; undefined for one that is not a snaplab claim (left alone, never freed). */
@@ -437,7 +469,7 @@ async function ageOf(path: string): Promise<number> {
 /** The ranges `home` holds in the registry, first id → holder (a sandbox id, or a scenario machine's). */
 export async function rangesOf(home: string): Promise<Map<number, string>> {
   return new Map(
-    (await claims((await registryNames()).claims)).filter((c) => c.home === home).map((c) => [c.base, c.id]),
+    (await claims((await registryNames()).claims)).filter((c) => sameHome(c.home, home)).map((c) => [c.base, c.id]),
   );
 }
 
@@ -462,7 +494,7 @@ export async function staleClaims(
   const homes = new Map<string, boolean>();
   const exists = (h: string): boolean => homes.get(h) ?? homes.set(h, homeExists(h)).get(h)!;
   for (const c of await claims(names.claims, recorded)) {
-    if (c.home === home) {
+    if (sameHome(c.home, home)) {
       if (isHeld(c.id)) continue;
       if (c.pid !== undefined && (await ageOf(c.path)) < graceMs && (await pidAlive(c.pid))) continue;
       stale.push(c);
@@ -531,7 +563,7 @@ export async function allScenarioRanges(home: string, sid: string): Promise<Map<
 export async function relabelRange(base: number, home: string, from: string, to: string): Promise<void> {
   const path = join(REGISTRY, String(base));
   const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
-  if (h?.home !== home || h.id !== from) return;
+  if (!h || !sameHome(h.home, home) || h.id !== from) return;
   const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
   await writeFile(tmp, JSON.stringify({ ...h, id: to, pid: process.pid }), { mode: 0o600 });
   await rename(tmp, path);

@@ -51,7 +51,7 @@ function xattrArgs(xattrs: Record<string, string> | undefined): string[] {
   });
 }
 
-/** The agent's error line as an error: ENOENT is FILE_NOT_FOUND, ENOSPC and EDQUOT DISK_FULL, the rest FILE_ERROR with the errno name. */
+/** The agent's error line as an error: ENOENT is FILE_NOT_FOUND, ENOSPC and EDQUOT DISK_FULL (but a watch's), the rest FILE_ERROR with the errno name. */
 export function fileError(stderr: string, code: number, what: string): SnaplabError {
   if (stderr.startsWith('usage: snaplab-agent')) {
     return new SnaplabError(
@@ -65,7 +65,8 @@ export function fileError(stderr: string, code: number, what: string): SnaplabEr
   const verb = what.split(' ')[0];
   if (m?.[1] === 'ENOENT')
     return new SnaplabError('FILE_NOT_FOUND', `${verb} ${m[2]}`, "check the path (it is the machine's own)");
-  if (m?.[1] === 'ENOSPC' || m?.[1] === 'EDQUOT')
+  // (a watch's ENOSPC is inotify's limit on watches, not the disk)
+  if ((m?.[1] === 'ENOSPC' || m?.[1] === 'EDQUOT') && verb !== 'watch')
     return new SnaplabError(
       'DISK_FULL',
       `${verb} ${m[2]} (${m[1]})`,

@@ -37,7 +37,7 @@ export async function sandboxUsage(ctx: LabContext, rec: SandboxRecord): Promise
   const at = Date.now();
   type CgroupStats = Awaited<ReturnType<typeof stats>>;
   const [cg, disk] = await Promise.all([
-    stats(cgroupFor(rec.id)).catch(orElse<CgroupStats>({}, `stats of ${rec.id}`, 'ENOENT')),
+    stats(cgroupFor(rec.id), { cache: true }).catch(orElse<CgroupStats>({}, `stats of ${rec.id}`, 'ENOENT')),
     diskOf(ctx, rec),
   ]);
   return {
