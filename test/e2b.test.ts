@@ -978,9 +978,22 @@ describe("the Python SDK's exchanges, with Python's standard library (test/e2b_p
         },
       ]);
       expect(s.removeWatcher).toEqual([200, {}]);
+      // every field E2B's spec requires of a SandboxMetric (the Python SDK's model reads each)
       expect(s.metrics).toEqual([
         200,
-        [expect.objectContaining({ cpuCount: expect.any(Number), memUsed: expect.any(Number) })],
+        [
+          expect.objectContaining({
+            timestamp: expect.any(String),
+            timestampUnix: expect.any(Number),
+            cpuCount: expect.any(Number),
+            cpuUsedPct: expect.any(Number),
+            memUsed: expect.any(Number),
+            memTotal: expect.any(Number),
+            memCache: expect.any(Number),
+            diskUsed: expect.any(Number),
+            diskTotal: expect.any(Number),
+          }),
+        ],
       ]);
       expect(s.metrics[1][0].memUsed).toBeGreaterThan(0);
       expect(s.download).toEqual([200, 'written by python']);
