@@ -52,7 +52,7 @@ export function addBenchOptions(cmd: Command): Command {
     )
     .option(
       '--concurrency <n>',
-      'shorthand for a one-rung ladder (density: creates in flight while filling, default 4)',
+      "shorthand for a one-rung ladder (density: creates in flight while filling, default 8, as the library's bulk create)",
     )
     .option('--counts <list>', 'density: idle machines at each step, e.g. 0,1000,5000,10000 (default 0,100)')
     .option('--reps <n>', 'repetitions of each rung', '3')

@@ -4,7 +4,7 @@ import { DEFAULT_DRIVER } from '../defaults.js';
 import { findDriverInfo } from '../drivers/registry.js';
 import { cliPlan } from '../bench/cli-plan.js';
 import { interruptible, withLab } from './common.js';
-import { PARALLEL_MAX } from '../sdk/bulk.js';
+import { DEFAULT_PARALLEL, PARALLEL_MAX } from '../sdk/bulk.js';
 import { printJson } from './output.js';
 import type { Lab } from '../sdk/lab.js';
 import { SnaplabError } from '../errors.js';
@@ -24,7 +24,8 @@ async function densityCommand(o: BenchCli): Promise<void> {
   const opts = {
     counts: parseCounts(o.counts ?? '0,100'),
     samples: o.count === undefined ? 20 : sizes.parsePositiveInt(o.count, 'count'),
-    concurrency: o.concurrency === undefined ? 4 : sizes.parsePositiveInt(o.concurrency, 'concurrency'),
+    // the library's own bulk create, as `create --count` runs it
+    concurrency: o.concurrency === undefined ? DEFAULT_PARALLEL : sizes.parsePositiveInt(o.concurrency, 'concurrency'),
   };
   if (opts.concurrency > PARALLEL_MAX)
     throw new SnaplabError(

@@ -32,7 +32,8 @@ export interface BulkOptions {
 
 /** the most one bulk create makes: ten times this host's 10 000 (docs/benchmarks.md "Density"); more is a typo */
 export const BULK_MAX = 100_000;
-const DEFAULT_PARALLEL = 8;
+/** calls in flight unless asked (the CLI's `create --count`, `rm --all`; the density bench's fill) */
+export const DEFAULT_PARALLEL = 8;
 /** calls in flight at most: past a few per core they only queue on the kernel's locks */
 export const PARALLEL_MAX = 64;
 
