@@ -105,11 +105,9 @@ function pipe(open: () => ServerStream, ref: { p?: Proc }, req: FastifyRequest):
   const listen = (e: ProcessEvent): void => {
     if (!stream) {
       stream = open();
-      if (every) {
-        const s = stream;
-        timer = setInterval(() => s.send({ event: { keepalive: {} } }), every);
-        timer.unref();
-      }
+      const s = stream;
+      timer = setInterval(() => s.send({ event: { keepalive: {} } }), every);
+      timer.unref();
       stream.onClose(() => {
         if (timer) clearInterval(timer);
         ref.p?.listeners.delete(listen);
@@ -175,10 +173,11 @@ async function start(state: E2bState, req: FastifyRequest, reply: FastifyReply):
       tty: sizeOf(m.pty),
     };
     const listen = pipe(open, ref, req);
-    ref.p = await state.processes.start(box, spec, listen, (p) => (ref.p = p));
+    // (ref.p is set as soon as the Proc is made: an end that comes early must find it)
+    const p = await state.processes.start(box, spec, listen, (made) => (ref.p = made));
     mark('pid');
     // the client went away while it started: the command runs on, to its end or its timeout
-    if (open().closed) ref.p.listeners.delete(listen);
+    if (open().closed) p.listeners.delete(listen);
   } catch (err) {
     // the sandbox gone or paused, found by the start itself: 502, as before any stream
     const e = state.unavailable(req, err);

@@ -3,8 +3,7 @@
  * it (a background command, a client gone), so a kill, an input or a reattach finds it here. Each
  * is a `spawn` of the Lab API; its output goes to whoever listens now (nothing is replayed).
  */
-import { SnaplabError } from '../errors.js';
-import { Underway } from './underway.js';
+import { Underway, forgottenMeanwhile } from './underway.js';
 import type { ProcessApi, SandboxApi } from '../sdk/api.js';
 import type { ExecResult } from '../lab/io/sandbox-ops.js';
 import { failureMeans } from '../cleanup.js';
@@ -143,12 +142,7 @@ export class Processes {
     if (forgotten) {
       // its sandbox was killed or stopped while it started: nothing is kept of it (forget)
       p.handle.disconnect?.();
-      // (stopped, not "not found": a pause that keeps its files forgets too, and its session stays)
-      throw new SnaplabError(
-        'SANDBOX_STOPPED',
-        `sandbox ${box.id} ended or stopped while the command started`,
-        'connect to it again',
-      );
+      throw forgottenMeanwhile(box.id, 'the command started');
     }
     p.listeners.add(listen);
     p.emit({ start: { pid: p.pid } });

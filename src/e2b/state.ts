@@ -40,11 +40,11 @@ const ENDED_KEPT_MS = 10 * 60_000;
 /** the options of an envd call the front answers from its own memory (its process table, a watcher's queue): the sandbox's state is asked first */
 export const FROM_MEMORY = { fresh: true } as const;
 
-/** The state the routes share. */
 /** signed URLs without the sandbox's id that may match no session, per peer: at once, and a second after */
 const SEARCH_BURST = 30;
 const SEARCH_PER_S = 5;
 
+/** The state the routes share. */
 export class E2bState {
   readonly processes = new Processes();
   readonly metrics = new MetricsFront();

@@ -57,7 +57,7 @@ async function watchDir(state: E2bState, req: FastifyRequest, reply: FastifyRepl
   send = events.tell;
   for (const e of pending) send(e);
   const every = keepaliveMs(req.headers['keepalive-ping-interval']);
-  const keepalive = every ? setInterval(() => out.send({ keepalive: {} }), every) : undefined;
+  const keepalive = setInterval(() => out.send({ keepalive: {} }), every);
   const deadline = deadlineOf(req.headers['connect-timeout-ms']);
   const expiry = deadline
     ? setTimeout(() => out.end(new ConnectError('deadline_exceeded', 'the watch ran past its timeout')), deadline)

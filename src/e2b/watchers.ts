@@ -3,8 +3,7 @@
  * the Lab API's `sandbox.watch` kept here, its events collected until GetWatcherEvents asks for
  * them, ended by RemoveWatcher or with its sandbox.
  */
-import { SnaplabError } from '../errors.js';
-import { Underway } from './underway.js';
+import { Underway, forgottenMeanwhile } from './underway.js';
 import { randomBytes } from 'node:crypto';
 import type { SandboxApi, WatchEvent, WatchHandle } from '../sdk/api.js';
 import { posix } from 'node:path';
@@ -134,12 +133,7 @@ export class Watchers {
       // its sandbox was killed or stopped while the watch began: nothing is kept of it (forget)
       events.stop();
       await handle.close().catch(noted('close a watcher of a sandbox gone', 'SANDBOX_NOT_FOUND'));
-      // (stopped, not "not found": a pause that keeps its files forgets too, and its session stays)
-      throw new SnaplabError(
-        'SANDBOX_STOPPED',
-        `sandbox ${box.id} ended or stopped while the watch began`,
-        'connect to it again',
-      );
+      throw forgottenMeanwhile(box.id, 'the watch began');
     }
     const id = `w${randomBytes(8).toString('hex')}`;
     this.byId.set(id, w as Watcher);
