@@ -74,6 +74,9 @@ function unusable(base: number): boolean {
   return overlaps(base, FOREIGN[0], FOREIGN[1]) || hostIds().some((id) => overlaps(base, id, id));
 }
 
+/** A name of this process's in the registry (a claim being written, one moved aside): gc removes those of dead pids. */
+const tmpName = (): string => join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+
 /** random slots tried by link() before one readdir of the registry (cost flat while most are free) */
 const TRIES = 24;
 
@@ -105,7 +108,7 @@ export async function claimRange(home: string, id: string, size = USERNS_SIZE): 
   const holder: Holder = { home, id, pid: process.pid };
   // written whole first, then linked into place (link fails if the name exists): no reader, and no
   // crash, ever leaves a claim without its holder
-  const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  const tmp = tmpName();
   await writeFile(tmp, JSON.stringify(holder), { mode: 0o600 });
   try {
     for (const [from, to] of tierSlots()) {
@@ -223,7 +226,7 @@ async function readHint(size: number): Promise<number | undefined> {
 }
 async function writeHint(size: number, base: number): Promise<void> {
   if ((await readHint(size)) === base) return;
-  const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  const tmp = tmpName();
   await writeFile(tmp, String(base), { mode: 0o600 });
   await rename(tmp, hintPath(size));
 }
@@ -250,7 +253,7 @@ export async function releaseRange(
   if (!read || !sameHome(read.holder.home, home) || read.holder.id !== id) return;
   // moved aside, then checked to be the claim read: two releases of one claim at once (rm and gc)
   // must not free a claim made between one's read and the other's unlink
-  const aside = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  const aside = tmpName();
   const moved = await rename(path, aside).then(() => true, noted(`release uid range ${path}`, 'ENOENT'));
   if (!moved) return; // released meanwhile
   if ((await stat(aside)).ino !== read.ino)
@@ -290,7 +293,7 @@ export async function holdRange(
   if (slot === undefined) return 'no one: it is outside the ranges snaplab gives';
   if (unusable(slot)) return 'an account of the host (/etc/passwd, /etc/group) or systemd';
   await mkdir(REGISTRY, { recursive: true, mode: 0o700 });
-  const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  const tmp = tmpName();
   await writeFile(tmp, JSON.stringify({ home, id, pid: process.pid } satisfies Holder), { mode: 0o600 });
   try {
     // (a split slot emptied and removed between its mkdir and the link: once more)
@@ -564,7 +567,7 @@ export async function relabelRange(base: number, home: string, from: string, to:
   const path = join(REGISTRY, String(base));
   const h = await readFile(path, 'utf8').then(parseHolder, () => undefined);
   if (!h || !sameHome(h.home, home) || h.id !== from) return;
-  const tmp = join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
+  const tmp = tmpName();
   await writeFile(tmp, JSON.stringify({ ...h, id: to, pid: process.pid }), { mode: 0o600 });
   await rename(tmp, path);
 }
