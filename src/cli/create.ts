@@ -75,7 +75,7 @@ function createOptions(o: CreateCli): LabCreateOptions {
   const limits = limitsFrom(o);
   const egress = egressFrom(o);
   const common: LabCreateOptions = {
-    labels: keyValues(o.label, 'label'),
+    labels: keyValues(o.label, 'label', { unique: true }),
     ...(o.timeout !== undefined ? { timeoutS: Number(o.timeout) } : {}),
     onTimeout,
   };

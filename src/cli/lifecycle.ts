@@ -82,7 +82,7 @@ function registerLs(program: Command): void {
       withApi(o, async (lab) => {
         if (o.count && (o.limit !== undefined || o.after !== undefined))
           throw new SnaplabError('BAD_INPUT', '--count counts them all: not with --limit or --after', 'drop one');
-        const labels = keyValues(o.label, 'label');
+        const labels = keyValues(o.label, 'label', { unique: true });
         // counted where the records are (a daemon's store, or this home's): no list is read
         if (o.count) return printCount(await lab.count({ labels }), o.json);
         const limit = o.limit === undefined ? undefined : parsePositiveInt(o.limit, 'limit');
@@ -131,7 +131,7 @@ function registerRm(program: Command): void {
         );
       let removed: string[];
       if (select) {
-        const boxes = await lab.list({ labels: keyValues(o.label, 'label') });
+        const boxes = await lab.list({ labels: keyValues(o.label, 'label', { unique: true }) });
         removed = await removeMany(lab, boxes, {
           onTrace: (t) => showTrace(o, t),
           ...(o.json ? {} : { onProgress: (p) => void process.stderr.write(`… ${p.done}/${p.total} removed\n`) }),

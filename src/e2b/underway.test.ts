@@ -6,8 +6,14 @@ describe('Underway', () => {
     const u = new Underway();
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
-    const a = u.run('a', async () => (await gate, 'made in a'));
-    const b = u.run('b', async () => (await gate, 'made in b'));
+    const a = u.run('a', async () => {
+      await gate;
+      return 'made in a';
+    });
+    const b = u.run('b', async () => {
+      await gate;
+      return 'made in b';
+    });
     u.forget('a');
     release();
     expect(await a).toEqual({ value: 'made in a', forgotten: true });

@@ -233,7 +233,7 @@ interface FilterQuery {
 /** The filters a list's query asks for (the empty owner: those made without a key). */
 function filtersOf(q: FilterQuery): CountOptions {
   return {
-    labels: keyValues([q.label ?? []].flat(), 'label filter'),
+    labels: keyValues([q.label ?? []].flat(), 'label filter', { unique: true }),
     ...(q.owner !== undefined ? { owner: q.owner || null } : {}),
     ...(q.metadata !== undefined ? { metadata: metadataFilter(q.metadata) } : {}),
     ...(q.state !== undefined ? { state: q.state.split(',').filter(Boolean) as ListState[] } : {}),

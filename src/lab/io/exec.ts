@@ -7,13 +7,26 @@ export const DEFAULT_ENV = [
   'TERM=xterm',
 ];
 
-/** KEY=VALUE entries (an environment, labels) as an object; a missing KEY or `=` is BAD_INPUT. */
-export function keyValues(entries: string[], what = 'environment entry'): Record<string, string> {
+/**
+ * KEY=VALUE entries (an environment, labels) as an object; a missing KEY or `=` is BAD_INPUT. An
+ * environment's later entry wins; labels and label filters (`unique`) name each key once (a second
+ * `env=b` beside `env=a` was kept alone, and a filter then matched what it did not say). Every key is
+ * an own property, `__proto__` too: assigned, it set the prototype and vanished, and a filter of
+ * `__proto__=x` was the empty filter, which `rm --label` read as every sandbox.
+ */
+export function keyValues(
+  entries: string[],
+  what = 'environment entry',
+  o: { unique?: boolean } = {},
+): Record<string, string> {
   const out: Record<string, string> = {};
   for (const kv of entries) {
     const i = kv.indexOf('=');
     if (i <= 0) throw new SnaplabError('BAD_INPUT', `invalid ${what} ${JSON.stringify(kv)}`, 'write it as KEY=VALUE');
-    out[kv.slice(0, i)] = kv.slice(i + 1);
+    const key = kv.slice(0, i);
+    if (o.unique && Object.hasOwn(out, key))
+      throw new SnaplabError('BAD_INPUT', `${what} ${JSON.stringify(key)} given twice`, 'give each key once');
+    Object.defineProperty(out, key, { value: kv.slice(i + 1), enumerable: true, writable: true, configurable: true });
   }
   return out;
 }
