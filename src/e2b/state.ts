@@ -394,7 +394,9 @@ export class EnvdUnavailable extends SnaplabError {
 export function sendError(reply: FastifyReply, e: unknown): FastifyReply {
   // Fastify's own errors (a bad body, a path it cannot route) by their status, as the daemon's API maps them
   const status = e instanceof EnvdUnavailable ? 502 : statusOf(toSnaplab(e).code);
-  const message = e instanceof Error ? e.message : String(e);
+  // E2B's body has no hint: what would fix it goes in the message, the one thing its SDKs show
+  const hint = e instanceof SnaplabError && e.hint ? ` (hint: ${e.hint})` : '';
+  const message = `${e instanceof Error ? e.message : String(e)}${hint}`;
   return reply.code(status).type('application/json').send({ code: status, message });
 }
 

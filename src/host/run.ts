@@ -1,8 +1,9 @@
 import { spawn } from 'node:child_process';
-import { constants } from 'node:fs';
+import { constants, existsSync } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { SnaplabError } from '../errors.js';
+import tools from './tools.json' with { type: 'json' };
 
 export interface RunResult {
   stdout: string;
@@ -42,8 +43,7 @@ export function run(cmd: string, args: string[], opts: RunOptions = {}): Promise
     if (opts.input !== undefined) child.stdin!.end(opts.input);
     child.on('error', (e: NodeJS.ErrnoException) => {
       if (opts.signal?.aborted) return reject(opts.signal.reason);
-      const hint = e.code === 'ENOENT' ? `install the package that provides ${cmd}` : undefined;
-      reject(new SnaplabError('HOST_COMMAND_FAILED', `${cmd}: ${e.message}`, hint, { cause: e }));
+      reject(spawnError(cmd, e, opts.cwd));
     });
     child.on('close', (code, signal) => {
       const res = {
@@ -62,6 +62,27 @@ export function run(cmd: string, args: string[], opts: RunOptions = {}): Promise
       } else resolve(res);
     });
   });
+}
+
+/**
+ * A command that could not be started. Not installed (ENOENT): MISSING_TOOL, naming its Debian
+ * package from the one list (tools.json) and what needs it; it was HOST_COMMAND_FAILED with
+ * "spawn nft ENOENT", a 500 to the API's callers (an E2B create with internet access on a host
+ * without nftables).
+ */
+export function spawnError(cmd: string, e: NodeJS.ErrnoException, cwd?: string): SnaplabError {
+  // (spawn says ENOENT for a working directory that is not there too)
+  if (e.code !== 'ENOENT' || (cwd !== undefined && !existsSync(cwd)))
+    return new SnaplabError('HOST_COMMAND_FAILED', `${cmd}: ${e.message}`, undefined, { cause: e });
+  const tool = (tools as { program?: string; package: string; why: string }[]).find((t) => t.program === basename(cmd));
+  return new SnaplabError(
+    'MISSING_TOOL',
+    tool ? `${cmd} is not installed (${tool.why})` : `${cmd} is not installed`,
+    tool
+      ? `apt-get install ${tool.package} (\`snaplab doctor\` names what else is missing)`
+      : `install the package that provides ${cmd}`,
+    { cause: e },
+  );
 }
 
 /** Is an executable on PATH? Looked up in-process: spawning a shell for it costs milliseconds. */
