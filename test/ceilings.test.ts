@@ -272,3 +272,52 @@ describe("a key's ceilings", () => {
     expect(cli(home, ['key', 'create', 'bad', '--max-memory', 'lots']).err).toMatch(/invalid memory ceiling "lots"/);
   });
 });
+
+// A host where no disk cap can hold: btrfs without simple quotas (Linux before 6.7: stock Debian
+// 12's 6.1), made here with SNAPLAB_DISK_QUOTAS=off on a pool of its own. Every create of a key was
+// refused there ("--disk cannot be enforced here"), the E2B front's too: the daemon asked for the
+// cap by the driver alone.
+describe('where no disk cap holds', () => {
+  let home2: string;
+  let d2: TestDaemon;
+  beforeAll(async () => {
+    home2 = mkdtempSync(join(tmpdir(), 'snaplab-test-ceilings-nocap-'));
+    d2 = await startDaemon(home2, ['--default-timeout', '0'], ['env', 'SNAPLAB_DISK_QUOTAS=off']);
+  }, 120_000);
+  afterAll(async () => {
+    await d2?.stop();
+    removeHome(home2);
+  });
+  const at = async (token: string, method: string, path: string, json?: unknown) => {
+    const r = await fetch(`${d2.url}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${token}`, ...(json ? { 'content-type': 'application/json' } : {}) },
+      body: json ? JSON.stringify(json) : undefined,
+    });
+    const text = await r.text();
+    return { status: r.status, body: text ? JSON.parse(text) : null } as { status: number; body: Json };
+  };
+
+  it("a key's sandbox is made without a cap (its disk ceilings do not apply); one that asks for a cap is refused", async () => {
+    const made = cli(home2, ['key', 'create', 'nocap', '--scope', 'read,exec,admin', '--max-disk', '1G']);
+    expect(made.code, made.err).toBe(0);
+    const token = made.out.trim();
+    const box = await at(token, 'POST', '/sandboxes', {});
+    expect(box.status, JSON.stringify(box.body)).toBe(201);
+    expect(box.body.limits.diskBytes).toBeUndefined();
+    const asked = await at(token, 'POST', '/sandboxes', { limits: { diskBytes: 512 * MiB } });
+    expect([asked.status, asked.body.code], JSON.stringify(asked.body)).toEqual([400, 'BAD_INPUT']);
+    expect(asked.body.message).toMatch(/cannot be enforced here/);
+    // a pool's standby without a cap is taken (it was refused: "has no disk cap")
+    expect((await at(token, 'POST', '/pools', { name: 'nocap', image: 'busybox', size: 1 })).status).toBeLessThan(300);
+    let taken: { status: number; body: Json } | undefined;
+    for (let i = 0; i < 100 && taken?.status !== 201; i++) {
+      taken = await at(token, 'POST', '/sandboxes', { pool: 'nocap' });
+      if (taken.status !== 201) await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(taken!.status, JSON.stringify(taken!.body)).toBe(201);
+    for (const id of [box.body.id, taken!.body.id])
+      expect((await at(token, 'DELETE', `/sandboxes/${id}`)).status).toBe(204);
+    expect((await at(token, 'DELETE', '/pools/nocap')).status).toBeLessThan(300);
+  }, 120_000);
+});

@@ -31,6 +31,73 @@ const need = (): StockHost => {
   if (!host) throw new Error('the stock host did not come up (see beforeAll)');
   return host;
 };
+/**
+ * The E2B case's exchanges, in the guest, as the SDK makes them (docs/e2b.md): a key, the daemon
+ * from a transient unit with the front, then curl. Prints NAME=VALUE lines; bodies in base64.
+ * (Written without `${`: this is a template literal.)
+ */
+const E2B_SCRIPT = `set -eu
+U=http://127.0.0.1:3000
+KEY=$(snaplab key create e2b-stock --e2b)
+systemd-run --unit snaplab-e2b --quiet /usr/local/bin/snaplab serve --e2b-listen 127.0.0.1:3000
+trap 'systemctl stop snaplab-e2b' EXIT
+for i in $(seq 1 600); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -H "X-API-Key: $KEY" $U/v2/sandboxes)" = 200 ] && break
+  sleep 0.2
+done
+# a Connect server-streaming call: one envelope (flags 0, length, JSON) in, envelopes out
+start() {
+  J='{"process":{"cmd":"/bin/sh","args":["-c","'"$1"'"]}}'
+  L=$(printf %s "$J" | wc -c)
+  printf "\\\\000\\\\000\\\\000\\\\$(printf %03o $((L / 256)))\\\\$(printf %03o $((L % 256)))" > /tmp/e2b-start.bin
+  printf %s "$J" >> /tmp/e2b-start.bin
+  curl -s -X POST -H "E2b-Sandbox-Id: $ID" -H 'E2b-Sandbox-Port: 49983' -H "X-Access-Token: $TOKEN" \\
+    -H 'content-type: application/connect+json' --data-binary @/tmp/e2b-start.bin $U/process.Process/Start | base64 -w0
+}
+health() {
+  curl -s -o /dev/null -w '%{http_code}' -H "E2b-Sandbox-Id: $ID" -H 'E2b-Sandbox-Port: 49983' -H "X-Access-Token: $TOKEN" $U/health
+}
+# E2B's default is internet access: egress, which needs nftables, not in this tree (minbase)
+echo "NFT=$(command -v nft || echo none)"
+R=$(curl -s -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' -d '{"templateID":"busybox","timeout":600}' \\
+  -w '\\n%{http_code}' $U/sandboxes)
+echo "EGRESS=$(printf %s "$R" | head -n 1 | base64 -w0)"
+echo "EGRESS_STATUS=$(printf %s "$R" | tail -n 1)"
+R=$(curl -s -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' \\
+  -d '{"templateID":"busybox","timeout":600,"allow_internet_access":false}' -w '\\n%{http_code}' $U/sandboxes)
+echo "CREATE=$(printf %s "$R" | head -n 1 | base64 -w0)"
+echo "CREATE_STATUS=$(printf %s "$R" | tail -n 1)"
+ID=$(printf %s "$R" | grep -o '"sandboxID":"[^"]*"' | cut -d'"' -f4)
+TOKEN=$(printf %s "$R" | grep -o '"envdAccessToken":"[^"]*"' | cut -d'"' -f4)
+echo "RUN=$(start 'echo stock-$((6*7)); sleep 600 >/dev/null 2>&1 & echo $! > /tmp/sleeper; head -c 33554432 /dev/zero > /tmp/cached')"
+echo "METRICS=$(curl -s -H "X-API-Key: $KEY" $U/sandboxes/$ID/metrics | base64 -w0)"
+echo "PAUSE=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "X-API-Key: $KEY" $U/sandboxes/$ID/pause)"
+echo "FROZEN=$(grep frozen $SCOPE/snaplab/$ID/cgroup.events || echo "no cgroup $ID among: $(ls $SCOPE/snaplab)")"
+echo "HEALTH_PAUSED=$(health)"
+echo "CONNECT=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' \\
+  -d '{"timeout":600}' $U/sandboxes/$ID/connect)"
+echo "AFTER=$(start 'kill -0 $(cat /tmp/sleeper) && echo alive; echo $(wc -c < /tmp/cached)')"
+echo "KILL=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE -H "X-API-Key: $KEY" $U/sandboxes/$ID)"
+echo "HEALTH_KILLED=$(health)"
+echo "LEFT=$(ls -d $SCOPE/snaplab/*/ 2>/dev/null | wc -l)"`;
+
+/** A Start's answer (base64 of its envelopes): its stdout, and its end event. */
+function connectEvents(b64: string): { stdout: string; end?: { exitCode?: number; exited?: boolean } } {
+  const raw = Buffer.from(b64, 'base64');
+  let stdout = '';
+  let end: { exitCode?: number; exited?: boolean } | undefined;
+  for (let at = 0; at + 5 <= raw.length; ) {
+    const len = raw.readUInt32BE(at + 1);
+    const m = JSON.parse(raw.subarray(at + 5, at + 5 + len).toString()) as {
+      event?: { data?: { stdout?: string }; end?: { exitCode?: number; exited?: boolean } };
+    };
+    if (m.event?.data?.stdout) stdout += Buffer.from(m.event.data.stdout, 'base64').toString();
+    if (m.event?.end) end = m.event.end;
+    at += 5 + len;
+  }
+  return { stdout, end };
+}
+
 const shown = (r: GuestRun): string =>
   `${r.argv.join(' ')} exited ${r.code} after ${r.ms} ms\nstdout: ${r.stdout}\nstderr: ${r.stderr}`;
 
@@ -258,6 +325,47 @@ EOF`);
     expect(await sh('ls -d /sys/fs/cgroup/system.slice/snaplab.service/*/ 2>/dev/null | wc -l')).toBe('0');
     await ok(['rm', 'viad'], viaDaemon);
     await sh('systemctl stop snaplab && ! systemctl is-active snaplab');
+  }, 300_000);
+
+  // E2B's wire protocol with curl (the guest has no Node SDK): what reads cgroup v2 files of its own
+  // (getMetrics: memory.current, memory.stat's file, cpu.stat) and pause's freeze, under systemd
+  it('serves the E2B front from a systemd unit: create, a command over Connect, getMetrics on cgroup v2, pause, connect, kill', async () => {
+    onTestFailed(async () => {
+      await need().sh('systemctl stop snaplab-e2b; snaplab rm --all');
+    });
+    const out = await sh(E2B_SCRIPT.replaceAll('$SCOPE', SCOPE));
+    const got = Object.fromEntries(
+      out.split('\n').map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)] as const),
+    );
+    // without nftables a create with internet access says what to install (it was a 500 of "spawn nft ENOENT")
+    expect(got.NFT).toBe('none');
+    const egress = JSON.parse(Buffer.from(got.EGRESS!, 'base64').toString()) as { message: string };
+    expect(got.EGRESS_STATUS, egress.message).toBe('503');
+    expect(egress.message).toMatch(/nft is not installed .*hint: apt-get install nftables/);
+    const created = JSON.parse(Buffer.from(got.CREATE!, 'base64').toString()) as Record<string, unknown>;
+    expect(got.CREATE_STATUS, JSON.stringify(created)).toBe('201');
+    expect(created).toMatchObject({ templateID: 'busybox', envdAccessToken: expect.any(String) });
+    const first = connectEvents(got.RUN!);
+    expect(first.stdout, got.RUN).toBe('stock-42\n');
+    expect(first.end).toMatchObject({ exited: true });
+    expect(first.end?.exitCode ?? 0).toBe(0);
+    const [sample] = JSON.parse(Buffer.from(got.METRICS!, 'base64').toString()) as Record<string, number>[];
+    // its 32 MiB file is page cache of its own cgroup (memory.stat `file` on v2), within what it uses
+    expect(sample!.memCache).toBeGreaterThan(24 << 20);
+    expect(sample!.memUsed).toBeGreaterThanOrEqual(sample!.memCache!);
+    expect(sample!.memTotal).toBeGreaterThan(sample!.memUsed!);
+    expect(sample!.cpuCount).toBeGreaterThanOrEqual(1);
+    expect(sample!.diskUsed).toBeGreaterThan(24 << 20);
+    expect(got.PAUSE).toBe('204');
+    expect(got.FROZEN).toBe('frozen 1'); // cgroup.events of its own cgroup under snaplab.scope
+    expect(got.HEALTH_PAUSED).toBe('502');
+    expect(got.CONNECT).toBe('201'); // resumed
+    // the same processes and files after the resume: the sleep started before the pause
+    const after = connectEvents(got.AFTER!);
+    expect(after.stdout, got.AFTER).toBe('alive\n33554432\n');
+    expect(got.KILL).toBe('204');
+    expect(got.HEALTH_KILLED).toBe('502');
+    expect(got.LEFT).toBe('0');
   }, 300_000);
 
   it("gc leaves nothing: no cgroup, scope, mount, loop device or process of snaplab's", async () => {

@@ -142,7 +142,8 @@ const WHAT = { memoryBytes: 'memory', pids: 'pids', cpus: 'CPUs', diskBytes: 'di
  * where it is above a ceiling; what was not asked, the default lowered to the ceiling. Disk is
  * always capped where a cap holds (`diskCapHolds`: the machine's root is its volume), so that no
  * sandbox of a key writes to the host's filesystem unbounded; 0 (no cap) is refused under a disk
- * ceiling. Then the totals: over them is QUOTA_EXCEEDED (429), naming the limit.
+ * ceiling. Where no cap holds (`diskCapHolds` false: a VM, btrfs without simple quotas) none is
+ * given, and the disk ceilings do not apply. Then the totals: over them is QUOTA_EXCEEDED (429), naming the limit.
  */
 export function limitsUnder(
   key: string,
@@ -175,7 +176,9 @@ export function limitsUnder(
       );
   }
   if (diskCapHolds && !out.diskBytes) out.diskBytes = Math.min(DEFAULT_DISK_BYTES, c.diskBytes ?? DEFAULT_DISK_BYTES);
-  if (!diskCapHolds) delete out.diskBytes;
+  // where none holds, a cap it was not asked for is dropped; one asked for stays, and the create
+  // refuses it (raise.ts capDisk), as it refuses `--disk` there: never accepted and not held
+  if (!diskCapHolds && asked?.diskBytes === undefined) delete out.diskBytes;
   overTotal(key, 'totalMemoryBytes', c.totalMemoryBytes, held.memoryBytes, out.memoryBytes ?? 0);
   overTotal(key, 'totalDiskBytes', c.totalDiskBytes, held.diskBytes, out.diskBytes ?? 0);
   return out;

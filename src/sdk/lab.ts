@@ -373,6 +373,17 @@ export class Lab implements LabApi {
     return heldBy(this.ctx.store.ownedLimits(owner, STOPPED_REASONS));
   }
 
+  /**
+   * Does a disk cap hold for a machine of this driver on this storage (the default where none is
+   * named)? What a key's disk ceilings stand on (server/ceilings.ts): where none holds (btrfs on
+   * Linux before 6.7), a key's sandbox is made without one rather than refused.
+   */
+  async diskCapHolds(driver?: string, storage?: StorageKind): Promise<boolean> {
+    if (!this.ctx.driver(driver).capabilities.rootIsVolumeTree) return false;
+    const b = await this.ctx.readyBackend(storage ?? (await this.ctx.defaultStorage()));
+    return b.limitDisk !== undefined && (b.diskCapOff?.() ?? null) === null;
+  }
+
   /** How many snapshots this key's sandboxes have (its snapshots ceiling), by the owner's index. */
   async ownedSnapshots(owner: string): Promise<number> {
     return this.ctx.store.countSnapshotsOf(owner);

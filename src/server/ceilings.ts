@@ -7,12 +7,12 @@
  */
 import { LimitError, SnaplabError, isSnaplabError } from '../errors.js';
 import { DEFAULT_DRIVER } from '../defaults.js';
-import { findDriverInfo } from '../drivers/registry.js';
 import { egressRefused, limitsUnder, resolveCeilings, type Held } from '../lab/ceilings.js';
 import { withDefaults } from '../lab/lifecycle/limits.js';
 import type { LabApi } from '../sdk/api.js';
 import type { ServedLab } from './served-lab.js';
 import type { Limits } from '../store/records.js';
+import type { StorageKind } from '../storage/backend.js';
 import { LOCAL, type Caller } from './keys.js';
 import type { CreateBody } from './schemas.js';
 
@@ -30,6 +30,8 @@ export interface CeilingAsk {
   what?: string;
   /** the machine will have egress (asked for, or a pool's standbys have it): what, for a refusal */
   egress?: string;
+  /** the storage it is made on (undefined: the default; a standby's is its pool's) */
+  storage?: StorageKind;
 }
 
 export class CeilingGuard {
@@ -38,7 +40,7 @@ export class CeilingGuard {
   /** snapshots under way here, by key */
   private readonly snapshotting = new Map<string, number>();
 
-  constructor(private readonly lab: LabApi & Pick<ServedLab, 'held' | 'ownedSnapshots'>) {}
+  constructor(private readonly lab: LabApi & Pick<ServedLab, 'held' | 'ownedSnapshots' | 'diskCapHolds'>) {}
 
   /**
    * The limits to make the machine with (undefined: as asked, the Unix socket's) and a release to
@@ -49,13 +51,14 @@ export class CeilingGuard {
     if (caller.key === LOCAL.key) return { limits: body.limits, release: () => {} };
     const ask = await askOf(this.lab, body);
     if (ask.egress) requireEgress(caller, ask.egress);
+    // (a driver unknown here, or storage that does not work, is refused here as the create would be)
+    const capHolds = await this.lab.diskCapHolds(ask.driver, ask.storage);
     const held = await this.listed(caller.key);
     // from here to the claim nothing awaits: two creates of one key each count the other's
     for (const m of this.making.get(caller.key) ?? []) {
       held.memoryBytes += m.memoryBytes;
       held.diskBytes += m.diskBytes;
     }
-    const capHolds = findDriverInfo(ask.driver)?.capabilities.rootIsVolumeTree ?? false;
     refuseMade(caller, ask, capHolds);
     const asked = ask.fixed ? ask.base : ask.asked;
     const limits = limitsUnder(caller.key, resolveCeilings(caller.ceilings), asked, ask.base, capHolds, held);
@@ -124,6 +127,7 @@ export async function askOf(lab: LabApi, body: CreateBody): Promise<CeilingAsk> 
       driver: pool?.driver ?? DEFAULT_DRIVER,
       fixed: true,
       userns: pool?.userns,
+      storage: pool?.storage,
       what,
       ...(pool?.egress ? { egress: `a standby of pool ${body.pool} (its standbys have egress)` } : {}),
     };
@@ -146,10 +150,11 @@ export async function askOf(lab: LabApi, body: CreateBody): Promise<CeilingAsk> 
     if (snap?.kind === 'memory')
       return { asked: undefined, base: limits, driver, fixed: true, what: `snapshot ${body.snapshot}`, egress };
     const base = withDefaults(limits.diskBytes === undefined ? {} : { diskBytes: limits.diskBytes }, driver);
-    return { asked: body.limits, base, driver, egress };
+    const storage = typeof snap?.storage === 'string' ? (snap.storage as StorageKind) : undefined;
+    return { asked: body.limits, base, driver, egress, storage };
   }
   const driver = body.driver ?? DEFAULT_DRIVER;
-  return { asked: body.limits, base: withDefaults(undefined, driver), driver, egress };
+  return { asked: body.limits, base: withDefaults(undefined, driver), driver, egress, storage: body.storage };
 }
 
 /**

@@ -79,6 +79,7 @@ export interface ServedLab
       | 'capabilities'
       | 'egressTotals'
       | 'held'
+      | 'diskCapHolds'
       | 'ownedSnapshots'
       | 'changes'
       | 'expired'

@@ -70,6 +70,11 @@ export interface StorageBackend {
    */
   limitDisk?(volume: Volume, bytes: number): Promise<string | null>;
   /**
+   * Why no cap can be enforced on this host, once init() has run (btrfs on Linux before 6.7: no
+   * simple quotas), or null when limitDisk enforces one. Absent: as limitDisk's presence says.
+   */
+  diskCapOff?(): string | null;
+  /**
    * Whether a machine that asks for no cap gets the default one (DEFAULT_DISK_BYTES); false where a
    * cap costs something at every create (overlay makes a filesystem per machine). Default: true.
    */

@@ -85,7 +85,8 @@ export class BtrfsBackend implements StorageBackend {
     if (!existsSync('/sys/fs/btrfs/features/simple_quota'))
       return {
         ok: false,
-        reason: 'this kernel has no btrfs simple quotas (Linux 6.7 or newer has): --disk is refused, no default cap',
+        reason:
+          "this kernel has no btrfs simple quotas (Linux 6.7 or newer has): --disk is refused, no default cap, and API keys' disk ceilings do not apply",
         fix: 'a newer kernel',
       };
     if (process.env.SNAPLAB_NO_HOSTOPS === '1' || !existsSync(HostOps.binaryPath()))
@@ -105,6 +106,10 @@ export class BtrfsBackend implements StorageBackend {
 
   /** why a disk cap is not enforced here, when init() found out */
   private quotaOff: string | undefined;
+
+  diskCapOff(): string | null {
+    return this.quotaOff ?? null;
+  }
 
   async limitDisk(volume: Volume, bytes: number): Promise<string | null> {
     checkVolume(volume, 'btrfs');
