@@ -17,6 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 // End-to-end: the built CLI, as a user runs it (npm test builds first).
 import { SNAPLAB } from './cli-command.js';
 import { Lab } from '../src/sdk/lab.js';
+import { removeMany } from '../src/sdk/bulk.js';
 let home: string;
 
 function snaplab(
@@ -167,6 +168,43 @@ describe('snaplab CLI', () => {
     });
     expect(snaplab(['rm', 'st1', 'st2']).code).toBe(0);
     expect(snaplab(['snapshot', 'rm', 'st1-snap']).code).toBe(0);
+  });
+
+  it('rm of a sandbox another process is still creating is refused (SANDBOX_BUSY), a bulk rm too; once up, it is removed', async () => {
+    const lab = await Lab.open({ home });
+    const child = spawn(SNAPLAB, ['create', '--name', 'busy', '--label', 'busy=1'], {
+      env: { ...process.env, SNAPLAB_HOME: home },
+      stdio: 'ignore',
+    });
+    const exited = once(child, 'exit');
+    try {
+      // held while its record says creating: what an rm from elsewhere meets mid-create
+      let held = false;
+      for (let i = 0; i < 5000 && !held && child.exitCode === null; i++) {
+        if (lab.context.store.getSandbox('busy')?.state === 'creating') held = child.kill('SIGSTOP');
+        else await new Promise((r) => setTimeout(r, 1));
+      }
+      expect(held, 'the create was seen creating').toBe(true);
+      await expect((await lab.get('busy')).destroy()).rejects.toMatchObject({ code: 'SANDBOX_BUSY' });
+      expect(snaplab(['rm', 'busy'])).toMatchObject({
+        code: 2,
+        err: expect.stringMatching(/SANDBOX_BUSY.*being created \(by pid \d+\)/),
+      });
+      // rm --all's removal (its labels are written as the create ends: --label cannot match it yet)
+      await expect(removeMany(lab, [await lab.get('busy')])).rejects.toThrow(/still being created/);
+      // its record and its uid range are its creator's still
+      const rec = lab.context.store.getSandbox('busy');
+      expect(rec?.state).toBe('creating');
+      child.kill('SIGCONT');
+      expect((await exited)[0]).toBe(0);
+      expect(lab.context.store.getSandbox('busy')?.state).toBe('running');
+      expect(snaplab(['rm', 'busy']).code).toBe(0);
+    } finally {
+      child.kill('SIGCONT');
+      if (child.exitCode === null) await exited;
+      snaplab(['rm', 'busy']);
+      lab.close();
+    }
   });
 
   it('ls pages (--limit, --after: the next cursor on stderr, or in the JSON) and counts by state (--count)', async () => {

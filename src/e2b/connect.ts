@@ -47,6 +47,7 @@ const BY_SNAPLAB: Partial<Record<ErrorCode, ConnectCode>> = {
   FILE_NOT_FOUND: 'not_found',
   PROCESS_NOT_FOUND: 'not_found',
   PROCESS_BUSY: 'failed_precondition',
+  SANDBOX_BUSY: 'failed_precondition',
   FILE_ERROR: 'failed_precondition',
   DISK_FULL: 'failed_precondition',
   QUOTA_EXCEEDED: 'resource_exhausted',

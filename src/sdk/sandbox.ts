@@ -17,7 +17,7 @@ import {
   type ExecProcess,
   type ExecResult,
 } from '../lab/io/sandbox-ops.js';
-import { destroyRecord } from '../lab/lifecycle/teardown.js';
+import { destroyRecord, refuseBusy } from '../lab/lifecycle/teardown.js';
 import { startSandbox } from '../lab/lifecycle/start.js';
 import { isStopped } from '../lab/lifecycle/stopped.js';
 import { USERNS_SIZE } from '../host/userns/id-ranges.js';
@@ -493,9 +493,10 @@ export class Sandbox implements SandboxApi {
   /** Kill every process, delete the filesystem, forget the record. */
   async destroy(): Promise<TraceSummary> {
     this.close();
-    const { trace } = await this.ctx.traced('rm', this.name, (t) =>
-      t.phase('destroy', () => destroyRecord(this.ctx, this.record, t)),
-    );
+    const { trace } = await this.ctx.traced('rm', this.name, async (t) => {
+      await refuseBusy(this.ctx, this.record);
+      await t.phase('destroy', () => destroyRecord(this.ctx, this.record, t));
+    });
     this.record = { ...this.record, state: 'dead', reason: 'destroyed' };
     return trace;
   }

@@ -1,5 +1,6 @@
 import { handleOf } from './handle.js';
-import { me } from './owner.js';
+import { me, ownerAlive } from './owner.js';
+import { SnaplabError } from '../../errors.js';
 import { releaseRange } from '../../host/userns/registry.js';
 import type { SandboxRecord } from '../../store/records.js';
 import type { Trace } from '../../timing/trace.js';
@@ -43,6 +44,23 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
   ctx.store.deleteSandbox(s.id);
   // its processes are gone with its cgroup; a scenario machine's range is its scenario's (down)
   if (s.uidBase !== null && s.scenario === null) await releaseRange(s.uidBase, ctx.home, s.id, s.ids ?? null);
+}
+
+/**
+ * An rm asked of a machine another step still makes (a create, a start: `creating`) by a process
+ * that runs: SANDBOX_BUSY. Removed meanwhile, its record and uid range went while the create went
+ * on with the range it held; the next create could claim that range, and two machines shared host
+ * ids. (The process's own failed raise removes what it made with destroyRecord, never through here.)
+ */
+export async function refuseBusy(ctx: LabContext, s: SandboxRecord): Promise<void> {
+  const now = ctx.store.getSandbox(s.id);
+  if (now?.id !== s.id || now.state !== 'creating' || !(await ownerAlive(now.owner))) return;
+  const what = now.owner?.op === 'start' ? 'started' : 'created';
+  throw new SnaplabError(
+    'SANDBOX_BUSY',
+    `sandbox ${s.name} is still being ${what} (by pid ${now.owner?.pid})`,
+    `remove it once it is up (its create returns), or stop pid ${now.owner?.pid}: the machine is then reported dead, and rm removes it`,
+  );
 }
 
 /**
