@@ -403,6 +403,7 @@ int daemon_create(int argc, char **argv, int first, const char *url)
 	const char *image = "busybox", *name = NULL, *pool = NULL, *timeout = NULL, *on_timeout = "kill";
 	struct buf body = { 0 }, labels = { 0 };
 	int json = 0, nlabels = 0;
+	const char *keys[64]; /* each label's KEY= (a key given twice is Node's refusal to make) */
 	for (int i = first; i < argc; i++) {
 		const char *v;
 		if (!strcmp(argv[i], "--json"))
@@ -419,8 +420,12 @@ int daemon_create(int argc, char **argv, int first, const char *url)
 			on_timeout = v;
 		else if ((v = option(argv, argc, &i, "--label"))) {
 			const char *eq = strchr(v, '=');
-			if (!eq || eq == v || !utf8_ok(v) || !strncmp(v, "__proto__=", 10))
+			if (!eq || eq == v || !utf8_ok(v) || !strncmp(v, "__proto__=", 10) || nlabels == 64)
 				return -1; /* keyValues' error, or a key JS objects treat apart */
+			for (int j = 0; j < nlabels; j++)
+				if (!strncmp(keys[j], v, (size_t)(eq - v + 1)))
+					return -1;
+			keys[nlabels] = v;
 			char *k = strndup(v, (size_t)(eq - v));
 			if (nlabels++)
 				buf_append(&labels, ",", 1);

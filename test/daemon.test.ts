@@ -555,7 +555,7 @@ describe('snaplab serve', () => {
           'q="x\\y é😀\t',
           '--label',
           'a=b',
-          '--label=a=c',
+          '--label=c=d',
           '--timeout',
           '007',
           '--on-timeout',
@@ -580,12 +580,15 @@ describe('snaplab serve', () => {
         await x(['ls', '--label', `a=${'/'.repeat(9000)}`]), // fastify's own 431, not a snaplab error
         await x(['ls'], { SNAPLAB_HOST: 'http://127.0.0.1:99999' }),
         await x(['rm', `${p}-t`]),
+        // a key given twice is refused (the fast path hands it to Node): it was the last one kept
+        await x(['create', '--name', `${p}-d`, '--label', 'k=1', '--label=k=2']),
       ]);
     }
     hangUp.close();
     expect(seen[0]).toEqual(seen[1]);
     const [fast] = seen as { code: number; out: string; err: string }[][];
-    expect(fast!.map((r) => r.code)).toEqual([0, 2, 0, 2, 0, 2, 2, 0, 2, 2, 2, 0, 0, 0, 2, 0, 0, 2, 2, 2, 0]);
+    expect(fast!.map((r) => r.code)).toEqual([0, 2, 0, 2, 0, 2, 2, 0, 2, 2, 2, 0, 0, 0, 2, 0, 0, 2, 2, 2, 0, 2]);
+    expect(fast![21]!.err).toMatch(/^error\[BAD_INPUT\]: label "k" given twice\nhint: give each key once\n/);
     expect(JSON.parse(fast![16]!.out)).toMatchObject({ name: 'P-t', image: 'busybox', timeoutS: 3600 });
     expect(fast![18]!.err).toMatch(/^error\[DAEMON_ERROR\]: the daemon answered 431: /);
     expect(fast![19]!.err).toMatch(/^error\[BAD_INPUT\]: invalid daemon URL/);
@@ -594,7 +597,7 @@ describe('snaplab serve', () => {
     const made = JSON.parse(fast![2]!.out);
     expect(made).toMatchObject({
       name: 'P-j',
-      labels: { q: 'q="x\\y é😀\t'.slice(2), a: 'c' },
+      labels: { q: 'q="x\\y é😀\t'.slice(2), a: 'b', c: 'd' },
       timeoutS: 7,
       onTimeout: 'pause',
       state: 'running',

@@ -6,6 +6,9 @@ import { renderWaterfall } from '../timing/waterfall.js';
 import { EXIT_USAGE, reportError } from './output.js';
 import { SnaplabError } from '../errors.js';
 
+/** commander's collector for a repeatable option (`--label a=1 --label b=2`): every value, in order */
+export const collect = (v: string, prev: string[]): string[] => [...prev, v];
+
 export interface CommonOptions {
   json?: boolean;
   trace?: boolean;

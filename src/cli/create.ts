@@ -13,7 +13,7 @@ import type { LabApi, LabCreateOptions, SandboxApi } from '../sdk/api.js';
 import { createMany, PARALLEL_MAX } from '../sdk/bulk.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import type { StorageKind } from '../storage/backend.js';
-import { addTraceOption, interruptible, showTrace, withApi, type CommonOptions } from './common.js';
+import { addTraceOption, interruptible, showTrace, withApi, type CommonOptions, collect } from './common.js';
 import { addLimitOptions, limitsFrom, type LimitOptions } from './limits.js';
 import { ms, printJson } from './output.js';
 import { orElse } from '../cleanup.js';
@@ -35,8 +35,6 @@ interface CreateCli extends CommonOptions, LimitOptions, EgressFlags {
   count?: string;
   parallel?: string;
 }
-
-const collectKv = (v: string, prev: string[]): string[] => [...prev, v];
 
 /** Said every time a sandbox runs as host root: --no-userns, or storage that cannot idmap yet. */
 export function warnHostRoot(box: { name: string; hostRoot: boolean }, asked: boolean): void {
@@ -146,7 +144,7 @@ export function registerCreate(program: Command): void {
       "systemd: the image's own systemd boots (create returns once it is up; the default for images whose /sbin/init is systemd); agent: the agent is PID 1",
     )
     .option('--pool <name>', 'take a ready standby of this pool')
-    .option('--label <k=v>', 'a label (repeatable)', collectKv, [])
+    .option('--label <k=v>', 'a label (repeatable)', collect, [])
     .option(
       '--timeout <s>',
       `its TTL in seconds (0: none; through a daemon, default the daemon's: ${DAEMON_DEFAULTS.defaultTimeoutS} unless its --default-timeout says)`,

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { parseSeconds } from '../lab/sizes.js';
-import { withApi, withLab, type CommonOptions } from './common.js';
+import { withApi, withLab, type CommonOptions, collect } from './common.js';
 import { EXIT_EXEC_FAILURE } from './output.js';
 import { SnaplabError } from '../errors.js';
 
@@ -12,8 +12,6 @@ interface ExecCli extends CommonOptions {
   interactive?: boolean;
   tty?: boolean;
 }
-
-const collect = (v: string, prev: string[]): string[] => [...prev, v];
 
 export function registerExec(program: Command): void {
   program

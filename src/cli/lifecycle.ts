@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
 import { keyValues } from '../lab/io/exec.js';
 import type { SandboxApi, SandboxCount } from '../sdk/api.js';
-import { addTraceOption, showTrace, withApi, type CommonOptions } from './common.js';
+import { addTraceOption, showTrace, withApi, type CommonOptions, collect } from './common.js';
 import { printJson, printTable } from './output.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import { nextCursor } from '../sdk/paging.js';
@@ -12,8 +12,6 @@ function age(ts: number): string {
   const s = Math.round((Date.now() - ts) / 1000);
   return s < 120 ? `${s}s` : s < 7200 ? `${Math.round(s / 60)}m` : `${Math.round(s / 3600)}h`;
 }
-
-const collectKv = (v: string, prev: string[]): string[] => [...prev, v];
 
 /**
  * ls's NOTE: what a reader should know first (host root), then the init, whether it reaches out
@@ -73,7 +71,7 @@ function registerLs(program: Command): void {
   program
     .command('ls')
     .description('list sandboxes (state checked against the host)')
-    .option('--label <k=v>', 'only those with this label (repeatable)', collectKv, [])
+    .option('--label <k=v>', 'only those with this label (repeatable)', collect, [])
     .option('--limit <n>', 'a page: at most n, oldest first (only the page is checked); the next cursor is printed')
     .option('--after <cursor>', 'the page after this cursor (printed by the page before)')
     .option('--count', 'only how many, by state, in one line')
@@ -82,7 +80,7 @@ function registerLs(program: Command): void {
       withApi(o, async (lab) => {
         if (o.count && (o.limit !== undefined || o.after !== undefined))
           throw new SnaplabError('BAD_INPUT', '--count counts them all: not with --limit or --after', 'drop one');
-        const labels = keyValues(o.label, 'label', { unique: true });
+        const labels = keyValues(o.label, 'label filter', { unique: true });
         // counted where the records are (a daemon's store, or this home's): no list is read
         if (o.count) return printCount(await lab.count({ labels }), o.json);
         const limit = o.limit === undefined ? undefined : parsePositiveInt(o.limit, 'limit');
@@ -113,7 +111,7 @@ function registerRm(program: Command): void {
     .command('rm [sandboxes...]')
     .description('destroy sandboxes: kill their processes, delete their filesystems')
     .option('--all', 'remove every sandbox')
-    .option('--label <k=v>', 'remove every sandbox with this label (repeatable: all of them)', collectKv, [])
+    .option('--label <k=v>', 'remove every sandbox with this label (repeatable: all of them)', collect, [])
     .option('--json', 'print JSON');
   addTraceOption(rm);
   rm.action((names: string[], o: CommonOptions & { all?: boolean; label: string[] }) =>
@@ -131,7 +129,7 @@ function registerRm(program: Command): void {
         );
       let removed: string[];
       if (select) {
-        const boxes = await lab.list({ labels: keyValues(o.label, 'label', { unique: true }) });
+        const boxes = await lab.list({ labels: keyValues(o.label, 'label filter', { unique: true }) });
         removed = await removeMany(lab, boxes, {
           onTrace: (t) => showTrace(o, t),
           ...(o.json ? {} : { onProgress: (p) => void process.stderr.write(`… ${p.done}/${p.total} removed\n`) }),

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { parsePut, type PutFile } from '../lab/pools/run.js';
 import { parseSeconds } from '../lab/sizes.js';
-import { withLab, type CommonOptions } from './common.js';
+import { withLab, type CommonOptions, collect } from './common.js';
 import { badPoolArgs } from './pool.js';
 import { EXIT_EXEC_FAILURE, printJson } from './output.js';
 
@@ -14,8 +14,6 @@ interface RunCli extends CommonOptions {
   user?: string;
   timeout?: string;
 }
-
-const collect = (v: string, prev: string[]): string[] => [...prev, v];
 
 export function registerRun(program: Command): void {
   program

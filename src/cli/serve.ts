@@ -5,6 +5,7 @@ import { hostname } from 'node:os';
 import { DAEMON_DEFAULTS } from '../defaults.js';
 import { SnaplabError } from '../errors.js';
 import { DEFAULT_HOME, envHome } from '../lab/home.js';
+import { keyValues } from '../lab/io/exec.js';
 import { checkLabels } from '../lab/meta.js';
 import { EXIT_USAGE, reportError } from './output.js';
 import type { ConnectionLimits } from '../server/limits.js';
@@ -218,14 +219,9 @@ function defaultNodeName(): string {
     : hostname();
 }
 
+/** `--labels k=v[,k=v…]`: the one KEY=VALUE parser (keyValues), each key once */
 export function parseLabels(text: string | undefined): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const kv of (text ?? '').split(',').filter(Boolean)) {
-    const i = kv.indexOf('=');
-    if (i <= 0) throw new SnaplabError('BAD_INPUT', `invalid label ${JSON.stringify(kv)}`, 'give k=v[,k=v…]');
-    out[kv.slice(0, i)] = kv.slice(i + 1);
-  }
-  return checkLabels('label', out);
+  return checkLabels('label', keyValues((text ?? '').split(',').filter(Boolean), 'label', { unique: true }));
 }
 
 async function runGateway(cluster: string, o: ServeCli): Promise<void> {
