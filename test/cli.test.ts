@@ -295,14 +295,19 @@ describe('snaplab CLI', () => {
     ] as [string[], RegExp][])
       expect(snaplab(['create', ...args]).err).toMatch(re);
     // ^C once it has told its progress: what it made is removed, and it says so
+    // as a terminal's ^C: to the whole foreground process group (its own here), helpers and tools included
     const child = spawn(SNAPLAB, ['create', '--count', '2000', '--label', 'batch=int'], {
       env: { ...process.env, SNAPLAB_HOME: home },
+      detached: true,
     });
     let err = '';
     let interrupted = false;
     child.stderr.on('data', (b: Buffer) => {
       err += b;
-      if (/created \(/.test(err) && child.signalCode === null && !interrupted) interrupted = child.kill('SIGINT');
+      if (/created \(/.test(err) && child.signalCode === null && !interrupted) {
+        process.kill(-child.pid!, 'SIGINT');
+        interrupted = true;
+      }
     });
     const [code] = await once(child, 'exit');
     expect(code, err).toBe(2);

@@ -48,7 +48,10 @@ export class HostOps {
     if (HostOps.instance !== undefined) return HostOps.instance;
     const bin = HostOps.binaryPath();
     if (!existsSync(bin) || process.env.SNAPLAB_NO_HOSTOPS === '1') return (HostOps.instance = null);
-    const child = spawn(bin, [], { stdio: ['pipe', 'pipe', 'inherit'] });
+    // a session of its own: a terminal's ^C goes to the whole foreground process group, and took the
+    // helper with it while the CLI was still removing what an interrupted `create --count` made (it
+    // ends with this process all the same: its stdin's EOF)
+    const child = spawn(bin, [], { stdio: ['pipe', 'pipe', 'inherit'], detached: true });
     return (HostOps.instance = new HostOps(child));
   }
 
