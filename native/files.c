@@ -39,7 +39,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +62,26 @@ static const struct {
 };
 
 /* The one error line, e (an errno) its cause. */
+/* A file on one of the kernel's own filesystems: its contents are what the kernel answers, and nothing
+ * can be made in its directory (a write there is written where it is, as envd's open of it). */
+static int kernel_file(const char *path)
+{
+	struct statfs fs;
+	if (statfs(path, &fs) < 0)
+		return 0;
+	switch ((unsigned long)fs.f_type) {
+	case PROC_SUPER_MAGIC:
+	case SYSFS_MAGIC:
+	case CGROUP_SUPER_MAGIC:
+	case CGROUP2_SUPER_MAGIC:
+	case DEBUGFS_MAGIC:
+	case SECURITYFS_MAGIC:
+	case TRACEFS_MAGIC:
+		return 1;
+	}
+	return 0;
+}
+
 static int fail(int e, const char *path)
 {
 	char num[16];
@@ -413,24 +435,26 @@ static int cmd_write(const char *path, int set, mode_t mode)
 	}
 	if (set & F_THROUGH) {
 		const char *asked = path;
-		struct stat end;
 		if (!(path = through_links(asked)))
 			return fail(errno, asked);
 		slash = strrchr(path, '/');
-		/* a device, a FIFO or a socket at the end is written into, as an open of the link would
-		 * (renamed over, it would be replaced by a file: /dev/null behind ~/.bash_history) */
-		if (stat(path, &end) == 0 && !S_ISREG(end.st_mode)) {
-			if (S_ISDIR(end.st_mode))
-				return fail(EISDIR, path);
-			if ((fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC)) < 0)
-				return fail(errno, path);
-			if ((n = copy_fd(0, fd, &rerr)) < 0)
-				return fail(errno, rerr ? "-" : path);
-			if (close(fd) < 0)
-				return fail(errno, path);
-			printf("{\"bytes\":%lld}\n", n);
-			return flush_out();
-		}
+	}
+	/* a device, a FIFO or a socket at the end is written into, as an open of the link would
+	 * (renamed over, it would be replaced by a file: /dev/null behind ~/.bash_history); so is a
+	 * file of the kernel's (/proc, /sys, cgroupfs), beside which no temporary file can be made */
+	struct stat end;
+	if ((set & F_THROUGH ? stat(path, &end) : lstat(path, &end)) == 0 &&
+	    ((set & F_THROUGH && !S_ISREG(end.st_mode)) || (S_ISREG(end.st_mode) && kernel_file(path)))) {
+		if (S_ISDIR(end.st_mode))
+			return fail(EISDIR, path);
+		if ((fd = open(path, O_WRONLY | (set & F_APPEND ? O_APPEND : O_TRUNC) | O_CLOEXEC)) < 0)
+			return fail(errno, path);
+		if ((n = copy_fd(0, fd, &rerr)) < 0)
+			return fail(errno, rerr ? "-" : path);
+		if (close(fd) < 0)
+			return fail(errno, path);
+		printf("{\"bytes\":%lld}\n", n);
+		return flush_out();
 	}
 	if (set & F_APPEND) {
 		fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, mode);

@@ -528,7 +528,7 @@ describe.each([
       await sbx.files.remove('/srv/huge.bin');
     });
 
-    it.runIf(modern)('files: a bad upload gets a 400 and changes nothing; 200 parts are written in order', async () => {
+    it.runIf(modern)('files: a bad upload gets a 400 and changes nothing; 1100 parts are written in order, a field that is no file skipped', async () => {
       const token = await accessToken(sbx.sandboxId);
       const post = async (
         query: string,
@@ -563,17 +563,32 @@ describe.each([
       });
       expect([zip, zipBody.message]).toEqual([400, expect.stringMatching(/gzip/)]);
       expect(inside(sbx.sandboxId, 'cat /srv/kept.txt; ls -a /srv | grep -c snaplab').out).toBe('kept0\n');
-      // 200 small parts, one after another (at once they were 200 processes in the sandbox)
-      const many = Array.from({ length: 200 }, (_, i) => part(`name="file"; filename="/srv/many/${i}.txt"`, String(i)));
+      // 1100 small parts, one after another (at once they were 1100 processes in the sandbox; over
+      // 1000 the upload failed, after writing 1000), and a form field that is no file (envd skips it)
+      const many = Array.from({ length: 1100 }, (_, i) =>
+        part(`name="file"; filename="/srv/many/${i}.txt"`, String(i)),
+      );
+      many.splice(1, 0, part('name="note"; filename="/srv/many/note.txt"', 'not a file'));
       const [ok, entries] = await post('', ...form(`${many.join('')}--XX--\r\n`));
       expect(ok).toBe(200);
       expect((entries as { path: string }[]).map((e) => e.path)).toEqual(
-        Array.from({ length: 200 }, (_, i) => `/srv/many/${i}.txt`),
+        Array.from({ length: 1100 }, (_, i) => `/srv/many/${i}.txt`),
       );
-      expect(inside(sbx.sandboxId, 'cat /srv/many/0.txt /srv/many/199.txt; ls /srv/many | wc -l').out).toBe(
-        '0199200\n',
+      expect(inside(sbx.sandboxId, 'cat /srv/many/0.txt /srv/many/1099.txt; ls /srv/many | wc -l').out).toBe(
+        '010991100\n',
       );
       expect(inside(sbx.sandboxId, 'rm -r /srv/many /srv/kept.txt').code).toBe(0);
+    });
+
+    it("files.write to a file of the kernel's (/proc): written where it is, as envd opens it", async () => {
+      // a temporary file beside it and a rename, as for any other file, cannot be made in /proc
+      const h = await sbx.commands.run('sleep 600', { background: true });
+      try {
+        await sbx.files.write(`/proc/${h.pid}/oom_score_adj`, '500');
+        expect(inside(sbx.sandboxId, `cat /proc/${h.pid}/oom_score_adj`).out).toBe('500\n');
+      } finally {
+        await h.kill();
+      }
     });
 
     it('files.list with a depth: every entry down to it, depth first, names in order', async () => {

@@ -25,8 +25,12 @@ export interface UploadedFile {
 
 type Write<T> = (f: UploadedFile) => Promise<T>;
 
-/** The most parts one multipart upload may have (E2B's SDKs send one per file written at once). */
-const MAX_PARTS = 1000;
+/**
+ * The most parts one multipart upload may have (E2B's SDKs send one per file of a `writeFiles`;
+ * envd has no bound). It was 1000: a `writeFiles` of a project's 1500 files failed after writing
+ * 1000 of them. Parts are written one at a time, so the bound is on what one request can queue.
+ */
+const MAX_PARTS = 100_000;
 
 const badInput = (message: string, cause?: unknown): SnaplabError =>
   new SnaplabError('BAD_INPUT', message, 'send multipart/form-data, or one file as application/octet-stream', {
@@ -128,11 +132,12 @@ function eachPart<T>(req: FastifyRequest, body: Readable, given: string | undefi
       const answer = (): void => reject(e);
       chain.then(answer, answer);
     };
-    parser.on('file', (_field, file, filename) => {
+    parser.on('file', (field, file, filename) => {
       // a part's errors reach its write (which then keeps the file as it was) or fail(), never
       // the process: busboy ends a part cut short with one, and fail() ends the part being written
       file.on('error', () => undefined);
-      if (done) {
+      // a form's other fields are not files: envd skips every part not named "file", as here
+      if (done || field !== 'file') {
         file.resume();
         return;
       }
