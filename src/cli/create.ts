@@ -10,7 +10,7 @@ import { SnaplabError } from '../errors.js';
 import type { Command } from 'commander';
 import { keyValues } from '../lab/io/exec.js';
 import type { LabApi, LabCreateOptions, SandboxApi } from '../sdk/api.js';
-import { createMany, PARALLEL_MAX } from '../sdk/bulk.js';
+import { createMany, LeftError, PARALLEL_MAX } from '../sdk/bulk.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import type { StorageKind } from '../storage/backend.js';
 import { addTraceOption, interruptible, showTrace, withApi, type CommonOptions, collect } from './common.js';
@@ -107,7 +107,11 @@ async function createCounted(lab: LabApi, o: CreateCli): Promise<void> {
         ? {}
         : { onProgress: (p) => void process.stderr.write(`… ${p.done}/${p.total} created (${p.perSecond}/s)\n`) }),
     }),
-  );
+  ).catch((e: unknown) => {
+    // what it made and could not remove, each by name on stdout as the made ones are (JSON: the error's `left`)
+    if (e instanceof LeftError && !o.json) process.stdout.write(e.left.map((n) => `${n}\n`).join(''));
+    throw e;
+  });
   const seconds = (performance.now() - t0) / 1000;
   if (boxes[0]) warnHostRoot(boxes[0], !o.userns);
   if (o.json) return printJson(boxes.map((b) => b.toJSON()));

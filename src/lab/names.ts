@@ -1,6 +1,7 @@
 import { SnaplabError } from '../errors.js';
 
-const NAME = /^[a-z0-9][a-z0-9_.-]{0,62}$/i;
+/** what a name may be (checkName); a bulk create checks its longest before making any */
+export const NAME = /^[a-z0-9][a-z0-9_.-]{0,62}$/i;
 
 /** Names of images, sandboxes and snapshots: safe as file names, hostnames and CLI arguments. */
 export function checkName(kind: string, name: string): string {

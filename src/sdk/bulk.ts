@@ -10,6 +10,7 @@ import { SnaplabError, isSnaplabError } from '../errors.js';
 import type { LabApi, LabCreateOptions, SandboxApi } from './api.js';
 import type { TraceSummary } from '../timing/trace.js';
 import { mapLimit } from '../concurrency.js';
+import { NAME } from '../lab/names.js';
 
 /** what a bulk call has done so far */
 export interface BulkProgress {
@@ -117,6 +118,16 @@ export async function createMany(
 ): Promise<SandboxApi[]> {
   checkCount(count);
   parallelOf(o);
+  // the longest name, before any is made (a long prefix made 99 sandboxes, failed at NAME-100, and removed them)
+  if (opts.name !== undefined) {
+    const longest = `${opts.name}-${count}`;
+    if (!NAME.test(longest))
+      throw new SnaplabError(
+        'BAD_NAME',
+        `invalid sandbox names ${JSON.stringify(`${opts.name}-1`)} to ${JSON.stringify(longest)}`,
+        'a prefix of letters, digits, ".", "_" or "-" (starting with a letter or digit) short enough that NAME-COUNT has at most 63',
+      );
+  }
   // by index, so that a caller gets them in order (NAME-1 first), however they finished
   const made: SandboxApi[] = [];
   let first: unknown;
@@ -151,11 +162,12 @@ export async function createMany(
       : new SnaplabError('ABORTED', 'the create was interrupted', 'run it again'));
   const why = cause instanceof Error ? cause.message : String(cause);
   if (left.length)
-    throw new SnaplabError(
+    throw new LeftError(
       isSnaplabError(cause) ? cause.code : 'INTERNAL',
       `${boxes.length} made, ${left.length} of them not removed (${left.slice(0, 5).join(', ')}${left.length > 5 ? ', …' : ''}): ${why}`,
       `remove them: \`snaplab rm ${left.slice(0, 5).join(' ')}${left.length > 5 ? ' …' : ''}\` (or \`snaplab gc\`)`,
-      { cause },
+      left,
+      cause,
     );
   throw new SnaplabError(
     isSnaplabError(cause) ? cause.code : 'INTERNAL',
@@ -163,6 +175,26 @@ export async function createMany(
     isSnaplabError(cause) ? cause.hint : 'run it again',
     { cause },
   );
+}
+
+/**
+ * A bulk create that failed and could not remove all it made: every one left by name (`left`; the
+ * message names five), so that a script finds thousands (`create --count` prints them on stdout).
+ */
+export class LeftError extends SnaplabError {
+  constructor(
+    code: SnaplabError['code'],
+    message: string,
+    hint: string,
+    readonly left: string[],
+    cause: unknown,
+  ) {
+    super(code, message, hint, { cause });
+  }
+
+  override toJSON(): ReturnType<SnaplabError['toJSON']> & { left: string[] } {
+    return { ...super.toJSON(), left: this.left };
+  }
 }
 
 /** A bulk removal that left some: which, and why (the error is its first's code and hint). */

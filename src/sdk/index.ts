@@ -1,7 +1,7 @@
 export { Lab, type LabOptions, type CreateOptions, type RestoreOptions } from './lab.js';
 export { Sandbox } from './sandbox.js';
 export { listCursor } from './paging.js';
-export { createMany, removeMany, BulkError, BULK_MAX, type BulkOptions, type BulkProgress } from './bulk.js';
+export { createMany, removeMany, BulkError, LeftError, BULK_MAX, type BulkOptions, type BulkProgress } from './bulk.js';
 export { Snapshot } from './snapshot.js';
 export { Pool } from './pool.js';
 export { Scenario, type MachineStatus, type ScenarioStatus } from './scenario.js';
