@@ -6,6 +6,7 @@ import { USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf, tierSlots } from './id-ran
 import {
   REGISTRY,
   claimRange,
+  namedIn,
   rangesOf,
   registryNames,
   releaseRange,
@@ -154,5 +155,19 @@ describe('uid ranges', () => {
   it('refuses a size that is not a power of two from 1024 to 65536', async () => {
     for (const n of [512, 1000, 3000, 131072, Number.NaN])
       await expect(claimRange(HOME, 'bad', n)).rejects.toMatchObject({ code: 'BAD_INPUT', hint: /power of two/ });
+  });
+});
+
+describe('the ids the host names', () => {
+  it('reads accounts at or above 0x70000000 as single ids, and subordinate ranges (subuid, subgid) whole', () => {
+    const passwd = 'root:x:0:0::/root:/bin/sh\nhigh:x:1879048300:1879048300::/:/bin/false\nbad:x:nope:0::/:/bin/sh\n';
+    expect(namedIn('/etc/passwd', passwd)).toEqual([[1879048300, 1879048300]]);
+    // a user's rootless containers' ids: a sandbox sharing them would share host ids with them
+    const subuid = 'alice:100000:65536\nbob:1879000000:100000\n1000:4000000000:65536\nbroken:12\nzero:1879048192:0\n';
+    expect(namedIn('/etc/subuid', subuid)).toEqual([
+      [1879000000, 1879099999],
+      [4000000000, 4000065535],
+    ]);
+    expect(namedIn('/etc/subgid', '')).toEqual([]);
   });
 });

@@ -25,20 +25,23 @@ interface Holder {
 
 const FOREIGN: [number, number] = [0x7ffe_0000, 0x7ffe_ffff];
 
-/** the ids the account files named when last read, and when they were last looked at */
-let named: { ids: number[]; mtimes: string; at: number } | undefined;
-const ACCOUNT_FILES = ['/etc/passwd', '/etc/group'];
+/** the ids the account files named when last read (each a [first, last] range), and when they were last looked at */
+let named: { ranges: [number, number][]; mtimes: string; at: number } | undefined;
+/** accounts, and the subordinate ranges given to users (their rootless containers' ids: newuidmap) */
+const ACCOUNT_FILES = ['/etc/passwd', '/etc/group', '/etc/subuid', '/etc/subgid'];
 /** how often a process looks whether the account files changed (a daemon runs for months) */
 const ACCOUNTS_CHECK_MS = 5000;
+const LOWEST = 0x7000_0000;
 
 /**
- * uids and gids the host's account files name (a range must not contain a real account), read
- * again when either file changed. Accounts only an NSS service knows (sssd, LDAP) are not seen:
- * docs/security.md.
+ * The ids the host's account files name at or above LOWEST, as ranges (a sandbox's range must not
+ * contain a real account, nor ids a user was given for containers of their own: they would share
+ * host ids with it), read again when a file changed. Accounts only an NSS service knows (sssd,
+ * LDAP) are not seen: docs/security.md.
  */
-function hostIds(): number[] {
+function hostIds(): [number, number][] {
   const now = Date.now();
-  if (named && now - named.at < ACCOUNTS_CHECK_MS) return named.ids;
+  if (named && now - named.at < ACCOUNTS_CHECK_MS) return named.ranges;
   const mtimes = ACCOUNT_FILES.map((f) => {
     try {
       return String(statSync(f).mtimeMs);
@@ -48,30 +51,39 @@ function hostIds(): number[] {
   }).join(' ');
   if (named?.mtimes === mtimes) {
     named.at = now;
-    return named.ids;
+    return named.ranges;
   }
-  const ids: number[] = [];
-  for (const f of ACCOUNT_FILES) {
-    let text = '';
-    try {
-      text = readFileSync(f, 'utf8');
-    } catch {
-      continue;
-    }
-    for (const line of text.split('\n')) {
-      const n = Number(line.split(':')[2]);
-      if (Number.isInteger(n) && n >= 0x7000_0000) ids.push(n);
-    }
+  named = { ranges: ACCOUNT_FILES.flatMap((f) => namedIn(f)), mtimes, at: now };
+  return named.ranges;
+}
+
+/** The ranges one account file names at or above LOWEST: NAME:x:ID:… (passwd, group), NAME:FIRST:COUNT (subuid, subgid). */
+export function namedIn(file: string, text = readAccounts(file)): [number, number][] {
+  const sub = file.endsWith('/subuid') || file.endsWith('/subgid');
+  const out: [number, number][] = [];
+  for (const line of text.split('\n')) {
+    const f = line.split(':');
+    const first = Number(f[sub ? 1 : 2]);
+    const count = sub ? Number(f[2]) : 1;
+    if (!f[0] || !Number.isSafeInteger(first) || first < 0 || !Number.isSafeInteger(count) || count < 1) continue;
+    if (first + count - 1 >= LOWEST) out.push([first, first + count - 1]);
   }
-  named = { ids, mtimes, at: now };
-  return ids;
+  return out;
+}
+
+function readAccounts(file: string): string {
+  try {
+    return readFileSync(file, 'utf8');
+  } catch {
+    return ''; // (no such file: nothing named; subuid and subgid are often absent)
+  }
 }
 
 const overlaps = (base: number, lo: number, hi: number): boolean => base <= hi && base + USERNS_SIZE - 1 >= lo;
 
-/** The slots no one may have: they hold an account, or systemd's foreign range. */
+/** The slots no one may have: they hold an account, a user's subordinate ids, or systemd's foreign range. */
 function unusable(base: number): boolean {
-  return overlaps(base, FOREIGN[0], FOREIGN[1]) || hostIds().some((id) => overlaps(base, id, id));
+  return overlaps(base, FOREIGN[0], FOREIGN[1]) || hostIds().some(([lo, hi]) => overlaps(base, lo, hi));
 }
 
 /** A name of this process's in the registry (a claim being written, one moved aside): gc removes those of dead pids. */
