@@ -6,7 +6,7 @@ import { openDb } from '../store/db.js';
 import { testRecord } from '../store/test-record.js';
 import { Store } from '../store/store.js';
 import { Lab } from './lab.js';
-import { listCursor, nextCursor } from './paging.js';
+import { checkPage, listCursor, MAX_PAGE, nextCursor } from './paging.js';
 import type { ListOptions } from './api.js';
 
 // The page a lab lists is read from its store (records only, check: false): no machine is made here.
@@ -231,4 +231,10 @@ it('a metadata filter is one statement whatever the number of values; past the c
   await expect(lab.list({ metadata: { k: [...many, 'one more'] } })).rejects.toMatchObject({ code: 'BAD_INPUT' });
   const keys = Object.fromEntries(Array.from({ length: 33 }, (_, i) => [`k${i}`, 'v']));
   await expect(lab.list({ metadata: keys })).rejects.toMatchObject({ code: 'BAD_INPUT' });
+});
+
+it('takes a page of at most 10 000, as the daemon does (it had no bound embedded)', () => {
+  expect(checkPage({ limit: MAX_PAGE })).toBeUndefined();
+  expect(() => checkPage({ limit: MAX_PAGE + 1 })).toThrow(/invalid list limit 10001/);
+  expect(() => checkPage({ limit: 0 })).toThrow(/invalid list limit 0/);
 });

@@ -48,9 +48,16 @@ export interface PageAsked {
 }
 
 /** Throws BAD_INPUT for a limit or cursor no page can have (before any work is asked of anyone). */
+/** The largest page a list gives, embedded and through a daemon alike (it was the daemon's alone: `ls --limit 20000` worked here and not there). */
+export const MAX_PAGE = 10_000;
+
 export function checkPage(opts: PageAsked): Listed | undefined {
-  if (opts.limit !== undefined && !(Number.isInteger(opts.limit) && opts.limit >= 1))
-    throw new SnaplabError('BAD_INPUT', `invalid list limit ${opts.limit}`, 'a whole number of sandboxes, at least 1');
+  if (opts.limit !== undefined && !(Number.isInteger(opts.limit) && opts.limit >= 1 && opts.limit <= MAX_PAGE))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `invalid list limit ${opts.limit}`,
+      `a whole number of sandboxes from 1 to ${MAX_PAGE} (more: page on with the next cursor)`,
+    );
   return opts.after === undefined ? undefined : parseCursor(opts.after);
 }
 

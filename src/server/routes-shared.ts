@@ -6,7 +6,7 @@
  * answers from its embedded Lab and keeps each key to its own; a gateway from a GatewayLab bound
  * to the caller, whose nodes do the same.
  */
-import { LIST_STATES, nextCursor } from '../sdk/paging.js';
+import { LIST_STATES, MAX_PAGE, nextCursor } from '../sdk/paging.js';
 import type { CountOptions, ListOptions, ListState } from '../sdk/api.js';
 import type { FastifyInstance } from 'fastify';
 import { Type } from 'typebox';
@@ -270,7 +270,7 @@ function listRoutes(app: FastifyInstance, h: RouteHost): void {
           order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')])),
           check: Type.Optional(Type.Boolean()),
           limit: Type.Optional(
-            Type.Integer({ minimum: 1, maximum: 10_000, description: 'a page of at most this many, oldest first' }),
+            Type.Integer({ minimum: 1, maximum: MAX_PAGE, description: 'a page of at most this many, oldest first' }),
           ),
           after: Type.Optional(
             Type.String({ description: 'the page after this cursor: the X-Next-Cursor of the page before' }),
