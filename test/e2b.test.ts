@@ -528,57 +528,60 @@ describe.each([
       await sbx.files.remove('/srv/huge.bin');
     });
 
-    it.runIf(modern)('files: a bad upload gets a 400 and changes nothing; 1100 parts are written in order, a field that is no file skipped', async () => {
-      const token = await accessToken(sbx.sandboxId);
-      const post = async (
-        query: string,
-        body: string,
-        headers: Record<string, string> = {},
-      ): Promise<[number, Json]> => {
-        const r = await fetch(`${d.e2bUrl}/files${query}`, {
-          method: 'POST',
-          headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token, ...headers },
-          body,
+    it.runIf(modern)(
+      'files: a bad upload gets a 400 and changes nothing; 1100 parts are written in order, a field that is no file skipped',
+      async () => {
+        const token = await accessToken(sbx.sandboxId);
+        const post = async (
+          query: string,
+          body: string,
+          headers: Record<string, string> = {},
+        ): Promise<[number, Json]> => {
+          const r = await fetch(`${d.e2bUrl}/files${query}`, {
+            method: 'POST',
+            headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token, ...headers },
+            body,
+          });
+          return [r.status, await r.json()];
+        };
+        await sbx.files.write('/srv/kept.txt', 'kept');
+        const form = (parts: string): [string, Record<string, string>] => [
+          parts,
+          { 'content-type': 'multipart/form-data; boundary=XX' },
+        ];
+        // a part with neither a filename nor ?path=; a body cut before its closing boundary; gzip
+        // that is not: each a 400 with its reason, and the daemon serves on
+        const part = (disposition: string, data: string) =>
+          `--XX\r\nContent-Disposition: form-data; ${disposition}\r\nContent-Type: application/octet-stream\r\n\r\n${data}\r\n`;
+        expect(await post('', ...form(`${part('name="file"', 'x')}--XX--\r\n`))).toMatchObject([
+          400,
+          { message: /no path/ },
+        ]);
+        const [cut, cutBody] = await post('', ...form(part('name="file"; filename="/srv/kept.txt"', 'replaced')));
+        expect([cut, cutBody.message]).toEqual([400, expect.stringMatching(/malformed multipart/)]);
+        const [zip, zipBody] = await post('?path=/srv/kept.txt', 'not gzip at all', {
+          'content-type': 'application/octet-stream',
+          'content-encoding': 'gzip',
         });
-        return [r.status, await r.json()];
-      };
-      await sbx.files.write('/srv/kept.txt', 'kept');
-      const form = (parts: string): [string, Record<string, string>] => [
-        parts,
-        { 'content-type': 'multipart/form-data; boundary=XX' },
-      ];
-      // a part with neither a filename nor ?path=; a body cut before its closing boundary; gzip
-      // that is not: each a 400 with its reason, and the daemon serves on
-      const part = (disposition: string, data: string) =>
-        `--XX\r\nContent-Disposition: form-data; ${disposition}\r\nContent-Type: application/octet-stream\r\n\r\n${data}\r\n`;
-      expect(await post('', ...form(`${part('name="file"', 'x')}--XX--\r\n`))).toMatchObject([
-        400,
-        { message: /no path/ },
-      ]);
-      const [cut, cutBody] = await post('', ...form(part('name="file"; filename="/srv/kept.txt"', 'replaced')));
-      expect([cut, cutBody.message]).toEqual([400, expect.stringMatching(/malformed multipart/)]);
-      const [zip, zipBody] = await post('?path=/srv/kept.txt', 'not gzip at all', {
-        'content-type': 'application/octet-stream',
-        'content-encoding': 'gzip',
-      });
-      expect([zip, zipBody.message]).toEqual([400, expect.stringMatching(/gzip/)]);
-      expect(inside(sbx.sandboxId, 'cat /srv/kept.txt; ls -a /srv | grep -c snaplab').out).toBe('kept0\n');
-      // 1100 small parts, one after another (at once they were 1100 processes in the sandbox; over
-      // 1000 the upload failed, after writing 1000), and a form field that is no file (envd skips it)
-      const many = Array.from({ length: 1100 }, (_, i) =>
-        part(`name="file"; filename="/srv/many/${i}.txt"`, String(i)),
-      );
-      many.splice(1, 0, part('name="note"; filename="/srv/many/note.txt"', 'not a file'));
-      const [ok, entries] = await post('', ...form(`${many.join('')}--XX--\r\n`));
-      expect(ok).toBe(200);
-      expect((entries as { path: string }[]).map((e) => e.path)).toEqual(
-        Array.from({ length: 1100 }, (_, i) => `/srv/many/${i}.txt`),
-      );
-      expect(inside(sbx.sandboxId, 'cat /srv/many/0.txt /srv/many/1099.txt; ls /srv/many | wc -l').out).toBe(
-        '010991100\n',
-      );
-      expect(inside(sbx.sandboxId, 'rm -r /srv/many /srv/kept.txt').code).toBe(0);
-    });
+        expect([zip, zipBody.message]).toEqual([400, expect.stringMatching(/gzip/)]);
+        expect(inside(sbx.sandboxId, 'cat /srv/kept.txt; ls -a /srv | grep -c snaplab').out).toBe('kept0\n');
+        // 1100 small parts, one after another (at once they were 1100 processes in the sandbox; over
+        // 1000 the upload failed, after writing 1000), and a form field that is no file (envd skips it)
+        const many = Array.from({ length: 1100 }, (_, i) =>
+          part(`name="file"; filename="/srv/many/${i}.txt"`, String(i)),
+        );
+        many.splice(1, 0, part('name="note"; filename="/srv/many/note.txt"', 'not a file'));
+        const [ok, entries] = await post('', ...form(`${many.join('')}--XX--\r\n`));
+        expect(ok).toBe(200);
+        expect((entries as { path: string }[]).map((e) => e.path)).toEqual(
+          Array.from({ length: 1100 }, (_, i) => `/srv/many/${i}.txt`),
+        );
+        expect(inside(sbx.sandboxId, 'cat /srv/many/0.txt /srv/many/1099.txt; ls /srv/many | wc -l').out).toBe(
+          '010991100\n',
+        );
+        expect(inside(sbx.sandboxId, 'rm -r /srv/many /srv/kept.txt').code).toBe(0);
+      },
+    );
 
     it("files.write to a file of the kernel's (/proc): written where it is, as envd opens it", async () => {
       // a temporary file beside it and a rename, as for any other file, cannot be made in /proc
