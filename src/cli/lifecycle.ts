@@ -2,11 +2,11 @@ import type { Command } from 'commander';
 import { SnaplabError } from '../errors.js';
 import { keyValues } from '../lab/io/exec.js';
 import type { SandboxApi, SandboxCount } from '../sdk/api.js';
-import { addTraceOption, showTrace, withApi, type CommonOptions, collect } from './common.js';
+import { addTraceOption, collect, interruptible, showTrace, withApi, type CommonOptions } from './common.js';
 import { printJson, printTable } from './output.js';
 import { parsePositiveInt } from '../lab/sizes.js';
 import { nextCursor } from '../sdk/paging.js';
-import { removeMany } from '../sdk/bulk.js';
+import { BulkError, removeMany } from '../sdk/bulk.js';
 
 function age(ts: number): string {
   const s = Math.round((Date.now() - ts) / 1000);
@@ -103,6 +103,13 @@ function registerLs(program: Command): void {
 
 const labelArgs = (labels: string[]): string => labels.map((l) => ` --label '${l.replaceAll("'", "'\\''")}'`).join('');
 
+const RM_STOP = {
+  first: 'stopping: the removals under way finish, no more begin',
+  still: 'still finishing the removals under way',
+  left: 'those not removed yet are left: `snaplab ls` shows them, `snaplab rm` removes them',
+  error: new SnaplabError('ABORTED', 'the removal was interrupted', 'run it again: one gone already is skipped'),
+};
+
 /** how many names `rm` prints before it prints a count instead */
 const RM_NAMES_SHOWN = 10;
 
@@ -127,23 +134,32 @@ function registerRm(program: Command): void {
               : 'give names, or --all / --label, not both',
           'give ids or names, or --all, or --label k=v',
         );
-      let removed: string[];
+      const said = (removed: string[]): void => {
+        if (o.json) printJson({ removed });
+        else if (removed.length === 0) process.stdout.write('nothing to remove\n');
+        // (names given are all said, as the command without Node says them: native/daemon.c)
+        else if (!select || removed.length <= RM_NAMES_SHOWN) process.stdout.write(`removed ${removed.join(', ')}\n`);
+        else process.stdout.write(`removed ${removed.length} sandboxes\n`);
+      };
       if (select) {
         const boxes = await lab.list({ labels: keyValues(o.label, 'label filter', { unique: true }) });
-        removed = await removeMany(lab, boxes, {
-          onTrace: (t) => showTrace(o, t),
-          ...(o.json ? {} : { onProgress: (p) => void process.stderr.write(`… ${p.done}/${p.total} removed\n`) }),
+        // ^C: the removals under way finish, no more begin; what was removed is said, failed or not
+        const removed = await interruptible(RM_STOP, (signal) =>
+          removeMany(lab, boxes, {
+            signal,
+            onTrace: (t) => showTrace(o, t),
+            onSkipped: (name, why) => void process.stderr.write(`skipped ${name}: ${why.message}\n`),
+            ...(o.json ? {} : { onProgress: (p) => void process.stderr.write(`… ${p.done}/${p.total} removed\n`) }),
+          }),
+        ).catch((e: unknown) => {
+          if (e instanceof BulkError && e.removed.length) said(e.removed);
+          throw e;
         });
-      } else {
-        // one after the other, as given: a name that is not there stops the command, and says which
-        for (const n of names) showTrace(o, await (await lab.get(n)).destroy());
-        removed = names;
+        return said(removed);
       }
-      if (o.json) printJson({ removed });
-      else if (removed.length === 0) process.stdout.write('nothing to remove\n');
-      // (names given are all said, as the command without Node says them: native/daemon.c)
-      else if (!select || removed.length <= RM_NAMES_SHOWN) process.stdout.write(`removed ${removed.join(', ')}\n`);
-      else process.stdout.write(`removed ${removed.length} sandboxes\n`);
+      // one after the other, as given: a name that is not there stops the command, and says which
+      for (const n of names) showTrace(o, await (await lab.get(n)).destroy());
+      said(names);
     }),
   );
 }

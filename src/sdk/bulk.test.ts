@@ -70,3 +70,24 @@ describe("createMany's cleanup", () => {
     expect((e as LeftError).toJSON()).toMatchObject({ code: 'SANDBOX_EXISTS', left: (e as LeftError).left });
   });
 });
+
+describe('removeMany interrupted', () => {
+  it('says what it removed by name, ABORTED', async () => {
+    const stop = new AbortController();
+    const lab = {
+      get: async (id: string) => ({
+        destroy: async () => {
+          if (id === 'a') stop.abort();
+          return undefined;
+        },
+      }),
+    } as unknown as Pick<LabApi, 'get'>;
+    const boxes = ['a', 'b', 'c'].map((id) => ({ id, name: id }));
+    const e = await removeMany(lab, boxes, { parallel: 1, signal: stop.signal }).catch((x: unknown) => x);
+    expect(e).toBeInstanceOf(BulkError);
+    expect(e).toMatchObject({ code: 'ABORTED', removed: ['a'], failed: [], notBegun: 2 });
+    expect((e as BulkError).message).toBe(
+      '2 of 3 sandboxes not removed (1 removed; 2 not begun: interrupted): the removal was interrupted',
+    );
+  });
+});

@@ -205,14 +205,20 @@ export class BulkError extends SnaplabError {
     total: number,
     /** not begun: the removal was interrupted (an abort, a progress callback that threw) */
     readonly notBegun = 0,
+    /** why, when none failed (ABORTED: interrupted) */
+    reason?: SnaplabError,
   ) {
-    const first = failed[0]?.error;
+    const first = failed[0]?.error ?? reason;
     super(
       isSnaplabError(first) ? first.code : 'INTERNAL',
-      `${failed.length + notBegun} of ${total} sandboxes not removed (${removed.length} removed${notBegun ? `; ${notBegun} not begun: interrupted` : ''}): ${failed
-        .slice(0, 5)
-        .map((f) => `${f.name}: ${f.error instanceof Error ? f.error.message : String(f.error)}`)
-        .join('; ')}`,
+      `${failed.length + notBegun} of ${total} sandboxes not removed (${removed.length} removed${notBegun ? `; ${notBegun} not begun: interrupted` : ''}): ${
+        failed.length
+          ? failed
+              .slice(0, 5)
+              .map((f) => `${f.name}: ${f.error instanceof Error ? f.error.message : String(f.error)}`)
+              .join('; ')
+          : (reason?.message ?? 'interrupted')
+      }`,
       isSnaplabError(first) ? first.hint : 'run the command again; `snaplab gc` removes what a failed removal left',
       { cause: first },
     );
@@ -221,7 +227,8 @@ export class BulkError extends SnaplabError {
 
 /**
  * Destroy these sandboxes, reading each again first (the list may be minutes old: a stale record
- * is not removed twice). One removed by someone else meanwhile is skipped (it is gone, as asked);
+ * is not removed twice). One removed by someone else meanwhile is skipped (it is gone, as asked),
+ * and one still being made by a process that runs (SANDBOX_BUSY: `onSkipped` is told);
  * other failures do not stop the rest and are thrown at the end (BulkError). An abort stops the
  * starting of more and throws ABORTED, saying how many are left. Returns the names removed;
  * `onTrace` gets each destroy's trace.
@@ -229,7 +236,11 @@ export class BulkError extends SnaplabError {
 export async function removeMany(
   lab: Pick<LabApi, 'get'>,
   boxes: Pick<SandboxApi, 'id' | 'name'>[],
-  o: BulkOptions & { onTrace?: (t: TraceSummary | undefined) => void } = {},
+  o: BulkOptions & {
+    onTrace?: (t: TraceSummary | undefined) => void;
+    /** one skipped: still being created or started by a process that runs (SANDBOX_BUSY) */
+    onSkipped?: (name: string, why: SnaplabError) => void;
+  } = {},
 ): Promise<string[]> {
   const removed: string[] = [];
   const failed: { name: string; error: unknown }[] = [];
@@ -245,6 +256,11 @@ export async function removeMany(
         trace = await (await lab.get(b.id, { check: false })).destroy();
         removed.push(b.name);
       } catch (e) {
+        // one being made is not removed under its maker (a pool's refill, another's create): skipped
+        if (isSnaplabError(e, 'SANDBOX_BUSY')) {
+          o.onSkipped?.(b.name, e);
+          return true;
+        }
         if (!isSnaplabError(e, 'SANDBOX_NOT_FOUND')) {
           failed.push({ name: b.name, error: e });
           return false;
@@ -257,11 +273,14 @@ export async function removeMany(
   );
   if (failed.length) throw new BulkError(removed, failed, boxes.length, boxes.length - done);
   if (told !== undefined) throw told;
+  // interrupted: what was removed by name (a caller says it), as when some failed
   if (done < boxes.length)
-    throw new SnaplabError(
-      'ABORTED',
-      `the removal was interrupted: ${removed.length} removed, ${boxes.length - done} left`,
-      'run it again: one gone already is skipped',
+    throw new BulkError(
+      removed,
+      [],
+      boxes.length,
+      boxes.length - done,
+      new SnaplabError('ABORTED', 'the removal was interrupted', 'run it again: one gone already is skipped'),
     );
   return removed;
 }
