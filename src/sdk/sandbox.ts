@@ -17,7 +17,7 @@ import {
   type ExecProcess,
   type ExecResult,
 } from '../lab/io/sandbox-ops.js';
-import { destroyRecord, refuseBusy } from '../lab/lifecycle/teardown.js';
+import { destroyRecord, takeForRemoval } from '../lab/lifecycle/teardown.js';
 import { startSandbox } from '../lab/lifecycle/start.js';
 import { isStopped } from '../lab/lifecycle/stopped.js';
 import { USERNS_SIZE } from '../host/userns/id-ranges.js';
@@ -494,8 +494,8 @@ export class Sandbox implements SandboxApi {
   async destroy(): Promise<TraceSummary> {
     this.close();
     const { trace } = await this.ctx.traced('rm', this.name, async (t) => {
-      await refuseBusy(this.ctx, this.record);
-      await t.phase('destroy', () => destroyRecord(this.ctx, this.record, t));
+      const taken = await takeForRemoval(this.ctx, this.record);
+      await t.phase('destroy', () => destroyRecord(this.ctx, taken, t));
     });
     this.record = { ...this.record, state: 'dead', reason: 'destroyed' };
     return trace;

@@ -47,20 +47,35 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
 }
 
 /**
- * An rm asked of a machine another step still makes (a create, a start: `creating`) by a process
- * that runs: SANDBOX_BUSY. Removed meanwhile, its record and uid range went while the create went
- * on with the range it held; the next create could claim that range, and two machines shared host
- * ids. (The process's own failed raise removes what it made with destroyRecord, never through here.)
+ * Take a record for an rm: SANDBOX_BUSY while another step still makes it (a create, a start:
+ * `creating`) in a process that runs. Removed meanwhile, its record and uid range went while the
+ * create went on with the range it held; the next create could claim that range, and two machines
+ * shared host ids. The take is a compare and set on the record as read (a start that begins
+ * between the look and the take is seen). Returns the record as taken (or as given, when it is
+ * gone already: the removal is then idempotent). A process's own failed raise removes what it made
+ * with destroyRecord, never through here.
  */
-export async function refuseBusy(ctx: LabContext, s: SandboxRecord): Promise<void> {
-  const now = ctx.store.getSandbox(s.id);
-  if (now?.id !== s.id || now.state !== 'creating' || !(await ownerAlive(now.owner))) return;
-  const what = now.owner?.op === 'start' ? 'started' : 'created';
-  throw new SnaplabError(
-    'SANDBOX_BUSY',
-    `sandbox ${s.name} is still being ${what} (by pid ${now.owner?.pid})`,
-    `remove it once it is up (its create returns), or stop pid ${now.owner?.pid}: the machine is then reported dead, and rm removes it`,
-  );
+export async function takeForRemoval(ctx: LabContext, s: SandboxRecord): Promise<SandboxRecord> {
+  for (let tries = 0; ; tries++) {
+    const now = ctx.store.getSandbox(s.id);
+    if (now?.id !== s.id) return s;
+    const busy = now.state === 'creating' && (await ownerAlive(now.owner));
+    if (!busy && ctx.store.claimRemoval(now, me('remove'))) return now;
+    if (busy || tries === 3) throw busyError(s.name, now);
+  }
+}
+
+function busyError(name: string, now: SandboxRecord): SnaplabError {
+  const what = now.owner?.op === 'start' ? 'started' : now.state === 'creating' ? 'created' : 'changed';
+  const pid = now.owner?.pid;
+  // (a daemon's own create: its callers are not told to stop the daemon)
+  return pid === process.pid || pid == null
+    ? new SnaplabError('SANDBOX_BUSY', `sandbox ${name} is still being ${what}`, 'remove it once that returns')
+    : new SnaplabError(
+        'SANDBOX_BUSY',
+        `sandbox ${name} is still being ${what} (by pid ${pid})`,
+        `remove it once that returns, or stop pid ${pid}: the machine is then reported dead, and rm removes it`,
+      );
 }
 
 /**
