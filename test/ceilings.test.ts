@@ -4,7 +4,8 @@
  * has a disk cap on every storage type (an overlay sandbox wrote to the host's root filesystem
  * uncapped), and its sandboxes together stay under its totals.
  */
-import { mkdtempSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -308,16 +309,65 @@ describe('where no disk cap holds', () => {
     const asked = await at(token, 'POST', '/sandboxes', { limits: { diskBytes: 512 * MiB } });
     expect([asked.status, asked.body.code], JSON.stringify(asked.body)).toEqual([400, 'BAD_INPUT']);
     expect(asked.body.message).toMatch(/cannot be enforced here/);
-    // a pool's standby without a cap is taken (it was refused: "has no disk cap")
+    // a pool's standby without a cap is taken (it was refused: "has no disk cap"), the first take
+    // too, which meets none ready (its miss was checked as if raised with the 4 GiB default: 403)
     expect((await at(token, 'POST', '/pools', { name: 'nocap', image: 'busybox', size: 1 })).status).toBeLessThan(300);
-    let taken: { status: number; body: Json } | undefined;
-    for (let i = 0; i < 100 && taken?.status !== 201; i++) {
-      taken = await at(token, 'POST', '/sandboxes', { pool: 'nocap' });
-      if (taken.status !== 201) await new Promise((r) => setTimeout(r, 200));
-    }
-    expect(taken!.status, JSON.stringify(taken!.body)).toBe(201);
-    for (const id of [box.body.id, taken!.body.id])
+    const taken = await at(token, 'POST', '/sandboxes', { pool: 'nocap' });
+    expect(taken.status, JSON.stringify(taken.body)).toBe(201);
+    expect(taken.body.limits.diskBytes).toBeUndefined();
+    for (const id of [box.body.id, taken.body.id])
       expect((await at(token, 'DELETE', `/sandboxes/${id}`)).status).toBe(204);
     expect((await at(token, 'DELETE', '/pools/nocap')).status).toBeLessThan(300);
+  }, 120_000);
+});
+
+// The other way no cap holds: a home on a btrfs of the user's whose quotas are off (snaplab turns
+// them on only in a pool of its own). A key's create carried the default cap as if asked, and the
+// raise refused it ("--disk cannot be enforced here: quotas are off"); a default is dropped.
+describe("on a btrfs of the user's without quotas", () => {
+  let dir: string;
+  let home3: string;
+  let d3: TestDaemon | undefined;
+  beforeAll(async () => {
+    dir = mkdtempSync(join(tmpdir(), 'snaplab-test-ceilings-userfs-'));
+    const ok = (r: ReturnType<typeof spawnSync>): void => {
+      if (r.status !== 0) throw new Error(String(r.stderr));
+    };
+    const img = join(dir, 'fs.img');
+    ok(spawnSync('truncate', ['-s', '2G', img], { encoding: 'utf8' }));
+    ok(spawnSync('mkfs.btrfs', ['-q', img], { encoding: 'utf8' }));
+    mkdirSync(join(dir, 'mnt'));
+    ok(spawnSync('mount', ['-o', 'loop', img, join(dir, 'mnt')], { encoding: 'utf8' }));
+    home3 = join(dir, 'mnt', 'home');
+    d3 = await startDaemon(home3, ['--default-timeout', '0']);
+  }, 120_000);
+  afterAll(async () => {
+    await d3?.stop();
+    if (home3) removeHome(home3);
+    spawnSync('umount', [join(dir, 'mnt')]);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("a key's create is made without the default cap it cannot hold; one it asks for is refused", async () => {
+    const made = cli(home3, ['key', 'create', 'userfs', '--scope', 'read,exec']);
+    expect(made.code, made.err).toBe(0);
+    const call3 = async (method: string, path: string, json?: unknown) => {
+      const r = await fetch(`${d3!.url}${path}`, {
+        method,
+        headers: {
+          authorization: `Bearer ${made.out.trim()}`,
+          ...(json ? { 'content-type': 'application/json' } : {}),
+        },
+        body: json ? JSON.stringify(json) : undefined,
+      });
+      const text = await r.text();
+      return { status: r.status, body: (text ? JSON.parse(text) : null) as Json };
+    };
+    const box = await call3('POST', '/sandboxes', {});
+    expect(box.status, JSON.stringify(box.body)).toBe(201);
+    expect([box.body.storage, box.body.limits.diskBytes]).toEqual(['btrfs', undefined]);
+    const asked = await call3('POST', '/sandboxes', { limits: { diskBytes: 512 * MiB } });
+    expect([asked.status, asked.body.code]).toEqual([400, 'BAD_INPUT']);
+    expect((await call3('DELETE', `/sandboxes/${box.body.id}`)).status).toBe(204);
   }, 120_000);
 });

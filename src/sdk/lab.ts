@@ -152,7 +152,7 @@ export class Lab implements LabApi {
   }
 
   /** Create a sandbox; resolves once a command has executed inside it. */
-  async create(opts: CreateOptions = {}): Promise<Sandbox> {
+  async create(opts: CreateOptions & { diskAsked?: boolean } = {}): Promise<Sandbox> {
     const c = resolveCreate(opts);
     this.checkLifetime(c);
     const labels = checkLabels('label', opts.labels);
@@ -172,6 +172,8 @@ export class Lab implements LabApi {
           storage,
           driver: c.driver,
           limits: c.limits,
+          // (a server's: its key's default cap is not asked for; undefined: as limits says)
+          ...(opts.diskAsked !== undefined ? { diskAsked: opts.diskAsked } : {}),
           base,
           origin: null,
           userns: c.userns,
@@ -203,7 +205,7 @@ export class Lab implements LabApi {
   }
 
   /** A new running sandbox whose filesystem is the snapshot's. */
-  async restore(snapshot: string, opts: RestoreOptions = {}): Promise<Sandbox> {
+  async restore(snapshot: string, opts: RestoreOptions & { diskAsked?: boolean } = {}): Promise<Sandbox> {
     this.checkLifetime(opts);
     const labels = checkLabels('label', opts.labels);
     const metadata = checkLabels('metadata', opts.metadata);
@@ -230,7 +232,7 @@ export class Lab implements LabApi {
                 })
               : snap.limits,
           // the snapshot's cap is carried as a default: held where it can be, dropped where not
-          diskAsked: opts.limits?.diskBytes !== undefined,
+          diskAsked: opts.diskAsked ?? opts.limits?.diskBytes !== undefined,
           base: async () => snap.volume,
           origin: snap.name,
           memory: snap.memory ?? undefined,

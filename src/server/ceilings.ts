@@ -60,7 +60,9 @@ export class CeilingGuard {
       held.diskBytes += m.diskBytes;
     }
     refuseMade(caller, ask, capHolds);
-    const asked = ask.fixed ? ask.base : ask.asked;
+    // what comes made is checked as it is, but for a disk cap where none can hold (a pool's miss
+    // would be raised with the default: not a cap a key can be refused for)
+    const asked = ask.fixed ? (capHolds ? ask.base : withoutDisk(ask.base)) : ask.asked;
     const limits = limitsUnder(caller.key, resolveCeilings(caller.ceilings), asked, ask.base, capHolds, held);
     const mine: Held = { memoryBytes: limits.memoryBytes ?? 0, diskBytes: limits.diskBytes ?? 0 };
     const set = this.making.get(caller.key) ?? new Set();
@@ -105,6 +107,11 @@ export class CeilingGuard {
     const { memoryBytes, diskBytes } = await this.lab.held(key);
     return { memoryBytes, diskBytes };
   }
+}
+
+function withoutDisk(l: Limits): Limits {
+  const { diskBytes: _, ...rest } = l;
+  return rest;
 }
 
 /** What a create body asks, and what its machine gets where it asks nothing. */

@@ -47,6 +47,12 @@ export interface EventJournal {
 export interface Served {
   owner?: string;
   signal?: AbortSignal;
+  /**
+   * Did the caller ask for the disk cap in `limits` (a key's creates carry the cap its ceilings
+   * give, asked or not)? One not asked is a default: dropped where no cap can hold, as the
+   * library's own default is, not refused as an asked one is.
+   */
+  diskAsked?: boolean;
 }
 
 export interface ServedRestore extends Served, LabRestoreOptions {}
