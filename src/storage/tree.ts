@@ -72,7 +72,7 @@ export async function kernelHasFs(name: string): Promise<boolean> {
     return r.code === 0 && (await listedFs(name));
   } catch (e) {
     // modprobe itself is missing (no kmod): the answer is no, and the probe's fix names kmod
-    if (e instanceof SnaplabError && e.code === 'HOST_COMMAND_FAILED') return false;
+    if (e instanceof SnaplabError && (e.code === 'MISSING_TOOL' || e.code === 'HOST_COMMAND_FAILED')) return false;
     throw e;
   }
 }
