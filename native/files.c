@@ -61,7 +61,6 @@ static const struct {
 	E(EFBIG),  E(EMFILE), E(ENOMEM), E(EPIPE),   E(ETXTBSY),      E(EMLINK),    E(ENXIO),  E(EOPNOTSUPP),
 };
 
-/* The one error line, e (an errno) its cause. */
 /* A file on one of the kernel's own filesystems: its contents are what the kernel answers, and nothing
  * can be made in its directory (a write there is written where it is, as envd's open of it). */
 static int kernel_file(const char *path)
@@ -82,6 +81,7 @@ static int kernel_file(const char *path)
 	return 0;
 }
 
+/* The one error line, e (an errno) its cause. */
 static int fail(int e, const char *path)
 {
 	char num[16];
@@ -447,12 +447,19 @@ static int cmd_write(const char *path, int set, mode_t mode)
 	    ((set & F_THROUGH && !S_ISREG(end.st_mode)) || (S_ISREG(end.st_mode) && kernel_file(path)))) {
 		if (S_ISDIR(end.st_mode))
 			return fail(EISDIR, path);
+		/* (its mode is its own: as envd's open of an existing file, none is given to it) */
 		if ((fd = open(path, O_WRONLY | (set & F_APPEND ? O_APPEND : O_TRUNC) | O_CLOEXEC)) < 0)
 			return fail(errno, path);
-		if ((n = copy_fd(0, fd, &rerr)) < 0)
-			return fail(errno, rerr ? "-" : path);
+		if (set_xattrs(fd) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
+			return fail(errno, n < 0 && rerr ? "-" : path);
 		if (close(fd) < 0)
 			return fail(errno, path);
+		if (expect_size >= 0 && n != expect_size) {
+			fprintf(stderr,
+				"snaplab: file: EPIPE: %s: the input ended after %lld of %lld bytes (written where it is: it holds what came)\n",
+				path, n, expect_size);
+			return 1;
+		}
 		printf("{\"bytes\":%lld}\n", n);
 		return flush_out();
 	}

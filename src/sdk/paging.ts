@@ -47,10 +47,10 @@ export interface PageAsked {
   order?: 'asc' | 'desc';
 }
 
-/** Throws BAD_INPUT for a limit or cursor no page can have (before any work is asked of anyone). */
 /** The largest page a list gives, embedded and through a daemon alike (it was the daemon's alone: `ls --limit 20000` worked here and not there). */
 export const MAX_PAGE = 10_000;
 
+/** Throws BAD_INPUT for a limit or cursor no page can have (before any work is asked of anyone). */
 export function checkPage(opts: PageAsked): Listed | undefined {
   if (opts.limit !== undefined && !(Number.isInteger(opts.limit) && opts.limit >= 1 && opts.limit <= MAX_PAGE))
     throw new SnaplabError(

@@ -145,7 +145,9 @@ async function fileCommand(
       );
     if (r.exitCode !== 0) {
       if (r.signal === 15 && opts.stdin) {
-        const kept = args.includes('--append') ? 'what came before the break was appended' : 'the file is unchanged';
+        const kept = args.includes('--append')
+          ? 'what came before the break was appended'
+          : 'the file is unchanged (a device, or a file of /proc or /sys, written where it is: what came before the break went in)';
         throw new SnaplabError('FILE_ERROR', `${what}: the input broke off; ${kept}`, 'send it again');
       }
       throw fileError(Buffer.concat(err).toString(), r.exitCode, what);
