@@ -564,6 +564,12 @@ describe.each([
           'content-encoding': 'gzip',
         });
         expect([zip, zipBody.message]).toEqual([400, expect.stringMatching(/gzip/)]);
+        // an encoding envd does not take (deflate was written as it came, its bytes the file's)
+        const [deflate, deflateBody] = await post('?path=/srv/kept.txt', 'x', {
+          'content-type': 'application/octet-stream',
+          'content-encoding': 'deflate',
+        });
+        expect([deflate, deflateBody.message]).toEqual([400, expect.stringMatching(/Content-Encoding "deflate"/)]);
         expect(inside(sbx.sandboxId, 'cat /srv/kept.txt; ls -a /srv | grep -c snaplab').out).toBe('kept0\n');
         // 1100 small parts, one after another (at once they were 1100 processes in the sandbox; over
         // 1000 the upload failed, after writing 1000), and a form field that is no file (envd skips it)

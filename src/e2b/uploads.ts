@@ -66,7 +66,19 @@ export async function eachUpload<T>(req: FastifyRequest, write: Write<T>): Promi
   let unpackError: unknown;
   let body = raw;
   let unzip: ReturnType<typeof createGunzip> | undefined;
-  if (/gzip/i.test(String(req.headers['content-encoding'] ?? ''))) {
+  // gzip, or none, as envd takes (any other was written as it came: a deflate body, its bytes)
+  const encoding = String(req.headers['content-encoding'] ?? '')
+    .trim()
+    .toLowerCase();
+  if (encoding !== '' && encoding !== 'identity' && encoding !== 'gzip') {
+    raw.resume();
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `an upload in Content-Encoding ${JSON.stringify(encoding)}`,
+      'send it as gzip, or with no Content-Encoding',
+    );
+  }
+  if (encoding === 'gzip') {
     unzip = createGunzip();
     // recorded before the write that reads it sees the error: the answer is then a 400 (a body
     // cut off is not a bad one: the client is gone, and its error is the cut's)
