@@ -288,7 +288,8 @@ export class E2bState {
     if (!found && only === undefined) this.searches.take(peer, 1);
     if (!found) throw new SnaplabError('UNAUTHORIZED', 'the signature is not valid', again);
     const exp = q.signature_expiration;
-    if (typeof exp === 'string' && Number(exp) < Date.now() / 1000)
+    // whole seconds, as envd compares (time.Now().Unix()): a URL holds through its last second
+    if (typeof exp === 'string' && Number(exp) < Math.floor(Date.now() / 1000))
       throw new SnaplabError('UNAUTHORIZED', 'the signature has expired', again);
     this.proved(req.raw.socket);
     this.actors.set(req, found[1].apiKey);
