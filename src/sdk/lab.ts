@@ -152,7 +152,7 @@ export class Lab implements LabApi {
   }
 
   /** Create a sandbox; resolves once a command has executed inside it. */
-  async create(opts: CreateOptions & { diskAsked?: boolean } = {}): Promise<Sandbox> {
+  async create(opts: CreateOptions & { diskAsked?: boolean | 'server' } = {}): Promise<Sandbox> {
     const c = resolveCreate(opts);
     this.checkLifetime(c);
     const labels = checkLabels('label', opts.labels);
@@ -205,7 +205,7 @@ export class Lab implements LabApi {
   }
 
   /** A new running sandbox whose filesystem is the snapshot's. */
-  async restore(snapshot: string, opts: RestoreOptions & { diskAsked?: boolean } = {}): Promise<Sandbox> {
+  async restore(snapshot: string, opts: RestoreOptions & { diskAsked?: boolean | 'server' } = {}): Promise<Sandbox> {
     this.checkLifetime(opts);
     const labels = checkLabels('label', opts.labels);
     const metadata = checkLabels('metadata', opts.metadata);

@@ -600,7 +600,7 @@ export class Daemon implements RouteHost {
           .restore(asked.snapshot, {
             name,
             limits: ceiling.limits,
-            ...(ceiling.limits ? { diskAsked: asked.limits?.diskBytes !== undefined } : {}),
+            ...(ceiling.limits ? { diskAsked: asked.limits?.diskBytes !== undefined || 'server' } : {}),
             userns: asked.userns,
             ...(asked.ids !== undefined ? { ids: asked.ids } : {}),
             labels: body.labels,
@@ -618,7 +618,7 @@ export class Daemon implements RouteHost {
           storage: asked.storage,
           driver: asked.driver,
           limits: ceiling.limits ?? asked.limits,
-          ...(ceiling.limits ? { diskAsked: asked.limits?.diskBytes !== undefined } : {}),
+          ...(ceiling.limits ? { diskAsked: asked.limits?.diskBytes !== undefined || 'server' } : {}),
           userns: asked.userns,
           ...(asked.ids !== undefined ? { ids: asked.ids } : {}),
           init: asked.init,

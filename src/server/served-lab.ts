@@ -49,10 +49,11 @@ export interface Served {
   signal?: AbortSignal;
   /**
    * Did the caller ask for the disk cap in `limits` (a key's creates carry the cap its ceilings
-   * give, asked or not)? One not asked is a default: dropped where no cap can hold, as the
-   * library's own default is, not refused as an asked one is.
+   * give, asked or not)? One not asked is 'server': dropped where the storage says no cap can hold
+   * (as the library's own default is), not refused as an asked one is; a failure to set it fails
+   * the create (the key's ceilings stand on it).
    */
-  diskAsked?: boolean;
+  diskAsked?: boolean | 'server';
 }
 
 export interface ServedRestore extends Served, LabRestoreOptions {}

@@ -57,8 +57,13 @@ export interface RaiseInput {
   init?: 'systemd';
   /** ids in its user namespace, a power of two (registry.ts checkRangeSize); default USERNS_SIZE */
   ids?: number;
-  /** the disk cap was asked for (refused where it cannot hold), not carried as a default; default: limits.diskBytes is set */
-  diskAsked?: boolean;
+  /**
+   * the disk cap was asked for (true: refused where it cannot hold) or is a default (false: dropped
+   * where it cannot, and when setting it fails); 'server': a key's default, dropped only where the
+   * storage says no cap can hold here, a failure to set it failing the create (a key's ceilings
+   * stand on it). Default: true when limits.diskBytes is set.
+   */
+  diskAsked?: boolean | 'server';
   /** outbound network with these lists (docs/egress.md); default: loopback only */
   egress?: EgressLists;
 }
@@ -393,8 +398,9 @@ async function capDisk(
   volume: Volume,
   record: SandboxRecord,
   driver: Driver,
-  explicit: boolean,
+  asked: boolean | 'server',
 ): Promise<void> {
+  const explicit = asked === true;
   const given = record.limits.diskBytes;
   if (given === 0) return;
   const bytes = given ?? DEFAULT_DISK_BYTES;
@@ -403,7 +409,7 @@ async function capDisk(
     try {
       why = await backend.limitDisk!(volume, bytes); // (capRefused: there is one)
     } catch (e) {
-      if (explicit) throw e;
+      if (asked !== false) throw e;
       why = (e as Error).message; // a default that fails is dropped (and said nowhere but here), not a failed create
     }
   }
