@@ -152,6 +152,41 @@ describe('gc beside creates', () => {
   }, 120_000);
 });
 
+describe('an rm of what another step still holds', () => {
+  it("is refused (SANDBOX_BUSY) while a live process removes it or raises it as a pool's standby; once that process is gone, it goes", async () => {
+    const { processStartTime } = await import('../src/host/procs.js');
+    const box = await lab.create();
+    const holder = spawn('sleep', ['60']);
+    try {
+      const start = (await processStartTime(holder.pid!))!;
+      const store = lab.context.store;
+      // another process's removal under way: two at once each deleted the volume, and one failed
+      store.updateSandbox(box.id, { state: 'removing', owner: { pid: holder.pid!, start, op: 'remove' } });
+      await expect((await lab.get(box.id)).destroy()).rejects.toMatchObject({
+        code: 'SANDBOX_BUSY',
+        message: `sandbox ${box.name} is still being removed (by pid ${holder.pid})`,
+      });
+      // a standby its pool is still raising: the raiser would write it back as ready
+      store.updateSandbox(box.id, {
+        state: 'running',
+        reason: `raising a standby (pid ${holder.pid})`,
+        owner: { pid: holder.pid!, start, op: 'hold' },
+      });
+      await expect((await lab.get(box.id)).destroy()).rejects.toMatchObject({ code: 'SANDBOX_BUSY' });
+      holder.kill('SIGKILL');
+      await new Promise((r) => holder.once('exit', r));
+      await (await lab.get(box.id)).destroy();
+      expect(store.getSandbox(box.id)).toBeUndefined();
+    } finally {
+      holder.kill('SIGKILL');
+      if (lab.context.store.getSandbox(box.id)) {
+        lab.context.store.updateSandbox(box.id, { state: 'running', reason: null, owner: null });
+        await box.destroy();
+      }
+    }
+  });
+});
+
 describe("gc's mark", () => {
   it('a mark left by a dead gc, by a reused pid or by this process after a failure does not hold creates back', async () => {
     const { spawn } = await import('node:child_process');

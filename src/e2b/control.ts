@@ -332,8 +332,9 @@ export function registerControl(app: FastifyInstance, state: E2bState): void {
   app.delete('/sandboxes/:id', async (req, reply) => {
     const box = await (await state.lab(req)).get(idOf(req));
     // its session goes first, so that its commands' streams are cut, not ended; one still being
-    // started (a connect of a stopped one) is refused (SANDBOX_BUSY, 409) and keeps its session
-    if (box.state === 'creating') await box.destroy().then(() => state.forget(box.id));
+    // started (a connect of a stopped one) is refused (SANDBOX_BUSY, 409) and keeps its session;
+    // a stopped one has no streams to cut, and a connect may start it meanwhile
+    if (box.state === 'creating' || box.stopped) await box.destroy().then(() => state.forget(box.id));
     else {
       state.forget(box.id);
       await box.destroy();

@@ -1,5 +1,6 @@
 import { handleOf } from './handle.js';
 import { me, ownerAlive } from './owner.js';
+import { RAISING } from '../pools/raising.js';
 import { SnaplabError } from '../../errors.js';
 import { releaseRange } from '../../host/userns/registry.js';
 import type { SandboxRecord } from '../../store/records.js';
@@ -59,23 +60,37 @@ export async function takeForRemoval(ctx: LabContext, s: SandboxRecord): Promise
   for (let tries = 0; ; tries++) {
     const now = ctx.store.getSandbox(s.id);
     if (now?.id !== s.id) return s;
-    const busy = now.state === 'creating' && (await ownerAlive(now.owner));
+    const busy = makerOf(now) !== undefined && (await ownerAlive(now.owner));
     if (!busy && ctx.store.claimRemoval(now, me('remove'))) return now;
     if (busy || tries === 3) throw busyError(s.name, now);
   }
 }
 
+/**
+ * What a live owner of this record is still doing to it, that an rm must not cut under it: a
+ * create or start (`creating`), a removal (two at once each deleted its volume and one failed), a
+ * pool's standby being raised (its raiser would write it back as a ready standby). Undefined: none.
+ */
+function makerOf(r: SandboxRecord): string | undefined {
+  if (r.state === 'creating') return r.owner?.op === 'start' ? 'started' : 'created';
+  if (r.state === 'removing') return 'removed';
+  if (r.owner?.op === 'hold' && r.reason?.startsWith(RAISING)) return 'raised as a standby';
+  return undefined;
+}
+
 function busyError(name: string, now: SandboxRecord): SnaplabError {
-  const what = now.owner?.op === 'start' ? 'started' : now.state === 'creating' ? 'created' : 'changed';
+  const what = makerOf(now) ?? 'changed';
   const pid = now.owner?.pid;
   // (a daemon's own create: its callers are not told to stop the daemon)
-  return pid === process.pid || pid == null
-    ? new SnaplabError('SANDBOX_BUSY', `sandbox ${name} is still being ${what}`, 'remove it once that returns')
-    : new SnaplabError(
-        'SANDBOX_BUSY',
-        `sandbox ${name} is still being ${what} (by pid ${pid})`,
-        `remove it once that returns, or stop pid ${pid}: the machine is then reported dead, and rm removes it`,
-      );
+  const mine = pid === process.pid || pid == null;
+  const by = mine ? '' : ` (by pid ${pid})`;
+  const hint =
+    what === 'removed'
+      ? 'it is going: `snaplab ls` shows when it is gone'
+      : mine
+        ? 'remove it once that returns'
+        : `remove it once that returns, or stop pid ${pid}: the machine is then reported dead, and rm removes it`;
+  return new SnaplabError('SANDBOX_BUSY', `sandbox ${name} is still being ${what}${by}`, hint);
 }
 
 /**

@@ -18,11 +18,10 @@ import { getPool, poolLock, reapLeaks, takenBy, templateName, warmedAs } from '.
 import { me } from '../lifecycle/owner.js';
 import { raiseSandbox } from '../lifecycle/raise.js';
 import { destroyRecord } from '../lifecycle/teardown.js';
+import { RAISING } from './raising.js';
 import { failureMeans, noted, tellUnkept } from '../../cleanup.js';
 import { warmShell } from './warm-shell.js';
 
-/** The reason a standby carries while it is raised (and warmed): other holders count it as coming. */
-const RAISING = 'raising a standby';
 /** A warm-up that takes longer is killed, and its standby dropped (a kernel starts in seconds). */
 const WARM_TIMEOUT_MS = 120_000;
 
