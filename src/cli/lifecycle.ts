@@ -134,8 +134,9 @@ function registerRm(program: Command): void {
               : 'give names, or --all / --label, not both',
           'give ids or names, or --all, or --label k=v',
         );
+      const skipped: string[] = [];
       const said = (removed: string[]): void => {
-        if (o.json) printJson({ removed });
+        if (o.json) printJson(skipped.length ? { removed, skipped } : { removed });
         else if (removed.length === 0) process.stdout.write('nothing to remove\n');
         // (names given are all said, as the command without Node says them: native/daemon.c)
         else if (!select || removed.length <= RM_NAMES_SHOWN) process.stdout.write(`removed ${removed.join(', ')}\n`);
@@ -148,7 +149,10 @@ function registerRm(program: Command): void {
           removeMany(lab, boxes, {
             signal,
             onTrace: (t) => showTrace(o, t),
-            onSkipped: (name, why) => void process.stderr.write(`skipped ${name}: ${why.message}\n`),
+            onSkipped: (name, why) => {
+              skipped.push(name);
+              if (!o.json) process.stderr.write(`skipped ${name}: ${why.message}\n`);
+            },
             ...(o.json ? {} : { onProgress: (p) => void process.stderr.write(`… ${p.done}/${p.total} removed\n`) }),
           }),
         ).catch((e: unknown) => {

@@ -150,10 +150,11 @@ export async function createMany(
   first ??= told;
   const boxes = made.filter(Boolean);
   if (first === undefined && !o.signal?.aborted) return boxes;
-  // (not given the signal: an abort's cleanup is not itself aborted)
-  const left = await removeMany(lab, boxes, { parallel: o.parallel }).then(
-    () => [] as string[],
-    (e: unknown) => (e instanceof BulkError ? e.failed.map((f) => f.name) : boxes.map((b) => b.name)),
+  // (not given the signal: an abort's cleanup is not itself aborted; one skipped as busy is left)
+  const busy: string[] = [];
+  const left = await removeMany(lab, boxes, { parallel: o.parallel, onSkipped: (name) => busy.push(name) }).then(
+    () => busy,
+    (e: unknown) => [...busy, ...(e instanceof BulkError ? e.failed.map((f) => f.name) : boxes.map((b) => b.name))],
   );
   const cause =
     first ??
