@@ -450,7 +450,8 @@ static int cmd_write(const char *path, int set, mode_t mode)
 		/* (its mode is its own: as envd's open of an existing file, none is given to it) */
 		if ((fd = open(path, O_WRONLY | (set & F_APPEND ? O_APPEND : O_TRUNC) | O_CLOEXEC)) < 0)
 			return fail(errno, path);
-		if (set_xattrs(fd) < 0 || (n = copy_fd(0, fd, &rerr)) < 0)
+		/* metadata where the file takes it; a device, /proc and /sys take none: dropped, as envd does */
+		if ((set_xattrs(fd) < 0 && errno != EPERM && errno != EOPNOTSUPP) || (n = copy_fd(0, fd, &rerr)) < 0)
 			return fail(errno, n < 0 && rerr ? "-" : path);
 		if (close(fd) < 0)
 			return fail(errno, path);
