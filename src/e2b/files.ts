@@ -17,7 +17,7 @@ import { SnaplabError, isSnaplabError } from '../errors.js';
 import { orElse } from '../cleanup.js';
 import { ConnectError, kindChecked, wrongKind } from './connect.js';
 import { METADATA_XATTR, entryOf, metadataOf } from './entries.js';
-import { eachUpload } from './uploads.js';
+import { eachUpload, uploadEncoding } from './uploads.js';
 import { contentTypeOf, dispositionOf, rangeOf, sliceOf, type Wanted } from './download.js';
 import type { Unary } from './envd.js';
 import { sendError, type E2bState } from './state.js';
@@ -175,6 +175,7 @@ async function writeOne(
 
 async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   try {
+    uploadEncoding(req);
     const { box, user } = await state.fileSandbox(req, 'write');
     const xattrs = uploadXattrs(req);
     // each file streamed into the sandbox as it comes (uploads.ts)

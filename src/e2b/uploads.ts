@@ -49,6 +49,28 @@ function bodyOf(req: FastifyRequest): Readable {
 }
 
 /**
+ * The upload's Content-Encoding: gzip (x-gzip is gzip, RFC 9110), or none (identity). Any other,
+ * which was written as it came (a deflate body, its bytes), is refused as envd refuses it, its body
+ * read and dropped so that the client gets the answer. Asked before its sandbox is found: a paused
+ * one is not woken for a request that will be refused.
+ */
+export function uploadEncoding(req: FastifyRequest): 'gzip' | undefined {
+  const codings = String(req.headers['content-encoding'] ?? '')
+    .split(',')
+    .map((c) => c.trim().toLowerCase())
+    .filter((c) => c !== '' && c !== 'identity')
+    .map((c) => (c === 'x-gzip' ? 'gzip' : c));
+  if (codings.length === 0) return undefined;
+  if (codings.length === 1 && codings[0] === 'gzip') return 'gzip';
+  bodyOf(req).resume();
+  throw new SnaplabError(
+    'BAD_INPUT',
+    `an upload in Content-Encoding ${JSON.stringify(codings.join(', '))}`,
+    'send it as gzip, or with no Content-Encoding',
+  );
+}
+
+/**
  * Write each file of the request's upload with `write`, one after another in the body's order, as
  * the body comes; resolves with what each write returned. On the first failure (a write's, the
  * body's framing, a body cut off, gzip that does not unpack) no more parts are written, the part
@@ -66,19 +88,7 @@ export async function eachUpload<T>(req: FastifyRequest, write: Write<T>): Promi
   let unpackError: unknown;
   let body = raw;
   let unzip: ReturnType<typeof createGunzip> | undefined;
-  // gzip, or none, as envd takes (any other was written as it came: a deflate body, its bytes)
-  const encoding = String(req.headers['content-encoding'] ?? '')
-    .trim()
-    .toLowerCase();
-  if (encoding !== '' && encoding !== 'identity' && encoding !== 'gzip') {
-    raw.resume();
-    throw new SnaplabError(
-      'BAD_INPUT',
-      `an upload in Content-Encoding ${JSON.stringify(encoding)}`,
-      'send it as gzip, or with no Content-Encoding',
-    );
-  }
-  if (encoding === 'gzip') {
+  if (uploadEncoding(req) === 'gzip') {
     unzip = createGunzip();
     // recorded before the write that reads it sees the error: the answer is then a 400 (a body
     // cut off is not a bad one: the client is gone, and its error is the cut's)
