@@ -79,6 +79,8 @@ describe('host limits (doctor)', () => {
     // 256 GiB: memory allows 55 217, the memory cgroup ids 65 435: the uid ranges are the ceiling, not a failure
     const big = hostLimitsVerdict(high, 256 * gib, 500, 100, HOST);
     expect(big).toMatchObject({ ok: true, reason: expect.stringMatching(/allows: 35,336, by uid ranges of 65536/) });
+    // and what lifts it, shown beside a passing check (doctor's FIX column)
+    expect(big.fix).toMatch(/^sandboxes that need fewer ids get more ranges: `create --ids 1024`/);
     expect(big.reason).toMatch(/memory 55,217 /);
     const dying = hostLimitsVerdict(high, 256 * gib, 500, MEMCG_ID_MAX - 20_000, HOST);
     expect(dying.reason).toMatch(/allows: 20,000, by memory cgroup ids \(.*45,535 of 65,535 taken/);
