@@ -323,32 +323,38 @@ describe('snaplab CLI', () => {
   }, 120_000);
 
   it('rm --label interrupted (^C to its group): those under way finish, none more begin; what it removed is said', async () => {
-    const made = snaplab(['create', '--count', '300', '--label', 'batch=stop']); // its progress is told each second: a removal of 300 lasts longer
+    const made = snaplab(['create', '--count', '300', '--label', 'batch=stop']);
     expect(made.code, made.err).toBe(0);
+    const lab = await Lab.open({ home });
     const child = spawn(SNAPLAB, ['rm', '--label', 'batch=stop'], {
       env: { ...process.env, SNAPLAB_HOME: home },
       detached: true,
     });
     let out = '';
     let err = '';
-    let interrupted = false;
     child.stdout.on('data', (b: Buffer) => (out += b));
-    child.stderr.on('data', (b: Buffer) => {
-      err += b;
-      if (/removed\n/.test(err) && !interrupted) {
-        process.kill(-child.pid!, 'SIGINT');
-        interrupted = true;
-      }
-    });
-    const [code] = await once(child, 'exit');
-    const left = Number(/^(\d+) sandboxes/.exec(snaplab(['ls', '--count', '--label', 'batch=stop']).out)?.[1]);
-    expect([code, left > 0], `${out}${err}`).toEqual([2, true]);
-    expect(err).toMatch(
-      /error\[ABORTED\]: \d+ of 300 sandboxes not removed \(\d+ removed; \d+ not begun: interrupted\): the removal was interrupted\nhint:/,
-    );
-    // what it did remove, on stdout as when it ends
-    expect(out).toMatch(/^removed (\d+ sandboxes|[\w-]+(, [\w-]+)*)\n$/);
-    expect(snaplab(['rm', '--label', 'batch=stop']).code).toBe(0);
+    child.stderr.on('data', (b: Buffer) => (err += b));
+    const exited = once(child, 'exit');
+    try {
+      // ^C once its removals have begun (the store's count falls), read from the store at once
+      const left = async (): Promise<number> =>
+        (await lab.list({ labels: { batch: 'stop' }, check: false })).filter((b) => b.state !== 'removing').length;
+      for (let i = 0; i < 20_000 && child.exitCode === null && (await left()) === 300; i++)
+        await new Promise((r) => setTimeout(r, 2));
+      process.kill(-child.pid!, 'SIGINT');
+      const [code] = await exited;
+      const remaining = await left();
+      expect([code, remaining > 0], `${out}${err}`).toEqual([2, true]);
+      expect(err).toMatch(
+        /error\[ABORTED\]: \d+ of 300 sandboxes not removed \(\d+ removed; \d+ not begun: interrupted\): the removal was interrupted\nhint:/,
+      );
+      // what it did remove, on stdout as when it ends
+      expect(out).toMatch(/^removed (\d+ sandboxes|[\w-]+(, [\w-]+)*)\n$/);
+    } finally {
+      if (child.exitCode === null) await exited;
+      lab.close();
+      expect(snaplab(['rm', '--label', 'batch=stop']).code).toBe(0);
+    }
   }, 120_000);
 
   it('rm --label removes every sandbox with the label; the others stay; names with --all, and --all with --label, are refused', async () => {
