@@ -153,29 +153,36 @@ describe('gc beside creates', () => {
 });
 
 describe('an rm of what another step still holds', () => {
-  it("is refused (SANDBOX_BUSY) while a live process removes it or raises it as a pool's standby; once that process is gone, it goes", async () => {
+  it("is refused (SANDBOX_BUSY) while a live process raises it as a pool's standby, waits while one removes it; its end is the rm's", async () => {
     const { processStartTime } = await import('../src/host/procs.js');
     const box = await lab.create();
     const holder = spawn('sleep', ['60']);
     try {
       const start = (await processStartTime(holder.pid!))!;
       const store = lab.context.store;
-      // another process's removal under way: two at once each deleted the volume, and one failed
-      store.updateSandbox(box.id, { state: 'removing', owner: { pid: holder.pid!, start, op: 'remove' } });
-      await expect((await lab.get(box.id)).destroy()).rejects.toMatchObject({
-        code: 'SANDBOX_BUSY',
-        message: `sandbox ${box.name} is still being removed (by pid ${holder.pid})`,
-      });
       // a standby its pool is still raising: the raiser would write it back as ready
       store.updateSandbox(box.id, {
         state: 'running',
         reason: `raising a standby (pid ${holder.pid})`,
         owner: { pid: holder.pid!, start, op: 'hold' },
       });
-      await expect((await lab.get(box.id)).destroy()).rejects.toMatchObject({ code: 'SANDBOX_BUSY' });
+      await expect((await lab.get(box.id)).destroy()).rejects.toMatchObject({
+        code: 'SANDBOX_BUSY',
+        message: `sandbox ${box.name} is still being raised as a standby (by pid ${holder.pid})`,
+      });
+      // another process's removal under way (two at once each deleted the volume, and one failed):
+      // waited for; here its process dies, and the rm takes it over
+      store.updateSandbox(box.id, {
+        state: 'removing',
+        reason: null,
+        owner: { pid: holder.pid!, start, op: 'remove' },
+      });
+      let settled = false;
+      const rm = (await lab.get(box.id)).destroy().finally(() => (settled = true));
+      await new Promise((r) => setTimeout(r, 300));
+      expect(settled, 'the rm waits').toBe(false);
       holder.kill('SIGKILL');
-      await new Promise((r) => holder.once('exit', r));
-      await (await lab.get(box.id)).destroy();
+      await rm;
       expect(store.getSandbox(box.id)).toBeUndefined();
     } finally {
       holder.kill('SIGKILL');

@@ -495,7 +495,7 @@ export class Sandbox implements SandboxApi {
     this.close();
     const { trace } = await this.ctx.traced('rm', this.name, async (t) => {
       const taken = await takeForRemoval(this.ctx, this.record);
-      await t.phase('destroy', () => destroyRecord(this.ctx, taken, t));
+      if (taken) await t.phase('destroy', () => destroyRecord(this.ctx, taken, t));
     });
     this.record = { ...this.record, state: 'dead', reason: 'destroyed' };
     return trace;

@@ -52,19 +52,29 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
  * `creating`) in a process that runs. Removed meanwhile, its record and uid range went while the
  * create went on with the range it held; the next create could claim that range, and two machines
  * shared host ids. The take is a compare and set on the record as read (a start that begins
- * between the look and the take is seen). Returns the record as taken (or as given, when it is
- * gone already: the removal is then idempotent). A process's own failed raise removes what it made
+ * between the look and the take is seen). Another process's removal of it is waited for (up to a
+ * minute): its end is this one's. Returns the record as taken, as given when it was gone already
+ * (the removal is then idempotent), or undefined when another removal took it away meanwhile. A process's own failed raise removes what it made
  * with destroyRecord, never through here.
  */
-export async function takeForRemoval(ctx: LabContext, s: SandboxRecord): Promise<SandboxRecord> {
+export async function takeForRemoval(ctx: LabContext, s: SandboxRecord): Promise<SandboxRecord | undefined> {
+  const waitUntil = Date.now() + REMOVAL_WAIT_MS;
   for (let tries = 0; ; tries++) {
     const now = ctx.store.getSandbox(s.id);
-    if (now?.id !== s.id) return s;
+    if (now?.id !== s.id) return tries === 0 ? s : undefined;
     const busy = makerOf(now) !== undefined && (await ownerAlive(now.owner));
     if (!busy && ctx.store.claimRemoval(now, me('remove'))) return now;
-    if (busy || tries === 3) throw busyError(s.name, now);
+    // another's removal under way: this one's answer is its end (gone: done), waited for a while
+    if (busy && now.state === 'removing' && Date.now() < waitUntil) {
+      await new Promise((r) => setTimeout(r, 50));
+      continue;
+    }
+    if (busy || tries >= 3) throw busyError(s.name, now);
   }
 }
+
+/** How long an rm waits for another process's removal of the same machine to end (a VM's takes seconds). */
+const REMOVAL_WAIT_MS = 60_000;
 
 /**
  * What a live owner of this record is still doing to it, that an rm must not cut under it: a
