@@ -279,7 +279,8 @@ describe('the qemu driver', () => {
     await vm.exec([
       'sh',
       '-c',
-      '(i=0; while :; do i=$((i+1)); echo $i > /run/count; sleep 0.2; done) >/dev/null 2>&1 &',
+      // (written aside and renamed: a read between a truncate and its write saw an empty count, 0)
+      '(i=0; while :; do i=$((i+1)); echo $i > /run/count.new; mv /run/count.new /run/count; sleep 0.2; done) >/dev/null 2>&1 &',
     ]);
     await vm.exec(['sh', '-c', 'echo before > /root/f']);
     // its random generator ready, as in any guest where something has waited on getrandom (sshd, systemd)
