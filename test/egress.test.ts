@@ -4,7 +4,7 @@
  * snaplab's uplink at it (SNAPLAB_UPLINK_NETNS). Machines run busybox's nc and nslookup.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -558,4 +558,33 @@ machines:
     expect(sh('ip', ['-n', UP, '-o', 'link', 'show'])).not.toContain(`sle${tag}`);
     expect(sh('ip', ['netns', 'exec', UP, 'sysctl', '-n', 'net.ipv4.ip_forward']).trim()).toBe('0');
   }, 180_000);
+
+  // it turned the uplink's forwarding on, failed at its first rule, and left forwarding on (a
+  // stock host's E2B create with internet access, test/stock-host.test.ts)
+  it('a create with egress on a host without nftables says what to install and changes nothing there', async () => {
+    const tag = homeTag(lab!.home);
+    const forwarding = (): string => sh('ip', ['netns', 'exec', UP, 'sysctl', '-n', 'net.ipv4.ip_forward']).trim();
+    expect(forwarding()).toBe('0');
+    const before = (await lab!.list()).length;
+    // this process's PATH without nft: links to every other program on it (the lab finds them there)
+    const bare = mkdtempSync(join(tmpdir(), 'sltest-no-nft-'));
+    const path = process.env.PATH ?? '';
+    for (const dir of path.split(':').filter((d) => d && existsSync(d)))
+      for (const f of readdirSync(dir))
+        if (f !== 'nft' && !existsSync(join(bare, f))) symlinkSync(join(dir, f), join(bare, f));
+    process.env.PATH = bare;
+    try {
+      await expect(lab!.create({ egress: {} })).rejects.toMatchObject({
+        code: 'MISSING_TOOL',
+        hint: expect.stringMatching(/^apt-get install nftables/),
+      });
+    } finally {
+      process.env.PATH = path;
+      rmSync(bare, { recursive: true, force: true });
+    }
+    expect(forwarding()).toBe('0');
+    expect(sh('ip', ['netns', 'list'])).not.toContain(routerNetns(tag));
+    expect(sh('ip', ['-n', UP, '-o', 'link', 'show'])).not.toContain(`sle${tag}`);
+    expect((await lab!.list()).length).toBe(before);
+  }, 60_000);
 });

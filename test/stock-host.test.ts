@@ -32,20 +32,11 @@ const need = (): StockHost => {
   return host;
 };
 /**
- * The E2B case's exchanges, in the guest, as the SDK makes them (docs/e2b.md): a key, the daemon
- * from a transient unit with the front, then curl. Prints NAME=VALUE lines; bodies in base64.
- * (Written without `${`: this is a template literal.)
+ * Shell functions for the E2B cases' envd calls, as the SDK makes them: `start CMD` (a Connect
+ * server-streaming Start; its envelopes out in base64) and `health` (the status of GET /health), of
+ * the sandbox $ID with the token $TOKEN on the front at $U. (Written without `${`: a template literal.)
  */
-const E2B_SCRIPT = `set -eu
-U=http://127.0.0.1:3000
-KEY=$(snaplab key create e2b-stock --e2b)
-systemd-run --unit snaplab-e2b --quiet /usr/local/bin/snaplab serve --e2b-listen 127.0.0.1:3000
-trap 'systemctl stop snaplab-e2b' EXIT
-for i in $(seq 1 600); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' -H "X-API-Key: $KEY" $U/v2/sandboxes)" = 200 ] && break
-  sleep 0.2
-done
-# a Connect server-streaming call: one envelope (flags 0, length, JSON) in, envelopes out
+const CONNECT_CALLS = `# a Connect server-streaming call: one envelope (flags 0, length, JSON) in, envelopes out
 start() {
   J='{"process":{"cmd":"/bin/sh","args":["-c","'"$1"'"]}}'
   L=$(printf %s "$J" | wc -c)
@@ -56,13 +47,38 @@ start() {
 }
 health() {
   curl -s -o /dev/null -w '%{http_code}' -H "E2b-Sandbox-Id: $ID" -H 'E2b-Sandbox-Port: 49983' -H "X-Access-Token: $TOKEN" $U/health
-}
-# E2B's default is internet access: egress, which needs nftables, not in this tree (minbase)
-echo "NFT=$(command -v nft || echo none)"
+}`;
+
+/**
+ * The E2B case's exchanges, in the guest, as the SDK makes them (docs/e2b.md): a key, the daemon
+ * from a transient unit with the front, then curl. Prints NAME=VALUE lines; bodies in base64.
+ * (Its shell is written without `${`: a template literal.)
+ */
+const E2B_SCRIPT = `set -eu
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+U=http://127.0.0.1:3000
+KEY=$(snaplab key create e2b-stock --e2b)
+systemd-run --unit snaplab-e2b --quiet /usr/local/bin/snaplab serve --e2b-listen 127.0.0.1:3000
+# E2B's default is internet access: egress, which needs nftables; it is hidden for the first
+# create, as on a host without it, and put back after
+NFT=$(command -v nft)
+echo "NFT=$NFT"
+trap 'if [ -e "$NFT.away" ]; then mv -f "$NFT.away" "$NFT"; fi; systemctl stop snaplab-e2b' EXIT
+for i in $(seq 1 600); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -H "X-API-Key: $KEY" $U/v2/sandboxes)" = 200 ] && break
+  sleep 0.2
+done
+${CONNECT_CALLS}
+mv "$NFT" "$NFT.away"
 R=$(curl -s -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' -d '{"templateID":"busybox","timeout":600}' \\
   -w '\\n%{http_code}' $U/sandboxes)
+mv "$NFT.away" "$NFT"
 echo "EGRESS=$(printf %s "$R" | head -n 1 | base64 -w0)"
 echo "EGRESS_STATUS=$(printf %s "$R" | tail -n 1)"
+# what the refused create left: network namespaces, nftables tables, the host's forwarding
+NS=$(ip netns list)
+TABLES=$(nft list tables)
+echo "REFUSED_LEFT=$(echo "$NS" | grep -c snaplab || true) $(echo "$TABLES" | grep -c snaplab || true) $(cat /proc/sys/net/ipv4/ip_forward)"
 R=$(curl -s -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' \\
   -d '{"templateID":"busybox","timeout":600,"allow_internet_access":false}' -w '\\n%{http_code}' $U/sandboxes)
 echo "CREATE=$(printf %s "$R" | head -n 1 | base64 -w0)"
@@ -80,6 +96,67 @@ echo "AFTER=$(start 'kill -0 $(cat /tmp/sleeper) && echo alive; echo $(wc -c < /
 echo "KILL=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE -H "X-API-Key: $KEY" $U/sandboxes/$ID)"
 echo "HEALTH_KILLED=$(health)"
 echo "LEFT=$(ls -d $SCOPE/snaplab/*/ 2>/dev/null | wc -l)"`;
+
+/**
+ * E2B's default create (internet access: egress) through the host's own network. The guest has no
+ * interface out, so its "outside" is a namespace made here, a web server on a documentation address
+ * reached by a route through a veth; a service of the host's on every address must stay out of a
+ * machine's reach. Then a kill and gc: nothing left, forwarding off again.
+ */
+const EGRESS_SCRIPT = `set -eu
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+U=http://127.0.0.1:3000
+KEY=$(snaplab key create e2b-egress --e2b)
+# a TCP service that says who it is and whom it sees, and closes
+cat > /tmp/slt-web.js <<'JS'
+const [addr, port, name] = process.argv.slice(2);
+require('net').createServer((c) => c.end(name + ' ' + c.remoteAddress + '\\n')).listen(Number(port), addr);
+JS
+# (each step on its own: a trap's failing command ends it under set -e)
+cleanup() {
+  systemctl stop snaplab-e2b slt-web slt-host 2>/dev/null || true
+  ip netns del slt-out 2>/dev/null || true
+}
+trap cleanup EXIT
+ip netns add slt-out
+ip link add slt-o0 type veth peer name slt-o1 netns slt-out
+ip addr add 198.51.100.1/30 dev slt-o0
+ip link set slt-o0 up
+ip -n slt-out link set lo up
+ip -n slt-out addr add 198.51.100.2/30 dev slt-o1
+ip -n slt-out link set slt-o1 up
+ip -n slt-out addr add 203.0.113.10/32 dev lo
+ip route add 203.0.113.0/24 via 198.51.100.2
+systemd-run --unit slt-web --quiet ip netns exec slt-out /usr/local/bin/node /tmp/slt-web.js 203.0.113.10 8080 outside
+systemd-run --unit slt-host --quiet /usr/local/bin/node /tmp/slt-web.js 0.0.0.0 8081 host
+systemd-run --unit snaplab-e2b --quiet /usr/local/bin/snaplab serve --e2b-listen 127.0.0.1:3000
+for i in $(seq 1 600); do
+  busybox nc -w 2 203.0.113.10 8080 </dev/null | grep -q outside && busybox nc -w 2 198.51.100.1 8081 </dev/null | grep -q host &&
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -H "X-API-Key: $KEY" $U/v2/sandboxes)" = 200 ] && break
+  sleep 0.2
+done
+echo "FROM_HOST=$(busybox nc -w 2 203.0.113.10 8080 </dev/null)"
+echo "FORWARD_BEFORE=$(cat /proc/sys/net/ipv4/ip_forward)"
+${CONNECT_CALLS}
+R=$(curl -s -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' -d '{"templateID":"busybox","timeout":600}' \\
+  -w '\\n%{http_code}' $U/sandboxes)
+echo "CREATE_STATUS=$(printf %s "$R" | tail -n 1)"
+echo "CREATE=$(printf %s "$R" | head -n 1 | base64 -w0)"
+ID=$(printf %s "$R" | grep -o '"sandboxID":"[^"]*"' | cut -d'"' -f4)
+TOKEN=$(printf %s "$R" | grep -o '"envdAccessToken":"[^"]*"' | cut -d'"' -f4)
+# (busybox's nc: its static wget resolves through NSS, which a machine without glibc's libraries crashes)
+echo "OUT=$(start 'nc -w 5 203.0.113.10 8080 </dev/null')"
+echo "HOST=$(start 'nc -w 3 198.51.100.1 8081 </dev/null 2>&1; echo rc=$?')"
+# the host's end of the router's link (sle<tag>): the host's too
+SLE=$(ip -4 -o addr show | awk '/ sle/ { split($4, a, "/"); print a[1] }')
+echo "SLE=$SLE"
+echo "UPLINK=$(start 'nc -w 3 '"$SLE"' 8081 </dev/null 2>&1; echo rc=$?')"
+echo "FORWARD_DURING=$(cat /proc/sys/net/ipv4/ip_forward)"
+echo "KILL=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE -H "X-API-Key: $KEY" $U/sandboxes/$ID)"
+snaplab gc >/dev/null
+NS=$(ip netns list)
+TABLES=$(nft list tables)
+echo "LEFT=$(echo "$NS" | grep -c snaplab || true) $(echo "$TABLES" | grep -c snaplab || true) $(cat /proc/sys/net/ipv4/ip_forward)"`;
 
 /** A Start's answer (base64 of its envelopes): its stdout, and its end event. */
 function connectEvents(b64: string): { stdout: string; end?: { exitCode?: number; exited?: boolean } } {
@@ -337,11 +414,13 @@ EOF`);
     const got = Object.fromEntries(
       out.split('\n').map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)] as const),
     );
-    // without nftables a create with internet access says what to install (it was a 500 of "spawn nft ENOENT")
-    expect(got.NFT).toBe('none');
+    // without nftables a create with internet access says what to install (it was a 500 of
+    // "spawn nft ENOENT"), and leaves nothing behind
+    expect(got.NFT).toMatch(/\/nft$/);
     const egress = JSON.parse(Buffer.from(got.EGRESS!, 'base64').toString()) as { message: string };
     expect(got.EGRESS_STATUS, egress.message).toBe('503');
     expect(egress.message).toMatch(/nft is not installed .*hint: apt-get install nftables/);
+    expect(got.REFUSED_LEFT!.split(' ')).toEqual(['0', '0', '0']);
     const created = JSON.parse(Buffer.from(got.CREATE!, 'base64').toString()) as Record<string, unknown>;
     expect(got.CREATE_STATUS, JSON.stringify(created)).toBe('201');
     expect(created).toMatchObject({ templateID: 'busybox', envdAccessToken: expect.any(String) });
@@ -366,6 +445,39 @@ EOF`);
     expect(got.KILL).toBe('204');
     expect(got.HEALTH_KILLED).toBe('502');
     expect(got.LEFT).toBe('0');
+  }, 300_000);
+
+  // the host's own network under systemd and a stock kernel: the nftables tables, forwarding and NAT
+  // that egress makes there (the suite's egress cases play the host in a namespace of their own)
+  it("gives E2B's default create internet access through the host's network, and nothing of the host's; gc undoes it", async () => {
+    onTestFailed(async () => {
+      await need().sh(
+        'systemctl stop snaplab-e2b slt-web slt-host; ip netns del slt-out; snaplab rm --all; snaplab gc',
+      );
+    });
+    const out = await sh(EGRESS_SCRIPT);
+    const got = Object.fromEntries(
+      out.split('\n').map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)] as const),
+    );
+    expect(got.FROM_HOST).toBe('outside 198.51.100.1'); // the stand-in outside answers the host
+    expect(got.FORWARD_BEFORE).toBe('0'); // Debian's default
+    expect(got.CREATE_STATUS, Buffer.from(got.CREATE ?? '', 'base64').toString()).toBe('201');
+    // out through the host's NAT: the outside sees the host's own address
+    const reached = connectEvents(got.OUT!);
+    expect(reached.stdout, got.OUT).toBe('outside 198.51.100.1\n');
+    expect(reached.end?.exitCode ?? 0).toBe(0);
+    // the host's addresses: refused, not answered
+    const host = connectEvents(got.HOST!).stdout;
+    expect(host, host).not.toMatch(/^host /m);
+    expect(host).toMatch(/rc=1$/m);
+    expect(got.SLE).toMatch(/^100\.127\./);
+    const uplink = connectEvents(got.UPLINK!).stdout;
+    expect(uplink, uplink).not.toMatch(/^host /m);
+    expect(uplink).toMatch(/rc=1$/m);
+    expect(got.FORWARD_DURING).toBe('1');
+    expect(got.KILL).toBe('204');
+    // no namespace, no nftables table of snaplab's; forwarding off again, as it was
+    expect(got.LEFT!.split(' ')).toEqual(['0', '0', '0']);
   }, 300_000);
 
   it("gc leaves nothing: no cgroup, scope, mount, loop device or process of snaplab's", async () => {

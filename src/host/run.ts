@@ -74,6 +74,18 @@ export function spawnError(cmd: string, e: NodeJS.ErrnoException, cwd?: string):
   // (spawn says ENOENT for a working directory that is not there too)
   if (e.code !== 'ENOENT' || (cwd !== undefined && !existsSync(cwd)))
     return new SnaplabError('HOST_COMMAND_FAILED', `${cmd}: ${e.message}`, undefined, { cause: e });
+  return missingTool(cmd, e);
+}
+
+/**
+ * Unless `cmd` is on PATH, MISSING_TOOL (as spawnError): asked before a change it would be needed
+ * to finish or undo, so that its absence leaves nothing half made.
+ */
+export async function requireTool(cmd: string): Promise<void> {
+  if (!(await which(cmd))) throw missingTool(cmd);
+}
+
+function missingTool(cmd: string, cause?: Error): SnaplabError {
   const tool = (tools as { program?: string; package: string; why: string }[]).find((t) => t.program === basename(cmd));
   return new SnaplabError(
     'MISSING_TOOL',
@@ -81,7 +93,7 @@ export function spawnError(cmd: string, e: NodeJS.ErrnoException, cwd?: string):
     tool
       ? `apt-get install ${tool.package} (\`snaplab doctor\` names what else is missing)`
       : `install the package that provides ${cmd}`,
-    { cause: e },
+    cause ? { cause } : undefined,
   );
 }
 

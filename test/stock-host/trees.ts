@@ -49,6 +49,7 @@ export const HOST_SPEC: DebianSpec = {
     'e2fsprogs',
     'procps',
     'curl',
+    'nftables',
     'util-linux',
     'mount',
   ],

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { noted, orElse, recordFailure } from '../../cleanup.js';
 import { withLock } from '../lock.js';
-import { run, which, type RunResult } from '../run.js';
+import { requireTool, run, which, type RunResult } from '../run.js';
 import {
   ROUTER_TABLE,
   UPLINK_IF,
@@ -135,6 +135,9 @@ async function makeRouter(tag: string): Promise<void> {
   const t = transit(tag);
   const up = uplink();
   const upIf = uplinkIf(tag);
+  // first: without nftables a router fails at its first rule, with forwarding already turned on
+  // (and undone only by nft: removeRouter), as a stock host without it did
+  await requireTool('nft');
   await createNetns(ns);
   await batch(
     ns,
@@ -260,14 +263,20 @@ export async function removeRouter(home: string): Promise<boolean> {
   const ns = routerNetns(tag);
   const had = (await listSnaplabNetns()).includes(ns);
   if (had) await deleteNetns(ns);
-  // without nftables nothing of egress was ever made here
-  if (!(await which('nft'))) return had;
-  const del = await inUplink(['nft', 'delete', 'table', 'ip', uplinkTable(tag)], { allowFail: true });
-  if (del.code !== 0 && !/No such file|does not exist/i.test(del.stderr))
-    throw failed(`cannot delete the uplink table ${uplinkTable(tag)}`, del);
+  // without nftables no table of egress's can be there (nftables removed since: its tables too)
+  let deleted = false;
+  if (await which('nft')) {
+    const del = await inUplink(['nft', 'delete', 'table', 'ip', uplinkTable(tag)], { allowFail: true });
+    if (del.code !== 0 && !/No such file|does not exist/i.test(del.stderr))
+      throw failed(`cannot delete the uplink table ${uplinkTable(tag)}`, del);
+    deleted = del.code === 0;
+  }
   await restoreForwarding();
-  return had || del.code === 0;
+  return had || deleted;
 }
+
+/** A home's router namespace (not a machine's): `snaplab-e` and the home's tag. */
+const ROUTER_NETNS = /^snaplab-e[0-9a-f]{6}$/;
 
 /**
  * Forwarding off again where snaplab turned it on, once no home has a router on this uplink (no
@@ -277,8 +286,10 @@ async function restoreForwarding(): Promise<void> {
   if (!existsSync(forwardNote())) return;
   await withLock(FORWARD_LOCK, async () => {
     if (!existsSync(forwardNote())) return;
-    const tables = await inUplink(['nft', 'list', 'tables'], { allowFail: true });
-    if (tables.code !== 0 || /table ip snaplab_e[0-9a-f]{6}\b/.test(tables.stdout)) return;
+    if (await which('nft')) {
+      const tables = await inUplink(['nft', 'list', 'tables'], { allowFail: true });
+      if (tables.code !== 0 || /table ip snaplab_e[0-9a-f]{6}\b/.test(tables.stdout)) return;
+    } else if ((await listSnaplabNetns()).some((n) => ROUTER_NETNS.test(n))) return; // a router still forwards
     const now = await inUplink(['sysctl', '-n', 'net.ipv4.ip_forward'], { allowFail: true });
     if (now.stdout.trim() === '1') {
       const res = await inUplink(['sysctl', '-qw', 'net.ipv4.ip_forward=0'], { allowFail: true });
