@@ -135,6 +135,26 @@ describe('egress', () => {
     await box.destroy();
   });
 
+  // the router's set of them is rewritten only when they change (egress-router.ts hostSetCurrent)
+  it("takes in the host's addresses as they change: one added after the router was made is in its host set at the next create, and gone after its removal", async () => {
+    const router = routerNetns(homeTag(lab!.home));
+    const hostSet = (): string => sh('ip', ['netns', 'exec', router, 'nft', 'list', 'set', 'ip', 'snaplab', 'host']);
+    const first = await lab!.create({ egress: true }); // the router there, its set written and noted
+    const ADDED = '198.51.100.177'; // a documentation address, on the host's loopback for this case
+    expect(hostSet()).not.toContain(ADDED);
+    sh('ip', ['addr', 'add', `${ADDED}/32`, 'dev', 'lo']);
+    try {
+      const second = await lab!.create({ egress: true });
+      expect(hostSet()).toContain(ADDED);
+      await second.destroy();
+    } finally {
+      sh('ip', ['addr', 'del', `${ADDED}/32`, 'dev', 'lo']);
+    }
+    const third = await lab!.create({ egress: true });
+    expect(hostSet()).not.toContain(ADDED);
+    await Promise.all([first.destroy(), third.destroy()]);
+  });
+
   it('keeps to an allow list, a deny list, and deny over allow; host names are resolved', async () => {
     const allow = await lab!.create({ egress: { allow: [WEB] } });
     expect((await fetchIn(allow, WEB)).ok).toBe(true);

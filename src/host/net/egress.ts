@@ -16,7 +16,6 @@ import {
   GATEWAY,
   GUEST_LINK,
   guestLinkRuleset,
-  hostSetLines,
   ROUTER_TABLE,
   checkLists,
   homeTag,
@@ -30,7 +29,17 @@ import {
   slotAddress,
   type EgressLists,
 } from './egress-rules.js';
-import { batch, ensureRouter, failed, hostAddresses, inNs, inUplink, nft, removeRouter } from './egress-router.js';
+import {
+  batch,
+  ensureRouter,
+  failed,
+  hostAddresses,
+  hostSetCurrent,
+  inNs,
+  inUplink,
+  nft,
+  removeRouter,
+} from './egress-router.js';
 import { NET_GROUP, checkNetnsName, netnsPath } from './names.js';
 import { createNetns, createNetnsBatch, deleteNetns, ipBatch, isNamespace, listSnaplabNetns } from './ns.js';
 import { sharedNetnsDir, unwire } from './wire.js';
@@ -74,6 +83,9 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
   const dev = machineSide(a);
   // names first: one that does not resolve leaves nothing made
   const lists = await pinNames(checkLists(a.lists));
+  // the router's set of the host's addresses, which no machine may reach, made current (the host's
+  // may have changed since the last attach): before anything of the machine's is made
+  const hostAddrs = await hostSetCurrent(home, router);
   // three steps in a row, each one spawn (or the host helper's request): the namespace; its side
   // of the link, made there with its peer put in the router; the router's side beside its rules
   try {
@@ -104,7 +116,7 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
       ),
       nft(
         router,
-        `${hostSetLines(hostAddresses())}${machineRules(a.slot, lists, { mark: a.mark, hostAddrs: hostAddresses() })}`,
+        machineRules(a.slot, lists, { mark: a.mark, hostAddrs }),
         `cannot load the egress rules of slot ${a.slot}`,
       ),
       a.guest ? linkGuest(ns, dev, a.into !== undefined) : undefined,
