@@ -58,19 +58,19 @@ const E2B_SCRIPT = `set -eu
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 U=http://127.0.0.1:3000
 KEY=$(snaplab key create e2b-stock --e2b)
-systemd-run --unit snaplab-e2b --quiet /usr/local/bin/snaplab serve --e2b-listen 127.0.0.1:3000
 # E2B's default is internet access: egress, which needs nftables; it is hidden for the first
-# create, as on a host without it, and put back after
+# create, as on a host without it, and put back after (here, or by the case's onTestFailed)
 NFT=$(command -v nft)
 echo "NFT=$NFT"
 trap 'if [ -e "$NFT.away" ]; then mv -f "$NFT.away" "$NFT"; fi; systemctl stop snaplab-e2b' EXIT
+systemd-run --unit snaplab-e2b --quiet /usr/local/bin/snaplab serve --e2b-listen 127.0.0.1:3000
 for i in $(seq 1 600); do
   [ "$(curl -s -o /dev/null -w '%{http_code}' -H "X-API-Key: $KEY" $U/v2/sandboxes)" = 200 ] && break
   sleep 0.2
 done
 ${CONNECT_CALLS}
 mv "$NFT" "$NFT.away"
-R=$(curl -s -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' -d '{"templateID":"busybox","timeout":600}' \\
+R=$(curl -s --max-time 60 -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' -d '{"templateID":"busybox","timeout":600}' \\
   -w '\\n%{http_code}' $U/sandboxes)
 mv "$NFT.away" "$NFT"
 echo "EGRESS=$(printf %s "$R" | head -n 1 | base64 -w0)"
@@ -136,6 +136,7 @@ for i in $(seq 1 600); do
   sleep 0.2
 done
 echo "FROM_HOST=$(busybox nc -w 2 203.0.113.10 8080 </dev/null)"
+echo "HOST_SELF=$(busybox nc -w 2 198.51.100.1 8081 </dev/null)"
 echo "FORWARD_BEFORE=$(cat /proc/sys/net/ipv4/ip_forward)"
 ${CONNECT_CALLS}
 R=$(curl -s -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' -d '{"templateID":"busybox","timeout":600}' \\
@@ -147,7 +148,7 @@ TOKEN=$(printf %s "$R" | grep -o '"envdAccessToken":"[^"]*"' | cut -d'"' -f4)
 # (busybox's nc: its static wget resolves through NSS, which a machine without glibc's libraries crashes)
 echo "OUT=$(start 'nc -w 5 203.0.113.10 8080 </dev/null')"
 echo "HOST=$(start 'nc -w 3 198.51.100.1 8081 </dev/null 2>&1; echo rc=$?')"
-# the host's end of the router's link (sle<tag>): the host's too
+# the host's end of the router's link (sle<tag>): the host's too (refused as the router's links are)
 SLE=$(ip -4 -o addr show | awk '/ sle/ { split($4, a, "/"); print a[1] }')
 echo "SLE=$SLE"
 echo "UPLINK=$(start 'nc -w 3 '"$SLE"' 8081 </dev/null 2>&1; echo rc=$?')"
@@ -408,7 +409,10 @@ EOF`);
   // (getMetrics: memory.current, memory.stat's file, cpu.stat) and pause's freeze, under systemd
   it('serves the E2B front from a systemd unit: create, a command over Connect, getMetrics on cgroup v2, pause, connect, kill', async () => {
     onTestFailed(async () => {
-      await need().sh('systemctl stop snaplab-e2b; snaplab rm --all');
+      // (nft put back first: a script killed at its timeout runs no trap)
+      await need().sh(
+        '[ -e /usr/sbin/nft.away ] && mv -f /usr/sbin/nft.away /usr/sbin/nft; systemctl stop snaplab-e2b; snaplab rm --all',
+      );
     });
     const out = await sh(E2B_SCRIPT.replaceAll('$SCOPE', SCOPE));
     const got = Object.fromEntries(
@@ -460,6 +464,7 @@ EOF`);
       out.split('\n').map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)] as const),
     );
     expect(got.FROM_HOST).toBe('outside 198.51.100.1'); // the stand-in outside answers the host
+    expect(got.HOST_SELF).toBe('host 198.51.100.1'); // and the host's own service answers there
     expect(got.FORWARD_BEFORE).toBe('0'); // Debian's default
     expect(got.CREATE_STATUS, Buffer.from(got.CREATE ?? '', 'base64').toString()).toBe('201');
     // out through the host's NAT: the outside sees the host's own address

@@ -5,6 +5,7 @@
  * masquerade, undone by gc); the host's local addresses and resolvers it reads. What a machine's
  * link and rules are: egress.ts.
  */
+import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -77,14 +78,14 @@ export async function batch(ns: string, lines: string[], what: string): Promise<
 /** Homes whose router this process has seen complete (a namespace check still runs each time). */
 const ready = new Set<string>();
 
+/** The home's egress lock: a router's making and removal, and a change of its `host` set. */
+const egressLock = (home: string): string => join(home, 'run', 'egress.lock');
+
 /**
  * The home's router, made if it is not there (under the home's egress lock). A router made whole
  * leaves a note of its namespace's inode (`run/egress.ready`): a process that finds the same
  * namespace there trusts it without asking nft (a spawn), one that finds another makes it again.
  */
-/** The home's egress lock: a router's making and removal, and a change of its `host` set. */
-const egressLock = (home: string): string => join(home, 'run', 'egress.lock');
-
 export async function ensureRouter(home: string): Promise<string> {
   const tag = homeTag(home);
   const ns = routerNetns(tag);
@@ -107,42 +108,50 @@ export async function ensureRouter(home: string): Promise<string> {
       await removeRouter(home).catch(noted(`remove the half-made egress router ${ns}`));
       throw e;
     }
-    await writeFile(hostNote(home), await hostNoteText(ns, hostAddrs));
     await note(home, ns);
+    const text = await hostNoteText(home, hostAddrs);
+    if (text !== undefined) await writeFile(hostNote(home), text);
     ready.add(tag);
     return ns;
   });
 }
 
 /**
- * Where the addresses the router's `host` set was last given are noted, with the router
- * namespace's inode (another router is another set). A machine's attach rewrites the set only when
- * the host's addresses differ from it: flushing an interval set that holds elements makes nft's
- * commit wait in the kernel (15–25 ms here, against ~5 ms for all the rest of a machine's rules),
- * and every create with egress did it.
+ * Where the addresses the router's `host` set was last given are noted, with the router's ready
+ * note (its namespace's inode and a token drawn when it was noted: another router, or the same
+ * one noted again by a process that did not write its set, e.g. a build before this one, is
+ * another set). A machine's attach rewrites the set only when the host's addresses differ from
+ * it: flushing an interval set that holds elements makes nft's commit wait in the kernel (15–25 ms
+ * here, against ~5 ms for all the rest of a machine's rules), and every create with egress did it.
  */
 const hostNote = (home: string): string => join(home, 'run', 'egress.host');
-const hostNoteText = async (ns: string, addrs: string[]): Promise<string> =>
-  `${await inode(netnsPath(ns))}\n${[...addrs].sort().join(' ')}\n`;
+async function hostNoteText(home: string, addrs: string[]): Promise<string | undefined> {
+  const router = (await readFile(readyNote(home), 'utf8').catch(orElse('', 'read the egress note', 'ENOENT'))).trim();
+  // a ready note without its token (none, or an earlier build's): the set is written every time
+  if (!/^\S+ [0-9a-f]{16}$/.test(router)) return undefined;
+  return `${router}\n${[...addrs].sort().join(' ')}\n`;
+}
 const readHostNote = (home: string): Promise<string> =>
   readFile(hostNote(home), 'utf8').catch(orElse('', 'read the egress host note', 'ENOENT'));
 
 /**
- * The host's addresses now, which the router's `host` set holds on return: rewritten (alone, under
- * the home's egress lock, its note removed until it is done) when they changed since it was last
- * written. The lock keeps the note true to the set: two attaches that saw different addresses
- * (the host's changed meanwhile) write one after the other, each noting what it wrote.
+ * The host's addresses now, which the router's `host` set is given unless it holds them already
+ * (noted): rewritten alone, under the home's egress lock, its note removed until it is done. The
+ * lock keeps the note true to the set: two attaches that saw different addresses (the host's
+ * changed meanwhile) write one after the other, each noting what it wrote. (Addresses that change
+ * while an attach runs are taken in by the next one, as they were when each attach wrote them.)
  */
 export async function hostSetCurrent(home: string, ns: string): Promise<string[]> {
   const addrs = hostAddresses();
-  if ((await readHostNote(home)) === (await hostNoteText(ns, addrs))) return addrs;
+  const was = await hostNoteText(home, addrs);
+  if (was !== undefined && (await readHostNote(home)) === was) return addrs;
   return withLock(egressLock(home), async () => {
     const now = hostAddresses();
-    const text = await hostNoteText(ns, now);
-    if ((await readHostNote(home)) === text) return now;
+    const text = await hostNoteText(home, now);
+    if (text !== undefined && (await readHostNote(home)) === text) return now;
     await rm(hostNote(home), { force: true });
     await nft(ns, hostSetLines(now), 'cannot load the host addresses egress refuses');
-    await writeFile(hostNote(home), text);
+    if (text !== undefined) await writeFile(hostNote(home), text);
     return now;
   });
 }
@@ -154,7 +163,8 @@ const inode = (path: string): Promise<string | undefined> =>
     () => undefined,
   );
 async function note(home: string, ns: string): Promise<void> {
-  await writeFile(readyNote(home), `${await inode(netnsPath(ns))}\n`);
+  // (the token: hostNote)
+  await writeFile(readyNote(home), `${await inode(netnsPath(ns))} ${randomBytes(8).toString('hex')}\n`);
 }
 /** Whether the router's namespace is the one noted as made whole. */
 async function isNoted(home: string, ns: string): Promise<boolean> {
@@ -163,7 +173,7 @@ async function isNoted(home: string, ns: string): Promise<boolean> {
     readFile(readyNote(home), 'utf8').catch(orElse('', 'read the egress note', 'ENOENT')),
     inode(netnsPath(ns)),
   ]);
-  return now !== undefined && was.trim() === now;
+  return now !== undefined && was.trim().split(' ')[0] === now;
 }
 
 const routerComplete = async (ns: string): Promise<boolean> =>
@@ -305,7 +315,8 @@ export async function removeRouter(home: string): Promise<boolean> {
   const ns = routerNetns(tag);
   const had = (await listSnaplabNetns()).includes(ns);
   if (had) await deleteNetns(ns);
-  // without nftables no table of egress's can be there (nftables removed since: its tables too)
+  // without the nft program its tables cannot be listed or deleted (a host that removed nftables
+  // after a router was made keeps the uplink's table until nft is back and gc runs)
   let deleted = false;
   if (await which('nft')) {
     const del = await inUplink(['nft', 'delete', 'table', 'ip', uplinkTable(tag)], { allowFail: true });

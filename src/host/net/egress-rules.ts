@@ -276,7 +276,7 @@ export function machineRemoval(slot: number, present: { element: boolean; mark?:
 /** A new holder's connection mark: 31 random bits, never 0 (the mark of what nobody marked). */
 export const newMark = (): number => 1 + Math.floor(Math.random() * 0x7ffffffe);
 
-/** The set `host` replaced by these addresses (in the same transaction as what follows). */
+/** The set `host` replaced by these addresses (egress-router.ts hostSetCurrent). */
 export const hostSetLines = (prefixes: string[]): string =>
   `flush set ip ${ROUTER_TABLE} host\n${prefixes.length ? `add element ip ${ROUTER_TABLE} host { ${prefixes.join(', ')} }\n` : ''}`;
 
