@@ -632,6 +632,9 @@ describe.each([
           'stat -c %u /tmp/by-nobody.txt /tmp/dir-by-nobody /tmp/dir-by-nobody/a/b /root/for-nobody /root/for-nobody/x.txt /root',
         ).out,
       ).toBe('65534\n65534\n65534\n65534\n65534\n0\n');
+      // written over as root, a file becomes root's (envd chowns it to the writer)
+      await sbx.files.write('/tmp/by-nobody.txt', 'y', { user: 'root' });
+      expect(inside(sbx.sandboxId, 'stat -c %u:%g /tmp/by-nobody.txt; cat /tmp/by-nobody.txt').out).toBe('0:0\ny');
       // read and listed as root; EntryInfo names the owner and group as the machine does
       expect(inside(sbx.sandboxId, 'echo secret > /root/only-root && chmod 600 /root/only-root').code).toBe(0);
       expect(await sbx.files.read('/root/only-root', { user: 'nobody' })).toBe('secret\n');

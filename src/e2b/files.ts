@@ -26,8 +26,11 @@ import type { EnvdUser, IdNames } from './users.js';
 /** The deepest ListDir walks (envd's depth is a uint32: a depth past any real tree's is the whole tree). */
 const MAX_DEPTH = 10000;
 
-/** Who what a call makes is given to: its user (root's own need no giving). */
-const ownerOf = (user: EnvdUser): string | undefined => (user.name === 'root' ? undefined : user.name);
+/**
+ * Who what a call makes or writes is given to: its user, root too (as envd's chown to the caller:
+ * a file of another user's written over as root becomes root's).
+ */
+const ownerOf = (user: EnvdUser): string => (user.name === undefined || user.name === 'root' ? '0:0' : user.name);
 
 /**
  * A path as envd takes it: an absolute one as given (the machine's kernel resolves its `..`, through

@@ -15,7 +15,7 @@ import type { SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
 import { connectAgent, execIn, spawnIn } from './sandbox-ops.js';
 import { feedInput, outputTo } from './streams.js';
-import { resolveUser } from './users.js';
+import { numericOwner, resolveUser } from './users.js';
 
 /** The most a file call's answer (a stat, a listing) may hold: ~150 000 entries of a listing. */
 const MAX_ANSWER = 32 << 20;
@@ -118,8 +118,8 @@ async function fileCommand(
       args = [...flags.filter((a) => a !== '--through'), ...(end < 0 ? [] : args.slice(end))];
       user = opts.owner ?? user;
     } else if (opts.owner !== undefined) {
-      // the owner's "UID:GID" (its supplementary groups are not a file's)
-      owner = ['--owner', (await resolveUser(agent, opts.owner)).split(':', 2).join(':')];
+      // the owner's "UID:GID" (its supplementary groups are not a file's); two numbers as they are
+      owner = ['--owner', numericOwner(opts.owner) ?? (await resolveUser(agent, opts.owner)).split(':', 2).join(':')];
     }
     let stop = (): void => undefined;
     const p = await spawnIn(ctx, s, agent, [MACHINE_AGENT_PATH, 'file', args[0]!, ...owner, ...args.slice(1)], {

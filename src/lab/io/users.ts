@@ -40,6 +40,12 @@ function parseGroup(text: string): Group[] {
 
 const MAX_ID = 0xfffffffe;
 
+/** "UID:GID" when `spec` is two numbers a file may be given (no lookup needed: no names, no groups); else undefined. */
+export function numericOwner(spec: string): string | undefined {
+  const m = /^(\d{1,10}):(\d{1,10})$/.exec(spec);
+  return m && Number(m[1]) <= MAX_ID && Number(m[2]) <= MAX_ID ? `${Number(m[1])}:${Number(m[2])}` : undefined;
+}
+
 /**
  * `user[:group]` as Docker reads it, against the machine's own /etc/passwd and /etc/group (read
  * through the agent: the files of the machine as it is now, not of its image): a name or a uid;
