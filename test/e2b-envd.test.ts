@@ -74,6 +74,14 @@ describe.each([
         { metadata: { k: 'v' } },
       );
       expect(many.map((f) => f.metadata)).toEqual([{ k: 'v' }, { k: 'v' }]);
+      // two files for one path in one upload: the first written, then refused (as envd)
+      await expect(
+        sbx.files.write([
+          { path: '/srv/m/d.txt', data: 'first' },
+          { path: '/srv/m/d.txt', data: 'second' },
+        ]),
+      ).rejects.toThrow(/multiple files to the same path '\/srv\/m\/d.txt'/);
+      expect(await sbx.files.read('/srv/m/d.txt')).toBe('first');
       expect(await xattrsOf(sbx.sandboxId, '/srv/m/c.txt')).toEqual({ 'user.e2b.k': 'v' });
       // an upload replaces the metadata whole: none sent, none kept (as envd's)
       const plain = await sbx.files.write('/srv/m/a.txt', 'two');

@@ -181,10 +181,20 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
     uploadEncoding(req);
     const { box, user } = await state.fileSandbox(req, 'write');
     const xattrs = uploadXattrs(req);
-    // each file streamed into the sandbox as it comes (uploads.ts)
-    const written = await eachUpload(req, (f) =>
-      writeOne(box, absolute(f.path, user), f.data, ownerOf(user), xattrs, f.size),
-    );
+    // each file streamed into the sandbox as it comes (uploads.ts); a second part for a path this
+    // upload wrote already is refused, as envd refuses it (the first stays written)
+    const paths = new Set<string>();
+    const written = await eachUpload(req, async (f) => {
+      const path = absolute(f.path, user);
+      if (paths.has(path))
+        throw new SnaplabError(
+          'BAD_INPUT',
+          `you cannot upload multiple files to the same path '${path}' in one upload request, only the first specified file was uploaded`,
+          'give each file its own path',
+        );
+      paths.add(path);
+      return writeOne(box, path, f.data, ownerOf(user), xattrs, f.size);
+    });
     return reply.type('application/json').send(written);
   } catch (e) {
     return fileError(state, req, reply, e);
