@@ -126,7 +126,7 @@ export async function ensureRouter(home: string): Promise<string> {
  */
 const hostNote = (home: string): string => join(home, 'run', 'egress.host');
 async function hostNoteText(home: string, addrs: string[]): Promise<string | undefined> {
-  const router = (await readFile(readyNote(home), 'utf8').catch(orElse('', 'read the egress note', 'ENOENT'))).trim();
+  const router = (await readReadyNote(home)).trim();
   // a ready note without its token (none, or an earlier build's): the set is written every time
   if (!/^\S+ [0-9a-f]{16}$/.test(router)) return undefined;
   return `${router}\n${[...addrs].sort().join(' ')}\n`;
@@ -157,6 +157,8 @@ export async function hostSetCurrent(home: string, ns: string): Promise<string[]
 }
 
 const readyNote = (home: string): string => join(home, 'run', 'egress.ready');
+const readReadyNote = (home: string): Promise<string> =>
+  readFile(readyNote(home), 'utf8').catch(orElse('', 'read the egress note', 'ENOENT'));
 const inode = (path: string): Promise<string | undefined> =>
   stat(path).then(
     (st) => `${st.dev}:${st.ino}`,
@@ -169,10 +171,7 @@ async function note(home: string, ns: string): Promise<void> {
 /** Whether the router's namespace is the one noted as made whole. */
 async function isNoted(home: string, ns: string): Promise<boolean> {
   if (!(await isNamespace(netnsPath(ns)))) return false;
-  const [was, now] = await Promise.all([
-    readFile(readyNote(home), 'utf8').catch(orElse('', 'read the egress note', 'ENOENT')),
-    inode(netnsPath(ns)),
-  ]);
+  const [was, now] = await Promise.all([readReadyNote(home), inode(netnsPath(ns))]);
   return now !== undefined && was.trim().split(' ')[0] === now;
 }
 
