@@ -34,7 +34,8 @@ const need = (): StockHost => {
 /**
  * Shell functions for the E2B cases' envd calls, as the SDK makes them: `start CMD` (a Connect
  * server-streaming Start; its envelopes out in base64) and `health` (the status of GET /health), of
- * the sandbox $ID with the token $TOKEN on the front at $U. (Written without `${`: a template literal.)
+ * the sandbox $ID with the token $TOKEN on the front at $U; and `network_left`. (Written without
+ * `${`: a template literal.)
  */
 const CONNECT_CALLS = `# a Connect server-streaming call: one envelope (flags 0, length, JSON) in, envelopes out
 start() {
@@ -44,6 +45,13 @@ start() {
   printf %s "$J" >> /tmp/e2b-start.bin
   curl -s -X POST -H "E2b-Sandbox-Id: $ID" -H 'E2b-Sandbox-Port: 49983' -H "X-Access-Token: $TOKEN" \\
     -H 'content-type: application/connect+json' --data-binary @/tmp/e2b-start.bin $U/process.Process/Start | base64 -w0
+}
+# what of egress is on the host: snaplab's network namespaces, its nftables tables, forwarding
+# (nft's own failure is the script's, not "no table")
+network_left() {
+  NS=$(ip netns list)
+  TABLES=$(nft list tables)
+  echo "$(echo "$NS" | grep -c snaplab || true) $(echo "$TABLES" | grep -c snaplab || true) $(cat /proc/sys/net/ipv4/ip_forward)"
 }
 health() {
   curl -s -o /dev/null -w '%{http_code}' -H "E2b-Sandbox-Id: $ID" -H 'E2b-Sandbox-Port: 49983' -H "X-Access-Token: $TOKEN" $U/health
@@ -76,9 +84,7 @@ mv "$NFT.away" "$NFT"
 echo "EGRESS=$(printf %s "$R" | head -n 1 | base64 -w0)"
 echo "EGRESS_STATUS=$(printf %s "$R" | tail -n 1)"
 # what the refused create left: network namespaces, nftables tables, the host's forwarding
-NS=$(ip netns list)
-TABLES=$(nft list tables)
-echo "REFUSED_LEFT=$(echo "$NS" | grep -c snaplab || true) $(echo "$TABLES" | grep -c snaplab || true) $(cat /proc/sys/net/ipv4/ip_forward)"
+echo "REFUSED_LEFT=$(network_left)"
 R=$(curl -s -X POST -H "X-API-Key: $KEY" -H 'content-type: application/json' \\
   -d '{"templateID":"busybox","timeout":600,"allow_internet_access":false}' -w '\\n%{http_code}' $U/sandboxes)
 echo "CREATE=$(printf %s "$R" | head -n 1 | base64 -w0)"
@@ -155,9 +161,7 @@ echo "UPLINK=$(start 'nc -w 3 '"$SLE"' 8081 </dev/null 2>&1; echo rc=$?')"
 echo "FORWARD_DURING=$(cat /proc/sys/net/ipv4/ip_forward)"
 echo "KILL=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE -H "X-API-Key: $KEY" $U/sandboxes/$ID)"
 snaplab gc >/dev/null
-NS=$(ip netns list)
-TABLES=$(nft list tables)
-echo "LEFT=$(echo "$NS" | grep -c snaplab || true) $(echo "$TABLES" | grep -c snaplab || true) $(cat /proc/sys/net/ipv4/ip_forward)"`;
+echo "LEFT=$(network_left)"`;
 
 /** A Start's answer (base64 of its envelopes): its stdout, and its end event. */
 function connectEvents(b64: string): { stdout: string; end?: { exitCode?: number; exited?: boolean } } {

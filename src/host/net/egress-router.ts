@@ -14,6 +14,7 @@ import { noted, orElse, recordFailure } from '../../cleanup.js';
 import { withLock } from '../lock.js';
 import { requireTool, run, which, type RunResult } from '../run.js';
 import {
+  EGRESS_NETNS,
   ROUTER_TABLE,
   UPLINK_IF,
   homeTag,
@@ -317,31 +318,35 @@ export async function removeRouter(home: string): Promise<boolean> {
   // without the nft program its tables cannot be listed or deleted (a host that removed nftables
   // after a router was made keeps the uplink's table until nft is back and gc runs)
   let deleted = false;
-  if (await which('nft')) {
+  const withNft = (await which('nft')) !== undefined;
+  if (withNft) {
     const del = await inUplink(['nft', 'delete', 'table', 'ip', uplinkTable(tag)], { allowFail: true });
     if (del.code !== 0 && !/No such file|does not exist/i.test(del.stderr))
       throw failed(`cannot delete the uplink table ${uplinkTable(tag)}`, del);
     deleted = del.code === 0;
   }
-  await restoreForwarding();
+  await restoreForwarding(withNft);
   return had || deleted;
 }
 
-/** A home's router namespace (not a machine's): `snaplab-e` and the home's tag. */
-const ROUTER_NETNS = /^snaplab-e[0-9a-f]{6}$/;
+/** A home's router namespace, not a machine's (EGRESS_NETNS without a slot). */
+function isRouterNetns(name: string): boolean {
+  const m = EGRESS_NETNS.exec(name);
+  return m !== null && m[2] === undefined;
+}
 
 /**
  * Forwarding off again where snaplab turned it on, once no home has a router on this uplink (no
  * table of ours there) and it is still on; under the host-wide lock a router's making takes.
  */
-async function restoreForwarding(): Promise<void> {
+async function restoreForwarding(withNft: boolean): Promise<void> {
   if (!existsSync(forwardNote())) return;
   await withLock(FORWARD_LOCK, async () => {
     if (!existsSync(forwardNote())) return;
-    if (await which('nft')) {
+    if (withNft) {
       const tables = await inUplink(['nft', 'list', 'tables'], { allowFail: true });
       if (tables.code !== 0 || /table ip snaplab_e[0-9a-f]{6}\b/.test(tables.stdout)) return;
-    } else if ((await listSnaplabNetns()).some((n) => ROUTER_NETNS.test(n))) return; // a router still forwards
+    } else if ((await listSnaplabNetns()).some(isRouterNetns)) return; // without nft: a router left still forwards
     const now = await inUplink(['sysctl', '-n', 'net.ipv4.ip_forward'], { allowFail: true });
     if (now.stdout.trim() === '1') {
       const res = await inUplink(['sysctl', '-qw', 'net.ipv4.ip_forward=0'], { allowFail: true });

@@ -54,14 +54,15 @@ export async function destroyRecord(ctx: LabContext, s: SandboxRecord, trace?: T
  * shared host ids. The take is a compare and set on the record as read (a start that begins
  * between the look and the take is seen). Another process's removal of it is waited for (up to a
  * minute): its end is this one's. Returns the record as taken, as given when it was gone already
- * (the removal is then idempotent), or undefined when another removal took it away meanwhile. A process's own failed raise removes what it made
- * with destroyRecord, never through here.
+ * (the removal is then idempotent), or undefined when another removal took it away meanwhile. A
+ * process's own failed raise removes what it made with destroyRecord, never through here.
  */
 export async function takeForRemoval(ctx: LabContext, s: SandboxRecord): Promise<SandboxRecord | undefined> {
   const waitUntil = Date.now() + REMOVAL_WAIT_MS;
-  for (let tries = 0; ; tries++) {
+  // (`missed`: compare-and-sets lost to a change meanwhile, not the waits for another's removal)
+  for (let looks = 0, missed = 0; ; looks++) {
     const now = ctx.store.getSandbox(s.id);
-    if (now?.id !== s.id) return tries === 0 ? s : undefined;
+    if (now?.id !== s.id) return looks === 0 ? s : undefined;
     const busy = makerOf(now) !== undefined && (await ownerAlive(now.owner));
     if (!busy && ctx.store.claimRemoval(now, me('remove'))) return now;
     // another's removal under way: this one's answer is its end (gone: done), waited for a while
@@ -69,7 +70,7 @@ export async function takeForRemoval(ctx: LabContext, s: SandboxRecord): Promise
       await new Promise((r) => setTimeout(r, 50));
       continue;
     }
-    if (busy || tries >= 3) throw busyError(s.name, now);
+    if (busy || ++missed > 3) throw busyError(s.name, now);
   }
 }
 
