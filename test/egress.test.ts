@@ -21,7 +21,14 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Lab } from '../src/sdk/lab.js';
 import type { SandboxApi } from '../src/sdk/api.js';
-import { homeTag, machineEgressNetns, routerNetns, slotOf, uplinkTable } from '../src/host/net/egress-rules.js';
+import {
+  homeTag,
+  machineEgressNetns,
+  routerNetns,
+  slotOf,
+  transit,
+  uplinkTable,
+} from '../src/host/net/egress-rules.js';
 import { disposeLab, testLab } from './helpers.js';
 import { noted } from '../src/cleanup.js';
 import { cli, startDaemon, type TestDaemon } from './daemon-helpers.js';
@@ -633,4 +640,128 @@ machines:
     expect(sh('ip', ['-n', UP, '-o', 'link', 'show'])).not.toContain(`sle${tag}`);
     expect((await lab!.list()).length).toBe(before);
   }, 60_000);
+
+  // docs/egress.md "Flows": every connection a machine opens is tracked by the uplink's (the host's)
+  // table too, M entries for all of the host's own connections; one machine filled it at line rate
+  describe('caps on connections', () => {
+    const flood = join(tmpdir(), `sltest-egress-flood-${process.pid}`);
+    beforeAll(() => {
+      const built = spawnSync('gcc', ['-O2', '-static', '-o', flood, join(import.meta.dirname, 'egress-flood.c')], {
+        encoding: 'utf8',
+      });
+      if (built.status !== 0) throw new Error(`gcc egress-flood.c: ${built.stderr}`);
+    });
+    afterAll(() => rmSync(flood, { force: true }));
+
+    /** A lab of its own whose router and machines are made with these caps (SNAPLAB_EGRESS_CAPS). */
+    async function capped<T>(caps: string, f: (l: Lab) => Promise<T>): Promise<T> {
+      const l = await testLab();
+      process.env.SNAPLAB_EGRESS_CAPS = caps;
+      try {
+        return await f(l);
+      } finally {
+        delete process.env.SNAPLAB_EGRESS_CAPS;
+        await disposeLab(l);
+      }
+    }
+    const withFlood = async (l: Lab): Promise<SandboxApi> => {
+      const box = await l.create({ egress: true });
+      await box.putFile('/flood', readFileSync(flood), 0o755);
+      return box;
+    };
+    /** The uplink's tracked connections of this protocol from a home's router (/proc/net/nf_conntrack's lines). */
+    const tracked = (home: string, proto: 'udp' | 'tcp'): string[] =>
+      sh('ip', ['netns', 'exec', UP, 'cat', '/proc/net/nf_conntrack'])
+        .split('\n')
+        .filter((l) => new RegExp(`^ipv4 +2 ${proto} .*?src=${transit(homeTag(home)).router} `).test(l));
+    const ran = async (box: SandboxApi, argv: string[]): Promise<{ ok: number; refused: number }> => {
+      const r = await box.exec(argv);
+      const m = /ok (\d+) refused (\d+)/.exec(r.stdout);
+      if (!m) throw new Error(`egress-flood: ${r.stdout}${r.stderr}`);
+      return { ok: Number(m[1]), refused: Number(m[2]) };
+    };
+
+    it("a machine's new connections over its rate are refused: a flood leaves its burst in the host's table, and its neighbour goes on", async () => {
+      await capped('1/20/1000,1000/1000/1000', async (l) => {
+        const box = await withFlood(l);
+        const other = await l.create({ egress: true });
+        await ran(box, ['/flood', 'udp', WEB, '300']);
+        // (without the cap: all 300)
+        const n = tracked(l.home, 'udp').length;
+        expect(n).toBeGreaterThanOrEqual(20);
+        expect(n).toBeLessThanOrEqual(25);
+        expect((await box.egressUsage()).denied).toBeGreaterThanOrEqual(270);
+        expect((await fetchIn(other, WEB)).ok).toBe(true);
+      });
+    }, 120_000);
+
+    it("a machine's open connections over its cap are refused at once; one that closes makes room", async () => {
+      await capped('1000/1000/8,1000/1000/1000', async (l) => {
+        const box = await withFlood(l);
+        // (without the cap: ok 12)
+        expect(await ran(box, ['/flood', 'tcp', WEB, '7000', '12', '1'])).toEqual({ ok: 8, refused: 4 });
+        expect(await ran(box, ['/flood', 'tcp', WEB, '7000', '8', '0'])).toEqual({ ok: 8, refused: 0 });
+      });
+    }, 120_000);
+
+    it("a home's machines together are held to the home's cap, counted in the router's flows_refused", async () => {
+      await capped('1000/1000/1000,1/30/1000', async (l) => {
+        const a = await withFlood(l);
+        const b = await withFlood(l);
+        expect(await ran(a, ['/flood', 'udp', WEB, '20'])).toEqual({ ok: 20, refused: 0 });
+        await ran(b, ['/flood', 'udp', WEB, '40']);
+        const n = tracked(l.home, 'udp').length;
+        expect(n).toBeGreaterThanOrEqual(30);
+        expect(n).toBeLessThanOrEqual(33);
+        const counter = sh('ip', [
+          'netns',
+          'exec',
+          routerNetns(homeTag(l.home)),
+          'nft',
+          'list',
+          'counter',
+          'ip',
+          'snaplab',
+          'flows_refused',
+        ]);
+        expect(Number(/packets (\d+)/.exec(counter)?.[1])).toBeGreaterThanOrEqual(25);
+      });
+    }, 120_000);
+
+    it("a machine's closed connection leaves the host's table within 30 s, not the kernel's 120", async () => {
+      const box = await lab!.create({ egress: true });
+      expect((await fetchIn(box, WEB)).ok).toBe(true);
+      const closed = tracked(lab!.home, 'tcp').filter((l) => / dport=8080 /.test(l) && /TIME_WAIT|CLOSE/.test(l));
+      expect(closed.length).toBeGreaterThan(0);
+      // "ipv4 2 tcp 6 SECONDS STATE …"
+      for (const l of closed) expect(Number(l.split(/ +/)[4])).toBeLessThanOrEqual(30);
+      await box.destroy();
+    }, 60_000);
+
+    it('a router an earlier build made, without the caps, is given them by the next create', async () => {
+      const l = await testLab();
+      try {
+        const tag = homeTag(l.home);
+        await (await l.create({ egress: true })).destroy();
+        // as an earlier build left it: no home cap, no closing timeouts, a note without `capped`
+        const router = routerNetns(tag);
+        sh('ip', ['netns', 'exec', router, 'nft', 'delete', 'chain', 'ip', 'snaplab', 'flows']);
+        sh('ip', ['netns', 'exec', UP, 'nft', 'delete', 'chain', 'ip', uplinkTable(tag), 'prerouting']);
+        const note = join(l.home, 'run', 'egress.ready');
+        writeFileSync(note, readFileSync(note, 'utf8').replace(' capped', ''));
+        // a process of its own (this one remembers the router as seen)
+        const made = cli(l.home, ['create', '--egress', '--json']);
+        expect(made.code, made.err).toBe(0);
+        expect(sh('ip', ['netns', 'exec', router, 'nft', 'list', 'chain', 'ip', 'snaplab', 'flows'])).toMatch(
+          /ct count over \d+ counter name "flows_refused" reject/,
+        );
+        expect(sh('ip', ['netns', 'exec', UP, 'nft', 'list', 'chain', 'ip', uplinkTable(tag), 'prerouting'])).toMatch(
+          /ct timeout set "closing"/,
+        );
+        expect(readFileSync(note, 'utf8')).toMatch(/ capped\n$/);
+      } finally {
+        await disposeLab(l);
+      }
+    }, 120_000);
+  });
 });

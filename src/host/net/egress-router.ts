@@ -17,6 +17,9 @@ import {
   EGRESS_NETNS,
   ROUTER_TABLE,
   UPLINK_IF,
+  flowCaps,
+  homeFlowsUpgrade,
+  type FlowCap,
   homeTag,
   hostSetLines,
   routerNetns,
@@ -76,6 +79,37 @@ export async function batch(ns: string, lines: string[], what: string): Promise<
   if (res.code !== 0) throw failed(what, res);
 }
 
+/**
+ * The caps on machines' connections (egress-rules.ts flowCaps) from the host's table size,
+ * `nf_conntrack_max`: read each time (an administrator may raise it), 65 536 where it cannot be
+ * read (the kernel's table is not loaded yet). `SNAPLAB_EGRESS_CAPS` sets them instead:
+ * `RATE/BURST/OPEN,RATE/BURST/OPEN`, a machine's then its home's (docs/egress.md "Flows").
+ */
+export function flowCapsNow(): { machine: FlowCap; home: FlowCap } {
+  const given = process.env.SNAPLAB_EGRESS_CAPS;
+  if (given) return parseCaps(given);
+  let max = 65_536;
+  try {
+    max = Number(readFileSync('/proc/sys/net/netfilter/nf_conntrack_max', 'utf8').trim()) || max;
+  } catch {
+    // (no conntrack yet: the router's table loads it)
+  }
+  return flowCaps(max);
+}
+
+function parseCaps(text: string): { machine: FlowCap; home: FlowCap } {
+  const m = /^(\d{1,9})\/(\d{1,9})\/(\d{1,9}),(\d{1,9})\/(\d{1,9})\/(\d{1,9})$/.exec(text.trim());
+  const n = m?.slice(1).map(Number);
+  if (!n || n.some((x) => x < 1))
+    throw new SnaplabError(
+      'BAD_INPUT',
+      `SNAPLAB_EGRESS_CAPS=${text} is not RATE/BURST/OPEN,RATE/BURST/OPEN`,
+      "a machine's then its home's, each a whole number from 1: e.g. 64/1024/4096,128/4096/32768 (unset it for caps from nf_conntrack_max)",
+    );
+  const cap = (i: number): FlowCap => ({ rate: n[i]!, burst: n[i + 1]!, active: n[i + 2]! });
+  return { machine: cap(0), home: cap(3) };
+}
+
 /** Homes whose router this process has seen complete (a namespace check still runs each time). */
 const ready = new Set<string>();
 
@@ -92,12 +126,15 @@ export async function ensureRouter(home: string): Promise<string> {
   const ns = routerNetns(tag);
   return withLock(egressLock(home), async () => {
     // (under the lock: gc removes a router under it, once no machine is recorded)
-    if ((ready.has(tag) && (await isNamespace(netnsPath(ns)))) || (await isNoted(home, ns))) {
-      ready.add(tag);
-      return ns;
-    }
-    if ((await isNamespace(netnsPath(ns))) && (await routerComplete(ns))) {
-      await note(home, ns);
+    if (ready.has(tag) && (await isNamespace(netnsPath(ns)))) return ns;
+    const known = await isNoted(home, ns);
+    if (known || ((await isNamespace(netnsPath(ns))) && (await routerComplete(ns)))) {
+      // a router an earlier build made has no cap on its machines' connections, nor the uplink's
+      // short timeouts: given them (once; the note then says so)
+      if (known !== 'capped') {
+        await capRouter(tag);
+        await note(home, ns);
+      }
       ready.add(tag);
       return ns;
     }
@@ -129,7 +166,7 @@ const hostNote = (home: string): string => join(home, 'run', 'egress.host');
 async function hostNoteText(home: string, addrs: string[]): Promise<string | undefined> {
   const router = (await readReadyNote(home)).trim();
   // a ready note without its token (none, or an earlier build's): the set is written every time
-  if (!/^\S+ [0-9a-f]{16}$/.test(router)) return undefined;
+  if (!/^\S+ [0-9a-f]{16}(?: capped)?$/.test(router)) return undefined;
   return `${router}\n${[...addrs].sort().join(' ')}\n`;
 }
 const readHostNote = (home: string): Promise<string> =>
@@ -166,14 +203,19 @@ const inode = (path: string): Promise<string | undefined> =>
     () => undefined,
   );
 async function note(home: string, ns: string): Promise<void> {
-  // (the token: hostNote)
-  await writeFile(readyNote(home), `${await inode(netnsPath(ns))} ${randomBytes(8).toString('hex')}\n`);
+  // (the token: hostNote; `capped`: the router has the caps on connections, capRouter)
+  await writeFile(readyNote(home), `${await inode(netnsPath(ns))} ${randomBytes(8).toString('hex')} capped\n`);
 }
-/** Whether the router's namespace is the one noted as made whole. */
-async function isNoted(home: string, ns: string): Promise<boolean> {
+/**
+ * Whether the router's namespace is the one noted as made whole: false, or `capped` when the note
+ * says it has the caps on connections, else true (an earlier build's note).
+ */
+async function isNoted(home: string, ns: string): Promise<boolean | 'capped'> {
   if (!(await isNamespace(netnsPath(ns)))) return false;
   const [was, now] = await Promise.all([readReadyNote(home), inode(netnsPath(ns))]);
-  return now !== undefined && was.trim().split(' ')[0] === now;
+  const f = was.trim().split(' ');
+  if (now === undefined || f[0] !== now) return false;
+  return f[2] === 'capped' ? 'capped' : true;
 }
 
 const routerComplete = async (ns: string): Promise<boolean> =>
@@ -220,14 +262,32 @@ async function makeRouter(tag: string): Promise<string[]> {
   // the router's own, loaded last, is what says the router is whole
   await withLock(FORWARD_LOCK, async () => {
     await forwardOnUplink();
-    await nft(
-      null,
-      `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag)}\n`,
-      'cannot load the uplink rules of egress',
-    );
+    await loadUplinkTable(tag);
   });
-  await nft(ns, routerRuleset({ hostAddrs, dns, transitRouter: t.router }), `cannot load egress rules in ${ns}`);
+  await nft(
+    ns,
+    routerRuleset({ hostAddrs, dns, transitRouter: t.router, caps: flowCapsNow().home }),
+    `cannot load egress rules in ${ns}`,
+  );
   return hostAddrs;
+}
+
+/** Load the uplink's table again (whole, in one transaction), under the host-wide forwarding lock. */
+const loadUplinkTable = (tag: string): Promise<void> =>
+  nft(
+    null,
+    `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag)}\n`,
+    'cannot load the uplink rules of egress',
+  );
+
+/**
+ * Give a router an earlier build made what this one's have: the home's cap on its machines'
+ * connections, and the uplink's short timeouts for their closing connections (its table loaded
+ * again: the connections it tracks keep their translation).
+ */
+async function capRouter(tag: string): Promise<void> {
+  await nft(routerNetns(tag), homeFlowsUpgrade(flowCapsNow().home), 'cannot cap the connections of egress');
+  await withLock(FORWARD_LOCK, () => loadUplinkTable(tag));
 }
 
 async function sysctl(ns: string, settings: string[]): Promise<void> {

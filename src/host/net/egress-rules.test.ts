@@ -4,6 +4,7 @@ import {
   EGRESS_NETNS,
   checkEntry,
   checkLists,
+  flowCaps,
   homeTag,
   machineEgressNetns,
   machineRules,
@@ -36,6 +37,8 @@ describe('egress addresses and names', () => {
   });
 });
 
+const CAPS = flowCaps(262_144).machine;
+
 describe('egress lists', () => {
   it('takes addresses, prefixes (host bits cleared) and host names', () => {
     expect(checkEntry('203.0.113.7')).toBe('203.0.113.7');
@@ -56,7 +59,7 @@ describe('egress lists', () => {
     const rules = machineRules(
       3,
       { allow: ['203.0.113.0/24', '10.1.2.0/24', '0.0.0.0/0', '192.0.2.2'], deny: ['203.0.113.9'] },
-      { mark: 42, hostAddrs: ['192.0.2.2/32'] },
+      { mark: 42, hostAddrs: ['192.0.2.2/32'], caps: CAPS },
     );
     const lines = rules.split('\n');
     const at = (re: RegExp): number => lines.findIndex((l) => re.test(l));
@@ -73,8 +76,60 @@ describe('egress lists', () => {
     expect(rules).toMatch(/add element ip snaplab m3_wide \{ 203\.0\.113\.0\/24, 0\.0\.0\.0\/0 \}/);
     expect(lines.filter((l) => /^add rule ip snaplab m3 +counter name m3_denied/.test(l))).toHaveLength(2);
     expect(rules).toMatch(/add element ip snaplab inbound \{ 100\.96\.0\.4 \. 42 : accept \}/);
-    const open = machineRules(3, { allow: [], deny: [] }, { mark: 42, hostAddrs: [] });
+    const open = machineRules(3, { allow: [], deny: [] }, { mark: 42, hostAddrs: [], caps: CAPS });
     expect(open).toMatch(/add rule ip snaplab m3 jump m3_ok\n/);
+  });
+});
+
+describe("the caps on machines' connections", () => {
+  it("scale with the host's table, a machine's within its home's, and hold a home to a sixth of it", () => {
+    const { machine, home } = flowCaps(262_144);
+    expect(machine).toEqual({ rate: 64, burst: 1024, active: 4096 });
+    expect(home).toEqual({ rate: 128, burst: 4096, active: 32_768 });
+    expect(flowCaps(1_048_576).machine.rate).toBe(256);
+    // a small or unreadable table: never less than the caps of 16 384
+    expect(flowCaps(0)).toEqual(flowCaps(16_384));
+    // what a home may hold at most: its open connections, and what closed within the uplink's
+    // longest timeout for a connection that is not established (60 s) after its burst
+    for (const m of [16_384, 65_536, 262_144, 2_097_152]) {
+      const c = flowCaps(m);
+      expect(c.home.active + c.home.burst + 60 * c.home.rate).toBeLessThanOrEqual(m / 5);
+      expect(c.machine.active + c.machine.burst + 60 * c.machine.rate).toBeLessThanOrEqual(m / 25);
+      for (const k of ['rate', 'burst', 'active'] as const) expect(c.machine[k]).toBeLessThanOrEqual(c.home[k]);
+    }
+  });
+
+  it("takes SNAPLAB_EGRESS_CAPS, a machine's then its home's, and refuses one that is not whole numbers from 1", async () => {
+    const { flowCapsNow } = await import('./egress-router.js');
+    const was = process.env.SNAPLAB_EGRESS_CAPS;
+    try {
+      process.env.SNAPLAB_EGRESS_CAPS = '1/20/8,2/30/9';
+      expect(flowCapsNow()).toEqual({
+        machine: { rate: 1, burst: 20, active: 8 },
+        home: { rate: 2, burst: 30, active: 9 },
+      });
+      for (const bad of ['1/20/8', '0/20/8,2/30/9', '1/20/8,2/30/-9', '1/2/3,4/5/6;flush ruleset', 'x'])
+        try {
+          process.env.SNAPLAB_EGRESS_CAPS = bad;
+          flowCapsNow();
+          expect.unreachable(bad);
+        } catch (e) {
+          expect(e, bad).toMatchObject({ code: 'BAD_INPUT', hint: expect.stringMatching(/RATE|e\.g\./) });
+        }
+    } finally {
+      if (was === undefined) delete process.env.SNAPLAB_EGRESS_CAPS;
+      else process.env.SNAPLAB_EGRESS_CAPS = was;
+    }
+  });
+
+  it("refuses a machine's connection over its cap before it is counted as passing", () => {
+    const rules = machineRules(3, { allow: [], deny: [] }, { mark: 42, hostAddrs: [], caps: CAPS });
+    const ok = rules.split('\n').filter((l) => l.startsWith('add rule ip snaplab m3_ok '));
+    expect(ok[0]).toMatch(
+      /ct state new ct status ! confirmed limit rate over 64\/second burst 1024 packets counter name m3_denied reject$/,
+    );
+    expect(ok[1]).toMatch(/ct state new ct status ! confirmed ct count over 4096 counter name m3_denied reject$/);
+    expect(ok.at(-1)).toMatch(/ accept$/);
   });
 });
 

@@ -115,6 +115,42 @@ export function checkLists(l: Partial<EgressLists>): EgressLists {
   return { allow: one(l.allow, 'allow'), deny: one(l.deny, 'deny') };
 }
 
+/** A cap on a flow count: at most `rate` new flows a second after a `burst`, and `active` at once. */
+export interface FlowCap {
+  rate: number;
+  burst: number;
+  active: number;
+}
+
+/**
+ * How many connections (the kernel's tracked flows) egress lets through, from the host's
+ * `nf_conntrack_max` (M; docs/egress.md "Flows"): each machine at most M/4096 new a second after a
+ * burst of M/256 and M/64 open at once; all of a home's machines together M/2048 a second after
+ * M/64, and M/8 open at once. Every flow a machine opens is tracked by the uplink's (the host's)
+ * table too, which is M entries for all its own connections: with these caps and the uplink's
+ * short timeouts for closing connections (uplinkRuleset), one home's machines hold at most about
+ * M/6 of it, one machine about M/30. M is 262 144 on a host with 4 GiB of memory or more.
+ */
+export function flowCaps(conntrackMax: number): { machine: FlowCap; home: FlowCap } {
+  const m = Math.max(16_384, Math.floor(conntrackMax));
+  const at = (d: number): number => Math.max(1, Math.floor(m / d));
+  return {
+    machine: { rate: at(4096), burst: at(256), active: at(64) },
+    home: { rate: at(2048), burst: at(64), active: at(8) },
+  };
+}
+
+/**
+ * The first packet of a connection (`ct state new` holds for every packet sent before an answer;
+ * a connection is confirmed in the table once its first packet has passed).
+ */
+const FIRST = 'ct state new ct status ! confirmed';
+/** Refuse what goes over `cap`: rate first, then the count of open connections. */
+const capRules = (cap: FlowCap, count: string): string[] => [
+  `${FIRST} limit rate over ${cap.rate}/second burst ${cap.burst} packets counter name ${count} reject`,
+  `${FIRST} ct count over ${cap.active} counter name ${count} reject`,
+];
+
 const elements = (xs: string[]): string => (xs.length ? ` elements = { ${xs.join(', ')} }` : '');
 const chain = (slot: number): string => `m${slot}`;
 const counterNames = (slot: number) => ({ out: `m${slot}_bytes`, conns: `m${slot}_conns`, denied: `m${slot}_denied` });
@@ -125,7 +161,7 @@ const counterNames = (slot: number) => ({ out: `m${slot}_bytes`, conns: `m${slot
  * to the uplink's resolvers; everything masqueraded out of the uplink. `hostAddrs` are the uplink
  * namespace's own addresses, denied like the defaults.
  */
-export function routerRuleset(o: { hostAddrs: string[]; dns: string[]; transitRouter: string }): string {
+export function routerRuleset(o: { hostAddrs: string[]; dns: string[]; transitRouter: string; caps: FlowCap }): string {
   const dnat = o.dns[0];
   return [
     `table ip ${ROUTER_TABLE} {`,
@@ -139,6 +175,7 @@ export function routerRuleset(o: { hostAddrs: string[]; dns: string[]; transitRo
     `    iifname "${UPLINK_IF}" ct state established,related ip daddr . ct mark vmap @inbound`,
     '    iifname vmap @machines',
     '  }',
+    ...homeFlowLines(o.caps),
     '  chain input {',
     '    type filter hook input priority 0; policy drop;',
     '    iifname "lo" accept',
@@ -159,6 +196,33 @@ export function routerRuleset(o: { hostAddrs: string[]; dns: string[]; transitRo
     '}',
   ].join('\n');
 }
+
+/**
+ * The home's cap on the flows of all its machines together: a base chain after `forward` (which
+ * accepts what a machine may send), so a flow its own machine's cap refused takes nothing of the
+ * home's. Its refusals are counted in `flows_refused`.
+ */
+export const HOME_FLOWS_CHAIN = 'flows';
+const homeFlowLines = (cap: FlowCap): string[] => [
+  '  counter flows_refused {}',
+  `  chain ${HOME_FLOWS_CHAIN} {`,
+  '    type filter hook forward priority 10; policy accept;',
+  `    iifname "${UPLINK_IF}" accept`,
+  ...capRules(cap, 'flows_refused').map((r) => `    ${r}`),
+  '  }',
+];
+
+/** The home's cap added to a router an earlier build made (ensureRouter): idempotent. */
+export const homeFlowsUpgrade = (cap: FlowCap): string =>
+  `${[
+    `table ip ${ROUTER_TABLE} {`,
+    `  chain ${HOME_FLOWS_CHAIN} { type filter hook forward priority 10; policy accept; }`,
+    '}',
+    `add counter ip ${ROUTER_TABLE} flows_refused`,
+    `flush chain ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN}`,
+    `add rule ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN} iifname "${UPLINK_IF}" accept`,
+    ...capRules(cap, 'flows_refused').map((r) => `add rule ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN} ${r}`),
+  ].join('\n')}\n`;
 
 /** Whether `entry` (an address or prefix) lies inside one of `prefixes`: it names that range on purpose. */
 function inside(entry: string, prefixes: string[]): boolean {
@@ -193,7 +257,7 @@ export const NEVER = [MACHINES_PREFIX, '100.127.0.0/16'];
 export function machineRules(
   slot: number,
   lists: EgressLists,
-  o: { mark: number; hostAddrs: string[]; update?: boolean; oldMark?: number },
+  o: { mark: number; hostAddrs: string[]; caps: FlowCap; update?: boolean; oldMark?: number },
 ): string {
   const t = ROUTER_TABLE;
   const m = chain(slot);
@@ -225,8 +289,10 @@ export function machineRules(
   fill('narrow', narrow);
   fill('wide', wide);
   lines.push(
-    // what passes: counted, and a new connection once
+    // what passes: within the machine's cap on connections (docs/egress.md "Flows"), counted, and
+    // a new connection once
     `flush chain ip ${t} ${m}_ok`,
+    ...capRules(o.caps, c.denied).map((r) => `add rule ip ${t} ${m}_ok ${r}`),
     `add rule ip ${t} ${m}_ok counter name ${c.out}`,
     `add rule ip ${t} ${m}_ok ct state new counter name ${c.conns}`,
     `add rule ip ${t} ${m}_ok accept`,
@@ -283,6 +349,10 @@ export const hostSetLines = (prefixes: string[]): string =>
 /** Counter names → what they count, for reading them back. */
 export const COUNTERS = counterNames;
 
+/** Seconds a machine's TCP connection stays in the uplink's table in each state but `established`. */
+export const CLOSING_TIMEOUTS =
+  'syn_sent: 30, syn_recv: 30, fin_wait: 30, close_wait: 30, last_ack: 30, time_wait: 30, close: 10, retrans: 60, unack: 60';
+
 /**
  * The uplink namespace's table: the router's link may forward out and be answered, and what leaves
  * by another interface is masqueraded (the host's own address, as any of its programs would use).
@@ -291,6 +361,18 @@ export function uplinkRuleset(tag: string): string {
   const ifn = uplinkIf(tag);
   return [
     `table ip ${uplinkTable(tag)} {`,
+    // a machine's TCP connection that is closing or was never answered leaves the host's table
+    // within a minute, not two or five (the kernel's defaults): the host's table holds the
+    // connections of every machine (docs/egress.md "Flows")
+    '  ct timeout closing {',
+    '    protocol tcp; l3proto ip;',
+    `    policy = { ${CLOSING_TIMEOUTS} }`,
+    '  }',
+    // (as the connection is made, in prerouting: it is confirmed in the table once it leaves)
+    '  chain prerouting {',
+    '    type filter hook prerouting priority -150; policy accept;',
+    `    iifname "${ifn}" meta l4proto tcp ct timeout set "closing"`,
+    '  }',
     '  chain forward {',
     '    type filter hook forward priority 0; policy accept;',
     `    iifname "${ifn}" accept`,

@@ -26,6 +26,7 @@ import {
   machineRules,
   routerNetns,
   routerRuleset,
+  uplinkRuleset,
   slotAddress,
   type EgressLists,
 } from './egress-rules.js';
@@ -33,6 +34,7 @@ import {
   batch,
   ensureRouter,
   failed,
+  flowCapsNow,
   hostAddresses,
   hostSetCurrent,
   inNs,
@@ -116,7 +118,7 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
       ),
       nft(
         router,
-        machineRules(a.slot, lists, { mark: a.mark, hostAddrs }),
+        machineRules(a.slot, lists, { mark: a.mark, hostAddrs, caps: flowCapsNow().machine }),
         `cannot load the egress rules of slot ${a.slot}`,
       ),
       a.guest ? linkGuest(ns, dev, a.into !== undefined) : undefined,
@@ -209,6 +211,7 @@ export async function setEgressLists(
     mark: marks.newMark ?? marks.mark,
     oldMark: marks.mark,
     hostAddrs: hostAddresses(),
+    caps: flowCapsNow().machine,
     update: true,
   });
   await nft(router, `${rules}${reset}`, `cannot change the egress lists of slot ${slot}`);
@@ -378,7 +381,8 @@ export async function probeEgressRules(home: string): Promise<string | undefined
   const ns = machineEgressNetns(homeTag(home), 0);
   await createNetns(ns);
   try {
-    const rules = `${routerRuleset({ hostAddrs: ['192.0.2.2'], dns: ['192.0.2.53'], transitRouter: '100.127.0.2' })}\n${machineRules(1, { allow: ['192.0.2.1', '0.0.0.0/0'], deny: ['192.0.2.9'] }, { mark: 7, hostAddrs: ['192.0.2.2'] })}`;
+    const caps = flowCapsNow();
+    const rules = `${routerRuleset({ hostAddrs: ['192.0.2.2'], dns: ['192.0.2.53'], transitRouter: '100.127.0.2', caps: caps.home })}\n${machineRules(1, { allow: ['192.0.2.1', '0.0.0.0/0'], deny: ['192.0.2.9'] }, { mark: 7, hostAddrs: ['192.0.2.2'], caps: caps.machine })}\n${uplinkRuleset('000000')}`;
     const res = await inNs(ns, ['nft', '-f', '-'], { input: rules, allowFail: true });
     return res.code === 0 ? undefined : res.stderr.trim().split('\n')[0];
   } finally {

@@ -1,0 +1,57 @@
+/*
+ * Opens many connections from inside a machine, for test/egress.test.ts (its caps on connections):
+ *   egress-flood udp ADDR N            one datagram to each of ports 1..N of ADDR, from one socket
+ *   egress-flood tcp ADDR PORT N SECS  N connections to ADDR:PORT (3 s each at most), kept SECS
+ * Prints "ok N refused M" (udp: sent and failed) and exits 0.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	if (argc < 4 || inet_pton(AF_INET, argv[2], &a.sin_addr) != 1) {
+		fprintf(stderr, "usage: egress-flood udp ADDR N | tcp ADDR PORT N SECS\n");
+		return 2;
+	}
+	int ok = 0, refused = 0;
+	if (strcmp(argv[1], "udp") == 0) {
+		int s = socket(AF_INET, SOCK_DGRAM, 0), n = atoi(argv[3]);
+		for (int i = 1; i <= n; i++) {
+			a.sin_port = htons((unsigned short)i);
+			if (sendto(s, "x", 1, 0, (struct sockaddr *)&a, sizeof a) == 1)
+				ok++;
+			else
+				refused++;
+		}
+	} else if (strcmp(argv[1], "tcp") == 0 && argc == 6) {
+		a.sin_port = htons((unsigned short)atoi(argv[3]));
+		int n = atoi(argv[4]);
+		struct timeval tv = { 3, 0 };
+		for (int i = 0; i < n; i++) {
+			int s = socket(AF_INET, SOCK_STREAM, 0);
+			setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+			if (connect(s, (struct sockaddr *)&a, sizeof a) == 0) {
+				ok++; /* kept open */
+			} else {
+				refused++;
+				close(s);
+			}
+		}
+		printf("ok %d refused %d\n", ok, refused);
+		fflush(stdout);
+		sleep((unsigned)atoi(argv[5]));
+		return 0;
+	} else {
+		fprintf(stderr, "usage: egress-flood udp ADDR N | tcp ADDR PORT N SECS\n");
+		return 2;
+	}
+	printf("ok %d refused %d\n", ok, refused);
+	return 0;
+}
