@@ -83,9 +83,9 @@ export async function batch(ns: string, lines: string[], what: string): Promise<
  * The caps on machines' connections (egress-rules.ts flowCaps) from the host's table size,
  * `nf_conntrack_max`: read each time (an administrator may raise it), 65 536 where it cannot be
  * read (the kernel's table is not loaded yet). `SNAPLAB_EGRESS_CAPS` sets them instead:
- * `RATE/BURST/OPEN,RATE/BURST/OPEN`, a machine's then its home's (docs/egress.md "Flows").
+ * `RATE/BURST/OPEN,RATE/BURST`, a machine's then its home's (docs/egress.md "Flows").
  */
-export function flowCapsNow(): { machine: FlowCap; home: FlowCap } {
+export function flowCapsNow(): { machine: Required<FlowCap>; home: FlowCap } {
   const given = process.env.SNAPLAB_EGRESS_CAPS;
   if (given) return parseCaps(given);
   let max = 65_536;
@@ -97,17 +97,16 @@ export function flowCapsNow(): { machine: FlowCap; home: FlowCap } {
   return flowCaps(max);
 }
 
-function parseCaps(text: string): { machine: FlowCap; home: FlowCap } {
-  const m = /^(\d{1,9})\/(\d{1,9})\/(\d{1,9}),(\d{1,9})\/(\d{1,9})\/(\d{1,9})$/.exec(text.trim());
+function parseCaps(text: string): { machine: Required<FlowCap>; home: FlowCap } {
+  const m = /^(\d{1,9})\/(\d{1,9})\/(\d{1,9}),(\d{1,9})\/(\d{1,9})$/.exec(text.trim());
   const n = m?.slice(1).map(Number);
   if (!n || n.some((x) => x < 1))
     throw new SnaplabError(
       'BAD_INPUT',
-      `SNAPLAB_EGRESS_CAPS=${text} is not RATE/BURST/OPEN,RATE/BURST/OPEN`,
-      "a machine's then its home's, each a whole number from 1: e.g. 64/1024/4096,128/4096/32768 (unset it for caps from nf_conntrack_max)",
+      `SNAPLAB_EGRESS_CAPS=${text} is not RATE/BURST/OPEN,RATE/BURST`,
+      "a machine's then its home's, each a whole number from 1: e.g. 64/1024/1024,256/8192 (unset it for caps from nf_conntrack_max)",
     );
-  const cap = (i: number): FlowCap => ({ rate: n[i]!, burst: n[i + 1]!, active: n[i + 2]! });
-  return { machine: cap(0), home: cap(3) };
+  return { machine: { rate: n[0]!, burst: n[1]!, active: n[2]! }, home: { rate: n[3]!, burst: n[4]! } };
 }
 
 /** Homes whose router this process has seen complete (a namespace check still runs each time). */
@@ -273,12 +272,27 @@ async function makeRouter(tag: string): Promise<string[]> {
 }
 
 /** Load the uplink's table again (whole, in one transaction), under the host-wide forwarding lock. */
-const loadUplinkTable = (tag: string): Promise<void> =>
-  nft(
+async function loadUplinkTable(tag: string): Promise<void> {
+  const established = await uplinkEstablished();
+  await nft(
     null,
-    `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag)}\n`,
+    `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag, { established })}\n`,
     'cannot load the uplink rules of egress',
   );
+}
+
+/**
+ * The uplink's timeout for an established TCP connection (its sysctl; the kernel's 5 days where
+ * its connection table is not loaded yet): a machine's connections keep it (uplinkRuleset).
+ */
+async function uplinkEstablished(): Promise<number> {
+  const file = '/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established';
+  const text = uplink()
+    ? (await inUplink(['cat', file], { allowFail: true })).stdout
+    : await readFile(file, 'utf8').catch(orElse('', "read the uplink's established timeout", 'ENOENT'));
+  const n = Number(text.trim());
+  return Number.isSafeInteger(n) && n > 0 ? n : 432_000;
+}
 
 /**
  * Give a router an earlier build made what this one's have: the home's cap on its machines'

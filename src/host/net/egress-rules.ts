@@ -115,28 +115,33 @@ export function checkLists(l: Partial<EgressLists>): EgressLists {
   return { allow: one(l.allow, 'allow'), deny: one(l.deny, 'deny') };
 }
 
-/** A cap on a flow count: at most `rate` new flows a second after a `burst`, and `active` at once. */
+/**
+ * A cap on flows: at most `rate` new a second after a `burst`, and (a machine's) `active` at once.
+ * A home has no count of its own: the kernel walks a count's whole list at each new flow (in
+ * softirq, charged to no machine), ~45 ns an entry here, and a home's list of 32 768 made each new
+ * flow cost ~1.5 ms of the host's CPU.
+ */
 export interface FlowCap {
   rate: number;
   burst: number;
-  active: number;
+  active?: number;
 }
 
 /**
  * How many connections (the kernel's tracked flows) egress lets through, from the host's
  * `nf_conntrack_max` (M; docs/egress.md "Flows"): each machine at most M/4096 new a second after a
- * burst of M/256 and M/64 open at once; all of a home's machines together M/2048 a second after
- * M/64, and M/8 open at once. Every flow a machine opens is tracked by the uplink's (the host's)
- * table too, which is M entries for all its own connections: with these caps and the uplink's
- * short timeouts for closing connections (uplinkRuleset), one home's machines hold at most about
- * M/6 of it, one machine about M/30. M is 262 144 on a host with 4 GiB of memory or more.
+ * burst of M/256, and M/256 open at once; all of a home's machines together M/1024 new a second
+ * after M/32. Every flow a machine opens is an entry in the uplink's (the host's) table too, M
+ * entries for everything the host does: with these caps and the uplink's timeouts for closing
+ * connections (uplinkRuleset, 60 s at most), one machine holds at most about M/44 of it, and a
+ * home's machines about M/11 in flows that are not open, plus M/256 for each machine's open ones.
  */
-export function flowCaps(conntrackMax: number): { machine: FlowCap; home: FlowCap } {
-  const m = Math.max(16_384, Math.floor(conntrackMax));
+export function flowCaps(conntrackMax: number): { machine: Required<FlowCap>; home: FlowCap } {
+  const m = Math.max(0, Math.floor(conntrackMax) || 0);
   const at = (d: number): number => Math.max(1, Math.floor(m / d));
   return {
-    machine: { rate: at(4096), burst: at(256), active: at(64) },
-    home: { rate: at(2048), burst: at(64), active: at(8) },
+    machine: { rate: at(4096), burst: at(256), active: at(256) },
+    home: { rate: at(1024), burst: at(32) },
   };
 }
 
@@ -148,7 +153,7 @@ const FIRST = 'ct state new ct status ! confirmed';
 /** Refuse what goes over `cap`: rate first, then the count of open connections. */
 const capRules = (cap: FlowCap, count: string): string[] => [
   `${FIRST} limit rate over ${cap.rate}/second burst ${cap.burst} packets counter name ${count} reject`,
-  `${FIRST} ct count over ${cap.active} counter name ${count} reject`,
+  ...(cap.active ? [`${FIRST} ct count over ${cap.active} counter name ${count} reject`] : []),
 ];
 
 const elements = (xs: string[]): string => (xs.length ? ` elements = { ${xs.join(', ')} }` : '');
@@ -288,15 +293,23 @@ export function machineRules(
   fill('deny', lists.deny);
   fill('narrow', narrow);
   fill('wide', wide);
+  const newHolder = o.oldMark !== undefined && o.oldMark !== o.mark;
+  // what passes: within the machine's cap on connections (docs/egress.md "Flows"), counted, and a
+  // new connection once. Made again only for a new holder (its cap and counts start afresh): a
+  // change of lists keeps them, or each change would give the machine a full cap again
+  if (!o.update || newHolder)
+    lines.push(
+      `flush chain ip ${t} ${m}_ok`,
+      ...capRules(o.caps, c.denied).map((r) => `add rule ip ${t} ${m}_ok ${r}`),
+      `add rule ip ${t} ${m}_ok counter name ${c.out}`,
+      `add rule ip ${t} ${m}_ok ct state new counter name ${c.conns}`,
+      `add rule ip ${t} ${m}_ok accept`,
+    );
   lines.push(
-    // what passes: within the machine's cap on connections (docs/egress.md "Flows"), counted, and
-    // a new connection once
-    `flush chain ip ${t} ${m}_ok`,
-    ...capRules(o.caps, c.denied).map((r) => `add rule ip ${t} ${m}_ok ${r}`),
-    `add rule ip ${t} ${m}_ok counter name ${c.out}`,
-    `add rule ip ${t} ${m}_ok ct state new counter name ${c.conns}`,
-    `add rule ip ${t} ${m}_ok accept`,
     `flush chain ip ${t} ${m}`,
+    // a packet the connection table cannot place (an ICMP error about no flow of its, a TCP
+    // segment out of its window) has no mark and would pass the marks' check and the caps
+    rule(`ct state invalid counter name ${c.denied} drop`),
     rule(`ip saddr != ${addr} counter name ${c.denied} drop`),
     rule(`ct state new ct mark set ${o.mark}`),
     rule(`ct mark != ${o.mark} counter name ${c.denied} drop`),
@@ -311,10 +324,8 @@ export function machineRules(
     ...(lists.allow.length ? refuse('') : [rule(`jump ${m}_ok`)]),
   );
   if (!o.update) lines.push(`add element ip ${t} machines { "${machineIf(slot)}" : jump ${m} }`);
-  if (o.oldMark !== undefined && o.oldMark !== o.mark)
-    lines.push(`delete element ip ${t} inbound { ${addr} . ${o.oldMark} }`);
-  if (!o.update || (o.oldMark !== undefined && o.oldMark !== o.mark))
-    lines.push(`add element ip ${t} inbound { ${addr} . ${o.mark} : accept }`);
+  if (newHolder) lines.push(`delete element ip ${t} inbound { ${addr} . ${o.oldMark} }`);
+  if (!o.update || newHolder) lines.push(`add element ip ${t} inbound { ${addr} . ${o.mark} : accept }`);
   return `${lines.join('\n')}\n`;
 }
 
@@ -357,7 +368,7 @@ export const CLOSING_TIMEOUTS =
  * The uplink namespace's table: the router's link may forward out and be answered, and what leaves
  * by another interface is masqueraded (the host's own address, as any of its programs would use).
  */
-export function uplinkRuleset(tag: string): string {
+export function uplinkRuleset(tag: string, o: { established: number }): string {
   const ifn = uplinkIf(tag);
   return [
     `table ip ${uplinkTable(tag)} {`,
@@ -366,11 +377,16 @@ export function uplinkRuleset(tag: string): string {
     // connections of every machine (docs/egress.md "Flows")
     '  ct timeout closing {',
     '    protocol tcp; l3proto ip;',
-    `    policy = { ${CLOSING_TIMEOUTS} }`,
+    // (every state a policy does not name takes nft's default, not the host's: established is
+    // the host's, which an administrator may have lowered)
+    `    policy = { established: ${o.established}, ${CLOSING_TIMEOUTS} }`,
     '  }',
-    // (as the connection is made, in prerouting: it is confirmed in the table once it leaves)
     '  chain prerouting {',
     '    type filter hook prerouting priority -150; policy accept;',
+    // nothing but the router's own address comes out of its link (a packet that passed the
+    // router untranslated, one its table could not place, is not the host's to forward)
+    `    iifname "${ifn}" ip saddr != ${transit(tag).router} drop`,
+    // (as the connection is made, in prerouting: it is confirmed in the table once it leaves)
     `    iifname "${ifn}" meta l4proto tcp ct timeout set "closing"`,
     '  }',
     '  chain forward {',

@@ -77,6 +77,8 @@ const machineSide = (a: { into?: string }): string => (a.into ? 'up0' : 'eth0');
  * removes what it made.
  */
 export async function attachEgress(home: string, a: EgressAttach): Promise<string> {
+  // (caps set wrong in SNAPLAB_EGRESS_CAPS: refused before anything is made)
+  const caps = flowCapsNow().machine;
   const router = await ensureRouter(home);
   const tag = homeTag(home);
   const ns = a.into ? basename(a.into) : machineEgressNetns(tag, a.slot);
@@ -118,7 +120,7 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
       ),
       nft(
         router,
-        machineRules(a.slot, lists, { mark: a.mark, hostAddrs, caps: flowCapsNow().machine }),
+        machineRules(a.slot, lists, { mark: a.mark, hostAddrs, caps }),
         `cannot load the egress rules of slot ${a.slot}`,
       ),
       a.guest ? linkGuest(ns, dev, a.into !== undefined) : undefined,
@@ -382,7 +384,7 @@ export async function probeEgressRules(home: string): Promise<string | undefined
   await createNetns(ns);
   try {
     const caps = flowCapsNow();
-    const rules = `${routerRuleset({ hostAddrs: ['192.0.2.2'], dns: ['192.0.2.53'], transitRouter: '100.127.0.2', caps: caps.home })}\n${machineRules(1, { allow: ['192.0.2.1', '0.0.0.0/0'], deny: ['192.0.2.9'] }, { mark: 7, hostAddrs: ['192.0.2.2'], caps: caps.machine })}\n${uplinkRuleset('000000')}`;
+    const rules = `${routerRuleset({ hostAddrs: ['192.0.2.2'], dns: ['192.0.2.53'], transitRouter: '100.127.0.2', caps: caps.home })}\n${machineRules(1, { allow: ['192.0.2.1', '0.0.0.0/0'], deny: ['192.0.2.9'] }, { mark: 7, hostAddrs: ['192.0.2.2'], caps: caps.machine })}\n${uplinkRuleset('000000', { established: 432_000 })}`;
     const res = await inNs(ns, ['nft', '-f', '-'], { input: rules, allowFail: true });
     return res.code === 0 ? undefined : res.stderr.trim().split('\n')[0];
   } finally {
