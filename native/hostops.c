@@ -24,6 +24,9 @@
  *   netns-userns PATH BASE COUNT            a network namespace at PATH owned by a new user namespace
  *   idmap-check DIR BASE                    can DIR be idmapped through a user namespace at BASE?
  *   overlay-xattrs DIR                      trusted.overlay.* -> user.overlay.* below DIR (one filesystem)
+ *   ct-forget ROUTER UPLINK MACHINE MARK    a machine's flows removed from its router's connection table
+ *                                           and the uplink's (conntrack.h); ok ROUTER_N UPLINK_N
+ *   ct-forget-src UPLINK SRC                every flow from SRC removed from the uplink's table; ok N
  *   launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS*N ARGV...
  *       NETNS: a path to join, or -. USERNS: - or BASE:COUNT[:suid], followed by the root filesystem
  *       and the agent binary to stage for bwrap (userns.c).
@@ -63,6 +66,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
+#include "conntrack.h"
 #include "userns.h"
 
 #define MAX_ARGS 512
@@ -810,6 +814,34 @@ static void op_tcp_check(struct request *r)
 	reply_ok(r->id);
 }
 
+/* ct-forget and ct-forget-src: conntrack.h (a path, or "-" for this helper's own namespace). */
+static void op_ct_forget(struct request *r)
+{
+	unsigned a = 0, b = 0;
+	int rc;
+	if (strcmp(r->argv[0], "ct-forget") == 0) {
+		if (r->argc != 5)
+			return reply_err(r->id, EINVAL, "ct-forget ROUTER_NETNS UPLINK_NETNS MACHINE MARK");
+		char *end;
+		errno = 0;
+		unsigned long long mark = strtoull(r->argv[4], &end, 10);
+		if (errno || end == r->argv[4] || *end || *r->argv[4] == '-' || mark > 0xFFFFFFFFull)
+			return reply_err(r->id, EINVAL, "ct-forget: MARK is 0 to 4294967295");
+		rc = ct_forget(r->argv[1], r->argv[2], r->argv[3], (uint32_t)mark, &a, &b);
+	} else {
+		if (r->argc != 3)
+			return reply_err(r->id, EINVAL, "ct-forget-src UPLINK_NETNS SRC");
+		rc = ct_forget_src(r->argv[1], r->argv[2], &a);
+	}
+	if (rc < 0)
+		return reply_err(r->id, -rc, r->argv[0]);
+	char x[16], y[16];
+	snprintf(x, sizeof x, "%u", a);
+	snprintf(y, sizeof y, "%u", b);
+	const char *f[] = { "ok", x, y, NULL };
+	reply(r->id, f);
+}
+
 /* Read QMP lines from fd until one answers a command ("return" or "error"), skipping events
  * and the greeting. 0 for "return", -1 otherwise (msg gets the line). */
 static int qmp_answer(int fd, char *msg, size_t cap)
@@ -949,6 +981,8 @@ static void *serve(void *p)
 		op_tcp_check(r);
 	else if (strcmp(op, "qmp-getfd") == 0)
 		op_qmp_getfd(r);
+	else if (strcmp(op, "ct-forget") == 0 || strcmp(op, "ct-forget-src") == 0)
+		op_ct_forget(r);
 	else
 		reply_err(r->id, ENOSYS, op);
 	free(r->buf);

@@ -682,7 +682,7 @@ machines:
     };
 
     it("a machine's new connections over its rate are refused: a flood leaves its burst in the host's table, and its neighbour goes on", async () => {
-      await capped('1/20/1000,1000/1000', async (l) => {
+      const home = await capped('1/20/1000,1000/1000', async (l) => {
         const box = await withFlood(l);
         const other = await l.create({ egress: true });
         await ran(box, ['/flood', 'udp', WEB, '300']);
@@ -696,8 +696,72 @@ machines:
         await box.setEgress({ allow: [], deny: ['198.51.100.99'] });
         await ran(box, ['/flood', 'udp', OTHER, '300']);
         expect(tracked(l.home, 'udp').length - n).toBeLessThanOrEqual(8);
+        return l.home;
       });
+      // the router gone (gc, with its last machine), so are its flows in the host's table (without
+      // that: the ~25 datagrams' entries, for the rest of their 30 s)
+      expect(tracked(home, 'udp')).toEqual([]);
     }, 120_000);
+
+    it("a removed machine's connections leave the host's table with it, even ones whose end never reached the outside", async () => {
+      const box = await withFlood(lab!);
+      const router = routerNetns(homeTag(lab!.home));
+      const open = (): string[] => tracked(lab!.home, 'tcp').filter((l) => / ESTABLISHED .* dport=7000 /.test(l));
+      const before = open().length;
+      // its FINs and resets go nowhere, as a system machine's root can make them
+      sh('ip', [
+        'netns',
+        'exec',
+        router,
+        'nft',
+        'insert',
+        'rule',
+        'ip',
+        'snaplab',
+        `m${slotOf(box.egress!.address)}`,
+        'tcp flags & (fin | rst) != 0 drop',
+      ]);
+      await box.spawn(['/flood', 'tcp', WEB, '7000', '5', '60']);
+      await until(async () => (open().length >= before + 5 ? true : undefined));
+      await box.destroy();
+      // (without: 5 more, for the uplink's established timeout, 5 days; with: gone within moments)
+      await until(async () => (open().length === before ? true : undefined), 5000);
+    }, 60_000);
+
+    it("a standby handed back: its last user's connections leave the host's table", async () => {
+      const pool = await lab!.createPool({ name: 'flows', image: 'busybox', size: 1, limits: {}, egress: {} });
+      const open = (): string[] => tracked(lab!.home, 'tcp').filter((l) => / ESTABLISHED .* dport=7000 /.test(l));
+      try {
+        const standby = await until(async () =>
+          (await lab!.list()).find((b) => b.pool === 'flows' && b.state === 'paused' && b.egress !== null),
+        );
+        const before = open().length;
+        // its FINs and resets go nowhere, as a system machine's root can make them
+        sh('ip', [
+          'netns',
+          'exec',
+          routerNetns(homeTag(lab!.home)),
+          'nft',
+          'insert',
+          'rule',
+          'ip',
+          'snaplab',
+          `m${slotOf(standby.egress!.address)}`,
+          'tcp flags & (fin | rst) != 0 drop',
+        ]);
+        // (ended before the run does: a standby with processes left is not handed back, it is removed)
+        const run = await pool.run([
+          'sh',
+          '-c',
+          `for i in 1 2 3; do (sleep 30 | nc ${WEB} 7000 &); done; sleep 1; killall nc sleep; sleep 0.2`,
+        ]);
+        expect(run.recycled).toBe(true);
+        // (without: 3 more, for the uplink's established timeout, 5 days; with: gone within moments)
+        await until(async () => (open().length === before ? true : undefined), 5000);
+      } finally {
+        await pool.remove();
+      }
+    }, 60_000);
 
     it("a machine's open connections over its cap are refused at once; one that closes makes room", async () => {
       await capped('1000/1000/8,1000/1000', async (l) => {

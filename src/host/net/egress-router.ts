@@ -11,6 +11,7 @@ import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { noted, orElse, recordFailure } from '../../cleanup.js';
+import { HostOps } from '../hostops.js';
 import { withLock } from '../lock.js';
 import { requireTool, run, which, type RunResult } from '../run.js';
 import {
@@ -24,6 +25,7 @@ import {
   hostSetLines,
   routerNetns,
   routerRuleset,
+  slotAddress,
   transit,
   uplinkIf,
   uplinkRuleset,
@@ -389,6 +391,8 @@ export async function removeRouter(home: string): Promise<boolean> {
   const ns = routerNetns(tag);
   const had = (await listSnaplabNetns()).includes(ns);
   if (had) await deleteNetns(ns);
+  // what its machines' flows left in the uplink's (the host's) table, from the router's address
+  await forgetFromRouter(tag).catch(noted(`forget the flows of egress router ${ns}`));
   // without the nft program its tables cannot be listed or deleted (a host that removed nftables
   // after a router was made keeps the uplink's table until nft is back and gc runs)
   let deleted = false;
@@ -401,6 +405,32 @@ export async function removeRouter(home: string): Promise<boolean> {
   }
   await restoreForwarding(withNft);
   return had || deleted;
+}
+
+/** The uplink's namespace as the host helper takes it: its path, or "-" (the helper's own, the host's). */
+function uplinkArg(): string {
+  const up = uplink();
+  return up ? join(NETNS_DIR, up) : '-';
+}
+
+/**
+ * A machine's flows removed from its router's connection table and from the uplink's (the
+ * host's) with it: those of holder `mark`, or every one from its address (docs/egress.md
+ * "Flows"). Else a connection a machine left open stays in the host's table for the uplink's
+ * established timeout (days), or for as long as its far end keeps sending. Needs the host helper
+ * (without it, the tables' timeouts remove them). Returns how many went from the uplink's.
+ */
+export async function forgetFlows(home: string, slot: number, mark?: number): Promise<number> {
+  const ops = HostOps.get();
+  const router = netnsPath(routerNetns(homeTag(home)));
+  if (!ops || !(await isNamespace(router))) return 0;
+  const [, uplinkN] = await ops.request('ct-forget', router, uplinkArg(), slotAddress(slot), String(mark ?? 0));
+  return Number(uplinkN);
+}
+
+/** Every flow of a home's router left in the uplink's table (its address there): at the router's removal. */
+async function forgetFromRouter(tag: string): Promise<void> {
+  await HostOps.get()?.request('ct-forget-src', uplinkArg(), transit(tag).router);
 }
 
 /** A home's router namespace, not a machine's (EGRESS_NETNS without a slot). */
