@@ -279,9 +279,31 @@ static int address(const char *text, uint32_t *out)
 	return 0;
 }
 
-/* Delete each flow's tuple (its own, or what the router's translation made of it) in the table of FD. */
+/* The request type of an ICMP query whose reply type is TYPE (echo, timestamp, information,
+ * address mask), or -1: only queries are flows of their own. */
+static int query_of(uint8_t type)
+{
+	switch (type) {
+	case 0:
+		return 8;
+	case 14:
+		return 13;
+	case 16:
+		return 15;
+	case 18:
+		return 17;
+	default:
+		return -1;
+	}
+}
+
+/*
+ * Delete each flow's tuple (its own, or what the router's translation made of it) in the table of
+ * FD, going on past a failure (the first is returned).
+ */
 static int delete_all(int fd, const struct flow *f, size_t n, int translated, unsigned *count)
 {
+	int first = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct tuple t = f[i].orig;
 		if (translated) {
@@ -291,17 +313,19 @@ static int delete_all(int fd, const struct flow *f, size_t n, int translated, un
 				.proto = r->proto, .src = r->dst, .dst = r->src, .sport = r->dport, .dport = r->sport
 			};
 			if (r->proto == IPPROTO_ICMP) {
-				if (r->type != 0) /* only an echo is a flow of its own */
+				int q = query_of(r->type);
+				if (q < 0)
 					continue;
-				t.type = 8, t.code = 0, t.id = r->id;
+				t.type = (uint8_t)q, t.code = r->code, t.id = r->id;
 			}
 		}
 		int rc = del(fd, &t);
-		if (rc < 0)
-			return rc;
-		*count += (unsigned)rc;
+		if (rc < 0 && !first)
+			first = rc;
+		if (rc > 0)
+			*count += (unsigned)rc;
 	}
-	return 0;
+	return first;
 }
 
 /* How many flows the table of this thread's namespace holds; -1 when it cannot say. */
@@ -327,68 +351,79 @@ static int back_to(int self, int rc, struct flow *f)
 	return rc ? rc : back;
 }
 
+/* This thread's network namespace (to go back to), with ADDR parsed into SRC: its fd, or -errno. */
+static int begin(const char *addr, uint32_t *src)
+{
+	if (address(addr, src) < 0)
+		return -EINVAL;
+	int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	return self < 0 ? -errno : self;
+}
+
+/* Into the namespace at PATH ("-": SELF) with a netlink socket there: the socket, or -errno. */
+static int socket_in(const char *path, int self)
+{
+	int rc = enter(path, self);
+	return rc < 0 ? rc : nl_open();
+}
+
+/* Delete the flows F (translated: what the router's translation sent on) in the namespace at PATH. */
+static int delete_in(const char *path, int self, const struct flow *f, size_t n, int translated, unsigned *count)
+{
+	int fd = socket_in(path, self);
+	if (fd < 0)
+		return fd;
+	int rc = delete_all(fd, f, n, translated, count);
+	close(fd);
+	return rc;
+}
+
+/* The flows from SRC (of mark MARK, when not 0) of the namespace at PATH, into *F and *N. */
+static int dump_in(const char *path, int self, uint32_t src, uint32_t mark, struct flow **f, size_t *n)
+{
+	int fd = socket_in(path, self);
+	if (fd < 0)
+		return fd;
+	int rc = dump(fd, src, mark, f, n);
+	close(fd);
+	return rc;
+}
+
 int ct_forget(const char *router, const char *uplink, const char *machine, uint32_t mark, unsigned *router_n,
 	      unsigned *uplink_n)
 {
 	uint32_t src;
 	*router_n = *uplink_n = 0;
-	if (address(machine, &src) < 0)
-		return -EINVAL;
-	int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	int self = begin(machine, &src);
 	if (self < 0)
-		return -errno;
+		return self;
 	struct flow *f = NULL;
 	size_t n = 0;
-	int rc = enter(router, self), fd = -1;
 	/* a dump walks the kernel's whole table, every namespace's (~9 ms at 262 144 buckets): not
 	 * when the router's holds nothing */
-	if (rc == 0 && table_count() == 0)
-		return back_to(self, rc, f);
-	if (rc == 0 && (fd = nl_open()) < 0)
-		rc = fd;
-	if (rc == 0)
-		rc = dump(fd, src, mark, &f, &n);
-	if (rc == 0)
-		rc = delete_all(fd, f, n, 0, router_n);
-	if (fd >= 0)
-		close(fd);
-	fd = -1;
-	if (rc == 0)
-		rc = enter(uplink, self);
-	if (rc == 0 && (fd = nl_open()) < 0)
-		rc = fd;
-	if (rc == 0)
-		rc = delete_all(fd, f, n, 1, uplink_n);
-	if (fd >= 0)
-		close(fd);
-	int back = enter("-", self);
-	close(self);
-	free(f);
-	return rc ? rc : back;
+	int rc = enter(router, self);
+	if (rc == 0 && table_count() != 0)
+		rc = dump_in(router, self, src, mark, &f, &n);
+	/* the uplink's first: the router's entries are what find them (a failure here leaves both),
+	 * and while the router's stands its translation keeps that port */
+	if (rc == 0 && n)
+		rc = delete_in(uplink, self, f, n, 1, uplink_n);
+	if (rc == 0 && n)
+		rc = delete_in(router, self, f, n, 0, router_n);
+	return back_to(self, rc, f);
 }
 
 int ct_forget_src(const char *uplink, const char *src_text, unsigned *count)
 {
 	uint32_t src;
 	*count = 0;
-	if (address(src_text, &src) < 0)
-		return -EINVAL;
-	int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	int self = begin(src_text, &src);
 	if (self < 0)
-		return -errno;
+		return self;
 	struct flow *f = NULL;
 	size_t n = 0;
-	int rc = enter(uplink, self), fd = -1;
-	if (rc == 0 && (fd = nl_open()) < 0)
-		rc = fd;
+	int rc = dump_in(uplink, self, src, 0, &f, &n);
 	if (rc == 0)
-		rc = dump(fd, src, 0, &f, &n);
-	if (rc == 0)
-		rc = delete_all(fd, f, n, 0, count);
-	if (fd >= 0)
-		close(fd);
-	int back = enter("-", self);
-	close(self);
-	free(f);
-	return rc ? rc : back;
+		rc = delete_in(uplink, self, f, n, 0, count);
+	return back_to(self, rc, f);
 }

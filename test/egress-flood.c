@@ -4,10 +4,13 @@
  *   egress-flood tcp ADDR PORT N SECS  N connections to ADDR:PORT (3 s each at most), kept SECS
  *   egress-flood icmperr SRC DST       an ICMP "port unreachable" from SRC to DST about a datagram no
  *                                      connection table knows (a raw packet: CAP_NET_RAW)
+ *   egress-flood rst1 ADDR PORT N      N connections to ADDR:PORT, each then reset with a TTL of 1
+ *                                      (a reset the first router drops: any process may send one)
  * Prints "ok N refused M" (udp: sent and failed) and exits 0.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <netinet/ip.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +60,19 @@ int main(int argc, char **argv)
 				ok++;
 			else
 				refused++;
+		}
+	} else if (strcmp(argv[1], "rst1") == 0 && argc == 5) {
+		a.sin_port = htons((unsigned short)atoi(argv[3]));
+		for (int i = 0; i < atoi(argv[4]); i++) {
+			int s = socket(AF_INET, SOCK_STREAM, 0), ttl = 1;
+			struct linger l = { 1, 0 };
+			if (connect(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+			    setsockopt(s, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl) == 0 &&
+			    setsockopt(s, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0)
+				ok++;
+			else
+				refused++;
+			close(s);
 		}
 	} else if (strcmp(argv[1], "tcp") == 0 && argc == 6) {
 		a.sin_port = htons((unsigned short)atoi(argv[3]));

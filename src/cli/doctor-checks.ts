@@ -1,6 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { describeFailure, orElse } from '../cleanup.js';
 import { probeEgressRules } from '../host/net/egress.js';
+import { flowCapsNow } from '../host/net/egress-router.js';
 import { existsSync } from 'node:fs';
 import { BUILTIN_IMAGE, DEFAULT_DRIVER } from '../defaults.js';
 import { createDrivers } from '../drivers/registry.js';
@@ -171,17 +172,19 @@ async function egressCheck(home: string): Promise<Omit<Check, 'name' | 'kind'>> 
     return {
       ok: false,
       reason: `nft refused egress's rules in a scratch namespace: ${refused}`,
-      fix: "egress needs nftables with the nf_tables, nft_nat, nft_reject and nft_counter modules (Debian's kernel has them)",
+      fix: "egress needs nftables with the nf_tables, nft_nat, nft_reject, nft_counter, nft_limit, nft_connlimit and nft_ct modules, and conntrack timeout policies (CONFIG_NF_CONNTRACK_TIMEOUT; Debian's and Ubuntu's kernels have them all)",
     };
+  const caps = flowCapsNow();
   const forwarding = (
     await readFile('/proc/sys/net/ipv4/ip_forward', 'utf8').catch(orElse('', 'read ip_forward'))
   ).trim();
   return {
     ok: true,
     reason:
-      forwarding === '1'
+      (forwarding === '1'
         ? "nft takes its rules (tried in a scratch namespace); the host forwards (net.ipv4.ip_forward=1): a machine's egress goes out through NAT"
-        : 'nft takes its rules (tried in a scratch namespace); the host does not forward now: snaplab turns net.ipv4.ip_forward on while a machine has egress, and gc turns it off after',
+        : 'nft takes its rules (tried in a scratch namespace); the host does not forward now: snaplab turns net.ipv4.ip_forward on while a machine has egress, and gc turns it off after') +
+      `; a machine may open ${caps.machine.rate} connections a second after ${caps.machine.burst}, ${caps.machine.active} at once, a home's machines ${caps.home.rate} a second after ${caps.home.burst} (${process.env.SNAPLAB_EGRESS_CAPS ? 'SNAPLAB_EGRESS_CAPS' : "from the host's nf_conntrack_max"}; docs/egress.md "Flows")`,
   };
 }
 

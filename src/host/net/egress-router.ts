@@ -11,7 +11,7 @@ import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import { noted, orElse, recordFailure } from '../../cleanup.js';
-import { HostOps } from '../hostops.js';
+import { HostOpError, HostOps } from '../hostops.js';
 import { withLock } from '../lock.js';
 import { requireTool, run, which, type RunResult } from '../run.js';
 import {
@@ -66,14 +66,18 @@ export function failed(what: string, res: RunResult, hint = '`snaplab doctor` ch
   );
 }
 
-export async function nft(ns: string | null, script: string, what: string): Promise<void> {
+export async function nft(
+  ns: string | null,
+  script: string,
+  what: string,
+  hint = 'egress needs nftables (`apt-get install nftables`); `snaplab doctor` checks it',
+): Promise<void> {
   const argv = ['nft', '-f', '-'];
   const res =
     ns === null
       ? await inUplink(argv, { input: script, allowFail: true })
       : await inNs(ns, argv, { input: script, allowFail: true });
-  if (res.code !== 0)
-    throw failed(what, res, 'egress needs nftables (`apt-get install nftables`); `snaplab doctor` checks it');
+  if (res.code !== 0) throw failed(what, res, hint);
 }
 
 export async function batch(ns: string, lines: string[], what: string): Promise<void> {
@@ -280,6 +284,7 @@ async function loadUplinkTable(tag: string): Promise<void> {
     null,
     `table ip ${uplinkTable(tag)} {}\ndelete table ip ${uplinkTable(tag)}\n${uplinkRuleset(tag, { established })}\n`,
     'cannot load the uplink rules of egress',
+    'egress needs nftables (`apt-get install nftables`) and a kernel with conntrack timeout policies (`modprobe nf_conntrack_timeout`; CONFIG_NF_CONNTRACK_TIMEOUT); `snaplab doctor` checks both',
   );
 }
 
@@ -424,8 +429,14 @@ export async function forgetFlows(home: string, slot: number, mark?: number): Pr
   const ops = HostOps.get();
   const router = netnsPath(routerNetns(homeTag(home)));
   if (!ops || !(await isNamespace(router))) return 0;
-  const [, uplinkN] = await ops.request('ct-forget', router, uplinkArg(), slotAddress(slot), String(mark ?? 0));
-  return Number(uplinkN);
+  try {
+    const [, uplinkN] = await ops.request('ct-forget', router, uplinkArg(), slotAddress(slot), String(mark ?? 0));
+    return Number(uplinkN);
+  } catch (e) {
+    // the router went meanwhile (gc, its last machine gone): its removal forgot its flows
+    if (e instanceof HostOpError && e.errno === 2) return 0;
+    throw e;
+  }
 }
 
 /** Every flow of a home's router left in the uplink's table (its address there): at the router's removal. */

@@ -215,14 +215,30 @@ const homeFlowLines = (cap: FlowCap): string[] => [
   `    iifname "${UPLINK_IF}" accept`,
   ...capRules(cap, 'flows_refused').map((r) => `    ${r}`),
   '  }',
+  `  chain ${EARLY_CHAIN} {`,
+  '    type filter hook prerouting priority -300; policy accept;',
+  ...EARLY_RULES.map((r) => `    ${r}`),
+  '  }',
 ];
+
+/**
+ * Before the router's connection table sees them: what a machine sends that the router would
+ * drop only after its table took it in (a TTL of 1 expires in forwarding; IP options). A reset
+ * sent so closed the router's entry while the uplink's (the host's) stayed established, counted
+ * by no cap and found by no forget.
+ */
+const EARLY_CHAIN = 'early';
+const EARLY_RULES = [`iifname "${UPLINK_IF}" accept`, 'ip ttl < 2 drop', 'ip hdrlength != 5 drop'];
 
 /** The home's cap added to a router an earlier build made (ensureRouter): idempotent. */
 export const homeFlowsUpgrade = (cap: FlowCap): string =>
   `${[
     `table ip ${ROUTER_TABLE} {`,
     `  chain ${HOME_FLOWS_CHAIN} { type filter hook forward priority 10; policy accept; }`,
+    `  chain ${EARLY_CHAIN} { type filter hook prerouting priority -300; policy accept; }`,
     '}',
+    `flush chain ip ${ROUTER_TABLE} ${EARLY_CHAIN}`,
+    ...EARLY_RULES.map((r) => `add rule ip ${ROUTER_TABLE} ${EARLY_CHAIN} ${r}`),
     `add counter ip ${ROUTER_TABLE} flows_refused`,
     `flush chain ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN}`,
     `add rule ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN} iifname "${UPLINK_IF}" accept`,
