@@ -6,10 +6,17 @@
  *                                      connection table knows (a raw packet: CAP_NET_RAW)
  *   egress-flood rst1 ADDR PORT N      N connections to ADDR:PORT, each then reset with a TTL of 1
  *                                      (a reset the first router drops: any process may send one)
+ *   egress-flood rstbcast ADDR PORT S  a connection to ADDR:PORT, then a reset for it in a frame to
+ *                                      the broadcast address (AF_PACKET on eth0: CAP_NET_RAW), which
+ *                                      a router does not forward; prints "sent", keeps it S seconds
  * Prints "ok N refused M" (udp: sent and failed) and exits 0.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/if_packet.h>
+#include <net/ethernet.h>
+#include <net/if.h>
+#include <netinet/tcp.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
 #include <stdio.h>
@@ -18,6 +25,90 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
+
+static unsigned short fold(unsigned sum)
+{
+	while (sum >> 16)
+		sum = (sum & 0xffff) + (sum >> 16);
+	return (unsigned short)~sum;
+}
+
+static unsigned sum16(const unsigned char *p, size_t n, unsigned sum)
+{
+	for (size_t i = 0; i + 1 < n; i += 2)
+		sum += (unsigned)(p[i] << 8 | p[i + 1]);
+	if (n & 1)
+		sum += (unsigned)(p[n - 1] << 8);
+	return sum;
+}
+
+/* rstbcast: see above. 0, or 1 when a step fails (said on stderr). */
+static int rst_broadcast(struct sockaddr_in *a, unsigned secs)
+{
+	int ifindex = (int)if_nametoindex("eth0");
+	/* every frame, sent ones too (only ETH_P_ALL sees those); packets without the frame's header */
+	int pk = socket(AF_PACKET, SOCK_DGRAM, htons(ETH_P_ALL));
+	struct sockaddr_ll ll = { .sll_family = AF_PACKET, .sll_protocol = htons(ETH_P_ALL), .sll_ifindex = ifindex };
+	if (!ifindex || pk < 0 || bind(pk, (struct sockaddr *)&ll, sizeof ll) < 0) {
+		perror("packet socket");
+		return 1;
+	}
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	if (connect(s, (struct sockaddr *)a, sizeof a[0]) < 0) {
+		perror("connect");
+		return 1;
+	}
+	struct sockaddr_in me;
+	socklen_t len = sizeof me;
+	getsockname(s, (struct sockaddr *)&me, &len);
+	/* the handshake's last packet, as it left: its addresses, ports and sequence numbers */
+	unsigned char f[2048];
+	struct timeval tv = { 3, 0 };
+	setsockopt(pk, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	for (;;) {
+		struct sockaddr_ll from;
+		socklen_t fl = sizeof from;
+		ssize_t n = recvfrom(pk, f, sizeof f, 0, (struct sockaddr *)&from, &fl);
+		if (n < 0) {
+			perror("no packet of the connection seen");
+			return 1;
+		}
+		struct iphdr *ip = (struct iphdr *)f;
+		if (n < 40 || from.sll_protocol != htons(ETH_P_IP) || ip->protocol != IPPROTO_TCP ||
+		    ip->saddr != me.sin_addr.s_addr)
+			continue;
+		struct tcphdr *t = (struct tcphdr *)(f + ip->ihl * 4);
+		if (t->source != me.sin_port || t->dest != a->sin_port || !t->ack || t->syn)
+			continue;
+		/* the same packet, as a reset, in a frame to everyone */
+		unsigned char frame[40] = { 0 };
+		struct iphdr *oip = (struct iphdr *)frame;
+		*oip = *ip;
+		oip->ihl = 5, oip->tot_len = htons(40), oip->ttl = 64, oip->check = 0;
+		oip->check = htons(fold(sum16((unsigned char *)oip, 20, 0)));
+		struct tcphdr *ot = (struct tcphdr *)(frame + 20);
+		memset(ot, 0, sizeof *ot);
+		ot->source = t->source, ot->dest = t->dest, ot->seq = t->seq, ot->ack_seq = t->ack_seq;
+		ot->doff = 5, ot->rst = 1, ot->ack = 1;
+		unsigned char pseudo[12];
+		memcpy(pseudo, &oip->saddr, 4);
+		memcpy(pseudo + 4, &oip->daddr, 4);
+		pseudo[8] = 0, pseudo[9] = IPPROTO_TCP, pseudo[10] = 0, pseudo[11] = 20;
+		ot->check = htons(fold(sum16((unsigned char *)ot, 20, sum16(pseudo, 12, 0))));
+		struct sockaddr_ll to = {
+			.sll_family = AF_PACKET, .sll_protocol = htons(ETH_P_IP), .sll_ifindex = ifindex, .sll_halen = 6
+		};
+		memset(to.sll_addr, 0xff, 6);
+		if (sendto(pk, frame, sizeof frame, 0, (struct sockaddr *)&to, sizeof to) != (ssize_t)sizeof frame) {
+			perror("send");
+			return 1;
+		}
+		printf("sent\n");
+		fflush(stdout);
+		sleep(secs);
+		return 0;
+	}
+}
 
 int main(int argc, char **argv)
 {
@@ -61,6 +152,9 @@ int main(int argc, char **argv)
 			else
 				refused++;
 		}
+	} else if (strcmp(argv[1], "rstbcast") == 0 && argc == 5) {
+		a.sin_port = htons((unsigned short)atoi(argv[3]));
+		return rst_broadcast(&a, (unsigned)atoi(argv[4]));
 	} else if (strcmp(argv[1], "rst1") == 0 && argc == 5) {
 		a.sin_port = htons((unsigned short)atoi(argv[3]));
 		for (int i = 0; i < atoi(argv[4]); i++) {

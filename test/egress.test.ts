@@ -752,6 +752,28 @@ machines:
       await until(async () => (open().length <= before ? true : undefined), 5000);
     }, 60_000);
 
+    it('a reset in a frame to everyone (which a router does not forward) is dropped before its table sees it', async () => {
+      const box = await withFlood(lab!);
+      const router = routerNetns(homeTag(lab!.home));
+      const addr = box.egress!.address;
+      try {
+        // (AF_PACKET on eth0: a sandbox holds CAP_NET_RAW in its own namespace)
+        await box.exec(['sh', '-c', `/flood rstbcast ${WEB} 7000 4 > /tmp/rb 2>&1 &`]);
+        await until(
+          async () => ((await box.exec(['cat', '/tmp/rb'])).stdout.includes('sent') ? true : undefined),
+          5000,
+        );
+        const routed = sh('ip', ['netns', 'exec', router, 'cat', '/proc/net/nf_conntrack'])
+          .split('\n')
+          .filter((l) => l.includes(`src=${addr} `) && / dport=7000 /.test(l));
+        expect(routed, (await box.exec(['cat', '/tmp/rb'])).stdout).toHaveLength(1);
+        // (without: CLOSE in the router's table, the host's left established)
+        expect(routed[0]).toMatch(/ ESTABLISHED /);
+      } finally {
+        await box.destroy();
+      }
+    }, 60_000);
+
     it("a standby handed back: its last user's connections leave the host's table", async () => {
       const pool = await lab!.createPool({ name: 'flows', image: 'busybox', size: 1, limits: {}, egress: {} });
       const open = (): string[] => tracked(lab!.home, 'tcp').filter((l) => / ESTABLISHED .* dport=7000 /.test(l));

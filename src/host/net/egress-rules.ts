@@ -223,12 +223,18 @@ const homeFlowLines = (cap: FlowCap): string[] => [
 
 /**
  * Before the router's connection table sees them: what a machine sends that the router would
- * drop only after its table took it in (a TTL of 1 expires in forwarding; IP options). A reset
+ * drop only after its table took it in (a frame not to the router's own address: broadcast or
+ * multicast, which is not forwarded; a TTL of 1, which expires in forwarding; IP options). A reset
  * sent so closed the router's entry while the uplink's (the host's) stayed established, counted
  * by no cap and found by no forget.
  */
 const EARLY_CHAIN = 'early';
-const EARLY_RULES = [`iifname "${UPLINK_IF}" accept`, 'ip ttl < 2 drop', 'ip hdrlength != 5 drop'];
+const EARLY_RULES = [
+  `iifname "${UPLINK_IF}" accept`,
+  'meta pkttype != host drop',
+  'ip ttl < 2 drop',
+  'ip hdrlength != 5 drop',
+];
 
 /** The home's cap added to a router an earlier build made (ensureRouter): idempotent. */
 export const homeFlowsUpgrade = (cap: FlowCap): string =>
