@@ -59,6 +59,18 @@ export const uplinkTable = (tag: string): string => `snaplab_e${tag}`;
 /** The router's end of a machine's link. */
 export const machineIf = (slot: number): string => `e${slot}`;
 
+/**
+ * The link-layer addresses of a machine's link, each end in the other's neighbour table for good
+ * (`nud permanent`): the kernel's neighbour table is one for every namespace, refuses new entries
+ * past `gc_thresh3` (1 024 by default) while the ones it has are in use, and does not count
+ * permanent ones. With an entry learned by ARP at each end, ~500 machines talking at once filled it
+ * ("neighbour table overflow": their packets dropped). The router's end is the same on every link
+ * (each link is a pair of its own; Calico's shape); a machine's is drawn from its slot.
+ */
+export const ROUTER_LINK_MAC = 'ee:ee:ee:ee:ee:ee';
+export const machineLinkMac = (slot: number): string =>
+  `02:5e:00:${[16, 8, 0].map((b) => ((slot >>> b) & 255).toString(16).padStart(2, '0')).join(':')}`;
+
 /** The machine's address in slot `slot` (from 1). */
 export function slotAddress(slot: number): string {
   if (!Number.isSafeInteger(slot) || slot < 1 || slot > MAX_SLOT)

@@ -16,12 +16,14 @@ import {
   GATEWAY,
   GUEST_LINK,
   guestLinkRuleset,
+  ROUTER_LINK_MAC,
   ROUTER_TABLE,
   checkLists,
   homeTag,
   isHostName,
   machineEgressNetns,
   machineIf,
+  machineLinkMac,
   machineRemoval,
   machineRules,
   routerNetns,
@@ -98,13 +100,15 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
     await batch(
       ns,
       [
-        `link add ${dev} group ${NET_GROUP} type veth peer name ${ifn} group ${NET_GROUP} netns ${router}`,
+        `link add ${dev} group ${NET_GROUP} address ${machineLinkMac(a.slot)} type veth peer name ${ifn} group ${NET_GROUP} address ${ROUTER_LINK_MAC} netns ${router}`,
         'link set lo up',
         `link set ${dev} addrgenmode none`,
         `addr add ${address}/32 dev ${dev}`,
         `link set ${dev} up`,
         `route add ${GATEWAY}/32 dev ${dev} scope link`,
         `route add default via ${GATEWAY} dev ${dev}`,
+        // (each end in the other's neighbour table for good: ROUTER_LINK_MAC)
+        `neigh replace ${GATEWAY} lladdr ${ROUTER_LINK_MAC} dev ${dev} nud permanent`,
       ],
       `cannot link ${ns} to the egress router`,
     );
@@ -116,6 +120,7 @@ export async function attachEgress(home: string, a: EgressAttach): Promise<strin
           `addr add ${GATEWAY}/32 dev ${ifn}`,
           `link set ${ifn} up`,
           `route add ${address}/32 dev ${ifn}`,
+          `neigh replace ${address} lladdr ${machineLinkMac(a.slot)} dev ${ifn} nud permanent`,
         ],
         `cannot set up ${ifn} in the egress router`,
       ),
@@ -150,6 +155,8 @@ async function linkGuest(ns: string, dev: string, kept: boolean): Promise<void> 
       `link set ${g.tap} address ${g.gatewayMac}`,
       `addr add ${g.gateway}/${g.prefix} dev ${g.tap}`,
       `link set ${g.tap} up`,
+      // the guest's end, for good (ROUTER_LINK_MAC: the kernel's neighbour table is every namespace's)
+      `neigh replace ${g.address.split('/')[0]} lladdr ${g.mac} dev ${g.tap} nud permanent`,
     ],
     `cannot make the guest's link in ${ns}`,
   );
