@@ -684,6 +684,28 @@ machines:
       sh('ip', ['netns', 'exec', UP, 'cat', '/proc/net/nf_conntrack'])
         .split('\n')
         .filter((l) => new RegExp(`^ipv4 +2 ${proto} .*?src=${transit(homeTag(home)).router} `).test(l));
+    /** The uplink's established connections to the outside's echo port (7000), from this lab's router. */
+    const echoOpen = (): string[] => tracked(lab!.home, 'tcp').filter((l) => / ESTABLISHED .* dport=7000 /.test(l));
+    /** The router's own entries of a machine's connections to the echo port. */
+    const routedToEcho = (box: SandboxApi): string[] =>
+      sh('ip', ['netns', 'exec', routerNetns(homeTag(lab!.home)), 'cat', '/proc/net/nf_conntrack'])
+        .split('\n')
+        .filter((l) => l.includes(`src=${box.egress!.address} `) && / dport=7000 /.test(l));
+    /** The FINs and resets of the machine in `slot` go nowhere, as a system machine's root can make them. */
+    const dropClosings = (slot: number): void => {
+      sh('ip', [
+        'netns',
+        'exec',
+        routerNetns(homeTag(lab!.home)),
+        'nft',
+        'insert',
+        'rule',
+        'ip',
+        'snaplab',
+        `m${slot}`,
+        'tcp flags & (fin | rst) != 0 drop',
+      ]);
+    };
     const ran = async (box: SandboxApi, argv: string[]): Promise<{ ok: number; refused: number }> => {
       const r = await box.exec(argv);
       const m = /ok (\d+) refused (\d+)/.exec(r.stdout);
@@ -721,51 +743,30 @@ machines:
 
     it("a removed machine's connections leave the host's table with it, even ones whose end never reached the outside", async () => {
       const box = await withFlood(lab!);
-      const router = routerNetns(homeTag(lab!.home));
-      const open = (): string[] => tracked(lab!.home, 'tcp').filter((l) => / ESTABLISHED .* dport=7000 /.test(l));
-      const before = open().length;
-      // its FINs and resets go nowhere, as a system machine's root can make them
-      sh('ip', [
-        'netns',
-        'exec',
-        router,
-        'nft',
-        'insert',
-        'rule',
-        'ip',
-        'snaplab',
-        `m${slotOf(box.egress!.address)}`,
-        'tcp flags & (fin | rst) != 0 drop',
-      ]);
+      const before = echoOpen().length;
+      dropClosings(slotOf(box.egress!.address));
       await box.spawn(['/flood', 'tcp', WEB, '7000', '5', '60']);
-      await until(async () => (open().length >= before + 5 ? true : undefined));
+      await until(async () => (echoOpen().length >= before + 5 ? true : undefined));
       await box.destroy();
       // (without: 5 more, for the uplink's established timeout, 5 days; with: gone within moments)
-      await until(async () => (open().length <= before ? true : undefined), 5000);
+      await until(async () => (echoOpen().length <= before ? true : undefined), 5000);
     }, 60_000);
 
     it('a reset that would die at the router (a TTL of 1) is dropped before its table sees it: the connection stays counted, and goes with its machine', async () => {
       const box = await withFlood(lab!);
-      const router = routerNetns(homeTag(lab!.home));
-      const addr = box.egress!.address;
-      const open = (): string[] => tracked(lab!.home, 'tcp').filter((l) => / ESTABLISHED .* dport=7000 /.test(l));
-      const before = open().length;
+      const before = echoOpen().length;
       expect(await ran(box, ['/flood', 'rst1', WEB, '7000', '3'])).toEqual({ ok: 3, refused: 0 });
-      const routed = sh('ip', ['netns', 'exec', router, 'cat', '/proc/net/nf_conntrack'])
-        .split('\n')
-        .filter((l) => l.includes(`src=${addr} `) && / dport=7000 /.test(l));
+      const routed = routedToEcho(box);
       expect(routed).toHaveLength(3);
       // (without: CLOSE, no longer counted as open, its entry gone in 10 s, the host's left established)
       for (const l of routed) expect(l).toMatch(/ ESTABLISHED /);
-      expect(open().length).toBe(before + 3);
+      expect(echoOpen().length).toBe(before + 3);
       await box.destroy();
-      await until(async () => (open().length <= before ? true : undefined), 5000);
+      await until(async () => (echoOpen().length <= before ? true : undefined), 5000);
     }, 60_000);
 
     it('a reset in a frame to everyone (which a router does not forward) is dropped before its table sees it', async () => {
       const box = await withFlood(lab!);
-      const router = routerNetns(homeTag(lab!.home));
-      const addr = box.egress!.address;
       try {
         // (AF_PACKET on eth0: a sandbox holds CAP_NET_RAW in its own namespace)
         await box.exec(['sh', '-c', `/flood rstbcast ${WEB} 7000 4 > /tmp/rb 2>&1 &`]);
@@ -773,9 +774,7 @@ machines:
           async () => ((await box.exec(['cat', '/tmp/rb'])).stdout.includes('sent') ? true : undefined),
           5000,
         );
-        const routed = sh('ip', ['netns', 'exec', router, 'cat', '/proc/net/nf_conntrack'])
-          .split('\n')
-          .filter((l) => l.includes(`src=${addr} `) && / dport=7000 /.test(l));
+        const routed = routedToEcho(box);
         expect(routed, (await box.exec(['cat', '/tmp/rb'])).stdout).toHaveLength(1);
         // (without: CLOSE in the router's table, the host's left established)
         expect(routed[0]).toMatch(/ ESTABLISHED /);
@@ -786,25 +785,12 @@ machines:
 
     it("a standby handed back: its last user's connections leave the host's table", async () => {
       const pool = await lab!.createPool({ name: 'flows', image: 'busybox', size: 1, limits: {}, egress: {} });
-      const open = (): string[] => tracked(lab!.home, 'tcp').filter((l) => / ESTABLISHED .* dport=7000 /.test(l));
       try {
         const standby = await until(async () =>
           (await lab!.list()).find((b) => b.pool === 'flows' && b.state === 'paused' && b.egress !== null),
         );
-        const before = open().length;
-        // its FINs and resets go nowhere, as a system machine's root can make them
-        sh('ip', [
-          'netns',
-          'exec',
-          routerNetns(homeTag(lab!.home)),
-          'nft',
-          'insert',
-          'rule',
-          'ip',
-          'snaplab',
-          `m${slotOf(standby.egress!.address)}`,
-          'tcp flags & (fin | rst) != 0 drop',
-        ]);
+        const before = echoOpen().length;
+        dropClosings(slotOf(standby.egress!.address));
         // (ended before the run does: a standby with processes left is not handed back, it is removed)
         const run = await pool.run([
           'sh',
@@ -813,7 +799,7 @@ machines:
         ]);
         expect(run.recycled).toBe(true);
         // (without: 3 more, for the uplink's established timeout, 5 days; with: gone within moments)
-        await until(async () => (open().length <= before ? true : undefined), 5000);
+        await until(async () => (echoOpen().length <= before ? true : undefined), 5000);
       } finally {
         await pool.remove();
       }
