@@ -98,6 +98,22 @@ describe('signed URLs', () => {
       });
       expect(octet.status).toBe(200);
       expect(await sbx.files.read('/tmp/up/raw.bin')).toBe('raw bytes');
+      // an expiration is signed for an upload too: in time it writes, past it it is refused and writes nothing
+      const octetOf = (body: string) => ({
+        method: 'POST',
+        body,
+        headers: { 'content-type': 'application/octet-stream' },
+      });
+      const timed = await sbx.uploadUrl('/tmp/up/timed.txt', { useSignatureExpiration: 60 });
+      expect(timed).toContain('signature_expiration=');
+      expect((await fetch(timed, octetOf('in time'))).status).toBe(200);
+      expect(await sbx.files.read('/tmp/up/timed.txt')).toBe('in time');
+      const expired = await fetch(
+        await sbx.uploadUrl('/tmp/up/late.txt', { useSignatureExpiration: -5 }),
+        octetOf('too late'),
+      );
+      expect([expired.status, await expired.text()]).toEqual([401, expect.stringMatching(/expired/)]);
+      expect(await sbx.files.exists('/tmp/up/late.txt')).toBe(false);
     } finally {
       await sbx.kill();
     }

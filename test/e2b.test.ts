@@ -440,6 +440,15 @@ describe.each([
       expect((await h.wait()).stdout).toBe('abc\ndef\ndone\n');
     });
 
+    it('stdin by pid: commands.sendStdin and commands.closeStdin (what 2.14 has) end a reader at its EOF', async () => {
+      const h = await sbx.commands.run('cat; echo done', { background: true, stdin: true });
+      await sbx.commands.sendStdin(h.pid, 'abc\n');
+      await sbx.commands.closeStdin(h.pid);
+      expect((await h.wait()).stdout).toBe('abc\ndone\n');
+      // an ended command's stdin takes nothing
+      await expect(sbx.commands.sendStdin(h.pid, 'late')).rejects.toThrow();
+    });
+
     it.runIf(modern)('files: octet-stream and gzip uploads', async () => {
       const big = Buffer.alloc(3 << 20, 'x');
       await sbx.files.write('/srv/plain.bin', new Blob([big]).stream(), {});
@@ -660,6 +669,29 @@ describe.each([
       expect(inside(sbx.sandboxId, 'stat -c %u /tmp/ghost.txt && rm /tmp/ghost.txt').out).toBe('4321\n');
       expect(inside(sbx.sandboxId, "sed -i '/^ghost:/d' /etc/passwd").code).toBe(0);
     });
+
+    it('/files takes its user from Basic authorization when the query names none (as envd)', async () => {
+      const token = await accessToken(sbx.sandboxId);
+      const upload = (query: string, user: string) =>
+        fetch(`${d.e2bUrl}/files?path=/tmp/basic.txt${query}`, {
+          method: 'POST',
+          headers: {
+            'E2b-Sandbox-Id': sbx.sandboxId,
+            'X-Access-Token': token,
+            Authorization: `Basic ${Buffer.from(`${user}:`).toString('base64')}`,
+            'content-type': 'application/octet-stream',
+          },
+          body: user,
+        });
+      expect((await upload('', 'nobody')).status).toBe(200);
+      expect(inside(sbx.sandboxId, 'stat -c %u /tmp/basic.txt; cat /tmp/basic.txt').out).toBe('65534\nnobody');
+      // a user the sandbox does not have, named only there, is refused as envd refuses it (401)
+      const ghost = await upload('', 'nosuchuser');
+      expect([ghost.status, await ghost.text()]).toEqual([401, expect.stringMatching(/invalid username/)]);
+      // the query's user is the one when both are given
+      expect((await upload('&username=root', 'nosuchuser')).status).toBe(200);
+      expect(inside(sbx.sandboxId, 'stat -c %u /tmp/basic.txt && rm /tmp/basic.txt').out).toBe('0\n');
+    });
   });
 
   describe('a full disk', () => {
@@ -816,6 +848,11 @@ describe.each([
         const nproc = Number(inside(sbx.sandboxId, 'nproc').out.trim());
         const [first] = await sbx.getMetrics();
         expect(first!.cpuCount).toBe(nproc);
+        // getInfo and the list say what the sandbox has, as its metrics do
+        const info = await sbx.getInfo();
+        expect([info.cpuCount, info.memoryMB]).toEqual([nproc, Math.round(first!.memTotal / 2 ** 20)]);
+        const listed = (await Sandbox.list().nextItems()).find((b) => b.sandboxId === sbx.sandboxId);
+        expect([listed?.cpuCount, listed?.memoryMB]).toEqual([nproc, info.memoryMB]);
         expect(first!.memUsed).toBeGreaterThan(0);
         expect(first!.memTotal).toBeGreaterThan(first!.memUsed);
         expect(first!.diskUsed).toBeGreaterThan(0);
@@ -1031,9 +1068,19 @@ describe("the Python SDK's exchanges, with Python's standard library (test/e2b_p
       expect(s.info[1]).toMatchObject({
         sandboxID: s.sandboxID,
         templateID: 'base',
+        clientID: expect.any(String),
+        envdVersion: '0.6.4',
         state: 'running',
         metadata: { sdk: 'python' },
       });
+      // what the sandbox has, as its metrics say it (the Python SDK's SandboxInfo reads all three)
+      const [sample] = s.metrics[1] as { cpuCount: number; memTotal: number; diskTotal: number }[];
+      expect(s.info[1]).toMatchObject({
+        cpuCount: sample!.cpuCount,
+        memoryMB: Math.round(sample!.memTotal / 2 ** 20),
+        diskSizeMB: Math.round(sample!.diskTotal / 2 ** 20),
+      });
+      expect(s.info[1].diskSizeMB).toBeGreaterThan(0);
       expect(s.list).toEqual([200, expect.arrayContaining([s.list[2]]), expect.any(Number)]);
       expect(s.sendSignal).toEqual([200, {}]);
       expect(s.killedEnd).toMatchObject({ exited: false, status: expect.stringMatching(/killed/) });

@@ -115,6 +115,8 @@ export interface DriverInfo {
    * runs in (`minBytes`; none: no floor), in bytes
    */
   readonly memory: { defaultBytes?: number; minBytes?: number };
+  /** the CPUs a machine without a CPU limit has (none: the host's) */
+  readonly defaultCpus?: number;
   /** the machine's console, a file in its run directory (`<home>/run/<id>/`) */
   readonly consoleLog: string;
   /** what one machine is called in messages ("a VM") */

@@ -321,13 +321,16 @@ export function registerControl(app: FastifyInstance, state: E2bState): void {
   for (const path of ['/sandboxes', '/v2/sandboxes']) app.post(path, (req, reply) => create(state, req, reply));
   for (const path of ['/sandboxes/:id/connect', '/v2/sandboxes/:id/connect'])
     app.post(path, (req, reply) => connect(state, req, reply));
-  app.get('/sandboxes', async (req, reply) => reply.send(await listSandboxes(await state.lab(req), req, reply, false)));
+  app.get('/sandboxes', async (req, reply) =>
+    reply.send(await listSandboxes(await state.lab(req), state.disks, req, reply, false)),
+  );
   app.get('/v2/sandboxes', async (req, reply) =>
-    reply.send(await listSandboxes(await state.lab(req), req, reply, true)),
+    reply.send(await listSandboxes(await state.lab(req), state.disks, req, reply, true)),
   );
   app.get('/sandboxes/:id', async (req, reply) => {
     const box = await (await state.lab(req)).get(idOf(req));
-    return reply.send(fromMetadata(box).detail);
+    await state.disks.learn([box]);
+    return reply.send(fromMetadata(box, state.disks).detail);
   });
   app.delete('/sandboxes/:id', async (req, reply) => {
     const box = await (await state.lab(req)).get(idOf(req));

@@ -15,6 +15,9 @@ import {
 } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { checkPage, listCursor } from '../sdk/paging.js';
+import { capacityOf } from '../drivers/capacity.js';
+import { findDriverInfo } from '../drivers/registry.js';
+import { orElse } from '../cleanup.js';
 
 /** the front's own metadata keys' prefix: kept by a replace of the metadata that does not name them */
 export const RESERVED = FRONT_METADATA_PREFIXES.e2b;
@@ -35,12 +38,47 @@ export interface E2bView {
 /** The template a sandbox without one (made through snaplab's own API by the same key) is shown with. */
 const NO_TEMPLATE = 'base';
 
-export function fromMetadata(box: SandboxApi): E2bView {
+/** how long the size of a storage's filesystem is kept (DiskSizes) */
+const DISK_SIZE_KEPT_MS = 60_000;
+
+/**
+ * The size of the filesystem each storage's sandboxes without a disk cap live on, as their own
+ * usage says it (its `diskTotalBytes`): getInfo's and a list's diskSizeMB for them, as getMetrics'
+ * diskTotal. Learned from one such sandbox a storage, kept a minute.
+ */
+export class DiskSizes {
+  private readonly known = new Map<string, { bytes: number | null; at: number }>();
+
+  /** Learn the size of each uncapped sandbox's storage not learned in the last minute. */
+  async learn(boxes: readonly SandboxApi[]): Promise<void> {
+    const now = Date.now();
+    const ask = new Map<string, SandboxApi>();
+    for (const box of boxes) {
+      const known = this.known.get(box.storage);
+      if (box.limits.diskBytes || ask.has(box.storage) || (known && now - known.at < DISK_SIZE_KEPT_MS)) continue;
+      ask.set(box.storage, box);
+    }
+    await Promise.all(
+      [...ask].map(async ([storage, box]) => {
+        const usage = await box.usage().catch(orElse(undefined, `the disk of ${box.id}`, 'SANDBOX_NOT_FOUND'));
+        if (usage) this.known.set(storage, { bytes: usage.diskTotalBytes, at: Date.now() });
+      }),
+    );
+  }
+
+  /** A sandbox's disk in bytes: its cap, else its storage's filesystem (0 until learned). */
+  of(box: SandboxApi): number {
+    return box.limits.diskBytes ?? this.known.get(box.storage)?.bytes ?? 0;
+  }
+}
+
+export function fromMetadata(box: SandboxApi, disks?: DiskSizes): E2bView {
   const meta = box.metadata ?? {};
   const { templateID, envs } = keptOf(meta);
   const metadata = Object.fromEntries(Object.entries(meta).filter(([k]) => !k.startsWith(RESERVED)));
   const end = box.expiresAt ?? (box.timeoutS ? Date.now() + box.timeoutS * 1000 : Date.UTC(9999, 0));
   const autoResume = asksAutoResume(meta);
+  const capacity = capacityOf(box.limits, findDriverInfo(box.driver));
   const detail = {
     sandboxID: box.id,
     templateID,
@@ -49,9 +87,9 @@ export function fromMetadata(box: SandboxApi): E2bView {
     startedAt: new Date(box.createdAt).toISOString(),
     endAt: new Date(end).toISOString(),
     envdVersion: ENVD_VERSION,
-    cpuCount: Math.max(1, Math.ceil(box.limits.cpus ?? 1)),
-    memoryMB: Math.round((box.limits.memoryBytes ?? 0) / MB),
-    diskSizeMB: Math.round((box.limits.diskBytes ?? 0) / MB),
+    cpuCount: capacity.cpus,
+    memoryMB: Math.round(capacity.memoryTotalBytes / MB),
+    diskSizeMB: Math.round((disks?.of(box) ?? box.limits.diskBytes ?? 0) / MB),
     metadata,
     // one paused without its memory is stopped: paused to E2B's callers, a connect starts it
     state: box.state === 'paused' || box.stopped ? 'paused' : 'running',
@@ -162,6 +200,7 @@ function listOptions(q: ListQuery, paged: boolean): ListOptions | undefined {
 /** The caller's sandboxes as E2B lists them; `paged`: v2, with limit and X-Next-Token. */
 export async function listSandboxes(
   lab: KeyedLabApi,
+  disks: DiskSizes,
   req: FastifyRequest,
   reply: FastifyReply,
   paged: boolean,
@@ -171,14 +210,19 @@ export async function listSandboxes(
   const limit = paged ? pageLimit(q.limit) : undefined;
   const after = paged ? cursorOf(q.nextToken) : undefined;
   if (!opts) return [];
-  if (limit === undefined) return (await lab.list(opts)).map((b) => fromMetadata(b).detail);
+  if (limit === undefined) {
+    const all = await lab.list(opts);
+    await disks.learn(all);
+    return all.map((b) => fromMetadata(b, disks).detail);
+  }
   // one more than the page: a next page is named only when there is one
   const page = await lab.list({ ...opts, limit: limit + 1, ...(after !== undefined ? { after } : {}) });
   if (page.length > limit) {
     page.pop();
     void reply.header('x-next-token', Buffer.from(listCursor(page.at(-1)!)).toString('base64url'));
   }
-  return page.map((b) => fromMetadata(b).detail);
+  await disks.learn(page);
+  return page.map((b) => fromMetadata(b, disks).detail);
 }
 
 /** The network options the sandbox was made (or last updated) with, as E2B's getInfo gives them. */

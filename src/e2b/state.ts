@@ -14,7 +14,7 @@ import { MetricsFront } from './metrics.js';
 import { Watchers } from './watchers.js';
 import { Interpreters } from '../interpreter/server.js';
 import { EnvdUsers, type EnvdUser } from './users.js';
-import { asksAutoResume } from './listing.js';
+import { DiskSizes, asksAutoResume } from './listing.js';
 import { noted } from '../cleanup.js';
 import {
   memorySessions,
@@ -52,6 +52,7 @@ export class E2bState {
   readonly interpreters = new Interpreters();
   readonly users = new EnvdUsers();
   readonly pools = new KnownPools();
+  readonly disks = new DiskSizes();
   private readonly sessions: Map<string, Session>;
   private readonly labs = new Map<string, Promise<KeyedLabApi>>();
   /**

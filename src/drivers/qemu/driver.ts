@@ -24,6 +24,7 @@ import type {
 } from '../driver.js';
 import { checkMemory } from '../memory.js';
 import { QEMU_INFO, VM_DEFAULT_MEMORY } from './info.js';
+import { capacityOf } from '../capacity.js';
 import { giveIdentity } from './identity.js';
 import { ensureGuestKernel, ensureInitramfs, qemuKernelArgs } from './guest.js';
 import { netArg } from './guest-init.js';
@@ -175,7 +176,7 @@ export class QemuDriver implements Driver {
     const base = {
       machine: 'pc' as const,
       memoryMb: Math.round(guestMemory(spec) / 2 ** 20),
-      cpus: Math.max(1, Math.ceil(spec.limits.cpus ?? 1)),
+      cpus: capacityOf(spec.limits, QEMU_INFO).cpus,
       kernel: kernel.kernel,
       initrd,
       disk,

@@ -25,6 +25,8 @@ export const QEMU_INFO: DriverInfo = {
     ownKernel: true,
   },
   memory: { defaultBytes: VM_DEFAULT_MEMORY, minBytes: VM_MIN_MEMORY },
+  // a guest's virtual CPUs are what its limit rounds up to, else one
+  defaultCpus: 1,
   // the guest's console (kernel, init, systemd) on its serial port
   machineNoun: 'a VM',
   consoleLog: 'serial.log',

@@ -5,8 +5,9 @@
  * only its volume holds, out of the cap or the size of the filesystem it lives on).
  */
 import { statfs } from 'node:fs/promises';
-import { availableParallelism, totalmem } from 'node:os';
 import { orElse } from '../../cleanup.js';
+import { capacityOf } from '../../drivers/capacity.js';
+import { findDriverInfo } from '../../drivers/registry.js';
 import { cgroupFor, stats } from '../../host/cgroups/cgroups.js';
 import type { SandboxRecord } from '../../store/records.js';
 import type { LabContext } from '../context.js';
@@ -40,13 +41,14 @@ export async function sandboxUsage(ctx: LabContext, rec: SandboxRecord): Promise
     stats(cgroupFor(rec.id), { cache: true }).catch(orElse<CgroupStats>({}, `stats of ${rec.id}`, 'ENOENT')),
     diskOf(ctx, rec),
   ]);
+  const capacity = capacityOf(rec.limits, findDriverInfo(rec.driver));
   return {
     at,
     memoryBytes: cg.memoryBytes ?? 0,
     memoryCacheBytes: cg.cacheBytes ?? 0,
-    memoryTotalBytes: rec.limits.memoryBytes ?? totalmem(),
+    memoryTotalBytes: capacity.memoryTotalBytes,
     cpuUsec: cg.cpuUsec ?? 0,
-    cpus: rec.limits.cpus ? Math.max(1, Math.ceil(rec.limits.cpus)) : availableParallelism(),
+    cpus: capacity.cpus,
     pids: cg.pids ?? null,
     ...disk,
   };
