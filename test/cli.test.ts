@@ -55,6 +55,18 @@ describe('snaplab CLI', () => {
     expect(d.ok).toBe(true);
     expect(d.defaultStorage).toMatch(/btrfs|overlay|dir/);
     expect(d.checks.find((c: { name: string }) => c.name === 'namespaces').ok).toBe(true);
+    // the per-host limits a climb meets, each with the count of idle sandboxes it allows (src/host/limits.ts)
+    const limits = d.checks.find((c: { name: string }) => c.name === 'host limits');
+    expect(limits).toMatchObject({ kind: 'host', optional: true, ok: expect.any(Boolean) });
+    for (const what of [
+      'idle sandboxes this host allows: ',
+      'kernel.pid_max=',
+      'open files',
+      'memory cgroup ids',
+      'uid ranges',
+    ])
+      expect(limits.reason).toContain(what);
+    if (!limits.ok) expect(limits.fix).toBeTruthy();
   });
 
   it('prepare fetches what VMs need ahead of time; a bad driver is an error with a hint', () => {

@@ -342,6 +342,47 @@ describe('user namespace ranges', () => {
     }
   });
 
+  it("skips the slots of ids the host's /etc/passwd and /etc/group name, read when a create claims", () => {
+    // three slots; an account in the first, a group in the second (each file bound over the host's
+    // in a private mount namespace of the create's own): the create gets the third, the next none
+    const lo = slotBase(2569 + randomInt(32000));
+    const dir = mkdtempSync(join(tmpdir(), 'snaplab-accounts-'));
+    const passwd = join(dir, 'passwd');
+    const group = join(dir, 'group');
+    writeFileSync(passwd, `${readFileSync('/etc/passwd', 'utf8')}slhigh:x:${lo + 100}:${lo + 100}::/:/bin/false\n`);
+    writeFileSync(group, `${readFileSync('/etc/group', 'utf8')}slhighg:x:${lo + USERNS_SIZE + 5}:\n`);
+    const create = () =>
+      spawnSync(
+        'unshare',
+        [
+          '-m',
+          '--propagation',
+          'private',
+          'sh',
+          '-c',
+          `mount --bind ${passwd} /etc/passwd && mount --bind ${group} /etc/group && exec ${SNAPLAB} create --image busybox --json`,
+        ],
+        {
+          env: { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_USERNS_IDS: `${lo}-${lo + 3 * USERNS_SIZE - 1}` },
+          encoding: 'utf8',
+        },
+      );
+    const made: string[] = [];
+    try {
+      const first = create();
+      expect(first.status, first.stderr).toBe(0);
+      const box = JSON.parse(first.stdout) as { id: string; userns: { uidBase: number } };
+      made.push(box.id);
+      expect(box.userns.uidBase).toBe(lo + 2 * USERNS_SIZE);
+      const next = create();
+      if (next.status === 0) made.push((JSON.parse(next.stdout) as { id: string }).id);
+      expect([next.status, next.stderr]).toEqual([2, expect.stringMatching(/NO_USERNS_SLOT/)]);
+    } finally {
+      for (const id of made) spawnSync(SNAPLAB, ['rm', id], { env: { ...process.env, SNAPLAB_HOME: lab.home } });
+      rmSync(dir, { recursive: true });
+    }
+  });
+
   it('above 2^31 (once the low stretch is full): shown right by ls, ls -ln, /proc and ps -o user; ps -o uid prints it negative', async () => {
     const lo = slotBase(2569 + randomInt(32000));
     process.env.SNAPLAB_USERNS_IDS = `${lo}-${lo + 4 * USERNS_SIZE - 1}`;
