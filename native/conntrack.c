@@ -258,6 +258,35 @@ static int del(int fd, const struct tuple *t)
 	}
 }
 
+/*
+ * Whether the table of FD holds a flow whose reply tuple is T: 1, 0 when it has none, or -errno.
+ * An exact lookup (no dump, which the table's changes meanwhile could make miss one).
+ */
+static int has_reply(int fd, const struct tuple *t)
+{
+	struct msg m;
+	start(&m, IPCTNL_MSG_CT_GET, NLM_F_ACK);
+	put_tuple(&m, CTA_TUPLE_REPLY, t);
+	int rc = send_msg(fd, &m);
+	if (rc < 0)
+		return rc;
+	char buf[4096];
+	for (;;) {
+		ssize_t got = recv(fd, buf, sizeof buf, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+			return -errno;
+		for (struct nlmsghdr *h = (struct nlmsghdr *)buf; message_ok(h, (size_t)got);
+		     h = message_next(h, &got)) {
+			if (h->nlmsg_type != NLMSG_ERROR)
+				continue; /* the flow itself: its ack follows */
+			int e = ((const struct nlmsgerr *)NLMSG_DATA(h))->error;
+			return e == 0 ? 1 : e == -ENOENT ? 0 : e;
+		}
+	}
+}
+
 /* Into the network namespace at PATH, or back to SELF for "-". */
 static int enter(const char *path, int self)
 {
@@ -298,6 +327,23 @@ static int query_of(uint8_t type)
 }
 
 /*
+ * What the router sent on for flow F (its reply tuple, reversed: the flow its translation became
+ * in the uplink's table) into *T: 0, or -1 for an ICMP message that is no query (no flow of its own).
+ */
+static int sent_on(const struct flow *f, struct tuple *t)
+{
+	const struct tuple *r = &f->reply;
+	*t = (struct tuple){ .proto = r->proto, .src = r->dst, .dst = r->src, .sport = r->dport, .dport = r->sport };
+	if (r->proto == IPPROTO_ICMP) {
+		int q = query_of(r->type);
+		if (q < 0)
+			return -1;
+		t->type = (uint8_t)q, t->code = r->code, t->id = r->id;
+	}
+	return 0;
+}
+
+/*
  * Delete each flow's tuple (its own, or what the router's translation made of it) in the table of
  * FD, going on past a failure (the first is returned).
  */
@@ -306,19 +352,8 @@ static int delete_all(int fd, const struct flow *f, size_t n, int translated, un
 	int first = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct tuple t = f[i].orig;
-		if (translated) {
-			/* what the router sent on: its reply tuple, reversed */
-			const struct tuple *r = &f[i].reply;
-			t = (struct tuple){
-				.proto = r->proto, .src = r->dst, .dst = r->src, .sport = r->dport, .dport = r->sport
-			};
-			if (r->proto == IPPROTO_ICMP) {
-				int q = query_of(r->type);
-				if (q < 0)
-					continue;
-				t.type = (uint8_t)q, t.code = r->code, t.id = r->id;
-			}
-		}
+		if (translated && sent_on(&f[i], &t) < 0)
+			continue;
 		int rc = del(fd, &t);
 		if (rc < 0 && !first)
 			first = rc;
@@ -425,5 +460,44 @@ int ct_forget_src(const char *uplink, const char *src_text, unsigned *count)
 	int rc = dump_in(uplink, self, src, 0, &f, &n);
 	if (rc == 0)
 		rc = delete_in(uplink, self, f, n, 0, count);
+	return back_to(self, rc, f);
+}
+
+int ct_sweep(const char *router, const char *uplink, const char *src_text, unsigned *count)
+{
+	uint32_t src;
+	*count = 0;
+	int self = begin(src_text, &src);
+	if (self < 0)
+		return self;
+	struct flow *f = NULL;
+	size_t n = 0, orphans = 0;
+	/* the uplink's first: a flow is in the router's table before it is in the uplink's, so one the
+	 * router does not hold when asked after had ended there (closed, timed out, forgotten) */
+	int rc = dump_in(uplink, self, src, 0, &f, &n);
+	int fd = rc == 0 && n ? socket_in(router, self) : -1;
+	if (rc == 0 && n && fd < 0)
+		rc = fd;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		/* the router's reply tuple is the uplink's original one reversed (an ICMP query's reply) */
+		const struct tuple *o = &f[i].orig;
+		struct tuple r = {
+			.proto = o->proto, .src = o->dst, .dst = o->src, .sport = o->dport, .dport = o->sport
+		};
+		if (o->proto == IPPROTO_ICMP) {
+			if (o->type != 8 && o->type != 13 && o->type != 15 && o->type != 17)
+				continue;
+			r.type = (uint8_t)(o->type == 8 ? 0 : o->type + 1), r.code = o->code, r.id = o->id;
+		}
+		int held = has_reply(fd, &r);
+		if (held < 0)
+			rc = held;
+		else if (!held)
+			f[orphans++] = f[i];
+	}
+	if (fd >= 0)
+		close(fd);
+	if (rc == 0 && orphans)
+		rc = delete_in(uplink, self, f, orphans, 0, count);
 	return back_to(self, rc, f);
 }

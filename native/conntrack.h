@@ -20,4 +20,13 @@ int ct_forget(const char *router, const char *uplink, const char *machine, uint3
 /* In the namespace at UPLINK ("-": the caller's own), every flow whose original source is SRC. */
 int ct_forget_src(const char *uplink, const char *src, unsigned *n);
 
+/*
+ * In the namespace at UPLINK ("-": the caller's own), every flow whose original source is SRC (a
+ * router's address there) that the router's table at ROUTER no longer holds: removed (*n of them).
+ * What ended in the router but not in the uplink's (a reset the router's lists took in and then
+ * refused, one a full queue dropped on the way) would otherwise stay there for the uplink's
+ * established timeout.
+ */
+int ct_sweep(const char *router, const char *uplink, const char *src, unsigned *n);
+
 #endif

@@ -27,6 +27,8 @@
  *   ct-forget ROUTER UPLINK MACHINE MARK    a machine's flows removed from its router's connection table
  *                                           and the uplink's (conntrack.h); ok ROUTER_N UPLINK_N
  *   ct-forget-src UPLINK SRC                every flow from SRC removed from the uplink's table; ok N
+ *   ct-sweep ROUTER UPLINK SRC              the uplink's flows from SRC that the router no longer holds
+ *                                           removed (conntrack.h); ok N
  *   launch LOG TIMEOUT_MS SOCKET NETNS USERNS [ROOTFS AGENT] N CGROUP_PROCS*N ARGV...
  *       NETNS: a path to join, or -. USERNS: - or BASE:COUNT[:suid], followed by the root filesystem
  *       and the agent binary to stage for bwrap (userns.c).
@@ -814,7 +816,7 @@ static void op_tcp_check(struct request *r)
 	reply_ok(r->id);
 }
 
-/* ct-forget and ct-forget-src: conntrack.h (a path, or "-" for this helper's own namespace). */
+/* ct-forget, ct-forget-src and ct-sweep: conntrack.h (a path, or "-" for this helper's own namespace). */
 static void op_ct_forget(struct request *r)
 {
 	unsigned a = 0, b = 0;
@@ -828,6 +830,10 @@ static void op_ct_forget(struct request *r)
 		if (errno || end == r->argv[4] || *end || *r->argv[4] == '-' || mark > 0xFFFFFFFFull)
 			return reply_err(r->id, EINVAL, "ct-forget: MARK is 0 to 4294967295");
 		rc = ct_forget(r->argv[1], r->argv[2], r->argv[3], (uint32_t)mark, &a, &b);
+	} else if (strcmp(r->argv[0], "ct-sweep") == 0) {
+		if (r->argc != 4)
+			return reply_err(r->id, EINVAL, "ct-sweep ROUTER_NETNS UPLINK_NETNS SRC");
+		rc = ct_sweep(r->argv[1], r->argv[2], r->argv[3], &a);
 	} else {
 		if (r->argc != 3)
 			return reply_err(r->id, EINVAL, "ct-forget-src UPLINK_NETNS SRC");
@@ -981,7 +987,7 @@ static void *serve(void *p)
 		op_tcp_check(r);
 	else if (strcmp(op, "qmp-getfd") == 0)
 		op_qmp_getfd(r);
-	else if (strcmp(op, "ct-forget") == 0 || strcmp(op, "ct-forget-src") == 0)
+	else if (strcmp(op, "ct-forget") == 0 || strcmp(op, "ct-forget-src") == 0 || strcmp(op, "ct-sweep") == 0)
 		op_ct_forget(r);
 	else
 		reply_err(r->id, ENOSYS, op);

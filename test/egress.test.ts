@@ -20,6 +20,7 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Lab } from '../src/sdk/lab.js';
+import { Daemon } from '../src/server/daemon.js';
 import type { SandboxApi } from '../src/sdk/api.js';
 import {
   homeTag,
@@ -804,6 +805,51 @@ machines:
         await pool.remove();
       }
     }, 60_000);
+
+    it("connections whose closing the router took in and then refused (a list changed under them) leave the host's table at the next sweep: a daemon's every minute, gc's", async () => {
+      const box = await withFlood(lab!);
+      // a neighbour's live connections, which no sweep may take
+      const live = await withFlood(lab!);
+      const daemonLab = await Lab.open({ home: lab!.home });
+      const d = new Daemon(daemonLab, { tickMs: 3_600_000 });
+      try {
+        const idle = echoOpen().length;
+        await live.spawn(['/flood', 'tcp', WEB, '7000', '3', '120']);
+        await until(async () => (echoOpen().length >= idle + 3 ? true : undefined));
+        await d.start();
+        /** Connections held to the outside, then cut: the outside denied, the holder killed (its FINs refused after the router's table took them). */
+        const leak = async (): Promise<number> => {
+          const before = echoOpen().length;
+          await box.setEgress({ allow: [], deny: [] });
+          await box.spawn(['/flood', 'tcp', WEB, '7000', '4', '120']);
+          await until(async () => (echoOpen().length >= before + 4 ? true : undefined));
+          await box.setEgress({ allow: [], deny: [WEB] });
+          await box.exec(['killall', 'flood']);
+          // the router's entries closed (its reset back to the machine) and, 10 s on, gone
+          await until(async () => (routedToEcho(box).length === 0 ? true : undefined), 30_000);
+          // the host's are still there (the leak the sweep is for: without it, for 5 days)
+          expect(echoOpen().length).toBe(before + 4);
+          return before;
+        };
+        const first = await leak();
+        // a daemon's tick sweeps at its full checks: every 60th tick (the first was start's)
+        for (let i = 0; i < 59; i++) await d.tick();
+        expect(echoOpen().length).toBe(first + 4);
+        await d.tick();
+        expect(echoOpen().length).toBe(first);
+        // gc sweeps too, and says so
+        const second = await leak();
+        const gc = await lab!.gc();
+        expect(gc.removed).toContainEqual(expect.stringMatching(/^4 flows of egress router .* the router had ended$/));
+        expect(echoOpen().length).toBe(second);
+        // the neighbour's are there still, in both tables
+        expect(routedToEcho(live).filter((l) => / ESTABLISHED /.test(l))).toHaveLength(3);
+      } finally {
+        d.close();
+        await box.destroy();
+        await live.destroy();
+      }
+    }, 180_000);
 
     it("a machine's open connections over its cap are refused at once; one that closes makes room", async () => {
       await capped('1000/1000/8,1000/1000', async (l) => {

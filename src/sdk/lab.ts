@@ -59,7 +59,7 @@ import { KeyRing, SCOPES } from '../lab/keys.js';
 import { NO_CEILINGS, heldBy, type Owned } from '../lab/ceilings.js';
 import { diskUsage, type DiskUsage } from '../lab/disk-usage.js';
 import { machineInit, resolveCreate, resolveEgress } from './create-options.js';
-import { egressTotals } from '../lab/net/egress.js';
+import { egressTotals, sweepEgress } from '../lab/net/egress.js';
 import { buildTemplate, resolveImage, underBuildLock } from '../lab/images/templates.js';
 import { templateRecipe, TEMPLATES } from '../image/templates.js';
 import { isSnaplabError, SnaplabError } from '../errors.js';
@@ -394,6 +394,13 @@ export class Lab implements LabApi {
   /** Every machine's egress counters summed (a server's metrics): how many have egress, bytes out, connections, refusals. */
   async egressTotals(): Promise<{ machines: number; bytesOut: number; connections: number; denied: number }> {
     return egressTotals(this.ctx);
+  }
+  /**
+   * Flows the host's connection table keeps of this home's egress router that the router ended
+   * (docs/egress.md "Flows"), removed: a daemon does it every minute. Returns how many went.
+   */
+  sweepEgress(): Promise<number> {
+    return sweepEgress(this.ctx);
   }
 
   /** Remove every snaplab host object no live record owns; the list of what was removed is stored with the trace. */

@@ -193,9 +193,18 @@ export class Daemon implements RouteHost {
   private async tickOnce(): Promise<void> {
     // a check every 5 ticks; a full one (each machine's process read, not only found) every 12th
     if (this.ticks++ % 5 === 0) {
-      await this.checkPass(this.checks++ % FULL_CHECK_EVERY !== 0);
+      const full = this.checks++ % FULL_CHECK_EVERY === 0;
+      await this.checkPass(!full);
       // a pool defined since by another process (an embedded `snaplab pool create`) is kept full too
       this.lab.holdPools();
+      // as often as a full check: what the host's connection table keeps of flows egress ended
+      if (full) {
+        const swept = await this.lab.sweepEgress().catch((e: Error) => {
+          this.log({ msg: 'sweeping egress flows failed', error: e.message });
+          return 0;
+        });
+        if (swept) this.log({ msg: 'egress flows the router had ended, removed from the uplink', count: swept });
+      }
     }
     // read after the check: a change made meanwhile is seen as it is now, not as it was
     const changes = await this.lab.changes(this.watched?.mark, this.watched?.again);

@@ -91,6 +91,7 @@ export interface ServedLab
       | 'changes'
       | 'expired'
       | 'holdPools'
+      | 'sweepEgress'
     > {
   create(opts?: LabCreateOptions & Served): Promise<SandboxApi>;
   restore(snapshot: string, opts?: ServedRestore): Promise<SandboxApi>;

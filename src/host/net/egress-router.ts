@@ -439,6 +439,28 @@ export async function forgetFlows(home: string, slot: number, mark?: number): Pr
   }
 }
 
+/**
+ * The uplink's (the host's) flows of a home's router that the router's own table no longer holds,
+ * removed (docs/egress.md "Flows"): a flow the router ended (a reset or a close it took in, then
+ * refused: a machine's lists changed under an open connection; one a full queue dropped on the
+ * way to the uplink) would stay there for the uplink's established timeout (days), counted by no
+ * cap. Needs the host helper. Returns how many went.
+ */
+export async function sweepFlows(home: string): Promise<number> {
+  const ops = HostOps.get();
+  const tag = homeTag(home);
+  const router = netnsPath(routerNetns(tag));
+  if (!ops || !(await isNamespace(router))) return 0;
+  try {
+    const [n] = await ops.request('ct-sweep', router, uplinkArg(), transit(tag).router);
+    return Number(n);
+  } catch (e) {
+    // the router went meanwhile: its removal forgot its flows
+    if (e instanceof HostOpError && e.errno === 2) return 0;
+    throw e;
+  }
+}
+
 /** Every flow of a home's router left in the uplink's table (its address there): at the router's removal. */
 async function forgetFromRouter(tag: string): Promise<void> {
   await HostOps.get()?.request('ct-forget-src', uplinkArg(), transit(tag).router);

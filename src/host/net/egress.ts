@@ -39,6 +39,7 @@ import {
   flowCapsNow,
   forgetFlows,
   hostAddresses,
+  sweepFlows,
   hostSetCurrent,
   inNs,
   inUplink,
@@ -49,7 +50,7 @@ import { NET_GROUP, checkNetnsName, netnsPath } from './names.js';
 import { createNetns, createNetnsBatch, deleteNetns, ipBatch, isNamespace, listSnaplabNetns } from './ns.js';
 import { sharedNetnsDir, unwire } from './wire.js';
 
-export { ensureRouter, hostAddresses, localPrefixes, removeRouter } from './egress-router.js';
+export { ensureRouter, hostAddresses, localPrefixes, removeRouter, sweepFlows } from './egress-router.js';
 
 export interface EgressAttach {
   slot: number;
@@ -384,6 +385,8 @@ async function collectLocked(home: string, live: () => Set<number>): Promise<str
   // rules whose machine went (a crash between the two removals, a scenario machine's)
   const router = routerNetns(tag);
   if (!(await isNamespace(netnsPath(router)))) return removed;
+  const swept = await sweepFlows(home);
+  if (swept) removed.push(`${swept} flow${swept === 1 ? '' : 's'} of egress router ${router} the router had ended`);
   const chains = await inNs(router, ['nft', 'list', 'chains', 'ip'], { allowFail: true });
   for (const m of chains.stdout.matchAll(/chain m(\d+) \{/g)) {
     const slot = Number(m[1]);

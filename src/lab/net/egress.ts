@@ -3,7 +3,7 @@
  * router's rules and counters (host/net/egress.ts), changed together.
  */
 import { SnaplabError } from '../../errors.js';
-import { egressCounters, pinNames, setEgressLists, underEgressLock } from '../../host/net/egress.js';
+import { egressCounters, pinNames, setEgressLists, sweepFlows, underEgressLock } from '../../host/net/egress.js';
 import { checkLists, newMark, slotAddress } from '../../host/net/egress-rules.js';
 import type { EgressRequest, EgressUsage, EgressView } from '../../sdk/api.js';
 import type { SandboxRecord } from '../../store/records.js';
@@ -80,4 +80,14 @@ export async function egressTotals(
     t.denied += c.denied;
   }
   return t;
+}
+
+/**
+ * What the uplink's (the host's) connection table holds of this home's router that the router's
+ * own no longer does, removed (host/net/egress-router.ts sweepFlows): a daemon does it every
+ * minute, gc at each run. Nothing when no machine has egress. Returns how many went.
+ */
+export async function sweepEgress(ctx: LabContext): Promise<number> {
+  if (!ctx.store.egressSlots().size) return 0;
+  return sweepFlows(ctx.home);
 }
