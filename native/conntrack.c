@@ -26,6 +26,7 @@ struct tuple {
 
 struct flow {
 	struct tuple orig, reply;
+	uint32_t id; /* the kernel's id of the entry (network order; 0: not known) */
 };
 
 struct msg {
@@ -218,7 +219,8 @@ static int dump_read(int fd, char *buf, size_t size, uint32_t src, struct flow *
 			const struct nlattr *at[CTA_MAX + 1];
 			attrs((const struct nlattr *)((const char *)NLMSG_DATA(h) + head),
 			      h->nlmsg_len - NLMSG_HDRLEN - head, at, CTA_MAX);
-			struct flow f;
+			struct flow f = { .id = 0 };
+			copy(&f.id, at[CTA_ID], 4);
 			if (parse_tuple(at[CTA_TUPLE_ORIG], &f.orig) < 0 ||
 			    parse_tuple(at[CTA_TUPLE_REPLY], &f.reply) < 0 || f.orig.src != src || *n >= MAX_FLOWS)
 				continue;
@@ -234,12 +236,17 @@ static int dump_read(int fd, char *buf, size_t size, uint32_t src, struct flow *
 	}
 }
 
-/* Remove the flow whose original tuple is T: 1, 0 when the table has none, or -errno. */
-static int del(int fd, const struct tuple *t)
+/*
+ * Remove the flow whose original tuple is T (and, ID not 0, whose id is ID: not another that took
+ * its tuple since): 1, 0 when the table has none, or -errno.
+ */
+static int del(int fd, const struct tuple *t, uint32_t id)
 {
 	struct msg m;
 	start(&m, IPCTNL_MSG_CT_DELETE, NLM_F_ACK);
 	put_tuple(&m, CTA_TUPLE_ORIG, t);
+	if (id)
+		put(&m, CTA_ID, &id, 4);
 	int rc = send_msg(fd, &m);
 	if (rc < 0)
 		return rc;
@@ -354,7 +361,8 @@ static int delete_all(int fd, const struct flow *f, size_t n, int translated, un
 		struct tuple t = f[i].orig;
 		if (translated && sent_on(&f[i], &t) < 0)
 			continue;
-		int rc = del(fd, &t);
+		/* (a translated flow's id is the router's entry's, not the uplink's) */
+		int rc = del(fd, &t, translated ? 0 : f[i].id);
 		if (rc < 0 && !first)
 			first = rc;
 		if (rc > 0)

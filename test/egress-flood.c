@@ -9,6 +9,9 @@
  *   egress-flood rstbcast ADDR PORT S  a connection to ADDR:PORT, then a reset for it in a frame to
  *                                      the broadcast address (AF_PACKET on eth0: CAP_NET_RAW), which
  *                                      a router does not forward; prints "sent", keeps it S seconds
+ *   egress-flood arp GATEWAY N         N ARP requests for GATEWAY on eth0, each from a sender
+ *                                      address of its own (10.200.x.y: AF_PACKET, CAP_NET_RAW), as a
+ *                                      neighbour table that answers them takes each sender in
  * Prints "ok N refused M" (udp: sent and failed) and exits 0.
  */
 #include <arpa/inet.h>
@@ -110,6 +113,34 @@ static int rst_broadcast(struct sockaddr_in *a, unsigned secs)
 	}
 }
 
+/* arp: see above. */
+static int arp_requests(struct in_addr target, int n, int *ok, int *refused)
+{
+	int ifindex = (int)if_nametoindex("eth0");
+	int pk = socket(AF_PACKET, SOCK_DGRAM, htons(ETH_P_ARP));
+	if (!ifindex || pk < 0) {
+		perror("packet socket");
+		return 1;
+	}
+	unsigned char mac[6] = { 0x02, 0x42, 0, 0, 0, 1 };
+	for (int i = 0; i < n; i++) {
+		/* htype 1, ptype IPv4, hlen 6, plen 4, op request; sender MAC and IP, target MAC 0 and IP */
+		unsigned char a[28] = { 0, 1, 8, 0, 6, 4, 0, 1 };
+		memcpy(a + 8, mac, 6);
+		a[14] = 10, a[15] = 200, a[16] = (unsigned char)(i >> 8), a[17] = (unsigned char)(i & 255);
+		memcpy(a + 24, &target, 4);
+		struct sockaddr_ll to = {
+			.sll_family = AF_PACKET, .sll_protocol = htons(ETH_P_ARP), .sll_ifindex = ifindex, .sll_halen = 6
+		};
+		memset(to.sll_addr, 0xff, 6);
+		if (sendto(pk, a, sizeof a, 0, (struct sockaddr *)&to, sizeof to) == (ssize_t)sizeof a)
+			(*ok)++;
+		else
+			(*refused)++;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET };
@@ -152,6 +183,9 @@ int main(int argc, char **argv)
 			else
 				refused++;
 		}
+	} else if (strcmp(argv[1], "arp") == 0) {
+		if (arp_requests(a.sin_addr, atoi(argv[3]), &ok, &refused))
+			return 1;
 	} else if (strcmp(argv[1], "rstbcast") == 0 && argc == 5) {
 		a.sin_port = htons((unsigned short)atoi(argv[3]));
 		return rst_broadcast(&a, (unsigned)atoi(argv[4]));

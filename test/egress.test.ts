@@ -384,6 +384,23 @@ machines:
       expect((await fetchIn(vm, WEB)).out).toContain(`outside ${WEB} /p`);
       expect((await fetchIn(vm, 'web.test')).out).toContain(`outside ${WEB} /p`);
       for (const a of [OTHER, hostAddress(), '169.254.169.254']) expect((await fetchIn(vm, a)).ok, a).toBe(false);
+      // the guest's ARP requests from made-up senders put nothing in the host's one neighbour table
+      // (without the tap's ARP rule: one STALE entry each in its namespace, counted host-wide)
+      const probe = join(tmpdir(), `sltest-arp-${process.pid}`);
+      const built = spawnSync('gcc', ['-O2', '-static', '-o', probe, join(import.meta.dirname, 'egress-flood.c')], {
+        encoding: 'utf8',
+      });
+      expect(built.status, built.stderr).toBe(0);
+      await vm.putFile('/flood', readFileSync(probe), 0o755);
+      rmSync(probe, { force: true });
+      expect((await vm.exec(['/flood', 'arp', '100.126.0.1', '300'])).stdout.toString()).toMatch(/^ok 300 /);
+      const vmNs = machineEgressNetns(homeTag(lab!.home), slotOf(vm.egress!.address));
+      expect(
+        sh('ip', ['-n', vmNs, 'neigh', 'show'])
+          .split('\n')
+          .filter((l) => l.startsWith('10.200.')),
+      ).toEqual([]);
+      expect((await fetchIn(vm, WEB)).ok).toBe(true);
       const u = await vm.egressUsage();
       expect(u.connections).toBeGreaterThanOrEqual(2);
       expect(u.denied).toBeGreaterThanOrEqual(3);
@@ -814,14 +831,14 @@ machines:
       const d = new Daemon(daemonLab, { tickMs: 3_600_000 });
       try {
         const idle = echoOpen().length;
-        await live.spawn(['/flood', 'tcp', WEB, '7000', '3', '120']);
+        await live.spawn(['/flood', 'tcp', WEB, '7000', '3', '600']);
         await until(async () => (echoOpen().length >= idle + 3 ? true : undefined));
         await d.start();
         /** Connections held to the outside, then cut: the outside denied, the holder killed (its FINs refused after the router's table took them). */
         const leak = async (): Promise<number> => {
           const before = echoOpen().length;
           await box.setEgress({ allow: [], deny: [] });
-          await box.spawn(['/flood', 'tcp', WEB, '7000', '4', '120']);
+          await box.spawn(['/flood', 'tcp', WEB, '7000', '4', '600']);
           await until(async () => (echoOpen().length >= before + 4 ? true : undefined));
           await box.setEgress({ allow: [], deny: [WEB] });
           await box.exec(['killall', 'flood']);
@@ -834,8 +851,10 @@ machines:
         const first = await leak();
         // a daemon's tick sweeps at its full checks: every 60th tick (the first was start's)
         for (let i = 0; i < 59; i++) await d.tick();
+        await d.swept();
         expect(echoOpen().length).toBe(first + 4);
         await d.tick();
+        await d.swept();
         expect(echoOpen().length).toBe(first);
         // gc sweeps too, and says so
         const second = await leak();
@@ -850,6 +869,24 @@ machines:
         await live.destroy();
       }
     }, 180_000);
+
+    it("ARP requests from made-up senders put nothing in the host's one neighbour table", async () => {
+      const box = await withFlood(lab!);
+      const neighbours = (): string[] =>
+        sh('ip', ['-n', routerNetns(homeTag(lab!.home)), 'neigh', 'show'])
+          .split('\n')
+          .filter(Boolean);
+      try {
+        // (without the router's ARP rule: 1 024 STALE entries, the host's table full, "neighbor
+        // table overflow", a new entry anywhere on the host refused)
+        expect(await ran(box, ['/flood', 'arp', '100.96.0.1', '1100'])).toEqual({ ok: 1100, refused: 0 });
+        expect(neighbours().filter((l) => l.startsWith('10.200.'))).toEqual([]);
+        // the machine still reaches out (its link needs no ARP: both ends are permanent)
+        expect((await fetchIn(box, WEB)).ok).toBe(true);
+      } finally {
+        await box.destroy();
+      }
+    }, 60_000);
 
     it("a machine's open connections over its cap are refused at once; one that closes makes room", async () => {
       await capped('1000/1000/8,1000/1000', async (l) => {
@@ -942,7 +979,7 @@ machines:
       await box.destroy();
     }, 60_000);
 
-    it("a router an earlier build made, without the caps, is given them by the next create; the uplink's established timeout is kept", async () => {
+    it("a router an earlier build made, without the caps or the ARP rule, is given them by the next create; the uplink's established timeout is kept", async () => {
       const l = await testLab();
       const established = 'net.netfilter.nf_conntrack_tcp_timeout_established';
       const was = sh('ip', ['netns', 'exec', UP, 'sysctl', '-n', established]).trim();
@@ -955,12 +992,14 @@ machines:
         expect(sh('ip', ['netns', 'exec', UP, 'nft', 'list', 'table', 'ip', uplinkTable(tag)])).toMatch(
           /policy = \{[^}]* established : 7200, /,
         );
-        // as an earlier build left it: no home cap, no closing timeouts, a note without `capped`
+        // as an earlier build left it: no home cap, no closing timeouts, machines' links open to
+        // ARP, a note without this build's generation (`capped`: the build before)
         const router = routerNetns(tag);
         sh('ip', ['netns', 'exec', router, 'nft', 'delete', 'chain', 'ip', 'snaplab', 'flows']);
+        sh('ip', ['netns', 'exec', router, 'nft', 'delete', 'table', 'arp', 'snaplab']);
         sh('ip', ['netns', 'exec', UP, 'nft', 'delete', 'chain', 'ip', uplinkTable(tag), 'prerouting']);
         const note = join(l.home, 'run', 'egress.ready');
-        writeFileSync(note, readFileSync(note, 'utf8').replace(' capped', ''));
+        writeFileSync(note, readFileSync(note, 'utf8').replace(' capped-arp', ' capped'));
         // a process of its own (this one remembers the router as seen)
         const made = cli(l.home, ['create', '--egress', '--json']);
         expect(made.code, made.err).toBe(0);
@@ -970,7 +1009,10 @@ machines:
         expect(sh('ip', ['netns', 'exec', UP, 'nft', 'list', 'chain', 'ip', uplinkTable(tag), 'prerouting'])).toMatch(
           /ct timeout set "closing"/,
         );
-        expect(readFileSync(note, 'utf8')).toMatch(/ capped\n$/);
+        expect(sh('ip', ['netns', 'exec', router, 'nft', 'list', 'table', 'arp', 'snaplab'])).toMatch(
+          /iifname != "up0" drop/,
+        );
+        expect(readFileSync(note, 'utf8')).toMatch(/ capped-arp\n$/);
       } finally {
         sh('ip', ['netns', 'exec', UP, 'sysctl', '-qw', `${established}=${was}`]);
         await disposeLab(l);

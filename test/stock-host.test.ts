@@ -159,6 +159,11 @@ SLE=$(ip -4 -o addr show | awk '/ sle/ { split($4, a, "/"); print a[1] }')
 echo "SLE=$SLE"
 echo "UPLINK=$(start 'nc -w 3 '"$SLE"' 8081 </dev/null 2>&1; echo rc=$?')"
 echo "FORWARD_DURING=$(cat /proc/sys/net/ipv4/ip_forward)"
+# gc beside a live machine with egress: it sweeps the router's flows out of the host's table
+# (ct-sweep, netlink on this kernel), and the machine still gets out after
+OP=$(snaplab gc --json | grep -o '"operation": *"[^"]*"' | cut -d'"' -f4)
+echo "GC_DURING=$(snaplab trace "$OP" --json | base64 -w0)"
+echo "OUT_AFTER_GC=$(start 'nc -w 5 203.0.113.10 8080 </dev/null')"
 echo "KILL=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE -H "X-API-Key: $KEY" $U/sandboxes/$ID)"
 snaplab gc >/dev/null
 echo "LEFT=$(network_left)"`;
@@ -484,6 +489,15 @@ EOF`);
     expect(uplink, uplink).not.toMatch(/^host /m);
     expect(uplink).toMatch(/rc=1$/m);
     expect(got.FORWARD_DURING).toBe('1');
+    // gc's trace: its egress pass ran, and nothing in it failed (the sweep's failure would be there)
+    const gc = JSON.parse(Buffer.from(got.GC_DURING!, 'base64').toString()) as {
+      status: string;
+      phases: { name: string; failed?: string }[];
+    };
+    expect(gc.status).toBe('ok');
+    expect(gc.phases.map((p) => p.name)).toContain('egress');
+    expect(gc.phases.filter((p) => p.failed)).toEqual([]);
+    expect(connectEvents(got.OUT_AFTER_GC!).stdout, got.OUT_AFTER_GC).toBe('outside 198.51.100.1\n');
     expect(got.KILL).toBe('204');
     // no namespace, no nftables table of snaplab's; forwarding off again, as it was
     expect(got.LEFT!.split(' ')).toEqual(['0', '0', '0']);

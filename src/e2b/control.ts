@@ -329,7 +329,6 @@ export function registerControl(app: FastifyInstance, state: E2bState): void {
   );
   app.get('/sandboxes/:id', async (req, reply) => {
     const box = await (await state.lab(req)).get(idOf(req));
-    await state.disks.learn([box]);
     return reply.send(fromMetadata(box, state.disks).detail);
   });
   app.delete('/sandboxes/:id', async (req, reply) => {

@@ -15,9 +15,7 @@ import {
 } from '../sdk/api.js';
 import { SnaplabError } from '../errors.js';
 import { checkPage, listCursor } from '../sdk/paging.js';
-import { capacityOf } from '../drivers/capacity.js';
-import { findDriverInfo } from '../drivers/registry.js';
-import { orElse } from '../cleanup.js';
+import { capacityOf } from '../sdk/capacity.js';
 
 /** the front's own metadata keys' prefix: kept by a replace of the metadata that does not name them */
 export const RESERVED = FRONT_METADATA_PREFIXES.e2b;
@@ -38,37 +36,22 @@ export interface E2bView {
 /** The template a sandbox without one (made through snaplab's own API by the same key) is shown with. */
 const NO_TEMPLATE = 'base';
 
-/** how long the size of a storage's filesystem is kept (DiskSizes) */
-const DISK_SIZE_KEPT_MS = 60_000;
-
 /**
- * The size of the filesystem each storage's sandboxes without a disk cap live on, as their own
- * usage says it (its `diskTotalBytes`): getInfo's and a list's diskSizeMB for them, as getMetrics'
- * diskTotal. Learned from one such sandbox a storage, kept a minute.
+ * The size of the filesystem each storage's sandboxes without a disk cap live on, as the last
+ * getMetrics of one of them read it (its `diskTotal`): getInfo's and a list's diskSizeMB for them.
+ * Not read for them (a sandbox's usage syncs and measures its volume: too dear for a list).
  */
 export class DiskSizes {
-  private readonly known = new Map<string, { bytes: number | null; at: number }>();
+  private readonly known = new Map<string, number>();
 
-  /** Learn the size of each uncapped sandbox's storage not learned in the last minute. */
-  async learn(boxes: readonly SandboxApi[]): Promise<void> {
-    const now = Date.now();
-    const ask = new Map<string, SandboxApi>();
-    for (const box of boxes) {
-      const known = this.known.get(box.storage);
-      if (box.limits.diskBytes || ask.has(box.storage) || (known && now - known.at < DISK_SIZE_KEPT_MS)) continue;
-      ask.set(box.storage, box);
-    }
-    await Promise.all(
-      [...ask].map(async ([storage, box]) => {
-        const usage = await box.usage().catch(orElse(undefined, `the disk of ${box.id}`, 'SANDBOX_NOT_FOUND'));
-        if (usage) this.known.set(storage, { bytes: usage.diskTotalBytes, at: Date.now() });
-      }),
-    );
+  /** What a sample of a sandbox's use said of its disk (metrics.ts). */
+  seen(box: SandboxApi, totalBytes: number | null): void {
+    if (!box.limits.diskBytes && totalBytes) this.known.set(box.storage, totalBytes);
   }
 
-  /** A sandbox's disk in bytes: its cap, else its storage's filesystem (0 until learned). */
+  /** A sandbox's disk in bytes: its cap, else its storage's filesystem (0 until a sample said it). */
   of(box: SandboxApi): number {
-    return box.limits.diskBytes ?? this.known.get(box.storage)?.bytes ?? 0;
+    return box.limits.diskBytes ?? this.known.get(box.storage) ?? 0;
   }
 }
 
@@ -78,7 +61,7 @@ export function fromMetadata(box: SandboxApi, disks?: DiskSizes): E2bView {
   const metadata = Object.fromEntries(Object.entries(meta).filter(([k]) => !k.startsWith(RESERVED)));
   const end = box.expiresAt ?? (box.timeoutS ? Date.now() + box.timeoutS * 1000 : Date.UTC(9999, 0));
   const autoResume = asksAutoResume(meta);
-  const capacity = capacityOf(box.limits, findDriverInfo(box.driver));
+  const capacity = capacityOf(box);
   const detail = {
     sandboxID: box.id,
     templateID,
@@ -210,18 +193,13 @@ export async function listSandboxes(
   const limit = paged ? pageLimit(q.limit) : undefined;
   const after = paged ? cursorOf(q.nextToken) : undefined;
   if (!opts) return [];
-  if (limit === undefined) {
-    const all = await lab.list(opts);
-    await disks.learn(all);
-    return all.map((b) => fromMetadata(b, disks).detail);
-  }
+  if (limit === undefined) return (await lab.list(opts)).map((b) => fromMetadata(b, disks).detail);
   // one more than the page: a next page is named only when there is one
   const page = await lab.list({ ...opts, limit: limit + 1, ...(after !== undefined ? { after } : {}) });
   if (page.length > limit) {
     page.pop();
     void reply.header('x-next-token', Buffer.from(listCursor(page.at(-1)!)).toString('base64url'));
   }
-  await disks.learn(page);
   return page.map((b) => fromMetadata(b, disks).detail);
 }
 

@@ -83,6 +83,7 @@ export function registerMetrics(app: FastifyInstance, state: E2bState): void {
     const end = secondsQuery(req, 'end');
     const box = await (await state.lab(req)).get((req.params as { id: string }).id);
     const now = await box.usage();
+    state.disks.seen(box, now.diskTotalBytes);
     // the SDK rounds its times to whole seconds: a range within a second of now holds a sample of now
     const inRange = (start === undefined || now.at >= start - 1000) && (end === undefined || now.at < end + 1000);
     return reply.send(inRange ? [state.metrics.sample(box.id, box.createdAt, now)] : []);

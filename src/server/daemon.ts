@@ -198,13 +198,8 @@ export class Daemon implements RouteHost {
       // a pool defined since by another process (an embedded `snaplab pool create`) is kept full too
       this.lab.holdPools();
       // as often as a full check: what the host's connection table keeps of flows egress ended
-      if (full) {
-        const swept = await this.lab.sweepEgress().catch((e: Error) => {
-          this.log({ msg: 'sweeping egress flows failed', error: e.message });
-          return 0;
-        });
-        if (swept) this.log({ msg: 'egress flows the router had ended, removed from the uplink', count: swept });
-      }
+      // (beside the tick, not in it: it reads the host's whole table; one at a time)
+      if (full) this.sweepEgress();
     }
     // read after the check: a change made meanwhile is seen as it is now, not as it was
     const changes = await this.lab.changes(this.watched?.mark, this.watched?.again);
@@ -225,6 +220,25 @@ export class Daemon implements RouteHost {
     if (failed.length) this.watched = this.events.retry(failed);
     const now = Date.now();
     for (const box of await this.lab.expired(now)) this.keepTime(box, now);
+  }
+
+  /** The egress sweep under way, if one is: the tick starts no second beside it. */
+  private sweeping: Promise<void> | undefined;
+
+  /** Sweep egress's ended flows out of the host's table (Lab.sweepEgress), in the background. */
+  private sweepEgress(): void {
+    this.sweeping ??= this.lab
+      .sweepEgress()
+      .then(
+        (n) => void (n && this.log({ msg: 'egress flows the router had ended, removed from the uplink', count: n })),
+        (e: Error) => this.log({ msg: 'sweeping egress flows failed', error: e.message }),
+      )
+      .finally(() => (this.sweeping = undefined));
+  }
+
+  /** The egress sweep under way, waited for (a test sees its end). */
+  async swept(): Promise<void> {
+    await this.sweeping;
   }
 
   /**

@@ -135,8 +135,8 @@ export async function ensureRouter(home: string): Promise<string> {
     const known = await isNoted(home, ns);
     if (known || ((await isNamespace(netnsPath(ns))) && (await routerComplete(ns)))) {
       // a router an earlier build made has no cap on its machines' connections, nor the uplink's
-      // short timeouts: given them (once; the note then says so)
-      if (known !== 'capped') {
+      // short timeouts, nor its machines' links closed to ARP: given them (once; the note then says so)
+      if (known !== 'current') {
         await capRouter(tag);
         await note(home, ns);
       }
@@ -171,7 +171,7 @@ const hostNote = (home: string): string => join(home, 'run', 'egress.host');
 async function hostNoteText(home: string, addrs: string[]): Promise<string | undefined> {
   const router = (await readReadyNote(home)).trim();
   // a ready note without its token (none, or an earlier build's): the set is written every time
-  if (!/^\S+ [0-9a-f]{16}(?: capped)?$/.test(router)) return undefined;
+  if (!/^\S+ [0-9a-f]{16}(?: [a-z-]+)?$/.test(router)) return undefined;
   return `${router}\n${[...addrs].sort().join(' ')}\n`;
 }
 const readHostNote = (home: string): Promise<string> =>
@@ -207,20 +207,28 @@ const inode = (path: string): Promise<string | undefined> =>
     (st) => `${st.dev}:${st.ino}`,
     () => undefined,
   );
+/**
+ * What a router this build makes has that an earlier build's may not (capRouter gives it): the
+ * caps on connections (an earlier note said `capped`), its machines' links closed to ARP.
+ */
+const ROUTER_GENERATION = 'capped-arp';
 async function note(home: string, ns: string): Promise<void> {
-  // (the token: hostNote; `capped`: the router has the caps on connections, capRouter)
-  await writeFile(readyNote(home), `${await inode(netnsPath(ns))} ${randomBytes(8).toString('hex')} capped\n`);
+  // (the token: hostNote)
+  await writeFile(
+    readyNote(home),
+    `${await inode(netnsPath(ns))} ${randomBytes(8).toString('hex')} ${ROUTER_GENERATION}\n`,
+  );
 }
 /**
- * Whether the router's namespace is the one noted as made whole: false, or `capped` when the note
- * says it has the caps on connections, else true (an earlier build's note).
+ * Whether the router's namespace is the one noted as made whole: false, or `current` when the
+ * note says it has what this build's routers have, else true (an earlier build's note).
  */
-async function isNoted(home: string, ns: string): Promise<boolean | 'capped'> {
+async function isNoted(home: string, ns: string): Promise<boolean | 'current'> {
   if (!(await isNamespace(netnsPath(ns)))) return false;
   const [was, now] = await Promise.all([readReadyNote(home), inode(netnsPath(ns))]);
   const f = was.trim().split(' ');
   if (now === undefined || f[0] !== now) return false;
-  return f[2] === 'capped' ? 'capped' : true;
+  return f[2] === ROUTER_GENERATION ? 'current' : true;
 }
 
 const routerComplete = async (ns: string): Promise<boolean> =>
@@ -303,8 +311,8 @@ async function uplinkEstablished(): Promise<number> {
 
 /**
  * Give a router an earlier build made what this one's have: the home's cap on its machines'
- * connections, and the uplink's short timeouts for their closing connections (its table loaded
- * again: the connections it tracks keep their translation).
+ * connections, its machines' links closed to ARP, and the uplink's short timeouts for their
+ * closing connections (its table loaded again: the connections it tracks keep their translation).
  */
 async function capRouter(tag: string): Promise<void> {
   await nft(routerNetns(tag), homeFlowsUpgrade(flowCapsNow().home), 'cannot cap the connections of egress');

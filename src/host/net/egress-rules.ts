@@ -211,8 +211,22 @@ export function routerRuleset(o: { hostAddrs: string[]; dns: string[]; transitRo
     `    oifname "${UPLINK_IF}" snat to ${o.transitRouter}`,
     '  }',
     '}',
+    `table arp ${ROUTER_TABLE} {`,
+    '  chain input {',
+    '    type filter hook input priority 0; policy accept;',
+    `    ${ARP_RULE}`,
+    '  }',
+    '}',
   ].join('\n');
 }
+
+/**
+ * No ARP from a machine's link reaches the router: both ends are in each other's neighbour table
+ * for good (ROUTER_LINK_MAC), and the kernel takes the sender of every request it answers into
+ * its neighbour table, which is one for the whole host. A sandbox (CAP_NET_RAW) sending requests
+ * for the gateway from 1 100 made-up senders filled it: the host's own new neighbours were refused.
+ */
+const ARP_RULE = `iifname != "${UPLINK_IF}" drop`;
 
 /**
  * The home's cap on the flows of all its machines together: a base chain after `forward` (which
@@ -248,7 +262,7 @@ const EARLY_RULES = [
   'ip hdrlength != 5 drop',
 ];
 
-/** The home's cap added to a router an earlier build made (ensureRouter): idempotent. */
+/** The home's cap and the machines' links closed to ARP, added to a router an earlier build made (ensureRouter): idempotent. */
 export const homeFlowsUpgrade = (cap: FlowCap): string =>
   `${[
     `table ip ${ROUTER_TABLE} {`,
@@ -261,6 +275,9 @@ export const homeFlowsUpgrade = (cap: FlowCap): string =>
     `flush chain ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN}`,
     `add rule ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN} iifname "${UPLINK_IF}" accept`,
     ...capRules(cap, 'flows_refused').map((r) => `add rule ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN} ${r}`),
+    `table arp ${ROUTER_TABLE} { chain input { type filter hook input priority 0; policy accept; }; }`,
+    `flush chain arp ${ROUTER_TABLE} input`,
+    `add rule arp ${ROUTER_TABLE} input ${ARP_RULE}`,
   ].join('\n')}\n`;
 
 /** Whether `entry` (an address or prefix) lies inside one of `prefixes`: it names that range on purpose. */
@@ -471,6 +488,14 @@ export function guestLinkRuleset(dev: string): string {
     '  chain postrouting {',
     '    type nat hook postrouting priority 100;',
     `    iifname "${t}" oifname "${dev}" masquerade`,
+    '  }',
+    '}',
+    // the guest asks for its gateway (it answers from the tap); from any other sender, a request
+    // would put that sender in the host's one neighbour table (ARP_RULE)
+    `table arp ${ROUTER_TABLE}_guest {`,
+    '  chain input {',
+    '    type filter hook input priority 0; policy accept;',
+    `    iifname "${t}" arp saddr ip != ${GUEST_LINK.address.split('/')[0]} drop`,
     '  }',
     '}',
   ].join('\n');

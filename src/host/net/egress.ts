@@ -7,7 +7,7 @@
  */
 import { basename, join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
-import { noted } from '../../cleanup.js';
+import { noted, orElse } from '../../cleanup.js';
 import { HostOps } from '../hostops.js';
 import { withLock } from '../lock.js';
 import { mapLimit } from '../../concurrency.js';
@@ -176,9 +176,11 @@ async function unlinkGuest(ns: string): Promise<void> {
   const res = await ipBatch(ns, [`link del ${GUEST_LINK.tap}`]);
   if (res.code !== 0 && !/Cannot find device|does not exist/i.test(res.stderr))
     throw failed(`cannot remove the guest's link in ${ns}`, res);
-  const t = await inNs(ns, ['nft', 'delete', 'table', 'ip', `${ROUTER_TABLE}_guest`], { allowFail: true });
-  if (t.code !== 0 && !/No such file or directory/.test(t.stderr))
-    throw failed(`cannot remove the guest's rules in ${ns}`, t);
+  for (const family of ['ip', 'arp']) {
+    const t = await inNs(ns, ['nft', 'delete', 'table', family, `${ROUTER_TABLE}_guest`], { allowFail: true });
+    if (t.code !== 0 && !/No such file or directory/.test(t.stderr))
+      throw failed(`cannot remove the guest's rules in ${ns}`, t);
+  }
 }
 
 async function makeMachineNetns(ns: string, userns?: { base: number; count: number }): Promise<void> {
@@ -385,7 +387,7 @@ async function collectLocked(home: string, live: () => Set<number>): Promise<str
   // rules whose machine went (a crash between the two removals, a scenario machine's)
   const router = routerNetns(tag);
   if (!(await isNamespace(netnsPath(router)))) return removed;
-  const swept = await sweepFlows(home);
+  const swept = await sweepFlows(home).catch(orElse(0, `sweep the flows of egress router ${router}`));
   if (swept) removed.push(`${swept} flow${swept === 1 ? '' : 's'} of egress router ${router} the router had ended`);
   const chains = await inNs(router, ['nft', 'list', 'chains', 'ip'], { allowFail: true });
   for (const m of chains.stdout.matchAll(/chain m(\d+) \{/g)) {
