@@ -390,9 +390,12 @@ machines:
       const built = spawnSync('gcc', ['-O2', '-static', '-o', probe, join(import.meta.dirname, 'egress-flood.c')], {
         encoding: 'utf8',
       });
-      expect(built.status, built.stderr).toBe(0);
-      await vm.putFile('/flood', readFileSync(probe), 0o755);
-      rmSync(probe, { force: true });
+      try {
+        expect(built.status, built.stderr).toBe(0);
+        await vm.putFile('/flood', readFileSync(probe), 0o755);
+      } finally {
+        rmSync(probe, { force: true });
+      }
       expect((await vm.exec(['/flood', 'arp', '100.126.0.1', '300'])).stdout.toString()).toMatch(/^ok 300 /);
       const vmNs = machineEgressNetns(homeTag(lab!.home), slotOf(vm.egress!.address));
       expect(
@@ -993,16 +996,29 @@ machines:
           /policy = \{[^}]* established : 7200, /,
         );
         // as an earlier build left it: no home cap, no closing timeouts, machines' links open to
-        // ARP, a note without this build's generation (`capped`: the build before)
+        // ARP, a note without a generation (then `capped`, the build before this one's, on the way)
         const router = routerNetns(tag);
         sh('ip', ['netns', 'exec', router, 'nft', 'delete', 'chain', 'ip', 'snaplab', 'flows']);
         sh('ip', ['netns', 'exec', router, 'nft', 'delete', 'table', 'arp', 'snaplab']);
         sh('ip', ['netns', 'exec', UP, 'nft', 'delete', 'chain', 'ip', uplinkTable(tag), 'prerouting']);
         const note = join(l.home, 'run', 'egress.ready');
-        writeFileSync(note, readFileSync(note, 'utf8').replace(' capped-arp', ' capped'));
+        writeFileSync(note, readFileSync(note, 'utf8').replace(' capped-arp', ''));
+        // a machine of a build older still, whose link's ends learn each other by ARP (no
+        // permanent entry at the router's end): the router is not closed to ARP while it is there
+        const old = await l.create({ egress: true });
+        const oldLink = `e${slotOf(old.egress!.address)}`;
+        sh('ip', ['-n', router, 'neigh', 'del', old.egress!.address, 'dev', oldLink]);
         // a process of its own (this one remembers the router as seen)
         const made = cli(l.home, ['create', '--egress', '--json']);
         expect(made.code, made.err).toBe(0);
+        expect(spawnSync('ip', ['netns', 'exec', router, 'nft', 'list', 'table', 'arp', 'snaplab']).status).not.toBe(0);
+        expect(readFileSync(note, 'utf8')).toMatch(/ capped\n$/);
+        // (with the rule: the router's answer to its request for the machine dropped, the machine cut off)
+        sh('ip', ['-n', router, 'neigh', 'flush', 'dev', oldLink]);
+        expect((await fetchIn(old, WEB)).ok).toBe(true);
+        await old.destroy();
+        const again = cli(l.home, ['create', '--egress', '--json']);
+        expect(again.code, again.err).toBe(0);
         expect(sh('ip', ['netns', 'exec', router, 'nft', 'list', 'chain', 'ip', 'snaplab', 'flows'])).toMatch(
           /limit rate over \d+\/second burst \d+ packets counter name "flows_refused" reject/,
         );

@@ -19,6 +19,7 @@ import {
   ROUTER_TABLE,
   UPLINK_IF,
   flowCaps,
+  arpClosedUpgrade,
   homeFlowsUpgrade,
   type FlowCap,
   homeTag,
@@ -135,12 +136,16 @@ export async function ensureRouter(home: string): Promise<string> {
     const known = await isNoted(home, ns);
     if (known || ((await isNamespace(netnsPath(ns))) && (await routerComplete(ns)))) {
       // a router an earlier build made has no cap on its machines' connections, nor the uplink's
-      // short timeouts, nor its machines' links closed to ARP: given them (once; the note then says so)
-      if (known !== 'current') {
-        await capRouter(tag);
-        await note(home, ns);
+      // short timeouts (`capped` gives them: once), nor its machines' links closed to ARP, which
+      // waits until no link is left whose ends learn each other by ARP (an older build's)
+      let current = known === 'current';
+      if (!current) {
+        if (known !== 'capped') await capRouter(tag);
+        current = await closeArp(ns);
+        if (current || known !== 'capped') await note(home, ns, current ? ROUTER_GENERATION : 'capped');
       }
-      ready.add(tag);
+      // (one still open to ARP is looked at again by the next create, until its old links are gone)
+      if (current) ready.add(tag);
       return ns;
     }
     await removeRouter(home);
@@ -212,23 +217,21 @@ const inode = (path: string): Promise<string | undefined> =>
  * caps on connections (an earlier note said `capped`), its machines' links closed to ARP.
  */
 const ROUTER_GENERATION = 'capped-arp';
-async function note(home: string, ns: string): Promise<void> {
+async function note(home: string, ns: string, generation = ROUTER_GENERATION): Promise<void> {
   // (the token: hostNote)
-  await writeFile(
-    readyNote(home),
-    `${await inode(netnsPath(ns))} ${randomBytes(8).toString('hex')} ${ROUTER_GENERATION}\n`,
-  );
+  await writeFile(readyNote(home), `${await inode(netnsPath(ns))} ${randomBytes(8).toString('hex')} ${generation}\n`);
 }
 /**
  * Whether the router's namespace is the one noted as made whole: false, or `current` when the
- * note says it has what this build's routers have, else true (an earlier build's note).
+ * note says it has what this build's routers have, `capped` when it has the caps on connections
+ * only, else true (an earlier build's note).
  */
-async function isNoted(home: string, ns: string): Promise<boolean | 'current'> {
+async function isNoted(home: string, ns: string): Promise<boolean | 'current' | 'capped'> {
   if (!(await isNamespace(netnsPath(ns)))) return false;
   const [was, now] = await Promise.all([readReadyNote(home), inode(netnsPath(ns))]);
   const f = was.trim().split(' ');
   if (now === undefined || f[0] !== now) return false;
-  return f[2] === ROUTER_GENERATION ? 'current' : true;
+  return f[2] === ROUTER_GENERATION ? 'current' : f[2] === 'capped' ? 'capped' : true;
 }
 
 const routerComplete = async (ns: string): Promise<boolean> =>
@@ -310,13 +313,31 @@ async function uplinkEstablished(): Promise<number> {
 }
 
 /**
- * Give a router an earlier build made what this one's have: the home's cap on its machines'
- * connections, its machines' links closed to ARP, and the uplink's short timeouts for their
- * closing connections (its table loaded again: the connections it tracks keep their translation).
+ * Give a router an earlier build made the home's cap on its machines' connections, and the
+ * uplink's short timeouts for their closing connections (its table loaded again: the connections
+ * it tracks keep their translation). Its links closed to ARP: closeArp.
  */
 async function capRouter(tag: string): Promise<void> {
   await nft(routerNetns(tag), homeFlowsUpgrade(flowCapsNow().home), 'cannot cap the connections of egress');
   await withLock(FORWARD_LOCK, () => loadUplinkTable(tag));
+}
+
+/**
+ * A router an earlier build made: its machines' links closed to ARP (arpClosedUpgrade), if every
+ * link it has is this build's, each end a permanent entry in the other's table (ROUTER_LINK_MAC):
+ * a link an older build made learns its far end by ARP, and would lose it. Whether it did.
+ */
+async function closeArp(ns: string): Promise<boolean> {
+  const [links, permanent] = await Promise.all([
+    inNs(ns, ['ip', '-o', 'link', 'show'], { allowFail: true }),
+    inNs(ns, ['ip', 'neigh', 'show', 'nud', 'permanent'], { allowFail: true }),
+  ]);
+  if (links.code !== 0 || permanent.code !== 0) return false;
+  const machineLinks = [...links.stdout.matchAll(/^\d+: (e\d+)@/gm)].map((m) => m[1]!);
+  const held = new Set([...permanent.stdout.matchAll(/ dev (e\d+) /g)].map((m) => m[1]!));
+  if (!machineLinks.every((l) => held.has(l))) return false;
+  await nft(ns, arpClosedUpgrade(), 'cannot close the links of egress to ARP');
+  return true;
 }
 
 async function sysctl(ns: string, settings: string[]): Promise<void> {

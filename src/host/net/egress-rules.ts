@@ -262,7 +262,7 @@ const EARLY_RULES = [
   'ip hdrlength != 5 drop',
 ];
 
-/** The home's cap and the machines' links closed to ARP, added to a router an earlier build made (ensureRouter): idempotent. */
+/** The home's cap added to a router an earlier build made (ensureRouter): idempotent. */
 export const homeFlowsUpgrade = (cap: FlowCap): string =>
   `${[
     `table ip ${ROUTER_TABLE} {`,
@@ -275,6 +275,14 @@ export const homeFlowsUpgrade = (cap: FlowCap): string =>
     `flush chain ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN}`,
     `add rule ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN} iifname "${UPLINK_IF}" accept`,
     ...capRules(cap, 'flows_refused').map((r) => `add rule ip ${ROUTER_TABLE} ${HOME_FLOWS_CHAIN} ${r}`),
+  ].join('\n')}\n`;
+
+/**
+ * The machines' links closed to ARP, added to a router an earlier build made (ensureRouter), once
+ * every link it has is one whose ends are permanent entries: idempotent.
+ */
+export const arpClosedUpgrade = (): string =>
+  `${[
     `table arp ${ROUTER_TABLE} { chain input { type filter hook input priority 0; policy accept; }; }`,
     `flush chain arp ${ROUTER_TABLE} input`,
     `add rule arp ${ROUTER_TABLE} input ${ARP_RULE}`,
