@@ -237,44 +237,12 @@ static int dump_read(int fd, char *buf, size_t size, uint32_t src, struct flow *
 }
 
 /*
- * Remove the flow whose original tuple is T (and, ID not 0, whose id is ID: not another that took
- * its tuple since): 1, 0 when the table has none, or -errno.
+ * Send M on FD and read to its ack, past what comes before it (a GET's flow): 1 when the kernel
+ * said yes, 0 when it has no such flow (ENOENT), or -errno.
  */
-static int del(int fd, const struct tuple *t, uint32_t id)
+static int ask(int fd, struct msg *m)
 {
-	struct msg m;
-	start(&m, IPCTNL_MSG_CT_DELETE, NLM_F_ACK);
-	put_tuple(&m, CTA_TUPLE_ORIG, t);
-	if (id)
-		put(&m, CTA_ID, &id, 4);
-	int rc = send_msg(fd, &m);
-	if (rc < 0)
-		return rc;
-	char buf[1024];
-	for (;;) {
-		ssize_t got = recv(fd, buf, sizeof buf, 0);
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got < 0)
-			return -errno;
-		struct nlmsghdr *h = (struct nlmsghdr *)buf;
-		if (!message_ok(h, (size_t)got) || h->nlmsg_type != NLMSG_ERROR)
-			continue;
-		int e = ((const struct nlmsgerr *)NLMSG_DATA(h))->error;
-		return e == 0 ? 1 : e == -ENOENT ? 0 : e;
-	}
-}
-
-/*
- * Whether the table of FD holds a flow whose reply tuple is T: 1, 0 when it has none, or -errno.
- * An exact lookup (no dump, which the table's changes meanwhile could make miss one).
- */
-static int has_reply(int fd, const struct tuple *t)
-{
-	struct msg m;
-	start(&m, IPCTNL_MSG_CT_GET, NLM_F_ACK);
-	put_tuple(&m, CTA_TUPLE_REPLY, t);
-	int rc = send_msg(fd, &m);
+	int rc = send_msg(fd, m);
 	if (rc < 0)
 		return rc;
 	char buf[4096];
@@ -287,11 +255,37 @@ static int has_reply(int fd, const struct tuple *t)
 		for (struct nlmsghdr *h = (struct nlmsghdr *)buf; message_ok(h, (size_t)got);
 		     h = message_next(h, &got)) {
 			if (h->nlmsg_type != NLMSG_ERROR)
-				continue; /* the flow itself: its ack follows */
+				continue;
 			int e = ((const struct nlmsgerr *)NLMSG_DATA(h))->error;
 			return e == 0 ? 1 : e == -ENOENT ? 0 : e;
 		}
 	}
+}
+
+/*
+ * Remove the flow whose original tuple is T (and, ID not 0, whose id is ID: not another that took
+ * its tuple since): 1, 0 when the table has none, or -errno.
+ */
+static int del(int fd, const struct tuple *t, uint32_t id)
+{
+	struct msg m;
+	start(&m, IPCTNL_MSG_CT_DELETE, NLM_F_ACK);
+	put_tuple(&m, CTA_TUPLE_ORIG, t);
+	if (id)
+		put(&m, CTA_ID, &id, 4);
+	return ask(fd, &m);
+}
+
+/*
+ * Whether the table of FD holds a flow whose reply tuple is T: 1, 0 when it has none, or -errno.
+ * An exact lookup (no dump, which the table's changes meanwhile could make miss one).
+ */
+static int has_reply(int fd, const struct tuple *t)
+{
+	struct msg m;
+	start(&m, IPCTNL_MSG_CT_GET, NLM_F_ACK);
+	put_tuple(&m, CTA_TUPLE_REPLY, t);
+	return ask(fd, &m);
 }
 
 /* Into the network namespace at PATH, or back to SELF for "-". */

@@ -30,7 +30,7 @@ import type { SandboxApi } from '../src/sdk/api.js';
 import { createMany, removeMany } from '../src/sdk/bulk.js';
 import { listCursor } from '../src/sdk/paging.js';
 import { disposeLab, testLab } from './helpers.js';
-import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
+import { SNAPLAB, snaplabInPrivateMounts, snaplabWithNosuidDev } from './cli-command.js';
 import { failureMeans, noted } from '../src/cleanup.js';
 
 // Root inside is not root outside: each namespace sandbox in a user namespace of its own, its root
@@ -352,20 +352,10 @@ describe('user namespace ranges', () => {
     writeFileSync(passwd, `${readFileSync('/etc/passwd', 'utf8')}slhigh:x:${lo + 100}:${lo + 100}::/:/bin/false\n`);
     writeFileSync(group, `${readFileSync('/etc/group', 'utf8')}slhighg:x:${lo + USERNS_SIZE + 5}:\n`);
     const create = () =>
-      spawnSync(
-        'unshare',
-        [
-          '-m',
-          '--propagation',
-          'private',
-          'sh',
-          '-c',
-          `mount --bind ${passwd} /etc/passwd && mount --bind ${group} /etc/group && exec ${SNAPLAB} create --image busybox --json`,
-        ],
-        {
-          env: { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_USERNS_IDS: `${lo}-${lo + 3 * USERNS_SIZE - 1}` },
-          encoding: 'utf8',
-        },
+      snaplabInPrivateMounts(
+        `mount --bind ${passwd} /etc/passwd && mount --bind ${group} /etc/group`,
+        ['create', '--image', 'busybox', '--json'],
+        { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_USERNS_IDS: `${lo}-${lo + 3 * USERNS_SIZE - 1}` },
       );
     const made: string[] = [];
     /** a create's sandbox, kept for removal before anything of it is checked */
