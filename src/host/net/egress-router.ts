@@ -213,8 +213,9 @@ const inode = (path: string): Promise<string | undefined> =>
     () => undefined,
   );
 /**
- * What a router this build makes has that an earlier build's may not (capRouter gives it): the
- * caps on connections (an earlier note said `capped`), its machines' links closed to ARP.
+ * What a router this build makes has that an earlier build's may not: the caps on connections
+ * (capRouter; a note of the build before says `capped`) and its machines' links closed to ARP
+ * (closeArp).
  */
 const ROUTER_GENERATION = 'capped-arp';
 async function note(home: string, ns: string, generation = ROUTER_GENERATION): Promise<void> {
