@@ -45,10 +45,38 @@ int watch_main(int argc, char **argv);
 int copy_main(int argc, char **argv, void (*usage)(void));
 extern int system_machine;
 
+/*
+ * A sandbox's start: bwrap ran the agent from STAGE in /dev, since /run is made here (run_in_dev,
+ * sandbox.c). Once it is, the agent runs again from /run/snaplab/agent with the same arguments
+ * but these two, so that PID 1 is /run/snaplab/agent to ps and /proc/1/exe, as in every machine.
+ */
+static int serve_from_run(int argc, char **argv, const char *stage)
+{
+	if (run_in_dev(stage) < 0) {
+		fprintf(stderr, "snaplab-agent: make /run: %s: %s\n", harden_failed, strerror(errno));
+		return 1;
+	}
+	char **again = calloc((size_t)argc, sizeof *again);
+	if (!again)
+		return 1;
+	int n = 0;
+	again[n++] = MACHINE_AGENT;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--run-in-dev") == 0)
+			i++;
+		else
+			again[n++] = argv[i];
+	}
+	again[n] = NULL;
+	execv(MACHINE_AGENT, again);
+	fprintf(stderr, "snaplab-agent: exec %s: %s\n", MACHINE_AGENT, strerror(errno));
+	return 1;
+}
+
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: snaplab-agent serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc] [--system]\n"
+		"usage: snaplab-agent serve (--socket PATH | --listen-fd N | --stream PATH | --stream-fd N) [--ready-fd N] [--caps CAP_A,CAP_B,...] [--harden-proc [--run-in-dev STAGE]] [--system]\n"
 		"       snaplab-agent relay --connect PATH --listen PATH --pid N [--ready-fd N]\n"
 		"       snaplab-agent boot --root DIR --agent PATH --hostname NAME [--net] [--caps LIST] -- INIT [ARGS]\n"
 		"       snaplab-agent tar [-L] SRC\n"
@@ -76,7 +104,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (strcmp(argv[1], "serve") == 0) {
-		const char *sock = NULL, *caps = NULL, *stream = NULL;
+		const char *sock = NULL, *caps = NULL, *stream = NULL, *run_stage = NULL;
 		int ready = -1, listen_fd = -1, stream_fd = -1, harden = 0;
 		for (int i = 2; i < argc; i++) {
 			if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc)
@@ -91,6 +119,8 @@ int main(int argc, char **argv)
 				stream_fd = atoi(argv[++i]);
 			else if (strcmp(argv[i], "--harden-proc") == 0)
 				harden = 1;
+			else if (strcmp(argv[i], "--run-in-dev") == 0 && i + 1 < argc)
+				run_stage = argv[++i];
 			else if (strcmp(argv[i], "--system") == 0)
 				system_machine = 1;
 			else if (strcmp(argv[i], "--caps") == 0 && i + 1 < argc)
@@ -101,10 +131,13 @@ int main(int argc, char **argv)
 			}
 		}
 		/* exactly one transport */
-		if ((sock != NULL) + (listen_fd >= 0) + (stream != NULL) + (stream_fd >= 0) != 1) {
+		if ((sock != NULL) + (listen_fd >= 0) + (stream != NULL) + (stream_fd >= 0) != 1 ||
+		    (run_stage && !harden)) {
 			usage();
 			return 2;
 		}
+		if (run_stage)
+			return serve_from_run(argc, argv, run_stage);
 		return serve_main(sock, listen_fd, stream, stream_fd, ready, caps, harden);
 	}
 	if (strcmp(argv[1], "boot") == 0)

@@ -305,6 +305,50 @@ static int shm_in_dev(void)
 	return rc < 0 ? harden_fail("cap the size of", "/dev (and /dev/shm in it)") : 0;
 }
 
+/*
+ * A sandbox's /run: a directory of /dev's tmpfs, not a tmpfs of its own (a superblock, which every
+ * memory cgroup on the host pays a slot for: docs/architecture.md "Density"). The directory is
+ * made under /dev/pts, where the sandbox's devpts covers it, so /dev shows nothing of it and no
+ * path through /dev reaches it (only an unmount of /dev/pts would, which needs CAP_SYS_ADMIN:
+ * nothing inside keeps it). It is reached here through a bind of /dev's tmpfs alone (a bind that
+ * is not recursive takes no mount along, devpts neither), then bound at /run, and the bind is
+ * removed. bwrap bound the agent at STAGE in /dev (there was no /run yet): it is bound again at
+ * /run/snaplab/agent, where commands run it, read-only, and STAGE goes. /run shares the tmpfs's
+ * size cap with /dev/shm (shm_in_dev).
+ */
+#define RUN_WORK "/dev/.snaplab-run"
+
+int run_in_dev(const char *stage)
+{
+	const char *agent = MACHINE_AGENT;
+	const char *dirs[] = { RUN_WORK "/pts/run", RUN_WORK "/pts/run/snaplab" };
+	if (mkdir(RUN_WORK, 0700) < 0)
+		return harden_fail("mkdir", RUN_WORK);
+	if (mount("/dev", RUN_WORK, NULL, MS_BIND, NULL) < 0)
+		return harden_fail("bind /dev at", RUN_WORK);
+	for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++)
+		if (mkdir(dirs[i], 0755) < 0)
+			return harden_fail("mkdir", dirs[i]);
+	int f = open(RUN_WORK "/pts" MACHINE_AGENT, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0555);
+	if (f < 0)
+		return harden_fail("create", agent);
+	close(f);
+	/* (an image without /run gets the directory, as bwrap's tmpfs made it before) */
+	if (mkdir("/run", 0755) < 0 && errno != EEXIST)
+		return harden_fail("mkdir", "/run");
+	if (mount(RUN_WORK "/pts/run", "/run", NULL, MS_BIND, NULL) < 0)
+		return harden_fail("bind", "/run");
+	if (umount2(RUN_WORK, MNT_DETACH) < 0 || rmdir(RUN_WORK) < 0)
+		return harden_fail("remove", RUN_WORK);
+	if (mount(stage, agent, NULL, MS_BIND, NULL) < 0)
+		return harden_fail("bind", agent);
+	if (remount_keeping(agent, MS_RDONLY | MS_NOSUID | MS_NODEV) < 0)
+		return harden_fail("remount read-only", agent);
+	if (umount2(stage, MNT_DETACH) < 0 || unlink(stage) < 0)
+		return harden_fail("remove", stage);
+	return 0;
+}
+
 int harden_proc(int dev_readonly)
 {
 	static const char *const ro[] = { "/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq" };

@@ -16,6 +16,10 @@ int caps_restrict(const char *list);
 /* on failure, harden_failed says which step (e.g. "remount read-only /proc/kcore") */
 extern char harden_failed[128];
 int harden_proc(int dev_readonly);
+/* where every machine has the agent (src/drivers/driver.ts MACHINE_AGENT_PATH) */
+#define MACHINE_AGENT "/run/snaplab/agent"
+/* a sandbox's /run in /dev's tmpfs, the agent bound there from STAGE (see sandbox.c) */
+int run_in_dev(const char *stage);
 int remount_keeping(const char *path, unsigned long flags);
 
 enum spawn_stage { STAGE_OK = 0, STAGE_SETUP, STAGE_CHDIR, STAGE_SECCOMP, STAGE_EXEC, STAGE_USER };

@@ -113,19 +113,31 @@ const mounts = (text: string): { dev: string; at: string; opts: string; fstype: 
     });
 
 describe('superblocks (docs/architecture.md "Density")', () => {
-  it("holds five of its own: /dev/shm and the /proc masks live in /dev's tmpfs", async () => {
+  it("holds four of its own: /dev/shm, /run and the /proc masks live in /dev's tmpfs", async () => {
     // each superblock costs every memory cgroup on the host a slot in its shrinker map, up to the
-    // host's peak: a tmpfs each for /dev/shm and the masks made it 7
+    // host's peak: a tmpfs each for /dev/shm, /run and the masks made it 7
     const host = new Set(mounts(readFileSync('/proc/self/mountinfo', 'utf8')).map((m) => m.dev));
     const inside = mounts((await sh('cat /proc/self/mountinfo')).out);
     // the root is the storage's (the host's btrfs pool or directory here); everything else that is
     // not on a host superblock is the sandbox's own
     const own = new Map(inside.filter((m) => m.at !== '/' && !host.has(m.dev)).map((m) => [m.dev, m.fstype]));
-    expect([...own.values()].sort()).toEqual(['devpts', 'mqueue', 'proc', 'tmpfs', 'tmpfs']);
+    expect([...own.values()].sort()).toEqual(['devpts', 'mqueue', 'proc', 'tmpfs']);
     expect(own.size).toBe(SANDBOX_SUPERBLOCKS);
     const at = (path: string) => inside.filter((m) => m.at === path).at(-1)!;
     expect(at('/dev/shm').dev).toBe(at('/dev').dev);
-    expect(at('/run').dev).not.toBe(at('/dev').dev);
+    expect(at('/run').dev).toBe(at('/dev').dev);
+  });
+
+  it('/run is writable, capped with /dev/shm, and nothing of it shows through /dev', async () => {
+    expect((await sh('echo x > /run/mark && cat /run/mark; stat -c %a /run /run/snaplab')).out).toBe('x\n755\n755');
+    expect((await sh('stat -f -c "%b %S" /run')).out).toBe('16384 4096');
+    expect((await sh('grep " /run " /proc/self/mountinfo')).out).toMatch(/ \/run rw,nosuid,nodev/);
+    // /run's directory is under /dev/pts, covered by the devpts instance, which nothing inside can
+    // unmount; the agent's start point in /dev is gone
+    expect((await sh('find /dev -name mark -o -name "snaplab*" -o -name ".snaplab*" | wc -l')).out).toBe('0');
+    expect((await sh('umount /dev/pts')).code).not.toBe(0);
+    expect((await sh('umount -l /dev/pts')).code).not.toBe(0);
+    await sh('rm /run/mark');
   });
 
   it('/dev/shm is a writable directory of /dev, mode 1777, capped at 64 MiB; /dev stays read-only', async () => {

@@ -11,13 +11,13 @@ import { release } from 'node:os';
  */
 
 /**
- * The superblocks a namespace sandbox holds of its own: its proc, its /dev tmpfs (/dev/shm and the
- * /proc masks are in it), its devpts, its IPC namespace's mqueue instance (the kernel makes one with
- * every IPC namespace, mounted or not) and its /run tmpfs. The overlay storage backend adds one
- * (the sandbox's overlay mount); btrfs and dir add none. A create in flight holds three more for a
+ * The superblocks a namespace sandbox holds of its own: its proc, its /dev tmpfs (/dev/shm, /run
+ * and the /proc masks are in it), its devpts, and its IPC namespace's mqueue instance (the kernel
+ * makes one with every IPC namespace, mounted or not). The overlay storage backend adds one (the
+ * sandbox's overlay mount); btrfs and dir add none. A create in flight holds three more for a
  * moment (the launcher's staging tmpfs and private proc, bwrap's own base tmpfs).
  */
-export const SANDBOX_SUPERBLOCKS = 5;
+export const SANDBOX_SUPERBLOCKS = 4;
 
 /**
  * Memcg-aware shrinkers no mount table shows: the kernel's own superblocks, mounted nowhere

@@ -1,8 +1,7 @@
-import { MACHINE_AGENT_PATH } from '../driver.js';
 import { SANDBOX_CAPABILITIES, SYSTEM_CAPABILITIES } from './capabilities.js';
 
-/** The agent binary, bind-mounted read-only from the host into a fresh tmpfs /run. */
-export const GUEST_AGENT = MACHINE_AGENT_PATH;
+/** Where bwrap binds the agent in a sandbox's /dev for its start, before /run exists. */
+export const AGENT_STAGE = '/dev/.snaplab-agent';
 /**
  * fds the host's helper passes: the agent writes a byte to READY_FD once it serves; bwrap writes
  * JSON (the sandbox's pid) to INFO_FD; LISTEN_FD is the agent's listening socket, bound by the
@@ -65,18 +64,12 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '/dev/mqueue',
     // (the agent makes the device nodes and /dev itself read-only, and masks /proc: harden_proc in
     // native/sandbox.c)
-    // /run is a tmpfs, as on a booted machine: nothing of snaplab's lands in the root filesystem
-    '--tmpfs',
-    '/run',
-    // searchable by every user inside (bwrap would make it 0700): the file commands of the Lab API
-    // run the agent as the user they act for (files.ts), as a booted machine's does (boot.c)
-    '--perms',
-    '0755',
-    '--dir',
-    '/run/snaplab',
+    // /run is a directory of /dev's tmpfs that the agent binds at /run (run_in_dev, native/sandbox.c),
+    // as on a booted machine an in-memory one: nothing of snaplab's lands in the root filesystem, and
+    // no superblock of its own. Until then the agent waits at AGENT_STAGE, in /dev
     '--ro-bind',
     i.staged ? STAGED_AGENT : i.agentBinary,
-    GUEST_AGENT,
+    AGENT_STAGE,
     '--chdir',
     '/',
     '--cap-drop',
@@ -87,7 +80,7 @@ export function bwrapArgs(i: BwrapInput): string[] {
     'CAP_SYS_ADMIN',
     '--info-fd',
     String(INFO_FD),
-    GUEST_AGENT,
+    AGENT_STAGE,
     'serve',
     '--listen-fd',
     String(LISTEN_FD),
@@ -96,6 +89,8 @@ export function bwrapArgs(i: BwrapInput): string[] {
     '--caps',
     SANDBOX_CAPABILITIES.join(','),
     '--harden-proc',
+    '--run-in-dev',
+    AGENT_STAGE,
   ];
 }
 
