@@ -5,9 +5,10 @@
 #include <linux/filter.h>
 #include <sys/types.h>
 
-/* Builds the Docker-like deny list once; the child only installs the ready BPF program. */
+/* The Docker-like deny list, a BPF program compiled when the agent is built (filters.c); the
+ * child only installs it. */
 int filter_build(struct sock_fprog *out);
-/* A system machine's filter, installed on its PID 1 (native/boot.c): see sandbox.c. */
+/* A system machine's filter, installed on its PID 1 (native/boot.c): see filters.c. */
 int system_filter_build(struct sock_fprog *out);
 
 /* Drops every capability not named in list (comma separated) from the bounding set. */

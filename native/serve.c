@@ -1826,6 +1826,10 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 	       int harden)
 {
 	ensure_std_fds();
+	/* Commands start with umask 022, as in a Docker container or under envd's systemd, not with the
+	 * umask of whatever started snaplab on the host (a CLI under 077 made files no one else inside
+	 * could read) */
+	umask(022);
 	is_pid1 = getpid() == 1;
 	/* Start from default dispositions (our parent may have ignored some), then ignore SIGPIPE. */
 	struct sigaction sa;

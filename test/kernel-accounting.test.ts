@@ -119,11 +119,13 @@ describe('kernel objects are charged to the machine', () => {
         '-O2',
         '-I',
         native,
+        // the filters as the build compiled them (native/filters.c)
+        '-I',
+        join(native, 'build'),
         '-o',
         bin,
         join(import.meta.dirname, 'escapes', 'system-filter.c'),
         join(native, 'sandbox.c'),
-        '-lseccomp',
       ],
       { encoding: 'utf8' },
     );

@@ -1,5 +1,5 @@
 /*
- * A system machine's seccomp filter (native/sandbox.c system_filter_build, as
+ * A system machine's seccomp filter (native/filters.c, compiled in: system_filter_build, as
  * native/boot.c installs it on the machine's PID 1), then keyring calls: built
  * against the native sources by test/kernel-accounting.test.ts and run in a
  * machine's user namespace as its root.

@@ -3,7 +3,7 @@ import { MACHINE_AGENT_PATH } from '../driver.js';
 export const INIT_BUSYBOX = '/.snaplab/busybox';
 /** Where the agent lives in the initramfs. */
 export const GUEST_AGENT_PATH = '/sbin/snaplab-agent';
-/** Where /init puts it in the guest's root: a tmpfs /run, as the namespaces driver does. */
+/** Where /init puts it in the guest's root: a tmpfs /run (a sandbox's /run is in memory too). */
 export const GUEST_AGENT_RUN_PATH = MACHINE_AGENT_PATH;
 /** The root disk's block device (`-device virtio-blk-pci`, the first and only disk). */
 export const ROOT_DEVICE = '/dev/vda';
