@@ -338,6 +338,10 @@ int boot_main(int argc, char **argv)
 	const char *root = NULL, *agent = NULL, *hostname = "machine", *caps = NULL, *cgroup = NULL,
 		   *agent_cgroup = NULL;
 	int net = 0, i = 2;
+	/* the machine's /run/snaplab, masks and init start as under a booted kernel (umask 022), not
+	 * with the umask of whatever started snaplab (077 left /run/snaplab 0700: only root could run
+	 * the agent's file commands) */
+	umask(022);
 	for (; i < argc; i++) {
 		if (strcmp(argv[i], "--") == 0) {
 			i++;

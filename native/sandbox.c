@@ -196,14 +196,14 @@ int run_in_dev(const char *stage)
 	/* (mode 0755 whatever the umask the agent was started with: bwrap made them so before) */
 	for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++)
 		if (mkdir(dirs[i], 0755) < 0 || chmod(dirs[i], 0755) < 0)
-			return harden_fail("mkdir", dirs[i]);
+			return harden_fail("mkdir or chmod", dirs[i]);
 	int f = open(RUN_WORK "/pts" MACHINE_AGENT, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0555);
 	if (f < 0)
 		return harden_fail("create", agent);
 	close(f);
 	/* (an image without /run gets the directory, as bwrap's tmpfs made it before) */
 	if (mkdir("/run", 0755) == 0 ? chmod("/run", 0755) < 0 : errno != EEXIST)
-		return harden_fail("mkdir", "/run");
+		return harden_fail("mkdir or chmod", "/run");
 	if (mount(RUN_WORK "/pts/run", "/run", NULL, MS_BIND, NULL) < 0)
 		return harden_fail("bind", "/run");
 	if (umount2(RUN_WORK, MNT_DETACH) < 0 || rmdir(RUN_WORK) < 0)

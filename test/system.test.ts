@@ -20,7 +20,7 @@ import { cgroupFor, pids } from '../src/host/cgroups/cgroups.js';
 import type { Lab } from '../src/sdk/lab.js';
 import type { Sandbox } from '../src/sdk/sandbox.js';
 import { disposeLab, testLab } from './helpers.js';
-import { SNAPLAB, snaplabWithNosuidDev } from './cli-command.js';
+import { SNAPLAB, snaplabInPrivateMounts } from './cli-command.js';
 import { cachedImage, debianArgs } from './image-cache.js';
 import { spawnSync } from 'node:child_process';
 
@@ -357,9 +357,13 @@ describe('system machines (--init systemd) on namespaces', () => {
     );
   }, 600_000);
 
-  it("boot where the host's /dev is mounted nosuid (stock Debian): the agent's and boot's remounts keep the locked flag", async () => {
+  it("boot where the host's /dev is mounted nosuid (stock Debian), under a umask of 077: the agent's and boot's remounts keep the locked flag, the machine's modes are its own", async () => {
     const env = { ...process.env, SNAPLAB_HOME: lab.home, SNAPLAB_NO_FAST: '1' };
-    const made = snaplabWithNosuidDev(['create', '--image', 'sysd', '--name', 'nosuid-sys'], env);
+    const made = snaplabInPrivateMounts(
+      "mount -o remount,bind,nosuid /dev && grep -q ' /dev .*nosuid' /proc/self/mountinfo && umask 077",
+      ['create', '--image', 'sysd', '--name', 'nosuid-sys'],
+      env,
+    );
     // nothing but the result on stdout and what the create took on stderr: no warning, no error
     expect([made.stdout, made.stderr]).toEqual([
       'nosuid-sys\n',
@@ -370,6 +374,9 @@ describe('system machines (--init systemd) on namespaces', () => {
     try {
       expect(await out(box, ['systemctl', 'is-system-running', '--wait'])).toBe('running');
       expect(await out(box, ['sh', '-c', 'grep -c " /proc/keys " /proc/self/mountinfo'])).toBe('1');
+      // boot made /run/snaplab with the host's umask before it set its own: a user runs the agent
+      expect(await out(box, ['stat', '-c', '%a', '/run/snaplab'])).toBe('755');
+      expect(await out(box, ['/run/snaplab/agent', '--version'], 'nobody')).toMatch(/^snaplab-agent /);
     } finally {
       await box.destroy();
     }

@@ -1,5 +1,5 @@
 import { close as fsClose, constants, open as fsOpen, write as fsWrite } from 'node:fs';
-import { chown, mkdir, readFile, rmdir } from 'node:fs/promises';
+import { chmod, chown, mkdir, readFile, rmdir } from 'node:fs/promises';
 import { SnaplabError } from '../../errors.js';
 import { cgError, errno, writeText } from './fs.js';
 import { cgroupFor, type CgroupOptions } from './paths.js';
@@ -111,6 +111,11 @@ export async function delegateCgroup(cg: Cgroup, uid: number): Promise<{ payload
   // cgroup namespace is rooted at payload), and it has controllers enabled, so no process can
   // be put in it.
   await chownDelegated(`${dir}/cgroup.procs`, uid);
+  // searchable by the machine's root, who joins from inside its user namespace (boot.c): mkdir
+  // took the umask of whatever started snaplab, and 077 left them 0700, the machine unable to
+  // start ("join the machine's cgroup: Permission denied"). The snaplab parent too: made by it
+  // as well (prepareV2Parent, or the recursive mkdir above)
+  for (const d of [`${dir}/..`, dir, supervisor, payload, agent]) await chmod(d, 0o755);
   return { payload: `${payload}/cgroup.procs`, agent: `${agent}/cgroup.procs` };
 }
 
