@@ -65,6 +65,19 @@ static const unsigned long ns_flags[] = {
 
 static int export_filter(scmp_filter_ctx ctx, struct sock_fprog *out);
 
+/* Both filters: no vsock socket, no subvolume made inside (see AF_VSOCK_NR, denied_ioctls). */
+static int deny_vsock_and_subvolumes(scmp_filter_ctx ctx)
+{
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+			     SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
+		return -1;
+	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
+		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+				     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, denied_ioctls[i])) < 0)
+			return -1;
+	return 0;
+}
+
 /*
  * A system machine's filter (its init and everything under it): systemd needs mount, unshare and
  * the rest, so only what no system container needs and what would break the host's hold on the
@@ -90,13 +103,8 @@ static int system_filter(struct sock_fprog *out)
 		if (nr != __NR_SCMP_ERROR && nr >= 0 && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0) < 0)
 			goto out;
 	}
-	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
-			     SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
+	if (deny_vsock_and_subvolumes(ctx) < 0)
 		goto out;
-	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
-		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
-				     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, denied_ioctls[i])) < 0)
-			goto out;
 	rc = export_filter(ctx, out);
 out:
 	seccomp_release(ctx);
@@ -127,13 +135,8 @@ static int sandbox_filter(struct sock_fprog *out)
 		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
 				     SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i])) < 0)
 			goto out;
-	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
-			     SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_VSOCK_NR)) < 0)
+	if (deny_vsock_and_subvolumes(ctx) < 0)
 		goto out;
-	for (size_t i = 0; i < sizeof denied_ioctls / sizeof denied_ioctls[0]; i++)
-		if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
-				     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, denied_ioctls[i])) < 0)
-			goto out;
 	/* clone3 passes flags in memory, which BPF cannot read: ENOSYS makes libc fall back to clone. */
 	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) < 0)
 		goto out;
