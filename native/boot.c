@@ -184,8 +184,7 @@ static void confine(const char *caps)
 {
 	if (caps && caps_restrict(caps) < 0)
 		BOOT_FAIL("capability bounding set");
-	struct sock_fprog filter;
-	if (system_filter_build(&filter) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0)
+	if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &system_filter, 0, 0) < 0)
 		BOOT_FAIL("seccomp filter");
 }
 

@@ -88,7 +88,7 @@ static int deny_vsock_and_subvolumes(scmp_filter_ctx ctx)
  * host's kernel memory (docs/security.md "Kernel objects"). systemd takes EPERM as "keyring
  * access prohibited" and goes on; pam_keyinit is optional in Debian's stacks.
  */
-static int system_filter(struct sock_fprog *out)
+static int system_rules(struct sock_fprog *out)
 {
 	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
 	if (!ctx)
@@ -111,7 +111,7 @@ out:
 	return rc;
 }
 
-static int sandbox_filter(struct sock_fprog *out)
+static int sandbox_rules(struct sock_fprog *out)
 {
 	int rc = -1;
 	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
@@ -188,5 +188,5 @@ static int print_filter(const char *name, int (*build)(struct sock_fprog *))
 int main(void)
 {
 	printf("/* made by filter-gen (native/filters.c): do not edit */\n");
-	return print_filter("sandbox", sandbox_filter) < 0 || print_filter("system", system_filter) < 0 ? 1 : 0;
+	return print_filter("sandbox", sandbox_rules) < 0 || print_filter("system", system_rules) < 0 ? 1 : 0;
 }

@@ -25,19 +25,15 @@
 /* The filters, compiled when the agent is built (filters.c, build/filters.h) */
 #include "filters.h"
 
-int filter_build(struct sock_fprog *out)
-{
-	out->filter = (struct sock_filter *)sandbox_program;
-	out->len = sizeof sandbox_program / sizeof *sandbox_program;
-	return 0;
-}
+const struct sock_fprog sandbox_filter = {
+	.len = sizeof sandbox_program / sizeof *sandbox_program,
+	.filter = (struct sock_filter *)sandbox_program,
+};
 
-int system_filter_build(struct sock_fprog *out)
-{
-	out->filter = (struct sock_filter *)system_program;
-	out->len = sizeof system_program / sizeof *system_program;
-	return 0;
-}
+const struct sock_fprog system_filter = {
+	.len = sizeof system_program / sizeof *system_program,
+	.filter = (struct sock_filter *)system_program,
+};
 
 /* several names a line, laid out by hand */
 /* clang-format off */

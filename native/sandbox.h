@@ -5,11 +5,10 @@
 #include <linux/filter.h>
 #include <sys/types.h>
 
-/* The Docker-like deny list, a BPF program compiled when the agent is built (filters.c); the
- * child only installs it. */
-int filter_build(struct sock_fprog *out);
-/* A system machine's filter, installed on its PID 1 (native/boot.c): see filters.c. */
-int system_filter_build(struct sock_fprog *out);
+/* The Docker-like deny list commands get, and a system machine's filter, installed on its PID 1
+ * (native/boot.c): BPF programs compiled when the agent is built (filters.c) */
+extern const struct sock_fprog sandbox_filter;
+extern const struct sock_fprog system_filter;
 
 /* Drops every capability not named in list (comma separated) from the bounding set. */
 int caps_restrict(const char *list);

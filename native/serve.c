@@ -121,8 +121,6 @@ static struct src signal_src = { K_SIGNAL, -1, 0, 0, NULL };
 static struct src timer_src = { K_TIMER, -1, 0, 0, NULL };
 static struct src stream_timer_src = { K_STREAM_TIMER, -1, 0, 0, NULL };
 static struct conn *stream_conn;
-static struct sock_fprog filter;
-static int have_filter;
 static const char *sock_path;
 static uint64_t timer_armed;
 static struct exec *execs;
@@ -901,7 +899,7 @@ static void do_exec(struct conn *c, uint32_t id, const uint8_t *payload, size_t 
 		.fd_out = po[1],
 		.fd_err = tty ? po[1] : pe[1],
 		.tty = tty != NULL,
-		.filter = have_filter ? &filter : NULL,
+		.filter = system_machine ? NULL : &sandbox_filter,
 	};
 	if (user && parse_user(user, &req) < 0) {
 		reply_error(c, id, EINVAL, "bad user field %s (UID:GID[:GID,...])", user);
@@ -1863,11 +1861,6 @@ int serve_main(const char *path, int listen_fd, const char *stream_path, int str
 	}
 	if (caps && caps_restrict(caps) < 0)
 		die("capability bounding set");
-	if (!system_machine) {
-		if (filter_build(&filter) < 0)
-			die("seccomp filter");
-		have_filter = 1;
-	}
 
 	devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (devnull < 0) {
