@@ -374,8 +374,26 @@ static int child_main(void *arg)
 	child_fail(r, STAGE_EXEC);
 }
 
-/* One stack is enough: CLONE_VFORK suspends us until the child has exec'd or exited. */
-static char child_stack[64 * 1024] __attribute__((aligned(64)));
+/* One stack is enough: CLONE_VFORK suspends us until the child has exec'd or exited. Page-aligned,
+ * so that give_back_stacks can return all of it, its top page (the one a spawn touches) too. */
+static char child_stack[64 * 1024] __attribute__((aligned(4096)));
+
+void give_back_stacks(void)
+{
+	const uintptr_t page = (uintptr_t)getpagesize();
+	/* the child's: nothing runs on it once spawn_child has returned */
+	uintptr_t lo = ((uintptr_t)child_stack + page - 1) & ~(page - 1);
+	uintptr_t hi = ((uintptr_t)child_stack + sizeof child_stack) & ~(page - 1);
+	if (hi > lo)
+		madvise((void *)lo, hi - lo, MADV_DONTNEED);
+	/* ours, below this frame and a page more (the red zone, madvise's own frame): dead by the
+	 * ABI. The span is far less than the gap the kernel leaves between a stack's top and any
+	 * other mapping (at least 128 MiB); madvise does the mapped part of it and says ENOMEM for
+	 * the rest, which is why its answer is not looked at. */
+	const uintptr_t span = 1 << 20;
+	uintptr_t keep = ((uintptr_t)__builtin_frame_address(0) & ~(page - 1)) - page;
+	madvise((void *)(keep - span), span, MADV_DONTNEED);
+}
 
 pid_t spawn_child(struct spawn_req *r)
 {

@@ -54,6 +54,11 @@ struct spawn_req {
  */
 pid_t spawn_child(struct spawn_req *r);
 
+/* An idle agent's stacks back to the kernel: what a command's spawn touched of the child's stack,
+ * and what deeper moments touched of its own below the caller's frame (a stack never shrinks by
+ * itself). Call it from a shallow frame, with no child being spawned. */
+void give_back_stacks(void);
+
 /* The machine's name in its /etc/hostname and /etc/hosts (127.0.1.1), regular files only, never
  * through a symlink (boot.c; a system machine's systemd and sudo read them). */
 void name_machine(const char *hostname);
