@@ -1,10 +1,11 @@
 import { randomInt } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { USERNS_SIZE, USERNS_SLOTS, slotBase, slotOf, tierSlots } from './id-ranges.js';
 import {
   REGISTRY,
+  claimEffort,
   claimRange,
   namedIn,
   rangesOf,
@@ -63,6 +64,36 @@ describe('uid ranges', () => {
     // (claim(): were the bar ever gone, what it claimed would still be released after the test)
     await expect(claim('foreign-a')).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
     await expect(claim('foreign-b', 1024)).rejects.toMatchObject({ code: 'NO_USERNS_SLOT' });
+  });
+
+  it('a tier found full is passed over for a while, the last one never: past ~2 600 sandboxes a create tries no slot below 2^31', async () => {
+    // the low tier's last six slots (the two highest are systemd's foreign range) and the high
+    // tier's first three
+    process.env.SNAPLAB_USERNS_IDS = `${slotBase(LOW - 6)}-${slotBase(LOW + 2) + USERNS_SIZE - 1}`;
+    expect(tierSlots()).toEqual([
+      [LOW - 6, LOW],
+      [LOW, LOW + 3],
+    ]);
+    // claimed until one goes above 2^31: the low four are then held, by these or by a sandbox of
+    // this host, and this process's scan found the low tier full
+    const bases: number[] = [];
+    while (!bases.some((b) => b >= 2 ** 31)) {
+      expect(bases.length).toBeLessThan(5);
+      bases.push(await claim(`fill-${bases.length}`));
+    }
+    const low = bases.filter((b) => b < 2 ** 31);
+    expect(low.length).toBeGreaterThan(0); // (all four held by sandboxes of the host: rerun)
+    // one freed behind this process's back, as another process's rm frees it: the next claim does
+    // not look below 2^31 (before, every claim tried the low tier first: ~50 failed links each
+    // with it full), and a failed link is no part of it
+    unlinkSync(join(REGISTRY, String(low[0])));
+    const before = { ...claimEffort };
+    expect(await claim('past-full')).toBeGreaterThanOrEqual(2 ** 31);
+    expect(claimEffort.scans).toBe(before.scans);
+    // where the low tier is the last, it is always looked at: the slot freed there is found
+    process.env.SNAPLAB_USERNS_IDS = `${slotBase(LOW - 6)}-${slotBase(LOW - 1) + USERNS_SIZE - 1}`;
+    expect(tierSlots()).toEqual([[LOW - 6, LOW]]);
+    expect(await claim('last-tier')).toBe(low[0]);
   });
 
   it('a split slot holds ranges of one size; a whole claim and a split slot exclude each other', async () => {

@@ -89,8 +89,41 @@ function unusable(base: number): boolean {
 /** A name of this process's in the registry (a claim being written, one moved aside): gc removes those of dead pids. */
 const tmpName = (): string => join(REGISTRY, `.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
 
-/** random slots tried by link() before one readdir of the registry (cost flat while most are free) */
-const TRIES = 24;
+/**
+ * Random slots tried by link() before one readdir of the registry. Each try that finds its slot
+ * taken costs a failed link (a thread-pool round trip and an Error); a scan reads the registry once
+ * and knows every free slot. 8: while at most half the tier is taken, 1 claim in 256 scans; in a
+ * dense tier the scan comes early, and what it found free serves this process's next claims.
+ */
+const TRIES = 8;
+
+/**
+ * What this process learnt of a tier at its last scan, for whole-slot claims: the slots then free,
+ * tried before random ones (another process may have taken one since: that try fails like a random
+ * one), so that a dense tier costs one readdir for that many claims, not TRIES failed links each;
+ * and when the scan found none. A tier found full is skipped for FULL_RECHECK_MS, or until this
+ * process frees a slot in it, when a later tier can take the claim (the last is always looked at:
+ * a create never fails on what this process saw earlier). Before, with the low tier full (~2 600
+ * sandboxes on the host), every create made ~24 failed tries and a scan of it first: ~50 link
+ * calls, ~3.4 ms of the loop's CPU (docs/benchmarks.md "Density").
+ */
+interface TierView {
+  from: number;
+  to: number;
+  free: number[];
+  fullAt?: number;
+}
+const FULL_RECHECK_MS = 10_000;
+const views = new Map<string, TierView>();
+function viewOf(from: number, to: number): TierView {
+  const key = `${from}-${to}`;
+  let v = views.get(key);
+  if (!v) views.set(key, (v = { from, to, free: [] }));
+  return v;
+}
+
+/** How much claiming cost this process: failed links (a slot found taken) and registry scans. */
+export const claimEffort = { failedLinks: 0, scans: 0 };
 
 const errno = (e: unknown): string | undefined => (e as NodeJS.ErrnoException).code;
 
@@ -123,8 +156,15 @@ export async function claimRange(home: string, id: string, size = USERNS_SIZE): 
   const tmp = tmpName();
   await writeFile(tmp, JSON.stringify(holder), { mode: 0o600 });
   try {
-    for (const [from, to] of tierSlots()) {
-      const got = (await claimByTries(tmp, size, from, to)) ?? (await claimByScan(tmp, size, from, to));
+    const tiers = tierSlots();
+    for (const [t, [from, to]] of tiers.entries()) {
+      const view = size === USERNS_SIZE ? viewOf(from, to) : undefined;
+      const last = t === tiers.length - 1;
+      if (view?.fullAt !== undefined && Date.now() - view.fullAt < FULL_RECHECK_MS && !last) continue;
+      const got =
+        (view && (await claimKnown(tmp, view))) ??
+        (await claimByTries(tmp, size, from, to)) ??
+        (await claimByScan(tmp, size, from, to, view));
       if (got !== undefined) return got;
     }
   } finally {
@@ -153,8 +193,32 @@ async function claimByTries(tmp: string, size: number, from: number, to: number)
   return undefined;
 }
 
-/** Every slot of the tier that is free, or split (a small claim packs into one of those first). */
-async function claimByScan(tmp: string, size: number, from: number, to: number): Promise<number | undefined> {
+/** A whole slot among those the last scan of the tier found free. */
+async function claimKnown(tmp: string, view: TierView): Promise<number | undefined> {
+  while (view.free.length) {
+    const i = randomInt(view.free.length);
+    const base = view.free[i]!;
+    view.free[i] = view.free[view.free.length - 1]!;
+    view.free.pop();
+    if (unusable(base)) continue;
+    const got = await claimInSlot(tmp, base, USERNS_SIZE);
+    if (got !== undefined) return got;
+  }
+  return undefined;
+}
+
+/**
+ * Every slot of the tier that is free, or split (a small claim packs into one of those first). For
+ * a whole claim, what is left free is kept for the next (`view`), and a tier with none is marked.
+ */
+async function claimByScan(
+  tmp: string,
+  size: number,
+  from: number,
+  to: number,
+  view?: TierView,
+): Promise<number | undefined> {
+  claimEffort.scans++;
   const names = new Map((await readdir(REGISTRY, { withFileTypes: true })).map((d) => [d.name, d.isDirectory()]));
   const split: number[] = [];
   const free: number[] = [];
@@ -168,11 +232,18 @@ async function claimByScan(tmp: string, size: number, from: number, to: number):
     while (list.length) {
       const i = randomInt(list.length);
       const got = await claimInSlot(tmp, list[i]!, size);
-      if (got !== undefined) return got;
       list[i] = list[list.length - 1]!;
       list.pop();
+      if (got !== undefined) {
+        if (view) {
+          view.free = list;
+          view.fullAt = undefined;
+        }
+        return got;
+      }
     }
   }
+  if (view) view.fullAt = Date.now();
   return undefined;
 }
 
@@ -181,9 +252,13 @@ async function claimInSlot(tmp: string, base: number, size: number): Promise<num
   const path = join(REGISTRY, String(base));
   if (size === USERNS_SIZE) {
     if (await linked(tmp, path)) return base;
-    // a split slot with nothing in it: taken away (a claimer about to link into it gets ENOENT)
-    await rmdir(path).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'ENOTDIR', 'EEXIST'));
-    return (await linked(tmp, path)) ? base : undefined;
+    // a split slot with nothing in it: taken away (a claimer about to link into it gets ENOENT),
+    // then claimed; a claim (a file: ENOTDIR) or a split slot in use is no slot to try again
+    const emptied = await rmdir(path).then(
+      () => true,
+      orElse(false, `remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'ENOTDIR', 'EEXIST'),
+    );
+    return emptied && (await linked(tmp, path)) ? base : undefined;
   }
   await mkdir(path, { mode: 0o700 }).catch(noted(`split ${path}`, 'EEXIST'));
   const names = await readdir(path).catch(orElse(undefined, `read ${path}`, 'ENOTDIR', 'ENOENT'));
@@ -200,6 +275,7 @@ async function claimInSlot(tmp: string, base: number, size: number): Promise<num
       // the slot was emptied and removed meanwhile (ENOENT), and perhaps claimed whole since (ENOTDIR)
       if (errno(e) === 'ENOENT' || errno(e) === 'ENOTDIR') return undefined;
       if (errno(e) !== 'EEXIST') throw e;
+      claimEffort.failedLinks++;
       free[i] = free[free.length - 1]!;
       free.pop();
       continue;
@@ -223,6 +299,7 @@ async function linked(tmp: string, path: string): Promise<boolean> {
     return true;
   } catch (e) {
     if (errno(e) !== 'EEXIST') throw e;
+    claimEffort.failedLinks++;
     return false;
   }
 }
@@ -268,11 +345,18 @@ export async function releaseRange(
   const aside = tmpName();
   const moved = await rename(path, aside).then(() => true, noted(`release uid range ${path}`, 'ENOENT'));
   if (!moved) return; // released meanwhile
-  if ((await stat(aside)).ino !== read.ino)
-    await link(aside, path).catch(noted(`put back the claim at ${path}`, 'ENOENT'));
+  const ours = (await stat(aside)).ino === read.ino;
+  if (!ours) await link(aside, path).catch(noted(`put back the claim at ${path}`, 'ENOENT'));
   await unlink(aside).catch(noted(`remove ${aside}`, 'ENOENT'));
   if (size < USERNS_SIZE)
     await rmdir(dirname(path)).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'));
+  else if (ours)
+    // free again, as far as this process knows: its next claim may take it back
+    for (const v of views.values())
+      if (base >= slotBase(v.from) && base <= slotBase(v.to - 1)) {
+        v.free.push(base);
+        v.fullAt = undefined;
+      }
 }
 
 /**
