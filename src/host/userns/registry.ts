@@ -236,7 +236,8 @@ async function claimByScan(
       list.pop();
       if (got !== undefined) {
         if (view) {
-          view.free = list;
+          // (the split ones left are in use: no whole claim is made there)
+          view.free = list.filter((b) => !names.get(String(b)));
           view.fullAt = undefined;
         }
         return got;
