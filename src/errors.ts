@@ -47,6 +47,7 @@ export type ErrorCode =
   | 'COPY_FAILED'
   | 'PORT_IN_USE'
   | 'UNAUTHORIZED'
+  | 'USER_NOT_FOUND'
   | 'FORBIDDEN'
   | 'QUOTA_EXCEEDED'
   | 'ABOVE_CEILING'

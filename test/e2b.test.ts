@@ -668,6 +668,13 @@ describe.each([
       await sbx.files.write('/tmp/ghost.txt', 'x', { user: 'ghost' });
       expect(inside(sbx.sandboxId, 'stat -c %u /tmp/ghost.txt && rm /tmp/ghost.txt').out).toBe('4321\n');
       expect(inside(sbx.sandboxId, "sed -i '/^ghost:/d' /etc/passwd").code).toBe(0);
+      // and one removed since it was read is refused the same way (401, AuthenticationError), not as
+      // the library's 400 (InvalidArgumentError), by the command that finds it gone and after it
+      for (let i = 0; i < 2; i++) {
+        const gone = sbx.commands.run('id -u', { user: 'ghost' });
+        await expect(gone).rejects.toBeInstanceOf(sdk.AuthenticationError);
+        await expect(gone).rejects.toThrow(/invalid username/);
+      }
     });
 
     it('/files takes its user from Basic authorization when the query names none (as envd)', async () => {

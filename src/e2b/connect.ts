@@ -41,6 +41,8 @@ export class ConnectError extends Error {
 const BY_SNAPLAB: Partial<Record<ErrorCode, ConnectCode>> = {
   BAD_INPUT: 'invalid_argument',
   UNAUTHORIZED: 'unauthenticated',
+  // a user removed from the machine since the front read its users: envd's "invalid username"
+  USER_NOT_FOUND: 'unauthenticated',
   FORBIDDEN: 'permission_denied',
   ABOVE_CEILING: 'permission_denied',
   SANDBOX_NOT_FOUND: 'not_found',

@@ -244,9 +244,15 @@ export class E2bState {
   /**
    * An envd call's failure as the SDK must see it: the sandbox gone, paused, stopped or dead (the call's
    * own answer, its state not asked first) is UNAVAILABLE (502), and its handle is let go (gone:
-   * its session too); any other error as it is.
+   * its session too); a user the machine no longer has (removed after this front read its users,
+   * which it would trust until told) is refused as envd refuses one (UNAUTHORIZED, "invalid
+   * username", not the library's 400) and the users are read again next time; any other error as it is.
    */
   unavailable(req: FastifyRequest, e: unknown, id = String(req.headers['e2b-sandbox-id'] ?? '')): unknown {
+    if (isSnaplabError(e, 'USER_NOT_FOUND')) {
+      this.users.forget(id);
+      return new SnaplabError('UNAUTHORIZED', `invalid username: ${e.message}`, e.hint, { cause: e });
+    }
     if (
       !isSnaplabError(e) ||
       !['SANDBOX_NOT_FOUND', 'SANDBOX_PAUSED', 'SANDBOX_STOPPED', 'SANDBOX_DEAD'].includes(e.code)

@@ -10,6 +10,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   BAD_INPUT: 400,
   BAD_SIZE: 400,
   BAD_NAME: 400,
+  USER_NOT_FOUND: 400,
   SCENARIO_INVALID: 400,
   BAD_IMAGE: 400,
   IMAGE_UNSAFE: 400,

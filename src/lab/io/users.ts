@@ -71,7 +71,7 @@ export async function resolveUser(agent: AgentClient, spec: string): Promise<str
   const found = numeric(u) ? users.find((p) => p.uid === Number(u)) : users.find((p) => p.name === u);
   if (!found && !numeric(u))
     throw new SnaplabError(
-      'BAD_INPUT',
+      'USER_NOT_FOUND',
       `no user ${JSON.stringify(u)} in the machine's /etc/passwd`,
       'give a user that exists in the machine, or a numeric uid',
     );
