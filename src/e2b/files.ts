@@ -57,16 +57,19 @@ export function absolute(path: unknown, user: EnvdUser): string {
 }
 
 /** envd's HTTP errors: `{code, message}` with the status (a missing file: 404). */
-function fileError(state: E2bState, req: FastifyRequest, reply: FastifyReply, e: unknown): FastifyReply {
+function fileError(state: E2bState, req: FastifyRequest, reply: FastifyReply, e: unknown, id?: string): FastifyReply {
   // a directory read or written as a file: 400, as envd answers it
   if (wrongKind(e)) return sendError(reply, new SnaplabError('BAD_INPUT', (e as Error).message));
-  // the sandbox gone or paused: 502 (a signed URL's read names its sandbox itself, below)
-  return sendError(reply, state.unavailable(req, e));
+  // the sandbox gone or paused: 502; its user gone: 401 (`id`: the sandbox, once known, which a
+  // signed URL names without the E2b-Sandbox-Id header)
+  return sendError(reply, state.unavailable(req, e, id));
 }
 
 async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  let id: string | undefined;
   try {
     const { box, user } = await state.fileSandbox(req, 'read');
+    id = box.id;
     const path = absolute((req.query as { path?: unknown }).path, user);
     // one byte range, as envd's ServeContent answers it: the size first (a read ends at the file's end)
     let part: Wanted;
@@ -122,7 +125,7 @@ async function getFile(state: E2bState, req: FastifyRequest, reply: FastifyReply
       .header('content-length', String(part.end - part.start + 1))
       .send(body);
   } catch (e) {
-    return fileError(state, req, reply, e);
+    return fileError(state, req, reply, e, id);
   }
 }
 
@@ -177,9 +180,11 @@ async function writeOne(
 }
 
 async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  let id: string | undefined;
   try {
     uploadEncoding(req);
     const { box, user } = await state.fileSandbox(req, 'write');
+    id = box.id;
     const xattrs = uploadXattrs(req);
     // each file streamed into the sandbox as it comes (uploads.ts); a second part for a path this
     // upload wrote already is refused, as envd refuses it (the first stays written)
@@ -197,7 +202,7 @@ async function postFiles(state: E2bState, req: FastifyRequest, reply: FastifyRep
     });
     return reply.type('application/json').send(written);
   } catch (e) {
-    return fileError(state, req, reply, e);
+    return fileError(state, req, reply, e, id);
   }
 }
 

@@ -90,7 +90,15 @@ describe('uid ranges', () => {
     const before = { ...claimEffort };
     expect(await claim('past-full')).toBeGreaterThanOrEqual(2 ** 31);
     expect(claimEffort.scans).toBe(before.scans);
-    // where the low tier is the last, it is always looked at: the slot freed there is found
+    // but once the high tier is full too, the low one is looked at again before a create fails
+    let next = await claim('high-or-back');
+    for (let i = 0; next >= 2 ** 31; i++) {
+      expect(i).toBeLessThan(3);
+      next = await claim(`high-or-back-${i}`);
+    }
+    expect(next).toBe(low[0]);
+    // where the low tier is the last, it is always looked at: a slot freed there is found
+    unlinkSync(join(REGISTRY, String(low[0])));
     process.env.SNAPLAB_USERNS_IDS = `${slotBase(LOW - 6)}-${slotBase(LOW - 1) + USERNS_SIZE - 1}`;
     expect(tierSlots()).toEqual([[LOW - 6, LOW]]);
     expect(await claim('last-tier')).toBe(low[0]);

@@ -157,14 +157,24 @@ export async function claimRange(home: string, id: string, size = USERNS_SIZE): 
   await writeFile(tmp, JSON.stringify(holder), { mode: 0o600 });
   try {
     const tiers = tierSlots();
+    const passed: [number, number][] = [];
     for (const [t, [from, to]] of tiers.entries()) {
       const view = size === USERNS_SIZE ? viewOf(from, to) : undefined;
       const last = t === tiers.length - 1;
-      if (view?.fullAt !== undefined && Date.now() - view.fullAt < FULL_RECHECK_MS && !last) continue;
+      if (view?.fullAt !== undefined && performance.now() - view.fullAt < FULL_RECHECK_MS && !last) {
+        passed.push([from, to]);
+        continue;
+      }
       const got =
         (view && (await claimKnown(tmp, view))) ??
         (await claimByTries(tmp, size, from, to)) ??
         (await claimByScan(tmp, size, from, to, view));
+      if (got !== undefined) return got;
+    }
+    // every tier looked at is full: those passed over are looked at again before a create fails
+    // (another process may have freed a slot there since)
+    for (const [from, to] of passed) {
+      const got = await claimByScan(tmp, size, from, to, viewOf(from, to));
       if (got !== undefined) return got;
     }
   } finally {
@@ -193,9 +203,17 @@ async function claimByTries(tmp: string, size: number, from: number, to: number)
   return undefined;
 }
 
-/** A whole slot among those the last scan of the tier found free. */
+/**
+ * A whole slot among those the last scan of the tier found free. After TRIES of them are found
+ * taken the list is stale (other processes, other homes took them): it is dropped, and the claim
+ * goes on as one with no list, so a long-lived daemon never pays a failed link per stale entry.
+ */
 async function claimKnown(tmp: string, view: TierView): Promise<number | undefined> {
-  while (view.free.length) {
+  for (let failed = 0; view.free.length; ) {
+    if (failed === TRIES) {
+      view.free = [];
+      break;
+    }
     const i = randomInt(view.free.length);
     const base = view.free[i]!;
     view.free[i] = view.free[view.free.length - 1]!;
@@ -203,6 +221,7 @@ async function claimKnown(tmp: string, view: TierView): Promise<number | undefin
     if (unusable(base)) continue;
     const got = await claimInSlot(tmp, base, USERNS_SIZE);
     if (got !== undefined) return got;
+    failed++;
   }
   return undefined;
 }
@@ -244,7 +263,8 @@ async function claimByScan(
       }
     }
   }
-  if (view) view.fullAt = Date.now();
+  // (a monotonic clock: a wall clock stepped back would keep the tier passed over that much longer)
+  if (view) view.fullAt = performance.now();
   return undefined;
 }
 
@@ -351,13 +371,13 @@ export async function releaseRange(
   await unlink(aside).catch(noted(`remove ${aside}`, 'ENOENT'));
   if (size < USERNS_SIZE)
     await rmdir(dirname(path)).catch(noted(`remove empty ${path}`, 'ENOENT', 'ENOTEMPTY', 'EEXIST'));
-  else if (ours)
-    // free again, as far as this process knows: its next claim may take it back
-    for (const v of views.values())
-      if (base >= slotBase(v.from) && base <= slotBase(v.to - 1)) {
-        v.free.push(base);
-        v.fullAt = undefined;
-      }
+  // its tier is no longer full as far as this process knows, and a whole slot is free again: its
+  // next claim may take it back (a split one may have been emptied: a scan will say)
+  for (const v of views.values())
+    if (base >= slotBase(v.from) && base <= slotBase(v.to - 1)) {
+      if (size === USERNS_SIZE && ours) v.free.push(base);
+      v.fullAt = undefined;
+    }
 }
 
 /**
