@@ -222,7 +222,7 @@ export function contractSuite(kind: string, lab: () => LabApi): void {
       });
       await expect(box.files.move('/data/nope', '/data/x')).rejects.toMatchObject({ code: 'FILE_NOT_FOUND' });
       await expect(box.files.write('/data/y', 'y', { owner: 'no-such-user' })).rejects.toMatchObject({
-        code: 'BAD_INPUT',
+        code: 'USER_NOT_FOUND',
       });
       // a file replaced keeps its owner, and its permission bits unless a mode is given
       await box.files.write('/data/given/deep/x', 'again');
