@@ -12,7 +12,8 @@
  *
  * ops:
  *   ping
- *   btrfs-snapshot SRC DST RO(0|1)          BTRFS_IOC_SNAP_CREATE_V2
+ *   btrfs-snapshot SRC DST RO(0|1) [STAGE]  BTRFS_IOC_SNAP_CREATE_V2; writable, with STAGE: made in the
+ *                                           directory STAGE (made if missing), then renamed to DST
  *   btrfs-delete PATH                       BTRFS_IOC_SNAP_DESTROY
  *   btrfs-changes PATH                      syncfs, then the subvolume's generation:ctransid
  *   btrfs-squota PATH                       turn on simple quotas on PATH's filesystem (kernel 6.7+; idempotent)
@@ -189,11 +190,32 @@ static int open_parent(const char *path, const char **name)
 	return open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 }
 
+/* delete the subvolume NAME in the directory DIR (BTRFS_IOC_SNAP_DESTROY); 0 or -1 with errno */
+static int subvol_destroy(int dir, const char *name)
+{
+	struct btrfs_ioctl_vol_args args;
+	memset(&args, 0, sizeof args);
+	if (strlen(name) >= sizeof args.name) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	strcpy(args.name, name);
+	return ioctl(dir, BTRFS_IOC_SNAP_DESTROY, &args);
+}
+
+/*
+ * A snapshot is made under its parent directory's lock and ends with a transaction commit: made
+ * side by side in one directory, concurrent snapshots each wait for the lock and commit alone.
+ * Given STAGE (a directory on the same filesystem, one per snapshot in flight), a writable one is
+ * made there and renamed to DST: concurrent ones share their commits (docs/architecture.md
+ * "Density"). A read-only subvolume cannot be moved (its ".." is read-only): made in place.
+ */
 static void op_btrfs_snapshot(struct request *r)
 {
-	if (r->argc != 4)
-		return reply_err(r->id, EINVAL, "btrfs-snapshot SRC DST RO");
+	if (r->argc != 4 && r->argc != 5)
+		return reply_err(r->id, EINVAL, "btrfs-snapshot SRC DST RO [STAGE]");
 	const char *name;
+	int ro = strcmp(r->argv[3], "1") == 0;
 	int src = open(r->argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (src < 0)
 		return reply_err(r->id, errno, r->argv[1]);
@@ -203,23 +225,48 @@ static void op_btrfs_snapshot(struct request *r)
 		close(src);
 		return reply_err(r->id, e, r->argv[2]);
 	}
+	int stage = -1;
+	if (r->argc == 5 && !ro) {
+		if (mkdir(r->argv[4], 0700) < 0 && errno != EEXIST) {
+			int e = errno;
+			close(src);
+			close(parent);
+			return reply_err(r->id, e, r->argv[4]);
+		}
+		stage = open(r->argv[4], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (stage < 0) {
+			int e = errno;
+			close(src);
+			close(parent);
+			return reply_err(r->id, e, r->argv[4]);
+		}
+	}
 	struct btrfs_ioctl_vol_args_v2 args;
 	memset(&args, 0, sizeof args);
 	args.fd = src;
-	if (strcmp(r->argv[3], "1") == 0)
+	if (ro)
 		args.flags = BTRFS_SUBVOL_RDONLY;
-	if (strlen(name) >= sizeof args.name) {
-		close(src);
-		close(parent);
-		return reply_err(r->id, ENAMETOOLONG, name);
+	int rc = -1, e = ENAMETOOLONG;
+	const char *what = "btrfs snapshot";
+	if (strlen(name) < sizeof args.name) {
+		strcpy(args.name, name);
+		rc = ioctl(stage >= 0 ? stage : parent, BTRFS_IOC_SNAP_CREATE_V2, &args);
+		e = errno;
+		if (rc == 0 && stage >= 0 && renameat2(stage, name, parent, name, RENAME_NOREPLACE) < 0) {
+			e = errno;
+			rc = -1;
+			what = "move the staged snapshot into place";
+			if (subvol_destroy(stage, name) < 0)
+				dprintf(2, "snaplab-hostops: cannot delete the staged snapshot %s/%s: %s\n", r->argv[4],
+					name, strerror(errno));
+		}
 	}
-	strcpy(args.name, name);
-	int rc = ioctl(parent, BTRFS_IOC_SNAP_CREATE_V2, &args);
-	int e = errno;
 	close(src);
 	close(parent);
+	if (stage >= 0)
+		close(stage);
 	if (rc < 0)
-		return reply_err(r->id, e, "btrfs snapshot");
+		return reply_err(r->id, e, what);
 	reply_ok(r->id);
 }
 
@@ -231,14 +278,7 @@ static void op_btrfs_delete(struct request *r)
 	int parent = open_parent(r->argv[1], &name);
 	if (parent < 0)
 		return reply_err(r->id, errno, r->argv[1]);
-	struct btrfs_ioctl_vol_args args;
-	memset(&args, 0, sizeof args);
-	if (strlen(name) >= sizeof args.name) {
-		close(parent);
-		return reply_err(r->id, ENAMETOOLONG, name);
-	}
-	strcpy(args.name, name);
-	int rc = ioctl(parent, BTRFS_IOC_SNAP_DESTROY, &args);
+	int rc = subvol_destroy(parent, name);
 	int e = errno;
 	close(parent);
 	if (rc < 0)

@@ -14,8 +14,9 @@ import {
   writeFile,
 } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HostOpError, HostOps } from '../host/hostops.js';
 import { run } from '../host/run.js';
 import type { StorageBackend, StorageKind, Volume } from './backend.js';
 import { loopsOf, unmountPool } from './btrfs/pool.js';
@@ -313,6 +314,48 @@ function contractSuite(kind: StorageKind, factory: (home: string) => StorageBack
       await Promise.all([factory(home).init(), factory(home).init(), factory(home).init()]);
       expect((await readMounts()).filter((m) => m.target === pool).length).toBe(1);
       expect((await loopsOf(img)).length).toBe(1);
+    });
+  }
+
+  if (kind === 'btrfs') {
+    it('clones made together are staged in directories of their own, then moved into place', async () => {
+      const volumes = dirname(image.path);
+      const made = await Promise.all(Array.from({ length: 6 }, async () => keep(await b.clone(image))));
+      for (const v of made) {
+        expect(v.path).toBe(join(volumes, v.id));
+        expect(await readFile(join(v.path, 'hello.txt'), 'utf8')).toBe('hello\n');
+      }
+      const stages = (await readdir(volumes)).filter((n) => n.startsWith('.stage-'));
+      expect(stages.length).toBeGreaterThan(1);
+      for (const stage of stages) expect(await readdir(join(volumes, stage))).toEqual([]);
+      for (const v of made) await drop(v);
+    });
+
+    it('gc deletes a snapshot an interrupted clone left staged', async () => {
+      const volumes = dirname(image.path);
+      const left = join(volumes, '.stage-9', randomBytes(6).toString('hex'));
+      await mkdir(dirname(left), { recursive: true });
+      await run('btrfs', ['subvolume', 'snapshot', image.path, left]);
+      const removed = await b.gc(new Set(live.keys()));
+      expect(removed.join('\n')).toContain(`left staged by an interrupted clone (${left})`);
+      expect(await gone(left)).toBe(true);
+      expect(await readFile(join(image.path, 'hello.txt'), 'utf8')).toBe('hello\n');
+    });
+
+    it('a staged snapshot that cannot be moved into place is deleted, and the error says why', async () => {
+      const volumes = dirname(image.path);
+      const dst = join(volumes, randomBytes(6).toString('hex'));
+      await mkdir(join(dst, 'taken'), { recursive: true });
+      const stage = join(volumes, '.stage-10');
+      const err = await HostOps.require()
+        .request('btrfs-snapshot', image.path, dst, '0', stage)
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(HostOpError);
+      expect((err as HostOpError).errno).toBe(17); // EEXIST
+      expect((err as HostOpError).message).toMatch(/move the staged snapshot into place/);
+      expect(await readdir(stage)).toEqual([]);
+      expect(await readdir(dst)).toEqual(['taken']);
+      await rm(dst, { recursive: true });
     });
   }
 

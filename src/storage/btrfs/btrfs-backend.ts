@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { unlink, writeFile } from 'node:fs/promises';
+import { readdir, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import type { Availability } from '../../host/probe-types.js';
@@ -11,10 +11,34 @@ import { checkVolume } from '../meta.js';
 import { unmountAll } from '../mounts.js';
 import { copyTree, exists, kernelHasFs, listIds, newId, removeTree } from '../tree.js';
 import { ensurePool, poolLayout, poolMounted, type PoolLayout } from './pool.js';
-import { noted } from '../../cleanup.js';
+import { noted, orElse } from '../../cleanup.js';
 
 /** In the pool's root: no subvolume was deleted since a sweep found no stale qgroup (dropStaleQgroups). */
 const QGROUPS_CLEAN = '.qgroups-clean';
+
+/**
+ * Writable snapshots are made in one of these directories of `<volumes>` and renamed into place:
+ * btrfs makes a snapshot under its parent directory's lock and commits the transaction before it
+ * lets go, so concurrent creates made side by side each committed alone; from directories of their
+ * own they share commits (docs/architecture.md "Density"). Names start with a dot: never a volume id.
+ */
+const STAGE_PREFIX = '.stage-';
+const STAGES = 16;
+/** stages this process has a snapshot in now; its first choice differs from another process's */
+const staging = new Set<number>();
+const stageOffset = process.pid % STAGES;
+
+/** A stage no snapshot of this process is in, or undefined when all are (one made in place then). */
+function takeStage(): number | undefined {
+  for (let i = 0; i < STAGES; i++) {
+    const n = (stageOffset + i) % STAGES;
+    if (!staging.has(n)) {
+      staging.add(n);
+      return n;
+    }
+  }
+  return undefined;
+}
 
 /**
  * Images and snapshots are read-only subvolumes, clones writable subvolume snapshots: a clone or a
@@ -217,6 +241,17 @@ export class BtrfsBackend implements StorageBackend {
       await this.remove(join(layout.volumes, id));
       removed.push(`btrfs: deleted subvolume ${id} (${join(layout.volumes, id)})`);
     }
+    // a staged snapshot is there only while its clone runs (gc collects when none is in flight):
+    // one found now was left by a process killed between the snapshot and its rename
+    for (const stage of await readdir(layout.volumes).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
+      if (!stage.startsWith(STAGE_PREFIX)) continue;
+      for (const id of await listIds(join(layout.volumes, stage))) {
+        await this.remove(join(layout.volumes, stage, id));
+        removed.push(
+          `btrfs: deleted subvolume ${id} left staged by an interrupted clone (${join(layout.volumes, stage, id)})`,
+        );
+      }
+    }
     // not listed among what gc removed: these are the kernel's bookkeeping after ordinary deletes
     // (a qgroup waits for its extents to be freed), not something a failure left behind
     if (layout.mountPoint) await this.dropStaleQgroups(layout.mountPoint);
@@ -325,13 +360,18 @@ export class BtrfsBackend implements StorageBackend {
       await this.btrfs(['subvolume', 'snapshot', ...(readOnly ? ['-r'] : []), src, dst]);
       return;
     }
+    // a read-only subvolume cannot be moved: made in place
+    const stage = readOnly ? undefined : takeStage();
     try {
-      await ops.request('btrfs-snapshot', src, dst, readOnly ? '1' : '0');
+      const staged = stage === undefined ? [] : [join(dst, '..', `${STAGE_PREFIX}${stage}`)];
+      await ops.request('btrfs-snapshot', src, dst, readOnly ? '1' : '0', ...staged);
     } catch (e) {
       await this.explainUnmounted(e);
       throw new SnaplabError('STORAGE_FAILED', `btrfs snapshot ${src} → ${dst}: ${(e as Error).message}`, undefined, {
         cause: e,
       });
+    } finally {
+      if (stage !== undefined) staging.delete(stage);
     }
   }
 
