@@ -452,7 +452,7 @@ static void walk(int fd)
 	if (!buf)
 		fatal("out of memory");
 	for (;;) {
-		ssize_t n = getdents64(fd, buf, DIRBUF);
+		ssize_t n = syscall(SYS_getdents64, fd, buf, DIRBUF); /* (musl's getdents64 takes a struct dirent *) */
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)

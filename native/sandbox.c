@@ -7,6 +7,7 @@
 #include <linux/capability.h>
 #include <linux/seccomp.h>
 #include <sys/mount.h>
+#include <linux/mount.h> /* fspick, fsconfig: musl's sys/mount.h has not their constants */
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
