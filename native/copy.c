@@ -443,6 +443,17 @@ static void put_symlink(int dfd, const char *base, const struct stat *st, int to
 
 static void put_entry(int dfd, const char *base, const struct stat *st, int top, int follow);
 
+/* What getdents64(2) fills in, declared here: the C libraries differ (glibc's struct dirent64;
+ * musl's getdents takes a struct dirent, and from 1.2.4 names the *64 forms only under
+ * _LARGEFILE64_SOURCE), so the system call is made directly. */
+struct linux_dirent64 {
+	uint64_t d_ino;
+	int64_t d_off;
+	unsigned short d_reclen;
+	unsigned char d_type;
+	char d_name[];
+};
+
 /* Every entry of the directory open at fd (taken over: closed here), in the order the
  * directory lists them. getdents64 with a small buffer rather than readdir's 32 KiB one: a
  * deep tree holds one per level. */
@@ -452,7 +463,7 @@ static void walk(int fd)
 	if (!buf)
 		fatal("out of memory");
 	for (;;) {
-		ssize_t n = syscall(SYS_getdents64, fd, buf, DIRBUF); /* (musl's getdents64 takes a struct dirent *) */
+		ssize_t n = syscall(SYS_getdents64, fd, buf, DIRBUF);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)
@@ -460,7 +471,7 @@ static void walk(int fd)
 		if (n <= 0)
 			break;
 		for (ssize_t off = 0; off < n;) {
-			struct dirent64 *d = (struct dirent64 *)(buf + off);
+			struct linux_dirent64 *d = (struct linux_dirent64 *)(buf + off);
 			off += d->d_reclen;
 			if (strcmp(d->d_name, ".") == 0 || strcmp(d->d_name, "..") == 0)
 				continue;

@@ -12,8 +12,9 @@
  *
  * ops:
  *   ping
- *   btrfs-snapshot SRC DST RO(0|1) [STAGE]  BTRFS_IOC_SNAP_CREATE_V2; writable, with STAGE: made in the
- *                                           directory STAGE (made if missing), then renamed to DST
+ *   btrfs-snapshot SRC DST RO(0|1)          BTRFS_IOC_SNAP_CREATE_V2
+ *   btrfs-clone SRC DST STAGE               a writable snapshot made in the directory STAGE (made if
+ *                                           missing), then renamed to DST (RENAME_NOREPLACE)
  *   btrfs-delete PATH                       BTRFS_IOC_SNAP_DESTROY
  *   btrfs-changes PATH                      syncfs, then the subvolume's generation:ctransid
  *   btrfs-squota PATH                       turn on simple quotas on PATH's filesystem (kernel 6.7+; idempotent)
@@ -204,18 +205,17 @@ static int subvol_destroy(int dir, const char *name)
 }
 
 /*
- * A snapshot is made under its parent directory's lock and ends with a transaction commit: made
- * side by side in one directory, concurrent snapshots each wait for the lock and commit alone.
- * Given STAGE (a directory on the same filesystem, one per snapshot in flight), a writable one is
- * made there and renamed to DST: concurrent ones share their commits (docs/architecture.md
- * "Density"). A read-only subvolume cannot be moved (its ".." is read-only): made in place.
+ * btrfs-snapshot SRC DST RO, and btrfs-clone SRC DST STAGE. A snapshot is made under its parent
+ * directory's lock and ends with a transaction commit: made side by side in one directory,
+ * concurrent snapshots each wait for the lock and commit alone. A clone (writable) is made in STAGE
+ * (a directory on the same filesystem, one per snapshot in flight; made if missing) and renamed to
+ * DST: concurrent ones share their commits (docs/architecture.md "Density"). A read-only subvolume
+ * cannot be moved (its ".." is read-only): a snapshot is made in place. An op of its own, so that a
+ * helper older than it answers ENOSYS, and its client makes the clone in place.
  */
-static void op_btrfs_snapshot(struct request *r)
+static void snapshot(struct request *r, int ro, const char *staging)
 {
-	if (r->argc != 4 && r->argc != 5)
-		return reply_err(r->id, EINVAL, "btrfs-snapshot SRC DST RO [STAGE]");
 	const char *name;
-	int ro = strcmp(r->argv[3], "1") == 0;
 	int src = open(r->argv[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (src < 0)
 		return reply_err(r->id, errno, r->argv[1]);
@@ -226,19 +226,19 @@ static void op_btrfs_snapshot(struct request *r)
 		return reply_err(r->id, e, r->argv[2]);
 	}
 	int stage = -1;
-	if (r->argc == 5 && !ro) {
-		if (mkdir(r->argv[4], 0700) < 0 && errno != EEXIST) {
+	if (staging) {
+		if (mkdir(staging, 0700) < 0 && errno != EEXIST) {
 			int e = errno;
 			close(src);
 			close(parent);
-			return reply_err(r->id, e, r->argv[4]);
+			return reply_err(r->id, e, staging);
 		}
-		stage = open(r->argv[4], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		stage = open(staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (stage < 0) {
 			int e = errno;
 			close(src);
 			close(parent);
-			return reply_err(r->id, e, r->argv[4]);
+			return reply_err(r->id, e, staging);
 		}
 	}
 	struct btrfs_ioctl_vol_args_v2 args;
@@ -257,7 +257,7 @@ static void op_btrfs_snapshot(struct request *r)
 			rc = -1;
 			what = "move the staged snapshot into place";
 			if (subvol_destroy(stage, name) < 0)
-				dprintf(2, "snaplab-hostops: cannot delete the staged snapshot %s/%s: %s\n", r->argv[4],
+				dprintf(2, "snaplab-hostops: cannot delete the staged snapshot %s/%s: %s\n", staging,
 					name, strerror(errno));
 		}
 	}
@@ -268,6 +268,20 @@ static void op_btrfs_snapshot(struct request *r)
 	if (rc < 0)
 		return reply_err(r->id, e, what);
 	reply_ok(r->id);
+}
+
+static void op_btrfs_snapshot(struct request *r)
+{
+	if (r->argc != 4)
+		return reply_err(r->id, EINVAL, "btrfs-snapshot SRC DST RO");
+	snapshot(r, strcmp(r->argv[3], "1") == 0, NULL);
+}
+
+static void op_btrfs_clone(struct request *r)
+{
+	if (r->argc != 4)
+		return reply_err(r->id, EINVAL, "btrfs-clone SRC DST STAGE");
+	snapshot(r, 0, r->argv[3]);
 }
 
 static void op_btrfs_delete(struct request *r)
@@ -986,6 +1000,8 @@ static void *serve(void *p)
 		reply_ok(r->id);
 	else if (strcmp(op, "btrfs-snapshot") == 0)
 		op_btrfs_snapshot(r);
+	else if (strcmp(op, "btrfs-clone") == 0)
+		op_btrfs_clone(r);
 	else if (strcmp(op, "btrfs-delete") == 0)
 		op_btrfs_delete(r);
 	else if (strcmp(op, "btrfs-changes") == 0)

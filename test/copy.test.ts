@@ -20,7 +20,7 @@ import {
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { agentBinaryPath } from '../src/agent/binary.js';
+import { agentBinaryPath, hostAgentBinaryPath } from '../src/agent/binary.js';
 import { SNAPLAB } from './cli-command.js';
 
 let home: string;
@@ -202,7 +202,12 @@ describe('snaplab cp', () => {
   });
 });
 
-describe('the receiving side (snaplab-agent untar) against hostile archives', () => {
+// the machine's agent (musl) receives from another machine; the host's build (glibc, fortified)
+// receives a machine's archive as host root: both read the same hostile bytes alike
+describe.each([
+  ['snaplab-agent', agentBinaryPath],
+  ['snaplab-agent-host', hostAgentBinaryPath],
+])('the receiving side (%s untar) against hostile archives', (name, binary) => {
   /** Builds an archive with Python's tarfile: each member [name, type, target?] ('f' file, 'l' symlink, 'h' hard link, 'd' dir). */
   function archive(members: [string, string, string?][]): Buffer {
     const py = `
@@ -225,14 +230,14 @@ sys.stdout.buffer.write(buf.getvalue())`;
   }
 
   it('never writes outside DEST: through a symlink, .., absolute names, hard links out; a setuid file and a device node out of a machine are refused', () => {
-    const root = join(work, 'hostile');
-    const outside = join(work, 'outside');
+    const root = join(work, name, 'hostile');
+    const outside = join(work, name, 'outside');
     mkdirSync(outside, { recursive: true });
     writeFileSync(join(outside, 'sentinel'), 'intact');
     const untar = (members: [string, string, string?][], flags: string[] = []) => {
       rmSync(root, { recursive: true, force: true });
       mkdirSync(root);
-      return spawnSync(agentBinaryPath(), ['untar', ...flags, '--plain', root], {
+      return spawnSync(binary(), ['untar', ...flags, '--plain', root], {
         input: archive(members),
         encoding: 'utf8',
       });
@@ -273,9 +278,9 @@ sys.stdout.buffer.write(buf.getvalue())`;
 
     // --expect (what `cp MACHINE:SRC HOST` runs): the archive must begin with what was asked for;
     // a hostile machine's tar cannot put .ssh/authorized_keys into a host home instead
-    const asked = join(work, 'home');
+    const asked = join(work, name, 'home');
     mkdirSync(asked, { recursive: true });
-    const swap = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--expect', 'app.log', '--', asked], {
+    const swap = spawnSync(binary(), ['untar', '--untrusted', '--expect', 'app.log', '--', asked], {
       input: archive([
         ['.ssh', 'd'],
         ['.ssh/authorized_keys', 'f'],
@@ -292,7 +297,7 @@ import io, sys, tarfile
 buf = io.BytesIO(); t = tarfile.open(fileobj=buf, mode='w')
 d = tarfile.TarInfo('keep'); d.type = tarfile.DIRTYPE; d.mode = 0o2777; d.uid = 1234; d.gid = 1234; t.addfile(d)
 t.close(); sys.stdout.buffer.write(buf.getvalue())`;
-    const keep = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--expect', 'keep', '--', asked], {
+    const keep = spawnSync(binary(), ['untar', '--untrusted', '--expect', 'keep', '--', asked], {
       input: spawnSync('/usr/bin/python3', ['-c', py777]).stdout,
       encoding: 'utf8',
     });
@@ -312,7 +317,7 @@ i = tarfile.TarInfo('sh'); i.size = 2; i.mode = 0o4755; t.addfile(i, io.BytesIO(
 t.close(); sys.stdout.buffer.write(buf.getvalue())`;
     rmSync(root, { recursive: true, force: true });
     mkdirSync(root);
-    const suid = spawnSync(agentBinaryPath(), ['untar', '--untrusted', '--plain', root], {
+    const suid = spawnSync(binary(), ['untar', '--untrusted', '--plain', root], {
       input: spawnSync('/usr/bin/python3', ['-c', py]).stdout,
       encoding: 'utf8',
     });

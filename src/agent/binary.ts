@@ -18,11 +18,24 @@ export function packageRoot(from: string = dirname(fileURLToPath(import.meta.url
 
 /** Absolute path of the static agent binary; throws INTERNAL with the build command if it is missing. */
 export function agentBinaryPath(): string {
-  const p = join(packageRoot(), 'native', 'build', 'snaplab-agent');
+  return built('snaplab-agent');
+}
+
+/**
+ * The agent's programs as the host runs them on bytes a machine made (a copy's untar, a VM's
+ * relay): the same sources linked with glibc and fortified, where the machine's agent links musl,
+ * which has no _FORTIFY_SOURCE (native/Makefile).
+ */
+export function hostAgentBinaryPath(): string {
+  return built('snaplab-agent-host');
+}
+
+function built(name: string): string {
+  const p = join(packageRoot(), 'native', 'build', name);
   if (!existsSync(p)) {
     throw new SnaplabError(
       'INTERNAL',
-      `agent binary not found at ${p}`,
+      `${name} not found at ${p}`,
       'build it: make -C native (or npm run build:agent)',
     );
   }

@@ -74,8 +74,8 @@ const NONLITERAL: Record<string, string> = {
   'test/escapes/escapes.test.ts join(scratch': 'the probe the test built (probe.c), on the host as a positive control',
   'src/lab/io/watch.ts [MACHINE_AGENT_PATH':
     "the machine's agent (snaplab-agent watch), run inside the machine by the sandbox's spawn",
-  'src/lab/io/copy.ts agentBinaryPath(': 'the agent binary (its tar and untar, on the host side of a copy)',
-  'test/copy.test.ts agentBinaryPath(': 'the agent binary (its untar, fed hostile archives)',
+  'src/lab/io/copy.ts hostAgentBinaryPath(': "the agent's host build (its tar and untar, on the host side of a copy)",
+  'test/copy.test.ts binary(': 'each build of the agent (its untar, fed hostile archives)',
   'test/ports.test.ts agentBinaryPath(': 'the agent binary (its connect, against a host server)',
   'src/image/decompress.ts name': "'zstd' or 'xz' (listed, via decompress.ts)",
   'src/image/unpack.ts unpackBinaryPath(': 'snaplab-unpack, built by npm run build',

@@ -348,7 +348,7 @@ function contractSuite(kind: StorageKind, factory: (home: string) => StorageBack
       await mkdir(join(dst, 'taken'), { recursive: true });
       const stage = join(volumes, '.stage-10');
       const err = await HostOps.require()
-        .request('btrfs-snapshot', image.path, dst, '0', stage)
+        .request('btrfs-clone', image.path, dst, stage)
         .catch((e: unknown) => e);
       expect(err).toBeInstanceOf(HostOpError);
       expect((err as HostOpError).errno).toBe(17); // EEXIST

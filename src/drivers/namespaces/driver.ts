@@ -67,7 +67,11 @@ export class NamespacesDriver implements Driver {
       agentBinaryPath();
       HostOps.require();
     } catch (e) {
-      return { ok: false, reason: (e as Error).message, fix: 'make -C native (needs gcc and libseccomp-dev)' };
+      return {
+        ok: false,
+        reason: (e as Error).message,
+        fix: 'make -C native (needs gcc, musl-tools and libseccomp-dev)',
+      };
     }
     const cg = await probeCgroups();
     if (!cg.ok) return { ok: false, reason: cg.reason, fix: cg.fix };

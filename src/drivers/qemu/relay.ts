@@ -3,7 +3,7 @@ import { closeSync, existsSync, openSync } from 'node:fs';
 import { readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
-import { agentBinaryPath } from '../../agent/binary.js';
+import { hostAgentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
 import { deadline } from '../../timing/deadline.js';
 import { logTail, vmFiles } from './launch.js';
@@ -33,7 +33,7 @@ export async function startRelay(
       '-c',
       joinCgroup,
       'snaplab-relay',
-      agentBinaryPath(),
+      hostAgentBinaryPath(),
       'relay',
       '--connect',
       f.chardev,

@@ -10,7 +10,7 @@
 import { spawn } from 'node:child_process';
 import { posix } from 'node:path';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
-import { agentBinaryPath } from '../../agent/binary.js';
+import { hostAgentBinaryPath } from '../../agent/binary.js';
 import { MACHINE_AGENT_PATH } from '../../drivers/driver.js';
 import { SnaplabError } from '../../errors.js';
 import type { SandboxRecord } from '../../store/records.js';
@@ -101,17 +101,17 @@ export function sourceName(src: string): { path: string; expect: string } {
   return { path: src.endsWith('/') ? `${norm}/` : norm, expect: posix.basename(norm) };
 }
 
-/** `snaplab-agent ARGS` on the host. */
+/** `snaplab-agent ARGS` on the host (its glibc build: hostAgentBinaryPath says why). */
 function hostHelper(
   args: string[],
   stdio: ['pipe' | 'ignore', 'pipe' | 'ignore'],
 ): { proc: ReturnType<typeof spawn>; done: Promise<SideEnd> } {
-  const proc = spawn(agentBinaryPath(), args, { stdio: [stdio[0], stdio[1], 'pipe'] });
+  const proc = spawn(hostAgentBinaryPath(), args, { stdio: [stdio[0], stdio[1], 'pipe'] });
   const err: Buffer[] = [];
   proc.stderr!.on('data', (b: Buffer) => err.push(b));
   const done = new Promise<SideEnd>((resolve) => {
     proc.on('error', (e) =>
-      resolve({ code: 2, lines: [`snaplab: cp: cannot run ${agentBinaryPath()}: ${e.message}`] }),
+      resolve({ code: 2, lines: [`snaplab: cp: cannot run ${hostAgentBinaryPath()}: ${e.message}`] }),
     );
     proc.on('close', (code, signal) => resolve({ code: code ?? (signal ? 2 : 0), lines: lines(err) }));
   });

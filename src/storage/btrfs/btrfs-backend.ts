@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs';
 import { readdir, unlink, writeFile } from 'node:fs/promises';
+import { constants } from 'node:os';
 import { join } from 'node:path';
 import { SnaplabError } from '../../errors.js';
 import type { Availability } from '../../host/probe-types.js';
@@ -27,6 +28,10 @@ const STAGES = 16;
 /** stages this process has a snapshot in now; its first choice differs from another process's */
 const staging = new Set<number>();
 const stageOffset = process.pid % STAGES;
+/** false once the host helper answered that it has no btrfs-clone (one built before it) */
+let stagedClones = true;
+/** the errno of a helper's answer to an op it does not know */
+const { ENOSYS } = constants.errno;
 
 /** A stage no snapshot of this process is in, or undefined when all are (one made in place then). */
 function takeStage(): number | undefined {
@@ -360,11 +365,24 @@ export class BtrfsBackend implements StorageBackend {
       await this.btrfs(['subvolume', 'snapshot', ...(readOnly ? ['-r'] : []), src, dst]);
       return;
     }
-    // a read-only subvolume cannot be moved: made in place
-    const stage = readOnly ? undefined : takeStage();
+    // a read-only subvolume cannot be moved: made in place; so is a clone where the helper is
+    // older than its btrfs-clone
+    const stage = readOnly || !stagedClones ? undefined : takeStage();
     try {
-      const staged = stage === undefined ? [] : [join(dst, '..', `${STAGE_PREFIX}${stage}`)];
-      await ops.request('btrfs-snapshot', src, dst, readOnly ? '1' : '0', ...staged);
+      if (stage !== undefined) {
+        try {
+          await ops.request('btrfs-clone', src, dst, join(dst, '..', `${STAGE_PREFIX}${stage}`));
+          return;
+        } catch (e) {
+          if (!(e instanceof HostOpError && e.errno === ENOSYS)) {
+            // the helper deletes a staged snapshot it could not move: a delete, which may leave a qgroup
+            await this.qgroupsMayGoStale();
+            throw e;
+          }
+          stagedClones = false;
+        }
+      }
+      await ops.request('btrfs-snapshot', src, dst, readOnly ? '1' : '0');
     } catch (e) {
       await this.explainUnmounted(e);
       throw new SnaplabError('STORAGE_FAILED', `btrfs snapshot ${src} → ${dst}: ${(e as Error).message}`, undefined, {
