@@ -155,7 +155,12 @@ export function staleBuild(checkout = CHECKOUT): string[] {
   const c = newest('native', /\.[ch]$/);
   if (
     c.ms >
-    Math.min(built('native/build/snaplab'), built('native/build/snaplab-agent'), built('native/build/snaplab-hostops'))
+    Math.min(
+      built('native/build/snaplab'),
+      built('native/build/snaplab-agent'),
+      built('native/build/snaplab-agent-host'),
+      built('native/build/snaplab-hostops'),
+    )
   )
     stale.push(`${c.file} is newer than native/build`);
   return stale;
@@ -175,7 +180,7 @@ export async function installRuntime(stage: string, checkout = CHECKOUT): Promis
     recursive: true,
     filter: (p) => !p.endsWith('.o'),
   });
-  for (const f of ['snaplab', 'snaplab-agent', 'snaplab-hostops', 'snaplab-unpack']) {
+  for (const f of ['snaplab', 'snaplab-agent', 'snaplab-agent-host', 'snaplab-hostops', 'snaplab-unpack']) {
     if (!existsSync(join(prefix, 'native', 'build', f)))
       throw new Error(`native/build/${f} is missing: run npm run build`);
   }

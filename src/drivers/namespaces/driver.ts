@@ -1,7 +1,7 @@
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
-import { agentBinaryPath } from '../../agent/binary.js';
+import { agentBinaryPath, hostAgentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError } from '../../errors.js';
 import {
   type Cgroup,
@@ -65,6 +65,7 @@ export class NamespacesDriver implements Driver {
     const bwrap = (await which('bwrap'))!;
     try {
       agentBinaryPath();
+      hostAgentBinaryPath(); // a copy's host side
       HostOps.require();
     } catch (e) {
       return {

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { chmod, copyFile, link, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentClient } from '../../agent/client.js';
-import { agentBinaryPath } from '../../agent/binary.js';
+import { agentBinaryPath, hostAgentBinaryPath } from '../../agent/binary.js';
 import { SnaplabError, isSnaplabError } from '../../errors.js';
 import { withLock } from '../../host/lock.js';
 import { cgroupFor, createCgroup } from '../../host/cgroups/cgroups.js';
@@ -122,6 +122,7 @@ export class QemuDriver implements Driver {
     const qemu = (await which(QEMU))!;
     try {
       agentBinaryPath();
+      hostAgentBinaryPath(); // the VM's relay
     } catch (e) {
       return { ok: false, reason: (e as Error).message, fix: 'make -C native' };
     }

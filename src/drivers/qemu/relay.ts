@@ -25,6 +25,7 @@ export async function startRelay(
 ): Promise<void> {
   signal?.throwIfAborted();
   const f = vmFiles(runDir);
+  const relay = hostAgentBinaryPath(); // (before the log is opened: a missing build throws)
   const log = openSync(f.relayLog, 'a');
   const joinCgroup = 'for f in $SNAPLAB_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"';
   const child = spawn(
@@ -33,7 +34,7 @@ export async function startRelay(
       '-c',
       joinCgroup,
       'snaplab-relay',
-      hostAgentBinaryPath(),
+      relay,
       'relay',
       '--connect',
       f.chardev,

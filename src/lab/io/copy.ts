@@ -1,8 +1,8 @@
 /**
  * Copying files and trees into, out of and between machines (`snaplab cp`, sandbox.upload /
  * download): a tar stream between two `snaplab-agent tar|untar` processes (native/copy.c), one on
- * the host and one run in the machine by its agent (the same static binary is at
- * /run/snaplab/agent in every machine, VMs included). The receiving side decides where things
+ * the host (the agent's glibc build, snaplab-agent-host) and one run in the machine by its agent
+ * (the static binary at /run/snaplab/agent in every machine, VMs included). The receiving side decides where things
  * go (docker cp's rules) and resolves every name below its destination without following a
  * symbolic link, so a hostile archive — or a hostile machine's — cannot write outside it.
  * Streamed with flow control on both legs: a 1 GiB file never sits in memory.

@@ -376,7 +376,8 @@ export class BtrfsBackend implements StorageBackend {
         } catch (e) {
           if (!(e instanceof HostOpError && e.errno === ENOSYS)) {
             // the helper deletes a staged snapshot it could not move: a delete, which may leave a qgroup
-            await this.qgroupsMayGoStale();
+            // (the helper's reason is what the caller hears, whatever the mark's removal says)
+            await this.qgroupsMayGoStale().catch(noted('mark the pool for a stale-qgroup sweep'));
             throw e;
           }
           stagedClones = false;
