@@ -10,7 +10,7 @@ import { toolsVerdict } from '../../host/tools.js';
 import type { StorageBackend, Usage, Volume } from '../backend.js';
 import { checkVolume } from '../meta.js';
 import { unmountAll } from '../mounts.js';
-import { copyTree, exists, kernelHasFs, listIds, newId, removeTree } from '../tree.js';
+import { copyTree, exists, isVolumeId, kernelHasFs, listIds, newId, removeTree } from '../tree.js';
 import { ensurePool, poolLayout, poolMounted, type PoolLayout } from './pool.js';
 import { noted, orElse } from '../../cleanup.js';
 
@@ -241,14 +241,15 @@ export class BtrfsBackend implements StorageBackend {
     if (layout.image && !(await exists(layout.image))) return [];
     if (layout.image) await this.init();
     const removed: string[] = [];
-    for (const id of await listIds(layout.volumes)) {
+    const names = await readdir(layout.volumes).catch(orElse([] as string[], 'readdir', 'ENOENT'));
+    for (const id of names.filter(isVolumeId).sort()) {
       if (liveIds.has(id)) continue;
       await this.remove(join(layout.volumes, id));
       removed.push(`btrfs: deleted subvolume ${id} (${join(layout.volumes, id)})`);
     }
     // a staged snapshot is there only while its clone runs (gc collects when none is in flight):
     // one found now was left by a process killed between the snapshot and its rename
-    for (const stage of await readdir(layout.volumes).catch(orElse([] as string[], 'readdir', 'ENOENT'))) {
+    for (const stage of names) {
       if (!stage.startsWith(STAGE_PREFIX)) continue;
       for (const id of await listIds(join(layout.volumes, stage))) {
         await this.remove(join(layout.volumes, stage, id));
